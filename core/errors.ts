@@ -1,0 +1,96 @@
+// Typed errors shared by every part of gradwire. Each one carries the data a caller needs to act
+// on it, and a message that says what went wrong and what to do about it.
+import { Schema } from "effect"
+
+/** The nats-server binary could not be found. */
+export class NatsServerNotFound extends Schema.TaggedError<NatsServerNotFound>()("NatsServerNotFound", {
+  binary: Schema.String
+}) {
+  override get message(): string {
+    return (
+      `nats-server binary not found (looked for "${this.binary}"). Install it: ` +
+      `Debian/Ubuntu "sudo apt-get install -y nats-server", macOS "brew install nats-server", ` +
+      `or download a release from https://github.com/nats-io/nats-server/releases and put it on PATH. ` +
+      `Or set NATS_SERVER_BIN=/path/to/nats-server, or connect to an existing server with ` +
+      `cluster: { address: "nats://host:4222" } (CLI: --address nats://host:4222).`
+    )
+  }
+}
+
+/** nats-server started but did not come up (bad config, port in use, crashed, too slow). */
+export class NatsServerStartError extends Schema.TaggedError<NatsServerStartError>()("NatsServerStartError", {
+  reason: Schema.String,
+  log: Schema.String
+}) {
+  override get message(): string {
+    return `nats-server failed to start: ${this.reason}${this.log ? `\n--- server log ---\n${this.log}` : ""}`
+  }
+}
+
+/** Could not connect to NATS (unreachable, refused, bad credentials). */
+export class NatsConnectError extends Schema.TaggedError<NatsConnectError>()("NatsConnectError", {
+  servers: Schema.String,
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return `cannot connect to NATS at ${this.servers}: ${this.reason}`
+  }
+}
+
+/** A NATS operation (publish, subscribe, request, flush) failed. */
+export class NatsOperationError extends Schema.TaggedError<NatsOperationError>()("NatsOperationError", {
+  operation: Schema.String,
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return `NATS ${this.operation} failed: ${this.reason}`
+  }
+}
+
+/** Bytes that are not a valid gradwire message: malformed, truncated, foreign, or inconsistent. */
+export class WireDecodeError extends Schema.TaggedError<WireDecodeError>()("WireDecodeError", {
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return `cannot decode gradwire message: ${this.reason}`
+  }
+}
+
+/** A value that cannot be put on the wire (unsupported dtype, shape/byte-length mismatch). */
+export class WireEncodeError extends Schema.TaggedError<WireEncodeError>()("WireEncodeError", {
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return `cannot encode gradwire message: ${this.reason}`
+  }
+}
+
+/** A chunked message could not be reassembled (missing, duplicated, out-of-order or foreign chunk). */
+export class ChunkError extends Schema.TaggedError<ChunkError>()("ChunkError", {
+  reason: Schema.String,
+  messageId: Schema.String
+}) {
+  override get message(): string {
+    return `chunked message ${this.messageId || "?"}: ${this.reason}`
+  }
+}
+
+/** A configuration value is invalid. Names the field, what was given and what is allowed. */
+export class ConfigError extends Schema.TaggedError<ConfigError>()("ConfigError", {
+  field: Schema.String,
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return `invalid config at "${this.field}": ${this.reason}`
+  }
+}
+
+/** A wait passed its deadline. */
+export class DeadlineExceeded extends Schema.TaggedError<DeadlineExceeded>()("DeadlineExceeded", {
+  operation: Schema.String,
+  timeoutMs: Schema.Number
+}) {
+  override get message(): string {
+    return `${this.operation} did not complete within ${this.timeoutMs} ms`
+  }
+}

@@ -1,0 +1,61 @@
+// The one place that builds NATS subjects. Everything a job sends lives under
+// gw.<cluster>.<job>. so two jobs (or two clusters) on one NATS never see each other's traffic.
+import { ConfigError } from "./errors.ts"
+
+const TOKEN = /^[A-Za-z0-9_-]+$/
+
+/** Checks that a value can be one token of a subject (no dots, spaces or wildcards). */
+export const validToken = (value: string): boolean => value.length > 0 && value.length <= 128 && TOKEN.test(value)
+
+export const assertToken = (field: string, value: string): void => {
+  if (!validToken(value)) {
+    throw new ConfigError({
+      field,
+      reason: `"${value}" is not a valid name: use 1-128 letters, digits, "_" or "-" (no dots, spaces or wildcards)`
+    })
+  }
+}
+
+/** Subjects of the cluster as a whole (node agents, cluster events), under gw.<cluster>. */
+export const clusterSubjects = (cluster: string) => {
+  assertToken("cluster", cluster)
+  const root = `gw.${cluster}`
+  return {
+    root,
+    /** Every subject of the cluster, jobs included. */
+    all: `${root}.>`,
+    /** Node advertisements and heartbeats. */
+    nodeHeartbeat: (nodeId: string) => `${root}.node.${nodeId}.hb`,
+    nodeHeartbeats: `${root}.node.*.hb`,
+    /** Requests to a node agent (spawn, kill, status). */
+    nodeControl: (nodeId: string) => `${root}.node.${nodeId}.ctl`,
+    nodeEvents: `${root}.events`,
+    job: (job: string) => jobSubjects(cluster, job)
+  }
+}
+
+/** Subjects of one job, all under gw.<cluster>.<job>. */
+export const jobSubjects = (cluster: string, job: string) => {
+  assertToken("cluster", cluster)
+  assertToken("job", job)
+  const root = `gw.${cluster}.${job}`
+  return {
+    root,
+    all: `${root}.>`,
+    /** An actor's mailbox. */
+    actor: (name: string) => `${root}.actor.${name}`,
+    /** Liveness beats of the job's actor processes. */
+    heartbeat: (actor: string) => `${root}.hb.${actor}`,
+    heartbeats: `${root}.hb.*`,
+    /** Job-level events (exits, deaths). */
+    events: `${root}.events`,
+    /** Collective traffic: coll.<group>.<seq>.<src>.<dst>. */
+    coll: (group: string, seq: number, src: number, dst: number) => `${root}.coll.${group}.${seq}.${src}.${dst}`,
+    collGroup: (group: string) => `${root}.coll.${group}.>`,
+    /** Replies to chunked requests and other ad-hoc inboxes of the job. */
+    inbox: (id: string) => `${root}.inbox.${id}`
+  }
+}
+
+export type JobSubjects = ReturnType<typeof jobSubjects>
+export type ClusterSubjects = ReturnType<typeof clusterSubjects>
