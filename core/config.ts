@@ -1,0 +1,130 @@
+// The Trainer's configuration (Ray Train vocabulary: ScalingConfig, RunConfig, CheckpointConfig,
+// FailureConfig) as Schemas, with the defaults a Ray Train user expects. Validated before anything
+// starts; see core/validate.ts for how a bad value is reported.
+import * as os from "node:os"
+import * as path from "node:path"
+import { Schema } from "effect"
+import { decodeConfig } from "./validate.ts"
+import { ConfigError } from "./errors.ts"
+
+const PositiveInt = Schema.Int.check(Schema.isGreaterThanOrEqualTo(1))
+const NonNegative = Schema.Finite.check(Schema.isGreaterThanOrEqualTo(0))
+const Positive = Schema.Finite.check(Schema.isGreaterThan(0))
+const Name = Schema.String.check(
+  Schema.isPattern(/^[A-Za-z0-9_-]{1,128}$/, { message: "Expected 1-128 letters, digits, \"_\" or \"-\"" })
+)
+
+export const PlacementStrategy = Schema.Literals(["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"])
+export type PlacementStrategy = typeof PlacementStrategy.Type
+
+export const BackendName = Schema.Literals(["auto", "tensorflow-gpu", "tensorflow", "wasm", "cpu"])
+export type BackendName = typeof BackendName.Type
+
+export const ScalingConfig = Schema.Struct({
+  numWorkers: PositiveInt,
+  useGpu: Schema.optional(Schema.Boolean),
+  /** Resources each worker needs, e.g. { CPU: 2 } or { GPU: 1, memory: 4e9 }. Default { GPU: 1 } with useGpu, else { CPU: 1 }. */
+  resourcesPerWorker: Schema.optional(Schema.Record(Schema.String, NonNegative)),
+  placementStrategy: Schema.optional(PlacementStrategy),
+  /** Substring of the GPU name a worker needs, e.g. "H100". */
+  acceleratorType: Schema.optional(Schema.String),
+  /** tfjs backend for the workers; "auto" picks the best that loads on each node. */
+  backend: Schema.optional(BackendName),
+  /** Label selector: a worker goes only to nodes whose labels include all of these. */
+  nodeLabels: Schema.optional(Schema.Record(Schema.String, Schema.String)),
+  /** How long to wait for resources before failing (0: fail at once when infeasible). */
+  placementTimeoutMs: Schema.optional(NonNegative)
+})
+export type ScalingConfig = typeof ScalingConfig.Type
+
+export const CheckpointConfig = Schema.Struct({
+  numToKeep: Schema.optional(PositiveInt),
+  scoreAttribute: Schema.optional(Schema.String),
+  scoreOrder: Schema.optional(Schema.Literals(["max", "min"]))
+})
+export type CheckpointConfig = typeof CheckpointConfig.Type
+
+export const FailureConfig = Schema.Struct({
+  /** Restarts allowed after worker failures; -1 means no limit. Default 0. */
+  maxFailures: Schema.optional(Schema.Int.check(Schema.isGreaterThanOrEqualTo(-1)))
+})
+export type FailureConfig = typeof FailureConfig.Type
+
+export const RunConfig = Schema.Struct({
+  name: Schema.optional(Name),
+  storagePath: Schema.optional(Schema.String.check(Schema.isNonEmpty())),
+  checkpointConfig: Schema.optional(CheckpointConfig),
+  failureConfig: Schema.optional(FailureConfig),
+  /** Objects with optional hooks (onReport, onCheckpoint, onRestart, onEnd); functions cannot be validated by shape. */
+  callbacks: Schema.optional(Schema.Array(Schema.Unknown)),
+  /** Live progress in the terminal: "auto" (bars on a TTY, plain lines otherwise), or off. */
+  progress: Schema.optional(Schema.Union([Schema.Boolean, Schema.Literal("auto")])),
+  /** Write a Chrome trace-event timeline of every step into the run directory. */
+  timeline: Schema.optional(Schema.Boolean),
+  verbose: Schema.optional(Schema.Boolean)
+})
+export type RunConfig = typeof RunConfig.Type
+
+export const CollectiveAlgorithm = Schema.Literals(["auto", "ring", "tree", "hierarchical"])
+export type CollectiveAlgorithm = typeof CollectiveAlgorithm.Type
+
+export const CollectiveConfig = Schema.Struct({
+  algorithm: Schema.optional(CollectiveAlgorithm),
+  /** Validated by the compression module (collectives/compression), which owns its vocabulary. */
+  compression: Schema.optional(Schema.Unknown),
+  bucketSizeMiB: Schema.optional(Positive),
+  firstBucketSizeMiB: Schema.optional(Positive),
+  wireDtype: Schema.optional(Schema.Literals(["float32", "float16"])),
+  /** Deadline for any single collective wait; a dead or stalled rank fails the step after it. */
+  timeoutMs: Schema.optional(PositiveInt),
+  /** Heterogeneity-aware per-worker batch sizes (needs a global batch size). */
+  adaptiveBatching: Schema.optional(Schema.Boolean)
+})
+export type CollectiveConfig = typeof CollectiveConfig.Type
+
+export const ClusterConfig = Schema.Struct({
+  address: Schema.String.check(
+    Schema.isPattern(/^(nats|tls|wss?):\/\/[^\s]+$/, { message: "Expected a NATS URL such as nats://host:4222" })
+  ),
+  clusterName: Schema.optional(Name),
+  user: Schema.optional(Schema.String),
+  password: Schema.optional(Schema.String),
+  token: Schema.optional(Schema.String),
+  credsFile: Schema.optional(Schema.String),
+  nkeySeed: Schema.optional(Schema.String)
+})
+export type ClusterConfig = typeof ClusterConfig.Type
+
+/** Where the user's loop lives: a module (path or URL) and the name of its exported function. */
+export const TrainLoopRef = Schema.Struct({
+  module: Schema.String.check(Schema.isNonEmpty()),
+  export: Schema.optional(Schema.String.check(Schema.isNonEmpty()))
+})
+export type TrainLoopRef = typeof TrainLoopRef.Type
+
+export const defaultStoragePath = (): string => path.join(os.homedir(), "gradwire_results")
+
+const closureHint =
+  'trainLoopPerWorker must name a module, not a function: workers are separate processes (possibly on ' +
+  "other machines), so a closure cannot be shipped to them. Put the loop in a module and export it:\n" +
+  "  // train.ts\n  export async function trainLoop(config, ctx) { ... }\n" +
+  '  new Trainer({ trainLoopPerWorker: { module: new URL("./train.ts", import.meta.url).href, export: "trainLoop" }, ... })\n' +
+  '(or the string "./train.ts#trainLoop", resolved against the current directory).'
+
+/**
+ * Normalises the forms a user may give for the loop: "path#export", a URL, { module, export }.
+ * A function is refused with the module form shown.
+ */
+export const parseTrainLoopRef = (value: unknown): TrainLoopRef => {
+  if (typeof value === "function") throw new ConfigError({ field: "trainLoopPerWorker", reason: closureHint })
+  if (value instanceof URL) return { module: value.href, export: "default" }
+  if (typeof value === "string") {
+    const hash = value.lastIndexOf("#")
+    if (hash > 0 && !value.slice(hash + 1).includes("/")) {
+      return { module: value.slice(0, hash), export: value.slice(hash + 1) }
+    }
+    return { module: value, export: "default" }
+  }
+  const ref = decodeConfig(TrainLoopRef, value, "trainLoopPerWorker")
+  return { module: ref.module, export: ref.export ?? "default" }
+}

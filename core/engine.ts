@@ -1,0 +1,97 @@
+// Chooses and loads the tfjs engine for this process: the `tensorflow` backend from
+// @tensorflow/tfjs-node-gpu or @tensorflow/tfjs-node when installed (optional peers: their install
+// downloads libtensorflow), else the wasm backend that ships inside its npm package, else the
+// pure-JS cpu backend. Loaded lazily: importing tfjs costs hundreds of milliseconds, and most of
+// gradwire (NATS, collectives, the CLI) never needs it.
+import { createRequire } from "node:module"
+import { ConfigError } from "./errors.ts"
+
+export type Tf = typeof import("@tensorflow/tfjs")
+export type BackendKind = "tensorflow-gpu" | "tensorflow" | "wasm" | "cpu"
+
+const require = createRequire(import.meta.url)
+
+/** Whether a package can be resolved from here (without loading it). */
+export const resolvable = (pkg: string): boolean => {
+  try {
+    require.resolve(pkg)
+    return true
+  } catch {
+    return false
+  }
+}
+
+let loaded: Promise<{ tf: Tf; backend: BackendKind }> | undefined
+let loadedWant: string | undefined
+
+const tryNative = async (pkg: string): Promise<Tf | undefined> => {
+  if (!resolvable(pkg)) return undefined
+  try {
+    return (await import(pkg)) as Tf
+  } catch {
+    return undefined
+  }
+}
+
+const load = async (want: BackendKind | "auto"): Promise<{ tf: Tf; backend: BackendKind }> => {
+  if (want === "tensorflow-gpu" || want === "auto") {
+    const tf = await tryNative("@tensorflow/tfjs-node-gpu")
+    if (tf) return { tf, backend: "tensorflow-gpu" }
+    if (want === "tensorflow-gpu") {
+      throw new ConfigError({
+        field: "scalingConfig.backend",
+        reason:
+          'the "tensorflow-gpu" backend needs @tensorflow/tfjs-node-gpu, which does not load here: ' +
+          "npm install @tensorflow/tfjs-node-gpu (needs CUDA and internet access at install), or use backend \"wasm\""
+      })
+    }
+  }
+  if (want === "tensorflow" || want === "auto") {
+    const tf = await tryNative("@tensorflow/tfjs-node")
+    if (tf) return { tf, backend: "tensorflow" }
+    if (want === "tensorflow") {
+      throw new ConfigError({
+        field: "scalingConfig.backend",
+        reason:
+          'the "tensorflow" backend needs @tensorflow/tfjs-node, which does not load here: ' +
+          "npm install @tensorflow/tfjs-node (downloads libtensorflow at install), or use backend \"wasm\""
+      })
+    }
+  }
+  const tf = (await import("@tensorflow/tfjs")) as Tf
+  if (want === "wasm" || want === "auto") {
+    try {
+      await import("@tensorflow/tfjs-backend-wasm")
+      if (await tf.setBackend("wasm")) {
+        await tf.ready()
+        return { tf, backend: "wasm" }
+      }
+    } catch (e) {
+      if (want === "wasm") {
+        throw new ConfigError({ field: "scalingConfig.backend", reason: `the wasm backend failed to load: ${String(e)}` })
+      }
+    }
+  }
+  await tf.setBackend("cpu")
+  await tf.ready()
+  return { tf, backend: "cpu" }
+}
+
+/**
+ * The tfjs module with the chosen backend active. One engine per process: asking again for the
+ * same choice returns the same module; asking for a different one is an error.
+ */
+export const loadEngine = (want: BackendKind | "auto" = "auto"): Promise<{ tf: Tf; backend: BackendKind }> => {
+  if (loaded && loadedWant !== want) {
+    return loaded.then((l) => {
+      if (want === "auto" || l.backend === want) return l
+      throw new ConfigError({
+        field: "backend",
+        reason: `this process already runs the "${l.backend}" backend; one backend per process`
+      })
+    })
+  }
+  loadedWant = want
+  loaded = load(want)
+  return loaded
+}

@@ -1,0 +1,85 @@
+// tfjs models to and from checkpoint files: model.json (topology + weights manifest, the format
+// tf.loadLayersModel reads) and weights.bin. A restore into an existing model sets its weights
+// by name, so a worker can rebuild its model in code and load the trained values.
+import type { Tf } from "./engine.ts"
+import { ConfigError } from "./errors.ts"
+
+type LayersModel = import("@tensorflow/tfjs").LayersModel
+
+export const MODEL_JSON = "model.json"
+export const WEIGHTS_BIN = "weights.bin"
+
+/** Serialises a LayersModel (topology and weights) into checkpoint files. */
+export const modelToFiles = async (tf: Tf, model: LayersModel): Promise<Record<string, Uint8Array>> => {
+  let files: Record<string, Uint8Array> = {}
+  await model.save(
+    tf.io.withSaveHandler(async (artifacts) => {
+      const weightData = artifacts.weightData === undefined ? new ArrayBuffer(0) : tf.io.concatenateArrayBuffers(
+        Array.isArray(artifacts.weightData) ? artifacts.weightData : [artifacts.weightData]
+      )
+      const json = {
+        modelTopology: artifacts.modelTopology,
+        format: artifacts.format,
+        generatedBy: artifacts.generatedBy,
+        convertedBy: artifacts.convertedBy,
+        weightsManifest: [{ paths: [`./${WEIGHTS_BIN}`], weights: artifacts.weightSpecs ?? [] }]
+      }
+      files = {
+        [MODEL_JSON]: new TextEncoder().encode(JSON.stringify(json)),
+        [WEIGHTS_BIN]: new Uint8Array(weightData)
+      }
+      return { modelArtifactsInfo: { dateSaved: new Date(), modelTopologyType: "JSON", weightDataBytes: weightData.byteLength } }
+    })
+  )
+  return files
+}
+
+const parseModelJson = (files: Record<string, Uint8Array>) => {
+  const json = files[MODEL_JSON]
+  const bin = files[WEIGHTS_BIN]
+  if (!json || !bin) {
+    throw new ConfigError({
+      field: "checkpoint",
+      reason: `a model checkpoint needs ${MODEL_JSON} and ${WEIGHTS_BIN}; found ${Object.keys(files).join(", ") || "no files"}`
+    })
+  }
+  const parsed = JSON.parse(new TextDecoder().decode(json)) as {
+    modelTopology: object
+    weightsManifest: Array<{ weights: import("@tensorflow/tfjs").io.WeightsManifestEntry[] }>
+  }
+  // weights.bin may sit at any offset in a larger buffer; tfjs wants an ArrayBuffer of its own.
+  const weightData = bin.byteOffset === 0 && bin.byteLength === bin.buffer.byteLength
+    ? (bin.buffer as ArrayBuffer)
+    : bin.slice().buffer
+  return { topology: parsed.modelTopology, specs: parsed.weightsManifest.flatMap((m) => m.weights), weightData }
+}
+
+/** Rebuilds a LayersModel from checkpoint files. */
+export const modelFromFiles = (tf: Tf, files: Record<string, Uint8Array>): Promise<LayersModel> => {
+  const { topology, specs, weightData } = parseModelJson(files)
+  return tf.loadLayersModel(tf.io.fromMemory({ modelTopology: topology, weightSpecs: specs, weightData }))
+}
+
+/** Loads checkpointed weights into an existing model whose variables have the same names and shapes. */
+export const loadWeightsInto = (tf: Tf, model: LayersModel, files: Record<string, Uint8Array>): void => {
+  const { specs, weightData } = parseModelJson(files)
+  const named = tf.io.decodeWeights(weightData, specs)
+  const values = model.weights.map((w) => {
+    const t = named[w.originalName] ?? named[w.name]
+    if (!t) {
+      throw new ConfigError({
+        field: "checkpoint",
+        reason: `the checkpoint has no weight "${w.originalName}"; it holds ${Object.keys(named).slice(0, 8).join(", ")}…`
+      })
+    }
+    if (t.shape.join("x") !== w.shape.join("x")) {
+      throw new ConfigError({
+        field: "checkpoint",
+        reason: `weight "${w.originalName}" has shape [${t.shape}] in the checkpoint but [${w.shape}] in the model`
+      })
+    }
+    return t
+  })
+  model.setWeights(values)
+  for (const t of Object.values(named)) t.dispose()
+}

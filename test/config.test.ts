@@ -1,0 +1,64 @@
+import { describe, expect, it } from "vitest"
+import { CollectiveConfig, RunConfig, ScalingConfig, parseTrainLoopRef } from "../core/config.ts"
+import { decodeConfig } from "../core/validate.ts"
+import { ConfigError } from "../core/errors.ts"
+
+const fails = (f: () => unknown): ConfigError => {
+  try {
+    f()
+  } catch (e) {
+    expect(e).toBeInstanceOf(ConfigError)
+    return e as ConfigError
+  }
+  throw new Error("expected a ConfigError")
+}
+
+describe("config validation", () => {
+  it("accepts a full, valid scaling config", () => {
+    const c = decodeConfig(ScalingConfig, { numWorkers: 4, useGpu: false, placementStrategy: "SPREAD", resourcesPerWorker: { CPU: 1 } }, "scalingConfig")
+    expect(c.numWorkers).toBe(4)
+    expect(c.placementStrategy).toBe("SPREAD")
+  })
+
+  it("names the field and the allowed values", () => {
+    const e = fails(() => decodeConfig(ScalingConfig, { numWorkers: 2, placementStrategy: "EVERYWHERE" }, "scalingConfig"))
+    expect(e.field).toBe("scalingConfig.placementStrategy")
+    expect(e.message).toContain('"STRICT_SPREAD"')
+    expect(e.message).toContain('"EVERYWHERE"')
+  })
+
+  it("rejects non-integer and non-positive worker counts", () => {
+    expect(fails(() => decodeConfig(ScalingConfig, { numWorkers: 0 }, "scalingConfig")).field).toBe("scalingConfig.numWorkers")
+    expect(fails(() => decodeConfig(ScalingConfig, { numWorkers: 1.5 }, "scalingConfig")).message).toContain("integer")
+  })
+
+  it("refuses unknown options instead of ignoring a typo", () => {
+    const e = fails(() => decodeConfig(ScalingConfig, { numWorkers: 1, numWorker: 4 }, "scalingConfig"))
+    expect(e.field).toBe("scalingConfig.numWorker")
+    expect(e.message).toContain("unknown option")
+  })
+
+  it("reports every problem, the first as the field", () => {
+    const e = fails(() => decodeConfig(RunConfig, { name: "has space", failureConfig: { maxFailures: -2 } }, "runConfig"))
+    expect(e.field).toBe("runConfig.name")
+    expect(e.message).toContain("runConfig.failureConfig.maxFailures")
+  })
+
+  it("accepts maxFailures -1 (no limit) and checks collective options", () => {
+    expect(decodeConfig(RunConfig, { failureConfig: { maxFailures: -1 } }, "runConfig").failureConfig?.maxFailures).toBe(-1)
+    expect(fails(() => decodeConfig(CollectiveConfig, { algorithm: "butterfly" }, "collectiveConfig")).field).toBe("collectiveConfig.algorithm")
+  })
+
+  it("refuses a closure for the loop and shows the module form", () => {
+    const e = fails(() => parseTrainLoopRef(async () => {}))
+    expect(e.field).toBe("trainLoopPerWorker")
+    expect(e.message).toContain("export async function")
+  })
+
+  it("parses module references", () => {
+    expect(parseTrainLoopRef("./train.ts#loop")).toEqual({ module: "./train.ts", export: "loop" })
+    expect(parseTrainLoopRef("./train.ts")).toEqual({ module: "./train.ts", export: "default" })
+    expect(parseTrainLoopRef({ module: "file:///x/train.ts", export: "go" })).toEqual({ module: "file:///x/train.ts", export: "go" })
+    expect(fails(() => parseTrainLoopRef({ module: "" })).field).toBe("trainLoopPerWorker.module")
+  })
+})
