@@ -1,0 +1,512 @@
+// Alpha-beta cost model of gradwire's collectives over NATS: fitted from probe measurements, it
+// predicts how long ring, tree and hierarchical all-reduce take for a message size and a topology,
+// so algorithm-choice.ts can pick the cheapest per bucket. Pure arithmetic, no I/O.
+//
+// Links. A message of b bytes between two ranks costs  t = alpha_c + b * beta_c,  where the link
+// class c is 'same-node' (same host, same NATS server), 'same-server' (different hosts, same NATS
+// server) or 'cross-server' (the route between two NATS servers). alpha, beta are fitted per class
+// by weighted least squares over (bytes, one-way ms) samples: the median per size first (robust to
+// outliers), weights 1/t^2 (relative error, so 16-byte probes pin alpha and 64 MiB probes pin beta
+// instead of the largest size dominating), both clamped to >= 0.
+//
+// NATS is a hub. Every byte goes client -> nats-server -> client, so flows that run at the same time
+// share their servers' throughput. Each server s relays B_s bytes/ms (delivered bytes; default:
+// one flow's rate 1/beta_same-server, i.e. a single-core server, which is what a 2-core box shows).
+// A flow's bytes load every server it touches: the destination's server per delivered copy, plus the
+// source's server when the bytes cross a route. An algorithm is a sequence of stages; in a stage a
+// set of flows {src -> dsts, bytes} runs concurrently (a multi-destination flow is one publish that
+// the server fans out), and
+//
+//   stage = max_flow alpha_c
+//         + max( max_rank max(sum_sent bytes*beta_c, sum_received bytes*beta_c),  (a client's socket,
+//                                                                    full duplex; one publish per flow)
+//                max_server load_s / B_s )                                         (the shared hub)
+//
+// Algorithms (p ranks in rank order, n bytes, chunk C = chunkBytes, k = max(1, ceil(n/C))):
+//   ring          reduce-scatter + all-gather: 2(p-1) stages, every rank i -> i+1 (mod p) sends n/p.
+//                 With one server and no contention term this is the textbook
+//                 2(p-1)*alpha + 2(p-1)/p * n * beta over the slowest link; with the hub term each
+//                 stage moves p * n/p = n bytes through the server, so T -> 2(p-1) * n / B.
+//   tree          binary tree over ranks (parent of i is (i-1)/2), height h = floor(log2 p),
+//                 reduce up then broadcast down (a parent publishes once to both children),
+//                 pipelined in k chunks of c = n/k; chunk q crosses level l at stage q + (depth
+//                 offset), so each phase has h + k - 1 stages. Without the hub term, for a full tree:
+//                   T = (h+k-1)(alpha + 2*c*beta)  [reduce: a parent takes two children's chunks]
+//                     + (h+k-1)(alpha + c*beta)    [broadcast]
+//                 -> h(2*alpha + 3*n*beta) for one chunk. Latency grows with log2 p, not p, so tree
+//                 wins small messages and ring wins large ones.
+//   hierarchical  binary-tree reduce inside each node to its leader (lowest rank), ring among the N
+//                 node leaders over the cross links (2(N-1) stages of n/N), then one multicast from
+//                 each leader to its node's ranks. Only leaders' bytes cross nodes/servers, so it
+//                 wins when cross-server links are slow; with one rank per node it is a ring.
+//                 (hierarchicalGroups: 'server' groups by NATS server instead of by node.)
+// p = 1 costs 0 (no traffic).
+import { Result, Schema } from "effect"
+import { formatBytes } from "./resources.ts"
+
+export type LinkClass = "same-node" | "same-server" | "cross-server"
+export const linkClasses: readonly LinkClass[] = ["same-node", "same-server", "cross-server"]
+
+export type AllReduceAlgorithm = "ring" | "tree" | "hierarchical"
+export const allReduceAlgorithms: readonly AllReduceAlgorithm[] = ["ring", "tree", "hierarchical"]
+
+export interface AlphaBeta {
+  /** Fixed cost of one message, ms (one way). */
+  readonly alphaMs: number
+  /** Cost per byte, ms/byte (1 / bandwidth). */
+  readonly betaMsPerByte: number
+}
+
+export interface CostModel {
+  readonly links: Readonly<Record<LinkClass, AlphaBeta>>
+  /** Throughput of each NATS server in delivered bytes/ms, by server id. */
+  readonly serverBytesPerMs?: Readonly<Record<string, number>>
+  /** For servers not listed above; default 1 / links['same-server'].betaMsPerByte. */
+  readonly defaultServerBytesPerMs?: number
+  /** Pipelining chunk of tree / hierarchical (default 1 MiB, nats-server's default max_payload). */
+  readonly chunkBytes?: number
+  /** How hierarchical groups ranks: per node (default) or per NATS server, as the collective is configured. */
+  readonly hierarchicalGroups?: "node" | "server"
+}
+
+/** Where one rank sits; index = rank. */
+export interface RankLocation {
+  readonly nodeId: string
+  /** NATS server id the rank's connection goes through. */
+  readonly server: string
+}
+export type Topology = readonly RankLocation[]
+
+/** One probe measurement: a message of `bytes` took `ms` one way (halve a round trip). */
+export interface ProbeSample {
+  readonly bytes: number
+  readonly ms: number
+}
+
+export interface PhasePrediction {
+  readonly name: string
+  readonly stages: number
+  readonly ms: number
+}
+
+export interface Prediction {
+  readonly algorithm: AllReduceAlgorithm
+  readonly bytes: number
+  readonly ranks: number
+  readonly ms: number
+  readonly phases: readonly PhasePrediction[]
+  /** What dominates: "latency", "link" or "server <id>". */
+  readonly bottleneck: string
+}
+
+export class CostModelFitError extends Schema.TaggedError<CostModelFitError>()("CostModelFitError", {
+  linkClass: Schema.String,
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return (
+      `cannot fit the ${this.linkClass} link: ${this.reason}. Probe at least two message sizes far apart ` +
+      `(e.g. 16 B and 1 MiB), each a few times, with finite positive timings.`
+    )
+  }
+}
+
+export const DEFAULT_CHUNK_BYTES = 1024 * 1024
+
+/**
+ * Loopback figures from ANCHORS.md (request-reply 16 B: 0.32 ms round trip; one publisher to one
+ * subscriber: 0.55 GB/s); cross-server guessed at 1.5x. A placeholder until a probe has run.
+ */
+export const defaultCostModel = (): CostModel => ({
+  links: {
+    "same-node": { alphaMs: 0.16, betaMsPerByte: 1 / 550_000 },
+    "same-server": { alphaMs: 0.16, betaMsPerByte: 1 / 550_000 },
+    "cross-server": { alphaMs: 0.25, betaMsPerByte: 1.5 / 550_000 }
+  },
+  chunkBytes: DEFAULT_CHUNK_BYTES
+})
+
+export const median = (xs: readonly number[]): number => {
+  if (xs.length === 0) return Number.NaN
+  const s = [...xs].sort((a, b) => a - b)
+  const m = s.length >> 1
+  return s.length % 2 === 1 ? s[m]! : (s[m - 1]! + s[m]!) / 2
+}
+
+export interface FittedLink extends AlphaBeta {
+  readonly sizes: number
+  readonly samples: number
+  /** Root-mean-square relative error of the fit over the per-size medians. */
+  readonly rmsRelativeError: number
+}
+
+/** Fits alpha and beta for one link class; see the module comment for the method. */
+export const fitAlphaBeta = (samples: readonly ProbeSample[], linkClass: string = "link"): Result.Result<FittedLink, CostModelFitError> => {
+  const good = samples.filter((s) => Number.isFinite(s.bytes) && s.bytes >= 0 && Number.isFinite(s.ms) && s.ms > 0)
+  const bySize = new Map<number, number[]>()
+  for (const s of good) {
+    const xs = bySize.get(s.bytes)
+    if (xs) xs.push(s.ms)
+    else bySize.set(s.bytes, [s.ms])
+  }
+  if (bySize.size < 2) {
+    return Result.fail(
+      new CostModelFitError({
+        linkClass,
+        reason: `${good.length} usable sample(s) over ${bySize.size} distinct size(s) (${samples.length - good.length} dropped as non-finite or <= 0 ms)`
+      })
+    )
+  }
+  const pts = [...bySize.entries()].map(([x, ys]) => ({ x, y: median(ys) })).sort((a, b) => a.x - b.x)
+  let sw = 0, swx = 0, swy = 0, swxx = 0, swxy = 0
+  for (const { x, y } of pts) {
+    const w = 1 / (y * y)
+    sw += w
+    swx += w * x
+    swy += w * y
+    swxx += w * x * x
+    swxy += w * x * y
+  }
+  const det = sw * swxx - swx * swx
+  let alpha = det !== 0 ? (swy * swxx - swx * swxy) / det : Number.NaN
+  let beta = det !== 0 ? (sw * swxy - swx * swy) / det : Number.NaN
+  if (!(alpha >= 0)) {
+    // Noise made the intercept negative: refit through the origin.
+    alpha = 0
+    beta = swxx > 0 ? swxy / swxx : 0
+  }
+  if (!(beta >= 0)) {
+    beta = 0
+    alpha = swy / sw
+  }
+  const rel = pts.map(({ x, y }) => (alpha + beta * x - y) / y)
+  return Result.succeed({
+    alphaMs: alpha,
+    betaMsPerByte: beta,
+    sizes: pts.length,
+    samples: good.length,
+    rmsRelativeError: Math.sqrt(rel.reduce((s, r) => s + r * r, 0) / rel.length)
+  })
+}
+
+/**
+ * Aggregate throughput of a server from concurrent-flow probes: (bytes delivered in total, ms the
+ * whole round took). The median of the rates, so one slow round does not drag it down.
+ */
+export const estimateServerBandwidth = (rounds: readonly ProbeSample[]): number | undefined => {
+  const rates = rounds.filter((r) => r.ms > 0 && r.bytes > 0 && Number.isFinite(r.ms)).map((r) => r.bytes / r.ms)
+  return rates.length === 0 ? undefined : median(rates)
+}
+
+export interface FittedCostModel extends CostModel {
+  readonly fits: Readonly<Partial<Record<LinkClass, FittedLink>>>
+  /** Classes with no samples, borrowed from a measured neighbour class (say so in explain output). */
+  readonly assumed: Readonly<Partial<Record<LinkClass, LinkClass>>>
+}
+
+/**
+ * Fits every class that has samples; a class without samples (a topology that has no such link)
+ * borrows the nearest measured one: same-node <-> same-server, then cross-server.
+ */
+export const fitCostModel = (
+  samples: Readonly<Partial<Record<LinkClass, readonly ProbeSample[]>>>,
+  options: { readonly serverBytesPerMs?: Readonly<Record<string, number>>; readonly defaultServerBytesPerMs?: number; readonly chunkBytes?: number } = {}
+): Result.Result<FittedCostModel, CostModelFitError> => {
+  const fits: Partial<Record<LinkClass, FittedLink>> = {}
+  for (const c of linkClasses) {
+    const s = samples[c]
+    if (s === undefined || s.length === 0) continue
+    const f = fitAlphaBeta(s, c)
+    if (Result.isFailure(f)) return Result.fail(f.failure)
+    fits[c] = f.success
+  }
+  const fallback: Record<LinkClass, readonly LinkClass[]> = {
+    "same-node": ["same-server", "cross-server"],
+    "same-server": ["same-node", "cross-server"],
+    "cross-server": ["same-server", "same-node"]
+  }
+  const links = {} as Record<LinkClass, AlphaBeta>
+  const assumed: Partial<Record<LinkClass, LinkClass>> = {}
+  for (const c of linkClasses) {
+    const own = fits[c]
+    if (own) {
+      links[c] = { alphaMs: own.alphaMs, betaMsPerByte: own.betaMsPerByte }
+      continue
+    }
+    const from = fallback[c].find((d) => fits[d] !== undefined)
+    if (from === undefined) return Result.fail(new CostModelFitError({ linkClass: "any", reason: "no link class has samples" }))
+    links[c] = { alphaMs: fits[from]!.alphaMs, betaMsPerByte: fits[from]!.betaMsPerByte }
+    assumed[c] = from
+  }
+  return Result.succeed({
+    links,
+    fits,
+    assumed,
+    ...(options.serverBytesPerMs ? { serverBytesPerMs: options.serverBytesPerMs } : {}),
+    ...(options.defaultServerBytesPerMs ? { defaultServerBytesPerMs: options.defaultServerBytesPerMs } : {}),
+    chunkBytes: options.chunkBytes ?? DEFAULT_CHUNK_BYTES
+  })
+}
+
+export const linkClassOf = (a: RankLocation, b: RankLocation): LinkClass =>
+  a.server !== b.server ? "cross-server" : a.nodeId === b.nodeId ? "same-node" : "same-server"
+
+/** Concurrent transfers in one stage; a flow with several destinations is one publish fanned out. */
+export interface Flow {
+  readonly src: number
+  readonly dsts: readonly number[]
+  readonly bytes: number
+}
+
+export interface StageCost {
+  readonly ms: number
+  readonly latencyMs: number
+  readonly linkMs: number
+  readonly serverMs: number
+  readonly busiestServer: string
+}
+
+const serverRate = (model: CostModel, server: string): number => {
+  const own = model.serverBytesPerMs?.[server]
+  if (own !== undefined && own > 0) return own
+  if (model.defaultServerBytesPerMs !== undefined && model.defaultServerBytesPerMs > 0) return model.defaultServerBytesPerMs
+  const beta = model.links["same-server"].betaMsPerByte
+  return beta > 0 ? 1 / beta : Number.POSITIVE_INFINITY
+}
+
+/** Cost of one stage (the formula in the module comment). */
+export const stageCost = (flows: readonly Flow[], topo: Topology, model: CostModel): StageCost => {
+  let latency = 0
+  // Sending and receiving are separate directions of a full-duplex socket: a ring rank does both
+  // in every stage at full speed, a tree parent receiving two children's chunks does not.
+  const tx = new Map<number, number>()
+  const rx = new Map<number, number>()
+  const load = new Map<string, number>()
+  const bump = <K>(m: Map<K, number>, k: K, v: number) => m.set(k, (m.get(k) ?? 0) + v)
+  for (const f of flows) {
+    if (f.dsts.length === 0) continue
+    const src = topo[f.src]!
+    let sendBeta = 0
+    let crosses = false
+    for (const d of f.dsts) {
+      const dst = topo[d]!
+      const link = model.links[linkClassOf(src, dst)]
+      latency = Math.max(latency, link.alphaMs)
+      sendBeta = Math.max(sendBeta, link.betaMsPerByte)
+      bump(rx, d, f.bytes * link.betaMsPerByte)
+      bump(load, dst.server, f.bytes)
+      if (dst.server !== src.server) crosses = true
+    }
+    bump(tx, f.src, f.bytes * sendBeta)
+    if (crosses) bump(load, src.server, f.bytes)
+  }
+  let linkMs = 0
+  for (const v of tx.values()) linkMs = Math.max(linkMs, v)
+  for (const v of rx.values()) linkMs = Math.max(linkMs, v)
+  let serverMs = 0
+  let busiest = ""
+  for (const [s, bytes] of load) {
+    const t = bytes / serverRate(model, s)
+    if (t > serverMs) {
+      serverMs = t
+      busiest = s
+    }
+  }
+  return { ms: latency + Math.max(linkMs, serverMs), latencyMs: latency, linkMs, serverMs, busiestServer: busiest }
+}
+
+interface PhaseAcc {
+  name: string
+  stages: number
+  ms: number
+  latencyMs: number
+  linkMs: number
+  serverMs: number
+  servers: Map<string, number>
+}
+
+const newPhase = (name: string): PhaseAcc => ({ name, stages: 0, ms: 0, latencyMs: 0, linkMs: 0, serverMs: 0, servers: new Map() })
+
+const addStage = (ph: PhaseAcc, c: StageCost, times: number): void => {
+  if (times <= 0) return
+  ph.stages += times
+  ph.ms += c.ms * times
+  ph.latencyMs += c.latencyMs * times
+  // Attribute the transfer part to whichever of link / server bound this stage.
+  if (c.serverMs > c.linkMs) {
+    ph.serverMs += c.serverMs * times
+    ph.servers.set(c.busiestServer, (ph.servers.get(c.busiestServer) ?? 0) + c.serverMs * times)
+  } else ph.linkMs += c.linkMs * times
+}
+
+const chunking = (bytes: number, model: CostModel): { k: number; chunk: number } => {
+  const C = model.chunkBytes !== undefined && model.chunkBytes > 0 ? model.chunkBytes : DEFAULT_CHUNK_BYTES
+  const k = Math.max(1, Math.ceil(bytes / C))
+  return { k, chunk: bytes / k }
+}
+
+/** Heap-ordered binary tree over `members` (global ranks); depth of member j is floor(log2(j+1)). */
+const depthOf = (j: number): number => Math.floor(Math.log2(j + 1))
+
+/**
+ * Pipelined reduce up a binary tree: chunk q leaves a node at depth l at stage q + (h - l).
+ * Stages with the same set of active depths cost the same, so they are costed once.
+ */
+const treeReduceStages = (groups: readonly (readonly number[])[], k: number, chunk: number, ph: PhaseAcc, topo: Topology, model: CostModel) => {
+  const heights = groups.map((g) => (g.length > 1 ? depthOf(g.length - 1) : 0))
+  const H = Math.max(0, ...heights)
+  const total = H > 0 ? H + k - 1 : 0
+  const memo = new Map<string, StageCost>()
+  // Stages H-1 .. k-1 have every level of every tree busy and cost the same: cost one, multiply
+  // (k can be large: 64 MiB in 64 KiB chunks is 1024 stages).
+  for (let j = 0; j < total; j++) {
+    const repeat = j >= H - 1 && j < k ? k - j : 1
+    const flows: Flow[] = []
+    const keyParts: string[] = []
+    groups.forEach((g, gi) => {
+      const h = heights[gi]!
+      for (let l = h; l >= 1; l--) {
+        const q = j - (h - l)
+        if (q < 0 || q >= k) continue
+        keyParts.push(`${gi}:${l}`)
+        for (let m = 1; m < g.length; m++) if (depthOf(m) === l) flows.push({ src: g[m]!, dsts: [g[(m - 1) >> 1]!], bytes: chunk })
+      }
+    })
+    const key = keyParts.join(",")
+    let c = memo.get(key)
+    if (c === undefined) {
+      c = stageCost(flows, topo, model)
+      memo.set(key, c)
+    }
+    addStage(ph, c, repeat)
+    j += repeat - 1
+  }
+}
+
+/** Pipelined broadcast down the same tree: a parent at depth l sends chunk q at stage q + l (one publish to both children). */
+const treeBroadcastStages = (g: readonly number[], k: number, chunk: number, ph: PhaseAcc, topo: Topology, model: CostModel) => {
+  if (g.length <= 1) return
+  const h = depthOf(g.length - 1)
+  const memo = new Map<string, StageCost>()
+  for (let j = 0; j < h + k - 1; j++) {
+    // As in the reduce: stages h-1 .. k-1 are the steady state, costed once.
+    const repeat = j >= h - 1 && j < k ? k - j : 1
+    const flows: Flow[] = []
+    const active: number[] = []
+    for (let l = 0; l < h; l++) {
+      const q = j - l
+      if (q < 0 || q >= k) continue
+      active.push(l)
+      for (let m = 0; m < g.length; m++) {
+        if (depthOf(m) !== l) continue
+        const kids = [2 * m + 1, 2 * m + 2].filter((c) => c < g.length).map((c) => g[c]!)
+        if (kids.length > 0) flows.push({ src: g[m]!, dsts: kids, bytes: chunk })
+      }
+    }
+    const key = active.join(",")
+    let c = memo.get(key)
+    if (c === undefined) {
+      c = stageCost(flows, topo, model)
+      memo.set(key, c)
+    }
+    addStage(ph, c, repeat)
+    j += repeat - 1
+  }
+}
+
+const ringStages = (members: readonly number[], bytes: number, ph: PhaseAcc, topo: Topology, model: CostModel) => {
+  const q = members.length
+  if (q <= 1) return
+  const flows = members.map((r, i) => ({ src: r, dsts: [members[(i + 1) % q]!], bytes: bytes / q }))
+  addStage(ph, stageCost(flows, topo, model), 2 * (q - 1))
+}
+
+/** Ranks grouped by node (or server), groups in order of their first (lowest) rank; leader = first member. */
+export const nodeGroups = (topo: Topology, by: "node" | "server" = "node"): number[][] => {
+  const groups = new Map<string, number[]>()
+  topo.forEach((loc, r) => {
+    const key = by === "node" ? loc.nodeId : loc.server
+    const g = groups.get(key)
+    if (g) g.push(r)
+    else groups.set(key, [r])
+  })
+  return [...groups.values()]
+}
+
+const finish = (algorithm: AllReduceAlgorithm, bytes: number, p: number, phases: PhaseAcc[]): Prediction => {
+  const ms = phases.reduce((s, ph) => s + ph.ms, 0)
+  const lat = phases.reduce((s, ph) => s + ph.latencyMs, 0)
+  const link = phases.reduce((s, ph) => s + ph.linkMs, 0)
+  const servers = new Map<string, number>()
+  for (const ph of phases) for (const [s, t] of ph.servers) servers.set(s, (servers.get(s) ?? 0) + t)
+  let top = ""
+  let topMs = 0
+  for (const [s, t] of servers) if (t > topMs) [top, topMs] = [s, t]
+  const bottleneck = ms === 0 ? "none" : lat >= link && lat >= topMs ? "latency" : link >= topMs ? "link" : `server ${top}`
+  return {
+    algorithm,
+    bytes,
+    ranks: p,
+    ms,
+    phases: phases.filter((ph) => ph.stages > 0).map((ph) => ({ name: ph.name, stages: ph.stages, ms: ph.ms })),
+    bottleneck
+  }
+}
+
+/** Predicted time of one all-reduce of `bytes` over `topo` (rank i at topo[i]). */
+export const predictAllReduce = (algorithm: AllReduceAlgorithm, bytes: number, topo: Topology, model: CostModel): Prediction => {
+  const p = topo.length
+  if (p <= 1 || bytes <= 0) return finish(algorithm, bytes, p, [])
+  const all = topo.map((_, r) => r)
+  switch (algorithm) {
+    case "ring": {
+      const ph = newPhase("ring reduce-scatter + all-gather")
+      ringStages(all, bytes, ph, topo, model)
+      return finish(algorithm, bytes, p, [ph])
+    }
+    case "tree": {
+      const { k, chunk } = chunking(bytes, model)
+      const up = newPhase("tree reduce")
+      treeReduceStages([all], k, chunk, up, topo, model)
+      const down = newPhase("tree broadcast")
+      treeBroadcastStages(all, k, chunk, down, topo, model)
+      return finish(algorithm, bytes, p, [up, down])
+    }
+    case "hierarchical": {
+      const groups = nodeGroups(topo, model.hierarchicalGroups ?? "node")
+      const { k, chunk } = chunking(bytes, model)
+      const up = newPhase("intra-node reduce")
+      treeReduceStages(groups, k, chunk, up, topo, model)
+      const leaders = newPhase("leaders ring")
+      ringStages(groups.map((g) => g[0]!), bytes, leaders, topo, model)
+      const down = newPhase("intra-node broadcast")
+      const fan = groups.filter((g) => g.length > 1).map((g) => ({ src: g[0]!, dsts: g.slice(1), bytes }))
+      if (fan.length > 0) addStage(down, stageCost(fan, topo, model), 1)
+      return finish(algorithm, bytes, p, [up, leaders, down])
+    }
+  }
+}
+
+/** Every algorithm's prediction, in allReduceAlgorithms order. */
+export const predictAll = (bytes: number, topo: Topology, model: CostModel): readonly Prediction[] =>
+  allReduceAlgorithms.map((a) => predictAllReduce(a, bytes, topo, model))
+
+/**
+ * All-gather of `bytesPerRank` from every rank (sparse compressors such as top-k cannot be summed
+ * in flight): one NATS publish per rank fanned out to the others, a single stage.
+ */
+export const predictAllGather = (bytesPerRank: number, topo: Topology, model: CostModel): number => {
+  const p = topo.length
+  if (p <= 1 || bytesPerRank <= 0) return 0
+  const flows = topo.map((_, r) => ({ src: r, dsts: topo.map((__, d) => d).filter((d) => d !== r), bytes: bytesPerRank }))
+  return stageCost(flows, topo, model).ms
+}
+
+/** Topology of a placement plan (ranks carry nodeId and natsServer). */
+export const topologyOf = (ranks: readonly { readonly nodeId: string; readonly natsServer: string }[]): Topology =>
+  ranks.map((r) => ({ nodeId: r.nodeId, server: r.natsServer }))
+
+export const describePrediction = (p: Prediction): string =>
+  `${p.algorithm} ${formatBytes(p.bytes)} p=${p.ranks}: ${p.ms.toFixed(3)} ms (${p.phases
+    .map((ph) => `${ph.name} ${ph.stages}x = ${ph.ms.toFixed(3)} ms`)
+    .join("; ")}; bound by ${p.bottleneck})`

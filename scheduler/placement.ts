@@ -1,0 +1,702 @@
+// Placement: decides which node (and which GPUs) each worker rank gets, with Ray's four strategies,
+// and keeps a ledger of what running jobs hold so two jobs never share a GPU. Pure: it reads a list
+// of NodeResources and returns a plan or a typed error, so it is tested over hand-made clusters.
+//
+// Semantics (Ray placement groups, one bundle = one worker's resourcesPerWorker):
+//   PACK          as few nodes as possible (best effort): largest free capacity first, and the last,
+//                 partly filled node is the smallest that still fits the remainder (best fit), so
+//                 big nodes stay whole for the next job.
+//   SPREAD        as many nodes as possible (best effort): round-robin, one worker per node per round.
+//   STRICT_PACK   all workers on one node (the smallest that fits), or PlacementInfeasible.
+//   STRICT_SPREAD every worker on a distinct node, or PlacementInfeasible.
+// A node is eligible only if the worker's tfjs backend loads there (useGpu needs 'tensorflow-gpu'
+// and a free GPU), its labels match the selector, and, with acceleratorType, it has a GPU whose name
+// contains that string (only those GPUs are handed out). Ranks are ordered by node (head first,
+// then nodeId), then by GPU index, as Ray Train does; CPU-only workers get CUDA_VISIBLE_DEVICES=""
+// so a GPU build of tfjs on their node does not grab a GPU it was not given.
+import { Result, Schema } from "effect"
+import { ConfigError } from "../core/errors.ts"
+import {
+  CPU,
+  GPU,
+  MEMORY,
+  addUsage,
+  compareNodes,
+  emptyUsage,
+  formatBytes,
+  formatNumber,
+  freeResources,
+  type FreeResources,
+  type GpuInfo,
+  type NodeResources,
+  type ResourceUsage,
+  type TfjsBackend
+} from "./resources.ts"
+
+export type PlacementStrategy = "PACK" | "SPREAD" | "STRICT_PACK" | "STRICT_SPREAD"
+export const placementStrategies: readonly PlacementStrategy[] = ["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
+
+/**
+ * Label selector, Ray style. Per key: "v" (equals), "!v" (absent or different), "in(a,b)",
+ * "!in(a,b)", or an array of allowed values. Every key must match.
+ */
+export type LabelSelector = Readonly<Record<string, string | readonly string[]>>
+
+/** Field names follow core/config.ts ScalingConfig, so a validated ScalingConfig can be passed as is. */
+export interface PlacementRequest {
+  /** Owner of the allocation in the ledger; default "job". */
+  readonly jobId?: string
+  readonly numWorkers: number
+  readonly useGpu?: boolean
+  /** Per worker: CPU, GPU (whole GPUs), memory (bytes), or custom names. Default {GPU: 1} with useGpu, else {CPU: 1}. */
+  readonly resourcesPerWorker?: Readonly<Record<string, number>>
+  /** Default PACK (Ray Train's default). */
+  readonly placementStrategy?: PlacementStrategy
+  /** Substring of the GPU name, case-insensitive ("H100", "A100"). */
+  readonly acceleratorType?: string
+  readonly nodeLabels?: LabelSelector
+  /** "auto" (default): 'tensorflow-gpu' with useGpu, else the best that loads: tensorflow > wasm > cpu. */
+  readonly backend?: TfjsBackend | "auto"
+}
+
+export interface RankAssignment {
+  readonly rank: number
+  readonly nodeId: string
+  readonly hostname: string
+  readonly natsServer: string
+  readonly nodeRank: number
+  readonly localRank: number
+  readonly localWorldSize: number
+  readonly gpuIndices: readonly number[]
+  /** Value for the worker's CUDA_VISIBLE_DEVICES ("" hides every GPU). */
+  readonly cudaVisibleDevices: string
+  readonly backend: TfjsBackend
+}
+
+/** What one job holds on one node; the ledger sums these. */
+export interface NodeAllocation {
+  readonly nodeId: string
+  readonly workers: number
+  readonly cpus: number
+  readonly memoryBytes: number
+  readonly gpuIndices: readonly number[]
+  readonly custom: Readonly<Record<string, number>>
+}
+
+export interface PlacementPlan {
+  readonly jobId: string
+  readonly strategy: PlacementStrategy
+  readonly useGpu: boolean
+  /** After defaults; zero entries dropped. */
+  readonly resourcesPerWorker: Readonly<Record<string, number>>
+  /** Ordered by rank. */
+  readonly ranks: readonly RankAssignment[]
+  /** Ordered by nodeRank. */
+  readonly nodes: readonly NodeAllocation[]
+}
+
+/** One node as the error message shows it. */
+export const NodeReport = Schema.Struct({
+  nodeId: Schema.String,
+  hostname: Schema.String,
+  freeCpus: Schema.Number,
+  totalCpus: Schema.Number,
+  freeGpus: Schema.Number,
+  totalGpus: Schema.Number,
+  gpuNames: Schema.Array(Schema.String),
+  freeMemoryBytes: Schema.Number,
+  backends: Schema.Array(Schema.String),
+  labels: Schema.Record(Schema.String, Schema.String),
+  freeCustom: Schema.Record(Schema.String, Schema.Number),
+  /** How many workers of this request fit on the node now. */
+  fits: Schema.Number,
+  /** Why the node cannot take a worker at all ("" when it can). */
+  excluded: Schema.String
+})
+export type NodeReport = typeof NodeReport.Type
+
+/** The request cannot be satisfied by the cluster as it is now. */
+export class PlacementInfeasible extends Schema.TaggedError<PlacementInfeasible>()("PlacementInfeasible", {
+  jobId: Schema.String,
+  strategy: Schema.String,
+  numWorkers: Schema.Number,
+  /** The request in words: workers, per-worker resources, backend, selectors. */
+  requested: Schema.String,
+  reason: Schema.String,
+  /** Most workers of this shape the strategy could place now (0 when none). */
+  maxPlaceable: Schema.Number,
+  nodes: Schema.Array(NodeReport),
+  hint: Schema.String
+}) {
+  override get message(): string {
+    const lines = [
+      `cannot place job "${this.jobId}": ${this.reason}`,
+      `  asked: ${this.requested}`,
+      `  cluster (${this.nodes.length} node${this.nodes.length === 1 ? "" : "s"}, free/total):`,
+      ...(this.nodes.length === 0 ? ["    (no live nodes)"] : this.nodes.map(describeNodeReport)),
+      `  hint: ${this.hint}`
+    ]
+    return lines.join("\n")
+  }
+}
+
+/** A plan cannot be booked in the ledger (its GPUs or resources are already held). */
+export class AllocationConflict extends Schema.TaggedError<AllocationConflict>()("AllocationConflict", {
+  jobId: Schema.String,
+  nodeId: Schema.String,
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return (
+      `cannot allocate job "${this.jobId}"${this.nodeId ? ` on node ${this.nodeId}` : ""}: ${this.reason}. ` +
+      `Plan again against the ledger's current view (AllocationLedger.place), or release the other job first.`
+    )
+  }
+}
+
+const describeNodeReport = (n: NodeReport): string => {
+  const labels = Object.entries(n.labels).map(([k, v]) => `${k}=${v}`).join(",")
+  const custom = Object.entries(n.freeCustom).map(([k, v]) => `${k} ${formatNumber(v)}`).join(", ")
+  const gpuNames = n.gpuNames.length > 0 ? ` (${[...new Set(n.gpuNames)].join(", ")})` : ""
+  return (
+    `    ${n.nodeId} [${n.hostname}]: CPU ${formatNumber(n.freeCpus)}/${formatNumber(n.totalCpus)}, ` +
+    `GPU ${n.freeGpus}/${n.totalGpus}${gpuNames}, memory ${formatBytes(n.freeMemoryBytes)} free` +
+    `${custom ? `, ${custom}` : ""}; backends ${n.backends.join(",") || "none"}; labels ${labels || "none"}` +
+    ` -> ${n.excluded ? `excluded: ${n.excluded}` : `fits ${n.fits}`}`
+  )
+}
+
+// Capacities are floors of free/needed; the epsilon keeps 0.1+0.2 CPUs from reading as 0.2999….
+const EPS = 1e-9
+const fitCount = (free: number, need: number): number => Math.floor(free / need + EPS)
+
+interface NormalizedRequest {
+  readonly jobId: string
+  readonly numWorkers: number
+  readonly useGpu: boolean
+  readonly resources: Readonly<Record<string, number>>
+  readonly strategy: PlacementStrategy
+  readonly acceleratorType: string | undefined
+  readonly selector: readonly LabelMatcher[]
+  readonly backend: TfjsBackend | "auto"
+}
+
+interface LabelMatcher {
+  readonly key: string
+  readonly negate: boolean
+  readonly values: readonly string[]
+  readonly text: string
+}
+
+const parseSelector = (selector: LabelSelector | undefined): Result.Result<readonly LabelMatcher[], ConfigError> => {
+  const out: LabelMatcher[] = []
+  for (const [key, raw] of Object.entries(selector ?? {})) {
+    if (Array.isArray(raw)) {
+      const values = raw as readonly string[]
+      if (values.length === 0) {
+        return Result.fail(new ConfigError({ field: `nodeLabels.${key}`, reason: "an empty list matches no node; give at least one value" }))
+      }
+      out.push({ key, negate: false, values, text: `${key} in (${values.join(",")})` })
+      continue
+    }
+    const s = String(raw).trim()
+    const negate = s.startsWith("!")
+    const body = negate ? s.slice(1).trim() : s
+    const m = /^in\((.*)\)$/.exec(body)
+    const values = m ? m[1]!.split(",").map((v) => v.trim()).filter((v) => v.length > 0) : [body]
+    if (m && values.length === 0) {
+      return Result.fail(new ConfigError({ field: `nodeLabels.${key}`, reason: `"${s}" lists no values; write e.g. "in(a,b)"` }))
+    }
+    out.push({
+      key,
+      negate,
+      values,
+      text: m ? `${key} ${negate ? "not in" : "in"} (${values.join(",")})` : `${key}${negate ? "!=" : "="}${body}`
+    })
+  }
+  return Result.succeed(out)
+}
+
+const labelMatches = (m: LabelMatcher, labels: Readonly<Record<string, string>>): boolean => {
+  const v = Object.hasOwn(labels, m.key) ? labels[m.key] : undefined
+  const inSet = v !== undefined && m.values.includes(v)
+  return m.negate ? !inSet : inSet
+}
+
+const invalid = (field: string, reason: string) => Result.fail(new ConfigError({ field, reason }))
+
+/** Applies Ray Train's defaults and checks the request; errors name the field and what is allowed. */
+export const normalizeRequest = (req: PlacementRequest): Result.Result<NormalizedRequest, ConfigError> => {
+  const useGpu = req.useGpu === true
+  if (!Number.isInteger(req.numWorkers) || req.numWorkers < 1) {
+    return invalid("scalingConfig.numWorkers", `must be an integer >= 1, got ${String(req.numWorkers)}`)
+  }
+  const strategy = req.placementStrategy ?? "PACK"
+  if (!placementStrategies.includes(strategy)) {
+    return invalid("scalingConfig.placementStrategy", `must be one of ${placementStrategies.join(", ")}, got ${String(strategy)}`)
+  }
+  const resources: Record<string, number> = {}
+  if (req.resourcesPerWorker === undefined) {
+    resources[useGpu ? GPU : CPU] = 1
+  } else {
+    for (const [k, v] of Object.entries(req.resourcesPerWorker)) {
+      if (typeof v !== "number" || !Number.isFinite(v) || v < 0) {
+        return invalid(`scalingConfig.resourcesPerWorker.${k}`, `must be a finite number >= 0, got ${String(v)}`)
+      }
+      if (v > 0) resources[k] = v
+    }
+    // Ray: with useGpu and no GPU entry, a worker still gets one GPU.
+    if (useGpu && !Object.hasOwn(req.resourcesPerWorker, GPU)) resources[GPU] = 1
+  }
+  const gpus = resources[GPU] ?? 0
+  if (useGpu && gpus === 0) {
+    return invalid("scalingConfig.resourcesPerWorker.GPU", "useGpu is true but GPU is 0; give GPU >= 1 or set useGpu: false")
+  }
+  if (!useGpu && gpus > 0) {
+    return invalid(
+      "scalingConfig.resourcesPerWorker.GPU",
+      `GPU is ${gpus} but useGpu is false; set useGpu: true to train on GPUs, or drop GPU from resourcesPerWorker`
+    )
+  }
+  if (!Number.isInteger(gpus)) {
+    return invalid(
+      "scalingConfig.resourcesPerWorker.GPU",
+      `must be a whole number of GPUs (a GPU is never shared between workers), got ${gpus}`
+    )
+  }
+  const backend = req.backend ?? "auto"
+  if (useGpu && backend !== "auto" && backend !== "tensorflow-gpu") {
+    return invalid("scalingConfig.backend", `useGpu needs the "tensorflow-gpu" backend (or "auto"), got "${backend}"`)
+  }
+  if (!useGpu && backend === "tensorflow-gpu") {
+    return invalid("scalingConfig.backend", `"tensorflow-gpu" needs useGpu: true; for CPU workers use "auto", "tensorflow", "wasm" or "cpu"`)
+  }
+  const acceleratorType = req.acceleratorType?.trim() || undefined
+  const selector = parseSelector(req.nodeLabels)
+  if (Result.isFailure(selector)) return Result.fail(selector.failure)
+  return Result.succeed({
+    jobId: req.jobId ?? "job",
+    numWorkers: req.numWorkers,
+    useGpu,
+    resources,
+    strategy,
+    acceleratorType,
+    selector: selector.success,
+    backend
+  })
+}
+
+const CPU_BACKENDS: readonly TfjsBackend[] = ["tensorflow", "wasm", "cpu"]
+
+interface NodeFit {
+  readonly node: NodeResources
+  readonly free: FreeResources
+  /** Free GPUs this request may use (after acceleratorType), ascending by index. */
+  readonly gpus: readonly GpuInfo[]
+  readonly backend: TfjsBackend | undefined
+  /** Workers that fit now; 0 when excluded. */
+  readonly capacity: number
+  /** "" when the node can take at least one worker. */
+  readonly excluded: string
+}
+
+const matchesAccelerator = (g: GpuInfo, acceleratorType: string): boolean =>
+  g.name.toLowerCase().includes(acceleratorType.toLowerCase())
+
+const assessNode = (node: NodeResources, req: NormalizedRequest): NodeFit => {
+  const free = freeResources(node)
+  const base = { node, free, gpus: [] as readonly GpuInfo[], backend: undefined, capacity: 0 }
+  // Backend first: it is the most common reason a GPU request lands nowhere.
+  let backend: TfjsBackend | undefined
+  if (req.useGpu) {
+    if (!node.backends.includes("tensorflow-gpu")) {
+      return { ...base, excluded: "the 'tensorflow-gpu' backend does not load here" }
+    }
+    if (node.gpus.length === 0) return { ...base, excluded: "no GPUs" }
+    backend = "tensorflow-gpu"
+  } else if (req.backend === "auto") {
+    backend = CPU_BACKENDS.find((b) => node.backends.includes(b))
+    if (backend === undefined) return { ...base, excluded: "no CPU tfjs backend (tensorflow, wasm, cpu) loads here" }
+  } else {
+    if (!node.backends.includes(req.backend)) return { ...base, excluded: `the '${req.backend}' backend does not load here` }
+    backend = req.backend
+  }
+  for (const m of req.selector) {
+    if (!labelMatches(m, node.labels)) {
+      const has = Object.hasOwn(node.labels, m.key) ? `${m.key}=${node.labels[m.key]}` : `no label ${m.key}`
+      return { ...base, backend, excluded: `label selector ${m.text} does not match (${has})` }
+    }
+  }
+  let gpus = free.gpus
+  if (req.acceleratorType !== undefined) {
+    const acc = req.acceleratorType
+    if (!node.gpus.some((g) => matchesAccelerator(g, acc))) {
+      const names = [...new Set(node.gpus.map((g) => g.name))]
+      return { ...base, backend, excluded: `no GPU matching "${acc}" (${names.length ? `has ${names.join(", ")}` : "has no GPUs"})` }
+    }
+    gpus = gpus.filter((g) => matchesAccelerator(g, acc))
+  }
+  let capacity = Number.MAX_SAFE_INTEGER
+  let limit = ""
+  for (const [k, need] of Object.entries(req.resources)) {
+    let have: number
+    let fits: number
+    if (k === CPU) {
+      have = free.cpus
+      fits = fitCount(have, need)
+    } else if (k === MEMORY) {
+      have = free.memoryBytes
+      fits = fitCount(have, need)
+    } else if (k === GPU) {
+      have = gpus.length
+      fits = Math.floor(have / need)
+    } else {
+      if (!Object.hasOwn(node.custom, k)) return { ...base, backend, gpus, excluded: `no resource "${k}"` }
+      have = free.custom[k] ?? 0
+      fits = fitCount(have, need)
+    }
+    if (fits < capacity) {
+      capacity = fits
+      const shown = k === MEMORY ? `${formatBytes(have)} free < ${formatBytes(need)}` : `${formatNumber(have)} free < ${formatNumber(need)}`
+      limit = `${k === GPU && req.acceleratorType ? `GPU "${req.acceleratorType}"` : k}: ${shown} per worker`
+    }
+  }
+  if (capacity === 0) return { ...base, backend, gpus, excluded: limit }
+  return { node, free, gpus, backend, capacity, excluded: "" }
+}
+
+/** Workers per node (node ids in canonical order), or the largest number placeable when infeasible. */
+type Selection = { readonly ok: true; readonly counts: Map<string, number> } | { readonly ok: false; readonly reason: string; readonly maxPlaceable: number }
+
+// Candidate order for PACK and SPREAD: most room first; ties in canonical node order.
+const byCapacityDesc = (a: NodeFit, b: NodeFit): number => b.capacity - a.capacity || compareNodes(a.node, b.node)
+
+const select = (fits: readonly NodeFit[], req: NormalizedRequest): Selection => {
+  const candidates = fits.filter((f) => f.capacity > 0)
+  const n = req.numWorkers
+  const total = candidates.reduce((s, f) => Math.min(Number.MAX_SAFE_INTEGER, s + f.capacity), 0)
+  const shortOf = (placeable: number): string =>
+    candidates.length === 0
+      ? "no node can take a single worker"
+      : `the cluster has room for ${placeable} of ${n} workers (${candidates.length} eligible node${candidates.length === 1 ? "" : "s"})`
+  switch (req.strategy) {
+    case "STRICT_PACK": {
+      const fitting = candidates.filter((f) => f.capacity >= n)
+      if (fitting.length === 0) {
+        const best = candidates.reduce((m, f) => Math.max(m, f.capacity), 0)
+        return {
+          ok: false,
+          maxPlaceable: best,
+          reason:
+            candidates.length === 0
+              ? "no node can take a single worker"
+              : `STRICT_PACK needs all ${n} workers on one node, but the roomiest node fits ${best}`
+        }
+      }
+      // Best fit: the smallest node that holds the whole job keeps larger nodes free.
+      const chosen = [...fitting].sort((a, b) => a.capacity - b.capacity || compareNodes(a.node, b.node))[0]!
+      return { ok: true, counts: new Map([[chosen.node.nodeId, n]]) }
+    }
+    case "STRICT_SPREAD": {
+      if (candidates.length < n) {
+        return {
+          ok: false,
+          maxPlaceable: candidates.length,
+          reason:
+            candidates.length === 0
+              ? "no node can take a single worker"
+              : `STRICT_SPREAD needs ${n} distinct nodes, but only ${candidates.length} can take a worker`
+        }
+      }
+      const chosen = [...candidates].sort(byCapacityDesc).slice(0, n)
+      return { ok: true, counts: new Map(chosen.map((f) => [f.node.nodeId, 1])) }
+    }
+    case "PACK": {
+      if (total < n) return { ok: false, maxPlaceable: total, reason: shortOf(total) }
+      const ordered = [...candidates].sort(byCapacityDesc)
+      const counts = new Map<string, number>()
+      let remaining = n
+      let k = 0
+      while (remaining > 0) {
+        const f = ordered[k++]!
+        const take = Math.min(f.capacity, remaining)
+        counts.set(f.node.nodeId, take)
+        remaining -= take
+      }
+      // Largest-first gives the fewest nodes; for the last, partly filled one, prefer the smallest
+      // node (among it and the unused ones) that still holds the remainder.
+      const last = ordered[k - 1]!
+      const rest = counts.get(last.node.nodeId)!
+      const pool = [last, ...ordered.slice(k)].filter((f) => f.capacity >= rest)
+      const bestFit = pool.sort((a, b) => a.capacity - b.capacity || compareNodes(a.node, b.node))[0]!
+      if (bestFit !== last) {
+        counts.delete(last.node.nodeId)
+        counts.set(bestFit.node.nodeId, rest)
+      }
+      return { ok: true, counts }
+    }
+    case "SPREAD": {
+      if (total < n) return { ok: false, maxPlaceable: total, reason: shortOf(total) }
+      const ordered = [...candidates].sort(byCapacityDesc)
+      const counts = new Map<string, number>()
+      let remaining = n
+      while (remaining > 0) {
+        for (const f of ordered) {
+          if (remaining === 0) break
+          const c = counts.get(f.node.nodeId) ?? 0
+          if (c < f.capacity) {
+            counts.set(f.node.nodeId, c + 1)
+            remaining--
+          }
+        }
+      }
+      return { ok: true, counts }
+    }
+  }
+}
+
+const describeRequest = (req: NormalizedRequest): string => {
+  const res = Object.entries(req.resources)
+    .map(([k, v]) => `${k}: ${k === MEMORY ? formatBytes(v) : formatNumber(v)}`)
+    .join(", ")
+  const parts = [
+    `${req.numWorkers} worker${req.numWorkers === 1 ? "" : "s"} x {${res}}`,
+    req.strategy,
+    `useGpu ${req.useGpu}`,
+    `backend ${req.useGpu ? "tensorflow-gpu" : req.backend === "auto" ? "tensorflow|wasm|cpu" : req.backend}`
+  ]
+  if (req.acceleratorType !== undefined) parts.push(`acceleratorType "${req.acceleratorType}"`)
+  if (req.selector.length > 0) parts.push(`labels ${req.selector.map((m) => m.text).join(", ")}`)
+  return parts.join(", ")
+}
+
+const nodeReport = (f: NodeFit): NodeReport => ({
+  nodeId: f.node.nodeId,
+  hostname: f.node.hostname,
+  freeCpus: f.free.cpus,
+  totalCpus: f.node.cpus,
+  freeGpus: f.free.gpus.length,
+  totalGpus: f.node.gpus.length,
+  gpuNames: f.node.gpus.map((g) => g.name),
+  freeMemoryBytes: f.free.memoryBytes,
+  backends: [...f.node.backends],
+  labels: { ...f.node.labels },
+  freeCustom: { ...f.free.custom },
+  fits: f.capacity,
+  excluded: f.excluded
+})
+
+const hintFor = (req: NormalizedRequest, fits: readonly NodeFit[], sel: { maxPlaceable: number }): string => {
+  const hints: string[] = []
+  const eligible = fits.filter((f) => f.capacity > 0)
+  if (fits.length === 0) {
+    return "no node agents are alive: start one with `gradwire start --head` (or `gradwire start --address nats://...` on another machine)"
+  }
+  if (req.useGpu && !fits.some((f) => f.node.backends.includes("tensorflow-gpu") && f.node.gpus.length > 0)) {
+    hints.push(
+      "no node can run GPU workers: set useGpu: false to train on CPU, or install @tensorflow/tfjs-node-gpu (with CUDA) on a GPU node and restart its agent"
+    )
+  }
+  if (req.acceleratorType !== undefined && !fits.some((f) => f.node.gpus.some((g) => matchesAccelerator(g, req.acceleratorType!)))) {
+    const names = [...new Set(fits.flatMap((f) => f.node.gpus.map((g) => g.name)))]
+    hints.push(`drop acceleratorType or use one the cluster has${names.length ? ` (${names.join(", ")})` : " (it has no GPUs)"}`)
+  }
+  if (req.selector.length > 0 && fits.every((f) => f.excluded.startsWith("label selector"))) {
+    hints.push("no node matches nodeLabels: relax the selector, or start an agent with matching `--labels k=v`")
+  }
+  for (const k of Object.keys(req.resources)) {
+    if (k !== CPU && k !== GPU && k !== MEMORY && !fits.some((f) => Object.hasOwn(f.node.custom, k))) {
+      hints.push(`no node advertises the custom resource "${k}": add it to an agent or drop it from resourcesPerWorker`)
+    }
+  }
+  if (sel.maxPlaceable > 0) {
+    if (req.strategy === "STRICT_PACK") hints.push(`use placementStrategy "PACK" to span nodes, or lower numWorkers to ${sel.maxPlaceable}`)
+    else if (req.strategy === "STRICT_SPREAD") hints.push(`use placementStrategy "SPREAD", lower numWorkers to ${sel.maxPlaceable}, or add nodes`)
+    else hints.push(`lower numWorkers to ${sel.maxPlaceable} or resourcesPerWorker, or add nodes`)
+  } else if (hints.length === 0) {
+    hints.push(
+      eligible.length === 0 && fits.some((f) => f.excluded.includes("free <"))
+        ? "lower resourcesPerWorker, wait for running jobs to release resources, or add nodes"
+        : "add nodes that can run this worker, or relax the request"
+    )
+  }
+  if (fits.some((f) => (f.node.used?.gpuIndices.length ?? 0) > 0 || (f.node.used?.cpus ?? 0) > 0)) {
+    hints.push("some resources are held by running jobs and free up when they end")
+  }
+  return hints.join("; ")
+}
+
+/**
+ * Plans where each worker runs. Deterministic: the same request and the same set of nodes (in any
+ * order) give the same plan. Nodes' `used` is respected; to account for this scheduler's other
+ * jobs, plan through AllocationLedger.place (or pass ledger.view(nodes)).
+ */
+export const planPlacement = (
+  request: PlacementRequest,
+  nodes: readonly NodeResources[]
+): Result.Result<PlacementPlan, PlacementInfeasible | ConfigError> => {
+  const norm = normalizeRequest(request)
+  if (Result.isFailure(norm)) return Result.fail(norm.failure)
+  const req = norm.success
+  const seen = new Set<string>()
+  for (const n of nodes) {
+    if (seen.has(n.nodeId)) return invalid("nodes", `node id "${n.nodeId}" appears twice; the cluster view must give each node once`)
+    seen.add(n.nodeId)
+  }
+  const ordered = [...nodes].sort(compareNodes)
+  const fits = ordered.map((n) => assessNode(n, req))
+  const sel = select(fits, req)
+  if (!sel.ok) {
+    return Result.fail(
+      new PlacementInfeasible({
+        jobId: req.jobId,
+        strategy: req.strategy,
+        numWorkers: req.numWorkers,
+        requested: describeRequest(req),
+        reason: sel.reason,
+        maxPlaceable: sel.maxPlaceable,
+        nodes: fits.map(nodeReport),
+        hint: hintFor(req, fits, sel)
+      })
+    )
+  }
+  const gpuPer = req.resources[GPU] ?? 0
+  const ranks: RankAssignment[] = []
+  const allocations: NodeAllocation[] = []
+  for (const f of fits) {
+    const count = sel.counts.get(f.node.nodeId)
+    if (count === undefined || count === 0) continue
+    const nodeRank = allocations.length
+    const gpuIndices: number[] = []
+    for (let local = 0; local < count; local++) {
+      const mine = f.gpus.slice(local * gpuPer, (local + 1) * gpuPer).map((g) => g.index)
+      gpuIndices.push(...mine)
+      ranks.push({
+        rank: ranks.length,
+        nodeId: f.node.nodeId,
+        hostname: f.node.hostname,
+        natsServer: f.node.natsServer,
+        nodeRank,
+        localRank: local,
+        localWorldSize: count,
+        gpuIndices: mine,
+        cudaVisibleDevices: mine.join(","),
+        backend: f.backend!
+      })
+    }
+    const custom: Record<string, number> = {}
+    for (const [k, v] of Object.entries(req.resources)) if (k !== CPU && k !== GPU && k !== MEMORY) custom[k] = v * count
+    allocations.push({
+      nodeId: f.node.nodeId,
+      workers: count,
+      cpus: (req.resources[CPU] ?? 0) * count,
+      memoryBytes: (req.resources[MEMORY] ?? 0) * count,
+      gpuIndices,
+      custom
+    })
+  }
+  return Result.succeed({
+    jobId: req.jobId,
+    strategy: req.strategy,
+    useGpu: req.useGpu,
+    resourcesPerWorker: req.resources,
+    ranks,
+    nodes: allocations
+  })
+}
+
+const allocationUsage = (a: NodeAllocation): ResourceUsage => ({
+  cpus: a.cpus,
+  memoryBytes: a.memoryBytes,
+  gpuIndices: a.gpuIndices,
+  custom: a.custom
+})
+
+/**
+ * What this scheduler has handed out, per job. Plans are booked all-or-nothing and released by job
+ * id when the job ends, so concurrent jobs never get the same GPU and CPU/memory/custom resources
+ * are counted once. In-memory state only; the cluster view owns persistence and liveness.
+ */
+export class AllocationLedger {
+  readonly #jobs = new Map<string, PlacementPlan>()
+
+  /** Job ids currently holding resources, in booking order. */
+  jobs(): readonly string[] {
+    return [...this.#jobs.keys()]
+  }
+
+  plan(jobId: string): PlacementPlan | undefined {
+    return this.#jobs.get(jobId)
+  }
+
+  /** Everything the ledger's jobs hold on a node. */
+  usage(nodeId: string): ResourceUsage {
+    let u = emptyUsage
+    for (const plan of this.#jobs.values()) {
+      for (const a of plan.nodes) if (a.nodeId === nodeId) u = addUsage(u, allocationUsage(a))
+    }
+    return u
+  }
+
+  /** The nodes with the ledger's holdings added to their `used`: the view to plan against. */
+  view(nodes: readonly NodeResources[]): NodeResources[] {
+    return nodes.map((n) => ({ ...n, used: addUsage(n.used ?? emptyUsage, this.usage(n.nodeId)) }))
+  }
+
+  /**
+   * Books a plan. Fails, booking nothing, when the job id is taken, a GPU is already held, or (when
+   * `nodes` is given) a node would be over its capacity — a plan made against a stale view.
+   */
+  allocate(plan: PlacementPlan, nodes?: readonly NodeResources[]): Result.Result<void, AllocationConflict> {
+    if (this.#jobs.has(plan.jobId)) {
+      return Result.fail(new AllocationConflict({ jobId: plan.jobId, nodeId: "", reason: "a job with this id already holds resources" }))
+    }
+    for (const a of plan.nodes) {
+      const held = new Set(this.usage(a.nodeId).gpuIndices)
+      const clash = a.gpuIndices.filter((g) => held.has(g))
+      if (clash.length > 0) {
+        return Result.fail(new AllocationConflict({ jobId: plan.jobId, nodeId: a.nodeId, reason: `GPU ${clash.join(",")} already held by another job` }))
+      }
+      if (nodes !== undefined) {
+        const node = nodes.find((n) => n.nodeId === a.nodeId)
+        if (node === undefined) {
+          return Result.fail(new AllocationConflict({ jobId: plan.jobId, nodeId: a.nodeId, reason: "node is not in the cluster view (dead or unknown)" }))
+        }
+        const free = freeResources(this.view([node])[0]!)
+        const freeGpu = new Set(free.gpus.map((g) => g.index))
+        const over: string[] = []
+        if (a.cpus > free.cpus + EPS) over.push(`CPU ${formatNumber(a.cpus)} > ${formatNumber(free.cpus)} free`)
+        if (a.memoryBytes > free.memoryBytes + EPS) over.push(`memory ${formatBytes(a.memoryBytes)} > ${formatBytes(free.memoryBytes)} free`)
+        const notFree = a.gpuIndices.filter((g) => !freeGpu.has(g))
+        if (notFree.length > 0) over.push(`GPU ${notFree.join(",")} not free or not on the node`)
+        for (const [k, v] of Object.entries(a.custom)) {
+          if (v > (free.custom[k] ?? 0) + EPS) over.push(`${k} ${formatNumber(v)} > ${formatNumber(free.custom[k] ?? 0)} free`)
+        }
+        if (over.length > 0) return Result.fail(new AllocationConflict({ jobId: plan.jobId, nodeId: a.nodeId, reason: over.join(", ") }))
+      }
+    }
+    this.#jobs.set(plan.jobId, plan)
+    return Result.succeed(undefined)
+  }
+
+  /** Frees a job's resources; false when the job held nothing (already released: harmless). */
+  release(jobId: string): boolean {
+    return this.#jobs.delete(jobId)
+  }
+
+  /** Plans against what is free after the ledger's jobs, and books the plan. */
+  place(
+    request: PlacementRequest,
+    nodes: readonly NodeResources[]
+  ): Result.Result<PlacementPlan, PlacementInfeasible | ConfigError | AllocationConflict> {
+    const jobId = request.jobId ?? "job"
+    if (this.#jobs.has(jobId)) {
+      return Result.fail(new AllocationConflict({ jobId, nodeId: "", reason: "a job with this id already holds resources" }))
+    }
+    const planned = planPlacement(request, this.view(nodes))
+    if (Result.isFailure(planned)) return planned
+    const booked = this.allocate(planned.success, nodes)
+    if (Result.isFailure(booked)) return Result.fail(booked.failure)
+    return planned
+  }
+}

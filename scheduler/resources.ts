@@ -1,0 +1,115 @@
+// The scheduler's own picture of a node: what it has, what is already in use, and the arithmetic
+// of "what is free". The cluster view (scheduler/cluster-view.ts) builds these from the node
+// agents' advertisements; keeping the type here lets placement stay pure and be tested over
+// hand-made clusters without a network.
+import type { BackendKind } from "../core/engine.ts"
+
+export type TfjsBackend = BackendKind
+
+/** One GPU as nvidia-smi reports it. `index` is the CUDA device index used in CUDA_VISIBLE_DEVICES. */
+export interface GpuInfo {
+  readonly index: number
+  readonly name: string
+  readonly memoryMiB: number
+}
+
+/** Resources already taken on a node (by other jobs, or by the node's own advertisement). */
+export interface ResourceUsage {
+  readonly cpus: number
+  readonly memoryBytes: number
+  /** GPU indices that are taken; a GPU is never shared between workers. */
+  readonly gpuIndices: readonly number[]
+  readonly custom: Readonly<Record<string, number>>
+}
+
+/**
+ * A schedulable node. Totals are after the agent's overrides: with `--num-gpus 2` the adapter
+ * passes only the GPUs the node may use; with `--num-cpus 8`, `cpus: 8`.
+ */
+export interface NodeResources {
+  readonly nodeId: string
+  readonly hostname: string
+  readonly cpus: number
+  readonly memoryBytes: number
+  readonly gpus: readonly GpuInfo[]
+  /** tfjs backends that load on this node. */
+  readonly backends: readonly TfjsBackend[]
+  /** Id of the NATS server the node's agent is connected to (for the topology / cost model). */
+  readonly natsServer: string
+  readonly labels: Readonly<Record<string, string>>
+  /** User-defined resources, e.g. { "licence": 2 }. */
+  readonly custom: Readonly<Record<string, number>>
+  /** The head node's ranks come first (the driver usually runs there). */
+  readonly isHead?: boolean
+  /** Already in use before this scheduler's own ledger is applied. */
+  readonly used?: ResourceUsage
+}
+
+/** Resource names with a built-in meaning; any other key is a custom resource. */
+export const CPU = "CPU"
+export const GPU = "GPU"
+/** Bytes, as in Ray's `memory` resource. */
+export const MEMORY = "memory"
+
+export const emptyUsage: ResourceUsage = { cpus: 0, memoryBytes: 0, gpuIndices: [], custom: {} }
+
+/** Sum of two usages (GPU indices are unioned and sorted). */
+export const addUsage = (a: ResourceUsage, b: ResourceUsage): ResourceUsage => {
+  const custom: Record<string, number> = { ...a.custom }
+  for (const [k, v] of Object.entries(b.custom)) custom[k] = (custom[k] ?? 0) + v
+  return {
+    cpus: a.cpus + b.cpus,
+    memoryBytes: a.memoryBytes + b.memoryBytes,
+    gpuIndices: [...new Set([...a.gpuIndices, ...b.gpuIndices])].sort((x, y) => x - y),
+    custom
+  }
+}
+
+/** What is left on a node after its usage. Negative values are clamped to 0 (over-commit by others). */
+export interface FreeResources {
+  readonly cpus: number
+  readonly memoryBytes: number
+  /** Free GPUs, ascending by index. */
+  readonly gpus: readonly GpuInfo[]
+  readonly custom: Readonly<Record<string, number>>
+}
+
+export const freeResources = (node: NodeResources): FreeResources => {
+  const used = node.used ?? emptyUsage
+  const taken = new Set(used.gpuIndices)
+  const custom: Record<string, number> = {}
+  for (const [k, v] of Object.entries(node.custom)) custom[k] = Math.max(0, v - (used.custom[k] ?? 0))
+  return {
+    cpus: Math.max(0, node.cpus - used.cpus),
+    memoryBytes: Math.max(0, node.memoryBytes - used.memoryBytes),
+    gpus: node.gpus.filter((g) => !taken.has(g.index)).sort((a, b) => a.index - b.index),
+    custom
+  }
+}
+
+/**
+ * Canonical node order: head first, then by nodeId. Placement sorts by this, so a plan does not
+ * depend on the order in which advertisements happened to arrive.
+ */
+export const compareNodes = (a: NodeResources, b: NodeResources): number => {
+  const ha = a.isHead === true ? 0 : 1
+  const hb = b.isHead === true ? 0 : 1
+  if (ha !== hb) return ha - hb
+  return a.nodeId < b.nodeId ? -1 : a.nodeId > b.nodeId ? 1 : 0
+}
+
+/** Human-readable byte count (binary units), for error messages and explain output. */
+export const formatBytes = (bytes: number): string => {
+  if (!Number.isFinite(bytes)) return String(bytes)
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"]
+  let v = bytes
+  let u = 0
+  while (Math.abs(v) >= 1024 && u < units.length - 1) {
+    v /= 1024
+    u++
+  }
+  return `${u === 0 ? v : Number(v.toFixed(v >= 100 ? 0 : 1))} ${units[u]}`
+}
+
+/** A number with at most 3 decimals, without trailing zeros (0.5, 2, 1.333). */
+export const formatNumber = (x: number): string => String(Number(x.toFixed(3)))

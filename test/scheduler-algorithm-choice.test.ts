@@ -1,0 +1,140 @@
+// Algorithm choice per bucket and compression 'auto': the cheapest algorithm wins, compression
+// escalates only as far as the predicted communication/compute gap calls for, and explain() shows
+// every candidate's predicted time and the reason.
+import { describe, expect, it } from "vitest"
+import * as fc from "fast-check"
+import { chooseAlgorithm, defaultCompressors, explain, planCommunication, type CommunicationRequest } from "../scheduler/algorithm-choice.ts"
+import { defaultCostModel, predictAll, type CostModel, type Topology } from "../scheduler/cost-model.ts"
+
+const KiB = 1024
+const MiB = 1024 * 1024
+const m = defaultCostModel()
+const flat = (p: number): Topology => Array.from({ length: p }, (_, i) => ({ nodeId: `n${i}`, server: "s" }))
+const twoServers = (perNode: number): Topology => [
+  ...Array.from({ length: perNode }, () => ({ nodeId: "a", server: "s1" })),
+  ...Array.from({ length: perNode }, () => ({ nodeId: "b", server: "s2" }))
+]
+
+describe("chooseAlgorithm", () => {
+  it("picks tree for small buckets and ring for large ones on a flat cluster", () => {
+    const small = chooseAlgorithm(4 * KiB, flat(8), m)
+    expect(small.algorithm).toBe("tree")
+    expect(small.reason).toMatch(/^tree is [\d.]+x faster than the next best/)
+    expect(chooseAlgorithm(64 * MiB, flat(8), m).algorithm).toBe("ring")
+  })
+
+  it("picks hierarchical when the link between servers is slow", () => {
+    const slow: CostModel = { links: { ...m.links, "cross-server": { alphaMs: 2, betaMsPerByte: 20 / 550_000 } } }
+    const c = chooseAlgorithm(16 * MiB, twoServers(4), slow)
+    expect(c.algorithm).toBe("hierarchical")
+    expect(c.predictions.map((p) => p.algorithm)).toEqual(["ring", "tree", "hierarchical"])
+  })
+
+  it("respects the candidate list and explains ties and single ranks", () => {
+    expect(chooseAlgorithm(4 * KiB, flat(8), m, ["ring"]).algorithm).toBe("ring")
+    expect(chooseAlgorithm(4 * KiB, flat(8), m, ["ring"]).reason).toContain("only candidate")
+    expect(chooseAlgorithm(MiB, flat(1), m).reason).toContain("single rank")
+    // p = 2 with one chunk: ring and tree cost the same; ring comes first.
+    const tie = chooseAlgorithm(KiB, flat(2), m, ["ring", "tree"])
+    expect(tie.algorithm).toBe("ring")
+    expect(tie.reason).toContain("ties with tree")
+  })
+
+  it("the winner is never slower than any candidate (property)", () => {
+    const arbTopo = fc
+      .array(fc.integer({ min: 0, max: 3 }), { minLength: 1, maxLength: 10 })
+      .map((ns) => [...ns].sort().map((n) => ({ nodeId: `n${n}`, server: `s${n % 2}` })))
+    fc.assert(
+      fc.property(arbTopo, fc.integer({ min: 0, max: 256 * MiB }), (topo, bytes) => {
+        const c = chooseAlgorithm(bytes, topo, m)
+        for (const p of predictAll(bytes, topo, m)) expect(c.ms).toBeLessThanOrEqual(p.ms)
+      }),
+      { numRuns: 100 }
+    )
+  })
+})
+
+describe("compression 'auto'", () => {
+  // One step sends 4 buckets of 16 MiB over 4 ranks on one server: ~ 740 ms uncompressed.
+  const base: CommunicationRequest = { bucketBytes: [16 * MiB, 16 * MiB, 16 * MiB, 16 * MiB], topology: flat(4), model: m }
+  const uncompressed = planCommunication(base).uncompressedMs
+
+  it("does not compress when communication fits under compute", () => {
+    const plan = planCommunication({ ...base, computeMs: uncompressed * 1.1 })
+    expect(plan.compression.chosen).toBe("none")
+    expect(plan.compression.reason).toContain("the network is not the bottleneck")
+    expect(plan.predictedCommMs).toBe(uncompressed)
+  })
+
+  it("picks fp16 first when it closes most of the gap", () => {
+    const plan = planCommunication({ ...base, computeMs: uncompressed / 1.5 })
+    expect(plan.compression.chosen).toBe("fp16")
+    expect(plan.compression.reason).toContain("within 2x compute")
+    expect(plan.schedule.every((s) => s.wireBytes === 8 * MiB)).toBe(true)
+    expect(plan.predictedCommMs).toBeLessThan(uncompressed)
+  })
+
+  it("escalates to an aggressive compressor when fp16 leaves communication far above compute", () => {
+    const plan = planCommunication({ ...base, computeMs: uncompressed / 20 })
+    expect(["powersgd", "topk"]).toContain(plan.compression.chosen)
+    const chosen = plan.compression.candidates.find((c) => c.name === plan.compression.chosen)!
+    for (const c of plan.compression.candidates) expect(chosen.totalMs).toBeLessThanOrEqual(c.totalMs)
+    expect(plan.compression.reason).toContain("fp16 would still leave")
+  })
+
+  it("measured codec cost can make compression not pay", () => {
+    const slowCodecs = defaultCompressors.map((c) => ({ ...c, codecMsPerByte: 1e-3 }))
+    const plan = planCommunication({ ...base, computeMs: 1, compressors: slowCodecs })
+    expect(plan.compression.chosen).toBe("none")
+    expect(plan.compression.reason).toContain("no compressor is predicted to beat sending uncompressed")
+  })
+
+  it("without a measured compute time, does not guess", () => {
+    expect(planCommunication(base).compression.chosen).toBe("none")
+    expect(planCommunication(base).compression.reason).toContain("warm-up")
+  })
+
+  it("'none', a forced compressor, and an unknown name", () => {
+    expect(planCommunication({ ...base, computeMs: 1, compression: "none" }).compression.chosen).toBe("none")
+    const topk = planCommunication({ ...base, computeMs: 1e9, compression: "topk" })
+    expect(topk.compression.chosen).toBe("topk")
+    expect(topk.schedule.every((s) => s.algorithm === "allgather")).toBe(true)
+    const bad = planCommunication({ ...base, computeMs: 1, compression: "zstd" })
+    expect(bad.compression.chosen).toBe("none")
+    expect(bad.compression.reason).toContain("unknown compressor 'zstd' (known: fp16, powersgd, topk)")
+  })
+
+  it("a single rank never compresses", () => {
+    expect(planCommunication({ ...base, topology: flat(1), computeMs: 0 }).compression.chosen).toBe("none")
+  })
+
+  it("re-picks the algorithm at the compressed size", () => {
+    // 256 KiB buckets at p = 8: fp16 halves them; the per-bucket algorithm is chosen for 128 KiB.
+    const plan = planCommunication({ bucketBytes: [256 * KiB], topology: flat(8), model: m, computeMs: 0.001, compression: "fp16" })
+    expect(plan.schedule[0]!.algorithm).toBe(chooseAlgorithm(128 * KiB, flat(8), m).algorithm)
+  })
+})
+
+describe("explain", () => {
+  it("gives readable text and JSON with every candidate's predicted time and the reason", () => {
+    const plan = planCommunication({ bucketBytes: [MiB, 25 * MiB], topology: flat(4), model: m, computeMs: 50 })
+    const { text, json } = explain(plan)
+    expect(text.split("\n").length).toBeGreaterThan(5)
+    expect(text).toContain("all-reduce plan: 4 rank(s) on 4 node(s), 1 NATS server(s); 2 bucket(s), 26 MiB per step")
+    expect(text).toMatch(/bucket 0 \(1 MiB\): \w+ \[ring [\d.]+\*?, tree [\d.]+\*?, hierarchical [\d.]+\*? ms\]/)
+    expect(text).toContain("compression: ")
+    const round = JSON.parse(JSON.stringify(json))
+    expect(round).toEqual(json)
+    for (const b of json.buckets) {
+      expect(Object.keys(b.predictedMs)).toEqual(["ring", "tree", "hierarchical"])
+      expect(b.predictedMs[b.chosen]).toBe(Math.min(...Object.values(b.predictedMs)))
+      expect(b.reason.length).toBeGreaterThan(10)
+    }
+    expect(json.compression.candidates.map((c) => c.name)).toEqual(["fp16", "powersgd", "topk"])
+  })
+
+  it("notes link classes the model did not measure", () => {
+    const plan = planCommunication({ bucketBytes: [MiB], topology: flat(2), model: { ...m, fits: {}, assumed: { "cross-server": "same-server" } } })
+    expect(explain(plan).text).toContain("not measured, borrowed: cross-server <- same-server")
+  })
+})

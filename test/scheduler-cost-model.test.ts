@@ -1,0 +1,328 @@
+// The alpha-beta cost model: fitting on synthetic probe data (noise, outliers, too little data),
+// the closed forms it must reduce to, and the qualitative facts it must reproduce (tree wins small
+// messages, ring wins large ones, hierarchical wins over slow cross-server links, the hub term).
+import { describe, expect, it } from "vitest"
+import * as fc from "fast-check"
+import { Result } from "effect"
+import {
+  CostModelFitError,
+  allReduceAlgorithms,
+  defaultCostModel,
+  describePrediction,
+  estimateServerBandwidth,
+  fitAlphaBeta,
+  fitCostModel,
+  linkClassOf,
+  predictAll,
+  predictAllGather,
+  predictAllReduce,
+  stageCost,
+  topologyOf,
+  type CostModel,
+  type ProbeSample,
+  type Topology
+} from "../scheduler/cost-model.ts"
+
+const KiB = 1024
+const MiB = 1024 * 1024
+
+/** Deterministic pseudo-random numbers (mulberry32) so the synthetic data is the same every run. */
+const rng = (seed: number) => () => {
+  seed |= 0
+  seed = (seed + 0x6d2b79f5) | 0
+  let t = Math.imul(seed ^ (seed >>> 15), 1 | seed)
+  t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t
+  return ((t ^ (t >>> 14)) >>> 0) / 4294967296
+}
+
+const sizes = [16, 256, 4 * KiB, 64 * KiB, 256 * KiB, MiB, 4 * MiB]
+const synth = (alpha: number, beta: number, reps: number, noise: number, outlierRate: number, seed = 1): ProbeSample[] => {
+  const r = rng(seed)
+  const out: ProbeSample[] = []
+  for (const bytes of sizes) {
+    for (let i = 0; i < reps; i++) {
+      const clean = alpha + beta * bytes
+      const jitter = 1 + noise * (2 * r() - 1)
+      // Outliers are what real probes show: a GC pause or a scheduling hiccup, always slower.
+      const outlier = r() < outlierRate ? 3 + 10 * r() : 1
+      out.push({ bytes, ms: clean * jitter * outlier })
+    }
+  }
+  return out
+}
+
+const uniform = (p: number, nodeId = "n", server = "s"): Topology => Array.from({ length: p }, () => ({ nodeId, server }))
+const twoServers = (perNode: number): Topology => [
+  ...Array.from({ length: perNode }, () => ({ nodeId: "a", server: "s1" })),
+  ...Array.from({ length: perNode }, () => ({ nodeId: "b", server: "s2" }))
+]
+/** A model without the hub term (server bandwidth effectively infinite): the textbook formulas. */
+const noHub = (alpha: number, beta: number, extra: Partial<CostModel> = {}): CostModel => ({
+  links: {
+    "same-node": { alphaMs: alpha, betaMsPerByte: beta },
+    "same-server": { alphaMs: alpha, betaMsPerByte: beta },
+    "cross-server": { alphaMs: alpha, betaMsPerByte: beta }
+  },
+  defaultServerBytesPerMs: 1e18,
+  chunkBytes: 1e15,
+  ...extra
+})
+
+describe("fitting alpha and beta", () => {
+  it("recovers exact parameters from noiseless samples", () => {
+    const f = Result.getOrThrow(fitAlphaBeta(synth(0.2, 2e-6, 1, 0, 0)))
+    expect(f.alphaMs).toBeCloseTo(0.2, 9)
+    expect(f.betaMsPerByte).toBeCloseTo(2e-6, 14)
+    expect(f.rmsRelativeError).toBeLessThan(1e-9)
+    expect(f.sizes).toBe(sizes.length)
+  })
+
+  it("is robust to noise and slow outliers (medians per size, relative weights)", () => {
+    for (let seed = 1; seed <= 20; seed++) {
+      const f = Result.getOrThrow(fitAlphaBeta(synth(0.16, 1 / 550_000, 9, 0.15, 0.15, seed)))
+      expect(Math.abs(f.alphaMs / 0.16 - 1)).toBeLessThan(0.15)
+      expect(Math.abs(f.betaMsPerByte * 550_000 - 1)).toBeLessThan(0.15)
+    }
+  })
+
+  it("pins alpha with the small probes even when the large ones dominate the times", () => {
+    // Unweighted least squares would put alpha anywhere within the 64 MiB probe's noise (~ms).
+    const s = [...synth(0.05, 1e-6, 5, 0.02, 0, 3), { bytes: 64 * MiB, ms: 64 * MiB * 1e-6 * 1.02 }]
+    const f = Result.getOrThrow(fitAlphaBeta(s))
+    expect(f.alphaMs).toBeGreaterThan(0.04)
+    expect(f.alphaMs).toBeLessThan(0.06)
+  })
+
+  it("clamps to non-negative parameters", () => {
+    const f = Result.getOrThrow(fitAlphaBeta([{ bytes: 10, ms: 0.001 }, { bytes: 1000, ms: 1 }, { bytes: 2000, ms: 2.1 }]))
+    expect(f.alphaMs).toBeGreaterThanOrEqual(0)
+    expect(f.betaMsPerByte).toBeGreaterThan(0)
+    const flat = Result.getOrThrow(fitAlphaBeta([{ bytes: 10, ms: 1 }, { bytes: 1000, ms: 0.9 }]))
+    expect(flat.betaMsPerByte).toBe(0)
+    expect(flat.alphaMs).toBeGreaterThan(0.9)
+  })
+
+  it("fails with a typed, actionable error on too little data", () => {
+    const r = fitAlphaBeta([{ bytes: 16, ms: 0.2 }, { bytes: 16, ms: 0.3 }, { bytes: 1024, ms: Number.NaN }], "cross-server")
+    expect(Result.isFailure(r)).toBe(true)
+    if (Result.isFailure(r)) {
+      expect(r.failure).toBeInstanceOf(CostModelFitError)
+      expect(r.failure.message).toContain("cross-server")
+      expect(r.failure.message).toContain("at least two message sizes")
+    }
+  })
+
+  it("fits a whole model and says which classes were borrowed", () => {
+    const m = Result.getOrThrow(fitCostModel({ "same-server": synth(0.2, 2e-6, 3, 0.05, 0), "cross-server": synth(0.5, 8e-6, 3, 0.05, 0, 7) }))
+    expect(m.assumed).toEqual({ "same-node": "same-server" })
+    expect(m.links["same-node"]).toEqual(m.links["same-server"])
+    expect(m.links["cross-server"].betaMsPerByte).toBeGreaterThan(m.links["same-server"].betaMsPerByte * 3)
+    expect(Result.isFailure(fitCostModel({}))).toBe(true)
+  })
+
+  it("estimates a server's aggregate throughput as the median rate", () => {
+    expect(estimateServerBandwidth([{ bytes: 1000, ms: 1 }, { bytes: 1000, ms: 2 }, { bytes: 1000, ms: 100 }])).toBe(500)
+    expect(estimateServerBandwidth([])).toBeUndefined()
+  })
+})
+
+describe("predictions reduce to the textbook formulas without the hub term", () => {
+  const a = 0.1
+  const b = 1e-6
+  it("ring: 2(p-1)(alpha + n/p beta)", () => {
+    for (const p of [2, 3, 4, 7, 8]) {
+      const n = 8 * MiB
+      expect(predictAllReduce("ring", n, uniform(p), noHub(a, b)).ms).toBeCloseTo(2 * (p - 1) * (a + (n / p) * b), 9)
+    }
+  })
+
+  it("tree without pipelining: h = floor(log2 p) levels up (a parent takes its children's chunks) and down (one publish)", () => {
+    const n = MiB
+    expect(predictAllReduce("tree", n, uniform(2), noHub(a, b)).ms).toBeCloseTo(2 * (a + n * b), 9)
+    // Complete trees: every parent has two children.
+    for (const p of [3, 7, 15]) {
+      const h = Math.floor(Math.log2(p))
+      expect(predictAllReduce("tree", n, uniform(p), noHub(a, b)).ms).toBeCloseTo(h * (a + 2 * n * b) + h * (a + n * b), 9)
+    }
+    // p = 4: the deepest level has a single child (rank 3 -> 1).
+    expect(predictAllReduce("tree", n, uniform(4), noHub(a, b)).ms).toBeCloseTo((a + n * b) + (a + 2 * n * b) + 2 * (a + n * b), 9)
+  })
+
+  it("tree with pipelining: 2(h + k - 1) stages of chunks", () => {
+    const n = 8 * MiB
+    const k = 8
+    const p = 7
+    const h = 2
+    const c = n / k
+    const t = predictAllReduce("tree", n, uniform(p), noHub(a, b, { chunkBytes: MiB })).ms
+    expect(t).toBeCloseTo((h + k - 1) * (a + 2 * c * b) + (h + k - 1) * (a + c * b), 6)
+  })
+
+  it("many tiny chunks (64M stages) are costed in closed form (a loop over every stage would time out)", () => {
+    const n = 64 * MiB
+    const h = 2
+    const t = predictAllReduce("tree", n, uniform(7), noHub(a, b, { chunkBytes: 1 })).ms
+    const expected = (h + n - 1) * (a + 2 * b) + (h + n - 1) * (a + b)
+    expect(Math.abs(t / expected - 1)).toBeLessThan(1e-9)
+    const hier = predictAllReduce("hierarchical", n, twoServers(3), noHub(a, b, { chunkBytes: 1 })).ms
+    expect(Number.isFinite(hier)).toBe(true)
+  })
+
+  it("hierarchical: intra-node tree reduce + leaders' ring + one multicast", () => {
+    const n = 4 * MiB
+    const topo = twoServers(3)
+    const model = noHub(a, b)
+    const expected = (a + 2 * n * b) + 2 * (a + (n / 2) * b) + (a + n * b)
+    const pred = predictAllReduce("hierarchical", n, topo, model)
+    expect(pred.ms).toBeCloseTo(expected, 6)
+    expect(pred.phases.map((p) => p.name)).toEqual(["intra-node reduce", "leaders ring", "intra-node broadcast"])
+  })
+
+  it("p = 1 and 0 bytes cost nothing", () => {
+    for (const alg of allReduceAlgorithms) {
+      expect(predictAllReduce(alg, MiB, uniform(1), defaultCostModel()).ms).toBe(0)
+      expect(predictAllReduce(alg, 0, uniform(4), defaultCostModel()).ms).toBe(0)
+    }
+  })
+})
+
+describe("NATS specifics: the server is a shared hub", () => {
+  it("concurrent flows through one server share its throughput", () => {
+    const model: CostModel = { ...noHub(0, 1e-6), defaultServerBytesPerMs: 1e6 }
+    const topo = uniform(4)
+    const one = stageCost([{ src: 0, dsts: [1], bytes: MiB }], topo, model)
+    const four = stageCost([0, 1, 2, 3].map((r) => ({ src: r, dsts: [(r + 1) % 4], bytes: MiB })), topo, model)
+    expect(one.ms).toBeCloseTo(MiB * 1e-6, 9)
+    expect(four.ms).toBeCloseTo((4 * MiB) / 1e6, 9)
+    expect(four.busiestServer).toBe("s")
+  })
+
+  it("a cross-server flow loads both servers; the default server rate is one flow's rate", () => {
+    const topo: Topology = [{ nodeId: "a", server: "s1" }, { nodeId: "b", server: "s2" }]
+    const model: CostModel = { links: defaultCostModel().links }
+    const c = stageCost([{ src: 0, dsts: [1], bytes: MiB }], topo, model)
+    expect(c.serverMs).toBeCloseTo(MiB / 550_000, 9)
+    expect(linkClassOf(topo[0]!, topo[1]!)).toBe("cross-server")
+    expect(linkClassOf({ nodeId: "a", server: "s" }, { nodeId: "a", server: "s" })).toBe("same-node")
+    expect(linkClassOf({ nodeId: "a", server: "s" }, { nodeId: "b", server: "s" })).toBe("same-server")
+  })
+
+  it("on one server a large ring approaches 2(p-1) n / B: every byte is relayed by the hub", () => {
+    const m = defaultCostModel()
+    const n = 64 * MiB
+    for (const p of [2, 4, 8]) {
+      const t = predictAllReduce("ring", n, uniform(p), m).ms
+      const hub = (2 * (p - 1) * n) / 550_000
+      expect(t / hub).toBeGreaterThan(0.99)
+      expect(t / hub).toBeLessThan(1.05)
+    }
+    expect(predictAllReduce("ring", n, uniform(4), m).bottleneck).toBe("server s")
+  })
+
+  it("per-server rates override the default", () => {
+    const base = defaultCostModel()
+    const fast: CostModel = { ...base, serverBytesPerMs: { s: 10 * 550_000 } }
+    expect(predictAllReduce("ring", 64 * MiB, uniform(4), fast).ms).toBeLessThan(predictAllReduce("ring", 64 * MiB, uniform(4), base).ms / 2)
+  })
+})
+
+describe("qualitative facts the choice relies on", () => {
+  const m = defaultCostModel()
+  const best = (n: number, topo: Topology, model: CostModel = m) => {
+    const ps = predictAll(n, topo, model)
+    return ps.reduce((x, y) => (y.ms < x.ms ? y : x)).algorithm
+  }
+  it("tree beats ring for small messages at p = 4 and 8, ring beats tree for large ones", () => {
+    for (const p of [4, 8]) {
+      const small = predictAll(4 * KiB, uniform(p, "n", "s").map((r, i) => ({ ...r, nodeId: `n${i}` })), m)
+      expect(small[1]!.ms).toBeLessThan(small[0]!.ms)
+      const large = predictAll(64 * MiB, uniform(p).map((r, i) => ({ ...r, nodeId: `n${i}` })), m)
+      expect(large[0]!.ms).toBeLessThan(large[1]!.ms)
+    }
+  })
+
+  it("hierarchical wins large messages when the cross-server link is slow", () => {
+    const slow: CostModel = {
+      links: { ...m.links, "cross-server": { alphaMs: 1, betaMsPerByte: 10 / 550_000 } }
+    }
+    expect(best(64 * MiB, twoServers(4), slow)).toBe("hierarchical")
+    expect(best(4 * MiB, twoServers(4), slow)).toBe("hierarchical")
+  })
+
+  it("with one rank per node, hierarchical is exactly the ring", () => {
+    const topo: Topology = [0, 1, 2, 3].map((i) => ({ nodeId: `n${i}`, server: i < 2 ? "s1" : "s2" }))
+    for (const n of [KiB, MiB, 32 * MiB]) {
+      expect(predictAllReduce("hierarchical", n, topo, m).ms).toBeCloseTo(predictAllReduce("ring", n, topo, m).ms, 9)
+    }
+  })
+
+  it("hierarchical can group by NATS server instead of node", () => {
+    // Four nodes, two per server: by node every node is its own group (a ring); by server the
+    // cross-server link carries only the two leaders' traffic.
+    const topo: Topology = [0, 1, 2, 3].map((i) => ({ nodeId: `n${i}`, server: i < 2 ? "s1" : "s2" }))
+    const slow: CostModel = { links: { ...m.links, "cross-server": { alphaMs: 1, betaMsPerByte: 10 / 550_000 } } }
+    const byNode = predictAllReduce("hierarchical", 16 * MiB, topo, slow)
+    const byServer = predictAllReduce("hierarchical", 16 * MiB, topo, { ...slow, hierarchicalGroups: "server" })
+    expect(byNode.ms).toBeCloseTo(predictAllReduce("ring", 16 * MiB, topo, slow).ms, 9)
+    expect(byServer.ms).toBeLessThan(byNode.ms)
+  })
+
+  it("an all-gather with NATS fan-out is one stage", () => {
+    const t = predictAllGather(MiB, uniform(4), noHub(0.1, 1e-6))
+    expect(t).toBeCloseTo(0.1 + 3 * MiB * 1e-6, 9)
+    expect(predictAllGather(MiB, uniform(1), m)).toBe(0)
+  })
+
+  it("topologyOf reads a placement plan's ranks; describePrediction is readable", () => {
+    expect(topologyOf([{ nodeId: "a", natsServer: "s1" }])).toEqual([{ nodeId: "a", server: "s1" }])
+    expect(describePrediction(predictAllReduce("ring", MiB, uniform(2), m))).toMatch(/^ring 1 MiB p=2: [\d.]+ ms/)
+  })
+})
+
+const arbTopo = fc
+  .array(fc.record({ node: fc.integer({ min: 0, max: 3 }), server: fc.integer({ min: 0, max: 1 }) }), { minLength: 1, maxLength: 12 })
+  .map((rs) => [...rs].sort((x, y) => x.node - y.node).map((r) => ({ nodeId: `n${r.node}`, server: `s${(r.node + r.server) % 2}` })))
+const arbModel = fc
+  .record({
+    alpha: fc.tuple(fc.double({ min: 0, max: 2, noNaN: true }), fc.double({ min: 0, max: 2, noNaN: true }), fc.double({ min: 0, max: 5, noNaN: true })),
+    bw: fc.tuple(fc.integer({ min: 1e4, max: 1e7 }), fc.integer({ min: 1e4, max: 1e7 }), fc.integer({ min: 1e3, max: 1e7 })),
+    server: fc.option(fc.integer({ min: 1e4, max: 1e8 }), { nil: undefined }),
+    chunk: fc.constantFrom(64 * KiB, MiB, 8 * MiB)
+  })
+  .map(
+    (r): CostModel => ({
+      links: {
+        "same-node": { alphaMs: r.alpha[0], betaMsPerByte: 1 / r.bw[0] },
+        "same-server": { alphaMs: r.alpha[1], betaMsPerByte: 1 / r.bw[1] },
+        "cross-server": { alphaMs: r.alpha[2], betaMsPerByte: 1 / r.bw[2] }
+      },
+      ...(r.server ? { defaultServerBytesPerMs: r.server } : {}),
+      chunkBytes: r.chunk
+    })
+  )
+
+describe("prediction properties", () => {
+  it("predictions are finite, non-negative, and phases add up", () => {
+    fc.assert(
+      fc.property(arbTopo, arbModel, fc.integer({ min: 0, max: 128 * MiB }), (topo, model, n) => {
+        for (const p of predictAll(n, topo, model)) {
+          expect(Number.isFinite(p.ms)).toBe(true)
+          expect(p.ms).toBeGreaterThanOrEqual(0)
+          expect(p.phases.reduce((s, ph) => s + ph.ms, 0)).toBeCloseTo(p.ms, 6)
+          if (topo.length === 1 || n === 0) expect(p.ms).toBe(0)
+        }
+      }),
+      { numRuns: 150 }
+    )
+  })
+
+  it("ring time never decreases with message size", () => {
+    fc.assert(
+      fc.property(arbTopo, arbModel, fc.integer({ min: 0, max: 64 * MiB }), fc.integer({ min: 0, max: 64 * MiB }), (topo, model, x, y) => {
+        const [lo, hi] = x <= y ? [x, y] : [y, x]
+        expect(predictAllReduce("ring", lo, topo, model).ms).toBeLessThanOrEqual(predictAllReduce("ring", hi, topo, model).ms + 1e-9)
+      }),
+      { numRuns: 150 }
+    )
+  })
+})

@@ -1,0 +1,462 @@
+// Placement over many hand-made cluster shapes: examples for each rule, and property tests that
+// every plan respects capacities, the strict strategies' invariants, GPU exclusivity, rank order
+// and determinism.
+import { describe, expect, it } from "vitest"
+import * as fc from "fast-check"
+import { Result } from "effect"
+import {
+  AllocationLedger,
+  PlacementInfeasible,
+  planPlacement,
+  type PlacementPlan,
+  type PlacementRequest,
+  type PlacementStrategy
+} from "../scheduler/placement.ts"
+import { compareNodes, freeResources, type NodeResources, type TfjsBackend } from "../scheduler/resources.ts"
+
+const ALL: TfjsBackend[] = ["tensorflow-gpu", "tensorflow", "wasm", "cpu"]
+const GiB = 1024 ** 3
+
+const node = (nodeId: string, o: Partial<NodeResources> & { gpuNames?: string[] } = {}): NodeResources => ({
+  nodeId,
+  hostname: `host-${nodeId}`,
+  cpus: o.cpus ?? 8,
+  memoryBytes: o.memoryBytes ?? 32 * GiB,
+  gpus: o.gpus ?? (o.gpuNames ?? []).map((name, index) => ({ index, name, memoryMiB: 40960 })),
+  backends: o.backends ?? ((o.gpuNames ?? o.gpus ?? []).length > 0 ? ALL : ["tensorflow", "wasm", "cpu"]),
+  natsServer: o.natsServer ?? "s1",
+  labels: o.labels ?? {},
+  custom: o.custom ?? {},
+  ...(o.isHead !== undefined ? { isHead: o.isHead } : {}),
+  ...(o.used !== undefined ? { used: o.used } : {})
+})
+
+const ok = (r: ReturnType<typeof planPlacement>): PlacementPlan => {
+  if (Result.isFailure(r)) throw new Error(`expected a plan, got ${r.failure.message}`)
+  return r.success
+}
+const err = (r: ReturnType<typeof planPlacement>) => {
+  if (Result.isSuccess(r)) throw new Error(`expected an error, got a plan: ${JSON.stringify(r.success.ranks)}`)
+  return r.failure
+}
+const where = (p: PlacementPlan) => p.ranks.map((r) => `${r.nodeId}:${r.cudaVisibleDevices}`)
+
+describe("placement examples", () => {
+  it("puts CPU workers on one node with the best CPU backend and hides GPUs from them", () => {
+    const plan = ok(planPlacement({ numWorkers: 4 }, [node("a", { cpus: 4, backends: ["wasm", "cpu", "tensorflow"] })]))
+    expect(plan.resourcesPerWorker).toEqual({ CPU: 1 })
+    expect(plan.ranks.map((r) => [r.rank, r.localRank, r.localWorldSize, r.nodeRank, r.backend, r.cudaVisibleDevices])).toEqual([
+      [0, 0, 4, 0, "tensorflow", ""],
+      [1, 1, 4, 0, "tensorflow", ""],
+      [2, 2, 4, 0, "tensorflow", ""],
+      [3, 3, 4, 0, "tensorflow", ""]
+    ])
+    expect(plan.nodes).toEqual([{ nodeId: "a", workers: 4, cpus: 4, memoryBytes: 0, gpuIndices: [], custom: {} }])
+  })
+
+  it("prefers tensorflow > wasm > cpu per node", () => {
+    const nodes = [node("a", { cpus: 1, backends: ["cpu"] }), node("b", { cpus: 1, backends: ["cpu", "wasm"] }), node("c", { cpus: 1, backends: ["wasm", "tensorflow"] })]
+    const plan = ok(planPlacement({ numWorkers: 3, placementStrategy: "SPREAD" }, nodes))
+    expect(plan.ranks.map((r) => `${r.nodeId}=${r.backend}`)).toEqual(["a=cpu", "b=wasm", "c=tensorflow"])
+  })
+
+  it("orders ranks head node first, then by node id, then by GPU index", () => {
+    const nodes = [
+      node("z", { gpuNames: ["A100", "A100"] }),
+      node("m", { gpuNames: ["A100", "A100"], isHead: true }),
+      node("b", { gpuNames: ["A100", "A100"] })
+    ]
+    const plan = ok(planPlacement({ numWorkers: 6, useGpu: true }, nodes))
+    expect(where(plan)).toEqual(["m:0", "m:1", "b:0", "b:1", "z:0", "z:1"])
+    expect(plan.ranks.map((r) => r.nodeRank)).toEqual([0, 0, 1, 1, 2, 2])
+    expect(plan.ranks.every((r) => r.backend === "tensorflow-gpu")).toBe(true)
+  })
+
+  it("gives multi-GPU workers contiguous free GPUs", () => {
+    const plan = ok(planPlacement({ numWorkers: 2, useGpu: true, resourcesPerWorker: { GPU: 2, CPU: 1 } }, [node("a", { gpuNames: ["H100", "H100", "H100", "H100"] })]))
+    expect(plan.ranks.map((r) => r.cudaVisibleDevices)).toEqual(["0,1", "2,3"])
+    expect(plan.resourcesPerWorker).toEqual({ GPU: 2, CPU: 1 })
+  })
+
+  it("useGpu goes only where tensorflow-gpu loads and a GPU exists", () => {
+    const nodes = [node("a", { gpuNames: ["A100", "A100"], backends: ["wasm", "cpu"] }), node("b", { gpuNames: [], backends: ALL }), node("c", { gpuNames: ["T4"] })]
+    const plan = ok(planPlacement({ numWorkers: 1, useGpu: true }, nodes))
+    expect(where(plan)).toEqual(["c:0"])
+    const e = err(planPlacement({ numWorkers: 2, useGpu: true }, nodes))
+    expect(e).toBeInstanceOf(PlacementInfeasible)
+    expect(e.message).toContain("the 'tensorflow-gpu' backend does not load here")
+    expect(e.message).toContain("b [host-b]: CPU 8/8, GPU 0/0")
+    expect(e.message).toContain("lower numWorkers to 1")
+  })
+
+  it("says to set useGpu:false when no node can run GPU workers", () => {
+    const e = err(planPlacement({ numWorkers: 2, useGpu: true }, [node("a"), node("b")]))
+    expect(e._tag).toBe("PlacementInfeasible")
+    expect(e.message).toMatch(/useGpu: false/)
+    expect(e.message).toMatch(/tfjs-node-gpu/)
+  })
+
+  it("ignores a node's usage and places on what is free", () => {
+    const a = node("a", { gpuNames: ["A100", "A100", "A100"], used: { cpus: 7, memoryBytes: 0, gpuIndices: [0, 2], custom: {} } })
+    expect(where(ok(planPlacement({ numWorkers: 1, useGpu: true }, [a])))).toEqual(["a:1"])
+    const e = err(planPlacement({ numWorkers: 2, useGpu: true }, [a]))
+    expect(e.message).toContain("GPU 1/3")
+    expect(e.message).toContain("held by running jobs")
+    expect(err(planPlacement({ numWorkers: 2 }, [a])).message).toContain("CPU 1/8")
+  })
+
+  it("PACK uses the fewest nodes and the smallest node that fits the rest", () => {
+    const nodes = [node("big", { cpus: 8 }), node("small", { cpus: 4 }), node("tiny", { cpus: 2 })]
+    expect(ok(planPlacement({ numWorkers: 4 }, nodes)).nodes.map((n) => [n.nodeId, n.workers])).toEqual([["small", 4]])
+    expect(ok(planPlacement({ numWorkers: 10 }, nodes)).nodes.map((n) => [n.nodeId, n.workers])).toEqual([
+      ["big", 8],
+      ["tiny", 2]
+    ])
+    expect(ok(planPlacement({ numWorkers: 13 }, nodes)).nodes.length).toBe(3)
+  })
+
+  it("SPREAD spreads evenly, STRICT_SPREAD needs distinct nodes", () => {
+    const nodes = [node("a", { cpus: 4 }), node("b", { cpus: 4 }), node("c", { cpus: 4 })]
+    expect(ok(planPlacement({ numWorkers: 6, placementStrategy: "SPREAD" }, nodes)).nodes.map((n) => n.workers)).toEqual([2, 2, 2])
+    expect(ok(planPlacement({ numWorkers: 3, placementStrategy: "STRICT_SPREAD" }, nodes)).nodes.map((n) => n.workers)).toEqual([1, 1, 1])
+    const e = err(planPlacement({ numWorkers: 4, placementStrategy: "STRICT_SPREAD" }, nodes))
+    expect(e.message).toContain("STRICT_SPREAD needs 4 distinct nodes, but only 3 can take a worker")
+    expect(e.message).toContain('use placementStrategy "SPREAD"')
+  })
+
+  it("STRICT_PACK puts everything on one node or fails with a PACK hint", () => {
+    const nodes = [node("a", { cpus: 4 }), node("b", { cpus: 6 })]
+    expect(ok(planPlacement({ numWorkers: 5, placementStrategy: "STRICT_PACK" }, nodes)).nodes.map((n) => n.nodeId)).toEqual(["b"])
+    const e = err(planPlacement({ numWorkers: 8, placementStrategy: "STRICT_PACK" }, nodes))
+    expect(e._tag).toBe("PlacementInfeasible")
+    if (e._tag === "PlacementInfeasible") expect(e.maxPlaceable).toBe(6)
+    expect(e.message).toContain("roomiest node fits 6")
+    expect(e.message).toContain('use placementStrategy "PACK"')
+  })
+
+  it("acceleratorType matches a GPU-name substring and hands out only those GPUs", () => {
+    const nodes = [node("a", { gpuNames: ["NVIDIA A100-SXM4-80GB", "Tesla T4", "NVIDIA A100-SXM4-80GB"] }), node("b", { gpuNames: ["Tesla T4"] })]
+    expect(where(ok(planPlacement({ numWorkers: 2, useGpu: true, acceleratorType: "a100" }, nodes)))).toEqual(["a:0", "a:2"])
+    const e = err(planPlacement({ numWorkers: 1, useGpu: true, acceleratorType: "H100" }, nodes))
+    expect(e.message).toContain('no GPU matching "H100"')
+    expect(e.message).toContain("drop acceleratorType or use one the cluster has (NVIDIA A100-SXM4-80GB, Tesla T4)")
+  })
+
+  it("label selectors: equality, negation, in(), arrays", () => {
+    const nodes = [node("a", { labels: { zone: "a", tier: "spot" } }), node("b", { labels: { zone: "b" } }), node("c", { labels: { zone: "c", tier: "ondemand" } })]
+    const on = (sel: PlacementRequest["nodeLabels"]) =>
+      ok(planPlacement({ numWorkers: 1, placementStrategy: "SPREAD", nodeLabels: sel }, nodes.map((n) => ({ ...n, cpus: 1 })))).ranks[0]!.nodeId
+    expect(on({ zone: "b" })).toBe("b")
+    expect(on({ tier: "!spot", zone: "!b" })).toBe("c")
+    expect(on({ zone: "in(c, b)", tier: "ondemand" })).toBe("c")
+    expect(on({ zone: ["b"] })).toBe("b")
+    expect(on({ tier: "!in(spot,ondemand)" })).toBe("b")
+    const e = err(planPlacement({ numWorkers: 1, nodeLabels: { zone: "x" } }, nodes))
+    expect(e.message).toContain("label selector zone=x does not match (zone=a)")
+    expect(e.message).toContain("relax the selector")
+  })
+
+  it("custom resources and memory are capacities too", () => {
+    const nodes = [node("a", { custom: { licence: 2 }, memoryBytes: 10 * GiB }), node("b", { memoryBytes: 64 * GiB })]
+    const plan = ok(planPlacement({ numWorkers: 2, resourcesPerWorker: { CPU: 1, licence: 1 } }, nodes))
+    expect(plan.nodes).toEqual([{ nodeId: "a", workers: 2, cpus: 2, memoryBytes: 0, gpuIndices: [], custom: { licence: 2 } }])
+    const e = err(planPlacement({ numWorkers: 3, resourcesPerWorker: { licence: 1 } }, nodes))
+    expect(e.message).toContain('b [host-b]')
+    expect(e.message).toContain('no resource "licence"')
+    expect(err(planPlacement({ numWorkers: 1, resourcesPerWorker: { fpga: 1 } }, nodes)).message).toContain('no node advertises the custom resource "fpga"')
+    const mem = ok(planPlacement({ numWorkers: 3, resourcesPerWorker: { CPU: 1, memory: 16 * GiB } }, nodes))
+    expect(mem.nodes.map((n) => [n.nodeId, n.workers, n.memoryBytes])).toEqual([["b", 3, 48 * GiB]])
+    expect(err(planPlacement({ numWorkers: 5, resourcesPerWorker: { memory: 16 * GiB } }, nodes)).message).toContain("memory: 10 GiB free < 16 GiB per worker")
+  })
+
+  it("rejects bad requests with a ConfigError naming the field", () => {
+    const nodes = [node("a")]
+    const cases: [PlacementRequest, string][] = [
+      [{ numWorkers: 0 }, "scalingConfig.numWorkers"],
+      [{ numWorkers: 1.5 }, "scalingConfig.numWorkers"],
+      [{ numWorkers: 1, useGpu: true, resourcesPerWorker: { GPU: 0.5 } }, "scalingConfig.resourcesPerWorker.GPU"],
+      [{ numWorkers: 1, useGpu: true, resourcesPerWorker: { GPU: 0 } }, "scalingConfig.resourcesPerWorker.GPU"],
+      [{ numWorkers: 1, resourcesPerWorker: { GPU: 1 } }, "scalingConfig.resourcesPerWorker.GPU"],
+      [{ numWorkers: 1, resourcesPerWorker: { CPU: -1 } }, "scalingConfig.resourcesPerWorker.CPU"],
+      [{ numWorkers: 1, placementStrategy: "BEST" as PlacementStrategy }, "scalingConfig.placementStrategy"],
+      [{ numWorkers: 1, useGpu: true, backend: "wasm" }, "scalingConfig.backend"],
+      [{ numWorkers: 1, nodeLabels: { zone: [] } }, "nodeLabels.zone"]
+    ]
+    for (const [req, field] of cases) {
+      const e = err(planPlacement(req, nodes))
+      expect(e._tag).toBe("ConfigError")
+      if (e._tag === "ConfigError") expect(e.field).toBe(field)
+    }
+    expect(err(planPlacement({ numWorkers: 1 }, [node("a"), node("a")]))._tag).toBe("ConfigError")
+  })
+
+  it("useGpu with only CPU in resourcesPerWorker still asks for one GPU (Ray's default)", () => {
+    const plan = ok(planPlacement({ numWorkers: 1, useGpu: true, resourcesPerWorker: { CPU: 2 } }, [node("a", { gpuNames: ["A100"] })]))
+    expect(plan.resourcesPerWorker).toEqual({ CPU: 2, GPU: 1 })
+  })
+
+  it("an empty cluster says how to start an agent", () => {
+    expect(err(planPlacement({ numWorkers: 1 }, [])).message).toContain("gradwire start --head")
+  })
+})
+
+describe("allocation ledger", () => {
+  it("keeps concurrent jobs off each other's GPUs and frees them on release", () => {
+    const nodes = [node("a", { gpuNames: ["A100", "A100"] }), node("b", { gpuNames: ["A100", "A100"] })]
+    const ledger = new AllocationLedger()
+    const j1 = Result.getOrThrow(ledger.place({ jobId: "j1", numWorkers: 3, useGpu: true }, nodes))
+    expect(where(j1)).toEqual(["a:0", "a:1", "b:0"])
+    const j2 = Result.getOrThrow(ledger.place({ jobId: "j2", numWorkers: 1, useGpu: true }, nodes))
+    expect(where(j2)).toEqual(["b:1"])
+    const full = ledger.place({ jobId: "j3", numWorkers: 1, useGpu: true }, nodes)
+    expect(Result.isFailure(full) && full.failure._tag).toBe("PlacementInfeasible")
+    expect(ledger.usage("b").gpuIndices).toEqual([0, 1])
+    expect(ledger.release("j1")).toBe(true)
+    expect(ledger.release("j1")).toBe(false)
+    expect(ledger.jobs()).toEqual(["j2"])
+    const j3 = Result.getOrThrow(ledger.place({ jobId: "j3", numWorkers: 3, useGpu: true }, nodes))
+    expect(where(j3)).toEqual(["a:0", "a:1", "b:0"])
+  })
+
+  it("refuses a stale plan, a GPU held twice and a duplicate job id, booking nothing", () => {
+    const nodes = [node("a", { cpus: 4, gpuNames: ["A100", "A100"] })]
+    const ledger = new AllocationLedger()
+    const p1 = Result.getOrThrow(planPlacement({ jobId: "x", numWorkers: 2, useGpu: true, resourcesPerWorker: { GPU: 1, CPU: 1 } }, nodes))
+    const p2 = Result.getOrThrow(planPlacement({ jobId: "y", numWorkers: 1, useGpu: true }, nodes))
+    expect(Result.isSuccess(ledger.allocate(p1, nodes))).toBe(true)
+    const clash = ledger.allocate(p2)
+    expect(Result.isFailure(clash) && clash.failure.message).toContain("GPU 0 already held by another job")
+    expect(ledger.jobs()).toEqual(["x"])
+    const cpuHeavy = Result.getOrThrow(planPlacement({ jobId: "z", numWorkers: 3 }, nodes))
+    const over = ledger.allocate(cpuHeavy, nodes)
+    expect(Result.isFailure(over) && over.failure.message).toContain("CPU 3 > 2 free")
+    const dup = ledger.allocate(p1)
+    expect(Result.isFailure(dup) && dup.failure._tag).toBe("AllocationConflict")
+    const gone = ledger.allocate(Result.getOrThrow(planPlacement({ jobId: "w", numWorkers: 1 }, [node("q")])), nodes)
+    expect(Result.isFailure(gone) && gone.failure.message).toContain("not in the cluster view")
+  })
+})
+
+// ---- property tests -------------------------------------------------------------------------
+
+const gpuName = fc.constantFrom("NVIDIA A100-SXM4-40GB", "NVIDIA H100 80GB HBM3", "Tesla T4")
+const arbNode = (id: string) =>
+  fc
+    .record({
+      cpus: fc.constantFrom(0, 0.5, 1, 2, 3, 4, 8, 8, 16, 16),
+      memGiB: fc.integer({ min: 0, max: 64 }),
+      gpus: fc.array(gpuName, { maxLength: 4 }),
+      // Mostly capable nodes, so that plenty of requests succeed and their plans get checked.
+      backends: fc.oneof({ weight: 3, arbitrary: fc.constant(ALL) }, { weight: 1, arbitrary: fc.subarray(ALL) }),
+      zone: fc.constantFrom("a", "a", "b", undefined),
+      licence: fc.option(fc.integer({ min: 0, max: 3 }), { nil: undefined }),
+      usedCpus: fc.constantFrom(0, 0, 1, 2.5),
+      usedGpuMask: fc.oneof(fc.constant(0), fc.integer({ min: 0, max: 15 })),
+      server: fc.constantFrom("s1", "s2"),
+      head: fc.boolean()
+    })
+    .map(
+      (r): NodeResources => ({
+        nodeId: id,
+        hostname: `h-${id}`,
+        cpus: r.cpus,
+        memoryBytes: r.memGiB * GiB,
+        gpus: r.gpus.map((name, index) => ({ index, name, memoryMiB: 40960 })),
+        backends: r.backends,
+        natsServer: r.server,
+        labels: r.zone ? { zone: r.zone } : {},
+        custom: r.licence !== undefined ? { licence: r.licence } : {},
+        isHead: r.head,
+        used: { cpus: r.usedCpus, memoryBytes: 0, gpuIndices: [0, 1, 2, 3].filter((i) => (r.usedGpuMask >> i) & 1), custom: {} }
+      })
+    )
+
+const arbCluster = fc
+  .integer({ min: 0, max: 7 })
+  .chain((n) => fc.tuple(...Array.from({ length: n }, (_, i) => arbNode(`n${i}`))))
+  // At most one head, as a real cluster has.
+  .map((nodes) => {
+    const head = nodes.findIndex((n) => n.isHead)
+    return nodes.map((n, i) => ({ ...n, isHead: i === head }))
+  })
+
+const arbRequest: fc.Arbitrary<PlacementRequest> = fc
+  .record({
+    numWorkers: fc.oneof(fc.integer({ min: 1, max: 4 }), fc.integer({ min: 1, max: 12 })),
+    useGpu: fc.boolean(),
+    strategy: fc.constantFrom<PlacementStrategy>("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
+    shape: fc.constantFrom("default", "default", "cpu2", "halfcpu", "mem", "licence", "gpu2"),
+    accel: fc.constantFrom(undefined, undefined, undefined, "A100", "h100"),
+    zone: fc.constantFrom(undefined, undefined, "a", "!b")
+  })
+  .map((r) => {
+    const res: Record<string, number> | undefined =
+      r.shape === "default"
+        ? undefined
+        : r.shape === "cpu2"
+          ? { CPU: 2, ...(r.useGpu ? { GPU: 1 } : {}) }
+          : r.shape === "halfcpu"
+            ? { CPU: 0.5, ...(r.useGpu ? { GPU: 1 } : {}) }
+            : r.shape === "mem"
+              ? { CPU: 1, memory: 8 * GiB, ...(r.useGpu ? { GPU: 1 } : {}) }
+              : r.shape === "licence"
+                ? { CPU: 1, licence: 1, ...(r.useGpu ? { GPU: 1 } : {}) }
+                : r.useGpu
+                  ? { GPU: 2 }
+                  : { CPU: 1 }
+    return {
+      jobId: "job",
+      numWorkers: r.numWorkers,
+      useGpu: r.useGpu,
+      placementStrategy: r.strategy,
+      ...(res ? { resourcesPerWorker: res } : {}),
+      ...(r.accel ? { acceleratorType: r.accel } : {}),
+      ...(r.zone ? { nodeLabels: { zone: r.zone } } : {})
+    }
+  })
+
+/** Independent re-statement of "how many workers fit on this node", for completeness checks. */
+const capacityOf = (n: NodeResources, req: PlacementRequest, res: Record<string, number>): number => {
+  const free = freeResources(n)
+  if (req.useGpu ? !(n.backends.includes("tensorflow-gpu") && n.gpus.length > 0) : !n.backends.some((b) => b !== "tensorflow-gpu")) return 0
+  const sel = req.nodeLabels?.zone as string | undefined
+  if (sel !== undefined && (sel.startsWith("!") ? n.labels.zone === sel.slice(1) : n.labels.zone !== sel)) return 0
+  const acc = req.acceleratorType?.toLowerCase()
+  if (acc && !n.gpus.some((g) => g.name.toLowerCase().includes(acc))) return 0
+  const gpus = free.gpus.filter((g) => !acc || g.name.toLowerCase().includes(acc)).length
+  let cap = Infinity
+  for (const [k, v] of Object.entries(res)) {
+    const have = k === "CPU" ? free.cpus : k === "GPU" ? gpus : k === "memory" ? free.memoryBytes : k in n.custom ? (free.custom[k] ?? 0) : -1
+    cap = Math.min(cap, have < 0 ? 0 : Math.floor(have / v + 1e-9))
+  }
+  return cap
+}
+
+const checkPlan = (plan: PlacementPlan, req: PlacementRequest, nodes: readonly NodeResources[]) => {
+  const byId = new Map(nodes.map((n) => [n.nodeId, n]))
+  const res = plan.resourcesPerWorker
+  const gpuPer = res.GPU ?? 0
+  expect(plan.ranks.length).toBe(req.numWorkers)
+  plan.ranks.forEach((r, i) => expect(r.rank).toBe(i))
+  // Capacities: per node, what the plan takes fits in what was free.
+  for (const a of plan.nodes) {
+    const n = byId.get(a.nodeId)!
+    const free = freeResources(n)
+    expect(a.cpus).toBeLessThanOrEqual(free.cpus + 1e-9)
+    expect(a.memoryBytes).toBeLessThanOrEqual(free.memoryBytes + 1e-9)
+    for (const [k, v] of Object.entries(a.custom)) expect(v).toBeLessThanOrEqual((free.custom[k] ?? 0) + 1e-9)
+    expect(new Set(a.gpuIndices).size).toBe(a.gpuIndices.length)
+    const freeIdx = new Set(free.gpus.map((g) => g.index))
+    for (const g of a.gpuIndices) expect(freeIdx.has(g)).toBe(true)
+    expect(a.gpuIndices.length).toBe(a.workers * gpuPer)
+  }
+  for (const r of plan.ranks) {
+    const n = byId.get(r.nodeId)!
+    expect(r.gpuIndices.length).toBe(gpuPer)
+    expect(r.cudaVisibleDevices).toBe(r.gpuIndices.join(","))
+    if (req.acceleratorType) {
+      for (const g of r.gpuIndices) expect(n.gpus.find((x) => x.index === g)!.name.toLowerCase()).toContain(req.acceleratorType.toLowerCase())
+    }
+    if (req.useGpu) expect(r.backend).toBe("tensorflow-gpu")
+    else expect(r.backend).toBe((["tensorflow", "wasm", "cpu"] as const).find((b) => n.backends.includes(b)))
+    expect(n.backends).toContain(r.backend)
+  }
+  // Strategy invariants.
+  const used = [...new Set(plan.ranks.map((r) => r.nodeId))]
+  if (req.placementStrategy === "STRICT_PACK") expect(used.length).toBe(1)
+  if (req.placementStrategy === "STRICT_SPREAD") expect(used.length).toBe(req.numWorkers)
+  if (req.placementStrategy === "PACK") {
+    // Fewest nodes: no smaller set of nodes has room for everyone.
+    const caps = nodes.map((n) => capacityOf(n, req, { ...res })).sort((a, b) => b - a)
+    let k = 0
+    for (let s = 0; s < req.numWorkers; k++) s += caps[k]!
+    expect(used.length).toBe(k)
+  }
+  if (req.placementStrategy === "SPREAD") {
+    // As many nodes as possible, and evenly: a node below its capacity has at most one worker
+    // fewer than the busiest node.
+    const caps = new Map(nodes.map((n) => [n.nodeId, capacityOf(n, req, { ...res })]))
+    const eligible = [...caps.values()].filter((c) => c > 0).length
+    expect(used.length).toBe(Math.min(req.numWorkers, eligible))
+    const counts = new Map(plan.nodes.map((a) => [a.nodeId, a.workers]))
+    const busiest = Math.max(...counts.values())
+    for (const [id, cap] of caps) if (cap > 0 && (counts.get(id) ?? 0) < cap) expect(counts.get(id) ?? 0).toBeGreaterThanOrEqual(busiest - 1)
+  }
+  // Rank order: nodes in canonical order, then GPU index; local ranks count up within a node.
+  const order = [...used].map((id) => byId.get(id)!)
+  expect([...order].sort(compareNodes).map((n) => n.nodeId)).toEqual(used)
+  plan.ranks.forEach((r, i) => {
+    expect(r.nodeRank).toBe(used.indexOf(r.nodeId))
+    const mates = plan.ranks.filter((x) => x.nodeId === r.nodeId)
+    expect(r.localWorldSize).toBe(mates.length)
+    expect(r.localRank).toBe(mates.indexOf(r))
+    if (i > 0 && plan.ranks[i - 1]!.nodeId === r.nodeId && gpuPer > 0) {
+      expect(r.gpuIndices[0]!).toBeGreaterThan(plan.ranks[i - 1]!.gpuIndices[gpuPer - 1]!)
+    }
+  })
+}
+
+describe("placement properties", () => {
+  it("every plan respects capacities, strategies, GPU exclusivity and rank order; failures are real", () => {
+    fc.assert(
+      fc.property(arbCluster, arbRequest, (nodes, req) => {
+        const r = planPlacement(req, nodes)
+        const res = { ...(req.resourcesPerWorker ?? (req.useGpu ? { GPU: 1 } : { CPU: 1 })) }
+        const caps = nodes.map((n) => capacityOf(n, req, res))
+        const total = caps.reduce((s, c) => s + c, 0)
+        const feasible =
+          req.placementStrategy === "STRICT_PACK"
+            ? caps.some((c) => c >= req.numWorkers)
+            : req.placementStrategy === "STRICT_SPREAD"
+              ? caps.filter((c) => c > 0).length >= req.numWorkers
+              : total >= req.numWorkers
+        if (Result.isSuccess(r)) checkPlan(r.success, req, nodes)
+        else {
+          expect(r.failure._tag).toBe("PlacementInfeasible")
+          if (r.failure._tag === "PlacementInfeasible") {
+            expect(r.failure.maxPlaceable).toBeLessThan(req.numWorkers)
+            expect(r.failure.nodes.map((n) => n.fits)).toEqual([...nodes].sort(compareNodes).map((n) => capacityOf(n, req, res)))
+            expect(r.failure.message).toContain("asked:")
+            expect(r.failure.message).toContain("hint:")
+          }
+        }
+        expect(Result.isSuccess(r)).toBe(feasible)
+      }),
+      { numRuns: 600 }
+    )
+  })
+
+  it("is deterministic: the same nodes in any order give the same plan", () => {
+    fc.assert(
+      fc.property(arbCluster, arbRequest, fc.integer(), (nodes, req, seed) => {
+        const shuffled = [...nodes].sort((a, b) => ((a.nodeId.charCodeAt(1) * 31 + seed) % 7) - ((b.nodeId.charCodeAt(1) * 31 + seed) % 7))
+        expect(planPlacement(req, shuffled)).toEqual(planPlacement(req, nodes))
+      }),
+      { numRuns: 200 }
+    )
+  })
+
+  it("the ledger never hands a GPU or a CPU out twice across concurrent jobs, and release restores it", () => {
+    fc.assert(
+      fc.property(arbCluster, fc.array(arbRequest, { minLength: 1, maxLength: 6 }), fc.array(fc.boolean(), { maxLength: 6 }), (nodes, reqs, releases) => {
+        const ledger = new AllocationLedger()
+        const before = nodes.map(freeResources)
+        reqs.forEach((req, i) => {
+          ledger.place({ ...req, jobId: `j${i}` }, nodes)
+          if (releases[i]) ledger.release(`j${Math.floor(i / 2)}`)
+          for (const n of nodes) {
+            const held = ledger.jobs().flatMap((j) => ledger.plan(j)!.nodes.filter((a) => a.nodeId === n.nodeId))
+            const gpus = held.flatMap((a) => a.gpuIndices)
+            expect(new Set(gpus).size).toBe(gpus.length)
+            for (const g of gpus) expect(n.used?.gpuIndices ?? []).not.toContain(g)
+            const cpus = held.reduce((s, a) => s + a.cpus, 0)
+            expect(cpus).toBeLessThanOrEqual(freeResources(n).cpus + 1e-9)
+          }
+        })
+        for (const j of ledger.jobs()) ledger.release(j)
+        expect(ledger.view(nodes).map(freeResources)).toEqual(before)
+      }),
+      { numRuns: 150 }
+    )
+  })
+})
