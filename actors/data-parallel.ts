@@ -1,0 +1,298 @@
+// The data-parallel model wrapper behind TrainContext.prepareModel: every step computes this
+// rank's gradients, all-reduces them (weighted by sample counts, so unequal batches still give
+// the large-batch SGD update) and applies the same update on every rank. Ranks start from rank 0's
+// weights and apply bitwise-identical reduced gradients, so their weights stay identical.
+//
+// Gradients leave the tfjs engine as ONE flat Float32Array (concatenated on the device, one read),
+// buckets are contiguous ranges of it (no packing copy), and the reduced values go back as one
+// tensor split on the device: two copies of the gradient per step, the minimum a backend with its
+// own memory (wasm, tensorflow) allows.
+import type { Tf } from "../core/engine.ts"
+import type { ArrayDataset } from "../core/datasets.ts"
+import { gatherRows } from "../core/datasets.ts"
+import { ConfigError } from "../core/errors.ts"
+
+type tfjs = typeof import("@tensorflow/tfjs")
+type LayersModel = import("@tensorflow/tfjs").LayersModel
+type Optimizer = import("@tensorflow/tfjs").Optimizer
+type Tensor = import("@tensorflow/tfjs").Tensor
+type Scalar = import("@tensorflow/tfjs").Scalar
+type Variable = import("@tensorflow/tfjs").Variable
+
+export type LossName = "categoricalCrossentropy" | "sparseCategoricalCrossentropy" | "meanSquaredError" | "binaryCrossentropy"
+export type LossFn = (yTrue: Tensor, yPred: Tensor) => Scalar
+
+/** One variable's place in the flat gradient buffer. */
+export interface GradientSlot {
+  readonly name: string
+  readonly shape: ReadonlyArray<number>
+  readonly offset: number
+  readonly size: number
+}
+
+/** What the wrapper needs from the group: the worker wires it to the communicator. */
+export interface GradientSync {
+  readonly rank: number
+  readonly worldSize: number
+  /** Reduces the flat gradient in place to the weighted mean over ranks (weight: this rank's sample count). */
+  reduceGradients(flat: Float32Array, layout: ReadonlyArray<GradientSlot>, weight: number, step: number): Promise<void>
+  /** Copies rank 0's values into `buf` on every rank. */
+  broadcast(buf: Float32Array): Promise<void>
+  /** Element-wise sum over ranks, in place. */
+  sum(buf: Float32Array): Promise<void>
+}
+
+/** Optional timing hooks (the timeline): each phase reports its start and end. */
+export interface StepObserver {
+  phase?(name: "forward_backward" | "allreduce" | "apply", startMs: number, endMs: number, step: number): void
+}
+
+export interface PrepareOptions {
+  /** Default: the model's compile() optimizer. */
+  readonly optimizer?: Optimizer
+  /** Default: the model's compile() loss. */
+  readonly loss?: LossName | LossFn
+}
+
+export interface StepResult {
+  /** This rank's mean loss on its batch. */
+  readonly loss: number
+  readonly samples: number
+  /** Correct predictions in the batch (classification losses only). */
+  readonly correct?: number
+}
+
+export interface EpochResult {
+  readonly epoch: number
+  /** Mean loss over every rank's samples in the epoch. */
+  readonly loss: number
+  /** Accuracy over every rank's samples (classification losses only). */
+  readonly accuracy?: number
+  readonly samples: number
+  readonly steps: number
+  readonly seconds: number
+}
+
+export interface FitOptions {
+  readonly epochs: number
+  /** Per-rank batch size. */
+  readonly batchSize: number
+  /** Seed of the per-epoch shuffles (same on every rank). Default 0. */
+  readonly seed?: number
+  /** First epoch (for a resumed run). Default 0. */
+  readonly initialEpoch?: number
+  /** Called after every epoch with metrics averaged over ranks. */
+  readonly onEpochEnd?: (result: EpochResult) => void | Promise<void>
+  /** Called after every step. */
+  readonly onStep?: (step: StepResult & { epoch: number; index: number }) => void | Promise<void>
+}
+
+/** A source of rows per epoch: the worker's shard (disjoint across ranks, reshuffled per epoch). */
+export interface ShardSource {
+  readonly dataset: ArrayDataset
+  rows(epoch: number): ArrayLike<number>
+}
+
+const resolveLoss = (tf: Tf, model: LayersModel, loss: PrepareOptions["loss"]): { fn: LossFn; classification: boolean; sparse: boolean } => {
+  const l = loss ?? (model as unknown as { loss?: unknown }).loss
+  if (typeof l === "function") return { fn: l as LossFn, classification: false, sparse: false }
+  const t = tf as unknown as tfjs
+  switch (l) {
+    case "categoricalCrossentropy":
+      return { fn: (yt, yp) => t.metrics.categoricalCrossentropy(yt, yp).mean() as Scalar, classification: true, sparse: false }
+    case "sparseCategoricalCrossentropy":
+      return {
+        fn: (yt, yp) =>
+          t.tidy(() => t.metrics.categoricalCrossentropy(t.oneHot(yt.flatten().toInt(), yp.shape[yp.shape.length - 1] as number), yp).mean() as Scalar),
+        classification: true,
+        sparse: true
+      }
+    case "meanSquaredError":
+      return { fn: (yt, yp) => t.losses.meanSquaredError(yt, yp) as Scalar, classification: false, sparse: false }
+    case "binaryCrossentropy":
+      return { fn: (yt, yp) => t.metrics.binaryCrossentropy(yt, yp).mean() as Scalar, classification: false, sparse: false }
+    default:
+      throw new ConfigError({
+        field: "prepareModel.loss",
+        reason:
+          `no usable loss (got ${JSON.stringify(l)}): compile the model with one of "categoricalCrossentropy", ` +
+          `"sparseCategoricalCrossentropy", "meanSquaredError", "binaryCrossentropy", or pass { loss: (yTrue, yPred) => scalar }`
+      })
+  }
+}
+
+export class DataParallelModel {
+  readonly model: LayersModel
+  readonly optimizer: Optimizer
+  readonly layout: ReadonlyArray<GradientSlot>
+  readonly parameterCount: number
+  #tf: tfjs
+  #sync: GradientSync
+  #loss: LossFn
+  #classification: boolean
+  #sparse: boolean
+  #vars: Variable[]
+  #observer: StepObserver | undefined
+  #step = 0
+
+  private constructor(tf: Tf, model: LayersModel, sync: GradientSync, opts: PrepareOptions, observer?: StepObserver) {
+    this.#tf = tf as unknown as tfjs
+    this.model = model
+    this.#sync = sync
+    const optimizer = opts.optimizer ?? (model as unknown as { optimizer?: Optimizer }).optimizer
+    if (!optimizer) {
+      throw new ConfigError({
+        field: "prepareModel.optimizer",
+        reason: "no optimizer: compile the model (model.compile({ optimizer, loss })) or pass prepareModel(model, { optimizer })"
+      })
+    }
+    this.optimizer = optimizer
+    const loss = resolveLoss(tf, model, opts.loss)
+    this.#loss = loss.fn
+    this.#classification = loss.classification
+    this.#sparse = loss.sparse
+    this.#vars = model.trainableWeights.map((w) => w.read() as Variable)
+    let offset = 0
+    this.layout = this.#vars.map((v) => {
+      const size = v.size
+      const slot = { name: v.name, shape: [...v.shape], offset, size }
+      offset += size
+      return slot
+    })
+    this.parameterCount = offset
+    this.#observer = observer
+  }
+
+  /** Wraps a model and makes every rank start from rank 0's weights. */
+  static async prepare(tf: Tf, model: LayersModel, sync: GradientSync, opts: PrepareOptions = {}, observer?: StepObserver): Promise<DataParallelModel> {
+    const dp = new DataParallelModel(tf, model, sync, opts, observer)
+    await dp.syncWeights()
+    return dp
+  }
+
+  /** Broadcasts rank 0's weights (trainable and not, e.g. batch-norm statistics) to every rank. */
+  async syncWeights(): Promise<void> {
+    if (this.#sync.worldSize === 1) return
+    const tf = this.#tf
+    const weights = this.model.getWeights()
+    const flat = tf.tidy(() => tf.concat(weights.map((w) => w.reshape([-1]))))
+    const buf = (await flat.data()) as Float32Array
+    flat.dispose()
+    await this.#sync.broadcast(buf)
+    const restored = tf.tidy(() => {
+      let off = 0
+      return weights.map((w) => {
+        const t = tf.tensor(buf.subarray(off, off + w.size), w.shape, w.dtype)
+        off += w.size
+        return t
+      })
+    })
+    this.model.setWeights(restored)
+    for (const t of restored) t.dispose()
+  }
+
+  /**
+   * One synchronous data-parallel step on this rank's batch (y in the loss's target form: one-hot
+   * for categoricalCrossentropy, class ids for sparseCategoricalCrossentropy); returns this rank's
+   * loss and, for classification, its correct predictions.
+   */
+  async trainStep(x: Tensor, y: Tensor): Promise<StepResult> {
+    const tf = this.#tf
+    const step = this.#step++
+    const samples = x.shape[0] ?? 0
+    const t0 = performance.now()
+    let pred: Tensor | undefined
+    const { value, grads } = this.optimizer.computeGradients(() => {
+      const out = this.model.apply(x, { training: true }) as Tensor
+      if (this.#classification) pred = tf.keep(out)
+      return this.#loss(y, out)
+    }, this.#vars)
+    const flatT = tf.tidy(() =>
+      tf.concat(this.#vars.map((v) => (grads[v.name] ?? tf.zerosLike(v)).reshape([-1])))
+    )
+    const correctT = pred ? tf.tidy(() => pred!.argMax(-1).equal(this.#labelsOf(y)).sum()) : undefined
+    const [flat, lossArr, correctArr] = await Promise.all([flatT.data() as Promise<Float32Array>, value.data(), correctT?.data()])
+    tf.dispose([flatT, value, ...(pred ? [pred] : []), ...(correctT ? [correctT] : [])])
+    tf.dispose(grads)
+    const t1 = performance.now()
+    this.#observer?.phase?.("forward_backward", t0, t1, step)
+    await this.#sync.reduceGradients(flat, this.layout, samples, step)
+    const t2 = performance.now()
+    this.#observer?.phase?.("allreduce", t1, t2, step)
+    const named = tf.tidy(() => {
+      const all = tf.tensor1d(flat)
+      const parts = tf.split(all, this.layout.map((s) => s.size))
+      const out: Record<string, Tensor> = {}
+      this.layout.forEach((s, i) => (out[s.name] = parts[i].reshape(s.shape as number[])))
+      return out
+    })
+    this.optimizer.applyGradients(named)
+    tf.dispose(named)
+    this.#observer?.phase?.("apply", t2, performance.now(), step)
+    return { loss: lossArr[0], samples, ...(correctArr ? { correct: correctArr[0] } : {}) }
+  }
+
+  #labelsOf(y: Tensor): Tensor {
+    return y.rank > 1 && (y.shape[y.rank - 1] ?? 1) > 1 ? y.argMax(-1) : y.flatten().toInt()
+  }
+
+  /** Loss and accuracy of this rank's model on (x, y), computed locally. */
+  evaluate(x: Tensor, y: Tensor): { loss: number; accuracy?: number } {
+    const tf = this.#tf
+    return tf.tidy(() => {
+      const pred = this.model.predict(x) as Tensor
+      const loss = this.#loss(y, pred).dataSync()[0]
+      if (!this.#classification) return { loss }
+      const acc = pred.argMax(-1).equal(this.#labelsOf(y)).mean().dataSync()[0]
+      return { loss, accuracy: acc }
+    })
+  }
+
+  /** Trains over this rank's shard for some epochs; the metrics handed to onEpochEnd cover all ranks. */
+  async fit(source: ShardSource, opts: FitOptions): Promise<EpochResult[]> {
+    const tf = this.#tf
+    if (!(opts.batchSize >= 1) || !Number.isInteger(opts.batchSize)) {
+      throw new ConfigError({ field: "fit.batchSize", reason: `must be an integer >= 1, got ${opts.batchSize}` })
+    }
+    const ds = source.dataset
+    const results: EpochResult[] = []
+    for (let epoch = opts.initialEpoch ?? 0; epoch < opts.epochs; epoch++) {
+      const started = performance.now()
+      const rows = source.rows(epoch)
+      const steps = Math.ceil(rows.length / opts.batchSize)
+      // Sums over the epoch: loss * samples, correct predictions, samples.
+      const totals = new Float32Array(3)
+      for (let i = 0; i < steps; i++) {
+        const batchRows = Array.prototype.slice.call(rows, i * opts.batchSize, (i + 1) * opts.batchSize) as number[]
+        const batch = gatherRows(ds, batchRows)
+        const x = tf.tensor(batch.x, [batchRows.length, ...ds.featureShape])
+        const y = this.#classification ? tf.tensor1d(batch.y, "int32") : tf.tensor(batch.y, [batchRows.length, 1], "float32")
+        const yLoss = this.lossTargets(y, ds.numClasses)
+        const r = await this.trainStep(x, yLoss)
+        totals[1] += r.correct ?? 0
+        totals[0] += r.loss * r.samples
+        totals[2] += r.samples
+        tf.dispose([x, y, yLoss])
+        await opts.onStep?.({ ...r, epoch, index: i })
+      }
+      await this.#sync.sum(totals)
+      const result: EpochResult = {
+        epoch,
+        loss: totals[0] / Math.max(1, totals[2]),
+        ...(this.#classification ? { accuracy: totals[1] / Math.max(1, totals[2]) } : {}),
+        samples: totals[2],
+        steps,
+        seconds: (performance.now() - started) / 1000
+      }
+      results.push(result)
+      await opts.onEpochEnd?.(result)
+    }
+    return results
+  }
+
+  /** Targets in the form the loss wants: one-hot for categoricalCrossentropy, class ids otherwise. */
+  lossTargets(y: Tensor, numClasses: number): Tensor {
+    if (this.#classification && !this.#sparse) return this.#tf.oneHot(y, numClasses)
+    return y.clone()
+  }
+}

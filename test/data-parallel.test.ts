@@ -1,0 +1,108 @@
+// The data-parallel wrapper's math, with ranks as models in one process joined by an in-process
+// rendezvous (the network path is covered by the trainer's integration tests).
+import { describe, expect, it } from "vitest"
+import { loadEngine, type Tf } from "../core/engine.ts"
+import { DataParallelModel, type GradientSync } from "../actors/data-parallel.ts"
+import { ConfigError } from "../core/errors.ts"
+
+/** p ranks in one process: each collective waits for all p contributions. */
+const localGroup = (p: number): GradientSync[] => {
+  let pending: Array<{ buf: Float32Array; weight: number; resolve: () => void; kind: string }> = []
+  const arrive = (rank: number, kind: string, buf: Float32Array, weight: number) =>
+    new Promise<void>((resolve) => {
+      pending[rank] = { buf, weight, resolve, kind }
+      if (pending.filter(Boolean).length < p) return
+      const all = pending
+      pending = []
+      const n = all[0].buf.length
+      const out = new Float32Array(n)
+      if (kind === "broadcast") out.set(all[0].buf)
+      else {
+        const total = kind === "grad" ? all.reduce((a, e) => a + e.weight, 0) : 1
+        for (const e of all) for (let i = 0; i < n; i++) out[i] += (kind === "grad" ? e.weight / total : 1) * e.buf[i]
+      }
+      for (const e of all) {
+        e.buf.set(out)
+        e.resolve()
+      }
+    })
+  return Array.from({ length: p }, (_, rank) => ({
+    rank,
+    worldSize: p,
+    reduceGradients: (flat, _layout, weight) => arrive(rank, "grad", flat, weight),
+    broadcast: (buf) => arrive(rank, "broadcast", buf, 1),
+    sum: (buf) => arrive(rank, "sum", buf, 1)
+  }))
+}
+
+const makeModel = (tf: Tf, seed: number) => {
+  const m = tf.sequential()
+  m.add(tf.layers.dense({ units: 8, inputShape: [4], activation: "tanh", kernelInitializer: tf.initializers.glorotUniform({ seed }) }))
+  m.add(tf.layers.dense({ units: 3, activation: "softmax", kernelInitializer: tf.initializers.glorotUniform({ seed: seed + 1 }) }))
+  m.compile({ optimizer: tf.train.sgd(0.5), loss: "categoricalCrossentropy" })
+  return m
+}
+
+const weightsOf = (m: { getWeights(): Array<{ dataSync(): ArrayLike<number> }> }) => m.getWeights().map((w) => Array.from(w.dataSync()))
+
+describe("data-parallel wrapper", () => {
+  it("starts every rank from rank 0's weights and equals large-batch SGD", async () => {
+    const { tf } = await loadEngine("auto")
+    const syncs = localGroup(2)
+    const models = [makeModel(tf, 1), makeModel(tf, 99)]
+    const reference = makeModel(tf, 1)
+    const dps = await Promise.all(models.map((m, r) => DataParallelModel.prepare(tf, m, syncs[r])))
+    expect(weightsOf(models[1])).toEqual(weightsOf(models[0]))
+
+    const xs = [tf.randomNormal([5, 4], 0, 1, "float32", 3), tf.randomNormal([3, 4], 0, 1, "float32", 4)]
+    const ys = [tf.oneHot(tf.tensor1d([0, 1, 2, 1, 0], "int32"), 3), tf.oneHot(tf.tensor1d([2, 2, 1], "int32"), 3)]
+    for (let step = 0; step < 3; step++) await Promise.all(dps.map((dp, r) => dp.trainStep(xs[r], ys[r])))
+    const w0 = weightsOf(models[0])
+    expect(weightsOf(models[1])).toEqual(w0)
+
+    // The same three steps on the concatenated batch of 8: the weighted mean makes them equal.
+    const refDp = await DataParallelModel.prepare(tf, reference, localGroup(1)[0])
+    const x = tf.concat(xs)
+    const y = tf.concat(ys)
+    for (let step = 0; step < 3; step++) await refDp.trainStep(x, y)
+    const wr = weightsOf(reference)
+    wr.forEach((w, i) => w.forEach((v, j) => expect(w0[i][j]).toBeCloseTo(v, 5)))
+  })
+
+  it("fit() trains on shards and reports metrics over all ranks", async () => {
+    const { tf } = await loadEngine("auto")
+    const syncs = localGroup(2)
+    // A separable toy problem: the class is the index of the largest of the first 3 features.
+    const n = 240
+    const x = new Float32Array(n * 4).map((_, i) => Math.sin(i * 12.9898) * 0.5 + ((i % 4) === 3 ? 0 : 0))
+    const y = new Int32Array(n)
+    for (let i = 0; i < n; i++) {
+      const a = x.subarray(i * 4, i * 4 + 3)
+      y[i] = a[0] >= a[1] && a[0] >= a[2] ? 0 : a[1] >= a[2] ? 1 : 2
+    }
+    const dataset = { x, y, size: n, featureShape: [4], numClasses: 3 }
+    const dps = await Promise.all([makeModel(tf, 5), makeModel(tf, 6)].map((m, r) => DataParallelModel.prepare(tf, m, syncs[r])))
+    const seen: number[][] = [[], []]
+    const results = await Promise.all(
+      dps.map((dp, r) =>
+        dp.fit(
+          { dataset, rows: (epoch) => Array.from({ length: n / 2 }, (_, i) => ((i * 2 + r + epoch * 2) % n)) },
+          { epochs: 15, batchSize: 16, onEpochEnd: (e) => void seen[r].push(e.loss) }
+        )
+      )
+    )
+    expect(results[0].at(-1)!.samples).toBe(n)
+    expect(results[0].map((e) => e.loss)).toEqual(results[1].map((e) => e.loss))
+    expect(results[0].at(-1)!.loss).toBeLessThan(results[0][0].loss)
+    expect(results[0].at(-1)!.accuracy).toBeGreaterThan(0.8)
+    expect(weightsOf(dps[0].model)).toEqual(weightsOf(dps[1].model))
+  })
+
+  it("refuses a model without optimizer or loss", async () => {
+    const { tf } = await loadEngine("auto")
+    const m = tf.sequential()
+    m.add(tf.layers.dense({ units: 1, inputShape: [2] }))
+    await expect(DataParallelModel.prepare(tf, m, localGroup(1)[0])).rejects.toBeInstanceOf(ConfigError)
+    await expect(DataParallelModel.prepare(tf, m, localGroup(1)[0], { optimizer: tf.train.sgd(0.1) })).rejects.toThrow(/loss/)
+  })
+})
