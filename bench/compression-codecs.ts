@@ -1,0 +1,116 @@
+// Codec cost of each compressor: bytes on the wire relative to fp32, and encode / decode time per
+// MiB of fp32 gradient, measured here in one run (medians). The compression benchmark
+// (`npm run bench -- compression`) puts these next to its all-reduce timings.
+// Run alone: node bench/compression-codecs.ts [MiB]
+import { fileURLToPath } from "node:url"
+import {
+  ErrorFeedback,
+  Fp16Compressor,
+  Int8Compressor,
+  NoneCompressor,
+  PowerSgdCompressor,
+  SignCompressor,
+  TopKCompressor,
+  type Compressor
+} from "../collectives/compression/index.ts"
+import { Mulberry32 } from "../collectives/compression/rng.ts"
+
+export interface CodecFigure {
+  readonly name: string
+  /** Message bytes ÷ fp32 bytes (fp16: 0.5). PowerSGD: both rounds, for a square matrix. */
+  readonly bytesOnWireRatio: number
+  readonly encodeMsPerMiB: number
+  /** Decode into a dense buffer (top-k / sign / int8: what a receiver does per message). */
+  readonly decodeMsPerMiB: number
+  /** encode with error feedback (p = g + e; e = p − D(C(p))), per MiB. */
+  readonly encodeWithFeedbackMsPerMiB: number
+}
+
+const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]
+
+const time = (f: () => void, reps: number): number => {
+  f() // warm-up (JIT, scratch buffers)
+  const ts: number[] = []
+  for (let i = 0; i < reps; i++) {
+    const t0 = performance.now()
+    f()
+    ts.push(performance.now() - t0)
+  }
+  return median(ts)
+}
+
+export const codecFigures = (options: { readonly mib?: number; readonly reps?: number } = {}): CodecFigure[] => {
+  const mib = options.mib ?? 16
+  const reps = options.reps ?? 5
+  const n = (mib * 1024 * 1024) / 4
+  const rng = new Mulberry32(42)
+  const g = Float32Array.from({ length: n }, () => rng.normal())
+  const dense = new Float32Array(n)
+  const figures: CodecFigure[] = []
+  const codecs: ReadonlyArray<[string, Compressor]> = [
+    ["none", new NoneCompressor()],
+    ["fp16", new Fp16Compressor()],
+    ["int8", new Int8Compressor()],
+    ["topk 1%", new TopKCompressor({ ratio: 0.01 })],
+    ["topk 0.1%", new TopKCompressor({ ratio: 0.001 })],
+    ["sign", new SignCompressor()]
+  ]
+  for (const [name, c] of codecs) {
+    const out = new Uint8Array(c.wireBytes(n))
+    let step = 0
+    const enc = time(() => void c.encode(g, { step: step++ }, out), reps)
+    const msg = c.encode(g, { step: 0 })
+    const dec = time(() => void c.decode(msg, dense), reps)
+    const ef = new ErrorFeedback()
+    const withEf = time(() => void ef.compress(c, "g", g, { step: step++ }, out), reps)
+    figures.push({ name, bytesOnWireRatio: c.wireBytes(n) / (4 * n), encodeMsPerMiB: enc / mib, decodeMsPerMiB: dec / mib, encodeWithFeedbackMsPerMiB: withEf / mib })
+  }
+  // PowerSGD on a square matrix of the same size, p = 1 (the sums are the identity): "decode" is
+  // P̂Qᵀ; with error feedback add M = G + e and e -= P̂Q_wᵀ.
+  const side = Math.floor(Math.sqrt(n))
+  const M = g.subarray(0, side * side)
+  for (const rank of [1, 4]) {
+    const c = new PowerSgdCompressor({ rank })
+    const tensors = [{ key: "W", shape: [side, side], grad: M }]
+    // "encode": P = MQ, orthonormalize the (identity-)summed P, Q = MᵀP̂
+    const enc = time(() => {
+      const r = c.begin(tensors)
+      r.second(r.first)
+    }, reps)
+    const ef = new ErrorFeedback()
+    const withEf = time(() => {
+      const r = c.begin(tensors, ef)
+      r.finish(r.second(r.first))
+    }, reps)
+    // finish() alone: a round can be finished once, so prepare one per repetition untimed
+    const decs: number[] = []
+    for (let i = 0; i <= reps; i++) {
+      const r = c.begin(tensors)
+      const s = r.second(r.first)
+      const t0 = performance.now()
+      r.finish(s)
+      if (i > 0) decs.push(performance.now() - t0)
+    }
+    const dec = median(decs)
+    const m = (side * side * 4) / (1024 * 1024)
+    figures.push({
+      name: `powersgd r${rank}`,
+      bytesOnWireRatio: c.wireBytes([side, side]) / (4 * side * side),
+      encodeMsPerMiB: enc / m,
+      decodeMsPerMiB: dec / m,
+      encodeWithFeedbackMsPerMiB: (withEf - dec) / m
+    })
+  }
+  return figures
+}
+
+if (process.argv[1] === fileURLToPath(import.meta.url)) {
+  const mib = Number(process.argv[2] ?? 16)
+  console.log(`codec cost, ${mib} MiB of fp32 gradient (median of 5)`)
+  console.log(`${"codec".padEnd(14)} ${"wire/fp32".padStart(10)} ${"x smaller".padStart(10)} ${"enc ms/MiB".padStart(11)} ${"dec ms/MiB".padStart(11)} ${"enc+EF ms/MiB".padStart(14)}`)
+  for (const f of codecFigures({ mib })) {
+    console.log(
+      `${f.name.padEnd(14)} ${f.bytesOnWireRatio.toFixed(4).padStart(10)} ${(1 / f.bytesOnWireRatio).toFixed(1).padStart(10)} ${f.encodeMsPerMiB.toFixed(3).padStart(11)} ${f.decodeMsPerMiB.toFixed(3).padStart(11)} ${f.encodeWithFeedbackMsPerMiB.toFixed(3).padStart(14)}`
+    )
+  }
+}

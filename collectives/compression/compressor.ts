@@ -1,0 +1,162 @@
+// The contract every element-wise gradient codec fulfils, and the common 8-byte header of their
+// wire messages. The collectives layer only needs this file to move compressed gradients: encode
+// on the sender, `accumulate` (decode-and-add) on the receiver, and `aggregation` to know which
+// collective the codec needs.
+//
+// Wire header (all codecs, little-endian, 8 bytes so every payload starts 4-byte aligned):
+//   byte 0      magic 0xC7
+//   byte 1      codec id: 0 none, 1 fp16, 2 int8, 3 topk, 4 sign
+//   byte 2      format version (1)
+//   byte 3      reserved, 0
+//   bytes 4..7  n: uint32, element count of the dense tensor the message stands for
+// The codec's payload follows (see each codec module). Typed-array views over the payload assume a
+// little-endian host; every platform Node and tfjs run on is, and we refuse to load otherwise
+// rather than put byte-swapped gradients on the wire.
+import { WireDecodeError } from "../../core/errors.ts"
+
+/**
+ * How a codec's messages are combined across ranks:
+ * - 'allreduce': linear, the collective sums in the codec's domain (fp16 on the wire; PowerSGD's
+ *   P and Q factors in fp32). One residual per rank and tensor.
+ * - 'allgather': messages cannot be summed without decoding (top-k: different indices per rank;
+ *   sign: bits). Every rank receives every message and decodes all of them in rank order.
+ * - 'allreduce-decode-accumulate': a ring/tree hop decodes what it receives into fp32, adds its
+ *   own contribution and re-encodes to forward (int8). Each re-encode point has its own residual.
+ */
+export type Aggregation = "allreduce" | "allgather" | "allreduce-decode-accumulate"
+
+export type CodecName = "none" | "fp16" | "int8" | "topk" | "sign"
+
+export const CODEC_IDS: Readonly<Record<CodecName, number>> = { none: 0, fp16: 1, int8: 2, topk: 3, sign: 4 }
+const CODEC_NAMES: ReadonlyArray<CodecName> = ["none", "fp16", "int8", "topk", "sign"]
+
+export const MAGIC = 0xc7
+export const FORMAT_VERSION = 1
+export const HEADER_BYTES = 8
+
+/** Where an encode happens; stochastic codecs derive their random stream from it. */
+export interface EncodeContext {
+  /** Stable identity of the tensor or compress point (also the residual key). */
+  readonly key?: string
+  readonly step?: number
+  readonly rank?: number
+}
+
+/** One encoded tensor: the bytes to publish, plus what the header says, for convenience. */
+export interface CompressedMessage {
+  readonly codec: CodecName
+  /** Dense element count. */
+  readonly length: number
+  /** The complete wire message (header + payload). */
+  readonly bytes: Uint8Array
+}
+
+export interface Compressor {
+  readonly name: CodecName
+  readonly aggregation: Aggregation
+  /** Whether callers should keep a residual for this codec (on by default; see error-feedback.ts). */
+  readonly errorFeedback: boolean
+  /** Exact size in bytes of the message for a tensor of n elements (k for top-k is derived from n). */
+  wireBytes(n: number): number
+  /**
+   * Encodes `input`. When `out` is given and large enough the message is written into it (no
+   * allocation); the returned `bytes` is then a view of `out`.
+   */
+  encode(input: Float32Array, ctx?: EncodeContext, out?: Uint8Array): CompressedMessage
+  /** Decodes into `out` (allocated when absent) and returns it. */
+  decode(msg: CompressedMessage | Uint8Array, out?: Float32Array): Float32Array
+  /** into[i] += weight * decoded[i], without materialising the decoded tensor. */
+  accumulate(msg: CompressedMessage | Uint8Array, into: Float32Array, weight?: number): void
+}
+
+if (new Uint8Array(new Uint16Array([1]).buffer)[0] !== 1) {
+  throw new Error("gradwire compression requires a little-endian host")
+}
+
+export const bytesOf = (msg: CompressedMessage | Uint8Array): Uint8Array => (msg instanceof Uint8Array ? msg : msg.bytes)
+
+export const writeHeader = (out: Uint8Array, codec: CodecName, n: number): void => {
+  out[0] = MAGIC
+  out[1] = CODEC_IDS[codec]
+  out[2] = FORMAT_VERSION
+  out[3] = 0
+  out[4] = n & 0xff
+  out[5] = (n >>> 8) & 0xff
+  out[6] = (n >>> 16) & 0xff
+  out[7] = (n >>> 24) & 0xff
+}
+
+export const readU32 = (b: Uint8Array, at: number): number =>
+  (b[at]! | (b[at + 1]! << 8) | (b[at + 2]! << 16) | (b[at + 3]! << 24)) >>> 0
+
+export const writeU32 = (b: Uint8Array, at: number, v: number): void => {
+  b[at] = v & 0xff
+  b[at + 1] = (v >>> 8) & 0xff
+  b[at + 2] = (v >>> 16) & 0xff
+  b[at + 3] = (v >>> 24) & 0xff
+}
+
+/** Reads and checks the header; returns the dense length. */
+export const readHeader = (b: Uint8Array, expect: CodecName): number => {
+  if (b.byteLength < HEADER_BYTES) {
+    throw new WireDecodeError({ reason: `compressed message of ${b.byteLength} bytes is shorter than its ${HEADER_BYTES}-byte header` })
+  }
+  if (b[0] !== MAGIC) throw new WireDecodeError({ reason: `not a compressed gradient (magic byte 0x${b[0]!.toString(16)})` })
+  if (b[2] !== FORMAT_VERSION) {
+    throw new WireDecodeError({ reason: `compressed gradient format version ${b[2]} is not supported (this build reads ${FORMAT_VERSION})` })
+  }
+  const id = b[1]!
+  if (id !== CODEC_IDS[expect]) {
+    throw new WireDecodeError({ reason: `message was encoded with codec ${CODEC_NAMES[id] ?? `#${id}`}, decoder is ${expect}: ranks disagree on the compression config` })
+  }
+  return readU32(b, 4)
+}
+
+/** Codec name from a message header, so a receiver can pick the decoder. */
+export const codecOf = (msg: CompressedMessage | Uint8Array): CodecName => {
+  const b = bytesOf(msg)
+  const name = b.byteLength >= HEADER_BYTES && b[0] === MAGIC ? CODEC_NAMES[b[1]!] : undefined
+  if (!name) throw new WireDecodeError({ reason: "not a compressed gradient message" })
+  return name
+}
+
+export const checkSize = (b: Uint8Array, expected: number, codec: CodecName): void => {
+  if (b.byteLength !== expected) {
+    throw new WireDecodeError({ reason: `${codec} message is ${b.byteLength} bytes, its header implies ${expected} (truncated or corrupted)` })
+  }
+}
+
+export const checkTarget = (into: Float32Array, n: number, codec: CodecName): void => {
+  if (into.length !== n) {
+    throw new WireDecodeError({ reason: `${codec} message holds ${n} elements but the target buffer has ${into.length}: ranks disagree on the tensor length` })
+  }
+}
+
+/**
+ * A typed-array view of `count` elements at byte offset `at` of `b`. Messages straight off the
+ * network may sit at any byte offset; an unaligned payload is copied once rather than read
+ * element by element through a DataView.
+ */
+export const view = <T extends Float32Array | Uint32Array | Uint16Array>(
+  ctor: { new (buffer: ArrayBufferLike, byteOffset: number, length: number): T; readonly BYTES_PER_ELEMENT: number },
+  b: Uint8Array,
+  at: number,
+  count: number
+): T => {
+  const offset = b.byteOffset + at
+  if (offset % ctor.BYTES_PER_ELEMENT === 0) return new ctor(b.buffer, offset, count)
+  // a real copy: Buffer#slice (msgpack and NATS hand out Buffers) would return another view
+  const copy = new Uint8Array(count * ctor.BYTES_PER_ELEMENT)
+  copy.set(b.subarray(at, at + copy.byteLength))
+  return new ctor(copy.buffer, 0, count)
+}
+
+/** Output buffer of `size` bytes: the caller's when it fits, else a fresh one. */
+export const outBytes = (size: number, out?: Uint8Array): Uint8Array =>
+  out && out.byteLength >= size && out.byteOffset % 4 === 0 ? out.subarray(0, size) : new Uint8Array(size)
+
+export const outFloats = (n: number, out?: Float32Array): Float32Array => {
+  if (!out) return new Float32Array(n)
+  if (out.length !== n) throw new WireDecodeError({ reason: `decode target has ${out.length} elements, message holds ${n}` })
+  return out
+}

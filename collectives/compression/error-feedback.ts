@@ -1,0 +1,83 @@
+// Error feedback (Seide et al. 2014; Karimireddy et al. 2019): what a lossy codec drops this step
+// is added back before compressing the next, so nothing is lost, only delayed. Done right:
+// - one fp32 residual per compress point, keyed by a stable identity (variable name, or bucket id
+//   + offset; a ring hop that re-compresses a partial sum has its own key, see ringSegmentKey);
+// - p = g + e; send C(p); e = p - D(C(p)) from THIS rank's own message, never from the aggregate
+//   (the aggregate mixes other ranks' errors in, and the sum of residuals would stop telescoping);
+// - tensors that are not compressed get no residual at all;
+// - residuals are part of a checkpoint (state / restore), or a restart silently drops a step's
+//   worth of gradient mass per tensor.
+// A codec built with `errorFeedback: false` bypasses the store.
+import type { CompressedMessage, Compressor, EncodeContext } from "./compressor.ts"
+import { ResidualMismatch } from "./errors.ts"
+
+/** Serializable residual state: compress-point key -> residual. */
+export type ResidualState = Record<string, Float32Array>
+
+export class ErrorFeedback {
+  private readonly residuals = new Map<string, Float32Array>()
+
+  /** The residual under `key`, created as zeros on first use. A length change is an error. */
+  residual(key: string, n: number): Float32Array {
+    const e = this.residuals.get(key)
+    if (e === undefined) {
+      const fresh = new Float32Array(n)
+      this.residuals.set(key, fresh)
+      return fresh
+    }
+    if (e.length !== n) throw new ResidualMismatch({ key, expected: e.length, got: n })
+    return e
+  }
+
+  get(key: string): Float32Array | undefined {
+    return this.residuals.get(key)
+  }
+
+  has(key: string): boolean {
+    return this.residuals.has(key)
+  }
+
+  delete(key: string): boolean {
+    return this.residuals.delete(key)
+  }
+
+  clear(): void {
+    this.residuals.clear()
+  }
+
+  keys(): ReadonlyArray<string> {
+    return [...this.residuals.keys()]
+  }
+
+  get size(): number {
+    return this.residuals.size
+  }
+
+  /**
+   * Compresses `grad` at compress point `key` with error feedback and returns the message to send.
+   * `grad` is not modified. Costs one encode and one decode-accumulate, no allocation besides the
+   * message (none when `out` is given).
+   */
+  compress(compressor: Compressor, key: string, grad: Float32Array, ctx: EncodeContext = {}, out?: Uint8Array): CompressedMessage {
+    const context = { ...ctx, key }
+    if (!compressor.errorFeedback) return compressor.encode(grad, context, out)
+    const e = this.residual(key, grad.length)
+    for (let i = 0; i < e.length; i++) e[i] += grad[i] // e holds p = g + e
+    const msg = compressor.encode(e, context, out)
+    compressor.accumulate(msg, e, -1) // e = p - D(C(p)), from our own message
+    return msg
+  }
+
+  /** A copy of every residual, for a checkpoint. */
+  state(): ResidualState {
+    const out: ResidualState = {}
+    for (const [k, v] of this.residuals) out[k] = v.slice()
+    return out
+  }
+
+  /** Replaces all residuals with copies of a saved state (arrays of numbers are accepted too). */
+  restore(state: Readonly<Record<string, ArrayLike<number>>>): void {
+    this.residuals.clear()
+    for (const [k, v] of Object.entries(state)) this.residuals.set(k, Float32Array.from(v))
+  }
+}

@@ -1,0 +1,168 @@
+// int8 stochastic quantization (QSGD with 127 levels and a scale per chunk): ~4x. Unbiased:
+// q = floor(|x|·127/scale + u), u ~ U[0,1) drawn with 16-bit resolution, so E[q·scale/127] = x up
+// to 2^-16 of a step (below fp32's rounding of the decoded value); error <= scale/127 per element.
+// The scale is the chunk's max |x|, so one outlier only coarsens its own chunk.
+//
+// Aggregation: 'allreduce-decode-accumulate'. Quantized values with different scales cannot be
+// summed as bytes, and an all-gather would cost each rank p·n bytes, so a ring (or tree) hop
+// decodes what it receives into fp32, adds its own contribution and re-quantizes to forward. Every
+// re-quantization is a compress point with its own residual, keyed per (tensor, ring size,
+// segment) -- see ringSegmentKey in simulate.ts. The owner of a segment quantizes the full sum
+// once for the all-gather phase and everyone decodes those same bytes, so all ranks end bitwise
+// identical.
+//
+// Wire: header (8) | chunkSize: uint32 | scales: float32[ceil(n/chunkSize)] | q: int8[n].
+// Total 12 + 4·ceil(n/chunkSize) + n bytes. A chunk with a NaN or an infinity gets scale NaN and
+// decodes to NaN: a diverged gradient stays visible instead of turning into plausible numbers.
+import {
+  type CompressedMessage,
+  type Compressor,
+  type EncodeContext,
+  HEADER_BYTES,
+  bytesOf,
+  checkSize,
+  checkTarget,
+  outBytes,
+  outFloats,
+  readHeader,
+  readU32,
+  view,
+  writeHeader,
+  writeU32
+} from "./compressor.ts"
+import { WireDecodeError } from "../../core/errors.ts"
+import { hashKey, mixSeed } from "./rng.ts"
+
+export const INT8_DEFAULT_CHUNK = 4096
+const LEVELS = 127
+
+export interface Int8Options {
+  readonly chunkSize?: number
+  readonly seed?: number
+  readonly errorFeedback?: boolean
+}
+
+export class Int8Compressor implements Compressor {
+  readonly name = "int8" as const
+  readonly aggregation = "allreduce-decode-accumulate" as const
+  readonly errorFeedback: boolean
+  readonly chunkSize: number
+  readonly seed: number
+  private calls = 0
+
+  constructor(options: Int8Options = {}) {
+    this.errorFeedback = options.errorFeedback ?? true
+    this.chunkSize = options.chunkSize ?? INT8_DEFAULT_CHUNK
+    this.seed = options.seed ?? 0
+    if (!Number.isInteger(this.chunkSize) || this.chunkSize < 1) throw new RangeError(`int8 chunkSize must be a positive integer, got ${this.chunkSize}`)
+  }
+
+  wireBytes(n: number): number {
+    return HEADER_BYTES + 4 + 4 * Math.ceil(n / this.chunkSize) + n
+  }
+
+  encode(input: Float32Array, ctx: EncodeContext = {}, out?: Uint8Array): CompressedMessage {
+    const n = input.length
+    const c = this.chunkSize
+    const chunks = Math.ceil(n / c)
+    const bytes = outBytes(this.wireBytes(n), out)
+    writeHeader(bytes, "int8", n)
+    writeU32(bytes, HEADER_BYTES, c)
+    const scales = new Float32Array(bytes.buffer, bytes.byteOffset + HEADER_BYTES + 4, chunks)
+    const q = new Int8Array(bytes.buffer, bytes.byteOffset + HEADER_BYTES + 4 + 4 * chunks, n)
+    const bits = new Uint32Array(input.buffer, input.byteOffset, n)
+    // A stream per (seed, rank, step, key): ranks must not share rounding noise, and a rerun
+    // (or a restore from checkpoint) reproduces it. Without a step, successive calls differ.
+    let s = mixSeed(this.seed, ctx.rank ?? 0, ctx.step ?? this.calls, ctx.key === undefined ? 0 : hashKey(ctx.key)) | 0
+    this.calls++
+    for (let k = 0; k < chunks; k++) {
+      const lo = k * c
+      const hi = Math.min(n, lo + c)
+      let max = 0
+      let nan = false
+      for (let i = lo; i < hi; i++) {
+        const a = Math.abs(input[i])
+        if (a > max) max = a
+        else if (a !== a) nan = true
+      }
+      if (nan || max === Infinity) {
+        scales[k] = NaN
+        q.fill(0, lo, hi)
+        continue
+      }
+      scales[k] = max
+      if (max === 0) {
+        q.fill(0, lo, hi)
+        continue
+      }
+      const inv = LEVELS / max
+      // one mulberry32 draw (inlined: a call per element would dominate) dithers two elements with
+      // 16 bits each: the rounding bias left is < 2^-16 of a quantization step, below fp32's own
+      // rounding of the decoded value, at half the cost
+      let i = lo
+      for (; i + 2 <= hi; i += 2) {
+        s = (s + 0x6d2b79f5) | 0
+        let t = Math.imul(s ^ (s >>> 15), 1 | s)
+        t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t
+        t ^= t >>> 14
+        let v0 = (Math.abs(input[i]) * inv + ((t & 0xffff) + 0.5) * 1.52587890625e-5) | 0
+        let v1 = (Math.abs(input[i + 1]) * inv + ((t >>> 16) + 0.5) * 1.52587890625e-5) | 0
+        if (v0 > LEVELS) v0 = LEVELS // |x|·inv can round a hair above 127 at the chunk maximum
+        if (v1 > LEVELS) v1 = LEVELS
+        // branch-free sign from the fp32 sign bit: signs of gradients are coin flips, and a
+        // mispredicted branch per element cost more than everything else here together
+        const s0 = bits[i] >>> 31
+        const s1 = bits[i + 1] >>> 31
+        q[i] = (v0 ^ -s0) + s0
+        q[i + 1] = (v1 ^ -s1) + s1
+      }
+      if (i < hi) {
+        s = (s + 0x6d2b79f5) | 0
+        let t = Math.imul(s ^ (s >>> 15), 1 | s)
+        t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t
+        let v = (Math.abs(input[i]) * inv + (((t ^ (t >>> 14)) & 0xffff) + 0.5) * 1.52587890625e-5) | 0
+        if (v > LEVELS) v = LEVELS
+        const sg = bits[i] >>> 31
+        q[i] = (v ^ -sg) + sg
+      }
+    }
+    return { codec: "int8", length: n, bytes }
+  }
+
+  private parse(msg: CompressedMessage | Uint8Array): { n: number; c: number; scales: Float32Array; q: Int8Array } {
+    const b = bytesOf(msg)
+    const n = readHeader(b, "int8")
+    if (b.byteLength < HEADER_BYTES + 4) throw new WireDecodeError({ reason: "int8 message truncated before its chunk size" })
+    const c = readU32(b, HEADER_BYTES)
+    if (c < 1) throw new WireDecodeError({ reason: "int8 message has chunk size 0" })
+    const chunks = Math.ceil(n / c)
+    checkSize(b, HEADER_BYTES + 4 + 4 * chunks + n, "int8")
+    const scales = view(Float32Array, b, HEADER_BYTES + 4, chunks)
+    const q = new Int8Array(b.buffer, b.byteOffset + HEADER_BYTES + 4 + 4 * chunks, n)
+    return { n, c, scales, q }
+  }
+
+  decode(msg: CompressedMessage | Uint8Array, out?: Float32Array): Float32Array {
+    const { n, c, scales, q } = this.parse(msg)
+    const dst = outFloats(n, out)
+    for (let k = 0, lo = 0; lo < n; k++, lo += c) {
+      const step = scales[k] / LEVELS
+      const hi = Math.min(n, lo + c)
+      for (let i = lo; i < hi; i++) dst[i] = q[i] * step
+    }
+    return dst
+  }
+
+  accumulate(msg: CompressedMessage | Uint8Array, into: Float32Array, weight = 1): void {
+    const { n, c, scales, q } = this.parse(msg)
+    checkTarget(into, n, "int8")
+    for (let k = 0, lo = 0; lo < n; k++, lo += c) {
+      const step = scales[k] / LEVELS
+      const hi = Math.min(n, lo + c)
+      // fround: add exactly the fp32 value decode() would produce, so a residual computed with
+      // weight -1 is p - decode(C(p)) to the last bit
+      if (weight === 1) for (let i = lo; i < hi; i++) into[i] += Math.fround(q[i] * step)
+      else for (let i = lo; i < hi; i++) into[i] += weight * Math.fround(q[i] * step)
+    }
+  }
+}

@@ -1,0 +1,163 @@
+// In-process simulation of a compressed all-reduce across p ranks, computing the aggregate the
+// way the network path does for each aggregation kind (same encodes, same decode order, same
+// fp32 rounding), so tests can check the math of compression and error feedback without NATS.
+// Also the key helper that the real ring uses for its re-compress points.
+import { type Compressor, type EncodeContext } from "./compressor.ts"
+import type { ErrorFeedback } from "./error-feedback.ts"
+import { decodeFp16, encodeFp16 } from "./fp16.ts"
+import type { AllReduceSum, PowerSgdCompressor } from "./powersgd.ts"
+
+export type AnyCompressor = Compressor | PowerSgdCompressor
+
+/**
+ * Residual key of the point where rank r re-compresses segment `segment` of tensor `key` in a
+ * ring of `worldSize` ranks ('allreduce-decode-accumulate'). In a fixed ring every rank compresses
+ * each segment exactly once per step (as origin, as an intermediate hop, or as the segment's
+ * owner before the all-gather), so (key, p, segment) identifies one compress point per rank. A
+ * different world size is a different layout, hence a different key.
+ */
+export const ringSegmentKey = (key: string, worldSize: number, segment: number): string => `${key}#ring${worldSize}.${segment}`
+
+/** Ring segment boundaries, as the collectives split a buffer: [lo, hi) of segment c. */
+export const ringSegment = (n: number, p: number, c: number): readonly [number, number] => [
+  Math.floor((c * n) / p),
+  Math.floor(((c + 1) * n) / p)
+]
+
+export interface SimulateOptions {
+  /** Tensor identity (residual key). Default "t". */
+  readonly key?: string
+  readonly step?: number
+  /** Required for PowerSGD: the gradient's shape. Default [n]. */
+  readonly shape?: ReadonlyArray<number>
+}
+
+const encodeWith = (
+  c: Compressor,
+  ef: ReadonlyArray<ErrorFeedback> | null,
+  rank: number,
+  key: string,
+  x: Float32Array,
+  ctx: EncodeContext
+) => (ef ? ef[rank].compress(c, key, x, ctx) : c.encode(x, { ...ctx, key }))
+
+/**
+ * The sum over ranks of what each rank's gradient becomes after compression and aggregation, as
+ * every rank would see it (they all see the same). `compressor` is one instance shared by all
+ * ranks, or one per rank (PowerSGD keeps per-rank state, so it needs one per rank). `ef` is one
+ * store per rank, or null for no error feedback. p = 1 communicates nothing, so nothing is
+ * compressed.
+ *
+ * - 'allgather': every rank encodes its own p = g + e; all decode all messages in rank order.
+ * - 'allreduce' (fp16): every rank casts its own p once; the ring then moves fp16, each hop adding
+ *   in fp32 and rounding the partial sum to fp16 to forward it, the owner rounding the full sum
+ *   for the all-gather.
+ * - 'allreduce-decode-accumulate' (int8): ring reduce-scatter in which each hop decodes, adds its
+ *   raw gradient and re-compresses with the residual of its (key, p, segment) compress point; the
+ *   owner compresses the full segment sum once for the all-gather.
+ * - PowerSGD: the two fp32 sum rounds, in lock step.
+ * - none: the plain sum.
+ */
+export const simulateCompressedAllReduce = (
+  workersGrads: ReadonlyArray<Float32Array>,
+  compressor: AnyCompressor | ReadonlyArray<AnyCompressor>,
+  ef: ReadonlyArray<ErrorFeedback> | null,
+  options: SimulateOptions = {}
+): Float32Array => {
+  const p = workersGrads.length
+  const n = p === 0 ? 0 : workersGrads[0].length
+  for (const g of workersGrads) if (g.length !== n) throw new RangeError("all ranks must bring gradients of one length")
+  const comps = Array.isArray(compressor) ? (compressor as ReadonlyArray<AnyCompressor>) : workersGrads.map(() => compressor as AnyCompressor)
+  if (comps.length !== p) throw new RangeError(`${comps.length} compressors for ${p} ranks`)
+  if (ef && ef.length !== p) throw new RangeError(`${ef.length} error-feedback stores for ${p} ranks`)
+  const key = options.key ?? "t"
+  const step = options.step
+  if (p <= 1) return p === 0 ? new Float32Array(0) : workersGrads[0].slice()
+  const first = comps[0]
+
+  if (first.name === "powersgd") {
+    const shape = options.shape ?? [n]
+    const rounds = comps.map((c, r) => (c as PowerSgdCompressor).begin([{ key, shape, grad: workersGrads[r] }], ef ? ef[r] : undefined))
+    const sum1 = sumInOrder(rounds.map((x) => x.first))
+    const seconds = rounds.map((x) => x.second(sum1))
+    const sum2 = seconds[0] === null ? null : sumInOrder(seconds as Array<Float32Array>)
+    const outs = rounds.map((x) => x.finish(sum2)[0])
+    return outs[0]
+  }
+
+  const cs = comps as ReadonlyArray<Compressor>
+  switch (first.aggregation) {
+    case "allgather": {
+      const msgs = workersGrads.map((g, r) => encodeWith(cs[r], ef, r, key, g, { rank: r, step }))
+      const out = new Float32Array(n)
+      for (let r = 0; r < p; r++) cs[0].accumulate(msgs[r], out)
+      return out
+    }
+    case "allreduce": {
+      if (first.name === "none") return sumInOrder(workersGrads)
+      // each rank's own cast, with its own residual
+      const own = workersGrads.map((g, r) => cs[r].decode(encodeWith(cs[r], ef, r, key, g, { rank: r, step })))
+      const out = new Float32Array(n)
+      for (let c = 0; c < p; c++) {
+        const [lo, hi] = ringSegment(n, p, c)
+        const acc = own[c].slice(lo, hi)
+        const half = new Uint16Array(hi - lo)
+        for (let j = 1; j < p; j++) {
+          roundFp16(acc, half) // forwarded as fp16
+          const mine = own[(c + j) % p]
+          for (let i = lo; i < hi; i++) acc[i - lo] += mine[i]
+        }
+        roundFp16(acc, half) // the owner's all-gather message
+        out.set(acc, lo)
+      }
+      return out
+    }
+    case "allreduce-decode-accumulate": {
+      const out = new Float32Array(n)
+      for (let c = 0; c < p; c++) {
+        const [lo, hi] = ringSegment(n, p, c)
+        const acc = new Float32Array(hi - lo)
+        for (let j = 0; j < p; j++) {
+          const r = (c + j) % p
+          const g = workersGrads[r]
+          for (let i = lo; i < hi; i++) acc[i - lo] += g[i]
+          const msg = encodeWith(cs[r], ef, r, ringSegmentKey(key, p, c), acc, { rank: r, step })
+          cs[r].decode(msg, acc) // what the next rank (or, for the owner, everyone) receives
+        }
+        out.set(acc, lo)
+      }
+      return out
+    }
+  }
+}
+
+const roundFp16 = (x: Float32Array, scratch: Uint16Array): void => {
+  encodeFp16(x, scratch)
+  decodeFp16(scratch, x)
+}
+
+const sumInOrder = (xs: ReadonlyArray<Float32Array>): Float32Array => {
+  const out = new Float32Array(xs[0].length)
+  for (const x of xs) for (let i = 0; i < x.length; i++) out[i] += x[i]
+  return out
+}
+
+/**
+ * p in-process sum all-reduce callbacks for PowerSGD's async `reduce`: each call waits until all p
+ * ranks have called, then every rank gets its own copy of the sum (in rank order). Successive
+ * calls form successive rounds.
+ */
+export const inProcessAllReduce = (p: number): Array<AllReduceSum> => {
+  let pending: Array<{ buf: Float32Array; resolve: (x: Float32Array) => void }> = []
+  return Array.from({ length: p }, (_, rank) => (buf: Float32Array) =>
+    new Promise<Float32Array>((resolve) => {
+      pending[rank] = { buf, resolve }
+      if (pending.filter(Boolean).length === p) {
+        const round = pending
+        pending = []
+        const sum = sumInOrder(round.map((x) => x.buf))
+        for (const x of round) x.resolve(sum.slice())
+      }
+    })
+  )
+}
