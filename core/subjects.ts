@@ -30,6 +30,10 @@ export const clusterSubjects = (cluster: string) => {
     /** Requests to a node agent (spawn, kill, status). */
     nodeControl: (nodeId: string) => `${root}.node.${nodeId}.ctl`,
     nodeEvents: `${root}.events`,
+    /** Every agent answers here with its advertisement (`gradwire status`, cluster views). */
+    nodeQuery: `${root}.nodes.query`,
+    /** The head agent's cluster view answers here with every node it knows, dead ones included. */
+    viewQuery: `${root}.view.query`,
     job: (job: string) => jobSubjects(cluster, job)
   }
 }
@@ -52,8 +56,29 @@ export const jobSubjects = (cluster: string, job: string) => {
     /** Collective traffic: coll.<group>.<seq>.<src>.<dst>. */
     coll: (group: string, seq: number, src: number, dst: number) => `${root}.coll.${group}.${seq}.${src}.${dst}`,
     collGroup: (group: string) => `${root}.coll.${group}.>`,
+    /** One publish that every rank of the group receives (broadcast, tree fan-out): coll.<group>.<seq>.<src>.all. */
+    collFanout: (group: string, seq: number, src: number) => `${root}.coll.${group}.${seq}.${src}.all`,
+    /** One publish that the ranks of one node receive: coll.<group>.<seq>.<src>.n-<node>. */
+    collNodeFanout: (group: string, seq: number, src: number, node: string) => `${root}.coll.${group}.${seq}.${src}.n-${node}`,
+    /**
+     * Acks and group control (hello, liveness probes, abort): coll.<group>.ctl.<seq>.<src>.<dst|all>.
+     * One token longer than data subjects, so data wildcards never match it (it may use its own connection).
+     */
+    collControl: (group: string, seq: number, src: number, dst?: number) => `${root}.coll.${group}.ctl.${seq}.${src}.${dst ?? "all"}`,
+    /** What one rank subscribes to: data addressed to it, to the whole group, and to its node; control to it or to all. */
+    collInbound: (group: string, rank: number) => `${root}.coll.${group}.*.*.${rank}`,
+    collFanoutInbound: (group: string) => `${root}.coll.${group}.*.*.all`,
+    collNodeInbound: (group: string, node: string) => `${root}.coll.${group}.*.*.n-${node}`,
+    collControlInbound: (group: string, rank: number) => `${root}.coll.${group}.ctl.*.*.${rank}`,
+    collControlFanoutInbound: (group: string) => `${root}.coll.${group}.ctl.*.*.all`,
     /** Replies to chunked requests and other ad-hoc inboxes of the job. */
-    inbox: (id: string) => `${root}.inbox.${id}`
+    inbox: (id: string) => `${root}.inbox.${id}`,
+    /** Where the reply to ask number `seq` of client `client` goes (one wildcard sub per client). */
+    reply: (client: string, seq: number) => `${root}.inbox.${client}.${seq}`,
+    replies: (client: string) => `${root}.inbox.${client}.*`,
+    /** stdout/stderr lines of the job's actor processes, forwarded by node agents. */
+    log: (actor: string) => `${root}.log.${actor}`,
+    logs: `${root}.log.*`
   }
 }
 

@@ -1,0 +1,60 @@
+// The local agent's state file: how `gradwire stop` and `gradwire status` find the agent started
+// on this machine. One agent per state dir ($GRADWIRE_STATE_DIR, else ~/.gradwire). Written
+// atomically (temp file + rename) so a reader never sees half a file.
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+
+export interface AgentState {
+  readonly pid: number
+  readonly nodeId: string
+  readonly cluster: string
+  /** Where clients connect (the head's server, or the --address joined). */
+  readonly address: string
+  readonly head: boolean
+  /** The NATS server this agent started (head without --address), if any. */
+  readonly natsServer: { readonly pid: number; readonly url: string } | null
+  readonly logFile: string | null
+  readonly startedAt: number
+}
+
+export const defaultStateDir = (): string => process.env.GRADWIRE_STATE_DIR || path.join(os.homedir(), ".gradwire")
+
+export const stateFile = (dir: string): string => path.join(dir, "agent.json")
+export const logFile = (dir: string): string => path.join(dir, "agent.log")
+
+export const readState = (dir: string): AgentState | undefined => {
+  try {
+    return JSON.parse(fs.readFileSync(stateFile(dir), "utf8")) as AgentState
+  } catch {
+    return undefined
+  }
+}
+
+export const writeState = (dir: string, state: AgentState): void => {
+  fs.mkdirSync(dir, { recursive: true })
+  const tmp = `${stateFile(dir)}.${process.pid}.tmp`
+  fs.writeFileSync(tmp, `${JSON.stringify(state, null, 2)}\n`)
+  fs.renameSync(tmp, stateFile(dir))
+}
+
+/** Removes the state file if it still describes process `pid` (a newer agent's is left alone). */
+export const removeState = (dir: string, pid: number): void => {
+  const state = readState(dir)
+  if (state && state.pid !== pid) return
+  try {
+    fs.unlinkSync(stateFile(dir))
+  } catch {
+    // already gone
+  }
+}
+
+export const pidAlive = (pid: number): boolean => {
+  if (!Number.isInteger(pid) || pid <= 0) return false
+  try {
+    process.kill(pid, 0)
+    return true
+  } catch (e) {
+    return (e as NodeJS.ErrnoException).code === "EPERM"
+  }
+}

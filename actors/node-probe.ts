@@ -1,0 +1,190 @@
+// What a node has: CPU cores, memory, GPUs (from nvidia-smi when present) and which tfjs backends
+// load here. Backends are probed in child processes with a deadline, because a broken native
+// module (tfjs-node built for another CUDA, a missing libtensorflow) can crash or hang the process
+// that loads it, and the agent must survive that. Results are cached in the agent's state dir,
+// keyed by everything that could change them (Node version, platform, installed tfjs packages).
+import { execFile, spawn } from "node:child_process"
+import { createRequire } from "node:module"
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+import { fileURLToPath } from "node:url"
+
+export interface GpuInfo {
+  readonly index: number
+  readonly name: string
+  readonly memoryMiB: number
+}
+
+export type BackendName = "tensorflow-gpu" | "tensorflow" | "wasm" | "cpu"
+export const ALL_BACKENDS: ReadonlyArray<BackendName> = ["tensorflow-gpu", "tensorflow", "wasm", "cpu"]
+
+export interface BackendProbe {
+  /** Backends that loaded, best first. */
+  readonly backends: ReadonlyArray<BackendName>
+  /** Why each other candidate did not (not installed, failed, timed out). */
+  readonly errors: Readonly<Record<string, string>>
+}
+
+const require = createRequire(import.meta.url)
+
+const resolvable = (pkg: string): string | undefined => {
+  try {
+    return require.resolve(`${pkg}/package.json`)
+  } catch {
+    try {
+      return require.resolve(pkg)
+    } catch {
+      return undefined
+    }
+  }
+}
+
+const versionOf = (pkg: string): string => {
+  const file = resolvable(pkg)
+  if (!file || !file.endsWith("package.json")) return file ? "?" : "-"
+  try {
+    return (JSON.parse(fs.readFileSync(file, "utf8")) as { version?: string }).version ?? "?"
+  } catch {
+    return "?"
+  }
+}
+
+/** Parses `nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader,nounits`. */
+export const parseNvidiaSmi = (text: string): GpuInfo[] =>
+  text
+    .split("\n")
+    .map((line) => line.trim())
+    .filter(Boolean)
+    .flatMap((line) => {
+      const parts = line.split(",").map((p) => p.trim())
+      if (parts.length < 3) return []
+      const index = Number(parts[0])
+      const memoryMiB = Number(parts[parts.length - 1].replace(/\s*MiB$/i, ""))
+      const name = parts.slice(1, -1).join(", ")
+      return Number.isInteger(index) && Number.isFinite(memoryMiB) ? [{ index, name, memoryMiB }] : []
+    })
+
+/** GPUs nvidia-smi reports; none when it is absent, fails or takes longer than `timeoutMs`. */
+export const probeGpus = (timeoutMs = 5_000): Promise<GpuInfo[]> =>
+  new Promise((resolve) => {
+    execFile(
+      "nvidia-smi",
+      ["--query-gpu=index,name,memory.total", "--format=csv,noheader,nounits"],
+      { timeout: timeoutMs, windowsHide: true },
+      (error, stdout) => resolve(error ? [] : parseNvidiaSmi(String(stdout)))
+    )
+  })
+
+const PROBE_SCRIPT = fileURLToPath(new URL(import.meta.url.endsWith(".ts") ? "./backend-probe.ts" : "./backend-probe.js", import.meta.url))
+
+/** Runs the probe script for `backends` in one child; results per backend, missing ones as errors. */
+const probeInChild = (backends: ReadonlyArray<BackendName>, timeoutMs: number, env: NodeJS.ProcessEnv): Promise<Map<BackendName, string | true>> =>
+  new Promise((resolve) => {
+    const results = new Map<BackendName, string | true>()
+    const child = spawn(process.execPath, [PROBE_SCRIPT, ...backends], { stdio: ["ignore", "pipe", "pipe"], env })
+    let out = ""
+    let err = ""
+    child.stdout.setEncoding("utf8").on("data", (c: string) => (out += c))
+    child.stderr.setEncoding("utf8").on("data", (c: string) => (err = (err + c).slice(-2_000)))
+    const timer = setTimeout(() => child.kill("SIGKILL"), timeoutMs)
+    child.on("error", (e) => {
+      clearTimeout(timer)
+      for (const b of backends) results.set(b, `probe could not start: ${e.message}`)
+      resolve(results)
+    })
+    child.on("exit", (code, signal) => {
+      clearTimeout(timer)
+      for (const line of out.split("\n")) {
+        try {
+          const r = JSON.parse(line) as { backend: BackendName; ok: boolean; error?: string }
+          results.set(r.backend, r.ok ? true : (r.error ?? "failed"))
+        } catch {
+          // not a result line
+        }
+      }
+      for (const b of backends) {
+        if (results.has(b)) continue
+        const why = signal === "SIGKILL" ? `timed out after ${timeoutMs} ms` : signal ? `probe died of ${signal}` : `probe exited with code ${code}`
+        const tail = err.trim().split("\n").slice(-3).join(" | ")
+        results.set(b, tail ? `${why}: ${tail}` : why)
+      }
+      resolve(results)
+    })
+  })
+
+export interface ProbeBackendsOptions {
+  /** Where to cache the result (a file in the agent's state dir); no cache when undefined. */
+  readonly cacheFile?: string
+  /** Deadline per probe child. Default 60 s (loading tfjs on a busy 2-core machine is slow). */
+  readonly timeoutMs?: number
+  /** GPUs found, so tensorflow-gpu is only tried where there is a GPU. */
+  readonly gpus: ReadonlyArray<GpuInfo>
+}
+
+const cacheKey = (gpus: ReadonlyArray<GpuInfo>): string =>
+  [
+    process.version,
+    os.platform(),
+    os.arch(),
+    ...["@tensorflow/tfjs", "@tensorflow/tfjs-backend-wasm", "@tensorflow/tfjs-node", "@tensorflow/tfjs-node-gpu"].map((p) => `${p}@${versionOf(p)}`),
+    `gpus=${gpus.length}`
+  ].join("|")
+
+/** Which tfjs backends load on this node (cached). Never throws. */
+export const probeBackends = async (options: ProbeBackendsOptions): Promise<BackendProbe> => {
+  const key = cacheKey(options.gpus)
+  if (options.cacheFile) {
+    try {
+      const cached = JSON.parse(fs.readFileSync(options.cacheFile, "utf8")) as { key: string } & BackendProbe
+      if (cached.key === key) return { backends: cached.backends, errors: cached.errors }
+    } catch {
+      // no cache yet, or unreadable: probe
+    }
+  }
+  const timeoutMs = options.timeoutMs ?? 60_000
+  const errors: Record<string, string> = {}
+  const ok = new Set<BackendName>()
+  const runs: Array<Promise<void>> = []
+  const collect = (results: Map<BackendName, string | true>): void => {
+    for (const [b, r] of results) {
+      if (r === true) ok.add(b)
+      else errors[b] = r
+    }
+  }
+  // Native backends each in their own child: one crashing must not hide the others.
+  if (!resolvable("@tensorflow/tfjs-node-gpu")) errors["tensorflow-gpu"] = "@tensorflow/tfjs-node-gpu is not installed"
+  else if (options.gpus.length === 0) errors["tensorflow-gpu"] = "no GPU found (nvidia-smi absent or lists none)"
+  else runs.push(probeInChild(["tensorflow-gpu"], timeoutMs, process.env).then(collect))
+  if (!resolvable("@tensorflow/tfjs-node")) errors.tensorflow = "@tensorflow/tfjs-node is not installed"
+  // tfjs-node must not grab a GPU while probing.
+  else runs.push(probeInChild(["tensorflow"], timeoutMs, { ...process.env, CUDA_VISIBLE_DEVICES: "" }).then(collect))
+  runs.push(probeInChild(["wasm", "cpu"], timeoutMs, process.env).then(collect))
+  await Promise.all(runs)
+  const result: BackendProbe = { backends: ALL_BACKENDS.filter((b) => ok.has(b)), errors }
+  if (options.cacheFile) {
+    try {
+      fs.mkdirSync(path.dirname(options.cacheFile), { recursive: true })
+      const tmp = `${options.cacheFile}.${process.pid}.tmp`
+      fs.writeFileSync(tmp, JSON.stringify({ key, ...result }))
+      fs.renameSync(tmp, options.cacheFile)
+    } catch {
+      // caching is an optimisation
+    }
+  }
+  return result
+}
+
+export interface NodeHardware {
+  readonly hostname: string
+  readonly cpus: number
+  readonly memoryBytes: number
+  readonly gpus: ReadonlyArray<GpuInfo>
+}
+
+export const probeHardware = async (): Promise<NodeHardware> => ({
+  hostname: os.hostname(),
+  cpus: typeof os.availableParallelism === "function" ? os.availableParallelism() : os.cpus().length,
+  memoryBytes: os.totalmem(),
+  gpus: await probeGpus()
+})

@@ -1,0 +1,102 @@
+// What a node agent says about its node (the advertisement it heartbeats), and the notices the
+// cluster view sends when a node is lost. Schemas, because these cross machines and processes of
+// possibly different gradwire versions: a malformed advertisement is dropped, never trusted.
+// Lives in scheduler/ because the cluster view reads it and may only import core; the agent
+// (actors/agent.ts) writes it.
+import { Schema } from "effect"
+import type { NodeResources } from "./resources.ts"
+
+export const GpuInfoSchema = Schema.Struct({
+  index: Schema.Number,
+  name: Schema.String,
+  memoryMiB: Schema.Number
+})
+
+/** An actor process a node agent runs for a job. */
+export const NodeProcessSchema = Schema.Struct({
+  job: Schema.String,
+  name: Schema.String,
+  /** Unique per spawn: tells a restarted actor's events from its previous life's. */
+  instance: Schema.String,
+  pid: Schema.Number,
+  /** The identity (driver) that spawned it; the agent kills it when the owner's heartbeats stop. */
+  owner: Schema.String,
+  resources: Schema.Record(Schema.String, Schema.Number),
+  gpus: Schema.Array(Schema.Number),
+  startedAt: Schema.Number
+})
+export type NodeProcess = typeof NodeProcessSchema.Type
+
+export const NodeUsageSchema = Schema.Struct({
+  cpus: Schema.Number,
+  memoryBytes: Schema.Number,
+  gpuIndices: Schema.Array(Schema.Number),
+  custom: Schema.Record(Schema.String, Schema.Number)
+})
+
+export const NodeAdvertisementSchema = Schema.Struct({
+  v: Schema.Literal(1),
+  cluster: Schema.String,
+  nodeId: Schema.String,
+  hostname: Schema.String,
+  /** The agent's pid. */
+  pid: Schema.Number,
+  head: Schema.Boolean,
+  startedAt: Schema.Number,
+  sentAt: Schema.Number,
+  seq: Schema.Number,
+  heartbeatMs: Schema.Number,
+  cpus: Schema.Number,
+  memoryBytes: Schema.Number,
+  gpus: Schema.Array(GpuInfoSchema),
+  /** tfjs backends that load here, best first; empty while the probe runs (backendsProbed false). */
+  backends: Schema.Array(Schema.String),
+  backendsProbed: Schema.Boolean,
+  backendErrors: Schema.Record(Schema.String, Schema.String),
+  /** The NATS server the agent is connected to. */
+  nats: Schema.Struct({
+    serverId: Schema.String,
+    serverName: Schema.String,
+    url: Schema.String,
+    cluster: Schema.String
+  }),
+  labels: Schema.Record(Schema.String, Schema.String),
+  custom: Schema.Record(Schema.String, Schema.Number),
+  used: NodeUsageSchema,
+  processes: Schema.Array(NodeProcessSchema),
+  /** The agent is shutting down: treat the node as gone, not dead. */
+  leaving: Schema.Boolean,
+  version: Schema.String
+})
+export type NodeAdvertisement = typeof NodeAdvertisementSchema.Type
+
+export const decodeAdvertisement = Schema.decodeUnknownExit(NodeAdvertisementSchema)
+
+/**
+ * Sent by a cluster view to a job's events subject for each of the job's actors on a node that
+ * stopped heartbeating, so the owner learns even though the node's agent can no longer say so.
+ */
+export const NodeLostEventSchema = Schema.Struct({
+  type: Schema.Literal("node-lost"),
+  node: Schema.String,
+  name: Schema.String,
+  instance: Schema.String,
+  owner: Schema.String,
+  at: Schema.Number
+})
+export type NodeLostEvent = typeof NodeLostEventSchema.Type
+
+/** The scheduler's view of an advertised node (see scheduler/resources.ts). */
+export const toNodeResources = (ad: NodeAdvertisement): NodeResources => ({
+  nodeId: ad.nodeId,
+  hostname: ad.hostname,
+  cpus: ad.cpus,
+  memoryBytes: ad.memoryBytes,
+  gpus: ad.gpus,
+  backends: ad.backends as NodeResources["backends"],
+  natsServer: ad.nats.serverId,
+  labels: ad.labels,
+  custom: ad.custom,
+  isHead: ad.head,
+  used: ad.used
+})

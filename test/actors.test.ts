@@ -1,0 +1,268 @@
+// The actor runtime in one process against a real nats-server: tell/ask, order and one message
+// at a time, deadlines, remote failures, unknown addresses, stop with and without draining,
+// cleanup, address conflicts, tensors (chunked above max_payload), death watching, supervision,
+// and the Effect API.
+import type { NatsConnection } from "@nats-io/nats-core"
+import { Effect, Exit, Schema } from "effect"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { defineActor, launchActor, pingActor, startActor, stopRemoteActor } from "../actors/actor.ts"
+import { ActorStartError, ActorStopped, ActorUnavailable, AskTimeout, ChildEscalated, MessageRejected, RemoteFailure } from "../actors/errors.ts"
+import { defineProtocol } from "../actors/protocol.ts"
+import { launchSupervisor, localChild, restartOnFailure, supervise } from "../actors/supervisor.ts"
+import { ActorSystem, makeActorSystem } from "../actors/system.ts"
+import { wireTensor, WireTensor } from "../core/wire.ts"
+import { CounterProtocol, EchoProtocol, brokenActor, counterActor, echoActor } from "./support/actors-fixtures.ts"
+import { TestRig, eventually } from "./support/actors-processes.ts"
+import { silentLogger } from "../actors/log.ts"
+
+const rig = new TestRig()
+let url: string
+let ncA: NatsConnection
+let ncB: NatsConnection
+let a: ActorSystem // hosts actors
+let b: ActorSystem // asks them (its own connection, as another process would)
+let n = 0
+const fresh = (prefix: string): string => `${prefix}-${++n}`
+
+beforeAll(async () => {
+  // A small max_payload so that tensors of a few hundred KiB are chunked.
+  const server = await rig.server({ maxPayload: 64 * 1024 })
+  url = server.url
+  ncA = await rig.connect(url)
+  ncB = await rig.connect(url)
+  a = new ActorSystem({ nc: ncA, cluster: "t", job: "j", log: silentLogger })
+  b = new ActorSystem({ nc: ncB, cluster: "t", job: "j", log: silentLogger })
+  rig.onCleanup(() => {
+    a.close()
+    b.close()
+  })
+})
+
+afterAll(() => rig.cleanup())
+
+describe("tell and ask", () => {
+  it("answers asks and keeps messages in order, one at a time", async () => {
+    const name = fresh("counter")
+    const h = await launchActor(a, counterActor, { name })
+    const ref = b.ref(CounterProtocol, name)
+    for (let i = 0; i < 200; i++) await b.tellPromise(ref, "bump", i)
+    // Asks that take a while each: if two ran at once, the counts would not be 201..205 in order.
+    const slow = await Promise.all([0, 1, 2, 3, 4].map((i) => b.askPromise(ref, "addSlow", { n: 1000 + i, ms: 15 })))
+    expect(slow).toEqual([201, 202, 203, 204, 205])
+    const seen = await b.askPromise(ref, "get", null)
+    expect(seen).toEqual([...Array.from({ length: 200 }, (_, i) => i), 1000, 1001, 1002, 1003, 1004])
+    expect(h.stats()).toMatchObject({ handled: 206, rejected: 0 })
+    await h.stop()
+  })
+
+  it("times out with a typed error naming the actor, the kind and the deadline", async () => {
+    const name = fresh("echo")
+    const h = await launchActor(a, echoActor, { name })
+    const e = await b.askPromise(b.ref(EchoProtocol, name), "sleep", 2_000, { timeoutMs: 150 }).catch((x: unknown) => x)
+    expect(e).toBeInstanceOf(AskTimeout)
+    expect(e).toMatchObject({ actor: name, kind: "sleep", timeoutMs: 150 })
+    expect(String((e as AskTimeout).message)).toContain("150 ms")
+    await h.stop({ drain: false })
+  })
+
+  it("carries the remote failure's tag, message and stack", async () => {
+    const name = fresh("echo")
+    const h = await launchActor(a, echoActor, { name })
+    const e = await b.askPromise(b.ref(EchoProtocol, name), "fail", "disk full").catch((x: unknown) => x)
+    expect(e).toBeInstanceOf(RemoteFailure)
+    expect(e).toMatchObject({ actor: name, kind: "fail", tag: "Boom", remoteMessage: "boom: disk full" })
+    expect((e as RemoteFailure).remoteStack).toContain("Boom")
+    // The actor keeps serving after a failed message.
+    expect(await b.askPromise(b.ref(EchoProtocol, name), "echo", 7)).toBe(7)
+    await h.stop()
+  })
+
+  it("fails fast with ActorUnavailable when nobody is at the address", async () => {
+    const started = Date.now()
+    const e = await b.askPromise(b.ref(EchoProtocol, "nobody-here"), "echo", 1, { timeoutMs: 10_000 }).catch((x: unknown) => x)
+    expect(e).toBeInstanceOf(ActorUnavailable)
+    expect(Date.now() - started).toBeLessThan(5_000)
+  })
+
+  it("refuses a body that violates the schema before sending it", async () => {
+    const e = await b.askPromise(b.ref(CounterProtocol, "whoever"), "add", { n: "one" } as never).catch((x: unknown) => x)
+    expect(e).toBeInstanceOf(MessageRejected)
+    expect((e as MessageRejected).direction).toBe("request")
+  })
+
+  it("moves tensors, chunked above max_payload, both ways", async () => {
+    const name = fresh("echo")
+    const h = await launchActor(a, echoActor, { name })
+    const ref = b.ref(EchoProtocol, name)
+    const data = new Float32Array(250_000).map((_, i) => (i % 7) - 3) // 1 MB: 16 chunks of 64 KiB
+    const reply = await b.askPromise(ref, "tensor", { t: wireTensor("float32", [500, 500], data) })
+    expect(reply.shape).toEqual([500, 500])
+    expect(reply.sum).toBe(data.reduce((s, v) => s + v, 0))
+    const back = (await b.askPromise(ref, "echo", { t: wireTensor("int32", [100_000], new Int32Array(100_000).fill(-5)) })) as { t: WireTensor }
+    expect(back.t).toBeInstanceOf(WireTensor)
+    expect(back.t.shape).toEqual([100_000])
+    expect((back.t.data as Int32Array).every((v) => v === -5)).toBe(true)
+    await h.stop()
+  })
+})
+
+describe("lifecycle", () => {
+  it("stop with drain handles what is queued; without drain queued asks get ActorStopped", async () => {
+    const name = fresh("counter")
+    const h = await launchActor(a, counterActor, { name })
+    const ref = b.ref(CounterProtocol, name)
+    const drained = [1, 2, 3].map((i) => b.askPromise(ref, "addSlow", { n: i, ms: 150 }))
+    await eventually("asks to arrive", 5_000, () => h.stats().queued >= 2)
+    await h.stop({ drain: true })
+    expect(await Promise.all(drained)).toEqual([1, 2, 3])
+
+    const name2 = fresh("counter")
+    const h2 = await launchActor(a, counterActor, { name: name2 })
+    const ref2 = b.ref(CounterProtocol, name2)
+    const dropped = [1, 2, 3].map((i) => b.askPromise(ref2, "addSlow", { n: i, ms: 200 }).then(
+      (v) => v,
+      (e: unknown) => e
+    ))
+    await eventually("asks to arrive", 5_000, () => h2.stats().queued >= 2)
+    await h2.stop({ drain: false })
+    const results = await Promise.all(dropped)
+    expect(results.every((r) => r instanceof ActorStopped)).toBe(true)
+    expect(await h2.awaitExit()).toEqual({ _tag: "Stopped", reason: "stopped" })
+  })
+
+  it("cleans up after stop: hooks and scoped resources run, the address is released", async () => {
+    const log: string[] = []
+    const P = defineProtocol("cleanup", { ping: { request: Schema.Null, reply: Schema.String } })
+    const def = defineActor(P, (ctx) =>
+      Effect.gen(function* () {
+        yield* Effect.acquireRelease(Effect.sync(() => log.push("acquired")), () => Effect.sync(() => log.push("released")))
+        ctx.onStop(() => void log.push("hook"))
+        return { ping: () => "pong" }
+      })
+    )
+    const name = fresh("cleanup")
+    const h = await launchActor(a, def, { name })
+    expect(await b.askPromise(b.ref(P, name), "ping", null)).toBe("pong")
+    const down = b.watchPromise(name)
+    await h.stop()
+    expect(log).toEqual(["acquired", "hook", "released"])
+    expect((await down).reason).toBe("stopped")
+    await expect(b.askPromise(b.ref(P, name), "ping", null)).rejects.toBeInstanceOf(ActorUnavailable)
+  })
+
+  it("refuses to start where another actor already answers, and reports setup failures", async () => {
+    const name = fresh("echo")
+    const h = await launchActor(a, echoActor, { name })
+    await expect(launchActor(b, echoActor, { name })).rejects.toBeInstanceOf(ActorStartError)
+    const e = await launchActor(a, brokenActor, { name: fresh("broken") }).catch((x: unknown) => x)
+    expect(e).toBeInstanceOf(ActorStartError)
+    expect(String((e as Error).message)).toContain("setup exploded on purpose")
+    await h.stop()
+  })
+
+  it("answers $ping outside the mailbox and stops on a remote $stop", async () => {
+    const name = fresh("echo")
+    const h = await launchActor(a, echoActor, { name })
+    const busy = b.askPromise(b.ref(EchoProtocol, name), "sleep", 500)
+    const ping = await pingActor(b, name, 300)
+    expect(ping).toMatchObject({ name, instance: h.instance, pid: process.pid })
+    await busy
+    await stopRemoteActor(b, name, { drain: true })
+    expect(h.exitReason?._tag).toBe("Stopped")
+  })
+})
+
+describe("liveness", () => {
+  it("a watcher learns of a silent death within the dead-after time", async () => {
+    // The actor lives on a connection we then close without stopping it: beats just stop.
+    const nc = await rig.connect(url)
+    const host = new ActorSystem({ nc, cluster: "t", job: "j", log: silentLogger })
+    const name = fresh("silent")
+    await launchActor(host, echoActor, { name, heartbeatMs: 100 })
+    const down = b.watchPromise(name, { deadAfterMs: 600 })
+    await new Promise((r) => setTimeout(r, 300))
+    const closedAt = Date.now()
+    await nc.close()
+    const d = await down
+    expect(d.reason).toBe("missed-heartbeats")
+    expect(Date.now() - closedAt).toBeLessThan(3_000)
+  })
+
+  it("ctx.fail stops the actor as failed and the watcher sees the error", async () => {
+    const P = defineProtocol("failer", { die: { request: Schema.String } })
+    const def = defineActor(P, (ctx) => ({ die: (why) => ctx.fail(new Error(why)) }))
+    const name = fresh("failer")
+    const h = await launchActor(a, def, { name })
+    const down = b.watchPromise(name)
+    await b.tellPromise(b.ref(P, name), "die", "out of memory")
+    const d = await down
+    expect(d.reason).toBe("failed")
+    expect(d.failure?.message).toBe("out of memory")
+    expect(await h.awaitExit()).toMatchObject({ _tag: "Failed", failure: { message: "out of memory" } })
+  })
+})
+
+describe("supervision", () => {
+  it("restarts a failed child per policy, then escalates", async () => {
+    const P = defineProtocol("fragile", { die: { request: Schema.Null }, ping: { request: Schema.Null, reply: Schema.String } })
+    const def = defineActor(P, (ctx) => ({ die: () => ctx.fail(new Error("crashed")), ping: () => ctx.instance }))
+    const name = fresh("fragile")
+    const decisions: string[] = []
+    const sup = await launchSupervisor({
+      name,
+      start: localChild(a, def, { name }),
+      policy: restartOnFailure(2),
+      backoffMs: () => 10,
+      onDecision: (down, decision) => decisions.push(`${down.reason}:${decision}`)
+    })
+    const ref = b.ref(P, name)
+    const first = await b.askPromise(ref, "ping", null)
+    for (let i = 0; i < 3; i++) {
+      const before = sup.current().instance
+      await b.tellPromise(ref, "die", null)
+      if (i < 2) await eventually("restart", 5_000, () => sup.current().instance !== before && sup.restarts() === i + 1)
+    }
+    const e = await sup.result.catch((x: unknown) => x)
+    expect(e).toBeInstanceOf(ChildEscalated)
+    expect(decisions).toEqual(["failed:restart", "failed:restart", "failed:escalate"])
+    expect(first).not.toBe(sup.current().instance)
+    await sup.close()
+  })
+
+  it("stops supervising after a normal stop", async () => {
+    const name = fresh("echo")
+    const exit = await Effect.runPromiseExit(
+      Effect.scoped(
+        Effect.gen(function* () {
+          const s = yield* supervise({ name, start: localChild(a, echoActor, { name }) })
+          yield* Effect.promise(() => stopRemoteActor(b, name))
+          return yield* s.result
+        })
+      )
+    )
+    expect(Exit.isSuccess(exit) && exit.value.reason).toBe("stopped")
+  })
+})
+
+describe("Effect API", () => {
+  it("scoped system and actor, ask as an Effect with typed errors", async () => {
+    const name = fresh("echo")
+    const result = await Effect.runPromise(
+      Effect.scoped(
+        Effect.gen(function* () {
+          const host = yield* makeActorSystem({ nc: ncA, cluster: "t", job: "fx", log: silentLogger })
+          const client = yield* makeActorSystem({ nc: ncB, cluster: "t", job: "fx", log: silentLogger })
+          yield* startActor(host, echoActor, { name })
+          const ref = client.ref(EchoProtocol, name)
+          const echoed = yield* client.ask(ref, "echo", { x: [1, 2, 3] })
+          const failed = yield* Effect.flip(client.ask(ref, "fail", "nope"))
+          const timedOut = yield* Effect.flip(client.ask(ref, "sleep", 1_000, { timeoutMs: 50 }))
+          return { echoed, failed: failed._tag, timedOut: timedOut._tag }
+        })
+      )
+    )
+    expect(result).toEqual({ echoed: { x: [1, 2, 3] }, failed: "RemoteFailure", timedOut: "AskTimeout" })
+    // The scope stopped the actor.
+    await expect(b.askPromise(b.ref(EchoProtocol, name), "echo", 1)).rejects.toBeInstanceOf(ActorUnavailable)
+  })
+})

@@ -1,0 +1,148 @@
+// The node agent as a real process (`gradwire start --block`) on one nats-server: spawning actor
+// processes (env, CUDA_VISIBLE_DEVICES, readiness), forwarding their output with a prefix,
+// reporting exits, killing them when the job ends or their owner goes silent, supervision of a
+// spawned child, resources used in the advertisement, and spawn errors.
+import type { NatsConnection } from "@nats-io/nats-core"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { AgentUnreachable, ChildEscalated, SpawnError } from "../actors/errors.ts"
+import { silentLogger } from "../actors/log.ts"
+import { spawnActor, spawnedChild } from "../actors/spawn.ts"
+import { launchSupervisor, restartOnFailure } from "../actors/supervisor.ts"
+import { ActorSystem } from "../actors/system.ts"
+import { openClusterView, type ClusterView } from "../scheduler/cluster-view.ts"
+import { clusterSubjects, jobSubjects } from "../core/subjects.ts"
+import { decodeMessage } from "../core/wire.ts"
+import { EchoProtocol } from "./support/actors-fixtures.ts"
+import { FIXTURES, TestRig, eventually, pidAlive, type AgentProc } from "./support/actors-processes.ts"
+
+const rig = new TestRig()
+let url: string
+let nc: NatsConnection
+let driver: ActorSystem
+let view: ClusterView
+let agent: AgentProc
+let n = 0
+const fresh = (prefix: string): string => `${prefix}-${++n}`
+
+beforeAll(async () => {
+  url = (await rig.server()).url
+  agent = await rig.agent("n1", ["--address", url, "--num-cpus", "4", "--labels", "zone=a"])
+  nc = await rig.connect(url)
+  driver = new ActorSystem({ nc, cluster: "test", job: "agentjob", log: silentLogger })
+  view = await openClusterView({ nc, cluster: "test" })
+  rig.onCleanup(() => {
+    view.close()
+    driver.close()
+  })
+})
+
+afterAll(() => rig.cleanup())
+
+describe("node agent", () => {
+  it("spawns an actor process with its env and GPUs, forwards its output with a prefix, and reports its exit", async () => {
+    const logs: string[] = []
+    const logSub = nc.subscribe(jobSubjects("test", "agentjob").logs, {
+      callback: (_e, m) => void logs.push((decodeMessage(m.data) as { line: string }).line)
+    })
+    rig.onCleanup(() => logSub.unsubscribe())
+    const name = fresh("w")
+    const spawned = await spawnActor(driver, {
+      node: "n1",
+      name,
+      module: FIXTURES,
+      export: "echoActor",
+      env: { GW_TEST_ENV: "hello" },
+      gpus: [2, 3],
+      resources: { CPU: 1 },
+      logPrefix: "worker rank=0"
+    })
+    expect(spawned.pid).toBeGreaterThan(0)
+    const ref = spawned.ref(EchoProtocol)
+    const me = await driver.askPromise(ref, "whoami", null)
+    expect(me).toMatchObject({ name, pid: spawned.pid, node: "n1", env: { GW_TEST_ENV: "hello", CUDA_VISIBLE_DEVICES: "2,3" } })
+
+    // Resources used show up in the node's advertisement.
+    await view.waitFor((nodes) => nodes.some((x) => x.ad.nodeId === "n1" && x.ad.used.cpus === 1 && x.ad.processes.length === 1), 5_000)
+
+    await driver.askPromise(ref, "log", "line-from-actor")
+    const prefix = `(worker rank=0 pid=${spawned.pid} node=n1)`
+    await eventually("forwarded lines", 5_000, () => agent.lines.some((l) => l === `${prefix} line-from-actor`) && agent.lines.some((l) => l === `${prefix} err:line-from-actor`))
+    await eventually("published log lines", 5_000, () => logs.includes("line-from-actor") && logs.includes("err:line-from-actor"))
+
+    const down = spawned.down()
+    await driver.askPromise(ref, "crash", 3)
+    const d = await down
+    expect(d).toMatchObject({ reason: "exited", code: 3, signal: null, node: "n1" })
+    expect(d.detail).toContain("err:line-from-actor")
+    await view.waitFor((nodes) => nodes.some((x) => x.ad.nodeId === "n1" && x.ad.used.cpus === 0 && x.ad.processes.length === 0), 5_000)
+    expect(pidAlive(spawned.pid)).toBe(false)
+  })
+
+  it("kills a job's processes when the job ends", async () => {
+    const sys = new ActorSystem({ nc, cluster: "test", job: fresh("ending"), log: silentLogger })
+    rig.onCleanup(() => sys.close())
+    const s = await spawnActor(sys, { node: "n1", name: "w", module: FIXTURES, export: "echoActor" })
+    const down = s.down()
+    sys.endJob()
+    const d = await down
+    expect(d.reason).toBe("exited")
+    expect(d.detail).toContain("job ended")
+    await eventually("process gone", 5_000, () => !pidAlive(s.pid))
+  })
+
+  it("kills a process when its owner stops heartbeating", async () => {
+    const job = fresh("orphan")
+    const ownerConn = await rig.connect(url)
+    const owner = new ActorSystem({ nc: ownerConn, cluster: "test", job, heartbeatMs: 100, log: silentLogger })
+    const watcher = new ActorSystem({ nc, cluster: "test", job, log: silentLogger })
+    rig.onCleanup(() => watcher.close())
+    const s = await spawnActor(owner, { node: "n1", name: "w", module: FIXTURES, export: "echoActor", ownerTimeoutMs: 800 })
+    const down = watcher.watchPromise("w", { instance: s.instance, deadAfterMs: 10_000 })
+    // The driver vanishes without a word.
+    await ownerConn.close()
+    const d = await down
+    expect(d.reason).toBe("exited")
+    expect(d.detail).toMatch(/owner "drv-[^"]+" stopped heartbeating/)
+    await eventually("process gone", 5_000, () => !pidAlive(s.pid))
+  })
+
+  it("supervises a spawned child: restarts it after abnormal exits, then escalates", async () => {
+    const name = fresh("fragile")
+    const decisions: string[] = []
+    const sup = await launchSupervisor({
+      name,
+      start: spawnedChild(driver, { node: "n1", name, module: FIXTURES, export: "shortLivedActor", args: { exitCode: 2, afterMs: 200 } }),
+      policy: restartOnFailure(1),
+      backoffMs: () => 50,
+      onDecision: (down, decision) => decisions.push(`${down.reason}:${down.code}:${decision}`)
+    })
+    const e = await sup.result.catch((x: unknown) => x)
+    expect(e).toBeInstanceOf(ChildEscalated)
+    expect(decisions).toEqual(["exited:2:restart", "exited:2:escalate"])
+    await sup.close()
+  })
+
+  it("says why a spawn fails", async () => {
+    const bad = await spawnActor(driver, { node: "n1", name: fresh("bad"), module: FIXTURES, export: "noSuchExport" }).catch((x: unknown) => x)
+    expect(bad).toBeInstanceOf(SpawnError)
+    expect((bad as SpawnError).reason).toContain('export "noSuchExport"')
+    const broken = await spawnActor(driver, { node: "n1", name: fresh("broken"), module: FIXTURES, export: "brokenActor" }).catch((x: unknown) => x)
+    expect(broken).toBeInstanceOf(SpawnError)
+    expect((broken as SpawnError).reason).toContain("setup exploded on purpose")
+    const nowhere = await spawnActor(driver, { node: "no-such-node", name: fresh("x"), module: FIXTURES, export: "echoActor" }).catch((x: unknown) => x)
+    expect(nowhere).toBeInstanceOf(AgentUnreachable)
+    const dup = fresh("dup")
+    await spawnActor(driver, { node: "n1", name: dup, module: FIXTURES, export: "echoActor" })
+    const again = await spawnActor(driver, { node: "n1", name: dup, module: FIXTURES, export: "echoActor" }).catch((x: unknown) => x)
+    expect(again).toBeInstanceOf(SpawnError)
+    expect((again as SpawnError).reason).toContain("already runs here")
+  })
+
+  it("advertises the node: overrides, labels, backends, NATS server", async () => {
+    const node = await view.waitFor((nodes) => nodes.some((x) => x.ad.nodeId === "n1"), 5_000).then((ns) => ns.find((x) => x.ad.nodeId === "n1")!)
+    expect(node.state).toBe("alive")
+    expect(node.ad).toMatchObject({ cpus: 4, labels: { zone: "a" }, backends: ["cpu"], backendsProbed: true, head: false })
+    expect(node.ad.nats.serverId).toBe(nc.info?.server_id)
+    expect(clusterSubjects("test").nodeHeartbeat("n1")).toBe("gw.test.node.n1.hb")
+  })
+})
