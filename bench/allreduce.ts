@@ -1,0 +1,360 @@
+// All-reduce benchmark: `npm run bench -- allreduce [--p 2,4] [--sizes 4K,256K,4M,64M] [--rounds N]
+// [--max-payload 8M] [--chunk 1M] [--window 16M] [--no-gloo] [--no-payload-sweep]`.
+//
+// For each p and size it prints every algorithm's median time, algbw (size / time) and busbw
+// (algbw x 2(p-1)/p), next to, measured in the same run:
+// - raw NATS moving the same bytes in the same pattern (p publisher processes, the same bytes per
+//   link, no reduction, no flow control: the transport's ceiling for that algorithm), and
+// - torch.distributed gloo all_reduce on loopback when `/usr/bin/python3 -c "import torch"` works.
+// Every rank is its own OS process. Variants are interleaved round by round, so load from other
+// processes on the machine hits them alike; compare ratios, not absolute figures, across runs.
+// A last section shows what the server's max_payload (hence the chunk size) does to throughput.
+import { spawn, spawnSync } from "node:child_process"
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+import { launchNatsServer, freePort } from "../core/nats-server.ts"
+import { RankFleet } from "../test/support/collectives-fleet.ts"
+
+const KiB = 1024
+const MiB = 1024 * KiB
+
+const parseSize = (s: string): number => {
+  const m = /^(\d+(?:\.\d+)?)\s*([KMG]?)i?B?$/i.exec(s.trim())
+  if (!m) throw new Error(`bad size "${s}" (use e.g. 4K, 256K, 4M, 64M)`)
+  const unit = { "": 1, K: KiB, M: MiB, G: 1024 * MiB }[m[2].toUpperCase() as "" | "K" | "M" | "G"]
+  return Math.round(Number(m[1]) * unit)
+}
+
+const fmtSize = (b: number): string => (b >= MiB ? `${b / MiB} MiB` : `${b / KiB} KiB`)
+const fmtMs = (ms: number): string => (ms >= 100 ? ms.toFixed(0) : ms >= 10 ? ms.toFixed(1) : ms.toFixed(2))
+
+const median = (xs: ReadonlyArray<number>): number => {
+  const s = [...xs].sort((a, b) => a - b)
+  const m = s.length >> 1
+  return s.length === 0 ? NaN : s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2
+}
+
+interface Args {
+  readonly ps: number[]
+  readonly sizes: number[]
+  readonly rounds: number | undefined
+  readonly maxPayload: number
+  readonly chunk: number | undefined
+  readonly window: number | undefined
+  readonly gloo: boolean
+  readonly payloadSweep: boolean
+  readonly algorithms: string[]
+}
+
+const parseArgs = (args: ReadonlyArray<string>): Args => {
+  const get = (flag: string): string | undefined => {
+    const i = args.indexOf(flag)
+    return i >= 0 ? args[i + 1] : undefined
+  }
+  return {
+    ps: (get("--p") ?? "2,4").split(",").map(Number),
+    sizes: (get("--sizes") ?? "4K,256K,4M,64M").split(",").map(parseSize),
+    rounds: get("--rounds") ? Number(get("--rounds")) : undefined,
+    maxPayload: parseSize(get("--max-payload") ?? "8M"),
+    chunk: get("--chunk") ? parseSize(get("--chunk") as string) : undefined,
+    window: get("--window") ? parseSize(get("--window") as string) : undefined,
+    gloo: !args.includes("--no-gloo"),
+    payloadSweep: !args.includes("--no-payload-sweep"),
+    algorithms: (get("--algorithms") ?? "ring,tree,hierarchical").split(",")
+  }
+}
+
+/** Rounds per size (each round runs every variant once) and iterations per round. */
+const schedule = (bytes: number, rounds: number | undefined): { rounds: number; iters: number } => {
+  if (bytes >= 32 * MiB) return { rounds: rounds ?? 5, iters: 1 }
+  if (bytes >= 2 * MiB) return { rounds: rounds ?? 7, iters: 3 }
+  if (bytes >= 128 * KiB) return { rounds: rounds ?? 7, iters: 10 }
+  return { rounds: rounds ?? 7, iters: 40 }
+}
+
+interface Flow {
+  readonly to: number | "all"
+  readonly bytes: number
+}
+
+/** Simulated nodes of two ranks each, for hierarchical. */
+const nodeOf = (rank: number): string => `node${rank >> 1}`
+
+/**
+ * Per rank: what each algorithm sends (flows) and receives (bytes), with no reduction.
+ * ring: 2(p-1)/p of the buffer to the next rank. tree: the buffer to the parent, and the root's
+ * result as one fan-out publish. hierarchical: the buffer to the node leader, the leaders' ring,
+ * the result back to the node members.
+ */
+const rawPattern = (algorithm: string, p: number, rank: number, bytes: number): { flows: Flow[]; inbound: number } => {
+  const ringShare = (m: number): number => {
+    // Exact bytes of the ring's 2(m-1) segments, as the algorithm cuts them.
+    let sum = 0
+    const n = bytes / 4
+    for (let k = 0; k < m; k++) sum += (Math.floor(((k + 1) * n) / m) - Math.floor((k * n) / m)) * 4
+    return Math.round((2 * (m - 1) * sum) / m)
+  }
+  if (algorithm === "ring") {
+    return { flows: [{ to: (rank + 1) % p, bytes: ringShare(p) }], inbound: ringShare(p) }
+  }
+  if (algorithm === "tree") {
+    const children = [2 * rank + 1, 2 * rank + 2].filter((k) => k < p).length
+    const flows: Flow[] = rank === 0 ? [{ to: "all", bytes }] : [{ to: (rank - 1) >> 1, bytes }]
+    return { flows, inbound: children * bytes + (rank === 0 ? 0 : bytes) }
+  }
+  // hierarchical
+  const leaders: number[] = []
+  for (let r = 0; r < p; r++) if (r === 0 || nodeOf(r) !== nodeOf(r - 1)) leaders.push(r)
+  const leader = rank - (rank % 2)
+  const members = [leader + 1].filter((r) => r < p)
+  if (rank !== leader) return { flows: [{ to: leader, bytes }], inbound: bytes }
+  const L = leaders.length
+  const flows: Flow[] = members.map((m) => ({ to: m, bytes }))
+  let inbound = members.length * bytes
+  if (L > 1) {
+    const i = leaders.indexOf(rank)
+    flows.push({ to: leaders[(i + 1) % L], bytes: ringShare(L) })
+    inbound += ringShare(L)
+  }
+  return { flows, inbound }
+}
+
+interface Variant {
+  readonly name: string
+  readonly run: (iters: number) => Promise<number[]>
+}
+
+/** Per-iteration time of a group call: the slowest rank's. */
+const slowest = (perRank: number[][]): number[] => perRank[0].map((_, i) => Math.max(...perRank.map((t) => t[i])))
+
+const GLOO_SCRIPT = `
+import json, os, sys, time, statistics
+import torch, torch.distributed as dist, torch.multiprocessing as mp
+
+def worker(rank, p, port, sizes, rounds, out):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=p)
+    res = {}
+    for size in sizes:
+        n = size // 4
+        x = torch.ones(n, dtype=torch.float32)
+        iters = rounds[str(size)]
+        times = []
+        for i in range(iters + 2):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(x)
+            dt = (time.perf_counter() - t0) * 1000
+            if i >= 2: times.append(dt)
+        t = torch.tensor(times, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        res[str(size)] = statistics.median(t.tolist())
+    if rank == 0:
+        with open(out, "w") as f: json.dump(res, f)
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    p, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+    sizes = [int(s) for s in sys.argv[4].split(",")]
+    rounds = json.loads(sys.argv[5])
+    mp.spawn(worker, args=(p, port, sizes, rounds, out), nprocs=p, join=True)
+`
+
+const torchAvailable = (): boolean => {
+  try {
+    return spawnSync("/usr/bin/python3", ["-c", "import torch"], { stdio: "ignore", timeout: 60_000 }).status === 0
+  } catch {
+    return false
+  }
+}
+
+/** Median ms of gloo all_reduce per size, or undefined when it fails. */
+const runGloo = async (p: number, sizes: number[]): Promise<Map<number, number> | undefined> => {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "gradwire-gloo-"))
+  const script = path.join(dir, "gloo.py")
+  const out = path.join(dir, "out.json")
+  fs.writeFileSync(script, GLOO_SCRIPT)
+  const rounds: Record<string, number> = {}
+  for (const s of sizes) rounds[String(s)] = s >= 32 * MiB ? 7 : s >= 2 * MiB ? 15 : 40
+  try {
+    const port = await freePort()
+    const child = spawn("/usr/bin/python3", [script, String(p), String(port), out, sizes.join(","), JSON.stringify(rounds)], {
+      stdio: ["ignore", "ignore", "pipe"],
+      env: { ...process.env, OMP_NUM_THREADS: "1", GLOO_SOCKET_IFNAME: "lo" }
+    })
+    let stderr = ""
+    child.stderr.on("data", (d) => (stderr += String(d)))
+    const code = await new Promise<number | null>((resolve) => {
+      const timer = setTimeout(() => {
+        // The spawned workers are in the child's process group only if it made one; kill both ways.
+        child.kill("SIGKILL")
+        resolve(null)
+      }, 300_000)
+      child.once("exit", (c) => {
+        clearTimeout(timer)
+        resolve(c)
+      })
+    })
+    if (code !== 0 || !fs.existsSync(out)) {
+      console.log(`  (gloo p=${p} failed: exit ${code}; ${stderr.trim().split("\n").slice(-2).join(" / ")})`)
+      return undefined
+    }
+    const res = JSON.parse(fs.readFileSync(out, "utf8")) as Record<string, number>
+    return new Map(Object.entries(res).map(([k, v]) => [Number(k), v]))
+  } finally {
+    fs.rmSync(dir, { recursive: true, force: true })
+  }
+}
+
+interface Row {
+  readonly p: number
+  readonly bytes: number
+  readonly name: string
+  readonly ms: number
+  readonly vsRaw?: number
+  readonly vsGloo?: number
+}
+
+const printRows = (rows: ReadonlyArray<Row>): void => {
+  const header = ["p", "size", "variant", "median ms", "algbw GB/s", "busbw GB/s", "x raw", "x gloo"]
+  const lines = rows.map((r) => {
+    const algbw = r.bytes / (r.ms / 1000) / 1e9
+    const busbw = (algbw * 2 * (r.p - 1)) / r.p
+    return [
+      String(r.p),
+      fmtSize(r.bytes),
+      r.name,
+      fmtMs(r.ms),
+      algbw.toFixed(3),
+      busbw.toFixed(3),
+      r.vsRaw === undefined ? "" : `${r.vsRaw.toFixed(2)}x`,
+      r.vsGloo === undefined ? "" : `${r.vsGloo.toFixed(2)}x`
+    ]
+  })
+  const widths = header.map((h, i) => Math.max(h.length, ...lines.map((l) => l[i].length)))
+  const fmt = (cols: string[]): string => cols.map((c, i) => (i <= 2 ? c.padEnd(widths[i]) : c.padStart(widths[i]))).join("  ")
+  console.log(fmt(header))
+  for (const l of lines) console.log(fmt(l))
+}
+
+interface Measured {
+  readonly medians: Map<string, number>
+  /** Median over rounds of (algorithm time / its raw pattern's time in the same round). */
+  readonly pairedRatio: Map<string, number>
+}
+
+/** Runs every variant round-robin on one fleet; returns median ms per variant. */
+const measure = async (fleet: RankFleet, p: number, group: string, bytes: number, chunkBytes: number, algorithms: string[], rounds: number | undefined): Promise<Measured> => {
+  const { rounds: R, iters } = schedule(bytes, rounds)
+  const n = bytes / 4
+  const variants: Variant[] = []
+  for (const algorithm of algorithms) {
+    variants.push({
+      name: `raw ${algorithm}`,
+      run: async (k) =>
+        slowest(
+          await fleet.all<number[]>(p, (rank) => {
+            const { flows, inbound } = rawPattern(algorithm, p, rank, bytes)
+            return { cmd: "benchRaw", group, flows, inbound, chunkBytes, iters: k, warmup: 0, tag: algorithm }
+          })
+        )
+    })
+    variants.push({
+      name: algorithm,
+      run: async (k) => slowest(await fleet.all<number[]>(p, () => ({ cmd: "benchAllReduce", group, n, algorithm, iters: k, warmup: 0 })))
+    })
+  }
+  // Warm-up: one iteration of each (JIT, buffers, subscriptions).
+  for (const v of variants) await v.run(1)
+  const samples = new Map<string, number[]>(variants.map((v) => [v.name, []]))
+  const paired = new Map<string, number[]>(algorithms.map((a) => [a, []]))
+  for (let r = 0; r < R; r++) {
+    const roundMedian = new Map<string, number>()
+    // Rotate the order so no variant always runs first after a pause.
+    for (let j = 0; j < variants.length; j++) {
+      const v = variants[(j + r) % variants.length]
+      const times = await v.run(iters)
+      samples.get(v.name)?.push(...times)
+      roundMedian.set(v.name, median(times))
+    }
+    for (const a of algorithms) paired.get(a)?.push((roundMedian.get(a) as number) / (roundMedian.get(`raw ${a}`) as number))
+  }
+  return {
+    medians: new Map([...samples].map(([k, v]) => [k, median(v)])),
+    pairedRatio: new Map([...paired].map(([k, v]) => [k, median(v)]))
+  }
+}
+
+export async function run(args: ReadonlyArray<string>): Promise<void> {
+  const a = parseArgs(args)
+  const gloo = a.gloo && torchAvailable()
+  console.log(`all-reduce benchmark: p ${a.ps.join(",")}, sizes ${a.sizes.map(fmtSize).join(", ")}, nats-server max_payload ${fmtSize(a.maxPayload)}, ${os.cpus().length} cores`)
+  console.log(`one OS process per rank; time = slowest rank, barrier to done; median over rounds; raw = same bytes, same pattern, plain NATS publish`)
+  if (!gloo) console.log(a.gloo ? "torch not importable by /usr/bin/python3: no gloo baseline" : "gloo baseline skipped (--no-gloo)")
+  const rows: Row[] = []
+  const server = await launchNatsServer({ jetstream: false, maxPayload: a.maxPayload })
+  try {
+    for (const p of a.ps) {
+      const glooTimes = gloo ? await runGloo(p, a.sizes) : undefined
+      const fleet = await RankFleet.start({ size: p, server: () => server.url })
+      try {
+        const group = `bench-p${p}`
+        const created = await fleet.all<{ chunkElems: number; windowBytes: number }>(p, (rank) => ({
+          cmd: "create",
+          group,
+          rank,
+          worldSize: p,
+          node: nodeOf(rank),
+          chunkBytes: a.chunk,
+          windowBytes: a.window
+        }))
+        const chunkBytes = created[0].chunkElems * 4
+        console.log(`\np = ${p}: chunk ${fmtSize(chunkBytes)}, window ${fmtSize(created[0].windowBytes)} per link`)
+        for (const bytes of a.sizes) {
+          const m = await measure(fleet, p, group, bytes, chunkBytes, a.algorithms, a.rounds)
+          const g = glooTimes?.get(bytes)
+          const block: Row[] = []
+          for (const algorithm of a.algorithms) {
+            const ms = m.medians.get(algorithm) as number
+            block.push({ p, bytes, name: algorithm, ms, vsRaw: m.pairedRatio.get(algorithm), vsGloo: g === undefined ? undefined : ms / g })
+          }
+          for (const algorithm of a.algorithms) block.push({ p, bytes, name: `raw NATS, ${algorithm} pattern`, ms: m.medians.get(`raw ${algorithm}`) as number })
+          if (g !== undefined) block.push({ p, bytes, name: "torch gloo all_reduce", ms: g })
+          printRows(block)
+          rows.push(...block)
+        }
+      } finally {
+        await fleet.stop()
+      }
+    }
+  } finally {
+    await server.stop()
+  }
+
+  if (a.payloadSweep) {
+    console.log(`\nmax_payload and throughput: ring all-reduce and its raw pattern at ${fmtSize(64 * MiB)}, chunk = max_payload (minus the 40-byte header)`)
+    const sweep: Row[] = []
+    for (const maxPayload of [1 * MiB, 8 * MiB]) {
+      const srv = await launchNatsServer({ jetstream: false, maxPayload })
+      try {
+        for (const p of a.ps) {
+          const fleet = await RankFleet.start({ size: p, server: () => srv.url })
+          try {
+            const group = `sweep-p${p}`
+            const created = await fleet.all<{ chunkElems: number }>(p, (rank) => ({ cmd: "create", group, rank, worldSize: p, node: nodeOf(rank), chunkBytes: maxPayload, windowBytes: a.window }))
+            const m = await measure(fleet, p, group, 64 * MiB, created[0].chunkElems * 4, ["ring"], a.rounds ?? 3)
+            const label = `max_payload ${fmtSize(maxPayload)}`
+            sweep.push({ p, bytes: 64 * MiB, name: `ring, ${label}`, ms: m.medians.get("ring") as number, vsRaw: m.pairedRatio.get("ring") })
+            sweep.push({ p, bytes: 64 * MiB, name: `raw ring pattern, ${label}`, ms: m.medians.get("raw ring") as number })
+          } finally {
+            await fleet.stop()
+          }
+        }
+      } finally {
+        await srv.stop()
+      }
+    }
+    printRows(sweep)
+  }
+}

@@ -1,0 +1,800 @@
+// The communicator: a group of ranks (world size p, this rank, and for every rank its node and
+// NATS server) and the collectives they run together over NATS.
+//
+// Transport. Every rank subscribes once, in create(), to the subjects that can carry traffic for
+// it: its own (coll.<group>.*.*.<rank>), its node's and its server's fan-out subjects, and the
+// group's fan-out subject (coll.<group>.*.*.all). One callback demultiplexes all of them by the
+// binary frame header into the running operations (frames.ts). Each call takes the next sequence
+// number, which every subject and frame carries, so successive and concurrent collectives never
+// mix; frames for a call this rank has not started yet are held, within a bound.
+//
+// Start-up. Core NATS drops messages nobody is subscribed to, so create() is a handshake: ranks
+// subscribe, then repeat a hello on the group subject until they have heard from every peer
+// (proof that the peer is subscribed, also across routed servers) and every peer reported having
+// heard from everyone. Only then does any collective publish.
+//
+// Failure. Every wait has a deadline (timeoutMs without any frame for the operation). When it
+// passes, the rank probes its peers (ping/pong on the control subject) to name the dead or hung
+// ones, fails with CollectiveTimeout, and publishes an abort so every other rank fails at once
+// with CollectiveAborted naming the same ranks. Any other local failure (mismatched lengths,
+// wrong arguments, close() mid-call) aborts the group the same way. An aborted communicator
+// rejects further calls: create a new one (new group name).
+import os from "node:os"
+import type { Msg, NatsConnection, Subscription } from "@nats-io/nats-core"
+import { jobSubjects } from "../core/subjects.ts"
+import { allGatherBlocks, broadcastChunks, disseminationBarrier } from "./broadcast.ts"
+import {
+  CollectiveAborted,
+  CollectiveArgumentError,
+  CollectiveOverflow,
+  CollectiveTimeout,
+  CommunicatorClosed,
+  ConnectionLost,
+  GroupMismatch,
+  blamedRanks
+} from "./errors.ts"
+import { roundToHalf } from "./float16.ts"
+import { HEADER_BLOCK_BYTES, HEADER_BYTES, Kind, Opcode, controlBody, controlMessage, readFrame, type Frame } from "./frames.ts"
+import { hierarchicalReduce, type NodeGroup } from "./hierarchical.ts"
+import { scale, type ReduceOp } from "./kernels.ts"
+import { Operation, type OperationHost, type OpSignature } from "./operation.ts"
+import type { Reduction } from "./reduction.ts"
+import { ringReduce } from "./ring.ts"
+import { segmentBounds } from "./segments.ts"
+import { treeReduce } from "./tree.ts"
+
+export type { ReduceOp } from "./kernels.ts"
+export type AllReduceAlgorithm = "ring" | "tree" | "hierarchical"
+export type WireFormat = "f32" | "f16"
+
+export interface CommunicatorOptions {
+  /** A connection for this rank. Open it with `noEcho: true` so fan-out publishes are not sent back to their sender. */
+  readonly nc: NatsConnection
+  /**
+   * A second connection, to the same server, for acks and control messages. Strongly recommended:
+   * on one connection an ack waits behind the megabytes of data this rank is sending, which roughly
+   * halves large-buffer throughput (credits come back a queue later). Default: `nc`.
+   */
+  readonly controlNc?: NatsConnection
+  readonly cluster: string
+  readonly job: string
+  /** Group name, unique per communicator instance (a restarted group needs a new name). */
+  readonly group: string
+  readonly rank: number
+  readonly worldSize: number
+  /** Node id of this rank; ranks with the same id form one node for hierarchical all-reduce. Default: the host name. */
+  readonly node?: string
+  /** Deadline of every wait: a collective fails when no frame for it arrived for this long. Default 60 s. */
+  readonly timeoutMs?: number
+  /** Deadline of the start-up handshake. Default 60 s. */
+  readonly createTimeoutMs?: number
+  /** Largest data payload per message. Default 1 MiB; never more than the server's max_payload allows (smallest over all ranks). */
+  readonly chunkBytes?: number
+  /** Credits per link: bytes a sender may have unacknowledged per destination. Default 8 MiB (at least two chunks). */
+  readonly windowBytes?: number
+  /** Server max_payload; default from the connection. */
+  readonly maxPayload?: number
+  /** Bound on frames held for collectives this rank has not started yet. Default 512 MiB. */
+  readonly earlyLimitBytes?: number
+}
+
+export interface PeerInfo {
+  readonly rank: number
+  readonly node: string
+  /** server_id of the NATS server the rank is connected to. */
+  readonly server: string
+  readonly serverName: string
+}
+
+interface CallOptions {
+  /** Overrides the communicator's timeoutMs for this call. */
+  readonly timeoutMs?: number
+}
+
+export interface AllReduceOptions extends CallOptions {
+  /** Default "sum". */
+  readonly op?: ReduceOp
+  /** Default "ring". */
+  readonly algorithm?: AllReduceAlgorithm
+  /** This rank's weight for op "weightedMean" (e.g. its sample count): result = sum(w_i x_i) / sum(w_i). */
+  readonly weight?: number
+  /** "f16": values travel as binary16 (half the bytes), accumulation stays fp32. Default "f32". */
+  readonly wire?: WireFormat
+  /**
+   * Ring: all-gather phase by fan-out (each owner publishes its finished segment once to every
+   * rank) instead of relaying it around the ring. Tree: send the result down as one fan-out
+   * publish instead of along the tree. Default true for both.
+   */
+  readonly fanout?: boolean
+  /** Hierarchical: group ranks by node id (default) or by the NATS server they are connected to. */
+  readonly hierarchy?: "node" | "server"
+}
+
+export interface ReduceScatterOptions extends CallOptions {
+  readonly op?: ReduceOp
+  readonly weight?: number
+  readonly wire?: WireFormat
+}
+
+export interface BroadcastOptions extends CallOptions {
+  /** "fanout" (default): one publish per chunk to every rank; "tree": relayed along a binary tree. */
+  readonly algorithm?: "fanout" | "tree"
+  readonly wire?: WireFormat
+}
+
+export interface AllGatherOptions extends CallOptions {
+  /** "fanout" (default): each rank publishes its block once to every rank; "ring": passed along a ring. */
+  readonly algorithm?: "fanout" | "ring"
+  readonly wire?: WireFormat
+  /** Where to gather (length p * n); default a new array. */
+  readonly out?: Float32Array
+}
+
+const DEFAULT_TIMEOUT_MS = 60_000
+const DEFAULT_CHUNK_BYTES = 1 << 20
+const DEFAULT_WINDOW_BYTES = 8 << 20
+const DEFAULT_EARLY_LIMIT = 512 << 20
+const PROTOCOL_VERSION = 1
+
+const algorithmCode = { ring: 0, tree: 1, hierarchical: 2, fanout: 3 } as const
+const algorithmName = ["ring", "tree", "hierarchical", "fanout"]
+const reduceCode: Record<ReduceOp, number> = { sum: 0, mean: 1, max: 2, weightedMean: 3 }
+const reduceName = ["sum", "mean", "max", "weightedMean"]
+const opName = ["?", "barrier", "broadcast", "allGather", "reduceScatter", "allReduce"]
+
+const variantOf = (algorithm: number, reduce: number, half: boolean, relay = false): number =>
+  algorithm | (reduce << 2) | (half ? 16 : 0) | (relay ? 32 : 0)
+
+/** "allReduce(ring, sum, f32)": what a frame's opcode and variant say, for mismatch errors. */
+export const describeOp = (opcode: number, variant: number): string => {
+  const name = opName[opcode] ?? `op${opcode}`
+  const wire = variant & 16 ? "f16" : "f32"
+  const algo = algorithmName[variant & 3] ?? "?"
+  const relay = variant & 32 ? ", no fan-out" : ""
+  if (opcode === Opcode.allReduce) return `${name}(${algo}${relay}, ${reduceName[(variant >> 2) & 3]}, ${wire})`
+  if (opcode === Opcode.reduceScatter) return `${name}(${reduceName[(variant >> 2) & 3]}, ${wire})`
+  if (opcode === Opcode.barrier) return name
+  return `${name}(${algo}, ${wire})`
+}
+
+/** A subject token for a node id or server id (ids may hold dots or spaces). */
+const tokenFor = (id: string): string => {
+  if (/^[A-Za-z0-9_-]{1,48}$/.test(id)) return id
+  let h = 0x811c9dc5
+  for (let i = 0; i < id.length; i++) h = Math.imul(h ^ id.charCodeAt(i), 0x01000193)
+  return `${id.replace(/[^A-Za-z0-9_-]/g, "_").slice(0, 32)}_${(h >>> 0).toString(16)}`
+}
+
+/** Fan-out tokens every rank of a node (server) subscribes to; computed the same way by all ranks. */
+const nodeTokenFor = (node: string): string => `node_${tokenFor(node)}`
+const serverTokenFor = (server: string): string => `srv_${tokenFor(server)}`
+
+interface Hello {
+  readonly v: number
+  readonly rank: number
+  readonly nonce: string
+  readonly worldSize: number
+  readonly node: string
+  readonly server: string
+  readonly serverName: string
+  readonly maxPayload: number
+  readonly chunkBytes: number
+  readonly windowBytes: number
+  readonly ready: boolean
+}
+
+interface AbortBody {
+  readonly by: number
+  readonly op: string
+  readonly failedRanks: ReadonlyArray<number>
+  readonly causeTag: string
+  readonly reason: string
+}
+
+const tagOf = (e: unknown): string =>
+  typeof e === "object" && e !== null && "_tag" in e ? String((e as { _tag: unknown })._tag) : e instanceof Error ? e.name : "Error"
+
+const messageOf = (e: unknown): string => (e instanceof Error ? e.message : String(e))
+
+/**
+ * A group of one moves nothing: the result is the input, except that a weighted mean over a total
+ * weight of 0 is defined as 0 (as for larger groups), and the wire format does not apply.
+ */
+const soloResult = (data: Float32Array, op: ReduceOp, weight: number): Float32Array => {
+  if (op === "weightedMean" && weight === 0) data.fill(0)
+  return data
+}
+
+const EMPTY = new Uint8Array(0)
+
+const publishControl = (nc: NatsConnection, subject: string, kind: number, src: number, body: unknown): void => {
+  const m = controlMessage(kind, src, body)
+  nc.publish(subject, m.data, { headers: m.headers })
+}
+
+const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms))
+
+export class Communicator {
+  readonly rank: number
+  readonly worldSize: number
+  readonly group: string
+  /** Every rank's node and server, by rank (known after the handshake). */
+  readonly peers: ReadonlyArray<PeerInfo>
+  /** Elements per data frame (fp32 or fp16), agreed by all ranks. */
+  readonly chunkElems: number
+  readonly windowBytes: number
+  readonly timeoutMs: number
+  readonly #nc: NatsConnection | undefined
+  /** Where acks and control messages go (the control connection, or nc). */
+  readonly #cnc: NatsConnection | undefined
+  readonly #subjects: ReturnType<typeof jobSubjects>
+  readonly #subs: Subscription[]
+  readonly #host: OperationHost
+  readonly #ops = new Map<number, Operation>()
+  readonly #early = new Map<number, Frame[]>()
+  readonly #earlyLimit: number
+  #earlyBytes = 0
+  #nextSeq = 1
+  #closed: unknown = undefined
+  #watchdog: ReturnType<typeof setInterval> | undefined
+  #probe: { nonce: string; answered: Set<number> } | undefined
+  /** Answers late hellos once the group is formed. */
+  #hello: Hello | undefined
+  readonly #statusIters: Array<{ stop?: () => void }> = []
+
+  private constructor(
+    opts: CommunicatorOptions,
+    peers: ReadonlyArray<PeerInfo>,
+    chunkElems: number,
+    windowBytes: number,
+    subjects: ReturnType<typeof jobSubjects>,
+    subs: Subscription[]
+  ) {
+    this.rank = opts.rank
+    this.worldSize = opts.worldSize
+    this.group = opts.group
+    this.peers = peers
+    this.chunkElems = chunkElems
+    this.windowBytes = windowBytes
+    this.timeoutMs = opts.timeoutMs ?? DEFAULT_TIMEOUT_MS
+    this.#earlyLimit = opts.earlyLimitBytes ?? DEFAULT_EARLY_LIMIT
+    this.#nc = opts.worldSize > 1 ? opts.nc : undefined
+    this.#cnc = opts.worldSize > 1 ? (opts.controlNc ?? opts.nc) : undefined
+    this.#subjects = subjects
+    this.#subs = subs
+    const nc = opts.nc
+    const cnc = opts.controlNc ?? nc
+    const group = opts.group
+    const me = opts.rank
+    const full = HEADER_BYTES + chunkElems * 4
+    this.#host = {
+      group,
+      rank: me,
+      worldSize: opts.worldSize,
+      windowBytes,
+      minLinkWindow: 2 * full,
+      // Ack once per full chunk's worth consumed: with link windows of at least two full frames a
+      // blocked sender always has a full chunk outstanding, so the ack comes (see flow-control.ts).
+      ackEvery: full,
+      publishTo: (seq, dst, data, headers) => nc.publish(subjects.coll(group, seq, me, dst), data, { headers }),
+      publishAck: (seq, dst, headers) => cnc.publish(subjects.collControl(group, seq, me, dst), EMPTY, { headers }),
+      publishFanout: (seq, target, data, headers) =>
+        nc.publish(target === "all" ? subjects.collFanout(group, seq, me) : subjects.collNodeFanout(group, seq, me, target), data, { headers })
+    }
+  }
+
+  /**
+   * Joins the group: subscribes, then handshakes until every rank is subscribed and agrees on the
+   * group's size and settings. All ranks must call it with the same group, worldSize and settings.
+   */
+  static async create(opts: CommunicatorOptions): Promise<Communicator> {
+    const { nc, rank, worldSize, group } = opts
+    const cnc = opts.controlNc ?? nc
+    if (!Number.isInteger(worldSize) || worldSize < 1 || !Number.isInteger(rank) || rank < 0 || rank >= worldSize) {
+      throw new CollectiveArgumentError({ op: "create", reason: `need 0 <= rank < worldSize with integers, got rank ${rank}, worldSize ${worldSize}` })
+    }
+    const subjects = jobSubjects(opts.cluster, opts.job)
+    // The group becomes one subject token; jobSubjects validated cluster and job the same way.
+    if (!/^[A-Za-z0-9_-]{1,128}$/.test(group)) {
+      throw new CollectiveArgumentError({ op: "create", reason: `group "${group}" must be 1-128 letters, digits, "_" or "-"` })
+    }
+    const node = opts.node ?? os.hostname()
+    const server = nc.info?.server_id ?? "unknown"
+    const serverName = nc.info?.server_name ?? server
+    const maxPayload = opts.maxPayload ?? nc.info?.max_payload ?? 1 << 20
+    const chunkBytes = opts.chunkBytes ?? DEFAULT_CHUNK_BYTES
+    const windowBytes = opts.windowBytes ?? DEFAULT_WINDOW_BYTES
+    if (!(chunkBytes >= 64) || !(windowBytes >= 1) || maxPayload < HEADER_BLOCK_BYTES + 64) {
+      throw new CollectiveArgumentError({ op: "create", reason: `chunkBytes (${chunkBytes}) must be >= 64, windowBytes (${windowBytes}) >= 1, max_payload (${maxPayload}) >= ${HEADER_BLOCK_BYTES + 64}` })
+    }
+    const nodeToken = nodeTokenFor(node)
+    const serverToken = serverTokenFor(server)
+    const self: PeerInfo = { rank, node, server, serverName }
+    if (worldSize === 1) {
+      const C = Math.floor(Math.min(chunkBytes, maxPayload - HEADER_BLOCK_BYTES) / 4)
+      return new Communicator(opts, [self], C, Math.max(windowBytes, 2 * (HEADER_BYTES + 4 * C)), subjects, [])
+    }
+
+    const hellos = new Map<number, Hello>()
+    const nonce = Math.random().toString(36).slice(2, 12)
+    let failure: unknown = undefined
+    let comm: Communicator | undefined
+    const pending: Msg[] = []
+    const onMsg = (err: Error | null, msg: Msg): void => {
+      if (err) return
+      if (comm) comm.#onMessage(msg)
+      else pending.push(msg)
+    }
+    // Order matters across routed servers: data subscriptions first (and flushed), the control
+    // ones last, so a hello received through them means the earlier ones have propagated too.
+    const subs = [
+      nc.subscribe(subjects.collInbound(group, rank), { callback: onMsg }),
+      nc.subscribe(subjects.collNodeInbound(group, nodeToken), { callback: onMsg }),
+      nc.subscribe(subjects.collNodeInbound(group, serverToken), { callback: onMsg }),
+      nc.subscribe(subjects.collFanoutInbound(group), { callback: onMsg })
+    ]
+    const unsubscribe = (): void => {
+      for (const s of subs) s.unsubscribe()
+    }
+    const hello = (ready: boolean): Hello => ({
+      v: PROTOCOL_VERSION,
+      rank,
+      nonce,
+      worldSize,
+      node,
+      server,
+      serverName,
+      maxPayload,
+      chunkBytes,
+      windowBytes,
+      ready
+    })
+    const mismatch = (reason: string): void => {
+      failure ??= new GroupMismatch({ group, rank, reason })
+    }
+    const take = (msg: Msg): void => {
+      const f = readFrame(msg)
+      if (!f || f.kind !== Kind.hello || f.src === rank) return
+      const h = controlBody(f) as Hello
+      if (h.v !== PROTOCOL_VERSION) return mismatch(`rank ${h.rank} speaks collectives protocol ${h.v}, this rank ${PROTOCOL_VERSION}`)
+      if (h.worldSize !== worldSize) return mismatch(`rank ${h.rank} was created with worldSize ${h.worldSize}, this rank with ${worldSize}`)
+      if (h.rank >= worldSize) return mismatch(`a rank ${h.rank} joined a group of ${worldSize}`)
+      const known = hellos.get(h.rank)
+      if (known && known.nonce !== h.nonce) {
+        return mismatch(`two processes joined as rank ${h.rank} (or a stale communicator used this group name; use a fresh group name per communicator)`)
+      }
+      hellos.set(h.rank, h)
+    }
+    try {
+      await nc.flush()
+      subs.push(
+        cnc.subscribe(subjects.collControlInbound(group, rank), { callback: onMsg }),
+        cnc.subscribe(subjects.collControlFanoutInbound(group), { callback: onMsg })
+      )
+      await cnc.flush()
+      const deadline = Date.now() + (opts.createTimeoutMs ?? DEFAULT_TIMEOUT_MS)
+      let interval = 20
+      let lastSent = -1
+      for (;;) {
+        while (pending.length > 0) take(pending.shift() as Msg)
+        if (failure !== undefined) throw failure
+        const heardAll = hellos.size === worldSize - 1
+        const allReady = heardAll && [...hellos.values()].every((h) => h.ready)
+        if (allReady) break
+        // Repeat the hello: peers that subscribed after our last one would otherwise never hear it.
+        const now = Date.now()
+        if (now - lastSent >= interval || heardAll) {
+          publishControl(cnc, subjects.collControl(group, 0, rank), Kind.hello, rank, hello(heardAll))
+          lastSent = now
+          interval = Math.min(250, interval * 2)
+        }
+        if (now > deadline) {
+          const missing: number[] = []
+          for (let r = 0; r < worldSize; r++) if (r !== rank && !hellos.get(r)?.ready) missing.push(r)
+          throw new CollectiveTimeout({
+            op: "create",
+            group,
+            rank,
+            seq: 0,
+            waitingFor: missing,
+            unresponsive: missing.filter((r) => !hellos.has(r)),
+            timeoutMs: opts.createTimeoutMs ?? DEFAULT_TIMEOUT_MS
+          })
+        }
+        await sleep(heardAll ? 20 : 10)
+      }
+      const peers: PeerInfo[] = []
+      for (let r = 0; r < worldSize; r++) {
+        const h = r === rank ? hello(true) : (hellos.get(r) as Hello)
+        peers.push({ rank: r, node: h.node, server: h.server, serverName: h.serverName })
+      }
+      // Settings every rank must share: the smallest of each, so every frame fits every server.
+      const all = [hello(true), ...hellos.values()]
+      const minPayload = Math.min(...all.map((h) => h.maxPayload))
+      const C = Math.floor(Math.min(...all.map((h) => Math.min(h.chunkBytes, h.maxPayload - HEADER_BLOCK_BYTES))) / 4)
+      const W = Math.max(Math.min(...all.map((h) => h.windowBytes)), 2 * (HEADER_BYTES + 4 * C))
+      if (HEADER_BLOCK_BYTES + 4 * C > minPayload) mismatch(`chunk of ${C} elements does not fit max_payload ${minPayload}`)
+      if (failure !== undefined) throw failure
+      comm = new Communicator(opts, peers, C, W, subjects, subs)
+      comm.#hello = hello(true)
+      comm.#watchConnection(nc)
+      if (cnc !== nc) comm.#watchConnection(cnc)
+      // A late peer may still be waiting for our "ready": one more, now that everyone listens.
+      publishControl(cnc, subjects.collControl(group, 0, rank), Kind.hello, rank, comm.#hello)
+      while (pending.length > 0) comm.#onMessage(pending.shift() as Msg)
+      return comm
+    } catch (e) {
+      unsubscribe()
+      throw e
+    }
+  }
+
+  /**
+   * A disconnect loses whatever peers sent meanwhile, and zero-copy sends must not sit in the
+   * client's buffer across one: any disconnect aborts the group.
+   */
+  #watchConnection(nc: NatsConnection): void {
+    const status = nc.status()
+    this.#statusIters.push(status as unknown as { stop?: () => void })
+    void (async () => {
+      for await (const s of status) {
+        if (s.type === "disconnect" || s.type === "reconnect" || s.type === "staleConnection" || s.type === "close") {
+          this.#abort(new ConnectionLost({ group: this.group, rank: this.rank, event: s.type }))
+        }
+      }
+    })().catch(() => {})
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // inbound
+
+  #onMessage(msg: Msg): void {
+    const f = readFrame(msg)
+    if (!f || f.src === this.rank) return // not ours, or our own fan-out echoed back
+    switch (f.kind) {
+      case Kind.data: {
+        const op = this.#ops.get(f.seq)
+        if (op) op.deliver(f)
+        else if (f.seq >= this.#nextSeq && this.#closed === undefined) this.#hold(f)
+        // else: a straggler for a call that already finished here; nothing to do.
+        return
+      }
+      case Kind.ack:
+        this.#ops.get(f.seq)?.onAck(f)
+        return
+      case Kind.ping:
+        if (this.#cnc) publishControl(this.#cnc, this.#subjects.collControl(this.group, 0, this.rank, f.src), Kind.pong, this.rank, controlBody(f))
+        return
+      case Kind.pong: {
+        const body = controlBody(f) as { nonce?: string }
+        if (this.#probe && body.nonce === this.#probe.nonce) this.#probe.answered.add(f.src)
+        return
+      }
+      case Kind.hello: {
+        const h = controlBody(f) as Hello
+        if (!h.ready && this.#hello && this.#closed === undefined) {
+          if (this.#cnc) publishControl(this.#cnc, this.#subjects.collControl(this.group, 0, this.rank), Kind.hello, this.rank, this.#hello)
+        }
+        return
+      }
+      case Kind.abort:
+        this.#onAbort(controlBody(f) as AbortBody)
+        return
+    }
+  }
+
+  /** Holds a frame for a call this rank has not started yet. */
+  #hold(f: Frame): void {
+    this.#earlyBytes += f.wireBytes
+    if (this.#earlyBytes > this.#earlyLimit) {
+      this.#abort(new CollectiveOverflow({ group: this.group, rank: this.rank, bytes: this.#earlyBytes, limitBytes: this.#earlyLimit }))
+      return
+    }
+    const list = this.#early.get(f.seq)
+    if (list) list.push(f)
+    else this.#early.set(f.seq, [f])
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // failure handling
+
+  #onAbort(body: AbortBody): void {
+    if (this.#closed !== undefined) return
+    const make = (op: string): CollectiveAborted =>
+      new CollectiveAborted({
+        op,
+        group: this.group,
+        rank: this.rank,
+        by: body.by,
+        failedRanks: [...body.failedRanks],
+        causeTag: body.causeTag,
+        reason: body.reason
+      })
+    this.#closed = make("collective")
+    for (const op of this.#ops.values()) op.fail(make(op.sig.name))
+    this.#clearEarly()
+  }
+
+  /** Fails every running call with `err` and tells the other ranks (unless they told us). */
+  #abort(err: unknown): void {
+    if (this.#closed !== undefined) return
+    this.#closed = err
+    for (const op of this.#ops.values()) op.fail(err)
+    this.#clearEarly()
+    if (err instanceof CollectiveAborted || !this.#cnc) return
+    const body: AbortBody = {
+      by: this.rank,
+      op: typeof err === "object" && err !== null && "op" in err ? String((err as { op: unknown }).op) : "collective",
+      failedRanks: [...blamedRanks(err)],
+      causeTag: tagOf(err),
+      reason: messageOf(err)
+    }
+    try {
+      publishControl(this.#cnc, this.#subjects.collControl(this.group, 0, this.rank), Kind.abort, this.rank, body)
+    } catch {
+      // the connection is gone; peers will time out on their own
+    }
+  }
+
+  #clearEarly(): void {
+    this.#early.clear()
+    this.#earlyBytes = 0
+  }
+
+  #ensureWatchdog(): void {
+    if (this.#watchdog) return
+    const every = Math.max(20, Math.min(1_000, Math.floor(this.timeoutMs / 8)))
+    this.#watchdog = setInterval(() => this.#checkDeadlines(), every)
+    this.#watchdog.unref()
+  }
+
+  #checkDeadlines(): void {
+    if (this.#ops.size === 0) {
+      clearInterval(this.#watchdog)
+      this.#watchdog = undefined
+      return
+    }
+    if (this.#probe) return
+    const now = Date.now()
+    for (const op of this.#ops.values()) {
+      const limit = op.timeoutMs ?? this.timeoutMs
+      if (op.failure === undefined && op.waiting && now - op.lastProgress > limit) {
+        void this.#timeOut(op, limit)
+        return
+      }
+    }
+  }
+
+  /** The deadline passed: find out which peers are gone, then fail and abort the group. */
+  async #timeOut(op: Operation, timeoutMs: number): Promise<void> {
+    const waitingFor = op.waitingFor()
+    const probe = { nonce: Math.random().toString(36).slice(2, 12), answered: new Set<number>() }
+    this.#probe = probe
+    try {
+      if (this.#cnc) publishControl(this.#cnc, this.#subjects.collControl(this.group, 0, this.rank), Kind.ping, this.rank, { nonce: probe.nonce })
+      const probeMs = Math.max(200, Math.min(2_000, Math.floor(timeoutMs / 4)))
+      const until = Date.now() + probeMs
+      while (Date.now() < until && probe.answered.size < this.worldSize - 1 && op.failure === undefined) await sleep(20)
+    } finally {
+      this.#probe = undefined
+    }
+    if (op.failure !== undefined) return // an abort from a peer came first
+    const unresponsive: number[] = []
+    for (let r = 0; r < this.worldSize; r++) if (r !== this.rank && !probe.answered.has(r)) unresponsive.push(r)
+    this.#abort(
+      new CollectiveTimeout({ op: op.sig.name, group: this.group, rank: this.rank, seq: op.seq, waitingFor, unresponsive, timeoutMs })
+    )
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // running one call
+
+  async #run<T>(sig: OpSignature, timeoutMs: number | undefined, body: (op: Operation) => Promise<T>): Promise<T> {
+    if (this.#closed !== undefined) {
+      throw new CommunicatorClosed({ op: sig.name, group: this.group, rank: this.rank, reason: messageOf(this.#closed) })
+    }
+    const seq = this.#nextSeq++
+    const op = new Operation(this.#host, seq, sig, describeOp)
+    op.timeoutMs = timeoutMs
+    this.#ops.set(seq, op)
+    this.#ensureWatchdog()
+    let running: Promise<T>
+    try {
+      running = body(op)
+    } catch (e) {
+      running = Promise.reject(e)
+    }
+    // Frames that arrived before this rank got here: the algorithm's handler is installed now.
+    const early = this.#early.get(seq)
+    if (early) {
+      this.#early.delete(seq)
+      for (const f of early) {
+        this.#earlyBytes -= f.wireBytes
+        op.deliver(f)
+      }
+    }
+    try {
+      return await running
+    } catch (e) {
+      const err = op.failure ?? e
+      op.fail(err)
+      this.#abort(err)
+      throw err
+    } finally {
+      this.#ops.delete(seq)
+    }
+  }
+
+  /** Rejects a bad argument the same way on this rank as a failure would: the group is aborted. */
+  #argError(op: string, reason: string): never {
+    const err = new CollectiveArgumentError({ op, reason })
+    if (this.#closed === undefined) {
+      // Consume the sequence number the peers are using for this call, then tell them.
+      this.#nextSeq++
+      this.#abort(err)
+    }
+    throw err
+  }
+
+  #wire(op: string, wire: WireFormat | undefined): boolean {
+    if (wire === undefined || wire === "f32") return false
+    if (wire === "f16") return true
+    return this.#argError(op, `wire must be "f32" or "f16", got ${String(wire)}`)
+  }
+
+  #reduceOp(name: string, op: ReduceOp | undefined, weight: number | undefined): { op: ReduceOp; weight: number } {
+    const r = op ?? "sum"
+    if (!(r in reduceCode)) this.#argError(name, `op must be sum, mean, max or weightedMean, got ${String(op)}`)
+    if (r !== "weightedMean") return { op: r, weight: 0 }
+    const w = weight ?? 1
+    if (!Number.isFinite(w) || w < 0) this.#argError(name, `weight must be a finite number >= 0, got ${w}`)
+    return { op: r, weight: w }
+  }
+
+  #checkBuffer(op: string, data: unknown): asserts data is Float32Array {
+    if (!(data instanceof Float32Array)) this.#argError(op, "expects a Float32Array")
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // collectives
+
+  /** Resolves on every rank once all ranks have called it. */
+  async barrier(opts: CallOptions = {}): Promise<void> {
+    if (this.worldSize === 1) return
+    await this.#run({ name: "barrier", opcode: Opcode.barrier, variant: 0, length: 0, half: false }, opts.timeoutMs, (op) =>
+      disseminationBarrier(op, this.worldSize)
+    )
+  }
+
+  /** Copies `root`'s `data` into `data` on every rank (in place); returns `data`. */
+  async broadcast(data: Float32Array, root: number, opts: BroadcastOptions = {}): Promise<Float32Array> {
+    this.#checkBuffer("broadcast", data)
+    if (!Number.isInteger(root) || root < 0 || root >= this.worldSize) this.#argError("broadcast", `root must be a rank in 0..${this.worldSize - 1}, got ${root}`)
+    const algorithm = opts.algorithm ?? "fanout"
+    if (algorithm !== "fanout" && algorithm !== "tree") this.#argError("broadcast", `algorithm must be "fanout" or "tree", got ${String(algorithm)}`)
+    const half = this.#wire("broadcast", opts.wire)
+    if (this.worldSize === 1) return data
+    const variant = variantOf(algorithmCode[algorithm], 0, half)
+    return this.#run({ name: "broadcast", opcode: Opcode.broadcast, variant, length: data.length, half }, opts.timeoutMs, async (op) => {
+      // The root keeps exactly what the others decode.
+      if (half && this.rank === root) roundToHalf(data)
+      await broadcastChunks(op, data, root, this.worldSize, this.chunkElems, half, algorithm === "fanout")
+      return data
+    })
+  }
+
+  /** Every rank's `data` (same length n on all), concatenated in rank order: p * n elements. */
+  async allGather(data: Float32Array, opts: AllGatherOptions = {}): Promise<Float32Array> {
+    this.#checkBuffer("allGather", data)
+    const p = this.worldSize
+    const n = data.length
+    const out = opts.out ?? new Float32Array(p * n)
+    if (out.length !== p * n) this.#argError("allGather", `out must hold worldSize * data.length = ${p * n} elements, has ${out.length}`)
+    const algorithm = opts.algorithm ?? "fanout"
+    if (algorithm !== "fanout" && algorithm !== "ring") this.#argError("allGather", `algorithm must be "fanout" or "ring", got ${String(algorithm)}`)
+    const half = this.#wire("allGather", opts.wire)
+    out.set(data, this.rank * n)
+    if (p === 1) return out
+    if (half) roundToHalf(out.subarray(this.rank * n, (this.rank + 1) * n))
+    const variant = variantOf(algorithmCode[algorithm], 0, half)
+    // The length on the wire is the total, so a rank with a different block size is caught.
+    return this.#run({ name: "allGather", opcode: Opcode.allGather, variant, length: p * n, half }, opts.timeoutMs, async (op) => {
+      await allGatherBlocks(op, out, n, p, this.chunkElems, half, algorithm === "fanout")
+      return out
+    })
+  }
+
+  /**
+   * Reduces `data` over all ranks and leaves this rank's segment of the result (segmentBounds(n, p,
+   * rank)) in place; returns that segment as a view. The rest of `data` holds partial sums.
+   */
+  async reduceScatter(data: Float32Array, opts: ReduceScatterOptions = {}): Promise<Float32Array> {
+    this.#checkBuffer("reduceScatter", data)
+    const { op: rop, weight } = this.#reduceOp("reduceScatter", opts.op, opts.weight)
+    const half = this.#wire("reduceScatter", opts.wire)
+    const [s, e] = segmentBounds(data.length, this.worldSize, this.rank)
+    if (this.worldSize === 1) return soloResult(data, rop, weight).subarray(s, e)
+    const variant = variantOf(algorithmCode.ring, reduceCode[rop], half)
+    return this.#run({ name: "reduceScatter", opcode: Opcode.reduceScatter, variant, length: data.length, half }, opts.timeoutMs, async (op) => {
+      if (rop === "weightedMean") scale(data, 0, data.length, weight)
+      const reduce: Reduction = { op: rop, count: this.worldSize, weight, half }
+      const members = Array.from({ length: this.worldSize }, (_, r) => r)
+      await ringReduce(op, data, { members, index: this.rank, chunkElems: this.chunkElems, stepBase: 0, reduce, scatterOnly: true })
+      return data.subarray(s, e)
+    })
+  }
+
+  /**
+   * Reduces `data` over all ranks, in place; returns `data`. Every rank ends with bitwise the same
+   * values. With p = 1 it returns at once, with no traffic.
+   */
+  async allReduce(data: Float32Array, opts: AllReduceOptions = {}): Promise<Float32Array> {
+    this.#checkBuffer("allReduce", data)
+    const { op: rop, weight } = this.#reduceOp("allReduce", opts.op, opts.weight)
+    const algorithm = opts.algorithm ?? "ring"
+    if (!(algorithm in algorithmCode) || algorithm === ("fanout" as string)) {
+      this.#argError("allReduce", `algorithm must be "ring", "tree" or "hierarchical", got ${String(algorithm)}`)
+    }
+    const hierarchy = opts.hierarchy ?? "node"
+    if (hierarchy !== "node" && hierarchy !== "server") this.#argError("allReduce", `hierarchy must be "node" or "server", got ${String(hierarchy)}`)
+    const half = this.#wire("allReduce", opts.wire)
+    if (this.worldSize === 1) return soloResult(data, rop, weight)
+    const fanout = opts.fanout !== false
+    const variant = variantOf(algorithmCode[algorithm], reduceCode[rop], half, !fanout && algorithm !== "hierarchical")
+    return this.#run({ name: "allReduce", opcode: Opcode.allReduce, variant, length: data.length, half }, opts.timeoutMs, async (op) => {
+      if (rop === "weightedMean") scale(data, 0, data.length, weight)
+      const reduce: Reduction = { op: rop, count: this.worldSize, weight, half }
+      const C = this.chunkElems
+      const p = this.worldSize
+      if (algorithm === "ring") {
+        const members = Array.from({ length: p }, (_, r) => r)
+        await ringReduce(op, data, { members, index: this.rank, chunkElems: C, stepBase: 0, reduce, gatherFanout: fanout ? "all" : undefined })
+      } else if (algorithm === "tree") {
+        const members = Array.from({ length: p }, (_, r) => r)
+        await treeReduce(op, data, { members, index: this.rank, chunkElems: C, stepBase: 0, reduce, fanoutTarget: fanout ? "all" : undefined })
+      } else {
+        await hierarchicalReduce(op, data, { nodes: this.nodeGroups(hierarchy), chunkElems: C, reduce })
+      }
+      return data
+    })
+  }
+
+  /** Ranks grouped by node id (or NATS server), each group ascending, groups ordered by their first rank. */
+  nodeGroups(hierarchy: "node" | "server" = "node"): NodeGroup[] {
+    const byKey = new Map<string, number[]>()
+    for (const peer of this.peers) {
+      const key = hierarchy === "node" ? peer.node : peer.server
+      const list = byKey.get(key)
+      if (list) list.push(peer.rank)
+      else byKey.set(key, [peer.rank])
+    }
+    return [...byKey.entries()]
+      .map(([key, ranks]) => ({ ranks, fanoutToken: hierarchy === "node" ? nodeTokenFor(key) : serverTokenFor(key) }))
+      .sort((a, b) => a.ranks[0] - b.ranks[0])
+  }
+
+  /** True once the group is aborted or closed. */
+  get closed(): boolean {
+    return this.#closed !== undefined
+  }
+
+  /**
+   * Leaves the group: unsubscribes. Calls still running fail with CommunicatorClosed, and the
+   * other ranks are told (their running calls fail fast instead of timing out).
+   */
+  async close(): Promise<void> {
+    if (this.#closed === undefined && this.#ops.size > 0) {
+      this.#abort(new CommunicatorClosed({ op: "close", group: this.group, rank: this.rank, reason: "close() was called while collectives were running" }))
+    }
+    this.#closed ??= new CommunicatorClosed({ op: "close", group: this.group, rank: this.rank, reason: "closed" })
+    if (this.#watchdog) clearInterval(this.#watchdog)
+    this.#watchdog = undefined
+    for (const it of this.#statusIters) it.stop?.()
+    this.#statusIters.length = 0
+    for (const s of this.#subs) s.unsubscribe()
+    this.#subs.length = 0
+    this.#clearEarly()
+    if (this.#nc && !this.#nc.isClosed()) await this.#nc.flush().catch(() => {})
+    if (this.#cnc && this.#cnc !== this.#nc && !this.#cnc.isClosed()) await this.#cnc.flush().catch(() => {})
+  }
+}

@@ -1,0 +1,74 @@
+// IEEE binary16 conversion for the optional fp16 wire format of collectives: values travel as
+// half-precision bits (half the bytes), every rank accumulates in fp32. Encoding works on the fp32
+// bit patterns (F. Giesen's round-to-nearest-even "fast3" method); decoding is a lookup in a
+// 65536-entry table built on first use. No allocation per call.
+
+let table: Float32Array | undefined
+
+/** Value of every binary16 bit pattern (256 KiB, built once). */
+export const halfTable = (): Float32Array => {
+  if (table) return table
+  const t = new Float32Array(65536)
+  for (let h = 0; h < 65536; h++) {
+    const e = (h >>> 10) & 0x1f
+    const m = h & 0x3ff
+    let v: number
+    if (e === 0) v = m * 2 ** -24
+    else if (e === 31) v = m === 0 ? Infinity : NaN
+    else v = (1 + m / 1024) * 2 ** (e - 15)
+    t[h] = h & 0x8000 ? -v : v
+  }
+  table = t
+  return t
+}
+
+/** The rare cases (zero/subnormal, overflow, Inf, NaN) of one conversion, given value and bits. */
+const slowHalf = (value: number, bits: number): number => {
+  const sign = (bits >>> 16) & 0x8000
+  const f = bits & 0x7fffffff
+  if (f >= 0x47800000) return sign | (f > 0x7f800000 ? 0x7e00 : 0x7c00)
+  // Below 2^-14 the half is subnormal: adding 0.5 (in fp32) puts the half's ulp 2^-24 at fp32's last
+  // mantissa bit, so fp32's own rounding does the round-to-nearest-even.
+  return sign | ((Math.fround(Math.abs(value) + 0.5) - 0.5) * 16777216)
+}
+
+/** out[i] = binary16 bits of src[i], round to nearest even. `src` must be 4-byte aligned (a Float32Array is). */
+export const encodeHalf = (src: Float32Array, out: Uint16Array): void => {
+  const n = src.length
+  const bits = new Uint32Array(src.buffer, src.byteOffset, n)
+  for (let i = 0; i < n; i++) {
+    const b = bits[i]
+    const f = b & 0x7fffffff
+    out[i] =
+      f >= 0x38800000 && f < 0x47800000
+        ? ((b >>> 16) & 0x8000) | ((f - 0x38000000 + 0xfff + ((f >>> 13) & 1)) >>> 13)
+        : slowHalf(src[i], b)
+  }
+}
+
+/** dst[i] = value of half bits src[i]. */
+export const decodeHalf = (src: Uint16Array, dst: Float32Array): void => {
+  const t = halfTable()
+  const n = src.length
+  for (let i = 0; i < n; i++) dst[i] = t[src[i]]
+}
+
+/**
+ * Rounds every value to the nearest binary16 value in place. The rank that computes a final value
+ * does this before sending it as fp16, so it keeps exactly what every other rank decodes.
+ */
+export const roundToHalf = (data: Float32Array): void => {
+  const t = halfTable()
+  const n = data.length
+  const bits = new Uint32Array(data.buffer, data.byteOffset, n)
+  for (let i = 0; i < n; i++) {
+    const b = bits[i]
+    const f = b & 0x7fffffff
+    data[i] =
+      t[
+        f >= 0x38800000 && f < 0x47800000
+          ? ((b >>> 16) & 0x8000) | ((f - 0x38000000 + 0xfff + ((f >>> 13) & 1)) >>> 13)
+          : slowHalf(data[i], b)
+      ]
+  }
+}

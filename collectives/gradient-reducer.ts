@@ -1,0 +1,228 @@
+// Reduces one step's gradients across the group: the flat gradient (every variable back to back,
+// in a stable order) is cut into buckets, contiguous ranges of it, so a bucket needs no packing
+// copy; each bucket is all-reduced (or, for codecs that cannot be summed on the wire, all-gathered
+// and decoded) as soon as the previous ones are under way, a few in flight at once.
+//
+// The result is the weighted mean sum_i w_i g_i / sum_i w_i (w_i: rank i's sample count), the
+// large-batch SGD gradient. Uncompressed buckets use the communicator's weightedMean; compressed
+// ones scale the local gradient by w_i / W first (W from one tiny all-reduce per step), so error
+// feedback sees exactly what is sent.
+//
+// Aggregation per codec (see compression/compressor.ts):
+//   fp16      all-reduce with binary16 on the wire; residual e = p - half(p)
+//   powersgd  all-reduce of the P and Q factors, per matrix-shaped variable
+//   int8, topk, sign  all-gather of every rank's message; each rank decodes all of them in rank
+//             order (so every rank gets bitwise the same sum). int8 is all-gathered rather than
+//             re-quantised at each ring hop: one quantisation per rank and step, one residual.
+import type { AllReduceAlgorithm, Communicator } from "./communicator.ts"
+import { planBuckets, DEFAULT_BUCKET_BYTES, DEFAULT_FIRST_BUCKET_BYTES } from "./bucketing.ts"
+import { roundToHalf } from "./float16.ts"
+import {
+  createCompressor,
+  ErrorFeedback,
+  PowerSgdCompressor,
+  type Compressor,
+  type ResolvedCompressionConfig
+} from "./compression/index.ts"
+
+export interface GradientSlotInfo {
+  readonly name: string
+  readonly shape: ReadonlyArray<number>
+  readonly offset: number
+  readonly size: number
+}
+
+export interface GradientReducerOptions {
+  /** A fixed algorithm, or a function choosing one per bucket size in bytes. */
+  readonly algorithm: AllReduceAlgorithm | ((bytes: number) => AllReduceAlgorithm)
+  readonly compression?: ResolvedCompressionConfig
+  /** binary16 on the wire for uncompressed buckets. */
+  readonly wire?: "f32" | "f16"
+  readonly bucketBytes?: number
+  readonly firstBucketBytes?: number
+  readonly maxInFlight?: number
+  /** Timing of each bucket's reduction (for the timeline). */
+  readonly onBucket?: (info: { bucket: number; bytes: number; algorithm: string; startMs: number; endMs: number; encodeMs: number }) => void
+}
+
+export interface ReducerStats {
+  /** Bytes this rank put on the wire for gradients in the last step (its own messages). */
+  readonly wireBytes: number
+  /** What the same step would send uncompressed (fp32). */
+  readonly denseBytes: number
+  readonly steps: number
+  readonly totalWireBytes: number
+  readonly totalDenseBytes: number
+}
+
+interface Range {
+  readonly start: number
+  readonly end: number
+}
+
+export class GradientReducer {
+  readonly comm: Communicator
+  readonly compressor: Compressor | PowerSgdCompressor | undefined
+  readonly ef = new ErrorFeedback()
+  readonly #opts: GradientReducerOptions
+  #plan: { key: string; buckets: Range[] } | undefined
+  #stats = { wireBytes: 0, denseBytes: 0, steps: 0, totalWireBytes: 0, totalDenseBytes: 0 }
+
+  constructor(comm: Communicator, opts: GradientReducerOptions) {
+    this.comm = comm
+    this.#opts = opts
+    const c = opts.compression ?? "none"
+    const made = c === "none" || (typeof c === "object" && c.type === "none") ? undefined : createCompressor(c)
+    this.compressor = made as Compressor | PowerSgdCompressor | undefined
+  }
+
+  get stats(): ReducerStats {
+    return { ...this.#stats }
+  }
+
+  #algorithm(bytes: number): AllReduceAlgorithm {
+    const a = this.#opts.algorithm
+    return typeof a === "function" ? a(bytes) : a
+  }
+
+  #buckets(layout: ReadonlyArray<GradientSlotInfo>): Range[] {
+    const key = layout.map((s) => s.size).join(",")
+    if (this.#plan?.key === key) return this.#plan.buckets
+    const plan = planBuckets(
+      layout.map((s) => s.size),
+      this.#opts.bucketBytes ?? DEFAULT_BUCKET_BYTES,
+      this.#opts.firstBucketBytes ?? DEFAULT_FIRST_BUCKET_BYTES
+    )
+    const buckets = plan.map((b) => {
+      const start = layout[b.vars[0]].offset
+      return { start, end: start + b.length }
+    })
+    this.#plan = { key, buckets }
+    return buckets
+  }
+
+  /** Reduces `flat` in place to the weighted mean over ranks. */
+  async reduceGradients(flat: Float32Array, layout: ReadonlyArray<GradientSlotInfo>, weight: number, step: number): Promise<void> {
+    const dense = flat.length * 4
+    let wire = 0
+    if (this.comm.worldSize === 1) {
+      // Nothing to exchange; compression would only add error.
+    } else if (this.compressor instanceof PowerSgdCompressor) {
+      wire = await this.#powerSgd(flat, layout, weight)
+    } else {
+      const buckets = this.#buckets(layout)
+      const scaleBy = this.compressor ? weight / (await this.#totalWeight(weight)) : 1
+      const maxInFlight = Math.max(1, this.#opts.maxInFlight ?? 2)
+      let next = 0
+      const sent: number[] = []
+      const worker = async (): Promise<void> => {
+        while (next < buckets.length) {
+          const k = next++
+          sent[k] = await this.#bucket(k, flat.subarray(buckets[k].start, buckets[k].end), weight, scaleBy, step)
+        }
+      }
+      await Promise.all(Array.from({ length: Math.min(maxInFlight, buckets.length) }, worker))
+      wire = sent.reduce((a, b) => a + b, 0)
+    }
+    const s = this.#stats
+    s.wireBytes = wire
+    s.denseBytes = dense
+    s.steps++
+    s.totalWireBytes += wire
+    s.totalDenseBytes += dense
+  }
+
+  async #totalWeight(weight: number): Promise<number> {
+    const w = Float32Array.of(weight)
+    await this.comm.allReduce(w, { op: "sum", algorithm: "tree" })
+    return w[0] > 0 ? w[0] : 1
+  }
+
+  async #bucket(k: number, data: Float32Array, weight: number, scaleBy: number, step: number): Promise<number> {
+    const startMs = performance.now()
+    const algorithm = this.#algorithm(data.length * 4)
+    const c = this.compressor as Compressor | undefined
+    let encodeMs = 0
+    let bytes: number
+    if (!c) {
+      const f16 = this.#opts.wire === "f16"
+      await this.comm.allReduce(data, { op: "weightedMean", weight, algorithm, wire: f16 ? "f16" : "f32" })
+      bytes = data.length * (f16 ? 2 : 4)
+    } else {
+      for (let i = 0; i < data.length; i++) data[i] *= scaleBy
+      const key = `bucket${k}`
+      if (c.aggregation === "allreduce") {
+        // fp16: p = g + e is sent as binary16; the residual keeps what rounding dropped.
+        const t0 = performance.now()
+        if (c.errorFeedback) {
+          const e = this.ef.residual(key, data.length)
+          for (let i = 0; i < data.length; i++) data[i] += e[i]
+          e.set(data)
+          roundToHalf(data)
+          for (let i = 0; i < data.length; i++) e[i] -= data[i]
+        }
+        encodeMs = performance.now() - t0
+        await this.comm.allReduce(data, { op: "sum", algorithm, wire: "f16" })
+        bytes = data.length * 2
+      } else {
+        const t0 = performance.now()
+        const n = c.wireBytes(data.length)
+        // The message travels as float32 words: pad it to a multiple of 4 bytes.
+        const words = new Float32Array(Math.ceil(n / 4))
+        const out = new Uint8Array(words.buffer, 0, n)
+        const msg = this.ef.compress(c, key, data, { step, rank: this.comm.rank }, out)
+        if (msg.bytes.buffer !== words.buffer) out.set(msg.bytes)
+        encodeMs = performance.now() - t0
+        const gathered = await this.comm.allGather(words, { algorithm: "fanout" })
+        data.fill(0)
+        const stride = words.length * 4
+        const all = new Uint8Array(gathered.buffer, gathered.byteOffset, gathered.byteLength)
+        for (let r = 0; r < this.comm.worldSize; r++) c.accumulate(all.subarray(r * stride, r * stride + n), data, 1)
+        bytes = n
+      }
+    }
+    this.#opts.onBucket?.({ bucket: k, bytes, algorithm, startMs, endMs: performance.now(), encodeMs })
+    return bytes
+  }
+
+  async #powerSgd(flat: Float32Array, layout: ReadonlyArray<GradientSlotInfo>, weight: number): Promise<number> {
+    const psgd = this.compressor as PowerSgdCompressor
+    const scaleBy = weight / (await this.#totalWeight(weight))
+    for (let i = 0; i < flat.length; i++) flat[i] *= scaleBy
+    let wire = 0
+    const algorithm = this.#algorithm(flat.length * 4)
+    const allReduce = async (buf: Float32Array): Promise<Float32Array> => {
+      wire += buf.length * 4
+      return this.comm.allReduce(buf, { op: "sum", algorithm })
+    }
+    const tensors = layout.map((s) => ({ key: s.name, shape: s.shape, grad: flat.subarray(s.offset, s.offset + s.size) }))
+    const startMs = performance.now()
+    const out = await psgd.reduce(tensors, allReduce, psgd.errorFeedback ? this.ef : undefined)
+    layout.forEach((s, i) => flat.set(out[i], s.offset))
+    this.#opts.onBucket?.({ bucket: 0, bytes: wire, algorithm, startMs, endMs: performance.now(), encodeMs: 0 })
+    return wire
+  }
+
+  /** Copies rank 0's values into `buf` on every rank. */
+  broadcast(buf: Float32Array): Promise<void> {
+    return this.comm.broadcast(buf, 0).then(() => undefined)
+  }
+
+  /** Element-wise sum over ranks, in place. */
+  sum(buf: Float32Array): Promise<void> {
+    return this.comm.allReduce(buf, { op: "sum", algorithm: "tree" }).then(() => undefined)
+  }
+
+  /** Residuals (and PowerSGD's warm-start factors) for a checkpoint. */
+  state(): { residuals: Record<string, Float32Array>; powersgd?: { step: number; q: Record<string, Float32Array> } } {
+    return {
+      residuals: this.ef.state(),
+      ...(this.compressor instanceof PowerSgdCompressor ? { powersgd: this.compressor.state() } : {})
+    }
+  }
+
+  restore(state: { residuals?: Record<string, ArrayLike<number>>; powersgd?: { step: number; q: Record<string, ArrayLike<number>> } }): void {
+    if (state.residuals) this.ef.restore(state.residuals)
+    if (state.powersgd && this.compressor instanceof PowerSgdCompressor) this.compressor.restore(state.powersgd)
+  }
+}

@@ -1,0 +1,95 @@
+// The element loops of the data path: reduce a received payload into a region of the buffer, copy
+// one in, finish a final value (mean, weighted mean), and read payloads as typed-array views.
+// Plain loops over typed arrays; no allocation except the scratch for misaligned payloads.
+import { halfTable } from "./float16.ts"
+
+export type ReduceOp = "sum" | "mean" | "max" | "weightedMean"
+
+let scratch = new ArrayBuffer(1 << 16)
+const scratchFor = (bytes: number): ArrayBuffer => {
+  if (scratch.byteLength < bytes) scratch = new ArrayBuffer(Math.max(bytes, scratch.byteLength * 2))
+  return scratch
+}
+
+/** The payload as a Float32Array: a view when aligned (large messages always are), else a scratch copy. */
+export const f32View = (payload: Uint8Array, n: number): Float32Array => {
+  if ((payload.byteOffset & 3) === 0) return new Float32Array(payload.buffer, payload.byteOffset, n)
+  const buf = scratchFor(n * 4)
+  new Uint8Array(buf, 0, n * 4).set(payload.subarray(0, n * 4))
+  return new Float32Array(buf, 0, n)
+}
+
+/** The payload as binary16 bits: a view when aligned, else a scratch copy. */
+export const u16View = (payload: Uint8Array, n: number): Uint16Array => {
+  if ((payload.byteOffset & 1) === 0) return new Uint16Array(payload.buffer, payload.byteOffset, n)
+  const buf = scratchFor(n * 2)
+  new Uint8Array(buf, 0, n * 2).set(payload.subarray(0, n * 2))
+  return new Uint16Array(buf, 0, n)
+}
+
+/** dst[off..off+n) op= payload, where op is + (sum, mean, weightedMean) or max. */
+export const accumulate = (dst: Float32Array, off: number, payload: Uint8Array, n: number, half: boolean, op: ReduceOp): void => {
+  if (half) {
+    const src = u16View(payload, n)
+    const t = halfTable()
+    if (op === "max") {
+      for (let i = 0; i < n; i++) {
+        const v = t[src[i]]
+        if (v > dst[off + i] || v !== v) dst[off + i] = v
+      }
+    } else {
+      for (let i = 0; i < n; i++) dst[off + i] += t[src[i]]
+    }
+    return
+  }
+  const src = f32View(payload, n)
+  if (op === "max") {
+    for (let i = 0; i < n; i++) {
+      const v = src[i]
+      // NaN wins, as in torch.max: a NaN gradient should not be hidden.
+      if (v > dst[off + i] || v !== v) dst[off + i] = v
+    }
+  } else {
+    for (let i = 0; i < n; i++) dst[off + i] += src[i]
+  }
+}
+
+/**
+ * dst[off..off+n) = (dst + payload) / divisor: the last addition and a mean's division in one pass
+ * over memory, for the rank that finishes a region.
+ */
+export const accumulateDivide = (dst: Float32Array, off: number, payload: Uint8Array, n: number, half: boolean, divisor: number): void => {
+  if (half) {
+    const src = u16View(payload, n)
+    const t = halfTable()
+    for (let i = 0; i < n; i++) dst[off + i] = (dst[off + i] + t[src[i]]) / divisor
+    return
+  }
+  const src = f32View(payload, n)
+  for (let i = 0; i < n; i++) dst[off + i] = (dst[off + i] + src[i]) / divisor
+}
+
+/** dst[off..off+n) = payload. */
+export const assign = (dst: Float32Array, off: number, payload: Uint8Array, n: number, half: boolean): void => {
+  if (half) {
+    const src = u16View(payload, n)
+    const t = halfTable()
+    for (let i = 0; i < n; i++) dst[off + i] = t[src[i]]
+    return
+  }
+  if ((payload.byteOffset & 3) === 0) {
+    dst.set(new Float32Array(payload.buffer, payload.byteOffset, n), off)
+  } else {
+    new Uint8Array(dst.buffer, dst.byteOffset + off * 4, n * 4).set(payload.subarray(0, n * 4))
+  }
+}
+
+/** data *= factor, in place (weights before a weighted mean, the final division of a mean). */
+export const scale = (data: Float32Array, off: number, n: number, factor: number): void => {
+  for (let i = off, end = off + n; i < end; i++) data[i] *= factor
+}
+
+/** data /= divisor, in place. Division (not multiplication by 1/d) so a mean equals sum / p exactly. */
+export const divide = (data: Float32Array, off: number, n: number, divisor: number): void => {
+  for (let i = off, end = off + n; i < end; i++) data[i] /= divisor
+}

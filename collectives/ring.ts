@@ -1,0 +1,154 @@
+// Ring reduce-scatter and all-reduce (reduce-scatter, then all-gather), chunked and pipelined.
+//
+// The m members form a ring; each sends only to the next and receives only from the previous, so
+// every link carries 2(m-1)/m of the buffer and no rank is a hot spot. With the segment numbering
+// used here, member i ends the reduce-scatter owning segment i:
+//   reduce-scatter step t (0..m-2): send segment i-t-1, receive segment i-t-2 and add it in;
+//   all-gather step t (0..m-2):     send segment i-t,   receive segment i-t-1 and copy it in.
+// Each step forwards what the previous step received, chunk by chunk: chunk c of step t+1 leaves
+// as soon as chunk c of step t has arrived, so a large buffer streams through the ring instead of
+// moving one whole segment per step. The owner finishes its segment (mean, weighted mean, fp16
+// rounding) once, and the all-gather copies those bits everywhere.
+//
+// With `gatherFanout`, the all-gather is one NATS fan-out publish per chunk from each owner to
+// every member instead of m-1 relays: each rank sends (m-1)/m less, the server takes each final
+// byte in once, and no rank waits on a chain of forwards. The reduce-scatter stays a ring.
+import { accumulate, assign } from "./kernels.ts"
+import { Flag, type Frame } from "./frames.ts"
+import type { Operation } from "./operation.ts"
+import { accumulateAndFinish, accumulateOp, finish, type Reduction } from "./reduction.ts"
+import { chunkCount, chunkLength, mod, segmentStart } from "./segments.ts"
+
+export interface RingSpec {
+  /** Group ranks in ring order. */
+  readonly members: ReadonlyArray<number>
+  /** This rank's position in `members`. */
+  readonly index: number
+  readonly chunkElems: number
+  /** Added to the step numbers on the wire, so phases of one operation stay apart. */
+  readonly stepBase: number
+  readonly reduce: Reduction
+  /** Stop after the reduce-scatter (each member then holds its own segment, finished). */
+  readonly scatterOnly?: boolean
+  /** All-gather by fan-out to this subject token ("all"; every member must subscribe to it and nobody else). */
+  readonly gatherFanout?: string
+  /** Called when the region [off, off+n) holds its final value on this rank. */
+  readonly onFinal?: (off: number, n: number) => void
+}
+
+/** Runs a ring over `spec.members` on `buf` (in place). Resolves when this rank's part is done. */
+export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpec): Promise<void> => {
+  const { members, index: i, chunkElems: C, stepBase, reduce, onFinal, gatherFanout } = spec
+  const m = members.length
+  const N = buf.length
+  if (m === 1) {
+    finish(buf, 0, N, reduce, reduce.weight)
+    onFinal?.(0, N)
+    return
+  }
+  const next = members[(i + 1) % m]
+  const prev = members[(i - 1 + m) % m]
+  const rsSteps = m - 1
+  const fanout = gatherFanout !== undefined && !spec.scatterOnly
+  // Steps this rank receives from `prev` (and, without fan-out, sends to `next`).
+  const ringSteps = spec.scatterOnly || fanout ? rsSteps : 2 * (m - 1)
+  const sendSeg = (t: number): number => (t < rsSteps ? mod(i - t - 1, m) : mod(i - (t - rsSteps), m))
+  const recvSeg = (t: number): number => (t < rsSteps ? mod(i - t - 2, m) : mod(i - (t - rsSteps) - 1, m))
+  const segStart = (k: number): number => segmentStart(N, m, k)
+  const segLen = (k: number): number => segmentStart(N, m, k + 1) - segmentStart(N, m, k)
+  const half = reduce.half
+  const accOp = accumulateOp(reduce.op)
+  const elemBytes = half ? 2 : 4
+  // Receive progress: frames from `prev` arrive in order (NATS keeps one publisher's order).
+  let recvStep = 0
+  let recvChunk = 0
+  const recvWeight = new Float64Array(rsSteps)
+  // Fan-out all-gather: chunks received so far from each member (by ring position).
+  const gathered = new Array<number>(m).fill(0)
+  let gatherLeft = 0
+  if (fanout) for (let k = 0; k < m; k++) if (k !== i) gatherLeft += chunkCount(segLen(k), C)
+
+  const place = (f: Frame, seg: number, chunk: number): number => {
+    const n = chunkLength(segLen(seg), C, chunk)
+    const off = segStart(seg) + chunk * C
+    if (f.offset !== off || f.payload.length !== n * elemBytes) {
+      throw op.protocolError(f, `segment ${seg} chunk ${chunk}: expected ${n} elements at ${off}, got ${f.payload.length / elemBytes} at ${f.offset}`)
+    }
+    return n
+  }
+
+  op.handler = (f: Frame): boolean => {
+    if (fanout && (f.flags & Flag.fanout) !== 0) {
+      const k = members.indexOf(f.src)
+      if (k < 0 || k === i || f.chunk !== gathered[k]) throw op.protocolError(f, `unexpected all-gather chunk ${f.chunk} from ${f.src}`)
+      const n = place(f, k, f.chunk)
+      assign(buf, f.offset, f.payload, n, half)
+      onFinal?.(f.offset, n)
+      gathered[k]++
+      gatherLeft--
+      return true
+    }
+    if (f.src !== prev) throw op.protocolError(f, `ring member ${members[i]} receives only from ${prev}`)
+    const t = f.step - stepBase
+    if (t !== recvStep || f.chunk !== recvChunk) {
+      throw op.protocolError(f, `expected step ${recvStep} chunk ${recvChunk}, got step ${t} chunk ${f.chunk}`)
+    }
+    const seg = recvSeg(t)
+    const n = place(f, seg, f.chunk)
+    const off = f.offset
+    if (t < rsSteps) {
+      if (f.chunk === 0) recvWeight[t] = f.value
+      if (t === rsSteps - 1) {
+        // The last contribution to segment i arrives at its owner: finish it, once.
+        accumulateAndFinish(buf, off, f.payload, n, reduce, f.value + reduce.weight)
+        onFinal?.(off, n)
+      } else {
+        accumulate(buf, off, f.payload, n, half, accOp)
+      }
+    } else {
+      assign(buf, off, f.payload, n, half)
+      onFinal?.(off, n)
+    }
+    if (++recvChunk === chunkCount(segLen(seg), C)) {
+      recvStep++
+      recvChunk = 0
+    }
+    return true
+  }
+
+  // A receiver's window is shared by its ring link and, with fan-out, the m-1 owners' streams.
+  if (fanout) op.setFanIn(2, 2 * (m - 1))
+  const received = (t: number, c: number): boolean => recvStep > t || (recvStep === t && recvChunk > c)
+  const waitPrev = (): number[] => [prev]
+  const others = fanout ? members.filter((_, k) => k !== i) : []
+
+  const sendSteps = fanout ? rsSteps + 1 : ringSteps
+  for (let t = 0; t < sendSteps; t++) {
+    const seg = sendSeg(t)
+    const start = segStart(seg)
+    const len = segLen(seg)
+    const chunks = chunkCount(len, C)
+    for (let c = 0; c < chunks; c++) {
+      if (t > 0 && !received(t - 1, c)) {
+        const tt = t - 1
+        const cc = c
+        await op.until(() => received(tt, cc), waitPrev)
+      }
+      const off = start + c * C
+      const view = buf.subarray(off, off + chunkLength(len, C, c))
+      if (t < rsSteps) {
+        // The weight that travels with a partial sum: all contributions it holds.
+        const weight = t === 0 ? reduce.weight : recvWeight[t - 1] + reduce.weight
+        await op.send(next, stepBase + t, c, off, view, weight)
+      } else if (fanout) {
+        await op.sendFanout(gatherFanout as string, others, stepBase + t, c, off, view)
+      } else {
+        await op.send(next, stepBase + t, c, off, view)
+      }
+    }
+  }
+  await op.until(
+    () => recvStep === ringSteps && gatherLeft === 0,
+    () => (recvStep < ringSteps ? [prev] : members.filter((_, k) => k !== i && gathered[k] < chunkCount(segLen(k), C)))
+  )
+}

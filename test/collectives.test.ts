@@ -1,0 +1,95 @@
+// Collectives end to end: ranks in separate processes over a real nats-server, every operation and
+// algorithm for p = 1..8, random lengths (0, 1, < p, not divisible by p, many chunks) and values,
+// checked against a float64 reference and for bitwise-identical results on every rank.
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { launchNatsServer, type NatsServerProcess } from "../core/nats-server.ts"
+import { prng, type Case, type CaseResult } from "./support/collectives-cases.ts"
+import { RankFleet } from "./support/collectives-fleet.ts"
+
+const MAX_P = 8
+// Small chunks and windows so that modest buffers span many chunks and exercise pipelining and credits.
+const CHUNK_BYTES = 1024
+const WINDOW_BYTES = 4096
+
+let server: NatsServerProcess
+let fleet: RankFleet
+
+beforeAll(async () => {
+  server = await launchNatsServer({ jetstream: false })
+  fleet = await RankFleet.start({ size: MAX_P, server: () => server.url })
+})
+
+afterAll(async () => {
+  await fleet?.stop()
+  await server?.stop()
+})
+
+/** Lengths worth testing for p ranks: empty, one, fewer than p, not divisible by p, many chunks. */
+const lengthsFor = (p: number, rnd: () => number): number[] => {
+  const chunk = CHUNK_BYTES / 4
+  const out = new Set([0, 1, Math.max(0, p - 1), p * 37 + 1, 1 + Math.floor(rnd() * 3 * chunk * p)])
+  return [...out]
+}
+
+const casesFor = (p: number): Case[] => {
+  const rnd = prng(1000 + p)
+  const seed = (): number => Math.floor(rnd() * 1e6)
+  const cases: Case[] = []
+  for (const algorithm of ["ring", "tree", "hierarchical"]) {
+    for (const reduce of ["sum", "mean", "max", "weightedMean"] as const) {
+      for (const length of lengthsFor(p, rnd)) cases.push({ op: "allReduce", algorithm, reduce, length, seed: seed() })
+    }
+    for (const reduce of ["sum", "weightedMean"] as const) {
+      cases.push({ op: "allReduce", algorithm, reduce, wire: "f16", length: 1 + Math.floor(rnd() * 2000), seed: seed() })
+    }
+    cases.push({ op: "allReduce", algorithm, reduce: "sum", length: 500 + Math.floor(rnd() * 500), seed: seed(), concurrent: 3 })
+  }
+  cases.push({ op: "allReduce", algorithm: "tree", reduce: "mean", length: 2000, seed: seed(), fanout: false })
+  for (const length of [0, p - 1, 2001]) cases.push({ op: "allReduce", algorithm: "ring", reduce: "weightedMean", length, seed: seed(), fanout: false })
+  cases.push({ op: "allReduce", algorithm: "ring", reduce: "sum", wire: "f16", length: 999, seed: seed(), fanout: false })
+  cases.push({ op: "allReduce", algorithm: "hierarchical", reduce: "sum", length: 2000, seed: seed(), hierarchy: "server" })
+  for (const reduce of ["sum", "mean", "max", "weightedMean"] as const) {
+    for (const length of [0, 1, p * 3 + 2, 1500]) cases.push({ op: "reduceScatter", reduce, length, seed: seed() })
+  }
+  cases.push({ op: "reduceScatter", reduce: "sum", wire: "f16", length: 1000, seed: seed() })
+  for (const algorithm of ["fanout", "tree"]) {
+    for (const length of [0, 1, 1700]) cases.push({ op: "broadcast", algorithm, length, seed: seed(), root: Math.floor(rnd() * p) })
+    cases.push({ op: "broadcast", algorithm, wire: "f16", length: 700, seed: seed(), root: p - 1 })
+  }
+  for (const algorithm of ["fanout", "ring"]) {
+    for (const length of [0, 1, 600]) cases.push({ op: "allGather", algorithm, length, seed: seed() })
+    cases.push({ op: "allGather", algorithm, wire: "f16", length: 300, seed: seed() })
+  }
+  cases.push({ op: "barrier", length: 0, seed: 0 })
+  cases.push({ op: "barrier", length: 0, seed: 0 })
+  // Bucketing: mixed sizes, one variable larger than a bucket (reduced in place), tiny first bucket.
+  const sizes = [3, 0, 700, 1, 5000, 40, 260, 2]
+  cases.push({ op: "buckets", algorithm: "ring", reduce: "sum", length: 0, seed: seed(), sizes, bucketBytes: 4096, firstBucketBytes: 512 })
+  cases.push({ op: "buckets", algorithm: "tree", reduce: "weightedMean", length: 0, seed: seed(), sizes, bucketBytes: 2048, firstBucketBytes: 64 })
+  return cases
+}
+
+/** Results that every rank must hold bit for bit (reduce-scatter segments differ per rank by design). */
+const mustMatch = (c: Case): boolean => c.op !== "reduceScatter" && c.op !== "barrier"
+
+describe("collectives over one nats-server, one process per rank", () => {
+  for (let p = 1; p <= MAX_P; p++) {
+    it(`p = ${p}: every operation and algorithm matches the reference, bitwise identical on all ranks`, async () => {
+      const group = `main-p${p}`
+      const nodeOf = (r: number): string => `node${r % 3}` // interleaved nodes: leaders are not rank-contiguous
+      await fleet.all(p, (rank) => ({ cmd: "create", group, rank, worldSize: p, node: nodeOf(rank), timeoutMs: 20_000, chunkBytes: CHUNK_BYTES, windowBytes: WINDOW_BYTES }))
+      const cases = casesFor(p)
+      const results = await fleet.all<Array<CaseResult & { index: number }>>(p, () => ({ cmd: "run", group, cases }))
+      await fleet.all(p, () => ({ cmd: "close", group }))
+      const failures: string[] = []
+      cases.forEach((c, i) => {
+        const per = results.map((r) => r[i])
+        per.forEach((r, rank) => {
+          if (!r.ok) failures.push(`case ${i} ${JSON.stringify(c)} rank ${rank}: ${r.detail}`)
+        })
+        if (mustMatch(c) && new Set(per.map((r) => r.hash)).size !== 1) failures.push(`case ${i} ${JSON.stringify(c)}: results differ across ranks`)
+      })
+      expect(failures).toEqual([])
+    })
+  }
+})

@@ -1,0 +1,127 @@
+// Test cases for collectives, shared by the test files (which build case lists) and the rank
+// processes (which run them). Inputs are generated from (seed, rank), so every rank can compute
+// the float64 reference of the whole group by itself and no data has to be shipped around.
+import { createHash } from "node:crypto"
+import { roundToHalf } from "../../collectives/float16.ts"
+import { segmentBounds } from "../../collectives/segments.ts"
+
+export type CaseOp = "allReduce" | "reduceScatter" | "broadcast" | "allGather" | "barrier" | "buckets"
+
+export interface Case {
+  readonly op: CaseOp
+  readonly length: number
+  readonly seed: number
+  readonly algorithm?: string
+  readonly reduce?: "sum" | "mean" | "max" | "weightedMean"
+  readonly wire?: "f32" | "f16"
+  readonly root?: number
+  readonly hierarchy?: "node" | "server"
+  readonly fanout?: boolean
+  /** Run this many copies of the case at once (distinct seeds), to exercise concurrent calls. */
+  readonly concurrent?: number
+  /** buckets: variable sizes (elements); bucket sizes in bytes. */
+  readonly sizes?: ReadonlyArray<number>
+  readonly bucketBytes?: number
+  readonly firstBucketBytes?: number
+  /** Give ranks different lengths (rank r adds r * lengthSkew): a mismatch test. */
+  readonly lengthSkew?: number
+}
+
+export interface CaseResult {
+  readonly ok: boolean
+  /** sha1 of the result bytes: equal on every rank for results that must be identical. */
+  readonly hash: string
+  readonly maxErr: number
+  readonly detail: string
+}
+
+/** mulberry32: a small, fast, seedable PRNG. */
+export const prng = (seed: number): (() => number) => {
+  let a = seed >>> 0
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0
+    let t = a
+    t = Math.imul(t ^ (t >>> 15), t | 1)
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
+  }
+}
+
+/** Rank r's input for a case: values in [-1, 1), a few exact zeros and repeated values for max ties. */
+export const inputOf = (seed: number, rank: number, length: number): Float32Array => {
+  const next = prng(seed * 7919 + rank * 104729 + 1)
+  const out = new Float32Array(length)
+  for (let i = 0; i < length; i++) {
+    const u = next()
+    out[i] = u < 0.02 ? 0 : u < 0.04 ? 0.5 : next() * 2 - 1
+  }
+  return out
+}
+
+/** Weight of rank r in weightedMean cases: 0..3, so some ranks bring no samples. */
+export const weightOf = (seed: number, rank: number): number => (seed + rank) % 4
+
+export const hashOf = (data: Float32Array): string =>
+  createHash("sha1").update(new Uint8Array(data.buffer, data.byteOffset, data.byteLength)).digest("hex")
+
+/** Float64 reference of an all-reduce over p ranks, and per element the scale its rounding error grows with. */
+export const reference = (c: Case, p: number): { ref: Float64Array; scale: Float64Array } => {
+  const n = c.length
+  const ref = new Float64Array(n)
+  const scale = new Float64Array(n)
+  const op = c.reduce ?? "sum"
+  let total = 0
+  for (let r = 0; r < p; r++) {
+    const x = inputOf(c.seed, r, n)
+    const w = op === "weightedMean" ? weightOf(c.seed, r) : 1
+    total += w
+    for (let i = 0; i < n; i++) {
+      if (op === "max") ref[i] = r === 0 ? x[i] : Math.max(ref[i], x[i])
+      else ref[i] += w * x[i]
+      scale[i] += Math.abs(w * x[i])
+    }
+  }
+  const divisor = op === "mean" ? p : op === "weightedMean" ? total : 1
+  for (let i = 0; i < n; i++) {
+    if (op === "weightedMean" && total === 0) ref[i] = 0
+    else if (divisor !== 1) ref[i] /= divisor
+    scale[i] = op === "max" ? Math.abs(ref[i]) : total === 0 ? 0 : scale[i] / divisor
+  }
+  return { ref, scale }
+}
+
+/**
+ * Compares a result with the float64 reference. fp32: error <= p * 2^-22 * scale (each of p-1
+ * additions rounds once). fp16: every hop rounds the partial sum to 11 bits, so p * 2^-10 * scale.
+ */
+export const compare = (got: Float32Array, ref: Float64Array, scale: Float64Array, p: number, half: boolean, start = 0): { ok: boolean; maxErr: number; detail: string } => {
+  const rel = half ? p * 2 ** -10 + 2 ** -11 : p * 2 ** -22
+  let maxErr = 0
+  let worst = ""
+  for (let i = 0; i < got.length; i++) {
+    const err = Math.abs(got[i] - ref[start + i])
+    const tol = rel * scale[start + i] + 1e-30
+    if (err > maxErr) maxErr = err
+    if (!(err <= tol) && worst === "") worst = `element ${start + i}: got ${got[i]}, want ${ref[start + i]} (tol ${tol})`
+  }
+  return { ok: worst === "", maxErr, detail: worst }
+}
+
+/** Expected all-gather / broadcast results (exact copies; fp16 rounds each value once). */
+export const gathered = (c: Case, p: number): Float32Array => {
+  const out = new Float32Array(p * c.length)
+  for (let r = 0; r < p; r++) out.set(inputOf(c.seed, r, c.length), r * c.length)
+  if (c.wire === "f16" && p > 1) roundToHalf(out)
+  return out
+}
+
+export const broadcasted = (c: Case, p: number): Float32Array => {
+  const out = inputOf(c.seed, c.root ?? 0, c.length)
+  if (c.wire === "f16" && p > 1) roundToHalf(out)
+  return out
+}
+
+export const sameBits = (a: Float32Array, b: Float32Array): boolean =>
+  a.length === b.length && Buffer.from(a.buffer, a.byteOffset, a.byteLength).equals(Buffer.from(b.buffer, b.byteOffset, b.byteLength))
+
+export { segmentBounds }

@@ -1,0 +1,327 @@
+// One rank process for collectives tests and benchmarks (started by collectives-fleet.ts). It
+// connects to NATS, then executes commands from its parent over IPC: create/close communicators,
+// run case lists (verifying each result against the float64 reference), and time all-reduces or
+// raw NATS traffic patterns for the benchmark. It exits when its parent goes away.
+import { connect } from "@nats-io/transport-node"
+import type { NatsConnection } from "@nats-io/nats-core"
+import { allReduceBuckets } from "../../collectives/bucketing.ts"
+import { Communicator, type AllReduceAlgorithm } from "../../collectives/communicator.ts"
+import {
+  broadcasted,
+  compare,
+  gathered,
+  hashOf,
+  inputOf,
+  reference,
+  sameBits,
+  segmentBounds,
+  weightOf,
+  type Case,
+  type CaseResult
+} from "./collectives-cases.ts"
+
+const server = process.env.GW_RANK_SERVER as string
+const comms = new Map<string, Communicator>()
+let nc: NatsConnection
+let cnc: NatsConnection
+
+const errorOf = (e: unknown) => {
+  const fields: Record<string, unknown> = {}
+  if (typeof e === "object" && e !== null) {
+    for (const [k, v] of Object.entries(e)) if (typeof v !== "function" && k !== "stack") fields[k] = v
+    for (const k of ["failedRanks"]) if (k in e) fields[k] = (e as Record<string, unknown>)[k]
+  }
+  return {
+    tag: typeof e === "object" && e !== null && "_tag" in e ? String((e as { _tag: unknown })._tag) : e instanceof Error ? e.name : "Error",
+    message: e instanceof Error ? e.message : String(e),
+    fields
+  }
+}
+
+const comm = (group: string): Communicator => {
+  const c = comms.get(group)
+  if (!c) throw new Error(`no communicator for group ${group}`)
+  return c
+}
+
+/** Runs one case on this rank and checks it. */
+const runCase = async (c: Communicator, k: Case): Promise<CaseResult> => {
+  const p = c.worldSize
+  const r = c.rank
+  // A group of one moves nothing, so the wire format does not apply.
+  const half = k.wire === "f16" && p > 1
+  const length = k.length + (k.lengthSkew ?? 0) * r
+  switch (k.op) {
+    case "barrier": {
+      await c.barrier()
+      return { ok: true, hash: "", maxErr: 0, detail: "" }
+    }
+    case "allReduce": {
+      const data = inputOf(k.seed, r, length)
+      await c.allReduce(data, {
+        op: k.reduce,
+        algorithm: k.algorithm as AllReduceAlgorithm,
+        wire: k.wire,
+        weight: weightOf(k.seed, r),
+        hierarchy: k.hierarchy,
+        fanout: k.fanout
+      })
+      const { ref, scale } = reference(k, p)
+      return { ...compare(data, ref, scale, p, half), hash: hashOf(data) }
+    }
+    case "reduceScatter": {
+      const data = inputOf(k.seed, r, length)
+      const seg = await c.reduceScatter(data, { op: k.reduce, wire: k.wire, weight: weightOf(k.seed, r) })
+      const [s, e] = segmentBounds(k.length, p, r)
+      if (seg.length !== e - s) return { ok: false, hash: "", maxErr: Infinity, detail: `segment has ${seg.length} elements, want ${e - s}` }
+      const { ref, scale } = reference(k, p)
+      return { ...compare(seg, ref, scale, p, half, s), hash: hashOf(seg) }
+    }
+    case "broadcast": {
+      const data = inputOf(k.seed, r, length)
+      await c.broadcast(data, k.root ?? 0, { algorithm: k.algorithm as "fanout" | "tree", wire: k.wire })
+      const ok = sameBits(data, broadcasted(k, p))
+      return { ok, hash: hashOf(data), maxErr: 0, detail: ok ? "" : "broadcast result differs from the root's input" }
+    }
+    case "allGather": {
+      const out = await c.allGather(inputOf(k.seed, r, length), { algorithm: k.algorithm as "fanout" | "ring", wire: k.wire })
+      const ok = sameBits(out, gathered(k, p))
+      return { ok, hash: hashOf(out), maxErr: 0, detail: ok ? "" : "all-gather result differs from the inputs" }
+    }
+    case "buckets": {
+      const sizes = k.sizes ?? []
+      const grads = sizes.map((n, v) => inputOf(k.seed + v * 31, r, n))
+      const results = await allReduceBuckets(c, grads, {
+        op: k.reduce,
+        algorithm: k.algorithm as AllReduceAlgorithm,
+        wire: k.wire,
+        weight: weightOf(k.seed, r),
+        bucketBytes: k.bucketBytes,
+        firstBucketBytes: k.firstBucketBytes
+      })
+      let maxErr = 0
+      let detail = ""
+      const parts: Float32Array[] = []
+      for (let v = 0; v < sizes.length; v++) {
+        // weightOf depends on the seed: use the case's weights for every variable.
+        const kv: Case = { ...k, seed: k.seed + v * 31, length: sizes[v] }
+        const w = (rank: number) => weightOf(k.seed, rank)
+        const { ref, scale } = referenceWithWeights(kv, p, w)
+        const cmp = compare(results[v], ref, scale, p, half)
+        maxErr = Math.max(maxErr, cmp.maxErr)
+        if (!cmp.ok && !detail) detail = `variable ${v}: ${cmp.detail}`
+        if (results[v] !== grads[v]) detail ||= `variable ${v}: result is not the caller's array`
+        parts.push(results[v])
+      }
+      const all = new Float32Array(parts.reduce((a, x) => a + x.length, 0))
+      let o = 0
+      for (const x of parts) {
+        all.set(x, o)
+        o += x.length
+      }
+      return { ok: detail === "", hash: hashOf(all), maxErr, detail }
+    }
+  }
+}
+
+/** reference() with explicit per-rank weights (bucketed cases use one weight for all variables). */
+const referenceWithWeights = (k: Case, p: number, w: (rank: number) => number) => {
+  if (k.reduce !== "weightedMean") return reference(k, p)
+  const n = k.length
+  const ref = new Float64Array(n)
+  const scale = new Float64Array(n)
+  let total = 0
+  for (let r = 0; r < p; r++) {
+    const x = inputOf(k.seed, r, n)
+    const wr = w(r)
+    total += wr
+    for (let i = 0; i < n; i++) {
+      ref[i] += wr * x[i]
+      scale[i] += Math.abs(wr * x[i])
+    }
+  }
+  for (let i = 0; i < n; i++) {
+    ref[i] = total === 0 ? 0 : ref[i] / total
+    scale[i] = total === 0 ? 0 : scale[i] / total
+  }
+  return { ref, scale }
+}
+
+const runCases = async (c: Communicator, cases: ReadonlyArray<Case>): Promise<Array<CaseResult & { index: number }>> => {
+  const out: Array<CaseResult & { index: number }> = []
+  for (let i = 0; i < cases.length; i++) {
+    const k = cases[i]
+    if (k.concurrent && k.concurrent > 1) {
+      const copies = Array.from({ length: k.concurrent }, (_, j) => ({ ...k, seed: k.seed + j * 1000, concurrent: 1 }))
+      const results = await Promise.all(copies.map((kk) => runCase(c, kk)))
+      const bad = results.find((x) => !x.ok)
+      out.push({ index: i, ok: !bad, hash: results.map((x) => x.hash).join(","), maxErr: Math.max(...results.map((x) => x.maxErr)), detail: bad?.detail ?? "" })
+    } else {
+      out.push({ index: i, ...(await runCase(c, k)) })
+    }
+  }
+  return out
+}
+
+// ---------------------------------------------------------------------------------------------
+// benchmark commands
+
+const median = (xs: number[]): number => {
+  const s = [...xs].sort((a, b) => a - b)
+  return s.length % 2 ? s[(s.length - 1) >> 1] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2
+}
+
+/** Times `iters` all-reduces of n floats (after `warmup`), each started right after a barrier. */
+const benchAllReduce = async (c: Communicator, n: number, algorithm: AllReduceAlgorithm, iters: number, warmup: number, wire?: "f32" | "f16", fanout?: boolean): Promise<number[]> => {
+  const data = new Float32Array(n)
+  for (let i = 0; i < n; i++) data[i] = ((i * 7 + c.rank) % 13) / 13
+  const times: number[] = []
+  for (let it = 0; it < warmup + iters; it++) {
+    await c.barrier()
+    const t0 = performance.now()
+    await c.allReduce(data, { algorithm, wire, op: "sum", fanout })
+    const dt = performance.now() - t0
+    if (it >= warmup) times.push(dt)
+  }
+  return times
+}
+
+/**
+ * Raw NATS moving given byte volumes (no reduction, no flow control, no acks): each flow is
+ * `bytes` from this rank to a rank or to "all", in `chunkBytes` messages; the iteration ends when
+ * this rank has received `inbound` bytes. The transport's ceiling for a pattern.
+ */
+const benchRaw = async (
+  c: Communicator,
+  flows: ReadonlyArray<{ to: number | "all"; bytes: number }>,
+  inbound: number,
+  chunkBytes: number,
+  iters: number,
+  warmup: number,
+  tag: string
+): Promise<number[]> => {
+  const prefix = `gw.bench.raw.${tag}`
+  const buf = new Uint8Array(Math.max(1, ...flows.map((f) => f.bytes)))
+  let got = 0
+  let iter = 0
+  let wake: (() => void) | undefined
+  const subs = [
+    nc.subscribe(`${prefix}.*.${c.rank}`, { callback: (_e, m) => onMsg(m.data) }),
+    nc.subscribe(`${prefix}.*.all`, { callback: (_e, m) => onMsg(m.data) })
+  ]
+  const onMsg = (d: Uint8Array): void => {
+    // The first byte carries the iteration, so a straggler of a previous round is not counted.
+    if (d[0] !== (iter & 255)) return
+    got += d.length
+    if (got >= inbound && wake) wake()
+  }
+  await nc.flush()
+  await c.barrier()
+  const times: number[] = []
+  try {
+    for (let it = 0; it < warmup + iters; it++) {
+      iter = it
+      got = 0
+      const done = new Promise<void>((resolve) => (wake = resolve))
+      await c.barrier()
+      const t0 = performance.now()
+      // Interleave the flows chunk by chunk, as the algorithms do.
+      const offsets = flows.map(() => 0)
+      let more = true
+      while (more) {
+        more = false
+        for (let f = 0; f < flows.length; f++) {
+          const flow = flows[f]
+          if (offsets[f] >= flow.bytes) continue
+          const len = Math.min(chunkBytes, flow.bytes - offsets[f])
+          const msg = buf.subarray(offsets[f], offsets[f] + len)
+          msg[0] = it & 255
+          nc.publish(`${prefix}.${c.rank}.${flow.to}`, msg)
+          offsets[f] += len
+          more ||= offsets[f] < flow.bytes
+        }
+      }
+      if (got < inbound) {
+        const timeout = new Promise<void>((_, reject) => setTimeout(() => reject(new Error(`raw pattern: got ${got} of ${inbound} bytes (lost?)`)), 60_000).unref())
+        await Promise.race([done, timeout])
+      }
+      const dt = performance.now() - t0
+      if (it >= warmup) times.push(dt)
+      // Everyone must have received everything before the next round reuses the subjects.
+      await c.barrier()
+    }
+  } finally {
+    for (const s of subs) s.unsubscribe()
+  }
+  return times
+}
+
+// ---------------------------------------------------------------------------------------------
+
+const handle = async (m: Record<string, any>): Promise<unknown> => {
+  switch (m.cmd) {
+    case "create": {
+      const c = await Communicator.create({
+        nc,
+        controlNc: m.singleConnection ? undefined : cnc,
+        cluster: "test",
+        job: m.job ?? "collectives",
+        group: m.group,
+        rank: m.rank,
+        worldSize: m.worldSize,
+        node: m.node,
+        timeoutMs: m.timeoutMs,
+        createTimeoutMs: m.createTimeoutMs,
+        chunkBytes: m.chunkBytes,
+        windowBytes: m.windowBytes
+      })
+      comms.set(m.group, c)
+      return { chunkElems: c.chunkElems, windowBytes: c.windowBytes, peers: c.peers, server: nc.info?.server_id }
+    }
+    case "close":
+      await comms.get(m.group)?.close()
+      comms.delete(m.group)
+      return null
+    case "run":
+      return runCases(comm(m.group), m.cases)
+    case "start": {
+      // Starts one case without waiting: the test then kills or stops ranks mid-call.
+      const c = comm(m.group)
+      const t0 = Date.now()
+      pendingCall = runCase(c, m.case).then(
+        (value) => ({ ok: true as const, value, ms: Date.now() - t0 }),
+        (e) => ({ ok: false as const, error: errorOf(e), ms: Date.now() - t0 })
+      )
+      return null
+    }
+    case "result":
+      return pendingCall ?? null
+    case "benchAllReduce":
+      return benchAllReduce(comm(m.group), m.n, m.algorithm, m.iters, m.warmup, m.wire, m.fanout)
+    case "benchRaw":
+      return benchRaw(comm(m.group), m.flows, m.inbound, m.chunkBytes, m.iters, m.warmup, m.tag)
+    case "cpu": {
+      // CPU time of this process so far (ms), for benchmark accounting.
+      const u = process.cpuUsage()
+      return (u.user + u.system) / 1000
+    }
+    case "exit":
+      setTimeout(() => process.exit(0), 10)
+      return null
+    default:
+      throw new Error(`unknown command ${String(m.cmd)}`)
+  }
+}
+
+let pendingCall: Promise<unknown> | undefined
+
+nc = await connect({ servers: server, noEcho: true, name: `gw-rank-${process.env.GW_RANK_INDEX}`, maxReconnectAttempts: 0 })
+cnc = await connect({ servers: server, noEcho: true, name: `gw-rank-${process.env.GW_RANK_INDEX}-ctl`, maxReconnectAttempts: 0 })
+process.on("disconnect", () => process.exit(0))
+process.on("message", (m: Record<string, any>) => {
+  handle(m).then(
+    (value) => process.send?.({ id: m.id, ok: true, value }),
+    (e) => process.send?.({ id: m.id, ok: false, error: errorOf(e) })
+  )
+})
+process.send?.({ ready: true })
