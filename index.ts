@@ -1,3 +1,16 @@
 // gradwire's public entry point: everything a user touches is exported from here; the rest is
 // internal and may change.
 export * from "./core/errors.ts"
+export type { Tf, BackendKind } from "./core/engine.ts"
+export { loadEngine } from "./core/engine.ts"
+export { loadDigits, makeDataset, trainTestSplit, shardIndices, type ArrayDataset } from "./core/datasets.ts"
+export * from "./core/config.ts"
+export { launchNatsServer, launchNatsCluster, startNatsServer } from "./core/nats-server.ts"
+export { openNats, connectNats, Nats, NatsLayer } from "./core/connection.ts"
+export { encodeMessage, decodeMessage, wireTensor, WireTensor } from "./core/wire.ts"
+export { Trainer, TrainingFailed, type Result, type TrainerOptions, type CheckpointInfo, type TrainerCallbacks } from "./actors/trainer.ts"
+export { TrainContext, DatasetShard, type Checkpoint, type ReportOptions } from "./actors/train-context.ts"
+export { DataParallelModel } from "./actors/data-parallel.ts"
+export { Communicator } from "./collectives/communicator.ts"
+export * from "./actors/index.ts"
+export { PlacementInfeasible } from "./scheduler/placement.ts"

@@ -134,6 +134,11 @@ export class DataParallelModel {
   #vars: Variable[]
   #observer: StepObserver | undefined
   #step = 0
+  #epoch = 0
+  #stepInEpoch = 0
+  #stepsPerEpoch = 0
+  /** Called after every step (live progress). */
+  onStep: ((info: { epoch: number; step: number; stepsPerEpoch: number; samples: number; loss: number }) => void) | undefined
 
   private constructor(tf: Tf, model: LayersModel, sync: GradientSync, opts: PrepareOptions, observer?: StepObserver) {
     this.#tf = tf as unknown as tfjs
@@ -229,6 +234,7 @@ export class DataParallelModel {
     this.optimizer.applyGradients(named)
     tf.dispose(named)
     this.#observer?.phase?.("apply", t2, performance.now(), step)
+    this.onStep?.({ epoch: this.#epoch, step: this.#stepInEpoch++, stepsPerEpoch: this.#stepsPerEpoch, samples, loss: lossArr[0] })
     return { loss: lossArr[0], samples, ...(correctArr ? { correct: correctArr[0] } : {}) }
   }
 
@@ -260,6 +266,9 @@ export class DataParallelModel {
       const started = performance.now()
       const rows = source.rows(epoch)
       const steps = Math.ceil(rows.length / opts.batchSize)
+      this.#epoch = epoch
+      this.#stepInEpoch = 0
+      this.#stepsPerEpoch = steps
       // Sums over the epoch: loss * samples, correct predictions, samples.
       const totals = new Float32Array(3)
       for (let i = 0; i < steps; i++) {

@@ -1,0 +1,22 @@
+// The two models of the digits example: an MLP and a small CNN over the 8x8 images.
+import type { Tf } from "../../index.ts"
+
+export type ModelKind = "mlp" | "cnn"
+
+export const buildModel = (tf: Tf, kind: ModelKind, seed = 1): import("@tensorflow/tfjs").LayersModel => {
+  const init = (s: number) => tf.initializers.glorotUniform({ seed: seed * 100 + s })
+  const m = tf.sequential()
+  if (kind === "cnn") {
+    m.add(tf.layers.reshape({ targetShape: [8, 8, 1], inputShape: [64] }))
+    m.add(tf.layers.conv2d({ filters: 16, kernelSize: 3, activation: "relu", padding: "same", kernelInitializer: init(1) }))
+    m.add(tf.layers.maxPooling2d({ poolSize: 2 }))
+    m.add(tf.layers.conv2d({ filters: 32, kernelSize: 3, activation: "relu", padding: "same", kernelInitializer: init(2) }))
+    m.add(tf.layers.flatten())
+    m.add(tf.layers.dense({ units: 64, activation: "relu", kernelInitializer: init(3) }))
+    m.add(tf.layers.dense({ units: 10, activation: "softmax", kernelInitializer: init(4) }))
+  } else {
+    m.add(tf.layers.dense({ units: 64, activation: "relu", inputShape: [64], kernelInitializer: init(1) }))
+    m.add(tf.layers.dense({ units: 10, activation: "softmax", kernelInitializer: init(2) }))
+  }
+  return m
+}

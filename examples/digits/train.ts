@@ -1,0 +1,75 @@
+// The per-worker training loop of the digits example: each worker trains on its shard of the
+// training set, gradients are all-reduced every step, and rank 0 checkpoints after every epoch.
+// Resumes from the latest checkpoint after a restart. (Test hooks: `fail` makes a chosen rank die
+// with kill -9, throw, or report an extra time, to exercise the trainer's fault handling.)
+import type { TrainContext } from "../../index.ts"
+import { buildModel, type ModelKind } from "./model.ts"
+
+export interface DigitsConfig {
+  readonly epochs?: number
+  readonly batchSize?: number
+  readonly learningRate?: number
+  readonly model?: ModelKind
+  readonly fail?: {
+    readonly how: "kill" | "throw" | "extra-report"
+    readonly rank: number
+    readonly epoch: number
+    /** Only in this attempt (default 0); -1 for every attempt. */
+    readonly attempt?: number
+  }
+}
+
+/** A cheap fingerprint of a model's weights, to compare ranks. */
+const weightsHash = (weights: ReadonlyArray<{ dataSync(): ArrayLike<number> }>): string => {
+  let h = 0x811c9dc5
+  for (const w of weights) {
+    const bits = new Uint32Array(Float32Array.from(w.dataSync()).buffer)
+    for (let i = 0; i < bits.length; i++) h = Math.imul(h ^ bits[i], 0x01000193) >>> 0
+  }
+  return h.toString(16)
+}
+
+export async function trainLoop(config: DigitsConfig, ctx: TrainContext): Promise<void> {
+  const tf = ctx.tf
+  const epochs = config.epochs ?? 10
+  const batchSize = config.batchSize ?? 32
+  const train = await ctx.getDatasetShard("train")
+  const test = await ctx.getDataset("test")
+  const model = buildModel(tf, config.model ?? "mlp")
+  model.compile({ optimizer: tf.train.adam(config.learningRate ?? 0.01), loss: "categoricalCrossentropy" })
+  const dp = await ctx.prepareModel(model)
+
+  let start = 0
+  const checkpoint = await ctx.getCheckpoint()
+  if (checkpoint) {
+    ctx.restoreModel(dp, checkpoint)
+    start = Number(checkpoint.metadata?.epoch ?? -1) + 1
+    if (ctx.worldRank === 0) console.log(`resuming from ${checkpoint.path} at epoch ${start + 1}`)
+  }
+
+  const xTest = tf.tensor2d(test.x, [test.size, 64])
+  const yTest = tf.oneHot(tf.tensor1d(test.y, "int32"), 10)
+  const fail = config.fail
+  const failing = fail && fail.rank === ctx.worldRank && (fail.attempt ?? 0) === (fail.attempt === -1 ? -1 : ctx.attempt)
+  for (let epoch = start; epoch < epochs; epoch++) {
+    if (failing && fail.epoch === epoch) {
+      if (fail.how === "kill") process.kill(process.pid, "SIGKILL")
+      if (fail.how === "throw") throw new RangeError(`injected failure on rank ${ctx.worldRank} in epoch ${epoch}`)
+    }
+    const [r] = await dp.fit(train, { epochs: epoch + 1, initialEpoch: epoch, batchSize })
+    const val = dp.evaluate(xTest, yTest)
+    const metrics = {
+      epoch,
+      loss: r.loss,
+      accuracy: r.accuracy ?? 0,
+      val_loss: val.loss,
+      val_accuracy: val.accuracy ?? 0,
+      weights: weightsHash(model.getWeights())
+    }
+    const ckpt = ctx.worldRank === 0 ? await ctx.checkpointFromModel(dp, { metadata: { epoch } }) : undefined
+    await ctx.report(metrics, ckpt ? { checkpoint: ckpt } : {})
+    if (failing && fail.how === "extra-report" && fail.epoch === epoch) await ctx.report(metrics)
+  }
+  xTest.dispose()
+  yTest.dispose()
+}

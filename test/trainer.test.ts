@@ -1,0 +1,129 @@
+// The Trainer end to end: real embedded nats-server, real local agent, real worker processes,
+// the real digits dataset.
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import * as fs from "node:fs/promises"
+import * as os from "node:os"
+import * as path from "node:path"
+import { Trainer, TrainingFailed, loadDigits, trainTestSplit, type ArrayDataset, type Result } from "../index.ts"
+import { ConfigError } from "../core/errors.ts"
+import { PlacementInfeasible } from "../scheduler/placement.ts"
+import { liveNatsServerPids } from "../core/nats-server.ts"
+
+const LOOP = path.resolve("examples/digits/train.ts") + "#trainLoop"
+let storage: string
+let train: ArrayDataset
+let test: ArrayDataset
+
+beforeAll(async () => {
+  storage = await fs.mkdtemp(path.join(os.tmpdir(), "gw-trainer-"))
+  const ds = await loadDigits()
+  ;({ train, test } = trainTestSplit(ds, 0.2, 7))
+})
+afterAll(async () => {
+  await fs.rm(storage, { recursive: true, force: true })
+  expect(liveNatsServerPids()).toEqual([])
+})
+
+const fit = (name: string, loopConfig: Record<string, unknown>, extra: Record<string, unknown> = {}): Promise<Result> =>
+  new Trainer({
+    trainLoopPerWorker: LOOP,
+    trainLoopConfig: loopConfig,
+    scalingConfig: { numWorkers: 4 },
+    runConfig: { name, storagePath: storage, progress: false, ...((extra.runConfig as object) ?? {}) },
+    datasets: { train, test },
+    ...Object.fromEntries(Object.entries(extra).filter(([k]) => k !== "runConfig"))
+  }).fit()
+
+const sameWeights = (r: Result): boolean => new Set(r.metricsPerRank.at(-1)!.map((m) => m.weights)).size === 1
+
+describe("Trainer", () => {
+  let baseline: Result
+
+  it("trains the digits MLP on 4 workers to >= 90% held-out accuracy with identical weights on every rank", async () => {
+    baseline = await fit("baseline", { epochs: 8 })
+    expect(baseline.error).toBeUndefined()
+    expect(baseline.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4, 5, 6, 7])
+    expect(baseline.metrics!.val_accuracy as number).toBeGreaterThanOrEqual(0.9)
+    expect(baseline.metricsPerRank.every((round) => round.length === 4)).toBe(true)
+    expect(sameWeights(baseline)).toBe(true)
+    expect(baseline.checkpoint?.path).toMatch(/checkpoint_000007$/)
+    const files = await fs.readdir(baseline.path)
+    expect(files).toEqual(expect.arrayContaining(["config.json", "metrics.jsonl", "metrics.csv", "checkpoint_000007"]))
+    const csv = await fs.readFile(path.join(baseline.path, "metrics.csv"), "utf8")
+    expect(csv.trim().split("\n")).toHaveLength(9)
+  })
+
+  it("recovers from kill -9 of a worker: restarts from the latest checkpoint and finishes every epoch", async () => {
+    const r = await fit("killed", { epochs: 8, fail: { how: "kill", rank: 2, epoch: 4 } }, { runConfig: { failureConfig: { maxFailures: 2 } } })
+    expect(r.error).toBeUndefined()
+    expect(r.restarts).toBe(1)
+    // Rounds 0-3 from the first attempt, then 4-7 after resuming from checkpoint 3.
+    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4, 5, 6, 7])
+    expect(sameWeights(r)).toBe(true)
+    expect(Math.abs((r.metrics!.val_accuracy as number) - (baseline.metrics!.val_accuracy as number))).toBeLessThanOrEqual(0.02)
+    const events = await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")
+    expect(events).toContain('"to":"restarting"')
+  })
+
+  it("gives up past maxFailures and says which rank failed and why", async () => {
+    const r = await fit("always-dies", { epochs: 4, fail: { how: "kill", rank: 1, epoch: 1, attempt: -1 } }, { runConfig: { failureConfig: { maxFailures: 1 } } })
+    expect(r.error).toBeInstanceOf(TrainingFailed)
+    expect(r.error!.rank).toBe(1)
+    expect(r.error!.message).toMatch(/rank 1/)
+    expect(r.error!.message).toMatch(/maxFailures \(1\)/)
+    expect(r.restarts).toBe(1)
+    // What was saved before the failures is still there.
+    expect(r.checkpoint?.metrics.epoch).toBe(0)
+  })
+
+  it("brings a user exception back with its remote stack trace", async () => {
+    const r = await fit("throws", { epochs: 3, fail: { how: "throw", rank: 3, epoch: 1 } })
+    expect(r.error).toBeInstanceOf(TrainingFailed)
+    expect(r.error!.remoteTag).toBe("RangeError")
+    expect(r.error!.message).toContain("injected failure on rank 3")
+    expect(r.error!.remoteStack).toContain("examples/digits/train.ts")
+  })
+
+  it("detects ranks that call report() a different number of times instead of deadlocking", async () => {
+    const r = await fit("uneven", { epochs: 2, fail: { how: "extra-report", rank: 0, epoch: 1 } })
+    expect(r.error).toBeInstanceOf(TrainingFailed)
+    expect(r.error!.kind).toBe("report-mismatch")
+    expect(r.error!.message).toMatch(/same number of times/)
+  })
+
+  it("resumes a run with the same name and storage path from its last checkpoint", async () => {
+    const first = await fit("resumable", { epochs: 2 })
+    expect(first.metricsHistory.map((m) => m.epoch)).toEqual([0, 1])
+    const second = await fit("resumable", { epochs: 4 })
+    expect(second.error).toBeUndefined()
+    expect(second.metricsHistory.map((m) => m.epoch)).toEqual([2, 3])
+    expect(second.checkpoint?.path).toMatch(/checkpoint_000003$/)
+  })
+
+  it("rejects bad configs before starting anything", async () => {
+    const bad = (opts: Record<string, unknown>) => new Trainer(opts as never).fit()
+    await expect(bad({ trainLoopPerWorker: async () => {}, scalingConfig: { numWorkers: 1 } })).rejects.toThrow(/closure cannot be shipped/)
+    await expect(bad({ trainLoopPerWorker: LOOP, scalingConfig: { numWorkers: 0 } })).rejects.toMatchObject({ _tag: "ConfigError", field: "scalingConfig.numWorkers" })
+    await expect(bad({ trainLoopPerWorker: LOOP, scalingConfig: { numWorkers: 1 }, runConfig: { checkpointConfig: { scoreOrder: "best" } } })).rejects.toMatchObject({
+      field: "runConfig.checkpointConfig.scoreOrder"
+    })
+    await expect(bad({ trainLoopPerWorker: LOOP, scalingConfig: { numWorkers: 1 }, collectiveConfig: { compression: "zip" } })).rejects.toBeInstanceOf(ConfigError)
+    await expect(bad({ trainLoopPerWorker: LOOP, scalingConfig: { numWorkers: 1 }, scaling: {} })).rejects.toMatchObject({ field: "scaling" })
+    await expect(bad({ trainLoopPerWorker: LOOP, scalingConfig: { numWorkers: 1 }, cluster: { address: "localhost:4222" } })).rejects.toMatchObject({ field: "cluster.address" })
+  })
+
+  it("fails fast on a placement that cannot be satisfied, listing what was asked and what exists", async () => {
+    const started = Date.now()
+    const err = await new Trainer({
+      trainLoopPerWorker: LOOP,
+      scalingConfig: { numWorkers: 2, useGpu: true },
+      runConfig: { name: "nogpu", storagePath: storage, progress: false },
+      datasets: { train, test }
+    })
+      .fit()
+      .then(() => undefined, (e: unknown) => e)
+    expect(err).toBeInstanceOf(PlacementInfeasible)
+    expect(String((err as Error).message)).toMatch(/GPU/)
+    expect(Date.now() - started).toBeLessThan(30_000)
+  })
+})
