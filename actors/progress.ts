@@ -24,7 +24,7 @@ export class ProgressPrinter {
   #lastLine = 0
   #epochStart = new Map<number, number>()
   #samples = 0
-  #samplesSince = performance.now()
+  #samplesSince = Infinity
   #rate = 0
   #worldSize: number
 
@@ -37,6 +37,9 @@ export class ProgressPrinter {
 
   start(attempt: number, worldSize: number): void {
     this.#ranks.clear()
+    this.#samples = 0
+    this.#samplesSince = Infinity
+    this.#rate = 0
     this.#worldSize = worldSize
     if (attempt > 0) this.line(`gradwire: attempt ${attempt + 1} with ${worldSize} workers`)
   }
@@ -48,12 +51,11 @@ export class ProgressPrinter {
     const dt = prev && prev.epoch === p.epoch && p.step > prev.step ? (now - prev.at) / 1000 / (p.step - prev.step) : undefined
     const secPerStep = dt === undefined ? (prev?.secPerStep ?? 0) : prev && prev.secPerStep > 0 ? 0.7 * prev.secPerStep + 0.3 * dt : dt
     this.#ranks.set(p.rank, { ...p, at: now, secPerStep })
-    if (prev && prev.epoch === p.epoch && p.step > prev.step) this.#samples += p.samples * (p.step - prev.step)
-    if (now - this.#samplesSince > 1000) {
-      this.#rate = this.#samples / ((now - this.#samplesSince) / 1000)
-      this.#samples = 0
-      this.#samplesSince = now
-    }
+    // p.samples is cumulative per rank; the rate is over all ranks since their first step.
+    if (this.#samples === 0 && !prev) this.#samplesSince = Math.min(this.#samplesSince, now)
+    this.#samples += Math.max(0, p.samples - (prev?.samples ?? 0))
+    const elapsed = (now - this.#samplesSince) / 1000
+    if (elapsed > 0.2) this.#rate = this.#samples / elapsed
     if (!this.#epochStart.has(p.epoch)) this.#epochStart.set(p.epoch, now)
     if (p.rank !== 0) return
     const pct = p.stepsPerEpoch > 0 ? (p.step + 1) / p.stepsPerEpoch : 0

@@ -49,6 +49,7 @@ export const ControllerProtocol = defineProtocol("trainer-controller", {
       epoch: Schema.Number,
       step: Schema.Number,
       stepsPerEpoch: Schema.Number,
+      /** Samples this rank has trained on so far in this attempt. */
       samples: Schema.Number,
       loss: Schema.Number,
       computeMs: Schema.Number,

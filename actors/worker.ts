@@ -104,7 +104,9 @@ export const trainWorker = defineActor(
           void system.tellPromise(controller, "trace", { attempt, rank, events: trace.splice(0) }).catch(() => {})
         }
         let lastProgress = 0
+        let processed = 0
         let computeMs = 0
+        let commMs = 0
         const context = new TrainContext({
           tf,
           backend,
@@ -120,16 +122,17 @@ export const trainWorker = defineActor(
           observer: {
             phase: (name, start, end, step) => {
               if (name === "forward_backward") computeMs = end - start
+              else if (name === "allreduce") commMs = end - start
               observer?.phase?.(name, start, end, step)
             }
           },
           onStep: (info) => {
+            processed += info.samples
             const now = performance.now()
             if (now - lastProgress < PROGRESS_EVERY_MS && info.step + 1 < info.stepsPerEpoch) return
             lastProgress = now
-            const commMs = reducer.stats.steps > 0 ? 0 : 0
             void system
-              .tellPromise(controller, "progress", { attempt, rank, ...info, computeMs, commMs })
+              .tellPromise(controller, "progress", { attempt, rank, ...info, samples: processed, computeMs, commMs })
               .catch(() => {})
             flushTrace()
           },
