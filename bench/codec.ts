@@ -1,7 +1,7 @@
 // Benchmark of the tensor wire format and chunking (core/wire.ts, core/chunking.ts) against a plain
 // copy of the same bytes measured in the same run: `npm run bench -- codec [--iterations N]`.
 // Figures are medians; compare the ratios, not the absolute GB/s, across machines.
-import { Reassembler, encodeFrames, splitMessage } from "../core/chunking.ts"
+import { BufferPool, Reassembler, encodeFrames, splitMessage } from "../core/chunking.ts"
 import { type WireTensor, decodeMessage, encodeMessage, wireTensor } from "../core/wire.ts"
 
 const MiB = 1024 * 1024
@@ -53,7 +53,8 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
     { name: "decodeMessage (misaligned: 1 copy)", ms: [] },
     { name: "splitMessage + Reassembler, 1 MiB", ms: [] },
     { name: "encode+split+reassemble+decode", ms: [] },
-    { name: "encodeFrames+reassemble+decode", ms: [] }
+    { name: "encodeFrames+reassemble+decode", ms: [] },
+    { name: "  the same with BufferPools", ms: [] }
   ]
 
   for (const bytes of sizes) {
@@ -83,6 +84,20 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
     rows[6].ms.push(time(iterations, () => reassemble(splitMessage(encoded, CHUNK))))
     rows[7].ms.push(time(iterations, () => decodeMessage(reassemble(splitMessage(encodeMessage(message), CHUNK)))))
     rows[8].ms.push(time(iterations, () => decodeMessage(reassemble(encodeFrames(message, CHUNK)))))
+    // Steady state of a pooled sender and receiver: frame and payload buffers are reused.
+    const sendPool = new BufferPool()
+    const pooledReassembler = new Reassembler({ pool: new BufferPool() })
+    rows[9].ms.push(
+      time(iterations, () => {
+        const sent = encodeFrames(message, CHUNK, undefined, { pool: sendPool })
+        let whole: Uint8Array | undefined
+        for (const f of sent) whole = pooledReassembler.push(f)
+        const value = decodeMessage(whole!)
+        sendPool.give(sent[0])
+        pooledReassembler.release(whole!)
+        return value
+      })
+    )
   }
 
   const gbps = (bytes: number, ms: number): string => {
@@ -104,6 +119,6 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
   console.log(
     `(node ${process.version}, ${process.arch}, ${CHUNK / MiB} MiB max_payload. Copies of the tensor bytes: encode 1, split 1, ` +
       `reassemble 1, aligned decode 0; encodeFrames does encode+split in 1. Fresh big allocations cost page faults, ` +
-      `which is why plain copy is far below the reused-buffer memcpy.)`
+      `which is why plain copy is far below the reused-buffer memcpy and pooled buffers beat fresh ones.)`
   )
 }

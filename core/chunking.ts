@@ -17,8 +17,20 @@
 //   hdr the payload slice; every frame but the last carries the same number of bytes
 //
 // The header length is a multiple of 8 so a single-frame payload keeps the alignment of the frame
-// it arrives in, and the Reassembler writes multi-frame payloads into a fresh buffer starting at
-// offset 0; either way wire.ts can view tensors in place when the alignment allows.
+// it arrives in, and the Reassembler writes multi-frame payloads into a buffer of their own starting
+// at offset 0; either way wire.ts can view tensors in place when the alignment allows.
+//
+// Buffer reuse (BufferPool): a fresh 64 MiB buffer costs more in page faults than copying 64 MiB
+// into it, so a steady sender or receiver of large messages can pass a pool to encodeFrames /
+// splitMessage (the one frame buffer comes from it) and to the Reassembler (multi-frame payloads
+// come from it). Each buffer then has one owner at a time and goes back to the pool only by an
+// explicit give / release, and only once nothing reads it any more:
+// - sender: nats.js does NOT copy a payload in publish(); it queues a reference and copies it into
+//   its outbound buffer when it flushes (inline once 32 KiB are queued, else in a microtask, and
+//   only while connected: during a reconnect it keeps the reference). Give the frames back after
+//   `await nc.flush()` has resolved, never right after publish().
+// - receiver: decodeMessage views tensors in place, so the payload (and every tensor decoded from
+//   it) must be done with before reassembler.release(payload).
 import { randomBytes } from "node:crypto"
 import { ChunkError, ConfigError } from "./errors.ts"
 import { encodeParts } from "./wire.ts"
@@ -80,6 +92,105 @@ const writeU32 = (out: Uint8Array, at: number, v: number): void => {
 }
 const readU32 = (b: Uint8Array, at: number): number => (b[at] | (b[at + 1] << 8) | (b[at + 2] << 16) | (b[at + 3] << 24)) >>> 0
 
+/**
+ * Where encodeFrames / splitMessage / the Reassembler take big buffers from. `take(n)` returns a
+ * Uint8Array of exactly n bytes at offset 0 of its own ArrayBuffer, owned by the caller until it is
+ * handed to `give` (any view of that ArrayBuffer will do). Contents of a taken buffer are
+ * unspecified; the users in this module write every byte before it is read or sent.
+ */
+export interface FramePool {
+  take(bytes: number): Uint8Array
+  give(buffer: Uint8Array): void
+}
+
+export interface BufferPoolOptions {
+  /** Most bytes kept idle for reuse; a buffer given back beyond this is left to the GC. Default 256 MiB. */
+  readonly maxIdleBytes?: number
+  /** Most buffers kept idle for reuse. Default 8. */
+  readonly maxIdleBuffers?: number
+}
+
+/**
+ * A FramePool that keeps given-back buffers for reuse, so a stream of large messages stops paying
+ * the page faults of fresh allocations. A request is served by the smallest idle buffer that holds
+ * it and is at most twice its size, else by a new one. Lent buffers are tracked weakly: one that is
+ * never given back is garbage collected as usual. Giving back a buffer that is not lent out
+ * (twice, or one it never lent) throws a ChunkError instead of letting two owners share memory.
+ * Not shared between threads.
+ */
+export class BufferPool implements FramePool {
+  readonly #idle: Array<ArrayBuffer> = []
+  readonly #lent = new WeakSet<ArrayBuffer>()
+  readonly #maxIdleBytes: number
+  readonly #maxIdleBuffers: number
+  #idleBytes = 0
+
+  constructor(options: BufferPoolOptions = {}) {
+    this.#maxIdleBytes = positive("BufferPool.maxIdleBytes", options.maxIdleBytes, 256 * 1024 * 1024)
+    this.#maxIdleBuffers = Math.floor(positive("BufferPool.maxIdleBuffers", options.maxIdleBuffers, 8))
+  }
+
+  /** Buffers waiting for reuse. */
+  get idle(): number {
+    return this.#idle.length
+  }
+
+  /** Bytes held by the buffers waiting for reuse. */
+  get idleBytes(): number {
+    return this.#idleBytes
+  }
+
+  /** Whether this buffer (any view of it) is lent out by this pool and not yet given back. */
+  owns(buffer: Uint8Array): boolean {
+    return this.#lent.has(buffer.buffer as ArrayBuffer)
+  }
+
+  take(bytes: number): Uint8Array {
+    if (!Number.isSafeInteger(bytes) || bytes < 0) {
+      throw new ChunkError({ reason: `BufferPool.take needs a byte count, got ${bytes}`, messageId: "" })
+    }
+    let best = -1
+    for (let i = 0; i < this.#idle.length; i++) {
+      const size = this.#idle[i].byteLength
+      if (size >= bytes && size <= 2 * bytes && (best < 0 || size < this.#idle[best].byteLength)) best = i
+    }
+    let ab: ArrayBuffer
+    if (best >= 0) {
+      ab = this.#idle[best]
+      this.#idle.splice(best, 1)
+      this.#idleBytes -= ab.byteLength
+    } else {
+      // allocUnsafeSlow: an ArrayBuffer of its own, exactly this size, not zeroed.
+      ab = Buffer.allocUnsafeSlow(bytes).buffer as ArrayBuffer
+    }
+    this.#lent.add(ab)
+    return Buffer.from(ab, 0, bytes)
+  }
+
+  give(buffer: Uint8Array): void {
+    const ab = buffer?.buffer as ArrayBuffer | undefined
+    if (ab === undefined || !this.#lent.delete(ab)) {
+      throw new ChunkError({
+        reason: "BufferPool.give: this buffer is not lent out by this pool (given back twice, or never taken from it)",
+        messageId: ""
+      })
+    }
+    if (this.#idle.length >= this.#maxIdleBuffers || this.#idleBytes + ab.byteLength > this.#maxIdleBytes) return
+    this.#idle.push(ab)
+    this.#idleBytes += ab.byteLength
+  }
+}
+
+/** Options of encodeFrames and splitMessage. */
+export interface FrameOptions {
+  /**
+   * Take the one buffer all frames are views of from this pool instead of allocating it. The
+   * caller gives it back with `pool.give(frames[0])` once the frames are sent AND the NATS client
+   * has copied them (after `await nc.flush()`; see the note at the top of this module).
+   */
+  readonly pool?: FramePool
+}
+
 /** Where frame writing puts message bytes: `at` and `from`/`to` are offsets in the whole message. */
 interface Sink {
   put(bytes: Uint8Array, at: number): void
@@ -93,7 +204,8 @@ const writeFrames = (
   total: number,
   maxPayload: number,
   messageId: string | number | undefined,
-  fill: (sink: Sink) => void
+  fill: (sink: Sink) => void,
+  pool: FramePool | undefined
 ): Array<Uint8Array> => {
   const given = messageId === undefined ? undefined : String(messageId)
   if (!Number.isSafeInteger(maxPayload) || maxPayload <= 0) {
@@ -105,12 +217,17 @@ const writeFrames = (
   }
   let headerBytes = chunkHeaderBytes(id.length)
   if (total + headerBytes <= maxPayload) {
-    const frame = Buffer.allocUnsafe(headerBytes + total)
-    writeHeader(frame, 0, 0, 1, id, headerBytes, total)
-    fill({
-      put: (bytes, at) => frame.set(bytes, headerBytes + at),
-      zero: (from, to) => frame.fill(0, headerBytes + from, headerBytes + to)
-    })
+    const frame = allocate(pool, headerBytes + total, given ?? "")
+    try {
+      writeHeader(frame, 0, 0, 1, id, headerBytes, total)
+      fill({
+        put: (bytes, at) => frame.set(bytes, headerBytes + at),
+        zero: (from, to) => frame.fill(0, headerBytes + from, headerBytes + to)
+      })
+    } catch (error) {
+      pool?.give(frame)
+      throw error
+    }
     return [frame]
   }
   const idText = given ?? nextMessageId()
@@ -129,7 +246,33 @@ const writeFrames = (
   if (count > MAX_COUNT) {
     throw new ChunkError({ reason: `${total} bytes would need ${count} chunks, above ${MAX_COUNT}`, messageId: idText })
   }
-  const out = Buffer.allocUnsafe(total + count * headerBytes)
+  const out = allocate(pool, total + count * headerBytes, idText)
+  try {
+    return fillFrames(out, total, per, count, id, headerBytes, fill)
+  } catch (error) {
+    pool?.give(out)
+    throw error
+  }
+}
+
+const allocate = (pool: FramePool | undefined, bytes: number, messageId: string): Uint8Array => {
+  if (pool === undefined) return Buffer.allocUnsafe(bytes)
+  const b = pool.take(bytes)
+  if (!(b instanceof Uint8Array) || b.length !== bytes) {
+    throw new ChunkError({ reason: `pool.take(${bytes}) returned ${b instanceof Uint8Array ? `${b.length} bytes` : "no Uint8Array"}`, messageId })
+  }
+  return b
+}
+
+const fillFrames = (
+  out: Uint8Array,
+  total: number,
+  per: number,
+  count: number,
+  id: Uint8Array,
+  headerBytes: number,
+  fill: (sink: Sink) => void
+): Array<Uint8Array> => {
   const frames = new Array<Uint8Array>(count)
   for (let i = 0, at = 0; i < count; i++) {
     const len = Math.min(per, total - i * per)
@@ -163,15 +306,21 @@ const writeFrames = (
 /**
  * Splits an encoded message into frames of at most `maxPayload` bytes each (header included).
  * A payload that fits, header included, becomes a single frame. The payload is copied once, into
- * one allocation that all frames are views of. `messageId` must be unique among this sender's
+ * one allocation that all frames are views of (taken from `options.pool` when given; see FrameOptions
+ * for when to give it back). `messageId` must be unique among this sender's
  * messages in flight (one is generated when omitted and needed). Throws ChunkError when
  * `maxPayload` cannot hold a header and at least one payload byte.
  */
-export const splitMessage = (payload: Uint8Array, maxPayload: number, messageId?: string | number): Array<Uint8Array> => {
+export const splitMessage = (
+  payload: Uint8Array,
+  maxPayload: number,
+  messageId?: string | number,
+  options: FrameOptions = {}
+): Array<Uint8Array> => {
   if (!(payload instanceof Uint8Array)) {
     throw new ChunkError({ reason: "payload must be a Uint8Array", messageId: messageId === undefined ? "" : String(messageId) })
   }
-  return writeFrames(payload.byteLength, maxPayload, messageId, (sink) => sink.put(payload, 0))
+  return writeFrames(payload.byteLength, maxPayload, messageId, (sink) => sink.put(payload, 0), options.pool)
 }
 
 /**
@@ -179,17 +328,28 @@ export const splitMessage = (payload: Uint8Array, maxPayload: number, messageId?
  * arrays straight into the frames. The frames reassemble to exactly encodeMessage(value).
  * Throws WireEncodeError (bad value) or ChunkError (bad maxPayload / id).
  */
-export const encodeFrames = (value: unknown, maxPayload: number, messageId?: string | number): Array<Uint8Array> => {
+export const encodeFrames = (
+  value: unknown,
+  maxPayload: number,
+  messageId?: string | number,
+  options: FrameOptions = {}
+): Array<Uint8Array> => {
   const parts = encodeParts(value)
-  return writeFrames(parts.byteLength, maxPayload, messageId, (sink) => {
-    sink.put(parts.head, 0)
-    let end = parts.head.length
-    for (const { bytes, offset } of parts.blobs) {
-      sink.zero(end, offset)
-      sink.put(bytes, offset)
-      end = offset + bytes.byteLength
-    }
-  })
+  return writeFrames(
+    parts.byteLength,
+    maxPayload,
+    messageId,
+    (sink) => {
+      sink.put(parts.head, 0)
+      let end = parts.head.length
+      for (const { bytes, offset } of parts.blobs) {
+        sink.zero(end, offset)
+        sink.put(bytes, offset)
+        end = offset + bytes.byteLength
+      }
+    },
+    options.pool
+  )
 }
 
 export interface ReassemblerOptions {
@@ -201,6 +361,12 @@ export interface ReassemblerOptions {
   readonly timeoutMs?: number
   /** Clock in milliseconds (tests inject one). Default Date.now. */
   readonly now?: () => number
+  /**
+   * Take multi-frame payload buffers from this pool instead of allocating each one. A delivered
+   * payload then belongs to the caller until it calls `release(payload)`; the buffers of messages
+   * that fail or expire go back to the pool by themselves.
+   */
+  readonly pool?: FramePool
 }
 
 interface Incomplete {
@@ -237,13 +403,33 @@ export class Reassembler {
   readonly #maxPendingBytes: number
   readonly #timeoutMs: number
   readonly #now: () => number
+  readonly #pool: FramePool | undefined
+  // Pooled payloads handed out and not yet released, by buffer: release() accepts only the very
+  // view push() returned, so a stale second release cannot free a buffer lent out again since.
+  readonly #delivered = new WeakMap<ArrayBuffer, Uint8Array>()
   #pendingBytes = 0
 
   constructor(options: ReassemblerOptions = {}) {
-    this.#maxMessageBytes = positive("maxMessageBytes", options.maxMessageBytes, 2 * 1024 ** 3)
-    this.#maxPendingBytes = positive("maxPendingBytes", options.maxPendingBytes, 4 * 1024 ** 3)
-    this.#timeoutMs = positive("timeoutMs", options.timeoutMs, 10_000)
+    this.#maxMessageBytes = positive("Reassembler.maxMessageBytes", options.maxMessageBytes, 2 * 1024 ** 3)
+    this.#maxPendingBytes = positive("Reassembler.maxPendingBytes", options.maxPendingBytes, 4 * 1024 ** 3)
+    this.#timeoutMs = positive("Reassembler.timeoutMs", options.timeoutMs, 10_000)
     this.#now = options.now ?? Date.now
+    this.#pool = options.pool
+  }
+
+  /**
+   * Gives a payload returned by push() back to the pool (option `pool`), for reuse by a later
+   * message. Call it only once nothing reads the payload, nor any tensor decoded from it, any more.
+   * Returns true when the buffer went back; false for a payload that did not come from the pool
+   * (a single-frame payload is a view into its frame; no pool configured) or that was already
+   * released, so a consumer can release every payload it got without tracking which were pooled.
+   */
+  release(payload: Uint8Array): boolean {
+    const ab = payload?.buffer as ArrayBuffer | undefined
+    if (this.#pool === undefined || ab === undefined || this.#delivered.get(ab) !== payload) return false
+    this.#delivered.delete(ab)
+    this.#pool.give(payload)
+    return true
   }
 
   /** Incomplete messages currently held. */
@@ -259,7 +445,8 @@ export class Reassembler {
   /**
    * Takes one frame; returns the whole payload when this frame completes a message, else
    * undefined. A single-frame message is returned as a view into `frame` (no copy); a multi-frame
-   * one in a buffer of its own, allocated once at its full size, starting at offset 0 (8-aligned).
+   * one in a buffer of its own, allocated once at its full size (or taken from the pool), starting
+   * at offset 0 (8-aligned).
    * Throws ChunkError for a foreign or malformed frame, a duplicated, missing or out-of-order
    * chunk, a count/length that disagrees with earlier frames, or a message above the size limits.
    * After an error the message's state is dropped and its later frames are ignored; other
@@ -329,6 +516,7 @@ export class Reassembler {
     this.#partial.delete(h.id)
     this.#pendingBytes -= p.total
     this.#remember(h.id, true, now)
+    if (this.#pool !== undefined) this.#delivered.set(p.buffer.buffer as ArrayBuffer, p.buffer)
     return p.buffer
   }
 
@@ -376,8 +564,11 @@ export class Reassembler {
     let buffer: Uint8Array
     try {
       // allocUnsafeSlow: its own ArrayBuffer at offset 0, not zeroed (every byte is written
-      // before the payload is handed out).
-      buffer = Buffer.allocUnsafeSlow(h.total)
+      // before the payload is handed out); a pool's buffers are alike.
+      buffer = this.#pool === undefined ? Buffer.allocUnsafeSlow(h.total) : this.#pool.take(h.total)
+      if (!(buffer instanceof Uint8Array) || buffer.length !== h.total || buffer.byteOffset !== 0) {
+        throw new Error(`the pool returned a buffer of ${buffer?.length} bytes at offset ${buffer?.byteOffset}`)
+      }
     } catch (error) {
       return this.#fail(h.id, now, `cannot allocate ${h.total} bytes: ${error instanceof Error ? error.message : String(error)}`)
     }
@@ -390,6 +581,7 @@ export class Reassembler {
   #drop(id: string, p: Incomplete): void {
     this.#partial.delete(id)
     this.#pendingBytes -= p.total
+    this.#pool?.give(p.buffer) // never handed out: nobody else reads it
   }
 
   #remember(id: string, delivered: boolean, now: number): void {
@@ -409,7 +601,7 @@ export class Reassembler {
 const positive = (field: string, value: number | undefined, fallback: number): number => {
   if (value === undefined) return fallback
   if (typeof value !== "number" || !(value > 0) || !Number.isFinite(value)) {
-    throw new ConfigError({ field: `Reassembler.${field}`, reason: `must be a positive number, got ${value}` })
+    throw new ConfigError({ field, reason: `must be a positive number, got ${value}` })
   }
   return value
 }
