@@ -12,5 +12,6 @@ export { Trainer, TrainingFailed, type Result, type TrainerOptions, type Checkpo
 export { TrainContext, DatasetShard, type Checkpoint, type ReportOptions } from "./actors/train-context.ts"
 export { DataParallelModel } from "./actors/data-parallel.ts"
 export { Communicator } from "./collectives/communicator.ts"
+export type { ReducerStats } from "./collectives/gradient-reducer.ts"
 export * from "./actors/index.ts"
 export { PlacementInfeasible } from "./scheduler/placement.ts"

@@ -9,7 +9,8 @@
 // own memory (wasm, tensorflow) allows.
 import type { Tf } from "../core/engine.ts"
 import type { ArrayDataset } from "../core/datasets.ts"
-import { gatherRows } from "../core/datasets.ts"
+import { gatherRows, shardIndicesWeighted } from "../core/datasets.ts"
+import { HeteroBatcher } from "./hetero-batching.ts"
 import { ConfigError } from "../core/errors.ts"
 
 type tfjs = typeof import("@tensorflow/tfjs")
@@ -40,11 +41,20 @@ export interface GradientSync {
   broadcast(buf: Float32Array): Promise<void>
   /** Element-wise sum over ranks, in place. */
   sum(buf: Float32Array): Promise<void>
+  /** Gathers every rank's buffer in rank order (heterogeneity-aware batching exchanges throughputs). */
+  allGather?(buf: Float32Array): Promise<Float32Array>
+  /** collectiveConfig.adaptiveBatching: fit({ globalBatchSize }) splits by measured throughput. */
+  readonly adaptiveBatching?: boolean
 }
 
-/** Optional timing hooks (the timeline): each phase reports its start and end. */
+/**
+ * Optional timing hooks (the timeline and the report's compute/communication split), all in
+ * performance.now() milliseconds. "step" encloses the three others; it is reported last.
+ */
 export interface StepObserver {
-  phase?(name: "forward_backward" | "allreduce" | "apply", startMs: number, endMs: number, step: number): void
+  phase?(name: "step" | "forward_backward" | "allreduce" | "apply", startMs: number, endMs: number, step: number): void
+  /** A collective outside any step (initial weight broadcast, epoch-end metric sum): time spent on the group. */
+  wait?(name: string, startMs: number, endMs: number): void
 }
 
 export interface PrepareOptions {
@@ -52,6 +62,11 @@ export interface PrepareOptions {
   readonly optimizer?: Optimizer
   /** Default: the model's compile() loss. */
   readonly loss?: LossName | LossFn
+  /**
+   * Simulated heterogeneity (tests, benchmarks): this rank sleeps this many ms per sample after
+   * forward/backward, inside the measured compute time, like a slower device. Default 0.
+   */
+  readonly simulatedDelayMsPerSample?: number
 }
 
 export interface StepResult {
@@ -73,10 +88,26 @@ export interface EpochResult {
   readonly seconds: number
 }
 
-export interface FitOptions {
+export type FitOptions = FitCommonOptions &
+  (
+    | {
+        /** Per-rank batch size. */
+        readonly batchSize: number
+        readonly globalBatchSize?: undefined
+      }
+    | {
+        /**
+         * Global batch per step, split over the ranks (hetero-batching.ts): in proportion to each
+         * rank's measured throughput with collectiveConfig.adaptiveBatching, else equally.
+         * floor(dataset size / globalBatchSize) steps per epoch on every rank.
+         */
+        readonly globalBatchSize: number
+        readonly batchSize?: undefined
+      }
+  )
+
+export interface FitCommonOptions {
   readonly epochs: number
-  /** Per-rank batch size. */
-  readonly batchSize: number
   /** Seed of the per-epoch shuffles (same on every rank). Default 0. */
   readonly seed?: number
   /** First epoch (for a resumed run). Default 0. */
@@ -133,6 +164,9 @@ export class DataParallelModel {
   #sparse: boolean
   #vars: Variable[]
   #observer: StepObserver | undefined
+  #delayMsPerSample = 0
+  #lastComputeMs = 0
+  #batcher: HeteroBatcher | undefined
   #step = 0
   #epoch = 0
   #stepInEpoch = 0
@@ -166,6 +200,7 @@ export class DataParallelModel {
     })
     this.parameterCount = offset
     this.#observer = observer
+    this.#delayMsPerSample = opts.simulatedDelayMsPerSample ?? 0
   }
 
   /** Wraps a model and makes every rank start from rank 0's weights. */
@@ -183,7 +218,9 @@ export class DataParallelModel {
     const flat = tf.tidy(() => tf.concat(weights.map((w) => w.reshape([-1]))))
     const buf = (await flat.data()) as Float32Array
     flat.dispose()
+    const t0 = performance.now()
     await this.#sync.broadcast(buf)
+    this.#observer?.wait?.("broadcast weights from rank 0", t0, performance.now())
     const restored = tf.tidy(() => {
       let off = 0
       return weights.map((w) => {
@@ -219,7 +256,9 @@ export class DataParallelModel {
     const [flat, lossArr, correctArr] = await Promise.all([flatT.data() as Promise<Float32Array>, value.data(), correctT?.data()])
     tf.dispose([flatT, value, ...(pred ? [pred] : []), ...(correctT ? [correctT] : [])])
     tf.dispose(grads)
+    if (this.#delayMsPerSample > 0) await new Promise((r) => setTimeout(r, this.#delayMsPerSample * samples))
     const t1 = performance.now()
+    this.#lastComputeMs = t1 - t0
     this.#observer?.phase?.("forward_backward", t0, t1, step)
     await this.#sync.reduceGradients(flat, this.layout, samples, step)
     const t2 = performance.now()
@@ -233,7 +272,9 @@ export class DataParallelModel {
     })
     this.optimizer.applyGradients(named)
     tf.dispose(named)
-    this.#observer?.phase?.("apply", t2, performance.now(), step)
+    const t3 = performance.now()
+    this.#observer?.phase?.("apply", t2, t3, step)
+    this.#observer?.phase?.("step", t0, t3, step)
     this.onStep?.({ epoch: this.#epoch, step: this.#stepInEpoch++, stepsPerEpoch: this.#stepsPerEpoch, samples, loss: lossArr[0] })
     return { loss: lossArr[0], samples, ...(correctArr ? { correct: correctArr[0] } : {}) }
   }
@@ -257,22 +298,22 @@ export class DataParallelModel {
   /** Trains over this rank's shard for some epochs; the metrics handed to onEpochEnd cover all ranks. */
   async fit(source: ShardSource, opts: FitOptions): Promise<EpochResult[]> {
     const tf = this.#tf
-    if (!(opts.batchSize >= 1) || !Number.isInteger(opts.batchSize)) {
+    if (opts.globalBatchSize !== undefined) this.#prepareBatcher(source, opts.globalBatchSize)
+    else if (!(opts.batchSize >= 1) || !Number.isInteger(opts.batchSize)) {
       throw new ConfigError({ field: "fit.batchSize", reason: `must be an integer >= 1, got ${opts.batchSize}` })
     }
     const ds = source.dataset
     const results: EpochResult[] = []
     for (let epoch = opts.initialEpoch ?? 0; epoch < opts.epochs; epoch++) {
       const started = performance.now()
-      const rows = source.rows(epoch)
-      const steps = Math.ceil(rows.length / opts.batchSize)
+      const { steps, rowsOf } = this.#epochRows(source, opts, epoch)
       this.#epoch = epoch
       this.#stepInEpoch = 0
       this.#stepsPerEpoch = steps
       // Sums over the epoch: loss * samples, correct predictions, samples.
       const totals = new Float32Array(3)
       for (let i = 0; i < steps; i++) {
-        const batchRows = Array.prototype.slice.call(rows, i * opts.batchSize, (i + 1) * opts.batchSize) as number[]
+        const batchRows = rowsOf(i)
         const batch = gatherRows(ds, batchRows)
         const x = tf.tensor(batch.x, [batchRows.length, ...ds.featureShape])
         const y = this.#classification ? tf.tensor1d(batch.y, "int32") : tf.tensor(batch.y, [batchRows.length, 1], "float32")
@@ -282,9 +323,12 @@ export class DataParallelModel {
         totals[0] += r.loss * r.samples
         totals[2] += r.samples
         tf.dispose([x, y, yLoss])
+        await this.#batcher?.afterStep(r.samples, this.#lastComputeMs)
         await opts.onStep?.({ ...r, epoch, index: i })
       }
+      const w0 = performance.now()
       await this.#sync.sum(totals)
+      this.#observer?.wait?.("epoch metrics all-reduce", w0, performance.now())
       const result: EpochResult = {
         epoch,
         loss: totals[0] / Math.max(1, totals[2]),
@@ -297,6 +341,51 @@ export class DataParallelModel {
       await opts.onEpochEnd?.(result)
     }
     return results
+  }
+
+  #prepareBatcher(source: ShardSource, globalBatch: number): void {
+    const p = this.#sync.worldSize
+    if (!Number.isInteger(globalBatch) || globalBatch < p || globalBatch > source.dataset.size) {
+      throw new ConfigError({
+        field: "fit.globalBatchSize",
+        reason: `must be an integer between the number of workers (${p}) and the dataset size (${source.dataset.size}), got ${globalBatch}`
+      })
+    }
+    if (this.#batcher?.globalBatch === globalBatch) return
+    const allGather = this.#sync.allGather?.bind(this.#sync)
+    this.#batcher = new HeteroBatcher({
+      rank: this.#sync.rank,
+      worldSize: p,
+      globalBatch,
+      adaptive: this.#sync.adaptiveBatching === true && allGather !== undefined,
+      allGather: allGather ?? (async (b) => b)
+    })
+  }
+
+  /** An epoch's steps and each step's rows for this rank: per-rank batches, or slices of the global batch. */
+  #epochRows(source: ShardSource, opts: FitOptions, epoch: number): { steps: number; rowsOf: (step: number) => number[] } {
+    const batcher = this.#batcher
+    if (opts.globalBatchSize === undefined || !batcher) {
+      const rows = source.rows(epoch)
+      const bs = opts.batchSize as number
+      return { steps: Math.ceil(rows.length / bs), rowsOf: (i) => Array.prototype.slice.call(rows, i * bs, (i + 1) * bs) as number[] }
+    }
+    const B = opts.globalBatchSize
+    const size = source.dataset.size
+    const seed = opts.seed ?? (source as { seed?: number }).seed ?? 0
+    const perm = shardIndicesWeighted(size, 0, [size], seed, epoch)
+    return {
+      steps: Math.floor(size / B),
+      rowsOf: (i) => {
+        const { offset, size: n } = batcher.slice()
+        return Array.from(perm.subarray(i * B + offset, i * B + offset + n))
+      }
+    }
+  }
+
+  /** Heterogeneity-aware batching state for report(): per-rank batches, re-balances, stragglers. */
+  batchingMetrics(): Record<string, number> {
+    return this.#batcher?.metrics() ?? {}
   }
 
   /** Targets in the form the loss wants: one-hot for categoricalCrossentropy, class ids otherwise. */

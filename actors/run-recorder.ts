@@ -1,21 +1,18 @@
 // The run directory: the resolved config (config.json), metrics history (metrics.jsonl and
 // metrics.csv for rank 0, metrics_per_rank.jsonl for every rank), trainer events (events.jsonl),
-// per-rank logs (logs/), the timeline (timeline.json, Chrome trace-event format, when enabled) and
-// checkpoints (written by the checkpoint store next to these).
+// per-rank logs (logs/), the timeline (timeline.json, Chrome trace-event format, when enabled),
+// the HTML report (report.html) and checkpoints (written by the checkpoint store next to these).
 import * as fs from "node:fs"
 import * as fsp from "node:fs/promises"
 import * as path from "node:path"
 import { writeFileAtomic } from "./checkpoint-store.ts"
+import { renderReport, type StepTime } from "./report-html.ts"
+import { threadName, type TraceEvent } from "./timeline.ts"
 
-export interface TraceEvent {
-  readonly name: string
-  readonly ph: string
-  readonly ts: number
-  readonly dur?: number
-  readonly pid?: number | string
-  readonly tid?: number | string
-  readonly args?: Record<string, unknown>
-}
+export type { TraceEvent } from "./timeline.ts"
+
+/** Step times kept per rank for the report; past this many in total, every other one is dropped (the report bins them anyway). */
+const MAX_STEP_TIMES = 200_000
 
 const csvCell = (v: unknown): string => {
   const s = v === undefined || v === null ? "" : typeof v === "object" ? JSON.stringify(v) : String(v)
@@ -31,7 +28,7 @@ export class RunRecorder {
   readonly #logs = new Map<string, fs.WriteStream>()
   readonly #trace: TraceEvent[] = []
   readonly #rows: Array<Record<string, unknown>> = []
-  readonly #origin = performance.now()
+  #steps: StepTime[] = []
 
   private constructor(dir: string, timeline: boolean) {
     this.dir = dir
@@ -73,7 +70,18 @@ export class RunRecorder {
     s.write(`${line}\n`)
   }
 
-  /** Driver-side timeline events (timestamps: performance.now() in microseconds). */
+  /** Per-step compute/communication times of a rank (from its progress messages), for the report. */
+  stepTimes(attempt: number, rank: number, times: ReadonlyArray<ReadonlyArray<number>>): void {
+    for (const t of times) {
+      const [step, fb, comm, apply] = t
+      if (typeof step !== "number") continue
+      this.#steps.push({ attempt, rank, step, computeMs: (fb ?? 0) + (apply ?? 0), commMs: comm ?? 0 })
+    }
+    // Bounded memory on very long runs: thin out evenly rather than dropping the end.
+    if (this.#steps.length > MAX_STEP_TIMES) this.#steps = this.#steps.filter((_, i) => i % 2 === 0)
+  }
+
+  /** Driver-side timeline events (timestamps: wall-clock microseconds, see timeline.ts). */
   trace(e: TraceEvent): void {
     if (this.#timeline) this.#trace.push(e)
   }
@@ -88,21 +96,38 @@ export class RunRecorder {
     }
   }
 
-  async finish(summary: { error?: string; restarts: number; history: ReadonlyArray<Record<string, unknown>> }): Promise<void> {
+  async finish(summary: { title: string; error?: string; restarts: number; history: ReadonlyArray<Record<string, unknown>> }): Promise<void> {
     const keys = [...new Set(this.#rows.flatMap((r) => Object.keys(r)))]
     const csv = [keys.join(","), ...this.#rows.map((r) => keys.map((k) => csvCell(r[k])).join(","))].join("\n")
+    const finishedAt = new Date().toISOString()
     await writeFileAtomic(path.join(this.dir, "metrics.csv"), `${csv}\n`)
     await writeFileAtomic(
       path.join(this.dir, "summary.json"),
-      JSON.stringify({ finishedAt: new Date().toISOString(), error: summary.error ?? null, restarts: summary.restarts, reports: summary.history.length, last: summary.history.at(-1) ?? null }, null, 2)
+      JSON.stringify({ finishedAt, error: summary.error ?? null, restarts: summary.restarts, reports: summary.history.length, last: summary.history.at(-1) ?? null }, null, 2)
     )
-    if (this.#timeline) {
-      const ranks = [...new Set(this.#trace.map((e) => e.pid))]
-      const meta = ranks.map((pid) => ({ name: "process_name", ph: "M", pid, tid: 0, args: { name: typeof pid === "number" ? `rank ${pid}` : String(pid) } }))
-      const base = Math.min(...this.#trace.map((e) => e.ts), this.#origin * 1000)
-      const events = this.#trace.map((e) => ({ ...e, ts: e.ts - base }))
-      await writeFileAtomic(path.join(this.dir, "timeline.json"), JSON.stringify({ traceEvents: [...meta, ...events], displayTimeUnit: "ms" }))
-    }
+    await writeFileAtomic(
+      path.join(this.dir, "report.html"),
+      renderReport({ title: summary.title, finishedAt, error: summary.error, restarts: summary.restarts, history: summary.history, steps: this.#steps })
+    )
+    if (this.#timeline) await writeFileAtomic(path.join(this.dir, "timeline.json"), this.#timelineJson())
+  }
+
+  /** The trace with process/thread names, timestamps shifted so the run starts near 0 (same shift everywhere, so nesting holds). */
+  #timelineJson(): string {
+    let base = Infinity
+    for (const e of this.#trace) if (e.ts < base) base = e.ts
+    if (!Number.isFinite(base)) base = 0
+    const threads = new Map<string, { pid: number | string; tid: number | string }>()
+    for (const e of this.#trace) threads.set(`${e.pid}/${e.tid}`, { pid: e.pid ?? 0, tid: e.tid ?? 0 })
+    const pids = [...new Set([...threads.values()].map((t) => t.pid))]
+    const meta: TraceEvent[] = [
+      ...pids.map((pid) => ({ name: "process_name", ph: "M", ts: 0, pid, tid: 0, args: { name: typeof pid === "number" ? `rank ${pid}` : String(pid) } })),
+      // Ranks first, in order, then the driver.
+      ...pids.map((pid) => ({ name: "process_sort_index", ph: "M", ts: 0, pid, tid: 0, args: { sort_index: typeof pid === "number" ? pid : 1_000_000 } })),
+      ...[...threads.values()].map(({ pid, tid }) => ({ name: "thread_name", ph: "M", ts: 0, pid, tid, args: { name: threadName(tid) } }))
+    ]
+    const events = this.#trace.map((e) => ({ ...e, ts: e.ts - base }))
+    return JSON.stringify({ traceEvents: [...meta, ...events], displayTimeUnit: "ms", otherData: { timeOriginMicros: base } })
   }
 
   async close(): Promise<void> {

@@ -7,7 +7,7 @@ import { shardIndices, type ArrayDataset } from "../core/datasets.ts"
 import { ConfigError } from "../core/errors.ts"
 import { loadWeightsInto, modelToFiles } from "../core/model-io.ts"
 import type { Communicator } from "../collectives/communicator.ts"
-import type { GradientReducer } from "../collectives/gradient-reducer.ts"
+import type { GradientReducer, ReducerStats } from "../collectives/gradient-reducer.ts"
 import { DataParallelModel, type PrepareOptions, type ShardSource, type StepObserver } from "./data-parallel.ts"
 
 type LayersModel = import("@tensorflow/tfjs").LayersModel
@@ -62,6 +62,8 @@ export interface TrainContextDeps {
   readonly seed: number
   readonly communicator: Communicator
   readonly reducer: GradientReducer
+  /** collectiveConfig.adaptiveBatching: fit({ globalBatchSize }) splits by measured throughput. */
+  readonly adaptiveBatching?: boolean
   readonly observer?: StepObserver
   readonly sendReport: (index: number, metrics: Record<string, unknown>, checkpoint: Checkpoint | undefined) => Promise<void>
   readonly fetchCheckpoint: () => Promise<Checkpoint | undefined>
@@ -156,7 +158,9 @@ export class TrainContext {
         worldSize: d.worldSize,
         reduceGradients: (flat, layout, weight, step) => d.reducer.reduceGradients(flat, layout, weight, step),
         broadcast: (buf) => d.reducer.broadcast(buf),
-        sum: (buf) => d.reducer.sum(buf)
+        sum: (buf) => d.reducer.sum(buf),
+        allGather: (buf) => d.communicator.allGather(buf),
+        adaptiveBatching: d.adaptiveBatching === true
       },
       options,
       d.observer
@@ -181,6 +185,15 @@ export class TrainContext {
     const files: Record<string, Uint8Array> = {}
     for (const [k, v] of Object.entries(checkpoint.files)) files[k] = typeof v === "string" ? new TextEncoder().encode(v) : v
     loadWeightsInto(this.tf, m, files)
+  }
+
+  /**
+   * Bytes this rank put on the wire for gradients (its own messages) against what the same
+   * reductions would have sent as dense fp32: last step and totals since the loop started.
+   * With compression, totalDenseBytes - totalWireBytes is what it saved.
+   */
+  communicationStats(): ReducerStats {
+    return this.#deps.reducer.stats
   }
 
   /** @internal the prepared model, if any */

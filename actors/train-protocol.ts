@@ -53,8 +53,14 @@ export const ControllerProtocol = defineProtocol("trainer-controller", {
       samples: Schema.Number,
       loss: Schema.Number,
       computeMs: Schema.Number,
-      commMs: Schema.Number
+      commMs: Schema.Number,
+      /** Every step since the last progress message: [step, forward/backward ms, all-reduce ms, apply ms]. */
+      stepTimes: Schema.optionalKey(Schema.Array(Schema.Array(Schema.Number)))
     })
+  },
+  /** Rank 0's all-reduce plan (algorithm per bucket, compression) with predicted times: explain.txt / explain.json. */
+  explain: {
+    request: Schema.Struct({ attempt: Schema.Number, text: Schema.String, json: Schema.Unknown, summary: Schema.String })
   },
   /** Timeline events of a rank (Chrome trace "X" events), flushed in batches. */
   trace: {
@@ -104,7 +110,9 @@ export const WorkerArgs = Schema.Struct({
     bucketSizeMiB: Schema.Number,
     firstBucketSizeMiB: Schema.Number,
     wireDtype: Schema.String,
-    timeoutMs: Schema.Number
+    timeoutMs: Schema.Number,
+    /** Heterogeneity-aware per-rank batches for fit({ globalBatchSize }). */
+    adaptiveBatching: Schema.optionalKey(Schema.Boolean)
   }),
   seed: Schema.Number,
   timeline: Schema.Boolean

@@ -40,6 +40,9 @@ import { ControllerProtocol, WorkerProtocol, type CheckpointPayload, type Worker
 import { decide, type GroupFailure, type TrainerState } from "./failure-policy.ts"
 import { ProgressPrinter } from "./progress.ts"
 import { RunRecorder } from "./run-recorder.ts"
+import { spanEvent } from "./timeline.ts"
+import { decodeMessage } from "../core/wire.ts"
+import { jobSubjects } from "../core/subjects.ts"
 import type { TrainContext } from "./train-context.ts"
 
 export type TrainLoop<C = unknown> = (config: C, ctx: TrainContext) => unknown | Promise<unknown>
@@ -50,6 +53,8 @@ export interface TrainerCallbacks {
   onCheckpoint?(info: { path: string; metrics: Record<string, unknown> }): void | Promise<void>
   onRestart?(info: { attempt: number; failure: GroupFailure }): void | Promise<void>
   onStateChange?(info: { from: TrainerState; to: TrainerState; attempt: number }): void
+  /** Step progress of a rank (rate-limited by the workers to a few per second, plus each epoch's last step). */
+  onProgress?(info: { attempt: number; rank: number; epoch: number; step: number; stepsPerEpoch: number; samples: number; loss: number }): void
 }
 
 export interface TrainerOptions {
@@ -113,6 +118,19 @@ export interface Result {
   /** Worker-group restarts after failures. */
   readonly restarts: number
 }
+
+/** The all-reduce plan of the run, as the workers' scheduler explained it. */
+const writeExplain = async (dir: string, text: string, json: unknown): Promise<void> => {
+  await fs.writeFile(path.join(dir, "explain.txt"), `${text}\n`)
+  await fs.writeFile(path.join(dir, "explain.json"), `${JSON.stringify(json, null, 2)}\n`)
+}
+
+/**
+ * Silence after which a worker counts as dead. Exits (crash, kill -9) are reported by the agent at
+ * once; this only catches hung processes and lost nodes, and a worker busy in a long tfjs kernel on
+ * an oversubscribed machine must not be mistaken for one.
+ */
+const WORKER_DEAD_AFTER_MS = 10_000
 
 const WORKER_MODULE = fileURLToPath(new URL(import.meta.url.endsWith(".ts") ? "./worker.ts" : "./worker.js", import.meta.url))
 
@@ -192,8 +210,10 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
     run,
     callbacks: (callbacks ?? []) as ReadonlyArray<TrainerCallbacks>,
     collective: {
-      algorithm: coll.algorithm === undefined || coll.algorithm === "auto" ? "ring" : coll.algorithm,
-      compression: compression === "auto" ? "none" : compression,
+      // 'auto' (the default) is resolved on the workers from the measured topology (actors/auto-config.ts).
+      algorithm: coll.algorithm ?? "auto",
+      compression,
+      adaptiveBatching: coll.adaptiveBatching ?? false,
       bucketSizeMiB: coll.bucketSizeMiB ?? 25,
       firstBucketSizeMiB: coll.firstBucketSizeMiB ?? 1,
       wireDtype: coll.wireDtype ?? "float32",
@@ -410,6 +430,23 @@ export class Trainer {
     })
     let controller: ActorHandle | undefined
     let workers: SpawnedActor[] = []
+    // On a joined cluster the agents run elsewhere and cannot call onOutput: they publish each
+    // line of their processes on the job's log subjects, which land in the same logs/ files.
+    const logSub = cluster.embedded
+      ? undefined
+      : cluster.nc.subscribe(jobSubjects(cluster.clusterName, job).logs, {
+          callback: (err, msg) => {
+            if (err) return
+            try {
+              const m = decodeMessage(msg.data) as { line?: unknown; name?: unknown; pid?: unknown; node?: unknown }
+              const rank = /^w\d+-(\d+)$/.exec(String(m.name))?.[1]
+              const label = rank !== undefined ? `worker rank=${rank}` : String(m.name)
+              onOutput(`(${label} pid=${String(m.pid)} node=${String(m.node)}) ${String(m.line)}`)
+            } catch {
+              // a malformed log message is not worth failing a run over
+            }
+          }
+        })
 
     const killWorkers = async (reason: string): Promise<void> => {
       const nodes = new Set(workers.map((w) => w.node))
@@ -435,6 +472,9 @@ export class Trainer {
       (tornDown ??= (async () => {
         await killWorkers("the run ended")
         await controller?.stop({ drain: false, reason: "run ended" }).catch(() => {})
+        // Let the last forwarded log lines arrive before unsubscribing.
+        if (logSub) await cluster.nc.flush().catch(() => {})
+        logSub?.unsubscribe()
         system.endJob()
         system.close()
         await cluster.close().catch(() => {})
@@ -462,7 +502,7 @@ export class Trainer {
         const t0 = performance.now()
         saving = saving.then(async () => {
           const entry = await store.save({ files, metadata: { ...ckpt.metadata, attempt: a.number, round: index } }, metrics[0])
-          recorder.trace({ name: "checkpoint save", ph: "X", ts: t0 * 1000, dur: (performance.now() - t0) * 1000, pid: "driver", tid: "checkpoints", args: { path: entry.path } })
+          recorder.trace({ ...spanEvent("checkpoint save", t0, performance.now(), "checkpoints", { path: entry.path, round: index }, "checkpoint"), pid: "driver" })
           for (const cb of cfg.callbacks) await Promise.resolve(cb.onCheckpoint?.({ path: entry.path, metrics: entry.metrics })).catch(() => {})
         }).catch((e: unknown) => {
           process.stderr.write(`gradwire: checkpoint write failed: ${String(e)}\n`)
@@ -523,10 +563,21 @@ export class Trainer {
         return { path: p, metrics: c.metrics, payload: { files: c.files, metadata: c.metadata } }
       },
       progress: (body) => {
-        if (current && body.attempt === current.number) progress.step(body)
+        if (current && body.attempt === current.number) {
+          progress.step(body)
+          // The report's compute/communication split: kept whether or not the timeline is on.
+          if (body.stepTimes) recorder.stepTimes(body.attempt, body.rank, body.stepTimes)
+          for (const cb of cfg.callbacks) cb.onProgress?.(body)
+        }
       },
       trace: (body) => {
         if (current && body.attempt === current.number) recorder.traceEvents(body.rank, body.events)
+      },
+      explain: (body) => {
+        if (!current || body.attempt !== current.number) return
+        progress.line(body.summary)
+        recorder.event({ type: "explain", summary: body.summary })
+        saving = saving.then(() => writeExplain(cfg.runDir, body.text, body.json)).catch(() => {})
       },
       finished: (body) => {
         const a = current
@@ -603,7 +654,7 @@ export class Trainer {
     }
     const info = (e: CheckpointEntry): CheckpointInfo => ({ path: e.path, metrics: e.metrics })
     const latest = store.latest()
-    await recorder.finish({ error: error?.message, restarts, history })
+    await recorder.finish({ title: cfg.name, error: error?.message, restarts, history })
     progress.summary(recorder.dir, history.at(-1), error)
     return {
       metrics: history.at(-1),
@@ -706,7 +757,7 @@ export class Trainer {
       return { type: "failed", failure: { kind: "died", rank: -1, tag: err._tag ?? "SpawnError", message: err.message ?? String(e) } }
     }
     for (const w of spawned) {
-      void w.down().then((down) => {
+      void w.down({ deadAfterMs: WORKER_DEAD_AFTER_MS }).then((down) => {
         if (a.settled || a.finished.has(spawned.indexOf(w))) return
         // A worker that stops right after telling us it finished is fine; give that message a moment.
         setTimeout(() => {

@@ -20,6 +20,8 @@ import { toWireFailure } from "./envelope.ts"
 import { ControllerProtocol, WorkerArgs, WorkerProtocol } from "./train-protocol.ts"
 import { TrainContext, type Checkpoint } from "./train-context.ts"
 import type { StepObserver } from "./data-parallel.ts"
+import { spanEvent, tidOfBucket, TID_STEP, TID_WAITS, type TraceEvent } from "./timeline.ts"
+import { AutoGradientReducer, prepareAutoCollectives } from "./auto-config.ts"
 
 const PROGRESS_EVERY_MS = 250
 
@@ -55,8 +57,15 @@ export const trainWorker = defineActor(
       try {
         const { tf, backend } = await loadEngine(args.backend as BackendKind | "auto")
         const c = args.connection
+        // The server this process's agent connected it to first: on a multi-machine cluster that
+        // is the node's own nats-server, so collective traffic enters the cluster next to the
+        // worker (and hierarchical/topology-aware choices see the real servers) instead of every
+        // rank dialling the driver's address. The job's servers stay as fallbacks.
+        const own = system.nc.getServer()
+        const ownUrl = own && !/^[a-z]+:\/\//.test(own) ? `nats://${own}` : own
         nc = await connect({
-          servers: [...c.servers],
+          servers: [...new Set([...(ownUrl ? [ownUrl] : []), ...c.servers])],
+          noRandomize: true,
           name: `gradwire ${system.job} rank ${rank} collectives`,
           noEcho: true,
           maxReconnectAttempts: -1,
@@ -76,26 +85,32 @@ export const trainWorker = defineActor(
           timeoutMs: args.collective.timeoutMs
         })
         const compression = parseCompressionConfig(args.collective.compression, "collectiveConfig.compression")
-        const trace: unknown[] = []
-        const observer: StepObserver | undefined = args.timeline
-          ? { phase: (name, start, end, step) => void trace.push({ name, ph: "X", ts: start * 1000, dur: (end - start) * 1000, args: { step } }) }
-          : undefined
-        const reducer = new GradientReducer(comm, {
-          algorithm: args.collective.algorithm as AllReduceAlgorithm,
-          compression: (compression === "auto" ? "none" : compression) as ResolvedCompressionConfig,
+        // Timeline events (only with runConfig.timeline), shipped to the controller in batches.
+        const trace: TraceEvent[] = []
+        const timeline = args.timeline
+        // algorithm / compression 'auto': probe the group's links, pick per bucket (auto-config.ts).
+        const reducer = new AutoGradientReducer(comm, {
+          ...(await prepareAutoCollectives({
+            nc, comm, cluster: system.cluster, job: system.job, algorithm: args.collective.algorithm, compression, log: ctx.log,
+            ...(rank === 0
+              ? { onExplain: (e, summary) => void system.tellPromise(controller, "explain", { attempt, text: e.text, json: e.json, summary }).catch(() => {}) }
+              : {})
+          })),
           wire: args.collective.wireDtype === "float16" ? "f16" : "f32",
           bucketBytes: args.collective.bucketSizeMiB * 1024 * 1024,
           firstBucketBytes: args.collective.firstBucketSizeMiB * 1024 * 1024,
-          ...(args.timeline
+          ...(timeline
             ? {
-                onBucket: (b) =>
-                  void trace.push({
-                    name: `allreduce bucket ${b.bucket}`,
-                    ph: "X",
-                    ts: b.startMs * 1000,
-                    dur: (b.endMs - b.startMs) * 1000,
-                    args: { bytes: b.bytes, algorithm: b.algorithm, encodeMs: b.encodeMs }
-                  })
+                // A bucket's row: the whole bucket, then its compression (encodeMs, measured from the
+                // bucket's start) and the exchange that follows it, nested inside.
+                onBucket: (b) => {
+                  const tid = tidOfBucket(b.bucket)
+                  const info = { step: currentStep, bytes: b.bytes, algorithm: b.algorithm, encodeMs: b.encodeMs }
+                  trace.push(spanEvent(`bucket ${b.bucket}`, b.startMs, b.endMs, tid, info, "allreduce"))
+                  const split = Math.min(b.endMs, b.startMs + b.encodeMs)
+                  if (b.encodeMs > 0) trace.push(spanEvent("compress", b.startMs, split, tid, { step: currentStep }, "allreduce"))
+                  trace.push(spanEvent(`all-reduce (${b.algorithm})`, split, b.endMs, tid, { step: currentStep, bytes: b.bytes }, "allreduce"))
+                }
               }
             : {})
         })
@@ -107,6 +122,24 @@ export const trainWorker = defineActor(
         let processed = 0
         let computeMs = 0
         let commMs = 0
+        let applyMs = 0
+        let currentStep = 0
+        // Every step's [step, forward/backward ms, all-reduce ms, apply ms] since the last progress
+        // message: the report's compute/communication split, whether or not the timeline is on.
+        let stepTimes: number[][] = []
+        const observer: StepObserver = {
+          phase: (name, start, end, step) => {
+            currentStep = step
+            if (name === "forward_backward") reducer.noteCompute((computeMs = end - start))
+            else if (name === "allreduce") commMs = end - start
+            else if (name === "apply") applyMs = end - start
+            else if (name === "step") stepTimes.push([step, computeMs, commMs, applyMs])
+            if (timeline) trace.push(spanEvent(name, start, end, TID_STEP, { step }))
+          },
+          wait: (name, start, end) => {
+            if (timeline) trace.push(spanEvent(name, start, end, TID_WAITS, undefined, "wait"))
+          }
+        }
         const context = new TrainContext({
           tf,
           backend,
@@ -119,20 +152,17 @@ export const trainWorker = defineActor(
           seed: args.seed,
           communicator: comm,
           reducer,
-          observer: {
-            phase: (name, start, end, step) => {
-              if (name === "forward_backward") computeMs = end - start
-              else if (name === "allreduce") commMs = end - start
-              observer?.phase?.(name, start, end, step)
-            }
-          },
+          adaptiveBatching: args.collective.adaptiveBatching === true,
+          observer,
           onStep: (info) => {
             processed += info.samples
             const now = performance.now()
             if (now - lastProgress < PROGRESS_EVERY_MS && info.step + 1 < info.stepsPerEpoch) return
             lastProgress = now
+            const steps = stepTimes
+            stepTimes = []
             void system
-              .tellPromise(controller, "progress", { attempt, rank, ...info, samples: processed, computeMs, commMs })
+              .tellPromise(controller, "progress", { attempt, rank, ...info, samples: processed, computeMs, commMs, stepTimes: steps })
               .catch(() => {})
             flushTrace()
           },
@@ -140,6 +170,7 @@ export const trainWorker = defineActor(
             const state = reducer.state()
             const hasState = Object.keys(state.residuals).length > 0 || state.powersgd !== undefined
             flushTrace()
+            const t0 = performance.now()
             await system.askPromise(
               controller,
               "report",
@@ -147,12 +178,18 @@ export const trainWorker = defineActor(
                 attempt,
                 rank,
                 index,
-                metrics,
+                metrics: { ...metrics, ...context.prepared?.batchingMetrics() },
                 ...(checkpoint ? { checkpoint: { files: toBytes(checkpoint.files), metadata: { ...checkpoint.metadata } } } : {}),
                 ...(hasState ? { aux: { [residualFile(rank)]: encodeMessage(state) } } : {})
               },
               { timeoutMs: 120_000 }
             )
+            // report() returns once the controller holds every byte (the upload; writing to
+            // storage happens in the background) and has this rank's metrics: the wait in report().
+            if (timeline) {
+              const bytes = checkpoint ? Object.values(checkpoint.files).reduce((n, f) => n + (typeof f === "string" ? f.length : f.byteLength), 0) : 0
+              trace.push(spanEvent(checkpoint ? "checkpoint upload" : "report", t0, performance.now(), TID_WAITS, { report: index, ...(checkpoint ? { bytes } : {}) }, "wait"))
+            }
           },
           fetchCheckpoint: async () => {
             const got = await system.askPromise(controller, "checkpoint", null, { timeoutMs: 120_000 })

@@ -161,7 +161,7 @@ if __name__ == "__main__":
     mp.spawn(worker, args=(p, port, sizes, rounds, out), nprocs=p, join=True)
 `
 
-const torchAvailable = (): boolean => {
+export const torchAvailable = (): boolean => {
   try {
     return spawnSync("/usr/bin/python3", ["-c", "import torch"], { stdio: "ignore", timeout: 60_000 }).status === 0
   } catch {
@@ -170,7 +170,7 @@ const torchAvailable = (): boolean => {
 }
 
 /** Median ms of gloo all_reduce per size, or undefined when it fails. */
-const runGloo = async (p: number, sizes: number[]): Promise<Map<number, number> | undefined> => {
+export const runGloo = async (p: number, sizes: number[]): Promise<Map<number, number> | undefined> => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "gradwire-gloo-"))
   const script = path.join(dir, "gloo.py")
   const out = path.join(dir, "out.json")

@@ -6,7 +6,8 @@ const benches: Record<string, { about: string; modules: ReadonlyArray<string> }>
   allreduce: { about: "ring / tree / hierarchical all-reduce vs raw NATS pattern and torch gloo", modules: ["./allreduce.ts"] },
   compression: { about: "compressors: wire bytes, codec cost, 64 MiB all-reduce at p=4", modules: ["./compression.ts"] },
   trainer: { about: "fit() to first step, recovery time, data-parallel wrapper overhead", modules: ["./trainer.ts"] },
-  hetero: { about: "heterogeneity-aware batching vs equal split", modules: ["./hetero.ts"] }
+  hetero: { about: "heterogeneity-aware batching vs equal split", modules: ["./hetero.ts"] },
+  autochoice: { about: "the cost model's algorithm pick vs the measured fastest over (size, p)", modules: ["./autochoice.ts"] }
 }
 
 const [name, ...rest] = process.argv.slice(2)

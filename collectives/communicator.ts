@@ -68,9 +68,13 @@ export interface CommunicatorOptions {
   readonly timeoutMs?: number
   /** Deadline of the start-up handshake. Default 60 s. */
   readonly createTimeoutMs?: number
-  /** Largest data payload per message. Default 1 MiB; never more than the server's max_payload allows (smallest over all ranks). */
+  /** Largest data payload per message. Default 4 MiB, and never more than the smallest max_payload of the ranks' servers allows (1 MiB on a default nats-server). Larger chunks cost less per byte. */
   readonly chunkBytes?: number
-  /** Credits per link: bytes a sender may have unacknowledged per destination. Default 8 MiB (at least two chunks). */
+  /**
+   * Credits: bytes a rank lets its senders have unacknowledged per call, split over the links that
+   * feed it at once (at least one chunk per link). Default 16 MiB, so two calls in flight stay well
+   * under nats-server's max_pending (64 MiB), past which it drops a slow receiver.
+   */
   readonly windowBytes?: number
   /** Server max_payload; default from the connection. */
   readonly maxPayload?: number
@@ -131,8 +135,8 @@ export interface AllGatherOptions extends CallOptions {
 }
 
 const DEFAULT_TIMEOUT_MS = 60_000
-const DEFAULT_CHUNK_BYTES = 1 << 20
-const DEFAULT_WINDOW_BYTES = 8 << 20
+const DEFAULT_CHUNK_BYTES = 4 << 20
+const DEFAULT_WINDOW_BYTES = 16 << 20
 const DEFAULT_EARLY_LIMIT = 512 << 20
 const PROTOCOL_VERSION = 1
 
@@ -272,9 +276,8 @@ export class Communicator {
       rank: me,
       worldSize: opts.worldSize,
       windowBytes,
-      minLinkWindow: 2 * full,
-      // Ack once per full chunk's worth consumed: with link windows of at least two full frames a
-      // blocked sender always has a full chunk outstanding, so the ack comes (see flow-control.ts).
+      fullFrame: full,
+      // A steady ack per full chunk consumed keeps credit flowing before a sender has to ask (ackNow).
       ackEvery: full,
       publishTo: (seq, dst, data, headers) => nc.publish(subjects.coll(group, seq, me, dst), data, { headers }),
       publishAck: (seq, dst, headers) => cnc.publish(subjects.collControl(group, seq, me, dst), EMPTY, { headers }),
@@ -312,7 +315,7 @@ export class Communicator {
     const self: PeerInfo = { rank, node, server, serverName }
     if (worldSize === 1) {
       const C = Math.floor(Math.min(chunkBytes, maxPayload - HEADER_BLOCK_BYTES) / 4)
-      return new Communicator(opts, [self], C, Math.max(windowBytes, 2 * (HEADER_BYTES + 4 * C)), subjects, [])
+      return new Communicator(opts, [self], C, windowBytes, subjects, [])
     }
 
     const hellos = new Map<number, Hello>()
@@ -352,9 +355,16 @@ export class Communicator {
     const mismatch = (reason: string): void => {
       failure ??= new GroupMismatch({ group, rank, reason })
     }
+    // Frames other than hellos that arrive during the handshake (a peer that finished first may
+    // already be running the first collective): kept and delivered once the communicator exists.
+    const early: Msg[] = []
     const take = (msg: Msg): void => {
       const f = readFrame(msg)
-      if (!f || f.kind !== Kind.hello || f.src === rank) return
+      if (!f || f.src === rank) return
+      if (f.kind !== Kind.hello) {
+        early.push(msg)
+        return
+      }
       const h = controlBody(f) as Hello
       if (h.v !== PROTOCOL_VERSION) return mismatch(`rank ${h.rank} speaks collectives protocol ${h.v}, this rank ${PROTOCOL_VERSION}`)
       if (h.worldSize !== worldSize) return mismatch(`rank ${h.rank} was created with worldSize ${h.worldSize}, this rank with ${worldSize}`)
@@ -389,15 +399,21 @@ export class Communicator {
           interval = Math.min(250, interval * 2)
         }
         if (now > deadline) {
-          const missing: number[] = []
-          for (let r = 0; r < worldSize; r++) if (r !== rank && !hellos.get(r)?.ready) missing.push(r)
+          // Name the ranks never heard from; if every rank answered, the ones not yet ready.
+          const silent: number[] = []
+          const notReady: number[] = []
+          for (let r = 0; r < worldSize; r++) {
+            if (r === rank) continue
+            if (!hellos.has(r)) silent.push(r)
+            else if (!hellos.get(r)?.ready) notReady.push(r)
+          }
           throw new CollectiveTimeout({
             op: "create",
             group,
             rank,
             seq: 0,
-            waitingFor: missing,
-            unresponsive: missing.filter((r) => !hellos.has(r)),
+            waitingFor: silent.length > 0 ? silent : notReady,
+            unresponsive: silent,
             timeoutMs: opts.createTimeoutMs ?? DEFAULT_TIMEOUT_MS
           })
         }
@@ -412,7 +428,7 @@ export class Communicator {
       const all = [hello(true), ...hellos.values()]
       const minPayload = Math.min(...all.map((h) => h.maxPayload))
       const C = Math.floor(Math.min(...all.map((h) => Math.min(h.chunkBytes, h.maxPayload - HEADER_BLOCK_BYTES))) / 4)
-      const W = Math.max(Math.min(...all.map((h) => h.windowBytes)), 2 * (HEADER_BYTES + 4 * C))
+      const W = Math.min(...all.map((h) => h.windowBytes))
       if (HEADER_BLOCK_BYTES + 4 * C > minPayload) mismatch(`chunk of ${C} elements does not fit max_payload ${minPayload}`)
       if (failure !== undefined) throw failure
       comm = new Communicator(opts, peers, C, W, subjects, subs)
@@ -421,6 +437,7 @@ export class Communicator {
       if (cnc !== nc) comm.#watchConnection(cnc)
       // A late peer may still be waiting for our "ready": one more, now that everyone listens.
       publishControl(cnc, subjects.collControl(group, 0, rank), Kind.hello, rank, comm.#hello)
+      for (const m of early) comm.#onMessage(m)
       while (pending.length > 0) comm.#onMessage(pending.shift() as Msg)
       return comm
     } catch (e) {

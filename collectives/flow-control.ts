@@ -1,9 +1,14 @@
 // Credit-based flow control per link. Core NATS drops what a receiver cannot take (a slow
 // consumer is disconnected and its backlog lost, silently for the senders), so no sender may get
-// far ahead of what its receiver has consumed: each sender has at most `windowBytes` of frames
-// not yet acknowledged per destination, and each receiver acknowledges the bytes it has consumed
+// far ahead of what its receiver has consumed: each sender has at most a window of bytes not yet
+// acknowledged per destination, and each receiver acknowledges the bytes it has consumed
 // (cumulatively, so a lost or late ack is made good by the next). A fan-out publish is
 // acknowledged by each of its receivers; its window is bounded by the slowest one.
+//
+// Liveness: a receiver acks every `ackEvery` bytes consumed (a steady stream of credit), and at
+// once for a frame flagged ackNow, which a sender sets on the frame after which its window cannot
+// take another full frame. So the last frame before a sender blocks always brings an ack back,
+// whatever the window and frame sizes; and a frame may always go when nothing is outstanding.
 
 /** The sender side of one direct link (this rank -> one peer) within one operation. */
 export class SendWindow {
@@ -55,12 +60,7 @@ export class FanoutWindow {
   }
 }
 
-/**
- * The receiver side of one inbound link: counts consumed bytes and says when to acknowledge.
- * Acking once at least `ackEvery` bytes were consumed since the last ack, with ackEvery <= half the
- * window, can never starve a sender: a blocked sender has more than window - one frame outstanding,
- * which the receiver eventually consumes, crossing the threshold.
- */
+/** The receiver side of one inbound link: counts consumed bytes and says when to acknowledge. */
 export class AckLedger {
   consumed = 0
   #lastAcked = 0
@@ -69,9 +69,9 @@ export class AckLedger {
     this.ackEvery = ackEvery
   }
   /** Records consumed bytes; returns the cumulative count to acknowledge now, or -1. */
-  consume(bytes: number): number {
+  consume(bytes: number, ackNow: boolean): number {
     this.consumed += bytes
-    if (this.consumed - this.#lastAcked < this.ackEvery) return -1
+    if (!ackNow && this.consumed - this.#lastAcked < this.ackEvery) return -1
     this.#lastAcked = this.consumed
     return this.consumed
   }

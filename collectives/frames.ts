@@ -37,7 +37,9 @@ export const Flag = {
   /** Payload is binary16 bits. */
   half: 1,
   /** Data frame published to a fan-out subject; its ack is for the sender's fan-out window. */
-  fanout: 2
+  fanout: 2,
+  /** The sender's window is (nearly) full after this frame: acknowledge it as soon as it is consumed. */
+  ackNow: 4
 } as const
 
 /** Which collective a data frame belongs to. */

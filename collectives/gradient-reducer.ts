@@ -55,6 +55,9 @@ export interface ReducerStats {
   readonly totalDenseBytes: number
 }
 
+/** Elements per block of the fused fp16 error-feedback loop (64 KiB: stays in L2). */
+const FUSE_BLOCK = 16384
+
 interface Range {
   readonly start: number
   readonly end: number
@@ -62,10 +65,12 @@ interface Range {
 
 export class GradientReducer {
   readonly comm: Communicator
-  readonly compressor: Compressor | PowerSgdCompressor | undefined
+  /** Switchable once (compression 'auto' decides after warm-up): see setCompression. */
+  compressor: Compressor | PowerSgdCompressor | undefined
   readonly ef = new ErrorFeedback()
   readonly #opts: GradientReducerOptions
   #plan: { key: string; buckets: Range[] } | undefined
+  readonly #gather = new Map<number, { words: Float32Array; gathered: Float32Array }>()
   #stats = { wireBytes: 0, denseBytes: 0, steps: 0, totalWireBytes: 0, totalDenseBytes: 0 }
 
   constructor(comm: Communicator, opts: GradientReducerOptions) {
@@ -74,6 +79,17 @@ export class GradientReducer {
     const c = opts.compression ?? "none"
     const made = c === "none" || (typeof c === "object" && c.type === "none") ? undefined : createCompressor(c)
     this.compressor = made as Compressor | PowerSgdCompressor | undefined
+  }
+
+  /**
+   * Switches the compressor between steps (every rank at the same step, or they disagree on the
+   * wire format). Error-feedback residuals start from zero.
+   */
+  setCompression(c: ResolvedCompressionConfig): void {
+    this.compressor = (c === "none" || (typeof c === "object" && c.type === "none") ? undefined : createCompressor(c)) as
+      | Compressor
+      | PowerSgdCompressor
+      | undefined
   }
 
   get stats(): ReducerStats {
@@ -149,17 +165,25 @@ export class GradientReducer {
       await this.comm.allReduce(data, { op: "weightedMean", weight, algorithm, wire: f16 ? "f16" : "f32" })
       bytes = data.length * (f16 ? 2 : 4)
     } else {
-      for (let i = 0; i < data.length; i++) data[i] *= scaleBy
       const key = `bucket${k}`
       if (c.aggregation === "allreduce") {
-        // fp16: p = g + e is sent as binary16; the residual keeps what rounding dropped.
+        // fp16: p = g·(w/W) + e is sent as binary16; the residual keeps what rounding dropped.
+        // Done block by block so the scaling, the residual update and the rounding touch each
+        // element while it is in cache (one pass over the bucket instead of five).
         const t0 = performance.now()
         if (c.errorFeedback) {
           const e = this.ef.residual(key, data.length)
-          for (let i = 0; i < data.length; i++) data[i] += e[i]
-          e.set(data)
-          roundToHalf(data)
-          for (let i = 0; i < data.length; i++) e[i] -= data[i]
+          for (let lo = 0; lo < data.length; lo += FUSE_BLOCK) {
+            const hi = Math.min(data.length, lo + FUSE_BLOCK)
+            const d = data.subarray(lo, hi)
+            const r = e.subarray(lo, hi)
+            for (let i = 0; i < d.length; i++) d[i] = Math.fround(d[i] * scaleBy) + r[i]
+            r.set(d)
+            roundToHalf(d)
+            for (let i = 0; i < d.length; i++) r[i] -= d[i]
+          }
+        } else {
+          for (let i = 0; i < data.length; i++) data[i] *= scaleBy
         }
         encodeMs = performance.now() - t0
         await this.comm.allReduce(data, { op: "sum", algorithm, wire: "f16" })
@@ -167,15 +191,27 @@ export class GradientReducer {
       } else {
         const t0 = performance.now()
         const n = c.wireBytes(data.length)
-        // The message travels as float32 words: pad it to a multiple of 4 bytes.
-        const words = new Float32Array(Math.ceil(n / 4))
-        const out = new Uint8Array(words.buffer, 0, n)
-        const msg = this.ef.compress(c, key, data, { step, rank: this.comm.rank }, out)
-        if (msg.bytes.buffer !== words.buffer) out.set(msg.bytes)
+        // The message travels as float32 words (padded to a multiple of 4 bytes); message and
+        // gather buffers are kept per bucket, so a step allocates nothing large.
+        const bufs = this.#gatherBuffers(k, Math.ceil(n / 4))
+        const out = new Uint8Array(bufs.words.buffer, 0, n)
+        let msg
+        if (c.errorFeedback) {
+          // ErrorFeedback.compress with the w/W scaling folded into its p = g + e pass:
+          // e += g·(w/W); send C(e); e -= D(C(e)) from this rank's own message.
+          const e = this.ef.residual(key, data.length)
+          for (let i = 0; i < data.length; i++) e[i] += Math.fround(data[i] * scaleBy)
+          msg = c.encode(e, { step, rank: this.comm.rank, key }, out)
+          c.accumulate(msg, e, -1)
+        } else {
+          for (let i = 0; i < data.length; i++) data[i] *= scaleBy
+          msg = c.encode(data, { step, rank: this.comm.rank, key }, out)
+        }
+        if (msg.bytes.buffer !== bufs.words.buffer) out.set(msg.bytes)
         encodeMs = performance.now() - t0
-        const gathered = await this.comm.allGather(words, { algorithm: "fanout" })
+        const gathered = await this.comm.allGather(bufs.words, { algorithm: "fanout", out: bufs.gathered })
         data.fill(0)
-        const stride = words.length * 4
+        const stride = bufs.words.length * 4
         const all = new Uint8Array(gathered.buffer, gathered.byteOffset, gathered.byteLength)
         for (let r = 0; r < this.comm.worldSize; r++) c.accumulate(all.subarray(r * stride, r * stride + n), data, 1)
         bytes = n
@@ -183,6 +219,15 @@ export class GradientReducer {
     }
     this.#opts.onBucket?.({ bucket: k, bytes, algorithm, startMs, endMs: performance.now(), encodeMs })
     return bytes
+  }
+
+  #gatherBuffers(k: number, words: number): { words: Float32Array; gathered: Float32Array } {
+    let b = this.#gather.get(k)
+    if (!b || b.words.length !== words) {
+      b = { words: new Float32Array(words), gathered: new Float32Array(words * this.comm.worldSize) }
+      this.#gather.set(k, b)
+    }
+    return b
   }
 
   async #powerSgd(flat: Float32Array, layout: ReadonlyArray<GradientSlotInfo>, weight: number): Promise<number> {

@@ -55,6 +55,25 @@ export const accumulate = (dst: Float32Array, off: number, payload: Uint8Array, 
 }
 
 /**
+ * payload op= buf[off..off+n), written into the payload itself (a received fp32 message that this
+ * rank passes on next). The buffer is only read: a partial sum on its way to another rank never
+ * needs to be stored here, which halves the memory traffic of a relay step. `payload` must be
+ * 4-byte aligned (checked by the caller).
+ */
+export const accumulateIntoPayload = (payload: Uint8Array, buf: Float32Array, off: number, n: number, op: ReduceOp): void => {
+  const p = new Float32Array(payload.buffer, payload.byteOffset, n)
+  if (op === "max") {
+    for (let i = 0; i < n; i++) {
+      const own = buf[off + i]
+      const v = p[i]
+      if (!(v > own || v !== v)) p[i] = own
+    }
+  } else {
+    for (let i = 0; i < n; i++) p[i] += buf[off + i]
+  }
+}
+
+/**
  * dst[off..off+n) = (dst + payload) / divisor: the last addition and a mean's division in one pass
  * over memory, for the rank that finishes a region.
  */

@@ -17,8 +17,9 @@ export interface OperationHost {
   readonly worldSize: number
   /** Credits a receiver grants per operation, split over its concurrent inbound links. */
   readonly windowBytes: number
-  /** Smallest link window: two full frames, so a sender blocked on credit always gets an ack (see flow-control.ts). */
-  readonly minLinkWindow: number
+  /** Wire bytes of a full data frame (header + a full chunk of fp32). */
+  readonly fullFrame: number
+  /** A receiver acks at least every this many consumed bytes (see flow-control.ts). */
   readonly ackEvery: number
   /** Publishes data to one rank. */
   publishTo(seq: number, dst: number, data: Uint8Array, headers: MsgHdrs): void
@@ -184,7 +185,7 @@ export class Operation {
     const key = fanout ? -1 - frame.src : frame.src
     let ledger = this.#ledgers.get(key)
     if (!ledger) this.#ledgers.set(key, (ledger = new AckLedger(this.host.ackEvery)))
-    const ack = ledger.consume(frame.wireBytes)
+    const ack = ledger.consume(frame.wireBytes, (frame.flags & Flag.ackNow) !== 0)
     if (ack >= 0) {
       const h = frameHeaders(Kind.ack, fanout ? Flag.fanout : 0, this.sig.opcode, this.sig.variant, this.seq, this.host.rank, 0, 0, 0, 0, ack)
       this.host.publishAck(this.seq, frame.src, h)
@@ -253,7 +254,9 @@ export class Operation {
   }
 
   #linkWindow(fanIn: number): number {
-    return Math.max(Math.floor(this.host.windowBytes / fanIn), this.host.minLinkWindow)
+    // At least one full frame per link: with many links feeding one receiver, each runs
+    // stop-and-wait rather than the receiver taking more than its window.
+    return Math.max(Math.floor(this.host.windowBytes / fanIn), this.host.fullFrame)
   }
 
   /** Wire size of a data frame of n elements. */
@@ -263,18 +266,27 @@ export class Operation {
 
   /** Sends `data` (a view into the buffer, read now) to `dst`, once the link has credit. */
   async send(dst: number, step: number, chunk: number, offset: number, data: Float32Array, value = 0): Promise<void> {
+    return this.sendBody(dst, step, chunk, offset, data.length, data, value)
+  }
+
+  /**
+   * Like send, with the body given either as values or as ready fp32 bytes (`body` of n*4 bytes,
+   * e.g. a received payload reduced in place and passed on without touching the buffer).
+   */
+  async sendBody(dst: number, step: number, chunk: number, offset: number, n: number, body: Float32Array | Uint8Array, value = 0): Promise<void> {
     let win = this.#windows.get(dst)
     if (!win) this.#windows.set(dst, (win = new SendWindow(this.#linkWindow(this.#directFanIn))))
-    const bytes = this.frameBytes(data.length)
+    const bytes = this.frameBytes(n)
     if (!win.canSend(bytes)) {
       const w = win
       await this.until(() => w.canSend(bytes), () => [dst])
     }
     if (this.failure !== undefined) throw this.failure
     const sig = this.sig
-    const h = frameHeaders(Kind.data, sig.half ? Flag.half : 0, sig.opcode, sig.variant, this.seq, this.host.rank, step, chunk, sig.length, offset, value)
     win.sent += bytes
-    this.host.publishTo(this.seq, dst, this.#body(data), h)
+    const ackNow = win.canSend(this.host.fullFrame) ? 0 : Flag.ackNow
+    const h = frameHeaders(Kind.data, (sig.half ? Flag.half : 0) | ackNow, sig.opcode, sig.variant, this.seq, this.host.rank, step, chunk, sig.length, offset, value)
+    this.host.publishTo(this.seq, dst, body instanceof Float32Array ? this.#body(body) : body, h)
   }
 
   /**
@@ -288,9 +300,9 @@ export class Operation {
     if (!win.canSend(bytes)) await this.until(() => win.canSend(bytes), () => win.laggards())
     if (this.failure !== undefined) throw this.failure
     const sig = this.sig
-    const flags = Flag.fanout | (sig.half ? Flag.half : 0)
-    const h = frameHeaders(Kind.data, flags, sig.opcode, sig.variant, this.seq, this.host.rank, step, chunk, sig.length, offset, value)
     win.sent += bytes
+    const flags = Flag.fanout | (sig.half ? Flag.half : 0) | (win.canSend(this.host.fullFrame) ? 0 : Flag.ackNow)
+    const h = frameHeaders(Kind.data, flags, sig.opcode, sig.variant, this.seq, this.host.rank, step, chunk, sig.length, offset, value)
     this.host.publishFanout(this.seq, target, this.#body(data), h)
   }
 }

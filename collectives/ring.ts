@@ -10,10 +10,13 @@
 // moving one whole segment per step. The owner finishes its segment (mean, weighted mean, fp16
 // rounding) once, and the all-gather copies those bits everywhere.
 //
+// A relay step of the reduce-scatter (a partial sum that only passes through this rank) is added
+// into the received message itself, which is then sent on as is: the buffer is only read.
+//
 // With `gatherFanout`, the all-gather is one NATS fan-out publish per chunk from each owner to
 // every member instead of m-1 relays: each rank sends (m-1)/m less, the server takes each final
 // byte in once, and no rank waits on a chain of forwards. The reduce-scatter stays a ring.
-import { accumulate, assign } from "./kernels.ts"
+import { accumulate, accumulateIntoPayload, assign } from "./kernels.ts"
 import { Flag, type Frame } from "./frames.ts"
 import type { Operation } from "./operation.ts"
 import { accumulateAndFinish, accumulateOp, finish, type Reduction } from "./reduction.ts"
@@ -64,6 +67,9 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
   let recvChunk = 0
   const recvWeight = new Float64Array(rsSteps)
   // Fan-out all-gather: chunks received so far from each member (by ring position).
+  // Reduce-scatter relay: partial sums held as received messages, keyed by the (step, chunk) they go out as.
+  const relay = new Map<number, Uint8Array>()
+  let relayBytes = 0
   const gathered = new Array<number>(m).fill(0)
   let gatherLeft = 0
   if (fanout) for (let k = 0; k < m; k++) if (k !== i) gatherLeft += chunkCount(segLen(k), C)
@@ -102,6 +108,10 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
         // The last contribution to segment i arrives at its owner: finish it, once.
         accumulateAndFinish(buf, off, f.payload, n, reduce, f.value + reduce.weight)
         onFinal?.(off, n)
+      } else if (!half && (f.payload.byteOffset & 3) === 0 && relayBytes < op.host.windowBytes) {
+        accumulateIntoPayload(f.payload, buf, off, n, accOp)
+        relay.set((t + 1) * 2 ** 32 + f.chunk, f.payload)
+        relayBytes += f.payload.length
       } else {
         accumulate(buf, off, f.payload, n, half, accOp)
       }
@@ -139,7 +149,16 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
       if (t < rsSteps) {
         // The weight that travels with a partial sum: all contributions it holds.
         const weight = t === 0 ? reduce.weight : recvWeight[t - 1] + reduce.weight
-        await op.send(next, stepBase + t, c, off, view, weight)
+        // The partial sum received as step t-1 chunk c, if it was kept as a message.
+        const key = t * 2 ** 32 + c
+        const body = t > 0 ? relay.get(key) : undefined
+        if (body) {
+          relay.delete(key)
+          relayBytes -= body.length
+          await op.sendBody(next, stepBase + t, c, off, view.length, body, weight)
+        } else {
+          await op.send(next, stepBase + t, c, off, view, weight)
+        }
       } else if (fanout) {
         await op.sendFanout(gatherFanout as string, others, stepBase + t, c, off, view)
       } else {

@@ -71,6 +71,8 @@ export const jobSubjects = (cluster: string, job: string) => {
     collNodeInbound: (group: string, node: string) => `${root}.coll.${group}.*.*.n-${node}`,
     collControlInbound: (group: string, rank: number) => `${root}.coll.${group}.ctl.*.*.${rank}`,
     collControlFanoutInbound: (group: string) => `${root}.coll.${group}.ctl.*.*.all`,
+    /** Topology probes of a group (ping-pong echoes and probe commands) addressed to one rank. */
+    probe: (group: string, rank: number) => `${root}.probe.${group}.${rank}`,
     /** Replies to chunked requests and other ad-hoc inboxes of the job. */
     inbox: (id: string) => `${root}.inbox.${id}`,
     /** Where the reply to ask number `seq` of client `client` goes (one wildcard sub per client). */

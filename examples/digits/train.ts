@@ -2,6 +2,7 @@
 // training set, gradients are all-reduced every step, and rank 0 checkpoints after every epoch.
 // Resumes from the latest checkpoint after a restart. (Test hooks: `fail` makes a chosen rank die
 // with kill -9, throw, or report an extra time, to exercise the trainer's fault handling.)
+import { writeFileSync } from "node:fs"
 import type { TrainContext } from "../../index.ts"
 import { buildModel, type ModelKind } from "./model.ts"
 
@@ -9,6 +10,8 @@ export interface DigitsConfig {
   readonly epochs?: number
   readonly batchSize?: number
   readonly learningRate?: number
+  /** "adam" (default) or plain minibatch "sgd" (learningRate then needs to be larger, e.g. 0.1). */
+  readonly optimizer?: "adam" | "sgd"
   readonly model?: ModelKind
   readonly fail?: {
     readonly how: "kill" | "throw" | "extra-report"
@@ -16,6 +19,8 @@ export interface DigitsConfig {
     readonly epoch: number
     /** Only in this attempt (default 0); -1 for every attempt. */
     readonly attempt?: number
+    /** Write the time of death (ms since the epoch) here first, for the recovery benchmark. */
+    readonly stampFile?: string
   }
 }
 
@@ -36,8 +41,13 @@ export async function trainLoop(config: DigitsConfig, ctx: TrainContext): Promis
   const train = await ctx.getDatasetShard("train")
   const test = await ctx.getDataset("test")
   const model = buildModel(tf, config.model ?? "mlp")
-  model.compile({ optimizer: tf.train.adam(config.learningRate ?? 0.01), loss: "categoricalCrossentropy" })
+  const optimizer = config.optimizer ?? "adam"
+  if (optimizer !== "adam" && optimizer !== "sgd") throw new RangeError(`optimizer must be "adam" or "sgd", got ${JSON.stringify(optimizer)}`)
+  const lr = config.learningRate ?? (optimizer === "sgd" ? 0.1 : 0.01)
+  model.compile({ optimizer: optimizer === "sgd" ? tf.train.sgd(lr) : tf.train.adam(lr), loss: "categoricalCrossentropy" })
   const dp = await ctx.prepareModel(model)
+  // One line per rank at the start: it lands in the run directory's logs/worker_rank=<r>.log.
+  console.log(`rank ${ctx.worldRank}/${ctx.worldSize}: backend ${ctx.backend}, ${train.size} training rows, ${dp.parameterCount} parameters`)
 
   let start = 0
   const checkpoint = await ctx.getCheckpoint()
@@ -53,7 +63,10 @@ export async function trainLoop(config: DigitsConfig, ctx: TrainContext): Promis
   const failing = fail && fail.rank === ctx.worldRank && (fail.attempt ?? 0) === (fail.attempt === -1 ? -1 : ctx.attempt)
   for (let epoch = start; epoch < epochs; epoch++) {
     if (failing && fail.epoch === epoch) {
-      if (fail.how === "kill") process.kill(process.pid, "SIGKILL")
+      if (fail.how === "kill") {
+        if (fail.stampFile) writeFileSync(fail.stampFile, String(Date.now()))
+        process.kill(process.pid, "SIGKILL")
+      }
       if (fail.how === "throw") throw new RangeError(`injected failure on rank ${ctx.worldRank} in epoch ${epoch}`)
     }
     const [r] = await dp.fit(train, { epochs: epoch + 1, initialEpoch: epoch, batchSize })

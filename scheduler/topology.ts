@@ -1,0 +1,175 @@
+// Topology observation: when a group starts, find out what it actually got (which node and which
+// NATS server each rank is on, as the communicator's handshake learned) and measure the links
+// between ranks with a few ping-pongs, then fit the alpha-beta cost model per link class. The I/O
+// (who sends what where) is behind TopologyProbeIO so this module stays pure scheduler logic;
+// actors/topology-probe.ts implements it over NATS.
+//
+// Agreement. Only rank 0 measures and fits; it broadcasts the fitted model (JSON, one float per
+// byte, so no float bit pattern can be altered in transit) and every rank, rank 0 included, uses
+// the decoded copy. Every rank therefore holds the same numbers and picks the same algorithm for
+// every bucket: a mismatch would make ranks run different collectives and deadlock.
+//
+// Probes. One representative pair per link class present (the lowest ranks with that class,
+// preferring pairs that include rank 0), pairs one after another so they do not share a server.
+// Per pair and size: one warm-up round trip, then `reps` timed ones; one-way time = RTT / 2. Two
+// sizes far apart (1 KiB pins alpha, 256 KiB pins beta). A time budget bounds the whole thing:
+// classes not reached in time borrow a measured neighbour (fitCostModel's fallback), and with no
+// sample at all the loopback defaults are used, flagged as such.
+import { Result } from "effect"
+import {
+  defaultCostModel,
+  fitCostModel,
+  linkClassOf,
+  linkClasses,
+  type CostModel,
+  type FittedCostModel,
+  type LinkClass,
+  type ProbeSample,
+  type Topology
+} from "./cost-model.ts"
+
+export interface ProbePair {
+  readonly from: number
+  readonly to: number
+  readonly linkClass: LinkClass
+}
+
+/** One pair per link class present, deterministic (same on every rank). */
+export const probePairs = (topo: Topology): ProbePair[] => {
+  const out: ProbePair[] = []
+  for (const c of linkClasses) {
+    let found: ProbePair | undefined
+    for (let j = 1; j < topo.length && !found; j++) if (linkClassOf(topo[0]!, topo[j]!) === c) found = { from: 0, to: j, linkClass: c }
+    for (let i = 1; i < topo.length && !found; i++) {
+      for (let j = i + 1; j < topo.length && !found; j++) if (linkClassOf(topo[i]!, topo[j]!) === c) found = { from: i, to: j, linkClass: c }
+    }
+    if (found) out.push(found)
+  }
+  return out
+}
+
+export interface TopologyProbeIO {
+  readonly rank: number
+  readonly worldSize: number
+  /** Where each rank is (node id and NATS server id), by rank; the same on every rank. */
+  readonly topology: Topology
+  /**
+   * Called on rank 0 only: rank `from` sends `bytes` to `to`, which echoes them, `reps` times;
+   * resolves the round-trip times in ms (the IO routes the command to `from`).
+   */
+  pingPong(from: number, to: number, bytes: number, reps: number): Promise<number[]>
+  /** Every rank calls it; resolves rank 0's buffer everywhere. */
+  broadcast(buf: Float32Array): Promise<Float32Array>
+}
+
+export interface ProbeOptions {
+  /** Message sizes (bytes). Default 1 KiB and 256 KiB. */
+  readonly sizes?: readonly number[]
+  /** Timed round trips per size and pair (after one warm-up). Default 5. */
+  readonly reps?: number
+  /** Stop probing new pairs once this much time has passed. Default 1500 ms. */
+  readonly budgetMs?: number
+}
+
+export interface ObservedTopology {
+  readonly topology: Topology
+  readonly model: FittedCostModel
+  readonly pairs: readonly ProbePair[]
+  /** One-way samples per link class (rank 0's measurements, shared with everyone). */
+  readonly samples: Readonly<Partial<Record<LinkClass, readonly ProbeSample[]>>>
+  /** Wall time of the observation on rank 0, ms. */
+  readonly probeMs: number
+  /** Set when the model is not measured (one rank, probes failed or timed out). */
+  readonly note?: string
+}
+
+/** The placeholder model dressed as a fitted one (nothing measured). */
+const unmeasured = (): FittedCostModel => {
+  const d: CostModel = defaultCostModel()
+  return { ...d, fits: {}, assumed: {} }
+}
+
+/** JSON in a Float32Array, one float per byte: floats 0..255 survive any copy bit for bit. */
+export const encodeJson = (value: unknown, capacity?: number): Float32Array => {
+  const bytes = new TextEncoder().encode(JSON.stringify(value))
+  const out = new Float32Array(Math.max(capacity ?? 0, bytes.length + 4))
+  // Length prefix in the first four floats (base 256).
+  out[0] = bytes.length & 255
+  out[1] = (bytes.length >>> 8) & 255
+  out[2] = (bytes.length >>> 16) & 255
+  out[3] = (bytes.length >>> 24) & 255
+  for (let i = 0; i < bytes.length; i++) out[4 + i] = bytes[i]!
+  return out
+}
+
+export const decodeJson = (buf: Float32Array): unknown => {
+  const n = buf[0]! + buf[1]! * 256 + buf[2]! * 65536 + buf[3]! * 16777216
+  const bytes = new Uint8Array(n)
+  for (let i = 0; i < n; i++) bytes[i] = buf[4 + i]!
+  return JSON.parse(new TextDecoder().decode(bytes))
+}
+
+/** Capacity of the broadcast: every rank must pass the same length. */
+const WIRE_FLOATS = 16 * 1024
+
+/** Rank 0 probes and fits; every rank gets the same model. All ranks must call it together. */
+export const observeTopology = async (io: TopologyProbeIO, options: ProbeOptions = {}): Promise<ObservedTopology> => {
+  const topo = io.topology
+  const pairs = probePairs(topo)
+  if (io.worldSize <= 1) return { topology: topo, model: unmeasured(), pairs, samples: {}, probeMs: 0, note: "a single rank: nothing to measure" }
+  let payload: Float32Array
+  if (io.rank === 0) {
+    const started = performance.now()
+    const sizes = options.sizes ?? [1024, 256 * 1024]
+    const reps = Math.max(1, options.reps ?? 5)
+    const budget = options.budgetMs ?? 1500
+    const samples: Partial<Record<LinkClass, ProbeSample[]>> = {}
+    const problems: string[] = []
+    for (const pair of pairs) {
+      if (performance.now() - started > budget) {
+        problems.push(`${pair.linkClass} not probed: the ${budget} ms budget ran out`)
+        continue
+      }
+      const got: ProbeSample[] = []
+      try {
+        for (const bytes of sizes) {
+          const rtts = await io.pingPong(pair.from, pair.to, bytes, reps + 1)
+          for (const ms of rtts.slice(1)) got.push({ bytes, ms: ms / 2 })
+        }
+        samples[pair.linkClass] = got
+      } catch (e) {
+        problems.push(`${pair.linkClass} probe ${pair.from}->${pair.to} failed: ${String(e)}`)
+      }
+    }
+    const fitted = fitCostModel(samples)
+    const model = Result.isSuccess(fitted) ? fitted.success : unmeasured()
+    if (Result.isFailure(fitted)) problems.push(`fit failed (${fitted.failure.message}); using the loopback defaults`)
+    const probeMs = performance.now() - started
+    payload = encodeJson({ model, samples, probeMs, ...(problems.length > 0 ? { note: problems.join("; ") } : {}) }, WIRE_FLOATS)
+    if (payload.length > WIRE_FLOATS) payload = encodeJson({ model, samples: {}, probeMs, note: "samples dropped (too large to share)" }, WIRE_FLOATS)
+  } else payload = new Float32Array(WIRE_FLOATS)
+  const shared = decodeJson(await io.broadcast(payload)) as { model: FittedCostModel; samples: ObservedTopology["samples"]; probeMs: number; note?: string }
+  return {
+    topology: topo,
+    model: shared.model,
+    pairs,
+    samples: shared.samples,
+    probeMs: shared.probeMs,
+    ...(shared.note !== undefined ? { note: shared.note } : {})
+  }
+}
+
+/** One line for logs: the fitted alpha (us) and bandwidth (MB/s) per class. */
+export const describeObservation = (o: ObservedTopology): string => {
+  const nodes = new Set(o.topology.map((t) => t.nodeId)).size
+  const servers = new Set(o.topology.map((t) => t.server)).size
+  const links = linkClasses
+    .map((c) => {
+      const l = o.model.links[c]
+      const bw = l.betaMsPerByte > 0 ? (1 / l.betaMsPerByte / 1000).toFixed(0) : "inf"
+      const from = o.model.assumed[c]
+      return `${c} ${(l.alphaMs * 1000).toFixed(0)}us ${bw}MB/s${from ? ` (from ${from})` : o.model.fits[c] ? "" : " (default)"}`
+    })
+    .join(", ")
+  return `topology: ${o.topology.length} ranks, ${nodes} node(s), ${servers} server(s); probed in ${o.probeMs.toFixed(0)} ms; ${links}${o.note ? `; ${o.note}` : ""}`
+}

@@ -1,0 +1,166 @@
+// Collectives under failure: a rank that stalls (SIGSTOP) or dies (SIGKILL) mid-operation, ranks
+// that disagree on lengths or on the collective, a rank that closes mid-call, a group that never
+// forms. Every rank must end with a typed error naming the culprit, within the deadline: no hang.
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { launchNatsServer, type NatsServerProcess } from "../core/nats-server.ts"
+import type { Case } from "./support/collectives-cases.ts"
+import { RankFleet, type RankError, type Reply } from "./support/collectives-fleet.ts"
+
+const TIMEOUT_MS = 1_500
+// The deadline, then the liveness probe (timeout / 4, at least 200 ms), then slack for a loaded machine.
+const FAIL_WITHIN_MS = TIMEOUT_MS + 400 + 2_500
+
+let server: NatsServerProcess
+let fleet: RankFleet
+
+beforeAll(async () => {
+  server = await launchNatsServer({ jetstream: false })
+  fleet = await RankFleet.start({ size: 4, server: () => server.url })
+})
+
+afterAll(async () => {
+  await fleet?.stop()
+  await server?.stop()
+})
+
+/** Fleet processes -> group ranks for one group. */
+const create = async (group: string, procs: number[], extra: Record<string, unknown> = {}): Promise<void> => {
+  await Promise.all(
+    procs.map((proc, rank) =>
+      fleet.call(proc, { cmd: "create", group, rank, worldSize: procs.length, node: `n${rank}`, timeoutMs: TIMEOUT_MS, chunkBytes: 16 * 1024, windowBytes: 64 * 1024, ...extra })
+    )
+  )
+}
+
+/** Runs one case per process (maybe different per rank) and returns each rank's outcome. */
+const runEach = async (group: string, procs: number[], caseOf: (rank: number) => Case): Promise<Array<Reply<unknown>>> =>
+  Promise.all(procs.map((proc, rank) => fleet.request(proc, { cmd: "run", group, cases: [caseOf(rank)] })))
+
+type Outcome = { ok: true; ms: number } | { ok: false; error: RankError; ms: number }
+
+/** Starts a long case on the given processes without waiting; `settle` collects the outcomes. */
+const startEach = async (group: string, procs: number[], c: Case): Promise<{ settle: (who: number[]) => Promise<Outcome[]> }> => {
+  await Promise.all(procs.map((proc) => fleet.call(proc, { cmd: "start", group, case: c })))
+  return {
+    settle: (who) => Promise.all(who.map((proc) => fleet.call<Outcome>(proc, { cmd: "result" }, 30_000)))
+  }
+}
+
+const expectFailureNaming = (outcome: Outcome, culprit: number): void => {
+  expect(outcome.ok).toBe(false)
+  if (outcome.ok) return
+  const { tag, fields } = outcome.error
+  expect(["CollectiveTimeout", "CollectiveAborted"]).toContain(tag)
+  expect(fields.failedRanks as number[]).toContain(culprit)
+  expect(outcome.ms).toBeLessThan(FAIL_WITHIN_MS)
+}
+
+/** A collective large enough (with small chunks and windows) to be mid-flight for a while. */
+const long = (algorithm: string): Case => ({ op: "allReduce", algorithm, reduce: "sum", length: 2_000_000, seed: 7 })
+
+describe("collectives failure handling", () => {
+  it("mismatched lengths fail fast with a typed error on every rank, for every algorithm", async () => {
+    for (const algorithm of ["ring", "tree", "hierarchical"]) {
+      const group = `mm-${algorithm}`
+      const procs = [0, 1, 2, 3]
+      await create(group, procs, { timeoutMs: 20_000 })
+      const t0 = Date.now()
+      // Rank 2 brings 5 elements more than the others.
+      const replies = await runEach(group, procs, (rank) => ({ op: "allReduce", algorithm, reduce: "sum", length: 1000 + (rank === 2 ? 5 : 0), seed: 3 }))
+      expect(Date.now() - t0).toBeLessThan(5_000) // far below the 20 s deadline: nobody waited it out
+      for (const r of replies) {
+        expect(r.ok).toBe(false)
+        if (r.ok) continue
+        const { tag, fields } = r.error
+        if (tag === "LengthMismatch") {
+          expect(fields.expected === 1005 || fields.got === 1005).toBe(true)
+        } else {
+          expect(tag).toBe("CollectiveAborted")
+          expect(fields.causeTag).toBe("LengthMismatch")
+        }
+      }
+      expect(replies.some((r) => !r.ok && r.error.tag === "LengthMismatch")).toBe(true)
+      await Promise.all(procs.map((proc) => fleet.call(proc, { cmd: "close", group })))
+    }
+  })
+
+  it("ranks calling different collectives get OpMismatch (or the abort it causes)", async () => {
+    const group = "opmm"
+    const procs = [0, 1, 2, 3]
+    await create(group, procs, { timeoutMs: 20_000 })
+    const replies = await runEach(group, procs, (rank) => ({ op: "allReduce", algorithm: rank === 1 ? "tree" : "ring", reduce: "sum", length: 100, seed: 1 }))
+    for (const r of replies) {
+      expect(r.ok).toBe(false)
+      if (!r.ok) expect(["OpMismatch", "CollectiveAborted", "CollectiveProtocolError"]).toContain(r.error.tag)
+    }
+    expect(replies.some((r) => !r.ok && r.error.tag === "OpMismatch")).toBe(true)
+    await Promise.all(procs.map((proc) => fleet.call(proc, { cmd: "close", group })))
+  })
+
+  it("a rank stopped mid-operation (SIGSTOP) makes the others fail within the deadline, naming it", async () => {
+    const group = "stall"
+    const procs = [0, 1, 2, 3]
+    await create(group, procs)
+    const run = await startEach(group, procs, long("ring"))
+    await new Promise((r) => setTimeout(r, 100))
+    fleet.kill(1, "SIGSTOP")
+    try {
+      const outcomes = await run.settle([0, 2, 3])
+      for (const o of outcomes) expectFailureNaming(o, 1)
+    } finally {
+      fleet.kill(1, "SIGCONT")
+    }
+    // The stopped rank, once resumed, fails too instead of hanging (aborted by its peers, or its own deadline).
+    const [resumed] = await run.settle([1])
+    expect(resumed.ok).toBe(false)
+    await Promise.all(procs.map((proc) => fleet.call(proc, { cmd: "close", group })))
+  })
+
+  it("a rank closing mid-operation aborts the others at once", async () => {
+    const group = "closing"
+    const procs = [0, 1, 2, 3]
+    await create(group, procs, { timeoutMs: 20_000 })
+    const run = await startEach(group, procs, long("tree"))
+    await new Promise((r) => setTimeout(r, 100))
+    await fleet.call(3, { cmd: "close", group })
+    const outcomes = await run.settle([0, 1, 2])
+    for (const o of outcomes) {
+      expect(o.ok).toBe(false)
+      if (o.ok) continue
+      expect(o.error.tag).toBe("CollectiveAborted")
+      expect(o.error.fields.causeTag).toBe("CommunicatorClosed")
+      expect(o.ms).toBeLessThan(5_000)
+    }
+    await Promise.all([0, 1, 2].map((proc) => fleet.call(proc, { cmd: "close", group })))
+  })
+
+  it("a group that never forms fails create() with a timeout naming the missing rank", async () => {
+    const group = "incomplete"
+    const replies = await Promise.all(
+      [0, 1].map((proc, rank) => fleet.request(proc, { cmd: "create", group, rank, worldSize: 3, node: "n", createTimeoutMs: 1_000 }))
+    )
+    for (const r of replies) {
+      expect(r.ok).toBe(false)
+      if (r.ok) continue
+      expect(r.error.tag).toBe("CollectiveTimeout")
+      expect(r.error.fields.op).toBe("create")
+      expect(r.error.fields.waitingFor).toEqual([2])
+    }
+  })
+
+  it("a rank killed mid-operation (SIGKILL) makes the others fail within the deadline, naming it", async () => {
+    for (const algorithm of ["ring", "hierarchical"]) {
+      // Kills are final: the last test, killing process 3 then 2.
+      const victim = algorithm === "ring" ? 3 : 2
+      const procs = algorithm === "ring" ? [0, 1, 2, 3] : [0, 1, 2]
+      const group = `kill-${algorithm}`
+      await create(group, procs)
+      const run = await startEach(group, procs, long(algorithm))
+      await new Promise((r) => setTimeout(r, 100))
+      fleet.kill(victim, "SIGKILL")
+      const survivors = procs.filter((p) => p !== victim)
+      const outcomes = await run.settle(survivors)
+      for (const o of outcomes) expectFailureNaming(o, procs.indexOf(victim))
+    }
+  })
+})

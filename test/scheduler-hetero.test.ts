@@ -1,0 +1,56 @@
+// The scheduler inside a real Trainer run: heterogeneity-aware batching with one rank slowed by a
+// simulated per-sample delay, and the automatic algorithm / compression choice written to the run
+// directory. Real nats-server, agent and worker processes.
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import * as fs from "node:fs/promises"
+import * as os from "node:os"
+import * as path from "node:path"
+import { Trainer, loadDigits, trainTestSplit, type ArrayDataset } from "../index.ts"
+import { liveNatsServerPids } from "../core/nats-server.ts"
+
+const LOOP = path.resolve("test/support/hetero-loop.ts") + "#heteroLoop"
+let storage: string
+let train: ArrayDataset
+
+beforeAll(async () => {
+  storage = await fs.mkdtemp(path.join(os.tmpdir(), "gw-hetero-"))
+  ;({ train } = trainTestSplit(await loadDigits(), 0.2, 7))
+})
+afterAll(async () => {
+  await fs.rm(storage, { recursive: true, force: true })
+  expect(liveNatsServerPids()).toEqual([])
+})
+
+describe("heterogeneity-aware batching and automatic choice in a Trainer run", () => {
+  it("gives the slowed rank a smaller batch, keeps weights identical, reports it as a straggler and explains the plan", async () => {
+    const r = await new Trainer({
+      trainLoopPerWorker: LOOP,
+      trainLoopConfig: { epochs: 3, globalBatchSize: 96, slowdown: { "1": 1.0 } },
+      scalingConfig: { numWorkers: 3 },
+      runConfig: { name: "hetero", storagePath: storage, progress: false },
+      datasets: { train },
+      collectiveConfig: { adaptiveBatching: true, compression: "auto" }
+    }).fit()
+    expect(r.error).toBeUndefined()
+    const last = r.metricsPerRank.at(-1)!
+    expect(new Set(last.map((m) => m.weights)).size).toBe(1)
+    const m = r.metrics!
+    const batches = [0, 1, 2].map((i) => m[`batch/rank${i}`] as number)
+    expect(batches.reduce((a, b) => a + b, 0)).toBe(96)
+    expect(batches[1]).toBeLessThan(Math.min(batches[0], batches[2]))
+    expect(m["batch/rebalances"] as number).toBeGreaterThanOrEqual(1)
+    expect(m["straggler/rank1"] as number).toBeGreaterThan(1.5)
+    expect(m["straggler/rank0"]).toBeUndefined()
+    // Every rank ran the same number of steps: floor(N / B) per epoch.
+    expect(new Set(last.map((x) => x.steps)).size).toBe(1)
+    expect(last[0].steps).toBe(3 * Math.floor(train.size / 96))
+    // The automatic choice is logged with its predicted times.
+    const text = await fs.readFile(path.join(r.path, "explain.txt"), "utf8")
+    expect(text).toMatch(/all-reduce plan: 3 rank\(s\)/)
+    expect(text).toMatch(/compression: /)
+    const json = JSON.parse(await fs.readFile(path.join(r.path, "explain.json"), "utf8"))
+    expect(json.computeMs).toBeGreaterThan(0)
+    expect(["ring", "tree", "hierarchical"]).toContain(json.buckets[0].chosen)
+    expect(Object.keys(json.buckets[0].predictedMs).sort()).toEqual(["hierarchical", "ring", "tree"])
+  }, 180_000)
+})

@@ -1,0 +1,150 @@
+// Topology observation: which pairs are probed, the JSON-in-floats encoding that shares rank 0's
+// model, observeTopology over a simulated network (every rank ends with the same model, close to
+// the links' true alpha and beta), the probe over real NATS, the automatic choice it feeds, and a
+// regression: a collective started right after Communicator.create by a rank that finished the
+// handshake first must not lose frames sent to a rank still in its handshake.
+import { describe, expect, it } from "vitest"
+import { connect } from "@nats-io/transport-node"
+import { Communicator } from "../collectives/communicator.ts"
+import { probeGroupTopology } from "../actors/topology-probe.ts"
+import { compressorProfiles } from "../actors/auto-config.ts"
+import { chooseAlgorithm } from "../scheduler/algorithm-choice.ts"
+import { decodeJson, encodeJson, observeTopology, probePairs, type TopologyProbeIO } from "../scheduler/topology.ts"
+import type { LinkClass, Topology } from "../scheduler/cost-model.ts"
+import { natsFixtures } from "./support/nats.ts"
+
+const loc = (nodeId: string, server: string) => ({ nodeId, server })
+
+describe("probePairs", () => {
+  it("picks one pair per link class present, preferring rank 0", () => {
+    const topo: Topology = [loc("a", "s1"), loc("a", "s1"), loc("b", "s1"), loc("c", "s2")]
+    expect(probePairs(topo)).toEqual([
+      { from: 0, to: 1, linkClass: "same-node" },
+      { from: 0, to: 2, linkClass: "same-server" },
+      { from: 0, to: 3, linkClass: "cross-server" }
+    ])
+  })
+  it("falls back to pairs without rank 0 when rank 0 has no such link", () => {
+    const topo: Topology = [loc("a", "s1"), loc("b", "s2"), loc("b", "s2")]
+    expect(probePairs(topo)).toEqual([
+      { from: 1, to: 2, linkClass: "same-node" },
+      { from: 0, to: 1, linkClass: "cross-server" }
+    ])
+  })
+  it("has nothing to probe for one rank", () => expect(probePairs([loc("a", "s")])).toEqual([]))
+})
+
+describe("encodeJson / decodeJson", () => {
+  it("round-trips any JSON bit for bit, numbers included", () => {
+    const v = { alpha: 0.1 + 0.2, beta: 1 / 3, tiny: 5e-324, s: "ünïcødé", list: [1, -0.5, 1e300] }
+    const enc = encodeJson(v, 1024)
+    expect(enc.length).toBe(1024)
+    expect(decodeJson(Float32Array.from(enc))).toEqual(v)
+  })
+})
+
+/** A simulated network: one-way time alpha + bytes * beta per link class, no noise. */
+const simulatedIO = (topo: Topology, rank: number, truth: Record<LinkClass, { a: number; b: number }>, shared: { buf?: Float32Array }): TopologyProbeIO => ({
+  rank,
+  worldSize: topo.length,
+  topology: topo,
+  pingPong: async (from, to, bytes, reps) => {
+    const c: LinkClass = topo[from]!.server !== topo[to]!.server ? "cross-server" : topo[from]!.nodeId === topo[to]!.nodeId ? "same-node" : "same-server"
+    return Array.from({ length: reps }, () => 2 * (truth[c].a + bytes * truth[c].b))
+  },
+  broadcast: async (buf) => {
+    if (rank === 0) shared.buf = Float32Array.from(buf)
+    while (!shared.buf) await new Promise((r) => setTimeout(r, 1))
+    return Float32Array.from(shared.buf)
+  }
+})
+
+describe("observeTopology", () => {
+  it("fits every class present, borrows the rest, and gives every rank the same model", async () => {
+    const topo: Topology = [loc("a", "s1"), loc("a", "s1"), loc("b", "s2"), loc("b", "s2")]
+    const truth = { "same-node": { a: 0.1, b: 1 / 500_000 }, "same-server": { a: 0.2, b: 1 / 200_000 }, "cross-server": { a: 0.5, b: 1 / 10_000 } }
+    const shared = {}
+    const all = await Promise.all(topo.map((_, r) => observeTopology(simulatedIO(topo, r, truth, shared))))
+    for (const o of all) expect(JSON.stringify(o.model)).toBe(JSON.stringify(all[0]!.model))
+    const m = all[0]!.model
+    expect(m.links["same-node"].alphaMs).toBeCloseTo(0.1, 6)
+    expect(m.links["cross-server"].betaMsPerByte).toBeCloseTo(1 / 10_000, 9)
+    expect(m.assumed).toEqual({ "same-server": "same-node" })
+    // Fitted from what was observed, the choice for a large buffer avoids the slow route.
+    expect(chooseAlgorithm(8 * 1024 * 1024, topo, m).algorithm).toBe("hierarchical")
+  })
+
+  it("keeps to its time budget and says what it could not measure", async () => {
+    const topo: Topology = [loc("a", "s1"), loc("a", "s1"), loc("b", "s2")]
+    const truth = { "same-node": { a: 0.1, b: 1e-6 }, "same-server": { a: 0.1, b: 1e-6 }, "cross-server": { a: 0.1, b: 1e-6 } }
+    const shared = {}
+    const slow = (io: TopologyProbeIO): TopologyProbeIO => ({
+      ...io,
+      pingPong: async (...a) => {
+        await new Promise((r) => setTimeout(r, 30))
+        return io.pingPong(...a)
+      }
+    })
+    const all = await Promise.all(topo.map((_, r) => observeTopology(slow(simulatedIO(topo, r, truth, shared)), { budgetMs: 20 })))
+    expect(all[2]!.note).toMatch(/cross-server not probed/)
+    expect(all[2]!.model.assumed["cross-server"]).toBe("same-node")
+  })
+})
+
+describe("compressorProfiles", () => {
+  it("computes PowerSGD's ratio from the shapes (1-D tensors uncompressed)", () => {
+    const layout = [
+      { name: "w", shape: [64, 64], offset: 0, size: 4096 },
+      { name: "b", shape: [64], offset: 4096, size: 64 }
+    ]
+    const { profiles, configs } = compressorProfiles(layout)
+    const psgd = profiles.find((p) => p.name === "powersgd")!
+    expect(psgd.ratio).toBeCloseTo(4160 / (4 * 128 + 64), 2)
+    expect(configs.topk).toEqual({ type: "topk", ratio: 0.01 })
+  })
+})
+
+describe("over real NATS", () => {
+  const nats = natsFixtures()
+
+  it("probes a group's links and every rank gets the same fitted model", async () => {
+    const server = await nats.server({ maxPayload: 8 * 1024 * 1024 })
+    const p = 3
+    const ncs = await Promise.all(Array.from({ length: p }, () => connect({ servers: server.url, noEcho: true })))
+    try {
+      const comms = await Promise.all(
+        ncs.map((nc, rank) => Communicator.create({ nc, cluster: "t", job: "probe", group: "g", rank, worldSize: p, node: rank < 2 ? "n0" : "n1", timeoutMs: 10_000 }))
+      )
+      const obs = await Promise.all(comms.map((comm, rank) => probeGroupTopology({ nc: ncs[rank]!, comm, cluster: "t", job: "probe" })))
+      for (const o of obs) expect(JSON.stringify(o.model)).toBe(JSON.stringify(obs[0]!.model))
+      expect(Object.keys(obs[0]!.model.fits).sort()).toEqual(["same-node", "same-server"])
+      expect(obs[0]!.model.links["same-node"].alphaMs).toBeGreaterThan(0)
+      expect(obs[0]!.probeMs).toBeLessThan(5_000)
+      await Promise.all(comms.map((c) => c.close()))
+    } finally {
+      await Promise.all(ncs.map((nc) => nc.close()))
+    }
+  }, 30_000)
+
+  it("does not lose frames sent right after create to a rank still finishing its handshake", async () => {
+    const server = await nats.server()
+    const p = 3
+    for (let round = 0; round < 8; round++) {
+      const ncs = await Promise.all(Array.from({ length: p }, () => connect({ servers: server.url, noEcho: true })))
+      try {
+        const comms = await Promise.all(
+          ncs.map(async (nc, rank) => {
+            // Staggered joins: whoever sees everyone ready first starts the barrier at once.
+            await new Promise((r) => setTimeout(r, (rank * 7 + round * 3) % 25))
+            const c = await Communicator.create({ nc, cluster: "t", job: "early", group: `g${round}`, rank, worldSize: p, timeoutMs: 3_000 })
+            await c.barrier()
+            return c
+          })
+        )
+        await Promise.all(comms.map((c) => c.close()))
+      } finally {
+        await Promise.all(ncs.map((nc) => nc.close()))
+      }
+    }
+  }, 60_000)
+})

@@ -1,0 +1,44 @@
+// A training loop for heterogeneity tests and the `hetero` benchmark: the digits MLP trained with
+// fit({ globalBatchSize }), some ranks slowed by a simulated per-sample delay (a slower device),
+// reporting per epoch the loss, a fingerprint of the weights and the steps/s after warm-up.
+import type { TrainContext } from "../../index.ts"
+import { buildModel } from "../../examples/digits/model.ts"
+
+export interface HeteroLoopConfig {
+  readonly epochs?: number
+  readonly globalBatchSize?: number
+  /** Extra ms per sample by rank, e.g. { "1": 0.5 }. */
+  readonly slowdown?: Readonly<Record<string, number>>
+  /** Steps ignored when measuring steps/s (warm-up and first re-balances). Default 6. */
+  readonly skipSteps?: number
+}
+
+const weightsHash = (weights: ReadonlyArray<{ dataSync(): ArrayLike<number> }>): string => {
+  let h = 0x811c9dc5
+  for (const w of weights) {
+    const bits = new Uint32Array(Float32Array.from(w.dataSync()).buffer)
+    for (let i = 0; i < bits.length; i++) h = Math.imul(h ^ bits[i], 0x01000193) >>> 0
+  }
+  return h.toString(16)
+}
+
+export async function heteroLoop(config: HeteroLoopConfig, ctx: TrainContext): Promise<void> {
+  const tf = ctx.tf
+  const train = await ctx.getDatasetShard("train")
+  const model = buildModel(tf, "mlp")
+  model.compile({ optimizer: tf.train.sgd(0.1), loss: "categoricalCrossentropy" })
+  const dp = await ctx.prepareModel(model, { simulatedDelayMsPerSample: config.slowdown?.[String(ctx.worldRank)] ?? 0 })
+  const skip = config.skipSteps ?? 6
+  const stamps: number[] = []
+  for (let epoch = 0; epoch < (config.epochs ?? 2); epoch++) {
+    const [r] = await dp.fit(train, {
+      epochs: epoch + 1,
+      initialEpoch: epoch,
+      globalBatchSize: config.globalBatchSize ?? 128,
+      onStep: () => void stamps.push(performance.now())
+    })
+    const timed = stamps.slice(skip)
+    const stepsPerS = timed.length >= 2 ? ((timed.length - 1) * 1000) / (timed.at(-1)! - timed[0]!) : 0
+    await ctx.report({ epoch, loss: r.loss, steps: stamps.length, steps_per_s: stepsPerS, weights: weightsHash(model.getWeights()) })
+  }
+}
