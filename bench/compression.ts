@@ -1,0 +1,206 @@
+// Compression benchmark: `npm run bench -- compression [--mib 64] [--p 4] [--rounds 5]
+// [--max-payload 8M] [--codec-mib 16] [--algorithm ring] [--chunk 1M] [--window 8M] [--no-gloo] [--only none,fp16,...] [--prof DIR]`.
+//
+// Per compressor, all measured in this one run:
+// - bytes this rank puts on the wire per step (GradientReducer.stats) against uncompressed fp32;
+// - encode and decode cost per MiB of fp32 gradient (compression-codecs.ts, in this process);
+// - the time of GradientReducer.reduceGradients on a `--mib` gradient set (four matrix-shaped
+//   tensors, so PowerSGD applies) at p ranks, one OS process each, over a local nats-server with
+//   max_payload 8 MiB: error feedback on, scaling, encode, collective, decode — what a training
+//   step pays. Time = the slowest rank, barrier to done; the codecs run interleaved round by
+//   round so load from other processes hits them alike; median over rounds.
+// Next to the uncompressed reducer and, when `/usr/bin/python3 -c "import torch"` works, torch
+// gloo's uncompressed all_reduce of the same bytes at the same p (run first, on its own).
+import * as os from "node:os"
+import { launchNatsServer } from "../core/nats-server.ts"
+import type { ResolvedCompressionConfig } from "../collectives/compression/index.ts"
+import type { ReducerStats } from "../collectives/gradient-reducer.ts"
+import { CompressionFleet } from "../test/support/compression-fleet.ts"
+import type { SlotSpec } from "../test/support/compression-cases.ts"
+import { codecFigures, type CodecFigure } from "./compression-codecs.ts"
+import { runGloo, torchAvailable } from "./allreduce.ts"
+
+const MiB = 1024 * 1024
+
+interface Args {
+  readonly mib: number
+  readonly p: number
+  readonly rounds: number
+  readonly maxPayload: number
+  readonly codecMib: number
+  readonly algorithm: string
+  readonly gloo: boolean
+  readonly only: ReadonlyArray<string> | undefined
+  /** Directory for --cpu-prof profiles of the rank processes. */
+  readonly prof: string | undefined
+  /** Communicator chunk and flow-control window (default: the communicator's). */
+  readonly chunk: number | undefined
+  readonly window: number | undefined
+}
+
+const parseArgs = (args: ReadonlyArray<string>): Args => {
+  const get = (flag: string): string | undefined => {
+    const i = args.indexOf(flag)
+    return i >= 0 ? args[i + 1] : undefined
+  }
+  const num = (flag: string, dflt: number, min: number, max: number): number => {
+    const raw = get(flag)
+    const v = raw === undefined ? dflt : Number(raw.replace(/M(i?B)?$/i, ""))
+    if (!Number.isFinite(v) || v < min || v > max) throw new RangeError(`${flag} must be a number in [${min}, ${max}], got ${raw}`)
+    return v
+  }
+  return {
+    mib: num("--mib", 64, 1, 1024),
+    p: num("--p", 4, 2, 16),
+    rounds: num("--rounds", 5, 1, 50),
+    maxPayload: num("--max-payload", 8, 1, 64) * MiB,
+    codecMib: num("--codec-mib", 16, 1, 256),
+    algorithm: get("--algorithm") ?? "ring",
+    gloo: !args.includes("--no-gloo"),
+    only: get("--only")?.split(","),
+    prof: get("--prof"),
+    chunk: get("--chunk") === undefined ? undefined : num("--chunk", 1, 0.0625, 64) * MiB,
+    window: get("--window") === undefined ? undefined : num("--window", 8, 0.0625, 256) * MiB
+  }
+}
+
+interface Variant {
+  readonly label: string
+  /** Row of codecFigures() with this codec's encode/decode cost. */
+  readonly figure: string
+  readonly compression: ResolvedCompressionConfig
+}
+
+const VARIANTS: ReadonlyArray<Variant> = [
+  { label: "none", figure: "none", compression: "none" },
+  { label: "fp16", figure: "fp16", compression: "fp16" },
+  { label: "int8", figure: "int8", compression: { type: "int8" } },
+  { label: "topk 1%", figure: "topk 1%", compression: { type: "topk", ratio: 0.01 } },
+  { label: "powersgd r4", figure: "powersgd r4", compression: { type: "powersgd", rank: 4, warmupSteps: 0 } },
+  { label: "sign", figure: "sign", compression: { type: "sign" } }
+]
+
+/** A NATS-safe group name for a variant. */
+const groupOf = (v: Variant): string => v.label.replace(/[^A-Za-z0-9]+/g, "-")
+
+/** Four matrices of equal size totalling `mib` MiB (4096 x 1024 each at 64 MiB). */
+const gradientSet = (mib: number): SlotSpec[] => {
+  const each = (mib * MiB) / 4 / 4
+  const cols = Math.min(1024, Math.max(1, Math.floor(Math.sqrt(each / 4))))
+  const rows = Math.floor(each / cols)
+  return [0, 1, 2, 3].map((i) => ({ name: `layer${i}/kernel`, shape: [rows, cols] }))
+}
+
+const median = (xs: ReadonlyArray<number>): number => {
+  const s = [...xs].sort((a, b) => a - b)
+  const m = s.length >> 1
+  return s.length === 0 ? NaN : s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2
+}
+
+const fmt = (x: number | undefined, digits = 1): string => (x === undefined || !Number.isFinite(x) ? "" : x.toFixed(digits))
+
+const printTable = (header: string[], rows: string[][]): void => {
+  const widths = header.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i].length)))
+  const line = (cols: string[]): string => cols.map((c, i) => (i === 0 ? c.padEnd(widths[i]) : c.padStart(widths[i]))).join("  ")
+  console.log(line(header))
+  for (const r of rows) console.log(line(r))
+}
+
+interface ReduceReply {
+  readonly times: number[]
+  /** CPU time of the rank process during the reduction (all its threads). */
+  readonly cpuMs: number[]
+  readonly stats: ReducerStats
+}
+
+export async function run(args: ReadonlyArray<string>): Promise<void> {
+  const a = parseArgs(args)
+  const variants = VARIANTS.filter((v) => !a.only || a.only.includes(v.label) || v.label === "none")
+  const slots = gradientSet(a.mib)
+  const n = slots.reduce((s, x) => s + x.shape[0] * x.shape[1], 0)
+  const bytes = n * 4
+  console.log(
+    `compression benchmark: gradient set ${slots.length} x [${slots[0].shape.join(" x ")}] fp32 = ${(bytes / MiB).toFixed(1)} MiB, p = ${a.p} ` +
+      `(one OS process per rank), ${a.algorithm} all-reduce, nats-server max_payload ${a.maxPayload / MiB} MiB, ${os.cpus().length} cores, load average ${os.loadavg()[0].toFixed(1)}`
+  )
+  console.log("time = slowest rank, barrier to done, of GradientReducer.reduceGradients (error feedback on); median over rounds\n")
+
+  const gloo = a.gloo && torchAvailable()
+  let glooMs: number | undefined
+  if (gloo) glooMs = (await runGloo(a.p, [bytes]))?.get(bytes)
+  else console.log(a.gloo ? "torch not importable by /usr/bin/python3: no gloo baseline" : "gloo baseline skipped (--no-gloo)")
+
+  const figures = new Map<string, CodecFigure>(codecFigures({ mib: a.codecMib }).map((f) => [f.name, f]))
+
+  const samples = new Map<string, number[]>(variants.map((v) => [v.label, []]))
+  const cpu = new Map<string, number[]>(variants.map((v) => [v.label, []]))
+  const wire = new Map<string, ReducerStats>()
+  const server = await launchNatsServer({ jetstream: false, maxPayload: a.maxPayload })
+  try {
+    const fleet = await CompressionFleet.start(a.p, server.url, 30_000, a.prof ? ["--cpu-prof", `--cpu-prof-dir=${a.prof}`] : [])
+    try {
+      for (const v of variants) {
+        await fleet.all((rank) => ({
+          cmd: "create",
+          name: groupOf(v),
+          rank,
+          worldSize: a.p,
+          compression: v.compression,
+          algorithm: a.algorithm,
+          timeoutMs: 120_000,
+          chunkBytes: a.chunk,
+          windowBytes: a.window
+        }))
+      }
+      const reduce = async (v: Variant, step: number): Promise<number> => {
+        const replies = await fleet.all<ReduceReply>(
+          (rank) => ({ cmd: "reduce", name: groupOf(v), slots, seed: 1000 + step, step, weight: 1, returnData: false }),
+          300_000
+        )
+        wire.set(v.label, replies[0].stats)
+        if (step > 0) cpu.get(v.label)?.push(replies.reduce((s, r) => s + r.cpuMs[0], 0) / replies.length)
+        return Math.max(...replies.map((r) => r.times[0]))
+      }
+      // Warm-up: JIT, buffers, subscriptions, first residuals.
+      for (const v of variants) await reduce(v, 0)
+      for (let r = 0; r < a.rounds; r++) {
+        for (let j = 0; j < variants.length; j++) {
+          const v = variants[(j + r) % variants.length]
+          samples.get(v.label)?.push(await reduce(v, r + 1))
+        }
+      }
+      for (const v of variants) await fleet.all(() => ({ cmd: "close", name: groupOf(v) }))
+      if (a.prof) await fleet.exit()
+    } finally {
+      await fleet.stop()
+    }
+  } finally {
+    await server.stop()
+  }
+
+  const noneMs = median(samples.get("none") ?? [])
+  const noneWire = wire.get("none")?.wireBytes ?? bytes
+  const rows = variants.map((v) => {
+    const ms = median(samples.get(v.label) ?? [])
+    const w = wire.get(v.label)?.wireBytes ?? NaN
+    const f = figures.get(v.figure)
+    return [
+      v.label,
+      (w / MiB).toFixed(3),
+      fmt(noneWire / w),
+      fmt(f ? f.encodeWithFeedbackMsPerMiB : undefined, 2),
+      fmt(f ? f.decodeMsPerMiB : undefined, 2),
+      fmt(median(cpu.get(v.label) ?? [])),
+      fmt(ms),
+      v.label === "none" ? "" : `${fmt((100 * ms) / noneMs, 0)}%`,
+      glooMs === undefined ? "" : `${fmt(ms / glooMs, 2)}x`
+    ]
+  })
+  if (glooMs !== undefined) rows.push(["torch gloo all_reduce", (bytes / MiB).toFixed(3), "1.0", "", "", "", fmt(glooMs), `${fmt((100 * glooMs) / noneMs, 0)}%`, "1.00x"])
+  printTable(["codec", "wire MiB/step", "x smaller", "enc+EF ms/MiB", "dec ms/MiB", "rank CPU ms", `${a.mib} MiB ms`, "vs none", "vs gloo"], rows)
+  console.log(
+    `\nwire MiB/step: what one rank publishes per step (its own messages); enc/dec: ${a.codecMib} MiB in this process, PowerSGD on one square matrix ` +
+      `(its "decode" is P·Qᵀ); ` +
+      `rank CPU ms: CPU time one rank process spends in the step (mean over ranks, median over rounds), less sensitive to other load than wall time; rounds: ${a.rounds}`
+  )
+}

@@ -1,0 +1,127 @@
+// One rank process for the compression network tests and benchmark (started by
+// compression-fleet.ts): connects to NATS, then runs commands from its parent over IPC. It holds
+// GradientReducers by name, feeds them deterministic per-rank gradients (compression-cases.ts),
+// returns the reduced result (or only its hash and timing, for the 64 MiB benchmark), and hands
+// out / takes back the reducer's error-feedback state. It exits when its parent goes away.
+import { connect } from "@nats-io/transport-node"
+import type { NatsConnection } from "@nats-io/nats-core"
+import { Communicator, type AllReduceAlgorithm } from "../../collectives/communicator.ts"
+import { GradientReducer } from "../../collectives/gradient-reducer.ts"
+import type { ResolvedCompressionConfig } from "../../collectives/compression/index.ts"
+import { fillGradient, layoutOf, type SlotSpec } from "./compression-cases.ts"
+
+const server = process.env.GW_RANK_SERVER as string
+const reducers = new Map<string, { comm: Communicator; reducer: GradientReducer }>()
+// One gradient buffer shared by all reducers (the benchmark holds several 64 MiB reducers).
+let flat = new Float32Array(0)
+let nc: NatsConnection
+let cnc: NatsConnection
+
+const errorOf = (e: unknown) => ({
+  tag: typeof e === "object" && e !== null && "_tag" in e ? String((e as { _tag: unknown })._tag) : e instanceof Error ? e.name : "Error",
+  message: e instanceof Error ? e.message : String(e),
+  fields: {}
+})
+
+const entry = (name: string) => {
+  const r = reducers.get(name)
+  if (!r) throw new Error(`no reducer named ${name}`)
+  return r
+}
+
+const hashOf = (x: Float32Array): string => {
+  const bits = new Uint32Array(x.buffer, x.byteOffset, x.length)
+  let h = 0x811c9dc5
+  for (let i = 0; i < bits.length; i++) h = Math.imul(h ^ bits[i], 0x01000193) >>> 0
+  return h.toString(16)
+}
+
+interface ReduceCmd {
+  readonly name: string
+  readonly slots: ReadonlyArray<SlotSpec>
+  readonly seed: number
+  readonly step: number
+  readonly weight: number
+  /** Return the reduced gradient itself (tests) or only its hash (benchmark). */
+  readonly returnData: boolean
+  /** Barrier before each timed reduction (benchmark). */
+  readonly iters?: number
+}
+
+const reduce = async (m: ReduceCmd) => {
+  const e = entry(m.name)
+  const layout = layoutOf(m.slots)
+  const n = layout.reduce((a, s) => a + s.size, 0)
+  if (flat.length !== n) flat = new Float32Array(n)
+  const times: number[] = []
+  const cpuMs: number[] = []
+  const iters = Math.max(1, Math.min(m.iters ?? 1, 100))
+  for (let it = 0; it < iters; it++) {
+    fillGradient(flat, m.seed + it, e.comm.rank)
+    await e.comm.barrier()
+    const t0 = performance.now()
+    const c0 = process.cpuUsage()
+    await e.reducer.reduceGradients(flat, layout, m.weight, m.step + it)
+    times.push(performance.now() - t0)
+    const c1 = process.cpuUsage(c0)
+    cpuMs.push((c1.user + c1.system) / 1000)
+  }
+  return { times, cpuMs, hash: hashOf(flat), stats: e.reducer.stats, data: m.returnData ? flat.slice() : undefined }
+}
+
+const handle = async (m: Record<string, any>): Promise<unknown> => {
+  switch (m.cmd) {
+    case "create": {
+      const comm = await Communicator.create({
+        nc,
+        controlNc: cnc,
+        cluster: "test",
+        job: "compression",
+        group: m.name,
+        rank: m.rank,
+        worldSize: m.worldSize,
+        node: `node${m.rank}`,
+        timeoutMs: m.timeoutMs,
+        chunkBytes: m.chunkBytes,
+        windowBytes: m.windowBytes
+      })
+      const reducer = new GradientReducer(comm, {
+        algorithm: m.algorithm as AllReduceAlgorithm,
+        compression: m.compression as ResolvedCompressionConfig,
+        bucketBytes: m.bucketBytes,
+        firstBucketBytes: m.firstBucketBytes
+      })
+      reducers.set(m.name, { comm, reducer })
+      return { chunkElems: comm.chunkElems }
+    }
+    case "reduce":
+      return reduce(m as unknown as ReduceCmd)
+    case "state":
+      return entry(m.name).reducer.state()
+    case "restore":
+      entry(m.name).reducer.restore(m.state)
+      return null
+    case "close": {
+      const e = reducers.get(m.name)
+      reducers.delete(m.name)
+      await e?.comm.close()
+      return null
+    }
+    case "exit":
+      setTimeout(() => process.exit(0), 10)
+      return null
+    default:
+      throw new Error(`unknown command ${String(m.cmd)}`)
+  }
+}
+
+nc = await connect({ servers: server, noEcho: true, name: `gw-crank-${process.env.GW_RANK_INDEX}`, maxReconnectAttempts: 0 })
+cnc = await connect({ servers: server, noEcho: true, name: `gw-crank-${process.env.GW_RANK_INDEX}-ctl`, maxReconnectAttempts: 0 })
+process.on("disconnect", () => process.exit(0))
+process.on("message", (m: Record<string, any>) => {
+  handle(m).then(
+    (value) => process.send?.({ id: m.id, ok: true, value }),
+    (e) => process.send?.({ id: m.id, ok: false, error: errorOf(e) })
+  )
+})
+process.send?.({ ready: true })
