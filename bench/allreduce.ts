@@ -61,7 +61,7 @@ const parseArgs = (args: ReadonlyArray<string>): Args => {
     window: get("--window") ? parseSize(get("--window") as string) : undefined,
     gloo: !args.includes("--no-gloo"),
     payloadSweep: !args.includes("--no-payload-sweep"),
-    algorithms: (get("--algorithms") ?? "ring,tree,hierarchical").split(",")
+    algorithms: (get("--algorithms") ?? "ring,ring-relay,tree,hierarchical").split(",")
   }
 }
 
@@ -83,9 +83,10 @@ const nodeOf = (rank: number): string => `node${rank >> 1}`
 
 /**
  * Per rank: what each algorithm sends (flows) and receives (bytes), with no reduction.
- * ring: 2(p-1)/p of the buffer to the next rank. tree: the buffer to the parent, and the root's
- * result as one fan-out publish. hierarchical: the buffer to the node leader, the leaders' ring,
- * the result back to the node members.
+ * ring: (p-1)/p of the buffer to the next rank (reduce-scatter) and its own segment as one fan-out
+ * publish (all-gather). ring-relay: 2(p-1)/p of the buffer to the next rank. tree: the buffer to
+ * the parent, and the root's result as one fan-out publish. hierarchical: the buffer to the node
+ * leader, the leaders' ring (relay), the result back to the node members.
  */
 const rawPattern = (algorithm: string, p: number, rank: number, bytes: number): { flows: Flow[]; inbound: number } => {
   const ringShare = (m: number): number => {
@@ -95,7 +96,14 @@ const rawPattern = (algorithm: string, p: number, rank: number, bytes: number): 
     for (let k = 0; k < m; k++) sum += (Math.floor(((k + 1) * n) / m) - Math.floor((k * n) / m)) * 4
     return Math.round((2 * (m - 1) * sum) / m)
   }
-  if (algorithm === "ring") {
+  if (algorithm === "ring" && p > 2) {
+    // Reduce-scatter around the ring, then each owner's segment as one fan-out publish (with two
+    // ranks the ring relays instead: the same bytes to the one other rank).
+    const own = (Math.floor(((rank + 1) * (bytes / 4)) / p) - Math.floor((rank * (bytes / 4)) / p)) * 4
+    const half = ringShare(p) / 2
+    return { flows: [{ to: (rank + 1) % p, bytes: half }, { to: "all", bytes: own }], inbound: 2 * half }
+  }
+  if (algorithm === "ring-relay" || algorithm === "ring") {
     return { flows: [{ to: (rank + 1) % p, bytes: ringShare(p) }], inbound: ringShare(p) }
   }
   if (algorithm === "tree") {
@@ -260,9 +268,10 @@ const measure = async (fleet: RankFleet, p: number, group: string, bytes: number
           })
         )
     })
+    const call = algorithm === "ring-relay" ? { algorithm: "ring", fanout: false } : { algorithm, fanout: true }
     variants.push({
       name: algorithm,
-      run: async (k) => slowest(await fleet.all<number[]>(p, () => ({ cmd: "benchAllReduce", group, n, algorithm, iters: k, warmup: 0 })))
+      run: async (k) => slowest(await fleet.all<number[]>(p, () => ({ cmd: "benchAllReduce", group, n, ...call, iters: k, warmup: 0 })))
     })
   }
   // Warm-up: one iteration of each (JIT, buffers, subscriptions).
@@ -311,15 +320,17 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
         }))
         const chunkBytes = created[0].chunkElems * 4
         console.log(`\np = ${p}: chunk ${fmtSize(chunkBytes)}, window ${fmtSize(created[0].windowBytes)} per link`)
+        // With two ranks the ring's fan-out all-gather is a relay anyway: "ring" covers both.
+        const algorithms = p === 2 ? a.algorithms.filter((x) => x !== "ring-relay") : a.algorithms
         for (const bytes of a.sizes) {
-          const m = await measure(fleet, p, group, bytes, chunkBytes, a.algorithms, a.rounds)
+          const m = await measure(fleet, p, group, bytes, chunkBytes, algorithms, a.rounds)
           const g = glooTimes?.get(bytes)
           const block: Row[] = []
-          for (const algorithm of a.algorithms) {
+          for (const algorithm of algorithms) {
             const ms = m.medians.get(algorithm) as number
             block.push({ p, bytes, name: algorithm, ms, vsRaw: m.pairedRatio.get(algorithm), vsGloo: g === undefined ? undefined : ms / g })
           }
-          for (const algorithm of a.algorithms) block.push({ p, bytes, name: `raw NATS, ${algorithm} pattern`, ms: m.medians.get(`raw ${algorithm}`) as number })
+          for (const algorithm of algorithms) block.push({ p, bytes, name: `raw NATS, ${algorithm} pattern`, ms: m.medians.get(`raw ${algorithm}`) as number })
           if (g !== undefined) block.push({ p, bytes, name: "torch gloo all_reduce", ms: g })
           printRows(block)
           rows.push(...block)
@@ -333,7 +344,7 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
   }
 
   if (a.payloadSweep) {
-    console.log(`\nmax_payload and throughput: ring all-reduce and its raw pattern at ${fmtSize(64 * MiB)}, chunk = max_payload (minus the 40-byte header)`)
+    console.log(`\nmax_payload and throughput: ring all-reduce and its raw pattern at ${fmtSize(64 * MiB)}, chunk = max_payload minus the 100-byte NATS header block`)
     const sweep: Row[] = []
     for (const maxPayload of [1 * MiB, 8 * MiB]) {
       const srv = await launchNatsServer({ jetstream: false, maxPayload })

@@ -2,11 +2,14 @@
 // NATS server) and the collectives they run together over NATS.
 //
 // Transport. Every rank subscribes once, in create(), to the subjects that can carry traffic for
-// it: its own (coll.<group>.*.*.<rank>), its node's and its server's fan-out subjects, and the
-// group's fan-out subject (coll.<group>.*.*.all). One callback demultiplexes all of them by the
-// binary frame header into the running operations (frames.ts). Each call takes the next sequence
-// number, which every subject and frame carries, so successive and concurrent collectives never
-// mix; frames for a call this rank has not started yet are held, within a bound.
+// it: data addressed to it (coll.<group>.*.*.<rank>), its node's and its server's fan-out subjects,
+// the group's fan-out subject (coll.<group>.*.*.all), and the control subjects (acks, hello,
+// probes, abort: coll.<group>.ctl.*.*.<rank> and .all). The control subscriptions sit on a second
+// connection when one is given (`controlNc`), so an ack never waits behind megabytes of this
+// rank's own outgoing data. One callback demultiplexes everything by the binary frame header into
+// the running operations (frames.ts). Each call takes the next sequence number, which every
+// subject and frame carries, so successive and concurrent collectives never mix; frames for a
+// call this rank has not started yet are held, within a bound.
 //
 // Start-up. Core NATS drops messages nobody is subscribed to, so create() is a handshake: ranks
 // subscribe, then repeat a hello on the group subject until they have heard from every peer
@@ -17,8 +20,8 @@
 // passes, the rank probes its peers (ping/pong on the control subject) to name the dead or hung
 // ones, fails with CollectiveTimeout, and publishes an abort so every other rank fails at once
 // with CollectiveAborted naming the same ranks. Any other local failure (mismatched lengths,
-// wrong arguments, close() mid-call) aborts the group the same way. An aborted communicator
-// rejects further calls: create a new one (new group name).
+// wrong arguments, close() mid-call, a NATS disconnect) aborts the group the same way. An
+// aborted communicator rejects further calls: create a new one (new group name).
 import os from "node:os"
 import type { Msg, NatsConnection, Subscription } from "@nats-io/nats-core"
 import { jobSubjects } from "../core/subjects.ts"
@@ -138,6 +141,7 @@ const DEFAULT_TIMEOUT_MS = 60_000
 const DEFAULT_CHUNK_BYTES = 4 << 20
 const DEFAULT_WINDOW_BYTES = 16 << 20
 const DEFAULT_EARLY_LIMIT = 512 << 20
+const MIN_CHUNK_ELEMS = (64 << 10) / 4
 const PROTOCOL_VERSION = 1
 
 const algorithmCode = { ring: 0, tree: 1, hierarchical: 2, fanout: 3 } as const
@@ -642,6 +646,17 @@ export class Communicator {
     }
   }
 
+  /**
+   * Elements per chunk for a call moving `n` elements in `parts` segments: the agreed maximum for
+   * large buffers, smaller for mid-sized ones so each segment still streams in about four chunks
+   * (a step can start while the previous one is still arriving), and never below 64 KiB, where
+   * per-message costs take over. The same on every rank: it depends only on n, p and settings.
+   */
+  #chunkFor(n: number, parts: number): number {
+    const floor = Math.min(this.chunkElems, MIN_CHUNK_ELEMS)
+    return Math.max(floor, Math.min(this.chunkElems, Math.ceil(n / (4 * parts))))
+  }
+
   /** Rejects a bad argument the same way on this rank as a failure would: the group is aborted. */
   #argError(op: string, reason: string): never {
     const err = new CollectiveArgumentError({ op, reason })
@@ -695,7 +710,7 @@ export class Communicator {
     return this.#run({ name: "broadcast", opcode: Opcode.broadcast, variant, length: data.length, half }, opts.timeoutMs, async (op) => {
       // The root keeps exactly what the others decode.
       if (half && this.rank === root) roundToHalf(data)
-      await broadcastChunks(op, data, root, this.worldSize, this.chunkElems, half, algorithm === "fanout")
+      await broadcastChunks(op, data, root, this.worldSize, this.#chunkFor(data.length, 1), half, algorithm === "fanout")
       return data
     })
   }
@@ -716,7 +731,7 @@ export class Communicator {
     const variant = variantOf(algorithmCode[algorithm], 0, half)
     // The length on the wire is the total, so a rank with a different block size is caught.
     return this.#run({ name: "allGather", opcode: Opcode.allGather, variant, length: p * n, half }, opts.timeoutMs, async (op) => {
-      await allGatherBlocks(op, out, n, p, this.chunkElems, half, algorithm === "fanout")
+      await allGatherBlocks(op, out, n, p, this.#chunkFor(n, 1), half, algorithm === "fanout")
       return out
     })
   }
@@ -736,7 +751,7 @@ export class Communicator {
       if (rop === "weightedMean") scale(data, 0, data.length, weight)
       const reduce: Reduction = { op: rop, count: this.worldSize, weight, half }
       const members = Array.from({ length: this.worldSize }, (_, r) => r)
-      await ringReduce(op, data, { members, index: this.rank, chunkElems: this.chunkElems, stepBase: 0, reduce, scatterOnly: true })
+      await ringReduce(op, data, { members, index: this.rank, chunkElems: this.#chunkFor(data.length, this.worldSize), stepBase: 0, reduce, scatterOnly: true })
       return data.subarray(s, e)
     })
   }
@@ -761,11 +776,13 @@ export class Communicator {
     return this.#run({ name: "allReduce", opcode: Opcode.allReduce, variant, length: data.length, half }, opts.timeoutMs, async (op) => {
       if (rop === "weightedMean") scale(data, 0, data.length, weight)
       const reduce: Reduction = { op: rop, count: this.worldSize, weight, half }
-      const C = this.chunkElems
+      const C = this.#chunkFor(data.length, this.worldSize)
       const p = this.worldSize
       if (algorithm === "ring") {
         const members = Array.from({ length: p }, (_, r) => r)
-        await ringReduce(op, data, { members, index: this.rank, chunkElems: C, stepBase: 0, reduce, gatherFanout: fanout ? "all" : undefined })
+        // With two ranks a fan-out reaches one receiver: the plain relay is the same traffic with a
+        // whole window for the one link.
+        await ringReduce(op, data, { members, index: this.rank, chunkElems: C, stepBase: 0, reduce, gatherFanout: fanout && p > 2 ? "all" : undefined })
       } else if (algorithm === "tree") {
         const members = Array.from({ length: p }, (_, r) => r)
         await treeReduce(op, data, { members, index: this.rank, chunkElems: C, stepBase: 0, reduce, fanoutTarget: fanout ? "all" : undefined })

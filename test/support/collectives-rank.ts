@@ -166,11 +166,6 @@ const runCases = async (c: Communicator, cases: ReadonlyArray<Case>): Promise<Ar
 // ---------------------------------------------------------------------------------------------
 // benchmark commands
 
-const median = (xs: number[]): number => {
-  const s = [...xs].sort((a, b) => a - b)
-  return s.length % 2 ? s[(s.length - 1) >> 1] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2
-}
-
 /** Times `iters` all-reduces of n floats (after `warmup`), each started right after a barrier. */
 const benchAllReduce = async (c: Communicator, n: number, algorithm: AllReduceAlgorithm, iters: number, warmup: number, wire?: "f32" | "f16", fanout?: boolean): Promise<number[]> => {
   const data = new Float32Array(n)
@@ -300,11 +295,6 @@ const handle = async (m: Record<string, any>): Promise<unknown> => {
       return benchAllReduce(comm(m.group), m.n, m.algorithm, m.iters, m.warmup, m.wire, m.fanout)
     case "benchRaw":
       return benchRaw(comm(m.group), m.flows, m.inbound, m.chunkBytes, m.iters, m.warmup, m.tag)
-    case "cpu": {
-      // CPU time of this process so far (ms), for benchmark accounting.
-      const u = process.cpuUsage()
-      return process.env.CPU_SPLIT === "sys" ? u.system / 1000 : process.env.CPU_SPLIT === "user" ? u.user / 1000 : (u.user + u.system) / 1000
-    }
     case "exit":
       setTimeout(() => process.exit(0), 10)
       return null

@@ -1,0 +1,20 @@
+// The collectives' public surface: the communicator and its operations, bucketing, the tfjs
+// adapter, the Effect entry point and the typed errors. Everything else in collectives/ is internal.
+export {
+  Communicator,
+  describeOp,
+  type AllGatherOptions,
+  type AllReduceAlgorithm,
+  type AllReduceOptions,
+  type BroadcastOptions,
+  type CommunicatorOptions,
+  type PeerInfo,
+  type ReduceOp,
+  type ReduceScatterOptions,
+  type WireFormat
+} from "./communicator.ts"
+export { GradientBucketer, allReduceBuckets, planBuckets, DEFAULT_BUCKET_BYTES, DEFAULT_FIRST_BUCKET_BYTES, type Bucket, type BucketOptions } from "./bucketing.ts"
+export { allReduceTensor, allReduceTensors, broadcastTensors } from "./tensors.ts"
+export { communicator } from "./effect.ts"
+export { segmentBounds } from "./segments.ts"
+export * from "./errors.ts"
