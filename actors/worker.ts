@@ -53,6 +53,7 @@ export const trainWorker = defineActor(
       const controller = system.ref(ControllerProtocol, args.controller)
       const { attempt, rank } = args
       let nc: NatsConnection | undefined
+      let cnc: NatsConnection | undefined
       let comm: Communicator | undefined
       try {
         const { tf, backend } = await loadEngine(args.backend as BackendKind | "auto")
@@ -63,19 +64,24 @@ export const trainWorker = defineActor(
         // rank dialling the driver's address. The job's servers stay as fallbacks.
         const own = system.nc.getServer()
         const ownUrl = own && !/^[a-z]+:\/\//.test(own) ? `nats://${own}` : own
-        nc = await connect({
-          servers: [...new Set([...(ownUrl ? [ownUrl] : []), ...c.servers])],
-          noRandomize: true,
-          name: `gradwire ${system.job} rank ${rank} collectives`,
-          noEcho: true,
-          maxReconnectAttempts: -1,
-          reconnectTimeWait: 250,
-          ...(c.user !== undefined ? { user: c.user, pass: c.password ?? "" } : {}),
-          ...(c.token !== undefined ? { token: c.token } : {}),
-          ...(c.creds !== undefined ? { authenticator: credsAuthenticator(fs.readFileSync(c.creds)) } : {})
-        })
+        const open = (role: string) =>
+          connect({
+            servers: [...new Set([...(ownUrl ? [ownUrl] : []), ...c.servers])],
+            noRandomize: true,
+            name: `gradwire ${system.job} rank ${rank} ${role}`,
+            noEcho: true,
+            maxReconnectAttempts: -1,
+            reconnectTimeWait: 250,
+            ...(c.user !== undefined ? { user: c.user, pass: c.password ?? "" } : {}),
+            ...(c.token !== undefined ? { token: c.token } : {}),
+            ...(c.creds !== undefined ? { authenticator: credsAuthenticator(fs.readFileSync(c.creds)) } : {})
+          })
+        // Two connections: bulk data, and credits/acks, which must not queue behind this rank's own
+        // outgoing megabytes (on one connection large all-reduces run at about half the speed).
+        ;[nc, cnc] = await Promise.all([open("collectives"), open("collective control")])
         comm = await Communicator.create({
           nc,
+          controlNc: cnc,
           cluster: system.cluster,
           job: system.job,
           group: args.group,
@@ -229,6 +235,7 @@ export const trainWorker = defineActor(
         await comm?.close().catch(() => {})
         await nc?.flush().catch(() => {})
         await nc?.close().catch(() => {})
+        await cnc?.close().catch(() => {})
         await system.nc.flush().catch(() => {})
         ctx.stop({ drain: false, reason: "loop ended" })
       }
