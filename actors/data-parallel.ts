@@ -171,6 +171,11 @@ export class DataParallelModel {
   #epoch = 0
   #stepInEpoch = 0
   #stepsPerEpoch = 0
+  /**
+   * Take the flat-gradient exchange path even with one worker (benchmarks use it to measure that
+   * path's cost; a single worker otherwise applies its gradients in place).
+   */
+  exchangeAlone = false
   /** Called after every step (live progress). */
   onStep: ((info: { epoch: number; step: number; stepsPerEpoch: number; samples: number; loss: number }) => void) | undefined
 
@@ -249,10 +254,28 @@ export class DataParallelModel {
       if (this.#classification) pred = tf.keep(out)
       return this.#loss(y, out)
     }, this.#vars)
+    const correctT = pred ? tf.tidy(() => pred!.argMax(-1).equal(this.#labelsOf(y)).sum()) : undefined
+    if (this.#sync.worldSize === 1 && !this.exchangeAlone) {
+      // Nobody to exchange with: apply the gradients where they are, without the round trip out
+      // of the engine and back.
+      const [lossArr, correctArr] = await Promise.all([value.data(), correctT?.data()])
+      tf.dispose([value, ...(pred ? [pred] : []), ...(correctT ? [correctT] : [])])
+      if (this.#delayMsPerSample > 0) await new Promise((r) => setTimeout(r, this.#delayMsPerSample * samples))
+      const t1 = performance.now()
+      this.#lastComputeMs = t1 - t0
+      this.#observer?.phase?.("forward_backward", t0, t1, step)
+      this.#observer?.phase?.("allreduce", t1, t1, step)
+      this.optimizer.applyGradients(grads)
+      tf.dispose(grads)
+      const t3 = performance.now()
+      this.#observer?.phase?.("apply", t1, t3, step)
+      this.#observer?.phase?.("step", t0, t3, step)
+      this.onStep?.({ epoch: this.#epoch, step: this.#stepInEpoch++, stepsPerEpoch: this.#stepsPerEpoch, samples, loss: lossArr[0] })
+      return { loss: lossArr[0], samples, ...(correctArr ? { correct: correctArr[0] } : {}) }
+    }
     const flatT = tf.tidy(() =>
       tf.concat(this.#vars.map((v) => (grads[v.name] ?? tf.zerosLike(v)).reshape([-1])))
     )
-    const correctT = pred ? tf.tidy(() => pred!.argMax(-1).equal(this.#labelsOf(y)).sum()) : undefined
     const [flat, lossArr, correctArr] = await Promise.all([flatT.data() as Promise<Float32Array>, value.data(), correctT?.data()])
     tf.dispose([flatT, value, ...(pred ? [pred] : []), ...(correctT ? [correctT] : [])])
     tf.dispose(grads)
@@ -263,15 +286,11 @@ export class DataParallelModel {
     await this.#sync.reduceGradients(flat, this.layout, samples, step)
     const t2 = performance.now()
     this.#observer?.phase?.("allreduce", t1, t2, step)
-    const named = tf.tidy(() => {
-      const all = tf.tensor1d(flat)
-      const parts = tf.split(all, this.layout.map((s) => s.size))
-      const out: Record<string, Tensor> = {}
-      this.layout.forEach((s, i) => (out[s.name] = parts[i].reshape(s.shape as number[])))
-      return out
-    })
+    // One copy back into the engine per variable, straight from views of the reduced buffer.
+    const named: Record<string, Tensor> = {}
+    for (const s of this.layout) named[s.name] = tf.tensor(flat.subarray(s.offset, s.offset + s.size), s.shape as number[], "float32")
     this.optimizer.applyGradients(named)
-    tf.dispose(named)
+    tf.dispose(Object.values(named))
     const t3 = performance.now()
     this.#observer?.phase?.("apply", t2, t3, step)
     this.#observer?.phase?.("step", t0, t3, step)

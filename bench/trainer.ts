@@ -56,7 +56,7 @@ const recovery = async (storage: string, train: ArrayDataset, test: ArrayDataset
   return { detectMs: detectedAt - died, resumeMs: resumedAt - died }
 }
 
-const overhead = async (units: number[], batch: number, steps: number): Promise<{ plainMs: number; wrappedMs: number; ratio: number; params: number }> => {
+const overhead = async (units: number[], batch: number, steps: number): Promise<{ plainMs: number; wrappedMs: number; exchangeMs: number; params: number }> => {
   const { tf } = await loadEngine("auto")
   const build = () => {
     const m = tf.sequential()
@@ -79,6 +79,10 @@ const overhead = async (units: number[], batch: number, steps: number): Promise<
   const solo: GradientSync = { rank: 0, worldSize: 1, reduceGradients: async () => {}, broadcast: async () => {}, sum: async () => {} }
   const dp = await DataParallelModel.prepare(tf, build(), solo)
   const wrappedStep = async () => void (await dp.trainStep(x, y))
+  // The same wrapper forced through the flat-gradient exchange path (what p >= 2 pays besides the network).
+  const dpx = await DataParallelModel.prepare(tf, build(), solo)
+  dpx.exchangeAlone = true
+  const exchangeStep = async () => void (await dpx.trainStep(x, y))
   const time = async (f: () => Promise<void>) => {
     const t0 = performance.now()
     for (let i = 0; i < steps; i++) await f()
@@ -87,15 +91,16 @@ const overhead = async (units: number[], batch: number, steps: number): Promise<
   // Warm up both, then alternate blocks so load changes hit both alike.
   await time(plainStep)
   await time(wrappedStep)
+  await time(exchangeStep)
   const p: number[] = []
   const w: number[] = []
+  const e: number[] = []
   for (let round = 0; round < 5; round++) {
     p.push(await time(plainStep))
     w.push(await time(wrappedStep))
+    e.push(await time(exchangeStep))
   }
-  const plainMs = median(p)
-  const wrappedMs = median(w)
-  return { plainMs, wrappedMs, ratio: wrappedMs / plainMs, params: dp.parameterCount }
+  return { plainMs: median(p), wrappedMs: median(w), exchangeMs: median(e), params: dp.parameterCount }
 }
 
 export async function run(args: ReadonlyArray<string>): Promise<void> {
@@ -114,11 +119,13 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
         `-> training resumed (first step of the restarted group): ${(median(rec.map((r) => r.resumeMs)) / 1000).toFixed(2)} s (target <= 5 s)`
     )
     console.log("\ndata-parallel wrapper on 1 worker vs plain tfjs (optimizer.minimize), same model and batch:")
-    console.log("model                      params   batch  plain ms/step  wrapped ms/step  overhead")
+    console.log("(exchange path: the same wrapper forced through the flat-gradient copy out of and back into the engine, as with >= 2 workers)")
+    console.log("model                      params   batch  plain ms/step  wrapped ms/step  overhead  exchange path ms/step  overhead")
+    const pct = (a: number, b: number) => `${((a / b - 1) * 100).toFixed(1).padStart(7)}%`
     for (const [units, batch] of [[[64, 64, 10], 32], [[784, 512, 512, 10], 64]] as const) {
       const o = await overhead([...units], batch, 20)
       console.log(
-        `${`MLP ${units.join("-")}`.padEnd(26)} ${String(o.params).padStart(7)}  ${String(batch).padStart(5)}  ${o.plainMs.toFixed(2).padStart(13)}  ${o.wrappedMs.toFixed(2).padStart(15)}  ${((o.ratio - 1) * 100).toFixed(1).padStart(7)}%`
+        `${`MLP ${units.join("-")}`.padEnd(26)} ${String(o.params).padStart(7)}  ${String(batch).padStart(5)}  ${o.plainMs.toFixed(2).padStart(13)}  ${o.wrappedMs.toFixed(2).padStart(15)}  ${pct(o.wrappedMs, o.plainMs)}  ${o.exchangeMs.toFixed(2).padStart(21)}  ${pct(o.exchangeMs, o.plainMs)}`
       )
     }
   } finally {
