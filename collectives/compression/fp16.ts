@@ -7,8 +7,8 @@
 // Wire: header (8 bytes, see compressor.ts) | n x uint16 (binary16 bits, little-endian).
 // Total 8 + 2n bytes.
 //
-// Encoding uses the bit-level algorithm of F. Giesen ("float_to_half_fast3_rtne") on the fp32 bits;
-// decoding is one lookup in a 65536-entry table (256 KiB, built on first use).
+// The conversions themselves live in ../float16.ts, shared with the collectives' fp16 wire format
+// (F. Giesen's round-to-nearest-even on the fp32 bits; decoding through a 65536-entry table).
 import {
   type CompressedMessage,
   type Compressor,
@@ -24,68 +24,27 @@ import {
   writeHeader
 } from "./compressor.ts"
 
-let table: Float32Array | undefined
+import { decodeHalf, encodeHalf, halfTable } from "../float16.ts"
 
-/** binary16 bits -> value, for all 65536 patterns. */
-export const fp16Table = (): Float32Array => {
-  if (table) return table
-  const t = new Float32Array(65536)
-  for (let h = 0; h < 65536; h++) {
-    const e = (h >>> 10) & 0x1f
-    const m = h & 0x3ff
-    let v: number
-    if (e === 0) v = m * 2 ** -24
-    else if (e === 31) v = m === 0 ? Infinity : NaN
-    else v = (1 + m / 1024) * 2 ** (e - 15)
-    t[h] = h & 0x8000 ? -v : v
-  }
-  table = t
-  return t
-}
+/** binary16 bits -> value, for all 65536 patterns (the collectives' fp16 wire uses the same table). */
+export const fp16Table = halfTable
 
-export const fp16BitsToFp32 = (h: number): number => fp16Table()[h & 0xffff]!
-
-/** One fp32 (given as its value and its bits) to binary16 bits, round-to-nearest-even. */
-const toHalf = (value: number, bits: number): number => {
-  const sign = (bits >>> 16) & 0x8000
-  const f = bits & 0x7fffffff
-  if (f >= 0x47800000) return sign | (f > 0x7f800000 ? 0x7e00 : 0x7c00) // >= 65536, Inf, NaN
-  if (f < 0x38800000) {
-    // below 2^-14: subnormal half (or zero). Adding 0.5 in fp32 puts the half's ulp (2^-24) at
-    // fp32's last mantissa bit, so fp32 rounding does the round-to-nearest-even for us.
-    return sign | ((Math.fround(Math.abs(value) + 0.5) - 0.5) * 16777216)
-  }
-  // normal: rebias the exponent, add 0xfff (+1 when the kept lsb is odd) to round to nearest even;
-  // a carry out of the mantissa correctly bumps the exponent, up to Inf for [65520, 65536).
-  return sign | ((f - 0x38000000 + 0xfff + ((f >>> 13) & 1)) >>> 13)
-}
+export const fp16BitsToFp32 = (h: number): number => halfTable()[h & 0xffff]!
 
 const scratch = new Float32Array(1)
-const scratchBits = new Uint32Array(scratch.buffer)
+const scratchHalf = new Uint16Array(1)
 
 export const fp32ToFp16Bits = (x: number): number => {
   scratch[0] = x
-  return toHalf(scratch[0]!, scratchBits[0]!)
+  encodeHalf(scratch, scratchHalf)
+  return scratchHalf[0]!
 }
 
-/** Bulk cast: out[i] = half bits of input[i]. No allocation. */
-export const encodeFp16 = (input: Float32Array, out: Uint16Array): void => {
-  const n = input.length
-  const bits = new Uint32Array(input.buffer, input.byteOffset, n)
-  for (let i = 0; i < n; i++) {
-    const b = bits[i]!
-    const f = b & 0x7fffffff
-    // the common case inline; the rare ones (tiny, huge, non-finite) through toHalf
-    if (f >= 0x38800000 && f < 0x47800000) out[i] = ((b >>> 16) & 0x8000) | ((f - 0x38000000 + 0xfff + ((f >>> 13) & 1)) >>> 13)
-    else out[i] = toHalf(input[i]!, b)
-  }
-}
+/** Bulk cast: out[i] = half bits of input[i], round-to-nearest-even. No allocation. */
+export const encodeFp16 = encodeHalf
 
 /** Bulk decode: out[i] = value of half bits h[i]. */
-export const decodeFp16 = (h: Uint16Array, out: Float32Array): void => {
-  const t = fp16Table()
-  for (let i = 0; i < h.length; i++) out[i] = t[h[i]!]!
-}
+export const decodeFp16 = decodeHalf
 
 export class Fp16Compressor implements Compressor {
   readonly name = "fp16" as const

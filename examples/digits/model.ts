@@ -20,3 +20,13 @@ export const buildModel = (tf: Tf, kind: ModelKind, seed = 1): import("@tensorfl
   }
   return m
 }
+
+/** A cheap fingerprint of a model's weights, to compare ranks. */
+export const weightsHash = (weights: ReadonlyArray<{ dataSync(): ArrayLike<number> }>): string => {
+  let h = 0x811c9dc5
+  for (const w of weights) {
+    const bits = new Uint32Array(Float32Array.from(w.dataSync()).buffer)
+    for (let i = 0; i < bits.length; i++) h = Math.imul(h ^ bits[i], 0x01000193) >>> 0
+  }
+  return h.toString(16)
+}

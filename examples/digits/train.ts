@@ -4,7 +4,7 @@
 // with kill -9, throw, or report an extra time, to exercise the trainer's fault handling.)
 import { writeFileSync } from "node:fs"
 import type { TrainContext } from "../../index.ts"
-import { buildModel, type ModelKind } from "./model.ts"
+import { buildModel, weightsHash, type ModelKind } from "./model.ts"
 
 export interface DigitsConfig {
   readonly epochs?: number
@@ -22,16 +22,6 @@ export interface DigitsConfig {
     /** Write the time of death (ms since the epoch) here first, for the recovery benchmark. */
     readonly stampFile?: string
   }
-}
-
-/** A cheap fingerprint of a model's weights, to compare ranks. */
-const weightsHash = (weights: ReadonlyArray<{ dataSync(): ArrayLike<number> }>): string => {
-  let h = 0x811c9dc5
-  for (const w of weights) {
-    const bits = new Uint32Array(Float32Array.from(w.dataSync()).buffer)
-    for (let i = 0; i < bits.length; i++) h = Math.imul(h ^ bits[i], 0x01000193) >>> 0
-  }
-  return h.toString(16)
 }
 
 export async function trainLoop(config: DigitsConfig, ctx: TrainContext): Promise<void> {

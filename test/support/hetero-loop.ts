@@ -2,7 +2,7 @@
 // fit({ globalBatchSize }), some ranks slowed by a simulated per-sample delay (a slower device),
 // reporting per epoch the loss, a fingerprint of the weights and the steps/s after warm-up.
 import type { TrainContext } from "../../index.ts"
-import { buildModel } from "../../examples/digits/model.ts"
+import { buildModel, weightsHash } from "../../examples/digits/model.ts"
 
 export interface HeteroLoopConfig {
   readonly epochs?: number
@@ -11,15 +11,6 @@ export interface HeteroLoopConfig {
   readonly slowdown?: Readonly<Record<string, number>>
   /** Steps ignored when measuring steps/s (warm-up and first re-balances). Default 6. */
   readonly skipSteps?: number
-}
-
-const weightsHash = (weights: ReadonlyArray<{ dataSync(): ArrayLike<number> }>): string => {
-  let h = 0x811c9dc5
-  for (const w of weights) {
-    const bits = new Uint32Array(Float32Array.from(w.dataSync()).buffer)
-    for (let i = 0; i < bits.length; i++) h = Math.imul(h ^ bits[i], 0x01000193) >>> 0
-  }
-  return h.toString(16)
 }
 
 export async function heteroLoop(config: HeteroLoopConfig, ctx: TrainContext): Promise<void> {
