@@ -5,7 +5,7 @@
 import type { Tf } from "../core/engine.ts"
 import { shardIndices, type ArrayDataset } from "../core/datasets.ts"
 import { ConfigError } from "../core/errors.ts"
-import { loadWeightsInto, modelToFiles } from "../core/model-io.ts"
+import { OPTIMIZER_FILE, loadOptimizerFrom, loadWeightsInto, modelToFiles, optimizerToFile } from "../core/model-io.ts"
 import type { Communicator } from "../collectives/communicator.ts"
 import type { GradientReducer, ReducerStats } from "../collectives/gradient-reducer.ts"
 import { DataParallelModel, type PrepareOptions, type ShardSource, type StepObserver } from "./data-parallel.ts"
@@ -176,15 +176,21 @@ export class TrainContext {
     extra: { files?: Record<string, Uint8Array | string>; metadata?: Record<string, unknown> } = {}
   ): Promise<Checkpoint> {
     const m = model instanceof DataParallelModel ? model.model : model
-    return { files: { ...(await modelToFiles(this.tf, m)), ...extra.files }, metadata: { ...extra.metadata } }
+    const optimizer: Record<string, Uint8Array> = model instanceof DataParallelModel ? { [OPTIMIZER_FILE]: await optimizerToFile(model.optimizer) } : {}
+    return { files: { ...(await modelToFiles(this.tf, m)), ...optimizer, ...extra.files }, metadata: { ...extra.metadata } }
   }
 
-  /** Loads a checkpoint's model weights into `model` (built in code with the same layers). */
-  restoreModel(model: LayersModel | DataParallelModel, checkpoint: Checkpoint): void {
+  /**
+   * Loads a checkpoint's model weights into `model` (built in code with the same layers), and,
+   * for a prepared model whose checkpoint came from checkpointFromModel(dp), its optimizer state.
+   */
+  async restoreModel(model: LayersModel | DataParallelModel, checkpoint: Checkpoint): Promise<void> {
     const m = model instanceof DataParallelModel ? model.model : model
     const files: Record<string, Uint8Array> = {}
     for (const [k, v] of Object.entries(checkpoint.files)) files[k] = typeof v === "string" ? new TextEncoder().encode(v) : v
     loadWeightsInto(this.tf, m, files)
+    const opt = files[OPTIMIZER_FILE]
+    if (opt && model instanceof DataParallelModel) await loadOptimizerFrom(this.tf, model.optimizer, opt)
   }
 
   /**

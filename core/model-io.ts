@@ -83,3 +83,37 @@ export const loadWeightsInto = (tf: Tf, model: LayersModel, files: Record<string
   model.setWeights(values)
   for (const t of Object.values(named)) t.dispose()
 }
+
+export const OPTIMIZER_FILE = "optimizer.msgpack"
+
+type Optimizer = import("@tensorflow/tfjs").Optimizer
+
+/**
+ * An optimizer's state (Adam's moments and step count, momentum's accumulators...) as one file,
+ * so a resumed run continues the same optimisation instead of restarting its statistics.
+ */
+export const optimizerToFile = async (optimizer: Optimizer): Promise<Uint8Array> => {
+  const { encodeMessage } = await import("./wire.ts")
+  const weights = await optimizer.getWeights()
+  const entries = await Promise.all(
+    weights.map(async (w) => ({ name: w.name, shape: [...w.tensor.shape], dtype: w.tensor.dtype, data: await w.tensor.data() }))
+  )
+  return encodeMessage({ optimizer: optimizer.getClassName(), weights: entries })
+}
+
+/** Restores what optimizerToFile saved into an optimizer of the same class over the same variables. */
+export const loadOptimizerFrom = async (tf: Tf, optimizer: Optimizer, bytes: Uint8Array): Promise<void> => {
+  const { decodeMessage } = await import("./wire.ts")
+  const saved = decodeMessage(bytes) as {
+    optimizer: string
+    weights: Array<{ name: string; shape: number[]; dtype: string; data: Float32Array | Int32Array }>
+  }
+  if (saved.optimizer !== optimizer.getClassName()) {
+    throw new ConfigError({
+      field: "checkpoint",
+      reason: `the checkpoint holds ${saved.optimizer} state but the model is compiled with ${optimizer.getClassName()}`
+    })
+  }
+  const named = saved.weights.map((w) => ({ name: w.name, tensor: tf.tensor(w.data, w.shape, w.dtype as "float32" | "int32") }))
+  await optimizer.setWeights(named)
+}

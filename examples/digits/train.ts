@@ -42,7 +42,7 @@ export async function trainLoop(config: DigitsConfig, ctx: TrainContext): Promis
   let start = 0
   const checkpoint = await ctx.getCheckpoint()
   if (checkpoint) {
-    ctx.restoreModel(dp, checkpoint)
+    await ctx.restoreModel(dp, checkpoint)
     start = Number(checkpoint.metadata?.epoch ?? -1) + 1
     if (ctx.worldRank === 0) console.log(`resuming from ${checkpoint.path} at epoch ${start + 1}`)
   }
