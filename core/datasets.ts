@@ -2,6 +2,7 @@
 // the examples and tests. A shard is a set of row indices: rows are gathered into batches only
 // when a batch is built, so sharding copies nothing.
 import * as fs from "node:fs/promises"
+import { existsSync } from "node:fs"
 import * as zlib from "node:zlib"
 import { fileURLToPath } from "node:url"
 import { mixSeed, permutation } from "./random.ts"
@@ -95,7 +96,11 @@ export const shardIndicesWeighted = (
   return perm.subarray(start, start + counts[rank])
 }
 
-export const digitsPath = (): string => fileURLToPath(new URL("../examples/data/digits.csv.gz", import.meta.url))
+/** The bundled digits file: next to the sources, or one level up when running from dist/. */
+export const digitsPath = (): string => {
+  const here = fileURLToPath(new URL("../examples/data/digits.csv.gz", import.meta.url))
+  return existsSync(here) ? here : fileURLToPath(new URL("../../examples/data/digits.csv.gz", import.meta.url))
+}
 
 /** The UCI handwritten digits (8x8 images, values 0..16 scaled to 0..1, labels 0..9). */
 export const loadDigits = async (file: string = digitsPath()): Promise<ArrayDataset> => {
