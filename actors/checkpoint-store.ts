@@ -27,10 +27,51 @@ export interface CheckpointPolicy {
   readonly scoreOrder?: "max" | "min"
 }
 
+/**
+ * What the trainer needs of a checkpoint store: this file's CheckpointStore (a directory under
+ * storagePath) and ObjectCheckpointStore (a JetStream object store bucket) both provide it.
+ */
+export interface CheckpointStorage {
+  readonly policy: CheckpointPolicy
+  list(): ReadonlyArray<CheckpointEntry>
+  latest(): CheckpointEntry | undefined
+  best(): ReadonlyArray<CheckpointEntry>
+  save(data: CheckpointData, metrics: Record<string, unknown>): Promise<CheckpointEntry>
+  /** Reads a checkpoint back by its CheckpointEntry.path. */
+  read(path: string): Promise<CheckpointData & { metrics: Record<string, unknown> }>
+}
+
+export const checkpointName = (index: number): string => `checkpoint_${String(index).padStart(6, "0")}`
+
+/** Entries ordered best first by the score attribute (or newest first without one). */
+export const bestOf = (entries: ReadonlyArray<CheckpointEntry>, policy: CheckpointPolicy): CheckpointEntry[] => {
+  const attr = policy.scoreAttribute
+  const sign = policy.scoreOrder === "min" ? 1 : -1
+  const sorted = [...entries]
+  if (!attr) return sorted.sort((a, b) => b.index - a.index)
+  const score = (e: CheckpointEntry): number => {
+    const v = e.metrics[attr]
+    return typeof v === "number" && Number.isFinite(v) ? v : sign > 0 ? Infinity : -Infinity
+  }
+  return sorted.sort((a, b) => sign * (score(a) - score(b)) || b.index - a.index)
+}
+
+/** The entries numToKeep keeps: the best numToKeep by score, plus the latest (a restart resumes from it). */
+export const keptBy = (entries: ReadonlyArray<CheckpointEntry>, policy: CheckpointPolicy): Set<string> => {
+  const keep = policy.numToKeep
+  if (!keep || entries.length <= keep) return new Set(entries.map((e) => e.name))
+  const kept = new Set(bestOf(entries, policy).slice(0, keep).map((e) => e.name))
+  const latest = entries.reduce<CheckpointEntry | undefined>((a, e) => (!a || e.index > a.index ? e : a), undefined)
+  if (latest) kept.add(latest.name)
+  return kept
+}
+
 const INDEX = "checkpoints.json"
 const META = "gradwire_checkpoint.json"
 
-const safeFileName = (name: string): string => {
+export const CHECKPOINT_META = META
+
+export const safeFileName = (name: string): string => {
   const norm = path.posix.normalize(name)
   if (name.length === 0 || norm.startsWith("..") || path.isAbsolute(norm) || norm.includes("\0") || norm === META) {
     throw new ConfigError({ field: "checkpoint.files", reason: `"${name}" is not an allowed file name inside a checkpoint` })
@@ -55,7 +96,7 @@ export const writeFileAtomic = async (file: string, data: Uint8Array | string): 
   await fs.rename(tmp, file)
 }
 
-export class CheckpointStore {
+export class CheckpointStore implements CheckpointStorage {
   readonly dir: string
   readonly policy: CheckpointPolicy
   private entries: CheckpointEntry[] = []
@@ -98,21 +139,17 @@ export class CheckpointStore {
 
   /** Checkpoints ordered best first by the score attribute (or newest first without one). */
   best(): ReadonlyArray<CheckpointEntry> {
-    const attr = this.policy.scoreAttribute
-    const sign = this.policy.scoreOrder === "min" ? 1 : -1
-    const sorted = [...this.entries]
-    if (!attr) return sorted.sort((a, b) => b.index - a.index)
-    const score = (e: CheckpointEntry): number => {
-      const v = e.metrics[attr]
-      return typeof v === "number" && Number.isFinite(v) ? v : sign > 0 ? Infinity : -Infinity
-    }
-    return sorted.sort((a, b) => sign * (score(a) - score(b)) || b.index - a.index)
+    return bestOf(this.entries, this.policy)
+  }
+
+  read(dir: string): Promise<CheckpointData & { metrics: Record<string, unknown> }> {
+    return readCheckpoint(dir)
   }
 
   /** Persists a checkpoint atomically and prunes to numToKeep; returns its entry. */
   async save(data: CheckpointData, metrics: Record<string, unknown>): Promise<CheckpointEntry> {
     const index = this.nextIndex++
-    const name = `checkpoint_${String(index).padStart(6, "0")}`
+    const name = checkpointName(index)
     const tmp = path.join(this.dir, `.tmp-${name}-${randomBytes(4).toString("hex")}`)
     await fs.mkdir(tmp, { recursive: true })
     try {
@@ -139,9 +176,7 @@ export class CheckpointStore {
   private async prune(): Promise<void> {
     const keep = this.policy.numToKeep
     if (!keep || this.entries.length <= keep) return
-    const latest = this.latest()
-    const kept = new Set(this.best().slice(0, keep).map((e) => e.name))
-    if (latest) kept.add(latest.name)
+    const kept = keptBy(this.entries, this.policy)
     const drop = this.entries.filter((e) => !kept.has(e.name))
     this.entries = this.entries.filter((e) => kept.has(e.name))
     await this.writeIndex()

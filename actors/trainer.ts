@@ -4,7 +4,8 @@
 // restarting -> ... -> finished | errored) whose failure policy (failure-policy.ts) returns the
 // decisions it carries out. Workers are separate processes (actors/worker.ts) spawned through
 // node agents; the controller and the checkpoint keeper live in the driver process, so workers
-// never need a shared filesystem: checkpoint bytes travel over NATS and land under storagePath.
+// never need a shared filesystem: checkpoint bytes travel over NATS and land under storagePath, or
+// in a JetStream object store bucket with checkpointConfig.objectStore (object-checkpoint-store.ts).
 import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
@@ -35,7 +36,8 @@ import { launchAgent, type NodeAgent } from "./agent.ts"
 import { agentRef, spawnActor, type SpawnedActor } from "./spawn.ts"
 import { silentLogger, stderrLogger } from "./log.ts"
 import type { ConnectionSpec } from "./connection-spec.ts"
-import { CheckpointStore, readCheckpoint, type CheckpointEntry } from "./checkpoint-store.ts"
+import { CheckpointStore, readCheckpoint, type CheckpointEntry, type CheckpointStorage } from "./checkpoint-store.ts"
+import { ObjectCheckpointStore, isObjectCheckpointUrl, readObjectCheckpoint } from "./object-checkpoint-store.ts"
 import { ControllerProtocol, WorkerProtocol, type CheckpointPayload, type WorkerArgs } from "./train-protocol.ts"
 import { decide, type GroupFailure, type TrainerState } from "./failure-policy.ts"
 import { ProgressPrinter } from "./progress.ts"
@@ -68,7 +70,7 @@ export interface TrainerOptions {
   readonly collectiveConfig?: CollectiveConfig
   /** Omitted: an embedded local cluster. { address }: a cluster started with `gradwire start`. */
   readonly cluster?: ClusterConfig
-  /** A checkpoint directory to start from (default: the run's latest, when the run exists). */
+  /** A checkpoint directory or nats-obj:// checkpoint to start from (default: the run's latest, when the run exists). */
   readonly resumeFromCheckpoint?: string
   /** Seed of the data shuffles. */
   readonly seed?: number
@@ -251,8 +253,16 @@ const localBackends = (): Array<"tensorflow-gpu" | "tensorflow" | "wasm" | "cpu"
  * The embedded cluster sizes its one node to the job, the way `ray.init(num_cpus=...)` would: a
  * 2-core laptop can still run 4 CPU workers (they share the cores). GPUs are never invented.
  */
-const startEmbeddedCluster = async (verbose: boolean, output: (line: string) => void, cpusNeeded: number): Promise<ClusterHandle> => {
-  const server: NatsServerProcess = await launchNatsServer({ maxPayload: 8 * 1024 * 1024 })
+const startEmbeddedCluster = async (
+  verbose: boolean,
+  output: (line: string) => void,
+  cpusNeeded: number,
+  jetstreamStoreDir?: string
+): Promise<ClusterHandle> => {
+  const server: NatsServerProcess = await launchNatsServer({
+    maxPayload: 8 * 1024 * 1024,
+    ...(jetstreamStoreDir !== undefined ? { jetstreamStoreDir } : {})
+  })
   let agent: NodeAgent | undefined
   let opened: Awaited<ReturnType<typeof openNats>> | undefined
   try {
@@ -372,12 +382,17 @@ export class Trainer {
   async fit(): Promise<Result> {
     const cfg = resolveTrainerOptions(this.options)
     await fs.mkdir(cfg.runDir, { recursive: true })
-    const store = await CheckpointStore.open(cfg.runDir, {
+    const policy = {
       ...(cfg.run.checkpointConfig?.numToKeep !== undefined ? { numToKeep: cfg.run.checkpointConfig.numToKeep } : {}),
       ...(cfg.run.checkpointConfig?.scoreAttribute !== undefined ? { scoreAttribute: cfg.run.checkpointConfig.scoreAttribute } : {}),
       ...(cfg.run.checkpointConfig?.scoreOrder !== undefined ? { scoreOrder: cfg.run.checkpointConfig.scoreOrder } : {})
-    })
-    if (cfg.resumeFrom !== undefined) await readCheckpoint(cfg.resumeFrom) // fails early on a bad path
+    }
+    // With checkpointConfig.objectStore the checkpoints live in a JetStream bucket, opened once the
+    // cluster is up; otherwise under the run directory.
+    const bucket = cfg.run.checkpointConfig?.objectStore
+    const localStore = bucket === undefined ? await CheckpointStore.open(cfg.runDir, policy) : undefined
+    // Fails early on a bad path (a nats-obj:// one is checked once the cluster is joined).
+    if (cfg.resumeFrom !== undefined && !isObjectCheckpointUrl(cfg.resumeFrom)) await readCheckpoint(cfg.resumeFrom)
     const recorder = await RunRecorder.open(cfg.runDir, {
       name: cfg.name,
       trainLoopPerWorker: cfg.loop,
@@ -402,7 +417,7 @@ export class Trainer {
 
     const history: Array<Record<string, unknown>> = []
     const perRank: Array<Array<Record<string, unknown>>> = []
-    let resumePath: string | undefined = cfg.resumeFrom ?? store.latest()?.path
+    let resumePath: string | undefined = cfg.resumeFrom
     let saving: Promise<unknown> = Promise.resolve()
     let current: Attempt | undefined
     let interrupted = false
@@ -417,8 +432,24 @@ export class Trainer {
     const cluster = cfg.cluster ? await joinCluster(cfg.cluster) : await startEmbeddedCluster(
           verbose,
           onOutput,
-          cfg.scaling.numWorkers * (cfg.scaling.resourcesPerWorker?.CPU ?? (cfg.scaling.useGpu ? 0 : 1))
+          cfg.scaling.numWorkers * (cfg.scaling.resourcesPerWorker?.CPU ?? (cfg.scaling.useGpu ? 0 : 1)),
+          // The embedded server keeps its JetStream data in the run directory, so a run's object
+          // store checkpoints outlive it and a run with the same name resumes from them.
+          bucket !== undefined ? path.join(cfg.runDir, "jetstream") : undefined
         )
+    const readAt = (p: string): ReturnType<typeof readCheckpoint> =>
+      isObjectCheckpointUrl(p) ? readObjectCheckpoint(cluster.nc, p) : readCheckpoint(p)
+    let store: CheckpointStorage
+    try {
+      store = localStore ?? (await ObjectCheckpointStore.open(cluster.nc, bucket!, cfg.name, policy, cfg.cluster ? `the NATS server at ${cfg.cluster.address}` : "the embedded nats-server"))
+      if (cfg.resumeFrom !== undefined && isObjectCheckpointUrl(cfg.resumeFrom)) await readAt(cfg.resumeFrom)
+    } catch (e) {
+      await cluster.close().catch(() => {})
+      progress.close()
+      await recorder.close().catch(() => {})
+      throw e
+    }
+    resumePath ??= store.latest()?.path
     const job = `${cfg.name.slice(0, 100)}-${nuid.next().slice(-8)}`
     const system = new ActorSystem({
       nc: cluster.nc,
@@ -559,7 +590,7 @@ export class Trainer {
         await saving
         const p = resumePath
         if (!p) return null
-        const c = await readCheckpoint(p)
+        const c = await (store instanceof ObjectCheckpointStore ? store.read(p) : readAt(p))
         return { path: p, metrics: c.metrics, payload: { files: c.files, metadata: c.metadata } }
       },
       progress: (body) => {

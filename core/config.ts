@@ -40,7 +40,18 @@ export type ScalingConfig = typeof ScalingConfig.Type
 export const CheckpointConfig = Schema.Struct({
   numToKeep: Schema.optional(PositiveInt),
   scoreAttribute: Schema.optional(Schema.String),
-  scoreOrder: Schema.optional(Schema.Literals(["max", "min"]))
+  scoreOrder: Schema.optional(Schema.Literals(["max", "min"])),
+  /**
+   * Keep checkpoints in this JetStream object store bucket on the cluster's NATS server instead of
+   * under storagePath (for workers and drivers that share no filesystem).
+   */
+  objectStore: Schema.optional(
+    Schema.String.check(
+      Schema.isPattern(/^[A-Za-z0-9_-]{1,64}$/, {
+        message: "Expected a NATS object store bucket name: 1-64 letters, digits, \"_\" or \"-\" (no dots, spaces or slashes)"
+      })
+    )
+  )
 })
 export type CheckpointConfig = typeof CheckpointConfig.Type
 

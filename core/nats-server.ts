@@ -59,6 +59,8 @@ export interface NatsServerOptions {
   readonly maxPayload?: number
   /** JetStream with its store in the temp dir. Default true. */
   readonly jetstream?: boolean
+  /** Where JetStream keeps its data; default the server's temp dir (removed when it stops). */
+  readonly jetstreamStoreDir?: string
   /** server_name; default a unique "gw-<port>-<random>" (JetStream clusters need unique names). */
   readonly serverName?: string
   readonly auth?: NatsServerAuth
@@ -183,7 +185,7 @@ const renderConfig = (options: NatsServerOptions, resolved: ResolvedConfig, dir:
     // The server refuses a max_payload above max_pending (64 MiB by default).
     if (options.maxPayload > 64 * 1024 * 1024) lines.push(`max_pending: ${Math.floor(options.maxPayload)}`)
   }
-  if (options.jetstream ?? true) lines.push(`jetstream { store_dir: ${q(path.join(dir, "jetstream"))} }`)
+  if (options.jetstream ?? true) lines.push(`jetstream { store_dir: ${q(options.jetstreamStoreDir ?? path.join(dir, "jetstream"))} }`)
   const auth = options.auth
   if (auth?.token !== undefined) lines.push(`authorization { token: ${q(auth.token)} }`)
   else if (auth?.user !== undefined) {
