@@ -2,6 +2,7 @@
 // and drives them over the IPC channel with small JSON commands, so one process can run many
 // cases. Every child is killed by stop(), by the parent's exit, and by the child itself when the
 // IPC channel goes away (parent crashed).
+import { awaitChildrenReady } from "./child-ready.ts"
 import { fork, type ChildProcess } from "node:child_process"
 import { fileURLToPath } from "node:url"
 
@@ -94,22 +95,7 @@ export class RankFleet {
     const fleet = new RankFleet(children)
     try {
       const timeout = opts.startTimeoutMs ?? 30_000
-      await Promise.all(
-        children.map(
-          (child, rank) =>
-            new Promise<void>((resolve, reject) => {
-              const timer = setTimeout(() => reject(new Error(`rank ${rank} did not start within ${timeout} ms`)), timeout)
-              child.once("message", () => {
-                clearTimeout(timer)
-                resolve()
-              })
-              child.once("exit", (code) => {
-                clearTimeout(timer)
-                reject(new Error(`rank ${rank} exited during start (code ${code})`))
-              })
-            })
-        )
-      )
+      await awaitChildrenReady(children, timeout)
     } catch (e) {
       await fleet.stop()
       throw e

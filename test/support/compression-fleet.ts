@@ -2,6 +2,7 @@
 // collectives-fleet.ts does for collectives-rank.ts (kept separate so the two rank scripts evolve
 // independently). Every child is killed by stop(), by the parent's exit, and by itself when the
 // IPC channel goes away.
+import { awaitChildrenReady } from "./child-ready.ts"
 import { fork, type ChildProcess } from "node:child_process"
 import { fileURLToPath } from "node:url"
 import { RankCallError, type Reply } from "./collectives-fleet.ts"
@@ -57,22 +58,7 @@ export class CompressionFleet {
     })
     const fleet = new CompressionFleet(children)
     try {
-      await Promise.all(
-        children.map(
-          (child, rank) =>
-            new Promise<void>((resolve, reject) => {
-              const timer = setTimeout(() => reject(new Error(`rank ${rank} did not start within ${startTimeoutMs} ms`)), startTimeoutMs)
-              child.once("message", () => {
-                clearTimeout(timer)
-                resolve()
-              })
-              child.once("exit", (code) => {
-                clearTimeout(timer)
-                reject(new Error(`rank ${rank} exited during start (code ${code})`))
-              })
-            })
-        )
-      )
+      await awaitChildrenReady(children, startTimeoutMs)
     } catch (e) {
       await fleet.stop()
       throw e
