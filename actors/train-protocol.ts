@@ -75,7 +75,9 @@ export const ControllerProtocol = defineProtocol("trainer-controller", {
       rank: Schema.Number,
       tag: Schema.String,
       message: Schema.String,
-      stack: Schema.String
+      stack: Schema.String,
+      /** Ranks a collective error blames (dead or stalled peers), when the failure is one. */
+      blamed: Schema.optionalKey(Schema.Array(Schema.Number))
     })
   }
 })

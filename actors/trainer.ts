@@ -634,6 +634,21 @@ export class Trainer {
       failed: (body) => {
         const a = current
         if (!a || body.attempt !== a.number) return
+        const blamed = body.blamed?.[0]
+        if (blamed !== undefined) {
+          // A collective on this rank failed because of another one (dead or stalled): name that one.
+          a.settle({
+            type: "failed",
+            failure: {
+              kind: "died",
+              rank: blamed,
+              tag: body.tag,
+              message: `rank ${blamed} stopped taking part in collectives (reported by rank ${body.rank}: ${body.message})`,
+              remoteStack: body.stack
+            }
+          })
+          return
+        }
         const kind = body.tag === "ConfigError" ? "config" : "loop-error"
         a.settle({ type: "failed", failure: { kind, rank: body.rank, tag: body.tag, message: body.message, remoteStack: body.stack } })
       }

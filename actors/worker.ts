@@ -14,6 +14,7 @@ import { makeDataset } from "../core/datasets.ts"
 import { decodeMessage, encodeMessage } from "../core/wire.ts"
 import { Communicator, type AllReduceAlgorithm } from "../collectives/communicator.ts"
 import { GradientReducer } from "../collectives/gradient-reducer.ts"
+import { blamedRanks } from "../collectives/errors.ts"
 import { parseCompressionConfig, type ResolvedCompressionConfig } from "../collectives/compression/index.ts"
 import { defineActor } from "./actor.ts"
 import { toWireFailure } from "./envelope.ts"
@@ -230,7 +231,10 @@ export const trainWorker = defineActor(
       } catch (e) {
         const f = toWireFailure(e)
         ctx.log.error(`rank ${rank}: the training loop failed: ${f.tag}: ${f.message}`)
-        await system.tellPromise(controller, "failed", { attempt, rank, tag: f.tag, message: f.message, stack: f.stack }).catch(() => {})
+        const blamed = blamedRanks(e).filter((r) => r !== rank)
+        await system
+          .tellPromise(controller, "failed", { attempt, rank, tag: f.tag, message: f.message, stack: f.stack, ...(blamed.length ? { blamed: [...blamed] } : {}) })
+          .catch(() => {})
       } finally {
         await comm?.close().catch(() => {})
         await nc?.flush().catch(() => {})

@@ -245,7 +245,7 @@ export class Communicator {
   #nextSeq = 1
   #closed: unknown = undefined
   #watchdog: ReturnType<typeof setInterval> | undefined
-  #probe: { nonce: string; answered: Set<number> } | undefined
+  #probe: { nonce: string; answered: Set<number>; behind: Set<number>; seq: number } | undefined
   /** Answers late hellos once the group is formed. */
   #hello: Hello | undefined
   readonly #statusIters: Array<{ stop?: () => void }> = []
@@ -483,12 +483,19 @@ export class Communicator {
       case Kind.ack:
         this.#ops.get(f.seq)?.onAck(f)
         return
-      case Kind.ping:
-        if (this.#cnc) publishControl(this.#cnc, this.#subjects.collControl(this.group, 0, this.rank, f.src), Kind.pong, this.rank, controlBody(f))
+      case Kind.ping: {
+        // The answer says how far this rank got: a peer that has not started the prober's call is
+        // the one holding it up (alive, but stalled outside the collectives).
+        const body = { ...(controlBody(f) as object), seq: this.#nextSeq - 1 }
+        if (this.#cnc) publishControl(this.#cnc, this.#subjects.collControl(this.group, 0, this.rank, f.src), Kind.pong, this.rank, body)
         return
+      }
       case Kind.pong: {
-        const body = controlBody(f) as { nonce?: string }
-        if (this.#probe && body.nonce === this.#probe.nonce) this.#probe.answered.add(f.src)
+        const body = controlBody(f) as { nonce?: string; seq?: number }
+        if (this.#probe && body.nonce === this.#probe.nonce) {
+          this.#probe.answered.add(f.src)
+          if (typeof body.seq === "number" && body.seq < this.#probe.seq) this.#probe.behind.add(f.src)
+        }
         return
       }
       case Kind.hello: {
@@ -589,7 +596,7 @@ export class Communicator {
   /** The deadline passed: find out which peers are gone, then fail and abort the group. */
   async #timeOut(op: Operation, timeoutMs: number): Promise<void> {
     const waitingFor = op.waitingFor()
-    const probe = { nonce: Math.random().toString(36).slice(2, 12), answered: new Set<number>() }
+    const probe = { nonce: Math.random().toString(36).slice(2, 12), answered: new Set<number>(), behind: new Set<number>(), seq: op.seq }
     this.#probe = probe
     try {
       if (this.#cnc) publishControl(this.#cnc, this.#subjects.collControl(this.group, 0, this.rank), Kind.ping, this.rank, { nonce: probe.nonce })
@@ -603,7 +610,16 @@ export class Communicator {
     const unresponsive: number[] = []
     for (let r = 0; r < this.worldSize; r++) if (r !== this.rank && !probe.answered.has(r)) unresponsive.push(r)
     this.#abort(
-      new CollectiveTimeout({ op: op.sig.name, group: this.group, rank: this.rank, seq: op.seq, waitingFor, unresponsive, timeoutMs })
+      new CollectiveTimeout({
+        op: op.sig.name,
+        group: this.group,
+        rank: this.rank,
+        seq: op.seq,
+        waitingFor,
+        unresponsive,
+        behind: [...probe.behind].sort((a, b) => a - b),
+        timeoutMs
+      })
     )
   }
 

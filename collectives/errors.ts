@@ -18,17 +18,23 @@ export class CollectiveTimeout extends Schema.TaggedError<CollectiveTimeout>()("
   seq: Schema.Number,
   waitingFor: Schema.Array(Schema.Number),
   unresponsive: Schema.Array(Schema.Number),
+  /** Peers that answered the probe but had not started this call yet. */
+  behind: Schema.optionalKey(Schema.Array(Schema.Number)),
   timeoutMs: Schema.Number
 }) {
-  /** The ranks most likely at fault: the unresponsive ones, else the ones waited on. */
+  /** The ranks most likely at fault: the unresponsive ones, else the ones that never joined this call, else the ones waited on. */
   get failedRanks(): ReadonlyArray<number> {
-    return this.unresponsive.length > 0 ? this.unresponsive : this.waitingFor
+    if (this.unresponsive.length > 0) return this.unresponsive
+    if (this.behind && this.behind.length > 0) return this.behind
+    return this.waitingFor
   }
   override get message(): string {
     const who =
       this.unresponsive.length > 0
         ? `rank(s) ${list(this.unresponsive)} did not answer a liveness probe (dead, stopped or hung)`
-        : `all peers answered a liveness probe, so rank(s) ${list(this.waitingFor)} are alive but stalled (a straggler, or ranks calling collectives in a different order)`
+        : this.behind && this.behind.length > 0
+          ? `every peer answered a liveness probe, but rank(s) ${list(this.behind)} had not started this call: they are stalled outside the collectives (a slow or stuck step), or call collectives in a different order`
+          : `all peers answered a liveness probe, so rank(s) ${list(this.waitingFor)} are alive but stalled (a straggler, or ranks calling collectives in a different order)`
     return (
       `${this.op} (group "${this.group}", seq ${this.seq}) on rank ${this.rank}: nothing arrived for ${this.timeoutMs} ms ` +
       `while waiting for rank(s) ${list(this.waitingFor)}; ${who}. The group is aborted: restart the failed rank(s) ` +

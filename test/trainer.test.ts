@@ -84,6 +84,13 @@ describe("Trainer", () => {
     expect(r.error!.remoteStack).toContain("examples/digits/train.ts")
   })
 
+  it("names a stalled rank when the others' collectives time out waiting for it", async () => {
+    const r = await fit("stalls", { epochs: 3, fail: { how: "hang", rank: 2, epoch: 1 } }, { collectiveConfig: { timeoutMs: 3_000 } })
+    expect(r.error).toBeInstanceOf(TrainingFailed)
+    expect(r.error!.rank).toBe(2)
+    expect(r.error!.message).toMatch(/rank 2 stopped taking part in collectives/)
+  })
+
   it("detects ranks that call report() a different number of times instead of deadlocking", async () => {
     const r = await fit("uneven", { epochs: 2, fail: { how: "extra-report", rank: 0, epoch: 1 } })
     expect(r.error).toBeInstanceOf(TrainingFailed)

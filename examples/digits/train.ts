@@ -14,7 +14,7 @@ export interface DigitsConfig {
   readonly optimizer?: "adam" | "sgd"
   readonly model?: ModelKind
   readonly fail?: {
-    readonly how: "kill" | "throw" | "extra-report"
+    readonly how: "kill" | "throw" | "extra-report" | "hang"
     readonly rank: number
     readonly epoch: number
     /** Only in this attempt (default 0); -1 for every attempt. */
@@ -58,6 +58,8 @@ export async function trainLoop(config: DigitsConfig, ctx: TrainContext): Promis
         process.kill(process.pid, "SIGKILL")
       }
       if (fail.how === "throw") throw new RangeError(`injected failure on rank ${ctx.worldRank} in epoch ${epoch}`)
+      // Alive (heartbeats go on) but out of the collectives: the others time out and name this rank.
+      if (fail.how === "hang") await new Promise((resolve) => setTimeout(resolve, 120_000))
     }
     const [r] = await dp.fit(train, { epochs: epoch + 1, initialEpoch: epoch, batchSize })
     const val = dp.evaluate(xTest, yTest)
