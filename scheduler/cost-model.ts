@@ -10,35 +10,47 @@
 // instead of the largest size dominating), both clamped to >= 0.
 //
 // NATS is a hub. Every byte goes client -> nats-server -> client, so flows that run at the same time
-// share their servers' throughput. Each server s relays B_s bytes/ms (delivered bytes; default:
-// one flow's rate 1/beta_same-server, i.e. a single-core server, which is what a 2-core box shows).
-// A flow's bytes load every server it touches: the destination's server per delivered copy, plus the
-// source's server when the bytes cross a route. An algorithm is a sequence of stages; in a stage a
-// set of flows {src -> dsts, bytes} runs concurrently (a multi-destination flow is one publish that
-// the server fans out), and
+// share their servers. Each server s relays B_s bytes/ms (delivered bytes; default: one flow's rate
+// 1/beta_same-server, i.e. a single-core server, which is what a 2-core box shows) and spends a_s ms
+// on every message it delivers (default: one message's alpha_same-server, by the same argument: a
+// server serialises what a lone flow sees as its per-message cost). A flow loads every server it
+// touches: the destination's server with one message of its bytes per delivered copy, plus the
+// source's server with one message when the bytes cross a route. An algorithm is a sequence of
+// stages; in a stage a set of flows {src -> dsts, bytes} runs concurrently (a multi-destination flow
+// is one publish that the server fans out), and
 //
-//   stage = max_flow alpha_c
-//         + max( max_rank max(sum_sent bytes*beta_c, sum_received bytes*beta_c),  (a client's socket,
-//                                                                    full duplex; one publish per flow)
-//                max_server load_s / B_s )                                         (the shared hub)
+//   stage = max( max_flow alpha_c
+//                + max_rank max(sum_sent bytes*beta_c, sum_received bytes*beta_c),  (a client's
+//                                                    socket, full duplex; one publish per flow)
+//                max_server (msgs_s * a_s + bytes_s / B_s) )                       (the shared hub)
 //
-// Algorithms (p ranks in rank order, n bytes, chunk C = chunkBytes, k = max(1, ceil(n/C))):
-//   ring          reduce-scatter + all-gather: 2(p-1) stages, every rank i -> i+1 (mod p) sends n/p.
-//                 With one server and no contention term this is the textbook
-//                 2(p-1)*alpha + 2(p-1)/p * n * beta over the slowest link; with the hub term each
-//                 stage moves p * n/p = n bytes through the server, so T -> 2(p-1) * n / B.
-//   tree          binary tree over ranks (parent of i is (i-1)/2), height h = floor(log2 p),
-//                 reduce up then broadcast down (a parent publishes once to both children),
-//                 pipelined in k chunks of c = n/k; chunk q crosses level l at stage q + (depth
-//                 offset), so each phase has h + k - 1 stages. Without the hub term, for a full tree:
-//                   T = (h+k-1)(alpha + 2*c*beta)  [reduce: a parent takes two children's chunks]
-//                     + (h+k-1)(alpha + c*beta)    [broadcast]
-//                 -> h(2*alpha + 3*n*beta) for one chunk. Latency grows with log2 p, not p, so tree
-//                 wins small messages and ring wins large ones.
-//   hierarchical  binary-tree reduce inside each node to its leader (lowest rank), ring among the N
-//                 node leaders over the cross links (2(N-1) stages of n/N), then one multicast from
-//                 each leader to its node's ranks. Only leaders' bytes cross nodes/servers, so it
-//                 wins when cross-server links are slow; with one rank per node it is a ring.
+// A lone flow costs alpha + b*beta either way; concurrent messages overlap on the links but queue
+// at the hub, so a stage of p messages costs about p*a on one server, not one alpha.
+//
+// Algorithms (p ranks in rank order, n bytes, chunk C = chunkBytes, k = max(1, ceil(n/C))), as the
+// collectives run them. A fan-out stage is one publish that the server copies to every other
+// member: the sender pays the bytes once, the hub p-1 deliveries, each receiver one copy, and the
+// stage one alpha (not p-1 relay hops).
+//   ring          reduce-scatter: p-1 stages, every rank i -> i+1 (mod p) sends n/p; all-gather
+//                 (p > 2): ONE fan-out stage, every rank publishes its finished n/p to the p-1
+//                 others (p = 2: one more relay stage). Without the hub term:
+//                   T = (p-1)(alpha + n/p*beta) + (alpha + (p-1)/p*n*beta) = p*alpha + 2(p-1)/p*n*beta
+//                 On one server every stage moves n bytes through the hub in both phases (p flows
+//                 of n/p; p publishes of n/p delivered p-1 times), so T -> 2(p-1) * n / B; and the
+//                 hub handles 2p(p-1) messages, against the tree's 2k(p-1) (k = 1 when small).
+//   tree          binary tree over ranks (parent of i is (i-1)/2), height h = floor(log2 p); the
+//                 reduce up is pipelined in k chunks of c = n/k (chunk q leaves depth l at stage
+//                 q + h - l) and the root publishes each reduced chunk ONCE, fanned out to all p-1
+//                 ranks, at stage q + h, overlapping the later chunks' way up: h + k stages. For
+//                 one chunk and no hub term, full tree: T = h(alpha + 2*n*beta) + (alpha + n*beta)
+//                 [a parent takes two children's chunks; one fan-out down]. Latency grows with
+//                 log2 p, not p, so the tree wins small messages; its k alphas lose large ones.
+//   hierarchical  every member streams its k chunks straight to its node's leader (lowest rank;
+//                 all nodes at once, k stages), a relay ring among the N leaders over the cross
+//                 links (2(N-1) stages of n/N: the leaders' ring has no fan-out all-gather), then
+//                 each leader publishes the result ONCE per chunk to its node, fanned out to the
+//                 members (k stages). Only leaders' bytes cross nodes/servers, so it wins when
+//                 cross-server links are slow; with one rank per node it is a relay ring.
 //                 (hierarchicalGroups: 'server' groups by NATS server instead of by node.)
 // p = 1 costs 0 (no traffic).
 import { Result, Schema } from "effect"
@@ -63,7 +75,11 @@ export interface CostModel {
   readonly serverBytesPerMs?: Readonly<Record<string, number>>
   /** For servers not listed above; default 1 / links['same-server'].betaMsPerByte. */
   readonly defaultServerBytesPerMs?: number
-  /** Pipelining chunk of tree / hierarchical (default 1 MiB, nats-server's default max_payload). */
+  /** Time each NATS server spends per delivered message, ms, by server id. */
+  readonly serverMsPerMessage?: Readonly<Record<string, number>>
+  /** For servers not listed above (0 allowed: no per-message hub cost); default links['same-server'].alphaMs. */
+  readonly defaultServerMsPerMessage?: number
+  /** Chunk of tree / hierarchical streams (default 1 MiB, nats-server's default max_payload). */
   readonly chunkBytes?: number
   /** How hierarchical groups ranks: per node (default) or per NATS server, as the collective is configured. */
   readonly hierarchicalGroups?: "node" | "server"
@@ -210,7 +226,13 @@ export interface FittedCostModel extends CostModel {
  */
 export const fitCostModel = (
   samples: Readonly<Partial<Record<LinkClass, readonly ProbeSample[]>>>,
-  options: { readonly serverBytesPerMs?: Readonly<Record<string, number>>; readonly defaultServerBytesPerMs?: number; readonly chunkBytes?: number } = {}
+  options: {
+    readonly serverBytesPerMs?: Readonly<Record<string, number>>
+    readonly defaultServerBytesPerMs?: number
+    readonly serverMsPerMessage?: Readonly<Record<string, number>>
+    readonly defaultServerMsPerMessage?: number
+    readonly chunkBytes?: number
+  } = {}
 ): Result.Result<FittedCostModel, CostModelFitError> => {
   const fits: Partial<Record<LinkClass, FittedLink>> = {}
   for (const c of linkClasses) {
@@ -244,6 +266,8 @@ export const fitCostModel = (
     assumed,
     ...(options.serverBytesPerMs ? { serverBytesPerMs: options.serverBytesPerMs } : {}),
     ...(options.defaultServerBytesPerMs ? { defaultServerBytesPerMs: options.defaultServerBytesPerMs } : {}),
+    ...(options.serverMsPerMessage ? { serverMsPerMessage: options.serverMsPerMessage } : {}),
+    ...(options.defaultServerMsPerMessage !== undefined ? { defaultServerMsPerMessage: options.defaultServerMsPerMessage } : {}),
     chunkBytes: options.chunkBytes ?? DEFAULT_CHUNK_BYTES
   })
 }
@@ -274,6 +298,13 @@ const serverRate = (model: CostModel, server: string): number => {
   return beta > 0 ? 1 / beta : Number.POSITIVE_INFINITY
 }
 
+const serverMsPerMessage = (model: CostModel, server: string): number => {
+  const own = model.serverMsPerMessage?.[server]
+  if (own !== undefined && own >= 0) return own
+  if (model.defaultServerMsPerMessage !== undefined && model.defaultServerMsPerMessage >= 0) return model.defaultServerMsPerMessage
+  return model.links["same-server"].alphaMs
+}
+
 /** Cost of one stage (the formula in the module comment). */
 export const stageCost = (flows: readonly Flow[], topo: Topology, model: CostModel): StageCost => {
   let latency = 0
@@ -282,6 +313,7 @@ export const stageCost = (flows: readonly Flow[], topo: Topology, model: CostMod
   const tx = new Map<number, number>()
   const rx = new Map<number, number>()
   const load = new Map<string, number>()
+  const msgs = new Map<string, number>()
   const bump = <K>(m: Map<K, number>, k: K, v: number) => m.set(k, (m.get(k) ?? 0) + v)
   for (const f of flows) {
     if (f.dsts.length === 0) continue
@@ -295,10 +327,14 @@ export const stageCost = (flows: readonly Flow[], topo: Topology, model: CostMod
       sendBeta = Math.max(sendBeta, link.betaMsPerByte)
       bump(rx, d, f.bytes * link.betaMsPerByte)
       bump(load, dst.server, f.bytes)
+      bump(msgs, dst.server, 1)
       if (dst.server !== src.server) crosses = true
     }
     bump(tx, f.src, f.bytes * sendBeta)
-    if (crosses) bump(load, src.server, f.bytes)
+    if (crosses) {
+      bump(load, src.server, f.bytes)
+      bump(msgs, src.server, 1)
+    }
   }
   let linkMs = 0
   for (const v of tx.values()) linkMs = Math.max(linkMs, v)
@@ -306,13 +342,13 @@ export const stageCost = (flows: readonly Flow[], topo: Topology, model: CostMod
   let serverMs = 0
   let busiest = ""
   for (const [s, bytes] of load) {
-    const t = bytes / serverRate(model, s)
+    const t = (msgs.get(s) ?? 0) * serverMsPerMessage(model, s) + bytes / serverRate(model, s)
     if (t > serverMs) {
       serverMs = t
       busiest = s
     }
   }
-  return { ms: latency + Math.max(linkMs, serverMs), latencyMs: latency, linkMs, serverMs, busiestServer: busiest }
+  return { ms: Math.max(latency + linkMs, serverMs), latencyMs: latency, linkMs, serverMs, busiestServer: busiest }
 }
 
 interface PhaseAcc {
@@ -331,12 +367,14 @@ const addStage = (ph: PhaseAcc, c: StageCost, times: number): void => {
   if (times <= 0) return
   ph.stages += times
   ph.ms += c.ms * times
-  ph.latencyMs += c.latencyMs * times
-  // Attribute the transfer part to whichever of link / server bound this stage.
-  if (c.serverMs > c.linkMs) {
+  // Attribute the stage to whichever bound it: the hub, or a message's latency plus its link time.
+  if (c.serverMs > c.latencyMs + c.linkMs) {
     ph.serverMs += c.serverMs * times
     ph.servers.set(c.busiestServer, (ph.servers.get(c.busiestServer) ?? 0) + c.serverMs * times)
-  } else ph.linkMs += c.linkMs * times
+  } else {
+    ph.latencyMs += c.latencyMs * times
+    ph.linkMs += c.linkMs * times
+  }
 }
 
 const chunking = (bytes: number, model: CostModel): { k: number; chunk: number } => {
@@ -349,29 +387,36 @@ const chunking = (bytes: number, model: CostModel): { k: number; chunk: number }
 const depthOf = (j: number): number => Math.floor(Math.log2(j + 1))
 
 /**
- * Pipelined reduce up a binary tree: chunk q leaves a node at depth l at stage q + (h - l).
- * Stages with the same set of active depths cost the same, so they are costed once.
+ * Tree all-reduce as the collective runs it (collectives/tree.ts): chunk q leaves a node at depth l
+ * (towards its parent) at stage q + (H - l), reaches the root at the end of stage q + H - 1, and
+ * the root publishes it once, fanned out by the server to every other rank, at stage q + H. The
+ * way down overlaps the way up (while chunk q goes down, later chunks are still coming up), so the
+ * whole all-reduce is H + k stages. Stages with the same set of active levels cost the same, so
+ * the steady state (every level busy and the root fanning out: stages H .. k-1) is costed once.
  */
-const treeReduceStages = (groups: readonly (readonly number[])[], k: number, chunk: number, ph: PhaseAcc, topo: Topology, model: CostModel) => {
-  const heights = groups.map((g) => (g.length > 1 ? depthOf(g.length - 1) : 0))
-  const H = Math.max(0, ...heights)
-  const total = H > 0 ? H + k - 1 : 0
+const treeStages = (members: readonly number[], k: number, chunk: number, ph: PhaseAcc, topo: Topology, model: CostModel) => {
+  const g = members
+  if (g.length <= 1) return
+  const H = depthOf(g.length - 1)
+  const total = H + k
   const memo = new Map<string, StageCost>()
-  // Stages H-1 .. k-1 have every level of every tree busy and cost the same: cost one, multiply
-  // (k can be large: 64 MiB in 64 KiB chunks is 1024 stages).
+  const others = g.slice(1)
   for (let j = 0; j < total; j++) {
-    const repeat = j >= H - 1 && j < k ? k - j : 1
+    // k can be large (64 MiB in 1-byte chunks is 64M stages): repeat the steady state in one go.
+    const repeat = j === H && k - 1 >= H ? k - H : 1
     const flows: Flow[] = []
     const keyParts: string[] = []
-    groups.forEach((g, gi) => {
-      const h = heights[gi]!
-      for (let l = h; l >= 1; l--) {
-        const q = j - (h - l)
-        if (q < 0 || q >= k) continue
-        keyParts.push(`${gi}:${l}`)
-        for (let m = 1; m < g.length; m++) if (depthOf(m) === l) flows.push({ src: g[m]!, dsts: [g[(m - 1) >> 1]!], bytes: chunk })
-      }
-    })
+    for (let l = H; l >= 1; l--) {
+      const q = j - (H - l)
+      if (q < 0 || q >= k) continue
+      keyParts.push(`${l}`)
+      for (let m = 1; m < g.length; m++) if (depthOf(m) === l) flows.push({ src: g[m]!, dsts: [g[(m - 1) >> 1]!], bytes: chunk })
+    }
+    const down = j - H
+    if (down >= 0 && down < k) {
+      keyParts.push("fan-out")
+      flows.push({ src: g[0]!, dsts: others, bytes: chunk })
+    }
     const key = keyParts.join(",")
     let c = memo.get(key)
     if (c === undefined) {
@@ -383,42 +428,24 @@ const treeReduceStages = (groups: readonly (readonly number[])[], k: number, chu
   }
 }
 
-/** Pipelined broadcast down the same tree: a parent at depth l sends chunk q at stage q + l (one publish to both children). */
-const treeBroadcastStages = (g: readonly number[], k: number, chunk: number, ph: PhaseAcc, topo: Topology, model: CostModel) => {
-  if (g.length <= 1) return
-  const h = depthOf(g.length - 1)
-  const memo = new Map<string, StageCost>()
-  for (let j = 0; j < h + k - 1; j++) {
-    // As in the reduce: stages h-1 .. k-1 are the steady state, costed once.
-    const repeat = j >= h - 1 && j < k ? k - j : 1
-    const flows: Flow[] = []
-    const active: number[] = []
-    for (let l = 0; l < h; l++) {
-      const q = j - l
-      if (q < 0 || q >= k) continue
-      active.push(l)
-      for (let m = 0; m < g.length; m++) {
-        if (depthOf(m) !== l) continue
-        const kids = [2 * m + 1, 2 * m + 2].filter((c) => c < g.length).map((c) => g[c]!)
-        if (kids.length > 0) flows.push({ src: g[m]!, dsts: kids, bytes: chunk })
-      }
-    }
-    const key = active.join(",")
-    let c = memo.get(key)
-    if (c === undefined) {
-      c = stageCost(flows, topo, model)
-      memo.set(key, c)
-    }
-    addStage(ph, c, repeat)
-    j += repeat - 1
-  }
-}
-
-const ringStages = (members: readonly number[], bytes: number, ph: PhaseAcc, topo: Topology, model: CostModel) => {
+/**
+ * Ring over `members` (collectives/ring.ts): p-1 reduce-scatter steps, every member i -> i+1 sends
+ * n/p; then the all-gather, either as one stage in which every member publishes its finished n/p
+ * once and the server delivers it to the p-1 others (`fanoutGather`, what the ring all-reduce does
+ * for p > 2), or as p-1 more relay steps (p = 2, and the leaders' ring of hierarchical).
+ */
+const ringStages = (members: readonly number[], bytes: number, ph: PhaseAcc, topo: Topology, model: CostModel, fanoutGather: boolean) => {
   const q = members.length
   if (q <= 1) return
-  const flows = members.map((r, i) => ({ src: r, dsts: [members[(i + 1) % q]!], bytes: bytes / q }))
-  addStage(ph, stageCost(flows, topo, model), 2 * (q - 1))
+  const relay = members.map((r, i) => ({ src: r, dsts: [members[(i + 1) % q]!], bytes: bytes / q }))
+  const relayCost = stageCost(relay, topo, model)
+  if (!fanoutGather || q <= 2) {
+    addStage(ph, relayCost, 2 * (q - 1))
+    return
+  }
+  addStage(ph, relayCost, q - 1)
+  const gather = members.map((r) => ({ src: r, dsts: members.filter((d) => d !== r), bytes: bytes / q }))
+  addStage(ph, stageCost(gather, topo, model), 1)
 }
 
 /** Ranks grouped by node (or server), groups in order of their first (lowest) rank; leader = first member. */
@@ -461,27 +488,30 @@ export const predictAllReduce = (algorithm: AllReduceAlgorithm, bytes: number, t
   switch (algorithm) {
     case "ring": {
       const ph = newPhase("ring reduce-scatter + all-gather")
-      ringStages(all, bytes, ph, topo, model)
+      ringStages(all, bytes, ph, topo, model, true)
       return finish(algorithm, bytes, p, [ph])
     }
     case "tree": {
       const { k, chunk } = chunking(bytes, model)
-      const up = newPhase("tree reduce")
-      treeReduceStages([all], k, chunk, up, topo, model)
-      const down = newPhase("tree broadcast")
-      treeBroadcastStages(all, k, chunk, down, topo, model)
-      return finish(algorithm, bytes, p, [up, down])
+      const ph = newPhase("tree reduce + root fan-out")
+      treeStages(all, k, chunk, ph, topo, model)
+      return finish(algorithm, bytes, p, [ph])
     }
     case "hierarchical": {
       const groups = nodeGroups(topo, model.hierarchicalGroups ?? "node")
       const { k, chunk } = chunking(bytes, model)
+      // Every member streams its chunks straight to its leader (no tree inside the node); all
+      // nodes at once. The stages are all alike: cost one, k times.
       const up = newPhase("intra-node reduce")
-      treeReduceStages(groups, k, chunk, up, topo, model)
+      const gather = groups.flatMap((g) => g.slice(1).map((r) => ({ src: r, dsts: [g[0]!], bytes: chunk })))
+      if (gather.length > 0) addStage(up, stageCost(gather, topo, model), k)
       const leaders = newPhase("leaders ring")
-      ringStages(groups.map((g) => g[0]!), bytes, leaders, topo, model)
+      ringStages(groups.map((g) => g[0]!), bytes, leaders, topo, model, false)
+      // Each leader publishes the result once per chunk to its node's subject; the server delivers
+      // a copy to every other member.
       const down = newPhase("intra-node broadcast")
-      const fan = groups.filter((g) => g.length > 1).map((g) => ({ src: g[0]!, dsts: g.slice(1), bytes }))
-      if (fan.length > 0) addStage(down, stageCost(fan, topo, model), 1)
+      const fan = groups.filter((g) => g.length > 1).map((g) => ({ src: g[0]!, dsts: g.slice(1), bytes: chunk }))
+      if (fan.length > 0) addStage(down, stageCost(fan, topo, model), k)
       return finish(algorithm, bytes, p, [up, leaders, down])
     }
   }

@@ -34,10 +34,14 @@ describe("chooseAlgorithm", () => {
     expect(chooseAlgorithm(4 * KiB, flat(8), m, ["ring"]).algorithm).toBe("ring")
     expect(chooseAlgorithm(4 * KiB, flat(8), m, ["ring"]).reason).toContain("only candidate")
     expect(chooseAlgorithm(MiB, flat(1), m).reason).toContain("single rank")
-    // p = 2 with one chunk: ring and tree cost the same; ring comes first.
-    const tie = chooseAlgorithm(KiB, flat(2), m, ["ring", "tree"])
-    expect(tie.algorithm).toBe("ring")
-    expect(tie.reason).toContain("ties with tree")
+    // Two ranks on one node, one chunk: tree and hierarchical both send one message up and one
+    // down, so they cost the same; tree comes first. (Ring no longer ties at p = 2: each of its
+    // steps puts two messages through the hub at once.)
+    const oneNode: Topology = [{ nodeId: "a", server: "s" }, { nodeId: "a", server: "s" }]
+    const tie = chooseAlgorithm(KiB, oneNode, m, ["tree", "hierarchical"])
+    expect(tie.algorithm).toBe("tree")
+    expect(tie.reason).toContain("ties with hierarchical")
+    expect(chooseAlgorithm(KiB, flat(2), m).algorithm).toBe("tree")
   })
 
   it("the winner is never slower than any candidate (property)", () => {

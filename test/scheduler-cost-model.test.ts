@@ -56,7 +56,7 @@ const twoServers = (perNode: number): Topology => [
   ...Array.from({ length: perNode }, () => ({ nodeId: "a", server: "s1" })),
   ...Array.from({ length: perNode }, () => ({ nodeId: "b", server: "s2" }))
 ]
-/** A model without the hub term (server bandwidth effectively infinite): the textbook formulas. */
+/** A model without the hub term (server bandwidth effectively infinite, no per-message cost): the textbook formulas. */
 const noHub = (alpha: number, beta: number, extra: Partial<CostModel> = {}): CostModel => ({
   links: {
     "same-node": { alphaMs: alpha, betaMsPerByte: beta },
@@ -64,6 +64,7 @@ const noHub = (alpha: number, beta: number, extra: Partial<CostModel> = {}): Cos
     "cross-server": { alphaMs: alpha, betaMsPerByte: beta }
   },
   defaultServerBytesPerMs: 1e18,
+  defaultServerMsPerMessage: 0,
   chunkBytes: 1e15,
   ...extra
 })
@@ -129,53 +130,66 @@ describe("fitting alpha and beta", () => {
 describe("predictions reduce to the textbook formulas without the hub term", () => {
   const a = 0.1
   const b = 1e-6
-  it("ring: 2(p-1)(alpha + n/p beta)", () => {
-    for (const p of [2, 3, 4, 7, 8]) {
+  it("ring: p-1 relay steps, then one fan-out all-gather stage (p > 2)", () => {
+    // The collective's all-gather is one fan-out publish per owner, not p-1 relay hops (the old
+    // model charged 2(p-1) alphas): p alphas, and the same 2(p-1)/p n beta of bytes per rank.
+    for (const p of [3, 4, 7, 8]) {
       const n = 8 * MiB
-      expect(predictAllReduce("ring", n, uniform(p), noHub(a, b)).ms).toBeCloseTo(2 * (p - 1) * (a + (n / p) * b), 9)
+      expect(predictAllReduce("ring", n, uniform(p), noHub(a, b)).ms).toBeCloseTo(p * a + ((2 * (p - 1)) / p) * n * b, 9)
     }
+    // p = 2 relays (a fan-out to one receiver is the same traffic): 2(alpha + n/2 beta).
+    expect(predictAllReduce("ring", 8 * MiB, uniform(2), noHub(a, b)).ms).toBeCloseTo(2 * (a + 4 * MiB * b), 9)
   })
 
-  it("tree without pipelining: h = floor(log2 p) levels up (a parent takes its children's chunks) and down (one publish)", () => {
+  it("tree without pipelining: h = floor(log2 p) levels up (a parent takes its children's chunks), one fan-out down", () => {
+    // The root publishes the result once and the server delivers it to every rank: one stage
+    // down, not h relay hops (the old model's h(alpha + n beta) down).
     const n = MiB
     expect(predictAllReduce("tree", n, uniform(2), noHub(a, b)).ms).toBeCloseTo(2 * (a + n * b), 9)
     // Complete trees: every parent has two children.
     for (const p of [3, 7, 15]) {
       const h = Math.floor(Math.log2(p))
-      expect(predictAllReduce("tree", n, uniform(p), noHub(a, b)).ms).toBeCloseTo(h * (a + 2 * n * b) + h * (a + n * b), 9)
+      expect(predictAllReduce("tree", n, uniform(p), noHub(a, b)).ms).toBeCloseTo(h * (a + 2 * n * b) + (a + n * b), 9)
     }
     // p = 4: the deepest level has a single child (rank 3 -> 1).
-    expect(predictAllReduce("tree", n, uniform(4), noHub(a, b)).ms).toBeCloseTo((a + n * b) + (a + 2 * n * b) + 2 * (a + n * b), 9)
+    expect(predictAllReduce("tree", n, uniform(4), noHub(a, b)).ms).toBeCloseTo((a + n * b) + (a + 2 * n * b) + (a + n * b), 9)
   })
 
-  it("tree with pipelining: 2(h + k - 1) stages of chunks", () => {
+  it("tree with pipelining: h + k stages, the root's fan-out of chunk q overlapping later chunks' way up", () => {
+    // p = 7, h = 2, k = 8. Stage 0: level 2 only (a level-1 parent takes 2c). Stage 1: levels 2
+    // and 1 (2c). Stages 2..7: both levels and the fan-out of chunk j-2, so a level-1 node takes
+    // 2c from its children plus c from the root: 3c. Stage 8: level 1 and a fan-out (root takes
+    // 2c). Stage 9: the last fan-out (c). (The old model ran a separate hop-by-hop broadcast:
+    // 2(h + k - 1) stages.)
     const n = 8 * MiB
     const k = 8
     const p = 7
-    const h = 2
     const c = n / k
     const t = predictAllReduce("tree", n, uniform(p), noHub(a, b, { chunkBytes: MiB })).ms
-    expect(t).toBeCloseTo((h + k - 1) * (a + 2 * c * b) + (h + k - 1) * (a + c * b), 6)
+    expect(t).toBeCloseTo(2 * (a + 2 * c * b) + 6 * (a + 3 * c * b) + (a + 2 * c * b) + (a + c * b), 6)
   })
 
   it("many tiny chunks (64M stages) are costed in closed form (a loop over every stage would time out)", () => {
     const n = 64 * MiB
-    const h = 2
     const t = predictAllReduce("tree", n, uniform(7), noHub(a, b, { chunkBytes: 1 })).ms
-    const expected = (h + n - 1) * (a + 2 * b) + (h + n - 1) * (a + b)
+    // As above with k = n chunks of 1 byte: (k + 2) alphas, (3k + 1) bytes' worth of beta.
+    const expected = (n + 2) * a + (3 * n + 1) * b
     expect(Math.abs(t / expected - 1)).toBeLessThan(1e-9)
     const hier = predictAllReduce("hierarchical", n, twoServers(3), noHub(a, b, { chunkBytes: 1 })).ms
     expect(Number.isFinite(hier)).toBe(true)
   })
 
-  it("hierarchical: intra-node tree reduce + leaders' ring + one multicast", () => {
+  it("hierarchical: members straight to the leader + leaders' ring + one fan-out per node", () => {
     const n = 4 * MiB
-    const topo = twoServers(3)
     const model = noHub(a, b)
+    // 3 per node: the leader takes two members' buffers in one stage.
     const expected = (a + 2 * n * b) + 2 * (a + (n / 2) * b) + (a + n * b)
-    const pred = predictAllReduce("hierarchical", n, topo, model)
+    const pred = predictAllReduce("hierarchical", n, twoServers(3), model)
     expect(pred.ms).toBeCloseTo(expected, 6)
     expect(pred.phases.map((p) => p.name)).toEqual(["intra-node reduce", "leaders ring", "intra-node broadcast"])
+    // 4 per node: the collective has no tree inside the node (the old model assumed one): the
+    // leader takes three members' buffers in one stage.
+    expect(predictAllReduce("hierarchical", n, twoServers(4), model).ms).toBeCloseTo((a + 3 * n * b) + 2 * (a + (n / 2) * b) + (a + n * b), 6)
   })
 
   it("p = 1 and 0 bytes cost nothing", () => {
@@ -201,10 +215,28 @@ describe("NATS specifics: the server is a shared hub", () => {
     const topo: Topology = [{ nodeId: "a", server: "s1" }, { nodeId: "b", server: "s2" }]
     const model: CostModel = { links: defaultCostModel().links }
     const c = stageCost([{ src: 0, dsts: [1], bytes: MiB }], topo, model)
-    expect(c.serverMs).toBeCloseTo(MiB / 550_000, 9)
+    // Each server handles the message once (s1 forwards it over the route, s2 delivers it), at a
+    // default per-message cost of the same-server alpha.
+    expect(c.serverMs).toBeCloseTo(0.16 + MiB / 550_000, 9)
     expect(linkClassOf(topo[0]!, topo[1]!)).toBe("cross-server")
     expect(linkClassOf({ nodeId: "a", server: "s" }, { nodeId: "a", server: "s" })).toBe("same-node")
     expect(linkClassOf({ nodeId: "a", server: "s" }, { nodeId: "b", server: "s" })).toBe("same-server")
+  })
+
+  it("concurrent messages overlap on the links but queue at the hub, one message at a time", () => {
+    const model: CostModel = { ...noHub(0.1, 1e-9), defaultServerMsPerMessage: 0.1 }
+    const topo = uniform(4)
+    // A lone message: alpha either way (the probe's view).
+    expect(stageCost([{ src: 0, dsts: [1], bytes: 16 }], topo, model).ms).toBeCloseTo(0.1, 6)
+    // A ring step: 4 messages through one server.
+    const ringStep = stageCost([0, 1, 2, 3].map((r) => ({ src: r, dsts: [(r + 1) % 4], bytes: 16 })), topo, model)
+    expect(ringStep.ms).toBeCloseTo(0.4, 6)
+    // A fan-out to 3: one publish, three deliveries.
+    expect(stageCost([{ src: 0, dsts: [1, 2, 3], bytes: 16 }], topo, model).ms).toBeCloseTo(0.3, 6)
+    // The default per-message cost is the same-server alpha; 0 switches it off.
+    const d = defaultCostModel()
+    expect(stageCost([0, 1, 2, 3].map((r) => ({ src: r, dsts: [(r + 1) % 4], bytes: 16 })), topo, d).serverMs).toBeCloseTo(4 * 0.16 + 64 / 550_000, 9)
+    expect(stageCost([0, 1, 2, 3].map((r) => ({ src: r, dsts: [(r + 1) % 4], bytes: 16 })), topo, { ...d, defaultServerMsPerMessage: 0 }).serverMs).toBeCloseTo(64 / 550_000, 9)
   })
 
   it("on one server a large ring approaches 2(p-1) n / B: every byte is relayed by the hub", () => {
@@ -242,18 +274,27 @@ describe("qualitative facts the choice relies on", () => {
   })
 
   it("hierarchical wins large messages when the cross-server link is slow", () => {
+    // 20x slower, not 10x as when the ring's all-gather was costed as relay hops: with the fan-out
+    // all-gather a flat ring over 2 x 4 ranks crosses only 1.375x the bytes hierarchical does, and
+    // at 10x the node-local gather and fan-out (3n each through the hub) eat that margin.
     const slow: CostModel = {
-      links: { ...m.links, "cross-server": { alphaMs: 1, betaMsPerByte: 10 / 550_000 } }
+      links: { ...m.links, "cross-server": { alphaMs: 1, betaMsPerByte: 20 / 550_000 } }
     }
     expect(best(64 * MiB, twoServers(4), slow)).toBe("hierarchical")
     expect(best(4 * MiB, twoServers(4), slow)).toBe("hierarchical")
   })
 
-  it("with one rank per node, hierarchical is exactly the ring", () => {
+  it("with one rank per node, hierarchical is the relay ring (the leaders' ring has no fan-out all-gather)", () => {
     const topo: Topology = [0, 1, 2, 3].map((i) => ({ nodeId: `n${i}`, server: i < 2 ? "s1" : "s2" }))
     for (const n of [KiB, MiB, 32 * MiB]) {
-      expect(predictAllReduce("hierarchical", n, topo, m).ms).toBeCloseTo(predictAllReduce("ring", n, topo, m).ms, 9)
+      const hier = predictAllReduce("hierarchical", n, topo, m)
+      expect(hier.phases).toEqual([{ name: "leaders ring", stages: 6, ms: hier.ms }])
+      // The ring all-reduce saves p-2 stages with its fan-out all-gather.
+      expect(predictAllReduce("ring", n, topo, m).phases[0]!.stages).toBe(4)
     }
+    // p = 2: both relay, exactly the same.
+    const two = topo.slice(0, 2).map((r, i) => ({ ...r, server: `s${i}` }))
+    expect(predictAllReduce("hierarchical", MiB, two, m).ms).toBeCloseTo(predictAllReduce("ring", MiB, two, m).ms, 9)
   })
 
   it("hierarchical can group by NATS server instead of node", () => {
@@ -263,7 +304,7 @@ describe("qualitative facts the choice relies on", () => {
     const slow: CostModel = { links: { ...m.links, "cross-server": { alphaMs: 1, betaMsPerByte: 10 / 550_000 } } }
     const byNode = predictAllReduce("hierarchical", 16 * MiB, topo, slow)
     const byServer = predictAllReduce("hierarchical", 16 * MiB, topo, { ...slow, hierarchicalGroups: "server" })
-    expect(byNode.ms).toBeCloseTo(predictAllReduce("ring", 16 * MiB, topo, slow).ms, 9)
+    expect(byNode.phases.map((ph) => ph.name)).toEqual(["leaders ring"])
     expect(byServer.ms).toBeLessThan(byNode.ms)
   })
 
