@@ -13,6 +13,7 @@
 import { spawn } from "node:child_process"
 import * as fs from "node:fs"
 import * as os from "node:os"
+import * as path from "node:path"
 import { launchNatsServer, type NatsServerProcess } from "../core/nats-server.ts"
 import { NatsConnectError, NatsServerNotFound, NatsServerStartError } from "../core/errors.ts"
 import { launchAgent, type NodeAgent } from "./agent.ts"
@@ -87,6 +88,8 @@ const startServer = async (o: StartOptions): Promise<NatsServerProcess> => {
   try {
     return await launchNatsServer({
       port,
+      // JetStream data (checkpoint buckets) lives in the state dir, so it outlives a stop/start.
+      jetstreamStoreDir: path.join(o.stateDir, "jetstream"),
       ...(o.maxPayload !== undefined ? { maxPayload: o.maxPayload } : {}),
       ...(o.token !== undefined ? { auth: { token: o.token } } : o.user !== undefined ? { auth: { user: o.user, password: o.password ?? "" } } : {}),
       // nats-server takes the last "listen" line: this one widens the server's loopback default.

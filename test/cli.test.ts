@@ -73,6 +73,8 @@ describe("gradwire CLI", () => {
     expect(pidAlive(state.pid)).toBe(false)
     await eventually("the head's NATS server to exit", 10_000, () => !pidAlive(state.natsServer.pid))
     expect(fs.existsSync(path.join(dir, "agent.json"))).toBe(false)
+    // The head's JetStream store (checkpoint buckets) lives in the state dir and outlives the stop.
+    expect(fs.existsSync(path.join(dir, "jetstream"))).toBe(true)
 
     const after = await rig.cli(["status", "--address", `nats://127.0.0.1:${port}`], env)
     expect(after.code).toBe(1)
