@@ -2,7 +2,7 @@
 // and drives them over the IPC channel with small JSON commands, so one process can run many
 // cases. Every child is killed by stop(), by the parent's exit, and by the child itself when the
 // IPC channel goes away (parent crashed).
-import { awaitChildrenReady } from "./child-ready.ts"
+import { awaitChildrenReady, killChildren } from "./child-ready.ts"
 import { fork, type ChildProcess } from "node:child_process"
 import { fileURLToPath } from "node:url"
 
@@ -152,20 +152,6 @@ export class RankFleet {
 
   /** Kills every rank still running and waits for them to exit. */
   async stop(): Promise<void> {
-    await Promise.all(
-      this.children.map(
-        (child) =>
-          new Promise<void>((resolve) => {
-            if (child.exitCode !== null || child.signalCode !== null) {
-              live.delete(child)
-              resolve()
-              return
-            }
-            child.once("exit", () => resolve())
-            // A stopped (SIGSTOP) child would not act on SIGTERM; SIGKILL always works.
-            child.kill("SIGKILL")
-          })
-      )
-    )
+    await killChildren(this.children, live)
   }
 }

@@ -2,7 +2,7 @@
 // collectives-fleet.ts does for collectives-rank.ts (kept separate so the two rank scripts evolve
 // independently). Every child is killed by stop(), by the parent's exit, and by itself when the
 // IPC channel goes away.
-import { awaitChildrenReady } from "./child-ready.ts"
+import { awaitChildrenReady, killChildren } from "./child-ready.ts"
 import { fork, type ChildProcess } from "node:child_process"
 import { fileURLToPath } from "node:url"
 import { RankCallError, type Reply } from "./collectives-fleet.ts"
@@ -114,19 +114,6 @@ export class CompressionFleet {
 
   /** Kills every rank still running and waits for them to exit. */
   async stop(): Promise<void> {
-    await Promise.all(
-      this.children.map(
-        (child) =>
-          new Promise<void>((resolve) => {
-            if (child.exitCode !== null || child.signalCode !== null) {
-              live.delete(child)
-              resolve()
-              return
-            }
-            child.once("exit", () => resolve())
-            child.kill("SIGKILL")
-          })
-      )
-    )
+    await killChildren(this.children, live)
   }
 }
