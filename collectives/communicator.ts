@@ -627,6 +627,12 @@ export class Communicator {
   // running one call
 
   async #run<T>(sig: OpSignature, timeoutMs: number | undefined, body: (op: Operation) => Promise<T>): Promise<T> {
+    if (this.#closed instanceof CollectiveAborted) {
+      // A peer aborted the group before this rank got to the call: say so, with the peer's cause,
+      // rather than a bare "closed" (the same outcome as if the abort had come a moment later).
+      const a = this.#closed
+      throw new CollectiveAborted({ op: sig.name, group: this.group, rank: this.rank, by: a.by, failedRanks: [...a.failedRanks], causeTag: a.causeTag, reason: a.reason })
+    }
     if (this.#closed !== undefined) {
       throw new CommunicatorClosed({ op: sig.name, group: this.group, rank: this.rank, reason: messageOf(this.#closed) })
     }

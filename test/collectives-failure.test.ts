@@ -131,6 +131,15 @@ describe("collectives failure handling", () => {
       expect(o.error.fields.causeTag).toBe("CommunicatorClosed")
       expect(o.ms).toBeLessThan(5_000)
     }
+    // A call started after the abort reached this rank fails the same way, with the peer's cause
+    // (this is what a rank that is late to a collective sees), and sends nothing.
+    const [late] = await runEach(group, [0], () => ({ op: "allReduce", algorithm: "ring", reduce: "sum", length: 10, seed: 1 }))
+    expect(late.ok).toBe(false)
+    if (!late.ok) {
+      expect(late.error.tag).toBe("CollectiveAborted")
+      expect(late.error.fields.by).toBe(3)
+      expect(late.error.fields.causeTag).toBe("CommunicatorClosed")
+    }
     await Promise.all([0, 1, 2].map((proc) => fleet.call(proc, { cmd: "close", group })))
   })
 
