@@ -24,6 +24,7 @@
 // aborted communicator rejects further calls: create a new one (new group name).
 import os from "node:os"
 import type { Msg, NatsConnection, Subscription } from "@nats-io/nats-core"
+import "../core/nats-receive.ts" // large messages: one buffer per message, see there
 import { jobSubjects } from "../core/subjects.ts"
 import { allGatherBlocks, broadcastChunks, disseminationBarrier } from "./broadcast.ts"
 import {

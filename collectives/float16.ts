@@ -1,7 +1,10 @@
 // IEEE binary16 conversion for the optional fp16 wire format of collectives: values travel as
 // half-precision bits (half the bytes), every rank accumulates in fp32. Encoding works on the fp32
 // bit patterns (F. Giesen's round-to-nearest-even "fast3" method); decoding is a lookup in a
-// 65536-entry table built on first use. No allocation per call.
+// 65536-entry table built on first use. No allocation per call. Arrays of SIMD_MIN elements or more
+// go through the WebAssembly SIMD kernels of simd.ts, which give the same bits; the scalar loops
+// here are the reference and the fallback.
+import { decodeHalfSimd, encodeHalfSimd, roundHalfSimd } from "./simd.ts"
 
 let table: Float32Array | undefined
 
@@ -34,6 +37,11 @@ const slowHalf = (value: number, bits: number): number => {
 
 /** out[i] = binary16 bits of src[i], round to nearest even. `src` must be 4-byte aligned (a Float32Array is). */
 export const encodeHalf = (src: Float32Array, out: Uint16Array): void => {
+  if (!encodeHalfSimd(src, out)) encodeHalfScalar(src, out)
+}
+
+/** encodeHalf without SIMD (the reference). */
+export const encodeHalfScalar = (src: Float32Array, out: Uint16Array): void => {
   const n = src.length
   const bits = new Uint32Array(src.buffer, src.byteOffset, n)
   for (let i = 0; i < n; i++) {
@@ -48,6 +56,11 @@ export const encodeHalf = (src: Float32Array, out: Uint16Array): void => {
 
 /** dst[i] = value of half bits src[i]. */
 export const decodeHalf = (src: Uint16Array, dst: Float32Array): void => {
+  if (!decodeHalfSimd(src, dst, false)) decodeHalfScalar(src, dst)
+}
+
+/** decodeHalf without SIMD (the reference). */
+export const decodeHalfScalar = (src: Uint16Array, dst: Float32Array): void => {
   const t = halfTable()
   const n = src.length
   for (let i = 0; i < n; i++) dst[i] = t[src[i]]
@@ -58,6 +71,11 @@ export const decodeHalf = (src: Uint16Array, dst: Float32Array): void => {
  * does this before sending it as fp16, so it keeps exactly what every other rank decodes.
  */
 export const roundToHalf = (data: Float32Array): void => {
+  if (!roundHalfSimd(data)) roundToHalfScalar(data)
+}
+
+/** roundToHalf without SIMD (the reference). */
+export const roundToHalfScalar = (data: Float32Array): void => {
   const t = halfTable()
   const n = data.length
   const bits = new Uint32Array(data.buffer, data.byteOffset, n)

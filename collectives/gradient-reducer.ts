@@ -16,7 +16,8 @@
 //             re-quantised at each ring hop: one quantisation per rank and step, one residual.
 import type { AllReduceAlgorithm, Communicator } from "./communicator.ts"
 import { planBuckets, DEFAULT_BUCKET_BYTES, DEFAULT_FIRST_BUCKET_BYTES } from "./bucketing.ts"
-import { roundToHalf } from "./float16.ts"
+import { roundToHalfScalar } from "./float16.ts"
+import { halfFeedbackSimd } from "./simd.ts"
 import {
   createCompressor,
   ErrorFeedback,
@@ -173,13 +174,13 @@ export class GradientReducer {
         const t0 = performance.now()
         if (c.errorFeedback) {
           const e = this.ef.residual(key, data.length)
-          for (let lo = 0; lo < data.length; lo += FUSE_BLOCK) {
+          if (!halfFeedbackSimd(data, e, scaleBy)) for (let lo = 0; lo < data.length; lo += FUSE_BLOCK) {
             const hi = Math.min(data.length, lo + FUSE_BLOCK)
             const d = data.subarray(lo, hi)
             const r = e.subarray(lo, hi)
             for (let i = 0; i < d.length; i++) d[i] = Math.fround(d[i] * scaleBy) + r[i]
             r.set(d)
-            roundToHalf(d)
+            roundToHalfScalar(d)
             for (let i = 0; i < d.length; i++) r[i] -= d[i]
           }
         } else {

@@ -2,6 +2,7 @@
 // one in, finish a final value (mean, weighted mean), and read payloads as typed-array views.
 // Plain loops over typed arrays; no allocation except the scratch for misaligned payloads.
 import { halfTable } from "./float16.ts"
+import { decodeAddDivideSimd, decodeHalfSimd } from "./simd.ts"
 
 export type ReduceOp = "sum" | "mean" | "max" | "weightedMean"
 
@@ -37,7 +38,7 @@ export const accumulate = (dst: Float32Array, off: number, payload: Uint8Array, 
         const v = t[src[i]]
         if (v > dst[off + i] || v !== v) dst[off + i] = v
       }
-    } else {
+    } else if (!decodeHalfSimd(src, dst.subarray(off, off + n), true)) {
       for (let i = 0; i < n; i++) dst[off + i] += t[src[i]]
     }
     return
@@ -80,6 +81,7 @@ export const accumulateIntoPayload = (payload: Uint8Array, buf: Float32Array, of
 export const accumulateDivide = (dst: Float32Array, off: number, payload: Uint8Array, n: number, half: boolean, divisor: number): void => {
   if (half) {
     const src = u16View(payload, n)
+    if (decodeAddDivideSimd(src, dst.subarray(off, off + n), divisor)) return
     const t = halfTable()
     for (let i = 0; i < n; i++) dst[off + i] = (dst[off + i] + t[src[i]]) / divisor
     return
@@ -92,6 +94,7 @@ export const accumulateDivide = (dst: Float32Array, off: number, payload: Uint8A
 export const assign = (dst: Float32Array, off: number, payload: Uint8Array, n: number, half: boolean): void => {
   if (half) {
     const src = u16View(payload, n)
+    if (decodeHalfSimd(src, dst.subarray(off, off + n), false)) return
     const t = halfTable()
     for (let i = 0; i < n; i++) dst[off + i] = t[src[i]]
     return

@@ -14,6 +14,7 @@ import {
   type NodeConnectionOptions
 } from "@nats-io/transport-node"
 import { Context, Effect, Layer, type Scope } from "effect"
+import "./nats-receive.ts" // large messages: one buffer per message, see there
 import { NatsConnectError } from "./errors.ts"
 
 export interface NatsTlsOptions {

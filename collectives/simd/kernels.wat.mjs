@@ -1,0 +1,186 @@
+// gradwire's SIMD kernels for the data path (WebAssembly 128-bit SIMD, 4 x f32 per instruction),
+// written as WebAssembly text. The text is built by the small template functions below so that the
+// per-vector conversions are inlined into each loop (V8 does not inline wasm calls that pass v128
+// values, and a call per vector costs as much as the conversion). `node scripts/build-wasm.mjs`
+// assembles it into kernels-wasm.ts.
+//
+// The JavaScript side (../simd.ts) copies blocks of at most BLOCK elements into the fixed scratch
+// regions below, calls a kernel, and copies the result out; the memory never grows, so views of it
+// stay valid. Every kernel's result is bit-for-bit that of the scalar loops in ../float16.ts,
+// ../kernels.ts and ../gradient-reducer.ts (tested), so ranks agree whichever path they take.
+//
+// Memory (1 MiB, 16 pages), byte offsets:
+//   A  0x00000  f32[BLOCK]   (256 KiB)
+//   B  0x40000  f32[BLOCK]   (256 KiB)
+//   H  0x80000  u16[BLOCK]   (128 KiB)
+// BLOCK = 65536 elements. Lengths need not be multiples of the vector width: tails go 1 by 1.
+
+const H = "0x80000"
+const B = "0x40000"
+const C = (v) => `(v128.const i32x4 ${v} ${v} ${v} ${v})`
+
+/**
+ * binary16 bits (low 16 bits of each i32 lane) of the f32 lanes in local $x<s>: F. Giesen's
+ * round-to-nearest-even "fast3", branch-free. The absolute value's bits are < 2^31, so the signed
+ * compares (one SSE instruction each, the unsigned ones are not) give the same answer.
+ * Uses locals $x<s> $sign<s> $f<s>.
+ */
+const enc4 = (s) => `
+    (local.set $sign${s} (v128.and (local.get $x${s}) ${C("0x80000000")}))
+    (local.set $f${s} (v128.xor (local.get $x${s}) (local.get $sign${s})))
+    (v128.or
+      (v128.bitselect
+        ;; overflow -> Inf, NaN -> quiet NaN
+        (v128.bitselect ${C("0x7e00")} ${C("0x7c00")} (i32x4.gt_s (local.get $f${s}) ${C("0x7f800000")}))
+        (v128.bitselect
+          ;; subnormal or zero: bits(|x| + 0.5) - bits(0.5); fp32's own rounding rounds to nearest even
+          (i32x4.sub (f32x4.add (local.get $f${s}) ${C("0x3f000000")}) ${C("0x3f000000")})
+          ;; normal: (f + ((15 - 127) << 23) + 0xfff + ((f >> 13) & 1)) >> 13
+          (i32x4.shr_u
+            (i32x4.add (i32x4.add (local.get $f${s}) ${C("0xc8000fff")}) (v128.and (i32x4.shr_u (local.get $f${s}) (i32.const 13)) ${C("1")}))
+            (i32.const 13))
+          (i32x4.lt_s (local.get $f${s}) ${C("0x38800000")}))
+        (i32x4.ge_s (local.get $f${s}) ${C("0x47800000")}))
+      (i32x4.shr_u (local.get $sign${s}) (i32.const 16)))`
+
+/**
+ * f32 lanes from the binary16 bits in the i32 lanes of local $w<s>: Giesen's "fast5" (shift,
+ * scale by 2^112, patch Inf/NaN, sign). Uses locals $w<s> $o<s>.
+ */
+const dec4 = (s) => `
+    (local.set $o${s}
+      (f32x4.mul (i32x4.shl (v128.and (local.get $w${s}) ${C("0x7fff")}) (i32.const 13)) ${C("0x77800000")}))
+    (v128.or
+      (v128.or (local.get $o${s}) (v128.and (f32x4.ge (local.get $o${s}) (v128.const f32x4 65536 65536 65536 65536)) ${C("0x7f800000")}))
+      (i32x4.shl (v128.and (local.get $w${s}) ${C("0x8000")}) (i32.const 16)))`
+
+const encLocals = (...ss) => ss.map((s) => `(local $x${s} v128) (local $sign${s} v128) (local $f${s} v128)`).join(" ")
+const decLocals = (...ss) => ss.map((s) => `(local $w${s} v128) (local $o${s} v128)`).join(" ")
+
+/** A loop over i = 0, step, 2·step, ... while i + step <= n, then a scalar tail loop i < n. */
+const loops = (step, body, tail) => `
+    (block $done (loop $l
+      (br_if $done (i32.gt_u (i32.add (local.get $i) (i32.const ${step})) (local.get $n)))
+      (local.set $p (i32.shl (local.get $i) (i32.const 2)))
+      (local.set $q (i32.add (i32.const ${H}) (i32.shl (local.get $i) (i32.const 1))))
+      ${body}
+      (local.set $i (i32.add (local.get $i) (i32.const ${step})))
+      (br $l)))
+    (block $tdone (loop $t
+      (br_if $tdone (i32.ge_u (local.get $i) (local.get $n)))
+      (local.set $p (i32.shl (local.get $i) (i32.const 2)))
+      (local.set $q (i32.add (i32.const ${H}) (i32.shl (local.get $i) (i32.const 1))))
+      ${tail}
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br $t)))`
+
+const idx = "(local $i i32) (local $p i32) (local $q i32)"
+
+/** The two f32 lanes of an f64x2 pair, packed as lanes 0-1 (a) and 2-3 (b) of one f32x4. */
+const pack = (a, b) => `(i8x16.shuffle 0 1 2 3 4 5 6 7 16 17 18 19 20 21 22 23 (f32x4.demote_f64x2_zero ${a}) (f32x4.demote_f64x2_zero ${b}))`
+const hiLanes = (v) => `(i8x16.shuffle 8 9 10 11 12 13 14 15 0 1 2 3 4 5 6 7 ${v} ${v})`
+
+export const wat = `
+(module
+  (memory (export "memory") 16 16)
+
+  ;; one-lane helpers for the tails
+  (func $enc1 (param $v i32) (result i32) ${encLocals(0)}
+    (local.set $x0 (i32x4.splat (local.get $v)))
+    (i32x4.extract_lane 0 ${enc4(0)}))
+  (func $dec1 (param $h i32) (result f32) ${decLocals(0)}
+    (local.set $w0 (i32x4.splat (local.get $h)))
+    (f32x4.extract_lane 0 ${dec4(0)}))
+
+  ;; H[i] = half(A[i])
+  (func (export "encode") (param $n i32) ${idx} ${encLocals(0, 1)}
+    ${loops(
+      8,
+      `(local.set $x0 (v128.load (local.get $p)))
+       (local.set $x1 (v128.load offset=16 (local.get $p)))
+       (v128.store (local.get $q) (i16x8.narrow_i32x4_u (block (result v128) ${enc4(0)}) (block (result v128) ${enc4(1)})))`,
+      `(i32.store16 (local.get $q) (call $enc1 (i32.load (local.get $p))))`
+    )})
+
+  ;; A[i] = value(H[i]) ($add = 0), or A[i] += value(H[i]) (f32 addition, as a Float32Array store of a JS sum)
+  (func (export "decode") (param $n i32) (param $add i32) ${idx} ${decLocals(0, 1)} (local $h v128) (local $lo v128) (local $hi v128)
+    ${loops(
+      8,
+      `(local.set $h (v128.load (local.get $q)))
+       (local.set $w0 (i32x4.extend_low_i16x8_u (local.get $h)))
+       (local.set $w1 (i32x4.extend_high_i16x8_u (local.get $h)))
+       (local.set $lo (block (result v128) ${dec4(0)}))
+       (local.set $hi (block (result v128) ${dec4(1)}))
+       (if (local.get $add) (then
+         (local.set $lo (f32x4.add (v128.load (local.get $p)) (local.get $lo)))
+         (local.set $hi (f32x4.add (v128.load offset=16 (local.get $p)) (local.get $hi)))))
+       (v128.store (local.get $p) (local.get $lo))
+       (v128.store offset=16 (local.get $p) (local.get $hi))`,
+      `(f32.store (local.get $p)
+         (f32.add (if (result f32) (local.get $add) (then (f32.load (local.get $p))) (else (f32.const 0)))
+                  (call $dec1 (i32.load16_u (local.get $q)))))`
+    )})
+
+  ;; A[i] = f32((f64(A[i]) + f64(value(H[i]))) / d): a region owner's last addition and a mean's division,
+  ;; in double as the scalar loop computes it
+  (func (export "decodeAddDivide") (param $n i32) (param $d f64) ${idx} ${decLocals(0)} (local $s v128) (local $a v128) (local $dv v128)
+    (local.set $dv (f64x2.splat (local.get $d)))
+    ${loops(
+      4,
+      `(local.set $w0 (i32x4.extend_low_i16x8_u (v128.load64_zero (local.get $q))))
+       (local.set $s (block (result v128) ${dec4(0)}))
+       (local.set $a (v128.load (local.get $p)))
+       (v128.store (local.get $p)
+         ${pack(
+           `(f64x2.div (f64x2.add (f64x2.promote_low_f32x4 (local.get $a)) (f64x2.promote_low_f32x4 (local.get $s))) (local.get $dv))`,
+           `(f64x2.div (f64x2.add (f64x2.promote_low_f32x4 ${hiLanes("(local.get $a)")}) (f64x2.promote_low_f32x4 ${hiLanes("(local.get $s)")})) (local.get $dv))`
+         )})`,
+      `(f32.store (local.get $p)
+         (f32.demote_f64 (f64.div
+           (f64.add (f64.promote_f32 (f32.load (local.get $p))) (f64.promote_f32 (call $dec1 (i32.load16_u (local.get $q)))))
+           (local.get $d))))`
+    )})
+
+  ;; A[i] = value(half(A[i])): round to the nearest binary16 value, in place
+  (func (export "roundHalf") (param $n i32) ${idx} ${encLocals(0)} ${decLocals(0)}
+    ${loops(
+      4,
+      `(local.set $x0 (v128.load (local.get $p)))
+       (local.set $w0 (block (result v128) ${enc4(0)}))
+       (v128.store (local.get $p) (block (result v128) ${dec4(0)}))`,
+      `(f32.store (local.get $p) (call $dec1 (call $enc1 (i32.load (local.get $p)))))`
+    )})
+
+  ;; fp16 error feedback, fused: p = f32(f32(A·s) + B); A = round16(p) (what is sent); B = p - A (the residual).
+  ;; f32(A·s) is computed in double, as Math.fround(a * s) does: s need not be an f32 value. When it
+  ;; is ($exact = 1: every rank has the same weight, s = 1/p for p a power of two, or s = 1), the f32
+  ;; product is the same correctly rounded value and costs one instruction instead of eight.
+  (func (export "halfFeedback") (param $n i32) (param $s f64) (param $exact i32) ${idx} ${encLocals(0)} ${decLocals(0)} (local $sv v128) (local $sf v128) (local $r v128)
+    (local.set $sv (f64x2.splat (local.get $s)))
+    (local.set $sf (f32x4.splat (f32.demote_f64 (local.get $s))))
+    ${loops(
+      4,
+      `(local.set $x0 (v128.load (local.get $p)))
+       (local.set $x0
+         (f32x4.add
+           (if (result v128) (local.get $exact)
+             (then (f32x4.mul (local.get $x0) (local.get $sf)))
+             (else ${pack(
+               `(f64x2.mul (f64x2.promote_low_f32x4 (local.get $x0)) (local.get $sv))`,
+               `(f64x2.mul (f64x2.promote_low_f32x4 ${hiLanes("(local.get $x0)")}) (local.get $sv))`
+             )}))
+           (v128.load offset=${B} (local.get $p))))
+       (local.set $w0 (block (result v128) ${enc4(0)}))
+       (local.set $r (block (result v128) ${dec4(0)}))
+       (v128.store (local.get $p) (local.get $r))
+       (v128.store offset=${B} (local.get $p) (f32x4.sub (local.get $x0) (local.get $r)))`,
+      `(local.set $x0 (f32x4.splat (f32.add
+         (f32.demote_f64 (f64.mul (f64.promote_f32 (f32.load (local.get $p))) (local.get $s)))
+         (f32.load offset=${B} (local.get $p)))))
+       (local.set $w0 (block (result v128) ${enc4(0)}))
+       (local.set $r (block (result v128) ${dec4(0)}))
+       (f32.store (local.get $p) (f32x4.extract_lane 0 (local.get $r)))
+       (f32.store offset=${B} (local.get $p) (f32x4.extract_lane 0 (f32x4.sub (local.get $x0) (local.get $r))))`
+    )})
+)
+`

@@ -1,0 +1,63 @@
+// The receive-side buffer reservation (core/nats-receive.ts) over a real nats-server: messages of
+// sizes around the socket read size and far beyond it arrive byte-for-byte, in order, several
+// interleaved on one connection.
+import { connect } from "@nats-io/transport-node"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { launchNatsServer, type NatsServerProcess } from "../core/nats-server.ts"
+import { natsReceivePatched } from "../core/nats-receive.ts"
+
+let server: NatsServerProcess
+
+beforeAll(async () => {
+  server = await launchNatsServer({ jetstream: false, maxPayload: 8 * 1024 * 1024 })
+})
+
+afterAll(async () => {
+  await server?.stop()
+})
+
+const payload = (n: number, seed: number): Uint8Array => {
+  const b = new Uint8Array(n)
+  let x = seed | 1
+  for (let i = 0; i < n; i++) {
+    x = (Math.imul(x, 1103515245) + 12345) | 0
+    b[i] = x >>> 24
+  }
+  return b
+}
+
+describe("large NATS messages", () => {
+  it("the parser hook is installed on this nats.js", () => {
+    expect(natsReceivePatched).toBe(true)
+  })
+
+  it("arrive intact whatever their size relative to the socket reads", async () => {
+    const sizes = [0, 1, 65_535, 65_536, 65_537, 200_001, 1 << 20, (3 << 20) + 7, 8 * 1024 * 1024 - 256]
+    const pub = await connect({ servers: server.url })
+    const sub = await connect({ servers: server.url })
+    try {
+      const got: Uint8Array[] = []
+      const done = new Promise<void>((resolve) => {
+        sub.subscribe("big", {
+          callback: (_e, m) => {
+            got.push(m.data.slice())
+            if (got.length === sizes.length * 2) resolve()
+          }
+        })
+      })
+      await sub.flush()
+      // twice over, back to back, so a large message often starts mid-read after another one
+      for (let round = 0; round < 2; round++) for (const [i, n] of sizes.entries()) pub.publish("big", payload(n, i + 1))
+      await pub.flush()
+      await Promise.race([done, new Promise((_, reject) => setTimeout(() => reject(new Error(`only ${got.length} messages arrived`)), 20_000))])
+      for (let k = 0; k < got.length; k++) {
+        const i = k % sizes.length
+        expect(got[k].length).toBe(sizes[i])
+        expect(Buffer.from(got[k]).equals(Buffer.from(payload(sizes[i], i + 1)))).toBe(true)
+      }
+    } finally {
+      await pub.close()
+      await sub.close()
+    }
+  })
+})
