@@ -234,17 +234,20 @@ export class GradientReducer {
   async #powerSgd(flat: Float32Array, layout: ReadonlyArray<GradientSlotInfo>, weight: number): Promise<number> {
     const psgd = this.compressor as PowerSgdCompressor
     const scaleBy = weight / (await this.#totalWeight(weight))
-    for (let i = 0; i < flat.length; i++) flat[i] *= scaleBy
     let wire = 0
     const algorithm = this.#algorithm(flat.length * 4)
     const allReduce = async (buf: Float32Array): Promise<Float32Array> => {
       wire += buf.length * 4
       return this.comm.allReduce(buf, { op: "sum", algorithm })
     }
-    const tensors = layout.map((s) => ({ key: s.name, shape: s.shape, grad: flat.subarray(s.offset, s.offset + s.size) }))
+    // The aggregate is written straight back over the gradient (`out`): by then its values live
+    // on in the residual (or, without error feedback, were last read by the second round).
+    const tensors = layout.map((s) => {
+      const region = flat.subarray(s.offset, s.offset + s.size)
+      return { key: s.name, shape: s.shape, grad: region, out: region }
+    })
     const startMs = performance.now()
-    const out = await psgd.reduce(tensors, allReduce, psgd.errorFeedback ? this.ef : undefined)
-    layout.forEach((s, i) => flat.set(out[i], s.offset))
+    await psgd.reduce(tensors, allReduce, psgd.errorFeedback ? this.ef : undefined, scaleBy)
     this.#opts.onBucket?.({ bucket: 0, bytes: wire, algorithm, startMs, endMs: performance.now(), encodeMs: 0 })
     return wire
   }

@@ -144,3 +144,118 @@ export const halfFeedbackSimd = (g: Float32Array, e: Float32Array, scale: number
   }
   return true
 }
+
+// ---- PowerSGD (rank r <= 4, rows of m floats, m a multiple of 4 and at most PSGD_MAXM) ----
+
+/** Longest matrix row the PowerSGD kernels take (their column regions hold this many floats). */
+export const PSGD_MAXM = 16384
+const QC = 0x0a0000 / 4
+const WC = 0x0e0000 / 4
+const ACC = 0x120000 / 4
+const PR = 0x160000 / 4
+const O = 0x1a0000 / 4
+const COL = 16384 // floats between two columns
+
+interface PsgdExports {
+  feedbackMatMul(rows: number, m: number, s: number, exact: number): void
+  matMulT(rows: number, m: number): void
+  feedbackOuter(rows: number, m: number, residual: number): void
+}
+
+let whole: Float32Array | undefined
+const mem = (k: Kernels): Float32Array => (whole ??= new Float32Array(k.ex.memory.buffer))
+const psgd = (n: number, m: number, r: number): Kernels | null =>
+  r >= 1 && r <= 4 && m >= 4 && m % 4 === 0 && m <= PSGD_MAXM && n * m >= SIMD_MIN ? get(n * m) : null
+
+/** The r columns of a row-major m×r factor into a column region, columns r..3 zero. */
+const setColumns = (f: Float32Array, at: number, F: Float32Array, m: number, r: number): void => {
+  for (let c = 0; c < 4; c++) {
+    const base = at + c * COL
+    if (c >= r) f.fill(0, base, base + m)
+    else for (let j = 0; j < m; j++) f[base + j] = F[j * r + c]
+  }
+}
+
+/** Rows i0..i0+rows of an n×r factor into PR, 4 columns each, zero-padded. */
+const setRows = (f: Float32Array, P: Float32Array, i0: number, rows: number, r: number): void => {
+  if (r === 4) {
+    f.set(P.subarray(i0 * 4, (i0 + rows) * 4), PR)
+    return
+  }
+  for (let i = 0; i < rows; i++) for (let c = 0; c < 4; c++) f[PR + i * 4 + c] = c < r ? P[(i0 + i) * r + c] : 0
+}
+
+/** E = f32(E + f32(G·s)); P (n×r) = E·Q with f32 lane sums. False when the kernels cannot take it. */
+export const feedbackMatMulSimd = (G: Float32Array, s: number, E: Float32Array, n: number, m: number, Q: Float32Array, r: number, P: Float32Array): boolean => {
+  const k = psgd(n, m, r)
+  if (!k) return false
+  const f = mem(k)
+  const ex = k.ex as unknown as PsgdExports
+  setColumns(f, QC, Q, m, r)
+  const exact = Math.fround(s) === s ? 1 : 0
+  const per = Math.floor(SIMD_BLOCK / m)
+  for (let i0 = 0; i0 < n; i0 += per) {
+    const rows = Math.min(per, n - i0)
+    const lo = i0 * m
+    const hi = lo + rows * m
+    k.a.set(G.subarray(lo, hi))
+    k.b.set(E.subarray(lo, hi))
+    ex.feedbackMatMul(rows, m, s, exact)
+    E.set(k.b.subarray(0, hi - lo), lo)
+    for (let i = 0; i < rows; i++) for (let c = 0; c < r; c++) P[(i0 + i) * r + c] = f[PR + i * 4 + c]
+  }
+  return true
+}
+
+/** Q (m×r) = Mᵀ·P with f32 sums. False when the kernels cannot take it. */
+export const matMulTSimd = (M: Float32Array, n: number, m: number, P: Float32Array, r: number, Q: Float32Array): boolean => {
+  const k = psgd(n, m, r)
+  if (!k) return false
+  const f = mem(k)
+  const ex = k.ex as unknown as PsgdExports
+  for (let c = 0; c < 4; c++) f.fill(0, ACC + c * COL, ACC + c * COL + m)
+  const per = Math.floor(SIMD_BLOCK / m)
+  for (let i0 = 0; i0 < n; i0 += per) {
+    const rows = Math.min(per, n - i0)
+    k.a.set(M.subarray(i0 * m, (i0 + rows) * m))
+    setRows(f, P, i0, rows, r)
+    ex.matMulT(rows, m)
+  }
+  for (let j = 0; j < m; j++) for (let c = 0; c < r; c++) Q[j * r + c] = f[ACC + c * COL + j]
+  return true
+}
+
+/**
+ * out = P·Qᵀ, each element ((p0·q0 + p1·q1) + p2·q2) + p3·q3 in f32 (as matrix.ts's scalar loop),
+ * and, with a residual E, E -= P·Qwᵀ. False when the kernels cannot take it.
+ */
+export const feedbackOuterSimd = (
+  P: Float32Array,
+  Qw: Float32Array | undefined,
+  Q: Float32Array,
+  n: number,
+  m: number,
+  r: number,
+  E: Float32Array | undefined,
+  out: Float32Array
+): boolean => {
+  const k = psgd(n, m, r)
+  if (!k) return false
+  const f = mem(k)
+  const ex = k.ex as unknown as PsgdExports
+  setColumns(f, QC, Q, m, r)
+  const residual = E !== undefined && Qw !== undefined
+  if (residual) setColumns(f, WC, Qw, m, r)
+  const per = Math.floor(SIMD_BLOCK / m)
+  for (let i0 = 0; i0 < n; i0 += per) {
+    const rows = Math.min(per, n - i0)
+    const lo = i0 * m
+    const hi = lo + rows * m
+    setRows(f, P, i0, rows, r)
+    if (residual) k.b.set(E.subarray(lo, hi))
+    ex.feedbackOuter(rows, m, residual ? 1 : 0)
+    out.set(f.subarray(O, O + (hi - lo)), lo)
+    if (residual) E.set(k.b.subarray(0, hi - lo), lo)
+  }
+  return true
+}

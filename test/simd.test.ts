@@ -7,6 +7,9 @@ import { decodeHalfScalar, encodeHalfScalar, halfTable, roundToHalfScalar } from
 import {
   SIMD_BLOCK,
   decodeAddDivideSimd,
+  feedbackMatMulSimd,
+  feedbackOuterSimd,
+  matMulTSimd,
   decodeHalfSimd,
   encodeHalfSimd,
   halfFeedbackSimd,
@@ -139,5 +142,122 @@ describe("SIMD kernels", () => {
       encoding: "utf8"
     })
     expect(out.trim()).toBe("false")
+  })
+
+  describe("PowerSGD kernels (r <= 4)", () => {
+    /** Plain float64 reference of M·Q (n×m times m×r). */
+    const refMatMul = (M: Float32Array, n: number, m: number, Q: Float32Array, r: number): Float64Array => {
+      const P = new Float64Array(n * r)
+      for (let i = 0; i < n; i++) for (let c = 0; c < r; c++) {
+        let a = 0
+        for (let j = 0; j < m; j++) a += M[i * m + j] * Q[j * r + c]
+        P[i * r + c] = a
+      }
+      return P
+    }
+    const normal = (n: number, seed: number): Float32Array => {
+      const w = words(2 * n, seed)
+      const out = new Float32Array(n)
+      for (let i = 0; i < n; i++) out[i] = Math.sqrt(-2 * Math.log((w[2 * i] + 1) / 2 ** 32)) * Math.cos((2 * Math.PI * w[2 * i + 1]) / 2 ** 32)
+      return out
+    }
+    // several row blocks (65536 / m rows each), a partial last block, r from 1 to 4
+    const SHAPES = [[300, 1024, 4], [129, 512, 3], [2000, 64, 1], [70, 4096, 2]] as const
+
+    it("feedbackMatMul: the residual becomes G·s + e exactly, and P = M·Q to fp32 rounding", () => {
+      for (const [n, m, r] of SHAPES) {
+        for (const s of [0.25, 1 / 3]) {
+          const G = normal(n * m, n + m)
+          const E = normal(n * m, r).map((v) => v * 0.01)
+          const Q = normal(m * r, 7)
+          const M = E.map((e, i) => Math.fround(e + Math.fround(G[i] * s)))
+          const P = new Float32Array(n * r)
+          expect(feedbackMatMulSimd(G, s, E, n, m, Q, r, P)).toBe(true)
+          expect(sameBits(M, E)).toBe(0)
+          const ref = refMatMul(M, n, m, Q, r)
+          let worst = 0
+          for (let k = 0; k < ref.length; k++) worst = Math.max(worst, Math.abs(P[k] - ref[k]) / Math.sqrt(m))
+          expect(worst).toBeLessThan(1e-5) // fp32 sums of m products of unit-size terms
+        }
+      }
+    })
+
+    it("matMulT: Q = Mᵀ·P to fp32 rounding", () => {
+      for (const [n, m, r] of SHAPES) {
+        const M = normal(n * m, 3)
+        const P = normal(n * r, 4)
+        const Q = new Float32Array(m * r)
+        expect(matMulTSimd(M, n, m, P, r, Q)).toBe(true)
+        // Mᵀ·P is (Pᵀ·M)ᵀ: the reference multiplies the transposes
+        const Mt = new Float32Array(m * n)
+        for (let i = 0; i < n; i++) for (let j = 0; j < m; j++) Mt[j * n + i] = M[i * m + j]
+        const ref = refMatMul(Mt, m, n, P, r)
+        let worst = 0
+        for (let k = 0; k < ref.length; k++) worst = Math.max(worst, Math.abs(Q[k] - ref[k]) / Math.sqrt(n))
+        expect(worst).toBeLessThan(1e-5)
+      }
+    })
+
+    it("feedbackOuter: the aggregate is bitwise the scalar loop's (every rank decodes the same), with or without a residual", async () => {
+      const { feedbackOuter } = await import("../collectives/compression/matrix.ts")
+      for (const [n, m, r] of SHAPES) {
+        const P = normal(n * r, 5)
+        const Q = normal(m * r, 6)
+        const Qw = normal(m * r, 8)
+        const E = normal(n * m, 9)
+        const out = new Float32Array(n * m)
+        const E2 = E.slice()
+        expect(feedbackOuterSimd(P, Qw, Q, n, m, r, E2, out)).toBe(true)
+        // the fixed formula, element by element
+        const f = Math.fround
+        const ref = new Float32Array(n * m)
+        const refE = E.slice()
+        const col = (F: Float32Array, c: number, j: number): number => (c < r ? F[j * r + c] : 0)
+        for (let i = 0; i < n; i++) {
+          const p = [0, 1, 2, 3].map((c) => (c < r ? P[i * r + c] : 0))
+          for (let j = 0; j < m; j++) {
+            ref[i * m + j] = f(f(f(f(p[0] * col(Q, 0, j)) + f(p[1] * col(Q, 1, j))) + f(p[2] * col(Q, 2, j))) + f(p[3] * col(Q, 3, j)))
+            refE[i * m + j] = f(refE[i * m + j] - f(f(f(f(p[0] * col(Qw, 0, j)) + f(p[1] * col(Qw, 1, j))) + f(p[2] * col(Qw, 2, j))) + f(p[3] * col(Qw, 3, j))))
+          }
+        }
+        expect(sameBits(ref, out)).toBe(0)
+        expect(sameBits(refE, E2)).toBe(0)
+        const out2 = new Float32Array(n * m)
+        expect(feedbackOuterSimd(P, undefined, Q, n, m, r, undefined, out2)).toBe(true)
+        expect(sameBits(ref, out2)).toBe(0)
+        // and matrix.ts's exported function gives the same bits on this path
+        const out3 = new Float32Array(n * m)
+        feedbackOuter(P, undefined, Q, n, m, r, undefined, out3)
+        expect(sameBits(ref, out3)).toBe(0)
+      }
+    })
+
+    it("shapes the kernels cannot take are declined (the scalar loops run)", () => {
+      const P = new Float32Array(100 * 5)
+      expect(matMulTSimd(new Float32Array(100 * 64), 100, 64, P, 5, new Float32Array(64 * 5))).toBe(false) // r > 4
+      expect(matMulTSimd(new Float32Array(100 * 10), 100, 10, P, 2, new Float32Array(10 * 2))).toBe(false) // m % 4
+    })
+
+    it("a process without SIMD (GRADWIRE_SIMD=0) decodes bitwise the same aggregate", async () => {
+      const { execFileSync } = await import("node:child_process")
+      const script = `
+        import { feedbackOuter } from "./collectives/compression/matrix.ts"
+        import { simdAvailable } from "./collectives/simd.ts"
+        import { createHash } from "node:crypto"
+        const n = 200, m = 256, r = 3
+        let x = 12345
+        const fill = (k) => Float32Array.from({ length: k }, () => ((x = (Math.imul(x, 1103515245) + 12345) | 0) >>> 8) / 2 ** 23 - 1)
+        const P = fill(n * r), Q = fill(m * r), Qw = fill(m * r), E = fill(n * m), out = new Float32Array(n * m)
+        feedbackOuter(P, Qw, Q, n, m, r, E, out)
+        const h = createHash("sha256").update(new Uint8Array(out.buffer)).update(new Uint8Array(E.buffer)).digest("hex")
+        console.log(JSON.stringify({ simd: simdAvailable(), h }))`
+      const run = (flag: string): { simd: boolean; h: string } =>
+        JSON.parse(execFileSync(process.execPath, ["--input-type=module", "-e", script], { env: { ...process.env, GRADWIRE_SIMD: flag }, encoding: "utf8" }).trim())
+      const scalar = run("0")
+      const simd = run("1")
+      expect(scalar.simd).toBe(false)
+      expect(simd.simd).toBe(true)
+      expect(simd.h).toBe(scalar.h)
+    })
   })
 })

@@ -1,10 +1,15 @@
-// The few dense kernels PowerSGD needs, on row-major fp32 matrices with a small rank r. Sums are
-// accumulated in float64 (JS numbers) and rounded once, so the result does not depend on how
-// long the rows are, and every rank computes bitwise the same P̂ from the same all-reduced P.
+// The few dense kernels PowerSGD needs, on row-major fp32 matrices with a small rank r. In the
+// scalar loops sums are accumulated in float64 (JS numbers) and rounded once. For r <= 4 and rows
+// of a multiple of 4 floats the WebAssembly SIMD kernels (../simd.ts) take over, with fp32 lane
+// sums: P = M·Q and Q_w = Mᵀ·P̂ are this rank's own contributions to a sum, so their rounding
+// may differ between the two paths; the decoded aggregate P̂ Qᵀ, which must be bitwise the same
+// on every rank, has one fixed fp32 formula in both (feedbackOuter).
 
 // The kernels walk M (the big operand) row by row, contiguously, and handle the r columns of the
 // thin factor in groups of up to 4 held in scalar accumulators: V8 keeps those in registers, where
 // a Float64Array accumulator or a loop over c would go through memory for every multiply-add.
+
+import { feedbackMatMulSimd, feedbackOuterSimd, matMulTSimd } from "../simd.ts"
 
 /** Columns c0..c0+3 of a row-major k×r factor, transposed into 4 contiguous rows of length k. */
 const columns = (F: Float32Array, k: number, r: number, c0: number): [Float64Array, Float64Array, Float64Array, Float64Array] => {
@@ -43,8 +48,77 @@ export const matMul = (M: Float32Array, n: number, m: number, Q: Float32Array, r
   }
 }
 
+/**
+ * Error feedback and the first factor in one pass over the rows, for r <= 4:
+ * E = fround(E + fround(G·s)) (the residual becomes M = G·s + e), then P (n×r) = E · Q.
+ * The same values as scaling G, adding it into E and calling matMul, with a third of the memory traffic.
+ */
+export const feedbackMatMul = (G: Float32Array, s: number, E: Float32Array, n: number, m: number, Q: Float32Array, r: number, P: Float32Array): void => {
+  if (r > 4) throw new RangeError(`feedbackMatMul handles r <= 4, got ${r}`)
+  if (feedbackMatMulSimd(G, s, E, n, m, Q, r, P)) return
+  const [q0, q1, q2, q3] = columns(Q, m, r, 0)
+  for (let i = 0; i < n; i++) {
+    const row = i * m
+    let a0 = 0
+    let a1 = 0
+    let a2 = 0
+    let a3 = 0
+    for (let j = 0; j < m; j++) {
+      const v = Math.fround(E[row + j] + Math.fround(G[row + j] * s))
+      E[row + j] = v
+      a0 += v * q0[j]
+      a1 += v * q1[j]
+      a2 += v * q2[j]
+      a3 += v * q3[j]
+    }
+    const o = i * r
+    P[o] = a0
+    if (r > 1) P[o + 1] = a1
+    if (r > 2) P[o + 2] = a2
+    if (r > 3) P[o + 3] = a3
+  }
+}
+
+/**
+ * The decoded aggregate and the residual update in one pass over the rows, for r <= 4:
+ * out = P Qᵀ (the all-reduced Q) and, when a residual E is given, E -= P Qwᵀ (this rank's own
+ * share). Every rank must decode bitwise the same aggregate, so its arithmetic is fixed: per
+ * element ((p0·q0 + p1·q1) + p2·q2) + p3·q3 in fp32, exactly what the SIMD kernel computes.
+ */
+export const feedbackOuter = (
+  P: Float32Array,
+  Qw: Float32Array | undefined,
+  Q: Float32Array,
+  n: number,
+  m: number,
+  r: number,
+  E: Float32Array | undefined,
+  out: Float32Array
+): void => {
+  if (r > 4) throw new RangeError(`feedbackOuter handles r <= 4, got ${r}`)
+  if (feedbackOuterSimd(P, Qw, Q, n, m, r, E, out)) return
+  const f = Math.fround
+  const [w0, w1, w2, w3] = columns(Qw ?? new Float32Array(m * r), m, r, 0)
+  const [q0, q1, q2, q3] = columns(Q, m, r, 0)
+  for (let i = 0; i < n; i++) {
+    const row = i * m
+    const o = i * r
+    const p0 = P[o]
+    const p1 = r > 1 ? P[o + 1] : 0
+    const p2 = r > 2 ? P[o + 2] : 0
+    const p3 = r > 3 ? P[o + 3] : 0
+    for (let j = 0; j < m; j++) {
+      out[row + j] = f(f(f(f(p0 * q0[j]) + f(p1 * q1[j])) + f(p2 * q2[j])) + f(p3 * q3[j]))
+    }
+    if (E && Qw) {
+      for (let j = 0; j < m; j++) E[row + j] = f(E[row + j] - f(f(f(f(p0 * w0[j]) + f(p1 * w1[j])) + f(p2 * w2[j])) + f(p3 * w3[j])))
+    }
+  }
+}
+
 /** Q (m×r) = Mᵀ (m×n) · P (n×r), without forming Mᵀ. */
 export const matMulT = (M: Float32Array, n: number, m: number, P: Float32Array, r: number, Q: Float32Array): void => {
+  if (matMulTSimd(M, n, m, P, r, Q)) return
   for (let c0 = 0; c0 < r; c0 += 4) {
     const w = Math.min(4, r - c0)
     const [a0, a1, a2, a3] = [new Float64Array(m), new Float64Array(m), new Float64Array(m), new Float64Array(m)]

@@ -25,7 +25,7 @@
 // collective themselves (and for lock-step simulation in tests).
 import { CompressionShapeError, ResidualMismatch } from "./errors.ts"
 import type { ErrorFeedback } from "./error-feedback.ts"
-import { matMul, matMulT, orthonormalize, outer } from "./matrix.ts"
+import { feedbackMatMul, feedbackOuter, matMul, matMulT, orthonormalize, outer } from "./matrix.ts"
 import { Mulberry32, hashKey, mixSeed } from "./rng.ts"
 
 export interface PowerSgdOptions {
@@ -39,11 +39,16 @@ export interface PowerSgdOptions {
   readonly errorFeedback?: boolean
 }
 
-/** One gradient tensor and its identity; `grad` is read, never modified. */
+/**
+ * One gradient tensor and its identity. `grad` is read, never modified, except when a step is
+ * given a scale and runs without error feedback (then it is scaled in place).
+ */
 export interface MatrixGrad {
   readonly key: string
   readonly shape: ReadonlyArray<number>
   readonly grad: Float32Array
+  /** Where the aggregate goes (it may be `grad` itself); by default a new array. */
+  readonly out?: Float32Array
 }
 
 export interface MatrixPlan {
@@ -105,14 +110,17 @@ export class PowerSgdCompressor {
     return 4 * (p.compress && step >= this.warmupSteps ? p.r * (p.n + p.m) : p.n * p.m)
   }
 
-  /** Starts a step: returns the round whose `first` buffer must be sum-all-reduced. */
-  begin(tensors: ReadonlyArray<MatrixGrad>, ef?: ErrorFeedback): PowerSgdRound {
-    return new PowerSgdRound(this, tensors, this.errorFeedback ? ef : undefined, this.steps < this.warmupSteps)
+  /**
+   * Starts a step: returns the round whose `first` buffer must be sum-all-reduced. Each gradient
+   * is multiplied by `scale` first (a weighted mean's w/W), fused with the residual update.
+   */
+  begin(tensors: ReadonlyArray<MatrixGrad>, ef?: ErrorFeedback, scale = 1): PowerSgdRound {
+    return new PowerSgdRound(this, tensors, this.errorFeedback ? ef : undefined, this.steps < this.warmupSteps, scale)
   }
 
   /** One whole step: one or two sum all-reduces; returns the summed (approximate) gradients. */
-  async reduce(tensors: ReadonlyArray<MatrixGrad>, allReduce: AllReduceSum, ef?: ErrorFeedback): Promise<Array<Float32Array>> {
-    const round = this.begin(tensors, ef)
+  async reduce(tensors: ReadonlyArray<MatrixGrad>, allReduce: AllReduceSum, ef?: ErrorFeedback, scale = 1): Promise<Array<Float32Array>> {
+    const round = this.begin(tensors, ef, scale)
     const second = round.second(await allReduce(round.first))
     return round.finish(second === null ? null : await allReduce(second))
   }
@@ -177,6 +185,8 @@ interface Slot {
   readonly at1: number
   readonly at2: number
   P?: Float32Array
+  /** This rank's own Q factor, kept for the residual update fused into finish (r <= 4). */
+  Qw?: Float32Array
   collapsed?: number
 }
 
@@ -190,7 +200,7 @@ export class PowerSgdRound {
   private phase: 1 | 2 | 3 = 1
   private readonly outputs: Array<Float32Array>
 
-  constructor(owner: PowerSgdCompressor, tensors: ReadonlyArray<MatrixGrad>, ef: ErrorFeedback | undefined, warmup: boolean) {
+  constructor(owner: PowerSgdCompressor, tensors: ReadonlyArray<MatrixGrad>, ef: ErrorFeedback | undefined, warmup: boolean, scale = 1) {
     this.owner = owner
     this.outputs = tensors.map(() => new Float32Array(0))
     const plans = tensors.map((t) => {
@@ -211,8 +221,9 @@ export class PowerSgdRound {
       let residual: Float32Array | undefined
       if (ef) {
         residual = ef.residual(t.key, t.grad.length)
-        for (let i = 0; i < residual.length; i++) residual[i] += t.grad[i]
-        M = residual
+        M = residual // filled below: M = G·scale + e
+      } else if (scale !== 1) {
+        for (let i = 0; i < M.length; i++) M[i] *= scale
       }
       this.slots.push({ idx, t, plan, M, residual, at1: size1, at2: size2 })
       size1 += plan.n * plan.r
@@ -227,8 +238,19 @@ export class PowerSgdRound {
     this.first = new Float32Array(size1)
     for (const s of this.slots) {
       const { n, m, r } = s.plan
-      if (s.at2 < 0) this.first.set(s.t.grad, s.at1)
-      else matMul(s.M, n, m, owner.q(s.t.key, m, r), r, this.first.subarray(s.at1, s.at1 + n * r))
+      if (s.at2 < 0) {
+        const dst = this.first.subarray(s.at1, s.at1 + s.t.grad.length)
+        if (scale === 1) dst.set(s.t.grad)
+        else for (let i = 0; i < dst.length; i++) dst[i] = s.t.grad[i] * scale
+        continue
+      }
+      const Q = owner.q(s.t.key, m, r)
+      const P = this.first.subarray(s.at1, s.at1 + n * r)
+      if (s.residual && r <= 4) feedbackMatMul(s.t.grad, scale, s.residual, n, m, Q, r, P)
+      else {
+        if (s.residual) for (let i = 0; i < s.residual.length; i++) s.residual[i] += Math.fround(s.t.grad[i] * scale)
+        matMul(s.M, n, m, Q, r, P)
+      }
     }
   }
 
@@ -245,7 +267,9 @@ export class PowerSgdRound {
     const second = this.size2 > 0 ? new Float32Array(this.size2) : null
     for (const s of this.slots) {
       if (s.at2 < 0) {
-        this.outputs[s.idx] = firstSum.slice(s.at1, s.at1 + s.t.grad.length)
+        const sum = firstSum.subarray(s.at1, s.at1 + s.t.grad.length)
+        if (s.t.out) s.t.out.set(sum)
+        this.outputs[s.idx] = s.t.out ?? sum.slice()
         continue
       }
       const { n, m, r } = s.plan
@@ -254,8 +278,11 @@ export class PowerSgdRound {
       s.P = P
       const Qw = second!.subarray(s.at2, s.at2 + m * r)
       matMulT(s.M, n, m, P, r, Qw)
-      // own message only: e = M - P̂ Q_wᵀ, from exactly the fp32 values that enter the sum
-      if (s.residual) outer(P, Qw, n, m, r, s.residual, true, -1)
+      // own message only: e = M - P̂ Q_wᵀ, from exactly the fp32 values that enter the sum (for
+      // r <= 4 done in finish, in the same pass that decodes the aggregate; the all-reduce sums
+      // the round-2 buffer in place, so this rank's share is kept)
+      if (s.residual && r <= 4) s.Qw = Qw.slice()
+      else if (s.residual) outer(P, Qw, n, m, r, s.residual, true, -1)
     }
     if (second === null) this.done()
     return second
@@ -272,8 +299,9 @@ export class PowerSgdRound {
       if (s.at2 < 0) continue
       const { n, m, r } = s.plan
       const Q = secondSum!.slice(s.at2, s.at2 + m * r)
-      const out = new Float32Array(n * m)
-      outer(s.P!, Q, n, m, r, out, false)
+      const out = s.t.out ?? new Float32Array(n * m)
+      if (r <= 4) feedbackOuter(s.P!, s.Qw, Q, n, m, r, s.Qw ? s.residual : undefined, out)
+      else outer(s.P!, Q, n, m, r, out, false)
       this.outputs[s.idx] = out
       this.owner.keep(s.t.key, Q, m, r, s.collapsed ?? 0)
     }

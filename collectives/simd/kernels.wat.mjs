@@ -9,14 +9,25 @@
 // stay valid. Every kernel's result is bit-for-bit that of the scalar loops in ../float16.ts,
 // ../kernels.ts and ../gradient-reducer.ts (tested), so ranks agree whichever path they take.
 //
-// Memory (1 MiB, 16 pages), byte offsets:
-//   A  0x00000  f32[BLOCK]   (256 KiB)
-//   B  0x40000  f32[BLOCK]   (256 KiB)
-//   H  0x80000  u16[BLOCK]   (128 KiB)
-// BLOCK = 65536 elements. Lengths need not be multiples of the vector width: tails go 1 by 1.
+// Memory (2 MiB, 32 pages), byte offsets:
+//   A   0x000000  f32[BLOCK]     (256 KiB)
+//   B   0x040000  f32[BLOCK]     (256 KiB)
+//   H   0x080000  u16[BLOCK]     (128 KiB)
+//   QC  0x0A0000  f32[4][MAXM]   PowerSGD: the 4 columns of a thin factor Q, column-major, 64 KiB apart
+//   WC  0x0E0000  f32[4][MAXM]   PowerSGD: the columns of this rank's own Q_w (256 KiB)
+//   ACC 0x120000  f32[4][MAXM]   PowerSGD: the columns of Mᵀ·P being accumulated (256 KiB)
+//   PR  0x160000  f32[BLOCK/4][4] PowerSGD: rows of P, 4 columns each, zero-padded (256 KiB)
+//   O   0x1A0000  f32[BLOCK]     PowerSGD: a block of the decoded aggregate (256 KiB)
+// BLOCK = 65536 elements, MAXM = 16384. Lengths need not be multiples of the vector width (tails
+// go 1 by 1), except the PowerSGD row length m, which must be a multiple of 4.
 
 const H = "0x80000"
 const B = "0x40000"
+const QC = 0x0a0000
+const WC = 0x0e0000
+const ACC = 0x120000
+const PR = 0x160000
+const O = 0x1a0000
 const C = (v) => `(v128.const i32x4 ${v} ${v} ${v} ${v})`
 
 /**
@@ -80,9 +91,22 @@ const idx = "(local $i i32) (local $p i32) (local $q i32)"
 const pack = (a, b) => `(i8x16.shuffle 0 1 2 3 4 5 6 7 16 17 18 19 20 21 22 23 (f32x4.demote_f64x2_zero ${a}) (f32x4.demote_f64x2_zero ${b}))`
 const hiLanes = (v) => `(i8x16.shuffle 8 9 10 11 12 13 14 15 0 1 2 3 4 5 6 7 ${v} ${v})`
 
+
+/** Lanes summed in a fixed order: (l0 + l1) + (l2 + l3). */
+const hsum = (v) => `(f32.add
+        (f32.add (f32x4.extract_lane 0 (local.get ${v})) (f32x4.extract_lane 1 (local.get ${v})))
+        (f32.add (f32x4.extract_lane 2 (local.get ${v})) (f32x4.extract_lane 3 (local.get ${v}))))`
+
+/** ((p0·c0 + p1·c1) + p2·c2) + p3·c3 for the 4 column vectors at `base` + $q. */
+const dot4 = (base) => `(f32x4.add (f32x4.add (f32x4.add
+          (f32x4.mul (local.get $p0) (v128.load offset=${base} (local.get $q)))
+          (f32x4.mul (local.get $p1) (v128.load offset=${base + 65536} (local.get $q))))
+          (f32x4.mul (local.get $p2) (v128.load offset=${base + 2 * 65536} (local.get $q))))
+          (f32x4.mul (local.get $p3) (v128.load offset=${base + 3 * 65536} (local.get $q))))`
+
 export const wat = `
 (module
-  (memory (export "memory") 16 16)
+  (memory (export "memory") 32 32)
 
   ;; one-lane helpers for the tails
   (func $enc1 (param $v i32) (result i32) ${encLocals(0)}
@@ -182,5 +206,96 @@ export const wat = `
        (f32.store (local.get $p) (f32x4.extract_lane 0 (local.get $r)))
        (f32.store offset=${B} (local.get $p) (f32x4.extract_lane 0 (f32x4.sub (local.get $x0) (local.get $r))))`
     )})
+  ;; ---- PowerSGD, rank <= 4 (columns beyond r are zero), rows of m floats, m a multiple of 4 ----
+  ;; Sums run in f32 lanes. Only the decoded aggregate must be bitwise the same on every rank; its
+  ;; order is fixed: ((p0·q0 + p1·q1) + p2·q2) + p3·q3 per element (matrix.ts's scalar loop does the same).
+
+  ;; B = f32(B + f32(A·s)) (the residual becomes M = G·s + e); PR[i] = (M row i) · QC, 4 columns
+  (func (export "feedbackMatMul") (param $rows i32) (param $m i32) (param $s f64) (param $exact i32)
+    (local $i i32) (local $j i32) (local $p i32) (local $v v128) (local $sf v128) (local $sv v128)
+    (local $a0 v128) (local $a1 v128) (local $a2 v128) (local $a3 v128) (local $q i32) (local $pr i32)
+    (local.set $sf (f32x4.splat (f32.demote_f64 (local.get $s))))
+    (local.set $sv (f64x2.splat (local.get $s)))
+    (block $rdone (loop $rows_l
+      (br_if $rdone (i32.ge_u (local.get $i) (local.get $rows)))
+      (local.set $a0 (v128.const i32x4 0 0 0 0)) (local.set $a1 (v128.const i32x4 0 0 0 0))
+      (local.set $a2 (v128.const i32x4 0 0 0 0)) (local.set $a3 (v128.const i32x4 0 0 0 0))
+      (local.set $j (i32.const 0))
+      (block $jdone (loop $j_l
+        (br_if $jdone (i32.ge_u (local.get $j) (local.get $m)))
+        (local.set $p (i32.shl (i32.add (i32.mul (local.get $i) (local.get $m)) (local.get $j)) (i32.const 2)))
+        (local.set $v (v128.load (local.get $p)))
+        (local.set $v
+          (f32x4.add (v128.load offset=${B} (local.get $p))
+            (if (result v128) (local.get $exact)
+              (then (f32x4.mul (local.get $v) (local.get $sf)))
+              (else ${pack(
+                `(f64x2.mul (f64x2.promote_low_f32x4 (local.get $v)) (local.get $sv))`,
+                `(f64x2.mul (f64x2.promote_low_f32x4 ${hiLanes("(local.get $v)")}) (local.get $sv))`
+              )}))))
+        (v128.store offset=${B} (local.get $p) (local.get $v))
+        (local.set $q (i32.shl (local.get $j) (i32.const 2)))
+        (local.set $a0 (f32x4.add (local.get $a0) (f32x4.mul (local.get $v) (v128.load offset=${QC} (local.get $q)))))
+        (local.set $a1 (f32x4.add (local.get $a1) (f32x4.mul (local.get $v) (v128.load offset=${QC + 65536} (local.get $q)))))
+        (local.set $a2 (f32x4.add (local.get $a2) (f32x4.mul (local.get $v) (v128.load offset=${QC + 2 * 65536} (local.get $q)))))
+        (local.set $a3 (f32x4.add (local.get $a3) (f32x4.mul (local.get $v) (v128.load offset=${QC + 3 * 65536} (local.get $q)))))
+        (local.set $j (i32.add (local.get $j) (i32.const 4)))
+        (br $j_l)))
+      (local.set $pr (i32.shl (local.get $i) (i32.const 4)))
+      (f32.store offset=${PR} (local.get $pr) ${hsum("$a0")})
+      (f32.store offset=${PR + 4} (local.get $pr) ${hsum("$a1")})
+      (f32.store offset=${PR + 8} (local.get $pr) ${hsum("$a2")})
+      (f32.store offset=${PR + 12} (local.get $pr) ${hsum("$a3")})
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br $rows_l))))
+
+  ;; ACC[c][j] += A[i][j] · PR[i][c] over the rows of the block (ACC is zeroed by the caller per matrix)
+  (func (export "matMulT") (param $rows i32) (param $m i32)
+    (local $i i32) (local $j i32) (local $p i32) (local $q i32) (local $v v128)
+    (local $p0 v128) (local $p1 v128) (local $p2 v128) (local $p3 v128)
+    (block $rdone (loop $rows_l
+      (br_if $rdone (i32.ge_u (local.get $i) (local.get $rows)))
+      (local.set $p (i32.shl (local.get $i) (i32.const 4)))
+      (local.set $p0 (v128.load32_splat offset=${PR} (local.get $p)))
+      (local.set $p1 (v128.load32_splat offset=${PR + 4} (local.get $p)))
+      (local.set $p2 (v128.load32_splat offset=${PR + 8} (local.get $p)))
+      (local.set $p3 (v128.load32_splat offset=${PR + 12} (local.get $p)))
+      (local.set $j (i32.const 0))
+      (block $jdone (loop $j_l
+        (br_if $jdone (i32.ge_u (local.get $j) (local.get $m)))
+        (local.set $v (v128.load (i32.shl (i32.add (i32.mul (local.get $i) (local.get $m)) (local.get $j)) (i32.const 2))))
+        (local.set $q (i32.shl (local.get $j) (i32.const 2)))
+        (v128.store offset=${ACC} (local.get $q) (f32x4.add (v128.load offset=${ACC} (local.get $q)) (f32x4.mul (local.get $v) (local.get $p0))))
+        (v128.store offset=${ACC + 65536} (local.get $q) (f32x4.add (v128.load offset=${ACC + 65536} (local.get $q)) (f32x4.mul (local.get $v) (local.get $p1))))
+        (v128.store offset=${ACC + 2 * 65536} (local.get $q) (f32x4.add (v128.load offset=${ACC + 2 * 65536} (local.get $q)) (f32x4.mul (local.get $v) (local.get $p2))))
+        (v128.store offset=${ACC + 3 * 65536} (local.get $q) (f32x4.add (v128.load offset=${ACC + 3 * 65536} (local.get $q)) (f32x4.mul (local.get $v) (local.get $p3))))
+        (local.set $j (i32.add (local.get $j) (i32.const 4)))
+        (br $j_l)))
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br $rows_l))))
+
+  ;; O = PR · QCᵀ (the decoded aggregate) and, when $residual, B -= PR · WCᵀ (this rank's own share)
+  (func (export "feedbackOuter") (param $rows i32) (param $m i32) (param $residual i32)
+    (local $i i32) (local $j i32) (local $p i32) (local $q i32) (local $x i32)
+    (local $p0 v128) (local $p1 v128) (local $p2 v128) (local $p3 v128)
+    (block $rdone (loop $rows_l
+      (br_if $rdone (i32.ge_u (local.get $i) (local.get $rows)))
+      (local.set $p (i32.shl (local.get $i) (i32.const 4)))
+      (local.set $p0 (v128.load32_splat offset=${PR} (local.get $p)))
+      (local.set $p1 (v128.load32_splat offset=${PR + 4} (local.get $p)))
+      (local.set $p2 (v128.load32_splat offset=${PR + 8} (local.get $p)))
+      (local.set $p3 (v128.load32_splat offset=${PR + 12} (local.get $p)))
+      (local.set $j (i32.const 0))
+      (block $jdone (loop $j_l
+        (br_if $jdone (i32.ge_u (local.get $j) (local.get $m)))
+        (local.set $x (i32.shl (i32.add (i32.mul (local.get $i) (local.get $m)) (local.get $j)) (i32.const 2)))
+        (local.set $q (i32.shl (local.get $j) (i32.const 2)))
+        (v128.store offset=${O} (local.get $x) ${dot4(QC)})
+        (if (local.get $residual) (then
+          (v128.store offset=${B} (local.get $x) (f32x4.sub (v128.load offset=${B} (local.get $x)) ${dot4(WC)}))))
+        (local.set $j (i32.add (local.get $j) (i32.const 4)))
+        (br $j_l)))
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br $rows_l))))
 )
 `
