@@ -80,18 +80,26 @@ export const encodeHalfSimd = (src: Float32Array, out: Uint16Array): boolean => 
   return true
 }
 
-/** dst[i] = value of src[i] (add = false) or dst[i] += value of src[i] (add = true). */
-export const decodeHalfSimd = (src: Uint16Array, dst: Float32Array, add: boolean): boolean => {
-  const k = get(src.length)
-  if (!k) return false
+/**
+ * Streams binary16 `src` and fp32 `dst` through the H and A blocks: `dst` is copied in first when
+ * the kernel reads it, the kernel runs on each block, and A is copied back into `dst`.
+ */
+const throughHalfBlocks = (k: Kernels, src: Uint16Array, dst: Float32Array, readsDst: boolean, kernel: (n: number) => void): void => {
   for (let lo = 0; lo < src.length; lo += SIMD_BLOCK) {
     const n = Math.min(SIMD_BLOCK, src.length - lo)
     k.h.set(src.subarray(lo, lo + n))
     const d = dst.subarray(lo, lo + n)
-    if (add) k.a.set(d)
-    k.ex.decode(n, add ? 1 : 0)
+    if (readsDst) k.a.set(d)
+    kernel(n)
     d.set(n === SIMD_BLOCK ? k.a : k.a.subarray(0, n))
   }
+}
+
+/** dst[i] = value of src[i] (add = false) or dst[i] += value of src[i] (add = true). */
+export const decodeHalfSimd = (src: Uint16Array, dst: Float32Array, add: boolean): boolean => {
+  const k = get(src.length)
+  if (!k) return false
+  throughHalfBlocks(k, src, dst, add, (n) => k.ex.decode(n, add ? 1 : 0))
   return true
 }
 
@@ -99,14 +107,7 @@ export const decodeHalfSimd = (src: Uint16Array, dst: Float32Array, add: boolean
 export const decodeAddDivideSimd = (src: Uint16Array, dst: Float32Array, divisor: number): boolean => {
   const k = get(src.length)
   if (!k) return false
-  for (let lo = 0; lo < src.length; lo += SIMD_BLOCK) {
-    const n = Math.min(SIMD_BLOCK, src.length - lo)
-    k.h.set(src.subarray(lo, lo + n))
-    const d = dst.subarray(lo, lo + n)
-    k.a.set(d)
-    k.ex.decodeAddDivide(n, divisor)
-    d.set(n === SIMD_BLOCK ? k.a : k.a.subarray(0, n))
-  }
+  throughHalfBlocks(k, src, dst, true, (n) => k.ex.decodeAddDivide(n, divisor))
   return true
 }
 
