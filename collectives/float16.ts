@@ -4,7 +4,7 @@
 // 65536-entry table built on first use. No allocation per call. Arrays of SIMD_MIN elements or more
 // go through the WebAssembly SIMD kernels of simd.ts, which give the same bits; the scalar loops
 // here are the reference and the fallback.
-import { decodeHalfSimd, encodeHalfSimd, roundHalfSimd } from "./simd.ts"
+import { decodeHalfSimd, encodeHalfSimd, halfFeedbackSimd, roundHalfSimd } from "./simd.ts"
 
 let table: Float32Array | undefined
 
@@ -88,5 +88,29 @@ export const roundToHalfScalar = (data: Float32Array): void => {
           ? ((b >>> 16) & 0x8000) | ((f - 0x38000000 + 0xfff + ((f >>> 13) & 1)) >>> 13)
           : slowHalf(data[i], b)
       ]
+  }
+}
+
+/** Elements per block of the scalar fused error-feedback loop (64 KiB: stays in L2). */
+const FUSE_BLOCK = 16384
+
+/**
+ * fp16 error feedback in one pass: p = f32(f32(g·scale) + e); g = half(p) (the value that is
+ * sent as binary16); e = p - g (what rounding dropped). `g` and `e` have equal length.
+ */
+export const halfFeedback = (g: Float32Array, e: Float32Array, scale: number): void => {
+  if (!halfFeedbackSimd(g, e, scale)) halfFeedbackScalar(g, e, scale)
+}
+
+/** halfFeedback without SIMD (the reference): block by block, so each element is touched in cache. */
+export const halfFeedbackScalar = (g: Float32Array, e: Float32Array, scale: number): void => {
+  for (let lo = 0; lo < g.length; lo += FUSE_BLOCK) {
+    const hi = Math.min(g.length, lo + FUSE_BLOCK)
+    const d = g.subarray(lo, hi)
+    const r = e.subarray(lo, hi)
+    for (let i = 0; i < d.length; i++) d[i] = Math.fround(d[i] * scale) + r[i]
+    r.set(d)
+    roundToHalfScalar(d)
+    for (let i = 0; i < d.length; i++) r[i] -= d[i]
   }
 }

@@ -16,8 +16,7 @@
 //             re-quantised at each ring hop: one quantisation per rank and step, one residual.
 import type { AllReduceAlgorithm, Communicator } from "./communicator.ts"
 import { planBuckets, DEFAULT_BUCKET_BYTES, DEFAULT_FIRST_BUCKET_BYTES } from "./bucketing.ts"
-import { roundToHalfScalar } from "./float16.ts"
-import { halfFeedbackSimd } from "./simd.ts"
+import { halfFeedback } from "./float16.ts"
 import {
   createCompressor,
   ErrorFeedback,
@@ -55,9 +54,6 @@ export interface ReducerStats {
   readonly totalWireBytes: number
   readonly totalDenseBytes: number
 }
-
-/** Elements per block of the fused fp16 error-feedback loop (64 KiB: stays in L2). */
-const FUSE_BLOCK = 16384
 
 interface Range {
   readonly start: number
@@ -169,20 +165,10 @@ export class GradientReducer {
       const key = `bucket${k}`
       if (c.aggregation === "allreduce") {
         // fp16: p = g·(w/W) + e is sent as binary16; the residual keeps what rounding dropped.
-        // Done block by block so the scaling, the residual update and the rounding touch each
-        // element while it is in cache (one pass over the bucket instead of five).
+        // One fused pass over the bucket (scaling, residual update and rounding) instead of five.
         const t0 = performance.now()
         if (c.errorFeedback) {
-          const e = this.ef.residual(key, data.length)
-          if (!halfFeedbackSimd(data, e, scaleBy)) for (let lo = 0; lo < data.length; lo += FUSE_BLOCK) {
-            const hi = Math.min(data.length, lo + FUSE_BLOCK)
-            const d = data.subarray(lo, hi)
-            const r = e.subarray(lo, hi)
-            for (let i = 0; i < d.length; i++) d[i] = Math.fround(d[i] * scaleBy) + r[i]
-            r.set(d)
-            roundToHalfScalar(d)
-            for (let i = 0; i < d.length; i++) r[i] -= d[i]
-          }
+          halfFeedback(data, this.ef.residual(key, data.length), scaleBy)
         } else {
           for (let i = 0; i < data.length; i++) data[i] *= scaleBy
         }

@@ -1,7 +1,7 @@
 // The element loops of the data path: reduce a received payload into a region of the buffer, copy
 // one in, finish a final value (mean, weighted mean), and read payloads as typed-array views.
 // Plain loops over typed arrays; no allocation except the scratch for misaligned payloads.
-import { halfTable } from "./float16.ts"
+import { decodeHalf, halfTable } from "./float16.ts"
 import { decodeAddDivideSimd, decodeHalfSimd } from "./simd.ts"
 
 export type ReduceOp = "sum" | "mean" | "max" | "weightedMean"
@@ -93,10 +93,7 @@ export const accumulateDivide = (dst: Float32Array, off: number, payload: Uint8A
 /** dst[off..off+n) = payload. */
 export const assign = (dst: Float32Array, off: number, payload: Uint8Array, n: number, half: boolean): void => {
   if (half) {
-    const src = u16View(payload, n)
-    if (decodeHalfSimd(src, dst.subarray(off, off + n), false)) return
-    const t = halfTable()
-    for (let i = 0; i < n; i++) dst[off + i] = t[src[i]]
+    decodeHalf(u16View(payload, n), dst.subarray(off, off + n))
     return
   }
   if ((payload.byteOffset & 3) === 0) {

@@ -1,8 +1,9 @@
-// The SIMD data-path kernels (simd/kernels.wat, WebAssembly 128-bit SIMD) behind small functions
-// over ordinary typed arrays. WebAssembly reads only its own memory, so each call streams the
-// arrays through fixed 64 Ki-element scratch blocks: copy in (a memcpy), one kernel call, copy out.
-// The copies stay in cache and cost far less than the scalar conversions they replace: binary16
-// encode/decode drop from 2-8 ns to well under 1 ns per element (`npm run bench -- codec`).
+// The SIMD data-path kernels (simd/kernels.wat.mjs, WebAssembly 128-bit SIMD) behind small
+// functions over ordinary typed arrays. WebAssembly reads only its own memory, so each call streams
+// the arrays through fixed 64 Ki-element scratch blocks: copy in (a memcpy), one kernel call, copy
+// out. The kernels alone take about 0.8 ns per element for a binary16 encode or decode-add (the
+// scalar loops 1.4-2.1 ns); on arrays far beyond the caches both paths are held to memory speed,
+// and what the kernels buy there is fewer passes (fused error feedback, PowerSGD's fused passes).
 //
 // Results are bit-for-bit those of the scalar loops (float16.ts, kernels.ts; tested), so ranks
 // agree whether or not SIMD is available. Without WebAssembly SIMD, or with GRADWIRE_SIMD=0, every
@@ -27,6 +28,9 @@ interface KernelExports {
   decodeAddDivide(n: number, divisor: number): void
   roundHalf(n: number): void
   halfFeedback(n: number, scale: number, exact: number): void
+  feedbackMatMul(rows: number, m: number, s: number, exact: number): void
+  matMulT(rows: number, m: number): void
+  feedbackOuter(rows: number, m: number, residual: number): void
 }
 
 interface Kernels {
@@ -34,6 +38,8 @@ interface Kernels {
   readonly a: Float32Array
   readonly b: Float32Array
   readonly h: Uint16Array
+  /** The whole memory as floats (PowerSGD's regions). */
+  readonly f: Float32Array
 }
 
 let kernels: Kernels | null | undefined
@@ -48,7 +54,8 @@ const load = (): Kernels | null => {
       ex,
       a: new Float32Array(buf, 0, SIMD_BLOCK),
       b: new Float32Array(buf, 0x40000, SIMD_BLOCK),
-      h: new Uint16Array(buf, 0x80000, SIMD_BLOCK)
+      h: new Uint16Array(buf, 0x80000, SIMD_BLOCK),
+      f: new Float32Array(buf)
     }
   } catch {
     return null // no WebAssembly SIMD in this runtime: the scalar loops do the work
@@ -157,14 +164,6 @@ const PR = 0x160000 / 4
 const O = 0x1a0000 / 4
 const COL = 16384 // floats between two columns
 
-interface PsgdExports {
-  feedbackMatMul(rows: number, m: number, s: number, exact: number): void
-  matMulT(rows: number, m: number): void
-  feedbackOuter(rows: number, m: number, residual: number): void
-}
-
-let whole: Float32Array | undefined
-const mem = (k: Kernels): Float32Array => (whole ??= new Float32Array(k.ex.memory.buffer))
 const psgd = (n: number, m: number, r: number): Kernels | null =>
   r >= 1 && r <= 4 && m >= 4 && m % 4 === 0 && m <= PSGD_MAXM && n * m >= SIMD_MIN ? get(n * m) : null
 
@@ -190,8 +189,7 @@ const setRows = (f: Float32Array, P: Float32Array, i0: number, rows: number, r: 
 export const feedbackMatMulSimd = (G: Float32Array, s: number, E: Float32Array, n: number, m: number, Q: Float32Array, r: number, P: Float32Array): boolean => {
   const k = psgd(n, m, r)
   if (!k) return false
-  const f = mem(k)
-  const ex = k.ex as unknown as PsgdExports
+  const { f, ex } = k
   setColumns(f, QC, Q, m, r)
   const exact = Math.fround(s) === s ? 1 : 0
   const per = Math.floor(SIMD_BLOCK / m)
@@ -212,8 +210,7 @@ export const feedbackMatMulSimd = (G: Float32Array, s: number, E: Float32Array, 
 export const matMulTSimd = (M: Float32Array, n: number, m: number, P: Float32Array, r: number, Q: Float32Array): boolean => {
   const k = psgd(n, m, r)
   if (!k) return false
-  const f = mem(k)
-  const ex = k.ex as unknown as PsgdExports
+  const { f, ex } = k
   for (let c = 0; c < 4; c++) f.fill(0, ACC + c * COL, ACC + c * COL + m)
   const per = Math.floor(SIMD_BLOCK / m)
   for (let i0 = 0; i0 < n; i0 += per) {
@@ -242,8 +239,7 @@ export const feedbackOuterSimd = (
 ): boolean => {
   const k = psgd(n, m, r)
   if (!k) return false
-  const f = mem(k)
-  const ex = k.ex as unknown as PsgdExports
+  const { f, ex } = k
   setColumns(f, QC, Q, m, r)
   const residual = E !== undefined && Qw !== undefined
   if (residual) setColumns(f, WC, Qw, m, r)

@@ -3,7 +3,7 @@
 // rank), over every binary16 pattern, random fp32 bit patterns (NaN, Inf, subnormals included),
 // lengths with SIMD tails and lengths spanning several scratch blocks.
 import { describe, expect, it } from "vitest"
-import { decodeHalfScalar, encodeHalfScalar, halfTable, roundToHalfScalar } from "../collectives/float16.ts"
+import { decodeHalfScalar, encodeHalfScalar, halfFeedbackScalar, halfTable, roundToHalfScalar } from "../collectives/float16.ts"
 import {
   SIMD_BLOCK,
   decodeAddDivideSimd,
@@ -125,10 +125,7 @@ describe("SIMD kernels", () => {
       const e = floats(n, 12).map((v) => (Number.isFinite(v) ? v * 1e-3 : 0))
       const g1 = g.slice()
       const e1 = e.slice()
-      for (let i = 0; i < n; i++) g1[i] = Math.fround(g1[i] * scale) + e1[i]
-      e1.set(g1)
-      roundToHalfScalar(g1)
-      for (let i = 0; i < n; i++) e1[i] -= g1[i]
+      halfFeedbackScalar(g1, e1, scale)
       expect(halfFeedbackSimd(g, e, scale)).toBe(true)
       expect(sameBits(g1, g)).toBe(0)
       expect(sameBits(e1, e)).toBe(0)
