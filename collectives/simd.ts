@@ -1,13 +1,16 @@
 // The SIMD data-path kernels (simd/kernels.wat.mjs, WebAssembly 128-bit SIMD) behind small
-// functions over ordinary typed arrays. WebAssembly reads only its own memory, so each call streams
-// the arrays through fixed 64 Ki-element scratch blocks: copy in (a memcpy), one kernel call, copy
-// out. The kernels alone take about 0.8 ns per element for a binary16 encode or decode-add (the
-// scalar loops 1.4-2.1 ns); on arrays far beyond the caches both paths are held to memory speed,
-// and what the kernels buy there is fewer passes (fused error feedback, PowerSGD's fused passes).
+// functions over ordinary typed arrays. WebAssembly reads only its own memory, so an array that
+// lives elsewhere is streamed through fixed 64 Ki-element scratch blocks: copy in (a memcpy), one
+// kernel call, copy out. An array that lives in a kernel instance's memory (a space, see
+// simdSpace: the gradient reducer keeps its residuals and working copies there) is worked on in
+// place, with no copy at all. The kernels alone take about 0.8 ns per element for a binary16
+// encode or decode-add (the scalar loops 1.4-2.1 ns); on arrays far beyond the caches both paths
+// are held to memory speed, and what the kernels buy there is fewer passes (fused error feedback,
+// PowerSGD's fused passes) and, in a space, none of the copies.
 //
-// Results are bit-for-bit those of the scalar loops (float16.ts, kernels.ts; tested), so ranks
-// agree whether or not SIMD is available. Without WebAssembly SIMD, or with GRADWIRE_SIMD=0, every
-// function here returns false and the caller runs its scalar loop.
+// Results are bit-for-bit those of the scalar loops (float16.ts, kernels.ts, compression/; tested),
+// so ranks agree whether or not SIMD is available. Without WebAssembly SIMD, or with
+// GRADWIRE_SIMD=0, every function here returns false and the caller runs its scalar loop.
 import { KERNELS_WASM_BASE64 } from "./simd/kernels-wasm.ts"
 
 /** Elements per scratch block (the .wat's BLOCK). */
@@ -22,135 +25,240 @@ declare const WebAssembly: {
 }
 
 interface KernelExports {
-  readonly memory: { readonly buffer: ArrayBuffer }
-  encode(n: number): void
-  decode(n: number, add: number): void
-  decodeAddDivide(n: number, divisor: number): void
-  roundHalf(n: number): void
-  halfFeedback(n: number, scale: number, exact: number): void
-  feedbackMatMul(rows: number, m: number, s: number, exact: number): void
-  matMulT(rows: number, m: number): void
-  feedbackOuter(rows: number, m: number, residual: number): void
+  readonly memory: { readonly buffer: ArrayBuffer; grow(pages: number): number }
+  encode(n: number, a: number, h: number): void
+  decode(n: number, a: number, h: number, add: number): void
+  decodeAddDivide(n: number, a: number, h: number, divisor: number): void
+  roundHalf(n: number, a: number): void
+  halfFeedback(n: number, a: number, b: number, scale: number, exact: number): void
+  topkCompensate(n: number, a: number, b: number, scale: number, exact: number, thr: number, c: number, cap: number, base: number): number
+  feedbackMatMul(rows: number, m: number, s: number, exact: number, a: number, b: number): void
+  matMulT(rows: number, m: number, a: number): void
+  feedbackOuter(rows: number, m: number, residual: number, b: number, o: number): void
 }
+
+/** Byte addresses of the scratch blocks (the .wat's A, B, H, O). */
+const A_AT = 0
+const B_AT = 0x40000
+const H_AT = 0x80000
+const O_AT = 0x1a0000
+/** Bytes of scratch at the start of every instance's memory; a space's regions follow. */
+const SCRATCH_BYTES = 0x200000
 
 interface Kernels {
   readonly ex: KernelExports
   readonly a: Float32Array
   readonly b: Float32Array
+  readonly bu: Uint32Array
   readonly h: Uint16Array
   /** The whole memory as floats (PowerSGD's regions). */
   readonly f: Float32Array
 }
 
+let module: object | null | undefined
+/** The scratch-only instance for arrays outside any space. */
 let kernels: Kernels | null | undefined
+/** Instances by their memory, for arrays that live in a space. */
+const spaces = new WeakMap<ArrayBuffer, Kernels>()
 
-const load = (): Kernels | null => {
-  if (process.env.GRADWIRE_SIMD === "0") return null
+const instantiate = (extraBytes: number): Kernels | null => {
+  if (module === undefined) {
+    module = null
+    if (process.env.GRADWIRE_SIMD !== "0") {
+      try {
+        module = new WebAssembly.Module(Buffer.from(KERNELS_WASM_BASE64, "base64"))
+      } catch {
+        // no WebAssembly SIMD in this runtime: the scalar loops do the work
+      }
+    }
+  }
+  if (module === null) return null
   try {
-    const bytes = Buffer.from(KERNELS_WASM_BASE64, "base64")
-    const ex = new WebAssembly.Instance(new WebAssembly.Module(bytes), {}).exports as unknown as KernelExports
+    const ex = new WebAssembly.Instance(module, {}).exports as unknown as KernelExports
+    // grown once, before any view exists: growing later would detach the views
+    if (extraBytes > 0) ex.memory.grow(Math.ceil(extraBytes / 65536))
     const buf = ex.memory.buffer
     return {
       ex,
-      a: new Float32Array(buf, 0, SIMD_BLOCK),
-      b: new Float32Array(buf, 0x40000, SIMD_BLOCK),
-      h: new Uint16Array(buf, 0x80000, SIMD_BLOCK),
+      a: new Float32Array(buf, A_AT, SIMD_BLOCK),
+      b: new Float32Array(buf, B_AT, SIMD_BLOCK),
+      bu: new Uint32Array(buf, B_AT, SIMD_BLOCK),
+      h: new Uint16Array(buf, H_AT, SIMD_BLOCK),
       f: new Float32Array(buf)
     }
   } catch {
-    return null // no WebAssembly SIMD in this runtime: the scalar loops do the work
+    return null // e.g. memory could not grow that far
   }
 }
 
 const get = (n: number): Kernels | null => {
   if (n < SIMD_MIN) return null
-  if (kernels === undefined) kernels = load()
+  if (kernels === undefined) kernels = instantiate(0)
   return kernels
 }
 
+/** The instance whose memory holds `x`, if any (then kernels work on it in place). */
+const home = (x: ArrayBufferView): Kernels | undefined => spaces.get(x.buffer as ArrayBuffer)
+
 /** Whether the SIMD kernels are in use in this process. */
 export const simdAvailable = (): boolean => {
-  if (kernels === undefined) kernels = load()
+  if (kernels === undefined) kernels = instantiate(0)
   return kernels !== null
 }
 
+/** Largest space made (bytes of regions); beyond it callers keep ordinary arrays. */
+const MAX_SPACE_BYTES = 1536 * 1024 * 1024
+
+/**
+ * Zeroed float arrays of the given lengths that live together in the memory of one new kernel
+ * instance, so that the functions here work on them in place instead of streaming them through
+ * scratch blocks. Undefined when SIMD is unavailable or the total is too large: use ordinary
+ * arrays then (the functions accept both).
+ */
+export const simdSpace = (lengths: ReadonlyArray<number>): Float32Array[] | undefined => {
+  const aligned = lengths.map((n) => Math.ceil(n / 4) * 16)
+  const total = aligned.reduce((a, b) => a + b, 0)
+  if (total > MAX_SPACE_BYTES) return undefined
+  const k = instantiate(total)
+  if (!k) return undefined
+  spaces.set(k.ex.memory.buffer, k)
+  let at = SCRATCH_BYTES
+  return lengths.map((n, i) => {
+    const v = new Float32Array(k.ex.memory.buffer, at, n)
+    at += aligned[i]
+    return v
+  })
+}
+
+/** Whether `x` lives in a space (tests). */
+export const inSimdSpace = (x: ArrayBufferView): boolean => home(x) !== undefined
+
 /** out[i] = binary16 bits of src[i] (round to nearest even). */
 export const encodeHalfSimd = (src: Float32Array, out: Uint16Array): boolean => {
-  const k = get(src.length)
+  const own = home(src)
+  const k = own ?? get(src.length)
   if (!k) return false
   for (let lo = 0; lo < src.length; lo += SIMD_BLOCK) {
     const n = Math.min(SIMD_BLOCK, src.length - lo)
-    k.a.set(src.subarray(lo, lo + n))
-    k.ex.encode(n)
+    if (own) k.ex.encode(n, src.byteOffset + lo * 4, H_AT)
+    else {
+      k.a.set(src.subarray(lo, lo + n))
+      k.ex.encode(n, A_AT, H_AT)
+    }
     out.set(n === SIMD_BLOCK ? k.h : k.h.subarray(0, n), lo)
   }
   return true
 }
 
 /**
- * Streams binary16 `src` and fp32 `dst` through the H and A blocks: `dst` is copied in first when
- * the kernel reads it, the kernel runs on each block, and A is copied back into `dst`.
+ * Streams binary16 `src` through the H block into fp32 `dst`: in place when `dst` lives in a
+ * space, else through the A block (copied in first when the kernel reads it, and back out).
  */
-const throughHalfBlocks = (k: Kernels, src: Uint16Array, dst: Float32Array, readsDst: boolean, kernel: (n: number) => void): void => {
+const throughHalfBlocks = (src: Uint16Array, dst: Float32Array, readsDst: boolean, kernel: (k: Kernels, n: number, a: number) => void): boolean => {
+  const own = home(dst)
+  const k = own ?? get(src.length)
+  if (!k) return false
   for (let lo = 0; lo < src.length; lo += SIMD_BLOCK) {
     const n = Math.min(SIMD_BLOCK, src.length - lo)
     k.h.set(src.subarray(lo, lo + n))
+    if (own) {
+      kernel(k, n, dst.byteOffset + lo * 4)
+      continue
+    }
     const d = dst.subarray(lo, lo + n)
     if (readsDst) k.a.set(d)
-    kernel(n)
+    kernel(k, n, A_AT)
     d.set(n === SIMD_BLOCK ? k.a : k.a.subarray(0, n))
   }
+  return true
 }
 
 /** dst[i] = value of src[i] (add = false) or dst[i] += value of src[i] (add = true). */
-export const decodeHalfSimd = (src: Uint16Array, dst: Float32Array, add: boolean): boolean => {
-  const k = get(src.length)
-  if (!k) return false
-  throughHalfBlocks(k, src, dst, add, (n) => k.ex.decode(n, add ? 1 : 0))
-  return true
-}
+export const decodeHalfSimd = (src: Uint16Array, dst: Float32Array, add: boolean): boolean =>
+  throughHalfBlocks(src, dst, add, (k, n, a) => k.ex.decode(n, a, H_AT, add ? 1 : 0))
 
 /** dst[i] = f32((dst[i] + value of src[i]) / divisor), the sum and division in double as JS does. */
-export const decodeAddDivideSimd = (src: Uint16Array, dst: Float32Array, divisor: number): boolean => {
-  const k = get(src.length)
-  if (!k) return false
-  throughHalfBlocks(k, src, dst, true, (n) => k.ex.decodeAddDivide(n, divisor))
-  return true
-}
+export const decodeAddDivideSimd = (src: Uint16Array, dst: Float32Array, divisor: number): boolean =>
+  throughHalfBlocks(src, dst, true, (k, n, a) => k.ex.decodeAddDivide(n, a, H_AT, divisor))
 
 /** data[i] = nearest binary16 value of data[i], in place. */
 export const roundHalfSimd = (data: Float32Array): boolean => {
+  const own = home(data)
+  if (own) {
+    own.ex.roundHalf(data.length, data.byteOffset)
+    return true
+  }
   const k = get(data.length)
   if (!k) return false
   for (let lo = 0; lo < data.length; lo += SIMD_BLOCK) {
     const n = Math.min(SIMD_BLOCK, data.length - lo)
     const d = data.subarray(lo, lo + n)
     k.a.set(d)
-    k.ex.roundHalf(n)
+    k.ex.roundHalf(n, A_AT)
     d.set(n === SIMD_BLOCK ? k.a : k.a.subarray(0, n))
   }
   return true
 }
 
+/** Whether `scale` is an f32 value (then the kernels' f32 product equals Math.fround(x * scale)). */
+const exactScale = (scale: number): number => (Math.fround(scale) === scale ? 1 : 0)
+
 /**
  * fp16 error feedback in one pass: p = f32(f32(g·scale) + e); g = half(p) (the value sent);
- * e = p - g (what rounding dropped). `g` and `e` have equal length.
+ * e = p - g (what rounding dropped). `g` and `e` have equal length. No copy when both live in the
+ * same space; `e` alone in a space saves its two copies.
  */
 export const halfFeedbackSimd = (g: Float32Array, e: Float32Array, scale: number): boolean => {
-  const k = get(g.length)
+  const exact = exactScale(scale)
+  const own = home(e)
+  if (own && home(g) === own) {
+    own.ex.halfFeedback(g.length, g.byteOffset, e.byteOffset, scale, exact)
+    return true
+  }
+  const k = own ?? get(g.length)
   if (!k) return false
-  const exact = Math.fround(scale) === scale ? 1 : 0
   for (let lo = 0; lo < g.length; lo += SIMD_BLOCK) {
     const n = Math.min(SIMD_BLOCK, g.length - lo)
     const gs = g.subarray(lo, lo + n)
-    const es = e.subarray(lo, lo + n)
     k.a.set(gs)
-    k.b.set(es)
-    k.ex.halfFeedback(n, scale, exact)
+    if (own) k.ex.halfFeedback(n, A_AT, e.byteOffset + lo * 4, scale, exact)
+    else {
+      const es = e.subarray(lo, lo + n)
+      k.b.set(es)
+      k.ex.halfFeedback(n, A_AT, B_AT, scale, exact)
+      es.set(n === SIMD_BLOCK ? k.b : k.b.subarray(0, n))
+    }
     gs.set(n === SIMD_BLOCK ? k.a : k.a.subarray(0, n))
-    es.set(n === SIMD_BLOCK ? k.b : k.b.subarray(0, n))
   }
   return true
+}
+
+/**
+ * Top-k error feedback in one pass, for a residual `e` that lives in a space: e = f32(e +
+ * f32(g·scale)); the ascending indices of the elements with |e| >= thr (or NaN) are written to
+ * `cand`, at most cand.length of them. Returns how many there were (more than cand.length when the
+ * threshold was too low), or -1 when the kernels cannot take it (`e` is not in a space).
+ * `g` is only read.
+ */
+export const topkCompensateSimd = (g: Float32Array, scale: number, e: Float32Array, thr: number, cand: Uint32Array): number => {
+  const k = home(e)
+  if (!k || g.length !== e.length) return -1
+  const exact = exactScale(scale)
+  const gOwn = home(g) === k
+  let count = 0
+  for (let lo = 0; lo < g.length; lo += SIMD_BLOCK) {
+    const n = Math.min(SIMD_BLOCK, g.length - lo)
+    let a = g.byteOffset + lo * 4
+    if (!gOwn) {
+      k.a.set(g.subarray(lo, lo + n))
+      a = A_AT
+    }
+    const room = Math.max(0, cand.length - count)
+    const found = k.ex.topkCompensate(n, a, e.byteOffset + lo * 4, scale, exact, thr, B_AT, Math.min(room, SIMD_BLOCK), lo)
+    if (room > 0) cand.set(k.bu.subarray(0, Math.min(found, room)), count)
+    count += found
+  }
+  return count
 }
 
 // ---- PowerSGD (rank r <= 4, rows of m floats, m a multiple of 4 and at most PSGD_MAXM) ----
@@ -164,8 +272,12 @@ const PR = 0x160000 / 4
 const O = 0x1a0000 / 4
 const COL = 16384 // floats between two columns
 
-const psgd = (n: number, m: number, r: number): Kernels | null =>
-  r >= 1 && r <= 4 && m >= 4 && m % 4 === 0 && m <= PSGD_MAXM && n * m >= SIMD_MIN ? get(n * m) : null
+/** Rows of P the PR region holds (one kernel call's most rows when nothing is copied). */
+const PR_ROWS = SIMD_BLOCK / 4
+
+/** The instance to use: the one holding `x` (no copies), else the scratch-only one. */
+const psgd = (n: number, m: number, r: number, x: Float32Array | undefined): Kernels | null =>
+  r >= 1 && r <= 4 && m >= 4 && m % 4 === 0 && m <= PSGD_MAXM && n * m >= SIMD_MIN ? ((x && home(x)) ?? get(n * m)) : null
 
 /** The r columns of a row-major m×r factor into a column region, columns r..3 zero. */
 const setColumns = (f: Float32Array, at: number, F: Float32Array, m: number, r: number): void => {
@@ -185,39 +297,45 @@ const setRows = (f: Float32Array, P: Float32Array, i0: number, rows: number, r: 
   for (let i = 0; i < rows; i++) for (let c = 0; c < 4; c++) f[PR + i * 4 + c] = c < r ? P[(i0 + i) * r + c] : 0
 }
 
-/** E = f32(E + f32(G·s)); P (n×r) = E·Q with f32 lane sums. False when the kernels cannot take it. */
+/**
+ * E = f32(E + f32(G·s)); P (n×r) = E·Q with f32 lane sums. False when the kernels cannot take it.
+ * E in a space is updated in place; G in the same space is read in place.
+ */
 export const feedbackMatMulSimd = (G: Float32Array, s: number, E: Float32Array, n: number, m: number, Q: Float32Array, r: number, P: Float32Array): boolean => {
-  const k = psgd(n, m, r)
+  const k = psgd(n, m, r, E)
   if (!k) return false
   const { f, ex } = k
+  const eOwn = home(E) === k
+  const gOwn = home(G) === k
   setColumns(f, QC, Q, m, r)
-  const exact = Math.fround(s) === s ? 1 : 0
-  const per = Math.floor(SIMD_BLOCK / m)
+  const exact = exactScale(s)
+  const per = eOwn && gOwn ? PR_ROWS : Math.floor(SIMD_BLOCK / m)
   for (let i0 = 0; i0 < n; i0 += per) {
     const rows = Math.min(per, n - i0)
     const lo = i0 * m
     const hi = lo + rows * m
-    k.a.set(G.subarray(lo, hi))
-    k.b.set(E.subarray(lo, hi))
-    ex.feedbackMatMul(rows, m, s, exact)
-    E.set(k.b.subarray(0, hi - lo), lo)
+    if (!gOwn) k.a.set(G.subarray(lo, hi))
+    if (!eOwn) k.b.set(E.subarray(lo, hi))
+    ex.feedbackMatMul(rows, m, s, exact, gOwn ? G.byteOffset + lo * 4 : A_AT, eOwn ? E.byteOffset + lo * 4 : B_AT)
+    if (!eOwn) E.set(k.b.subarray(0, hi - lo), lo)
     for (let i = 0; i < rows; i++) for (let c = 0; c < r; c++) P[(i0 + i) * r + c] = f[PR + i * 4 + c]
   }
   return true
 }
 
-/** Q (m×r) = Mᵀ·P with f32 sums. False when the kernels cannot take it. */
+/** Q (m×r) = Mᵀ·P with f32 sums (M read in place when it lives in a space). False when the kernels cannot take it. */
 export const matMulTSimd = (M: Float32Array, n: number, m: number, P: Float32Array, r: number, Q: Float32Array): boolean => {
-  const k = psgd(n, m, r)
+  const k = psgd(n, m, r, M)
   if (!k) return false
   const { f, ex } = k
+  const own = home(M) === k
   for (let c = 0; c < 4; c++) f.fill(0, ACC + c * COL, ACC + c * COL + m)
-  const per = Math.floor(SIMD_BLOCK / m)
+  const per = own ? PR_ROWS : Math.floor(SIMD_BLOCK / m)
   for (let i0 = 0; i0 < n; i0 += per) {
     const rows = Math.min(per, n - i0)
-    k.a.set(M.subarray(i0 * m, (i0 + rows) * m))
+    if (!own) k.a.set(M.subarray(i0 * m, (i0 + rows) * m))
     setRows(f, P, i0, rows, r)
-    ex.matMulT(rows, m)
+    ex.matMulT(rows, m, own ? M.byteOffset + i0 * m * 4 : A_AT)
   }
   for (let j = 0; j < m; j++) for (let c = 0; c < r; c++) Q[j * r + c] = f[ACC + c * COL + j]
   return true
@@ -225,7 +343,8 @@ export const matMulTSimd = (M: Float32Array, n: number, m: number, P: Float32Arr
 
 /**
  * out = P·Qᵀ, each element ((p0·q0 + p1·q1) + p2·q2) + p3·q3 in f32 (as matrix.ts's scalar loop),
- * and, with a residual E, E -= P·Qwᵀ. False when the kernels cannot take it.
+ * and, with a residual E, E -= P·Qwᵀ. False when the kernels cannot take it. E and out are worked
+ * on in place when they live in a space.
  */
 export const feedbackOuterSimd = (
   P: Float32Array,
@@ -237,22 +356,24 @@ export const feedbackOuterSimd = (
   E: Float32Array | undefined,
   out: Float32Array
 ): boolean => {
-  const k = psgd(n, m, r)
+  const residual = E !== undefined && Qw !== undefined
+  const k = psgd(n, m, r, residual ? E : out)
   if (!k) return false
   const { f, ex } = k
+  const eOwn = residual && home(E) === k
+  const outOwn = home(out) === k
   setColumns(f, QC, Q, m, r)
-  const residual = E !== undefined && Qw !== undefined
   if (residual) setColumns(f, WC, Qw, m, r)
-  const per = Math.floor(SIMD_BLOCK / m)
+  const per = (eOwn || !residual) && outOwn ? PR_ROWS : Math.floor(SIMD_BLOCK / m)
   for (let i0 = 0; i0 < n; i0 += per) {
     const rows = Math.min(per, n - i0)
     const lo = i0 * m
     const hi = lo + rows * m
     setRows(f, P, i0, rows, r)
-    if (residual) k.b.set(E.subarray(lo, hi))
-    ex.feedbackOuter(rows, m, residual ? 1 : 0)
-    out.set(f.subarray(O, O + (hi - lo)), lo)
-    if (residual) E.set(k.b.subarray(0, hi - lo), lo)
+    if (residual && !eOwn) k.b.set(E.subarray(lo, hi))
+    ex.feedbackOuter(rows, m, residual ? 1 : 0, eOwn ? E.byteOffset + lo * 4 : B_AT, outOwn ? out.byteOffset + lo * 4 : O_AT)
+    if (!outOwn) out.set(f.subarray(O, O + (hi - lo)), lo)
+    if (residual && !eOwn) E.set(k.b.subarray(0, hi - lo), lo)
   }
   return true
 }

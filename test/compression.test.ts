@@ -236,6 +236,43 @@ describe("top-k", () => {
     expect(reference(x, c.k(x.length)).every((i) => d[i] === x[i])).toBe(true)
   })
 
+  it("the fused error-feedback pass gives compensate-then-encode's message and residual, and zeroes the gradient", async () => {
+    const { simdSpace } = await import("../collectives/simd.ts")
+    const sampledAt = (n: number): Set<number> => new Set(Array.from({ length: 8192 }, (_, s) => Math.floor((s * n) / 8192)))
+    const cases: Array<[string, number, (n: number) => Float32Array, number]> = [
+      ["gaussian", 300_000, (n) => randn(n, 5), 1e-3],
+      // every magnitude equal: far more candidates than the cap, so it falls back
+      ["flat", 300_000, (n) => new Float32Array(n).fill(0.5), 0],
+      // the largest values exactly where the sample looks, fewer of them than k: too few
+      // candidates, so it falls back
+      ["misled", 1_000_000, (n) => {
+        const at = sampledAt(n)
+        return Float32Array.from({ length: n }, (_, i) => (at.has(i) ? 1e6 : 1 + (i % 1000) / 1000))
+      }, 0]
+    ]
+    for (const [name, n, make, noise] of cases) {
+      for (const where of ["plain", "space"] as const) {
+        const g = make(n)
+        const e0 = randn(n, 6).map((v) => v * noise)
+        const scale = 0.3
+        const ref = new TopKCompressor({ ratio: 0.01, sampleAbove: 1000 })
+        const eRef = e0.slice()
+        for (let i = 0; i < n; i++) eRef[i] += Math.fround(g[i] * scale)
+        const want = Buffer.from(ref.encode(eRef).bytes)
+        const c = new TopKCompressor({ ratio: 0.01, sampleAbove: 1000 })
+        const e = where === "space" ? simdSpace([n])![0] : new Float32Array(n)
+        e.set(e0)
+        const gg = g.slice()
+        const got = Buffer.from(c.encodeCompensated(gg, scale, e).bytes)
+        expect(got.equals(want), `${name}, residual ${where}`).toBe(true)
+        expect(Buffer.from(e.buffer, e.byteOffset, e.byteLength).equals(Buffer.from(eRef.buffer))).toBe(true)
+        expect(gg.every((v) => v === 0)).toBe(true)
+        if (name !== "gaussian") expect(c.fallbacks).toBe(1)
+        else expect(c.fallbacks).toBe(0)
+      }
+    }
+  })
+
   it("a NaN is always selected (a diverged gradient stays visible)", () => {
     const x = new Float32Array([1, 2, NaN, 3, 4])
     const c = new TopKCompressor({ ratio: 0.2 })

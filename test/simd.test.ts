@@ -14,7 +14,10 @@ import {
   encodeHalfSimd,
   halfFeedbackSimd,
   roundHalfSimd,
-  simdAvailable
+  simdAvailable,
+  simdSpace,
+  inSimdSpace,
+  topkCompensateSimd
 } from "../collectives/simd.ts"
 
 /** A deterministic xorshift stream of 32-bit words. */
@@ -255,6 +258,145 @@ describe("SIMD kernels", () => {
       expect(scalar.simd).toBe(false)
       expect(simd.simd).toBe(true)
       expect(simd.h).toBe(scalar.h)
+    })
+  })
+
+  describe("arrays in a SIMD space (worked on in place, no copies)", () => {
+    /** Copies of `xs` placed in one new space. */
+    const placed = (...xs: Float32Array[]): Float32Array[] => {
+      const views = simdSpace(xs.map((x) => x.length))
+      expect(views).toBeDefined()
+      views!.forEach((v, i) => {
+        expect(inSimdSpace(v)).toBe(true)
+        v.set(xs[i])
+      })
+      return views!
+    }
+
+    it("a space's arrays start at zero and do not overlap", () => {
+      const [a, b, c] = simdSpace([1001, 5, SIMD_BLOCK])!
+      expect([a.length, b.length, c.length]).toEqual([1001, 5, SIMD_BLOCK])
+      expect(a.every((v) => v === 0) && b.every((v) => v === 0) && c.every((v) => v === 0)).toBe(true)
+      a.fill(1)
+      c.fill(3)
+      b.fill(2)
+      expect(a.every((v) => v === 1) && b.every((v) => v === 2) && c.every((v) => v === 3)).toBe(true)
+      expect(inSimdSpace(new Float32Array(10))).toBe(false)
+    })
+
+    it("binary16 encode, decode, decode-add, decode-add-divide, rounding: the same bits as ordinary arrays", () => {
+      for (const n of [257, SIMD_BLOCK + 13, 3 * SIMD_BLOCK + 5]) {
+        const x = floats(n, n + 1)
+        const h = new Uint16Array(words(n, 3).buffer, 0, n)
+        const [xs] = placed(x)
+        const e1 = new Uint16Array(n)
+        const e2 = new Uint16Array(n)
+        encodeHalfSimd(x, e1)
+        encodeHalfSimd(xs, e2)
+        expect(Buffer.from(e2.buffer).equals(Buffer.from(e1.buffer))).toBe(true)
+        for (const add of [false, true]) {
+          const d1 = x.slice()
+          const [d2] = placed(x)
+          decodeHalfSimd(h, d1, add)
+          decodeHalfSimd(h, d2, add)
+          expect(sameBits(d1, d2)).toBe(0)
+        }
+        const v1 = x.slice()
+        const [v2] = placed(x)
+        decodeAddDivideSimd(h, v1, 3)
+        decodeAddDivideSimd(h, v2, 3)
+        expect(sameBits(v1, v2)).toBe(0)
+        const r1 = x.slice()
+        const [r2] = placed(x)
+        roundHalfSimd(r1)
+        roundHalfSimd(r2)
+        expect(sameBits(r1, r2)).toBe(0)
+      }
+    })
+
+    it("fp16 error feedback with the residual in a space, and with both arrays in one", () => {
+      const n = 2 * SIMD_BLOCK + 9
+      const g = floats(n, 21)
+      const e = floats(n, 22).map((v) => (Number.isFinite(v) ? v * 1e-3 : 0))
+      for (const scale of [0.25, 1 / 3]) {
+        const g1 = g.slice()
+        const e1 = e.slice()
+        halfFeedbackScalar(g1, e1, scale)
+        const g2 = g.slice()
+        const [e2] = placed(e)
+        halfFeedbackSimd(g2, e2, scale)
+        expect(sameBits(g1, g2)).toBe(0)
+        expect(sameBits(e1, e2)).toBe(0)
+        const [g3, e3] = placed(g, e)
+        halfFeedbackSimd(g3, e3, scale)
+        expect(sameBits(g1, g3)).toBe(0)
+        expect(sameBits(e1, e3)).toBe(0)
+      }
+    })
+
+    it("top-k compensation: the residual as the JS loop computes it, and the indices at or above the threshold (NaN included)", () => {
+      const n = 3 * SIMD_BLOCK + 7
+      const g = floats(n, 31).map((v) => (Number.isFinite(v) ? v : 0))
+      g[100] = NaN
+      const e = floats(n, 32).map((v) => (Number.isFinite(v) ? v * 0.01 : 0))
+      for (const scale of [0.25, 0.3]) {
+        const thr = 1e-3
+        const ref = e.slice()
+        const want: number[] = []
+        for (let i = 0; i < n; i++) {
+          ref[i] = Math.fround(ref[i] + Math.fround(g[i] * scale))
+          const a = Math.abs(ref[i])
+          if (a >= thr || a !== a) want.push(i)
+        }
+        expect(want.length).toBeGreaterThan(10)
+        expect(want.length).toBeLessThan(n)
+        const [es] = placed(e)
+        const cand = new Uint32Array(want.length + 5)
+        expect(topkCompensateSimd(g, scale, es, Math.fround(thr), cand)).toBe(want.length)
+        expect(sameBits(ref, es)).toBe(0)
+        expect([...cand.subarray(0, want.length)]).toEqual(want)
+        // too small a candidate array: the count still says how many there were, the first ones are kept
+        const [es2] = placed(e)
+        const few = new Uint32Array(7)
+        expect(topkCompensateSimd(g, scale, es2, Math.fround(thr), few)).toBe(want.length)
+        expect([...few]).toEqual(want.slice(0, 7))
+        expect(sameBits(ref, es2)).toBe(0)
+      }
+      // a residual outside any space is declined (the JS loop runs)
+      expect(topkCompensateSimd(g, 1, e.slice(), 1, new Uint32Array(10))).toBe(-1)
+    })
+
+    it("PowerSGD kernels with the residual (and matrix, and output) in a space: the same bits", () => {
+      const [n, m, r] = [300, 1024, 4]
+      const w = words(4 * n * m, 77)
+      const G = Float32Array.from({ length: n * m }, (_, i) => w[i] / 2 ** 32 - 0.5)
+      const E = Float32Array.from({ length: n * m }, (_, i) => (w[n * m + i] / 2 ** 32 - 0.5) * 0.01)
+      const Q = Float32Array.from({ length: m * r }, (_, i) => w[2 * n * m + i] / 2 ** 32 - 0.5)
+      const E1 = E.slice()
+      const P1 = new Float32Array(n * r)
+      feedbackMatMulSimd(G, 0.25, E1, n, m, Q, r, P1)
+      const [E2, G2] = placed(E, G)
+      const P2 = new Float32Array(n * r)
+      feedbackMatMulSimd(G, 0.25, E2, n, m, Q, r, P2)
+      expect(sameBits(E1, E2)).toBe(0)
+      expect(sameBits(P1, P2)).toBe(0)
+      const [E3] = placed(E)
+      feedbackMatMulSimd(G2, 0.25, E3, n, m, Q, r, P2) // G2 is in another space: copied in
+      expect(sameBits(E1, E3)).toBe(0)
+      const Q1 = new Float32Array(m * r)
+      const Q2 = new Float32Array(m * r)
+      matMulTSimd(E1, n, m, P1, r, Q1)
+      matMulTSimd(E2, n, m, P1, r, Q2)
+      expect(sameBits(Q1, Q2)).toBe(0)
+      const out1 = new Float32Array(n * m)
+      feedbackOuterSimd(P1, Q2, Q1, n, m, r, E1, out1)
+      const out2 = new Float32Array(n * m)
+      feedbackOuterSimd(P1, Q2, Q1, n, m, r, E2, out2)
+      expect(sameBits(E1, E2)).toBe(0)
+      expect(sameBits(out1, out2)).toBe(0)
+      const [out3] = placed(new Float32Array(n * m))
+      feedbackOuterSimd(P1, undefined, Q1, n, m, r, undefined, out3)
+      expect(sameBits(out1, out3)).toBe(0)
     })
   })
 })

@@ -17,11 +17,18 @@ export type ResidualState = Record<string, Float32Array>
 export class ErrorFeedback {
   private readonly residuals = new Map<string, Float32Array>()
 
+  /**
+   * Makes the zeroed residual of n floats for `key`, on first use and on restore. The gradient
+   * reducer puts large residuals in SIMD memory (see GradientReducer), where the kernels update
+   * them in place.
+   */
+  allocate: (key: string, n: number) => Float32Array = (_key, n) => new Float32Array(n)
+
   /** The residual under `key`, created as zeros on first use. A length change is an error. */
   residual(key: string, n: number): Float32Array {
     const e = this.residuals.get(key)
     if (e === undefined) {
-      const fresh = new Float32Array(n)
+      const fresh = this.allocate(key, n)
       this.residuals.set(key, fresh)
       return fresh
     }
@@ -78,6 +85,10 @@ export class ErrorFeedback {
   /** Replaces all residuals with copies of a saved state (arrays of numbers are accepted too). */
   restore(state: Readonly<Record<string, ArrayLike<number>>>): void {
     this.residuals.clear()
-    for (const [k, v] of Object.entries(state)) this.residuals.set(k, Float32Array.from(v))
+    for (const [k, v] of Object.entries(state)) {
+      const e = this.allocate(k, v.length)
+      e.set(v)
+      this.residuals.set(k, e)
+    }
   }
 }

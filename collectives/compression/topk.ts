@@ -30,6 +30,7 @@ import {
   writeU32
 } from "./compressor.ts"
 import { kthLargest } from "./nth-element.ts"
+import { topkCompensateSimd } from "../simd.ts"
 
 export interface TopKOptions {
   /** Fraction of elements kept, in (0, 1]. */
@@ -116,20 +117,76 @@ export class TopKCompressor implements Compressor {
   }
 
   /**
+   * Error feedback for top-k in one pass over the bucket, for the gradient reducer:
+   * e = f32(e + f32(g·scale)) (the compensated p), g = 0 (the aggregate is summed into it next),
+   * and the message C(p), the same bytes `encode(e)` would give afterwards. The sampled threshold
+   * is taken from p computed on the fly at the sample positions, so the candidates are collected
+   * while the residual is written; one pass instead of three (compensate, scan, zero).
+   */
+  encodeCompensated(g: Float32Array, scale: number, e: Float32Array, _ctx?: EncodeContext, out?: Uint8Array): CompressedMessage {
+    const n = g.length
+    if (e.length !== n) throw new RangeError(`top-k: residual has ${e.length} elements, gradient ${n}`)
+    const k = this.k(n)
+    if (k === n || !(n > this.sampleAbove && k * 16 <= n)) {
+      for (let i = 0; i < n; i++) {
+        e[i] += Math.fround(g[i] * scale)
+        g[i] = 0
+      }
+      return this.encode(e, _ctx, out)
+    }
+    const bytes = outBytes(this.wireBytes(n), out)
+    writeHeader(bytes, "topk", n)
+    writeU32(bytes, HEADER_BYTES, k)
+    const values = new Float32Array(bytes.buffer, bytes.byteOffset + HEADER_BYTES + 4, k)
+    const indices = new Uint32Array(bytes.buffer, bytes.byteOffset + HEADER_BYTES + 4 + 4 * k, k)
+    const tauS = this.sampleThreshold(n, k, (i) => Math.fround(e[i] + Math.fround(g[i] * scale)))
+    const cap = 4 * k + 64
+    if (this.cand.length < cap) this.cand = new Uint32Array(cap)
+    const cand = this.cand
+    // the kernel when the residual lives in SIMD memory (then it is updated in place), else JS
+    const simd = topkCompensateSimd(g, scale, e, tauS, cand.subarray(0, cap))
+    let count = Math.max(0, simd)
+    if (simd >= 0) g.fill(0)
+    for (let i = simd >= 0 ? n : 0; i < n; i++) {
+      const p = Math.fround(e[i] + Math.fround(g[i] * scale))
+      e[i] = p
+      g[i] = 0
+      const a = Math.abs(p)
+      if (a >= tauS || a !== a) {
+        if (count < cap) cand[count] = i
+        count++
+      }
+    }
+    if (count < k || count > cap) {
+      // the sample misjudged: select over all of e (compensated by now)
+      this.fallbacks++
+      this.full(e, k, values, indices)
+    } else {
+      this.fromCandidates(e, k, count, values, indices)
+    }
+    return { codec: "topk", length: n, bytes }
+  }
+
+  /** The magnitude aimed at ~2k candidates, from a strided sample of `at(i)`. */
+  private sampleThreshold(n: number, k: number, at: (i: number) => number): number {
+    const m = this.scratch(Math.max(SAMPLE_SIZE, 4 * k + 64))
+    const stride = n / SAMPLE_SIZE
+    for (let s = 0; s < SAMPLE_SIZE; s++) {
+      const a = Math.abs(at(Math.floor(s * stride)))
+      m[s] = a === a ? a : Infinity
+    }
+    const want = Math.min(SAMPLE_SIZE, Math.ceil((2 * k * SAMPLE_SIZE) / n) + 8)
+    return kthLargest(m, SAMPLE_SIZE, want)
+  }
+
+  /**
    * Threshold from a strided sample, aimed at ~2k candidates so that landing below k is unlikely;
    * then exact selection among the candidates. Returns false when the caller must fall back.
    */
   private sampled(x: Float32Array, k: number, values: Float32Array, indices: Uint32Array): boolean {
     const n = x.length
     const cap = 4 * k + 64
-    const m = this.scratch(Math.max(SAMPLE_SIZE, cap))
-    const stride = n / SAMPLE_SIZE
-    for (let s = 0; s < SAMPLE_SIZE; s++) {
-      const a = Math.abs(x[Math.floor(s * stride)])
-      m[s] = a === a ? a : Infinity
-    }
-    const want = Math.min(SAMPLE_SIZE, Math.ceil((2 * k * SAMPLE_SIZE) / n) + 8)
-    const tauS = kthLargest(m, SAMPLE_SIZE, want)
+    const tauS = this.sampleThreshold(n, k, (i) => x[i])
     if (this.cand.length < cap) this.cand = new Uint32Array(cap)
     const cand = this.cand
     let count = 0
@@ -147,8 +204,17 @@ export class TopKCompressor implements Compressor {
       this.fallbacks++
       return false
     }
-    // every element at or above the true k-th magnitude is a candidate, so the exact top-k of the
-    // candidates (same tie rule, indices still ascending) is the exact top-k of x
+    this.fromCandidates(x, k, count, values, indices)
+    return true
+  }
+
+  /**
+   * Exact top-k of x given the candidates cand[0..count) (ascending, count >= k, every element at
+   * or above the true k-th magnitude among them): the same tie rule and order as `full`.
+   */
+  private fromCandidates(x: Float32Array, k: number, count: number, values: Float32Array, indices: Uint32Array): void {
+    const cand = this.cand
+    const m = this.scratch(count)
     for (let j = 0; j < count; j++) {
       const a = Math.abs(x[cand[j]])
       m[j] = a === a ? a : Infinity
@@ -168,7 +234,6 @@ export class TopKCompressor implements Compressor {
         indices[o++] = i
       }
     }
-    return true
   }
 
   private parse(msg: CompressedMessage | Uint8Array): { n: number; values: Float32Array; indices: Uint32Array } {

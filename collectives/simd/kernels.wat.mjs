@@ -4,12 +4,14 @@
 // values, and a call per vector costs as much as the conversion). `node scripts/build-wasm.mjs`
 // assembles it into kernels-wasm.ts.
 //
-// The JavaScript side (../simd.ts) copies blocks of at most BLOCK elements into the fixed scratch
-// regions below, calls a kernel, and copies the result out; the memory never grows, so views of it
-// stay valid. Every kernel's result is bit-for-bit that of the scalar loops in ../float16.ts,
+// Every kernel takes byte addresses for its arrays. The JavaScript side (../simd.ts) either points
+// them at arrays that live in the instance's memory (a "space": the scratch below plus regions
+// for residuals and working copies, grown once when the space is made, never after, so views of
+// it stay valid), or copies blocks of at most BLOCK elements into the fixed scratch regions below,
+// calls a kernel, and copies the result out. Every kernel's result is bit-for-bit that of the scalar loops in ../float16.ts,
 // ../kernels.ts and ../gradient-reducer.ts (tested), so ranks agree whichever path they take.
 //
-// Memory (2 MiB, 32 pages), byte offsets:
+// Scratch memory (the first 2 MiB, 32 pages), byte offsets:
 //   A   0x000000  f32[BLOCK]     (256 KiB)
 //   B   0x040000  f32[BLOCK]     (256 KiB)
 //   H   0x080000  u16[BLOCK]     (128 KiB)
@@ -68,24 +70,37 @@ const dec4 = (s) => `
 const encLocals = (...ss) => ss.map((s) => `(local $x${s} v128) (local $sign${s} v128) (local $f${s} v128)`).join(" ")
 const decLocals = (...ss) => ss.map((s) => `(local $w${s} v128) (local $o${s} v128)`).join(" ")
 
-/** A loop over i = 0, step, 2·step, ... while i + step <= n, then a scalar tail loop i < n. */
-const loops = (step, body, tail) => `
+/**
+ * A loop over i = 0, step, 2·step, ... while i + step <= n, then a scalar tail loop i < n. Sets the
+ * element addresses $p = $a + 4i, and when the kernel has them $r = $b + 4i and $q = $h + 2i.
+ */
+const loops = (step, body, tail, { b = false, h = false } = {}) => {
+  const at = `(local.set $p (i32.add (local.get $a) (i32.shl (local.get $i) (i32.const 2))))
+      ${b ? "(local.set $r (i32.add (local.get $b) (i32.shl (local.get $i) (i32.const 2))))" : ""}
+      ${h ? "(local.set $q (i32.add (local.get $h) (i32.shl (local.get $i) (i32.const 1))))" : ""}`
+  return `
     (block $done (loop $l
       (br_if $done (i32.gt_u (i32.add (local.get $i) (i32.const ${step})) (local.get $n)))
-      (local.set $p (i32.shl (local.get $i) (i32.const 2)))
-      (local.set $q (i32.add (i32.const ${H}) (i32.shl (local.get $i) (i32.const 1))))
+      ${at}
       ${body}
       (local.set $i (i32.add (local.get $i) (i32.const ${step})))
       (br $l)))
     (block $tdone (loop $t
       (br_if $tdone (i32.ge_u (local.get $i) (local.get $n)))
-      (local.set $p (i32.shl (local.get $i) (i32.const 2)))
-      (local.set $q (i32.add (i32.const ${H}) (i32.shl (local.get $i) (i32.const 1))))
+      ${at}
       ${tail}
       (local.set $i (i32.add (local.get $i) (i32.const 1)))
       (br $t)))`
+}
 
-const idx = "(local $i i32) (local $p i32) (local $q i32)"
+/** When `cond`, records index $base + $i + lane at $c[$count] (if $count < $cap) and counts it. */
+const keep = (cond, lane) => `(if ${cond} (then
+           (if (i32.lt_u (local.get $count) (local.get $cap)) (then
+             (i32.store (i32.add (local.get $c) (i32.shl (local.get $count) (i32.const 2)))
+               (i32.add (local.get $base) (i32.add (local.get $i) (i32.const ${lane}))))))
+           (local.set $count (i32.add (local.get $count) (i32.const 1)))))`
+
+const idx = "(local $i i32) (local $p i32) (local $q i32) (local $r i32)"
 
 /** The two f32 lanes of an f64x2 pair, packed as lanes 0-1 (a) and 2-3 (b) of one f32x4. */
 const pack = (a, b) => `(i8x16.shuffle 0 1 2 3 4 5 6 7 16 17 18 19 20 21 22 23 (f32x4.demote_f64x2_zero ${a}) (f32x4.demote_f64x2_zero ${b}))`
@@ -106,7 +121,7 @@ const dot4 = (base) => `(f32x4.add (f32x4.add (f32x4.add
 
 export const wat = `
 (module
-  (memory (export "memory") 32 32)
+  (memory (export "memory") 32)
 
   ;; one-lane helpers for the tails
   (func $enc1 (param $v i32) (result i32) ${encLocals(0)}
@@ -116,23 +131,24 @@ export const wat = `
     (local.set $w0 (i32x4.splat (local.get $h)))
     (f32x4.extract_lane 0 ${dec4(0)}))
 
-  ;; H[i] = half(A[i])
-  (func (export "encode") (param $n i32) ${idx} ${encLocals(0, 1)}
+  ;; h[i] = half(a[i])
+  (func (export "encode") (param $n i32) (param $a i32) (param $h i32) ${idx} ${encLocals(0, 1)}
     ${loops(
       8,
       `(local.set $x0 (v128.load (local.get $p)))
        (local.set $x1 (v128.load offset=16 (local.get $p)))
        (v128.store (local.get $q) (i16x8.narrow_i32x4_u (block (result v128) ${enc4(0)}) (block (result v128) ${enc4(1)})))`,
-      `(i32.store16 (local.get $q) (call $enc1 (i32.load (local.get $p))))`
+      `(i32.store16 (local.get $q) (call $enc1 (i32.load (local.get $p))))`,
+      { h: true }
     )})
 
-  ;; A[i] = value(H[i]) ($add = 0), or A[i] += value(H[i]) (f32 addition, as a Float32Array store of a JS sum)
-  (func (export "decode") (param $n i32) (param $add i32) ${idx} ${decLocals(0, 1)} (local $h v128) (local $lo v128) (local $hi v128)
+  ;; a[i] = value(h[i]) ($add = 0), or a[i] += value(h[i]) (f32 addition, as a Float32Array store of a JS sum)
+  (func (export "decode") (param $n i32) (param $a i32) (param $h i32) (param $add i32) ${idx} ${decLocals(0, 1)} (local $hv v128) (local $lo v128) (local $hi v128)
     ${loops(
       8,
-      `(local.set $h (v128.load (local.get $q)))
-       (local.set $w0 (i32x4.extend_low_i16x8_u (local.get $h)))
-       (local.set $w1 (i32x4.extend_high_i16x8_u (local.get $h)))
+      `(local.set $hv (v128.load (local.get $q)))
+       (local.set $w0 (i32x4.extend_low_i16x8_u (local.get $hv)))
+       (local.set $w1 (i32x4.extend_high_i16x8_u (local.get $hv)))
        (local.set $lo (block (result v128) ${dec4(0)}))
        (local.set $hi (block (result v128) ${dec4(1)}))
        (if (local.get $add) (then
@@ -142,31 +158,33 @@ export const wat = `
        (v128.store offset=16 (local.get $p) (local.get $hi))`,
       `(f32.store (local.get $p)
          (f32.add (if (result f32) (local.get $add) (then (f32.load (local.get $p))) (else (f32.const 0)))
-                  (call $dec1 (i32.load16_u (local.get $q)))))`
+                  (call $dec1 (i32.load16_u (local.get $q)))))`,
+      { h: true }
     )})
 
-  ;; A[i] = f32((f64(A[i]) + f64(value(H[i]))) / d): a region owner's last addition and a mean's division,
+  ;; a[i] = f32((f64(a[i]) + f64(value(h[i]))) / d): a region owner's last addition and a mean's division,
   ;; in double as the scalar loop computes it
-  (func (export "decodeAddDivide") (param $n i32) (param $d f64) ${idx} ${decLocals(0)} (local $s v128) (local $a v128) (local $dv v128)
+  (func (export "decodeAddDivide") (param $n i32) (param $a i32) (param $h i32) (param $d f64) ${idx} ${decLocals(0)} (local $s v128) (local $av v128) (local $dv v128)
     (local.set $dv (f64x2.splat (local.get $d)))
     ${loops(
       4,
       `(local.set $w0 (i32x4.extend_low_i16x8_u (v128.load64_zero (local.get $q))))
        (local.set $s (block (result v128) ${dec4(0)}))
-       (local.set $a (v128.load (local.get $p)))
+       (local.set $av (v128.load (local.get $p)))
        (v128.store (local.get $p)
          ${pack(
-           `(f64x2.div (f64x2.add (f64x2.promote_low_f32x4 (local.get $a)) (f64x2.promote_low_f32x4 (local.get $s))) (local.get $dv))`,
-           `(f64x2.div (f64x2.add (f64x2.promote_low_f32x4 ${hiLanes("(local.get $a)")}) (f64x2.promote_low_f32x4 ${hiLanes("(local.get $s)")})) (local.get $dv))`
+           `(f64x2.div (f64x2.add (f64x2.promote_low_f32x4 (local.get $av)) (f64x2.promote_low_f32x4 (local.get $s))) (local.get $dv))`,
+           `(f64x2.div (f64x2.add (f64x2.promote_low_f32x4 ${hiLanes("(local.get $av)")}) (f64x2.promote_low_f32x4 ${hiLanes("(local.get $s)")})) (local.get $dv))`
          )})`,
       `(f32.store (local.get $p)
          (f32.demote_f64 (f64.div
            (f64.add (f64.promote_f32 (f32.load (local.get $p))) (f64.promote_f32 (call $dec1 (i32.load16_u (local.get $q)))))
-           (local.get $d))))`
+           (local.get $d))))`,
+      { h: true }
     )})
 
-  ;; A[i] = value(half(A[i])): round to the nearest binary16 value, in place
-  (func (export "roundHalf") (param $n i32) ${idx} ${encLocals(0)} ${decLocals(0)}
+  ;; a[i] = value(half(a[i])): round to the nearest binary16 value, in place
+  (func (export "roundHalf") (param $n i32) (param $a i32) ${idx} ${encLocals(0)} ${decLocals(0)}
     ${loops(
       4,
       `(local.set $x0 (v128.load (local.get $p)))
@@ -175,11 +193,11 @@ export const wat = `
       `(f32.store (local.get $p) (call $dec1 (call $enc1 (i32.load (local.get $p)))))`
     )})
 
-  ;; fp16 error feedback, fused: p = f32(f32(A·s) + B); A = round16(p) (what is sent); B = p - A (the residual).
-  ;; f32(A·s) is computed in double, as Math.fround(a * s) does: s need not be an f32 value. When it
+  ;; fp16 error feedback, fused: p = f32(f32(a·s) + b); a = round16(p) (what is sent); b = p - a (the residual).
+  ;; f32(a·s) is computed in double, as Math.fround(a * s) does: s need not be an f32 value. When it
   ;; is ($exact = 1: every rank has the same weight, s = 1/p for p a power of two, or s = 1), the f32
   ;; product is the same correctly rounded value and costs one instruction instead of eight.
-  (func (export "halfFeedback") (param $n i32) (param $s f64) (param $exact i32) ${idx} ${encLocals(0)} ${decLocals(0)} (local $sv v128) (local $sf v128) (local $r v128)
+  (func (export "halfFeedback") (param $n i32) (param $a i32) (param $b i32) (param $s f64) (param $exact i32) ${idx} ${encLocals(0)} ${decLocals(0)} (local $sv v128) (local $sf v128) (local $rv v128)
     (local.set $sv (f64x2.splat (local.get $s)))
     (local.set $sf (f32x4.splat (f32.demote_f64 (local.get $s))))
     ${loops(
@@ -193,25 +211,61 @@ export const wat = `
                `(f64x2.mul (f64x2.promote_low_f32x4 (local.get $x0)) (local.get $sv))`,
                `(f64x2.mul (f64x2.promote_low_f32x4 ${hiLanes("(local.get $x0)")}) (local.get $sv))`
              )}))
-           (v128.load offset=${B} (local.get $p))))
+           (v128.load (local.get $r))))
        (local.set $w0 (block (result v128) ${enc4(0)}))
-       (local.set $r (block (result v128) ${dec4(0)}))
-       (v128.store (local.get $p) (local.get $r))
-       (v128.store offset=${B} (local.get $p) (f32x4.sub (local.get $x0) (local.get $r)))`,
+       (local.set $rv (block (result v128) ${dec4(0)}))
+       (v128.store (local.get $p) (local.get $rv))
+       (v128.store (local.get $r) (f32x4.sub (local.get $x0) (local.get $rv)))`,
       `(local.set $x0 (f32x4.splat (f32.add
          (f32.demote_f64 (f64.mul (f64.promote_f32 (f32.load (local.get $p))) (local.get $s)))
-         (f32.load offset=${B} (local.get $p)))))
+         (f32.load (local.get $r)))))
        (local.set $w0 (block (result v128) ${enc4(0)}))
-       (local.set $r (block (result v128) ${dec4(0)}))
-       (f32.store (local.get $p) (f32x4.extract_lane 0 (local.get $r)))
-       (f32.store offset=${B} (local.get $p) (f32x4.extract_lane 0 (f32x4.sub (local.get $x0) (local.get $r))))`
+       (local.set $rv (block (result v128) ${dec4(0)}))
+       (f32.store (local.get $p) (f32x4.extract_lane 0 (local.get $rv)))
+       (f32.store (local.get $r) (f32x4.extract_lane 0 (f32x4.sub (local.get $x0) (local.get $rv))))`,
+      { b: true }
     )})
+
+  ;; top-k error feedback, fused: b = f32(b + f32(a·s)) (the compensated p, as halfFeedback computes it);
+  ;; the indices base + i of the elements with |p| >= thr or p NaN go to the u32 array at c, at most
+  ;; cap of them; returns how many there were (more than cap means the threshold was too low).
+  (func (export "topkCompensate") (param $n i32) (param $a i32) (param $b i32) (param $s f64) (param $exact i32)
+    (param $thr f32) (param $c i32) (param $cap i32) (param $base i32) (result i32)
+    ${idx} (local $x v128) (local $sv v128) (local $sf v128) (local $tv v128) (local $mask v128) (local $count i32) (local $x1 f32)
+    (local.set $sv (f64x2.splat (local.get $s)))
+    (local.set $sf (f32x4.splat (f32.demote_f64 (local.get $s))))
+    (local.set $tv (f32x4.splat (local.get $thr)))
+    ${loops(
+      4,
+      `(local.set $x (v128.load (local.get $p)))
+       (local.set $x
+         (f32x4.add
+           (if (result v128) (local.get $exact)
+             (then (f32x4.mul (local.get $x) (local.get $sf)))
+             (else ${pack(
+               `(f64x2.mul (f64x2.promote_low_f32x4 (local.get $x)) (local.get $sv))`,
+               `(f64x2.mul (f64x2.promote_low_f32x4 ${hiLanes("(local.get $x)")}) (local.get $sv))`
+             )}))
+           (v128.load (local.get $r))))
+       (v128.store (local.get $r) (local.get $x))
+       (local.set $mask (v128.or (f32x4.ge (f32x4.abs (local.get $x)) (local.get $tv)) (f32x4.ne (local.get $x) (local.get $x))))
+       (if (v128.any_true (local.get $mask)) (then
+         ${[0, 1, 2, 3].map((l) => keep(`(i32x4.extract_lane ${l} (local.get $mask))`, l)).join("\n         ")}))`,
+      `(local.set $x1 (f32.add
+         (f32.demote_f64 (f64.mul (f64.promote_f32 (f32.load (local.get $p))) (local.get $s)))
+         (f32.load (local.get $r))))
+       (f32.store (local.get $r) (local.get $x1))
+       ${keep("(i32.or (f32.ge (f32.abs (local.get $x1)) (local.get $thr)) (f32.ne (local.get $x1) (local.get $x1)))", 0)}`,
+      { b: true }
+    )}
+    (local.get $count))
+
   ;; ---- PowerSGD, rank <= 4 (columns beyond r are zero), rows of m floats, m a multiple of 4 ----
   ;; Sums run in f32 lanes. Only the decoded aggregate must be bitwise the same on every rank; its
   ;; order is fixed: ((p0·q0 + p1·q1) + p2·q2) + p3·q3 per element (matrix.ts's scalar loop does the same).
 
   ;; B = f32(B + f32(A·s)) (the residual becomes M = G·s + e); PR[i] = (M row i) · QC, 4 columns
-  (func (export "feedbackMatMul") (param $rows i32) (param $m i32) (param $s f64) (param $exact i32)
+  (func (export "feedbackMatMul") (param $rows i32) (param $m i32) (param $s f64) (param $exact i32) (param $a i32) (param $b i32)
     (local $i i32) (local $j i32) (local $p i32) (local $v v128) (local $sf v128) (local $sv v128)
     (local $a0 v128) (local $a1 v128) (local $a2 v128) (local $a3 v128) (local $q i32) (local $pr i32)
     (local.set $sf (f32x4.splat (f32.demote_f64 (local.get $s))))
@@ -224,16 +278,16 @@ export const wat = `
       (block $jdone (loop $j_l
         (br_if $jdone (i32.ge_u (local.get $j) (local.get $m)))
         (local.set $p (i32.shl (i32.add (i32.mul (local.get $i) (local.get $m)) (local.get $j)) (i32.const 2)))
-        (local.set $v (v128.load (local.get $p)))
+        (local.set $v (v128.load (i32.add (local.get $a) (local.get $p))))
         (local.set $v
-          (f32x4.add (v128.load offset=${B} (local.get $p))
+          (f32x4.add (v128.load (i32.add (local.get $b) (local.get $p)))
             (if (result v128) (local.get $exact)
               (then (f32x4.mul (local.get $v) (local.get $sf)))
               (else ${pack(
                 `(f64x2.mul (f64x2.promote_low_f32x4 (local.get $v)) (local.get $sv))`,
                 `(f64x2.mul (f64x2.promote_low_f32x4 ${hiLanes("(local.get $v)")}) (local.get $sv))`
               )}))))
-        (v128.store offset=${B} (local.get $p) (local.get $v))
+        (v128.store (i32.add (local.get $b) (local.get $p)) (local.get $v))
         (local.set $q (i32.shl (local.get $j) (i32.const 2)))
         (local.set $a0 (f32x4.add (local.get $a0) (f32x4.mul (local.get $v) (v128.load offset=${QC} (local.get $q)))))
         (local.set $a1 (f32x4.add (local.get $a1) (f32x4.mul (local.get $v) (v128.load offset=${QC + 65536} (local.get $q)))))
@@ -249,8 +303,8 @@ export const wat = `
       (local.set $i (i32.add (local.get $i) (i32.const 1)))
       (br $rows_l))))
 
-  ;; ACC[c][j] += A[i][j] · PR[i][c] over the rows of the block (ACC is zeroed by the caller per matrix)
-  (func (export "matMulT") (param $rows i32) (param $m i32)
+  ;; ACC[c][j] += a[i][j] · PR[i][c] over the rows of the block (ACC is zeroed by the caller per matrix)
+  (func (export "matMulT") (param $rows i32) (param $m i32) (param $a i32)
     (local $i i32) (local $j i32) (local $p i32) (local $q i32) (local $v v128)
     (local $p0 v128) (local $p1 v128) (local $p2 v128) (local $p3 v128)
     (block $rdone (loop $rows_l
@@ -263,7 +317,7 @@ export const wat = `
       (local.set $j (i32.const 0))
       (block $jdone (loop $j_l
         (br_if $jdone (i32.ge_u (local.get $j) (local.get $m)))
-        (local.set $v (v128.load (i32.shl (i32.add (i32.mul (local.get $i) (local.get $m)) (local.get $j)) (i32.const 2))))
+        (local.set $v (v128.load (i32.add (local.get $a) (i32.shl (i32.add (i32.mul (local.get $i) (local.get $m)) (local.get $j)) (i32.const 2)))))
         (local.set $q (i32.shl (local.get $j) (i32.const 2)))
         (v128.store offset=${ACC} (local.get $q) (f32x4.add (v128.load offset=${ACC} (local.get $q)) (f32x4.mul (local.get $v) (local.get $p0))))
         (v128.store offset=${ACC + 65536} (local.get $q) (f32x4.add (v128.load offset=${ACC + 65536} (local.get $q)) (f32x4.mul (local.get $v) (local.get $p1))))
@@ -274,8 +328,8 @@ export const wat = `
       (local.set $i (i32.add (local.get $i) (i32.const 1)))
       (br $rows_l))))
 
-  ;; O = PR · QCᵀ (the decoded aggregate) and, when $residual, B -= PR · WCᵀ (this rank's own share)
-  (func (export "feedbackOuter") (param $rows i32) (param $m i32) (param $residual i32)
+  ;; o = PR · QCᵀ (the decoded aggregate) and, when $residual, b -= PR · WCᵀ (this rank's own share)
+  (func (export "feedbackOuter") (param $rows i32) (param $m i32) (param $residual i32) (param $b i32) (param $o i32)
     (local $i i32) (local $j i32) (local $p i32) (local $q i32) (local $x i32)
     (local $p0 v128) (local $p1 v128) (local $p2 v128) (local $p3 v128)
     (block $rdone (loop $rows_l
@@ -290,9 +344,9 @@ export const wat = `
         (br_if $jdone (i32.ge_u (local.get $j) (local.get $m)))
         (local.set $x (i32.shl (i32.add (i32.mul (local.get $i) (local.get $m)) (local.get $j)) (i32.const 2)))
         (local.set $q (i32.shl (local.get $j) (i32.const 2)))
-        (v128.store offset=${O} (local.get $x) ${dot4(QC)})
+        (v128.store (i32.add (local.get $o) (local.get $x)) ${dot4(QC)})
         (if (local.get $residual) (then
-          (v128.store offset=${B} (local.get $x) (f32x4.sub (v128.load offset=${B} (local.get $x)) ${dot4(WC)}))))
+          (v128.store (i32.add (local.get $b) (local.get $x)) (f32x4.sub (v128.load (i32.add (local.get $b) (local.get $x))) ${dot4(WC)}))))
         (local.set $j (i32.add (local.get $j) (i32.const 4)))
         (br $j_l)))
       (local.set $i (i32.add (local.get $i) (i32.const 1)))
