@@ -31,7 +31,7 @@ interface KernelExports {
   decodeAddDivide(n: number, a: number, h: number, divisor: number): void
   roundHalf(n: number, a: number): void
   halfFeedback(n: number, a: number, b: number, scale: number, exact: number): void
-  topkCompensate(n: number, a: number, b: number, scale: number, exact: number, thr: number, c: number, cap: number, base: number): number
+  topkCompensate(n: number, a: number, b: number, scale: number, exact: number, thr: number, c: number, cv: number, cap: number, base: number): number
   feedbackMatMul(rows: number, m: number, s: number, exact: number, a: number, b: number): void
   matMulT(rows: number, m: number, a: number): void
   feedbackOuter(rows: number, m: number, residual: number, b: number, o: number): void
@@ -50,6 +50,8 @@ interface Kernels {
   readonly a: Float32Array
   readonly b: Float32Array
   readonly bu: Uint32Array
+  /** The O block (top-k's candidate values). */
+  readonly o: Float32Array
   readonly h: Uint16Array
   /** The whole memory as floats (PowerSGD's regions). */
   readonly f: Float32Array
@@ -83,6 +85,7 @@ const instantiate = (extraBytes: number): Kernels | null => {
       a: new Float32Array(buf, A_AT, SIMD_BLOCK),
       b: new Float32Array(buf, B_AT, SIMD_BLOCK),
       bu: new Uint32Array(buf, B_AT, SIMD_BLOCK),
+      o: new Float32Array(buf, O_AT, SIMD_BLOCK),
       h: new Uint16Array(buf, H_AT, SIMD_BLOCK),
       f: new Float32Array(buf)
     }
@@ -236,13 +239,13 @@ export const halfFeedbackSimd = (g: Float32Array, e: Float32Array, scale: number
 /**
  * Top-k error feedback in one pass, for a residual `e` that lives in a space: e = f32(e +
  * f32(g·scale)); the ascending indices of the elements with |e| >= thr (or NaN) are written to
- * `cand`, at most cand.length of them. Returns how many there were (more than cand.length when the
- * threshold was too low), or -1 when the kernels cannot take it (`e` is not in a space).
- * `g` is only read.
+ * `cand` and their new values to `vals`, at most cand.length of them. Returns how many there were
+ * (more than cand.length when the threshold was too low), or -1 when the kernels cannot take it
+ * (`e` is not in a space). `g` is only read.
  */
-export const topkCompensateSimd = (g: Float32Array, scale: number, e: Float32Array, thr: number, cand: Uint32Array): number => {
+export const topkCompensateSimd = (g: Float32Array, scale: number, e: Float32Array, thr: number, cand: Uint32Array, vals: Float32Array): number => {
   const k = home(e)
-  if (!k || g.length !== e.length) return -1
+  if (!k || g.length !== e.length || vals.length < cand.length) return -1
   const exact = exactScale(scale)
   const gOwn = home(g) === k
   let count = 0
@@ -254,8 +257,12 @@ export const topkCompensateSimd = (g: Float32Array, scale: number, e: Float32Arr
       a = A_AT
     }
     const room = Math.max(0, cand.length - count)
-    const found = k.ex.topkCompensate(n, a, e.byteOffset + lo * 4, scale, exact, thr, B_AT, Math.min(room, SIMD_BLOCK), lo)
-    if (room > 0) cand.set(k.bu.subarray(0, Math.min(found, room)), count)
+    const found = k.ex.topkCompensate(n, a, e.byteOffset + lo * 4, scale, exact, thr, B_AT, O_AT, Math.min(room, SIMD_BLOCK), lo)
+    if (room > 0) {
+      const kept = Math.min(found, room)
+      cand.set(k.bu.subarray(0, kept), count)
+      vals.set(k.o.subarray(0, kept), count)
+    }
     count += found
   }
   return count

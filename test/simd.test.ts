@@ -352,18 +352,20 @@ describe("SIMD kernels", () => {
         expect(want.length).toBeLessThan(n)
         const [es] = placed(e)
         const cand = new Uint32Array(want.length + 5)
-        expect(topkCompensateSimd(g, scale, es, Math.fround(thr), cand)).toBe(want.length)
+        const vals = new Float32Array(want.length + 5)
+        expect(topkCompensateSimd(g, scale, es, Math.fround(thr), cand, vals)).toBe(want.length)
         expect(sameBits(ref, es)).toBe(0)
         expect([...cand.subarray(0, want.length)]).toEqual(want)
+        expect(sameBits(vals.subarray(0, want.length), Float32Array.from(want, (i) => ref[i]))).toBe(0)
         // too small a candidate array: the count still says how many there were, the first ones are kept
         const [es2] = placed(e)
         const few = new Uint32Array(7)
-        expect(topkCompensateSimd(g, scale, es2, Math.fround(thr), few)).toBe(want.length)
+        expect(topkCompensateSimd(g, scale, es2, Math.fround(thr), few, new Float32Array(7))).toBe(want.length)
         expect([...few]).toEqual(want.slice(0, 7))
         expect(sameBits(ref, es2)).toBe(0)
       }
       // a residual outside any space is declined (the JS loop runs)
-      expect(topkCompensateSimd(g, 1, e.slice(), 1, new Uint32Array(10))).toBe(-1)
+      expect(topkCompensateSimd(g, 1, e.slice(), 1, new Uint32Array(10), new Float32Array(10))).toBe(-1)
     })
 
     it("PowerSGD kernels with the residual (and matrix, and output) in a space: the same bits", () => {

@@ -52,6 +52,8 @@ export class TopKCompressor implements Compressor {
   readonly sampleAbove: number
   private mags = new Float32Array(0)
   private cand = new Uint32Array(0)
+  /** The candidates' values, beside their indices (so selection never gathers from the tensor). */
+  private candVals = new Float32Array(0)
   /** How often the sampled path had to fall back to a full selection (for tests and tuning). */
   fallbacks = 0
 
@@ -141,10 +143,11 @@ export class TopKCompressor implements Compressor {
     const indices = new Uint32Array(bytes.buffer, bytes.byteOffset + HEADER_BYTES + 4 + 4 * k, k)
     const tauS = this.sampleThreshold(n, k, (i) => Math.fround(e[i] + Math.fround(g[i] * scale)))
     const cap = 4 * k + 64
-    if (this.cand.length < cap) this.cand = new Uint32Array(cap)
+    this.candidates(cap)
     const cand = this.cand
+    const vals = this.candVals
     // the kernel when the residual lives in SIMD memory (then it is updated in place), else JS
-    const simd = topkCompensateSimd(g, scale, e, tauS, cand.subarray(0, cap))
+    const simd = topkCompensateSimd(g, scale, e, tauS, cand.subarray(0, cap), vals.subarray(0, cap))
     let count = Math.max(0, simd)
     if (simd >= 0) g.fill(0)
     for (let i = simd >= 0 ? n : 0; i < n; i++) {
@@ -153,7 +156,10 @@ export class TopKCompressor implements Compressor {
       g[i] = 0
       const a = Math.abs(p)
       if (a >= tauS || a !== a) {
-        if (count < cap) cand[count] = i
+        if (count < cap) {
+          cand[count] = i
+          vals[count] = p
+        }
         count++
       }
     }
@@ -162,7 +168,7 @@ export class TopKCompressor implements Compressor {
       this.fallbacks++
       this.full(e, k, values, indices)
     } else {
-      this.fromCandidates(e, k, count, values, indices)
+      this.fromCandidates(k, count, values, indices)
     }
     return { codec: "topk", length: n, bytes }
   }
@@ -187,16 +193,19 @@ export class TopKCompressor implements Compressor {
     const n = x.length
     const cap = 4 * k + 64
     const tauS = this.sampleThreshold(n, k, (i) => x[i])
-    if (this.cand.length < cap) this.cand = new Uint32Array(cap)
+    this.candidates(cap)
     const cand = this.cand
+    const vals = this.candVals
     let count = 0
     for (let i = 0; i < n; i++) {
-      const a = Math.abs(x[i])
+      const v = x[i]
+      const a = Math.abs(v)
       if (a >= tauS || a !== a) {
         if (count === cap) {
           this.fallbacks++
           return false
         }
+        vals[count] = v
         cand[count++] = i
       }
     }
@@ -204,34 +213,42 @@ export class TopKCompressor implements Compressor {
       this.fallbacks++
       return false
     }
-    this.fromCandidates(x, k, count, values, indices)
+    this.fromCandidates(k, count, values, indices)
     return true
   }
 
+  private candidates(cap: number): void {
+    if (this.cand.length < cap) {
+      this.cand = new Uint32Array(cap)
+      this.candVals = new Float32Array(cap)
+    }
+  }
+
   /**
-   * Exact top-k of x given the candidates cand[0..count) (ascending, count >= k, every element at
-   * or above the true k-th magnitude among them): the same tie rule and order as `full`.
+   * Exact top-k given the candidates (indices cand[0..count) ascending with their values in
+   * candVals; count >= k; every element at or above the true k-th magnitude among them): the
+   * same tie rule and order as `full`.
    */
-  private fromCandidates(x: Float32Array, k: number, count: number, values: Float32Array, indices: Uint32Array): void {
+  private fromCandidates(k: number, count: number, values: Float32Array, indices: Uint32Array): void {
     const cand = this.cand
+    const vals = this.candVals
     const m = this.scratch(count)
     for (let j = 0; j < count; j++) {
-      const a = Math.abs(x[cand[j]])
+      const a = Math.abs(vals[j])
       m[j] = a === a ? a : Infinity
     }
     const tau = kthLargest(m, count, k)
     let ties = k
     for (let j = 0; j < count; j++) {
-      const a = Math.abs(x[cand[j]])
+      const a = Math.abs(vals[j])
       if (a > tau || a !== a) ties--
     }
     let o = 0
     for (let j = 0; j < count && o < k; j++) {
-      const i = cand[j]
-      const a = Math.abs(x[i])
+      const a = Math.abs(vals[j])
       if (a > tau || a !== a || (a === tau && ties-- > 0)) {
-        values[o] = x[i]
-        indices[o++] = i
+        values[o] = vals[j]
+        indices[o++] = cand[j]
       }
     }
   }

@@ -93,11 +93,15 @@ const loops = (step, body, tail, { b = false, h = false } = {}) => {
       (br $t)))`
 }
 
-/** When `cond`, records index $base + $i + lane at $c[$count] (if $count < $cap) and counts it. */
-const keep = (cond, lane) => `(if ${cond} (then
+/**
+ * When `cond`, records index $base + $i + lane at $c[$count] and `value` at $cv[$count] (if
+ * $count < $cap), and counts it.
+ */
+const keep = (cond, lane, value) => `(if ${cond} (then
            (if (i32.lt_u (local.get $count) (local.get $cap)) (then
              (i32.store (i32.add (local.get $c) (i32.shl (local.get $count) (i32.const 2)))
-               (i32.add (local.get $base) (i32.add (local.get $i) (i32.const ${lane}))))))
+               (i32.add (local.get $base) (i32.add (local.get $i) (i32.const ${lane}))))
+             (f32.store (i32.add (local.get $cv) (i32.shl (local.get $count) (i32.const 2))) ${value})))
            (local.set $count (i32.add (local.get $count) (i32.const 1)))))`
 
 const idx = "(local $i i32) (local $p i32) (local $q i32) (local $r i32)"
@@ -227,10 +231,11 @@ export const wat = `
     )})
 
   ;; top-k error feedback, fused: b = f32(b + f32(a·s)) (the compensated p, as halfFeedback computes it);
-  ;; the indices base + i of the elements with |p| >= thr or p NaN go to the u32 array at c, at most
-  ;; cap of them; returns how many there were (more than cap means the threshold was too low).
+  ;; the indices base + i of the elements with |p| >= thr or p NaN go to the u32 array at c and their
+  ;; values p to the f32 array at cv, at most cap of them; returns how many there were (more than cap
+  ;; means the threshold was too low).
   (func (export "topkCompensate") (param $n i32) (param $a i32) (param $b i32) (param $s f64) (param $exact i32)
-    (param $thr f32) (param $c i32) (param $cap i32) (param $base i32) (result i32)
+    (param $thr f32) (param $c i32) (param $cv i32) (param $cap i32) (param $base i32) (result i32)
     ${idx} (local $x v128) (local $sv v128) (local $sf v128) (local $tv v128) (local $mask v128) (local $count i32) (local $x1 f32)
     (local.set $sv (f64x2.splat (local.get $s)))
     (local.set $sf (f32x4.splat (f32.demote_f64 (local.get $s))))
@@ -250,12 +255,12 @@ export const wat = `
        (v128.store (local.get $r) (local.get $x))
        (local.set $mask (v128.or (f32x4.ge (f32x4.abs (local.get $x)) (local.get $tv)) (f32x4.ne (local.get $x) (local.get $x))))
        (if (v128.any_true (local.get $mask)) (then
-         ${[0, 1, 2, 3].map((l) => keep(`(i32x4.extract_lane ${l} (local.get $mask))`, l)).join("\n         ")}))`,
+         ${[0, 1, 2, 3].map((l) => keep(`(i32x4.extract_lane ${l} (local.get $mask))`, l, `(f32x4.extract_lane ${l} (local.get $x))`)).join("\n         ")}))`,
       `(local.set $x1 (f32.add
          (f32.demote_f64 (f64.mul (f64.promote_f32 (f32.load (local.get $p))) (local.get $s)))
          (f32.load (local.get $r))))
        (f32.store (local.get $r) (local.get $x1))
-       ${keep("(i32.or (f32.ge (f32.abs (local.get $x1)) (local.get $thr)) (f32.ne (local.get $x1) (local.get $x1)))", 0)}`,
+       ${keep("(i32.or (f32.ge (f32.abs (local.get $x1)) (local.get $thr)) (f32.ne (local.get $x1) (local.get $x1)))", 0, "(local.get $x1)")}`,
       { b: true }
     )}
     (local.get $count))
