@@ -57,8 +57,10 @@ const checkThroughputs = (t: readonly number[]): Result.Result<void, BatchSizing
 }
 
 /**
- * Splits `globalBatch` into per-worker integer batches proportional to `throughputs` (samples/s).
- * Workers with throughput 0 get the minimum; all zero means an equal split.
+ * Splits `globalBatch` into per-worker integer batches proportional to `throughputs` (samples/s),
+ * rounded for the least step time (the slowest worker's b_i / t_i): within 1 of each share, except
+ * that a sample moves off a slow worker when a faster one finishes it sooner. Workers with
+ * throughput 0 get the minimum; all zero means an equal split.
  */
 export const splitBatch = (globalBatch: number, throughputs: readonly number[], options: SplitOptions = {}): Result.Result<number[], BatchSizingError> => {
   const p = throughputs.length
