@@ -23,13 +23,10 @@
 // BLOCK = 65536 elements, MAXM = 16384. Lengths need not be multiples of the vector width (tails
 // go 1 by 1), except the PowerSGD row length m, which must be a multiple of 4.
 
-const H = "0x80000"
-const B = "0x40000"
 const QC = 0x0a0000
 const WC = 0x0e0000
 const ACC = 0x120000
 const PR = 0x160000
-const O = 0x1a0000
 const C = (v) => `(v128.const i32x4 ${v} ${v} ${v} ${v})`
 
 /**
@@ -110,6 +107,18 @@ const idx = "(local $i i32) (local $p i32) (local $q i32) (local $r i32)"
 const pack = (a, b) => `(i8x16.shuffle 0 1 2 3 4 5 6 7 16 17 18 19 20 21 22 23 (f32x4.demote_f64x2_zero ${a}) (f32x4.demote_f64x2_zero ${b}))`
 const hiLanes = (v) => `(i8x16.shuffle 8 9 10 11 12 13 14 15 0 1 2 3 4 5 6 7 ${v} ${v})`
 
+
+/**
+ * f32(x·s) for the f32 lanes in local `x`: one f32 multiply when $exact (s is an f32 value, so the
+ * product is the same correctly rounded one), else in double as Math.fround(x * s) computes it.
+ * Uses locals $exact $sf (s as f32x4) $sv (s as f64x2).
+ */
+const scaled = (x) => `(if (result v128) (local.get $exact)
+             (then (f32x4.mul (local.get ${x}) (local.get $sf)))
+             (else ${pack(
+               `(f64x2.mul (f64x2.promote_low_f32x4 (local.get ${x})) (local.get $sv))`,
+               `(f64x2.mul (f64x2.promote_low_f32x4 ${hiLanes(`(local.get ${x})`)}) (local.get $sv))`
+             )}))`
 
 /** Lanes summed in a fixed order: (l0 + l1) + (l2 + l3). */
 const hsum = (v) => `(f32.add
@@ -209,12 +218,7 @@ export const wat = `
       `(local.set $x0 (v128.load (local.get $p)))
        (local.set $x0
          (f32x4.add
-           (if (result v128) (local.get $exact)
-             (then (f32x4.mul (local.get $x0) (local.get $sf)))
-             (else ${pack(
-               `(f64x2.mul (f64x2.promote_low_f32x4 (local.get $x0)) (local.get $sv))`,
-               `(f64x2.mul (f64x2.promote_low_f32x4 ${hiLanes("(local.get $x0)")}) (local.get $sv))`
-             )}))
+           ${scaled("$x0")}
            (v128.load (local.get $r))))
        (local.set $w0 (block (result v128) ${enc4(0)}))
        (local.set $rv (block (result v128) ${dec4(0)}))
@@ -245,12 +249,7 @@ export const wat = `
       `(local.set $x (v128.load (local.get $p)))
        (local.set $x
          (f32x4.add
-           (if (result v128) (local.get $exact)
-             (then (f32x4.mul (local.get $x) (local.get $sf)))
-             (else ${pack(
-               `(f64x2.mul (f64x2.promote_low_f32x4 (local.get $x)) (local.get $sv))`,
-               `(f64x2.mul (f64x2.promote_low_f32x4 ${hiLanes("(local.get $x)")}) (local.get $sv))`
-             )}))
+           ${scaled("$x")}
            (v128.load (local.get $r))))
        (v128.store (local.get $r) (local.get $x))
        (local.set $mask (v128.or (f32x4.ge (f32x4.abs (local.get $x)) (local.get $tv)) (f32x4.ne (local.get $x) (local.get $x))))
@@ -286,12 +285,7 @@ export const wat = `
         (local.set $v (v128.load (i32.add (local.get $a) (local.get $p))))
         (local.set $v
           (f32x4.add (v128.load (i32.add (local.get $b) (local.get $p)))
-            (if (result v128) (local.get $exact)
-              (then (f32x4.mul (local.get $v) (local.get $sf)))
-              (else ${pack(
-                `(f64x2.mul (f64x2.promote_low_f32x4 (local.get $v)) (local.get $sv))`,
-                `(f64x2.mul (f64x2.promote_low_f32x4 ${hiLanes("(local.get $v)")}) (local.get $sv))`
-              )}))))
+            ${scaled("$v")}))
         (v128.store (i32.add (local.get $b) (local.get $p)) (local.get $v))
         (local.set $q (i32.shl (local.get $j) (i32.const 2)))
         (local.set $a0 (f32x4.add (local.get $a0) (f32x4.mul (local.get $v) (v128.load offset=${QC} (local.get $q)))))
