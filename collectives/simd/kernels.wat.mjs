@@ -132,6 +132,31 @@ const dot4 = (base) => `(f32x4.add (f32x4.add (f32x4.add
           (f32x4.mul (local.get $p2) (v128.load offset=${base + 2 * 65536} (local.get $q))))
           (f32x4.mul (local.get $p3) (v128.load offset=${base + 3 * 65536} (local.get $q))))`
 
+/**
+ * For each row i < $rows, with $p0..$p3 the 4 columns of PR row i splatted, and each j < $m in steps
+ * of 4: `body`. Uses locals $i $j $p $p0..$p3.
+ */
+/**
+ * For each row i < $rows, with $p0..$p3 = the 4 columns of PR row i (each splatted), and each
+ * j < $m in steps of 4: `body`. Uses locals $i $j $p $p0 $p1 $p2 $p3.
+ */
+const overRowsOfP = (body) => `
+    (block $rdone (loop $rows_l
+      (br_if $rdone (i32.ge_u (local.get $i) (local.get $rows)))
+      (local.set $p (i32.shl (local.get $i) (i32.const 4)))
+      (local.set $p0 (v128.load32_splat offset=${PR} (local.get $p)))
+      (local.set $p1 (v128.load32_splat offset=${PR + 4} (local.get $p)))
+      (local.set $p2 (v128.load32_splat offset=${PR + 8} (local.get $p)))
+      (local.set $p3 (v128.load32_splat offset=${PR + 12} (local.get $p)))
+      (local.set $j (i32.const 0))
+      (block $jdone (loop $j_l
+        (br_if $jdone (i32.ge_u (local.get $j) (local.get $m)))
+${body}
+        (local.set $j (i32.add (local.get $j) (i32.const 4)))
+        (br $j_l)))
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br $rows_l)))`
+
 export const wat = `
 (module
   (memory (export "memory") 32)
@@ -306,49 +331,23 @@ export const wat = `
   (func (export "matMulT") (param $rows i32) (param $m i32) (param $a i32)
     (local $i i32) (local $j i32) (local $p i32) (local $q i32) (local $v v128)
     (local $p0 v128) (local $p1 v128) (local $p2 v128) (local $p3 v128)
-    (block $rdone (loop $rows_l
-      (br_if $rdone (i32.ge_u (local.get $i) (local.get $rows)))
-      (local.set $p (i32.shl (local.get $i) (i32.const 4)))
-      (local.set $p0 (v128.load32_splat offset=${PR} (local.get $p)))
-      (local.set $p1 (v128.load32_splat offset=${PR + 4} (local.get $p)))
-      (local.set $p2 (v128.load32_splat offset=${PR + 8} (local.get $p)))
-      (local.set $p3 (v128.load32_splat offset=${PR + 12} (local.get $p)))
-      (local.set $j (i32.const 0))
-      (block $jdone (loop $j_l
-        (br_if $jdone (i32.ge_u (local.get $j) (local.get $m)))
+    ${overRowsOfP(`
         (local.set $v (v128.load (i32.add (local.get $a) (i32.shl (i32.add (i32.mul (local.get $i) (local.get $m)) (local.get $j)) (i32.const 2)))))
         (local.set $q (i32.shl (local.get $j) (i32.const 2)))
         (v128.store offset=${ACC} (local.get $q) (f32x4.add (v128.load offset=${ACC} (local.get $q)) (f32x4.mul (local.get $v) (local.get $p0))))
         (v128.store offset=${ACC + 65536} (local.get $q) (f32x4.add (v128.load offset=${ACC + 65536} (local.get $q)) (f32x4.mul (local.get $v) (local.get $p1))))
         (v128.store offset=${ACC + 2 * 65536} (local.get $q) (f32x4.add (v128.load offset=${ACC + 2 * 65536} (local.get $q)) (f32x4.mul (local.get $v) (local.get $p2))))
-        (v128.store offset=${ACC + 3 * 65536} (local.get $q) (f32x4.add (v128.load offset=${ACC + 3 * 65536} (local.get $q)) (f32x4.mul (local.get $v) (local.get $p3))))
-        (local.set $j (i32.add (local.get $j) (i32.const 4)))
-        (br $j_l)))
-      (local.set $i (i32.add (local.get $i) (i32.const 1)))
-      (br $rows_l))))
+        (v128.store offset=${ACC + 3 * 65536} (local.get $q) (f32x4.add (v128.load offset=${ACC + 3 * 65536} (local.get $q)) (f32x4.mul (local.get $v) (local.get $p3))))`)})
 
   ;; o = PR · QCᵀ (the decoded aggregate) and, when $residual, b -= PR · WCᵀ (this rank's own share)
   (func (export "feedbackOuter") (param $rows i32) (param $m i32) (param $residual i32) (param $b i32) (param $o i32)
     (local $i i32) (local $j i32) (local $p i32) (local $q i32) (local $x i32)
     (local $p0 v128) (local $p1 v128) (local $p2 v128) (local $p3 v128)
-    (block $rdone (loop $rows_l
-      (br_if $rdone (i32.ge_u (local.get $i) (local.get $rows)))
-      (local.set $p (i32.shl (local.get $i) (i32.const 4)))
-      (local.set $p0 (v128.load32_splat offset=${PR} (local.get $p)))
-      (local.set $p1 (v128.load32_splat offset=${PR + 4} (local.get $p)))
-      (local.set $p2 (v128.load32_splat offset=${PR + 8} (local.get $p)))
-      (local.set $p3 (v128.load32_splat offset=${PR + 12} (local.get $p)))
-      (local.set $j (i32.const 0))
-      (block $jdone (loop $j_l
-        (br_if $jdone (i32.ge_u (local.get $j) (local.get $m)))
+    ${overRowsOfP(`
         (local.set $x (i32.shl (i32.add (i32.mul (local.get $i) (local.get $m)) (local.get $j)) (i32.const 2)))
         (local.set $q (i32.shl (local.get $j) (i32.const 2)))
         (v128.store (i32.add (local.get $o) (local.get $x)) ${dot4(QC)})
         (if (local.get $residual) (then
-          (v128.store (i32.add (local.get $b) (local.get $x)) (f32x4.sub (v128.load (i32.add (local.get $b) (local.get $x))) ${dot4(WC)}))))
-        (local.set $j (i32.add (local.get $j) (i32.const 4)))
-        (br $j_l)))
-      (local.set $i (i32.add (local.get $i) (i32.const 1)))
-      (br $rows_l))))
+          (v128.store (i32.add (local.get $b) (local.get $x)) (f32x4.sub (v128.load (i32.add (local.get $b) (local.get $x))) ${dot4(WC)}))))`)})
 )
 `
