@@ -94,20 +94,19 @@ const instantiate = (extraBytes: number): Kernels | null => {
   }
 }
 
-const get = (n: number): Kernels | null => {
-  if (n < SIMD_MIN) return null
+/** The scratch-only instance, made on first use (null without SIMD). */
+const scratchKernels = (): Kernels | null => {
   if (kernels === undefined) kernels = instantiate(0)
   return kernels
 }
+
+const get = (n: number): Kernels | null => (n < SIMD_MIN ? null : scratchKernels())
 
 /** The instance whose memory holds `x`, if any (then kernels work on it in place). */
 const home = (x: ArrayBufferView): Kernels | undefined => spaces.get(x.buffer as ArrayBuffer)
 
 /** Whether the SIMD kernels are in use in this process. */
-export const simdAvailable = (): boolean => {
-  if (kernels === undefined) kernels = instantiate(0)
-  return kernels !== null
-}
+export const simdAvailable = (): boolean => scratchKernels() !== null
 
 /** Largest space made (bytes of regions); beyond it callers keep ordinary arrays. */
 const MAX_SPACE_BYTES = 1536 * 1024 * 1024

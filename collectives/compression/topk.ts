@@ -75,18 +75,31 @@ export class TopKCompressor implements Compressor {
   encode(input: Float32Array, _ctx?: EncodeContext, out?: Uint8Array): CompressedMessage {
     const n = input.length
     const k = this.k(n)
-    const bytes = outBytes(this.wireBytes(n), out)
-    writeHeader(bytes, "topk", n)
-    writeU32(bytes, HEADER_BYTES, k)
-    const values = new Float32Array(bytes.buffer, bytes.byteOffset + HEADER_BYTES + 4, k)
-    const indices = new Uint32Array(bytes.buffer, bytes.byteOffset + HEADER_BYTES + 4 + 4 * k, k)
+    const { bytes, values, indices } = this.message(n, k, out)
     if (k === n) {
       for (let i = 0; i < n; i++) indices[i] = i
       values.set(input)
-    } else if (!(n > this.sampleAbove && k * 16 <= n && this.sampled(input, k, values, indices))) {
+    } else if (!(this.samples(n, k) && this.sampled(input, k, values, indices))) {
       this.full(input, k, values, indices)
     }
     return { codec: "topk", length: n, bytes }
+  }
+
+  /** The message's bytes with its header and count written, and views of its value and index arrays. */
+  private message(n: number, k: number, out: Uint8Array | undefined): { bytes: Uint8Array; values: Float32Array; indices: Uint32Array } {
+    const bytes = outBytes(this.wireBytes(n), out)
+    writeHeader(bytes, "topk", n)
+    writeU32(bytes, HEADER_BYTES, k)
+    return {
+      bytes,
+      values: new Float32Array(bytes.buffer, bytes.byteOffset + HEADER_BYTES + 4, k),
+      indices: new Uint32Array(bytes.buffer, bytes.byteOffset + HEADER_BYTES + 4 + 4 * k, k)
+    }
+  }
+
+  /** Whether selecting k of n goes through the sampled threshold (large n, k a small fraction). */
+  private samples(n: number, k: number): boolean {
+    return n > this.sampleAbove && k * 16 <= n
   }
 
   private scratch(n: number): Float32Array {
@@ -129,21 +142,16 @@ export class TopKCompressor implements Compressor {
     const n = g.length
     if (e.length !== n) throw new RangeError(`top-k: residual has ${e.length} elements, gradient ${n}`)
     const k = this.k(n)
-    if (k === n || !(n > this.sampleAbove && k * 16 <= n)) {
+    if (k === n || !this.samples(n, k)) {
       for (let i = 0; i < n; i++) {
         e[i] += Math.fround(g[i] * scale)
         g[i] = 0
       }
       return this.encode(e, _ctx, out)
     }
-    const bytes = outBytes(this.wireBytes(n), out)
-    writeHeader(bytes, "topk", n)
-    writeU32(bytes, HEADER_BYTES, k)
-    const values = new Float32Array(bytes.buffer, bytes.byteOffset + HEADER_BYTES + 4, k)
-    const indices = new Uint32Array(bytes.buffer, bytes.byteOffset + HEADER_BYTES + 4 + 4 * k, k)
+    const { bytes, values, indices } = this.message(n, k, out)
     const tauS = this.sampleThreshold(n, k, (i) => Math.fround(e[i] + Math.fround(g[i] * scale)))
-    const cap = 4 * k + 64
-    this.candidates(cap)
+    const cap = this.candidates(k)
     const cand = this.cand
     const vals = this.candVals
     // the kernel when the residual lives in SIMD memory (then it is updated in place), else JS
@@ -175,7 +183,7 @@ export class TopKCompressor implements Compressor {
 
   /** The magnitude aimed at ~2k candidates, from a strided sample of `at(i)`. */
   private sampleThreshold(n: number, k: number, at: (i: number) => number): number {
-    const m = this.scratch(Math.max(SAMPLE_SIZE, 4 * k + 64))
+    const m = this.scratch(SAMPLE_SIZE)
     const stride = n / SAMPLE_SIZE
     for (let s = 0; s < SAMPLE_SIZE; s++) {
       const a = Math.abs(at(Math.floor(s * stride)))
@@ -191,9 +199,8 @@ export class TopKCompressor implements Compressor {
    */
   private sampled(x: Float32Array, k: number, values: Float32Array, indices: Uint32Array): boolean {
     const n = x.length
-    const cap = 4 * k + 64
     const tauS = this.sampleThreshold(n, k, (i) => x[i])
-    this.candidates(cap)
+    const cap = this.candidates(k)
     const cand = this.cand
     const vals = this.candVals
     let count = 0
@@ -217,11 +224,17 @@ export class TopKCompressor implements Compressor {
     return true
   }
 
-  private candidates(cap: number): void {
+  /**
+   * Room for the candidates of a sampled selection of k (the threshold aims at ~2k; past this many
+   * the sample misjudged and the caller falls back); returns that capacity.
+   */
+  private candidates(k: number): number {
+    const cap = 4 * k + 64
     if (this.cand.length < cap) {
       this.cand = new Uint32Array(cap)
       this.candVals = new Float32Array(cap)
     }
+    return cap
   }
 
   /**
