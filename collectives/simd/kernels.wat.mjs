@@ -64,6 +64,29 @@ const dec4 = (s) => `
       (v128.or (local.get $o${s}) (v128.and (f32x4.ge (local.get $o${s}) (v128.const f32x4 65536 65536 65536 65536)) ${C("0x7f800000")}))
       (i32x4.shl (v128.and (local.get $w${s}) ${C("0x8000")}) (i32.const 16)))`
 
+/**
+ * value(half(x)) for the f32 lanes in local $x<s>, computed in fp32 without the binary16 bits:
+ * the same values (and NaN bits) as dec4 after enc4, in about half the instructions. |x| below
+ * 2^-14 (binary16's subnormals): (|x| + 0.5) - 0.5, the add rounding to a multiple of 2^-24 to
+ * nearest even; from 65520 (the tie above 65504, which rounds up): Inf, NaN -> quiet NaN;
+ * otherwise the low 13 mantissa bits rounded off to nearest even in the integer domain (a carry
+ * into the exponent is the right answer). Uses locals $x<s> $sign<s> $f<s>.
+ */
+const round4 = (s) => `
+    (local.set $sign${s} (v128.and (local.get $x${s}) ${C("0x80000000")}))
+    (local.set $f${s} (v128.xor (local.get $x${s}) (local.get $sign${s})))
+    (v128.or
+      (v128.bitselect
+        (f32x4.sub (f32x4.add (local.get $f${s}) ${C("0x3f000000")}) ${C("0x3f000000")})
+        (v128.bitselect
+          (v128.bitselect ${C("0x7fc00000")} ${C("0x7f800000")} (i32x4.gt_s (local.get $f${s}) ${C("0x7f800000")}))
+          (v128.and
+            (i32x4.add (i32x4.add (local.get $f${s}) ${C("0xfff")}) (v128.and (i32x4.shr_u (local.get $f${s}) (i32.const 13)) ${C("1")}))
+            ${C("0xffffe000")})
+          (i32x4.ge_s (local.get $f${s}) ${C("0x477ff000")}))
+        (i32x4.lt_s (local.get $f${s}) ${C("0x38800000")}))
+      (local.get $sign${s}))`
+
 const encLocals = (...ss) => ss.map((s) => `(local $x${s} v128) (local $sign${s} v128) (local $f${s} v128)`).join(" ")
 const decLocals = (...ss) => ss.map((s) => `(local $w${s} v128) (local $o${s} v128)`).join(" ")
 
@@ -109,16 +132,22 @@ const hiLanes = (v) => `(i8x16.shuffle 8 9 10 11 12 13 14 15 0 1 2 3 4 5 6 7 ${v
 
 
 /**
- * f32(x·s) for the f32 lanes in local `x`: one f32 multiply when $exact (s is an f32 value, so the
- * product is the same correctly rounded one), else in double as Math.fround(x * s) computes it.
- * Uses locals $exact $sf (s as f32x4) $sv (s as f64x2).
+ * f32(x·s) for the f32 lanes in local `x`: one f32 multiply when s is an f32 value (then the product
+ * is the same correctly rounded one), else in double as Math.fround(x * s) computes it. Uses
+ * locals $sf (s as f32x4) and $sv (s as f64x2).
  */
-const scaled = (x) => `(if (result v128) (local.get $exact)
-             (then (f32x4.mul (local.get ${x}) (local.get $sf)))
-             (else ${pack(
-               `(f64x2.mul (f64x2.promote_low_f32x4 (local.get ${x})) (local.get $sv))`,
-               `(f64x2.mul (f64x2.promote_low_f32x4 ${hiLanes(`(local.get ${x})`)}) (local.get $sv))`
-             )}))`
+const scaledF32 = (x) => `(f32x4.mul (local.get ${x}) (local.get $sf))`
+const scaledF64 = (x) =>
+  pack(
+    `(f64x2.mul (f64x2.promote_low_f32x4 (local.get ${x})) (local.get $sv))`,
+    `(f64x2.mul (f64x2.promote_low_f32x4 ${hiLanes(`(local.get ${x})`)}) (local.get $sv))`
+  )
+
+/**
+ * `loop(scaled)` twice, with the f32 product when $exact and the double one otherwise: the choice
+ * made once per call, outside the loop (a branch per vector inside it costs ~20%).
+ */
+const eachScale = (loop) => `(if (local.get $exact) (then ${loop(scaledF32)}) (else ${loop(scaledF64)}))`
 
 /** Lanes summed in a fixed order: (l0 + l1) + (l2 + l3). */
 const hsum = (v) => `(f32.add
@@ -226,8 +255,7 @@ export const wat = `
     ${loops(
       4,
       `(local.set $x0 (v128.load (local.get $p)))
-       (local.set $w0 (block (result v128) ${enc4(0)}))
-       (v128.store (local.get $p) (block (result v128) ${dec4(0)}))`,
+       (v128.store (local.get $p) (block (result v128) ${round4(0)}))`,
       `(f32.store (local.get $p) (call $dec1 (call $enc1 (i32.load (local.get $p)))))`
     )})
 
@@ -238,15 +266,14 @@ export const wat = `
   (func (export "halfFeedback") (param $n i32) (param $a i32) (param $b i32) (param $s f64) (param $exact i32) ${idx} ${encLocals(0)} ${decLocals(0)} (local $sv v128) (local $sf v128) (local $rv v128)
     (local.set $sv (f64x2.splat (local.get $s)))
     (local.set $sf (f32x4.splat (f32.demote_f64 (local.get $s))))
-    ${loops(
+    ${eachScale((scaled) => loops(
       4,
       `(local.set $x0 (v128.load (local.get $p)))
        (local.set $x0
          (f32x4.add
            ${scaled("$x0")}
            (v128.load (local.get $r))))
-       (local.set $w0 (block (result v128) ${enc4(0)}))
-       (local.set $rv (block (result v128) ${dec4(0)}))
+       (local.set $rv (block (result v128) ${round4(0)}))
        (v128.store (local.get $p) (local.get $rv))
        (v128.store (local.get $r) (f32x4.sub (local.get $x0) (local.get $rv)))`,
       `(local.set $x0 (f32x4.splat (f32.add
@@ -257,7 +284,7 @@ export const wat = `
        (f32.store (local.get $p) (f32x4.extract_lane 0 (local.get $rv)))
        (f32.store (local.get $r) (f32x4.extract_lane 0 (f32x4.sub (local.get $x0) (local.get $rv))))`,
       { b: true }
-    )})
+    ))})
 
   ;; top-k error feedback, fused: b = f32(b + f32(a·s)) (the compensated p, as halfFeedback computes it);
   ;; the indices base + i of the elements with |p| >= thr or p NaN go to the u32 array at c and their
@@ -269,7 +296,7 @@ export const wat = `
     (local.set $sv (f64x2.splat (local.get $s)))
     (local.set $sf (f32x4.splat (f32.demote_f64 (local.get $s))))
     (local.set $tv (f32x4.splat (local.get $thr)))
-    ${loops(
+    ${eachScale((scaled) => loops(
       4,
       `(local.set $x (v128.load (local.get $p)))
        (local.set $x
@@ -286,7 +313,7 @@ export const wat = `
        (f32.store (local.get $r) (local.get $x1))
        ${keep("(i32.or (f32.ge (f32.abs (local.get $x1)) (local.get $thr)) (f32.ne (local.get $x1) (local.get $x1)))", 0, "(local.get $x1)")}`,
       { b: true }
-    )}
+    ))}
     (local.get $count))
 
   ;; ---- PowerSGD, rank <= 4 (columns beyond r are zero), rows of m floats, m a multiple of 4 ----
@@ -299,7 +326,7 @@ export const wat = `
     (local $a0 v128) (local $a1 v128) (local $a2 v128) (local $a3 v128) (local $q i32) (local $pr i32)
     (local.set $sf (f32x4.splat (f32.demote_f64 (local.get $s))))
     (local.set $sv (f64x2.splat (local.get $s)))
-    (block $rdone (loop $rows_l
+    ${eachScale((scaled) => `(block $rdone (loop $rows_l
       (br_if $rdone (i32.ge_u (local.get $i) (local.get $rows)))
       (local.set $a0 (v128.const i32x4 0 0 0 0)) (local.set $a1 (v128.const i32x4 0 0 0 0))
       (local.set $a2 (v128.const i32x4 0 0 0 0)) (local.set $a3 (v128.const i32x4 0 0 0 0))
@@ -325,12 +352,44 @@ export const wat = `
       (f32.store offset=${PR + 8} (local.get $pr) ${hsum("$a2")})
       (f32.store offset=${PR + 12} (local.get $pr) ${hsum("$a3")})
       (local.set $i (i32.add (local.get $i) (i32.const 1)))
-      (br $rows_l))))
+      (br $rows_l)))`)})
 
-  ;; ACC[c][j] += a[i][j] · PR[i][c] over the rows of the block (ACC is zeroed by the caller per matrix)
+  ;; ACC[c][j] += a[i][j] · PR[i][c] over the rows of the block (ACC is zeroed by the caller per matrix).
+  ;; Two rows per pass over ACC, (ACC + row i · PR[i]) + row i+1 · PR[i+1]: the same additions in the
+  ;; same order as one row at a time, with half the loads and stores of ACC; an odd last row alone.
   (func (export "matMulT") (param $rows i32) (param $m i32) (param $a i32)
-    (local $i i32) (local $j i32) (local $p i32) (local $q i32) (local $v v128)
+    (local $i i32) (local $j i32) (local $p i32) (local $q i32) (local $v v128) (local $w v128) (local $x i32) (local $y i32)
     (local $p0 v128) (local $p1 v128) (local $p2 v128) (local $p3 v128)
+    (local $r0 v128) (local $r1 v128) (local $r2 v128) (local $r3 v128)
+    (block $pdone (loop $pairs_l
+      (br_if $pdone (i32.ge_u (i32.add (local.get $i) (i32.const 1)) (local.get $rows)))
+      (local.set $p (i32.shl (local.get $i) (i32.const 4)))
+      (local.set $p0 (v128.load32_splat offset=${PR} (local.get $p)))
+      (local.set $p1 (v128.load32_splat offset=${PR + 4} (local.get $p)))
+      (local.set $p2 (v128.load32_splat offset=${PR + 8} (local.get $p)))
+      (local.set $p3 (v128.load32_splat offset=${PR + 12} (local.get $p)))
+      (local.set $r0 (v128.load32_splat offset=${PR + 16} (local.get $p)))
+      (local.set $r1 (v128.load32_splat offset=${PR + 20} (local.get $p)))
+      (local.set $r2 (v128.load32_splat offset=${PR + 24} (local.get $p)))
+      (local.set $r3 (v128.load32_splat offset=${PR + 28} (local.get $p)))
+      (local.set $x (i32.add (local.get $a) (i32.shl (i32.mul (local.get $i) (local.get $m)) (i32.const 2))))
+      (local.set $y (i32.add (local.get $x) (i32.shl (local.get $m) (i32.const 2))))
+      (local.set $q (i32.const 0))
+      (block $jdone (loop $j_l
+        (br_if $jdone (i32.ge_u (local.get $q) (i32.shl (local.get $m) (i32.const 2))))
+        (local.set $v (v128.load (i32.add (local.get $x) (local.get $q))))
+        (local.set $w (v128.load (i32.add (local.get $y) (local.get $q))))
+        ${[0, 1, 2, 3]
+          .map(
+            (c) => `(v128.store offset=${ACC + c * 65536} (local.get $q)
+          (f32x4.add (f32x4.add (v128.load offset=${ACC + c * 65536} (local.get $q)) (f32x4.mul (local.get $v) (local.get $p${c})))
+            (f32x4.mul (local.get $w) (local.get $r${c}))))`
+          )
+          .join("\n        ")}
+        (local.set $q (i32.add (local.get $q) (i32.const 16)))
+        (br $j_l)))
+      (local.set $i (i32.add (local.get $i) (i32.const 2)))
+      (br $pairs_l)))
     ${overRowsOfP(`
         (local.set $v (v128.load (i32.add (local.get $a) (i32.shl (i32.add (i32.mul (local.get $i) (local.get $m)) (local.get $j)) (i32.const 2)))))
         (local.set $q (i32.shl (local.get $j) (i32.const 2)))
