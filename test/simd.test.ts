@@ -121,6 +121,29 @@ describe("SIMD kernels", () => {
     }
   })
 
+  it("rounding at every binary16 midpoint (the tie and one fp32 step either side), both signs, as the scalar loop", () => {
+    // roundHalf and halfFeedback round in the fp32 domain; the ties are where that can go wrong
+    const t = halfTable()
+    const bits: number[] = []
+    const f = new Float32Array(1)
+    const u = new Uint32Array(f.buffer)
+    for (let h = 0; h < 0x7c00; h++) {
+      f[0] = h === 0x7bff ? 65520 : (t[h] + t[h + 1]) / 2 // exact in fp32 (halves are 11-bit values); 65520 rounds to Inf
+      for (const d of [-1, 0, 1]) bits.push(u[0] + d, (u[0] + d) | 0x80000000)
+    }
+    const x = new Float32Array(Uint32Array.from(bits).buffer)
+    const ref = x.slice()
+    roundToHalfScalar(ref)
+    const viaRound = x.slice()
+    expect(roundHalfSimd(viaRound)).toBe(true)
+    expect(sameBits(ref, viaRound)).toBe(0)
+    const g = x.slice()
+    const e = new Float32Array(x.length)
+    expect(halfFeedbackSimd(g, e, 1)).toBe(true)
+    expect(sameBits(ref, g)).toBe(0)
+    for (let i = 0; i < x.length; i++) expect(Object.is(e[i], x[i] - ref[i]) || !Number.isFinite(x[i] - ref[i])).toBe(true)
+  })
+
   it("fused fp16 error feedback: sent value and residual as the scalar loop computes them, for any scale", () => {
     for (const scale of [1, 0.25, 1 / 3, 0.1]) {
       const n = SIMD_BLOCK + 11
