@@ -1,8 +1,8 @@
 // The element loops of the data path: reduce a received payload into a region of the buffer, copy
 // one in, finish a final value (mean, weighted mean), and read payloads as typed-array views.
 // Plain loops over typed arrays; no allocation except the scratch for misaligned payloads.
-import { decodeHalf, halfTable } from "./float16.ts"
-import { decodeAddDivideSimd, decodeHalfSimd } from "./simd.ts"
+import { decodeHalf, encodeHalf, halfTable } from "./float16.ts"
+import { addIntoHalfSimd, decodeAddDivideSimd, decodeHalfSimd } from "./simd.ts"
 
 export type ReduceOp = "sum" | "mean" | "max" | "weightedMean"
 
@@ -72,6 +72,22 @@ export const accumulateIntoPayload = (payload: Uint8Array, buf: Float32Array, of
   } else {
     for (let i = 0; i < n; i++) p[i] += buf[off + i]
   }
+}
+
+/**
+ * The binary16 payload = half(payload + buf[off..off+n)), f32 addition, written into the payload
+ * itself: accumulateIntoPayload for a message on the wire as fp16. The same bits as adding the
+ * payload into the buffer and encoding that region for the next hop, in one pass instead of two,
+ * and the buffer is only read. `payload` must be 2-byte aligned (checked by the caller).
+ */
+export const accumulateIntoHalfPayload = (payload: Uint8Array, buf: Float32Array, off: number, n: number): void => {
+  const h = new Uint16Array(payload.buffer, payload.byteOffset, n)
+  const own = buf.subarray(off, off + n)
+  if (addIntoHalfSimd(own, h)) return
+  const t = halfTable()
+  const sum = new Float32Array(n)
+  for (let i = 0; i < n; i++) sum[i] = own[i] + t[h[i]]
+  encodeHalf(sum, h)
 }
 
 /**

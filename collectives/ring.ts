@@ -11,12 +11,14 @@
 // rounding) once, and the all-gather copies those bits everywhere.
 //
 // A relay step of the reduce-scatter (a partial sum that only passes through this rank) is added
-// into the received message itself, which is then sent on as is: the buffer is only read.
+// into the received message itself, which is then sent on as is: the buffer is only read. With
+// fp16 on the wire the sum is re-encoded into the message in the same pass (sums only; max keeps
+// the decode-into-buffer path), so a relay costs one pass and no encode on sending.
 //
 // With `gatherFanout`, the all-gather is one NATS fan-out publish per chunk from each owner to
 // every member instead of m-1 relays: each rank sends (m-1)/m less, the server takes each final
 // byte in once, and no rank waits on a chain of forwards. The reduce-scatter stays a ring.
-import { accumulate, accumulateIntoPayload, assign } from "./kernels.ts"
+import { accumulate, accumulateIntoHalfPayload, accumulateIntoPayload, assign } from "./kernels.ts"
 import { Flag, type Frame } from "./frames.ts"
 import type { Operation } from "./operation.ts"
 import { accumulateAndFinish, accumulateOp, finish, type Reduction } from "./reduction.ts"
@@ -108,8 +110,12 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
         // The last contribution to segment i arrives at its owner: finish it, once.
         accumulateAndFinish(buf, off, f.payload, n, reduce, f.value + reduce.weight)
         onFinal?.(off, n)
-      } else if (!half && (f.payload.byteOffset & 3) === 0 && relayBytes < op.host.windowBytes) {
-        accumulateIntoPayload(f.payload, buf, off, n, accOp)
+      } else if (
+        relayBytes < op.host.windowBytes &&
+        (half ? accOp === "sum" && (f.payload.byteOffset & 1) === 0 : (f.payload.byteOffset & 3) === 0)
+      ) {
+        if (half) accumulateIntoHalfPayload(f.payload, buf, off, n)
+        else accumulateIntoPayload(f.payload, buf, off, n, accOp)
         relay.set((t + 1) * 2 ** 32 + f.chunk, f.payload)
         relayBytes += f.payload.length
       } else {

@@ -29,6 +29,7 @@ interface KernelExports {
   encode(n: number, a: number, h: number): void
   decode(n: number, a: number, h: number, add: number): void
   decodeAddDivide(n: number, a: number, h: number, divisor: number): void
+  addIntoHalf(n: number, a: number, h: number): void
   roundHalf(n: number, a: number): void
   halfFeedback(n: number, a: number, b: number, scale: number, exact: number): void
   topkCompensate(n: number, a: number, b: number, scale: number, exact: number, thr: number, c: number, cv: number, cap: number, base: number): number
@@ -182,6 +183,26 @@ export const decodeHalfSimd = (src: Uint16Array, dst: Float32Array, add: boolean
 /** dst[i] = f32((dst[i] + value of src[i]) / divisor), the sum and division in double as JS does. */
 export const decodeAddDivideSimd = (src: Uint16Array, dst: Float32Array, divisor: number): boolean =>
   throughHalfBlocks(src, dst, true, (k, n, a) => k.ex.decodeAddDivide(n, a, H_AT, divisor))
+
+/**
+ * h[i] = binary16 bits of f32(src[i] + value of h[i]), in place in `h`: a ring relay's partial sum
+ * written into the received binary16 message, which is then sent on as is. `src` is only read (in
+ * place when it lives in a space).
+ */
+export const addIntoHalfSimd = (src: Float32Array, h: Uint16Array): boolean => {
+  const own = home(src)
+  const k = own ?? get(h.length)
+  if (!k) return false
+  for (let lo = 0; lo < h.length; lo += SIMD_BLOCK) {
+    const n = Math.min(SIMD_BLOCK, h.length - lo)
+    const hs = h.subarray(lo, lo + n)
+    k.h.set(hs)
+    if (!own) k.a.set(src.subarray(lo, lo + n))
+    k.ex.addIntoHalf(n, own ? src.byteOffset + lo * 4 : A_AT, H_AT)
+    hs.set(n === SIMD_BLOCK ? k.h : k.h.subarray(0, n))
+  }
+  return true
+}
 
 /** data[i] = nearest binary16 value of data[i], in place. */
 export const roundHalfSimd = (data: Float32Array): boolean => {

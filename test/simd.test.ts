@@ -17,8 +17,13 @@ import {
   simdAvailable,
   simdSpace,
   inSimdSpace,
-  topkCompensateSimd
+  topkCompensateSimd,
+  addIntoHalfSimd
 } from "../collectives/simd.ts"
+import { accumulateIntoHalfPayload } from "../collectives/kernels.ts"
+
+/** binary16 NaN bits (the NaN of a sum may differ in payload between paths). */
+const isHalfNaN = (h: number): boolean => (h & 0x7c00) === 0x7c00 && (h & 0x3ff) !== 0
 
 /** A deterministic xorshift stream of 32-bit words. */
 const words = (n: number, seed: number): Uint32Array => {
@@ -155,6 +160,28 @@ describe("SIMD kernels", () => {
       expect(halfFeedbackSimd(g, e, scale)).toBe(true)
       expect(sameBits(g1, g)).toBe(0)
       expect(sameBits(e1, e)).toBe(0)
+    }
+  })
+
+  it("a ring relay's fp16 partial sum added into the received message: the bits of decode-add then encode", () => {
+    for (const n of LENGTHS) {
+      const buf = floats(n, 7 * n).map((v) => (Number.isFinite(v) ? v : 1))
+      const msg = new Uint16Array(words(n, 9 * n).buffer.slice(0, n * 4)).subarray(0, n)
+      // the two-pass path: add the message into the buffer, encode the buffer for the next hop
+      const t = halfTable()
+      const sum = buf.map((v, i) => v + t[msg[i]])
+      const ref = new Uint16Array(n)
+      encodeHalfScalar(sum, ref)
+      const viaKernel = msg.slice()
+      const before = buf.slice()
+      expect(addIntoHalfSimd(buf, viaKernel)).toBe(true)
+      expect(sameBits(before, buf)).toBe(0) // the buffer is only read
+      const viaFallback = new Uint8Array(msg.slice().buffer)
+      accumulateIntoHalfPayload(viaFallback, buf, 0, n)
+      let bad = 0
+      for (let i = 0; i < n; i++) if (viaKernel[i] !== ref[i] && !(isHalfNaN(viaKernel[i]) && isHalfNaN(ref[i]))) bad++
+      expect(bad).toBe(0)
+      expect(Buffer.from(viaFallback).equals(Buffer.from(viaKernel.buffer, viaKernel.byteOffset, n * 2))).toBe(true)
     }
   })
 

@@ -229,6 +229,22 @@ export const wat = `
       { h: true }
     )})
 
+  ;; h[i] = half(a[i] + value(h[i])) (f32 addition): a ring relay's partial sum, added into the received
+  ;; binary16 message itself and sent on as is; a is only read
+  (func (export "addIntoHalf") (param $n i32) (param $a i32) (param $h i32) ${idx} ${encLocals(0, 1)} ${decLocals(0, 1)} (local $hv v128)
+    ${loops(
+      8,
+      `(local.set $hv (v128.load (local.get $q)))
+       (local.set $w0 (i32x4.extend_low_i16x8_u (local.get $hv)))
+       (local.set $w1 (i32x4.extend_high_i16x8_u (local.get $hv)))
+       (local.set $x0 (f32x4.add (v128.load (local.get $p)) (block (result v128) ${dec4(0)})))
+       (local.set $x1 (f32x4.add (v128.load offset=16 (local.get $p)) (block (result v128) ${dec4(1)})))
+       (v128.store (local.get $q) (i16x8.narrow_i32x4_u (block (result v128) ${enc4(0)}) (block (result v128) ${enc4(1)})))`,
+      `(i32.store16 (local.get $q)
+         (call $enc1 (i32.reinterpret_f32 (f32.add (f32.load (local.get $p)) (call $dec1 (i32.load16_u (local.get $q)))))))`,
+      { h: true }
+    )})
+
   ;; a[i] = f32((f64(a[i]) + f64(value(h[i]))) / d): a region owner's last addition and a mean's division,
   ;; in double as the scalar loop computes it
   (func (export "decodeAddDivide") (param $n i32) (param $a i32) (param $h i32) (param $d f64) ${idx} ${decLocals(0)} (local $s v128) (local $av v128) (local $dv v128)
