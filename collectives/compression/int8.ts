@@ -3,13 +3,15 @@
 // to 2^-16 of a step (below fp32's rounding of the decoded value); error <= scale/127 per element.
 // The scale is the chunk's max |x|, so one outlier only coarsens its own chunk.
 //
-// Aggregation: 'allreduce-decode-accumulate'. Quantized values with different scales cannot be
-// summed as bytes, and an all-gather would cost each rank p·n bytes, so a ring (or tree) hop
-// decodes what it receives into fp32, adds its own contribution and re-quantizes to forward. Every
-// re-quantization is a compress point with its own residual, keyed per (tensor, ring size,
-// segment) -- see ringSegmentKey in simulate.ts. The owner of a segment quantizes the full sum
-// once for the all-gather phase and everyone decodes those same bytes, so all ranks end bitwise
-// identical.
+// Aggregation. The codec declares 'allreduce-decode-accumulate', the model it supports: quantized
+// values with different scales cannot be summed as bytes, so a ring (or tree) hop decodes what it
+// receives into fp32, adds its own contribution and re-quantizes to forward; every re-quantization
+// is a compress point with its own residual, keyed per (tensor, ring size, segment) -- see
+// ringSegmentKey in simulate.ts, which models it. The GradientReducer, which is what training
+// uses, does NOT run that model: it all-gathers every rank's int8 message and each rank decodes all
+// p of them in rank order (gradient-reducer.ts). That costs each rank (p-1)·n bytes in instead of
+// ~2n, but quantizes once per rank and step, keeps one residual per tensor and gives every rank
+// bitwise the same sum; the ring model's p-1 re-quantizations compound their error.
 //
 // Wire: header (8) | chunkSize: uint32 | scales: float32[ceil(n/chunkSize)] | q: int8[n].
 // Total 12 + 4·ceil(n/chunkSize) + n bytes. A chunk with a NaN or an infinity gets scale NaN and
