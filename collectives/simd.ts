@@ -136,22 +136,34 @@ export const simdSpace = (lengths: ReadonlyArray<number>): Float32Array[] | unde
 /** Whether `x` lives in a space (tests). */
 export const inSimdSpace = (x: ArrayBufferView): boolean => home(x) !== undefined
 
-/** out[i] = binary16 bits of src[i] (round to nearest even). */
-export const encodeHalfSimd = (src: Float32Array, out: Uint16Array): boolean => {
+/**
+ * Streams fp32 `src` (read in place when it lives in a space, else through the A block) into the
+ * binary16 `out` through the H block (copied in first when the kernel reads it, and back out).
+ */
+const intoHalfBlocks = (src: Float32Array, out: Uint16Array, readsOut: boolean, kernel: (k: Kernels, n: number, a: number) => void): boolean => {
   const own = home(src)
   const k = own ?? get(src.length)
   if (!k) return false
   for (let lo = 0; lo < src.length; lo += SIMD_BLOCK) {
     const n = Math.min(SIMD_BLOCK, src.length - lo)
-    if (own) k.ex.encode(n, src.byteOffset + lo * 4, H_AT)
-    else {
-      k.a.set(src.subarray(lo, lo + n))
-      k.ex.encode(n, A_AT, H_AT)
-    }
+    if (readsOut) k.h.set(out.subarray(lo, lo + n))
+    if (!own) k.a.set(src.subarray(lo, lo + n))
+    kernel(k, n, own ? src.byteOffset + lo * 4 : A_AT)
     out.set(n === SIMD_BLOCK ? k.h : k.h.subarray(0, n), lo)
   }
   return true
 }
+
+/** out[i] = binary16 bits of src[i] (round to nearest even). */
+export const encodeHalfSimd = (src: Float32Array, out: Uint16Array): boolean =>
+  intoHalfBlocks(src, out, false, (k, n, a) => k.ex.encode(n, a, H_AT))
+
+/**
+ * h[i] = binary16 bits of f32(src[i] + value of h[i]), in place in `h`: a ring relay's partial sum
+ * written into the received binary16 message, which is then sent on as is. `src` is only read.
+ */
+export const addIntoHalfSimd = (src: Float32Array, h: Uint16Array): boolean =>
+  src.length === h.length && intoHalfBlocks(src, h, true, (k, n, a) => k.ex.addIntoHalf(n, a, H_AT))
 
 /**
  * Streams binary16 `src` through the H block into fp32 `dst`: in place when `dst` lives in a
@@ -183,26 +195,6 @@ export const decodeHalfSimd = (src: Uint16Array, dst: Float32Array, add: boolean
 /** dst[i] = f32((dst[i] + value of src[i]) / divisor), the sum and division in double as JS does. */
 export const decodeAddDivideSimd = (src: Uint16Array, dst: Float32Array, divisor: number): boolean =>
   throughHalfBlocks(src, dst, true, (k, n, a) => k.ex.decodeAddDivide(n, a, H_AT, divisor))
-
-/**
- * h[i] = binary16 bits of f32(src[i] + value of h[i]), in place in `h`: a ring relay's partial sum
- * written into the received binary16 message, which is then sent on as is. `src` is only read (in
- * place when it lives in a space).
- */
-export const addIntoHalfSimd = (src: Float32Array, h: Uint16Array): boolean => {
-  const own = home(src)
-  const k = own ?? get(h.length)
-  if (!k) return false
-  for (let lo = 0; lo < h.length; lo += SIMD_BLOCK) {
-    const n = Math.min(SIMD_BLOCK, h.length - lo)
-    const hs = h.subarray(lo, lo + n)
-    k.h.set(hs)
-    if (!own) k.a.set(src.subarray(lo, lo + n))
-    k.ex.addIntoHalf(n, own ? src.byteOffset + lo * 4 : A_AT, H_AT)
-    hs.set(n === SIMD_BLOCK ? k.h : k.h.subarray(0, n))
-  }
-  return true
-}
 
 /** data[i] = nearest binary16 value of data[i], in place. */
 export const roundHalfSimd = (data: Float32Array): boolean => {
