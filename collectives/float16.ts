@@ -35,6 +35,14 @@ const slowHalf = (value: number, bits: number): number => {
   return sign | ((Math.fround(Math.abs(value) + 0.5) - 0.5) * 16777216)
 }
 
+/** binary16 bits of one fp32 value (`bits` its bit pattern), round to nearest even. */
+const halfOf = (value: number, bits: number): number => {
+  const f = bits & 0x7fffffff
+  return f >= 0x38800000 && f < 0x47800000
+    ? ((bits >>> 16) & 0x8000) | ((f - 0x38000000 + 0xfff + ((f >>> 13) & 1)) >>> 13)
+    : slowHalf(value, bits)
+}
+
 /** out[i] = binary16 bits of src[i], round to nearest even. `src` must be 4-byte aligned (a Float32Array is). */
 export const encodeHalf = (src: Float32Array, out: Uint16Array): void => {
   if (!encodeHalfSimd(src, out)) encodeHalfScalar(src, out)
@@ -44,14 +52,7 @@ export const encodeHalf = (src: Float32Array, out: Uint16Array): void => {
 export const encodeHalfScalar = (src: Float32Array, out: Uint16Array): void => {
   const n = src.length
   const bits = new Uint32Array(src.buffer, src.byteOffset, n)
-  for (let i = 0; i < n; i++) {
-    const b = bits[i]
-    const f = b & 0x7fffffff
-    out[i] =
-      f >= 0x38800000 && f < 0x47800000
-        ? ((b >>> 16) & 0x8000) | ((f - 0x38000000 + 0xfff + ((f >>> 13) & 1)) >>> 13)
-        : slowHalf(src[i], b)
-  }
+  for (let i = 0; i < n; i++) out[i] = halfOf(src[i], bits[i])
 }
 
 /** dst[i] = value of half bits src[i]. */
@@ -79,16 +80,7 @@ export const roundToHalfScalar = (data: Float32Array): void => {
   const t = halfTable()
   const n = data.length
   const bits = new Uint32Array(data.buffer, data.byteOffset, n)
-  for (let i = 0; i < n; i++) {
-    const b = bits[i]
-    const f = b & 0x7fffffff
-    data[i] =
-      t[
-        f >= 0x38800000 && f < 0x47800000
-          ? ((b >>> 16) & 0x8000) | ((f - 0x38000000 + 0xfff + ((f >>> 13) & 1)) >>> 13)
-          : slowHalf(data[i], b)
-      ]
-  }
+  for (let i = 0; i < n; i++) data[i] = t[halfOf(data[i], bits[i])]
 }
 
 /** Elements per block of the scalar fused error-feedback loop (64 KiB: stays in L2). */
