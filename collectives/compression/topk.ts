@@ -109,26 +109,7 @@ export class TopKCompressor implements Compressor {
 
   /** Exact selection over all n elements. */
   private full(x: Float32Array, k: number, values: Float32Array, indices: Uint32Array): void {
-    const n = x.length
-    const m = this.scratch(n)
-    for (let i = 0; i < n; i++) {
-      const a = Math.abs(x[i])
-      m[i] = a === a ? a : Infinity
-    }
-    const tau = kthLargest(m, n, k)
-    let ties = k
-    for (let i = 0; i < n; i++) {
-      const a = Math.abs(x[i])
-      if (a > tau || a !== a) ties--
-    }
-    let j = 0
-    for (let i = 0; i < n && j < k; i++) {
-      const a = Math.abs(x[i])
-      if (a > tau || a !== a || (a === tau && ties-- > 0)) {
-        values[j] = x[i]
-        indices[j++] = i
-      }
-    }
+    this.select(x, x.length, undefined, k, values, indices)
   }
 
   /**
@@ -243,25 +224,32 @@ export class TopKCompressor implements Compressor {
    * same tie rule and order as `full`.
    */
   private fromCandidates(k: number, count: number, values: Float32Array, indices: Uint32Array): void {
-    const cand = this.cand
-    const vals = this.candVals
+    this.select(this.candVals, count, this.cand, k, values, indices)
+  }
+
+  /**
+   * The k largest magnitudes among x[0..count), NaN counting as largest, ties to the lower
+   * position, in position order: their values to `values` and their indices (`at[j]` for position
+   * j, or j itself without `at`) to `indices`.
+   */
+  private select(x: Float32Array, count: number, at: Uint32Array | undefined, k: number, values: Float32Array, indices: Uint32Array): void {
     const m = this.scratch(count)
     for (let j = 0; j < count; j++) {
-      const a = Math.abs(vals[j])
+      const a = Math.abs(x[j])
       m[j] = a === a ? a : Infinity
     }
     const tau = kthLargest(m, count, k)
     let ties = k
     for (let j = 0; j < count; j++) {
-      const a = Math.abs(vals[j])
+      const a = Math.abs(x[j])
       if (a > tau || a !== a) ties--
     }
     let o = 0
     for (let j = 0; j < count && o < k; j++) {
-      const a = Math.abs(vals[j])
+      const a = Math.abs(x[j])
       if (a > tau || a !== a || (a === tau && ties-- > 0)) {
-        values[o] = vals[j]
-        indices[o++] = cand[j]
+        values[o] = x[j]
+        indices[o++] = at ? at[j] : j
       }
     }
   }
