@@ -43,6 +43,10 @@ export interface CheckpointStorage {
 
 export const checkpointName = (index: number): string => `checkpoint_${String(index).padStart(6, "0")}`
 
+/** The entry with the highest index (the newest), if any. */
+export const latestOf = (entries: ReadonlyArray<CheckpointEntry>): CheckpointEntry | undefined =>
+  entries.reduce<CheckpointEntry | undefined>((a, e) => (!a || e.index > a.index ? e : a), undefined)
+
 /** Entries ordered best first by the score attribute (or newest first without one). */
 export const bestOf = (entries: ReadonlyArray<CheckpointEntry>, policy: CheckpointPolicy): CheckpointEntry[] => {
   const attr = policy.scoreAttribute
@@ -61,7 +65,7 @@ export const keptBy = (entries: ReadonlyArray<CheckpointEntry>, policy: Checkpoi
   const keep = policy.numToKeep
   if (!keep || entries.length <= keep) return new Set(entries.map((e) => e.name))
   const kept = new Set(bestOf(entries, policy).slice(0, keep).map((e) => e.name))
-  const latest = entries.reduce<CheckpointEntry | undefined>((a, e) => (!a || e.index > a.index ? e : a), undefined)
+  const latest = latestOf(entries)
   if (latest) kept.add(latest.name)
   return kept
 }
@@ -134,7 +138,7 @@ export class CheckpointStore implements CheckpointStorage {
   }
 
   latest(): CheckpointEntry | undefined {
-    return this.entries.reduce<CheckpointEntry | undefined>((a, e) => (!a || e.index > a.index ? e : a), undefined)
+    return latestOf(this.entries)
   }
 
   /** Checkpoints ordered best first by the score attribute (or newest first without one). */

@@ -13,6 +13,7 @@ import {
   bestOf,
   checkpointName,
   keptBy,
+  latestOf,
   readCheckpoint,
   safeFileName,
   type CheckpointData,
@@ -200,7 +201,7 @@ export class ObjectCheckpointStore implements CheckpointStorage {
   }
 
   latest(): CheckpointEntry | undefined {
-    return this.entries.reduce<CheckpointEntry | undefined>((a, e) => (!a || e.index > a.index ? e : a), undefined)
+    return latestOf(this.entries)
   }
 
   best(): ReadonlyArray<CheckpointEntry> {
