@@ -4,6 +4,7 @@
 import { createHash } from "node:crypto"
 import { roundToHalf } from "../../collectives/float16.ts"
 import { segmentBounds } from "../../collectives/segments.ts"
+import { seededRng } from "../../core/random.ts"
 
 export type CaseOp = "allReduce" | "reduceScatter" | "broadcast" | "allGather" | "barrier" | "buckets"
 
@@ -35,17 +36,8 @@ export interface CaseResult {
   readonly detail: string
 }
 
-/** mulberry32: a small, fast, seedable PRNG. */
-export const prng = (seed: number): (() => number) => {
-  let a = seed >>> 0
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0
-    let t = a
-    t = Math.imul(t ^ (t >>> 15), t | 1)
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61)
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296
-  }
-}
+/** mulberry32: a small, fast, seedable PRNG (the library's own). */
+export const prng = seededRng
 
 /** Rank r's input for a case: values in [-1, 1), a few exact zeros and repeated values for max ties. */
 export const inputOf = (seed: number, rank: number, length: number): Float32Array => {
