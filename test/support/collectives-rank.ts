@@ -2,7 +2,6 @@
 // connects to NATS, then executes commands from its parent over IPC: create/close communicators,
 // run case lists (verifying each result against the float64 reference), and time all-reduces or
 // raw NATS traffic patterns for the benchmark. It exits when its parent goes away.
-import { connect } from "@nats-io/transport-node"
 import type { NatsConnection } from "@nats-io/nats-core"
 import { allReduceBuckets } from "../../collectives/bucketing.ts"
 import { Communicator, type AllReduceAlgorithm } from "../../collectives/communicator.ts"
@@ -19,24 +18,11 @@ import {
   type Case,
   type CaseResult
 } from "./collectives-cases.ts"
+import { connectRank, errorOf, serveParent } from "./child-ready.ts"
 
-const server = process.env.GW_RANK_SERVER as string
 const comms = new Map<string, Communicator>()
 let nc: NatsConnection
 let cnc: NatsConnection
-
-const errorOf = (e: unknown) => {
-  const fields: Record<string, unknown> = {}
-  if (typeof e === "object" && e !== null) {
-    for (const [k, v] of Object.entries(e)) if (typeof v !== "function" && k !== "stack") fields[k] = v
-    for (const k of ["failedRanks"]) if (k in e) fields[k] = (e as Record<string, unknown>)[k]
-  }
-  return {
-    tag: typeof e === "object" && e !== null && "_tag" in e ? String((e as { _tag: unknown })._tag) : e instanceof Error ? e.name : "Error",
-    message: e instanceof Error ? e.message : String(e),
-    fields
-  }
-}
 
 const comm = (group: string): Communicator => {
   const c = comms.get(group)
@@ -305,13 +291,5 @@ const handle = async (m: Record<string, any>): Promise<unknown> => {
 
 let pendingCall: Promise<unknown> | undefined
 
-nc = await connect({ servers: server, noEcho: true, name: `gw-rank-${process.env.GW_RANK_INDEX}`, maxReconnectAttempts: 0 })
-cnc = await connect({ servers: server, noEcho: true, name: `gw-rank-${process.env.GW_RANK_INDEX}-ctl`, maxReconnectAttempts: 0 })
-process.on("disconnect", () => process.exit(0))
-process.on("message", (m: Record<string, any>) => {
-  handle(m).then(
-    (value) => process.send?.({ id: m.id, ok: true, value }),
-    (e) => process.send?.({ id: m.id, ok: false, error: errorOf(e) })
-  )
-})
-process.send?.({ ready: true })
+;({ nc, cnc } = await connectRank("gw-rank"))
+serveParent(handle)

@@ -3,25 +3,18 @@
 // GradientReducers by name, feeds them deterministic per-rank gradients (compression-cases.ts),
 // returns the reduced result (or only its hash and timing, for the 64 MiB benchmark), and hands
 // out / takes back the reducer's error-feedback state. It exits when its parent goes away.
-import { connect } from "@nats-io/transport-node"
 import type { NatsConnection } from "@nats-io/nats-core"
 import { Communicator, type AllReduceAlgorithm } from "../../collectives/communicator.ts"
 import { GradientReducer } from "../../collectives/gradient-reducer.ts"
 import type { ResolvedCompressionConfig } from "../../collectives/compression/index.ts"
 import { fillGradient, layoutOf, type SlotSpec } from "./compression-cases.ts"
+import { connectRank, errorOf, serveParent } from "./child-ready.ts"
 
-const server = process.env.GW_RANK_SERVER as string
 const reducers = new Map<string, { comm: Communicator; reducer: GradientReducer }>()
 // One gradient buffer shared by all reducers (the benchmark holds several 64 MiB reducers).
 let flat = new Float32Array(0)
 let nc: NatsConnection
 let cnc: NatsConnection
-
-const errorOf = (e: unknown) => ({
-  tag: typeof e === "object" && e !== null && "_tag" in e ? String((e as { _tag: unknown })._tag) : e instanceof Error ? e.name : "Error",
-  message: e instanceof Error ? e.message : String(e),
-  fields: {}
-})
 
 const entry = (name: string) => {
   const r = reducers.get(name)
@@ -115,13 +108,5 @@ const handle = async (m: Record<string, any>): Promise<unknown> => {
   }
 }
 
-nc = await connect({ servers: server, noEcho: true, name: `gw-crank-${process.env.GW_RANK_INDEX}`, maxReconnectAttempts: 0 })
-cnc = await connect({ servers: server, noEcho: true, name: `gw-crank-${process.env.GW_RANK_INDEX}-ctl`, maxReconnectAttempts: 0 })
-process.on("disconnect", () => process.exit(0))
-process.on("message", (m: Record<string, any>) => {
-  handle(m).then(
-    (value) => process.send?.({ id: m.id, ok: true, value }),
-    (e) => process.send?.({ id: m.id, ok: false, error: errorOf(e) })
-  )
-})
-process.send?.({ ready: true })
+;({ nc, cnc } = await connectRank("gw-crank"))
+serveParent(handle)
