@@ -369,6 +369,11 @@ class Attempt {
     this.settled = true
     this.#resolve(o)
   }
+
+  /** Settles as failed (the first outcome wins). */
+  fail(failure: GroupFailure): void {
+    this.settle({ type: "failed", failure })
+  }
 }
 
 export class Trainer {
@@ -491,7 +496,7 @@ export class Trainer {
 
     const onSignal = (signal: NodeJS.Signals): void => {
       interrupted = true
-      current?.settle({ type: "failed", failure: { kind: "config", rank: -1, tag: signal, message: `interrupted by ${signal}` } })
+      current?.fail({ kind: "config", rank: -1, tag: signal, message: `interrupted by ${signal}` })
       void teardown().finally(() => {
         process.removeListener("SIGINT", onSignal)
         process.removeListener("SIGTERM", onSignal)
@@ -548,14 +553,11 @@ export class Trainer {
         if (!a || body.attempt !== a.number || a.settled) return null
         for (const [rank, count] of a.finished) {
           if (body.index >= count) {
-            a.settle({
-              type: "failed",
-              failure: {
-                kind: "report-mismatch",
-                rank: body.rank,
-                tag: "ReportMismatch",
-                message: `rank ${body.rank} called report() more than ${count} times, but rank ${rank} finished after ${count} report() calls: every rank must call report() the same number of times`
-              }
+            a.fail({
+              kind: "report-mismatch",
+              rank: body.rank,
+              tag: "ReportMismatch",
+              message: `rank ${body.rank} called report() more than ${count} times, but rank ${rank} finished after ${count} report() calls: every rank must call report() the same number of times`
             })
             return null
           }
@@ -618,14 +620,11 @@ export class Trainer {
         const highest = Math.max(a.completedRounds, ...[...a.rounds.keys()].map((k) => k + 1))
         if (counts.size > 1 || body.reports < highest) {
           const [r0, c0] = [...a.finished.entries()].find(([, c]) => c !== body.reports) ?? [-1, highest]
-          a.settle({
-            type: "failed",
-            failure: {
-              kind: "report-mismatch",
-              rank: body.rank,
-              tag: "ReportMismatch",
-              message: `rank ${body.rank} finished after ${body.reports} report() calls but ${r0 >= 0 ? `rank ${r0} made ${c0}` : `other ranks reported ${c0} times`}: every rank must call report() the same number of times`
-            }
+          a.fail({
+            kind: "report-mismatch",
+            rank: body.rank,
+            tag: "ReportMismatch",
+            message: `rank ${body.rank} finished after ${body.reports} report() calls but ${r0 >= 0 ? `rank ${r0} made ${c0}` : `other ranks reported ${c0} times`}: every rank must call report() the same number of times`
           })
           return
         }
@@ -637,20 +636,17 @@ export class Trainer {
         const blamed = body.blamed?.[0]
         if (blamed !== undefined) {
           // A collective on this rank failed because of another one (dead or stalled): name that one.
-          a.settle({
-            type: "failed",
-            failure: {
-              kind: "died",
-              rank: blamed,
-              tag: body.tag,
-              message: `rank ${blamed} stopped taking part in collectives (reported by rank ${body.rank}: ${body.message})`,
-              remoteStack: body.stack
-            }
+          a.fail({
+            kind: "died",
+            rank: blamed,
+            tag: body.tag,
+            message: `rank ${blamed} stopped taking part in collectives (reported by rank ${body.rank}: ${body.message})`,
+            remoteStack: body.stack
           })
           return
         }
         const kind = body.tag === "ConfigError" ? "config" : "loop-error"
-        a.settle({ type: "failed", failure: { kind, rank: body.rank, tag: body.tag, message: body.message, remoteStack: body.stack } })
+        a.fail({ kind, rank: body.rank, tag: body.tag, message: body.message, remoteStack: body.stack })
       }
     }))
 
@@ -808,20 +804,17 @@ export class Trainer {
         // A worker that stops right after telling us it finished is fine; give that message a moment.
         setTimeout(() => {
           if (a.settled || a.finished.has(spawned.indexOf(w))) return
-          a.settle({
-            type: "failed",
-            failure: {
-              kind: "died",
-              rank: spawned.indexOf(w),
-              tag: down.reason,
-              message: `worker process (pid ${w.pid} on node ${w.node}) went down: ${down.detail}`
-            }
+          a.fail({
+            kind: "died",
+            rank: spawned.indexOf(w),
+            tag: down.reason,
+            message: `worker process (pid ${w.pid} on node ${w.node}) went down: ${down.detail}`
           })
         }, 300)
       })
     }
     await Promise.all(spawned.map((w) => system.askPromise(w.ref(WorkerProtocol), "run", null, { timeoutMs: 15_000 }))).catch((e: unknown) => {
-      a.settle({ type: "failed", failure: { kind: "died", rank: -1, tag: "StartError", message: `could not start the loops: ${String(e)}` } })
+      a.fail({ kind: "died", rank: -1, tag: "StartError", message: `could not start the loops: ${String(e)}` })
     })
     return a.outcome
   }
