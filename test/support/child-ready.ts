@@ -1,7 +1,7 @@
 // Forked rank processes of the test fleets. Parent side: wait until each has sent its first IPC
 // message ("ready") under a deadline (a child that exits first fails the wait), and kill them all.
 // Child side: connect to the server, serve the parent's commands, report errors as plain values.
-import type { ChildProcess } from "node:child_process"
+import { fork, type ChildProcess } from "node:child_process"
 import { connect } from "@nats-io/transport-node"
 import type { NatsConnection } from "@nats-io/nats-core"
 
@@ -39,6 +39,58 @@ export const killChildren = (children: ReadonlyArray<ChildProcess>, live: Set<Ch
         })
     )
   ).then(() => undefined)
+
+/** Every rank process a fleet started and that has not exited; killed when this process exits. */
+const live = new Set<ChildProcess>()
+let exitHookInstalled = false
+
+/**
+ * Forks `size` rank processes of `script` (GW_RANK_SERVER = server(rank), GW_RANK_INDEX = rank,
+ * IPC with advanced serialization), hands them to `make` (which attaches the fleet's listeners),
+ * and waits until all are ready; on a failed start the fleet is stopped and the error rethrown.
+ */
+export const startRanks = async <F extends { stop(): Promise<void> }>(
+  script: string,
+  size: number,
+  server: (rank: number) => string,
+  opts: { readonly startTimeoutMs?: number; readonly execArgv?: ReadonlyArray<string> },
+  make: (children: ChildProcess[]) => F
+): Promise<F> => {
+  if (!exitHookInstalled) {
+    exitHookInstalled = true
+    process.once("exit", () => {
+      for (const child of live) {
+        try {
+          child.kill("SIGKILL")
+        } catch {
+          // gone
+        }
+      }
+    })
+  }
+  const children = Array.from({ length: size }, (_, rank) => {
+    const child = fork(script, [], {
+      execArgv: [...(opts.execArgv ?? [])],
+      env: { ...process.env, GW_RANK_SERVER: server(rank), GW_RANK_INDEX: String(rank) },
+      stdio: ["ignore", "inherit", "inherit", "ipc"],
+      serialization: "advanced"
+    })
+    live.add(child)
+    child.once("exit", () => live.delete(child))
+    return child
+  })
+  const fleet = make(children)
+  try {
+    await awaitChildrenReady(children, opts.startTimeoutMs ?? 30_000)
+  } catch (e) {
+    await fleet.stop()
+    throw e
+  }
+  return fleet
+}
+
+/** Kills a fleet's rank processes still running and waits for their exits. */
+export const stopRanks = (children: ReadonlyArray<ChildProcess>): Promise<void> => killChildren(children, live)
 
 // ---- the child's side ----
 

@@ -2,8 +2,8 @@
 // and drives them over the IPC channel with small JSON commands, so one process can run many
 // cases. Every child is killed by stop(), by the parent's exit, and by the child itself when the
 // IPC channel goes away (parent crashed).
-import { awaitChildrenReady, killChildren } from "./child-ready.ts"
-import { fork, type ChildProcess } from "node:child_process"
+import { startRanks, stopRanks } from "./child-ready.ts"
+import type { ChildProcess } from "node:child_process"
 import { fileURLToPath } from "node:url"
 
 const RANK_SCRIPT = fileURLToPath(new URL("./collectives-rank.ts", import.meta.url))
@@ -23,18 +23,6 @@ export class RankCallError extends Error {
     super(`rank ${rank}: ${error.tag}: ${error.message}`)
     this.rank = rank
     this.error = error
-  }
-}
-
-const live = new Set<ChildProcess>()
-let exitHookInstalled = false
-const killAllSync = (): void => {
-  for (const child of live) {
-    try {
-      child.kill("SIGKILL")
-    } catch {
-      // gone
-    }
   }
 }
 
@@ -69,38 +57,14 @@ export class RankFleet {
         p.resolve(m)
       })
       child.once("exit", (code, signal) => {
-        live.delete(child)
         for (const p of this.#pending[rank].values()) p.reject(new Error(`rank ${rank} exited (code ${code}, signal ${signal}) with a call pending`))
         this.#pending[rank].clear()
       })
     })
   }
 
-  static async start(opts: FleetOptions): Promise<RankFleet> {
-    if (!exitHookInstalled) {
-      exitHookInstalled = true
-      process.once("exit", killAllSync)
-    }
-    const children: ChildProcess[] = []
-    for (let rank = 0; rank < opts.size; rank++) {
-      const child = fork(RANK_SCRIPT, [], {
-        execArgv: [...(opts.execArgv ?? [])],
-        env: { ...process.env, GW_RANK_SERVER: opts.server(rank), GW_RANK_INDEX: String(rank) },
-        stdio: ["ignore", "inherit", "inherit", "ipc"],
-        serialization: "advanced"
-      })
-      live.add(child)
-      children.push(child)
-    }
-    const fleet = new RankFleet(children)
-    try {
-      const timeout = opts.startTimeoutMs ?? 30_000
-      await awaitChildrenReady(children, timeout)
-    } catch (e) {
-      await fleet.stop()
-      throw e
-    }
-    return fleet
+  static start(opts: FleetOptions): Promise<RankFleet> {
+    return startRanks(RANK_SCRIPT, opts.size, opts.server, opts, (children) => new RankFleet(children))
   }
 
   get size(): number {
@@ -152,6 +116,6 @@ export class RankFleet {
 
   /** Kills every rank still running and waits for them to exit. */
   async stop(): Promise<void> {
-    await killChildren(this.children, live)
+    await stopRanks(this.children)
   }
 }

@@ -2,15 +2,12 @@
 // collectives-fleet.ts does for collectives-rank.ts (kept separate so the two rank scripts evolve
 // independently). Every child is killed by stop(), by the parent's exit, and by itself when the
 // IPC channel goes away.
-import { awaitChildrenReady, killChildren } from "./child-ready.ts"
-import { fork, type ChildProcess } from "node:child_process"
+import { startRanks, stopRanks } from "./child-ready.ts"
+import type { ChildProcess } from "node:child_process"
 import { fileURLToPath } from "node:url"
 import { RankCallError, type Reply } from "./collectives-fleet.ts"
 
 const RANK_SCRIPT = fileURLToPath(new URL("./compression-rank.ts", import.meta.url))
-
-const live = new Set<ChildProcess>()
-let exitHookInstalled = false
 
 export class CompressionFleet {
   readonly children: ReadonlyArray<ChildProcess>
@@ -28,7 +25,6 @@ export class CompressionFleet {
         settle(m)
       })
       child.once("exit", (code, signal) => {
-        live.delete(child)
         for (const settle of this.#pending[rank].values()) settle(new Error(`rank ${rank} exited (code ${code}, signal ${signal}) with a call pending`))
         this.#pending[rank].clear()
       })
@@ -39,31 +35,8 @@ export class CompressionFleet {
    * Starts `size` ranks connected to `server`; all or none (a failed start stops the rest).
    * `execArgv`: node flags for the ranks (e.g. --cpu-prof; then end them with exit()).
    */
-  static async start(size: number, server: string, startTimeoutMs = 30_000, execArgv: ReadonlyArray<string> = []): Promise<CompressionFleet> {
-    if (!exitHookInstalled) {
-      exitHookInstalled = true
-      process.once("exit", () => {
-        for (const child of live) child.kill("SIGKILL")
-      })
-    }
-    const children = Array.from({ length: size }, (_, rank) => {
-      const child = fork(RANK_SCRIPT, [], {
-        execArgv: [...execArgv],
-        env: { ...process.env, GW_RANK_SERVER: server, GW_RANK_INDEX: String(rank) },
-        stdio: ["ignore", "inherit", "inherit", "ipc"],
-        serialization: "advanced"
-      })
-      live.add(child)
-      return child
-    })
-    const fleet = new CompressionFleet(children)
-    try {
-      await awaitChildrenReady(children, startTimeoutMs)
-    } catch (e) {
-      await fleet.stop()
-      throw e
-    }
-    return fleet
+  static start(size: number, server: string, startTimeoutMs = 30_000, execArgv: ReadonlyArray<string> = []): Promise<CompressionFleet> {
+    return startRanks(RANK_SCRIPT, size, () => server, { startTimeoutMs, execArgv }, (children) => new CompressionFleet(children))
   }
 
   get size(): number {
@@ -114,6 +87,6 @@ export class CompressionFleet {
 
   /** Kills every rank still running and waits for them to exit. */
   async stop(): Promise<void> {
-    await killChildren(this.children, live)
+    await stopRanks(this.children)
   }
 }
