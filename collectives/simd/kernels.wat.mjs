@@ -54,14 +54,25 @@ const enc4 = (s) => `
       (i32x4.shr_u (local.get $sign${s}) (i32.const 16)))`
 
 /**
- * f32 lanes from the binary16 bits in the i32 lanes of local $w<s>: Giesen's "fast5" (shift,
- * scale by 2^112, patch Inf/NaN, sign). Uses locals $w<s> $o<s>.
+ * f32 lanes from the binary16 bits in the i32 lanes of local $w<s>, with integer arithmetic only,
+ * but for one subtraction of normal numbers: the bits shifted into place and the exponent re-biased
+ * (by 112, and by 112 more for Inf/NaN, which keeps a NaN's payload); a zero or subnormal m·2^-24
+ * as (2^-14 + m·2^-24) - 2^-14, exact. No lane ever holds an fp32 subnormal: multiplying one (the
+ * usual shift-and-scale trick) takes a microcode assist on x86, ten times slower per element, and
+ * gradients below 2^-14 (binary16's subnormals) are common. Uses locals $w<s> $o<s> $z<s>.
  */
 const dec4 = (s) => `
+    (local.set $o${s} (i32x4.shl (v128.and (local.get $w${s}) ${C("0x7fff")}) (i32.const 13)))
+    (local.set $z${s} (v128.and (local.get $o${s}) ${C("0x0f800000")}))
     (local.set $o${s}
-      (f32x4.mul (i32x4.shl (v128.and (local.get $w${s}) ${C("0x7fff")}) (i32.const 13)) ${C("0x77800000")}))
+      (i32x4.add
+        (i32x4.add (local.get $o${s}) ${C("0x38000000")})
+        (v128.and (i32x4.eq (local.get $z${s}) ${C("0x0f800000")}) ${C("0x38000000")})))
     (v128.or
-      (v128.or (local.get $o${s}) (v128.and (f32x4.ge (local.get $o${s}) (v128.const f32x4 65536 65536 65536 65536)) ${C("0x7f800000")}))
+      (v128.bitselect
+        (f32x4.sub (i32x4.add (local.get $o${s}) ${C("0x00800000")}) ${C("0x38800000")})
+        (local.get $o${s})
+        (i32x4.eq (local.get $z${s}) ${C("0")}))
       (i32x4.shl (v128.and (local.get $w${s}) ${C("0x8000")}) (i32.const 16)))`
 
 /**
@@ -88,7 +99,7 @@ const round4 = (s) => `
       (local.get $sign${s}))`
 
 const encLocals = (...ss) => ss.map((s) => `(local $x${s} v128) (local $sign${s} v128) (local $f${s} v128)`).join(" ")
-const decLocals = (...ss) => ss.map((s) => `(local $w${s} v128) (local $o${s} v128)`).join(" ")
+const decLocals = (...ss) => ss.map((s) => `(local $w${s} v128) (local $o${s} v128) (local $z${s} v128)`).join(" ")
 
 /**
  * A loop over i = 0, step, 2·step, ... while i + step <= n, then a scalar tail loop i < n. Sets the
