@@ -4,7 +4,7 @@
 // 65536-entry table built on first use. No allocation per call. Arrays of SIMD_MIN elements or more
 // go through the WebAssembly SIMD kernels of simd.ts, which give the same bits; the scalar loops
 // here are the reference and the fallback.
-import { decodeHalfSimd, encodeHalfSimd, halfFeedbackSimd, roundHalfSimd } from "./simd.ts"
+import { addHalfIntoHalfSimd, decodeHalfSimd, encodeHalfSimd, halfFeedbackBitsSimd, halfFeedbackSimd, roundHalfSimd } from "./simd.ts"
 
 let table: Float32Array | undefined
 
@@ -105,4 +105,44 @@ export const halfFeedbackScalar = (g: Float32Array, e: Float32Array, scale: numb
     roundToHalfScalar(d)
     for (let i = 0; i < d.length; i++) r[i] -= d[i]
   }
+}
+
+/**
+ * fp16 error feedback that writes the message as binary16 bits: p = f32(f32(g·scale) + e);
+ * out = half(p) (the bits sent); e = p - value(out). `g` is only read. The values are those of
+ * halfFeedback (out holds the bits of what halfFeedback writes into g), in one pass that stores
+ * 2 bytes per element for the message instead of 4, and leaves nothing to encode before sending.
+ */
+export const halfFeedbackBits = (g: Float32Array, e: Float32Array, scale: number, out: Uint16Array): void => {
+  if (g.length !== e.length || out.length !== g.length) {
+    throw new RangeError(`halfFeedbackBits: gradient, residual and message lengths differ (${g.length}, ${e.length}, ${out.length})`)
+  }
+  if (!halfFeedbackBitsSimd(g, e, scale, out)) halfFeedbackBitsScalar(g, e, scale, out)
+}
+
+/** halfFeedbackBits without SIMD (the reference): block by block through a scratch block. */
+export const halfFeedbackBitsScalar = (g: Float32Array, e: Float32Array, scale: number, out: Uint16Array): void => {
+  const t = halfTable()
+  const d = new Float32Array(Math.min(FUSE_BLOCK, g.length))
+  for (let lo = 0; lo < g.length; lo += FUSE_BLOCK) {
+    const hi = Math.min(g.length, lo + FUSE_BLOCK)
+    const p = hi - lo === d.length ? d : d.subarray(0, hi - lo)
+    const r = e.subarray(lo, hi)
+    for (let i = 0; i < p.length; i++) p[i] = Math.fround(g[lo + i] * scale) + r[i]
+    const h = out.subarray(lo, hi)
+    encodeHalfScalar(p, h)
+    for (let i = 0; i < p.length; i++) r[i] = p[i] - t[h[i]]
+  }
+}
+
+/**
+ * h[i] = binary16 bits of f32(value of own[i] + value of h[i]), in place in `h`: a relay's partial
+ * sum added into the received message when this rank's own values are binary16 bits.
+ */
+export const addHalfIntoHalf = (own: Uint16Array, h: Uint16Array): void => {
+  if (addHalfIntoHalfSimd(own, h)) return
+  const t = halfTable()
+  const sum = new Float32Array(h.length)
+  for (let i = 0; i < h.length; i++) sum[i] = t[own[i]] + t[h[i]]
+  encodeHalfScalar(sum, h)
 }

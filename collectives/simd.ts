@@ -32,6 +32,7 @@ interface KernelExports {
   addIntoHalf(n: number, a: number, h: number): void
   roundHalf(n: number, a: number): void
   halfFeedback(n: number, a: number, b: number, scale: number, exact: number): void
+  halfFeedbackBits(n: number, a: number, b: number, h: number, scale: number, exact: number): void
   topkCompensate(n: number, a: number, b: number, scale: number, exact: number, thr: number, c: number, cv: number, cap: number, base: number): number
   feedbackMatMul(rows: number, m: number, s: number, exact: number, a: number, b: number): void
   matMulT(rows: number, m: number, a: number): void
@@ -244,6 +245,61 @@ export const halfFeedbackSimd = (g: Float32Array, e: Float32Array, scale: number
       es.set(n === SIMD_BLOCK ? k.b : k.b.subarray(0, n))
     }
     gs.set(n === SIMD_BLOCK ? k.a : k.a.subarray(0, n))
+  }
+  return true
+}
+
+/**
+ * fp16 error feedback into binary16 bits, in one pass: p = f32(f32(g·scale) + e); out = half(p)
+ * (the bits sent); e = p - value(out). `g` is only read. halfFeedbackSimd's values, with the
+ * message written as its bits (half the bytes) instead of over `g`. `g` and `e` are read in place
+ * when they live in a space, else through the A and B blocks; `out` is written through the H block
+ * unless it lives in `e`'s space.
+ */
+export const halfFeedbackBitsSimd = (g: Float32Array, e: Float32Array, scale: number, out: Uint16Array): boolean => {
+  if (g.length !== e.length || out.length !== g.length) return false
+  const exact = exactScale(scale)
+  const own = home(e)
+  const k = own ?? get(g.length)
+  if (!k) return false
+  const gOwn = home(g) === k
+  const outOwn = home(out) === k
+  for (let lo = 0; lo < g.length; lo += SIMD_BLOCK) {
+    const n = Math.min(SIMD_BLOCK, g.length - lo)
+    if (!gOwn) k.a.set(g.subarray(lo, lo + n))
+    const es = own ? undefined : e.subarray(lo, lo + n)
+    if (es) k.b.set(es)
+    k.ex.halfFeedbackBits(
+      n,
+      gOwn ? g.byteOffset + lo * 4 : A_AT,
+      own ? e.byteOffset + lo * 4 : B_AT,
+      outOwn ? out.byteOffset + lo * 2 : H_AT,
+      scale,
+      exact
+    )
+    if (es) es.set(n === SIMD_BLOCK ? k.b : k.b.subarray(0, n))
+    if (!outOwn) out.set(n === SIMD_BLOCK ? k.h : k.h.subarray(0, n), lo)
+  }
+  return true
+}
+
+/**
+ * h[i] = binary16 bits of f32(value of own[i] + value of h[i]), in place in `h`: addIntoHalfSimd
+ * for a rank whose own values are binary16 bits (its input was encoded by its error feedback).
+ * Each block of `own` is decoded into the A block, then added into `h` in the H block.
+ */
+export const addHalfIntoHalfSimd = (own: Uint16Array, h: Uint16Array): boolean => {
+  if (own.length !== h.length) return false
+  const k = get(h.length)
+  if (!k) return false
+  for (let lo = 0; lo < h.length; lo += SIMD_BLOCK) {
+    const n = Math.min(SIMD_BLOCK, h.length - lo)
+    k.h.set(own.subarray(lo, lo + n))
+    k.ex.decode(n, A_AT, H_AT, 0)
+    const hs = h.subarray(lo, lo + n)
+    k.h.set(hs)
+    k.ex.addIntoHalf(n, A_AT, H_AT)
+    hs.set(n === SIMD_BLOCK ? k.h : k.h.subarray(0, n))
   }
   return true
 }

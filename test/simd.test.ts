@@ -3,7 +3,15 @@
 // rank), over every binary16 pattern, random fp32 bit patterns (NaN, Inf, subnormals included),
 // lengths with SIMD tails and lengths spanning several scratch blocks.
 import { describe, expect, it } from "vitest"
-import { decodeHalfScalar, encodeHalfScalar, halfFeedbackScalar, halfTable, roundToHalfScalar } from "../collectives/float16.ts"
+import {
+  addHalfIntoHalf,
+  decodeHalfScalar,
+  encodeHalfScalar,
+  halfFeedbackBitsScalar,
+  halfFeedbackScalar,
+  halfTable,
+  roundToHalfScalar
+} from "../collectives/float16.ts"
 import {
   SIMD_BLOCK,
   decodeAddDivideSimd,
@@ -18,7 +26,9 @@ import {
   simdSpace,
   inSimdSpace,
   topkCompensateSimd,
-  addIntoHalfSimd
+  addIntoHalfSimd,
+  addHalfIntoHalfSimd,
+  halfFeedbackBitsSimd
 } from "../collectives/simd.ts"
 import { accumulateIntoHalfPayload } from "../collectives/kernels.ts"
 
@@ -182,6 +192,74 @@ describe("SIMD kernels", () => {
       for (let i = 0; i < n; i++) if (viaKernel[i] !== ref[i] && !(isHalfNaN(viaKernel[i]) && isHalfNaN(ref[i]))) bad++
       expect(bad).toBe(0)
       expect(Buffer.from(viaFallback).equals(Buffer.from(viaKernel.buffer, viaKernel.byteOffset, n * 2))).toBe(true)
+    }
+  })
+
+  it("fp16 error feedback into bits: the bits of halfFeedback's sent values and the same residual, for any scale; the gradient is only read", () => {
+    for (const scale of [1, 0.25, 1 / 3, 0.1]) {
+      for (const n of [...LENGTHS, SIMD_BLOCK + 11]) {
+        const g = floats(n, 13 + n)
+        const e = floats(n, 14 + n).map((v) => (Number.isFinite(v) ? v * 1e-3 : 0))
+        // the reference: halfFeedback rounds g in place; its bits are what is sent
+        const g1 = g.slice()
+        const e1 = e.slice()
+        halfFeedbackScalar(g1, e1, scale)
+        const want = new Uint16Array(n)
+        encodeHalfScalar(g1, want)
+        const viaScalar = new Uint16Array(n)
+        const e2 = e.slice()
+        const g2 = g.slice()
+        halfFeedbackBitsScalar(g2, e2, scale, viaScalar)
+        const viaKernel = new Uint16Array(n)
+        const e3 = e.slice()
+        const g3 = g.slice()
+        expect(halfFeedbackBitsSimd(g3, e3, scale, viaKernel)).toBe(true)
+        expect(Buffer.from(viaScalar.buffer).equals(Buffer.from(want.buffer))).toBe(true)
+        expect(Buffer.from(viaKernel.buffer).equals(Buffer.from(want.buffer))).toBe(true)
+        expect(sameBits(e1, e2)).toBe(0)
+        expect(sameBits(e1, e3)).toBe(0)
+        expect(sameBits(g, g2)).toBe(0)
+        expect(sameBits(g, g3)).toBe(0)
+      }
+    }
+  })
+
+  it("fp16 error feedback into bits at every binary16 midpoint (ties, one fp32 step either side, both signs)", () => {
+    const t = halfTable()
+    const bits: number[] = []
+    const f = new Float32Array(1)
+    const u = new Uint32Array(f.buffer)
+    for (let h = 0; h < 0x7c00; h++) {
+      f[0] = h === 0x7bff ? 65520 : (t[h] + t[h + 1]) / 2
+      for (const d of [-1, 0, 1]) bits.push(u[0] + d, (u[0] + d) | 0x80000000)
+    }
+    const x = new Float32Array(Uint32Array.from(bits).buffer)
+    const want = new Uint16Array(x.length)
+    encodeHalfScalar(x, want)
+    const got = new Uint16Array(x.length)
+    const e = new Float32Array(x.length)
+    expect(halfFeedbackBitsSimd(x, e, 1, got)).toBe(true)
+    expect(Buffer.from(got.buffer).equals(Buffer.from(want.buffer))).toBe(true)
+    for (let i = 0; i < x.length; i++) expect(Object.is(e[i], Math.fround(x[i] - t[want[i]])) || !Number.isFinite(x[i] - t[want[i]])).toBe(true)
+  })
+
+  it("a relay's partial sum added into the message when the own values are binary16 bits: the bits of decode, add, encode", () => {
+    for (const n of LENGTHS) {
+      const own = new Uint16Array(words(n, 5 * n).buffer.slice(0, n * 2))
+      const msg = new Uint16Array(words(n, 6 * n + 1).buffer.slice(0, n * 2))
+      const t = halfTable()
+      const ref = new Uint16Array(n)
+      encodeHalfScalar(Float32Array.from(own, (h, i) => t[h] + t[msg[i]]), ref)
+      const viaKernel = msg.slice()
+      const ownBefore = own.slice()
+      expect(addHalfIntoHalfSimd(own, viaKernel)).toBe(true)
+      expect(Buffer.from(own.buffer).equals(Buffer.from(ownBefore.buffer))).toBe(true)
+      const viaDispatch = msg.slice()
+      addHalfIntoHalf(own, viaDispatch)
+      let bad = 0
+      for (let i = 0; i < n; i++) if (viaKernel[i] !== ref[i] && !(isHalfNaN(viaKernel[i]) && isHalfNaN(ref[i]))) bad++
+      expect(bad).toBe(0)
+      expect(Buffer.from(viaDispatch.buffer).equals(Buffer.from(viaKernel.buffer))).toBe(true)
     }
   })
 
@@ -381,6 +459,29 @@ describe("SIMD kernels", () => {
         halfFeedbackSimd(g3, e3, scale)
         expect(sameBits(g1, g3)).toBe(0)
         expect(sameBits(e1, e3)).toBe(0)
+      }
+    })
+
+    it("fp16 error feedback into bits with the residual in a space, and with gradient, residual and message in one", () => {
+      const n = 2 * SIMD_BLOCK + 9
+      const g = floats(n, 23)
+      const e = floats(n, 24).map((v) => (Number.isFinite(v) ? v * 1e-3 : 0))
+      for (const scale of [0.25, 1 / 3]) {
+        const want = new Uint16Array(n)
+        const e1 = e.slice()
+        halfFeedbackBitsScalar(g, e1, scale, want)
+        const out2 = new Uint16Array(n)
+        const [e2] = placed(e)
+        expect(halfFeedbackBitsSimd(g, e2, scale, out2)).toBe(true)
+        expect(Buffer.from(out2.buffer).equals(Buffer.from(want.buffer))).toBe(true)
+        expect(sameBits(e1, e2)).toBe(0)
+        // the message's n binary16 values in n/2 floats of the same space
+        const [g3, e3, m3] = placed(g, e, new Float32Array(Math.ceil(n / 2)))
+        const out3 = new Uint16Array(m3.buffer, m3.byteOffset, n)
+        expect(halfFeedbackBitsSimd(g3, e3, scale, out3)).toBe(true)
+        expect(Buffer.from(out3.buffer, out3.byteOffset, n * 2).equals(Buffer.from(want.buffer))).toBe(true)
+        expect(sameBits(e1, e3)).toBe(0)
+        expect(sameBits(g, g3)).toBe(0)
       }
     })
 

@@ -313,6 +313,33 @@ export const wat = `
       { b: true }
     ))})
 
+  ;; fp16 error feedback into binary16 bits: p = f32(f32(a·s) + b); h = half(p) (the bits sent); b = p - value(h).
+  ;; a is only read. halfFeedback's values, with the message's bits written instead of its fp32 values
+  ;; (half the bytes stored, and no encode before the first send).
+  (func (export "halfFeedbackBits") (param $n i32) (param $a i32) (param $b i32) (param $h i32) (param $s f64) (param $exact i32)
+    ${idx} ${encLocals(0, 1)} ${decLocals(0, 1)} (local $sv v128) (local $sf v128)
+    (local.set $sv (f64x2.splat (local.get $s)))
+    (local.set $sf (f32x4.splat (f32.demote_f64 (local.get $s))))
+    ${eachScale((scaled) => loops(
+      8,
+      `(local.set $x0 (v128.load (local.get $p)))
+       (local.set $x1 (v128.load offset=16 (local.get $p)))
+       (local.set $x0 (f32x4.add ${scaled("$x0")} (v128.load (local.get $r))))
+       (local.set $x1 (f32x4.add ${scaled("$x1")} (v128.load offset=16 (local.get $r))))
+       (local.set $w0 (block (result v128) ${enc4(0)}))
+       (local.set $w1 (block (result v128) ${enc4(1)}))
+       (v128.store (local.get $q) (i16x8.narrow_i32x4_u (local.get $w0) (local.get $w1)))
+       (v128.store (local.get $r) (f32x4.sub (local.get $x0) (block (result v128) ${dec4(0)})))
+       (v128.store offset=16 (local.get $r) (f32x4.sub (local.get $x1) (block (result v128) ${dec4(1)})))`,
+      `(local.set $x0 (f32x4.splat (f32.add
+         (f32.demote_f64 (f64.mul (f64.promote_f32 (f32.load (local.get $p))) (local.get $s)))
+         (f32.load (local.get $r)))))
+       (local.set $w0 (block (result v128) ${enc4(0)}))
+       (i32.store16 (local.get $q) (i32x4.extract_lane 0 (local.get $w0)))
+       (f32.store (local.get $r) (f32x4.extract_lane 0 (f32x4.sub (local.get $x0) (block (result v128) ${dec4(0)}))))`,
+      { b: true, h: true }
+    ))})
+
   ;; top-k error feedback, fused: b = f32(b + f32(a·s)) (the compensated p, as halfFeedback computes it);
   ;; the indices base + i of the elements with |p| >= thr or p NaN go to the u32 array at c and their
   ;; values p to the f32 array at cv, at most cap of them; returns how many there were (more than cap
