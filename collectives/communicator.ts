@@ -37,7 +37,7 @@ import {
   GroupMismatch,
   blamedRanks
 } from "./errors.ts"
-import { roundToHalf } from "./float16.ts"
+import { decodeHalf, roundToHalf } from "./float16.ts"
 import { HEADER_BLOCK_BYTES, HEADER_BYTES, Kind, Opcode, controlBody, controlMessage, readFrame, type Frame } from "./frames.ts"
 import { hierarchicalReduce, type NodeGroup } from "./hierarchical.ts"
 import { scale, type ReduceOp } from "./kernels.ts"
@@ -116,6 +116,13 @@ export interface AllReduceOptions extends CallOptions {
   readonly fanout?: boolean
   /** Hierarchical: group ranks by node id (default) or by the NATS server they are connected to. */
   readonly hierarchy?: "node" | "server"
+  /**
+   * This rank's values as binary16 bits, one per element of `data` (op "sum" with wire "f16"
+   * only; e.g. written by fp16 error feedback in its own pass). The ring reads them directly, with
+   * no encode before the first send, and `data` is only written, with the result; the other
+   * algorithms decode them into `data` first.
+   */
+  readonly halfInput?: Uint16Array
 }
 
 export interface ReduceScatterOptions extends CallOptions {
@@ -793,6 +800,13 @@ export class Communicator {
     const hierarchy = opts.hierarchy ?? "node"
     if (hierarchy !== "node" && hierarchy !== "server") this.#argError("allReduce", `hierarchy must be "node" or "server", got ${String(hierarchy)}`)
     const half = this.#wire("allReduce", opts.wire)
+    const halfInput = opts.halfInput
+    if (halfInput !== undefined) {
+      if (!(halfInput instanceof Uint16Array)) this.#argError("allReduce", "halfInput must be a Uint16Array of binary16 bits")
+      if (halfInput.length !== data.length) this.#argError("allReduce", `halfInput has ${halfInput.length} values for ${data.length} elements of data; pass one binary16 value per element`)
+      if (!half || rop !== "sum") this.#argError("allReduce", `halfInput needs op "sum" and wire "f16", got op "${rop}" and wire "${opts.wire ?? "f32"}"`)
+      if (this.worldSize === 1 || algorithm !== "ring") decodeHalf(halfInput, data)
+    }
     if (this.worldSize === 1) return soloResult(data, rop, weight)
     const fanout = opts.fanout !== false
     const variant = variantOf(algorithmCode[algorithm], reduceCode[rop], half, !fanout && algorithm !== "hierarchical")
@@ -805,7 +819,7 @@ export class Communicator {
         const members = Array.from({ length: p }, (_, r) => r)
         // With two ranks a fan-out reaches one receiver: the plain relay is the same traffic with a
         // whole window for the one link.
-        await ringReduce(op, data, { members, index: this.rank, chunkElems: C, stepBase: 0, reduce, gatherFanout: fanout && p > 2 ? "all" : undefined })
+        await ringReduce(op, data, { members, index: this.rank, chunkElems: C, stepBase: 0, reduce, gatherFanout: fanout && p > 2 ? "all" : undefined, halfInput })
       } else if (algorithm === "tree") {
         const members = Array.from({ length: p }, (_, r) => r)
         await treeReduce(op, data, { members, index: this.rank, chunkElems: C, stepBase: 0, reduce, fanoutTarget: fanout ? "all" : undefined })

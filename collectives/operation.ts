@@ -270,8 +270,9 @@ export class Operation {
   }
 
   /**
-   * Like send, with the body given either as values or as ready fp32 bytes (`body` of n*4 bytes,
-   * e.g. a received payload reduced in place and passed on without touching the buffer).
+   * Like send, with the body given either as values or as ready wire bytes (n*4 bytes of fp32, or
+   * n*2 of binary16 when the wire is fp16: e.g. a received payload reduced in place and passed on
+   * without touching the buffer).
    */
   async sendBody(dst: number, step: number, chunk: number, offset: number, n: number, body: Float32Array | Uint8Array, value = 0): Promise<void> {
     let win = this.#windows.get(dst)
@@ -294,15 +295,29 @@ export class Operation {
    * subscribe to; the NATS server copies it to each, so it takes the bytes in only once.
    */
   async sendFanout(target: string, receivers: ReadonlyArray<number>, step: number, chunk: number, offset: number, data: Float32Array, value = 0): Promise<void> {
+    return this.sendFanoutBody(target, receivers, step, chunk, offset, data.length, data, value)
+  }
+
+  /** Like sendFanout, with the body given either as values or as ready bytes of n elements (see sendBody). */
+  async sendFanoutBody(
+    target: string,
+    receivers: ReadonlyArray<number>,
+    step: number,
+    chunk: number,
+    offset: number,
+    n: number,
+    body: Float32Array | Uint8Array,
+    value = 0
+  ): Promise<void> {
     if (!this.#fanout) this.#fanout = new FanoutWindow(this.#linkWindow(this.#fanoutFanIn), receivers)
     const win = this.#fanout
-    const bytes = this.frameBytes(data.length)
+    const bytes = this.frameBytes(n)
     if (!win.canSend(bytes)) await this.until(() => win.canSend(bytes), () => win.laggards())
     if (this.failure !== undefined) throw this.failure
     const sig = this.sig
     win.sent += bytes
     const flags = Flag.fanout | (sig.half ? Flag.half : 0) | (win.canSend(this.host.fullFrame) ? 0 : Flag.ackNow)
     const h = frameHeaders(Kind.data, flags, sig.opcode, sig.variant, this.seq, this.host.rank, step, chunk, sig.length, offset, value)
-    this.host.publishFanout(this.seq, target, this.#body(data), h)
+    this.host.publishFanout(this.seq, target, body instanceof Float32Array ? this.#body(body) : body, h)
   }
 }

@@ -15,9 +15,16 @@
 // fp16 on the wire the sum is re-encoded into the message in the same pass (sums only; max keeps
 // the decode-into-buffer path), so a relay costs one pass and no encode on sending.
 //
+// The owner of a segment, for fp16 sums, does the same with the last message it receives: it adds
+// its own values into that message, decodes the message into its buffer, and all-gathers the
+// message itself (no rounding pass, no encode). With `halfInput` (fp16 sums) this rank's values
+// come as binary16 bits (its error feedback wrote them so): the first send is a view of those bits,
+// relays and the owner add them into the messages, and `buf` is only written, with the result.
+//
 // With `gatherFanout`, the all-gather is one NATS fan-out publish per chunk from each owner to
 // every member instead of m-1 relays: each rank sends (m-1)/m less, the server takes each final
 // byte in once, and no rank waits on a chain of forwards. The reduce-scatter stays a ring.
+import { addHalfIntoHalf, decodeHalf } from "./float16.ts"
 import { accumulate, accumulateIntoHalfPayload, accumulateIntoPayload, assign } from "./kernels.ts"
 import { Flag, type Frame } from "./frames.ts"
 import type { Operation } from "./operation.ts"
@@ -37,16 +44,25 @@ export interface RingSpec {
   readonly scatterOnly?: boolean
   /** All-gather by fan-out to this subject token ("all"; every member must subscribe to it and nobody else). */
   readonly gatherFanout?: string
+  /**
+   * The binary16 bits of this rank's input (op "sum" with fp16 on the wire only): its values are
+   * read from here, and `buf` is only written (with the result).
+   */
+  readonly halfInput?: Uint16Array
   /** Called when the region [off, off+n) holds its final value on this rank. */
   readonly onFinal?: (off: number, n: number) => void
 }
 
 /** Runs a ring over `spec.members` on `buf` (in place). Resolves when this rank's part is done. */
 export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpec): Promise<void> => {
-  const { members, index: i, chunkElems: C, stepBase, reduce, onFinal, gatherFanout } = spec
+  const { members, index: i, chunkElems: C, stepBase, reduce, onFinal, gatherFanout, halfInput } = spec
   const m = members.length
   const N = buf.length
+  if (halfInput && (!reduce.half || reduce.op !== "sum" || halfInput.length !== N)) {
+    throw new RangeError(`ringReduce: halfInput needs op "sum" with fp16 on the wire and ${N} values, got op ${reduce.op}, ${halfInput.length} values`)
+  }
   if (m === 1) {
+    if (halfInput) decodeHalf(halfInput, buf)
     finish(buf, 0, N, reduce, reduce.weight)
     onFinal?.(0, N)
     return
@@ -73,6 +89,18 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
   const relay = new Map<number, Uint8Array>()
   let relayBytes = 0
   const gathered = new Array<number>(m).fill(0)
+  // The owner's finished messages, all-gathered as they are (fp16 sums; see the header).
+  const ownerKeeps = reduce.half && reduce.op === "sum" && sendStepsOf(spec, m) > rsSteps
+  const ownBytes = (off: number, n: number): Uint8Array => new Uint8Array(halfInput!.buffer, halfInput!.byteOffset + off * 2, n * 2)
+  /** buf[off..off+n) = this rank's own values, when they came as binary16 bits. */
+  const loadOwn = (off: number, n: number): void => {
+    if (halfInput) assign(buf, off, ownBytes(off, n), n, true)
+  }
+  /** The binary16 message = half(message + own values). */
+  const addOwnIntoHalf = (payload: Uint8Array, off: number, n: number): void => {
+    if (halfInput) addHalfIntoHalf(halfInput.subarray(off, off + n), new Uint16Array(payload.buffer, payload.byteOffset, n))
+    else accumulateIntoHalfPayload(payload, buf, off, n)
+  }
   let gatherLeft = 0
   if (fanout) for (let k = 0; k < m; k++) if (k !== i) gatherLeft += chunkCount(segLen(k), C)
 
@@ -106,19 +134,27 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
     const off = f.offset
     if (t < rsSteps) {
       if (f.chunk === 0) recvWeight[t] = f.value
+      const keep =
+        relayBytes < op.host.windowBytes && (half ? accOp === "sum" && (f.payload.byteOffset & 1) === 0 : (f.payload.byteOffset & 3) === 0)
       if (t === rsSteps - 1) {
         // The last contribution to segment i arrives at its owner: finish it, once.
-        accumulateAndFinish(buf, off, f.payload, n, reduce, f.value + reduce.weight)
+        if (ownerKeeps && keep) {
+          addOwnIntoHalf(f.payload, off, n)
+          assign(buf, off, f.payload, n, true)
+          relay.set(rsSteps * 2 ** 32 + f.chunk, f.payload)
+          relayBytes += f.payload.length
+        } else {
+          loadOwn(off, n)
+          accumulateAndFinish(buf, off, f.payload, n, reduce, f.value + reduce.weight)
+        }
         onFinal?.(off, n)
-      } else if (
-        relayBytes < op.host.windowBytes &&
-        (half ? accOp === "sum" && (f.payload.byteOffset & 1) === 0 : (f.payload.byteOffset & 3) === 0)
-      ) {
-        if (half) accumulateIntoHalfPayload(f.payload, buf, off, n)
+      } else if (keep) {
+        if (half) addOwnIntoHalf(f.payload, off, n)
         else accumulateIntoPayload(f.payload, buf, off, n, accOp)
         relay.set((t + 1) * 2 ** 32 + f.chunk, f.payload)
         relayBytes += f.payload.length
       } else {
+        loadOwn(off, n)
         accumulate(buf, off, f.payload, n, half, accOp)
       }
     } else {
@@ -137,8 +173,18 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
   const received = (t: number, c: number): boolean => recvStep > t || (recvStep === t && recvChunk > c)
   const waitPrev = (): number[] => [prev]
   const others = fanout ? members.filter((_, k) => k !== i) : []
+  /** The message kept to go out as step t chunk c, if there is one. */
+  const take = (t: number, c: number): Uint8Array | undefined => {
+    const key = t * 2 ** 32 + c
+    const body = relay.get(key)
+    if (body) {
+      relay.delete(key)
+      relayBytes -= body.length
+    }
+    return body
+  }
 
-  const sendSteps = fanout ? rsSteps + 1 : ringSteps
+  const sendSteps = sendStepsOf(spec, m)
   for (let t = 0; t < sendSteps; t++) {
     const seg = sendSeg(t)
     const start = segStart(seg)
@@ -156,19 +202,14 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
         // The weight that travels with a partial sum: all contributions it holds.
         const weight = t === 0 ? reduce.weight : recvWeight[t - 1] + reduce.weight
         // The partial sum received as step t-1 chunk c, if it was kept as a message.
-        const key = t * 2 ** 32 + c
-        const body = t > 0 ? relay.get(key) : undefined
-        if (body) {
-          relay.delete(key)
-          relayBytes -= body.length
-          await op.sendBody(next, stepBase + t, c, off, view.length, body, weight)
-        } else {
-          await op.send(next, stepBase + t, c, off, view, weight)
-        }
-      } else if (fanout) {
-        await op.sendFanout(gatherFanout as string, others, stepBase + t, c, off, view)
+        const body = t > 0 ? take(t, c) : halfInput ? ownBytes(off, view.length) : undefined
+        if (body) await op.sendBody(next, stepBase + t, c, off, view.length, body, weight)
+        else await op.send(next, stepBase + t, c, off, view, weight)
       } else {
-        await op.send(next, stepBase + t, c, off, view)
+        // the owner's own segment (first all-gather step) may go out as its finished message
+        const body = t === rsSteps ? take(t, c) : undefined
+        if (fanout) await op.sendFanoutBody(gatherFanout as string, others, stepBase + t, c, off, view.length, body ?? view)
+        else await op.sendBody(next, stepBase + t, c, off, view.length, body ?? view)
       }
     }
   }
@@ -177,3 +218,7 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
     () => (recvStep < ringSteps ? [prev] : members.filter((_, k) => k !== i && gathered[k] < chunkCount(segLen(k), C)))
   )
 }
+
+/** Steps on which a ring member sends: the reduce-scatter's, then one fan-out or m-1 ring all-gather steps. */
+const sendStepsOf = (spec: RingSpec, m: number): number =>
+  spec.scatterOnly ? m - 1 : spec.gatherFanout !== undefined ? m : 2 * (m - 1)

@@ -48,6 +48,10 @@ const casesFor = (p: number): Case[] => {
   for (const length of [0, p - 1, 2001]) cases.push({ op: "allReduce", algorithm: "ring", reduce: "weightedMean", length, seed: seed(), fanout: false })
   cases.push({ op: "allReduce", algorithm: "ring", reduce: "sum", wire: "f16", length: 999, seed: seed(), fanout: false })
   cases.push({ op: "allReduce", algorithm: "hierarchical", reduce: "sum", length: 2000, seed: seed(), hierarchy: "server" })
+  // fp16 sums whose input comes as binary16 bits (fp16 error feedback's own output), several chunks
+  for (const [algorithm, fanout] of [["ring", true], ["ring", false], ["tree", true], ["hierarchical", true]] as const) {
+    cases.push({ op: "allReduce", algorithm, reduce: "sum", wire: "f16", length: 1 + Math.floor(rnd() * 6 * CHUNK_BYTES), seed: seed(), fanout, halfInput: true })
+  }
   for (const reduce of ["sum", "mean", "max", "weightedMean"] as const) {
     for (const length of [0, 1, p * 3 + 2, 1500]) cases.push({ op: "reduceScatter", reduce, length, seed: seed() })
   }

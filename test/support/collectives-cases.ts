@@ -24,6 +24,12 @@ export interface Case {
   readonly sizes?: ReadonlyArray<number>
   readonly bucketBytes?: number
   readonly firstBucketBytes?: number
+  /**
+   * allReduce, op sum, wire f16: the rank passes its input as binary16 bits (`halfInput`) over a
+   * `data` full of NaN, and checks the result bit for bit against the same call on the decoded
+   * values without them.
+   */
+  readonly halfInput?: boolean
   /** Give ranks different lengths (rank r adds r * lengthSkew): a mismatch test. */
   readonly lengthSkew?: number
 }

@@ -5,6 +5,7 @@
 import type { NatsConnection } from "@nats-io/nats-core"
 import { allReduceBuckets } from "../../collectives/bucketing.ts"
 import { Communicator, type AllReduceAlgorithm } from "../../collectives/communicator.ts"
+import { decodeHalf, encodeHalf } from "../../collectives/float16.ts"
 import {
   broadcasted,
   compare,
@@ -30,6 +31,33 @@ const comm = (group: string): Communicator => {
   return c
 }
 
+/**
+ * An fp16 sum whose input comes as binary16 bits: the same bits as the call on the decoded values
+ * (which must be the rounded input, within the fp16 tolerance of the reference), whatever `data`
+ * held before, and the bits themselves left as they were.
+ */
+const halfInputCase = async (c: Communicator, k: Case, length: number): Promise<CaseResult> => {
+  const bits = new Uint16Array(length)
+  encodeHalf(inputOf(k.seed, c.rank, length), bits)
+  const before = bits.slice()
+  const opts = { op: "sum", algorithm: k.algorithm as AllReduceAlgorithm, wire: "f16", hierarchy: k.hierarchy, fanout: k.fanout } as const
+  const plain = new Float32Array(length)
+  decodeHalf(bits, plain)
+  await c.allReduce(plain, opts)
+  const data = new Float32Array(length).fill(NaN)
+  await c.allReduce(data, { ...opts, halfInput: bits })
+  const { ref, scale } = reference(k, c.worldSize)
+  const cmp = compare(data, ref, scale, c.worldSize, true)
+  const same = sameBits(plain, data)
+  const kept = Buffer.from(bits.buffer).equals(Buffer.from(before.buffer))
+  return {
+    ok: cmp.ok && same && kept,
+    maxErr: cmp.maxErr,
+    detail: !same ? "result differs from the call on the decoded values" : !kept ? "halfInput was modified" : cmp.detail,
+    hash: hashOf(data)
+  }
+}
+
 /** Runs one case on this rank and checks it. */
 const runCase = async (c: Communicator, k: Case): Promise<CaseResult> => {
   const p = c.worldSize
@@ -43,6 +71,7 @@ const runCase = async (c: Communicator, k: Case): Promise<CaseResult> => {
       return { ok: true, hash: "", maxErr: 0, detail: "" }
     }
     case "allReduce": {
+      if (k.halfInput) return halfInputCase(c, k, length)
       const data = inputOf(k.seed, r, length)
       await c.allReduce(data, {
         op: k.reduce,
