@@ -16,7 +16,7 @@
 //             re-quantised at each ring hop: one quantisation per rank and step, one residual.
 import type { AllReduceAlgorithm, Communicator } from "./communicator.ts"
 import { planBuckets, DEFAULT_BUCKET_BYTES, DEFAULT_FIRST_BUCKET_BYTES } from "./bucketing.ts"
-import { halfFeedback } from "./float16.ts"
+import { halfFeedbackBits } from "./float16.ts"
 import { simdSpace } from "./simd.ts"
 import {
   createCompressor,
@@ -73,6 +73,7 @@ export class GradientReducer {
   readonly #opts: GradientReducerOptions
   #plan: { key: string; buckets: Range[] } | undefined
   readonly #gather = new Map<number, { words: Float32Array; gathered: Float32Array }>()
+  readonly #half = new Map<number, Uint16Array>()
   #stats = { wireBytes: 0, denseBytes: 0, steps: 0, totalWireBytes: 0, totalDenseBytes: 0 }
 
   constructor(comm: Communicator, opts: GradientReducerOptions) {
@@ -184,15 +185,19 @@ export class GradientReducer {
       const key = `bucket${k}`
       if (c.aggregation === "allreduce") {
         // fp16: p = g·(w/W) + e is sent as binary16; the residual keeps what rounding dropped.
-        // One fused pass over the bucket (scaling, residual update and rounding) instead of five.
+        // One fused pass over the bucket (scaling, residual update, rounding and the encode)
+        // writes the message's bits, which the all-reduce sends and adds as they are; the
+        // gradient is only read, then overwritten with the result.
         const t0 = performance.now()
+        let halfInput: Uint16Array | undefined
         if (c.errorFeedback) {
-          halfFeedback(data, this.ef.residual(key, data.length), scaleBy)
+          halfInput = this.#halfBuffer(k, data.length)
+          halfFeedbackBits(data, this.ef.residual(key, data.length), scaleBy, halfInput)
         } else {
           for (let i = 0; i < data.length; i++) data[i] *= scaleBy
         }
         encodeMs = performance.now() - t0
-        await this.comm.allReduce(data, { op: "sum", algorithm, wire: "f16" })
+        await this.comm.allReduce(data, { op: "sum", algorithm, wire: "f16", halfInput })
         bytes = data.length * 2
       } else {
         const t0 = performance.now()
@@ -232,6 +237,13 @@ export class GradientReducer {
     }
     this.#opts.onBucket?.({ bucket: k, bytes, algorithm, startMs, endMs: performance.now(), encodeMs })
     return bytes
+  }
+
+  /** The binary16 message of fp16 bucket k, kept between steps. */
+  #halfBuffer(k: number, n: number): Uint16Array {
+    let b = this.#half.get(k)
+    if (!b || b.length !== n) this.#half.set(k, (b = new Uint16Array(n)))
+    return b
   }
 
   #gatherBuffers(k: number, words: number): { words: Float32Array; gathered: Float32Array } {
