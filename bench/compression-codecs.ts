@@ -14,7 +14,7 @@ import {
   type Compressor
 } from "../collectives/compression/index.ts"
 import { Mulberry32 } from "../collectives/compression/rng.ts"
-import { halfFeedback } from "../collectives/float16.ts"
+import { halfFeedbackBits } from "../collectives/float16.ts"
 import { simdSpace } from "../collectives/simd.ts"
 
 export interface CodecFigure {
@@ -26,7 +26,7 @@ export interface CodecFigure {
   readonly decodeMsPerMiB: number
   /**
    * encode with error feedback (p = g + e; e = p − D(C(p))), per MiB, as the gradient reducer does
-   * it: fp16 and top-k by their fused pass (fp16's binary16 encode then happens at the ring hops).
+   * it: fp16 and top-k by their fused pass (fp16's writes the binary16 message the ring sends).
    */
   readonly encodeWithFeedbackMsPerMiB: number
 }
@@ -67,22 +67,22 @@ export const codecFigures = (options: { readonly mib?: number; readonly reps?: n
     const msg = c.encode(g, { step: 0 })
     const dec = time(() => void c.decode(msg, dense), reps)
     let withEf: number
-    if (c instanceof TopKCompressor || c instanceof Fp16Compressor) {
-      // what GradientReducer does for these: one fused pass over the gradient, which it
-      // overwrites, with the residual in SIMD memory; the copy that restores g is timed apart
+    if (c instanceof Fp16Compressor) {
+      // what GradientReducer does: one fused pass that reads the gradient, updates the residual
+      // (in SIMD memory) and writes the message's binary16 bits, which the ring sends as they are
+      const e = simdSpace([n])?.[0] ?? new Float32Array(n)
+      const bits = new Uint16Array(n)
+      withEf = time(() => halfFeedbackBits(g, e, 1, bits), reps)
+    } else if (c instanceof TopKCompressor) {
+      // what GradientReducer does: one fused pass over the gradient, which it overwrites, with
+      // the residual in SIMD memory; the copy that restores g is timed apart
       const gw = new Float32Array(n)
       const e = simdSpace([n])?.[0] ?? new Float32Array(n)
       const copy = time(() => gw.set(g), reps)
-      const fused =
-        c instanceof TopKCompressor
-          ? () => {
-              gw.set(g)
-              c.accumulate(c.encodeCompensated(gw, 1, e, { step: step++ }, out), e, -1)
-            }
-          : () => {
-              gw.set(g)
-              halfFeedback(gw, e, 1)
-            }
+      const fused = () => {
+        gw.set(g)
+        c.accumulate(c.encodeCompensated(gw, 1, e, { step: step++ }, out), e, -1)
+      }
       withEf = Math.max(0, time(fused, reps) - copy)
     } else {
       const ef = new ErrorFeedback()

@@ -4,7 +4,7 @@
 // 65536-entry table built on first use. No allocation per call. Arrays of SIMD_MIN elements or more
 // go through the WebAssembly SIMD kernels of simd.ts, which give the same bits; the scalar loops
 // here are the reference and the fallback.
-import { addHalfIntoHalfSimd, decodeHalfSimd, encodeHalfSimd, halfFeedbackBitsSimd, halfFeedbackSimd, roundHalfSimd } from "./simd.ts"
+import { addHalfIntoHalfSimd, decodeHalfSimd, encodeHalfSimd, halfFeedbackBitsSimd, roundHalfSimd } from "./simd.ts"
 
 let table: Float32Array | undefined
 
@@ -87,14 +87,9 @@ export const roundToHalfScalar = (data: Float32Array): void => {
 const FUSE_BLOCK = 16384
 
 /**
- * fp16 error feedback in one pass: p = f32(f32(g·scale) + e); g = half(p) (the value that is
- * sent as binary16); e = p - g (what rounding dropped). `g` and `e` have equal length.
+ * fp16 error feedback as values, the reference for halfFeedbackBits: p = f32(f32(g·scale) + e);
+ * g = half(p) (the value sent); e = p - g (what rounding dropped). Block by block, in cache.
  */
-export const halfFeedback = (g: Float32Array, e: Float32Array, scale: number): void => {
-  if (!halfFeedbackSimd(g, e, scale)) halfFeedbackScalar(g, e, scale)
-}
-
-/** halfFeedback without SIMD (the reference): block by block, so each element is touched in cache. */
 export const halfFeedbackScalar = (g: Float32Array, e: Float32Array, scale: number): void => {
   for (let lo = 0; lo < g.length; lo += FUSE_BLOCK) {
     const hi = Math.min(g.length, lo + FUSE_BLOCK)
@@ -110,7 +105,7 @@ export const halfFeedbackScalar = (g: Float32Array, e: Float32Array, scale: numb
 /**
  * fp16 error feedback that writes the message as binary16 bits: p = f32(f32(g·scale) + e);
  * out = half(p) (the bits sent); e = p - value(out). `g` is only read. The values are those of
- * halfFeedback (out holds the bits of what halfFeedback writes into g), in one pass that stores
+ * halfFeedbackScalar (out holds the bits of what it writes into g), in one pass that stores
  * 2 bytes per element for the message instead of 4, and leaves nothing to encode before sending.
  */
 export const halfFeedbackBits = (g: Float32Array, e: Float32Array, scale: number, out: Uint16Array): void => {

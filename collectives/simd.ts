@@ -31,7 +31,6 @@ interface KernelExports {
   decodeAddDivide(n: number, a: number, h: number, divisor: number): void
   addIntoHalf(n: number, a: number, h: number): void
   roundHalf(n: number, a: number): void
-  halfFeedback(n: number, a: number, b: number, scale: number, exact: number): void
   halfFeedbackBits(n: number, a: number, b: number, h: number, scale: number, exact: number): void
   topkCompensate(n: number, a: number, b: number, scale: number, exact: number, thr: number, c: number, cv: number, cap: number, base: number): number
   feedbackMatMul(rows: number, m: number, s: number, exact: number, a: number, b: number): void
@@ -220,39 +219,8 @@ export const roundHalfSimd = (data: Float32Array): boolean => {
 const exactScale = (scale: number): number => (Math.fround(scale) === scale ? 1 : 0)
 
 /**
- * fp16 error feedback in one pass: p = f32(f32(g·scale) + e); g = half(p) (the value sent);
- * e = p - g (what rounding dropped). `g` and `e` have equal length. No copy when both live in the
- * same space; `e` alone in a space saves its two copies.
- */
-export const halfFeedbackSimd = (g: Float32Array, e: Float32Array, scale: number): boolean => {
-  const exact = exactScale(scale)
-  const own = home(e)
-  if (own && home(g) === own) {
-    own.ex.halfFeedback(g.length, g.byteOffset, e.byteOffset, scale, exact)
-    return true
-  }
-  const k = own ?? get(g.length)
-  if (!k) return false
-  for (let lo = 0; lo < g.length; lo += SIMD_BLOCK) {
-    const n = Math.min(SIMD_BLOCK, g.length - lo)
-    const gs = g.subarray(lo, lo + n)
-    k.a.set(gs)
-    if (own) k.ex.halfFeedback(n, A_AT, e.byteOffset + lo * 4, scale, exact)
-    else {
-      const es = e.subarray(lo, lo + n)
-      k.b.set(es)
-      k.ex.halfFeedback(n, A_AT, B_AT, scale, exact)
-      es.set(n === SIMD_BLOCK ? k.b : k.b.subarray(0, n))
-    }
-    gs.set(n === SIMD_BLOCK ? k.a : k.a.subarray(0, n))
-  }
-  return true
-}
-
-/**
  * fp16 error feedback into binary16 bits, in one pass: p = f32(f32(g·scale) + e); out = half(p)
- * (the bits sent); e = p - value(out). `g` is only read. halfFeedbackSimd's values, with the
- * message written as its bits (half the bytes) instead of over `g`. `g` and `e` are read in place
+ * (the bits sent); e = p - value(out). `g` is only read. `g` and `e` are read in place
  * when they live in a space, else through the A and B blocks; `out` is written through the H block
  * unless it lives in `e`'s space.
  */

@@ -286,36 +286,10 @@ export const wat = `
       `(f32.store (local.get $p) (call $dec1 (call $enc1 (i32.load (local.get $p)))))`
     )})
 
-  ;; fp16 error feedback, fused: p = f32(f32(a·s) + b); a = round16(p) (what is sent); b = p - a (the residual).
-  ;; f32(a·s) is computed in double, as Math.fround(a * s) does: s need not be an f32 value. When it
-  ;; is ($exact = 1: every rank has the same weight, s = 1/p for p a power of two, or s = 1), the f32
-  ;; product is the same correctly rounded value and costs one instruction instead of eight.
-  (func (export "halfFeedback") (param $n i32) (param $a i32) (param $b i32) (param $s f64) (param $exact i32) ${idx} ${encLocals(0)} ${decLocals(0)} (local $sv v128) (local $sf v128) (local $rv v128)
-    (local.set $sv (f64x2.splat (local.get $s)))
-    (local.set $sf (f32x4.splat (f32.demote_f64 (local.get $s))))
-    ${eachScale((scaled) => loops(
-      4,
-      `(local.set $x0 (v128.load (local.get $p)))
-       (local.set $x0
-         (f32x4.add
-           ${scaled("$x0")}
-           (v128.load (local.get $r))))
-       (local.set $rv (block (result v128) ${round4(0)}))
-       (v128.store (local.get $p) (local.get $rv))
-       (v128.store (local.get $r) (f32x4.sub (local.get $x0) (local.get $rv)))`,
-      `(local.set $x0 (f32x4.splat (f32.add
-         (f32.demote_f64 (f64.mul (f64.promote_f32 (f32.load (local.get $p))) (local.get $s)))
-         (f32.load (local.get $r)))))
-       (local.set $w0 (block (result v128) ${enc4(0)}))
-       (local.set $rv (block (result v128) ${dec4(0)}))
-       (f32.store (local.get $p) (f32x4.extract_lane 0 (local.get $rv)))
-       (f32.store (local.get $r) (f32x4.extract_lane 0 (f32x4.sub (local.get $x0) (local.get $rv))))`,
-      { b: true }
-    ))})
-
   ;; fp16 error feedback into binary16 bits: p = f32(f32(a·s) + b); h = half(p) (the bits sent); b = p - value(h).
-  ;; a is only read. halfFeedback's values, with the message's bits written instead of its fp32 values
-  ;; (half the bytes stored, and no encode before the first send).
+  ;; a is only read. f32(a·s) is computed in double, as Math.fround(a * s) does: s need not be an f32
+  ;; value. When it is ($exact = 1: every rank has the same weight, s = 1/p for p a power of two, or
+  ;; s = 1), the f32 product is the same correctly rounded value and costs one instruction instead of eight.
   (func (export "halfFeedbackBits") (param $n i32) (param $a i32) (param $b i32) (param $h i32) (param $s f64) (param $exact i32)
     ${idx} ${encLocals(0, 1)} ${decLocals(0, 1)} (local $sv v128) (local $sf v128)
     (local.set $sv (f64x2.splat (local.get $s)))
