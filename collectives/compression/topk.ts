@@ -29,7 +29,7 @@ import {
   writeHeader,
   writeU32
 } from "./compressor.ts"
-import { kthLargest } from "./nth-element.ts"
+import { kthLargestMagnitude } from "./nth-element.ts"
 import { topkCompensateSimd } from "../simd.ts"
 
 export interface TopKOptions {
@@ -41,6 +41,8 @@ export interface TopKOptions {
 }
 
 const SAMPLE_SIZE = 8192
+/** Elements per block of sumInto (64 KiB of fp32: stays in L2 while the messages are added). */
+const SUM_BLOCK = 16384
 
 export const topkCount = (ratio: number, n: number): number => (n === 0 ? 0 : Math.min(n, Math.max(1, Math.round(ratio * n))))
 
@@ -114,20 +116,17 @@ export class TopKCompressor implements Compressor {
 
   /**
    * Error feedback for top-k in one pass over the bucket, for the gradient reducer:
-   * e = f32(e + f32(g·scale)) (the compensated p), g = 0 (the aggregate is summed into it next),
-   * and the message C(p), the same bytes `encode(e)` would give afterwards. The sampled threshold
-   * is taken from p computed on the fly at the sample positions, so the candidates are collected
-   * while the residual is written; one pass instead of three (compensate, scan, zero).
+   * e = f32(e + f32(g·scale)) (the compensated p) and the message C(p), the same bytes `encode(e)`
+   * would give afterwards; `g` is only read. The sampled threshold is taken from p computed on the
+   * fly at the sample positions, so the candidates are collected while the residual is written;
+   * one pass instead of two (compensate, scan).
    */
   encodeCompensated(g: Float32Array, scale: number, e: Float32Array, _ctx?: EncodeContext, out?: Uint8Array): CompressedMessage {
     const n = g.length
     if (e.length !== n) throw new RangeError(`top-k: residual has ${e.length} elements, gradient ${n}`)
     const k = this.k(n)
     if (k === n || !this.samples(n, k)) {
-      for (let i = 0; i < n; i++) {
-        e[i] += Math.fround(g[i] * scale)
-        g[i] = 0
-      }
+      for (let i = 0; i < n; i++) e[i] += Math.fround(g[i] * scale)
       return this.encode(e, _ctx, out)
     }
     const { bytes, values, indices } = this.message(n, k, out)
@@ -138,11 +137,9 @@ export class TopKCompressor implements Compressor {
     // the kernel when the residual lives in SIMD memory (then it is updated in place), else JS
     const simd = topkCompensateSimd(g, scale, e, tauS, cand.subarray(0, cap), vals.subarray(0, cap))
     let count = Math.max(0, simd)
-    if (simd >= 0) g.fill(0)
     for (let i = simd >= 0 ? n : 0; i < n; i++) {
       const p = Math.fround(e[i] + Math.fround(g[i] * scale))
       e[i] = p
-      g[i] = 0
       const a = Math.abs(p)
       if (a >= tauS || a !== a) {
         if (count < cap) {
@@ -171,7 +168,7 @@ export class TopKCompressor implements Compressor {
       m[s] = a === a ? a : Infinity
     }
     const want = Math.min(SAMPLE_SIZE, Math.ceil((2 * k * SAMPLE_SIZE) / n) + 8)
-    return kthLargest(m, SAMPLE_SIZE, want)
+    return kthLargestMagnitude(m, SAMPLE_SIZE, want)
   }
 
   /**
@@ -238,7 +235,7 @@ export class TopKCompressor implements Compressor {
       const a = Math.abs(x[j])
       m[j] = a === a ? a : Infinity
     }
-    const tau = kthLargest(m, count, k)
+    const tau = kthLargestMagnitude(m, count, k)
     let ties = k
     for (let j = 0; j < count; j++) {
       const a = Math.abs(x[j])
@@ -285,5 +282,28 @@ export class TopKCompressor implements Compressor {
     checkTarget(into, n, "topk")
     if (weight === 1) for (let j = 0; j < indices.length; j++) into[indices[j]] += values[j]
     else for (let j = 0; j < indices.length; j++) into[indices[j]] += weight * values[j]
+  }
+
+  /**
+   * into = the sum of the messages (zero where none has an entry): the same values as
+   * `into.fill(0)` then `accumulate(msgs[r], into)` for r in order, in one pass over `into`. It
+   * goes block by block (64 KiB), zeroing a block and adding each message's entries that fall in
+   * it while the block is in cache, instead of a pass that zeroes the whole buffer and one
+   * scattered pass per message. Every message is checked before anything is written.
+   */
+  sumInto(msgs: ReadonlyArray<CompressedMessage | Uint8Array>, into: Float32Array): void {
+    const parsed = msgs.map((m) => this.parse(m))
+    for (const p of parsed) checkTarget(into, p.n, "topk")
+    const next = new Uint32Array(parsed.length)
+    for (let lo = 0; lo < into.length; lo += SUM_BLOCK) {
+      const hi = Math.min(into.length, lo + SUM_BLOCK)
+      into.fill(0, lo, hi)
+      for (let r = 0; r < parsed.length; r++) {
+        const { values, indices } = parsed[r]
+        let j = next[r]
+        for (; j < indices.length && indices[j] < hi; j++) into[indices[j]] += values[j]
+        next[r] = j
+      }
+    }
   }
 }
