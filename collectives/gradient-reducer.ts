@@ -207,15 +207,13 @@ export class GradientReducer {
         const bufs = this.#gatherBuffers(k, Math.ceil(n / 4))
         const out = new Uint8Array(bufs.words.buffer, 0, n)
         let msg
-        let zeroed = false
         if (c.errorFeedback) {
           // ErrorFeedback.compress with the w/W scaling folded into its p = g + e pass:
           // e += g·(w/W); send C(e); e -= D(C(e)) from this rank's own message.
           const e = this.ef.residual(key, data.length)
           if (c instanceof TopKCompressor) {
-            // the same, fused into one pass that also zeroes `data` for the sum below
+            // the same, fused into one pass
             msg = c.encodeCompensated(data, scaleBy, e, { step, rank: this.comm.rank, key }, out)
-            zeroed = true
           } else {
             for (let i = 0; i < data.length; i++) e[i] += Math.fround(data[i] * scaleBy)
             msg = c.encode(e, { step, rank: this.comm.rank, key }, out)
@@ -228,10 +226,14 @@ export class GradientReducer {
         if (msg.bytes.buffer !== bufs.words.buffer) out.set(msg.bytes)
         encodeMs = performance.now() - t0
         const gathered = await this.comm.allGather(bufs.words, { algorithm: "fanout", out: bufs.gathered })
-        if (!zeroed) data.fill(0)
         const stride = bufs.words.length * 4
         const all = new Uint8Array(gathered.buffer, gathered.byteOffset, gathered.byteLength)
-        for (let r = 0; r < this.comm.worldSize; r++) c.accumulate(all.subarray(r * stride, r * stride + n), data, 1)
+        const msgs = Array.from({ length: this.comm.worldSize }, (_, r) => all.subarray(r * stride, r * stride + n))
+        if (c instanceof TopKCompressor) c.sumInto(msgs, data)
+        else {
+          data.fill(0)
+          for (const m of msgs) c.accumulate(m, data, 1)
+        }
         bytes = n
       }
     }
