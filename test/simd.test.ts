@@ -74,6 +74,19 @@ const sameBits = (a: Float32Array, b: Float32Array): number => {
   return bad
 }
 
+/** Every binary16 midpoint (the tie itself and one fp32 step either side), both signs. */
+const midpoints = (): Float32Array => {
+  const t = halfTable()
+  const bits: number[] = []
+  const f = new Float32Array(1)
+  const u = new Uint32Array(f.buffer)
+  for (let h = 0; h < 0x7c00; h++) {
+    f[0] = h === 0x7bff ? 65520 : (t[h] + t[h + 1]) / 2 // exact in fp32 (halves are 11-bit values); 65520 rounds to Inf
+    for (const d of [-1, 0, 1]) bits.push(u[0] + d, (u[0] + d) | 0x80000000)
+  }
+  return new Float32Array(Uint32Array.from(bits).buffer)
+}
+
 const LENGTHS = [256, 257, 263, 1000, SIMD_BLOCK, SIMD_BLOCK + 13, 3 * SIMD_BLOCK + 5]
 
 describe("SIMD kernels", () => {
@@ -137,15 +150,7 @@ describe("SIMD kernels", () => {
 
   it("rounding at every binary16 midpoint (the tie and one fp32 step either side), both signs, as the scalar loop", () => {
     // roundHalf rounds in the fp32 domain; the ties are where that can go wrong
-    const t = halfTable()
-    const bits: number[] = []
-    const f = new Float32Array(1)
-    const u = new Uint32Array(f.buffer)
-    for (let h = 0; h < 0x7c00; h++) {
-      f[0] = h === 0x7bff ? 65520 : (t[h] + t[h + 1]) / 2 // exact in fp32 (halves are 11-bit values); 65520 rounds to Inf
-      for (const d of [-1, 0, 1]) bits.push(u[0] + d, (u[0] + d) | 0x80000000)
-    }
-    const x = new Float32Array(Uint32Array.from(bits).buffer)
+    const x = midpoints()
     const ref = x.slice()
     roundToHalfScalar(ref)
     const viaRound = x.slice()
@@ -206,14 +211,7 @@ describe("SIMD kernels", () => {
 
   it("fp16 error feedback into bits at every binary16 midpoint (ties, one fp32 step either side, both signs)", () => {
     const t = halfTable()
-    const bits: number[] = []
-    const f = new Float32Array(1)
-    const u = new Uint32Array(f.buffer)
-    for (let h = 0; h < 0x7c00; h++) {
-      f[0] = h === 0x7bff ? 65520 : (t[h] + t[h + 1]) / 2
-      for (const d of [-1, 0, 1]) bits.push(u[0] + d, (u[0] + d) | 0x80000000)
-    }
-    const x = new Float32Array(Uint32Array.from(bits).buffer)
+    const x = midpoints()
     const want = new Uint16Array(x.length)
     encodeHalfScalar(x, want)
     const got = new Uint16Array(x.length)
