@@ -1,5 +1,6 @@
 // The tfjs adapter: all-reduce and broadcast of tf.Tensors between two ranks (two connections in
-// this process, one real nats-server), and the p = 1 no-op.
+// this process, one real nats-server), and the p = 1 no-op; allReduce's halfInput on one rank and
+// its argument errors.
 import { connect } from "@nats-io/transport-node"
 import type { NatsConnection } from "@nats-io/nats-core"
 import * as tf from "@tensorflow/tfjs"
@@ -72,5 +73,31 @@ describe("tfjs adapter", () => {
     const { comms, out } = await Effect.runPromise(program)
     for (const o of out) expect(Array.from(o)).toEqual([1, 2])
     for (const c of comms) expect(c.closed).toBe(true)
+  })
+})
+
+describe("allReduce halfInput", () => {
+  const solo = (group: string): Promise<Communicator> => Communicator.create({ nc: conns[0], cluster: "t", job: "half-input", group, rank: 0, worldSize: 1 })
+
+  it("on one rank the result is the decoded bits, whatever data held", async () => {
+    const comm = await solo("ok")
+    const data = new Float32Array(3).fill(NaN)
+    await comm.allReduce(data, { op: "sum", wire: "f16", halfInput: Uint16Array.of(0x3c00, 0xc000, 0x0001) })
+    expect(Array.from(data)).toEqual([1, -2, 2 ** -24])
+    await comm.close()
+  })
+
+  it("refuses bits of the wrong length, or with an op other than sum or a wire other than f16, with a typed error", async () => {
+    const cases: Array<[string, Parameters<Communicator["allReduce"]>[1], RegExp]> = [
+      ["length", { op: "sum", wire: "f16", halfInput: new Uint16Array(2) }, /2 values for 3 elements/],
+      ["op", { op: "mean", wire: "f16", halfInput: new Uint16Array(3) }, /needs op "sum" and wire "f16"/],
+      ["wire", { op: "sum", halfInput: new Uint16Array(3) }, /needs op "sum" and wire "f16"/],
+      ["type", { op: "sum", wire: "f16", halfInput: new Float32Array(3) as unknown as Uint16Array }, /must be a Uint16Array/]
+    ]
+    for (const [name, opts, reason] of cases) {
+      const comm = await solo(`bad-${name}`)
+      await expect(comm.allReduce(new Float32Array(3), opts)).rejects.toMatchObject({ _tag: "CollectiveArgumentError", reason: expect.stringMatching(reason) })
+      await comm.close()
+    }
   })
 })
