@@ -45,8 +45,9 @@ export interface RingSpec {
   /** All-gather by fan-out to this subject token ("all"; every member must subscribe to it and nobody else). */
   readonly gatherFanout?: string
   /**
-   * The binary16 bits of this rank's input (op "sum" with fp16 on the wire only): its values are
-   * read from here, and `buf` is only written (with the result).
+   * The binary16 bits of this rank's input, one per element of `buf` (op "sum" with fp16 on the
+   * wire only; the communicator checks this): its values are read from here, and `buf` is only
+   * written (with the result).
    */
   readonly halfInput?: Uint16Array
   /** Called when the region [off, off+n) holds its final value on this rank. */
@@ -58,9 +59,6 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
   const { members, index: i, chunkElems: C, stepBase, reduce, onFinal, gatherFanout, halfInput } = spec
   const m = members.length
   const N = buf.length
-  if (halfInput && (!reduce.half || reduce.op !== "sum" || halfInput.length !== N)) {
-    throw new RangeError(`ringReduce: halfInput needs op "sum" with fp16 on the wire and ${N} values, got op ${reduce.op}, ${halfInput.length} values`)
-  }
   if (m === 1) {
     if (halfInput) decodeHalf(halfInput, buf)
     finish(buf, 0, N, reduce, reduce.weight)
@@ -73,6 +71,8 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
   const fanout = gatherFanout !== undefined && !spec.scatterOnly
   // Steps this rank receives from `prev` (and, without fan-out, sends to `next`).
   const ringSteps = spec.scatterOnly || fanout ? rsSteps : 2 * (m - 1)
+  // Steps this rank sends on: with fan-out, the reduce-scatter's and one all-gather publish.
+  const sendSteps = fanout ? rsSteps + 1 : ringSteps
   const sendSeg = (t: number): number => (t < rsSteps ? mod(i - t - 1, m) : mod(i - (t - rsSteps), m))
   const recvSeg = (t: number): number => (t < rsSteps ? mod(i - t - 2, m) : mod(i - (t - rsSteps) - 1, m))
   const segStart = (k: number): number => segmentStart(N, m, k)
@@ -88,9 +88,14 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
   // Reduce-scatter relay: partial sums held as received messages, keyed by the (step, chunk) they go out as.
   const relay = new Map<number, Uint8Array>()
   let relayBytes = 0
+  /** Keeps a received message to go out as step t chunk c (see take). */
+  const hold = (t: number, c: number, payload: Uint8Array): void => {
+    relay.set(t * 2 ** 32 + c, payload)
+    relayBytes += payload.length
+  }
   const gathered = new Array<number>(m).fill(0)
   // The owner's finished messages, all-gathered as they are (fp16 sums; see the header).
-  const ownerKeeps = reduce.half && reduce.op === "sum" && sendStepsOf(spec, m) > rsSteps
+  const ownerKeeps = reduce.half && reduce.op === "sum" && sendSteps > rsSteps
   const ownBytes = (off: number, n: number): Uint8Array => new Uint8Array(halfInput!.buffer, halfInput!.byteOffset + off * 2, n * 2)
   /** buf[off..off+n) = this rank's own values, when they came as binary16 bits. */
   const loadOwn = (off: number, n: number): void => {
@@ -141,8 +146,7 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
         if (ownerKeeps && keep) {
           addOwnIntoHalf(f.payload, off, n)
           assign(buf, off, f.payload, n, true)
-          relay.set(rsSteps * 2 ** 32 + f.chunk, f.payload)
-          relayBytes += f.payload.length
+          hold(rsSteps, f.chunk, f.payload)
         } else {
           loadOwn(off, n)
           accumulateAndFinish(buf, off, f.payload, n, reduce, f.value + reduce.weight)
@@ -151,8 +155,7 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
       } else if (keep) {
         if (half) addOwnIntoHalf(f.payload, off, n)
         else accumulateIntoPayload(f.payload, buf, off, n, accOp)
-        relay.set((t + 1) * 2 ** 32 + f.chunk, f.payload)
-        relayBytes += f.payload.length
+        hold(t + 1, f.chunk, f.payload)
       } else {
         loadOwn(off, n)
         accumulate(buf, off, f.payload, n, half, accOp)
@@ -184,7 +187,6 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
     return body
   }
 
-  const sendSteps = sendStepsOf(spec, m)
   for (let t = 0; t < sendSteps; t++) {
     const seg = sendSeg(t)
     const start = segStart(seg)
@@ -218,7 +220,3 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
     () => (recvStep < ringSteps ? [prev] : members.filter((_, k) => k !== i && gathered[k] < chunkCount(segLen(k), C)))
   )
 }
-
-/** Steps on which a ring member sends: the reduce-scatter's, then one fan-out or m-1 ring all-gather steps. */
-const sendStepsOf = (spec: RingSpec, m: number): number =>
-  spec.scatterOnly ? m - 1 : spec.gatherFanout !== undefined ? m : 2 * (m - 1)
