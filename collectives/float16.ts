@@ -87,26 +87,10 @@ export const roundToHalfScalar = (data: Float32Array): void => {
 const FUSE_BLOCK = 16384
 
 /**
- * fp16 error feedback as values, the reference for halfFeedbackBits: p = f32(f32(g·scale) + e);
- * g = half(p) (the value sent); e = p - g (what rounding dropped). Block by block, in cache.
- */
-export const halfFeedbackScalar = (g: Float32Array, e: Float32Array, scale: number): void => {
-  for (let lo = 0; lo < g.length; lo += FUSE_BLOCK) {
-    const hi = Math.min(g.length, lo + FUSE_BLOCK)
-    const d = g.subarray(lo, hi)
-    const r = e.subarray(lo, hi)
-    for (let i = 0; i < d.length; i++) d[i] = Math.fround(d[i] * scale) + r[i]
-    r.set(d)
-    roundToHalfScalar(d)
-    for (let i = 0; i < d.length; i++) r[i] -= d[i]
-  }
-}
-
-/**
  * fp16 error feedback that writes the message as binary16 bits: p = f32(f32(g·scale) + e);
- * out = half(p) (the bits sent); e = p - value(out). `g` is only read. The values are those of
- * halfFeedbackScalar (out holds the bits of what it writes into g), in one pass that stores
- * 2 bytes per element for the message instead of 4, and leaves nothing to encode before sending.
+ * out = half(p) (the bits sent); e = p - value(out). `g` is only read. One pass that stores
+ * 2 bytes per element for the message instead of rounding g in place, and leaves nothing to
+ * encode before sending.
  */
 export const halfFeedbackBits = (g: Float32Array, e: Float32Array, scale: number, out: Uint16Array): void => {
   if (g.length !== e.length || out.length !== g.length) {

@@ -8,7 +8,6 @@ import {
   decodeHalfScalar,
   encodeHalfScalar,
   halfFeedbackBitsScalar,
-  halfFeedbackScalar,
   halfTable,
   roundToHalfScalar
 } from "../collectives/float16.ts"
@@ -72,6 +71,17 @@ const sameBits = (a: Float32Array, b: Float32Array): number => {
   let bad = 0
   for (let i = 0; i < a.length; i++) if (!(Object.is(a[i], b[i]) || (Number.isNaN(a[i]) && Number.isNaN(b[i])))) bad++
   return bad
+}
+
+/**
+ * fp16 error feedback as values, the reference for halfFeedbackBits: p = f32(f32(g·scale) + e);
+ * g = half(p) (the value sent, whose bits are the message); e = p - g (what rounding dropped).
+ */
+const halfFeedbackScalar = (g: Float32Array, e: Float32Array, scale: number): void => {
+  for (let i = 0; i < g.length; i++) g[i] = Math.fround(g[i] * scale) + e[i]
+  e.set(g)
+  roundToHalfScalar(g)
+  for (let i = 0; i < g.length; i++) e[i] -= g[i]
 }
 
 /** Every binary16 midpoint (the tie itself and one fp32 step either side), both signs. */
