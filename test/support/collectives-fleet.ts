@@ -41,12 +41,16 @@ interface Pending {
   readonly reject: (e: Error) => void
 }
 
-export class RankFleet {
+/**
+ * Rank processes driven over IPC, one command at a time per call: the request/reply bookkeeping
+ * shared by this fleet and compression-fleet.ts (a call pending when its rank exits is rejected).
+ */
+export class RankProcesses {
   readonly children: ChildProcess[]
   readonly #pending: Array<Map<number, Pending>>
   #nextId = 1
 
-  private constructor(children: ChildProcess[]) {
+  protected constructor(children: ChildProcess[]) {
     this.children = children
     this.#pending = children.map(() => new Map())
     children.forEach((child, rank) => {
@@ -61,10 +65,6 @@ export class RankFleet {
         this.#pending[rank].clear()
       })
     })
-  }
-
-  static start(opts: FleetOptions): Promise<RankFleet> {
-    return startRanks(RANK_SCRIPT, opts.size, opts.server, opts, (children) => new RankFleet(children))
   }
 
   get size(): number {
@@ -105,6 +105,17 @@ export class RankFleet {
     return r.value
   }
 
+  /** Kills every rank still running and waits for them to exit. */
+  async stop(): Promise<void> {
+    await stopRanks(this.children)
+  }
+}
+
+export class RankFleet extends RankProcesses {
+  static start(opts: FleetOptions): Promise<RankFleet> {
+    return startRanks(RANK_SCRIPT, opts.size, opts.server, opts, (children) => new RankFleet(children))
+  }
+
   /** Runs a command on ranks 0..count-1 at once (cmd may depend on the rank). */
   all<T>(count: number, cmd: (rank: number) => Record<string, unknown>, timeoutMs?: number): Promise<T[]> {
     return Promise.all(Array.from({ length: count }, (_, r) => this.call<T>(r, cmd(r), timeoutMs)))
@@ -112,10 +123,5 @@ export class RankFleet {
 
   kill(rank: number, signal: NodeJS.Signals = "SIGKILL"): void {
     this.children[rank].kill(signal)
-  }
-
-  /** Kills every rank still running and waits for them to exit. */
-  async stop(): Promise<void> {
-    await stopRanks(this.children)
   }
 }
