@@ -28,14 +28,7 @@ export const eventually = async <A>(what: string, ms: number, check: () => A | u
   }
 }
 
-export const pidAlive = (pid: number): boolean => {
-  try {
-    process.kill(pid, 0)
-    return true
-  } catch (e) {
-    return (e as NodeJS.ErrnoException).code === "EPERM"
-  }
-}
+export { pidAlive } from "./nats.ts"
 
 export interface AgentProc {
   readonly child: ChildProcess
