@@ -9,27 +9,9 @@ import { ChunkError, ConfigError } from "../core/errors.ts"
 import { type WireTensor, decodeMessage, encodeMessage, wireTensor } from "../core/wire.ts"
 import { openNats } from "../core/connection.ts"
 import { withServer } from "./support/nats.ts"
-
-const payloadOf = (n: number, seed = 1): Uint8Array => {
-  const p = new Uint8Array(n)
-  let x = seed
-  for (let i = 0; i < n; i++) {
-    x = (x * 1103515245 + 12345) >>> 0
-    p[i] = x >>> 24
-  }
-  return p
-}
+import { feed, payloadOf } from "./support/chunk-frames.ts"
 
 const same = (a: Uint8Array, b: Uint8Array): boolean => Buffer.compare(a, b) === 0
-
-const feed = (r: Reassembler, frames: ReadonlyArray<Uint8Array>): Uint8Array | undefined => {
-  let out: Uint8Array | undefined
-  frames.forEach((f, i) => {
-    out = r.push(f)
-    if (i < frames.length - 1) expect(out).toBeUndefined()
-  })
-  return out
-}
 
 /** Frames as a NATS receiver gets them: each in a buffer of its own, not views of the sender's. */
 const copies = (frames: ReadonlyArray<Uint8Array>): Array<Uint8Array> => frames.map((f) => Uint8Array.prototype.slice.call(f))

@@ -5,16 +5,7 @@ import { describe, expect, it } from "vitest"
 import { ChunkError, ConfigError } from "../core/errors.ts"
 import { Reassembler, chunkHeaderBytes, encodeFrames, splitMessage } from "../core/chunking.ts"
 import { type WireTensor, decodeMessage, encodeMessage, wireTensor } from "../core/wire.ts"
-
-const payloadOf = (n: number, seed = 1): Uint8Array => {
-  const p = new Uint8Array(n)
-  let x = seed
-  for (let i = 0; i < n; i++) {
-    x = (x * 1103515245 + 12345) >>> 0
-    p[i] = x >>> 24
-  }
-  return p
-}
+import { feed, payloadOf } from "./support/chunk-frames.ts"
 
 const chunkError = (f: () => unknown, match?: RegExp): ChunkError => {
   let caught: unknown
@@ -27,16 +18,6 @@ const chunkError = (f: () => unknown, match?: RegExp): ChunkError => {
   expect((caught as ChunkError)._tag).toBe("ChunkError")
   if (match) expect((caught as ChunkError).message).toMatch(match)
   return caught as ChunkError
-}
-
-/** Pushes all frames; returns what the last push returned (earlier pushes must return undefined). */
-const feed = (r: Reassembler, frames: ReadonlyArray<Uint8Array>): Uint8Array | undefined => {
-  let out: Uint8Array | undefined
-  frames.forEach((f, i) => {
-    out = r.push(f)
-    if (i < frames.length - 1) expect(out).toBeUndefined()
-  })
-  return out
 }
 
 describe("splitMessage / Reassembler round trips", () => {
