@@ -63,20 +63,26 @@ afterAll(async () => {
   await server?.stop()
 })
 
-const createGroup = async (compression: ResolvedCompressionConfig): Promise<string> => {
+/**
+ * A reducer group on every rank. `compression` may differ per rank (a mismatch test); `options`
+ * override the defaults: a 20 s timeout and small chunks, so the buckets span several chunks and
+ * pipelining is exercised too.
+ */
+const createGroup = async (
+  compression: ResolvedCompressionConfig | ((rank: number) => ResolvedCompressionConfig),
+  options: { readonly timeoutMs?: number; readonly chunkBytes?: number } = { timeoutMs: 20_000, chunkBytes: 4096 }
+): Promise<string> => {
   const name = `g${groups++}`
   await fleet.all((rank) => ({
     cmd: "create",
     name,
     rank,
     worldSize: P,
-    compression,
+    compression: typeof compression === "function" ? compression(rank) : compression,
     algorithm: "ring",
     bucketBytes: BUCKET_BYTES,
     firstBucketBytes: FIRST_BUCKET_BYTES,
-    timeoutMs: 20_000,
-    // small chunks: the buckets span several chunks, so pipelining is exercised too
-    chunkBytes: 4096
+    ...options
   }))
   return name
 }
@@ -270,18 +276,7 @@ describe("GradientReducer over NATS, 4 rank processes", () => {
   }
 
   it("a config the ranks disagree on is a typed error on every rank, not a hang", async () => {
-    const name = `g${groups++}`
-    await fleet.all((rank) => ({
-      cmd: "create",
-      name,
-      rank,
-      worldSize: P,
-      compression: rank === 2 ? { type: "sign" } : { type: "topk", ratio: 0.01 },
-      algorithm: "ring",
-      bucketBytes: BUCKET_BYTES,
-      firstBucketBytes: FIRST_BUCKET_BYTES,
-      timeoutMs: 5_000
-    }))
+    const name = await createGroup((rank) => (rank === 2 ? { type: "sign" } : { type: "topk", ratio: 0.01 }), { timeoutMs: 5_000 })
     const outcomes = await Promise.allSettled(
       Array.from({ length: P }, (_, rank) => fleet.call(rank, { cmd: "reduce", name, slots: SLOTS, seed: 1, step: 0, weight: 1, returnData: false }, 30_000))
     )
