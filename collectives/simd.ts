@@ -33,7 +33,7 @@ interface KernelExports {
   roundHalf(n: number, a: number): void
   halfFeedbackBits(n: number, a: number, b: number, h: number, scale: number, exact: number): void
   topkCompensate(n: number, a: number, b: number, scale: number, exact: number, thr: number, c: number, cv: number, cap: number, base: number): number
-  feedbackMatMul(rows: number, m: number, s: number, exact: number, a: number, b: number): void
+  feedbackMatMul(rows: number, m: number, s: number, exact: number, owed: number, a: number, b: number): void
   matMulT(rows: number, m: number, a: number): void
   feedbackOuter(rows: number, m: number, residual: number, b: number, o: number): void
 }
@@ -331,26 +331,38 @@ const setColumns = (f: Float32Array, at: number, F: Float32Array, m: number, r: 
   }
 }
 
-/** Rows i0..i0+rows of an n×r factor into PR, 4 columns each, zero-padded. */
-const setRows = (f: Float32Array, P: Float32Array, i0: number, rows: number, r: number): void => {
+/** Rows i0..i0+rows of an n×r factor into `at` (PR by default), 4 columns each, zero-padded. */
+const setRows = (f: Float32Array, P: Float32Array, i0: number, rows: number, r: number, at = PR): void => {
   if (r === 4) {
-    f.set(P.subarray(i0 * 4, (i0 + rows) * 4), PR)
+    f.set(P.subarray(i0 * 4, (i0 + rows) * 4), at)
     return
   }
-  for (let i = 0; i < rows; i++) for (let c = 0; c < 4; c++) f[PR + i * 4 + c] = c < r ? P[(i0 + i) * r + c] : 0
+  for (let i = 0; i < rows; i++) for (let c = 0; c < 4; c++) f[at + i * 4 + c] = c < r ? P[(i0 + i) * r + c] : 0
 }
 
 /**
  * E = f32(E + f32(G·s)); P (n×r) = E·Q with f32 lane sums. False when the kernels cannot take it.
- * E in a space is updated in place; G in the same space is read in place.
+ * E in a space is updated in place; G in the same space is read in place. With `owed` (last step's
+ * P̂ and this rank's Q_w), E first pays E = f32(E - P̂·Q_wᵀ) as feedbackOuterSimd computes it.
  */
-export const feedbackMatMulSimd = (G: Float32Array, s: number, E: Float32Array, n: number, m: number, Q: Float32Array, r: number, P: Float32Array): boolean => {
+export const feedbackMatMulSimd = (
+  G: Float32Array,
+  s: number,
+  E: Float32Array,
+  n: number,
+  m: number,
+  Q: Float32Array,
+  r: number,
+  P: Float32Array,
+  owed?: OwedProduct
+): boolean => {
   const k = psgd(n, m, r, E)
   if (!k) return false
   const { f, ex } = k
   const eOwn = home(E) === k
   const gOwn = home(G) === k
   setColumns(f, QC, Q, m, r)
+  if (owed) setColumns(f, WC, owed.Qw, m, r)
   const exact = exactScale(s)
   const per = eOwn && gOwn ? PR_ROWS : Math.floor(SIMD_BLOCK / m)
   for (let i0 = 0; i0 < n; i0 += per) {
@@ -359,11 +371,18 @@ export const feedbackMatMulSimd = (G: Float32Array, s: number, E: Float32Array, 
     const hi = lo + rows * m
     if (!gOwn) k.a.set(G.subarray(lo, hi))
     if (!eOwn) k.b.set(E.subarray(lo, hi))
-    ex.feedbackMatMul(rows, m, s, exact, gOwn ? G.byteOffset + lo * 4 : A_AT, eOwn ? E.byteOffset + lo * 4 : B_AT)
+    if (owed) setRows(f, owed.P, i0, rows, r, O)
+    ex.feedbackMatMul(rows, m, s, exact, owed ? 1 : 0, gOwn ? G.byteOffset + lo * 4 : A_AT, eOwn ? E.byteOffset + lo * 4 : B_AT)
     if (!eOwn) E.set(k.b.subarray(0, hi - lo), lo)
     for (let i = 0; i < rows; i++) for (let c = 0; c < r; c++) P[(i0 + i) * r + c] = f[PR + i * 4 + c]
   }
   return true
+}
+
+/** A product P·Q_wᵀ (n×r times m×r) still to be subtracted from a residual. */
+export interface OwedProduct {
+  readonly P: Float32Array
+  readonly Qw: Float32Array
 }
 
 /** Q (m×r) = Mᵀ·P with f32 sums (M read in place when it lives in a space). False when the kernels cannot take it. */

@@ -4,6 +4,7 @@ import { describe, expect, it } from "vitest"
 import {
   CompressionShapeError,
   ErrorFeedback,
+  ResidualMismatch,
   PowerSgdCompressor,
   inProcessAllReduce,
   simulateCompressedAllReduce
@@ -122,6 +123,55 @@ describe("PowerSGD", () => {
     // Q is identical on every rank, and so is the state a checkpoint would hold
     const states = asyncComps.map((c) => c.state())
     for (const s of states) expect(s).toEqual(states[0])
+  })
+
+  it("the residual's own-share correction, owed to the next step's first pass, gives bitwise what paying it at once gives", async () => {
+    const { simdSpace } = await import("../collectives/simd.ts")
+    const p = 4
+    // [64, 256]: the SIMD kernels; [40, 25]: rows of 25 floats, the scalar loops
+    for (const [shape, rank] of [[[64, 256], 4], [[64, 256], 3], [[40, 25], 2], [[64, 256], 1]] as const) {
+      const size = shape[0] * shape[1]
+      const rng = new Mulberry32(size + rank)
+      const steps = Array.from({ length: 5 }, () => Array.from({ length: p }, () => randn(size, rng)))
+      const paid = Array.from({ length: p }, () => new PowerSgdCompressor({ rank, seed: 3 }))
+      const paidEf = Array.from({ length: p }, () => new ErrorFeedback())
+      const owing = Array.from({ length: p }, () => new PowerSgdCompressor({ rank, seed: 3 }))
+      const owingEf = Array.from({ length: p }, () => {
+        const ef = new ErrorFeedback()
+        ef.allocate = (_k, n) => simdSpace([n])?.[0] ?? new Float32Array(n)
+        return ef
+      })
+      const ar1 = inProcessAllReduce(p)
+      const ar2 = inProcessAllReduce(p)
+      for (const grads of steps) {
+        const want = await Promise.all(paid.map((c, r) => c.reduce([{ key: "W", shape, grad: grads[r] }], ar1[r], paidEf[r], 0.25)))
+        for (const ef of paidEf) ef.get("W") // a read pays what is owed
+        const got = await Promise.all(owing.map((c, r) => c.reduce([{ key: "W", shape, grad: grads[r] }], ar2[r], owingEf[r], 0.25)))
+        for (let r = 0; r < p; r++) expect(got[r][0]).toEqual(want[r][0])
+      }
+      // what a checkpoint holds: the residuals with the last step's correction paid
+      for (let r = 0; r < p; r++) expect(owingEf[r].state()).toEqual(paidEf[r].state())
+    }
+  })
+
+  it("a step that fails on a residual of the wrong length pays back the corrections it took", () => {
+    const rng = new Mulberry32(11)
+    const shape = [32, 64]
+    const g = [randn(2048, rng), randn(2048, rng)]
+    // two identical ranks' worth of state: `twin` pays by reading, `c` goes on to a failing step
+    const make = () => ({ c: new PowerSgdCompressor({ rank: 2 }), ef: new ErrorFeedback() })
+    const run = ({ c, ef }: ReturnType<typeof make>, t: ReadonlyArray<{ key: string; shape: number[]; grad: Float32Array }>) => {
+      const round = c.begin(t, ef)
+      return round.finish(round.second(round.first))
+    }
+    const a = make()
+    const twin = make()
+    for (const x of [a, twin]) run(x, [{ key: "A", shape, grad: g[0] }, { key: "B", shape, grad: g[1] }])
+    const want = twin.ef.state()
+    // A's correction is taken, then B's residual has the wrong length
+    expect(() => run(a, [{ key: "A", shape, grad: g[0] }, { key: "B", shape: [16, 64], grad: g[1].subarray(0, 1024) }])).toThrow(ResidualMismatch)
+    expect(a.ef.state()).toEqual(want)
+    expect(want.A).not.toEqual(g[0]) // (the correction is not nothing)
   })
 
   it("state / restore continues identically", () => {

@@ -298,6 +298,37 @@ describe("SIMD kernels", () => {
       }
     })
 
+    it("feedbackMatMul with an owed correction: the residual and P bitwise as paying it first (subtractOwn), then the plain pass", async () => {
+      const { subtractOwn } = await import("../collectives/compression/matrix.ts")
+      for (const [n, m, r] of SHAPES) {
+        const s = 1 / 3
+        const G = normal(n * m, n + 1)
+        const E = normal(n * m, m + 2).map((v) => v * 0.01)
+        const Q = normal(m * r, 3)
+        const owed = { P: normal(n * r, 4), Qw: normal(m * r, 5) }
+        // the reference: the correction on its own (the scalar fp32 formula), then the plain kernel
+        const E1 = E.slice()
+        subtractOwn(owed, n, m, r, E1)
+        expect(sameBits(E1, E)).toBeGreaterThan(0) // the correction changes the residual
+        const P1 = new Float32Array(n * r)
+        expect(feedbackMatMulSimd(G, s, E1, n, m, Q, r, P1)).toBe(true)
+        // fused, with the residual outside and inside a space, and the gradient in the same space
+        const E2 = E.slice()
+        const P2 = new Float32Array(n * r)
+        expect(feedbackMatMulSimd(G, s, E2, n, m, Q, r, P2, owed)).toBe(true)
+        expect(sameBits(E1, E2)).toBe(0)
+        expect(sameBits(P1, P2)).toBe(0)
+        const [G3, E3] = simdSpace([n * m, n * m])!
+        G3.set(G)
+        E3.set(E)
+        const P3 = new Float32Array(n * r)
+        expect(feedbackMatMulSimd(G3, s, E3, n, m, Q, r, P3, owed)).toBe(true)
+        expect(sameBits(E1, E3)).toBe(0)
+        expect(sameBits(P1, P3)).toBe(0)
+        expect(sameBits(G, G3)).toBe(0) // the gradient is only read
+      }
+    })
+
     it("matMulT: Q = Mᵀ·P to fp32 rounding", () => {
       for (const [n, m, r] of SHAPES) {
         const M = normal(n * m, 3)

@@ -14,8 +14,19 @@ import { ResidualMismatch } from "./errors.ts"
 /** Serializable residual state: compress-point key -> residual. */
 export type ResidualState = Record<string, Float32Array>
 
+/**
+ * A correction a codec still owes a residual (PowerSGD subtracts its own share P̂·Q_wᵀ in the
+ * next step's first pass instead of in a pass of its own). `payTo` applies it; `product` is what a
+ * codec that fuses the payment into its next pass takes back (takeOwed).
+ */
+export interface OwedCorrection<T = unknown> {
+  readonly product: T
+  readonly payTo: (e: Float32Array) => void
+}
+
 export class ErrorFeedback {
   private readonly residuals = new Map<string, Float32Array>()
+  private readonly owed = new Map<string, OwedCorrection>()
 
   /**
    * Makes the zeroed residual of n floats for `key`, on first use and on restore. The gradient
@@ -24,9 +35,12 @@ export class ErrorFeedback {
    */
   allocate: (key: string, n: number) => Float32Array = (_key, n) => new Float32Array(n)
 
-  /** The residual under `key`, created as zeros on first use. A length change is an error. */
+  /**
+   * The residual under `key`, created as zeros on first use. A length change is an error. A
+   * correction owed to it is paid first.
+   */
   residual(key: string, n: number): Float32Array {
-    const e = this.residuals.get(key)
+    const e = this.get(key)
     if (e === undefined) {
       const fresh = this.allocate(key, n)
       this.residuals.set(key, fresh)
@@ -36,8 +50,38 @@ export class ErrorFeedback {
     return e
   }
 
+  /** The residual under `key` as it stands (a correction owed to it is paid first). */
   get(key: string): Float32Array | undefined {
-    return this.residuals.get(key)
+    const e = this.residuals.get(key)
+    const c = this.owed.get(key)
+    if (e !== undefined && c !== undefined) {
+      this.owed.delete(key)
+      c.payTo(e)
+    }
+    return e
+  }
+
+  /**
+   * Records a correction owed to the residual of `key` (which must exist). Every read of the
+   * residual (residual, get, state) pays it first, unless the codec takes it back with takeOwed.
+   */
+  owe<T>(key: string, correction: OwedCorrection<T>): void {
+    if (!this.residuals.has(key)) throw new Error(`no residual under ${key} to owe a correction to`)
+    if (this.owed.has(key)) this.get(key)
+    this.owed.set(key, correction)
+  }
+
+  /**
+   * Takes back the correction owed to `key`, unpaid, for a codec that pays it in its own pass.
+   * A residual of another length than `n` is an error (thrown before anything is taken).
+   */
+  takeOwed<T>(key: string, n: number): T | undefined {
+    const e = this.residuals.get(key)
+    if (e !== undefined && e.length !== n) throw new ResidualMismatch({ key, expected: e.length, got: n })
+    const c = this.owed.get(key)
+    if (c === undefined) return undefined
+    this.owed.delete(key)
+    return c.product as T
   }
 
   has(key: string): boolean {
@@ -45,10 +89,12 @@ export class ErrorFeedback {
   }
 
   delete(key: string): boolean {
+    this.owed.delete(key)
     return this.residuals.delete(key)
   }
 
   clear(): void {
+    this.owed.clear()
     this.residuals.clear()
   }
 
@@ -75,15 +121,16 @@ export class ErrorFeedback {
     return msg
   }
 
-  /** A copy of every residual, for a checkpoint. */
+  /** A copy of every residual (owed corrections paid), for a checkpoint. */
   state(): ResidualState {
     const out: ResidualState = {}
-    for (const [k, v] of this.residuals) out[k] = v.slice()
+    for (const k of this.residuals.keys()) out[k] = this.get(k)!.slice()
     return out
   }
 
   /** Replaces all residuals with copies of a saved state (arrays of numbers are accepted too). */
   restore(state: Readonly<Record<string, ArrayLike<number>>>): void {
+    this.owed.clear()
     this.residuals.clear()
     for (const [k, v] of Object.entries(state)) {
       const e = this.allocate(k, v.length)

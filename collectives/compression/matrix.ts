@@ -9,7 +9,9 @@
 // thin factor in groups of up to 4 held in scalar accumulators: V8 keeps those in registers, where
 // a Float64Array accumulator or a loop over c would go through memory for every multiply-add.
 
-import { feedbackMatMulSimd, feedbackOuterSimd, matMulTSimd } from "../simd.ts"
+import { feedbackMatMulSimd, feedbackOuterSimd, matMulTSimd, type OwedProduct } from "../simd.ts"
+
+export type { OwedProduct }
 
 /** Columns c0..c0+3 of a row-major k×r factor, transposed into 4 contiguous rows of length k. */
 const columns = (F: Float32Array, k: number, r: number, c0: number): [Float64Array, Float64Array, Float64Array, Float64Array] => {
@@ -52,10 +54,22 @@ export const matMul = (M: Float32Array, n: number, m: number, Q: Float32Array, r
  * Error feedback and the first factor in one pass over the rows, for r <= 4:
  * E = fround(E + fround(G·s)) (the residual becomes M = G·s + e), then P (n×r) = E · Q.
  * The same values as scaling G, adding it into E and calling matMul, with a third of the memory traffic.
+ * With `owed`, E first pays subtractOwn(owed) in the same pass: the same values as calling it first.
  */
-export const feedbackMatMul = (G: Float32Array, s: number, E: Float32Array, n: number, m: number, Q: Float32Array, r: number, P: Float32Array): void => {
+export const feedbackMatMul = (
+  G: Float32Array,
+  s: number,
+  E: Float32Array,
+  n: number,
+  m: number,
+  Q: Float32Array,
+  r: number,
+  P: Float32Array,
+  owed?: OwedProduct
+): void => {
   if (r > 4) throw new RangeError(`feedbackMatMul handles r <= 4, got ${r}`)
-  if (feedbackMatMulSimd(G, s, E, n, m, Q, r, P)) return
+  if (feedbackMatMulSimd(G, s, E, n, m, Q, r, P, owed)) return
+  if (owed) subtractOwn(owed, n, m, r, E)
   const [q0, q1, q2, q3] = columns(Q, m, r, 0)
   for (let i = 0; i < n; i++) {
     const row = i * m
@@ -98,7 +112,6 @@ export const feedbackOuter = (
   if (r > 4) throw new RangeError(`feedbackOuter handles r <= 4, got ${r}`)
   if (feedbackOuterSimd(P, Qw, Q, n, m, r, E, out)) return
   const f = Math.fround
-  const [w0, w1, w2, w3] = columns(Qw ?? new Float32Array(m * r), m, r, 0)
   const [q0, q1, q2, q3] = columns(Q, m, r, 0)
   for (let i = 0; i < n; i++) {
     const row = i * m
@@ -110,9 +123,26 @@ export const feedbackOuter = (
     for (let j = 0; j < m; j++) {
       out[row + j] = f(f(f(f(p0 * q0[j]) + f(p1 * q1[j])) + f(p2 * q2[j])) + f(p3 * q3[j]))
     }
-    if (E && Qw) {
-      for (let j = 0; j < m; j++) E[row + j] = f(E[row + j] - f(f(f(f(p0 * w0[j]) + f(p1 * w1[j])) + f(p2 * w2[j])) + f(p3 * w3[j])))
-    }
+  }
+  if (E && Qw) subtractOwn({ P, Qw }, n, m, r, E)
+}
+
+/**
+ * E -= P Qwᵀ for r <= 4, each element f32(E - ((p0·w0 + p1·w1) + p2·w2) + p3·w3) in fp32: the
+ * residual update of feedbackOuter (and of feedbackMatMul's owed correction), on its own.
+ */
+export const subtractOwn = ({ P, Qw }: OwedProduct, n: number, m: number, r: number, E: Float32Array): void => {
+  if (r > 4) throw new RangeError(`subtractOwn handles r <= 4, got ${r}`)
+  const f = Math.fround
+  const [w0, w1, w2, w3] = columns(Qw, m, r, 0)
+  for (let i = 0; i < n; i++) {
+    const row = i * m
+    const o = i * r
+    const p0 = P[o]
+    const p1 = r > 1 ? P[o + 1] : 0
+    const p2 = r > 2 ? P[o + 2] : 0
+    const p3 = r > 3 ? P[o + 3] : 0
+    for (let j = 0; j < m; j++) E[row + j] = f(E[row + j] - f(f(f(f(p0 * w0[j]) + f(p1 * w1[j])) + f(p2 * w2[j])) + f(p3 * w3[j])))
   }
 }
 

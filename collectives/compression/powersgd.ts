@@ -13,7 +13,9 @@
 // - Error feedback: M_w = G_w + e_w, e_w = M_w - P̂ Q_wᵀ: this rank's own share of the aggregate,
 //   as in the authors' code (DDP's hook subtracts the averaged approximation instead, which makes
 //   ranks' residuals absorb each other's errors). Σ_w P̂ Q_wᵀ is exactly the aggregate, so the
-//   error-feedback invariant holds per rank.
+//   error-feedback invariant holds per rank. For r <= 4 the subtraction is owed to the residual
+//   (ErrorFeedback.owe) and paid in the next step's first pass, which reads the residual anyway:
+//   one pass over it fewer per step, the same values (any other read of the residual pays first).
 // - Tensors of rank > 2 (conv kernels [h, w, in, out]) are viewed as [h·w·in, out].
 //
 // No byte format of its own: the two rounds carry plain Float32Arrays (round 1: the P factors of
@@ -25,7 +27,7 @@
 // collective themselves (and for lock-step simulation in tests).
 import { CompressionShapeError, ResidualMismatch } from "./errors.ts"
 import type { ErrorFeedback } from "./error-feedback.ts"
-import { feedbackMatMul, feedbackOuter, matMul, matMulT, orthonormalize, outer } from "./matrix.ts"
+import { feedbackMatMul, feedbackOuter, matMul, matMulT, orthonormalize, outer, subtractOwn, type OwedProduct } from "./matrix.ts"
 import { Mulberry32, hashKey, mixSeed } from "./rng.ts"
 
 export interface PowerSgdOptions {
@@ -173,6 +175,11 @@ export class PowerSgdCompressor {
   }
 }
 
+/** What a step owes a residual: E -= P̂ Q_wᵀ (r <= 4). */
+interface Owed extends OwedProduct {
+  readonly r: number
+}
+
 interface Slot {
   /** Position in the caller's list. */
   readonly idx: number
@@ -181,6 +188,8 @@ interface Slot {
   /** M = G + e (the residual buffer itself when error feedback is on), or G. */
   readonly M: Float32Array
   readonly residual: Float32Array | undefined
+  /** The correction the last step owes `residual`, paid in this step's first pass. */
+  readonly owed?: Owed
   /** Offset in the round-1 buffer (P or raw values) and in the round-2 buffer (Q; -1 = raw). */
   readonly at1: number
   readonly at2: number
@@ -199,9 +208,11 @@ export class PowerSgdRound {
   private readonly size2: number
   private phase: 1 | 2 | 3 = 1
   private readonly outputs: Array<Float32Array>
+  private readonly ef: ErrorFeedback | undefined
 
   constructor(owner: PowerSgdCompressor, tensors: ReadonlyArray<MatrixGrad>, ef: ErrorFeedback | undefined, warmup: boolean, scale = 1) {
     this.owner = owner
+    this.ef = ef
     this.outputs = tensors.map(() => new Float32Array(0))
     const plans = tensors.map((t) => {
       const plan = owner.plan(t.shape)
@@ -214,21 +225,29 @@ export class PowerSgdRound {
     // rank builds the same buffer
     let size1 = 0
     let size2 = 0
-    tensors.forEach((t, idx) => {
-      const plan = plans[idx]
-      if (!plan.compress) return
-      let M = t.grad
-      let residual: Float32Array | undefined
-      if (ef) {
-        residual = ef.residual(t.key, t.grad.length)
-        M = residual // filled below: M = G·scale + e
-      } else if (scale !== 1) {
-        for (let i = 0; i < M.length; i++) M[i] *= scale
-      }
-      this.slots.push({ idx, t, plan, M, residual, at1: size1, at2: size2 })
-      size1 += plan.n * plan.r
-      size2 += plan.m * plan.r
-    })
+    try {
+      tensors.forEach((t, idx) => {
+        const plan = plans[idx]
+        if (!plan.compress) return
+        let M = t.grad
+        let residual: Float32Array | undefined
+        let owed: Owed | undefined
+        if (ef) {
+          owed = ef.takeOwed<Owed>(t.key, t.grad.length)
+          residual = ef.residual(t.key, t.grad.length)
+          M = residual // filled below: M = G·scale + e
+        } else if (scale !== 1) {
+          for (let i = 0; i < M.length; i++) M[i] *= scale
+        }
+        this.slots.push({ idx, t, plan, M, residual, owed, at1: size1, at2: size2 })
+        size1 += plan.n * plan.r
+        size2 += plan.m * plan.r
+      })
+    } catch (err) {
+      // nothing owed may be lost with the step that failed
+      for (const s of this.slots) if (s.owed && s.residual) subtractOwn(s.owed, s.plan.n, s.plan.m, s.owed.r, s.residual)
+      throw err
+    }
     tensors.forEach((t, idx) => {
       if (plans[idx].compress) return
       this.slots.push({ idx, t, plan: plans[idx], M: t.grad, residual: undefined, at1: size1, at2: -1 })
@@ -246,8 +265,10 @@ export class PowerSgdRound {
       }
       const Q = owner.q(s.t.key, m, r)
       const P = this.first.subarray(s.at1, s.at1 + n * r)
-      if (s.residual && r <= 4) feedbackMatMul(s.t.grad, scale, s.residual, n, m, Q, r, P)
+      if (s.residual && r <= 4 && (!s.owed || s.owed.r === r)) feedbackMatMul(s.t.grad, scale, s.residual, n, m, Q, r, P, s.owed)
       else {
+        // (owed with another r: the compressor was replaced by one of another rank)
+        if (s.residual && s.owed) subtractOwn(s.owed, n, m, s.owed.r, s.residual)
         if (s.residual) for (let i = 0; i < s.residual.length; i++) s.residual[i] += Math.fround(s.t.grad[i] * scale)
         matMul(s.M, n, m, Q, r, P)
       }
@@ -279,8 +300,8 @@ export class PowerSgdRound {
       const Qw = second!.subarray(s.at2, s.at2 + m * r)
       matMulT(s.M, n, m, P, r, Qw)
       // own message only: e = M - P̂ Q_wᵀ, from exactly the fp32 values that enter the sum (for
-      // r <= 4 done in finish, in the same pass that decodes the aggregate; the all-reduce sums
-      // the round-2 buffer in place, so this rank's share is kept)
+      // r <= 4 owed to the residual in finish and paid in the next step's first pass; the
+      // all-reduce sums the round-2 buffer in place, so this rank's share is kept)
       if (s.residual && r <= 4) s.Qw = Qw.slice()
       else if (s.residual) outer(P, Qw, n, m, r, s.residual, true, -1)
     }
@@ -300,8 +321,13 @@ export class PowerSgdRound {
       const { n, m, r } = s.plan
       const Q = secondSum!.slice(s.at2, s.at2 + m * r)
       const out = s.t.out ?? new Float32Array(n * m)
-      if (r <= 4) feedbackOuter(s.P!, s.Qw, Q, n, m, r, s.Qw ? s.residual : undefined, out)
-      else outer(s.P!, Q, n, m, r, out, false)
+      if (r <= 4) {
+        feedbackOuter(s.P!, undefined, Q, n, m, r, undefined, out)
+        if (s.Qw && s.residual && this.ef) {
+          const owed: Owed = { P: s.P!, Qw: s.Qw, r }
+          this.ef.owe(s.t.key, { product: owed, payTo: (e) => subtractOwn(owed, n, m, r, e) })
+        }
+      } else outer(s.P!, Q, n, m, r, out, false)
       this.outputs[s.idx] = out
       this.owner.keep(s.t.key, Q, m, r, s.collapsed ?? 0)
     }

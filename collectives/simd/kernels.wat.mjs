@@ -19,7 +19,8 @@
 //   WC  0x0E0000  f32[4][MAXM]   PowerSGD: the columns of this rank's own Q_w (256 KiB)
 //   ACC 0x120000  f32[4][MAXM]   PowerSGD: the columns of Mᵀ·P being accumulated (256 KiB)
 //   PR  0x160000  f32[BLOCK/4][4] PowerSGD: rows of P, 4 columns each, zero-padded (256 KiB)
-//   O   0x1A0000  f32[BLOCK]     PowerSGD: a block of the decoded aggregate (256 KiB)
+//   O   0x1A0000  f32[BLOCK]     PowerSGD: a block of the decoded aggregate, or (feedbackMatMul with
+//                                $owed) rows of last step's P̂, 4 columns each, zero-padded (256 KiB)
 // BLOCK = 65536 elements, MAXM = 16384. Lengths need not be multiples of the vector width (tails
 // go 1 by 1), except the PowerSGD row length m, which must be a multiple of 4.
 
@@ -27,6 +28,7 @@ const QC = 0x0a0000
 const WC = 0x0e0000
 const ACC = 0x120000
 const PR = 0x160000
+const O = 0x1a0000
 const C = (v) => `(v128.const i32x4 ${v} ${v} ${v} ${v})`
 
 /**
@@ -159,6 +161,9 @@ const scaledF64 = (x) =>
  * made once per call, outside the loop (a branch per vector inside it costs ~20%).
  */
 const eachScale = (loop) => `(if (local.get $exact) (then ${loop(scaledF32)}) (else ${loop(scaledF64)}))`
+
+/** `loop(owed)` for both values of $owed, chosen once per call like eachScale. */
+const eachOwed = (loop) => `(if (local.get $owed) (then ${loop(true)}) (else ${loop(false)}))`
 
 /** Lanes summed in a fixed order: (l0 + l1) + (l2 + l3). */
 const hsum = (v) => `(f32.add
@@ -348,39 +353,44 @@ export const wat = `
   ;; Sums run in f32 lanes. Only the decoded aggregate must be bitwise the same on every rank; its
   ;; order is fixed: ((p0·q0 + p1·q1) + p2·q2) + p3·q3 per element (matrix.ts's scalar loop does the same).
 
-  ;; B = f32(B + f32(A·s)) (the residual becomes M = G·s + e); PR[i] = (M row i) · QC, 4 columns
-  (func (export "feedbackMatMul") (param $rows i32) (param $m i32) (param $s f64) (param $exact i32) (param $a i32) (param $b i32)
+  ;; B = f32(B + f32(A·s)) (the residual becomes M = G·s + e); PR[i] = (M row i) · QC, 4 columns.
+  ;; With $owed, the residual first pays the correction the last step left owing (PowerSGD defers
+  ;; e -= P̂·Q_wᵀ to here): B = f32(f32(B - O[i]·WCᵀ) + f32(A·s)), the product formed as feedbackOuter
+  ;; forms it, so the residual is bitwise what the two passes would have made.
+  (func (export "feedbackMatMul") (param $rows i32) (param $m i32) (param $s f64) (param $exact i32) (param $owed i32) (param $a i32) (param $b i32)
     (local $i i32) (local $j i32) (local $p i32) (local $v v128) (local $sf v128) (local $sv v128)
     (local $a0 v128) (local $a1 v128) (local $a2 v128) (local $a3 v128) (local $q i32) (local $pr i32)
+    (local $p0 v128) (local $p1 v128) (local $p2 v128) (local $p3 v128)
     (local.set $sf (f32x4.splat (f32.demote_f64 (local.get $s))))
     (local.set $sv (f64x2.splat (local.get $s)))
-    ${eachScale((scaled) => `(block $rdone (loop $rows_l
+    ${eachOwed((owed) => eachScale((scaled) => `(local.set $i (i32.const 0)) (block $rdone (loop $rows_l
       (br_if $rdone (i32.ge_u (local.get $i) (local.get $rows)))
       (local.set $a0 (v128.const i32x4 0 0 0 0)) (local.set $a1 (v128.const i32x4 0 0 0 0))
       (local.set $a2 (v128.const i32x4 0 0 0 0)) (local.set $a3 (v128.const i32x4 0 0 0 0))
+      (local.set $pr (i32.shl (local.get $i) (i32.const 4)))
+      ${owed ? [0, 1, 2, 3].map((c) => `(local.set $p${c} (v128.load32_splat offset=${O + 4 * c} (local.get $pr)))`).join(" ") : ""}
       (local.set $j (i32.const 0))
       (block $jdone (loop $j_l
         (br_if $jdone (i32.ge_u (local.get $j) (local.get $m)))
         (local.set $p (i32.shl (i32.add (i32.mul (local.get $i) (local.get $m)) (local.get $j)) (i32.const 2)))
+        (local.set $q (i32.shl (local.get $j) (i32.const 2)))
         (local.set $v (v128.load (i32.add (local.get $a) (local.get $p))))
         (local.set $v
-          (f32x4.add (v128.load (i32.add (local.get $b) (local.get $p)))
+          (f32x4.add ${owed ? `(f32x4.sub (v128.load (i32.add (local.get $b) (local.get $p))) ${dot4(WC)})` : "(v128.load (i32.add (local.get $b) (local.get $p)))"}
             ${scaled("$v")}))
         (v128.store (i32.add (local.get $b) (local.get $p)) (local.get $v))
-        (local.set $q (i32.shl (local.get $j) (i32.const 2)))
         (local.set $a0 (f32x4.add (local.get $a0) (f32x4.mul (local.get $v) (v128.load offset=${QC} (local.get $q)))))
         (local.set $a1 (f32x4.add (local.get $a1) (f32x4.mul (local.get $v) (v128.load offset=${QC + 65536} (local.get $q)))))
         (local.set $a2 (f32x4.add (local.get $a2) (f32x4.mul (local.get $v) (v128.load offset=${QC + 2 * 65536} (local.get $q)))))
         (local.set $a3 (f32x4.add (local.get $a3) (f32x4.mul (local.get $v) (v128.load offset=${QC + 3 * 65536} (local.get $q)))))
         (local.set $j (i32.add (local.get $j) (i32.const 4)))
         (br $j_l)))
-      (local.set $pr (i32.shl (local.get $i) (i32.const 4)))
       (f32.store offset=${PR} (local.get $pr) ${hsum("$a0")})
       (f32.store offset=${PR + 4} (local.get $pr) ${hsum("$a1")})
       (f32.store offset=${PR + 8} (local.get $pr) ${hsum("$a2")})
       (f32.store offset=${PR + 12} (local.get $pr) ${hsum("$a3")})
       (local.set $i (i32.add (local.get $i) (i32.const 1)))
-      (br $rows_l)))`)})
+      (br $rows_l)))`))})
 
   ;; ACC[c][j] += a[i][j] · PR[i][c] over the rows of the block (ACC is zeroed by the caller per matrix).
   ;; Two rows per pass over ACC, (ACC + row i · PR[i]) + row i+1 · PR[i+1]: the same additions in the
