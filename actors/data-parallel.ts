@@ -3,9 +3,10 @@
 // the large-batch SGD update) and applies the same update on every rank. Ranks start from rank 0's
 // weights and apply bitwise-identical reduced gradients, so their weights stay identical.
 //
-// Gradients leave the tfjs engine as ONE flat Float32Array (concatenated on the device, one read),
-// buckets are contiguous ranges of it (no packing copy), and the reduced values go back as one
-// tensor split on the device: two copies of the gradient per step, the minimum a backend with its
+// Gradients leave the tfjs engine as ONE flat Float32Array (concatenated on the device, one read;
+// or, on host-memory backends with compression, read per variable into the reducer's own buffer),
+// buckets are contiguous ranges of it (no packing copy), and the reduced values go back per
+// variable from views of it: two copies of the gradient per step, the minimum a backend with its
 // own memory (wasm, tensorflow) allows.
 import type { Tf } from "../core/engine.ts"
 import type { ArrayDataset } from "../core/datasets.ts"
@@ -41,6 +42,11 @@ export interface GradientSync {
   broadcast(buf: Float32Array): Promise<void>
   /** Element-wise sum over ranks, in place. */
   sum(buf: Float32Array): Promise<void>
+  /**
+   * A flat gradient buffer of n elements that reduceGradients works on in place (faster with
+   * compression: GradientReducer.gradientBuffer), or undefined to pass any Float32Array.
+   */
+  gradientBuffer?(n: number): Float32Array | undefined
   /** Gathers every rank's buffer in rank order (heterogeneity-aware batching exchanges throughputs). */
   allGather?(buf: Float32Array): Promise<Float32Array>
   /** collectiveConfig.adaptiveBatching: fit({ globalBatchSize }) splits by measured throughput. */
@@ -239,6 +245,31 @@ export class DataParallelModel {
   }
 
   /**
+   * This step's gradients as one flat array in layout order. When the group has a buffer of its
+   * own (GradientSync.gradientBuffer: compression kernels work on it in place) and the backend
+   * keeps tensors in host memory (cpu, wasm), each variable's gradient is read into it: one copy
+   * per element, as many as the concat-and-read path makes. The tensorflow backend concatenates
+   * on the device and downloads once.
+   */
+  async #readGradients(grads: Record<string, Tensor>): Promise<Float32Array> {
+    const tf = this.#tf
+    const own = tf.getBackend() === "tensorflow" ? undefined : this.#sync.gradientBuffer?.(this.parameterCount)
+    if (own) {
+      const parts = await Promise.all(this.#vars.map((v) => grads[v.name]?.data() as Promise<Float32Array> | undefined))
+      this.layout.forEach((s, i) => {
+        const part = parts[i]
+        if (part) own.set(part, s.offset)
+        else own.fill(0, s.offset, s.offset + s.size)
+      })
+      return own
+    }
+    const flatT = tf.tidy(() => tf.concat(this.#vars.map((v) => (grads[v.name] ?? tf.zerosLike(v)).reshape([-1]))))
+    const flat = (await flatT.data()) as Float32Array
+    flatT.dispose()
+    return flat
+  }
+
+  /**
    * One synchronous data-parallel step on this rank's batch (y in the loss's target form: one-hot
    * for categoricalCrossentropy, class ids for sparseCategoricalCrossentropy); returns this rank's
    * loss and, for classification, its correct predictions.
@@ -273,11 +304,8 @@ export class DataParallelModel {
       this.onStep?.({ epoch: this.#epoch, step: this.#stepInEpoch++, stepsPerEpoch: this.#stepsPerEpoch, samples, loss: lossArr[0] })
       return { loss: lossArr[0], samples, ...(correctArr ? { correct: correctArr[0] } : {}) }
     }
-    const flatT = tf.tidy(() =>
-      tf.concat(this.#vars.map((v) => (grads[v.name] ?? tf.zerosLike(v)).reshape([-1])))
-    )
-    const [flat, lossArr, correctArr] = await Promise.all([flatT.data() as Promise<Float32Array>, value.data(), correctT?.data()])
-    tf.dispose([flatT, value, ...(pred ? [pred] : []), ...(correctT ? [correctT] : [])])
+    const [flat, lossArr, correctArr] = await Promise.all([this.#readGradients(grads), value.data(), correctT?.data()])
+    tf.dispose([value, ...(pred ? [pred] : []), ...(correctT ? [correctT] : [])])
     tf.dispose(grads)
     if (this.#delayMsPerSample > 0) await new Promise((r) => setTimeout(r, this.#delayMsPerSample * samples))
     const t1 = performance.now()

@@ -159,6 +159,7 @@ export class TrainContext {
         reduceGradients: (flat, layout, weight, step) => d.reducer.reduceGradients(flat, layout, weight, step),
         broadcast: (buf) => d.reducer.broadcast(buf),
         sum: (buf) => d.reducer.sum(buf),
+        gradientBuffer: (n) => d.reducer.gradientBuffer(n),
         allGather: (buf) => d.communicator.allGather(buf),
         adaptiveBatching: d.adaptiveBatching === true
       },

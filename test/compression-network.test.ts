@@ -16,6 +16,7 @@ import {
   type ResolvedCompressionConfig
 } from "../collectives/compression/index.ts"
 import type { ReducerStats } from "../collectives/gradient-reducer.ts"
+import { simdAvailable } from "../collectives/simd.ts"
 import { CompressionFleet } from "./support/compression-fleet.ts"
 import { gradientsOf, layoutOf, type SlotSpec } from "./support/compression-cases.ts"
 
@@ -44,6 +45,8 @@ interface ReduceReply {
   readonly times: number[]
   readonly hash: string
   readonly stats: ReducerStats
+  /** Whether the rank's gradient lived in the reducer's own space (gradientBuffer). */
+  readonly inSpace: boolean
   readonly data: Float32Array
 }
 
@@ -216,10 +219,13 @@ describe("GradientReducer over NATS, 4 rank processes", () => {
       const name = await createGroup(config)
       const sim = new Simulation(config)
       const tol = tolerance(config)
+      const ef = typeof config === "object" && "errorFeedback" in config ? config.errorFeedback !== false : config !== "none"
       for (let step = 0; step < STEPS; step++) {
         const seed = 100 + step
         const replies = await reduceStep(name, seed, step)
         expectIdenticalOnAllRanks(replies)
+        // codecs with error feedback work on the gradient in the reducer's own space
+        for (const r of replies) expect(r.inSpace).toBe(ef && simdAvailable())
         const want = sim.step(seed, step)
         const got = replies[0].data
         const diff = maxDiff(got, want)
@@ -235,7 +241,6 @@ describe("GradientReducer over NATS, 4 rank processes", () => {
 
       // The residual state each rank reports is what the simulation's per-rank stores hold.
       const states = await fleet.all<ReducerState>(() => ({ cmd: "state", name }))
-      const ef = typeof config === "object" && "errorFeedback" in config ? config.errorFeedback !== false : config !== "none"
       for (let r = 0; r < P; r++) {
         const want = sim.residuals(r)
         const got = states[r].residuals

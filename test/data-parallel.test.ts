@@ -5,8 +5,11 @@ import { loadEngine, type Tf } from "../core/engine.ts"
 import { DataParallelModel, type GradientSync } from "../actors/data-parallel.ts"
 import { ConfigError } from "../core/errors.ts"
 
-/** p ranks in one process: each collective waits for all p contributions. */
-const localGroup = (p: number): GradientSync[] => {
+/**
+ * p ranks in one process: each collective waits for all p contributions. With `buffers`, each
+ * rank's sync hands out that rank's buffer as its gradientBuffer.
+ */
+const localGroup = (p: number, buffers?: Float32Array[]): GradientSync[] => {
   let pending: Array<{ buf: Float32Array; weight: number; resolve: () => void; kind: string }> = []
   const arrive = (rank: number, kind: string, buf: Float32Array, weight: number) =>
     new Promise<void>((resolve) => {
@@ -31,7 +34,8 @@ const localGroup = (p: number): GradientSync[] => {
     worldSize: p,
     reduceGradients: (flat, _layout, weight) => arrive(rank, "grad", flat, weight),
     broadcast: (buf) => arrive(rank, "broadcast", buf, 1),
-    sum: (buf) => arrive(rank, "sum", buf, 1)
+    sum: (buf) => arrive(rank, "sum", buf, 1),
+    ...(buffers ? { gradientBuffer: (n: number) => (buffers[rank].length === n ? buffers[rank] : undefined) } : {})
   }))
 }
 
@@ -67,6 +71,39 @@ describe("data-parallel wrapper", () => {
     for (let step = 0; step < 3; step++) await refDp.trainStep(x, y)
     const wr = weightsOf(reference)
     wr.forEach((w, i) => w.forEach((v, j) => expect(w0[i][j]).toBeCloseTo(v, 5)))
+  })
+
+  it("reads the gradients into the group's own buffer when it offers one, with the same result", async () => {
+    const { tf } = await loadEngine("auto")
+    const params = 4 * 8 + 8 + 8 * 3 + 3
+    const buffers = [new Float32Array(params), new Float32Array(params)]
+    const seen: Float32Array[] = []
+    const withBuffers = localGroup(2, buffers).map((s) => ({
+      ...s,
+      reduceGradients: (flat: Float32Array, layout: ReadonlyArray<{ offset: number; size: number }>, weight: number, step: number) => {
+        seen.push(flat)
+        return s.reduceGradients(flat, layout as never, weight, step)
+      }
+    }))
+    const run = async (syncs: GradientSync[]) => {
+      const dps = await Promise.all([makeModel(tf, 7), makeModel(tf, 8)].map((m, r) => DataParallelModel.prepare(tf, m, syncs[r])))
+      const xs = [tf.randomNormal([5, 4], 0, 1, "float32", 5), tf.randomNormal([3, 4], 0, 1, "float32", 6)]
+      const ys = [tf.oneHot(tf.tensor1d([0, 1, 2, 1, 0], "int32"), 3), tf.oneHot(tf.tensor1d([2, 2, 1], "int32"), 3)]
+      for (let step = 0; step < 3; step++) {
+        // whatever the buffers held before must not leak into the step
+        for (const b of buffers) b.fill(NaN)
+        await Promise.all(dps.map((dp, r) => dp.trainStep(xs[r], ys[r])))
+      }
+      return weightsOf(dps[0].model)
+    }
+    const plain = await run(localGroup(2))
+    expect(seen).toEqual([])
+    const buffered = await run(withBuffers)
+    expect(buffered).toEqual(plain)
+    // every step of both ranks reduced in place in that rank's buffer
+    expect(seen.length).toBe(6)
+    expect(seen.filter((f) => f === buffers[0]).length).toBe(3)
+    expect(seen.filter((f) => f === buffers[1]).length).toBe(3)
   })
 
   it("fit() trains on shards and reports metrics over all ranks", async () => {

@@ -7,12 +7,14 @@ import type { NatsConnection } from "@nats-io/nats-core"
 import { Communicator, type AllReduceAlgorithm } from "../../collectives/communicator.ts"
 import { GradientReducer } from "../../collectives/gradient-reducer.ts"
 import type { ResolvedCompressionConfig } from "../../collectives/compression/index.ts"
+import { inSimdSpace } from "../../collectives/simd.ts"
 import { fillGradient, layoutOf, type SlotSpec } from "./compression-cases.ts"
 import { connectRank, errorOf, serveParent } from "./child-ready.ts"
 
 const reducers = new Map<string, { comm: Communicator; reducer: GradientReducer }>()
-// One gradient buffer shared by all reducers (the benchmark holds several 64 MiB reducers).
-let flat = new Float32Array(0)
+// One gradient buffer shared by the reducers that have none of their own (gradientBuffer), as
+// the training loop does
+let shared = new Float32Array(0)
 let nc: NatsConnection
 let cnc: NatsConnection
 
@@ -45,7 +47,8 @@ const reduce = async (m: ReduceCmd) => {
   const e = entry(m.name)
   const layout = layoutOf(m.slots)
   const n = layout.reduce((a, s) => a + s.size, 0)
-  if (flat.length !== n) flat = new Float32Array(n)
+  if (shared.length !== n) shared = new Float32Array(n)
+  const flat = e.reducer.gradientBuffer(n) ?? shared
   const times: number[] = []
   const cpuMs: number[] = []
   const iters = Math.max(1, Math.min(m.iters ?? 1, 100))
@@ -59,7 +62,7 @@ const reduce = async (m: ReduceCmd) => {
     const c1 = process.cpuUsage(c0)
     cpuMs.push((c1.user + c1.system) / 1000)
   }
-  return { times, cpuMs, hash: hashOf(flat), stats: e.reducer.stats, data: m.returnData ? flat.slice() : undefined }
+  return { times, cpuMs, hash: hashOf(flat), stats: e.reducer.stats, inSpace: inSimdSpace(flat), data: m.returnData ? flat.slice() : undefined }
 }
 
 const handle = async (m: Record<string, any>): Promise<unknown> => {

@@ -1,0 +1,65 @@
+// GradientReducer.gradientBuffer: the flat gradient buffer the reducer hands out shares one SIMD
+// space with the error-feedback residuals and fp16 messages (so the kernels read and write them in
+// place). Which reducers get one, where residuals go, and that moving them there keeps their
+// values. (The buffer and the residual store never touch the communicator, so none is made; the
+// reductions themselves run over NATS in compression-network.test.ts, which uses this buffer.)
+import { describe, expect, it } from "vitest"
+import { GradientReducer } from "../collectives/gradient-reducer.ts"
+import type { ResolvedCompressionConfig } from "../collectives/compression/index.ts"
+import { inSimdSpace, simdAvailable } from "../collectives/simd.ts"
+
+const reducer = (compression: ResolvedCompressionConfig) => new GradientReducer(undefined as never, { algorithm: "ring", compression })
+const N = 1 << 16
+
+describe.runIf(simdAvailable())("GradientReducer.gradientBuffer", () => {
+  it("is offered only where error feedback runs on a gradient large enough, and is the same buffer each time", () => {
+    expect(reducer("none").gradientBuffer(N)).toBeUndefined()
+    expect(reducer({ type: "topk", ratio: 0.01, errorFeedback: false }).gradientBuffer(N)).toBeUndefined()
+    expect(reducer("fp16").gradientBuffer(1000)).toBeUndefined()
+    const r = reducer({ type: "powersgd", rank: 4 })
+    const flat = r.gradientBuffer(N)!
+    expect(flat.length).toBe(N)
+    expect(inSimdSpace(flat)).toBe(true)
+    expect(r.gradientBuffer(N)).toBe(flat)
+    // one space per reducer: another length gets none (the caller passes its own array)
+    expect(r.gradientBuffer(N + 4)).toBeUndefined()
+  })
+
+  it("residuals made afterwards live in the same space, zeroed, apart from the gradient and each other", () => {
+    const r = reducer({ type: "topk", ratio: 0.01 })
+    const flat = r.gradientBuffer(N)!
+    flat.fill(7)
+    const a = r.ef.residual("bucket0", N / 2)
+    const b = r.ef.residual("bucket1", N / 2 - 3)
+    for (const e of [a, b]) {
+      expect(e.buffer).toBe(flat.buffer)
+      expect(e.every((v) => v === 0)).toBe(true)
+    }
+    a.fill(1)
+    b.fill(2)
+    expect(flat.every((v) => v === 7)).toBe(true)
+    expect(a.every((v) => v === 1)).toBe(true)
+    // a restore puts each key back in its own region, with the saved values
+    const at = a.byteOffset
+    r.ef.restore(r.ef.state())
+    const a2 = r.ef.get("bucket0")!
+    expect(a2.byteOffset).toBe(at)
+    expect(a2.every((v) => v === 1)).toBe(true)
+    expect(r.ef.get("bucket1")!.every((v) => v === 2)).toBe(true)
+    // more residual than the arena holds: ordinary storage, still correct
+    const big = r.ef.residual("other", 2 * N)
+    expect(big.buffer).not.toBe(flat.buffer)
+    expect(big.every((v) => v === 0)).toBe(true)
+  })
+
+  it("residuals restored before the buffer existed move into its space with their values", () => {
+    const r = reducer("fp16")
+    const saved = Float32Array.from({ length: 5000 }, (_, i) => i * 0.5)
+    r.ef.restore({ bucket0: saved })
+    expect(r.ef.get("bucket0")!.buffer).not.toBe(saved.buffer)
+    const flat = r.gradientBuffer(N)!
+    const moved = r.ef.get("bucket0")!
+    expect(moved.buffer).toBe(flat.buffer)
+    expect(Array.from(moved)).toEqual(Array.from(saved))
+  })
+})
