@@ -322,9 +322,12 @@ export class GradientReducer {
     const psgd = this.compressor as PowerSgdCompressor
     const scaleBy = weight / (await this.#totalWeight(weight))
     let wire = 0
-    const algorithm = this.#algorithm(flat.length * 4)
+    // each round by its own size: the factors are a small fraction of the gradient
+    const used = new Set<string>()
     const allReduce = async (buf: Float32Array): Promise<Float32Array> => {
       wire += buf.length * 4
+      const algorithm = this.#algorithm(buf.length * 4)
+      used.add(algorithm)
       return this.comm.allReduce(buf, { op: "sum", algorithm })
     }
     // The aggregate is written straight back over the gradient (`out`): by then its values live
@@ -335,7 +338,7 @@ export class GradientReducer {
     })
     const startMs = performance.now()
     await psgd.reduce(tensors, allReduce, psgd.errorFeedback ? this.ef : undefined, scaleBy)
-    this.#opts.onBucket?.({ bucket: 0, bytes: wire, algorithm, startMs, endMs: performance.now(), encodeMs: 0 })
+    this.#opts.onBucket?.({ bucket: 0, bytes: wire, algorithm: [...used].join("+"), startMs, endMs: performance.now(), encodeMs: 0 })
     return wire
   }
 

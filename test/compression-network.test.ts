@@ -47,6 +47,8 @@ interface ReduceReply {
   readonly stats: ReducerStats
   /** Whether the rank's gradient lived in the reducer's own space (gradientBuffer). */
   readonly inSpace: boolean
+  /** Sizes in bytes the reducer chose an algorithm for (algorithm "by-size"). */
+  readonly asked: number[]
   readonly data: Float32Array
 }
 
@@ -73,7 +75,7 @@ afterAll(async () => {
  */
 const createGroup = async (
   compression: ResolvedCompressionConfig | ((rank: number) => ResolvedCompressionConfig),
-  options: { readonly timeoutMs?: number; readonly chunkBytes?: number } = { timeoutMs: 20_000, chunkBytes: 4096 }
+  options: { readonly timeoutMs?: number; readonly chunkBytes?: number; readonly algorithm?: string } = { timeoutMs: 20_000, chunkBytes: 4096 }
 ): Promise<string> => {
   const name = `g${groups++}`
   await fleet.all((rank) => ({
@@ -279,6 +281,25 @@ describe("GradientReducer over NATS, 4 rank processes", () => {
       for (const n of [name, restoredName, freshName]) await fleet.all(() => ({ cmd: "close", name: n }))
     }, 60_000)
   }
+
+  it("PowerSGD chooses each round's algorithm by that round's size, not the gradient's", async () => {
+    const config: ResolvedCompressionConfig = { type: "powersgd", rank: 2 }
+    const name = await createGroup(config, { timeoutMs: 20_000, chunkBytes: 4096, algorithm: "by-size" })
+    const ring = await createGroup(config)
+    const replies = await reduceStep(name, 7, 0)
+    expectIdenticalOnAllRanks(replies)
+    // round 1: the P factors of the matrices, then the raw biases; round 2: the Q factors
+    const psgd = createCompressor(config) as unknown as { plan(shape: ReadonlyArray<number>): { compress: boolean; n: number; m: number; r: number } }
+    const plans = SLOTS.map((s) => psgd.plan(s.shape))
+    const round1 = plans.reduce((a, p) => a + (p.compress ? p.n * p.r : p.n * p.m), 0) * 4
+    const round2 = plans.reduce((a, p) => a + (p.compress ? p.m * p.r : 0), 0) * 4
+    for (const r of replies) expect(r.asked).toEqual([round1, round2])
+    expect(round1 + round2).toBeLessThan(N * 4)
+    // the same sums as ring alone, to fp32 rounding (tree adds in another order)
+    const want = (await reduceStep(ring, 7, 0))[0].data
+    expect(maxDiff(replies[0].data, want)).toBeLessThanOrEqual(tolerance(config) * maxAbs(want))
+    for (const n of [name, ring]) await fleet.all(() => ({ cmd: "close", name: n }))
+  })
 
   it("a config the ranks disagree on is a typed error on every rank, not a hang", async () => {
     const name = await createGroup((rank) => (rank === 2 ? { type: "sign" } : { type: "topk", ratio: 0.01 }), { timeoutMs: 5_000 })

@@ -11,7 +11,8 @@ import { inSimdSpace } from "../../collectives/simd.ts"
 import { fillGradient, layoutOf, type SlotSpec } from "./compression-cases.ts"
 import { connectRank, errorOf, serveParent } from "./child-ready.ts"
 
-const reducers = new Map<string, { comm: Communicator; reducer: GradientReducer }>()
+/** `asked`: the sizes in bytes the reducer chose an algorithm for (algorithm "by-size"). */
+const reducers = new Map<string, { comm: Communicator; reducer: GradientReducer; asked: number[] }>()
 // One gradient buffer shared by the reducers that have none of their own (gradientBuffer), as
 // the training loop does
 let shared = new Float32Array(0)
@@ -62,7 +63,7 @@ const reduce = async (m: ReduceCmd) => {
     const c1 = process.cpuUsage(c0)
     cpuMs.push((c1.user + c1.system) / 1000)
   }
-  return { times, cpuMs, hash: hashOf(flat), stats: e.reducer.stats, inSpace: inSimdSpace(flat), data: m.returnData ? flat.slice() : undefined }
+  return { times, cpuMs, hash: hashOf(flat), stats: e.reducer.stats, inSpace: inSimdSpace(flat), asked: e.asked.splice(0), data: m.returnData ? flat.slice() : undefined }
 }
 
 const handle = async (m: Record<string, any>): Promise<unknown> => {
@@ -81,13 +82,16 @@ const handle = async (m: Record<string, any>): Promise<unknown> => {
         chunkBytes: m.chunkBytes,
         windowBytes: m.windowBytes
       })
+      const asked: number[] = []
+      // "by-size": tree below 64 KiB, ring from there, each size asked recorded
+      const bySize = (bytes: number): AllReduceAlgorithm => (asked.push(bytes), bytes < 65536 ? "tree" : "ring")
       const reducer = new GradientReducer(comm, {
-        algorithm: m.algorithm as AllReduceAlgorithm,
+        algorithm: m.algorithm === "by-size" ? bySize : (m.algorithm as AllReduceAlgorithm),
         compression: m.compression as ResolvedCompressionConfig,
         bucketBytes: m.bucketBytes,
         firstBucketBytes: m.firstBucketBytes
       })
-      reducers.set(m.name, { comm, reducer })
+      reducers.set(m.name, { comm, reducer, asked })
       return { chunkElems: comm.chunkElems }
     }
     case "reduce":
