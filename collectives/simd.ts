@@ -35,7 +35,7 @@ interface KernelExports {
   topkCompensate(n: number, a: number, b: number, scale: number, exact: number, thr: number, c: number, cv: number, cap: number, base: number): number
   feedbackMatMul(rows: number, m: number, s: number, exact: number, owed: number, a: number, b: number): void
   matMulT(rows: number, m: number, a: number): void
-  feedbackOuter(rows: number, m: number, residual: number, b: number, o: number): void
+  decodeOuter(rows: number, m: number, o: number): void
 }
 
 /** Byte addresses of the scratch blocks (the .wat's A, B, H, O). */
@@ -343,7 +343,7 @@ const setRows = (f: Float32Array, P: Float32Array, i0: number, rows: number, r: 
 /**
  * E = f32(E + f32(G·s)); P (n×r) = E·Q with f32 lane sums. False when the kernels cannot take it.
  * E in a space is updated in place; G in the same space is read in place. With `owed` (last step's
- * P̂ and this rank's Q_w), E first pays E = f32(E - P̂·Q_wᵀ) as feedbackOuterSimd computes it.
+ * P̂ and this rank's Q_w), E first pays E = f32(E - P̂·Q_wᵀ) with decodeOuterSimd's fp32 formula.
  */
 export const feedbackMatMulSimd = (
   G: Float32Array,
@@ -404,38 +404,22 @@ export const matMulTSimd = (M: Float32Array, n: number, m: number, P: Float32Arr
 }
 
 /**
- * out = P·Qᵀ, each element ((p0·q0 + p1·q1) + p2·q2) + p3·q3 in f32 (as matrix.ts's scalar loop),
- * and, with a residual E, E -= P·Qwᵀ. False when the kernels cannot take it. E and out are worked
- * on in place when they live in a space.
+ * out = P·Qᵀ, each element ((p0·q0 + p1·q1) + p2·q2) + p3·q3 in f32 (as matrix.ts's scalar loop).
+ * False when the kernels cannot take it. out is written in place when it lives in a space.
  */
-export const feedbackOuterSimd = (
-  P: Float32Array,
-  Qw: Float32Array | undefined,
-  Q: Float32Array,
-  n: number,
-  m: number,
-  r: number,
-  E: Float32Array | undefined,
-  out: Float32Array
-): boolean => {
-  const residual = E !== undefined && Qw !== undefined
-  const k = psgd(n, m, r, residual ? E : out)
+export const decodeOuterSimd = (P: Float32Array, Q: Float32Array, n: number, m: number, r: number, out: Float32Array): boolean => {
+  const k = psgd(n, m, r, out)
   if (!k) return false
   const { f, ex } = k
-  const eOwn = residual && home(E) === k
   const outOwn = home(out) === k
   setColumns(f, QC, Q, m, r)
-  if (residual) setColumns(f, WC, Qw, m, r)
-  const per = (eOwn || !residual) && outOwn ? PR_ROWS : Math.floor(SIMD_BLOCK / m)
+  const per = outOwn ? PR_ROWS : Math.floor(SIMD_BLOCK / m)
   for (let i0 = 0; i0 < n; i0 += per) {
     const rows = Math.min(per, n - i0)
     const lo = i0 * m
-    const hi = lo + rows * m
     setRows(f, P, i0, rows, r)
-    if (residual && !eOwn) k.b.set(E.subarray(lo, hi))
-    ex.feedbackOuter(rows, m, residual ? 1 : 0, eOwn ? E.byteOffset + lo * 4 : B_AT, outOwn ? out.byteOffset + lo * 4 : O_AT)
-    if (!outOwn) out.set(f.subarray(O, O + (hi - lo)), lo)
-    if (residual && !eOwn) E.set(k.b.subarray(0, hi - lo), lo)
+    ex.decodeOuter(rows, m, outOwn ? out.byteOffset + lo * 4 : O_AT)
+    if (!outOwn) out.set(f.subarray(O, O + rows * m), lo)
   }
   return true
 }

@@ -15,7 +15,7 @@ import {
   SIMD_BLOCK,
   decodeAddDivideSimd,
   feedbackMatMulSimd,
-  feedbackOuterSimd,
+  decodeOuterSimd,
   matMulTSimd,
   decodeHalfSimd,
   encodeHalfSimd,
@@ -345,16 +345,15 @@ describe("SIMD kernels", () => {
       }
     })
 
-    it("feedbackOuter: the aggregate is bitwise the scalar loop's (every rank decodes the same), with or without a residual", async () => {
-      const { feedbackOuter } = await import("../collectives/compression/matrix.ts")
+    it("decodeOuter: the aggregate is bitwise the scalar loop's (every rank decodes the same); subtractOwn takes this rank's share with the same formula", async () => {
+      const { decodeOuter, subtractOwn } = await import("../collectives/compression/matrix.ts")
       for (const [n, m, r] of SHAPES) {
         const P = normal(n * r, 5)
         const Q = normal(m * r, 6)
         const Qw = normal(m * r, 8)
         const E = normal(n * m, 9)
         const out = new Float32Array(n * m)
-        const E2 = E.slice()
-        expect(feedbackOuterSimd(P, Qw, Q, n, m, r, E2, out)).toBe(true)
+        expect(decodeOuterSimd(P, Q, n, m, r, out)).toBe(true)
         // the fixed formula, element by element
         const f = Math.fround
         const ref = new Float32Array(n * m)
@@ -368,13 +367,13 @@ describe("SIMD kernels", () => {
           }
         }
         expect(sameBits(ref, out)).toBe(0)
+        // (the owed correction of feedbackMatMulSimd is compared with subtractOwn above)
+        const E2 = E.slice()
+        subtractOwn({ P, Qw }, n, m, r, E2)
         expect(sameBits(refE, E2)).toBe(0)
-        const out2 = new Float32Array(n * m)
-        expect(feedbackOuterSimd(P, undefined, Q, n, m, r, undefined, out2)).toBe(true)
-        expect(sameBits(ref, out2)).toBe(0)
         // and matrix.ts's exported function gives the same bits on this path
         const out3 = new Float32Array(n * m)
-        feedbackOuter(P, undefined, Q, n, m, r, undefined, out3)
+        decodeOuter(P, Q, n, m, r, out3)
         expect(sameBits(ref, out3)).toBe(0)
       }
     })
@@ -388,14 +387,17 @@ describe("SIMD kernels", () => {
     it("a process without SIMD (GRADWIRE_SIMD=0) decodes bitwise the same aggregate", async () => {
       const { execFileSync } = await import("node:child_process")
       const script = `
-        import { feedbackOuter } from "./collectives/compression/matrix.ts"
+        import { decodeOuter, feedbackMatMul } from "./collectives/compression/matrix.ts"
         import { simdAvailable } from "./collectives/simd.ts"
         import { createHash } from "node:crypto"
         const n = 200, m = 256, r = 3
         let x = 12345
         const fill = (k) => Float32Array.from({ length: k }, () => ((x = (Math.imul(x, 1103515245) + 12345) | 0) >>> 8) / 2 ** 23 - 1)
-        const P = fill(n * r), Q = fill(m * r), Qw = fill(m * r), E = fill(n * m), out = new Float32Array(n * m)
-        feedbackOuter(P, Qw, Q, n, m, r, E, out)
+        const P = fill(n * r), Q = fill(m * r), Qw = fill(m * r), E = fill(n * m), G = fill(n * m), out = new Float32Array(n * m)
+        // the residual: the owed share subtracted and the gradient added (P1, this rank's own
+        // contribution, may differ between the paths and is not compared)
+        feedbackMatMul(G, 0.25, E, n, m, Q, r, new Float32Array(n * r), { P, Qw })
+        decodeOuter(P, Q, n, m, r, out)
         const h = createHash("sha256").update(new Uint8Array(out.buffer)).update(new Uint8Array(E.buffer)).digest("hex")
         console.log(JSON.stringify({ simd: simdAvailable(), h }))`
       const run = (flag: string): { simd: boolean; h: string } =>
@@ -540,14 +542,14 @@ describe("SIMD kernels", () => {
       matMulTSimd(E1, n, m, P1, r, Q1)
       matMulTSimd(E2, n, m, P1, r, Q2)
       expect(sameBits(Q1, Q2)).toBe(0)
-      const out1 = new Float32Array(n * m)
-      feedbackOuterSimd(P1, Q2, Q1, n, m, r, E1, out1)
-      const out2 = new Float32Array(n * m)
-      feedbackOuterSimd(P1, Q2, Q1, n, m, r, E2, out2)
+      // the next step's pass paying this step's share, residual outside and inside a space
+      feedbackMatMulSimd(G, 0.25, E1, n, m, Q, r, new Float32Array(n * r), { P: P1, Qw: Q2 })
+      feedbackMatMulSimd(G, 0.25, E2, n, m, Q, r, new Float32Array(n * r), { P: P1, Qw: Q2 })
       expect(sameBits(E1, E2)).toBe(0)
-      expect(sameBits(out1, out2)).toBe(0)
+      const out1 = new Float32Array(n * m)
+      decodeOuterSimd(P1, Q1, n, m, r, out1)
       const [out3] = placed(new Float32Array(n * m))
-      feedbackOuterSimd(P1, undefined, Q1, n, m, r, undefined, out3)
+      decodeOuterSimd(P1, Q1, n, m, r, out3)
       expect(sameBits(out1, out3)).toBe(0)
     })
   })

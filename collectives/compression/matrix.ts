@@ -3,13 +3,13 @@
 // of a multiple of 4 floats the WebAssembly SIMD kernels (../simd.ts) take over, with fp32 lane
 // sums: P = M·Q and Q_w = Mᵀ·P̂ are this rank's own contributions to a sum, so their rounding
 // may differ between the two paths; the decoded aggregate P̂ Qᵀ, which must be bitwise the same
-// on every rank, has one fixed fp32 formula in both (feedbackOuter).
+// on every rank, has one fixed fp32 formula in both (decodeOuter).
 
 // The kernels walk M (the big operand) row by row, contiguously, and handle the r columns of the
 // thin factor in groups of up to 4 held in scalar accumulators: V8 keeps those in registers, where
 // a Float64Array accumulator or a loop over c would go through memory for every multiply-add.
 
-import { feedbackMatMulSimd, feedbackOuterSimd, matMulTSimd, type OwedProduct } from "../simd.ts"
+import { decodeOuterSimd, feedbackMatMulSimd, matMulTSimd, type OwedProduct } from "../simd.ts"
 
 export type { OwedProduct }
 
@@ -94,47 +94,29 @@ export const feedbackMatMul = (
 }
 
 /**
- * The decoded aggregate and the residual update in one pass over the rows, for r <= 4:
- * out = P Qᵀ (the all-reduced Q) and, when a residual E is given, E -= P Qwᵀ (this rank's own
- * share). Every rank must decode bitwise the same aggregate, so its arithmetic is fixed: per
- * element ((p0·q0 + p1·q1) + p2·q2) + p3·q3 in fp32, exactly what the SIMD kernel computes.
+ * The decoded aggregate out = P Qᵀ (the all-reduced Q), for r <= 4. Every rank must decode
+ * bitwise the same aggregate, so its arithmetic is fixed: per element
+ * ((p0·q0 + p1·q1) + p2·q2) + p3·q3 in fp32, exactly what the SIMD kernel computes.
  */
-export const feedbackOuter = (
-  P: Float32Array,
-  Qw: Float32Array | undefined,
-  Q: Float32Array,
-  n: number,
-  m: number,
-  r: number,
-  E: Float32Array | undefined,
-  out: Float32Array
-): void => {
-  if (r > 4) throw new RangeError(`feedbackOuter handles r <= 4, got ${r}`)
-  if (feedbackOuterSimd(P, Qw, Q, n, m, r, E, out)) return
-  const f = Math.fround
-  const [q0, q1, q2, q3] = columns(Q, m, r, 0)
-  for (let i = 0; i < n; i++) {
-    const row = i * m
-    const o = i * r
-    const p0 = P[o]
-    const p1 = r > 1 ? P[o + 1] : 0
-    const p2 = r > 2 ? P[o + 2] : 0
-    const p3 = r > 3 ? P[o + 3] : 0
-    for (let j = 0; j < m; j++) {
-      out[row + j] = f(f(f(f(p0 * q0[j]) + f(p1 * q1[j])) + f(p2 * q2[j])) + f(p3 * q3[j]))
-    }
-  }
-  if (E && Qw) subtractOwn({ P, Qw }, n, m, r, E)
+export const decodeOuter = (P: Float32Array, Q: Float32Array, n: number, m: number, r: number, out: Float32Array): void => {
+  if (r > 4) throw new RangeError(`decodeOuter handles r <= 4, got ${r}`)
+  if (decodeOuterSimd(P, Q, n, m, r, out)) return
+  fixedOuter(P, Q, n, m, r, out, false)
 }
 
 /**
- * E -= P Qwᵀ for r <= 4, each element f32(E - ((p0·w0 + p1·w1) + p2·w2) + p3·w3) in fp32: the
- * residual update of feedbackOuter (and of feedbackMatMul's owed correction), on its own.
+ * E -= P Qwᵀ for r <= 4, each element f32(E - ((p0·w0 + p1·w1) + p2·w2) + p3·w3) in fp32: this
+ * rank's own share of the aggregate, as feedbackMatMul's owed correction subtracts it.
  */
 export const subtractOwn = ({ P, Qw }: OwedProduct, n: number, m: number, r: number, E: Float32Array): void => {
   if (r > 4) throw new RangeError(`subtractOwn handles r <= 4, got ${r}`)
+  fixedOuter(P, Qw, n, m, r, E, true)
+}
+
+/** dst = P Fᵀ, or dst -= P Fᵀ, with the fixed fp32 formula of decodeOuter (r <= 4). */
+const fixedOuter = (P: Float32Array, F: Float32Array, n: number, m: number, r: number, dst: Float32Array, subtract: boolean): void => {
   const f = Math.fround
-  const [w0, w1, w2, w3] = columns(Qw, m, r, 0)
+  const [c0, c1, c2, c3] = columns(F, m, r, 0)
   for (let i = 0; i < n; i++) {
     const row = i * m
     const o = i * r
@@ -142,7 +124,8 @@ export const subtractOwn = ({ P, Qw }: OwedProduct, n: number, m: number, r: num
     const p1 = r > 1 ? P[o + 1] : 0
     const p2 = r > 2 ? P[o + 2] : 0
     const p3 = r > 3 ? P[o + 3] : 0
-    for (let j = 0; j < m; j++) E[row + j] = f(E[row + j] - f(f(f(f(p0 * w0[j]) + f(p1 * w1[j])) + f(p2 * w2[j])) + f(p3 * w3[j])))
+    if (subtract) for (let j = 0; j < m; j++) dst[row + j] = f(dst[row + j] - f(f(f(f(p0 * c0[j]) + f(p1 * c1[j])) + f(p2 * c2[j])) + f(p3 * c3[j])))
+    else for (let j = 0; j < m; j++) dst[row + j] = f(f(f(f(p0 * c0[j]) + f(p1 * c1[j])) + f(p2 * c2[j])) + f(p3 * c3[j]))
   }
 }
 

@@ -27,7 +27,7 @@
 // collective themselves (and for lock-step simulation in tests).
 import { CompressionShapeError, ResidualMismatch } from "./errors.ts"
 import type { ErrorFeedback } from "./error-feedback.ts"
-import { feedbackMatMul, feedbackOuter, matMul, matMulT, orthonormalize, outer, subtractOwn, type OwedProduct } from "./matrix.ts"
+import { decodeOuter, feedbackMatMul, matMul, matMulT, orthonormalize, outer, subtractOwn, type OwedProduct } from "./matrix.ts"
 import { Mulberry32, hashKey, mixSeed } from "./rng.ts"
 
 export interface PowerSgdOptions {
@@ -322,7 +322,7 @@ export class PowerSgdRound {
       const Q = secondSum!.slice(s.at2, s.at2 + m * r)
       const out = s.t.out ?? new Float32Array(n * m)
       if (r <= 4) {
-        feedbackOuter(s.P!, undefined, Q, n, m, r, undefined, out)
+        decodeOuter(s.P!, Q, n, m, r, out)
         if (s.Qw && s.residual && this.ef) {
           const owed: Owed = { P: s.P!, Qw: s.Qw, r }
           this.ef.owe(s.t.key, { product: owed, payTo: (e) => subtractOwn(owed, n, m, r, e) })

@@ -355,7 +355,7 @@ export const wat = `
 
   ;; B = f32(B + f32(A·s)) (the residual becomes M = G·s + e); PR[i] = (M row i) · QC, 4 columns.
   ;; With $owed, the residual first pays the correction the last step left owing (PowerSGD defers
-  ;; e -= P̂·Q_wᵀ to here): B = f32(f32(B - O[i]·WCᵀ) + f32(A·s)), the product formed as feedbackOuter
+  ;; e -= P̂·Q_wᵀ to here): B = f32(f32(B - O[i]·WCᵀ) + f32(A·s)), the product formed as decodeOuter
   ;; forms it, so the residual is bitwise what the two passes would have made.
   (func (export "feedbackMatMul") (param $rows i32) (param $m i32) (param $s f64) (param $exact i32) (param $owed i32) (param $a i32) (param $b i32)
     (local $i i32) (local $j i32) (local $p i32) (local $v v128) (local $sf v128) (local $sv v128)
@@ -436,15 +436,13 @@ export const wat = `
         (v128.store offset=${ACC + 2 * 65536} (local.get $q) (f32x4.add (v128.load offset=${ACC + 2 * 65536} (local.get $q)) (f32x4.mul (local.get $v) (local.get $p2))))
         (v128.store offset=${ACC + 3 * 65536} (local.get $q) (f32x4.add (v128.load offset=${ACC + 3 * 65536} (local.get $q)) (f32x4.mul (local.get $v) (local.get $p3))))`)})
 
-  ;; o = PR · QCᵀ (the decoded aggregate) and, when $residual, b -= PR · WCᵀ (this rank's own share)
-  (func (export "feedbackOuter") (param $rows i32) (param $m i32) (param $residual i32) (param $b i32) (param $o i32)
+  ;; o = PR · QCᵀ (the decoded aggregate)
+  (func (export "decodeOuter") (param $rows i32) (param $m i32) (param $o i32)
     (local $i i32) (local $j i32) (local $p i32) (local $q i32) (local $x i32)
     (local $p0 v128) (local $p1 v128) (local $p2 v128) (local $p3 v128)
     ${overRowsOfP(`
         (local.set $x (i32.shl (i32.add (i32.mul (local.get $i) (local.get $m)) (local.get $j)) (i32.const 2)))
         (local.set $q (i32.shl (local.get $j) (i32.const 2)))
-        (v128.store (i32.add (local.get $o) (local.get $x)) ${dot4(QC)})
-        (if (local.get $residual) (then
-          (v128.store (i32.add (local.get $b) (local.get $x)) (f32x4.sub (v128.load (i32.add (local.get $b) (local.get $x))) ${dot4(WC)}))))`)})
+        (v128.store (i32.add (local.get $o) (local.get $x)) ${dot4(QC)})`)})
 )
 `
