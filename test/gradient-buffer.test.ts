@@ -6,12 +6,12 @@
 import { describe, expect, it } from "vitest"
 import { GradientReducer } from "../collectives/gradient-reducer.ts"
 import type { ResolvedCompressionConfig } from "../collectives/compression/index.ts"
-import { inSimdSpace, simdAvailable } from "../collectives/simd.ts"
+import { inSimdSpace } from "../collectives/simd.ts"
 
 const reducer = (compression: ResolvedCompressionConfig) => new GradientReducer(undefined as never, { algorithm: "ring", compression })
 const N = 1 << 16
 
-describe.runIf(simdAvailable())("GradientReducer.gradientBuffer", () => {
+describe("GradientReducer.gradientBuffer", () => {
   it("is offered only where error feedback runs on a gradient large enough, and is the same buffer each time", () => {
     expect(reducer("none").gradientBuffer(N)).toBeUndefined()
     expect(reducer({ type: "topk", ratio: 0.01, errorFeedback: false }).gradientBuffer(N)).toBeUndefined()
@@ -50,6 +50,18 @@ describe.runIf(simdAvailable())("GradientReducer.gradientBuffer", () => {
     const big = r.ef.residual("other", 2 * N)
     expect(big.buffer).not.toBe(flat.buffer)
     expect(big.every((v) => v === 0)).toBe(true)
+  })
+
+  it("is not offered without SIMD (GRADWIRE_SIMD=0): the caller keeps its own array", async () => {
+    const { execFileSync } = await import("node:child_process")
+    const script = `
+      import { GradientReducer } from "./collectives/gradient-reducer.ts"
+      import { simdAvailable } from "./collectives/simd.ts"
+      const r = new GradientReducer(undefined, { algorithm: "ring", compression: { type: "powersgd", rank: 4 } })
+      const e = r.ef.residual("a", 1 << 20)
+      console.log(JSON.stringify({ simd: simdAvailable(), buffer: r.gradientBuffer(1 << 16) === undefined ? "none" : "given", residual: e.length }))`
+    const out = execFileSync(process.execPath, ["--input-type=module", "-e", script], { env: { ...process.env, GRADWIRE_SIMD: "0" }, encoding: "utf8" })
+    expect(JSON.parse(out.trim())).toEqual({ simd: false, buffer: "none", residual: 1 << 20 })
   })
 
   it("residuals restored before the buffer existed move into its space with their values", () => {
