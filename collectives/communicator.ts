@@ -25,6 +25,7 @@
 import os from "node:os"
 import type { Msg, NatsConnection, Subscription } from "@nats-io/nats-core"
 import "../core/nats-receive.ts" // large messages: one buffer per message, see there
+import "../core/nats-send.ts" // large flushes: pooled buffers, see there
 import { jobSubjects } from "../core/subjects.ts"
 import { allGatherBlocks, broadcastChunks, disseminationBarrier } from "./broadcast.ts"
 import {

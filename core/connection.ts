@@ -15,6 +15,7 @@ import {
 } from "@nats-io/transport-node"
 import { Context, Effect, Layer, type Scope } from "effect"
 import "./nats-receive.ts" // large messages: one buffer per message, see there
+import "./nats-send.ts" // large flushes: pooled buffers, see there
 import { NatsConnectError } from "./errors.ts"
 
 export interface NatsTlsOptions {
