@@ -7,10 +7,13 @@
 // - the time of GradientReducer.reduceGradients on a `--mib` gradient set (four matrix-shaped
 //   tensors, so PowerSGD applies) at p ranks, one OS process each, over a local nats-server with
 //   max_payload 8 MiB: error feedback on, scaling, encode, collective, decode — what a training
-//   step pays. Time = the slowest rank, barrier to done; the codecs run interleaved round by
-//   round so load from other processes hits them alike; median over rounds.
+//   step pays. Each codec runs in rank processes of its own (all started up front), as in
+//   training, where a process runs one codec: no codec pays for another's heap. Time = the
+//   slowest rank, barrier to done; the codecs run interleaved round by round so load from other
+//   processes hits them alike; median over rounds.
 // Next to the uncompressed reducer and, when `/usr/bin/python3 -c "import torch"` works, torch
 // gloo's uncompressed all_reduce of the same bytes at the same p (run first, on its own).
+// --prof DIR: --cpu-prof profiles of the rank processes, in DIR/<codec>.
 import * as os from "node:os"
 import { launchNatsServer } from "../core/nats-server.ts"
 import type { ResolvedCompressionConfig } from "../collectives/compression/index.ts"
@@ -137,10 +140,18 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
   const wire = new Map<string, ReducerStats>()
   const server = await launchNatsServer({ jetstream: false, maxPayload: a.maxPayload })
   try {
-    const fleet = await CompressionFleet.start(a.p, server.url, 30_000, a.prof ? ["--cpu-prof", `--cpu-prof-dir=${a.prof}`] : [])
+    // One fleet of rank processes per codec, all alive at once, as in training, where a process
+    // runs one codec: a codec's step never pays for another's heap or caches. The rounds still
+    // interleave the codecs, so load from outside hits them alike.
+    const fleets = new Map<string, CompressionFleet>()
     try {
       for (const v of variants) {
-        await fleet.all((rank) => ({
+        const prof = a.prof ? ["--cpu-prof", `--cpu-prof-dir=${a.prof}/${groupOf(v)}`] : []
+        fleets.set(v.label, await CompressionFleet.start(a.p, server.url, 30_000, prof))
+      }
+      const fleetOf = (v: Variant): CompressionFleet => fleets.get(v.label) as CompressionFleet
+      for (const v of variants) {
+        await fleetOf(v).all((rank) => ({
           cmd: "create",
           name: groupOf(v),
           rank,
@@ -153,7 +164,7 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
         }))
       }
       const reduce = async (v: Variant, step: number): Promise<number> => {
-        const replies = await fleet.all<ReduceReply>(
+        const replies = await fleetOf(v).all<ReduceReply>(
           (rank) => ({ cmd: "reduce", name: groupOf(v), slots, seed: 1000 + step, step, weight: 1, returnData: false }),
           300_000
         )
@@ -169,10 +180,10 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
           samples.get(v.label)?.push(await reduce(v, r + 1))
         }
       }
-      for (const v of variants) await fleet.all(() => ({ cmd: "close", name: groupOf(v) }))
-      if (a.prof) await fleet.exit()
+      for (const v of variants) await fleetOf(v).all(() => ({ cmd: "close", name: groupOf(v) }))
+      if (a.prof) for (const f of fleets.values()) await f.exit()
     } finally {
-      await fleet.stop()
+      await Promise.allSettled([...fleets.values()].map((f) => f.stop()))
     }
   } finally {
     await server.stop()
