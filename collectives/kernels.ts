@@ -1,8 +1,10 @@
 // The element loops of the data path: reduce a received payload into a region of the buffer, copy
 // one in, finish a final value (mean, weighted mean), and read payloads as typed-array views.
-// Plain loops over typed arrays; no allocation except the scratch for misaligned payloads.
+// The sums, divisions and scalings run in the SIMD kernels (simd.ts) when they are available, with
+// the same bits as the plain loops here, which run otherwise; no allocation except the scratch for
+// misaligned payloads.
 import { decodeHalf, encodeHalf, halfTable } from "./float16.ts"
-import { addIntoHalfSimd, decodeAddDivideSimd, decodeHalfSimd } from "./simd.ts"
+import { addDivideF32Simd, addF32Simd, addIntoHalfSimd, decodeAddDivideSimd, decodeHalfSimd, divideF32Simd, scaleF32Simd } from "./simd.ts"
 
 export type ReduceOp = "sum" | "mean" | "max" | "weightedMean"
 
@@ -50,7 +52,7 @@ export const accumulate = (dst: Float32Array, off: number, payload: Uint8Array, 
       // NaN wins, as in torch.max: a NaN gradient should not be hidden.
       if (v > dst[off + i] || v !== v) dst[off + i] = v
     }
-  } else {
+  } else if (!addF32Simd(dst.subarray(off, off + n), src)) {
     for (let i = 0; i < n; i++) dst[off + i] += src[i]
   }
 }
@@ -69,7 +71,7 @@ export const accumulateIntoPayload = (payload: Uint8Array, buf: Float32Array, of
       const v = p[i]
       if (!(v > own || v !== v)) p[i] = own
     }
-  } else {
+  } else if (!addF32Simd(p, buf.subarray(off, off + n))) {
     for (let i = 0; i < n; i++) p[i] += buf[off + i]
   }
 }
@@ -103,6 +105,7 @@ export const accumulateDivide = (dst: Float32Array, off: number, payload: Uint8A
     return
   }
   const src = f32View(payload, n)
+  if (addDivideF32Simd(dst.subarray(off, off + n), src, divisor)) return
   for (let i = 0; i < n; i++) dst[off + i] = (dst[off + i] + src[i]) / divisor
 }
 
@@ -119,12 +122,17 @@ export const assign = (dst: Float32Array, off: number, payload: Uint8Array, n: n
   }
 }
 
-/** data *= factor, in place (weights before a weighted mean, the final division of a mean). */
+/**
+ * data *= factor, in place (weights before a weighted mean). A factor of 1 changes no value and
+ * costs no pass.
+ */
 export const scale = (data: Float32Array, off: number, n: number, factor: number): void => {
+  if (factor === 1 || n === 0 || scaleF32Simd(data.subarray(off, off + n), factor)) return
   for (let i = off, end = off + n; i < end; i++) data[i] *= factor
 }
 
 /** data /= divisor, in place. Division (not multiplication by 1/d) so a mean equals sum / p exactly. */
 export const divide = (data: Float32Array, off: number, n: number, divisor: number): void => {
+  if (n === 0 || divideF32Simd(data.subarray(off, off + n), divisor)) return
   for (let i = off, end = off + n; i < end; i++) data[i] /= divisor
 }

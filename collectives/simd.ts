@@ -9,7 +9,8 @@
 // PowerSGD's fused passes) and, in a space, none of the copies.
 //
 // Results are bit-for-bit those of the scalar loops (float16.ts, kernels.ts, compression/; tested),
-// so ranks agree whether or not SIMD is available. Without WebAssembly SIMD, or with
+// so ranks agree whether or not SIMD is available; only which NaN an fp32 sum of NaNs gives may
+// differ (a collective's final values are finished on one rank and copied, so ranks still agree). Without WebAssembly SIMD, or with
 // GRADWIRE_SIMD=0, every function here returns false and the caller runs its scalar loop.
 import { KERNELS_WASM_BASE64 } from "./simd/kernels-wasm.ts"
 
@@ -31,6 +32,10 @@ interface KernelExports {
   decodeAddDivide(n: number, a: number, h: number, divisor: number): void
   addIntoHalf(n: number, a: number, h: number): void
   roundHalf(n: number, a: number): void
+  addF32(n: number, a: number, b: number): void
+  addDivideF32(n: number, a: number, b: number, d: number): void
+  scaleF32(n: number, a: number, s: number, exact: number): void
+  divideF32(n: number, a: number, d: number, exact: number): void
   halfFeedbackBits(n: number, a: number, b: number, h: number, scale: number, exact: number): void
   topkCompensate(n: number, a: number, b: number, scale: number, exact: number, thr: number, c: number, cv: number, cap: number, base: number): number
   feedbackMatMul(rows: number, m: number, s: number, exact: number, owed: number, a: number, b: number): void
@@ -217,6 +222,71 @@ export const roundHalfSimd = (data: Float32Array): boolean => {
 
 /** Whether `scale` is an f32 value (then the kernels' f32 product equals Math.fround(x * scale)). */
 const exactScale = (scale: number): number => (Math.fround(scale) === scale ? 1 : 0)
+
+// ---- fp32 reductions (the plain all-reduce's arithmetic) ----
+
+/**
+ * Runs `kernel` on `a` (read and written) and `b` (read), equal lengths: in place for an array
+ * that lives in the kernel instance's space, else streamed through the A and B blocks.
+ */
+const pairBlocks = (a: Float32Array, b: Float32Array, kernel: (k: Kernels, n: number, a: number, b: number) => void): boolean => {
+  if (a.length !== b.length) return false
+  const k = home(a) ?? home(b) ?? get(a.length)
+  if (!k) return false
+  const aOwn = home(a) === k
+  const bOwn = home(b) === k
+  if (aOwn && bOwn) {
+    kernel(k, a.length, a.byteOffset, b.byteOffset)
+    return true
+  }
+  for (let lo = 0; lo < a.length; lo += SIMD_BLOCK) {
+    const n = Math.min(SIMD_BLOCK, a.length - lo)
+    const as = aOwn ? undefined : a.subarray(lo, lo + n)
+    if (as) k.a.set(as)
+    if (!bOwn) k.b.set(b.subarray(lo, lo + n))
+    kernel(k, n, as ? A_AT : a.byteOffset + lo * 4, bOwn ? b.byteOffset + lo * 4 : B_AT)
+    if (as) as.set(n === SIMD_BLOCK ? k.a : k.a.subarray(0, n))
+  }
+  return true
+}
+
+/** Runs `kernel` on `a` in place: directly when it lives in a space, else through the A block. */
+const inPlace = (a: Float32Array, kernel: (k: Kernels, n: number, a: number) => void): boolean => {
+  const own = home(a)
+  if (own) {
+    kernel(own, a.length, a.byteOffset)
+    return true
+  }
+  const k = get(a.length)
+  if (!k) return false
+  for (let lo = 0; lo < a.length; lo += SIMD_BLOCK) {
+    const n = Math.min(SIMD_BLOCK, a.length - lo)
+    const as = a.subarray(lo, lo + n)
+    k.a.set(as)
+    kernel(k, n, A_AT)
+    as.set(n === SIMD_BLOCK ? k.a : k.a.subarray(0, n))
+  }
+  return true
+}
+
+/** a[i] += b[i] (f32 addition, as a Float32Array store of the JS sum). `b` is only read. */
+export const addF32Simd = (a: Float32Array, b: Float32Array): boolean => pairBlocks(a, b, (k, n, pa, pb) => k.ex.addF32(n, pa, pb))
+
+/** a[i] = f32((a[i] + b[i]) / divisor), the sum and division in double as JS does. `b` is only read. */
+export const addDivideF32Simd = (a: Float32Array, b: Float32Array, divisor: number): boolean =>
+  pairBlocks(a, b, (k, n, pa, pb) => k.ex.addDivideF32(n, pa, pb, divisor))
+
+/** a[i] = f32(a[i] * factor), the product in double as JS does. */
+export const scaleF32Simd = (a: Float32Array, factor: number): boolean => {
+  const exact = exactScale(factor)
+  return inPlace(a, (k, n, pa) => k.ex.scaleF32(n, pa, factor, exact))
+}
+
+/** a[i] = f32(a[i] / divisor), the quotient in double as JS does. */
+export const divideF32Simd = (a: Float32Array, divisor: number): boolean => {
+  const exact = exactScale(divisor)
+  return inPlace(a, (k, n, pa) => k.ex.divideF32(n, pa, divisor, exact))
+}
 
 /**
  * fp16 error feedback into binary16 bits, in one pass: p = f32(f32(g·scale) + e); out = half(p)

@@ -26,9 +26,13 @@ import {
   topkCompensateSimd,
   addIntoHalfSimd,
   addHalfIntoHalfSimd,
-  halfFeedbackBitsSimd
+  halfFeedbackBitsSimd,
+  addF32Simd,
+  addDivideF32Simd,
+  scaleF32Simd,
+  divideF32Simd
 } from "../collectives/simd.ts"
-import { accumulateIntoHalfPayload } from "../collectives/kernels.ts"
+import { accumulate, accumulateDivide, accumulateIntoHalfPayload, accumulateIntoPayload, divide, scale } from "../collectives/kernels.ts"
 
 /** binary16 NaN bits (the NaN of a sum may differ in payload between paths). */
 const isHalfNaN = (h: number): boolean => (h & 0x7c00) === 0x7c00 && (h & 0x3ff) !== 0
@@ -407,6 +411,133 @@ describe("SIMD kernels", () => {
       expect(scalar.simd).toBe(false)
       expect(simd.simd).toBe(true)
       expect(simd.h).toBe(scalar.h)
+    })
+  })
+
+  describe("fp32 reductions (the plain all-reduce's sums, divisions and weights)", () => {
+    /** `x` as an ordinary array, or copied into a space of its own. */
+    const where = (x: Float32Array, inSpace: boolean): Float32Array => {
+      if (!inSpace) return x.slice()
+      const [v] = simdSpace([x.length])!
+      v.set(x)
+      return v
+    }
+    /** Both arrays copied into one space. */
+    const together = (a: Float32Array, b: Float32Array): [Float32Array, Float32Array] => {
+      const [va, vb] = simdSpace([a.length, b.length])!
+      va.set(a)
+      vb.set(b)
+      return [va, vb]
+    }
+    /** Every placement of the pair: ordinary, a or b in a space, both in one space. */
+    const placements = (a: Float32Array, b: Float32Array): Array<[string, Float32Array, Float32Array]> => [
+      ["ordinary", a.slice(), b.slice()],
+      ["a in a space", where(a, true), b.slice()],
+      ["b in a space", a.slice(), where(b, true)],
+      ["both in one space", ...together(a, b)]
+    ]
+
+    it("a += b gives the JS loop's f32 sums; b is only read", () => {
+      for (const n of LENGTHS) {
+        const a = floats(n, n + 11)
+        const b = floats(n, n + 12)
+        const ref = a.slice()
+        for (let i = 0; i < n; i++) ref[i] += b[i]
+        for (const [label, x, y] of placements(a, b)) {
+          expect(addF32Simd(x, y), label).toBe(true)
+          expect(sameBits(ref, x), `${label}, n = ${n}`).toBe(0)
+          expect(sameBits(b, y), `${label}: b changed`).toBe(0)
+        }
+      }
+    })
+
+    it("a = (a + b) / d gives the JS loop's values (sum and quotient in double) for any divisor", () => {
+      for (const n of [257, SIMD_BLOCK + 13, 3 * SIMD_BLOCK + 5]) {
+        for (const d of [3, 4, 0.7, 1 / 3, 2.5e-3, 12345.678]) {
+          const a = floats(n, n + 21)
+          const b = floats(n, n + 22)
+          const ref = a.slice()
+          for (let i = 0; i < n; i++) ref[i] = (ref[i] + b[i]) / d
+          for (const [label, x, y] of placements(a, b)) {
+            expect(addDivideF32Simd(x, y, d), label).toBe(true)
+            expect(sameBits(ref, x), `${label}, n = ${n}, d = ${d}`).toBe(0)
+          }
+        }
+      }
+    })
+
+    it("a *= s and a /= d give the JS loop's values, for f32 and non-f32 factors and divisors", () => {
+      for (const n of LENGTHS) {
+        for (const f of [3, 0.5, -1.5, 0.7, 1 / 3, 1e-3, 7e37]) {
+          const a = floats(n, n + 31)
+          const mul = a.slice()
+          const div = a.slice()
+          for (let i = 0; i < n; i++) {
+            mul[i] *= f
+            div[i] /= f
+          }
+          for (const inSpace of [false, true]) {
+            const x = where(a, inSpace)
+            expect(scaleF32Simd(x, f)).toBe(true)
+            expect(sameBits(mul, x), `scale n = ${n}, f = ${f}, in space ${inSpace}`).toBe(0)
+            const y = where(a, inSpace)
+            expect(divideF32Simd(y, f)).toBe(true)
+            expect(sameBits(div, y), `divide n = ${n}, d = ${f}, in space ${inSpace}`).toBe(0)
+          }
+        }
+      }
+    })
+
+    it("the data path's functions (kernels.ts) give the scalar formulas at an offset, aligned payload or not", () => {
+      const n = SIMD_BLOCK + 301
+      const off = 37
+      const buf = floats(off + n + 5, 41)
+      const vals = floats(n, 42)
+      for (const shift of [0, 1]) {
+        // a received message: the values at byte offset `shift` of a larger buffer
+        const raw = new Uint8Array(n * 4 + 8)
+        raw.set(new Uint8Array(vals.buffer), shift)
+        const payload = raw.subarray(shift, shift + n * 4)
+
+        const acc = buf.slice()
+        accumulate(acc, off, payload, n, false, "sum")
+        const accRef = buf.slice()
+        for (let i = 0; i < n; i++) accRef[off + i] += vals[i]
+        expect(sameBits(accRef, acc), `accumulate, shift ${shift}`).toBe(0)
+
+        const divd = buf.slice()
+        accumulateDivide(divd, off, payload, n, false, 3)
+        const divRef = buf.slice()
+        for (let i = 0; i < n; i++) divRef[off + i] = (divRef[off + i] + vals[i]) / 3
+        expect(sameBits(divRef, divd), `accumulateDivide, shift ${shift}`).toBe(0)
+      }
+      // into the payload itself (aligned, as the ring requires): buf is only read
+      const raw = new Uint8Array(vals.slice().buffer)
+      const before = buf.slice()
+      accumulateIntoPayload(raw, buf, off, n, "sum")
+      const intoRef = vals.slice()
+      for (let i = 0; i < n; i++) intoRef[i] += buf[off + i]
+      expect(sameBits(intoRef, new Float32Array(raw.buffer))).toBe(0)
+      expect(sameBits(before, buf)).toBe(0)
+
+      for (const f of [3, 0.7]) {
+        const sc = buf.slice()
+        scale(sc, off, n, f)
+        const dv = buf.slice()
+        divide(dv, off, n, f)
+        const scRef = buf.slice()
+        const dvRef = buf.slice()
+        for (let i = 0; i < n; i++) {
+          scRef[off + i] *= f
+          dvRef[off + i] /= f
+        }
+        expect(sameBits(scRef, sc), `scale ${f}`).toBe(0)
+        expect(sameBits(dvRef, dv), `divide ${f}`).toBe(0)
+      }
+      // a weight of 1 changes nothing, NaN bits included
+      const one = buf.slice()
+      scale(one, off, n, 1)
+      expect(Buffer.from(one.buffer).equals(Buffer.from(buf.buffer))).toBe(true)
     })
   })
 

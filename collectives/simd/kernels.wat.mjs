@@ -282,6 +282,72 @@ export const wat = `
       { h: true }
     )})
 
+  ;; ---- fp32 on the wire: the reductions of the plain all-reduce, as the scalar loops of ../kernels.ts
+  ;; compute them (a JavaScript double rounded to f32 on store). An f32 sum, product or quotient of
+  ;; two f32 values is the same whether rounded once or through double, so where the scalar loop's
+  ;; other operand is an f32 value one f32 instruction gives its bits.
+
+  ;; a[i] = f32(a[i] + b[i])
+  (func (export "addF32") (param $n i32) (param $a i32) (param $b i32) ${idx}
+    ${loops(
+      8,
+      `(v128.store (local.get $p) (f32x4.add (v128.load (local.get $p)) (v128.load (local.get $r))))
+       (v128.store offset=16 (local.get $p) (f32x4.add (v128.load offset=16 (local.get $p)) (v128.load offset=16 (local.get $r))))`,
+      `(f32.store (local.get $p) (f32.add (f32.load (local.get $p)) (f32.load (local.get $r))))`,
+      { b: true }
+    )})
+
+  ;; a[i] = f32((f64(a[i]) + f64(b[i])) / d): a region owner's last addition and a mean's division, in double
+  (func (export "addDivideF32") (param $n i32) (param $a i32) (param $b i32) (param $d f64) ${idx} (local $av v128) (local $bv v128) (local $dv v128)
+    (local.set $dv (f64x2.splat (local.get $d)))
+    ${loops(
+      4,
+      `(local.set $av (v128.load (local.get $p)))
+       (local.set $bv (v128.load (local.get $r)))
+       (v128.store (local.get $p)
+         ${pack(
+           `(f64x2.div (f64x2.add (f64x2.promote_low_f32x4 (local.get $av)) (f64x2.promote_low_f32x4 (local.get $bv))) (local.get $dv))`,
+           `(f64x2.div (f64x2.add (f64x2.promote_low_f32x4 ${hiLanes("(local.get $av)")}) (f64x2.promote_low_f32x4 ${hiLanes("(local.get $bv)")})) (local.get $dv))`
+         )})`,
+      `(f32.store (local.get $p)
+         (f32.demote_f64 (f64.div (f64.add (f64.promote_f32 (f32.load (local.get $p))) (f64.promote_f32 (f32.load (local.get $r)))) (local.get $d))))`,
+      { b: true }
+    )})
+
+  ;; a[i] = f32(a[i]·s), the product in double unless s is an f32 value ($exact)
+  (func (export "scaleF32") (param $n i32) (param $a i32) (param $s f64) (param $exact i32) ${idx} (local $x v128) (local $sv v128) (local $sf v128)
+    (local.set $sv (f64x2.splat (local.get $s)))
+    (local.set $sf (f32x4.splat (f32.demote_f64 (local.get $s))))
+    ${eachScale((scaled) =>
+      loops(
+        4,
+        `(local.set $x (v128.load (local.get $p)))
+         (v128.store (local.get $p) ${scaled("$x")})`,
+        `(f32.store (local.get $p) (f32.demote_f64 (f64.mul (f64.promote_f32 (f32.load (local.get $p))) (local.get $s))))`
+      )
+    )})
+
+  ;; a[i] = f32(a[i] / d), the quotient in double unless d is an f32 value ($exact)
+  (func (export "divideF32") (param $n i32) (param $a i32) (param $d f64) (param $exact i32) ${idx} (local $x v128) (local $dv v128) (local $df v128)
+    (local.set $dv (f64x2.splat (local.get $d)))
+    (local.set $df (f32x4.splat (f32.demote_f64 (local.get $d))))
+    (if (local.get $exact)
+      (then ${loops(
+        4,
+        `(v128.store (local.get $p) (f32x4.div (v128.load (local.get $p)) (local.get $df)))`,
+        `(f32.store (local.get $p) (f32.div (f32.load (local.get $p)) (f32.demote_f64 (local.get $d))))`
+      )})
+      (else ${loops(
+        4,
+        `(local.set $x (v128.load (local.get $p)))
+         (v128.store (local.get $p)
+           ${pack(
+             `(f64x2.div (f64x2.promote_low_f32x4 (local.get $x)) (local.get $dv))`,
+             `(f64x2.div (f64x2.promote_low_f32x4 ${hiLanes("(local.get $x)")}) (local.get $dv))`
+           )})`,
+        `(f32.store (local.get $p) (f32.demote_f64 (f64.div (f64.promote_f32 (f32.load (local.get $p))) (local.get $d))))`
+      )})))
+
   ;; a[i] = value(half(a[i])): round to the nearest binary16 value, in place
   (func (export "roundHalf") (param $n i32) (param $a i32) ${idx} ${encLocals(0)} ${decLocals(0)}
     ${loops(
