@@ -9,6 +9,7 @@ import { assign } from "./kernels.ts"
 import { Flag, type Frame } from "./frames.ts"
 import type { Operation } from "./operation.ts"
 import { chunkCount, chunkLength, mod } from "./segments.ts"
+import { releaseReceived } from "../core/nats-receive.ts"
 
 const checkChunk = (op: Operation, f: Frame, len: number, C: number, half: boolean, expectedChunk: number, base: number): number => {
   const n = chunkLength(len, C, f.chunk)
@@ -33,6 +34,7 @@ export const broadcastChunks = async (op: Operation, buf: Float32Array, root: nu
     if (f.src !== from || fanout !== ((f.flags & Flag.fanout) !== 0)) throw op.protocolError(f, `broadcast data comes from rank ${from} only (root ${root})`)
     const n = checkChunk(op, f, N, C, half, got, 0)
     assign(buf, f.offset, f.payload, n, half)
+    releaseReceived(f.payload)
     got++
     return true
   }
@@ -74,6 +76,7 @@ export const allGatherBlocks = async (op: Operation, out: Float32Array, n: numbe
       if (f.src === me || f.src >= p || (f.flags & Flag.fanout) === 0) throw op.protocolError(f, "all-gather blocks come as fan-out publishes")
       const len = checkChunk(op, f, n, C, half, got[f.src], f.src * n)
       assign(out, f.offset, f.payload, len, half)
+      releaseReceived(f.payload)
       got[f.src]++
       return true
     }
@@ -97,6 +100,7 @@ export const allGatherBlocks = async (op: Operation, out: Float32Array, n: numbe
     const base = mod(me - recvStep - 1, p) * n
     const len = checkChunk(op, f, n, C, half, recvChunk, base)
     assign(out, f.offset, f.payload, len, half)
+    releaseReceived(f.payload)
     if (++recvChunk === chunks) {
       recvStep++
       recvChunk = 0

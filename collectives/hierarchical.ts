@@ -13,6 +13,7 @@ import type { Operation } from "./operation.ts"
 import { accumulateOp, type Reduction } from "./reduction.ts"
 import { ringReduce } from "./ring.ts"
 import { chunkCount, chunkLength, segmentStart } from "./segments.ts"
+import { releaseReceived } from "../core/nats-receive.ts"
 
 export interface NodeGroup {
   /** Ranks on the node, ascending; the first is the leader. */
@@ -67,6 +68,7 @@ export const hierarchicalReduce = async (op: Operation, buf: Float32Array, spec:
       const n = f.payload.length / elemBytes
       if (!Number.isInteger(n) || n > C || f.offset + n > N) throw op.protocolError(f, `result region ${f.offset}+${n} outside 0..${N}`)
       assign(buf, f.offset, f.payload, n, half)
+      releaseReceived(f.payload)
       results++
       return true
     }
@@ -93,6 +95,7 @@ export const hierarchicalReduce = async (op: Operation, buf: Float32Array, spec:
     const n = chunkLength(N, C, f.chunk)
     if (f.offset !== f.chunk * C || f.payload.length !== n * elemBytes) throw op.protocolError(f, `chunk ${f.chunk} has the wrong size or offset`)
     accumulate(buf, f.offset, f.payload, n, half, accOp)
+    releaseReceived(f.payload)
     if (f.chunk === 0) memberWeight[k] = f.value
     upDone[k]++
     return true

@@ -30,6 +30,7 @@ import { Flag, type Frame } from "./frames.ts"
 import type { Operation } from "./operation.ts"
 import { accumulateAndFinish, accumulateOp, finish, type Reduction } from "./reduction.ts"
 import { chunkCount, chunkLength, mod, segmentStart } from "./segments.ts"
+import { releaseReceived } from "../core/nats-receive.ts"
 
 export interface RingSpec {
   /** Group ranks in ring order. */
@@ -124,6 +125,7 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
       if (k < 0 || k === i || f.chunk !== gathered[k]) throw op.protocolError(f, `unexpected all-gather chunk ${f.chunk} from ${f.src}`)
       const n = place(f, k, f.chunk)
       assign(buf, f.offset, f.payload, n, half)
+      releaseReceived(f.payload)
       onFinal?.(f.offset, n)
       gathered[k]++
       gatherLeft--
@@ -150,6 +152,7 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
         } else {
           loadOwn(off, n)
           accumulateAndFinish(buf, off, f.payload, n, reduce, f.value + reduce.weight)
+          releaseReceived(f.payload)
         }
         onFinal?.(off, n)
       } else if (keep) {
@@ -159,9 +162,11 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
       } else {
         loadOwn(off, n)
         accumulate(buf, off, f.payload, n, half, accOp)
+        releaseReceived(f.payload)
       }
     } else {
       assign(buf, off, f.payload, n, half)
+      releaseReceived(f.payload)
       onFinal?.(off, n)
     }
     if (++recvChunk === chunkCount(segLen(seg), C)) {
@@ -205,13 +210,16 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
         const weight = t === 0 ? reduce.weight : recvWeight[t - 1] + reduce.weight
         // The partial sum received as step t-1 chunk c, if it was kept as a message.
         const body = t > 0 ? take(t, c) : halfInput ? ownBytes(off, view.length) : undefined
-        if (body) await op.sendBody(next, stepBase + t, c, off, view.length, body, weight)
-        else await op.send(next, stepBase + t, c, off, view, weight)
+        if (body) {
+          await op.sendBody(next, stepBase + t, c, off, view.length, body, weight)
+          releaseReceived(body)
+        } else await op.send(next, stepBase + t, c, off, view, weight)
       } else {
         // the owner's own segment (first all-gather step) may go out as its finished message
         const body = t === rsSteps ? take(t, c) : undefined
         if (fanout) await op.sendFanoutBody(gatherFanout as string, others, stepBase + t, c, off, view.length, body ?? view)
         else await op.sendBody(next, stepBase + t, c, off, view.length, body ?? view)
+        if (body) releaseReceived(body)
       }
     }
   }

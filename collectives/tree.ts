@@ -12,6 +12,7 @@ import { Flag, type Frame } from "./frames.ts"
 import type { Operation } from "./operation.ts"
 import { accumulateOp, finish, type Reduction } from "./reduction.ts"
 import { chunkCount, chunkLength } from "./segments.ts"
+import { releaseReceived } from "../core/nats-receive.ts"
 
 export interface TreeSpec {
   /** Group ranks in tree order: members[0] is the root, the children of position k are 2k+1 and 2k+2. */
@@ -62,6 +63,7 @@ export const treeReduce = async (op: Operation, buf: Float32Array, spec: TreeSpe
       if (k > 0 && upDone[k - 1] <= f.chunk) return false
       const n = region(f)
       accumulate(buf, f.offset, f.payload, n, half, accOp)
+      releaseReceived(f.payload)
       if (f.chunk === 0) childWeight[k] = f.value
       upDone[k]++
       return true
@@ -73,6 +75,7 @@ export const treeReduce = async (op: Operation, buf: Float32Array, spec: TreeSpe
       if (f.chunk !== downDone) throw op.protocolError(f, `expected result chunk ${downDone}, got ${f.chunk}`)
       const n = region(f)
       assign(buf, f.offset, f.payload, n, half)
+      releaseReceived(f.payload)
       downDone++
       return true
     }

@@ -9,10 +9,16 @@
 // buffer goes back to the pool when the socket's write callback says the kernel has the bytes.
 // The bytes written and their order are unchanged: the same one copy into one buffer, one write.
 //
+// nats.js keeps a published payload by reference until it flushes, which is at once or in a
+// microtask while connected, but not before a reconnect while disconnected. A received message
+// that a collective passes on is given back to the receive pool (nats-receive.ts) after the
+// current task; so while the connection cannot flush, such a payload is copied when published.
+//
 // The hook checks the shapes it relies on (ProtocolHandler.prototype.flushPending, an outbound
 // with `buffers`, `byteLength` and `reset`, a transport with a `_send` that returns a promise
 // settled by the write callback) and leaves the flush as it was when a future nats.js differs.
 import { ProtocolHandler } from "@nats-io/nats-core/internal"
+import { isPooledReceive } from "./nats-receive.ts"
 
 /** Flushes below this many bytes keep nats.js's own packing (small buffers are cheap to allocate). */
 export const SEND_POOL_MIN_BYTES = 64 * 1024
@@ -95,6 +101,15 @@ const install = (): boolean => {
     // is ignored here as nats.js does: the read side or the heartbeat notices a dead connection
     const back = (): void => give(ab)
     tr._send(frame).then(back, back)
+  }
+  const sendCommand = proto.sendCommand
+  if (typeof sendCommand === "function") {
+    proto.sendCommand = function (this: Handler, cmd: unknown, ...payloads: Uint8Array[]): void {
+      if (!(this.infoReceived && this.connected)) {
+        for (let i = 0; i < payloads.length; i++) if (payloads[i] instanceof Uint8Array && isPooledReceive(payloads[i])) payloads[i] = payloads[i].slice()
+      }
+      sendCommand.call(this, cmd, ...payloads)
+    }
   }
   proto[MARK] = true
   return true

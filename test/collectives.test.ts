@@ -97,3 +97,49 @@ describe("collectives over one nats-server, one process per rank", () => {
     })
   }
 })
+
+describe("large chunks through the pooled NATS buffers (core/nats-receive.ts, core/nats-send.ts)", () => {
+  it("p = 4: repeated collectives of 128 KiB chunks reuse received buffers and still match the reference, bitwise identical on all ranks", async () => {
+    const p = 4
+    const group = "pooled-p4"
+    // chunks above the pools' 64 KiB threshold; a window of a few chunks so relays hold messages
+    // nodes of two ranks each, so the hierarchical all-reduce has members and leaders
+    await fleet.all(p, (rank) => ({ cmd: "create", group, rank, worldSize: p, node: `node${rank >> 1}`, timeoutMs: 20_000, chunkBytes: 128 * 1024, windowBytes: 512 * 1024 }))
+    const before = await fleet.all<{ receive: { taken: number; reused: number; released: number } }>(p, () => ({ cmd: "poolStats" }))
+    const rnd = prng(77)
+    const cases: Case[] = []
+    for (let round = 0; round < 3; round++) {
+      for (const fanout of [true, false]) {
+        const length = 200_000 + Math.floor(rnd() * 100_000)
+        cases.push({ op: "allReduce", algorithm: "ring", reduce: "sum", length, seed: Math.floor(rnd() * 1e6), fanout })
+        cases.push({ op: "allReduce", algorithm: "ring", reduce: "weightedMean", length, seed: Math.floor(rnd() * 1e6), fanout })
+        cases.push({ op: "allReduce", algorithm: "ring", reduce: "sum", wire: "f16", length: 2 * length, seed: Math.floor(rnd() * 1e6), fanout })
+        cases.push({ op: "allReduce", algorithm: "ring", reduce: "sum", wire: "f16", length: 2 * length, seed: Math.floor(rnd() * 1e6), fanout, halfInput: true })
+      }
+      // the other collectives that give received messages back
+      const length = 150_000 + Math.floor(rnd() * 50_000)
+      cases.push({ op: "allReduce", algorithm: "tree", reduce: "sum", length, seed: Math.floor(rnd() * 1e6) })
+      cases.push({ op: "allReduce", algorithm: "hierarchical", reduce: "mean", length, seed: Math.floor(rnd() * 1e6) })
+      for (const algorithm of ["fanout", "tree"]) cases.push({ op: "broadcast", algorithm, length, seed: Math.floor(rnd() * 1e6), root: round % p })
+      for (const algorithm of ["fanout", "ring"]) cases.push({ op: "allGather", algorithm, length: length >> 1, seed: Math.floor(rnd() * 1e6) })
+    }
+    const results = await fleet.all<Array<CaseResult & { index: number }>>(p, () => ({ cmd: "run", group, cases }))
+    const after = await fleet.all<{ receive: { taken: number; reused: number; released: number } }>(p, () => ({ cmd: "poolStats" }))
+    await fleet.all(p, () => ({ cmd: "close", group }))
+    const failures: string[] = []
+    cases.forEach((c, i) => {
+      const per = results.map((r) => r[i])
+      per.forEach((r, rank) => {
+        if (!r.ok) failures.push(`case ${i} ${JSON.stringify(c)} rank ${rank}: ${r.detail}`)
+      })
+      if (new Set(per.map((r) => r.hash)).size !== 1) failures.push(`case ${i} ${JSON.stringify(c)}: results differ across ranks`)
+    })
+    expect(failures).toEqual([])
+    after.forEach((a, rank) => {
+      // every rank received into pooled buffers, gave them back and received into them again
+      expect(a.receive.taken - before[rank].receive.taken, `rank ${rank}`).toBeGreaterThan(0)
+      expect(a.receive.released - before[rank].receive.released, `rank ${rank}`).toBeGreaterThan(0)
+      expect(a.receive.reused - before[rank].receive.reused, `rank ${rank}`).toBeGreaterThan(0)
+    })
+  })
+})

@@ -4,7 +4,7 @@
 import { connect } from "@nats-io/transport-node"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { launchNatsServer, type NatsServerProcess } from "../core/nats-server.ts"
-import { natsReceivePatched } from "../core/nats-receive.ts"
+import { isPooledReceive, natsReceivePatched, receivePoolStats, releaseReceived, RECEIVE_POOL_MIN_BYTES } from "../core/nats-receive.ts"
 
 let server: NatsServerProcess
 
@@ -55,6 +55,62 @@ describe("large NATS messages", () => {
         expect(got[k].length).toBe(sizes[i])
         expect(Buffer.from(got[k]).equals(Buffer.from(payload(sizes[i], i + 1)))).toBe(true)
       }
+    } finally {
+      await pub.close()
+      await sub.close()
+    }
+  })
+
+  it("large ones land in pooled buffers: one per live message, reused once given back, never twice at once", async () => {
+    const pub = await connect({ servers: server.url })
+    const sub = await connect({ servers: server.url })
+    try {
+      const n = 300_000
+      const count = 6
+      const take = (subject: string): Promise<Uint8Array[]> =>
+        new Promise<Uint8Array[]>((resolve, reject) => {
+          const got: Uint8Array[] = []
+          const timer = setTimeout(() => reject(new Error(`only ${got.length} messages arrived`)), 20_000)
+          sub.subscribe(subject, {
+            max: count,
+            callback: (_e, m) => {
+              got.push(m.data) // kept as received: a view of the pool's buffer
+              if (got.length === count) {
+                clearTimeout(timer)
+                resolve(got)
+              }
+            }
+          })
+        })
+      const round = async (subject: string, seed: number): Promise<Uint8Array[]> => {
+        const done = take(subject)
+        await sub.flush()
+        for (let i = 0; i < count; i++) pub.publish(subject, payload(n, seed + i))
+        await pub.flush()
+        const got = await done
+        got.forEach((g, i) => expect(Buffer.from(g).equals(Buffer.from(payload(n, seed + i)))).toBe(true))
+        return got
+      }
+      const before = { ...receivePoolStats }
+      const first = await round("first", 100)
+      expect(first.every((g) => isPooledReceive(g))).toBe(true)
+      // held messages never share a buffer
+      expect(new Set(first.map((g) => g.buffer)).size).toBe(count)
+      for (const g of first) {
+        releaseReceived(g)
+        releaseReceived(g) // a second release is ignored
+      }
+      expect(receivePoolStats.released - before.released).toBe(count)
+      await new Promise((resolve) => setImmediate(resolve)) // given back after the current task
+      const second = await round("second", 200)
+      expect(receivePoolStats.reused - before.reused).toBeGreaterThan(0)
+      expect(second.some((g) => first.some((f) => f.buffer === g.buffer))).toBe(true)
+      expect(new Set(second.map((g) => g.buffer)).size).toBe(count)
+      // an array the pool did not make is not taken in
+      const foreign = new Uint8Array(RECEIVE_POOL_MIN_BYTES)
+      expect(isPooledReceive(foreign)).toBe(false)
+      releaseReceived(foreign)
+      expect(receivePoolStats.released - before.released).toBe(count)
     } finally {
       await pub.close()
       await sub.close()

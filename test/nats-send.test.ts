@@ -5,6 +5,8 @@ import { connect } from "@nats-io/transport-node"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { launchNatsServer, type NatsServerProcess } from "../core/nats-server.ts"
 import { natsSendPatched, sendPoolStats, SEND_POOL_MIN_BYTES } from "../core/nats-send.ts"
+import { isPooledReceive } from "../core/nats-receive.ts"
+import { DataBuffer, ProtocolHandler } from "@nats-io/nats-core/internal"
 
 let server: NatsServerProcess
 
@@ -98,6 +100,37 @@ describe("large NATS publishes", () => {
       const [a, b] = await done
       expect(Buffer.from(a).equals(Buffer.from(first))).toBe(true)
       expect(b.every((x) => x === 0xab)).toBe(true)
+    } finally {
+      await pub.close()
+      await sub.close()
+    }
+  })
+
+  it("a received (pooled) payload published while the connection cannot flush is copied, so its buffer can go back to the pool", async () => {
+    const pub = await connect({ servers: server.url })
+    const sub = await connect({ servers: server.url })
+    try {
+      const got = collect(sub, "pooled", 1)
+      await sub.flush()
+      pub.publish("pooled", payload(300_000, 3))
+      await pub.flush()
+      const [copy] = await got
+      // a pooled receive buffer, as the collectives pass on: receive one for real
+      const again = new Promise<Uint8Array>((resolve) => sub.subscribe("pooled2", { max: 1, callback: (_e, m) => resolve(m.data) }))
+      await sub.flush()
+      pub.publish("pooled2", copy)
+      await pub.flush()
+      const received = await again
+      expect(isPooledReceive(received)).toBe(true)
+      const send = (ProtocolHandler as unknown as { prototype: { sendCommand: (this: unknown, cmd: string, ...p: Uint8Array[]) => void } }).prototype.sendCommand
+      const handler = (connected: boolean) => ({ infoReceived: true, connected, outbound: new DataBuffer(), pendingLimit: 1 << 30, flushPending() {} })
+      const offline = handler(false)
+      send.call(offline, "PUB x 300000\r\n", received)
+      expect(offline.outbound.buffers[1]).not.toBe(received) // copied
+      expect(Buffer.from(offline.outbound.buffers[1]).equals(Buffer.from(received))).toBe(true)
+      const online = handler(true)
+      send.call(online, "PUB x 300000\r\n", received)
+      expect(online.outbound.buffers[1]).toBe(received) // flushed at once or in a microtask: no copy
     } finally {
       await pub.close()
       await sub.close()

@@ -20,6 +20,8 @@ import {
   type CaseResult
 } from "./collectives-cases.ts"
 import { connectRank, errorOf, serveParent } from "./child-ready.ts"
+import { receivePoolStats } from "../../core/nats-receive.ts"
+import { sendPoolStats } from "../../core/nats-send.ts"
 
 const comms = new Map<string, Communicator>()
 let nc: NatsConnection
@@ -310,6 +312,9 @@ const handle = async (m: Record<string, any>): Promise<unknown> => {
       return benchAllReduce(comm(m.group), m.n, m.algorithm, m.iters, m.warmup, m.wire, m.fanout)
     case "benchRaw":
       return benchRaw(comm(m.group), m.flows, m.inbound, m.chunkBytes, m.iters, m.warmup, m.tag)
+    case "poolStats":
+      // the NATS buffer pools of this process (core/nats-receive.ts, core/nats-send.ts)
+      return { receive: { ...receivePoolStats }, send: { ...sendPoolStats } }
     case "exit":
       setTimeout(() => process.exit(0), 10)
       return null
