@@ -206,6 +206,34 @@ describe("top-k", () => {
     )
   })
 
+  it("NaN counts above +-Infinity, which counts above every finite value; ties among them to the lower index", () => {
+    // magnitude rank: NaN (any payload) > Infinity > finite |x|
+    const key = (v: number): number => (Number.isNaN(v) ? 2 : Math.abs(v) === Infinity ? 1 : 0)
+    const referenceNaN = (x: Float32Array, k: number): number[] =>
+      [...x.keys()]
+        .sort((a, b) => key(x[b]) - key(x[a]) || (key(x[a]) === 0 ? Math.abs(x[b]) - Math.abs(x[a]) : 0) || a - b)
+        .slice(0, k)
+        .sort((a, b) => a - b)
+    const nanBits = new Float32Array(new Uint32Array([0x7fc00000, 0xffc00001, 0x7f800123]).buffer)
+    fc.assert(
+      fc.property(
+        fc.array(fc.oneof(fc.constantFrom(...nanBits, Infinity, -Infinity, 0, -0, 1, -1), fc.float({ noNaN: true })), { minLength: 1, maxLength: 400 }),
+        fc.double({ min: 0.001, max: 1, noNaN: true }),
+        (vals, ratio) => {
+          const x = Float32Array.from(vals)
+          const c = new TopKCompressor({ ratio })
+          const k = c.k(x.length)
+          const b = c.encode(x).bytes
+          const view = new DataView(b.buffer, b.byteOffset, b.byteLength)
+          const want = referenceNaN(x, k)
+          for (let j = 0; j < k; j++) if (view.getUint32(12 + 4 * k + 4 * j, true) !== want[j]) return false
+          return true
+        }
+      ),
+      { numRuns: 300 }
+    )
+  })
+
   it("k = round(ratio·n), at least 1, at most n", () => {
     expect(topkCount(0.01, 0)).toBe(0)
     expect(topkCount(0.01, 10)).toBe(1)

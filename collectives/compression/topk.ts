@@ -41,6 +41,8 @@ export interface TopKOptions {
 }
 
 const SAMPLE_SIZE = 8192
+/** Histogram of select's radix passes (2^11 buckets), reused. */
+const SELECT_HIST = new Uint32Array(2048)
 /** Elements per block of sumInto (64 KiB of fp32: stays in L2 while the messages are added). */
 const SUM_BLOCK = 16384
 
@@ -56,6 +58,8 @@ export class TopKCompressor implements Compressor {
   private cand = new Uint32Array(0)
   /** The candidates' values, beside their indices (so selection never gathers from the tensor). */
   private candVals = new Float32Array(0)
+  /** select's elements in the bucket of the k-th largest. */
+  private bucket = new Uint32Array(0)
   /** How often the sampled path had to fall back to a full selection (for tests and tuning). */
   fallbacks = 0
 
@@ -228,23 +232,58 @@ export class TopKCompressor implements Compressor {
    * The k largest magnitudes among x[0..count), NaN counting as largest, ties to the lower
    * position, in position order: their values to `values` and their indices (`at[j]` for position
    * j, or j itself without `at`) to `indices`.
+   *
+   * A radix select on the magnitudes' bits (they order as the magnitudes do; every NaN is given
+   * the bits just above +Infinity's): one pass writes the bits and counts their top 11, only the
+   * elements in the bucket that holds the k-th are kept for the two finer counts, and a last pass
+   * writes out. Three passes over x instead of six.
    */
   private select(x: Float32Array, count: number, at: Uint32Array | undefined, k: number, values: Float32Array, indices: Uint32Array): void {
+    const xb = new Uint32Array(x.buffer, x.byteOffset, count)
     const m = this.scratch(count)
+    const u = new Uint32Array(m.buffer, m.byteOffset, count)
+    const hist = SELECT_HIST
+    hist.fill(0)
     for (let j = 0; j < count; j++) {
-      const a = Math.abs(x[j])
-      m[j] = a === a ? a : Infinity
+      let v = xb[j] & 0x7fffffff
+      if (v > 0x7f800000) v = 0x7f800001
+      u[j] = v
+      hist[v >>> 21]++
     }
-    const tau = kthLargestMagnitude(m, count, k)
-    let ties = k
-    for (let j = 0; j < count; j++) {
-      const a = Math.abs(x[j])
-      if (a > tau || a !== a) ties--
+    // the bucket of the k-th largest; `want`: its rank among that bucket's elements, from the top
+    let b = 2047
+    let want = k
+    while (hist[b] < want) want -= hist[b--]
+    const inBucket = hist[b]
+    if (this.bucket.length < inBucket) this.bucket = new Uint32Array(Math.max(inBucket, this.bucket.length * 2))
+    const sub = this.bucket
+    let s = 0
+    for (let j = 0; j < count; j++) if (u[j] >>> 21 === b) sub[s++] = u[j]
+    // bits 10..20, then 0..9, among the elements that share the bits found so far
+    let prefix = b << 21
+    let known = 0xffe00000 | 0
+    for (const [shift, width] of [
+      [10, 11],
+      [0, 10]
+    ]) {
+      const mask = (1 << width) - 1
+      hist.fill(0, 0, mask + 1)
+      for (let j = 0; j < s; j++) {
+        const v = sub[j]
+        if ((v & known) === prefix) hist[(v >>> shift) & mask]++
+      }
+      let c = mask
+      while (hist[c] < want) want -= hist[c--]
+      prefix |= c << shift
+      known |= mask << shift
     }
+    const tau = prefix >>> 0
+    // `want` is now how many elements equal to the k-th are taken (the lowest positions)
+    let ties = want
     let o = 0
     for (let j = 0; j < count && o < k; j++) {
-      const a = Math.abs(x[j])
-      if (a > tau || a !== a || (a === tau && ties-- > 0)) {
+      const v = u[j]
+      if (v > tau || (v === tau && ties-- > 0)) {
         values[o] = x[j]
         indices[o++] = at ? at[j] : j
       }
