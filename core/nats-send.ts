@@ -4,8 +4,9 @@
 // outbound DataBuffer and, on flush, packs them into a new Uint8Array of their total size, which
 // it hands to socket.write. For a 1 MiB gradient chunk that is a fresh 1 MiB allocation per
 // message: page faults on first touch, and external memory that V8 answers with garbage
-// collections ("external memory pressure"): about 60 ms per rank per step on a 64 MiB all-reduce
-// at p = 4, counted with --trace-gc. Here large flushes pack into buffers taken from a pool, and a
+// collections ("external memory pressure"; with the receive side's per-message buffers, about 60
+// ms per rank per step on a 64 MiB all-reduce at p = 4, counted with --trace-gc, before this and
+// the receive pool of nats-receive.ts). Here large flushes pack into buffers taken from a pool, and a
 // buffer goes back to the pool when the socket's write callback says the kernel has the bytes.
 // The bytes written and their order are unchanged: the same one copy into one buffer, one write.
 //
