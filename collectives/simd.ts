@@ -201,24 +201,27 @@ export const decodeHalfSimd = (src: Uint16Array, dst: Float32Array, add: boolean
 export const decodeAddDivideSimd = (src: Uint16Array, dst: Float32Array, divisor: number): boolean =>
   throughHalfBlocks(src, dst, true, (k, n, a) => k.ex.decodeAddDivide(n, a, H_AT, divisor))
 
-/** data[i] = nearest binary16 value of data[i], in place. */
-export const roundHalfSimd = (data: Float32Array): boolean => {
-  const own = home(data)
+/** Runs `kernel` on `a` in place: directly when it lives in a space, else through the A block. */
+const inPlace = (a: Float32Array, kernel: (k: Kernels, n: number, a: number) => void): boolean => {
+  const own = home(a)
   if (own) {
-    own.ex.roundHalf(data.length, data.byteOffset)
+    kernel(own, a.length, a.byteOffset)
     return true
   }
-  const k = get(data.length)
+  const k = get(a.length)
   if (!k) return false
-  for (let lo = 0; lo < data.length; lo += SIMD_BLOCK) {
-    const n = Math.min(SIMD_BLOCK, data.length - lo)
-    const d = data.subarray(lo, lo + n)
-    k.a.set(d)
-    k.ex.roundHalf(n, A_AT)
-    d.set(n === SIMD_BLOCK ? k.a : k.a.subarray(0, n))
+  for (let lo = 0; lo < a.length; lo += SIMD_BLOCK) {
+    const n = Math.min(SIMD_BLOCK, a.length - lo)
+    const as = a.subarray(lo, lo + n)
+    k.a.set(as)
+    kernel(k, n, A_AT)
+    as.set(n === SIMD_BLOCK ? k.a : k.a.subarray(0, n))
   }
   return true
 }
+
+/** data[i] = nearest binary16 value of data[i], in place. */
+export const roundHalfSimd = (data: Float32Array): boolean => inPlace(data, (k, n, a) => k.ex.roundHalf(n, a))
 
 /** Whether `scale` is an f32 value (then the kernels' f32 product equals Math.fround(x * scale)). */
 const exactScale = (scale: number): number => (Math.fround(scale) === scale ? 1 : 0)
@@ -246,25 +249,6 @@ const pairBlocks = (a: Float32Array, b: Float32Array, kernel: (k: Kernels, n: nu
     if (!bOwn) k.b.set(b.subarray(lo, lo + n))
     kernel(k, n, as ? A_AT : a.byteOffset + lo * 4, bOwn ? b.byteOffset + lo * 4 : B_AT)
     if (as) as.set(n === SIMD_BLOCK ? k.a : k.a.subarray(0, n))
-  }
-  return true
-}
-
-/** Runs `kernel` on `a` in place: directly when it lives in a space, else through the A block. */
-const inPlace = (a: Float32Array, kernel: (k: Kernels, n: number, a: number) => void): boolean => {
-  const own = home(a)
-  if (own) {
-    kernel(own, a.length, a.byteOffset)
-    return true
-  }
-  const k = get(a.length)
-  if (!k) return false
-  for (let lo = 0; lo < a.length; lo += SIMD_BLOCK) {
-    const n = Math.min(SIMD_BLOCK, a.length - lo)
-    const as = a.subarray(lo, lo + n)
-    k.a.set(as)
-    kernel(k, n, A_AT)
-    as.set(n === SIMD_BLOCK ? k.a : k.a.subarray(0, n))
   }
   return true
 }
