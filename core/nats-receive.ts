@@ -20,6 +20,7 @@
 // and `grow`, or `_buf` and `_off` for the pool, `ma.size`) and does nothing when a future nats.js
 // changes them.
 import { Parser } from "@nats-io/nats-core/internal"
+import { BufferPool } from "./buffer-pool.ts"
 
 interface PendingBuffer {
   readonly capacity: number
@@ -36,32 +37,19 @@ interface ParserState {
 
 /** Messages from this size on are received into pooled buffers (when the consumer gives them back). */
 export const RECEIVE_POOL_MIN_BYTES = 64 * 1024
-/** Pooled buffers are sized in steps of this, so messages of one chunk size share buffers. */
-const STEP = 64 * 1024
-/** Most bytes of idle buffers kept; a buffer given back past this is left to the collector. */
-const MAX_IDLE_BYTES = 64 * 1024 * 1024
-
 /** Every buffer the pool made, and those idle (or on their way back) now. */
 const pooled = new WeakSet<ArrayBuffer>()
 const idleSet = new WeakSet<ArrayBuffer>()
-const idle = new Map<number, ArrayBuffer[]>()
-let idleBytes = 0
-/** Buffers taken for messages, reused, and given back (tests). */
-export const receivePoolStats = { taken: 0, reused: 0, released: 0 }
+/** Idle buffers: sized in steps of 64 KiB, at most 64 MiB of them kept. */
+const pool = new BufferPool(64 * 1024, 64 * 1024 * 1024)
+/** Buffers taken for messages, reused from the pool, and given back (tests). */
+export const receivePoolStats = pool.stats
 
+/** A buffer for a message of n bytes: an idle one, or a new one that the pool then knows. */
 const take = (n: number): ArrayBuffer => {
-  const size = Math.ceil(n / STEP) * STEP
-  receivePoolStats.taken++
-  const b = idle.get(size)?.pop()
-  if (b) {
-    idleBytes -= size
-    idleSet.delete(b)
-    receivePoolStats.reused++
-    return b
-  }
-  const made = new ArrayBuffer(size)
-  pooled.add(made)
-  return made
+  const b = pool.take(n, (made) => pooled.add(made))
+  idleSet.delete(b)
+  return b
 }
 
 /** Whether `data` is a view of a pooled receive buffer (nats-send.ts copies those when it cannot flush at once). */
@@ -76,18 +64,10 @@ export const isPooledReceive = (data: Uint8Array): boolean => pooled.has(data.bu
 export const releaseReceived = (data: Uint8Array): void => {
   const b = data.buffer as ArrayBuffer
   if (!pooled.has(b) || idleSet.has(b)) return
+  // marked at once, so a second release is ignored; one the pool has no room for stays marked
+  // and is never given out again
   idleSet.add(b)
-  receivePoolStats.released++
-  setImmediate(() => {
-    if (idleBytes + b.byteLength > MAX_IDLE_BYTES) {
-      // left to the collector (it stays in idleSet, so it is never given out again)
-      return
-    }
-    let list = idle.get(b.byteLength)
-    if (!list) idle.set(b.byteLength, (list = []))
-    list.push(b)
-    idleBytes += b.byteLength
-  })
+  setImmediate(() => pool.give(b))
 }
 
 const MARK = Symbol.for("gradwire.natsReceivePatch")

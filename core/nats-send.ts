@@ -19,40 +19,15 @@
 // with `buffers`, `byteLength` and `reset`, a transport with a `_send` that returns a promise
 // settled by the write callback) and leaves the flush as it was when a future nats.js differs.
 import { ProtocolHandler } from "@nats-io/nats-core/internal"
+import { BufferPool } from "./buffer-pool.ts"
 import { isPooledReceive } from "./nats-receive.ts"
 
 /** Flushes below this many bytes keep nats.js's own packing (small buffers are cheap to allocate). */
 export const SEND_POOL_MIN_BYTES = 64 * 1024
-/** Pooled buffers are sized in steps of this, so messages of one chunk size share buffers. */
-const STEP = 64 * 1024
-/** Most bytes of idle buffers kept; a buffer returned past this is left to the collector. */
-const MAX_IDLE_BYTES = 64 * 1024 * 1024
-
-const idle = new Map<number, ArrayBuffer[]>()
-let idleBytes = 0
-/** Buffers taken and given back (tests). */
-export const sendPoolStats = { taken: 0, reused: 0, returned: 0 }
-
-const take = (n: number): ArrayBuffer => {
-  const size = Math.ceil(n / STEP) * STEP
-  sendPoolStats.taken++
-  const b = idle.get(size)?.pop()
-  if (b) {
-    idleBytes -= size
-    sendPoolStats.reused++
-    return b
-  }
-  return new ArrayBuffer(size)
-}
-
-const give = (b: ArrayBuffer): void => {
-  sendPoolStats.returned++
-  if (idleBytes + b.byteLength > MAX_IDLE_BYTES) return
-  let list = idle.get(b.byteLength)
-  if (!list) idle.set(b.byteLength, (list = []))
-  list.push(b)
-  idleBytes += b.byteLength
-}
+/** Idle buffers: sized in steps of 64 KiB, at most 64 MiB of them kept. */
+const pool = new BufferPool(64 * 1024, 64 * 1024 * 1024)
+/** Buffers taken, reused from the pool, and given back (tests). */
+export const sendPoolStats = pool.stats
 
 interface Outbound {
   buffers: Uint8Array[]
@@ -90,7 +65,7 @@ const install = (): boolean => {
       return
     }
     const n = ob.byteLength
-    const ab = take(n)
+    const ab = pool.take(n)
     const frame = new Uint8Array(ab, 0, n)
     let at = 0
     for (const b of ob.buffers) {
@@ -100,7 +75,7 @@ const install = (): boolean => {
     ob.reset()
     // settled by socket.write's callback (or at once when the transport is closed); a write error
     // is ignored here as nats.js does: the read side or the heartbeat notices a dead connection
-    const back = (): void => give(ab)
+    const back = (): void => void pool.give(ab)
     tr._send(frame).then(back, back)
   }
   const sendCommand = proto.sendCommand

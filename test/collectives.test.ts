@@ -76,6 +76,19 @@ const casesFor = (p: number): Case[] => {
 /** Results that every rank must hold bit for bit (reduce-scatter segments differ per rank by design). */
 const mustMatch = (c: Case): boolean => c.op !== "reduceScatter" && c.op !== "barrier"
 
+/** Each case's failures on any rank, and results that differ across ranks where they must match. */
+const failuresOf = (cases: ReadonlyArray<Case>, results: ReadonlyArray<ReadonlyArray<CaseResult>>): string[] => {
+  const failures: string[] = []
+  cases.forEach((c, i) => {
+    const per = results.map((r) => r[i])
+    per.forEach((r, rank) => {
+      if (!r.ok) failures.push(`case ${i} ${JSON.stringify(c)} rank ${rank}: ${r.detail}`)
+    })
+    if (mustMatch(c) && new Set(per.map((r) => r.hash)).size !== 1) failures.push(`case ${i} ${JSON.stringify(c)}: results differ across ranks`)
+  })
+  return failures
+}
+
 describe("collectives over one nats-server, one process per rank", () => {
   for (let p = 1; p <= MAX_P; p++) {
     it(`p = ${p}: every operation and algorithm matches the reference, bitwise identical on all ranks`, async () => {
@@ -85,15 +98,7 @@ describe("collectives over one nats-server, one process per rank", () => {
       const cases = casesFor(p)
       const results = await fleet.all<Array<CaseResult & { index: number }>>(p, () => ({ cmd: "run", group, cases }))
       await fleet.all(p, () => ({ cmd: "close", group }))
-      const failures: string[] = []
-      cases.forEach((c, i) => {
-        const per = results.map((r) => r[i])
-        per.forEach((r, rank) => {
-          if (!r.ok) failures.push(`case ${i} ${JSON.stringify(c)} rank ${rank}: ${r.detail}`)
-        })
-        if (mustMatch(c) && new Set(per.map((r) => r.hash)).size !== 1) failures.push(`case ${i} ${JSON.stringify(c)}: results differ across ranks`)
-      })
-      expect(failures).toEqual([])
+      expect(failuresOf(cases, results)).toEqual([])
     })
   }
 })
@@ -105,7 +110,7 @@ describe("large chunks through the pooled NATS buffers (core/nats-receive.ts, co
     // chunks above the pools' 64 KiB threshold; a window of a few chunks so relays hold messages
     // nodes of two ranks each, so the hierarchical all-reduce has members and leaders
     await fleet.all(p, (rank) => ({ cmd: "create", group, rank, worldSize: p, node: `node${rank >> 1}`, timeoutMs: 20_000, chunkBytes: 128 * 1024, windowBytes: 512 * 1024 }))
-    const before = await fleet.all<{ receive: { taken: number; reused: number; released: number } }>(p, () => ({ cmd: "poolStats" }))
+    const before = await fleet.all<{ receive: { taken: number; reused: number; returned: number } }>(p, () => ({ cmd: "poolStats" }))
     const rnd = prng(77)
     const cases: Case[] = []
     for (let round = 0; round < 3; round++) {
@@ -124,21 +129,13 @@ describe("large chunks through the pooled NATS buffers (core/nats-receive.ts, co
       for (const algorithm of ["fanout", "ring"]) cases.push({ op: "allGather", algorithm, length: length >> 1, seed: Math.floor(rnd() * 1e6) })
     }
     const results = await fleet.all<Array<CaseResult & { index: number }>>(p, () => ({ cmd: "run", group, cases }))
-    const after = await fleet.all<{ receive: { taken: number; reused: number; released: number } }>(p, () => ({ cmd: "poolStats" }))
+    const after = await fleet.all<{ receive: { taken: number; reused: number; returned: number } }>(p, () => ({ cmd: "poolStats" }))
     await fleet.all(p, () => ({ cmd: "close", group }))
-    const failures: string[] = []
-    cases.forEach((c, i) => {
-      const per = results.map((r) => r[i])
-      per.forEach((r, rank) => {
-        if (!r.ok) failures.push(`case ${i} ${JSON.stringify(c)} rank ${rank}: ${r.detail}`)
-      })
-      if (new Set(per.map((r) => r.hash)).size !== 1) failures.push(`case ${i} ${JSON.stringify(c)}: results differ across ranks`)
-    })
-    expect(failures).toEqual([])
+    expect(failuresOf(cases, results)).toEqual([])
     after.forEach((a, rank) => {
       // every rank received into pooled buffers, gave them back and received into them again
       expect(a.receive.taken - before[rank].receive.taken, `rank ${rank}`).toBeGreaterThan(0)
-      expect(a.receive.released - before[rank].receive.released, `rank ${rank}`).toBeGreaterThan(0)
+      expect(a.receive.returned - before[rank].receive.returned, `rank ${rank}`).toBeGreaterThan(0)
       expect(a.receive.reused - before[rank].receive.reused, `rank ${rank}`).toBeGreaterThan(0)
     })
   })

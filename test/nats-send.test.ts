@@ -4,6 +4,7 @@
 import { connect } from "@nats-io/transport-node"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { launchNatsServer, type NatsServerProcess } from "../core/nats-server.ts"
+import { payload } from "./support/nats-payload.ts"
 import { natsSendPatched, sendPoolStats, SEND_POOL_MIN_BYTES } from "../core/nats-send.ts"
 import { isPooledReceive } from "../core/nats-receive.ts"
 import { DataBuffer, ProtocolHandler } from "@nats-io/nats-core/internal"
@@ -17,16 +18,6 @@ beforeAll(async () => {
 afterAll(async () => {
   await server?.stop()
 })
-
-const payload = (n: number, seed: number): Uint8Array => {
-  const b = new Uint8Array(n)
-  let x = seed | 1
-  for (let i = 0; i < n; i++) {
-    x = (Math.imul(x, 1103515245) + 12345) | 0
-    b[i] = x >>> 24
-  }
-  return b
-}
 
 /** Subscribes to `subject` and resolves with the first `count` messages' bytes (copied), or rejects after 20 s. */
 const collect = (sub: Awaited<ReturnType<typeof connect>>, subject: string, count: number): Promise<Uint8Array[]> => {
