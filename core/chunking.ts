@@ -124,6 +124,8 @@ export class BufferPool implements FramePool {
   readonly #maxIdleBytes: number
   readonly #maxIdleBuffers: number
   #idleBytes = 0
+  /** Buffers taken, of those how many were idle ones reused, and buffers given back. */
+  readonly stats = { taken: 0, reused: 0, returned: 0 }
 
   constructor(options: BufferPoolOptions = {}) {
     this.#maxIdleBytes = positive("BufferPool.maxIdleBytes", options.maxIdleBytes, 256 * 1024 * 1024)
@@ -155,7 +157,9 @@ export class BufferPool implements FramePool {
       if (size >= bytes && size <= 2 * bytes && (best < 0 || size < this.#idle[best].byteLength)) best = i
     }
     let ab: ArrayBuffer
+    this.stats.taken++
     if (best >= 0) {
+      this.stats.reused++
       ab = this.#idle[best]
       this.#idle.splice(best, 1)
       this.#idleBytes -= ab.byteLength
@@ -175,6 +179,7 @@ export class BufferPool implements FramePool {
         messageId: ""
       })
     }
+    this.stats.returned++
     if (this.#idle.length >= this.#maxIdleBuffers || this.#idleBytes + ab.byteLength > this.#maxIdleBytes) return
     this.#idle.push(ab)
     this.#idleBytes += ab.byteLength

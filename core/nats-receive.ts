@@ -20,7 +20,7 @@
 // and `grow`, or `_buf` and `_off` for the pool, `ma.size`) and does nothing when a future nats.js
 // changes them.
 import { Parser } from "@nats-io/nats-core/internal"
-import { BufferPool } from "./buffer-pool.ts"
+import { BufferPool } from "./chunking.ts"
 
 interface PendingBuffer {
   readonly capacity: number
@@ -37,23 +37,15 @@ interface ParserState {
 
 /** Messages from this size on are received into pooled buffers (when the consumer gives them back). */
 export const RECEIVE_POOL_MIN_BYTES = 64 * 1024
-/** Every buffer the pool made, and those idle (or on their way back) now. */
-const pooled = new WeakSet<ArrayBuffer>()
-const idleSet = new WeakSet<ArrayBuffer>()
-/** Idle buffers: sized in steps of 64 KiB, at most 64 MiB of them kept. */
-const pool = new BufferPool(64 * 1024, 64 * 1024 * 1024)
+/** At most 64 MiB of idle buffers kept (a window's worth of 1 MiB chunks and more). */
+const pool = new BufferPool({ maxIdleBytes: 64 * 1024 * 1024, maxIdleBuffers: 64 })
 /** Buffers taken for messages, reused from the pool, and given back (tests). */
 export const receivePoolStats = pool.stats
+/** Buffers released and waiting for the end of the current task to go back. */
+const releasing = new WeakSet<ArrayBuffer>()
 
-/** A buffer for a message of n bytes: an idle one, or a new one that the pool then knows. */
-const take = (n: number): ArrayBuffer => {
-  const b = pool.take(n, (made) => pooled.add(made))
-  idleSet.delete(b)
-  return b
-}
-
-/** Whether `data` is a view of a pooled receive buffer (nats-send.ts copies those when it cannot flush at once). */
-export const isPooledReceive = (data: Uint8Array): boolean => pooled.has(data.buffer as ArrayBuffer)
+/** Whether `data` is a view of a pooled receive buffer not yet given back (nats-send.ts copies those when it cannot flush at once). */
+export const isPooledReceive = (data: Uint8Array): boolean => pool.owns(data)
 
 /**
  * Gives the buffer of a received message back for later messages, once its consumer is done with
@@ -63,11 +55,12 @@ export const isPooledReceive = (data: Uint8Array): boolean => pooled.has(data.bu
  */
 export const releaseReceived = (data: Uint8Array): void => {
   const b = data.buffer as ArrayBuffer
-  if (!pooled.has(b) || idleSet.has(b)) return
-  // marked at once, so a second release is ignored; one the pool has no room for stays marked
-  // and is never given out again
-  idleSet.add(b)
-  setImmediate(() => pool.give(b))
+  if (!pool.owns(data) || releasing.has(b)) return
+  releasing.add(b)
+  setImmediate(() => {
+    releasing.delete(b)
+    pool.give(data)
+  })
 }
 
 const MARK = Symbol.for("gradwire.natsReceivePatch")
@@ -84,7 +77,7 @@ const install = (): boolean => {
       const cur = pending._buf
       if (size >= RECEIVE_POOL_MIN_BYTES && cur instanceof Uint8Array && typeof pending._off === "number") {
         // the message's bytes so far into a pooled buffer that holds it whole
-        const into = new Uint8Array(take(size), 0, cur.length - pending._off)
+        const into = new Uint8Array(pool.take(size).buffer, 0, cur.length - pending._off)
         into.set(cur.subarray(pending._off))
         pending._buf = into
         pending._off = 0

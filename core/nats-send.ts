@@ -19,13 +19,13 @@
 // with `buffers`, `byteLength` and `reset`, a transport with a `_send` that returns a promise
 // settled by the write callback) and leaves the flush as it was when a future nats.js differs.
 import { ProtocolHandler } from "@nats-io/nats-core/internal"
-import { BufferPool } from "./buffer-pool.ts"
+import { BufferPool } from "./chunking.ts"
 import { isPooledReceive } from "./nats-receive.ts"
 
 /** Flushes below this many bytes keep nats.js's own packing (small buffers are cheap to allocate). */
 export const SEND_POOL_MIN_BYTES = 64 * 1024
-/** Idle buffers: sized in steps of 64 KiB, at most 64 MiB of them kept. */
-const pool = new BufferPool(64 * 1024, 64 * 1024 * 1024)
+/** At most 64 MiB of idle buffers kept (a window's worth of 1 MiB chunks and more). */
+const pool = new BufferPool({ maxIdleBytes: 64 * 1024 * 1024, maxIdleBuffers: 64 })
 /** Buffers taken, reused from the pool, and given back (tests). */
 export const sendPoolStats = pool.stats
 
@@ -65,8 +65,7 @@ const install = (): boolean => {
       return
     }
     const n = ob.byteLength
-    const ab = pool.take(n)
-    const frame = new Uint8Array(ab, 0, n)
+    const frame = pool.take(n)
     let at = 0
     for (const b of ob.buffers) {
       frame.set(b, at)
@@ -75,7 +74,7 @@ const install = (): boolean => {
     ob.reset()
     // settled by socket.write's callback (or at once when the transport is closed); a write error
     // is ignored here as nats.js does: the read side or the heartbeat notices a dead connection
-    const back = (): void => void pool.give(ab)
+    const back = (): void => pool.give(frame)
     tr._send(frame).then(back, back)
   }
   const sendCommand = proto.sendCommand
