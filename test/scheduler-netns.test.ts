@@ -8,13 +8,10 @@
 // Only addresses on the test's own veth (10.231.<n>.1/.2) are used; the namespaces, and with them
 // the veth pair, the servers and the ranks, are removed after the test, also when it fails.
 import { afterAll, describe, expect, it } from "vitest"
-import { execFileSync, spawn, type ChildProcess } from "node:child_process"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
-import { findNatsServerBinary } from "../core/nats-server.ts"
-
-const sh = (cmd: string, args: string[]): string => execFileSync(cmd, args, { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"], timeout: 10_000 })
+import { addressUp, deleteNetns, killStarted, netnsUnavailable, runIn, sh, shapeEgress, startNatsIn, type NetnsNatsServer } from "./support/netns.ts"
 
 const tag = String(process.pid % 100000)
 const NS_A = `gwA${tag}`
@@ -26,66 +23,23 @@ const IP_A = `${NET}.1`
 const IP_B = `${NET}.2`
 
 /** Why the test cannot run here, or undefined when it can. */
-const unavailable = ((): string | undefined => {
-  if (process.getuid?.() !== 0) return "not root (network namespaces and tc need root)"
-  try {
-    findNatsServerBinary()
-  } catch {
-    return "no nats-server binary"
-  }
-  const probe = `gwprobe${tag}`
-  try {
-    sh("ip", ["netns", "add", probe])
-    sh("ip", ["netns", "del", probe])
-    sh("tc", ["-V"])
-  } catch (e) {
-    return `ip netns / tc do not work here (${String(e).split("\n")[0]})`
-  }
-  return undefined
-})()
+const unavailable = netnsUnavailable()
 
-const children: ChildProcess[] = []
+const servers: NetnsNatsServer[] = []
 let dir: string | undefined
 
-const cleanup = (): void => {
-  for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill("SIGKILL")
-  for (const ns of [NS_A, NS_B]) {
-    try {
-      sh("ip", ["netns", "del", ns])
-    } catch {
-      // not there
-    }
-  }
+const cleanup = async (): Promise<void> => {
+  await Promise.all(servers.splice(0).map((s) => s.stop()))
+  await killStarted() // the ranks
+  deleteNetns([NS_A, NS_B])
   if (dir) fs.rmSync(dir, { recursive: true, force: true })
 }
 
 afterAll(() => cleanup())
 
-const nsExec = (ns: string, args: string[]): string => sh("ip", ["netns", "exec", ns, ...args])
-
-/** Runs a process in a namespace; resolves its stdout when it exits 0, rejects otherwise (bounded by timeoutMs). */
-const runIn = (ns: string, args: string[], timeoutMs: number): Promise<string> =>
-  new Promise((resolve, reject) => {
-    const child = spawn("ip", ["netns", "exec", ns, ...args], { cwd: process.cwd(), stdio: ["ignore", "pipe", "pipe"] })
-    children.push(child)
-    let out = ""
-    let err = ""
-    child.stdout!.on("data", (d: Buffer) => (out += d.toString()))
-    child.stderr!.on("data", (d: Buffer) => (err += d.toString()))
-    const timer = setTimeout(() => child.kill("SIGKILL"), timeoutMs)
-    child.on("exit", (code, signal) => {
-      clearTimeout(timer)
-      if (code === 0) resolve(out)
-      else reject(new Error(`${args.join(" ")} in ${ns} exited with ${code ?? signal}: ${err.slice(-2000)}`))
-    })
-  })
-
-const startServer = (ns: string, name: string, ownIp: string, peerIp: string): void => {
-  const conf = path.join(dir!, `${name}.conf`)
-  fs.writeFileSync(
-    conf,
-    [
-      `server_name: ${name}`,
+const startServer = async (ns: string, name: string, ownIp: string, peerIp: string): Promise<void> => {
+  servers.push(
+    await startNatsIn(ns, dir!, name, "nats://127.0.0.1:4222", [
       `listen: "127.0.0.1:4222"`,
       `max_payload: 8388608`,
       `cluster {`,
@@ -93,17 +47,15 @@ const startServer = (ns: string, name: string, ownIp: string, peerIp: string): v
       `  listen: "${ownIp}:6222"`,
       `  routes: ["nats-route://${peerIp}:6222"]`,
       `}`
-    ].join("\n") + "\n"
+    ])
   )
-  const child = spawn("ip", ["netns", "exec", ns, findNatsServerBinary(), "-c", conf], { stdio: ["ignore", "ignore", "pipe"] })
-  children.push(child)
 }
 
 describe("scheduler over two network namespaces", () => {
   it.skipIf(unavailable !== undefined)(
     `picks hierarchical across a slow link between two clustered NATS servers, and hierarchical beats a flat ring${unavailable ? ` (skipped: ${unavailable})` : ""}`,
     async () => {
-      cleanup()
+      await cleanup()
       dir = fs.mkdtempSync(path.join(os.tmpdir(), "gw-netns-"))
       sh("ip", ["netns", "add", NS_A])
       sh("ip", ["netns", "add", NS_B])
@@ -112,17 +64,15 @@ describe("scheduler over two network namespaces", () => {
         [NS_A, VETH_A, IP_A],
         [NS_B, VETH_B, IP_B]
       ] as const) {
-        nsExec(ns, ["ip", "link", "set", "lo", "up"])
-        nsExec(ns, ["ip", "addr", "add", `${ip}/24`, "dev", dev])
-        nsExec(ns, ["ip", "link", "set", dev, "up"])
+        addressUp(ns, dev, `${ip}/24`)
         // The slow link: 20 Mbit/s each way (loopback inside a namespace is ~GB/s). Slow enough that
         // the link, not the 2 shared cores, bounds both algorithms: with the fan-out all-gather a
         // flat ring crosses it with only ~1.33x the bytes of hierarchical, so a faster link leaves
         // the comparison to CPU noise.
-        nsExec(ns, ["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", "20mbit", "burst", "32kb", "limit", "256kb"])
+        shapeEgress(ns, dev, "20mbit", { burst: "32kb", limit: "256kb" })
       }
-      startServer(NS_A, "srv-a", IP_A, IP_B)
-      startServer(NS_B, "srv-b", IP_B, IP_A)
+      await startServer(NS_A, "srv-a", IP_A, IP_B)
+      await startServer(NS_B, "srv-b", IP_B, IP_A)
       const bytes = 4 * 1024 * 1024
       const layout = [
         { ns: NS_A, node: "node-a" },
