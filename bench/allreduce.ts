@@ -9,12 +9,13 @@
 // Every rank is its own OS process. Variants are interleaved round by round, so load from other
 // processes on the machine hits them alike; compare ratios, not absolute figures, across runs.
 // A last section shows what the server's max_payload (hence the chunk size) does to throughput.
-import { spawn, spawnSync } from "node:child_process"
+import { spawn, spawnSync, type ChildProcess } from "node:child_process"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { launchNatsServer, freePort } from "../core/nats-server.ts"
 import { RankFleet } from "../test/support/collectives-fleet.ts"
+import type { Star } from "../test/support/netns.ts"
 
 const KiB = 1024
 const MiB = 1024 * KiB
@@ -136,13 +137,15 @@ interface Variant {
 /** Per-iteration time of a group call: the slowest rank's. */
 const slowest = (perRank: number[][]): number[] => perRank[0].map((_, i) => Math.max(...perRank.map((t) => t[i])))
 
+// Run as `gloo.py P PORT OUT SIZES ROUNDS` (P workers on loopback, by mp.spawn) or
+// `gloo.py --rank R P MASTER PORT OUT SIZES ROUNDS` (one worker, e.g. in a namespace of its own).
 const GLOO_SCRIPT = `
 import json, os, sys, time, statistics
 import torch, torch.distributed as dist, torch.multiprocessing as mp
 
-def worker(rank, p, port, sizes, rounds, out):
+def worker(rank, p, master, port, sizes, rounds, out):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=p)
+    dist.init_process_group("gloo", init_method=f"tcp://{master}:{port}", rank=rank, world_size=p)
     res = {}
     for size in sizes:
         n = size // 4
@@ -163,10 +166,14 @@ def worker(rank, p, port, sizes, rounds, out):
     dist.destroy_process_group()
 
 if __name__ == "__main__":
-    p, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
-    sizes = [int(s) for s in sys.argv[4].split(",")]
-    rounds = json.loads(sys.argv[5])
-    mp.spawn(worker, args=(p, port, sizes, rounds, out), nprocs=p, join=True)
+    if sys.argv[1] == "--rank":
+        rank, p, master, port, out = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), sys.argv[6]
+        worker(rank, p, master, port, [int(s) for s in sys.argv[7].split(",")], json.loads(sys.argv[8]), out)
+    else:
+        p, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+        sizes = [int(s) for s in sys.argv[4].split(",")]
+        rounds = json.loads(sys.argv[5])
+        mp.spawn(worker, args=(p, "127.0.0.1", port, sizes, rounds, out), nprocs=p, join=True)
 `
 
 export const torchAvailable = (): boolean => {
@@ -177,33 +184,51 @@ export const torchAvailable = (): boolean => {
   }
 }
 
-/** Median ms of gloo all_reduce per size, or undefined when it fails. */
-export const runGloo = async (p: number, sizes: number[]): Promise<Map<number, number> | undefined> => {
+/** Exit code of `child` (null when it had to be killed after `timeoutMs`). */
+const exitOf = (child: ChildProcess, timeoutMs: number): Promise<number | null> =>
+  new Promise<number | null>((resolve) => {
+    const timer = setTimeout(() => {
+      child.kill("SIGKILL")
+      resolve(null)
+    }, timeoutMs)
+    child.once("exit", (c) => {
+      clearTimeout(timer)
+      resolve(c)
+    })
+  })
+
+/**
+ * Median ms of gloo all_reduce per size, or undefined when it fails. On loopback, or with `star`
+ * one worker in each of its rank namespaces (rank 0's address is the rendezvous), over the star's
+ * shaped links.
+ */
+export const runGloo = async (p: number, sizes: number[], star?: Star): Promise<Map<number, number> | undefined> => {
+  if (star && star.ranks.length < p) throw new RangeError(`the star has ${star.ranks.length} namespaces, gloo needs ${p}`)
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "gradwire-gloo-"))
   const script = path.join(dir, "gloo.py")
   const out = path.join(dir, "out.json")
   fs.writeFileSync(script, GLOO_SCRIPT)
   const rounds: Record<string, number> = {}
   for (const s of sizes) rounds[String(s)] = s >= 32 * MiB ? 7 : s >= 2 * MiB ? 15 : 40
+  const env = { ...process.env, OMP_NUM_THREADS: "1" }
+  let stderr = ""
+  const children: ChildProcess[] = []
   try {
-    const port = await freePort()
-    const child = spawn("/usr/bin/python3", [script, String(p), String(port), out, sizes.join(","), JSON.stringify(rounds)], {
-      stdio: ["ignore", "ignore", "pipe"],
-      env: { ...process.env, OMP_NUM_THREADS: "1", GLOO_SOCKET_IFNAME: "lo" }
-    })
-    let stderr = ""
-    child.stderr.on("data", (d) => (stderr += String(d)))
-    const code = await new Promise<number | null>((resolve) => {
-      const timer = setTimeout(() => {
-        // The spawned workers are in the child's process group only if it made one; kill both ways.
-        child.kill("SIGKILL")
-        resolve(null)
-      }, 300_000)
-      child.once("exit", (c) => {
-        clearTimeout(timer)
-        resolve(c)
-      })
-    })
+    if (star) {
+      // A fresh namespace: any port is free in rank 0's.
+      for (let r = 0; r < p; r++) {
+        const { ns, dev } = star.ranks[r]
+        const args = ["netns", "exec", ns, "/usr/bin/python3", script, "--rank", String(r), String(p), star.ranks[0].ip, "29500", out]
+        children.push(spawn("ip", [...args, sizes.join(","), JSON.stringify(rounds)], { stdio: ["ignore", "ignore", "pipe"], env: { ...env, GLOO_SOCKET_IFNAME: dev } }))
+      }
+    } else {
+      const port = await freePort()
+      const args = [script, String(p), String(port), out, sizes.join(","), JSON.stringify(rounds)]
+      children.push(spawn("/usr/bin/python3", args, { stdio: ["ignore", "ignore", "pipe"], env: { ...env, GLOO_SOCKET_IFNAME: "lo" } }))
+    }
+    for (const c of children) c.stderr!.on("data", (d) => (stderr += String(d)))
+    const codes = await Promise.all(children.map((c) => exitOf(c, 300_000)))
+    const code = codes.find((c) => c !== 0) ?? 0
     if (code !== 0 || !fs.existsSync(out)) {
       console.log(`  (gloo p=${p} failed: exit ${code}; ${stderr.trim().split("\n").slice(-2).join(" / ")})`)
       return undefined
@@ -211,6 +236,7 @@ export const runGloo = async (p: number, sizes: number[]): Promise<Map<number, n
     const res = JSON.parse(fs.readFileSync(out, "utf8")) as Record<string, number>
     return new Map(Object.entries(res).map(([k, v]) => [Number(k), v]))
   } finally {
+    for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill("SIGKILL")
     fs.rmSync(dir, { recursive: true, force: true })
   }
 }

@@ -1,5 +1,6 @@
 // Compression benchmark: `npm run bench -- compression [--mib 64] [--p 4] [--rounds 5]
-// [--max-payload 8M] [--codec-mib 16] [--algorithm ring] [--chunk 1M] [--window 8M] [--no-gloo] [--only none,fp16,...] [--prof DIR]`.
+// [--max-payload 8M] [--codec-mib 16] [--algorithm ring] [--chunk 1M] [--window 8M] [--no-gloo] [--only none,fp16,...] [--prof DIR]
+// [--link 1gbit]`.
 //
 // Per compressor, all measured in this one run:
 // - bytes this rank puts on the wire per step (GradientReducer.stats) against uncompressed fp32;
@@ -14,6 +15,10 @@
 // Next to the uncompressed reducer and, when `/usr/bin/python3 -c "import torch"` works, torch
 // gloo's uncompressed all_reduce of the same bytes at the same p (run first, on its own).
 // --prof DIR: --cpu-prof profiles of the rank processes, in DIR/<codec>.
+// --link RATE (needs root): every rank in a network namespace of its own, joined to a switch (a
+// bridge in a hub namespace, where the nats-server runs) by a link shaped to RATE each way with
+// tc tbf, as on a cluster of p machines; gloo's workers run in the same namespaces over the same
+// links. Without it everything runs on loopback, where the 2 cores, not a link, bound the time.
 import * as os from "node:os"
 import { launchNatsServer } from "../core/nats-server.ts"
 import type { ResolvedCompressionConfig } from "../collectives/compression/index.ts"
@@ -22,6 +27,9 @@ import { CompressionFleet } from "../test/support/compression-fleet.ts"
 import type { SlotSpec } from "../test/support/compression-cases.ts"
 import { codecFigures, type CodecFigure } from "./compression-codecs.ts"
 import { runGloo, torchAvailable } from "./allreduce.ts"
+import { createStar, netnsUnavailable, startNatsIn, type Star } from "../test/support/netns.ts"
+import * as fs from "node:fs"
+import * as path from "node:path"
 
 const MiB = 1024 * 1024
 
@@ -39,6 +47,8 @@ interface Args {
   /** Communicator chunk and flow-control window (default: the communicator's). */
   readonly chunk: number | undefined
   readonly window: number | undefined
+  /** tc rate of each rank's link (--link), or undefined for loopback. */
+  readonly link: string | undefined
 }
 
 const parseArgs = (args: ReadonlyArray<string>): Args => {
@@ -63,7 +73,8 @@ const parseArgs = (args: ReadonlyArray<string>): Args => {
     only: get("--only")?.split(","),
     prof: get("--prof"),
     chunk: get("--chunk") === undefined ? undefined : num("--chunk", 1, 0.0625, 64) * MiB,
-    window: get("--window") === undefined ? undefined : num("--window", 8, 0.0625, 256) * MiB
+    window: get("--window") === undefined ? undefined : num("--window", 8, 0.0625, 256) * MiB,
+    link: get("--link")
   }
 }
 
@@ -116,21 +127,43 @@ interface ReduceReply {
   readonly stats: ReducerStats
 }
 
+/** The nats-server for the ranks: on loopback, or in the star's hub namespace on its bridge address. */
+const startServer = async (a: Args, star: Star | undefined, dir: string): Promise<{ readonly url: string; stop(): Promise<void> }> => {
+  if (!star) return launchNatsServer({ jetstream: false, maxPayload: a.maxPayload })
+  const listen = `${star.hubIp}:4222`
+  return startNatsIn(star.hub, dir, "gw-bench-hub", `nats://${listen}`, [`listen: "${listen}"`, `max_payload: ${a.maxPayload}`])
+}
+
 export async function run(args: ReadonlyArray<string>): Promise<void> {
   const a = parseArgs(args)
+  if (a.link !== undefined) {
+    const why = netnsUnavailable()
+    if (why) throw new Error(`--link needs network namespaces and tc: ${why}; run as root, or leave --link out to measure on loopback`)
+    const star = createStar(a.p, a.link)
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "gw-bench-link-"))
+    try {
+      await measure(a, star, dir)
+    } finally {
+      star.remove()
+      fs.rmSync(dir, { recursive: true, force: true })
+    }
+  } else await measure(a, undefined, "")
+}
+
+const measure = async (a: Args, star: Star | undefined, dir: string): Promise<void> => {
   const variants = VARIANTS.filter((v) => !a.only || a.only.includes(v.label) || v.label === "none")
   const slots = gradientSet(a.mib)
   const n = slots.reduce((s, x) => s + x.shape[0] * x.shape[1], 0)
   const bytes = n * 4
   console.log(
     `compression benchmark: gradient set ${slots.length} x [${slots[0].shape.join(" x ")}] fp32 = ${(bytes / MiB).toFixed(1)} MiB, p = ${a.p} ` +
-      `(one OS process per rank), ${a.algorithm} all-reduce, nats-server max_payload ${a.maxPayload / MiB} MiB, ${os.cpus().length} cores, load average ${os.loadavg()[0].toFixed(1)}`
+      `(one OS process per rank), ${a.algorithm} all-reduce, ${star ? `one network namespace per rank, each on its own ${star.rate} link (tc tbf, both ways) to a switch` : "loopback"}, nats-server max_payload ${a.maxPayload / MiB} MiB, ${os.cpus().length} cores, load average ${os.loadavg()[0].toFixed(1)}`
   )
   console.log("time = slowest rank, barrier to done, of GradientReducer.reduceGradients (error feedback on); median over rounds\n")
 
   const gloo = a.gloo && torchAvailable()
   let glooMs: number | undefined
-  if (gloo) glooMs = (await runGloo(a.p, [bytes]))?.get(bytes)
+  if (gloo) glooMs = (await runGloo(a.p, [bytes], star))?.get(bytes)
   else console.log(a.gloo ? "torch not importable by /usr/bin/python3: no gloo baseline" : "gloo baseline skipped (--no-gloo)")
 
   const figures = new Map<string, CodecFigure>(codecFigures({ mib: a.codecMib }).map((f) => [f.name, f]))
@@ -138,7 +171,7 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
   const samples = new Map<string, number[]>(variants.map((v) => [v.label, []]))
   const cpu = new Map<string, number[]>(variants.map((v) => [v.label, []]))
   const wire = new Map<string, ReducerStats>()
-  const server = await launchNatsServer({ jetstream: false, maxPayload: a.maxPayload })
+  const server = await startServer(a, star, dir)
   try {
     // One fleet of rank processes per codec, all alive at once, as in training, where a process
     // runs one codec: a codec's step never pays for another's heap or caches. The rounds still
@@ -147,7 +180,8 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
     try {
       for (const v of variants) {
         const prof = a.prof ? ["--cpu-prof", `--cpu-prof-dir=${a.prof}/${groupOf(v)}`] : []
-        fleets.set(v.label, await CompressionFleet.start(a.p, server.url, 30_000, prof))
+        const wrap = star ? (rank: number) => ["ip", "netns", "exec", star.ranks[rank].ns] : undefined
+        fleets.set(v.label, await CompressionFleet.start(a.p, server.url, 30_000, prof, wrap))
       }
       const fleetOf = (v: Variant): CompressionFleet => fleets.get(v.label) as CompressionFleet
       for (const v of variants) {

@@ -53,7 +53,12 @@ export const startRanks = async <F extends { stop(): Promise<void> }>(
   script: string,
   size: number,
   server: (rank: number) => string,
-  opts: { readonly startTimeoutMs?: number; readonly execArgv?: ReadonlyArray<string> },
+  opts: {
+    readonly startTimeoutMs?: number
+    readonly execArgv?: ReadonlyArray<string>
+    /** A command that execs node in its place, per rank (e.g. `ip netns exec NS`); the pid stays node's. */
+    readonly wrap?: (rank: number) => ReadonlyArray<string>
+  },
   make: (children: ChildProcess[]) => F
 ): Promise<F> => {
   if (!exitHookInstalled) {
@@ -69,8 +74,10 @@ export const startRanks = async <F extends { stop(): Promise<void> }>(
     })
   }
   const children = Array.from({ length: size }, (_, rank) => {
+    const wrap = opts.wrap?.(rank) ?? []
     const child = fork(script, [], {
-      execArgv: [...(opts.execArgv ?? [])],
+      ...(wrap.length > 0 ? { execPath: wrap[0] } : {}),
+      execArgv: [...wrap.slice(1), ...(wrap.length > 0 ? [process.execPath] : []), ...(opts.execArgv ?? [])],
       env: { ...process.env, GW_RANK_SERVER: server(rank), GW_RANK_INDEX: String(rank) },
       stdio: ["ignore", "inherit", "inherit", "ipc"],
       serialization: "advanced"

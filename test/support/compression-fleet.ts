@@ -11,10 +11,17 @@ const RANK_SCRIPT = fileURLToPath(new URL("./compression-rank.ts", import.meta.u
 export class CompressionFleet extends RankProcesses {
   /**
    * Starts `size` ranks connected to `server`; all or none (a failed start stops the rest).
-   * `execArgv`: node flags for the ranks (e.g. --cpu-prof; then end them with exit()).
+   * `execArgv`: node flags for the ranks (e.g. --cpu-prof; then end them with exit()); `wrap`: a
+   * command per rank that execs node (e.g. `ip netns exec NS` to run it in a namespace).
    */
-  static start(size: number, server: string, startTimeoutMs = 30_000, execArgv: ReadonlyArray<string> = []): Promise<CompressionFleet> {
-    return startRanks(RANK_SCRIPT, size, () => server, { startTimeoutMs, execArgv }, (children) => new CompressionFleet(children))
+  static start(
+    size: number,
+    server: string,
+    startTimeoutMs = 30_000,
+    execArgv: ReadonlyArray<string> = [],
+    wrap?: (rank: number) => ReadonlyArray<string>
+  ): Promise<CompressionFleet> {
+    return startRanks(RANK_SCRIPT, size, () => server, { startTimeoutMs, execArgv, wrap }, (children) => new CompressionFleet(children))
   }
 
   /** The same (rank-dependent) command on every rank at once. */
