@@ -37,6 +37,7 @@ interface KernelExports {
   scaleF32(n: number, a: number, s: number, exact: number): void
   divideF32(n: number, a: number, d: number, exact: number): void
   halfFeedbackBits(n: number, a: number, b: number, h: number, scale: number, exact: number): void
+  addHalfIntoHalf(n: number, a: number, h: number): void
   topkCompensate(n: number, a: number, b: number, scale: number, exact: number, thr: number, c: number, cv: number, cap: number, base: number): number
   feedbackMatMul(rows: number, m: number, s: number, exact: number, owed: number, a: number, b: number): void
   matMulT(rows: number, m: number, a: number): void
@@ -308,19 +309,21 @@ export const halfFeedbackBitsSimd = (g: Float32Array, e: Float32Array, scale: nu
 /**
  * h[i] = binary16 bits of f32(value of own[i] + value of h[i]), in place in `h`: addIntoHalfSimd
  * for a rank whose own values are binary16 bits (its input was encoded by its error feedback).
- * Each block of `own` is decoded into the A block, then added into `h` in the H block.
+ * One kernel decodes both and adds; `own` is read in place when it lives in a space (the fp16
+ * reducer's halfInput does), else block by block through the A block; `h` goes through the H block.
  */
 export const addHalfIntoHalfSimd = (own: Uint16Array, h: Uint16Array): boolean => {
   if (own.length !== h.length) return false
-  const k = get(h.length)
+  const k = home(own) ?? get(h.length)
   if (!k) return false
+  const ownIn = home(own) === k
+  const a16 = ownIn ? undefined : new Uint16Array(k.a.buffer, k.a.byteOffset, SIMD_BLOCK)
   for (let lo = 0; lo < h.length; lo += SIMD_BLOCK) {
     const n = Math.min(SIMD_BLOCK, h.length - lo)
-    k.h.set(own.subarray(lo, lo + n))
-    k.ex.decode(n, A_AT, H_AT, 0)
+    if (a16) a16.set(own.subarray(lo, lo + n))
     const hs = h.subarray(lo, lo + n)
     k.h.set(hs)
-    k.ex.addIntoHalf(n, A_AT, H_AT)
+    k.ex.addHalfIntoHalf(n, a16 ? A_AT : own.byteOffset + lo * 2, H_AT)
     hs.set(n === SIMD_BLOCK ? k.h : k.h.subarray(0, n))
   }
   return true

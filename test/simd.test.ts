@@ -246,6 +246,14 @@ describe("SIMD kernels", () => {
       const ownBefore = own.slice()
       expect(addHalfIntoHalfSimd(own, viaKernel)).toBe(true)
       expect(Buffer.from(own.buffer).equals(Buffer.from(ownBefore.buffer))).toBe(true)
+      // the fp16 reducer's own bits live in a space: read in place there
+      const space = simdSpace([Math.ceil(n / 2)])!
+      const ownInSpace = new Uint16Array(space[0].buffer, space[0].byteOffset, n)
+      ownInSpace.set(own)
+      const viaSpace = msg.slice()
+      expect(addHalfIntoHalfSimd(ownInSpace, viaSpace)).toBe(true)
+      expect(Buffer.from(ownInSpace.buffer, ownInSpace.byteOffset, 2 * n).equals(Buffer.from(own.buffer))).toBe(true)
+      expect(Buffer.from(viaSpace.buffer).equals(Buffer.from(viaKernel.buffer))).toBe(true)
       const viaDispatch = msg.slice()
       addHalfIntoHalf(own, viaDispatch)
       let bad = 0

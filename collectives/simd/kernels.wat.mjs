@@ -305,6 +305,27 @@ export const wat = `
       { h: true }
     )})
 
+  ;; h[i] = half(value(a[i]) + value(h[i])) (f32 addition) with a binary16 too: a relay's partial sum when
+  ;; its own values are binary16 bits (halfInput); the same bits as decoding a into f32 and addIntoHalf
+  (func (export "addHalfIntoHalf") (param $n i32) (param $a i32) (param $h i32) ${idx} ${encLocals(0, 1)} ${decLocals(0, 1, 2, 3)} (local $hv v128) (local $av v128)
+    ${loops(
+      8,
+      `(local.set $hv (v128.load (local.get $q)))
+       (local.set $av (v128.load (i32.add (local.get $a) (i32.shl (local.get $i) (i32.const 1)))))
+       (local.set $w0 (i32x4.extend_low_i16x8_u (local.get $hv)))
+       (local.set $w1 (i32x4.extend_high_i16x8_u (local.get $hv)))
+       (local.set $w2 (i32x4.extend_low_i16x8_u (local.get $av)))
+       (local.set $w3 (i32x4.extend_high_i16x8_u (local.get $av)))
+       (local.set $x0 (f32x4.add (block (result v128) ${dec4(2)}) (block (result v128) ${dec4(0)})))
+       (local.set $x1 (f32x4.add (block (result v128) ${dec4(3)}) (block (result v128) ${dec4(1)})))
+       (v128.store (local.get $q) (i16x8.narrow_i32x4_u (block (result v128) ${enc4(0)}) (block (result v128) ${enc4(1)})))`,
+      `(i32.store16 (local.get $q)
+         (call $enc1 (i32.reinterpret_f32 (f32.add
+           (call $dec1 (i32.load16_u (i32.add (local.get $a) (i32.shl (local.get $i) (i32.const 1)))))
+           (call $dec1 (i32.load16_u (local.get $q)))))))`,
+      { h: true }
+    )})
+
   ;; a[i] = f32((f64(a[i]) + f64(value(h[i]))) / d): a region owner's last addition and a mean's division,
   ;; in double as the scalar loop computes it
   (func (export "decodeAddDivide") (param $n i32) (param $a i32) (param $h i32) (param $d f64) ${idx} ${decLocals(0)} (local $s v128) (local $av v128) (local $dv v128)
