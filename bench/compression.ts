@@ -178,9 +178,9 @@ const measure = async (a: Args, star: Star | undefined, dir: string): Promise<vo
     // interleave the codecs, so load from outside hits them alike.
     const fleets = new Map<string, CompressionFleet>()
     try {
+      const wrap = star ? (rank: number) => ["ip", "netns", "exec", star.ranks[rank].ns] : undefined
       for (const v of variants) {
         const prof = a.prof ? ["--cpu-prof", `--cpu-prof-dir=${a.prof}/${groupOf(v)}`] : []
-        const wrap = star ? (rank: number) => ["ip", "netns", "exec", star.ranks[rank].ns] : undefined
         fleets.set(v.label, await CompressionFleet.start(a.p, server.url, 30_000, prof, wrap))
       }
       const fleetOf = (v: Variant): CompressionFleet => fleets.get(v.label) as CompressionFleet

@@ -314,10 +314,10 @@ export const halfFeedbackBitsSimd = (g: Float32Array, e: Float32Array, scale: nu
  */
 export const addHalfIntoHalfSimd = (own: Uint16Array, h: Uint16Array): boolean => {
   if (own.length !== h.length) return false
-  const k = home(own) ?? get(h.length)
+  const space = home(own)
+  const k = space ?? get(h.length)
   if (!k) return false
-  const ownIn = home(own) === k
-  const a16 = ownIn ? undefined : new Uint16Array(k.a.buffer, k.a.byteOffset, SIMD_BLOCK)
+  const a16 = space ? undefined : new Uint16Array(k.a.buffer, k.a.byteOffset, SIMD_BLOCK)
   for (let lo = 0; lo < h.length; lo += SIMD_BLOCK) {
     const n = Math.min(SIMD_BLOCK, h.length - lo)
     if (a16) a16.set(own.subarray(lo, lo + n))
