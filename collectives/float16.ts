@@ -4,7 +4,7 @@
 // 65536-entry table built on first use. No allocation per call. Arrays of SIMD_MIN elements or more
 // go through the WebAssembly SIMD kernels of simd.ts, which give the same bits; the scalar loops
 // here are the reference and the fallback.
-import { addHalfIntoHalfSimd, decodeHalfSimd, encodeHalfSimd, halfFeedbackBitsSimd, roundHalfSimd } from "./simd.ts"
+import { addHalfIntoHalfSimd, addScaledIntoHalfSimd, decodeHalfSimd, encodeHalfSimd, halfFeedbackBitsSimd, roundHalfSimd } from "./simd.ts"
 
 let table: Float32Array | undefined
 
@@ -124,4 +124,36 @@ export const addHalfIntoHalf = (own: Uint16Array, h: Uint16Array): void => {
   const sum = new Float32Array(h.length)
   for (let i = 0; i < h.length; i++) sum[i] = t[own[i]] + t[h[i]]
   encodeHalfScalar(sum, h)
+}
+
+/**
+ * h[i] = binary16 bits of f32(x + value of h[i]), in place in `h`, with x = f32(g[i]·scale), or,
+ * given a residual `e`, x = f32(f32(g[i]·scale) + e[i]) and then e[i] = 0: a ring relay's (or the
+ * owner's) addition of its own compensated values into the received message, when fp16 error
+ * feedback is folded into the ring (gradient-reducer.ts). `g` is only read.
+ */
+export const addScaledIntoHalf = (g: Float32Array, scale: number, e: Float32Array | undefined, h: Uint16Array): void => {
+  if (g.length !== h.length || (e !== undefined && e.length !== g.length)) {
+    throw new RangeError(`addScaledIntoHalf: gradient, residual and message lengths differ (${g.length}, ${e?.length}, ${h.length})`)
+  }
+  if (!addScaledIntoHalfSimd(g, scale, e, h)) addScaledIntoHalfScalar(g, scale, e, h)
+}
+
+/** addScaledIntoHalf without SIMD (the reference). */
+export const addScaledIntoHalfScalar = (g: Float32Array, scale: number, e: Float32Array | undefined, h: Uint16Array): void => {
+  const t = halfTable()
+  const sum = new Float32Array(Math.min(FUSE_BLOCK, g.length))
+  for (let lo = 0; lo < g.length; lo += FUSE_BLOCK) {
+    const hi = Math.min(g.length, lo + FUSE_BLOCK)
+    const s = hi - lo === sum.length ? sum : sum.subarray(0, hi - lo)
+    for (let i = 0; i < s.length; i++) {
+      let x = Math.fround(g[lo + i] * scale)
+      if (e) {
+        x = Math.fround(x + e[lo + i])
+        e[lo + i] = 0
+      }
+      s[i] = x + t[h[lo + i]]
+    }
+    encodeHalfScalar(s, h.subarray(lo, hi))
+  }
 }

@@ -38,6 +38,7 @@ interface KernelExports {
   divideF32(n: number, a: number, d: number, exact: number): void
   halfFeedbackBits(n: number, a: number, b: number, h: number, scale: number, exact: number): void
   addHalfIntoHalf(n: number, a: number, h: number): void
+  addScaledIntoHalf(n: number, a: number, b: number, h: number, scale: number, exact: number, withB: number): void
   topkCompensate(n: number, a: number, b: number, scale: number, exact: number, thr: number, c: number, cv: number, cap: number, base: number): number
   feedbackMatMul(rows: number, m: number, s: number, exact: number, owed: number, a: number, b: number): void
   matMulT(rows: number, m: number, a: number): void
@@ -324,6 +325,34 @@ export const addHalfIntoHalfSimd = (own: Uint16Array, h: Uint16Array): boolean =
     const hs = h.subarray(lo, lo + n)
     k.h.set(hs)
     k.ex.addHalfIntoHalf(n, a16 ? A_AT : own.byteOffset + lo * 2, H_AT)
+    hs.set(n === SIMD_BLOCK ? k.h : k.h.subarray(0, n))
+  }
+  return true
+}
+
+/**
+ * h[i] = binary16 bits of f32(x + value of h[i]), in place in `h`, where x = f32(g[i]·scale), or
+ * with a residual `e`: x = f32(f32(g[i]·scale) + e[i]) and then e[i] = 0. A relay's partial sum when
+ * its own values are a gradient still to be scaled and compensated (fp16 error feedback on a ring:
+ * see gradient-reducer.ts). `g` and `e` are read in place when they live in a space, else through
+ * the A and B blocks; `h` goes through the H block. `g` is only read.
+ */
+export const addScaledIntoHalfSimd = (g: Float32Array, scale: number, e: Float32Array | undefined, h: Uint16Array): boolean => {
+  if (g.length !== h.length || (e !== undefined && e.length !== g.length)) return false
+  const k = home(g) ?? (e && home(e)) ?? get(g.length)
+  if (!k) return false
+  const exact = exactScale(scale)
+  const gOwn = home(g) === k
+  const eOwn = e !== undefined && home(e) === k
+  for (let lo = 0; lo < g.length; lo += SIMD_BLOCK) {
+    const n = Math.min(SIMD_BLOCK, g.length - lo)
+    if (!gOwn) k.a.set(g.subarray(lo, lo + n))
+    const es = e && !eOwn ? e.subarray(lo, lo + n) : undefined
+    if (es) k.b.set(es)
+    const hs = h.subarray(lo, lo + n)
+    k.h.set(hs)
+    k.ex.addScaledIntoHalf(n, gOwn ? g.byteOffset + lo * 4 : A_AT, eOwn ? e.byteOffset + lo * 4 : B_AT, H_AT, scale, exact, e ? 1 : 0)
+    if (es) es.fill(0)
     hs.set(n === SIMD_BLOCK ? k.h : k.h.subarray(0, n))
   }
   return true

@@ -5,6 +5,8 @@
 import { describe, expect, it } from "vitest"
 import {
   addHalfIntoHalf,
+  addScaledIntoHalf,
+  addScaledIntoHalfScalar,
   decodeHalfScalar,
   encodeHalfScalar,
   halfFeedbackBitsScalar,
@@ -26,6 +28,7 @@ import {
   topkCompensateSimd,
   addIntoHalfSimd,
   addHalfIntoHalfSimd,
+  addScaledIntoHalfSimd,
   halfFeedbackBitsSimd,
   addF32Simd,
   addDivideF32Simd,
@@ -260,6 +263,54 @@ describe("SIMD kernels", () => {
       for (let i = 0; i < n; i++) if (viaKernel[i] !== ref[i] && !(isHalfNaN(viaKernel[i]) && isHalfNaN(ref[i]))) bad++
       expect(bad).toBe(0)
       expect(Buffer.from(viaDispatch.buffer).equals(Buffer.from(viaKernel.buffer))).toBe(true)
+    }
+  })
+
+  it("a relay's own scaled (and compensated) gradient added into the message: the bits of scale, add the residual, add, encode; the residual is spent, the gradient only read", () => {
+    const t = halfTable()
+    const halfEq = (a: Uint16Array, b: Uint16Array): number => {
+      let bad = 0
+      for (let i = 0; i < a.length; i++) if (a[i] !== b[i] && !(isHalfNaN(a[i]) && isHalfNaN(b[i]))) bad++
+      return bad
+    }
+    for (const scale of [1, 0.25, 1 / 3]) {
+      for (const n of [...LENGTHS, 2 * SIMD_BLOCK + 9]) {
+        // gradients and partial sums in fp16's range (NaN, Inf, subnormals and ties among them)
+        const g = floats(n, 31 + n)
+        const e = floats(n, 32 + n).map((v) => (Number.isFinite(v) ? v * 1e-3 : 0))
+        const msg = new Uint16Array(words(n, 33 + n).buffer.slice(0, n * 2))
+        for (const withE of [false, true]) {
+          // the reference, written out: x = f32(g·s) (+ e), then half(x + value(msg))
+          const want = new Uint16Array(n)
+          encodeHalfScalar(
+            Float32Array.from(g, (v, i) => {
+              const x = Math.fround(v * scale)
+              return (withE ? Math.fround(x + e[i]) : x) + t[msg[i]]
+            }),
+            want
+          )
+          const run = (f: (g: Float32Array, e: Float32Array | undefined, h: Uint16Array) => unknown, gIn: Float32Array, eIn: Float32Array): void => {
+            gIn.set(g)
+            eIn.set(e)
+            const h = msg.slice()
+            f(gIn, withE ? eIn : undefined, h)
+            expect(halfEq(h, want)).toBe(0)
+            expect(sameBits(gIn, g)).toBe(0) // only read
+            // the residual is spent where it was folded in, and untouched without it
+            expect(withE ? eIn.every((v) => Object.is(v, 0)) : sameBits(eIn, e) === 0).toBe(true)
+          }
+          run((a, b, h) => addScaledIntoHalfScalar(a, scale, b, h), new Float32Array(n), new Float32Array(n))
+          run((a, b, h) => expect(addScaledIntoHalfSimd(a, scale, b, h)).toBe(true), new Float32Array(n), new Float32Array(n))
+          run((a, b, h) => addScaledIntoHalf(a, scale, b, h), new Float32Array(n), new Float32Array(n))
+          // every placement: either array in a space, both in one space, and at an odd offset in it
+          const [gs, es] = simdSpace([n + 1, n + 1])!
+          const simd = (a: Float32Array, b: Float32Array | undefined, h: Uint16Array) => expect(addScaledIntoHalfSimd(a, scale, b, h)).toBe(true)
+          run(simd, gs.subarray(0, n), new Float32Array(n))
+          run(simd, new Float32Array(n), es.subarray(0, n))
+          run(simd, gs.subarray(0, n), es.subarray(0, n))
+          run(simd, gs.subarray(1), es.subarray(1))
+        }
+      }
     }
   })
 
