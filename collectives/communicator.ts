@@ -44,7 +44,7 @@ import { hierarchicalReduce, type NodeGroup } from "./hierarchical.ts"
 import { scale, type ReduceOp } from "./kernels.ts"
 import { Operation, type OperationHost, type OpSignature } from "./operation.ts"
 import type { Reduction } from "./reduction.ts"
-import { ringReduce } from "./ring.ts"
+import { ringReduce, type HalfSource } from "./ring.ts"
 import { segmentBounds } from "./segments.ts"
 import { treeReduce } from "./tree.ts"
 
@@ -124,6 +124,13 @@ export interface AllReduceOptions extends CallOptions {
    * algorithms decode them into `data` first.
    */
   readonly halfInput?: Uint16Array
+  /**
+   * This rank's values, made on demand by the ring (op "sum" with wire "f16" only; not with
+   * `halfInput`): fp16 error feedback compensates and casts only the segment this rank sends
+   * first, and adds its values into the messages it relays (see gradient-reducer.ts). The other
+   * algorithms ask it for all the bits at once and decode them into `data` first.
+   */
+  readonly halfSource?: HalfSource
 }
 
 export interface ReduceScatterOptions extends CallOptions {
@@ -808,6 +815,19 @@ export class Communicator {
       if (!half || rop !== "sum") this.#argError("allReduce", `halfInput needs op "sum" and wire "f16", got op "${rop}" and wire "${opts.wire ?? "f32"}"`)
       if (this.worldSize === 1 || algorithm !== "ring") decodeHalf(halfInput, data)
     }
+    let halfSource = opts.halfSource
+    if (halfSource !== undefined) {
+      if (typeof halfSource?.bits !== "function" || typeof halfSource.addInto !== "function" || typeof halfSource.load !== "function") {
+        this.#argError("allReduce", "halfSource must have bits, addInto and load methods (see HalfSource)")
+      }
+      if (halfInput !== undefined) this.#argError("allReduce", "pass halfInput or halfSource, not both")
+      if (!half || rop !== "sum") this.#argError("allReduce", `halfSource needs op "sum" and wire "f16", got op "${rop}" and wire "${opts.wire ?? "f32"}"`)
+      if (this.worldSize === 1 || algorithm !== "ring") {
+        const b = halfSource.bits(0, data.length)
+        decodeHalf(new Uint16Array(b.byteOffset & 1 ? b.slice().buffer : b.buffer, b.byteOffset & 1 ? 0 : b.byteOffset, data.length), data)
+        halfSource = undefined
+      }
+    }
     if (this.worldSize === 1) return soloResult(data, rop, weight)
     const fanout = opts.fanout !== false
     const variant = variantOf(algorithmCode[algorithm], reduceCode[rop], half, !fanout && algorithm !== "hierarchical")
@@ -820,7 +840,7 @@ export class Communicator {
         const members = Array.from({ length: p }, (_, r) => r)
         // With two ranks a fan-out reaches one receiver: the plain relay is the same traffic with a
         // whole window for the one link.
-        await ringReduce(op, data, { members, index: this.rank, chunkElems: C, stepBase: 0, reduce, gatherFanout: fanout && p > 2 ? "all" : undefined, halfInput })
+        await ringReduce(op, data, { members, index: this.rank, chunkElems: C, stepBase: 0, reduce, gatherFanout: fanout && p > 2 ? "all" : undefined, halfInput, halfSource })
       } else if (algorithm === "tree") {
         const members = Array.from({ length: p }, (_, r) => r)
         await treeReduce(op, data, { members, index: this.rank, chunkElems: C, stepBase: 0, reduce, fanoutTarget: fanout ? "all" : undefined })

@@ -17,9 +17,11 @@
 //
 // The owner of a segment, for fp16 sums, does the same with the last message it receives: it adds
 // its own values into that message, decodes the message into its buffer, and all-gathers the
-// message itself (no rounding pass, no encode). With `halfInput` (fp16 sums) this rank's values
-// come as binary16 bits (its error feedback wrote them so): the first send is a view of those bits,
-// relays and the owner add them into the messages, and `buf` is only written, with the result.
+// message itself (no rounding pass, no encode). With a `halfSource` (fp16 sums) this rank's values
+// are made as the ring needs them: binary16 bits for the first send, an addition into a message
+// for a relay or the owner, fp32 values in `buf` for the rare fallback. fp16 error feedback uses it
+// to compensate and cast only the segment this rank sends first (see gradient-reducer.ts);
+// `halfInput` (all of this rank's values as binary16 bits) is the simplest source.
 //
 // With `gatherFanout`, the all-gather is one NATS fan-out publish per chunk from each owner to
 // every member instead of m-1 relays: each rank sends (m-1)/m less, the server takes each final
@@ -51,17 +53,47 @@ export interface RingSpec {
    * written (with the result).
    */
   readonly halfInput?: Uint16Array
+  /**
+   * This rank's values, made on demand (op "sum" with fp16 on the wire only): `buf` holds whatever
+   * the source reads its values from and ends with the result. Not with `halfInput`.
+   */
+  readonly halfSource?: HalfSource
   /** Called when the region [off, off+n) holds its final value on this rank. */
   readonly onFinal?: (off: number, n: number) => void
 }
 
 /** Runs a ring over `spec.members` on `buf` (in place). Resolves when this rank's part is done. */
+/**
+ * This rank's values in an fp16 sum, made as the ring needs each range [off, off+n) of them. Each
+ * element is asked for exactly once per call: by `bits` (the segment this rank sends first), by
+ * `addInto` (a relay's or the owner's addition) or by `load` (the fallback).
+ */
+export interface HalfSource {
+  /** The binary16 bits of the values in [off, off+n), as bytes; they stay as they are until sent. */
+  bits(off: number, n: number): Uint8Array
+  /** h[i] = binary16 bits of f32(value of h[i] + value off+i): added into a received message. */
+  addInto(h: Uint16Array, off: number, n: number): void
+  /** buf[off..off+n) = the values in fp32. */
+  load(off: number, n: number): void
+}
+
+/** The source for values given as binary16 bits (`halfInput`): `buf` is only written. */
+export const halfBitsSource = (bits: Uint16Array, buf: Float32Array): HalfSource => ({
+  bits: (off, n) => new Uint8Array(bits.buffer, bits.byteOffset + off * 2, n * 2),
+  addInto: (h, off, n) => addHalfIntoHalf(bits.subarray(off, off + n), h),
+  load: (off, n) => decodeHalf(bits.subarray(off, off + n), buf.subarray(off, off + n))
+})
+
 export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpec): Promise<void> => {
-  const { members, index: i, chunkElems: C, stepBase, reduce, onFinal, gatherFanout, halfInput } = spec
+  const { members, index: i, chunkElems: C, stepBase, reduce, onFinal, gatherFanout } = spec
+  const halfSource = spec.halfSource ?? (spec.halfInput ? halfBitsSource(spec.halfInput, buf) : undefined)
   const m = members.length
   const N = buf.length
   if (m === 1) {
-    if (halfInput) decodeHalf(halfInput, buf)
+    if (halfSource) {
+      const b = halfSource.bits(0, N)
+      decodeHalf(new Uint16Array(b.byteOffset & 1 ? b.slice().buffer : b.buffer, b.byteOffset & 1 ? 0 : b.byteOffset, N), buf)
+    }
     finish(buf, 0, N, reduce, reduce.weight)
     onFinal?.(0, N)
     return
@@ -97,14 +129,11 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
   const gathered = new Array<number>(m).fill(0)
   // The owner's finished messages, all-gathered as they are (fp16 sums; see the header).
   const ownerKeeps = reduce.half && reduce.op === "sum" && sendSteps > rsSteps
-  const ownBytes = (off: number, n: number): Uint8Array => new Uint8Array(halfInput!.buffer, halfInput!.byteOffset + off * 2, n * 2)
-  /** buf[off..off+n) = this rank's own values, when they came as binary16 bits. */
-  const loadOwn = (off: number, n: number): void => {
-    if (halfInput) assign(buf, off, ownBytes(off, n), n, true)
-  }
+  /** buf[off..off+n) = this rank's own values, when a source makes them. */
+  const loadOwn = (off: number, n: number): void => halfSource?.load(off, n)
   /** The binary16 message = half(message + own values). */
   const addOwnIntoHalf = (payload: Uint8Array, off: number, n: number): void => {
-    if (halfInput) addHalfIntoHalf(halfInput.subarray(off, off + n), new Uint16Array(payload.buffer, payload.byteOffset, n))
+    if (halfSource) halfSource.addInto(new Uint16Array(payload.buffer, payload.byteOffset, n), off, n)
     else accumulateIntoHalfPayload(payload, buf, off, n)
   }
   let gatherLeft = 0
@@ -209,7 +238,7 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
         // The weight that travels with a partial sum: all contributions it holds.
         const weight = t === 0 ? reduce.weight : recvWeight[t - 1] + reduce.weight
         // The partial sum received as step t-1 chunk c, if it was kept as a message.
-        const body = t > 0 ? take(t, c) : halfInput ? ownBytes(off, view.length) : undefined
+        const body = t > 0 ? take(t, c) : halfSource?.bits(off, view.length)
         if (body) {
           await op.sendBody(next, stepBase + t, c, off, view.length, body, weight)
           releaseReceived(body)
