@@ -9,14 +9,20 @@
 // feedback sees exactly what is sent.
 //
 // Aggregation per codec (see compression/compressor.ts):
-//   fp16      all-reduce with binary16 on the wire; residual e = p - half(p)
+//   fp16      all-reduce with binary16 on the wire. On a ring, error feedback is folded into it
+//             (FeedbackHalfSource): a rank casts only the segment it sends first, p = g·(w/W) + e,
+//             residual e = p - half(p); as a relay or owner it adds f32(g·(w/W)) into the partial sum
+//             at fp32, with no cast of its own, so its residual is nonzero on that one segment only.
+//             Other algorithms: every rank casts all of p with its residual, then reduces the bits.
 //   powersgd  all-reduce of the P and Q factors, per matrix-shaped variable
 //   int8, topk, sign  all-gather of every rank's message; each rank decodes all of them in rank
 //             order (so every rank gets bitwise the same sum). int8 is all-gathered rather than
 //             re-quantised at each ring hop: one quantisation per rank and step, one residual.
 import type { AllReduceAlgorithm, Communicator } from "./communicator.ts"
 import { planBuckets, DEFAULT_BUCKET_BYTES, DEFAULT_FIRST_BUCKET_BYTES } from "./bucketing.ts"
-import { halfFeedbackBits } from "./float16.ts"
+import { addScaledIntoHalf, halfFeedbackBits } from "./float16.ts"
+import { scale } from "./kernels.ts"
+import type { HalfSource } from "./ring.ts"
 import { simdSpace } from "./simd.ts"
 import {
   createCompressor,
@@ -84,6 +90,77 @@ interface Range {
   readonly end: number
 }
 
+/**
+ * Where an fp16 bucket's residual may be nonzero after a step that folded error feedback into the
+ * ring: [lo, hi), valid for that residual array while the store's version is unchanged.
+ */
+interface NonzeroHint {
+  readonly e: Float32Array
+  readonly version: number
+  readonly lo: number
+  readonly hi: number
+}
+
+/**
+ * fp16 error feedback folded into a ring all-reduce: the ring asks for this rank's values as it
+ * needs them (ring.ts's HalfSource), over the gradient `g` (the all-reduce's own buffer).
+ * - The segment this rank sends first, chunk by chunk just before it goes out: p = f32(g·s) + e,
+ *   send half(p), e = p - value (halfFeedbackBits). This is the rank's one cast of its own values.
+ * - A relay or the segment's owner: the message += f32(g·s) at fp32, rounded to binary16 to go on
+ *   (addScaledIntoHalf), as a hop rounds any partial sum; no cast of the rank's own values, so
+ *   nothing for its residual. Where the residual may still hold something (`nonzero`: from a
+ *   checkpoint, or a step that cast another segment) it is added in and spent, e = 0.
+ * So a step reads and writes the residual on about 1/p of the bucket instead of all of it, and the
+ * first chunk goes out after one chunk's cast instead of the whole bucket's.
+ */
+class FeedbackHalfSource implements HalfSource {
+  /** The range cast this call (where the residual is nonzero afterwards). */
+  lo = Number.POSITIVE_INFINITY
+  hi = Number.NEGATIVE_INFINITY
+  encodeMs = 0
+  readonly #g: Float32Array
+  readonly #e: Float32Array
+  readonly #s: number
+  readonly #out: Uint16Array
+  readonly #nonzero: { readonly lo: number; readonly hi: number }
+
+  constructor(g: Float32Array, e: Float32Array, s: number, out: Uint16Array, nonzero: { readonly lo: number; readonly hi: number }) {
+    this.#g = g
+    this.#e = e
+    this.#s = s
+    this.#out = out
+    this.#nonzero = nonzero
+  }
+
+  #mayHold(off: number, n: number): boolean {
+    return off < this.#nonzero.hi && off + n > this.#nonzero.lo
+  }
+
+  bits(off: number, n: number): Uint8Array {
+    const t0 = performance.now()
+    const out = this.#out.subarray(off, off + n)
+    halfFeedbackBits(this.#g.subarray(off, off + n), this.#e.subarray(off, off + n), this.#s, out)
+    this.lo = Math.min(this.lo, off)
+    this.hi = Math.max(this.hi, off + n)
+    this.encodeMs += performance.now() - t0
+    return new Uint8Array(out.buffer, out.byteOffset, n * 2)
+  }
+
+  addInto(h: Uint16Array, off: number, n: number): void {
+    addScaledIntoHalf(this.#g.subarray(off, off + n), this.#s, this.#mayHold(off, n) ? this.#e.subarray(off, off + n) : undefined, h)
+  }
+
+  load(off: number, n: number): void {
+    const g = this.#g
+    if (!this.#mayHold(off, n)) return scale(g, off, n, this.#s)
+    const e = this.#e
+    for (let i = off; i < off + n; i++) {
+      g[i] = Math.fround(g[i] * this.#s) + e[i]
+      e[i] = 0
+    }
+  }
+}
+
 export class GradientReducer {
   readonly comm: Communicator
   /** Switchable once (compression 'auto' decides after warm-up): see setCompression. */
@@ -93,6 +170,8 @@ export class GradientReducer {
   #plan: { key: string; buckets: Range[] } | undefined
   readonly #gather = new Map<number, { words: Float32Array; gathered: Float32Array }>()
   readonly #half = new Map<number, Uint16Array>()
+  /** fp16 buckets' residuals: where they may be nonzero (FeedbackHalfSource). */
+  readonly #nonzero = new Map<string, NonzeroHint>()
   #space: GradientSpace | undefined
   #stats = { wireBytes: 0, denseBytes: 0, steps: 0, totalWireBytes: 0, totalDenseBytes: 0 }
 
@@ -247,15 +326,29 @@ export class GradientReducer {
         // writes the message's bits, which the all-reduce sends and adds as they are; the
         // gradient is only read, then overwritten with the result.
         const t0 = performance.now()
-        let halfInput: Uint16Array | undefined
-        if (c.errorFeedback) {
-          halfInput = this.#halfBuffer(k, data.length)
-          halfFeedbackBits(data, this.ef.residual(key, data.length), scaleBy, halfInput)
+        if (c.errorFeedback && algorithm === "ring") {
+          // error feedback inside the ring (FeedbackHalfSource): cast only the segment sent first
+          const fresh = !this.ef.has(key)
+          const e = this.ef.residual(key, data.length)
+          const hint = this.#nonzero.get(key)
+          const known = hint !== undefined && hint.e === e && hint.version === this.ef.version
+          const src = new FeedbackHalfSource(data, e, scaleBy, this.#halfBuffer(k, data.length), fresh ? { lo: 0, hi: 0 } : known ? hint : { lo: 0, hi: data.length })
+          // until this step completes, anything may be anywhere
+          this.#nonzero.delete(key)
+          await this.comm.allReduce(data, { op: "sum", algorithm, wire: "f16", halfSource: src })
+          this.#nonzero.set(key, { e, version: this.ef.version, lo: Math.min(src.lo, src.hi), hi: src.hi })
+          encodeMs = src.encodeMs
         } else {
-          for (let i = 0; i < data.length; i++) data[i] *= scaleBy
+          let halfInput: Uint16Array | undefined
+          if (c.errorFeedback) {
+            halfInput = this.#halfBuffer(k, data.length)
+            halfFeedbackBits(data, this.ef.residual(key, data.length), scaleBy, halfInput)
+          } else {
+            for (let i = 0; i < data.length; i++) data[i] *= scaleBy
+          }
+          encodeMs = performance.now() - t0
+          await this.comm.allReduce(data, { op: "sum", algorithm, wire: "f16", halfInput })
         }
-        encodeMs = performance.now() - t0
-        await this.comm.allReduce(data, { op: "sum", algorithm, wire: "f16", halfInput })
         bytes = data.length * 2
       } else {
         const t0 = performance.now()

@@ -10,6 +10,7 @@ import { planBuckets } from "../collectives/bucketing.ts"
 import {
   ErrorFeedback,
   createCompressor,
+  ringSegment,
   simulateCompressedAllReduce,
   type AnyCompressor,
   type Compressor,
@@ -281,6 +282,37 @@ describe("GradientReducer over NATS, 4 rank processes", () => {
       for (const n of [name, restoredName, freshName]) await fleet.all(() => ({ cmd: "close", name: n }))
     }, 60_000)
   }
+
+  it("fp16: residuals nonzero everywhere (restored from a checkpoint of another layout) are folded in where a rank relays and spent there; afterwards each rank's residual is nonzero only on the segment it casts", async () => {
+    const name = await createGroup("fp16")
+    const sim = new Simulation("fp16")
+    let x = 12345
+    const noise = (n: number): Float32Array =>
+      Float32Array.from({ length: n }, () => {
+        x = (Math.imul(x, 1103515245) + 12345) >>> 0
+        return (x / 2 ** 32 - 0.5) * 1e-3
+      })
+    const states = Array.from({ length: P }, () => Object.fromEntries(BUCKETS.map((b, k) => [`bucket${k}`, noise(b.end - b.start)])))
+    await fleet.all((r) => ({ cmd: "restore", name, state: decodeMessage(encodeMessage({ residuals: states[r] })) }))
+    states.forEach((st, r) => sim.efs[r].restore(st))
+    for (let step = 0; step < 2; step++) {
+      const replies = await reduceStep(name, 300 + step, step)
+      expectIdenticalOnAllRanks(replies)
+      const want = sim.step(300 + step, step)
+      expect(sameBits(replies[0].data, want), `step ${step}: max |diff| ${maxDiff(replies[0].data, want)}`).toBe(true)
+      const got = await fleet.all<ReducerState>(() => ({ cmd: "state", name }))
+      for (let r = 0; r < P; r++) {
+        for (const [key, e] of Object.entries(sim.residuals(r))) {
+          expect(sameBits(got[r].residuals[key], e), `step ${step}, rank ${r}, ${key}`).toBe(true)
+          // rank r sends segment r - 1 of each bucket first (ring.ts): nonzero there only
+          const [lo, hi] = ringSegment(e.length, P, (r + P - 1) % P)
+          expect(e.every((v, i) => v === 0 || (i >= lo && i < hi))).toBe(true)
+          expect(e.subarray(lo, hi).some((v) => v !== 0)).toBe(true)
+        }
+      }
+    }
+    await fleet.all(() => ({ cmd: "close", name }))
+  }, 60_000)
 
   it("PowerSGD chooses each round's algorithm by that round's size, not the gradient's", async () => {
     const config: ResolvedCompressionConfig = { type: "powersgd", rank: 2 }

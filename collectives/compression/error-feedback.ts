@@ -27,6 +27,16 @@ export interface OwedCorrection<T = unknown> {
 export class ErrorFeedback {
   private readonly residuals = new Map<string, Float32Array>()
   private readonly owed = new Map<string, OwedCorrection>()
+  #version = 0
+
+  /**
+   * Changes whenever residuals are replaced or dropped (restore, delete, clear), so a codec can
+   * tell that what it knew about their contents (the fp16 reducer: where they may be nonzero) no
+   * longer holds.
+   */
+  get version(): number {
+    return this.#version
+  }
 
   /**
    * Makes the zeroed residual of n floats for `key`, on first use and on restore. The gradient
@@ -89,11 +99,13 @@ export class ErrorFeedback {
   }
 
   delete(key: string): boolean {
+    this.#version++
     this.owed.delete(key)
     return this.residuals.delete(key)
   }
 
   clear(): void {
+    this.#version++
     this.owed.clear()
     this.residuals.clear()
   }
@@ -130,6 +142,7 @@ export class ErrorFeedback {
 
   /** Replaces all residuals with copies of a saved state (arrays of numbers are accepted too). */
   restore(state: Readonly<Record<string, ArrayLike<number>>>): void {
+    this.#version++
     this.owed.clear()
     this.residuals.clear()
     for (const [k, v] of Object.entries(state)) {

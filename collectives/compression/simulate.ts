@@ -5,6 +5,7 @@
 import { type Compressor, type EncodeContext } from "./compressor.ts"
 import type { ErrorFeedback } from "./error-feedback.ts"
 import { decodeFp16, encodeFp16 } from "./fp16.ts"
+import { halfFeedbackBits } from "../float16.ts"
 import type { AllReduceSum, PowerSgdCompressor } from "./powersgd.ts"
 
 export type AnyCompressor = Compressor | PowerSgdCompressor
@@ -49,9 +50,11 @@ const encodeWith = (
  * compressed.
  *
  * - 'allgather': every rank encodes its own p = g + e; all decode all messages in rank order.
- * - 'allreduce' (fp16): every rank casts its own p once; the ring then moves fp16, each hop adding
- *   in fp32 and rounding the partial sum to fp16 to forward it, the owner rounding the full sum
- *   for the all-gather.
+ * - 'allreduce' (fp16), as a ring with error feedback folded in: segment c starts at rank c, which
+ *   casts its p = g + e there (residual e = p - half(p)); each following rank adds its g + e in
+ *   fp32 (spending e there: e = 0) and rounds the partial sum to fp16 to forward it, the last (the
+ *   owner) rounding the full sum for the all-gather. So a rank's residual ends nonzero only on
+ *   the segment it starts. Without error feedback, the same with e = 0 throughout.
  * - 'allreduce-decode-accumulate' (int8): ring reduce-scatter in which each hop decodes, adds its
  *   raw gradient and re-compresses with the residual of its (key, p, segment) compress point; the
  *   owner compresses the full segment sum once for the all-gather.
@@ -95,19 +98,26 @@ export const simulateCompressedAllReduce = (
     }
     case "allreduce": {
       if (first.name === "none") return sumInOrder(workersGrads)
-      // each rank's own cast, with its own residual
-      const own = workersGrads.map((g, r) => cs[r].decode(encodeWith(cs[r], ef, r, key, g, { rank: r, step })))
+      const res = ef && first.errorFeedback ? workersGrads.map((_, r) => ef[r].residual(key, n)) : null
       const out = new Float32Array(n)
       for (let c = 0; c < p; c++) {
         const [lo, hi] = ringSegment(n, p, c)
-        const acc = own[c].slice(lo, hi)
         const half = new Uint16Array(hi - lo)
+        // the origin's cast of its own values, with its residual
+        const acc = workersGrads[c].slice(lo, hi)
+        if (res) halfFeedbackBits(workersGrads[c].subarray(lo, hi), res[c].subarray(lo, hi), 1, half)
+        else encodeFp16(acc, half)
+        decodeFp16(half, acc)
         for (let j = 1; j < p; j++) {
-          roundFp16(acc, half) // forwarded as fp16
-          const mine = own[(c + j) % p]
-          for (let i = lo; i < hi; i++) acc[i - lo] += mine[i]
+          const r = (c + j) % p
+          const g = workersGrads[r]
+          const e = res?.[r]
+          for (let i = lo; i < hi; i++) {
+            acc[i - lo] += e ? Math.fround(g[i] + e[i]) : g[i]
+            if (e) e[i] = 0
+          }
+          roundFp16(acc, half) // forwarded as fp16; after the owner's addition, its all-gather message
         }
-        roundFp16(acc, half) // the owner's all-gather message
         out.set(acc, lo)
       }
       return out
