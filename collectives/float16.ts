@@ -130,17 +130,18 @@ export const addHalfIntoHalf = (own: Uint16Array, h: Uint16Array): void => {
  * h[i] = binary16 bits of f32(x + value of h[i]), in place in `h`, with x = f32(g[i]·scale), or,
  * given a residual `e`, x = f32(f32(g[i]·scale) + e[i]) and then e[i] = 0: a ring relay's (or the
  * owner's) addition of its own compensated values into the received message, when fp16 error
- * feedback is folded into the ring (gradient-reducer.ts). `g` is only read.
+ * feedback is folded into the ring (gradient-reducer.ts). With `store`, g[i] = value of the new
+ * h[i] afterwards (the owner's finished values); otherwise `g` is only read.
  */
-export const addScaledIntoHalf = (g: Float32Array, scale: number, e: Float32Array | undefined, h: Uint16Array): void => {
+export const addScaledIntoHalf = (g: Float32Array, scale: number, e: Float32Array | undefined, h: Uint16Array, store = false): void => {
   if (g.length !== h.length || (e !== undefined && e.length !== g.length)) {
     throw new RangeError(`addScaledIntoHalf: gradient, residual and message lengths differ (${g.length}, ${e?.length}, ${h.length})`)
   }
-  if (!addScaledIntoHalfSimd(g, scale, e, h)) addScaledIntoHalfScalar(g, scale, e, h)
+  if (!addScaledIntoHalfSimd(g, scale, e, h, store)) addScaledIntoHalfScalar(g, scale, e, h, store)
 }
 
 /** addScaledIntoHalf without SIMD (the reference). */
-export const addScaledIntoHalfScalar = (g: Float32Array, scale: number, e: Float32Array | undefined, h: Uint16Array): void => {
+export const addScaledIntoHalfScalar = (g: Float32Array, scale: number, e: Float32Array | undefined, h: Uint16Array, store = false): void => {
   const t = halfTable()
   const sum = new Float32Array(Math.min(FUSE_BLOCK, g.length))
   for (let lo = 0; lo < g.length; lo += FUSE_BLOCK) {
@@ -154,6 +155,8 @@ export const addScaledIntoHalfScalar = (g: Float32Array, scale: number, e: Float
       }
       s[i] = x + t[h[lo + i]]
     }
-    encodeHalfScalar(s, h.subarray(lo, hi))
+    const hs = h.subarray(lo, hi)
+    encodeHalfScalar(s, hs)
+    if (store) for (let i = 0; i < hs.length; i++) g[lo + i] = t[hs[i]]
   }
 }

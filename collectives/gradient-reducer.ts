@@ -107,7 +107,8 @@ interface NonzeroHint {
  * - The segment this rank sends first, chunk by chunk just before it goes out: p = f32(g·s) + e,
  *   send half(p), e = p - value (halfFeedbackBits). This is the rank's one cast of its own values.
  * - A relay or the segment's owner: the message += f32(g·s) at fp32, rounded to binary16 to go on
- *   (addScaledIntoHalf), as a hop rounds any partial sum; no cast of the rank's own values, so
+ *   (addScaledIntoHalf; the owner writes the rounded values over g in the same pass), as a hop
+ *   rounds any partial sum; no cast of the rank's own values, so
  *   nothing for its residual. Where the residual may still hold something (`nonzero`: from a
  *   checkpoint, or a step that cast another segment) it is added in and spent, e = 0.
  * So a step reads and writes the residual on about 1/p of the bucket instead of all of it, and the
@@ -146,8 +147,8 @@ class FeedbackHalfSource implements HalfSource {
     return new Uint8Array(out.buffer, out.byteOffset, n * 2)
   }
 
-  addInto(h: Uint16Array, off: number, n: number): void {
-    addScaledIntoHalf(this.#g.subarray(off, off + n), this.#s, this.#mayHold(off, n) ? this.#e.subarray(off, off + n) : undefined, h)
+  addInto(h: Uint16Array, off: number, n: number, final: boolean): void {
+    addScaledIntoHalf(this.#g.subarray(off, off + n), this.#s, this.#mayHold(off, n) ? this.#e.subarray(off, off + n) : undefined, h, final)
   }
 
   load(off: number, n: number): void {

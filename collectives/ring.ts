@@ -71,8 +71,11 @@ export interface RingSpec {
 export interface HalfSource {
   /** The binary16 bits of the values in [off, off+n), as bytes; they stay as they are until sent. */
   bits(off: number, n: number): Uint8Array
-  /** h[i] = binary16 bits of f32(value of h[i] + value off+i): added into a received message. */
-  addInto(h: Uint16Array, off: number, n: number): void
+  /**
+   * h[i] = binary16 bits of f32(value of h[i] + value off+i): added into a received message. With
+   * `final` (the segment's owner) also buf[off+i] = value of the new h[i].
+   */
+  addInto(h: Uint16Array, off: number, n: number, final: boolean): void
   /** buf[off..off+n) = the values in fp32. */
   load(off: number, n: number): void
 }
@@ -80,7 +83,10 @@ export interface HalfSource {
 /** The source for values given as binary16 bits (`halfInput`): `buf` is only written. */
 export const halfBitsSource = (bits: Uint16Array, buf: Float32Array): HalfSource => ({
   bits: (off, n) => new Uint8Array(bits.buffer, bits.byteOffset + off * 2, n * 2),
-  addInto: (h, off, n) => addHalfIntoHalf(bits.subarray(off, off + n), h),
+  addInto: (h, off, n, final) => {
+    addHalfIntoHalf(bits.subarray(off, off + n), h)
+    if (final) decodeHalf(h, buf.subarray(off, off + n))
+  },
   load: (off, n) => decodeHalf(bits.subarray(off, off + n), buf.subarray(off, off + n))
 })
 
@@ -131,10 +137,13 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
   const ownerKeeps = reduce.half && reduce.op === "sum" && sendSteps > rsSteps
   /** buf[off..off+n) = this rank's own values, when a source makes them. */
   const loadOwn = (off: number, n: number): void => halfSource?.load(off, n)
-  /** The binary16 message = half(message + own values). */
-  const addOwnIntoHalf = (payload: Uint8Array, off: number, n: number): void => {
-    if (halfSource) halfSource.addInto(new Uint16Array(payload.buffer, payload.byteOffset, n), off, n)
-    else accumulateIntoHalfPayload(payload, buf, off, n)
+  /** The binary16 message = half(message + own values); `final`: buf[off..off+n) = its values too. */
+  const addOwnIntoHalf = (payload: Uint8Array, off: number, n: number, final: boolean): void => {
+    if (halfSource) halfSource.addInto(new Uint16Array(payload.buffer, payload.byteOffset, n), off, n, final)
+    else {
+      accumulateIntoHalfPayload(payload, buf, off, n)
+      if (final) assign(buf, off, payload, n, true)
+    }
   }
   let gatherLeft = 0
   if (fanout) for (let k = 0; k < m; k++) if (k !== i) gatherLeft += chunkCount(segLen(k), C)
@@ -175,8 +184,7 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
       if (t === rsSteps - 1) {
         // The last contribution to segment i arrives at its owner: finish it, once.
         if (ownerKeeps && keep) {
-          addOwnIntoHalf(f.payload, off, n)
-          assign(buf, off, f.payload, n, true)
+          addOwnIntoHalf(f.payload, off, n, true)
           hold(rsSteps, f.chunk, f.payload)
         } else {
           loadOwn(off, n)
@@ -185,7 +193,7 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
         }
         onFinal?.(off, n)
       } else if (keep) {
-        if (half) addOwnIntoHalf(f.payload, off, n)
+        if (half) addOwnIntoHalf(f.payload, off, n, false)
         else accumulateIntoPayload(f.payload, buf, off, n, accOp)
         hold(t + 1, f.chunk, f.payload)
       } else {

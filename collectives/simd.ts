@@ -38,7 +38,7 @@ interface KernelExports {
   divideF32(n: number, a: number, d: number, exact: number): void
   halfFeedbackBits(n: number, a: number, b: number, h: number, scale: number, exact: number): void
   addHalfIntoHalf(n: number, a: number, h: number): void
-  addScaledIntoHalf(n: number, a: number, b: number, h: number, scale: number, exact: number, withB: number): void
+  addScaledIntoHalf(n: number, a: number, b: number, h: number, scale: number, exact: number, withB: number, store: number): void
   topkCompensate(n: number, a: number, b: number, scale: number, exact: number, thr: number, c: number, cv: number, cap: number, base: number): number
   feedbackMatMul(rows: number, m: number, s: number, exact: number, owed: number, a: number, b: number): void
   matMulT(rows: number, m: number, a: number): void
@@ -334,10 +334,11 @@ export const addHalfIntoHalfSimd = (own: Uint16Array, h: Uint16Array): boolean =
  * h[i] = binary16 bits of f32(x + value of h[i]), in place in `h`, where x = f32(g[i]·scale), or
  * with a residual `e`: x = f32(f32(g[i]·scale) + e[i]) and then e[i] = 0. A relay's partial sum when
  * its own values are a gradient still to be scaled and compensated (fp16 error feedback on a ring:
- * see gradient-reducer.ts). `g` and `e` are read in place when they live in a space, else through
- * the A and B blocks; `h` goes through the H block. `g` is only read.
+ * see gradient-reducer.ts). With `store`, g[i] = value of the new h[i] (a segment owner's finished
+ * values, in the same pass); otherwise `g` is only read. `g` and `e` are read in place when they
+ * live in a space, else through the A and B blocks; `h` goes through the H block.
  */
-export const addScaledIntoHalfSimd = (g: Float32Array, scale: number, e: Float32Array | undefined, h: Uint16Array): boolean => {
+export const addScaledIntoHalfSimd = (g: Float32Array, scale: number, e: Float32Array | undefined, h: Uint16Array, store = false): boolean => {
   if (g.length !== h.length || (e !== undefined && e.length !== g.length)) return false
   const k = home(g) ?? (e && home(e)) ?? get(g.length)
   if (!k) return false
@@ -346,13 +347,15 @@ export const addScaledIntoHalfSimd = (g: Float32Array, scale: number, e: Float32
   const eOwn = e !== undefined && home(e) === k
   for (let lo = 0; lo < g.length; lo += SIMD_BLOCK) {
     const n = Math.min(SIMD_BLOCK, g.length - lo)
-    if (!gOwn) k.a.set(g.subarray(lo, lo + n))
+    const gs = gOwn ? undefined : g.subarray(lo, lo + n)
+    if (gs) k.a.set(gs)
     const es = e && !eOwn ? e.subarray(lo, lo + n) : undefined
     if (es) k.b.set(es)
     const hs = h.subarray(lo, lo + n)
     k.h.set(hs)
-    k.ex.addScaledIntoHalf(n, gOwn ? g.byteOffset + lo * 4 : A_AT, eOwn ? e.byteOffset + lo * 4 : B_AT, H_AT, scale, exact, e ? 1 : 0)
+    k.ex.addScaledIntoHalf(n, gs ? A_AT : g.byteOffset + lo * 4, eOwn ? e.byteOffset + lo * 4 : B_AT, H_AT, scale, exact, e ? 1 : 0, store ? 1 : 0)
     if (es) es.fill(0)
+    if (gs && store) gs.set(n === SIMD_BLOCK ? k.a : k.a.subarray(0, n))
     hs.set(n === SIMD_BLOCK ? k.h : k.h.subarray(0, n))
   }
   return true

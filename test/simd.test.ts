@@ -266,7 +266,7 @@ describe("SIMD kernels", () => {
     }
   })
 
-  it("a relay's own scaled (and compensated) gradient added into the message: the bits of scale, add the residual, add, encode; the residual is spent, the gradient only read", () => {
+  it("a relay's own scaled (and compensated) gradient added into the message: the bits of scale, add the residual, add, encode; the residual is spent; the gradient only read, or (store) given the new values", () => {
     const t = halfTable()
     const halfEq = (a: Uint16Array, b: Uint16Array): number => {
       let bad = 0
@@ -289,26 +289,29 @@ describe("SIMD kernels", () => {
             }),
             want
           )
-          const run = (f: (g: Float32Array, e: Float32Array | undefined, h: Uint16Array) => unknown, gIn: Float32Array, eIn: Float32Array): void => {
-            gIn.set(g)
-            eIn.set(e)
-            const h = msg.slice()
-            f(gIn, withE ? eIn : undefined, h)
-            expect(halfEq(h, want)).toBe(0)
-            expect(sameBits(gIn, g)).toBe(0) // only read
-            // the residual is spent where it was folded in, and untouched without it
-            expect(withE ? eIn.every((v) => Object.is(v, 0)) : sameBits(eIn, e) === 0).toBe(true)
+          const wantValues = Float32Array.from(want, (h) => t[h])
+          for (const store of [false, true]) {
+            const run = (f: (g: Float32Array, e: Float32Array | undefined, h: Uint16Array) => unknown, gIn: Float32Array, eIn: Float32Array): void => {
+              gIn.set(g)
+              eIn.set(e)
+              const h = msg.slice()
+              f(gIn, withE ? eIn : undefined, h)
+              expect(halfEq(h, want)).toBe(0)
+              expect(sameBits(gIn, store ? wantValues : g)).toBe(0)
+              // the residual is spent where it was folded in, and untouched without it
+              expect(withE ? eIn.every((v) => Object.is(v, 0)) : sameBits(eIn, e) === 0).toBe(true)
+            }
+            const simd = (a: Float32Array, b: Float32Array | undefined, h: Uint16Array) => expect(addScaledIntoHalfSimd(a, scale, b, h, store)).toBe(true)
+            run((a, b, h) => addScaledIntoHalfScalar(a, scale, b, h, store), new Float32Array(n), new Float32Array(n))
+            run(simd, new Float32Array(n), new Float32Array(n))
+            run((a, b, h) => addScaledIntoHalf(a, scale, b, h, store), new Float32Array(n), new Float32Array(n))
+            // every placement: either array in a space, both in one space, and at an odd offset in it
+            const [gs, es] = simdSpace([n + 1, n + 1])!
+            run(simd, gs.subarray(0, n), new Float32Array(n))
+            run(simd, new Float32Array(n), es.subarray(0, n))
+            run(simd, gs.subarray(0, n), es.subarray(0, n))
+            run(simd, gs.subarray(1), es.subarray(1))
           }
-          run((a, b, h) => addScaledIntoHalfScalar(a, scale, b, h), new Float32Array(n), new Float32Array(n))
-          run((a, b, h) => expect(addScaledIntoHalfSimd(a, scale, b, h)).toBe(true), new Float32Array(n), new Float32Array(n))
-          run((a, b, h) => addScaledIntoHalf(a, scale, b, h), new Float32Array(n), new Float32Array(n))
-          // every placement: either array in a space, both in one space, and at an odd offset in it
-          const [gs, es] = simdSpace([n + 1, n + 1])!
-          const simd = (a: Float32Array, b: Float32Array | undefined, h: Uint16Array) => expect(addScaledIntoHalfSimd(a, scale, b, h)).toBe(true)
-          run(simd, gs.subarray(0, n), new Float32Array(n))
-          run(simd, new Float32Array(n), es.subarray(0, n))
-          run(simd, gs.subarray(0, n), es.subarray(0, n))
-          run(simd, gs.subarray(1), es.subarray(1))
         }
       }
     }

@@ -246,27 +246,40 @@ ${body}
       (local.set $i (i32.add (local.get $i) (i32.const 1)))
       (br $rows_l)))`
 
-/** addScaledIntoHalf's vector body: 8 elements, with the residual at $r when `withB`. */
-const addScaledBody = (scaled, withB) => `
+/**
+ * addScaledIntoHalf's vector body, 8 elements: the residual at $r when `withB`; with `store`, the
+ * new binary16 value also goes to a[i] (encRound4 gives bits and value together). The message's
+ * bits are decoded in slots 2 and 3.
+ */
+const addScaledBody = (scaled, withB, store) => `
        (local.set $hv (v128.load (local.get $q)))
-       (local.set $w0 (i32x4.extend_low_i16x8_u (local.get $hv)))
-       (local.set $w1 (i32x4.extend_high_i16x8_u (local.get $hv)))
+       (local.set $w2 (i32x4.extend_low_i16x8_u (local.get $hv)))
+       (local.set $w3 (i32x4.extend_high_i16x8_u (local.get $hv)))
        (local.set $x0 (v128.load (local.get $p)))
        (local.set $x1 (v128.load offset=16 (local.get $p)))
        (local.set $x0 ${withB ? `(f32x4.add ${scaled("$x0")} (v128.load (local.get $r)))` : scaled("$x0")})
        (local.set $x1 ${withB ? `(f32x4.add ${scaled("$x1")} (v128.load offset=16 (local.get $r)))` : scaled("$x1")})
        ${withB ? `(v128.store (local.get $r) ${C("0")}) (v128.store offset=16 (local.get $r) ${C("0")})` : ""}
-       (local.set $x0 (f32x4.add (local.get $x0) (block (result v128) ${dec4(0)})))
-       (local.set $x1 (f32x4.add (local.get $x1) (block (result v128) ${dec4(1)})))
-       (v128.store (local.get $q) (i16x8.narrow_i32x4_u (block (result v128) ${enc4(0)}) (block (result v128) ${enc4(1)})))`
+       (local.set $x0 (f32x4.add (local.get $x0) (block (result v128) ${dec4(2)})))
+       (local.set $x1 (f32x4.add (local.get $x1) (block (result v128) ${dec4(3)})))
+       ${
+         store
+           ? `${encRound4(0)}
+       ${encRound4(1)}
+       (v128.store (local.get $q) (i16x8.narrow_i32x4_u (local.get $w0) (local.get $w1)))
+       (v128.store (local.get $p) (local.get $v0))
+       (v128.store offset=16 (local.get $p) (local.get $v1))`
+           : `(v128.store (local.get $q) (i16x8.narrow_i32x4_u (block (result v128) ${enc4(0)}) (block (result v128) ${enc4(1)})))`
+       }`
 
 /** addScaledIntoHalf's tail, one element (the product in double: the same value when s is an f32). */
-const addScaledTail = (withB) => {
+const addScaledTail = (withB, store) => {
   const prod = `(f32.demote_f64 (f64.mul (f64.promote_f32 (f32.load (local.get $p))) (local.get $s)))`
   const x = withB ? `(f32.add ${prod} (f32.load (local.get $r)))` : prod
-  return `(i32.store16 (local.get $q)
-         (call $enc1 (i32.reinterpret_f32 (f32.add ${x} (call $dec1 (i32.load16_u (local.get $q)))))))
-       ${withB ? "(f32.store (local.get $r) (f32.const 0))" : ""}`
+  return `(local.set $bits (call $enc1 (i32.reinterpret_f32 (f32.add ${x} (call $dec1 (i32.load16_u (local.get $q)))))))
+       (i32.store16 (local.get $q) (local.get $bits))
+       ${withB ? "(f32.store (local.get $r) (f32.const 0))" : ""}
+       ${store ? "(f32.store (local.get $p) (call $dec1 (local.get $bits)))" : ""}`
 }
 
 export const wat = `
@@ -352,14 +365,20 @@ export const wat = `
   ;; h[i] = half(x + value(h[i])) (f32 addition) with x = f32(a[i]·s) ($withB = 0), or x = f32(f32(a[i]·s) + b[i])
   ;; and then b[i] = 0 ($withB = 1): a ring relay's (or owner's) partial sum when its own values are still
   ;; an fp32 gradient to be scaled, with an error-feedback residual that may hold something there, folded
-  ;; in and spent. a is only read. f32(a·s) as in halfFeedbackBits ($exact: one f32 multiply).
-  (func (export "addScaledIntoHalf") (param $n i32) (param $a i32) (param $b i32) (param $h i32) (param $s f64) (param $exact i32) (param $withB i32)
-    ${idx} ${encLocals(0, 1)} ${decLocals(0, 1)} (local $hv v128) (local $sv v128) (local $sf v128)
+  ;; in and spent. With $store, a[i] = value(h[i]) afterwards (the owner's finished values); otherwise a is
+  ;; only read. f32(a·s) as in halfFeedbackBits ($exact: one f32 multiply).
+  (func (export "addScaledIntoHalf") (param $n i32) (param $a i32) (param $b i32) (param $h i32) (param $s f64) (param $exact i32) (param $withB i32) (param $store i32)
+    ${idx} ${encRoundLocals(0, 1)} ${decLocals(2, 3)} (local $hv v128) (local $sv v128) (local $sf v128) (local $bits i32)
     (local.set $sv (f64x2.splat (local.get $s)))
     (local.set $sf (f32x4.splat (f32.demote_f64 (local.get $s))))
+    ${[true, false]
+      .map(
+        (store) => `(if (i32.eq (local.get $store) (i32.const ${store ? 1 : 0})) (then
     (if (local.get $withB)
-      (then ${eachScale((scaled) => loops(8, addScaledBody(scaled, true), addScaledTail(true), { b: true, h: true }))})
-      (else ${eachScale((scaled) => loops(8, addScaledBody(scaled, false), addScaledTail(false), { h: true }))})))
+      (then ${eachScale((scaled) => loops(8, addScaledBody(scaled, true, store), addScaledTail(true, store), { b: true, h: true }))})
+      (else ${eachScale((scaled) => loops(8, addScaledBody(scaled, false, store), addScaledTail(false, store), { h: true }))}))))`
+      )
+      .join("\n    ")})
 
   ;; a[i] = f32((f64(a[i]) + f64(value(h[i]))) / d): a region owner's last addition and a mean's division,
   ;; in double as the scalar loop computes it
