@@ -2,7 +2,10 @@
 // wire, so it is aggregated with an ordinary all-reduce ('allreduce'): the collective moves fp16,
 // each hop accumulates in fp32 and rounds the partial sum back to fp16 to forward it. That hop
 // rounding (<= 2^-11 relative, round-to-nearest-even, so not systematic) is left uncompensated,
-// as in Horovod's and DDP's fp16 hooks; the residual kept per rank covers its own cast.
+// as in Horovod's and DDP's fp16 hooks. On a ring a rank casts its own values only on the segment
+// it sends first, and its residual covers that cast; as a relay or owner it adds its values into
+// the partial sum at fp32 (gradient-reducer.ts, FeedbackHalfSource). Other algorithms cast all of
+// a rank's values, each with its residual.
 //
 // Wire: header (8 bytes, see compressor.ts) | n x uint16 (binary16 bits, little-endian).
 // Total 8 + 2n bytes.
