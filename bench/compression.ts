@@ -1,4 +1,4 @@
-// Compression benchmark: `npm run bench -- compression [--mib 64] [--p 4] [--rounds 5]
+// Compression benchmark: `npm run bench -- compression [--mib 64] [--p 4] [--rounds 5] [--steps 3]
 // [--max-payload 8M] [--codec-mib 16] [--algorithm ring] [--chunk 1M] [--window 8M] [--no-gloo] [--only none,fp16,...] [--prof DIR]
 // [--link 1gbit]`.
 //
@@ -11,7 +11,9 @@
 //   step pays. Each codec runs in rank processes of its own (all started up front), as in
 //   training, where a process runs one codec: no codec pays for another's heap. Time = the
 //   slowest rank, barrier to done; the codecs run interleaved round by round so load from other
-//   processes hits them alike; median over rounds.
+//   processes hits them alike. In each round a codec takes `--steps` steps back to back (a barrier
+//   before each), as training does and as gloo's loop below does, rather than one step after
+//   seconds idle while the other codecs ran; median over every step of every round.
 // Next to the uncompressed reducer and, when `/usr/bin/python3 -c "import torch"` works, torch
 // gloo's uncompressed all_reduce of the same bytes at the same p (run first, on its own).
 // --prof DIR: --cpu-prof profiles of the rank processes, in DIR/<codec>.
@@ -37,6 +39,8 @@ interface Args {
   readonly mib: number
   readonly p: number
   readonly rounds: number
+  /** Back-to-back steps per codec and round. */
+  readonly steps: number
   readonly maxPayload: number
   readonly codecMib: number
   readonly algorithm: string
@@ -66,6 +70,7 @@ const parseArgs = (args: ReadonlyArray<string>): Args => {
     mib: num("--mib", 64, 1, 1024),
     p: num("--p", 4, 2, 16),
     rounds: num("--rounds", 5, 1, 50),
+    steps: Math.floor(num("--steps", 3, 1, 20)),
     maxPayload: num("--max-payload", 8, 1, 64) * MiB,
     codecMib: num("--codec-mib", 16, 1, 256),
     algorithm: get("--algorithm") ?? "ring",
@@ -159,7 +164,7 @@ const measure = async (a: Args, star: Star | undefined, dir: string): Promise<vo
     `compression benchmark: gradient set ${slots.length} x [${slots[0].shape.join(" x ")}] fp32 = ${(bytes / MiB).toFixed(1)} MiB, p = ${a.p} ` +
       `(one OS process per rank), ${a.algorithm} all-reduce, ${star ? `one network namespace per rank, each on its own ${star.rate} link (tc tbf, both ways) to a switch` : "loopback"}, nats-server max_payload ${a.maxPayload / MiB} MiB, ${os.cpus().length} cores, load average ${os.loadavg()[0].toFixed(1)}`
   )
-  console.log("time = slowest rank, barrier to done, of GradientReducer.reduceGradients (error feedback on); median over rounds\n")
+  console.log(`time = slowest rank, barrier to done, of GradientReducer.reduceGradients (error feedback on); ${a.steps} steps back to back per codec and round; median over all steps\n`)
 
   const gloo = a.gloo && torchAvailable()
   let glooMs: number | undefined
@@ -197,21 +202,24 @@ const measure = async (a: Args, star: Star | undefined, dir: string): Promise<vo
           windowBytes: a.window
         }))
       }
-      const reduce = async (v: Variant, step: number): Promise<number> => {
+      /** `iters` steps back to back from `step`; per step: the slowest rank's time. */
+      const reduce = async (v: Variant, step: number, iters: number): Promise<number[]> => {
         const replies = await fleetOf(v).all<ReduceReply>(
-          (rank) => ({ cmd: "reduce", name: groupOf(v), slots, seed: 1000 + step, step, weight: 1, returnData: false }),
+          (rank) => ({ cmd: "reduce", name: groupOf(v), slots, seed: 1000 + step, step, weight: 1, returnData: false, iters }),
           300_000
         )
         wire.set(v.label, replies[0].stats)
-        if (step > 0) cpu.get(v.label)?.push(replies.reduce((s, r) => s + r.cpuMs[0], 0) / replies.length)
-        return Math.max(...replies.map((r) => r.times[0]))
+        return Array.from({ length: iters }, (_, it) => {
+          if (step > 0) cpu.get(v.label)?.push(replies.reduce((s, r) => s + r.cpuMs[it], 0) / replies.length)
+          return Math.max(...replies.map((r) => r.times[it]))
+        })
       }
       // Warm-up: JIT, buffers, subscriptions, first residuals.
-      for (const v of variants) await reduce(v, 0)
+      for (const v of variants) await reduce(v, 0, 1)
       for (let r = 0; r < a.rounds; r++) {
         for (let j = 0; j < variants.length; j++) {
           const v = variants[(j + r) % variants.length]
-          samples.get(v.label)?.push(await reduce(v, r + 1))
+          samples.get(v.label)?.push(...(await reduce(v, 1 + r * a.steps, a.steps)))
         }
       }
       for (const v of variants) await fleetOf(v).all(() => ({ cmd: "close", name: groupOf(v) }))
@@ -246,6 +254,6 @@ const measure = async (a: Args, star: Star | undefined, dir: string): Promise<vo
   console.log(
     `\nwire MiB/step: what one rank publishes per step (its own messages); enc/dec: ${a.codecMib} MiB in this process, PowerSGD on one square matrix ` +
       `(its "decode" is P·Qᵀ); ` +
-      `rank CPU ms: CPU time one rank process spends in the step (mean over ranks, median over rounds), less sensitive to other load than wall time; rounds: ${a.rounds}`
+      `rank CPU ms: CPU time one rank process spends in the step (mean over ranks, median over steps), less sensitive to other load than wall time; rounds: ${a.rounds}, steps per round: ${a.steps}`
   )
 }
