@@ -44,7 +44,7 @@ import { hierarchicalReduce, type NodeGroup } from "./hierarchical.ts"
 import { scale, type ReduceOp } from "./kernels.ts"
 import { Operation, type OperationHost, type OpSignature } from "./operation.ts"
 import type { Reduction } from "./reduction.ts"
-import { ringReduce, type HalfSource } from "./ring.ts"
+import { decodeSourceBits, ringReduce, type HalfSource } from "./ring.ts"
 import { segmentBounds } from "./segments.ts"
 import { treeReduce } from "./tree.ts"
 
@@ -823,8 +823,7 @@ export class Communicator {
       if (halfInput !== undefined) this.#argError("allReduce", "pass halfInput or halfSource, not both")
       if (!half || rop !== "sum") this.#argError("allReduce", `halfSource needs op "sum" and wire "f16", got op "${rop}" and wire "${opts.wire ?? "f32"}"`)
       if (this.worldSize === 1 || algorithm !== "ring") {
-        const b = halfSource.bits(0, data.length)
-        decodeHalf(new Uint16Array(b.byteOffset & 1 ? b.slice().buffer : b.buffer, b.byteOffset & 1 ? 0 : b.byteOffset, data.length), data)
+        decodeSourceBits(halfSource, data)
         halfSource = undefined
       }
     }

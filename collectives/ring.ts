@@ -62,7 +62,6 @@ export interface RingSpec {
   readonly onFinal?: (off: number, n: number) => void
 }
 
-/** Runs a ring over `spec.members` on `buf` (in place). Resolves when this rank's part is done. */
 /**
  * This rank's values in an fp16 sum, made as the ring needs each range [off, off+n) of them. Each
  * element is asked for exactly once per call: by `bits` (the segment this rank sends first), by
@@ -90,16 +89,22 @@ export const halfBitsSource = (bits: Uint16Array, buf: Float32Array): HalfSource
   load: (off, n) => decodeHalf(bits.subarray(off, off + n), buf.subarray(off, off + n))
 })
 
+/** dst = the values of all of a source's bits (`bits(0, dst.length)`), for a rank that does not ring them. */
+export const decodeSourceBits = (src: HalfSource, dst: Float32Array): void => {
+  const b = src.bits(0, dst.length)
+  // a view when the bytes are 2-aligned (every source here), else a copy
+  const h = b.byteOffset & 1 ? new Uint16Array(b.slice().buffer) : new Uint16Array(b.buffer, b.byteOffset, dst.length)
+  decodeHalf(h, dst)
+}
+
+/** Runs a ring over `spec.members` on `buf` (in place). Resolves when this rank's part is done. */
 export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpec): Promise<void> => {
   const { members, index: i, chunkElems: C, stepBase, reduce, onFinal, gatherFanout } = spec
   const halfSource = spec.halfSource ?? (spec.halfInput ? halfBitsSource(spec.halfInput, buf) : undefined)
   const m = members.length
   const N = buf.length
   if (m === 1) {
-    if (halfSource) {
-      const b = halfSource.bits(0, N)
-      decodeHalf(new Uint16Array(b.byteOffset & 1 ? b.slice().buffer : b.buffer, b.byteOffset & 1 ? 0 : b.byteOffset, N), buf)
-    }
+    if (halfSource) decodeSourceBits(halfSource, buf)
     finish(buf, 0, N, reduce, reduce.weight)
     onFinal?.(0, N)
     return

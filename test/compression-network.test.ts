@@ -76,7 +76,7 @@ afterAll(async () => {
  */
 const createGroup = async (
   compression: ResolvedCompressionConfig | ((rank: number) => ResolvedCompressionConfig),
-  options: { readonly timeoutMs?: number; readonly chunkBytes?: number; readonly algorithm?: string } = { timeoutMs: 20_000, chunkBytes: 4096 }
+  options: { readonly timeoutMs?: number; readonly chunkBytes?: number; readonly windowBytes?: number; readonly algorithm?: string } = { timeoutMs: 20_000, chunkBytes: 4096 }
 ): Promise<string> => {
   const name = `g${groups++}`
   await fleet.all((rank) => ({
@@ -283,8 +283,12 @@ describe("GradientReducer over NATS, 4 rank processes", () => {
     }, 60_000)
   }
 
-  it("fp16: residuals nonzero everywhere (restored from a checkpoint of another layout) are folded in where a rank relays and spent there; afterwards each rank's residual is nonzero only on the segment it casts", async () => {
-    const name = await createGroup("fp16")
+  for (const [label, windowBytes] of [
+    ["", undefined],
+    // a window of one chunk: a relay that cannot hold a message adds it through the buffer (HalfSource.load)
+    [", window of one chunk", 4096]
+  ] as const) it(`fp16${label}: residuals nonzero everywhere (restored from a checkpoint of another layout) are folded in where a rank relays and spent there; afterwards each rank's residual is nonzero only on the segment it casts`, async () => {
+    const name = await createGroup("fp16", { timeoutMs: 20_000, chunkBytes: 4096, ...(windowBytes ? { windowBytes } : {}) })
     const sim = new Simulation("fp16")
     let x = 12345
     const noise = (n: number): Float32Array =>
