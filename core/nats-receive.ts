@@ -16,11 +16,18 @@
 // all-reduce at p = 4 the ranks' GC time fell from about 140 to 30 ms per step (--cpu-prof).
 // A message nobody gives back is left to the collector as before.
 //
+// The same hook lets the socket's read buffers be reused (nats-read.ts): the views the parser hands
+// on from a read (a message that fits in it, the message's subject and reply, an -ERR or INFO
+// argument) are copied as they are dispatched, and the read buffer goes back after the parse.
+//
 // The hook checks the shapes it relies on (a `parse` method, `msgBuf` with `capacity`, `length`
 // and `grow`, or `_buf` and `_off` for the pool, `ma.size`) and does nothing when a future nats.js
 // changes them.
 import { Parser } from "@nats-io/nats-core/internal"
 import { BufferPool } from "./chunking.ts"
+import { isReadView, releaseRead } from "./nats-read.ts"
+
+const WRAPPED = Symbol.for("gradwire.natsDispatchWrapped")
 
 interface PendingBuffer {
   readonly capacity: number
@@ -85,7 +92,25 @@ const install = (): boolean => {
         pending.grow(size - pending.length)
       }
     }
+    // views of a pooled read buffer leave the parser only through its dispatcher: copy them there
+    const d = (this as { dispatcher?: { push(item: unknown): void } }).dispatcher
+    if (d && typeof d.push === "function" && !(d as { [WRAPPED]?: boolean })[WRAPPED]) {
+      const real = d
+      ;(this as { dispatcher?: unknown }).dispatcher = {
+        [WRAPPED]: true,
+        push(item: { data?: unknown; msg?: { subject?: unknown; reply?: unknown } }): void {
+          if (isReadView(item.data)) item.data = item.data.slice()
+          if (item.msg) {
+            if (isReadView(item.msg.subject)) item.msg.subject = item.msg.subject.slice()
+            if (isReadView(item.msg.reply)) item.msg.reply = item.msg.reply.slice()
+          }
+          real.push(item)
+        }
+      }
+    }
     parse.call(this, buf)
+    // the read buffer back to nats-read.ts's pool, unless a view could have escaped unwrapped
+    if ((this as { dispatcher?: { [WRAPPED]?: boolean } }).dispatcher?.[WRAPPED]) releaseRead(buf)
   }
   proto[MARK] = true
   return true
