@@ -2,10 +2,15 @@
 // buffers, and every message arrives intact even when its receiver keeps it while later reads
 // land in the same buffers: the views the parser hands on (payloads that fit in one read, their
 // subjects, reply subjects and headers) are copied as they are dispatched.
+import { spawnSync } from "node:child_process"
+import { mkdtempSync, rmSync } from "node:fs"
+import { tmpdir } from "node:os"
+import { join } from "node:path"
 import { connect, headers } from "@nats-io/transport-node"
 import type { Msg } from "@nats-io/nats-core"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { launchNatsServer, type NatsServerProcess } from "../core/nats-server.ts"
+import { runScript } from "./support/run-script.ts"
 import { natsReadPatched, readPoolStats, READ_BYTES } from "../core/nats-read.ts"
 import { natsReceivePatched } from "../core/nats-receive.ts"
 import { payload } from "./support/nats-payload.ts"
@@ -76,6 +81,38 @@ describe("socket reads into pooled buffers", () => {
     } finally {
       await pub.close()
       await sub.close()
+    }
+  })
+
+  const openssl = spawnSync("openssl", ["version"], { stdio: "ignore" }).status === 0
+  it.skipIf(!openssl)("a server that offers TLS: the client upgrades over the socket the pool dialled and carries traffic (needs openssl for a self-signed certificate)", async () => {
+    const dir = mkdtempSync(join(tmpdir(), "gw-tls-"))
+    let tlsServer: NatsServerProcess | undefined
+    try {
+      const made = spawnSync(
+        "openssl",
+        ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", join(dir, "key.pem"), "-out", join(dir, "cert.pem"), "-days", "1", "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+        { stdio: "ignore", timeout: 30_000 }
+      )
+      expect(made.status).toBe(0)
+      // TLS offered, not required: nats.js upgrades on its own when the client names no TLS options
+      tlsServer = await launchNatsServer({
+        jetstream: false,
+        extraConfig: `tls { cert_file: "${join(dir, "cert.pem")}", key_file: "${join(dir, "key.pem")}" }\nallow_non_tls: true\n`
+      })
+      const run = await runScript("test/support/tls-client.ts", [], { timeoutMs: 30_000, env: { GW_TLS_URL: tlsServer.url, NODE_EXTRA_CA_CERTS: join(dir, "cert.pem") } })
+      expect(run.code, run.output).toBe(0)
+      const r = JSON.parse(run.output.trim().split("\n").pop() as string) as { got: number[][]; encrypted: boolean; taken: number; returned: number }
+      expect(r.encrypted).toBe(true)
+      expect(r.taken).toBeGreaterThan(0) // dialled through the pool, then upgraded
+      expect(r.got).toEqual([
+        [10, 1],
+        [5000, 1],
+        [100_000, 1]
+      ])
+    } finally {
+      await tlsServer?.stop()
+      rmSync(dir, { recursive: true, force: true })
     }
   })
 })
