@@ -29,7 +29,7 @@ import {
   writeHeader,
   writeU32
 } from "./compressor.ts"
-import { kthLargestMagnitude } from "./nth-element.ts"
+import { kthLargestMagnitude, radixRefine } from "./nth-element.ts"
 import { topkCompensateSimd } from "../simd.ts"
 
 export interface TopKOptions {
@@ -43,6 +43,11 @@ export interface TopKOptions {
 const SAMPLE_SIZE = 8192
 /** Histogram of select's radix passes (2^11 buckets), reused. */
 const SELECT_HIST = new Uint32Array(2048)
+/** select's finer counting passes, after the top 11 bits: bits 10..20, then 0..9. */
+const LOW_BITS: ReadonlyArray<readonly [number, number]> = [
+  [10, 11],
+  [0, 10]
+]
 /** Elements per block of sumInto (64 KiB of fp32: stays in L2 while the messages are added). */
 const SUM_BLOCK = 16384
 
@@ -260,26 +265,10 @@ export class TopKCompressor implements Compressor {
     let s = 0
     for (let j = 0; j < count; j++) if (u[j] >>> 21 === b) sub[s++] = u[j]
     // bits 10..20, then 0..9, among the elements that share the bits found so far
-    let prefix = b << 21
-    let known = 0xffe00000 | 0
-    for (const [shift, width] of [
-      [10, 11],
-      [0, 10]
-    ]) {
-      const mask = (1 << width) - 1
-      hist.fill(0, 0, mask + 1)
-      for (let j = 0; j < s; j++) {
-        const v = sub[j]
-        if ((v & known) === prefix) hist[(v >>> shift) & mask]++
-      }
-      let c = mask
-      while (hist[c] < want) want -= hist[c--]
-      prefix |= c << shift
-      known |= mask << shift
-    }
-    const tau = prefix >>> 0
-    // `want` is now how many elements equal to the k-th are taken (the lowest positions)
-    let ties = want
+    const found = radixRefine(sub, s, LOW_BITS, (b << 21) >>> 0, 0xffe00000, want)
+    const tau = found.prefix
+    // `found.want` is how many elements equal to the k-th are taken (the lowest positions)
+    let ties = found.want
     let o = 0
     for (let j = 0; j < count && o < k; j++) {
       const v = u[j]
