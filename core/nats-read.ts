@@ -21,34 +21,24 @@
 // nothing when a future nats.js changes it. GRADWIRE_NATS_READ_POOL=0 turns it off (A/B runs).
 import { createConnection, type Socket } from "node:net"
 import { NodeTransport } from "@nats-io/transport-node/lib/node_transport.js"
+import { BufferPool } from "./chunking.ts"
 
 /** Bytes per read buffer (Node's own read size). */
 export const READ_BYTES = 64 * 1024
-/** At most this many idle read buffers kept (16 MiB). */
-const MAX_IDLE = 256
-const idle: Uint8Array[] = []
-const lent = new WeakSet<ArrayBuffer>()
+/** At most 256 idle read buffers kept (16 MiB). */
+const pool = new BufferPool({ maxIdleBytes: 256 * READ_BYTES, maxIdleBuffers: 256 })
 /** Read buffers taken, of those reused from the pool, and given back (tests). */
-export const readPoolStats = { taken: 0, reused: 0, returned: 0 }
+export const readPoolStats = pool.stats
 
-const take = (): Uint8Array => {
-  readPoolStats.taken++
-  let b = idle.pop()
-  if (b) readPoolStats.reused++
-  else b = new Uint8Array(new ArrayBuffer(READ_BYTES))
-  lent.add(b.buffer as ArrayBuffer)
-  return b
-}
+/** A pooled buffer as a plain Uint8Array (the pool lends Buffers, whose slice() is a view, not a copy). */
+const take = (): Uint8Array => new Uint8Array(pool.take(READ_BYTES).buffer, 0, READ_BYTES)
 
 /** Whether `x` is a view of a read buffer not yet given back. */
-export const isReadView = (x: unknown): x is Uint8Array => x instanceof Uint8Array && lent.has(x.buffer as ArrayBuffer)
+export const isReadView = (x: unknown): x is Uint8Array => x instanceof Uint8Array && pool.owns(x)
 
 /** Gives the read buffer behind `x` back, once the parser is through it. Other views are ignored. */
 export const releaseRead = (x: Uint8Array): void => {
-  const ab = x.buffer as ArrayBuffer
-  if (!lent.delete(ab)) return
-  readPoolStats.returned++
-  if (idle.length < MAX_IDLE) idle.push(new Uint8Array(ab))
+  if (pool.owns(x)) pool.give(x)
 }
 
 interface TransportLike {

@@ -93,16 +93,17 @@ const install = (): boolean => {
       }
     }
     // views of a pooled read buffer leave the parser only through its dispatcher: copy them there
+    // (new Uint8Array(view) copies whatever the view's class; a Buffer's slice() would not)
     const d = (this as { dispatcher?: { push(item: unknown): void } }).dispatcher
     if (d && typeof d.push === "function" && !(d as { [WRAPPED]?: boolean })[WRAPPED]) {
       const real = d
       ;(this as { dispatcher?: unknown }).dispatcher = {
         [WRAPPED]: true,
         push(item: { data?: unknown; msg?: { subject?: unknown; reply?: unknown } }): void {
-          if (isReadView(item.data)) item.data = item.data.slice()
+          if (isReadView(item.data)) item.data = new Uint8Array(item.data)
           if (item.msg) {
-            if (isReadView(item.msg.subject)) item.msg.subject = item.msg.subject.slice()
-            if (isReadView(item.msg.reply)) item.msg.reply = item.msg.reply.slice()
+            if (isReadView(item.msg.subject)) item.msg.subject = new Uint8Array(item.msg.subject)
+            if (isReadView(item.msg.reply)) item.msg.reply = new Uint8Array(item.msg.reply)
           }
           real.push(item)
         }
