@@ -38,13 +38,13 @@ import {
   GroupMismatch,
   blamedRanks
 } from "./errors.ts"
-import { decodeHalf, roundToHalf } from "./float16.ts"
+import { roundToHalf } from "./float16.ts"
 import { HEADER_BLOCK_BYTES, HEADER_BYTES, Kind, Opcode, controlBody, controlMessage, readFrame, type Frame } from "./frames.ts"
 import { hierarchicalReduce, type NodeGroup } from "./hierarchical.ts"
 import { scale, type ReduceOp } from "./kernels.ts"
 import { Operation, type OperationHost, type OpSignature } from "./operation.ts"
 import type { Reduction } from "./reduction.ts"
-import { decodeSourceBits, ringReduce, type HalfSource } from "./ring.ts"
+import { decodeSourceBits, halfBitsSource, ringReduce, type HalfSource } from "./ring.ts"
 import { segmentBounds } from "./segments.ts"
 import { treeReduce } from "./tree.ts"
 
@@ -813,7 +813,6 @@ export class Communicator {
       if (!(halfInput instanceof Uint16Array)) this.#argError("allReduce", "halfInput must be a Uint16Array of binary16 bits")
       if (halfInput.length !== data.length) this.#argError("allReduce", `halfInput has ${halfInput.length} values for ${data.length} elements of data; pass one binary16 value per element`)
       if (!half || rop !== "sum") this.#argError("allReduce", `halfInput needs op "sum" and wire "f16", got op "${rop}" and wire "${opts.wire ?? "f32"}"`)
-      if (this.worldSize === 1 || algorithm !== "ring") decodeHalf(halfInput, data)
     }
     let halfSource = opts.halfSource
     if (halfSource !== undefined) {
@@ -822,10 +821,13 @@ export class Communicator {
       }
       if (halfInput !== undefined) this.#argError("allReduce", "pass halfInput or halfSource, not both")
       if (!half || rop !== "sum") this.#argError("allReduce", `halfSource needs op "sum" and wire "f16", got op "${rop}" and wire "${opts.wire ?? "f32"}"`)
-      if (this.worldSize === 1 || algorithm !== "ring") {
-        decodeSourceBits(halfSource, data)
-        halfSource = undefined
-      }
+    }
+    // binary16 input bits are the simplest source
+    if (halfInput !== undefined) halfSource = halfBitsSource(halfInput, data)
+    // only the ring takes its values on demand; the other algorithms start from them in `data`
+    if (halfSource !== undefined && (this.worldSize === 1 || algorithm !== "ring")) {
+      decodeSourceBits(halfSource, data)
+      halfSource = undefined
     }
     if (this.worldSize === 1) return soloResult(data, rop, weight)
     const fanout = opts.fanout !== false
@@ -839,7 +841,7 @@ export class Communicator {
         const members = Array.from({ length: p }, (_, r) => r)
         // With two ranks a fan-out reaches one receiver: the plain relay is the same traffic with a
         // whole window for the one link.
-        await ringReduce(op, data, { members, index: this.rank, chunkElems: C, stepBase: 0, reduce, gatherFanout: fanout && p > 2 ? "all" : undefined, halfInput, halfSource })
+        await ringReduce(op, data, { members, index: this.rank, chunkElems: C, stepBase: 0, reduce, gatherFanout: fanout && p > 2 ? "all" : undefined, halfSource })
       } else if (algorithm === "tree") {
         const members = Array.from({ length: p }, (_, r) => r)
         await treeReduce(op, data, { members, index: this.rank, chunkElems: C, stepBase: 0, reduce, fanoutTarget: fanout ? "all" : undefined })

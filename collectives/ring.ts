@@ -21,7 +21,7 @@
 // are made as the ring needs them: binary16 bits for the first send, an addition into a message
 // for a relay or the owner, fp32 values in `buf` for the rare fallback. fp16 error feedback uses it
 // to compensate and cast only the segment this rank sends first (see gradient-reducer.ts);
-// `halfInput` (all of this rank's values as binary16 bits) is the simplest source.
+// all of this rank's values as binary16 bits (allReduce's `halfInput`) are the simplest source.
 //
 // With `gatherFanout`, the all-gather is one NATS fan-out publish per chunk from each owner to
 // every member instead of m-1 relays: each rank sends (m-1)/m less, the server takes each final
@@ -48,14 +48,8 @@ export interface RingSpec {
   /** All-gather by fan-out to this subject token ("all"; every member must subscribe to it and nobody else). */
   readonly gatherFanout?: string
   /**
-   * The binary16 bits of this rank's input, one per element of `buf` (op "sum" with fp16 on the
-   * wire only; the communicator checks this): its values are read from here, and `buf` is only
-   * written (with the result).
-   */
-  readonly halfInput?: Uint16Array
-  /**
-   * This rank's values, made on demand (op "sum" with fp16 on the wire only): `buf` holds whatever
-   * the source reads its values from and ends with the result. Not with `halfInput`.
+   * This rank's values, made on demand (op "sum" with fp16 on the wire only; the communicator
+   * checks this): `buf` holds whatever the source reads its values from and ends with the result.
    */
   readonly halfSource?: HalfSource
   /** Called when the region [off, off+n) holds its final value on this rank. */
@@ -79,7 +73,7 @@ export interface HalfSource {
   load(off: number, n: number): void
 }
 
-/** The source for values given as binary16 bits (`halfInput`): `buf` is only written. */
+/** The source for values given as binary16 bits (allReduce's `halfInput`): `buf` is only written. */
 export const halfBitsSource = (bits: Uint16Array, buf: Float32Array): HalfSource => ({
   bits: (off, n) => new Uint8Array(bits.buffer, bits.byteOffset + off * 2, n * 2),
   addInto: (h, off, n, final) => {
@@ -99,8 +93,7 @@ export const decodeSourceBits = (src: HalfSource, dst: Float32Array): void => {
 
 /** Runs a ring over `spec.members` on `buf` (in place). Resolves when this rank's part is done. */
 export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpec): Promise<void> => {
-  const { members, index: i, chunkElems: C, stepBase, reduce, onFinal, gatherFanout } = spec
-  const halfSource = spec.halfSource ?? (spec.halfInput ? halfBitsSource(spec.halfInput, buf) : undefined)
+  const { members, index: i, chunkElems: C, stepBase, reduce, onFinal, gatherFanout, halfSource } = spec
   const m = members.length
   const N = buf.length
   if (m === 1) {
