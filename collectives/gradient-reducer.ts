@@ -115,7 +115,7 @@ interface NonzeroHint {
  * first chunk goes out after one chunk's cast instead of the whole bucket's.
  */
 class FeedbackHalfSource implements HalfSource {
-  /** The range cast this call (where the residual is nonzero afterwards). */
+  /** The range cast this call (where the residual is nonzero afterwards); empty as it starts. */
   lo = Number.POSITIVE_INFINITY
   hi = Number.NEGATIVE_INFINITY
   encodeMs = 0
@@ -337,7 +337,7 @@ export class GradientReducer {
           // until this step completes, anything may be anywhere
           this.#nonzero.delete(key)
           await this.comm.allReduce(data, { op: "sum", algorithm, wire: "f16", halfSource: src })
-          this.#nonzero.set(key, { e, version: this.ef.version, lo: Math.min(src.lo, src.hi), hi: src.hi })
+          this.#nonzero.set(key, { e, version: this.ef.version, lo: src.lo, hi: src.hi })
           encodeMs = src.encodeMs
         } else {
           let halfInput: Uint16Array | undefined
@@ -345,7 +345,7 @@ export class GradientReducer {
             halfInput = this.#halfBuffer(k, data.length)
             halfFeedbackBits(data, this.ef.residual(key, data.length), scaleBy, halfInput)
           } else {
-            for (let i = 0; i < data.length; i++) data[i] *= scaleBy
+            scale(data, 0, data.length, scaleBy)
           }
           encodeMs = performance.now() - t0
           await this.comm.allReduce(data, { op: "sum", algorithm, wire: "f16", halfInput })
@@ -372,7 +372,7 @@ export class GradientReducer {
           }
           c.accumulate(msg, e, -1)
         } else {
-          for (let i = 0; i < data.length; i++) data[i] *= scaleBy
+          scale(data, 0, data.length, scaleBy)
           msg = c.encode(data, { step, rank: this.comm.rank, key }, out)
         }
         if (msg.bytes.buffer !== bufs.words.buffer) out.set(msg.bytes)
