@@ -5,8 +5,9 @@
 // Links. A message of b bytes between two ranks costs  t = alpha_c + b * beta_c,  where the link
 // class c is 'same-node' (same host, same NATS server), 'same-server' (different hosts, same NATS
 // server) or 'cross-server' (the route between two NATS servers). alpha, beta are fitted per class
-// by weighted least squares over (bytes, one-way ms) samples: the median per size first (robust to
-// outliers), weights 1/t^2 (relative error, so 16-byte probes pin alpha and 64 MiB probes pin beta
+// by weighted least squares over (bytes, one-way ms) samples: the lower quartile per size first
+// (robust to outliers, and load on the machine only ever adds time, so the faster samples are the
+// link's), weights 1/t^2 (relative error, so 16-byte probes pin alpha and 64 MiB probes pin beta
 // instead of the largest size dominating), both clamped to >= 0.
 //
 // NATS is a hub. Every byte goes client -> nats-server -> client, so flows that run at the same time
@@ -149,10 +150,19 @@ export const median = (xs: readonly number[]): number => {
   return s.length % 2 === 1 ? s[m]! : (s[m - 1]! + s[m]!) / 2
 }
 
+/** The lower quartile (linear interpolation between order statistics). */
+export const lowerQuartile = (xs: readonly number[]): number => {
+  if (xs.length === 0) return Number.NaN
+  const s = [...xs].sort((a, b) => a - b)
+  const at = (s.length - 1) * 0.25
+  const lo = Math.floor(at)
+  return s[lo]! + (at - lo) * (s[Math.min(lo + 1, s.length - 1)]! - s[lo]!)
+}
+
 export interface FittedLink extends AlphaBeta {
   readonly sizes: number
   readonly samples: number
-  /** Root-mean-square relative error of the fit over the per-size medians. */
+  /** Root-mean-square relative error of the fit over the per-size lower quartiles. */
   readonly rmsRelativeError: number
 }
 
@@ -173,7 +183,7 @@ export const fitAlphaBeta = (samples: readonly ProbeSample[], linkClass: string 
       })
     )
   }
-  const pts = [...bySize.entries()].map(([x, ys]) => ({ x, y: median(ys) })).sort((a, b) => a.x - b.x)
+  const pts = [...bySize.entries()].map(([x, ys]) => ({ x, y: lowerQuartile(ys) })).sort((a, b) => a.x - b.x)
   let sw = 0, swx = 0, swy = 0, swxx = 0, swxy = 0
   for (const { x, y } of pts) {
     const w = 1 / (y * y)

@@ -78,7 +78,7 @@ describe("fitting alpha and beta", () => {
     expect(f.sizes).toBe(sizes.length)
   })
 
-  it("is robust to noise and slow outliers (medians per size, relative weights)", () => {
+  it("is robust to noise and slow outliers (lower quartiles per size, relative weights)", () => {
     for (let seed = 1; seed <= 20; seed++) {
       const f = Result.getOrThrow(fitAlphaBeta(synth(0.16, 1 / 550_000, 9, 0.15, 0.15, seed)))
       expect(Math.abs(f.alphaMs / 0.16 - 1)).toBeLessThan(0.15)

@@ -74,6 +74,36 @@ describe("observeTopology", () => {
     expect(chooseAlgorithm(8 * 1024 * 1024, topo, m).algorithm).toBe("hierarchical")
   })
 
+  it("pools several rounds per pair, so a burst of load during one round does not make a fast link look slow", async () => {
+    // The failure this guards against: the same-node probe ran while other processes had the two
+    // cores, measured ~20x the true time, and the cost model then chose a flat ring across a slow link.
+    const topo: Topology = [loc("a", "s1"), loc("a", "s1"), loc("a", "s1"), loc("b", "s2"), loc("b", "s2"), loc("b", "s2")]
+    const truth = { "same-node": { a: 0.1, b: 1 / 400_000 }, "same-server": { a: 0.1, b: 1 / 400_000 }, "cross-server": { a: 0.5, b: 1 / 2_500 } }
+    const loaded = (io: TopologyProbeIO): TopologyProbeIO => {
+      let calls = 0
+      return {
+        ...io,
+        // Every same-node round trip of the first round (both sizes) takes 20x as long.
+        pingPong: async (from, to, bytes, reps) => {
+          const rtts = await io.pingPong(from, to, bytes, reps)
+          const sameNode = topo[from]!.nodeId === topo[to]!.nodeId
+          return sameNode && calls++ < 2 ? rtts.map((t) => t * 20) : rtts
+        }
+      }
+    }
+    const run = async (rounds: number) => {
+      const shared = {}
+      const all = await Promise.all(topo.map((_, r) => observeTopology(loaded(simulatedIO(topo, r, truth, shared)), { rounds })))
+      return all[0]!.model
+    }
+    const pooled = await run(3)
+    expect(pooled.links["same-node"].betaMsPerByte).toBeCloseTo(1 / 400_000, 9)
+    expect(chooseAlgorithm(4 * 1024 * 1024, topo, pooled).algorithm).toBe("hierarchical")
+    // One round sees only the burst.
+    const single = await run(1)
+    expect(single.links["same-node"].betaMsPerByte).toBeGreaterThan(10 / 400_000)
+  })
+
   it("keeps to its time budget and says what it could not measure", async () => {
     const topo: Topology = [loc("a", "s1"), loc("a", "s1"), loc("b", "s2")]
     const truth = { "same-node": { a: 0.1, b: 1e-6 }, "same-server": { a: 0.1, b: 1e-6 }, "cross-server": { a: 0.1, b: 1e-6 } }
