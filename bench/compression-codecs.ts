@@ -81,7 +81,7 @@ export const codecFigures = (options: { readonly mib?: number; readonly reps?: n
       const copy = time(() => gw.set(g), reps)
       const fused = () => {
         gw.set(g)
-        c.accumulate(c.encodeCompensated(gw, 1, e, { step: step++ }, out), e, -1)
+        c.encodeFeedback(gw, 1, e, { step: step++ }, out)
       }
       withEf = Math.max(0, time(fused, reps) - copy)
     } else {

@@ -364,13 +364,13 @@ export class GradientReducer {
           // e += g·(w/W); send C(e); e -= D(C(e)) from this rank's own message.
           const e = this.ef.residual(key, data.length)
           if (c instanceof TopKCompressor) {
-            // the same, fused into one pass
-            msg = c.encodeCompensated(data, scaleBy, e, { step, rank: this.comm.rank, key }, out)
+            // the same, fused into one pass (and the residual's update without re-reading it)
+            msg = c.encodeFeedback(data, scaleBy, e, { step, rank: this.comm.rank, key }, out)
           } else {
             for (let i = 0; i < data.length; i++) e[i] += Math.fround(data[i] * scaleBy)
             msg = c.encode(e, { step, rank: this.comm.rank, key }, out)
+            c.accumulate(msg, e, -1)
           }
-          c.accumulate(msg, e, -1)
         } else {
           scale(data, 0, data.length, scaleBy)
           msg = c.encode(data, { step, rank: this.comm.rank, key }, out)

@@ -265,7 +265,7 @@ describe("top-k", () => {
     expect(reference(x, c.k(x.length)).every((i) => d[i] === x[i])).toBe(true)
   })
 
-  it("the fused error-feedback pass gives compensate-then-encode's message and residual, and zeroes the gradient", async () => {
+  it("the fused error-feedback pass gives compensate-then-encode's message and residual; encodeFeedback leaves accumulate(msg, e, -1)'s residual; the gradient is only read", async () => {
     const { simdSpace } = await import("../collectives/simd.ts")
     const sampledAt = (n: number): Set<number> => new Set(Array.from({ length: 8192 }, (_, s) => Math.floor((s * n) / 8192)))
     const cases: Array<[string, number, (n: number) => Float32Array, number]> = [
@@ -298,8 +298,40 @@ describe("top-k", () => {
         expect(Buffer.from(gg.buffer).equals(Buffer.from(g.buffer)), "the gradient is only read").toBe(true)
         if (name !== "gaussian") expect(c.fallbacks).toBe(1)
         else expect(c.fallbacks).toBe(0)
+        // encodeFeedback: the same message, the residual after accumulate(msg, e, -1), and the
+        // gradient only read
+        const f = new TopKCompressor({ ratio: 0.01, sampleAbove: 1000 })
+        const e2 = where === "space" ? simdSpace([n])![0]! : new Float32Array(n)
+        e2.set(e0)
+        const g2 = g.slice()
+        const msg = f.encodeFeedback(g2, scale, e2)
+        expect(Buffer.from(msg.bytes).equals(want), `${name}, feedback, residual ${where}`).toBe(true)
+        const eAfter = eRef.slice()
+        ref.accumulate(want, eAfter, -1)
+        expect(Buffer.from(e2.buffer, e2.byteOffset, e2.byteLength).equals(Buffer.from(eAfter.buffer))).toBe(true)
+        expect(Buffer.from(g2.buffer).equals(Buffer.from(g.buffer)), "the gradient is only read").toBe(true)
       }
     }
+  })
+
+  it("encodeFeedback leaves the residual accumulate(msg, e, -1) would, with NaN and infinities among the sent values", () => {
+    const n = 200_000
+    const g = randn(n, 11)
+    for (const [i, v] of [[7, Number.NaN], [5000, Infinity], [123_456, -Infinity], [199_999, Number.NaN]] as const) g[i] = v
+    const e0 = randn(n, 12).map((v) => v * 1e-3)
+    const a = new TopKCompressor({ ratio: 0.01, sampleAbove: 1000 })
+    const b = new TopKCompressor({ ratio: 0.01, sampleAbove: 1000 })
+    const ea = e0.slice()
+    const eb = e0.slice()
+    const ga = g.slice()
+    const m = a.encodeCompensated(ga, 0.5, ea)
+    a.accumulate(m, ea, -1)
+    const gb = g.slice()
+    b.encodeFeedback(gb, 0.5, eb)
+    const differ: number[] = []
+    for (let i = 0; i < n; i++) if (Number.isNaN(ea[i]) ? !Number.isNaN(eb[i]) : !Object.is(ea[i], eb[i])) differ.push(i)
+    expect(differ).toEqual([])
+    expect(Number.isNaN(eb[7]) && Number.isNaN(eb[5000])).toBe(true)
   })
 
   it("kthLargestMagnitude: the k-th largest of non-negative values (ties, zeros, Infinity), as sorting finds it; a left as it was", () => {

@@ -168,6 +168,24 @@ export class TopKCompressor implements Compressor {
     return { codec: "topk", length: n, bytes }
   }
 
+  /**
+   * The whole error-feedback step for the gradient reducer: `encodeCompensated`, then the residual
+   * keeps what was not sent, e -= D(C(p)) from this message (the same bits as
+   * `accumulate(msg, e, -1)`: each sent value v is e's own value there, so e - v is v - v, which
+   * needs no read of e and no parse of the message). `g` is only read.
+   */
+  encodeFeedback(g: Float32Array, scale: number, e: Float32Array, ctx?: EncodeContext, out?: Uint8Array): CompressedMessage {
+    const msg = this.encodeCompensated(g, scale, e, ctx, out)
+    const k = readU32(msg.bytes, HEADER_BYTES)
+    const values = view(Float32Array, msg.bytes, HEADER_BYTES + 4, k)
+    const indices = view(Uint32Array, msg.bytes, HEADER_BYTES + 4 + 4 * k, k)
+    for (let j = 0; j < k; j++) {
+      const v = values[j]
+      e[indices[j]] = v - v
+    }
+    return msg
+  }
+
   /** The magnitude aimed at ~2k candidates, from a strided sample of `at(i)`. */
   private sampleThreshold(n: number, k: number, at: (i: number) => number): number {
     const m = this.scratch(SAMPLE_SIZE)
