@@ -188,6 +188,13 @@ const pack = (a, b) => `(i8x16.shuffle 0 1 2 3 4 5 6 7 16 17 18 19 20 21 22 23 (
 const hiLanes = (v) => `(i8x16.shuffle 8 9 10 11 12 13 14 15 0 1 2 3 4 5 6 7 ${v} ${v})`
 
 
+/** f32((f64(a) + f64(b)) / $dv) for two f32x4 expressions, in double as the scalar loops compute it. */
+const addDivideF64 = (a, b) =>
+  pack(
+    `(f64x2.div (f64x2.add (f64x2.promote_low_f32x4 ${a}) (f64x2.promote_low_f32x4 ${b})) (local.get $dv))`,
+    `(f64x2.div (f64x2.add (f64x2.promote_low_f32x4 ${hiLanes(a)}) (f64x2.promote_low_f32x4 ${hiLanes(b)})) (local.get $dv))`
+  )
+
 /**
  * f32(x·s) for the f32 lanes in local `x`: one f32 multiply when s is an f32 value (then the product
  * is the same correctly rounded one), else in double as Math.fround(x * s) computes it. Uses
@@ -390,10 +397,7 @@ export const wat = `
        (local.set $s (block (result v128) ${dec4(0)}))
        (local.set $av (v128.load (local.get $p)))
        (v128.store (local.get $p)
-         ${pack(
-           `(f64x2.div (f64x2.add (f64x2.promote_low_f32x4 (local.get $av)) (f64x2.promote_low_f32x4 (local.get $s))) (local.get $dv))`,
-           `(f64x2.div (f64x2.add (f64x2.promote_low_f32x4 ${hiLanes("(local.get $av)")}) (f64x2.promote_low_f32x4 ${hiLanes("(local.get $s)")})) (local.get $dv))`
-         )})`,
+         ${addDivideF64("(local.get $av)", "(local.get $s)")})`,
       `(f32.store (local.get $p)
          (f32.demote_f64 (f64.div
            (f64.add (f64.promote_f32 (f32.load (local.get $p))) (f64.promote_f32 (call $dec1 (i32.load16_u (local.get $q)))))
@@ -424,10 +428,7 @@ export const wat = `
       `(local.set $av (v128.load (local.get $p)))
        (local.set $bv (v128.load (local.get $r)))
        (v128.store (local.get $p)
-         ${pack(
-           `(f64x2.div (f64x2.add (f64x2.promote_low_f32x4 (local.get $av)) (f64x2.promote_low_f32x4 (local.get $bv))) (local.get $dv))`,
-           `(f64x2.div (f64x2.add (f64x2.promote_low_f32x4 ${hiLanes("(local.get $av)")}) (f64x2.promote_low_f32x4 ${hiLanes("(local.get $bv)")})) (local.get $dv))`
-         )})`,
+         ${addDivideF64("(local.get $av)", "(local.get $bv)")})`,
       `(f32.store (local.get $p)
          (f32.demote_f64 (f64.div (f64.add (f64.promote_f32 (f32.load (local.get $p))) (f64.promote_f32 (f32.load (local.get $r)))) (local.get $d))))`,
       { b: true }
