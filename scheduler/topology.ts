@@ -155,7 +155,11 @@ export const observeTopology = async (io: TopologyProbeIO, options: ProbeOptions
           lastMs.set(pair, performance.now() - t0)
         } catch (e) {
           lastMs.delete(pair)
-          problems.push(`${pair.linkClass} probe ${pair.from}->${pair.to} failed: ${String(e)}`)
+          // a failed repeat leaves the class fitted from the rounds before it; say so
+          const kept = round > 0 && (samples[pair.linkClass]?.length ?? 0) > 0
+          problems.push(
+            `${pair.linkClass} probe ${pair.from}->${pair.to} failed${kept ? ` in round ${round + 1} (fitted from the earlier rounds)` : ""}: ${String(e)}`
+          )
         }
       }
     }

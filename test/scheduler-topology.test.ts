@@ -104,6 +104,29 @@ describe("observeTopology", () => {
     expect(single.links["same-node"].betaMsPerByte).toBeGreaterThan(10 / 400_000)
   })
 
+  it("says a failed repeat round was fitted from the rounds before it, and a failed first round was not", async () => {
+    const topo: Topology = [loc("a", "s1"), loc("a", "s1"), loc("b", "s2")]
+    const truth = { "same-node": { a: 0.1, b: 1 / 400_000 }, "same-server": { a: 0.1, b: 1 / 400_000 }, "cross-server": { a: 0.5, b: 1 / 2_500 } }
+    // same-node fails from its second round on (two sizes per round); cross-server fails at once
+    const flaky = (io: TopologyProbeIO): TopologyProbeIO => {
+      let sameNodeCalls = 0
+      return {
+        ...io,
+        pingPong: async (from, to, bytes, reps) => {
+          if (topo[from]!.server !== topo[to]!.server) throw new Error("no route")
+          if (sameNodeCalls++ >= 2) throw new Error("timed out")
+          return io.pingPong(from, to, bytes, reps)
+        }
+      }
+    }
+    const shared = {}
+    const all = await Promise.all(topo.map((_, r) => observeTopology(flaky(simulatedIO(topo, r, truth, shared)), { rounds: 3 })))
+    const note = all[1]!.note ?? ""
+    expect(note).toMatch(/same-node probe 0->1 failed in round 2 \(fitted from the earlier rounds\): Error: timed out/)
+    expect(note).toMatch(/cross-server probe 0->2 failed: Error: no route/)
+    expect(all[1]!.model.links["same-node"].betaMsPerByte).toBeCloseTo(1 / 400_000, 9)
+  })
+
   it("keeps to its time budget and says what it could not measure", async () => {
     const topo: Topology = [loc("a", "s1"), loc("a", "s1"), loc("b", "s2")]
     const truth = { "same-node": { a: 0.1, b: 1e-6 }, "same-server": { a: 0.1, b: 1e-6 }, "cross-server": { a: 0.1, b: 1e-6 } }
