@@ -43,6 +43,8 @@ interface KernelExports {
   feedbackMatMul(rows: number, m: number, s: number, exact: number, owed: number, a: number, b: number): void
   matMulT(rows: number, m: number, a: number): void
   decodeOuter(rows: number, m: number, o: number): void
+  int8Feedback(n: number, a: number, b: number, scale: number, exact: number, c: number, q: number, sc: number, seed: number): number
+  int8AddInto(n: number, a: number, q: number, sc: number, c: number, assign: number): void
 }
 
 /** Byte addresses of the scratch blocks (the .wat's A, B, H, O). */
@@ -391,6 +393,65 @@ export const topkCompensateSimd = (g: Float32Array, scale: number, e: Float32Arr
     count += found
   }
   return count
+}
+
+// ---- int8 (QSGD) ----
+
+/** Elements per kernel call for int8 chunks of c: whole chunks, at most SIMD_BLOCK (0 when a chunk is longer). */
+const int8Block = (c: number): number => Math.floor(SIMD_BLOCK / c) * c
+
+/**
+ * int8 error feedback in one kernel pass per block, for a residual `e` that lives in a space:
+ * e = f32(e + f32(g·scale)); the levels of e per chunk of `c` into `q` and the chunks' scales into
+ * `scales`, the dither drawn from mulberry32 state `seed` on; then e -= the message's decoded
+ * values. The same bytes and residual bits as int8.ts's encode after the compensation, then
+ * accumulate(message, e, -1). Returns the state after the last draw, or undefined when the kernels
+ * cannot take it (`e` outside a space, or a chunk longer than a block). `g` is only read.
+ */
+export const int8FeedbackSimd = (g: Float32Array, scale: number, e: Float32Array, c: number, seed: number, q: Int8Array, scales: Float32Array): number | undefined => {
+  const k = home(e)
+  const block = int8Block(c)
+  if (!k || block === 0 || g.length !== e.length || q.length !== e.length || scales.length !== Math.ceil(e.length / c)) return undefined
+  const exact = exactScale(scale)
+  const gOwn = home(g) === k
+  const levels = new Int8Array(k.ex.memory.buffer, H_AT, block)
+  let s = seed | 0
+  for (let lo = 0; lo < g.length; lo += block) {
+    const n = Math.min(block, g.length - lo)
+    let a = g.byteOffset + lo * 4
+    if (!gOwn) {
+      k.a.set(g.subarray(lo, lo + n))
+      a = A_AT
+    }
+    s = k.ex.int8Feedback(n, a, e.byteOffset + lo * 4, scale, exact, c, H_AT, B_AT, s)
+    q.set(n === block ? levels : levels.subarray(0, n), lo)
+    scales.set(k.b.subarray(0, Math.ceil(n / c)), lo / c)
+  }
+  return s
+}
+
+/**
+ * into = the sum of int8 messages' decoded values, each given as its levels and scales with chunk
+ * `c`: the first assigned, the others added in order, as fill(0) then accumulate(message, into, 1)
+ * for each. False when the kernels cannot take it.
+ */
+export const int8SumSimd = (msgs: ReadonlyArray<{ readonly q: Int8Array; readonly scales: Float32Array }>, c: number, into: Float32Array): boolean => {
+  const block = int8Block(c)
+  const k = home(into) ?? get(into.length)
+  if (!k || block === 0 || msgs.length === 0) return false
+  const own = home(into) === k
+  const levels = new Int8Array(k.ex.memory.buffer, H_AT, block)
+  for (let lo = 0; lo < into.length; lo += block) {
+    const n = Math.min(block, into.length - lo)
+    const a = own ? into.byteOffset + lo * 4 : A_AT
+    for (let r = 0; r < msgs.length; r++) {
+      levels.set(msgs[r].q.subarray(lo, lo + n))
+      k.b.set(msgs[r].scales.subarray(lo / c, lo / c + Math.ceil(n / c)))
+      k.ex.int8AddInto(n, a, H_AT, B_AT, c, r === 0 ? 1 : 0)
+    }
+    if (!own) into.set(n === SIMD_BLOCK ? k.a : k.a.subarray(0, n), lo)
+  }
+  return true
 }
 
 // ---- PowerSGD (rank r <= 4, rows of m floats, m a multiple of 4 and at most PSGD_MAXM) ----

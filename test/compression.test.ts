@@ -170,6 +170,101 @@ describe("int8 (stochastic, scale per chunk)", () => {
     expect(d[12]).toBe(4)
     expect(d[13]).toBe(-4)
   })
+
+  // The SIMD kernels (collectives/simd.ts) take over when the residual lives in a space; their
+  // bytes and bits must be the scalar loops', or ranks on different paths would disagree.
+  const bits = (a: Float32Array): Buffer => Buffer.from(a.buffer, a.byteOffset, a.byteLength)
+  /**
+   * Bit for bit, but any NaN equals any NaN: V8's JIT tiers give the scalar loops' NaNs different
+   * signs from run to run (-1·NaN may become a sign flip), so NaN bits are not the scalar path's to promise.
+   */
+  const sameFloats = (a: Float32Array, b: Float32Array): boolean =>
+    a.length === b.length && (bits(a).equals(bits(b)) || a.every((v, i) => (Number.isNaN(v) ? Number.isNaN(b[i]) : Object.is(v, b[i]))))
+
+  it("encodeFeedback: the message and residual of compensate, encode, accumulate(msg, e, -1), with the residual in a SIMD space or not", async () => {
+    const { simdSpace } = await import("../collectives/simd.ts")
+    // chunk sizes: the default, one not a multiple of 8 (odd pairs and single tails), one that
+    // does not divide a kernel block, one of 1; lengths not multiples of the chunk
+    const cases: Array<[number, number]> = [
+      [4096, 300_001],
+      [100, 70_003],
+      [3000, 200_000],
+      [7, 1001],
+      [1, 513]
+    ]
+    for (const [chunkSize, n] of cases) {
+      const g = randn(n, chunkSize, 2)
+      // a chunk of zeros, a NaN, an infinity and a subnormal, where the chunk size allows
+      g.fill(0, 2 * chunkSize, 3 * chunkSize)
+      g[Math.min(n - 1, 5 * chunkSize + 3)] = NaN
+      g[Math.min(n - 1, 7 * chunkSize + 1)] = -Infinity
+      g[Math.min(n - 1, 9 * chunkSize)] = 1e-40
+      const e0 = randn(n, chunkSize + 1, 1e-2)
+      e0.fill(0, 2 * chunkSize, 3 * chunkSize)
+      for (const scale of [0.25, 0.3]) {
+        const ctx = { step: 3, rank: 1, key: "w" }
+        const ref = new Int8Compressor({ chunkSize })
+        const eRef = e0.slice()
+        for (let i = 0; i < n; i++) eRef[i] += Math.fround(g[i] * scale)
+        const want = Buffer.from(ref.encode(eRef, ctx).bytes)
+        ref.accumulate(want, eRef, -1)
+        for (const where of ["plain", "space"] as const) {
+          const c = new Int8Compressor({ chunkSize })
+          const e = where === "space" ? simdSpace([n])![0]! : new Float32Array(n)
+          e.set(e0)
+          const gg = g.slice()
+          const got = Buffer.from(c.encodeFeedback(gg, scale, e, ctx).bytes)
+          const label = `chunk ${chunkSize}, n ${n}, scale ${scale}, residual ${where}`
+          expect(got.equals(want), label).toBe(true)
+          expect(sameFloats(e, eRef), label).toBe(true)
+          expect(bits(gg).equals(bits(g)), `${label}: the gradient is only read`).toBe(true)
+        }
+      }
+    }
+  })
+
+  it("encodeFeedback draws the stream encode would: successive calls without a step differ, and match encode's", async () => {
+    const { simdSpace } = await import("../collectives/simd.ts")
+    const n = 10_000
+    const g = randn(n, 3)
+    const a = new Int8Compressor()
+    const b = new Int8Compressor()
+    const ea = simdSpace([n])![0]!
+    const eb = new Float32Array(n)
+    const m1 = Buffer.from(a.encodeFeedback(g, 1, ea).bytes)
+    const m2 = Buffer.from(a.encodeFeedback(g, 1, ea).bytes)
+    expect(m1.equals(m2)).toBe(false)
+    for (let i = 0; i < n; i++) eb[i] += g[i]
+    const r1 = Buffer.from(b.encode(eb).bytes)
+    b.accumulate(r1, eb, -1)
+    for (let i = 0; i < n; i++) eb[i] += g[i]
+    const r2 = Buffer.from(b.encode(eb).bytes)
+    expect(m1.equals(r1) && m2.equals(r2)).toBe(true)
+  })
+
+  it("sumInto: the bits of zeroing then accumulating each message in order, into a SIMD space or not", async () => {
+    const { simdSpace } = await import("../collectives/simd.ts")
+    for (const [chunkSize, n] of [[4096, 150_001], [7, 1001], [3000, 70_000]] as const) {
+      const c = new Int8Compressor({ chunkSize })
+      const msgs = [0, 1, 2, 3].map((r) => {
+        const x = randn(n, 50 + r, r + 1)
+        if (r === 2) x[Math.min(n - 1, chunkSize + 2)] = NaN
+        if (r === 3) x.fill(0, 0, chunkSize)
+        return c.encode(x, { step: 1, rank: r }).bytes.slice()
+      })
+      for (const list of [msgs, msgs.slice(1, 2)]) {
+        const want = new Float32Array(n).fill(0)
+        for (const m of list) c.accumulate(m, want, 1)
+        for (const where of ["plain", "space"] as const) {
+          const into = where === "space" ? simdSpace([n])![0]! : new Float32Array(n)
+          into.fill(123)
+          c.sumInto(list, into)
+          expect(sameFloats(into, want), `chunk ${chunkSize}, ${list.length} messages, ${where}`).toBe(true)
+        }
+      }
+    }
+    expect(() => new Int8Compressor().sumInto([new Int8Compressor().encode(new Float32Array(10)).bytes], new Float32Array(9))).toThrow()
+  })
 })
 
 describe("top-k", () => {

@@ -34,6 +34,7 @@ import {
 } from "./compressor.ts"
 import { WireDecodeError } from "../../core/errors.ts"
 import { hashKey, mixSeed } from "./rng.ts"
+import { int8FeedbackSimd, int8SumSimd } from "../simd.ts"
 
 export const INT8_DEFAULT_CHUNK = 4096
 const LEVELS = 127
@@ -63,20 +64,70 @@ export class Int8Compressor implements Compressor {
     return HEADER_BYTES + 4 + 4 * Math.ceil(n / this.chunkSize) + n
   }
 
-  encode(input: Float32Array, ctx: EncodeContext = {}, out?: Uint8Array): CompressedMessage {
-    const n = input.length
+  /** The message's bytes with its header and chunk size written, and views of its scales and levels. */
+  private message(n: number, out: Uint8Array | undefined): { bytes: Uint8Array; scales: Float32Array; q: Int8Array } {
     const c = this.chunkSize
     const chunks = Math.ceil(n / c)
     const bytes = outBytes(this.wireBytes(n), out)
     writeHeader(bytes, "int8", n)
     writeU32(bytes, HEADER_BYTES, c)
-    const scales = new Float32Array(bytes.buffer, bytes.byteOffset + HEADER_BYTES + 4, chunks)
-    const q = new Int8Array(bytes.buffer, bytes.byteOffset + HEADER_BYTES + 4 + 4 * chunks, n)
-    const bits = new Uint32Array(input.buffer, input.byteOffset, n)
-    // A stream per (seed, rank, step, key): ranks must not share rounding noise, and a rerun
-    // (or a restore from checkpoint) reproduces it. Without a step, successive calls differ.
-    let s = mixSeed(this.seed, ctx.rank ?? 0, ctx.step ?? this.calls, ctx.key === undefined ? 0 : hashKey(ctx.key)) | 0
+    return {
+      bytes,
+      scales: new Float32Array(bytes.buffer, bytes.byteOffset + HEADER_BYTES + 4, chunks),
+      q: new Int8Array(bytes.buffer, bytes.byteOffset + HEADER_BYTES + 4 + 4 * chunks, n)
+    }
+  }
+
+  /**
+   * The dither's first mulberry32 state for this call. A stream per (seed, rank, step, key): ranks
+   * must not share rounding noise, and a rerun (or a restore from checkpoint) reproduces it.
+   * Without a step, successive calls differ.
+   */
+  private stream(ctx: EncodeContext): number {
+    const s = mixSeed(this.seed, ctx.rank ?? 0, ctx.step ?? this.calls, ctx.key === undefined ? 0 : hashKey(ctx.key)) | 0
     this.calls++
+    return s
+  }
+
+  /**
+   * Error feedback in one pass: e = f32(e + f32(g·scale)), the message of e, then e -= its decoded
+   * values; the same message and residual bits as that compensation, encode(e) and
+   * accumulate(message, e, -1). With `e` in a SIMD space (collectives/simd.ts) one kernel does it
+   * all a block at a time; otherwise those three steps run as written. `g` is only read.
+   */
+  encodeFeedback(g: Float32Array, scale: number, e: Float32Array, ctx: EncodeContext = {}, out?: Uint8Array): CompressedMessage {
+    if (g.length !== e.length) throw new RangeError(`int8 feedback: gradient has ${g.length} elements, residual ${e.length}`)
+    const n = e.length
+    const { bytes, scales, q } = this.message(n, out)
+    const calls = this.calls
+    if (int8FeedbackSimd(g, scale, e, this.chunkSize, this.stream(ctx), q, scales) !== undefined) return { codec: "int8", length: n, bytes }
+    this.calls = calls
+    for (let i = 0; i < n; i++) e[i] += Math.fround(g[i] * scale)
+    const msg = this.encode(e, ctx, bytes)
+    this.accumulate(msg, e, -1)
+    return msg
+  }
+
+  /**
+   * into = the sum of the messages' decoded values (all of into's length), added in the order
+   * given: what fill(0) and then accumulate(message, into, 1) for each give, bit for bit.
+   */
+  sumInto(msgs: ReadonlyArray<CompressedMessage | Uint8Array>, into: Float32Array): void {
+    const parsed = msgs.map((m) => this.parse(m))
+    for (const p of parsed) checkTarget(into, p.n, "int8")
+    const c = parsed[0]?.c
+    if (c !== undefined && parsed.every((p) => p.c === c && p.n === into.length) && int8SumSimd(parsed, c, into)) return
+    into.fill(0)
+    for (const m of msgs) this.accumulate(m, into, 1)
+  }
+
+  encode(input: Float32Array, ctx: EncodeContext = {}, out?: Uint8Array): CompressedMessage {
+    const n = input.length
+    const c = this.chunkSize
+    const chunks = Math.ceil(n / c)
+    const { bytes, scales, q } = this.message(n, out)
+    const bits = new Uint32Array(input.buffer, input.byteOffset, n)
+    let s = this.stream(ctx)
     for (let k = 0; k < chunks; k++) {
       const lo = k * c
       const hi = Math.min(n, lo + c)

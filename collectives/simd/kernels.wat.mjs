@@ -289,6 +289,49 @@ const addScaledTail = (withB, store) => {
        ${store ? "(f32.store (local.get $p) (call $dec1 (local.get $bits)))" : ""}`
 }
 
+
+// ---- int8 (QSGD) ----
+
+/** mulberry32's increment, and its multiples (the states of consecutive draws). */
+const MB = 0x6d2b79f5
+const mbStep = (k) => Math.imul(MB, k) >>> 0
+
+/** mulberry32's output for the i32x4 states in `st` into $t (int8.ts's recurrence, lane-wise; imul is i32x4.mul). */
+const mulberry4 = (st) => `
+    (local.set $t (i32x4.mul (v128.xor ${st} (i32x4.shr_u ${st} (i32.const 15))) (v128.or ${st} ${C(1)})))
+    (local.set $t (v128.xor
+      (i32x4.add (local.get $t) (i32x4.mul (v128.xor (local.get $t) (i32x4.shr_u (local.get $t) (i32.const 7))) (v128.or (local.get $t) ${C(61)})))
+      (local.get $t)))
+    (local.set $t (v128.xor (local.get $t) (i32x4.shr_u (local.get $t) (i32.const 14))))`
+
+/** f32 lanes (d + 0.5)·2^-16 of the u16 values in the i32 lanes of `d` (exact in f32). */
+const dither4 = (d) => `(f32x4.mul (f32x4.add (f32x4.convert_i32x4_u ${d}) (v128.const f32x4 0.5 0.5 0.5 0.5)) (v128.const f32x4 0x1p-16 0x1p-16 0x1p-16 0x1p-16))`
+
+/** trunc(f64(a)·inv + f64(d)) for the two low f32 lanes of `a` and `d`, in i32 lanes 0-1 (2-3 zero), as int8.ts's `| 0` in double. */
+const quant2 = (a, d) => `(i32x4.trunc_sat_f64x2_s_zero (f64x2.add (f64x2.mul (f64x2.promote_low_f32x4 ${a}) (local.get $invv)) (f64x2.promote_low_f32x4 ${d})))`
+
+/** Lanes 0-1 of `u` and lanes 0-1 of `w` as one i32x4. */
+const lows = (u, w) => `(i8x16.shuffle 0 1 2 3 4 5 6 7 16 17 18 19 20 21 22 23 ${u} ${w})`
+
+/**
+ * The signed levels of the 4 f32 lanes of local `x`: trunc(|x|·inv + dither `d`) in double, at
+ * most 127, negated where x's sign bit is set ((v ^ m) - m with m = x >> 31, as int8.ts does).
+ */
+const levels4 = (x, d) => `(i32x4.sub
+      (v128.xor
+        (i32x4.min_s
+          ${lows(quant2(`(f32x4.abs (local.get ${x}))`, d), quant2(hiLanes(`(f32x4.abs (local.get ${x}))`), hiLanes(d)))}
+          ${C(127)})
+        (i32x4.shr_s (local.get ${x}) (i32.const 31)))
+      (i32x4.shr_s (local.get ${x}) (i32.const 31)))`
+
+/** f32(f64(q)·step) for the i32 lanes of `q` (decode of int8 levels, in double as int8.ts computes it). */
+const dequant4 = (q) =>
+  pack(
+    `(f64x2.mul (f64x2.convert_low_i32x4_s ${q}) (local.get $stepv))`,
+    `(f64x2.mul (f64x2.convert_low_i32x4_s ${hiLanes(q)}) (local.get $stepv))`
+  )
+
 export const wat = `
 (module
   (memory (export "memory") 32)
@@ -630,5 +673,174 @@ export const wat = `
         (local.set $x (i32.shl (i32.add (i32.mul (local.get $i) (local.get $m)) (local.get $j)) (i32.const 2)))
         (local.set $q (i32.shl (local.get $j) (i32.const 2)))
         (v128.store (i32.add (local.get $o) (local.get $x)) ${dot4(QC)})`)})
+
+  ;; ---- int8 stochastic quantization (int8.ts), error feedback fused ----
+
+  ;; mulberry32's output for the state $s (already advanced)
+  (func $mb (param $s i32) (result i32) (local $t i32)
+    (local.set $t (i32.mul (i32.xor (local.get $s) (i32.shr_u (local.get $s) (i32.const 15))) (i32.or (local.get $s) (i32.const 1))))
+    (local.set $t (i32.xor (i32.add (local.get $t) (i32.mul (i32.xor (local.get $t) (i32.shr_u (local.get $t) (i32.const 7))) (i32.or (local.get $t) (i32.const 61)))) (local.get $t)))
+    (i32.xor (local.get $t) (i32.shr_u (local.get $t) (i32.const 14))))
+
+  ;; the signed level of x with the 16-bit dither d: as int8.ts's scalar loop
+  (func $q1 (param $x f32) (param $inv f64) (param $d i32) (result i32) (local $v i32) (local $m i32)
+    (local.set $v (i32.trunc_sat_f64_s (f64.add
+      (f64.mul (f64.promote_f32 (f32.abs (local.get $x))) (local.get $inv))
+      (f64.mul (f64.add (f64.convert_i32_u (local.get $d)) (f64.const 0.5)) (f64.const 0x1p-16)))))
+    (if (i32.gt_s (local.get $v) (i32.const 127)) (then (local.set $v (i32.const 127))))
+    (local.set $m (i32.shr_s (i32.reinterpret_f32 (local.get $x)) (i32.const 31)))
+    (i32.sub (i32.xor (local.get $v) (local.get $m)) (local.get $m)))
+
+  ;; b[i] = p = f32(b[i] + f32(a[i]·s)); then per chunk of $c elements the int8 message of p as
+  ;; Int8Compressor.encode writes it (scale f32 at $sc + 4k, levels at $q + i, the dither drawn from
+  ;; mulberry32 state $seed on) and the residual b[i] = f32(p - f32(level·scale/127)), as
+  ;; accumulate(message, b, -1) leaves it. Returns the state after the last draw.
+  (func (export "int8Feedback") (param $n i32) (param $a i32) (param $b i32) (param $s f64) (param $exact i32)
+    (param $c i32) (param $q i32) (param $sc i32) (param $seed i32) (result i32)
+    (local $i i32) (local $j i32) (local $p i32) (local $r i32) (local $lo i32) (local $hi i32) (local $k i32)
+    (local $x v128) (local $mx v128) (local $m f32) (local $x1 f32)
+    (local $sv v128) (local $sf v128) (local $inv f64) (local $step f64) (local $invv v128) (local $stepv v128)
+    (local $t v128) (local $d0 v128) (local $d1 v128) (local $x0 v128) (local $xh v128) (local $v0 v128) (local $v1 v128)
+    (local $tt i32) (local $l i32) (local $lv i32)
+    (local.set $sv (f64x2.splat (local.get $s)))
+    (local.set $sf (f32x4.splat (f32.demote_f64 (local.get $s))))
+    (block $cdone (loop $chunks
+      (br_if $cdone (i32.ge_u (local.get $lo) (local.get $n)))
+      (local.set $hi (i32.add (local.get $lo) (local.get $c)))
+      (if (i32.gt_u (local.get $hi) (local.get $n)) (then (local.set $hi (local.get $n))))
+      ;; compensate, and the chunk's max |p| (NaN when any p is NaN)
+      (local.set $mx (v128.const i32x4 0 0 0 0))
+      (local.set $i (local.get $lo))
+      ${eachScale((scaled) => `
+      (block $vdone (loop $vl
+        (br_if $vdone (i32.gt_u (i32.add (local.get $i) (i32.const 4)) (local.get $hi)))
+        (local.set $p (i32.add (local.get $a) (i32.shl (local.get $i) (i32.const 2))))
+        (local.set $r (i32.add (local.get $b) (i32.shl (local.get $i) (i32.const 2))))
+        (local.set $x (v128.load (local.get $p)))
+        (local.set $x (f32x4.add ${scaled("$x")} (v128.load (local.get $r))))
+        (v128.store (local.get $r) (local.get $x))
+        (local.set $mx (f32x4.max (local.get $mx) (f32x4.abs (local.get $x))))
+        (local.set $i (i32.add (local.get $i) (i32.const 4)))
+        (br $vl)))`)}
+      (block $tdone (loop $tl
+        (br_if $tdone (i32.ge_u (local.get $i) (local.get $hi)))
+        (local.set $p (i32.add (local.get $a) (i32.shl (local.get $i) (i32.const 2))))
+        (local.set $r (i32.add (local.get $b) (i32.shl (local.get $i) (i32.const 2))))
+        (local.set $x1 (f32.add
+          (f32.demote_f64 (f64.mul (f64.promote_f32 (f32.load (local.get $p))) (local.get $s)))
+          (f32.load (local.get $r))))
+        (f32.store (local.get $r) (local.get $x1))
+        (local.set $mx (f32x4.max (local.get $mx) (f32x4.splat (f32.abs (local.get $x1)))))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br $tl)))
+      (local.set $m (f32.max
+        (f32.max (f32x4.extract_lane 0 (local.get $mx)) (f32x4.extract_lane 1 (local.get $mx)))
+        (f32.max (f32x4.extract_lane 2 (local.get $mx)) (f32x4.extract_lane 3 (local.get $mx)))))
+      (local.set $l (i32.sub (local.get $hi) (local.get $lo)))
+      (if (f32.lt (local.get $m) (f32.const inf))
+        (then
+          (f32.store (i32.add (local.get $sc) (i32.shl (local.get $k) (i32.const 2))) (local.get $m))
+          (if (f32.gt (local.get $m) (f32.const 0))
+            (then
+              (local.set $inv (f64.div (f64.const 127) (f64.promote_f32 (local.get $m))))
+              (local.set $step (f64.div (f64.promote_f32 (local.get $m)) (f64.const 127)))
+              (local.set $invv (f64x2.splat (local.get $inv)))
+              (local.set $stepv (f64x2.splat (local.get $step)))
+              (local.set $i (local.get $lo))
+              (block $qdone (loop $ql
+                (br_if $qdone (i32.gt_u (i32.add (local.get $i) (i32.const 8)) (local.get $hi)))
+                (local.set $r (i32.add (local.get $b) (i32.shl (local.get $i) (i32.const 2))))
+                ;; four draws, each dithering two elements (low 16 bits, then high)
+                (local.set $x (i32x4.add (i32x4.splat (local.get $seed)) (v128.const i32x4 ${mbStep(1)} ${mbStep(2)} ${mbStep(3)} ${mbStep(4)})))
+                ${mulberry4("(local.get $x)")}
+                (local.set $seed (i32.add (local.get $seed) (i32.const ${mbStep(4) | 0})))
+                (local.set $d0 (v128.and (local.get $t) ${C("0xffff")}))
+                (local.set $d1 (i32x4.shr_u (local.get $t) (i32.const 16)))
+                (local.set $t (i8x16.shuffle 0 1 2 3 16 17 18 19 4 5 6 7 20 21 22 23 (local.get $d0) (local.get $d1)))
+                (local.set $d1 (i8x16.shuffle 8 9 10 11 24 25 26 27 12 13 14 15 28 29 30 31 (local.get $d0) (local.get $d1)))
+                (local.set $d0 ${dither4("(local.get $t)")})
+                (local.set $d1 ${dither4("(local.get $d1)")})
+                (local.set $x0 (v128.load (local.get $r)))
+                (local.set $xh (v128.load offset=16 (local.get $r)))
+                (local.set $v0 ${levels4("$x0", "(local.get $d0)")})
+                (local.set $v1 ${levels4("$xh", "(local.get $d1)")})
+                (v128.store64_lane 0 (i32.add (local.get $q) (local.get $i))
+                  (i8x16.narrow_i16x8_s (i16x8.narrow_i32x4_s (local.get $v0) (local.get $v1)) (i16x8.narrow_i32x4_s (local.get $v0) (local.get $v1))))
+                (v128.store (local.get $r) (f32x4.sub (local.get $x0) ${dequant4("(local.get $v0)")}))
+                (v128.store offset=16 (local.get $r) (f32x4.sub (local.get $xh) ${dequant4("(local.get $v1)")}))
+                (local.set $i (i32.add (local.get $i) (i32.const 8)))
+                (br $ql)))
+              ;; the rest: a draw per pair, and one for a last single element
+              (block $pdone (loop $pl
+                (br_if $pdone (i32.ge_u (local.get $i) (local.get $hi)))
+                (local.set $seed (i32.add (local.get $seed) (i32.const ${MB})))
+                (local.set $tt (call $mb (local.get $seed)))
+                (local.set $j (i32.const 0))
+                (block $edone (loop $el
+                  (br_if $edone (i32.or (i32.ge_u (local.get $j) (i32.const 2)) (i32.ge_u (local.get $i) (local.get $hi))))
+                  (local.set $r (i32.add (local.get $b) (i32.shl (local.get $i) (i32.const 2))))
+                  (local.set $x1 (f32.load (local.get $r)))
+                  (local.set $lv (call $q1 (local.get $x1) (local.get $inv) (i32.and (local.get $tt) (i32.const 0xffff))))
+                  (i32.store8 (i32.add (local.get $q) (local.get $i)) (local.get $lv))
+                  (f32.store (local.get $r) (f32.sub (local.get $x1) (f32.demote_f64 (f64.mul (f64.convert_i32_s (local.get $lv)) (local.get $step)))))
+                  (local.set $tt (i32.shr_u (local.get $tt) (i32.const 16)))
+                  (local.set $i (i32.add (local.get $i) (i32.const 1)))
+                  (local.set $j (i32.add (local.get $j) (i32.const 1)))
+                  (br $el)))
+                (br $pl))))
+            (else (memory.fill (i32.add (local.get $q) (local.get $lo)) (i32.const 0) (local.get $l)))))
+        (else
+          ;; a NaN or an infinity: scale NaN, levels 0, and the residual b + NaN (accumulate adds -1·NaN)
+          (f32.store (i32.add (local.get $sc) (i32.shl (local.get $k) (i32.const 2))) (f32.const nan))
+          (memory.fill (i32.add (local.get $q) (local.get $lo)) (i32.const 0) (local.get $l))
+          (local.set $i (local.get $lo))
+          (block $ndone (loop $nl
+            (br_if $ndone (i32.ge_u (local.get $i) (local.get $hi)))
+            (local.set $r (i32.add (local.get $b) (i32.shl (local.get $i) (i32.const 2))))
+            (f32.store (local.get $r) (f32.add (f32.load (local.get $r)) (f32.const nan)))
+            (local.set $i (i32.add (local.get $i) (i32.const 1)))
+            (br $nl)))))
+      (local.set $lo (local.get $hi))
+      (local.set $k (i32.add (local.get $k) (i32.const 1)))
+      (br $chunks)))
+    (local.get $seed))
+
+  ;; a[i] = f32(level·scale/127) ($assign) or a[i] = f32(a[i] + f32(level·scale/127)): an int8 message's
+  ;; levels at $q + i and scales (f32, one per chunk of $c) at $sc, as accumulate(message, a, 1) adds them
+  (func (export "int8AddInto") (param $n i32) (param $a i32) (param $q i32) (param $sc i32) (param $c i32) (param $assign i32)
+    (local $i i32) (local $p i32) (local $lo i32) (local $hi i32) (local $k i32) (local $step f64) (local $stepv v128)
+    (local $w v128) (local $v0 v128) (local $v1 v128) (local $y f32)
+    (block $cdone (loop $chunks
+      (br_if $cdone (i32.ge_u (local.get $lo) (local.get $n)))
+      (local.set $hi (i32.add (local.get $lo) (local.get $c)))
+      (if (i32.gt_u (local.get $hi) (local.get $n)) (then (local.set $hi (local.get $n))))
+      (local.set $step (f64.div (f64.promote_f32 (f32.load (i32.add (local.get $sc) (i32.shl (local.get $k) (i32.const 2))))) (f64.const 127)))
+      (local.set $stepv (f64x2.splat (local.get $step)))
+      (local.set $i (local.get $lo))
+      ${[true, false]
+        .map(
+          (assign) => `(if (i32.eq (local.get $assign) (i32.const ${assign ? 1 : 0})) (then
+      (block $vdone (loop $vl
+        (br_if $vdone (i32.gt_u (i32.add (local.get $i) (i32.const 8)) (local.get $hi)))
+        (local.set $p (i32.add (local.get $a) (i32.shl (local.get $i) (i32.const 2))))
+        (local.set $w (i16x8.extend_low_i8x16_s (v128.load64_zero (i32.add (local.get $q) (local.get $i)))))
+        (local.set $v0 (i32x4.extend_low_i16x8_s (local.get $w)))
+        (local.set $v1 (i32x4.extend_high_i16x8_s (local.get $w)))
+        (v128.store (local.get $p) ${assign ? dequant4("(local.get $v0)") : `(f32x4.add (v128.load (local.get $p)) ${dequant4("(local.get $v0)")})`})
+        (v128.store offset=16 (local.get $p) ${assign ? dequant4("(local.get $v1)") : `(f32x4.add (v128.load offset=16 (local.get $p)) ${dequant4("(local.get $v1)")})`})
+        (local.set $i (i32.add (local.get $i) (i32.const 8)))
+        (br $vl)))))`
+        )
+        .join("\n      ")}
+      (block $tdone (loop $tl
+        (br_if $tdone (i32.ge_u (local.get $i) (local.get $hi)))
+        (local.set $p (i32.add (local.get $a) (i32.shl (local.get $i) (i32.const 2))))
+        (local.set $y (f32.demote_f64 (f64.mul (f64.convert_i32_s (i32.load8_s (i32.add (local.get $q) (local.get $i)))) (local.get $step))))
+        (f32.store (local.get $p) (if (result f32) (local.get $assign) (then (local.get $y)) (else (f32.add (f32.load (local.get $p)) (local.get $y)))))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br $tl)))
+      (local.set $lo (local.get $hi))
+      (local.set $k (i32.add (local.get $k) (i32.const 1)))
+      (br $chunks))))
 )
 `
