@@ -65,7 +65,8 @@ export const codecFigures = (options: { readonly mib?: number; readonly reps?: n
     let step = 0
     const enc = time(() => void c.encode(g, { step: step++ }, out), reps)
     const msg = c.encode(g, { step: 0 })
-    const dec = time(() => void c.decode(msg, dense), reps)
+    // int8: the reducer decodes with sumInto (SIMD); one message assigns, as the first of p does
+    const dec = c instanceof Int8Compressor ? time(() => c.sumInto([msg], dense), reps) : time(() => void c.decode(msg, dense), reps)
     let withEf: number
     if (c instanceof Fp16Compressor) {
       // what GradientReducer does: one fused pass that reads the gradient, updates the residual
@@ -84,6 +85,11 @@ export const codecFigures = (options: { readonly mib?: number; readonly reps?: n
         c.encodeFeedback(gw, 1, e, { step: step++ }, out)
       }
       withEf = Math.max(0, time(fused, reps) - copy)
+    } else if (c instanceof Int8Compressor) {
+      // what GradientReducer does: one kernel pass per block (compensate, scales, levels, residual
+      // update), with the residual in SIMD memory; the gradient is only read
+      const e = simdSpace([n])?.[0] ?? new Float32Array(n)
+      withEf = time(() => void c.encodeFeedback(g, 1, e, { step: step++ }, out), reps)
     } else {
       const ef = new ErrorFeedback()
       withEf = time(() => void ef.compress(c, "g", g, { step: step++ }, out), reps)

@@ -307,25 +307,29 @@ const mulberry4 = (st) => `
 /** f32 lanes (d + 0.5)·2^-16 of the u16 values in the i32 lanes of `d` (exact in f32). */
 const dither4 = (d) => `(f32x4.mul (f32x4.add (f32x4.convert_i32x4_u ${d}) (v128.const f32x4 0.5 0.5 0.5 0.5)) (v128.const f32x4 0x1p-16 0x1p-16 0x1p-16 0x1p-16))`
 
-/** trunc(f64(a)·inv + f64(d)) for the two low f32 lanes of `a` and `d`, in i32 lanes 0-1 (2-3 zero), as int8.ts's `| 0` in double. */
-const quant2 = (a, d) => `(i32x4.trunc_sat_f64x2_s_zero (f64x2.add (f64x2.mul (f64x2.promote_low_f32x4 ${a}) (local.get $invv)) (f64x2.promote_low_f32x4 ${d})))`
-
-/** Lanes 0-1 of `u` and lanes 0-1 of `w` as one i32x4. */
-const lows = (u, w) => `(i8x16.shuffle 0 1 2 3 4 5 6 7 16 17 18 19 20 21 22 23 ${u} ${w})`
+/**
+ * floor(f64(a)·inv + f64(d)) for the two low f32 lanes of `a` and `d`, in double as int8.ts
+ * computes it (there `| 0` of a value in [0, 129)), as the low 32 bits of each f64 lane: floor(y)
+ * + 2^52 holds the integer in its low mantissa bits (three instructions where trunc_sat takes eight).
+ */
+const quant2 = (a, d) =>
+  `(f64x2.add (f64x2.floor (f64x2.add (f64x2.mul (f64x2.promote_low_f32x4 ${a}) (local.get $invv)) (f64x2.promote_low_f32x4 ${d}))) (v128.const f64x2 0x1p52 0x1p52))`
 
 /**
- * The signed levels of the 4 f32 lanes of local `x`: trunc(|x|·inv + dither `d`) in double, at
- * most 127, negated where x's sign bit is set ((v ^ m) - m with m = x >> 31, as int8.ts does).
+ * The signed levels of the 4 f32 lanes of local `x` with the f32 dither lanes `d`: quant2 of
+ * |x|, at most 127, negated where x's sign bit is set ((v ^ m) - m with m = x >> 31, as int8.ts does).
  */
 const levels4 = (x, d) => `(i32x4.sub
       (v128.xor
         (i32x4.min_s
-          ${lows(quant2(`(f32x4.abs (local.get ${x}))`, d), quant2(hiLanes(`(f32x4.abs (local.get ${x}))`), hiLanes(d)))}
+          (i8x16.shuffle 0 1 2 3 8 9 10 11 16 17 18 19 24 25 26 27
+            ${quant2(`(f32x4.abs (local.get ${x}))`, d)}
+            ${quant2(hiLanes(`(f32x4.abs (local.get ${x}))`), hiLanes(d))})
           ${C(127)})
         (i32x4.shr_s (local.get ${x}) (i32.const 31)))
       (i32x4.shr_s (local.get ${x}) (i32.const 31)))`
 
-/** f32(f64(q)·step) for the i32 lanes of `q` (decode of int8 levels, in double as int8.ts computes it). */
+/** f32(f64(q)·step) for the i32 lanes of `q` (the decoded value of int8 levels, in double as int8.ts computes it). */
 const dequant4 = (q) =>
   pack(
     `(f64x2.mul (f64x2.convert_low_i32x4_s ${q}) (local.get $stepv))`,
@@ -708,7 +712,9 @@ export const wat = `
       (br_if $cdone (i32.ge_u (local.get $lo) (local.get $n)))
       (local.set $hi (i32.add (local.get $lo) (local.get $c)))
       (if (i32.gt_u (local.get $hi) (local.get $n)) (then (local.set $hi (local.get $n))))
-      ;; compensate, and the chunk's max |p| (NaN when any p is NaN)
+      ;; compensate, and the chunk's max |p| (NaN when any p is NaN): as unsigned integers the bits of
+      ;; |p| order as their values do, with every NaN above infinity, and pmaxud is one instruction
+      ;; (f32x4.max's NaN rules take eight, in a chain carried from each iteration to the next)
       (local.set $mx (v128.const i32x4 0 0 0 0))
       (local.set $i (local.get $lo))
       ${eachScale((scaled) => `
@@ -719,7 +725,7 @@ export const wat = `
         (local.set $x (v128.load (local.get $p)))
         (local.set $x (f32x4.add ${scaled("$x")} (v128.load (local.get $r))))
         (v128.store (local.get $r) (local.get $x))
-        (local.set $mx (f32x4.max (local.get $mx) (f32x4.abs (local.get $x))))
+        (local.set $mx (i32x4.max_u (local.get $mx) (f32x4.abs (local.get $x))))
         (local.set $i (i32.add (local.get $i) (i32.const 4)))
         (br $vl)))`)}
       (block $tdone (loop $tl
@@ -730,12 +736,13 @@ export const wat = `
           (f32.demote_f64 (f64.mul (f64.promote_f32 (f32.load (local.get $p))) (local.get $s)))
           (f32.load (local.get $r))))
         (f32.store (local.get $r) (local.get $x1))
-        (local.set $mx (f32x4.max (local.get $mx) (f32x4.splat (f32.abs (local.get $x1)))))
+        (local.set $mx (i32x4.max_u (local.get $mx) (f32x4.splat (f32.abs (local.get $x1)))))
         (local.set $i (i32.add (local.get $i) (i32.const 1)))
         (br $tl)))
-      (local.set $m (f32.max
-        (f32.max (f32x4.extract_lane 0 (local.get $mx)) (f32x4.extract_lane 1 (local.get $mx)))
-        (f32.max (f32x4.extract_lane 2 (local.get $mx)) (f32x4.extract_lane 3 (local.get $mx)))))
+      (local.set $mx (i32x4.max_u (local.get $mx) (i8x16.shuffle 8 9 10 11 12 13 14 15 0 1 2 3 4 5 6 7 (local.get $mx) (local.get $mx))))
+      (local.set $m (f32.reinterpret_i32 (select
+        (i32x4.extract_lane 0 (local.get $mx)) (i32x4.extract_lane 1 (local.get $mx))
+        (i32.gt_u (i32x4.extract_lane 0 (local.get $mx)) (i32x4.extract_lane 1 (local.get $mx))))))
       (local.set $l (i32.sub (local.get $hi) (local.get $lo)))
       (if (f32.lt (local.get $m) (f32.const inf))
         (then
