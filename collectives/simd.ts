@@ -363,6 +363,13 @@ export const addScaledIntoHalfSimd = (g: Float32Array, scale: number, e: Float32
   return true
 }
 
+/** The address of g[lo, lo + n) for a kernel that only reads it: in place when `own`, else copied into the A block. */
+const readAt = (k: Kernels, g: Float32Array, own: boolean, lo: number, n: number): number => {
+  if (own) return g.byteOffset + lo * 4
+  k.a.set(g.subarray(lo, lo + n))
+  return A_AT
+}
+
 /**
  * Top-k error feedback in one pass, for a residual `e` that lives in a space: e = f32(e +
  * f32(g·scale)); the ascending indices of the elements with |e| >= thr (or NaN) are written to
@@ -378,11 +385,7 @@ export const topkCompensateSimd = (g: Float32Array, scale: number, e: Float32Arr
   let count = 0
   for (let lo = 0; lo < g.length; lo += SIMD_BLOCK) {
     const n = Math.min(SIMD_BLOCK, g.length - lo)
-    let a = g.byteOffset + lo * 4
-    if (!gOwn) {
-      k.a.set(g.subarray(lo, lo + n))
-      a = A_AT
-    }
+    const a = readAt(k, g, gOwn, lo, n)
     const room = Math.max(0, cand.length - count)
     const found = k.ex.topkCompensate(n, a, e.byteOffset + lo * 4, scale, exact, thr, B_AT, O_AT, Math.min(room, SIMD_BLOCK), lo)
     if (room > 0) {
@@ -418,11 +421,7 @@ export const int8FeedbackSimd = (g: Float32Array, scale: number, e: Float32Array
   let s = seed | 0
   for (let lo = 0; lo < g.length; lo += block) {
     const n = Math.min(block, g.length - lo)
-    let a = g.byteOffset + lo * 4
-    if (!gOwn) {
-      k.a.set(g.subarray(lo, lo + n))
-      a = A_AT
-    }
+    const a = readAt(k, g, gOwn, lo, n)
     s = k.ex.int8Feedback(n, a, e.byteOffset + lo * 4, scale, exact, c, H_AT, B_AT, s)
     q.set(n === block ? levels : levels.subarray(0, n), lo)
     scales.set(k.b.subarray(0, Math.ceil(n / c)), lo / c)
