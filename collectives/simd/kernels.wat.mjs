@@ -207,6 +207,9 @@ const scaledF64 = (x) =>
     `(f64x2.mul (f64x2.promote_low_f32x4 ${hiLanes(`(local.get ${x})`)}) (local.get $sv))`
   )
 
+/** f32(a[i]·s) for the one element at $p, in double as Math.fround(x * s) computes it (the tails' scaledF32/F64). */
+const scaledAt = `(f32.demote_f64 (f64.mul (f64.promote_f32 (f32.load (local.get $p))) (local.get $s)))`
+
 /**
  * `loop(scaled)` twice, with the f32 product when $exact and the double one otherwise: the choice
  * made once per call, outside the loop (a branch per vector inside it costs ~20%).
@@ -281,8 +284,7 @@ const addScaledBody = (scaled, withB, store) => `
 
 /** addScaledIntoHalf's tail, one element (the product in double: the same value when s is an f32). */
 const addScaledTail = (withB, store) => {
-  const prod = `(f32.demote_f64 (f64.mul (f64.promote_f32 (f32.load (local.get $p))) (local.get $s)))`
-  const x = withB ? `(f32.add ${prod} (f32.load (local.get $r)))` : prod
+  const x = withB ? `(f32.add ${scaledAt} (f32.load (local.get $r)))` : scaledAt
   return `(local.set $bits (call $enc1 (i32.reinterpret_f32 (f32.add ${x} (call $dec1 (i32.load16_u (local.get $q)))))))
        (i32.store16 (local.get $q) (local.get $bits))
        ${withB ? "(f32.store (local.get $r) (f32.const 0))" : ""}
@@ -490,7 +492,7 @@ export const wat = `
         4,
         `(local.set $x (v128.load (local.get $p)))
          (v128.store (local.get $p) ${scaled("$x")})`,
-        `(f32.store (local.get $p) (f32.demote_f64 (f64.mul (f64.promote_f32 (f32.load (local.get $p))) (local.get $s))))`
+        `(f32.store (local.get $p) ${scaledAt})`
       )
     )})
 
@@ -544,7 +546,7 @@ export const wat = `
        (v128.store (local.get $r) (f32x4.sub (local.get $x0) (local.get $v0)))
        (v128.store offset=16 (local.get $r) (f32x4.sub (local.get $x1) (local.get $v1)))`,
       `(local.set $x0 (f32x4.splat (f32.add
-         (f32.demote_f64 (f64.mul (f64.promote_f32 (f32.load (local.get $p))) (local.get $s)))
+         ${scaledAt}
          (f32.load (local.get $r)))))
        ${encRound4(0)}
        (i32.store16 (local.get $q) (i32x4.extract_lane 0 (local.get $w0)))
@@ -574,7 +576,7 @@ export const wat = `
        (if (v128.any_true (local.get $mask)) (then
          ${[0, 1, 2, 3].map((l) => keep(`(i32x4.extract_lane ${l} (local.get $mask))`, l, `(f32x4.extract_lane ${l} (local.get $x))`)).join("\n         ")}))`,
       `(local.set $x1 (f32.add
-         (f32.demote_f64 (f64.mul (f64.promote_f32 (f32.load (local.get $p))) (local.get $s)))
+         ${scaledAt}
          (f32.load (local.get $r))))
        (f32.store (local.get $r) (local.get $x1))
        ${keep("(i32.or (f32.ge (f32.abs (local.get $x1)) (local.get $thr)) (f32.ne (local.get $x1) (local.get $x1)))", 0, "(local.get $x1)")}`,
@@ -733,7 +735,7 @@ export const wat = `
         (local.set $p (i32.add (local.get $a) (i32.shl (local.get $i) (i32.const 2))))
         (local.set $r (i32.add (local.get $b) (i32.shl (local.get $i) (i32.const 2))))
         (local.set $x1 (f32.add
-          (f32.demote_f64 (f64.mul (f64.promote_f32 (f32.load (local.get $p))) (local.get $s)))
+          ${scaledAt}
           (f32.load (local.get $r))))
         (f32.store (local.get $r) (local.get $x1))
         (local.set $mx (i32x4.max_u (local.get $mx) (f32x4.splat (f32.abs (local.get $x1)))))
