@@ -74,22 +74,12 @@ export const codecFigures = (options: { readonly mib?: number; readonly reps?: n
       const e = simdSpace([n])?.[0] ?? new Float32Array(n)
       const bits = new Uint16Array(n)
       withEf = time(() => halfFeedbackBits(g, e, 1, bits), reps)
-    } else if (c instanceof TopKCompressor) {
-      // what GradientReducer does: one fused pass over the gradient, which it overwrites, with
-      // the residual in SIMD memory; the copy that restores g is timed apart
-      const gw = new Float32Array(n)
+    } else if (c.encodeFeedback) {
+      // what GradientReducer does (top-k, int8): the codec's fused error feedback, with the residual
+      // in SIMD memory; the gradient is only read
+      const fused = c.encodeFeedback.bind(c)
       const e = simdSpace([n])?.[0] ?? new Float32Array(n)
-      const copy = time(() => gw.set(g), reps)
-      const fused = () => {
-        gw.set(g)
-        c.encodeFeedback(gw, 1, e, { step: step++ }, out)
-      }
-      withEf = Math.max(0, time(fused, reps) - copy)
-    } else if (c instanceof Int8Compressor) {
-      // what GradientReducer does: one kernel pass per block (compensate, scales, levels, residual
-      // update), with the residual in SIMD memory; the gradient is only read
-      const e = simdSpace([n])?.[0] ?? new Float32Array(n)
-      withEf = time(() => void c.encodeFeedback(g, 1, e, { step: step++ }, out), reps)
+      withEf = time(() => void fused(g, 1, e, { step: step++ }, out), reps)
     } else {
       const ef = new ErrorFeedback()
       withEf = time(() => void ef.compress(c, "g", g, { step: step++ }, out), reps)

@@ -28,8 +28,6 @@ import {
   createCompressor,
   ErrorFeedback,
   PowerSgdCompressor,
-  TopKCompressor,
-  Int8Compressor,
   type Compressor,
   type ResolvedCompressionConfig
 } from "./compression/index.ts"
@@ -364,7 +362,7 @@ export class GradientReducer {
           // ErrorFeedback.compress with the w/W scaling folded into its p = g + e pass:
           // e += g·(w/W); send C(e); e -= D(C(e)) from this rank's own message.
           const e = this.ef.residual(key, data.length)
-          if (c instanceof TopKCompressor || c instanceof Int8Compressor) {
+          if (c.encodeFeedback) {
             // the same, fused (top-k: one pass, and the residual's update without re-reading it;
             // int8: one kernel pass per block, while the block is in cache)
             msg = c.encodeFeedback(data, scaleBy, e, { step, rank: this.comm.rank, key }, out)
@@ -383,7 +381,7 @@ export class GradientReducer {
         const stride = bufs.words.length * 4
         const all = new Uint8Array(gathered.buffer, gathered.byteOffset, gathered.byteLength)
         const msgs = Array.from({ length: this.comm.worldSize }, (_, r) => all.subarray(r * stride, r * stride + n))
-        if (c instanceof TopKCompressor || c instanceof Int8Compressor) c.sumInto(msgs, data)
+        if (c.sumInto) c.sumInto(msgs, data)
         else {
           data.fill(0)
           for (const m of msgs) c.accumulate(m, data, 1)

@@ -67,6 +67,18 @@ export interface Compressor {
   decode(msg: CompressedMessage | Uint8Array, out?: Float32Array): Float32Array
   /** into[i] += weight * decoded[i], without materialising the decoded tensor. */
   accumulate(msg: CompressedMessage | Uint8Array, into: Float32Array, weight?: number): void
+  /**
+   * Optional, fused error feedback: e = f32(e + f32(g·scale)), the message of e, then e -= its
+   * decoded values; the same message and residual bits as that compensation, encode(e) and
+   * accumulate(message, e, -1). `g` is only read. Callers run those three steps for a codec
+   * without it.
+   */
+  encodeFeedback?(g: Float32Array, scale: number, e: Float32Array, ctx?: EncodeContext, out?: Uint8Array): CompressedMessage
+  /**
+   * Optional: into = the sum of the messages' decoded values, added in the order given; the bits
+   * of into.fill(0) and then accumulate(message, into, 1) for each, which callers run otherwise.
+   */
+  sumInto?(msgs: ReadonlyArray<CompressedMessage | Uint8Array>, into: Float32Array): void
 }
 
 if (new Uint8Array(new Uint16Array([1]).buffer)[0] !== 1) {

@@ -99,11 +99,11 @@ export class Int8Compressor implements Compressor {
     if (g.length !== e.length) throw new RangeError(`int8 feedback: gradient has ${g.length} elements, residual ${e.length}`)
     const n = e.length
     const { bytes, scales, q } = this.message(n, out)
-    const calls = this.calls
-    if (int8FeedbackSimd(g, scale, e, this.chunkSize, this.stream(ctx), q, scales) !== undefined) return { codec: "int8", length: n, bytes }
-    this.calls = calls
+    const msg: CompressedMessage = { codec: "int8", length: n, bytes }
+    const s = this.stream(ctx)
+    if (int8FeedbackSimd(g, scale, e, this.chunkSize, s, q, scales) !== undefined) return msg
     for (let i = 0; i < n; i++) e[i] += Math.fround(g[i] * scale)
-    const msg = this.encode(e, ctx, bytes)
+    this.quantize(e, s, scales, q)
     this.accumulate(msg, e, -1)
     return msg
   }
@@ -116,18 +116,23 @@ export class Int8Compressor implements Compressor {
     const parsed = msgs.map((m) => this.parse(m))
     for (const p of parsed) checkTarget(into, p.n, "int8")
     const c = parsed[0]?.c
-    if (c !== undefined && parsed.every((p) => p.c === c && p.n === into.length) && int8SumSimd(parsed, c, into)) return
+    if (c !== undefined && parsed.every((p) => p.c === c) && int8SumSimd(parsed, c, into)) return
     into.fill(0)
     for (const m of msgs) this.accumulate(m, into, 1)
   }
 
   encode(input: Float32Array, ctx: EncodeContext = {}, out?: Uint8Array): CompressedMessage {
+    const { bytes, scales, q } = this.message(input.length, out)
+    this.quantize(input, this.stream(ctx), scales, q)
+    return { codec: "int8", length: input.length, bytes }
+  }
+
+  /** The chunks' scales and the dithered levels of `input`, the dither drawn from mulberry32 state `s` on. */
+  private quantize(input: Float32Array, s: number, scales: Float32Array, q: Int8Array): void {
     const n = input.length
     const c = this.chunkSize
     const chunks = Math.ceil(n / c)
-    const { bytes, scales, q } = this.message(n, out)
     const bits = new Uint32Array(input.buffer, input.byteOffset, n)
-    let s = this.stream(ctx)
     for (let k = 0; k < chunks; k++) {
       const lo = k * c
       const hi = Math.min(n, lo + c)
@@ -179,7 +184,6 @@ export class Int8Compressor implements Compressor {
         q[i] = (v ^ -sg) + sg
       }
     }
-    return { codec: "int8", length: n, bytes }
   }
 
   private parse(msg: CompressedMessage | Uint8Array): { n: number; c: number; scales: Float32Array; q: Int8Array } {
