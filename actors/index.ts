@@ -1,7 +1,7 @@
 // The actor runtime's public surface: what the trainer, worker and checkpoint actors (and users who
 // write their own actors) import. The root entry point re-exports it.
-export { defineProtocol, type AnySchema, type AskKindOf, type KindOf, type Protocol, type ProtocolSpec, type ReplyOf, type RequestOf } from "./protocol.ts"
-export { WireTensorSchema, wireTensorOf } from "./tensor-schema.ts"
+export { defineProtocol, type AnySchema, type AskKindOf, type KindOf, type Protocol, type ProtocolSpec, type ReplyOf, type RequestOf } from "./runtime/protocol.ts"
+export { WireTensorSchema, wireTensorOf } from "./runtime/tensor-schema.ts"
 export {
   ActorSystem,
   ActorSystemFromNats,
@@ -12,7 +12,7 @@ export {
   type ActorRef,
   type ActorSystemOptions,
   type AskOptions
-} from "./system.ts"
+} from "./runtime/system.ts"
 export {
   ActorHandle,
   defineActor,
@@ -29,10 +29,10 @@ export {
   type MessageContext,
   type StartActorOptions,
   type StopOptions
-} from "./actor.ts"
-export { Watcher, type ActorDown, type DownReason, type WatchOptions } from "./watcher.ts"
-export { DEFAULT_DEAD_AFTER_MS, DEFAULT_HEARTBEAT_MS } from "./heartbeat.ts"
-export type { JobEvent } from "./events.ts"
+} from "./runtime/actor.ts"
+export { Watcher, type ActorDown, type DownReason, type WatchOptions } from "./runtime/watcher.ts"
+export { DEFAULT_DEAD_AFTER_MS, DEFAULT_HEARTBEAT_MS } from "./runtime/heartbeat.ts"
+export type { JobEvent } from "./runtime/events.ts"
 export {
   alwaysRestart,
   escalateOnFailure,
@@ -46,23 +46,21 @@ export {
   type SuperviseOptions,
   type Supervision,
   type SupervisionPolicy
-} from "./supervisor.ts"
-export { agentRef, spawnActor, spawnActorEffect, spawnedChild, type SpawnedActor, type SpawnOptions } from "./spawn.ts"
-export { AgentProtocol } from "./agent-protocol.ts"
-export { NodeAgent, launchAgent, startAgent, type AgentOptions } from "./agent.ts"
-export { openConnection, type ConnectionSpec } from "./connection-spec.ts"
-export { stderrLogger, silentLogger, type ActorLogger } from "./log.ts"
+} from "./runtime/supervisor.ts"
+export { agentRef, spawnActor, spawnActorEffect, spawnedChild, type SpawnedActor, type SpawnOptions } from "./node/spawn.ts"
+export { AgentProtocol } from "./node/agent-protocol.ts"
+export { NodeAgent, launchAgent, startAgent, type AgentOptions } from "./node/agent.ts"
+export { openConnection, type ConnectionSpec } from "../core/connection-spec.ts"
+export { stderrLogger, silentLogger, type ActorLogger } from "./runtime/log.ts"
 export {
   ActorStartError,
   ActorStopped,
   ActorUnavailable,
-  AgentError,
-  AgentUnreachable,
   AskTimeout,
   ChildEscalated,
   MessageRejected,
   RemoteFailure,
-  SpawnError,
   type AskError,
   type TellError
-} from "./errors.ts"
+} from "./runtime/errors.ts"
+export { AgentError, AgentUnreachable, SpawnError } from "./node/errors.ts"

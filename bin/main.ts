@@ -1,11 +1,11 @@
 // gradwire CLI: parses flags and hands off to the actors and scheduler. Thin on purpose: the
-// agent lifecycle lives in actors/daemon.ts, the status query and table in actors/cluster-status.ts.
+// agent lifecycle lives in actors/node/daemon.ts, the status query and table in actors/node/cluster-status.ts.
 import { parseArgs, type ParseArgsConfig } from "node:util"
-import { queryCluster, formatClusterTable } from "../actors/cluster-status.ts"
-import { openConnection } from "../actors/connection-spec.ts"
-import { defaultStateDir, describeStarted, explainConnectError, runAgent, startInBackground, stopAgent, type StartOptions } from "../actors/daemon.ts"
-import { readState } from "../actors/agent-state.ts"
-import { ALL_BACKENDS, type BackendName } from "../actors/node-probe.ts"
+import { queryCluster, formatClusterTable } from "../actors/node/cluster-status.ts"
+import { openConnection } from "../core/connection-spec.ts"
+import { defaultStateDir, describeStarted, explainConnectError, runAgent, startInBackground, stopAgent, type StartOptions } from "../actors/node/daemon.ts"
+import { readState } from "../actors/node/agent-state.ts"
+import { ALL_BACKENDS, type BackendName } from "../actors/node/node-probe.ts"
 import { validToken } from "../core/subjects.ts"
 
 const usage = `usage: gradwire <command> [options]

@@ -2,7 +2,7 @@
 // cluster view sends when a node is lost. Schemas, because these cross machines and processes of
 // possibly different gradwire versions: a malformed advertisement is dropped, never trusted.
 // Lives in scheduler/ because the cluster view reads it and may only import core; the agent
-// (actors/agent.ts) writes it.
+// (actors/node/agent.ts) writes it.
 import { Schema } from "effect"
 import type { NodeResources } from "./resources.ts"
 

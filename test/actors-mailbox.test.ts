@@ -2,10 +2,10 @@
 // close and seal), envelopes, protocol definitions and the rate-limited log.
 import { Schema } from "effect"
 import { describe, expect, it } from "vitest"
-import { readReply, readRequest, toWireFailure } from "../actors/envelope.ts"
-import { rateLimited } from "../actors/log.ts"
-import { Mailbox } from "../actors/mailbox.ts"
-import { defineProtocol } from "../actors/protocol.ts"
+import { readReply, readRequest, toWireFailure } from "../actors/runtime/envelope.ts"
+import { rateLimited } from "../actors/runtime/log.ts"
+import { Mailbox } from "../actors/runtime/mailbox.ts"
+import { defineProtocol } from "../actors/runtime/protocol.ts"
 
 describe("Mailbox", () => {
   it("handles items in order, one at a time, sync and async alike", async () => {

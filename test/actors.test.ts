@@ -5,15 +5,15 @@
 import type { NatsConnection } from "@nats-io/nats-core"
 import { Effect, Exit, Schema } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { defineActor, launchActor, pingActor, startActor, stopRemoteActor } from "../actors/actor.ts"
-import { ActorStartError, ActorStopped, ActorUnavailable, AskTimeout, ChildEscalated, MessageRejected, RemoteFailure } from "../actors/errors.ts"
-import { defineProtocol } from "../actors/protocol.ts"
-import { launchSupervisor, localChild, restartOnFailure, supervise } from "../actors/supervisor.ts"
-import { ActorSystem, makeActorSystem } from "../actors/system.ts"
+import { defineActor, launchActor, pingActor, startActor, stopRemoteActor } from "../actors/runtime/actor.ts"
+import { ActorStartError, ActorStopped, ActorUnavailable, AskTimeout, ChildEscalated, MessageRejected, RemoteFailure } from "../actors/runtime/errors.ts"
+import { defineProtocol } from "../actors/runtime/protocol.ts"
+import { launchSupervisor, localChild, restartOnFailure, supervise } from "../actors/runtime/supervisor.ts"
+import { ActorSystem, makeActorSystem } from "../actors/runtime/system.ts"
 import { wireTensor, WireTensor } from "../core/wire.ts"
 import { CounterProtocol, EchoProtocol, brokenActor, counterActor, echoActor } from "./support/actors-fixtures.ts"
 import { TestRig, eventually } from "./support/actors-processes.ts"
-import { silentLogger } from "../actors/log.ts"
+import { silentLogger } from "../actors/runtime/log.ts"
 
 const rig = new TestRig()
 let url: string

@@ -2,9 +2,9 @@
 // with the credentials; without them (or with wrong ones) the CLI refuses with a clear error that
 // says which flags to pass.
 import { afterAll, describe, expect, it } from "vitest"
-import { silentLogger } from "../actors/log.ts"
-import { spawnActor } from "../actors/spawn.ts"
-import { ActorSystem } from "../actors/system.ts"
+import { silentLogger } from "../actors/runtime/log.ts"
+import { spawnActor } from "../actors/node/spawn.ts"
+import { ActorSystem } from "../actors/runtime/system.ts"
 import { EchoProtocol } from "./support/actors-fixtures.ts"
 import { FIXTURES, TestRig } from "./support/actors-processes.ts"
 

@@ -3,7 +3,7 @@
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { afterAll, describe, expect, it } from "vitest"
-import { parseNvidiaSmi, probeBackends, probeHardware } from "../actors/node-probe.ts"
+import { parseNvidiaSmi, probeBackends, probeHardware } from "../actors/node/node-probe.ts"
 import { TestRig } from "./support/actors-processes.ts"
 
 const rig = new TestRig()

@@ -12,10 +12,10 @@ import { Trainer, loadDigits, trainTestSplit, type ArrayDataset } from "../index
 import { ConfigError } from "../core/errors.ts"
 import { launchNatsServer, liveNatsServerPids, type NatsServerProcess } from "../core/nats-server.ts"
 import { openNats } from "../core/connection.ts"
-import { launchAgent, type NodeAgent } from "../actors/agent.ts"
-import { silentLogger } from "../actors/log.ts"
-import { ObjectCheckpointStore, parseObjectCheckpointUrl, readObjectCheckpoint } from "../actors/object-checkpoint-store.ts"
-import { resolveTrainerOptions } from "../actors/trainer.ts"
+import { launchAgent, type NodeAgent } from "../actors/node/agent.ts"
+import { silentLogger } from "../actors/runtime/log.ts"
+import { ObjectCheckpointStore, parseObjectCheckpointUrl, readObjectCheckpoint } from "../actors/train/object-checkpoint-store.ts"
+import { resolveTrainerOptions } from "../actors/train/trainer.ts"
 
 const LOOP = path.resolve("examples/digits/train.ts") + "#trainLoop"
 const bytes = (s: string) => new TextEncoder().encode(s)

@@ -2,10 +2,10 @@
 // an export a child process can load): echo, a counter that keeps order, a relay that asks
 // another actor, one that fails, one that is slow, and one that crashes its process.
 import { Effect, Schema } from "effect"
-import { defineActor } from "../../actors/actor.ts"
-import { defineProtocol } from "../../actors/protocol.ts"
-import { WireTensorSchema } from "../../actors/tensor-schema.ts"
-import type { ActorSystem } from "../../actors/system.ts"
+import { defineActor } from "../../actors/runtime/actor.ts"
+import { defineProtocol } from "../../actors/runtime/protocol.ts"
+import { WireTensorSchema } from "../../actors/runtime/tensor-schema.ts"
+import type { ActorSystem } from "../../actors/runtime/system.ts"
 
 export const EchoProtocol = defineProtocol("echo", {
   echo: { request: Schema.Unknown, reply: Schema.Unknown },

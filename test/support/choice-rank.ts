@@ -6,7 +6,7 @@
 // Bounded: every collective has a deadline and the process exits after `deadlineMs`.
 import { connect } from "@nats-io/transport-node"
 import { Communicator, type AllReduceAlgorithm } from "../../collectives/communicator.ts"
-import { probeGroupTopology } from "../../actors/topology-probe.ts"
+import { probeGroupTopology } from "../../actors/train/topology-probe.ts"
 import { chooseAlgorithm, explain, planCommunication } from "../../scheduler/algorithm-choice.ts"
 import { describeObservation } from "../../scheduler/topology.ts"
 

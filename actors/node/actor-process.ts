@@ -1,0 +1,116 @@
+// One actor process run by a node agent: a Node child running actors/node/host.ts. Its stdout and
+// stderr are split into lines and handed on (the agent prefixes and forwards them), the last
+// stderr lines are kept for the exit notice (usually they say why it died), and killing is
+// SIGTERM then SIGKILL after a grace period. The child's stdin is a pipe only we hold: it carries
+// the spawn spec, then stays open, so the child sees EOF and exits if the agent dies, however.
+import { spawn, type ChildProcess } from "node:child_process"
+import { createInterface } from "node:readline"
+import { fileURLToPath } from "node:url"
+
+export const HOST_SCRIPT = fileURLToPath(new URL(import.meta.url.endsWith(".ts") ? "./host.ts" : "./host.js", import.meta.url))
+
+const MAX_LINE = 16 * 1024
+
+export interface ProcessExit {
+  readonly code: number | null
+  readonly signal: string | null
+}
+
+export interface ActorProcessOptions {
+  readonly cwd?: string
+  readonly env: NodeJS.ProcessEnv
+  /** The spec line written to the child's stdin (base64, newline-terminated by us). */
+  readonly spec: string
+  readonly onLine: (stream: "stdout" | "stderr", line: string) => void
+  readonly tailLines?: number
+}
+
+export class ActorProcess {
+  readonly child: ChildProcess
+  readonly pid: number
+  readonly exited: Promise<ProcessExit>
+  /** Why we killed it, when we did (goes into the exit notice). */
+  killedBy: string | undefined
+  readonly #tail: string[] = []
+  readonly #tailLines: number
+  #exit: ProcessExit | undefined
+
+  constructor(options: ActorProcessOptions) {
+    this.#tailLines = options.tailLines ?? 30
+    this.child = spawn(process.execPath, [HOST_SCRIPT], {
+      cwd: options.cwd,
+      env: options.env,
+      stdio: ["pipe", "pipe", "pipe"]
+    })
+    // EPIPE when the child is already gone is not our problem.
+    this.child.stdin!.on("error", () => {})
+    this.pid = this.child.pid ?? -1
+    this.exited = new Promise((resolve) => {
+      let streams = 2
+      let exit: ProcessExit | undefined
+      const settle = (): void => {
+        // Resolve after both streams ended, so the tail has the last lines.
+        if (exit && streams <= 0 && this.#exit === undefined) {
+          this.#exit = exit
+          resolve(exit)
+        }
+      }
+      for (const [name, stream] of [
+        ["stdout", this.child.stdout!],
+        ["stderr", this.child.stderr!]
+      ] as const) {
+        const lines = createInterface({ input: stream, crlfDelay: Infinity })
+        lines.on("line", (raw) => {
+          const line = raw.length > MAX_LINE ? `${raw.slice(0, MAX_LINE)}… (${raw.length} chars)` : raw
+          if (name === "stderr") {
+            this.#tail.push(line)
+            if (this.#tail.length > this.#tailLines) this.#tail.shift()
+          }
+          options.onLine(name, line)
+        })
+        lines.on("close", () => {
+          streams--
+          settle()
+        })
+      }
+      this.child.on("exit", (code, signal) => {
+        exit = { code, signal }
+        settle()
+        // A grandchild that inherited stdout/stderr can keep the pipes open after the process
+        // itself is gone: do not wait for them for long.
+        setTimeout(() => {
+          streams = 0
+          settle()
+        }, 1_000).unref()
+      })
+      this.child.on("error", (e) => {
+        this.#tail.push(`spawn failed: ${e.message}`)
+        exit = { code: null, signal: null }
+        streams = 0
+        settle()
+      })
+    })
+    this.child.stdin!.write(`${options.spec}\n`)
+  }
+
+  get running(): boolean {
+    return this.#exit === undefined
+  }
+
+  stderrTail(): string {
+    return this.#tail.join("\n")
+  }
+
+  /** SIGTERM, then SIGKILL after `graceMs`; resolves when it has exited. */
+  async kill(reason: string, graceMs: number): Promise<ProcessExit> {
+    if (this.#exit) return this.#exit
+    this.killedBy ??= reason
+    this.child.kill("SIGTERM")
+    const timer = setTimeout(() => this.child.kill("SIGKILL"), graceMs)
+    try {
+      return await this.exited
+    } finally {
+      clearTimeout(timer)
+    }
+  }
+}

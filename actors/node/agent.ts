@@ -1,0 +1,495 @@
+// The node agent: one per machine. It advertises the node (hardware, tfjs backends, NATS server,
+// labels, resources total and used, the actor processes it runs) by heartbeating it every 500 ms
+// and answering queries; it spawns actor processes on request (actors/node/host.ts with the spawn's
+// module export, args and environment such as CUDA_VISIBLE_DEVICES), forwards their output line by
+// line with a prefix, reports their exits on the job's events subject, and kills them when their
+// job ends, their owner (driver) stops heartbeating, or the agent stops. The head agent also runs
+// a cluster view, so `gradwire status` can show dead nodes too.
+// The agent's control interface is an actor (AgentProtocol) at gw.<cluster>.node.<id>.ctl.
+import * as fs from "node:fs"
+import { hostname } from "node:os"
+import * as path from "node:path"
+import { nuid, type NatsConnection, type Subscription } from "@nats-io/nats-core"
+import { Effect, type Scope } from "effect"
+import { clusterSubjects, jobSubjects, validToken } from "../../core/subjects.ts"
+import { encodeMessage } from "../../core/wire.ts"
+import { ClusterView } from "../../scheduler/cluster-view.ts"
+import { LinkState } from "../../scheduler/link-state.ts"
+import type { NodeAdvertisement, NodeProcess } from "../../scheduler/node-info.ts"
+import { defineActor, launchActor, type ActorHandle } from "../runtime/actor.ts"
+import { ActorProcess } from "./actor-process.ts"
+import { AgentProtocol, type SpawnRequest } from "./agent-protocol.ts"
+import type { ConnectionSpec } from "../../core/connection-spec.ts"
+import { AgentError, SpawnError } from "./errors.ts"
+import { publishJobEvent, readJobEvent } from "../runtime/events.ts"
+import { DEFAULT_HEARTBEAT_MS } from "../runtime/heartbeat.ts"
+import { settleWithin } from "../runtime/deadline.ts"
+import { encodeHostSpec } from "./host-spec.ts"
+import { stderrLogger, type ActorLogger } from "../runtime/log.ts"
+import { probeBackends, probeHardware, type BackendName, type GpuInfo, type NodeHardware } from "./node-probe.ts"
+import { ActorSystem } from "../runtime/system.ts"
+
+export const AGENT_VERSION = "0.1.0"
+/** The job whose subjects the agent's own request/reply traffic uses. Reserved. */
+export const AGENT_JOB = "_gw"
+
+export interface AgentOptions {
+  readonly nc: NatsConnection
+  /** How spawned processes connect (the same servers and credentials as the agent). */
+  readonly connection: ConnectionSpec
+  readonly maxPayload?: number
+  readonly cluster: string
+  /** Default "<hostname>-<random>". */
+  readonly nodeId?: string
+  readonly head?: boolean
+  readonly labels?: Readonly<Record<string, string>>
+  readonly numCpus?: number
+  readonly numGpus?: number
+  /** Custom resources (name -> amount). */
+  readonly custom?: Readonly<Record<string, number>>
+  /** Skip the probe and advertise these backends. */
+  readonly backends?: ReadonlyArray<BackendName>
+  /** Where the backend probe result is cached. */
+  readonly stateDir?: string
+  readonly heartbeatMs?: number
+  /** Kill a job's processes when their owner has not heartbeat for this long. Default 5 s. */
+  readonly ownerTimeoutMs?: number
+  /** SIGTERM to SIGKILL. Default 3 s. */
+  readonly killGraceMs?: number
+  readonly log?: ActorLogger
+  /** Where forwarded process output goes (default stdout). */
+  readonly output?: (line: string) => void
+}
+
+interface Running {
+  readonly proc: ActorProcess
+  readonly info: NodeProcess
+  readonly ownerTimeoutMs: number
+}
+
+interface Tracked {
+  readonly sub: Subscription
+  count: number
+  lastSeen: number
+}
+
+const sanitize = (s: string): string => s.replace(/[^A-Za-z0-9_-]/g, "-").slice(0, 40) || "node"
+
+/** Applies --num-gpus: fewer than detected keeps the first n; more declares placeholders. */
+const limitGpus = (gpus: ReadonlyArray<GpuInfo>, n: number | undefined): GpuInfo[] => {
+  if (n === undefined) return [...gpus]
+  const out = gpus.slice(0, n)
+  for (let i = out.length; i < n; i++) out.push({ index: i, name: "declared (--num-gpus)", memoryMiB: 0 })
+  return out
+}
+
+export class NodeAgent {
+  readonly nodeId: string
+  readonly cluster: string
+  readonly head: boolean
+  readonly startedAt = Date.now()
+  readonly #options: AgentOptions
+  readonly #nc: NatsConnection
+  readonly #log: ActorLogger
+  readonly #output: (line: string) => void
+  readonly #system: ActorSystem
+  readonly #processes = new Map<string, Running>()
+  readonly #owners = new Map<string, Tracked>()
+  readonly #jobs = new Map<string, Tracked>()
+  readonly #heartbeatMs: number
+  #hardware: NodeHardware = { hostname: "", cpus: 0, memoryBytes: 0, gpus: [] }
+  #gpus: GpuInfo[] = []
+  #backends: ReadonlyArray<string> = []
+  #backendsProbed = false
+  #backendErrors: Record<string, string> = {}
+  #seq = 0
+  #leaving = false
+  #control: Pick<ActorHandle, "stop"> | undefined
+  #subs: Subscription[] = []
+  #timers: Array<ReturnType<typeof setInterval>> = []
+  #view: ClusterView | undefined
+  #link: LinkState | undefined
+  #stopping: Promise<void> | undefined
+  readonly #stopped: Promise<void>
+  #resolveStopped!: () => void
+
+  /** @internal use launchAgent / startAgent */
+  constructor(options: AgentOptions) {
+    this.#options = options
+    this.#nc = options.nc
+    this.cluster = options.cluster
+    this.head = options.head ?? false
+    this.#heartbeatMs = options.heartbeatMs ?? DEFAULT_HEARTBEAT_MS
+    this.nodeId = options.nodeId ?? `${sanitize(hostname())}-${nuid.next().slice(-6).toLowerCase()}`
+    if (!validToken(this.nodeId)) throw new AgentError({ reason: `invalid node id "${this.nodeId}": use letters, digits, "_" or "-"` })
+    this.#log = options.log ?? stderrLogger(`agent ${this.nodeId}`)
+    this.#output = options.output ?? ((line) => process.stdout.write(`${line}\n`))
+    this.#system = new ActorSystem({
+      nc: options.nc,
+      cluster: options.cluster,
+      job: AGENT_JOB,
+      identity: `agent-${this.nodeId}`.slice(0, 128),
+      heartbeat: false,
+      node: this.nodeId,
+      log: this.#log,
+      ...(options.maxPayload !== undefined ? { maxPayload: options.maxPayload } : {})
+    })
+    this.#stopped = new Promise((resolve) => (this.#resolveStopped = resolve))
+  }
+
+  /** Resolves once the agent has stopped (by `stop()` or a shutdown request). */
+  get stopped(): Promise<void> {
+    return this.#stopped
+  }
+
+  /** @internal */
+  async start(): Promise<void> {
+    const hw = await probeHardware()
+    this.#hardware = hw
+    this.#gpus = limitGpus(hw.gpus, this.#options.numGpus)
+    if (this.#options.backends) {
+      this.#backends = [...this.#options.backends]
+      this.#backendsProbed = true
+    } else {
+      // In the background: the agent serves at once and advertises the backends when known.
+      void probeBackends({ gpus: hw.gpus, ...(this.#options.stateDir ? { cacheFile: path.join(this.#options.stateDir, "backends.json") } : {}) }).then(
+        (r) => {
+          this.#backends = r.backends
+          this.#backendErrors = { ...r.errors }
+          this.#backendsProbed = true
+          this.#advertise()
+        }
+      )
+    }
+    const subjects = clusterSubjects(this.cluster)
+    this.#control = await launchActor(this.#system, this.#definition(), {
+      name: `agent-${this.nodeId}`.slice(0, 128),
+      subject: subjects.nodeControl(this.nodeId),
+      heartbeat: false,
+      log: this.#log
+    }).catch((e: unknown) => {
+      this.#system.close()
+      throw new AgentError({
+        reason: /already serves/.test(String((e as Error).message))
+          ? `another agent with node id "${this.nodeId}" is running in cluster "${this.cluster}"; pick another --node-id`
+          : `cannot start the agent's control actor: ${(e as Error).message}`
+      })
+    })
+    this.#subs.push(
+      this.#nc.subscribe(subjects.nodeQuery, {
+        callback: (_e, msg) => {
+          if (msg.reply) msg.respond(encodeMessage(this.advertisement()))
+        }
+      })
+    )
+    if (this.head) {
+      this.#view = new ClusterView({ nc: this.#nc, cluster: this.cluster })
+      this.#subs.push(
+        this.#nc.subscribe(subjects.viewQuery, {
+          callback: (_e, msg) => {
+            if (!msg.reply || !this.#view) return
+            msg.respond(encodeMessage(this.#view.nodes().map((n) => ({ ad: n.ad, state: n.state, lastSeenAt: n.lastSeenAt }))))
+          }
+        })
+      )
+    }
+    this.#link = new LinkState(this.#nc)
+    // While we were cut off we heard no owner: give every owner a fresh deadline.
+    this.#link.onResume(() => {
+      const now = Date.now()
+      for (const t of this.#owners.values()) t.lastSeen = now
+      this.#advertise()
+    })
+    this.#timers.push(setInterval(() => this.#advertise(), this.#heartbeatMs))
+    this.#timers.push(setInterval(() => this.#checkOwners(), 250))
+    this.#advertise()
+    await settleWithin(this.#nc.flush(), 5_000)
+  }
+
+  advertisement(): NodeAdvertisement {
+    const info = this.#nc.info
+    const used = { cpus: 0, memoryBytes: 0, gpuIndices: new Set<number>(), custom: {} as Record<string, number> }
+    const processes: NodeProcess[] = []
+    for (const r of this.#processes.values()) {
+      processes.push(r.info)
+      for (const [k, v] of Object.entries(r.info.resources)) {
+        if (k === "CPU") used.cpus += v
+        else if (k === "memory") used.memoryBytes += v
+        else if (k !== "GPU") used.custom[k] = (used.custom[k] ?? 0) + v
+      }
+      for (const g of r.info.gpus) used.gpuIndices.add(g)
+    }
+    return {
+      v: 1,
+      cluster: this.cluster,
+      nodeId: this.nodeId,
+      hostname: this.#hardware.hostname,
+      pid: process.pid,
+      head: this.head,
+      startedAt: this.startedAt,
+      sentAt: Date.now(),
+      seq: ++this.#seq,
+      heartbeatMs: this.#heartbeatMs,
+      cpus: this.#options.numCpus ?? this.#hardware.cpus,
+      memoryBytes: this.#hardware.memoryBytes,
+      gpus: this.#gpus,
+      backends: this.#backends,
+      backendsProbed: this.#backendsProbed,
+      backendErrors: this.#backendErrors,
+      nats: {
+        serverId: info?.server_id ?? "",
+        serverName: info?.server_name ?? "",
+        url: this.#nc.isClosed() ? "" : this.#nc.getServer(),
+        cluster: info?.cluster ?? ""
+      },
+      labels: { ...this.#options.labels },
+      custom: { ...this.#options.custom },
+      used: { cpus: used.cpus, memoryBytes: used.memoryBytes, gpuIndices: [...used.gpuIndices].sort((a, b) => a - b), custom: used.custom },
+      processes,
+      leaving: this.#leaving,
+      version: AGENT_VERSION
+    }
+  }
+
+  /** The processes running now. */
+  processes(): NodeProcess[] {
+    return [...this.#processes.values()].map((r) => r.info)
+  }
+
+  /** The head's cluster view (undefined on other nodes). */
+  get view(): ClusterView | undefined {
+    return this.#view
+  }
+
+  /** Kills every process (SIGTERM, then SIGKILL), says goodbye, and releases everything. */
+  stop(reason = "agent stopping"): Promise<void> {
+    this.#stopping ??= (async () => {
+      this.#leaving = true
+      this.#advertise()
+      const grace = this.#options.killGraceMs ?? 3_000
+      await settleWithin(Promise.all([...this.#processes.values()].map((r) => r.proc.kill(reason, grace))), grace + 5_000)
+      // Let the exit notices out before the subscriptions go.
+      await new Promise((resolve) => setImmediate(resolve))
+      for (const t of this.#timers) clearInterval(t)
+      this.#view?.close()
+      this.#link?.close()
+      for (const sub of [...this.#subs, ...[...this.#owners.values()].map((t) => t.sub), ...[...this.#jobs.values()].map((t) => t.sub)]) {
+        try {
+          sub.unsubscribe()
+        } catch {
+          // closed
+        }
+      }
+      this.#advertise()
+      await this.#control?.stop({ drain: false, reason, timeoutMs: 2_000 })
+      this.#system.close()
+      if (!this.#nc.isClosed()) await settleWithin(this.#nc.flush(), 2_000)
+      this.#resolveStopped()
+    })()
+    return this.#stopping
+  }
+
+  // -- control actor --------------------------------------------------------------------------
+
+  #definition() {
+    return defineActor(AgentProtocol, () => ({
+      spawn: (request) => this.#spawn(request),
+      kill: async ({ job, name, reason }) => {
+        const r = this.#processes.get(`${job}/${name}`)
+        if (!r) return { killed: false }
+        await r.proc.kill(reason || "asked to", this.#options.killGraceMs ?? 3_000)
+        return { killed: true }
+      },
+      killJob: async ({ job, reason }) => ({ killed: await this.#killJob(job, reason || "asked to") }),
+      list: () => this.processes(),
+      info: () => this.advertisement(),
+      shutdown: ({ reason }) => {
+        setImmediate(() => void this.stop(reason || "shutdown requested"))
+        return null
+      }
+    }))
+  }
+
+  #spawn(request: SpawnRequest): { pid: number; node: string; instance: string } {
+    const fail = (reason: string): never => {
+      throw new SpawnError({ node: this.nodeId, actor: request.name, reason })
+    }
+    if (this.#leaving) fail("the agent is stopping")
+    for (const [field, value] of [
+      ["job", request.job],
+      ["name", request.name],
+      ["owner", request.owner],
+      ["instance", request.instance]
+    ] as const) {
+      if (!validToken(value)) fail(`invalid ${field} "${value}": use 1-128 letters, digits, "_" or "-"`)
+    }
+    const key = `${request.job}/${request.name}`
+    const existing = this.#processes.get(key)
+    if (existing) fail(`an actor process named "${request.name}" of job "${request.job}" already runs here (pid ${existing.proc.pid})`)
+    const cwd = request.cwd ?? process.cwd()
+    if (!fs.existsSync(cwd)) fail(`working directory ${cwd} does not exist on node ${this.nodeId}`)
+    const env: NodeJS.ProcessEnv = {
+      ...process.env,
+      ...request.env,
+      GRADWIRE_CLUSTER: this.cluster,
+      GRADWIRE_JOB: request.job,
+      GRADWIRE_ACTOR: request.name,
+      GRADWIRE_NODE_ID: this.nodeId
+    }
+    if (request.env.CUDA_VISIBLE_DEVICES === undefined && request.gpus.length > 0) env.CUDA_VISIBLE_DEVICES = request.gpus.join(",")
+    const conn = this.#options.connection
+    const spec = encodeHostSpec({
+      servers: [...conn.servers],
+      ...(conn.user !== undefined ? { user: conn.user } : {}),
+      ...(conn.password !== undefined ? { password: conn.password } : {}),
+      ...(conn.token !== undefined ? { token: conn.token } : {}),
+      ...(conn.creds !== undefined ? { creds: conn.creds } : {}),
+      cluster: this.cluster,
+      job: request.job,
+      name: request.name,
+      instance: request.instance,
+      node: this.nodeId,
+      module: request.module,
+      export: request.export || "default",
+      args: request.args,
+      heartbeatMs: request.heartbeatMs ?? DEFAULT_HEARTBEAT_MS
+    })
+    const subjects = jobSubjects(this.cluster, request.job)
+    const label = request.logPrefix || request.name
+    let prefix = `(${label})`
+    const proc = new ActorProcess({
+      cwd,
+      env,
+      spec,
+      onLine: (stream, line) => {
+        this.#output(`${prefix} ${line}`)
+        if (!this.#nc.isClosed()) {
+          try {
+            this.#nc.publish(subjects.log(request.name), encodeMessage({ stream, line, name: request.name, pid: proc.pid, node: this.nodeId }))
+          } catch {
+            // closing
+          }
+        }
+      }
+    })
+    if (proc.pid < 0) fail("the process could not be started (see the agent's log)")
+    prefix = `(${label} pid=${proc.pid} node=${this.nodeId})`
+    const info: NodeProcess = {
+      job: request.job,
+      name: request.name,
+      instance: request.instance,
+      pid: proc.pid,
+      owner: request.owner,
+      resources: { ...request.resources },
+      gpus: [...request.gpus],
+      startedAt: Date.now()
+    }
+    this.#processes.set(key, { proc, info, ownerTimeoutMs: request.ownerTimeoutMs ?? this.#options.ownerTimeoutMs ?? 5_000 })
+    this.#track(this.#owners, `${request.job}|${request.owner}`, subjects.heartbeat(request.owner))
+    this.#track(this.#jobs, request.job, subjects.events, (data) => {
+      const event = readJobEvent(data)
+      if (event?.type === "job-end") void this.#killJob(request.job, `job ended (by ${event.by})`)
+    })
+    void proc.exited.then((exit) => {
+      this.#processes.delete(key)
+      this.#untrack(this.#owners, `${request.job}|${request.owner}`)
+      this.#untrack(this.#jobs, request.job)
+      publishJobEvent(this.#nc, subjects.events, {
+        type: "exit",
+        name: request.name,
+        instance: request.instance,
+        node: this.nodeId,
+        pid: proc.pid,
+        code: exit.code,
+        signal: exit.signal,
+        ...(proc.killedBy ? { killedBy: proc.killedBy } : {}),
+        stderrTail: proc.stderrTail(),
+        at: Date.now()
+      })
+      const how = exit.signal ? `killed by ${exit.signal}` : `exited with code ${exit.code}`
+      this.#log.info(`${prefix} ${how}${proc.killedBy ? ` (${proc.killedBy})` : ""}`)
+      this.#advertise()
+    })
+    this.#log.info(`${prefix} started: ${request.module}#${request.export || "default"} for job ${request.job}`)
+    this.#advertise()
+    return { pid: proc.pid, node: this.nodeId, instance: request.instance }
+  }
+
+  async #killJob(job: string, reason: string): Promise<number> {
+    const victims = [...this.#processes.values()].filter((r) => r.info.job === job)
+    await Promise.all(victims.map((r) => r.proc.kill(reason, this.#options.killGraceMs ?? 3_000)))
+    return victims.length
+  }
+
+  // Reference-counted subscriptions: one per job (events) and per job+owner (heartbeats).
+  #track(map: Map<string, Tracked>, key: string, subject: string, onData?: (data: Uint8Array) => void): void {
+    const t = map.get(key)
+    if (t) {
+      t.count++
+      t.lastSeen = Math.max(t.lastSeen, Date.now())
+      return
+    }
+    const tracked: Tracked = {
+      count: 1,
+      lastSeen: Date.now(),
+      sub: this.#nc.subscribe(subject, {
+        callback: (_e, msg) => {
+          tracked.lastSeen = Date.now()
+          onData?.(msg.data)
+        }
+      })
+    }
+    map.set(key, tracked)
+  }
+
+  #untrack(map: Map<string, Tracked>, key: string): void {
+    const t = map.get(key)
+    if (!t || --t.count > 0) return
+    map.delete(key)
+    try {
+      t.sub.unsubscribe()
+    } catch {
+      // closed
+    }
+  }
+
+  #checkOwners(): void {
+    if (this.#leaving || this.#nc.isClosed() || this.#link?.up === false) return
+    const now = Date.now()
+    for (const r of this.#processes.values()) {
+      if (r.ownerTimeoutMs <= 0 || !r.proc.running || r.proc.killedBy) continue
+      const owner = this.#owners.get(`${r.info.job}|${r.info.owner}`)
+      if (owner && now - owner.lastSeen > r.ownerTimeoutMs) {
+        const reason = `owner "${r.info.owner}" stopped heartbeating ${now - owner.lastSeen} ms ago (driver gone)`
+        this.#log.warn(`killing ${r.info.job}/${r.info.name} (pid ${r.proc.pid}): ${reason}`)
+        void r.proc.kill(reason, this.#options.killGraceMs ?? 3_000)
+      }
+    }
+  }
+
+  #advertise(): void {
+    if (this.#nc.isClosed()) return
+    try {
+      this.#nc.publish(clusterSubjects(this.cluster).nodeHeartbeat(this.nodeId), encodeMessage(this.advertisement()))
+    } catch {
+      // reconnecting or closing: the next beat goes out
+    }
+  }
+}
+
+/** Starts a node agent; stop it with `agent.stop()`. Rejects with AgentError. */
+export const launchAgent = async (options: AgentOptions): Promise<NodeAgent> => {
+  const agent = new NodeAgent(options)
+  await agent.start()
+  return agent
+}
+
+/** A node agent living as long as the enclosing scope. */
+export const startAgent = (options: AgentOptions): Effect.Effect<NodeAgent, AgentError, Scope.Scope> =>
+  Effect.acquireRelease(
+    Effect.tryPromise({
+      try: () => launchAgent(options),
+      catch: (e) => (e instanceof AgentError ? e : new AgentError({ reason: e instanceof Error ? e.message : String(e) }))
+    }),
+    (agent) => Effect.promise(() => agent.stop())
+  )

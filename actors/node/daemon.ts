@@ -1,0 +1,294 @@
+// `gradwire start` and `gradwire stop`: running the node agent on this machine.
+//
+// Lifecycle (decided here, documented in the CLI help):
+// - `gradwire start` runs the agent in the background by default, like `ray start`: it re-runs
+//   itself with --block as a detached process writing to <state dir>/agent.log, waits until that
+//   agent has written <state dir>/agent.json (it is connected and advertising), prints how to join
+//   and stop, and exits. `--block` runs the agent in the foreground instead (Ctrl-C stops it).
+// - With --head and no --address the agent starts the NATS server itself (core/nats-server.ts)
+//   and owns it: the server lives exactly as long as the agent process (its guardian kills it if
+//   the agent dies, even by SIGKILL). With --head --address it joins an existing server.
+// - `gradwire stop` reads the state file, SIGTERMs the agent (which kills its actor processes,
+//   announces it is leaving and stops its NATS server), waits, and SIGKILLs after the deadline.
+import { spawn } from "node:child_process"
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+import { launchNatsServer, type NatsServerProcess } from "../../core/nats-server.ts"
+import { NatsConnectError, NatsServerNotFound, NatsServerStartError } from "../../core/errors.ts"
+import { launchAgent, type NodeAgent } from "./agent.ts"
+import { defaultStateDir, logFile, pidAlive, readState, removeState, stateFile, writeState, type AgentState } from "./agent-state.ts"
+import { openConnection, type ConnectionSpec, type OpenedConnection } from "../../core/connection-spec.ts"
+import { AgentError } from "./errors.ts"
+import type { ActorLogger } from "../runtime/log.ts"
+import type { BackendName } from "./node-probe.ts"
+
+export const DEFAULT_PORT = 4222
+
+export interface StartOptions {
+  readonly head: boolean
+  /** Join this server (nats://host:port); with --head too, instead of starting one. */
+  readonly address?: string
+  /** Head's NATS client port (default 4222). */
+  readonly port?: number
+  /** Head's NATS listen address (default 127.0.0.1; 0.0.0.0 to let other machines join). */
+  readonly host?: string
+  readonly maxPayload?: number
+  readonly user?: string
+  readonly password?: string
+  readonly token?: string
+  readonly creds?: string
+  readonly cluster: string
+  readonly nodeId?: string
+  readonly labels: Readonly<Record<string, string>>
+  readonly numCpus?: number
+  readonly numGpus?: number
+  readonly custom: Readonly<Record<string, number>>
+  readonly backends?: ReadonlyArray<BackendName>
+  readonly ownerTimeoutMs?: number
+  readonly stateDir: string
+}
+
+/** Turns a connect failure into advice. */
+export const explainConnectError = (address: string, e: unknown, hasCredentials: boolean): AgentError => {
+  const reason = e instanceof NatsConnectError ? e.reason : e instanceof Error ? e.message : String(e)
+  if (/authori[sz]ation|authentication|auth/i.test(reason)) {
+    return new AgentError({
+      reason: hasCredentials
+        ? `NATS at ${address} refused the credentials (${reason}): check --user/--password or --token against the server's authorization block`
+        : `NATS at ${address} requires credentials (${reason}): pass --user and --password, or --token (or --creds FILE)`
+    })
+  }
+  return new AgentError({
+    reason:
+      `cannot reach NATS at ${address}: ${reason}. Check the address and port (on the head, "gradwire start --head" prints the ` +
+      `address to use), that the head is running ("gradwire status" there), that its server listens on an interface this ` +
+      `machine can reach (--host 0.0.0.0 on the head), and firewalls`
+  })
+}
+
+const credentials = (o: StartOptions): Omit<ConnectionSpec, "servers"> => ({
+  ...(o.user !== undefined ? { user: o.user, password: o.password ?? "" } : {}),
+  ...(o.token !== undefined ? { token: o.token } : {}),
+  ...(o.creds !== undefined ? { creds: o.creds } : {})
+})
+
+const ensureNotRunning = (stateDir: string): void => {
+  const state = readState(stateDir)
+  if (state && state.pid !== process.pid && pidAlive(state.pid)) {
+    throw new AgentError({
+      reason: `an agent is already running from ${stateDir} (pid ${state.pid}, node ${state.nodeId}, ${state.address}); run "gradwire stop" first, or use another --state-dir`
+    })
+  }
+}
+
+const startServer = async (o: StartOptions): Promise<NatsServerProcess> => {
+  const port = o.port ?? DEFAULT_PORT
+  const host = o.host ?? "127.0.0.1"
+  try {
+    return await launchNatsServer({
+      port,
+      // JetStream data (checkpoint buckets) lives in the state dir, so it outlives a stop/start.
+      jetstreamStoreDir: path.join(o.stateDir, "jetstream"),
+      ...(o.maxPayload !== undefined ? { maxPayload: o.maxPayload } : {}),
+      ...(o.token !== undefined ? { auth: { token: o.token } } : o.user !== undefined ? { auth: { user: o.user, password: o.password ?? "" } } : {}),
+      // nats-server takes the last "listen" line: this one widens the server's loopback default.
+      ...(host !== "127.0.0.1" ? { extraConfig: `listen: ${JSON.stringify(`${host}:${port}`)}` } : {})
+    })
+  } catch (e) {
+    if (e instanceof NatsServerStartError && /address already in use/i.test(e.log)) {
+      throw new AgentError({
+        reason: `port ${port} is already in use (another NATS server?): join it with "gradwire start --head --address nats://127.0.0.1:${port}", or pick another --port`
+      })
+    }
+    if (e instanceof NatsServerNotFound || e instanceof NatsServerStartError) throw new AgentError({ reason: e.message })
+    throw e
+  }
+}
+
+/** Addresses other machines could use to reach a server listening on `host`. */
+const joinAddresses = (host: string, port: number): string[] => {
+  if (host !== "0.0.0.0" && host !== "::") return [`nats://${host}:${port}`]
+  const out: string[] = []
+  for (const addrs of Object.values(os.networkInterfaces())) {
+    for (const a of addrs ?? []) if (a.family === "IPv4" && !a.internal) out.push(`nats://${a.address}:${port}`)
+  }
+  return out.length ? out : [`nats://<this-host>:${port}`]
+}
+
+export interface RunningAgent {
+  readonly agent: NodeAgent
+  readonly state: AgentState
+  /** Stops the agent, its connection and (head) its NATS server; removes the state file. */
+  shutdown(reason: string): Promise<void>
+}
+
+/** Starts server (head), connection and agent in this process, and writes the state file. */
+export const runAgent = async (o: StartOptions, log?: ActorLogger): Promise<RunningAgent> => {
+  ensureNotRunning(o.stateDir)
+  let server: NatsServerProcess | undefined
+  let conn: OpenedConnection | undefined
+  try {
+    if (o.head && !o.address) server = await startServer(o)
+    const address = o.address ?? (server as NatsServerProcess).url
+    const spec: ConnectionSpec = { servers: address.split(","), ...credentials(o) }
+    conn = await openConnection(spec, `gradwire agent ${o.nodeId ?? os.hostname()}`).catch((e: unknown) => {
+      throw explainConnectError(address, e, o.user !== undefined || o.token !== undefined || o.creds !== undefined)
+    })
+    const agent = await launchAgent({
+      nc: conn.nc,
+      connection: spec,
+      cluster: o.cluster,
+      head: o.head,
+      labels: o.labels,
+      custom: o.custom,
+      stateDir: o.stateDir,
+      ...(o.nodeId !== undefined ? { nodeId: o.nodeId } : {}),
+      ...(o.numCpus !== undefined ? { numCpus: o.numCpus } : {}),
+      ...(o.numGpus !== undefined ? { numGpus: o.numGpus } : {}),
+      ...(o.backends !== undefined ? { backends: o.backends } : {}),
+      ...(o.ownerTimeoutMs !== undefined ? { ownerTimeoutMs: o.ownerTimeoutMs } : {}),
+      ...(log ? { log } : {})
+    })
+    const state: AgentState = {
+      pid: process.pid,
+      nodeId: agent.nodeId,
+      cluster: o.cluster,
+      address,
+      head: o.head,
+      natsServer: server ? { pid: server.pid, url: server.url } : null,
+      logFile: fs.existsSync(logFile(o.stateDir)) ? logFile(o.stateDir) : null,
+      startedAt: Date.now()
+    }
+    writeState(o.stateDir, state)
+    const opened = conn
+    const srv = server
+    let done: Promise<void> | undefined
+    return {
+      agent,
+      state,
+      shutdown: (reason) =>
+        (done ??= (async () => {
+          await agent.stop(reason).catch(() => {})
+          await opened.close().catch(() => {})
+          await srv?.stop().catch(() => {})
+          removeState(o.stateDir, process.pid)
+        })())
+    }
+  } catch (e) {
+    await conn?.close().catch(() => {})
+    await server?.stop().catch(() => {})
+    throw e instanceof AgentError ? e : new AgentError({ reason: e instanceof Error ? e.message : String(e) })
+  }
+}
+
+/** What `start` prints once the agent is up. */
+export const describeStarted = (state: AgentState, o: Pick<StartOptions, "host" | "port">): string => {
+  const lines = [
+    `gradwire agent running: node ${state.nodeId}, cluster "${state.cluster}", pid ${state.pid}`,
+    state.natsServer ? `NATS server started by this head: ${state.address} (pid ${state.natsServer.pid})` : `connected to NATS at ${state.address}`
+  ]
+  if (state.head) {
+    const host = o.host ?? "127.0.0.1"
+    const port = o.port ?? DEFAULT_PORT
+    const joins = state.natsServer ? joinAddresses(host, port) : [state.address]
+    lines.push(`join from other machines:  gradwire start --address ${joins[0]}${state.cluster !== "default" ? ` --cluster ${state.cluster}` : ""}`)
+    if (state.natsServer && host === "127.0.0.1") lines.push(`  (this server listens on loopback only: restart with --host 0.0.0.0 to let other machines join)`)
+  }
+  if (state.logFile) lines.push(`logs: ${state.logFile}`)
+  lines.push(`status: gradwire status    stop: gradwire stop`)
+  return lines.join("\n")
+}
+
+/**
+ * Runs `entry` (this CLI) with `args` + --block as a detached background process logging to the
+ * state dir, and waits until it has written its state file. Rejects with AgentError (and the log
+ * tail) when it exits or is not up within `timeoutMs`.
+ */
+export const startInBackground = async (
+  entry: ReadonlyArray<string>,
+  args: ReadonlyArray<string>,
+  stateDir: string,
+  timeoutMs = 60_000
+): Promise<AgentState> => {
+  ensureNotRunning(stateDir)
+  fs.mkdirSync(stateDir, { recursive: true })
+  const log = logFile(stateDir)
+  const before = readState(stateDir)
+  fs.writeFileSync(log, `--- gradwire start ${new Date().toISOString()}: ${args.join(" ")}\n`, { flag: "a" })
+  const fd = fs.openSync(log, "a")
+  const child = spawn(process.execPath, [...entry, ...args, "--block"], {
+    detached: true,
+    stdio: ["ignore", fd, fd],
+    env: { ...process.env, GRADWIRE_STATE_DIR: stateDir }
+  })
+  fs.closeSync(fd)
+  let exited: string | undefined
+  child.on("exit", (code, signal) => (exited = signal ? `killed by ${signal}` : `exited with code ${code}`))
+  child.unref()
+  const tail = (): string => {
+    try {
+      return fs.readFileSync(log, "utf8").split("\n").slice(-15).join("\n")
+    } catch {
+      return ""
+    }
+  }
+  const deadline = Date.now() + timeoutMs
+  for (;;) {
+    const state = readState(stateDir)
+    if (state && state.pid === child.pid && state !== before) return state
+    if (exited !== undefined) throw new AgentError({ reason: `the agent ${exited} while starting:\n${tail()}` })
+    if (Date.now() > deadline) {
+      try {
+        if (child.pid) process.kill(child.pid, "SIGKILL")
+      } catch {
+        // gone
+      }
+      throw new AgentError({ reason: `the agent did not come up within ${timeoutMs} ms; log (${log}):\n${tail()}` })
+    }
+    await new Promise((r) => setTimeout(r, 100))
+  }
+}
+
+const waitGone = async (pid: number, ms: number): Promise<boolean> => {
+  const deadline = Date.now() + ms
+  while (pidAlive(pid)) {
+    if (Date.now() > deadline) return false
+    await new Promise((r) => setTimeout(r, 100))
+  }
+  return true
+}
+
+/** `gradwire stop`: stops the agent recorded in the state dir. Returns what it did, for printing. */
+export const stopAgent = async (stateDir: string, timeoutMs = 20_000): Promise<string> => {
+  const state = readState(stateDir)
+  if (!state) return `no gradwire agent recorded in ${stateDir}; nothing to stop`
+  if (!pidAlive(state.pid)) {
+    removeState(stateDir, state.pid)
+    if (state.natsServer && pidAlive(state.natsServer.pid)) {
+      process.kill(state.natsServer.pid, "SIGTERM")
+      await waitGone(state.natsServer.pid, 5_000)
+    }
+    return `the agent recorded in ${stateFile(stateDir)} (pid ${state.pid}) was not running; removed its state`
+  }
+  process.kill(state.pid, "SIGTERM")
+  let forced = false
+  if (!(await waitGone(state.pid, timeoutMs))) {
+    forced = true
+    process.kill(state.pid, "SIGKILL")
+    await waitGone(state.pid, 5_000)
+  }
+  // The server's guardian stops it when the agent dies; make sure, in case the guardian was lost.
+  if (state.natsServer && !(await waitGone(state.natsServer.pid, 8_000))) {
+    try {
+      process.kill(state.natsServer.pid, "SIGKILL")
+    } catch {
+      // gone
+    }
+  }
+  removeState(stateDir, state.pid)
+  const what = state.natsServer ? `agent (node ${state.nodeId}) and the NATS server it started (${state.address})` : `agent (node ${state.nodeId})`
+  return `stopped the ${what}${forced ? ` (it did not stop within ${timeoutMs} ms and was killed)` : ""}`
+}
+
+export { defaultStateDir }

@@ -1,0 +1,33 @@
+// Typed errors of the node agent, the processes it spawns and the CLI that drives it. Each names
+// the node involved and says what to do.
+import { Schema } from "effect"
+
+/** The node agent could not spawn an actor process, or it died before it was ready. */
+export class SpawnError extends Schema.TaggedError<SpawnError>()("SpawnError", {
+  node: Schema.String,
+  actor: Schema.String,
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return `spawning actor "${this.actor}" on node ${this.node} failed: ${this.reason}`
+  }
+}
+
+/** The node agent does not answer. */
+export class AgentUnreachable extends Schema.TaggedError<AgentUnreachable>()("AgentUnreachable", {
+  node: Schema.String,
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return `node agent ${this.node} does not answer: ${this.reason}; is it running ("gradwire status")?`
+  }
+}
+
+/** The agent could not start or stop (state dir, already running, NATS). Used by the CLI too. */
+export class AgentError extends Schema.TaggedError<AgentError>()("AgentError", {
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return this.reason
+  }
+}

@@ -1,0 +1,111 @@
+// Entry point of an actor process started by a node agent. Reads its spec from stdin, connects to
+// NATS, loads the module export holding the ActorDefinition, starts the actor (which heartbeats and
+// announces itself ready) and exits when the actor stops: 0 when it was asked to stop, 1 when it
+// failed, 143 on SIGTERM (the agent killing it). When stdin closes the agent is gone (crashed,
+// killed): the process exits too, so no actor outlives the agent that owns it.
+import * as path from "node:path"
+import { pathToFileURL } from "node:url"
+import { launchActor, isActorDefinition, type ActorHandle } from "../runtime/actor.ts"
+import { openConnection, type OpenedConnection } from "../../core/connection-spec.ts"
+import { settleWithin } from "../runtime/deadline.ts"
+import { toWireFailure } from "../runtime/envelope.ts"
+import { decodeHostSpec, type HostSpec } from "./host-spec.ts"
+import { stderrLogger } from "../runtime/log.ts"
+import { ActorSystem } from "../runtime/system.ts"
+
+const readSpecLine = (timeoutMs: number): Promise<string> =>
+  new Promise((resolve, reject) => {
+    let buffered = ""
+    const timer = setTimeout(() => reject(new Error(`no spawn spec on stdin within ${timeoutMs} ms`)), timeoutMs)
+    const onData = (chunk: string): void => {
+      buffered += chunk
+      const nl = buffered.indexOf("\n")
+      if (nl < 0) return
+      clearTimeout(timer)
+      process.stdin.off("data", onData)
+      resolve(buffered.slice(0, nl))
+    }
+    process.stdin.setEncoding("utf8")
+    process.stdin.on("data", onData)
+  })
+
+const moduleUrl = (spec: string): string => {
+  if (spec.startsWith("file:")) return spec
+  if (path.isAbsolute(spec) || spec.startsWith(".")) return pathToFileURL(path.resolve(spec)).href
+  return spec // a package specifier
+}
+
+const loadDefinition = async (spec: HostSpec) => {
+  const mod = (await import(moduleUrl(spec.module))) as Record<string, unknown>
+  const found = mod[spec.export]
+  if (!isActorDefinition(found)) {
+    const exports = Object.keys(mod).filter((k) => isActorDefinition(mod[k]))
+    throw new Error(
+      `export "${spec.export}" of ${spec.module} is not an actor definition (make one with defineActor); ` +
+        `actor definitions it exports: ${exports.length ? exports.join(", ") : "none"}`
+    )
+  }
+  return found
+}
+
+const main = async (): Promise<void> => {
+  const spec = decodeHostSpec(await readSpecLine(10_000))
+  const log = stderrLogger(`${spec.job}/${spec.name}`)
+  let handle: ActorHandle | undefined
+  let conn: OpenedConnection | undefined
+  let exiting = false
+  const exit = (code: number): void => {
+    if (exiting) return
+    exiting = true
+    // Give the stop notice and last log lines a moment to leave, but never hang here.
+    setTimeout(() => process.exit(code), 2_000).unref()
+    void (async () => {
+      // No stop notice: the agent's exit notice says what happened (and why it killed us).
+      await handle?.stop({ drain: false, reason: code === 143 ? "SIGTERM" : "agent gone", timeoutMs: 1_500, announce: false }).catch(() => {})
+      await conn?.close().catch(() => {})
+      process.exit(code)
+    })()
+  }
+  // The agent holds the other end of stdin: EOF means it is gone.
+  process.stdin.on("end", () => exit(1))
+  process.stdin.on("close", () => exit(1))
+  process.on("SIGTERM", () => exit(143))
+  process.on("SIGINT", () => exit(130))
+
+  conn = await openConnection(
+    { servers: spec.servers, user: spec.user, password: spec.password, token: spec.token, creds: spec.creds },
+    `gradwire ${spec.job}/${spec.name}`
+  )
+  const system = new ActorSystem({
+    nc: conn.nc,
+    cluster: spec.cluster,
+    job: spec.job,
+    identity: `h-${spec.instance}`,
+    heartbeat: false,
+    node: spec.node,
+    log
+  })
+  try {
+    const definition = await loadDefinition(spec)
+    handle = await launchActor(system, definition, { name: spec.name, instance: spec.instance, args: spec.args, heartbeatMs: spec.heartbeatMs })
+  } catch (e) {
+    const failure = toWireFailure(e)
+    log.error(`cannot start: ${failure.message}`)
+    system.publishEvent({ type: "stopped", name: spec.name, instance: spec.instance, reason: "start failed", failure, at: Date.now() })
+    await settleWithin(conn.nc.flush(), 2_000)
+    system.close()
+    await settleWithin(conn.close(), 5_000)
+    process.exit(1)
+  }
+  const how = await handle.awaitExit()
+  if (exiting) return
+  await settleWithin(conn.nc.flush(), 2_000)
+  system.close()
+  await settleWithin(conn.close(), 5_000)
+  process.exit(how._tag === "Failed" ? 1 : 0)
+}
+
+main().catch((e: unknown) => {
+  process.stderr.write(`[gradwire host] fatal: ${e instanceof Error ? (e.stack ?? e.message) : String(e)}\n`)
+  process.exit(1)
+})

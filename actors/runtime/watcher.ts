@@ -1,0 +1,261 @@
+// Learns of actor deaths within a job: listens to the job's heartbeats and events and tells each
+// waiter when the actor it watches is down: an exit or stop notice (immediate), a node-lost notice
+// from a cluster view, or no heartbeat for `deadAfterMs` (checked every 50 ms while anyone
+// watches). One watcher per actor system; created on first use.
+import type { NatsConnection, Subscription } from "@nats-io/nats-core"
+import type { JobSubjects } from "../../core/subjects.ts"
+import { LinkState } from "../../scheduler/link-state.ts"
+import type { WireFailure } from "./envelope.ts"
+import { readJobEvent, type JobEvent } from "./events.ts"
+import { DEFAULT_DEAD_AFTER_MS, readBeat } from "./heartbeat.ts"
+
+export type DownReason = "missed-heartbeats" | "exited" | "stopped" | "failed" | "node-lost"
+
+/** Why an actor is considered gone. */
+export interface ActorDown {
+  readonly name: string
+  /** The incarnation that went down ("" when unknown, e.g. never heard from). */
+  readonly instance: string
+  readonly reason: DownReason
+  /** Process exit code / signal, when a node agent reported the exit. */
+  readonly code?: number | null
+  readonly signal?: string | null
+  /** The error the actor failed with, when it did. */
+  readonly failure?: WireFailure
+  readonly node?: string
+  /** One line for humans: what happened, with the stderr tail for crashed processes. */
+  readonly detail: string
+  readonly at: number
+}
+
+export interface WatchOptions {
+  /** Only this incarnation (spawn instance); others' beats and events are ignored. */
+  readonly instance?: string
+  /** Silence after which the actor is declared dead. Default 2000 ms. */
+  readonly deadAfterMs?: number
+}
+
+interface Waiter {
+  readonly name: string
+  readonly instance: string | undefined
+  since: number
+  readonly deadAfterMs: number
+  readonly resolve: (down: ActorDown) => void
+}
+
+interface Seen {
+  readonly instance: string
+  readonly at: number
+}
+
+const MAX_REMEMBERED_DOWNS = 10_000
+
+/** An event turned into the ActorDown it announces, or undefined for events that are not deaths. */
+export const downFromEvent = (event: JobEvent): ActorDown | undefined => {
+  switch (event.type) {
+    case "exit": {
+      const how = event.signal ? `killed by ${event.signal}` : `exited with code ${event.code}`
+      const tail = event.stderrTail.trim() ? `; last stderr:\n${event.stderrTail.trimEnd()}` : ""
+      return {
+        name: event.name,
+        instance: event.instance,
+        reason: "exited",
+        code: event.code,
+        signal: event.signal,
+        node: event.node,
+        detail: `process ${event.pid} on node ${event.node} ${how}${event.killedBy ? ` (${event.killedBy})` : ""}${tail}`,
+        at: event.at
+      }
+    }
+    case "stopped":
+      return {
+        name: event.name,
+        instance: event.instance,
+        reason: event.failure ? "failed" : "stopped",
+        ...(event.failure ? { failure: event.failure } : {}),
+        detail: event.failure ? `failed: ${event.failure.tag}: ${event.failure.message}` : `stopped: ${event.reason}`,
+        at: event.at
+      }
+    case "node-lost":
+      return {
+        name: event.name,
+        instance: event.instance,
+        reason: "node-lost",
+        node: event.node,
+        detail: `node ${event.node} stopped heartbeating (machine or agent down, or network partition)`,
+        at: event.at
+      }
+    default:
+      return undefined
+  }
+}
+
+export class Watcher {
+  readonly #waiters = new Set<Waiter>()
+  readonly #seen = new Map<string, Seen>()
+  /** Latest death per name, so a watch that starts after the fact still learns of it. */
+  readonly #downs = new Map<string, ActorDown>()
+  readonly #listeners = new Set<(down: ActorDown) => void>()
+  readonly #eventListeners = new Set<(event: JobEvent) => void>()
+  readonly #subs: Subscription[]
+  readonly #link: LinkState
+  #timer: ReturnType<typeof setInterval> | undefined
+  #closed = false
+
+  constructor(nc: NatsConnection, subjects: JobSubjects) {
+    this.#link = new LinkState(nc)
+    // Our own outage is not their death: restart every silence clock after a reconnect.
+    this.#link.onResume(() => {
+      const now = Date.now()
+      for (const w of this.#waiters) w.since = now
+    })
+    const hbPrefix = subjects.heartbeat("")
+    this.#subs = [
+      nc.subscribe(subjects.heartbeats, {
+        callback: (_err, msg) => {
+          const beat = readBeat(msg.data)
+          const name = msg.subject.slice(hbPrefix.length)
+          if (beat && beat.name === name) this.#saw(name, beat.instance)
+        }
+      }),
+      nc.subscribe(subjects.events, {
+        callback: (_err, msg) => {
+          const event = readJobEvent(msg.data)
+          if (event) this.#onEvent(event)
+        }
+      })
+    ]
+  }
+
+  /** Called for every death this watcher learns of, watched or not. Returns an unsubscribe. */
+  onDown(listener: (down: ActorDown) => void): () => void {
+    this.#listeners.add(listener)
+    return () => this.#listeners.delete(listener)
+  }
+
+  /** Called for every job event (ready, exit, stopped, node-lost, job-end). */
+  onEvent(listener: (event: JobEvent) => void): () => void {
+    this.#eventListeners.add(listener)
+    return () => this.#eventListeners.delete(listener)
+  }
+
+  /** When the actor was last heard from (ms since epoch), if ever. */
+  lastSeen(name: string): number | undefined {
+    return this.#seen.get(name)?.at
+  }
+
+  /**
+   * Calls `resolve` once when the actor is down; returns a cancel function. The silence clock
+   * starts now, so an actor never heard from is declared dead after `deadAfterMs` too.
+   */
+  watch(name: string, options: WatchOptions, resolve: (down: ActorDown) => void): () => void {
+    const known = this.#downs.get(name)
+    if (known && (options.instance === undefined || options.instance === known.instance)) {
+      resolve(known)
+      return () => {}
+    }
+    let done = false
+    const waiter: Waiter = {
+      name,
+      instance: options.instance,
+      since: Date.now(),
+      deadAfterMs: options.deadAfterMs ?? DEFAULT_DEAD_AFTER_MS,
+      resolve: (down) => {
+        if (done) return
+        done = true
+        this.#waiters.delete(waiter)
+        resolve(down)
+      }
+    }
+    this.#waiters.add(waiter)
+    this.#ensureTimer()
+    return () => {
+      done = true
+      this.#waiters.delete(waiter)
+    }
+  }
+
+  /** Forgets a recorded death (before restarting an actor under the same name). */
+  forget(name: string): void {
+    this.#downs.delete(name)
+  }
+
+  close(): void {
+    if (this.#closed) return
+    this.#closed = true
+    if (this.#timer) clearInterval(this.#timer)
+    this.#timer = undefined
+    this.#link.close()
+    for (const sub of this.#subs) {
+      try {
+        sub.unsubscribe()
+      } catch {
+        // connection already closed
+      }
+    }
+    this.#waiters.clear()
+  }
+
+  #saw(name: string, instance: string): void {
+    this.#seen.set(name, { instance, at: Date.now() })
+    const down = this.#downs.get(name)
+    // A beat from a newer incarnation means the recorded death is history.
+    if (down && down.instance !== instance) this.#downs.delete(name)
+  }
+
+  #onEvent(event: JobEvent): void {
+    for (const l of this.#eventListeners) l(event)
+    if (event.type === "ready") {
+      this.#saw(event.name, event.instance)
+      return
+    }
+    const down = downFromEvent(event)
+    if (down) this.#declare(down)
+  }
+
+  #declare(down: ActorDown): void {
+    const seen = this.#seen.get(down.name)
+    // An old incarnation's death must not shadow a newer one that is alive.
+    if (!(seen && seen.instance !== down.instance && down.instance !== "" && seen.at > down.at)) {
+      this.#downs.set(down.name, down)
+      if (this.#downs.size > MAX_REMEMBERED_DOWNS) this.#downs.delete(this.#downs.keys().next().value!)
+    }
+    for (const l of this.#listeners) l(down)
+    for (const w of [...this.#waiters]) {
+      if (w.name === down.name && (w.instance === undefined || w.instance === down.instance)) w.resolve(down)
+    }
+  }
+
+  #ensureTimer(): void {
+    if (this.#timer || this.#closed) return
+    this.#timer = setInterval(() => this.#sweep(), 50)
+    this.#timer.unref()
+  }
+
+  #sweep(): void {
+    if (this.#waiters.size === 0) {
+      clearInterval(this.#timer)
+      this.#timer = undefined
+      return
+    }
+    if (!this.#link.up) return
+    const now = Date.now()
+    for (const w of [...this.#waiters]) {
+      const seen = this.#seen.get(w.name)
+      const heard = seen && (w.instance === undefined || seen.instance === w.instance) ? seen.at : 0
+      const last = Math.max(w.since, heard)
+      if (now - last > w.deadAfterMs) {
+        const down: ActorDown = {
+          name: w.name,
+          instance: w.instance ?? seen?.instance ?? "",
+          reason: "missed-heartbeats",
+          detail: heard
+            ? `no heartbeat for ${now - heard} ms (dead after ${w.deadAfterMs} ms of silence)`
+            : `never heard from within ${w.deadAfterMs} ms`,
+          at: now
+        }
+        this.#declare(down)
+      }
+    }
+  }
+}

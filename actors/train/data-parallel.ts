@@ -1,0 +1,443 @@
+// The data-parallel model wrapper behind TrainContext.prepareModel: every step computes this
+// rank's gradients, all-reduces them (weighted by sample counts, so unequal batches still give
+// the large-batch SGD update) and applies the same update on every rank. Ranks start from rank 0's
+// weights and apply bitwise-identical reduced gradients, so their weights stay identical.
+//
+// Gradients leave the tfjs engine as ONE flat Float32Array (concatenated on the device, one read;
+// or, on host-memory backends with compression, read per variable into the reducer's own buffer),
+// buckets are contiguous ranges of it (no packing copy), and the reduced values go back per
+// variable from views of it: two copies of the gradient per step, the minimum a backend with its
+// own memory (wasm, tensorflow) allows.
+import type { Tf } from "../../core/engine.ts"
+import type { ArrayDataset } from "../../core/datasets.ts"
+import { gatherRows, shardIndicesWeighted } from "../../core/datasets.ts"
+import { HeteroBatcher } from "./hetero-batching.ts"
+import { ConfigError } from "../../core/errors.ts"
+
+type tfjs = typeof import("@tensorflow/tfjs")
+type LayersModel = import("@tensorflow/tfjs").LayersModel
+type Optimizer = import("@tensorflow/tfjs").Optimizer
+type Tensor = import("@tensorflow/tfjs").Tensor
+type Scalar = import("@tensorflow/tfjs").Scalar
+type Variable = import("@tensorflow/tfjs").Variable
+
+export type LossName = "categoricalCrossentropy" | "sparseCategoricalCrossentropy" | "meanSquaredError" | "binaryCrossentropy"
+export type LossFn = (yTrue: Tensor, yPred: Tensor) => Scalar
+
+/** One variable's place in the flat gradient buffer. */
+export interface GradientSlot {
+  readonly name: string
+  readonly shape: ReadonlyArray<number>
+  readonly offset: number
+  readonly size: number
+}
+
+/** What the wrapper needs from the group: the worker wires it to the communicator. */
+export interface GradientSync {
+  readonly rank: number
+  readonly worldSize: number
+  /** Reduces the flat gradient in place to the weighted mean over ranks (weight: this rank's sample count). */
+  reduceGradients(flat: Float32Array, layout: ReadonlyArray<GradientSlot>, weight: number, step: number): Promise<void>
+  /** Copies rank 0's values into `buf` on every rank. */
+  broadcast(buf: Float32Array): Promise<void>
+  /** Element-wise sum over ranks, in place. */
+  sum(buf: Float32Array): Promise<void>
+  /**
+   * A flat gradient buffer of n elements that reduceGradients works on in place (faster with
+   * compression: GradientReducer.gradientBuffer), or undefined to pass any Float32Array.
+   */
+  gradientBuffer?(n: number): Float32Array | undefined
+  /** Gathers every rank's buffer in rank order (heterogeneity-aware batching exchanges throughputs). */
+  allGather?(buf: Float32Array): Promise<Float32Array>
+  /** collectiveConfig.adaptiveBatching: fit({ globalBatchSize }) splits by measured throughput. */
+  readonly adaptiveBatching?: boolean
+}
+
+/**
+ * Optional timing hooks (the timeline and the report's compute/communication split), all in
+ * performance.now() milliseconds. "step" encloses the three others; it is reported last.
+ */
+export interface StepObserver {
+  phase?(name: "step" | "forward_backward" | "allreduce" | "apply", startMs: number, endMs: number, step: number): void
+  /** A collective outside any step (initial weight broadcast, epoch-end metric sum): time spent on the group. */
+  wait?(name: string, startMs: number, endMs: number): void
+}
+
+export interface PrepareOptions {
+  /** Default: the model's compile() optimizer. */
+  readonly optimizer?: Optimizer
+  /** Default: the model's compile() loss. */
+  readonly loss?: LossName | LossFn
+  /**
+   * Simulated heterogeneity (tests, benchmarks): this rank sleeps this many ms per sample after
+   * forward/backward, inside the measured compute time, like a slower device. Default 0.
+   */
+  readonly simulatedDelayMsPerSample?: number
+}
+
+export interface StepResult {
+  /** This rank's mean loss on its batch. */
+  readonly loss: number
+  readonly samples: number
+  /** Correct predictions in the batch (classification losses only). */
+  readonly correct?: number
+}
+
+export interface EpochResult {
+  readonly epoch: number
+  /** Mean loss over every rank's samples in the epoch. */
+  readonly loss: number
+  /** Accuracy over every rank's samples (classification losses only). */
+  readonly accuracy?: number
+  readonly samples: number
+  readonly steps: number
+  readonly seconds: number
+}
+
+export type FitOptions = FitCommonOptions &
+  (
+    | {
+        /** Per-rank batch size. */
+        readonly batchSize: number
+        readonly globalBatchSize?: undefined
+      }
+    | {
+        /**
+         * Global batch per step, split over the ranks (hetero-batching.ts): in proportion to each
+         * rank's measured throughput with collectiveConfig.adaptiveBatching, else equally.
+         * floor(dataset size / globalBatchSize) steps per epoch on every rank.
+         */
+        readonly globalBatchSize: number
+        readonly batchSize?: undefined
+      }
+  )
+
+export interface FitCommonOptions {
+  readonly epochs: number
+  /** Seed of the per-epoch shuffles (same on every rank). Default 0. */
+  readonly seed?: number
+  /** First epoch (for a resumed run). Default 0. */
+  readonly initialEpoch?: number
+  /** Called after every epoch with metrics averaged over ranks. */
+  readonly onEpochEnd?: (result: EpochResult) => void | Promise<void>
+  /** Called after every step. */
+  readonly onStep?: (step: StepResult & { epoch: number; index: number }) => void | Promise<void>
+}
+
+/** A source of rows per epoch: the worker's shard (disjoint across ranks, reshuffled per epoch). */
+export interface ShardSource {
+  readonly dataset: ArrayDataset
+  rows(epoch: number): ArrayLike<number>
+}
+
+const resolveLoss = (tf: Tf, model: LayersModel, loss: PrepareOptions["loss"]): { fn: LossFn; classification: boolean; sparse: boolean } => {
+  const l = loss ?? (model as unknown as { loss?: unknown }).loss
+  if (typeof l === "function") return { fn: l as LossFn, classification: false, sparse: false }
+  const t = tf as unknown as tfjs
+  switch (l) {
+    case "categoricalCrossentropy":
+      return { fn: (yt, yp) => t.metrics.categoricalCrossentropy(yt, yp).mean() as Scalar, classification: true, sparse: false }
+    case "sparseCategoricalCrossentropy":
+      return {
+        fn: (yt, yp) =>
+          t.tidy(() => t.metrics.categoricalCrossentropy(t.oneHot(yt.flatten().toInt(), yp.shape[yp.shape.length - 1] as number), yp).mean() as Scalar),
+        classification: true,
+        sparse: true
+      }
+    case "meanSquaredError":
+      return { fn: (yt, yp) => t.losses.meanSquaredError(yt, yp) as Scalar, classification: false, sparse: false }
+    case "binaryCrossentropy":
+      return { fn: (yt, yp) => t.metrics.binaryCrossentropy(yt, yp).mean() as Scalar, classification: false, sparse: false }
+    default:
+      throw new ConfigError({
+        field: "prepareModel.loss",
+        reason:
+          `no usable loss (got ${JSON.stringify(l)}): compile the model with one of "categoricalCrossentropy", ` +
+          `"sparseCategoricalCrossentropy", "meanSquaredError", "binaryCrossentropy", or pass { loss: (yTrue, yPred) => scalar }`
+      })
+  }
+}
+
+export class DataParallelModel {
+  readonly model: LayersModel
+  readonly optimizer: Optimizer
+  readonly layout: ReadonlyArray<GradientSlot>
+  readonly parameterCount: number
+  #tf: tfjs
+  #sync: GradientSync
+  #loss: LossFn
+  #classification: boolean
+  #sparse: boolean
+  #vars: Variable[]
+  #observer: StepObserver | undefined
+  #delayMsPerSample = 0
+  #lastComputeMs = 0
+  #batcher: HeteroBatcher | undefined
+  #step = 0
+  #epoch = 0
+  #stepInEpoch = 0
+  #stepsPerEpoch = 0
+  /**
+   * Take the flat-gradient exchange path even with one worker (benchmarks use it to measure that
+   * path's cost; a single worker otherwise applies its gradients in place).
+   */
+  exchangeAlone = false
+  /** Called after every step (live progress). */
+  onStep: ((info: { epoch: number; step: number; stepsPerEpoch: number; samples: number; loss: number }) => void) | undefined
+
+  private constructor(tf: Tf, model: LayersModel, sync: GradientSync, opts: PrepareOptions, observer?: StepObserver) {
+    this.#tf = tf as unknown as tfjs
+    this.model = model
+    this.#sync = sync
+    const optimizer = opts.optimizer ?? (model as unknown as { optimizer?: Optimizer }).optimizer
+    if (!optimizer) {
+      throw new ConfigError({
+        field: "prepareModel.optimizer",
+        reason: "no optimizer: compile the model (model.compile({ optimizer, loss })) or pass prepareModel(model, { optimizer })"
+      })
+    }
+    this.optimizer = optimizer
+    const loss = resolveLoss(tf, model, opts.loss)
+    this.#loss = loss.fn
+    this.#classification = loss.classification
+    this.#sparse = loss.sparse
+    this.#vars = model.trainableWeights.map((w) => w.read() as Variable)
+    let offset = 0
+    this.layout = this.#vars.map((v) => {
+      const size = v.size
+      const slot = { name: v.name, shape: [...v.shape], offset, size }
+      offset += size
+      return slot
+    })
+    this.parameterCount = offset
+    this.#observer = observer
+    this.#delayMsPerSample = opts.simulatedDelayMsPerSample ?? 0
+  }
+
+  /** Wraps a model and makes every rank start from rank 0's weights. */
+  static async prepare(tf: Tf, model: LayersModel, sync: GradientSync, opts: PrepareOptions = {}, observer?: StepObserver): Promise<DataParallelModel> {
+    const dp = new DataParallelModel(tf, model, sync, opts, observer)
+    await dp.syncWeights()
+    return dp
+  }
+
+  /** Broadcasts rank 0's weights (trainable and not, e.g. batch-norm statistics) to every rank. */
+  async syncWeights(): Promise<void> {
+    if (this.#sync.worldSize === 1) return
+    const tf = this.#tf
+    const weights = this.model.getWeights()
+    const flat = tf.tidy(() => tf.concat(weights.map((w) => w.reshape([-1]))))
+    const buf = (await flat.data()) as Float32Array
+    flat.dispose()
+    const t0 = performance.now()
+    await this.#sync.broadcast(buf)
+    this.#observer?.wait?.("broadcast weights from rank 0", t0, performance.now())
+    const restored = tf.tidy(() => {
+      let off = 0
+      return weights.map((w) => {
+        const t = tf.tensor(buf.subarray(off, off + w.size), w.shape, w.dtype)
+        off += w.size
+        return t
+      })
+    })
+    this.model.setWeights(restored)
+    for (const t of restored) t.dispose()
+  }
+
+  /**
+   * This step's gradients as one flat array in layout order. When the group has a buffer of its
+   * own (GradientSync.gradientBuffer: compression kernels work on it in place) and the backend
+   * keeps tensors in host memory (cpu, wasm), each variable's gradient is read into it: one copy
+   * per element, as many as the concat-and-read path makes. The tensorflow backend concatenates
+   * on the device and downloads once.
+   */
+  async #readGradients(grads: Record<string, Tensor>): Promise<Float32Array> {
+    const tf = this.#tf
+    const own = tf.getBackend() === "tensorflow" ? undefined : this.#sync.gradientBuffer?.(this.parameterCount)
+    if (own) {
+      const parts = await Promise.all(this.#vars.map((v) => grads[v.name]?.data() as Promise<Float32Array> | undefined))
+      this.layout.forEach((s, i) => {
+        const part = parts[i]
+        if (part) own.set(part, s.offset)
+        else own.fill(0, s.offset, s.offset + s.size)
+      })
+      return own
+    }
+    const flatT = tf.tidy(() => tf.concat(this.#vars.map((v) => (grads[v.name] ?? tf.zerosLike(v)).reshape([-1]))))
+    const flat = (await flatT.data()) as Float32Array
+    flatT.dispose()
+    return flat
+  }
+
+  /**
+   * One synchronous data-parallel step on this rank's batch (y in the loss's target form: one-hot
+   * for categoricalCrossentropy, class ids for sparseCategoricalCrossentropy); returns this rank's
+   * loss and, for classification, its correct predictions.
+   */
+  async trainStep(x: Tensor, y: Tensor): Promise<StepResult> {
+    const tf = this.#tf
+    const step = this.#step++
+    const samples = x.shape[0] ?? 0
+    const t0 = performance.now()
+    let pred: Tensor | undefined
+    const { value, grads } = this.optimizer.computeGradients(() => {
+      const out = this.model.apply(x, { training: true }) as Tensor
+      if (this.#classification) pred = tf.keep(out)
+      return this.#loss(y, out)
+    }, this.#vars)
+    const correctT = pred ? tf.tidy(() => pred!.argMax(-1).equal(this.#labelsOf(y)).sum()) : undefined
+    if (this.#sync.worldSize === 1 && !this.exchangeAlone) {
+      // Nobody to exchange with: apply the gradients where they are, without the round trip out
+      // of the engine and back.
+      const [lossArr, correctArr] = await Promise.all([value.data(), correctT?.data()])
+      tf.dispose([value, ...(pred ? [pred] : []), ...(correctT ? [correctT] : [])])
+      if (this.#delayMsPerSample > 0) await new Promise((r) => setTimeout(r, this.#delayMsPerSample * samples))
+      const t1 = performance.now()
+      this.#lastComputeMs = t1 - t0
+      this.#observer?.phase?.("forward_backward", t0, t1, step)
+      this.#observer?.phase?.("allreduce", t1, t1, step)
+      this.optimizer.applyGradients(grads)
+      tf.dispose(grads)
+      const t3 = performance.now()
+      this.#observer?.phase?.("apply", t1, t3, step)
+      this.#observer?.phase?.("step", t0, t3, step)
+      this.onStep?.({ epoch: this.#epoch, step: this.#stepInEpoch++, stepsPerEpoch: this.#stepsPerEpoch, samples, loss: lossArr[0] })
+      return { loss: lossArr[0], samples, ...(correctArr ? { correct: correctArr[0] } : {}) }
+    }
+    const [flat, lossArr, correctArr] = await Promise.all([this.#readGradients(grads), value.data(), correctT?.data()])
+    tf.dispose([value, ...(pred ? [pred] : []), ...(correctT ? [correctT] : [])])
+    tf.dispose(grads)
+    if (this.#delayMsPerSample > 0) await new Promise((r) => setTimeout(r, this.#delayMsPerSample * samples))
+    const t1 = performance.now()
+    this.#lastComputeMs = t1 - t0
+    this.#observer?.phase?.("forward_backward", t0, t1, step)
+    await this.#sync.reduceGradients(flat, this.layout, samples, step)
+    const t2 = performance.now()
+    this.#observer?.phase?.("allreduce", t1, t2, step)
+    // One copy back into the engine per variable, straight from views of the reduced buffer.
+    const named: Record<string, Tensor> = {}
+    for (const s of this.layout) named[s.name] = tf.tensor(flat.subarray(s.offset, s.offset + s.size), s.shape as number[], "float32")
+    this.optimizer.applyGradients(named)
+    tf.dispose(Object.values(named))
+    const t3 = performance.now()
+    this.#observer?.phase?.("apply", t2, t3, step)
+    this.#observer?.phase?.("step", t0, t3, step)
+    this.onStep?.({ epoch: this.#epoch, step: this.#stepInEpoch++, stepsPerEpoch: this.#stepsPerEpoch, samples, loss: lossArr[0] })
+    return { loss: lossArr[0], samples, ...(correctArr ? { correct: correctArr[0] } : {}) }
+  }
+
+  #labelsOf(y: Tensor): Tensor {
+    return y.rank > 1 && (y.shape[y.rank - 1] ?? 1) > 1 ? y.argMax(-1) : y.flatten().toInt()
+  }
+
+  /** Loss and accuracy of this rank's model on (x, y), computed locally. */
+  evaluate(x: Tensor, y: Tensor): { loss: number; accuracy?: number } {
+    const tf = this.#tf
+    return tf.tidy(() => {
+      const pred = this.model.predict(x) as Tensor
+      const loss = this.#loss(y, pred).dataSync()[0]
+      if (!this.#classification) return { loss }
+      const acc = pred.argMax(-1).equal(this.#labelsOf(y)).mean().dataSync()[0]
+      return { loss, accuracy: acc }
+    })
+  }
+
+  /** Trains over this rank's shard for some epochs; the metrics handed to onEpochEnd cover all ranks. */
+  async fit(source: ShardSource, opts: FitOptions): Promise<EpochResult[]> {
+    const tf = this.#tf
+    if (opts.globalBatchSize !== undefined) this.#prepareBatcher(source, opts.globalBatchSize)
+    else if (!(opts.batchSize >= 1) || !Number.isInteger(opts.batchSize)) {
+      throw new ConfigError({ field: "fit.batchSize", reason: `must be an integer >= 1, got ${opts.batchSize}` })
+    }
+    const ds = source.dataset
+    const results: EpochResult[] = []
+    for (let epoch = opts.initialEpoch ?? 0; epoch < opts.epochs; epoch++) {
+      const started = performance.now()
+      const { steps, rowsOf } = this.#epochRows(source, opts, epoch)
+      this.#epoch = epoch
+      this.#stepInEpoch = 0
+      this.#stepsPerEpoch = steps
+      // Sums over the epoch: loss * samples, correct predictions, samples.
+      const totals = new Float32Array(3)
+      for (let i = 0; i < steps; i++) {
+        const batchRows = rowsOf(i)
+        const batch = gatherRows(ds, batchRows)
+        const x = tf.tensor(batch.x, [batchRows.length, ...ds.featureShape])
+        const y = this.#classification ? tf.tensor1d(batch.y, "int32") : tf.tensor(batch.y, [batchRows.length, 1], "float32")
+        const yLoss = this.lossTargets(y, ds.numClasses)
+        const r = await this.trainStep(x, yLoss)
+        totals[1] += r.correct ?? 0
+        totals[0] += r.loss * r.samples
+        totals[2] += r.samples
+        tf.dispose([x, y, yLoss])
+        await this.#batcher?.afterStep(r.samples, this.#lastComputeMs)
+        await opts.onStep?.({ ...r, epoch, index: i })
+      }
+      const w0 = performance.now()
+      await this.#sync.sum(totals)
+      this.#observer?.wait?.("epoch metrics all-reduce", w0, performance.now())
+      const result: EpochResult = {
+        epoch,
+        loss: totals[0] / Math.max(1, totals[2]),
+        ...(this.#classification ? { accuracy: totals[1] / Math.max(1, totals[2]) } : {}),
+        samples: totals[2],
+        steps,
+        seconds: (performance.now() - started) / 1000
+      }
+      results.push(result)
+      await opts.onEpochEnd?.(result)
+    }
+    return results
+  }
+
+  #prepareBatcher(source: ShardSource, globalBatch: number): void {
+    const p = this.#sync.worldSize
+    if (!Number.isInteger(globalBatch) || globalBatch < p || globalBatch > source.dataset.size) {
+      throw new ConfigError({
+        field: "fit.globalBatchSize",
+        reason: `must be an integer between the number of workers (${p}) and the dataset size (${source.dataset.size}), got ${globalBatch}`
+      })
+    }
+    if (this.#batcher?.globalBatch === globalBatch) return
+    const allGather = this.#sync.allGather?.bind(this.#sync)
+    this.#batcher = new HeteroBatcher({
+      rank: this.#sync.rank,
+      worldSize: p,
+      globalBatch,
+      adaptive: this.#sync.adaptiveBatching === true && allGather !== undefined,
+      allGather: allGather ?? (async (b) => b)
+    })
+  }
+
+  /** An epoch's steps and each step's rows for this rank: per-rank batches, or slices of the global batch. */
+  #epochRows(source: ShardSource, opts: FitOptions, epoch: number): { steps: number; rowsOf: (step: number) => number[] } {
+    const batcher = this.#batcher
+    if (opts.globalBatchSize === undefined || !batcher) {
+      const rows = source.rows(epoch)
+      const bs = opts.batchSize as number
+      return { steps: Math.ceil(rows.length / bs), rowsOf: (i) => Array.prototype.slice.call(rows, i * bs, (i + 1) * bs) as number[] }
+    }
+    const B = opts.globalBatchSize
+    const size = source.dataset.size
+    const seed = opts.seed ?? (source as { seed?: number }).seed ?? 0
+    const perm = shardIndicesWeighted(size, 0, [size], seed, epoch)
+    return {
+      steps: Math.floor(size / B),
+      rowsOf: (i) => {
+        const { offset, size: n } = batcher.slice()
+        return Array.from(perm.subarray(i * B + offset, i * B + offset + n))
+      }
+    }
+  }
+
+  /** Heterogeneity-aware batching state for report(): per-rank batches, re-balances, stragglers. */
+  batchingMetrics(): Record<string, number> {
+    return this.#batcher?.metrics() ?? {}
+  }
+
+  /** Targets in the form the loss wants: one-hot for categoricalCrossentropy, class ids otherwise. */
+  lossTargets(y: Tensor, numClasses: number): Tensor {
+    if (this.#classification && !this.#sparse) return this.#tf.oneHot(y, numClasses)
+    return y.clone()
+  }
+}

@@ -1,0 +1,210 @@
+// What the user's training loop gets on each worker: its place in the group (ranks), report()
+// for metrics and checkpoints, the checkpoint to resume from, its dataset shard, prepareModel()
+// for data-parallel training, the communicator for custom collectives, and tfjs with this
+// worker's backend.
+import type { Tf } from "../../core/engine.ts"
+import { shardIndices, type ArrayDataset } from "../../core/datasets.ts"
+import { ConfigError } from "../../core/errors.ts"
+import { OPTIMIZER_FILE, loadOptimizerFrom, loadWeightsInto, modelToFiles, optimizerToFile } from "../../core/model-io.ts"
+import type { Communicator } from "../../collectives/communicator.ts"
+import type { GradientReducer, ReducerStats } from "../../collectives/gradient-reducer.ts"
+import { DataParallelModel, type PrepareOptions, type ShardSource, type StepObserver } from "./data-parallel.ts"
+
+type LayersModel = import("@tensorflow/tfjs").LayersModel
+
+/** A checkpoint as the loop sees it: named files (bytes or text) and metadata. */
+export interface Checkpoint {
+  readonly files: Readonly<Record<string, Uint8Array | string>>
+  readonly metadata?: Readonly<Record<string, unknown>>
+  /** Where the trainer stored it (set on checkpoints handed back by getCheckpoint()). */
+  readonly path?: string
+  /** The metrics reported with it. */
+  readonly metrics?: Readonly<Record<string, unknown>>
+}
+
+export interface ReportOptions {
+  readonly checkpoint?: Checkpoint
+}
+
+/** This rank's shard of a dataset: disjoint from every other rank's, reshuffled per epoch. */
+export class DatasetShard implements ShardSource {
+  readonly dataset: ArrayDataset
+  readonly rank: number
+  readonly worldSize: number
+  readonly seed: number
+
+  constructor(dataset: ArrayDataset, rank: number, worldSize: number, seed: number) {
+    this.dataset = dataset
+    this.rank = rank
+    this.worldSize = worldSize
+    this.seed = seed
+  }
+
+  /** Rows of this rank for `epoch` (same count on every rank). */
+  rows(epoch: number): Int32Array {
+    return shardIndices(this.dataset.size, this.rank, this.worldSize, this.seed, epoch)
+  }
+
+  get size(): number {
+    return Math.floor(this.dataset.size / this.worldSize)
+  }
+}
+
+export interface TrainContextDeps {
+  readonly tf: Tf
+  readonly backend: string
+  readonly rank: number
+  readonly worldSize: number
+  readonly localRank: number
+  readonly localWorldSize: number
+  readonly nodeRank: number
+  readonly attempt: number
+  readonly seed: number
+  readonly communicator: Communicator
+  readonly reducer: GradientReducer
+  /** collectiveConfig.adaptiveBatching: fit({ globalBatchSize }) splits by measured throughput. */
+  readonly adaptiveBatching?: boolean
+  readonly observer?: StepObserver
+  readonly sendReport: (index: number, metrics: Record<string, unknown>, checkpoint: Checkpoint | undefined) => Promise<void>
+  readonly fetchCheckpoint: () => Promise<Checkpoint | undefined>
+  readonly fetchDataset: (name: string) => Promise<ArrayDataset>
+  readonly onStep?: (info: { epoch: number; step: number; stepsPerEpoch: number; samples: number; loss: number }) => void
+}
+
+export class TrainContext {
+  readonly worldRank: number
+  readonly worldSize: number
+  readonly localRank: number
+  readonly localWorldSize: number
+  readonly nodeRank: number
+  /** 0 for the first run of the group, then 1, 2... after restarts. */
+  readonly attempt: number
+  /** tfjs, with this worker's backend active. */
+  readonly tf: Tf
+  readonly backend: string
+  /** The group's communicator, for custom collectives (all-reduce, broadcast...). */
+  readonly communicator: Communicator
+  readonly #deps: TrainContextDeps
+  #reports = 0
+  #checkpoint: Promise<Checkpoint | undefined> | undefined
+  readonly #datasets = new Map<string, Promise<ArrayDataset>>()
+  #prepared: DataParallelModel | undefined
+
+  constructor(deps: TrainContextDeps) {
+    this.#deps = deps
+    this.worldRank = deps.rank
+    this.worldSize = deps.worldSize
+    this.localRank = deps.localRank
+    this.localWorldSize = deps.localWorldSize
+    this.nodeRank = deps.nodeRank
+    this.attempt = deps.attempt
+    this.tf = deps.tf
+    this.backend = deps.backend
+    this.communicator = deps.communicator
+  }
+
+  /** How often this rank has called report(). */
+  get reportCount(): number {
+    return this.#reports
+  }
+
+  /**
+   * Reports metrics (every rank calls it the same number of times; rank 0's metrics make the
+   * history, every rank's are kept per rank) and optionally a checkpoint. Resolves once the
+   * trainer holds the checkpoint's bytes: writing it to storage happens in the background.
+   */
+  async report(metrics: Record<string, unknown>, options: ReportOptions = {}): Promise<void> {
+    if (typeof metrics !== "object" || metrics === null || Array.isArray(metrics)) {
+      throw new ConfigError({ field: "report(metrics)", reason: "metrics must be a plain object such as { loss: 0.1, epoch: 2 }" })
+    }
+    const index = this.#reports++
+    await this.#deps.sendReport(index, metrics, options.checkpoint)
+  }
+
+  /** The checkpoint this run resumes from (the latest one), or undefined on a fresh start. */
+  getCheckpoint(): Promise<Checkpoint | undefined> {
+    this.#checkpoint ??= this.#deps.fetchCheckpoint()
+    return this.#checkpoint
+  }
+
+  /** This rank's shard of the dataset passed to the Trainer as `datasets[name]`. */
+  async getDatasetShard(name: string): Promise<DatasetShard> {
+    let ds = this.#datasets.get(name)
+    if (!ds) {
+      ds = this.#deps.fetchDataset(name)
+      this.#datasets.set(name, ds)
+    }
+    return new DatasetShard(await ds, this.worldRank, this.worldSize, this.#deps.seed)
+  }
+
+  /** The full dataset (for evaluation on held-out data, for example). */
+  async getDataset(name: string): Promise<ArrayDataset> {
+    return (await this.getDatasetShard(name)).dataset
+  }
+
+  /**
+   * Wraps a compiled model for data-parallel training: every rank starts from rank 0's weights,
+   * and trainStep()/fit() all-reduce gradients (bucketed, with the configured algorithm and
+   * compression) so every rank keeps identical weights.
+   */
+  async prepareModel(model: LayersModel, options: PrepareOptions = {}): Promise<DataParallelModel> {
+    const d = this.#deps
+    const onStep = d.onStep
+    const dp = await DataParallelModel.prepare(
+      this.tf,
+      model,
+      {
+        rank: d.rank,
+        worldSize: d.worldSize,
+        reduceGradients: (flat, layout, weight, step) => d.reducer.reduceGradients(flat, layout, weight, step),
+        broadcast: (buf) => d.reducer.broadcast(buf),
+        sum: (buf) => d.reducer.sum(buf),
+        gradientBuffer: (n) => d.reducer.gradientBuffer(n),
+        allGather: (buf) => d.communicator.allGather(buf),
+        adaptiveBatching: d.adaptiveBatching === true
+      },
+      options,
+      d.observer
+    )
+    this.#prepared = dp
+    if (onStep) dp.onStep = onStep
+    return dp
+  }
+
+  /** A checkpoint of a model (topology and weights) plus extra files and metadata. */
+  async checkpointFromModel(
+    model: LayersModel | DataParallelModel,
+    extra: { files?: Record<string, Uint8Array | string>; metadata?: Record<string, unknown> } = {}
+  ): Promise<Checkpoint> {
+    const m = model instanceof DataParallelModel ? model.model : model
+    const optimizer: Record<string, Uint8Array> = model instanceof DataParallelModel ? { [OPTIMIZER_FILE]: await optimizerToFile(model.optimizer) } : {}
+    return { files: { ...(await modelToFiles(this.tf, m)), ...optimizer, ...extra.files }, metadata: { ...extra.metadata } }
+  }
+
+  /**
+   * Loads a checkpoint's model weights into `model` (built in code with the same layers), and,
+   * for a prepared model whose checkpoint came from checkpointFromModel(dp), its optimizer state.
+   */
+  async restoreModel(model: LayersModel | DataParallelModel, checkpoint: Checkpoint): Promise<void> {
+    const m = model instanceof DataParallelModel ? model.model : model
+    const files: Record<string, Uint8Array> = {}
+    for (const [k, v] of Object.entries(checkpoint.files)) files[k] = typeof v === "string" ? new TextEncoder().encode(v) : v
+    loadWeightsInto(this.tf, m, files)
+    const opt = files[OPTIMIZER_FILE]
+    if (opt && model instanceof DataParallelModel) await loadOptimizerFrom(this.tf, model.optimizer, opt)
+  }
+
+  /**
+   * Bytes this rank put on the wire for gradients (its own messages) against what the same
+   * reductions would have sent as dense fp32: last step and totals since the loop started.
+   * With compression, totalDenseBytes - totalWireBytes is what it saved.
+   */
+  communicationStats(): ReducerStats {
+    return this.#deps.reducer.stats
+  }
+
+  /** @internal the prepared model, if any */
+  get prepared(): DataParallelModel | undefined {
+    return this.#prepared
+  }
+}

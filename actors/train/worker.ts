@@ -1,0 +1,260 @@
+// The worker actor: one process per rank. On `run` it loads tfjs with its backend, opens its own
+// NATS connection for collectives (noEcho, so fan-out publishes are not echoed back; bulk data
+// stays off the control connection), joins the group's communicator, imports the user's loop
+// module and runs it with a TrainContext. It tells the controller when the loop returns or throws
+// (with the remote stack), then stops; the controller decides what happens to the group.
+import { connect } from "@nats-io/transport-node"
+import { credsAuthenticator, type NatsConnection } from "@nats-io/nats-core"
+import * as fs from "node:fs"
+import { pathToFileURL } from "node:url"
+import * as path from "node:path"
+import { loadEngine, type BackendKind } from "../../core/engine.ts"
+import { ConfigError } from "../../core/errors.ts"
+import { makeDataset } from "../../core/datasets.ts"
+import { decodeMessage, encodeMessage } from "../../core/wire.ts"
+import { Communicator, type AllReduceAlgorithm } from "../../collectives/communicator.ts"
+import { GradientReducer } from "../../collectives/gradient-reducer.ts"
+import { blamedRanks } from "../../collectives/errors.ts"
+import { parseCompressionConfig, type ResolvedCompressionConfig } from "../../collectives/compression/index.ts"
+import { defineActor } from "../runtime/actor.ts"
+import { toWireFailure } from "../runtime/envelope.ts"
+import { ControllerProtocol, WorkerArgs, WorkerProtocol } from "./train-protocol.ts"
+import { TrainContext, type Checkpoint } from "./train-context.ts"
+import type { StepObserver } from "./data-parallel.ts"
+import { spanEvent, tidOfBucket, TID_STEP, TID_WAITS, type TraceEvent } from "./observe/timeline.ts"
+import { AutoGradientReducer, prepareAutoCollectives } from "./auto-config.ts"
+
+const PROGRESS_EVERY_MS = 250
+
+const residualFile = (rank: number) => `gradwire/rank-${rank}/reducer-state.msgpack`
+
+const moduleUrl = (spec: string): string => {
+  if (spec.startsWith("file:") || spec.startsWith("data:")) return spec
+  if (path.isAbsolute(spec)) return pathToFileURL(spec).href
+  return spec
+}
+
+const toBytes = (files: Readonly<Record<string, Uint8Array | string>>): Record<string, Uint8Array> => {
+  const out: Record<string, Uint8Array> = {}
+  for (const [k, v] of Object.entries(files)) {
+    if (typeof v === "string") out[k] = new TextEncoder().encode(v)
+    else if (v instanceof Uint8Array) out[k] = v
+    else throw new ConfigError({ field: `checkpoint.files["${k}"]`, reason: "a checkpoint file must be a Uint8Array or a string" })
+  }
+  return out
+}
+
+export const trainWorker = defineActor(
+  WorkerProtocol,
+  (ctx) => {
+    const args = ctx.args as WorkerArgs
+    let started = false
+    const run = async (): Promise<void> => {
+      const system = ctx.system
+      const controller = system.ref(ControllerProtocol, args.controller)
+      const { attempt, rank } = args
+      let nc: NatsConnection | undefined
+      let cnc: NatsConnection | undefined
+      let comm: Communicator | undefined
+      try {
+        const { tf, backend } = await loadEngine(args.backend as BackendKind | "auto")
+        const c = args.connection
+        // The server this process's agent connected it to first: on a multi-machine cluster that
+        // is the node's own nats-server, so collective traffic enters the cluster next to the
+        // worker (and hierarchical/topology-aware choices see the real servers) instead of every
+        // rank dialling the driver's address. The job's servers stay as fallbacks.
+        const own = system.nc.getServer()
+        const ownUrl = own && !/^[a-z]+:\/\//.test(own) ? `nats://${own}` : own
+        const open = (role: string) =>
+          connect({
+            servers: [...new Set([...(ownUrl ? [ownUrl] : []), ...c.servers])],
+            noRandomize: true,
+            name: `gradwire ${system.job} rank ${rank} ${role}`,
+            noEcho: true,
+            maxReconnectAttempts: -1,
+            reconnectTimeWait: 250,
+            ...(c.user !== undefined ? { user: c.user, pass: c.password ?? "" } : {}),
+            ...(c.token !== undefined ? { token: c.token } : {}),
+            ...(c.creds !== undefined ? { authenticator: credsAuthenticator(fs.readFileSync(c.creds)) } : {})
+          })
+        // Two connections: bulk data, and credits/acks, which must not queue behind this rank's own
+        // outgoing megabytes (on one connection large all-reduces run at about half the speed).
+        ;[nc, cnc] = await Promise.all([open("collectives"), open("collective control")])
+        comm = await Communicator.create({
+          nc,
+          controlNc: cnc,
+          cluster: system.cluster,
+          job: system.job,
+          group: args.group,
+          rank,
+          worldSize: args.worldSize,
+          node: args.nodes[rank],
+          timeoutMs: args.collective.timeoutMs
+        })
+        const compression = parseCompressionConfig(args.collective.compression, "collectiveConfig.compression")
+        // Timeline events (only with runConfig.timeline), shipped to the controller in batches.
+        const trace: TraceEvent[] = []
+        const timeline = args.timeline
+        // algorithm / compression 'auto': probe the group's links, pick per bucket (auto-config.ts).
+        const reducer = new AutoGradientReducer(comm, {
+          ...(await prepareAutoCollectives({
+            nc, comm, cluster: system.cluster, job: system.job, algorithm: args.collective.algorithm, compression, log: ctx.log,
+            ...(rank === 0
+              ? { onExplain: (e, summary) => void system.tellPromise(controller, "explain", { attempt, text: e.text, json: e.json, summary }).catch(() => {}) }
+              : {})
+          })),
+          wire: args.collective.wireDtype === "float16" ? "f16" : "f32",
+          bucketBytes: args.collective.bucketSizeMiB * 1024 * 1024,
+          firstBucketBytes: args.collective.firstBucketSizeMiB * 1024 * 1024,
+          ...(timeline
+            ? {
+                // A bucket's row: the whole bucket, then its compression (encodeMs, measured from the
+                // bucket's start) and the exchange that follows it, nested inside.
+                onBucket: (b) => {
+                  const tid = tidOfBucket(b.bucket)
+                  const info = { step: currentStep, bytes: b.bytes, algorithm: b.algorithm, encodeMs: b.encodeMs }
+                  trace.push(spanEvent(`bucket ${b.bucket}`, b.startMs, b.endMs, tid, info, "allreduce"))
+                  const split = Math.min(b.endMs, b.startMs + b.encodeMs)
+                  if (b.encodeMs > 0) trace.push(spanEvent("compress", b.startMs, split, tid, { step: currentStep }, "allreduce"))
+                  trace.push(spanEvent(`all-reduce (${b.algorithm})`, split, b.endMs, tid, { step: currentStep, bytes: b.bytes }, "allreduce"))
+                }
+              }
+            : {})
+        })
+        const flushTrace = (): void => {
+          if (trace.length === 0) return
+          void system.tellPromise(controller, "trace", { attempt, rank, events: trace.splice(0) }).catch(() => {})
+        }
+        let lastProgress = 0
+        let processed = 0
+        let computeMs = 0
+        let commMs = 0
+        let applyMs = 0
+        let currentStep = 0
+        // Every step's [step, forward/backward ms, all-reduce ms, apply ms] since the last progress
+        // message: the report's compute/communication split, whether or not the timeline is on.
+        let stepTimes: number[][] = []
+        const observer: StepObserver = {
+          phase: (name, start, end, step) => {
+            currentStep = step
+            if (name === "forward_backward") reducer.noteCompute((computeMs = end - start))
+            else if (name === "allreduce") commMs = end - start
+            else if (name === "apply") applyMs = end - start
+            else if (name === "step") stepTimes.push([step, computeMs, commMs, applyMs])
+            if (timeline) trace.push(spanEvent(name, start, end, TID_STEP, { step }))
+          },
+          wait: (name, start, end) => {
+            if (timeline) trace.push(spanEvent(name, start, end, TID_WAITS, undefined, "wait"))
+          }
+        }
+        const context = new TrainContext({
+          tf,
+          backend,
+          rank,
+          worldSize: args.worldSize,
+          localRank: args.localRank,
+          localWorldSize: args.localWorldSize,
+          nodeRank: args.nodeRank,
+          attempt,
+          seed: args.seed,
+          communicator: comm,
+          reducer,
+          adaptiveBatching: args.collective.adaptiveBatching === true,
+          observer,
+          onStep: (info) => {
+            processed += info.samples
+            const now = performance.now()
+            if (now - lastProgress < PROGRESS_EVERY_MS && info.step + 1 < info.stepsPerEpoch) return
+            lastProgress = now
+            const steps = stepTimes
+            stepTimes = []
+            void system
+              .tellPromise(controller, "progress", { attempt, rank, ...info, samples: processed, computeMs, commMs, stepTimes: steps })
+              .catch(() => {})
+            flushTrace()
+          },
+          sendReport: async (index, metrics, checkpoint: Checkpoint | undefined) => {
+            const state = reducer.state()
+            const hasState = Object.keys(state.residuals).length > 0 || state.powersgd !== undefined
+            flushTrace()
+            const t0 = performance.now()
+            await system.askPromise(
+              controller,
+              "report",
+              {
+                attempt,
+                rank,
+                index,
+                metrics: { ...metrics, ...context.prepared?.batchingMetrics() },
+                ...(checkpoint ? { checkpoint: { files: toBytes(checkpoint.files), metadata: { ...checkpoint.metadata } } } : {}),
+                ...(hasState ? { aux: { [residualFile(rank)]: encodeMessage(state) } } : {})
+              },
+              { timeoutMs: 120_000 }
+            )
+            // report() returns once the controller holds every byte (the upload; writing to
+            // storage happens in the background) and has this rank's metrics: the wait in report().
+            if (timeline) {
+              const bytes = checkpoint ? Object.values(checkpoint.files).reduce((n, f) => n + (typeof f === "string" ? f.length : f.byteLength), 0) : 0
+              trace.push(spanEvent(checkpoint ? "checkpoint upload" : "report", t0, performance.now(), TID_WAITS, { report: index, ...(checkpoint ? { bytes } : {}) }, "wait"))
+            }
+          },
+          fetchCheckpoint: async () => {
+            const got = await system.askPromise(controller, "checkpoint", null, { timeoutMs: 120_000 })
+            if (!got) return undefined
+            const own = got.payload.files[residualFile(rank)]
+            if (own) {
+              try {
+                reducer.restore(decodeMessage(own) as Parameters<GradientReducer["restore"]>[0])
+              } catch (e) {
+                ctx.log.warn(`rank ${rank}: could not restore compression state from the checkpoint: ${String(e)}`)
+              }
+            }
+            return { files: got.payload.files, metadata: got.payload.metadata, path: got.path, metrics: got.metrics }
+          },
+          fetchDataset: async (name) => {
+            const d = await system.askPromise(controller, "dataset", { name }, { timeoutMs: 120_000 })
+            return makeDataset(d.x, d.y, d.featureShape, d.numClasses)
+          }
+        })
+        const mod = (await import(moduleUrl(args.loopModule))) as Record<string, unknown>
+        const fn = mod[args.loopExport]
+        if (typeof fn !== "function") {
+          const fns = Object.keys(mod).filter((k) => typeof mod[k] === "function")
+          throw new ConfigError({
+            field: "trainLoopPerWorker",
+            reason: `export "${args.loopExport}" of ${args.loopModule} is not a function; functions it exports: ${fns.join(", ") || "none"}`
+          })
+        }
+        await (fn as (config: unknown, ctx: TrainContext) => unknown)(args.loopConfig, context)
+        flushTrace()
+        await system.tellPromise(controller, "finished", { attempt, rank, reports: context.reportCount })
+      } catch (e) {
+        const f = toWireFailure(e)
+        ctx.log.error(`rank ${rank}: the training loop failed: ${f.tag}: ${f.message}`)
+        const blamed = blamedRanks(e).filter((r) => r !== rank)
+        await system
+          .tellPromise(controller, "failed", { attempt, rank, tag: f.tag, message: f.message, stack: f.stack, ...(blamed.length ? { blamed: [...blamed] } : {}) })
+          .catch(() => {})
+      } finally {
+        await comm?.close().catch(() => {})
+        await nc?.flush().catch(() => {})
+        await nc?.close().catch(() => {})
+        await cnc?.close().catch(() => {})
+        await system.nc.flush().catch(() => {})
+        ctx.stop({ drain: false, reason: "loop ended" })
+      }
+    }
+    return {
+      run: () => {
+        if (!started) {
+          started = true
+          void run()
+        }
+        return null
+      }
+    }
+  },
+  { args: WorkerArgs }
+)
+
+export default trainWorker

@@ -1,0 +1,77 @@
+// The folders are layers, and imports only go down them: core at the bottom; collectives and
+// scheduler on core; the actor runtime on those; the node side on the runtime; observability of a
+// run on core alone; training on all of them; the CLI and the root entry on top. This reads every
+// source file's imports and fails naming the file and the import that goes up or sideways.
+import { describe, expect, it } from "vitest"
+import * as fs from "node:fs"
+import * as path from "node:path"
+import { fileURLToPath } from "node:url"
+
+const ROOT = fileURLToPath(new URL("../", import.meta.url))
+
+/** Each layer, by folder prefix (most specific first), and the layers it may import. */
+const LAYERS: ReadonlyArray<readonly [string, ReadonlyArray<string>]> = [
+  ["core/", ["core/"]],
+  ["collectives/", ["core/", "collectives/"]],
+  ["scheduler/", ["core/", "scheduler/"]],
+  ["actors/runtime/", ["core/", "scheduler/", "actors/runtime/"]],
+  ["actors/node/", ["core/", "scheduler/", "actors/runtime/", "actors/node/"]],
+  ["actors/train/observe/", ["core/", "actors/train/observe/"]],
+  ["actors/train/", ["core/", "collectives/", "scheduler/", "actors/runtime/", "actors/node/", "actors/train/"]],
+  ["actors/", ["core/", "collectives/", "scheduler/", "actors/"]]
+]
+
+const layerOf = (file: string): readonly [string, ReadonlyArray<string>] | undefined => LAYERS.find(([prefix]) => file.startsWith(prefix))
+
+const sourceFiles = (dir: string): string[] =>
+  fs.readdirSync(path.join(ROOT, dir), { withFileTypes: true }).flatMap((e) => {
+    const rel = path.posix.join(dir, e.name)
+    if (e.isDirectory()) return sourceFiles(rel)
+    return /\.(ts|mjs)$/.test(e.name) ? [rel] : []
+  })
+
+const importsOf = (file: string): string[] => {
+  const src = fs.readFileSync(path.join(ROOT, file), "utf8")
+  const out: string[] = []
+  for (const m of src.matchAll(/(?:^|\n)\s*(?:import|export)\b[^;]*?\bfrom\s*"(\.{1,2}\/[^"]+)"/g)) out.push(m[1])
+  for (const m of src.matchAll(/\bimport\(\s*"(\.{1,2}\/[^"]+)"\s*\)/g)) out.push(m[1])
+  return out.map((spec) => path.posix.normalize(path.posix.join(path.posix.dirname(file), spec)))
+}
+
+describe("layout", () => {
+  const files = ["core", "collectives", "scheduler", "actors"].flatMap(sourceFiles)
+
+  it("finds the layers' files", () => {
+    expect(files.length).toBeGreaterThan(80)
+    for (const f of files) expect(layerOf(f), `${f} is in no layer`).toBeDefined()
+  })
+
+  it("imports only go down the layers", () => {
+    const wrong: string[] = []
+    for (const f of files) {
+      const [, allowed] = layerOf(f)!
+      for (const target of importsOf(f)) {
+        if (!allowed.some((a) => target.startsWith(a))) wrong.push(`${f} imports ${target}`)
+      }
+    }
+    expect(wrong).toEqual([])
+  })
+
+  it("every folder says what lives there and what it may import", () => {
+    for (const dir of ["core", "collectives", "scheduler", "actors", "actors/runtime", "actors/node", "actors/train", "actors/train/observe"]) {
+      const readme = path.join(ROOT, dir, "README.md")
+      expect(fs.existsSync(readme), `${dir}/README.md`).toBe(true)
+      expect(fs.readFileSync(readme, "utf8")).toMatch(/may import/i)
+    }
+  })
+
+  it("the checker sees an import that goes up", () => {
+    const tmp = path.join(ROOT, "core", "__layout_probe.tmp.ts")
+    fs.writeFileSync(tmp, 'import { Trainer } from "../actors/train/trainer.ts"\nexport const x = Trainer\n')
+    try {
+      expect(importsOf("core/__layout_probe.tmp.ts")).toEqual(["actors/train/trainer.ts"])
+    } finally {
+      fs.rmSync(tmp)
+    }
+  })
+})
