@@ -1,10 +1,22 @@
 // The trainer's failure policy: given what went wrong with the worker group and how many restarts
-// were already spent, decide whether to restart from the latest checkpoint or give up. Pure, so
-// the controller only carries decisions out.
+// were already spent, decide whether to restart or give up. Pure, so the controller
+// (controller.ts) only carries decisions out.
+//
+// What counts toward failureConfig.maxFailures: failures of the job itself (a worker that crashed
+// or hung, an exception in the loop). Failures of the infrastructure (a lost node, a NATS outage)
+// do not: they are bounded by their own deadlines (placementTimeoutMs to get capacity back,
+// natsOutageTimeoutMs for the bus), and spot machines leaving must not use up a run's restarts.
+// An infrastructure failure does count when it repeats without progress in between: after
+// MAX_INFRA_RESTARTS_WITHOUT_PROGRESS such restarts with no completed report round, the next one
+// is counted like any other failure, so a flapping cluster cannot loop forever.
 
 export type FailureKind =
-  /** The worker process died (crash, kill -9, lost node, missed heartbeats). */
+  /** The worker process died (crash, kill -9, missed heartbeats). */
   | "died"
+  /** The node a worker ran on was lost (its agent stopped heartbeating or left). */
+  | "node-lost"
+  /** The NATS connection was lost while the group ran. */
+  | "bus"
   /** The user's loop threw. */
   | "loop-error"
   /** Ranks called report() a different number of times: restarting would do the same again. */
@@ -22,32 +34,53 @@ export interface GroupFailure {
 }
 
 export type Decision =
-  | { readonly action: "restart"; readonly failuresSoFar: number }
+  | { readonly action: "restart"; readonly counted: boolean; readonly failuresSoFar: number }
   | { readonly action: "fail"; readonly reason: string }
 
-const RETRYABLE: ReadonlySet<FailureKind> = new Set(["died", "loop-error"])
+const RETRYABLE: ReadonlySet<FailureKind> = new Set(["died", "loop-error", "node-lost", "bus"])
+const INFRASTRUCTURE: ReadonlySet<FailureKind> = new Set(["node-lost", "bus"])
+
+/** Infrastructure restarts in a row without a completed report round before they count. */
+export const MAX_INFRA_RESTARTS_WITHOUT_PROGRESS = 3
 
 /** Errors that say the user's code or config is wrong, however often it is retried. */
 const NON_RETRYABLE_TAGS: ReadonlySet<string> = new Set(["ConfigError", "SyntaxError", "ERR_MODULE_NOT_FOUND"])
 
+export const isInfrastructure = (failure: GroupFailure): boolean => INFRASTRUCTURE.has(failure.kind)
+
 /**
- * `failuresSoFar` counts earlier restarts. maxFailures -1 means no limit (Ray's semantics), 0 means
- * the first failure ends the run.
+ * `failuresSoFar` counts earlier counted restarts. maxFailures -1 means no limit (Ray's semantics),
+ * 0 means the first counted failure ends the run.
  */
-export const decide = (failure: GroupFailure, failuresSoFar: number, maxFailures: number): Decision => {
+export const decide = (
+  failure: GroupFailure,
+  failuresSoFar: number,
+  maxFailures: number,
+  context: { readonly infrastructureRestartsWithoutProgress?: number } = {}
+): Decision => {
   if (!RETRYABLE.has(failure.kind) || NON_RETRYABLE_TAGS.has(failure.tag)) {
     return { action: "fail", reason: `not retryable (${failure.kind === "loop-error" ? failure.tag : failure.kind})` }
   }
+  if (isInfrastructure(failure) && (context.infrastructureRestartsWithoutProgress ?? 0) < MAX_INFRA_RESTARTS_WITHOUT_PROGRESS) {
+    return { action: "restart", counted: false, failuresSoFar }
+  }
   if (maxFailures >= 0 && failuresSoFar >= maxFailures) {
+    const repeated = isInfrastructure(failure)
+      ? `; the ${failure.kind === "bus" ? "NATS bus" : "cluster"} failed ${MAX_INFRA_RESTARTS_WITHOUT_PROGRESS + 1} times without a completed report round in between`
+      : ""
     return {
       action: "fail",
-      reason: maxFailures === 0
-        ? "failureConfig.maxFailures is 0 (set it above 0, or -1 for no limit, to restart from the latest checkpoint)"
-        : `failureConfig.maxFailures (${maxFailures}) restarts already used`
+      reason:
+        (maxFailures === 0
+          ? "failureConfig.maxFailures is 0 (set it above 0, or -1 for no limit, to restart from the latest checkpoint)"
+          : `failureConfig.maxFailures (${maxFailures}) restarts already used`) + repeated
     }
   }
-  return { action: "restart", failuresSoFar: failuresSoFar + 1 }
+  return { action: "restart", counted: true, failuresSoFar: failuresSoFar + 1 }
 }
 
-/** The trainer's states; transitions are logged and kept in Result.attempts. */
-export type TrainerState = "scheduling" | "running" | "restarting" | "finished" | "errored"
+/**
+ * The trainer's states. Every transition is written to events.jsonl and passed to the
+ * onStateChange callbacks.
+ */
+export type TrainerState = "scheduling" | "running" | "restarting" | "resizing" | "finished" | "errored"

@@ -1,0 +1,120 @@
+// The cluster a fit() runs on: an embedded one (a nats-server and a local node agent started here
+// and stopped when the run ends) or a cluster started with `gradwire start`, joined by address.
+import * as os from "node:os"
+import type { NatsConnection } from "@nats-io/nats-core"
+import { ClusterConfig } from "../../core/config.ts"
+import { openNats } from "../../core/connection.ts"
+import { launchNatsServer, type NatsServerProcess } from "../../core/nats-server.ts"
+import { resolvable } from "../../core/engine.ts"
+import type { ConnectionSpec } from "../../core/connection-spec.ts"
+import { ClusterView, openClusterView } from "../../scheduler/cluster-view.ts"
+import { launchAgent, type NodeAgent } from "../node/agent.ts"
+import { silentLogger, stderrLogger } from "../runtime/log.ts"
+
+/** The cluster a fit() runs on: embedded (started and stopped here) or joined. */
+export interface ClusterHandle {
+  readonly nc: NatsConnection
+  readonly clusterName: string
+  readonly connection: ConnectionSpec
+  readonly view: ClusterView
+  readonly embedded: boolean
+  close(): Promise<void>
+}
+
+const localBackends = (): Array<"tensorflow-gpu" | "tensorflow" | "wasm" | "cpu"> => {
+  const out: Array<"tensorflow-gpu" | "tensorflow" | "wasm" | "cpu"> = []
+  if (resolvable("@tensorflow/tfjs-node-gpu")) out.push("tensorflow-gpu")
+  if (resolvable("@tensorflow/tfjs-node")) out.push("tensorflow")
+  out.push("wasm", "cpu")
+  return out
+}
+
+/**
+ * The embedded cluster sizes its one node to the job, the way `ray.init(num_cpus=...)` would: a
+ * 2-core laptop can still run 4 CPU workers (they share the cores). GPUs are never invented.
+ */
+export const startEmbeddedCluster = async (
+  verbose: boolean,
+  output: (line: string) => void,
+  cpusNeeded: number,
+  jetstreamStoreDir?: string
+): Promise<ClusterHandle> => {
+  const server: NatsServerProcess = await launchNatsServer({
+    maxPayload: 8 * 1024 * 1024,
+    ...(jetstreamStoreDir !== undefined ? { jetstreamStoreDir } : {})
+  })
+  let agent: NodeAgent | undefined
+  let opened: Awaited<ReturnType<typeof openNats>> | undefined
+  try {
+    opened = await openNats({ servers: server.url, name: "gradwire driver" })
+    const connection: ConnectionSpec = { servers: [server.url] }
+    const agentConn = await openNats({ servers: server.url, name: "gradwire local agent" })
+    agent = await launchAgent({
+      nc: agentConn.nc,
+      connection,
+      cluster: "local",
+      nodeId: "local",
+      head: true,
+      backends: localBackends(),
+      log: verbose ? stderrLogger("agent") : silentLogger,
+      ownerTimeoutMs: 5_000,
+      numCpus: Math.max(os.availableParallelism(), Math.ceil(cpusNeeded)),
+      output
+    })
+    const view = await openClusterView({ nc: opened.nc, cluster: "local" })
+    await view.waitFor((nodes) => nodes.some((n) => n.state === "alive"), 10_000)
+    const o = opened
+    const a = agent
+    return {
+      nc: o.nc,
+      clusterName: "local",
+      connection,
+      view,
+      embedded: true,
+      close: async () => {
+        view.close()
+        await a.stop("run finished").catch(() => {})
+        await agentConn.close().catch(() => {})
+        await o.close().catch(() => {})
+        await server.stop()
+      }
+    }
+  } catch (e) {
+    await agent?.stop().catch(() => {})
+    await opened?.close().catch(() => {})
+    await server.stop()
+    throw e
+  }
+}
+
+export const joinCluster = async (c: ClusterConfig): Promise<ClusterHandle> => {
+  const connection: ConnectionSpec = {
+    servers: [c.address],
+    ...(c.user !== undefined ? { user: c.user, password: c.password ?? "" } : {}),
+    ...(c.token !== undefined ? { token: c.token } : {}),
+    ...(c.credsFile !== undefined ? { creds: c.credsFile } : {})
+  }
+  const opened = await openNats({
+    servers: c.address,
+    name: "gradwire driver",
+    ...(c.user !== undefined ? { user: c.user, pass: c.password ?? "" } : {}),
+    ...(c.token !== undefined ? { token: c.token } : {}),
+    ...(c.credsFile !== undefined ? { creds: c.credsFile } : {}),
+    ...(c.nkeySeed !== undefined ? { nkey: c.nkeySeed } : {})
+  })
+  const clusterName = c.clusterName ?? "default"
+  const view = await openClusterView({ nc: opened.nc, cluster: clusterName })
+  await view.refresh().catch(() => {})
+  return {
+    nc: opened.nc,
+    clusterName,
+    connection,
+    view,
+    embedded: false,
+    close: async () => {
+      view.close()
+      await opened.close()
+    }
+  }
+}
+

@@ -1,0 +1,361 @@
+// The trainer's controller as a state machine with no I/O: it takes what the workers, the cluster
+// and the bus say (reports, finished/failed notices, worker deaths, lost nodes, NATS outages,
+// capacity that came back) and turns them into the run's state (scheduling -> running ->
+// restarting | resizing -> ... -> finished | errored), completed report rounds, and the decision
+// at the end of each generation of the worker group: finish, fail, restart (from the latest
+// checkpoint or from surviving peers) or resize. trainer.ts carries the decisions out (spawning,
+// killing, saving); this module is unit-tested without processes (test/controller.test.ts).
+import { decide, isInfrastructure, type Decision, type GroupFailure, type TrainerState } from "./failure-policy.ts"
+
+export type { GroupFailure, TrainerState } from "./failure-policy.ts"
+
+/** A completed report round: every rank of the generation reported index `index`. */
+export interface CompletedRound<C> {
+  readonly attempt: number
+  readonly index: number
+  /** Every rank's metrics, by rank. */
+  readonly metrics: ReadonlyArray<Record<string, unknown>>
+  /** Rank 0's checkpoint when it handed one in, else the first rank's that did. */
+  readonly checkpoint: C | undefined
+  /** Per-rank files to add to the checkpoint (compression residuals). */
+  readonly aux: Readonly<Record<string, Uint8Array>>
+}
+
+/** How a generation of the worker group ended. */
+export type Outcome =
+  | { readonly type: "finished" }
+  | { readonly type: "failed"; readonly failure: GroupFailure }
+  /** Capacity changed (elastic): end at a report boundary and start again at `size` workers. */
+  | { readonly type: "resize"; readonly size: number; readonly reason: string }
+
+/** What the controller does after a generation ended. */
+export type Next =
+  | { readonly action: "finish" }
+  | { readonly action: "fail"; readonly failure: GroupFailure; readonly reason: string }
+  | {
+      readonly action: "restart"
+      /** Why: the failure, or the resize. */
+      readonly cause: { readonly type: "failure"; readonly failure: GroupFailure } | { readonly type: "resize"; readonly size: number; readonly reason: string }
+      /** Whether this restart used one of failureConfig.maxFailures. */
+      readonly counted: boolean
+      /** The world size to ask for: min..max with elasticity, numWorkers without. */
+      readonly size: { readonly min: number; readonly max: number }
+    }
+
+export interface ControllerOptions {
+  /** failureConfig.maxFailures: -1 no limit, 0 the first (counted) failure ends the run. */
+  readonly maxFailures: number
+  /** World size bounds: equal without elasticity. */
+  readonly minWorkers: number
+  readonly maxWorkers: number
+}
+
+export type ControllerEvent<C> =
+  | { readonly type: "state"; readonly from: TrainerState; readonly to: TrainerState; readonly attempt: number }
+  | { readonly type: "round"; readonly round: CompletedRound<C> }
+
+interface Round<C> {
+  readonly metrics: Array<Record<string, unknown> | undefined>
+  checkpoint: C | undefined
+  checkpointRank: number
+  readonly aux: Record<string, Uint8Array>
+  count: number
+}
+
+/** The messages a rank sends during a generation. */
+export interface ReportMessage<C> {
+  readonly attempt: number
+  readonly rank: number
+  readonly index: number
+  readonly metrics: Record<string, unknown>
+  readonly checkpoint?: C
+  readonly aux?: Readonly<Record<string, Uint8Array>>
+}
+
+/** One generation of the worker group (an "attempt"): its size, its report rounds, its outcome. */
+export class Generation<C> {
+  readonly number: number
+  readonly worldSize: number
+  readonly rounds = new Map<number, Round<C>>()
+  /** Ranks whose loop returned, with how many reports each made. */
+  readonly finished = new Map<number, number>()
+  completedRounds = 0
+  /** Whether a round with a checkpoint completed in this generation. */
+  checkpointed = false
+  settled = false
+  readonly outcome: Promise<Outcome>
+  #resolve!: (o: Outcome) => void
+  #settledWith: Outcome | undefined
+
+  constructor(number: number, worldSize: number) {
+    this.number = number
+    this.worldSize = worldSize
+    this.outcome = new Promise((resolve) => (this.#resolve = resolve))
+  }
+
+  /** The outcome, once settled. */
+  get result(): Outcome | undefined {
+    return this.#settledWith
+  }
+
+  /** The first outcome wins; later ones are ignored. */
+  settle(o: Outcome): void {
+    if (this.settled) return
+    this.settled = true
+    this.#settledWith = o
+    this.#resolve(o)
+  }
+}
+
+export class Controller<C = unknown> {
+  readonly options: ControllerOptions
+  #state: TrainerState = "scheduling"
+  #attempt = 0
+  #counted = 0
+  #infraWithoutProgress = 0
+  #current: Generation<C> | undefined
+  #pendingResize: { size: number; reason: string } | undefined
+  readonly #listener: (e: ControllerEvent<C>) => void
+
+  constructor(options: ControllerOptions, listener: (e: ControllerEvent<C>) => void = () => {}) {
+    if (!(options.minWorkers >= 1 && options.maxWorkers >= options.minWorkers)) {
+      throw new RangeError(`worker bounds must satisfy 1 <= min <= max, got ${options.minWorkers}..${options.maxWorkers}`)
+    }
+    this.options = options
+    this.#listener = listener
+  }
+
+  get state(): TrainerState {
+    return this.#state
+  }
+
+  /** The current generation's number (0 for the first). */
+  get attempt(): number {
+    return this.#attempt
+  }
+
+  /** Restarts that used failureConfig.maxFailures so far. */
+  get countedFailures(): number {
+    return this.#counted
+  }
+
+  get current(): Generation<C> | undefined {
+    return this.#current
+  }
+
+  get elastic(): boolean {
+    return this.options.maxWorkers > this.options.minWorkers
+  }
+
+  /** The world sizes to place for the next generation. */
+  get wantedSize(): { min: number; max: number } {
+    return { min: this.options.minWorkers, max: this.options.maxWorkers }
+  }
+
+  #to(to: TrainerState): void {
+    const from = this.#state
+    if (from === to) return
+    if (from === "finished" || from === "errored") throw new Error(`controller: no transition out of ${from} (to ${to})`)
+    this.#state = to
+    this.#listener({ type: "state", from, to, attempt: this.#attempt })
+  }
+
+  /** The group is placed with `worldSize` workers: a new generation runs. */
+  begin(worldSize: number): Generation<C> {
+    if (this.#state !== "scheduling") throw new Error(`controller: begin() while ${this.#state}`)
+    if (!(worldSize >= this.options.minWorkers && worldSize <= this.options.maxWorkers)) {
+      throw new RangeError(`controller: world size ${worldSize} outside ${this.options.minWorkers}..${this.options.maxWorkers}`)
+    }
+    this.#pendingResize = undefined
+    const g = new Generation<C>(this.#attempt, worldSize)
+    this.#current = g
+    this.#to("running")
+    return g
+  }
+
+  #live(attempt: number): Generation<C> | undefined {
+    const g = this.#current
+    return g && g.number === attempt && !g.settled && this.#state === "running" ? g : undefined
+  }
+
+  /** A rank's report. Completes the round when every rank of the generation has reported it. */
+  report(msg: ReportMessage<C>): void {
+    const g = this.#live(msg.attempt)
+    if (!g || msg.rank < 0 || msg.rank >= g.worldSize) return
+    for (const [rank, count] of g.finished) {
+      if (msg.index >= count) {
+        this.fail(g, {
+          kind: "report-mismatch",
+          rank: msg.rank,
+          tag: "ReportMismatch",
+          message:
+            `rank ${msg.rank} called report() more than ${count} times, but rank ${rank} finished after ${count} report() calls: ` +
+            "every rank must call report() the same number of times"
+        })
+        return
+      }
+    }
+    let round = g.rounds.get(msg.index)
+    if (!round) {
+      round = { metrics: new Array(g.worldSize).fill(undefined), checkpoint: undefined, checkpointRank: -1, aux: {}, count: 0 }
+      g.rounds.set(msg.index, round)
+    }
+    if (round.metrics[msg.rank] === undefined) round.count++
+    round.metrics[msg.rank] = msg.metrics
+    // Rank 0's checkpoint wins when several ranks hand one in (as in Ray, usually only rank 0 does).
+    if (msg.checkpoint !== undefined && (round.checkpoint === undefined || msg.rank === 0 || msg.rank < round.checkpointRank)) {
+      round.checkpoint = msg.checkpoint
+      round.checkpointRank = msg.rank
+    }
+    if (msg.aux) Object.assign(round.aux, msg.aux)
+    if (round.count < g.worldSize) return
+    g.rounds.delete(msg.index)
+    g.completedRounds = Math.max(g.completedRounds, msg.index + 1)
+    if (round.checkpoint !== undefined) g.checkpointed = true
+    this.#infraWithoutProgress = 0
+    this.#listener({
+      type: "round",
+      round: { attempt: g.number, index: msg.index, metrics: round.metrics.map((m) => m ?? {}), checkpoint: round.checkpoint, aux: round.aux }
+    })
+    // A pending resize takes effect at a report boundary that left a checkpoint to resume from.
+    const resize = this.#pendingResize
+    if (resize && round.checkpoint !== undefined && resize.size !== g.worldSize) g.settle({ type: "resize", ...resize })
+  }
+
+  /** A rank's loop returned after `reports` report() calls. */
+  finished(msg: { readonly attempt: number; readonly rank: number; readonly reports: number }): void {
+    const g = this.#live(msg.attempt)
+    if (!g || msg.rank < 0 || msg.rank >= g.worldSize) return
+    g.finished.set(msg.rank, msg.reports)
+    const counts = new Set(g.finished.values())
+    const highest = Math.max(g.completedRounds, ...[...g.rounds.keys()].map((k) => k + 1))
+    if (counts.size > 1 || msg.reports < highest) {
+      const [r0, c0] = [...g.finished.entries()].find(([, c]) => c !== msg.reports) ?? [-1, highest]
+      this.fail(g, {
+        kind: "report-mismatch",
+        rank: msg.rank,
+        tag: "ReportMismatch",
+        message:
+          `rank ${msg.rank} finished after ${msg.reports} report() calls but ${r0 >= 0 ? `rank ${r0} made ${c0}` : `other ranks reported ${c0} times`}: ` +
+          "every rank must call report() the same number of times"
+      })
+      return
+    }
+    if (g.finished.size === g.worldSize) g.settle({ type: "finished" })
+  }
+
+  /** A rank's loop threw. `blamed`: ranks a collective error on it names (dead or stalled peers). */
+  failed(msg: {
+    readonly attempt: number
+    readonly rank: number
+    readonly tag: string
+    readonly message: string
+    readonly stack: string
+    readonly blamed?: ReadonlyArray<number>
+  }): void {
+    const g = this.#live(msg.attempt)
+    if (!g) return
+    const blamed = msg.blamed?.[0]
+    if (blamed !== undefined) {
+      this.fail(g, {
+        kind: "died",
+        rank: blamed,
+        tag: msg.tag,
+        message: `rank ${blamed} stopped taking part in collectives (reported by rank ${msg.rank}: ${msg.message})`,
+        remoteStack: msg.stack
+      })
+      return
+    }
+    const kind = msg.tag === "ConfigError" ? "config" : "loop-error"
+    this.fail(g, { kind, rank: msg.rank, tag: msg.tag, message: msg.message, remoteStack: msg.stack })
+  }
+
+  /**
+   * A rank's process went down (exit, missed heartbeats, lost node). A rank that already finished
+   * its loop may exit; that is not a failure.
+   */
+  workerDown(attempt: number, rank: number, down: { readonly reason: string; readonly detail: string }): void {
+    const g = this.#live(attempt)
+    if (!g || g.finished.has(rank)) return
+    this.fail(g, {
+      kind: down.reason === "node-lost" ? "node-lost" : "died",
+      rank,
+      tag: down.reason,
+      message: down.detail
+    })
+  }
+
+  /** Ends the current generation with a failure (the first outcome wins). */
+  fail(g: Generation<C> | undefined, failure: GroupFailure): void {
+    const live = g ?? this.#current
+    if (live && !live.settled && live === this.#current) live.settle({ type: "failed", failure })
+  }
+
+  /**
+   * Capacity changed: the cluster can now hold `size` workers (elastic runs only). Growing takes
+   * effect at the next report round that carries a checkpoint; a size equal to the current one
+   * cancels a pending resize.
+   */
+  capacity(size: number, reason: string): void {
+    if (!this.elastic || this.#state !== "running") return
+    const g = this.#current
+    const clamped = Math.min(this.options.maxWorkers, size)
+    if (!g || clamped <= g.worldSize) {
+      this.#pendingResize = undefined
+      return
+    }
+    this.#pendingResize = { size: clamped, reason }
+  }
+
+  /** A resize waiting for the next report boundary with a checkpoint, if any. */
+  get pendingResize(): { readonly size: number; readonly reason: string } | undefined {
+    return this.#pendingResize
+  }
+
+  /**
+   * The generation ended with `outcome` (and its workers are gone): decides what happens next and
+   * moves to finished, errored, or restarting then scheduling.
+   */
+  next(outcome: Outcome): Next {
+    const g = this.#current
+    if (this.#state !== "running" || !g) throw new Error(`controller: next() while ${this.#state}`)
+    if (outcome.type === "finished") {
+      this.#to("finished")
+      return { action: "finish" }
+    }
+    if (outcome.type === "resize") {
+      this.#to("resizing")
+      this.#attempt++
+      this.#to("scheduling")
+      return {
+        action: "restart",
+        cause: { type: "resize", size: outcome.size, reason: outcome.reason },
+        counted: false,
+        size: { min: this.options.minWorkers, max: Math.max(this.options.minWorkers, Math.min(this.options.maxWorkers, outcome.size)) }
+      }
+    }
+    const failure = outcome.failure
+    const infra = isInfrastructure(failure)
+    const progressed = g.completedRounds > 0
+    const decision: Decision = decide(failure, this.#counted, this.options.maxFailures, {
+      infrastructureRestartsWithoutProgress: infra ? (progressed ? 0 : this.#infraWithoutProgress) : 0
+    })
+    if (decision.action === "fail") {
+      this.#to("errored")
+      return { action: "fail", failure, reason: decision.reason }
+    }
+    if (decision.counted) this.#counted = decision.failuresSoFar
+    if (infra) this.#infraWithoutProgress = progressed ? 0 : this.#infraWithoutProgress + 1
+    this.#to("restarting")
+    this.#attempt++
+    this.#to("scheduling")
+    return { action: "restart", cause: { type: "failure", failure }, counted: decision.counted, size: this.wantedSize }
+  }
+
+  /** Ends the run as errored outside a generation (placement, the bus, an interrupt). */
+  abort(): void {
+    if (this.#state === "finished" || this.#state === "errored") return
+    this.#current?.settle({ type: "failed", failure: { kind: "config", rank: -1, tag: "Aborted", message: "the run was aborted" } })
+    this.#to("errored")
+  }
+}

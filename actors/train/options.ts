@@ -1,0 +1,145 @@
+// The Trainer's options as users give them, and their resolution: every config validated (a bad
+// value is a ConfigError naming the field) and defaulted before anything starts.
+import * as path from "node:path"
+import { pathToFileURL } from "node:url"
+import {
+  ClusterConfig,
+  CollectiveConfig,
+  RunConfig,
+  ScalingConfig,
+  defaultStoragePath,
+  parseTrainLoopRef,
+  type TrainLoopRef
+} from "../../core/config.ts"
+import { decodeConfig } from "../../core/validate.ts"
+import { ConfigError } from "../../core/errors.ts"
+import type { ArrayDataset } from "../../core/datasets.ts"
+import { parseCompressionConfig } from "../../collectives/compression/index.ts"
+import type { WorkerArgs } from "./train-protocol.ts"
+import type { GroupFailure, TrainerState } from "./failure-policy.ts"
+import type { TrainContext } from "./train-context.ts"
+
+export type TrainLoop<C = unknown> = (config: C, ctx: TrainContext) => unknown | Promise<unknown>
+
+export interface TrainerCallbacks {
+  /** After every report round (all ranks reported): rank 0's metrics and every rank's. */
+  onReport?(info: { index: number; metrics: Record<string, unknown>; perRank: ReadonlyArray<Record<string, unknown>> }): void | Promise<void>
+  onCheckpoint?(info: { path: string; metrics: Record<string, unknown> }): void | Promise<void>
+  onRestart?(info: { attempt: number; failure: GroupFailure }): void | Promise<void>
+  onStateChange?(info: { from: TrainerState; to: TrainerState; attempt: number }): void
+  /** Step progress of a rank (rate-limited by the workers to a few per second, plus each epoch's last step). */
+  onProgress?(info: { attempt: number; rank: number; epoch: number; step: number; stepsPerEpoch: number; samples: number; loss: number }): void
+}
+
+export interface TrainerOptions {
+  /** The loop each worker runs: "./train.ts#trainLoop", a URL, or { module, export }. Not a closure. */
+  readonly trainLoopPerWorker: string | URL | TrainLoopRef | TrainLoop
+  readonly trainLoopConfig?: unknown
+  readonly scalingConfig: ScalingConfig
+  readonly runConfig?: RunConfig & { callbacks?: ReadonlyArray<TrainerCallbacks> }
+  /** Named in-memory datasets; each worker reads its shard with ctx.getDatasetShard(name). */
+  readonly datasets?: Readonly<Record<string, ArrayDataset>>
+  readonly collectiveConfig?: CollectiveConfig
+  /** Omitted: an embedded local cluster. { address }: a cluster started with `gradwire start`. */
+  readonly cluster?: ClusterConfig
+  /** A checkpoint directory or nats-obj:// checkpoint to start from (default: the run's latest, when the run exists). */
+  readonly resumeFromCheckpoint?: string
+  /** Seed of the data shuffles. */
+  readonly seed?: number
+}
+
+export interface Resolved {
+  readonly loop: TrainLoopRef & { export: string }
+  readonly loopConfig: unknown
+  readonly scaling: ScalingConfig
+  readonly run: RunConfig
+  readonly callbacks: ReadonlyArray<TrainerCallbacks>
+  readonly collective: WorkerArgs["collective"]
+  readonly cluster: ClusterConfig | undefined
+  readonly datasets: Readonly<Record<string, ArrayDataset>>
+  readonly name: string
+  readonly runDir: string
+  readonly resumeFrom: string | undefined
+  readonly maxFailures: number
+  readonly seed: number
+}
+
+const TOP_LEVEL = new Set([
+  "trainLoopPerWorker",
+  "trainLoopConfig",
+  "scalingConfig",
+  "runConfig",
+  "datasets",
+  "collectiveConfig",
+  "cluster",
+  "resumeFromCheckpoint",
+  "seed"
+])
+
+const resolveModule = (module: string): string => {
+  if (/^[a-z]+:/.test(module)) return module
+  if (path.isAbsolute(module) || module.startsWith(".")) return pathToFileURL(path.resolve(module)).href
+  return module
+}
+
+const checkDataset = (name: string, ds: unknown): ArrayDataset => {
+  const d = ds as Partial<ArrayDataset> | undefined
+  if (!d || !(d.x instanceof Float32Array) || !(d.y instanceof Int32Array) || !Array.isArray(d.featureShape)) {
+    throw new ConfigError({
+      field: `datasets.${name}`,
+      reason: "a dataset is { x: Float32Array, y: Int32Array, featureShape: number[], size, numClasses } (see makeDataset / loadDigits)"
+    })
+  }
+  return d as ArrayDataset
+}
+
+/** Validates everything before anything starts; throws ConfigError naming the field. */
+export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
+  if (typeof options !== "object" || options === null) {
+    throw new ConfigError({ field: "Trainer", reason: "pass an options object: new Trainer({ trainLoopPerWorker, scalingConfig, ... })" })
+  }
+  for (const key of Object.keys(options)) {
+    if (!TOP_LEVEL.has(key)) throw new ConfigError({ field: key, reason: `unknown option; allowed: ${[...TOP_LEVEL].join(", ")}` })
+  }
+  const ref = parseTrainLoopRef(options.trainLoopPerWorker)
+  if (options.scalingConfig === undefined) throw new ConfigError({ field: "scalingConfig", reason: "required, e.g. { numWorkers: 4 }" })
+  const scaling = decodeConfig(ScalingConfig, options.scalingConfig, "scalingConfig")
+  const { callbacks, ...runRest } = options.runConfig ?? {}
+  const run = decodeConfig(RunConfig, runRest, "runConfig")
+  if (callbacks !== undefined && (!Array.isArray(callbacks) || callbacks.some((c) => typeof c !== "object" || c === null))) {
+    throw new ConfigError({ field: "runConfig.callbacks", reason: "an array of objects with optional onReport/onCheckpoint/onRestart/onStateChange methods" })
+  }
+  const coll = decodeConfig(CollectiveConfig, options.collectiveConfig ?? {}, "collectiveConfig")
+  const compression = parseCompressionConfig(coll.compression, "collectiveConfig.compression")
+  const cluster = options.cluster === undefined ? undefined : decodeConfig(ClusterConfig, options.cluster, "cluster")
+  const datasets: Record<string, ArrayDataset> = {}
+  for (const [k, v] of Object.entries(options.datasets ?? {})) datasets[k] = checkDataset(k, v)
+  const name = run.name ?? `gradwire_${new Date().toISOString().replace(/[-:]/g, "").replace(/\..*$/, "").replace("T", "_")}`
+  const storage = path.resolve(run.storagePath ?? defaultStoragePath())
+  if (options.seed !== undefined && !Number.isInteger(options.seed)) throw new ConfigError({ field: "seed", reason: `an integer, got ${String(options.seed)}` })
+  return {
+    loop: { module: resolveModule(ref.module), export: ref.export ?? "default" },
+    loopConfig: options.trainLoopConfig ?? {},
+    scaling,
+    run,
+    callbacks: (callbacks ?? []) as ReadonlyArray<TrainerCallbacks>,
+    collective: {
+      // 'auto' (the default) is resolved on the workers from the measured topology (actors/train/auto-config.ts).
+      algorithm: coll.algorithm ?? "auto",
+      compression,
+      adaptiveBatching: coll.adaptiveBatching ?? false,
+      bucketSizeMiB: coll.bucketSizeMiB ?? 25,
+      firstBucketSizeMiB: coll.firstBucketSizeMiB ?? 1,
+      wireDtype: coll.wireDtype ?? "float32",
+      timeoutMs: coll.timeoutMs ?? 30_000
+    },
+    cluster,
+    datasets,
+    name,
+    runDir: path.join(storage, name),
+    resumeFrom: options.resumeFromCheckpoint,
+    maxFailures: run.failureConfig?.maxFailures ?? 0,
+    seed: options.seed ?? 0
+  }
+}
+

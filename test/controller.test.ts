@@ -1,0 +1,189 @@
+// The controller state machine (actors/train/controller.ts), without processes: report rounds,
+// the outcome of a generation, restart decisions and what counts toward maxFailures, elastic
+// resizes at report boundaries, and messages from old generations.
+import { describe, expect, it } from "vitest"
+import { Controller, type ControllerEvent, type Outcome } from "../actors/train/controller.ts"
+import { MAX_INFRA_RESTARTS_WITHOUT_PROGRESS, decide } from "../actors/train/failure-policy.ts"
+
+type Ckpt = { readonly tag: string }
+
+const make = (opts: { maxFailures?: number; min?: number; max?: number } = {}) => {
+  const events: Array<ControllerEvent<Ckpt>> = []
+  const c = new Controller<Ckpt>({ maxFailures: opts.maxFailures ?? 0, minWorkers: opts.min ?? 2, maxWorkers: opts.max ?? opts.min ?? 2 }, (e) => events.push(e))
+  const states = () => events.flatMap((e) => (e.type === "state" ? [e.to] : []))
+  const rounds = () => events.flatMap((e) => (e.type === "round" ? [e.round] : []))
+  return { c, events, states, rounds }
+}
+
+const settled = async (p: Promise<Outcome>): Promise<Outcome | "pending"> => Promise.race([p, new Promise<"pending">((r) => setTimeout(() => r("pending"), 10))])
+
+describe("controller: report rounds", () => {
+  it("completes a round when every rank reported it, preferring rank 0's checkpoint", async () => {
+    const { c, rounds } = make({ min: 3 })
+    const g = c.begin(3)
+    c.report({ attempt: 0, rank: 2, index: 0, metrics: { loss: 3 }, checkpoint: { tag: "r2" } })
+    c.report({ attempt: 0, rank: 1, index: 0, metrics: { loss: 2 } })
+    expect(rounds()).toHaveLength(0)
+    c.report({ attempt: 0, rank: 0, index: 0, metrics: { loss: 1 }, checkpoint: { tag: "r0" }, aux: { "a.bin": new Uint8Array([1]) } })
+    expect(rounds()).toHaveLength(1)
+    const r = rounds()[0]
+    expect(r.metrics.map((m) => m.loss)).toEqual([1, 2, 3])
+    expect(r.checkpoint).toEqual({ tag: "r0" })
+    expect(Object.keys(r.aux)).toEqual(["a.bin"])
+    expect(g.completedRounds).toBe(1)
+    expect(g.checkpointed).toBe(true)
+    // A repeated report of one rank does not complete a round by itself.
+    c.report({ attempt: 0, rank: 0, index: 1, metrics: {} })
+    c.report({ attempt: 0, rank: 0, index: 1, metrics: {} })
+    c.report({ attempt: 0, rank: 1, index: 1, metrics: {} })
+    expect(rounds()).toHaveLength(1)
+  })
+
+  it("finishes when every rank finished with the same number of reports", async () => {
+    const { c, states } = make()
+    const g = c.begin(2)
+    for (const rank of [0, 1]) c.report({ attempt: 0, rank, index: 0, metrics: {} })
+    c.finished({ attempt: 0, rank: 0, reports: 1 })
+    expect(await settled(g.outcome)).toBe("pending")
+    c.finished({ attempt: 0, rank: 1, reports: 1 })
+    expect(await g.outcome).toEqual({ type: "finished" })
+    expect(c.next({ type: "finished" })).toEqual({ action: "finish" })
+    expect(states()).toEqual(["running", "finished"])
+  })
+
+  it("fails with report-mismatch when ranks report a different number of times, either order", async () => {
+    const a = make()
+    const g = a.c.begin(2)
+    a.c.finished({ attempt: 0, rank: 0, reports: 0 })
+    a.c.report({ attempt: 0, rank: 1, index: 0, metrics: {} })
+    const o = await g.outcome
+    expect(o.type === "failed" && o.failure.kind).toBe("report-mismatch")
+    expect(a.c.next(o)).toMatchObject({ action: "fail", reason: expect.stringContaining("not retryable") })
+    expect(a.states()).toEqual(["running", "errored"])
+
+    const b = make()
+    const h = b.c.begin(2)
+    for (const rank of [0, 1]) b.c.report({ attempt: 0, rank, index: 0, metrics: {} })
+    b.c.finished({ attempt: 0, rank: 1, reports: 1 })
+    b.c.finished({ attempt: 0, rank: 0, reports: 2 })
+    const o2 = await h.outcome
+    expect(o2.type === "failed" && o2.failure.message).toMatch(/rank 0 finished after 2 report\(\) calls but rank 1 made 1/)
+  })
+})
+
+describe("controller: failures and restarts", () => {
+  it("a worker death restarts while maxFailures allows, counting each, then fails", async () => {
+    const { c, states } = make({ maxFailures: 2 })
+    for (let i = 0; i < 3; i++) {
+      const g = c.begin(2)
+      expect(g.number).toBe(i)
+      c.workerDown(i, 1, { reason: "exited", detail: "killed by SIGKILL" })
+      const o = await g.outcome
+      expect(o).toMatchObject({ type: "failed", failure: { kind: "died", rank: 1 } })
+      const next = c.next(o)
+      if (i < 2) expect(next).toMatchObject({ action: "restart", counted: true, size: { min: 2, max: 2 } })
+      else expect(next).toMatchObject({ action: "fail", reason: expect.stringContaining("maxFailures (2)") })
+    }
+    expect(c.countedFailures).toBe(2)
+    expect(states()).toEqual(["running", "restarting", "scheduling", "running", "restarting", "scheduling", "running", "errored"])
+  })
+
+  it("names the peer a collective error blames, and ignores a finished rank's exit", async () => {
+    const { c } = make({ min: 3 })
+    const g = c.begin(3)
+    c.finished({ attempt: 0, rank: 2, reports: 0 })
+    c.workerDown(0, 2, { reason: "exited", detail: "exit 0" })
+    expect(await settled(g.outcome)).toBe("pending")
+    c.failed({ attempt: 0, rank: 0, tag: "PeerUnreachable", message: "no data from rank 1", stack: "", blamed: [1] })
+    expect(await g.outcome).toMatchObject({ type: "failed", failure: { kind: "died", rank: 1, message: expect.stringContaining("reported by rank 0") } })
+  })
+
+  it("a ConfigError in the loop is not retried", async () => {
+    const { c } = make({ maxFailures: -1 })
+    const g = c.begin(2)
+    c.failed({ attempt: 0, rank: 0, tag: "ConfigError", message: "bad", stack: "" })
+    expect(c.next(await g.outcome)).toMatchObject({ action: "fail" })
+  })
+
+  it("ignores messages of an older generation", async () => {
+    const { c, rounds } = make({ maxFailures: 1 })
+    const g0 = c.begin(2)
+    c.workerDown(0, 0, { reason: "exited", detail: "x" })
+    c.next(await g0.outcome)
+    const g1 = c.begin(2)
+    c.report({ attempt: 0, rank: 0, index: 0, metrics: {} })
+    c.report({ attempt: 0, rank: 1, index: 0, metrics: {} })
+    c.workerDown(0, 1, { reason: "exited", detail: "late notice from the old group" })
+    c.failed({ attempt: 0, rank: 1, tag: "Error", message: "old", stack: "" })
+    expect(rounds()).toHaveLength(0)
+    expect(await settled(g1.outcome)).toBe("pending")
+  })
+
+  it("lost nodes and bus outages do not count toward maxFailures, unless they repeat without progress", async () => {
+    const { c } = make({ maxFailures: 0 })
+    // With progress in between, any number of infrastructure failures restart without counting.
+    for (let i = 0; i < MAX_INFRA_RESTARTS_WITHOUT_PROGRESS + 2; i++) {
+      const g = c.begin(2)
+      for (const rank of [0, 1]) c.report({ attempt: g.number, rank, index: 0, metrics: {} })
+      c.workerDown(g.number, 0, { reason: "node-lost", detail: "node a stopped heartbeating" })
+      expect(c.next(await g.outcome)).toMatchObject({ action: "restart", counted: false })
+    }
+    // Without progress: MAX of them restart, the next one counts (and maxFailures 0 ends the run).
+    for (let i = 0; i < MAX_INFRA_RESTARTS_WITHOUT_PROGRESS; i++) {
+      const g = c.begin(2)
+      c.fail(g, { kind: "bus", rank: -1, tag: "NatsDisconnected", message: "lost the connection" })
+      expect(c.next(await g.outcome)).toMatchObject({ action: "restart", counted: false })
+    }
+    const g = c.begin(2)
+    c.fail(g, { kind: "bus", rank: -1, tag: "NatsDisconnected", message: "lost the connection" })
+    expect(c.next(await g.outcome)).toMatchObject({ action: "fail", reason: expect.stringContaining("without a completed report round") })
+  })
+
+  it("decide() is pure: the same inputs give the same decision", () => {
+    const f = { kind: "died", rank: 0, tag: "exited", message: "" } as const
+    expect(decide(f, 0, -1)).toEqual({ action: "restart", counted: true, failuresSoFar: 1 })
+    expect(decide(f, 5, 5)).toMatchObject({ action: "fail" })
+    expect(decide({ ...f, kind: "node-lost" }, 5, 5)).toEqual({ action: "restart", counted: false, failuresSoFar: 5 })
+  })
+})
+
+describe("controller: elastic sizes", () => {
+  it("grows at the next report round that carries a checkpoint, without counting a failure", async () => {
+    const { c, states } = make({ min: 2, max: 4 })
+    expect(c.elastic).toBe(true)
+    const g = c.begin(2)
+    c.capacity(4, "node b joined")
+    expect(c.pendingResize).toEqual({ size: 4, reason: "node b joined" })
+    for (const rank of [0, 1]) c.report({ attempt: 0, rank, index: 0, metrics: {} })
+    expect(await settled(g.outcome)).toBe("pending")
+    for (const rank of [0, 1]) c.report({ attempt: 0, rank, index: 1, metrics: {}, ...(rank === 0 ? { checkpoint: { tag: "c1" } } : {}) })
+    const o = await g.outcome
+    expect(o).toEqual({ type: "resize", size: 4, reason: "node b joined" })
+    expect(c.next(o)).toMatchObject({ action: "restart", counted: false, cause: { type: "resize", size: 4 }, size: { min: 2, max: 4 } })
+    expect(states()).toEqual(["running", "resizing", "scheduling"])
+    expect(c.countedFailures).toBe(0)
+  })
+
+  it("capacity no larger than the group cancels a pending resize; fixed-size runs ignore capacity", async () => {
+    const { c } = make({ min: 2, max: 4 })
+    c.begin(3)
+    c.capacity(4, "x")
+    c.capacity(3, "y")
+    expect(c.pendingResize).toBeUndefined()
+    const fixed = make({ min: 2 })
+    fixed.c.begin(2)
+    fixed.c.capacity(4, "z")
+    expect(fixed.c.pendingResize).toBeUndefined()
+  })
+
+  it("refuses world sizes outside the bounds and transitions out of a final state", async () => {
+    const { c } = make({ min: 2, max: 4 })
+    expect(() => c.begin(5)).toThrow(/outside 2..4/)
+    const g = c.begin(4)
+    c.finished({ attempt: 0, rank: 0, reports: 0 })
+    for (const rank of [1, 2, 3]) c.finished({ attempt: 0, rank, reports: 0 })
+    c.next(await g.outcome)
+    expect(() => c.begin(2)).toThrow(/begin\(\) while finished/)
+    expect(() => new Controller({ maxFailures: 0, minWorkers: 3, maxWorkers: 2 })).toThrow(RangeError)
+  })
+})
