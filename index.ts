@@ -8,7 +8,18 @@ export * from "./core/config.ts"
 export { launchNatsServer, launchNatsCluster, startNatsServer } from "./core/nats-server.ts"
 export { openNats, connectNats, Nats, NatsLayer } from "./core/connection.ts"
 export { encodeMessage, decodeMessage, wireTensor, WireTensor } from "./core/wire.ts"
-export { Trainer, TrainingFailed, type Result, type TrainerOptions, type CheckpointInfo, type TrainerCallbacks } from "./actors/train/trainer.ts"
+export {
+  Trainer,
+  TrainingFailed,
+  Interrupted,
+  resultOf,
+  type Result,
+  type FitError,
+  type TrainerOptions,
+  type CheckpointInfo,
+  type TrainerCallbacks
+} from "./actors/train/trainer.ts"
+export type { Resize, CheckpointError, BusOutage } from "./actors/train/result.ts"
 export { TrainContext, DatasetShard, type Checkpoint, type ReportOptions } from "./actors/train/train-context.ts"
 export { DataParallelModel } from "./actors/train/data-parallel.ts"
 export { Communicator } from "./collectives/communicator.ts"

@@ -20,8 +20,21 @@ export type PlacementStrategy = typeof PlacementStrategy.Type
 export const BackendName = Schema.Literals(["auto", "tensorflow-gpu", "tensorflow", "wasm", "cpu"])
 export type BackendName = typeof BackendName.Type
 
+/** Elastic bounds: the group runs with as many workers as fit, at least min, at most max. */
+export const WorkerRange = Schema.Struct({ min: PositiveInt, max: PositiveInt }).check(
+  Schema.makeFilter((r) => r.min <= r.max || `Expected min <= max, got { min: ${r.min}, max: ${r.max} }`)
+)
+
 export const ScalingConfig = Schema.Struct({
-  numWorkers: PositiveInt,
+  /** A number, or { min, max } for an elastic group (Ray Train v2's num_workers=(min, max)). */
+  numWorkers: Schema.Union([PositiveInt, WorkerRange]),
+  /**
+   * With elastic numWorkers, what stays fixed when the group's size changes: "keep-global" (the
+   * default) keeps the global batch (a per-rank batchSize is the one at max workers; fewer workers
+   * take larger batches), "keep-per-worker" keeps each rank's batch and scales the optimizer's
+   * learning rate by size / max (the linear scaling rule).
+   */
+  elasticBatch: Schema.optional(Schema.Literals(["keep-global", "keep-per-worker"])),
   useGpu: Schema.optional(Schema.Boolean),
   /** Resources each worker needs, e.g. { CPU: 2 } or { GPU: 1, memory: 4e9 }. Default { GPU: 1 } with useGpu, else { CPU: 1 }. */
   resourcesPerWorker: Schema.optional(Schema.Record(Schema.String, NonNegative)),
@@ -32,7 +45,10 @@ export const ScalingConfig = Schema.Struct({
   backend: Schema.optional(BackendName),
   /** Label selector: a worker goes only to nodes whose labels include all of these. */
   nodeLabels: Schema.optional(Schema.Record(Schema.String, Schema.String)),
-  /** How long to wait for resources before failing (0: fail at once when infeasible). */
+  /**
+   * How long to wait for resources before failing with PlacementInfeasible (default 60 s). A first
+   * placement that the cluster could not hold even when idle fails at once unless this is given.
+   */
   placementTimeoutMs: Schema.optional(NonNegative)
 })
 export type ScalingConfig = typeof ScalingConfig.Type
@@ -56,8 +72,13 @@ export const CheckpointConfig = Schema.Struct({
 export type CheckpointConfig = typeof CheckpointConfig.Type
 
 export const FailureConfig = Schema.Struct({
-  /** Restarts allowed after worker failures; -1 means no limit. Default 0. */
-  maxFailures: Schema.optional(Schema.Int.check(Schema.isGreaterThanOrEqualTo(-1)))
+  /**
+   * Restarts allowed after failures of the job (a worker crashed or hung, the loop threw); -1 means
+   * no limit. Default 0. Lost nodes and NATS outages do not count (see actors/train/failure-policy.ts).
+   */
+  maxFailures: Schema.optional(Schema.Int.check(Schema.isGreaterThanOrEqualTo(-1))),
+  /** How long any gradwire process waits for a lost NATS connection to come back. Default 60 s. */
+  natsOutageTimeoutMs: Schema.optional(Schema.Int.check(Schema.isGreaterThanOrEqualTo(1)))
 })
 export type FailureConfig = typeof FailureConfig.Type
 

@@ -37,6 +37,21 @@ export class NatsConnectError extends Schema.TaggedError<NatsConnectError>()("Na
   }
 }
 
+/** The NATS connection was lost and did not come back within the outage deadline. */
+export class NatsUnavailable extends Schema.TaggedError<NatsUnavailable>()("NatsUnavailable", {
+  servers: Schema.String,
+  outageMs: Schema.Number,
+  timeoutMs: Schema.Number,
+  hint: Schema.String
+}) {
+  override get message(): string {
+    return (
+      `lost the NATS connection to ${this.servers} for ${Math.round(this.outageMs / 100) / 10} s, longer than ` +
+      `failureConfig.natsOutageTimeoutMs (${this.timeoutMs} ms): ${this.hint}`
+    )
+  }
+}
+
 /** A NATS operation (publish, subscribe, request, flush) failed. */
 export class NatsOperationError extends Schema.TaggedError<NatsOperationError>()("NatsOperationError", {
   operation: Schema.String,

@@ -537,6 +537,11 @@ export class NatsServerProcess implements RunningNatsServer {
     return this.#pid
   }
 
+  /** True once stop() was called: the server will not run again. */
+  get stopped(): boolean {
+    return this.#stopping !== undefined
+  }
+
   /** True while the server process is up. */
   get running(): boolean {
     return this.#guardian !== undefined && !this.#guardian.exited && this.#pid > 0 && pidAlive(this.#pid)

@@ -45,7 +45,6 @@ const fit = async (name: string, compression: CompressionConfig): Promise<Result
     datasets: { train, test },
     collectiveConfig: { compression }
   }).fit()
-  expect(r.error).toBeUndefined()
   expect(r.metricsHistory.map((m) => m.epoch)).toEqual(Array.from({ length: LOOP_CONFIG.epochs }, (_, i) => i))
   // every rank applied the same reduced gradient
   expect(new Set(r.metricsPerRank.at(-1)!.map((m) => m.weights)).size).toBe(1)

@@ -31,7 +31,6 @@ describe("heterogeneity-aware batching and automatic choice in a Trainer run", (
       datasets: { train },
       collectiveConfig: { adaptiveBatching: true, compression: "auto" }
     }).fit()
-    expect(r.error).toBeUndefined()
     const last = r.metricsPerRank.at(-1)!
     expect(new Set(last.map((m) => m.weights)).size).toBe(1)
     const m = r.metrics!

@@ -4,7 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
-import { Trainer, TrainingFailed, loadDigits, trainTestSplit, type ArrayDataset, type Result } from "../index.ts"
+import { Trainer, TrainingFailed, loadDigits, resultOf, trainTestSplit, type ArrayDataset, type Result } from "../index.ts"
 import { ConfigError } from "../core/errors.ts"
 import { PlacementInfeasible } from "../scheduler/placement.ts"
 import { liveNatsServerPids } from "../core/nats-server.ts"
@@ -34,6 +34,19 @@ const fit = (name: string, loopConfig: Record<string, unknown>, extra: Record<st
     ...Object.fromEntries(Object.entries(extra).filter(([k]) => k !== "runConfig"))
   }).fit()
 
+/** fit() for a run that must fail: its rejection, a TrainingFailed carrying the partial Result. */
+const fitFails = async (name: string, loopConfig: Record<string, unknown>, extra: Record<string, unknown> = {}): Promise<TrainingFailed> => {
+  const e = await fit(name, loopConfig, extra).then(
+    () => new Error("fit() resolved, but this run was expected to fail"),
+    (e: unknown) => e
+  )
+  expect(e).toBeInstanceOf(TrainingFailed)
+  const failed = e as TrainingFailed
+  // One channel: the rejection carries what the run achieved.
+  expect(failed.result.path).toContain(name)
+  return failed
+}
+
 const sameWeights = (r: Result): boolean => new Set(r.metricsPerRank.at(-1)!.map((m) => m.weights)).size === 1
 
 describe("Trainer", () => {
@@ -41,7 +54,6 @@ describe("Trainer", () => {
 
   it("trains the digits MLP on 4 workers to >= 90% held-out accuracy with identical weights on every rank", async () => {
     baseline = await fit("baseline", { epochs: 8 })
-    expect(baseline.error).toBeUndefined()
     expect(baseline.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4, 5, 6, 7])
     expect(baseline.metrics!.val_accuracy as number).toBeGreaterThanOrEqual(0.9)
     expect(baseline.metricsPerRank.every((round) => round.length === 4)).toBe(true)
@@ -55,7 +67,6 @@ describe("Trainer", () => {
 
   it("recovers from kill -9 of a worker: restarts from the latest checkpoint and finishes every epoch", async () => {
     const r = await fit("killed", { epochs: 8, fail: { how: "kill", rank: 2, epoch: 4 } }, { runConfig: { failureConfig: { maxFailures: 2 } } })
-    expect(r.error).toBeUndefined()
     expect(r.restarts).toBe(1)
     // Rounds 0-3 from the first attempt, then 4-7 after resuming from checkpoint 3.
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4, 5, 6, 7])
@@ -66,43 +77,40 @@ describe("Trainer", () => {
   })
 
   it("gives up past maxFailures and says which rank failed and why", async () => {
-    const r = await fit("always-dies", { epochs: 4, fail: { how: "kill", rank: 1, epoch: 1, attempt: -1 } }, { runConfig: { failureConfig: { maxFailures: 1 } } })
-    expect(r.error).toBeInstanceOf(TrainingFailed)
-    expect(r.error!.rank).toBe(1)
-    expect(r.error!.message).toMatch(/rank 1/)
-    expect(r.error!.message).toMatch(/maxFailures \(1\)/)
-    expect(r.restarts).toBe(1)
-    // What was saved before the failures is still there.
-    expect(r.checkpoint?.metrics.epoch).toBe(0)
+    const e = await fitFails("always-dies", { epochs: 4, fail: { how: "kill", rank: 1, epoch: 1, attempt: -1 } }, { runConfig: { failureConfig: { maxFailures: 1 } } })
+    expect(e.rank).toBe(1)
+    expect(e.message).toMatch(/rank 1/)
+    expect(e.message).toMatch(/maxFailures \(1\)/)
+    expect(e.result.restarts).toBe(1)
+    expect(e.result.countedFailures).toBe(1)
+    // What was saved before the failures is still there, and the rejection says where.
+    expect(e.result.checkpoint?.metrics.epoch).toBe(0)
+    expect(e.result.metricsHistory[0]?.epoch).toBe(0)
   })
 
   it("brings a user exception back with its remote stack trace", async () => {
-    const r = await fit("throws", { epochs: 3, fail: { how: "throw", rank: 3, epoch: 1 } })
-    expect(r.error).toBeInstanceOf(TrainingFailed)
-    expect(r.error!.remoteTag).toBe("RangeError")
-    expect(r.error!.message).toContain("injected failure on rank 3")
-    expect(r.error!.remoteStack).toContain("examples/digits/train.ts")
+    const e = await fitFails("throws", { epochs: 3, fail: { how: "throw", rank: 3, epoch: 1 } })
+    expect(e.remoteTag).toBe("RangeError")
+    expect(e.message).toContain("injected failure on rank 3")
+    expect(e.remoteStack).toContain("examples/digits/train.ts")
   })
 
   it("names a stalled rank when the others' collectives time out waiting for it", async () => {
-    const r = await fit("stalls", { epochs: 3, fail: { how: "hang", rank: 2, epoch: 1 } }, { collectiveConfig: { timeoutMs: 3_000 } })
-    expect(r.error).toBeInstanceOf(TrainingFailed)
-    expect(r.error!.rank).toBe(2)
-    expect(r.error!.message).toMatch(/rank 2 stopped taking part in collectives/)
+    const e = await fitFails("stalls", { epochs: 3, fail: { how: "hang", rank: 2, epoch: 1 } }, { collectiveConfig: { timeoutMs: 3_000 } })
+    expect(e.rank).toBe(2)
+    expect(e.message).toMatch(/rank 2 stopped taking part in collectives/)
   })
 
   it("detects ranks that call report() a different number of times instead of deadlocking", async () => {
-    const r = await fit("uneven", { epochs: 2, fail: { how: "extra-report", rank: 0, epoch: 1 } })
-    expect(r.error).toBeInstanceOf(TrainingFailed)
-    expect(r.error!.kind).toBe("report-mismatch")
-    expect(r.error!.message).toMatch(/same number of times/)
+    const e = await fitFails("uneven", { epochs: 2, fail: { how: "extra-report", rank: 0, epoch: 1 } })
+    expect(e.kind).toBe("report-mismatch")
+    expect(e.message).toMatch(/same number of times/)
   })
 
   it("resumes a run with the same name and storage path from its last checkpoint", async () => {
     const first = await fit("resumable", { epochs: 2 })
     expect(first.metricsHistory.map((m) => m.epoch)).toEqual([0, 1])
     const second = await fit("resumable", { epochs: 4 })
-    expect(second.error).toBeUndefined()
     expect(second.metricsHistory.map((m) => m.epoch)).toEqual([2, 3])
     expect(second.checkpoint?.path).toMatch(/checkpoint_000003$/)
   })
@@ -131,6 +139,8 @@ describe("Trainer", () => {
       .then(() => undefined, (e: unknown) => e)
     expect(err).toBeInstanceOf(PlacementInfeasible)
     expect(String((err as Error).message)).toMatch(/GPU/)
+    // The same channel as every other failure: the partial (here: empty) Result comes with it.
+    expect(resultOf(err)?.metricsHistory).toEqual([])
     expect(Date.now() - started).toBeLessThan(30_000)
   })
 })

@@ -136,7 +136,9 @@ export class CheckpointStore implements CheckpointStorage {
 
   /** Persists a checkpoint atomically and prunes to numToKeep; returns its entry. */
   async save(data: CheckpointData, metrics: Record<string, unknown>): Promise<CheckpointEntry> {
-    const index = this.nextIndex++
+    // The number is taken only once the checkpoint is in place: a failed write (full disk) that is
+    // retried gets the same one, so checkpoint numbers stay consecutive.
+    const index = this.nextIndex
     const name = checkpointName(index)
     const tmp = path.join(this.dir, `.tmp-${name}-${randomBytes(4).toString("hex")}`)
     await fs.mkdir(tmp, { recursive: true })
@@ -150,14 +152,22 @@ export class CheckpointStore implements CheckpointStorage {
       const final = path.join(this.dir, name)
       await fs.rm(final, { recursive: true, force: true })
       await fs.rename(tmp, final)
+      this.nextIndex = index + 1
     } catch (e) {
       await fs.rm(tmp, { recursive: true, force: true })
       throw e
     }
     const entry: CheckpointEntry = { name, path: path.join(this.dir, name), index, metrics, createdAt: Date.now() }
     this.entries.push(entry)
-    await this.prune()
-    await this.writeIndex()
+    try {
+      await this.prune()
+      await this.writeIndex()
+    } catch (e) {
+      // Not in the index, so it does not count: a retry writes it again under the same number.
+      this.entries = this.entries.filter((x) => x !== entry)
+      this.nextIndex = index
+      throw e
+    }
     return entry
   }
 

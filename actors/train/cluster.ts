@@ -5,6 +5,7 @@ import type { NatsConnection } from "@nats-io/nats-core"
 import { ClusterConfig } from "../../core/config.ts"
 import { openNats } from "../../core/connection.ts"
 import { launchNatsServer, type NatsServerProcess } from "../../core/nats-server.ts"
+import { superviseNatsServer, type NatsSupervision, type NatsSupervisionEvents } from "../../core/nats-supervisor.ts"
 import { resolvable } from "../../core/engine.ts"
 import type { ConnectionSpec } from "../../core/connection-spec.ts"
 import { ClusterView, openClusterView } from "../../scheduler/cluster-view.ts"
@@ -18,6 +19,12 @@ export interface ClusterHandle {
   readonly connection: ConnectionSpec
   readonly view: ClusterView
   readonly embedded: boolean
+  /** The servers, for messages (never with credentials). */
+  readonly where: string
+  /** What to check when the bus stays away (NatsUnavailable's hint). */
+  readonly outageHint: string
+  /** The supervision of the embedded nats-server (restarts it when it dies). */
+  readonly supervision?: NatsSupervision
   close(): Promise<void>
 }
 
@@ -33,22 +40,29 @@ const localBackends = (): Array<"tensorflow-gpu" | "tensorflow" | "wasm" | "cpu"
  * The embedded cluster sizes its one node to the job, the way `ray.init(num_cpus=...)` would: a
  * 2-core laptop can still run 4 CPU workers (they share the cores). GPUs are never invented.
  */
-export const startEmbeddedCluster = async (
-  verbose: boolean,
-  output: (line: string) => void,
-  cpusNeeded: number,
-  jetstreamStoreDir?: string
-): Promise<ClusterHandle> => {
+export const startEmbeddedCluster = async (options: {
+  readonly verbose: boolean
+  readonly output: (line: string) => void
+  readonly cpusNeeded: number
+  readonly jetstreamStoreDir?: string
+  /** Exits and restarts of the embedded nats-server, which is supervised for the run's length. */
+  readonly serverEvents?: NatsSupervisionEvents
+}): Promise<ClusterHandle> => {
+  const { verbose, output, cpusNeeded, jetstreamStoreDir } = options
   const server: NatsServerProcess = await launchNatsServer({
     maxPayload: 8 * 1024 * 1024,
     ...(jetstreamStoreDir !== undefined ? { jetstreamStoreDir } : {})
   })
   let agent: NodeAgent | undefined
   let opened: Awaited<ReturnType<typeof openNats>> | undefined
+  // Restarted on the same port and store dir when it dies; the driver and the agent reconnect.
+  const supervision = superviseNatsServer(server, options.serverEvents ?? {})
   try {
-    opened = await openNats({ servers: server.url, name: "gradwire driver" })
+    // Long-lived connections reconnect for as long as it takes; the driver's outage deadline
+    // (failureConfig.natsOutageTimeoutMs) decides when to give up.
+    opened = await openNats({ servers: server.url, name: "gradwire driver", maxReconnectAttempts: -1 })
     const connection: ConnectionSpec = { servers: [server.url] }
-    const agentConn = await openNats({ servers: server.url, name: "gradwire local agent" })
+    const agentConn = await openNats({ servers: server.url, name: "gradwire local agent", maxReconnectAttempts: -1 })
     agent = await launchAgent({
       nc: agentConn.nc,
       connection,
@@ -71,7 +85,13 @@ export const startEmbeddedCluster = async (
       connection,
       view,
       embedded: true,
+      where: `the embedded nats-server (${server.url})`,
+      outageHint:
+        `the embedded nats-server could not be restarted (its log: ${server.dir}/server.log); ` +
+        "check free disk space and memory, and that nothing else took its port",
+      supervision,
       close: async () => {
+        supervision.stop()
         view.close()
         await a.stop("run finished").catch(() => {})
         await agentConn.close().catch(() => {})
@@ -80,6 +100,7 @@ export const startEmbeddedCluster = async (
       }
     }
   } catch (e) {
+    supervision.stop()
     await agent?.stop().catch(() => {})
     await opened?.close().catch(() => {})
     await server.stop()
@@ -100,7 +121,8 @@ export const joinCluster = async (c: ClusterConfig): Promise<ClusterHandle> => {
     ...(c.user !== undefined ? { user: c.user, pass: c.password ?? "" } : {}),
     ...(c.token !== undefined ? { token: c.token } : {}),
     ...(c.credsFile !== undefined ? { creds: c.credsFile } : {}),
-    ...(c.nkeySeed !== undefined ? { nkey: c.nkeySeed } : {})
+    ...(c.nkeySeed !== undefined ? { nkey: c.nkeySeed } : {}),
+    maxReconnectAttempts: -1
   })
   const clusterName = c.clusterName ?? "default"
   const view = await openClusterView({ nc: opened.nc, cluster: clusterName })
@@ -111,6 +133,10 @@ export const joinCluster = async (c: ClusterConfig): Promise<ClusterHandle> => {
     connection,
     view,
     embedded: false,
+    where: c.address.replace(/\/\/[^@/]*@/, "//"),
+    outageHint:
+      "check that nats-server is running there (on the head: `gradwire status`, or the head agent's log), " +
+      "that this machine can reach it, and the credentials",
     close: async () => {
       view.close()
       await opened.close()

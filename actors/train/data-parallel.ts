@@ -51,6 +51,12 @@ export interface GradientSync {
   allGather?(buf: Float32Array): Promise<Float32Array>
   /** collectiveConfig.adaptiveBatching: fit({ globalBatchSize }) splits by measured throughput. */
   readonly adaptiveBatching?: boolean
+  /**
+   * Elastic groups (scalingConfig.numWorkers { min, max }): "keep-global" scales a per-rank
+   * batchSize by maxWorkers / worldSize so the global batch stays that of the full group;
+   * "keep-per-worker" keeps the rank's batch and scales the learning rate by worldSize / maxWorkers.
+   */
+  readonly elastic?: { readonly maxWorkers: number; readonly batch: "keep-global" | "keep-per-worker" }
 }
 
 /**
@@ -217,8 +223,38 @@ export class DataParallelModel {
   /** Wraps a model and makes every rank start from rank 0's weights. */
   static async prepare(tf: Tf, model: LayersModel, sync: GradientSync, opts: PrepareOptions = {}, observer?: StepObserver): Promise<DataParallelModel> {
     const dp = new DataParallelModel(tf, model, sync, opts, observer)
+    dp.#applyElasticLearningRate()
     await dp.syncWeights()
     return dp
+  }
+
+  /** The learning rate's factor under the elastic "keep-per-worker" policy (1 otherwise). */
+  get learningRateScale(): number {
+    const e = this.#sync.elastic
+    return e && e.batch === "keep-per-worker" ? this.#sync.worldSize / e.maxWorkers : 1
+  }
+
+  /** Scales the optimizer's learning rate by worldSize / maxWorkers (the linear rule) for "keep-per-worker". */
+  #applyElasticLearningRate(): void {
+    const scale = this.learningRateScale
+    if (scale === 1) return
+    const o = this.optimizer as unknown as { learningRate?: unknown; setLearningRate?: (lr: number) => void }
+    if (typeof o.learningRate !== "number") {
+      throw new ConfigError({
+        field: "scalingConfig.elasticBatch",
+        reason: `"keep-per-worker" rescales the learning rate, but this optimizer has no numeric learningRate; use "keep-global"`
+      })
+    }
+    const lr = o.learningRate * scale
+    if (typeof o.setLearningRate === "function") o.setLearningRate(lr)
+    else o.learningRate = lr
+  }
+
+  /** A per-rank batch size as this group uses it: scaled up when an elastic group runs below its max size. */
+  #rankBatch(batchSize: number): number {
+    const e = this.#sync.elastic
+    if (!e || e.batch !== "keep-global" || this.#sync.worldSize >= e.maxWorkers) return batchSize
+    return Math.ceil((batchSize * e.maxWorkers) / this.#sync.worldSize)
   }
 
   /** Broadcasts rank 0's weights (trainable and not, e.g. batch-norm statistics) to every rank. */
@@ -414,7 +450,7 @@ export class DataParallelModel {
     const batcher = this.#batcher
     if (opts.globalBatchSize === undefined || !batcher) {
       const rows = source.rows(epoch)
-      const bs = opts.batchSize as number
+      const bs = this.#rankBatch(opts.batchSize as number)
       return { steps: Math.ceil(rows.length / bs), rowsOf: (i) => Array.prototype.slice.call(rows, i * bs, (i + 1) * bs) as number[] }
     }
     const B = opts.globalBatchSize
@@ -432,7 +468,8 @@ export class DataParallelModel {
 
   /** Heterogeneity-aware batching state for report(): per-rank batches, re-balances, stragglers. */
   batchingMetrics(): Record<string, number> {
-    return this.#batcher?.metrics() ?? {}
+    const e = this.#sync.elastic
+    return { ...this.#batcher?.metrics(), ...(e ? { world_size: this.#sync.worldSize, lr_scale: this.learningRateScale } : {}) }
   }
 
   /** Targets in the form the loss wants: one-hot for categoricalCrossentropy, class ids otherwise. */

@@ -215,11 +215,18 @@ export class ObjectCheckpointStore implements CheckpointStorage {
 
   /** Uploads a checkpoint's objects, then its index entry (last), and prunes to numToKeep. */
   async save(data: CheckpointData, metrics: Record<string, unknown>): Promise<CheckpointEntry> {
-    const index = this.nextIndex++
+    // The number is taken only once the checkpoint counts: a failed upload (object store full or
+    // down) that is retried gets the same one.
+    const index = this.nextIndex
     const name = checkpointName(index)
     const prefix = `${this.run}/${name}`
     const files = Object.keys(data.files).map((f) => [f, safeFileName(f)] as const)
     const written: string[] = []
+    const entry: CheckpointEntry = { name, path: this.url(name), index, metrics, createdAt: Date.now() }
+    const before = this.entries
+    const all = [...this.entries, entry]
+    const kept = keptBy(all, this.policy)
+    const drop = all.filter((e) => !kept.has(e.name))
     try {
       for (const [file, rel] of files) {
         written.push(`${prefix}/${rel}`)
@@ -228,19 +235,18 @@ export class ObjectCheckpointStore implements CheckpointStorage {
       const meta: MetaObject = { metadata: data.metadata, metrics, index, files: files.map(([, rel]) => rel) }
       written.push(`${prefix}/${CHECKPOINT_META}`)
       await this.os.putBlob({ name: `${prefix}/${CHECKPOINT_META}` }, utf8.encode(JSON.stringify(meta)))
+      this.files.set(name, files.map(([, rel]) => rel))
+      this.entries = all.filter((e) => kept.has(e.name))
+      // The index goes last: only now does the new checkpoint count, and the pruned ones stop
+      // counting before their objects go.
+      await this.writeIndex()
     } catch (e) {
+      this.entries = before
+      this.files.delete(name)
       for (const n of written) await deleteQuietly(this.os, n)
       throw e
     }
-    const entry: CheckpointEntry = { name, path: this.url(name), index, metrics, createdAt: Date.now() }
-    this.entries.push(entry)
-    this.files.set(name, files.map(([, rel]) => rel))
-    const kept = keptBy(this.entries, this.policy)
-    const drop = this.entries.filter((e) => !kept.has(e.name))
-    this.entries = this.entries.filter((e) => kept.has(e.name))
-    // The index goes last: only now does the new checkpoint count, and the pruned ones stop counting
-    // before their objects go.
-    await this.writeIndex()
+    this.nextIndex = index + 1
     for (const e of drop) {
       for (const f of this.files.get(e.name) ?? []) await deleteQuietly(this.os, `${this.run}/${e.name}/${f}`)
       await deleteQuietly(this.os, `${this.run}/${e.name}/${CHECKPOINT_META}`)

@@ -48,6 +48,12 @@ export interface TrainerOptions {
   readonly seed?: number
 }
 
+/** How long a process waits for a lost NATS connection (failureConfig.natsOutageTimeoutMs). */
+export const DEFAULT_NATS_OUTAGE_TIMEOUT_MS = 60_000
+
+/** How long a restart waits for capacity (scalingConfig.placementTimeoutMs). */
+export const DEFAULT_PLACEMENT_TIMEOUT_MS = 60_000
+
 export interface Resolved {
   readonly loop: TrainLoopRef & { export: string }
   readonly loopConfig: unknown
@@ -61,6 +67,11 @@ export interface Resolved {
   readonly runDir: string
   readonly resumeFrom: string | undefined
   readonly maxFailures: number
+  /** World size bounds (equal unless numWorkers is { min, max }). */
+  readonly minWorkers: number
+  readonly maxWorkers: number
+  readonly elasticBatch: "keep-global" | "keep-per-worker"
+  readonly natsOutageTimeoutMs: number
   readonly seed: number
 }
 
@@ -139,6 +150,10 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
     runDir: path.join(storage, name),
     resumeFrom: options.resumeFromCheckpoint,
     maxFailures: run.failureConfig?.maxFailures ?? 0,
+    minWorkers: typeof scaling.numWorkers === "number" ? scaling.numWorkers : scaling.numWorkers.min,
+    maxWorkers: typeof scaling.numWorkers === "number" ? scaling.numWorkers : scaling.numWorkers.max,
+    elasticBatch: scaling.elasticBatch ?? "keep-global",
+    natsOutageTimeoutMs: run.failureConfig?.natsOutageTimeoutMs ?? DEFAULT_NATS_OUTAGE_TIMEOUT_MS,
     seed: options.seed ?? 0
   }
 }

@@ -1,5 +1,10 @@
-// What fit() gives back: the Result of a run (metrics history, checkpoints, run directory), and
-// TrainingFailed, the error a failed run ends with.
+// What fit() gives back: the Result of a run (metrics history, checkpoints, restarts, resizes, the
+// run directory). fit() has one failure channel: it resolves with a Result only when training
+// completed, and otherwise rejects with a typed error that carries the partial Result as
+// `error.result`: TrainingFailed for failures during training, NatsUnavailable when the bus stayed
+// away past its deadline, PlacementInfeasible when the group could not be placed in time,
+// Interrupted on Ctrl-C. Only a ConfigError thrown before anything started has no result.
+import { Schema } from "effect"
 import type { GroupFailure } from "./failure-policy.ts"
 
 export interface CheckpointInfo {
@@ -7,7 +12,61 @@ export interface CheckpointInfo {
   readonly metrics: Record<string, unknown>
 }
 
-/** Why fit() ended without finishing. */
+/** A change of the group's size (elastic runs). */
+export interface Resize {
+  readonly time: string
+  /** The generation that starts at the new size. */
+  readonly attempt: number
+  readonly from: number
+  readonly to: number
+  readonly reason: string
+}
+
+/** A checkpoint that could not be written, after retries. */
+export interface CheckpointError {
+  readonly time: string
+  readonly round: number
+  readonly message: string
+  readonly attempts: number
+}
+
+/** A lost NATS connection of the driver that came back (or did not). */
+export interface BusOutage {
+  readonly time: string
+  readonly server: string
+  readonly ms: number
+  /** Whether gradwire restarted the server it supervises during the outage. */
+  readonly serverRestarted: boolean
+}
+
+export interface Result {
+  /** Rank 0's last reported metrics. */
+  readonly metrics: Record<string, unknown> | undefined
+  /** Rank 0's metrics, one entry per report round (as Ray keeps them). */
+  readonly metricsHistory: ReadonlyArray<Record<string, unknown>>
+  /** Every rank's metrics per round: metricsPerRank[round][rank]. */
+  readonly metricsPerRank: ReadonlyArray<ReadonlyArray<Record<string, unknown>>>
+  /** The latest checkpoint. */
+  readonly checkpoint: CheckpointInfo | undefined
+  /** Kept checkpoints, best first by checkpointConfig.scoreAttribute (newest first without one). */
+  readonly bestCheckpoints: ReadonlyArray<CheckpointInfo>
+  /** The run directory: metrics, config, logs, checkpoints. */
+  readonly path: string
+  /** Worker-group restarts after failures (of the job and of the infrastructure). */
+  readonly restarts: number
+  /** Restarts that used failureConfig.maxFailures. */
+  readonly countedFailures: number
+  /** Size changes of an elastic group. */
+  readonly resizes: ReadonlyArray<Resize>
+  /** Checkpoints that could not be written; training went on. */
+  readonly checkpointErrors: ReadonlyArray<CheckpointError>
+  /** Outages of the driver's NATS connection. */
+  readonly busOutages: ReadonlyArray<BusOutage>
+  /** Restarts of a nats-server gradwire supervises (the embedded cluster's). */
+  readonly natsServerRestarts: number
+}
+
+/** Why fit() rejected after training started: a failure of the job that the policy did not retry. */
 export class TrainingFailed extends Error {
   readonly _tag = "TrainingFailed"
   readonly rank: number
@@ -15,6 +74,8 @@ export class TrainingFailed extends Error {
   readonly remoteTag: string
   readonly remoteStack: string
   readonly attempts: number
+  /** What the run achieved before it failed. */
+  result!: Result
   constructor(failure: GroupFailure, attempts: number, decision: string) {
     super(
       `training failed on rank ${failure.rank} (${failure.kind === "loop-error" ? `${failure.tag} in the training loop` : failure.kind}): ` +
@@ -29,21 +90,22 @@ export class TrainingFailed extends Error {
   }
 }
 
-export interface Result {
-  /** Rank 0's last reported metrics. */
-  readonly metrics: Record<string, unknown> | undefined
-  /** Rank 0's metrics, one entry per report round (as Ray keeps them). */
-  readonly metricsHistory: ReadonlyArray<Record<string, unknown>>
-  /** Every rank's metrics per round: metricsPerRank[round][rank]. */
-  readonly metricsPerRank: ReadonlyArray<ReadonlyArray<Record<string, unknown>>>
-  /** The latest checkpoint. */
-  readonly checkpoint: CheckpointInfo | undefined
-  /** Kept checkpoints, best first by checkpointConfig.scoreAttribute (newest first without one). */
-  readonly bestCheckpoints: ReadonlyArray<CheckpointInfo>
-  readonly error: TrainingFailed | undefined
-  /** The run directory: metrics, config, logs, checkpoints. */
-  readonly path: string
-  /** Worker-group restarts after failures. */
-  readonly restarts: number
+/** fit() was interrupted (SIGINT/SIGTERM); every worker was stopped. */
+export class Interrupted extends Schema.TaggedError<Interrupted>()("Interrupted", { signal: Schema.String }) {
+  override get message(): string {
+    return `training was interrupted by ${this.signal}; every worker was stopped, checkpoints written so far are kept`
+  }
 }
 
+/** A rejection of fit() with the partial Result attached. */
+export type FitError = Error & { readonly result: Result }
+
+/** Attaches the partial Result to an error fit() rejects with. */
+export const withResult = <E extends object>(e: E, result: Result): E & { readonly result: Result } => {
+  Object.defineProperty(e, "result", { value: result, enumerable: false, configurable: true, writable: true })
+  return e as E & { readonly result: Result }
+}
+
+/** The partial Result of a fit() rejection, if it carries one. */
+export const resultOf = (e: unknown): Result | undefined =>
+  typeof e === "object" && e !== null && "result" in e ? ((e as { result?: Result }).result ?? undefined) : undefined

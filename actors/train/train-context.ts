@@ -64,6 +64,8 @@ export interface TrainContextDeps {
   readonly reducer: GradientReducer
   /** collectiveConfig.adaptiveBatching: fit({ globalBatchSize }) splits by measured throughput. */
   readonly adaptiveBatching?: boolean
+  /** Elastic groups: the largest world size and what stays fixed when the size changes. */
+  readonly elastic?: { readonly maxWorkers: number; readonly batch: "keep-global" | "keep-per-worker" }
   readonly observer?: StepObserver
   readonly sendReport: (index: number, metrics: Record<string, unknown>, checkpoint: Checkpoint | undefined) => Promise<void>
   readonly fetchCheckpoint: () => Promise<Checkpoint | undefined>
@@ -161,7 +163,8 @@ export class TrainContext {
         sum: (buf) => d.reducer.sum(buf),
         gradientBuffer: (n) => d.reducer.gradientBuffer(n),
         allGather: (buf) => d.communicator.allGather(buf),
-        adaptiveBatching: d.adaptiveBatching === true
+        adaptiveBatching: d.adaptiveBatching === true,
+        ...(d.elastic ? { elastic: d.elastic } : {})
       },
       options,
       d.observer

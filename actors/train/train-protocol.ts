@@ -117,7 +117,11 @@ export const WorkerArgs = Schema.Struct({
     adaptiveBatching: Schema.optionalKey(Schema.Boolean)
   }),
   seed: Schema.Number,
-  timeline: Schema.Boolean
+  timeline: Schema.Boolean,
+  /** failureConfig.natsOutageTimeoutMs: the worker exits when NATS stays away longer. */
+  natsOutageTimeoutMs: Schema.optionalKey(Schema.Number),
+  /** Elastic groups: the largest world size, and what stays fixed when the size changes. */
+  elastic: Schema.optionalKey(Schema.Struct({ maxWorkers: Schema.Number, batch: Schema.Literals(["keep-global", "keep-per-worker"]) }))
 })
 export type WorkerArgs = typeof WorkerArgs.Type
 

@@ -10,28 +10,50 @@ import * as fs from "node:fs/promises"
 import * as path from "node:path"
 import { nuid } from "@nats-io/nats-core"
 import { Result as R } from "effect"
-import { ConfigError } from "../../core/errors.ts"
+import { ConfigError, NatsUnavailable } from "../../core/errors.ts"
+import { watchBus, type BusMonitor } from "../../core/bus-monitor.ts"
 import { decodeMessage } from "../../core/wire.ts"
 import { jobSubjects } from "../../core/subjects.ts"
-import { planPlacement, type PlacementPlan } from "../../scheduler/placement.ts"
+import { PlacementInfeasible, type PlacementPlan, type PlacementRequest } from "../../scheduler/placement.ts"
 import { ActorSystem } from "../runtime/system.ts"
 import { defineActor, launchActor, type ActorHandle } from "../runtime/actor.ts"
 import { silentLogger, stderrLogger } from "../runtime/log.ts"
 import { CheckpointStore, readCheckpoint, type CheckpointEntry, type CheckpointStorage } from "./checkpoint-store.ts"
 import { ObjectCheckpointStore, isObjectCheckpointUrl, readObjectCheckpoint } from "./object-checkpoint-store.ts"
 import { ControllerProtocol, type CheckpointPayload } from "./train-protocol.ts"
-import { Controller, type CompletedRound, type Outcome } from "./controller.ts"
+import { Controller, type CompletedRound, type GroupFailure, type Outcome } from "./controller.ts"
+import { growTo, idle, planLargest, releasingJob } from "./elastic.ts"
 import { WorkerGroup } from "./worker-group.ts"
 import { joinCluster, startEmbeddedCluster, type ClusterHandle } from "./cluster.ts"
-import { resolveTrainerOptions, type Resolved, type TrainerOptions } from "./options.ts"
-import { TrainingFailed, type CheckpointInfo, type Result } from "./result.ts"
+import { DEFAULT_PLACEMENT_TIMEOUT_MS, resolveTrainerOptions, type Resolved, type TrainerCallbacks, type TrainerOptions } from "./options.ts"
+import {
+  Interrupted,
+  TrainingFailed,
+  withResult,
+  type BusOutage,
+  type CheckpointError,
+  type CheckpointInfo,
+  type Resize,
+  type Result
+} from "./result.ts"
+import type { Incident } from "./observe/report-html.ts"
 import { ProgressPrinter } from "./observe/progress.ts"
 import { RunRecorder } from "./observe/run-recorder.ts"
 import { spanEvent } from "./observe/timeline.ts"
 
 export type { TrainLoop, TrainerCallbacks, TrainerOptions } from "./options.ts"
 export { resolveTrainerOptions } from "./options.ts"
-export { TrainingFailed, type CheckpointInfo, type Result } from "./result.ts"
+export { Interrupted, TrainingFailed, resultOf, type CheckpointInfo, type FitError, type Result } from "./result.ts"
+
+/** Attempts at writing one checkpoint before it is given up (and recorded in Result.checkpointErrors). */
+const CHECKPOINT_WRITE_ATTEMPTS = 3
+
+/** While waiting for capacity, what it waits for is printed this often. */
+const PLACEMENT_NOTICE_EVERY_MS = 10_000
+
+const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
+
+const firstLine = (text: string): string => text.split("\n")[0] ?? ""
 
 /** The all-reduce plan of the run, as the workers' scheduler explained it. */
 const writeExplain = async (dir: string, text: string, json: unknown): Promise<void> => {
@@ -46,7 +68,14 @@ export class Trainer {
     this.options = options
   }
 
-  /** Runs training to the end (or to an unrecoverable failure, reported in Result.error). */
+  /**
+   * Runs training to the end and resolves with its Result. Rejects with a ConfigError when the
+   * options are invalid (nothing started, no result), and otherwise with a typed error that
+   * carries the partial Result as `error.result`: TrainingFailed (a failure of the job that the
+   * failure policy did not retry), NatsUnavailable (the bus stayed away past
+   * failureConfig.natsOutageTimeoutMs), PlacementInfeasible (no room for the group within
+   * scalingConfig.placementTimeoutMs), Interrupted (SIGINT/SIGTERM).
+   */
   async fit(): Promise<Result> {
     const cfg = resolveTrainerOptions(this.options)
     await fs.mkdir(cfg.runDir, { recursive: true })
@@ -72,22 +101,68 @@ export class Trainer {
       datasets: Object.fromEntries(Object.entries(cfg.datasets).map(([k, d]) => [k, { size: d.size, featureShape: d.featureShape, numClasses: d.numClasses }])),
       seed: cfg.seed
     }, cfg.run.timeline === true)
-    const progress = new ProgressPrinter(cfg.run.progress ?? "auto", cfg.scaling.numWorkers)
+    const progress = new ProgressPrinter(cfg.run.progress ?? "auto", cfg.maxWorkers)
     const verbose = cfg.run.verbose === true
 
     const history: Array<Record<string, unknown>> = []
     const perRank: Array<Array<Record<string, unknown>>> = []
+    const resizes: Resize[] = []
+    const checkpointErrors: CheckpointError[] = []
+    const busOutages: BusOutage[] = []
+    const incidents: Incident[] = []
+    let natsServerRestarts = 0
+    let serverRestartedDuringOutage = false
+    let restarts = 0
     let resumePath: string | undefined = cfg.resumeFrom
     let saving: Promise<unknown> = Promise.resolve()
-    let interrupted = false
-    // Assigned once the cluster is up; the controller's listener only fires after that.
+    // Assigned once the cluster is up; nothing that reads it runs before that.
     let store!: CheckpointStorage
+    let bus: BusMonitor | undefined
+
+    /** Something that happened to the run: a progress line, events.jsonl, report.html, summary.json. */
+    const incident = (kind: Incident["kind"], text: string, event: Record<string, unknown>): void => {
+      incidents.push({ time: new Date().toISOString(), kind, text })
+      recorder.event(event)
+      progress.line(`gradwire: ${text}`)
+    }
+
+    // A user callback that throws is logged and recorded, never dropped and never fatal.
+    const callbacks = (name: string, call: (cb: TrainerCallbacks) => unknown): Promise<void> => {
+      const failed = (e: unknown): void => {
+        const err = e instanceof Error ? e : new Error(String(e))
+        incident("callback", `callback ${name} threw: ${err.message}`, { type: "callback-error", callback: name, message: err.message, stack: err.stack ?? "" })
+      }
+      const pending: Array<Promise<unknown>> = []
+      for (const cb of cfg.callbacks) {
+        try {
+          const r = call(cb)
+          if (r instanceof Promise) pending.push(r.catch(failed))
+        } catch (e) {
+          failed(e)
+        }
+      }
+      return Promise.all(pending).then(() => undefined)
+    }
+
+    // The run's only way to stop early besides a failure the policy gives up on: the bus stayed
+    // away too long, or a signal. Every wait of the main loop races it.
+    let abortError: Error | undefined
+    let rejectAborted!: (e: Error) => void
+    const aborted = new Promise<never>((_, reject) => (rejectAborted = reject))
+    aborted.catch(() => {})
+    const abort = (e: Error): void => {
+      if (abortError) return
+      abortError = e
+      controller.fail(undefined, { kind: "config", rank: -1, tag: (e as { _tag?: string })._tag ?? e.name, message: e.message })
+      rejectAborted(e)
+    }
+    const race = <T>(p: Promise<T>): Promise<T> => Promise.race([p, aborted])
 
     const controller = new Controller<CheckpointPayload>(
-      { maxFailures: cfg.maxFailures, minWorkers: cfg.scaling.numWorkers, maxWorkers: cfg.scaling.numWorkers },
+      { maxFailures: cfg.maxFailures, minWorkers: cfg.minWorkers, maxWorkers: cfg.maxWorkers },
       (e) => {
         if (e.type === "state") {
-          for (const cb of cfg.callbacks) cb.onStateChange?.({ from: e.from, to: e.to, attempt: e.attempt })
+          void callbacks("onStateChange", (cb) => cb.onStateChange?.({ from: e.from, to: e.to, attempt: e.attempt }))
           recorder.event({ type: "state", from: e.from, to: e.to, attempt: e.attempt })
         } else {
           completeRound(e.round)
@@ -95,25 +170,44 @@ export class Trainer {
       }
     )
 
+    const saveCheckpoint = async (round: CompletedRound<CheckpointPayload>, ckpt: CheckpointPayload): Promise<void> => {
+      const files = { ...ckpt.files, ...round.aux }
+      const metadata = { ...ckpt.metadata, attempt: round.attempt, round: round.index, worldSize: round.metrics.length }
+      const t0 = performance.now()
+      let lastError: unknown
+      for (let attempt = 1; attempt <= CHECKPOINT_WRITE_ATTEMPTS; attempt++) {
+        try {
+          const entry = await store.save({ files, metadata }, round.metrics[0])
+          recorder.trace({ ...spanEvent("checkpoint save", t0, performance.now(), "checkpoints", { path: entry.path, round: round.index }, "checkpoint"), pid: "driver" })
+          await callbacks("onCheckpoint", (cb) => cb.onCheckpoint?.({ path: entry.path, metrics: entry.metrics }))
+          return
+        } catch (e) {
+          lastError = e
+          // A bad file name will not get better; a full disk or a restarting object store may.
+          if (e instanceof ConfigError) break
+          if (attempt < CHECKPOINT_WRITE_ATTEMPTS) await sleep(500 * 2 ** (attempt - 1))
+        }
+      }
+      const message = lastError instanceof Error ? lastError.message : String(lastError)
+      const attempts = lastError instanceof ConfigError ? 1 : CHECKPOINT_WRITE_ATTEMPTS
+      checkpointErrors.push({ time: new Date().toISOString(), round: round.index, message, attempts })
+      incident("checkpoint", `the checkpoint of report round ${round.index} could not be written (${attempts} attempt(s)): ${firstLine(message)}; training goes on`, {
+        type: "checkpoint-error",
+        round: round.index,
+        attempts,
+        message
+      })
+    }
+
     const completeRound = (round: CompletedRound<CheckpointPayload>): void => {
       const { index, metrics } = round
       history.push(metrics[0])
       perRank.push([...metrics])
       recorder.metrics(index, metrics[0], metrics)
       progress.report(index, metrics[0])
-      for (const cb of cfg.callbacks) void Promise.resolve(cb.onReport?.({ index, metrics: metrics[0], perRank: metrics })).catch(() => {})
+      void callbacks("onReport", (cb) => cb.onReport?.({ index, metrics: metrics[0], perRank: metrics }))
       const ckpt = round.checkpoint
-      if (ckpt) {
-        const files = { ...ckpt.files, ...round.aux }
-        const t0 = performance.now()
-        saving = saving.then(async () => {
-          const entry = await store.save({ files, metadata: { ...ckpt.metadata, attempt: round.attempt, round: index } }, metrics[0])
-          recorder.trace({ ...spanEvent("checkpoint save", t0, performance.now(), "checkpoints", { path: entry.path, round: index }, "checkpoint"), pid: "driver" })
-          for (const cb of cfg.callbacks) await Promise.resolve(cb.onCheckpoint?.({ path: entry.path, metrics: entry.metrics })).catch(() => {})
-        }).catch((e: unknown) => {
-          process.stderr.write(`gradwire: checkpoint write failed: ${String(e)}\n`)
-        })
-      }
+      if (ckpt) saving = saving.then(() => saveCheckpoint(round, ckpt))
     }
 
     // Worker output (embedded cluster: the local agent forwards it here) goes to the terminal and
@@ -123,14 +217,46 @@ export class Trainer {
       recorder.log(m ? m[1] : "workers", line)
       progress.line(line)
     }
-    const cluster = cfg.cluster ? await joinCluster(cfg.cluster) : await startEmbeddedCluster(
-          verbose,
-          onOutput,
-          cfg.scaling.numWorkers * (cfg.scaling.resourcesPerWorker?.CPU ?? (cfg.scaling.useGpu ? 0 : 1)),
-          // The embedded server keeps its JetStream data in the run directory, so a run's object
-          // store checkpoints outlive it and a run with the same name resumes from them.
-          bucket !== undefined ? path.join(cfg.runDir, "jetstream") : undefined
-        )
+    let cluster: ClusterHandle
+    try {
+      cluster = cfg.cluster
+        ? await joinCluster(cfg.cluster)
+        : await startEmbeddedCluster({
+            verbose,
+            output: onOutput,
+            cpusNeeded: cfg.maxWorkers * (cfg.scaling.resourcesPerWorker?.CPU ?? (cfg.scaling.useGpu ? 0 : 1)),
+            // The embedded server keeps its JetStream data in the run directory, so a run's object
+            // store checkpoints outlive it and a run with the same name resumes from them.
+            ...(bucket !== undefined ? { jetstreamStoreDir: path.join(cfg.runDir, "jetstream") } : {}),
+            serverEvents: {
+              onExit: (x) => {
+                serverRestartedDuringOutage = true
+                incident("nats-server", `the embedded nats-server (pid ${x.pid}) exited; restarting it on the same port`, { type: "nats-server-exit", pid: x.pid })
+              },
+              onRestart: (x) => {
+                natsServerRestarts = x.restarts
+                incident("nats-server", `the embedded nats-server is back (pid ${x.pid}, ${x.downMs} ms after it exited)`, {
+                  type: "nats-server-restart",
+                  pid: x.pid,
+                  downMs: x.downMs,
+                  restarts: x.restarts
+                })
+              },
+              onRestartFailed: (x) => {
+                const message = x.error instanceof Error ? x.error.message : String(x.error)
+                incident("nats-server", `restarting the embedded nats-server failed (attempt ${x.attempt + 1}): ${firstLine(message)}`, {
+                  type: "nats-server-restart-failed",
+                  attempt: x.attempt,
+                  message
+                })
+              }
+            }
+          })
+    } catch (e) {
+      progress.close()
+      await recorder.close().catch(() => {})
+      throw withResult(e as Error, emptyResult(cfg.runDir))
+    }
     const readAt = (p: string): ReturnType<typeof readCheckpoint> =>
       isObjectCheckpointUrl(p) ? readObjectCheckpoint(cluster.nc, p) : readCheckpoint(p)
     try {
@@ -140,7 +266,7 @@ export class Trainer {
       await cluster.close().catch(() => {})
       progress.close()
       await recorder.close().catch(() => {})
-      throw e
+      throw withResult(e as Error, emptyResult(cfg.runDir))
     }
     resumePath ??= store.latest()?.path
     const job = `${cfg.name.slice(0, 100)}-${nuid.next().slice(-8)}`
@@ -154,6 +280,39 @@ export class Trainer {
     })
     const group = new WorkerGroup(system)
     let controllerActor: ActorHandle | undefined
+
+    // The driver's connection: an outage fails the running generation at once (its collectives
+    // abort anyway), the group restarts once the bus is back, and an outage longer than
+    // natsOutageTimeoutMs ends the run with NatsUnavailable.
+    bus = watchBus(cluster.nc, {
+      timeoutMs: cfg.natsOutageTimeoutMs,
+      onDown: (o) => {
+        incident("bus", `lost the NATS connection to ${cluster.where}; waiting up to ${cfg.natsOutageTimeoutMs / 1000} s for it to come back`, {
+          type: "bus-down",
+          server: o.server
+        })
+        controller.fail(controller.current, { kind: "bus", rank: -1, tag: "NatsDisconnected", message: `the driver lost its NATS connection to ${cluster.where}` })
+      },
+      onUp: (o) => {
+        busOutages.push({ time: new Date(o.since).toISOString(), server: o.server, ms: o.ms, serverRestarted: serverRestartedDuringOutage })
+        serverRestartedDuringOutage = false
+        incident("bus", `the NATS connection is back after ${(o.ms / 1000).toFixed(1)} s`, { type: "bus-up", server: o.server, ms: o.ms })
+      },
+      onExpired: (o) => {
+        busOutages.push({ time: new Date(o.since).toISOString(), server: o.server, ms: o.ms, serverRestarted: serverRestartedDuringOutage })
+        recorder.event({ type: "bus-expired", server: o.server, ms: o.ms })
+        abort(new NatsUnavailable({ servers: cluster.where, outageMs: o.ms, timeoutMs: cfg.natsOutageTimeoutMs, hint: cluster.outageHint }))
+      }
+    })
+    const waitForBus = async (): Promise<void> => {
+      if (!bus?.outage) return
+      const r = await race(bus.whenUp())
+      if (r === "closed") {
+        abort(new NatsUnavailable({ servers: cluster.where, outageMs: 0, timeoutMs: cfg.natsOutageTimeoutMs, hint: "the connection was closed" }))
+      }
+      if (r !== "up") await aborted
+    }
+
     // On a joined cluster the agents run elsewhere and cannot call onOutput: they publish each
     // line of their processes on the job's log subjects, which land in the same logs/ files.
     const logSub = cluster.embedded
@@ -173,8 +332,7 @@ export class Trainer {
         })
 
     const onSignal = (signal: NodeJS.Signals): void => {
-      interrupted = true
-      controller.fail(undefined, { kind: "config", rank: -1, tag: signal, message: `interrupted by ${signal}` })
+      abort(new Interrupted({ signal }))
       void teardown().finally(() => {
         process.removeListener("SIGINT", onSignal)
         process.removeListener("SIGTERM", onSignal)
@@ -184,7 +342,11 @@ export class Trainer {
     let tornDown: Promise<void> | undefined
     const teardown = (): Promise<void> =>
       (tornDown ??= (async () => {
-        await group.kill(job, "the run ended")
+        // With the bus gone the agents cannot be reached: ask once, briefly (the workers exit on
+        // their own after natsOutageTimeoutMs, and agents kill a job whose driver went silent).
+        const busDown = bus?.outage !== undefined
+        bus?.stop()
+        await group.kill(job, "the run ended", busDown ? { timeoutMs: 1_000, alive: () => false } : {})
         await controllerActor?.stop({ drain: false, reason: "run ended" }).catch(() => {})
         // Let the last forwarded log lines arrive before unsubscribing.
         if (logSub) await cluster.nc.flush().catch(() => {})
@@ -231,7 +393,7 @@ export class Trainer {
         progress.step(body)
         // The report's compute/communication split: kept whether or not the timeline is on.
         if (body.stepTimes) recorder.stepTimes(body.attempt, body.rank, body.stepTimes)
-        for (const cb of cfg.callbacks) cb.onProgress?.(body)
+        void callbacks("onProgress", (cb) => cb.onProgress?.(body))
       },
       trace: (body) => {
         if (isCurrent(body.attempt)) recorder.traceEvents(body.rank, body.events)
@@ -246,84 +408,8 @@ export class Trainer {
       failed: (body) => controller.failed(body)
     }))
 
-    let error: TrainingFailed | undefined
-    let restarts = 0
-    try {
-      controllerActor = await launchActor(system, controllerDef, { name: "controller", heartbeat: false })
-      for (;;) {
-        const plan = await this.#place(cfg, cluster, job)
-        const generation = controller.begin(plan.ranks.length)
-        const attempt = generation.number
-        progress.start(attempt, plan.ranks.length)
-        const startFailure = await group.start({
-          attempt,
-          plan,
-          connection: cluster.connection,
-          args: {
-            controller: "controller",
-            loopModule: cfg.loop.module,
-            loopExport: cfg.loop.export,
-            loopConfig: cfg.loopConfig,
-            collective: cfg.collective,
-            seed: cfg.seed,
-            timeline: cfg.run.timeline === true
-          },
-          onDown: (rank, down) => controller.workerDown(attempt, rank, down),
-          stillMatters: (rank) => !generation.settled && !generation.finished.has(rank)
-        })
-        if (startFailure) controller.fail(generation, { kind: "died", rank: -1, ...startFailure })
-        const outcome: Outcome = await generation.outcome
-        if (interrupted) throw new Error("interrupted")
-        await group.kill(job, outcome.type === "finished" ? "training finished" : "restarting the group")
-        await saving
-        const next = controller.next(outcome)
-        if (next.action === "finish") break
-        if (next.action === "fail") {
-          recorder.event({ type: "failure", attempt, failure: next.failure, decision: { action: "fail", reason: next.reason } })
-          error = new TrainingFailed(next.failure, attempt + 1, next.reason)
-          progress.line(`gradwire: ${error.message}`)
-          break
-        }
-        if (next.cause.type === "failure") {
-          const failure = next.cause.failure
-          recorder.event({ type: "failure", attempt, failure, decision: { action: "restart", counted: next.counted } })
-          restarts++
-          progress.line(
-            `gradwire: rank ${failure.rank} failed (${failure.tag}: ${failure.message.split("\n")[0]}); ` +
-              `restarting the group from ${store.latest() ? store.latest()!.name : "the start"} (restart ${controller.countedFailures}${cfg.maxFailures >= 0 ? ` of ${cfg.maxFailures}` : ""})`
-          )
-          for (const cb of cfg.callbacks) await Promise.resolve(cb.onRestart?.({ attempt: attempt + 1, failure })).catch(() => {})
-        }
-        resumePath = store.latest()?.path ?? resumePath
-      }
-    } finally {
-      await saving
-      await teardown()
-      process.removeListener("SIGINT", onSignal)
-      process.removeListener("SIGTERM", onSignal)
-    }
-    const info = (e: CheckpointEntry): CheckpointInfo => ({ path: e.path, metrics: e.metrics })
-    const latest = store.latest()
-    await recorder.finish({ title: cfg.name, error: error?.message, restarts, history })
-    progress.summary(recorder.dir, history.at(-1), error)
-    return {
-      metrics: history.at(-1),
-      metricsHistory: history,
-      metricsPerRank: perRank,
-      checkpoint: latest ? info(latest) : undefined,
-      bestCheckpoints: store.best().map(info),
-      error,
-      path: cfg.runDir,
-      restarts
-    }
-  }
-
-  /** Places the workers now, or waits for resources up to scalingConfig.placementTimeoutMs. */
-  async #place(cfg: Resolved, cluster: ClusterHandle, job: string): Promise<PlacementPlan> {
-    const deadline = Date.now() + (cfg.scaling.placementTimeoutMs ?? 0)
-    const request = {
+    const request: Omit<PlacementRequest, "numWorkers"> = {
       jobId: job,
-      numWorkers: cfg.scaling.numWorkers,
       ...(cfg.scaling.useGpu !== undefined ? { useGpu: cfg.scaling.useGpu } : {}),
       ...(cfg.scaling.resourcesPerWorker !== undefined ? { resourcesPerWorker: cfg.scaling.resourcesPerWorker } : {}),
       ...(cfg.scaling.placementStrategy !== undefined ? { placementStrategy: cfg.scaling.placementStrategy } : {}),
@@ -331,12 +417,173 @@ export class Trainer {
       ...(cfg.scaling.nodeLabels !== undefined ? { nodeLabels: cfg.scaling.nodeLabels } : {}),
       ...(cfg.scaling.backend !== undefined ? { backend: cfg.scaling.backend } : {})
     }
+
+    // Elastic runs below max size watch for capacity (an agent joined, another job ended) and
+    // grow at the next report round that leaves a checkpoint.
+    const watchCapacity = (worldSize: number): (() => void) => {
+      if (!controller.elastic || worldSize >= cfg.maxWorkers) return () => {}
+      const check = (): void => {
+        if (controller.state !== "running") return
+        const size = growTo(request, worldSize, cfg.maxWorkers, releasingJob(cluster.view.alive().map((n) => n.ad), job))
+        if (size === undefined || size === controller.pendingResize?.size) return
+        controller.capacity(size, `room for ${size} workers`)
+        progress.line(`gradwire: the cluster has room for ${size} workers (running ${worldSize}); growing at the next checkpoint`)
+      }
+      const off = cluster.view.onEvent((e) => {
+        if (e.type === "node-joined" || e.type === "node-back") check()
+      })
+      const timer = setInterval(check, 2_000)
+      timer.unref?.()
+      return () => {
+        off()
+        clearInterval(timer)
+      }
+    }
+
+    let error: Error | undefined
+    let lastSize: number | undefined
+    let lastCause: string | undefined
+    try {
+      controllerActor = await launchActor(system, controllerDef, { name: "controller", heartbeat: false })
+      for (let first = true; ; first = false) {
+        await waitForBus()
+        const plan = await this.#place(cfg, cluster, request, { first, race, isAbort: (e) => e === abortError, progress })
+        const generation = controller.begin(plan.ranks.length)
+        const attempt = generation.number
+        if (lastSize !== undefined && plan.ranks.length !== lastSize) {
+          const resize: Resize = { time: new Date().toISOString(), attempt, from: lastSize, to: plan.ranks.length, reason: lastCause ?? "capacity changed" }
+          resizes.push(resize)
+          incident("resize", `the group ${resize.to > resize.from ? "grows" : "shrinks"} from ${resize.from} to ${resize.to} workers (${resize.reason})`, { type: "resize", ...resize })
+        }
+        lastSize = plan.ranks.length
+        progress.start(attempt, plan.ranks.length)
+        const stopWatching = watchCapacity(plan.ranks.length)
+        const startFailure = await race(
+          group.start({
+            attempt,
+            plan,
+            connection: cluster.connection,
+            args: {
+              controller: "controller",
+              loopModule: cfg.loop.module,
+              loopExport: cfg.loop.export,
+              loopConfig: cfg.loopConfig,
+              collective: cfg.collective,
+              seed: cfg.seed,
+              timeline: cfg.run.timeline === true,
+              natsOutageTimeoutMs: cfg.natsOutageTimeoutMs,
+              ...(controller.elastic ? { elastic: { maxWorkers: cfg.maxWorkers, batch: cfg.elasticBatch } } : {})
+            },
+            onDown: (rank, down) => controller.workerDown(attempt, rank, down),
+            stillMatters: (rank) => !generation.settled && !generation.finished.has(rank)
+          })
+        )
+        if (startFailure) controller.fail(generation, { kind: bus.outage ? "bus" : "died", rank: -1, ...startFailure })
+        const outcome: Outcome = await race(generation.outcome)
+        stopWatching()
+        // Killing the old group goes through the agents: wait for the bus first.
+        await waitForBus()
+        await race(
+          group.kill(job, outcome.type === "finished" ? "training finished" : "restarting the group", {
+            alive: (node) => cluster.view.get(node)?.state === "alive"
+          })
+        )
+        await race(saving)
+        const next = controller.next(outcome)
+        if (next.action === "finish") break
+        if (next.action === "fail") {
+          recorder.event({ type: "failure", attempt, failure: next.failure, decision: { action: "fail", reason: next.reason } })
+          error = new TrainingFailed(next.failure, attempt + 1, next.reason)
+          break
+        }
+        restarts++
+        const from = store.latest() ? store.latest()!.name : "the start"
+        if (next.cause.type === "failure") {
+          const failure: GroupFailure = next.cause.failure
+          lastCause = failure.kind === "node-lost" ? `lost a node: ${firstLine(failure.message)}` : `${failure.kind}: ${failure.tag}`
+          recorder.event({ type: "failure", attempt, failure, decision: { action: "restart", counted: next.counted } })
+          const budget = next.counted
+            ? ` (restart ${controller.countedFailures}${cfg.maxFailures >= 0 ? ` of ${cfg.maxFailures}` : ""})`
+            : " (not counted toward maxFailures: an infrastructure failure)"
+          incident(
+            "restart",
+            `${failure.rank >= 0 ? `rank ${failure.rank} failed` : "the group failed"} (${failure.tag}: ${firstLine(failure.message)}); restarting the group from ${from}${budget}`,
+            { type: "restart", attempt: attempt + 1, kind: failure.kind, counted: next.counted, from }
+          )
+          await callbacks("onRestart", (cb) => cb.onRestart?.({ attempt: attempt + 1, failure }))
+        } else {
+          lastCause = next.cause.reason
+          recorder.event({ type: "resize-requested", attempt, size: next.cause.size, reason: next.cause.reason, from })
+        }
+        resumePath = store.latest()?.path ?? resumePath
+      }
+    } catch (e) {
+      error = abortError ?? (e as Error)
+    } finally {
+      if (error) controller.abort()
+      await saving
+      await teardown()
+      process.removeListener("SIGINT", onSignal)
+      process.removeListener("SIGTERM", onSignal)
+    }
+    const info = (e: CheckpointEntry): CheckpointInfo => ({ path: e.path, metrics: e.metrics })
+    const latest = store.latest()
+    await recorder.finish({ title: cfg.name, ...(error ? { error: error.message } : {}), restarts, history, incidents })
+    progress.summary(recorder.dir, history.at(-1), error)
+    const result: Result = {
+      metrics: history.at(-1),
+      metricsHistory: history,
+      metricsPerRank: perRank,
+      checkpoint: latest ? info(latest) : undefined,
+      bestCheckpoints: store.best().map(info),
+      path: cfg.runDir,
+      restarts,
+      countedFailures: controller.countedFailures,
+      resizes,
+      checkpointErrors,
+      busOutages,
+      natsServerRestarts
+    }
+    if (error) throw withResult(error, result)
+    return result
+  }
+
+  /**
+   * Places the group: the largest size within the bounds that fits now, or waits for room up to
+   * scalingConfig.placementTimeoutMs (default 60 s), saying what it waits for. A first placement
+   * the cluster could not hold even when idle fails at once unless a timeout was given.
+   */
+  async #place(
+    cfg: Resolved,
+    cluster: ClusterHandle,
+    request: Omit<PlacementRequest, "numWorkers">,
+    ctx: {
+      readonly first: boolean
+      readonly race: <T>(p: Promise<T>) => Promise<T>
+      readonly isAbort: (e: unknown) => boolean
+      readonly progress: ProgressPrinter
+    }
+  ): Promise<PlacementPlan> {
+    // Waits on the cluster view; a timeout just means "look again", the run's abort ends the wait.
+    const settle = (p: Promise<unknown>): Promise<void> =>
+      ctx.race(p).then(
+        () => undefined,
+        (e: unknown) => {
+          if (ctx.isAbort(e)) throw e
+        }
+      )
+    const explicit = cfg.scaling.placementTimeoutMs
+    const timeoutMs = explicit ?? DEFAULT_PLACEMENT_TIMEOUT_MS
+    const deadline = Date.now() + timeoutMs
+    const bounds = { min: cfg.minWorkers, max: cfg.maxWorkers }
+    let noticeAt = 0
     for (;;) {
       const nodes = cluster.view.resources()
-      if (nodes.length === 0 && Date.now() < deadline + 3_000) {
+      if (nodes.length === 0) {
         // Agents advertise every 500 ms; give a just-joined cluster a moment to be seen.
-        await cluster.view.waitFor((n) => n.some((x) => x.state === "alive"), 3_000).catch(() => undefined)
-        if (cluster.view.resources().length === 0) {
+        await settle(cluster.view.waitFor((n) => n.some((x) => x.state === "alive"), ctx.first ? 3_000 : Math.max(50, deadline - Date.now())))
+        if (cluster.view.resources().length > 0) continue
+        if (ctx.first || Date.now() >= deadline) {
           throw new ConfigError({
             field: "cluster",
             reason: `no node agent is alive in cluster "${cluster.clusterName}": start one with \`gradwire start --head\` (or --address)`
@@ -344,10 +591,34 @@ export class Trainer {
         }
         continue
       }
-      const planned = planPlacement(request, nodes)
+      const planned = planLargest(request, bounds, nodes)
       if (R.isSuccess(planned)) return planned.success
-      if (Date.now() >= deadline) throw planned.failure
-      await cluster.view.waitFor(() => true, Math.min(1_000, Math.max(50, deadline - Date.now()))).catch(() => undefined)
+      const failure = planned.failure
+      if (!(failure instanceof PlacementInfeasible)) throw failure
+      if (ctx.first && explicit === undefined && R.isFailure(planLargest(request, bounds, idle(nodes)))) throw failure
+      const now = Date.now()
+      if (now >= deadline) throw failure
+      if (now >= noticeAt) {
+        noticeAt = now + PLACEMENT_NOTICE_EVERY_MS
+        ctx.progress.line(`gradwire: waiting up to ${Math.ceil((deadline - now) / 1000)} s for room: ${firstLine(failure.message)}`)
+      }
+      await settle(cluster.view.waitFor(() => true, Math.min(1_000, Math.max(50, deadline - now))))
     }
   }
 }
+
+/** The Result of a run that stopped before its first generation. */
+const emptyResult = (dir: string): Result => ({
+  metrics: undefined,
+  metricsHistory: [],
+  metricsPerRank: [],
+  checkpoint: undefined,
+  bestCheckpoints: [],
+  path: dir,
+  restarts: 0,
+  countedFailures: 0,
+  resizes: [],
+  checkpointErrors: [],
+  busOutages: [],
+  natsServerRestarts: 0
+})

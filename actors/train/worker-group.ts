@@ -109,14 +109,32 @@ export class WorkerGroup {
     return undefined
   }
 
-  /** Kills every worker through its node's agent (best effort, bounded). */
-  async kill(job: string, reason: string): Promise<void> {
+  /**
+   * Kills every worker through its node's agent and waits until the agent says they are gone, so
+   * the next placement sees their resources free. An agent that does not answer (still
+   * reconnecting after a NATS outage) is asked again until `timeoutMs`; one on a node the cluster
+   * no longer sees alive is asked once.
+   */
+  async kill(job: string, reason: string, options: { readonly alive?: (node: string) => boolean; readonly timeoutMs?: number } = {}): Promise<void> {
     const nodes = new Set(this.#workers.map((w) => w.node))
     this.#workers = []
+    const deadline = Date.now() + (options.timeoutMs ?? KILL_TIMEOUT_MS)
     await Promise.all(
-      [...nodes].map((node) =>
-        this.#system.askPromise(agentRef(this.#system, node), "killJob", { job, reason }, { timeoutMs: 15_000 }).catch(() => undefined)
-      )
+      [...nodes].map(async (node) => {
+        for (;;) {
+          const left = deadline - Date.now()
+          try {
+            await this.#system.askPromise(agentRef(this.#system, node), "killJob", { job, reason }, { timeoutMs: Math.max(1_000, Math.min(5_000, left)) })
+            return
+          } catch {
+            if (Date.now() >= deadline || options.alive?.(node) === false) return
+            await new Promise((r) => setTimeout(r, 250))
+          }
+        }
+      })
     )
   }
 }
+
+/** How long kill() keeps asking an agent that does not answer. */
+const KILL_TIMEOUT_MS = 20_000

@@ -16,6 +16,7 @@ import { Communicator, type AllReduceAlgorithm } from "../../collectives/communi
 import { GradientReducer } from "../../collectives/gradient-reducer.ts"
 import { blamedRanks } from "../../collectives/errors.ts"
 import { parseCompressionConfig, type ResolvedCompressionConfig } from "../../collectives/compression/index.ts"
+import { watchBus } from "../../core/bus-monitor.ts"
 import { defineActor } from "../runtime/actor.ts"
 import { toWireFailure } from "../runtime/envelope.ts"
 import { ControllerProtocol, WorkerArgs, WorkerProtocol } from "./train-protocol.ts"
@@ -53,6 +54,18 @@ export const trainWorker = defineActor(
       const system = ctx.system
       const controller = system.ref(ControllerProtocol, args.controller)
       const { attempt, rank } = args
+      // No wait without a deadline: a worker whose NATS stays away longer than
+      // failureConfig.natsOutageTimeoutMs exits (the controller restarts the group once it can).
+      const outageMs = args.natsOutageTimeoutMs ?? 60_000
+      const bus = watchBus(system.nc, {
+        timeoutMs: outageMs,
+        onDown: (o) => ctx.log.warn(`rank ${rank}: lost the NATS connection (${o.server}); exiting if it is not back within ${outageMs / 1000} s`),
+        onUp: (o) => ctx.log.info(`rank ${rank}: the NATS connection is back after ${(o.ms / 1000).toFixed(1)} s`),
+        onExpired: (o) => {
+          ctx.log.error(`rank ${rank}: no NATS for ${(o.ms / 1000).toFixed(1)} s (failureConfig.natsOutageTimeoutMs ${outageMs}); exiting`)
+          process.exit(75)
+        }
+      })
       let nc: NatsConnection | undefined
       let cnc: NatsConnection | undefined
       let comm: Communicator | undefined
@@ -160,6 +173,7 @@ export const trainWorker = defineActor(
           communicator: comm,
           reducer,
           adaptiveBatching: args.collective.adaptiveBatching === true,
+          ...(args.elastic ? { elastic: args.elastic } : {}),
           observer,
           onStep: (info) => {
             processed += info.samples
@@ -201,7 +215,10 @@ export const trainWorker = defineActor(
           fetchCheckpoint: async () => {
             const got = await system.askPromise(controller, "checkpoint", null, { timeoutMs: 120_000 })
             if (!got) return undefined
-            const own = got.payload.files[residualFile(rank)]
+            // Error-feedback residuals belong to a rank of a group of one size: carried across
+            // restarts at the same size, reset (started from zero) when the group was resized.
+            const savedSize = got.payload.metadata.worldSize
+            const own = savedSize === undefined || savedSize === args.worldSize ? got.payload.files[residualFile(rank)] : undefined
             if (own) {
               try {
                 reducer.restore(decodeMessage(own) as Parameters<GradientReducer["restore"]>[0])
@@ -236,6 +253,7 @@ export const trainWorker = defineActor(
           .tellPromise(controller, "failed", { attempt, rank, tag: f.tag, message: f.message, stack: f.stack, ...(blamed.length ? { blamed: [...blamed] } : {}) })
           .catch(() => {})
       } finally {
+        bus.stop()
         await comm?.close().catch(() => {})
         await nc?.flush().catch(() => {})
         await nc?.close().catch(() => {})

@@ -24,12 +24,11 @@ const result = await new Trainer({
   runConfig: { name: `custom_collectives_${Date.now()}`, storagePath: values.storage, progress: false },
   ...(values.algorithm ? { collectiveConfig: { algorithm: values.algorithm as "ring" } } : {}),
   datasets: { train: digits }
-}).fit()
-
-if (result.error) {
-  console.error(`failed: ${result.error.message}`)
+}).fit().catch((e: Error) => {
+  // fit() rejects with a typed error carrying the partial Result (e.result) when training fails.
+  console.error(`failed: ${e.message}`)
   process.exit(1)
-}
+})
 const perRank = result.metricsPerRank[0]
 console.log(`rows seen over all shards: ${result.metrics?.rows} (dataset: ${digits.size}; shards are equal-sized, so up to ${perRank.length - 1} rows are left out)`)
 console.log(`mean pixel: ${Number(result.metrics?.meanPixel).toFixed(4)}, mean per-feature std: ${Number(result.metrics?.meanStd).toFixed(4)}`)

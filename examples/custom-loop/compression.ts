@@ -42,12 +42,11 @@ const result = await new Trainer({
   runConfig: { name: `custom_compression_${values.compression}_${Date.now()}`, storagePath: values.storage, progress: false },
   collectiveConfig: { compression, ...(values.algorithm ? { algorithm: values.algorithm } : {}) } as CollectiveConfig,
   datasets: { train, test }
-}).fit()
-
-if (result.error) {
-  console.error(`failed: ${result.error.message}`)
+}).fit().catch((e: Error) => {
+  // fit() rejects with a typed error carrying the partial Result (e.result) when training fails.
+  console.error(`failed: ${e.message}`)
   process.exit(1)
-}
+})
 const mib = (b: number): string => `${(b / 1024 / 1024).toFixed(2)} MiB`
 console.log(`compression ${values.compression}: held-out accuracy ${(Number(result.metrics?.val_accuracy) * 100).toFixed(1)}% after ${result.metricsHistory.length} epochs`)
 for (const [rank, m] of (result.metricsPerRank.at(-1) ?? []).entries()) {

@@ -39,12 +39,11 @@ const result = await new Trainer({
   },
   ...(values.compression ? { collectiveConfig: { compression: values.compression } } : {}),
   datasets: { train, test }
-}).fit()
-
-if (result.error) {
-  console.error(`training failed: ${result.error.message}`)
+}).fit().catch((e: Error) => {
+  // fit() rejects with a typed error carrying the partial Result (e.result) when training fails.
+  console.error(`training failed: ${e.message}`)
   process.exit(1)
-}
+})
 const acc = Number(result.metrics?.val_accuracy ?? 0)
 console.log(`held-out accuracy: ${(acc * 100).toFixed(1)}% after ${result.metricsHistory.length} epochs`)
 console.log(`best checkpoint: ${result.bestCheckpoints[0]?.path ?? "none"}`)

@@ -133,7 +133,6 @@ const main = async (): Promise<void> => {
     cluster: { address: nats.urls[0], clusterName: CLUSTER },
     datasets: { train, test }
   }).fit()
-  if (result.error) throw result.error
   console.log(`held-out accuracy: ${(Number(result.metrics?.val_accuracy) * 100).toFixed(1)}% after ${result.metricsHistory.length} epochs`)
   console.log(`run directory: ${result.path}`)
   console.log(await gradwire(["status", "--address", nats.urls[0], "--cluster", CLUSTER]))

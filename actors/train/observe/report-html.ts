@@ -21,6 +21,14 @@ export interface ReportData {
   readonly restarts: number
   readonly history: ReadonlyArray<Record<string, unknown>>
   readonly steps: ReadonlyArray<StepTime>
+  /** What happened to the run besides training: restarts, resizes, NATS outages, failed checkpoint writes. */
+  readonly incidents?: ReadonlyArray<Incident>
+}
+
+export interface Incident {
+  readonly time: string
+  readonly kind: "restart" | "resize" | "bus" | "nats-server" | "checkpoint" | "callback"
+  readonly text: string
 }
 
 /** At most this many points per step series: longer runs are averaged into bins (the file stays small). */
@@ -213,6 +221,9 @@ export const renderReport = (d: ReportData): string => {
   const rows = steps.perRank
     .map((r) => `<tr><td>${r.rank}</td><td>${r.steps}</td><td>${r.computeMs.toFixed(2)}</td><td>${r.commMs.toFixed(2)}</td><td>${((100 * r.commMs) / Math.max(1e-9, r.computeMs + r.commMs)).toFixed(0)}%</td></tr>`)
     .join("")
+  const incidents = (d.incidents ?? [])
+    .map((i) => `<tr><td>${escapeHtml(i.time)}</td><td>${escapeHtml(i.kind)}</td><td style="text-align:left">${escapeHtml(i.text)}</td></tr>`)
+    .join("")
   const lastText = Object.entries(last)
     .filter(([k, v]) => typeof v === "number" && k !== "report")
     .map(([k, v]) => `${escapeHtml(k)} = ${Number.isInteger(v) ? v : (v as number).toPrecision(4)}`)
@@ -238,6 +249,8 @@ ${d.error ? `<p class="error">run failed: ${escapeHtml(d.error)}</p>` : ""}
 <p>communication: ${commShare.toFixed(1)}% of step time over all ranks</p></div>
 <div class="card"><h2>Per rank (mean ms per step)</h2>
 <table><tr><th>rank</th><th>steps</th><th>compute</th><th>comm</th><th>comm share</th></tr>${rows}</table></div>
+${incidents ? `<div class="card" id="incidents"><h2>Restarts, resizes and outages</h2>
+<table><tr><th>time</th><th>what</th><th>detail</th></tr>${incidents}</table></div>` : ""}
 </div>
 <script type="application/json" id="gw-data">${json}</script>
 <script>${SCRIPT}</script>

@@ -6,7 +6,7 @@ import * as fs from "node:fs"
 import * as fsp from "node:fs/promises"
 import * as path from "node:path"
 import { writeFileAtomic } from "../../../core/atomic-file.ts"
-import { renderReport, type StepTime } from "./report-html.ts"
+import { renderReport, type Incident, type StepTime } from "./report-html.ts"
 import { threadName, type TraceEvent } from "./timeline.ts"
 
 export type { TraceEvent } from "./timeline.ts"
@@ -96,18 +96,43 @@ export class RunRecorder {
     }
   }
 
-  async finish(summary: { title: string; error?: string; restarts: number; history: ReadonlyArray<Record<string, unknown>> }): Promise<void> {
+  async finish(summary: {
+    title: string
+    error?: string
+    restarts: number
+    history: ReadonlyArray<Record<string, unknown>>
+    incidents?: ReadonlyArray<Incident>
+  }): Promise<void> {
     const keys = [...new Set(this.#rows.flatMap((r) => Object.keys(r)))]
     const csv = [keys.join(","), ...this.#rows.map((r) => keys.map((k) => csvCell(r[k])).join(","))].join("\n")
     const finishedAt = new Date().toISOString()
     await writeFileAtomic(path.join(this.dir, "metrics.csv"), `${csv}\n`)
     await writeFileAtomic(
       path.join(this.dir, "summary.json"),
-      JSON.stringify({ finishedAt, error: summary.error ?? null, restarts: summary.restarts, reports: summary.history.length, last: summary.history.at(-1) ?? null }, null, 2)
+      JSON.stringify(
+        {
+          finishedAt,
+          error: summary.error ?? null,
+          restarts: summary.restarts,
+          reports: summary.history.length,
+          last: summary.history.at(-1) ?? null,
+          incidents: summary.incidents ?? []
+        },
+        null,
+        2
+      )
     )
     await writeFileAtomic(
       path.join(this.dir, "report.html"),
-      renderReport({ title: summary.title, finishedAt, error: summary.error, restarts: summary.restarts, history: summary.history, steps: this.#steps })
+      renderReport({
+        title: summary.title,
+        finishedAt,
+        error: summary.error,
+        restarts: summary.restarts,
+        history: summary.history,
+        steps: this.#steps,
+        ...(summary.incidents ? { incidents: summary.incidents } : {})
+      })
     )
     if (this.#timeline) await writeFileAtomic(path.join(this.dir, "timeline.json"), this.#timelineJson())
   }

@@ -1,0 +1,212 @@
+// Training survives its infrastructure: the embedded nats-server killed with SIGKILL mid-run is
+// restarted and the run finishes; a bus that does not come back fails fit() with NatsUnavailable
+// after failureConfig.natsOutageTimeoutMs, carrying the partial Result; a checkpoint that cannot be
+// written (a full JetStream store) is retried, recorded in Result.checkpointErrors and
+// events.jsonl, and training goes on; a callback that throws is recorded, not fatal. Real
+// nats-server processes, real agents and worker processes.
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import * as fs from "node:fs/promises"
+import * as os from "node:os"
+import * as path from "node:path"
+import { Trainer, loadDigits, trainTestSplit, type ArrayDataset, type Result } from "../index.ts"
+import { NatsUnavailable } from "../core/errors.ts"
+import { launchNatsServer, liveNatsServerPids, type NatsServerProcess } from "../core/nats-server.ts"
+import { openNats } from "../core/connection.ts"
+import { launchAgent, type NodeAgent } from "../actors/node/agent.ts"
+import { silentLogger } from "../actors/runtime/log.ts"
+import { resultOf } from "../actors/train/result.ts"
+
+const LOOP = path.resolve("examples/digits/train.ts") + "#trainLoop"
+let storage: string
+let train: ArrayDataset
+let test: ArrayDataset
+
+beforeAll(async () => {
+  storage = await fs.mkdtemp(path.join(os.tmpdir(), "gw-resilience-"))
+  ;({ train, test } = trainTestSplit(await loadDigits(), 0.2, 7))
+})
+afterAll(async () => {
+  await fs.rm(storage, { recursive: true, force: true })
+  expect(liveNatsServerPids()).toEqual([])
+})
+
+const sameWeights = (r: Result): boolean => new Set(r.metricsPerRank.at(-1)!.map((m) => m.weights)).size === 1
+const events = async (dir: string): Promise<Array<Record<string, unknown>>> =>
+  (await fs.readFile(path.join(dir, "events.jsonl"), "utf8"))
+    .trim()
+    .split("\n")
+    .map((l) => JSON.parse(l) as Record<string, unknown>)
+
+/** A cluster of one in-process agent on a server the test owns (not supervised by gradwire). */
+const withAgent = async <A>(server: NatsServerProcess, cluster: string, fn: () => Promise<A>): Promise<A> => {
+  const conn = await openNats({ servers: server.url, name: "resilience test agent", maxReconnectAttempts: -1 })
+  let agent: NodeAgent | undefined
+  try {
+    agent = await launchAgent({
+      nc: conn.nc,
+      connection: { servers: [server.url] },
+      cluster,
+      nodeId: `${cluster}-node`,
+      head: true,
+      backends: ["wasm", "cpu"],
+      log: silentLogger,
+      ownerTimeoutMs: 5_000,
+      numCpus: Math.max(2, os.availableParallelism())
+    })
+    return await fn()
+  } finally {
+    await agent?.stop("test finished").catch(() => {})
+    await conn.close().catch(() => {})
+  }
+}
+
+describe("a supervised bus", () => {
+  it("finishes every epoch when the embedded nats-server is killed with SIGKILL mid-run, without counting a failure", async () => {
+    let killed = 0
+    const r = await new Trainer({
+      trainLoopPerWorker: LOOP,
+      trainLoopConfig: { epochs: 5 },
+      scalingConfig: { numWorkers: 2 },
+      runConfig: {
+        name: "nats-killed",
+        storagePath: storage,
+        progress: false,
+        // maxFailures 0: the restart must not be counted as a failure of the job.
+        failureConfig: { maxFailures: 0 },
+        callbacks: [
+          {
+            onReport: ({ index }) => {
+              if (index !== 1 || killed) return
+              const pids = liveNatsServerPids()
+              expect(pids).toHaveLength(1)
+              killed = pids[0]
+              process.kill(killed, "SIGKILL")
+            }
+          }
+        ]
+      },
+      datasets: { train, test }
+    }).fit()
+    expect(killed).toBeGreaterThan(0)
+    expect(r.natsServerRestarts).toBe(1)
+    expect(r.busOutages.length).toBeGreaterThanOrEqual(1)
+    expect(r.busOutages[0].serverRestarted).toBe(true)
+    expect(r.restarts).toBe(1)
+    expect(r.countedFailures).toBe(0)
+    // Every epoch reported once after the resume point; the last round has the same weights everywhere.
+    const epochs = r.metricsHistory.map((m) => m.epoch as number)
+    expect(new Set(epochs)).toEqual(new Set([0, 1, 2, 3, 4]))
+    expect(epochs.at(-1)).toBe(4)
+    expect(sameWeights(r)).toBe(true)
+    const ev = await events(r.path)
+    expect(ev.some((e) => e.type === "nats-server-exit" && e.pid === killed)).toBe(true)
+    expect(ev.some((e) => e.type === "nats-server-restart")).toBe(true)
+    expect(ev.some((e) => e.type === "bus-down")).toBe(true)
+    expect(ev.some((e) => e.type === "restart" && e.kind === "bus" && e.counted === false)).toBe(true)
+    const report = await fs.readFile(path.join(r.path, "report.html"), "utf8")
+    expect(report).toContain("embedded nats-server")
+  })
+
+  it("fails with NatsUnavailable carrying the partial Result when the bus stays away past natsOutageTimeoutMs", async () => {
+    const server = await launchNatsServer({ maxPayload: 8 * 1024 * 1024 })
+    try {
+      const started = Date.now()
+      let stoppedAt = 0
+      const err = await withAgent(server, "gone", () =>
+        new Trainer({
+          trainLoopPerWorker: LOOP,
+          trainLoopConfig: { epochs: 30 },
+          scalingConfig: { numWorkers: 2 },
+          runConfig: {
+            name: "nats-gone",
+            storagePath: storage,
+            progress: false,
+            failureConfig: { natsOutageTimeoutMs: 3_000 },
+            callbacks: [
+              {
+                onReport: ({ index }) => {
+                  if (index === 1 && !stoppedAt) {
+                    stoppedAt = Date.now()
+                    server.kill("SIGKILL")
+                  }
+                }
+              }
+            ]
+          },
+          datasets: { train, test },
+          cluster: { address: server.url, clusterName: "gone" }
+        })
+          .fit()
+          .then(() => new Error("fit() resolved although its NATS server was gone"), (e: unknown) => e)
+      )
+      expect(err).toBeInstanceOf(NatsUnavailable)
+      const e = err as NatsUnavailable
+      expect(e.timeoutMs).toBe(3_000)
+      expect(e.outageMs).toBeGreaterThanOrEqual(3_000)
+      expect(e.message).toMatch(/natsOutageTimeoutMs/)
+      expect(e.message).toContain(server.url)
+      // One channel: the rejection carries what was achieved (two report rounds, a checkpoint).
+      const partial = resultOf(err)
+      expect(partial?.metricsHistory.map((m) => m.epoch)).toEqual([0, 1])
+      expect(partial?.checkpoint?.path).toMatch(/checkpoint_000001$/)
+      expect(partial?.busOutages).toHaveLength(1)
+      expect(stoppedAt).toBeGreaterThan(started)
+      const ev = await events(partial!.path)
+      expect(ev.some((x) => x.type === "bus-expired")).toBe(true)
+    } finally {
+      await server.stop()
+    }
+  })
+})
+
+describe("failures of our own side surface", () => {
+  it("a checkpoint the object store cannot hold is retried, recorded in the Result and events.jsonl, and training goes on", async () => {
+    // A real full store: JetStream limited to a few KiB, smaller than any checkpoint of the model.
+    const dir = await fs.mkdtemp(path.join(os.tmpdir(), "gw-fullstore-"))
+    const server = await launchNatsServer({
+      maxPayload: 8 * 1024 * 1024,
+      jetstream: false,
+      extraConfig: `jetstream { store_dir: "${dir}", max_file_store: 16384, max_memory_store: 16384 }`
+    })
+    try {
+      const onCheckpoint: string[] = []
+      const r = await withAgent(server, "full", () =>
+        new Trainer({
+          trainLoopPerWorker: LOOP,
+          trainLoopConfig: { epochs: 2 },
+          scalingConfig: { numWorkers: 2 },
+          runConfig: {
+            name: "store-full",
+            storagePath: storage,
+            progress: false,
+            checkpointConfig: { objectStore: "tiny" },
+            callbacks: [
+              { onCheckpoint: ({ path: p }) => void onCheckpoint.push(p) },
+              {
+                onReport: () => {
+                  throw new Error("a user callback that throws")
+                }
+              }
+            ]
+          },
+          datasets: { train, test },
+          cluster: { address: server.url, clusterName: "full" }
+        }).fit()
+      )
+      expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1])
+      expect(r.checkpoint).toBeUndefined()
+      expect(onCheckpoint).toEqual([])
+      expect(r.checkpointErrors.map((c) => c.round)).toEqual([0, 1])
+      expect(r.checkpointErrors.every((c) => c.attempts === 3 && c.message.length > 0)).toBe(true)
+      const ev = await events(r.path)
+      expect(ev.filter((e) => e.type === "checkpoint-error")).toHaveLength(2)
+      // The throwing callback is logged with its message each round, not dropped, not fatal.
+      const cb = ev.filter((e) => e.type === "callback-error")
+      expect(cb).toHaveLength(2)
+      expect(cb[0]).toMatchObject({ callback: "onReport", message: "a user callback that throws" })
+    } finally {
+      await server.stop()
+      await fs.rm(dir, { recursive: true, force: true })
+    }
+  })
+})
