@@ -1,0 +1,166 @@
+// Elastic groups (scalingConfig.numWorkers: { min, max }): the sizing logic on its own (pure), and a
+// run on two CLI-started agents of 2 CPUs each that survives kill -9 of one agent by shrinking to
+// 2 workers, then grows back to 4 when a new agent joins, finishing every epoch with identical
+// weights on every rank. Real nats-server, real agent and worker processes.
+import { spawn, type ChildProcess } from "node:child_process"
+import * as fs from "node:fs/promises"
+import * as os from "node:os"
+import * as path from "node:path"
+import { Result as R } from "effect"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { Trainer, loadDigits, trainTestSplit, type ArrayDataset } from "../index.ts"
+import { launchNatsServer, type NatsServerProcess } from "../core/nats-server.ts"
+import { openNats } from "../core/connection.ts"
+import { openClusterView } from "../scheduler/cluster-view.ts"
+import { growTo, idle, planLargest, releasingJob } from "../actors/train/elastic.ts"
+import type { NodeAdvertisement } from "../scheduler/node-info.ts"
+import { CLI } from "./support/actors-processes.ts"
+
+const ad = (nodeId: string, cpus: number, used: number, processes: Array<{ job: string; cpus: number }>): NodeAdvertisement => ({
+  v: 1,
+  cluster: "c",
+  nodeId,
+  hostname: nodeId,
+  pid: 1,
+  head: false,
+  startedAt: 0,
+  sentAt: 0,
+  seq: 0,
+  heartbeatMs: 500,
+  cpus,
+  memoryBytes: 8e9,
+  gpus: [],
+  backends: ["wasm", "cpu"],
+  backendsProbed: true,
+  backendErrors: {},
+  nats: { serverId: "s", serverName: "s", url: "nats://127.0.0.1:4222", cluster: "" },
+  labels: {},
+  custom: {},
+  used: { cpus: used, memoryBytes: 0, gpuIndices: [], custom: {} },
+  processes: processes.map((p, i) => ({
+    job: p.job,
+    name: `w${i}`,
+    instance: `i${i}`,
+    pid: 100 + i,
+    owner: "driver",
+    resources: { CPU: p.cpus },
+    gpus: [],
+    startedAt: 0
+  })),
+  leaving: false,
+  version: "test"
+})
+
+describe("elastic sizing (pure)", () => {
+  const request = { jobId: "mine", backend: "wasm" as const }
+
+  it("places the largest size between min and max that fits, or fails with min's reason", () => {
+    const nodes = [ad("a", 2, 0, []), ad("b", 1, 0, [])].map((a) => releasingJob([a], "mine")[0])
+    const plan = planLargest(request, { min: 2, max: 4 }, nodes)
+    expect(R.isSuccess(plan) && plan.success.ranks.length).toBe(3)
+    const none = planLargest(request, { min: 4, max: 6 }, nodes)
+    expect(R.isFailure(none) && none.failure.message).toMatch(/4 workers/)
+  })
+
+  it("counts the job's own workers as free when deciding whether a running group could grow", () => {
+    // Node a runs 2 of our workers (2 CPUs used, by us); node b just joined with 2 free CPUs.
+    const ads = [ad("a", 2, 2, [{ job: "mine", cpus: 1 }, { job: "mine", cpus: 1 }]), ad("b", 2, 0, [])]
+    expect(growTo(request, 2, 4, releasingJob(ads, "mine"))).toBe(4)
+    // Another job's processes are not ours to release.
+    const busy = [ad("a", 2, 2, [{ job: "other", cpus: 2 }]), ad("b", 2, 0, [])]
+    expect(growTo(request, 2, 4, releasingJob(busy, "mine"))).toBeUndefined()
+    // Nothing above the current size: no growth.
+    expect(growTo(request, 4, 4, releasingJob(ads, "mine"))).toBeUndefined()
+  })
+
+  it("idle() drops usage, so a request the cluster could never hold is told apart from a busy cluster", () => {
+    const nodes = releasingJob([ad("a", 2, 2, [{ job: "other", cpus: 2 }])], "mine")
+    expect(R.isFailure(planLargest(request, { min: 2, max: 2 }, nodes))).toBe(true)
+    expect(R.isSuccess(planLargest(request, { min: 2, max: 2 }, idle(nodes)))).toBe(true)
+  })
+})
+
+describe("an elastic run on two agents", () => {
+  let server: NatsServerProcess
+  let work: string
+  let train: ArrayDataset
+  let test: ArrayDataset
+  const agents = new Map<string, ChildProcess>()
+
+  const startAgent = (node: string): ChildProcess => {
+    const p = spawn(
+      process.execPath,
+      [CLI, "start", "--address", server.url, "--cluster", "elastic", "--node-id", node, "--num-cpus", "2", "--backends", "wasm,cpu", "--block", "--state-dir", path.join(work, node)],
+      { stdio: ["ignore", "ignore", "ignore"] }
+    )
+    agents.set(node, p)
+    return p
+  }
+
+  beforeAll(async () => {
+    work = await fs.mkdtemp(path.join(os.tmpdir(), "gw-elastic-"))
+    ;({ train, test } = trainTestSplit(await loadDigits(), 0.2, 7))
+    server = await launchNatsServer({ maxPayload: 8 * 1024 * 1024 })
+  })
+  afterAll(async () => {
+    for (const p of agents.values()) if (p.exitCode === null && p.signalCode === null) p.kill("SIGKILL")
+    await server?.stop()
+    await fs.rm(work, { recursive: true, force: true })
+  })
+
+  it("survives kill -9 of one agent by shrinking to 2 workers, and grows back to 4 when a new agent joins", { timeout: 240_000 }, async () => {
+    startAgent("a")
+    startAgent("b")
+    const conn = await openNats({ servers: server.url, name: "elastic test" })
+    const view = await openClusterView({ nc: conn.nc, cluster: "elastic" })
+    try {
+      await view.waitFor((nodes) => nodes.filter((n) => n.state === "alive").length === 2, 30_000)
+    } finally {
+      view.close()
+      await conn.close()
+    }
+    let phase: "full" | "shrunk" | "grown" = "full"
+    const r = await new Trainer({
+      trainLoopPerWorker: path.resolve("examples/digits/train.ts") + "#trainLoop",
+      // Enough epochs that the new agent (a few seconds to start) joins while the shrunk group trains.
+      trainLoopConfig: { epochs: 24 },
+      scalingConfig: { numWorkers: { min: 2, max: 4 }, placementTimeoutMs: 30_000 },
+      runConfig: {
+        name: "elastic",
+        storagePath: work,
+        progress: false,
+        failureConfig: { maxFailures: 2 },
+        callbacks: [
+          {
+            onReport: ({ index, perRank }) => {
+              if (phase === "full" && index === 1 && perRank.length === 4) {
+                phase = "shrunk"
+                agents.get("b")!.kill("SIGKILL")
+              } else if (phase === "shrunk" && perRank.length === 2) {
+                phase = "grown"
+                startAgent("c")
+              }
+            }
+          }
+        ]
+      },
+      datasets: { train, test },
+      cluster: { address: server.url, clusterName: "elastic" }
+    }).fit()
+    expect(r.resizes.map((z) => [z.from, z.to])).toEqual([
+      [4, 2],
+      [2, 4]
+    ])
+    expect(r.resizes[0].reason).toMatch(/lost a node|node-lost|died/)
+    // Every epoch trained; the last round ran at full size with one set of weights.
+    const epochs = r.metricsHistory.map((m) => m.epoch as number)
+    expect(new Set(epochs)).toEqual(new Set(Array.from({ length: 24 }, (_, i) => i)))
+    const last = r.metricsPerRank.at(-1)!
+    expect(last).toHaveLength(4)
+    expect(new Set(last.map((m) => m.weights)).size).toBe(1)
+    // The shrunk rounds ran at world size 2.
+    expect(r.metricsPerRank.some((round) => round.length === 2 && round.every((m) => m.world_size === 2))).toBe(true)
+    const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as { type: string })
+    expect(events.filter((e) => e.type === "resize")).toHaveLength(2)
+  })
+})
