@@ -24,8 +24,7 @@
 // aborted communicator rejects further calls: create a new one (new group name).
 import os from "node:os"
 import type { Msg, NatsConnection, Subscription } from "@nats-io/nats-core"
-import "../core/nats-receive.ts" // large messages: one buffer per message, see there
-import "../core/nats-send.ts" // large flushes: pooled buffers, see there
+import { installNatsPatches } from "../core/nats-internals/index.ts"
 import { jobSubjects } from "../core/subjects.ts"
 import { allGatherBlocks, broadcastChunks, disseminationBarrier } from "./broadcast.ts"
 import {
@@ -311,6 +310,8 @@ export class Communicator {
    * group's size and settings. All ranks must call it with the same group, worldSize and settings.
    */
   static async create(opts: CommunicatorOptions): Promise<Communicator> {
+    // the pooled receive and send buffers the collectives give back to (a no-op after openNats did it)
+    installNatsPatches()
     const { nc, rank, worldSize, group } = opts
     const cnc = opts.controlNc ?? nc
     if (!Number.isInteger(worldSize) || worldSize < 1 || !Number.isInteger(rank) || rank < 0 || rank >= worldSize) {
