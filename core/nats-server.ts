@@ -22,6 +22,7 @@ import * as path from "node:path"
 import { isMainThread } from "node:worker_threads"
 import { Effect, type Scope } from "effect"
 import { NatsServerNotFound, NatsServerStartError } from "./errors.ts"
+import * as settings from "./settings.ts"
 
 // ---------------------------------------------------------------------------------------------
 // Options and public shapes
@@ -114,13 +115,13 @@ const isExecutableFile = (file: string): boolean => {
  * asked for that one), else PATH plus the usual install dirs that are often missing from PATH.
  */
 export const findNatsServerBinary = (explicit?: string): string => {
-  const wanted = explicit ?? process.env.NATS_SERVER_BIN
+  const wanted = explicit ?? settings.natsServerBin.read()
   if (wanted) {
     if (isExecutableFile(wanted)) return path.resolve(wanted)
     throw new NatsServerNotFound({ binary: wanted })
   }
   const dirs = [
-    ...(process.env.PATH ?? "").split(path.delimiter).filter(Boolean),
+    ...settings.searchPath.read(),
     "/usr/sbin",
     "/usr/local/bin",
     "/opt/homebrew/bin",

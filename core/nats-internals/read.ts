@@ -22,6 +22,7 @@
 // connect dialling through it).
 import { createConnection, type Socket } from "node:net"
 import { BufferPool } from "../chunking.ts"
+import * as settings from "../settings.ts"
 
 /** Bytes per read buffer (Node's own read size). */
 export const READ_BYTES = 64 * 1024
@@ -100,7 +101,7 @@ export const installReadPatch = (NodeTransport: { prototype: object }): void => 
   if (proto[MARK]) return
   const dial = proto.dial as Dial
   proto.dial = function (this: TransportLike, hp: { port: number; hostname: string }): Promise<Socket> {
-    if (process.env.GRADWIRE_NATS_READ_POOL === "0" || this.options?.tls || typeof hp?.port !== "number") return dial.call(this, hp)
+    if (!settings.natsReadPool.read() || this.options?.tls || typeof hp?.port !== "number") return dial.call(this, hp)
     return pooledDial(hp)
   }
   proto[MARK] = true
