@@ -24,6 +24,13 @@
 // aborted communicator rejects further calls: create a new one (new group name).
 import os from "node:os"
 import type { Msg, NatsConnection, Subscription } from "@nats-io/nats-core"
+import {
+  COLLECTIVE_CHUNK_BYTES as DEFAULT_CHUNK_BYTES,
+  COLLECTIVE_CREATE_TIMEOUT_MS as DEFAULT_CREATE_TIMEOUT_MS,
+  COLLECTIVE_EARLY_LIMIT_BYTES as DEFAULT_EARLY_LIMIT,
+  COLLECTIVE_TIMEOUT_MS as DEFAULT_TIMEOUT_MS,
+  COLLECTIVE_WINDOW_BYTES as DEFAULT_WINDOW_BYTES
+} from "../core/defaults.ts"
 import { installNatsPatches } from "../core/nats-internals/index.ts"
 import { jobSubjects } from "../core/subjects.ts"
 import { allGatherBlocks, broadcastChunks, disseminationBarrier } from "./broadcast.ts"
@@ -68,7 +75,7 @@ export interface CommunicatorOptions {
   readonly worldSize: number
   /** Node id of this rank; ranks with the same id form one node for hierarchical all-reduce. Default: the host name. */
   readonly node?: string
-  /** Deadline of every wait: a collective fails when no frame for it arrived for this long. Default 60 s. */
+  /** Deadline of every wait: a collective fails when no frame for it arrived for this long. Default 30 s (core/defaults.ts). */
   readonly timeoutMs?: number
   /** Deadline of the start-up handshake. Default 60 s. */
   readonly createTimeoutMs?: number
@@ -152,10 +159,6 @@ export interface AllGatherOptions extends CallOptions {
   readonly out?: Float32Array
 }
 
-const DEFAULT_TIMEOUT_MS = 60_000
-const DEFAULT_CHUNK_BYTES = 4 << 20
-const DEFAULT_WINDOW_BYTES = 16 << 20
-const DEFAULT_EARLY_LIMIT = 512 << 20
 const MIN_CHUNK_ELEMS = (64 << 10) / 4
 const PROTOCOL_VERSION = 1
 
@@ -403,7 +406,7 @@ export class Communicator {
         cnc.subscribe(subjects.collControlFanoutInbound(group), { callback: onMsg })
       )
       await cnc.flush()
-      const deadline = Date.now() + (opts.createTimeoutMs ?? DEFAULT_TIMEOUT_MS)
+      const deadline = Date.now() + (opts.createTimeoutMs ?? DEFAULT_CREATE_TIMEOUT_MS)
       let interval = 20
       let lastSent = -1
       for (;;) {
@@ -435,7 +438,7 @@ export class Communicator {
             seq: 0,
             waitingFor: silent.length > 0 ? silent : notReady,
             unresponsive: silent,
-            timeoutMs: opts.createTimeoutMs ?? DEFAULT_TIMEOUT_MS
+            timeoutMs: opts.createTimeoutMs ?? DEFAULT_CREATE_TIMEOUT_MS
           })
         }
         await sleep(heardAll ? 20 : 10)

@@ -8,6 +8,7 @@ import { hostname } from "node:os"
 import { nuid, type Msg, type NatsConnection, type Subscription } from "@nats-io/nats-core"
 import { Cause, Context, Effect, Exit, Layer, type Scope } from "effect"
 import { Nats } from "../../core/connection.ts"
+import { NATS_MAX_PAYLOAD_BYTES } from "../../core/defaults.ts"
 import { NatsOperationError } from "../../core/errors.ts"
 import { assertToken, jobSubjects, type JobSubjects } from "../../core/subjects.ts"
 import { settleWithin } from "./deadline.ts"
@@ -132,7 +133,7 @@ export class ActorSystem {
    * because a reconnect may land on a server of the cluster with another limit.
    */
   get maxPayload(): number {
-    return this.#maxPayload ?? this.nc.info?.max_payload ?? 1024 * 1024
+    return this.#maxPayload ?? this.nc.info?.max_payload ?? NATS_MAX_PAYLOAD_BYTES
   }
 
   get closed(): boolean {
