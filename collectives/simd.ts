@@ -10,8 +10,10 @@
 //
 // Results are bit-for-bit those of the scalar loops (float16.ts, kernels.ts, compression/; tested),
 // so ranks agree whether or not SIMD is available; only which NaN an fp32 sum of NaNs gives may
-// differ (a collective's final values are finished on one rank and copied, so ranks still agree). Without WebAssembly SIMD, or with
-// GRADWIRE_SIMD=0, every function here returns false and the caller runs its scalar loop.
+// differ (a collective's final values are finished on one rank and copied, so ranks still agree).
+// Without WebAssembly SIMD, or with GRADWIRE_SIMD=0, every function here declines and the caller
+// runs its scalar loop: false from most, -1 from topkCompensateSimd, undefined from
+// int8FeedbackSimd and simdSpace (and simdAvailable() is false).
 import * as settings from "../core/settings.ts"
 import { KERNELS_WASM_BASE64 } from "./simd/kernels-wasm.ts"
 

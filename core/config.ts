@@ -66,7 +66,7 @@ export const RunConfig = Schema.Struct({
   storagePath: Schema.optional(Schema.String.check(Schema.isNonEmpty())),
   checkpointConfig: Schema.optional(CheckpointConfig),
   failureConfig: Schema.optional(FailureConfig),
-  /** Objects with optional hooks (onReport, onCheckpoint, onRestart, onEnd); functions cannot be validated by shape. */
+  /** Objects with optional hooks (TrainerCallbacks: onReport, onCheckpoint, onRestart, onStateChange, onProgress); functions cannot be validated by shape. */
   callbacks: Schema.optional(Schema.Array(Schema.Unknown)),
   /** Live progress in the terminal: "auto" (bars on a TTY, plain lines otherwise), or off. */
   progress: Schema.optional(Schema.Union([Schema.Boolean, Schema.Literal("auto")])),

@@ -133,8 +133,10 @@ export class CostModelFitError extends Schema.TaggedError<CostModelFitError>()("
 export const DEFAULT_CHUNK_BYTES = COST_MODEL_CHUNK_BYTES
 
 /**
- * Loopback figures from ANCHORS.md (request-reply 16 B: 0.32 ms round trip; one publisher to one
- * subscriber: 0.55 GB/s); cross-server guessed at 1.5x. A placeholder until a probe has run.
+ * Loopback figures measured on a 2-core development machine (nats-server request-reply of 16 B:
+ * 0.32 ms median round trip, as `npm run bench -- actors` measures raw NATS; one publisher to one
+ * subscriber with 1 MiB messages: 0.55 GB/s, nats-server taking a whole core, as `npm run bench --
+ * codec` measures raw NATS); cross-server guessed at 1.5x. A placeholder until a probe has run.
  */
 export const defaultCostModel = (): CostModel => ({
   links: {
