@@ -2,7 +2,7 @@
 // fresh temp dir, waits until it answers, and makes sure it never outlives us. Used by
 // `Trainer.fit()` without a cluster address, by `gradwire start --head`, and by every integration
 // test. Promise API (`launchNatsServer`, `launchNatsCluster`) for plain code, Effect API
-// (`startNatsServer`, `startNatsCluster`) for scoped use.
+// (`launchNatsServerEffect`, `launchNatsClusterEffect`) for scoped use.
 //
 // How "never an orphan" is guaranteed:
 // - The server is not our child: a tiny POSIX sh guardian is. The guardian starts the server,
@@ -803,7 +803,7 @@ export const launchNatsCluster = async (n = 3, options: NatsClusterOptions = {})
 // Effect API
 
 /** A nats-server that lives as long as the enclosing scope. */
-export const startNatsServer = (
+export const launchNatsServerEffect = (
   options?: NatsServerOptions
 ): Effect.Effect<NatsServerProcess, NatsServerNotFound | NatsServerStartError, Scope.Scope> =>
   Effect.acquireRelease(
@@ -812,7 +812,7 @@ export const startNatsServer = (
   )
 
 /** A routed cluster of `n` nats-servers that lives as long as the enclosing scope. */
-export const startNatsCluster = (
+export const launchNatsClusterEffect = (
   n = 3,
   options?: NatsClusterOptions
 ): Effect.Effect<NatsCluster, NatsServerNotFound | NatsServerStartError, Scope.Scope> =>

@@ -65,6 +65,17 @@ describe("layout", () => {
     }
   })
 
+  it("examples import only the public entry points (index.ts, effect.ts) and each other", () => {
+    const wrong: string[] = []
+    for (const f of sourceFiles("examples")) {
+      for (const target of importsOf(f)) {
+        if (target !== "index.ts" && target !== "effect.ts" && !target.startsWith("examples/")) wrong.push(`${f} imports ${target}`)
+      }
+    }
+    expect(sourceFiles("examples").length).toBeGreaterThan(5)
+    expect(wrong).toEqual([])
+  })
+
   it("the checker sees an import that goes up", () => {
     const tmp = path.join(ROOT, "core", "__layout_probe.tmp.ts")
     fs.writeFileSync(tmp, 'import { Trainer } from "../actors/train/trainer.ts"\nexport const x = Trainer\n')
