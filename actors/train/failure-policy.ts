@@ -49,5 +49,5 @@ export const decide = (failure: GroupFailure, failuresSoFar: number, maxFailures
   return { action: "restart", failuresSoFar: failuresSoFar + 1 }
 }
 
-/** The trainer's states; each transition is written to the run directory's events.jsonl and passed to the onStateChange callbacks. */
+/** The trainer's states; transitions are logged and kept in Result.attempts. */
 export type TrainerState = "scheduling" | "running" | "restarting" | "finished" | "errored"
