@@ -1,13 +1,10 @@
-// gradwire's public entry point: everything a user touches is exported from here; the rest is
-// internal and may change.
-export * from "./core/errors.ts"
-export type { Tf, BackendKind } from "./core/engine.ts"
-export { loadEngine } from "./core/engine.ts"
-export { loadDigits, makeDataset, trainTestSplit, shardIndices, type ArrayDataset } from "./core/datasets.ts"
-export * from "./core/config.ts"
-export { launchNatsServer, launchNatsCluster, startNatsServer } from "./core/nats-server.ts"
-export { openNats, connectNats, Nats, NatsLayer } from "./core/connection.ts"
-export { encodeMessage, decodeMessage, wireTensor, WireTensor } from "./core/wire.ts"
+// gradwire's public entry point ("gradwire"), for Promise code: what a user of the Trainer, of
+// custom collectives and of the actor runtime touches. Functions here return Promises and have
+// plain names; their Effect versions, named <name>Effect, and the Effect Layers and services are
+// in effect.ts ("gradwire/effect"). Everything not exported from one of the two is internal and
+// may change (the wire format, the embedded nats-server launchers, the node agent's internals).
+
+// Training
 export {
   Trainer,
   TrainingFailed,
@@ -22,7 +19,37 @@ export {
 export type { Resize, CheckpointError, BusOutage } from "./actors/train/result.ts"
 export { TrainContext, DatasetShard, type Checkpoint, type ReportOptions } from "./actors/train/train-context.ts"
 export { DataParallelModel } from "./actors/train/data-parallel.ts"
+export { loadDigits, makeDataset, trainTestSplit, shardIndices, type ArrayDataset } from "./core/datasets.ts"
+export type { Tf, BackendKind } from "./core/engine.ts"
+export { loadEngine } from "./core/engine.ts"
+
+// The configs (Schemas and their types: ScalingConfig, RunConfig, CheckpointConfig, FailureConfig,
+// CollectiveConfig, ClusterConfig, TrainLoopRef, ...)
+export * from "./core/config.ts"
+
+// Typed errors a user catches (configs, NATS, placement, training, collectives, actors)
+export * from "./core/errors.ts"
+export { PlacementInfeasible } from "./scheduler/placement.ts"
+export {
+  CollectiveAborted,
+  CollectiveArgumentError,
+  CollectiveOverflow,
+  CollectiveProtocolError,
+  CollectiveTimeout,
+  CommunicatorClosed,
+  ConnectionLost,
+  GroupMismatch,
+  LengthMismatch,
+  OpMismatch,
+  type CollectiveError
+} from "./collectives/errors.ts"
+
+// Custom collectives (ctx.communicator in a training loop)
 export { Communicator } from "./collectives/communicator.ts"
 export type { ReducerStats } from "./collectives/gradient-reducer.ts"
+
+// The NATS connection, for code that opens its own (an actor system, for example)
+export { openNats, type NatsConnectOptions, type NatsHandle } from "./core/connection.ts"
+
+// The actor runtime, for users who write their own actors
 export * from "./actors/index.ts"
-export { PlacementInfeasible } from "./scheduler/placement.ts"

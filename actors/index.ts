@@ -1,13 +1,11 @@
-// The actor runtime's public surface: what the trainer, worker and checkpoint actors (and users who
-// write their own actors) import. The root entry point re-exports it.
+// The actor runtime's public surface for users who write their own actors, in its Promise form: the
+// root entry re-exports it. The Effect versions (launchActorEffect, launchSupervisorEffect,
+// spawnActorEffect, makeActorSystemEffect and the Layers) are in the root's effect.ts
+// (`gradwire/effect`); the node agent itself is run by `gradwire start`, not imported.
 export { defineProtocol, type AnySchema, type AskKindOf, type KindOf, type Protocol, type ProtocolSpec, type ReplyOf, type RequestOf } from "./runtime/protocol.ts"
 export { WireTensorSchema, wireTensorOf } from "./runtime/tensor-schema.ts"
 export {
   ActorSystem,
-  ActorSystemFromNats,
-  ActorSystemLayer,
-  ActorSystemService,
-  makeActorSystem,
   DEFAULT_ASK_TIMEOUT_MS,
   type ActorRef,
   type ActorSystemOptions,
@@ -19,7 +17,6 @@ export {
   isActorDefinition,
   launchActor,
   pingActor,
-  startActor,
   stopRemoteActor,
   type ActorContext,
   type ActorDefinition,
@@ -40,16 +37,13 @@ export {
   launchSupervisor,
   localChild,
   restartOnFailure,
-  supervise,
   type Child,
   type Decision,
   type SuperviseOptions,
   type Supervision,
   type SupervisionPolicy
 } from "./runtime/supervisor.ts"
-export { agentRef, spawnActor, spawnActorEffect, spawnedChild, type SpawnedActor, type SpawnOptions } from "./node/spawn.ts"
-export { AgentProtocol } from "./node/agent-protocol.ts"
-export { NodeAgent, launchAgent, startAgent, type AgentOptions } from "./node/agent.ts"
+export { agentRef, spawnActor, spawnedChild, type SpawnedActor, type SpawnOptions } from "./node/spawn.ts"
 export { openConnection, type ConnectionSpec } from "../core/connection-spec.ts"
 export { stderrLogger, silentLogger, type ActorLogger } from "./runtime/log.ts"
 export {

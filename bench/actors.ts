@@ -15,6 +15,7 @@ import { defineProtocol } from "../actors/runtime/protocol.ts"
 import { spawnActor } from "../actors/node/spawn.ts"
 import { ActorSystem } from "../actors/runtime/system.ts"
 import { launchNatsServer } from "../core/nats-server.ts"
+import { installNatsPatches } from "../core/nats-internals/index.ts"
 
 const Stats = Schema.Struct({ median: Schema.Number, p99: Schema.Number, mean: Schema.Number })
 
@@ -88,6 +89,7 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
   const spawns = Number(flag(args, "spawns", "5"))
   const self = fileURLToPath(import.meta.url)
   const server = await launchNatsServer({ maxPayload: 8 * 1024 * 1024 })
+  installNatsPatches() // as openNats does
   const nc = await connect({ servers: server.url })
   const agentConn = await connect({ servers: server.url })
   const agent = await launchAgent({

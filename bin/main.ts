@@ -7,6 +7,7 @@ import { defaultStateDir, describeStarted, explainConnectError, runAgent, startI
 import { readState } from "../actors/node/agent-state.ts"
 import { ALL_BACKENDS, type BackendName } from "../actors/node/node-probe.ts"
 import { validToken } from "../core/subjects.ts"
+import * as settings from "../core/settings.ts"
 
 const usage = `usage: gradwire <command> [options]
 
@@ -90,7 +91,7 @@ const keyValues = (flag: string, raw: string | undefined): Record<string, string
 }
 
 const clusterName = (flags: Flags): string => {
-  const name = flags.cluster ?? process.env.GRADWIRE_CLUSTER ?? "default"
+  const name = flags.cluster ?? settings.clusterName.read() ?? "default"
   if (!validToken(name)) throw new UsageError(`--cluster "${name}" is not a valid name: use letters, digits, "_" or "-"`)
   return name
 }
@@ -98,7 +99,7 @@ const clusterName = (flags: Flags): string => {
 const stateDir = (flags: Flags): string => flags["state-dir"] ?? defaultStateDir()
 
 const startOptions = (flags: Flags): StartOptions => {
-  const address = flags.address ?? process.env.GRADWIRE_ADDRESS
+  const address = flags.address ?? settings.clusterAddress.read()
   if (!flags.head && !address) throw new UsageError("start needs --head (this is the head node) or --address nats://host:port (join a cluster)")
   if (flags.token !== undefined && flags.user !== undefined) throw new UsageError("give either --token or --user/--password, not both")
   if (flags.password !== undefined && flags.user === undefined) throw new UsageError("--password needs --user")
@@ -166,7 +167,7 @@ const start = async (flags: Flags, rawArgs: string[]): Promise<number> => {
 const status = async (flags: Flags): Promise<number> => {
   const cluster = clusterName(flags)
   const local = readState(stateDir(flags))
-  const address = flags.address ?? process.env.GRADWIRE_ADDRESS ?? (local && local.cluster === cluster ? local.address : undefined) ?? "nats://127.0.0.1:4222"
+  const address = flags.address ?? settings.clusterAddress.read() ?? (local && local.cluster === cluster ? local.address : undefined) ?? "nats://127.0.0.1:4222"
   const creds = {
     ...(flags.user !== undefined ? { user: flags.user, password: flags.password ?? "" } : {}),
     ...(flags.token !== undefined ? { token: flags.token } : {}),

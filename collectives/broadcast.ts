@@ -9,7 +9,7 @@ import { assign } from "./kernels.ts"
 import { Flag, type Frame } from "./frames.ts"
 import type { Operation } from "./operation.ts"
 import { chunkCount, chunkLength, mod } from "./segments.ts"
-import { releaseReceived } from "../core/nats-receive.ts"
+import { releaseReceived } from "../core/nats-internals/index.ts"
 
 const checkChunk = (op: Operation, f: Frame, len: number, C: number, half: boolean, expectedChunk: number, base: number): number => {
   const n = chunkLength(len, C, f.chunk)

@@ -8,6 +8,7 @@
 // always started in plan order (whatever order gradients arrive in): every rank issues the same
 // collectives in the same order. A variable at least as large as a bucket is reduced in place in
 // the caller's array, with no packing copy.
+import { BUCKET_SIZE_MIB, FIRST_BUCKET_SIZE_MIB, MiB } from "../core/defaults.ts"
 import type { AllReduceOptions, Communicator } from "./communicator.ts"
 import { CollectiveArgumentError } from "./errors.ts"
 
@@ -30,8 +31,8 @@ export interface Bucket {
   readonly direct: boolean
 }
 
-export const DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
-export const DEFAULT_FIRST_BUCKET_BYTES = 1024 * 1024
+export const DEFAULT_BUCKET_BYTES = BUCKET_SIZE_MIB * MiB
+export const DEFAULT_FIRST_BUCKET_BYTES = FIRST_BUCKET_SIZE_MIB * MiB
 
 /** Packs variables (element counts, in order) into buckets: greedy, in order, by byte size. */
 export const planBuckets = (sizes: ReadonlyArray<number>, bucketBytes = DEFAULT_BUCKET_BYTES, firstBucketBytes = DEFAULT_FIRST_BUCKET_BYTES): Bucket[] => {

@@ -24,8 +24,14 @@
 // aborted communicator rejects further calls: create a new one (new group name).
 import os from "node:os"
 import type { Msg, NatsConnection, Subscription } from "@nats-io/nats-core"
-import "../core/nats-receive.ts" // large messages: one buffer per message, see there
-import "../core/nats-send.ts" // large flushes: pooled buffers, see there
+import {
+  COLLECTIVE_CHUNK_BYTES as DEFAULT_CHUNK_BYTES,
+  COLLECTIVE_CREATE_TIMEOUT_MS as DEFAULT_CREATE_TIMEOUT_MS,
+  COLLECTIVE_EARLY_LIMIT_BYTES as DEFAULT_EARLY_LIMIT,
+  COLLECTIVE_TIMEOUT_MS as DEFAULT_TIMEOUT_MS,
+  COLLECTIVE_WINDOW_BYTES as DEFAULT_WINDOW_BYTES
+} from "../core/defaults.ts"
+import { installNatsPatches } from "../core/nats-internals/index.ts"
 import { jobSubjects } from "../core/subjects.ts"
 import { allGatherBlocks, broadcastChunks, disseminationBarrier } from "./broadcast.ts"
 import {
@@ -69,7 +75,7 @@ export interface CommunicatorOptions {
   readonly worldSize: number
   /** Node id of this rank; ranks with the same id form one node for hierarchical all-reduce. Default: the host name. */
   readonly node?: string
-  /** Deadline of every wait: a collective fails when no frame for it arrived for this long. Default 60 s. */
+  /** Deadline of every wait: a collective fails when no frame for it arrived for this long. Default 30 s (core/defaults.ts). */
   readonly timeoutMs?: number
   /** Deadline of the start-up handshake. Default 60 s. */
   readonly createTimeoutMs?: number
@@ -153,10 +159,6 @@ export interface AllGatherOptions extends CallOptions {
   readonly out?: Float32Array
 }
 
-const DEFAULT_TIMEOUT_MS = 60_000
-const DEFAULT_CHUNK_BYTES = 4 << 20
-const DEFAULT_WINDOW_BYTES = 16 << 20
-const DEFAULT_EARLY_LIMIT = 512 << 20
 const MIN_CHUNK_ELEMS = (64 << 10) / 4
 const PROTOCOL_VERSION = 1
 
@@ -311,6 +313,8 @@ export class Communicator {
    * group's size and settings. All ranks must call it with the same group, worldSize and settings.
    */
   static async create(opts: CommunicatorOptions): Promise<Communicator> {
+    // the pooled receive and send buffers the collectives give back to (a no-op after openNats did it)
+    installNatsPatches()
     const { nc, rank, worldSize, group } = opts
     const cnc = opts.controlNc ?? nc
     if (!Number.isInteger(worldSize) || worldSize < 1 || !Number.isInteger(rank) || rank < 0 || rank >= worldSize) {
@@ -402,7 +406,7 @@ export class Communicator {
         cnc.subscribe(subjects.collControlFanoutInbound(group), { callback: onMsg })
       )
       await cnc.flush()
-      const deadline = Date.now() + (opts.createTimeoutMs ?? DEFAULT_TIMEOUT_MS)
+      const deadline = Date.now() + (opts.createTimeoutMs ?? DEFAULT_CREATE_TIMEOUT_MS)
       let interval = 20
       let lastSent = -1
       for (;;) {
@@ -434,7 +438,7 @@ export class Communicator {
             seq: 0,
             waitingFor: silent.length > 0 ? silent : notReady,
             unresponsive: silent,
-            timeoutMs: opts.createTimeoutMs ?? DEFAULT_TIMEOUT_MS
+            timeoutMs: opts.createTimeoutMs ?? DEFAULT_CREATE_TIMEOUT_MS
           })
         }
         await sleep(heardAll ? 20 : 10)

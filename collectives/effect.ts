@@ -12,7 +12,7 @@ const asError = (e: unknown): CollectiveError | NatsOperationError =>
     : new NatsOperationError({ operation: "collectives handshake", reason: e instanceof Error ? e.message : String(e) })
 
 /** Joins the group for the lifetime of the enclosing scope. */
-export const communicator = (opts: CommunicatorOptions): Effect.Effect<Communicator, CollectiveError | NatsOperationError, Scope.Scope> =>
+export const createCommunicatorEffect = (opts: CommunicatorOptions): Effect.Effect<Communicator, CollectiveError | NatsOperationError, Scope.Scope> =>
   Effect.acquireRelease(
     Effect.tryPromise({ try: () => Communicator.create(opts), catch: asError }),
     (comm) => Effect.promise(() => comm.close())

@@ -237,7 +237,9 @@ export class GradientReducer {
 
   /**
    * Switches the compressor between steps (every rank at the same step, or they disagree on the
-   * wire format). Error-feedback residuals start from zero.
+   * wire format). Error-feedback residuals are kept as they are, not reset: a switch after
+   * uncompressed steps (compression "auto" makes one) finds none unless a checkpoint restored
+   * some, and a switch between codecs hands one codec's residuals to the next.
    */
   setCompression(c: ResolvedCompressionConfig): void {
     this.compressor = (c === "none" || (typeof c === "object" && c.type === "none") ? undefined : createCompressor(c)) as

@@ -13,7 +13,7 @@ import type { Operation } from "./operation.ts"
 import { accumulateOp, type Reduction } from "./reduction.ts"
 import { ringReduce } from "./ring.ts"
 import { chunkCount, chunkLength, segmentStart } from "./segments.ts"
-import { releaseReceived } from "../core/nats-receive.ts"
+import { releaseReceived } from "../core/nats-internals/index.ts"
 
 export interface NodeGroup {
   /** Ranks on the node, ascending; the first is the leader. */

@@ -15,7 +15,7 @@ export {
 } from "./communicator.ts"
 export { GradientBucketer, allReduceBuckets, planBuckets, DEFAULT_BUCKET_BYTES, DEFAULT_FIRST_BUCKET_BYTES, type Bucket, type BucketOptions } from "./bucketing.ts"
 export { allReduceTensor, allReduceTensors, broadcastTensors } from "./tensors.ts"
-export { communicator } from "./effect.ts"
+export { createCommunicatorEffect } from "./effect.ts"
 export { segmentBounds } from "./segments.ts"
 export type { HalfSource } from "./ring.ts"
 export * from "./errors.ts"

@@ -32,7 +32,7 @@ import { Flag, type Frame } from "./frames.ts"
 import type { Operation } from "./operation.ts"
 import { accumulateAndFinish, accumulateOp, finish, type Reduction } from "./reduction.ts"
 import { chunkCount, chunkLength, mod, segmentStart } from "./segments.ts"
-import { releaseReceived } from "../core/nats-receive.ts"
+import { releaseReceived } from "../core/nats-internals/index.ts"
 
 export interface RingSpec {
   /** Group ranks in ring order. */

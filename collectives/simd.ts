@@ -10,8 +10,11 @@
 //
 // Results are bit-for-bit those of the scalar loops (float16.ts, kernels.ts, compression/; tested),
 // so ranks agree whether or not SIMD is available; only which NaN an fp32 sum of NaNs gives may
-// differ (a collective's final values are finished on one rank and copied, so ranks still agree). Without WebAssembly SIMD, or with
-// GRADWIRE_SIMD=0, every function here returns false and the caller runs its scalar loop.
+// differ (a collective's final values are finished on one rank and copied, so ranks still agree).
+// Without WebAssembly SIMD, or with GRADWIRE_SIMD=0, every function here declines and the caller
+// runs its scalar loop: false from most, -1 from topkCompensateSimd, undefined from
+// int8FeedbackSimd and simdSpace (and simdAvailable() is false).
+import * as settings from "../core/settings.ts"
 import { KERNELS_WASM_BASE64 } from "./simd/kernels-wasm.ts"
 
 /** Elements per scratch block (the .wat's BLOCK). */
@@ -76,7 +79,7 @@ const spaces = new WeakMap<ArrayBuffer, Kernels>()
 const instantiate = (extraBytes: number): Kernels | null => {
   if (module === undefined) {
     module = null
-    if (process.env.GRADWIRE_SIMD !== "0") {
+    if (settings.simd.read()) {
       try {
         module = new WebAssembly.Module(Buffer.from(KERNELS_WASM_BASE64, "base64"))
       } catch {

@@ -12,7 +12,7 @@ import { Flag, type Frame } from "./frames.ts"
 import type { Operation } from "./operation.ts"
 import { accumulateOp, finish, type Reduction } from "./reduction.ts"
 import { chunkCount, chunkLength } from "./segments.ts"
-import { releaseReceived } from "../core/nats-receive.ts"
+import { releaseReceived } from "../core/nats-internals/index.ts"
 
 export interface TreeSpec {
   /** Group ranks in tree order: members[0] is the root, the children of position k are 2k+1 and 2k+2. */

@@ -87,7 +87,7 @@ export const RunConfig = Schema.Struct({
   storagePath: Schema.optional(Schema.String.check(Schema.isNonEmpty())),
   checkpointConfig: Schema.optional(CheckpointConfig),
   failureConfig: Schema.optional(FailureConfig),
-  /** Objects with optional hooks (onReport, onCheckpoint, onRestart, onEnd); functions cannot be validated by shape. */
+  /** Objects with optional hooks (TrainerCallbacks: onReport, onCheckpoint, onRestart, onStateChange, onProgress); functions cannot be validated by shape. */
   callbacks: Schema.optional(Schema.Array(Schema.Unknown)),
   /** Live progress in the terminal: "auto" (bars on a TTY, plain lines otherwise), or off. */
   progress: Schema.optional(Schema.Union([Schema.Boolean, Schema.Literal("auto")])),
@@ -104,10 +104,12 @@ export const CollectiveConfig = Schema.Struct({
   algorithm: Schema.optional(CollectiveAlgorithm),
   /** Validated by the compression module (collectives/compression), which owns its vocabulary. */
   compression: Schema.optional(Schema.Unknown),
+  /** Gradient bucket size. Default 25 (BUCKET_SIZE_MIB, core/defaults.ts). */
   bucketSizeMiB: Schema.optional(Positive),
+  /** The first bucket's size, small so communication starts early. Default 1 (FIRST_BUCKET_SIZE_MIB). */
   firstBucketSizeMiB: Schema.optional(Positive),
   wireDtype: Schema.optional(Schema.Literals(["float32", "float16"])),
-  /** Deadline for any single collective wait; a dead or stalled rank fails the step after it. */
+  /** Deadline for any single collective wait; a dead or stalled rank fails the step after it. Default 30 s (COLLECTIVE_TIMEOUT_MS). */
   timeoutMs: Schema.optional(PositiveInt),
   /** Heterogeneity-aware per-worker batch sizes (needs a global batch size). */
   adaptiveBatching: Schema.optional(Schema.Boolean)

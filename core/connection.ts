@@ -14,8 +14,7 @@ import {
   type NodeConnectionOptions
 } from "@nats-io/transport-node"
 import { Context, Effect, Layer, type Scope } from "effect"
-import "./nats-receive.ts" // large messages: one buffer per message, see there
-import "./nats-send.ts" // large flushes: pooled buffers, see there
+import { installNatsPatches } from "./nats-internals/index.ts"
 import { NatsConnectError } from "./errors.ts"
 
 export interface NatsTlsOptions {
@@ -111,6 +110,7 @@ const credentialKind = (options: NatsConnectOptions): string =>
  * unreadable creds file). The returned `close()` drains under a deadline and is idempotent.
  */
 export const openNats = async (options: NatsConnectOptions): Promise<NatsHandle & { close(): Promise<void> }> => {
+  installNatsPatches() // pooled socket reads and large-message buffers (nats-internals/README.md); once per process
   const servers = normalizeServers(options.servers)
   const where = servers.join(", ") || "(no servers given)"
   const fail = (reason: string): NatsConnectError => new NatsConnectError({ servers: where, reason })

@@ -2,7 +2,7 @@
 // fresh temp dir, waits until it answers, and makes sure it never outlives us. Used by
 // `Trainer.fit()` without a cluster address, by `gradwire start --head`, and by every integration
 // test. Promise API (`launchNatsServer`, `launchNatsCluster`) for plain code, Effect API
-// (`startNatsServer`, `startNatsCluster`) for scoped use.
+// (`launchNatsServerEffect`, `launchNatsClusterEffect`) for scoped use.
 //
 // How "never an orphan" is guaranteed:
 // - The server is not our child: a tiny POSIX sh guardian is. The guardian starts the server,
@@ -22,6 +22,7 @@ import * as path from "node:path"
 import { isMainThread } from "node:worker_threads"
 import { Effect, type Scope } from "effect"
 import { NatsServerNotFound, NatsServerStartError } from "./errors.ts"
+import * as settings from "./settings.ts"
 
 // ---------------------------------------------------------------------------------------------
 // Options and public shapes
@@ -114,13 +115,13 @@ const isExecutableFile = (file: string): boolean => {
  * asked for that one), else PATH plus the usual install dirs that are often missing from PATH.
  */
 export const findNatsServerBinary = (explicit?: string): string => {
-  const wanted = explicit ?? process.env.NATS_SERVER_BIN
+  const wanted = explicit ?? settings.natsServerBin.read()
   if (wanted) {
     if (isExecutableFile(wanted)) return path.resolve(wanted)
     throw new NatsServerNotFound({ binary: wanted })
   }
   const dirs = [
-    ...(process.env.PATH ?? "").split(path.delimiter).filter(Boolean),
+    ...settings.searchPath.read(),
     "/usr/sbin",
     "/usr/local/bin",
     "/opt/homebrew/bin",
@@ -807,7 +808,7 @@ export const launchNatsCluster = async (n = 3, options: NatsClusterOptions = {})
 // Effect API
 
 /** A nats-server that lives as long as the enclosing scope. */
-export const startNatsServer = (
+export const launchNatsServerEffect = (
   options?: NatsServerOptions
 ): Effect.Effect<NatsServerProcess, NatsServerNotFound | NatsServerStartError, Scope.Scope> =>
   Effect.acquireRelease(
@@ -816,7 +817,7 @@ export const startNatsServer = (
   )
 
 /** A routed cluster of `n` nats-servers that lives as long as the enclosing scope. */
-export const startNatsCluster = (
+export const launchNatsClusterEffect = (
   n = 3,
   options?: NatsClusterOptions
 ): Effect.Effect<NatsCluster, NatsServerNotFound | NatsServerStartError, Scope.Scope> =>

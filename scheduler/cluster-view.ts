@@ -7,6 +7,7 @@
 // processes' exits). Several views may run (each driver, the head); their notices are idempotent.
 import type { NatsConnection, Subscription } from "@nats-io/nats-core"
 import { Effect, Exit, type Scope } from "effect"
+import { NODE_DEAD_AFTER_MS } from "../core/defaults.ts"
 import { clusterSubjects, jobSubjects, validToken } from "../core/subjects.ts"
 import { decodeMessage, encodeMessage } from "../core/wire.ts"
 import { LinkState } from "./link-state.ts"
@@ -43,7 +44,7 @@ export interface ClusterViewOptions {
   readonly forgetAfterMs?: number
 }
 
-export const DEFAULT_NODE_DEAD_AFTER_MS = 2_500
+export const DEFAULT_NODE_DEAD_AFTER_MS = NODE_DEAD_AFTER_MS
 
 /** Orders advertisements of one node id: a restarted agent's win over its previous life's. */
 const newer = (a: NodeAdvertisement, b: NodeAdvertisement): boolean =>

@@ -55,6 +55,7 @@
 //                 (hierarchicalGroups: 'server' groups by NATS server instead of by node.)
 // p = 1 costs 0 (no traffic).
 import { Result, Schema } from "effect"
+import { COST_MODEL_CHUNK_BYTES } from "../core/defaults.ts"
 import { formatBytes } from "./resources.ts"
 
 export type LinkClass = "same-node" | "same-server" | "cross-server"
@@ -80,7 +81,7 @@ export interface CostModel {
   readonly serverMsPerMessage?: Readonly<Record<string, number>>
   /** For servers not listed above (0 allowed: no per-message hub cost); default links['same-server'].alphaMs. */
   readonly defaultServerMsPerMessage?: number
-  /** Chunk of tree / hierarchical streams (default 1 MiB, nats-server's default max_payload). */
+  /** Chunk of tree / hierarchical streams: the communicator's (chunkElems * 4); default DEFAULT_CHUNK_BYTES. */
   readonly chunkBytes?: number
   /** How hierarchical groups ranks: per node (default) or per NATS server, as the collective is configured. */
   readonly hierarchicalGroups?: "node" | "server"
@@ -128,11 +129,14 @@ export class CostModelFitError extends Schema.TaggedError<CostModelFitError>()("
   }
 }
 
-export const DEFAULT_CHUNK_BYTES = 1024 * 1024
+/** The chunk assumed when the model is not told the communicator's (core/defaults.ts). */
+export const DEFAULT_CHUNK_BYTES = COST_MODEL_CHUNK_BYTES
 
 /**
- * Loopback figures from ANCHORS.md (request-reply 16 B: 0.32 ms round trip; one publisher to one
- * subscriber: 0.55 GB/s); cross-server guessed at 1.5x. A placeholder until a probe has run.
+ * Loopback figures measured on a 2-core development machine (nats-server request-reply of 16 B:
+ * 0.32 ms median round trip, as `npm run bench -- actors` measures raw NATS; one publisher to one
+ * subscriber with 1 MiB messages: 0.55 GB/s, nats-server taking a whole core, as `npm run bench --
+ * codec` measures raw NATS); cross-server guessed at 1.5x. A placeholder until a probe has run.
  */
 export const defaultCostModel = (): CostModel => ({
   links: {

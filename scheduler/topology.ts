@@ -62,6 +62,8 @@ export interface TopologyProbeIO {
   pingPong(from: number, to: number, bytes: number, reps: number): Promise<number[]>
   /** Every rank calls it; resolves rank 0's buffer everywhere. */
   broadcast(buf: Float32Array): Promise<Float32Array>
+  /** The communicator's chunk in bytes, which the fitted model pipelines with (default: the cost model's). */
+  readonly chunkBytes?: number
 }
 
 export interface ProbeOptions {
@@ -92,9 +94,9 @@ export interface ObservedTopology {
 }
 
 /** The placeholder model dressed as a fitted one (nothing measured). */
-const unmeasured = (): FittedCostModel => {
+const unmeasured = (chunkBytes?: number): FittedCostModel => {
   const d: CostModel = defaultCostModel()
-  return { ...d, fits: {}, assumed: {} }
+  return { ...d, ...(chunkBytes !== undefined ? { chunkBytes } : {}), fits: {}, assumed: {} }
 }
 
 /** JSON in a Float32Array, one float per byte: floats 0..255 survive any copy bit for bit. */
@@ -163,8 +165,8 @@ export const observeTopology = async (io: TopologyProbeIO, options: ProbeOptions
         }
       }
     }
-    const fitted = fitCostModel(samples)
-    const model = Result.isSuccess(fitted) ? fitted.success : unmeasured()
+    const fitted = fitCostModel(samples, io.chunkBytes !== undefined ? { chunkBytes: io.chunkBytes } : {})
+    const model = Result.isSuccess(fitted) ? fitted.success : unmeasured(io.chunkBytes)
     if (Result.isFailure(fitted)) problems.push(`fit failed (${fitted.failure.message}); using the loopback defaults`)
     const probeMs = performance.now() - started
     payload = encodeJson({ model, samples, probeMs, ...(problems.length > 0 ? { note: problems.join("; ") } : {}) }, WIRE_FLOATS)

@@ -5,11 +5,11 @@
 import type { NatsConnection } from "@nats-io/nats-core"
 import { Effect, Exit, Schema } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { defineActor, launchActor, pingActor, startActor, stopRemoteActor } from "../actors/runtime/actor.ts"
+import { defineActor, launchActor, pingActor, launchActorEffect, stopRemoteActor } from "../actors/runtime/actor.ts"
 import { ActorStartError, ActorStopped, ActorUnavailable, AskTimeout, ChildEscalated, MessageRejected, RemoteFailure } from "../actors/runtime/errors.ts"
 import { defineProtocol } from "../actors/runtime/protocol.ts"
-import { launchSupervisor, localChild, restartOnFailure, supervise } from "../actors/runtime/supervisor.ts"
-import { ActorSystem, makeActorSystem } from "../actors/runtime/system.ts"
+import { launchSupervisor, localChild, restartOnFailure, launchSupervisorEffect } from "../actors/runtime/supervisor.ts"
+import { ActorSystem, makeActorSystemEffect } from "../actors/runtime/system.ts"
 import { wireTensor, WireTensor } from "../core/wire.ts"
 import { CounterProtocol, EchoProtocol, brokenActor, counterActor, echoActor } from "./support/actors-fixtures.ts"
 import { TestRig, eventually } from "./support/actors-processes.ts"
@@ -234,7 +234,7 @@ describe("supervision", () => {
     const exit = await Effect.runPromiseExit(
       Effect.scoped(
         Effect.gen(function* () {
-          const s = yield* supervise({ name, start: localChild(a, echoActor, { name }) })
+          const s = yield* launchSupervisorEffect({ name, start: localChild(a, echoActor, { name }) })
           yield* Effect.promise(() => stopRemoteActor(b, name))
           return yield* s.result
         })
@@ -250,9 +250,9 @@ describe("Effect API", () => {
     const result = await Effect.runPromise(
       Effect.scoped(
         Effect.gen(function* () {
-          const host = yield* makeActorSystem({ nc: ncA, cluster: "t", job: "fx", log: silentLogger })
-          const client = yield* makeActorSystem({ nc: ncB, cluster: "t", job: "fx", log: silentLogger })
-          yield* startActor(host, echoActor, { name })
+          const host = yield* makeActorSystemEffect({ nc: ncA, cluster: "t", job: "fx", log: silentLogger })
+          const client = yield* makeActorSystemEffect({ nc: ncB, cluster: "t", job: "fx", log: silentLogger })
+          yield* launchActorEffect(host, echoActor, { name })
           const ref = client.ref(EchoProtocol, name)
           const echoed = yield* client.ask(ref, "echo", { x: [1, 2, 3] })
           const failed = yield* Effect.flip(client.ask(ref, "fail", "nope"))

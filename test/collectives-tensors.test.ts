@@ -7,7 +7,7 @@ import * as tf from "@tensorflow/tfjs"
 import { Effect } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { Communicator } from "../collectives/communicator.ts"
-import { communicator } from "../collectives/effect.ts"
+import { createCommunicatorEffect } from "../collectives/effect.ts"
 import { allReduceTensor, allReduceTensors, broadcastTensors } from "../collectives/tensors.ts"
 import { launchNatsServer, type NatsServerProcess } from "../core/nats-server.ts"
 
@@ -63,7 +63,7 @@ describe("tfjs adapter", () => {
     const program = Effect.scoped(
       Effect.gen(function* () {
         const comms = yield* Effect.all(
-          [0, 1].map((rank) => communicator({ nc: conns[rank], cluster: "t", job: "tensors", group: "fx", rank, worldSize: 2, timeoutMs: 10_000 })),
+          [0, 1].map((rank) => createCommunicatorEffect({ nc: conns[rank], cluster: "t", job: "tensors", group: "fx", rank, worldSize: 2, timeoutMs: 10_000 })),
           { concurrency: "unbounded" }
         )
         const out = yield* Effect.promise(() => Promise.all(comms.map((c, rank) => c.allReduce(Float32Array.of(rank, 1)))))

@@ -103,7 +103,7 @@ describe("collectives over one nats-server, one process per rank", () => {
   }
 })
 
-describe("large chunks through the pooled NATS buffers (core/nats-receive.ts, core/nats-send.ts)", () => {
+describe("large chunks through the pooled NATS buffers (core/nats-internals/)", () => {
   it("p = 4: repeated collectives of 128 KiB chunks reuse received buffers and still match the reference, bitwise identical on all ranks", async () => {
     const p = 4
     const group = "pooled-p4"

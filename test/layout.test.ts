@@ -58,11 +58,22 @@ describe("layout", () => {
   })
 
   it("every folder says what lives there and what it may import", () => {
-    for (const dir of ["core", "collectives", "scheduler", "actors", "actors/runtime", "actors/node", "actors/train", "actors/train/observe"]) {
+    for (const dir of ["core", "core/nats-internals", "collectives", "scheduler", "actors", "actors/runtime", "actors/node", "actors/train", "actors/train/observe"]) {
       const readme = path.join(ROOT, dir, "README.md")
       expect(fs.existsSync(readme), `${dir}/README.md`).toBe(true)
       expect(fs.readFileSync(readme, "utf8")).toMatch(/may import/i)
     }
+  })
+
+  it("examples import only the public entry points (index.ts, effect.ts) and each other", () => {
+    const wrong: string[] = []
+    for (const f of sourceFiles("examples")) {
+      for (const target of importsOf(f)) {
+        if (target !== "index.ts" && target !== "effect.ts" && !target.startsWith("examples/")) wrong.push(`${f} imports ${target}`)
+      }
+    }
+    expect(sourceFiles("examples").length).toBeGreaterThan(5)
+    expect(wrong).toEqual([])
   })
 
   it("the checker sees an import that goes up", () => {

@@ -1,4 +1,4 @@
-// The socket read pool (core/nats-read.ts) over a real nats-server: a connection reads into reused
+// The socket read pool (core/nats-internals/read.ts) over a real nats-server: a connection reads into reused
 // buffers, and every message arrives intact even when its receiver keeps it while later reads
 // land in the same buffers: the views the parser hands on (payloads that fit in one read, their
 // subjects, reply subjects and headers) are copied as they are dispatched.
@@ -11,13 +11,13 @@ import type { Msg } from "@nats-io/nats-core"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { launchNatsServer, type NatsServerProcess } from "../core/nats-server.ts"
 import { runScript } from "./support/run-script.ts"
-import { natsReadPatched, readPoolStats, READ_BYTES } from "../core/nats-read.ts"
-import { natsReceivePatched } from "../core/nats-receive.ts"
+import { installNatsPatches, readPoolStats, READ_BYTES } from "../core/nats-internals/index.ts"
 import { payload } from "./support/nats-payload.ts"
 
 let server: NatsServerProcess
 
 beforeAll(async () => {
+  installNatsPatches()
   server = await launchNatsServer({ jetstream: false, maxPayload: 8 * 1024 * 1024 })
 })
 
@@ -27,8 +27,7 @@ afterAll(async () => {
 
 describe("socket reads into pooled buffers", () => {
   it("the hooks are installed on this nats.js", () => {
-    expect(natsReadPatched).toBe(true)
-    expect(natsReceivePatched).toBe(true)
+    expect(installNatsPatches()).toEqual({ installed: true })
   })
 
   it("messages kept by their receiver stay intact while the read buffers are reused: payloads, subjects, replies, headers", async () => {

@@ -1,15 +1,16 @@
-// The receive-side buffer reservation (core/nats-receive.ts) over a real nats-server: messages of
+// The receive-side buffer reservation (core/nats-internals/receive.ts) over a real nats-server: messages of
 // sizes around the socket read size and far beyond it arrive byte-for-byte, in order, several
 // interleaved on one connection.
 import { connect } from "@nats-io/transport-node"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { launchNatsServer, type NatsServerProcess } from "../core/nats-server.ts"
 import { payload } from "./support/nats-payload.ts"
-import { isPooledReceive, natsReceivePatched, receivePoolStats, releaseReceived, RECEIVE_POOL_MIN_BYTES } from "../core/nats-receive.ts"
+import { installNatsPatches, isPooledReceive, receivePoolStats, releaseReceived, RECEIVE_POOL_MIN_BYTES } from "../core/nats-internals/index.ts"
 
 let server: NatsServerProcess
 
 beforeAll(async () => {
+  installNatsPatches()
   server = await launchNatsServer({ jetstream: false, maxPayload: 8 * 1024 * 1024 })
 })
 
@@ -19,7 +20,7 @@ afterAll(async () => {
 
 describe("large NATS messages", () => {
   it("the parser hook is installed on this nats.js", () => {
-    expect(natsReceivePatched).toBe(true)
+    expect(installNatsPatches()).toEqual({ installed: true })
   })
 
   it("arrive intact whatever their size relative to the socket reads", async () => {

@@ -1,17 +1,17 @@
-// The send-side buffer pool (core/nats-send.ts) over a real nats-server: large flushes pack into
+// The send-side buffer pool (core/nats-internals/send.ts) over a real nats-server: large flushes pack into
 // pooled buffers that come back when the socket has written them, and every message arrives
 // byte-for-byte, in order, whatever its size against the pool's threshold.
 import { connect } from "@nats-io/transport-node"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { launchNatsServer, type NatsServerProcess } from "../core/nats-server.ts"
 import { payload } from "./support/nats-payload.ts"
-import { natsSendPatched, sendPoolStats, SEND_POOL_MIN_BYTES } from "../core/nats-send.ts"
-import { isPooledReceive } from "../core/nats-receive.ts"
+import { installNatsPatches, isPooledReceive, sendPoolStats, SEND_POOL_MIN_BYTES } from "../core/nats-internals/index.ts"
 import { DataBuffer, ProtocolHandler } from "@nats-io/nats-core/internal"
 
 let server: NatsServerProcess
 
 beforeAll(async () => {
+  installNatsPatches()
   server = await launchNatsServer({ jetstream: false, maxPayload: 8 * 1024 * 1024 })
 })
 
@@ -39,7 +39,7 @@ const collect = (sub: Awaited<ReturnType<typeof connect>>, subject: string, coun
 
 describe("large NATS publishes", () => {
   it("the flush hook is installed on this nats.js", () => {
-    expect(natsSendPatched).toBe(true)
+    expect(installNatsPatches()).toEqual({ installed: true })
   })
 
   it("arrive intact, in order, and reuse the pool's buffers", async () => {

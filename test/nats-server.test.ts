@@ -9,7 +9,7 @@ import { fileURLToPath } from "node:url"
 import { Effect, Exit } from "effect"
 import { afterAll, describe, expect, it } from "vitest"
 import { NatsServerNotFound, NatsServerStartError } from "../core/errors.ts"
-import { findNatsServerBinary, launchNatsServer, liveNatsServerPids, startNatsServer } from "../core/nats-server.ts"
+import { findNatsServerBinary, launchNatsServer, liveNatsServerPids, launchNatsServerEffect } from "../core/nats-server.ts"
 import { eventually, natsFixtures, pidAlive } from "./support/nats.ts"
 
 const MODULE = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../core/nats-server.ts")
@@ -91,7 +91,7 @@ describe("nats-server binary", () => {
       expect(err).toBeInstanceOf(NatsServerNotFound)
       expect((err as NatsServerNotFound).binary).toBe("/nonexistent")
       expect((err as Error).message).toMatch(/apt-get install -y nats-server/)
-      const exit = await Effect.runPromiseExit(Effect.scoped(startNatsServer()))
+      const exit = await Effect.runPromiseExit(Effect.scoped(launchNatsServerEffect()))
       expect(Exit.isFailure(exit) && JSON.stringify(exit.cause)).toMatch(/NatsServerNotFound/)
     } finally {
       if (saved === undefined) delete process.env.NATS_SERVER_BIN
@@ -169,7 +169,7 @@ describe("single server", () => {
     const seen = await Effect.runPromise(
       Effect.scoped(
         Effect.gen(function* () {
-          const server = yield* startNatsServer({ jetstream: true })
+          const server = yield* launchNatsServerEffect({ jetstream: true })
           expect(pidAlive(server.pid)).toBe(true)
           expect(fs.existsSync(server.dir)).toBe(true)
           return { pid: server.pid, dir: server.dir }

@@ -2,8 +2,8 @@
 // on this machine. One agent per state dir ($GRADWIRE_STATE_DIR, else ~/.gradwire). Written
 // atomically (temp file + rename) so a reader never sees half a file.
 import * as fs from "node:fs"
-import * as os from "node:os"
 import * as path from "node:path"
+import * as settings from "../../core/settings.ts"
 
 export interface AgentState {
   readonly pid: number
@@ -18,7 +18,7 @@ export interface AgentState {
   readonly startedAt: number
 }
 
-export const defaultStateDir = (): string => process.env.GRADWIRE_STATE_DIR || path.join(os.homedir(), ".gradwire")
+export const defaultStateDir = (): string => settings.stateDir.read()
 
 export const stateFile = (dir: string): string => path.join(dir, "agent.json")
 export const logFile = (dir: string): string => path.join(dir, "agent.log")

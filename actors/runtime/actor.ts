@@ -172,7 +172,7 @@ export class ActorHandle<Spec extends ProtocolSpec = ProtocolSpec> {
   #failed = 0
   #rejected = 0
 
-  /** @internal use startActor / launchActor */
+  /** @internal use launchActor / launchActorEffect */
   constructor(system: ActorSystem, protocol: Protocol<Spec>, options: StartActorOptions<unknown>) {
     this.system = system
     this.name = options.name
@@ -521,7 +521,7 @@ export const launchActor = async <Spec extends ProtocolSpec, Args>(
 }
 
 /** Starts an actor that lives as long as the enclosing scope (stopped without draining at its end). */
-export const startActor = <Spec extends ProtocolSpec, Args>(
+export const launchActorEffect = <Spec extends ProtocolSpec, Args>(
   system: ActorSystem,
   definition: ActorDefinition<Spec, Args>,
   options: StartActorOptions<Args>

@@ -4,10 +4,11 @@
 // every 250 ms, so a silent death is noticed within ~2.25 s (exit notices are immediate).
 import type { NatsConnection } from "@nats-io/nats-core"
 import { Exit, Schema } from "effect"
+import { ACTOR_DEAD_AFTER_MS } from "../../core/defaults.ts"
 import { decodeMessage, encodeMessage } from "../../core/wire.ts"
 
 export const DEFAULT_HEARTBEAT_MS = 500
-export const DEFAULT_DEAD_AFTER_MS = 2_000
+export const DEFAULT_DEAD_AFTER_MS = ACTOR_DEAD_AFTER_MS
 
 export const BeatSchema = Schema.Struct({
   name: Schema.String,

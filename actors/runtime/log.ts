@@ -1,6 +1,8 @@
 // The small logger the actor runtime and the node agent write through. A plain interface (not
 // Effect's logger) because it is called from NATS callbacks and child-process streams, outside any
-// fiber; tests pass their own to capture lines. Level from $GRADWIRE_LOG (debug|info|warn|error).
+// fiber; tests pass their own to capture lines. Level from $GRADWIRE_LOG (core/settings.ts).
+import * as settings from "../../core/settings.ts"
+import type { LogLevel } from "../../core/settings.ts"
 
 export interface ActorLogger {
   debug(message: string): void
@@ -9,13 +11,10 @@ export interface ActorLogger {
   error(message: string): void
 }
 
-const LEVELS = { debug: 10, info: 20, warn: 30, error: 40, silent: 100 } as const
+const LEVELS: Record<LogLevel, number> = { debug: 10, info: 20, warn: 30, error: 40, silent: 100 }
 type Level = keyof typeof LEVELS
 
-const envLevel = (): number => {
-  const raw = (process.env.GRADWIRE_LOG ?? "info").toLowerCase()
-  return raw in LEVELS ? LEVELS[raw as Level] : LEVELS.info
-}
+const envLevel = (): number => LEVELS[settings.logLevel.read()]
 
 /** Writes `[gradwire <scope>] message` lines to stderr at or above the $GRADWIRE_LOG level. */
 export const stderrLogger = (scope: string): ActorLogger => {

@@ -72,7 +72,7 @@ const defaultBackoff = (n: number): number => Math.min(5_000, 100 * 2 ** n)
  * Starts the child and supervises it for as long as the scope lives; the scope's end stops the
  * current child. Fails only if the first start fails (later start failures go to the policy).
  */
-export const supervise = <E>(options: SuperviseOptions<E>): Effect.Effect<Supervision, E, Scope.Scope> =>
+export const launchSupervisorEffect = <E>(options: SuperviseOptions<E>): Effect.Effect<Supervision, E, Scope.Scope> =>
   Effect.gen(function* () {
     const policy = options.policy ?? restartOnFailure()
     const backoff = options.backoffMs ?? defaultBackoff
@@ -142,12 +142,12 @@ export const localChild = <Spec extends ProtocolSpec, Args>(
     })
   )
 
-/** `supervise` for Promise code: returns the supervision and a `close()` that stops it and the child. */
+/** `launchSupervisorEffect` for Promise code: returns the supervision and a `close()` that stops it and the child. */
 export const launchSupervisor = async <E>(
   options: SuperviseOptions<E>
 ): Promise<{ readonly current: () => Child; readonly restarts: () => number; readonly result: Promise<ActorDown>; close(): Promise<void> }> => {
   const scope = Scope.makeUnsafe()
-  const exit = await Effect.runPromiseExit(Scope.provide(scope)(supervise(options)))
+  const exit = await Effect.runPromiseExit(Scope.provide(scope)(launchSupervisorEffect(options)))
   if (Exit.isFailure(exit)) {
     await Effect.runPromise(Scope.close(scope, Exit.void))
     throw Exit.isFailure(exit) ? squash(exit) : undefined

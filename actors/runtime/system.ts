@@ -2,12 +2,13 @@
 // `ask`s, receives replies through one wildcard inbox subscription (so replies may be chunked and
 // no per-request subscription is made), heartbeats this process's identity (node agents kill a
 // job's processes when their owner's beats stop), and owns the job's death watcher.
-// Effect API (`makeActorSystem`, `ActorSystemService`, `ask`/`tell` returning Effects) plus
+// Effect API (`makeActorSystemEffect`, `ActorSystemService`, `ask`/`tell` returning Effects) plus
 // Promise conveniences (`askPromise`, `tellPromise`) on the same object.
 import { hostname } from "node:os"
 import { nuid, type Msg, type NatsConnection, type Subscription } from "@nats-io/nats-core"
 import { Cause, Context, Effect, Exit, Layer, type Scope } from "effect"
 import { Nats } from "../../core/connection.ts"
+import { NATS_MAX_PAYLOAD_BYTES } from "../../core/defaults.ts"
 import { NatsOperationError } from "../../core/errors.ts"
 import { assertToken, jobSubjects, type JobSubjects } from "../../core/subjects.ts"
 import { settleWithin } from "./deadline.ts"
@@ -132,7 +133,7 @@ export class ActorSystem {
    * because a reconnect may land on a server of the cluster with another limit.
    */
   get maxPayload(): number {
-    return this.#maxPayload ?? this.nc.info?.max_payload ?? 1024 * 1024
+    return this.#maxPayload ?? this.nc.info?.max_payload ?? NATS_MAX_PAYLOAD_BYTES
   }
 
   get closed(): boolean {
@@ -387,7 +388,7 @@ export class ActorSystem {
 }
 
 /** An actor system living as long as the enclosing scope. */
-export const makeActorSystem = (options: ActorSystemOptions): Effect.Effect<ActorSystem, never, Scope.Scope> =>
+export const makeActorSystemEffect = (options: ActorSystemOptions): Effect.Effect<ActorSystem, never, Scope.Scope> =>
   Effect.acquireRelease(
     Effect.sync(() => new ActorSystem(options)),
     (system) => Effect.sync(() => system.close())
@@ -397,14 +398,14 @@ export const makeActorSystem = (options: ActorSystemOptions): Effect.Effect<Acto
 export class ActorSystemService extends Context.Service<ActorSystemService, ActorSystem>()("gradwire/ActorSystem") {}
 
 export const ActorSystemLayer = (options: ActorSystemOptions): Layer.Layer<ActorSystemService> =>
-  Layer.effect(ActorSystemService, makeActorSystem(options))
+  Layer.effect(ActorSystemService, makeActorSystemEffect(options))
 
 /** The actor system on the process's NATS connection (core/connection.ts `Nats`). */
-export const ActorSystemFromNats = (options: Omit<ActorSystemOptions, "nc">): Layer.Layer<ActorSystemService, never, Nats> =>
+export const ActorSystemFromNatsLayer = (options: Omit<ActorSystemOptions, "nc">): Layer.Layer<ActorSystemService, never, Nats> =>
   Layer.effect(
     ActorSystemService,
     Effect.gen(function* () {
       const nats = yield* Nats
-      return yield* makeActorSystem({ ...options, nc: nats.nc })
+      return yield* makeActorSystemEffect({ ...options, nc: nats.nc })
     })
   )

@@ -1,5 +1,6 @@
 // The multi-node walk-through (README.md) on one machine: 3 nats-servers joined by routes (as on
-// 3 machines), 3 node agents started with the real CLI (`gradwire start --address ... --block`),
+// 3 machines: each started from a config file like the one you would put on each machine), 3 node
+// agents started with the real CLI (`gradwire start --address ... --block`),
 // each on a different server, then the digits training placed across them (SPREAD: one worker per
 // node) through `cluster: { address, clusterName }`, and `gradwire status` before and after.
 // Everything it starts is stopped at the end, on failure, and on Ctrl-C / SIGTERM.
@@ -7,11 +8,12 @@
 //   node examples/multi-node/local-cluster.ts [--epochs 5] [--workers 3]
 import { spawn, type ChildProcess } from "node:child_process"
 import * as fs from "node:fs"
+import * as net from "node:net"
 import * as os from "node:os"
 import * as path from "node:path"
 import { fileURLToPath } from "node:url"
 import { parseArgs } from "node:util"
-import { Trainer, launchNatsCluster, loadDigits, trainTestSplit } from "../../index.ts"
+import { Trainer, loadDigits, trainTestSplit } from "../../index.ts"
 
 const { values } = parseArgs({
   options: {
@@ -42,28 +44,116 @@ const gradwire = (args: string[]): Promise<string> =>
     })
   })
 
+/** Free loopback ports, as the OS hands them out (released again for nats-server to take). */
+const freePorts = async (n: number): Promise<number[]> => {
+  const held = await Promise.all(
+    Array.from({ length: n }, () => new Promise<net.Server>((resolve, reject) => {
+      const s = net.createServer()
+      s.once("error", reject)
+      s.listen(0, "127.0.0.1", () => resolve(s))
+    }))
+  )
+  const ports = held.map((s) => (s.address() as net.AddressInfo).port)
+  await Promise.all(held.map((s) => new Promise((resolve) => s.close(resolve))))
+  return ports
+}
+
+const isExecutable = (file: string): boolean => {
+  try {
+    fs.accessSync(file, fs.constants.X_OK)
+    return fs.statSync(file).isFile()
+  } catch {
+    return false
+  }
+}
+
+/** nats-server: $NATS_SERVER_BIN, else on PATH or where the Debian and Homebrew packages put it. */
+const natsServerBinary = (): string => {
+  if (process.env.NATS_SERVER_BIN) return process.env.NATS_SERVER_BIN
+  const dirs = [...(process.env.PATH ?? "").split(path.delimiter).filter(Boolean), "/usr/sbin", "/usr/local/bin", "/opt/homebrew/bin"]
+  const found = dirs.map((dir) => path.join(dir, "nats-server")).find(isExecutable)
+  if (!found) throw new Error("nats-server not found: install it (apt-get install nats-server, brew install nats-server) or set NATS_SERVER_BIN")
+  return found
+}
+
+/** Resolves once `port` accepts connections; rejects if `proc` exits first or 10 s pass. */
+const listening = (port: number, proc: ChildProcess, log: () => string): Promise<void> =>
+  new Promise((resolve, reject) => {
+    const deadline = Date.now() + 10_000
+    const onExit = (code: number | null) => reject(new Error(`nats-server on port ${port} exited (${code}): ${log()}`))
+    proc.once("exit", onExit)
+    const attempt = (): void => {
+      const c = net.connect(port, "127.0.0.1", () => {
+        c.destroy()
+        proc.off("exit", onExit)
+        resolve()
+      })
+      c.once("error", () => {
+        if (Date.now() > deadline) reject(new Error(`nats-server on port ${port} did not listen within 10 s: ${log()}`))
+        else setTimeout(attempt, 100)
+      })
+    }
+    attempt()
+  })
+
+/**
+ * Three nats-servers joined by routes, each from its own config file: on three machines each would
+ * listen on 0.0.0.0 and name the others' addresses instead of 127.0.0.1 ports.
+ */
+const startNatsServers = async (): Promise<{ urls: string[]; procs: ChildProcess[] }> => {
+  const bin = natsServerBinary()
+  const [c0, c1, c2, r0, r1, r2] = await freePorts(6)
+  const client = [c0, c1, c2]
+  const route = [r0, r1, r2]
+  const procs: ChildProcess[] = []
+  const started = client.map((port, i) => {
+    const conf = path.join(work, `nats-${i}.conf`)
+    fs.writeFileSync(
+      conf,
+      [
+        `server_name: demo-${i}`,
+        `listen: 127.0.0.1:${port}`,
+        // larger messages than the 1 MiB default: gradients travel in 4 MiB chunks
+        "max_payload: 8388608",
+        "cluster {",
+        `  name: ${CLUSTER}`,
+        `  listen: 127.0.0.1:${route[i]}`,
+        `  routes: [${route.filter((_, j) => j !== i).map((p) => `nats-route://127.0.0.1:${p}`).join(", ")}]`,
+        "}"
+      ].join("\n") + "\n"
+    )
+    const proc = spawn(bin, ["-c", conf], { stdio: ["ignore", "ignore", "pipe"] })
+    procs.push(proc)
+    let log = ""
+    proc.stderr?.on("data", (b: Buffer) => (log = (log + b.toString()).slice(-2_000)))
+    return listening(port, proc, () => log)
+  })
+  natsServers = procs
+  await Promise.all(started)
+  return { urls: client.map((p) => `nats://127.0.0.1:${p}`), procs }
+}
+
+/** Stops a process: SIGTERM, then SIGKILL after `graceMs`. */
+const stop = (p: ChildProcess, graceMs: number): Promise<void> =>
+  new Promise<void>((resolve) => {
+    if (p.exitCode !== null || p.signalCode !== null) return resolve()
+    const force = setTimeout(() => p.kill("SIGKILL"), graceMs)
+    p.once("exit", () => {
+      clearTimeout(force)
+      resolve()
+    })
+    p.kill("SIGTERM")
+  })
+
 const agents: ChildProcess[] = []
-let nats: Awaited<ReturnType<typeof launchNatsCluster>> | undefined
+let natsServers: ChildProcess[] = []
 let tornDown: Promise<void> | undefined
 
 /** Stops the agents (SIGTERM: each kills its worker processes first), then the NATS servers. */
 const teardown = (): Promise<void> =>
   (tornDown ??= (async () => {
-    await Promise.all(
-      agents.map(
-        (a) =>
-          new Promise<void>((resolve) => {
-            if (a.exitCode !== null || a.signalCode !== null) return resolve()
-            const force = setTimeout(() => a.kill("SIGKILL"), 15_000)
-            a.once("exit", () => {
-              clearTimeout(force)
-              resolve()
-            })
-            a.kill("SIGTERM")
-          })
-      )
-    )
-    await nats?.stop()
+    await Promise.all(agents.map((a) => stop(a, 15_000)))
+    await Promise.all(natsServers.map((s) => stop(s, 5_000)))
     fs.rmSync(work, { recursive: true, force: true })
     console.log("torn down: agents and nats-servers stopped")
   })())
@@ -81,8 +171,8 @@ for (const signal of ["SIGINT", "SIGTERM"] as const) {
 const main = async (): Promise<void> => {
   // 1. The NATS cluster. On real machines: one nats-server per machine with routes to the others
   //    (or `gradwire start --head` on the head, which starts one for you).
-  nats = await launchNatsCluster(3, { maxPayload: 8 * 1024 * 1024 })
-  console.log(`nats cluster: ${nats.urls.join(", ")} (pids ${nats.servers.map((s) => s.pid).join(", ")})`)
+  const nats = await startNatsServers()
+  console.log(`nats cluster: ${nats.urls.join(", ")} (pids ${nats.procs.map((p) => p.pid).join(", ")})`)
 
   // 2. One agent per "machine", each joined through a different server of the cluster.
   nats.urls.forEach((url, i) => {

@@ -4,6 +4,7 @@
 import { fork, type ChildProcess } from "node:child_process"
 import { connect } from "@nats-io/transport-node"
 import type { NatsConnection } from "@nats-io/nats-core"
+import { installNatsPatches } from "../../core/nats-internals/index.ts"
 
 export const awaitChildrenReady = (children: ReadonlyArray<ChildProcess>, timeoutMs: number): Promise<void> =>
   Promise.all(
@@ -120,6 +121,7 @@ export const errorOf = (e: unknown) => {
  * `<prefix>-<index>-ctl`; no reconnects, so a lost server fails the rank instead of hanging it.
  */
 export const connectRank = async (prefix: string): Promise<{ nc: NatsConnection; cnc: NatsConnection }> => {
+  installNatsPatches() // as openNats does: the ranks' connections read into the pools from the first byte
   const opts = { servers: process.env.GW_RANK_SERVER as string, noEcho: true, maxReconnectAttempts: 0 }
   const name = `${prefix}-${process.env.GW_RANK_INDEX}`
   const nc = await connect({ ...opts, name })

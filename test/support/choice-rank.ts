@@ -5,6 +5,7 @@
 // each algorithm at each size, alternating rounds. Rank 0 prints one JSON line with the results.
 // Bounded: every collective has a deadline and the process exits after `deadlineMs`.
 import { connect } from "@nats-io/transport-node"
+import { installNatsPatches } from "../../core/nats-internals/index.ts"
 import { Communicator, type AllReduceAlgorithm } from "../../collectives/communicator.ts"
 import { probeGroupTopology } from "../../actors/train/topology-probe.ts"
 import { chooseAlgorithm, explain, planCommunication } from "../../scheduler/algorithm-choice.ts"
@@ -27,6 +28,7 @@ setTimeout(() => {
   process.exit(3)
 }, args.deadlineMs).unref()
 
+installNatsPatches() // as openNats does
 const nc = await connect({ servers: args.url, noEcho: true, name: `netns rank ${args.rank}` })
 const comm = await Communicator.create({
   nc,

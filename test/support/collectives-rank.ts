@@ -20,8 +20,7 @@ import {
   type CaseResult
 } from "./collectives-cases.ts"
 import { connectRank, errorOf, serveParent } from "./child-ready.ts"
-import { receivePoolStats } from "../../core/nats-receive.ts"
-import { sendPoolStats } from "../../core/nats-send.ts"
+import { receivePoolStats, sendPoolStats } from "../../core/nats-internals/index.ts"
 
 const comms = new Map<string, Communicator>()
 let nc: NatsConnection
@@ -313,7 +312,7 @@ const handle = async (m: Record<string, any>): Promise<unknown> => {
     case "benchRaw":
       return benchRaw(comm(m.group), m.flows, m.inbound, m.chunkBytes, m.iters, m.warmup, m.tag)
     case "poolStats":
-      // the NATS buffer pools of this process (core/nats-receive.ts, core/nats-send.ts)
+      // the NATS buffer pools of this process (core/nats-internals/)
       return { receive: { ...receivePoolStats }, send: { ...sendPoolStats } }
     case "exit":
       setTimeout(() => process.exit(0), 10)

@@ -1,4 +1,4 @@
-// Deterministic message bodies for the NATS transport tests (nats-receive, nats-send).
+// Deterministic message bodies for the NATS transport tests (nats-read, nats-receive, nats-send).
 
 /** n pseudo-random bytes from `seed` (the same bytes for the same n and seed). */
 export const payload = (n: number, seed: number): Uint8Array => {

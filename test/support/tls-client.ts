@@ -1,10 +1,11 @@
 // A NATS client in a process of its own (NODE_EXTRA_CA_CERTS must be set at start), for the read
 // pool's TLS test: connects to GW_TLS_URL with no TLS options, so nats.js upgrades to TLS only
-// because the server offers it, over the socket that core/nats-read.ts dialled. Sends itself a
+// because the server offers it, over the socket that core/nats-internals/read.ts dialled. Sends itself a
 // few messages and prints one JSON line with what it got.
-import "../../core/nats-receive.ts"
-import { readPoolStats } from "../../core/nats-read.ts"
+import { installNatsPatches, readPoolStats } from "../../core/nats-internals/index.ts"
 import { connect } from "@nats-io/transport-node"
+
+installNatsPatches()
 
 const nc = await connect({ servers: process.env.GW_TLS_URL, timeout: 10_000 })
 const sizes = [10, 5000, 100_000]

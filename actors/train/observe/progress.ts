@@ -1,6 +1,7 @@
 // Live progress in the driver's terminal: a per-epoch bar with ETA, throughput (samples/s over
 // all ranks), loss and straggler hints on a TTY; plain lines with no control codes when stdout is
 // not a TTY or CI is set (logs stay readable), and nothing when progress is off.
+import * as settings from "../../../core/settings.ts"
 
 interface RankProgress {
   epoch: number
@@ -31,7 +32,7 @@ export class ProgressPrinter {
   constructor(setting: boolean | "auto", worldSize: number, out: NodeJS.WriteStream = process.stdout) {
     this.#out = out
     this.#worldSize = worldSize
-    const ci = !!process.env.CI && process.env.CI !== "false" && process.env.CI !== "0"
+    const ci = settings.ci.read()
     this.mode = setting === false ? "off" : out.isTTY && !ci ? "bar" : "lines"
   }
 

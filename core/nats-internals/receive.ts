@@ -16,16 +16,16 @@
 // all-reduce at p = 4 the ranks' GC time fell from about 140 to 30 ms per step (--cpu-prof).
 // A message nobody gives back is left to the collector as before.
 //
-// The same hook lets the socket's read buffers be reused (nats-read.ts): the views the parser hands
+// The same hook lets the socket's read buffers be reused (read.ts): the views the parser hands
 // on from a read (a message that fits in it, the message's subject and reply, an -ERR or INFO
 // argument) are copied as they are dispatched, and the read buffer goes back after the parse.
 //
-// The hook checks the shapes it relies on (a `parse` method, `msgBuf` with `capacity`, `length`
-// and `grow`, or `_buf` and `_off` for the pool, `ma.size`) and does nothing when a future nats.js
-// changes them.
-import { Parser } from "@nats-io/nats-core/internal"
-import { BufferPool } from "./chunking.ts"
-import { isReadView, releaseRead } from "./nats-read.ts"
+// Installed by index.ts's installNatsPatches, and only after shapes.ts has found what this relies
+// on (Parser.prototype.parse, its `dispatcher`, `ma.size`, and a pending `msgBuf` with `capacity`,
+// `length`, `grow`, `_buf` and `_off`). The checks below stay: they cost a few property reads per
+// parse and keep a state the probe did not reach (no pending message) on nats.js's own path.
+import { BufferPool } from "../chunking.ts"
+import { isReadView, releaseRead } from "./read.ts"
 
 const WRAPPED = Symbol.for("gradwire.natsDispatchWrapped")
 
@@ -51,7 +51,7 @@ export const receivePoolStats = pool.stats
 /** Buffers released and waiting for the end of the current task to go back. */
 const releasing = new WeakSet<ArrayBuffer>()
 
-/** Whether `data` is a view of a pooled receive buffer not yet given back (nats-send.ts copies those when it cannot flush at once). */
+/** Whether `data` is a view of a pooled receive buffer not yet given back (send.ts copies those when it cannot flush at once). */
 export const isPooledReceive = (data: Uint8Array): boolean => pool.owns(data)
 
 /**
@@ -72,10 +72,10 @@ export const releaseReceived = (data: Uint8Array): void => {
 
 const MARK = Symbol.for("gradwire.natsReceivePatch")
 
-const install = (): boolean => {
-  const proto = (Parser as unknown as { prototype: Record<PropertyKey, unknown> }).prototype
-  if (!proto || typeof proto.parse !== "function") return false
-  if (proto[MARK]) return true
+/** Wraps `Parser.prototype.parse` (shapes.ts has checked it); a second call does nothing. */
+export const installReceivePatch = (Parser: { prototype: object }): void => {
+  const proto = Parser.prototype as Record<PropertyKey, unknown>
+  if (proto[MARK]) return
   const parse = proto.parse as (this: ParserState, buf: Uint8Array) => void
   proto.parse = function (this: ParserState, buf: Uint8Array): void {
     const pending = this.msgBuf
@@ -110,12 +110,8 @@ const install = (): boolean => {
       }
     }
     parse.call(this, buf)
-    // the read buffer back to nats-read.ts's pool, unless a view could have escaped unwrapped
+    // the read buffer back to read.ts's pool, unless a view could have escaped unwrapped
     if ((this as { dispatcher?: { [WRAPPED]?: boolean } }).dispatcher?.[WRAPPED]) releaseRead(buf)
   }
   proto[MARK] = true
-  return true
 }
-
-/** Whether the hook is in place (false: this nats.js differs, and it receives as it always did). */
-export const natsReceivePatched: boolean = install()

@@ -6,21 +6,22 @@
 // message: page faults on first touch, and external memory that V8 answers with garbage
 // collections ("external memory pressure"; with the receive side's per-message buffers, about 60
 // ms per rank per step on a 64 MiB all-reduce at p = 4, counted with --trace-gc, before this and
-// the receive pool of nats-receive.ts). Here large flushes pack into buffers taken from a pool, and a
+// the receive pool of receive.ts). Here large flushes pack into buffers taken from a pool, and a
 // buffer goes back to the pool when the socket's write callback says the kernel has the bytes.
 // The bytes written and their order are unchanged: the same one copy into one buffer, one write.
 //
 // nats.js keeps a published payload by reference until it flushes, which is at once or in a
 // microtask while connected, but not before a reconnect while disconnected. A received message
-// that a collective passes on is given back to the receive pool (nats-receive.ts) after the
+// that a collective passes on is given back to the receive pool (receive.ts) after the
 // current task; so while the connection cannot flush, such a payload is copied when published.
 //
-// The hook checks the shapes it relies on (ProtocolHandler.prototype.flushPending, an outbound
-// with `buffers`, `byteLength` and `reset`, a transport with a `_send` that returns a promise
-// settled by the write callback) and leaves the flush as it was when a future nats.js differs.
-import { ProtocolHandler } from "@nats-io/nats-core/internal"
-import { BufferPool } from "./chunking.ts"
-import { isPooledReceive } from "./nats-receive.ts"
+// Installed by index.ts's installNatsPatches, and only after shapes.ts has found what this relies
+// on (ProtocolHandler.prototype.flushPending and sendCommand, an outbound with `buffers`,
+// `byteLength` and `reset`, a transport with a `_send` that returns a promise settled by the write
+// callback). The per-flush checks below stay: a handler that is not connected yet, or a transport
+// without `_send`, keeps nats.js's own flush.
+import { BufferPool } from "../chunking.ts"
+import { isPooledReceive } from "./receive.ts"
 
 /** Flushes below this many bytes keep nats.js's own packing (small buffers are cheap to allocate). */
 export const SEND_POOL_MIN_BYTES = 64 * 1024
@@ -44,10 +45,10 @@ interface Handler {
 
 const MARK = Symbol.for("gradwire.natsSendPatch")
 
-const install = (): boolean => {
-  const proto = (ProtocolHandler as unknown as { prototype: Record<PropertyKey, unknown> }).prototype
-  if (!proto || typeof proto.flushPending !== "function") return false
-  if (proto[MARK]) return true
+/** Wraps `ProtocolHandler.prototype.flushPending` and `sendCommand` (shapes.ts has checked them); a second call does nothing. */
+export const installSendPatch = (ProtocolHandler: { prototype: object }): void => {
+  const proto = ProtocolHandler.prototype as Record<PropertyKey, unknown>
+  if (proto[MARK]) return
   const flush = proto.flushPending as (this: Handler) => void
   proto.flushPending = function (this: Handler): void {
     const ob = this.outbound
@@ -77,18 +78,12 @@ const install = (): boolean => {
     const back = (): void => pool.give(frame)
     tr._send(frame).then(back, back)
   }
-  const sendCommand = proto.sendCommand
-  if (typeof sendCommand === "function") {
-    proto.sendCommand = function (this: Handler, cmd: unknown, ...payloads: Uint8Array[]): void {
-      if (!(this.infoReceived && this.connected)) {
-        for (let i = 0; i < payloads.length; i++) if (payloads[i] instanceof Uint8Array && isPooledReceive(payloads[i])) payloads[i] = payloads[i].slice()
-      }
-      sendCommand.call(this, cmd, ...payloads)
+  const sendCommand = proto.sendCommand as (this: Handler, cmd: unknown, ...payloads: Uint8Array[]) => void
+  proto.sendCommand = function (this: Handler, cmd: unknown, ...payloads: Uint8Array[]): void {
+    if (!(this.infoReceived && this.connected)) {
+      for (let i = 0; i < payloads.length; i++) if (payloads[i] instanceof Uint8Array && isPooledReceive(payloads[i])) payloads[i] = payloads[i].slice()
     }
+    sendCommand.call(this, cmd, ...payloads)
   }
   proto[MARK] = true
-  return true
 }
-
-/** Whether the hook is in place (false: this nats.js differs, and it sends as it always did). */
-export const natsSendPatched: boolean = install()

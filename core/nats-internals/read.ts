@@ -8,20 +8,21 @@
 // Here a plain TCP connection of nats.js's Node transport reads through the socket's `onread`
 // into buffers from a small pool: each read is handed to the transport as a 'data' frame, as
 // before, and the buffer goes back to the pool once the protocol parser has been through it
-// (nats-receive.ts calls releaseRead after each parse).
+// (receive.ts calls releaseRead after each parse).
 //
 // That is safe because nothing keeps a view of a read buffer past its parse: nats.js's parser
 // copies what spans reads (its DenoBuffer copies on construction and growth, and large messages go
-// to nats-receive.ts's pool), and the views it does hand on (a message that fits in one read, its
-// subject and reply, an -ERR or INFO argument) are copied as they are dispatched (nats-receive.ts).
+// to receive.ts's pool), and the views it does hand on (a message that fits in one read, its
+// subject and reply, an -ERR or INFO argument) are copied as they are dispatched (receive.ts).
 // A read the parser never reaches (the connection closed) is left to the collector.
 //
-// TLS connections keep Node's own reads (TLS needs the socket's stream). The hook checks the
-// shape it relies on (NodeTransport.prototype.dial returning a promise of the socket) and does
-// nothing when a future nats.js changes it. GRADWIRE_NATS_READ_POOL=0 turns it off (A/B runs).
+// TLS connections keep Node's own reads (TLS needs the socket's stream). GRADWIRE_NATS_READ_POOL=0
+// turns it off (A/B runs). Installed by index.ts's installNatsPatches, and only after shapes.ts has
+// found what this relies on (NodeTransport.prototype.dial returning a promise of the socket, and
+// connect dialling through it).
 import { createConnection, type Socket } from "node:net"
-import { NodeTransport } from "@nats-io/transport-node/lib/node_transport.js"
-import { BufferPool } from "./chunking.ts"
+import { BufferPool } from "../chunking.ts"
+import * as settings from "../settings.ts"
 
 /** Bytes per read buffer (Node's own read size). */
 export const READ_BYTES = 64 * 1024
@@ -94,18 +95,14 @@ const pooledDial = (hp: { port: number; hostname: string }): Promise<Socket> =>
     socket.setNoDelay(true)
   })
 
-const install = (): boolean => {
-  const proto = (NodeTransport as unknown as { prototype: Record<PropertyKey, unknown> }).prototype
-  if (!proto || typeof proto.dial !== "function") return false
-  if (proto[MARK]) return true
+/** Wraps `NodeTransport.prototype.dial` (shapes.ts has checked it); a second call does nothing. */
+export const installReadPatch = (NodeTransport: { prototype: object }): void => {
+  const proto = NodeTransport.prototype as Record<PropertyKey, unknown>
+  if (proto[MARK]) return
   const dial = proto.dial as Dial
   proto.dial = function (this: TransportLike, hp: { port: number; hostname: string }): Promise<Socket> {
-    if (process.env.GRADWIRE_NATS_READ_POOL === "0" || this.options?.tls || typeof hp?.port !== "number") return dial.call(this, hp)
+    if (!settings.natsReadPool.read() || this.options?.tls || typeof hp?.port !== "number") return dial.call(this, hp)
     return pooledDial(hp)
   }
   proto[MARK] = true
-  return true
 }
-
-/** Whether the hook is in place (false: this nats.js differs, and it reads as it always did). */
-export const natsReadPatched: boolean = install()

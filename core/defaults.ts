@@ -1,0 +1,73 @@
+// Defaults that more than one part of gradwire relies on, defined once. Where two parts used to
+// disagree, the comment says which value won and why; the README quotes these values.
+
+/** Bytes in a MiB. */
+export const MiB = 1024 * 1024
+
+// ---------------------------------------------------------------------------------------------
+// Collectives
+
+/**
+ * Deadline of every collective wait (CollectiveConfig.timeoutMs, CommunicatorOptions.timeoutMs): a
+ * collective fails when no frame for it arrived for this long. 30 s, the Trainer's value since the
+ * start, also for a Communicator created directly (which used 60 s): inside the Trainer a dead
+ * worker is found in at most WORKER_DEAD_AFTER_MS anyway, and outside it this deadline is the only
+ * detector of a hung peer, so a shorter one serves both; a rank that legitimately falls behind
+ * for longer (a long checkpoint write between collectives) needs a larger timeoutMs either way.
+ */
+export const COLLECTIVE_TIMEOUT_MS = 30_000
+
+/** Deadline of a communicator's start-up handshake: ranks start at different times (process spawn, tfjs backend load). */
+export const COLLECTIVE_CREATE_TIMEOUT_MS = 60_000
+
+/**
+ * Largest data payload per collective message. The communicator uses the smaller of this and what
+ * the smallest max_payload of the group's servers allows: 4 MiB on the embedded cluster
+ * (EMBEDDED_MAX_PAYLOAD_BYTES), just under 1 MiB on a default nats-server. The cost model is told
+ * the communicator's actual chunk; without one it assumes COST_MODEL_CHUNK_BYTES.
+ */
+export const COLLECTIVE_CHUNK_BYTES = 4 * MiB
+
+/** Credits per call: unacknowledged bytes a rank lets its senders have (well under nats-server's 64 MiB max_pending). */
+export const COLLECTIVE_WINDOW_BYTES = 16 * MiB
+
+/** Frames held for collectives a rank has not started yet, at most. */
+export const COLLECTIVE_EARLY_LIMIT_BYTES = 512 * MiB
+
+/** Gradient bucket size (CollectiveConfig.bucketSizeMiB), as PyTorch DDP's bucket_cap_mb. */
+export const BUCKET_SIZE_MIB = 25
+
+/** The first bucket's size (CollectiveConfig.firstBucketSizeMiB): small, so communication starts early. */
+export const FIRST_BUCKET_SIZE_MIB = 1
+
+// ---------------------------------------------------------------------------------------------
+// NATS
+
+/** nats-server's own default max_payload: what a server that says nothing else allows. */
+export const NATS_MAX_PAYLOAD_BYTES = 1 * MiB
+
+/** max_payload of the embedded cluster's nats-server: large enough for 4 MiB collective chunks. */
+export const EMBEDDED_MAX_PAYLOAD_BYTES = 8 * MiB
+
+/**
+ * The chunk the cost model assumes when it is not told the communicator's: what the communicator
+ * uses on a server with the default max_payload (the smaller of the two; the header's few bytes
+ * aside).
+ */
+export const COST_MODEL_CHUNK_BYTES = Math.min(COLLECTIVE_CHUNK_BYTES, NATS_MAX_PAYLOAD_BYTES)
+
+// ---------------------------------------------------------------------------------------------
+// Liveness
+
+/**
+ * Silence after which the Trainer counts a worker as dead. Exits (crash, kill -9) are reported by
+ * the agent at once; this only catches hung processes and lost nodes, and a worker busy in a long
+ * tfjs kernel on an oversubscribed machine must not be mistaken for one.
+ */
+export const WORKER_DEAD_AFTER_MS = 10_000
+
+/** Silence after which a node (its agent beats every 500 ms) is dead in the cluster view. */
+export const NODE_DEAD_AFTER_MS = 2_500
+
+/** Silence after which a watched actor is dead, unless its watcher asks for another value. */
+export const ACTOR_DEAD_AFTER_MS = 2_000

@@ -1,0 +1,120 @@
+// Every environment variable gradwire reads, in one place, each with its default and what it does.
+// The rest of the code reads them only through here (test/settings.test.ts fails on a
+// `process.env.X` anywhere else), and the README's table of environment variables is checked
+// against this list by the same test, so the two cannot drift apart.
+//
+// Each setting is read when its caller needs it, not once at import: a process started with a
+// different environment (a worker, a test's child, an A/B run) sees its own.
+import * as os from "node:os"
+import * as path from "node:path"
+
+export interface Setting<T> {
+  /** The variable's name. */
+  readonly name: string
+  /** What applies when it is unset, as the README shows it. */
+  readonly default: string
+  /** One line: what it does. */
+  readonly description: string
+  /** True for variables that are not gradwire's own (CI, PATH): listed, but under their usual meaning. */
+  readonly standard?: boolean
+  /** The value now. */
+  read(): T
+}
+
+const raw = (name: string): string | undefined => process.env[name]
+
+/** "0" switches off; anything else (or unset) leaves on. */
+const onUnlessZero = (name: string): boolean => raw(name) !== "0"
+
+export const LOG_LEVELS = ["debug", "info", "warn", "error", "silent"] as const
+export type LogLevel = (typeof LOG_LEVELS)[number]
+
+/** Log level of the actor runtime, node agents and workers. An unknown value means info. */
+export const logLevel: Setting<LogLevel> = {
+  name: "GRADWIRE_LOG",
+  default: "info",
+  description: `log level of the actor runtime, node agents and workers: ${LOG_LEVELS.join(", ")}`,
+  read: () => {
+    const v = (raw("GRADWIRE_LOG") ?? "info").toLowerCase()
+    return (LOG_LEVELS as readonly string[]).includes(v) ? (v as LogLevel) : "info"
+  }
+}
+
+/** The gradwire cluster name the CLI uses without --cluster (undefined: unset). */
+export const clusterName: Setting<string | undefined> = {
+  name: "GRADWIRE_CLUSTER",
+  default: "default",
+  description: "cluster name of `gradwire start/status` when --cluster is not given",
+  read: () => raw("GRADWIRE_CLUSTER")
+}
+
+/** NATS address(es) the CLI joins without --address (undefined: unset). */
+export const clusterAddress: Setting<string | undefined> = {
+  name: "GRADWIRE_ADDRESS",
+  default: "none (status: the local agent's, else nats://127.0.0.1:4222)",
+  description: "NATS server(s) `gradwire start/status` join when --address is not given",
+  read: () => raw("GRADWIRE_ADDRESS")
+}
+
+/** Where a node agent keeps its state, log and the head's JetStream data. */
+export const stateDir: Setting<string> = {
+  name: "GRADWIRE_STATE_DIR",
+  default: "~/.gradwire",
+  description: "where a node agent keeps agent.json, agent.log and the head's JetStream data (CLI: --state-dir)",
+  read: () => raw("GRADWIRE_STATE_DIR") || path.join(os.homedir(), ".gradwire")
+}
+
+/** Whether the WebAssembly SIMD kernels of the data path may be used. */
+export const simd: Setting<boolean> = {
+  name: "GRADWIRE_SIMD",
+  default: "1",
+  description: "0 runs the data path's scalar loops instead of the WebAssembly SIMD kernels (same bits)",
+  read: () => onUnlessZero("GRADWIRE_SIMD")
+}
+
+/** Whether plain TCP NATS connections read into pooled buffers (core/nats-internals/read.ts). */
+export const natsReadPool: Setting<boolean> = {
+  name: "GRADWIRE_NATS_READ_POOL",
+  default: "1",
+  description: "0 lets NATS sockets read into a fresh buffer per read (Node's own reads) instead of pooled ones",
+  read: () => onUnlessZero("GRADWIRE_NATS_READ_POOL")
+}
+
+/** The nats-server binary to run (undefined: look on PATH). */
+export const natsServerBin: Setting<string | undefined> = {
+  name: "NATS_SERVER_BIN",
+  default: "nats-server on PATH",
+  description: "the nats-server binary of the embedded cluster and `gradwire start --head`; no fallback when set",
+  read: () => raw("NATS_SERVER_BIN") || undefined
+}
+
+/** Whether this runs under CI (set, and not "false" or "0"). */
+export const ci: Setting<boolean> = {
+  name: "CI",
+  default: "unset",
+  description: "set (not false or 0): live progress prints plain lines instead of a bar, as when not on a TTY",
+  standard: true,
+  read: () => {
+    const v = raw("CI")
+    return !!v && v !== "false" && v !== "0"
+  }
+}
+
+/** The directories of PATH. */
+export const searchPath: Setting<string[]> = {
+  name: "PATH",
+  default: "the system's",
+  description: "searched for nats-server (then /usr/sbin, /usr/local/bin, /opt/homebrew/bin, /usr/bin) when NATS_SERVER_BIN is unset",
+  standard: true,
+  read: () => (raw("PATH") ?? "").split(path.delimiter).filter(Boolean)
+}
+
+/** Every variable gradwire reads, in the README's order. */
+export const SETTINGS: ReadonlyArray<Setting<unknown>> = [logLevel, clusterName, clusterAddress, stateDir, simd, natsReadPool, natsServerBin, ci, searchPath]
+
+/** Variables gradwire sets for the worker processes it starts (a training loop may read them). */
+export const WORKER_ENVIRONMENT: ReadonlyArray<{ readonly name: string; readonly description: string }> = [
+  { name: "GRADWIRE_RANK", description: "the worker's rank in the group (also ctx.worldRank)" },
+  { name: "GRADWIRE_WORLD_SIZE", description: "the number of workers (also ctx.worldSize)" },
+  { name: "CUDA_VISIBLE_DEVICES", description: "the GPUs placed for the worker (\"\" for a CPU worker)" }
+]
