@@ -71,3 +71,17 @@ export const NODE_DEAD_AFTER_MS = 2_500
 
 /** Silence after which a watched actor is dead, unless its watcher asks for another value. */
 export const ACTOR_DEAD_AFTER_MS = 2_000
+
+/**
+ * How long a process waits for a lost NATS connection to come back before it gives up
+ * (failureConfig.natsOutageTimeoutMs): the driver fails the run with NatsUnavailable, workers exit;
+ * node agents keep retrying. A supervised nats-server is back within a second; a minute covers a
+ * server being replaced by hand or a short network outage.
+ */
+export const NATS_OUTAGE_TIMEOUT_MS = 60_000
+
+/**
+ * How long a group waits for room before PlacementInfeasible (scalingConfig.placementTimeoutMs):
+ * after a lost node, the time a spot machine takes to be replaced or an agent to restart.
+ */
+export const PLACEMENT_TIMEOUT_MS = 60_000

@@ -4,6 +4,7 @@ import * as os from "node:os"
 import type { NatsConnection } from "@nats-io/nats-core"
 import { ClusterConfig } from "../../core/config.ts"
 import { openNats } from "../../core/connection.ts"
+import { EMBEDDED_MAX_PAYLOAD_BYTES } from "../../core/defaults.ts"
 import { launchNatsServer, type NatsServerProcess } from "../../core/nats-server.ts"
 import { superviseNatsServer, type NatsSupervision, type NatsSupervisionEvents } from "../../core/nats-supervisor.ts"
 import { resolvable } from "../../core/engine.ts"
@@ -50,7 +51,7 @@ export const startEmbeddedCluster = async (options: {
 }): Promise<ClusterHandle> => {
   const { verbose, output, cpusNeeded, jetstreamStoreDir } = options
   const server: NatsServerProcess = await launchNatsServer({
-    maxPayload: 8 * 1024 * 1024,
+    maxPayload: EMBEDDED_MAX_PAYLOAD_BYTES,
     ...(jetstreamStoreDir !== undefined ? { jetstreamStoreDir } : {})
   })
   let agent: NodeAgent | undefined

@@ -12,6 +12,7 @@ import {
   type TrainLoopRef
 } from "../../core/config.ts"
 import { decodeConfig } from "../../core/validate.ts"
+import { BUCKET_SIZE_MIB, COLLECTIVE_TIMEOUT_MS, FIRST_BUCKET_SIZE_MIB, NATS_OUTAGE_TIMEOUT_MS } from "../../core/defaults.ts"
 import { ConfigError } from "../../core/errors.ts"
 import type { ArrayDataset } from "../../core/datasets.ts"
 import { parseCompressionConfig } from "../../collectives/compression/index.ts"
@@ -47,12 +48,6 @@ export interface TrainerOptions {
   /** Seed of the data shuffles. */
   readonly seed?: number
 }
-
-/** How long a process waits for a lost NATS connection (failureConfig.natsOutageTimeoutMs). */
-export const DEFAULT_NATS_OUTAGE_TIMEOUT_MS = 60_000
-
-/** How long a restart waits for capacity (scalingConfig.placementTimeoutMs). */
-export const DEFAULT_PLACEMENT_TIMEOUT_MS = 60_000
 
 export interface Resolved {
   readonly loop: TrainLoopRef & { export: string }
@@ -118,7 +113,7 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
   const { callbacks, ...runRest } = options.runConfig ?? {}
   const run = decodeConfig(RunConfig, runRest, "runConfig")
   if (callbacks !== undefined && (!Array.isArray(callbacks) || callbacks.some((c) => typeof c !== "object" || c === null))) {
-    throw new ConfigError({ field: "runConfig.callbacks", reason: "an array of objects with optional onReport/onCheckpoint/onRestart/onStateChange methods" })
+    throw new ConfigError({ field: "runConfig.callbacks", reason: "an array of objects with optional onReport/onCheckpoint/onRestart/onStateChange/onProgress methods" })
   }
   const coll = decodeConfig(CollectiveConfig, options.collectiveConfig ?? {}, "collectiveConfig")
   const compression = parseCompressionConfig(coll.compression, "collectiveConfig.compression")
@@ -139,10 +134,10 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
       algorithm: coll.algorithm ?? "auto",
       compression,
       adaptiveBatching: coll.adaptiveBatching ?? false,
-      bucketSizeMiB: coll.bucketSizeMiB ?? 25,
-      firstBucketSizeMiB: coll.firstBucketSizeMiB ?? 1,
+      bucketSizeMiB: coll.bucketSizeMiB ?? BUCKET_SIZE_MIB,
+      firstBucketSizeMiB: coll.firstBucketSizeMiB ?? FIRST_BUCKET_SIZE_MIB,
       wireDtype: coll.wireDtype ?? "float32",
-      timeoutMs: coll.timeoutMs ?? 30_000
+      timeoutMs: coll.timeoutMs ?? COLLECTIVE_TIMEOUT_MS
     },
     cluster,
     datasets,
@@ -153,7 +148,7 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
     minWorkers: typeof scaling.numWorkers === "number" ? scaling.numWorkers : scaling.numWorkers.min,
     maxWorkers: typeof scaling.numWorkers === "number" ? scaling.numWorkers : scaling.numWorkers.max,
     elasticBatch: scaling.elasticBatch ?? "keep-global",
-    natsOutageTimeoutMs: run.failureConfig?.natsOutageTimeoutMs ?? DEFAULT_NATS_OUTAGE_TIMEOUT_MS,
+    natsOutageTimeoutMs: run.failureConfig?.natsOutageTimeoutMs ?? NATS_OUTAGE_TIMEOUT_MS,
     seed: options.seed ?? 0
   }
 }

@@ -11,6 +11,7 @@ import * as path from "node:path"
 import { nuid } from "@nats-io/nats-core"
 import { Result as R } from "effect"
 import { ConfigError, NatsUnavailable } from "../../core/errors.ts"
+import { PLACEMENT_TIMEOUT_MS } from "../../core/defaults.ts"
 import { watchBus, type BusMonitor } from "../../core/bus-monitor.ts"
 import { decodeMessage } from "../../core/wire.ts"
 import { jobSubjects } from "../../core/subjects.ts"
@@ -25,7 +26,7 @@ import { Controller, type CompletedRound, type GroupFailure, type Outcome } from
 import { growTo, idle, planLargest, releasingJob } from "./elastic.ts"
 import { WorkerGroup } from "./worker-group.ts"
 import { joinCluster, startEmbeddedCluster, type ClusterHandle } from "./cluster.ts"
-import { DEFAULT_PLACEMENT_TIMEOUT_MS, resolveTrainerOptions, type Resolved, type TrainerCallbacks, type TrainerOptions } from "./options.ts"
+import { resolveTrainerOptions, type Resolved, type TrainerCallbacks, type TrainerOptions } from "./options.ts"
 import {
   Interrupted,
   TrainingFailed,
@@ -573,7 +574,7 @@ export class Trainer {
         }
       )
     const explicit = cfg.scaling.placementTimeoutMs
-    const timeoutMs = explicit ?? DEFAULT_PLACEMENT_TIMEOUT_MS
+    const timeoutMs = explicit ?? PLACEMENT_TIMEOUT_MS
     const deadline = Date.now() + timeoutMs
     const bounds = { min: cfg.minWorkers, max: cfg.maxWorkers }
     let noticeAt = 0

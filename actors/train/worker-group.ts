@@ -4,17 +4,13 @@
 // this module only reports it.
 import { fileURLToPath } from "node:url"
 import type { ConnectionSpec } from "../../core/connection-spec.ts"
+// Silence after which a worker counts as dead (core/defaults.ts says why it is 10 s).
+import { WORKER_DEAD_AFTER_MS } from "../../core/defaults.ts"
 import type { PlacementPlan } from "../../scheduler/placement.ts"
 import type { ActorSystem } from "../runtime/system.ts"
 import { agentRef, spawnActor, type SpawnedActor } from "../node/spawn.ts"
 import { WorkerProtocol, type WorkerArgs } from "./train-protocol.ts"
 
-/**
- * Silence after which a worker counts as dead. Exits (crash, kill -9) are reported by the agent at
- * once; this only catches hung processes and lost nodes, and a worker busy in a long tfjs kernel on
- * an oversubscribed machine must not be mistaken for one.
- */
-export const WORKER_DEAD_AFTER_MS = 10_000
 
 /** A worker that stops right after telling the controller it finished is fine: give that message a moment. */
 const DOWN_GRACE_MS = 300

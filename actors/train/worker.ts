@@ -17,6 +17,7 @@ import { GradientReducer } from "../../collectives/gradient-reducer.ts"
 import { blamedRanks } from "../../collectives/errors.ts"
 import { parseCompressionConfig, type ResolvedCompressionConfig } from "../../collectives/compression/index.ts"
 import { watchBus } from "../../core/bus-monitor.ts"
+import { NATS_OUTAGE_TIMEOUT_MS } from "../../core/defaults.ts"
 import { defineActor } from "../runtime/actor.ts"
 import { toWireFailure } from "../runtime/envelope.ts"
 import { ControllerProtocol, WorkerArgs, WorkerProtocol } from "./train-protocol.ts"
@@ -56,7 +57,7 @@ export const trainWorker = defineActor(
       const { attempt, rank } = args
       // No wait without a deadline: a worker whose NATS stays away longer than
       // failureConfig.natsOutageTimeoutMs exits (the controller restarts the group once it can).
-      const outageMs = args.natsOutageTimeoutMs ?? 60_000
+      const outageMs = args.natsOutageTimeoutMs ?? NATS_OUTAGE_TIMEOUT_MS
       const bus = watchBus(system.nc, {
         timeoutMs: outageMs,
         onDown: (o) => ctx.log.warn(`rank ${rank}: lost the NATS connection (${o.server}); exiting if it is not back within ${outageMs / 1000} s`),
