@@ -1,5 +1,6 @@
 // gradwire's public entry point: everything a user touches is exported from here; the rest is
-// internal and may change.
+// internal and may change. The Node version check comes first, before any other module runs.
+import "./core/node-version.ts"
 export * from "./core/errors.ts"
 export type { Tf, BackendKind } from "./core/engine.ts"
 export { loadEngine } from "./core/engine.ts"
