@@ -10,6 +10,7 @@ import * as path from "node:path"
 import { fileURLToPath } from "node:url"
 import { afterAll, describe, expect, it } from "vitest"
 import { MIN_NODE, nodeTooOld } from "../core/node-version.ts"
+import { describeOldNode, findOldNode } from "./support/old-node.ts"
 
 const ROOT = fileURLToPath(new URL("../", import.meta.url))
 const pkg = JSON.parse(fs.readFileSync(path.join(ROOT, "package.json"), "utf8")) as { version: string; engines: { node: string } }
@@ -21,22 +22,6 @@ interface Guard {
 }
 // Plain JavaScript without types: imported by URL, so TypeScript takes it as it is.
 const guard = (await import(new URL("../bin/check-node.js", import.meta.url).href)) as Guard
-
-const versionOf = (node: string): string | undefined => {
-  const r = spawnSync(node, ["--version"], { encoding: "utf8" })
-  return r.status === 0 ? r.stdout.trim() : undefined
-}
-
-/** A Node older than gradwire needs: $GRADWIRE_OLD_NODE, /usr/bin/node, or any `node` on PATH. */
-const findOldNode = (): { bin: string; version: string } | undefined => {
-  const onPath = (process.env.PATH ?? "").split(path.delimiter).map((d) => path.join(d, "node"))
-  for (const bin of [process.env.GRADWIRE_OLD_NODE, "/usr/bin/node", ...onPath]) {
-    if (!bin || !fs.existsSync(bin)) continue
-    const version = versionOf(bin)
-    if (version && nodeTooOld(version)) return { bin, version }
-  }
-  return undefined
-}
 
 describe("Node version guard", () => {
   it("bin/check-node.js, core/node-version.ts and package.json engines name the same minimum", () => {
@@ -86,7 +71,7 @@ describe("Node version guard", () => {
 
 const old = findOldNode()
 
-describe.skipIf(!old)(`with an older Node (${old ? `${old.version} at ${old.bin}` : "none on this machine: skipped"})`, () => {
+describe.skipIf(!old)(`with an older Node (${describeOldNode(old)})`, () => {
   // A PATH whose first `node` is the old one, as on a machine that has only that.
   const shim = fs.mkdtempSync(path.join(os.tmpdir(), "gw-oldnode-"))
   afterAll(() => fs.rmSync(shim, { recursive: true, force: true }))
