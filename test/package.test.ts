@@ -16,10 +16,11 @@ const ROOT = fileURLToPath(new URL("../", import.meta.url))
 const work = fs.mkdtempSync(path.join(os.tmpdir(), "gw-package-"))
 afterAll(() => fs.rmSync(work, { recursive: true, force: true }))
 
-// npm's own variables (set when the suite runs under `npm test`) would steer the nested npm.
+// npm's own variables (set when the suite runs under `npm test`) would steer the nested npm. The
+// build and install take about 45 s alone, and twice that on 2 busy cores: the limits are wide.
 const npmEnv = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.toLowerCase().startsWith("npm_")))
 const npm = (args: ReadonlyArray<string>, cwd: string): SpawnSyncReturns<string> => {
-  const r = spawnSync("npm", args, { cwd, env: npmEnv, encoding: "utf8", timeout: 120_000 })
+  const r = spawnSync("npm", args, { cwd, env: npmEnv, encoding: "utf8", timeout: 240_000 })
   if (r.status !== 0) throw new Error(`npm ${args.join(" ")} exited ${r.status}:\n${r.stdout}\n${r.stderr}`)
   return r
 }
@@ -96,7 +97,7 @@ describe("the packed package", () => {
     npm(["install", "--prefer-offline", "--no-audit", "--no-fund", path.join(work, info.filename)], project)
     expect(fs.existsSync(path.join(project, "node_modules", "gradwire", "dist", "index.js"))).toBe(true)
     packed = true
-  }, 180_000)
+  }, 300_000)
 
   it("installed in another project, it trains 2 workers for an epoch through import { Trainer } from \"gradwire\"", async () => {
     expect(packed, "the pack-and-install test failed").toBe(true)
