@@ -4,6 +4,8 @@
 // something to stop or close (released when the scope closes, also on interruption), and the
 // Layers and services for code that runs as an Effect program. Types, configs and errors are the
 // root's: import them from "gradwire".
+// The Node version check comes first, before any other module runs.
+import "./core/node-version.ts"
 
 // NATS
 export { connectNats as openNatsEffect, Nats, NatsLayer } from "./core/connection.ts"

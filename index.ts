@@ -3,6 +3,8 @@
 // plain names; their Effect versions, named <name>Effect, and the Effect Layers and services are
 // in effect.ts ("gradwire/effect"). Everything not exported from one of the two is internal and
 // may change (the wire format, the embedded nats-server launchers, the node agent's internals).
+// The Node version check comes first, before any other module runs.
+import "./core/node-version.ts"
 
 // Training
 export {

@@ -1,3 +1,5 @@
+// On a Node older than gradwire needs, one line saying so instead of suites failing one by one.
+import "./bin/check-node.js"
 import { defineConfig } from "vitest/config"
 
 export default defineConfig({
