@@ -13,17 +13,17 @@ import { fileURLToPath, pathToFileURL } from "node:url"
 import { nuid, type NatsConnection } from "@nats-io/nats-core"
 import { Result as R } from "effect"
 import {
-  ClusterConfig,
   CollectiveConfig,
   RunConfig,
   ScalingConfig,
   defaultStoragePath,
   parseTrainLoopRef,
+  resolveClusterConfig,
+  type ClusterConfig,
   type TrainLoopRef
 } from "../../core/config.ts"
 import { decodeConfig } from "../../core/validate.ts"
 import { ConfigError } from "../../core/errors.ts"
-import { openNats } from "../../core/connection.ts"
 import { launchNatsServer, type NatsServerProcess } from "../../core/nats-server.ts"
 import { resolvable } from "../../core/engine.ts"
 import type { ArrayDataset } from "../../core/datasets.ts"
@@ -35,7 +35,7 @@ import { defineActor, launchActor, type ActorHandle } from "../runtime/actor.ts"
 import { launchAgent, type NodeAgent } from "../node/agent.ts"
 import { agentRef, spawnActor, type SpawnedActor } from "../node/spawn.ts"
 import { silentLogger, stderrLogger } from "../runtime/log.ts"
-import type { ConnectionSpec } from "../../core/connection-spec.ts"
+import { describeConnection, openConnection, redactConnection, type ConnectionSpec, type OpenedConnection } from "../../core/connection-spec.ts"
 import { CheckpointStore, readCheckpoint, type CheckpointEntry, type CheckpointStorage } from "./checkpoint-store.ts"
 import { ObjectCheckpointStore, isObjectCheckpointUrl, readObjectCheckpoint } from "./object-checkpoint-store.ts"
 import { ControllerProtocol, WorkerProtocol, type CheckpointPayload, type WorkerArgs } from "./train-protocol.ts"
@@ -134,6 +134,9 @@ const writeExplain = async (dir: string, text: string, json: unknown): Promise<v
  */
 const WORKER_DEAD_AFTER_MS = 10_000
 
+/** The driver waits out a NATS outage of about a minute (240 tries, 250 ms apart), then the run fails. */
+const DRIVER_RECONNECT_ATTEMPTS = 240
+
 const WORKER_MODULE = fileURLToPath(new URL(import.meta.url.endsWith(".ts") ? "./worker.ts" : "./worker.js", import.meta.url))
 
 interface Resolved {
@@ -143,7 +146,7 @@ interface Resolved {
   readonly run: RunConfig
   readonly callbacks: ReadonlyArray<TrainerCallbacks>
   readonly collective: WorkerArgs["collective"]
-  readonly cluster: ClusterConfig | undefined
+  readonly cluster: { readonly clusterName: string; readonly connection: ConnectionSpec } | undefined
   readonly datasets: Readonly<Record<string, ArrayDataset>>
   readonly name: string
   readonly runDir: string
@@ -199,7 +202,7 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
   }
   const coll = decodeConfig(CollectiveConfig, options.collectiveConfig ?? {}, "collectiveConfig")
   const compression = parseCompressionConfig(coll.compression, "collectiveConfig.compression")
-  const cluster = options.cluster === undefined ? undefined : decodeConfig(ClusterConfig, options.cluster, "cluster")
+  const cluster = options.cluster === undefined ? undefined : resolveClusterConfig(options.cluster)
   const datasets: Record<string, ArrayDataset> = {}
   for (const [k, v] of Object.entries(options.datasets ?? {})) datasets[k] = checkDataset(k, v)
   const name = run.name ?? `gradwire_${new Date().toISOString().replace(/[-:]/g, "").replace(/\..*$/, "").replace("T", "_")}`
@@ -264,11 +267,11 @@ const startEmbeddedCluster = async (
     ...(jetstreamStoreDir !== undefined ? { jetstreamStoreDir } : {})
   })
   let agent: NodeAgent | undefined
-  let opened: Awaited<ReturnType<typeof openNats>> | undefined
+  let opened: OpenedConnection | undefined
   try {
-    opened = await openNats({ servers: server.url, name: "gradwire driver" })
     const connection: ConnectionSpec = { servers: [server.url] }
-    const agentConn = await openNats({ servers: server.url, name: "gradwire local agent" })
+    opened = await openConnection(connection, "gradwire driver", { maxReconnectAttempts: DRIVER_RECONNECT_ATTEMPTS })
+    const agentConn = await openConnection(connection, "gradwire local agent")
     agent = await launchAgent({
       nc: agentConn.nc,
       connection,
@@ -307,22 +310,9 @@ const startEmbeddedCluster = async (
   }
 }
 
-const joinCluster = async (c: ClusterConfig): Promise<ClusterHandle> => {
-  const connection: ConnectionSpec = {
-    servers: [c.address],
-    ...(c.user !== undefined ? { user: c.user, password: c.password ?? "" } : {}),
-    ...(c.token !== undefined ? { token: c.token } : {}),
-    ...(c.credsFile !== undefined ? { creds: c.credsFile } : {})
-  }
-  const opened = await openNats({
-    servers: c.address,
-    name: "gradwire driver",
-    ...(c.user !== undefined ? { user: c.user, pass: c.password ?? "" } : {}),
-    ...(c.token !== undefined ? { token: c.token } : {}),
-    ...(c.credsFile !== undefined ? { creds: c.credsFile } : {}),
-    ...(c.nkeySeed !== undefined ? { nkey: c.nkeySeed } : {})
-  })
-  const clusterName = c.clusterName ?? "default"
+const joinCluster = async (c: NonNullable<Resolved["cluster"]>): Promise<ClusterHandle> => {
+  const { connection, clusterName } = c
+  const opened = await openConnection(connection, "gradwire driver", { maxReconnectAttempts: DRIVER_RECONNECT_ATTEMPTS })
   const view = await openClusterView({ nc: opened.nc, cluster: clusterName })
   await view.refresh().catch(() => {})
   return {
@@ -405,7 +395,7 @@ export class Trainer {
       scalingConfig: cfg.scaling,
       runConfig: cfg.run,
       collectiveConfig: cfg.collective,
-      cluster: cfg.cluster ? { ...cfg.cluster, password: cfg.cluster.password ? "***" : undefined, token: cfg.cluster.token ? "***" : undefined } : "embedded",
+      cluster: cfg.cluster ? { clusterName: cfg.cluster.clusterName, ...redactConnection(cfg.cluster.connection) } : "embedded",
       datasets: Object.fromEntries(Object.entries(cfg.datasets).map(([k, d]) => [k, { size: d.size, featureShape: d.featureShape, numClasses: d.numClasses }])),
       seed: cfg.seed
     }, cfg.run.timeline === true)
@@ -446,7 +436,7 @@ export class Trainer {
       isObjectCheckpointUrl(p) ? readObjectCheckpoint(cluster.nc, p) : readCheckpoint(p)
     let store: CheckpointStorage
     try {
-      store = localStore ?? (await ObjectCheckpointStore.open(cluster.nc, bucket!, cfg.name, policy, cfg.cluster ? `the NATS server at ${cfg.cluster.address}` : "the embedded nats-server"))
+      store = localStore ?? (await ObjectCheckpointStore.open(cluster.nc, bucket!, cfg.name, policy, cfg.cluster ? `the NATS server at ${describeConnection(cfg.cluster.connection)}` : "the embedded nats-server"))
       if (cfg.resumeFrom !== undefined && isObjectCheckpointUrl(cfg.resumeFrom)) await readAt(cfg.resumeFrom)
     } catch (e) {
       await cluster.close().catch(() => {})
@@ -770,7 +760,6 @@ export class Trainer {
             loopModule: cfg.loop.module,
             loopExport: cfg.loop.export,
             loopConfig: cfg.loopConfig,
-            connection: cluster.connection,
             group,
             backend: r.backend,
             collective: cfg.collective,
@@ -783,6 +772,8 @@ export class Trainer {
             module: WORKER_MODULE,
             export: "trainWorker",
             args,
+            // The agent checks the loop module against its allowed roots before the worker imports it.
+            imports: [cfg.loop.module],
             gpus: r.gpuIndices,
             env: { CUDA_VISIBLE_DEVICES: r.cudaVisibleDevices, GRADWIRE_RANK: String(r.rank), GRADWIRE_WORLD_SIZE: String(plan.ranks.length) },
             resources: plan.resourcesPerWorker,
