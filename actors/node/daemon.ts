@@ -83,6 +83,17 @@ export const explainConnectError = (spec: ConnectionSpec, e: unknown): AgentErro
 
 const isLoopback = (host: string): boolean => /^127\.\d+\.\d+\.\d+$/.test(host) || host === "::1" || host === "[::1]" || host === "localhost"
 
+/**
+ * Why a head may not start its server listening on `host` (undefined: it may). Whoever reaches an
+ * open port can join the cluster and have its agents spawn processes, so beyond loopback the
+ * server needs credentials, or the owner's explicit --insecure.
+ */
+export const listenerRefusal = (host: string, port: number, withCredentials: boolean, insecure: boolean): string | undefined =>
+  isLoopback(host) || withCredentials || insecure
+    ? undefined
+    : `refusing to listen on ${host}:${port} without credentials (anyone who reaches the port could join the cluster and run jobs ` +
+      `on its agents): pass --user U --password P, --token T or --nkey FILE (every agent and driver then needs them), or --insecure`
+
 /** What a head's own server requires of clients: the credentials it was started with. */
 const serverAuth = (auth: ConnectionAuth): NatsServerAuth | undefined => {
   if (auth.credsFile !== undefined) {
@@ -116,14 +127,8 @@ const startServer = async (o: StartOptions): Promise<NatsServerProcess> => {
   const port = o.port ?? DEFAULT_PORT
   const host = o.host ?? "127.0.0.1"
   const auth = serverAuth(o.auth)
-  // Whoever reaches an open port can join the cluster and have agents spawn processes.
-  if (!isLoopback(host) && auth === undefined && o.insecure !== true) {
-    throw new AgentError({
-      reason:
-        `refusing to listen on ${host}:${port} without credentials (anyone who reaches the port could join the cluster and run jobs ` +
-        `on its agents): pass --user U --password P, --token T or --nkey FILE (every agent and driver then needs them), or --insecure`
-    })
-  }
+  const refused = listenerRefusal(host, port, auth !== undefined, o.insecure === true)
+  if (refused !== undefined) throw new AgentError({ reason: refused })
   try {
     return await launchNatsServer({
       port,

@@ -57,6 +57,12 @@ export const trainWorker = defineActor(
       let cnc: NatsConnection | undefined
       let comm: Communicator | undefined
       try {
+        // Only a loop the agent checked (module-policy.ts) may be imported: the spawn request
+        // declared it, and the args could name another. Checked first, before anything is loaded.
+        const allowed = system.allowedImports
+        if (allowed !== undefined && !allowed.includes(args.loopModule)) {
+          throw new ModuleNotAllowed({ node: system.node, module: args.loopModule, reason: "the spawn request did not declare it, so the agent did not check it" })
+        }
         const { tf, backend } = await loadEngine(args.backend as BackendKind | "auto")
         // The connection this process's agent gave it (servers and credentials, on stdin), with the
         // server the agent connected it to first: on a multi-machine cluster that is the node's own
@@ -216,12 +222,6 @@ export const trainWorker = defineActor(
             return makeDataset(d.x, d.y, d.featureShape, d.numClasses)
           }
         })
-        // Only a loop the agent checked (module-policy.ts) may be imported: the spawn request
-        // declared it, and the args could name another.
-        const allowed = system.allowedImports
-        if (allowed !== undefined && !allowed.includes(args.loopModule)) {
-          throw new ModuleNotAllowed({ node: system.node, module: args.loopModule, reason: "the spawn request did not declare it, so the agent did not check it" })
-        }
         const mod = (await import(moduleUrl(args.loopModule))) as Record<string, unknown>
         const fn = mod[args.loopExport]
         if (typeof fn !== "function") {
