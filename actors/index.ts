@@ -50,7 +50,7 @@ export {
 export { agentRef, spawnActor, spawnActorEffect, spawnedChild, type SpawnedActor, type SpawnOptions } from "./node/spawn.ts"
 export { AgentProtocol } from "./node/agent-protocol.ts"
 export { NodeAgent, launchAgent, startAgent, type AgentOptions } from "./node/agent.ts"
-export { openConnection, type ConnectionSpec } from "../core/connection-spec.ts"
+export { connectionFromAddress, openConnection, redactConnection, type ConnectionSpec } from "../core/connection-spec.ts"
 export { stderrLogger, silentLogger, type ActorLogger } from "./runtime/log.ts"
 export {
   ActorStartError,
@@ -63,4 +63,4 @@ export {
   type AskError,
   type TellError
 } from "./runtime/errors.ts"
-export { AgentError, AgentUnreachable, SpawnError } from "./node/errors.ts"
+export { AgentError, AgentUnreachable, ModuleNotAllowed, SpawnError } from "./node/errors.ts"
