@@ -44,7 +44,7 @@ export {
   type SupervisionPolicy
 } from "./runtime/supervisor.ts"
 export { agentRef, spawnActor, spawnedChild, type SpawnedActor, type SpawnOptions } from "./node/spawn.ts"
-export { openConnection, type ConnectionSpec } from "../core/connection-spec.ts"
+export { connectionFromAddress, openConnection, redactConnection, type ConnectionSpec } from "../core/connection-spec.ts"
 export { stderrLogger, silentLogger, type ActorLogger } from "./runtime/log.ts"
 export {
   ActorStartError,
@@ -57,4 +57,4 @@ export {
   type AskError,
   type TellError
 } from "./runtime/errors.ts"
-export { AgentError, AgentUnreachable, SpawnError } from "./node/errors.ts"
+export { AgentError, AgentUnreachable, ModuleNotAllowed, SpawnError } from "./node/errors.ts"

@@ -4,6 +4,7 @@
 // Usage: npm run bench -- actors [--n 2000] [--sizes 16,1024,65536] [--spawns 5]
 // The actor definitions below are what the agent spawns (this module is also loaded by them).
 import * as os from "node:os"
+import * as path from "node:path"
 import { execFileSync } from "node:child_process"
 import { fileURLToPath } from "node:url"
 import { connect } from "@nats-io/transport-node"
@@ -95,6 +96,8 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
   const agent = await launchAgent({
     nc: agentConn,
     connection: { servers: [server.url] },
+    // The bench's own actors live in this file.
+    allowModuleRoots: [path.dirname(self)],
     cluster: "bench",
     nodeId: "bench-node",
     backends: ["cpu"],

@@ -1,8 +1,11 @@
 // gradwire CLI: parses flags and hands off to the actors and scheduler. Thin on purpose: the
 // agent lifecycle lives in actors/node/daemon.ts, the status query and table in actors/node/cluster-status.ts.
+import * as fs from "node:fs"
+import * as path from "node:path"
 import { parseArgs, type ParseArgsConfig } from "node:util"
 import { queryCluster, formatClusterTable } from "../actors/node/cluster-status.ts"
-import { openConnection } from "../core/connection-spec.ts"
+import { checkAuth, connectionFromAddress, openConnection, type ConnectionAuth } from "../core/connection-spec.ts"
+import { ConfigError } from "../core/errors.ts"
 import { defaultStateDir, describeStarted, explainConnectError, runAgent, startInBackground, stopAgent, type StartOptions } from "../actors/node/daemon.ts"
 import { readState } from "../actors/node/agent-state.ts"
 import { ALL_BACKENDS, type BackendName } from "../actors/node/node-probe.ts"
@@ -19,9 +22,11 @@ commands:
 
 start options:
   --head                       this is the head node: starts NATS unless --address is given
-  --address URL[,URL...]       NATS server(s) to join (env GRADWIRE_ADDRESS)
+  --address URL[,URL...]       NATS server(s) to join (env GRADWIRE_ADDRESS): nats://host:4222, tls://host:4222,
+                               nats://user:pass@host:4222 or nats://token@host:4222 (credentials as in the NATS CLI)
   --port N                     head's NATS port (default 4222)
-  --host ADDR                  head's NATS listen address (default 127.0.0.1; 0.0.0.0 lets other machines join)
+  --host ADDR                  head's NATS listen address (default 127.0.0.1; 0.0.0.0 lets other machines join,
+                               and then needs credentials or --insecure)
   --max-payload BYTES          head's NATS max_payload (default 1 MiB; larger messages are chunked anyway)
   --cluster NAME               gradwire cluster name (default "default"); jobs and nodes live under it
   --node-id ID                 node id (default <hostname>-<random>)
@@ -29,17 +34,25 @@ start options:
   --num-cpus N / --num-gpus N  override the detected CPU cores / GPUs
   --resources name=n,...       custom resources (e.g. licence=2)
   --backends a,b               skip the tfjs backend probe and advertise these (${ALL_BACKENDS.join(", ")})
-  --user U --password P        NATS user/password (the head's server requires them when given)
-  --token T                    NATS token (same)
-  --creds FILE                 NATS credentials file (JWT + NKey) to connect with
+  --allow-module-root DIR      let jobs run actor and train-loop modules under DIR (repeatable; default: only
+                               gradwire's own actors, plus the train loop each job declares)
+  --insecure                   let a head's NATS server listen beyond loopback without credentials
+  --owner-timeout-ms MS        kill a job's processes when its driver has been silent this long (default 5000)
   --block                      run in the foreground (default: in the background, logging to the state dir)
   --state-dir DIR              where the agent's pid/state and log go (env GRADWIRE_STATE_DIR, default ~/.gradwire)
+  credentials (start and status; a head that starts its server requires them from every client):
+  --user U --password P        NATS user/password
+  --token T                    NATS token
+  --nkey FILE                  file holding a user nkey seed (SU...)
+  --creds FILE                 NATS credentials file (user JWT + nkey seed, from nsc)
+  --tlsca FILE --tlscert FILE --tlskey FILE   TLS CA / client certificate and key (TLS is then required)
 
-status options: --address URL, --cluster NAME, --json, --user/--password/--token/--creds, --state-dir DIR
+status options: --address URL, --cluster NAME, --json, credentials, --state-dir DIR
 stop options:   --state-dir DIR, --timeout SECONDS (default 20, then SIGKILL)
 
 The background agent writes <state dir>/agent.json; "gradwire stop" uses it to stop the agent, which
-kills its actor processes and, on a head that started it, the NATS server.`
+kills its actor processes and, on a head that started it, the NATS server. Credentials reach the
+background agent and the processes it spawns on their stdin, never in their arguments or environment.`
 
 class UsageError extends Error {}
 
@@ -59,18 +72,75 @@ const options = {
   user: { type: "string" },
   password: { type: "string" },
   token: { type: "string" },
+  nkey: { type: "string" },
   creds: { type: "string" },
+  tlsca: { type: "string" },
+  tlscert: { type: "string" },
+  tlskey: { type: "string" },
+  insecure: { type: "boolean" },
+  "allow-module-root": { type: "string", multiple: true },
   block: { type: "boolean" },
   "state-dir": { type: "string" },
   "owner-timeout-ms": { type: "string" },
+  // Internal: the background agent reads its credentials from stdin (see start).
+  "auth-stdin": { type: "boolean" },
   json: { type: "boolean" },
   timeout: { type: "string" },
   help: { type: "boolean", short: "h" }
 } satisfies ParseArgsConfig["options"]
 
-type Flags = ReturnType<typeof parse>["values"]
+type OptionName = keyof typeof options
 
-const parse = (args: string[]) => parseArgs({ args, options, allowPositionals: true, strict: true })
+const CREDENTIALS: ReadonlyArray<OptionName> = ["user", "password", "token", "nkey", "creds", "tlsca", "tlscert", "tlskey"]
+
+/** The options each command takes; any other is an error naming the command and listing these. */
+const COMMAND_OPTIONS: Readonly<Record<string, ReadonlyArray<OptionName>>> = {
+  start: [
+    "head", "address", "port", "host", "max-payload", "cluster", "node-id", "labels", "num-cpus", "num-gpus", "resources", "backends",
+    ...CREDENTIALS, "insecure", "allow-module-root", "block", "state-dir", "owner-timeout-ms", "auth-stdin", "help"
+  ],
+  status: ["address", "cluster", "json", ...CREDENTIALS, "state-dir", "help"],
+  stop: ["state-dir", "timeout", "help"]
+}
+
+const HIDDEN: ReadonlySet<OptionName> = new Set(["auth-stdin"])
+
+const VALUE_NAMES: Partial<Record<OptionName, string>> = {
+  address: "URL", port: "N", host: "ADDR", "max-payload": "BYTES", cluster: "NAME", "node-id": "ID", labels: "k=v,...",
+  "num-cpus": "N", "num-gpus": "N", resources: "name=n,...", backends: "a,b", user: "U", password: "P", token: "T", nkey: "FILE",
+  creds: "FILE", tlsca: "FILE", tlscert: "FILE", tlskey: "FILE", "allow-module-root": "DIR", "state-dir": "DIR",
+  "owner-timeout-ms": "MS", timeout: "SECONDS"
+}
+
+const describeOption = (name: OptionName): string => `--${name}${options[name].type === "string" ? ` ${VALUE_NAMES[name] ?? "VALUE"}` : ""}`
+
+type Flags = ReturnType<typeof parseAll>["values"]
+
+const parseAll = (args: string[]) => parseArgs({ args, options, allowPositionals: true, strict: true, tokens: true })
+
+/**
+ * Parses `args` for `command`: an option another command takes, or none takes, is an error that
+ * names the command and lists the options it does take.
+ */
+const parseCommand = (command: string, args: string[]): { values: Flags; tokens: ReturnType<typeof parseAll>["tokens"] } => {
+  const allowed = COMMAND_OPTIONS[command]
+  if (allowed === undefined) throw new UsageError(`unknown command "${command}"; commands: ${Object.keys(COMMAND_OPTIONS).join(", ")}`)
+  const takes = `gradwire ${command} takes: ${allowed.filter((o) => !HIDDEN.has(o)).map(describeOption).join(", ")}`
+  // Names first (a lenient pass), so an option of another command is reported as such.
+  for (const t of parseArgs({ args, options, allowPositionals: true, strict: false, tokens: true }).tokens) {
+    if (t.kind !== "option" || (allowed as ReadonlyArray<string>).includes(t.name)) continue
+    const owners = Object.entries(COMMAND_OPTIONS).filter(([, o]) => (o as ReadonlyArray<string>).includes(t.name)).map(([c]) => `gradwire ${c}`)
+    throw new UsageError(`gradwire ${command} does not take ${t.rawName}${owners.length ? ` (an option of ${owners.join(" and ")})` : ""}; ${takes}`)
+  }
+  let parsed: ReturnType<typeof parseAll>
+  try {
+    parsed = parseAll(args)
+  } catch (e) {
+    throw new UsageError(`gradwire ${command}: ${(e as Error).message}`)
+  }
+  if (parsed.positionals.length) throw new UsageError(`gradwire ${command}: unexpected argument "${parsed.positionals[0]}"; ${takes}`)
+  return { values: parsed.values, tokens: parsed.tokens }
+}
 
 const number = (flag: string, raw: string | undefined, min = 0): number | undefined => {
   if (raw === undefined) return undefined
@@ -98,14 +168,50 @@ const clusterName = (flags: Flags): string => {
 
 const stateDir = (flags: Flags): string => flags["state-dir"] ?? defaultStateDir()
 
-const startOptions = (flags: Flags): StartOptions => {
+/** The credentials given by flags (--nkey names a file holding the seed, as in the NATS CLI). */
+const authFromFlags = (flags: Flags): ConnectionAuth => {
+  if (flags.password !== undefined && flags.user === undefined) throw new UsageError("--password needs --user")
+  let nkeySeed: string | undefined
+  if (flags.nkey !== undefined) {
+    try {
+      nkeySeed = fs.readFileSync(flags.nkey, "utf8").trim()
+    } catch (e) {
+      throw new UsageError(`--nkey ${flags.nkey}: cannot read it (${(e as NodeJS.ErrnoException).code ?? (e as Error).message}); give the file holding the user nkey seed (SU...)`)
+    }
+  }
+  const tls = {
+    ...(flags.tlsca !== undefined ? { caFile: flags.tlsca } : {}),
+    ...(flags.tlscert !== undefined ? { certFile: flags.tlscert } : {}),
+    ...(flags.tlskey !== undefined ? { keyFile: flags.tlskey } : {})
+  }
+  return {
+    ...(flags.user !== undefined ? { user: flags.user, password: flags.password ?? "" } : {}),
+    ...(flags.token !== undefined ? { token: flags.token } : {}),
+    ...(nkeySeed !== undefined ? { nkeySeed } : {}),
+    ...(flags.creds !== undefined ? { credsFile: flags.creds } : {}),
+    ...(Object.keys(tls).length > 0 ? { tls } : {})
+  }
+}
+
+/** Parses --address with the credential flags; a ConfigError becomes a usage error (it never shows a secret). */
+const connection = (address: string | undefined, auth: ConnectionAuth): { servers?: ReadonlyArray<string>; auth: ConnectionAuth } => {
+  try {
+    if (address === undefined) {
+      checkAuth({ servers: [], ...auth }, "credentials")
+      return { auth }
+    }
+    const { servers, ...merged } = connectionFromAddress(address, auth, "--address")
+    return { servers, auth: merged }
+  } catch (e) {
+    if (e instanceof ConfigError) throw new UsageError(e.field === "credentials" ? e.reason : `${e.field} ${e.reason}`)
+    throw e
+  }
+}
+
+const startOptions = (flags: Flags, stdinAuth: ConnectionAuth | undefined): StartOptions => {
   const address = flags.address ?? settings.clusterAddress.read()
   if (!flags.head && !address) throw new UsageError("start needs --head (this is the head node) or --address nats://host:port (join a cluster)")
-  if (flags.token !== undefined && flags.user !== undefined) throw new UsageError("give either --token or --user/--password, not both")
-  if (flags.password !== undefined && flags.user === undefined) throw new UsageError("--password needs --user")
-  if (address) for (const a of address.split(",")) if (!/^(nats|tls|ws|wss):\/\/[^\s]+$/.test(a) && !/^[^\s:/]+:\d+$/.test(a)) {
-    throw new UsageError(`--address "${a}" is not a NATS URL: use nats://host:port`)
-  }
+  const conn = connection(address, stdinAuth ?? authFromFlags(flags))
   if (flags["node-id"] !== undefined && !validToken(flags["node-id"])) throw new UsageError(`--node-id "${flags["node-id"]}" is not valid: use letters, digits, "_" or "-"`)
   const custom: Record<string, number> = {}
   for (const [k, v] of Object.entries(keyValues("resources", flags.resources))) custom[k] = number(`resources ${k}`, v) as number
@@ -115,16 +221,18 @@ const startOptions = (flags: Flags): StartOptions => {
     const bad = backends.filter((b) => !ALL_BACKENDS.includes(b))
     if (bad.length) throw new UsageError(`--backends: unknown backend(s) ${bad.join(", ")}; known: ${ALL_BACKENDS.join(", ")}`)
   }
+  const roots = (flags["allow-module-root"] ?? []).map((r) => path.resolve(r))
+  for (const r of roots) if (!fs.statSync(r, { throwIfNoEntry: false })?.isDirectory()) throw new UsageError(`--allow-module-root ${r}: not a directory`)
   const port = number("port", flags.port, 0)
   return {
     head: flags.head ?? false,
-    ...(address !== undefined ? { address } : {}),
+    ...(conn.servers !== undefined ? { servers: conn.servers } : {}),
+    auth: conn.auth,
     ...(port !== undefined ? { port } : {}),
     ...(flags.host !== undefined ? { host: flags.host } : {}),
     ...(flags["max-payload"] !== undefined ? { maxPayload: number("max-payload", flags["max-payload"], 1024) } : {}),
-    ...(flags.user !== undefined ? { user: flags.user, password: flags.password ?? "" } : {}),
-    ...(flags.token !== undefined ? { token: flags.token } : {}),
-    ...(flags.creds !== undefined ? { creds: flags.creds } : {}),
+    ...(flags.insecure === true ? { insecure: true } : {}),
+    ...(roots.length > 0 ? { allowModuleRoots: roots } : {}),
     cluster: clusterName(flags),
     ...(flags["node-id"] !== undefined ? { nodeId: flags["node-id"] } : {}),
     labels: keyValues("labels", flags.labels),
@@ -137,14 +245,59 @@ const startOptions = (flags: Flags): StartOptions => {
   }
 }
 
-const start = async (flags: Flags, rawArgs: string[]): Promise<number> => {
-  const o = startOptions(flags)
+/**
+ * The command line without credentials: the options given, minus the credential flags and
+ * --address, plus the address without its user info. What the background agent is started with,
+ * and what a foreground agent shows in process listings.
+ */
+const publicArgs = (tokens: ReturnType<typeof parseAll>["tokens"], o: StartOptions): string[] => {
+  const out: string[] = []
+  for (const t of tokens) {
+    if (t.kind !== "option" || t.name === "address" || t.name === "auth-stdin" || (CREDENTIALS as ReadonlyArray<string>).includes(t.name)) continue
+    out.push(`--${t.name}`)
+    if (t.value !== undefined) out.push(t.value)
+  }
+  if (o.servers !== undefined) out.push("--address", o.servers.join(","))
+  return out
+}
+
+/** One line from stdin (the background agent's credentials), within `ms`. */
+const readStdinLine = (ms: number): Promise<string> =>
+  new Promise((resolve, reject) => {
+    let buffered = ""
+    const timer = setTimeout(() => reject(new UsageError(`--auth-stdin: no credentials on stdin within ${ms} ms`)), ms)
+    process.stdin.setEncoding("utf8")
+    const done = (line: string): void => {
+      clearTimeout(timer)
+      process.stdin.pause()
+      process.stdin.removeAllListeners("data")
+      resolve(line)
+    }
+    process.stdin.on("data", (chunk: string) => {
+      buffered += chunk
+      const nl = buffered.indexOf("\n")
+      if (nl >= 0) done(buffered.slice(0, nl))
+    })
+    process.stdin.on("end", () => done(buffered))
+  })
+
+const start = async (flags: Flags, tokens: ReturnType<typeof parseAll>["tokens"]): Promise<number> => {
+  const stdinAuth = flags["auth-stdin"] ? (JSON.parse(await readStdinLine(10_000)) as ConnectionAuth) : undefined
+  const o = startOptions(flags, stdinAuth)
+  const shown = ["start", ...publicArgs(tokens, o)]
   if (!flags.block) {
-    // Re-run this CLI in the background with the same flags plus --block.
+    // Re-run this CLI in the background with the same options plus --block; its credentials go to
+    // its stdin, so neither its command line nor its log shows them.
     const entry = [...process.execArgv, process.argv[1]]
-    const state = await startInBackground(entry, ["start", ...rawArgs.filter((a) => a !== "start")], o.stateDir)
+    const withAuth = Object.keys(o.auth).length > 0
+    const state = await startInBackground(entry, withAuth ? [...shown, "--auth-stdin"] : shown, o.stateDir, undefined, withAuth ? JSON.stringify(o.auth) : undefined)
     console.log(describeStarted(state, o))
     return 0
+  }
+  // A foreground agent lives as long as its command line: take the credentials out of what
+  // process listings show (on Linux this rewrites /proc/<pid>/cmdline).
+  if (tokens.some((t) => t.kind === "option" && (CREDENTIALS as ReadonlyArray<string>).includes(t.name)) || /:\/\/[^,\s]*@/.test(flags.address ?? "")) {
+    process.title = ["gradwire", ...shown].join(" ")
   }
   const running = await runAgent(o)
   console.log(describeStarted(running.state, o))
@@ -168,23 +321,21 @@ const status = async (flags: Flags): Promise<number> => {
   const cluster = clusterName(flags)
   const local = readState(stateDir(flags))
   const address = flags.address ?? settings.clusterAddress.read() ?? (local && local.cluster === cluster ? local.address : undefined) ?? "nats://127.0.0.1:4222"
-  const creds = {
-    ...(flags.user !== undefined ? { user: flags.user, password: flags.password ?? "" } : {}),
-    ...(flags.token !== undefined ? { token: flags.token } : {}),
-    ...(flags.creds !== undefined ? { creds: flags.creds } : {})
-  }
-  const conn = await openConnection({ servers: address.split(","), ...creds }, "gradwire status", { timeoutMs: 3_000 }).catch((e: unknown) => {
-    const err = explainConnectError(address, e, Object.keys(creds).length > 0)
+  const conn = connection(address, authFromFlags(flags))
+  const spec = { servers: conn.servers ?? [], ...conn.auth }
+  const shown = spec.servers.join(",")
+  const opened = await openConnection(spec, "gradwire status", { timeoutMs: 3_000 }).catch((e: unknown) => {
+    const err = explainConnectError(spec, e)
     throw new Error(
-      `${err.message}${flags.address ? "" : `\n(no --address given: used ${local ? `the local agent's ${address}` : address}; is a head running? start one with "gradwire start --head")`}`
+      `${err.message}${flags.address ? "" : `\n(no --address given: used ${local ? `the local agent's ${shown}` : shown}; is a head running? start one with "gradwire start --head")`}`
     )
   })
   try {
-    const report = await queryCluster(conn.nc, cluster, address)
+    const report = await queryCluster(opened.nc, cluster, shown)
     console.log(flags.json ? JSON.stringify(report, null, 2) : formatClusterTable(report))
     return 0
   } finally {
-    await conn.close().catch(() => {})
+    await opened.close().catch(() => {})
   }
 }
 
@@ -201,27 +352,19 @@ const main = async (): Promise<number> => {
     console.log(usage)
     return 0
   }
-  let flags: Flags
-  try {
-    const parsed = parse(rest)
-    if (parsed.positionals.length) throw new UsageError(`unexpected argument "${parsed.positionals[0]}"`)
-    flags = parsed.values
-  } catch (e) {
-    throw e instanceof UsageError ? e : new UsageError((e as Error).message)
-  }
+  if (command.startsWith("-")) throw new UsageError(`the command comes first: gradwire <${Object.keys(COMMAND_OPTIONS).join("|")}> [options]`)
+  const { values: flags, tokens } = parseCommand(command, rest)
   if (flags.help) {
     console.log(usage)
     return 0
   }
   switch (command) {
     case "start":
-      return start(flags, rest)
+      return start(flags, tokens)
     case "status":
       return status(flags)
-    case "stop":
-      return stop(flags)
     default:
-      throw new UsageError(`unknown command "${command}"`)
+      return stop(flags)
   }
 }
 

@@ -6,6 +6,7 @@ import * as path from "node:path"
 import { Schema } from "effect"
 import { decodeConfig } from "./validate.ts"
 import { ConfigError } from "./errors.ts"
+import { ConnectionAuth, connectionFromAddress, redactUrl, scrubSecrets, type ConnectionSpec } from "./connection-spec.ts"
 
 const PositiveInt = Schema.Int.check(Schema.isGreaterThanOrEqualTo(1))
 const NonNegative = Schema.Finite.check(Schema.isGreaterThanOrEqualTo(0))
@@ -116,18 +117,39 @@ export const CollectiveConfig = Schema.Struct({
 })
 export type CollectiveConfig = typeof CollectiveConfig.Type
 
+/**
+ * An existing cluster: its address (nats://host:4222, with credentials in it as the NATS CLI takes
+ * them, tls://, or several comma-separated) and credentials (core/connection-spec.ts).
+ */
 export const ClusterConfig = Schema.Struct({
-  address: Schema.String.check(
-    Schema.isPattern(/^(nats|tls|wss?):\/\/[^\s]+$/, { message: "Expected a NATS URL such as nats://host:4222" })
-  ),
+  address: Schema.String,
   clusterName: Schema.optional(Name),
-  user: Schema.optional(Schema.String),
-  password: Schema.optional(Schema.String),
-  token: Schema.optional(Schema.String),
-  credsFile: Schema.optional(Schema.String),
-  nkeySeed: Schema.optional(Schema.String)
+  ...ConnectionAuth.fields
 })
 export type ClusterConfig = typeof ClusterConfig.Type
+
+/**
+ * Validates a `cluster` option into the cluster's name and connection spec. Errors never show a
+ * secret, not even one given in the wrong field or type.
+ */
+export const resolveClusterConfig = (value: unknown, field = "cluster"): { readonly clusterName: string; readonly connection: ConnectionSpec } => {
+  const secrets = typeof value === "object" && value !== null ? (value as Record<string, unknown>) : {}
+  const scrub = (e: unknown): never => {
+    if (!(e instanceof ConfigError)) throw e
+    const text = (s: unknown): string | undefined => (typeof s === "string" ? s : undefined)
+    const address = text(secrets.address) ?? ""
+    let reason = scrubSecrets(e.reason, { password: text(secrets.password), token: text(secrets.token), nkeySeed: text(secrets.nkeySeed) })
+    if (address !== "") reason = reason.split(address).join(redactUrl(address))
+    throw new ConfigError({ field: e.field, reason })
+  }
+  try {
+    const c = decodeConfig(ClusterConfig, value, field)
+    const { address, clusterName, ...auth } = c
+    return { clusterName: clusterName ?? "default", connection: connectionFromAddress(address, auth, `${field}.address`) }
+  } catch (e) {
+    return scrub(e)
+  }
+}
 
 /** Where the user's loop lives: a module (path or URL) and the name of its exported function. */
 export const TrainLoopRef = Schema.Struct({

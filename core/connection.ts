@@ -36,6 +36,10 @@ export interface NatsConnectOptions {
   /** Path of a .creds file (JWT + nkey seed), as issued by nsc. */
   readonly creds?: string
   readonly tls?: NatsTlsOptions
+  /** Do not deliver this connection's own publishes to its own subscriptions. */
+  readonly noEcho?: boolean
+  /** Try the servers in the order given instead of shuffling them. */
+  readonly noRandomize?: boolean
   /** Deadline for the initial connection (TCP + handshake). Default 5 s. */
   readonly timeoutMs?: number
   /** Reconnect after a lost connection. Default true. */
@@ -138,6 +142,8 @@ export const openNats = async (options: NatsConnectOptions): Promise<NatsHandle 
     pingInterval: options.pingIntervalMs ?? DEFAULT_PING_INTERVAL_MS,
     maxPingOut: 3,
     ...(options.name !== undefined && { name: options.name }),
+    ...(options.noEcho === true && { noEcho: true }),
+    ...(options.noRandomize === true && { noRandomize: true }),
     ...(options.user !== undefined && { user: options.user, pass: options.pass ?? "" }),
     ...(options.token !== undefined && { token: options.token }),
     ...(authenticators.length > 0 && { authenticator: authenticators }),

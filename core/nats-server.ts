@@ -33,6 +33,8 @@ export interface NatsServerAuth {
   readonly password?: string
   /** A bearer token (`authorization { token }`). Exclusive with user/password. */
   readonly token?: string
+  /** A user's public nkey ("U…"; `authorization { users = [{ nkey }] }`). Exclusive with the others. */
+  readonly nkey?: string
 }
 
 export interface NatsClusterConfig {
@@ -188,7 +190,8 @@ const renderConfig = (options: NatsServerOptions, resolved: ResolvedConfig, dir:
   }
   if (options.jetstream ?? true) lines.push(`jetstream { store_dir: ${q(options.jetstreamStoreDir ?? path.join(dir, "jetstream"))} }`)
   const auth = options.auth
-  if (auth?.token !== undefined) lines.push(`authorization { token: ${q(auth.token)} }`)
+  if (auth?.nkey !== undefined) lines.push(`authorization { users = [ { nkey: ${q(auth.nkey)} } ] }`)
+  else if (auth?.token !== undefined) lines.push(`authorization { token: ${q(auth.token)} }`)
   else if (auth?.user !== undefined) {
     lines.push(`authorization { user: ${q(auth.user)}, password: ${q(auth.password ?? "")} }`)
   }
@@ -697,8 +700,8 @@ const toStartError = (e: unknown): NatsServerNotFound | NatsServerStartError =>
  */
 export const launchNatsServer = async (options: NatsServerOptions = {}): Promise<NatsServerProcess> => {
   const bin = findNatsServerBinary(options.binary)
-  if (options.auth?.token !== undefined && options.auth.user !== undefined) {
-    throw new NatsServerStartError({ reason: "auth: give either token or user/password, not both", log: "" })
+  if ([options.auth?.token, options.auth?.user, options.auth?.nkey].filter((a) => a !== undefined).length > 1) {
+    throw new NatsServerStartError({ reason: "auth: give one of token, user/password or nkey", log: "" })
   }
   // Ports we pick ourselves can be taken by someone else before the server binds them: one retry
   // with fresh ports.

@@ -124,7 +124,7 @@ describe("Trainer", () => {
     })
     await expect(bad({ trainLoopPerWorker: LOOP, scalingConfig: { numWorkers: 1 }, collectiveConfig: { compression: "zip" } })).rejects.toBeInstanceOf(ConfigError)
     await expect(bad({ trainLoopPerWorker: LOOP, scalingConfig: { numWorkers: 1 }, scaling: {} })).rejects.toMatchObject({ field: "scaling" })
-    await expect(bad({ trainLoopPerWorker: LOOP, scalingConfig: { numWorkers: 1 }, cluster: { address: "localhost:4222" } })).rejects.toMatchObject({ field: "cluster.address" })
+    await expect(bad({ trainLoopPerWorker: LOOP, scalingConfig: { numWorkers: 1 }, cluster: { address: "http://localhost:4222" } })).rejects.toMatchObject({ field: "cluster.address" })
   })
 
   it("fails fast on a placement that cannot be satisfied, listing what was asked and what exists", async () => {

@@ -18,6 +18,11 @@ export const SpawnRequest = Schema.Struct({
   /** Export of the module holding the ActorDefinition (default "default"). */
   export: Schema.String,
   args: Schema.Unknown,
+  /**
+   * Modules the actor will import besides `module` (a worker's train loop). The agent checks them
+   * against its allowed roots and the actor imports no others.
+   */
+  imports: Schema.optionalKey(Schema.Array(Schema.String)),
   env: Schema.Record(Schema.String, Schema.String),
   /** What the process holds (CPU, GPU, memory, custom), for the node's "used" figures. */
   resources: Schema.Record(Schema.String, Schema.Number),

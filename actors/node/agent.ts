@@ -19,8 +19,9 @@ import type { NodeAdvertisement, NodeProcess } from "../../scheduler/node-info.t
 import { defineActor, launchActor, type ActorHandle } from "../runtime/actor.ts"
 import { ActorProcess } from "./actor-process.ts"
 import { AgentProtocol, type SpawnRequest } from "./agent-protocol.ts"
-import type { ConnectionSpec } from "../../core/connection-spec.ts"
-import { AgentError, SpawnError } from "./errors.ts"
+import { normalizeConnection, type ConnectionSpec } from "../../core/connection-spec.ts"
+import { AgentError, ModuleNotAllowed, SpawnError } from "./errors.ts"
+import { modulePolicy, refuseActorModule, refuseImport, type ModulePolicy } from "./module-policy.ts"
 import { publishJobEvent, readJobEvent } from "../runtime/events.ts"
 import { DEFAULT_HEARTBEAT_MS } from "../runtime/heartbeat.ts"
 import { settleWithin } from "../runtime/deadline.ts"
@@ -35,8 +36,13 @@ export const AGENT_JOB = "_gw"
 
 export interface AgentOptions {
   readonly nc: NatsConnection
-  /** How spawned processes connect (the same servers and credentials as the agent). */
+  /** How spawned processes connect (the same servers and credentials as the agent; given on their stdin). */
   readonly connection: ConnectionSpec
+  /**
+   * Folders whose modules spawned processes may run, besides gradwire's own actors (see
+   * module-policy.ts). Default none: only gradwire's actors, and the train loops jobs declare.
+   */
+  readonly allowModuleRoots?: ReadonlyArray<string>
   readonly maxPayload?: number
   readonly cluster: string
   /** Default "<hostname>-<random>". */
@@ -89,6 +95,7 @@ export class NodeAgent {
   readonly head: boolean
   readonly startedAt = Date.now()
   readonly #options: AgentOptions
+  readonly #modules: ModulePolicy
   readonly #nc: NatsConnection
   readonly #log: ActorLogger
   readonly #output: (line: string) => void
@@ -116,6 +123,7 @@ export class NodeAgent {
   /** @internal use launchAgent / startAgent */
   constructor(options: AgentOptions) {
     this.#options = options
+    this.#modules = modulePolicy(options.allowModuleRoots ?? [])
     this.#nc = options.nc
     this.cluster = options.cluster
     this.head = options.head ?? false
@@ -337,13 +345,19 @@ export class NodeAgent {
       GRADWIRE_NODE_ID: this.nodeId
     }
     if (request.env.CUDA_VISIBLE_DEVICES === undefined && request.gpus.length > 0) env.CUDA_VISIBLE_DEVICES = request.gpus.join(",")
-    const conn = this.#options.connection
+    // Only what the agent's owner allowed runs here (module-policy.ts).
+    const refused = refuseActorModule(this.#modules, request.module, cwd)
+    if (refused !== undefined) throw new ModuleNotAllowed({ node: this.nodeId, module: request.module, reason: refused })
+    const imports = request.imports ?? []
+    for (const m of imports) {
+      const why = refuseImport(this.#modules, m)
+      if (why !== undefined) throw new ModuleNotAllowed({ node: this.nodeId, module: m, reason: why })
+    }
+    // The address a user gave may hold credentials; the process gets them on stdin, not in its env.
+    delete env.GRADWIRE_ADDRESS
     const spec = encodeHostSpec({
-      servers: [...conn.servers],
-      ...(conn.user !== undefined ? { user: conn.user } : {}),
-      ...(conn.password !== undefined ? { password: conn.password } : {}),
-      ...(conn.token !== undefined ? { token: conn.token } : {}),
-      ...(conn.creds !== undefined ? { creds: conn.creds } : {}),
+      connection: normalizeConnection(this.#options.connection),
+      imports: [...imports],
       cluster: this.cluster,
       job: request.job,
       name: request.name,

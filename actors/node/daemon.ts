@@ -14,11 +14,22 @@ import { spawn } from "node:child_process"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
-import { launchNatsServer, type NatsServerProcess } from "../../core/nats-server.ts"
+import { launchNatsServer, type NatsServerAuth, type NatsServerProcess } from "../../core/nats-server.ts"
 import { NatsConnectError, NatsServerNotFound, NatsServerStartError } from "../../core/errors.ts"
 import { launchAgent, type NodeAgent } from "./agent.ts"
 import { defaultStateDir, logFile, pidAlive, readState, removeState, stateFile, writeState, type AgentState } from "./agent-state.ts"
-import { openConnection, type ConnectionSpec, type OpenedConnection } from "../../core/connection-spec.ts"
+import {
+  checkAuth,
+  credentialKind,
+  hasCredentials,
+  openConnection,
+  publicNkey,
+  redactUrl,
+  scrubSecrets,
+  type ConnectionAuth,
+  type ConnectionSpec,
+  type OpenedConnection
+} from "../../core/connection-spec.ts"
 import { AgentError } from "./errors.ts"
 import type { ActorLogger } from "../runtime/log.ts"
 import type { BackendName } from "./node-probe.ts"
@@ -27,17 +38,19 @@ export const DEFAULT_PORT = 4222
 
 export interface StartOptions {
   readonly head: boolean
-  /** Join this server (nats://host:port); with --head too, instead of starting one. */
-  readonly address?: string
+  /** Join these servers (--address, parsed: credentials taken out into `auth`); with --head too, instead of starting one. */
+  readonly servers?: ReadonlyArray<string>
   /** Head's NATS client port (default 4222). */
   readonly port?: number
   /** Head's NATS listen address (default 127.0.0.1; 0.0.0.0 to let other machines join). */
   readonly host?: string
   readonly maxPayload?: number
-  readonly user?: string
-  readonly password?: string
-  readonly token?: string
-  readonly creds?: string
+  /** Credentials to connect with; a head that starts its server requires them from every client. */
+  readonly auth: ConnectionAuth
+  /** Let a head's server listen beyond loopback without credentials. */
+  readonly insecure?: boolean
+  /** Folders whose modules spawned actor processes may run, besides gradwire's own (module-policy.ts). */
+  readonly allowModuleRoots?: ReadonlyArray<string>
   readonly cluster: string
   readonly nodeId?: string
   readonly labels: Readonly<Record<string, string>>
@@ -49,14 +62,15 @@ export interface StartOptions {
   readonly stateDir: string
 }
 
-/** Turns a connect failure into advice. */
-export const explainConnectError = (address: string, e: unknown, hasCredentials: boolean): AgentError => {
-  const reason = e instanceof NatsConnectError ? e.reason : e instanceof Error ? e.message : String(e)
+/** Turns a connect failure into advice; never shows a secret of `spec`. */
+export const explainConnectError = (spec: ConnectionSpec, e: unknown): AgentError => {
+  const address = spec.servers.map(redactUrl).join(",")
+  const reason = scrubSecrets(e instanceof NatsConnectError ? e.reason : e instanceof Error ? e.message : String(e), spec)
   if (/authori[sz]ation|authentication|auth/i.test(reason)) {
     return new AgentError({
-      reason: hasCredentials
-        ? `NATS at ${address} refused the credentials (${reason}): check --user/--password or --token against the server's authorization block`
-        : `NATS at ${address} requires credentials (${reason}): pass --user and --password, or --token (or --creds FILE)`
+      reason: hasCredentials(spec)
+        ? `NATS at ${address} refused the credentials given (${credentialKind(spec)}): ${reason}. Check them against the server's authorization block`
+        : `NATS at ${address} requires credentials (${reason}): pass --user and --password, --token, --nkey FILE or --creds FILE (or put them in the URL: nats://user:pass@host:4222)`
     })
   }
   return new AgentError({
@@ -67,11 +81,38 @@ export const explainConnectError = (address: string, e: unknown, hasCredentials:
   })
 }
 
-const credentials = (o: StartOptions): Omit<ConnectionSpec, "servers"> => ({
-  ...(o.user !== undefined ? { user: o.user, password: o.password ?? "" } : {}),
-  ...(o.token !== undefined ? { token: o.token } : {}),
-  ...(o.creds !== undefined ? { creds: o.creds } : {})
-})
+const isLoopback = (host: string): boolean => /^127\.\d+\.\d+\.\d+$/.test(host) || host === "::1" || host === "[::1]" || host === "localhost"
+
+/**
+ * Why a head may not start its server listening on `host` (undefined: it may). Whoever reaches an
+ * open port can join the cluster and have its agents spawn processes, so beyond loopback the
+ * server needs credentials, or the owner's explicit --insecure.
+ */
+export const listenerRefusal = (host: string, port: number, withCredentials: boolean, insecure: boolean): string | undefined =>
+  isLoopback(host) || withCredentials || insecure
+    ? undefined
+    : `refusing to listen on ${host}:${port} without credentials (anyone who reaches the port could join the cluster and run jobs ` +
+      `on its agents): pass --user U --password P, --token T or --nkey FILE (every agent and driver then needs them), or --insecure`
+
+/** What a head's own server requires of clients: the credentials it was started with. */
+const serverAuth = (auth: ConnectionAuth): NatsServerAuth | undefined => {
+  if (auth.credsFile !== undefined) {
+    throw new AgentError({
+      reason:
+        "a head that starts its own NATS server takes --user/--password, --token or --nkey; creds files (JWT) need a server in " +
+        "operator mode: run nats-server yourself and join it with --head --address"
+    })
+  }
+  if (auth.tls !== undefined) {
+    throw new AgentError({
+      reason: "--tlsca/--tlscert/--tlskey are for joining a server that serves TLS (--address tls://...); the head's own server does not serve TLS"
+    })
+  }
+  if (auth.nkeySeed !== undefined) return { nkey: publicNkey(auth.nkeySeed)! }
+  if (auth.token !== undefined) return { token: auth.token }
+  if (auth.user !== undefined) return { user: auth.user, password: auth.password ?? "" }
+  return undefined
+}
 
 const ensureNotRunning = (stateDir: string): void => {
   const state = readState(stateDir)
@@ -85,13 +126,16 @@ const ensureNotRunning = (stateDir: string): void => {
 const startServer = async (o: StartOptions): Promise<NatsServerProcess> => {
   const port = o.port ?? DEFAULT_PORT
   const host = o.host ?? "127.0.0.1"
+  const auth = serverAuth(o.auth)
+  const refused = listenerRefusal(host, port, auth !== undefined, o.insecure === true)
+  if (refused !== undefined) throw new AgentError({ reason: refused })
   try {
     return await launchNatsServer({
       port,
       // JetStream data (checkpoint buckets) lives in the state dir, so it outlives a stop/start.
       jetstreamStoreDir: path.join(o.stateDir, "jetstream"),
       ...(o.maxPayload !== undefined ? { maxPayload: o.maxPayload } : {}),
-      ...(o.token !== undefined ? { auth: { token: o.token } } : o.user !== undefined ? { auth: { user: o.user, password: o.password ?? "" } } : {}),
+      ...(auth !== undefined ? { auth } : {}),
       // nats-server takes the last "listen" line: this one widens the server's loopback default.
       ...(host !== "127.0.0.1" ? { extraConfig: `listen: ${JSON.stringify(`${host}:${port}`)}` } : {})
     })
@@ -129,15 +173,16 @@ export const runAgent = async (o: StartOptions, log?: ActorLogger): Promise<Runn
   let server: NatsServerProcess | undefined
   let conn: OpenedConnection | undefined
   try {
-    if (o.head && !o.address) server = await startServer(o)
-    const address = o.address ?? (server as NatsServerProcess).url
-    const spec: ConnectionSpec = { servers: address.split(","), ...credentials(o) }
+    if (o.head && o.servers === undefined) server = await startServer(o)
+    const spec = checkAuth({ servers: o.servers ?? [(server as NatsServerProcess).url], ...o.auth })
+    const address = spec.servers.join(",")
     conn = await openConnection(spec, `gradwire agent ${o.nodeId ?? os.hostname()}`).catch((e: unknown) => {
-      throw explainConnectError(address, e, o.user !== undefined || o.token !== undefined || o.creds !== undefined)
+      throw explainConnectError(spec, e)
     })
     const agent = await launchAgent({
       nc: conn.nc,
       connection: spec,
+      ...(o.allowModuleRoots !== undefined ? { allowModuleRoots: o.allowModuleRoots } : {}),
       cluster: o.cluster,
       head: o.head,
       labels: o.labels,
@@ -183,7 +228,7 @@ export const runAgent = async (o: StartOptions, log?: ActorLogger): Promise<Runn
 }
 
 /** What `start` prints once the agent is up. */
-export const describeStarted = (state: AgentState, o: Pick<StartOptions, "host" | "port">): string => {
+export const describeStarted = (state: AgentState, o: Pick<StartOptions, "host" | "port" | "auth">): string => {
   const lines = [
     `gradwire agent running: node ${state.nodeId}, cluster "${state.cluster}", pid ${state.pid}`,
     state.natsServer ? `NATS server started by this head: ${state.address} (pid ${state.natsServer.pid})` : `connected to NATS at ${state.address}`
@@ -192,7 +237,8 @@ export const describeStarted = (state: AgentState, o: Pick<StartOptions, "host" 
     const host = o.host ?? "127.0.0.1"
     const port = o.port ?? DEFAULT_PORT
     const joins = state.natsServer ? joinAddresses(host, port) : [state.address]
-    lines.push(`join from other machines:  gradwire start --address ${joins[0]}${state.cluster !== "default" ? ` --cluster ${state.cluster}` : ""}`)
+    const creds = hasCredentials(o.auth) ? " <the same credentials>" : ""
+    lines.push(`join from other machines:  gradwire start --address ${joins[0]}${state.cluster !== "default" ? ` --cluster ${state.cluster}` : ""}${creds}`)
     if (state.natsServer && host === "127.0.0.1") lines.push(`  (this server listens on loopback only: restart with --host 0.0.0.0 to let other machines join)`)
   }
   if (state.logFile) lines.push(`logs: ${state.logFile}`)
@@ -202,14 +248,16 @@ export const describeStarted = (state: AgentState, o: Pick<StartOptions, "host" 
 
 /**
  * Runs `entry` (this CLI) with `args` + --block as a detached background process logging to the
- * state dir, and waits until it has written its state file. Rejects with AgentError (and the log
- * tail) when it exits or is not up within `timeoutMs`.
+ * state dir, and waits until it has written its state file. `stdinLine` (credentials) goes to its
+ * stdin, never into its arguments or environment, where process listings would show it. Rejects
+ * with AgentError (and the log tail) when it exits or is not up within `timeoutMs`.
  */
 export const startInBackground = async (
   entry: ReadonlyArray<string>,
   args: ReadonlyArray<string>,
   stateDir: string,
-  timeoutMs = 60_000
+  timeoutMs = 60_000,
+  stdinLine?: string
 ): Promise<AgentState> => {
   ensureNotRunning(stateDir)
   fs.mkdirSync(stateDir, { recursive: true })
@@ -219,10 +267,16 @@ export const startInBackground = async (
   const fd = fs.openSync(log, "a")
   const child = spawn(process.execPath, [...entry, ...args, "--block"], {
     detached: true,
-    stdio: ["ignore", fd, fd],
-    env: { ...process.env, GRADWIRE_STATE_DIR: stateDir }
+    stdio: [stdinLine !== undefined ? "pipe" : "ignore", fd, fd],
+    // GRADWIRE_ADDRESS may hold credentials: the child gets its address as an argument (without
+    // them) and its credentials on stdin.
+    env: { ...Object.fromEntries(Object.entries(process.env).filter(([k]) => k !== "GRADWIRE_ADDRESS")), GRADWIRE_STATE_DIR: stateDir }
   })
   fs.closeSync(fd)
+  if (stdinLine !== undefined) {
+    child.stdin!.on("error", () => {})
+    child.stdin!.end(`${stdinLine}\n`)
+  }
   let exited: string | undefined
   child.on("exit", (code, signal) => (exited = signal ? `killed by ${signal}` : `exited with code ${code}`))
   child.unref()

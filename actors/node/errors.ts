@@ -31,3 +31,17 @@ export class AgentError extends Schema.TaggedError<AgentError>()("AgentError", {
     return this.reason
   }
 }
+
+/** A node agent refused to run a module: it lies outside the roots the agent allows. */
+export class ModuleNotAllowed extends Schema.TaggedError<ModuleNotAllowed>()("ModuleNotAllowed", {
+  node: Schema.String,
+  module: Schema.String,
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return (
+      `node ${this.node} refuses to run module ${this.module}: ${this.reason}; to allow it, start that node's agent with ` +
+      `--allow-module-root <a folder holding it> (gradwire start --allow-module-root DIR, repeatable)`
+    )
+  }
+}

@@ -1,15 +1,14 @@
-// The spec a node agent hands to an actor process (actors/node/host.ts) on its stdin: where NATS is,
-// which job and name, which module export to run, and the args. Encoded with the wire format (args
-// may hold typed arrays or tensors) and base64 so it is one line.
+// The spec a node agent hands to an actor process (actors/node/host.ts) on its stdin: where NATS is
+// and with which credentials, which job and name, which module export to run, the modules it may
+// import besides, and the args. Encoded with the wire format (args may hold typed arrays or
+// tensors) and base64 so it is one line.
 import { Exit, Schema } from "effect"
 import { decodeMessage, encodeMessage } from "../../core/wire.ts"
+import { ConnectionSpec, scrubSecrets } from "../../core/connection-spec.ts"
 
 export const HostSpecSchema = Schema.Struct({
-  servers: Schema.Array(Schema.String),
-  user: Schema.optionalKey(Schema.String),
-  password: Schema.optionalKey(Schema.String),
-  token: Schema.optionalKey(Schema.String),
-  creds: Schema.optionalKey(Schema.String),
+  /** The agent's own connection (servers and credentials): only ever on stdin, never argv or env. */
+  connection: ConnectionSpec,
   cluster: Schema.String,
   job: Schema.String,
   name: Schema.String,
@@ -18,6 +17,8 @@ export const HostSpecSchema = Schema.Struct({
   module: Schema.String,
   export: Schema.String,
   args: Schema.Unknown,
+  /** Modules besides `module` the agent allowed this actor to import (a worker's train loop). */
+  imports: Schema.Array(Schema.String),
   heartbeatMs: Schema.Number
 })
 export type HostSpec = typeof HostSpecSchema.Type
@@ -27,7 +28,14 @@ export const encodeHostSpec = (spec: HostSpec): string => Buffer.from(encodeMess
 export const decodeHostSpec = (line: string): HostSpec => {
   const bytes = Buffer.from(line.trim(), "base64")
   // A fresh, aligned copy so tensors in args decode as views.
-  const exit = Schema.decodeUnknownExit(HostSpecSchema)(decodeMessage(new Uint8Array(bytes)))
-  if (Exit.isFailure(exit)) throw new Error(`invalid host spec: ${String(exit.cause)}`)
+  const raw = decodeMessage(new Uint8Array(bytes))
+  const exit = Schema.decodeUnknownExit(HostSpecSchema)(raw)
+  if (Exit.isFailure(exit)) {
+    // The issue text may quote values: mask the credentials among them.
+    const c = ((raw as { connection?: unknown } | null)?.connection ?? {}) as Record<string, unknown>
+    const str = (v: unknown): string | undefined => (typeof v === "string" ? v : undefined)
+    const reason = scrubSecrets(String(exit.cause), { password: str(c.password), token: str(c.token), nkeySeed: str(c.nkeySeed) })
+    throw new Error(`invalid host spec (is the agent the same gradwire version as this install?): ${reason}`)
+  }
   return exit.value
 }

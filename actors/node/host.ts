@@ -72,12 +72,11 @@ const main = async (): Promise<void> => {
   process.on("SIGTERM", () => exit(143))
   process.on("SIGINT", () => exit(130))
 
-  conn = await openConnection(
-    { servers: spec.servers, user: spec.user, password: spec.password, token: spec.token, creds: spec.creds },
-    `gradwire ${spec.job}/${spec.name}`
-  )
+  conn = await openConnection(spec.connection, `gradwire ${spec.job}/${spec.name}`)
   const system = new ActorSystem({
     nc: conn.nc,
+    connection: spec.connection,
+    allowedImports: spec.imports,
     cluster: spec.cluster,
     job: spec.job,
     identity: `h-${spec.instance}`,

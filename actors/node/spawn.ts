@@ -7,7 +7,7 @@ import { Effect } from "effect"
 import { clusterSubjects } from "../../core/subjects.ts"
 import { AgentProtocol } from "./agent-protocol.ts"
 import { ActorUnavailable, AskTimeout, RemoteFailure } from "../runtime/errors.ts"
-import { AgentUnreachable, SpawnError } from "./errors.ts"
+import { AgentUnreachable, ModuleNotAllowed, SpawnError } from "./errors.ts"
 import type { JobEvent } from "../runtime/events.ts"
 import type { ProtocolSpec, Protocol } from "../runtime/protocol.ts"
 import type { Child } from "../runtime/supervisor.ts"
@@ -24,6 +24,8 @@ export interface SpawnOptions {
   /** Export name (default "default"). */
   readonly export?: string
   readonly args?: unknown
+  /** Modules the actor will import besides its own (a worker's train loop), for the agent's check. */
+  readonly imports?: ReadonlyArray<string>
   readonly env?: Readonly<Record<string, string>>
   readonly resources?: Readonly<Record<string, number>>
   /** CUDA devices for CUDA_VISIBLE_DEVICES. */
@@ -58,7 +60,12 @@ export interface SpawnedActor {
 export const agentRef = (system: ActorSystem, node: string) =>
   system.refAt(AgentProtocol, `agent-${node}`, clusterSubjects(system.cluster).nodeControl(node))
 
-const toAgentError = (node: string, name: string, cluster: string, e: unknown): SpawnError | AgentUnreachable => {
+const toAgentError = (node: string, name: string, cluster: string, e: unknown): SpawnError | AgentUnreachable | ModuleNotAllowed => {
+  if (e instanceof RemoteFailure && e.tag === "ModuleNotAllowed") {
+    // The agent's message: "node N refuses to run module M: <reason>; to allow it, ...".
+    const m = /refuses to run module (.*?): (.*?); to allow it/.exec(e.remoteMessage)
+    return new ModuleNotAllowed({ node, module: m?.[1] ?? "(unknown)", reason: m?.[2] ?? e.remoteMessage })
+  }
   if (e instanceof ActorUnavailable) return new AgentUnreachable({ node, reason: `no agent runs for node "${node}" in cluster "${cluster}"` })
   if (e instanceof AskTimeout) return new AgentUnreachable({ node, reason: `no answer within ${e.timeoutMs} ms` })
   if (e instanceof RemoteFailure && e.tag === "SpawnError") return new SpawnError({ node, actor: name, reason: e.remoteMessage.replace(/^spawning actor "[^"]*" on node \S+ failed: /, "") })
@@ -96,6 +103,7 @@ export const spawnActor = async (system: ActorSystem, options: SpawnOptions): Pr
           module: options.module,
           export: options.export ?? "default",
           args: options.args ?? null,
+          ...(options.imports !== undefined ? { imports: [...options.imports] } : {}),
           env: { ...options.env },
           resources: { ...options.resources },
           gpus: [...(options.gpus ?? [])],
@@ -148,10 +156,16 @@ export const spawnActor = async (system: ActorSystem, options: SpawnOptions): Pr
 }
 
 /** `spawnActor` as an Effect. */
-export const spawnActorEffect = (system: ActorSystem, options: SpawnOptions): Effect.Effect<SpawnedActor, SpawnError | AgentUnreachable> =>
+export const spawnActorEffect = (
+  system: ActorSystem,
+  options: SpawnOptions
+): Effect.Effect<SpawnedActor, SpawnError | AgentUnreachable | ModuleNotAllowed> =>
   Effect.tryPromise({
     try: () => spawnActor(system, options),
-    catch: (e) => (e instanceof SpawnError || e instanceof AgentUnreachable ? e : new SpawnError({ node: options.node, actor: options.name, reason: String(e) }))
+    catch: (e) =>
+      e instanceof SpawnError || e instanceof AgentUnreachable || e instanceof ModuleNotAllowed
+        ? e
+        : new SpawnError({ node: options.node, actor: options.name, reason: String(e) })
   })
 
 /** A spawned actor process as a supervised Child (see supervisor.ts). */
@@ -159,7 +173,7 @@ export const spawnedChild = (
   system: ActorSystem,
   options: SpawnOptions,
   watch: Omit<WatchOptions, "instance"> = {}
-): Effect.Effect<Child, SpawnError | AgentUnreachable> =>
+): Effect.Effect<Child, SpawnError | AgentUnreachable | ModuleNotAllowed> =>
   Effect.map(
     spawnActorEffect(system, options),
     (spawned): Child => ({

@@ -9,6 +9,7 @@ import { nuid, type Msg, type NatsConnection, type Subscription } from "@nats-io
 import { Cause, Context, Effect, Exit, Layer, type Scope } from "effect"
 import { Nats } from "../../core/connection.ts"
 import { NATS_MAX_PAYLOAD_BYTES } from "../../core/defaults.ts"
+import type { ConnectionSpec } from "../../core/connection-spec.ts"
 import { NatsOperationError } from "../../core/errors.ts"
 import { assertToken, jobSubjects, type JobSubjects } from "../../core/subjects.ts"
 import { settleWithin } from "./deadline.ts"
@@ -50,6 +51,16 @@ export interface ActorSystemOptions {
   /** Largest reply accepted (default 512 MiB). */
   readonly maxMessageBytes?: number
   readonly log?: ActorLogger
+  /**
+   * How this process connected (set in actor processes, actors/node/host.ts): actors that open
+   * connections of their own, such as a worker's collective connections, open this one.
+   */
+  readonly connection?: ConnectionSpec
+  /**
+   * Modules besides its own that this process's agent allowed its actor to import (a worker's
+   * train loop); undefined outside agent-spawned processes.
+   */
+  readonly allowedImports?: ReadonlyArray<string>
 }
 
 /** Where an actor lives and what it speaks. Plain data: can be sent to other actors. */
@@ -86,6 +97,8 @@ export class ActorSystem {
   readonly askTimeoutMs: number
   readonly heartbeatMs: number
   readonly log: ActorLogger
+  readonly connection: ConnectionSpec | undefined
+  readonly allowedImports: ReadonlyArray<string> | undefined
   readonly #pending = new Map<number, Pending>()
   readonly #receiver: EnvelopeReceiver
   readonly #replySub: Subscription
@@ -113,6 +126,8 @@ export class ActorSystem {
     this.askTimeoutMs = options.askTimeoutMs ?? DEFAULT_ASK_TIMEOUT_MS
     this.heartbeatMs = options.heartbeatMs ?? DEFAULT_HEARTBEAT_MS
     this.log = options.log ?? stderrLogger(`${options.job}/${this.identity}`)
+    this.connection = options.connection
+    this.allowedImports = options.allowedImports
     this.#receiver = new EnvelopeReceiver({ maxMessageBytes: this.maxMessageBytes })
     this.#replyPrefixLength = this.subjects.reply(this.identity, 0).length - 1
     this.#replySub = this.nc.subscribe(this.subjects.replies(this.identity), { callback: (_err, msg) => this.#onReply(msg) })

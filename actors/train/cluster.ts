@@ -2,13 +2,12 @@
 // and stopped when the run ends) or a cluster started with `gradwire start`, joined by address.
 import * as os from "node:os"
 import type { NatsConnection } from "@nats-io/nats-core"
-import { ClusterConfig } from "../../core/config.ts"
-import { openNats } from "../../core/connection.ts"
+
 import { EMBEDDED_MAX_PAYLOAD_BYTES } from "../../core/defaults.ts"
 import { launchNatsServer, type NatsServerProcess } from "../../core/nats-server.ts"
 import { superviseNatsServer, type NatsSupervision, type NatsSupervisionEvents } from "../../core/nats-supervisor.ts"
 import { resolvable } from "../../core/engine.ts"
-import type { ConnectionSpec } from "../../core/connection-spec.ts"
+import { describeConnection, openConnection, type ConnectionSpec, type OpenedConnection } from "../../core/connection-spec.ts"
 import { ClusterView, openClusterView } from "../../scheduler/cluster-view.ts"
 import { launchAgent, type NodeAgent } from "../node/agent.ts"
 import { silentLogger, stderrLogger } from "../runtime/log.ts"
@@ -55,15 +54,15 @@ export const startEmbeddedCluster = async (options: {
     ...(jetstreamStoreDir !== undefined ? { jetstreamStoreDir } : {})
   })
   let agent: NodeAgent | undefined
-  let opened: Awaited<ReturnType<typeof openNats>> | undefined
+  let opened: OpenedConnection | undefined
   // Restarted on the same port and store dir when it dies; the driver and the agent reconnect.
   const supervision = superviseNatsServer(server, options.serverEvents ?? {})
   try {
     // Long-lived connections reconnect for as long as it takes; the driver's outage deadline
     // (failureConfig.natsOutageTimeoutMs) decides when to give up.
-    opened = await openNats({ servers: server.url, name: "gradwire driver", maxReconnectAttempts: -1 })
     const connection: ConnectionSpec = { servers: [server.url] }
-    const agentConn = await openNats({ servers: server.url, name: "gradwire local agent", maxReconnectAttempts: -1 })
+    opened = await openConnection(connection, "gradwire driver", { maxReconnectAttempts: -1 })
+    const agentConn = await openConnection(connection, "gradwire local agent", { maxReconnectAttempts: -1 })
     agent = await launchAgent({
       nc: agentConn.nc,
       connection,
@@ -109,23 +108,9 @@ export const startEmbeddedCluster = async (options: {
   }
 }
 
-export const joinCluster = async (c: ClusterConfig): Promise<ClusterHandle> => {
-  const connection: ConnectionSpec = {
-    servers: [c.address],
-    ...(c.user !== undefined ? { user: c.user, password: c.password ?? "" } : {}),
-    ...(c.token !== undefined ? { token: c.token } : {}),
-    ...(c.credsFile !== undefined ? { creds: c.credsFile } : {})
-  }
-  const opened = await openNats({
-    servers: c.address,
-    name: "gradwire driver",
-    ...(c.user !== undefined ? { user: c.user, pass: c.password ?? "" } : {}),
-    ...(c.token !== undefined ? { token: c.token } : {}),
-    ...(c.credsFile !== undefined ? { creds: c.credsFile } : {}),
-    ...(c.nkeySeed !== undefined ? { nkey: c.nkeySeed } : {}),
-    maxReconnectAttempts: -1
-  })
-  const clusterName = c.clusterName ?? "default"
+export const joinCluster = async (c: { readonly clusterName: string; readonly connection: ConnectionSpec }): Promise<ClusterHandle> => {
+  const { connection, clusterName } = c
+  const opened = await openConnection(connection, "gradwire driver", { maxReconnectAttempts: -1 })
   const view = await openClusterView({ nc: opened.nc, cluster: clusterName })
   await view.refresh().catch(() => {})
   return {
@@ -134,7 +119,7 @@ export const joinCluster = async (c: ClusterConfig): Promise<ClusterHandle> => {
     connection,
     view,
     embedded: false,
-    where: c.address.replace(/\/\/[^@/]*@/, "//"),
+    where: describeConnection(connection),
     outageHint:
       "check that nats-server is running there (on the head: `gradwire status`, or the head agent's log), " +
       "that this machine can reach it, and the credentials",

@@ -3,14 +3,16 @@
 import * as path from "node:path"
 import { pathToFileURL } from "node:url"
 import {
-  ClusterConfig,
   CollectiveConfig,
   RunConfig,
   ScalingConfig,
   defaultStoragePath,
   parseTrainLoopRef,
+  resolveClusterConfig,
+  type ClusterConfig,
   type TrainLoopRef
 } from "../../core/config.ts"
+import type { ConnectionSpec } from "../../core/connection-spec.ts"
 import { decodeConfig } from "../../core/validate.ts"
 import { BUCKET_SIZE_MIB, COLLECTIVE_TIMEOUT_MS, FIRST_BUCKET_SIZE_MIB, NATS_OUTAGE_TIMEOUT_MS } from "../../core/defaults.ts"
 import { ConfigError } from "../../core/errors.ts"
@@ -56,7 +58,8 @@ export interface Resolved {
   readonly run: RunConfig
   readonly callbacks: ReadonlyArray<TrainerCallbacks>
   readonly collective: WorkerArgs["collective"]
-  readonly cluster: ClusterConfig | undefined
+  /** A joined cluster: its name and how to reach it (credentials parsed out of the address). */
+  readonly cluster: { readonly clusterName: string; readonly connection: ConnectionSpec } | undefined
   readonly datasets: Readonly<Record<string, ArrayDataset>>
   readonly name: string
   readonly runDir: string
@@ -117,7 +120,7 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
   }
   const coll = decodeConfig(CollectiveConfig, options.collectiveConfig ?? {}, "collectiveConfig")
   const compression = parseCompressionConfig(coll.compression, "collectiveConfig.compression")
-  const cluster = options.cluster === undefined ? undefined : decodeConfig(ClusterConfig, options.cluster, "cluster")
+  const cluster = options.cluster === undefined ? undefined : resolveClusterConfig(options.cluster)
   const datasets: Record<string, ArrayDataset> = {}
   for (const [k, v] of Object.entries(options.datasets ?? {})) datasets[k] = checkDataset(k, v)
   const name = run.name ?? `gradwire_${new Date().toISOString().replace(/[-:]/g, "").replace(/\..*$/, "").replace("T", "_")}`

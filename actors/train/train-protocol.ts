@@ -96,14 +96,6 @@ export const WorkerArgs = Schema.Struct({
   loopModule: Schema.String,
   loopExport: Schema.String,
   loopConfig: Schema.Unknown,
-  /** How to open this worker's own collective connection (same servers and credentials). */
-  connection: Schema.Struct({
-    servers: Schema.Array(Schema.String),
-    user: Schema.optionalKey(Schema.String),
-    password: Schema.optionalKey(Schema.String),
-    token: Schema.optionalKey(Schema.String),
-    creds: Schema.optionalKey(Schema.String)
-  }),
   group: Schema.String,
   backend: Schema.String,
   collective: Schema.Struct({

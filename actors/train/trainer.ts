@@ -13,6 +13,7 @@ import { Result as R } from "effect"
 import { ConfigError, NatsUnavailable } from "../../core/errors.ts"
 import { PLACEMENT_TIMEOUT_MS } from "../../core/defaults.ts"
 import { watchBus, type BusMonitor } from "../../core/bus-monitor.ts"
+import { describeConnection, redactConnection } from "../../core/connection-spec.ts"
 import { decodeMessage } from "../../core/wire.ts"
 import { jobSubjects } from "../../core/subjects.ts"
 import { PlacementInfeasible, type PlacementPlan, type PlacementRequest } from "../../scheduler/placement.ts"
@@ -98,7 +99,7 @@ export class Trainer {
       scalingConfig: cfg.scaling,
       runConfig: cfg.run,
       collectiveConfig: cfg.collective,
-      cluster: cfg.cluster ? { ...cfg.cluster, password: cfg.cluster.password ? "***" : undefined, token: cfg.cluster.token ? "***" : undefined } : "embedded",
+      cluster: cfg.cluster ? { clusterName: cfg.cluster.clusterName, ...redactConnection(cfg.cluster.connection) } : "embedded",
       datasets: Object.fromEntries(Object.entries(cfg.datasets).map(([k, d]) => [k, { size: d.size, featureShape: d.featureShape, numClasses: d.numClasses }])),
       seed: cfg.seed
     }, cfg.run.timeline === true)
@@ -261,7 +262,7 @@ export class Trainer {
     const readAt = (p: string): ReturnType<typeof readCheckpoint> =>
       isObjectCheckpointUrl(p) ? readObjectCheckpoint(cluster.nc, p) : readCheckpoint(p)
     try {
-      store = localStore ?? (await ObjectCheckpointStore.open(cluster.nc, bucket!, cfg.name, policy, cfg.cluster ? `the NATS server at ${cfg.cluster.address}` : "the embedded nats-server"))
+      store = localStore ?? (await ObjectCheckpointStore.open(cluster.nc, bucket!, cfg.name, policy, cfg.cluster ? `the NATS server at ${describeConnection(cfg.cluster.connection)}` : "the embedded nats-server"))
       if (cfg.resumeFrom !== undefined && isObjectCheckpointUrl(cfg.resumeFrom)) await readAt(cfg.resumeFrom)
     } catch (e) {
       await cluster.close().catch(() => {})
@@ -463,7 +464,6 @@ export class Trainer {
           group.start({
             attempt,
             plan,
-            connection: cluster.connection,
             args: {
               controller: "controller",
               loopModule: cfg.loop.module,
@@ -479,7 +479,10 @@ export class Trainer {
             stillMatters: (rank) => !generation.settled && !generation.finished.has(rank)
           })
         )
-        if (startFailure) controller.fail(generation, { kind: bus.outage ? "bus" : "died", rank: -1, ...startFailure })
+        if (startFailure) {
+          const kind = bus.outage ? "bus" : startFailure.tag === "ModuleNotAllowed" ? "config" : "died"
+          controller.fail(generation, { kind, rank: -1, ...startFailure })
+        }
         const outcome: Outcome = await race(generation.outcome)
         stopWatching()
         // Killing the old group goes through the agents: wait for the bus first.

@@ -3,7 +3,6 @@
 // when the generation ends. What a death means is the controller's business (controller.ts):
 // this module only reports it.
 import { fileURLToPath } from "node:url"
-import type { ConnectionSpec } from "../../core/connection-spec.ts"
 // Silence after which a worker counts as dead (core/defaults.ts says why it is 10 s).
 import { WORKER_DEAD_AFTER_MS } from "../../core/defaults.ts"
 import type { PlacementPlan } from "../../scheduler/placement.ts"
@@ -18,12 +17,11 @@ const DOWN_GRACE_MS = 300
 const WORKER_MODULE = fileURLToPath(new URL(import.meta.url.endsWith(".ts") ? "./worker.ts" : "./worker.js", import.meta.url))
 
 /** What every rank's WorkerArgs share in a generation. */
-export type GroupArgs = Omit<WorkerArgs, "attempt" | "rank" | "worldSize" | "localRank" | "localWorldSize" | "nodeRank" | "nodes" | "group" | "backend" | "connection">
+export type GroupArgs = Omit<WorkerArgs, "attempt" | "rank" | "worldSize" | "localRank" | "localWorldSize" | "nodeRank" | "nodes" | "group" | "backend">
 
 export interface GroupStart {
   readonly attempt: number
   readonly plan: PlacementPlan
-  readonly connection: ConnectionSpec
   readonly args: GroupArgs
   /** A rank's process went down (not called for ranks the controller says are done). */
   readonly onDown: (rank: number, down: { readonly reason: string; readonly detail: string }) => void
@@ -65,7 +63,6 @@ export class WorkerGroup {
             localWorldSize: r.localWorldSize,
             nodeRank: r.nodeRank,
             nodes,
-            connection: s.connection,
             group,
             backend: r.backend
           }
@@ -75,6 +72,8 @@ export class WorkerGroup {
             module: WORKER_MODULE,
             export: "trainWorker",
             args,
+            // The agent checks the loop module against its allowed roots before the worker imports it.
+            imports: [s.args.loopModule],
             gpus: r.gpuIndices,
             env: { CUDA_VISIBLE_DEVICES: r.cudaVisibleDevices, GRADWIRE_RANK: String(r.rank), GRADWIRE_WORLD_SIZE: String(ranks.length) },
             resources: s.plan.resourcesPerWorker,

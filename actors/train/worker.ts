@@ -3,13 +3,13 @@
 // stays off the control connection), joins the group's communicator, imports the user's loop
 // module and runs it with a TrainContext. It tells the controller when the loop returns or throws
 // (with the remote stack), then stops; the controller decides what happens to the group.
-import { connect } from "@nats-io/transport-node"
-import { credsAuthenticator, type NatsConnection } from "@nats-io/nats-core"
-import * as fs from "node:fs"
+import type { NatsConnection } from "@nats-io/nats-core"
+import { openConnection, type OpenedConnection } from "../../core/connection-spec.ts"
 import { pathToFileURL } from "node:url"
 import * as path from "node:path"
 import { loadEngine, type BackendKind } from "../../core/engine.ts"
 import { ConfigError } from "../../core/errors.ts"
+import { ModuleNotAllowed } from "../node/errors.ts"
 import { makeDataset } from "../../core/datasets.ts"
 import { decodeMessage, encodeMessage } from "../../core/wire.ts"
 import { Communicator, type AllReduceAlgorithm } from "../../collectives/communicator.ts"
@@ -71,29 +71,35 @@ export const trainWorker = defineActor(
       let cnc: NatsConnection | undefined
       let comm: Communicator | undefined
       try {
+        // Only a loop the agent checked (module-policy.ts) may be imported: the spawn request
+        // declared it, and the args could name another. Checked first, before anything is loaded.
+        const allowed = system.allowedImports
+        if (allowed !== undefined && !allowed.includes(args.loopModule)) {
+          throw new ModuleNotAllowed({ node: system.node, module: args.loopModule, reason: "the spawn request did not declare it, so the agent did not check it" })
+        }
         const { tf, backend } = await loadEngine(args.backend as BackendKind | "auto")
-        const c = args.connection
-        // The server this process's agent connected it to first: on a multi-machine cluster that
-        // is the node's own nats-server, so collective traffic enters the cluster next to the
-        // worker (and hierarchical/topology-aware choices see the real servers) instead of every
-        // rank dialling the driver's address. The job's servers stay as fallbacks.
+        // The connection this process's agent gave it (servers and credentials, on stdin), with the
+        // server the agent connected it to first: on a multi-machine cluster that is the node's own
+        // nats-server, so collective traffic enters the cluster next to the worker (and
+        // hierarchical/topology-aware choices see the real servers) instead of every rank dialling
+        // the driver's address. The agent's other servers stay as fallbacks.
+        const spec = system.connection
+        if (spec === undefined) {
+          throw new ConfigError({ field: "worker", reason: "a worker runs in a process its node agent spawned (it opens that process's connection spec); spawn it with spawnActor" })
+        }
         const own = system.nc.getServer()
-        const ownUrl = own && !/^[a-z]+:\/\//.test(own) ? `nats://${own}` : own
+        const ownUrl = own && !/^[a-z]+:\/\//.test(own) ? `${spec.tls !== undefined ? "tls" : "nats"}://${own}` : own
         const open = (role: string) =>
-          connect({
-            servers: [...new Set([...(ownUrl ? [ownUrl] : []), ...c.servers])],
-            noRandomize: true,
-            name: `gradwire ${system.job} rank ${rank} ${role}`,
-            noEcho: true,
-            maxReconnectAttempts: -1,
-            reconnectTimeWait: 250,
-            ...(c.user !== undefined ? { user: c.user, pass: c.password ?? "" } : {}),
-            ...(c.token !== undefined ? { token: c.token } : {}),
-            ...(c.creds !== undefined ? { authenticator: credsAuthenticator(fs.readFileSync(c.creds)) } : {})
-          })
+          openConnection(spec, `gradwire ${system.job} rank ${rank} ${role}`, { noEcho: true, ...(ownUrl ? { preferServers: [ownUrl] } : {}) })
         // Two connections: bulk data, and credits/acks, which must not queue behind this rank's own
         // outgoing megabytes (on one connection large all-reduces run at about half the speed).
-        ;[nc, cnc] = await Promise.all([open("collectives"), open("collective control")])
+        const opened = await Promise.allSettled([open("collectives"), open("collective control")])
+        const failed = opened.find((o) => o.status === "rejected")
+        if (failed) {
+          for (const o of opened) if (o.status === "fulfilled") await o.value.nc.close().catch(() => {})
+          throw failed.reason
+        }
+        ;[nc, cnc] = opened.map((o) => (o as PromiseFulfilledResult<OpenedConnection>).value.nc)
         comm = await Communicator.create({
           nc,
           controlNc: cnc,

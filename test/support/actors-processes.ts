@@ -102,13 +102,20 @@ export class TestRig {
 
   /**
    * Starts a node agent process (`gradwire start --block`) and waits until it has written its
-   * state file. `args` are extra CLI flags (e.g. --address, --head, --user).
+   * state file. `args` are extra CLI flags (e.g. --address, --head, --user). It may run modules
+   * under test/support (`allowFixtures: false` leaves it at the default roots).
    */
-  async agent(nodeId: string, args: ReadonlyArray<string>, options: { readonly cluster?: string; readonly readyMs?: number } = {}): Promise<AgentProc> {
+  async agent(
+    nodeId: string,
+    args: ReadonlyArray<string>,
+    options: { readonly cluster?: string; readonly readyMs?: number; readonly allowFixtures?: boolean } = {}
+  ): Promise<AgentProc> {
     const stateDir = this.tempDir("gw-agent-")
+    // The test actors live in test/support: agents allow that root unless a test says otherwise.
+    const roots = options.allowFixtures === false ? [] : ["--allow-module-root", path.dirname(FIXTURES)]
     const child = spawn(
       process.execPath,
-      [CLI, "start", "--block", "--node-id", nodeId, "--cluster", options.cluster ?? "test", "--backends", "cpu", "--state-dir", stateDir, ...args],
+      [CLI, "start", "--block", "--node-id", nodeId, "--cluster", options.cluster ?? "test", "--backends", "cpu", "--state-dir", stateDir, ...roots, ...args],
       { cwd: ROOT, env: { ...process.env, GRADWIRE_LOG: "info" }, stdio: ["ignore", "pipe", "pipe"], detached: true }
     )
     const lines: string[] = []
