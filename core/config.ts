@@ -79,7 +79,14 @@ export const FailureConfig = Schema.Struct({
    */
   maxFailures: Schema.optional(Schema.Int.check(Schema.isGreaterThanOrEqualTo(-1))),
   /** How long any gradwire process waits for a lost NATS connection to come back. Default 60 s. */
-  natsOutageTimeoutMs: Schema.optional(Schema.Int.check(Schema.isGreaterThanOrEqualTo(1)))
+  natsOutageTimeoutMs: Schema.optional(Schema.Int.check(Schema.isGreaterThanOrEqualTo(1))),
+  /**
+   * After a worker or node is lost: "peers" (the default) regroups the surviving workers in place
+   * and hands the furthest one's state to the others and to replacements, so the failure costs the
+   * step in flight; "checkpoint" restarts every worker from the latest checkpoint. "peers" falls
+   * back to the checkpoint when no worker survives or the survivors cannot be regrouped.
+   */
+  recoverFrom: Schema.optional(Schema.Literals(["peers", "checkpoint"]))
 })
 export type FailureConfig = typeof FailureConfig.Type
 

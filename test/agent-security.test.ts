@@ -148,6 +148,7 @@ describe("module roots", () => {
           },
           report: unexpected("report"),
           dataset: unexpected("dataset"),
+          peerState: unexpected("peerState"),
           checkpoint: unexpected("checkpoint"),
           progress: unexpected("progress"),
           explain: unexpected("explain"),

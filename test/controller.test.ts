@@ -187,3 +187,46 @@ describe("controller: elastic sizes", () => {
     expect(() => new Controller({ maxFailures: 0, minWorkers: 3, maxWorkers: 2 })).toThrow(RangeError)
   })
 })
+
+describe("controller: regroup from surviving peers", () => {
+  it("carries the survivors' reports over under their new ranks and completes rounds the dead rank left open", async () => {
+    const { c, rounds, states } = make({ maxFailures: 1, min: 3 })
+    const g = c.begin(3)
+    // Round 0 complete; round 1: ranks 0 and 2 reported, rank 1 dies before it does.
+    for (const rank of [0, 1, 2]) c.report({ attempt: 0, rank, index: 0, metrics: { r: rank } })
+    c.report({ attempt: 0, rank: 0, index: 1, metrics: { r: 0 }, checkpoint: { tag: "c1" } })
+    c.report({ attempt: 0, rank: 2, index: 1, metrics: { r: 2 } })
+    c.workerDown(0, 1, { reason: "exited", detail: "SIGKILL" })
+    expect(c.next(await g.outcome)).toMatchObject({ action: "restart", counted: true })
+    // Survivors 0 and 2 become ranks 0 and 1; a joiner is rank 2; the furthest survivor made 2 reports.
+    const g1 = c.regroup({ worldSize: 3, survivors: [{ from: 0, to: 0 }, { from: 2, to: 1 }], survivorsOnlyBelow: 2 })
+    expect(states().slice(-1)).toEqual(["running"])
+    // Round 1 completes at once with the survivors' two reports, rank 0's checkpoint kept.
+    expect(rounds().map((r) => r.index)).toEqual([0, 1])
+    expect(rounds()[1]).toMatchObject({ attempt: 1, checkpoint: { tag: "c1" } })
+    expect(rounds()[1].metrics.map((m) => m.r)).toEqual([0, 2, undefined])
+    // A joiner's report of a round below survivorsOnlyBelow does not count; round 2 needs all three.
+    c.report({ attempt: 1, rank: 2, index: 1, metrics: { r: "joiner" } })
+    for (const rank of [0, 1]) c.report({ attempt: 1, rank, index: 2, metrics: {} })
+    expect(rounds()).toHaveLength(2)
+    c.report({ attempt: 1, rank: 2, index: 2, metrics: {} })
+    expect(rounds()).toHaveLength(3)
+    for (const rank of [0, 1, 2]) c.finished({ attempt: 1, rank, reports: 3 })
+    expect(await g1.outcome).toEqual({ type: "finished" })
+  })
+
+  it("a failed regroup is a recovery failure: restarted from the checkpoint, not counted", async () => {
+    const { c } = make({ maxFailures: 0, min: 2 })
+    const g = c.begin(2)
+    c.failed({ attempt: 0, rank: 1, tag: "PeerRecoveryMisaligned", message: "joiner at epoch 1, survivors at 3", stack: "" })
+    expect(await g.outcome).toMatchObject({ type: "failed", failure: { kind: "recovery" } })
+    expect(c.next((await g.outcome) as Outcome)).toMatchObject({ action: "restart", counted: false })
+  })
+
+  it("a parked rank whose group broke without naming a culprit fails the generation for the checkpoint path (rank -1)", async () => {
+    const { c } = make({ min: 2 })
+    const g = c.begin(2)
+    c.failed({ attempt: 0, rank: 0, tag: "CollectiveTimeout", message: "no frame", stack: "", parked: true })
+    expect(await g.outcome).toMatchObject({ type: "failed", failure: { kind: "died", rank: -1 } })
+  })
+})

@@ -77,7 +77,9 @@ describe("Trainer", () => {
   })
 
   it("gives up past maxFailures and says which rank failed and why", async () => {
-    const e = await fitFails("always-dies", { epochs: 4, fail: { how: "kill", rank: 1, epoch: 1, attempt: -1 } }, { runConfig: { failureConfig: { maxFailures: 1 } } })
+    const e = await fitFails("always-dies", { epochs: 4, fail: { how: "kill", rank: 1, epoch: 1, attempt: -1 } }, {
+      runConfig: { failureConfig: { maxFailures: 1, recoverFrom: "checkpoint" } }
+    })
     expect(e.rank).toBe(1)
     expect(e.message).toMatch(/rank 1/)
     expect(e.message).toMatch(/maxFailures \(1\)/)

@@ -76,6 +76,12 @@ export interface ReportMessage<C> {
 export class Generation<C> {
   readonly number: number
   readonly worldSize: number
+  /**
+   * A regrouped generation: rounds below this index are completed by the survivors alone (the
+   * ranks in `survivors`); the joiners skip those reports. 0 for a generation that started afresh.
+   */
+  readonly survivorsOnlyBelow: number
+  readonly survivors: ReadonlySet<number>
   readonly rounds = new Map<number, Round<C>>()
   /** Ranks whose loop returned, with how many reports each made. */
   readonly finished = new Map<number, number>()
@@ -87,10 +93,17 @@ export class Generation<C> {
   #resolve!: (o: Outcome) => void
   #settledWith: Outcome | undefined
 
-  constructor(number: number, worldSize: number) {
+  constructor(number: number, worldSize: number, regroup?: { readonly survivors: ReadonlySet<number>; readonly survivorsOnlyBelow: number }) {
     this.number = number
     this.worldSize = worldSize
+    this.survivors = regroup?.survivors ?? new Set()
+    this.survivorsOnlyBelow = regroup?.survivorsOnlyBelow ?? 0
     this.outcome = new Promise((resolve) => (this.#resolve = resolve))
+  }
+
+  /** How many ranks report round `index`. */
+  expected(index: number): number {
+    return index < this.survivorsOnlyBelow ? this.survivors.size : this.worldSize
   }
 
   /** The outcome, once settled. */
@@ -182,6 +195,8 @@ export class Controller<C = unknown> {
   report(msg: ReportMessage<C>): void {
     const g = this.#live(msg.attempt)
     if (!g || msg.rank < 0 || msg.rank >= g.worldSize) return
+    // Rounds the survivors of a regroup were in: only theirs count (the joiners skip them).
+    if (msg.index < g.survivorsOnlyBelow && !g.survivors.has(msg.rank)) return
     for (const [rank, count] of g.finished) {
       if (msg.index >= count) {
         this.fail(g, {
@@ -208,14 +223,19 @@ export class Controller<C = unknown> {
       round.checkpointRank = msg.rank
     }
     if (msg.aux) Object.assign(round.aux, msg.aux)
-    if (round.count < g.worldSize) return
-    g.rounds.delete(msg.index)
-    g.completedRounds = Math.max(g.completedRounds, msg.index + 1)
+    this.#completeIfFull(g, msg.index)
+  }
+
+  #completeIfFull(g: Generation<C>, index: number): void {
+    const round = g.rounds.get(index)
+    if (!round || round.count < g.expected(index)) return
+    g.rounds.delete(index)
+    g.completedRounds = Math.max(g.completedRounds, index + 1)
     if (round.checkpoint !== undefined) g.checkpointed = true
     this.#infraWithoutProgress = 0
     this.#listener({
       type: "round",
-      round: { attempt: g.number, index: msg.index, metrics: round.metrics.map((m) => m ?? {}), checkpoint: round.checkpoint, aux: round.aux }
+      round: { attempt: g.number, index, metrics: round.metrics.map((m) => m ?? {}), checkpoint: round.checkpoint, aux: round.aux }
     })
     // A pending resize takes effect at a report boundary that left a checkpoint to resume from.
     const resize = this.#pendingResize
@@ -252,10 +272,17 @@ export class Controller<C = unknown> {
     readonly message: string
     readonly stack: string
     readonly blamed?: ReadonlyArray<number>
+    /** The rank is alive and waits to be regrouped (its group broke under it). */
+    readonly parked?: boolean
   }): void {
     const g = this.#live(msg.attempt)
     if (!g) return
     const blamed = msg.blamed?.[0]
+    if (msg.parked && blamed === undefined) {
+      // The group broke under this rank without naming a culprit: not this rank's loop failing.
+      this.fail(g, { kind: "died", rank: -1, tag: msg.tag, message: `rank ${msg.rank}'s group broke: ${msg.message}`, remoteStack: msg.stack })
+      return
+    }
     if (blamed !== undefined) {
       this.fail(g, {
         kind: "died",
@@ -266,7 +293,7 @@ export class Controller<C = unknown> {
       })
       return
     }
-    const kind = msg.tag === "ConfigError" ? "config" : "loop-error"
+    const kind = msg.tag === "ConfigError" ? "config" : msg.tag === "PeerRecoveryMisaligned" ? "recovery" : "loop-error"
     this.fail(g, { kind, rank: msg.rank, tag: msg.tag, message: msg.message, remoteStack: msg.stack })
   }
 
@@ -283,6 +310,52 @@ export class Controller<C = unknown> {
       tag: down.reason,
       message: down.detail
     })
+  }
+
+  /**
+   * The group is re-formed from the survivors of the last generation (recovery from peers): a new
+   * generation of `worldSize` ranks in which survivor `from` of the old one is rank `to`. Rounds the
+   * survivors were in carry over (renumbered); those below `survivorsOnlyBelow` (the reports the
+   * furthest survivor had made) complete with the survivors' reports alone.
+   */
+  regroup(plan: {
+    readonly worldSize: number
+    readonly survivors: ReadonlyArray<{ readonly from: number; readonly to: number }>
+    readonly survivorsOnlyBelow: number
+  }): Generation<C> {
+    const old = this.#current
+    if (this.#state !== "scheduling" || !old) throw new Error(`controller: regroup() while ${this.#state}`)
+    if (!(plan.worldSize >= this.options.minWorkers && plan.worldSize <= this.options.maxWorkers)) {
+      throw new RangeError(`controller: world size ${plan.worldSize} outside ${this.options.minWorkers}..${this.options.maxWorkers}`)
+    }
+    this.#pendingResize = undefined
+    const g = new Generation<C>(this.#attempt, plan.worldSize, {
+      survivors: new Set(plan.survivors.map((s) => s.to)),
+      survivorsOnlyBelow: plan.survivorsOnlyBelow
+    })
+    g.completedRounds = old.completedRounds
+    for (const [index, round] of old.rounds) {
+      const metrics: Array<Record<string, unknown> | undefined> = new Array(plan.worldSize).fill(undefined)
+      let count = 0
+      let checkpoint: C | undefined
+      let checkpointRank = -1
+      for (const { from, to } of plan.survivors) {
+        const m = round.metrics[from]
+        if (m === undefined) continue
+        metrics[to] = m
+        count++
+        if (round.checkpointRank === from) {
+          checkpoint = round.checkpoint
+          checkpointRank = to
+        }
+      }
+      if (count > 0) g.rounds.set(index, { metrics, checkpoint, checkpointRank, aux: {}, count })
+    }
+    this.#current = g
+    this.#to("running")
+    // Rounds only the dead rank had yet to report are complete now.
+    for (const index of [...g.rounds.keys()].sort((a, b) => a - b)) this.#completeIfFull(g, index)
+    return g
   }
 
   /** Ends the current generation with a failure (the first outcome wins). */

@@ -13,6 +13,9 @@ import type { ArrayDataset } from "../../core/datasets.ts"
 import { gatherRows, shardIndicesWeighted } from "../../core/datasets.ts"
 import { HeteroBatcher } from "./hetero-batching.ts"
 import { ConfigError } from "../../core/errors.ts"
+import { PeerRecoveryMisaligned, type LoopPosition, type RecoverableModel } from "./group-session.ts"
+import { OPTIMIZER_FILE, loadOptimizerFrom, loadWeightsInto, modelToFiles, optimizerToFile } from "../../core/model-io.ts"
+import type { PeerState } from "./train-protocol.ts"
 
 type tfjs = typeof import("@tensorflow/tfjs")
 type LayersModel = import("@tensorflow/tfjs").LayersModel
@@ -36,8 +39,14 @@ export interface GradientSlot {
 export interface GradientSync {
   readonly rank: number
   readonly worldSize: number
-  /** Reduces the flat gradient in place to the weighted mean over ranks (weight: this rank's sample count). */
-  reduceGradients(flat: Float32Array, layout: ReadonlyArray<GradientSlot>, weight: number, step: number): Promise<void>
+  /**
+   * Reduces the flat gradient in place to the weighted mean over ranks (weight: this rank's sample
+   * count). After the group was re-formed meanwhile (recovery from peers): "adopted" when this rank
+   * took a survivor's state, which already contains this step (nothing is to be applied);
+   * "recompute" when the step is to be done again in the new group (the buffer holds partial sums
+   * of the old one).
+   */
+  reduceGradients(flat: Float32Array, layout: ReadonlyArray<GradientSlot>, weight: number, step: number): Promise<void | "adopted" | "recompute">
   /** Copies rank 0's values into `buf` on every rank. */
   broadcast(buf: Float32Array): Promise<void>
   /** Element-wise sum over ranks, in place. */
@@ -57,7 +66,35 @@ export interface GradientSync {
    * "keep-per-worker" keeps the rank's batch and scales the learning rate by worldSize / maxWorkers.
    */
   readonly elastic?: { readonly maxWorkers: number; readonly batch: "keep-global" | "keep-per-worker" }
+  /** Recovery from surviving peers (actors/train/group-session.ts); absent: a failure restarts from the checkpoint. */
+  readonly recovery?: PeerRecovery
 }
+
+/** Where a loop is in dp.fit(): the group operations done, the epoch and the step in it. */
+export interface RecoveryCursor {
+  readonly ops: number
+  readonly inFit: boolean
+  readonly epoch: number
+  readonly stepInEpoch: number
+  readonly stepsPerEpoch: number
+}
+
+/** What dp.fit() needs of the group session to skip, join and follow regroups. */
+export interface PeerRecovery {
+  /** Bumped at every regroup and join. */
+  readonly generation: number
+  readonly ops: number
+  /** A joining rank's target: the survivors' position; undefined once joined. */
+  readonly joinTarget: RecoveryCursor | undefined
+  /** The joining rank reached the target: take the survivors' state. */
+  join(): Promise<void>
+  /** After a regroup, where the furthest survivor was (once). */
+  takeCursor(): RecoveryCursor | undefined
+}
+
+/** Step index of a cursor's position in an epoch cut into `steps` steps (= steps at the metric sum). */
+const stepAt = (c: RecoveryCursor, steps: number): number =>
+  c.stepInEpoch >= c.stepsPerEpoch ? steps : Math.min(steps, Math.round((c.stepInEpoch / Math.max(1, c.stepsPerEpoch)) * steps))
 
 /**
  * Optional timing hooks (the timeline and the report's compute/communication split), all in
@@ -164,7 +201,7 @@ const resolveLoss = (tf: Tf, model: LayersModel, loss: PrepareOptions["loss"]): 
   }
 }
 
-export class DataParallelModel {
+export class DataParallelModel implements RecoverableModel {
   readonly model: LayersModel
   readonly optimizer: Optimizer
   readonly layout: ReadonlyArray<GradientSlot>
@@ -183,6 +220,12 @@ export class DataParallelModel {
   #epoch = 0
   #stepInEpoch = 0
   #stepsPerEpoch = 0
+  #inFit = false
+  #inStep = false
+  #baseLearningRate: number | undefined
+  /** The recovery generation dp.fit() last saw, and the operation after which batch exchanges count again. */
+  #seenGeneration = 0
+  #freshAfterOps = -1
   /**
    * Take the flat-gradient exchange path even with one worker (benchmarks use it to measure that
    * path's cost; a single worker otherwise applies its gradients in place).
@@ -236,8 +279,8 @@ export class DataParallelModel {
 
   /** Scales the optimizer's learning rate by worldSize / maxWorkers (the linear rule) for "keep-per-worker". */
   #applyElasticLearningRate(): void {
-    const scale = this.learningRateScale
-    if (scale === 1) return
+    const e = this.#sync.elastic
+    if (!e || e.batch !== "keep-per-worker") return
     const o = this.optimizer as unknown as { learningRate?: unknown; setLearningRate?: (lr: number) => void }
     if (typeof o.learningRate !== "number") {
       throw new ConfigError({
@@ -245,9 +288,39 @@ export class DataParallelModel {
         reason: `"keep-per-worker" rescales the learning rate, but this optimizer has no numeric learningRate; use "keep-global"`
       })
     }
-    const lr = o.learningRate * scale
+    this.#baseLearningRate ??= o.learningRate
+    const lr = this.#baseLearningRate * this.learningRateScale
     if (typeof o.setLearningRate === "function") o.setLearningRate(lr)
     else o.learningRate = lr
+  }
+
+  // --------------------------------------------------------------------------------------------
+  // Recovery from surviving peers (the group session calls these, group-session.ts)
+
+  /** The state other members of a regrouped generation take: weights, optimizer state, step counter. */
+  async snapshot(): Promise<Omit<PeerState, "position">> {
+    const files = { ...(await modelToFiles(this.#tf as unknown as Tf, this.model)), [OPTIMIZER_FILE]: await optimizerToFile(this.optimizer) }
+    // Steps completed: a step in flight (this rank is parked in its reduction) does not count yet.
+    return { files, step: this.#step - (this.#inStep ? 1 : 0) }
+  }
+
+  /** Takes a survivor's state: the same weights, optimizer state and step counter as it. */
+  async adopt(state: PeerState, options: { readonly redoingStep?: boolean } = {}): Promise<void> {
+    loadWeightsInto(this.#tf as unknown as Tf, this.model, state.files)
+    const opt = state.files[OPTIMIZER_FILE]
+    if (opt) await loadOptimizerFrom(this.#tf as unknown as Tf, this.optimizer, opt)
+    // A step this rank is in and will redo in the new group keeps its number; the next one follows.
+    this.#step = state.step + (this.#inStep && options.redoingStep ? 1 : 0)
+  }
+
+  /** The group changed: the learning rate follows its size under "keep-per-worker"; batches are re-cut by fit(). */
+  regrouped(): void {
+    this.#batcher = undefined
+    this.#applyElasticLearningRate()
+  }
+
+  loopPosition(): LoopPosition {
+    return { inFit: this.#inFit, epoch: this.#epoch, stepInEpoch: this.#stepInEpoch, stepsPerEpoch: this.#stepsPerEpoch }
   }
 
   /** A per-rank batch size as this group uses it: scaled up when an elastic group runs below its max size. */
@@ -311,6 +384,15 @@ export class DataParallelModel {
    * loss and, for classification, its correct predictions.
    */
   async trainStep(x: Tensor, y: Tensor): Promise<StepResult> {
+    this.#inStep = true
+    try {
+      return await this.#trainStep(x, y)
+    } finally {
+      this.#inStep = false
+    }
+  }
+
+  async #trainStep(x: Tensor, y: Tensor): Promise<StepResult> {
     const tf = this.#tf
     const step = this.#step++
     const samples = x.shape[0] ?? 0
@@ -340,16 +422,32 @@ export class DataParallelModel {
       this.onStep?.({ epoch: this.#epoch, step: this.#stepInEpoch++, stepsPerEpoch: this.#stepsPerEpoch, samples, loss: lossArr[0] })
       return { loss: lossArr[0], samples, ...(correctArr ? { correct: correctArr[0] } : {}) }
     }
-    const [flat, lossArr, correctArr] = await Promise.all([this.#readGradients(grads), value.data(), correctT?.data()])
+    let [flat, lossArr, correctArr] = await Promise.all([this.#readGradients(grads), value.data(), correctT?.data()])
     tf.dispose([value, ...(pred ? [pred] : []), ...(correctT ? [correctT] : [])])
     tf.dispose(grads)
     if (this.#delayMsPerSample > 0) await new Promise((r) => setTimeout(r, this.#delayMsPerSample * samples))
-    const t1 = performance.now()
+    let t1 = performance.now()
     this.#lastComputeMs = t1 - t0
     this.#observer?.phase?.("forward_backward", t0, t1, step)
-    await this.#sync.reduceGradients(flat, this.layout, samples, step)
+    let reduced = await this.#sync.reduceGradients(flat, this.layout, samples, step)
+    while (reduced === "recompute") {
+      // The group broke under the reduction and was re-formed: the buffer holds partial sums of
+      // the old group, so this rank's gradients are computed again (the weights are unchanged) and
+      // reduced in the new group.
+      const again = this.optimizer.computeGradients(() => this.#loss(y, this.model.apply(x, { training: true }) as Tensor), this.#vars)
+      ;[flat, lossArr] = await Promise.all([this.#readGradients(again.grads), again.value.data()])
+      tf.dispose([again.value, ...Object.values(again.grads)])
+      t1 = performance.now()
+      reduced = await this.#sync.reduceGradients(flat, this.layout, samples, step)
+    }
     const t2 = performance.now()
     this.#observer?.phase?.("allreduce", t1, t2, step)
+    if (reduced === "adopted") {
+      // The group was re-formed and this rank took the state of a survivor that completed this
+      // step: its update is in the weights already.
+      this.#observer?.phase?.("step", t0, t2, step)
+      return { loss: lossArr[0], samples, ...(correctArr ? { correct: correctArr[0] } : {}) }
+    }
     // One copy back into the engine per variable, straight from views of the reduced buffer.
     const named: Record<string, Tensor> = {}
     for (const s of this.layout) named[s.name] = tf.tensor(flat.subarray(s.offset, s.offset + s.size), s.shape as number[], "float32")
@@ -378,7 +476,13 @@ export class DataParallelModel {
     })
   }
 
-  /** Trains over this rank's shard for some epochs; the metrics handed to onEpochEnd cover all ranks. */
+  /**
+   * Trains over this rank's shard for some epochs; the metrics handed to onEpochEnd cover all ranks.
+   * With recovery from peers it also follows regroups: after one the epoch goes on at the furthest
+   * survivor's point, cut for the new group (exact with globalBatchSize; with a per-rank batchSize the
+   * rest of the epoch is re-sharded at the same fraction); a joining rank skips the epochs and steps
+   * the survivors already trained, without computing them, and takes their state where they are.
+   */
   async fit(source: ShardSource, opts: FitOptions): Promise<EpochResult[]> {
     const tf = this.#tf
     if (opts.globalBatchSize !== undefined) this.#prepareBatcher(source, opts.globalBatchSize)
@@ -386,47 +490,101 @@ export class DataParallelModel {
       throw new ConfigError({ field: "fit.batchSize", reason: `must be an integer >= 1, got ${opts.batchSize}` })
     }
     const ds = source.dataset
+    const recovery = this.#sync.recovery
     const results: EpochResult[] = []
-    for (let epoch = opts.initialEpoch ?? 0; epoch < opts.epochs; epoch++) {
-      const started = performance.now()
-      const { steps, rowsOf } = this.#epochRows(source, opts, epoch)
-      this.#epoch = epoch
-      this.#stepInEpoch = 0
-      this.#stepsPerEpoch = steps
-      // Sums over the epoch: loss * samples, correct predictions, samples.
-      const totals = new Float32Array(3)
-      for (let i = 0; i < steps; i++) {
-        const batchRows = rowsOf(i)
-        const batch = gatherRows(ds, batchRows)
-        const x = tf.tensor(batch.x, [batchRows.length, ...ds.featureShape])
-        const y = this.#classification ? tf.tensor1d(batch.y, "int32") : tf.tensor(batch.y, [batchRows.length, 1], "float32")
-        const yLoss = this.lossTargets(y, ds.numClasses)
-        const r = await this.trainStep(x, yLoss)
-        totals[1] += r.correct ?? 0
-        totals[0] += r.loss * r.samples
-        totals[2] += r.samples
-        tf.dispose([x, y, yLoss])
-        await this.#batcher?.afterStep(r.samples, this.#lastComputeMs)
-        await opts.onStep?.({ ...r, epoch, index: i })
+    this.#inFit = true
+    try {
+      for (let epoch = opts.initialEpoch ?? 0; epoch < opts.epochs; epoch++) {
+        const started = performance.now()
+        this.#epoch = epoch
+        this.#observeRegroup(source, opts)
+        let { steps, rowsOf } = this.#epochRows(source, opts, epoch)
+        this.#stepsPerEpoch = steps
+        const target = recovery?.joinTarget
+        if (target && (!target.inFit || epoch > target.epoch)) {
+          throw new PeerRecoveryMisaligned({
+            reason: `this joining rank is at epoch ${epoch} of dp.fit(), the survivors ${target.inFit ? `at epoch ${target.epoch}` : "outside dp.fit()"}`
+          })
+        }
+        if (target && epoch < target.epoch) {
+          // The survivors trained this epoch: skip it whole (nothing computed, nothing exchanged).
+          this.#stepInEpoch = steps
+          results.push({ epoch, loss: Number.NaN, samples: 0, steps: 0, seconds: 0 })
+          continue
+        }
+        // Sums over the epoch: loss * samples, correct predictions, samples.
+        const totals = new Float32Array(3)
+        let i = target ? stepAt(target, steps) : 0
+        const joinHere = async (): Promise<void> => {
+          await recovery!.join()
+          this.#observeRegroup(source, opts, target!.ops)
+          ;({ steps, rowsOf } = this.#epochRows(source, opts, epoch))
+          this.#stepsPerEpoch = steps
+        }
+        if (target && i < steps) await joinHere()
+        while (i < steps) {
+          this.#stepInEpoch = i
+          const batchRows = rowsOf(i)
+          const batch = gatherRows(ds, batchRows)
+          const x = tf.tensor(batch.x, [batchRows.length, ...ds.featureShape])
+          const y = this.#classification ? tf.tensor1d(batch.y, "int32") : tf.tensor(batch.y, [batchRows.length, 1], "float32")
+          const yLoss = this.lossTargets(y, ds.numClasses)
+          const r = await this.trainStep(x, yLoss)
+          totals[1] += r.correct ?? 0
+          totals[0] += r.loss * r.samples
+          totals[2] += r.samples
+          tf.dispose([x, y, yLoss])
+          const index = i++
+          // A regroup during this step: the group and this rank's share changed, and the epoch goes
+          // on where the furthest survivor was, cut for the new group.
+          const c = this.#observeRegroup(source, opts)
+          if (c) {
+            ;({ steps, rowsOf } = this.#epochRows(source, opts, epoch))
+            this.#stepsPerEpoch = steps
+            if (c.inFit && c.epoch === epoch) i = Math.min(steps, stepAt(c, steps) + (recovery!.ops - c.ops))
+          }
+          // Every member's batch-size exchanges start again after the regroup's operation.
+          if (!recovery || recovery.ops - 1 > this.#freshAfterOps) await this.#batcher?.afterStep(r.samples, this.#lastComputeMs)
+          await opts.onStep?.({ ...r, epoch, index })
+        }
+        this.#stepInEpoch = steps
+        if (target && recovery?.joinTarget) await joinHere()
+        const w0 = performance.now()
+        await this.#sync.sum(totals)
+        this.#observer?.wait?.("epoch metrics all-reduce", w0, performance.now())
+        const result: EpochResult = {
+          epoch,
+          loss: totals[0] / Math.max(1, totals[2]),
+          ...(this.#classification ? { accuracy: totals[1] / Math.max(1, totals[2]) } : {}),
+          samples: totals[2],
+          steps,
+          seconds: (performance.now() - started) / 1000
+        }
+        results.push(result)
+        await opts.onEpochEnd?.(result)
       }
-      const w0 = performance.now()
-      await this.#sync.sum(totals)
-      this.#observer?.wait?.("epoch metrics all-reduce", w0, performance.now())
-      const result: EpochResult = {
-        epoch,
-        loss: totals[0] / Math.max(1, totals[2]),
-        ...(this.#classification ? { accuracy: totals[1] / Math.max(1, totals[2]) } : {}),
-        samples: totals[2],
-        steps,
-        seconds: (performance.now() - started) / 1000
-      }
-      results.push(result)
-      await opts.onEpochEnd?.(result)
+    } finally {
+      this.#inFit = false
     }
     return results
   }
 
-  #prepareBatcher(source: ShardSource, globalBatch: number): void {
+  /**
+   * Notices a regroup (or a join) since the last look: a fresh batch split for the new group (its
+   * exchanges count from the regroup's operation on every member) and, once, the furthest survivor's
+   * position, which the caller moves its epoch cursor to.
+   */
+  #observeRegroup(source: ShardSource, opts: FitOptions, joinedAtOps?: number): RecoveryCursor | undefined {
+    const recovery = this.#sync.recovery
+    if (!recovery || recovery.generation === this.#seenGeneration) return undefined
+    this.#seenGeneration = recovery.generation
+    if (opts.globalBatchSize !== undefined) this.#prepareBatcher(source, opts.globalBatchSize, true)
+    const c = recovery.takeCursor()
+    this.#freshAfterOps = c?.ops ?? joinedAtOps ?? recovery.ops - 1
+    return c
+  }
+
+  #prepareBatcher(source: ShardSource, globalBatch: number, fresh = false): void {
     const p = this.#sync.worldSize
     if (!Number.isInteger(globalBatch) || globalBatch < p || globalBatch > source.dataset.size) {
       throw new ConfigError({
@@ -434,7 +592,7 @@ export class DataParallelModel {
         reason: `must be an integer between the number of workers (${p}) and the dataset size (${source.dataset.size}), got ${globalBatch}`
       })
     }
-    if (this.#batcher?.globalBatch === globalBatch) return
+    if (!fresh && this.#batcher?.globalBatch === globalBatch) return
     const allGather = this.#sync.allGather?.bind(this.#sync)
     this.#batcher = new HeteroBatcher({
       rank: this.#sync.rank,

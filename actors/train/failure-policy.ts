@@ -17,6 +17,11 @@ export type FailureKind =
   | "node-lost"
   /** The NATS connection was lost while the group ran. */
   | "bus"
+  /**
+   * Regrouping the survivors of an earlier failure did not work out (a joiner's loop did not line
+   * up with theirs, a survivor did not take its place): the group restarts from the checkpoint.
+   */
+  | "recovery"
   /** The user's loop threw. */
   | "loop-error"
   /** Ranks called report() a different number of times: restarting would do the same again. */
@@ -37,8 +42,9 @@ export type Decision =
   | { readonly action: "restart"; readonly counted: boolean; readonly failuresSoFar: number }
   | { readonly action: "fail"; readonly reason: string }
 
-const RETRYABLE: ReadonlySet<FailureKind> = new Set(["died", "loop-error", "node-lost", "bus"])
-const INFRASTRUCTURE: ReadonlySet<FailureKind> = new Set(["node-lost", "bus"])
+const RETRYABLE: ReadonlySet<FailureKind> = new Set(["died", "loop-error", "node-lost", "bus", "recovery"])
+/** Not the job's fault, so not counted (the failure that led to a regroup was counted already). */
+const INFRASTRUCTURE: ReadonlySet<FailureKind> = new Set(["node-lost", "bus", "recovery"])
 
 /** Infrastructure restarts in a row without a completed report round before they count. */
 export const MAX_INFRA_RESTARTS_WITHOUT_PROGRESS = 3

@@ -70,6 +70,7 @@ export interface Resolved {
   readonly maxWorkers: number
   readonly elasticBatch: "keep-global" | "keep-per-worker"
   readonly natsOutageTimeoutMs: number
+  readonly recoverFrom: "peers" | "checkpoint"
   readonly seed: number
 }
 
@@ -152,6 +153,7 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
     maxWorkers: typeof scaling.numWorkers === "number" ? scaling.numWorkers : scaling.numWorkers.max,
     elasticBatch: scaling.elasticBatch ?? "keep-global",
     natsOutageTimeoutMs: run.failureConfig?.natsOutageTimeoutMs ?? NATS_OUTAGE_TIMEOUT_MS,
+    recoverFrom: run.failureConfig?.recoverFrom ?? "peers",
     seed: options.seed ?? 0
   }
 }

@@ -7,8 +7,9 @@ import { shardIndices, type ArrayDataset } from "../../core/datasets.ts"
 import { ConfigError } from "../../core/errors.ts"
 import { OPTIMIZER_FILE, loadOptimizerFrom, loadWeightsInto, modelToFiles, optimizerToFile } from "../../core/model-io.ts"
 import type { Communicator } from "../../collectives/communicator.ts"
-import type { GradientReducer, ReducerStats } from "../../collectives/gradient-reducer.ts"
-import { DataParallelModel, type PrepareOptions, type ShardSource, type StepObserver } from "./data-parallel.ts"
+import type { ReducerStats } from "../../collectives/gradient-reducer.ts"
+import { DataParallelModel, type GradientSync, type PrepareOptions, type ShardSource, type StepObserver } from "./data-parallel.ts"
+import type { GroupSession } from "./group-session.ts"
 
 type LayersModel = import("@tensorflow/tfjs").LayersModel
 
@@ -29,15 +30,25 @@ export interface ReportOptions {
 /** This rank's shard of a dataset: disjoint from every other rank's, reshuffled per epoch. */
 export class DatasetShard implements ShardSource {
   readonly dataset: ArrayDataset
-  readonly rank: number
-  readonly worldSize: number
   readonly seed: number
+  readonly #place: () => { readonly rank: number; readonly worldSize: number }
 
-  constructor(dataset: ArrayDataset, rank: number, worldSize: number, seed: number) {
+  /**
+   * `rank`/`worldSize` fixed, or `place` giving the group's current ones: after a regroup (recovery
+   * from surviving peers, an elastic resize in place) a shard follows this rank's new place.
+   */
+  constructor(dataset: ArrayDataset, rank: number, worldSize: number, seed: number, place?: () => { readonly rank: number; readonly worldSize: number }) {
     this.dataset = dataset
-    this.rank = rank
-    this.worldSize = worldSize
     this.seed = seed
+    this.#place = place ?? (() => ({ rank, worldSize }))
+  }
+
+  get rank(): number {
+    return this.#place().rank
+  }
+
+  get worldSize(): number {
+    return this.#place().worldSize
   }
 
   /** Rows of this rank for `epoch` (same count on every rank). */
@@ -53,15 +64,9 @@ export class DatasetShard implements ShardSource {
 export interface TrainContextDeps {
   readonly tf: Tf
   readonly backend: string
-  readonly rank: number
-  readonly worldSize: number
-  readonly localRank: number
-  readonly localWorldSize: number
-  readonly nodeRank: number
-  readonly attempt: number
+  /** This rank's group across regroups: placement, communicator, reducer, loop position. */
+  readonly session: GroupSession
   readonly seed: number
-  readonly communicator: Communicator
-  readonly reducer: GradientReducer
   /** collectiveConfig.adaptiveBatching: fit({ globalBatchSize }) splits by measured throughput. */
   readonly adaptiveBatching?: boolean
   /** Elastic groups: the largest world size and what stays fixed when the size changes. */
@@ -74,40 +79,55 @@ export interface TrainContextDeps {
 }
 
 export class TrainContext {
-  readonly worldRank: number
-  readonly worldSize: number
-  readonly localRank: number
-  readonly localWorldSize: number
-  readonly nodeRank: number
-  /** 0 for the first run of the group, then 1, 2... after restarts. */
-  readonly attempt: number
   /** tfjs, with this worker's backend active. */
   readonly tf: Tf
   readonly backend: string
-  /** The group's communicator, for custom collectives (all-reduce, broadcast...). */
-  readonly communicator: Communicator
   readonly #deps: TrainContextDeps
-  #reports = 0
   #checkpoint: Promise<Checkpoint | undefined> | undefined
   readonly #datasets = new Map<string, Promise<ArrayDataset>>()
   #prepared: DataParallelModel | undefined
 
   constructor(deps: TrainContextDeps) {
     this.#deps = deps
-    this.worldRank = deps.rank
-    this.worldSize = deps.worldSize
-    this.localRank = deps.localRank
-    this.localWorldSize = deps.localWorldSize
-    this.nodeRank = deps.nodeRank
-    this.attempt = deps.attempt
     this.tf = deps.tf
     this.backend = deps.backend
-    this.communicator = deps.communicator
+  }
+
+  // The group this rank is in now: after a regroup (a failed rank replaced by surviving peers, or
+  // an elastic group re-formed in place) these change under a running loop.
+  get worldRank(): number {
+    return this.#deps.session.placement.rank
+  }
+
+  get worldSize(): number {
+    return this.#deps.session.placement.worldSize
+  }
+
+  get localRank(): number {
+    return this.#deps.session.placement.localRank
+  }
+
+  get localWorldSize(): number {
+    return this.#deps.session.placement.localWorldSize
+  }
+
+  get nodeRank(): number {
+    return this.#deps.session.placement.nodeRank
+  }
+
+  /** 0 for the first generation of the group, then 1, 2... after restarts and regroups. */
+  get attempt(): number {
+    return this.#deps.session.placement.attempt
+  }
+
+  /** The group's communicator, for custom collectives (all-reduce, broadcast...). */
+  get communicator(): Communicator {
+    return this.#deps.session.group.comm
   }
 
   /** How often this rank has called report(). */
   get reportCount(): number {
-    return this.#reports
+    return this.#deps.session.reports
   }
 
   /**
@@ -119,13 +139,19 @@ export class TrainContext {
     if (typeof metrics !== "object" || metrics === null || Array.isArray(metrics)) {
       throw new ConfigError({ field: "report(metrics)", reason: "metrics must be a plain object such as { loss: 0.1, epoch: 2 }" })
     }
-    const index = this.#reports++
+    const session = this.#deps.session
+    const index = session.reports++
+    // A rank joining a regrouped generation replays the loop: the survivors made these already.
+    if (session.skipReport(index)) return
     await this.#deps.sendReport(index, metrics, options.checkpoint)
   }
 
   /** The checkpoint this run resumes from (the latest one), or undefined on a fresh start. */
   getCheckpoint(): Promise<Checkpoint | undefined> {
-    this.#checkpoint ??= this.#deps.fetchCheckpoint()
+    this.#checkpoint ??= this.#deps.fetchCheckpoint().then((c) => {
+      if (c) this.#deps.session.resumedFromCheckpoint()
+      return c
+    })
     return this.#checkpoint
   }
 
@@ -136,7 +162,8 @@ export class TrainContext {
       ds = this.#deps.fetchDataset(name)
       this.#datasets.set(name, ds)
     }
-    return new DatasetShard(await ds, this.worldRank, this.worldSize, this.#deps.seed)
+    const session = this.#deps.session
+    return new DatasetShard(await ds, this.worldRank, this.worldSize, this.#deps.seed, () => session.placement)
   }
 
   /** The full dataset (for evaluation on held-out data, for example). */
@@ -151,24 +178,52 @@ export class TrainContext {
    */
   async prepareModel(model: LayersModel, options: PrepareOptions = {}): Promise<DataParallelModel> {
     const d = this.#deps
+    const session = d.session
     const onStep = d.onStep
-    const dp = await DataParallelModel.prepare(
-      this.tf,
-      model,
-      {
-        rank: d.rank,
-        worldSize: d.worldSize,
-        reduceGradients: (flat, layout, weight, step) => d.reducer.reduceGradients(flat, layout, weight, step),
-        broadcast: (buf) => d.reducer.broadcast(buf),
-        sum: (buf) => d.reducer.sum(buf),
-        gradientBuffer: (n) => d.reducer.gradientBuffer(n),
-        allGather: (buf) => d.communicator.allGather(buf),
-        adaptiveBatching: d.adaptiveBatching === true,
-        ...(d.elastic ? { elastic: d.elastic } : {})
+    // Every group operation of the model runs through the session: when the group breaks under
+    // it, the rank parks, is regrouped with the survivors and goes on (group-session.ts).
+    const sync: GradientSync = {
+      get rank() {
+        return session.placement.rank
       },
-      options,
-      d.observer
-    )
+      get worldSize() {
+        return session.placement.worldSize
+      },
+      reduceGradients: (flat, layout, weight, step) =>
+        session.operation<void | "adopted" | "recompute">(
+          (g) => g.reducer.reduceGradients(flat, layout, weight, step),
+          () => "adopted",
+          () => "recompute"
+        ),
+      // The start-up broadcast of rank 0's weights: a joining rank takes the survivors' state instead.
+      broadcast: (buf) => (session.joinTarget ? Promise.resolve() : session.group.reducer.broadcast(buf)),
+      // In place too: each attempt starts from this rank's own values (three numbers, copied).
+      sum: (buf) => {
+        const own = buf.slice()
+        return session.operation(
+          (g) => {
+            buf.set(own)
+            return g.reducer.sum(buf)
+          },
+          () => buf.set(own)
+        )
+      },
+      gradientBuffer: (n) => session.group.reducer.gradientBuffer(n),
+      allGather: (buf) =>
+        session.operation(
+          (g) => g.comm.allGather(buf),
+          () => {
+            const out = new Float32Array(buf.length * session.placement.worldSize)
+            for (let r = 0; r < session.placement.worldSize; r++) out.set(buf, r * buf.length)
+            return out
+          }
+        ),
+      adaptiveBatching: d.adaptiveBatching === true,
+      ...(d.elastic ? { elastic: d.elastic } : {}),
+      recovery: session
+    }
+    const dp = await DataParallelModel.prepare(this.tf, model, sync, options, d.observer)
+    session.attach(dp)
     this.#prepared = dp
     if (onStep) dp.onStep = onStep
     return dp
@@ -203,7 +258,7 @@ export class TrainContext {
    * With compression, totalDenseBytes - totalWireBytes is what it saved.
    */
   communicationStats(): ReducerStats {
-    return this.#deps.reducer.stats
+    return this.#deps.session.group.reducer.stats
   }
 
   /** @internal the prepared model, if any */

@@ -20,6 +20,49 @@ export const DatasetPayload = Schema.Struct({
   numClasses: Schema.Number
 })
 
+/**
+ * Where a rank's loop is: the group operations of the data-parallel model it completed (gradient
+ * reductions, epoch metric sums, batch-size exchanges; the start-up weight broadcast does not
+ * count) and the report() calls it made, both since its loop started (from a checkpoint, or from
+ * scratch); and, when it is inside dp.fit(), the epoch and the step in it (of stepsPerEpoch, as
+ * this rank's group cuts the epoch; stepInEpoch = stepsPerEpoch at the epoch's metric sum).
+ */
+export const Position = Schema.Struct({
+  ops: Schema.Number,
+  reports: Schema.Number,
+  inFit: Schema.Boolean,
+  epoch: Schema.Number,
+  stepInEpoch: Schema.Number,
+  stepsPerEpoch: Schema.Number
+})
+export type Position = typeof Position.Type
+
+/**
+ * A surviving rank's training state, handed to the other members of a regrouped generation so
+ * they continue from it instead of a checkpoint: the model's weights and the optimizer's state (as
+ * checkpoint files), where its loop is, and where it is in the epoch.
+ */
+export const PeerState = Schema.Struct({
+  position: Position,
+  files: Schema.Record(Schema.String, Bytes),
+  /** Training steps the model has taken (its step counter). */
+  step: Schema.Number
+})
+export type PeerState = typeof PeerState.Type
+
+/** A surviving worker's new place after a regroup (see WorkerProtocol.resume). */
+export const Placement = Schema.Struct({
+  attempt: Schema.Number,
+  rank: Schema.Number,
+  worldSize: Schema.Number,
+  localRank: Schema.Number,
+  localWorldSize: Schema.Number,
+  nodeRank: Schema.Number,
+  nodes: Schema.Array(Schema.String),
+  group: Schema.String
+})
+export type Placement = typeof Placement.Type
+
 export const ControllerProtocol = defineProtocol("trainer-controller", {
   /** A rank's report number `index`; answered once the controller holds it (checkpoint bytes included). */
   report: {
@@ -34,6 +77,8 @@ export const ControllerProtocol = defineProtocol("trainer-controller", {
     }),
     reply: Schema.Null
   },
+  /** The state a regrouped generation continues from (a surviving rank's, held by the controller). */
+  peerState: { request: Schema.Struct({ attempt: Schema.Number }), reply: PeerState },
   /** The rows of a named dataset given to the Trainer. */
   dataset: { request: Schema.Struct({ name: Schema.String }), reply: DatasetPayload },
   /** The checkpoint to resume from, or null. */
@@ -77,7 +122,12 @@ export const ControllerProtocol = defineProtocol("trainer-controller", {
       message: Schema.String,
       stack: Schema.String,
       /** Ranks a collective error blames (dead or stalled peers), when the failure is one. */
-      blamed: Schema.optionalKey(Schema.Array(Schema.Number))
+      blamed: Schema.optionalKey(Schema.Array(Schema.Number)),
+      /**
+       * The rank is alive and waiting (its group broke under it): the controller may regroup it
+       * with the other survivors (WorkerProtocol.pause / resume) instead of restarting it.
+       */
+      parked: Schema.optionalKey(Schema.Boolean)
     })
   }
 })
@@ -112,6 +162,13 @@ export const WorkerArgs = Schema.Struct({
   timeline: Schema.Boolean,
   /** failureConfig.natsOutageTimeoutMs: the worker exits when NATS stays away longer. */
   natsOutageTimeoutMs: Schema.optionalKey(Schema.Number),
+  /**
+   * A worker joining a regrouped generation: it runs the loop from the checkpoint the controller
+   * gives it (made after report number fromReports - 1 of this lineage, or 0 for its start), skips
+   * the training steps and reports the survivors have already done (up to `to`), then takes the
+   * survivors' state and continues with them.
+   */
+  join: Schema.optionalKey(Schema.Struct({ fromReports: Schema.Number, to: Position })),
   /** Elastic groups: the largest world size, and what stays fixed when the size changes. */
   elastic: Schema.optionalKey(Schema.Struct({ maxWorkers: Schema.Number, batch: Schema.Literals(["keep-global", "keep-per-worker"]) }))
 })
@@ -119,6 +176,19 @@ export type WorkerArgs = typeof WorkerArgs.Type
 
 export const WorkerProtocol = defineProtocol("trainer-worker", {
   /** Start the user's loop (answered at once; the loop runs in the background). */
-  run: { request: Schema.Null, reply: Schema.Null }
+  run: { request: Schema.Null, reply: Schema.Null },
+  /**
+   * Stop at the next group operation (the group is being re-formed after a failure): answered
+   * once the loop waits there, with where it is; "unsupported" when this rank cannot be regrouped
+   * (no prepared model, its loop already ended, or it failed).
+   */
+  pause: {
+    request: Schema.Struct({ attempt: Schema.Number }),
+    reply: Schema.Struct({ state: Schema.Literals(["parked", "unsupported"]), position: Position, reason: Schema.String })
+  },
+  /** This rank's state, for the other members of the regrouped generation (asked of one survivor). */
+  snapshot: { request: Schema.Null, reply: PeerState },
+  /** Continue in the regrouped generation at `placement`, from the state of the survivor at `source` (its position). */
+  resume: { request: Schema.Struct({ placement: Placement, source: Position }), reply: Schema.Null }
 })
 export type WorkerProtocol = typeof WorkerProtocol

@@ -22,10 +22,10 @@ import { defineActor, launchActor, type ActorHandle } from "../runtime/actor.ts"
 import { silentLogger, stderrLogger } from "../runtime/log.ts"
 import { CheckpointStore, readCheckpoint, type CheckpointEntry, type CheckpointStorage } from "./checkpoint-store.ts"
 import { ObjectCheckpointStore, isObjectCheckpointUrl, readObjectCheckpoint } from "./object-checkpoint-store.ts"
-import { ControllerProtocol, type CheckpointPayload } from "./train-protocol.ts"
-import { Controller, type CompletedRound, type GroupFailure, type Outcome } from "./controller.ts"
+import { ControllerProtocol, WorkerProtocol, type CheckpointPayload, type PeerState, type Position } from "./train-protocol.ts"
+import { Controller, type CompletedRound, type Generation, type GroupFailure, type Outcome } from "./controller.ts"
 import { growTo, idle, planLargest, releasingJob } from "./elastic.ts"
-import { WorkerGroup } from "./worker-group.ts"
+import { WorkerGroup, layoutOf, placementsOf, type GroupArgs, type RankSpawn } from "./worker-group.ts"
 import { joinCluster, startEmbeddedCluster, type ClusterHandle } from "./cluster.ts"
 import { resolveTrainerOptions, type Resolved, type TrainerCallbacks, type TrainerOptions } from "./options.ts"
 import {
@@ -56,6 +56,12 @@ const PLACEMENT_NOTICE_EVERY_MS = 10_000
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
 
 const firstLine = (text: string): string => text.split("\n")[0] ?? ""
+
+/** Failures the survivors can be regrouped after: a worker or a node lost, not an error of the loop. */
+const PEER_RECOVERABLE: ReadonlySet<GroupFailure["kind"]> = new Set(["died", "node-lost"])
+
+/** How long the survivors of a failure get to stop at a group operation and say where they are. */
+const PAUSE_TIMEOUT_MS = 20_000
 
 /** The all-reduce plan of the run, as the workers' scheduler explained it. */
 const writeExplain = async (dir: string, text: string, json: unknown): Promise<void> => {
@@ -119,6 +125,11 @@ export class Trainer {
     let saving: Promise<unknown> = Promise.resolve()
     // Assigned once the cluster is up; nothing that reads it runs before that.
     let store!: CheckpointStorage
+    // The lineage: checkpoints saved since the group last started afresh, with the number of
+    // report() calls made before each (a joiner of a regroup counts its reports from there).
+    const lineage = new Map<string, number>()
+    // The state a regrouped generation continues from, by generation (the furthest survivor's).
+    const peerStates = new Map<number, PeerState>()
     let bus: BusMonitor | undefined
 
     /** Something that happened to the run: a progress line, events.jsonl, report.html, summary.json. */
@@ -180,6 +191,7 @@ export class Trainer {
       for (let attempt = 1; attempt <= CHECKPOINT_WRITE_ATTEMPTS; attempt++) {
         try {
           const entry = await store.save({ files, metadata }, round.metrics[0])
+          lineage.set(entry.path, round.index + 1)
           recorder.trace({ ...spanEvent("checkpoint save", t0, performance.now(), "checkpoints", { path: entry.path, round: round.index }, "checkpoint"), pid: "driver" })
           await callbacks("onCheckpoint", (cb) => cb.onCheckpoint?.({ path: entry.path, metrics: entry.metrics }))
           return
@@ -407,7 +419,12 @@ export class Trainer {
         saving = saving.then(() => writeExplain(cfg.runDir, body.text, body.json)).catch(() => {})
       },
       finished: (body) => controller.finished(body),
-      failed: (body) => controller.failed(body)
+      failed: (body) => controller.failed(body),
+      peerState: (body) => {
+        const st = peerStates.get(body.attempt)
+        if (!st) throw new ConfigError({ field: "peerState", reason: `no survivor's state is held for generation ${body.attempt}` })
+        return st
+      }
     }))
 
     const request: Omit<PlacementRequest, "numWorkers"> = {
@@ -445,79 +462,116 @@ export class Trainer {
     let error: Error | undefined
     let lastSize: number | undefined
     let lastCause: string | undefined
+    /** A generation of another size than the last one: a resize (elastic shrink or growth). */
+    const noteSize = (attempt: number, size: number): void => {
+      if (lastSize !== undefined && size !== lastSize) {
+        const resize: Resize = { time: new Date().toISOString(), attempt, from: lastSize, to: size, reason: lastCause ?? "capacity changed" }
+        resizes.push(resize)
+        incident("resize", `the group ${resize.to > resize.from ? "grows" : "shrinks"} from ${resize.from} to ${resize.to} workers (${resize.reason})`, { type: "resize", ...resize })
+      }
+      lastSize = size
+    }
+    const groupArgs: GroupArgs = {
+      controller: "controller",
+      loopModule: cfg.loop.module,
+      loopExport: cfg.loop.export,
+      loopConfig: cfg.loopConfig,
+      collective: cfg.collective,
+      seed: cfg.seed,
+      timeline: cfg.run.timeline === true,
+      natsOutageTimeoutMs: cfg.natsOutageTimeoutMs,
+      ...(controller.elastic ? { elastic: { maxWorkers: cfg.maxWorkers, batch: cfg.elasticBatch } } : {})
+    }
     try {
       controllerActor = await launchActor(system, controllerDef, { name: "controller", heartbeat: false })
+      let regrouped: Generation<CheckpointPayload> | undefined
       for (let first = true; ; first = false) {
-        await waitForBus()
-        const plan = await this.#place(cfg, cluster, request, { first, race, isAbort: (e) => e === abortError, progress })
-        const generation = controller.begin(plan.ranks.length)
+        let generation: Generation<CheckpointPayload>
+        if (regrouped) {
+          // The survivors of the last generation and their replacements run already.
+          generation = regrouped
+          regrouped = undefined
+        } else {
+          await waitForBus()
+          const plan = await this.#place(cfg, cluster, request, { first, race, isAbort: (e) => e === abortError, progress })
+          generation = controller.begin(plan.ranks.length)
+          noteSize(generation.number, plan.ranks.length)
+          progress.start(generation.number, plan.ranks.length)
+          // A fresh lineage: report and operation counts start again from this checkpoint.
+          lineage.clear()
+          if (resumePath !== undefined) lineage.set(resumePath, 0)
+          group.reset()
+          const g = generation
+          const startFailure = await race(
+            group.spawn(placementsOf(plan, g.number), groupArgs, {
+              onDown: (rank, down) => controller.workerDown(g.number, rank, down),
+              stillMatters: (rank) => !g.settled && !g.finished.has(rank)
+            })
+          )
+          if (startFailure) {
+            const kind = bus.outage ? "bus" : startFailure.tag === "ModuleNotAllowed" ? "config" : "died"
+            controller.fail(generation, { kind, rank: -1, ...startFailure })
+          }
+        }
         const attempt = generation.number
-        if (lastSize !== undefined && plan.ranks.length !== lastSize) {
-          const resize: Resize = { time: new Date().toISOString(), attempt, from: lastSize, to: plan.ranks.length, reason: lastCause ?? "capacity changed" }
-          resizes.push(resize)
-          incident("resize", `the group ${resize.to > resize.from ? "grows" : "shrinks"} from ${resize.from} to ${resize.to} workers (${resize.reason})`, { type: "resize", ...resize })
-        }
-        lastSize = plan.ranks.length
-        progress.start(attempt, plan.ranks.length)
-        const stopWatching = watchCapacity(plan.ranks.length)
-        const startFailure = await race(
-          group.start({
-            attempt,
-            plan,
-            args: {
-              controller: "controller",
-              loopModule: cfg.loop.module,
-              loopExport: cfg.loop.export,
-              loopConfig: cfg.loopConfig,
-              collective: cfg.collective,
-              seed: cfg.seed,
-              timeline: cfg.run.timeline === true,
-              natsOutageTimeoutMs: cfg.natsOutageTimeoutMs,
-              ...(controller.elastic ? { elastic: { maxWorkers: cfg.maxWorkers, batch: cfg.elasticBatch } } : {})
-            },
-            onDown: (rank, down) => controller.workerDown(attempt, rank, down),
-            stillMatters: (rank) => !generation.settled && !generation.finished.has(rank)
-          })
-        )
-        if (startFailure) {
-          const kind = bus.outage ? "bus" : startFailure.tag === "ModuleNotAllowed" ? "config" : "died"
-          controller.fail(generation, { kind, rank: -1, ...startFailure })
-        }
+        const stopWatching = watchCapacity(generation.worldSize)
         const outcome: Outcome = await race(generation.outcome)
         stopWatching()
-        // Killing the old group goes through the agents: wait for the bus first.
-        await waitForBus()
-        await race(
-          group.kill(job, outcome.type === "finished" ? "training finished" : "restarting the group", {
-            alive: (node) => cluster.view.get(node)?.state === "alive"
-          })
-        )
-        await race(saving)
         const next = controller.next(outcome)
-        if (next.action === "finish") break
-        if (next.action === "fail") {
+        if (next.action !== "restart") {
+          // Killing the group goes through the agents: wait for the bus first.
+          await waitForBus()
+          await race(
+            group.kill(job, outcome.type === "finished" ? "training finished" : "the run failed", { alive: (node) => cluster.view.get(node)?.state === "alive" })
+          )
+          await race(saving)
+          if (next.action === "finish") break
           recorder.event({ type: "failure", attempt, failure: next.failure, decision: { action: "fail", reason: next.reason } })
           error = new TrainingFailed(next.failure, attempt + 1, next.reason)
           break
         }
         restarts++
-        const from = store.latest() ? store.latest()!.name : "the start"
         if (next.cause.type === "failure") {
           const failure: GroupFailure = next.cause.failure
           lastCause = failure.kind === "node-lost" ? `lost a node: ${firstLine(failure.message)}` : `${failure.kind}: ${failure.tag}`
           recorder.event({ type: "failure", attempt, failure, decision: { action: "restart", counted: next.counted } })
+          await callbacks("onRestart", (cb) => cb.onRestart?.({ attempt: attempt + 1, failure }))
           const budget = next.counted
             ? ` (restart ${controller.countedFailures}${cfg.maxFailures >= 0 ? ` of ${cfg.maxFailures}` : ""})`
             : " (not counted toward maxFailures: an infrastructure failure)"
-          incident(
-            "restart",
-            `${failure.rank >= 0 ? `rank ${failure.rank} failed` : "the group failed"} (${failure.tag}: ${firstLine(failure.message)}); restarting the group from ${from}${budget}`,
-            { type: "restart", attempt: attempt + 1, kind: failure.kind, counted: next.counted, from }
-          )
-          await callbacks("onRestart", (cb) => cb.onRestart?.({ attempt: attempt + 1, failure }))
+          const what = `${failure.rank >= 0 ? `rank ${failure.rank} failed` : "the group failed"} (${failure.tag}: ${firstLine(failure.message)})`
+          if (cfg.recoverFrom === "peers" && PEER_RECOVERABLE.has(failure.kind) && failure.rank >= 0 && !bus.outage) {
+            regrouped = await race(
+              this.#regroup({
+                cfg, cluster, system, group, controller, request, failure, what, budget, counted: next.counted,
+                saving: () => saving, incident, progress, groupArgs, lineage, peerStates, onSize: noteSize,
+                latest: () => store.latest()?.path ?? resumePath,
+                setResume: (p) => (resumePath = p)
+              })
+            )
+            if (regrouped) {
+              resumePath = store.latest()?.path ?? resumePath
+              continue
+            }
+          }
+          await waitForBus()
+          await race(group.kill(job, "restarting the group", { alive: (node) => cluster.view.get(node)?.state === "alive" }))
+          await race(saving)
+          const from = store.latest() ? store.latest()!.name : "the start"
+          incident("restart", `${what}; restarting the group from ${from}${budget}`, {
+            type: "restart",
+            attempt: attempt + 1,
+            kind: failure.kind,
+            counted: next.counted,
+            from,
+            recovery: "checkpoint"
+          })
         } else {
+          await waitForBus()
+          await race(group.kill(job, "resizing the group", { alive: (node) => cluster.view.get(node)?.state === "alive" }))
+          await race(saving)
           lastCause = next.cause.reason
-          recorder.event({ type: "resize-requested", attempt, size: next.cause.size, reason: next.cause.reason, from })
+          recorder.event({ type: "resize-requested", attempt, size: next.cause.size, reason: next.cause.reason, from: store.latest()?.name ?? "the start" })
         }
         resumePath = store.latest()?.path ?? resumePath
       }
@@ -550,6 +604,136 @@ export class Trainer {
     }
     if (error) throw withResult(error, result)
     return result
+  }
+
+  /**
+   * Recovery from surviving peers after a lost worker or node: pauses every other worker at its
+   * next group operation, regroups those that park (the survivors) with replacements placed where
+   * there is room (fixed size: as many as were lost; elastic: up to max, or none), and hands the
+   * furthest survivor's state to the others. Returns the new, running generation, or undefined when
+   * the survivors cannot be regrouped (then the caller restarts the group from the checkpoint).
+   */
+  async #regroup(x: {
+    readonly cfg: Resolved
+    readonly cluster: ClusterHandle
+    readonly system: ActorSystem
+    readonly group: WorkerGroup
+    readonly controller: Controller<CheckpointPayload>
+    readonly request: Omit<PlacementRequest, "numWorkers">
+    readonly failure: GroupFailure
+    readonly what: string
+    readonly budget: string
+    readonly counted: boolean
+    readonly saving: () => Promise<unknown>
+    readonly incident: (kind: Incident["kind"], text: string, event: Record<string, unknown>) => void
+    readonly progress: ProgressPrinter
+    readonly groupArgs: GroupArgs
+    readonly lineage: ReadonlyMap<string, number>
+    readonly peerStates: Map<number, PeerState>
+    readonly onSize: (attempt: number, size: number) => void
+    readonly latest: () => string | undefined
+    readonly setResume: (path: string | undefined) => void
+  }): Promise<Generation<CheckpointPayload> | undefined> {
+    const attempt = x.controller.attempt
+    const giveUp = (why: string): undefined => {
+      x.progress.line(`gradwire: cannot regroup the survivors (${why}); restarting from the checkpoint instead`)
+      return undefined
+    }
+    // 1. Every other worker stops at its next group operation; those that park survive.
+    const replies = await Promise.all(
+      [...x.group.members]
+        .filter(([rank]) => rank !== x.failure.rank)
+        .map(async ([rank, w]) => {
+          const reply = await x.system.askPromise(w.ref(WorkerProtocol), "pause", { attempt }, { timeoutMs: PAUSE_TIMEOUT_MS }).catch(() => undefined)
+          return { rank, w, reply }
+        })
+    )
+    const survivors = replies.filter((r) => r.reply?.state === "parked").sort((a, b) => a.rank - b.rank)
+    if (survivors.length === 0) {
+      const why = replies.map((r) => r.reply?.reason).find((w) => w) ?? "no worker survived"
+      return giveUp(why)
+    }
+    for (const r of replies) if (!survivors.includes(r)) await x.group.killOne(r.w, "left out of the regrouped generation")
+    // The failed rank may still run (hung, or its loop threw): it is not part of the new group.
+    const failed = x.group.members.get(x.failure.rank)
+    if (failed) await x.group.killOne(failed, "it failed")
+    // 2. The survivor that got furthest: the others and the joiners continue from its state.
+    const source = survivors.reduce((a, b) => (b.reply!.position.ops > a.reply!.position.ops ? b : a))
+    const pos: Position = source.reply!.position
+    // 3. Replacements: as many as were lost (fixed size), up to max where there is room (elastic).
+    const s = survivors.length
+    const kMax = x.cfg.maxWorkers - s
+    const kMin = Math.max(0, x.cfg.minWorkers - s)
+    let joinPlan: PlacementPlan | undefined
+    if (kMax > 0) {
+      if (!pos.inFit && kMin > 0) return giveUp("new workers can only join survivors that are inside dp.fit()")
+      if (pos.inFit) {
+        const deadline = Date.now() + (kMin > 0 ? (x.cfg.scaling.placementTimeoutMs ?? PLACEMENT_TIMEOUT_MS) : 1_000)
+        for (;;) {
+          const planned = planLargest(x.request, { min: Math.max(1, kMin), max: kMax }, x.cluster.view.resources())
+          if (R.isSuccess(planned)) {
+            joinPlan = planned.success
+            break
+          }
+          if (Date.now() >= deadline) {
+            if (kMin > 0) return giveUp(firstLine(planned.failure.message))
+            break
+          }
+          await x.cluster.view.waitFor(() => true, 500).catch(() => undefined)
+        }
+      }
+    }
+    const joiners = joinPlan?.ranks.length ?? 0
+    const worldSize = s + joiners
+    const nodes = [...survivors.map((r) => r.w.node), ...(joinPlan?.ranks.map((r) => r.nodeId) ?? [])]
+    const layout = layoutOf(nodes)
+    const placementOf = (rank: number) => ({ attempt, rank, worldSize, ...layout[rank]!, nodes, group: `g${attempt}` })
+    // 4. The furthest survivor's state, for the survivors behind it and for the joiners, who resume
+    // from the latest checkpoint (its report count in this lineage tells them where they start).
+    await x.saving()
+    const from = x.latest()
+    x.setResume(from)
+    const state = await x.system.askPromise(source.w.ref(WorkerProtocol), "snapshot", null, { timeoutMs: 60_000 }).catch(() => undefined)
+    if (!state) return giveUp(`rank ${source.rank} could not hand over its state`)
+    x.peerStates.set(attempt, state)
+    // 5. The regrouped generation: survivors keep their processes under new ranks, joiners start.
+    const generation = x.controller.regroup({ worldSize, survivors: survivors.map((r, i) => ({ from: r.rank, to: i })), survivorsOnlyBelow: pos.reports })
+    x.onSize(attempt, worldSize)
+    x.progress.start(attempt, worldSize)
+    const where = pos.inFit ? `epoch ${pos.epoch} step ${Math.min(pos.stepInEpoch, pos.stepsPerEpoch)}/${pos.stepsPerEpoch}` : `${pos.ops} group operations`
+    x.incident(
+      "restart",
+      `${x.what}; regrouping ${s} surviving worker(s)${joiners ? ` with ${joiners} new one(s)` : ""} at the furthest survivor's position (${where}): at most the step in flight is lost${x.budget}`,
+      { type: "restart", attempt, kind: x.failure.kind, counted: x.counted, recovery: "peers", survivors: s, joiners, source: source.rank, position: pos }
+    )
+    const watch = {
+      onDown: (rank: number, down: { readonly reason: string; readonly detail: string }) => x.controller.workerDown(attempt, rank, down),
+      stillMatters: (rank: number) => !generation.settled && !generation.finished.has(rank)
+    }
+    const members = new Map(survivors.map((r, i) => [i, r.w] as const))
+    x.group.adopt(members)
+    x.group.watch(members, watch)
+    const resumed = Promise.all(
+      survivors.map((r, i) => x.system.askPromise(r.w.ref(WorkerProtocol), "resume", { placement: placementOf(i), source: pos }, { timeoutMs: 15_000 }))
+    ).catch((e: unknown) => {
+      x.controller.fail(generation, { kind: "recovery", rank: -1, tag: "RegroupError", message: `a survivor did not take its new place: ${String(e)}` })
+    })
+    if (joinPlan) {
+      const fromReports = from !== undefined ? (x.lineage.get(from) ?? 0) : 0
+      const spawns: RankSpawn[] = joinPlan.ranks.map((r, j) => ({
+        placement: placementOf(s + j),
+        nodeId: r.nodeId,
+        backend: r.backend,
+        gpuIndices: r.gpuIndices,
+        cudaVisibleDevices: r.cudaVisibleDevices,
+        resources: joinPlan!.resourcesPerWorker,
+        join: { fromReports, to: pos }
+      }))
+      const failed = await x.group.spawn(spawns, x.groupArgs, watch)
+      if (failed) x.controller.fail(generation, { kind: "recovery", rank: -1, ...failed })
+    }
+    await resumed
+    return generation
   }
 
   /**

@@ -1,107 +1,189 @@
 // The worker group of one generation, as the driver sees it: one worker actor process per rank,
-// spawned through the node agents of the placement plan, watched until it goes down, and killed
-// when the generation ends. What a death means is the controller's business (controller.ts):
-// this module only reports it.
+// spawned through the node agents of the placement, watched until it goes down, and killed when the
+// generation ends. A regrouped generation keeps the surviving processes (under their new ranks) and
+// adds joiners. What a death means is the controller's business (controller.ts): this module only
+// reports it.
 import { fileURLToPath } from "node:url"
 // Silence after which a worker counts as dead (core/defaults.ts says why it is 10 s).
 import { WORKER_DEAD_AFTER_MS } from "../../core/defaults.ts"
 import type { PlacementPlan } from "../../scheduler/placement.ts"
 import type { ActorSystem } from "../runtime/system.ts"
 import { agentRef, spawnActor, type SpawnedActor } from "../node/spawn.ts"
-import { WorkerProtocol, type WorkerArgs } from "./train-protocol.ts"
-
+import { WorkerProtocol, type Placement, type WorkerArgs } from "./train-protocol.ts"
 
 /** A worker that stops right after telling the controller it finished is fine: give that message a moment. */
 const DOWN_GRACE_MS = 300
 
+/** How long kill() keeps asking an agent that does not answer. */
+const KILL_TIMEOUT_MS = 20_000
+
 const WORKER_MODULE = fileURLToPath(new URL(import.meta.url.endsWith(".ts") ? "./worker.ts" : "./worker.js", import.meta.url))
 
 /** What every rank's WorkerArgs share in a generation. */
-export type GroupArgs = Omit<WorkerArgs, "attempt" | "rank" | "worldSize" | "localRank" | "localWorldSize" | "nodeRank" | "nodes" | "group" | "backend">
+export type GroupArgs = Omit<WorkerArgs, "attempt" | "rank" | "worldSize" | "localRank" | "localWorldSize" | "nodeRank" | "nodes" | "group" | "backend" | "join">
 
-export interface GroupStart {
-  readonly attempt: number
-  readonly plan: PlacementPlan
-  readonly args: GroupArgs
-  /** A rank's process went down (not called for ranks the controller says are done). */
+/** One rank to spawn: where, with what. */
+export interface RankSpawn {
+  readonly placement: Placement
+  readonly nodeId: string
+  readonly backend: string
+  readonly gpuIndices: ReadonlyArray<number>
+  readonly cudaVisibleDevices: string
+  readonly resources: Readonly<Record<string, number>>
+  readonly join?: WorkerArgs["join"]
+}
+
+/** Watching a generation's members: who to tell of a death, and whether it still matters. */
+export interface Watch {
   readonly onDown: (rank: number, down: { readonly reason: string; readonly detail: string }) => void
-  /** Whether rank's going down still matters (false once the generation settled or the rank finished). */
   readonly stillMatters: (rank: number) => boolean
+}
+
+/** Placements of a fresh plan (ranks, nodes, local ranks as the plan made them). */
+export const placementsOf = (plan: PlacementPlan, attempt: number): RankSpawn[] => {
+  const nodes = plan.ranks.map((r) => r.nodeId)
+  return plan.ranks.map((r) => ({
+    placement: {
+      attempt,
+      rank: r.rank,
+      worldSize: plan.ranks.length,
+      localRank: r.localRank,
+      localWorldSize: r.localWorldSize,
+      nodeRank: r.nodeRank,
+      nodes,
+      group: `g${attempt}`
+    },
+    nodeId: r.nodeId,
+    backend: r.backend,
+    gpuIndices: r.gpuIndices,
+    cudaVisibleDevices: r.cudaVisibleDevices,
+    resources: plan.resourcesPerWorker
+  }))
+}
+
+/**
+ * Local ranks and node ranks for a group whose rank r runs on nodes[r] (nodes numbered in order of
+ * their first rank, ranks on a node in rank order), as a regroup needs them.
+ */
+export const layoutOf = (nodes: ReadonlyArray<string>): Array<{ localRank: number; localWorldSize: number; nodeRank: number }> => {
+  const order: string[] = []
+  const count = new Map<string, number>()
+  for (const n of nodes) {
+    if (!count.has(n)) order.push(n)
+    count.set(n, (count.get(n) ?? 0) + 1)
+  }
+  const seen = new Map<string, number>()
+  return nodes.map((n) => {
+    const localRank = seen.get(n) ?? 0
+    seen.set(n, localRank + 1)
+    return { localRank, localWorldSize: count.get(n)!, nodeRank: order.indexOf(n) }
+  })
 }
 
 export class WorkerGroup {
   readonly #system: ActorSystem
+  /** Every live worker process of the job (any generation not yet killed). */
   #workers: SpawnedActor[] = []
+  /** The current generation's members by rank. */
+  #members = new Map<number, SpawnedActor>()
 
   constructor(system: ActorSystem) {
     this.#system = system
   }
 
-  /** The live workers (any generation not yet killed). */
   get workers(): ReadonlyArray<SpawnedActor> {
     return this.#workers
   }
 
+  /** The current generation's members, by rank. */
+  get members(): ReadonlyMap<number, SpawnedActor> {
+    return this.#members
+  }
+
   /**
-   * Spawns every rank of the plan and starts their loops. Resolves with undefined once all run, or
-   * with a description of what failed (a spawn, or the `run` request).
+   * Spawns ranks and starts their loops. Resolves with undefined once all run, or with a
+   * description of what failed (a spawn, or the `run` request). The new ones join `members`.
    */
-  async start(s: GroupStart): Promise<{ readonly tag: string; readonly message: string } | undefined> {
-    const ranks = s.plan.ranks
-    const nodes = ranks.map((r) => r.nodeId)
+  async spawn(ranks: ReadonlyArray<RankSpawn>, args: GroupArgs, watch: Watch): Promise<{ readonly tag: string; readonly message: string } | undefined> {
     const spawned: SpawnedActor[] = []
-    const group = `g${s.attempt}`
     try {
       await Promise.all(
         ranks.map(async (r) => {
-          const args: WorkerArgs = {
-            ...s.args,
-            attempt: s.attempt,
-            rank: r.rank,
-            worldSize: ranks.length,
-            localRank: r.localRank,
-            localWorldSize: r.localWorldSize,
-            nodeRank: r.nodeRank,
-            nodes,
-            group,
-            backend: r.backend
+          const p = r.placement
+          const workerArgs: WorkerArgs = {
+            ...args,
+            attempt: p.attempt,
+            rank: p.rank,
+            worldSize: p.worldSize,
+            localRank: p.localRank,
+            localWorldSize: p.localWorldSize,
+            nodeRank: p.nodeRank,
+            nodes: p.nodes,
+            group: p.group,
+            backend: r.backend,
+            ...(r.join ? { join: r.join } : {})
           }
           const w = await spawnActor(this.#system, {
             node: r.nodeId,
-            name: `w${s.attempt}-${r.rank}`,
+            name: `w${p.attempt}-${p.rank}`,
             module: WORKER_MODULE,
             export: "trainWorker",
-            args,
+            args: workerArgs,
             // The agent checks the loop module against its allowed roots before the worker imports it.
-            imports: [s.args.loopModule],
-            gpus: r.gpuIndices,
-            env: { CUDA_VISIBLE_DEVICES: r.cudaVisibleDevices, GRADWIRE_RANK: String(r.rank), GRADWIRE_WORLD_SIZE: String(ranks.length) },
-            resources: s.plan.resourcesPerWorker,
-            logPrefix: `worker rank=${r.rank}`,
+            imports: [args.loopModule],
+            gpus: [...r.gpuIndices],
+            env: { CUDA_VISIBLE_DEVICES: r.cudaVisibleDevices, GRADWIRE_RANK: String(p.rank), GRADWIRE_WORLD_SIZE: String(p.worldSize) },
+            resources: r.resources,
+            logPrefix: `worker rank=${p.rank}`,
             readyTimeoutMs: 60_000
           })
-          spawned[r.rank] = w
+          spawned[p.rank] = w
           this.#workers.push(w)
+          this.#members.set(p.rank, w)
         })
       )
     } catch (e) {
       const err = e as { message?: string; _tag?: string }
       return { tag: err._tag ?? "SpawnError", message: err.message ?? String(e) }
     }
-    spawned.forEach((w, rank) => {
-      void w.down({ deadAfterMs: WORKER_DEAD_AFTER_MS }).then((down) => {
-        if (!s.stillMatters(rank)) return
-        setTimeout(() => {
-          if (s.stillMatters(rank)) s.onDown(rank, { reason: down.reason, detail: `worker process (pid ${w.pid} on node ${w.node}) went down: ${down.detail}` })
-        }, DOWN_GRACE_MS)
-      })
-    })
+    this.watch(
+      new Map(ranks.map((r) => [r.placement.rank, spawned[r.placement.rank]!] as const)),
+      watch
+    )
     try {
-      await Promise.all(spawned.map((w) => this.#system.askPromise(w.ref(WorkerProtocol), "run", null, { timeoutMs: 15_000 })))
+      await Promise.all(ranks.map((r) => this.#system.askPromise(spawned[r.placement.rank]!.ref(WorkerProtocol), "run", null, { timeoutMs: 15_000 })))
     } catch (e) {
       return { tag: "StartError", message: `could not start the loops: ${String(e)}` }
     }
     return undefined
+  }
+
+  /** A fresh generation: forgets the old members (the caller killed them). */
+  reset(): void {
+    this.#members = new Map()
+  }
+
+  /** Survivors under their ranks in a regrouped generation (the caller watches them anew). */
+  adopt(members: ReadonlyMap<number, SpawnedActor>): void {
+    this.#members = new Map(members)
+  }
+
+  /** Reports each member's death to `watch` (by its rank in the current generation). */
+  watch(members: ReadonlyMap<number, SpawnedActor>, watch: Watch): void {
+    for (const [rank, w] of members) {
+      void w.down({ deadAfterMs: WORKER_DEAD_AFTER_MS }).then((down) => {
+        if (!watch.stillMatters(rank)) return
+        setTimeout(() => {
+          if (watch.stillMatters(rank)) watch.onDown(rank, { reason: down.reason, detail: `worker process (pid ${w.pid} on node ${w.node}) went down: ${down.detail}` })
+        }, DOWN_GRACE_MS)
+      })
+    }
+  }
+
+  /** Kills one worker (one the regroup left out: alive, but not regroupable). */
+  async killOne(w: SpawnedActor, reason: string): Promise<void> {
+    await w.kill(reason).catch(() => false)
+    this.#workers = this.#workers.filter((x) => x !== w)
   }
 
   /**
@@ -113,6 +195,7 @@ export class WorkerGroup {
   async kill(job: string, reason: string, options: { readonly alive?: (node: string) => boolean; readonly timeoutMs?: number } = {}): Promise<void> {
     const nodes = new Set(this.#workers.map((w) => w.node))
     this.#workers = []
+    this.#members = new Map()
     const deadline = Date.now() + (options.timeoutMs ?? KILL_TIMEOUT_MS)
     await Promise.all(
       [...nodes].map(async (node) => {
@@ -130,6 +213,3 @@ export class WorkerGroup {
     )
   }
 }
-
-/** How long kill() keeps asking an agent that does not answer. */
-const KILL_TIMEOUT_MS = 20_000

@@ -1,8 +1,10 @@
 // The worker actor: one process per rank. On `run` it loads tfjs with its backend, opens its own
-// NATS connection for collectives (noEcho, so fan-out publishes are not echoed back; bulk data
+// NATS connections for collectives (noEcho, so fan-out publishes are not echoed back; bulk data
 // stays off the control connection), joins the group's communicator, imports the user's loop
 // module and runs it with a TrainContext. It tells the controller when the loop returns or throws
-// (with the remote stack), then stops; the controller decides what happens to the group.
+// (with the remote stack), then stops; the controller decides what happens to the group. When the
+// group breaks under it (another rank died), it parks and lets the controller regroup it with the
+// other survivors (pause, snapshot, resume; group-session.ts) instead of dying with the group.
 import type { NatsConnection } from "@nats-io/nats-core"
 import { openConnection, type OpenedConnection } from "../../core/connection-spec.ts"
 import { pathToFileURL } from "node:url"
@@ -20,8 +22,9 @@ import { watchBus } from "../../core/bus-monitor.ts"
 import { NATS_OUTAGE_TIMEOUT_MS } from "../../core/defaults.ts"
 import { defineActor } from "../runtime/actor.ts"
 import { toWireFailure } from "../runtime/envelope.ts"
-import { ControllerProtocol, WorkerArgs, WorkerProtocol } from "./train-protocol.ts"
+import { ControllerProtocol, WorkerArgs, WorkerProtocol, type Placement } from "./train-protocol.ts"
 import { TrainContext, type Checkpoint } from "./train-context.ts"
+import { GroupSession, type LiveGroup } from "./group-session.ts"
 import type { StepObserver } from "./data-parallel.ts"
 import { spanEvent, tidOfBucket, TID_STEP, TID_WAITS, type TraceEvent } from "./observe/timeline.ts"
 import { AutoGradientReducer, prepareAutoCollectives } from "./auto-config.ts"
@@ -51,25 +54,35 @@ export const trainWorker = defineActor(
   (ctx) => {
     const args = ctx.args as WorkerArgs
     let started = false
+    let session: GroupSession | undefined
     const run = async (): Promise<void> => {
       const system = ctx.system
       const controller = system.ref(ControllerProtocol, args.controller)
-      const { attempt, rank } = args
+      const place = (): Placement =>
+        session?.placement ?? {
+          attempt: args.attempt,
+          rank: args.rank,
+          worldSize: args.worldSize,
+          localRank: args.localRank,
+          localWorldSize: args.localWorldSize,
+          nodeRank: args.nodeRank,
+          nodes: args.nodes,
+          group: args.group
+        }
       // No wait without a deadline: a worker whose NATS stays away longer than
       // failureConfig.natsOutageTimeoutMs exits (the controller restarts the group once it can).
       const outageMs = args.natsOutageTimeoutMs ?? NATS_OUTAGE_TIMEOUT_MS
       const bus = watchBus(system.nc, {
         timeoutMs: outageMs,
-        onDown: (o) => ctx.log.warn(`rank ${rank}: lost the NATS connection (${o.server}); exiting if it is not back within ${outageMs / 1000} s`),
-        onUp: (o) => ctx.log.info(`rank ${rank}: the NATS connection is back after ${(o.ms / 1000).toFixed(1)} s`),
+        onDown: (o) => ctx.log.warn(`rank ${place().rank}: lost the NATS connection (${o.server}); exiting if it is not back within ${outageMs / 1000} s`),
+        onUp: (o) => ctx.log.info(`rank ${place().rank}: the NATS connection is back after ${(o.ms / 1000).toFixed(1)} s`),
         onExpired: (o) => {
-          ctx.log.error(`rank ${rank}: no NATS for ${(o.ms / 1000).toFixed(1)} s (failureConfig.natsOutageTimeoutMs ${outageMs}); exiting`)
+          ctx.log.error(`rank ${place().rank}: no NATS for ${(o.ms / 1000).toFixed(1)} s (failureConfig.natsOutageTimeoutMs ${outageMs}); exiting`)
           process.exit(75)
         }
       })
       let nc: NatsConnection | undefined
       let cnc: NatsConnection | undefined
-      let comm: Communicator | undefined
       try {
         // Only a loop the agent checked (module-policy.ts) may be imported: the spawn request
         // declared it, and the args could name another. Checked first, before anything is loaded.
@@ -90,7 +103,7 @@ export const trainWorker = defineActor(
         const own = system.nc.getServer()
         const ownUrl = own && !/^[a-z]+:\/\//.test(own) ? `${spec.tls !== undefined ? "tls" : "nats"}://${own}` : own
         const open = (role: string) =>
-          openConnection(spec, `gradwire ${system.job} rank ${rank} ${role}`, { noEcho: true, ...(ownUrl ? { preferServers: [ownUrl] } : {}) })
+          openConnection(spec, `gradwire ${system.job} rank ${args.rank} ${role}`, { noEcho: true, ...(ownUrl ? { preferServers: [ownUrl] } : {}) })
         // Two connections: bulk data, and credits/acks, which must not queue behind this rank's own
         // outgoing megabytes (on one connection large all-reduces run at about half the speed).
         const opened = await Promise.allSettled([open("collectives"), open("collective control")])
@@ -100,64 +113,99 @@ export const trainWorker = defineActor(
           throw failed.reason
         }
         ;[nc, cnc] = opened.map((o) => (o as PromiseFulfilledResult<OpenedConnection>).value.nc)
-        comm = await Communicator.create({
-          nc,
-          controlNc: cnc,
-          cluster: system.cluster,
-          job: system.job,
-          group: args.group,
-          rank,
-          worldSize: args.worldSize,
-          node: args.nodes[rank],
-          timeoutMs: args.collective.timeoutMs
-        })
+        const dataNc = nc
+        const controlNc = cnc
         const compression = parseCompressionConfig(args.collective.compression, "collectiveConfig.compression")
         // Timeline events (only with runConfig.timeline), shipped to the controller in batches.
         const trace: TraceEvent[] = []
         const timeline = args.timeline
-        // algorithm / compression 'auto': probe the group's links, pick per bucket (auto-config.ts).
-        const reducer = new AutoGradientReducer(comm, {
-          ...(await prepareAutoCollectives({
-            nc, comm, cluster: system.cluster, job: system.job, algorithm: args.collective.algorithm, compression, log: ctx.log,
-            ...(rank === 0
-              ? { onExplain: (e, summary) => void system.tellPromise(controller, "explain", { attempt, text: e.text, json: e.json, summary }).catch(() => {}) }
-              : {})
-          })),
-          wire: args.collective.wireDtype === "float16" ? "f16" : "f32",
-          bucketBytes: args.collective.bucketSizeMiB * 1024 * 1024,
-          firstBucketBytes: args.collective.firstBucketSizeMiB * 1024 * 1024,
-          ...(timeline
-            ? {
-                // A bucket's row: the whole bucket, then its compression (encodeMs, measured from the
-                // bucket's start) and the exchange that follows it, nested inside.
-                onBucket: (b) => {
-                  const tid = tidOfBucket(b.bucket)
-                  const info = { step: currentStep, bytes: b.bytes, algorithm: b.algorithm, encodeMs: b.encodeMs }
-                  trace.push(spanEvent(`bucket ${b.bucket}`, b.startMs, b.endMs, tid, info, "allreduce"))
-                  const split = Math.min(b.endMs, b.startMs + b.encodeMs)
-                  if (b.encodeMs > 0) trace.push(spanEvent("compress", b.startMs, split, tid, { step: currentStep }, "allreduce"))
-                  trace.push(spanEvent(`all-reduce (${b.algorithm})`, split, b.endMs, tid, { step: currentStep, bytes: b.bytes }, "allreduce"))
-                }
-              }
-            : {})
-        })
+        let currentStep = 0
+        // The group of a placement: its communicator, and the reducer that picks the algorithm per
+        // bucket from the probed links ('auto', auto-config.ts). Every member of a generation builds
+        // it at the same point (start-up, or a regroup), so the probe's collectives line up.
+        const build = async (p: Placement): Promise<{ comm: Communicator; reducer: GradientReducer }> => {
+          const comm = await Communicator.create({
+            nc: dataNc,
+            controlNc,
+            cluster: system.cluster,
+            job: system.job,
+            group: p.group,
+            rank: p.rank,
+            worldSize: p.worldSize,
+            node: p.nodes[p.rank],
+            timeoutMs: args.collective.timeoutMs
+          })
+          try {
+            const reducer = new AutoGradientReducer(comm, {
+              ...(await prepareAutoCollectives({
+                nc: dataNc, comm, cluster: system.cluster, job: system.job, algorithm: args.collective.algorithm, compression, log: ctx.log,
+                ...(p.rank === 0
+                  ? { onExplain: (e, summary) => void system.tellPromise(controller, "explain", { attempt: p.attempt, text: e.text, json: e.json, summary }).catch(() => {}) }
+                  : {})
+              })),
+              wire: args.collective.wireDtype === "float16" ? "f16" : "f32",
+              bucketBytes: args.collective.bucketSizeMiB * 1024 * 1024,
+              firstBucketBytes: args.collective.firstBucketSizeMiB * 1024 * 1024,
+              ...(timeline
+                ? {
+                    // A bucket's row: the whole bucket, then its compression (encodeMs, measured from
+                    // the bucket's start) and the exchange that follows it, nested inside.
+                    onBucket: (b) => {
+                      const tid = tidOfBucket(b.bucket)
+                      const info = { step: currentStep, bytes: b.bytes, algorithm: b.algorithm, encodeMs: b.encodeMs }
+                      trace.push(spanEvent(`bucket ${b.bucket}`, b.startMs, b.endMs, tid, info, "allreduce"))
+                      const split = Math.min(b.endMs, b.startMs + b.encodeMs)
+                      if (b.encodeMs > 0) trace.push(spanEvent("compress", b.startMs, split, tid, { step: currentStep }, "allreduce"))
+                      trace.push(spanEvent(`all-reduce (${b.algorithm})`, split, b.endMs, tid, { step: currentStep, bytes: b.bytes }, "allreduce"))
+                    }
+                  }
+                : {})
+            })
+            return { comm, reducer }
+          } catch (e) {
+            await comm.close().catch(() => {})
+            throw e
+          }
+        }
+        const first = place()
+        const initial = await build(first)
+        const live = new GroupSession(
+          { placement: first, ...initial },
+          {
+            build,
+            close: (g: LiveGroup) => g.comm.close(),
+            parked: (cause) => {
+              const f = toWireFailure(cause)
+              const p = place()
+              const blamed = blamedRanks(cause).filter((r) => r !== p.rank)
+              ctx.log.warn(`rank ${p.rank}: the group broke (${f.tag}: ${f.message.split("\n")[0]}); waiting to be regrouped`)
+              void system
+                .tellPromise(controller, "failed", { attempt: p.attempt, rank: p.rank, tag: f.tag, message: f.message, stack: f.stack, parked: true, ...(blamed.length ? { blamed: [...blamed] } : {}) })
+                .catch(() => {})
+            },
+            fetchState: (attempt) => system.askPromise(controller, "peerState", { attempt }, { timeoutMs: 120_000 }),
+            log: (line) => ctx.log.info(line)
+          },
+          args.join
+        )
+        session = live
         const flushTrace = (): void => {
           if (trace.length === 0) return
-          void system.tellPromise(controller, "trace", { attempt, rank, events: trace.splice(0) }).catch(() => {})
+          const p = place()
+          void system.tellPromise(controller, "trace", { attempt: p.attempt, rank: p.rank, events: trace.splice(0) }).catch(() => {})
         }
         let lastProgress = 0
         let processed = 0
         let computeMs = 0
         let commMs = 0
         let applyMs = 0
-        let currentStep = 0
         // Every step's [step, forward/backward ms, all-reduce ms, apply ms] since the last progress
         // message: the report's compute/communication split, whether or not the timeline is on.
         let stepTimes: number[][] = []
         const observer: StepObserver = {
           phase: (name, start, end, step) => {
             currentStep = step
-            if (name === "forward_backward") reducer.noteCompute((computeMs = end - start))
+            if (name === "forward_backward") (live.group.reducer as AutoGradientReducer).noteCompute((computeMs = end - start))
             else if (name === "allreduce") commMs = end - start
             else if (name === "apply") applyMs = end - start
             else if (name === "step") stepTimes.push([step, computeMs, commMs, applyMs])
@@ -170,15 +218,8 @@ export const trainWorker = defineActor(
         const context = new TrainContext({
           tf,
           backend,
-          rank,
-          worldSize: args.worldSize,
-          localRank: args.localRank,
-          localWorldSize: args.localWorldSize,
-          nodeRank: args.nodeRank,
-          attempt,
+          session: live,
           seed: args.seed,
-          communicator: comm,
-          reducer,
           adaptiveBatching: args.collective.adaptiveBatching === true,
           ...(args.elastic ? { elastic: args.elastic } : {}),
           observer,
@@ -189,13 +230,15 @@ export const trainWorker = defineActor(
             lastProgress = now
             const steps = stepTimes
             stepTimes = []
+            const p = place()
             void system
-              .tellPromise(controller, "progress", { attempt, rank, ...info, samples: processed, computeMs, commMs, stepTimes: steps })
+              .tellPromise(controller, "progress", { attempt: p.attempt, rank: p.rank, ...info, samples: processed, computeMs, commMs, stepTimes: steps })
               .catch(() => {})
             flushTrace()
           },
           sendReport: async (index, metrics, checkpoint: Checkpoint | undefined) => {
-            const state = reducer.state()
+            const p = place()
+            const state = live.group.reducer.state()
             const hasState = Object.keys(state.residuals).length > 0 || state.powersgd !== undefined
             flushTrace()
             const t0 = performance.now()
@@ -203,12 +246,12 @@ export const trainWorker = defineActor(
               controller,
               "report",
               {
-                attempt,
-                rank,
+                attempt: p.attempt,
+                rank: p.rank,
                 index,
                 metrics: { ...metrics, ...context.prepared?.batchingMetrics() },
                 ...(checkpoint ? { checkpoint: { files: toBytes(checkpoint.files), metadata: { ...checkpoint.metadata } } } : {}),
-                ...(hasState ? { aux: { [residualFile(rank)]: encodeMessage(state) } } : {})
+                ...(hasState ? { aux: { [residualFile(p.rank)]: encodeMessage(state) } } : {})
               },
               { timeoutMs: 120_000 }
             )
@@ -224,13 +267,14 @@ export const trainWorker = defineActor(
             if (!got) return undefined
             // Error-feedback residuals belong to a rank of a group of one size: carried across
             // restarts at the same size, reset (started from zero) when the group was resized.
+            const p = place()
             const savedSize = got.payload.metadata.worldSize
-            const own = savedSize === undefined || savedSize === args.worldSize ? got.payload.files[residualFile(rank)] : undefined
+            const own = savedSize === undefined || savedSize === p.worldSize ? got.payload.files[residualFile(p.rank)] : undefined
             if (own) {
               try {
-                reducer.restore(decodeMessage(own) as Parameters<GradientReducer["restore"]>[0])
+                live.group.reducer.restore(decodeMessage(own) as Parameters<GradientReducer["restore"]>[0])
               } catch (e) {
-                ctx.log.warn(`rank ${rank}: could not restore compression state from the checkpoint: ${String(e)}`)
+                ctx.log.warn(`rank ${p.rank}: could not restore compression state from the checkpoint: ${String(e)}`)
               }
             }
             return { files: got.payload.files, metadata: got.payload.metadata, path: got.path, metrics: got.metrics }
@@ -250,18 +294,22 @@ export const trainWorker = defineActor(
           })
         }
         await (fn as (config: unknown, ctx: TrainContext) => unknown)(args.loopConfig, context)
+        live.end("its loop returned")
         flushTrace()
-        await system.tellPromise(controller, "finished", { attempt, rank, reports: context.reportCount })
+        const p = place()
+        await system.tellPromise(controller, "finished", { attempt: p.attempt, rank: p.rank, reports: context.reportCount })
       } catch (e) {
+        session?.end("its loop failed")
         const f = toWireFailure(e)
-        ctx.log.error(`rank ${rank}: the training loop failed: ${f.tag}: ${f.message}`)
-        const blamed = blamedRanks(e).filter((r) => r !== rank)
+        const p = place()
+        ctx.log.error(`rank ${p.rank}: the training loop failed: ${f.tag}: ${f.message}`)
+        const blamed = blamedRanks(e).filter((r) => r !== p.rank)
         await system
-          .tellPromise(controller, "failed", { attempt, rank, tag: f.tag, message: f.message, stack: f.stack, ...(blamed.length ? { blamed: [...blamed] } : {}) })
+          .tellPromise(controller, "failed", { attempt: p.attempt, rank: p.rank, tag: f.tag, message: f.message, stack: f.stack, ...(blamed.length ? { blamed: [...blamed] } : {}) })
           .catch(() => {})
       } finally {
         bus.stop()
-        await comm?.close().catch(() => {})
+        await session?.group.comm.close().catch(() => {})
         await nc?.flush().catch(() => {})
         await nc?.close().catch(() => {})
         await cnc?.close().catch(() => {})
@@ -269,12 +317,24 @@ export const trainWorker = defineActor(
         ctx.stop({ drain: false, reason: "loop ended" })
       }
     }
+    const position = () => ({ ops: 0, reports: 0, inFit: false, epoch: 0, stepInEpoch: 0, stepsPerEpoch: 0 })
     return {
       run: () => {
         if (!started) {
           started = true
           void run()
         }
+        return null
+      },
+      pause: (body) =>
+        session ? session.pause(body.attempt) : { state: "unsupported" as const, position: position(), reason: "its loop has not started" },
+      snapshot: async () => {
+        if (!session) throw new ConfigError({ field: "snapshot", reason: "this worker has no group yet" })
+        return session.snapshot()
+      },
+      resume: (body) => {
+        if (!session) throw new ConfigError({ field: "resume", reason: "this worker has no group yet" })
+        session.resume(body.placement, body.source)
         return null
       }
     }

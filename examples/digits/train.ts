@@ -17,6 +17,8 @@ export interface DigitsConfig {
     readonly how: "kill" | "throw" | "extra-report" | "hang"
     readonly rank: number
     readonly epoch: number
+    /** kill only: die at this step of the epoch (mid-epoch) instead of at the epoch's start. */
+    readonly step?: number
     /** Only in this attempt (default 0); -1 for every attempt. */
     readonly attempt?: number
     /** Write the time of death (ms since the epoch) here first, for the recovery benchmark. */
@@ -51,17 +53,24 @@ export async function trainLoop(config: DigitsConfig, ctx: TrainContext): Promis
   const yTest = tf.oneHot(tf.tensor1d(test.y, "int32"), 10)
   const fail = config.fail
   const failing = fail && fail.rank === ctx.worldRank && (fail.attempt ?? 0) === (fail.attempt === -1 ? -1 : ctx.attempt)
+  const die = (): never => {
+    if (fail?.stampFile) writeFileSync(fail.stampFile, String(Date.now()))
+    return process.kill(process.pid, "SIGKILL") as never
+  }
   for (let epoch = start; epoch < epochs; epoch++) {
-    if (failing && fail.epoch === epoch) {
-      if (fail.how === "kill") {
-        if (fail.stampFile) writeFileSync(fail.stampFile, String(Date.now()))
-        process.kill(process.pid, "SIGKILL")
-      }
+    if (failing && fail.epoch === epoch && !(fail.how === "kill" && fail.step !== undefined)) {
+      if (fail.how === "kill") die()
       if (fail.how === "throw") throw new RangeError(`injected failure on rank ${ctx.worldRank} in epoch ${epoch}`)
       // Alive (heartbeats go on) but out of the collectives: the others time out and name this rank.
       if (fail.how === "hang") await new Promise((resolve) => setTimeout(resolve, 120_000))
     }
-    const [r] = await dp.fit(train, { epochs: epoch + 1, initialEpoch: epoch, batchSize })
+    const killAt = failing && fail.how === "kill" && fail.epoch === epoch ? fail.step : undefined
+    const [r] = await dp.fit(train, {
+      epochs: epoch + 1,
+      initialEpoch: epoch,
+      batchSize,
+      ...(killAt !== undefined ? { onStep: ({ index }) => void (index === killAt && die()) } : {})
+    })
     const val = dp.evaluate(xTest, yTest)
     const metrics = {
       epoch,

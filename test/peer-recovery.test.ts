@@ -1,0 +1,101 @@
+// Recovery from surviving peers (failureConfig.recoverFrom "peers", the default): a worker killed
+// in the middle of an epoch costs the step in flight, not the work since the last checkpoint; the
+// survivors keep their processes, a replacement joins them where they are, and every rank ends
+// with the same weights. The checkpoint path, for comparison, goes back to the epoch's start. A
+// loop that cannot be replayed to the survivors' position falls back to the checkpoint. Real
+// nats-server, real agent and worker processes.
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import * as fs from "node:fs/promises"
+import * as os from "node:os"
+import * as path from "node:path"
+import { Trainer, loadDigits, trainTestSplit, type ArrayDataset, type Result } from "../index.ts"
+import { liveNatsServerPids } from "../core/nats-server.ts"
+
+const DIGITS = path.resolve("examples/digits/train.ts") + "#trainLoop"
+const MISALIGNED = path.resolve("test/support/misaligned-loop.ts") + "#misalignedLoop"
+let storage: string
+let train: ArrayDataset
+let test: ArrayDataset
+
+beforeAll(async () => {
+  storage = await fs.mkdtemp(path.join(os.tmpdir(), "gw-peers-"))
+  ;({ train, test } = trainTestSplit(await loadDigits(), 0.2, 7))
+})
+afterAll(async () => {
+  await fs.rm(storage, { recursive: true, force: true })
+  expect(liveNatsServerPids()).toEqual([])
+})
+
+type Progress = { attempt: number; rank: number; epoch: number; step: number }
+const sameWeights = (r: Result): boolean => new Set(r.metricsPerRank.at(-1)!.map((m) => m.weights)).size === 1
+const events = async (dir: string): Promise<Array<Record<string, unknown>>> =>
+  (await fs.readFile(path.join(dir, "events.jsonl"), "utf8"))
+    .trim()
+    .split("\n")
+    .map((l) => JSON.parse(l) as Record<string, unknown>)
+
+/** 4 workers, 5 epochs of 12 steps; rank 2 is killed after step 6 of epoch 2 in the first generation. */
+const killedMidEpoch = async (name: string, recoverFrom: "peers" | "checkpoint"): Promise<{ r: Result; progress: Progress[] }> => {
+  const progress: Progress[] = []
+  const r = await new Trainer({
+    trainLoopPerWorker: DIGITS,
+    trainLoopConfig: { epochs: 5, fail: { how: "kill", rank: 2, epoch: 2, step: 6 } },
+    scalingConfig: { numWorkers: 4 },
+    runConfig: {
+      name,
+      storagePath: storage,
+      progress: false,
+      failureConfig: { maxFailures: 1, recoverFrom },
+      callbacks: [{ onProgress: (p) => void progress.push({ attempt: p.attempt, rank: p.rank, epoch: p.epoch, step: p.step }) }]
+    },
+    datasets: { train, test }
+  }).fit()
+  return { r, progress }
+}
+
+describe("recovery from surviving peers", () => {
+  it("a worker killed mid-epoch costs the step in flight: the survivors and a replacement go on from there", async () => {
+    const { r, progress } = await killedMidEpoch("peers-mid-epoch", "peers")
+    expect(r.restarts).toBe(1)
+    expect(r.countedFailures).toBe(1)
+    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4])
+    expect(sameWeights(r)).toBe(true)
+    expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.9)
+    const restart = (await events(r.path)).find((e) => e.type === "restart")
+    expect(restart).toMatchObject({ recovery: "peers", survivors: 3, joiners: 1, position: { inFit: true, epoch: 2 } })
+    // The survivors were at the step after the one the dead rank finished (steps 0-6 done).
+    expect((restart!.position as { stepInEpoch: number }).stepInEpoch).toBe(7)
+    // The regrouped generation trains on from there: its first progress is late in epoch 2.
+    const after = progress.filter((p) => p.attempt === 1)
+    expect(after.length).toBeGreaterThan(0)
+    expect(after[0]).toMatchObject({ epoch: 2 })
+    expect(after[0].step).toBeGreaterThanOrEqual(7)
+  })
+
+  it("for comparison, recoverFrom 'checkpoint' goes back to the start of the epoch", async () => {
+    const { r, progress } = await killedMidEpoch("checkpoint-mid-epoch", "checkpoint")
+    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4])
+    expect(sameWeights(r)).toBe(true)
+    expect((await events(r.path)).find((e) => e.type === "restart")).toMatchObject({ recovery: "checkpoint" })
+    const after = progress.filter((p) => p.attempt === 1)
+    expect(after[0]).toMatchObject({ epoch: 2 })
+    expect(after[0].step).toBeLessThan(7)
+  })
+
+  it("a loop that does not resume the way it ran cannot be replayed to the survivors: the group restarts from the checkpoint", async () => {
+    const r = await new Trainer({
+      trainLoopPerWorker: MISALIGNED,
+      trainLoopConfig: { epochs: 4, kill: { rank: 1, epoch: 2, step: 4 } },
+      scalingConfig: { numWorkers: 3 },
+      runConfig: { name: "misaligned", storagePath: storage, progress: false, failureConfig: { maxFailures: 1 } },
+      datasets: { train }
+    }).fit()
+    const ev = await events(r.path)
+    const restarts = ev.filter((e) => e.type === "restart")
+    expect(restarts.map((e) => e.recovery)).toEqual(["peers", "checkpoint"])
+    expect(ev.some((e) => e.type === "failure" && (e.failure as { kind: string }).kind === "recovery")).toBe(true)
+    // The fallback is not counted: one failure of the job, one restart budget used.
+    expect(r.countedFailures).toBe(1)
+    expect(sameWeights(r)).toBe(true)
+  })
+})
