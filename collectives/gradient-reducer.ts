@@ -22,7 +22,7 @@ import type { AllReduceAlgorithm, Communicator } from "./communicator.ts"
 import { planBuckets, DEFAULT_BUCKET_BYTES, DEFAULT_FIRST_BUCKET_BYTES } from "./bucketing.ts"
 import { addScaledIntoHalf, halfFeedbackBits } from "./float16.ts"
 import { scale } from "./kernels.ts"
-import type { HalfSource } from "./ring.ts"
+import type { HalfSource } from "./algorithms/ring.ts"
 import { simdSpace } from "./simd.ts"
 import {
   createCompressor,

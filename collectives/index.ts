@@ -17,5 +17,5 @@ export { GradientBucketer, allReduceBuckets, planBuckets, DEFAULT_BUCKET_BYTES, 
 export { allReduceTensor, allReduceTensors, broadcastTensors } from "./tensors.ts"
 export { communicator } from "./effect.ts"
 export { segmentBounds } from "./segments.ts"
-export type { HalfSource } from "./ring.ts"
+export type { HalfSource } from "./algorithms/ring.ts"
 export * from "./errors.ts"

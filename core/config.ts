@@ -76,7 +76,14 @@ export const RunConfig = Schema.Struct({
 })
 export type RunConfig = typeof RunConfig.Type
 
-export const CollectiveAlgorithm = Schema.Literals(["auto", "ring", "tree", "hierarchical"])
+/**
+ * "auto" or the name of a registered all-reduce algorithm ("ring", "tree", "hierarchical", or one
+ * registered at run time). Only the shape is checked here: the algorithm registry
+ * (collectives/algorithms/) owns the list and checks the name when the Trainer resolves its options.
+ */
+export const CollectiveAlgorithm = Schema.String.check(
+  Schema.isPattern(/^[a-z][a-z0-9-]{0,31}$/, { message: 'Expected "auto" or an all-reduce algorithm\'s name, e.g. "ring", "tree", "hierarchical"' })
+)
 export type CollectiveAlgorithm = typeof CollectiveAlgorithm.Type
 
 export const CollectiveConfig = Schema.Struct({

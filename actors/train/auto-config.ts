@@ -7,7 +7,8 @@
 // compressor. The plan is explained (scheduler/algorithm-choice.ts explain()) and handed to
 // `onExplain` (rank 0 sends it to the trainer, which writes explain.txt / explain.json).
 import type { NatsConnection } from "@nats-io/nats-core"
-import type { AllReduceAlgorithm, Communicator } from "../../collectives/communicator.ts"
+import type { Communicator } from "../../collectives/communicator.ts"
+import { allReduceAlgorithms, type AllReduceAlgorithm } from "../../collectives/algorithms/index.ts"
 import { GradientReducer, type GradientReducerOptions, type GradientSlotInfo } from "../../collectives/gradient-reducer.ts"
 import { planBuckets, DEFAULT_BUCKET_BYTES, DEFAULT_FIRST_BUCKET_BYTES } from "../../collectives/bucketing.ts"
 import type { ResolvedCompressionConfig } from "../../collectives/compression/index.ts"
@@ -75,7 +76,7 @@ export class AutoGradientReducer extends GradientReducer {
         ? (bytes: number): AllReduceAlgorithm => {
             let a = cache.get(bytes)
             if (a === undefined) {
-              a = chooseAlgorithm(bytes, opts.topology, opts.model).algorithm
+              a = chooseAlgorithm(bytes, opts.topology, opts.model, allReduceAlgorithms()).algorithm
               cache.set(bytes, a)
             }
             return a
@@ -122,7 +123,7 @@ export class AutoGradientReducer extends GradientReducer {
     const o = this.#auto
     const buckets = planBuckets(layout.map((l) => l.size), o.bucketBytes ?? DEFAULT_BUCKET_BYTES, o.firstBucketBytes ?? DEFAULT_FIRST_BUCKET_BYTES)
     const { profiles } = compressorProfiles(layout)
-    const fixed = o.algorithm === "auto" ? undefined : [o.algorithm as AllReduceAlgorithm]
+    const fixed = o.algorithm === "auto" ? undefined : [o.algorithm]
     const plan = planCommunication({
       bucketBytes: buckets.map((b) => b.length * 4),
       topology: o.topology,
@@ -130,6 +131,7 @@ export class AutoGradientReducer extends GradientReducer {
       ...(computeMs !== undefined ? { computeMs } : {}),
       compression: o.compression === "auto" ? "auto" : this.#chosen,
       compressors: profiles,
+      algorithms: allReduceAlgorithms(),
       ...(fixed ? { candidates: fixed } : {})
     })
     const e = explain(plan)

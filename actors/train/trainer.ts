@@ -28,6 +28,7 @@ import { launchNatsServer, type NatsServerProcess } from "../../core/nats-server
 import { resolvable } from "../../core/engine.ts"
 import type { ArrayDataset } from "../../core/datasets.ts"
 import { parseCompressionConfig } from "../../collectives/compression/index.ts"
+import { parseAlgorithmChoice } from "../../collectives/algorithms/index.ts"
 import { ClusterView, openClusterView } from "../../scheduler/cluster-view.ts"
 import { planPlacement, type PlacementPlan } from "../../scheduler/placement.ts"
 import { ActorSystem } from "../runtime/system.ts"
@@ -213,7 +214,7 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
     callbacks: (callbacks ?? []) as ReadonlyArray<TrainerCallbacks>,
     collective: {
       // 'auto' (the default) is resolved on the workers from the measured topology (actors/train/auto-config.ts).
-      algorithm: coll.algorithm ?? "auto",
+      algorithm: parseAlgorithmChoice(coll.algorithm, "collectiveConfig.algorithm"),
       compression,
       adaptiveBatching: coll.adaptiveBatching ?? false,
       bucketSizeMiB: coll.bucketSizeMiB ?? 25,

@@ -6,6 +6,7 @@
 // Bounded: every collective has a deadline and the process exits after `deadlineMs`.
 import { connect } from "@nats-io/transport-node"
 import { Communicator, type AllReduceAlgorithm } from "../../collectives/communicator.ts"
+import { allReduceAlgorithms } from "../../collectives/algorithms/index.ts"
 import { probeGroupTopology } from "../../actors/train/topology-probe.ts"
 import { chooseAlgorithm, explain, planCommunication } from "../../scheduler/algorithm-choice.ts"
 import { describeObservation } from "../../scheduler/topology.ts"
@@ -41,8 +42,14 @@ const comm = await Communicator.create({
 })
 try {
   const observed = await probeGroupTopology({ nc, comm, cluster: "netns", job: "sched" })
-  const choices = args.sizes.map((bytes) => chooseAlgorithm(bytes, observed.topology, observed.model))
-  const plan = planCommunication({ bucketBytes: [...args.sizes], topology: observed.topology, model: observed.model, compression: "none" })
+  const choices = args.sizes.map((bytes) => chooseAlgorithm(bytes, observed.topology, observed.model, allReduceAlgorithms()))
+  const plan = planCommunication({
+    bucketBytes: [...args.sizes],
+    topology: observed.topology,
+    model: observed.model,
+    algorithms: allReduceAlgorithms(),
+    compression: "none"
+  })
   const measured: Record<string, Record<string, number[]>> = {}
   const run = async (buf: Float32Array, algorithm: AllReduceAlgorithm): Promise<number> => {
     buf.fill(args.rank + 1)
