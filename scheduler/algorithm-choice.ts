@@ -6,9 +6,9 @@
 // Compression 'auto' (escalating, because every compressor costs accuracy or compute):
 //   1. predicted communication per step (sum over buckets of the best algorithm) <= measured compute
 //      time of a step -> no compression: the network is not the bottleneck;
-//   2. else the mild compressor (the first of the list, fp16 by default) if its predicted
+//   2. else the mild compressor (the first of the list: the registry's fp16) if its predicted
 //      communication + codec time is within `farAboveFactor` x compute;
-//   3. else the cheapest of the aggressive ones (powersgd, topk) if it beats the mild one.
+//   3. else the cheapest of the aggressive ones (the rest: powersgd, topk) if it beats the mild one.
 // A compressor is only ever chosen when its predicted total beats sending uncompressed.
 // Compressed sizes: wire = bytes / ratio; all-reduce-compatible compressors (fp16, PowerSGD's P and
 // Q) run `rounds` all-reduces of wire/rounds each (the algorithm re-picked for that size); sparse
@@ -80,17 +80,6 @@ export interface CompressorProfile {
   readonly codecMsPerByte?: number
 }
 
-/**
- * Default escalation order. Ratios are placeholders for when the trainer has not computed them from
- * the model's shapes: PowerSGD rank r on an m x n matrix sends r(m+n) of mn values; top-k at 1%
- * density sends values + int32 indices (2% of the bytes).
- */
-export const defaultCompressors: readonly CompressorProfile[] = [
-  { name: "fp16", ratio: 2, collective: "allreduce" },
-  { name: "powersgd", ratio: 32, collective: "allreduce", rounds: 2 },
-  { name: "topk", ratio: 50, collective: "allgather" }
-]
-
 export type CompressionMode = "auto" | "none" | string
 
 export interface CommunicationRequest {
@@ -102,8 +91,11 @@ export interface CommunicationRequest {
   readonly computeMs?: number
   /** Default 'auto'. A compressor name forces it. */
   readonly compression?: CompressionMode
-  /** Escalation order: the first is the mild one. Default defaultCompressors. */
-  readonly compressors?: readonly CompressorProfile[]
+  /**
+   * The compressors 'auto' may escalate through, the first being the mild one (the codec
+   * registry's candidates, collectives/compression/: the scheduler does not import them).
+   */
+  readonly compressors: readonly CompressorProfile[]
   /** "Far above compute": escalate past the mild compressor when it leaves more than this x compute. Default 2. */
   readonly farAboveFactor?: number
   /** The all-reduce algorithms to predict (the registry's entries, collectives/algorithms/). */
@@ -169,7 +161,7 @@ const evaluateCompressor = (c: CompressorProfile, req: CommunicationRequest): Co
 export const planCommunication = (req: CommunicationRequest): CommunicationPlan => {
   const buckets = req.bucketBytes.map((b) => chooseAlgorithm(b, req.topology, req.model, req.algorithms, req.candidates))
   const uncompressedMs = buckets.reduce((s, b) => s + b.ms, 0)
-  const compressors = req.compressors ?? defaultCompressors
+  const compressors = req.compressors
   const candidates = compressors.map((c) => evaluateCompressor(c, req))
   const mode = req.compression ?? "auto"
   const computeMs = req.computeMs !== undefined && Number.isFinite(req.computeMs) && req.computeMs >= 0 ? req.computeMs : undefined

@@ -9,11 +9,12 @@ import { decodeMessage, encodeMessage } from "../core/wire.ts"
 import { planBuckets } from "../collectives/bucketing.ts"
 import {
   ErrorFeedback,
+  codecs,
   createCompressor,
+  formatConfig,
   ringSegment,
   simulateCompressedAllReduce,
-  type AnyCompressor,
-  type Compressor,
+  type Codec,
   type ResolvedCompressionConfig
 } from "../collectives/compression/index.ts"
 import type { ReducerStats } from "../collectives/gradient-reducer.ts"
@@ -106,54 +107,35 @@ const scaledInputs = (seed: number): Float32Array[] => {
   })
 }
 
-/**
- * The reducer's aggregation for element-wise codecs, bucket by bucket. Its all-gather path serves
- * int8 too: it all-gathers int8 messages (one quantisation per rank and step) although the codec
- * also supports the ring re-compress model, so int8 is simulated as an all-gather codec here.
- */
-const asAllGather = (c: Compressor): Compressor =>
-  c.aggregation === "allreduce-decode-accumulate"
-    ? {
-        name: c.name,
-        aggregation: "allgather",
-        errorFeedback: c.errorFeedback,
-        wireBytes: (n) => c.wireBytes(n),
-        encode: (x, ctx, out) => c.encode(x, ctx, out),
-        decode: (m, out) => c.decode(m, out),
-        accumulate: (m, into, w) => c.accumulate(m, into, w)
-      }
-    : c
-
 /** Stateful in-process model of one reducer group: per-rank residual stores and codecs. */
 class Simulation {
   readonly efs = Array.from({ length: P }, () => new ErrorFeedback())
   readonly config: ResolvedCompressionConfig
-  readonly #codec: Compressor | undefined
-  // PowerSGD: one instance per rank and tensor (each counts its own steps and warm-start factor)
-  readonly #psgd = new Map<string, AnyCompressor[]>()
+  readonly #codec: Codec
+  // a custom codec (PowerSGD): one instance per rank and tensor (each counts its own steps and warm-start factor)
+  readonly #custom = new Map<string, Codec[]>()
 
   constructor(config: ResolvedCompressionConfig) {
     this.config = config
-    const c = createCompressor(config)
-    this.#codec = c.name === "powersgd" ? undefined : asAllGather(c as Compressor)
+    this.#codec = createCompressor(config)
   }
 
   step(seed: number, step: number): Float32Array {
     const inputs = scaledInputs(seed)
     const out = new Float32Array(N)
-    if (this.isPowerSgd) {
+    if (this.isCustom) {
       for (const s of LAYOUT) {
-        let comps = this.#psgd.get(s.name)
-        if (!comps) this.#psgd.set(s.name, (comps = Array.from({ length: P }, () => createCompressor(this.config))))
+        let comps = this.#custom.get(s.name)
+        if (!comps) this.#custom.set(s.name, (comps = Array.from({ length: P }, () => createCompressor(this.config))))
         const slice = (x: Float32Array) => x.subarray(s.offset, s.offset + s.size)
         out.set(simulateCompressedAllReduce(inputs.map(slice), comps, this.efs, { key: s.name, shape: s.shape, step }), s.offset)
       }
       return out
     }
-    const codec = this.#codec as Compressor
+    const codec = this.#codec
     BUCKETS.forEach((b, k) => {
       const slice = (x: Float32Array) => x.subarray(b.start, b.end)
-      if (codec.aggregation === "allreduce") {
+      if (codec.aggregation === "linear" && codec.castsToWire) {
         // fp16 on a ring: the segment owned by rank c starts its trip at rank c + 1 and ends at
         // c, so the simulation (which starts segment c at rank c) gets the ranks rotated by one.
         const rot = (r: number) => (r + 1) % P
@@ -171,8 +153,8 @@ class Simulation {
     return out
   }
 
-  get isPowerSgd(): boolean {
-    return typeof this.config === "object" && this.config.type === "powersgd"
+  get isCustom(): boolean {
+    return this.#codec.aggregation === "custom"
   }
 
   /** What rank r's reducer should report as its residual state. */
@@ -196,23 +178,27 @@ const expectIdenticalOnAllRanks = (replies: ReduceReply[]): void => {
 }
 
 /**
- * How close the network must be to the simulation. Element-wise codecs decode the same messages
- * in the same order: bit for bit. PowerSGD and 'none' sum in fp32 in the ring's order rather
- * than rank order, so they agree to fp32 rounding (relative to the largest entry).
+ * How close the network must be to the simulation. Gathered codecs decode the same messages in the
+ * same order, and fp16's ring is simulated hop by hop: bit for bit. Custom codecs (PowerSGD), 'none'
+ * and other linear codecs sum in fp32 in the ring's order rather than rank order, so they agree to
+ * fp32 rounding (relative to the largest entry).
  */
 const tolerance = (config: ResolvedCompressionConfig): number => {
-  const type = typeof config === "string" ? config : config.type
-  return type === "powersgd" ? 2e-5 : type === "none" ? 1e-6 : 0
+  const c = createCompressor(config)
+  if (c.aggregation === "custom") return 2e-5
+  return c.aggregation === "none" || (c.aggregation === "linear" && !c.castsToWire) ? 1e-6 : 0
 }
 
+// every registered codec with the config 'auto' would switch to (it compresses from the first
+// step), else its entry's example; then settings worth pinning down
 const CODECS: Array<[string, ResolvedCompressionConfig]> = [
-  ["none", "none"],
-  ["fp16", "fp16"],
-  ["int8", { type: "int8", chunkSize: 512 }],
-  ["topk 1%", { type: "topk", ratio: 0.01 }],
+  ...codecs().map((c): [string, ResolvedCompressionConfig] => {
+    const config = (c.auto?.config ?? c.example) as ResolvedCompressionConfig
+    return [formatConfig(config), config]
+  }),
+  ["int8, chunks of 512", { type: "int8", chunkSize: 512 }],
   ["topk 5%, no error feedback", { type: "topk", ratio: 0.05, errorFeedback: false }],
-  ["powersgd rank 2, 1 warm-up step", { type: "powersgd", rank: 2, warmupSteps: 1 }],
-  ["sign", { type: "sign" }]
+  ["powersgd rank 2, 1 warm-up step", { type: "powersgd", rank: 2, warmupSteps: 1 }]
 ]
 const STEPS = 3
 
@@ -247,7 +233,7 @@ describe("GradientReducer over NATS, 4 rank processes", () => {
       for (let r = 0; r < P; r++) {
         const want = sim.residuals(r)
         const got = states[r].residuals
-        if (!ef || sim.isPowerSgd) {
+        if (!ef || sim.isCustom) {
           // PowerSGD keys its residuals by tensor; its state also carries the warm-start factors.
           expect(Object.keys(got).sort()).toEqual(Object.keys(want).sort())
         } else {
@@ -258,7 +244,7 @@ describe("GradientReducer over NATS, 4 rank processes", () => {
           if (tol === 0) expect(sameBits(got[key], e), `rank ${r} residual ${key}`).toBe(true)
           else expect(maxDiff(got[key], e)).toBeLessThanOrEqual(tol * Math.max(1e-3, maxAbs(e)) * 10)
         }
-        if (sim.isPowerSgd) expect(states[r].powersgd?.step).toBe(STEPS)
+        if (sim.isCustom) expect(states[r].powersgd?.step).toBe(STEPS)
       }
       if (ef) expect(Object.values(states[0].residuals).some((e) => maxAbs(e) > 0)).toBe(true)
 
@@ -273,7 +259,7 @@ describe("GradientReducer over NATS, 4 rank processes", () => {
       const fresh = await reduceStep(freshName, seed, STEPS)
       expectIdenticalOnAllRanks(restored)
       expect(sameBits(restored[0].data, original[0].data)).toBe(true)
-      if (ef || sim.isPowerSgd) expect(sameBits(fresh[0].data, original[0].data)).toBe(false)
+      if (ef || sim.isCustom) expect(sameBits(fresh[0].data, original[0].data)).toBe(false)
       const after = await fleet.all<ReducerState>(() => ({ cmd: "state", name: restoredName }))
       const afterOriginal = await fleet.all<ReducerState>(() => ({ cmd: "state", name }))
       for (let r = 0; r < P; r++) {

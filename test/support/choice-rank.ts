@@ -7,6 +7,7 @@
 import { connect } from "@nats-io/transport-node"
 import { Communicator, type AllReduceAlgorithm } from "../../collectives/communicator.ts"
 import { allReduceAlgorithms } from "../../collectives/algorithms/index.ts"
+import { autoCandidates } from "../../collectives/compression/index.ts"
 import { probeGroupTopology } from "../../actors/train/topology-probe.ts"
 import { chooseAlgorithm, explain, planCommunication } from "../../scheduler/algorithm-choice.ts"
 import { describeObservation } from "../../scheduler/topology.ts"
@@ -48,6 +49,7 @@ try {
     topology: observed.topology,
     model: observed.model,
     algorithms: allReduceAlgorithms(),
+    compressors: autoCandidates(args.sizes.map((bytes) => ({ shape: [bytes / 4], size: bytes / 4 }))).profiles,
     compression: "none"
   })
   const measured: Record<string, Record<string, number[]>> = {}
