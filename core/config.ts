@@ -14,7 +14,12 @@ const Name = Schema.String.check(
   Schema.isPattern(/^[A-Za-z0-9_-]{1,128}$/, { message: "Expected 1-128 letters, digits, \"_\" or \"-\"" })
 )
 
-export const PlacementStrategy = Schema.Literals(["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"])
+/**
+ * Ray's placement strategies: the config's vocabulary. Each has exactly one entry in the
+ * scheduler's table (scheduler/placement-strategies.ts), which is typed by this list.
+ */
+export const placementStrategyNames = ["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] as const
+export const PlacementStrategy = Schema.Literals(placementStrategyNames)
 export type PlacementStrategy = typeof PlacementStrategy.Type
 
 export const BackendName = Schema.Literals(["auto", "tensorflow-gpu", "tensorflow", "wasm", "cpu"])
