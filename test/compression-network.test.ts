@@ -6,21 +6,12 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { launchNatsServer, type NatsServerProcess } from "../core/nats-server.ts"
 import { decodeMessage, encodeMessage } from "../core/wire.ts"
-import { planBuckets } from "../collectives/bucketing.ts"
-import {
-  ErrorFeedback,
-  codecs,
-  createCompressor,
-  formatConfig,
-  ringSegment,
-  simulateCompressedAllReduce,
-  type Codec,
-  type ResolvedCompressionConfig
-} from "../collectives/compression/index.ts"
+import { codecs, createCompressor, formatConfig, ringSegment, type ResolvedCompressionConfig } from "../collectives/compression/index.ts"
 import type { ReducerStats } from "../collectives/gradient-reducer.ts"
 import { simdAvailable } from "../collectives/simd.ts"
 import { CompressionFleet } from "./support/compression-fleet.ts"
-import { gradientsOf, layoutOf, type SlotSpec } from "./support/compression-cases.ts"
+import type { SlotSpec } from "./support/compression-cases.ts"
+import { Simulation, groupShape, maxAbs, maxDiff, sameBits, tolerance } from "./support/compression-sim.ts"
 
 const P = 4
 const WEIGHTS = [3, 1, 2, 2] // samples per rank: the result is the weighted mean
@@ -35,13 +26,9 @@ const SLOTS: SlotSpec[] = [
   { name: "hidden/kernel", shape: [96, 40] },
   { name: "embed/kernel", shape: [160, 128] } // > 16384 elements: several blocks of the fused fp16 loop
 ]
-const LAYOUT = layoutOf(SLOTS)
-const N = LAYOUT.reduce((a, s) => a + s.size, 0)
-const BUCKETS = planBuckets(
-  LAYOUT.map((s) => s.size),
-  BUCKET_BYTES,
-  FIRST_BUCKET_BYTES
-).map((b) => ({ start: LAYOUT[b.vars[0]].offset, end: LAYOUT[b.vars[0]].offset + b.length }))
+const GROUP = groupShape(SLOTS, WEIGHTS, BUCKET_BYTES, FIRST_BUCKET_BYTES)
+const N = GROUP.n
+const BUCKETS = GROUP.buckets
 
 interface ReduceReply {
   readonly times: number[]
@@ -97,96 +84,9 @@ const createGroup = async (
 const reduceStep = (name: string, seed: number, step: number): Promise<ReduceReply[]> =>
   fleet.all<ReduceReply>((rank) => ({ cmd: "reduce", name, slots: SLOTS, seed, step, weight: WEIGHTS[rank], returnData: true }))
 
-/** Every rank's input after the reducer's local scaling by w_r / W (in fp32, as it does). */
-const scaledInputs = (seed: number): Float32Array[] => {
-  const total = WEIGHTS.reduce((a, b) => a + b, 0)
-  return gradientsOf(N, seed, P).map((g, r) => {
-    const scaleBy = WEIGHTS[r] / total
-    for (let i = 0; i < g.length; i++) g[i] *= scaleBy
-    return g
-  })
-}
-
-/** Stateful in-process model of one reducer group: per-rank residual stores and codecs. */
-class Simulation {
-  readonly efs = Array.from({ length: P }, () => new ErrorFeedback())
-  readonly config: ResolvedCompressionConfig
-  readonly #codec: Codec
-  // a custom codec (PowerSGD): one instance per rank and tensor (each counts its own steps and warm-start factor)
-  readonly #custom = new Map<string, Codec[]>()
-
-  constructor(config: ResolvedCompressionConfig) {
-    this.config = config
-    this.#codec = createCompressor(config)
-  }
-
-  step(seed: number, step: number): Float32Array {
-    const inputs = scaledInputs(seed)
-    const out = new Float32Array(N)
-    if (this.isCustom) {
-      for (const s of LAYOUT) {
-        let comps = this.#custom.get(s.name)
-        if (!comps) this.#custom.set(s.name, (comps = Array.from({ length: P }, () => createCompressor(this.config))))
-        const slice = (x: Float32Array) => x.subarray(s.offset, s.offset + s.size)
-        out.set(simulateCompressedAllReduce(inputs.map(slice), comps, this.efs, { key: s.name, shape: s.shape, step }), s.offset)
-      }
-      return out
-    }
-    const codec = this.#codec
-    BUCKETS.forEach((b, k) => {
-      const slice = (x: Float32Array) => x.subarray(b.start, b.end)
-      if (codec.aggregation === "linear" && codec.castsToWire) {
-        // fp16 on a ring: the segment owned by rank c starts its trip at rank c + 1 and ends at
-        // c, so the simulation (which starts segment c at rank c) gets the ranks rotated by one.
-        const rot = (r: number) => (r + 1) % P
-        const sim = simulateCompressedAllReduce(
-          inputs.map((_, r) => slice(inputs[rot(r)])),
-          codec,
-          this.efs.map((_, r) => this.efs[rot(r)]),
-          { key: `bucket${k}`, step }
-        )
-        out.set(sim, b.start)
-      } else {
-        out.set(simulateCompressedAllReduce(inputs.map(slice), codec, this.efs, { key: `bucket${k}`, step }), b.start)
-      }
-    })
-    return out
-  }
-
-  get isCustom(): boolean {
-    return this.#codec.aggregation === "custom"
-  }
-
-  /** What rank r's reducer should report as its residual state. */
-  residuals(r: number): Record<string, Float32Array> {
-    return this.efs[r].state()
-  }
-}
-
-const maxAbs = (x: Float32Array): number => x.reduce((m, v) => Math.max(m, Math.abs(v)), 0)
-const maxDiff = (a: Float32Array, b: Float32Array): number => {
-  let m = 0
-  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i] - b[i]))
-  return m
-}
-const sameBits = (a: Float32Array, b: Float32Array): boolean =>
-  a.length === b.length && Buffer.compare(Buffer.from(a.buffer, a.byteOffset, a.byteLength), Buffer.from(b.buffer, b.byteOffset, b.byteLength)) === 0
-
 const expectIdenticalOnAllRanks = (replies: ReduceReply[]): void => {
   expect(new Set(replies.map((r) => r.hash)).size).toBe(1)
   for (const r of replies) expect(sameBits(r.data, replies[0].data)).toBe(true)
-}
-
-/**
- * How close the network must be to the simulation. Gathered codecs decode the same messages in the
- * same order, and fp16's ring is simulated hop by hop: bit for bit. Custom codecs (PowerSGD), 'none'
- * and other linear codecs sum in fp32 in the ring's order rather than rank order, so they agree to
- * fp32 rounding (relative to the largest entry).
- */
-const tolerance = (config: ResolvedCompressionConfig): number => {
-  const c = createCompressor(config)
-  if (c.aggregation === "custom") return 2e-5
-  return c.aggregation === "none" || (c.aggregation === "linear" && !c.castsToWire) ? 1e-6 : 0
 }
 
 // every registered codec with the config 'auto' would switch to (it compresses from the first
@@ -206,7 +106,7 @@ describe("GradientReducer over NATS, 4 rank processes", () => {
   for (const [label, config] of CODECS) {
     it(`${label}: ${STEPS} steps equal the simulation, bitwise identical on every rank; residuals round-trip`, async () => {
       const name = await createGroup(config)
-      const sim = new Simulation(config)
+      const sim = new Simulation(config, GROUP)
       const tol = tolerance(config)
       const ef = typeof config === "object" && "errorFeedback" in config ? config.errorFeedback !== false : config !== "none"
       for (let step = 0; step < STEPS; step++) {
@@ -275,7 +175,7 @@ describe("GradientReducer over NATS, 4 rank processes", () => {
     [", window of one chunk", 4096]
   ] as const) it(`fp16${label}: residuals nonzero everywhere (restored from a checkpoint of another layout) are folded in where a rank relays and spent there; afterwards each rank's residual is nonzero only on the segment it casts`, async () => {
     const name = await createGroup("fp16", { timeoutMs: 20_000, chunkBytes: 4096, ...(windowBytes ? { windowBytes } : {}) })
-    const sim = new Simulation("fp16")
+    const sim = new Simulation("fp16", GROUP)
     let x = 12345
     const noise = (n: number): Float32Array =>
       Float32Array.from({ length: n }, () => {
