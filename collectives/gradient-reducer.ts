@@ -23,19 +23,16 @@
 //   custom    (PowerSGD): the codec's own rounds of fp32 sum all-reduces, per variable.
 import type { AllReduceAlgorithm, Communicator } from "./communicator.ts"
 import { planBuckets, DEFAULT_BUCKET_BYTES, DEFAULT_FIRST_BUCKET_BYTES } from "./bucketing.ts"
-import { addScaledIntoHalf, halfFeedbackBits } from "./float16.ts"
+import { addScaledIntoHalf, halfFeedbackBits, roundToHalf } from "./float16.ts"
 import { scale } from "./kernels.ts"
 import type { HalfSource } from "./algorithms/ring.ts"
 import { simdSpace } from "./simd.ts"
-import { roundToHalf } from "./float16.ts"
 import {
   CodecContractError,
   createCompressor,
   ErrorFeedback,
   type Codec,
   type CustomCodec,
-  type GatherCodec,
-  type LinearCodec,
   type ResolvedCompressionConfig
 } from "./compression/index.ts"
 
