@@ -1,10 +1,14 @@
 // All-reduce benchmark: `npm run bench -- allreduce [--p 2,4] [--sizes 4K,256K,4M,64M] [--rounds N]
-// [--max-payload 8M] [--chunk 1M] [--window 16M] [--no-gloo] [--no-payload-sweep]`.
+// [--max-payload 8M] [--chunk 1M] [--window 16M] [--no-gloo] [--no-payload-sweep]
+// [--algorithms ring,ring-relay,...]`. The algorithms are the registered ones (collectives/algorithms/)
+// by default, each that can fan out also as "<name>-relay", without fan-out (from p = 3 on: with two
+// ranks a fan-out reaches one receiver, the same traffic as a relay).
 //
 // For each p and size it prints every algorithm's median time, algbw (size / time) and busbw
 // (algbw x 2(p-1)/p), next to, measured in the same run:
 // - raw NATS moving the same bytes in the same pattern (p publisher processes, the same bytes per
-//   link, no reduction, no flow control: the transport's ceiling for that algorithm), and
+//   link, no reduction, no flow control: the transport's ceiling for that algorithm; the pattern is
+//   the one the algorithm's registry entry declares for the cost model), and
 // - torch.distributed gloo all_reduce on loopback when `/usr/bin/python3 -c "import torch"` works.
 // Every rank is its own OS process. Variants are interleaved round by round, so load from other
 // processes on the machine hits them alike; compare ratios, not absolute figures, across runs.
@@ -14,6 +18,7 @@ import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { launchNatsServer, freePort } from "../core/nats-server.ts"
+import { allReduceAlgorithms, allReduceAlgorithmNames, findAllReduceAlgorithm } from "../collectives/algorithms/index.ts"
 import { RankFleet } from "../test/support/collectives-fleet.ts"
 import type { Star } from "../test/support/netns.ts"
 
@@ -62,7 +67,7 @@ const parseArgs = (args: ReadonlyArray<string>): Args => {
     window: get("--window") ? parseSize(get("--window") as string) : undefined,
     gloo: !args.includes("--no-gloo"),
     payloadSweep: !args.includes("--no-payload-sweep"),
-    algorithms: (get("--algorithms") ?? "ring,ring-relay,tree,hierarchical").split(",")
+    algorithms: get("--algorithms")?.split(",") ?? allReduceAlgorithms().flatMap((a) => (a.usesFanout ? [a.name, `${a.name}-relay`] : [a.name]))
   }
 }
 
@@ -82,51 +87,44 @@ interface Flow {
 /** Simulated nodes of two ranks each, for hierarchical. */
 const nodeOf = (rank: number): string => `node${rank >> 1}`
 
+const RELAY = "-relay"
+
+/** A variant's registry entry and call options: "<name>" with fan-out, "<name>-relay" without. */
+const variantOf = (variant: string) => {
+  const relay = variant.endsWith(RELAY)
+  const name = relay ? variant.slice(0, -RELAY.length) : variant
+  const entry = findAllReduceAlgorithm(name)
+  if (!entry || (relay && !entry.usesFanout)) {
+    throw new Error(`unknown algorithm "${variant}": registered ${allReduceAlgorithmNames().join(", ")}; "-relay" for one that fans out, without`)
+  }
+  return { entry, call: { algorithm: name, fanout: !relay } }
+}
+
 /**
- * Per rank: what each algorithm sends (flows) and receives (bytes), with no reduction.
- * ring: (p-1)/p of the buffer to the next rank (reduce-scatter) and its own segment as one fan-out
- * publish (all-gather). ring-relay: 2(p-1)/p of the buffer to the next rank. tree: the buffer to
- * the parent, and the root's result as one fan-out publish. hierarchical: the buffer to the node
- * leader, the leaders' ring (relay), the result back to the node members.
+ * Per rank: what a variant sends (flows) and receives (bytes), with no reduction: the stages its
+ * registry entry declares for the cost model (nodes of two ranks, as the fleet is created),
+ * summed per sender and destination. A flow to every other rank (p > 2) is one publish to the
+ * group's fan-out subject; bytes are rounded per link, and each rank's inbound is what the others
+ * send it after rounding.
  */
-const rawPattern = (algorithm: string, p: number, rank: number, bytes: number): { flows: Flow[]; inbound: number } => {
-  const ringShare = (m: number): number => {
-    // Exact bytes of the ring's 2(m-1) segments, as the algorithm cuts them.
-    let sum = 0
-    const n = bytes / 4
-    for (let k = 0; k < m; k++) sum += (Math.floor(((k + 1) * n) / m) - Math.floor((k * n) / m)) * 4
-    return Math.round((2 * (m - 1) * sum) / m)
+const rawPatterns = (variant: string, p: number, bytes: number, chunkBytes: number): Array<{ flows: Flow[]; inbound: number }> => {
+  const { entry, call } = variantOf(variant)
+  const topology = Array.from({ length: p }, (_, r) => ({ nodeId: nodeOf(r), server: "s" }))
+  const sends = Array.from({ length: p }, () => new Map<number | "all", number>())
+  const add = (m: Map<number | "all", number>, to: number | "all", b: number) => m.set(to, (m.get(to) ?? 0) + b)
+  for (const phase of entry.stages({ bytes, topology, chunkBytes, hierarchy: "node", fanout: call.fanout })) {
+    for (const stage of phase.stages) {
+      for (const f of stage.flows) {
+        if (f.dsts.length > 1 && f.dsts.length === p - 1) add(sends[f.src]!, "all", f.bytes * stage.times)
+        else for (const d of f.dsts) add(sends[f.src]!, d, f.bytes * stage.times)
+      }
+    }
   }
-  if (algorithm === "ring" && p > 2) {
-    // Reduce-scatter around the ring, then each owner's segment as one fan-out publish (with two
-    // ranks the ring relays instead: the same bytes to the one other rank).
-    const own = (Math.floor(((rank + 1) * (bytes / 4)) / p) - Math.floor((rank * (bytes / 4)) / p)) * 4
-    const half = ringShare(p) / 2
-    return { flows: [{ to: (rank + 1) % p, bytes: half }, { to: "all", bytes: own }], inbound: 2 * half }
-  }
-  if (algorithm === "ring-relay" || algorithm === "ring") {
-    return { flows: [{ to: (rank + 1) % p, bytes: ringShare(p) }], inbound: ringShare(p) }
-  }
-  if (algorithm === "tree") {
-    const children = [2 * rank + 1, 2 * rank + 2].filter((k) => k < p).length
-    const flows: Flow[] = rank === 0 ? [{ to: "all", bytes }] : [{ to: (rank - 1) >> 1, bytes }]
-    return { flows, inbound: children * bytes + (rank === 0 ? 0 : bytes) }
-  }
-  // hierarchical
-  const leaders: number[] = []
-  for (let r = 0; r < p; r++) if (r === 0 || nodeOf(r) !== nodeOf(r - 1)) leaders.push(r)
-  const leader = rank - (rank % 2)
-  const members = [leader + 1].filter((r) => r < p)
-  if (rank !== leader) return { flows: [{ to: leader, bytes }], inbound: bytes }
-  const L = leaders.length
-  const flows: Flow[] = members.map((m) => ({ to: m, bytes }))
-  let inbound = members.length * bytes
-  if (L > 1) {
-    const i = leaders.indexOf(rank)
-    flows.push({ to: leaders[(i + 1) % L], bytes: ringShare(L) })
-    inbound += ringShare(L)
-  }
-  return { flows, inbound }
+  const flows = sends.map((m) => [...m].map(([to, b]) => ({ to, bytes: Math.round(b) })).filter((f) => f.bytes > 0))
+  return flows.map((mine, rank) => ({
+    flows: mine,
+    inbound: flows.reduce((sum, theirs, src) => sum + (src === rank ? 0 : theirs.reduce((s, f) => s + (f.to === rank || f.to === "all" ? f.bytes : 0), 0)), 0)
+  }))
 }
 
 interface Variant {
@@ -284,17 +282,18 @@ const measure = async (fleet: RankFleet, p: number, group: string, bytes: number
   const n = bytes / 4
   const variants: Variant[] = []
   for (const algorithm of algorithms) {
+    const patterns = rawPatterns(algorithm, p, bytes, chunkBytes)
     variants.push({
       name: `raw ${algorithm}`,
       run: async (k) =>
         slowest(
           await fleet.all<number[]>(p, (rank) => {
-            const { flows, inbound } = rawPattern(algorithm, p, rank, bytes)
+            const { flows, inbound } = patterns[rank]!
             return { cmd: "benchRaw", group, flows, inbound, chunkBytes, iters: k, warmup: 0, tag: algorithm }
           })
         )
     })
-    const call = algorithm === "ring-relay" ? { algorithm: "ring", fanout: false } : { algorithm, fanout: true }
+    const { call } = variantOf(algorithm)
     variants.push({
       name: algorithm,
       run: async (k) => slowest(await fleet.all<number[]>(p, () => ({ cmd: "benchAllReduce", group, n, ...call, iters: k, warmup: 0 })))
@@ -346,8 +345,8 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
         }))
         const chunkBytes = created[0].chunkElems * 4
         console.log(`\np = ${p}: chunk ${fmtSize(chunkBytes)}, window ${fmtSize(created[0].windowBytes)} per link`)
-        // With two ranks the ring's fan-out all-gather is a relay anyway: "ring" covers both.
-        const algorithms = p === 2 ? a.algorithms.filter((x) => x !== "ring-relay") : a.algorithms
+        // With two ranks a fan-out reaches one receiver, the same traffic as a relay: "<name>" covers both.
+        const algorithms = p === 2 ? a.algorithms.filter((x) => !x.endsWith(RELAY)) : a.algorithms
         for (const bytes of a.sizes) {
           const m = await measure(fleet, p, group, bytes, chunkBytes, algorithms, a.rounds)
           const g = glooTimes?.get(bytes)

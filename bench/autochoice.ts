@@ -8,6 +8,7 @@
 import { spawn } from "node:child_process"
 import { fileURLToPath } from "node:url"
 import { launchNatsServer } from "../core/nats-server.ts"
+import { allReduceAlgorithmNames } from "../collectives/algorithms/index.ts"
 
 const KiB = 1024
 const MiB = 1024 * KiB
@@ -46,7 +47,8 @@ export async function run(argv: ReadonlyArray<string>): Promise<void> {
   const sizes = (get("--sizes") ?? "4K,64K,1M,8M").split(",").map(parseSize)
   const reps = Number(get("--reps") ?? 5)
   const nodes = Number(get("--nodes") ?? 1)
-  const algorithms = ["ring", "tree", "hierarchical"] as const
+  // every registered algorithm (the rank processes register the same built-ins)
+  const algorithms = allReduceAlgorithmNames()
   const server = await launchNatsServer({ maxPayload: 8 * MiB })
   let agree = 0
   let total = 0

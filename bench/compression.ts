@@ -2,7 +2,7 @@
 // [--max-payload 8M] [--codec-mib 16] [--algorithm ring] [--chunk 1M] [--window 8M] [--no-gloo] [--only none,fp16,...] [--prof DIR]
 // [--link 1gbit]`.
 //
-// Per compressor, all measured in this one run:
+// Per registered compressor (collectives/compression/), all measured in this one run:
 // - bytes this rank puts on the wire per step (GradientReducer.stats) against uncompressed fp32;
 // - encode and decode cost per MiB of fp32 gradient (compression-codecs.ts, in this process);
 // - the time of GradientReducer.reduceGradients on a `--mib` gradient set (four matrix-shaped
@@ -27,7 +27,7 @@ import type { ResolvedCompressionConfig } from "../collectives/compression/index
 import type { ReducerStats } from "../collectives/gradient-reducer.ts"
 import { CompressionFleet } from "../test/support/compression-fleet.ts"
 import type { SlotSpec } from "../test/support/compression-cases.ts"
-import { codecFigures, type CodecFigure } from "./compression-codecs.ts"
+import { benchCodecs, codecFigures, type CodecFigure } from "./compression-codecs.ts"
 import { runGloo, torchAvailable } from "./allreduce.ts"
 import { createStar, netnsUnavailable, startNatsIn, type Star } from "../test/support/netns.ts"
 import * as fs from "node:fs"
@@ -90,14 +90,8 @@ interface Variant {
   readonly compression: ResolvedCompressionConfig
 }
 
-const VARIANTS: ReadonlyArray<Variant> = [
-  { label: "none", figure: "none", compression: "none" },
-  { label: "fp16", figure: "fp16", compression: "fp16" },
-  { label: "int8", figure: "int8", compression: { type: "int8" } },
-  { label: "topk 1%", figure: "topk 1%", compression: { type: "topk", ratio: 0.01 } },
-  { label: "powersgd r4", figure: "powersgd r4", compression: { type: "powersgd", rank: 4, warmupSteps: 0 } },
-  { label: "sign", figure: "sign", compression: { type: "sign" } }
-]
+/** Every registered codec, with the config 'auto' would use (else its entry's example). */
+const VARIANTS: ReadonlyArray<Variant> = benchCodecs().map((c) => ({ label: c.label, figure: c.label, compression: c.config }))
 
 /** A NATS-safe group name for a variant. */
 const groupOf = (v: Variant): string => v.label.replace(/[^A-Za-z0-9]+/g, "-")

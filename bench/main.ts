@@ -3,7 +3,7 @@
 const benches: Record<string, { about: string; modules: ReadonlyArray<string> }> = {
   codec: { about: "tensor wire format and chunked NATS transfer vs plain copy / raw NATS", modules: ["./codec.ts", "./transport.ts"] },
   actors: { about: "actor ask round trip vs raw NATS request-reply; spawn-to-ready", modules: ["./actors.ts"] },
-  allreduce: { about: "ring / tree / hierarchical all-reduce vs raw NATS pattern and torch gloo", modules: ["./allreduce.ts"] },
+  allreduce: { about: "every registered all-reduce algorithm vs its raw NATS pattern and torch gloo", modules: ["./allreduce.ts"] },
   compression: { about: "compressors: wire bytes, codec cost, 64 MiB all-reduce at p=4", modules: ["./compression.ts"] },
   trainer: { about: "fit() to first step, recovery time, data-parallel wrapper overhead", modules: ["./trainer.ts"] },
   hetero: { about: "heterogeneity-aware batching vs equal split", modules: ["./hetero.ts"] },

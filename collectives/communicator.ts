@@ -45,17 +45,17 @@ import {
   blamedRanks
 } from "./errors.ts"
 import { roundToHalf } from "./float16.ts"
-import { HEADER_BLOCK_BYTES, HEADER_BYTES, Kind, Opcode, controlBody, controlMessage, readFrame, type Frame } from "./frames.ts"
-import { hierarchicalReduce, type NodeGroup } from "./hierarchical.ts"
+import { HEADER_BLOCK_BYTES, HEADER_BYTES, Kind, Opcode, Variant, controlBody, controlMessage, readFrame, variantOf, type Frame } from "./frames.ts"
+import { allReduceAlgorithmByCode, allowedAlgorithms, findAllReduceAlgorithm, type AllReduceAlgorithm, type AllReduceCall } from "./algorithms/index.ts"
+import type { NodeGroup } from "./algorithms/hierarchical.ts"
+import { decodeSourceBits, halfBitsSource, ringReduce, type HalfSource } from "./algorithms/ring.ts"
 import { scale, type ReduceOp } from "./kernels.ts"
 import { Operation, type OperationHost, type OpSignature } from "./operation.ts"
 import type { Reduction } from "./reduction.ts"
-import { decodeSourceBits, halfBitsSource, ringReduce, type HalfSource } from "./ring.ts"
 import { segmentBounds } from "./segments.ts"
-import { treeReduce } from "./tree.ts"
 
 export type { ReduceOp } from "./kernels.ts"
-export type AllReduceAlgorithm = "ring" | "tree" | "hierarchical"
+export type { AllReduceAlgorithm } from "./algorithms/index.ts"
 export type WireFormat = "f32" | "f16"
 
 export interface CommunicatorOptions {
@@ -109,7 +109,7 @@ interface CallOptions {
 export interface AllReduceOptions extends CallOptions {
   /** Default "sum". */
   readonly op?: ReduceOp
-  /** Default "ring". */
+  /** A registered algorithm's name (collectives/algorithms/); default "ring". */
   readonly algorithm?: AllReduceAlgorithm
   /** This rank's weight for op "weightedMean" (e.g. its sample count): result = sum(w_i x_i) / sum(w_i). */
   readonly weight?: number
@@ -160,26 +160,29 @@ export interface AllGatherOptions extends CallOptions {
 }
 
 const MIN_CHUNK_ELEMS = (64 << 10) / 4
-const PROTOCOL_VERSION = 1
+// 2: the variant's algorithm field is a whole byte (frames.ts)
+const PROTOCOL_VERSION = 2
 
-const algorithmCode = { ring: 0, tree: 1, hierarchical: 2, fanout: 3 } as const
-const algorithmName = ["ring", "tree", "hierarchical", "fanout"]
+/** Broadcast and all-gather have their own small sets of algorithms (their opcode tells them apart). */
+const broadcastCode = { fanout: 0, tree: 1 } as const
+const broadcastName = ["fanout", "tree"]
+const gatherCode = { fanout: 0, ring: 1 } as const
+const gatherName = ["fanout", "ring"]
 const reduceCode: Record<ReduceOp, number> = { sum: 0, mean: 1, max: 2, weightedMean: 3 }
 const reduceName = ["sum", "mean", "max", "weightedMean"]
 const opName = ["?", "barrier", "broadcast", "allGather", "reduceScatter", "allReduce"]
 
-const variantOf = (algorithm: number, reduce: number, half: boolean, relay = false): number =>
-  algorithm | (reduce << 2) | (half ? 16 : 0) | (relay ? 32 : 0)
-
 /** "allReduce(ring, sum, f32)": what a frame's opcode and variant say, for mismatch errors. */
 export const describeOp = (opcode: number, variant: number): string => {
   const name = opName[opcode] ?? `op${opcode}`
-  const wire = variant & 16 ? "f16" : "f32"
-  const algo = algorithmName[variant & 3] ?? "?"
-  const relay = variant & 32 ? ", no fan-out" : ""
-  if (opcode === Opcode.allReduce) return `${name}(${algo}${relay}, ${reduceName[(variant >> 2) & 3]}, ${wire})`
-  if (opcode === Opcode.reduceScatter) return `${name}(${reduceName[(variant >> 2) & 3]}, ${wire})`
+  const wire = variant & Variant.half ? "f16" : "f32"
+  const code = variant & 0xff
+  const reduce = reduceName[(variant & Variant.reduceMask) >> Variant.reduceShift]
+  const relay = variant & Variant.relay ? ", no fan-out" : ""
+  if (opcode === Opcode.allReduce) return `${name}(${allReduceAlgorithmByCode(code)?.name ?? `algorithm #${code}`}${relay}, ${reduce}, ${wire})`
+  if (opcode === Opcode.reduceScatter) return `${name}(${reduce}, ${wire})`
   if (opcode === Opcode.barrier) return name
+  const algo = (opcode === Opcode.broadcast ? broadcastName : gatherName)[code] ?? `#${code}`
   return `${name}(${algo}, ${wire})`
 }
 
@@ -267,6 +270,8 @@ export class Communicator {
   /** Answers late hellos once the group is formed. */
   #hello: Hello | undefined
   readonly #statusIters: Array<{ stop?: () => void }> = []
+  /** 0..worldSize-1, handed to every call's algorithm. */
+  readonly #ranks: ReadonlyArray<number>
 
   private constructor(
     opts: CommunicatorOptions,
@@ -288,6 +293,7 @@ export class Communicator {
     this.#cnc = opts.worldSize > 1 ? (opts.controlNc ?? opts.nc) : undefined
     this.#subjects = subjects
     this.#subs = subs
+    this.#ranks = Object.freeze(Array.from({ length: opts.worldSize }, (_, r) => r))
     const nc = opts.nc
     const cnc = opts.controlNc ?? nc
     const group = opts.group
@@ -748,7 +754,7 @@ export class Communicator {
     if (algorithm !== "fanout" && algorithm !== "tree") this.#argError("broadcast", `algorithm must be "fanout" or "tree", got ${String(algorithm)}`)
     const half = this.#wire("broadcast", opts.wire)
     if (this.worldSize === 1) return data
-    const variant = variantOf(algorithmCode[algorithm], 0, half)
+    const variant = variantOf(broadcastCode[algorithm], 0, half)
     return this.#run({ name: "broadcast", opcode: Opcode.broadcast, variant, length: data.length, half }, opts.timeoutMs, async (op) => {
       // The root keeps exactly what the others decode.
       if (half && this.rank === root) roundToHalf(data)
@@ -770,7 +776,7 @@ export class Communicator {
     out.set(data, this.rank * n)
     if (p === 1) return out
     if (half) roundToHalf(out.subarray(this.rank * n, (this.rank + 1) * n))
-    const variant = variantOf(algorithmCode[algorithm], 0, half)
+    const variant = variantOf(gatherCode[algorithm], 0, half)
     // The length on the wire is the total, so a rank with a different block size is caught.
     return this.#run({ name: "allGather", opcode: Opcode.allGather, variant, length: p * n, half }, opts.timeoutMs, async (op) => {
       await allGatherBlocks(op, out, n, p, this.#chunkFor(n, 1), half, algorithm === "fanout")
@@ -788,12 +794,11 @@ export class Communicator {
     const half = this.#wire("reduceScatter", opts.wire)
     const [s, e] = segmentBounds(data.length, this.worldSize, this.rank)
     if (this.worldSize === 1) return soloResult(data, rop, weight).subarray(s, e)
-    const variant = variantOf(algorithmCode.ring, reduceCode[rop], half)
+    const variant = variantOf(0, reduceCode[rop], half)
     return this.#run({ name: "reduceScatter", opcode: Opcode.reduceScatter, variant, length: data.length, half }, opts.timeoutMs, async (op) => {
       if (rop === "weightedMean") scale(data, 0, data.length, weight)
       const reduce: Reduction = { op: rop, count: this.worldSize, weight, half }
-      const members = Array.from({ length: this.worldSize }, (_, r) => r)
-      await ringReduce(op, data, { members, index: this.rank, chunkElems: this.#chunkFor(data.length, this.worldSize), stepBase: 0, reduce, scatterOnly: true })
+      await ringReduce(op, data, { members: this.#ranks, index: this.rank, chunkElems: this.#chunkFor(data.length, this.worldSize), stepBase: 0, reduce, scatterOnly: true })
       return data.subarray(s, e)
     })
   }
@@ -805,10 +810,9 @@ export class Communicator {
   async allReduce(data: Float32Array, opts: AllReduceOptions = {}): Promise<Float32Array> {
     this.#checkBuffer("allReduce", data)
     const { op: rop, weight } = this.#reduceOp("allReduce", opts.op, opts.weight)
-    const algorithm = opts.algorithm ?? "ring"
-    if (!(algorithm in algorithmCode) || algorithm === ("fanout" as string)) {
-      this.#argError("allReduce", `algorithm must be "ring", "tree" or "hierarchical", got ${String(algorithm)}`)
-    }
+    const name = opts.algorithm ?? "ring"
+    const algorithm = typeof name === "string" ? findAllReduceAlgorithm(name) : undefined
+    if (algorithm === undefined) return this.#argError("allReduce", `algorithm must be ${allowedAlgorithms()}, got ${String(name)}`)
     const hierarchy = opts.hierarchy ?? "node"
     if (hierarchy !== "node" && hierarchy !== "server") this.#argError("allReduce", `hierarchy must be "node" or "server", got ${String(hierarchy)}`)
     const half = this.#wire("allReduce", opts.wire)
@@ -828,30 +832,29 @@ export class Communicator {
     }
     // binary16 input bits are the simplest source
     if (halfInput !== undefined) halfSource = halfBitsSource(halfInput, data)
-    // only the ring takes its values on demand; the other algorithms start from them in `data`
-    if (halfSource !== undefined && (this.worldSize === 1 || algorithm !== "ring")) {
+    // only an algorithm that says so takes its values on demand; the others start from them in `data`
+    if (halfSource !== undefined && (this.worldSize === 1 || algorithm.takesHalfSource !== true)) {
       decodeSourceBits(halfSource, data)
       halfSource = undefined
     }
     if (this.worldSize === 1) return soloResult(data, rop, weight)
     const fanout = opts.fanout !== false
-    const variant = variantOf(algorithmCode[algorithm], reduceCode[rop], half, !fanout && algorithm !== "hierarchical")
+    const variant = variantOf(algorithm.code, reduceCode[rop], half, !fanout && algorithm.usesFanout === true)
     return this.#run({ name: "allReduce", opcode: Opcode.allReduce, variant, length: data.length, half }, opts.timeoutMs, async (op) => {
       if (rop === "weightedMean") scale(data, 0, data.length, weight)
-      const reduce: Reduction = { op: rop, count: this.worldSize, weight, half }
-      const C = this.#chunkFor(data.length, this.worldSize)
-      const p = this.worldSize
-      if (algorithm === "ring") {
-        const members = Array.from({ length: p }, (_, r) => r)
-        // With two ranks a fan-out reaches one receiver: the plain relay is the same traffic with a
-        // whole window for the one link.
-        await ringReduce(op, data, { members, index: this.rank, chunkElems: C, stepBase: 0, reduce, gatherFanout: fanout && p > 2 ? "all" : undefined, halfSource })
-      } else if (algorithm === "tree") {
-        const members = Array.from({ length: p }, (_, r) => r)
-        await treeReduce(op, data, { members, index: this.rank, chunkElems: C, stepBase: 0, reduce, fanoutTarget: fanout ? "all" : undefined })
-      } else {
-        await hierarchicalReduce(op, data, { nodes: this.nodeGroups(hierarchy), chunkElems: C, reduce })
+      const call: AllReduceCall = {
+        op,
+        data,
+        rank: this.rank,
+        worldSize: this.worldSize,
+        ranks: this.#ranks,
+        chunkElems: this.#chunkFor(data.length, this.worldSize),
+        reduce: { op: rop, count: this.worldSize, weight, half },
+        fanout,
+        halfSource,
+        nodeGroups: () => this.nodeGroups(hierarchy)
       }
+      await algorithm.run(call)
       return data
     })
   }

@@ -10,7 +10,8 @@
 // consumed for acks.
 //
 //   0 u8  magic 0x67         1 u8 kind            2 u8 flags        3 u8 opcode
-//   4 u8  variant            5..7 reserved
+//   4 u16 variant: low byte the algorithm's code (an all-reduce's registry code, or a broadcast's
+//         or all-gather's own), high byte the call's options (Variant below)      6..7 reserved
 //   8 u32 seq               12 u32 src           16 u32 step       20 u32 chunk
 //  24 u32 length (elements of the whole buffer)  28 u32 offset (element offset of the payload)
 //  32 f64 value
@@ -51,6 +52,23 @@ export const Opcode = {
   allReduce: 5
 } as const
 
+/**
+ * A frame's variant, one number the receiver compares with its own call's: the algorithm's code
+ * (a whole byte, so up to 256 all-reduce algorithms) and the options every rank must agree on.
+ */
+export const Variant = {
+  /** The reduce op's code (0-3), shifted into the options byte. */
+  reduceShift: 8,
+  reduceMask: 3 << 8,
+  /** Values travel as binary16. */
+  half: 1 << 10,
+  /** An algorithm that can fan out was asked not to (relays instead). */
+  relay: 1 << 11
+} as const
+
+export const variantOf = (algorithm: number, reduce: number, half: boolean, relay = false): number =>
+  (algorithm & 0xff) | (reduce << Variant.reduceShift) | (half ? Variant.half : 0) | (relay ? Variant.relay : 0)
+
 export interface Frame {
   readonly kind: number
   readonly flags: number
@@ -90,8 +108,7 @@ export const frameHeaders = (
   view.setUint8(1, kind)
   view.setUint8(2, flags)
   view.setUint8(3, opcode)
-  view.setUint8(4, variant)
-  view.setUint8(5, 0)
+  view.setUint16(4, variant, true)
   view.setUint16(6, 0, true)
   view.setUint32(8, seq, true)
   view.setUint32(12, src, true)
@@ -117,7 +134,7 @@ export const readFrame = (msg: Msg): Frame | undefined => {
     kind: v.getUint8(1),
     flags: v.getUint8(2),
     opcode: v.getUint8(3),
-    variant: v.getUint8(4),
+    variant: v.getUint16(4, true),
     seq: v.getUint32(8, true),
     src: v.getUint32(12, true),
     step: v.getUint32(16, true),

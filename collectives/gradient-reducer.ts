@@ -8,27 +8,31 @@
 // ones scale the local gradient by w_i / W first (W from one tiny all-reduce per step), so error
 // feedback sees exactly what is sent.
 //
-// Aggregation per codec (see compression/compressor.ts):
-//   fp16      all-reduce with binary16 on the wire. On a ring, error feedback is folded into it
-//             (FeedbackHalfSource): a rank casts only the segment it sends first, p = g·(w/W) + e,
-//             residual e = p - half(p); as a relay or owner it adds f32(g·(w/W)) into the partial sum
-//             at fp32, with no cast of its own, so its residual is nonzero on that one segment only.
-//             Other algorithms: every rank casts all of p with its residual, then reduces the bits.
-//   powersgd  all-reduce of the P and Q factors, per matrix-shaped variable
-//   int8, topk, sign  all-gather of every rank's message; each rank decodes all of them in rank
-//             order (so every rank gets bitwise the same sum). int8 is all-gathered rather than
-//             re-quantised at each ring hop: one quantisation per rank and step, one residual.
+// The path is the aggregation the codec declares (compression/codec.ts), never its name:
+//   none      the plain fp32 weighted-mean all-reduce.
+//   linear    castsToWire (fp16): all-reduce with binary16 on the wire. On a ring, error feedback is
+//             folded into it (FeedbackHalfSource): a rank casts only the segment it sends first,
+//             p = g·(w/W) + e, residual e = p - half(p); as a relay or owner it adds f32(g·(w/W))
+//             into the partial sum at fp32, with no cast of its own, so its residual is nonzero on
+//             that one segment only. Other algorithms: every rank casts all of p with its residual,
+//             then reduces the bits.
+//             Otherwise: y = C(p) into a domain buffer kept per bucket, e = p - D(y), a sum
+//             all-reduce of y (fp32 or binary16 on the wire, as the codec says), result D(Σ y).
+//   allgather (int8, topk, sign): all-gather of every rank's message; each rank decodes all of them
+//             in rank order (so every rank gets bitwise the same sum).
+//   custom    (PowerSGD): the codec's own rounds of fp32 sum all-reduces, per variable.
 import type { AllReduceAlgorithm, Communicator } from "./communicator.ts"
 import { planBuckets, DEFAULT_BUCKET_BYTES, DEFAULT_FIRST_BUCKET_BYTES } from "./bucketing.ts"
-import { addScaledIntoHalf, halfFeedbackBits } from "./float16.ts"
+import { addScaledIntoHalf, halfFeedbackBits, roundToHalf } from "./float16.ts"
 import { scale } from "./kernels.ts"
-import type { HalfSource } from "./ring.ts"
+import type { HalfSource } from "./algorithms/ring.ts"
 import { simdSpace } from "./simd.ts"
 import {
+  CodecContractError,
   createCompressor,
   ErrorFeedback,
-  PowerSgdCompressor,
-  type Compressor,
+  type Codec,
+  type CustomCodec,
   type ResolvedCompressionConfig
 } from "./compression/index.ts"
 
@@ -50,6 +54,12 @@ export interface GradientReducerOptions {
   readonly maxInFlight?: number
   /** Timing of each bucket's reduction (for the timeline). */
   readonly onBucket?: (info: { bucket: number; bytes: number; algorithm: string; startMs: number; endMs: number; encodeMs: number }) => void
+}
+
+/** Residuals, and the state of a codec that keeps its own (PowerSGD: under "powersgd"), for a checkpoint. */
+export interface ReducerState {
+  readonly residuals: Record<string, Float32Array>
+  readonly [codec: string]: unknown
 }
 
 export interface ReducerStats {
@@ -161,14 +171,22 @@ class FeedbackHalfSource implements HalfSource {
   }
 }
 
+/** The codec a config makes, or undefined for one that compresses nothing (its aggregation is 'none'). */
+const codecFor = (config: ResolvedCompressionConfig): Codec | undefined => {
+  const codec = createCompressor(config)
+  return codec.aggregation === "none" ? undefined : codec
+}
+
 export class GradientReducer {
   readonly comm: Communicator
-  /** Switchable once (compression 'auto' decides after warm-up): see setCompression. */
-  compressor: Compressor | PowerSgdCompressor | undefined
+  /** Undefined when nothing is compressed. Switchable once (compression 'auto' decides after warm-up): see setCompression. */
+  compressor: Codec | undefined
   readonly ef = new ErrorFeedback()
   readonly #opts: GradientReducerOptions
   #plan: { key: string; buckets: Range[] } | undefined
   readonly #gather = new Map<number, { words: Float32Array; gathered: Float32Array }>()
+  /** A linear codec's domain vector and this rank's decoded message, per bucket. */
+  readonly #linear = new Map<number, { domain: Float32Array; own: Float32Array }>()
   readonly #half = new Map<number, Uint16Array>()
   /** fp16 buckets' residuals: where they may be nonzero (FeedbackHalfSource). */
   readonly #nonzero = new Map<string, NonzeroHint>()
@@ -178,9 +196,7 @@ export class GradientReducer {
   constructor(comm: Communicator, opts: GradientReducerOptions) {
     this.comm = comm
     this.#opts = opts
-    const c = opts.compression ?? "none"
-    const made = c === "none" || (typeof c === "object" && c.type === "none") ? undefined : createCompressor(c)
-    this.compressor = made as Compressor | PowerSgdCompressor | undefined
+    this.compressor = codecFor(opts.compression ?? "none")
     this.ef.allocate = (key, n) => this.#residualStorage(key, n)
   }
 
@@ -242,10 +258,7 @@ export class GradientReducer {
    * some, and a switch between codecs hands one codec's residuals to the next.
    */
   setCompression(c: ResolvedCompressionConfig): void {
-    this.compressor = (c === "none" || (typeof c === "object" && c.type === "none") ? undefined : createCompressor(c)) as
-      | Compressor
-      | PowerSgdCompressor
-      | undefined
+    this.compressor = codecFor(c)
   }
 
   get stats(): ReducerStats {
@@ -279,8 +292,8 @@ export class GradientReducer {
     let wire = 0
     if (this.comm.worldSize === 1) {
       // Nothing to exchange; compression would only add error.
-    } else if (this.compressor instanceof PowerSgdCompressor) {
-      wire = await this.#powerSgd(flat, layout, weight)
+    } else if (this.compressor?.aggregation === "custom") {
+      wire = await this.#custom(this.compressor, flat, layout, weight)
     } else {
       const buckets = this.#buckets(layout)
       const scaleBy = this.compressor ? weight / (await this.#totalWeight(weight)) : 1
@@ -313,7 +326,7 @@ export class GradientReducer {
   async #bucket(k: number, data: Float32Array, weight: number, scaleBy: number, step: number): Promise<number> {
     const startMs = performance.now()
     const algorithm = this.#algorithm(data.length * 4)
-    const c = this.compressor as Compressor | undefined
+    const c = this.compressor
     let encodeMs = 0
     let bytes: number
     if (!c) {
@@ -322,7 +335,7 @@ export class GradientReducer {
       bytes = data.length * (f16 ? 2 : 4)
     } else {
       const key = `bucket${k}`
-      if (c.aggregation === "allreduce") {
+      if (c.aggregation === "linear" && c.castsToWire) {
         // fp16: p = g·(w/W) + e is sent as binary16; the residual keeps what rounding dropped.
         // One fused pass over the bucket (scaling, residual update, rounding and the encode)
         // writes the message's bits, which the all-reduce sends and adds as they are; the
@@ -352,7 +365,27 @@ export class GradientReducer {
           await this.comm.allReduce(data, { op: "sum", algorithm, wire: "f16", halfInput })
         }
         bytes = data.length * 2
-      } else {
+      } else if (c.aggregation === "linear") {
+        const t0 = performance.now()
+        const bufs = this.#linearBuffers(k, data.length, c.domainLength(data.length))
+        const ctx = { step, rank: this.comm.rank, key }
+        if (c.errorFeedback) {
+          // p = g·(w/W) + e in the residual; y = C(p) as it travels; e = p - D(y)
+          const e = this.ef.residual(key, data.length)
+          for (let i = 0; i < data.length; i++) e[i] += Math.fround(data[i] * scaleBy)
+          c.toDomain(e, bufs.domain, ctx)
+          if (c.wire === "f16") roundToHalf(bufs.domain)
+          c.fromDomain(bufs.domain, bufs.own)
+          for (let i = 0; i < data.length; i++) e[i] -= bufs.own[i]
+        } else {
+          scale(data, 0, data.length, scaleBy)
+          c.toDomain(data, bufs.domain, ctx)
+        }
+        encodeMs = performance.now() - t0
+        await this.comm.allReduce(bufs.domain, { op: "sum", algorithm, wire: c.wire })
+        c.fromDomain(bufs.domain, data)
+        bytes = bufs.domain.length * (c.wire === "f16" ? 2 : 4)
+      } else if (c.aggregation === "allgather") {
         const t0 = performance.now()
         const n = c.wireBytes(data.length)
         // The message travels as float32 words (padded to a multiple of 4 bytes); message and
@@ -389,6 +422,8 @@ export class GradientReducer {
           for (const m of msgs) c.accumulate(m, data, 1)
         }
         bytes = n
+      } else {
+        throw new CodecContractError({ codec: c.name, reason: `aggregation "${c.aggregation}" has no per-bucket path in the gradient reducer` })
       }
     }
     this.#opts.onBucket?.({ bucket: k, bytes, algorithm, startMs, endMs: performance.now(), encodeMs })
@@ -406,6 +441,15 @@ export class GradientReducer {
     return b
   }
 
+  #linearBuffers(k: number, n: number, m: number): { domain: Float32Array; own: Float32Array } {
+    let b = this.#linear.get(k)
+    if (!b || b.domain.length !== m || b.own.length !== n) {
+      b = { domain: new Float32Array(m), own: new Float32Array(n) }
+      this.#linear.set(k, b)
+    }
+    return b
+  }
+
   #gatherBuffers(k: number, words: number): { words: Float32Array; gathered: Float32Array } {
     let b = this.#gather.get(k)
     if (!b || b.words.length !== words) {
@@ -415,8 +459,8 @@ export class GradientReducer {
     return b
   }
 
-  async #powerSgd(flat: Float32Array, layout: ReadonlyArray<GradientSlotInfo>, weight: number): Promise<number> {
-    const psgd = this.compressor as PowerSgdCompressor
+  /** A codec that runs its own rounds (PowerSGD): the whole step, per variable. */
+  async #custom(codec: CustomCodec, flat: Float32Array, layout: ReadonlyArray<GradientSlotInfo>, weight: number): Promise<number> {
     const scaleBy = weight / (await this.#totalWeight(weight))
     let wire = 0
     // each round by its own size: the factors are a small fraction of the gradient
@@ -434,7 +478,7 @@ export class GradientReducer {
       return { key: s.name, shape: s.shape, grad: region, out: region }
     })
     const startMs = performance.now()
-    await psgd.reduce(tensors, allReduce, psgd.errorFeedback ? this.ef : undefined, scaleBy)
+    await codec.reduce(tensors, allReduce, codec.errorFeedback ? this.ef : undefined, scaleBy)
     this.#opts.onBucket?.({ bucket: 0, bytes: wire, algorithm: [...used].join("+"), startMs, endMs: performance.now(), encodeMs: 0 })
     return wire
   }
@@ -449,16 +493,16 @@ export class GradientReducer {
     return this.comm.allReduce(buf, { op: "sum", algorithm: "tree" }).then(() => undefined)
   }
 
-  /** Residuals (and PowerSGD's warm-start factors) for a checkpoint. */
-  state(): { residuals: Record<string, Float32Array>; powersgd?: { step: number; q: Record<string, Float32Array> } } {
-    return {
-      residuals: this.ef.state(),
-      ...(this.compressor instanceof PowerSgdCompressor ? { powersgd: this.compressor.state() } : {})
-    }
+  /** Residuals, and the state of a codec that keeps its own (PowerSGD's warm-start factors), for a checkpoint. */
+  state(): ReducerState {
+    const c = this.compressor
+    const own = c?.aggregation === "custom" && c.state ? c.state() : undefined
+    return { residuals: this.ef.state(), ...(c && own !== undefined ? { [c.name]: own } : {}) }
   }
 
-  restore(state: { residuals?: Record<string, ArrayLike<number>>; powersgd?: { step: number; q: Record<string, ArrayLike<number>> } }): void {
+  restore(state: { readonly residuals?: Record<string, ArrayLike<number>>; readonly [codec: string]: unknown }): void {
     if (state.residuals) this.ef.restore(state.residuals)
-    if (state.powersgd && this.compressor instanceof PowerSgdCompressor) this.compressor.restore(state.powersgd)
+    const c = this.compressor
+    if (c?.aggregation === "custom" && c.restore && state[c.name] !== undefined) c.restore(state[c.name])
   }
 }

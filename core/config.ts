@@ -15,7 +15,12 @@ const Name = Schema.String.check(
   Schema.isPattern(/^[A-Za-z0-9_-]{1,128}$/, { message: "Expected 1-128 letters, digits, \"_\" or \"-\"" })
 )
 
-export const PlacementStrategy = Schema.Literals(["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"])
+/**
+ * Ray's placement strategies: the config's vocabulary. Each has exactly one entry in the
+ * scheduler's table (scheduler/placement-strategies.ts), which is typed by this list.
+ */
+export const placementStrategyNames = ["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] as const
+export const PlacementStrategy = Schema.Literals(placementStrategyNames)
 export type PlacementStrategy = typeof PlacementStrategy.Type
 
 export const BackendName = Schema.Literals(["auto", "tensorflow-gpu", "tensorflow", "wasm", "cpu"])
@@ -105,7 +110,14 @@ export const RunConfig = Schema.Struct({
 })
 export type RunConfig = typeof RunConfig.Type
 
-export const CollectiveAlgorithm = Schema.Literals(["auto", "ring", "tree", "hierarchical"])
+/**
+ * "auto" or the name of a registered all-reduce algorithm ("ring", "tree", "hierarchical", or one
+ * registered at run time). Only the shape is checked here: the algorithm registry
+ * (collectives/algorithms/) owns the list and checks the name when the Trainer resolves its options.
+ */
+export const CollectiveAlgorithm = Schema.String.check(
+  Schema.isPattern(/^[a-z][a-z0-9-]{0,31}$/, { message: 'Expected "auto" or an all-reduce algorithm\'s name, e.g. "ring", "tree", "hierarchical"' })
+)
 export type CollectiveAlgorithm = typeof CollectiveAlgorithm.Type
 
 export const CollectiveConfig = Schema.Struct({

@@ -1,23 +1,23 @@
 // Picks, from the cost model, the all-reduce algorithm for each gradient bucket and whether (and
 // how) to compress, and explains the decision in words and JSON so a user can see why. Pure.
 //
-// Per bucket: the algorithm with the lowest predicted time (ties: ring, tree, hierarchical).
+// Per bucket: the algorithm with the lowest predicted time (ties: the first in the order given, the
+// all-reduce registry's: ring, tree, hierarchical, then any registered later).
 // Compression 'auto' (escalating, because every compressor costs accuracy or compute):
 //   1. predicted communication per step (sum over buckets of the best algorithm) <= measured compute
 //      time of a step -> no compression: the network is not the bottleneck;
-//   2. else the mild compressor (the first of the list, fp16 by default) if its predicted
+//   2. else the mild compressor (the first of the list: the registry's fp16) if its predicted
 //      communication + codec time is within `farAboveFactor` x compute;
-//   3. else the cheapest of the aggressive ones (powersgd, topk) if it beats the mild one.
+//   3. else the cheapest of the aggressive ones (the rest: powersgd, topk) if it beats the mild one.
 // A compressor is only ever chosen when its predicted total beats sending uncompressed.
 // Compressed sizes: wire = bytes / ratio; all-reduce-compatible compressors (fp16, PowerSGD's P and
 // Q) run `rounds` all-reduces of wire/rounds each (the algorithm re-picked for that size); sparse
 // ones (top-k) need an all-gather of each rank's wire bytes.
 import {
-  allReduceAlgorithms,
   nodeGroups,
   predictAll,
   predictAllGather,
-  type AllReduceAlgorithm,
+  type AlgorithmCost,
   type CostModel,
   type FittedCostModel,
   type Prediction,
@@ -27,24 +27,29 @@ import { formatBytes } from "./resources.ts"
 
 export interface AlgorithmChoice {
   readonly bytes: number
-  readonly algorithm: AllReduceAlgorithm
+  readonly algorithm: string
   readonly ms: number
-  /** Every candidate, in allReduceAlgorithms order. */
+  /** Every algorithm's prediction, in the order the algorithms were given. */
   readonly predictions: readonly Prediction[]
   readonly reason: string
 }
 
 const fmtMs = (ms: number): string => (ms >= 100 ? ms.toFixed(0) : ms >= 10 ? ms.toFixed(1) : ms.toFixed(3))
 
-/** The cheapest algorithm for one all-reduce of `bytes`. */
+/**
+ * The cheapest of `algorithms` (the all-reduce registry's entries, in its preference order) for
+ * one all-reduce of `bytes`; with `candidates`, the cheapest of those names (every algorithm is
+ * still predicted, for the explanation).
+ */
 export const chooseAlgorithm = (
   bytes: number,
   topo: Topology,
   model: CostModel,
-  candidates: readonly AllReduceAlgorithm[] = allReduceAlgorithms
+  algorithms: readonly AlgorithmCost[],
+  candidates?: readonly string[]
 ): AlgorithmChoice => {
-  const predictions = predictAll(bytes, topo, model)
-  const allowed = predictions.filter((p) => candidates.includes(p.algorithm))
+  const predictions = predictAll(bytes, topo, model, algorithms)
+  const allowed = candidates === undefined ? predictions : predictions.filter((p) => candidates.includes(p.algorithm))
   const pool = allowed.length > 0 ? allowed : predictions
   let best = pool[0]!
   for (const p of pool) if (p.ms < best.ms) best = p
@@ -75,17 +80,6 @@ export interface CompressorProfile {
   readonly codecMsPerByte?: number
 }
 
-/**
- * Default escalation order. Ratios are placeholders for when the trainer has not computed them from
- * the model's shapes: PowerSGD rank r on an m x n matrix sends r(m+n) of mn values; top-k at 1%
- * density sends values + int32 indices (2% of the bytes).
- */
-export const defaultCompressors: readonly CompressorProfile[] = [
-  { name: "fp16", ratio: 2, collective: "allreduce" },
-  { name: "powersgd", ratio: 32, collective: "allreduce", rounds: 2 },
-  { name: "topk", ratio: 50, collective: "allgather" }
-]
-
 export type CompressionMode = "auto" | "none" | string
 
 export interface CommunicationRequest {
@@ -97,11 +91,17 @@ export interface CommunicationRequest {
   readonly computeMs?: number
   /** Default 'auto'. A compressor name forces it. */
   readonly compression?: CompressionMode
-  /** Escalation order: the first is the mild one. Default defaultCompressors. */
-  readonly compressors?: readonly CompressorProfile[]
+  /**
+   * The compressors 'auto' may escalate through, the first being the mild one (the codec
+   * registry's candidates, collectives/compression/: the scheduler does not import them).
+   */
+  readonly compressors: readonly CompressorProfile[]
   /** "Far above compute": escalate past the mild compressor when it leaves more than this x compute. Default 2. */
   readonly farAboveFactor?: number
-  readonly candidates?: readonly AllReduceAlgorithm[]
+  /** The all-reduce algorithms to predict (the registry's entries, collectives/algorithms/). */
+  readonly algorithms: readonly AlgorithmCost[]
+  /** Names among `algorithms` that may be chosen; default all. */
+  readonly candidates?: readonly string[]
 }
 
 export interface CompressionCandidate {
@@ -149,7 +149,7 @@ const evaluateCompressor = (c: CompressorProfile, req: CommunicationRequest): Co
       commMs += predictAllGather(wire, req.topology, req.model)
       perBucket.push("allgather")
     } else {
-      const choice = chooseAlgorithm(wire / rounds, req.topology, req.model, req.candidates)
+      const choice = chooseAlgorithm(wire / rounds, req.topology, req.model, req.algorithms, req.candidates)
       commMs += choice.ms * rounds
       perBucket.push(choice.algorithm)
     }
@@ -159,9 +159,9 @@ const evaluateCompressor = (c: CompressorProfile, req: CommunicationRequest): Co
 
 /** Chooses the algorithm per bucket and the compression; see the module comment for the rules. */
 export const planCommunication = (req: CommunicationRequest): CommunicationPlan => {
-  const buckets = req.bucketBytes.map((b) => chooseAlgorithm(b, req.topology, req.model, req.candidates))
+  const buckets = req.bucketBytes.map((b) => chooseAlgorithm(b, req.topology, req.model, req.algorithms, req.candidates))
   const uncompressedMs = buckets.reduce((s, b) => s + b.ms, 0)
-  const compressors = req.compressors ?? defaultCompressors
+  const compressors = req.compressors
   const candidates = compressors.map((c) => evaluateCompressor(c, req))
   const mode = req.compression ?? "auto"
   const computeMs = req.computeMs !== undefined && Number.isFinite(req.computeMs) && req.computeMs >= 0 ? req.computeMs : undefined

@@ -1,6 +1,7 @@
 // Alpha-beta cost model of gradwire's collectives over NATS: fitted from probe measurements, it
-// predicts how long ring, tree and hierarchical all-reduce take for a message size and a topology,
-// so algorithm-choice.ts can pick the cheapest per bucket. Pure arithmetic, no I/O.
+// predicts how long each all-reduce algorithm (ring, tree, hierarchical, ...) takes for a message
+// size and a topology, so algorithm-choice.ts can pick the cheapest per bucket. Pure arithmetic,
+// no I/O.
 //
 // Links. A message of b bytes between two ranks costs  t = alpha_c + b * beta_c,  where the link
 // class c is 'same-node' (same host, same NATS server), 'same-server' (different hosts, same NATS
@@ -28,41 +29,25 @@
 // A lone flow costs alpha + b*beta either way; concurrent messages overlap on the links but queue
 // at the hub, so a stage of p messages costs about p*a on one server, not one alpha.
 //
-// Algorithms (p ranks in rank order, n bytes, chunk C = chunkBytes, k = max(1, ceil(n/C))), as the
-// collectives run them. A fan-out stage is one publish that the server copies to every other
-// member: the sender pays the bytes once, the hub p-1 deliveries, each receiver one copy, and the
-// stage one alpha (not p-1 relay hops).
-//   ring          reduce-scatter: p-1 stages, every rank i -> i+1 (mod p) sends n/p; all-gather
-//                 (p > 2): ONE fan-out stage, every rank publishes its finished n/p to the p-1
-//                 others (p = 2: one more relay stage). Without the hub term:
-//                   T = (p-1)(alpha + n/p*beta) + (alpha + (p-1)/p*n*beta) = p*alpha + 2(p-1)/p*n*beta
-//                 On one server every stage moves n bytes through the hub in both phases (p flows
-//                 of n/p; p publishes of n/p delivered p-1 times), so T -> 2(p-1) * n / B; and the
-//                 hub handles 2p(p-1) messages, against the tree's 2k(p-1) (k = 1 when small).
-//   tree          binary tree over ranks (parent of i is (i-1)/2), height h = floor(log2 p); the
-//                 reduce up is pipelined in k chunks of c = n/k (chunk q leaves depth l at stage
-//                 q + h - l) and the root publishes each reduced chunk ONCE, fanned out to all p-1
-//                 ranks, at stage q + h, overlapping the later chunks' way up: h + k stages. For
-//                 one chunk and no hub term, full tree: T = h(alpha + 2*n*beta) + (alpha + n*beta)
-//                 [a parent takes two children's chunks; one fan-out down]. Latency grows with
-//                 log2 p, not p, so the tree wins small messages; its k alphas lose large ones.
-//   hierarchical  every member streams its k chunks straight to its node's leader (lowest rank;
-//                 all nodes at once, k stages), a relay ring among the N leaders over the cross
-//                 links (2(N-1) stages of n/N: the leaders' ring has no fan-out all-gather), then
-//                 each leader publishes the result ONCE per chunk to its node, fanned out to the
-//                 members (k stages). Only leaders' bytes cross nodes/servers, so it wins when
-//                 cross-server links are slow; with one rank per node it is a relay ring.
-//                 (hierarchicalGroups: 'server' groups by NATS server instead of by node.)
+// Algorithms. Each all-reduce algorithm declares its stages next to its implementation
+// (collectives/algorithms/: ring, tree, hierarchical, ...; the vocabulary is core/collective-cost.ts)
+// and the caller hands the entries in, since the scheduler does not import the collectives. A
+// fan-out stage is one publish that the server copies to every other member: the sender pays the
+// bytes once, the hub p-1 deliveries, each receiver one copy, and the stage one alpha (not p-1
+// relay hops). For example the ring (p ranks, n bytes): p-1 relay stages of n/p, then one fan-out
+// all-gather stage, so without the hub term T = p*alpha + 2(p-1)/p*n*beta; on one server every
+// stage moves n bytes through the hub, so T -> 2(p-1) * n / B. The tree: h + k stages for k chunks
+// (latency grows with log2 p, so it wins small messages; its k alphas lose large ones).
 // p = 1 costs 0 (no traffic).
 import { Result, Schema } from "effect"
 import { COST_MODEL_CHUNK_BYTES } from "../core/defaults.ts"
+import type { AlgorithmCost, Flow, RankLocation, Topology } from "../core/collective-cost.ts"
 import { formatBytes } from "./resources.ts"
+
+export { nodeGroups, type AlgorithmCost, type Flow, type RankLocation, type Topology } from "../core/collective-cost.ts"
 
 export type LinkClass = "same-node" | "same-server" | "cross-server"
 export const linkClasses: readonly LinkClass[] = ["same-node", "same-server", "cross-server"]
-
-export type AllReduceAlgorithm = "ring" | "tree" | "hierarchical"
-export const allReduceAlgorithms: readonly AllReduceAlgorithm[] = ["ring", "tree", "hierarchical"]
 
 export interface AlphaBeta {
   /** Fixed cost of one message, ms (one way). */
@@ -87,14 +72,6 @@ export interface CostModel {
   readonly hierarchicalGroups?: "node" | "server"
 }
 
-/** Where one rank sits; index = rank. */
-export interface RankLocation {
-  readonly nodeId: string
-  /** NATS server id the rank's connection goes through. */
-  readonly server: string
-}
-export type Topology = readonly RankLocation[]
-
 /** One probe measurement: a message of `bytes` took `ms` one way (halve a round trip). */
 export interface ProbeSample {
   readonly bytes: number
@@ -108,7 +85,7 @@ export interface PhasePrediction {
 }
 
 export interface Prediction {
-  readonly algorithm: AllReduceAlgorithm
+  readonly algorithm: string
   readonly bytes: number
   readonly ranks: number
   readonly ms: number
@@ -289,13 +266,6 @@ export const fitCostModel = (
 export const linkClassOf = (a: RankLocation, b: RankLocation): LinkClass =>
   a.server !== b.server ? "cross-server" : a.nodeId === b.nodeId ? "same-node" : "same-server"
 
-/** Concurrent transfers in one stage; a flow with several destinations is one publish fanned out. */
-export interface Flow {
-  readonly src: number
-  readonly dsts: readonly number[]
-  readonly bytes: number
-}
-
 export interface StageCost {
   readonly ms: number
   readonly latencyMs: number
@@ -391,90 +361,7 @@ const addStage = (ph: PhaseAcc, c: StageCost, times: number): void => {
   }
 }
 
-const chunking = (bytes: number, model: CostModel): { k: number; chunk: number } => {
-  const C = model.chunkBytes !== undefined && model.chunkBytes > 0 ? model.chunkBytes : DEFAULT_CHUNK_BYTES
-  const k = Math.max(1, Math.ceil(bytes / C))
-  return { k, chunk: bytes / k }
-}
-
-/** Heap-ordered binary tree over `members` (global ranks); depth of member j is floor(log2(j+1)). */
-const depthOf = (j: number): number => Math.floor(Math.log2(j + 1))
-
-/**
- * Tree all-reduce as the collective runs it (collectives/tree.ts): chunk q leaves a node at depth l
- * (towards its parent) at stage q + (H - l), reaches the root at the end of stage q + H - 1, and
- * the root publishes it once, fanned out by the server to every other rank, at stage q + H. The
- * way down overlaps the way up (while chunk q goes down, later chunks are still coming up), so the
- * whole all-reduce is H + k stages. Stages with the same set of active levels cost the same, so
- * the steady state (every level busy and the root fanning out: stages H .. k-1) is costed once.
- */
-const treeStages = (members: readonly number[], k: number, chunk: number, ph: PhaseAcc, topo: Topology, model: CostModel) => {
-  const g = members
-  if (g.length <= 1) return
-  const H = depthOf(g.length - 1)
-  const total = H + k
-  const memo = new Map<string, StageCost>()
-  const others = g.slice(1)
-  for (let j = 0; j < total; j++) {
-    // k can be large (64 MiB in 1-byte chunks is 64M stages): repeat the steady state in one go.
-    const repeat = j === H && k - 1 >= H ? k - H : 1
-    const flows: Flow[] = []
-    const keyParts: string[] = []
-    for (let l = H; l >= 1; l--) {
-      const q = j - (H - l)
-      if (q < 0 || q >= k) continue
-      keyParts.push(`${l}`)
-      for (let m = 1; m < g.length; m++) if (depthOf(m) === l) flows.push({ src: g[m]!, dsts: [g[(m - 1) >> 1]!], bytes: chunk })
-    }
-    const down = j - H
-    if (down >= 0 && down < k) {
-      keyParts.push("fan-out")
-      flows.push({ src: g[0]!, dsts: others, bytes: chunk })
-    }
-    const key = keyParts.join(",")
-    let c = memo.get(key)
-    if (c === undefined) {
-      c = stageCost(flows, topo, model)
-      memo.set(key, c)
-    }
-    addStage(ph, c, repeat)
-    j += repeat - 1
-  }
-}
-
-/**
- * Ring over `members` (collectives/ring.ts): p-1 reduce-scatter steps, every member i -> i+1 sends
- * n/p; then the all-gather, either as one stage in which every member publishes its finished n/p
- * once and the server delivers it to the p-1 others (`fanoutGather`, what the ring all-reduce does
- * for p > 2), or as p-1 more relay steps (p = 2, and the leaders' ring of hierarchical).
- */
-const ringStages = (members: readonly number[], bytes: number, ph: PhaseAcc, topo: Topology, model: CostModel, fanoutGather: boolean) => {
-  const q = members.length
-  if (q <= 1) return
-  const relay = members.map((r, i) => ({ src: r, dsts: [members[(i + 1) % q]!], bytes: bytes / q }))
-  const relayCost = stageCost(relay, topo, model)
-  if (!fanoutGather || q <= 2) {
-    addStage(ph, relayCost, 2 * (q - 1))
-    return
-  }
-  addStage(ph, relayCost, q - 1)
-  const gather = members.map((r) => ({ src: r, dsts: members.filter((d) => d !== r), bytes: bytes / q }))
-  addStage(ph, stageCost(gather, topo, model), 1)
-}
-
-/** Ranks grouped by node (or server), groups in order of their first (lowest) rank; leader = first member. */
-export const nodeGroups = (topo: Topology, by: "node" | "server" = "node"): number[][] => {
-  const groups = new Map<string, number[]>()
-  topo.forEach((loc, r) => {
-    const key = by === "node" ? loc.nodeId : loc.server
-    const g = groups.get(key)
-    if (g) g.push(r)
-    else groups.set(key, [r])
-  })
-  return [...groups.values()]
-}
-
-const finish = (algorithm: AllReduceAlgorithm, bytes: number, p: number, phases: PhaseAcc[]): Prediction => {
+const finish = (algorithm: string, bytes: number, p: number, phases: PhaseAcc[]): Prediction => {
   const ms = phases.reduce((s, ph) => s + ph.ms, 0)
   const lat = phases.reduce((s, ph) => s + ph.latencyMs, 0)
   const link = phases.reduce((s, ph) => s + ph.linkMs, 0)
@@ -494,46 +381,26 @@ const finish = (algorithm: AllReduceAlgorithm, bytes: number, p: number, phases:
   }
 }
 
-/** Predicted time of one all-reduce of `bytes` over `topo` (rank i at topo[i]). */
-export const predictAllReduce = (algorithm: AllReduceAlgorithm, bytes: number, topo: Topology, model: CostModel): Prediction => {
+/** Chunk of the algorithms' pipelined streams (the model's, default 1 MiB). */
+const chunkBytesOf = (model: CostModel): number =>
+  model.chunkBytes !== undefined && model.chunkBytes > 0 ? model.chunkBytes : DEFAULT_CHUNK_BYTES
+
+/** Predicted time of one all-reduce of `bytes` over `topo` (rank i at topo[i]) by `algorithm`. */
+export const predictAllReduce = (algorithm: AlgorithmCost, bytes: number, topo: Topology, model: CostModel): Prediction => {
   const p = topo.length
-  if (p <= 1 || bytes <= 0) return finish(algorithm, bytes, p, [])
-  const all = topo.map((_, r) => r)
-  switch (algorithm) {
-    case "ring": {
-      const ph = newPhase("ring reduce-scatter + all-gather")
-      ringStages(all, bytes, ph, topo, model, true)
-      return finish(algorithm, bytes, p, [ph])
-    }
-    case "tree": {
-      const { k, chunk } = chunking(bytes, model)
-      const ph = newPhase("tree reduce + root fan-out")
-      treeStages(all, k, chunk, ph, topo, model)
-      return finish(algorithm, bytes, p, [ph])
-    }
-    case "hierarchical": {
-      const groups = nodeGroups(topo, model.hierarchicalGroups ?? "node")
-      const { k, chunk } = chunking(bytes, model)
-      // Every member streams its chunks straight to its leader (no tree inside the node); all
-      // nodes at once. The stages are all alike: cost one, k times.
-      const up = newPhase("intra-node reduce")
-      const gather = groups.flatMap((g) => g.slice(1).map((r) => ({ src: r, dsts: [g[0]!], bytes: chunk })))
-      if (gather.length > 0) addStage(up, stageCost(gather, topo, model), k)
-      const leaders = newPhase("leaders ring")
-      ringStages(groups.map((g) => g[0]!), bytes, leaders, topo, model, false)
-      // Each leader publishes the result once per chunk to its node's subject; the server delivers
-      // a copy to every other member.
-      const down = newPhase("intra-node broadcast")
-      const fan = groups.filter((g) => g.length > 1).map((g) => ({ src: g[0]!, dsts: g.slice(1), bytes: chunk }))
-      if (fan.length > 0) addStage(down, stageCost(fan, topo, model), k)
-      return finish(algorithm, bytes, p, [up, leaders, down])
-    }
-  }
+  if (p <= 1 || bytes <= 0) return finish(algorithm.name, bytes, p, [])
+  const input = { bytes, topology: topo, chunkBytes: chunkBytesOf(model), hierarchy: model.hierarchicalGroups ?? "node", fanout: true }
+  const phases = algorithm.stages(input).map((declared) => {
+    const ph = newPhase(declared.name)
+    for (const stage of declared.stages) addStage(ph, stageCost(stage.flows, topo, model), stage.times)
+    return ph
+  })
+  return finish(algorithm.name, bytes, p, phases)
 }
 
-/** Every algorithm's prediction, in allReduceAlgorithms order. */
-export const predictAll = (bytes: number, topo: Topology, model: CostModel): readonly Prediction[] =>
-  allReduceAlgorithms.map((a) => predictAllReduce(a, bytes, topo, model))
+/** Every algorithm's prediction, in the order given (the registry's: its preference order). */
+export const predictAll = (bytes: number, topo: Topology, model: CostModel, algorithms: readonly AlgorithmCost[]): readonly Prediction[] =>
+  algorithms.map((a) => predictAllReduce(a, bytes, topo, model))
 
 /**
  * All-gather of `bytesPerRank` from every rank (sparse compressors such as top-k cannot be summed

@@ -2,20 +2,19 @@
 // and keeps a ledger of what running jobs hold so two jobs never share a GPU. Pure: it reads a list
 // of NodeResources and returns a plan or a typed error, so it is tested over hand-made clusters.
 //
-// Semantics (Ray placement groups, one bundle = one worker's resourcesPerWorker):
-//   PACK          as few nodes as possible (best effort): largest free capacity first, and the last,
-//                 partly filled node is the smallest that still fits the remainder (best fit), so
-//                 big nodes stay whole for the next job.
-//   SPREAD        as many nodes as possible (best effort): round-robin, one worker per node per round.
-//   STRICT_PACK   all workers on one node (the smallest that fits), or PlacementInfeasible.
-//   STRICT_SPREAD every worker on a distinct node, or PlacementInfeasible.
+// Semantics (Ray placement groups, one bundle = one worker's resourcesPerWorker): the strategies
+// (PACK, SPREAD, STRICT_PACK, STRICT_SPREAD) are declared in placement-strategies.ts, each with
+// how it spreads workers over the eligible nodes; this module decides which nodes are eligible
+// and how many workers each can take, and plans through the requested strategy's entry.
 // A node is eligible only if the worker's tfjs backend loads there (useGpu needs 'tensorflow-gpu'
 // and a free GPU), its labels match the selector, and, with acceleratorType, it has a GPU whose name
 // contains that string (only those GPUs are handed out). Ranks are ordered by node (head first,
 // then nodeId), then by GPU index, as Ray Train does; CPU-only workers get CUDA_VISIBLE_DEVICES=""
 // so a GPU build of tfjs on their node does not grab a GPU it was not given.
 import { Result, Schema } from "effect"
+import type { PlacementStrategy } from "../core/config.ts"
 import { ConfigError } from "../core/errors.ts"
+import { findPlacementStrategy, placementStrategyEntries, type PlacementStrategyEntry, type Selection } from "./placement-strategies.ts"
 import {
   CPU,
   GPU,
@@ -33,8 +32,9 @@ import {
   type TfjsBackend
 } from "./resources.ts"
 
-export type PlacementStrategy = "PACK" | "SPREAD" | "STRICT_PACK" | "STRICT_SPREAD"
-export const placementStrategies: readonly PlacementStrategy[] = ["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
+export type { PlacementStrategy } from "../core/config.ts"
+/** The strategies' names, in the config's order (placement-strategies.ts). */
+export const placementStrategies: readonly PlacementStrategy[] = placementStrategyEntries().map((e) => e.name)
 
 /**
  * Label selector, Ray style. Per key: "v" (equals), "!v" (absent or different), "in(a,b)",
@@ -176,6 +176,7 @@ interface NormalizedRequest {
   readonly useGpu: boolean
   readonly resources: Readonly<Record<string, number>>
   readonly strategy: PlacementStrategy
+  readonly strategyEntry: PlacementStrategyEntry
   readonly acceleratorType: string | undefined
   readonly selector: readonly LabelMatcher[]
   readonly backend: TfjsBackend | "auto"
@@ -232,7 +233,8 @@ export const normalizeRequest = (req: PlacementRequest): Result.Result<Normalize
     return invalid("scalingConfig.numWorkers", `must be an integer >= 1, got ${String(req.numWorkers)}`)
   }
   const strategy = req.placementStrategy ?? "PACK"
-  if (!placementStrategies.includes(strategy)) {
+  const strategyEntry = findPlacementStrategy(strategy)
+  if (strategyEntry === undefined) {
     return invalid("scalingConfig.placementStrategy", `must be one of ${placementStrategies.join(", ")}, got ${String(strategy)}`)
   }
   const resources: Record<string, number> = {}
@@ -280,6 +282,7 @@ export const normalizeRequest = (req: PlacementRequest): Result.Result<Normalize
     useGpu,
     resources,
     strategy,
+    strategyEntry,
     acceleratorType,
     selector: selector.success,
     backend
@@ -365,95 +368,8 @@ const assessNode = (node: NodeResources, req: NormalizedRequest): NodeFit => {
   return { node, free, gpus, backend, capacity, excluded: "" }
 }
 
-/** Workers per node (node ids in canonical order), or the largest number placeable when infeasible. */
-type Selection = { readonly ok: true; readonly counts: Map<string, number> } | { readonly ok: false; readonly reason: string; readonly maxPlaceable: number }
-
-// Candidate order for PACK and SPREAD: most room first; ties in canonical node order.
-const byCapacityDesc = (a: NodeFit, b: NodeFit): number => b.capacity - a.capacity || compareNodes(a.node, b.node)
-
-const select = (fits: readonly NodeFit[], req: NormalizedRequest): Selection => {
-  const candidates = fits.filter((f) => f.capacity > 0)
-  const n = req.numWorkers
-  const total = candidates.reduce((s, f) => Math.min(Number.MAX_SAFE_INTEGER, s + f.capacity), 0)
-  const shortOf = (placeable: number): string =>
-    candidates.length === 0
-      ? "no node can take a single worker"
-      : `the cluster has room for ${placeable} of ${n} workers (${candidates.length} eligible node${candidates.length === 1 ? "" : "s"})`
-  switch (req.strategy) {
-    case "STRICT_PACK": {
-      const fitting = candidates.filter((f) => f.capacity >= n)
-      if (fitting.length === 0) {
-        const best = candidates.reduce((m, f) => Math.max(m, f.capacity), 0)
-        return {
-          ok: false,
-          maxPlaceable: best,
-          reason:
-            candidates.length === 0
-              ? "no node can take a single worker"
-              : `STRICT_PACK needs all ${n} workers on one node, but the roomiest node fits ${best}`
-        }
-      }
-      // Best fit: the smallest node that holds the whole job keeps larger nodes free.
-      const chosen = [...fitting].sort((a, b) => a.capacity - b.capacity || compareNodes(a.node, b.node))[0]!
-      return { ok: true, counts: new Map([[chosen.node.nodeId, n]]) }
-    }
-    case "STRICT_SPREAD": {
-      if (candidates.length < n) {
-        return {
-          ok: false,
-          maxPlaceable: candidates.length,
-          reason:
-            candidates.length === 0
-              ? "no node can take a single worker"
-              : `STRICT_SPREAD needs ${n} distinct nodes, but only ${candidates.length} can take a worker`
-        }
-      }
-      const chosen = [...candidates].sort(byCapacityDesc).slice(0, n)
-      return { ok: true, counts: new Map(chosen.map((f) => [f.node.nodeId, 1])) }
-    }
-    case "PACK": {
-      if (total < n) return { ok: false, maxPlaceable: total, reason: shortOf(total) }
-      const ordered = [...candidates].sort(byCapacityDesc)
-      const counts = new Map<string, number>()
-      let remaining = n
-      let k = 0
-      while (remaining > 0) {
-        const f = ordered[k++]!
-        const take = Math.min(f.capacity, remaining)
-        counts.set(f.node.nodeId, take)
-        remaining -= take
-      }
-      // Largest-first gives the fewest nodes; for the last, partly filled one, prefer the smallest
-      // node (among it and the unused ones) that still holds the remainder.
-      const last = ordered[k - 1]!
-      const rest = counts.get(last.node.nodeId)!
-      const pool = [last, ...ordered.slice(k)].filter((f) => f.capacity >= rest)
-      const bestFit = pool.sort((a, b) => a.capacity - b.capacity || compareNodes(a.node, b.node))[0]!
-      if (bestFit !== last) {
-        counts.delete(last.node.nodeId)
-        counts.set(bestFit.node.nodeId, rest)
-      }
-      return { ok: true, counts }
-    }
-    case "SPREAD": {
-      if (total < n) return { ok: false, maxPlaceable: total, reason: shortOf(total) }
-      const ordered = [...candidates].sort(byCapacityDesc)
-      const counts = new Map<string, number>()
-      let remaining = n
-      while (remaining > 0) {
-        for (const f of ordered) {
-          if (remaining === 0) break
-          const c = counts.get(f.node.nodeId) ?? 0
-          if (c < f.capacity) {
-            counts.set(f.node.nodeId, c + 1)
-            remaining--
-          }
-        }
-      }
-      return { ok: true, counts }
-    }
-  }
-}
+/** Workers per node through the requested strategy, over the nodes that can take one. */
+const select = (fits: readonly NodeFit[], req: NormalizedRequest): Selection => req.strategyEntry.select(fits.filter((f) => f.capacity > 0), req.numWorkers)
 
 const describeRequest = (req: NormalizedRequest): string => {
   const res = Object.entries(req.resources)
@@ -510,9 +426,7 @@ const hintFor = (req: NormalizedRequest, fits: readonly NodeFit[], sel: { maxPla
     }
   }
   if (sel.maxPlaceable > 0) {
-    if (req.strategy === "STRICT_PACK") hints.push(`use placementStrategy "PACK" to span nodes, or lower numWorkers to ${sel.maxPlaceable}`)
-    else if (req.strategy === "STRICT_SPREAD") hints.push(`use placementStrategy "SPREAD", lower numWorkers to ${sel.maxPlaceable}, or add nodes`)
-    else hints.push(`lower numWorkers to ${sel.maxPlaceable} or resourcesPerWorker, or add nodes`)
+    hints.push(req.strategyEntry.hint(req.numWorkers, sel.maxPlaceable))
   } else if (hints.length === 0) {
     hints.push(
       eligible.length === 0 && fits.some((f) => f.excluded.includes("free <"))

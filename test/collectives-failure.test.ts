@@ -5,6 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { launchNatsServer, type NatsServerProcess } from "../core/nats-server.ts"
 import type { Case } from "./support/collectives-cases.ts"
 import { RankFleet, type RankError, type Reply } from "./support/collectives-fleet.ts"
+import { allReduceAlgorithmNames } from "../collectives/algorithms/index.ts"
 
 const TIMEOUT_MS = 1_500
 // The deadline, then the liveness probe (timeout / 4, at least 200 ms), then slack for a loaded machine.
@@ -60,7 +61,7 @@ const long = (algorithm: string): Case => ({ op: "allReduce", algorithm, reduce:
 
 describe("collectives failure handling", () => {
   it("mismatched lengths fail fast with a typed error on every rank, for every algorithm", async () => {
-    for (const algorithm of ["ring", "tree", "hierarchical"]) {
+    for (const algorithm of allReduceAlgorithmNames()) {
       const group = `mm-${algorithm}`
       const procs = [0, 1, 2, 3]
       await create(group, procs, { timeoutMs: 20_000 })

@@ -5,7 +5,8 @@ import { describe, expect, it } from "vitest"
 import { planBuckets } from "../collectives/bucketing.ts"
 import { AckLedger, FanoutWindow, SendWindow } from "../collectives/flow-control.ts"
 import { decodeHalf, encodeHalf, halfTable, roundToHalf } from "../collectives/float16.ts"
-import { Flag, Kind, frameHeaders, readFrame } from "../collectives/frames.ts"
+import { Flag, Kind, Opcode, Variant, frameHeaders, readFrame, variantOf } from "../collectives/frames.ts"
+import { describeOp } from "../collectives/communicator.ts"
 import { chunkCount, chunkLength, segmentBounds } from "../collectives/segments.ts"
 import { prng } from "./support/collectives-cases.ts"
 
@@ -145,5 +146,23 @@ describe("frames", () => {
     expect(f).toMatchObject({ kind: Kind.data, flags: Flag.fanout | Flag.half, opcode: 5, variant: 17, seq: 123456, src: 7, step: 3, chunk: 99, length: 1_000_001, offset: 5000, value: 2.5, wireBytes: 48 })
     expect(readFrame({ headers: headers(), data } as unknown as Msg)).toBeUndefined()
     expect(readFrame({ headers: undefined, data } as unknown as Msg)).toBeUndefined()
+  })
+
+  it("carry the algorithm's code in a whole byte of the variant, next to the call's options", () => {
+    const data = new Uint8Array(0)
+    for (const code of [0, 3, 4, 200, 255]) {
+      const v = variantOf(code, 3, true, true)
+      const f = readFrame({ headers: frameHeaders(Kind.data, 0, Opcode.allReduce, v, 1, 0, 0, 0, 10, 0, 0), data } as unknown as Msg)
+      expect(f?.variant).toBe(v)
+      expect((f?.variant ?? 0) & 0xff).toBe(code)
+      expect(((f?.variant ?? 0) & Variant.reduceMask) >> Variant.reduceShift).toBe(3)
+    }
+    // distinct codes, options alike: distinct variants (so ranks running different algorithms disagree)
+    expect(new Set([0, 1, 2, 3, 4, 255].map((c) => variantOf(c, 0, false))).size).toBe(6)
+    expect(describeOp(Opcode.allReduce, variantOf(0, 0, false))).toBe("allReduce(ring, sum, f32)")
+    expect(describeOp(Opcode.allReduce, variantOf(1, 1, true, true))).toBe("allReduce(tree, no fan-out, mean, f16)")
+    expect(describeOp(Opcode.allReduce, variantOf(254, 3, false))).toBe("allReduce(algorithm #254, weightedMean, f32)")
+    expect(describeOp(Opcode.broadcast, variantOf(1, 0, true))).toBe("broadcast(tree, f16)")
+    expect(describeOp(Opcode.allGather, variantOf(0, 0, false))).toBe("allGather(fanout, f32)")
   })
 })

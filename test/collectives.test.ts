@@ -5,6 +5,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { launchNatsServer, type NatsServerProcess } from "../core/nats-server.ts"
 import { prng, type Case, type CaseResult } from "./support/collectives-cases.ts"
 import { RankFleet } from "./support/collectives-fleet.ts"
+import { allReduceAlgorithms } from "../collectives/algorithms/index.ts"
 
 const MAX_P = 8
 // Small chunks and windows so that modest buffers span many chunks and exercise pipelining and credits.
@@ -35,7 +36,8 @@ const casesFor = (p: number): Case[] => {
   const rnd = prng(1000 + p)
   const seed = (): number => Math.floor(rnd() * 1e6)
   const cases: Case[] = []
-  for (const algorithm of ["ring", "tree", "hierarchical"]) {
+  // every registered all-reduce algorithm (the rank processes register the same built-ins)
+  for (const { name: algorithm } of allReduceAlgorithms()) {
     for (const reduce of ["sum", "mean", "max", "weightedMean"] as const) {
       for (const length of lengthsFor(p, rnd)) cases.push({ op: "allReduce", algorithm, reduce, length, seed: seed() })
     }
@@ -49,8 +51,10 @@ const casesFor = (p: number): Case[] => {
   cases.push({ op: "allReduce", algorithm: "ring", reduce: "sum", wire: "f16", length: 999, seed: seed(), fanout: false })
   cases.push({ op: "allReduce", algorithm: "hierarchical", reduce: "sum", length: 2000, seed: seed(), hierarchy: "server" })
   // fp16 sums whose input comes as binary16 bits (fp16 error feedback's own output), several chunks
-  for (const [algorithm, fanout] of [["ring", true], ["ring", false], ["tree", true], ["hierarchical", true]] as const) {
-    cases.push({ op: "allReduce", algorithm, reduce: "sum", wire: "f16", length: 1 + Math.floor(rnd() * 6 * CHUNK_BYTES), seed: seed(), fanout, halfInput: true })
+  for (const a of allReduceAlgorithms()) {
+    for (const fanout of a.usesFanout ? [true, false] : [true]) {
+      cases.push({ op: "allReduce", algorithm: a.name, reduce: "sum", wire: "f16", length: 1 + Math.floor(rnd() * 6 * CHUNK_BYTES), seed: seed(), fanout, halfInput: true })
+    }
   }
   for (const reduce of ["sum", "mean", "max", "weightedMean"] as const) {
     for (const length of [0, 1, p * 3 + 2, 1500]) cases.push({ op: "reduceScatter", reduce, length, seed: seed() })

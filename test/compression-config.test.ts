@@ -103,18 +103,19 @@ describe("createCompressor", () => {
     expect(createCompressor("none")).toBeInstanceOf(NoneCompressor)
     const fp16 = createCompressor("fp16")
     expect(fp16).toBeInstanceOf(Fp16Compressor)
-    expect(fp16.aggregation).toBe("allreduce")
+    expect(fp16.aggregation).toBe("linear")
     expect(fp16.errorFeedback).toBe(true)
     const int8 = createCompressor({ type: "int8", chunkSize: 1024 }) as Int8Compressor
     expect(int8.chunkSize).toBe(1024)
-    expect(int8.aggregation).toBe("allreduce-decode-accumulate")
+    // what the reducer runs for it
+    expect(int8.aggregation).toBe("allgather")
     const topk = createCompressor({ type: "topk", ratio: 0.01, errorFeedback: false }) as TopKCompressor
     expect(topk.ratio).toBe(0.01)
     expect(topk.errorFeedback).toBe(false)
     expect(topk.aggregation).toBe("allgather")
     const psgd = createCompressor({ type: "powersgd", rank: 4, warmupSteps: 10 }) as PowerSgdCompressor
     expect(psgd).toBeInstanceOf(PowerSgdCompressor)
-    expect([psgd.rank, psgd.warmupSteps, psgd.aggregation]).toEqual([4, 10, "allreduce"])
+    expect([psgd.rank, psgd.warmupSteps, psgd.aggregation]).toEqual([4, 10, "custom"])
     const sign = createCompressor({ type: "sign" })
     expect(sign).toBeInstanceOf(SignCompressor)
     expect(sign.aggregation).toBe("allgather")

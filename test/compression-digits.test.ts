@@ -10,7 +10,7 @@ import * as os from "node:os"
 import * as path from "node:path"
 import { Trainer, loadDigits, trainTestSplit, type ArrayDataset, type Result } from "../index.ts"
 import { liveNatsServerPids } from "../core/nats-server.ts"
-import type { CompressionConfig } from "../collectives/compression/index.ts"
+import { codecs, type CompressionConfig } from "../collectives/compression/index.ts"
 
 const LOOP = path.resolve("examples/digits/train.ts") + "#trainLoop"
 // ~90 SGD steps per epoch per worker; by epoch 8 every codec has caught up with uncompressed SGD
@@ -55,13 +55,10 @@ const fit = async (name: string, compression: CompressionConfig): Promise<Result
 
 const accuracy = (r: Result): number => r.metrics!.val_accuracy as number
 
-const CODECS: Array<[string, CompressionConfig]> = [
-  ["fp16", "fp16"],
-  ["int8", { type: "int8" }],
-  ["topk", { type: "topk", ratio: 0.01 }],
-  ["powersgd", { type: "powersgd", rank: 4, warmupSteps: 10 }],
-  ["sign", { type: "sign" }]
-]
+// every registered codec that compresses, with its entry's example config
+const CODECS: Array<[string, CompressionConfig]> = codecs()
+  .filter((c) => c.aggregation !== "none")
+  .map((c) => [c.name, c.example as CompressionConfig])
 
 describe("compression on the digits dataset, 4 workers", () => {
   let baseline: number

@@ -13,6 +13,8 @@ import {
   TopKCompressor,
   ringSegmentKey,
   simulateCompressedAllReduce,
+  simulateRequantizingRing,
+  type Codec,
   type Compressor
 } from "../collectives/compression/index.ts"
 import { Mulberry32 } from "../collectives/compression/rng.ts"
@@ -25,7 +27,7 @@ const maxAbs = (x: ArrayLike<number>): number => {
   return m
 }
 
-const lossy = (): ReadonlyArray<Compressor> => [
+const lossy = (): ReadonlyArray<Compressor & Codec> => [
   new Fp16Compressor(),
   new Int8Compressor({ chunkSize: 128 }),
   new TopKCompressor({ ratio: 0.01 }),
@@ -129,7 +131,12 @@ describe("error feedback through the simulated collectives (p = 4)", () => {
   const p = 4
   const n = 997 // not divisible by p: uneven ring segments
 
-  const run = (make: () => Compressor, steps: number, check: (t: number, sumA: Float64Array, sumG: Float64Array, residualSum: Float64Array, gMax: number) => void) => {
+  const run = (
+    make: () => Compressor & Codec,
+    steps: number,
+    check: (t: number, sumA: Float64Array, sumG: Float64Array, residualSum: Float64Array, gMax: number) => void,
+    simulate: (grads: Float32Array[], c: Compressor & Codec, efs: ErrorFeedback[], o: { key: string; step: number }) => Float32Array = simulateCompressedAllReduce
+  ) => {
     const rng = new Mulberry32(21)
     const c = make()
     const efs = Array.from({ length: p }, () => new ErrorFeedback())
@@ -142,7 +149,7 @@ describe("error feedback through the simulated collectives (p = 4)", () => {
         gMax += maxAbs(g)
         for (let i = 0; i < n; i++) sumG[i] += g[i]
       }
-      const agg = simulateCompressedAllReduce(grads, c, efs, { key: "w", step: t })
+      const agg = simulate(grads, c, efs, { key: "w", step: t })
       for (let i = 0; i < n; i++) sumA[i] += agg[i]
       // all residuals of all ranks, whatever their keys (int8 keeps one per ring segment)
       const residualSum = new Float64Array(n)
@@ -159,22 +166,28 @@ describe("error feedback through the simulated collectives (p = 4)", () => {
     return efs
   }
 
+  const invariant = (t: number, sumA: Float64Array, sumG: Float64Array, res: Float64Array, gMax: number): void => {
+    const tol = 2 ** -19 * (gMax + (t + 1) * maxAbs(res))
+    for (let i = 0; i < n; i++) {
+      const err = Math.abs(sumA[i] + res[i] - sumG[i])
+      if (err > tol) expect.fail(`step ${t}, element ${i}: ${err} > ${tol}`)
+    }
+  }
+
   for (const make of [() => new TopKCompressor({ ratio: 0.01 }), () => new SignCompressor({ chunkSize: 64 }), () => new Int8Compressor({ chunkSize: 64 })]) {
     const name = make().name
     it(`${name}: Σ aggregates + Σ every residual == Σ all gradients, step after step`, () => {
-      const efs = run(make, 40, (t, sumA, sumG, res, gMax) => {
-        const tol = 2 ** -19 * (gMax + (t + 1) * maxAbs(res))
-        for (let i = 0; i < n; i++) {
-          const err = Math.abs(sumA[i] + res[i] - sumG[i])
-          if (err > tol) expect.fail(`step ${t}, element ${i}: ${err} > ${tol}`)
-        }
-      })
-      if (name === "int8") {
-        // one compress point per (rank, segment): origin, hop or owner
-        for (const ef of efs) expect([...ef.keys()].sort()).toEqual([0, 1, 2, 3].map((c) => ringSegmentKey("w", p, c)).sort())
-      } else for (const ef of efs) expect(ef.keys()).toEqual(["w"])
+      const efs = run(make, 40, invariant)
+      // all-gathered: one compress point per rank and tensor
+      for (const ef of efs) expect(ef.keys()).toEqual(["w"])
     })
   }
+
+  it("int8 in the re-quantizing ring model (not what the reducer runs): the same, with a residual per compress point", () => {
+    const efs = run(() => new Int8Compressor({ chunkSize: 64 }), 40, invariant, simulateRequantizingRing)
+    // one compress point per (rank, segment): origin, hop or owner
+    for (const ef of efs) expect([...ef.keys()].sort()).toEqual([0, 1, 2, 3].map((c) => ringSegmentKey("w", p, c)).sort())
+  })
 
   it("fp16: the same up to the uncompensated fp16 rounding of partial sums in the ring", () => {
     run(() => new Fp16Compressor(), 20, (t, sumA, sumG, res) => {

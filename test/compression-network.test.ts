@@ -6,20 +6,12 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { launchNatsServer, type NatsServerProcess } from "../core/nats-server.ts"
 import { decodeMessage, encodeMessage } from "../core/wire.ts"
-import { planBuckets } from "../collectives/bucketing.ts"
-import {
-  ErrorFeedback,
-  createCompressor,
-  ringSegment,
-  simulateCompressedAllReduce,
-  type AnyCompressor,
-  type Compressor,
-  type ResolvedCompressionConfig
-} from "../collectives/compression/index.ts"
+import { codecs, createCompressor, formatConfig, ringSegment, type ResolvedCompressionConfig } from "../collectives/compression/index.ts"
 import type { ReducerStats } from "../collectives/gradient-reducer.ts"
 import { simdAvailable } from "../collectives/simd.ts"
 import { CompressionFleet } from "./support/compression-fleet.ts"
-import { gradientsOf, layoutOf, type SlotSpec } from "./support/compression-cases.ts"
+import type { SlotSpec } from "./support/compression-cases.ts"
+import { Simulation, groupShape, maxAbs, maxDiff, sameBits, tolerance } from "./support/compression-sim.ts"
 
 const P = 4
 const WEIGHTS = [3, 1, 2, 2] // samples per rank: the result is the weighted mean
@@ -34,13 +26,9 @@ const SLOTS: SlotSpec[] = [
   { name: "hidden/kernel", shape: [96, 40] },
   { name: "embed/kernel", shape: [160, 128] } // > 16384 elements: several blocks of the fused fp16 loop
 ]
-const LAYOUT = layoutOf(SLOTS)
-const N = LAYOUT.reduce((a, s) => a + s.size, 0)
-const BUCKETS = planBuckets(
-  LAYOUT.map((s) => s.size),
-  BUCKET_BYTES,
-  FIRST_BUCKET_BYTES
-).map((b) => ({ start: LAYOUT[b.vars[0]].offset, end: LAYOUT[b.vars[0]].offset + b.length }))
+const GROUP = groupShape(SLOTS, WEIGHTS, BUCKET_BYTES, FIRST_BUCKET_BYTES)
+const N = GROUP.n
+const BUCKETS = GROUP.buckets
 
 interface ReduceReply {
   readonly times: number[]
@@ -96,123 +84,21 @@ const createGroup = async (
 const reduceStep = (name: string, seed: number, step: number): Promise<ReduceReply[]> =>
   fleet.all<ReduceReply>((rank) => ({ cmd: "reduce", name, slots: SLOTS, seed, step, weight: WEIGHTS[rank], returnData: true }))
 
-/** Every rank's input after the reducer's local scaling by w_r / W (in fp32, as it does). */
-const scaledInputs = (seed: number): Float32Array[] => {
-  const total = WEIGHTS.reduce((a, b) => a + b, 0)
-  return gradientsOf(N, seed, P).map((g, r) => {
-    const scaleBy = WEIGHTS[r] / total
-    for (let i = 0; i < g.length; i++) g[i] *= scaleBy
-    return g
-  })
-}
-
-/**
- * The reducer's aggregation for element-wise codecs, bucket by bucket. Its all-gather path serves
- * int8 too: it all-gathers int8 messages (one quantisation per rank and step) although the codec
- * also supports the ring re-compress model, so int8 is simulated as an all-gather codec here.
- */
-const asAllGather = (c: Compressor): Compressor =>
-  c.aggregation === "allreduce-decode-accumulate"
-    ? {
-        name: c.name,
-        aggregation: "allgather",
-        errorFeedback: c.errorFeedback,
-        wireBytes: (n) => c.wireBytes(n),
-        encode: (x, ctx, out) => c.encode(x, ctx, out),
-        decode: (m, out) => c.decode(m, out),
-        accumulate: (m, into, w) => c.accumulate(m, into, w)
-      }
-    : c
-
-/** Stateful in-process model of one reducer group: per-rank residual stores and codecs. */
-class Simulation {
-  readonly efs = Array.from({ length: P }, () => new ErrorFeedback())
-  readonly config: ResolvedCompressionConfig
-  readonly #codec: Compressor | undefined
-  // PowerSGD: one instance per rank and tensor (each counts its own steps and warm-start factor)
-  readonly #psgd = new Map<string, AnyCompressor[]>()
-
-  constructor(config: ResolvedCompressionConfig) {
-    this.config = config
-    const c = createCompressor(config)
-    this.#codec = c.name === "powersgd" ? undefined : asAllGather(c as Compressor)
-  }
-
-  step(seed: number, step: number): Float32Array {
-    const inputs = scaledInputs(seed)
-    const out = new Float32Array(N)
-    if (this.isPowerSgd) {
-      for (const s of LAYOUT) {
-        let comps = this.#psgd.get(s.name)
-        if (!comps) this.#psgd.set(s.name, (comps = Array.from({ length: P }, () => createCompressor(this.config))))
-        const slice = (x: Float32Array) => x.subarray(s.offset, s.offset + s.size)
-        out.set(simulateCompressedAllReduce(inputs.map(slice), comps, this.efs, { key: s.name, shape: s.shape, step }), s.offset)
-      }
-      return out
-    }
-    const codec = this.#codec as Compressor
-    BUCKETS.forEach((b, k) => {
-      const slice = (x: Float32Array) => x.subarray(b.start, b.end)
-      if (codec.aggregation === "allreduce") {
-        // fp16 on a ring: the segment owned by rank c starts its trip at rank c + 1 and ends at
-        // c, so the simulation (which starts segment c at rank c) gets the ranks rotated by one.
-        const rot = (r: number) => (r + 1) % P
-        const sim = simulateCompressedAllReduce(
-          inputs.map((_, r) => slice(inputs[rot(r)])),
-          codec,
-          this.efs.map((_, r) => this.efs[rot(r)]),
-          { key: `bucket${k}`, step }
-        )
-        out.set(sim, b.start)
-      } else {
-        out.set(simulateCompressedAllReduce(inputs.map(slice), codec, this.efs, { key: `bucket${k}`, step }), b.start)
-      }
-    })
-    return out
-  }
-
-  get isPowerSgd(): boolean {
-    return typeof this.config === "object" && this.config.type === "powersgd"
-  }
-
-  /** What rank r's reducer should report as its residual state. */
-  residuals(r: number): Record<string, Float32Array> {
-    return this.efs[r].state()
-  }
-}
-
-const maxAbs = (x: Float32Array): number => x.reduce((m, v) => Math.max(m, Math.abs(v)), 0)
-const maxDiff = (a: Float32Array, b: Float32Array): number => {
-  let m = 0
-  for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i] - b[i]))
-  return m
-}
-const sameBits = (a: Float32Array, b: Float32Array): boolean =>
-  a.length === b.length && Buffer.compare(Buffer.from(a.buffer, a.byteOffset, a.byteLength), Buffer.from(b.buffer, b.byteOffset, b.byteLength)) === 0
-
 const expectIdenticalOnAllRanks = (replies: ReduceReply[]): void => {
   expect(new Set(replies.map((r) => r.hash)).size).toBe(1)
   for (const r of replies) expect(sameBits(r.data, replies[0].data)).toBe(true)
 }
 
-/**
- * How close the network must be to the simulation. Element-wise codecs decode the same messages
- * in the same order: bit for bit. PowerSGD and 'none' sum in fp32 in the ring's order rather
- * than rank order, so they agree to fp32 rounding (relative to the largest entry).
- */
-const tolerance = (config: ResolvedCompressionConfig): number => {
-  const type = typeof config === "string" ? config : config.type
-  return type === "powersgd" ? 2e-5 : type === "none" ? 1e-6 : 0
-}
-
+// every registered codec with the config 'auto' would switch to (it compresses from the first
+// step), else its entry's example; then settings worth pinning down
 const CODECS: Array<[string, ResolvedCompressionConfig]> = [
-  ["none", "none"],
-  ["fp16", "fp16"],
-  ["int8", { type: "int8", chunkSize: 512 }],
-  ["topk 1%", { type: "topk", ratio: 0.01 }],
+  ...codecs().map((c): [string, ResolvedCompressionConfig] => {
+    const config = (c.auto?.config ?? c.example) as ResolvedCompressionConfig
+    return [formatConfig(config), config]
+  }),
+  ["int8, chunks of 512", { type: "int8", chunkSize: 512 }],
   ["topk 5%, no error feedback", { type: "topk", ratio: 0.05, errorFeedback: false }],
-  ["powersgd rank 2, 1 warm-up step", { type: "powersgd", rank: 2, warmupSteps: 1 }],
-  ["sign", { type: "sign" }]
+  ["powersgd rank 2, 1 warm-up step", { type: "powersgd", rank: 2, warmupSteps: 1 }]
 ]
 const STEPS = 3
 
@@ -220,7 +106,7 @@ describe("GradientReducer over NATS, 4 rank processes", () => {
   for (const [label, config] of CODECS) {
     it(`${label}: ${STEPS} steps equal the simulation, bitwise identical on every rank; residuals round-trip`, async () => {
       const name = await createGroup(config)
-      const sim = new Simulation(config)
+      const sim = new Simulation(config, GROUP)
       const tol = tolerance(config)
       const ef = typeof config === "object" && "errorFeedback" in config ? config.errorFeedback !== false : config !== "none"
       for (let step = 0; step < STEPS; step++) {
@@ -247,7 +133,7 @@ describe("GradientReducer over NATS, 4 rank processes", () => {
       for (let r = 0; r < P; r++) {
         const want = sim.residuals(r)
         const got = states[r].residuals
-        if (!ef || sim.isPowerSgd) {
+        if (!ef || sim.isCustom) {
           // PowerSGD keys its residuals by tensor; its state also carries the warm-start factors.
           expect(Object.keys(got).sort()).toEqual(Object.keys(want).sort())
         } else {
@@ -258,7 +144,7 @@ describe("GradientReducer over NATS, 4 rank processes", () => {
           if (tol === 0) expect(sameBits(got[key], e), `rank ${r} residual ${key}`).toBe(true)
           else expect(maxDiff(got[key], e)).toBeLessThanOrEqual(tol * Math.max(1e-3, maxAbs(e)) * 10)
         }
-        if (sim.isPowerSgd) expect(states[r].powersgd?.step).toBe(STEPS)
+        if (sim.isCustom) expect(states[r].powersgd?.step).toBe(STEPS)
       }
       if (ef) expect(Object.values(states[0].residuals).some((e) => maxAbs(e) > 0)).toBe(true)
 
@@ -273,7 +159,7 @@ describe("GradientReducer over NATS, 4 rank processes", () => {
       const fresh = await reduceStep(freshName, seed, STEPS)
       expectIdenticalOnAllRanks(restored)
       expect(sameBits(restored[0].data, original[0].data)).toBe(true)
-      if (ef || sim.isPowerSgd) expect(sameBits(fresh[0].data, original[0].data)).toBe(false)
+      if (ef || sim.isCustom) expect(sameBits(fresh[0].data, original[0].data)).toBe(false)
       const after = await fleet.all<ReducerState>(() => ({ cmd: "state", name: restoredName }))
       const afterOriginal = await fleet.all<ReducerState>(() => ({ cmd: "state", name }))
       for (let r = 0; r < P; r++) {
@@ -289,7 +175,7 @@ describe("GradientReducer over NATS, 4 rank processes", () => {
     [", window of one chunk", 4096]
   ] as const) it(`fp16${label}: residuals nonzero everywhere (restored from a checkpoint of another layout) are folded in where a rank relays and spent there; afterwards each rank's residual is nonzero only on the segment it casts`, async () => {
     const name = await createGroup("fp16", { timeoutMs: 20_000, chunkBytes: 4096, ...(windowBytes ? { windowBytes } : {}) })
-    const sim = new Simulation("fp16")
+    const sim = new Simulation("fp16", GROUP)
     let x = 12345
     const noise = (n: number): Float32Array =>
       Float32Array.from({ length: n }, () => {

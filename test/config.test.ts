@@ -2,6 +2,8 @@ import { describe, expect, it } from "vitest"
 import { CollectiveConfig, RunConfig, ScalingConfig, parseTrainLoopRef } from "../core/config.ts"
 import { decodeConfig } from "../core/validate.ts"
 import { ConfigError } from "../core/errors.ts"
+import { resolveTrainerOptions } from "../actors/train/trainer.ts"
+import { allReduceAlgorithmNames, allowedAlgorithms } from "../collectives/algorithms/index.ts"
 
 const fails = (f: () => unknown): ConfigError => {
   try {
@@ -46,7 +48,14 @@ describe("config validation", () => {
 
   it("accepts maxFailures -1 (no limit) and checks collective options", () => {
     expect(decodeConfig(RunConfig, { failureConfig: { maxFailures: -1 } }, "runConfig").failureConfig?.maxFailures).toBe(-1)
-    expect(fails(() => decodeConfig(CollectiveConfig, { algorithm: "butterfly" }, "collectiveConfig")).field).toBe("collectiveConfig.algorithm")
+    expect(fails(() => decodeConfig(CollectiveConfig, { algorithm: "Butter fly" }, "collectiveConfig")).field).toBe("collectiveConfig.algorithm")
+    // the name itself is checked against the all-reduce registry, which lists what is allowed
+    const e = fails(() => resolveTrainerOptions({ trainLoopPerWorker: "./t.ts#f", scalingConfig: { numWorkers: 1 }, collectiveConfig: { algorithm: "butterfly" } }))
+    expect(e.field).toBe("collectiveConfig.algorithm")
+    expect(e.message).toContain(`"auto" or a registered all-reduce algorithm (${allowedAlgorithms()}), got "butterfly"`)
+    for (const name of ["auto", ...allReduceAlgorithmNames()]) {
+      expect(resolveTrainerOptions({ trainLoopPerWorker: "./t.ts#f", scalingConfig: { numWorkers: 1 }, collectiveConfig: { algorithm: name } }).collective.algorithm).toBe(name)
+    }
   })
 
   it("refuses a closure for the loop and shows the module form", () => {

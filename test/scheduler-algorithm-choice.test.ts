@@ -3,12 +3,20 @@
 // every candidate's predicted time and the reason.
 import { describe, expect, it } from "vitest"
 import * as fc from "fast-check"
-import { chooseAlgorithm, defaultCompressors, explain, planCommunication, type CommunicationRequest } from "../scheduler/algorithm-choice.ts"
+import { chooseAlgorithm, explain, planCommunication, type CommunicationRequest } from "../scheduler/algorithm-choice.ts"
 import { defaultCostModel, predictAll, type CostModel, type Topology } from "../scheduler/cost-model.ts"
+import { allReduceAlgorithms } from "../collectives/algorithms/index.ts"
+import { autoCandidates } from "../collectives/compression/index.ts"
 
 const KiB = 1024
 const MiB = 1024 * 1024
 const m = defaultCostModel()
+// the cost model is handed the algorithm registry's entries (the scheduler does not import them)
+const ALGOS = allReduceAlgorithms()
+const NAMES = ALGOS.map((a) => a.name)
+// and the codec registry's 'auto' candidates, for a model of four 2048 x 2048 matrices
+const COMPRESSORS = autoCandidates(Array.from({ length: 4 }, () => ({ shape: [2048, 2048], size: 2048 * 2048 }))).profiles
+const CODECS = COMPRESSORS.map((c) => c.name)
 const flat = (p: number): Topology => Array.from({ length: p }, (_, i) => ({ nodeId: `n${i}`, server: "s" }))
 const twoServers = (perNode: number): Topology => [
   ...Array.from({ length: perNode }, () => ({ nodeId: "a", server: "s1" })),
@@ -17,31 +25,31 @@ const twoServers = (perNode: number): Topology => [
 
 describe("chooseAlgorithm", () => {
   it("picks tree for small buckets and ring for large ones on a flat cluster", () => {
-    const small = chooseAlgorithm(4 * KiB, flat(8), m)
+    const small = chooseAlgorithm(4 * KiB, flat(8), m, ALGOS)
     expect(small.algorithm).toBe("tree")
     expect(small.reason).toMatch(/^tree is [\d.]+x faster than the next best/)
-    expect(chooseAlgorithm(64 * MiB, flat(8), m).algorithm).toBe("ring")
+    expect(chooseAlgorithm(64 * MiB, flat(8), m, ALGOS).algorithm).toBe("ring")
   })
 
   it("picks hierarchical when the link between servers is slow", () => {
     const slow: CostModel = { links: { ...m.links, "cross-server": { alphaMs: 2, betaMsPerByte: 20 / 550_000 } } }
-    const c = chooseAlgorithm(16 * MiB, twoServers(4), slow)
+    const c = chooseAlgorithm(16 * MiB, twoServers(4), slow, ALGOS)
     expect(c.algorithm).toBe("hierarchical")
-    expect(c.predictions.map((p) => p.algorithm)).toEqual(["ring", "tree", "hierarchical"])
+    expect(c.predictions.map((p) => p.algorithm)).toEqual(NAMES)
   })
 
   it("respects the candidate list and explains ties and single ranks", () => {
-    expect(chooseAlgorithm(4 * KiB, flat(8), m, ["ring"]).algorithm).toBe("ring")
-    expect(chooseAlgorithm(4 * KiB, flat(8), m, ["ring"]).reason).toContain("only candidate")
-    expect(chooseAlgorithm(MiB, flat(1), m).reason).toContain("single rank")
+    expect(chooseAlgorithm(4 * KiB, flat(8), m, ALGOS, ["ring"]).algorithm).toBe("ring")
+    expect(chooseAlgorithm(4 * KiB, flat(8), m, ALGOS, ["ring"]).reason).toContain("only candidate")
+    expect(chooseAlgorithm(MiB, flat(1), m, ALGOS).reason).toContain("single rank")
     // Two ranks on one node, one chunk: tree and hierarchical both send one message up and one
     // down, so they cost the same; tree comes first. (Ring no longer ties at p = 2: each of its
     // steps puts two messages through the hub at once.)
     const oneNode: Topology = [{ nodeId: "a", server: "s" }, { nodeId: "a", server: "s" }]
-    const tie = chooseAlgorithm(KiB, oneNode, m, ["tree", "hierarchical"])
+    const tie = chooseAlgorithm(KiB, oneNode, m, ALGOS, ["tree", "hierarchical"])
     expect(tie.algorithm).toBe("tree")
     expect(tie.reason).toContain("ties with hierarchical")
-    expect(chooseAlgorithm(KiB, flat(2), m).algorithm).toBe("tree")
+    expect(chooseAlgorithm(KiB, flat(2), m, ALGOS).algorithm).toBe("tree")
   })
 
   it("the winner is never slower than any candidate (property)", () => {
@@ -50,8 +58,8 @@ describe("chooseAlgorithm", () => {
       .map((ns) => [...ns].sort().map((n) => ({ nodeId: `n${n}`, server: `s${n % 2}` })))
     fc.assert(
       fc.property(arbTopo, fc.integer({ min: 0, max: 256 * MiB }), (topo, bytes) => {
-        const c = chooseAlgorithm(bytes, topo, m)
-        for (const p of predictAll(bytes, topo, m)) expect(c.ms).toBeLessThanOrEqual(p.ms)
+        const c = chooseAlgorithm(bytes, topo, m, ALGOS)
+        for (const p of predictAll(bytes, topo, m, ALGOS)) expect(c.ms).toBeLessThanOrEqual(p.ms)
       }),
       { numRuns: 100 }
     )
@@ -60,7 +68,7 @@ describe("chooseAlgorithm", () => {
 
 describe("compression 'auto'", () => {
   // One step sends 4 buckets of 16 MiB over 4 ranks on one server: ~ 740 ms uncompressed.
-  const base: CommunicationRequest = { bucketBytes: [16 * MiB, 16 * MiB, 16 * MiB, 16 * MiB], topology: flat(4), model: m }
+  const base: CommunicationRequest = { bucketBytes: [16 * MiB, 16 * MiB, 16 * MiB, 16 * MiB], topology: flat(4), model: m, algorithms: ALGOS, compressors: COMPRESSORS }
   const uncompressed = planCommunication(base).uncompressedMs
 
   it("does not compress when communication fits under compute", () => {
@@ -80,14 +88,14 @@ describe("compression 'auto'", () => {
 
   it("escalates to an aggressive compressor when fp16 leaves communication far above compute", () => {
     const plan = planCommunication({ ...base, computeMs: uncompressed / 20 })
-    expect(["powersgd", "topk"]).toContain(plan.compression.chosen)
+    expect(CODECS.slice(1)).toContain(plan.compression.chosen)
     const chosen = plan.compression.candidates.find((c) => c.name === plan.compression.chosen)!
     for (const c of plan.compression.candidates) expect(chosen.totalMs).toBeLessThanOrEqual(c.totalMs)
-    expect(plan.compression.reason).toContain("fp16 would still leave")
+    expect(plan.compression.reason).toContain(`${CODECS[0]} would still leave`)
   })
 
   it("measured codec cost can make compression not pay", () => {
-    const slowCodecs = defaultCompressors.map((c) => ({ ...c, codecMsPerByte: 1e-3 }))
+    const slowCodecs = COMPRESSORS.map((c) => ({ ...c, codecMsPerByte: 1e-3 }))
     const plan = planCommunication({ ...base, computeMs: 1, compressors: slowCodecs })
     expect(plan.compression.chosen).toBe("none")
     expect(plan.compression.reason).toContain("no compressor is predicted to beat sending uncompressed")
@@ -105,7 +113,7 @@ describe("compression 'auto'", () => {
     expect(topk.schedule.every((s) => s.algorithm === "allgather")).toBe(true)
     const bad = planCommunication({ ...base, computeMs: 1, compression: "zstd" })
     expect(bad.compression.chosen).toBe("none")
-    expect(bad.compression.reason).toContain("unknown compressor 'zstd' (known: fp16, powersgd, topk)")
+    expect(bad.compression.reason).toContain(`unknown compressor 'zstd' (known: ${CODECS.join(", ")})`)
   })
 
   it("a single rank never compresses", () => {
@@ -114,31 +122,31 @@ describe("compression 'auto'", () => {
 
   it("re-picks the algorithm at the compressed size", () => {
     // 256 KiB buckets at p = 8: fp16 halves them; the per-bucket algorithm is chosen for 128 KiB.
-    const plan = planCommunication({ bucketBytes: [256 * KiB], topology: flat(8), model: m, computeMs: 0.001, compression: "fp16" })
-    expect(plan.schedule[0]!.algorithm).toBe(chooseAlgorithm(128 * KiB, flat(8), m).algorithm)
+    const plan = planCommunication({ bucketBytes: [256 * KiB], topology: flat(8), model: m, algorithms: ALGOS, compressors: COMPRESSORS, computeMs: 0.001, compression: "fp16" })
+    expect(plan.schedule[0]!.algorithm).toBe(chooseAlgorithm(128 * KiB, flat(8), m, ALGOS).algorithm)
   })
 })
 
 describe("explain", () => {
   it("gives readable text and JSON with every candidate's predicted time and the reason", () => {
-    const plan = planCommunication({ bucketBytes: [MiB, 25 * MiB], topology: flat(4), model: m, computeMs: 50 })
+    const plan = planCommunication({ bucketBytes: [MiB, 25 * MiB], topology: flat(4), model: m, algorithms: ALGOS, compressors: COMPRESSORS, computeMs: 50 })
     const { text, json } = explain(plan)
     expect(text.split("\n").length).toBeGreaterThan(5)
     expect(text).toContain("all-reduce plan: 4 rank(s) on 4 node(s), 1 NATS server(s); 2 bucket(s), 26 MiB per step")
-    expect(text).toMatch(/bucket 0 \(1 MiB\): \w+ \[ring [\d.]+\*?, tree [\d.]+\*?, hierarchical [\d.]+\*? ms\]/)
+    expect(text).toMatch(new RegExp(`bucket 0 \\(1 MiB\\): [\\w-]+ \\[${NAMES.map((a) => `${a} [\\d.]+\\*?`).join(", ")} ms\\]`))
     expect(text).toContain("compression: ")
     const round = JSON.parse(JSON.stringify(json))
     expect(round).toEqual(json)
     for (const b of json.buckets) {
-      expect(Object.keys(b.predictedMs)).toEqual(["ring", "tree", "hierarchical"])
+      expect(Object.keys(b.predictedMs)).toEqual(NAMES)
       expect(b.predictedMs[b.chosen]).toBe(Math.min(...Object.values(b.predictedMs)))
       expect(b.reason.length).toBeGreaterThan(10)
     }
-    expect(json.compression.candidates.map((c) => c.name)).toEqual(["fp16", "powersgd", "topk"])
+    expect(json.compression.candidates.map((c) => c.name)).toEqual(CODECS)
   })
 
   it("notes link classes the model did not measure", () => {
-    const plan = planCommunication({ bucketBytes: [MiB], topology: flat(2), model: { ...m, fits: {}, assumed: { "cross-server": "same-server" } } })
+    const plan = planCommunication({ bucketBytes: [MiB], topology: flat(2), model: { ...m, fits: {}, assumed: { "cross-server": "same-server" } }, algorithms: ALGOS, compressors: COMPRESSORS })
     expect(explain(plan).text).toContain("not measured, borrowed: cross-server <- same-server")
   })
 })

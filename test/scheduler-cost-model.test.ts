@@ -6,7 +6,6 @@ import * as fc from "fast-check"
 import { Result } from "effect"
 import {
   CostModelFitError,
-  allReduceAlgorithms,
   defaultCostModel,
   describePrediction,
   estimateServerBandwidth,
@@ -22,6 +21,15 @@ import {
   type ProbeSample,
   type Topology
 } from "../scheduler/cost-model.ts"
+import { allReduceAlgorithms, findAllReduceAlgorithm } from "../collectives/algorithms/index.ts"
+
+// The cost model prices the stages each registered algorithm declares (collectives/algorithms/).
+const ALGOS = allReduceAlgorithms()
+const algo = (name: string) => {
+  const a = findAllReduceAlgorithm(name)
+  if (!a) throw new Error(`no all-reduce algorithm "${name}" is registered`)
+  return a
+}
 
 const KiB = 1024
 const MiB = 1024 * 1024
@@ -135,24 +143,24 @@ describe("predictions reduce to the textbook formulas without the hub term", () 
     // model charged 2(p-1) alphas): p alphas, and the same 2(p-1)/p n beta of bytes per rank.
     for (const p of [3, 4, 7, 8]) {
       const n = 8 * MiB
-      expect(predictAllReduce("ring", n, uniform(p), noHub(a, b)).ms).toBeCloseTo(p * a + ((2 * (p - 1)) / p) * n * b, 9)
+      expect(predictAllReduce(algo("ring"), n, uniform(p), noHub(a, b)).ms).toBeCloseTo(p * a + ((2 * (p - 1)) / p) * n * b, 9)
     }
     // p = 2 relays (a fan-out to one receiver is the same traffic): 2(alpha + n/2 beta).
-    expect(predictAllReduce("ring", 8 * MiB, uniform(2), noHub(a, b)).ms).toBeCloseTo(2 * (a + 4 * MiB * b), 9)
+    expect(predictAllReduce(algo("ring"), 8 * MiB, uniform(2), noHub(a, b)).ms).toBeCloseTo(2 * (a + 4 * MiB * b), 9)
   })
 
   it("tree without pipelining: h = floor(log2 p) levels up (a parent takes its children's chunks), one fan-out down", () => {
     // The root publishes the result once and the server delivers it to every rank: one stage
     // down, not h relay hops (the old model's h(alpha + n beta) down).
     const n = MiB
-    expect(predictAllReduce("tree", n, uniform(2), noHub(a, b)).ms).toBeCloseTo(2 * (a + n * b), 9)
+    expect(predictAllReduce(algo("tree"), n, uniform(2), noHub(a, b)).ms).toBeCloseTo(2 * (a + n * b), 9)
     // Complete trees: every parent has two children.
     for (const p of [3, 7, 15]) {
       const h = Math.floor(Math.log2(p))
-      expect(predictAllReduce("tree", n, uniform(p), noHub(a, b)).ms).toBeCloseTo(h * (a + 2 * n * b) + (a + n * b), 9)
+      expect(predictAllReduce(algo("tree"), n, uniform(p), noHub(a, b)).ms).toBeCloseTo(h * (a + 2 * n * b) + (a + n * b), 9)
     }
     // p = 4: the deepest level has a single child (rank 3 -> 1).
-    expect(predictAllReduce("tree", n, uniform(4), noHub(a, b)).ms).toBeCloseTo((a + n * b) + (a + 2 * n * b) + (a + n * b), 9)
+    expect(predictAllReduce(algo("tree"), n, uniform(4), noHub(a, b)).ms).toBeCloseTo((a + n * b) + (a + 2 * n * b) + (a + n * b), 9)
   })
 
   it("tree with pipelining: h + k stages, the root's fan-out of chunk q overlapping later chunks' way up", () => {
@@ -165,17 +173,17 @@ describe("predictions reduce to the textbook formulas without the hub term", () 
     const k = 8
     const p = 7
     const c = n / k
-    const t = predictAllReduce("tree", n, uniform(p), noHub(a, b, { chunkBytes: MiB })).ms
+    const t = predictAllReduce(algo("tree"), n, uniform(p), noHub(a, b, { chunkBytes: MiB })).ms
     expect(t).toBeCloseTo(2 * (a + 2 * c * b) + 6 * (a + 3 * c * b) + (a + 2 * c * b) + (a + c * b), 6)
   })
 
   it("many tiny chunks (64M stages) are costed in closed form (a loop over every stage would time out)", () => {
     const n = 64 * MiB
-    const t = predictAllReduce("tree", n, uniform(7), noHub(a, b, { chunkBytes: 1 })).ms
+    const t = predictAllReduce(algo("tree"), n, uniform(7), noHub(a, b, { chunkBytes: 1 })).ms
     // As above with k = n chunks of 1 byte: (k + 2) alphas, (3k + 1) bytes' worth of beta.
     const expected = (n + 2) * a + (3 * n + 1) * b
     expect(Math.abs(t / expected - 1)).toBeLessThan(1e-9)
-    const hier = predictAllReduce("hierarchical", n, twoServers(3), noHub(a, b, { chunkBytes: 1 })).ms
+    const hier = predictAllReduce(algo("hierarchical"), n, twoServers(3), noHub(a, b, { chunkBytes: 1 })).ms
     expect(Number.isFinite(hier)).toBe(true)
   })
 
@@ -184,16 +192,16 @@ describe("predictions reduce to the textbook formulas without the hub term", () 
     const model = noHub(a, b)
     // 3 per node: the leader takes two members' buffers in one stage.
     const expected = (a + 2 * n * b) + 2 * (a + (n / 2) * b) + (a + n * b)
-    const pred = predictAllReduce("hierarchical", n, twoServers(3), model)
+    const pred = predictAllReduce(algo("hierarchical"), n, twoServers(3), model)
     expect(pred.ms).toBeCloseTo(expected, 6)
     expect(pred.phases.map((p) => p.name)).toEqual(["intra-node reduce", "leaders ring", "intra-node broadcast"])
     // 4 per node: the collective has no tree inside the node (the old model assumed one): the
     // leader takes three members' buffers in one stage.
-    expect(predictAllReduce("hierarchical", n, twoServers(4), model).ms).toBeCloseTo((a + 3 * n * b) + 2 * (a + (n / 2) * b) + (a + n * b), 6)
+    expect(predictAllReduce(algo("hierarchical"), n, twoServers(4), model).ms).toBeCloseTo((a + 3 * n * b) + 2 * (a + (n / 2) * b) + (a + n * b), 6)
   })
 
   it("p = 1 and 0 bytes cost nothing", () => {
-    for (const alg of allReduceAlgorithms) {
+    for (const alg of ALGOS) {
       expect(predictAllReduce(alg, MiB, uniform(1), defaultCostModel()).ms).toBe(0)
       expect(predictAllReduce(alg, 0, uniform(4), defaultCostModel()).ms).toBe(0)
     }
@@ -243,33 +251,34 @@ describe("NATS specifics: the server is a shared hub", () => {
     const m = defaultCostModel()
     const n = 64 * MiB
     for (const p of [2, 4, 8]) {
-      const t = predictAllReduce("ring", n, uniform(p), m).ms
+      const t = predictAllReduce(algo("ring"), n, uniform(p), m).ms
       const hub = (2 * (p - 1) * n) / 550_000
       expect(t / hub).toBeGreaterThan(0.99)
       expect(t / hub).toBeLessThan(1.05)
     }
-    expect(predictAllReduce("ring", n, uniform(4), m).bottleneck).toBe("server s")
+    expect(predictAllReduce(algo("ring"), n, uniform(4), m).bottleneck).toBe("server s")
   })
 
   it("per-server rates override the default", () => {
     const base = defaultCostModel()
     const fast: CostModel = { ...base, serverBytesPerMs: { s: 10 * 550_000 } }
-    expect(predictAllReduce("ring", 64 * MiB, uniform(4), fast).ms).toBeLessThan(predictAllReduce("ring", 64 * MiB, uniform(4), base).ms / 2)
+    expect(predictAllReduce(algo("ring"), 64 * MiB, uniform(4), fast).ms).toBeLessThan(predictAllReduce(algo("ring"), 64 * MiB, uniform(4), base).ms / 2)
   })
 })
 
 describe("qualitative facts the choice relies on", () => {
   const m = defaultCostModel()
   const best = (n: number, topo: Topology, model: CostModel = m) => {
-    const ps = predictAll(n, topo, model)
+    const ps = predictAll(n, topo, model, ALGOS)
     return ps.reduce((x, y) => (y.ms < x.ms ? y : x)).algorithm
   }
   it("tree beats ring for small messages at p = 4 and 8, ring beats tree for large ones", () => {
     for (const p of [4, 8]) {
-      const small = predictAll(4 * KiB, uniform(p, "n", "s").map((r, i) => ({ ...r, nodeId: `n${i}` })), m)
-      expect(small[1]!.ms).toBeLessThan(small[0]!.ms)
-      const large = predictAll(64 * MiB, uniform(p).map((r, i) => ({ ...r, nodeId: `n${i}` })), m)
-      expect(large[0]!.ms).toBeLessThan(large[1]!.ms)
+      const small = predictAll(4 * KiB, uniform(p, "n", "s").map((r, i) => ({ ...r, nodeId: `n${i}` })), m, ALGOS)
+      const ms = (ps: typeof small, name: string) => ps.find((x) => x.algorithm === name)!.ms
+      expect(ms(small, "tree")).toBeLessThan(ms(small, "ring"))
+      const large = predictAll(64 * MiB, uniform(p).map((r, i) => ({ ...r, nodeId: `n${i}` })), m, ALGOS)
+      expect(ms(large, "ring")).toBeLessThan(ms(large, "tree"))
     }
   })
 
@@ -287,14 +296,14 @@ describe("qualitative facts the choice relies on", () => {
   it("with one rank per node, hierarchical is the relay ring (the leaders' ring has no fan-out all-gather)", () => {
     const topo: Topology = [0, 1, 2, 3].map((i) => ({ nodeId: `n${i}`, server: i < 2 ? "s1" : "s2" }))
     for (const n of [KiB, MiB, 32 * MiB]) {
-      const hier = predictAllReduce("hierarchical", n, topo, m)
+      const hier = predictAllReduce(algo("hierarchical"), n, topo, m)
       expect(hier.phases).toEqual([{ name: "leaders ring", stages: 6, ms: hier.ms }])
       // The ring all-reduce saves p-2 stages with its fan-out all-gather.
-      expect(predictAllReduce("ring", n, topo, m).phases[0]!.stages).toBe(4)
+      expect(predictAllReduce(algo("ring"), n, topo, m).phases[0]!.stages).toBe(4)
     }
     // p = 2: both relay, exactly the same.
     const two = topo.slice(0, 2).map((r, i) => ({ ...r, server: `s${i}` }))
-    expect(predictAllReduce("hierarchical", MiB, two, m).ms).toBeCloseTo(predictAllReduce("ring", MiB, two, m).ms, 9)
+    expect(predictAllReduce(algo("hierarchical"), MiB, two, m).ms).toBeCloseTo(predictAllReduce(algo("ring"), MiB, two, m).ms, 9)
   })
 
   it("hierarchical can group by NATS server instead of node", () => {
@@ -302,8 +311,8 @@ describe("qualitative facts the choice relies on", () => {
     // cross-server link carries only the two leaders' traffic.
     const topo: Topology = [0, 1, 2, 3].map((i) => ({ nodeId: `n${i}`, server: i < 2 ? "s1" : "s2" }))
     const slow: CostModel = { links: { ...m.links, "cross-server": { alphaMs: 1, betaMsPerByte: 10 / 550_000 } } }
-    const byNode = predictAllReduce("hierarchical", 16 * MiB, topo, slow)
-    const byServer = predictAllReduce("hierarchical", 16 * MiB, topo, { ...slow, hierarchicalGroups: "server" })
+    const byNode = predictAllReduce(algo("hierarchical"), 16 * MiB, topo, slow)
+    const byServer = predictAllReduce(algo("hierarchical"), 16 * MiB, topo, { ...slow, hierarchicalGroups: "server" })
     expect(byNode.phases.map((ph) => ph.name)).toEqual(["leaders ring"])
     expect(byServer.ms).toBeLessThan(byNode.ms)
   })
@@ -316,7 +325,7 @@ describe("qualitative facts the choice relies on", () => {
 
   it("topologyOf reads a placement plan's ranks; describePrediction is readable", () => {
     expect(topologyOf([{ nodeId: "a", natsServer: "s1" }])).toEqual([{ nodeId: "a", server: "s1" }])
-    expect(describePrediction(predictAllReduce("ring", MiB, uniform(2), m))).toMatch(/^ring 1 MiB p=2: [\d.]+ ms/)
+    expect(describePrediction(predictAllReduce(algo("ring"), MiB, uniform(2), m))).toMatch(/^ring 1 MiB p=2: [\d.]+ ms/)
   })
 })
 
@@ -346,7 +355,7 @@ describe("prediction properties", () => {
   it("predictions are finite, non-negative, and phases add up", () => {
     fc.assert(
       fc.property(arbTopo, arbModel, fc.integer({ min: 0, max: 128 * MiB }), (topo, model, n) => {
-        for (const p of predictAll(n, topo, model)) {
+        for (const p of predictAll(n, topo, model, ALGOS)) {
           expect(Number.isFinite(p.ms)).toBe(true)
           expect(p.ms).toBeGreaterThanOrEqual(0)
           expect(p.phases.reduce((s, ph) => s + ph.ms, 0)).toBeCloseTo(p.ms, 6)
@@ -361,7 +370,7 @@ describe("prediction properties", () => {
     fc.assert(
       fc.property(arbTopo, arbModel, fc.integer({ min: 0, max: 64 * MiB }), fc.integer({ min: 0, max: 64 * MiB }), (topo, model, x, y) => {
         const [lo, hi] = x <= y ? [x, y] : [y, x]
-        expect(predictAllReduce("ring", lo, topo, model).ms).toBeLessThanOrEqual(predictAllReduce("ring", hi, topo, model).ms + 1e-9)
+        expect(predictAllReduce(algo("ring"), lo, topo, model).ms).toBeLessThanOrEqual(predictAllReduce(algo("ring"), hi, topo, model).ms + 1e-9)
       }),
       { numRuns: 150 }
     )

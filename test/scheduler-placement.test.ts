@@ -3,16 +3,19 @@
 // and determinism.
 import { describe, expect, it } from "vitest"
 import * as fc from "fast-check"
-import { Result } from "effect"
+import { Result, Schema } from "effect"
 import {
   AllocationLedger,
   PlacementInfeasible,
+  placementStrategies,
   planPlacement,
   type PlacementPlan,
   type PlacementRequest,
   type PlacementStrategy
 } from "../scheduler/placement.ts"
 import { compareNodes, freeResources, type NodeResources, type TfjsBackend } from "../scheduler/resources.ts"
+import { findPlacementStrategy, placementStrategyEntries } from "../scheduler/placement-strategies.ts"
+import { PlacementStrategy as PlacementStrategySchema, placementStrategyNames } from "../core/config.ts"
 
 const ALL: TfjsBackend[] = ["tensorflow-gpu", "tensorflow", "wasm", "cpu"]
 const GiB = 1024 ** 3
@@ -284,7 +287,7 @@ const arbRequest: fc.Arbitrary<PlacementRequest> = fc
   .record({
     numWorkers: fc.oneof(fc.integer({ min: 1, max: 4 }), fc.integer({ min: 1, max: 12 })),
     useGpu: fc.boolean(),
-    strategy: fc.constantFrom<PlacementStrategy>("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"),
+    strategy: fc.constantFrom<PlacementStrategy>(...placementStrategies),
     shape: fc.constantFrom("default", "default", "cpu2", "halfcpu", "mem", "licence", "gpu2"),
     accel: fc.constantFrom(undefined, undefined, undefined, "A100", "h100"),
     zone: fc.constantFrom(undefined, undefined, "a", "!b")
@@ -458,5 +461,24 @@ describe("placement properties", () => {
       }),
       { numRuns: 150 }
     )
+  })
+})
+
+describe("the strategy table", () => {
+  it("has one entry per name the config accepts, and the config accepts exactly those", () => {
+    expect(placementStrategyEntries().map((e) => e.name)).toEqual([...placementStrategyNames])
+    expect(placementStrategies).toEqual([...placementStrategyNames])
+    for (const e of placementStrategyEntries()) {
+      expect(findPlacementStrategy(e.name)).toBe(e)
+      expect(e.description.length).toBeGreaterThan(10)
+      expect(typeof e.select).toBe("function")
+      // the config's schema accepts the name
+      expect(Schema.is(PlacementStrategySchema)(e.name)).toBe(true)
+    }
+    expect(findPlacementStrategy("BEST")).toBeUndefined()
+    expect(findPlacementStrategy("toString")).toBeUndefined()
+    // the error for an unknown one lists them all
+    const e = err(planPlacement({ numWorkers: 1, placementStrategy: "BEST" as PlacementStrategy }, [node("a")]))
+    expect(e.message).toContain(placementStrategyNames.join(", "))
   })
 })

@@ -9,6 +9,7 @@ import { Communicator } from "../collectives/communicator.ts"
 import { probeGroupTopology } from "../actors/train/topology-probe.ts"
 import { compressorProfiles } from "../actors/train/auto-config.ts"
 import { chooseAlgorithm } from "../scheduler/algorithm-choice.ts"
+import { allReduceAlgorithms } from "../collectives/algorithms/index.ts"
 import { decodeJson, encodeJson, observeTopology, probePairs, type TopologyProbeIO } from "../scheduler/topology.ts"
 import type { LinkClass, Topology } from "../scheduler/cost-model.ts"
 import { natsFixtures } from "./support/nats.ts"
@@ -71,7 +72,7 @@ describe("observeTopology", () => {
     expect(m.links["cross-server"].betaMsPerByte).toBeCloseTo(1 / 10_000, 9)
     expect(m.assumed).toEqual({ "same-server": "same-node" })
     // Fitted from what was observed, the choice for a large buffer avoids the slow route.
-    expect(chooseAlgorithm(8 * 1024 * 1024, topo, m).algorithm).toBe("hierarchical")
+    expect(chooseAlgorithm(8 * 1024 * 1024, topo, m, allReduceAlgorithms()).algorithm).toBe("hierarchical")
   })
 
   it("pools several rounds per pair, so a burst of load during one round does not make a fast link look slow", async () => {
@@ -98,7 +99,7 @@ describe("observeTopology", () => {
     }
     const pooled = await run(3)
     expect(pooled.links["same-node"].betaMsPerByte).toBeCloseTo(1 / 400_000, 9)
-    expect(chooseAlgorithm(4 * 1024 * 1024, topo, pooled).algorithm).toBe("hierarchical")
+    expect(chooseAlgorithm(4 * 1024 * 1024, topo, pooled, allReduceAlgorithms()).algorithm).toBe("hierarchical")
     // One round sees only the burst.
     const single = await run(1)
     expect(single.links["same-node"].betaMsPerByte).toBeGreaterThan(10 / 400_000)

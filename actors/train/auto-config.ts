@@ -4,13 +4,16 @@
 // compression 'auto' is decided once, after `warmupSteps` uncompressed steps have measured the
 // compute time of a step: every rank all-reduces (max) its median compute time at the same step,
 // so all ranks feed the same numbers into the same pure planCommunication and pick the same
-// compressor. The plan is explained (scheduler/algorithm-choice.ts explain()) and handed to
+// compressor. The candidates are the registries' (collectives/algorithms/, and the codecs that
+// declare an 'auto' candidate in collectives/compression/), handed to the scheduler, which does
+// not import them. The plan is explained (scheduler/algorithm-choice.ts explain()) and handed to
 // `onExplain` (rank 0 sends it to the trainer, which writes explain.txt / explain.json).
 import type { NatsConnection } from "@nats-io/nats-core"
-import type { AllReduceAlgorithm, Communicator } from "../../collectives/communicator.ts"
+import type { Communicator } from "../../collectives/communicator.ts"
+import { allReduceAlgorithms, type AllReduceAlgorithm } from "../../collectives/algorithms/index.ts"
 import { GradientReducer, type GradientReducerOptions, type GradientSlotInfo } from "../../collectives/gradient-reducer.ts"
 import { planBuckets, DEFAULT_BUCKET_BYTES, DEFAULT_FIRST_BUCKET_BYTES } from "../../collectives/bucketing.ts"
-import type { ResolvedCompressionConfig } from "../../collectives/compression/index.ts"
+import { autoCandidates, compressionType, type ResolvedCompressionConfig } from "../../collectives/compression/index.ts"
 import { chooseAlgorithm, explain, planCommunication, type CompressorProfile, type Explanation } from "../../scheduler/algorithm-choice.ts"
 import type { CostModel, Topology } from "../../scheduler/cost-model.ts"
 import { defaultCostModel, median } from "../../scheduler/cost-model.ts"
@@ -18,34 +21,15 @@ import { describeObservation } from "../../scheduler/topology.ts"
 import { probeGroupTopology } from "./topology-probe.ts"
 
 export const DEFAULT_AUTO_WARMUP_STEPS = 3
-const POWERSGD_RANK = 4
-const TOPK_DENSITY = 0.01
 
-/** The compressors 'auto' may pick, with ratios computed from the model's shapes. */
+/**
+ * The compressors 'auto' may pick (the codec registry's entries that declare an `auto` candidate),
+ * in escalation order, with ratios computed from the model's shapes, and the config each is
+ * switched to when picked.
+ */
 export const compressorProfiles = (layout: ReadonlyArray<GradientSlotInfo>): { profiles: CompressorProfile[]; configs: Record<string, ResolvedCompressionConfig> } => {
-  const total = layout.reduce((s, l) => s + l.size, 0)
-  // PowerSGD sends r(m + n) per matrix (first dim x the rest), 1-D tensors uncompressed.
-  let psgd = 0
-  for (const l of layout) {
-    if (l.shape.length >= 2) {
-      const m = l.shape[0]!
-      const n = l.size / m
-      psgd += Math.min(l.size, POWERSGD_RANK * (m + n))
-    } else psgd += l.size
-  }
-  return {
-    profiles: [
-      { name: "fp16", ratio: 2, collective: "allreduce" },
-      { name: "powersgd", ratio: Number((total / Math.max(1, psgd)).toFixed(2)), collective: "allreduce", rounds: 2 },
-      // values + int32 indices
-      { name: "topk", ratio: 1 / (2 * TOPK_DENSITY), collective: "allgather" }
-    ],
-    configs: {
-      fp16: "fp16",
-      powersgd: { type: "powersgd", rank: POWERSGD_RANK, warmupSteps: 0 },
-      topk: { type: "topk", ratio: TOPK_DENSITY }
-    }
-  }
+  const { profiles, configs } = autoCandidates(layout)
+  return { profiles, configs: configs as Record<string, ResolvedCompressionConfig> }
 }
 
 export interface AutoReducerOptions extends Omit<GradientReducerOptions, "algorithm" | "compression"> {
@@ -75,7 +59,7 @@ export class AutoGradientReducer extends GradientReducer {
         ? (bytes: number): AllReduceAlgorithm => {
             let a = cache.get(bytes)
             if (a === undefined) {
-              a = chooseAlgorithm(bytes, opts.topology, opts.model).algorithm
+              a = chooseAlgorithm(bytes, opts.topology, opts.model, allReduceAlgorithms()).algorithm
               cache.set(bytes, a)
             }
             return a
@@ -84,7 +68,7 @@ export class AutoGradientReducer extends GradientReducer {
     super(comm, { ...opts, algorithm, compression: opts.compression === "auto" ? "none" : opts.compression })
     this.#auto = opts
     this.#decided = opts.compression !== "auto"
-    this.#chosen = opts.compression === "auto" ? "none" : typeof opts.compression === "string" ? opts.compression : opts.compression.type
+    this.#chosen = opts.compression === "auto" ? "none" : compressionType(opts.compression)
   }
 
   /** The forward + backward time of a step (the worker's observer feeds it). */
@@ -122,7 +106,7 @@ export class AutoGradientReducer extends GradientReducer {
     const o = this.#auto
     const buckets = planBuckets(layout.map((l) => l.size), o.bucketBytes ?? DEFAULT_BUCKET_BYTES, o.firstBucketBytes ?? DEFAULT_FIRST_BUCKET_BYTES)
     const { profiles } = compressorProfiles(layout)
-    const fixed = o.algorithm === "auto" ? undefined : [o.algorithm as AllReduceAlgorithm]
+    const fixed = o.algorithm === "auto" ? undefined : [o.algorithm]
     const plan = planCommunication({
       bucketBytes: buckets.map((b) => b.length * 4),
       topology: o.topology,
@@ -130,6 +114,7 @@ export class AutoGradientReducer extends GradientReducer {
       ...(computeMs !== undefined ? { computeMs } : {}),
       compression: o.compression === "auto" ? "auto" : this.#chosen,
       compressors: profiles,
+      algorithms: allReduceAlgorithms(),
       ...(fixed ? { candidates: fixed } : {})
     })
     const e = explain(plan)

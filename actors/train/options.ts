@@ -18,6 +18,7 @@ import { BUCKET_SIZE_MIB, COLLECTIVE_TIMEOUT_MS, FIRST_BUCKET_SIZE_MIB, NATS_OUT
 import { ConfigError } from "../../core/errors.ts"
 import type { ArrayDataset } from "../../core/datasets.ts"
 import { parseCompressionConfig } from "../../collectives/compression/index.ts"
+import { parseAlgorithmChoice } from "../../collectives/algorithms/index.ts"
 import type { WorkerArgs } from "./train-protocol.ts"
 import type { GroupFailure, TrainerState } from "./failure-policy.ts"
 import type { TrainContext } from "./train-context.ts"
@@ -135,7 +136,7 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
     callbacks: (callbacks ?? []) as ReadonlyArray<TrainerCallbacks>,
     collective: {
       // 'auto' (the default) is resolved on the workers from the measured topology (actors/train/auto-config.ts).
-      algorithm: coll.algorithm ?? "auto",
+      algorithm: parseAlgorithmChoice(coll.algorithm, "collectiveConfig.algorithm"),
       compression,
       adaptiveBatching: coll.adaptiveBatching ?? false,
       bucketSizeMiB: coll.bucketSizeMiB ?? BUCKET_SIZE_MIB,

@@ -1,11 +1,12 @@
-// The contract every element-wise gradient codec fulfils, and the common 8-byte header of their
-// wire messages. The collectives layer only needs this file to move compressed gradients: encode
-// on the sender, `accumulate` (decode-and-add) on the receiver, and `aggregation` to know which
-// collective the codec needs.
+// The byte-message contract of a gradient codec, and the common 8-byte header of its messages.
+// The collectives layer only needs this file to move gathered messages: encode on the sender,
+// `accumulate` (decode-and-add) on the receiver. How a codec is aggregated across ranks is what it
+// declares in codec.ts; codecs aggregated by all-gather implement this contract, and others may
+// (fp16, none) for benchmarks and tests.
 //
 // Wire header (all codecs, little-endian, 8 bytes so every payload starts 4-byte aligned):
 //   byte 0      magic 0xC7
-//   byte 1      codec id: 0 none, 1 fp16, 2 int8, 3 topk, 4 sign
+//   byte 1      codec id: the codec's wireId in the registry (0 none, 1 fp16, 2 int8, 3 topk, 4 sign)
 //   byte 2      format version (1)
 //   byte 3      reserved, 0
 //   bytes 4..7  n: uint32, element count of the dense tensor the message stands for
@@ -13,22 +14,16 @@
 // little-endian host; every platform Node and tfjs run on is, and we refuse to load otherwise
 // rather than put byte-swapped gradients on the wire.
 import { WireDecodeError } from "../../core/errors.ts"
+import type { Aggregation } from "./codec.ts"
+import { codecByWireId } from "./registry.ts"
 
-/**
- * How a codec's messages are combined across ranks:
- * - 'allreduce': linear, the collective sums in the codec's domain (fp16 on the wire; PowerSGD's
- *   P and Q factors in fp32). One residual per rank and tensor.
- * - 'allgather': messages cannot be summed without decoding (top-k: different indices per rank;
- *   sign: bits). Every rank receives every message and decodes all of them in rank order.
- * - 'allreduce-decode-accumulate': a ring/tree hop decodes what it receives into fp32, adds its
- *   own contribution and re-encodes to forward (int8). Each re-encode point has its own residual.
- */
-export type Aggregation = "allreduce" | "allgather" | "allreduce-decode-accumulate"
+export type { Aggregation } from "./codec.ts"
 
-export type CodecName = "none" | "fp16" | "int8" | "topk" | "sign"
-
-export const CODEC_IDS: Readonly<Record<CodecName, number>> = { none: 0, fp16: 1, int8: 2, topk: 3, sign: 4 }
-const CODEC_NAMES: ReadonlyArray<CodecName> = ["none", "fp16", "int8", "topk", "sign"]
+/** A codec's identity in its messages' headers: the registry's wireId and the name for errors. */
+export interface WireCodec {
+  readonly id: number
+  readonly name: string
+}
 
 export const MAGIC = 0xc7
 export const FORMAT_VERSION = 1
@@ -44,7 +39,7 @@ export interface EncodeContext {
 
 /** One encoded tensor: the bytes to publish, plus what the header says, for convenience. */
 export interface CompressedMessage {
-  readonly codec: CodecName
+  readonly codec: string
   /** Dense element count. */
   readonly length: number
   /** The complete wire message (header + payload). */
@@ -52,8 +47,9 @@ export interface CompressedMessage {
 }
 
 export interface Compressor {
-  readonly name: CodecName
-  readonly aggregation: Aggregation
+  readonly name: string
+  /** "allgather" for codecs aggregated through these messages; others implement them as a format only. */
+  readonly aggregation: Exclude<Aggregation, "custom">
   /** Whether callers should keep a residual for this codec (on by default; see error-feedback.ts). */
   readonly errorFeedback: boolean
   /** Exact size in bytes of the message for a tensor of n elements (k for top-k is derived from n). */
@@ -87,9 +83,9 @@ if (new Uint8Array(new Uint16Array([1]).buffer)[0] !== 1) {
 
 export const bytesOf = (msg: CompressedMessage | Uint8Array): Uint8Array => (msg instanceof Uint8Array ? msg : msg.bytes)
 
-export const writeHeader = (out: Uint8Array, codec: CodecName, n: number): void => {
+export const writeHeader = (out: Uint8Array, codec: WireCodec, n: number): void => {
   out[0] = MAGIC
-  out[1] = CODEC_IDS[codec]
+  out[1] = codec.id
   out[2] = FORMAT_VERSION
   out[3] = 0
   out[4] = n & 0xff
@@ -109,7 +105,7 @@ export const writeU32 = (b: Uint8Array, at: number, v: number): void => {
 }
 
 /** Reads and checks the header; returns the dense length. */
-export const readHeader = (b: Uint8Array, expect: CodecName): number => {
+export const readHeader = (b: Uint8Array, expect: WireCodec): number => {
   if (b.byteLength < HEADER_BYTES) {
     throw new WireDecodeError({ reason: `compressed message of ${b.byteLength} bytes is shorter than its ${HEADER_BYTES}-byte header` })
   }
@@ -118,27 +114,29 @@ export const readHeader = (b: Uint8Array, expect: CodecName): number => {
     throw new WireDecodeError({ reason: `compressed gradient format version ${b[2]} is not supported (this build reads ${FORMAT_VERSION})` })
   }
   const id = b[1]!
-  if (id !== CODEC_IDS[expect]) {
-    throw new WireDecodeError({ reason: `message was encoded with codec ${CODEC_NAMES[id] ?? `#${id}`}, decoder is ${expect}: ranks disagree on the compression config` })
+  if (id !== expect.id) {
+    throw new WireDecodeError({
+      reason: `message was encoded with codec ${codecByWireId(id)?.name ?? `#${id}`}, decoder is ${expect.name}: ranks disagree on the compression config`
+    })
   }
   return readU32(b, 4)
 }
 
-/** Codec name from a message header, so a receiver can pick the decoder. */
-export const codecOf = (msg: CompressedMessage | Uint8Array): CodecName => {
+/** Codec name from a message header (a registered codec's), so a receiver can pick the decoder. */
+export const codecOf = (msg: CompressedMessage | Uint8Array): string => {
   const b = bytesOf(msg)
-  const name = b.byteLength >= HEADER_BYTES && b[0] === MAGIC ? CODEC_NAMES[b[1]!] : undefined
+  const name = b.byteLength >= HEADER_BYTES && b[0] === MAGIC ? codecByWireId(b[1]!)?.name : undefined
   if (!name) throw new WireDecodeError({ reason: "not a compressed gradient message" })
   return name
 }
 
-export const checkSize = (b: Uint8Array, expected: number, codec: CodecName): void => {
+export const checkSize = (b: Uint8Array, expected: number, codec: string): void => {
   if (b.byteLength !== expected) {
     throw new WireDecodeError({ reason: `${codec} message is ${b.byteLength} bytes, its header implies ${expected} (truncated or corrupted)` })
   }
 }
 
-export const checkTarget = (into: Float32Array, n: number, codec: CodecName): void => {
+export const checkTarget = (into: Float32Array, n: number, codec: string): void => {
   if (into.length !== n) {
     throw new WireDecodeError({ reason: `${codec} message holds ${n} elements but the target buffer has ${into.length}: ranks disagree on the tensor length` })
   }

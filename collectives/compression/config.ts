@@ -1,80 +1,34 @@
-// The `compression` option: its schema, its validation (a bad value is a ConfigError naming the
-// field and what is allowed) and createCompressor, which turns a validated config into codecs.
+// The `compression` option: its validation (a bad value is a ConfigError naming the field and what
+// is allowed) and createCompressor, which turns a validated config into a codec. The forms come
+// from the codec registry (registry.ts; the built-ins in codecs.ts):
 //
-//   'none' | 'fp16' | 'auto'
-//   { type: 'none' } | { type: 'fp16', errorFeedback? }
-//   { type: 'int8', chunkSize?, seed?, errorFeedback? }
-//   { type: 'topk', ratio, errorFeedback? }                       ratio in (0, 1]
-//   { type: 'powersgd', rank, warmupSteps?, minCompressionRate?, seed?, errorFeedback? }
-//   { type: 'sign', chunkSize?, errorFeedback? }                   chunkSize a multiple of 8
+//   'auto' | a shorthand name ('none', 'fp16')
+//   { type: <codec>, ...its options }                e.g. { type: 'topk', ratio: 0.01 }
 //
 // errorFeedback defaults to true. 'auto' is accepted here and resolved by the scheduler (compress
 // only when measured communication dominates the step); createCompressor refuses it.
 import { Effect, Schema } from "effect"
 import { ConfigError } from "../../core/errors.ts"
 import { decodeConfig } from "../../core/validate.ts"
+import type { Codec } from "./codec.ts"
+import "./codecs.ts" // registers the built-in codecs
+import type { BuiltinCodecConfig, BuiltinShorthand } from "./codecs.ts"
 import { CompressionAutoUnresolved } from "./errors.ts"
-import { Fp16Compressor } from "./fp16.ts"
-import { INT8_DEFAULT_CHUNK, Int8Compressor } from "./int8.ts"
-import { NoneCompressor } from "./none.ts"
-import { PowerSgdCompressor } from "./powersgd.ts"
-import { SIGN_DEFAULT_CHUNK, SignCompressor } from "./sign.ts"
-import { TopKCompressor } from "./topk.ts"
-import type { AnyCompressor } from "./simulate.ts"
+import { allowedCodecTypes, allowedCompression, checkCodec, codecs, findCodec, formatConfig } from "./registry.ts"
 
-const PositiveInt = Schema.Int.check(Schema.isGreaterThanOrEqualTo(1))
-const NonNegativeInt = Schema.Int.check(Schema.isGreaterThanOrEqualTo(0))
-const Seed = Schema.Int.check(Schema.isBetween({ minimum: 0, maximum: 0xffffffff }))
-const ErrorFeedbackFlag = Schema.optionalKey(Schema.Boolean)
+/**
+ * A config with 'auto' resolved: a registered codec's object form, or the bare name of one that
+ * allows it. Codecs registered at run time type as `{ type: string }` and bare strings.
+ */
+export type ResolvedCompressionConfig = BuiltinCodecConfig | BuiltinShorthand | { readonly type: string } | (string & {})
+export type CompressionConfig = ResolvedCompressionConfig | "auto"
 
-export const NoneConfig = Schema.Struct({ type: Schema.Literal("none") })
-export const Fp16Config = Schema.Struct({ type: Schema.Literal("fp16"), errorFeedback: ErrorFeedbackFlag })
-export const Int8Config = Schema.Struct({
-  type: Schema.Literal("int8"),
-  chunkSize: Schema.optionalKey(PositiveInt),
-  seed: Schema.optionalKey(Seed),
-  errorFeedback: ErrorFeedbackFlag
-})
-export const TopKConfig = Schema.Struct({
-  type: Schema.Literal("topk"),
-  ratio: Schema.Finite.check(Schema.isGreaterThan(0), Schema.isLessThanOrEqualTo(1)),
-  errorFeedback: ErrorFeedbackFlag
-})
-export const PowerSgdConfig = Schema.Struct({
-  type: Schema.Literal("powersgd"),
-  rank: PositiveInt.check(Schema.isLessThanOrEqualTo(30)),
-  warmupSteps: Schema.optionalKey(NonNegativeInt),
-  minCompressionRate: Schema.optionalKey(Schema.Finite.check(Schema.isGreaterThanOrEqualTo(1))),
-  seed: Schema.optionalKey(Seed),
-  errorFeedback: ErrorFeedbackFlag
-})
-export const SignConfig = Schema.Struct({
-  type: Schema.Literal("sign"),
-  chunkSize: Schema.optionalKey(PositiveInt.check(Schema.makeFilter((n: number) => n % 8 === 0, { expected: "a multiple of 8" }))),
-  errorFeedback: ErrorFeedbackFlag
-})
-
-const STRINGS = ["none", "fp16", "auto"] as const
-const TYPES = { none: NoneConfig, fp16: Fp16Config, int8: Int8Config, topk: TopKConfig, powersgd: PowerSgdConfig, sign: SignConfig } as const
-
-/** The whole option, for embedding in a larger config schema. */
-export const CompressionConfigSchema = Schema.Union([
-  Schema.Literals(STRINGS),
-  NoneConfig,
-  Fp16Config,
-  Int8Config,
-  TopKConfig,
-  PowerSgdConfig,
-  SignConfig
-])
-
-export type CompressionConfig = typeof CompressionConfigSchema.Type
-/** A config the scheduler has resolved: no 'auto'. */
-export type ResolvedCompressionConfig = Exclude<CompressionConfig, "auto">
-
-const ALLOWED =
-  `"none", "fp16", "auto", or { type: "int8" }, { type: "topk", ratio }, ` +
-  `{ type: "powersgd", rank, warmupSteps }, { type: "sign" } (also { type: "none" | "fp16" })`
+/** The whole option as one schema, for embedding in a larger config schema: the registered codecs now. */
+export const compressionConfigSchema = () =>
+  Schema.Union([
+    Schema.Literals(["auto", ...codecs().filter((c) => c.shorthand).map((c) => c.name)]),
+    ...codecs().map((c) => c.schema)
+  ])
 
 const show = (v: unknown): string => {
   try {
@@ -91,19 +45,22 @@ const show = (v: unknown): string => {
 export const parseCompressionConfig = (input: unknown, field = "compression"): CompressionConfig => {
   if (input === undefined) return "none"
   if (typeof input === "string") {
-    if ((STRINGS as ReadonlyArray<string>).includes(input)) return input as CompressionConfig
-    const hint = input in TYPES ? ` (write { type: "${input}"${input === "topk" ? ", ratio: 0.01" : input === "powersgd" ? ", rank: 4, warmupSteps: 10" : ""} })` : ""
-    throw new ConfigError({ field, reason: `unknown compression "${input}"${hint}; allowed: ${ALLOWED}` })
+    if (input === "auto") return input
+    const entry = findCodec(input)
+    if (entry?.shorthand) return input
+    const hint = entry ? ` (write ${formatConfig(entry.example)})` : ""
+    throw new ConfigError({ field, reason: `unknown compression "${input}"${hint}; allowed: ${allowedCompression()}` })
   }
   if (typeof input === "object" && input !== null && !Array.isArray(input)) {
     const type = (input as { type?: unknown }).type
-    if (typeof type === "string" && type in TYPES) return decodeConfig(TYPES[type as keyof typeof TYPES], input, field)
+    const entry = typeof type === "string" ? findCodec(type) : undefined
+    if (entry) return decodeConfig(entry.schema, input, field) as CompressionConfig
     throw new ConfigError({
       field: `${field}.type`,
-      reason: `${type === undefined ? "missing" : `unknown compression type ${show(type)}`}; allowed types: "none", "fp16", "int8", "topk", "powersgd", "sign"`
+      reason: `${type === undefined ? "missing" : `unknown compression type ${show(type)}`}; allowed types: ${allowedCodecTypes()}`
     })
   }
-  throw new ConfigError({ field, reason: `expected ${ALLOWED}, got ${show(input)}` })
+  throw new ConfigError({ field, reason: `expected ${allowedCompression()}, got ${show(input)}` })
 }
 
 /** Effect-native validation: fails with ConfigError instead of throwing. */
@@ -113,33 +70,21 @@ export const decodeCompressionConfig = (input: unknown, field = "compression"): 
     catch: (e) => (e instanceof ConfigError ? e : new ConfigError({ field, reason: String(e) }))
   })
 
+/** The codec type a config names ('none' for absent), without validating it. */
+export const compressionType = (config: CompressionConfig | undefined): string =>
+  config === undefined ? "none" : typeof config === "string" ? config : config.type
+
 /**
- * Codecs from a config (validated here too, for callers from plain JS). 'none' gives the identity
- * codec. PowerSGD instances hold per-rank state (warm-start factors), so every rank creates its
- * own; element-wise codecs are cheap to create and keep only scratch buffers.
+ * A codec from a config (validated here too, for callers from plain JS), made by its registry
+ * entry and checked against what the entry declares. 'none' gives the identity codec. Codecs may
+ * hold per-rank state (PowerSGD's warm-start factors), so every rank creates its own.
  */
-export const createCompressor = (config: ResolvedCompressionConfig | CompressionConfig): AnyCompressor => {
+export const createCompressor = (config: CompressionConfig): Codec => {
   const c = parseCompressionConfig(config)
   if (c === "auto") throw new CompressionAutoUnresolved()
-  const obj = typeof c === "string" ? ({ type: c } as const) : c
-  switch (obj.type) {
-    case "none":
-      return new NoneCompressor()
-    case "fp16":
-      return new Fp16Compressor({ errorFeedback: "errorFeedback" in obj ? obj.errorFeedback : undefined })
-    case "int8":
-      return new Int8Compressor({ chunkSize: obj.chunkSize ?? INT8_DEFAULT_CHUNK, seed: obj.seed, errorFeedback: obj.errorFeedback })
-    case "topk":
-      return new TopKCompressor({ ratio: obj.ratio, errorFeedback: obj.errorFeedback })
-    case "powersgd":
-      return new PowerSgdCompressor({
-        rank: obj.rank,
-        warmupSteps: obj.warmupSteps,
-        minCompressionRate: obj.minCompressionRate,
-        seed: obj.seed,
-        errorFeedback: obj.errorFeedback
-      })
-    case "sign":
-      return new SignCompressor({ chunkSize: obj.chunkSize ?? SIGN_DEFAULT_CHUNK, errorFeedback: obj.errorFeedback })
-  }
+  const type = compressionType(c)
+  const entry = findCodec(type)
+  if (!entry) throw new ConfigError({ field: "compression.type", reason: `unknown compression type "${type}"; allowed types: ${allowedCodecTypes()}` })
+  const obj = typeof c === "string" ? decodeConfig(entry.schema, { type: c }, "compression") : c
+  return checkCodec(entry, entry.create(obj))
 }

@@ -1,6 +1,7 @@
 // Typed errors of the compression layer. Wire and config problems reuse core's WireDecodeError and
 // ConfigError; these cover what only compression can get wrong: state that no longer fits the
-// tensors it is applied to, and a config that still says 'auto' when a concrete codec is needed.
+// tensors it is applied to, a config that still says 'auto' when a concrete codec is needed, and a
+// codec entry or codec that does not fit the registry's contract.
 import { Schema } from "effect"
 
 /**
@@ -38,5 +39,28 @@ export class CompressionAutoUnresolved extends Schema.TaggedError<CompressionAut
 ) {
   override get message(): string {
     return `compression "auto" must be resolved by the scheduler (from measured bandwidth and codec cost) before a compressor is created`
+  }
+}
+
+/** A codec entry the registry cannot accept (a bad or taken name or wire id, a missing part). */
+export class CodecRegistrationError extends Schema.TaggedError<CodecRegistrationError>()("CodecRegistrationError", {
+  name: Schema.String,
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return `cannot register codec "${this.name}": ${this.reason}`
+  }
+}
+
+/**
+ * A codec does not implement what its registry entry declares (codec.ts): it is refused when
+ * created, rather than run down another aggregation's path.
+ */
+export class CodecContractError extends Schema.TaggedError<CodecContractError>()("CodecContractError", {
+  codec: Schema.String,
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return `codec "${this.codec}" does not fit its registry entry: ${this.reason}; fix the codec or its entry (see collectives/compression/codec.ts)`
   }
 }

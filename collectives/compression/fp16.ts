@@ -1,5 +1,6 @@
 // fp16 cast: IEEE binary16, round-to-nearest-even, the 2x codec. Linear enough to be summed on the
-// wire, so it is aggregated with an ordinary all-reduce ('allreduce'): the collective moves fp16,
+// wire, so it is aggregated as 'linear' with C = the binary16 cast itself (castsToWire, see
+// codec.ts) by an ordinary all-reduce with binary16 on the wire: the collective moves fp16,
 // each hop accumulates in fp32 and rounds the partial sum back to fp16 to forward it. That hop
 // rounding (<= 2^-11 relative, round-to-nearest-even, so not systematic) is left uncompensated,
 // as in Horovod's and DDP's fp16 hooks. On a ring a rank casts its own values only on the segment
@@ -27,7 +28,12 @@ import {
   writeHeader
 } from "./compressor.ts"
 
-import { decodeHalf, encodeHalf, halfTable } from "../float16.ts"
+import { Schema } from "effect"
+import { decodeHalf, encodeHalf, halfTable, roundToHalf } from "../float16.ts"
+import type { LinearCodec } from "./codec.ts"
+import { ErrorFeedbackOption, defineCodec } from "./registry.ts"
+
+const WIRE = { id: 1, name: "fp16" } as const
 
 /** binary16 bits -> value, for all 65536 patterns (the collectives' fp16 wire uses the same table). */
 export const fp16Table = halfTable
@@ -49,9 +55,12 @@ export const encodeFp16 = encodeHalf
 /** Bulk decode: out[i] = value of half bits h[i]. */
 export const decodeFp16 = decodeHalf
 
-export class Fp16Compressor implements Compressor {
+export class Fp16Compressor implements Compressor, LinearCodec {
   readonly name = "fp16" as const
-  readonly aggregation = "allreduce" as const
+  readonly aggregation = "linear" as const
+  readonly wire = "f16" as const
+  /** The gradient reducer folds error feedback into the all-reduce's own cast (FeedbackHalfSource). */
+  readonly castsToWire = true
   readonly errorFeedback: boolean
 
   constructor(options: { readonly errorFeedback?: boolean } = {}) {
@@ -65,14 +74,14 @@ export class Fp16Compressor implements Compressor {
   encode(input: Float32Array, _ctx?: EncodeContext, out?: Uint8Array): CompressedMessage {
     const n = input.length
     const bytes = outBytes(this.wireBytes(n), out)
-    writeHeader(bytes, "fp16", n)
+    writeHeader(bytes, WIRE, n)
     encodeFp16(input, new Uint16Array(bytes.buffer, bytes.byteOffset + HEADER_BYTES, n))
     return { codec: "fp16", length: n, bytes }
   }
 
   private payload(msg: CompressedMessage | Uint8Array): Uint16Array {
     const b = bytesOf(msg)
-    const n = readHeader(b, "fp16")
+    const n = readHeader(b, WIRE)
     checkSize(b, this.wireBytes(n), "fp16")
     return view(Uint16Array, b, HEADER_BYTES, n)
   }
@@ -91,4 +100,30 @@ export class Fp16Compressor implements Compressor {
     if (weight === 1) for (let i = 0; i < h.length; i++) into[i] += t[h[i]!]!
     else for (let i = 0; i < h.length; i++) into[i] += weight * t[h[i]!]!
   }
+
+  domainLength(n: number): number {
+    return n
+  }
+
+  /** out = the values of x rounded to binary16. */
+  toDomain(x: Float32Array, out: Float32Array): void {
+    out.set(x)
+    roundToHalf(out)
+  }
+
+  fromDomain(y: Float32Array, out: Float32Array): void {
+    if (out !== y) out.set(y)
+  }
 }
+
+export const fp16Codec = defineCodec({
+  name: "fp16",
+  wireId: WIRE.id,
+  aggregation: "linear",
+  hint: "binary16 cast, 2x: summed in fp16 on the wire (fp32 at every hop), error feedback folded into the ring; about neutral for accuracy",
+  shorthand: true,
+  example: "fp16",
+  schema: Schema.Struct({ type: Schema.Literal("fp16"), errorFeedback: ErrorFeedbackOption }),
+  create: (c) => new Fp16Compressor({ errorFeedback: c.errorFeedback }),
+  auto: { order: 0, config: { type: "fp16" }, ratio: () => 2 }
+})

@@ -3,15 +3,13 @@
 // to 2^-16 of a step (below fp32's rounding of the decoded value); error <= scale/127 per element.
 // The scale is the chunk's max |x|, so one outlier only coarsens its own chunk.
 //
-// Aggregation. The codec declares 'allreduce-decode-accumulate', the model it supports: quantized
-// values with different scales cannot be summed as bytes, so a ring (or tree) hop decodes what it
-// receives into fp32, adds its own contribution and re-quantizes to forward; every re-quantization
-// is a compress point with its own residual, keyed per (tensor, ring size, segment) -- see
-// ringSegmentKey in simulate.ts, which models it. The GradientReducer, which is what training
-// uses, does NOT run that model: it all-gathers every rank's int8 message and each rank decodes all
-// p of them in rank order (gradient-reducer.ts). That costs each rank (p-1)·n bytes in instead of
-// ~2n, but quantizes once per rank and step, keeps one residual per tensor and gives every rank
-// bitwise the same sum; the ring model's p-1 re-quantizations compound their error.
+// Aggregation: 'allgather'. Quantized values with different scales cannot be summed as bytes: every
+// rank gathers every rank's int8 message and decodes all p of them in rank order
+// (gradient-reducer.ts). That costs each rank (p-1)·n bytes in instead of ~2n, but quantizes once
+// per rank and step, keeps one residual per tensor and gives every rank bitwise the same sum. The
+// alternative, a ring whose every hop decodes, adds and re-quantizes (a residual per re-quantizing
+// point, keyed per (tensor, ring size, segment): ringSegmentKey), is only modelled
+// (simulateRequantizingRing in simulate.ts): its p-1 re-quantizations compound their error.
 //
 // Wire: header (8) | chunkSize: uint32 | scales: float32[ceil(n/chunkSize)] | q: int8[n].
 // Total 12 + 4·ceil(n/chunkSize) + n bytes. A chunk with a NaN or an infinity gets scale NaN and
@@ -32,7 +30,10 @@ import {
   writeHeader,
   writeU32
 } from "./compressor.ts"
+import { Schema } from "effect"
 import { WireDecodeError } from "../../core/errors.ts"
+import type { GatherCodec } from "./codec.ts"
+import { ErrorFeedbackOption, PositiveInt, SeedOption, defineCodec } from "./registry.ts"
 import { hashKey, mixSeed } from "./rng.ts"
 import { int8FeedbackSimd, int8SumSimd } from "../simd.ts"
 
@@ -45,9 +46,11 @@ export interface Int8Options {
   readonly errorFeedback?: boolean
 }
 
-export class Int8Compressor implements Compressor {
+const WIRE = { id: 2, name: "int8" } as const
+
+export class Int8Compressor implements Compressor, GatherCodec {
   readonly name = "int8" as const
-  readonly aggregation = "allreduce-decode-accumulate" as const
+  readonly aggregation = "allgather" as const
   readonly errorFeedback: boolean
   readonly chunkSize: number
   readonly seed: number
@@ -69,7 +72,7 @@ export class Int8Compressor implements Compressor {
     const c = this.chunkSize
     const chunks = Math.ceil(n / c)
     const bytes = outBytes(this.wireBytes(n), out)
-    writeHeader(bytes, "int8", n)
+    writeHeader(bytes, WIRE, n)
     writeU32(bytes, HEADER_BYTES, c)
     return {
       bytes,
@@ -188,7 +191,7 @@ export class Int8Compressor implements Compressor {
 
   private parse(msg: CompressedMessage | Uint8Array): { n: number; c: number; scales: Float32Array; q: Int8Array } {
     const b = bytesOf(msg)
-    const n = readHeader(b, "int8")
+    const n = readHeader(b, WIRE)
     if (b.byteLength < HEADER_BYTES + 4) throw new WireDecodeError({ reason: "int8 message truncated before its chunk size" })
     const c = readU32(b, HEADER_BYTES)
     if (c < 1) throw new WireDecodeError({ reason: "int8 message has chunk size 0" })
@@ -223,3 +226,13 @@ export class Int8Compressor implements Compressor {
     }
   }
 }
+
+export const int8Codec = defineCodec({
+  name: "int8",
+  wireId: WIRE.id,
+  aggregation: "allgather",
+  hint: "stochastic 8-bit quantization with a scale per chunk, ~4x, unbiased; all-gathered",
+  example: { type: "int8" },
+  schema: Schema.Struct({ type: Schema.Literal("int8"), chunkSize: Schema.optionalKey(PositiveInt), seed: SeedOption, errorFeedback: ErrorFeedbackOption }),
+  create: (c) => new Int8Compressor({ chunkSize: c.chunkSize ?? INT8_DEFAULT_CHUNK, seed: c.seed, errorFeedback: c.errorFeedback })
+})

@@ -1,6 +1,7 @@
 // PowerSGD (Vogels et al. 2019) of rank r: a gradient M (n×m) is sent as two thin factors,
 // P = M·Q (n×r) and Q = Mᵀ·P̂ (m×r), r(n+m) numbers instead of n·m. Both factors are linear in M,
-// so they are summed with two ordinary fp32 all-reduces ('allreduce'):
+// so they are summed with two ordinary fp32 all-reduces, rounds the codec drives itself
+// (aggregation 'custom', see codec.ts):
 //   P_w = M_w Q;  P = Σ P_w (round 1);  P̂ = orthonormalize(P);
 //   Q_w = M_wᵀ P̂;  Q = Σ Q_w (round 2);  aggregate = P̂ Qᵀ = Σ_w P̂ Q_wᵀ.
 // - Warm start: the Q of a tensor is kept across steps (one power iteration per step refines it).
@@ -25,7 +26,10 @@
 // Two ways to drive it: `reduce(tensors, allReduce)` with an async sum all-reduce callback, or the
 // step-by-step `begin` -> `round.second(sum1)` -> `round.finish(sum2)` for callers that run the
 // collective themselves (and for lock-step simulation in tests).
+import { Schema } from "effect"
+import type { CustomCodec } from "./codec.ts"
 import { CompressionShapeError, ResidualMismatch } from "./errors.ts"
+import { ErrorFeedbackOption, NonNegativeInt, PositiveInt, SeedOption, defineCodec, type LayoutShapes } from "./registry.ts"
 import type { ErrorFeedback } from "./error-feedback.ts"
 import { decodeOuter, feedbackMatMul, matMul, matMulT, orthonormalize, outer, subtractOwn, type OwedProduct } from "./matrix.ts"
 import { Mulberry32, hashKey, mixSeed } from "./rng.ts"
@@ -70,9 +74,9 @@ export interface PowerSgdState {
 /** Sum all-reduce over the group, as the collective provides it. */
 export type AllReduceSum = (buf: Float32Array) => Promise<Float32Array>
 
-export class PowerSgdCompressor {
+export class PowerSgdCompressor implements CustomCodec {
   readonly name = "powersgd" as const
-  readonly aggregation = "allreduce" as const
+  readonly aggregation = "custom" as const
   readonly rank: number
   readonly warmupSteps: number
   readonly minCompressionRate: number
@@ -340,3 +344,37 @@ export class PowerSgdRound {
     this.owner.advance()
   }
 }
+
+/** 'auto' weighs PowerSGD at this rank, without warm-up (it decides after uncompressed steps). */
+const AUTO_RANK = 4
+
+/** Uncompressed / sent for a model: r(m + n) per matrix (first dim x the rest), 1-D tensors whole. */
+const autoRatio = (layout: LayoutShapes): number => {
+  const total = layout.reduce((s, l) => s + l.size, 0)
+  let sent = 0
+  for (const l of layout) {
+    if (l.shape.length >= 2) {
+      const m = l.shape[0]!
+      sent += Math.min(l.size, AUTO_RANK * (m + l.size / m))
+    } else sent += l.size
+  }
+  return Number((total / Math.max(1, sent)).toFixed(2))
+}
+
+export const powerSgdCodec = defineCodec({
+  name: "powersgd",
+  aggregation: "custom",
+  hint: "rank-r factors P and Q of every matrix, all-reduced in two fp32 rounds, warm-started; 1-D tensors go uncompressed",
+  example: { type: "powersgd", rank: 4, warmupSteps: 10 },
+  schema: Schema.Struct({
+    type: Schema.Literal("powersgd"),
+    rank: PositiveInt.check(Schema.isLessThanOrEqualTo(30)),
+    warmupSteps: Schema.optionalKey(NonNegativeInt),
+    minCompressionRate: Schema.optionalKey(Schema.Finite.check(Schema.isGreaterThanOrEqualTo(1))),
+    seed: SeedOption,
+    errorFeedback: ErrorFeedbackOption
+  }),
+  create: (c) =>
+    new PowerSgdCompressor({ rank: c.rank, warmupSteps: c.warmupSteps, minCompressionRate: c.minCompressionRate, seed: c.seed, errorFeedback: c.errorFeedback }),
+  auto: { order: 1, config: { type: "powersgd", rank: AUTO_RANK, warmupSteps: 0 }, ratio: autoRatio, rounds: 2 }
+})

@@ -10,7 +10,10 @@
 // Wire: header (8) | chunkSize: uint32 (a multiple of 8) | scales: float32[ceil(n/chunkSize)] |
 // bits: uint8[ceil(n/8)], element i at bit (i % 8) of byte i/8: the fp32 sign bit, 1 = negative
 // (so -0 decodes as -scale, +0 as +scale; with error feedback the difference is fed back anyway). Total 12 + 4·ceil(n/chunkSize) + ceil(n/8) bytes.
+import { Schema } from "effect"
 import { WireDecodeError } from "../../core/errors.ts"
+import type { GatherCodec } from "./codec.ts"
+import { ErrorFeedbackOption, PositiveInt, defineCodec } from "./registry.ts"
 import {
   type CompressedMessage,
   type Compressor,
@@ -37,7 +40,9 @@ const SIGNS = (() => {
   return t
 })()
 
-export class SignCompressor implements Compressor {
+const WIRE = { id: 4, name: "sign" } as const
+
+export class SignCompressor implements Compressor, GatherCodec {
   readonly name = "sign" as const
   readonly aggregation = "allgather" as const
   readonly errorFeedback: boolean
@@ -60,7 +65,7 @@ export class SignCompressor implements Compressor {
     const c = this.chunkSize
     const chunks = Math.ceil(n / c)
     const bytes = outBytes(this.wireBytes(n), out)
-    writeHeader(bytes, "sign", n)
+    writeHeader(bytes, WIRE, n)
     writeU32(bytes, HEADER_BYTES, c)
     const scales = new Float32Array(bytes.buffer, bytes.byteOffset + HEADER_BYTES + 4, chunks)
     const bitsAt = HEADER_BYTES + 4 + 4 * chunks
@@ -93,7 +98,7 @@ export class SignCompressor implements Compressor {
 
   private parse(msg: CompressedMessage | Uint8Array): { n: number; c: number; scales: Float32Array; bits: Uint8Array } {
     const b = bytesOf(msg)
-    const n = readHeader(b, "sign")
+    const n = readHeader(b, WIRE)
     if (b.byteLength < HEADER_BYTES + 4) throw new WireDecodeError({ reason: "sign message truncated before its chunk size" })
     const c = readU32(b, HEADER_BYTES)
     if (c < 8 || c % 8 !== 0) throw new WireDecodeError({ reason: `sign message has chunk size ${c}, not a positive multiple of 8` })
@@ -134,3 +139,17 @@ export class SignCompressor implements Compressor {
     }
   }
 }
+
+export const signCodec = defineCodec({
+  name: "sign",
+  wireId: WIRE.id,
+  aggregation: "allgather",
+  hint: "one sign bit per element and an fp32 scale per chunk (EF-signSGD), ~32x; all-gathered",
+  example: { type: "sign" },
+  schema: Schema.Struct({
+    type: Schema.Literal("sign"),
+    chunkSize: Schema.optionalKey(PositiveInt.check(Schema.makeFilter((n: number) => n % 8 === 0, { expected: "a multiple of 8" }))),
+    errorFeedback: ErrorFeedbackOption
+  }),
+  create: (c) => new SignCompressor({ chunkSize: c.chunkSize ?? SIGN_DEFAULT_CHUNK, errorFeedback: c.errorFeedback })
+})

@@ -12,7 +12,10 @@
 // Speed: for large tensors a DGC-style sampled threshold first narrows the candidates to ~2k in
 // one pass, then an exact selection runs on those only; if the sample misjudged (fewer than k or
 // too many candidates) it falls back to selection over all n. Both paths give identical output.
+import { Schema } from "effect"
 import { WireDecodeError } from "../../core/errors.ts"
+import type { GatherCodec } from "./codec.ts"
+import { ErrorFeedbackOption, defineCodec } from "./registry.ts"
 import {
   type CompressedMessage,
   type Compressor,
@@ -53,7 +56,9 @@ const SUM_BLOCK = 16384
 
 export const topkCount = (ratio: number, n: number): number => (n === 0 ? 0 : Math.min(n, Math.max(1, Math.round(ratio * n))))
 
-export class TopKCompressor implements Compressor {
+const WIRE = { id: 3, name: "topk" } as const
+
+export class TopKCompressor implements Compressor, GatherCodec {
   readonly name = "topk" as const
   readonly aggregation = "allgather" as const
   readonly errorFeedback: boolean
@@ -99,7 +104,7 @@ export class TopKCompressor implements Compressor {
   /** The message's bytes with its header and count written, and views of its value and index arrays. */
   private message(n: number, k: number, out: Uint8Array | undefined): { bytes: Uint8Array; values: Float32Array; indices: Uint32Array } {
     const bytes = outBytes(this.wireBytes(n), out)
-    writeHeader(bytes, "topk", n)
+    writeHeader(bytes, WIRE, n)
     writeU32(bytes, HEADER_BYTES, k)
     return {
       bytes,
@@ -299,7 +304,7 @@ export class TopKCompressor implements Compressor {
 
   private parse(msg: CompressedMessage | Uint8Array): { n: number; values: Float32Array; indices: Uint32Array } {
     const b = bytesOf(msg)
-    const n = readHeader(b, "topk")
+    const n = readHeader(b, WIRE)
     if (b.byteLength < HEADER_BYTES + 4) throw new WireDecodeError({ reason: "top-k message truncated before its count" })
     const k = readU32(b, HEADER_BYTES)
     if (k > n) throw new WireDecodeError({ reason: `top-k message claims ${k} of ${n} elements` })
@@ -353,3 +358,22 @@ export class TopKCompressor implements Compressor {
     }
   }
 }
+
+/** 'auto' weighs top-k at this density. */
+const AUTO_DENSITY = 0.01
+
+export const topkCodec = defineCodec({
+  name: "topk",
+  wireId: WIRE.id,
+  aggregation: "allgather",
+  hint: "keeps the k = ratio·n largest magnitudes (values + indices), 1% is ~50x; all-gathered",
+  example: { type: "topk", ratio: 0.01 },
+  schema: Schema.Struct({
+    type: Schema.Literal("topk"),
+    ratio: Schema.Finite.check(Schema.isGreaterThan(0), Schema.isLessThanOrEqualTo(1)),
+    errorFeedback: ErrorFeedbackOption
+  }),
+  create: (c) => new TopKCompressor({ ratio: c.ratio, errorFeedback: c.errorFeedback }),
+  // values + int32 indices
+  auto: { order: 2, config: { type: "topk", ratio: AUTO_DENSITY }, ratio: () => 1 / (2 * AUTO_DENSITY) }
+})

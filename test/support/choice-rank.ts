@@ -7,6 +7,8 @@
 import { connect } from "@nats-io/transport-node"
 import { installNatsPatches } from "../../core/nats-internals/index.ts"
 import { Communicator, type AllReduceAlgorithm } from "../../collectives/communicator.ts"
+import { allReduceAlgorithms } from "../../collectives/algorithms/index.ts"
+import { autoCandidates } from "../../collectives/compression/index.ts"
 import { probeGroupTopology } from "../../actors/train/topology-probe.ts"
 import { chooseAlgorithm, explain, planCommunication } from "../../scheduler/algorithm-choice.ts"
 import { describeObservation } from "../../scheduler/topology.ts"
@@ -43,8 +45,15 @@ const comm = await Communicator.create({
 })
 try {
   const observed = await probeGroupTopology({ nc, comm, cluster: "netns", job: "sched" })
-  const choices = args.sizes.map((bytes) => chooseAlgorithm(bytes, observed.topology, observed.model))
-  const plan = planCommunication({ bucketBytes: [...args.sizes], topology: observed.topology, model: observed.model, compression: "none" })
+  const choices = args.sizes.map((bytes) => chooseAlgorithm(bytes, observed.topology, observed.model, allReduceAlgorithms()))
+  const plan = planCommunication({
+    bucketBytes: [...args.sizes],
+    topology: observed.topology,
+    model: observed.model,
+    algorithms: allReduceAlgorithms(),
+    compressors: autoCandidates(args.sizes.map((bytes) => ({ shape: [bytes / 4], size: bytes / 4 }))).profiles,
+    compression: "none"
+  })
   const measured: Record<string, Record<string, number[]>> = {}
   const run = async (buf: Float32Array, algorithm: AllReduceAlgorithm): Promise<number> => {
     buf.fill(args.rank + 1)

@@ -1,7 +1,8 @@
 // One rank process for collectives tests and benchmarks (started by collectives-fleet.ts). It
 // connects to NATS, then executes commands from its parent over IPC: create/close communicators,
 // run case lists (verifying each result against the float64 reference), and time all-reduces or
-// raw NATS traffic patterns for the benchmark. It exits when its parent goes away.
+// raw NATS traffic patterns for the benchmark, and import modules that register more all-reduce
+// algorithms (the registry proof). It exits when its parent goes away.
 import type { NatsConnection } from "@nats-io/nats-core"
 import { allReduceBuckets } from "../../collectives/bucketing.ts"
 import { Communicator, type AllReduceAlgorithm } from "../../collectives/communicator.ts"
@@ -21,6 +22,7 @@ import {
 } from "./collectives-cases.ts"
 import { connectRank, errorOf, serveParent } from "./child-ready.ts"
 import { receivePoolStats, sendPoolStats } from "../../core/nats-internals/index.ts"
+import { pathToFileURL } from "node:url"
 
 const comms = new Map<string, Communicator>()
 let nc: NatsConnection
@@ -314,6 +316,10 @@ const handle = async (m: Record<string, any>): Promise<unknown> => {
     case "poolStats":
       // the NATS buffer pools of this process (core/nats-internals/)
       return { receive: { ...receivePoolStats }, send: { ...sendPoolStats } }
+    case "import":
+      // a module that registers more algorithms or codecs (registry.ts), as the parent did
+      await import(pathToFileURL(m.module).href)
+      return null
     case "exit":
       setTimeout(() => process.exit(0), 10)
       return null

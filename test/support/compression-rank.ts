@@ -2,7 +2,8 @@
 // compression-fleet.ts): connects to NATS, then runs commands from its parent over IPC. It holds
 // GradientReducers by name, feeds them deterministic per-rank gradients (compression-cases.ts),
 // returns the reduced result (or only its hash and timing, for the 64 MiB benchmark), and hands
-// out / takes back the reducer's error-feedback state. It exits when its parent goes away.
+// out / takes back the reducer's error-feedback state, and imports modules that register more
+// codecs (the registry proof). It exits when its parent goes away.
 import type { NatsConnection } from "@nats-io/nats-core"
 import { Communicator, type AllReduceAlgorithm } from "../../collectives/communicator.ts"
 import { GradientReducer } from "../../collectives/gradient-reducer.ts"
@@ -10,6 +11,7 @@ import type { ResolvedCompressionConfig } from "../../collectives/compression/in
 import { inSimdSpace } from "../../collectives/simd.ts"
 import { fillGradient, layoutOf, type SlotSpec } from "./compression-cases.ts"
 import { connectRank, errorOf, serveParent } from "./child-ready.ts"
+import { pathToFileURL } from "node:url"
 
 /** `asked`: the sizes in bytes the reducer chose an algorithm for (algorithm "by-size"). */
 const reducers = new Map<string, { comm: Communicator; reducer: GradientReducer; asked: number[] }>()
@@ -107,6 +109,10 @@ const handle = async (m: Record<string, any>): Promise<unknown> => {
       await e?.comm.close()
       return null
     }
+    case "import":
+      // a module that registers more algorithms or codecs (registry.ts), as the parent did
+      await import(pathToFileURL(m.module).href)
+      return null
     case "exit":
       setTimeout(() => process.exit(0), 10)
       return null

@@ -7,13 +7,15 @@
 // on at once, as one fan-out publish to the node's subject when the node has several members.
 // Members are added at the leader in rank order (fixed summation order); the ring finishes each
 // element once and every other rank copies those bits.
-import { accumulate, assign } from "./kernels.ts"
-import { Flag, type Frame } from "./frames.ts"
-import type { Operation } from "./operation.ts"
-import { accumulateOp, type Reduction } from "./reduction.ts"
-import { ringReduce } from "./ring.ts"
-import { chunkCount, chunkLength, segmentStart } from "./segments.ts"
-import { releaseReceived } from "../core/nats-internals/index.ts"
+import { accumulate, assign } from "../kernels.ts"
+import { Flag, type Frame } from "../frames.ts"
+import type { Operation } from "../operation.ts"
+import { accumulateOp, type Reduction } from "../reduction.ts"
+import { ringReduce, ringStages } from "./ring.ts"
+import { chunkCount, chunkLength, segmentStart } from "../segments.ts"
+import { releaseReceived } from "../../core/nats-internals/index.ts"
+import { chunking, nodeGroups } from "../../core/collective-cost.ts"
+import { defineAllReduceAlgorithm } from "./registry.ts"
 
 export interface NodeGroup {
   /** Ranks on the node, ascending; the first is the leader. */
@@ -144,3 +146,25 @@ export const hierarchicalReduce = async (op: Operation, buf: Float32Array, spec:
   }
   await Promise.all([ringDone, broadcast()])
 }
+
+export const hierarchical = defineAllReduceAlgorithm({
+  name: "hierarchical",
+  code: 2,
+  hint: "members stream to their node's leader, the leaders run a ring, each leader fans the result out to its node: only leaders cross nodes; wins when links between nodes (or NATS servers) are slow",
+  run: (c) => hierarchicalReduce(c.op, c.data, { nodes: c.nodeGroups(), chunkElems: c.chunkElems, reduce: c.reduce }),
+  // Every member streams its chunks straight to its leader (all nodes at once, k alike stages), a
+  // relay ring among the leaders over the cross links (2(N-1) stages of n/N: no fan-out
+  // all-gather), then each leader publishes each chunk once to its node, fanned out to the
+  // members (k stages). With one rank per node it is a relay ring.
+  stages: ({ bytes, topology, chunkBytes, hierarchy }) => {
+    const groups = nodeGroups(topology, hierarchy)
+    const { k, chunk } = chunking(bytes, chunkBytes)
+    const gather = groups.flatMap((g) => g.slice(1).map((r) => ({ src: r, dsts: [g[0]!], bytes: chunk })))
+    const fan = groups.filter((g) => g.length > 1).map((g) => ({ src: g[0]!, dsts: g.slice(1), bytes: chunk }))
+    return [
+      { name: "intra-node reduce", stages: gather.length > 0 ? [{ flows: gather, times: k }] : [] },
+      { name: "leaders ring", stages: ringStages(groups.map((g) => g[0]!), bytes, false) },
+      { name: "intra-node broadcast", stages: fan.length > 0 ? [{ flows: fan, times: k }] : [] }
+    ]
+  }
+})

@@ -7,12 +7,14 @@
 // p-1 times and there is one hop instead of log2(p). With `fanout: false` each node forwards to
 // its children instead. Children are always added in the same order (own + left + right), and
 // the root finishes each element once; the down phase copies the root's bits everywhere.
-import { accumulate, assign } from "./kernels.ts"
-import { Flag, type Frame } from "./frames.ts"
-import type { Operation } from "./operation.ts"
-import { accumulateOp, finish, type Reduction } from "./reduction.ts"
-import { chunkCount, chunkLength } from "./segments.ts"
-import { releaseReceived } from "../core/nats-internals/index.ts"
+import { accumulate, assign } from "../kernels.ts"
+import { Flag, type Frame } from "../frames.ts"
+import type { Operation } from "../operation.ts"
+import { accumulateOp, finish, type Reduction } from "../reduction.ts"
+import { chunkCount, chunkLength } from "../segments.ts"
+import { releaseReceived } from "../../core/nats-internals/index.ts"
+import { chunking, type CostStage, type Flow } from "../../core/collective-cost.ts"
+import { defineAllReduceAlgorithm } from "./registry.ts"
 
 export interface TreeSpec {
   /** Group ranks in tree order: members[0] is the root, the children of position k are 2k+1 and 2k+2. */
@@ -130,3 +132,69 @@ export const treeReduce = async (op: Operation, buf: Float32Array, spec: TreeSpe
   if (i === 0) await up()
   else await Promise.all([up(), down()])
 }
+
+/** Heap-ordered binary tree over `members` (global ranks); depth of member j is floor(log2(j+1)). */
+const depthOf = (j: number): number => Math.floor(Math.log2(j + 1))
+
+/**
+ * The tree's stages for the cost model, as treeReduce runs it: chunk q leaves a node at depth l
+ * (towards its parent) at stage q + (H - l) and reaches the root at the end of stage q + H - 1.
+ * With `fanout` the root publishes it once, fanned out by the server to every other rank, at stage
+ * q + H, so the whole all-reduce is H + k stages; without, it goes down a level per stage (a node
+ * at depth d - 1 sends it to its children at stage q + H + d - 1): 2H + k - 1 stages. The way down
+ * overlaps the way up (while chunk q goes down, later chunks are still coming up). The steady
+ * state (every level busy) is one stage repeated, so a stream of millions of chunks is a few stages.
+ */
+export const treeStages = (members: readonly number[], k: number, chunk: number, fanout = true): CostStage[] => {
+  const g = members
+  if (g.length <= 1) return []
+  const H = depthOf(g.length - 1)
+  const downStages = fanout ? 1 : H
+  const total = H + k + downStages - 1
+  // first stage with every level of both ways busy
+  const steady = H + downStages - 1
+  const others = g.slice(1)
+  const out: CostStage[] = []
+  for (let j = 0; j < total; j++) {
+    const repeat = j === steady && k - 1 >= steady ? k - steady : 1
+    const flows: Flow[] = []
+    for (let l = H; l >= 1; l--) {
+      const q = j - (H - l)
+      if (q < 0 || q >= k) continue
+      for (let m = 1; m < g.length; m++) if (depthOf(m) === l) flows.push({ src: g[m]!, dsts: [g[(m - 1) >> 1]!], bytes: chunk })
+    }
+    if (fanout) {
+      const down = j - H
+      if (down >= 0 && down < k) flows.push({ src: g[0]!, dsts: others, bytes: chunk })
+    } else {
+      for (let d = 1; d <= H; d++) {
+        const q = j - H - (d - 1)
+        if (q < 0 || q >= k) continue
+        for (let m = 1; m < g.length; m++) if (depthOf(m) === d) flows.push({ src: g[(m - 1) >> 1]!, dsts: [g[m]!], bytes: chunk })
+      }
+    }
+    out.push({ flows, times: repeat })
+    j += repeat - 1
+  }
+  return out
+}
+
+export const tree = defineAllReduceAlgorithm({
+  name: "tree",
+  code: 1,
+  hint: "reduce up a binary tree, pipelined in chunks; the root fans the result out: about log2(p) latencies; wins small buffers",
+  usesFanout: true,
+  run: (c) =>
+    treeReduce(c.op, c.data, {
+      members: c.ranks,
+      index: c.rank,
+      chunkElems: c.chunkElems,
+      stepBase: 0,
+      reduce: c.reduce,
+      fanoutTarget: c.fanout ? "all" : undefined
+    }),
+  stages: ({ bytes, topology, chunkBytes, fanout }) => {
+    const { k, chunk } = chunking(bytes, chunkBytes)
+    return [{ name: fanout ? "tree reduce + root fan-out" : "tree reduce + broadcast down", stages: treeStages(topology.map((_, r) => r), k, chunk, fanout) }]
+  }
+})

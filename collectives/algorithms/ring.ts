@@ -26,13 +26,15 @@
 // With `gatherFanout`, the all-gather is one NATS fan-out publish per chunk from each owner to
 // every member instead of m-1 relays: each rank sends (m-1)/m less, the server takes each final
 // byte in once, and no rank waits on a chain of forwards. The reduce-scatter stays a ring.
-import { addHalfIntoHalf, decodeHalf } from "./float16.ts"
-import { accumulate, accumulateIntoHalfPayload, accumulateIntoPayload, assign } from "./kernels.ts"
-import { Flag, type Frame } from "./frames.ts"
-import type { Operation } from "./operation.ts"
-import { accumulateAndFinish, accumulateOp, finish, type Reduction } from "./reduction.ts"
-import { chunkCount, chunkLength, mod, segmentStart } from "./segments.ts"
-import { releaseReceived } from "../core/nats-internals/index.ts"
+import { addHalfIntoHalf, decodeHalf } from "../float16.ts"
+import { accumulate, accumulateIntoHalfPayload, accumulateIntoPayload, assign } from "../kernels.ts"
+import { Flag, type Frame } from "../frames.ts"
+import type { Operation } from "../operation.ts"
+import { accumulateAndFinish, accumulateOp, finish, type Reduction } from "../reduction.ts"
+import { chunkCount, chunkLength, mod, segmentStart } from "../segments.ts"
+import { releaseReceived } from "../../core/nats-internals/index.ts"
+import type { CostStage } from "../../core/collective-cost.ts"
+import { defineAllReduceAlgorithm } from "./registry.ts"
 
 export interface RingSpec {
   /** Group ranks in ring order. */
@@ -263,3 +265,43 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
     () => (recvStep < ringSteps ? [prev] : members.filter((_, k) => k !== i && gathered[k] < chunkCount(segLen(k), C)))
   )
 }
+
+/**
+ * The ring's stages for the cost model, over `members` (global ranks in ring order): p-1
+ * reduce-scatter steps, every member i -> i+1 sends n/p; then the all-gather, either as one stage
+ * in which every member publishes its finished n/p once and the server delivers it to the p-1
+ * others (`fanoutGather`, what the ring all-reduce does for p > 2), or as p-1 more relay steps
+ * (p = 2, and the leaders' ring of hierarchical).
+ */
+export const ringStages = (members: readonly number[], bytes: number, fanoutGather: boolean): CostStage[] => {
+  const q = members.length
+  if (q <= 1) return []
+  const relay = members.map((r, i) => ({ src: r, dsts: [members[(i + 1) % q]!], bytes: bytes / q }))
+  if (!fanoutGather || q <= 2) return [{ flows: relay, times: 2 * (q - 1) }]
+  const gather = members.map((r) => ({ src: r, dsts: members.filter((d) => d !== r), bytes: bytes / q }))
+  return [
+    { flows: relay, times: q - 1 },
+    { flows: gather, times: 1 }
+  ]
+}
+
+export const ring = defineAllReduceAlgorithm({
+  name: "ring",
+  code: 0,
+  hint: "reduce-scatter around a ring, then each owner fans its segment out: 2(p-1)/p of the buffer per rank, p latencies; wins large buffers",
+  usesFanout: true,
+  takesHalfSource: true,
+  run: (c) =>
+    ringReduce(c.op, c.data, {
+      members: c.ranks,
+      index: c.rank,
+      chunkElems: c.chunkElems,
+      stepBase: 0,
+      reduce: c.reduce,
+      // With two ranks a fan-out reaches one receiver: the plain relay is the same traffic with a
+      // whole window for the one link.
+      gatherFanout: c.fanout && c.worldSize > 2 ? "all" : undefined,
+      halfSource: c.halfSource
+    }),
+  stages: ({ bytes, topology, fanout }) => [{ name: "ring reduce-scatter + all-gather", stages: ringStages(topology.map((_, r) => r), bytes, fanout) }]
+})
