@@ -13,7 +13,6 @@ export { connectNats as openNatsEffect, Nats, NatsLayer } from "./core/connectio
 // The actor runtime
 export { makeActorSystemEffect, ActorSystemService, ActorSystemLayer, ActorSystemFromNatsLayer } from "./actors/runtime/system.ts"
 export { launchActorEffect } from "./actors/runtime/actor.ts"
-export { launchSupervisorEffect } from "./actors/runtime/supervisor.ts"
 export { spawnActorEffect } from "./actors/node/spawn.ts"
 
 // Collectives: a communicator that leaves the group when the scope closes

@@ -30,20 +30,10 @@ export {
 export { Watcher, type ActorDown, type DownReason, type WatchOptions } from "./runtime/watcher.ts"
 export { DEFAULT_DEAD_AFTER_MS, DEFAULT_HEARTBEAT_MS } from "./runtime/heartbeat.ts"
 export type { JobEvent } from "./runtime/events.ts"
-export {
-  alwaysRestart,
-  escalateOnFailure,
-  isNormalExit,
-  launchSupervisor,
-  localChild,
-  restartOnFailure,
-  type Child,
-  type Decision,
-  type SuperviseOptions,
-  type Supervision,
-  type SupervisionPolicy
-} from "./runtime/supervisor.ts"
-export { agentRef, spawnActor, spawnedChild, type SpawnedActor, type SpawnOptions } from "./node/spawn.ts"
+// Supervision (runtime/supervisor.ts: restart policies for a child actor or process) stays internal:
+// the trainer restarts and regroups its workers through its own controller (train/controller.ts),
+// whose decisions depend on the whole group, not on one child.
+export { agentRef, spawnActor, type SpawnedActor, type SpawnOptions } from "./node/spawn.ts"
 export { connectionFromAddress, openConnection, redactConnection, type ConnectionSpec } from "../core/connection-spec.ts"
 export { stderrLogger, silentLogger, type ActorLogger } from "./runtime/log.ts"
 export {

@@ -192,12 +192,13 @@ describe("controller: regroup from surviving peers", () => {
   it("carries the survivors' reports over under their new ranks and completes rounds the dead rank left open", async () => {
     const { c, rounds, states } = make({ maxFailures: 1, min: 3 })
     const g = c.begin(3)
-    // Round 0 complete; round 1: ranks 0 and 2 reported, rank 1 dies before it does.
+    // Round 0 complete; round 1: rank 0 reported, rank 1 dies before it does, rank 2 reports only
+    // after the generation ended (before the regroup): that report carries over too.
     for (const rank of [0, 1, 2]) c.report({ attempt: 0, rank, index: 0, metrics: { r: rank } })
     c.report({ attempt: 0, rank: 0, index: 1, metrics: { r: 0 }, checkpoint: { tag: "c1" } })
-    c.report({ attempt: 0, rank: 2, index: 1, metrics: { r: 2 } })
     c.workerDown(0, 1, { reason: "exited", detail: "SIGKILL" })
     expect(c.next(await g.outcome)).toMatchObject({ action: "restart", counted: true })
+    c.report({ attempt: 0, rank: 2, index: 1, metrics: { r: 2 } })
     // Survivors 0 and 2 become ranks 0 and 1; a joiner is rank 2; the furthest survivor made 2 reports.
     const g1 = c.regroup({ worldSize: 3, survivors: [{ from: 0, to: 0 }, { from: 2, to: 1 }], survivorsOnlyBelow: 2 })
     expect(states().slice(-1)).toEqual(["running"])

@@ -191,14 +191,19 @@ export class Controller<C = unknown> {
     return g && g.number === attempt && !g.settled && this.#state === "running" ? g : undefined
   }
 
-  /** A rank's report. Completes the round when every rank of the generation has reported it. */
+  /**
+   * A rank's report. Completes the round when every rank of the generation has reported it. Reports
+   * of a generation that already ended still count until the next one starts: its survivors may be
+   * regrouped, and what they reported meanwhile carries over.
+   */
   report(msg: ReportMessage<C>): void {
-    const g = this.#live(msg.attempt)
+    const c = this.#current
+    const g = c && c.number === msg.attempt && this.#state !== "finished" && this.#state !== "errored" ? c : undefined
     if (!g || msg.rank < 0 || msg.rank >= g.worldSize) return
     // Rounds the survivors of a regroup were in: only theirs count (the joiners skip them).
     if (msg.index < g.survivorsOnlyBelow && !g.survivors.has(msg.rank)) return
     for (const [rank, count] of g.finished) {
-      if (msg.index >= count) {
+      if (msg.index >= count && !g.settled) {
         this.fail(g, {
           kind: "report-mismatch",
           rank: msg.rank,
@@ -239,7 +244,7 @@ export class Controller<C = unknown> {
     })
     // A pending resize takes effect at a report boundary that left a checkpoint to resume from.
     const resize = this.#pendingResize
-    if (resize && round.checkpoint !== undefined && resize.size !== g.worldSize) g.settle({ type: "resize", ...resize })
+    if (resize && !g.settled && round.checkpoint !== undefined && resize.size !== g.worldSize) g.settle({ type: "resize", ...resize })
   }
 
   /** A rank's loop returned after `reports` report() calls. */

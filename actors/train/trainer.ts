@@ -543,7 +543,7 @@ export class Trainer {
           if (cfg.recoverFrom === "peers" && PEER_RECOVERABLE.has(failure.kind) && failure.rank >= 0 && !bus.outage) {
             regrouped = await race(
               this.#regroup({
-                cfg, cluster, system, group, controller, request, failure, what, budget, counted: next.counted,
+                cfg, cluster, system, group, controller, request, failure, target: cfg.maxWorkers, what, budget, counted: next.counted,
                 saving: () => saving, incident, progress, groupArgs, lineage, peerStates, onSize: noteSize,
                 latest: () => store.latest()?.path ?? resumePath,
                 setResume: (p) => (resumePath = p)
@@ -567,11 +567,28 @@ export class Trainer {
             recovery: "checkpoint"
           })
         } else {
+          lastCause = next.cause.reason
+          recorder.event({ type: "resize-requested", attempt, size: next.cause.size, reason: next.cause.reason, from: store.latest()?.name ?? "the start" })
+          if (cfg.recoverFrom === "peers" && !bus.outage) {
+            // Growing in place: the running workers stay, the new ones replay from the checkpoint
+            // just saved and join them.
+            regrouped = await race(
+              this.#regroup({
+                cfg, cluster, system, group, controller, request, target: next.cause.size,
+                what: `the cluster has room for ${next.cause.size} workers`, budget: "", counted: false,
+                saving: () => saving, incident, progress, groupArgs, lineage, peerStates, onSize: noteSize,
+                latest: () => store.latest()?.path ?? resumePath,
+                setResume: (p) => (resumePath = p)
+              })
+            )
+            if (regrouped) {
+              resumePath = store.latest()?.path ?? resumePath
+              continue
+            }
+          }
           await waitForBus()
           await race(group.kill(job, "resizing the group", { alive: (node) => cluster.view.get(node)?.state === "alive" }))
           await race(saving)
-          lastCause = next.cause.reason
-          recorder.event({ type: "resize-requested", attempt, size: next.cause.size, reason: next.cause.reason, from: store.latest()?.name ?? "the start" })
         }
         resumePath = store.latest()?.path ?? resumePath
       }
@@ -620,7 +637,10 @@ export class Trainer {
     readonly group: WorkerGroup
     readonly controller: Controller<CheckpointPayload>
     readonly request: Omit<PlacementRequest, "numWorkers">
-    readonly failure: GroupFailure
+    /** The failure that ended the last generation; none for a resize. */
+    readonly failure?: GroupFailure
+    /** The size to grow back to (fixed size: numWorkers; elastic: max, or the resize's size). */
+    readonly target: number
     readonly what: string
     readonly budget: string
     readonly counted: boolean
@@ -642,7 +662,7 @@ export class Trainer {
     // 1. Every other worker stops at its next group operation; those that park survive.
     const replies = await Promise.all(
       [...x.group.members]
-        .filter(([rank]) => rank !== x.failure.rank)
+        .filter(([rank]) => rank !== x.failure?.rank)
         .map(async ([rank, w]) => {
           const reply = await x.system.askPromise(w.ref(WorkerProtocol), "pause", { attempt }, { timeoutMs: PAUSE_TIMEOUT_MS }).catch(() => undefined)
           return { rank, w, reply }
@@ -655,14 +675,14 @@ export class Trainer {
     }
     for (const r of replies) if (!survivors.includes(r)) await x.group.killOne(r.w, "left out of the regrouped generation")
     // The failed rank may still run (hung, or its loop threw): it is not part of the new group.
-    const failed = x.group.members.get(x.failure.rank)
+    const failed = x.failure ? x.group.members.get(x.failure.rank) : undefined
     if (failed) await x.group.killOne(failed, "it failed")
     // 2. The survivor that got furthest: the others and the joiners continue from its state.
     const source = survivors.reduce((a, b) => (b.reply!.position.ops > a.reply!.position.ops ? b : a))
     const pos: Position = source.reply!.position
     // 3. Replacements: as many as were lost (fixed size), up to max where there is room (elastic).
     const s = survivors.length
-    const kMax = x.cfg.maxWorkers - s
+    const kMax = Math.min(x.cfg.maxWorkers, x.target) - s
     const kMin = Math.max(0, x.cfg.minWorkers - s)
     let joinPlan: PlacementPlan | undefined
     if (kMax > 0) {
@@ -702,9 +722,11 @@ export class Trainer {
     x.progress.start(attempt, worldSize)
     const where = pos.inFit ? `epoch ${pos.epoch} step ${Math.min(pos.stepInEpoch, pos.stepsPerEpoch)}/${pos.stepsPerEpoch}` : `${pos.ops} group operations`
     x.incident(
-      "restart",
-      `${x.what}; regrouping ${s} surviving worker(s)${joiners ? ` with ${joiners} new one(s)` : ""} at the furthest survivor's position (${where}): at most the step in flight is lost${x.budget}`,
-      { type: "restart", attempt, kind: x.failure.kind, counted: x.counted, recovery: "peers", survivors: s, joiners, source: source.rank, position: pos }
+      x.failure ? "restart" : "resize",
+      x.failure
+        ? `${x.what}; regrouping ${s} surviving worker(s)${joiners ? ` with ${joiners} new one(s)` : ""} at the furthest survivor's position (${where}): at most the step in flight is lost${x.budget}`
+        : `${x.what}: ${joiners} new worker(s) join the ${s} running ones at ${where}`,
+      { type: x.failure ? "restart" : "grow", attempt, kind: x.failure?.kind ?? "resize", counted: x.counted, recovery: "peers", survivors: s, joiners, source: source.rank, position: pos }
     )
     const watch = {
       onDown: (rank: number, down: { readonly reason: string; readonly detail: string }) => x.controller.workerDown(attempt, rank, down),

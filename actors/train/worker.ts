@@ -239,7 +239,8 @@ export const trainWorker = defineActor(
           sendReport: async (index, metrics, checkpoint: Checkpoint | undefined) => {
             const p = place()
             const state = live.group.reducer.state()
-            const hasState = Object.keys(state.residuals).length > 0 || state.powersgd !== undefined
+            // Residuals, or a codec's own state (PowerSGD's, any custom codec's), keyed by its name.
+            const hasState = Object.keys(state.residuals).length > 0 || Object.keys(state).some((k) => k !== "residuals" && state[k as keyof typeof state] !== undefined)
             flushTrace()
             const t0 = performance.now()
             await system.askPromise(
