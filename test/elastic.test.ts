@@ -160,7 +160,11 @@ describe("an elastic run on two agents", () => {
     expect(new Set(last.map((m) => m.weights)).size).toBe(1)
     // The shrunk rounds ran at world size 2.
     expect(r.metricsPerRank.some((round) => round.length === 2 && round.every((m) => m.world_size === 2))).toBe(true)
-    const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as { type: string })
+    const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as { type: string; recovery?: string; survivors?: number; joiners?: number })
     expect(events.filter((e) => e.type === "resize")).toHaveLength(2)
+    // Both changes kept the running workers (recovery from peers, the default): the two on node a
+    // survived the lost node, then two new ones joined the running two.
+    expect(events.find((e) => e.type === "restart")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 0 })
+    expect(events.find((e) => e.type === "grow")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 2 })
   })
 })
