@@ -8,7 +8,7 @@
 import "./core/node-version.ts"
 
 // NATS
-export { connectNats as openNatsEffect, Nats, NatsLayer } from "./core/connection.ts"
+export { openNatsEffect, Nats, NatsLayer } from "./core/connection.ts"
 
 // The actor runtime
 export { makeActorSystemEffect, ActorSystemService, ActorSystemLayer, ActorSystemFromNatsLayer } from "./actors/runtime/system.ts"

@@ -19,6 +19,8 @@ commands:
   start --address nats://...   run a node agent that joins an existing cluster
   status [--json]              nodes, resources (used/total), tfjs backends and liveness
   stop                         stop the local agent (and the NATS server the head started)
+  --version, -V                print gradwire's version
+  --help, -h                   this text
 
 start options:
   --head                       this is the head node: starts NATS unless --address is given

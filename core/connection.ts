@@ -1,6 +1,6 @@
 // The NATS connection every gradwire process holds: one nats.js v3 connection with reconnect
 // settings that suit a trainer, the server's max_payload (what chunking needs), and errors that say
-// what to do. Effect service `Nats` (+ `connectNats`, `NatsLayer`) for scoped use, `openNats` for
+// what to do. Effect service `Nats` (+ `openNatsEffect`, `NatsLayer`) for scoped use, `openNats` for
 // plain Promise code.
 import * as fs from "node:fs"
 import {
@@ -188,7 +188,7 @@ export const openNats = async (options: NatsConnectOptions): Promise<NatsHandle 
 }
 
 /** A NATS connection that is drained and closed when the scope closes. */
-export const connectNats = (options: NatsConnectOptions): Effect.Effect<NatsHandle, NatsConnectError, Scope.Scope> =>
+export const openNatsEffect = (options: NatsConnectOptions): Effect.Effect<NatsHandle, NatsConnectError, Scope.Scope> =>
   Effect.acquireRelease(
     Effect.tryPromise({
       try: () => openNats(options),
@@ -201,4 +201,4 @@ export const connectNats = (options: NatsConnectOptions): Effect.Effect<NatsHand
   ).pipe(Effect.map((handle): NatsHandle => handle))
 
 /** Provides `Nats` for the lifetime of the layer. */
-export const NatsLayer = (options: NatsConnectOptions): Layer.Layer<Nats, NatsConnectError> => Layer.effect(Nats, connectNats(options))
+export const NatsLayer = (options: NatsConnectOptions): Layer.Layer<Nats, NatsConnectError> => Layer.effect(Nats, openNatsEffect(options))

@@ -4,7 +4,7 @@
 import * as net from "node:net"
 import { Effect, Exit } from "effect"
 import { afterAll, describe, expect, it } from "vitest"
-import { Nats, NatsLayer, connectNats, openNats, type NatsHandle } from "../core/connection.ts"
+import { Nats, NatsLayer, openNatsEffect, openNats, type NatsHandle } from "../core/connection.ts"
 import { NatsConnectError } from "../core/errors.ts"
 import { freePort } from "../core/nats-server.ts"
 import { eventually, natsFixtures, pidAlive } from "./support/nats.ts"
@@ -156,11 +156,11 @@ describe("Effect API", () => {
     await eventually("connection closed after the layer", 5_000, () => nc.isClosed())
   })
 
-  it("connectNats fails with a typed NatsConnectError", async () => {
+  it("openNatsEffect fails with a typed NatsConnectError", async () => {
     const port = await freePort()
-    const exit = await Effect.runPromiseExit(Effect.scoped(connectNats({ servers: `127.0.0.1:${port}`, timeoutMs: 1_000 })))
+    const exit = await Effect.runPromiseExit(Effect.scoped(openNatsEffect({ servers: `127.0.0.1:${port}`, timeoutMs: 1_000 })))
     expect(Exit.isFailure(exit)).toBe(true)
-    const error = await Effect.runPromise(Effect.flip(Effect.scoped(connectNats({ servers: `127.0.0.1:${port}`, timeoutMs: 1_000 }))))
+    const error = await Effect.runPromise(Effect.flip(Effect.scoped(openNatsEffect({ servers: `127.0.0.1:${port}`, timeoutMs: 1_000 }))))
     expect(error._tag).toBe("NatsConnectError")
     expect(error.reason).toMatch(/connection refused/)
     // A Layer that cannot connect fails the same way.

@@ -29,7 +29,7 @@ describe("entry points", () => {
   it("gradwire: no Effect versions or Layers, and no internals", () => {
     const names = Object.keys(root)
     for (const name of names) expect(name.endsWith("Effect") || name.endsWith("Layer"), name).toBe(false)
-    for (const internal of ["launchNatsServer", "launchNatsCluster", "encodeMessage", "decodeMessage", "wireTensor", "WireTensor", "Nats", "NatsLayer", "connectNats", "NodeAgent", "launchAgent", "installNatsPatches"]) {
+    for (const internal of ["launchNatsServer", "launchNatsCluster", "encodeMessage", "decodeMessage", "wireTensor", "WireTensor", "Nats", "NatsLayer", "NodeAgent", "launchAgent", "installNatsPatches"]) {
       expect(names, internal).not.toContain(internal)
     }
     for (const user of ["Trainer", "TrainContext", "DatasetShard", "DataParallelModel", "loadDigits", "trainTestSplit", "ConfigError", "TrainingFailed", "CollectiveTimeout", "Communicator", "defineActor", "launchActor", "spawnActor", "openNats"]) {

@@ -120,7 +120,7 @@ export class NodeAgent {
   readonly #stopped: Promise<void>
   #resolveStopped!: () => void
 
-  /** @internal use launchAgent / startAgent */
+  /** @internal use launchAgent / launchAgentEffect */
   constructor(options: AgentOptions) {
     this.#options = options
     this.#modules = modulePolicy(options.allowModuleRoots ?? [])
@@ -499,7 +499,7 @@ export const launchAgent = async (options: AgentOptions): Promise<NodeAgent> => 
 }
 
 /** A node agent living as long as the enclosing scope. */
-export const startAgent = (options: AgentOptions): Effect.Effect<NodeAgent, AgentError, Scope.Scope> =>
+export const launchAgentEffect = (options: AgentOptions): Effect.Effect<NodeAgent, AgentError, Scope.Scope> =>
   Effect.acquireRelease(
     Effect.tryPromise({
       try: () => launchAgent(options),
