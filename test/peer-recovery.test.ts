@@ -9,6 +9,7 @@ import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
 import { Trainer, loadDigits, trainTestSplit, type ArrayDataset, type Result } from "../index.ts"
+import { readEvents as events, sameWeights } from "./support/trainer-runs.ts"
 import { liveNatsServerPids } from "../core/nats-server.ts"
 
 const DIGITS = path.resolve("examples/digits/train.ts") + "#trainLoop"
@@ -27,12 +28,6 @@ afterAll(async () => {
 })
 
 type Progress = { attempt: number; rank: number; epoch: number; step: number }
-const sameWeights = (r: Result): boolean => new Set(r.metricsPerRank.at(-1)!.map((m) => m.weights)).size === 1
-const events = async (dir: string): Promise<Array<Record<string, unknown>>> =>
-  (await fs.readFile(path.join(dir, "events.jsonl"), "utf8"))
-    .trim()
-    .split("\n")
-    .map((l) => JSON.parse(l) as Record<string, unknown>)
 
 /** 4 workers, 5 epochs of 12 steps; rank 2 is killed after step 6 of epoch 2 in the first generation. */
 const killedMidEpoch = async (name: string, recoverFrom: "peers" | "checkpoint"): Promise<{ r: Result; progress: Progress[] }> => {

@@ -8,8 +8,9 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
-import { Trainer, loadDigits, trainTestSplit, type ArrayDataset, type Result } from "../index.ts"
+import { Trainer, loadDigits, trainTestSplit, type ArrayDataset } from "../index.ts"
 import { NatsUnavailable } from "../core/errors.ts"
+import { readEvents as events, sameWeights } from "./support/trainer-runs.ts"
 import { launchNatsServer, liveNatsServerPids, type NatsServerProcess } from "../core/nats-server.ts"
 import { openNats } from "../core/connection.ts"
 import { launchAgent, type NodeAgent } from "../actors/node/agent.ts"
@@ -30,12 +31,6 @@ afterAll(async () => {
   expect(liveNatsServerPids()).toEqual([])
 })
 
-const sameWeights = (r: Result): boolean => new Set(r.metricsPerRank.at(-1)!.map((m) => m.weights)).size === 1
-const events = async (dir: string): Promise<Array<Record<string, unknown>>> =>
-  (await fs.readFile(path.join(dir, "events.jsonl"), "utf8"))
-    .trim()
-    .split("\n")
-    .map((l) => JSON.parse(l) as Record<string, unknown>)
 
 /** A cluster of one in-process agent on a server the test owns (not supervised by gradwire). */
 const withAgent = async <A>(server: NatsServerProcess, cluster: string, fn: () => Promise<A>): Promise<A> => {

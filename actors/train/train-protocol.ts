@@ -58,7 +58,9 @@ export const Placement = Schema.Struct({
   localRank: Schema.Number,
   localWorldSize: Schema.Number,
   nodeRank: Schema.Number,
+  /** Node id per rank (hierarchical all-reduce groups by it). */
   nodes: Schema.Array(Schema.String),
+  /** The communicator's group name, new for every generation. */
   group: Schema.String
 })
 export type Placement = typeof Placement.Type
@@ -134,19 +136,12 @@ export const ControllerProtocol = defineProtocol("trainer-controller", {
 export type ControllerProtocol = typeof ControllerProtocol
 
 export const WorkerArgs = Schema.Struct({
-  attempt: Schema.Number,
-  rank: Schema.Number,
-  worldSize: Schema.Number,
-  localRank: Schema.Number,
-  localWorldSize: Schema.Number,
-  nodeRank: Schema.Number,
-  /** Node id per rank (hierarchical all-reduce groups by it). */
-  nodes: Schema.Array(Schema.String),
+  /** The rank's place in its first generation (attempt, rank, world size, nodes, group). */
+  ...Placement.fields,
   controller: Schema.String,
   loopModule: Schema.String,
   loopExport: Schema.String,
   loopConfig: Schema.Unknown,
-  group: Schema.String,
   backend: Schema.String,
   collective: Schema.Struct({
     algorithm: Schema.String,

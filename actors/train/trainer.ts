@@ -69,6 +69,32 @@ const writeExplain = async (dir: string, text: string, json: unknown): Promise<v
   await fs.writeFile(path.join(dir, "explain.json"), `${JSON.stringify(json, null, 2)}\n`)
 }
 
+/** What a regroup (recovery from peers, growth in place) works with. */
+interface RegroupContext {
+  readonly cfg: Resolved
+  readonly cluster: ClusterHandle
+  readonly system: ActorSystem
+  readonly group: WorkerGroup
+  readonly controller: Controller<CheckpointPayload>
+  readonly request: Omit<PlacementRequest, "numWorkers">
+  /** The failure that ended the last generation; none for a resize. */
+  readonly failure?: GroupFailure
+  /** The size to grow back to (fixed size: numWorkers; elastic: max, or the resize's size). */
+  readonly target: number
+  readonly what: string
+  readonly budget: string
+  readonly counted: boolean
+  readonly saving: () => Promise<unknown>
+  readonly incident: (kind: Incident["kind"], text: string, event: Record<string, unknown>) => void
+  readonly progress: ProgressPrinter
+  readonly groupArgs: GroupArgs
+  readonly lineage: ReadonlyMap<string, number>
+  readonly peerStates: Map<number, PeerState>
+  readonly onSize: (attempt: number, size: number) => void
+  readonly latest: () => string | undefined
+  readonly setResume: (path: string | undefined) => void
+}
+
 export class Trainer {
   readonly options: TrainerOptions
 
@@ -485,6 +511,28 @@ export class Trainer {
     try {
       controllerActor = await launchActor(system, controllerDef, { name: "controller", heartbeat: false })
       let regrouped: Generation<CheckpointPayload> | undefined
+      // Killing the group goes through the agents: wait for the bus first; then let the last
+      // checkpoint land.
+      const stopGroup = async (reason: string): Promise<void> => {
+        await waitForBus()
+        await race(group.kill(job, reason, { alive: (node) => cluster.view.get(node)?.state === "alive" }))
+        await race(saving)
+      }
+      // Recovery from peers after a failure, or growth in place: undefined when it cannot be done.
+      const regroup = async (
+        why: Pick<RegroupContext, "failure" | "target" | "what" | "budget" | "counted">
+      ): Promise<Generation<CheckpointPayload> | undefined> => {
+        const g = await race(
+          this.#regroup({
+            ...why, cfg, cluster, system, group, controller, request,
+            saving: () => saving, incident, progress, groupArgs, lineage, peerStates, onSize: noteSize,
+            latest: () => store.latest()?.path ?? resumePath,
+            setResume: (p) => (resumePath = p)
+          })
+        )
+        if (g) resumePath = store.latest()?.path ?? resumePath
+        return g
+      }
       for (let first = true; ; first = false) {
         let generation: Generation<CheckpointPayload>
         if (regrouped) {
@@ -519,12 +567,7 @@ export class Trainer {
         stopWatching()
         const next = controller.next(outcome)
         if (next.action !== "restart") {
-          // Killing the group goes through the agents: wait for the bus first.
-          await waitForBus()
-          await race(
-            group.kill(job, outcome.type === "finished" ? "training finished" : "the run failed", { alive: (node) => cluster.view.get(node)?.state === "alive" })
-          )
-          await race(saving)
+          await stopGroup(outcome.type === "finished" ? "training finished" : "the run failed")
           if (next.action === "finish") break
           recorder.event({ type: "failure", attempt, failure: next.failure, decision: { action: "fail", reason: next.reason } })
           error = new TrainingFailed(next.failure, attempt + 1, next.reason)
@@ -541,22 +584,10 @@ export class Trainer {
             : " (not counted toward maxFailures: an infrastructure failure)"
           const what = `${failure.rank >= 0 ? `rank ${failure.rank} failed` : "the group failed"} (${failure.tag}: ${firstLine(failure.message)})`
           if (cfg.recoverFrom === "peers" && PEER_RECOVERABLE.has(failure.kind) && failure.rank >= 0 && !bus.outage) {
-            regrouped = await race(
-              this.#regroup({
-                cfg, cluster, system, group, controller, request, failure, target: cfg.maxWorkers, what, budget, counted: next.counted,
-                saving: () => saving, incident, progress, groupArgs, lineage, peerStates, onSize: noteSize,
-                latest: () => store.latest()?.path ?? resumePath,
-                setResume: (p) => (resumePath = p)
-              })
-            )
-            if (regrouped) {
-              resumePath = store.latest()?.path ?? resumePath
-              continue
-            }
+            regrouped = await regroup({ failure, target: cfg.maxWorkers, what, budget, counted: next.counted })
+            if (regrouped) continue
           }
-          await waitForBus()
-          await race(group.kill(job, "restarting the group", { alive: (node) => cluster.view.get(node)?.state === "alive" }))
-          await race(saving)
+          await stopGroup("restarting the group")
           const from = store.latest() ? store.latest()!.name : "the start"
           incident("restart", `${what}; restarting the group from ${from}${budget}`, {
             type: "restart",
@@ -572,23 +603,10 @@ export class Trainer {
           if (cfg.recoverFrom === "peers" && !bus.outage) {
             // Growing in place: the running workers stay, the new ones replay from the checkpoint
             // just saved and join them.
-            regrouped = await race(
-              this.#regroup({
-                cfg, cluster, system, group, controller, request, target: next.cause.size,
-                what: `the cluster has room for ${next.cause.size} workers`, budget: "", counted: false,
-                saving: () => saving, incident, progress, groupArgs, lineage, peerStates, onSize: noteSize,
-                latest: () => store.latest()?.path ?? resumePath,
-                setResume: (p) => (resumePath = p)
-              })
-            )
-            if (regrouped) {
-              resumePath = store.latest()?.path ?? resumePath
-              continue
-            }
+            regrouped = await regroup({ target: next.cause.size, what: `the cluster has room for ${next.cause.size} workers`, budget: "", counted: false })
+            if (regrouped) continue
           }
-          await waitForBus()
-          await race(group.kill(job, "resizing the group", { alive: (node) => cluster.view.get(node)?.state === "alive" }))
-          await race(saving)
+          await stopGroup("resizing the group")
         }
         resumePath = store.latest()?.path ?? resumePath
       }
@@ -630,30 +648,7 @@ export class Trainer {
    * furthest survivor's state to the others. Returns the new, running generation, or undefined when
    * the survivors cannot be regrouped (then the caller restarts the group from the checkpoint).
    */
-  async #regroup(x: {
-    readonly cfg: Resolved
-    readonly cluster: ClusterHandle
-    readonly system: ActorSystem
-    readonly group: WorkerGroup
-    readonly controller: Controller<CheckpointPayload>
-    readonly request: Omit<PlacementRequest, "numWorkers">
-    /** The failure that ended the last generation; none for a resize. */
-    readonly failure?: GroupFailure
-    /** The size to grow back to (fixed size: numWorkers; elastic: max, or the resize's size). */
-    readonly target: number
-    readonly what: string
-    readonly budget: string
-    readonly counted: boolean
-    readonly saving: () => Promise<unknown>
-    readonly incident: (kind: Incident["kind"], text: string, event: Record<string, unknown>) => void
-    readonly progress: ProgressPrinter
-    readonly groupArgs: GroupArgs
-    readonly lineage: ReadonlyMap<string, number>
-    readonly peerStates: Map<number, PeerState>
-    readonly onSize: (attempt: number, size: number) => void
-    readonly latest: () => string | undefined
-    readonly setResume: (path: string | undefined) => void
-  }): Promise<Generation<CheckpointPayload> | undefined> {
+  async #regroup(x: RegroupContext): Promise<Generation<CheckpointPayload> | undefined> {
     const attempt = x.controller.attempt
     const giveUp = (why: string): undefined => {
       x.progress.line(`gradwire: cannot regroup the survivors (${why}); restarting from the checkpoint instead`)
