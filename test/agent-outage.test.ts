@@ -7,9 +7,12 @@
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { Objm } from "@nats-io/obj"
+import { Exit } from "effect"
 import { afterAll, describe, expect, it } from "vitest"
 import { freePort } from "../core/nats-server.ts"
 import type { AgentState } from "../actors/node/agent-state.ts"
+import { describeLocalAgent, incidentLines, type NodeReport } from "../actors/node/cluster-status.ts"
+import { decodeAdvertisement } from "../scheduler/node-info.ts"
 import { TestRig, eventually, pidAlive } from "./support/actors-processes.ts"
 
 const rig = new TestRig()
@@ -29,6 +32,46 @@ afterAll(async () => {
 
 const readState = (dir: string): AgentState => JSON.parse(fs.readFileSync(path.join(dir, "agent.json"), "utf8")) as AgentState
 const readLog = (dir: string): string => fs.readFileSync(path.join(dir, "agent.log"), "utf8")
+
+describe("outages in advertisements and status (pure)", () => {
+  const older = {
+    v: 1, cluster: "c", nodeId: "old", hostname: "h", pid: 1, head: false, startedAt: 0, sentAt: 0, seq: 1, heartbeatMs: 500,
+    cpus: 2, memoryBytes: 1e9, gpus: [], backends: ["cpu"], backendsProbed: true, backendErrors: {},
+    nats: { serverId: "s", serverName: "s", url: "nats://127.0.0.1:4222", cluster: "" }, labels: {}, custom: {},
+    used: { cpus: 0, memoryBytes: 0, gpuIndices: [], custom: {} }, processes: [], leaving: false, version: "0.0.9"
+  }
+
+  it("decodes an older agent's advertisement (no outage fields) and a newer one's, and rejects malformed outage fields", () => {
+    const old = decodeAdvertisement(older)
+    expect(Exit.isSuccess(old) && old.value.natsOutages).toBeUndefined()
+    const now = decodeAdvertisement({ ...older, natsOutages: { count: 2, lastAt: 5, lastMs: 1500 }, natsServer: { pid: 9, url: "nats://127.0.0.1:4222", restarts: 1, lastRestartAt: 7 } })
+    expect(Exit.isSuccess(now) && now.value.natsOutages).toEqual({ count: 2, lastAt: 5, lastMs: 1500 })
+    expect(Exit.isSuccess(decodeAdvertisement({ ...older, natsOutages: { count: "2" } }))).toBe(false)
+  })
+
+  it("says which servers restarted and which agents lost NATS, and nothing for nodes without either", () => {
+    const node = (nodeId: string, extra: Partial<NodeReport>): NodeReport => ({ nodeId, ...extra }) as NodeReport
+    const at = Date.UTC(2025, 0, 2, 3, 4, 5)
+    expect(
+      incidentLines([
+        node("head", { natsServer: { pid: 42, url: "u", restarts: 2, lastRestartAt: at }, natsOutages: { count: 2, lastAt: at, lastMs: 1234 } }),
+        node("quiet", { natsServer: { pid: 43, url: "u", restarts: 0, lastRestartAt: 0 }, natsOutages: { count: 0, lastAt: 0, lastMs: 0 } }),
+        node("older", {})
+      ])
+    ).toEqual([
+      "nats-server of head (pid 42) restarted 2 times, last at 2025-01-02T03:04:05.000Z",
+      "head lost NATS 2 times, the last at 2025-01-02T03:04:05.000Z for 1.2 s"
+    ])
+  })
+
+  it("describes a local agent whose pid is gone as not running", () => {
+    const text = describeLocalAgent(
+      { pid: 2 ** 22 + 12345, nodeId: "n1", cluster: "c", address: "nats://127.0.0.1:4222", head: false, natsServer: null, logFile: null, startedAt: 0 },
+      "/x/agent.json"
+    )
+    expect(text).toContain('the local agent recorded in /x/agent.json (node n1, pid 4206649) is not running')
+  })
+})
 
 describe("a head's supervised nats-server", () => {
   it("is restarted on the same port with the same JetStream store after kill -9, and the restart shows in the log, the state file and status", async () => {
