@@ -6,17 +6,17 @@
 //   join    a second 2-CPU agent starts while 2 workers train (elastic 2..4: it grows to 4).
 // Per scenario, the median of `runs` runs of:
 //   step ms   the uninterrupted step time of the group before the fault, measured in the same run
-//             (rank 0's progress messages within an epoch, epoch 0 left out as warm-up);
+//             (from a report round to the last step of the next epoch, over its steps; epochs 1-2);
 //   detect s  fault -> the driver decides to restart or resize (the state leaves "running"; this
 //             includes stopping what is left of the old group);
 //   resume s  fault -> the first progress message of the next generation (its first step done);
-//   lost      steps of the old group's work redone: where it was when the fault hit (the last
-//             progress message before it) minus where the next generation started (its first
-//             progress message), in the old group's steps.
-// The fault is a worker kill (pid from the chaos loop's pid files), a nats-server kill, an agent kill,
-// each fired from the progress callback halfway through epoch 2; for a join, "fault" is the moment
-// the new agent is visible in the cluster view. Every figure comes from Trainer callbacks
-// (onProgress, onStateChange) and the bench's own clocks.
+//   lost      steps of the old group's work redone: where rank 0 was when it stopped (its last
+//             completed step, which the chaos loop records) minus where the next generation
+//             started (its first progress message), in the old group's steps.
+// The fault (a worker kill by pid from the chaos loop's pid files, a nats-server kill, an agent
+// kill) strikes when rank 0 is halfway through epoch 3 (its step file says); for a join, the new agent starts after that report round and the "fault" is the
+// moment it is visible in the cluster view. Figures come from Trainer callbacks (onProgress,
+// onReport, onStateChange), the chaos loop's step file and the bench's own clocks.
 // Recovery modes are columns: today the restarted group reloads the latest checkpoint
 // ("checkpoint"); a mode that takes the state from surviving peers adds a column through MODES.
 import { spawn, type ChildProcess } from "node:child_process"
@@ -74,29 +74,46 @@ process.once("exit", () => {
   for (const c of children) c.kill("SIGKILL")
 })
 
-/** Progress bookkeeping of one run: positions per attempt, step times of attempt 0. */
+/** The epoch in whose middle the fault strikes (the epochs before it give the step time). */
+const FAULT_EPOCH = 3
+
+/** Where rank 0 of `attempt` was after its last completed step (the chaos loop's trackSteps file). */
+const lastStep = (pidDir: string, attempt: number): { pos: number; spe: number } | undefined => {
+  try {
+    const [epoch, step, spe] = fs.readFileSync(path.join(pidDir, `${attempt}.step`), "utf8").split(" ").map(Number)
+    return { pos: epoch + (step + 1) / spe, spe }
+  } catch {
+    return undefined
+  }
+}
+
+/**
+ * One run's bookkeeping from the Trainer's callbacks: when each generation took its first step
+ * and from where, when the driver left "running", and the uninterrupted step time (from the end
+ * of an epoch's report round to the last step of the next epoch, whose progress message is always
+ * sent, over the steps of that epoch; epoch 0 left out as warm-up).
+ */
 class Track {
-  readonly first = new Map<number, { at: number; pos: number; spe: number; ranks: number }>()
-  readonly last = new Map<number, { pos: number; spe: number }>()
+  readonly first = new Map<number, { at: number; pos: number; ranks: number }>()
+  readonly stateLeftRunning = new Map<number, number>()
+  readonly #reportAt = new Map<number, number>()
   readonly #steps: number[] = []
-  #prev: Progress & { at: number } | undefined
-  stateLeftRunning = new Map<number, number>()
 
   onProgress(p: Progress): void {
     const now = Date.now()
     const f = this.first.get(p.attempt)
-    if (!f) this.first.set(p.attempt, { at: now, pos: p.epoch + p.step / p.stepsPerEpoch, spe: p.stepsPerEpoch, ranks: p.rank + 1 })
+    // The first step of a generation always sends a progress message: where it started.
+    if (!f) this.first.set(p.attempt, { at: now, pos: p.epoch + p.step / p.stepsPerEpoch, ranks: p.rank + 1 })
     else f.ranks = Math.max(f.ranks, p.rank + 1)
-    const pos = p.epoch + (p.step + 1) / p.stepsPerEpoch
-    const l = this.last.get(p.attempt)
-    if (!l || pos > l.pos) this.last.set(p.attempt, { pos, spe: p.stepsPerEpoch })
-    // Uninterrupted step time: rank 0 of the first generation, between progress messages of one
-    // epoch, the very first step (kernel warm-up) left out.
-    if (p.attempt === 0 && p.rank === 0) {
-      const prev = this.#prev
-      if (prev && prev.epoch === p.epoch && (p.epoch > 0 || prev.step > 0) && p.step > prev.step) this.#steps.push((now - prev.at) / (p.step - prev.step))
-      this.#prev = { ...p, at: now }
+    if (p.attempt === 0 && p.rank === 0 && p.step + 1 === p.stepsPerEpoch && p.epoch > 0) {
+      const from = this.#reportAt.get(p.epoch - 1)
+      if (from !== undefined) this.#steps.push((now - from) / p.stepsPerEpoch)
     }
+  }
+
+  /** A completed report round of the first generation, by the epoch it reported. */
+  onReport(epoch: number): void {
+    if (!this.#reportAt.has(epoch)) this.#reportAt.set(epoch, Date.now())
   }
 
   onState(s: { from: string; to: string; attempt: number }): void {
@@ -109,10 +126,10 @@ class Track {
     return this.#steps.length ? median(this.#steps) : NaN
   }
 
-  /** The measure of a fault at `faultAt` that ended attempt `attempt`. */
-  measure(faultAt: number, attempt: number): Measure {
+  /** The measure of a fault at `faultAt` that ended attempt `attempt` (rank 0's steps in `pidDir`). */
+  measure(faultAt: number, attempt: number, pidDir: string): Measure {
     const next = this.first.get(attempt + 1)
-    const last = this.last.get(attempt)
+    const last = lastStep(pidDir, attempt)
     const left = this.stateLeftRunning.get(attempt)
     if (!next || !last || left === undefined) throw new Error(`attempt ${attempt} was not followed by another generation (did the fault take effect?)`)
     return {
@@ -125,8 +142,30 @@ class Track {
   }
 }
 
-/** A fault fired once, from the progress callback, halfway through epoch 2 of the first generation. */
-const halfwayThroughEpoch2 = (p: Progress): boolean => p.attempt === 0 && p.epoch === 2 && p.step + 1 >= p.stepsPerEpoch / 2
+/**
+ * Calls `fire` once rank 0 of the first generation is halfway through FAULT_EPOCH, watching its
+ * step file (every 2 ms: progress messages come only every 250 ms, an epoch can be shorter).
+ */
+const atHalfOfFaultEpoch = (pidDir: string, fire: () => void): ReturnType<typeof setInterval> => {
+  const giveUp = Date.now() + 60_000
+  const timer: ReturnType<typeof setInterval> = setInterval(() => {
+    const at = lastStep(pidDir, 0)
+    if ((at && at.pos >= FAULT_EPOCH + 0.5) || Date.now() > giveUp) {
+      clearInterval(timer)
+      fire()
+    }
+  }, 2)
+  return timer
+}
+
+/** A fault that cannot fire says so; the run then ends with "the fault never fired". */
+const guarded = (fire: () => void) => (): void => {
+  try {
+    fire()
+  } catch (e) {
+    console.error(`  the fault could not fire: ${e instanceof Error ? e.message : String(e)}`)
+  }
+}
 
 interface Data {
   readonly train: ArrayDataset
@@ -138,9 +177,17 @@ const embedded = async (kind: "worker" | "nats", mode: string, storage: string, 
   const track = new Track()
   let faultAt = 0
   let faultAttempt = -1
+  const fire = (): void => {
+    const pid = kind === "worker" ? workerPids(pidDir).get("0-1") : liveNatsServerPids()[0]
+    if (pid === undefined) throw new Error(`no ${kind} pid to kill`)
+    faultAt = Date.now()
+    faultAttempt = 0
+    process.kill(pid, "SIGKILL")
+  }
+  let timer: ReturnType<typeof setTimeout> | ReturnType<typeof setInterval> | undefined
   await new Trainer({
     trainLoopPerWorker: LOOP,
-    trainLoopConfig: { epochs: 5, pidDir },
+    trainLoopConfig: { epochs: FAULT_EPOCH + 2, pidDir, trackSteps: true },
     scalingConfig: { numWorkers: 4 },
     runConfig: {
       name: `recovery-${kind}-${mode}-${i}`,
@@ -150,14 +197,12 @@ const embedded = async (kind: "worker" | "nats", mode: string, storage: string, 
       callbacks: [
         {
           onStateChange: (s) => track.onState(s),
-          onProgress: (p) => {
-            track.onProgress(p)
-            if (faultAt || !halfwayThroughEpoch2(p)) return
-            const pid = kind === "worker" ? workerPids(pidDir).get(`${p.attempt}-1`) : liveNatsServerPids()[0]
-            if (pid === undefined) throw new Error(`no ${kind} pid to kill`)
-            faultAt = Date.now()
-            faultAttempt = p.attempt
-            process.kill(pid, "SIGKILL")
+          onProgress: (p) => track.onProgress(p),
+          onReport: ({ metrics }) => {
+            if (faultAt || timer) return
+            const epoch = metrics.epoch as number
+            track.onReport(epoch)
+            if (epoch === FAULT_EPOCH - 1) timer = atHalfOfFaultEpoch(pidDir, guarded(fire))
           }
         }
       ]
@@ -165,7 +210,7 @@ const embedded = async (kind: "worker" | "nats", mode: string, storage: string, 
     datasets: { train: data.train, test: data.test }
   }).fit()
   if (!faultAt) throw new Error("the fault never fired")
-  return track.measure(faultAt, faultAttempt)
+  return track.measure(faultAt, faultAttempt, pidDir)
 }
 
 /** A nats-server and CLI agents (2 CPUs each) owned by one run. */
@@ -246,11 +291,27 @@ const elastic = async (kind: "loss" | "join", mode: string, storage: string, dat
     let faultAt = 0
     let faultAttempt = -1
     let joined: Promise<void> | undefined
+    let timer: ReturnType<typeof setTimeout> | ReturnType<typeof setInterval> | undefined
+    const fire = (): void => {
+      if (kind === "loss") {
+        faultAt = Date.now()
+        faultAttempt = 0
+        cluster.agents.get("b")!.kill("SIGKILL")
+        return
+      }
+      // A join: the fault's clock starts when the new agent is visible on the bus.
+      joined = cluster.view(async (v) => {
+        cluster.agent("b")
+        await v.waitFor((nodes) => nodes.some((n) => n.ad.nodeId === "b" && n.state === "alive"), 30_000)
+        faultAt = Date.now()
+        faultAttempt = 0
+      })
+    }
     await new Trainer({
       trainLoopPerWorker: LOOP,
       // A join grows the group at the next report after the new agent is seen: the agent takes a
       // few seconds to start, so epochs last at least 300 ms (minEpochMs) to leave it the time.
-      trainLoopConfig: { epochs: kind === "loss" ? 5 : 18, pidDir, ...(kind === "join" ? { minEpochMs: 300 } : {}) },
+      trainLoopConfig: { epochs: kind === "loss" ? FAULT_EPOCH + 2 : FAULT_EPOCH + 16, pidDir, trackSteps: true, ...(kind === "join" ? { minEpochMs: 300 } : {}) },
       scalingConfig: { numWorkers: { min: 2, max: 4 }, placementTimeoutMs: 20_000 },
       runConfig: {
         name: `recovery-${kind}-${mode}-${i}`,
@@ -260,23 +321,12 @@ const elastic = async (kind: "loss" | "join", mode: string, storage: string, dat
         callbacks: [
           {
             onStateChange: (s) => track.onState(s),
-            onProgress: (p) => {
-              track.onProgress(p)
-              if (faultAttempt >= 0 || joined || !halfwayThroughEpoch2(p)) return
-              if (kind === "loss") {
-                faultAt = Date.now()
-                faultAttempt = p.attempt
-                cluster.agents.get("b")!.kill("SIGKILL")
-              } else {
-                // The fault's clock starts when the new agent is visible on the bus.
-                const attempt = p.attempt
-                joined = cluster.view(async (v) => {
-                  cluster.agent("b")
-                  await v.waitFor((nodes) => nodes.some((n) => n.ad.nodeId === "b" && n.state === "alive"), 30_000)
-                  faultAt = Date.now()
-                  faultAttempt = attempt
-                })
-              }
+            onProgress: (p) => track.onProgress(p),
+            onReport: ({ metrics }) => {
+              if (faultAt || joined || timer) return
+              const epoch = metrics.epoch as number
+              track.onReport(epoch)
+              if (epoch === FAULT_EPOCH - 1) timer = kind === "loss" ? atHalfOfFaultEpoch(pidDir, guarded(fire)) : setTimeout(guarded(fire), 0)
             }
           }
         ]
@@ -286,14 +336,14 @@ const elastic = async (kind: "loss" | "join", mode: string, storage: string, dat
     }).fit()
     await joined
     if (!faultAt) throw new Error("the fault never fired")
-    return track.measure(faultAt, faultAttempt)
+    return track.measure(faultAt, faultAttempt, pidDir)
   } finally {
     await cluster.stop()
   }
 }
 
 const bounded = <A>(what: string, p: Promise<A>): Promise<A> => {
-  let timer: ReturnType<typeof setTimeout> | undefined
+  let timer: ReturnType<typeof setTimeout> | ReturnType<typeof setInterval> | undefined
   const limit = new Promise<never>((_, reject) => {
     timer = setTimeout(() => reject(new Error(`${what} took longer than ${RUN_BOUND_MS / 1000} s`)), RUN_BOUND_MS)
   })
