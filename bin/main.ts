@@ -3,11 +3,11 @@
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { parseArgs, type ParseArgsConfig } from "node:util"
-import { queryCluster, formatClusterTable } from "../actors/node/cluster-status.ts"
+import { describeLocalAgent, queryCluster, formatClusterTable } from "../actors/node/cluster-status.ts"
 import { checkAuth, connectionFromAddress, openConnection, type ConnectionAuth } from "../core/connection-spec.ts"
 import { ConfigError } from "../core/errors.ts"
 import { defaultStateDir, describeStarted, explainConnectError, runAgent, startInBackground, stopAgent, type StartOptions } from "../actors/node/daemon.ts"
-import { readState } from "../actors/node/agent-state.ts"
+import { readState, stateFile } from "../actors/node/agent-state.ts"
 import { ALL_BACKENDS, type BackendName } from "../actors/node/node-probe.ts"
 import { validToken } from "../core/subjects.ts"
 import * as settings from "../core/settings.ts"
@@ -328,9 +328,10 @@ const status = async (flags: Flags): Promise<number> => {
   const shown = spec.servers.join(",")
   const opened = await openConnection(spec, "gradwire status", { timeoutMs: 3_000 }).catch((e: unknown) => {
     const err = explainConnectError(spec, e)
-    throw new Error(
-      `${err.message}${flags.address ? "" : `\n(no --address given: used ${local ? `the local agent's ${shown}` : shown}; is a head running? start one with "gradwire start --head")`}`
-    )
+    const message = `${err.message}${flags.address ? "" : `\n(no --address given: used ${local ? `the local agent's ${shown}` : shown}; is a head running? start one with "gradwire start --head")`}`
+    // NATS is out of reach: what the local agent's state file knows is all there is to show.
+    if (flags.json) console.log(JSON.stringify({ reachable: false, error: message, localAgent: local ?? null }, null, 2))
+    throw new Error(local ? `${message}\n${describeLocalAgent(local, stateFile(stateDir(flags)))}` : message)
   })
   try {
     const report = await queryCluster(opened.nc, cluster, shown)

@@ -34,6 +34,25 @@ export const NodeUsageSchema = Schema.Struct({
   custom: Schema.Record(Schema.String, Schema.Number)
 })
 
+export const NatsOutagesSchema = Schema.Struct({
+  count: Schema.Number,
+  /** When the last outage began (ms since the epoch); 0 when there was none. */
+  lastAt: Schema.Number,
+  /** How long the last outage lasted (ms), once it ended. */
+  lastMs: Schema.Number
+})
+export type NatsOutages = typeof NatsOutagesSchema.Type
+
+export const SupervisedServerSchema = Schema.Struct({
+  pid: Schema.Number,
+  url: Schema.String,
+  /** Times it was restarted after an unexpected exit. */
+  restarts: Schema.Number,
+  /** When it was last restarted (ms since the epoch); 0 when never. */
+  lastRestartAt: Schema.Number
+})
+export type SupervisedServer = typeof SupervisedServerSchema.Type
+
 export const NodeAdvertisementSchema = Schema.Struct({
   v: Schema.Literal(1),
   cluster: Schema.String,
@@ -66,7 +85,12 @@ export const NodeAdvertisementSchema = Schema.Struct({
   processes: Schema.Array(NodeProcessSchema),
   /** The agent is shutting down: treat the node as gone, not dead. */
   leaving: Schema.Boolean,
-  version: Schema.String
+  version: Schema.String,
+  // Optional (added later): advertisements of older agents lack them and still decode.
+  /** The agent's NATS outages since it started: how many, and the last one's start and length. */
+  natsOutages: Schema.optionalKey(NatsOutagesSchema),
+  /** The nats-server this agent started and supervises (a head without --address). */
+  natsServer: Schema.optionalKey(SupervisedServerSchema)
 })
 export type NodeAdvertisement = typeof NodeAdvertisementSchema.Type
 

@@ -12,10 +12,33 @@ export interface AgentState {
   /** Where clients connect (the head's server, or the --address joined). */
   readonly address: string
   readonly head: boolean
-  /** The NATS server this agent started (head without --address), if any. */
-  readonly natsServer: { readonly pid: number; readonly url: string } | null
+  /**
+   * The NATS server this agent started (head without --address), if any: its current pid (it
+   * changes when the agent restarts the server after an unexpected exit), restarts so far and when
+   * it last exited and came back (ms since the epoch). Older state files lack the last three.
+   */
+  readonly natsServer: {
+    readonly pid: number
+    readonly url: string
+    readonly restarts?: number
+    readonly lastExitAt?: number
+    readonly lastRestartAt?: number
+  } | null
   readonly logFile: string | null
   readonly startedAt: number
+  /**
+   * The agent's NATS connection as it last saw it (rewritten when it is lost and when it is back),
+   * so that `gradwire status` can say something useful when NATS itself cannot be reached.
+   */
+  readonly nats?: {
+    readonly up: boolean
+    readonly server: string
+    readonly downSince?: number
+    readonly outages: number
+    readonly lastOutageAt?: number
+    readonly lastOutageMs?: number
+    readonly updatedAt: number
+  }
 }
 
 export const defaultStateDir = (): string => settings.stateDir.read()

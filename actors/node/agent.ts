@@ -4,7 +4,9 @@
 // module export, args and environment such as CUDA_VISIBLE_DEVICES), forwards their output line by
 // line with a prefix, reports their exits on the job's events subject, and kills them when their
 // job ends, their owner (driver) stops heartbeating, or the agent stops. The head agent also runs
-// a cluster view, so `gradwire status` can show dead nodes too.
+// a cluster view, so `gradwire status` can show dead nodes too. It never gives up on NATS: an
+// outage is logged at once, every 10 s while it lasts and when it ends, and advertised (count, last
+// length) once the bus is back.
 // The agent's control interface is an actor (AgentProtocol) at gw.<cluster>.node.<id>.ctl.
 import * as fs from "node:fs"
 import { hostname } from "node:os"
@@ -15,11 +17,12 @@ import { clusterSubjects, jobSubjects, validToken } from "../../core/subjects.ts
 import { encodeMessage } from "../../core/wire.ts"
 import { ClusterView } from "../../scheduler/cluster-view.ts"
 import { LinkState } from "../../scheduler/link-state.ts"
-import type { NodeAdvertisement, NodeProcess } from "../../scheduler/node-info.ts"
+import type { NodeAdvertisement, NodeProcess, SupervisedServer } from "../../scheduler/node-info.ts"
+import { watchBus, type BusMonitor } from "../../core/bus-monitor.ts"
 import { defineActor, launchActor, type ActorHandle } from "../runtime/actor.ts"
 import { ActorProcess } from "./actor-process.ts"
 import { AgentProtocol, type SpawnRequest } from "./agent-protocol.ts"
-import { normalizeConnection, type ConnectionSpec } from "../../core/connection-spec.ts"
+import { normalizeConnection, redactUrl, type ConnectionSpec } from "../../core/connection-spec.ts"
 import { AgentError, ModuleNotAllowed, SpawnError } from "./errors.ts"
 import { modulePolicy, refuseActorModule, refuseImport, type ModulePolicy } from "./module-policy.ts"
 import { publishJobEvent, readJobEvent } from "../runtime/events.ts"
@@ -31,6 +34,23 @@ import { probeBackends, probeHardware, type BackendName, type GpuInfo, type Node
 import { ActorSystem } from "../runtime/system.ts"
 
 export const AGENT_VERSION = "0.1.0"
+
+/** While NATS is away, the agent says so this often (it never gives up: it only logs). */
+export const OUTAGE_NOTICE_EVERY_MS = 10_000
+
+/** What the agent knows about its own NATS connection (the state file keeps it for `gradwire status`). */
+export interface AgentNatsStatus {
+  readonly up: boolean
+  /** The server it is connected to, or was when the connection was lost (never with credentials). */
+  readonly server: string
+  /** When the outage in progress began (ms since the epoch). */
+  readonly downSince?: number
+  /** Outages since the agent started, the one in progress included. */
+  readonly outages: number
+  /** When the last ended outage began, and how long it lasted. */
+  readonly lastOutageAt?: number
+  readonly lastOutageMs?: number
+}
 /** The job whose subjects the agent's own request/reply traffic uses. Reserved. */
 export const AGENT_JOB = "_gw"
 
@@ -65,6 +85,10 @@ export interface AgentOptions {
   readonly log?: ActorLogger
   /** Where forwarded process output goes (default stdout). */
   readonly output?: (line: string) => void
+  /** The nats-server this agent's owner started and supervises (a head's), for the advertisement. */
+  readonly supervisedServer?: () => SupervisedServer | undefined
+  /** Called when the connection to NATS is lost or back (the daemon keeps it in the state file). */
+  readonly onNatsStatus?: (status: AgentNatsStatus) => void
 }
 
 interface Running {
@@ -116,6 +140,10 @@ export class NodeAgent {
   #timers: Array<ReturnType<typeof setInterval>> = []
   #view: ClusterView | undefined
   #link: LinkState | undefined
+  #bus: BusMonitor | undefined
+  #outageNotice: ReturnType<typeof setInterval> | undefined
+  #outages = 0
+  #lastOutage: { readonly at: number; readonly ms: number } | undefined
   #stopping: Promise<void> | undefined
   readonly #stopped: Promise<void>
   #resolveStopped!: () => void
@@ -208,6 +236,7 @@ export class NodeAgent {
       for (const t of this.#owners.values()) t.lastSeen = now
       this.#advertise()
     })
+    this.#watchNats()
     this.#timers.push(setInterval(() => this.#advertise(), this.#heartbeatMs))
     this.#timers.push(setInterval(() => this.#checkOwners(), 250))
     this.#advertise()
@@ -216,6 +245,7 @@ export class NodeAgent {
 
   advertisement(): NodeAdvertisement {
     const info = this.#nc.info
+    const supervised = this.#options.supervisedServer?.()
     const used = { cpus: 0, memoryBytes: 0, gpuIndices: new Set<number>(), custom: {} as Record<string, number> }
     const processes: NodeProcess[] = []
     for (const r of this.#processes.values()) {
@@ -255,8 +285,50 @@ export class NodeAgent {
       used: { cpus: used.cpus, memoryBytes: used.memoryBytes, gpuIndices: [...used.gpuIndices].sort((a, b) => a - b), custom: used.custom },
       processes,
       leaving: this.#leaving,
-      version: AGENT_VERSION
+      version: AGENT_VERSION,
+      natsOutages: { count: this.#outages, lastAt: this.#lastOutage?.at ?? 0, lastMs: this.#lastOutage?.ms ?? 0 },
+      ...(supervised !== undefined ? { natsServer: supervised } : {})
     }
+  }
+
+  /** The agent's NATS connection: up or lost since when, and its outages so far. */
+  natsStatus(): AgentNatsStatus {
+    const outage = this.#bus?.outage
+    return {
+      up: outage === undefined,
+      server: redactUrl(outage?.server ?? (this.#nc.isClosed() ? "" : this.#nc.getServer())),
+      ...(outage !== undefined ? { downSince: outage.since } : {}),
+      outages: this.#outages,
+      ...(this.#lastOutage !== undefined ? { lastOutageAt: this.#lastOutage.at, lastOutageMs: this.#lastOutage.ms } : {})
+    }
+  }
+
+  // An agent never gives up on NATS (its connection reconnects forever): it says at once that the
+  // bus is gone, again every OUTAGE_NOTICE_EVERY_MS while it lasts, and when it is back, so an
+  // operator reading the log (or `gradwire status`) sees the outage.
+  #watchNats(): void {
+    const stamp = (ms: number): string => new Date(ms).toISOString()
+    this.#bus = watchBus(this.#nc, {
+      timeoutMs: 0,
+      onDown: (o) => {
+        this.#outages++
+        const server = redactUrl(o.server)
+        this.#log.warn(`lost NATS at ${server} (${stamp(o.since)}); retrying`)
+        if (this.#outageNotice) clearInterval(this.#outageNotice)
+        this.#outageNotice = setInterval(() => {
+          this.#log.warn(`still no NATS at ${server} after ${Math.round((Date.now() - o.since) / 1000)} s (since ${stamp(o.since)}); retrying`)
+        }, OUTAGE_NOTICE_EVERY_MS)
+        this.#options.onNatsStatus?.(this.natsStatus())
+      },
+      onUp: (o) => {
+        if (this.#outageNotice) clearInterval(this.#outageNotice)
+        this.#outageNotice = undefined
+        this.#lastOutage = { at: o.since, ms: o.ms }
+        this.#log.info(`NATS back after ${(o.ms / 1000).toFixed(1)} s (${redactUrl(this.#nc.getServer())}; lost at ${stamp(o.since)})`)
+        this.#options.onNatsStatus?.(this.natsStatus())
+        this.#advertise()
+      }
+    })
   }
 
   /** The processes running now. */
@@ -279,6 +351,8 @@ export class NodeAgent {
       // Let the exit notices out before the subscriptions go.
       await new Promise((resolve) => setImmediate(resolve))
       for (const t of this.#timers) clearInterval(t)
+      if (this.#outageNotice) clearInterval(this.#outageNotice)
+      this.#bus?.stop()
       this.#view?.close()
       this.#link?.close()
       for (const sub of [...this.#subs, ...[...this.#owners.values()].map((t) => t.sub), ...[...this.#jobs.values()].map((t) => t.sub)]) {

@@ -1,12 +1,16 @@
 // `gradwire status`: asks the cluster who is there and prints nodes, resources (total and used),
 // backends and liveness as a table, or as JSON for scripts. The head's cluster view answers with
 // every node it knows (dead ones included); without a head view, every agent answers for itself.
+// Below the table: restarts of a head's supervised nats-server and the NATS outages agents had.
+// When NATS itself cannot be reached, describeLocalAgent says what the local agent's state file
+// knows (is it running, its server's restarts, the outage it is in).
 import type { NatsConnection } from "@nats-io/nats-core"
 import { Exit, Schema } from "effect"
 import { clusterSubjects } from "../../core/subjects.ts"
 import { decodeMessage } from "../../core/wire.ts"
 import type { NodeState } from "../../scheduler/cluster-view.ts"
-import { decodeAdvertisement, NodeAdvertisementSchema, type NodeAdvertisement } from "../../scheduler/node-info.ts"
+import { decodeAdvertisement, NodeAdvertisementSchema, type NatsOutages, type NodeAdvertisement, type SupervisedServer } from "../../scheduler/node-info.ts"
+import { pidAlive, type AgentState } from "./agent-state.ts"
 import { formatBytes } from "../../scheduler/resources.ts"
 
 export interface NodeReport {
@@ -23,6 +27,10 @@ export interface NodeReport {
   readonly labels: Readonly<Record<string, string>>
   readonly processes: NodeAdvertisement["processes"]
   readonly agentPid: number
+  /** The agent's NATS outages (absent from older agents' advertisements). */
+  readonly natsOutages?: NatsOutages
+  /** The nats-server this node's agent supervises (a head that started one). */
+  readonly natsServer?: SupervisedServer
 }
 
 export interface ClusterReport {
@@ -53,7 +61,9 @@ const report = (ad: NodeAdvertisement, state: NodeState, lastSeenAt: number): No
     nats: ad.nats,
     labels: ad.labels,
     processes: ad.processes,
-    agentPid: ad.pid
+    agentPid: ad.pid,
+    ...(ad.natsOutages !== undefined ? { natsOutages: ad.natsOutages } : {}),
+    ...(ad.natsServer !== undefined ? { natsServer: ad.natsServer } : {})
   }
 }
 
@@ -101,6 +111,64 @@ const fmtAmount = (key: string, v: number): string => (key === "memory" ? format
 
 const fmtAgo = (ms: number): string => (ms < 1_000 ? "now" : ms < 120_000 ? `${Math.round(ms / 1000)}s ago` : `${Math.round(ms / 60_000)}m ago`)
 
+const fmtTime = (ms: number): string => new Date(ms).toISOString()
+
+const fmtSeconds = (ms: number): string => `${(ms / 1000).toFixed(1)} s`
+
+const times = (n: number): string => `${n} time${n === 1 ? "" : "s"}`
+
+/** The lines under the table: supervised servers that restarted, agents that lost NATS. */
+export const incidentLines = (nodes: ReadonlyArray<NodeReport>): string[] => {
+  const out: string[] = []
+  for (const n of nodes) {
+    const srv = n.natsServer
+    if (srv && srv.restarts > 0) {
+      out.push(`nats-server of ${n.nodeId} (pid ${srv.pid}) restarted ${times(srv.restarts)}, last at ${fmtTime(srv.lastRestartAt)}`)
+    }
+  }
+  for (const n of nodes) {
+    const o = n.natsOutages
+    if (o && o.count > 0) {
+      out.push(`${n.nodeId} lost NATS ${times(o.count)}${o.lastAt > 0 ? `, the last at ${fmtTime(o.lastAt)} for ${fmtSeconds(o.lastMs)}` : ""}`)
+    }
+  }
+  return out
+}
+
+/**
+ * What the local agent's state file says, for when NATS cannot be reached: whether the agent is
+ * running, the server it supervises, and the outage it is in or had last.
+ */
+export const describeLocalAgent = (state: AgentState, stateFile: string, now = Date.now()): string => {
+  const running = pidAlive(state.pid)
+  const lines = [
+    running
+      ? `the local agent (node ${state.nodeId}, cluster "${state.cluster}", pid ${state.pid}) is running (${stateFile})`
+      : `the local agent recorded in ${stateFile} (node ${state.nodeId}, pid ${state.pid}) is not running: start it again ("gradwire start")`
+  ]
+  const srv = state.natsServer
+  if (srv) {
+    const restarts = srv.restarts ?? 0
+    lines.push(
+      `  its NATS server ${srv.url}: pid ${srv.pid} ${pidAlive(srv.pid) ? "running" : "not running"}` +
+        (restarts > 0 ? `; restarted ${times(restarts)}, last at ${fmtTime(srv.lastRestartAt ?? 0)}` : "") +
+        ((srv.lastExitAt ?? 0) > (srv.lastRestartAt ?? 0) ? `; exited at ${fmtTime(srv.lastExitAt!)}, restarting` : "")
+    )
+  }
+  const nats = state.nats
+  if (running && nats) {
+    if (!nats.up && nats.downSince !== undefined) {
+      lines.push(`  it lost NATS at ${nats.server} ${fmtSeconds(now - nats.downSince)} ago (${fmtTime(nats.downSince)}) and keeps retrying`)
+    } else {
+      lines.push(`  its connection to NATS (${nats.server}) was up when last recorded (${fmtTime(nats.updatedAt)})`)
+    }
+    if (nats.lastOutageAt !== undefined) {
+      lines.push(`  NATS outages so far: ${nats.outages}; the last ended one began ${fmtTime(nats.lastOutageAt)} and lasted ${fmtSeconds(nats.lastOutageMs ?? 0)}`)
+    }
+  }
+  return lines.join("\n")
+}
+
 /** The table `gradwire status` prints. */
 export const formatClusterTable = (r: ClusterReport): string => {
   if (r.nodes.length === 0) {
@@ -125,12 +193,14 @@ export const formatClusterTable = (r: ClusterReport): string => {
   const keys = [...new Set([...Object.keys(r.totals.total), ...Object.keys(r.totals.used)])]
   const totals = keys.map((k) => `${k} ${fmtAmount(k, r.totals.used[k] ?? 0)}/${fmtAmount(k, r.totals.total[k] ?? 0)}`).join(", ")
   const alive = r.nodes.filter((n) => n.state === "alive").length
+  const incidents = incidentLines(r.nodes)
   return [
     `cluster "${r.cluster}" at ${r.address}: ${alive} alive node(s) of ${r.nodes.length} known`,
     "",
     line(header),
     ...rows.map(line),
     "",
-    `resources (used/total, alive nodes): ${totals}`
+    `resources (used/total, alive nodes): ${totals}`,
+    ...incidents
   ].join("\n")
 }

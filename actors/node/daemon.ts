@@ -8,6 +8,12 @@
 // - With --head and no --address the agent starts the NATS server itself (core/nats-server.ts)
 //   and owns it: the server lives exactly as long as the agent process (its guardian kills it if
 //   the agent dies, even by SIGKILL). With --head --address it joins an existing server.
+// - That server is supervised (core/nats-supervisor.ts): when it exits unexpectedly it is started
+//   again on the same host:port with the same JetStream store (<state dir>/jetstream), with backoff.
+//   Every exit and restart goes to the agent log, the state file (current pid, restarts) and the
+//   head's advertisement, which `gradwire status` shows.
+// - The state file also keeps what the agent knows of its NATS connection (lost since when, its
+//   outages), so `gradwire status` can still say something when NATS cannot be reached.
 // - `gradwire stop` reads the state file, SIGTERMs the agent (which kills its actor processes,
 //   announces it is leaving and stops its NATS server), waits, and SIGKILLs after the deadline.
 import { spawn } from "node:child_process"
@@ -15,6 +21,7 @@ import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { launchNatsServer, type NatsServerAuth, type NatsServerProcess } from "../../core/nats-server.ts"
+import { superviseNatsServer, type NatsSupervision } from "../../core/nats-supervisor.ts"
 import { NatsConnectError, NatsServerNotFound, NatsServerStartError } from "../../core/errors.ts"
 import { launchAgent, type NodeAgent } from "./agent.ts"
 import { defaultStateDir, logFile, pidAlive, readState, removeState, stateFile, writeState, type AgentState } from "./agent-state.ts"
@@ -31,7 +38,7 @@ import {
   type OpenedConnection
 } from "../../core/connection-spec.ts"
 import { AgentError } from "./errors.ts"
-import type { ActorLogger } from "../runtime/log.ts"
+import { stderrLogger, type ActorLogger } from "../runtime/log.ts"
 import type { BackendName } from "./node-probe.ts"
 
 export const DEFAULT_PORT = 4222
@@ -171,9 +178,48 @@ export interface RunningAgent {
 export const runAgent = async (o: StartOptions, log?: ActorLogger): Promise<RunningAgent> => {
   ensureNotRunning(o.stateDir)
   let server: NatsServerProcess | undefined
+  let supervision: NatsSupervision | undefined
   let conn: OpenedConnection | undefined
+  // The state file once written; rewritten when the server restarts or the connection changes.
+  let state: AgentState | undefined
+  const update = (change: (s: AgentState) => AgentState): void => {
+    if (state === undefined) return
+    state = change(state)
+    try {
+      writeState(o.stateDir, state)
+    } catch {
+      // a full disk must not take the agent down; the log has the same facts
+    }
+  }
+  const serverInfo = { restarts: 0, lastExitAt: 0, lastRestartAt: 0 }
   try {
-    if (o.head && o.servers === undefined) server = await startServer(o)
+    if (o.head && o.servers === undefined) {
+      const srv = await startServer(o)
+      server = srv
+      const serverLog = log ?? stderrLogger("nats-server")
+      const where = `${o.host ?? "127.0.0.1"}:${srv.port}`
+      supervision = superviseNatsServer(srv, {
+        onExit: (x) => {
+          serverInfo.lastExitAt = x.at
+          const last = x.log.trim().split("\n").at(-1) ?? ""
+          serverLog.warn(
+            `the NATS server (pid ${x.pid}) exited unexpectedly at ${new Date(x.at).toISOString()}; restarting it on ${where} with the same ` +
+              `JetStream store${last ? ` (its last log line: ${last})` : ""}`
+          )
+          update((s) => ({ ...s, natsServer: { pid: x.pid, url: srv.url, ...serverInfo } }))
+        },
+        onRestart: (x) => {
+          serverInfo.restarts = x.restarts
+          serverInfo.lastRestartAt = Date.now()
+          serverLog.info(`the NATS server is back on ${where} (pid ${x.pid}), ${x.downMs} ms after it exited; restarted ${x.restarts} time(s) so far`)
+          update((s) => ({ ...s, natsServer: { pid: x.pid, url: srv.url, ...serverInfo } }))
+        },
+        onRestartFailed: (x) => {
+          const message = x.error instanceof Error ? x.error.message : String(x.error)
+          serverLog.error(`restarting the NATS server failed (attempt ${x.attempt + 1}; trying again): ${message.split("\n")[0]}`)
+        }
+      })
+    }
     const spec = checkAuth({ servers: o.servers ?? [(server as NatsServerProcess).url], ...o.auth })
     const address = spec.servers.join(",")
     conn = await openConnection(spec, `gradwire agent ${o.nodeId ?? os.hostname()}`).catch((e: unknown) => {
@@ -193,9 +239,16 @@ export const runAgent = async (o: StartOptions, log?: ActorLogger): Promise<Runn
       ...(o.numGpus !== undefined ? { numGpus: o.numGpus } : {}),
       ...(o.backends !== undefined ? { backends: o.backends } : {}),
       ...(o.ownerTimeoutMs !== undefined ? { ownerTimeoutMs: o.ownerTimeoutMs } : {}),
-      ...(log ? { log } : {})
+      ...(log ? { log } : {}),
+      ...(server !== undefined
+        ? {
+            supervisedServer: () =>
+              server && { pid: server.pid, url: server.url, restarts: serverInfo.restarts, lastRestartAt: serverInfo.lastRestartAt }
+          }
+        : {}),
+      onNatsStatus: (nats) => update((s) => ({ ...s, nats: { ...nats, updatedAt: Date.now() } }))
     })
-    const state: AgentState = {
+    const initial: AgentState = {
       pid: process.pid,
       nodeId: agent.nodeId,
       cluster: o.cluster,
@@ -203,17 +256,21 @@ export const runAgent = async (o: StartOptions, log?: ActorLogger): Promise<Runn
       head: o.head,
       natsServer: server ? { pid: server.pid, url: server.url } : null,
       logFile: fs.existsSync(logFile(o.stateDir)) ? logFile(o.stateDir) : null,
-      startedAt: Date.now()
+      startedAt: Date.now(),
+      nats: { ...agent.natsStatus(), updatedAt: Date.now() }
     }
-    writeState(o.stateDir, state)
+    writeState(o.stateDir, initial)
+    state = initial
     const opened = conn
     const srv = server
+    const sup = supervision
     let done: Promise<void> | undefined
     return {
       agent,
-      state,
+      state: initial,
       shutdown: (reason) =>
         (done ??= (async () => {
+          sup?.stop()
           await agent.stop(reason).catch(() => {})
           await opened.close().catch(() => {})
           await srv?.stop().catch(() => {})
@@ -221,6 +278,7 @@ export const runAgent = async (o: StartOptions, log?: ActorLogger): Promise<Runn
         })())
     }
   } catch (e) {
+    supervision?.stop()
     await conn?.close().catch(() => {})
     await server?.stop().catch(() => {})
     throw e instanceof AgentError ? e : new AgentError({ reason: e instanceof Error ? e.message : String(e) })

@@ -199,8 +199,10 @@ export class WorkerGroup {
     const deadline = Date.now() + (options.timeoutMs ?? KILL_TIMEOUT_MS)
     await Promise.all(
       [...nodes].map(async (node) => {
+        // A node the cluster sees dead (a cut link stalls rather than refuses) gets one short try.
+        const gone = options.alive?.(node) === false
         for (;;) {
-          const left = deadline - Date.now()
+          const left = gone ? 1_000 : deadline - Date.now()
           try {
             await this.#system.askPromise(agentRef(this.#system, node), "killJob", { job, reason }, { timeoutMs: Math.max(1_000, Math.min(5_000, left)) })
             return

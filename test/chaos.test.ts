@@ -1,0 +1,406 @@
+// The chaos suite: training jobs on real clusters (real nats-servers, real agents and worker
+// processes) hit by faults at seeded random steps, each of which must still finish every epoch
+// with identical weights on every rank, with every checkpoint in checkpoints.json present and
+// loadable (its weights hash to what rank 0 reported), and with no process left behind.
+// - the embedded cluster: kill -9 of a worker, then kill -9 of the embedded nats-server;
+// - a `gradwire start --head` cluster of two CLI agents, elastic (min 2, max 4): kill -9 of the
+//   second agent (the group shrinks to 2), a new agent joins (it grows back to 4), then kill -9 of
+//   the head's nats-server (the head restarts it; the run goes on);
+// - a link cut for 10 s (root only: the second agent lives in its own network namespace, joined by
+//   a veth pair, and its end goes down and up again): the node is lost, the group shrinks, and it
+//   grows back when the link and the agent return.
+// The seed is printed; GRADWIRE_CHAOS_SEED=<seed> replays the same fault schedule, and
+// GRADWIRE_CHAOS_KEEP=1 keeps the temp dir (run directories, events.jsonl, agent logs).
+import { spawn, type ChildProcess } from "node:child_process"
+import * as fs from "node:fs"
+import * as path from "node:path"
+import * as os from "node:os"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { Trainer, loadDigits, trainTestSplit, type ArrayDataset, type Result } from "../index.ts"
+import { findNatsServerBinary, freePort, liveNatsServerPids } from "../core/nats-server.ts"
+import { loadEngine } from "../core/engine.ts"
+import { modelFromFiles } from "../core/model-io.ts"
+import { openNats } from "../core/connection.ts"
+import { readCheckpoint } from "../actors/train/checkpoint-store.ts"
+import { openClusterView } from "../scheduler/cluster-view.ts"
+import type { AgentState } from "../actors/node/agent-state.ts"
+import { weightsHash } from "../examples/digits/model.ts"
+import { CLI, ROOT, eventually } from "./support/actors-processes.ts"
+import { addressUp, deleteNetns, netnsUnavailable, nsExec, sh } from "./support/netns.ts"
+import { FaultPlan, aliveAs, chaosSeed, killQuietly, processesMentioning, workerPids, type Fired } from "./support/chaos.ts"
+
+const LOOP = path.join(ROOT, "test", "support", "chaos-loop.ts") + "#trainLoop"
+const seed = chaosSeed()
+console.log(`chaos seed ${seed} (GRADWIRE_CHAOS_SEED=${seed} replays this fault schedule)`)
+
+let work: string
+let train: ArrayDataset
+let test: ArrayDataset
+/** Every process this file started directly (agents, a nats-server), killed at the end whatever happened. */
+const children: ChildProcess[] = []
+/** State dirs of background agents (`gradwire start`): their agents and servers are stopped at the end. */
+const stateDirs: string[] = []
+
+beforeAll(async () => {
+  work = fs.mkdtempSync(path.join(os.tmpdir(), "gw-chaos-"))
+  ;({ train, test } = trainTestSplit(await loadDigits(), 0.2, 7))
+})
+
+afterAll(async () => {
+  for (const dir of stateDirs) {
+    const s = readState(dir)
+    if (s) {
+      killQuietly(s.pid)
+      if (s.natsServer) killQuietly(s.natsServer.pid)
+    }
+  }
+  for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill("SIGKILL")
+  // Anything else that names this file's temp dir (workers of killed agents, servers): ours.
+  if (work) {
+    for (const p of processesMentioning(work)) killQuietly(p.pid)
+    // GRADWIRE_CHAOS_KEEP=1 keeps the run directories and agent logs for a look at what happened.
+    if (process.env.GRADWIRE_CHAOS_KEEP === "1") console.log(`kept ${work}`)
+    else fs.rmSync(work, { recursive: true, force: true })
+  }
+})
+
+const readState = (dir: string): AgentState | undefined => {
+  try {
+    return JSON.parse(fs.readFileSync(path.join(dir, "agent.json"), "utf8")) as AgentState
+  } catch {
+    return undefined
+  }
+}
+
+/** Runs the CLI to completion, with this file's temp dir as TMPDIR (the head's server config goes there). */
+const cli = (args: ReadonlyArray<string>, env: NodeJS.ProcessEnv = {}): Promise<{ code: number | null; stdout: string; stderr: string }> =>
+  new Promise((resolve) => {
+    const child = spawn(process.execPath, [CLI, ...args], { cwd: ROOT, env: { ...process.env, TMPDIR: work, GRADWIRE_LOG: "info", ...env }, stdio: ["ignore", "pipe", "pipe"] })
+    let stdout = ""
+    let stderr = ""
+    child.stdout.setEncoding("utf8").on("data", (c: string) => (stdout += c))
+    child.stderr.setEncoding("utf8").on("data", (c: string) => (stderr += c))
+    const timer = setTimeout(() => child.kill("SIGKILL"), 60_000)
+    child.on("exit", (code) => {
+      clearTimeout(timer)
+      resolve({ code, stdout, stderr })
+    })
+  })
+
+/** `gradwire start` in the background with its own state dir; resolves with its state file. */
+const startAgent = async (name: string, args: ReadonlyArray<string>): Promise<AgentState> => {
+  const dir = path.join(work, `agent-${name}`)
+  stateDirs.push(dir)
+  const r = await cli(["start", "--node-id", name, "--num-cpus", "2", "--backends", "wasm,cpu", ...args], { GRADWIRE_STATE_DIR: dir })
+  if (r.code !== 0) throw new Error(`gradwire start (${name}) exited ${r.code}: ${r.stderr}`)
+  return readState(dir)!
+}
+
+const stopAgent = async (name: string): Promise<void> => {
+  const r = await cli(["stop"], { GRADWIRE_STATE_DIR: path.join(work, `agent-${name}`) })
+  expect(r.code).toBe(0)
+}
+
+const waitForNodes = async (url: string, cluster: string, n: number): Promise<void> => {
+  const conn = await openNats({ servers: url, name: "chaos test" })
+  const view = await openClusterView({ nc: conn.nc, cluster })
+  try {
+    await view.waitFor((nodes) => nodes.filter((x) => x.state === "alive").length === n, 30_000)
+  } finally {
+    view.close()
+    await conn.close()
+  }
+}
+
+/** The run's incidents from events.jsonl, one line each, for the test log (what happened, when). */
+const incidents = (r: Result): string => {
+  const boring = new Set(["metrics", "state", "explain", "checkpoint"])
+  return fs
+    .readFileSync(path.join(r.path, "events.jsonl"), "utf8")
+    .trim()
+    .split("\n")
+    .map((l) => JSON.parse(l) as Record<string, unknown>)
+    .filter((e) => !boring.has(String(e.type)))
+    .map((e) => `  ${JSON.stringify(e).slice(0, 300)}`)
+    .join("\n")
+}
+
+const epochsOf = (r: Result): Set<number> => new Set(r.metricsHistory.map((m) => m.epoch as number))
+
+/** What every chaos run must end with: all epochs, one set of weights per round, loadable checkpoints. */
+const checkRun = async (r: Result, epochs: number, fired: ReadonlyArray<Fired>): Promise<void> => {
+  console.log(`${path.basename(r.path)}: restarts ${r.restarts}, resizes ${JSON.stringify(r.resizes.map((z) => [z.from, z.to]))}, events:\n${incidents(r)}`)
+  const context = `seed ${seed}; faults: ${JSON.stringify(fired)}`
+  expect(epochsOf(r), context).toEqual(new Set(Array.from({ length: epochs }, (_, i) => i)))
+  expect(r.metricsHistory.at(-1)!.epoch, context).toBe(epochs - 1)
+  r.metricsPerRank.forEach((round, i) => {
+    expect(new Set(round.map((m) => m.weights)).size, `round ${i}: ranks disagree on the weights (${context})`).toBe(1)
+  })
+  const index = JSON.parse(fs.readFileSync(path.join(r.path, "checkpoints.json"), "utf8")) as { entries: Array<{ name: string; metrics: Record<string, unknown> }> }
+  expect(index.entries.length, context).toBeGreaterThan(0)
+  const { tf } = await loadEngine("auto")
+  for (const e of index.entries) {
+    const c = await readCheckpoint(path.join(r.path, e.name))
+    const model = await modelFromFiles(tf, c.files)
+    expect(weightsHash(model.getWeights()), `${e.name} does not hold the weights rank 0 reported (${context})`).toBe(e.metrics.weights)
+    model.dispose()
+  }
+  expect(r.checkpoint?.path).toBe(path.join(r.path, index.entries.reduce((a, b) => (a.name > b.name ? a : b)).name))
+}
+
+/** No worker the run started survives it (their pids, checked by identity, not just by number). */
+const checkWorkersGone = async (pidDir: string, marker: string): Promise<void> => {
+  const pids = [...workerPids(pidDir).values()]
+  expect(pids.length).toBeGreaterThan(0)
+  await eventually("every worker to exit", 15_000, () => pids.every((pid) => !aliveAs(pid, marker)))
+}
+
+describe("chaos", () => {
+  it("the embedded cluster: kill -9 of a worker, then of the nats-server, at seeded steps", { timeout: 150_000 }, async () => {
+    const name = `chaos-embedded-${process.pid}`
+    const pidDir = fs.mkdtempSync(path.join(work, "pids-"))
+    const epochs = 8
+    const serverCmdlines = new Map<number, string>()
+    const rememberServer = (): number => {
+      const pids = liveNatsServerPids()
+      if (pids.length !== 1) throw new Error(`expected the embedded nats-server alone, found pids ${pids.join(", ")}`)
+      serverCmdlines.set(pids[0], fs.readFileSync(`/proc/${pids[0]}/cmdline`, "utf8"))
+      return pids[0]
+    }
+    const plan = new FaultPlan(seed, [
+      {
+        name: "kill -9 worker",
+        fire: (p) => {
+          const rank = seed % 2
+          const pid = workerPids(pidDir).get(`${p.attempt}-${rank}`)
+          if (pid === undefined) throw new Error(`no pid file for rank ${rank} of attempt ${p.attempt}`)
+          process.kill(pid, "SIGKILL")
+          return `rank ${rank} pid ${pid}`
+        }
+      },
+      {
+        name: "kill -9 embedded nats-server",
+        fire: () => {
+          const pid = rememberServer()
+          process.kill(pid, "SIGKILL")
+          return `pid ${pid}`
+        }
+      }
+    ])
+    console.log(`embedded run: ${plan.describe()}`)
+    const r = await new Trainer({
+      trainLoopPerWorker: LOOP,
+      trainLoopConfig: { epochs, pidDir },
+      scalingConfig: { numWorkers: 2 },
+      runConfig: {
+        name,
+        storagePath: work,
+        progress: false,
+        failureConfig: { maxFailures: 1 },
+        callbacks: [{ onProgress: (p) => plan.onProgress(p) }]
+      },
+      datasets: { train, test }
+    }).fit()
+    console.log(`embedded run: fired ${JSON.stringify(plan.fired)}`)
+    expect(plan.errors).toEqual([])
+    expect(plan.done, `not every fault fired (seed ${seed}): ${JSON.stringify(plan.fired)}`).toBe(true)
+    await checkRun(r, epochs, plan.fired)
+    // The worker's death used the one counted restart; the bus outage is not counted.
+    expect(r.countedFailures).toBe(1)
+    expect(r.restarts).toBe(2)
+    expect(r.natsServerRestarts).toBe(1)
+    expect(r.busOutages.some((o) => o.serverRestarted)).toBe(true)
+    // Nothing left: workers, the embedded server (both lives of it).
+    await checkWorkersGone(pidDir, `GRADWIRE_JOB=${name}-`)
+    expect(liveNatsServerPids()).toEqual([])
+    expect(processesMentioning(`GRADWIRE_JOB=${name}-`)).toEqual([])
+    const running = processesMentioning("nats-server").map((p) => p.cmdline)
+    for (const cmdline of serverCmdlines.values()) expect(running).not.toContain(cmdline.replace(/\0/g, " ").trim())
+  })
+
+  it("a `gradwire start --head` cluster of two agents, elastic: kill -9 of an agent (shrink), a new agent (grow), kill -9 of the head's nats-server", { timeout: 200_000 }, async () => {
+    const cluster = `chaos${process.pid}`
+    const name = `chaos-cluster-${process.pid}`
+    const pidDir = fs.mkdtempSync(path.join(work, "pids-"))
+    const port = await freePort()
+    const url = `nats://127.0.0.1:${port}`
+    const head = await startAgent("head", ["--head", "--port", String(port), "--cluster", cluster])
+    const firstServer = head.natsServer!.pid
+    const b = await startAgent("b", ["--address", url, "--cluster", cluster])
+    await waitForNodes(url, cluster, 2)
+    // Epochs last at least 400 ms (minEpochMs): enough of them that the new agent (a few seconds to
+    // start) joins, and the group grows and meets the last fault, well before the end.
+    const epochs = 24
+    let joining: Promise<AgentState> | undefined
+    let killedAgentAttempt = -1
+    const plan = new FaultPlan(seed + 1, [
+      {
+        name: "kill -9 agent b",
+        ready: (p, pl) => pl.sizeOf(p.attempt) === 4,
+        fire: (p) => {
+          killedAgentAttempt = p.attempt
+          process.kill(b.pid, "SIGKILL")
+          return `pid ${b.pid}`
+        }
+      },
+      {
+        name: "kill -9 the head's nats-server",
+        // After the group shrank, a new agent joined and the group grew back to 4.
+        ready: (p, pl) => {
+          if (p.attempt > killedAgentAttempt && pl.sizeOf(p.attempt) <= 2 && joining === undefined) {
+            joining = startAgent("c", ["--address", url, "--cluster", cluster])
+            joining.catch(() => {}) // awaited (and so reported) after fit()
+          }
+          return joining !== undefined && p.attempt > killedAgentAttempt + 1 && pl.sizeOf(p.attempt) === 4
+        },
+        fire: () => {
+          const pid = readState(path.join(work, "agent-head"))!.natsServer!.pid
+          process.kill(pid, "SIGKILL")
+          return `pid ${pid}`
+        }
+      }
+    ])
+    console.log(`cluster run: ${plan.describe()}`)
+    const r = await new Trainer({
+      trainLoopPerWorker: LOOP,
+      trainLoopConfig: { epochs, pidDir, minEpochMs: 400 },
+      scalingConfig: { numWorkers: { min: 2, max: 4 }, placementTimeoutMs: 30_000 },
+      runConfig: {
+        name,
+        storagePath: work,
+        progress: false,
+        failureConfig: { maxFailures: 0 },
+        callbacks: [{ onProgress: (p) => plan.onProgress(p) }]
+      },
+      datasets: { train, test },
+      cluster: { address: url, clusterName: cluster }
+    }).fit()
+    console.log(`cluster run: fired ${JSON.stringify(plan.fired)}; resizes ${JSON.stringify(r.resizes.map((z) => [z.from, z.to]))}`)
+    expect(plan.errors).toEqual([])
+    expect(plan.done, `not every fault fired (seed ${seed}): ${JSON.stringify(plan.fired)}`).toBe(true)
+    await checkRun(r, epochs, plan.fired)
+    expect(r.resizes.map((z) => [z.from, z.to])).toEqual([
+      [4, 2],
+      [2, 4]
+    ])
+    expect(r.resizes[0].reason).toMatch(/lost a node/)
+    // Infrastructure failures only: none counted (maxFailures 0 would have ended the run).
+    expect(r.countedFailures).toBe(0)
+    expect(r.busOutages.length).toBeGreaterThanOrEqual(1)
+    const headAfter = readState(path.join(work, "agent-head"))!
+    expect(headAfter.natsServer).toMatchObject({ restarts: 1 })
+    expect(headAfter.natsServer!.pid).not.toBe(firstServer)
+    const status = await cli(["status", "--cluster", cluster, "--address", url])
+    expect(status.stdout).toContain(`nats-server of head (pid ${headAfter.natsServer!.pid}) restarted 1 time`)
+
+    await (joining ?? Promise.resolve())
+    await stopAgent("c")
+    await stopAgent("head")
+    await checkWorkersGone(pidDir, work)
+    for (const pid of [head.pid, b.pid, firstServer, headAfter.natsServer!.pid]) expect(aliveAs(pid, work), `pid ${pid}`).toBe(false)
+    expect(processesMentioning(work)).toEqual([])
+  })
+
+  const unavailable = netnsUnavailable()
+  it.skipIf(unavailable !== undefined)(
+    `a 10 s link cut to the second agent (its own network namespace): shrink, then grow back${unavailable ? ` (skipped: ${unavailable})` : ""}`,
+    { timeout: 150_000 },
+    async () => {
+      const tag = String(process.pid % 100000)
+      const ns = `gwX${tag}`
+      const rootEnd = `gwxr${tag}`
+      const nsEnd = `gwxn${tag}`
+      const net = `10.233.${process.pid % 250}`
+      const cluster = `chaoscut${process.pid}`
+      const name = `chaos-cut-${process.pid}`
+      const pidDir = fs.mkdtempSync(path.join(work, "pids-"))
+      deleteNetns([ns])
+      try {
+        sh("ip", ["netns", "add", ns])
+        sh("ip", ["link", "add", rootEnd, "type", "veth", "peer", "name", nsEnd, "netns", ns])
+        sh("ip", ["addr", "add", `${net}.1/24`, "dev", rootEnd])
+        sh("ip", ["link", "set", rootEnd, "up"])
+        addressUp(ns, nsEnd, `${net}.2/24`)
+
+        // A nats-server on the root end of the veth only (not loopback, not every interface).
+        const conf = path.join(work, "cut-nats.conf")
+        fs.writeFileSync(conf, `server_name: chaos-cut-${tag}\nlisten: "${net}.1:4222"\nmax_payload: 8388608\n`)
+        const server = spawn(findNatsServerBinary(), ["-c", conf], { stdio: ["ignore", "ignore", "pipe"] })
+        children.push(server)
+        await new Promise<void>((resolve, reject) => {
+          let log = ""
+          const timer = setTimeout(() => reject(new Error(`nats-server not ready: ${log}`)), 10_000)
+          server.stderr!.on("data", (d: Buffer) => {
+            log += d.toString()
+            if (log.includes("Server is ready")) {
+              clearTimeout(timer)
+              resolve()
+            }
+          })
+        })
+        const url = `nats://${net}.1:4222`
+        const agentArgs = (node: string): string[] => [CLI, "start", "--block", "--address", url, "--cluster", cluster, "--node-id", node, "--num-cpus", "2", "--backends", "wasm,cpu", "--state-dir", path.join(work, `agent-${node}`)]
+        const logOf = (node: string): number => fs.openSync(path.join(work, `${node}.log`), "a")
+        const env = { ...process.env, TMPDIR: work, GRADWIRE_LOG: "info" }
+        children.push(spawn(process.execPath, [...agentArgs("cut-head"), "--head"], { cwd: ROOT, env, stdio: ["ignore", logOf("cut-head"), logOf("cut-head")] }))
+        // `ip netns exec` execs the agent: the child's pid is the agent's.
+        children.push(spawn("ip", ["netns", "exec", ns, process.execPath, ...agentArgs("cut-b")], { cwd: ROOT, env, stdio: ["ignore", logOf("cut-b"), logOf("cut-b")] }))
+        await waitForNodes(url, cluster, 2)
+
+        // Epochs last at least 400 ms: the cut (10 s) spans at most 25 of them, leaving room to grow back.
+        const epochs = 34
+        let restored: Promise<void> | undefined
+        const plan = new FaultPlan(seed + 2, [
+          {
+            name: "cut the second agent's link for 10 s",
+            ready: (p, pl) => pl.sizeOf(p.attempt) === 4,
+            fire: () => {
+              nsExec(ns, ["ip", "link", "set", nsEnd, "down"])
+              restored = new Promise((resolve) =>
+                setTimeout(() => {
+                  nsExec(ns, ["ip", "link", "set", nsEnd, "up"])
+                  resolve()
+                }, 10_000)
+              )
+              return `${nsEnd} down`
+            }
+          }
+        ])
+        console.log(`link-cut run: ${plan.describe()}`)
+        const r = await new Trainer({
+          trainLoopPerWorker: LOOP,
+          trainLoopConfig: { epochs, pidDir, minEpochMs: 400 },
+          scalingConfig: { numWorkers: { min: 2, max: 4 }, placementTimeoutMs: 30_000 },
+          runConfig: {
+            name,
+            storagePath: work,
+            progress: false,
+            failureConfig: { maxFailures: 0 },
+            callbacks: [{ onProgress: (p) => plan.onProgress(p) }]
+          },
+          datasets: { train, test },
+          cluster: { address: url, clusterName: cluster }
+        }).fit()
+        await restored
+        console.log(`link-cut run: fired ${JSON.stringify(plan.fired)}; resizes ${JSON.stringify(r.resizes.map((z) => [z.from, z.to]))}`)
+        expect(plan.errors).toEqual([])
+        expect(plan.done).toBe(true)
+        await checkRun(r, epochs, plan.fired)
+        expect(r.resizes.map((z) => [z.from, z.to])).toEqual([
+          [4, 2],
+          [2, 4]
+        ])
+        expect(r.resizes[0].reason).toMatch(/lost a node/)
+        expect(r.countedFailures).toBe(0)
+
+        for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill("SIGTERM")
+        await eventually("the agents and the server to exit", 20_000, () => children.every((c) => c.exitCode !== null || c.signalCode !== null))
+        await checkWorkersGone(pidDir, work)
+        expect(processesMentioning(work)).toEqual([])
+      } finally {
+        for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill("SIGKILL")
+        deleteNetns([ns])
+      }
+    }
+  )
+})

@@ -1,0 +1,55 @@
+// The digits example's training loop with three additions for the chaos suite and the recovery
+// benchmark: every rank first writes its pid to <pidDir>/<attempt>-<rank>.pid, so that a test can
+// kill -9 a worker it started by pid and check at the end that none of them survived;
+// `minEpochMs` makes each epoch last at least that long (report() waits out the rest), so that a
+// fault schedule measured in seconds (a 10 s link cut, an agent starting) maps to a bounded number
+// of epochs on a fast machine too; and with `trackSteps` rank 0 writes "<epoch> <step> <steps per
+// epoch>" to <pidDir>/<attempt>.step after every step (progress messages come only every 250 ms),
+// so the benchmark knows exactly how far a generation got before it died.
+import { writeFileSync } from "node:fs"
+import * as path from "node:path"
+import type { TrainContext } from "../../index.ts"
+import { trainLoop as digitsLoop, type DigitsConfig } from "../../examples/digits/train.ts"
+
+export interface ChaosLoopConfig extends DigitsConfig {
+  readonly pidDir: string
+  readonly minEpochMs?: number
+  readonly trackSteps?: boolean
+}
+
+/** `ctx` with report() paced (`minMs`) and prepareModel() wrapped to record steps (`stepFile`). */
+const instrumented = (ctx: TrainContext, minMs: number, stepFile: string | undefined): TrainContext => {
+  let last = Date.now()
+  const report: TrainContext["report"] = async (metrics, options) => {
+    const wait = last + minMs - Date.now()
+    if (wait > 0) await new Promise((resolve) => setTimeout(resolve, wait))
+    await ctx.report(metrics, options)
+    last = Date.now()
+  }
+  const prepareModel: TrainContext["prepareModel"] = async (...args) => {
+    const dp = await ctx.prepareModel(...args)
+    if (stepFile !== undefined) {
+      const progress = dp.onStep
+      dp.onStep = (info) => {
+        writeFileSync(stepFile, `${info.epoch} ${info.step} ${info.stepsPerEpoch}`)
+        progress?.(info)
+      }
+    }
+    return dp
+  }
+  // Methods are bound to the real context (its private fields do not exist on the proxy).
+  return new Proxy(ctx, {
+    get: (target, key) => {
+      if (key === "report") return report
+      if (key === "prepareModel") return prepareModel
+      const value = Reflect.get(target, key, target) as unknown
+      return typeof value === "function" ? (value as (...a: unknown[]) => unknown).bind(target) : value
+    }
+  })
+}
+
+export async function trainLoop(config: ChaosLoopConfig, ctx: TrainContext): Promise<void> {
+  writeFileSync(path.join(config.pidDir, `${ctx.attempt}-${ctx.worldRank}.pid`), String(process.pid))
+  const stepFile = config.trackSteps && ctx.worldRank === 0 ? path.join(config.pidDir, `${ctx.attempt}.step`) : undefined
+  await digitsLoop(config, config.minEpochMs || stepFile ? instrumented(ctx, config.minEpochMs ?? 0, stepFile) : ctx)
+}
