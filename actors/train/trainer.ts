@@ -530,7 +530,8 @@ export class Trainer {
             setResume: (p) => (resumePath = p)
           })
         )
-        if (g) resumePath = store.latest()?.path ?? resumePath
+        // The regroup set resumePath to the checkpoint its joiners resume from: it stays until the
+        // next restart, whatever is saved meanwhile.
         return g
       }
       for (let first = true; ; first = false) {
@@ -654,10 +655,16 @@ export class Trainer {
       x.progress.line(`gradwire: cannot regroup the survivors (${why}); restarting from the checkpoint instead`)
       return undefined
     }
-    // 1. Every other worker stops at its next group operation; those that park survive.
+    // 1. Every other worker stops at its next group operation; those that park survive. Workers on
+    // a node the cluster sees dead are lost with it: not asked (a cut link stalls an ask until its
+    // timeout), and killed in the background in case the node comes back.
+    const alive = (node: string): boolean => x.cluster.view.get(node)?.state === "alive"
+    for (const [rank, w] of x.group.members) {
+      if (rank !== x.failure?.rank && !alive(w.node)) void x.group.killOne(w, "its node was lost")
+    }
     const replies = await Promise.all(
       [...x.group.members]
-        .filter(([rank]) => rank !== x.failure?.rank)
+        .filter(([rank, w]) => rank !== x.failure?.rank && alive(w.node))
         .map(async ([rank, w]) => {
           const reply = await x.system.askPromise(w.ref(WorkerProtocol), "pause", { attempt }, { timeoutMs: PAUSE_TIMEOUT_MS }).catch(() => undefined)
           return { rank, w, reply }
@@ -671,7 +678,10 @@ export class Trainer {
     for (const r of replies) if (!survivors.includes(r)) await x.group.killOne(r.w, "left out of the regrouped generation")
     // The failed rank may still run (hung, or its loop threw): it is not part of the new group.
     const failed = x.failure ? x.group.members.get(x.failure.rank) : undefined
-    if (failed) await x.group.killOne(failed, "it failed")
+    if (failed) {
+      const killing = x.group.killOne(failed, "it failed")
+      if (alive(failed.node)) await killing
+    }
     // 2. The survivor that got furthest: the others and the joiners continue from its state.
     const source = survivors.reduce((a, b) => (b.reply!.position.ops > a.reply!.position.ops ? b : a))
     const pos: Position = source.reply!.position
@@ -703,16 +713,18 @@ export class Trainer {
     const nodes = [...survivors.map((r) => r.w.node), ...(joinPlan?.ranks.map((r) => r.nodeId) ?? [])]
     const layout = layoutOf(nodes)
     const placementOf = (rank: number) => ({ attempt, rank, worldSize, ...layout[rank]!, nodes, group: `g${attempt}` })
-    // 4. The furthest survivor's state, for the survivors behind it and for the joiners, who resume
-    // from the latest checkpoint (its report count in this lineage tells them where they start).
-    await x.saving()
-    const from = x.latest()
-    x.setResume(from)
+    // 4. The furthest survivor's state, which every member loads.
     const state = await x.system.askPromise(source.w.ref(WorkerProtocol), "snapshot", null, { timeoutMs: 60_000 }).catch(() => undefined)
     if (!state) return giveUp(`rank ${source.rank} could not hand over its state`)
     x.peerStates.set(attempt, state)
     // 5. The regrouped generation: survivors keep their processes under new ranks, joiners start.
+    // Rounds only the lost ranks had yet to report complete as it forms, and may leave a checkpoint:
+    // the joiners resume from the latest one once it is written (its report count in this lineage
+    // tells them where they start), and are given that one even if newer ones follow.
     const generation = x.controller.regroup({ worldSize, survivors: survivors.map((r, i) => ({ from: r.rank, to: i })), survivorsOnlyBelow: pos.reports })
+    await x.saving()
+    const from = x.latest()
+    x.setResume(from)
     x.onSize(attempt, worldSize)
     x.progress.start(attempt, worldSize)
     const where = pos.inFit ? `epoch ${pos.epoch} step ${Math.min(pos.stepInEpoch, pos.stepsPerEpoch)}/${pos.stepsPerEpoch}` : `${pos.ops} group operations`
