@@ -97,6 +97,16 @@ const lastStep = (pidDir: string, attempt: number): { pos: number; spe: number }
 class Track {
   readonly first = new Map<number, { at: number; pos: number; ranks: number }>()
   readonly stateLeftRunning = new Map<number, number>()
+  /**
+   * Where rank 0 was when its generation ended, read at that moment: with recovery from peers its
+   * process goes on training (and writing the same step file) in the next generation.
+   */
+  readonly #stoppedAt = new Map<number, { pos: number; spe: number } | undefined>()
+  readonly #pidDir: string
+
+  constructor(pidDir: string) {
+    this.#pidDir = pidDir
+  }
   readonly #reportAt = new Map<number, number>()
   readonly #steps: number[] = []
 
@@ -120,6 +130,7 @@ class Track {
   onState(s: { from: string; to: string; attempt: number }): void {
     if (s.from === "running" && (s.to === "restarting" || s.to === "resizing") && !this.stateLeftRunning.has(s.attempt)) {
       this.stateLeftRunning.set(s.attempt, Date.now())
+      this.#stoppedAt.set(s.attempt, lastStep(this.#pidDir, s.attempt))
     }
   }
 
@@ -130,7 +141,7 @@ class Track {
   /** The measure of a fault at `faultAt` that ended attempt `attempt` (rank 0's steps in `pidDir`). */
   measure(faultAt: number, attempt: number, pidDir: string): Measure {
     const next = this.first.get(attempt + 1)
-    const last = lastStep(pidDir, attempt)
+    const last = this.#stoppedAt.get(attempt) ?? lastStep(pidDir, attempt)
     const left = this.stateLeftRunning.get(attempt)
     if (!next || !last || left === undefined) throw new Error(`attempt ${attempt} was not followed by another generation (did the fault take effect?)`)
     return {
@@ -175,7 +186,7 @@ interface Data {
 
 const embedded = async (kind: "worker" | "nats", mode: string, storage: string, data: Data, i: number): Promise<Measure> => {
   const pidDir = fs.mkdtempSync(path.join(storage, "pids-"))
-  const track = new Track()
+  const track = new Track(pidDir)
   let faultAt = 0
   let faultAttempt = -1
   const fire = (): void => {
@@ -288,7 +299,7 @@ const elastic = async (kind: "loss" | "join", mode: string, storage: string, dat
     if (kind === "loss") cluster.agent("b")
     const want = kind === "loss" ? 2 : 1
     await cluster.view((v) => v.waitFor((nodes) => nodes.filter((n) => n.state === "alive").length === want, 30_000))
-    const track = new Track()
+    const track = new Track(pidDir)
     let faultAt = 0
     let faultAttempt = -1
     let joined: Promise<void> | undefined

@@ -30,6 +30,8 @@ export interface BusMonitor {
   readonly outages: number
   /** Resolves when the connection is up (at once if it is), or with "expired"/"closed". */
   whenUp(): Promise<"up" | "expired" | "closed">
+  /** Resolves the next time the connection comes back after an outage (never if it does not). */
+  nextReconnect(): Promise<void>
   stop(): void
 }
 
@@ -41,6 +43,7 @@ export const watchBus = (nc: NatsConnection, options: BusMonitorOptions): BusMon
   let timer: ReturnType<typeof setTimeout> | undefined
   let stopped = false
   const waiters = new Set<(r: "up" | "expired" | "closed") => void>()
+  const reconnects = new Set<() => void>()
   const settle = (r: "up" | "expired" | "closed"): void => {
     for (const w of waiters) w(r)
     waiters.clear()
@@ -71,6 +74,8 @@ export const watchBus = (nc: NatsConnection, options: BusMonitorOptions): BusMon
     timer = undefined
     if (!stopped) options.onUp?.({ ...o, ms: Date.now() - o.since })
     settle("up")
+    for (const r of reconnects) r()
+    reconnects.clear()
   }
   const status = nc.status()
   void (async () => {
@@ -103,6 +108,7 @@ export const watchBus = (nc: NatsConnection, options: BusMonitorOptions): BusMon
       if (expired) return Promise.resolve("expired")
       return new Promise((resolve) => waiters.add(resolve))
     },
+    nextReconnect: () => new Promise<void>((resolve) => reconnects.add(resolve)),
     stop: () => {
       stopped = true
       if (timer) clearTimeout(timer)

@@ -39,6 +39,19 @@ describe("controller: report rounds", () => {
     expect(rounds()).toHaveLength(1)
   })
 
+  it("a report sent again (its reply was lost with the connection) counts once, also after its round completed", () => {
+    const { c, rounds } = make()
+    c.begin(2)
+    c.report({ attempt: 0, rank: 0, index: 0, metrics: {} })
+    c.report({ attempt: 0, rank: 0, index: 0, metrics: {} })
+    expect(rounds()).toHaveLength(0)
+    c.report({ attempt: 0, rank: 1, index: 0, metrics: {} })
+    c.report({ attempt: 0, rank: 1, index: 0, metrics: {} })
+    c.report({ attempt: 0, rank: 0, index: 0, metrics: {} })
+    expect(rounds()).toHaveLength(1)
+    expect(c.current!.rounds.size).toBe(0)
+  })
+
   it("finishes when every rank finished with the same number of reports", async () => {
     const { c, states } = make()
     const g = c.begin(2)

@@ -88,6 +88,8 @@ export class Generation<C> {
   completedRounds = 0
   /** Whether a round with a checkpoint completed in this generation. */
   checkpointed = false
+  /** Rounds completed (a report of one sent again after a lost reply is not a new round). */
+  readonly completed = new Set<number>()
   settled = false
   readonly outcome: Promise<Outcome>
   #resolve!: (o: Outcome) => void
@@ -199,7 +201,7 @@ export class Controller<C = unknown> {
   report(msg: ReportMessage<C>): void {
     const c = this.#current
     const g = c && c.number === msg.attempt && this.#state !== "finished" && this.#state !== "errored" ? c : undefined
-    if (!g || msg.rank < 0 || msg.rank >= g.worldSize) return
+    if (!g || msg.rank < 0 || msg.rank >= g.worldSize || g.completed.has(msg.index)) return
     // Rounds the survivors of a regroup were in: only theirs count (the joiners skip them).
     if (msg.index < g.survivorsOnlyBelow && !g.survivors.has(msg.rank)) return
     for (const [rank, count] of g.finished) {
@@ -235,6 +237,7 @@ export class Controller<C = unknown> {
     const round = g.rounds.get(index)
     if (!round || round.count < g.expected(index)) return
     g.rounds.delete(index)
+    g.completed.add(index)
     g.completedRounds = Math.max(g.completedRounds, index + 1)
     if (round.checkpoint !== undefined) g.checkpointed = true
     this.#infraWithoutProgress = 0
@@ -339,6 +342,7 @@ export class Controller<C = unknown> {
       survivorsOnlyBelow: plan.survivorsOnlyBelow
     })
     g.completedRounds = old.completedRounds
+    for (const index of old.completed) g.completed.add(index)
     for (const [index, round] of old.rounds) {
       const metrics: Array<Record<string, unknown> | undefined> = new Array(plan.worldSize).fill(undefined)
       let count = 0

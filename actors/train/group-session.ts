@@ -108,6 +108,10 @@ export class GroupSession {
   #resumeRequest: Deferred<{ readonly placement: Placement; readonly source: Position }> = deferred()
   #cursor: Position | undefined
   #ended: string | undefined
+  /** Parked and said so: waiting for resume (a pause asked again is answered at once). */
+  #parked = false
+  /** The last generation this rank resumed into (a resume asked again is not taken twice). */
+  #resumedAttempt = -1
   /** Bumped at every regroup and join: the model compares it to notice a new group or state. */
   generation = 0
 
@@ -225,6 +229,22 @@ export class GroupSession {
         resolve({ state: "unsupported", position: this.position(), reason: refuse })
         return
       }
+      // Asked again (the first request or its reply was lost while the bus came back).
+      if (this.#parked) {
+        resolve({ state: "parked", position: this.position(), reason: "" })
+        return
+      }
+      if (this.#pausing) {
+        const first = this.#pausing.reply
+        this.#pausing = {
+          attempt,
+          reply: (r) => {
+            first(r)
+            resolve(r)
+          }
+        }
+        return
+      }
       const request = { attempt, reply: resolve }
       this.#pausing = request
       this.#pauseRequest.resolve(request)
@@ -235,6 +255,9 @@ export class GroupSession {
 
   /** The controller's resume: the new placement and the position of the furthest survivor. */
   resume(placement: Placement, source: Position): void {
+    // Asked again for the same generation (a lost reply): taken once.
+    if (placement.attempt <= this.#resumedAttempt) return
+    this.#resumedAttempt = placement.attempt
     this.#resumeRequest.resolve({ placement, source })
   }
 
@@ -251,7 +274,9 @@ export class GroupSession {
     const pause = this.#pausing ?? (await within(this.#pauseRequest.promise, PARK_TIMEOUT_MS))
     if (pause === "timeout") throw cause
     pause.reply({ state: "parked", position: this.position(), reason: "" })
+    this.#parked = true
     const resumed = await within(this.#resumeRequest.promise, PARK_TIMEOUT_MS)
+    this.#parked = false
     this.#pausing = undefined
     this.#pauseRequest = deferred()
     if (resumed === "timeout") throw cause ?? new Error("paused for a regroup that never came")

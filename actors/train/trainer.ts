@@ -63,10 +63,30 @@ const PEER_RECOVERABLE: ReadonlySet<GroupFailure["kind"]> = new Set(["died", "no
 /** How long the survivors of a failure get to stop at a group operation and say where they are. */
 const PAUSE_TIMEOUT_MS = 20_000
 
+/**
+ * Asks of a regroup are sent again every this many ms until their deadline: right after the bus
+ * came back a worker may not have renewed its subscriptions yet, and a request sent then is lost
+ * without a "no responders" answer. The workers answer a repeated pause or resume once.
+ */
+const REGROUP_RETRY_MS = 1_000
+
 /** The all-reduce plan of the run, as the workers' scheduler explained it. */
 const writeExplain = async (dir: string, text: string, json: unknown): Promise<void> => {
   await fs.writeFile(path.join(dir, "explain.txt"), `${text}\n`)
   await fs.writeFile(path.join(dir, "explain.json"), `${JSON.stringify(json, null, 2)}\n`)
+}
+
+/** `ask` again until it is answered or `totalMs` passed: its answer, or undefined. */
+const askAgain = async <A>(ask: () => Promise<A>, totalMs: number): Promise<A | undefined> => {
+  const deadline = Date.now() + totalMs
+  for (;;) {
+    try {
+      return await ask()
+    } catch {
+      if (Date.now() >= deadline) return undefined
+      await sleep(100)
+    }
+  }
 }
 
 /** What a regroup (recovery from peers, growth in place) works with. */
@@ -584,7 +604,11 @@ export class Trainer {
             ? ` (restart ${controller.countedFailures}${cfg.maxFailures >= 0 ? ` of ${cfg.maxFailures}` : ""})`
             : " (not counted toward maxFailures: an infrastructure failure)"
           const what = `${failure.rank >= 0 ? `rank ${failure.rank} failed` : "the group failed"} (${failure.tag}: ${firstLine(failure.message)})`
-          if (cfg.recoverFrom === "peers" && PEER_RECOVERABLE.has(failure.kind) && failure.rank >= 0 && !bus.outage) {
+          // A lost worker or node: the others survive. A NATS outage: every worker may have
+          // survived it (they wait out natsOutageTimeoutMs), so all are asked once the bus is back.
+          const peers = (PEER_RECOVERABLE.has(failure.kind) && failure.rank >= 0) || failure.kind === "bus"
+          if (cfg.recoverFrom === "peers" && peers) {
+            await waitForBus()
             regrouped = await regroup({ failure, target: cfg.maxWorkers, what, budget, counted: next.counted })
             if (regrouped) continue
           }
@@ -666,7 +690,7 @@ export class Trainer {
       [...x.group.members]
         .filter(([rank, w]) => rank !== x.failure?.rank && alive(w.node))
         .map(async ([rank, w]) => {
-          const reply = await x.system.askPromise(w.ref(WorkerProtocol), "pause", { attempt }, { timeoutMs: PAUSE_TIMEOUT_MS }).catch(() => undefined)
+          const reply = await askAgain(() => x.system.askPromise(w.ref(WorkerProtocol), "pause", { attempt }, { timeoutMs: REGROUP_RETRY_MS }), PAUSE_TIMEOUT_MS)
           return { rank, w, reply }
         })
     )
@@ -743,7 +767,10 @@ export class Trainer {
     x.group.adopt(members)
     x.group.watch(members, watch)
     const resumed = Promise.all(
-      survivors.map((r, i) => x.system.askPromise(r.w.ref(WorkerProtocol), "resume", { placement: placementOf(i), source: pos }, { timeoutMs: 15_000 }))
+      survivors.map(async (r, i) => {
+        const ok = await askAgain(() => x.system.askPromise(r.w.ref(WorkerProtocol), "resume", { placement: placementOf(i), source: pos }, { timeoutMs: REGROUP_RETRY_MS }), 15_000)
+        if (ok === undefined) throw new Error(`rank ${r.rank} did not answer`)
+      })
     ).catch((e: unknown) => {
       x.controller.fail(generation, { kind: "recovery", rank: -1, tag: "RegroupError", message: `a survivor did not take its new place: ${String(e)}` })
     })

@@ -243,19 +243,27 @@ export const trainWorker = defineActor(
             const hasState = Object.keys(state.residuals).length > 0 || Object.keys(state).some((k) => k !== "residuals" && state[k as keyof typeof state] !== undefined)
             flushTrace()
             const t0 = performance.now()
-            await system.askPromise(
-              controller,
-              "report",
-              {
-                attempt: p.attempt,
-                rank: p.rank,
-                index,
-                metrics: { ...metrics, ...context.prepared?.batchingMetrics() },
-                ...(checkpoint ? { checkpoint: { files: toBytes(checkpoint.files), metadata: { ...checkpoint.metadata } } } : {}),
-                ...(hasState ? { aux: { [residualFile(p.rank)]: encodeMessage(state) } } : {})
-              },
-              { timeoutMs: 120_000 }
-            )
+            const body = {
+              attempt: p.attempt,
+              rank: p.rank,
+              index,
+              metrics: { ...metrics, ...context.prepared?.batchingMetrics() },
+              ...(checkpoint ? { checkpoint: { files: toBytes(checkpoint.files), metadata: { ...checkpoint.metadata } } } : {}),
+              ...(hasState ? { aux: { [residualFile(p.rank)]: encodeMessage(state) } } : {})
+            }
+            const send = () => system.askPromise(controller, "report", body, { timeoutMs: 120_000 })
+            // A reply lost with the connection would leave report() waiting out its deadline: once
+            // the connection dropped and came back meanwhile, the report goes again every second
+            // until one is answered (the controller counts a rank's report of a round once; right
+            // after a reconnect the controller's subscription may not be back yet).
+            let pending = send()
+            let resend: Promise<unknown> = bus.nextReconnect()
+            for (;;) {
+              const r = await Promise.race([pending.then(() => "replied" as const), resend.then(() => "again" as const)])
+              if (r === "replied") break
+              pending = Promise.any([pending, send()])
+              resend = new Promise((resolve) => setTimeout(resolve, 1_000))
+            }
             // report() returns once the controller holds every byte (the upload; writing to
             // storage happens in the background) and has this rank's metrics: the wait in report().
             if (timeline) {
