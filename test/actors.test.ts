@@ -143,7 +143,9 @@ describe("lifecycle", () => {
     const name = fresh("cleanup")
     const h = await launchActor(a, def, { name })
     expect(await b.askPromise(b.ref(P, name), "ping", null)).toBe("pong")
-    const down = b.watchPromise(name)
+    // A long silence deadline: this is about the stop notice, not heartbeats (on a loaded machine
+    // 2 s without a heartbeat can pass while the actor stops).
+    const down = b.watchPromise(name, { deadAfterMs: 20_000 })
     await h.stop()
     expect(log).toEqual(["acquired", "hook", "released"])
     expect((await down).reason).toBe("stopped")

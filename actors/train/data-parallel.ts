@@ -308,7 +308,15 @@ export class DataParallelModel implements RecoverableModel {
   async adopt(state: PeerState, options: { readonly redoingStep?: boolean } = {}): Promise<void> {
     loadWeightsInto(this.#tf as unknown as Tf, this.model, state.files)
     const opt = state.files[OPTIMIZER_FILE]
-    if (opt) await loadOptimizerFrom(this.#tf as unknown as Tf, this.optimizer, opt)
+    if (opt) {
+      // tfjs optimizers make new variables for what they load: the ones they held go.
+      const held = (await this.optimizer.getWeights()).map((w) => w.tensor)
+      await loadOptimizerFrom(this.#tf as unknown as Tf, this.optimizer, opt)
+      const now = await this.optimizer.getWeights()
+      const kept = new Set(now.filter((w) => w.name !== "iter").map((w) => w.tensor))
+      // getWeights() makes a fresh step-count scalar each time ("iter"): those go too.
+      for (const t of [...held, ...now.filter((w) => w.name === "iter").map((w) => w.tensor)]) if (!kept.has(t) && !t.isDisposed) t.dispose()
+    }
     // A step this rank is in and will redo in the new group keeps its number; the next one follows.
     this.#step = state.step + (this.#inStep && options.redoingStep ? 1 : 0)
   }
