@@ -59,7 +59,8 @@ export const watchBus = (nc: NatsConnection, options: BusMonitorOptions): BusMon
       timer = setTimeout(() => {
         if (outage !== o || stopped) return
         expired = true
-        options.onExpired?.({ ...o, ms: Date.now() - o.since })
+        // The timer waited timeoutMs on the monotonic clock; the wall clock may read a millisecond less.
+        options.onExpired?.({ ...o, ms: Math.max(options.timeoutMs, Date.now() - o.since) })
         settle("expired")
       }, options.timeoutMs)
       // An outage timer must not keep a process alive that has nothing else to do.
