@@ -93,7 +93,6 @@ export class Generation<C> {
   settled = false
   readonly outcome: Promise<Outcome>
   #resolve!: (o: Outcome) => void
-  #settledWith: Outcome | undefined
 
   constructor(number: number, worldSize: number, regroup?: { readonly survivors: ReadonlySet<number>; readonly survivorsOnlyBelow: number }) {
     this.number = number
@@ -108,16 +107,10 @@ export class Generation<C> {
     return index < this.survivorsOnlyBelow ? this.survivors.size : this.worldSize
   }
 
-  /** The outcome, once settled. */
-  get result(): Outcome | undefined {
-    return this.#settledWith
-  }
-
   /** The first outcome wins; later ones are ignored. */
   settle(o: Outcome): void {
     if (this.settled) return
     this.settled = true
-    this.#settledWith = o
     this.#resolve(o)
   }
 }

@@ -91,10 +91,6 @@ export class WorkerGroup {
     this.#system = system
   }
 
-  get workers(): ReadonlyArray<SpawnedActor> {
-    return this.#workers
-  }
-
   /** The current generation's members, by rank. */
   get members(): ReadonlyMap<number, SpawnedActor> {
     return this.#members
