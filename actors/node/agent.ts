@@ -142,7 +142,6 @@ export class NodeAgent {
   #link: LinkState | undefined
   #bus: BusMonitor | undefined
   #outageNotice: ReturnType<typeof setInterval> | undefined
-  #outages = 0
   #lastOutage: { readonly at: number; readonly ms: number } | undefined
   #stopping: Promise<void> | undefined
   readonly #stopped: Promise<void>
@@ -286,7 +285,7 @@ export class NodeAgent {
       processes,
       leaving: this.#leaving,
       version: AGENT_VERSION,
-      natsOutages: { count: this.#outages, lastAt: this.#lastOutage?.at ?? 0, lastMs: this.#lastOutage?.ms ?? 0 },
+      natsOutages: { count: this.#bus?.outages ?? 0, lastAt: this.#lastOutage?.at ?? 0, lastMs: this.#lastOutage?.ms ?? 0 },
       ...(supervised !== undefined ? { natsServer: supervised } : {})
     }
   }
@@ -298,7 +297,7 @@ export class NodeAgent {
       up: outage === undefined,
       server: redactUrl(outage?.server ?? (this.#nc.isClosed() ? "" : this.#nc.getServer())),
       ...(outage !== undefined ? { downSince: outage.since } : {}),
-      outages: this.#outages,
+      outages: this.#bus?.outages ?? 0,
       ...(this.#lastOutage !== undefined ? { lastOutageAt: this.#lastOutage.at, lastOutageMs: this.#lastOutage.ms } : {})
     }
   }
@@ -311,7 +310,6 @@ export class NodeAgent {
     this.#bus = watchBus(this.#nc, {
       timeoutMs: 0,
       onDown: (o) => {
-        this.#outages++
         const server = redactUrl(o.server)
         this.#log.warn(`lost NATS at ${server} (${stamp(o.since)}); retrying`)
         if (this.#outageNotice) clearInterval(this.#outageNotice)
