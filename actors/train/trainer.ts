@@ -99,7 +99,7 @@ interface RegroupContext {
   readonly request: Omit<PlacementRequest, "numWorkers">
   /** The failure that ended the last generation; none for a resize. */
   readonly failure?: GroupFailure
-  /** The size to grow back to (fixed size: numWorkers; elastic: max, or the resize's size). */
+  /** The size to grow back to: the controller's decision (numWorkers; elastic: max, or the resize's size). */
   readonly target: number
   readonly what: string
   readonly budget: string
@@ -531,6 +531,9 @@ export class Trainer {
     try {
       controllerActor = await launchActor(system, controllerDef, { name: "controller", heartbeat: false })
       let regrouped: Generation<CheckpointPayload> | undefined
+      // The world sizes the next placement may take: the controller's decision after a restart or
+      // a resize (numWorkers, or min..max; a resize asks for up to its size).
+      let bounds = controller.wantedSize
       // Killing the group goes through the agents: wait for the bus first; then let the last
       // checkpoint land.
       const stopGroup = async (reason: string): Promise<void> => {
@@ -562,7 +565,7 @@ export class Trainer {
           regrouped = undefined
         } else {
           await waitForBus()
-          const plan = await this.#place(cfg, cluster, request, { first, race, isAbort: (e) => e === abortError, progress })
+          const plan = await this.#place(cfg, cluster, request, bounds, { first, race, isAbort: (e) => e === abortError, progress })
           generation = controller.begin(plan.ranks.length)
           noteSize(generation.number, plan.ranks.length)
           progress.start(generation.number, plan.ranks.length)
@@ -595,6 +598,7 @@ export class Trainer {
           break
         }
         restarts++
+        bounds = next.size
         if (next.cause.type === "failure") {
           const failure: GroupFailure = next.cause.failure
           lastCause = failure.kind === "node-lost" ? `lost a node: ${firstLine(failure.message)}` : `${failure.kind}: ${failure.tag}`
@@ -609,7 +613,7 @@ export class Trainer {
           const peers = (PEER_RECOVERABLE.has(failure.kind) && failure.rank >= 0) || failure.kind === "bus"
           if (cfg.recoverFrom === "peers" && peers) {
             await waitForBus()
-            regrouped = await regroup({ failure, target: cfg.maxWorkers, what, budget, counted: next.counted })
+            regrouped = await regroup({ failure, target: bounds.max, what, budget, counted: next.counted })
             if (regrouped) continue
           }
           await stopGroup("restarting the group")
@@ -628,7 +632,7 @@ export class Trainer {
           if (cfg.recoverFrom === "peers" && !bus.outage) {
             // Growing in place: the running workers stay, the new ones replay from the checkpoint
             // just saved and join them.
-            regrouped = await regroup({ target: next.cause.size, what: `the cluster has room for ${next.cause.size} workers`, budget: "", counted: false })
+            regrouped = await regroup({ target: bounds.max, what: `the cluster has room for ${bounds.max} workers`, budget: "", counted: false })
             if (regrouped) continue
           }
           await stopGroup("resizing the group")
@@ -711,7 +715,7 @@ export class Trainer {
     const pos: Position = source.reply!.position
     // 3. Replacements: as many as were lost (fixed size), up to max where there is room (elastic).
     const s = survivors.length
-    const kMax = Math.min(x.cfg.maxWorkers, x.target) - s
+    const kMax = x.target - s
     const kMin = Math.max(0, x.cfg.minWorkers - s)
     let joinPlan: PlacementPlan | undefined
     if (kMax > 0) {
@@ -801,6 +805,7 @@ export class Trainer {
     cfg: Resolved,
     cluster: ClusterHandle,
     request: Omit<PlacementRequest, "numWorkers">,
+    bounds: { readonly min: number; readonly max: number },
     ctx: {
       readonly first: boolean
       readonly race: <T>(p: Promise<T>) => Promise<T>
@@ -819,7 +824,6 @@ export class Trainer {
     const explicit = cfg.scaling.placementTimeoutMs
     const timeoutMs = explicit ?? PLACEMENT_TIMEOUT_MS
     const deadline = Date.now() + timeoutMs
-    const bounds = { min: cfg.minWorkers, max: cfg.maxWorkers }
     let noticeAt = 0
     for (;;) {
       const nodes = cluster.view.resources()
