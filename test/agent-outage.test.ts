@@ -16,19 +16,8 @@ import { decodeAdvertisement } from "../scheduler/node-info.ts"
 import { TestRig, eventually, pidAlive } from "./support/actors-processes.ts"
 
 const rig = new TestRig()
-const started: number[] = []
 
-afterAll(async () => {
-  // What a failed test left behind: background agents and the servers they supervise.
-  for (const pid of started) {
-    try {
-      process.kill(pid, "SIGKILL")
-    } catch {
-      // gone
-    }
-  }
-  await rig.cleanup()
-})
+afterAll(() => rig.cleanup())
 
 const readState = (dir: string): AgentState => JSON.parse(fs.readFileSync(path.join(dir, "agent.json"), "utf8")) as AgentState
 const readLog = (dir: string): string => fs.readFileSync(path.join(dir, "agent.log"), "utf8")
@@ -82,7 +71,7 @@ describe("a head's supervised nats-server", () => {
     const start = await rig.cli(["start", "--head", "--port", String(port), "--cluster", "sup", "--node-id", "head-1", "--num-cpus", "2", "--backends", "wasm,cpu"], env)
     expect(start.code).toBe(0)
     const first = readState(dir)
-    started.push(first.pid, first.natsServer!.pid)
+    rig.killAtCleanup(first.pid, first.natsServer!.pid)
     const url = `nats://127.0.0.1:${port}`
     expect(first.natsServer!.url).toBe(url)
 
@@ -96,7 +85,7 @@ describe("a head's supervised nats-server", () => {
       const s = readState(dir)
       return (s.natsServer?.restarts ?? 0) >= 1 && s.natsServer!.pid !== first.natsServer!.pid && pidAlive(s.natsServer!.pid) && s
     })
-    started.push(after.natsServer!.pid)
+    rig.killAtCleanup(after.natsServer!.pid)
     expect(pidAlive(first.natsServer!.pid)).toBe(false)
     expect(after.pid).toBe(first.pid)
     expect(after.natsServer).toMatchObject({ url, restarts: 1 })

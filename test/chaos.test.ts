@@ -158,6 +158,34 @@ const checkWorkersGone = async (pidDir: string, marker: string): Promise<void> =
   await eventually("every worker to exit", 15_000, () => pids.every((pid) => !aliveAs(pid, marker)))
 }
 
+/** A run of both elastic cases: 2 to 4 workers on a joined cluster, epochs paced to 400 ms. */
+const fitElastic = (o: { name: string; pidDir: string; epochs: number; url: string; cluster: string; plan: FaultPlan }): Promise<Result> =>
+  new Trainer({
+    trainLoopPerWorker: LOOP,
+    trainLoopConfig: { epochs: o.epochs, pidDir: o.pidDir, minEpochMs: 400 },
+    scalingConfig: { numWorkers: { min: 2, max: 4 }, placementTimeoutMs: 30_000 },
+    runConfig: {
+      name: o.name,
+      storagePath: work,
+      progress: false,
+      failureConfig: { maxFailures: 0 },
+      callbacks: [{ onProgress: (p) => o.plan.onProgress(p) }]
+    },
+    datasets: { train, test },
+    cluster: { address: o.url, clusterName: o.cluster }
+  }).fit()
+
+/** What both elastic cases must show: shrunk by the lost node, grown back, nothing counted. */
+const expectShrinkAndRegrow = (r: Result): void => {
+  expect(r.resizes.map((z) => [z.from, z.to])).toEqual([
+    [4, 2],
+    [2, 4]
+  ])
+  expect(r.resizes[0].reason).toMatch(/lost a node/)
+  // Infrastructure failures only: none counted (maxFailures 0 would have ended the run).
+  expect(r.countedFailures).toBe(0)
+}
+
 describe("chaos", () => {
   it("the embedded cluster: kill -9 of a worker, then of the nats-server, at seeded steps", { timeout: 150_000 }, async () => {
     const name = `chaos-embedded-${process.pid}`
@@ -264,31 +292,12 @@ describe("chaos", () => {
       }
     ])
     console.log(`cluster run: ${plan.describe()}`)
-    const r = await new Trainer({
-      trainLoopPerWorker: LOOP,
-      trainLoopConfig: { epochs, pidDir, minEpochMs: 400 },
-      scalingConfig: { numWorkers: { min: 2, max: 4 }, placementTimeoutMs: 30_000 },
-      runConfig: {
-        name,
-        storagePath: work,
-        progress: false,
-        failureConfig: { maxFailures: 0 },
-        callbacks: [{ onProgress: (p) => plan.onProgress(p) }]
-      },
-      datasets: { train, test },
-      cluster: { address: url, clusterName: cluster }
-    }).fit()
+    const r = await fitElastic({ name, pidDir, epochs, url, cluster, plan })
     console.log(`cluster run: fired ${JSON.stringify(plan.fired)}; resizes ${JSON.stringify(r.resizes.map((z) => [z.from, z.to]))}`)
     expect(plan.errors).toEqual([])
     expect(plan.done, `not every fault fired (seed ${seed}): ${JSON.stringify(plan.fired)}`).toBe(true)
     await checkRun(r, epochs, plan.fired)
-    expect(r.resizes.map((z) => [z.from, z.to])).toEqual([
-      [4, 2],
-      [2, 4]
-    ])
-    expect(r.resizes[0].reason).toMatch(/lost a node/)
-    // Infrastructure failures only: none counted (maxFailures 0 would have ended the run).
-    expect(r.countedFailures).toBe(0)
+    expectShrinkAndRegrow(r)
     expect(r.busOutages.length).toBeGreaterThanOrEqual(1)
     const headAfter = readState(path.join(work, "agent-head"))!
     expect(headAfter.natsServer).toMatchObject({ restarts: 1 })
@@ -370,31 +379,13 @@ describe("chaos", () => {
           }
         ])
         console.log(`link-cut run: ${plan.describe()}`)
-        const r = await new Trainer({
-          trainLoopPerWorker: LOOP,
-          trainLoopConfig: { epochs, pidDir, minEpochMs: 400 },
-          scalingConfig: { numWorkers: { min: 2, max: 4 }, placementTimeoutMs: 30_000 },
-          runConfig: {
-            name,
-            storagePath: work,
-            progress: false,
-            failureConfig: { maxFailures: 0 },
-            callbacks: [{ onProgress: (p) => plan.onProgress(p) }]
-          },
-          datasets: { train, test },
-          cluster: { address: url, clusterName: cluster }
-        }).fit()
+        const r = await fitElastic({ name, pidDir, epochs, url, cluster, plan })
         await restored
         console.log(`link-cut run: fired ${JSON.stringify(plan.fired)}; resizes ${JSON.stringify(r.resizes.map((z) => [z.from, z.to]))}`)
         expect(plan.errors).toEqual([])
         expect(plan.done).toBe(true)
         await checkRun(r, epochs, plan.fired)
-        expect(r.resizes.map((z) => [z.from, z.to])).toEqual([
-          [4, 2],
-          [2, 4]
-        ])
-        expect(r.resizes[0].reason).toMatch(/lost a node/)
-        expect(r.countedFailures).toBe(0)
+        expectShrinkAndRegrow(r)
 
         for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill("SIGTERM")
         await eventually("the agents and the server to exit", 20_000, () => children.every((c) => c.exitCode !== null || c.signalCode !== null))

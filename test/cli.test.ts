@@ -8,19 +8,8 @@ import { freePort } from "../core/nats-server.ts"
 import { TestRig, eventually, pidAlive } from "./support/actors-processes.ts"
 
 const rig = new TestRig()
-const started: number[] = []
 
-afterAll(async () => {
-  // Whatever a failed test left behind: agents started in the background and their servers.
-  for (const pid of started) {
-    try {
-      process.kill(pid, "SIGKILL")
-    } catch {
-      // gone
-    }
-  }
-  await rig.cleanup()
-})
+afterAll(() => rig.cleanup())
 
 describe("gradwire CLI", () => {
   it("start --head (background), status --json, status, stop", async () => {
@@ -37,7 +26,7 @@ describe("gradwire CLI", () => {
     expect(start.stdout).toContain(`nats://127.0.0.1:${port}`)
     expect(start.stdout).toContain("gradwire start --address")
     const state = JSON.parse(fs.readFileSync(path.join(dir, "agent.json"), "utf8")) as { pid: number; natsServer: { pid: number } }
-    started.push(state.pid, state.natsServer.pid)
+    rig.killAtCleanup(state.pid, state.natsServer.pid)
     expect(pidAlive(state.pid)).toBe(true)
     expect(pidAlive(state.natsServer.pid)).toBe(true)
 

@@ -78,6 +78,19 @@ export class TestRig {
     this.#closers.push(fn)
   }
 
+  /** Kills these processes at cleanup if they still run: what a failed test left behind (background agents, their servers). */
+  killAtCleanup(...pids: number[]): void {
+    this.onCleanup(() => {
+      for (const pid of pids) {
+        try {
+          process.kill(pid, "SIGKILL")
+        } catch {
+          // gone
+        }
+      }
+    })
+  }
+
   tempDir(prefix = "gw-test-"): string {
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), prefix))
     this.dirs.push(dir)
