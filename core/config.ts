@@ -132,7 +132,13 @@ export const CollectiveConfig = Schema.Struct({
   /** Deadline for any single collective wait; a dead or stalled rank fails the step after it. Default 30 s (COLLECTIVE_TIMEOUT_MS). */
   timeoutMs: Schema.optional(PositiveInt),
   /** Heterogeneity-aware per-worker batch sizes (needs a global batch size). */
-  adaptiveBatching: Schema.optional(Schema.Boolean)
+  adaptiveBatching: Schema.optional(Schema.Boolean),
+  /**
+   * ZeRO: 0 (default) every rank holds the whole optimizer state; 1 each rank holds and updates
+   * 1/p of it (gradients all-reduced, parameters all-gathered); 2 also reduce-scatters the
+   * gradients, so each rank receives only its 1/p of the reduced gradient.
+   */
+  zeroStage: Schema.optional(Schema.Literals([0, 1, 2]))
 })
 export type CollectiveConfig = typeof CollectiveConfig.Type
 

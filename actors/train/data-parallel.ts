@@ -16,9 +16,15 @@ import { ConfigError } from "../../core/errors.ts"
 import { PeerRecoveryMisaligned, type LoopPosition, type RecoverableModel } from "./group-session.ts"
 import { OPTIMIZER_FILE, loadOptimizerFrom, loadWeightsInto, modelToFiles, optimizerToFile } from "../../core/model-io.ts"
 import type { PeerState } from "./train-protocol.ts"
+import { lrRuleOf, type LrRule, type LrRuleOptions } from "./optim/lr-rules.ts"
+import { flatOptimizerSpecOf } from "./optim/flat-optimizers.ts"
+import { ZeroShard, hasShards, type ZeroStage } from "./optim/zero.ts"
 
 type tfjs = typeof import("@tensorflow/tfjs")
 type LayersModel = import("@tensorflow/tfjs").LayersModel
+
+/** A prepared model's checkpoint file of its own: the update counter, the ZeRO stage and the world size it was saved at. */
+export const DP_STATE_FILE = "data-parallel.json"
 type Optimizer = import("@tensorflow/tfjs").Optimizer
 type Tensor = import("@tensorflow/tfjs").Tensor
 type Scalar = import("@tensorflow/tfjs").Scalar
@@ -68,6 +74,15 @@ export interface GradientSync {
   readonly elastic?: { readonly maxWorkers: number; readonly batch: "keep-global" | "keep-per-worker" }
   /** Recovery from surviving peers (actors/train/group-session.ts); absent: a failure restarts from the checkpoint. */
   readonly recovery?: PeerRecovery
+  /** collectiveConfig.zeroStage: 1 and 2 shard the optimizer state (optim/zero.ts). Default 0. */
+  readonly zeroStage?: ZeroStage
+  /**
+   * Stage 2: reduces `buf` (a multiple of worldSize long) to the weighted mean over ranks and
+   * returns this rank's segment of it (segment r of p equal ones), a view of `buf`.
+   */
+  reduceScatter?(buf: Float32Array, weight: number): Promise<Float32Array>
+  /** Every rank's `segment` (equal lengths) into `out`, in rank order. */
+  allGatherInto?(segment: Float32Array, out: Float32Array): Promise<void>
 }
 
 /** Where a loop is in dp.fit(): the group operations done, the epoch and the step in it. */
@@ -106,9 +121,14 @@ export interface StepObserver {
   wait?(name: string, startMs: number, endMs: number): void
 }
 
-export interface PrepareOptions {
+export interface PrepareOptions extends LrRuleOptions {
   /** Default: the model's compile() optimizer. */
   readonly optimizer?: Optimizer
+  /**
+   * Decoupled weight decay (AdamW-style, as torch.optim.AdamW): before each update every weight is
+   * multiplied by 1 - learningRate * weightDecay. With any optimizer. Default 0.
+   */
+  readonly weightDecay?: number
   /** Default: the model's compile() loss. */
   readonly loss?: LossName | LossFn
   /**
@@ -165,6 +185,21 @@ export interface FitCommonOptions {
   readonly onEpochEnd?: (result: EpochResult) => void | Promise<void>
   /** Called after every step. */
   readonly onStep?: (step: StepResult & { epoch: number; index: number }) => void | Promise<void>
+  /**
+   * Gradient accumulation: every step runs this many micro-batches of the batch size, adds up
+   * their gradients locally and exchanges them once (one all-reduce per k micro-batches): the same
+   * update as a k-times larger batch. Default 1.
+   */
+  readonly accumulationSteps?: number
+}
+
+export interface TrainStepOptions {
+  /**
+   * Compute this batch's gradients and add them up locally, without exchanging or applying them
+   * (no communication): the next trainStep() without it exchanges the sum of all accumulated
+   * batches and updates once, as if they had been one batch (weighted by their sample counts).
+   */
+  readonly accumulate?: boolean
 }
 
 /** A source of rows per epoch: the worker's shard (disjoint across ranks, reshuffled per epoch). */
@@ -223,6 +258,17 @@ export class DataParallelModel implements RecoverableModel {
   #inFit = false
   #inStep = false
   #baseLearningRate: number | undefined
+  #lrRule: LrRule | undefined
+  #lastLearningRate: number | undefined
+  #weightDecay = 0
+  /** ZeRO stage 1/2: this rank's parameter segment and its optimizer state. */
+  #zero: ZeroShard | undefined
+  /** Gradient accumulation: sample-weighted sums of the micro-batches' gradients since the last exchange. */
+  #acc: Record<string, Tensor> | undefined
+  #accSamples = 0
+  #accComputeMs = 0
+  /** dp.fit(): the nominal global batch of an update (for the learning-rate rule). */
+  #fitGlobalBatch: number | undefined
   /** The recovery generation dp.fit() last saw, and the operation after which batch exchanges count again. */
   #seenGeneration = 0
   #freshAfterOps = -1
@@ -261,6 +307,25 @@ export class DataParallelModel implements RecoverableModel {
     this.parameterCount = offset
     this.#observer = observer
     this.#delayMsPerSample = opts.simulatedDelayMsPerSample ?? 0
+    this.#lrRule = lrRuleOf(opts)
+    const wd = opts.weightDecay ?? 0
+    if (!Number.isFinite(wd) || wd < 0) throw new ConfigError({ field: "prepareModel.weightDecay", reason: `must be a number >= 0, got ${String(opts.weightDecay)}` })
+    this.#weightDecay = wd
+    if ((this.#lrRule || wd > 0) && typeof (optimizer as unknown as { learningRate?: unknown }).learningRate !== "number") {
+      throw new ConfigError({
+        field: this.#lrRule ? "prepareModel.lrScaling" : "prepareModel.weightDecay",
+        reason: "needs the optimizer's learning rate, and this optimizer has no numeric learningRate (use a tf.train optimizer)"
+      })
+    }
+    this.#baseLearningRate = (optimizer as unknown as { learningRate?: number }).learningRate
+    const stage = sync.zeroStage ?? 0
+    if (stage !== 0 && stage !== 1 && stage !== 2) throw new ConfigError({ field: "collectiveConfig.zeroStage", reason: `must be 0, 1 or 2, got ${String(stage)}` })
+    if (stage > 0) {
+      if (!sync.allGatherInto || (stage === 2 && !sync.reduceScatter)) {
+        throw new ConfigError({ field: "collectiveConfig.zeroStage", reason: `stage ${stage} needs the group's reduce-scatter and all-gather, which this group does not offer` })
+      }
+      this.#zero = new ZeroShard(stage as 1 | 2, flatOptimizerSpecOf(optimizer as unknown as Parameters<typeof flatOptimizerSpecOf>[0]), this.parameterCount, sync.rank, sync.worldSize)
+    }
   }
 
   /** Wraps a model and makes every rank start from rank 0's weights. */
@@ -268,11 +333,28 @@ export class DataParallelModel implements RecoverableModel {
     const dp = new DataParallelModel(tf, model, sync, opts, observer)
     dp.#applyElasticLearningRate()
     await dp.syncWeights()
+    dp.#loadZeroParams()
     return dp
   }
 
-  /** The learning rate's factor under the elastic "keep-per-worker" policy (1 otherwise). */
+  /** collectiveConfig.zeroStage as this model runs it. */
+  get zeroStage(): ZeroStage {
+    return this.#zero?.stage ?? 0
+  }
+
+  /** ZeRO: takes this rank's parameter segment from the model's weights (after a broadcast or a restore). */
+  #loadZeroParams(): void {
+    const zero = this.#zero
+    if (!zero) return
+    const tf = this.#tf
+    const flatT = tf.tidy(() => tf.concat(this.#vars.map((v) => v.reshape([-1]))))
+    zero.loadParams(flatT.dataSync() as Float32Array)
+    flatT.dispose()
+  }
+
+  /** The learning rate's factor under the elastic "keep-per-worker" policy (1 otherwise), or prepareModel's rule. */
   get learningRateScale(): number {
+    if (this.#lrRule) return this.#lastLearningRate !== undefined && this.#baseLearningRate ? this.#lastLearningRate / this.#baseLearningRate : 1
     const e = this.#sync.elastic
     return e && e.batch === "keep-per-worker" ? this.#sync.worldSize / e.maxWorkers : 1
   }
@@ -280,7 +362,8 @@ export class DataParallelModel implements RecoverableModel {
   /** Scales the optimizer's learning rate by worldSize / maxWorkers (the linear rule) for "keep-per-worker". */
   #applyElasticLearningRate(): void {
     const e = this.#sync.elastic
-    if (!e || e.batch !== "keep-per-worker") return
+    // prepareModel's lrScaling follows the global batch itself, which "keep-per-worker" changes.
+    if (!e || e.batch !== "keep-per-worker" || this.#lrRule) return
     const o = this.optimizer as unknown as { learningRate?: unknown; setLearningRate?: (lr: number) => void }
     if (typeof o.learningRate !== "number") {
       throw new ConfigError({
@@ -299,6 +382,9 @@ export class DataParallelModel implements RecoverableModel {
 
   /** The state other members of a regrouped generation take: weights, optimizer state, step counter. */
   async snapshot(): Promise<Omit<PeerState, "position">> {
+    if (this.#zero) {
+      throw new PeerRecoveryMisaligned({ reason: "with ZeRO each rank holds only its shard of the optimizer state, so no survivor holds the whole of it" })
+    }
     const files = { ...(await modelToFiles(this.#tf as unknown as Tf, this.model)), [OPTIMIZER_FILE]: await optimizerToFile(this.optimizer) }
     // Steps completed: a step in flight (this rank is parked in its reduction) does not count yet.
     return { files, step: this.#step - (this.#inStep ? 1 : 0) }
@@ -362,16 +448,17 @@ export class DataParallelModel implements RecoverableModel {
   }
 
   /**
-   * This step's gradients as one flat array in layout order. When the group has a buffer of its
-   * own (GradientSync.gradientBuffer: compression kernels work on it in place) and the backend
-   * keeps tensors in host memory (cpu, wasm), each variable's gradient is read into it: one copy
-   * per element, as many as the concat-and-read path makes. The tensorflow backend concatenates
-   * on the device and downloads once.
+   * This step's gradients as one flat array in layout order, in `into` when given (ZeRO stage 2's
+   * padded buffer). When the group has a buffer of its own (GradientSync.gradientBuffer:
+   * compression kernels work on it in place) and the backend keeps tensors in host memory (cpu,
+   * wasm), each variable's gradient is read into it: one copy per element, as many as the
+   * concat-and-read path makes. The tensorflow backend concatenates on the device and downloads once.
    */
-  async #readGradients(grads: Record<string, Tensor>): Promise<Float32Array> {
+  async #readGradients(grads: Record<string, Tensor>, into?: Float32Array): Promise<Float32Array> {
     const tf = this.#tf
-    const own = tf.getBackend() === "tensorflow" ? undefined : this.#sync.gradientBuffer?.(this.parameterCount)
-    if (own) {
+    const device = tf.getBackend() === "tensorflow"
+    const own = into ?? (device ? undefined : this.#sync.gradientBuffer?.(this.parameterCount))
+    if (own && !device) {
       const parts = await Promise.all(this.#vars.map((v) => grads[v.name]?.data() as Promise<Float32Array> | undefined))
       this.layout.forEach((s, i) => {
         const part = parts[i]
@@ -383,15 +470,18 @@ export class DataParallelModel implements RecoverableModel {
     const flatT = tf.tidy(() => tf.concat(this.#vars.map((v) => (grads[v.name] ?? tf.zerosLike(v)).reshape([-1]))))
     const flat = (await flatT.data()) as Float32Array
     flatT.dispose()
-    return flat
+    if (own) own.set(flat)
+    return own ?? flat
   }
 
   /**
    * One synchronous data-parallel step on this rank's batch (y in the loss's target form: one-hot
    * for categoricalCrossentropy, class ids for sparseCategoricalCrossentropy); returns this rank's
-   * loss and, for classification, its correct predictions.
+   * loss and, for classification, its correct predictions. With { accumulate: true } the batch's
+   * gradients are only added up locally (see TrainStepOptions).
    */
-  async trainStep(x: Tensor, y: Tensor): Promise<StepResult> {
+  async trainStep(x: Tensor, y: Tensor, options: TrainStepOptions = {}): Promise<StepResult> {
+    if (options.accumulate) return this.#accumulateStep(x, y)
     this.#inStep = true
     try {
       return await this.#trainStep(x, y)
@@ -400,72 +490,203 @@ export class DataParallelModel implements RecoverableModel {
     }
   }
 
-  async #trainStep(x: Tensor, y: Tensor): Promise<StepResult> {
+  /** Loss, gradients and (classification) correct predictions of a batch. */
+  #forward(x: Tensor, y: Tensor): { value: Scalar; grads: Record<string, Tensor>; correct: Tensor | undefined } {
     const tf = this.#tf
-    const step = this.#step++
-    const samples = x.shape[0] ?? 0
-    const t0 = performance.now()
     let pred: Tensor | undefined
     const { value, grads } = this.optimizer.computeGradients(() => {
       const out = this.model.apply(x, { training: true }) as Tensor
       if (this.#classification) pred = tf.keep(out)
       return this.#loss(y, out)
     }, this.#vars)
-    const correctT = pred ? tf.tidy(() => pred!.argMax(-1).equal(this.#labelsOf(y)).sum()) : undefined
-    if (this.#sync.worldSize === 1 && !this.exchangeAlone) {
+    const correct = pred ? tf.tidy(() => pred!.argMax(-1).equal(this.#labelsOf(y)).sum()) : undefined
+    pred?.dispose()
+    return { value, grads: grads as Record<string, Tensor>, correct }
+  }
+
+  async #accumulateStep(x: Tensor, y: Tensor): Promise<StepResult> {
+    const tf = this.#tf
+    const samples = x.shape[0] ?? 0
+    const t0 = performance.now()
+    const { value, grads, correct } = this.#forward(x, y)
+    const acc = (this.#acc ??= {})
+    for (const v of this.#vars) {
+      const g = grads[v.name]
+      if (!g) continue
+      const prev = acc[v.name]
+      acc[v.name] = tf.tidy(() => (prev ? prev.add(g.mul(samples)) : g.mul(samples)))
+      prev?.dispose()
+    }
+    tf.dispose(Object.values(grads))
+    this.#accSamples += samples
+    const [lossArr, correctArr] = await Promise.all([value.data(), correct?.data()])
+    tf.dispose([value, ...(correct ? [correct] : [])])
+    if (this.#delayMsPerSample > 0) await new Promise((r) => setTimeout(r, this.#delayMsPerSample * samples))
+    this.#accComputeMs += performance.now() - t0
+    return { loss: lossArr[0], samples, ...(correctArr ? { correct: correctArr[0] } : {}) }
+  }
+
+  /** The update's gradients: this batch's, or with accumulated ones their sample-weighted mean (accumulators kept). */
+  #withAccumulated(grads: Record<string, Tensor>, samples: number): { grads: Record<string, Tensor>; samples: number } {
+    const acc = this.#acc
+    if (!acc) return { grads, samples }
+    const tf = this.#tf
+    const total = this.#accSamples + samples
+    const out: Record<string, Tensor> = {}
+    for (const v of this.#vars) {
+      const a = acc[v.name]
+      const g = grads[v.name]
+      if (!a && !g) continue
+      out[v.name] = tf.tidy(() => (a ? (g ? a.add(g.mul(samples)) : a) : g!.mul(samples)).div(Math.max(1, total)))
+    }
+    tf.dispose(Object.values(grads))
+    return { grads: out, samples: total }
+  }
+
+  #clearAccumulated(): void {
+    if (this.#acc) this.#tf.dispose(Object.values(this.#acc))
+    this.#acc = undefined
+    this.#accSamples = 0
+    this.#accComputeMs = 0
+  }
+
+  /**
+   * prepareModel's learning-rate rule for update `step` with `samples` on this rank: sets the
+   * optimizer's rate (ZeRO's shard optimizer takes it from there) and returns it.
+   */
+  #applyLearningRateRule(step: number, samples: number): void {
+    const rule = this.#lrRule
+    if (!rule) return
+    const global = this.#fitGlobalBatch ?? samples * this.#sync.worldSize
+    const lr = (this.#baseLearningRate as number) * rule.factor(step, global)
+    this.#lastLearningRate = lr
+    this.#setLearningRate(lr)
+  }
+
+  #setLearningRate(lr: number): void {
+    const o = this.optimizer as unknown as { learningRate: number; setLearningRate?: (lr: number) => void }
+    if (typeof o.setLearningRate === "function") o.setLearningRate(lr)
+    else o.learningRate = lr
+  }
+
+  /** The optimizer's learning rate now (undefined for one without a numeric rate). */
+  get learningRate(): number | undefined {
+    const lr = (this.optimizer as unknown as { learningRate?: unknown }).learningRate
+    return typeof lr === "number" ? lr : undefined
+  }
+
+  /** Stage 0's update: decoupled weight decay, then the optimizer on the reduced gradients. */
+  #applyWhole(grads: Record<string, Tensor>): void {
+    const tf = this.#tf
+    const wd = this.#weightDecay
+    if (wd > 0) {
+      const keep = 1 - (this.learningRate as number) * wd
+      for (const v of this.#vars) v.assign(tf.tidy(() => v.mul(keep)))
+    }
+    this.optimizer.applyGradients(grads)
+  }
+
+  /** ZeRO's update: this rank's segment from its reduced gradient, then every segment all-gathered into the model. */
+  async #applyShard(zero: ZeroShard, grad: Float32Array): Promise<void> {
+    const tf = this.#tf
+    zero.update(grad, this.learningRate, this.#weightDecay)
+    const gathered = zero.gathered
+    await this.#sync.allGatherInto!(zero.segment, gathered)
+    this.layout.forEach((s, i) => {
+      const t = tf.tensor(gathered.subarray(s.offset, s.offset + s.size), s.shape as number[], "float32")
+      this.#vars[i]!.assign(t)
+      t.dispose()
+    })
+  }
+
+  async #trainStep(x: Tensor, y: Tensor): Promise<StepResult> {
+    const tf = this.#tf
+    const step = this.#step++
+    const t0 = performance.now()
+    const fwd = this.#forward(x, y)
+    const { grads, samples } = this.#withAccumulated(fwd.grads, x.shape[0] ?? 0)
+    const own = x.shape[0] ?? 0
+    const value = fwd.value
+    const correctT = fwd.correct
+    this.#applyLearningRateRule(step, samples)
+    const zero = this.#zero
+    const done = (lossArr: ArrayLike<number>, correctArr: ArrayLike<number> | undefined): StepResult => {
+      this.onStep?.({ epoch: this.#epoch, step: this.#stepInEpoch++, stepsPerEpoch: this.#stepsPerEpoch, samples, loss: lossArr[0]! })
+      return { loss: lossArr[0]!, samples: own, ...(correctArr ? { correct: correctArr[0]! } : {}) }
+    }
+    if (this.#sync.worldSize === 1 && !this.exchangeAlone && !zero) {
       // Nobody to exchange with: apply the gradients where they are, without the round trip out
       // of the engine and back.
       const [lossArr, correctArr] = await Promise.all([value.data(), correctT?.data()])
-      tf.dispose([value, ...(pred ? [pred] : []), ...(correctT ? [correctT] : [])])
-      if (this.#delayMsPerSample > 0) await new Promise((r) => setTimeout(r, this.#delayMsPerSample * samples))
+      tf.dispose([value, ...(correctT ? [correctT] : [])])
+      if (this.#delayMsPerSample > 0) await new Promise((r) => setTimeout(r, this.#delayMsPerSample * own))
       const t1 = performance.now()
-      this.#lastComputeMs = t1 - t0
+      this.#lastComputeMs = t1 - t0 + this.#accComputeMs
+      this.#clearAccumulated()
       this.#observer?.phase?.("forward_backward", t0, t1, step)
       this.#observer?.phase?.("allreduce", t1, t1, step)
-      this.optimizer.applyGradients(grads)
-      tf.dispose(grads)
+      this.#applyWhole(grads)
+      tf.dispose(Object.values(grads))
       const t3 = performance.now()
       this.#observer?.phase?.("apply", t1, t3, step)
       this.#observer?.phase?.("step", t0, t3, step)
-      this.onStep?.({ epoch: this.#epoch, step: this.#stepInEpoch++, stepsPerEpoch: this.#stepsPerEpoch, samples, loss: lossArr[0] })
-      return { loss: lossArr[0], samples, ...(correctArr ? { correct: correctArr[0] } : {}) }
+      return done(lossArr, correctArr)
     }
-    let [flat, lossArr, correctArr] = await Promise.all([this.#readGradients(grads), value.data(), correctT?.data()])
-    tf.dispose([value, ...(pred ? [pred] : []), ...(correctT ? [correctT] : [])])
-    tf.dispose(grads)
-    if (this.#delayMsPerSample > 0) await new Promise((r) => setTimeout(r, this.#delayMsPerSample * samples))
+    const into = zero?.stage === 2 ? zero.gradients : undefined
+    let [flat, lossArr, correctArr] = await Promise.all([this.#readGradients(grads, into), value.data(), correctT?.data()])
+    tf.dispose([value, ...(correctT ? [correctT] : [])])
+    tf.dispose(Object.values(grads))
+    if (this.#delayMsPerSample > 0) await new Promise((r) => setTimeout(r, this.#delayMsPerSample * own))
     let t1 = performance.now()
-    this.#lastComputeMs = t1 - t0
+    this.#lastComputeMs = t1 - t0 + this.#accComputeMs
     this.#observer?.phase?.("forward_backward", t0, t1, step)
+    if (zero?.stage === 2) {
+      // Each rank receives only its segment of the reduced gradient.
+      const segment = await this.#sync.reduceScatter!(flat, samples)
+      this.#clearAccumulated()
+      const t2 = performance.now()
+      this.#observer?.phase?.("allreduce", t1, t2, step)
+      await this.#applyShard(zero, segment)
+      const t3 = performance.now()
+      this.#observer?.phase?.("apply", t2, t3, step)
+      this.#observer?.phase?.("step", t0, t3, step)
+      return done(lossArr, correctArr)
+    }
     let reduced = await this.#sync.reduceGradients(flat, this.layout, samples, step)
     while (reduced === "recompute") {
       // The group broke under the reduction and was re-formed: the buffer holds partial sums of
       // the old group, so this rank's gradients are computed again (the weights are unchanged) and
-      // reduced in the new group.
-      const again = this.optimizer.computeGradients(() => this.#loss(y, this.model.apply(x, { training: true }) as Tensor), this.#vars)
-      ;[flat, lossArr] = await Promise.all([this.#readGradients(again.grads), again.value.data()])
-      tf.dispose([again.value, ...Object.values(again.grads)])
+      // reduced in the new group (with the micro-batches it accumulated before, which it kept).
+      const again = this.#forward(x, y)
+      const redo = this.#withAccumulated(again.grads, own)
+      ;[flat, lossArr] = await Promise.all([this.#readGradients(redo.grads), again.value.data()])
+      tf.dispose([again.value, ...(again.correct ? [again.correct] : []), ...Object.values(redo.grads)])
       t1 = performance.now()
       reduced = await this.#sync.reduceGradients(flat, this.layout, samples, step)
     }
+    this.#clearAccumulated()
     const t2 = performance.now()
     this.#observer?.phase?.("allreduce", t1, t2, step)
     if (reduced === "adopted") {
       // The group was re-formed and this rank took the state of a survivor that completed this
       // step: its update is in the weights already.
       this.#observer?.phase?.("step", t0, t2, step)
-      return { loss: lossArr[0], samples, ...(correctArr ? { correct: correctArr[0] } : {}) }
+      return { loss: lossArr[0]!, samples: own, ...(correctArr ? { correct: correctArr[0]! } : {}) }
     }
-    // One copy back into the engine per variable, straight from views of the reduced buffer.
-    const named: Record<string, Tensor> = {}
-    for (const s of this.layout) named[s.name] = tf.tensor(flat.subarray(s.offset, s.offset + s.size), s.shape as number[], "float32")
-    this.optimizer.applyGradients(named)
-    tf.dispose(Object.values(named))
+    if (zero) {
+      // Stage 1: the whole gradient was all-reduced (with any compression); this rank updates its segment.
+      await this.#applyShard(zero, flat.subarray(zero.layout.start, zero.layout.end))
+    } else {
+      // One copy back into the engine per variable, straight from views of the reduced buffer.
+      const named: Record<string, Tensor> = {}
+      for (const s of this.layout) named[s.name] = tf.tensor(flat.subarray(s.offset, s.offset + s.size), s.shape as number[], "float32")
+      this.#applyWhole(named)
+      tf.dispose(Object.values(named))
+    }
     const t3 = performance.now()
     this.#observer?.phase?.("apply", t2, t3, step)
     this.#observer?.phase?.("step", t0, t3, step)
-    this.onStep?.({ epoch: this.#epoch, step: this.#stepInEpoch++, stepsPerEpoch: this.#stepsPerEpoch, samples, loss: lossArr[0] })
-    return { loss: lossArr[0], samples, ...(correctArr ? { correct: correctArr[0] } : {}) }
+    return done(lossArr, correctArr)
   }
 
   #labelsOf(y: Tensor): Tensor {
@@ -497,6 +718,8 @@ export class DataParallelModel implements RecoverableModel {
     else if (!(opts.batchSize >= 1) || !Number.isInteger(opts.batchSize)) {
       throw new ConfigError({ field: "fit.batchSize", reason: `must be an integer >= 1, got ${opts.batchSize}` })
     }
+    const k = opts.accumulationSteps ?? 1
+    if (!Number.isInteger(k) || k < 1) throw new ConfigError({ field: "fit.accumulationSteps", reason: `must be an integer >= 1, got ${String(opts.accumulationSteps)}` })
     const ds = source.dataset
     const recovery = this.#sync.recovery
     const results: EpochResult[] = []
@@ -532,16 +755,26 @@ export class DataParallelModel implements RecoverableModel {
         if (target && i < steps) await joinHere()
         while (i < steps) {
           this.#stepInEpoch = i
-          const batchRows = rowsOf(i)
-          const batch = gatherRows(ds, batchRows)
-          const x = tf.tensor(batch.x, [batchRows.length, ...ds.featureShape])
-          const y = this.#classification ? tf.tensor1d(batch.y, "int32") : tf.tensor(batch.y, [batchRows.length, 1], "float32")
-          const yLoss = this.lossTargets(y, ds.numClasses)
-          const r = await this.trainStep(x, yLoss)
-          totals[1] += r.correct ?? 0
-          totals[0] += r.loss * r.samples
-          totals[2] += r.samples
-          tf.dispose([x, y, yLoss])
+          // A step's micro-batches (one without accumulation): all but the last are only accumulated.
+          const micro = rowsOf(i)
+          let r: StepResult = { loss: 0, samples: 0 }
+          let stepSamples = 0
+          for (let j = 0; j < micro.length; j++) {
+            const batchRows = micro[j]!
+            const batch = gatherRows(ds, batchRows)
+            const x = tf.tensor(batch.x, [batchRows.length, ...ds.featureShape])
+            const y = this.#classification ? tf.tensor1d(batch.y, "int32") : tf.tensor(batch.y, [batchRows.length, 1], "float32")
+            const yLoss = this.lossTargets(y, ds.numClasses)
+            try {
+              r = await this.trainStep(x, yLoss, { accumulate: j < micro.length - 1 })
+            } finally {
+              tf.dispose([x, y, yLoss])
+            }
+            totals[1] += r.correct ?? 0
+            totals[0] += r.loss * r.samples
+            totals[2] += r.samples
+            stepSamples += r.samples
+          }
           const index = i++
           // A regroup during this step: the group and this rank's share changed, and the epoch goes
           // on where the furthest survivor was, cut for the new group.
@@ -552,7 +785,7 @@ export class DataParallelModel implements RecoverableModel {
             if (c.inFit && c.epoch === epoch) i = Math.min(steps, stepAt(c, steps) + (recovery!.ops - c.ops))
           }
           // Every member's batch-size exchanges start again after the regroup's operation.
-          if (!recovery || recovery.ops - 1 > this.#freshAfterOps) await this.#batcher?.afterStep(r.samples, this.#lastComputeMs)
+          if (!recovery || recovery.ops - 1 > this.#freshAfterOps) await this.#batcher?.afterStep(stepSamples, this.#lastComputeMs)
           await opts.onStep?.({ ...r, epoch, index })
         }
         this.#stepInEpoch = steps
@@ -573,6 +806,7 @@ export class DataParallelModel implements RecoverableModel {
       }
     } finally {
       this.#inFit = false
+      this.#fitGlobalBatch = undefined
     }
     return results
   }
@@ -612,30 +846,116 @@ export class DataParallelModel implements RecoverableModel {
   }
 
   /** An epoch's steps and each step's rows for this rank: per-rank batches, or slices of the global batch. */
-  #epochRows(source: ShardSource, opts: FitOptions, epoch: number): { steps: number; rowsOf: (step: number) => number[] } {
+  #epochRows(source: ShardSource, opts: FitOptions, epoch: number): { steps: number; rowsOf: (step: number) => number[][] } {
     const batcher = this.#batcher
+    const k = opts.accumulationSteps ?? 1
     if (opts.globalBatchSize === undefined || !batcher) {
       const rows = source.rows(epoch)
       const bs = this.#rankBatch(opts.batchSize as number)
-      return { steps: Math.ceil(rows.length / bs), rowsOf: (i) => Array.prototype.slice.call(rows, i * bs, (i + 1) * bs) as number[] }
+      this.#fitGlobalBatch = bs * this.#sync.worldSize * k
+      const slice = (m: number): number[] => Array.prototype.slice.call(rows, m * bs, (m + 1) * bs) as number[]
+      // Step i: micro-batches i*k .. i*k+k-1 (the epoch's last step may have fewer).
+      return {
+        steps: Math.ceil(rows.length / (bs * k)),
+        rowsOf: (i) => Array.from({ length: Math.min(k, Math.ceil(rows.length / bs) - i * k) }, (_, j) => slice(i * k + j))
+      }
     }
     const B = opts.globalBatchSize
+    this.#fitGlobalBatch = B * k
     const size = source.dataset.size
     const seed = opts.seed ?? (source as { seed?: number }).seed ?? 0
     const perm = shardIndicesWeighted(size, 0, [size], seed, epoch)
     return {
-      steps: Math.floor(size / B),
+      steps: Math.floor(size / (B * k)),
       rowsOf: (i) => {
         const { offset, size: n } = batcher.slice()
-        return Array.from(perm.subarray(i * B + offset, i * B + offset + n))
+        return Array.from({ length: k }, (_, j) => Array.from(perm.subarray((i * k + j) * B + offset, (i * k + j) * B + offset + n)))
       }
     }
   }
 
+
   /** Heterogeneity-aware batching state for report(): per-rank batches, re-balances, stragglers. */
   batchingMetrics(): Record<string, number> {
     const e = this.#sync.elastic
-    return { ...this.#batcher?.metrics(), ...(e ? { world_size: this.#sync.worldSize, lr_scale: this.learningRateScale } : {}) }
+    return {
+      ...this.#batcher?.metrics(),
+      ...(e ? { world_size: this.#sync.worldSize, lr_scale: this.learningRateScale } : {}),
+      // The learning rate prepareModel's rule set for the last update.
+      ...(this.#lrRule && this.#lastLearningRate !== undefined ? { lr: this.#lastLearningRate } : {})
+    }
+  }
+
+  // --------------------------------------------------------------------------------------------
+  // Checkpoints (TrainContext.checkpointFromModel / restoreModel)
+
+  /**
+   * The optimizer's checkpoint files: its whole state (stage 0), or nothing with ZeRO, where
+   * every rank adds its shard to its reports (shardFiles); and the update counter (LR warmup).
+   */
+  async optimizerFiles(): Promise<Record<string, Uint8Array>> {
+    const state = new TextEncoder().encode(JSON.stringify({ step: this.#step, zeroStage: this.zeroStage, worldSize: this.#sync.worldSize }))
+    if (this.#zero) return { [DP_STATE_FILE]: state }
+    return { [OPTIMIZER_FILE]: await optimizerToFile(this.optimizer), [DP_STATE_FILE]: state }
+  }
+
+  /** ZeRO: this rank's shard of the optimizer state, as the checkpoint file it adds to its reports. */
+  shardFiles(): Record<string, Uint8Array> {
+    if (!this.#zero) return {}
+    const { name, bytes } = this.#zero.shardFile()
+    return { [name]: bytes }
+  }
+
+  /**
+   * Loads the optimizer state and update counter of a checkpoint whose model weights were just
+   * loaded into the model: the whole state (stage 0), or this rank's range of the saved shards,
+   * re-sharded when the checkpoint's world size differs from this group's.
+   */
+  async restoreOptimizer(files: Readonly<Record<string, Uint8Array>>): Promise<void> {
+    const saved = files[DP_STATE_FILE]
+    if (saved) this.#step = Number((JSON.parse(new TextDecoder().decode(saved)) as { step?: number }).step ?? 0)
+    const zero = this.#zero
+    if (zero) {
+      this.#loadZeroParams()
+      if (hasShards(files)) zero.loadShards(files)
+      else if (files[OPTIMIZER_FILE]) {
+        throw new ConfigError({
+          field: "checkpoint",
+          reason: `its optimizer state was saved whole (zeroStage 0); this run shards it (zeroStage ${zero.stage}): resume it with zeroStage 0, then switch at a fresh start`
+        })
+      }
+      return
+    }
+    const opt = files[OPTIMIZER_FILE]
+    if (opt) await loadOptimizerFrom(this.#tf as unknown as Tf, this.optimizer, opt)
+    else if (hasShards(files)) {
+      throw new ConfigError({
+        field: "checkpoint",
+        reason: "its optimizer state is sharded (saved with collectiveConfig.zeroStage 1 or 2): resume it with zeroStage 1 or 2 (any world size)"
+      })
+    }
+  }
+
+  /**
+   * Bytes this rank holds across steps for the optimizer state, the gradient buffers gradwire
+   * keeps (ZeRO stage 2: the padded gradient the reduce-scatter works on; stage 0/1: the reduced
+   * flat gradient, which lives until it is applied) and ZeRO's parameter buffers (its segment and
+   * the gathered vector).
+   */
+  async memoryStats(): Promise<{ readonly optimizerState: number; readonly reducedGradient: number; readonly gradientBuffers: number; readonly parameterBuffers: number }> {
+    const zero = this.#zero
+    if (zero) {
+      const m = zero.memory()
+      const reduced = zero.stage === 2 ? zero.layout.shardSize * 4 : this.parameterCount * 4
+      return { optimizerState: m.optimizerState, reducedGradient: reduced, gradientBuffers: m.gradientBuffers || this.parameterCount * 4, parameterBuffers: m.parameterBuffers }
+    }
+    const weights = await this.optimizer.getWeights()
+    let bytes = 0
+    for (const w of weights) {
+      if (w.name !== "iter") bytes += w.tensor.size * 4
+      else w.tensor.dispose()
+    }
+    return { optimizerState: bytes, reducedGradient: this.parameterCount * 4, gradientBuffers: this.parameterCount * 4, parameterBuffers: 0 }
   }
 
   /** Targets in the form the loss wants: one-hot for categoricalCrossentropy, class ids otherwise. */

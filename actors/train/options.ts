@@ -122,6 +122,23 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
   }
   const coll = decodeConfig(CollectiveConfig, options.collectiveConfig ?? {}, "collectiveConfig")
   const compression = parseCompressionConfig(coll.compression, "collectiveConfig.compression")
+  const zeroStage = coll.zeroStage ?? 0
+  if (zeroStage === 2 && compression !== "none") {
+    throw new ConfigError({
+      field: "collectiveConfig.compression",
+      reason:
+        `zeroStage 2 reduce-scatters the gradients, which the compressors (they work on all-reduce) do not do; got ${JSON.stringify(compression)}. ` +
+        `Use zeroStage 1 with compression, or zeroStage 2 with wireDtype "float16" (half the bytes)`
+    })
+  }
+  if (zeroStage > 0 && run.failureConfig?.recoverFrom === "peers") {
+    throw new ConfigError({
+      field: "runConfig.failureConfig.recoverFrom",
+      reason:
+        `"peers" needs a survivor that holds the whole optimizer state; with zeroStage ${zeroStage} each rank holds only its shard, ` +
+        `so a lost rank's shard is only in the checkpoint: leave recoverFrom unset (it is "checkpoint" with ZeRO) or use zeroStage 0`
+    })
+  }
   const cluster = options.cluster === undefined ? undefined : resolveClusterConfig(options.cluster)
   const datasets: Record<string, ArrayDataset> = {}
   for (const [k, v] of Object.entries(options.datasets ?? {})) datasets[k] = checkDataset(k, v)
@@ -139,6 +156,7 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
       algorithm: parseAlgorithmChoice(coll.algorithm, "collectiveConfig.algorithm"),
       compression,
       adaptiveBatching: coll.adaptiveBatching ?? false,
+      zeroStage,
       bucketSizeMiB: coll.bucketSizeMiB ?? BUCKET_SIZE_MIB,
       firstBucketSizeMiB: coll.firstBucketSizeMiB ?? FIRST_BUCKET_SIZE_MIB,
       wireDtype: coll.wireDtype ?? "float32",
@@ -154,7 +172,8 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
     maxWorkers: typeof scaling.numWorkers === "number" ? scaling.numWorkers : scaling.numWorkers.max,
     elasticBatch: scaling.elasticBatch ?? "keep-global",
     natsOutageTimeoutMs: run.failureConfig?.natsOutageTimeoutMs ?? NATS_OUTAGE_TIMEOUT_MS,
-    recoverFrom: run.failureConfig?.recoverFrom ?? "peers",
+    // With ZeRO no survivor holds a lost rank's optimizer shard: failures restart from the checkpoint.
+    recoverFrom: run.failureConfig?.recoverFrom ?? (zeroStage > 0 ? "checkpoint" : "peers"),
     seed: options.seed ?? 0
   }
 }

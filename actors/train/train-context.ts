@@ -5,7 +5,7 @@
 import type { Tf } from "../../core/engine.ts"
 import { shardIndices, type ArrayDataset } from "../../core/datasets.ts"
 import { ConfigError } from "../../core/errors.ts"
-import { OPTIMIZER_FILE, loadOptimizerFrom, loadWeightsInto, modelToFiles, optimizerToFile } from "../../core/model-io.ts"
+import { loadWeightsInto, modelToFiles } from "../../core/model-io.ts"
 import type { Communicator } from "../../collectives/communicator.ts"
 import type { ReducerStats } from "../../collectives/gradient-reducer.ts"
 import { DataParallelModel, type GradientSync, type PrepareOptions, type ShardSource, type StepObserver } from "./data-parallel.ts"
@@ -69,6 +69,10 @@ export interface TrainContextDeps {
   readonly seed: number
   /** collectiveConfig.adaptiveBatching: fit({ globalBatchSize }) splits by measured throughput. */
   readonly adaptiveBatching?: boolean
+  /** collectiveConfig.zeroStage. */
+  readonly zeroStage?: 0 | 1 | 2
+  /** collectiveConfig.wireDtype "float16": ZeRO stage 2's reduce-scatter sends binary16. */
+  readonly halfWire?: boolean
   /** Elastic groups: the largest world size and what stays fixed when the size changes. */
   readonly elastic?: { readonly maxWorkers: number; readonly batch: "keep-global" | "keep-per-worker" }
   readonly observer?: StepObserver
@@ -218,6 +222,17 @@ export class TrainContext {
             return out
           }
         ),
+      // ZeRO (optim/zero.ts): with it the group restarts from the checkpoint after a failure, so
+      // these never see a regroup; they run through the session all the same.
+      zeroStage: d.zeroStage ?? 0,
+      reduceScatter: (buf, weight) =>
+        session.operation((g) => g.comm.reduceScatter(buf, { op: "weightedMean", weight, wire: d.halfWire ? "f16" : "f32" }), () => buf, () => buf),
+      allGatherInto: (segment, out) =>
+        session.operation(
+          async (g) => void (await g.comm.allGather(segment, { out })),
+          () => undefined,
+          () => undefined
+        ),
       adaptiveBatching: d.adaptiveBatching === true,
       ...(d.elastic ? { elastic: d.elastic } : {}),
       recovery: session
@@ -235,7 +250,8 @@ export class TrainContext {
     extra: { files?: Record<string, Uint8Array | string>; metadata?: Record<string, unknown> } = {}
   ): Promise<Checkpoint> {
     const m = model instanceof DataParallelModel ? model.model : model
-    const optimizer: Record<string, Uint8Array> = model instanceof DataParallelModel ? { [OPTIMIZER_FILE]: await optimizerToFile(model.optimizer) } : {}
+    // With ZeRO the optimizer's shards come from every rank's report (DataParallelModel.shardFiles).
+    const optimizer: Record<string, Uint8Array> = model instanceof DataParallelModel ? await model.optimizerFiles() : {}
     return { files: { ...(await modelToFiles(this.tf, m)), ...optimizer, ...extra.files }, metadata: { ...extra.metadata } }
   }
 
@@ -248,8 +264,7 @@ export class TrainContext {
     const files: Record<string, Uint8Array> = {}
     for (const [k, v] of Object.entries(checkpoint.files)) files[k] = typeof v === "string" ? new TextEncoder().encode(v) : v
     loadWeightsInto(this.tf, m, files)
-    const opt = files[OPTIMIZER_FILE]
-    if (opt && model instanceof DataParallelModel) await loadOptimizerFrom(this.tf, model.optimizer, opt)
+    if (model instanceof DataParallelModel) await model.restoreOptimizer(files)
   }
 
   /**

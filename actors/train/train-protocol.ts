@@ -151,7 +151,9 @@ export const WorkerArgs = Schema.Struct({
     wireDtype: Schema.String,
     timeoutMs: Schema.Number,
     /** Heterogeneity-aware per-rank batches for fit({ globalBatchSize }). */
-    adaptiveBatching: Schema.optionalKey(Schema.Boolean)
+    adaptiveBatching: Schema.optionalKey(Schema.Boolean),
+    /** collectiveConfig.zeroStage (absent: 0). */
+    zeroStage: Schema.optionalKey(Schema.Literals([0, 1, 2]))
   }),
   seed: Schema.Number,
   timeline: Schema.Boolean,

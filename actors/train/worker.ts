@@ -221,6 +221,8 @@ export const trainWorker = defineActor(
           session: live,
           seed: args.seed,
           adaptiveBatching: args.collective.adaptiveBatching === true,
+          zeroStage: args.collective.zeroStage ?? 0,
+          halfWire: args.collective.wireDtype === "float16",
           ...(args.elastic ? { elastic: args.elastic } : {}),
           observer,
           onStep: (info) => {
@@ -241,6 +243,9 @@ export const trainWorker = defineActor(
             const state = live.group.reducer.state()
             // Residuals, or a codec's own state (PowerSGD's, any custom codec's), keyed by its name.
             const hasState = Object.keys(state.residuals).length > 0 || Object.keys(state).some((k) => k !== "residuals" && state[k as keyof typeof state] !== undefined)
+            // ZeRO: this rank's optimizer shard goes with every report; the round's checkpoint keeps it.
+            const shardFiles = context.prepared?.shardFiles() ?? {}
+            const shards = Object.keys(shardFiles).length > 0 ? shardFiles : undefined
             flushTrace()
             const t0 = performance.now()
             const body = {
@@ -249,7 +254,7 @@ export const trainWorker = defineActor(
               index,
               metrics: { ...metrics, ...context.prepared?.batchingMetrics() },
               ...(checkpoint ? { checkpoint: { files: toBytes(checkpoint.files), metadata: { ...checkpoint.metadata } } } : {}),
-              ...(hasState ? { aux: { [residualFile(p.rank)]: encodeMessage(state) } } : {})
+              ...(hasState || shards ? { aux: { ...(hasState ? { [residualFile(p.rank)]: encodeMessage(state) } : {}), ...shards } } : {})
             }
             const send = () => system.askPromise(controller, "report", body, { timeoutMs: 120_000 })
             // A reply lost with the connection would leave report() waiting out its deadline: once
