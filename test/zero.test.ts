@@ -241,7 +241,7 @@ describe("sharded checkpoints", () => {
     expect(Object.keys(files)).not.toContain("optimizer.bin")
     // Restored at the same size, at other sizes, and at the other stage: the same last 5 steps
     // (same global batches, split another way) land on the same weights.
-    for (const [p, stage] of [[3, 2], [2, 2], [4, 1], [1, 1]] as const) {
+    for (const [p, stage] of [[3, 2], [2, 2], [4, 1], [1, 1], [2, 0]] as const) {
       const ranks = await makeGroup(p, stage, adam)
       try {
         await restore(ranks, saved, files)
@@ -266,7 +266,38 @@ describe("sharded checkpoints", () => {
     }
   })
 
-  it("refuses an incomplete set of shards, another optimizer, and a sharded checkpoint at stage 0, saying what to do", async () => {
+  it("converts a stage-0 checkpoint (the optimizer's whole state) into shards at stage 1 and 2", async () => {
+    for (const name of ["adam", "rmsprop", "adagrad"]) {
+      const opt = OPTIMIZERS[name]!
+      const ref = await makeGroup(2, 0, opt)
+      let files: Record<string, Uint8Array>
+      let saved: Float32Array
+      let expected: Float32Array
+      try {
+        await train(ref, 5)
+        files = await checkpointOf(ref)
+        saved = flatWeights(ref[0]!.model)
+        await train(ref, 5, 5)
+        expected = flatWeights(ref[0]!.model)
+      } finally {
+        await closeGroup(ref)
+      }
+      expect(Object.keys(files)).toContain("optimizer.msgpack")
+      for (const [p, stage] of [[3, 2], [1, 1]] as const) {
+        const ranks = await makeGroup(p, stage, opt)
+        try {
+          await restore(ranks, saved, files)
+          await train(ranks, 5, 5)
+          const d = maxDiff(flatWeights(ranks[0]!.model), expected)
+          expect(d, `${name}: stage 0 -> p=${p} stage ${stage}: max diff ${d}`).toBeLessThan(1e-4)
+        } finally {
+          await closeGroup(ranks)
+        }
+      }
+    }
+  })
+
+  it("refuses an incomplete set of shards and another optimizer's, at any stage, saying what to do", async () => {
     const ranks = await makeGroup(2, 1, OPTIMIZERS.adam!)
     let files: Record<string, Uint8Array>
     try {
@@ -289,7 +320,8 @@ describe("sharded checkpoints", () => {
     }
     await check(1, OPTIMIZERS.adam!, missing, /shard-1-of-2\.msgpack is missing/)
     await check(2, OPTIMIZERS["momentum (nesterov)"]!, files, /"adam" optimizer/)
-    await check(0, OPTIMIZERS.adam!, files, /resume it with zeroStage 1 or 2/)
+    await check(0, OPTIMIZERS.adam!, missing, /shard-1-of-2\.msgpack is missing/)
+    await check(0, OPTIMIZERS.sgd!, files, /"adam" optimizer/)
   })
 })
 

@@ -18,7 +18,9 @@ import { OPTIMIZER_FILE, loadOptimizerFrom, loadWeightsInto, modelToFiles, optim
 import type { PeerState } from "./train-protocol.ts"
 import { lrRuleOf, type LrRule, type LrRuleOptions } from "./optim/lr-rules.ts"
 import { flatOptimizerSpecOf } from "./optim/flat-optimizers.ts"
-import { ZeroShard, hasShards, type ZeroStage } from "./optim/zero.ts"
+import { ZeroShard, hasShards, readShards, reshard, shardLayout, type ZeroStage } from "./optim/zero.ts"
+import { flatStateFromTfjs, tfjsWeightsFromFlat, writeTfjsOptimizerWeights } from "./optim/tfjs-state.ts"
+import { decodeMessage } from "../../core/wire.ts"
 
 type tfjs = typeof import("@tensorflow/tfjs")
 type LayersModel = import("@tensorflow/tfjs").LayersModel
@@ -919,20 +921,23 @@ export class DataParallelModel implements RecoverableModel {
       this.#loadZeroParams()
       if (hasShards(files)) zero.loadShards(files)
       else if (files[OPTIMIZER_FILE]) {
-        throw new ConfigError({
-          field: "checkpoint",
-          reason: `its optimizer state was saved whole (zeroStage 0); this run shards it (zeroStage ${zero.stage}): resume it with zeroStage 0, then switch at a fresh start`
-        })
+        // Saved whole by a stage-0 run: converted to the flat layout, this rank's range kept.
+        const saved = decodeMessage(files[OPTIMIZER_FILE]) as { optimizer: string; weights: Array<{ name: string; data: Float32Array | Int32Array }> }
+        if (saved.optimizer !== this.optimizer.getClassName()) {
+          throw new ConfigError({ field: "checkpoint", reason: `the checkpoint holds ${saved.optimizer} state but the model is compiled with ${this.optimizer.getClassName()}` })
+        }
+        const whole = flatStateFromTfjs(zero.optimizer.spec, this.layout, this.parameterCount, saved.weights.map((w) => ({ name: w.name, values: w.data })))
+        zero.loadWhole(whole)
       }
       return
     }
     const opt = files[OPTIMIZER_FILE]
     if (opt) await loadOptimizerFrom(this.#tf as unknown as Tf, this.optimizer, opt)
     else if (hasShards(files)) {
-      throw new ConfigError({
-        field: "checkpoint",
-        reason: "its optimizer state is sharded (saved with collectiveConfig.zeroStage 1 or 2): resume it with zeroStage 1 or 2 (any world size)"
-      })
+      // Saved sharded by a ZeRO run: the shards assembled into the whole state, handed to tfjs's optimizer.
+      const spec = flatOptimizerSpecOf(this.optimizer as unknown as Parameters<typeof flatOptimizerSpecOf>[0])
+      const whole = reshard(readShards(files, { kind: spec.kind, total: this.parameterCount }), shardLayout(this.parameterCount, 1, 0))
+      await writeTfjsOptimizerWeights(this.#tf as unknown as Tf, this.optimizer as unknown as Parameters<typeof writeTfjsOptimizerWeights>[1], tfjsWeightsFromFlat(spec, this.layout, whole))
     }
   }
 

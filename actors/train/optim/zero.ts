@@ -167,6 +167,12 @@ export class ZeroShard {
     this.optimizer.load(reshard(shards, this.layout))
   }
 
+  /** Loads this rank's range of a whole flat optimizer state (converted from a stage-0 checkpoint). */
+  loadWhole(state: FlatOptimizerState): void {
+    const whole: SavedShard = { format: 1, stage: this.stage, kind: state.kind, total: this.layout.total, worldSize: 1, rank: 0, start: 0, end: this.layout.total, slots: state.slots, scalars: state.scalars }
+    this.optimizer.load(reshard([whole], this.layout))
+  }
+
   /** Bytes held across steps: optimizer state, and the buffers of the segment, the gather and (stage 2) the gradients. */
   memory(): { readonly optimizerState: number; readonly parameterBuffers: number; readonly gradientBuffers: number } {
     return {
