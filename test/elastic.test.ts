@@ -87,10 +87,10 @@ describe("an elastic run on two agents", () => {
   let test: ArrayDataset
   const agents = new Map<string, ChildProcess>()
 
-  const startAgent = (node: string): ChildProcess => {
+  const startAgent = (node: string, cluster = "elastic"): ChildProcess => {
     const p = spawn(
       process.execPath,
-      [CLI, "start", "--address", server.url, "--cluster", "elastic", "--node-id", node, "--num-cpus", "2", "--backends", "wasm,cpu", "--block", "--state-dir", path.join(work, node)],
+      [CLI, "start", "--address", server.url, "--cluster", cluster, "--node-id", node, "--num-cpus", "2", "--backends", "wasm,cpu", "--block", "--state-dir", path.join(work, node)],
       { stdio: ["ignore", "ignore", "ignore"] }
     )
     agents.set(node, p)
@@ -166,5 +166,62 @@ describe("an elastic run on two agents", () => {
     // survived the lost node, then two new ones joined the running two.
     expect(events.find((e) => e.type === "restart")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 0 })
     expect(events.find((e) => e.type === "grow")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 2 })
+  })
+
+  it("with ZeRO stage 2, shrinks and grows through the checkpoint, re-sharding the optimizer state each time", { timeout: 240_000 }, async () => {
+    const cluster = "elastic-zero"
+    startAgent("za", cluster)
+    startAgent("zb", cluster)
+    const conn = await openNats({ servers: server.url, name: "elastic zero test" })
+    const view = await openClusterView({ nc: conn.nc, cluster })
+    try {
+      await view.waitFor((nodes) => nodes.filter((n) => n.state === "alive").length === 2, 30_000)
+    } finally {
+      view.close()
+      await conn.close()
+    }
+    let phase: "full" | "shrunk" | "grown" = "full"
+    const r = await new Trainer({
+      trainLoopPerWorker: path.resolve("examples/digits/train.ts") + "#trainLoop",
+      trainLoopConfig: { epochs: 24 },
+      scalingConfig: { numWorkers: { min: 2, max: 4 }, placementTimeoutMs: 30_000 },
+      collectiveConfig: { zeroStage: 2 },
+      runConfig: {
+        name: "elastic-zero",
+        storagePath: work,
+        progress: false,
+        failureConfig: { maxFailures: 2 },
+        callbacks: [
+          {
+            onReport: ({ index, perRank }) => {
+              if (phase === "full" && index === 1 && perRank.length === 4) {
+                phase = "shrunk"
+                agents.get("zb")!.kill("SIGKILL")
+              } else if (phase === "shrunk" && perRank.length === 2) {
+                phase = "grown"
+                startAgent("zc", cluster)
+              }
+            }
+          }
+        ]
+      },
+      datasets: { train, test },
+      cluster: { address: server.url, clusterName: cluster }
+    }).fit()
+    expect(r.resizes.map((z) => [z.from, z.to])).toEqual([
+      [4, 2],
+      [2, 4]
+    ])
+    const epochs = r.metricsHistory.map((m) => m.epoch as number)
+    expect(new Set(epochs)).toEqual(new Set(Array.from({ length: 24 }, (_, i) => i)))
+    const last = r.metricsPerRank.at(-1)!
+    expect(last).toHaveLength(4)
+    expect(new Set(last.map((m) => m.weights)).size).toBe(1)
+    expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.9)
+    // The last checkpoint holds the full group's four shards; both changes went through the checkpoint.
+    expect((await fs.readdir(r.checkpoint!.path)).filter((f) => f.startsWith("optimizer.shard-")).sort()).toEqual([0, 1, 2, 3].map((i) => `optimizer.shard-${i}-of-4.msgpack`))
+    const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as { type: string; recovery?: string })
+    expect(events.filter((e) => e.type === "resize")).toHaveLength(2)
+    expect(events.filter((e) => e.recovery === "peers")).toEqual([])
   })
 })

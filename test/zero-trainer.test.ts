@@ -56,6 +56,25 @@ describe("ZeRO in the Trainer", () => {
     expect(second.metrics!.loss as number).toBeLessThan(first.metrics!.loss as number)
   })
 
+  it("trains with heterogeneity-aware batches (unequal per-rank batches, weighted gradients) at stage 2", async () => {
+    const r = await new Trainer({
+      trainLoopPerWorker: path.resolve("test/support/hetero-loop.ts") + "#heteroLoop",
+      trainLoopConfig: { epochs: 3, globalBatchSize: 96, slowdown: { "1": 1.5 } },
+      scalingConfig: { numWorkers: 3 },
+      runConfig: { name: "zero-hetero", storagePath: storage, progress: false },
+      datasets: { train },
+      collectiveConfig: { zeroStage: 2, adaptiveBatching: true }
+    }).fit()
+    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2])
+    expect(sameWeights(r)).toBe(true)
+    const m = r.metrics!
+    const batches = [0, 1, 2].map((i) => m[`batch/rank${i}`] as number)
+    expect(batches.reduce((a, b) => a + b, 0)).toBe(96)
+    // The slowed rank got the smallest share.
+    expect(batches[1]).toBeLessThan(Math.min(batches[0]!, batches[2]!))
+    expect(r.metricsHistory.at(-1)!.loss as number).toBeLessThan(r.metricsHistory[0]!.loss as number)
+  })
+
   it("rejects what ZeRO cannot do, before starting anything, saying what to use instead", async () => {
     const err = async (p: Promise<unknown>) => p.then(() => undefined, (e: unknown) => e)
     const e1 = await err(fit("bad1", 2, { epochs: 1 }, { collectiveConfig: { compression: { type: "topk", ratio: 0.01 } } }))

@@ -18,6 +18,7 @@ import { DataParallelModel, type GradientSync, type PrepareOptions } from "../ac
 import { shardLayout } from "../actors/train/optim/zero.ts"
 import { lrRuleOf } from "../actors/train/optim/lr-rules.ts"
 import { buildModel } from "../examples/digits/model.ts"
+import type { ResolvedCompressionConfig } from "../collectives/compression/index.ts"
 
 type Optimizer = import("@tensorflow/tfjs").Optimizer
 type LayersModel = import("@tensorflow/tfjs").LayersModel
@@ -60,13 +61,13 @@ const makeGroup = async (
   stage: 0 | 1 | 2,
   optimizer: (tf: Tf) => Optimizer,
   prepare: PrepareOptions = {},
-  exchangeAlone = false
+  compression: ResolvedCompressionConfig = "none"
 ): Promise<Rank[]> => {
   const group = `g${groups++}`
   return Promise.all(
     Array.from({ length: p }, async (_, rank) => {
       const comm = await Communicator.create({ nc: conns[2 * rank]!, controlNc: conns[2 * rank + 1]!, cluster: "t", job: "zero", group, rank, worldSize: p, timeoutMs: 20_000 })
-      const reducer = new GradientReducer(comm, { algorithm: "ring" })
+      const reducer = new GradientReducer(comm, { algorithm: "ring", compression })
       const sync: GradientSync = {
         rank,
         worldSize: p,
@@ -81,7 +82,6 @@ const makeGroup = async (
       const model = buildModel(tf, "mlp", rank + 1)
       model.compile({ optimizer: optimizer(tf), loss: "categoricalCrossentropy" })
       const dp = await DataParallelModel.prepare(tf, model, sync, prepare)
-      dp.exchangeAlone = exchangeAlone
       return { comm, dp, model }
     })
   )
@@ -178,6 +178,24 @@ describe("ZeRO stage 1 and 2", () => {
       }
     })
   }
+
+  it("stage 1 works with the compressors (error feedback included): the same trajectory as stage 0 with the same codec", async () => {
+    for (const compression of ["fp16", { type: "int8" }, { type: "topk", ratio: 0.1 }] as const) {
+      const run = async (stage: 0 | 1) => {
+        const ranks = await makeGroup(3, stage, OPTIMIZERS.adam!, {}, compression as ResolvedCompressionConfig)
+        try {
+          await train(ranks, 6)
+          return flatWeights(ranks[0]!.model)
+        } finally {
+          await closeGroup(ranks)
+        }
+      }
+      const [w0, w1] = [await run(0), await run(1)]
+      const d = maxDiff(w0, w1)
+      expect(d, `${JSON.stringify(compression)}: max diff ${d}`).toBeLessThan(2e-5)
+      expect(maxDiff(w0, flatWeights(buildModel(tf, "mlp", 1)))).toBeGreaterThan(1e-3)
+    }
+  })
 
   it("keeps the shard layout: equal segments over the padded vector, real elements in order, none twice", () => {
     for (const [n, p] of [[4810, 3], [10, 4], [3, 4], [7, 1], [0, 2]] as const) {
