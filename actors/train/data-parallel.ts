@@ -583,7 +583,11 @@ export class DataParallelModel implements RecoverableModel {
     const wd = this.#weightDecay
     if (wd > 0) {
       const keep = 1 - (this.learningRate as number) * wd
-      for (const v of this.#vars) v.assign(tf.tidy(() => v.mul(keep)))
+      for (const v of this.#vars) {
+        const decayed = tf.tidy(() => v.mul(keep))
+        v.assign(decayed)
+        decayed.dispose()
+      }
     }
     this.optimizer.applyGradients(grads)
   }
