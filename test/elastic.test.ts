@@ -108,11 +108,16 @@ describe("an elastic run on two agents", () => {
     await fs.rm(work, { recursive: true, force: true })
   })
 
-  it("survives kill -9 of one agent by shrinking to 2 workers, and grows back to 4 when a new agent joins", { timeout: 240_000 }, async () => {
-    startAgent("a")
-    startAgent("b")
-    const conn = await openNats({ servers: server.url, name: "elastic test" })
-    const view = await openClusterView({ nc: conn.nc, cluster: "elastic" })
+  /**
+   * Two agents of `cluster` ("<prefix>a", "<prefix>b"), a 24-epoch elastic digits run (2..4 workers):
+   * after report 1 agent b is killed (the group shrinks to 2), and once a round ran at 2 a third
+   * agent starts (the group grows back to 4). Checks what every such run must show and returns it.
+   */
+  const shrinkAndGrow = async (cluster: string, prefix: string, collectiveConfig: Record<string, unknown> = {}) => {
+    startAgent(`${prefix}a`, cluster)
+    startAgent(`${prefix}b`, cluster)
+    const conn = await openNats({ servers: server.url, name: `${cluster} test` })
+    const view = await openClusterView({ nc: conn.nc, cluster })
     try {
       await view.waitFor((nodes) => nodes.filter((n) => n.state === "alive").length === 2, 30_000)
     } finally {
@@ -125,8 +130,9 @@ describe("an elastic run on two agents", () => {
       // Enough epochs that the new agent (a few seconds to start) joins while the shrunk group trains.
       trainLoopConfig: { epochs: 24 },
       scalingConfig: { numWorkers: { min: 2, max: 4 }, placementTimeoutMs: 30_000 },
+      collectiveConfig,
       runConfig: {
-        name: "elastic",
+        name: cluster,
         storagePath: work,
         progress: false,
         failureConfig: { maxFailures: 2 },
@@ -135,71 +141,10 @@ describe("an elastic run on two agents", () => {
             onReport: ({ index, perRank }) => {
               if (phase === "full" && index === 1 && perRank.length === 4) {
                 phase = "shrunk"
-                agents.get("b")!.kill("SIGKILL")
+                agents.get(`${prefix}b`)!.kill("SIGKILL")
               } else if (phase === "shrunk" && perRank.length === 2) {
                 phase = "grown"
-                startAgent("c")
-              }
-            }
-          }
-        ]
-      },
-      datasets: { train, test },
-      cluster: { address: server.url, clusterName: "elastic" }
-    }).fit()
-    expect(r.resizes.map((z) => [z.from, z.to])).toEqual([
-      [4, 2],
-      [2, 4]
-    ])
-    expect(r.resizes[0].reason).toMatch(/lost a node|node-lost|died/)
-    // Every epoch trained; the last round ran at full size with one set of weights.
-    const epochs = r.metricsHistory.map((m) => m.epoch as number)
-    expect(new Set(epochs)).toEqual(new Set(Array.from({ length: 24 }, (_, i) => i)))
-    const last = r.metricsPerRank.at(-1)!
-    expect(last).toHaveLength(4)
-    expect(new Set(last.map((m) => m.weights)).size).toBe(1)
-    // The shrunk rounds ran at world size 2.
-    expect(r.metricsPerRank.some((round) => round.length === 2 && round.every((m) => m.world_size === 2))).toBe(true)
-    const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as { type: string; recovery?: string; survivors?: number; joiners?: number })
-    expect(events.filter((e) => e.type === "resize")).toHaveLength(2)
-    // Both changes kept the running workers (recovery from peers, the default): the two on node a
-    // survived the lost node, then two new ones joined the running two.
-    expect(events.find((e) => e.type === "restart")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 0 })
-    expect(events.find((e) => e.type === "grow")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 2 })
-  })
-
-  it("with ZeRO stage 2, shrinks and grows through the checkpoint, re-sharding the optimizer state each time", { timeout: 240_000 }, async () => {
-    const cluster = "elastic-zero"
-    startAgent("za", cluster)
-    startAgent("zb", cluster)
-    const conn = await openNats({ servers: server.url, name: "elastic zero test" })
-    const view = await openClusterView({ nc: conn.nc, cluster })
-    try {
-      await view.waitFor((nodes) => nodes.filter((n) => n.state === "alive").length === 2, 30_000)
-    } finally {
-      view.close()
-      await conn.close()
-    }
-    let phase: "full" | "shrunk" | "grown" = "full"
-    const r = await new Trainer({
-      trainLoopPerWorker: path.resolve("examples/digits/train.ts") + "#trainLoop",
-      trainLoopConfig: { epochs: 24 },
-      scalingConfig: { numWorkers: { min: 2, max: 4 }, placementTimeoutMs: 30_000 },
-      collectiveConfig: { zeroStage: 2 },
-      runConfig: {
-        name: "elastic-zero",
-        storagePath: work,
-        progress: false,
-        failureConfig: { maxFailures: 2 },
-        callbacks: [
-          {
-            onReport: ({ index, perRank }) => {
-              if (phase === "full" && index === 1 && perRank.length === 4) {
-                phase = "shrunk"
-                agents.get("zb")!.kill("SIGKILL")
-              } else if (phase === "shrunk" && perRank.length === 2) {
-                phase = "grown"
-                startAgent("zc", cluster)
+                startAgent(`${prefix}c`, cluster)
               }
             }
           }
@@ -212,16 +157,33 @@ describe("an elastic run on two agents", () => {
       [4, 2],
       [2, 4]
     ])
+    expect(r.resizes[0].reason).toMatch(/lost a node|node-lost|died/)
+    // Every epoch trained; the last round ran at full size with one set of weights.
     const epochs = r.metricsHistory.map((m) => m.epoch as number)
     expect(new Set(epochs)).toEqual(new Set(Array.from({ length: 24 }, (_, i) => i)))
     const last = r.metricsPerRank.at(-1)!
     expect(last).toHaveLength(4)
     expect(new Set(last.map((m) => m.weights)).size).toBe(1)
+    const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as { type: string; recovery?: string; survivors?: number; joiners?: number })
+    expect(events.filter((e) => e.type === "resize")).toHaveLength(2)
+    return { r, events }
+  }
+
+  it("survives kill -9 of one agent by shrinking to 2 workers, and grows back to 4 when a new agent joins", { timeout: 240_000 }, async () => {
+    const { r, events } = await shrinkAndGrow("elastic", "")
+    // The shrunk rounds ran at world size 2.
+    expect(r.metricsPerRank.some((round) => round.length === 2 && round.every((m) => m.world_size === 2))).toBe(true)
+    // Both changes kept the running workers (recovery from peers, the default): the two on node a
+    // survived the lost node, then two new ones joined the running two.
+    expect(events.find((e) => e.type === "restart")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 0 })
+    expect(events.find((e) => e.type === "grow")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 2 })
+  })
+
+  it("with ZeRO stage 2, shrinks and grows through the checkpoint, re-sharding the optimizer state each time", { timeout: 240_000 }, async () => {
+    const { r, events } = await shrinkAndGrow("elastic-zero", "z", { zeroStage: 2 })
     expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.9)
     // The last checkpoint holds the full group's four shards; both changes went through the checkpoint.
     expect((await fs.readdir(r.checkpoint!.path)).filter((f) => f.startsWith("optimizer.shard-")).sort()).toEqual([0, 1, 2, 3].map((i) => `optimizer.shard-${i}-of-4.msgpack`))
-    const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as { type: string; recovery?: string })
-    expect(events.filter((e) => e.type === "resize")).toHaveLength(2)
     expect(events.filter((e) => e.recovery === "peers")).toEqual([])
   })
 })

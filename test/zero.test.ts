@@ -139,6 +139,18 @@ const maxDiff = (a: Float32Array, b: Float32Array): number => {
   return d
 }
 
+/** Two accumulated micro-batches and the step that exchanges and applies them, on every rank. */
+const accumulateThree = (ranks: ReadonlyArray<Rank>): Promise<unknown> =>
+  Promise.all(
+    ranks.map(async (r, rank) => {
+      for (const accumulate of [true, true, false]) {
+        const { x, y } = batchOf(rank * 30, rank * 30 + 12)
+        await r.dp.trainStep(x, y, { accumulate })
+        tf.dispose([x, y])
+      }
+    })
+  )
+
 /** Trains a fresh group for `steps` steps and returns rank 0's weights (after checking every rank holds the same). */
 const trajectory = async (p: number, stage: 0 | 1 | 2, opt: (tf: Tf) => Optimizer, steps: number): Promise<{ weights: Float32Array; stateBytes: number[] }> => {
   const ranks = await makeGroup(p, stage, opt)
@@ -205,15 +217,7 @@ describe("ZeRO stage 1 and 2", () => {
         const before = tf.memory().numTensors
         await train(ranks, 4, 2)
         // Accumulated micro-batches too.
-        await Promise.all(
-          ranks.map(async (r, rank) => {
-            for (const accumulate of [true, true, false]) {
-              const { x, y } = batchOf(rank * 30, rank * 30 + 12)
-              await r.dp.trainStep(x, y, { accumulate })
-              tf.dispose([x, y])
-            }
-          })
-        )
+        await accumulateThree(ranks)
         expect(tf.memory().numTensors).toBe(before)
         return flatWeights(ranks[0]!.model)
       } finally {
@@ -226,15 +230,7 @@ describe("ZeRO stage 1 and 2", () => {
     const ranks = await makeGroup(2, 0, OPTIMIZERS.adam!)
     try {
       await train(ranks, 6)
-      await Promise.all(
-        ranks.map(async (r, rank) => {
-          for (const accumulate of [true, true, false]) {
-            const { x, y } = batchOf(rank * 30, rank * 30 + 12)
-            await r.dp.trainStep(x, y, { accumulate })
-            tf.dispose([x, y])
-          }
-        })
-      )
+      await accumulateThree(ranks)
       expect(maxDiff(flatWeights(ranks[0]!.model), w0)).toBeGreaterThan(1e-3)
     } finally {
       await closeGroup(ranks)
