@@ -143,3 +143,28 @@ describe("data-parallel wrapper", () => {
     await expect(DataParallelModel.prepare(tf, m, localGroup(1)[0], { optimizer: tf.train.sgd(0.1) })).rejects.toThrow(/loss/)
   })
 })
+
+describe("a group of one", () => {
+  it("lets timers run between steps (a worker's heartbeat goes on during long loops)", async () => {
+    const { tf } = await loadEngine("auto")
+    const dp = await DataParallelModel.prepare(tf, makeModel(tf, 5), localGroup(1)[0])
+    const x = tf.randomNormal([16, 4], 0, 1, "float32", 1)
+    const y = tf.oneHot(tf.tensor1d(Array.from({ length: 16 }, (_, i) => i % 3), "int32"), 3)
+    let fired = 0
+    const timer = setInterval(() => fired++, 10)
+    try {
+      // Steps for 400 ms, with nothing but the steps awaited.
+      const t0 = performance.now()
+      let steps = 0
+      while (performance.now() - t0 < 400) {
+        await dp.trainStep(x, y, { accumulate: steps % 2 === 0 })
+        steps++
+      }
+      expect(steps).toBeGreaterThan(10)
+      expect(fired).toBeGreaterThan(2)
+    } finally {
+      clearInterval(timer)
+      tf.dispose([x, y])
+    }
+  })
+})

@@ -25,6 +25,9 @@ import { decodeMessage } from "../../core/wire.ts"
 type tfjs = typeof import("@tensorflow/tfjs")
 type LayersModel = import("@tensorflow/tfjs").LayersModel
 
+/** The longest trainStep() holds the event loop across steps before it lets timers run. */
+const YIELD_EVERY_MS = 50
+
 /** A prepared model's checkpoint file of its own: the update counter, the ZeRO stage and the world size it was saved at. */
 export const DP_STATE_FILE = "data-parallel.json"
 type Optimizer = import("@tensorflow/tfjs").Optimizer
@@ -271,6 +274,8 @@ export class DataParallelModel implements RecoverableModel {
   #accComputeMs = 0
   /** dp.fit(): the nominal global batch of an update (for the learning-rate rule). */
   #fitGlobalBatch: number | undefined
+  /** When trainStep last gave the event loop a turn (performance.now()). */
+  #lastTurn = performance.now()
   /** The recovery generation dp.fit() last saw, and the operation after which batch exchanges count again. */
   #seenGeneration = 0
   #freshAfterOps = -1
@@ -483,6 +488,7 @@ export class DataParallelModel implements RecoverableModel {
    * gradients are only added up locally (see TrainStepOptions).
    */
   async trainStep(x: Tensor, y: Tensor, options: TrainStepOptions = {}): Promise<StepResult> {
+    await this.#letTimersRun()
     if (options.accumulate) return this.#accumulateStep(x, y)
     this.#inStep = true
     try {
@@ -490,6 +496,19 @@ export class DataParallelModel implements RecoverableModel {
     } finally {
       this.#inStep = false
     }
+  }
+
+  /**
+   * Gives the event loop a turn when steps have held it for a while. A group of one (or an
+   * accumulation run) has no collective that waits on I/O, and tfjs's data() resolves at once on
+   * host backends: without this a loop of long steps never lets timers run, the worker's heartbeat
+   * included, and the driver takes the worker for hung.
+   */
+  async #letTimersRun(): Promise<void> {
+    const now = performance.now()
+    if (now - this.#lastTurn < YIELD_EVERY_MS) return
+    await new Promise<void>((resolve) => setImmediate(resolve))
+    this.#lastTurn = performance.now()
   }
 
   /** Loss, gradients and (classification) correct predictions of a batch. */
@@ -964,7 +983,9 @@ export class DataParallelModel implements RecoverableModel {
       if (w.name !== "iter") bytes += w.tensor.size * 4
       else w.tensor.dispose()
     }
-    return { optimizerState: bytes, reducedGradient: this.parameterCount * 4, gradientBuffers: this.parameterCount * 4, parameterBuffers: 0 }
+    // A group of one applies tfjs's gradients in place: no flat copy of them.
+    const flat = this.#sync.worldSize === 1 && !this.exchangeAlone ? 0 : this.parameterCount * 4
+    return { optimizerState: bytes, reducedGradient: flat, gradientBuffers: flat, parameterBuffers: 0 }
   }
 
   /** Targets in the form the loss wants: one-hot for categoricalCrossentropy, class ids otherwise. */

@@ -127,8 +127,13 @@ export class ZeroShard {
     this.params.set(flat.subarray(this.layout.start, this.layout.end))
   }
 
-  /** The full padded parameter vector the all-gather fills (allocated once). */
+  /**
+   * The full padded parameter vector the all-gather fills. Stage 2 gathers into its gradient
+   * buffer: by then the segment's reduced gradient has been applied and the rest holds nothing
+   * needed. Stage 1 has a buffer of its own (allocated once).
+   */
   get gathered(): Float32Array {
+    if (this.stage === 2) return this.gradients
     return (this.#gathered ??= new Float32Array(this.layout.shardSize * this.layout.worldSize))
   }
 
