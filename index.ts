@@ -20,7 +20,16 @@ export {
 } from "./actors/train/trainer.ts"
 export type { Resize, CheckpointError, BusOutage } from "./actors/train/result.ts"
 export { TrainContext, DatasetShard, type Checkpoint, type ReportOptions } from "./actors/train/train-context.ts"
-export { DataParallelModel } from "./actors/train/data-parallel.ts"
+export {
+  DataParallelModel,
+  type PrepareOptions,
+  type FitOptions,
+  type TrainStepOptions,
+  type StepResult,
+  type EpochResult
+} from "./actors/train/data-parallel.ts"
+export type { LrScaling, LrRuleOptions } from "./actors/train/optim/lr-rules.ts"
+export type { ZeroStage } from "./actors/train/optim/zero.ts"
 export { loadDigits, makeDataset, trainTestSplit, shardIndices, type ArrayDataset } from "./core/datasets.ts"
 export type { Tf, BackendKind } from "./core/engine.ts"
 export { loadEngine } from "./core/engine.ts"
