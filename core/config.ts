@@ -138,7 +138,25 @@ export const CollectiveConfig = Schema.Struct({
    * 1/p of it (gradients all-reduced, parameters all-gathered); 2 also reduce-scatters the
    * gradients, so each rank receives only its 1/p of the reduced gradient.
    */
-  zeroStage: Schema.optional(Schema.Literals([0, 1, 2]))
+  zeroStage: Schema.optional(Schema.Literals([0, 1, 2])),
+  /**
+   * "allreduce" (default): every rank all-reduces its gradients; "parameter-server": server
+   * processes own shards of the parameters and their optimizer state, workers push gradients and
+   * pull parameters (parameterServer).
+   */
+  strategy: Schema.optional(Schema.Literals(["allreduce", "parameter-server"])),
+  parameterServer: Schema.optional(
+    Schema.Struct({
+      /** Server processes, each owning a contiguous 1/numServers of the flat parameters. Default 1. */
+      numServers: Schema.optional(PositiveInt),
+      /** "sync" (default: every step waits for the workers' gradients), "async" (applied as they arrive), "ssp" (bounded staleness). */
+      mode: Schema.optional(Schema.Literals(["sync", "async", "ssp"])),
+      /** ssp: how many steps a worker may run ahead of the slowest. Default 2. */
+      staleness: Schema.optional(Schema.Int.check(Schema.isGreaterThanOrEqualTo(0)))
+    })
+  ),
+  /** Synchronous parameter servers: each step applies the first numWorkers - backupWorkers gradients and drops the rest (Chen et al. 2016). Default 0. */
+  backupWorkers: Schema.optional(Schema.Int.check(Schema.isGreaterThanOrEqualTo(0)))
 })
 export type CollectiveConfig = typeof CollectiveConfig.Type
 

@@ -17,7 +17,7 @@ import { PeerRecoveryMisaligned, type LoopPosition, type RecoverableModel } from
 import { OPTIMIZER_FILE, loadOptimizerFrom, loadWeightsInto, modelToFiles, optimizerToFile } from "../../core/model-io.ts"
 import type { PeerState } from "./train-protocol.ts"
 import { lrRuleOf, type LrRule, type LrRuleOptions } from "./optim/lr-rules.ts"
-import { flatOptimizerSpecOf } from "./optim/flat-optimizers.ts"
+import { flatOptimizerSpecOf, type FlatOptimizerSpec } from "./optim/flat-optimizers.ts"
 import { ZeroShard, hasShards, readShards, reshard, shardLayout, type ZeroStage } from "./optim/zero.ts"
 import { flatStateFromTfjs, tfjsWeightsFromFlat, writeTfjsOptimizerWeights } from "./optim/tfjs-state.ts"
 import { decodeMessage } from "../../core/wire.ts"
@@ -88,6 +88,20 @@ export interface GradientSync {
   reduceScatter?(buf: Float32Array, weight: number): Promise<Float32Array>
   /** Every rank's `segment` (equal lengths) into `out`, in rank order. */
   allGatherInto?(segment: Float32Array, out: Float32Array): Promise<void>
+  /** collectiveConfig.strategy "parameter-server": the servers (ps-client.ts). */
+  readonly ps?: ParameterServers
+}
+
+/** What the data-parallel model needs of the parameter servers (PsClient implements it, ps-client.ts). */
+export interface ParameterServers {
+  readonly numServers: number
+  init(flat: Float32Array, spec: FlatOptimizerSpec, numWorkers: number, weightDecay: number): Promise<void>
+  pushPull(worker: number, step: number, grad: Float32Array, weight: number, learningRate: number | undefined): Promise<{ readonly params: Float32Array; readonly staleness: number; readonly dropped: boolean }>
+  pull(n: number): Promise<Float32Array>
+  stateFiles(): Promise<Record<string, Uint8Array>>
+  /** Re-initialises the servers from a checkpoint's parameter-server files; false when it has none. */
+  restore(files: Readonly<Record<string, Uint8Array>>, n: number, spec: FlatOptimizerSpec, numWorkers: number, weightDecay: number): Promise<boolean>
+  finish(worker: number): Promise<void>
 }
 
 /** Where a loop is in dp.fit(): the group operations done, the epoch and the step in it. */
@@ -274,6 +288,9 @@ export class DataParallelModel implements RecoverableModel {
   #accComputeMs = 0
   /** dp.fit(): the nominal global batch of an update (for the learning-rate rule). */
   #fitGlobalBatch: number | undefined
+  /** The parameter-server strategy: the workers' optimizer as the servers run it, and staleness counters. */
+  #psSpec: FlatOptimizerSpec | undefined
+  #psStaleness = { sum: 0, max: 0, steps: 0, dropped: 0 }
   /** When trainStep last gave the event loop a turn (performance.now()). */
   #lastTurn = performance.now()
   /** The recovery generation dp.fit() last saw, and the operation after which batch exchanges count again. */
@@ -327,6 +344,10 @@ export class DataParallelModel implements RecoverableModel {
     this.#baseLearningRate = (optimizer as unknown as { learningRate?: number }).learningRate
     const stage = sync.zeroStage ?? 0
     if (stage !== 0 && stage !== 1 && stage !== 2) throw new ConfigError({ field: "collectiveConfig.zeroStage", reason: `must be 0, 1 or 2, got ${String(stage)}` })
+    if (sync.ps) {
+      if (stage > 0) throw new ConfigError({ field: "collectiveConfig.zeroStage", reason: "the parameter servers hold the optimizer state already: use zeroStage 0 with strategy \"parameter-server\"" })
+      this.#psSpec = flatOptimizerSpecOf(optimizer as unknown as Parameters<typeof flatOptimizerSpecOf>[0])
+    }
     if (stage > 0) {
       if (!sync.allGatherInto || (stage === 2 && !sync.reduceScatter)) {
         throw new ConfigError({ field: "collectiveConfig.zeroStage", reason: `stage ${stage} needs the group's reduce-scatter and all-gather, which this group does not offer` })
@@ -341,7 +362,45 @@ export class DataParallelModel implements RecoverableModel {
     dp.#applyElasticLearningRate()
     await dp.syncWeights()
     dp.#loadZeroParams()
+    await dp.#initServers()
     return dp
+  }
+
+  /** Parameter servers: rank 0 gives them the (broadcast) weights and the optimizer; every rank waits until they have them. */
+  async #initServers(files?: Readonly<Record<string, Uint8Array>>): Promise<void> {
+    const ps = this.#sync.ps
+    if (!ps) return
+    if (this.#sync.rank === 0) {
+      const restored = files ? await ps.restore(files, this.parameterCount, this.#psSpec!, this.#sync.worldSize, this.#weightDecay) : false
+      if (!restored) await ps.init(this.#flatParams(), this.#psSpec!, this.#sync.worldSize, this.#weightDecay)
+    }
+    // A barrier: nobody pushes (or pulls) before rank 0 set the servers up.
+    await this.#sync.sum(new Float32Array(1))
+    if (files) this.#assignFlat(await ps.pull(this.parameterCount))
+  }
+
+  /** The trainable weights as one flat vector (a copy). */
+  #flatParams(): Float32Array {
+    const tf = this.#tf
+    const flatT = tf.tidy(() => tf.concat(this.#vars.map((v) => v.reshape([-1]))))
+    const flat = flatT.dataSync() as Float32Array
+    flatT.dispose()
+    return flat
+  }
+
+  /** Loads a flat vector into the trainable weights (one copy into the engine per variable). */
+  #assignFlat(flat: Float32Array): void {
+    const tf = this.#tf
+    this.layout.forEach((s, i) => {
+      const t = tf.tensor(flat.subarray(s.offset, s.offset + s.size), s.shape as number[], "float32")
+      this.#vars[i]!.assign(t)
+      t.dispose()
+    })
+  }
+
+  /** The parameter-server strategy: tells the servers this rank's loop ended (sync and ssp steps stop waiting for it). */
+  async finish(): Promise<void> {
+    await this.#sync.ps?.finish(this.#sync.rank)
   }
 
   /** collectiveConfig.zeroStage as this model runs it. */
@@ -351,12 +410,7 @@ export class DataParallelModel implements RecoverableModel {
 
   /** ZeRO: takes this rank's parameter segment from the model's weights (after a broadcast or a restore). */
   #loadZeroParams(): void {
-    const zero = this.#zero
-    if (!zero) return
-    const tf = this.#tf
-    const flatT = tf.tidy(() => tf.concat(this.#vars.map((v) => v.reshape([-1]))))
-    zero.loadParams(flatT.dataSync() as Float32Array)
-    flatT.dispose()
+    this.#zero?.loadParams(this.#flatParams())
   }
 
   /** The learning rate's factor under the elastic "keep-per-worker" policy (1 otherwise), or prepareModel's rule. */
@@ -617,11 +671,7 @@ export class DataParallelModel implements RecoverableModel {
     zero.update(grad, this.learningRate, this.#weightDecay)
     const gathered = zero.gathered
     await this.#sync.allGatherInto!(zero.segment, gathered)
-    this.layout.forEach((s, i) => {
-      const t = tf.tensor(gathered.subarray(s.offset, s.offset + s.size), s.shape as number[], "float32")
-      this.#vars[i]!.assign(t)
-      t.dispose()
-    })
+    this.#assignFlat(gathered)
   }
 
   async #trainStep(x: Tensor, y: Tensor): Promise<StepResult> {
@@ -639,7 +689,7 @@ export class DataParallelModel implements RecoverableModel {
       this.onStep?.({ epoch: this.#epoch, step: this.#stepInEpoch++, stepsPerEpoch: this.#stepsPerEpoch, samples, loss: lossArr[0]! })
       return { loss: lossArr[0]!, samples: own, ...(correctArr ? { correct: correctArr[0]! } : {}) }
     }
-    if (this.#sync.worldSize === 1 && !this.exchangeAlone && !zero) {
+    if (this.#sync.worldSize === 1 && !this.exchangeAlone && !zero && !this.#sync.ps) {
       // Nobody to exchange with: apply the gradients where they are, without the round trip out
       // of the engine and back.
       const [lossArr, correctArr] = await Promise.all([value.data(), correctT?.data()])
@@ -665,6 +715,24 @@ export class DataParallelModel implements RecoverableModel {
     let t1 = performance.now()
     this.#lastComputeMs = t1 - t0 + this.#accComputeMs
     this.#observer?.phase?.("forward_backward", t0, t1, step)
+    const ps = this.#sync.ps
+    if (ps) {
+      // The servers apply the gradient (as the mode says) and hand back their fresh parameters.
+      const r = await ps.pushPull(this.#sync.rank, step, flat, samples, this.learningRate)
+      this.#clearAccumulated()
+      const st = this.#psStaleness
+      st.sum += r.staleness
+      st.max = Math.max(st.max, r.staleness)
+      st.steps++
+      if (r.dropped) st.dropped++
+      const t2 = performance.now()
+      this.#observer?.phase?.("allreduce", t1, t2, step)
+      this.#assignFlat(r.params)
+      const t3 = performance.now()
+      this.#observer?.phase?.("apply", t2, t3, step)
+      this.#observer?.phase?.("step", t0, t3, step)
+      return done(lossArr, correctArr)
+    }
     if (zero?.stage === 2) {
       // Each rank receives only its segment of the reduced gradient.
       const segment = await this.#sync.reduceScatter!(flat, samples)
@@ -907,7 +975,16 @@ export class DataParallelModel implements RecoverableModel {
       ...this.#batcher?.metrics(),
       ...(e ? { world_size: this.#sync.worldSize, lr_scale: this.learningRateScale } : {}),
       // The learning rate prepareModel's rule set for the last update.
-      ...(this.#lrRule && this.#lastLearningRate !== undefined ? { lr: this.#lastLearningRate } : {})
+      ...(this.#lrRule && this.#lastLearningRate !== undefined ? { lr: this.#lastLearningRate } : {}),
+      // Parameter servers: updates between the parameters a gradient was computed on and its
+      // application (mean and max over this rank's steps so far), and gradients dropped (backup workers).
+      ...(this.#sync.ps
+        ? {
+            "ps/staleness": this.#psStaleness.sum / Math.max(1, this.#psStaleness.steps),
+            "ps/staleness_max": this.#psStaleness.max,
+            "ps/dropped": this.#psStaleness.dropped
+          }
+        : {})
     }
   }
 
@@ -921,6 +998,8 @@ export class DataParallelModel implements RecoverableModel {
   async optimizerFiles(): Promise<Record<string, Uint8Array>> {
     const state = new TextEncoder().encode(JSON.stringify({ step: this.#step, zeroStage: this.zeroStage, worldSize: this.#sync.worldSize }))
     if (this.#zero) return { [DP_STATE_FILE]: state }
+    // The parameter servers hold the parameters and the optimizer state: one file per server.
+    if (this.#sync.ps) return { ...(await this.#sync.ps.stateFiles()), [DP_STATE_FILE]: state }
     return { [OPTIMIZER_FILE]: await optimizerToFile(this.optimizer), [DP_STATE_FILE]: state }
   }
 
@@ -939,6 +1018,12 @@ export class DataParallelModel implements RecoverableModel {
   async restoreOptimizer(files: Readonly<Record<string, Uint8Array>>): Promise<void> {
     const saved = files[DP_STATE_FILE]
     if (saved) this.#step = Number((JSON.parse(new TextDecoder().decode(saved)) as { step?: number }).step ?? 0)
+    if (this.#sync.ps) {
+      // Rank 0 sets the servers up from the checkpoint (from the restored weights when it has no
+      // server state); every rank then continues from the servers' parameters.
+      await this.#initServers(files)
+      return
+    }
     const zero = this.#zero
     if (zero) {
       this.#loadZeroParams()

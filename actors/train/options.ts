@@ -131,6 +131,34 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
         `Use zeroStage 1 with compression, or zeroStage 2 with wireDtype "float16" (half the bytes)`
     })
   }
+  const strategy = coll.strategy ?? "allreduce"
+  const backupWorkers = coll.backupWorkers ?? 0
+  const psMode = coll.parameterServer?.mode ?? "sync"
+  const minWorkersAsked = typeof scaling.numWorkers === "number" ? scaling.numWorkers : scaling.numWorkers.min
+  if (coll.parameterServer !== undefined && strategy !== "parameter-server") {
+    throw new ConfigError({ field: "collectiveConfig.parameterServer", reason: `configures the parameter servers, but strategy is "${strategy}": add strategy: "parameter-server"` })
+  }
+  if (strategy === "parameter-server") {
+    if (zeroStage > 0) throw new ConfigError({ field: "collectiveConfig.zeroStage", reason: "the parameter servers hold the optimizer state already: use zeroStage 0 with strategy \"parameter-server\"" })
+    if (compression !== "none") {
+      throw new ConfigError({ field: "collectiveConfig.compression", reason: `the parameter servers take gradients uncompressed (got ${JSON.stringify(compression)}); use "none", or strategy "allreduce" with compression` })
+    }
+  }
+  if (backupWorkers > 0) {
+    if (strategy !== "parameter-server" || psMode !== "sync") {
+      throw new ConfigError({ field: "collectiveConfig.backupWorkers", reason: `backup workers drop the slowest gradients of a synchronous step: use strategy "parameter-server" with parameterServer.mode "sync"` })
+    }
+    if (backupWorkers >= minWorkersAsked) {
+      throw new ConfigError({ field: "collectiveConfig.backupWorkers", reason: `must be below the number of workers (${minWorkersAsked}), got ${backupWorkers}: each step needs at least one gradient` })
+    }
+  }
+  const statefulStrategy = zeroStage > 0 ? `zeroStage ${zeroStage}` : strategy === "parameter-server" ? `strategy "parameter-server"` : undefined
+  if (statefulStrategy && run.failureConfig?.recoverFrom === "peers" && strategy === "parameter-server") {
+    throw new ConfigError({
+      field: "runConfig.failureConfig.recoverFrom",
+      reason: `"peers" regroups surviving workers, but with ${statefulStrategy} the state lives on the parameter servers, which restart with the job from the checkpoint: leave recoverFrom unset`
+    })
+  }
   if (zeroStage > 0 && run.failureConfig?.recoverFrom === "peers") {
     throw new ConfigError({
       field: "runConfig.failureConfig.recoverFrom",
@@ -157,6 +185,11 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
       compression,
       adaptiveBatching: coll.adaptiveBatching ?? false,
       zeroStage,
+      strategy,
+      backupWorkers,
+      ...(strategy === "parameter-server"
+        ? { parameterServer: { numServers: coll.parameterServer?.numServers ?? 1, mode: psMode, staleness: coll.parameterServer?.staleness ?? 2 } }
+        : {}),
       bucketSizeMiB: coll.bucketSizeMiB ?? BUCKET_SIZE_MIB,
       firstBucketSizeMiB: coll.firstBucketSizeMiB ?? FIRST_BUCKET_SIZE_MIB,
       wireDtype: coll.wireDtype ?? "float32",
@@ -173,7 +206,7 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
     elasticBatch: scaling.elasticBatch ?? "keep-global",
     natsOutageTimeoutMs: run.failureConfig?.natsOutageTimeoutMs ?? NATS_OUTAGE_TIMEOUT_MS,
     // With ZeRO no survivor holds a lost rank's optimizer shard: failures restart from the checkpoint.
-    recoverFrom: run.failureConfig?.recoverFrom ?? (zeroStage > 0 ? "checkpoint" : "peers"),
+    recoverFrom: run.failureConfig?.recoverFrom ?? (statefulStrategy ? "checkpoint" : "peers"),
     seed: options.seed ?? 0
   }
 }

@@ -8,7 +8,7 @@ import { ConfigError } from "../../core/errors.ts"
 import { loadWeightsInto, modelToFiles } from "../../core/model-io.ts"
 import type { Communicator } from "../../collectives/communicator.ts"
 import type { ReducerStats } from "../../collectives/gradient-reducer.ts"
-import { DataParallelModel, type GradientSync, type PrepareOptions, type ShardSource, type StepObserver } from "./data-parallel.ts"
+import { DataParallelModel, type GradientSync, type ParameterServers, type PrepareOptions, type ShardSource, type StepObserver } from "./data-parallel.ts"
 import type { GroupSession } from "./group-session.ts"
 
 type LayersModel = import("@tensorflow/tfjs").LayersModel
@@ -73,6 +73,8 @@ export interface TrainContextDeps {
   readonly zeroStage?: 0 | 1 | 2
   /** collectiveConfig.wireDtype "float16": ZeRO stage 2's reduce-scatter sends binary16. */
   readonly halfWire?: boolean
+  /** The parameter-server strategy's servers. */
+  readonly ps?: ParameterServers
   /** Elastic groups: the largest world size and what stays fixed when the size changes. */
   readonly elastic?: { readonly maxWorkers: number; readonly batch: "keep-global" | "keep-per-worker" }
   readonly observer?: StepObserver
@@ -235,6 +237,7 @@ export class TrainContext {
         ),
       adaptiveBatching: d.adaptiveBatching === true,
       ...(d.elastic ? { elastic: d.elastic } : {}),
+      ...(d.ps ? { ps: d.ps } : {}),
       recovery: session
     }
     const dp = await DataParallelModel.prepare(this.tf, model, sync, options, d.observer)

@@ -153,7 +153,10 @@ export const WorkerArgs = Schema.Struct({
     /** Heterogeneity-aware per-rank batches for fit({ globalBatchSize }). */
     adaptiveBatching: Schema.optionalKey(Schema.Boolean),
     /** collectiveConfig.zeroStage (absent: 0). */
-    zeroStage: Schema.optionalKey(Schema.Literals([0, 1, 2]))
+    zeroStage: Schema.optionalKey(Schema.Literals([0, 1, 2])),
+    strategy: Schema.optionalKey(Schema.Literals(["allreduce", "parameter-server"])),
+    backupWorkers: Schema.optionalKey(Schema.Number),
+    parameterServer: Schema.optionalKey(Schema.Struct({ numServers: Schema.Number, mode: Schema.Literals(["sync", "async", "ssp"]), staleness: Schema.Number }))
   }),
   seed: Schema.Number,
   timeline: Schema.Boolean,
@@ -167,9 +170,84 @@ export const WorkerArgs = Schema.Struct({
    */
   join: Schema.optionalKey(Schema.Struct({ fromReports: Schema.Number, to: Position })),
   /** Elastic groups: the largest world size, and what stays fixed when the size changes. */
-  elastic: Schema.optionalKey(Schema.Struct({ maxWorkers: Schema.Number, batch: Schema.Literals(["keep-global", "keep-per-worker"]) }))
+  elastic: Schema.optionalKey(Schema.Struct({ maxWorkers: Schema.Number, batch: Schema.Literals(["keep-global", "keep-per-worker"]) })),
+  /** The parameter-server strategy: the actor names of this generation's servers, in shard order. */
+  servers: Schema.optionalKey(Schema.Array(Schema.String)),
+  parameterServer: Schema.optionalKey(
+    Schema.Struct({
+      mode: Schema.Literals(["sync", "async", "ssp"]),
+      staleness: Schema.Number,
+      backupWorkers: Schema.Number,
+      /** Deadline of a worker's wait for a server's answer. */
+      timeoutMs: Schema.Number
+    })
+  )
 })
 export type WorkerArgs = typeof WorkerArgs.Type
+
+const F32 = Schema.instanceOf(Float32Array<ArrayBufferLike>)
+
+/** Fresh parameters of one server's shard, told to a worker that pushed a gradient (ps-server.ts). */
+export const PsParams = Schema.Struct({
+  server: Schema.Number,
+  step: Schema.Number,
+  params: F32,
+  version: Schema.Number,
+  staleness: Schema.Number,
+  dropped: Schema.Boolean,
+  /** Set instead of the rest when the server could not take the gradient (bad input, shutdown). */
+  error: Schema.optionalKey(Schema.String)
+})
+export type PsParams = typeof PsParams.Type
+
+/** A parameter server (collectiveConfig.strategy "parameter-server"): one shard of the flat parameters. */
+export const ServerProtocol = defineProtocol("ps-server", {
+  /**
+   * Takes the shard's initial values and the workers' optimizer (rank 0 sends it after the start-up
+   * broadcast), or, with `state`, a checkpoint's (params, optimizer state, clocks). Answered when set.
+   */
+  init: {
+    request: Schema.Struct({
+      params: F32,
+      spec: Schema.Record(Schema.String, Schema.Unknown),
+      numWorkers: Schema.Number,
+      mode: Schema.Literals(["sync", "async", "ssp"]),
+      staleness: Schema.Number,
+      backupWorkers: Schema.Number,
+      weightDecay: Schema.Number,
+      state: Schema.optionalKey(Schema.instanceOf(Uint8Array<ArrayBufferLike>))
+    }),
+    reply: Schema.Null
+  },
+  /** A worker's gradient of this shard (told; the parameters come back as the worker's psParams). */
+  push: {
+    request: Schema.Struct({
+      worker: Schema.Number,
+      replyTo: Schema.String,
+      step: Schema.Number,
+      basedOn: Schema.Number,
+      grad: F32,
+      weight: Schema.Number,
+      learningRate: Schema.optionalKey(Schema.Number)
+    }),
+    reply: Schema.Null
+  },
+  /** The shard's state for a checkpoint (params, version, optimizer state, clocks), encoded. */
+  state: { request: Schema.Null, reply: Schema.instanceOf(Uint8Array<ArrayBufferLike>) },
+  /** The shard's current parameters. */
+  pull: { request: Schema.Null, reply: Schema.Struct({ params: F32, version: Schema.Number }) },
+  /** A worker's loop ended: sync and ssp steps stop waiting for it. */
+  finish: { request: Schema.Struct({ worker: Schema.Number }), reply: Schema.Null },
+  /** Counters: updates, dropped gradients, staleness. */
+  stats: { request: Schema.Null, reply: Schema.Record(Schema.String, Schema.Number) }
+})
+export type ServerProtocol = typeof ServerProtocol
+
+export const ServerArgs = Schema.Struct({
+  index: Schema.Number,
+  numServers: Schema.Number
+})
+export type ServerArgs = typeof ServerArgs.Type
 
 export const WorkerProtocol = defineProtocol("trainer-worker", {
   /** Start the user's loop (answered at once; the loop runs in the background). */
@@ -186,6 +264,8 @@ export const WorkerProtocol = defineProtocol("trainer-worker", {
   /** This rank's state, for the other members of the regrouped generation (asked of one survivor). */
   snapshot: { request: Schema.Null, reply: PeerState },
   /** Continue in the regrouped generation at `placement`, from the state of the survivor at `source` (its position). */
-  resume: { request: Schema.Struct({ placement: Placement, source: Position }), reply: Schema.Null }
+  resume: { request: Schema.Struct({ placement: Placement, source: Position }), reply: Schema.Null },
+  /** A parameter server's answer to this rank's push (told). */
+  psParams: { request: PsParams, reply: Schema.Null }
 })
 export type WorkerProtocol = typeof WorkerProtocol

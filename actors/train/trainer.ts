@@ -575,10 +575,31 @@ export class Trainer {
           group.reset()
           const g = generation
           const startFailure = await race(
-            group.spawn(placementsOf(plan, g.number), groupArgs, {
-              onDown: (rank, down) => controller.workerDown(g.number, rank, down),
-              stillMatters: (rank) => !g.settled && !g.finished.has(rank)
-            })
+            (async () => {
+              // The parameter servers first: the workers' args name them.
+              let args = groupArgs
+              const ps = cfg.collective.parameterServer
+              if (cfg.collective.strategy === "parameter-server" && ps) {
+                const nodes = [...new Set(plan.ranks.map((r) => r.nodeId))]
+                try {
+                  const servers = await group.spawnServers(
+                    g.number,
+                    ps.numServers,
+                    nodes,
+                    (index, detail) => controller.fail(g, { kind: "died", rank: -1, tag: "ServerDown", message: detail }),
+                    () => !g.settled
+                  )
+                  args = { ...groupArgs, servers, parameterServer: { mode: ps.mode, staleness: ps.staleness, backupWorkers: cfg.collective.backupWorkers ?? 0, timeoutMs: cfg.collective.timeoutMs } }
+                } catch (e) {
+                  const err = e as { message?: string; _tag?: string }
+                  return { tag: err._tag ?? "SpawnError", message: `a parameter server could not start: ${err.message ?? String(e)}` }
+                }
+              }
+              return group.spawn(placementsOf(plan, g.number), args, {
+                onDown: (rank, down) => controller.workerDown(g.number, rank, down),
+                stillMatters: (rank) => !g.settled && !g.finished.has(rank)
+              })
+            })()
           )
           if (startFailure) {
             const kind = bus.outage ? "bus" : startFailure.tag === "ModuleNotAllowed" ? "config" : "died"

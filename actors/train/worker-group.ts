@@ -18,6 +18,7 @@ const DOWN_GRACE_MS = 300
 const KILL_TIMEOUT_MS = 20_000
 
 const WORKER_MODULE = fileURLToPath(new URL(import.meta.url.endsWith(".ts") ? "./worker.ts" : "./worker.js", import.meta.url))
+const SERVER_MODULE = fileURLToPath(new URL(import.meta.url.endsWith(".ts") ? "./ps-server.ts" : "./ps-server.js", import.meta.url))
 
 /** What every rank's WorkerArgs share in a generation. */
 export type GroupArgs = Omit<WorkerArgs, "attempt" | "rank" | "worldSize" | "localRank" | "localWorldSize" | "nodeRank" | "nodes" | "group" | "backend" | "join">
@@ -152,6 +153,36 @@ export class WorkerGroup {
       return { tag: "StartError", message: `could not start the loops: ${String(e)}` }
     }
     return undefined
+  }
+
+  /**
+   * The parameter-server strategy: spawns a generation's servers, server k on the k-th of `nodes`
+   * (cycling), and watches them: a server that goes down is reported through `onDown` (the
+   * generation fails, as with a worker's death). Resolves with their actor names in shard order.
+   */
+  async spawnServers(attempt: number, count: number, nodes: ReadonlyArray<string>, onDown: (index: number, detail: string) => void, stillMatters: () => boolean): Promise<string[]> {
+    const names = Array.from({ length: count }, (_, k) => `ps${attempt}-${k}`)
+    const servers = await Promise.all(
+      names.map(async (name, k) => {
+        const s = await spawnActor(this.#system, {
+          node: nodes[k % nodes.length]!,
+          name,
+          module: SERVER_MODULE,
+          export: "parameterServer",
+          args: { index: k, numServers: count },
+          logPrefix: `server ${k}`,
+          readyTimeoutMs: 60_000
+        })
+        this.#workers.push(s)
+        return s
+      })
+    )
+    servers.forEach((s, k) => {
+      void s.down({ deadAfterMs: WORKER_DEAD_AFTER_MS }).then((down) => {
+        if (stillMatters()) onDown(k, `parameter server ${k} (pid ${s.pid} on node ${s.node}) went down: ${down.detail}`)
+      })
+    })
+    return names
   }
 
   /** A fresh generation: forgets the old members (the caller killed them). */

@@ -28,6 +28,7 @@ import { GroupSession, type LiveGroup } from "./group-session.ts"
 import type { StepObserver } from "./data-parallel.ts"
 import { spanEvent, tidOfBucket, TID_STEP, TID_WAITS, type TraceEvent } from "./observe/timeline.ts"
 import { AutoGradientReducer, prepareAutoCollectives } from "./auto-config.ts"
+import { PsClient } from "./ps-client.ts"
 
 const PROGRESS_EVERY_MS = 250
 
@@ -55,6 +56,18 @@ export const trainWorker = defineActor(
     const args = ctx.args as WorkerArgs
     let started = false
     let session: GroupSession | undefined
+    // The parameter-server strategy: the servers this rank pushes to (their answers come as psParams).
+    const ps = args.servers && args.servers.length > 0 && args.parameterServer
+      ? new PsClient({
+          system: ctx.system,
+          servers: args.servers,
+          self: ctx.name,
+          mode: args.parameterServer.mode,
+          staleness: args.parameterServer.staleness,
+          backupWorkers: args.parameterServer.backupWorkers,
+          timeoutMs: args.parameterServer.timeoutMs
+        })
+      : undefined
     const run = async (): Promise<void> => {
       const system = ctx.system
       const controller = system.ref(ControllerProtocol, args.controller)
@@ -222,6 +235,7 @@ export const trainWorker = defineActor(
           seed: args.seed,
           adaptiveBatching: args.collective.adaptiveBatching === true,
           zeroStage: args.collective.zeroStage ?? 0,
+          ...(ps ? { ps } : {}),
           halfWire: args.collective.wireDtype === "float16",
           ...(args.elastic ? { elastic: args.elastic } : {}),
           observer,
@@ -308,6 +322,7 @@ export const trainWorker = defineActor(
           })
         }
         await (fn as (config: unknown, ctx: TrainContext) => unknown)(args.loopConfig, context)
+        await context.prepared?.finish()
         live.end("its loop returned")
         flushTrace()
         const p = place()
@@ -322,6 +337,7 @@ export const trainWorker = defineActor(
           .tellPromise(controller, "failed", { attempt: p.attempt, rank: p.rank, tag: f.tag, message: f.message, stack: f.stack, ...(blamed.length ? { blamed: [...blamed] } : {}) })
           .catch(() => {})
       } finally {
+        ps?.abort("the loop ended")
         bus.stop()
         await session?.group.comm.close().catch(() => {})
         await nc?.flush().catch(() => {})
@@ -349,6 +365,10 @@ export const trainWorker = defineActor(
       resume: (body) => {
         if (!session) throw new ConfigError({ field: "resume", reason: "this worker has no group yet" })
         session.resume(body.placement, body.source)
+        return null
+      },
+      psParams: (body) => {
+        ps?.onParams(body)
         return null
       }
     }

@@ -1,0 +1,130 @@
+// The parameter-server strategy through the Trainer: real embedded nats-server, real worker and
+// server processes, the digits example unchanged. Synchronous servers train exactly like the
+// all-reduce (the weighted mean gradient, one update per step); async and SSP converge and report
+// their staleness; backup workers drop gradients and still converge; a killed server restarts the
+// job from the checkpoint, whose server state restores (at another number of servers, too).
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import * as fs from "node:fs/promises"
+import { readFileSync, readdirSync } from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+import { Trainer, loadDigits, trainTestSplit, type ArrayDataset, type Result } from "../index.ts"
+import { ConfigError } from "../core/errors.ts"
+import { liveNatsServerPids } from "../core/nats-server.ts"
+import { readEvents, sameWeights } from "./support/trainer-runs.ts"
+
+/** The pid of this machine's process running the actor named `name` (the agent sets GRADWIRE_ACTOR). */
+const pidOfActor = (name: string): number => {
+  for (const d of readdirSync("/proc")) {
+    if (!/^\d+$/.test(d)) continue
+    try {
+      if (readFileSync(`/proc/${d}/environ`, "latin1").split("\0").includes(`GRADWIRE_ACTOR=${name}`)) return Number(d)
+    } catch {
+      // gone meanwhile, or not ours
+    }
+  }
+  throw new Error(`no process runs actor ${name}`)
+}
+
+const LOOP = path.resolve("examples/digits/train.ts") + "#trainLoop"
+let storage: string
+let train: ArrayDataset
+let test: ArrayDataset
+
+beforeAll(async () => {
+  storage = await fs.mkdtemp(path.join(os.tmpdir(), "gw-ps-trainer-"))
+  ;({ train, test } = trainTestSplit(await loadDigits(), 0.2, 7))
+})
+afterAll(async () => {
+  await fs.rm(storage, { recursive: true, force: true })
+  expect(liveNatsServerPids()).toEqual([])
+})
+
+const fit = (name: string, loopConfig: Record<string, unknown>, collectiveConfig: Record<string, unknown>, extra: { runConfig?: object; workers?: number } = {}): Promise<Result> =>
+  new Trainer({
+    trainLoopPerWorker: LOOP,
+    trainLoopConfig: loopConfig,
+    scalingConfig: { numWorkers: extra.workers ?? 3 },
+    runConfig: { name, storagePath: storage, progress: false, ...extra.runConfig },
+    datasets: { train, test },
+    collectiveConfig
+  }).fit()
+
+const lastAccuracy = (r: Result): number => r.metrics!.val_accuracy as number
+
+describe("parameter servers in the Trainer", () => {
+  it("sync servers train like the all-reduce: the same weights after the same steps", async () => {
+    const cfg = { epochs: 2, optimizer: "sgd", learningRate: 0.1 }
+    const ar = await fit("ps-ref", cfg, { algorithm: "ring" })
+    const ps = await fit("ps-sync", cfg, { strategy: "parameter-server", parameterServer: { numServers: 2, mode: "sync" } })
+    expect(sameWeights(ps)).toBe(true)
+    // Same data, same weighted mean gradient, same SGD: the same accuracy and loss to float noise.
+    expect(ps.metrics!.loss as number).toBeCloseTo(ar.metrics!.loss as number, 3)
+    expect(lastAccuracy(ps)).toBeCloseTo(lastAccuracy(ar), 2)
+    expect(ps.metrics!["ps/staleness"]).toBe(0)
+    expect(await fs.readdir(ps.checkpoint!.path)).toEqual(expect.arrayContaining(["ps.shard-0-of-2.msgpack", "ps.shard-1-of-2.msgpack"]))
+  })
+
+  it("async and SSP converge on digits and report staleness; backup workers drop gradients and converge", async () => {
+    const cfg = { epochs: 5, optimizer: "adam" }
+    const asyncRun = await fit("ps-async", cfg, { strategy: "parameter-server", parameterServer: { numServers: 2, mode: "async" } })
+    const ssp = await fit("ps-ssp", cfg, { strategy: "parameter-server", parameterServer: { numServers: 1, mode: "ssp", staleness: 2 } })
+    const backup = await fit("ps-backup", cfg, { strategy: "parameter-server", parameterServer: { mode: "sync" }, backupWorkers: 1 })
+    console.log(`ps digits val_accuracy: async ${lastAccuracy(asyncRun)}, ssp ${lastAccuracy(ssp)}, backup ${lastAccuracy(backup)}`)
+    for (const r of [asyncRun, ssp, backup]) {
+      expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4])
+      // Stale gradients cost some accuracy at this small scale (npm run bench -- strategy compares).
+      expect(lastAccuracy(r)).toBeGreaterThan(0.85)
+    }
+    // Three workers pushing in turn: async updates land between a worker's pull and its push.
+    expect(Math.max(...asyncRun.metricsPerRank.at(-1)!.map((m) => m["ps/staleness"] as number))).toBeGreaterThan(0)
+    expect(Math.max(...ssp.metricsPerRank.at(-1)!.map((m) => m["ps/staleness_max"] as number))).toBeLessThanOrEqual(3 * 2 + 2)
+    // Every step one of the three gradients is dropped, over all ranks.
+    const dropped = backup.metricsPerRank.at(-1)!.reduce((a, m) => a + (m["ps/dropped"] as number), 0)
+    expect(dropped).toBeGreaterThan(0)
+  })
+
+  it("a killed server restarts the job from the checkpoint, and its state resumes at another number of servers", async () => {
+    // kill -9 of the first generation's server 1 after the first report round.
+    let killed: number | undefined
+    const r = await fit("ps-kill", { epochs: 3 }, { strategy: "parameter-server", parameterServer: { numServers: 2 } }, {
+      runConfig: {
+        failureConfig: { maxFailures: 1 },
+        callbacks: [
+          {
+            onReport: ({ index }: { index: number }) => {
+              if (index !== 0 || killed !== undefined) return
+              killed = pidOfActor("ps0-1")
+              process.kill(killed, "SIGKILL")
+            }
+          }
+        ]
+      }
+    })
+    expect(killed).toBeGreaterThan(0)
+    expect(r.restarts).toBe(1)
+    const events = await readEvents(r.path)
+    expect(events.find((e) => e.type === "failure")).toMatchObject({ failure: { tag: "ServerDown" } })
+    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2])
+    const again = await fit("ps-kill", { epochs: 5 }, { strategy: "parameter-server", parameterServer: { numServers: 3 } }, { workers: 2 })
+    expect(again.metricsHistory.map((m) => m.epoch)).toEqual([3, 4])
+    expect(lastAccuracy(again)).toBeGreaterThan(0.9)
+    expect(await fs.readdir(again.checkpoint!.path)).toEqual(expect.arrayContaining([0, 1, 2].map((k) => `ps.shard-${k}-of-3.msgpack`)))
+  })
+
+  it("rejects what the servers cannot do, saying what to use", async () => {
+    const err = (p: Promise<unknown>) => p.then(() => undefined, (e: unknown) => e)
+    const cases: Array<[Record<string, unknown>, RegExp]> = [
+      [{ strategy: "parameter-server", zeroStage: 2 }, /zeroStage 0/],
+      [{ strategy: "parameter-server", compression: "fp16" }, /uncompressed/],
+      [{ backupWorkers: 1 }, /parameter-server/],
+      [{ strategy: "parameter-server", backupWorkers: 3 }, /below the number of workers/],
+      [{ parameterServer: { numServers: 2 } }, /add strategy/]
+    ]
+    for (const [c, text] of cases) {
+      const e = await err(fit("ps-bad", { epochs: 1 }, c))
+      expect(e, JSON.stringify(c)).toBeInstanceOf(ConfigError)
+      expect(String(e)).toMatch(text)
+    }
+  })
+})
