@@ -142,9 +142,11 @@ export const CollectiveConfig = Schema.Struct({
   /**
    * "allreduce" (default): every rank all-reduces its gradients; "parameter-server": server
    * processes own shards of the parameters and their optimizer state, workers push gradients and
-   * pull parameters (parameterServer).
+   * pull parameters (parameterServer); "auto": starts on the all-reduce and moves between it, the
+   * servers with backup workers and the servers with bounded staleness (SSP) as the measured
+   * compute and communication times predict (explained in explain.txt).
    */
-  strategy: Schema.optional(Schema.Literals(["allreduce", "parameter-server"])),
+  strategy: Schema.optional(Schema.Literals(["allreduce", "parameter-server", "auto"])),
   parameterServer: Schema.optional(
     Schema.Struct({
       /** Server processes, each owning a contiguous 1/numServers of the flat parameters. Default 1. */

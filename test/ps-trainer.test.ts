@@ -112,6 +112,34 @@ describe("parameter servers in the Trainer", () => {
     expect(await fs.readdir(again.checkpoint!.path)).toEqual(expect.arrayContaining([0, 1, 2].map((k) => `ps.shard-${k}-of-3.msgpack`)))
   })
 
+  it("strategy auto moves a group with a persistent straggler to backup workers, explains it, and keeps a balanced one on the all-reduce", async () => {
+    const run = (name: string, slowdown: Record<string, number>) =>
+      new Trainer({
+        trainLoopPerWorker: path.resolve("test/support/hetero-loop.ts") + "#heteroLoop",
+        trainLoopConfig: { epochs: 4, globalBatchSize: 96, slowdown },
+        scalingConfig: { numWorkers: 3 },
+        runConfig: { name, storagePath: storage, progress: false },
+        datasets: { train },
+        collectiveConfig: { strategy: "auto" }
+      }).fit()
+    // Rank 1 spends 2 ms more per sample (64 ms per step of 32 samples; the others take a few ms).
+    const slow = await run("auto-straggler", { "1": 2 })
+    expect(slow.metrics!.strategy).toBe("backup")
+    expect(slow.metrics!["strategy/switches"]).toBe(1)
+    expect(sameWeights(slow)).toBe(true)
+    expect(slow.metricsHistory.at(-1)!.loss as number).toBeLessThan(slow.metricsHistory[0]!.loss as number)
+    const explain = JSON.parse(await fs.readFile(path.join(slow.path, "explain.json"), "utf8")) as { strategy: { pick: string; predictions: Array<{ name: string; stepsPerSec: number }> } }
+    expect(explain.strategy.pick).toBe("backup")
+    expect(explain.strategy.predictions.map((x) => x.name)).toEqual(["allreduce", "backup", "ssp"])
+    expect(await fs.readFile(path.join(slow.path, "explain.txt"), "utf8")).toMatch(/strategy: backup/)
+    // The slowed rank's gradients are the ones dropped.
+    const dropped = slow.metricsPerRank.at(-1)!.map((m) => m["ps/dropped"] as number)
+    expect(dropped[1]).toBeGreaterThan(Math.max(dropped[0]!, dropped[2]!))
+    const even = await run("auto-even", {})
+    expect(even.metrics!.strategy).toBe("allreduce")
+    expect(even.metrics!["strategy/switches"]).toBe(0)
+  })
+
   it("rejects what the servers cannot do, saying what to use", async () => {
     const err = (p: Promise<unknown>) => p.then(() => undefined, (e: unknown) => e)
     const cases: Array<[Record<string, unknown>, RegExp]> = [

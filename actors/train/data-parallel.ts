@@ -17,9 +17,11 @@ import { PeerRecoveryMisaligned, type LoopPosition, type RecoverableModel } from
 import { OPTIMIZER_FILE, loadOptimizerFrom, loadWeightsInto, modelToFiles, optimizerToFile } from "../../core/model-io.ts"
 import type { PeerState } from "./train-protocol.ts"
 import { lrRuleOf, type LrRule, type LrRuleOptions } from "./optim/lr-rules.ts"
-import { flatOptimizerSpecOf, type FlatOptimizerSpec } from "./optim/flat-optimizers.ts"
+import { flatOptimizerSpecOf, type FlatOptimizerSpec, type FlatOptimizerState } from "./optim/flat-optimizers.ts"
+import { chooseStrategy, type StrategyName } from "../../scheduler/strategy-choice.ts"
+import { hasPsFiles, psWholeState } from "./ps-client.ts"
 import { ZeroShard, hasShards, readShards, reshard, shardLayout, type ZeroStage } from "./optim/zero.ts"
-import { flatStateFromTfjs, tfjsWeightsFromFlat, writeTfjsOptimizerWeights } from "./optim/tfjs-state.ts"
+import { flatStateFromTfjs, readTfjsOptimizerWeights, tfjsWeightsFromFlat, writeTfjsOptimizerWeights } from "./optim/tfjs-state.ts"
 import { decodeMessage } from "../../core/wire.ts"
 
 type tfjs = typeof import("@tensorflow/tfjs")
@@ -88,8 +90,14 @@ export interface GradientSync {
   reduceScatter?(buf: Float32Array, weight: number): Promise<Float32Array>
   /** Every rank's `segment` (equal lengths) into `out`, in rank order. */
   allGatherInto?(segment: Float32Array, out: Float32Array): Promise<void>
-  /** collectiveConfig.strategy "parameter-server": the servers (ps-client.ts). */
+  /** collectiveConfig.strategy "parameter-server" (or "auto"): the servers (ps-client.ts). */
   readonly ps?: ParameterServers
+  /**
+   * collectiveConfig.strategy "auto": training starts on the all-reduce and, from measured compute
+   * and communication times, moves to the servers (backup workers, or SSP) and back
+   * (scheduler/strategy-choice.ts); rank 0 explains every decision.
+   */
+  readonly auto?: { readonly numServers: number; explain(text: string, json: Record<string, unknown>, summary: string): void }
 }
 
 /** What the data-parallel model needs of the parameter servers (PsClient implements it, ps-client.ts). */
@@ -102,7 +110,14 @@ export interface ParameterServers {
   /** Re-initialises the servers from a checkpoint's parameter-server files; false when it has none. */
   restore(files: Readonly<Record<string, Uint8Array>>, n: number, spec: FlatOptimizerSpec, numWorkers: number, weightDecay: number): Promise<boolean>
   finish(worker: number): Promise<void>
+  takeOver(flat: Float32Array, optimizer: FlatOptimizerState, learningRate: number, spec: FlatOptimizerSpec, numWorkers: number, weightDecay: number, as: { readonly mode: "sync" | "ssp"; readonly backupWorkers: number }): Promise<void>
+  wholeState(n: number): Promise<{ readonly params: Float32Array; readonly optimizer: FlatOptimizerState }>
 }
+
+/** Strategy "auto": the first decision (steps before it measure the all-reduce), its window and how often it is taken again. */
+const AUTO_FIRST_DECISION = 12
+const AUTO_WINDOW = 10
+const AUTO_EVERY = 48
 
 /** Where a loop is in dp.fit(): the group operations done, the epoch and the step in it. */
 export interface RecoveryCursor {
@@ -291,6 +306,12 @@ export class DataParallelModel implements RecoverableModel {
   /** The parameter-server strategy: the workers' optimizer as the servers run it, and staleness counters. */
   #psSpec: FlatOptimizerSpec | undefined
   #psStaleness = { sum: 0, max: 0, steps: 0, dropped: 0 }
+  /** Strategy "auto": what runs now, and this rank's recent compute and all-reduce times (ms, -1: not measured). */
+  #strategy: StrategyName = "allreduce"
+  #computeLog: number[] = []
+  #commLog: number[] = []
+  #allReduceMs: number | undefined
+  #switches = 0
   /** When trainStep last gave the event loop a turn (performance.now()). */
   #lastTurn = performance.now()
   /** The recovery generation dp.fit() last saw, and the operation after which batch exchanges count again. */
@@ -366,10 +387,21 @@ export class DataParallelModel implements RecoverableModel {
     return dp
   }
 
+  /** Whether this step goes through the parameter servers. */
+  get #viaServers(): boolean {
+    return this.#sync.ps !== undefined && (this.#sync.auto === undefined || this.#strategy !== "allreduce")
+  }
+
+  /** The strategy this model trains with now ("allreduce", or with "auto" also "backup" or "ssp"; "parameter-server" when fixed). */
+  get strategy(): string {
+    return this.#sync.auto ? this.#strategy : this.#sync.ps ? "parameter-server" : "allreduce"
+  }
+
   /** Parameter servers: rank 0 gives them the (broadcast) weights and the optimizer; every rank waits until they have them. */
   async #initServers(files?: Readonly<Record<string, Uint8Array>>): Promise<void> {
     const ps = this.#sync.ps
-    if (!ps) return
+    // Strategy "auto" starts on the all-reduce: the servers get the state when training moves to them.
+    if (!ps || this.#sync.auto) return
     if (this.#sync.rank === 0) {
       const restored = files ? await ps.restore(files, this.parameterCount, this.#psSpec!, this.#sync.worldSize, this.#weightDecay) : false
       if (!restored) await ps.init(this.#flatParams(), this.#psSpec!, this.#sync.worldSize, this.#weightDecay)
@@ -565,6 +597,68 @@ export class DataParallelModel implements RecoverableModel {
     this.#lastTurn = performance.now()
   }
 
+  /**
+   * Strategy "auto", at fixed step numbers (the same on every rank, so the exchange lines up):
+   * every rank's recent compute and all-reduce times are gathered, every rank computes the same
+   * choice (scheduler/strategy-choice.ts), rank 0 explains it, and a change moves training.
+   */
+  async #decideStrategy(step: number): Promise<void> {
+    const auto = this.#sync.auto!
+    if (step < AUTO_FIRST_DECISION || (step - AUTO_FIRST_DECISION) % AUTO_EVERY !== 0 || !this.#sync.allGather) return
+    const k = AUTO_WINDOW
+    const mine = new Float32Array(2 * k).fill(-1)
+    const c = this.#computeLog.slice(-k)
+    const m = this.#commLog.slice(-k)
+    mine.set(c, k - c.length)
+    mine.set(m, 2 * k - m.length)
+    this.#computeLog = []
+    this.#commLog = []
+    const all = await this.#sync.allGather(mine)
+    const p = this.#sync.worldSize
+    const computeMs: number[][] = []
+    const mins: number[] = []
+    for (let t = 0; t < k; t++) {
+      let least = Number.POSITIVE_INFINITY
+      for (let r = 0; r < p; r++) {
+        const v = all[r * 2 * k + k + t]!
+        if (v >= 0) least = Math.min(least, v)
+      }
+      if (Number.isFinite(least)) mins.push(least)
+    }
+    for (let r = 0; r < p; r++) computeMs.push(Array.from(all.subarray(r * 2 * k, r * 2 * k + k)).filter((v) => v >= 0))
+    if (mins.length > 0) this.#allReduceMs = mins.sort((a, b) => a - b)[Math.floor(mins.length / 2)]
+    if (this.#allReduceMs === undefined || computeMs.some((r) => r.length === 0)) return
+    const choice = chooseStrategy({ computeMs, allReduceMs: this.#allReduceMs, numServers: auto.numServers }, this.#strategy)
+    if (this.#sync.rank === 0) {
+      const best = choice.predictions.find((x) => x.name === choice.pick)
+      auto.explain(choice.text, { step, ...choice.json }, `gradwire: strategy ${choice.pick}${choice.changed ? ` (was ${this.#strategy})` : ""} at step ${step}: predicted ${best?.stepsPerSec.toFixed(1)} gradient steps/s`)
+    }
+    if (choice.changed) await this.#switchStrategy(choice.pick)
+  }
+
+  /** Moves training between the all-reduce and the servers, carrying the parameters and the optimizer state. */
+  async #switchStrategy(target: StrategyName): Promise<void> {
+    const ps = this.#sync.ps!
+    const tf = this.#tf as unknown as Tf
+    const opt = this.optimizer as unknown as Parameters<typeof writeTfjsOptimizerWeights>[1]
+    const spec = this.#psSpec!
+    if (this.#strategy !== "allreduce") {
+      // Leaving the servers: every rank takes their whole state (they are idle: every rank is here).
+      const whole = await ps.wholeState(this.parameterCount)
+      this.#assignFlat(whole.params)
+      await writeTfjsOptimizerWeights(tf, opt, tfjsWeightsFromFlat(spec, this.layout, whole.optimizer))
+    }
+    if (target !== "allreduce" && this.#sync.rank === 0) {
+      const state = flatStateFromTfjs(spec, this.layout, this.parameterCount, await readTfjsOptimizerWeights(opt))
+      const as = target === "backup" ? { mode: "sync" as const, backupWorkers: 1 } : { mode: "ssp" as const, backupWorkers: 0 }
+      await ps.takeOver(this.#flatParams(), state, this.learningRate ?? 0, spec, this.#sync.worldSize, this.#weightDecay, as)
+    }
+    // Nobody pushes before the servers hold the state.
+    await this.#sync.sum(new Float32Array(1))
+    this.#strategy = target
+    this.#switches++
+  }
+
   /** Loss, gradients and (classification) correct predictions of a batch. */
   #forward(x: Tensor, y: Tensor): { value: Scalar; grads: Record<string, Tensor>; correct: Tensor | undefined } {
     const tf = this.#tf
@@ -676,6 +770,7 @@ export class DataParallelModel implements RecoverableModel {
 
   async #trainStep(x: Tensor, y: Tensor): Promise<StepResult> {
     const tf = this.#tf
+    if (this.#sync.auto) await this.#decideStrategy(this.#step)
     const step = this.#step++
     const t0 = performance.now()
     const fwd = this.#forward(x, y)
@@ -689,7 +784,7 @@ export class DataParallelModel implements RecoverableModel {
       this.onStep?.({ epoch: this.#epoch, step: this.#stepInEpoch++, stepsPerEpoch: this.#stepsPerEpoch, samples, loss: lossArr[0]! })
       return { loss: lossArr[0]!, samples: own, ...(correctArr ? { correct: correctArr[0]! } : {}) }
     }
-    if (this.#sync.worldSize === 1 && !this.exchangeAlone && !zero && !this.#sync.ps) {
+    if (this.#sync.worldSize === 1 && !this.exchangeAlone && !zero && !this.#viaServers) {
       // Nobody to exchange with: apply the gradients where they are, without the round trip out
       // of the engine and back.
       const [lossArr, correctArr] = await Promise.all([value.data(), correctT?.data()])
@@ -715,8 +810,10 @@ export class DataParallelModel implements RecoverableModel {
     let t1 = performance.now()
     this.#lastComputeMs = t1 - t0 + this.#accComputeMs
     this.#observer?.phase?.("forward_backward", t0, t1, step)
-    const ps = this.#sync.ps
+    if (this.#sync.auto && step >= 2) this.#computeLog.push(this.#lastComputeMs)
+    const ps = this.#viaServers ? this.#sync.ps : undefined
     if (ps) {
+      if (this.#sync.auto && step >= 2) this.#commLog.push(-1)
       // The servers apply the gradient (as the mode says) and hand back their fresh parameters.
       const r = await ps.pushPull(this.#sync.rank, step, flat, samples, this.learningRate)
       this.#clearAccumulated()
@@ -760,6 +857,7 @@ export class DataParallelModel implements RecoverableModel {
     this.#clearAccumulated()
     const t2 = performance.now()
     this.#observer?.phase?.("allreduce", t1, t2, step)
+    if (this.#sync.auto && step >= 2) this.#commLog.push(t2 - t1)
     if (reduced === "adopted") {
       // The group was re-formed and this rank took the state of a survivor that completed this
       // step: its update is in the weights already.
@@ -969,7 +1067,7 @@ export class DataParallelModel implements RecoverableModel {
 
 
   /** Heterogeneity-aware batching state for report(): per-rank batches, re-balances, stragglers. */
-  batchingMetrics(): Record<string, number> {
+  batchingMetrics(): Record<string, number | string> {
     const e = this.#sync.elastic
     return {
       ...this.#batcher?.metrics(),
@@ -978,7 +1076,8 @@ export class DataParallelModel implements RecoverableModel {
       ...(this.#lrRule && this.#lastLearningRate !== undefined ? { lr: this.#lastLearningRate } : {}),
       // Parameter servers: updates between the parameters a gradient was computed on and its
       // application (mean and max over this rank's steps so far), and gradients dropped (backup workers).
-      ...(this.#sync.ps
+      ...(this.#sync.auto ? { strategy: this.#strategy, "strategy/switches": this.#switches } : {}),
+      ...(this.#viaServers
         ? {
             "ps/staleness": this.#psStaleness.sum / Math.max(1, this.#psStaleness.steps),
             "ps/staleness_max": this.#psStaleness.max,
@@ -999,7 +1098,7 @@ export class DataParallelModel implements RecoverableModel {
     const state = new TextEncoder().encode(JSON.stringify({ step: this.#step, zeroStage: this.zeroStage, worldSize: this.#sync.worldSize }))
     if (this.#zero) return { [DP_STATE_FILE]: state }
     // The parameter servers hold the parameters and the optimizer state: one file per server.
-    if (this.#sync.ps) return { ...(await this.#sync.ps.stateFiles()), [DP_STATE_FILE]: state }
+    if (this.#viaServers) return { ...(await this.#sync.ps!.stateFiles()), [DP_STATE_FILE]: state }
     return { [OPTIMIZER_FILE]: await optimizerToFile(this.optimizer), [DP_STATE_FILE]: state }
   }
 
@@ -1018,7 +1117,21 @@ export class DataParallelModel implements RecoverableModel {
   async restoreOptimizer(files: Readonly<Record<string, Uint8Array>>): Promise<void> {
     const saved = files[DP_STATE_FILE]
     if (saved) this.#step = Number((JSON.parse(new TextDecoder().decode(saved)) as { step?: number }).step ?? 0)
-    if (this.#sync.ps) {
+    if (this.#sync.auto) {
+      // Strategy "auto" resumes on the all-reduce: a checkpoint taken while on the servers is
+      // their state, which every rank loads into its own optimizer.
+      this.#strategy = "allreduce"
+      if (hasPsFiles(files)) {
+        const whole = psWholeState(files, this.parameterCount)
+        this.#assignFlat(whole.params)
+        await writeTfjsOptimizerWeights(
+          this.#tf as unknown as Tf,
+          this.optimizer as unknown as Parameters<typeof writeTfjsOptimizerWeights>[1],
+          tfjsWeightsFromFlat(this.#psSpec!, this.layout, whole.optimizer)
+        )
+        return
+      }
+    } else if (this.#sync.ps) {
       // Rank 0 sets the servers up from the checkpoint (from the restored weights when it has no
       // server state); every rank then continues from the servers' parameters.
       await this.#initServers(files)

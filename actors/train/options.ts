@@ -135,10 +135,13 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
   const backupWorkers = coll.backupWorkers ?? 0
   const psMode = coll.parameterServer?.mode ?? "sync"
   const minWorkersAsked = typeof scaling.numWorkers === "number" ? scaling.numWorkers : scaling.numWorkers.min
-  if (coll.parameterServer !== undefined && strategy !== "parameter-server") {
+  if (coll.parameterServer !== undefined && strategy === "allreduce") {
     throw new ConfigError({ field: "collectiveConfig.parameterServer", reason: `configures the parameter servers, but strategy is "${strategy}": add strategy: "parameter-server"` })
   }
-  if (strategy === "parameter-server") {
+  if (strategy === "auto" && coll.parameterServer?.mode !== undefined) {
+    throw new ConfigError({ field: "collectiveConfig.parameterServer.mode", reason: `strategy "auto" picks the mode itself (backup workers or ssp); leave mode unset, or use strategy "parameter-server"` })
+  }
+  if (strategy !== "allreduce") {
     if (zeroStage > 0) throw new ConfigError({ field: "collectiveConfig.zeroStage", reason: "the parameter servers hold the optimizer state already: use zeroStage 0 with strategy \"parameter-server\"" })
     if (compression !== "none") {
       throw new ConfigError({ field: "collectiveConfig.compression", reason: `the parameter servers take gradients uncompressed (got ${JSON.stringify(compression)}); use "none", or strategy "allreduce" with compression` })
@@ -152,8 +155,8 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
       throw new ConfigError({ field: "collectiveConfig.backupWorkers", reason: `must be below the number of workers (${minWorkersAsked}), got ${backupWorkers}: each step needs at least one gradient` })
     }
   }
-  const statefulStrategy = zeroStage > 0 ? `zeroStage ${zeroStage}` : strategy === "parameter-server" ? `strategy "parameter-server"` : undefined
-  if (statefulStrategy && run.failureConfig?.recoverFrom === "peers" && strategy === "parameter-server") {
+  const statefulStrategy = zeroStage > 0 ? `zeroStage ${zeroStage}` : strategy !== "allreduce" ? `strategy "${strategy}"` : undefined
+  if (statefulStrategy && run.failureConfig?.recoverFrom === "peers" && strategy !== "allreduce") {
     throw new ConfigError({
       field: "runConfig.failureConfig.recoverFrom",
       reason: `"peers" regroups surviving workers, but with ${statefulStrategy} the state lives on the parameter servers, which restart with the job from the checkpoint: leave recoverFrom unset`
@@ -187,7 +190,7 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
       zeroStage,
       strategy,
       backupWorkers,
-      ...(strategy === "parameter-server"
+      ...(strategy !== "allreduce"
         ? { parameterServer: { numServers: coll.parameterServer?.numServers ?? 1, mode: psMode, staleness: coll.parameterServer?.staleness ?? 2 } }
         : {}),
       bucketSizeMiB: coll.bucketSizeMiB ?? BUCKET_SIZE_MIB,

@@ -9,7 +9,7 @@ import { decodeMessage, encodeMessage } from "../../core/wire.ts"
 import type { ActorSystem } from "../runtime/system.ts"
 import { ServerProtocol, type PsParams } from "./train-protocol.ts"
 import { shardLayout, type ShardLayout } from "./optim/zero.ts"
-import type { FlatOptimizerSpec } from "./optim/flat-optimizers.ts"
+import type { FlatOptimizerSpec, FlatOptimizerState } from "./optim/flat-optimizers.ts"
 import type { PsMode, ShardServerState } from "./ps/shard.ts"
 
 export interface PsClientOptions {
@@ -78,8 +78,18 @@ export class PsClient {
     return this.#layouts
   }
 
-  /** Rank 0: gives every server its range of `flat` and the optimizer (or, with `states`, a checkpoint's state per server). */
-  async init(flat: Float32Array, spec: FlatOptimizerSpec, numWorkers: number, weightDecay: number, states?: ReadonlyArray<Uint8Array>): Promise<void> {
+  /**
+   * Rank 0: gives every server its range of `flat` and the optimizer (or, with `states`, a
+   * checkpoint's state per server); `as` overrides the mode (strategy "auto" switches between them).
+   */
+  async init(
+    flat: Float32Array,
+    spec: FlatOptimizerSpec,
+    numWorkers: number,
+    weightDecay: number,
+    states?: ReadonlyArray<Uint8Array>,
+    as?: { readonly mode: PsMode; readonly backupWorkers: number }
+  ): Promise<void> {
     const layouts = this.layout(flat.length)
     await Promise.all(
       layouts.map((l, k) =>
@@ -90,9 +100,9 @@ export class PsClient {
             params: flat.subarray(l.start, l.end),
             spec: spec as unknown as Record<string, unknown>,
             numWorkers,
-            mode: this.options.mode,
+            mode: as?.mode ?? this.options.mode,
             staleness: this.options.staleness,
-            backupWorkers: this.options.backupWorkers,
+            backupWorkers: as?.backupWorkers ?? this.options.backupWorkers,
             weightDecay,
             ...(states ? { state: states[k]! } : {})
           },
@@ -197,6 +207,24 @@ export class PsClient {
     return true
   }
 
+  /**
+   * Rank 0, when training switches to the servers (strategy "auto"): their ranges of the whole
+   * parameters and optimizer state (what every rank held until now), in `mode`.
+   */
+  async takeOver(flat: Float32Array, optimizer: FlatOptimizerState, learningRate: number, spec: FlatOptimizerSpec, numWorkers: number, weightDecay: number, as: { readonly mode: PsMode; readonly backupWorkers: number }): Promise<void> {
+    const whole: ShardServerState = { params: flat, version: 0, learningRate, optimizer, clocks: [], lastAppliedStep: -1 }
+    const saved = [{ range: [0, flat.length] as const, state: whole }]
+    const states = this.layout(flat.length).map((l) => encodeMessage(recut(saved, l)))
+    await this.init(flat, spec, numWorkers, weightDecay, states, as)
+  }
+
+  /** The servers' whole state (parameters and optimizer state over the flat vector), for switching back to all-reduce. */
+  async wholeState(n: number): Promise<{ readonly params: Float32Array; readonly optimizer: FlatOptimizerState }> {
+    const saved = psStatesOf(await this.stateFiles())!
+    const whole = recut(saved, shardLayout(n, 1, 0))
+    return { params: whole.params, optimizer: whole.optimizer }
+  }
+
   /** This worker's loop ended: the servers stop waiting for it. */
   async finish(worker: number): Promise<void> {
     await Promise.all(this.options.servers.map((_, k) => this.options.system.tellPromise(this.#ref(k), "finish", { worker }).catch(() => {})))
@@ -207,6 +235,17 @@ export class PsClient {
     for (const p of this.#pending.values()) p.reject(new ParameterServerError(reason))
     this.#pending.clear()
   }
+}
+
+/** Whether a checkpoint holds parameter-server state. */
+export const hasPsFiles = (files: Readonly<Record<string, unknown>>): boolean => Object.keys(files).some((f) => PS_FILE.test(f))
+
+/** A checkpoint's parameter-server state as the whole flat parameters and optimizer state. */
+export const psWholeState = (files: Readonly<Record<string, Uint8Array>>, n: number): { readonly params: Float32Array; readonly optimizer: FlatOptimizerState } => {
+  const saved = psStatesOf(files)
+  if (!saved) throw new ConfigError({ field: "checkpoint", reason: "it holds no parameter-server state" })
+  const whole = recut(saved, shardLayout(n, 1, 0))
+  return { params: whole.params, optimizer: whole.optimizer }
 }
 
 /** The parameter servers' states in a checkpoint, each with its range, or undefined when it has none. */

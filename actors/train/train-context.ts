@@ -75,6 +75,8 @@ export interface TrainContextDeps {
   readonly halfWire?: boolean
   /** The parameter-server strategy's servers. */
   readonly ps?: ParameterServers
+  /** collectiveConfig.strategy "auto": what the model needs to decide and explain (GradientSync.auto). */
+  readonly auto?: GradientSync["auto"]
   /** Elastic groups: the largest world size and what stays fixed when the size changes. */
   readonly elastic?: { readonly maxWorkers: number; readonly batch: "keep-global" | "keep-per-worker" }
   readonly observer?: StepObserver
@@ -238,6 +240,7 @@ export class TrainContext {
       adaptiveBatching: d.adaptiveBatching === true,
       ...(d.elastic ? { elastic: d.elastic } : {}),
       ...(d.ps ? { ps: d.ps } : {}),
+      ...(d.auto ? { auto: d.auto } : {}),
       recovery: session
     }
     const dp = await DataParallelModel.prepare(this.tf, model, sync, options, d.observer)

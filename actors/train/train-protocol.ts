@@ -107,7 +107,14 @@ export const ControllerProtocol = defineProtocol("trainer-controller", {
   },
   /** Rank 0's all-reduce plan (algorithm per bucket, compression) with predicted times: explain.txt / explain.json. */
   explain: {
-    request: Schema.Struct({ attempt: Schema.Number, text: Schema.String, json: Schema.Unknown, summary: Schema.String })
+    request: Schema.Struct({
+      attempt: Schema.Number,
+      text: Schema.String,
+      json: Schema.Unknown,
+      summary: Schema.String,
+      /** "algorithm" (absent: the all-reduce plan) or "strategy" (collectiveConfig.strategy "auto"'s choice). */
+      part: Schema.optionalKey(Schema.Literals(["algorithm", "strategy"]))
+    })
   },
   /** Timeline events of a rank (Chrome trace "X" events), flushed in batches. */
   trace: {
@@ -154,7 +161,7 @@ export const WorkerArgs = Schema.Struct({
     adaptiveBatching: Schema.optionalKey(Schema.Boolean),
     /** collectiveConfig.zeroStage (absent: 0). */
     zeroStage: Schema.optionalKey(Schema.Literals([0, 1, 2])),
-    strategy: Schema.optionalKey(Schema.Literals(["allreduce", "parameter-server"])),
+    strategy: Schema.optionalKey(Schema.Literals(["allreduce", "parameter-server", "auto"])),
     backupWorkers: Schema.optionalKey(Schema.Number),
     parameterServer: Schema.optionalKey(Schema.Struct({ numServers: Schema.Number, mode: Schema.Literals(["sync", "async", "ssp"]), staleness: Schema.Number }))
   }),
@@ -179,7 +186,9 @@ export const WorkerArgs = Schema.Struct({
       staleness: Schema.Number,
       backupWorkers: Schema.Number,
       /** Deadline of a worker's wait for a server's answer. */
-      timeoutMs: Schema.Number
+      timeoutMs: Schema.Number,
+      /** collectiveConfig.strategy "auto": start on the all-reduce, move to the servers when they are predicted faster. */
+      auto: Schema.optionalKey(Schema.Boolean)
     })
   )
 })

@@ -70,8 +70,13 @@ const PAUSE_TIMEOUT_MS = 20_000
  */
 const REGROUP_RETRY_MS = 1_000
 
-/** The all-reduce plan of the run, as the workers' scheduler explained it. */
-const writeExplain = async (dir: string, text: string, json: unknown): Promise<void> => {
+/** The all-reduce plan of the run and (strategy "auto") its strategy, as the workers explained them last. */
+const writeExplain = async (dir: string, parts: Readonly<Record<string, { readonly text: string; readonly json: unknown }>>): Promise<void> => {
+  const alg = parts.algorithm
+  const strat = parts.strategy
+  const text = [alg?.text, strat?.text].filter((t) => t !== undefined).join("\n\n")
+  // explain.json stays the all-reduce plan's object, with the strategy's choice under "strategy".
+  const json = strat ? { ...((alg?.json as object | undefined) ?? {}), strategy: strat.json } : alg?.json
   await fs.writeFile(path.join(dir, "explain.txt"), `${text}\n`)
   await fs.writeFile(path.join(dir, "explain.json"), `${JSON.stringify(json, null, 2)}\n`)
 }
@@ -176,6 +181,8 @@ export class Trainer {
     const lineage = new Map<string, number>()
     // The state a regrouped generation continues from, by generation (the furthest survivor's).
     const peerStates = new Map<number, PeerState>()
+    /** The latest explanations by part (the all-reduce plan; strategy "auto"'s choice): explain.txt / explain.json. */
+    const explained: Record<string, { readonly text: string; readonly json: unknown }> = {}
     let bus: BusMonitor | undefined
 
     /** Something that happened to the run: a progress line, events.jsonl, report.html, summary.json. */
@@ -462,7 +469,8 @@ export class Trainer {
         if (!isCurrent(body.attempt)) return
         progress.line(body.summary)
         recorder.event({ type: "explain", summary: body.summary })
-        saving = saving.then(() => writeExplain(cfg.runDir, body.text, body.json)).catch(() => {})
+        explained[body.part ?? "algorithm"] = { text: body.text, json: body.json }
+        saving = saving.then(() => writeExplain(cfg.runDir, explained)).catch(() => {})
       },
       finished: (body) => controller.finished(body),
       failed: (body) => controller.failed(body),
@@ -579,7 +587,7 @@ export class Trainer {
               // The parameter servers first: the workers' args name them.
               let args = groupArgs
               const ps = cfg.collective.parameterServer
-              if (cfg.collective.strategy === "parameter-server" && ps) {
+              if (cfg.collective.strategy !== "allreduce" && ps) {
                 const nodes = [...new Set(plan.ranks.map((r) => r.nodeId))]
                 try {
                   const servers = await group.spawnServers(
@@ -589,7 +597,17 @@ export class Trainer {
                     (index, detail) => controller.fail(g, { kind: "died", rank: -1, tag: "ServerDown", message: detail }),
                     () => !g.settled
                   )
-                  args = { ...groupArgs, servers, parameterServer: { mode: ps.mode, staleness: ps.staleness, backupWorkers: cfg.collective.backupWorkers ?? 0, timeoutMs: cfg.collective.timeoutMs } }
+                  args = {
+                    ...groupArgs,
+                    servers,
+                    parameterServer: {
+                      mode: ps.mode,
+                      staleness: ps.staleness,
+                      backupWorkers: cfg.collective.backupWorkers ?? 0,
+                      timeoutMs: cfg.collective.timeoutMs,
+                      ...(cfg.collective.strategy === "auto" ? { auto: true } : {})
+                    }
+                  }
                 } catch (e) {
                   const err = e as { message?: string; _tag?: string }
                   return { tag: err._tag ?? "SpawnError", message: `a parameter server could not start: ${err.message ?? String(e)}` }

@@ -236,6 +236,18 @@ export const trainWorker = defineActor(
           adaptiveBatching: args.collective.adaptiveBatching === true,
           zeroStage: args.collective.zeroStage ?? 0,
           ...(ps ? { ps } : {}),
+          ...(ps && args.parameterServer?.auto
+            ? {
+                auto: {
+                  numServers: ps.numServers,
+                  explain: (text: string, json: Record<string, unknown>, summary: string) => {
+                    ctx.log.info(summary)
+                    const p = place()
+                    void system.tellPromise(controller, "explain", { attempt: p.attempt, text, json, summary, part: "strategy" }).catch(() => {})
+                  }
+                }
+              }
+            : {}),
           halfWire: args.collective.wireDtype === "float16",
           ...(args.elastic ? { elastic: args.elastic } : {}),
           observer,

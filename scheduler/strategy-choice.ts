@@ -1,0 +1,103 @@
+// collectiveConfig.strategy "auto": which way of training the measured group runs fastest.
+// Inputs are what the workers measured over recent steps: every rank's forward/backward time of
+// each step (a p x k matrix, the same steps on every rank), the gradient all-reduce's pure
+// communication time (per step, the least any rank spent in it: the last rank to arrive waits for
+// nobody), the flat gradient's bytes and the number of parameter servers. Candidates, in gradient
+// steps applied per second over the group (p per synchronous step):
+//   allreduce   p / (E[max_i c_i] + a)           every step waits for that step's slowest rank
+//   backup      (p-1) / (E[c_(p-1)] + t_ps)      PS sync taking the first p-1 gradients (p >= 3)
+//   ssp         min(p / (max_i mean c_i + t_w), server bound)
+//                                                ranks run at their own pace within the staleness
+//                                                bound: a persistent straggler still sets the
+//                                                pace, a jittery one no longer does
+// where a push-pull costs a worker t_w = a * p / (2(p-1)) (its gradient out, parameters back, at
+// the bandwidth the all-reduce showed) and the servers, which carry every worker's traffic,
+// t_ps = t_w * max(1, p / servers). The fastest wins; a change from the current strategy needs a
+// predicted gain of `hysteresis` (default 1.2x), so noise does not flip it back and forth; within
+// 5% of the fastest the all-reduce is preferred (it is exactly synchronous training).
+// Asynchronous PS is not a candidate: its staleness is unbounded, so its accuracy is not the
+// same training's.
+
+export type StrategyName = "allreduce" | "backup" | "ssp"
+
+export interface StrategyMeasure {
+  /** computeMs[rank][step]: forward/backward ms, the same steps on every rank. */
+  readonly computeMs: ReadonlyArray<ReadonlyArray<number>>
+  /** The gradient all-reduce's communication ms per step without waiting (see above). */
+  readonly allReduceMs: number
+  readonly numServers: number
+}
+
+export interface StrategyPrediction {
+  readonly name: StrategyName
+  /** Gradient steps applied per second over the group. */
+  readonly stepsPerSec: number
+  /** How it was priced, for explain.txt. */
+  readonly why: string
+}
+
+export interface StrategyChoice {
+  readonly pick: StrategyName
+  readonly predictions: ReadonlyArray<StrategyPrediction>
+  readonly changed: boolean
+  readonly text: string
+  readonly json: Record<string, unknown>
+}
+
+/** Within this factor of the fastest, the all-reduce is preferred. */
+const TIE = 1.05
+
+const mean = (xs: ReadonlyArray<number>): number => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : 0)
+
+/** The k-th smallest (1-based) of xs. */
+const orderStat = (xs: ReadonlyArray<number>, k: number): number => [...xs].sort((a, b) => a - b)[Math.min(xs.length, Math.max(1, k)) - 1]!
+
+export const predictStrategies = (m: StrategyMeasure): StrategyPrediction[] => {
+  const p = m.computeMs.length
+  const steps = Math.min(...m.computeMs.map((r) => r.length))
+  if (p === 0 || steps === 0) return []
+  const perStep = Array.from({ length: steps }, (_, t) => m.computeMs.map((r) => r[t]!))
+  const a = Math.max(0, m.allReduceMs)
+  const out: StrategyPrediction[] = []
+  const maxC = mean(perStep.map((s) => Math.max(...s)))
+  out.push({ name: "allreduce", stepsPerSec: (p * 1000) / (maxC + a), why: `${p} / (E[max compute] ${maxC.toFixed(1)} ms + all-reduce ${a.toFixed(1)} ms)` })
+  if (p < 2) return out
+  const tw = (a * p) / (2 * (p - 1))
+  const tps = tw * Math.max(1, p / Math.max(1, m.numServers))
+  if (p >= 3) {
+    const c = mean(perStep.map((s) => orderStat(s, p - 1)))
+    out.push({ name: "backup", stepsPerSec: ((p - 1) * 1000) / (c + tps), why: `${p - 1} / (E[${p - 1}th fastest compute] ${c.toFixed(1)} ms + push-pull ${tps.toFixed(1)} ms)` })
+  }
+  const slowest = Math.max(...m.computeMs.map((r) => mean(r.slice(0, steps))))
+  const pace = (p * 1000) / (slowest + tw)
+  const serverBound = (Math.max(1, m.numServers) * 1000) / Math.max(1e-6, tw)
+  out.push({
+    name: "ssp",
+    stepsPerSec: Math.min(pace, serverBound),
+    why: `min(${p} / (slowest mean compute ${slowest.toFixed(1)} ms + push-pull ${tw.toFixed(1)} ms), servers ${serverBound.toFixed(0)}/s)`
+  })
+  return out
+}
+
+export const chooseStrategy = (m: StrategyMeasure, current: StrategyName, hysteresis = 1.2): StrategyChoice => {
+  const predictions = predictStrategies(m)
+  const now = predictions.find((x) => x.name === current)
+  const fastest = predictions.reduce((b, x) => (x.stepsPerSec > b.stepsPerSec ? x : b), predictions[0] ?? { name: current, stepsPerSec: 0, why: "" })
+  // Near a tie the all-reduce wins: it is exactly synchronous training, the others trade some of it.
+  const ar = predictions.find((x) => x.name === "allreduce")
+  const best = ar && ar.stepsPerSec * TIE >= fastest.stepsPerSec ? ar : fastest
+  const changed = best.name !== current && (!now || best.stepsPerSec > now.stepsPerSec * hysteresis)
+  const pick = changed ? best.name : current
+  const lines = [
+    `strategy: ${pick}${changed ? ` (was ${current})` : ""}; predicted gradient steps/s over the group:`,
+    ...predictions.map((x) => `  ${x.name.padEnd(9)} ${x.stepsPerSec.toFixed(1).padStart(8)}/s  ${x.why}${x.name === pick ? "  <- picked" : ""}`),
+    `  a change needs ${hysteresis}x the current strategy's prediction`
+  ]
+  return {
+    pick,
+    predictions,
+    changed,
+    text: lines.join("\n"),
+    json: { pick, previous: current, changed, hysteresis, allReduceMs: m.allReduceMs, numServers: m.numServers, predictions }
+  }
+}
