@@ -11,17 +11,27 @@ export interface HeteroLoopConfig {
   readonly slowdown?: Readonly<Record<string, number>>
   /** Steps ignored when measuring steps/s (warm-up and first re-balances). Default 6. */
   readonly skipSteps?: number
+  /** Rank 0 checkpoints after every epoch, and a run resumes from the latest checkpoint. Default false. */
+  readonly checkpoint?: boolean
+  /** "adam" instead of SGD 0.1. */
+  readonly optimizer?: "sgd" | "adam"
 }
 
 export async function heteroLoop(config: HeteroLoopConfig, ctx: TrainContext): Promise<void> {
   const tf = ctx.tf
   const train = await ctx.getDatasetShard("train")
   const model = buildModel(tf, "mlp")
-  model.compile({ optimizer: tf.train.sgd(0.1), loss: "categoricalCrossentropy" })
+  model.compile({ optimizer: config.optimizer === "adam" ? tf.train.adam(0.01) : tf.train.sgd(0.1), loss: "categoricalCrossentropy" })
   const dp = await ctx.prepareModel(model, { simulatedDelayMsPerSample: config.slowdown?.[String(ctx.worldRank)] ?? 0 })
   const skip = config.skipSteps ?? 6
   const stamps: number[] = []
-  for (let epoch = 0; epoch < (config.epochs ?? 2); epoch++) {
+  let start = 0
+  const resume = config.checkpoint ? await ctx.getCheckpoint() : undefined
+  if (resume) {
+    await ctx.restoreModel(dp, resume)
+    start = Number(resume.metadata?.epoch) + 1
+  }
+  for (let epoch = start; epoch < (config.epochs ?? 2); epoch++) {
     const [r] = await dp.fit(train, {
       epochs: epoch + 1,
       initialEpoch: epoch,
@@ -30,6 +40,8 @@ export async function heteroLoop(config: HeteroLoopConfig, ctx: TrainContext): P
     })
     const timed = stamps.slice(skip)
     const stepsPerS = timed.length >= 2 ? ((timed.length - 1) * 1000) / (timed.at(-1)! - timed[0]!) : 0
-    await ctx.report({ epoch, loss: r.loss, steps: stamps.length, steps_per_s: stepsPerS, weights: weightsHash(model.getWeights()) })
+    const metrics = { epoch, loss: r.loss, steps: stamps.length, steps_per_s: stepsPerS, weights: weightsHash(model.getWeights()) }
+    const checkpoint = config.checkpoint && ctx.worldRank === 0 ? await ctx.checkpointFromModel(dp, { metadata: { epoch } }) : undefined
+    await ctx.report(metrics, checkpoint ? { checkpoint } : {})
   }
 }
