@@ -65,11 +65,12 @@ describe("parameter servers in the Trainer", () => {
     expect(await fs.readdir(ps.checkpoint!.path)).toEqual(expect.arrayContaining(["ps.shard-0-of-2.msgpack", "ps.shard-1-of-2.msgpack"]))
   })
 
-  it("async and SSP converge on digits and report staleness; backup workers drop gradients and converge", async () => {
+  it("async and SSP converge on digits and report staleness; backup workers (with binary16 pushes) drop gradients and converge", async () => {
     const cfg = { epochs: 5, optimizer: "adam" }
     const asyncRun = await fit("ps-async", cfg, { strategy: "parameter-server", parameterServer: { numServers: 2, mode: "async" } })
     const ssp = await fit("ps-ssp", cfg, { strategy: "parameter-server", parameterServer: { numServers: 1, mode: "ssp", staleness: 2 } })
-    const backup = await fit("ps-backup", cfg, { strategy: "parameter-server", parameterServer: { mode: "sync" }, backupWorkers: 1 })
+    // (gradients as binary16 here: half the bytes of every push)
+    const backup = await fit("ps-backup", cfg, { strategy: "parameter-server", parameterServer: { mode: "sync" }, backupWorkers: 1, wireDtype: "float16" })
     console.log(`ps digits val_accuracy: async ${lastAccuracy(asyncRun)}, ssp ${lastAccuracy(ssp)}, backup ${lastAccuracy(backup)}`)
     for (const r of [asyncRun, ssp, backup]) {
       expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4])

@@ -144,7 +144,10 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
   if (strategy !== "allreduce") {
     if (zeroStage > 0) throw new ConfigError({ field: "collectiveConfig.zeroStage", reason: "the parameter servers hold the optimizer state already: use zeroStage 0 with strategy \"parameter-server\"" })
     if (compression !== "none") {
-      throw new ConfigError({ field: "collectiveConfig.compression", reason: `the parameter servers take gradients uncompressed (got ${JSON.stringify(compression)}); use "none", or strategy "allreduce" with compression` })
+      throw new ConfigError({
+        field: "collectiveConfig.compression",
+        reason: `the parameter servers take gradients uncompressed (got ${JSON.stringify(compression)}); use "none" (wireDtype "float16" halves the bytes), or strategy "allreduce" with compression`
+      })
     }
   }
   if (backupWorkers > 0) {

@@ -5,6 +5,7 @@
 // servers and saves and restores their state for checkpoints (one file per server, re-sharded to
 // another number of servers on restore).
 import { ConfigError } from "../../core/errors.ts"
+import { encodeHalf } from "../../collectives/float16.ts"
 import { decodeMessage, encodeMessage } from "../../core/wire.ts"
 import type { ActorSystem } from "../runtime/system.ts"
 import { ServerProtocol, type PsParams } from "./train-protocol.ts"
@@ -23,6 +24,8 @@ export interface PsClientOptions {
   readonly backupWorkers: number
   /** Deadline of every wait for a server. */
   readonly timeoutMs: number
+  /** Gradients travel as binary16 (collectiveConfig.wireDtype "float16"); the servers accumulate in fp32. */
+  readonly halfWire?: boolean
 }
 
 /** A push-pull's outcome over all servers. */
@@ -40,6 +43,8 @@ export class ParameterServerError extends Error {
   override readonly name = "ParameterServerError"
 }
 
+const EMPTY = new Float32Array(0)
+
 export const psShardFile = (k: number, s: number): string => `ps.shard-${k}-of-${s}.msgpack`
 const PS_FILE = /^ps\.shard-(\d+)-of-(\d+)\.msgpack$/
 
@@ -55,6 +60,8 @@ export class PsClient {
   #params: Float32Array | undefined
   /** Answers awaited, by server then step. */
   readonly #pending = new Map<string, Pending>()
+  /** Per server: the binary16 bits of its gradient range (halfWire). */
+  #half: Uint16Array[] = []
 
   constructor(options: PsClientOptions) {
     if (options.servers.length < 1) throw new ConfigError({ field: "collectiveConfig.parameterServer.numServers", reason: "needs at least one server" })
@@ -166,7 +173,9 @@ export class PsClient {
           replyTo: this.options.self,
           step,
           basedOn: this.#versions[k]!,
-          grad: grad.subarray(l.start, l.end),
+          ...(this.options.halfWire
+            ? { grad: EMPTY, half: this.#halfOf(k, grad.subarray(l.start, l.end)) }
+            : { grad: grad.subarray(l.start, l.end) }),
           weight,
           ...(learningRate !== undefined ? { learningRate } : {})
         })
@@ -178,6 +187,13 @@ export class PsClient {
       })
     )
     return { params: out, staleness: staleness / layouts.length, dropped }
+  }
+
+  #halfOf(k: number, range: Float32Array): Uint16Array {
+    let h = this.#half[k]
+    if (h?.length !== range.length) h = this.#half[k] = new Uint16Array(range.length)
+    encodeHalf(range, h)
+    return h
   }
 
   /** Rank 0, for a checkpoint: every server's state, one file each. */

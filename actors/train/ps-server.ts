@@ -8,6 +8,7 @@
 // must wait is answered later, by a tell, so the others' pushes keep arriving. The arithmetic is
 // ps/shard.ts.
 import { ConfigError } from "../../core/errors.ts"
+import { decodeHalf } from "../../collectives/float16.ts"
 import { decodeMessage, encodeMessage } from "../../core/wire.ts"
 import { defineActor } from "../runtime/actor.ts"
 import { ServerProtocol, WorkerProtocol, type PsParams, type ServerArgs } from "./train-protocol.ts"
@@ -41,7 +42,12 @@ export const parameterServer = defineActor(ServerProtocol, (ctx) => {
       const worker = ctx.system.ref(WorkerProtocol, body.replyTo)
       const answer = (reply: PsParams) =>
         void ctx.system.tellPromise(worker, "psParams", reply).catch((e: unknown) => ctx.log.warn(`could not answer rank ${body.worker}: ${String(e)}`))
-      s.push(body.worker, body.step, body.basedOn, body.grad, body.weight, body.learningRate).then(
+      let grad = body.grad
+      if (body.half) {
+        grad = new Float32Array(body.half.length)
+        decodeHalf(body.half, grad)
+      }
+      s.push(body.worker, body.step, body.basedOn, grad, body.weight, body.learningRate).then(
         (r) => answer({ server: args.index, step: body.step, params: r.params, version: r.version, staleness: r.staleness, dropped: r.dropped }),
         (e: unknown) =>
           answer({ server: args.index, step: body.step, params: new Float32Array(0), version: -1, staleness: 0, dropped: false, error: e instanceof Error ? e.message : String(e) })

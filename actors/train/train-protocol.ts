@@ -236,6 +236,8 @@ export const ServerProtocol = defineProtocol("ps-server", {
       step: Schema.Number,
       basedOn: Schema.Number,
       grad: F32,
+      /** collectiveConfig.wireDtype "float16": the gradient as binary16 bits instead (grad is then empty). */
+      half: Schema.optionalKey(Schema.instanceOf(Uint16Array<ArrayBufferLike>)),
       weight: Schema.Number,
       learningRate: Schema.optionalKey(Schema.Number)
     }),

@@ -65,7 +65,8 @@ export const trainWorker = defineActor(
           mode: args.parameterServer.mode,
           staleness: args.parameterServer.staleness,
           backupWorkers: args.parameterServer.backupWorkers,
-          timeoutMs: args.parameterServer.timeoutMs
+          timeoutMs: args.parameterServer.timeoutMs,
+          halfWire: args.collective.wireDtype === "float16"
         })
       : undefined
     const run = async (): Promise<void> => {
