@@ -9,7 +9,8 @@ const benches: Record<string, { about: string; modules: ReadonlyArray<string> }>
   recovery: { about: "worker kill, NATS kill, node loss, node join: detection, time to resumed training, steps lost", modules: ["./recovery.ts"] },
   hetero: { about: "heterogeneity-aware batching vs equal split", modules: ["./hetero.ts"] },
   autochoice: { about: "the cost model's algorithm pick vs the measured fastest over (size, p)", modules: ["./autochoice.ts"] },
-  zero: { about: "ZeRO stage 0/1/2 at p = 1, 2, 4: optimizer state per rank, step time, bytes on the wire", modules: ["./zero.ts"] }
+  zero: { about: "ZeRO stage 0/1/2 at p = 1, 2, 4: optimizer state per rank, step time, bytes on the wire", modules: ["./zero.ts"] },
+  strategy: { about: "all-reduce vs parameter servers (sync, backup workers, async, SSP) with a straggler: steps/s, accuracy, staleness", modules: ["./strategy.ts"] }
 }
 
 const [name, ...rest] = process.argv.slice(2)

@@ -10,9 +10,10 @@
 //                                                ranks run at their own pace within the staleness
 //                                                bound: a persistent straggler still sets the
 //                                                pace, a jittery one no longer does
-// where a push-pull costs a worker t_w = a * p / (2(p-1)) (its gradient out, parameters back, at
-// the bandwidth the all-reduce showed) and the servers, which carry every worker's traffic,
-// t_ps = t_w * max(1, p / servers). The fastest wins; a change from the current strategy needs a
+// where a push-pull costs a worker t_w = a * max(1, p / (2(p-1))) (its gradient out, parameters
+// back, at the bandwidth the all-reduce showed, and a round trip no cheaper than the all-reduce)
+// and the servers, which carry every worker's traffic, t_ps = t_w * max(1, p / servers); once the
+// group has run on the servers, the push-pull time measured there replaces both. The fastest wins; a change from the current strategy needs a
 // predicted gain of `hysteresis` (default 1.2x), so noise does not flip it back and forth; within
 // 5% of the fastest the all-reduce is preferred (it is exactly synchronous training).
 // Asynchronous PS is not a candidate: its staleness is unbounded, so its accuracy is not the
@@ -26,6 +27,11 @@ export interface StrategyMeasure {
   /** The gradient all-reduce's communication ms per step without waiting (see above). */
   readonly allReduceMs: number
   readonly numServers: number
+  /**
+   * A push-pull's ms as measured on the servers (per step the least any rank spent): replaces the
+   * price derived from the all-reduce once the group has run on them.
+   */
+  readonly pushPullMs?: number
 }
 
 export interface StrategyPrediction {
@@ -62,8 +68,9 @@ export const predictStrategies = (m: StrategyMeasure): StrategyPrediction[] => {
   const maxC = mean(perStep.map((s) => Math.max(...s)))
   out.push({ name: "allreduce", stepsPerSec: (p * 1000) / (maxC + a), why: `${p} / (E[max compute] ${maxC.toFixed(1)} ms + all-reduce ${a.toFixed(1)} ms)` })
   if (p < 2) return out
-  const tw = (a * p) / (2 * (p - 1))
-  const tps = tw * Math.max(1, p / Math.max(1, m.numServers))
+  // A push-pull is a round trip through an actor: never priced below the all-reduce's own time.
+  const tw = m.pushPullMs ?? Math.max(a, (a * p) / (2 * (p - 1)))
+  const tps = m.pushPullMs ?? tw * Math.max(1, p / Math.max(1, m.numServers))
   if (p >= 3) {
     const c = mean(perStep.map((s) => orderStat(s, p - 1)))
     out.push({ name: "backup", stepsPerSec: ((p - 1) * 1000) / (c + tps), why: `${p - 1} / (E[${p - 1}th fastest compute] ${c.toFixed(1)} ms + push-pull ${tps.toFixed(1)} ms)` })

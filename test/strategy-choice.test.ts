@@ -61,3 +61,13 @@ describe("strategy choice", () => {
     expect(predictStrategies({ computeMs: [[10]], allReduceMs: 1, numServers: 1 }).map((x) => x.name)).toEqual(["allreduce"])
   })
 })
+
+describe("strategy choice, calibrated", () => {
+  it("prices the servers by their measured push-pull once it has one: a slow one sends training back", () => {
+    const c = [0, 1, 2, 3].map((r) => steps(10, () => (r === 1 ? 60 : 20)))
+    expect(chooseStrategy({ computeMs: c, allReduceMs: 2, numServers: 1 }, "backup").pick).toBe("backup")
+    const slowServers = chooseStrategy({ computeMs: c, allReduceMs: 2, numServers: 1, pushPullMs: 80 }, "backup")
+    expect(slowServers.pick).toBe("allreduce")
+    expect(slowServers.predictions.find((x) => x.name === "backup")!.why).toMatch(/push-pull 80\.0 ms/)
+  })
+})

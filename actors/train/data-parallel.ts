@@ -311,6 +311,9 @@ export class DataParallelModel implements RecoverableModel {
   #computeLog: number[] = []
   #commLog: number[] = []
   #allReduceMs: number | undefined
+  /** Strategy "auto" on the servers: this rank's push-pull ms per step, and the group's measured price of one. */
+  #psLog: number[] = []
+  #pushPullMs: number | undefined
   #switches = 0
   /** When trainStep last gave the event loop a turn (performance.now()). */
   #lastTurn = performance.now()
@@ -606,29 +609,41 @@ export class DataParallelModel implements RecoverableModel {
     const auto = this.#sync.auto!
     if (step < AUTO_FIRST_DECISION || (step - AUTO_FIRST_DECISION) % AUTO_EVERY !== 0 || !this.#sync.allGather) return
     const k = AUTO_WINDOW
-    const mine = new Float32Array(2 * k).fill(-1)
+    // This rank's last k compute, all-reduce and push-pull times (-1: not measured).
+    const mine = new Float32Array(3 * k).fill(-1)
     const c = this.#computeLog.slice(-k)
     const m = this.#commLog.slice(-k)
+    const q = this.#psLog.slice(-k)
     mine.set(c, k - c.length)
     mine.set(m, 2 * k - m.length)
+    mine.set(q, 3 * k - q.length)
     this.#computeLog = []
     this.#commLog = []
+    this.#psLog = []
     const all = await this.#sync.allGather(mine)
     const p = this.#sync.worldSize
     const computeMs: number[][] = []
-    const mins: number[] = []
-    for (let t = 0; t < k; t++) {
-      let least = Number.POSITIVE_INFINITY
-      for (let r = 0; r < p; r++) {
-        const v = all[r * 2 * k + k + t]!
-        if (v >= 0) least = Math.min(least, v)
+    // Per step, the least any rank spent exchanging: the last to arrive waited for nobody.
+    const leastPerStep = (part: number): number | undefined => {
+      const mins: number[] = []
+      for (let t = 0; t < k; t++) {
+        let least = Number.POSITIVE_INFINITY
+        for (let r = 0; r < p; r++) {
+          const v = all[r * 3 * k + part * k + t]!
+          if (v >= 0) least = Math.min(least, v)
+        }
+        if (Number.isFinite(least)) mins.push(least)
       }
-      if (Number.isFinite(least)) mins.push(least)
+      return mins.length > 0 ? mins.sort((a, b) => a - b)[Math.floor(mins.length / 2)] : undefined
     }
-    for (let r = 0; r < p; r++) computeMs.push(Array.from(all.subarray(r * 2 * k, r * 2 * k + k)).filter((v) => v >= 0))
-    if (mins.length > 0) this.#allReduceMs = mins.sort((a, b) => a - b)[Math.floor(mins.length / 2)]
+    for (let r = 0; r < p; r++) computeMs.push(Array.from(all.subarray(r * 3 * k, r * 3 * k + k)).filter((v) => v >= 0))
+    this.#allReduceMs = leastPerStep(1) ?? this.#allReduceMs
+    this.#pushPullMs = leastPerStep(2) ?? this.#pushPullMs
     if (this.#allReduceMs === undefined || computeMs.some((r) => r.length === 0)) return
-    const choice = chooseStrategy({ computeMs, allReduceMs: this.#allReduceMs, numServers: auto.numServers }, this.#strategy)
+    const choice = chooseStrategy(
+      { computeMs, allReduceMs: this.#allReduceMs, numServers: auto.numServers, ...(this.#pushPullMs !== undefined ? { pushPullMs: this.#pushPullMs } : {}) },
+      this.#strategy
+    )
     if (this.#sync.rank === 0) {
       const best = choice.predictions.find((x) => x.name === choice.pick)
       auto.explain(choice.text, { step, ...choice.json }, `gradwire: strategy ${choice.pick}${choice.changed ? ` (was ${this.#strategy})` : ""} at step ${step}: predicted ${best?.stepsPerSec.toFixed(1)} gradient steps/s`)
@@ -653,8 +668,9 @@ export class DataParallelModel implements RecoverableModel {
       const as = target === "backup" ? { mode: "sync" as const, backupWorkers: 1 } : { mode: "ssp" as const, backupWorkers: 0 }
       await ps.takeOver(this.#flatParams(), state, this.learningRate ?? 0, spec, this.#sync.worldSize, this.#weightDecay, as)
     }
-    // Nobody pushes before the servers hold the state.
+    // Nobody pushes before the servers hold the state; then every rank learns their version.
     await this.#sync.sum(new Float32Array(1))
+    if (target !== "allreduce") await ps.pull(this.parameterCount)
     this.#strategy = target
     this.#switches++
   }
@@ -813,9 +829,17 @@ export class DataParallelModel implements RecoverableModel {
     if (this.#sync.auto && step >= 2) this.#computeLog.push(this.#lastComputeMs)
     const ps = this.#viaServers ? this.#sync.ps : undefined
     if (ps) {
-      if (this.#sync.auto && step >= 2) this.#commLog.push(-1)
       // The servers apply the gradient (as the mode says) and hand back their fresh parameters.
-      const r = await ps.pushPull(this.#sync.rank, step, flat, samples, this.learningRate)
+      // Strategy "auto" on SSP applies each worker's gradient at 1/p of the rate: p updates of
+      // one gradient each move the weights as far as the all-reduce's one update of their mean,
+      // so a move between them keeps the step size per sample.
+      const lr = this.learningRate
+      const rate = this.#sync.auto && this.#strategy === "ssp" && lr !== undefined ? lr / this.#sync.worldSize : lr
+      const r = await ps.pushPull(this.#sync.rank, step, flat, samples, rate)
+      if (this.#sync.auto && step >= 2) {
+        this.#commLog.push(-1)
+        this.#psLog.push(performance.now() - t1)
+      }
       this.#clearAccumulated()
       const st = this.#psStaleness
       st.sum += r.staleness

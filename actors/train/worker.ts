@@ -255,7 +255,8 @@ export const trainWorker = defineActor(
           onStep: (info) => {
             processed += info.samples
             const now = performance.now()
-            if (now - lastProgress < PROGRESS_EVERY_MS && info.step + 1 < info.stepsPerEpoch) return
+            // Throttled, except at an epoch's last step (a loop of its own trainStep calls has no epochs).
+            if (now - lastProgress < PROGRESS_EVERY_MS && (info.stepsPerEpoch === 0 || info.step + 1 < info.stepsPerEpoch)) return
             lastProgress = now
             const steps = stepTimes
             stepTimes = []
