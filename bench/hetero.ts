@@ -9,14 +9,12 @@ import * as os from "node:os"
 import * as path from "node:path"
 import { fileURLToPath } from "node:url"
 import { Trainer, loadDigits, trainTestSplit } from "../index.ts"
+import { optionReader } from "./args.ts"
 
 const LOOP = fileURLToPath(new URL("../test/support/hetero-loop.ts", import.meta.url)) + "#heteroLoop"
 
 export async function run(argv: ReadonlyArray<string>): Promise<void> {
-  const get = (flag: string, dflt: string): string => {
-    const i = argv.indexOf(flag)
-    return i >= 0 && argv[i + 1] !== undefined ? argv[i + 1]! : dflt
-  }
+  const get = optionReader(argv)
   const workers = Number(get("--workers", "3"))
   const slow = Number(get("--slow", "1"))
   const delay = Number(get("--delay", "1.5"))

@@ -36,6 +36,7 @@ import { fileURLToPath } from "node:url"
 import { Trainer, loadDigits, loadEngine, trainTestSplit, type ArrayDataset } from "../index.ts"
 import { buildModel } from "../examples/digits/model.ts"
 import type { StrategyLoopConfig, StrategyRankReport } from "../test/support/strategy-loop.ts"
+import { optionReader } from "./args.ts"
 
 const LOOP = fileURLToPath(new URL("../test/support/strategy-loop.ts", import.meta.url)) + "#strategyLoop"
 
@@ -250,10 +251,7 @@ const median = (xs: ReadonlyArray<number>): number => {
 const mean = (xs: ReadonlyArray<number>): number => xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length)
 
 export async function run(argv: ReadonlyArray<string>): Promise<void> {
-  const get = (flag: string, dflt: string): string => {
-    const i = argv.indexOf(flag)
-    return i >= 0 && argv[i + 1] !== undefined ? argv[i + 1]! : dflt
-  }
+  const get = optionReader(argv)
   const epochs = Number(get("--epochs", "10"))
   const slowFactor = Number(get("--slow-factor", "3"))
   const slowRank = Number(get("--slow-rank", "1"))

@@ -15,6 +15,7 @@ import * as path from "node:path"
 import { fileURLToPath } from "node:url"
 import { Trainer } from "../index.ts"
 import type { ZeroBenchConfig } from "../test/support/zero-bench-loop.ts"
+import { optionReader } from "./args.ts"
 
 const LOOP = fileURLToPath(new URL("../test/support/zero-bench-loop.ts", import.meta.url)) + "#zeroBenchLoop"
 
@@ -44,10 +45,7 @@ const modelBytes = (stage: 0 | 1 | 2, N: number, p: number): { received: number;
 }
 
 export async function run(argv: ReadonlyArray<string>): Promise<void> {
-  const get = (flag: string, dflt: string): string => {
-    const i = argv.indexOf(flag)
-    return i >= 0 && argv[i + 1] !== undefined ? argv[i + 1]! : dflt
-  }
+  const get = optionReader(argv)
   const steps = Number(get("--steps", "12"))
   const warmup = Number(get("--warmup", "3"))
   const batch = Number(get("--batch", "32"))
