@@ -9,7 +9,7 @@ import { encodeHalf } from "../../collectives/float16.ts"
 import { decodeMessage, encodeMessage } from "../../core/wire.ts"
 import type { ActorSystem } from "../runtime/system.ts"
 import { ServerProtocol, type PsParams } from "./train-protocol.ts"
-import { shardLayout, type ShardLayout } from "./optim/zero.ts"
+import { gatherRange, shardLayout, type ShardLayout } from "./optim/zero.ts"
 import type { FlatOptimizerSpec, FlatOptimizerState } from "./optim/flat-optimizers.ts"
 import type { PsMode, ShardServerState } from "./ps/shard.ts"
 
@@ -236,9 +236,7 @@ export class PsClient {
 
   /** The servers' whole state (parameters and optimizer state over the flat vector), for switching back to all-reduce. */
   async wholeState(n: number): Promise<{ readonly params: Float32Array; readonly optimizer: FlatOptimizerState }> {
-    const saved = psStatesOf(await this.stateFiles())!
-    const whole = recut(saved, shardLayout(n, 1, 0))
-    return { params: whole.params, optimizer: whole.optimizer }
+    return psWholeState(await this.stateFiles(), n)
   }
 
   /** This worker's loop ended: the servers stop waiting for it. */
@@ -283,17 +281,9 @@ const psStatesOf = (files: Readonly<Record<string, Uint8Array>>): Array<{ range:
 
 /** The state of range `l` cut from saved servers' states (params and optimizer slots copied by range). */
 const recut = (saved: ReadonlyArray<{ range: readonly [number, number]; state: ShardServerState }>, l: ShardLayout): ShardServerState => {
-  const n = l.end - l.start
   const first = saved[0]!.state
-  const take = (get: (st: ShardServerState) => Float32Array): Float32Array => {
-    const out = new Float32Array(n)
-    for (const { range, state } of saved) {
-      const lo = Math.max(range[0], l.start)
-      const hi = Math.min(range[1], l.end)
-      if (hi > lo) out.set(get(state).subarray(lo - range[0], hi - range[0]), lo - l.start)
-    }
-    return out
-  }
+  const take = (get: (st: ShardServerState) => Float32Array): Float32Array =>
+    gatherRange(saved.map(({ range, state }) => ({ start: range[0], end: range[1], data: get(state) })), l.start, l.end)
   const slots: Record<string, Float32Array> = {}
   for (const name of Object.keys(first.optimizer.slots)) slots[name] = take((st) => st.optimizer.slots[name]!)
   return {

@@ -80,21 +80,28 @@ export const readShards = (files: Readonly<Record<string, Uint8Array>>, expect: 
 }
 
 /**
+ * Elements [start, end) of a vector saved in parts, each covering [part.start, part.end): the
+ * overlapping ranges copied into a new array (what re-sharding and re-cutting server state do).
+ */
+export const gatherRange = (parts: ReadonlyArray<{ readonly start: number; readonly end: number; readonly data: Float32Array }>, start: number, end: number): Float32Array => {
+  const out = new Float32Array(end - start)
+  for (const p of parts) {
+    const lo = Math.max(p.start, start)
+    const hi = Math.min(p.end, end)
+    if (hi > lo) out.set(p.data.subarray(lo - p.start, hi - p.start), lo - start)
+  }
+  return out
+}
+
+/**
  * The optimizer state of `layout`'s range assembled from saved shards of any world size (the
  * same world size: this rank's own shard, copied). Slots are `layout.end - layout.start` long.
  */
 export const reshard = (shards: ReadonlyArray<SavedShard>, layout: ShardLayout): FlatOptimizerState => {
   const first = shards[0]!
-  const n = layout.end - layout.start
   const slots: Record<string, Float32Array> = {}
   for (const name of Object.keys(first.slots)) {
-    const out = new Float32Array(n)
-    for (const s of shards) {
-      const lo = Math.max(s.start, layout.start)
-      const hi = Math.min(s.end, layout.end)
-      if (hi > lo) out.set(s.slots[name]!.subarray(lo - s.start, hi - s.start), lo - layout.start)
-    }
-    slots[name] = out
+    slots[name] = gatherRange(shards.map((s) => ({ start: s.start, end: s.end, data: s.slots[name]! })), layout.start, layout.end)
   }
   return { kind: first.kind as FlatOptimizerState["kind"], slots, scalars: { ...first.scalars } }
 }
