@@ -101,19 +101,28 @@ export const optimizerToFile = async (optimizer: Optimizer): Promise<Uint8Array>
   return encodeMessage({ optimizer: optimizer.getClassName(), weights: entries })
 }
 
-/** Restores what optimizerToFile saved into an optimizer of the same class over the same variables. */
-export const loadOptimizerFrom = async (tf: Tf, optimizer: Optimizer, bytes: Uint8Array): Promise<void> => {
+/** What optimizerToFile saved, checked to be the state of an optimizer of class `className`. */
+export const readOptimizerFile = async (
+  bytes: Uint8Array,
+  className: string
+): Promise<Array<{ name: string; shape: number[]; dtype: string; data: Float32Array | Int32Array }>> => {
   const { decodeMessage } = await import("./wire.ts")
   const saved = decodeMessage(bytes) as {
     optimizer: string
     weights: Array<{ name: string; shape: number[]; dtype: string; data: Float32Array | Int32Array }>
   }
-  if (saved.optimizer !== optimizer.getClassName()) {
+  if (saved.optimizer !== className) {
     throw new ConfigError({
       field: "checkpoint",
-      reason: `the checkpoint holds ${saved.optimizer} state but the model is compiled with ${optimizer.getClassName()}`
+      reason: `the checkpoint holds ${saved.optimizer} state but the model is compiled with ${className}`
     })
   }
-  const named = saved.weights.map((w) => ({ name: w.name, tensor: tf.tensor(w.data, w.shape, w.dtype as "float32" | "int32") }))
+  return saved.weights
+}
+
+/** Restores what optimizerToFile saved into an optimizer of the same class over the same variables. */
+export const loadOptimizerFrom = async (tf: Tf, optimizer: Optimizer, bytes: Uint8Array): Promise<void> => {
+  const weights = await readOptimizerFile(bytes, optimizer.getClassName())
+  const named = weights.map((w) => ({ name: w.name, tensor: tf.tensor(w.data, w.shape, w.dtype as "float32" | "int32") }))
   await optimizer.setWeights(named)
 }

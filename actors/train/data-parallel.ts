@@ -14,7 +14,7 @@ import { gatherRows, shardIndicesWeighted } from "../../core/datasets.ts"
 import { HeteroBatcher } from "./hetero-batching.ts"
 import { ConfigError } from "../../core/errors.ts"
 import { PeerRecoveryMisaligned, type LoopPosition, type RecoverableModel } from "./group-session.ts"
-import { OPTIMIZER_FILE, loadOptimizerFrom, loadWeightsInto, modelToFiles, optimizerToFile } from "../../core/model-io.ts"
+import { OPTIMIZER_FILE, loadOptimizerFrom, readOptimizerFile, loadWeightsInto, modelToFiles, optimizerToFile } from "../../core/model-io.ts"
 import type { PeerState } from "./train-protocol.ts"
 import { lrRuleOf, type LrRule, type LrRuleOptions } from "./optim/lr-rules.ts"
 import { flatOptimizerSpecOf, type FlatOptimizerSpec, type FlatOptimizerState } from "./optim/flat-optimizers.ts"
@@ -22,7 +22,6 @@ import { chooseStrategy, type StrategyName } from "../../scheduler/strategy-choi
 import { hasPsFiles, psWholeState } from "./ps-client.ts"
 import { ZeroShard, hasShards, readShards, reshard, shardLayout, type ZeroStage } from "./optim/zero.ts"
 import { flatStateFromTfjs, readTfjsOptimizerWeights, tfjsWeightsFromFlat, writeTfjsOptimizerWeights } from "./optim/tfjs-state.ts"
-import { decodeMessage } from "../../core/wire.ts"
 
 type tfjs = typeof import("@tensorflow/tfjs")
 type LayersModel = import("@tensorflow/tfjs").LayersModel
@@ -467,8 +466,8 @@ export class DataParallelModel implements RecoverableModel {
         reason: `"keep-per-worker" rescales the learning rate, but this optimizer has no numeric learningRate; use "keep-global"`
       })
     }
-    this.#baseLearningRate ??= o.learningRate
-    const lr = this.#baseLearningRate * this.learningRateScale
+    // The constructor kept the optimizer's own rate as the base.
+    const lr = (this.#baseLearningRate as number) * this.learningRateScale
     if (typeof o.setLearningRate === "function") o.setLearningRate(lr)
     else o.learningRate = lr
   }
@@ -654,17 +653,16 @@ export class DataParallelModel implements RecoverableModel {
   /** Moves training between the all-reduce and the servers, carrying the parameters and the optimizer state. */
   async #switchStrategy(target: StrategyName): Promise<void> {
     const ps = this.#sync.ps!
-    const tf = this.#tf as unknown as Tf
-    const opt = this.optimizer as unknown as Parameters<typeof writeTfjsOptimizerWeights>[1]
     const spec = this.#psSpec!
     if (this.#strategy !== "allreduce") {
       // Leaving the servers: every rank takes their whole state (they are idle: every rank is here).
       const whole = await ps.wholeState(this.parameterCount)
       this.#assignFlat(whole.params)
-      await writeTfjsOptimizerWeights(tf, opt, tfjsWeightsFromFlat(spec, this.layout, whole.optimizer))
+      await this.#loadTfjsOptimizer(spec, whole.optimizer)
     }
     if (target !== "allreduce" && this.#sync.rank === 0) {
-      const state = flatStateFromTfjs(spec, this.layout, this.parameterCount, await readTfjsOptimizerWeights(opt))
+      const weights = await readTfjsOptimizerWeights(this.optimizer as unknown as Parameters<typeof readTfjsOptimizerWeights>[0])
+      const state = flatStateFromTfjs(spec, this.layout, this.parameterCount, weights)
       const as = target === "backup" ? { mode: "sync" as const, backupWorkers: 1 } : { mode: "ssp" as const, backupWorkers: 0 }
       await ps.takeOver(this.#flatParams(), state, this.learningRate ?? 0, spec, this.#sync.worldSize, this.#weightDecay, as)
     }
@@ -1148,11 +1146,7 @@ export class DataParallelModel implements RecoverableModel {
       if (hasPsFiles(files)) {
         const whole = psWholeState(files, this.parameterCount)
         this.#assignFlat(whole.params)
-        await writeTfjsOptimizerWeights(
-          this.#tf as unknown as Tf,
-          this.optimizer as unknown as Parameters<typeof writeTfjsOptimizerWeights>[1],
-          tfjsWeightsFromFlat(this.#psSpec!, this.layout, whole.optimizer)
-        )
+        await this.#loadTfjsOptimizer(this.#psSpec!, whole.optimizer)
         return
       }
     } else if (this.#sync.ps) {
@@ -1167,11 +1161,8 @@ export class DataParallelModel implements RecoverableModel {
       if (hasShards(files)) zero.loadShards(files)
       else if (files[OPTIMIZER_FILE]) {
         // Saved whole by a stage-0 run: converted to the flat layout, this rank's range kept.
-        const saved = decodeMessage(files[OPTIMIZER_FILE]) as { optimizer: string; weights: Array<{ name: string; data: Float32Array | Int32Array }> }
-        if (saved.optimizer !== this.optimizer.getClassName()) {
-          throw new ConfigError({ field: "checkpoint", reason: `the checkpoint holds ${saved.optimizer} state but the model is compiled with ${this.optimizer.getClassName()}` })
-        }
-        const whole = flatStateFromTfjs(zero.optimizer.spec, this.layout, this.parameterCount, saved.weights.map((w) => ({ name: w.name, values: w.data })))
+        const saved = await readOptimizerFile(files[OPTIMIZER_FILE], this.optimizer.getClassName())
+        const whole = flatStateFromTfjs(zero.optimizer.spec, this.layout, this.parameterCount, saved.map((w) => ({ name: w.name, values: w.data })))
         zero.loadWhole(whole)
       }
       return
@@ -1182,8 +1173,13 @@ export class DataParallelModel implements RecoverableModel {
       // Saved sharded by a ZeRO run: the shards assembled into the whole state, handed to tfjs's optimizer.
       const spec = flatOptimizerSpecOf(this.optimizer as unknown as Parameters<typeof flatOptimizerSpecOf>[0])
       const whole = reshard(readShards(files, { kind: spec.kind, total: this.parameterCount }), shardLayout(this.parameterCount, 1, 0))
-      await writeTfjsOptimizerWeights(this.#tf as unknown as Tf, this.optimizer as unknown as Parameters<typeof writeTfjsOptimizerWeights>[1], tfjsWeightsFromFlat(spec, this.layout, whole))
+      await this.#loadTfjsOptimizer(spec, whole)
     }
+  }
+
+  /** Hands a whole flat optimizer state (from shards or the servers) to tfjs's optimizer. */
+  async #loadTfjsOptimizer(spec: FlatOptimizerSpec, state: FlatOptimizerState): Promise<void> {
+    await writeTfjsOptimizerWeights(this.#tf as unknown as Tf, this.optimizer as unknown as Parameters<typeof writeTfjsOptimizerWeights>[1], tfjsWeightsFromFlat(spec, this.layout, state))
   }
 
   /**
