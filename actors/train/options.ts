@@ -158,19 +158,17 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
       throw new ConfigError({ field: "collectiveConfig.backupWorkers", reason: `must be below the number of workers (${minWorkersAsked}), got ${backupWorkers}: each step needs at least one gradient` })
     }
   }
-  const statefulStrategy = zeroStage > 0 ? `zeroStage ${zeroStage}` : strategy !== "allreduce" ? `strategy "${strategy}"` : undefined
-  if (statefulStrategy && run.failureConfig?.recoverFrom === "peers" && strategy !== "allreduce") {
+  // Where no survivor holds the whole training state, a failure restarts from the checkpoint.
+  const peersCannot =
+    strategy !== "allreduce"
+      ? `with strategy "${strategy}" the state lives on the parameter servers, which restart with the job from the checkpoint`
+      : zeroStage > 0
+        ? `with zeroStage ${zeroStage} each rank holds only its shard of the optimizer state, so a lost rank's shard is only in the checkpoint`
+        : undefined
+  if (peersCannot && run.failureConfig?.recoverFrom === "peers") {
     throw new ConfigError({
       field: "runConfig.failureConfig.recoverFrom",
-      reason: `"peers" regroups surviving workers, but with ${statefulStrategy} the state lives on the parameter servers, which restart with the job from the checkpoint: leave recoverFrom unset`
-    })
-  }
-  if (zeroStage > 0 && run.failureConfig?.recoverFrom === "peers") {
-    throw new ConfigError({
-      field: "runConfig.failureConfig.recoverFrom",
-      reason:
-        `"peers" needs a survivor that holds the whole optimizer state; with zeroStage ${zeroStage} each rank holds only its shard, ` +
-        `so a lost rank's shard is only in the checkpoint: leave recoverFrom unset (it is "checkpoint" with ZeRO) or use zeroStage 0`
+      reason: `"peers" regroups the surviving workers from their own state, but ${peersCannot}: leave recoverFrom unset (it is "checkpoint" then)${zeroStage > 0 ? " or use zeroStage 0" : ""}`
     })
   }
   const cluster = options.cluster === undefined ? undefined : resolveClusterConfig(options.cluster)
@@ -212,7 +210,7 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
     elasticBatch: scaling.elasticBatch ?? "keep-global",
     natsOutageTimeoutMs: run.failureConfig?.natsOutageTimeoutMs ?? NATS_OUTAGE_TIMEOUT_MS,
     // With ZeRO no survivor holds a lost rank's optimizer shard: failures restart from the checkpoint.
-    recoverFrom: run.failureConfig?.recoverFrom ?? (statefulStrategy ? "checkpoint" : "peers"),
+    recoverFrom: run.failureConfig?.recoverFrom ?? (peersCannot ? "checkpoint" : "peers"),
     seed: options.seed ?? 0
   }
 }
