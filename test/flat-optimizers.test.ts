@@ -8,6 +8,7 @@ import { describe, expect, it } from "vitest"
 import { loadEngine } from "../core/engine.ts"
 import { ConfigError } from "../core/errors.ts"
 import { seededRng, type Rng } from "../core/random.ts"
+import { maxRelDiff, randomGrads, randomValues } from "./support/optim-values.ts"
 import {
   createFlatOptimizer,
   flatOptimizerSlots,
@@ -23,32 +24,6 @@ const { tf } = await loadEngine("auto")
 type TfOptimizer = import("@tensorflow/tfjs").Optimizer
 type Tensor = import("@tensorflow/tfjs").Tensor
 type Variable = import("@tensorflow/tfjs").Variable
-
-/** Values in [-1, 1). */
-const randomValues = (rng: Rng, n: number): Float32Array => {
-  const a = new Float32Array(n)
-  for (let i = 0; i < n; i++) a[i] = rng() * 2 - 1
-  return a
-}
-
-/** Gradients with |g| in [0.05, 1.05) and random signs (keeps centered RMSProp's root away from 0). */
-const randomGrads = (rng: Rng, n: number): Float32Array => {
-  const a = new Float32Array(n)
-  for (let i = 0; i < n; i++) a[i] = (rng() < 0.5 ? -1 : 1) * (0.05 + rng())
-  return a
-}
-
-/** Largest |a - b| / (1 + |b|); Infinity where exactly one is NaN. */
-const maxRelDiff = (a: Float32Array, b: Float32Array): number => {
-  expect(a.length).toBe(b.length)
-  let worst = 0
-  for (let i = 0; i < a.length; i++) {
-    if (Number.isNaN(a[i]) !== Number.isNaN(b[i])) return Infinity
-    if (Number.isNaN(a[i])) continue
-    worst = Math.max(worst, Math.abs(a[i] - b[i]) / (1 + Math.abs(b[i])))
-  }
-  return worst
-}
 
 const maxAbsDiff = (a: Float32Array, b: Float32Array): number => {
   let worst = 0

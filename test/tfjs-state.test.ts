@@ -8,6 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { loadEngine } from "../core/engine.ts"
 import { ConfigError } from "../core/errors.ts"
 import { seededRng, type Rng } from "../core/random.ts"
+import { maxRelDiff, randomGrads, randomValues } from "./support/optim-values.ts"
 import { createFlatOptimizer, flatOptimizerSpecOf, type FlatOptimizerKind } from "../actors/train/optim/flat-optimizers.ts"
 import {
   flatStateFromTfjs,
@@ -40,27 +41,6 @@ const BEFORE = 4
 const AFTER = 3
 
 let unique = 0
-
-/** Values in [-1, 1). */
-const randomValues = (rng: Rng, n: number): Float32Array => {
-  const a = new Float32Array(n)
-  for (let i = 0; i < n; i++) a[i] = rng() * 2 - 1
-  return a
-}
-
-/** |g| in [0.05, 1.05), random signs (keeps centered RMSProp's root away from 0). */
-const randomGrads = (rng: Rng, n: number): Float32Array => {
-  const a = new Float32Array(n)
-  for (let i = 0; i < n; i++) a[i] = (rng() < 0.5 ? -1 : 1) * (0.05 + rng())
-  return a
-}
-
-const maxRelDiff = (a: Float32Array, b: Float32Array): number => {
-  expect(a.length).toBe(b.length)
-  let worst = 0
-  for (let i = 0; i < a.length; i++) worst = Math.max(worst, Number.isNaN(a[i]!) || Number.isNaN(b[i]!) ? Infinity : Math.abs(a[i]! - b[i]!) / (1 + Math.abs(b[i]!)))
-  return worst
-}
 
 const maxAbsDiff = (a: Float32Array, b: Float32Array): number => {
   let worst = 0

@@ -278,23 +278,28 @@ const restore = async (ranks: ReadonlyArray<Rank>, weights: Float32Array, files:
   }
 }
 
+/**
+ * 10 uninterrupted steps of a fresh group, checkpointed after 5: the checkpoint's files, the
+ * weights saved with it and the weights after the 10 steps.
+ */
+const referenceRun = async (p: number, stage: 0 | 1 | 2, opt: (tf: Tf) => Optimizer): Promise<{ files: Record<string, Uint8Array>; saved: Float32Array; expected: Float32Array }> => {
+  const ref = await makeGroup(p, stage, opt)
+  try {
+    await train(ref, 5)
+    const files = await checkpointOf(ref)
+    const saved = flatWeights(ref[0]!.model)
+    await train(ref, 5, 5)
+    return { files, saved, expected: flatWeights(ref[0]!.model) }
+  } finally {
+    await closeGroup(ref)
+  }
+}
+
 describe("sharded checkpoints", () => {
   it("save one file per shard, restore at the same p and re-shard at another, continuing the same trajectory", async () => {
     const adam = OPTIMIZERS.adam!
     // The reference: 10 uninterrupted steps at p = 3.
-    const ref = await makeGroup(3, 2, adam)
-    let files: Record<string, Uint8Array>
-    let expected: Float32Array
-    let saved: Float32Array
-    try {
-      await train(ref, 5)
-      files = await checkpointOf(ref)
-      saved = flatWeights(ref[0]!.model)
-      await train(ref, 5, 5)
-      expected = flatWeights(ref[0]!.model)
-    } finally {
-      await closeGroup(ref)
-    }
+    const { files, saved, expected } = await referenceRun(3, 2, adam)
     expect(Object.keys(files).filter((f) => f.startsWith("optimizer.shard-")).sort()).toEqual([0, 1, 2].map((r) => `optimizer.shard-${r}-of-3.msgpack`))
     expect(Object.keys(files)).not.toContain("optimizer.bin")
     // Restored at the same size, at other sizes, and at the other stage: the same last 5 steps
@@ -327,19 +332,7 @@ describe("sharded checkpoints", () => {
   it("converts a stage-0 checkpoint (the optimizer's whole state) into shards at stage 1 and 2", async () => {
     for (const name of ["adam", "rmsprop", "adagrad"]) {
       const opt = OPTIMIZERS[name]!
-      const ref = await makeGroup(2, 0, opt)
-      let files: Record<string, Uint8Array>
-      let saved: Float32Array
-      let expected: Float32Array
-      try {
-        await train(ref, 5)
-        files = await checkpointOf(ref)
-        saved = flatWeights(ref[0]!.model)
-        await train(ref, 5, 5)
-        expected = flatWeights(ref[0]!.model)
-      } finally {
-        await closeGroup(ref)
-      }
+      const { files, saved, expected } = await referenceRun(2, 0, opt)
       expect(Object.keys(files)).toContain("optimizer.msgpack")
       for (const [p, stage] of [[3, 2], [1, 1]] as const) {
         const ranks = await makeGroup(p, stage, opt)
