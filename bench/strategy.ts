@@ -1,14 +1,16 @@
 // All-reduce vs parameter servers with a straggler: `npm run bench -- strategy [--epochs 10]
 // [--slow-factor 3] [--slow-rank 1] [--workers 4] [--batch 32] [--lr 0.01] [--servers 1]
 // [--repeats 5] [--warmup 10] [--split both|shared|equal] [--no-reference] [--only a,b]
-// [--with-auto]`.
+// [--with-auto] [--cpu-share 0.2]`.
 //
 // Trainer runs in this process (real worker and server processes on the embedded cluster) of the
 // digits MLP with Adam, the same epochs, per-rank batch and learning rate under every strategy of
 // STRATEGIES: all-reduce; parameter servers sync, sync with one backup worker, async, SSP
 // (staleness 2); with --with-auto also collectiveConfig.strategy "auto". One rank is a straggler:
 // it does slowFactor - 1 extra forward/backward passes per step (real CPU work, see
-// test/support/strategy-loop.ts for why not a sleep). Tables, each run `repeats` times
+// test/support/strategy-loop.ts for why not a sleep), or with --cpu-share its worker process is
+// limited to that many cores by a cgroup cpu quota (root and a cgroup v1 cpu controller needed),
+// as a slower machine's worker is: everything it does is slower, not only its compute. Tables, each run `repeats` times
 // (interleaved, medians printed):
 //   - with the straggler, "shared" split: ranks stop when the group has applied the epochs'
 //     gradients, so fast ranks may take over the straggler's share (what async and backup
@@ -248,6 +250,39 @@ const median = (xs: ReadonlyArray<number>): number => {
   const m = s.length >> 1
   return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2
 }
+/** A cgroup (v1 cpu controller) whose processes share `cores` of CPU time: the straggler's real CPU limit. */
+async function cpuLimitGroup(cores: number): Promise<string> {
+  const dir = `/sys/fs/cgroup/cpu/gradwire-bench-${process.pid}`
+  try {
+    await fs.mkdir(dir)
+    // A 10 ms period (the default is 100 ms): the quota is then handed out in small slices, so the
+    // rank runs slowly all the time rather than at full speed and then frozen for most of a period.
+    const period = 10_000
+    await fs.writeFile(path.join(dir, "cpu.cfs_period_us"), String(period))
+    await fs.writeFile(path.join(dir, "cpu.cfs_quota_us"), String(Math.max(1000, Math.round(period * cores))))
+    return dir
+  } catch (e) {
+    await fs.rmdir(dir).catch(() => {})
+    throw new Error(
+      `strategy: --cpu-share needs a writable cgroup v1 cpu controller at /sys/fs/cgroup/cpu (run as root on a machine that has one); ` +
+        `leave --cpu-share out to slow the rank with extra passes instead (${(e as Error).message})`
+    )
+  }
+}
+
+/** Removes the group once its processes (the straggler's worker) have exited. */
+async function removeCpuLimitGroup(dir: string): Promise<void> {
+  for (let i = 0; i < 50; i++) {
+    try {
+      await fs.rmdir(dir)
+      return
+    } catch {
+      await new Promise((r) => setTimeout(r, 100))
+    }
+  }
+  console.log(`strategy: could not remove ${dir} (a process still in it?)`)
+}
+
 const mean = (xs: ReadonlyArray<number>): number => xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length)
 
 export async function run(argv: ReadonlyArray<string>): Promise<void> {
@@ -262,6 +297,8 @@ export async function run(argv: ReadonlyArray<string>): Promise<void> {
   const repeats = Number(get("--repeats", "5"))
   const warmup = Number(get("--warmup", "10"))
   const splitArg = get("--split", "both")
+  const cpuShare = argv.includes("--cpu-share") ? Number(get("--cpu-share", "0.2")) : undefined
+  if (cpuShare !== undefined && !(cpuShare > 0 && cpuShare <= os.cpus().length)) throw new Error(`strategy: --cpu-share must be a number of cores in (0, ${os.cpus().length}], got ${cpuShare}`)
   const only = argv.includes("--only") ? get("--only", "").split(",").map((s) => s.trim().toLowerCase()) : undefined
   if (!(epochs >= 1) || !(slowFactor >= 1) || !(workers >= 2) || !(slowRank >= 0 && slowRank < workers) || !(batch >= 1) || !(repeats >= 1) || !(warmup >= 1) || !(servers >= 1)) {
     throw new Error(`strategy: bad arguments (epochs ${epochs}, slow-factor ${slowFactor}, slow-rank ${slowRank}, workers ${workers}, batch ${batch}, repeats ${repeats}, warmup ${warmup}, servers ${servers})`)
@@ -280,9 +317,18 @@ export async function run(argv: ReadonlyArray<string>): Promise<void> {
   const { train, test } = trainTestSplit(await loadDigits(), 0.2, 7)
   const solo = train.featureShape.length === 1 && train.featureShape[0] === 64 ? await soloPassMs(train, batch) : undefined
   const storage = await fs.mkdtemp(path.join(os.tmpdir(), "gw-bench-strategy-"))
+  const cgroup = cpuShare !== undefined ? await cpuLimitGroup(cpuShare) : undefined
   try {
     const fit = async (s: StrategyEntry, sc: Scenario, rep: number): Promise<{ stats: RunStats; ranks: StrategyRankReport[] }> => {
-      const trainLoopConfig: StrategyLoopConfig = { epochs, batchSize: batch, learningRate: lr, split: sc.split, slowRank, slowFactor: sc.slowFactor }
+      const trainLoopConfig: StrategyLoopConfig = {
+        epochs,
+        batchSize: batch,
+        learningRate: lr,
+        split: sc.split,
+        slowRank,
+        slowFactor: sc.slowFactor,
+        ...(cgroup && sc.slowFactor > 1 ? { cpuCgroup: cgroup } : {})
+      }
       const phases = new Map<number, number[][]>()
       const sampler = new CpuSampler()
       sampler.start()
@@ -315,6 +361,10 @@ export async function run(argv: ReadonlyArray<string>): Promise<void> {
         sampler.stop()
       }
       const fitS = (performance.now() - t0) / 1000
+      if (s.name === "auto" && process.env.GW_BENCH_EXPLAIN) {
+        const text = await fs.readFile(path.join(r.path, "explain.txt"), "utf8").catch(() => "")
+        console.log(`auto, ${sc.title}, run ${rep}:\n${text.slice(text.indexOf("strategy:"))}`)
+      }
       const ranks = (r.metricsPerRank.at(-1) ?? []) as unknown as StrategyRankReport[]
       if (ranks.length !== workers) throw new Error(`strategy: ${s.name} reported ${ranks.length} ranks of ${workers}`)
       // The window: from when every rank has done its warm-up steps to the last step of any.
@@ -391,7 +441,9 @@ export async function run(argv: ReadonlyArray<string>): Promise<void> {
                 `${os.cpus().length} CPU cores; ${train.size} training rows, ${test.size} held out (digits is the only dataset in the repository)`
             )
             console.log(
-              `  straggler: rank ${slowRank} does ${extra} extra forward/backward pass${extra === 1 ? "" : "es"} per step inside its step's compute (${1 + extra}x compute, real CPU work, results discarded);\n` +
+              (cgroup
+                ? `  straggler: rank ${slowRank}'s process is limited to ${cpuShare} of a core (a cgroup cpu quota: everything it does is slower, its compute and its share of the exchange), the rest of the cores left to the others;\n`
+                : `  straggler: rank ${slowRank} does ${extra} extra forward/backward pass${extra === 1 ? "" : "es"} per step inside its step's compute (${1 + extra}x compute, real CPU work, results discarded);\n`) +
                 `  one pass alone in this process before the runs: ${solo ? `${solo.ms.toFixed(2)} ms (${solo.backend})` : "not measured"}\n` +
                 `  grads/s: gradients applied per second by the group, from when every rank has done ${warmup} steps to the last step; x a-r: against the all-reduce of the same table;\n` +
                 `  per rank: each rank's steps/s over the same window (dropped gradients included); train: first step to last; fit: the whole Trainer.fit(), process starts included;\n` +
@@ -412,7 +464,7 @@ export async function run(argv: ReadonlyArray<string>): Promise<void> {
       const baseAcc = median(base.map((x) => x.accuracy))
       const gradients = epochs * Math.ceil(Math.floor(train.size / workers) / batch) * workers
       console.log(
-        `${sc.title}${sc.slowFactor > 1 ? ` (rank ${slowRank} at ${1 + Math.round(sc.slowFactor - 1)}x compute)` : ""}: ` +
+        `${sc.title}${sc.slowFactor > 1 ? (cgroup ? ` (rank ${slowRank} limited to ${cpuShare} of a core)` : ` (rank ${slowRank} at ${1 + Math.round(sc.slowFactor - 1)}x compute)`) : ""}: ` +
           (sc.split === "shared" ? `every run applies ${gradients} gradients, fast ranks may take over the straggler's share` : `every rank does ${gradients / workers} steps, a barrier every epoch`)
       )
       console.log(
@@ -462,6 +514,7 @@ export async function run(argv: ReadonlyArray<string>): Promise<void> {
     }
     console.log(`  total ${((performance.now() - started) / 1000).toFixed(0)} s`)
   } finally {
+    if (cgroup) await removeCpuLimitGroup(cgroup)
     await fs.rm(storage, { recursive: true, force: true })
   }
 }

@@ -10,16 +10,24 @@
 //                                                ranks run at their own pace within the staleness
 //                                                bound: a persistent straggler still sets the
 //                                                pace, a jittery one no longer does
+//   async       min(sum_i 1 / (mean c_i + t_w), server bound)
+//                                                every rank at its own pace, no bound
 // where a push-pull costs a worker t_w = a * max(1, p / (2(p-1))) (its gradient out, parameters
-// back, at the bandwidth the all-reduce showed, and a round trip no cheaper than the all-reduce)
-// and the servers, which carry every worker's traffic, t_ps = t_w * max(1, p / servers); once the
-// group has run on the servers, the push-pull time measured there replaces both. The fastest wins; a change from the current strategy needs a
+// back, at the bandwidth the all-reduce showed, and a round trip no cheaper than the all-reduce),
+// a push occupies a server t_s = t_w / p (a guess until measured: a ring rank's share of the
+// all-reduce), so the servers take at most servers / t_s pushes per second (the server bound), and
+// a sync step waits for the servers to take the others' pushes too: t_ps = t_w + (p-1) t_s / servers.
+// Once the group has run on the servers, the push-pull time measured there replaces t_w, and the
+// CPU time per push the servers report replaces t_s. The fastest wins; a change from the current strategy needs a
 // predicted gain of `hysteresis` (default 1.2x), so noise does not flip it back and forth; within
-// 5% of the fastest the all-reduce is preferred (it is exactly synchronous training).
-// Asynchronous PS is not a candidate: its staleness is unbounded, so its accuracy is not the
-// same training's.
+// 5% of the fastest the all-reduce is preferred (it is exactly synchronous training), and after it
+// the one whose gradients are least stale: backup workers (fresh, some dropped), SSP (bounded), async.
+// With `equalSteps` (dp.fit(): every rank takes the same steps, an epoch ends with a barrier) no
+// rank can take over a slower one's share, so backup workers and async are held to the slowest
+// rank's pace too: they then only help against jitter, as SSP does. Async's predicted staleness
+// (its slowest rank's gradients: the updates the others apply meanwhile) is shown.
 
-export type StrategyName = "allreduce" | "backup" | "ssp"
+export type StrategyName = "allreduce" | "backup" | "ssp" | "async"
 
 export interface StrategyMeasure {
   /** computeMs[rank][step]: forward/backward ms, the same steps on every rank. */
@@ -32,6 +40,10 @@ export interface StrategyMeasure {
    * price derived from the all-reduce once the group has run on them.
    */
   readonly pushPullMs?: number
+  /** The busiest server's CPU ms per push, as the servers reported it: replaces the guessed t_s. */
+  readonly serverMs?: number
+  /** Every rank takes the same number of steps (dp.fit()): nobody can run ahead for long. */
+  readonly equalSteps?: boolean
 }
 
 export interface StrategyPrediction {
@@ -50,8 +62,9 @@ export interface StrategyChoice {
   readonly json: Record<string, unknown>
 }
 
-/** Within this factor of the fastest, the all-reduce is preferred. */
+/** Within this factor of the fastest, the all-reduce is preferred, then the others in this order. */
 const TIE = 1.05
+const PREFERENCE: ReadonlyArray<StrategyName> = ["allreduce", "backup", "ssp", "async"]
 
 const mean = (xs: ReadonlyArray<number>): number => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : 0)
 
@@ -70,18 +83,39 @@ export const predictStrategies = (m: StrategyMeasure): StrategyPrediction[] => {
   if (p < 2) return out
   // A push-pull is a round trip through an actor: never priced below the all-reduce's own time.
   const tw = m.pushPullMs ?? Math.max(a, (a * p) / (2 * (p - 1)))
-  const tps = m.pushPullMs ?? tw * Math.max(1, p / Math.max(1, m.numServers))
+  const servers = Math.max(1, m.numServers)
+  const ts = Math.max(1e-3, m.serverMs ?? tw / p)
+  const tps = tw + ((p - 1) * ts) / servers
   if (p >= 3) {
     const c = mean(perStep.map((s) => orderStat(s, p - 1)))
     out.push({ name: "backup", stepsPerSec: ((p - 1) * 1000) / (c + tps), why: `${p - 1} / (E[${p - 1}th fastest compute] ${c.toFixed(1)} ms + push-pull ${tps.toFixed(1)} ms)` })
   }
-  const slowest = Math.max(...m.computeMs.map((r) => mean(r.slice(0, steps))))
+  const means = m.computeMs.map((r) => mean(r.slice(0, steps)))
+  const slowest = Math.max(...means)
   const pace = (p * 1000) / (slowest + tw)
-  const serverBound = (Math.max(1, m.numServers) * 1000) / Math.max(1e-6, tw)
+  const serverBound = (servers * 1000) / ts
+  const bound = `servers ${serverBound.toFixed(0)}/s at ${ts.toFixed(2)} ms a push${m.serverMs === undefined ? " (guessed)" : ""}`
+  const held = `, held to the slowest rank's pace ${pace.toFixed(1)}/s (equal steps)`
+  if (m.equalSteps && p >= 3) {
+    const b = out.find((x) => x.name === "backup")!
+    const cap = ((p - 1) * 1000) / (slowest + tps)
+    if (b.stepsPerSec > cap) out[out.length - 1] = { ...b, stepsPerSec: cap, why: `${b.why}, held to ${p - 1} / (slowest mean compute + push-pull) ${cap.toFixed(1)}/s (equal steps)` }
+  }
   out.push({
     name: "ssp",
     stepsPerSec: Math.min(pace, serverBound),
-    why: `min(${p} / (slowest mean compute ${slowest.toFixed(1)} ms + push-pull ${tw.toFixed(1)} ms), servers ${serverBound.toFixed(0)}/s)`
+    why: `min(${p} / (slowest mean compute ${slowest.toFixed(1)} ms + push-pull ${tw.toFixed(1)} ms), ${bound})`
+  })
+  const rates = means.map((c) => 1000 / (c + tw))
+  const own = rates.reduce((a, b) => a + b, 0)
+  const minRate = Math.min(...rates)
+  const asyncRate = Math.min(own, serverBound, m.equalSteps ? pace : Number.POSITIVE_INFINITY)
+  out.push({
+    name: "async",
+    stepsPerSec: asyncRate,
+    why:
+      `min(sum of every rank's 1 / (mean compute + push-pull ${tw.toFixed(1)} ms) ${own.toFixed(1)}/s, ${bound})${m.equalSteps && pace < Math.min(own, serverBound) ? held : ""}; ` +
+      `slowest rank's staleness ~${((own - minRate) / minRate).toFixed(1)}`
   })
   return out
 }
@@ -90,9 +124,9 @@ export const chooseStrategy = (m: StrategyMeasure, current: StrategyName, hyster
   const predictions = predictStrategies(m)
   const now = predictions.find((x) => x.name === current)
   const fastest = predictions.reduce((b, x) => (x.stepsPerSec > b.stepsPerSec ? x : b), predictions[0] ?? { name: current, stepsPerSec: 0, why: "" })
-  // Near a tie the all-reduce wins: it is exactly synchronous training, the others trade some of it.
-  const ar = predictions.find((x) => x.name === "allreduce")
-  const best = ar && ar.stepsPerSec * TIE >= fastest.stepsPerSec ? ar : fastest
+  // Near a tie the all-reduce wins: it is exactly synchronous training, the others trade some of
+  // it, the fresher their gradients the less (PREFERENCE's order).
+  const best = PREFERENCE.map((n) => predictions.find((x) => x.name === n)).find((x) => x !== undefined && x.stepsPerSec * TIE >= fastest.stepsPerSec) ?? fastest
   const changed = best.name !== current && (!now || best.stepsPerSec > now.stepsPerSec * hysteresis)
   const pick = changed ? best.name : current
   const lines = [
@@ -105,6 +139,6 @@ export const chooseStrategy = (m: StrategyMeasure, current: StrategyName, hyster
     predictions,
     changed,
     text: lines.join("\n"),
-    json: { pick, previous: current, changed, hysteresis, allReduceMs: m.allReduceMs, numServers: m.numServers, predictions }
+    json: { pick, previous: current, changed, hysteresis, allReduceMs: m.allReduceMs, pushPullMs: m.pushPullMs, serverMs: m.serverMs, numServers: m.numServers, equalSteps: m.equalSteps === true, predictions }
   }
 }

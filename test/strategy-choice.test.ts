@@ -15,16 +15,38 @@ describe("strategy choice", () => {
     expect(ar.stepsPerSec).toBeCloseTo((4 * 1000) / 22, 6)
   })
 
-  it("drops a persistent straggler with backup workers, and SSP does not help against it", () => {
+  it("runs a persistent straggler's group asynchronously when ranks may take different steps; backup workers also beat the all-reduce, SSP does not", () => {
     // Rank 1 is 3x slower every step.
     const c = [0, 1, 2, 3].map((r) => steps(10, () => (r === 1 ? 60 : 20)))
     const r = chooseStrategy({ computeMs: c, allReduceMs: 2, numServers: 1 }, "allreduce")
-    expect(r.pick).toBe("backup")
     const p = Object.fromEntries(r.predictions.map((x) => [x.name, x.stepsPerSec]))
+    expect(r.pick).toBe("async")
+    // Every rank at its own pace: 3 / 22 ms + 1 / 62 ms.
+    expect(p.async!).toBeCloseTo(1000 * (3 / 22 + 1 / 62), 6)
     expect(p.backup!).toBeGreaterThan(p.allreduce! * 1.2)
     // SSP runs at the straggler's pace: no better than the all-reduce.
     expect(p.ssp!).toBeLessThan(p.allreduce! * 1.05)
-    expect(r.text).toMatch(/backup .*<- picked/)
+    expect(r.text).toMatch(/async .*staleness ~\d.*<- picked/)
+  })
+
+  it("keeps the all-reduce for a persistent straggler when every rank takes the same steps (dp.fit)", () => {
+    const c = [0, 1, 2, 3].map((r) => steps(10, () => (r === 1 ? 60 : 20)))
+    const r = chooseStrategy({ computeMs: c, allReduceMs: 2, numServers: 1, equalSteps: true }, "allreduce")
+    expect(r.pick).toBe("allreduce")
+    const p = Object.fromEntries(r.predictions.map((x) => [x.name, x.stepsPerSec]))
+    // Nobody takes over the straggler's share: async is held to its pace, backup workers below it.
+    expect(p.async!).toBeCloseTo((4 * 1000) / 62, 6)
+    expect(p.backup!).toBeLessThan(p.allreduce!)
+    expect(r.predictions.find((x) => x.name === "async")!.why).toMatch(/equal steps/)
+  })
+
+  it("prefers fresher gradients near a tie: backup workers over async within 5%", () => {
+    // Five ranks, one 10x slower: async adds the straggler's few gradients to backup's four.
+    const c = [0, 1, 2, 3, 4].map((r) => steps(10, () => (r === 1 ? 400 : 20)))
+    const pr = Object.fromEntries(predictStrategies({ computeMs: c, allReduceMs: 0.5, numServers: 4, pushPullMs: 0.5 }).map((x) => [x.name, x.stepsPerSec]))
+    expect(pr.async!).toBeGreaterThan(pr.backup!)
+    expect(pr.async!).toBeLessThan(pr.backup! * 1.05)
+    expect(chooseStrategy({ computeMs: c, allReduceMs: 0.5, numServers: 4, pushPullMs: 0.5 }, "allreduce").pick).toBe("backup")
   })
 
   it("absorbs jitter with SSP: different ranks slow in each step, two at a time", () => {
@@ -46,10 +68,10 @@ describe("strategy choice", () => {
   })
 
   it("needs the hysteresis margin to change, and changes back when the straggler is gone", () => {
-    // Backup workers predicted ~1.13x faster: not enough for the default 1.2x margin.
-    const mild = [0, 1, 2, 3].map((r) => steps(10, () => (r === 1 ? 33 : 20)))
+    // Async predicted ~1.07x faster (3 / 21 ms + 1 / 23 ms against 4 / 23 ms): not enough for the default 1.2x margin.
+    const mild = [0, 1, 2, 3].map((r) => steps(10, () => (r === 1 ? 22 : 20)))
     expect(chooseStrategy({ computeMs: mild, allReduceMs: 1, numServers: 1 }, "allreduce").pick).toBe("allreduce")
-    expect(chooseStrategy({ computeMs: mild, allReduceMs: 1, numServers: 1 }, "allreduce", 1).pick).toBe("backup")
+    expect(chooseStrategy({ computeMs: mild, allReduceMs: 1, numServers: 1 }, "allreduce", 1).pick).toBe("async")
     const even = [0, 1, 2].map(() => steps(10, () => 20))
     const back = chooseStrategy({ computeMs: even, allReduceMs: 1, numServers: 1 }, "backup")
     expect(back.pick).toBe("allreduce")
@@ -57,7 +79,7 @@ describe("strategy choice", () => {
   })
 
   it("offers backup workers only from 3 ranks, and nothing but the all-reduce for one", () => {
-    expect(predictStrategies({ computeMs: [[10], [30]], allReduceMs: 1, numServers: 1 }).map((x) => x.name)).toEqual(["allreduce", "ssp"])
+    expect(predictStrategies({ computeMs: [[10], [30]], allReduceMs: 1, numServers: 1 }).map((x) => x.name)).toEqual(["allreduce", "ssp", "async"])
     expect(predictStrategies({ computeMs: [[10]], allReduceMs: 1, numServers: 1 }).map((x) => x.name)).toEqual(["allreduce"])
   })
 })
@@ -65,9 +87,30 @@ describe("strategy choice", () => {
 describe("strategy choice, calibrated", () => {
   it("prices the servers by their measured push-pull once it has one: a slow one sends training back", () => {
     const c = [0, 1, 2, 3].map((r) => steps(10, () => (r === 1 ? 60 : 20)))
-    expect(chooseStrategy({ computeMs: c, allReduceMs: 2, numServers: 1 }, "backup").pick).toBe("backup")
-    const slowServers = chooseStrategy({ computeMs: c, allReduceMs: 2, numServers: 1, pushPullMs: 80 }, "backup")
+    expect(chooseStrategy({ computeMs: c, allReduceMs: 2, numServers: 1, equalSteps: true }, "ssp").pick).toBe("ssp")
+    const slowServers = chooseStrategy({ computeMs: c, allReduceMs: 2, numServers: 1, pushPullMs: 80, equalSteps: true }, "ssp")
     expect(slowServers.pick).toBe("allreduce")
-    expect(slowServers.predictions.find((x) => x.name === "backup")!.why).toMatch(/push-pull 80\.0 ms/)
+    expect(slowServers.predictions.find((x) => x.name === "ssp")!.why).toMatch(/push-pull 80\.0 ms/)
+  })
+})
+
+describe("strategy choice, the servers' own price", () => {
+  it("bounds async and SSP by the CPU time a push takes on the servers, once they report it", () => {
+    const c = [0, 1, 2, 3].map((r) => steps(10, () => (r === 1 ? 60 : 20)))
+    const guessed = predictStrategies({ computeMs: c, allReduceMs: 2, numServers: 1 })
+    const busy = predictStrategies({ computeMs: c, allReduceMs: 2, numServers: 1, serverMs: 10 })
+    const rate = (ps: ReturnType<typeof predictStrategies>, n: string) => ps.find((x) => x.name === n)!.stepsPerSec
+    // One server at 10 ms a push takes at most 100 pushes/s, below what the ranks would push.
+    expect(rate(busy, "async")).toBeCloseTo(100, 6)
+    expect(rate(guessed, "async")).toBeGreaterThan(140)
+    expect(busy.find((x) => x.name === "async")!.why).toMatch(/10\.00 ms a push/)
+    expect(guessed.find((x) => x.name === "async")!.why).toMatch(/guessed/)
+    // A sync step also waits for the server to take the other pushes: 3 x 10 ms.
+    expect(rate(busy, "backup")).toBeCloseTo((3 * 1000) / (20 + 2 + 30), 6)
+    // Two servers share the load.
+    const two = predictStrategies({ computeMs: c, allReduceMs: 2, numServers: 2, serverMs: 10 })
+    expect(rate(two, "async")).toBeGreaterThan(rate(busy, "async") * 1.4)
+    // With such servers the all-reduce stays.
+    expect(chooseStrategy({ computeMs: c, allReduceMs: 2, numServers: 1, serverMs: 40 }, "allreduce").pick).toBe("allreduce")
   })
 })

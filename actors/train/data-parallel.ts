@@ -103,13 +103,22 @@ export interface GradientSync {
 export interface ParameterServers {
   readonly numServers: number
   init(flat: Float32Array, spec: FlatOptimizerSpec, numWorkers: number, weightDecay: number): Promise<void>
-  pushPull(worker: number, step: number, grad: Float32Array, weight: number, learningRate: number | undefined): Promise<{ readonly params: Float32Array; readonly staleness: number; readonly dropped: boolean }>
+  pushPull(
+    worker: number,
+    step: number,
+    grad: Float32Array,
+    weight: number,
+    learningRate: number | undefined
+  ): Promise<{ readonly params: Float32Array; readonly staleness: number; readonly dropped: boolean; readonly version: number; readonly serverMs: number | undefined }>
   pull(n: number): Promise<Float32Array>
   stateFiles(): Promise<Record<string, Uint8Array>>
   /** Re-initialises the servers from a checkpoint's parameter-server files; false when it has none. */
   restore(files: Readonly<Record<string, Uint8Array>>, n: number, spec: FlatOptimizerSpec, numWorkers: number, weightDecay: number): Promise<boolean>
   finish(worker: number): Promise<void>
-  takeOver(flat: Float32Array, optimizer: FlatOptimizerState, learningRate: number, spec: FlatOptimizerSpec, numWorkers: number, weightDecay: number, as: { readonly mode: "sync" | "ssp"; readonly backupWorkers: number }): Promise<void>
+  /** The mode the servers were configured with, and their backup workers (sync). */
+  readonly mode: "sync" | "async" | "ssp"
+  readonly backupWorkers: number
+  takeOver(flat: Float32Array, optimizer: FlatOptimizerState, learningRate: number, spec: FlatOptimizerSpec, numWorkers: number, weightDecay: number, as: { readonly mode: "sync" | "async" | "ssp"; readonly backupWorkers: number }): Promise<void>
   wholeState(n: number): Promise<{ readonly params: Float32Array; readonly optimizer: FlatOptimizerState }>
 }
 
@@ -313,7 +322,24 @@ export class DataParallelModel implements RecoverableModel {
   /** Strategy "auto" on the servers: this rank's push-pull ms per step, and the group's measured price of one. */
   #psLog: number[] = []
   #pushPullMs: number | undefined
+  /** Strategy "auto": the busiest server's CPU ms per push, as the servers last reported it. */
+  #serverMs: number | undefined
   #switches = 0
+  /**
+   * The group's progress in synchronous steps' worth of gradients (globalStep): one per
+   * all-reduce step; on the servers, the updates they applied times the gradients in one, over p.
+   */
+  #global = 0
+  /** Strategy "auto" on the servers: the group step and #step when training moved there (their version was 0 then). */
+  #globalBase = 0
+  #syncBase = 0
+  /**
+   * Strategy "auto": the decision clock's next point (the same on every rank). Inside dp.fit() the
+   * clock is this rank's trainStep calls (dp.fit gives every rank the same steps); outside it, the
+   * group step, which every rank reaches whatever steps it took itself.
+   */
+  #nextDecision = AUTO_FIRST_DECISION
+  #calls = 0
   /** When trainStep last gave the event loop a turn (performance.now()). */
   #lastTurn = performance.now()
   /** The recovery generation dp.fit() last saw, and the operation after which batch exchanges count again. */
@@ -394,7 +420,18 @@ export class DataParallelModel implements RecoverableModel {
     return this.#sync.ps !== undefined && (this.#sync.auto === undefined || this.#strategy !== "allreduce")
   }
 
-  /** The strategy this model trains with now ("allreduce", or with "auto" also "backup" or "ssp"; "parameter-server" when fixed). */
+  /**
+   * How far the group has trained, in synchronous steps' worth of gradients (TensorFlow's
+   * global_step): one per all-reduce step; on parameter servers, the updates they applied times the
+   * gradients in each (p - backupWorkers for a sync step, one for async and SSP) over p. A rank
+   * that backup workers or asynchronous updates leave behind reads the group's progress here, not
+   * its own steps; every rank agrees on it up to the updates it has not heard of yet.
+   */
+  get globalStep(): number {
+    return Math.floor(this.#global + 1e-9)
+  }
+
+  /** The strategy this model trains with now ("allreduce", or with "auto" also "backup", "ssp" or "async"; "parameter-server" when fixed). */
   get strategy(): string {
     return this.#sync.auto ? this.#strategy : this.#sync.ps ? "parameter-server" : "allreduce"
   }
@@ -435,6 +472,10 @@ export class DataParallelModel implements RecoverableModel {
   /** The parameter-server strategy: tells the servers this rank's loop ended (sync and ssp steps stop waiting for it). */
   async finish(): Promise<void> {
     await this.#sync.ps?.finish(this.#sync.rank)
+    // Strategy "auto" on the servers: ranks that are still training may be waiting in a decision
+    // (or reach one); this rank takes part in the group's decision rounds, changing nothing, until
+    // every rank has finished.
+    if (this.#sync.auto && this.#strategy !== "allreduce") while (!(await this.#decisionRound(true)).allFinishing);
   }
 
   /** collectiveConfig.zeroStage as this model runs it. */
@@ -500,6 +541,7 @@ export class DataParallelModel implements RecoverableModel {
     }
     // A step this rank is in and will redo in the new group keeps its number; the next one follows.
     this.#step = state.step + (this.#inStep && options.redoingStep ? 1 : 0)
+    this.#global = this.#step
   }
 
   /** The group changed: the learning rate follows its size under "keep-per-worker"; batches are re-cut by fit(). */
@@ -599,55 +641,107 @@ export class DataParallelModel implements RecoverableModel {
     this.#lastTurn = performance.now()
   }
 
+  #decisionClock(): number {
+    return this.#inFit ? this.#calls : this.globalStep
+  }
+
   /**
-   * Strategy "auto", at fixed step numbers (the same on every rank, so the exchange lines up):
-   * every rank's recent compute and all-reduce times are gathered, every rank computes the same
-   * choice (scheduler/strategy-choice.ts), rank 0 explains it, and a change moves training.
+   * Strategy "auto": one round of the group's decision exchange. Every rank's recent compute,
+   * all-reduce and push-pull times, its group step, step counter, decision clock and whether it has
+   * finished are gathered; every rank leaves with the same group step and next decision point.
    */
-  async #decideStrategy(step: number): Promise<void> {
-    const auto = this.#sync.auto!
-    if (step < AUTO_FIRST_DECISION || (step - AUTO_FIRST_DECISION) % AUTO_EVERY !== 0 || !this.#sync.allGather) return
+  async #decisionRound(finishing: boolean): Promise<{ computeMs: number[][]; steps: number; step: number; anyFinishing: boolean; allFinishing: boolean }> {
     const k = AUTO_WINDOW
-    // This rank's last k compute, all-reduce and push-pull times (-1: not measured).
-    const mine = new Float32Array(3 * k).fill(-1)
+    const w = 3 * k + 5
+    // This rank's last k compute, all-reduce and push-pull times (-1: not measured), then the rest.
+    const mine = new Float32Array(w).fill(-1)
     const c = this.#computeLog.slice(-k)
     const m = this.#commLog.slice(-k)
     const q = this.#psLog.slice(-k)
     mine.set(c, k - c.length)
     mine.set(m, 2 * k - m.length)
     mine.set(q, 3 * k - q.length)
+    mine[3 * k] = this.#global
+    mine[3 * k + 1] = this.#step
+    mine[3 * k + 2] = this.#decisionClock()
+    mine[3 * k + 3] = finishing ? 1 : 0
+    mine[3 * k + 4] = this.#serverMs ?? -1
     this.#computeLog = []
     this.#commLog = []
     this.#psLog = []
-    const all = await this.#sync.allGather(mine)
+    const all = await this.#sync.allGather!(mine)
     const p = this.#sync.worldSize
-    const computeMs: number[][] = []
-    // Per step, the least any rank spent exchanging: the last to arrive waited for nobody.
+    let global = 0
+    let steps = 0
+    let clock = 0
+    let done = 0
+    let serverMs = -1
+    for (let r = 0; r < p; r++) {
+      global = Math.max(global, all[r * w + 3 * k]!)
+      steps = Math.max(steps, all[r * w + 3 * k + 1]!)
+      clock = Math.max(clock, all[r * w + 3 * k + 2]!)
+      done += all[r * w + 3 * k + 3]!
+      serverMs = Math.max(serverMs, all[r * w + 3 * k + 4]!)
+    }
+    this.#global = global
+    const after = Math.floor(clock + 1e-9)
+    this.#nextDecision = after < AUTO_FIRST_DECISION ? AUTO_FIRST_DECISION : AUTO_FIRST_DECISION + AUTO_EVERY * (Math.floor((after - AUTO_FIRST_DECISION) / AUTO_EVERY) + 1)
+    // Per step, the least any rank spent exchanging (the last to arrive waited for nobody), averaged:
+    // rates follow the mean time, and a rank throttled in bursts has many quick steps and a few slow ones.
     const leastPerStep = (part: number): number | undefined => {
       const mins: number[] = []
       for (let t = 0; t < k; t++) {
         let least = Number.POSITIVE_INFINITY
         for (let r = 0; r < p; r++) {
-          const v = all[r * 3 * k + part * k + t]!
+          const v = all[r * w + part * k + t]!
           if (v >= 0) least = Math.min(least, v)
         }
         if (Number.isFinite(least)) mins.push(least)
       }
-      return mins.length > 0 ? mins.sort((a, b) => a - b)[Math.floor(mins.length / 2)] : undefined
+      return mins.length > 0 ? mins.reduce((a, b) => a + b, 0) / mins.length : undefined
     }
-    for (let r = 0; r < p; r++) computeMs.push(Array.from(all.subarray(r * 3 * k, r * 3 * k + k)).filter((v) => v >= 0))
     this.#allReduceMs = leastPerStep(1) ?? this.#allReduceMs
     this.#pushPullMs = leastPerStep(2) ?? this.#pushPullMs
-    if (this.#allReduceMs === undefined || computeMs.some((r) => r.length === 0)) return
+    if (serverMs >= 0) this.#serverMs = serverMs
+    const computeMs: number[][] = []
+    for (let r = 0; r < p; r++) computeMs.push(Array.from(all.subarray(r * w, r * w + k)).filter((v) => v >= 0))
+    return { computeMs, steps, step: Math.floor(global + 1e-9), anyFinishing: done > 0, allFinishing: done >= p }
+  }
+
+  /**
+   * Strategy "auto", each time the decision clock passes the next decision point, the same points
+   * on every rank, so the exchange lines up: inside dp.fit() every rank's step count; outside it the
+   * group step, which lines up even where ranks take different numbers of steps (backup workers,
+   * SSP, async: a rank enters when it hears the group got there, so the others wait at most for its
+   * step in flight). Every rank computes the same choice from the gathered measurements
+   * (scheduler/strategy-choice.ts), rank 0 explains it, and a change moves training. Once any rank
+   * has finished its loop nothing changes any more.
+   */
+  async #decideStrategy(): Promise<void> {
+    const auto = this.#sync.auto!
+    if (!this.#sync.allGather) return
+    const { computeMs, steps, step, anyFinishing } = await this.#decisionRound(false)
+    if (anyFinishing || this.#allReduceMs === undefined || computeMs.some((r) => r.length === 0)) return
     const choice = chooseStrategy(
-      { computeMs, allReduceMs: this.#allReduceMs, numServers: auto.numServers, ...(this.#pushPullMs !== undefined ? { pushPullMs: this.#pushPullMs } : {}) },
+      {
+        computeMs,
+        allReduceMs: this.#allReduceMs,
+        numServers: auto.numServers,
+        equalSteps: this.#inFit,
+        ...(this.#pushPullMs !== undefined ? { pushPullMs: this.#pushPullMs } : {}),
+        ...(this.#serverMs !== undefined ? { serverMs: this.#serverMs } : {})
+      },
       this.#strategy
     )
     if (this.#sync.rank === 0) {
       const best = choice.predictions.find((x) => x.name === choice.pick)
       auto.explain(choice.text, { step, ...choice.json }, `gradwire: strategy ${choice.pick}${choice.changed ? ` (was ${this.#strategy})` : ""} at step ${step}: predicted ${best?.stepsPerSec.toFixed(1)} gradient steps/s`)
     }
-    if (choice.changed) await this.#switchStrategy(choice.pick)
+    if (choice.changed) {
+      // The next strategy starts every rank at the same step (the all-reduce and sync steps are numbered by it).
+      this.#step = steps
+      await this.#switchStrategy(choice.pick)
+    }
   }
 
   /** Moves training between the all-reduce and the servers, carrying the parameters and the optimizer state. */
@@ -663,12 +757,15 @@ export class DataParallelModel implements RecoverableModel {
     if (target !== "allreduce" && this.#sync.rank === 0) {
       const weights = await readTfjsOptimizerWeights(this.optimizer as unknown as Parameters<typeof readTfjsOptimizerWeights>[0])
       const state = flatStateFromTfjs(spec, this.layout, this.parameterCount, weights)
-      const as = target === "backup" ? { mode: "sync" as const, backupWorkers: 1 } : { mode: "ssp" as const, backupWorkers: 0 }
+      const as = target === "backup" ? { mode: "sync" as const, backupWorkers: 1 } : { mode: target, backupWorkers: 0 }
       await ps.takeOver(this.#flatParams(), state, this.learningRate ?? 0, spec, this.#sync.worldSize, this.#weightDecay, as)
     }
     // Nobody pushes before the servers hold the state; then every rank learns their version.
     await this.#sync.sum(new Float32Array(1))
     if (target !== "allreduce") await ps.pull(this.parameterCount)
+    // The servers' version starts again at 0: the group step and step counter it is counted from.
+    this.#globalBase = this.#global
+    this.#syncBase = this.#step
     this.#strategy = target
     this.#switches++
   }
@@ -784,7 +881,8 @@ export class DataParallelModel implements RecoverableModel {
 
   async #trainStep(x: Tensor, y: Tensor): Promise<StepResult> {
     const tf = this.#tf
-    if (this.#sync.auto) await this.#decideStrategy(this.#step)
+    if (this.#sync.auto && this.#decisionClock() >= this.#nextDecision) await this.#decideStrategy()
+    this.#calls++
     const step = this.#step++
     const t0 = performance.now()
     const fwd = this.#forward(x, y)
@@ -795,6 +893,7 @@ export class DataParallelModel implements RecoverableModel {
     this.#applyLearningRateRule(step, samples)
     const zero = this.#zero
     const done = (lossArr: ArrayLike<number>, correctArr: ArrayLike<number> | undefined): StepResult => {
+      if (!this.#viaServers) this.#global++
       this.onStep?.({ epoch: this.#epoch, step: this.#stepInEpoch++, stepsPerEpoch: this.#stepsPerEpoch, samples, loss: lossArr[0]! })
       return { loss: lossArr[0]!, samples: own, ...(correctArr ? { correct: correctArr[0]! } : {}) }
     }
@@ -832,8 +931,16 @@ export class DataParallelModel implements RecoverableModel {
       // one gradient each move the weights as far as the all-reduce's one update of their mean,
       // so a move between them keeps the step size per sample.
       const lr = this.learningRate
-      const rate = this.#sync.auto && this.#strategy === "ssp" && lr !== undefined ? lr / this.#sync.worldSize : lr
+      const p = this.#sync.worldSize
+      const oneByOne = this.#sync.auto ? this.#strategy === "ssp" || this.#strategy === "async" : ps.mode !== "sync"
+      const rate = this.#sync.auto && oneByOne && lr !== undefined ? lr / p : lr
       const r = await ps.pushPull(this.#sync.rank, step, flat, samples, rate)
+      if (r.serverMs !== undefined) this.#serverMs = r.serverMs
+      // The group's progress from the servers' version; under "auto" with backup workers a rank
+      // whose gradient came late goes on at the step the servers collect, not behind it.
+      const perUpdate = oneByOne ? 1 : p - (this.#sync.auto ? 1 : ps.backupWorkers)
+      this.#global = Math.max(this.#global, this.#globalBase + (r.version * perUpdate) / p)
+      if (this.#sync.auto && this.#strategy === "backup") this.#step = Math.max(this.#step, this.#syncBase + r.version)
       if (this.#sync.auto && step >= 2) {
         this.#commLog.push(-1)
         this.#psLog.push(performance.now() - t1)
@@ -1117,7 +1224,7 @@ export class DataParallelModel implements RecoverableModel {
    * every rank adds its shard to its reports (shardFiles); and the update counter (LR warmup).
    */
   async optimizerFiles(): Promise<Record<string, Uint8Array>> {
-    const state = new TextEncoder().encode(JSON.stringify({ step: this.#step, zeroStage: this.zeroStage, worldSize: this.#sync.worldSize }))
+    const state = new TextEncoder().encode(JSON.stringify({ step: this.#step, globalStep: this.#global, zeroStage: this.zeroStage, worldSize: this.#sync.worldSize }))
     if (this.#zero) return { [DP_STATE_FILE]: state }
     // The parameter servers hold the parameters and the optimizer state: one file per server.
     if (this.#viaServers) return { ...(await this.#sync.ps!.stateFiles()), [DP_STATE_FILE]: state }
@@ -1138,7 +1245,11 @@ export class DataParallelModel implements RecoverableModel {
    */
   async restoreOptimizer(files: Readonly<Record<string, Uint8Array>>): Promise<void> {
     const saved = files[DP_STATE_FILE]
-    if (saved) this.#step = Number((JSON.parse(new TextDecoder().decode(saved)) as { step?: number }).step ?? 0)
+    if (saved) {
+      const st = JSON.parse(new TextDecoder().decode(saved)) as { step?: number; globalStep?: number }
+      this.#step = Number(st.step ?? 0)
+      this.#global = Number(st.globalStep ?? this.#step)
+    }
     if (this.#sync.auto) {
       // Strategy "auto" resumes on the all-reduce: a checkpoint taken while on the servers is
       // their state, which every rank loads into its own optimizer.

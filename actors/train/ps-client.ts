@@ -36,6 +36,10 @@ export interface PushPull {
   readonly staleness: number
   /** Whether a server dropped this gradient (backup workers: it came after the step's quota). */
   readonly dropped: boolean
+  /** The servers' version after it (updates applied), the least over the servers. */
+  readonly version: number
+  /** The busiest server's CPU ms per push (undefined: not reported). */
+  readonly serverMs: number | undefined
 }
 
 /** Raised when a server does not answer in time or refuses a gradient. */
@@ -70,6 +74,14 @@ export class PsClient {
 
   get numServers(): number {
     return this.options.servers.length
+  }
+
+  get mode(): PsMode {
+    return this.options.mode
+  }
+
+  get backupWorkers(): number {
+    return this.options.backupWorkers
   }
 
   #ref(k: number) {
@@ -149,6 +161,8 @@ export class PsClient {
     const out = (this.#params ??= new Float32Array(grad.length))
     let staleness = 0
     let dropped = false
+    let version = Number.POSITIVE_INFINITY
+    let serverMs: number | undefined
     await Promise.all(
       layouts.map(async (l, k) => {
         const answer = new Promise<PsParams>((resolve, reject) => {
@@ -182,11 +196,13 @@ export class PsClient {
         const m = await answer
         out.set(m.params, l.start)
         this.#versions[k] = m.version
+        version = Math.min(version, m.version)
+        if (m.cpuMsPerPush !== undefined) serverMs = Math.max(serverMs ?? 0, m.cpuMsPerPush)
         staleness += m.staleness
         dropped ||= m.dropped
       })
     )
-    return { params: out, staleness: staleness / layouts.length, dropped }
+    return { params: out, staleness: staleness / layouts.length, dropped, version, serverMs }
   }
 
   #halfOf(k: number, range: Float32Array): Uint16Array {

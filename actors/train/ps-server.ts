@@ -18,6 +18,13 @@ import type { FlatOptimizerSpec } from "./optim/flat-optimizers.ts"
 export const parameterServer = defineActor(ServerProtocol, (ctx) => {
   const args = ctx.args as ServerArgs
   let shard: ShardServer | undefined
+  // The process's CPU time per push since the last init: what one push occupies a server for.
+  let cpu0 = process.cpuUsage()
+  let pushes = 0
+  const cpuMsPerPush = (): number => {
+    const u = process.cpuUsage(cpu0)
+    return (u.user + u.system) / 1000 / Math.max(1, pushes)
+  }
   const need = (what: string): ShardServer => {
     if (!shard) throw new ConfigError({ field: `ps-server.${what}`, reason: `server ${args.index} has no parameters yet: rank 0 initialises it first` })
     return shard
@@ -35,10 +42,13 @@ export const parameterServer = defineActor(ServerProtocol, (ctx) => {
         weightDecay: body.weightDecay
       })
       if (body.state) shard.load(decodeMessage(body.state) as ShardServerState)
+      cpu0 = process.cpuUsage()
+      pushes = 0
       return null
     },
     push: (body) => {
       const s = need("push")
+      pushes++
       const worker = ctx.system.ref(WorkerProtocol, body.replyTo)
       const answer = (reply: PsParams) =>
         void ctx.system.tellPromise(worker, "psParams", reply).catch((e: unknown) => ctx.log.warn(`could not answer rank ${body.worker}: ${String(e)}`))
@@ -48,7 +58,8 @@ export const parameterServer = defineActor(ServerProtocol, (ctx) => {
         decodeHalf(body.half, grad)
       }
       s.push(body.worker, body.step, body.basedOn, grad, body.weight, body.learningRate).then(
-        (r) => answer({ server: args.index, step: body.step, params: r.params, version: r.version, staleness: r.staleness, dropped: r.dropped }),
+        (r) =>
+          answer({ server: args.index, step: body.step, params: r.params, version: r.version, staleness: r.staleness, dropped: r.dropped, cpuMsPerPush: cpuMsPerPush() }),
         (e: unknown) =>
           answer({ server: args.index, step: body.step, params: new Float32Array(0), version: -1, staleness: 0, dropped: false, error: e instanceof Error ? e.message : String(e) })
       )

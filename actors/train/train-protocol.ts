@@ -204,6 +204,8 @@ export const PsParams = Schema.Struct({
   version: Schema.Number,
   staleness: Schema.Number,
   dropped: Schema.Boolean,
+  /** The server process's CPU ms per push since it was initialised (strategy "auto" prices the servers by it). */
+  cpuMsPerPush: Schema.optionalKey(Schema.Number),
   /** Set instead of the rest when the server could not take the gradient (bad input, shutdown). */
   error: Schema.optionalKey(Schema.String)
 })

@@ -2,6 +2,7 @@
 // fit({ globalBatchSize }), some ranks slowed by a simulated per-sample delay (a slower device),
 // reporting per epoch the loss, a fingerprint of the weights and the steps/s after warm-up.
 import type { TrainContext } from "../../index.ts"
+import { gatherRows } from "../../core/datasets.ts"
 import { buildModel, weightsHash } from "../../examples/digits/model.ts"
 
 export interface HeteroLoopConfig {
@@ -15,6 +16,12 @@ export interface HeteroLoopConfig {
   readonly checkpoint?: boolean
   /** "adam" instead of SGD 0.1. */
   readonly optimizer?: "sgd" | "adam"
+  /**
+   * Instead of dp.fit(): every rank steps through its own shard until the group has trained the
+   * epoch's steps (dp.globalStep), so fast ranks may take over a slow one's share where the
+   * strategy lets them run ahead (backup workers, async, SSP), as a parameter-server loop does.
+   */
+  readonly free?: boolean
 }
 
 export async function heteroLoop(config: HeteroLoopConfig, ctx: TrainContext): Promise<void> {
@@ -31,8 +38,34 @@ export async function heteroLoop(config: HeteroLoopConfig, ctx: TrainContext): P
     await ctx.restoreModel(dp, resume)
     start = Number(resume.metadata?.epoch) + 1
   }
+  const batch = Math.ceil((config.globalBatchSize ?? 128) / ctx.worldSize)
+  const steps = Math.ceil(train.size / batch)
+  let pass = 0
+  let pos = 0
+  const freeEpoch = async (epoch: number): Promise<{ loss: number }> => {
+    let sum = 0
+    let n = 0
+    while (dp.globalStep < (epoch + 1) * steps) {
+      let rows = train.rows(pass)
+      if (pos + batch > rows.length) [pass, pos, rows] = [pass + 1, 0, train.rows(pass + 1)]
+      const b = gatherRows(train.dataset, rows.subarray(pos, pos + batch))
+      pos += batch
+      const loss = tf.tidy(() => {
+        const x = tf.tensor(b.x, [batch, ...train.dataset.featureShape])
+        return { x, y: dp.lossTargets(tf.tensor1d(b.y, "int32"), train.dataset.numClasses) }
+      })
+      try {
+        sum += (await dp.trainStep(loss.x, loss.y)).loss
+        n++
+      } finally {
+        tf.dispose([loss.x, loss.y])
+      }
+      stamps.push(performance.now())
+    }
+    return { loss: n > 0 ? sum / n : Number.NaN }
+  }
   for (let epoch = start; epoch < (config.epochs ?? 2); epoch++) {
-    const [r] = await dp.fit(train, {
+    const [r] = config.free ? [await freeEpoch(epoch)] : await dp.fit(train, {
       epochs: epoch + 1,
       initialEpoch: epoch,
       globalBatchSize: config.globalBatchSize ?? 128,

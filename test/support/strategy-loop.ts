@@ -25,8 +25,9 @@
 //            ahead. The group's progress is the parameter servers' version (updates applied) that
 //            every push's answer carries, read by wrapping PsClient.prototype.onParams for the
 //            length of the loop (restored in `finally`; the wrapper only notes the version). With
-//            the all-reduce every rank does the same steps. With strategy "auto" too: its decisions
-//            are collectives at fixed step numbers, which every rank must reach.
+//            the all-reduce every rank does the same steps. With strategy "auto", until
+//            dp.globalStep (the group's progress in synchronous steps' worth of gradients, whatever
+//            auto runs on) reaches epochs * ceil(shard / batch).
 // A trainStep() outside dp.fit() has no steps-per-epoch, and the worker then sends a progress
 // message to the driver after every step (worker.ts: `info.step + 1 < info.stepsPerEpoch` never
 // holds); "shared" passes the progress hook an unbounded epoch, so both splits send one per 250 ms.
@@ -34,6 +35,7 @@
 // Final accuracy: with parameter servers, once every rank has stopped pushing (dp.finish(), then a
 // barrier), rank 0 pulls the servers' parameters into its model and evaluates those: the model the
 // job trained, not whichever copy a rank received last.
+import { writeFile } from "node:fs/promises"
 import type { TrainContext } from "../../index.ts"
 import { gatherRows } from "../../core/datasets.ts"
 import { PsClient } from "../../actors/train/ps-client.ts"
@@ -56,6 +58,12 @@ export interface StrategyLoopConfig {
   /** The straggler's rank and its compute factor (1: none; rounded to whole extra passes). */
   readonly slowRank?: number
   readonly slowFactor?: number
+  /**
+   * A cgroup (v1 cpu controller) directory with a CPU quota: the slowed rank moves its own process
+   * into it at the start, and then does no extra passes (slowFactor is ignored): a real CPU limit,
+   * as a slower device's worker has, which leaves the rest of the cores to the others.
+   */
+  readonly cpuCgroup?: string
 }
 
 /** What every rank reports (once, at the end). */
@@ -96,7 +104,9 @@ export async function strategyLoop(config: StrategyLoopConfig, ctx: TrainContext
   const epochs = config.epochs ?? 10
   const batch = config.batchSize ?? 32
   const split = config.split ?? "shared"
-  const factor = ctx.worldRank === (config.slowRank ?? -1) ? Math.max(1, config.slowFactor ?? 1) : 1
+  const slowed = ctx.worldRank === (config.slowRank ?? -1)
+  if (slowed && config.cpuCgroup) await writeFile(`${config.cpuCgroup}/cgroup.procs`, String(process.pid))
+  const factor = slowed && !config.cpuCgroup ? Math.max(1, config.slowFactor ?? 1) : 1
   const extraPasses = Math.round(factor - 1)
 
   // The servers' version as this rank last heard it (every push's answer carries it), per server.
@@ -190,8 +200,10 @@ export async function strategyLoop(config: StrategyLoopConfig, ctx: TrainContext
     } else {
       const progress = dp.onStep
       if (progress) dp.onStep = (info) => progress({ ...info, stepsPerEpoch: Number.POSITIVE_INFINITY })
-      const fixedSteps = !viaServers() || auto
-      const done = (): boolean => (fixedSteps ? stamps.length >= epochs * stepsPerEpoch : groupGradients() >= target)
+      // The all-reduce: every rank the same steps. Parameter servers: until the group applied the
+      // target's gradients. Auto: until the group step (the same measure, whatever it runs on).
+      const done = (): boolean =>
+        auto ? dp.globalStep >= epochs * stepsPerEpoch : !viaServers() ? stamps.length >= epochs * stepsPerEpoch : groupGradients() >= target
       let pass = 0
       let rows = shard.rows(pass)
       let pos = 0
