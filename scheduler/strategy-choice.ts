@@ -25,7 +25,8 @@
 // With `equalSteps` (dp.fit(): every rank takes the same steps, an epoch ends with a barrier) no
 // rank can take over a slower one's share, so backup workers and async are held to the slowest
 // rank's pace too: they then only help against jitter, as SSP does. Async's predicted staleness
-// (its slowest rank's gradients: the updates the others apply meanwhile) is shown.
+// (its slowest rank's gradients: the updates the others apply meanwhile) is shown. A rate the group
+// measured under a strategy (`measured`) replaces its prediction: the model proposes, running decides.
 
 export type StrategyName = "allreduce" | "backup" | "ssp" | "async"
 
@@ -42,6 +43,14 @@ export interface StrategyMeasure {
   readonly pushPullMs?: number
   /** The busiest server's CPU ms per push, as the servers reported it: replaces the guessed t_s. */
   readonly serverMs?: number
+  /**
+   * Gradient steps/s the group really applied under a strategy in a recent window (the current
+   * one's last window; others' from when they last ran): they replace the predictions, so what the
+   * model misses (CPU contention on an oversubscribed machine, a server's queue) is corrected by
+   * trying, and a strategy that ran slower than predicted is not tried again while its measurement
+   * is remembered.
+   */
+  readonly measured?: Readonly<Partial<Record<StrategyName, number>>>
   /** Every rank takes the same number of steps (dp.fit()): nobody can run ahead for long. */
   readonly equalSteps?: boolean
 }
@@ -120,8 +129,15 @@ export const predictStrategies = (m: StrategyMeasure): StrategyPrediction[] => {
   return out
 }
 
+/** The predictions, with a measured rate in place of the prediction wherever the group has one. */
+const withMeasured = (predicted: StrategyPrediction[], measured: StrategyMeasure["measured"]): StrategyPrediction[] =>
+  predicted.map((x) => {
+    const r = measured?.[x.name]
+    return r === undefined || !(r > 0) ? x : { name: x.name, stepsPerSec: r, why: `measured ${r.toFixed(1)}/s when it ran (predicted ${x.stepsPerSec.toFixed(1)}/s: ${x.why})` }
+  })
+
 export const chooseStrategy = (m: StrategyMeasure, current: StrategyName, hysteresis = 1.2): StrategyChoice => {
-  const predictions = predictStrategies(m)
+  const predictions = withMeasured(predictStrategies(m), m.measured)
   const now = predictions.find((x) => x.name === current)
   const fastest = predictions.reduce((b, x) => (x.stepsPerSec > b.stepsPerSec ? x : b), predictions[0] ?? { name: current, stepsPerSec: 0, why: "" })
   // Near a tie the all-reduce wins: it is exactly synchronous training, the others trade some of
@@ -130,7 +146,7 @@ export const chooseStrategy = (m: StrategyMeasure, current: StrategyName, hyster
   const changed = best.name !== current && (!now || best.stepsPerSec > now.stepsPerSec * hysteresis)
   const pick = changed ? best.name : current
   const lines = [
-    `strategy: ${pick}${changed ? ` (was ${current})` : ""}; predicted gradient steps/s over the group:`,
+    `strategy: ${pick}${changed ? ` (was ${current})` : ""}; gradient steps/s over the group, predicted or measured:`,
     ...predictions.map((x) => `  ${x.name.padEnd(9)} ${x.stepsPerSec.toFixed(1).padStart(8)}/s  ${x.why}${x.name === pick ? "  <- picked" : ""}`),
     `  a change needs ${hysteresis}x the current strategy's prediction`
   ]
@@ -139,6 +155,6 @@ export const chooseStrategy = (m: StrategyMeasure, current: StrategyName, hyster
     predictions,
     changed,
     text: lines.join("\n"),
-    json: { pick, previous: current, changed, hysteresis, allReduceMs: m.allReduceMs, pushPullMs: m.pushPullMs, serverMs: m.serverMs, numServers: m.numServers, equalSteps: m.equalSteps === true, predictions }
+    json: { pick, previous: current, changed, hysteresis, allReduceMs: m.allReduceMs, pushPullMs: m.pushPullMs, serverMs: m.serverMs, measured: m.measured ?? {}, numServers: m.numServers, equalSteps: m.equalSteps === true, predictions }
   }
 }

@@ -115,7 +115,7 @@ describe("parameter servers in the Trainer", () => {
     expect(await fs.readdir(again.checkpoint!.path)).toEqual(expect.arrayContaining([0, 1, 2].map((k) => `ps.shard-${k}-of-3.msgpack`)))
   })
 
-  it("strategy auto runs a persistent straggler's group asynchronously where ranks may take different steps, explains it, resumes from the servers' state, and changes only for a predicted gain", async () => {
+  it("strategy auto lets fast ranks take over a persistent straggler's share where ranks may take different steps, explains it, resumes from the servers' state, and changes only for a predicted gain", async () => {
     const run = (name: string, slowdown: Record<string, number>, epochs = 4, free = true) =>
       new Trainer({
         trainLoopPerWorker: path.resolve("test/support/hetero-loop.ts") + "#heteroLoop",
@@ -127,23 +127,27 @@ describe("parameter servers in the Trainer", () => {
       }).fit()
     // Rank 1 spends 2 ms more per sample (64 ms per step of 32 samples; the others take a few ms).
     // Each rank steps through its shard until the group has trained the epoch (dp.globalStep).
+    // Predicted fastest: async; once measured, backup workers may be (the model proposes, the
+    // measured rates decide): either lets the fast ranks run ahead.
     const slow = await run("auto-straggler", { "1": 2 })
-    expect(slow.metrics!.strategy).toBe("async")
-    expect(slow.metrics!["strategy/switches"]).toBe(1)
+    const pick = slow.metrics!.strategy as string
+    expect(["async", "backup"]).toContain(pick)
+    expect(slow.metrics!["strategy/switches"] as number).toBeGreaterThanOrEqual(1)
     expect(slow.metricsHistory.at(-1)!.loss as number).toBeLessThan(slow.metricsHistory[0]!.loss as number)
     const explain = JSON.parse(await fs.readFile(path.join(slow.path, "explain.json"), "utf8")) as {
       strategy: { pick: string; equalSteps: boolean; predictions: Array<{ name: string; stepsPerSec: number }> }
     }
-    expect(explain.strategy.pick).toBe("async")
+    expect(explain.strategy.pick).toBe(pick)
     expect(explain.strategy.equalSteps).toBe(false)
     expect(explain.strategy.predictions.map((x) => x.name)).toEqual(["allreduce", "backup", "ssp", "async"])
-    expect(await fs.readFile(path.join(slow.path, "explain.txt"), "utf8")).toMatch(/strategy: async/)
-    // The fast ranks took over the slowed rank's share, and its gradients are the stalest.
+    expect(await fs.readFile(path.join(slow.path, "explain.txt"), "utf8")).toContain(`strategy: ${pick}`)
+    // The fast ranks took over the slowed rank's share; its gradients are the stalest (async) or
+    // the ones dropped (backup workers).
     const last = slow.metricsPerRank.at(-1)!
     const steps = last.map((m) => m.steps as number)
     expect(steps[1]!).toBeLessThan(Math.min(steps[0]!, steps[2]!))
-    const stale = last.map((m) => m["ps/staleness"] as number)
-    expect(stale[1]!).toBeGreaterThan(Math.max(stale[0]!, stale[2]!))
+    const worst = last.map((m) => m[pick === "async" ? "ps/staleness" : "ps/dropped"] as number)
+    expect(worst[1]!).toBeGreaterThan(Math.max(worst[0]!, worst[2]!))
     // Its checkpoints hold the servers' state; a resume (on the all-reduce, as auto starts) takes it.
     expect(await fs.readdir(slow.checkpoint!.path)).toEqual(expect.arrayContaining(["ps.shard-0-of-1.msgpack"]))
     const resumed = await run("auto-straggler", { "1": 2 }, 6)
@@ -156,13 +160,13 @@ describe("parameter servers in the Trainer", () => {
     expect(sameWeights(fitted)).toBe(true)
     const f = JSON.parse(await fs.readFile(path.join(fitted.path, "explain.json"), "utf8")) as typeof explain
     expect(f.strategy.equalSteps).toBe(true)
-    // Without the straggler what it does follows its own predictions: a change only for a
-    // predicted 1.2x (on a 2-core machine three workers' compute times jitter: SSP may be it).
+    // Without the straggler what it does follows its own predictions and measurements: where it
+    // ended, nothing else was worth 1.2x (1.26x with the 5% tie rule) of it at the last decision.
     const even = await run("auto-even", {})
     const e = JSON.parse(await fs.readFile(path.join(even.path, "explain.json"), "utf8")) as typeof explain
-    const predicted = (name: string) => e.strategy.predictions.find((x) => x.name === name)!.stepsPerSec
-    if (even.metrics!.strategy !== "allreduce") expect(predicted(even.metrics!.strategy as string)).toBeGreaterThan(1.2 * predicted("allreduce"))
-    expect(even.metrics!["strategy/switches"] as number).toBeLessThanOrEqual(1)
+    const rate = (name: string) => e.strategy.predictions.find((x) => x.name === name)!.stepsPerSec
+    expect(e.strategy.pick).toBe(even.metrics!.strategy)
+    for (const x of e.strategy.predictions) expect(x.stepsPerSec).toBeLessThanOrEqual(1.26 * rate(e.strategy.pick) + 1e-6)
   })
 
   it("rejects what the servers cannot do, saying what to use", async () => {

@@ -114,3 +114,22 @@ describe("strategy choice, the servers' own price", () => {
     expect(chooseStrategy({ computeMs: c, allReduceMs: 2, numServers: 1, serverMs: 40 }, "allreduce").pick).toBe("allreduce")
   })
 })
+
+describe("strategy choice, measured", () => {
+  it("trusts what the group measured over its predictions: a strategy that ran slower is left, and not taken again", () => {
+    const c = [0, 1, 2, 3].map((r) => steps(10, () => (r === 1 ? 60 : 20)))
+    // Predicted: async well ahead of the all-reduce.
+    expect(chooseStrategy({ computeMs: c, allReduceMs: 2, numServers: 1 }, "allreduce").pick).toBe("async")
+    // It ran at 40/s where the all-reduce had run at 60/s: it is left for the next best
+    // prediction (backup workers), not taken again while the measurement stands.
+    const away = chooseStrategy({ computeMs: c, allReduceMs: 2, numServers: 1, measured: { allreduce: 60, async: 40 } }, "async")
+    expect(away.pick).toBe("backup")
+    expect(away.predictions.find((x) => x.name === "async")!.why).toMatch(/^measured 40\.0\/s when it ran \(predicted/)
+    expect(away.json.measured).toEqual({ allreduce: 60, async: 40 })
+    // Backup workers ran at 45/s too: back to the all-reduce, which measured best.
+    const back = chooseStrategy({ computeMs: c, allReduceMs: 2, numServers: 1, measured: { allreduce: 60, async: 40, backup: 45, ssp: 30 } }, "backup")
+    expect(back.pick).toBe("allreduce")
+    // Measured within the hysteresis of each other: no change.
+    expect(chooseStrategy({ computeMs: c, allReduceMs: 2, numServers: 1, measured: { allreduce: 60, async: 55 } }, "async").pick).not.toBe("allreduce")
+  })
+})

@@ -126,6 +126,8 @@ export interface ParameterServers {
 const AUTO_FIRST_DECISION = 12
 const AUTO_WINDOW = 10
 const AUTO_EVERY = 48
+/** Rounds a strategy's measured rate stands in for its prediction. */
+const AUTO_REMEMBER = 4
 
 /** Where a loop is in dp.fit(): the group operations done, the epoch and the step in it. */
 export interface RecoveryCursor {
@@ -340,6 +342,14 @@ export class DataParallelModel implements RecoverableModel {
    */
   #nextDecision = AUTO_FIRST_DECISION
   #calls = 0
+  /**
+   * Strategy "auto": where the current measuring window began (performance.now() and the group
+   * step; undefined until the second step), and the rates measured per strategy with the round
+   * they were measured in (forgotten after AUTO_REMEMBER rounds, so a changed group is tried again).
+   */
+  #mark: { at: number; global: number } | undefined
+  #measured = new Map<StrategyName, { rate: number; round: number }>()
+  #rounds = 0
   /** When trainStep last gave the event loop a turn (performance.now()). */
   #lastTurn = performance.now()
   /** The recovery generation dp.fit() last saw, and the operation after which batch exchanges count again. */
@@ -652,7 +662,7 @@ export class DataParallelModel implements RecoverableModel {
    */
   async #decisionRound(finishing: boolean): Promise<{ computeMs: number[][]; steps: number; step: number; anyFinishing: boolean; allFinishing: boolean }> {
     const k = AUTO_WINDOW
-    const w = 3 * k + 5
+    const w = 3 * k + 6
     // This rank's last k compute, all-reduce and push-pull times (-1: not measured), then the rest.
     const mine = new Float32Array(w).fill(-1)
     const c = this.#computeLog.slice(-k)
@@ -666,6 +676,7 @@ export class DataParallelModel implements RecoverableModel {
     mine[3 * k + 2] = this.#decisionClock()
     mine[3 * k + 3] = finishing ? 1 : 0
     mine[3 * k + 4] = this.#serverMs ?? -1
+    mine[3 * k + 5] = this.#mark ? performance.now() - this.#mark.at : -1
     this.#computeLog = []
     this.#commLog = []
     this.#psLog = []
@@ -676,13 +687,23 @@ export class DataParallelModel implements RecoverableModel {
     let clock = 0
     let done = 0
     let serverMs = -1
+    let elapsed = -1
     for (let r = 0; r < p; r++) {
       global = Math.max(global, all[r * w + 3 * k]!)
       steps = Math.max(steps, all[r * w + 3 * k + 1]!)
       clock = Math.max(clock, all[r * w + 3 * k + 2]!)
       done += all[r * w + 3 * k + 3]!
       serverMs = Math.max(serverMs, all[r * w + 3 * k + 4]!)
+      elapsed = Math.max(elapsed, all[r * w + 3 * k + 5]!)
     }
+    // The group's rate since the window began (gradient steps/s: p per synchronous step's worth).
+    this.#rounds++
+    if (this.#mark && elapsed > 0 && !finishing) {
+      const rate = ((global - this.#mark.global) * p * 1000) / elapsed
+      if (rate > 0) this.#measured.set(this.#strategy, { rate, round: this.#rounds })
+    }
+    for (const [name, m] of this.#measured) if (this.#rounds - m.round > AUTO_REMEMBER) this.#measured.delete(name)
+    this.#mark = { at: performance.now(), global }
     this.#global = global
     const after = Math.floor(clock + 1e-9)
     this.#nextDecision = after < AUTO_FIRST_DECISION ? AUTO_FIRST_DECISION : AUTO_FIRST_DECISION + AUTO_EVERY * (Math.floor((after - AUTO_FIRST_DECISION) / AUTO_EVERY) + 1)
@@ -729,7 +750,8 @@ export class DataParallelModel implements RecoverableModel {
         numServers: auto.numServers,
         equalSteps: this.#inFit,
         ...(this.#pushPullMs !== undefined ? { pushPullMs: this.#pushPullMs } : {}),
-        ...(this.#serverMs !== undefined ? { serverMs: this.#serverMs } : {})
+        ...(this.#serverMs !== undefined ? { serverMs: this.#serverMs } : {}),
+        measured: Object.fromEntries([...this.#measured].map(([name, m]) => [name, m.rate]))
       },
       this.#strategy
     )
@@ -768,6 +790,8 @@ export class DataParallelModel implements RecoverableModel {
     this.#syncBase = this.#step
     this.#strategy = target
     this.#switches++
+    // The new strategy's window starts after the move.
+    this.#mark = { at: performance.now(), global: this.#global }
   }
 
   /** Loss, gradients and (classification) correct predictions of a batch. */
@@ -883,6 +907,7 @@ export class DataParallelModel implements RecoverableModel {
     const tf = this.#tf
     if (this.#sync.auto && this.#decisionClock() >= this.#nextDecision) await this.#decideStrategy()
     this.#calls++
+    if (this.#sync.auto && this.#calls === 2 && !this.#mark) this.#mark = { at: performance.now(), global: this.#global }
     const step = this.#step++
     const t0 = performance.now()
     const fwd = this.#forward(x, y)
