@@ -23,7 +23,7 @@ export const placementStrategyNames = ["PACK", "SPREAD", "STRICT_PACK", "STRICT_
 export const PlacementStrategy = Schema.Literals(placementStrategyNames)
 export type PlacementStrategy = typeof PlacementStrategy.Type
 
-export const BackendName = Schema.Literals(["auto", "tensorflow-gpu", "tensorflow", "wasm", "cpu"])
+export const BackendName = Schema.Literals(["auto", "tensorflow-gpu", "webgpu", "tensorflow", "wasm", "cpu"])
 export type BackendName = typeof BackendName.Type
 
 /** Elastic bounds: the group runs with as many workers as fit, at least min, at most max. */

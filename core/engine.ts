@@ -1,13 +1,16 @@
 // Chooses and loads the tfjs engine for this process: the `tensorflow` backend from
 // @tensorflow/tfjs-node-gpu or @tensorflow/tfjs-node when installed (optional peers: their install
 // downloads libtensorflow), else the wasm backend that ships inside its npm package, else the
-// pure-JS cpu backend. Loaded lazily: importing tfjs costs hundreds of milliseconds, and most of
-// gradwire (NATS, collectives, the CLI) never needs it.
+// pure-JS cpu backend. The "webgpu" backend (Dawn through the optional `webgpu` peer, see
+// webgpu.ts) loads only when asked for by name: "auto" never tries it, so a machine without a GPU
+// runs as it would without the package. Loaded lazily: importing tfjs costs hundreds of
+// milliseconds, and most of gradwire (NATS, collectives, the CLI) never needs it.
 import { createRequire } from "node:module"
 import { ConfigError } from "./errors.ts"
+import { WEBGPU_PACKAGES, requestWebGpuAdapter, withinDeadline } from "./webgpu.ts"
 
 export type Tf = typeof import("@tensorflow/tfjs")
-export type BackendKind = "tensorflow-gpu" | "tensorflow" | "wasm" | "cpu"
+export type BackendKind = "tensorflow-gpu" | "webgpu" | "tensorflow" | "wasm" | "cpu"
 
 const require = createRequire(import.meta.url)
 
@@ -33,7 +36,45 @@ const tryNative = async (pkg: string): Promise<Tf | undefined> => {
   }
 }
 
+const WEBGPU_DEADLINE_MS = 30_000
+
+const loadWebGpu = async (): Promise<Tf> => {
+  const missing = WEBGPU_PACKAGES.filter((p) => !resolvable(p))
+  if (missing.length > 0) {
+    throw new ConfigError({
+      field: "scalingConfig.backend",
+      reason:
+        `the "webgpu" backend needs ${missing.join(" and ")}, which ${missing.length === 1 ? "is" : "are"} not installed here: ` +
+        'npm install webgpu @tensorflow/tfjs-backend-webgpu@4.22.0 on a machine with a GPU and a Vulkan driver, or use backend "auto"'
+    })
+  }
+  const found = await requestWebGpuAdapter(WEBGPU_DEADLINE_MS)
+  if (!found.ok) {
+    throw new ConfigError({
+      field: "scalingConfig.backend",
+      reason:
+        `the "webgpu" backend has no GPU here: ${found.reason}. It needs a GPU with a Vulkan driver ` +
+        '(Mesa\'s lavapipe lacks features Dawn needs); use backend "auto" or "tensorflow-gpu" on this node'
+    })
+  }
+  const tf = (await import("@tensorflow/tfjs")) as Tf
+  // Registers the backend now that navigator.gpu is there; its factory asks Dawn for the adapter again.
+  await import("@tensorflow/tfjs-backend-webgpu" as string)
+  const ok = await withinDeadline(tf.setBackend("webgpu"), WEBGPU_DEADLINE_MS, "tfjs's webgpu backend").catch((e: unknown) => {
+    throw new ConfigError({ field: "scalingConfig.backend", reason: `the "webgpu" backend failed to start: ${String(e)}` })
+  })
+  if (!ok) {
+    throw new ConfigError({
+      field: "scalingConfig.backend",
+      reason: `the "webgpu" backend failed to start on ${found.adapter.description || found.adapter.vendor || "the adapter"} (tf.setBackend returned false; tfjs logged why)`
+    })
+  }
+  await tf.ready()
+  return tf
+}
+
 const load = async (want: BackendKind | "auto"): Promise<{ tf: Tf; backend: BackendKind }> => {
+  if (want === "webgpu") return { tf: await loadWebGpu(), backend: "webgpu" }
   if (want === "tensorflow-gpu" || want === "auto") {
     const tf = await tryNative("@tensorflow/tfjs-node-gpu")
     if (tf) return { tf, backend: "tensorflow-gpu" }

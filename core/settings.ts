@@ -109,8 +109,38 @@ export const searchPath: Setting<string[]> = {
   read: () => (raw("PATH") ?? "").split(path.delimiter).filter(Boolean)
 }
 
+/** The Vulkan loader's driver list (which GPUs Dawn sees): "" when unset. */
+export const vulkanIcdFilenames: Setting<string> = {
+  name: "VK_ICD_FILENAMES",
+  default: "unset",
+  description: "the Vulkan loader's driver manifests (which GPUs the webgpu backend sees); part of the key of a node agent's cached backend probe",
+  standard: true,
+  read: () => raw("VK_ICD_FILENAMES") ?? ""
+}
+
+/** The newer name of VK_ICD_FILENAMES. */
+export const vulkanDriverFiles: Setting<string> = {
+  name: "VK_DRIVER_FILES",
+  default: "unset",
+  description: "the same, under the Vulkan loader's newer name",
+  standard: true,
+  read: () => raw("VK_DRIVER_FILES") ?? ""
+}
+
 /** Every variable gradwire reads, in the README's order. */
-export const SETTINGS: ReadonlyArray<Setting<unknown>> = [logLevel, clusterName, clusterAddress, stateDir, simd, natsReadPool, natsServerBin, ci, searchPath]
+export const SETTINGS: ReadonlyArray<Setting<unknown>> = [
+  logLevel,
+  clusterName,
+  clusterAddress,
+  stateDir,
+  simd,
+  natsReadPool,
+  natsServerBin,
+  ci,
+  searchPath,
+  vulkanIcdFilenames,
+  vulkanDriverFiles
+]
 
 /** Variables gradwire sets for the worker processes it starts (a training loop may read them). */
 export const WORKER_ENVIRONMENT: ReadonlyArray<{ readonly name: string; readonly description: string }> = [

@@ -12,6 +12,17 @@ export const GpuInfoSchema = Schema.Struct({
   memoryMiB: Schema.Number
 })
 
+/** The WebGPU adapter a node's probe found (core/webgpu.ts WebGpuAdapterInfo). */
+export const WebGpuAdapterSchema = Schema.Struct({
+  vendor: Schema.String,
+  architecture: Schema.String,
+  device: Schema.String,
+  description: Schema.String,
+  maxBufferSize: Schema.Number,
+  maxStorageBufferBindingSize: Schema.Number
+})
+export type WebGpuAdapter = typeof WebGpuAdapterSchema.Type
+
 /** An actor process a node agent runs for a job. */
 export const NodeProcessSchema = Schema.Struct({
   job: Schema.String,
@@ -90,7 +101,9 @@ export const NodeAdvertisementSchema = Schema.Struct({
   /** The agent's NATS outages since it started: how many, and the last one's start and length. */
   natsOutages: Schema.optionalKey(NatsOutagesSchema),
   /** The nats-server this agent started and supervises (a head without --address). */
-  natsServer: Schema.optionalKey(SupervisedServerSchema)
+  natsServer: Schema.optionalKey(SupervisedServerSchema),
+  /** The WebGPU adapter the backend probe found (absent when none, or not probed). */
+  webgpu: Schema.optionalKey(WebGpuAdapterSchema)
 })
 export type NodeAdvertisement = typeof NodeAdvertisementSchema.Type
 
@@ -118,6 +131,7 @@ export const toNodeResources = (ad: NodeAdvertisement): NodeResources => ({
   memoryBytes: ad.memoryBytes,
   gpus: ad.gpus,
   backends: ad.backends as NodeResources["backends"],
+  backendErrors: ad.backendErrors,
   natsServer: ad.nats.serverId,
   labels: ad.labels,
   custom: ad.custom,

@@ -6,15 +6,17 @@
 // (PACK, SPREAD, STRICT_PACK, STRICT_SPREAD) are declared in placement-strategies.ts, each with
 // how it spreads workers over the eligible nodes; this module decides which nodes are eligible
 // and how many workers each can take, and plans through the requested strategy's entry.
-// A node is eligible only if the worker's tfjs backend loads there (useGpu needs 'tensorflow-gpu'
-// and a free GPU), its labels match the selector, and, with acceleratorType, it has a GPU whose name
-// contains that string (only those GPUs are handed out). Ranks are ordered by node (head first,
-// then nodeId), then by GPU index, as Ray Train does; CPU-only workers get CUDA_VISIBLE_DEVICES=""
-// so a GPU build of tfjs on their node does not grab a GPU it was not given.
+// A node is eligible only if the worker's tfjs backend loads there (useGpu needs a GPU backend,
+// 'tensorflow-gpu' or else 'webgpu' (gpu-backend.ts), and a free GPU), its labels match the
+// selector, and, with acceleratorType, it has a GPU whose name contains that string (only those
+// GPUs are handed out). Ranks are ordered by node (head first, then nodeId), then by GPU index,
+// as Ray Train does; CPU-only workers get CUDA_VISIBLE_DEVICES="" so a GPU build of tfjs on their
+// node does not grab a GPU it was not given.
 import { Result, Schema } from "effect"
 import type { PlacementStrategy } from "../core/config.ts"
 import { ConfigError } from "../core/errors.ts"
 import { findPlacementStrategy, placementStrategyEntries, type PlacementStrategyEntry, type Selection } from "./placement-strategies.ts"
+import { gpuBackendFor, isGpuBackend, type GpuBackend } from "./gpu-backend.ts"
 import {
   CPU,
   GPU,
@@ -55,7 +57,7 @@ export interface PlacementRequest {
   /** Substring of the GPU name, case-insensitive ("H100", "A100"). */
   readonly acceleratorType?: string
   readonly nodeLabels?: LabelSelector
-  /** "auto" (default): 'tensorflow-gpu' with useGpu, else the best that loads: tensorflow > wasm > cpu. */
+  /** "auto" (default): with useGpu 'tensorflow-gpu' > 'webgpu', else the best that loads: tensorflow > wasm > cpu. */
   readonly backend?: TfjsBackend | "auto"
 }
 
@@ -267,11 +269,11 @@ export const normalizeRequest = (req: PlacementRequest): Result.Result<Normalize
     )
   }
   const backend = req.backend ?? "auto"
-  if (useGpu && backend !== "auto" && backend !== "tensorflow-gpu") {
-    return invalid("scalingConfig.backend", `useGpu needs the "tensorflow-gpu" backend (or "auto"), got "${backend}"`)
+  if (useGpu && backend !== "auto" && !isGpuBackend(backend)) {
+    return invalid("scalingConfig.backend", `useGpu needs a GPU backend ("tensorflow-gpu" or "webgpu", or "auto"), got "${backend}"`)
   }
-  if (!useGpu && backend === "tensorflow-gpu") {
-    return invalid("scalingConfig.backend", `"tensorflow-gpu" needs useGpu: true; for CPU workers use "auto", "tensorflow", "wasm" or "cpu"`)
+  if (!useGpu && isGpuBackend(backend)) {
+    return invalid("scalingConfig.backend", `"${backend}" needs useGpu: true; for CPU workers use "auto", "tensorflow", "wasm" or "cpu"`)
   }
   const acceleratorType = req.acceleratorType?.trim() || undefined
   const selector = parseSelector(req.nodeLabels)
@@ -303,6 +305,9 @@ interface NodeFit {
   readonly excluded: string
 }
 
+/** The GPU backend a useGpu request asks for (normalizeRequest allows only these and "auto"). */
+const gpuWant = (req: NormalizedRequest): GpuBackend | "auto" => (isGpuBackend(req.backend) ? req.backend : "auto")
+
 const matchesAccelerator = (g: GpuInfo, acceleratorType: string): boolean =>
   g.name.toLowerCase().includes(acceleratorType.toLowerCase())
 
@@ -311,12 +316,20 @@ const assessNode = (node: NodeResources, req: NormalizedRequest): NodeFit => {
   const base = { node, free, gpus: [] as readonly GpuInfo[], backend: undefined, capacity: 0 }
   // Backend first: it is the most common reason a GPU request lands nowhere.
   let backend: TfjsBackend | undefined
+  // What the node's probe said about webgpu ("no WebGPU adapter ..."), for the exclusion reason.
+  const webgpuWhy = node.backendErrors?.webgpu ? ` (${node.backendErrors.webgpu})` : ""
   if (req.useGpu) {
-    if (!node.backends.includes("tensorflow-gpu")) {
-      return { ...base, excluded: "the 'tensorflow-gpu' backend does not load here" }
+    backend = gpuBackendFor(node.backends, gpuWant(req))
+    if (backend === undefined) {
+      const excluded =
+        req.backend === "webgpu"
+          ? `the 'webgpu' backend does not load here${webgpuWhy}`
+          : req.backend === "tensorflow-gpu"
+            ? "the 'tensorflow-gpu' backend does not load here"
+            : `the 'tensorflow-gpu' backend does not load here, nor does 'webgpu'${webgpuWhy}`
+      return { ...base, excluded }
     }
     if (node.gpus.length === 0) return { ...base, excluded: "no GPUs" }
-    backend = "tensorflow-gpu"
   } else if (req.backend === "auto") {
     backend = CPU_BACKENDS.find((b) => node.backends.includes(b))
     if (backend === undefined) return { ...base, excluded: "no CPU tfjs backend (tensorflow, wasm, cpu) loads here" }
@@ -379,7 +392,7 @@ const describeRequest = (req: NormalizedRequest): string => {
     `${req.numWorkers} worker${req.numWorkers === 1 ? "" : "s"} x {${res}}`,
     req.strategy,
     `useGpu ${req.useGpu}`,
-    `backend ${req.useGpu ? "tensorflow-gpu" : req.backend === "auto" ? "tensorflow|wasm|cpu" : req.backend}`
+    `backend ${req.backend !== "auto" ? req.backend : req.useGpu ? "tensorflow-gpu|webgpu" : "tensorflow|wasm|cpu"}`
   ]
   if (req.acceleratorType !== undefined) parts.push(`acceleratorType "${req.acceleratorType}"`)
   if (req.selector.length > 0) parts.push(`labels ${req.selector.map((m) => m.text).join(", ")}`)
@@ -408,9 +421,15 @@ const hintFor = (req: NormalizedRequest, fits: readonly NodeFit[], sel: { maxPla
   if (fits.length === 0) {
     return "no node agents are alive: start one with `gradwire start --head` (or `gradwire start --address nats://...` on another machine)"
   }
-  if (req.useGpu && !fits.some((f) => f.node.backends.includes("tensorflow-gpu") && f.node.gpus.length > 0)) {
+  const gpuWanted = gpuWant(req)
+  if (req.useGpu && !fits.some((f) => gpuBackendFor(f.node.backends, gpuWanted) !== undefined && f.node.gpus.length > 0)) {
     hints.push(
-      "no node can run GPU workers: set useGpu: false to train on CPU, or install @tensorflow/tfjs-node-gpu (with CUDA) on a GPU node and restart its agent"
+      gpuWanted === "webgpu"
+        ? "no node can run webgpu workers: the 'webgpu' backend needs a GPU with a Vulkan driver (Mesa's lavapipe cannot stand in) and " +
+            "webgpu and @tensorflow/tfjs-backend-webgpu installed on that node (restart its agent after installing); " +
+            'or use backend "auto" (tensorflow-gpu where @tensorflow/tfjs-node-gpu is installed), or useGpu: false to train on CPU'
+        : "no node can run GPU workers: set useGpu: false to train on CPU, or install @tensorflow/tfjs-node-gpu (with CUDA)" +
+            `${gpuWanted === "auto" ? ", or webgpu and @tensorflow/tfjs-backend-webgpu (with a Vulkan driver)," : ""} on a GPU node and restart its agent`
     )
   }
   if (req.acceleratorType !== undefined && !fits.some((f) => f.node.gpus.some((g) => matchesAccelerator(g, req.acceleratorType!)))) {

@@ -34,6 +34,8 @@ export interface NodeResources {
   readonly gpus: readonly GpuInfo[]
   /** tfjs backends that load on this node. */
   readonly backends: readonly TfjsBackend[]
+  /** Why other backends do not (the agent's probe), for the reasons placement gives. */
+  readonly backendErrors?: Readonly<Record<string, string>>
   /** Id of the NATS server the node's agent is connected to (for the topology / cost model). */
   readonly natsServer: string
   readonly labels: Readonly<Record<string, string>>

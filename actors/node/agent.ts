@@ -31,6 +31,7 @@ import { settleWithin } from "../runtime/deadline.ts"
 import { encodeHostSpec } from "./host-spec.ts"
 import { stderrLogger, type ActorLogger } from "../runtime/log.ts"
 import { probeBackends, probeHardware, type BackendName, type GpuInfo, type NodeHardware } from "./node-probe.ts"
+import type { WebGpuAdapterInfo } from "../../core/webgpu.ts"
 import { ActorSystem } from "../runtime/system.ts"
 
 export const AGENT_VERSION = "0.1.0"
@@ -133,6 +134,7 @@ export class NodeAgent {
   #backends: ReadonlyArray<string> = []
   #backendsProbed = false
   #backendErrors: Record<string, string> = {}
+  #webgpu: WebGpuAdapterInfo | undefined
   #seq = 0
   #leaving = false
   #control: Pick<ActorHandle, "stop"> | undefined
@@ -191,6 +193,7 @@ export class NodeAgent {
         (r) => {
           this.#backends = r.backends
           this.#backendErrors = { ...r.errors }
+          this.#webgpu = r.webgpu
           this.#backendsProbed = true
           this.#advertise()
         }
@@ -286,7 +289,8 @@ export class NodeAgent {
       leaving: this.#leaving,
       version: AGENT_VERSION,
       natsOutages: { count: this.#bus?.outages ?? 0, lastAt: this.#lastOutage?.at ?? 0, lastMs: this.#lastOutage?.ms ?? 0 },
-      ...(supervised !== undefined ? { natsServer: supervised } : {})
+      ...(supervised !== undefined ? { natsServer: supervised } : {}),
+      ...(this.#webgpu !== undefined ? { webgpu: this.#webgpu } : {})
     }
   }
 

@@ -1,7 +1,8 @@
 // `gradwire status`: asks the cluster who is there and prints nodes, resources (total and used),
 // backends and liveness as a table, or as JSON for scripts. The head's cluster view answers with
 // every node it knows (dead ones included); without a head view, every agent answers for itself.
-// Below the table: restarts of a head's supervised nats-server and the NATS outages agents had.
+// Below the table: the WebGPU adapters nodes found, restarts of a head's supervised nats-server
+// and the NATS outages agents had.
 // When NATS itself cannot be reached, describeLocalAgent says what the local agent's state file
 // knows (is it running, its server's restarts, the outage it is in).
 import type { NatsConnection } from "@nats-io/nats-core"
@@ -9,7 +10,14 @@ import { Exit, Schema } from "effect"
 import { clusterSubjects } from "../../core/subjects.ts"
 import { decodeMessage } from "../../core/wire.ts"
 import type { NodeState } from "../../scheduler/cluster-view.ts"
-import { decodeAdvertisement, NodeAdvertisementSchema, type NatsOutages, type NodeAdvertisement, type SupervisedServer } from "../../scheduler/node-info.ts"
+import {
+  decodeAdvertisement,
+  NodeAdvertisementSchema,
+  type NatsOutages,
+  type NodeAdvertisement,
+  type SupervisedServer,
+  type WebGpuAdapter
+} from "../../scheduler/node-info.ts"
 import { pidAlive, type AgentState } from "./agent-state.ts"
 import { formatBytes } from "../../scheduler/resources.ts"
 
@@ -31,6 +39,8 @@ export interface NodeReport {
   readonly natsOutages?: NatsOutages
   /** The nats-server this node's agent supervises (a head that started one). */
   readonly natsServer?: SupervisedServer
+  /** The WebGPU adapter the node's probe found. */
+  readonly webgpu?: WebGpuAdapter
 }
 
 export interface ClusterReport {
@@ -63,7 +73,8 @@ const report = (ad: NodeAdvertisement, state: NodeState, lastSeenAt: number): No
     processes: ad.processes,
     agentPid: ad.pid,
     ...(ad.natsOutages !== undefined ? { natsOutages: ad.natsOutages } : {}),
-    ...(ad.natsServer !== undefined ? { natsServer: ad.natsServer } : {})
+    ...(ad.natsServer !== undefined ? { natsServer: ad.natsServer } : {}),
+    ...(ad.webgpu !== undefined ? { webgpu: ad.webgpu } : {})
   }
 }
 
@@ -118,6 +129,18 @@ const fmtSeconds = (ms: number): string => `${(ms / 1000).toFixed(1)} s`
 const times = (n: number): string => `${n} time${n === 1 ? "" : "s"}`
 
 /** The lines under the table: supervised servers that restarted, agents that lost NATS. */
+/** One line per node whose probe found a WebGPU adapter: what it is and its buffer limits. */
+export const adapterLines = (nodes: ReadonlyArray<NodeReport>): string[] =>
+  nodes.flatMap((n) => {
+    const a = n.webgpu
+    if (!a) return []
+    const what = [a.vendor, a.architecture, a.device].filter(Boolean).join(" ")
+    return [
+      `webgpu adapter of ${n.nodeId}: ${a.description || what || "unnamed"}${a.description && what ? ` (${what})` : ""}, ` +
+        `max buffer ${formatBytes(a.maxBufferSize)}, max storage binding ${formatBytes(a.maxStorageBufferBindingSize)}`
+    ]
+  })
+
 export const incidentLines = (nodes: ReadonlyArray<NodeReport>): string[] => {
   const out: string[] = []
   for (const n of nodes) {
@@ -201,6 +224,7 @@ export const formatClusterTable = (r: ClusterReport): string => {
     ...rows.map(line),
     "",
     `resources (used/total, alive nodes): ${totals}`,
+    ...adapterLines(r.nodes),
     ...incidents
   ].join("\n")
 }

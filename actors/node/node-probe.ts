@@ -1,14 +1,18 @@
 // What a node has: CPU cores, memory, GPUs (from nvidia-smi when present) and which tfjs backends
-// load here. Backends are probed in child processes with a deadline, because a broken native
-// module (tfjs-node built for another CUDA, a missing libtensorflow) can crash or hang the process
-// that loads it, and the agent must survive that. Results are cached in the agent's state dir,
-// keyed by everything that could change them (Node version, platform, installed tfjs packages).
+// load here, with the WebGPU adapter Dawn finds when the webgpu packages are installed. Backends
+// are probed in child processes with a deadline, because a broken native module (tfjs-node built
+// for another CUDA, a missing libtensorflow, dawn.node in a broken driver) can crash or hang the
+// process that loads it, and the agent must survive that. Results are cached in the agent's state
+// dir, keyed by everything that could change them (Node version, platform, installed tfjs
+// packages, Vulkan drivers).
 import { execFile, spawn } from "node:child_process"
 import { createRequire } from "node:module"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { fileURLToPath } from "node:url"
+import { vulkanDriverFiles, vulkanIcdFilenames } from "../../core/settings.ts"
+import { NO_ADAPTER, WEBGPU_PACKAGES, type WebGpuAdapterInfo } from "../../core/webgpu.ts"
 
 export interface GpuInfo {
   readonly index: number
@@ -16,14 +20,16 @@ export interface GpuInfo {
   readonly memoryMiB: number
 }
 
-export type BackendName = "tensorflow-gpu" | "tensorflow" | "wasm" | "cpu"
-export const ALL_BACKENDS: ReadonlyArray<BackendName> = ["tensorflow-gpu", "tensorflow", "wasm", "cpu"]
+export type BackendName = "tensorflow-gpu" | "webgpu" | "tensorflow" | "wasm" | "cpu"
+export const ALL_BACKENDS: ReadonlyArray<BackendName> = ["tensorflow-gpu", "webgpu", "tensorflow", "wasm", "cpu"]
 
 export interface BackendProbe {
   /** Backends that loaded, best first. */
   readonly backends: ReadonlyArray<BackendName>
-  /** Why each other candidate did not (not installed, failed, timed out). */
+  /** Why each other candidate did not (not installed, failed, timed out, no adapter). */
   readonly errors: Readonly<Record<string, string>>
+  /** The WebGPU adapter Dawn found (also when tfjs then failed on it). */
+  readonly webgpu?: WebGpuAdapterInfo
 }
 
 const require = createRequire(import.meta.url)
@@ -78,10 +84,19 @@ export const probeGpus = (timeoutMs = 5_000): Promise<GpuInfo[]> =>
 
 const PROBE_SCRIPT = fileURLToPath(new URL(import.meta.url.endsWith(".ts") ? "./backend-probe.ts" : "./backend-probe.js", import.meta.url))
 
+interface ChildProbe {
+  /** Per backend: true, or why not. */
+  readonly results: Map<BackendName, string | true>
+  readonly adapter?: WebGpuAdapterInfo
+  /** The child's last stderr (Dawn says there why it found no adapter). */
+  readonly stderr: string
+}
+
 /** Runs the probe script for `backends` in one child; results per backend, missing ones as errors. */
-const probeInChild = (backends: ReadonlyArray<BackendName>, timeoutMs: number, env: NodeJS.ProcessEnv): Promise<Map<BackendName, string | true>> =>
+const probeInChild = (backends: ReadonlyArray<BackendName>, timeoutMs: number, env: NodeJS.ProcessEnv): Promise<ChildProbe> =>
   new Promise((resolve) => {
     const results = new Map<BackendName, string | true>()
+    let adapter: WebGpuAdapterInfo | undefined
     const child = spawn(process.execPath, [PROBE_SCRIPT, ...backends], { stdio: ["ignore", "pipe", "pipe"], env })
     let out = ""
     let err = ""
@@ -91,14 +106,15 @@ const probeInChild = (backends: ReadonlyArray<BackendName>, timeoutMs: number, e
     child.on("error", (e) => {
       clearTimeout(timer)
       for (const b of backends) results.set(b, `probe could not start: ${e.message}`)
-      resolve(results)
+      resolve({ results, stderr: err })
     })
     child.on("exit", (code, signal) => {
       clearTimeout(timer)
       for (const line of out.split("\n")) {
         try {
-          const r = JSON.parse(line) as { backend: BackendName; ok: boolean; error?: string }
+          const r = JSON.parse(line) as { backend: BackendName; ok: boolean; error?: string; adapter?: WebGpuAdapterInfo }
           results.set(r.backend, r.ok ? true : (r.error ?? "failed"))
+          if (r.adapter) adapter = r.adapter
         } catch {
           // not a result line
         }
@@ -109,9 +125,47 @@ const probeInChild = (backends: ReadonlyArray<BackendName>, timeoutMs: number, e
         const tail = err.trim().split("\n").slice(-3).join(" | ")
         results.set(b, tail ? `${why}: ${tail}` : why)
       }
-      resolve(results)
+      resolve({ results, stderr: err, ...(adapter ? { adapter } : {}) })
     })
   })
+
+export interface WebGpuProbe {
+  readonly ok: boolean
+  /** Why not: not installed, no adapter (with what Dawn printed about why), failed, timed out. */
+  readonly error?: string
+  readonly adapter?: WebGpuAdapterInfo
+}
+
+/**
+ * Whether the "webgpu" backend loads here, tried in a child of its own (dawn.node inside a broken
+ * driver may crash or hang it). Spawns nothing when the webgpu packages are not installed.
+ */
+export const probeWebGpu = async (timeoutMs = 60_000): Promise<WebGpuProbe> => {
+  const missing = WEBGPU_PACKAGES.filter((p) => !resolvable(p))
+  if (missing.length > 0) return { ok: false, error: `${missing.join(" and ")} ${missing.length === 1 ? "is" : "are"} not installed` }
+  const child = await probeInChild(["webgpu"], timeoutMs, process.env)
+  const r = child.results.get("webgpu") ?? "failed"
+  const adapter = child.adapter ? { adapter: child.adapter } : {}
+  if (r === true) return { ok: true, ...adapter }
+  // Dawn prints why it found nothing ("Warning: Couldn't load Vulkan: libvulkan.so.1: ...").
+  const dawn = /^(?:Warning|Error): (.+)$/m.exec(child.stderr)?.[1]
+  return { ok: false, error: r === NO_ADAPTER && dawn ? `${r}: ${dawn}` : r, ...adapter }
+}
+
+// Where Vulkan's loader finds drivers: installing one must not leave a stale "no adapter" cached.
+const VULKAN_ICD_DIRS = ["/usr/share/vulkan/icd.d", "/etc/vulkan/icd.d", "/usr/local/share/vulkan/icd.d"]
+const vulkanDrivers = (): string =>
+  [
+    ...VULKAN_ICD_DIRS.flatMap((d) => {
+      try {
+        return fs.readdirSync(d)
+      } catch {
+        return []
+      }
+    }),
+    vulkanIcdFilenames.read(),
+    vulkanDriverFiles.read()
+  ].join(",")
 
 export interface ProbeBackendsOptions {
   /** Where to cache the result (a file in the agent's state dir); no cache when undefined. */
@@ -127,8 +181,9 @@ const cacheKey = (gpus: ReadonlyArray<GpuInfo>): string =>
     process.version,
     os.platform(),
     os.arch(),
-    ...["@tensorflow/tfjs", "@tensorflow/tfjs-backend-wasm", "@tensorflow/tfjs-node", "@tensorflow/tfjs-node-gpu"].map((p) => `${p}@${versionOf(p)}`),
-    `gpus=${gpus.length}`
+    ...["@tensorflow/tfjs", "@tensorflow/tfjs-backend-wasm", "@tensorflow/tfjs-node", "@tensorflow/tfjs-node-gpu", ...WEBGPU_PACKAGES].map((p) => `${p}@${versionOf(p)}`),
+    `gpus=${gpus.length}`,
+    `vulkan=${vulkanDrivers()}`
   ].join("|")
 
 /** Which tfjs backends load on this node (cached). Never throws. */
@@ -137,7 +192,7 @@ export const probeBackends = async (options: ProbeBackendsOptions): Promise<Back
   if (options.cacheFile) {
     try {
       const cached = JSON.parse(fs.readFileSync(options.cacheFile, "utf8")) as { key: string } & BackendProbe
-      if (cached.key === key) return { backends: cached.backends, errors: cached.errors }
+      if (cached.key === key) return { backends: cached.backends, errors: cached.errors, ...(cached.webgpu ? { webgpu: cached.webgpu } : {}) }
     } catch {
       // no cache yet, or unreadable: probe
     }
@@ -146,7 +201,8 @@ export const probeBackends = async (options: ProbeBackendsOptions): Promise<Back
   const errors: Record<string, string> = {}
   const ok = new Set<BackendName>()
   const runs: Array<Promise<void>> = []
-  const collect = (results: Map<BackendName, string | true>): void => {
+  let webgpu: WebGpuAdapterInfo | undefined
+  const collect = ({ results }: ChildProbe): void => {
     for (const [b, r] of results) {
       if (r === true) ok.add(b)
       else errors[b] = r
@@ -160,8 +216,15 @@ export const probeBackends = async (options: ProbeBackendsOptions): Promise<Back
   // tfjs-node must not grab a GPU while probing.
   else runs.push(probeInChild(["tensorflow"], timeoutMs, { ...process.env, CUDA_VISIBLE_DEVICES: "" }).then(collect))
   runs.push(probeInChild(["wasm", "cpu"], timeoutMs, process.env).then(collect))
+  runs.push(
+    probeWebGpu(timeoutMs).then((w) => {
+      if (w.ok) ok.add("webgpu")
+      else errors.webgpu = w.error ?? "failed"
+      webgpu = w.adapter
+    })
+  )
   await Promise.all(runs)
-  const result: BackendProbe = { backends: ALL_BACKENDS.filter((b) => ok.has(b)), errors }
+  const result: BackendProbe = { backends: ALL_BACKENDS.filter((b) => ok.has(b)), errors, ...(webgpu ? { webgpu } : {}) }
   if (options.cacheFile) {
     try {
       fs.mkdirSync(path.dirname(options.cacheFile), { recursive: true })

@@ -10,6 +10,7 @@ import { resolvable } from "../../core/engine.ts"
 import { describeConnection, openConnection, type ConnectionSpec, type OpenedConnection } from "../../core/connection-spec.ts"
 import { ClusterView, openClusterView } from "../../scheduler/cluster-view.ts"
 import { launchAgent, type NodeAgent } from "../node/agent.ts"
+import { probeGpus, probeWebGpu, type BackendName } from "../node/node-probe.ts"
 import { silentLogger, stderrLogger } from "../runtime/log.ts"
 
 /** The cluster a fit() runs on: embedded (started and stopped here) or joined. */
@@ -28,9 +29,15 @@ export interface ClusterHandle {
   close(): Promise<void>
 }
 
-const localBackends = (): Array<"tensorflow-gpu" | "tensorflow" | "wasm" | "cpu"> => {
-  const out: Array<"tensorflow-gpu" | "tensorflow" | "wasm" | "cpu"> = []
+/**
+ * The embedded node's backends, from what is installed, without the agent's probe (it costs
+ * seconds). webgpu alone is tried (in a child), and only for a GPU job on a machine with GPUs:
+ * an installed webgpu package says nothing about an adapter.
+ */
+const localBackends = async (useGpu: boolean): Promise<BackendName[]> => {
+  const out: BackendName[] = []
   if (resolvable("@tensorflow/tfjs-node-gpu")) out.push("tensorflow-gpu")
+  if (useGpu && (await probeGpus()).length > 0 && (await probeWebGpu()).ok) out.push("webgpu")
   if (resolvable("@tensorflow/tfjs-node")) out.push("tensorflow")
   out.push("wasm", "cpu")
   return out
@@ -44,6 +51,8 @@ export const startEmbeddedCluster = async (options: {
   readonly verbose: boolean
   readonly output: (line: string) => void
   readonly cpusNeeded: number
+  /** The job wants GPU workers (webgpu is probed for only then). */
+  readonly useGpu?: boolean
   readonly jetstreamStoreDir?: string
   /** Exits and restarts of the embedded nats-server, which is supervised for the run's length. */
   readonly serverEvents?: NatsSupervisionEvents
@@ -69,7 +78,7 @@ export const startEmbeddedCluster = async (options: {
       cluster: "local",
       nodeId: "local",
       head: true,
-      backends: localBackends(),
+      backends: await localBackends(options.useGpu === true),
       log: verbose ? stderrLogger("agent") : silentLogger,
       ownerTimeoutMs: 5_000,
       numCpus: Math.max(os.availableParallelism(), Math.ceil(cpusNeeded)),

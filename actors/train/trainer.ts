@@ -292,6 +292,7 @@ export class Trainer {
             verbose,
             output: onOutput,
             cpusNeeded: cfg.maxWorkers * (cfg.scaling.resourcesPerWorker?.CPU ?? (cfg.scaling.useGpu ? 0 : 1)),
+            useGpu: cfg.scaling.useGpu === true,
             // The embedded server keeps its JetStream data in the run directory, so a run's object
             // store checkpoints outlive it and a run with the same name resumes from them.
             ...(bucket !== undefined ? { jetstreamStoreDir: path.join(cfg.runDir, "jetstream") } : {}),

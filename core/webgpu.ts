@@ -1,0 +1,98 @@
+// WebGPU in Node for the "webgpu" tfjs backend: Dawn from the `webgpu` package (an optional peer,
+// with a prebuilt dawn.node) installed as navigator.gpu, which is where
+// @tensorflow/tfjs-backend-webgpu looks (it registers itself only if navigator.gpu exists when it
+// is imported). Dawn can block inside a broken driver, so every request to it has a deadline. A
+// machine without a GPU or a Vulkan driver gets no adapter: that is an answer, not an error.
+
+/** The packages the "webgpu" backend needs (both optional peers of gradwire). */
+export const WEBGPU_PACKAGES = ["webgpu", "@tensorflow/tfjs-backend-webgpu"] as const
+
+/** What the node agent advertises about the adapter Dawn found. */
+export interface WebGpuAdapterInfo {
+  readonly vendor: string
+  readonly architecture: string
+  readonly device: string
+  readonly description: string
+  /** Largest buffer the adapter allows, in bytes (WebGPU does not tell the GPU's memory size). */
+  readonly maxBufferSize: number
+  /** Largest storage buffer one binding may see, in bytes: bounds a tensor tfjs can work on. */
+  readonly maxStorageBufferBindingSize: number
+}
+
+export type WebGpuAdapterResult =
+  | { readonly ok: true; readonly adapter: WebGpuAdapterInfo }
+  | { readonly ok: false; readonly reason: string }
+
+// The few WebGPU shapes used here; the package's own types are a global lib we do not load.
+interface GpuAdapterLike {
+  readonly info?: Partial<Record<"vendor" | "architecture" | "device" | "description", string>>
+  readonly limits: { readonly maxBufferSize: number; readonly maxStorageBufferBindingSize: number }
+}
+interface GpuLike {
+  requestAdapter(options?: { powerPreference?: "high-performance" | "low-power" }): Promise<GpuAdapterLike | null>
+}
+interface DawnModule {
+  create(flags: string[]): GpuLike
+  readonly globals: object
+}
+
+/** Rejects with "<what> did not answer within <ms> ms" when `p` takes longer. */
+export const withinDeadline = <A>(p: Promise<A>, ms: number, what: string): Promise<A> => {
+  let timer: ReturnType<typeof setTimeout> | undefined
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`${what} did not answer within ${ms} ms`)), ms)
+  })
+  return Promise.race([p, late]).finally(() => clearTimeout(timer))
+}
+
+const firstLine = (e: unknown): string => (e instanceof Error ? e.message : String(e)).split("\n")[0]!
+
+let installed: GpuLike | undefined
+
+/**
+ * Dawn's GPU as navigator.gpu, with WebGPU's globals (GPUBufferUsage, GPUMapMode, ...), once per
+ * process. Dawn keeps the process alive while navigator.gpu holds it: the processes that load it
+ * (workers, the probe) end with process.exit.
+ */
+export const installWebGpu = async (): Promise<GpuLike> => {
+  if (installed) return installed
+  const dawn = (await import("webgpu" as string)) as DawnModule
+  Object.assign(globalThis, dawn.globals)
+  const gpu = dawn.create([])
+  const g = globalThis as { navigator?: object }
+  if (g.navigator === undefined) g.navigator = {}
+  Object.defineProperty(g.navigator, "gpu", { value: gpu, configurable: true, writable: true })
+  installed = gpu
+  return gpu
+}
+
+const describeAdapter = (a: GpuAdapterLike): WebGpuAdapterInfo => ({
+  vendor: a.info?.vendor ?? "",
+  architecture: a.info?.architecture ?? "",
+  device: a.info?.device ?? "",
+  description: a.info?.description ?? "",
+  maxBufferSize: a.limits.maxBufferSize,
+  maxStorageBufferBindingSize: a.limits.maxStorageBufferBindingSize
+})
+
+/** Reason text of the "no adapter" answer; the probe adds what Dawn printed about why. */
+export const NO_ADAPTER = "no WebGPU adapter (Dawn found no GPU with a driver it can use)"
+
+/**
+ * Loads Dawn and asks it for the high-performance adapter, tfjs's choice too. Never throws: a
+ * package that does not load, no adapter, and a request past `timeoutMs` each come back as a reason.
+ */
+export const requestWebGpuAdapter = async (timeoutMs = 10_000): Promise<WebGpuAdapterResult> => {
+  let gpu: GpuLike
+  try {
+    gpu = await installWebGpu()
+  } catch (e) {
+    return { ok: false, reason: `the webgpu package does not load: ${firstLine(e)}` }
+  }
+  try {
+    const adapter = await withinDeadline(gpu.requestAdapter({ powerPreference: "high-performance" }), timeoutMs, "Dawn's requestAdapter")
+    return adapter === null ? { ok: false, reason: NO_ADAPTER } : { ok: true, adapter: describeAdapter(adapter) }
+  } catch (e) {
+    return { ok: false, reason: firstLine(e) }
+  }
+}
