@@ -59,6 +59,23 @@ export interface PlacementRequest {
   readonly nodeLabels?: LabelSelector
   /** "auto" (default): with useGpu 'tensorflow-gpu' > 'webgpu', else the best that loads: tensorflow > wasm > cpu. */
   readonly backend?: TfjsBackend | "auto"
+  /**
+   * Parameter servers (collectiveConfig.strategy "parameter-server" / "auto"): CPU-only actors of
+   * SERVER_CPUS each, placed after the workers on the nodes the label selector allows, each on the
+   * node with the most CPUs left (the servers spread, and sit beside workers only where there is
+   * room). Default 0.
+   */
+  readonly servers?: number
+}
+
+/** CPUs a parameter server reserves. */
+export const SERVER_CPUS = 1
+
+/** Where parameter server `index` runs. */
+export interface ServerAssignment {
+  readonly index: number
+  readonly nodeId: string
+  readonly hostname: string
 }
 
 export interface RankAssignment {
@@ -93,8 +110,10 @@ export interface PlacementPlan {
   readonly resourcesPerWorker: Readonly<Record<string, number>>
   /** Ordered by rank. */
   readonly ranks: readonly RankAssignment[]
-  /** Ordered by nodeRank. */
+  /** Ordered by nodeRank; nodes that hold only parameter servers (workers 0) come last. */
   readonly nodes: readonly NodeAllocation[]
+  /** The parameter servers' nodes (empty without servers). */
+  readonly servers: readonly ServerAssignment[]
 }
 
 /** One node as the error message shows it. */
@@ -182,6 +201,7 @@ interface NormalizedRequest {
   readonly acceleratorType: string | undefined
   readonly selector: readonly LabelMatcher[]
   readonly backend: TfjsBackend | "auto"
+  readonly servers: number
 }
 
 interface LabelMatcher {
@@ -276,6 +296,8 @@ export const normalizeRequest = (req: PlacementRequest): Result.Result<Normalize
     return invalid("scalingConfig.backend", `"${backend}" needs useGpu: true; for CPU workers use "auto", "tensorflow", "wasm" or "cpu"`)
   }
   const acceleratorType = req.acceleratorType?.trim() || undefined
+  const servers = req.servers ?? 0
+  if (!Number.isInteger(servers) || servers < 0) return invalid("collectiveConfig.parameterServer.numServers", `must be a whole number >= 0, got ${String(servers)}`)
   const selector = parseSelector(req.nodeLabels)
   if (Result.isFailure(selector)) return Result.fail(selector.failure)
   return Result.succeed({
@@ -287,7 +309,8 @@ export const normalizeRequest = (req: PlacementRequest): Result.Result<Normalize
     strategyEntry,
     acceleratorType,
     selector: selector.success,
-    backend
+    backend,
+    servers
   })
 }
 
@@ -396,6 +419,7 @@ const describeRequest = (req: NormalizedRequest): string => {
   ]
   if (req.acceleratorType !== undefined) parts.push(`acceleratorType "${req.acceleratorType}"`)
   if (req.selector.length > 0) parts.push(`labels ${req.selector.map((m) => m.text).join(", ")}`)
+  if (req.servers > 0) parts.push(`${req.servers} parameter server${req.servers === 1 ? "" : "s"} x {CPU: ${SERVER_CPUS}}`)
   return parts.join(", ")
 }
 
@@ -528,14 +552,74 @@ export const planPlacement = (
       custom
     })
   }
+  const servers = placeServers(req, fits, allocations)
+  if (!servers.ok) {
+    return Result.fail(
+      new PlacementInfeasible({
+        jobId: req.jobId,
+        strategy: req.strategy,
+        numWorkers: req.numWorkers,
+        requested: describeRequest(req),
+        reason: servers.reason,
+        maxPlaceable: req.numWorkers,
+        nodes: fits.map(nodeReport),
+        hint: "add CPUs or nodes, use fewer workers or servers (collectiveConfig.parameterServer.numServers), or lower resourcesPerWorker.CPU"
+      })
+    )
+  }
   return Result.succeed({
     jobId: req.jobId,
     strategy: req.strategy,
     useGpu: req.useGpu,
     resourcesPerWorker: req.resources,
     ranks,
-    nodes: allocations
+    nodes: servers.allocations,
+    servers: servers.assignments
   })
+}
+
+/**
+ * The parameter servers after the workers: each on the node the label selector allows with the
+ * most CPUs left (ties: a node that holds workers, then the nodes' order), SERVER_CPUS each,
+ * booked in the node's allocation (a node with servers only gets one of its own, workers 0).
+ */
+const placeServers = (
+  req: NormalizedRequest,
+  fits: readonly NodeFit[],
+  allocations: readonly NodeAllocation[]
+): { ok: true; allocations: NodeAllocation[]; assignments: ServerAssignment[] } | { ok: false; reason: string } => {
+  const out = allocations.map((a) => ({ ...a }))
+  if (req.servers === 0) return { ok: true, allocations: out, assignments: [] }
+  const cpuPer = req.resources[CPU] ?? 0
+  const candidates = fits
+    .filter((f) => req.selector.every((m) => labelMatches(m, f.node.labels)))
+    .map((f) => {
+      const workers = allocations.find((a) => a.nodeId === f.node.nodeId)?.workers ?? 0
+      return { f, workers, left: f.free.cpus - workers * cpuPer }
+    })
+  const assignments: ServerAssignment[] = []
+  for (let k = 0; k < req.servers; k++) {
+    let best: (typeof candidates)[number] | undefined
+    for (const c of candidates) {
+      if (c.left < SERVER_CPUS - 1e-9) continue
+      if (!best || c.left > best.left + 1e-9 || (Math.abs(c.left - best.left) <= 1e-9 && c.workers > 0 && best.workers === 0)) best = c
+    }
+    if (!best) {
+      const left = candidates.reduce((s, c) => s + Math.max(0, c.left), 0)
+      return {
+        ok: false,
+        reason:
+          `no room for parameter server ${k + 1} of ${req.servers} (${SERVER_CPUS} CPU each) beside the ${req.numWorkers} worker${req.numWorkers === 1 ? "" : "s"}: ` +
+          `${formatNumber(left)} CPU${left === 1 ? "" : "s"} left on the nodes the job may use`
+      }
+    }
+    best.left -= SERVER_CPUS
+    assignments.push({ index: k, nodeId: best.f.node.nodeId, hostname: best.f.node.hostname })
+    const i = out.findIndex((a) => a.nodeId === best.f.node.nodeId)
+    if (i >= 0) out[i] = { ...out[i]!, cpus: out[i]!.cpus + SERVER_CPUS }
+    else out.push({ nodeId: best.f.node.nodeId, workers: 0, cpus: SERVER_CPUS, memoryBytes: 0, gpuIndices: [], custom: {} })
+  }
+  return { ok: true, allocations: out, assignments }
 }
 
 const allocationUsage = (a: NodeAllocation): ResourceUsage => ({

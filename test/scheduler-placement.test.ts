@@ -482,3 +482,49 @@ describe("the strategy table", () => {
     expect(e.message).toContain(placementStrategyNames.join(", "))
   })
 })
+
+describe("parameter servers in the plan", () => {
+  it("places each server on the allowed node with the most CPUs left after the workers, booked in that node's allocation", () => {
+    // PACK fills a with the 4 workers; both servers then go to b, where the CPUs are.
+    const plan = ok(planPlacement({ numWorkers: 4, servers: 2 }, [node("a", { cpus: 4 }), node("b", { cpus: 4 })]))
+    expect(plan.ranks.every((r) => r.nodeId === "a")).toBe(true)
+    expect(plan.servers).toEqual([
+      { index: 0, nodeId: "b", hostname: "host-b" },
+      { index: 1, nodeId: "b", hostname: "host-b" }
+    ])
+    // A node with servers only comes after the workers' nodes, holding no workers.
+    expect(plan.nodes).toEqual([
+      { nodeId: "a", workers: 4, cpus: 4, memoryBytes: 0, gpuIndices: [], custom: {} },
+      { nodeId: "b", workers: 0, cpus: 2, memoryBytes: 0, gpuIndices: [], custom: {} }
+    ])
+    // Beside the workers where there is room...
+    const one = ok(planPlacement({ numWorkers: 2, servers: 2 }, [node("a", { cpus: 4 })]))
+    expect(one.servers.map((s) => s.nodeId)).toEqual(["a", "a"])
+    expect(one.nodes).toEqual([{ nodeId: "a", workers: 2, cpus: 4, memoryBytes: 0, gpuIndices: [], custom: {} }])
+    // ...and where most CPUs are left: on two equal nodes, the one PACK left empty.
+    const two = ok(planPlacement({ numWorkers: 4, servers: 2 }, [node("a", { cpus: 8 }), node("b", { cpus: 8 })]))
+    const workersOn = two.ranks[0]!.nodeId
+    expect(two.ranks.every((r) => r.nodeId === workersOn)).toBe(true)
+    expect(two.servers.every((s) => s.nodeId !== workersOn)).toBe(true)
+  })
+
+  it("refuses a plan with no room for the servers, saying so, and keeps them off nodes the labels exclude", () => {
+    const e = err(planPlacement({ numWorkers: 4, servers: 1 }, [node("a", { cpus: 4 })]))
+    expect(e).toBeInstanceOf(PlacementInfeasible)
+    expect((e as PlacementInfeasible).reason).toMatch(/no room for parameter server 1 of 1 \(1 CPU each\) beside the 4 workers: 0 CPUs left/)
+    expect((e as PlacementInfeasible).requested).toMatch(/1 parameter server x \{CPU: 1\}/)
+    const labelled = [node("a", { cpus: 4, labels: { zone: "x" } }), node("b", { cpus: 8, labels: { zone: "y" } })]
+    const plan = ok(planPlacement({ numWorkers: 2, servers: 2, nodeLabels: { zone: "x" } }, labelled))
+    expect(plan.servers.map((s) => s.nodeId)).toEqual(["a", "a"])
+    expect(err(planPlacement({ numWorkers: 3, servers: 2, nodeLabels: { zone: "x" } }, labelled))).toBeInstanceOf(PlacementInfeasible)
+    expect(Result.isFailure(planPlacement({ numWorkers: 2, servers: -1 }, labelled))).toBe(true)
+  })
+
+  it("books the servers' CPUs in the ledger, so another job cannot take them", () => {
+    const ledger = new AllocationLedger()
+    const nodes = [node("a", { cpus: 4 })]
+    expect(Result.isSuccess(ledger.place({ jobId: "ps", numWorkers: 2, servers: 1 }, nodes))).toBe(true)
+    expect(Result.isFailure(ledger.place({ jobId: "other", numWorkers: 2 }, nodes))).toBe(true)
+    expect(Result.isSuccess(ledger.place({ jobId: "other", numWorkers: 1 }, nodes))).toBe(true)
+  })
+})

@@ -16,7 +16,7 @@ import { watchBus, type BusMonitor } from "../../core/bus-monitor.ts"
 import { describeConnection, redactConnection } from "../../core/connection-spec.ts"
 import { decodeMessage } from "../../core/wire.ts"
 import { jobSubjects } from "../../core/subjects.ts"
-import { PlacementInfeasible, type PlacementPlan, type PlacementRequest } from "../../scheduler/placement.ts"
+import { PlacementInfeasible, SERVER_CPUS, type PlacementPlan, type PlacementRequest } from "../../scheduler/placement.ts"
 import { ActorSystem } from "../runtime/system.ts"
 import { defineActor, launchActor, type ActorHandle } from "../runtime/actor.ts"
 import { silentLogger, stderrLogger } from "../runtime/log.ts"
@@ -291,7 +291,9 @@ export class Trainer {
         : await startEmbeddedCluster({
             verbose,
             output: onOutput,
-            cpusNeeded: cfg.maxWorkers * (cfg.scaling.resourcesPerWorker?.CPU ?? (cfg.scaling.useGpu ? 0 : 1)),
+            cpusNeeded:
+              cfg.maxWorkers * (cfg.scaling.resourcesPerWorker?.CPU ?? (cfg.scaling.useGpu ? 0 : 1)) +
+              (cfg.collective.strategy !== "allreduce" && cfg.collective.parameterServer ? cfg.collective.parameterServer.numServers * SERVER_CPUS : 0),
             useGpu: cfg.scaling.useGpu === true,
             // The embedded server keeps its JetStream data in the run directory, so a run's object
             // store checkpoints outlive it and a run with the same name resumes from them.
@@ -489,7 +491,9 @@ export class Trainer {
       ...(cfg.scaling.placementStrategy !== undefined ? { placementStrategy: cfg.scaling.placementStrategy } : {}),
       ...(cfg.scaling.acceleratorType !== undefined ? { acceleratorType: cfg.scaling.acceleratorType } : {}),
       ...(cfg.scaling.nodeLabels !== undefined ? { nodeLabels: cfg.scaling.nodeLabels } : {}),
-      ...(cfg.scaling.backend !== undefined ? { backend: cfg.scaling.backend } : {})
+      ...(cfg.scaling.backend !== undefined ? { backend: cfg.scaling.backend } : {}),
+      // Parameter servers are placed with the workers, SERVER_CPUS each.
+      ...(cfg.collective.strategy !== "allreduce" && cfg.collective.parameterServer ? { servers: cfg.collective.parameterServer.numServers } : {})
     }
 
     // Elastic runs below max size watch for capacity (an agent joined, another job ended) and
@@ -589,12 +593,11 @@ export class Trainer {
               let args = groupArgs
               const ps = cfg.collective.parameterServer
               if (cfg.collective.strategy !== "allreduce" && ps) {
-                const nodes = [...new Set(plan.ranks.map((r) => r.nodeId))]
                 try {
                   const servers = await group.spawnServers(
                     g.number,
                     ps.numServers,
-                    nodes,
+                    plan.servers.map((s) => s.nodeId),
                     (index, detail) => controller.fail(g, { kind: "died", rank: -1, tag: "ServerDown", message: detail }),
                     () => !g.settled
                   )

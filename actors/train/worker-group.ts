@@ -6,7 +6,7 @@
 import { fileURLToPath } from "node:url"
 // Silence after which a worker counts as dead (core/defaults.ts says why it is 10 s).
 import { WORKER_DEAD_AFTER_MS } from "../../core/defaults.ts"
-import type { PlacementPlan } from "../../scheduler/placement.ts"
+import { SERVER_CPUS, type PlacementPlan } from "../../scheduler/placement.ts"
 import type { ActorSystem } from "../runtime/system.ts"
 import { agentRef, spawnActor, type SpawnedActor } from "../node/spawn.ts"
 import { WorkerProtocol, type Placement, type WorkerArgs } from "./train-protocol.ts"
@@ -157,7 +157,8 @@ export class WorkerGroup {
 
   /**
    * The parameter-server strategy: spawns a generation's servers, server k on the k-th of `nodes`
-   * (cycling), and watches them: a server that goes down is reported through `onDown` (the
+   * (the placement plan's, cycling), each reserving SERVER_CPUS there as a worker reserves its
+   * resources, and watches them: a server that goes down is reported through `onDown` (the
    * generation fails, as with a worker's death). Resolves with their actor names in shard order.
    */
   async spawnServers(attempt: number, count: number, nodes: ReadonlyArray<string>, onDown: (index: number, detail: string) => void, stillMatters: () => boolean): Promise<string[]> {
@@ -170,6 +171,7 @@ export class WorkerGroup {
           module: SERVER_MODULE,
           export: "parameterServer",
           args: { index: k, numServers: count },
+          resources: { CPU: SERVER_CPUS },
           logPrefix: `server ${k}`,
           readyTimeoutMs: 60_000
         })
