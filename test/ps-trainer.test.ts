@@ -1,8 +1,10 @@
 // The parameter-server strategy through the Trainer: real embedded nats-server, real worker and
 // server processes, the digits example unchanged. Synchronous servers train exactly like the
 // all-reduce (the weighted mean gradient, one update per step); async and SSP converge and report
-// their staleness; backup workers drop gradients and still converge; a killed server restarts the
-// job from the checkpoint, whose server state restores (at another number of servers, too).
+// their staleness; backup workers drop gradients and still converge; int8 and top-k pushes (error
+// feedback per server range) train like uncompressed pushes with a fraction of the bytes; a killed
+// server restarts the job from the checkpoint, whose server state restores (at another number of
+// servers, too).
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import * as fs from "node:fs/promises"
 import { readFileSync, readdirSync } from "node:fs"
@@ -85,6 +87,36 @@ describe("parameter servers in the Trainer", () => {
     // Every step one of the three gradients is dropped, over all ranks.
     const dropped = backup.metricsPerRank.at(-1)!.reduce((a, m) => a + (m["ps/dropped"] as number), 0)
     expect(dropped).toBeGreaterThan(0)
+  })
+
+  it("int8 and top-k pushes (error feedback per server range) train within 2 points of uncompressed sync servers with a fraction of the bytes, and checkpoint every rank's residuals", async () => {
+    // Plain SGD (Adam would hide much of what compression drops), 2 workers: a sync step then sums
+    // the same two gradients in either order, so each run is reproducible. Measured: 0.889
+    // uncompressed, 0.889 int8, 0.880 top-k 1% after 2 epochs (0.905, 0.905, 0.900 after 3).
+    const cfg = { epochs: 2, optimizer: "sgd", learningRate: 0.1, batchSize: 16 }
+    const servers = { strategy: "parameter-server", parameterServer: { numServers: 2, mode: "sync" } }
+    const plain = await fit("ps-plain", cfg, servers, { workers: 2 })
+    const int8 = await fit("ps-int8", cfg, { ...servers, compression: { type: "int8" } }, { workers: 2 })
+    const topk = await fit("ps-topk", cfg, { ...servers, compression: { type: "topk", ratio: 0.01 } }, { workers: 2 })
+    const bytes = (r: Result) => r.metricsPerRank.at(-1)!.map((m) => [m["ps/wire_bytes"] as number, m["ps/dense_bytes"] as number] as const)
+    console.log(
+      `ps digits val_accuracy: uncompressed ${lastAccuracy(plain)}, int8 ${lastAccuracy(int8)}, topk 1% ${lastAccuracy(topk)}; ` +
+        `bytes pushed per step (rank 0, wire/dense): uncompressed ${bytes(plain)[0]!.join("/")}, int8 ${bytes(int8)[0]!.join("/")}, topk ${bytes(topk)[0]!.join("/")}`
+    )
+    for (const r of [plain, int8, topk]) expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1])
+    expect(lastAccuracy(plain)).toBeGreaterThan(0.85)
+    for (const r of [int8, topk]) {
+      expect(Math.abs(lastAccuracy(r) - lastAccuracy(plain))).toBeLessThanOrEqual(0.02)
+      // sync servers hand every rank the same parameters
+      expect(sameWeights(r)).toBe(true)
+      // every rank's error-feedback residuals of its pushes are in the checkpoint, next to the servers' state
+      const files = await fs.readdir(path.join(r.checkpoint!.path, "gradwire"), { recursive: true })
+      expect(files).toEqual(expect.arrayContaining([0, 1].map((rank) => path.join(`rank-${rank}`, "ps-residuals.msgpack"))))
+    }
+    // uncompressed: the fp32 ranges; int8: a byte per element and a scale per 4096; top-k 1%: values and indices of 1/100
+    for (const [wire, dense] of bytes(plain)) expect(wire).toBe(dense)
+    for (const [wire, dense] of bytes(int8)) expect(wire).toBeLessThan(dense / 3.9)
+    for (const [wire, dense] of bytes(topk)) expect(wire).toBeLessThan(dense / 40)
   })
 
   it("a killed server restarts the job from the checkpoint, and its state resumes at another number of servers", async () => {
@@ -177,7 +209,8 @@ describe("parameter servers in the Trainer", () => {
     const err = (p: Promise<unknown>) => p.then(() => undefined, (e: unknown) => e)
     const cases: Array<[Record<string, unknown>, RegExp]> = [
       [{ strategy: "parameter-server", zeroStage: 2 }, /zeroStage 0/],
-      [{ strategy: "parameter-server", compression: "fp16" }, /uncompressed/],
+      [{ strategy: "parameter-server", compression: { type: "powersgd", rank: 2 } }, /cannot compress pushes to parameter servers: powersgd .*P, then Q.*use one of .*int8.*topk/],
+      [{ strategy: "auto", compression: "auto" }, /name a codec the pushes can carry/],
       [{ backupWorkers: 1 }, /parameter-server/],
       [{ strategy: "parameter-server", backupWorkers: 3 }, /below the number of workers/],
       [{ parameterServer: { numServers: 2 } }, /add strategy/]

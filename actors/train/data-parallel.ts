@@ -120,6 +120,8 @@ export interface ParameterServers {
   readonly backupWorkers: number
   takeOver(flat: Float32Array, optimizer: FlatOptimizerState, learningRate: number, spec: FlatOptimizerSpec, numWorkers: number, weightDecay: number, as: { readonly mode: "sync" | "async" | "ssp"; readonly backupWorkers: number }): Promise<void>
   wholeState(n: number): Promise<{ readonly params: Float32Array; readonly optimizer: FlatOptimizerState }>
+  /** Gradient bytes pushed (last step: every server's message; totals), as ReducerStats counts the all-reduce's. */
+  readonly pushStats?: { readonly wireBytes: number; readonly denseBytes: number; readonly steps: number; readonly totalWireBytes: number; readonly totalDenseBytes: number }
 }
 
 /** Strategy "auto": the first decision (steps before it measure the all-reduce), its window and how often it is taken again. */
@@ -428,6 +430,11 @@ export class DataParallelModel implements RecoverableModel {
   /** Whether this step goes through the parameter servers. */
   get #viaServers(): boolean {
     return this.#sync.ps !== undefined && (this.#sync.auto === undefined || this.#strategy !== "allreduce")
+  }
+
+  /** @internal whether steps go through the parameter servers now (ctx.communicationStats() reads it) */
+  get viaServers(): boolean {
+    return this.#viaServers
   }
 
   /**
@@ -1235,7 +1242,12 @@ export class DataParallelModel implements RecoverableModel {
         ? {
             "ps/staleness": this.#psStaleness.sum / Math.max(1, this.#psStaleness.steps),
             "ps/staleness_max": this.#psStaleness.max,
-            "ps/dropped": this.#psStaleness.dropped
+            "ps/dropped": this.#psStaleness.dropped,
+            // Gradient bytes of this rank's last step's pushes (every server's), and as dense fp32:
+            // ReducerStats' wireBytes / denseBytes (ctx.communicationStats()) for the pushes.
+            ...(this.#sync.ps?.pushStats && this.#sync.ps.pushStats.steps > 0
+              ? { "ps/wire_bytes": this.#sync.ps.pushStats.wireBytes, "ps/dense_bytes": this.#sync.ps.pushStats.denseBytes }
+              : {})
           }
         : {})
     }

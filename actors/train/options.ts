@@ -19,6 +19,7 @@ import { ConfigError } from "../../core/errors.ts"
 import type { ArrayDataset } from "../../core/datasets.ts"
 import { parseCompressionConfig } from "../../collectives/compression/index.ts"
 import { parseAlgorithmChoice } from "../../collectives/algorithms/index.ts"
+import { checkPushCompression } from "./ps-push-codec.ts"
 import type { WorkerArgs } from "./train-protocol.ts"
 import type { GroupFailure, TrainerState } from "./failure-policy.ts"
 import type { TrainContext } from "./train-context.ts"
@@ -143,12 +144,8 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
   }
   if (strategy !== "allreduce") {
     if (zeroStage > 0) throw new ConfigError({ field: "collectiveConfig.zeroStage", reason: "the parameter servers hold the optimizer state already: use zeroStage 0 with strategy \"parameter-server\"" })
-    if (compression !== "none") {
-      throw new ConfigError({
-        field: "collectiveConfig.compression",
-        reason: `the parameter servers take gradients uncompressed (got ${JSON.stringify(compression)}); use "none" (wireDtype "float16" halves the bytes), or strategy "allreduce" with compression`
-      })
-    }
+    // Pushes carry a codec's byte message of a flat range (ps-push-codec.ts); PowerSGD and "auto" cannot be pushed.
+    checkPushCompression(compression, strategy)
   }
   if (backupWorkers > 0) {
     if (strategy !== "parameter-server" || psMode !== "sync") {

@@ -1,17 +1,20 @@
 // A worker's side of the parameter-server strategy: the flat parameter vector cut into one
 // contiguous range per server (optim/zero.ts's equal segments), a gradient pushed to every server
 // at once (one tell each, the range's view: copied once, into the message) and the servers'
-// fresh ranges gathered into one buffer, with a deadline on every wait. Rank 0 initialises the
+// fresh ranges gathered into one buffer, with a deadline on every wait. With a codec
+// (collectiveConfig.compression) each range goes as the codec's message with an error-feedback
+// residual per server range (ps-push-codec.ts). Rank 0 initialises the
 // servers and saves and restores their state for checkpoints (one file per server, re-sharded to
 // another number of servers on restore).
 import { ConfigError } from "../../core/errors.ts"
-import { encodeHalf } from "../../collectives/float16.ts"
+import type { ResolvedCompressionConfig } from "../../collectives/compression/config.ts"
 import { decodeMessage, encodeMessage } from "../../core/wire.ts"
 import type { ActorSystem } from "../runtime/system.ts"
 import { ServerProtocol, type PsParams } from "./train-protocol.ts"
 import { gatherRange, shardLayout, type ShardLayout } from "./optim/zero.ts"
 import type { FlatOptimizerSpec, FlatOptimizerState } from "./optim/flat-optimizers.ts"
 import type { PsMode, ShardServerState } from "./ps/shard.ts"
+import { PushEncoder, type PushStats } from "./ps-push-codec.ts"
 
 export interface PsClientOptions {
   readonly system: ActorSystem
@@ -26,6 +29,8 @@ export interface PsClientOptions {
   readonly timeoutMs: number
   /** Gradients travel as binary16 (collectiveConfig.wireDtype "float16"); the servers accumulate in fp32. */
   readonly halfWire?: boolean
+  /** collectiveConfig.compression: a codec for the pushes (absent or "none": uncompressed); it wins over halfWire. */
+  readonly compression?: ResolvedCompressionConfig
 }
 
 /** A push-pull's outcome over all servers. */
@@ -47,8 +52,6 @@ export class ParameterServerError extends Error {
   override readonly name = "ParameterServerError"
 }
 
-const EMPTY = new Float32Array(0)
-
 export const psShardFile = (k: number, s: number): string => `ps.shard-${k}-of-${s}.msgpack`
 const PS_FILE = /^ps\.shard-(\d+)-of-(\d+)\.msgpack$/
 
@@ -64,12 +67,32 @@ export class PsClient {
   #params: Float32Array | undefined
   /** Answers awaited, by server then step. */
   readonly #pending = new Map<string, Pending>()
-  /** Per server: the binary16 bits of its gradient range (halfWire). */
-  #half: Uint16Array[] = []
+  /** Each server range's payload: the codec's message and residual, binary16 bits, or the range itself. */
+  readonly #encoder: PushEncoder
 
   constructor(options: PsClientOptions) {
     if (options.servers.length < 1) throw new ConfigError({ field: "collectiveConfig.parameterServer.numServers", reason: "needs at least one server" })
     this.options = options
+    this.#encoder = new PushEncoder({
+      numServers: options.servers.length,
+      halfWire: options.halfWire === true,
+      ...(options.compression !== undefined ? { compression: options.compression } : {})
+    })
+  }
+
+  /** Gradient bytes pushed: the last step's and the totals (ReducerStats' names). */
+  get pushStats(): PushStats {
+    return this.#encoder.stats
+  }
+
+  /** This rank's error-feedback residuals of its pushes, per server range (empty without a codec that keeps them). */
+  residuals(): Record<string, Float32Array> {
+    return this.#encoder.state()
+  }
+
+  /** Takes a checkpoint's residuals (those of this number of servers); returns how many were taken. */
+  restoreResiduals(state: Readonly<Record<string, ArrayLike<number>>>): number {
+    return this.#encoder.restore(state)
   }
 
   get numServers(): number {
@@ -123,7 +146,8 @@ export class PsClient {
             staleness: this.options.staleness,
             backupWorkers: as?.backupWorkers ?? this.options.backupWorkers,
             weightDecay,
-            ...(states ? { state: states[k]! } : {})
+            ...(states ? { state: states[k]! } : {}),
+            ...(this.#encoder.codec && this.options.compression !== undefined ? { compression: this.options.compression } : {})
           },
           { timeoutMs: this.options.timeoutMs }
         )
@@ -163,7 +187,8 @@ export class PsClient {
     let dropped = false
     let version = Number.POSITIVE_INFINITY
     let serverMs: number | undefined
-    await Promise.all(
+    const encoder = this.#encoder
+    const pushed = Promise.all(
       layouts.map(async (l, k) => {
         const answer = new Promise<PsParams>((resolve, reject) => {
           const key = `${k}/${step}`
@@ -187,9 +212,9 @@ export class PsClient {
           replyTo: this.options.self,
           step,
           basedOn: this.#versions[k]!,
-          ...(this.options.halfWire
-            ? { grad: EMPTY, half: this.#halfOf(k, grad.subarray(l.start, l.end)) }
-            : { grad: grad.subarray(l.start, l.end) }),
+          // encoded before the tell (synchronously, server by server); its buffers are reused at
+          // this range's next push, which comes after the server answered this one
+          ...encoder.encode(k, grad.subarray(l.start, l.end), { rank: worker, step }),
           weight,
           ...(learningRate !== undefined ? { learningRate } : {})
         })
@@ -202,14 +227,9 @@ export class PsClient {
         dropped ||= m.dropped
       })
     )
+    encoder.endStep()
+    await pushed
     return { params: out, staleness: staleness / layouts.length, dropped, version, serverMs }
-  }
-
-  #halfOf(k: number, range: Float32Array): Uint16Array {
-    let h = this.#half[k]
-    if (h?.length !== range.length) h = this.#half[k] = new Uint16Array(range.length)
-    encodeHalf(range, h)
-    return h
   }
 
   /** Rank 0, for a checkpoint: every server's state, one file each. */

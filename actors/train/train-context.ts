@@ -276,10 +276,22 @@ export class TrainContext {
   /**
    * Bytes this rank put on the wire for gradients (its own messages) against what the same
    * reductions would have sent as dense fp32: last step and totals since the loop started.
-   * With compression, totalDenseBytes - totalWireBytes is what it saved.
+   * With compression, totalDenseBytes - totalWireBytes is what it saved. With parameter servers
+   * its pushes count too (every server's message of a step); the last step is that of the path
+   * the model trains on now (strategy "auto" moves between them).
    */
   communicationStats(): ReducerStats {
-    return this.#deps.session.group.reducer.stats
+    const reduced = this.#deps.session.group.reducer.stats
+    const pushed = this.#deps.ps?.pushStats
+    if (!pushed || pushed.steps === 0) return reduced
+    const last = this.#prepared?.viaServers === false ? reduced : pushed
+    return {
+      wireBytes: last.wireBytes,
+      denseBytes: last.denseBytes,
+      steps: reduced.steps + pushed.steps,
+      totalWireBytes: reduced.totalWireBytes + pushed.totalWireBytes,
+      totalDenseBytes: reduced.totalDenseBytes + pushed.totalDenseBytes
+    }
   }
 
   /** @internal the prepared model, if any */

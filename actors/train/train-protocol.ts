@@ -226,7 +226,9 @@ export const ServerProtocol = defineProtocol("ps-server", {
       staleness: Schema.Number,
       backupWorkers: Schema.Number,
       weightDecay: Schema.Number,
-      state: Schema.optionalKey(Schema.instanceOf(Uint8Array<ArrayBufferLike>))
+      state: Schema.optionalKey(Schema.instanceOf(Uint8Array<ArrayBufferLike>)),
+      /** collectiveConfig.compression (a codec the pushes can carry: ps-push-codec.ts); absent: pushes come uncompressed. */
+      compression: Schema.optionalKey(Schema.Unknown)
     }),
     reply: Schema.Null
   },
@@ -240,6 +242,8 @@ export const ServerProtocol = defineProtocol("ps-server", {
       grad: F32,
       /** collectiveConfig.wireDtype "float16": the gradient as binary16 bits instead (grad is then empty). */
       half: Schema.optionalKey(Schema.instanceOf(Uint16Array<ArrayBufferLike>)),
+      /** collectiveConfig.compression: the gradient as the codec's message instead, error feedback on the worker (grad is then empty). */
+      packed: Schema.optionalKey(Bytes),
       weight: Schema.Number,
       learningRate: Schema.optionalKey(Schema.Number)
     }),

@@ -33,6 +33,8 @@ import { PsClient } from "./ps-client.ts"
 const PROGRESS_EVERY_MS = 250
 
 const residualFile = (rank: number) => `gradwire/rank-${rank}/reducer-state.msgpack`
+/** A rank's error-feedback residuals of its compressed pushes to the parameter servers, per server range. */
+const pushResidualFile = (rank: number) => `gradwire/rank-${rank}/ps-residuals.msgpack`
 
 const moduleUrl = (spec: string): string => {
   if (spec.startsWith("file:") || spec.startsWith("data:")) return spec
@@ -66,7 +68,8 @@ export const trainWorker = defineActor(
           staleness: args.parameterServer.staleness,
           backupWorkers: args.parameterServer.backupWorkers,
           timeoutMs: args.parameterServer.timeoutMs,
-          halfWire: args.collective.wireDtype === "float16"
+          halfWire: args.collective.wireDtype === "float16",
+          compression: parseCompressionConfig(args.collective.compression, "collectiveConfig.compression") as ResolvedCompressionConfig
         })
       : undefined
     const run = async (): Promise<void> => {
@@ -272,7 +275,12 @@ export const trainWorker = defineActor(
             // Residuals, or a codec's own state (PowerSGD's, any custom codec's), keyed by its name.
             const hasState = Object.keys(state.residuals).length > 0 || Object.keys(state).some((k) => k !== "residuals" && state[k as keyof typeof state] !== undefined)
             // ZeRO: this rank's optimizer shard goes with every report; the round's checkpoint keeps it.
-            const shardFiles = context.prepared?.shardFiles() ?? {}
+            // Parameter servers with a codec: this rank's residuals of its pushes, next to the reducer's.
+            const pushResiduals = ps?.residuals() ?? {}
+            const shardFiles = {
+              ...context.prepared?.shardFiles(),
+              ...(Object.keys(pushResiduals).length > 0 ? { [pushResidualFile(p.rank)]: encodeMessage({ residuals: pushResiduals }) } : {})
+            }
             const shards = Object.keys(shardFiles).length > 0 ? shardFiles : undefined
             flushTrace()
             const t0 = performance.now()
@@ -317,6 +325,15 @@ export const trainWorker = defineActor(
                 live.group.reducer.restore(decodeMessage(own) as Parameters<GradientReducer["restore"]>[0])
               } catch (e) {
                 ctx.log.warn(`rank ${p.rank}: could not restore compression state from the checkpoint: ${String(e)}`)
+              }
+            }
+            const pushed = ps && (savedSize === undefined || savedSize === p.worldSize) ? got.payload.files[pushResidualFile(p.rank)] : undefined
+            if (pushed) {
+              try {
+                const taken = ps!.restoreResiduals((decodeMessage(pushed) as { residuals: Record<string, Float32Array> }).residuals)
+                ctx.log.info(`rank ${p.rank}: ${taken > 0 ? `restored the error-feedback residuals of its pushes to ${taken} server(s)` : "the checkpoint's push residuals are of another number of servers: pushes start from zero residuals"}`)
+              } catch (e) {
+                ctx.log.warn(`rank ${p.rank}: could not restore the residuals of its pushes from the checkpoint (they start from zero): ${String(e)}`)
               }
             }
             return { files: got.payload.files, metadata: got.payload.metadata, path: got.path, metrics: got.metrics }
