@@ -502,21 +502,21 @@ export const planPlacement = (
   }
   const ordered = [...nodes].sort(compareNodes)
   const fits = ordered.map((n) => assessNode(n, req))
-  const sel = select(fits, req)
-  if (!sel.ok) {
-    return Result.fail(
+  const infeasible = (reason: string, maxPlaceable: number, hint: string) =>
+    Result.fail(
       new PlacementInfeasible({
         jobId: req.jobId,
         strategy: req.strategy,
         numWorkers: req.numWorkers,
         requested: describeRequest(req),
-        reason: sel.reason,
-        maxPlaceable: sel.maxPlaceable,
+        reason,
+        maxPlaceable,
         nodes: fits.map(nodeReport),
-        hint: hintFor(req, fits, sel)
+        hint
       })
     )
-  }
+  const sel = select(fits, req)
+  if (!sel.ok) return infeasible(sel.reason, sel.maxPlaceable, hintFor(req, fits, sel))
   const gpuPer = req.resources[GPU] ?? 0
   const ranks: RankAssignment[] = []
   const allocations: NodeAllocation[] = []
@@ -554,18 +554,7 @@ export const planPlacement = (
   }
   const servers = placeServers(req, fits, allocations)
   if (!servers.ok) {
-    return Result.fail(
-      new PlacementInfeasible({
-        jobId: req.jobId,
-        strategy: req.strategy,
-        numWorkers: req.numWorkers,
-        requested: describeRequest(req),
-        reason: servers.reason,
-        maxPlaceable: req.numWorkers,
-        nodes: fits.map(nodeReport),
-        hint: "add CPUs or nodes, use fewer workers or servers (collectiveConfig.parameterServer.numServers), or lower resourcesPerWorker.CPU"
-      })
-    )
+    return infeasible(servers.reason, req.numWorkers, "add CPUs or nodes, use fewer workers or servers (collectiveConfig.parameterServer.numServers), or lower resourcesPerWorker.CPU")
   }
   return Result.succeed({
     jobId: req.jobId,
