@@ -15,41 +15,24 @@ import { openClusterView } from "../scheduler/cluster-view.ts"
 import { growTo, idle, planLargest, releasingJob } from "../actors/train/elastic.ts"
 import type { NodeAdvertisement } from "../scheduler/node-info.ts"
 import { CLI } from "./support/actors-processes.ts"
+import { nodeAd } from "./support/node-ads.ts"
 
-const ad = (nodeId: string, cpus: number, used: number, processes: Array<{ job: string; cpus: number }>): NodeAdvertisement => ({
-  v: 1,
-  cluster: "c",
-  nodeId,
-  hostname: nodeId,
-  pid: 1,
-  head: false,
-  startedAt: 0,
-  sentAt: 0,
-  seq: 0,
-  heartbeatMs: 500,
-  cpus,
-  memoryBytes: 8e9,
-  gpus: [],
-  backends: ["wasm", "cpu"],
-  backendsProbed: true,
-  backendErrors: {},
-  nats: { serverId: "s", serverName: "s", url: "nats://127.0.0.1:4222", cluster: "" },
-  labels: {},
-  custom: {},
-  used: { cpus: used, memoryBytes: 0, gpuIndices: [], custom: {} },
-  processes: processes.map((p, i) => ({
-    job: p.job,
-    name: `w${i}`,
-    instance: `i${i}`,
-    pid: 100 + i,
-    owner: "driver",
-    resources: { CPU: p.cpus },
-    gpus: [],
-    startedAt: 0
-  })),
-  leaving: false,
-  version: "test"
-})
+const ad = (nodeId: string, cpus: number, used: number, processes: Array<{ job: string; cpus: number }>): NodeAdvertisement =>
+  nodeAd({
+    nodeId,
+    cpus,
+    used: { cpus: used, memoryBytes: 0, gpuIndices: [], custom: {} },
+    processes: processes.map((p, i) => ({
+      job: p.job,
+      name: `w${i}`,
+      instance: `i${i}`,
+      pid: 100 + i,
+      owner: "driver",
+      resources: { CPU: p.cpus },
+      gpus: [],
+      startedAt: 0
+    }))
+  })
 
 describe("elastic sizing (pure)", () => {
   const request = { jobId: "mine", backend: "wasm" as const }

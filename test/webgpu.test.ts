@@ -18,6 +18,7 @@ import { decodeAdvertisement, toNodeResources, type NodeAdvertisement } from "..
 import { PlacementInfeasible, planPlacement } from "../scheduler/placement.ts"
 import type { NodeResources, TfjsBackend } from "../scheduler/resources.ts"
 import { TestRig } from "./support/actors-processes.ts"
+import { nodeAd } from "./support/node-ads.ts"
 
 const rig = new TestRig()
 afterAll(() => rig.cleanup())
@@ -156,32 +157,14 @@ const adapter = {
 }
 
 describe("the advertisement", () => {
-  const ad = (webgpu: unknown): unknown => ({
-    v: 1,
-    cluster: "c",
-    nodeId: "g",
-    hostname: "g",
-    pid: 1,
-    head: false,
-    startedAt: 0,
-    sentAt: 0,
-    seq: 0,
-    heartbeatMs: 500,
-    cpus: 8,
-    memoryBytes: 8e9,
-    gpus: [{ index: 0, name: "NVIDIA A10", memoryMiB: 24_000 }],
-    backends: ["webgpu", "wasm", "cpu"],
-    backendsProbed: true,
-    backendErrors: { "tensorflow-gpu": "@tensorflow/tfjs-node-gpu is not installed" },
-    nats: { serverId: "s", serverName: "s", url: "nats://127.0.0.1:4222", cluster: "" },
-    labels: {},
-    custom: {},
-    used: { cpus: 0, memoryBytes: 0, gpuIndices: [], custom: {} },
-    processes: [],
-    leaving: false,
-    version: "test",
-    ...(webgpu !== undefined ? { webgpu } : {})
-  })
+  const ad = (webgpu: unknown): unknown =>
+    nodeAd({
+      nodeId: "g",
+      gpus: [{ index: 0, name: "NVIDIA A10", memoryMiB: 24_000 }],
+      backends: ["webgpu", "wasm", "cpu"],
+      backendErrors: { "tensorflow-gpu": "@tensorflow/tfjs-node-gpu is not installed" },
+      ...(webgpu !== undefined ? { webgpu } : {})
+    })
 
   it("carries the adapter; the scheduler places a GPU worker on webgpu there", () => {
     const decoded = decodeAdvertisement(ad(adapter))
