@@ -959,14 +959,10 @@ export class DataParallelModel implements RecoverableModel {
     const ps = this.#viaServers ? this.#sync.ps : undefined
     if (ps) {
       // The servers apply the gradient (as the mode says) and hand back their fresh parameters.
-      // Strategy "auto" on SSP applies each worker's gradient at 1/p of the rate: p updates of
-      // one gradient each move the weights as far as the all-reduce's one update of their mean,
-      // so a move between them keeps the step size per sample.
-      const lr = this.learningRate
+      // Under "auto" a mode runs exactly as when chosen by hand (the same learning rate per update).
       const p = this.#sync.worldSize
       const oneByOne = this.#sync.auto ? this.#strategy === "ssp" || this.#strategy === "async" : ps.mode !== "sync"
-      const rate = this.#sync.auto && oneByOne && lr !== undefined ? lr / p : lr
-      const r = await ps.pushPull(this.#sync.rank, step, flat, samples, rate)
+      const r = await ps.pushPull(this.#sync.rank, step, flat, samples, this.learningRate)
       if (r.serverMs !== undefined) this.#serverMs = r.serverMs
       // The group's progress from the servers' version; under "auto" with backup workers a rank
       // whose gradient came late goes on at the step the servers collect, not behind it.
