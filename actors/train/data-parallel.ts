@@ -964,11 +964,14 @@ export class DataParallelModel implements RecoverableModel {
       const oneByOne = this.#sync.auto ? this.#strategy === "ssp" || this.#strategy === "async" : ps.mode !== "sync"
       const r = await ps.pushPull(this.#sync.rank, step, flat, samples, this.learningRate)
       if (r.serverMs !== undefined) this.#serverMs = r.serverMs
-      // The group's progress from the servers' version; under "auto" with backup workers a rank
-      // whose gradient came late goes on at the step the servers collect, not behind it.
+      // The group's progress from the servers' version; under "auto" with backup workers outside
+      // dp.fit() a rank whose gradient came late goes on at the step the servers collect, not
+      // behind it. Inside dp.fit() every rank pushes every step of its own (decisions come at the
+      // same step count on every rank, and the fast ones wait there for a step only the slow one
+      // can still complete).
       const perUpdate = oneByOne ? 1 : p - (this.#sync.auto ? 1 : ps.backupWorkers)
       this.#global = Math.max(this.#global, this.#globalBase + (r.version * perUpdate) / p)
-      if (this.#sync.auto && this.#strategy === "backup") this.#step = Math.max(this.#step, this.#syncBase + r.version)
+      if (this.#sync.auto && this.#strategy === "backup" && !this.#inFit) this.#step = Math.max(this.#step, this.#syncBase + r.version)
       if (this.#sync.auto && step >= 2) {
         this.#commLog.push(-1)
         this.#psLog.push(performance.now() - t1)
