@@ -31,6 +31,15 @@ export {
 export type { LrScaling, LrRuleOptions } from "./actors/train/optim/lr-rules.ts"
 export type { ZeroStage } from "./actors/train/optim/zero.ts"
 export { loadDigits, makeDataset, trainTestSplit, shardIndices, type ArrayDataset } from "./core/datasets.ts"
+// File-backed datasets: each worker streams its own rows from files or an object store bucket
+export { fromFiles, datasetFactory, type FromFilesOptions, type FileFormat, type FileDatasetSpec, type DatasetFactorySpec } from "./core/data/file-spec.ts"
+export { writeShards, writeShardFile, type WriteShardsOptions, type ShardRows } from "./core/data/shard-format.ts"
+export { putFiles, listUploaded, type PutOptions, type DataManifest } from "./core/data/object-data.ts"
+export { FileStream, oneHot, normalize, scale, type Batch, type BatchTransform, type StreamStats } from "./core/data/stream.ts"
+export { IterableStream, type RowSource } from "./core/data/iterable-stream.ts"
+export type { DataPosition } from "./core/data/plan.ts"
+export { DataSourceError, DataFormatError, DataPositionMismatch } from "./core/data/errors.ts"
+export type { Shard } from "./actors/train/train-context.ts"
 export type { Tf, BackendKind } from "./core/engine.ts"
 export { loadEngine } from "./core/engine.ts"
 

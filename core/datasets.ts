@@ -8,44 +8,77 @@ import { fileURLToPath } from "node:url"
 import { mixSeed, permutation } from "./random.ts"
 import { ConfigError } from "./errors.ts"
 
-/** Rows of features (row-major, featureShape per row) and integer class labels. */
+/**
+ * Rows of features (row-major, featureShape per row) and labels: integer class ids (Int32Array,
+ * one per row) or float targets (Float32Array, labelShape values per row: regression).
+ */
 export interface ArrayDataset {
   readonly x: Float32Array
-  readonly y: Int32Array
+  readonly y: Int32Array | Float32Array
   readonly size: number
   readonly featureShape: ReadonlyArray<number>
+  /** Classes of int32 labels (0 for float targets). */
   readonly numClasses: number
+  /** Shape of one row's label: [] (the default) for one value per row. */
+  readonly labelShape?: ReadonlyArray<number>
 }
 
 const rowSize = (ds: ArrayDataset): number => ds.featureShape.reduce((a, b) => a * b, 1)
+const labelSize = (ds: Pick<ArrayDataset, "labelShape">): number => (ds.labelShape ?? []).reduce((a, b) => a * b, 1)
 
+/**
+ * An in-memory dataset. `y` holds class ids (Int32Array) or float targets (Float32Array, for
+ * regression; `labelShape` values per row, default one).
+ */
 export const makeDataset = (
   x: Float32Array,
-  y: Int32Array,
+  y: Int32Array | Float32Array,
   featureShape: ReadonlyArray<number>,
-  numClasses?: number
+  numClasses?: number | { readonly numClasses?: number; readonly labelShape?: ReadonlyArray<number> }
 ): ArrayDataset => {
+  const opts = typeof numClasses === "object" && numClasses !== null ? numClasses : { numClasses }
+  const labelShape = [...(opts.labelShape ?? [])]
   const row = featureShape.reduce((a, b) => a * b, 1)
-  if (row <= 0 || x.length !== y.length * row) {
+  const per = labelShape.reduce((a, b) => a * b, 1)
+  if (!(y instanceof Int32Array) && !(y instanceof Float32Array)) {
+    throw new ConfigError({ field: "datasets", reason: "labels are an Int32Array (class ids) or a Float32Array (regression targets)" })
+  }
+  if (y instanceof Int32Array && labelShape.length > 0) {
+    throw new ConfigError({ field: "datasets", reason: "class ids (Int32Array) are one per row: labelShape is for float targets (Float32Array)" })
+  }
+  const size = per > 0 ? y.length / per : 0
+  if (row <= 0 || per <= 0 || !Number.isInteger(size) || x.length !== size * row) {
     throw new ConfigError({
       field: "datasets",
-      reason: `features hold ${x.length} values but ${y.length} labels x ${row} features per row need ${y.length * row}`
+      reason: `features hold ${x.length} values but ${y.length} labels (${per} per row) x ${row} features per row need ${Math.floor(size) * row}`
     })
   }
   let max = -1
-  for (let i = 0; i < y.length; i++) if (y[i] > max) max = y[i]
-  return { x, y, size: y.length, featureShape: [...featureShape], numClasses: numClasses ?? max + 1 }
+  if (y instanceof Int32Array) for (let i = 0; i < y.length; i++) if (y[i] > max) max = y[i]
+  return {
+    x,
+    y,
+    size,
+    featureShape: [...featureShape],
+    numClasses: opts.numClasses ?? max + 1,
+    ...(labelShape.length > 0 ? { labelShape } : {})
+  }
 }
 
 /** Gathers the given rows into new contiguous arrays (the one copy a batch needs). */
-export const gatherRows = (ds: ArrayDataset, rows: ArrayLike<number>): { x: Float32Array; y: Int32Array } => {
+export const gatherRows = <Y extends Int32Array | Float32Array>(
+  ds: ArrayDataset & { readonly y: Y },
+  rows: ArrayLike<number>
+): { x: Float32Array; y: Y } => {
   const r = rowSize(ds)
+  const l = labelSize(ds)
   const x = new Float32Array(rows.length * r)
-  const y = new Int32Array(rows.length)
+  const y = (ds.y instanceof Int32Array ? new Int32Array(rows.length * l) : new Float32Array(rows.length * l)) as Y
   for (let i = 0; i < rows.length; i++) {
     const src = rows[i]
     x.set(ds.x.subarray(src * r, src * r + r), i * r)
-    y[i] = ds.y[src]
+    if (l === 1) y[i] = ds.y[src]
+    else y.set(ds.y.subarray(src * l, src * l + l), i * l)
   }
   return { x, y }
 }
@@ -60,7 +93,7 @@ export const trainTestSplit = (
   const nTest = Math.round(ds.size * testFraction)
   const take = (rows: Int32Array): ArrayDataset => {
     const g = gatherRows(ds, rows)
-    return { x: g.x, y: g.y, size: rows.length, featureShape: ds.featureShape, numClasses: ds.numClasses }
+    return { x: g.x, y: g.y, size: rows.length, featureShape: ds.featureShape, numClasses: ds.numClasses, ...(ds.labelShape ? { labelShape: ds.labelShape } : {}) }
   }
   return { test: take(perm.subarray(0, nTest)), train: take(perm.subarray(nTest)) }
 }

@@ -1,6 +1,6 @@
 // Smoke tests of the custom-loop examples, run as a user runs them (their own process, on the
 // embedded cluster): the collectives example agrees on every rank, the compression example trains
-// and reports the bytes fp16 saved (half of dense fp32).
+// and reports the bytes fp16 saved (half of dense fp32), and the files example trains from CSV files.
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
@@ -26,5 +26,15 @@ describe("examples/custom-loop", () => {
     expect(lines).toHaveLength(2)
     for (const l of lines) expect(l).toMatch(/saved [\d.]+ MiB \(2\.0x less\)/)
     expect(r.output).toMatch(/held-out accuracy \d+\.\d%/)
+  })
+})
+
+describe("examples/files", () => {
+  it("main.ts: trains the digits MLP from CSV files each worker streams its rows of", async () => {
+    const r = await runScript("examples/files/main.ts", ["--epochs", "2", "--storage", storage], { timeoutMs: 90_000 })
+    expect(r.code, r.output).toBe(0)
+    expect(r.output).toMatch(/wrote 4 training files \(csv\)/)
+    expect(r.output).toMatch(/held-out accuracy: \d+\.\d%/)
+    expect(r.output).toMatch(/rank 0 read [\d.]+ MiB of training data/)
   })
 })

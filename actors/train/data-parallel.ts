@@ -9,8 +9,9 @@
 // variable from views of it: two copies of the gradient per step, the minimum a backend with its
 // own memory (wasm, tensorflow) allows.
 import type { Tf } from "../../core/engine.ts"
-import type { ArrayDataset } from "../../core/datasets.ts"
-import { gatherRows, shardIndicesWeighted } from "../../core/datasets.ts"
+import { shardIndicesWeighted } from "../../core/datasets.ts"
+import { isStreamingSource } from "../../core/data/stream.ts"
+import { batchTensors, classesOf, fitBatch, streamEpoch, type FitSource, type ShardSource } from "./batches.ts"
 import { HeteroBatcher } from "./hetero-batching.ts"
 import { ConfigError } from "../../core/errors.ts"
 import { PeerRecoveryMisaligned, type LoopPosition, type RecoverableModel } from "./group-session.ts"
@@ -248,11 +249,8 @@ export interface TrainStepOptions {
   readonly accumulate?: boolean
 }
 
-/** A source of rows per epoch: the worker's shard (disjoint across ranks, reshuffled per epoch). */
-export interface ShardSource {
-  readonly dataset: ArrayDataset
-  rows(epoch: number): ArrayLike<number>
-}
+/** A source of rows per epoch (in memory, or streamed: batches.ts). */
+export type { FitSource, ShardSource } from "./batches.ts"
 
 const resolveLoss = (tf: Tf, model: LayersModel, loss: PrepareOptions["loss"]): { fn: LossFn; classification: boolean; sparse: boolean } => {
   const l = loss ?? (model as unknown as { loss?: unknown }).loss
@@ -1058,20 +1056,26 @@ export class DataParallelModel implements RecoverableModel {
 
   /**
    * Trains over this rank's shard for some epochs; the metrics handed to onEpochEnd cover all ranks.
+   * The shard is in-memory rows, or a stream (a file dataset, a worker-side loader) whose rows are
+   * read in the background and whose position checkpoints keep (core/data/stream.ts).
    * With recovery from peers it also follows regroups: after one the epoch goes on at the furthest
    * survivor's point, cut for the new group (exact with globalBatchSize; with a per-rank batchSize the
    * rest of the epoch is re-sharded at the same fraction); a joining rank skips the epochs and steps
    * the survivors already trained, without computing them, and takes their state where they are.
    */
-  async fit(source: ShardSource, opts: FitOptions): Promise<EpochResult[]> {
+  async fit(source: FitSource, opts: FitOptions): Promise<EpochResult[]> {
     const tf = this.#tf
-    if (opts.globalBatchSize !== undefined) this.#prepareBatcher(source, opts.globalBatchSize)
-    else if (!(opts.batchSize >= 1) || !Number.isInteger(opts.batchSize)) {
+    if (isStreamingSource(source) && opts.globalBatchSize !== undefined) {
+      throw new ConfigError({ field: "fit.globalBatchSize", reason: "a streamed dataset (files, a loader) is read in per-rank parts: give batchSize (per rank) instead" })
+    }
+    if (opts.globalBatchSize !== undefined) {
+      if (!isStreamingSource(source)) this.#prepareBatcher(source, opts.globalBatchSize)
+    } else if (!(opts.batchSize >= 1) || !Number.isInteger(opts.batchSize)) {
       throw new ConfigError({ field: "fit.batchSize", reason: `must be an integer >= 1, got ${opts.batchSize}` })
     }
     const k = opts.accumulationSteps ?? 1
     if (!Number.isInteger(k) || k < 1) throw new ConfigError({ field: "fit.accumulationSteps", reason: `must be an integer >= 1, got ${String(opts.accumulationSteps)}` })
-    const ds = source.dataset
+    const numClasses = classesOf(source, (this.model.outputs[0]?.shape.at(-1) as number | null) ?? 0)
     const recovery = this.#sync.recovery
     const results: EpochResult[] = []
     this.#inFit = true
@@ -1079,7 +1083,7 @@ export class DataParallelModel implements RecoverableModel {
       for (let epoch = opts.initialEpoch ?? 0; epoch < opts.epochs; epoch++) {
         const started = performance.now()
         this.#epoch = epoch
-        this.#observeRegroup(source, opts)
+        this.#streamRegroup(source, this.#observeRegroup(source, opts), epoch)
         let { steps, rowsOf } = this.#epochRows(source, opts, epoch)
         this.#stepsPerEpoch = steps
         const target = recovery?.joinTarget
@@ -1103,7 +1107,10 @@ export class DataParallelModel implements RecoverableModel {
           ;({ steps, rowsOf } = this.#epochRows(source, opts, epoch))
           this.#stepsPerEpoch = steps
         }
-        if (target && i < steps) await joinHere()
+        if (target && i < steps) {
+          this.#streamRegroup(source, target, epoch)
+          await joinHere()
+        }
         while (i < steps) {
           this.#stepInEpoch = i
           // A step's micro-batches (one without accumulation): all but the last are only accumulated.
@@ -1112,10 +1119,8 @@ export class DataParallelModel implements RecoverableModel {
           let stepSamples = 0
           for (let j = 0; j < micro.length; j++) {
             const batchRows = micro[j]!
-            const batch = gatherRows(ds, batchRows)
-            const x = tf.tensor(batch.x, [batchRows.length, ...ds.featureShape])
-            const y = this.#classification ? tf.tensor1d(batch.y, "int32") : tf.tensor(batch.y, [batchRows.length, 1], "float32")
-            const yLoss = this.lossTargets(y, ds.numClasses)
+            const batch = await fitBatch(source, batchRows)
+            const { x, y, yLoss } = batchTensors(this.#tf as unknown as Tf, batch, this.#classification, (t) => this.lossTargets(t, numClasses))
             try {
               r = await this.trainStep(x, yLoss, { accumulate: j < micro.length - 1 })
             } finally {
@@ -1131,6 +1136,7 @@ export class DataParallelModel implements RecoverableModel {
           // on where the furthest survivor was, cut for the new group.
           const c = this.#observeRegroup(source, opts)
           if (c) {
+            this.#streamRegroup(source, c, epoch)
             ;({ steps, rowsOf } = this.#epochRows(source, opts, epoch))
             this.#stepsPerEpoch = steps
             if (c.inFit && c.epoch === epoch) i = Math.min(steps, stepAt(c, steps) + (recovery!.ops - c.ops))
@@ -1167,14 +1173,26 @@ export class DataParallelModel implements RecoverableModel {
    * exchanges count from the regroup's operation on every member) and, once, the furthest survivor's
    * position, which the caller moves its epoch cursor to.
    */
-  #observeRegroup(source: ShardSource, opts: FitOptions, joinedAtOps?: number): RecoveryCursor | undefined {
+  #observeRegroup(source: FitSource, opts: FitOptions, joinedAtOps?: number): RecoveryCursor | undefined {
     const recovery = this.#sync.recovery
     if (!recovery || recovery.generation === this.#seenGeneration) return undefined
     this.#seenGeneration = recovery.generation
-    if (opts.globalBatchSize !== undefined) this.#prepareBatcher(source, opts.globalBatchSize, true)
+    if (opts.globalBatchSize !== undefined && !isStreamingSource(source)) this.#prepareBatcher(source, opts.globalBatchSize, true)
     const c = recovery.takeCursor()
     this.#freshAfterOps = c?.ops ?? joinedAtOps ?? recovery.ops - 1
     return c
+  }
+
+  /**
+   * A streamed dataset's position is exact through a checkpoint (it is saved with it and re-planned
+   * for another world size), but a regroup in the middle of an epoch would pair the survivors' step
+   * in flight with rows of another plan: the group restarts from the latest checkpoint instead.
+   */
+  #streamRegroup(source: FitSource, c: RecoveryCursor | undefined, epoch: number): void {
+    if (!isStreamingSource(source) || !c || !c.inFit || c.epoch !== epoch || c.stepInEpoch >= c.stepsPerEpoch) return
+    throw new PeerRecoveryMisaligned({
+      reason: `the group changed at epoch ${epoch}, step ${c.stepInEpoch} of ${c.stepsPerEpoch}, of a streamed dataset, whose position is exact only at a checkpoint`
+    })
   }
 
   #prepareBatcher(source: ShardSource, globalBatch: number, fresh = false): void {
@@ -1197,9 +1215,15 @@ export class DataParallelModel implements RecoverableModel {
   }
 
   /** An epoch's steps and each step's rows for this rank: per-rank batches, or slices of the global batch. */
-  #epochRows(source: ShardSource, opts: FitOptions, epoch: number): { steps: number; rowsOf: (step: number) => number[][] } {
+  #epochRows(source: FitSource, opts: FitOptions, epoch: number): { steps: number; rowsOf: (step: number) => number[][] } {
     const batcher = this.#batcher
     const k = opts.accumulationSteps ?? 1
+    if (isStreamingSource(source)) {
+      // Streamed: this rank's rows left in the epoch (its part of the plan), taken in order.
+      const bs = this.#rankBatch(opts.batchSize as number)
+      this.#fitGlobalBatch = bs * this.#sync.worldSize * k
+      return streamEpoch(source.openEpoch(epoch, this.#sync.rank, this.#sync.worldSize), bs, k)
+    }
     if (opts.globalBatchSize === undefined || !batcher) {
       const rows = source.rows(epoch)
       const bs = this.#rankBatch(opts.batchSize as number)

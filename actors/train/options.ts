@@ -17,12 +17,16 @@ import { decodeConfig } from "../../core/validate.ts"
 import { BUCKET_SIZE_MIB, COLLECTIVE_TIMEOUT_MS, FIRST_BUCKET_SIZE_MIB, NATS_OUTAGE_TIMEOUT_MS } from "../../core/defaults.ts"
 import { ConfigError } from "../../core/errors.ts"
 import type { ArrayDataset } from "../../core/datasets.ts"
+import { isDatasetFactorySpec, isFileDatasetSpec, type DatasetFactorySpec, type FileDatasetSpec } from "../../core/data/file-spec.ts"
 import { parseCompressionConfig } from "../../collectives/compression/index.ts"
 import { parseAlgorithmChoice } from "../../collectives/algorithms/index.ts"
 import { checkPushCompression } from "./ps-push-codec.ts"
 import type { WorkerArgs } from "./train-protocol.ts"
 import type { GroupFailure, TrainerState } from "./failure-policy.ts"
 import type { TrainContext } from "./train-context.ts"
+
+/** What `datasets` takes: in-memory arrays, files (fromFiles), or a worker-side factory (datasetFactory). */
+export type DatasetInput = ArrayDataset | FileDatasetSpec | DatasetFactorySpec
 
 export type TrainLoop<C = unknown> = (config: C, ctx: TrainContext) => unknown | Promise<unknown>
 
@@ -42,8 +46,12 @@ export interface TrainerOptions {
   readonly trainLoopConfig?: unknown
   readonly scalingConfig: ScalingConfig
   readonly runConfig?: RunConfig & { callbacks?: ReadonlyArray<TrainerCallbacks> }
-  /** Named in-memory datasets; each worker reads its shard with ctx.getDatasetShard(name). */
-  readonly datasets?: Readonly<Record<string, ArrayDataset>>
+  /**
+   * Named datasets; each worker reads its shard with ctx.getDatasetShard(name): in-memory arrays
+   * (makeDataset), files each worker streams its own rows of (fromFiles), or a loader that runs on
+   * each worker (datasetFactory).
+   */
+  readonly datasets?: Readonly<Record<string, DatasetInput>>
   readonly collectiveConfig?: CollectiveConfig
   /** Omitted: an embedded local cluster. { address }: a cluster started with `gradwire start`. */
   readonly cluster?: ClusterConfig
@@ -62,7 +70,7 @@ export interface Resolved {
   readonly collective: WorkerArgs["collective"]
   /** A joined cluster: its name and how to reach it (credentials parsed out of the address). */
   readonly cluster: { readonly clusterName: string; readonly connection: ConnectionSpec } | undefined
-  readonly datasets: Readonly<Record<string, ArrayDataset>>
+  readonly datasets: Readonly<Record<string, DatasetInput>>
   readonly name: string
   readonly runDir: string
   readonly resumeFrom: string | undefined
@@ -94,12 +102,15 @@ const resolveModule = (module: string): string => {
   return module
 }
 
-const checkDataset = (name: string, ds: unknown): ArrayDataset => {
+const checkDataset = (name: string, ds: unknown): DatasetInput => {
+  if (isFileDatasetSpec(ds) || isDatasetFactorySpec(ds)) return ds
   const d = ds as Partial<ArrayDataset> | undefined
-  if (!d || !(d.x instanceof Float32Array) || !(d.y instanceof Int32Array) || !Array.isArray(d.featureShape)) {
+  if (!d || !(d.x instanceof Float32Array) || !(d.y instanceof Int32Array || d.y instanceof Float32Array) || !Array.isArray(d.featureShape)) {
     throw new ConfigError({
       field: `datasets.${name}`,
-      reason: "a dataset is { x: Float32Array, y: Int32Array, featureShape: number[], size, numClasses } (see makeDataset / loadDigits)"
+      reason:
+        "a dataset is in-memory arrays { x: Float32Array, y: Int32Array | Float32Array, featureShape, size, numClasses } (makeDataset / loadDigits), " +
+        'files (fromFiles("data/*.csv", { label: "label" }) or fromFiles("nats-obj://bucket/prefix")), or a worker-side loader (datasetFactory("./data.ts#load"))'
     })
   }
   return d as ArrayDataset
@@ -169,7 +180,7 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
     })
   }
   const cluster = options.cluster === undefined ? undefined : resolveClusterConfig(options.cluster)
-  const datasets: Record<string, ArrayDataset> = {}
+  const datasets: Record<string, DatasetInput> = {}
   for (const [k, v] of Object.entries(options.datasets ?? {})) datasets[k] = checkDataset(k, v)
   const name = run.name ?? `gradwire_${new Date().toISOString().replace(/[-:]/g, "").replace(/\..*$/, "").replace("T", "_")}`
   const storage = path.resolve(run.storagePath ?? defaultStoragePath())
@@ -207,7 +218,9 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
     elasticBatch: scaling.elasticBatch ?? "keep-global",
     natsOutageTimeoutMs: run.failureConfig?.natsOutageTimeoutMs ?? NATS_OUTAGE_TIMEOUT_MS,
     // With ZeRO no survivor holds a lost rank's optimizer shard: failures restart from the checkpoint.
-    recoverFrom: run.failureConfig?.recoverFrom ?? (peersCannot ? "checkpoint" : "peers"),
+    // So do file datasets: their data position is exact at a checkpoint (a regroup in place in the
+    // middle of an epoch would fall back to it anyway, data-parallel.ts).
+    recoverFrom: run.failureConfig?.recoverFrom ?? (peersCannot || Object.values(datasets).some(isFileDatasetSpec) ? "checkpoint" : "peers"),
     seed: options.seed ?? 0
   }
 }

@@ -2,9 +2,16 @@
 // for metrics and checkpoints, the checkpoint to resume from, its dataset shard, prepareModel()
 // for data-parallel training, the communicator for custom collectives, and tfjs with this
 // worker's backend.
+import type { NatsConnection } from "@nats-io/nats-core"
 import type { Tf } from "../../core/engine.ts"
-import { shardIndices, type ArrayDataset } from "../../core/datasets.ts"
+import { makeDataset, shardIndices, type ArrayDataset } from "../../core/datasets.ts"
 import { ConfigError } from "../../core/errors.ts"
+import { FileStream, type BatchTransform } from "../../core/data/stream.ts"
+import { IterableStream, isRowSource, type IterablePosition, type RowSource } from "../../core/data/iterable-stream.ts"
+import { isFileDatasetSpec } from "../../core/data/file-spec.ts"
+import { resolveFileDataset, type ResolvedDataset } from "../../core/data/resolve.ts"
+import type { DataPosition } from "../../core/data/plan.ts"
+import type { DatasetPayload } from "./train-protocol.ts"
 import { loadWeightsInto, modelToFiles } from "../../core/model-io.ts"
 import type { Communicator } from "../../collectives/communicator.ts"
 import type { ReducerStats } from "../../collectives/gradient-reducer.ts"
@@ -26,6 +33,12 @@ export interface Checkpoint {
 export interface ReportOptions {
   readonly checkpoint?: Checkpoint
 }
+
+/** A checkpoint's file with the positions of the streamed datasets (for a resume mid-epoch). */
+export const DATA_POSITION_FILE = "gradwire/data-position.json"
+
+/** What ctx.getDatasetShard() gives: in-memory rows, a file dataset's stream, or a worker-side loader's. */
+export type Shard = DatasetShard | FileStream | IterableStream
 
 /** This rank's shard of a dataset: disjoint from every other rank's, reshuffled per epoch. */
 export class DatasetShard implements ShardSource {
@@ -59,6 +72,16 @@ export class DatasetShard implements ShardSource {
   get size(): number {
     return Math.floor(this.dataset.size / this.worldSize)
   }
+
+  /** Map transforms dp.fit() applies to every batch, in order (as FileStream.map). */
+  readonly transforms: BatchTransform[] = []
+
+  /** Adds a map transform (normalisation, one-hot...); returns this shard. */
+  map(fn: BatchTransform): this {
+    if (typeof fn !== "function") throw new ConfigError({ field: "shard.map", reason: "takes a function (batch) => batch" })
+    this.transforms.push(fn)
+    return this
+  }
 }
 
 export interface TrainContextDeps {
@@ -82,7 +105,11 @@ export interface TrainContextDeps {
   readonly observer?: StepObserver
   readonly sendReport: (index: number, metrics: Record<string, unknown>, checkpoint: Checkpoint | undefined) => Promise<void>
   readonly fetchCheckpoint: () => Promise<Checkpoint | undefined>
-  readonly fetchDataset: (name: string) => Promise<ArrayDataset>
+  readonly fetchDataset: (name: string) => Promise<DatasetPayload>
+  /** A NATS connection for datasets in an object store (opened on first use). */
+  readonly dataNats?: () => Promise<NatsConnection>
+  /** Modules this worker may import (the agent checked them); undefined: any. */
+  readonly allowedImports?: ReadonlyArray<string>
   readonly onStep?: (info: { epoch: number; step: number; stepsPerEpoch: number; samples: number; loss: number }) => void
 }
 
@@ -92,7 +119,9 @@ export class TrainContext {
   readonly backend: string
   readonly #deps: TrainContextDeps
   #checkpoint: Promise<Checkpoint | undefined> | undefined
-  readonly #datasets = new Map<string, Promise<ArrayDataset>>()
+  readonly #datasets = new Map<string, Promise<ArrayDataset | FileStream | IterableStream>>()
+  /** Saved positions of streams not made yet (restoreModel before getDatasetShard). */
+  #pendingPositions: Record<string, unknown> = {}
   #prepared: DataParallelModel | undefined
 
   constructor(deps: TrainContextDeps) {
@@ -163,20 +192,112 @@ export class TrainContext {
     return this.#checkpoint
   }
 
-  /** This rank's shard of the dataset passed to the Trainer as `datasets[name]`. */
-  async getDatasetShard(name: string): Promise<DatasetShard> {
-    let ds = this.#datasets.get(name)
-    if (!ds) {
-      ds = this.#deps.fetchDataset(name)
-      this.#datasets.set(name, ds)
+  /** Turns the driver's answer for `name` into rows or a stream (a factory runs here). */
+  async #load(name: string, payload: DatasetPayload): Promise<ArrayDataset | FileStream | IterableStream> {
+    const d = this.#deps
+    const session = d.session
+    const place = () => session.placement
+    const fileStream = (resolved: ResolvedDataset): FileStream => new FileStream(name, resolved, d.seed, place, d.dataNats)
+    if (payload.kind === "array") {
+      return makeDataset(payload.x, payload.y, payload.featureShape, { numClasses: payload.numClasses, ...(payload.labelShape ? { labelShape: payload.labelShape } : {}) })
     }
-    const session = this.#deps.session
-    return new DatasetShard(await ds, this.worldRank, this.worldSize, this.#deps.seed, () => session.placement)
+    if (payload.kind === "files") return fileStream(payload.resolved as ResolvedDataset)
+    // A factory: imported here (the agent checked the module), called with this rank's place.
+    if (d.allowedImports !== undefined && !d.allowedImports.includes(payload.module)) {
+      throw new ConfigError({ field: `datasets.${name}`, reason: `module ${payload.module} was not declared to the agent, so it was not checked; pass it through datasetFactory()` })
+    }
+    const mod = (await import(payload.module)) as Record<string, unknown>
+    const fn = mod[payload.export]
+    if (typeof fn !== "function") {
+      throw new ConfigError({ field: `datasets.${name}`, reason: `export "${payload.export}" of ${payload.module} is not a function; it exports: ${Object.keys(mod).join(", ") || "nothing"}` })
+    }
+    const made = (await (fn as (o: unknown, info: unknown) => unknown)(payload.options, { rank: this.worldRank, worldSize: this.worldSize, seed: d.seed, tf: this.tf })) as unknown
+    if (isFileDatasetSpec(made)) return fileStream(await resolveFileDataset(name, made, d.dataNats))
+    const a = made as Partial<ArrayDataset> | undefined
+    if (a && a.x instanceof Float32Array && (a.y instanceof Int32Array || a.y instanceof Float32Array) && Array.isArray(a.featureShape)) {
+      return makeDataset(a.x, a.y, a.featureShape, { ...(a.numClasses !== undefined ? { numClasses: a.numClasses } : {}), ...(a.labelShape ? { labelShape: a.labelShape } : {}) })
+    }
+    const wrapped = made as { rows?: unknown; size?: number; numClasses?: number } | undefined
+    if (wrapped && typeof wrapped === "object" && "rows" in wrapped && isRowSource(wrapped.rows)) {
+      return new IterableStream(name, wrapped.rows as RowSource, { ...(wrapped.size !== undefined ? { size: wrapped.size } : {}), ...(wrapped.numClasses !== undefined ? { numClasses: wrapped.numClasses } : {}) })
+    }
+    if (isRowSource(made)) return new IterableStream(name, made)
+    throw new ConfigError({
+      field: `datasets.${name}`,
+      reason: `the factory ${payload.module}#${payload.export} returned ${typeof made}; return makeDataset(...), fromFiles(...), a tf.data dataset of { xs, ys } rows of finite size, or { rows, size }`
+    })
   }
 
-  /** The full dataset (for evaluation on held-out data, for example). */
+  #dataset(name: string): Promise<ArrayDataset | FileStream | IterableStream> {
+    let ds = this.#datasets.get(name)
+    if (!ds) {
+      ds = this.#deps.fetchDataset(name).then(async (p) => {
+        const loaded = await this.#load(name, p)
+        const pending = this.#pendingPositions[name]
+        if (pending !== undefined && !(loaded instanceof Object && "x" in loaded)) {
+          if (loaded instanceof FileStream) loaded.restore(pending as DataPosition)
+          else if (loaded instanceof IterableStream) loaded.restore(pending as IterablePosition)
+          delete this.#pendingPositions[name]
+        }
+        return loaded
+      })
+      this.#datasets.set(name, ds)
+    }
+    return ds
+  }
+
+  /**
+   * This rank's shard of the dataset passed to the Trainer as `datasets[name]`: for in-memory
+   * arrays a set of rows reshuffled per epoch; for files (fromFiles) a stream that reads only this
+   * rank's rows, in the background, and whose position checkpoints keep; for a factory what it made.
+   * Every call for one name gives the same stream. The type parameter names what the dataset is
+   * (`getDatasetShard<FileStream>("train")` for a file dataset's stream methods); dp.fit() takes any.
+   */
+  async getDatasetShard<S extends Shard = DatasetShard>(name: string): Promise<S> {
+    const ds = await this.#dataset(name)
+    if (ds instanceof FileStream || ds instanceof IterableStream) return ds as S
+    const session = this.#deps.session
+    return new DatasetShard(ds, this.worldRank, this.worldSize, this.#deps.seed, () => session.placement) as S
+  }
+
+  /**
+   * The full dataset (for evaluation on held-out data, for example). A file dataset is read whole
+   * into memory: use it for data that fits.
+   */
   async getDataset(name: string): Promise<ArrayDataset> {
-    return (await this.getDatasetShard(name)).dataset
+    const ds = await this.#dataset(name)
+    if (ds instanceof FileStream) {
+      const all = await ds.readAll()
+      return makeDataset(all.x, all.y, all.featureShape, { numClasses: all.numClasses, labelShape: all.labelShape })
+    }
+    if (ds instanceof IterableStream) {
+      throw new ConfigError({ field: `getDataset("${name}")`, reason: "the dataset is a streamed loader, which has no whole to hand out: iterate it with getDatasetShard() and dp.fit()" })
+    }
+    return ds
+  }
+
+  /** The positions of the streamed datasets made so far, as a checkpoint file (none: undefined). */
+  async #positionsFile(): Promise<Uint8Array | undefined> {
+    const out: Record<string, unknown> = {}
+    for (const [name, p] of this.#datasets) {
+      const ds = await p.catch(() => undefined)
+      const pos = ds instanceof FileStream || ds instanceof IterableStream ? ds.position() : undefined
+      if (pos) out[name] = pos
+    }
+    return Object.keys(out).length > 0 ? new TextEncoder().encode(JSON.stringify(out)) : undefined
+  }
+
+  /** Puts the streams (made now or later) where a checkpoint's positions file says. */
+  async #restorePositions(bytes: Uint8Array | undefined): Promise<void> {
+    if (!bytes) return
+    const saved = JSON.parse(new TextDecoder().decode(bytes)) as Record<string, unknown>
+    for (const [name, pos] of Object.entries(saved)) {
+      const p = this.#datasets.get(name)
+      const ds = p ? await p.catch(() => undefined) : undefined
+      if (ds instanceof FileStream) ds.restore(pos as DataPosition)
+      else if (ds instanceof IterableStream) ds.restore(pos as IterablePosition)
+      else if (!p) this.#pendingPositions[name] = pos
+    }
   }
 
   /**
@@ -244,7 +365,20 @@ export class TrainContext {
       recovery: session
     }
     const dp = await DataParallelModel.prepare(this.tf, model, sync, options, d.observer)
-    session.attach(dp)
+    // A regroup hands the furthest survivor's data positions to every member with its weights.
+    session.attach({
+      snapshot: async () => {
+        const s = await dp.snapshot()
+        const pos = await this.#positionsFile()
+        return pos ? { ...s, files: { ...s.files, [DATA_POSITION_FILE]: pos } } : s
+      },
+      adopt: async (state, opts) => {
+        await dp.adopt(state, opts)
+        await this.#restorePositions(state.files[DATA_POSITION_FILE])
+      },
+      regrouped: () => dp.regrouped(),
+      loopPosition: () => dp.loopPosition()
+    })
     this.#prepared = dp
     if (onStep) dp.onStep = onStep
     return dp
@@ -258,12 +392,18 @@ export class TrainContext {
     const m = model instanceof DataParallelModel ? model.model : model
     // With ZeRO the optimizer's shards come from every rank's report (DataParallelModel.shardFiles).
     const optimizer: Record<string, Uint8Array> = model instanceof DataParallelModel ? await model.optimizerFiles() : {}
-    return { files: { ...(await modelToFiles(this.tf, m)), ...optimizer, ...extra.files }, metadata: { ...extra.metadata } }
+    // Where the streamed datasets are, so a resume goes on mid-epoch without repeating or skipping rows.
+    const positions = await this.#positionsFile()
+    return {
+      files: { ...(await modelToFiles(this.tf, m)), ...optimizer, ...(positions ? { [DATA_POSITION_FILE]: positions } : {}), ...extra.files },
+      metadata: { ...extra.metadata }
+    }
   }
 
   /**
    * Loads a checkpoint's model weights into `model` (built in code with the same layers), and,
-   * for a prepared model whose checkpoint came from checkpointFromModel(dp), its optimizer state.
+   * for a prepared model whose checkpoint came from checkpointFromModel(dp), its optimizer state;
+   * streamed datasets go on from the position the checkpoint recorded.
    */
   async restoreModel(model: LayersModel | DataParallelModel, checkpoint: Checkpoint): Promise<void> {
     const m = model instanceof DataParallelModel ? model.model : model
@@ -271,6 +411,7 @@ export class TrainContext {
     for (const [k, v] of Object.entries(checkpoint.files)) files[k] = typeof v === "string" ? new TextEncoder().encode(v) : v
     loadWeightsInto(this.tf, m, files)
     if (model instanceof DataParallelModel) await model.restoreOptimizer(files)
+    await this.#restorePositions(files[DATA_POSITION_FILE])
   }
 
   /**

@@ -13,12 +13,32 @@ export const CheckpointPayload = Schema.Struct({
 })
 export type CheckpointPayload = typeof CheckpointPayload.Type
 
-export const DatasetPayload = Schema.Struct({
+/** An in-memory dataset's rows (makeDataset): class ids or float targets. */
+export const ArrayDatasetPayload = Schema.Struct({
+  kind: Schema.Literal("array"),
   x: Schema.instanceOf(Float32Array<ArrayBufferLike>),
-  y: Schema.instanceOf(Int32Array<ArrayBufferLike>),
+  y: Schema.Union([Schema.instanceOf(Int32Array<ArrayBufferLike>), Schema.instanceOf(Float32Array<ArrayBufferLike>)]),
   featureShape: Schema.Array(Schema.Number),
+  labelShape: Schema.optionalKey(Schema.Array(Schema.Number)),
   numClasses: Schema.Number
 })
+
+/** A file dataset as the driver resolved it: metadata only (core/data/resolve.ts); every worker reads its own rows. */
+export const FileDatasetPayload = Schema.Struct({
+  kind: Schema.Literal("files"),
+  resolved: Schema.Unknown
+})
+
+/** A dataset made on each worker by a module's export (datasetFactory). */
+export const FactoryDatasetPayload = Schema.Struct({
+  kind: Schema.Literal("factory"),
+  module: Schema.String,
+  export: Schema.String,
+  options: Schema.Unknown
+})
+
+export const DatasetPayload = Schema.Union([ArrayDatasetPayload, FileDatasetPayload, FactoryDatasetPayload])
+export type DatasetPayload = typeof DatasetPayload.Type
 
 /**
  * Where a rank's loop is: the group operations of the data-parallel model it completed (gradient
@@ -81,7 +101,7 @@ export const ControllerProtocol = defineProtocol("trainer-controller", {
   },
   /** The state a regrouped generation continues from (a surviving rank's, held by the controller). */
   peerState: { request: Schema.Struct({ attempt: Schema.Number }), reply: PeerState },
-  /** The rows of a named dataset given to the Trainer. */
+  /** A named dataset given to the Trainer: its rows (in memory), its files' metadata, or its factory. */
   dataset: { request: Schema.Struct({ name: Schema.String }), reply: DatasetPayload },
   /** The checkpoint to resume from, or null. */
   checkpoint: {
@@ -148,6 +168,8 @@ export const WorkerArgs = Schema.Struct({
   controller: Schema.String,
   loopModule: Schema.String,
   loopExport: Schema.String,
+  /** Modules of datasetFactory datasets: the agent checks them as it checks the loop's. */
+  datasetModules: Schema.optionalKey(Schema.Array(Schema.String)),
   loopConfig: Schema.Unknown,
   backend: Schema.String,
   collective: Schema.Struct({

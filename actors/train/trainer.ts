@@ -28,6 +28,8 @@ import { growTo, idle, planLargest, releasingJob } from "./elastic.ts"
 import { WorkerGroup, layoutOf, placementsOf, type GroupArgs, type RankSpawn } from "./worker-group.ts"
 import { joinCluster, startEmbeddedCluster, type ClusterHandle } from "./cluster.ts"
 import { resolveTrainerOptions, type Resolved, type TrainerCallbacks, type TrainerOptions } from "./options.ts"
+import { datasetModules, datasetPayloads, describeDatasets, resolveDatasets } from "./dataset-payloads.ts"
+import type { ResolvedDataset } from "../../core/data/resolve.ts"
 import {
   Interrupted,
   TrainingFailed,
@@ -137,6 +139,10 @@ export class Trainer {
    */
   async fit(): Promise<Result> {
     const cfg = resolveTrainerOptions(this.options)
+    // File datasets on local paths: metadata now (a missing or malformed file fails before anything
+    // starts); those in an object store once the cluster is joined.
+    const resolvedData = new Map<string, ResolvedDataset>()
+    await resolveDatasets(cfg.datasets, resolvedData)
     await fs.mkdir(cfg.runDir, { recursive: true })
     const policy = {
       ...(cfg.run.checkpointConfig?.numToKeep !== undefined ? { numToKeep: cfg.run.checkpointConfig.numToKeep } : {}),
@@ -157,7 +163,7 @@ export class Trainer {
       runConfig: cfg.run,
       collectiveConfig: cfg.collective,
       cluster: cfg.cluster ? { clusterName: cfg.cluster.clusterName, ...redactConnection(cfg.cluster.connection) } : "embedded",
-      datasets: Object.fromEntries(Object.entries(cfg.datasets).map(([k, d]) => [k, { size: d.size, featureShape: d.featureShape, numClasses: d.numClasses }])),
+      datasets: describeDatasets(cfg.datasets),
       seed: cfg.seed
     }, cfg.run.timeline === true)
     const progress = new ProgressPrinter(cfg.run.progress ?? "auto", cfg.maxWorkers)
@@ -332,6 +338,7 @@ export class Trainer {
     try {
       store = localStore ?? (await ObjectCheckpointStore.open(cluster.nc, bucket!, cfg.name, policy, cfg.cluster ? `the NATS server at ${describeConnection(cfg.cluster.connection)}` : "the embedded nats-server"))
       if (cfg.resumeFrom !== undefined && isObjectCheckpointUrl(cfg.resumeFrom)) await readAt(cfg.resumeFrom)
+      await resolveDatasets(cfg.datasets, resolvedData, async () => cluster.nc)
     } catch (e) {
       await cluster.close().catch(() => {})
       progress.close()
@@ -430,10 +437,7 @@ export class Trainer {
     process.on("SIGINT", onSignal)
     process.on("SIGTERM", onSignal)
 
-    const datasetPayload = new Map<string, { x: Float32Array; y: Int32Array; featureShape: number[]; numClasses: number }>()
-    for (const [k, d] of Object.entries(cfg.datasets)) {
-      datasetPayload.set(k, { x: d.x, y: d.y, featureShape: [...d.featureShape], numClasses: d.numClasses })
-    }
+    const datasetPayload = datasetPayloads(cfg.datasets, resolvedData)
     const isCurrent = (attempt: number): boolean => controller.current?.number === attempt && controller.state === "running"
 
     const controllerDef = defineActor(ControllerProtocol, () => ({
@@ -534,6 +538,7 @@ export class Trainer {
       controller: "controller",
       loopModule: cfg.loop.module,
       loopExport: cfg.loop.export,
+      ...(datasetModules(cfg.datasets).length > 0 ? { datasetModules: datasetModules(cfg.datasets) } : {}),
       loopConfig: cfg.loopConfig,
       collective: cfg.collective,
       seed: cfg.seed,

@@ -127,7 +127,7 @@ export class WorkerGroup {
             export: "trainWorker",
             args: workerArgs,
             // The agent checks the loop module against its allowed roots before the worker imports it.
-            imports: [args.loopModule],
+            imports: [args.loopModule, ...(args.datasetModules ?? [])],
             gpus: [...r.gpuIndices],
             env: { CUDA_VISIBLE_DEVICES: r.cudaVisibleDevices, GRADWIRE_RANK: String(p.rank), GRADWIRE_WORLD_SIZE: String(p.worldSize) },
             resources: r.resources,

@@ -12,7 +12,6 @@ import * as path from "node:path"
 import { loadEngine, type BackendKind } from "../../core/engine.ts"
 import { ConfigError } from "../../core/errors.ts"
 import { ModuleNotAllowed } from "../node/errors.ts"
-import { makeDataset } from "../../core/datasets.ts"
 import { decodeMessage, encodeMessage } from "../../core/wire.ts"
 import { Communicator, type AllReduceAlgorithm } from "../../collectives/communicator.ts"
 import { GradientReducer } from "../../collectives/gradient-reducer.ts"
@@ -100,6 +99,8 @@ export const trainWorker = defineActor(
       })
       let nc: NatsConnection | undefined
       let cnc: NatsConnection | undefined
+      let dnc: NatsConnection | undefined
+      let dataConn: Promise<NatsConnection> | undefined
       try {
         // Only a loop the agent checked (module-policy.ts) may be imported: the spawn request
         // declared it, and the args could name another. Checked first, before anything is loaded.
@@ -338,10 +339,15 @@ export const trainWorker = defineActor(
             }
             return { files: got.payload.files, metadata: got.payload.metadata, path: got.path, metrics: got.metrics }
           },
-          fetchDataset: async (name) => {
-            const d = await system.askPromise(controller, "dataset", { name }, { timeoutMs: 120_000 })
-            return makeDataset(d.x, d.y, d.featureShape, d.numClasses)
-          }
+          fetchDataset: (name) => system.askPromise(controller, "dataset", { name }, { timeoutMs: 120_000 }),
+          // Object store datasets read over a connection of their own: parts are megabytes, which
+          // must not queue in front of the collectives' or the control traffic.
+          dataNats: () =>
+            (dataConn ??= open("data").then((c) => {
+              dnc = c.nc
+              return c.nc
+            })),
+          ...(system.allowedImports !== undefined ? { allowedImports: system.allowedImports } : {})
         })
         const mod = (await import(moduleUrl(args.loopModule))) as Record<string, unknown>
         const fn = mod[args.loopExport]
@@ -374,6 +380,7 @@ export const trainWorker = defineActor(
         await nc?.flush().catch(() => {})
         await nc?.close().catch(() => {})
         await cnc?.close().catch(() => {})
+        await dnc?.close().catch(() => {})
         await system.nc.flush().catch(() => {})
         ctx.stop({ drain: false, reason: "loop ended" })
       }

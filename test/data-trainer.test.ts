@@ -1,0 +1,216 @@
+// File-backed datasets end to end: real nats-servers, real worker processes, real files and a real
+// JetStream object store. Each worker streams only its own rows; the test logs which rows every
+// step trained (test/support/data-loop.ts) and checks them against the plan computed here from the
+// same files and seed: a kill -9 in the middle of an epoch resumes from the mid-epoch checkpoint
+// with no row repeated or skipped, a resume with another number of workers re-plans the rest of the
+// epoch, and a run on a joined cluster trains from an object store bucket and a worker-side
+// factory's tf.data pipeline.
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import * as fs from "node:fs/promises"
+import * as os from "node:os"
+import * as path from "node:path"
+import { Trainer, TrainingFailed, datasetFactory, fromFiles, putFiles, type FromFilesOptions, type Result } from "../index.ts"
+import { resolveFileDataset, type ResolvedDataset } from "../core/data/resolve.ts"
+import { FileStream } from "../core/data/stream.ts"
+import { launchNatsServer, liveNatsServerPids, type NatsServerProcess } from "../core/nats-server.ts"
+import { openNats } from "../core/connection.ts"
+import { launchAgent, type NodeAgent } from "../actors/node/agent.ts"
+import { silentLogger } from "../actors/runtime/log.ts"
+import type { NatsConnection } from "@nats-io/nats-core"
+
+const LOOP = path.resolve("test/support/data-loop.ts") + "#dataLoop"
+const ROWS = 600
+const BATCH = 10
+const OPTS: FromFilesOptions = { label: "target", labelType: "float", shuffleBuffer: 64, chunkRows: 16 }
+
+let work: string
+let dataDir: string
+
+beforeAll(async () => {
+  work = await fs.mkdtemp(path.join(os.tmpdir(), "gw-data-trainer-"))
+  dataDir = path.join(work, "data")
+  await fs.mkdir(dataDir)
+  // Three files of 200 rows: x0 = id / ROWS (the loop recovers the id), a regression target.
+  for (let f = 0; f < 3; f++) {
+    const lines = ["x0,x1,x2,target"]
+    for (let i = f * 200; i < (f + 1) * 200; i++) lines.push(`${i / ROWS},${Math.sin(i)},${Math.cos(i)},${2 * Math.sin(i) - Math.cos(i)}`)
+    await fs.writeFile(path.join(dataDir, `rows-${f}.csv`), lines.join("\n") + "\n")
+  }
+})
+afterAll(async () => {
+  await fs.rm(work, { recursive: true, force: true })
+  expect(liveNatsServerPids()).toEqual([])
+})
+
+/** The rows each rank trains in `epoch` at world size p (seed 0, batch BATCH), as the plan says. */
+const planned = async (d: ResolvedDataset, p: number, epoch: number, nats?: () => Promise<NatsConnection>): Promise<number[][]> => {
+  const streams = Array.from({ length: p }, (_, r) => new FileStream("train", d, 0, () => ({ rank: r, worldSize: p }), nats))
+  const left = streams.map((s, r) => s.openEpoch(epoch, r, p))[0]!
+  const out: number[][] = streams.map(() => [])
+  for (let from = 0; from < left; from += BATCH) {
+    const batches = await Promise.all(streams.map((s) => s.take(from, Math.min(BATCH, left - from))))
+    batches.forEach((b, r) => {
+      for (let k = 0; k < b.n; k++) out[r]!.push(Math.round(b.x[k * 3]! * ROWS))
+    })
+  }
+  await Promise.all(streams.map((s) => s.close()))
+  return out
+}
+
+type Step = { epoch: number; index: number; ids: number[] }
+
+/** Every step each (attempt, rank, size) logged. */
+const readLogs = async (dir: string): Promise<Map<string, Step[]>> => {
+  const out = new Map<string, Step[]>()
+  for (const f of await fs.readdir(dir)) {
+    const text = await fs.readFile(path.join(dir, f), "utf8")
+    out.set(f.replace(/\.jsonl$/, ""), text.trim().split("\n").map((l) => JSON.parse(l) as Step))
+  }
+  return out
+}
+
+const idsOf = (steps: Step[] | undefined, epoch: number): number[] => (steps ?? []).filter((s) => s.epoch === epoch).flatMap((s) => s.ids)
+
+const sameWeights = (r: Result): boolean => new Set(r.metricsPerRank.at(-1)!.map((m) => m.weights)).size === 1
+
+describe("Trainer with file datasets", () => {
+  it("trains from CSV files; kill -9 of a rank mid-epoch resumes from the mid-epoch checkpoint without repeating or skipping a row", { timeout: 120_000 }, async () => {
+    const logDir = path.join(work, "logs-kill")
+    await fs.mkdir(logDir)
+    const spec = fromFiles(path.join(dataDir, "*.csv"), OPTS)
+    const r = await new Trainer({
+      trainLoopPerWorker: LOOP,
+      // 30 steps an epoch per rank; checkpoints after steps 3, 7, 11...; rank 1 dies after step 9 of epoch 1.
+      trainLoopConfig: { epochs: 3, batchSize: BATCH, rows: ROWS, logDir, checkpointEvery: 4, fail: { how: "kill", rank: 1, epoch: 1, step: 9 } },
+      scalingConfig: { numWorkers: 2 },
+      // "peers" asked for explicitly (file datasets default to "checkpoint"): the survivor is regrouped
+      // with a replacement, which cannot pair its step in flight with the plan, so the group goes
+      // back to the checkpoint after all, without counting that.
+      runConfig: { name: "files-kill", storagePath: work, progress: false, failureConfig: { maxFailures: 1, recoverFrom: "peers" } },
+      datasets: { train: spec }
+    }).fit()
+    expect(r.countedFailures).toBe(1)
+    const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>)
+    expect(events.filter((e) => e.type === "restart").map((e) => [e.recovery, e.counted])).toEqual([
+      ["peers", true],
+      ["checkpoint", false]
+    ])
+    expect(sameWeights(r)).toBe(true)
+    expect(Number(r.metrics!.loss)).toBeLessThan(0.5)
+    // The checkpoints hold the data position.
+    const ckpt = await fs.readFile(path.join(r.checkpoint!.path, "gradwire", "data-position.json"), "utf8")
+    expect(JSON.parse(ckpt).train).toMatchObject({ epoch: 2, worldSize: 2 })
+
+    const d = await resolveFileDataset("train", spec)
+    const logs = await readLogs(logDir)
+    const attempts = [...new Set([...logs.keys()].map((k) => Number(/^a(\d+)/.exec(k)![1])))].sort((a, b) => a - b)
+    const last = attempts.at(-1)!
+    expect(last).toBeGreaterThan(0)
+    for (let epoch = 0; epoch < 3; epoch++) {
+      const want = await planned(d, 2, epoch)
+      for (let rank = 0; rank < 2; rank++) {
+        const first = idsOf(logs.get(`a0-r${rank}-p2`), epoch)
+        const resumed = idsOf(logs.get(`a${last}-r${rank}-p2`), epoch)
+        if (epoch === 0) expect(first).toEqual(want[rank])
+        if (epoch === 2) expect(resumed).toEqual(want[rank])
+        if (epoch === 1) {
+          // Resumed after step 7 (the checkpoint before the kill): exactly the plan's rest.
+          expect(resumed).toEqual(want[rank]!.slice(8 * BATCH))
+          expect(first.slice(0, 8 * BATCH)).toEqual(want[rank]!.slice(0, 8 * BATCH))
+        }
+      }
+    }
+  })
+
+  it("resumes a mid-epoch checkpoint with another number of workers: the epoch's rest is re-planned, no row twice, none skipped", { timeout: 120_000 }, async () => {
+    const spec = fromFiles(dataDir, OPTS)
+    const fit = (workers: number, logDir: string, fail?: object) =>
+      new Trainer({
+        trainLoopPerWorker: LOOP,
+        trainLoopConfig: { epochs: 2, batchSize: BATCH, rows: ROWS, logDir, checkpointEvery: 4, ...(fail ? { fail } : {}) },
+        scalingConfig: { numWorkers: workers },
+        runConfig: { name: "files-resize", storagePath: work, progress: false },
+        datasets: { train: spec }
+      }).fit()
+    const logs2 = path.join(work, "logs-p2")
+    const logs3 = path.join(work, "logs-p3")
+    await fs.mkdir(logs2)
+    await fs.mkdir(logs3)
+    // Two workers stop (a thrown error, no restarts) after step 9 of epoch 0; the checkpoint after step 7 is the latest.
+    const e = await fit(2, logs2, { how: "throw", rank: 0, epoch: 0, step: 9 }).catch((err: unknown) => err)
+    expect(e).toBeInstanceOf(TrainingFailed)
+    // Three workers go on from it.
+    const r = await fit(3, logs3)
+    expect(sameWeights(r)).toBe(true)
+    expect(r.metricsPerRank.at(-1)).toHaveLength(3)
+
+    const d = await resolveFileDataset("train", spec)
+    const before = await readLogs(logs2)
+    const after = await readLogs(logs3)
+    const want2 = await planned(d, 2, 0)
+    const seen: number[] = []
+    for (let rank = 0; rank < 2; rank++) {
+      const first = idsOf(before.get(`a0-r${rank}-p2`), 0).slice(0, 8 * BATCH)
+      expect(first).toEqual(want2[rank]!.slice(0, 8 * BATCH))
+      seen.push(...first)
+    }
+    for (let rank = 0; rank < 3; rank++) seen.push(...idsOf(after.get(`a0-r${rank}-p3`), 0))
+    expect(new Set(seen).size).toBe(seen.length)
+    // Left out: what two workers could not split evenly of the whole, and three of the rest.
+    expect(ROWS - seen.length).toBeLessThan(3)
+    // The next epoch is a fresh plan at three workers.
+    const want3 = await planned(d, 3, 1)
+    for (let rank = 0; rank < 3; rank++) expect(idsOf(after.get(`a0-r${rank}-p3`), 1)).toEqual(want3[rank])
+  })
+})
+
+describe("Trainer on a joined cluster with data in its object store", () => {
+  let server: NatsServerProcess
+  let conn: Awaited<ReturnType<typeof openNats>>
+  let agent: NodeAgent | undefined
+
+  beforeAll(async () => {
+    server = await launchNatsServer({ maxPayload: 8 * 1024 * 1024 })
+    conn = await openNats({ servers: server.url, name: "data object store test" })
+    agent = await launchAgent({
+      nc: conn.nc,
+      connection: { servers: [server.url] },
+      cluster: "datatest",
+      nodeId: "datatest-node",
+      head: true,
+      backends: ["wasm", "cpu"],
+      log: silentLogger,
+      ownerTimeoutMs: 5_000,
+      numCpus: Math.max(2, os.availableParallelism())
+    })
+  })
+  afterAll(async () => {
+    await agent?.stop("test finished").catch(() => {})
+    await conn?.close().catch(() => {})
+    await server?.stop()
+  })
+
+  it("trains from files uploaded to nats-obj://, and from a worker-side factory's tf.data rows", { timeout: 120_000 }, async () => {
+    const files = (await fs.readdir(dataDir)).map((f) => path.join(dataDir, f))
+    await putFiles(conn.nc, files, "nats-obj://datasets/regression", { partBytes: 4096 })
+    const logDir = path.join(work, "logs-obj")
+    await fs.mkdir(logDir)
+    const spec = fromFiles("nats-obj://datasets/regression", OPTS)
+    const r = await new Trainer({
+      trainLoopPerWorker: LOOP,
+      trainLoopConfig: { epochs: 1, batchSize: BATCH, rows: ROWS, logDir, checkpointEvery: 100, aux: true },
+      scalingConfig: { numWorkers: 2 },
+      runConfig: { name: "files-obj", storagePath: work, progress: false },
+      datasets: { train: spec, aux: datasetFactory(path.resolve("test/support/data-factory.ts") + "#makeRows", { rowsPerRank: 20 }) },
+      cluster: { address: server.url, clusterName: "datatest" }
+    }).fit()
+    expect(sameWeights(r)).toBe(true)
+    // The factory's epoch: 20 rows on each of 2 ranks.
+    expect(r.metrics).toMatchObject({ aux_samples: 40 })
+    const nats = async () => conn.nc
+    const d = await resolveFileDataset("train", spec, nats)
+    const want = await planned(d, 2, 0, nats)
+    const logs = await readLogs(logDir)
+    for (let rank = 0; rank < 2; rank++) expect(idsOf(logs.get(`a0-r${rank}-p2`), 0)).toEqual(want[rank])
+  })
+})
