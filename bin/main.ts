@@ -1,16 +1,22 @@
 // gradwire CLI: parses flags and hands off to the actors and scheduler. Thin on purpose: the
 // agent lifecycle lives in actors/node/daemon.ts, the status query and table in actors/node/cluster-status.ts.
 import * as fs from "node:fs"
+import * as os from "node:os"
 import * as path from "node:path"
 import { parseArgs, type ParseArgsConfig } from "node:util"
 import { describeLocalAgent, queryCluster, formatClusterTable } from "../actors/node/cluster-status.ts"
-import { checkAuth, connectionFromAddress, openConnection, type ConnectionAuth } from "../core/connection-spec.ts"
+import { checkAuth, connectionFromAddress, describeConnection, hasCredentials, openConnection, type ConnectionAuth, type ConnectionSpec } from "../core/connection-spec.ts"
 import { ConfigError } from "../core/errors.ts"
 import { defaultStateDir, describeStarted, explainConnectError, runAgent, startInBackground, stopAgent, type StartOptions } from "../actors/node/daemon.ts"
 import { readState, stateFile } from "../actors/node/agent-state.ts"
 import { ALL_BACKENDS, type BackendName } from "../actors/node/node-probe.ts"
 import { validToken } from "../core/subjects.ts"
 import * as settings from "../core/settings.ts"
+import { listUploaded, putFiles } from "../core/data/object-data.ts"
+import type { FileFormat } from "../core/data/file-spec.ts"
+import { DEFAULT_DASHBOARD_PORT, startDashboard } from "../actors/train/dashboard/server.ts"
+import { ENDED_STATES, type LogLine } from "../actors/train/job-telemetry.ts"
+import { fetchJobLogs, findJob, followJobLogs, formatJobsTable, formatLogLine, listJobs } from "../actors/train/dashboard/jobs-client.ts"
 
 const usage = `usage: gradwire <command> [options]
 
@@ -19,6 +25,18 @@ commands:
   start --address nats://...   run a node agent that joins an existing cluster
   status [--json]              nodes, resources (used/total), tfjs backends and liveness
   stop                         stop the local agent (and the NATS server the head started)
+  data put <files...> nats-obj://BUCKET/PREFIX
+                               upload dataset files (CSV, JSON Lines, .gwshard) to the cluster's JetStream object
+                               store, for machines with no shared filesystem: fromFiles("nats-obj://BUCKET/PREFIX")
+  data ls nats-obj://BUCKET[/PREFIX]   the dataset files uploaded there: rows, bytes, parts
+  dashboard [--port 8265] [--host 127.0.0.1]
+                               a live web dashboard of the cluster and its jobs, with Prometheus metrics at /metrics
+  jobs [--json]                running and recent jobs: state, attempt, workers, restarts, progress
+  logs JOB [--rank R] [--follow] [--json]
+                               the job's worker output (JOB: its id or name), streamed from the nodes that run it
+  train FILE#EXPORT --workers N [--address URL]
+                               run a train loop on N workers (an embedded cluster without --address), no driver to write
+  demo                         train the digits example on 4 workers of an embedded cluster, with the dashboard
   --version, -V                print gradwire's version
   --help, -h                   this text
 
@@ -51,6 +69,20 @@ start options:
 
 status options: --address URL, --cluster NAME, --json, credentials, --state-dir DIR
 stop options:   --state-dir DIR, --timeout SECONDS (default 20, then SIGKILL)
+data options:   --address URL (default: as status), credentials, --part-mib N (size of the uploaded parts, default 4),
+                --format csv|jsonl|shards (default: by each file's extension)
+dashboard options: --address URL, --cluster NAME, credentials, --state-dir DIR, --port N (default 8265, 0: any free
+                one), --host ADDR (default 127.0.0.1). A token is required (printed; GRADWIRE_DASHBOARD_TOKEN sets it)
+                when the cluster has credentials or --host is not loopback.
+jobs options:   --address URL, --cluster NAME, --json, credentials, --state-dir DIR
+logs options:   --rank R (one rank), --follow (-f: stream until the job ends), --tail N (lines of the tail, default 200),
+                --json (one object per line), --address URL, --cluster NAME, credentials, --state-dir DIR
+train options:  --workers N (default 1), --config JSON (the loop's config; @FILE reads it from a file), --name NAME,
+                --storage-path DIR, --max-failures N, --gpu, --timeline, --dashboard [--port N --host ADDR],
+                --dataset NAME=FILES (repeatable: fromFiles, each worker streams its rows), --address URL,
+                --cluster NAME, credentials
+demo options:   --workers N (default 4), --epochs N (default 20), --port N (dashboard, default 8265; 0: any free one),
+                --host ADDR, --storage-path DIR, --name NAME
 
 The background agent writes <state dir>/agent.json; "gradwire stop" uses it to stop the agent, which
 kills its actor processes and, on a head that started it, the NATS server. Credentials reach the
@@ -88,6 +120,21 @@ const options = {
   "auth-stdin": { type: "boolean" },
   json: { type: "boolean" },
   timeout: { type: "string" },
+  "part-mib": { type: "string" },
+  format: { type: "string" },
+  rank: { type: "string" },
+  follow: { type: "boolean", short: "f" },
+  tail: { type: "string" },
+  workers: { type: "string" },
+  epochs: { type: "string" },
+  config: { type: "string" },
+  name: { type: "string" },
+  "storage-path": { type: "string" },
+  "max-failures": { type: "string" },
+  dashboard: { type: "boolean" },
+  gpu: { type: "boolean" },
+  timeline: { type: "boolean" },
+  dataset: { type: "string", multiple: true },
   help: { type: "boolean", short: "h" }
 } satisfies ParseArgsConfig["options"]
 
@@ -102,8 +149,20 @@ const COMMAND_OPTIONS: Readonly<Record<string, ReadonlyArray<OptionName>>> = {
     ...CREDENTIALS, "insecure", "allow-module-root", "block", "state-dir", "owner-timeout-ms", "auth-stdin", "help"
   ],
   status: ["address", "cluster", "json", ...CREDENTIALS, "state-dir", "help"],
-  stop: ["state-dir", "timeout", "help"]
+  stop: ["state-dir", "timeout", "help"],
+  data: ["address", ...CREDENTIALS, "state-dir", "part-mib", "format", "help"],
+  dashboard: ["address", "cluster", ...CREDENTIALS, "state-dir", "port", "host", "help"],
+  jobs: ["address", "cluster", "json", ...CREDENTIALS, "state-dir", "help"],
+  logs: ["address", "cluster", "json", ...CREDENTIALS, "state-dir", "rank", "follow", "tail", "help"],
+  train: [
+    "address", "cluster", ...CREDENTIALS, "state-dir", "workers", "config", "name", "storage-path", "max-failures", "dashboard", "port", "host",
+    "gpu", "timeline", "dataset", "help"
+  ],
+  demo: ["workers", "epochs", "storage-path", "name", "port", "host", "help"]
 }
+
+/** Commands that take arguments besides options. */
+const WITH_ARGUMENTS: ReadonlySet<string> = new Set(["data", "logs", "train"])
 
 const HIDDEN: ReadonlySet<OptionName> = new Set(["auth-stdin"])
 
@@ -111,7 +170,8 @@ const VALUE_NAMES: Partial<Record<OptionName, string>> = {
   address: "URL", port: "N", host: "ADDR", "max-payload": "BYTES", cluster: "NAME", "node-id": "ID", labels: "k=v,...",
   "num-cpus": "N", "num-gpus": "N", resources: "name=n,...", backends: "a,b", user: "U", password: "P", token: "T", nkey: "FILE",
   creds: "FILE", tlsca: "FILE", tlscert: "FILE", tlskey: "FILE", "allow-module-root": "DIR", "state-dir": "DIR",
-  "owner-timeout-ms": "MS", timeout: "SECONDS"
+  "owner-timeout-ms": "MS", timeout: "SECONDS", "part-mib": "N", format: "csv|jsonl|shards", rank: "R", tail: "N", workers: "N",
+  epochs: "N", config: "JSON", name: "NAME", "storage-path": "DIR", "max-failures": "N", dataset: "NAME=FILES"
 }
 
 const describeOption = (name: OptionName): string => `--${name}${options[name].type === "string" ? ` ${VALUE_NAMES[name] ?? "VALUE"}` : ""}`
@@ -124,7 +184,7 @@ const parseAll = (args: string[]) => parseArgs({ args, options, allowPositionals
  * Parses `args` for `command`: an option another command takes, or none takes, is an error that
  * names the command and lists the options it does take.
  */
-const parseCommand = (command: string, args: string[]): { values: Flags; tokens: ReturnType<typeof parseAll>["tokens"] } => {
+const parseCommand = (command: string, args: string[]): { values: Flags; tokens: ReturnType<typeof parseAll>["tokens"]; positionals: string[] } => {
   const allowed = COMMAND_OPTIONS[command]
   if (allowed === undefined) throw new UsageError(`unknown command "${command}"; commands: ${Object.keys(COMMAND_OPTIONS).join(", ")}`)
   const takes = `gradwire ${command} takes: ${allowed.filter((o) => !HIDDEN.has(o)).map(describeOption).join(", ")}`
@@ -140,8 +200,9 @@ const parseCommand = (command: string, args: string[]): { values: Flags; tokens:
   } catch (e) {
     throw new UsageError(`gradwire ${command}: ${(e as Error).message}`)
   }
-  if (parsed.positionals.length) throw new UsageError(`gradwire ${command}: unexpected argument "${parsed.positionals[0]}"; ${takes}`)
-  return { values: parsed.values, tokens: parsed.tokens }
+  // Only data (a subcommand, files and a location), logs (a job) and train (a loop) take arguments.
+  if (parsed.positionals.length && !WITH_ARGUMENTS.has(command)) throw new UsageError(`gradwire ${command}: unexpected argument "${parsed.positionals[0]}"; ${takes}`)
+  return { values: parsed.values, tokens: parsed.tokens, positionals: parsed.positionals }
 }
 
 const number = (flag: string, raw: string | undefined, min = 0): number | undefined => {
@@ -342,6 +403,249 @@ const status = async (flags: Flags): Promise<number> => {
   }
 }
 
+/** The NATS connection of a command that talks to the cluster (status, data): --address, else the local agent's, else loopback. */
+const clusterAddressOf = (flags: Flags): { address: string; local: ReturnType<typeof readState> } => {
+  const local = readState(stateDir(flags))
+  return { address: flags.address ?? settings.clusterAddress.read() ?? local?.address ?? "nats://127.0.0.1:4222", local }
+}
+
+const mib = (bytes: number): string => `${(bytes / 1024 / 1024).toFixed(bytes < 10 * 1024 * 1024 ? 2 : 1)} MiB`
+
+const data = async (flags: Flags, args: string[]): Promise<number> => {
+  const [sub, ...rest] = args
+  const how = "gradwire data put <files...> nats-obj://BUCKET/PREFIX, or gradwire data ls nats-obj://BUCKET[/PREFIX]"
+  if (sub !== "put" && sub !== "ls") throw new UsageError(`gradwire data: ${sub === undefined ? "name what to do" : `unknown action "${sub}"`}: ${how}`)
+  const target = rest.at(-1)
+  if (target === undefined || !target.startsWith("nats-obj://")) throw new UsageError(`gradwire data ${sub}: the last argument is the location, nats-obj://BUCKET/PREFIX: ${how}`)
+  const files = rest.slice(0, -1)
+  if (sub === "put" && files.length === 0) throw new UsageError(`gradwire data put: name the files to upload before ${target}`)
+  if (sub === "ls" && files.length > 0) throw new UsageError(`gradwire data ls takes one location, got ${rest.length} arguments`)
+  const format = flags.format
+  if (format !== undefined && !["csv", "jsonl", "shards"].includes(format)) throw new UsageError(`--format must be csv, jsonl or shards, got "${format}"`)
+  const partMib = number("part-mib", flags["part-mib"], 0.001)
+  const { address } = clusterAddressOf(flags)
+  const conn = connection(address, authFromFlags(flags))
+  const spec = { servers: conn.servers ?? [], ...conn.auth }
+  const opened = await openConnection(spec, `gradwire data ${sub}`, { timeoutMs: 5_000 }).catch((e: unknown) => {
+    throw new Error(`${explainConnectError(spec, e).message}${flags.address ? "" : `\n(no --address given: used ${spec.servers.join(",")})`}`)
+  })
+  try {
+    if (sub === "put") {
+      const started = performance.now()
+      let total = 0
+      await putFiles(opened.nc, files, target, {
+        ...(partMib !== undefined ? { partBytes: Math.round(partMib * 1024 * 1024) } : {}),
+        ...(format !== undefined ? { format: format as FileFormat } : {}),
+        onFile: (f) => {
+          total += f.bytes
+          console.log(`${f.file} -> ${target.replace(/^(nats-obj:\/\/[^/]+).*$/, "$1")}/${f.object}: ${f.rows} rows, ${mib(f.bytes)}, ${f.parts} part${f.parts === 1 ? "" : "s"}`)
+        }
+      })
+      const s = (performance.now() - started) / 1000
+      console.log(`uploaded ${files.length} file${files.length === 1 ? "" : "s"}, ${mib(total)} in ${s.toFixed(1)} s; train from them with fromFiles("${target}")`)
+    } else {
+      const listed = await listUploaded(opened.nc, target)
+      if (listed.length === 0) console.log(`no dataset files at ${target}`)
+      for (const f of listed) console.log(`${f.object}\t${f.format}\t${f.rows} rows\t${mib(f.bytes)}\t${f.parts} parts`)
+    }
+    return 0
+  } finally {
+    await opened.close().catch(() => {})
+  }
+}
+
+/** Opens the cluster's NATS for a command that reads it (dashboard, jobs, logs): --address, else as status. */
+const openCluster = async (flags: Flags, name: string, reconnect = false) => {
+  const { address } = clusterAddressOf(flags)
+  const conn = connection(address, authFromFlags(flags))
+  const spec: ConnectionSpec = { servers: conn.servers ?? [], ...conn.auth }
+  const opened = await openConnection(spec, name, { timeoutMs: 5_000, ...(reconnect ? { maxReconnectAttempts: -1 } : {}) }).catch((e: unknown) => {
+    throw new Error(`${explainConnectError(spec, e).message}${flags.address ? "" : `\n(no --address given: used ${spec.servers.join(",")})`}`)
+  })
+  return { spec, nc: opened.nc, shown: describeConnection(spec), close: () => opened.close().catch(() => {}) }
+}
+
+const untilSignal = (): Promise<NodeJS.Signals> =>
+  new Promise((resolve) => {
+    process.once("SIGINT", () => resolve("SIGINT"))
+    process.once("SIGTERM", () => resolve("SIGTERM"))
+  })
+
+const dashboardCommand = async (flags: Flags): Promise<number> => {
+  const cluster = clusterName(flags)
+  const port = number("port", flags.port, 0) ?? DEFAULT_DASHBOARD_PORT
+  const c = await openCluster(flags, "gradwire dashboard", true)
+  try {
+    const d = await startDashboard({
+      nc: c.nc,
+      cluster,
+      address: c.shown,
+      port,
+      requireToken: hasCredentials(c.spec),
+      ...(flags.host !== undefined ? { host: flags.host } : {})
+    })
+    console.log(`gradwire dashboard of cluster "${cluster}" (${c.shown}): ${d.url}`)
+    console.log(`Prometheus metrics: ${d.baseUrl}/metrics${d.token !== undefined ? `, with the header "Authorization: Bearer ${d.token}"` : ""}`)
+    console.log("Ctrl-C stops it.")
+    await untilSignal()
+    await d.close()
+    return 0
+  } finally {
+    await c.close()
+  }
+}
+
+const jobs = async (flags: Flags): Promise<number> => {
+  const cluster = clusterName(flags)
+  const c = await openCluster(flags, "gradwire jobs")
+  try {
+    const list = await listJobs(c.nc, cluster)
+    console.log(flags.json ? JSON.stringify(list, null, 2) : formatJobsTable(cluster, c.shown, list))
+    return 0
+  } finally {
+    await c.close()
+  }
+}
+
+const logs = async (flags: Flags, args: string[]): Promise<number> => {
+  const [query, ...more] = args
+  if (query === undefined || more.length > 0) throw new UsageError(`gradwire logs takes one job (its id or name; "gradwire jobs" lists them), got ${args.length} arguments`)
+  const rank = number("rank", flags.rank, 0)
+  const tail = number("tail", flags.tail, 0) ?? 200
+  const cluster = clusterName(flags)
+  const print = (l: LogLine): void => console.log(flags.json ? JSON.stringify(l) : formatLogLine(l))
+  const c = await openCluster(flags, "gradwire logs")
+  try {
+    const job = findJob(await listJobs(c.nc, cluster), query)
+    if (!job) throw new Error(`no job "${query}" in cluster "${cluster}" at ${c.shown}: "gradwire jobs" lists the running and recent ones`)
+    const ended = ENDED_STATES.has(job.state) || job.lost
+    // Subscribe first, so no line falls between the tail and the stream.
+    const early: LogLine[] = []
+    let streaming = false
+    const follow = flags.follow && !ended ? followJobLogs(c.nc, cluster, job.job, (l) => (streaming ? print(l) : early.push(l)), { ...(rank !== undefined ? { rank } : {}) }) : undefined
+    const lines = job.live ? await fetchJobLogs(c.nc, cluster, job.job, { ...(rank !== undefined ? { rank } : {}), lines: tail }) : undefined
+    if (lines) for (const l of lines) print(l)
+    else {
+      // The driver is gone: its run directory has every line, if it is on this machine.
+      const dir = path.join(job.runDir, "logs")
+      if (!fs.existsSync(dir)) {
+        follow?.stop()
+        throw new Error(`job ${job.job} ${job.lost ? "lost its driver" : `is ${job.state}`} and no driver answers; its workers' output is in ${dir} on ${job.driver.host}`)
+      }
+      for (const f of fs.readdirSync(dir).filter((f) => f.endsWith(".log") && (rank === undefined || f === `worker_rank=${rank}.log`)).sort()) {
+        const text = fs.readFileSync(path.join(dir, f), "utf8").split("\n").filter(Boolean).slice(-tail)
+        for (const line of text) console.log(flags.json ? JSON.stringify({ file: f, line }) : line)
+      }
+    }
+    if (!follow) return 0
+    const seen = new Set((lines ?? []).map((l) => `${l.actor}\u0000${l.pid}\u0000${l.line}`))
+    for (const l of early) if (!seen.has(`${l.actor}\u0000${l.pid}\u0000${l.line}`)) print(l)
+    streaming = true
+    const stopped = untilSignal().then(() => follow.stop())
+    const end = await follow.ended
+    void stopped
+    if (end && !flags.json) console.error(`gradwire: job ${job.job} ${end.state}${end.error ? `: ${end.error.split("\n")[0]}` : ""}`)
+    return 0
+  } finally {
+    await c.close()
+  }
+}
+
+/** --config JSON, or @FILE holding it. */
+const loopConfig = (raw: string | undefined): unknown => {
+  if (raw === undefined) return {}
+  const text = raw.startsWith("@") ? fs.readFileSync(raw.slice(1), "utf8") : raw
+  try {
+    return JSON.parse(text)
+  } catch (e) {
+    throw new UsageError(`--config must be JSON (or @FILE holding JSON): ${(e as Error).message}`)
+  }
+}
+
+/** Runs a Trainer in this process and says how it ended (the Trainer prints its own progress). */
+const runTrainer = async (options: Record<string, unknown>): Promise<number> => {
+  const { Trainer } = await import("../actors/train/trainer.ts")
+  try {
+    const r = await new Trainer(options as unknown as ConstructorParameters<typeof Trainer>[0]).fit()
+    console.log(`gradwire: done: ${r.metricsHistory.length} report rounds, ${r.restarts} restart(s); run directory ${r.path} (report.html)`)
+    return 0
+  } catch (e) {
+    const result = (e as { result?: { path?: string } }).result
+    console.error(`gradwire: training failed: ${(e as Error).message}${result?.path ? `\nrun directory: ${result.path} (report.html)` : ""}`)
+    return 1
+  }
+}
+
+const train = async (flags: Flags, args: string[]): Promise<number> => {
+  const [loop, ...more] = args
+  if (loop === undefined || more.length > 0 || !/#[A-Za-z_$][\w$]*$/.test(loop)) {
+    throw new UsageError(`gradwire train takes one train loop as FILE#EXPORT (e.g. ./train.ts#trainLoop), got ${args.length ? args.map((a) => `"${a}"`).join(" ") : "none"}`)
+  }
+  const hash = loop.lastIndexOf("#")
+  const file = path.resolve(loop.slice(0, hash))
+  if (!fs.existsSync(file)) throw new UsageError(`gradwire train: ${file} does not exist`)
+  const workers = number("workers", flags.workers, 1) ?? 1
+  if (!Number.isInteger(workers)) throw new UsageError(`--workers must be a whole number, got ${flags.workers}`)
+  const maxFailures = number("max-failures", flags["max-failures"], -1)
+  const datasets: Record<string, unknown> = {}
+  if (flags.dataset?.length) {
+    const { fromFiles } = await import("../core/data/file-spec.ts")
+    for (const d of flags.dataset) {
+      const eq = d.indexOf("=")
+      if (eq <= 0) throw new UsageError(`--dataset wants NAME=FILES (a path, glob or nats-obj:// location), got "${d}"`)
+      datasets[d.slice(0, eq)] = fromFiles(d.slice(eq + 1))
+    }
+  }
+  let cluster: Record<string, unknown> | undefined
+  const address = flags.address ?? settings.clusterAddress.read()
+  if (address !== undefined) {
+    const conn = connection(address, authFromFlags(flags))
+    cluster = { address: conn.servers?.join(",") ?? address, clusterName: clusterName(flags), ...conn.auth }
+  }
+  const port = number("port", flags.port, 0)
+  return runTrainer({
+    trainLoopPerWorker: `${file}#${loop.slice(hash + 1)}`,
+    trainLoopConfig: loopConfig(flags.config),
+    scalingConfig: { numWorkers: workers, ...(flags.gpu ? { useGpu: true } : {}) },
+    runConfig: {
+      ...(flags.name !== undefined ? { name: flags.name } : {}),
+      ...(flags["storage-path"] !== undefined ? { storagePath: flags["storage-path"] } : {}),
+      ...(maxFailures !== undefined ? { failureConfig: { maxFailures } } : {}),
+      ...(flags.timeline ? { timeline: true } : {}),
+      ...(flags.dashboard || port !== undefined || flags.host !== undefined
+        ? { dashboard: { ...(port !== undefined ? { port } : {}), ...(flags.host !== undefined ? { host: flags.host } : {}) } }
+        : {})
+    },
+    ...(Object.keys(datasets).length ? { datasets } : {}),
+    ...(cluster ? { cluster } : {})
+  })
+}
+
+const demo = async (flags: Flags): Promise<number> => {
+  const workers = number("workers", flags.workers, 1) ?? 4
+  const epochs = number("epochs", flags.epochs, 1) ?? 20
+  const port = number("port", flags.port, 0)
+  const { loadDigits, trainTestSplit } = await import("../core/datasets.ts")
+  const { train: rows, test } = trainTestSplit(await loadDigits(), 0.2, 2024)
+  console.log(`gradwire demo: the digits dataset (${rows.size} training rows, ${test.size} held out), an MLP on ${workers} workers of an embedded cluster, ${epochs} epochs`)
+  // A checkout runs this file as TypeScript, an installed package as compiled JavaScript: the loop next to it is the same kind.
+  const loop = new URL(`./demo-loop${import.meta.url.endsWith(".ts") ? ".ts" : ".js"}`, import.meta.url).href
+  return runTrainer({
+    trainLoopPerWorker: { module: loop, export: "demoLoop" },
+    trainLoopConfig: { epochs },
+    scalingConfig: { numWorkers: workers },
+    runConfig: {
+      name: flags.name ?? `demo_${new Date().toISOString().replace(/[-:]/g, "").replace(/\..*$/, "").replace("T", "_")}`,
+      storagePath: flags["storage-path"] ?? path.join(os.tmpdir(), "gradwire_results"),
+      checkpointConfig: { numToKeep: 2, scoreAttribute: "val_accuracy", scoreOrder: "max" },
+      failureConfig: { maxFailures: 2 },
+      timeline: true,
+      dashboard: { ...(port !== undefined ? { port } : {}), ...(flags.host !== undefined ? { host: flags.host } : {}) }
+    },
+    datasets: { train: rows, test }
+  })
+}
+
 const stop = async (flags: Flags): Promise<number> => {
   const seconds = number("timeout", flags.timeout, 1) ?? 20
   console.log(await stopAgent(stateDir(flags), seconds * 1_000))
@@ -349,6 +653,10 @@ const stop = async (flags: Flags): Promise<number> => {
 }
 
 const main = async (): Promise<number> => {
+  // Output piped into `head` and the like: a closed pipe ends the command quietly.
+  process.stdout.on("error", (e: NodeJS.ErrnoException) => {
+    if (e.code === "EPIPE") process.exit(0)
+  })
   const argv = process.argv.slice(2)
   const [command, ...rest] = argv
   if (!command || command === "--help" || command === "-h" || command === "help") {
@@ -356,7 +664,7 @@ const main = async (): Promise<number> => {
     return 0
   }
   if (command.startsWith("-")) throw new UsageError(`the command comes first: gradwire <${Object.keys(COMMAND_OPTIONS).join("|")}> [options]`)
-  const { values: flags, tokens } = parseCommand(command, rest)
+  const { values: flags, tokens, positionals } = parseCommand(command, rest)
   if (flags.help) {
     console.log(usage)
     return 0
@@ -366,6 +674,18 @@ const main = async (): Promise<number> => {
       return start(flags, tokens)
     case "status":
       return status(flags)
+    case "data":
+      return data(flags, positionals)
+    case "dashboard":
+      return dashboardCommand(flags)
+    case "jobs":
+      return jobs(flags)
+    case "logs":
+      return logs(flags, positionals)
+    case "train":
+      return train(flags, positionals)
+    case "demo":
+      return demo(flags)
     default:
       return stop(flags)
   }

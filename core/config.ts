@@ -95,6 +95,14 @@ export const FailureConfig = Schema.Struct({
 })
 export type FailureConfig = typeof FailureConfig.Type
 
+export const DashboardConfig = Schema.Struct({
+  port: Schema.optional(Schema.Int.check(Schema.isBetween({ minimum: 0, maximum: 65535 }))),
+  host: Schema.optional(Schema.String.check(Schema.isNonEmpty())),
+  /** The token the page and /metrics require (default: one made up when required: the cluster has credentials, or host is not loopback). */
+  token: Schema.optional(Schema.String.check(Schema.isMinLength(8)))
+})
+export type DashboardConfig = typeof DashboardConfig.Type
+
 export const RunConfig = Schema.Struct({
   name: Schema.optional(Name),
   storagePath: Schema.optional(Schema.String.check(Schema.isNonEmpty())),
@@ -106,7 +114,12 @@ export const RunConfig = Schema.Struct({
   progress: Schema.optional(Schema.Union([Schema.Boolean, Schema.Literal("auto")])),
   /** Write a Chrome trace-event timeline of every step into the run directory. */
   timeline: Schema.optional(Schema.Boolean),
-  verbose: Schema.optional(Schema.Boolean)
+  verbose: Schema.optional(Schema.Boolean),
+  /**
+   * Serve the live dashboard (and Prometheus /metrics) from the driver while it trains: true
+   * (127.0.0.1:8265), or { port (0: any free one), host, token }. The URL is printed.
+   */
+  dashboard: Schema.optional(Schema.Union([Schema.Boolean, DashboardConfig]))
 })
 export type RunConfig = typeof RunConfig.Type
 

@@ -64,6 +64,14 @@ export const stateDir: Setting<string> = {
   read: () => raw("GRADWIRE_STATE_DIR") || path.join(os.homedir(), ".gradwire")
 }
 
+/** The token the dashboard requires (undefined: unset, then one is made up when a token is required). */
+export const dashboardToken: Setting<string | undefined> = {
+  name: "GRADWIRE_DASHBOARD_TOKEN",
+  default: "unset (a random one, printed, when a token is required)",
+  description: "the token `gradwire dashboard` and `runConfig.dashboard` require (with it: always), e.g. to keep a Prometheus scrape config valid across restarts",
+  read: () => raw("GRADWIRE_DASHBOARD_TOKEN") || undefined
+}
+
 /** Whether the WebAssembly SIMD kernels of the data path may be used. */
 export const simd: Setting<boolean> = {
   name: "GRADWIRE_SIMD",
@@ -133,6 +141,7 @@ export const SETTINGS: ReadonlyArray<Setting<unknown>> = [
   clusterName,
   clusterAddress,
   stateDir,
+  dashboardToken,
   simd,
   natsReadPool,
   natsServerBin,

@@ -34,6 +34,20 @@ export const clusterSubjects = (cluster: string) => {
     nodeQuery: `${root}.nodes.query`,
     /** The head agent's cluster view answers here with every node it knows, dead ones included. */
     viewQuery: `${root}.view.query`,
+    /** A job's state, published by its driver about once a second and on every change (dashboards, `gradwire jobs`). */
+    jobState: (job: string) => `${root}.jobs.${job}.state`,
+    jobStates: `${root}.jobs.*.state`,
+    /** A job's live curves (per-rank step progress, report rounds), batched by its driver. */
+    jobTelemetry: (job: string) => `${root}.jobs.${job}.tm`,
+    jobTelemetries: `${root}.jobs.*.tm`,
+    /** Requests to a job's driver: its history (curves, reports) or its workers' log tails. */
+    jobQuery: (job: string) => `${root}.jobs.${job}.query`,
+    /** Every running driver answers here with its job's state. */
+    jobsQuery: `${root}.jobs.query`,
+    /** Worker output of every job of the cluster (each job's log.<actor> subjects). */
+    allJobLogs: `${root}.*.log.*`,
+    /** The JetStream key-value bucket that keeps the latest state of recent jobs, one key per job. */
+    jobsBucket: `gw-jobs-${cluster}`,
     job: (job: string) => jobSubjects(cluster, job)
   }
 }

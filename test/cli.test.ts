@@ -109,7 +109,7 @@ describe("gradwire CLI", () => {
     expect(statusHead.stderr).toContain("--json")
     const shared = await rig.cli(["stop", "--state-dir", dir, "--cluster", "x"], env)
     expect(shared.code).toBe(2)
-    expect(shared.stderr).toContain("gradwire stop does not take --cluster (an option of gradwire start and gradwire status)")
+    expect(shared.stderr).toContain("gradwire stop does not take --cluster (an option of gradwire start and gradwire status")
     const unknown = await rig.cli(["start", "--head", "--nope"], env)
     expect(unknown.code).toBe(2)
     expect(unknown.stderr).toContain("gradwire start does not take --nope;")
@@ -124,7 +124,7 @@ describe("gradwire CLI", () => {
     expect(first.stderr).toContain("the command comes first")
     const nope = await rig.cli(["launch"], env)
     expect(nope.code).toBe(2)
-    expect(nope.stderr).toContain('unknown command "launch"; commands: start, status, stop')
+    expect(nope.stderr).toContain('unknown command "launch"; commands: start, status, stop, data')
     // Its own options still work: nothing is running, so stop says so.
     const ok = await rig.cli(["stop", "--state-dir", dir, "--timeout", "3"], env)
     expect(ok.code).toBe(0)

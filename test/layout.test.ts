@@ -60,7 +60,7 @@ describe("layout", () => {
   })
 
   it("every folder says what lives there and what it may import", () => {
-    for (const dir of ["core", "core/nats-internals", "core/data", "collectives", "scheduler", "actors", "actors/runtime", "actors/node", "actors/train", "actors/train/observe", "actors/train/optim", "actors/train/ps"]) {
+    for (const dir of ["core", "core/nats-internals", "core/data", "collectives", "scheduler", "actors", "actors/runtime", "actors/node", "actors/train", "actors/train/observe", "actors/train/optim", "actors/train/ps", "actors/train/dashboard"]) {
       const readme = path.join(ROOT, dir, "README.md")
       expect(fs.existsSync(readme), `${dir}/README.md`).toBe(true)
       expect(fs.readFileSync(readme, "utf8")).toMatch(/may import/i)

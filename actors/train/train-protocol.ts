@@ -121,8 +121,11 @@ export const ControllerProtocol = defineProtocol("trainer-controller", {
       loss: Schema.Number,
       computeMs: Schema.Number,
       commMs: Schema.Number,
-      /** Every step since the last progress message: [step, forward/backward ms, all-reduce ms, apply ms]. */
-      stepTimes: Schema.optionalKey(Schema.Array(Schema.Array(Schema.Number)))
+      /** Every step since the last progress message: [step, forward/backward ms, all-reduce ms, apply ms, ms waited since the previous step]. */
+      stepTimes: Schema.optionalKey(Schema.Array(Schema.Array(Schema.Number))),
+      /** Bytes this rank's collective connections sent and received so far (this process): the dashboard's per-rank traffic. */
+      bytesSent: Schema.optionalKey(Schema.Number),
+      bytesReceived: Schema.optionalKey(Schema.Number)
     })
   },
   /** Rank 0's all-reduce plan (algorithm per bucket, compression) with predicted times: explain.txt / explain.json. */

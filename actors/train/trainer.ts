@@ -13,7 +13,7 @@ import { Result as R } from "effect"
 import { ConfigError, NatsUnavailable } from "../../core/errors.ts"
 import { PLACEMENT_TIMEOUT_MS } from "../../core/defaults.ts"
 import { watchBus, type BusMonitor } from "../../core/bus-monitor.ts"
-import { describeConnection, redactConnection } from "../../core/connection-spec.ts"
+import { describeConnection, hasCredentials, redactConnection } from "../../core/connection-spec.ts"
 import { decodeMessage } from "../../core/wire.ts"
 import { jobSubjects } from "../../core/subjects.ts"
 import { PlacementInfeasible, SERVER_CPUS, type PlacementPlan, type PlacementRequest } from "../../scheduler/placement.ts"
@@ -44,6 +44,9 @@ import type { Incident } from "./observe/report-html.ts"
 import { ProgressPrinter } from "./observe/progress.ts"
 import { RunRecorder } from "./observe/run-recorder.ts"
 import { spanEvent } from "./observe/timeline.ts"
+import { JobMonitor } from "./job-monitor.ts"
+import type { JobState } from "./job-telemetry.ts"
+import { startDashboard, type Dashboard } from "./dashboard/server.ts"
 
 export type { TrainLoop, TrainerCallbacks, TrainerOptions } from "./options.ts"
 export { resolveTrainerOptions } from "./options.ts"
@@ -71,6 +74,13 @@ const PAUSE_TIMEOUT_MS = 20_000
  * without a "no responders" answer. The workers answer a repeated pause or resume once.
  */
 const REGROUP_RETRY_MS = 1_000
+
+/** report.html, metrics.csv and summary.json are rewritten this often while the run goes on (and after report rounds, at most this often). */
+const REPORT_REFRESH_MS = 10_000
+const REPORT_REFRESH_MIN_MS = 2_000
+
+/** On Ctrl-C the run directory gets this long to be completed before the signal takes the process. */
+const INTERRUPT_WRITE_MS = 15_000
 
 /** The all-reduce plan of the run and (strategy "auto") its strategy, as the workers explained them last. */
 const writeExplain = async (dir: string, parts: Readonly<Record<string, { readonly text: string; readonly json: unknown }>>): Promise<void> => {
@@ -168,6 +178,7 @@ export class Trainer {
     }, cfg.run.timeline === true)
     const progress = new ProgressPrinter(cfg.run.progress ?? "auto", cfg.maxWorkers)
     const verbose = cfg.run.verbose === true
+    progress.line(`gradwire: run directory ${cfg.runDir} (report.html is refreshed as it trains)`)
 
     const history: Array<Record<string, unknown>> = []
     const perRank: Array<Array<Record<string, unknown>>> = []
@@ -190,12 +201,38 @@ export class Trainer {
     /** The latest explanations by part (the all-reduce plan; strategy "auto"'s choice): explain.txt / explain.json. */
     const explained: Record<string, { readonly text: string; readonly json: unknown }> = {}
     let bus: BusMonitor | undefined
+    let error: Error | undefined
+    // Watchers in other processes (the dashboard, gradwire jobs/logs) hear about the job through
+    // the monitor; the run directory's report is rewritten as the run goes on.
+    let monitor: JobMonitor | undefined
+    let dashboard: Dashboard | undefined
+    const planSummaries: Record<string, string> = {}
+    const planText = (): string | undefined => [explained.algorithm?.text, explained.strategy?.text].filter((t) => t !== undefined).join("\n\n") || undefined
+    const runSummary = (state: string, failure?: Error) => ({
+      title: cfg.name,
+      state,
+      ...(failure ? { error: failure.message } : {}),
+      restarts,
+      history,
+      incidents,
+      ...(planText() !== undefined ? { plan: planText()! } : {})
+    })
+    let reportAt = 0
+    const refreshReport = (force: boolean): void => {
+      if (!force && Date.now() - reportAt < REPORT_REFRESH_MIN_MS) return
+      reportAt = Date.now()
+      void recorder.snapshot(runSummary("running"))
+    }
+    /** Resolved once the run directory's final files are written (a Ctrl-C waits for it before the process goes). */
+    let markWritten!: () => void
+    const written = new Promise<void>((resolve) => (markWritten = resolve))
 
     /** Something that happened to the run: a progress line, events.jsonl, report.html, summary.json. */
     const incident = (kind: Incident["kind"], text: string, event: Record<string, unknown>): void => {
       incidents.push({ time: new Date().toISOString(), kind, text })
       recorder.event(event)
       progress.line(`gradwire: ${text}`)
+      monitor?.changed()
     }
 
     // A user callback that throws is logged and recorded, never dropped and never fatal.
@@ -236,6 +273,7 @@ export class Trainer {
         if (e.type === "state") {
           void callbacks("onStateChange", (cb) => cb.onStateChange?.({ from: e.from, to: e.to, attempt: e.attempt }))
           recorder.event({ type: "state", from: e.from, to: e.to, attempt: e.attempt })
+          monitor?.changed()
         } else {
           completeRound(e.round)
         }
@@ -252,6 +290,7 @@ export class Trainer {
           const entry = await store.save({ files, metadata }, round.metrics[0])
           lineage.set(entry.path, round.index + 1)
           recorder.trace({ ...spanEvent("checkpoint save", t0, performance.now(), "checkpoints", { path: entry.path, round: round.index }, "checkpoint"), pid: "driver" })
+          monitor?.changed()
           await callbacks("onCheckpoint", (cb) => cb.onCheckpoint?.({ path: entry.path, metrics: entry.metrics }))
           return
         } catch (e) {
@@ -276,7 +315,9 @@ export class Trainer {
       const { index, metrics } = round
       history.push(metrics[0])
       perRank.push([...metrics])
-      recorder.metrics(index, metrics[0], metrics)
+      recorder.metrics(index, metrics[0], metrics, round.attempt)
+      monitor?.report(index, round.attempt, metrics[0], metrics)
+      refreshReport(false)
       progress.report(index, metrics[0])
       void callbacks("onReport", (cb) => cb.onReport?.({ index, metrics: metrics[0], perRank: metrics }))
       const ckpt = round.checkpoint
@@ -331,6 +372,8 @@ export class Trainer {
     } catch (e) {
       progress.close()
       await recorder.close().catch(() => {})
+      // The run directory is complete also when the cluster never came up.
+      await recorder.finish(runSummary("failed", e as Error)).catch(() => {})
       throw withResult(e as Error, emptyResult(cfg.runDir))
     }
     const readAt = (p: string): ReturnType<typeof readCheckpoint> =>
@@ -343,6 +386,7 @@ export class Trainer {
       await cluster.close().catch(() => {})
       progress.close()
       await recorder.close().catch(() => {})
+      await recorder.finish(runSummary("failed", e as Error)).catch(() => {})
       throw withResult(e as Error, emptyResult(cfg.runDir))
     }
     resumePath ??= store.latest()?.path
@@ -357,6 +401,71 @@ export class Trainer {
     })
     const group = new WorkerGroup(system)
     let controllerActor: ActorHandle | undefined
+
+    // The job on the bus, for the dashboard and `gradwire jobs` / `gradwire logs` (job-monitor.ts).
+    const stateNow = (): JobState => (controller.state === "errored" ? "failed" : controller.state)
+    monitor = JobMonitor.start({
+      nc: cluster.nc,
+      cluster: cluster.clusterName,
+      job,
+      name: cfg.name,
+      runDir: cfg.runDir,
+      address: describeConnection(cluster.connection),
+      minWorkers: cfg.minWorkers,
+      maxWorkers: cfg.maxWorkers,
+      strategy: {
+        strategy: cfg.collective.strategy ?? "allreduce",
+        algorithm: cfg.collective.algorithm,
+        compression: typeof cfg.collective.compression === "string" ? cfg.collective.compression : JSON.stringify(cfg.collective.compression),
+        zeroStage: cfg.collective.zeroStage ?? 0
+      },
+      facts: () => {
+        const latest = store.latest()
+        const best = store.best()[0]
+        const plan = planText()
+        return {
+          state: stateNow(),
+          attempt: controller.attempt,
+          worldSize: controller.current?.worldSize ?? 0,
+          restarts,
+          countedFailures: controller.countedFailures,
+          resizes,
+          incidents,
+          reports: history.length,
+          lastMetrics: history.at(-1),
+          checkpoints: {
+            count: store.list().length,
+            ...(latest ? { latest: { path: latest.path, metrics: latest.metrics } } : {}),
+            ...(best ? { best: { path: best.path, metrics: best.metrics } } : {})
+          },
+          ...(plan !== undefined ? { plan: { summary: Object.values(planSummaries).join("; "), text: plan, json: explained.algorithm?.json ?? null } } : {}),
+          members: [...group.members].map(([rank, w]) => ({ rank, actor: w.name, node: w.node, pid: w.pid }))
+        }
+      }
+    })
+    if (cfg.run.dashboard) {
+      const d = cfg.run.dashboard === true ? {} : cfg.run.dashboard
+      try {
+        dashboard = await startDashboard({
+          nc: cluster.nc,
+          cluster: cluster.clusterName,
+          address: describeConnection(cluster.connection),
+          requireToken: hasCredentials(cluster.connection),
+          ...(d.host !== undefined ? { host: d.host } : {}),
+          ...(d.port !== undefined ? { port: d.port } : {}),
+          ...(d.token !== undefined ? { token: d.token } : {})
+        })
+        monitor.dashboard = dashboard.baseUrl
+        const line = `gradwire: dashboard at ${dashboard.url} (Prometheus: ${dashboard.baseUrl}/metrics)`
+        if (progress.mode === "off") console.log(line)
+        else progress.line(line)
+      } catch (e) {
+        // A taken port costs the run its dashboard, not its training.
+        progress.line(`gradwire: no dashboard: ${(e as Error).message}`)
+      }
+    }
+    const refresher = setInterval(() => refreshReport(true), REPORT_REFRESH_MS)
+    refresher.unref?.()
 
     // The driver's connection: an outage fails the running generation at once (its collectives
     // abort anyway), the group restarts once the bus is back, and an outage longer than
@@ -410,7 +519,12 @@ export class Trainer {
 
     const onSignal = (signal: NodeJS.Signals): void => {
       abort(new Interrupted({ signal }))
-      void teardown().finally(() => {
+      // The run stops where it is; its directory is completed (report.html, metrics.csv,
+      // summary.json) before the signal takes the process, within a deadline.
+      let timer: ReturnType<typeof setTimeout> | undefined
+      const deadline = new Promise<void>((resolve) => (timer = setTimeout(resolve, INTERRUPT_WRITE_MS)))
+      void Promise.race([teardown().then(() => written), deadline]).finally(() => {
+        clearTimeout(timer)
         process.removeListener("SIGINT", onSignal)
         process.removeListener("SIGTERM", onSignal)
         process.kill(process.pid, signal)
@@ -423,8 +537,14 @@ export class Trainer {
         // their own after natsOutageTimeoutMs, and agents kill a job whose driver went silent).
         const busDown = bus?.outage !== undefined
         bus?.stop()
+        clearInterval(refresher)
         await group.kill(job, "the run ended", busDown ? { timeoutMs: 1_000, alive: () => false } : {})
         await controllerActor?.stop({ drain: false, reason: "run ended" }).catch(() => {})
+        // The job's last state goes out while the bus is still there (and into the jobs bucket).
+        const ended: JobState = abortError instanceof Interrupted ? "interrupted" : (abortError ?? error) !== undefined || stateNow() === "failed" ? "failed" : "finished"
+        const why = (abortError ?? error)?.message
+        await monitor?.close({ state: ended, ...(why !== undefined ? { error: why } : {}) }, busDown ? 500 : 3_000).catch(() => {})
+        await dashboard?.close().catch(() => {})
         // Let the last forwarded log lines arrive before unsubscribing.
         if (logSub) await cluster.nc.flush().catch(() => {})
         logSub?.unsubscribe()
@@ -465,6 +585,8 @@ export class Trainer {
       progress: (body) => {
         if (!isCurrent(body.attempt)) return
         progress.step(body)
+        recorder.progress(body.rank, body.samples)
+        monitor?.progress(body)
         // The report's compute/communication split: kept whether or not the timeline is on.
         if (body.stepTimes) recorder.stepTimes(body.attempt, body.rank, body.stepTimes)
         void callbacks("onProgress", (cb) => cb.onProgress?.(body))
@@ -477,6 +599,8 @@ export class Trainer {
         progress.line(body.summary)
         recorder.event({ type: "explain", summary: body.summary })
         explained[body.part ?? "algorithm"] = { text: body.text, json: body.json }
+        planSummaries[body.part ?? "algorithm"] = body.summary
+        monitor?.changed()
         saving = saving.then(() => writeExplain(cfg.runDir, explained)).catch(() => {})
       },
       finished: (body) => controller.finished(body),
@@ -522,7 +646,6 @@ export class Trainer {
       }
     }
 
-    let error: Error | undefined
     let lastSize: number | undefined
     let lastCause: string | undefined
     /** A generation of another size than the last one: a resize (elastic shrink or growth). */
@@ -698,7 +821,11 @@ export class Trainer {
     }
     const info = (e: CheckpointEntry): CheckpointInfo => ({ path: e.path, metrics: e.metrics })
     const latest = store.latest()
-    await recorder.finish({ title: cfg.name, ...(error ? { error: error.message } : {}), restarts, history, incidents })
+    try {
+      await recorder.finish(runSummary(abortError instanceof Interrupted ? "interrupted" : error ? "failed" : "finished", error))
+    } finally {
+      markWritten()
+    }
     progress.summary(recorder.dir, history.at(-1), error)
     const result: Result = {
       metrics: history.at(-1),

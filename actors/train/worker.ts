@@ -217,16 +217,21 @@ export const trainWorker = defineActor(
         let computeMs = 0
         let commMs = 0
         let applyMs = 0
-        // Every step's [step, forward/backward ms, all-reduce ms, apply ms] since the last progress
-        // message: the report's compute/communication split, whether or not the timeline is on.
+        // Every step's [step, forward/backward ms, all-reduce ms, apply ms, ms since the previous
+        // step ended] since the last progress message: the report's and the dashboard's compute /
+        // communication / waiting split, whether or not the timeline is on.
         let stepTimes: number[][] = []
+        let lastStepEnd: number | undefined
         const observer: StepObserver = {
           phase: (name, start, end, step) => {
             currentStep = step
             if (name === "forward_backward") (live.group.reducer as AutoGradientReducer).noteCompute((computeMs = end - start))
             else if (name === "allreduce") commMs = end - start
             else if (name === "apply") applyMs = end - start
-            else if (name === "step") stepTimes.push([step, computeMs, commMs, applyMs])
+            else if (name === "step") {
+              stepTimes.push([step, computeMs, commMs, applyMs, lastStepEnd === undefined ? 0 : Math.max(0, start - lastStepEnd)])
+              lastStepEnd = end
+            }
             if (timeline) trace.push(spanEvent(name, start, end, TID_STEP, { step }))
           },
           wait: (name, start, end) => {
@@ -265,8 +270,11 @@ export const trainWorker = defineActor(
             const steps = stepTimes
             stepTimes = []
             const p = place()
+            const traffic = [dataNc.stats(), controlNc.stats()]
+            const bytesSent = traffic.reduce((n, t) => n + t.outBytes, 0)
+            const bytesReceived = traffic.reduce((n, t) => n + t.inBytes, 0)
             void system
-              .tellPromise(controller, "progress", { attempt: p.attempt, rank: p.rank, ...info, samples: processed, computeMs, commMs, stepTimes: steps })
+              .tellPromise(controller, "progress", { attempt: p.attempt, rank: p.rank, ...info, samples: processed, computeMs, commMs, stepTimes: steps, bytesSent, bytesReceived })
               .catch(() => {})
             flushTrace()
           },

@@ -13,7 +13,7 @@ export const findChromium = (): string | undefined => {
   return undefined
 }
 
-const FLAGS = [
+export const FLAGS = [
   "--headless",
   "--no-sandbox",
   "--disable-gpu",

@@ -1,0 +1,504 @@
+// The live dashboard, /metrics, `gradwire jobs` and `gradwire logs`, and the run directory on
+// failure and Ctrl-C. A real training run (the digits MLP on 3 workers of an embedded cluster,
+// runConfig.dashboard on a free loopback port) is watched in headless Chromium over the DevTools
+// protocol: the page loads while it trains, a loss curve gains points, a worker killed with
+// kill -9 shows as a restart, /metrics parses as Prometheus text and counts the restart, and the
+// CLI lists the job and prints its workers' output. A cluster with credentials gets a token: the
+// page asks for it and every data endpoint refuses without it. Every process started here is
+// stopped, also on failure; every wait has a deadline.
+import { spawn } from "node:child_process"
+import * as fs from "node:fs"
+import * as http from "node:http"
+import * as os from "node:os"
+import * as path from "node:path"
+import { fileURLToPath } from "node:url"
+import { afterAll, describe, expect, it } from "vitest"
+import { Trainer, loadDigits, trainTestSplit, type Result } from "../index.ts"
+import { freePort } from "../core/nats-server.ts"
+import { startDashboard } from "../actors/train/dashboard/server.ts"
+import { resolveTrainerOptions } from "../actors/train/options.ts"
+import { renderExposition } from "../actors/train/observe/prometheus.ts"
+import { encodeJson, type JobSnapshot } from "../actors/train/job-telemetry.ts"
+import { clusterSubjects } from "../core/subjects.ts"
+import { readTfRecords, decodeEvent } from "../actors/train/observe/tensorboard.ts"
+import { JobMonitor, type JobFacts } from "../actors/train/job-monitor.ts"
+import { fetchJobLogs, followJobLogs, listJobs } from "../actors/train/dashboard/jobs-client.ts"
+import { openKvBucket } from "../core/jetstream-kv.ts"
+import { encodeMessage } from "../core/wire.ts"
+import { natsFixtures } from "./support/nats.ts"
+import { openLivePage, type LivePage } from "./support/cdp.ts"
+import { alive, runScript } from "./support/run-script.ts"
+
+const ROOT = fileURLToPath(new URL("../", import.meta.url))
+const CLI = path.join(ROOT, "bin", "gradwire.js")
+const dir = fs.mkdtempSync(path.join(os.tmpdir(), "gw-dashboard-"))
+afterAll(() => fs.rmSync(dir, { recursive: true, force: true }))
+
+const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
+
+/** Polls `probe` until it returns a value, or fails naming `what` after `timeoutMs`. */
+const until = async <A>(what: string, probe: () => Promise<A | undefined> | A | undefined, timeoutMs = 60_000): Promise<A> => {
+  const deadline = Date.now() + timeoutMs
+  for (;;) {
+    const v = await probe()
+    if (v !== undefined) return v
+    if (Date.now() > deadline) throw new Error(`waited ${timeoutMs} ms for ${what}`)
+    await sleep(200)
+  }
+}
+
+interface Family {
+  type?: string
+  help?: string
+  samples: Array<{ labels: Record<string, string>; value: number }>
+}
+
+/** A strict reader of Prometheus' text format 0.0.4: anything else on a line throws. */
+const parseExposition = (text: string): Map<string, Family> => {
+  const families = new Map<string, Family>()
+  const fam = (name: string): Family => {
+    let f = families.get(name)
+    if (!f) families.set(name, (f = { samples: [] }))
+    return f
+  }
+  expect(text.endsWith("\n")).toBe(true)
+  for (const line of text.slice(0, -1).split("\n")) {
+    let m = /^# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) (.*)$/.exec(line)
+    if (m) {
+      fam(m[1]).help = m[2]
+      continue
+    }
+    m = /^# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram|summary|untyped)$/.exec(line)
+    if (m) {
+      expect(fam(m[1]).samples, `TYPE of ${m[1]} after its samples`).toHaveLength(0)
+      fam(m[1]).type = m[2]
+      continue
+    }
+    m = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$/.exec(line)
+    if (!m) throw new Error(`not Prometheus text: ${JSON.stringify(line)}`)
+    const labels: Record<string, string> = {}
+    const re = /([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)"(?:,|$)/y
+    const raw = m[2] ?? ""
+    while (re.lastIndex < raw.length) {
+      const l = re.exec(raw)
+      if (!l) throw new Error(`bad labels: ${JSON.stringify(raw)}`)
+      labels[l[1]] = l[2].replace(/\\(["\\n])/g, (_, c: string) => (c === "n" ? "\n" : c))
+    }
+    const value = m[3] === "NaN" ? NaN : m[3] === "+Inf" ? Infinity : m[3] === "-Inf" ? -Infinity : Number(m[3])
+    if (Number.isNaN(value) && m[3] !== "NaN") throw new Error(`bad value in ${line}`)
+    const f = fam(m[1])
+    expect(f.type, `${m[1]} has samples but no TYPE`).toBeDefined()
+    f.samples.push({ labels, value })
+  }
+  for (const [name, f] of families) if (f.type === "counter") expect(name).toMatch(/_total$/)
+  return families
+}
+
+const value = (families: Map<string, Family>, name: string, labels: Record<string, string>): number | undefined =>
+  families.get(name)?.samples.find((s) => Object.entries(labels).every(([k, v]) => s.labels[k] === v))?.value
+
+/** GET with an optional header; the status and body (an event stream is read for ~300 ms). */
+const get = (url: string, headers: Record<string, string> = {}): Promise<{ status: number; body: string }> =>
+  new Promise((resolve, reject) => {
+    const req = http.get(url, { headers }, (res) => {
+      let body = ""
+      res.on("data", (d: Buffer) => (body += d.toString()))
+      const done = (): void => resolve({ status: res.statusCode ?? 0, body })
+      res.on("end", done)
+      if (/event-stream/.test(String(res.headers["content-type"]))) {
+        setTimeout(() => {
+          req.destroy()
+          done()
+        }, 300)
+      }
+    })
+    req.on("error", reject)
+    req.setTimeout(10_000, () => req.destroy(new Error(`GET ${url}: no answer within 10 s`)))
+  })
+
+/** A long-running CLI command (gradwire dashboard) as its own process: its output so far, and a stop that always ends it. */
+const startCli = (args: ReadonlyArray<string>) => {
+  const child = spawn(process.execPath, [CLI, ...args], { detached: true, stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, CI: "true" } })
+  let output = ""
+  child.stdout.on("data", (d: Buffer) => (output += d.toString()))
+  child.stderr.on("data", (d: Buffer) => (output += d.toString()))
+  const exited = new Promise<number | null>((resolve) => child.on("close", (code) => resolve(code)))
+  return {
+    output: () => output,
+    exited,
+    stop: async (): Promise<number | null> => {
+      child.kill("SIGINT")
+      const timer = setTimeout(() => {
+        try {
+          if (child.pid) process.kill(-child.pid, "SIGKILL")
+        } catch {
+          // gone
+        }
+      }, 10_000)
+      const code = await exited
+      clearTimeout(timer)
+      return code
+    }
+  }
+}
+
+describe("Prometheus text", () => {
+  it("escapes label values and help text, and writes Go-style special values", () => {
+    const text = renderExposition([
+      { name: "a_total", type: "counter", help: "with \\ and\nnewline", samples: [{ labels: { x: 'q"uote\\back\nline' }, value: 3 }] },
+      { name: "b", type: "gauge", help: "b", samples: [{ labels: {}, value: NaN }, { labels: { k: "v" }, value: Infinity }] },
+      { name: "empty", type: "gauge", help: "left out", samples: [] }
+    ])
+    expect(text).toBe(
+      '# HELP a_total with \\\\ and\\nnewline\n# TYPE a_total counter\na_total{x="q\\"uote\\\\back\\nline"} 3\n# HELP b b\n# TYPE b gauge\nb NaN\nb{k="v"} +Inf\n'
+    )
+    const parsed = parseExposition(text)
+    expect(parsed.get("a_total")?.samples[0].labels.x).toBe('q"uote\\back\nline')
+    expect(() => renderExposition([{ name: "bad-name", type: "gauge", help: "", samples: [{ labels: {}, value: 1 }] }])).toThrow(/invalid metric name/)
+  })
+})
+
+describe("dashboard", () => {
+  const fixtures = natsFixtures("each")
+
+  it(
+    "shows a real run live: a curve gains points, a killed worker shows as a restart, /metrics parses; jobs and logs list it",
+    { timeout: 180_000 },
+    async () => {
+      const { train } = trainTestSplit(await loadDigits(), 0.2, 3)
+      const port = await freePort()
+      const base = `http://127.0.0.1:${port}`
+      const stopFile = path.join(dir, "stop-live")
+      const storagePath = path.join(dir, "results")
+      let settled: Result | Error | undefined
+      const fit = new Trainer({
+        trainLoopPerWorker: { module: new URL("./support/dashboard-loop.ts", import.meta.url).href, export: "dashboardLoop" },
+        trainLoopConfig: { stopFile, maxEpochs: 300, minEpochMs: 400 },
+        scalingConfig: { numWorkers: 3 },
+        runConfig: {
+          name: "live",
+          storagePath,
+          progress: false,
+          dashboard: { port },
+          failureConfig: { maxFailures: 2, recoverFrom: "checkpoint" }
+        },
+        datasets: { train }
+      }).fit()
+      fit.then(
+        (r) => (settled = r),
+        (e: Error) => (settled = e)
+      )
+      const running = (): void => {
+        if (settled !== undefined) throw new Error(`the run ended early: ${settled instanceof Error ? settled.message : "finished"}`)
+      }
+      let page: LivePage | undefined
+      try {
+        // The dashboard answers once the cluster is up; the job shows once its workers report progress.
+        const state = await until("a job with 3 ranks on the dashboard", async () => {
+          running()
+          const r = await get(`${base}/api/state`).catch(() => undefined)
+          if (r?.status !== 200) return undefined
+          const s = JSON.parse(r.body) as { address: string; jobs: Array<{ snapshot: JobSnapshot }> }
+          const j = s.jobs[0]?.snapshot
+          return j && j.ranks.length === 3 && j.ranks.every((x) => x.pid !== undefined) ? { address: s.address, job: j } : undefined
+        }, 90_000)
+        expect(state.job.name).toBe("live")
+        expect(state.job.state).toBe("running")
+
+        page = await openLivePage(`${base}/`)
+        await page.waitFor("document.body.dataset.ready === '1'", "the page's first state")
+        const points = `(() => { const p = document.querySelector('#c-loss path.curve[data-series="rank 0"]'); return p ? Number(p.dataset.points) : 0 })()`
+        const first = await page.waitFor<number>(`${points} >= 2 && ${points}`, "rank 0's loss curve")
+        const later = await page.waitFor<number>(`${points} > ${first} && ${points}`, "rank 0's loss curve to gain points")
+        expect(later).toBeGreaterThan(first)
+        expect(await page.evaluate<string>("document.getElementById('job').dataset.state")).toBe("running")
+        expect(await page.evaluate<string>("document.getElementById('nodes').textContent")).toContain("alive")
+        running()
+
+        // Prometheus text, and what it says of the run.
+        const before = parseExposition((await get(`${base}/metrics`)).body)
+        const jobLabels = { job: state.job.job, name: "live" }
+        expect(value(before, "gradwire_job_restarts_total", jobLabels)).toBe(0)
+        expect(value(before, "gradwire_job_world_size", jobLabels)).toBe(3)
+        expect(value(before, "gradwire_job_up", jobLabels)).toBe(1)
+        expect(value(before, "gradwire_rank_steps_total", { ...jobLabels, rank: "0" })).toBeGreaterThan(0)
+        expect(value(before, "gradwire_rank_samples_total", { ...jobLabels, rank: "2" })).toBeGreaterThan(0)
+        expect(value(before, "gradwire_rank_collective_bytes_total", { ...jobLabels, rank: "1", direction: "sent" })).toBeGreaterThan(0)
+        expect(value(before, "gradwire_rank_step_seconds", { ...jobLabels, rank: "0", part: "communication" })).toBeGreaterThanOrEqual(0)
+        expect(value(before, "gradwire_node_up", { node: "local" })).toBe(1)
+        expect(value(before, "gradwire_node_resource_total", { node: "local", resource: "CPU" })).toBeGreaterThanOrEqual(3)
+
+        // The CLI, from another process, over the bus.
+        const cluster = ["--address", state.address, "--cluster", "local"]
+        const jobsRun = await runScript(CLI, ["jobs", "--json", ...cluster], { timeoutMs: 30_000 })
+        expect(jobsRun.code, jobsRun.output).toBe(0)
+        const listed = JSON.parse(jobsRun.output) as Array<JobSnapshot & { live: boolean }>
+        expect(listed.find((j) => j.job === state.job.job)).toMatchObject({ name: "live", state: "running", live: true, worldSize: 3 })
+        const table = await runScript(CLI, ["jobs", ...cluster], { timeoutMs: 30_000 })
+        expect(table.output).toMatch(new RegExp(`${state.job.job}\\s+live\\s+running\\s+1\\s+3\\s+0`))
+        const logsRun = await runScript(CLI, ["logs", "live", "--rank", "1", "--json", ...cluster], { timeoutMs: 30_000 })
+        expect(logsRun.code, logsRun.output).toBe(0)
+        const lines = logsRun.output.trim().split("\n").map((l) => JSON.parse(l) as { rank: number; line: string; node: string })
+        expect(lines.length).toBeGreaterThan(0)
+        expect(lines.every((l) => l.rank === 1 && l.node === "local")).toBe(true)
+        expect(lines.some((l) => /^rank 1\/3: \d+ rows/.test(l.line))).toBe(true)
+        const follow = await runScript(CLI, ["logs", state.job.job, "--rank", "0", "--follow", "--tail", "1", ...cluster], {
+          timeoutMs: 30_000,
+          // A line streamed after the tail: an epoch rank 0 finishes from now on.
+          onOutput: (all, kill) => void ((all.match(/\(worker rank=0 [^)]*\) rank 0: epoch/g) ?? []).length >= 2 && kill("SIGINT"))
+        })
+        expect(follow.output).toMatch(/\(worker rank=0 pid=\d+ node=local\) rank 0: epoch \d+ loss/)
+
+        // `gradwire dashboard` in a process of its own: the running job with its curves so far (from its driver).
+        const cliPort = await freePort()
+        const cli = startCli(["dashboard", "--port", String(cliPort), ...cluster])
+        try {
+          const url = await until("gradwire dashboard's URL", () => /dashboard of cluster "local" \(([^)]*)\): (http:\S+)/.exec(cli.output())?.[2], 30_000)
+          expect(url).toBe(`http://127.0.0.1:${cliPort}/`)
+          const seen = await until("the job on the separate dashboard", async () => {
+            const r = await get(`http://127.0.0.1:${cliPort}/api/state`)
+            const s = JSON.parse(r.body) as { jobs: Array<{ snapshot: JobSnapshot; points: unknown[]; reports: unknown[]; logs: unknown[] }> }
+            const j = s.jobs.find((x) => x.snapshot.job === state.job.job)
+            return j && j.points.length > 0 && j.reports.length > 0 ? j : undefined
+          }, 30_000)
+          expect(seen.snapshot.state).toBe("running")
+          expect(seen.logs.length).toBeGreaterThan(0)
+          const m = parseExposition((await get(`http://127.0.0.1:${cliPort}/metrics`)).body)
+          expect(value(m, "gradwire_job_world_size", { job: state.job.job })).toBe(3)
+        } finally {
+          expect(await cli.stop()).toBe(0)
+        }
+
+        // kill -9 of rank 1's process (its pid, as the dashboard shows it): the page shows the restart.
+        const victim = state.job.ranks.find((r) => r.rank === 1)!.pid!
+        process.kill(victim, "SIGKILL")
+        await page.waitFor("document.getElementById('job').dataset.restarts === '1'", "the restart on the page", 60_000)
+        // The count moves first; the incident's line follows once the group is stopped.
+        await page.waitFor("/rank 1 failed/.test(document.getElementById('incidents').textContent)", "the restart's line in the incidents", 30_000)
+        await page.waitFor("document.querySelectorAll('#c-loss .marker[data-kind=restart]').length >= 1", "a restart marker on the loss curve")
+        // Training goes on in the next attempt: rank 0's curve gains points again.
+        const resumed = await page.evaluate<number>(points)
+        await page.waitFor(`${points} > ${resumed}`, "rank 0's loss curve after the restart", 60_000)
+        const after = parseExposition((await get(`${base}/metrics`)).body)
+        expect(value(after, "gradwire_job_restarts_total", jobLabels)).toBe(1)
+        expect(value(after, "gradwire_job_attempt", jobLabels)).toBe(1)
+        expect(value(after, "gradwire_rank_steps_total", { ...jobLabels, rank: "0" })).toBeGreaterThan(value(before, "gradwire_rank_steps_total", { ...jobLabels, rank: "0" })!)
+        if (process.env.GW_DASHBOARD_SCREENSHOT) await page.screenshot(process.env.GW_DASHBOARD_SCREENSHOT)
+        expect(page.console.filter((l) => /uncaught/.test(l))).toEqual([])
+      } finally {
+        await page?.close()
+        fs.writeFileSync(stopFile, "")
+        await until("the run to end", () => settled, 60_000).catch(() => undefined)
+      }
+      const result = settled
+      if (result instanceof Error) throw result
+      expect(result!.restarts).toBe(1)
+      // The run directory: the report, refreshed and final, with the restart; TensorBoard's scalars.
+      const runDir = result!.path
+      const html = fs.readFileSync(path.join(runDir, "report.html"), "utf8")
+      expect(html).toContain("rank 1 failed")
+      expect(JSON.parse(fs.readFileSync(path.join(runDir, "summary.json"), "utf8"))).toMatchObject({ state: "finished", restarts: 1 })
+      const tb = fs.readdirSync(runDir).find((f) => f.startsWith("events.out.tfevents."))!
+      const scalars = readTfRecords(new Uint8Array(fs.readFileSync(path.join(runDir, tb)))).flatMap((r) => decodeEvent(r).scalars)
+      expect(scalars.filter((s) => s.tag === "loss")).toHaveLength(result!.metricsHistory.length)
+    }
+  )
+
+  it("asks for a token on a cluster with credentials, and every data endpoint refuses without it", { timeout: 60_000 }, async () => {
+    const server = await fixtures.server({ auth: { user: "gw", password: "s3cret-pass" } })
+    const { nc } = await fixtures.connect(server.url, { user: "gw", pass: "s3cret-pass" })
+    // A job as a driver would publish it, so the page has something to show once in.
+    const job: JobSnapshot = {
+      v: 1, job: "tok-abcdefgh", name: "tok", cluster: "secure", state: "running", startedAt: Date.now(), updatedAt: Date.now(), attempt: 0, worldSize: 1,
+      minWorkers: 1, maxWorkers: 1, restarts: 0, countedFailures: 0, resizes: [], strategy: { strategy: "allreduce", algorithm: "ring", compression: "none", zeroStage: 0 },
+      reports: 0, checkpoints: { count: 0 }, incidents: [], ranks: [], runDir: "/tmp/x", driver: { host: "h", pid: 1 }, address: "nats://127.0.0.1"
+    }
+    const query = nc.subscribe(clusterSubjects("secure").jobsQuery, { callback: (_e, m) => void m.respond(encodeJson({ ...job, updatedAt: Date.now() })) })
+    const d = await startDashboard({ nc, cluster: "secure", address: server.url, port: 0, requireToken: true })
+    let page: LivePage | undefined
+    try {
+      expect(d.token).toMatch(/^[A-Za-z0-9_-]{32}$/)
+      expect(d.url).toBe(`${d.baseUrl}/#token=${d.token}`)
+      for (const p of ["/api/state", "/api/events", "/metrics", "/api/jobs/tok-abcdefgh/logs"]) {
+        const none = await get(`${d.baseUrl}${p}`)
+        expect(none.status, p).toBe(401)
+        expect(none.body).not.toContain("tok-abcdefgh")
+        expect((await get(`${d.baseUrl}${p}`, { Authorization: "Bearer wrong-token-wrong-token-wrong-tok" })).status, p).toBe(401)
+        expect((await get(`${d.baseUrl}${p}?token=${d.token}`)).status, p).toBe(200)
+      }
+      const ok = await get(`${d.baseUrl}/api/state`, { Authorization: `Bearer ${d.token}` })
+      expect(ok.status).toBe(200)
+      expect(ok.body).toContain("tok-abcdefgh")
+      parseExposition((await get(`${d.baseUrl}/metrics`, { Authorization: `Bearer ${d.token}` })).body)
+      // The page itself holds no data; a Host that is not loopback is turned away (DNS rebinding).
+      const pageHtml = await get(`${d.baseUrl}/`)
+      expect(pageHtml.status).toBe(200)
+      expect(pageHtml.body).not.toContain("tok-abcdefgh")
+      expect((await get(`${d.baseUrl}/api/state?token=${d.token}`, { Host: `evil.example:${d.port}` })).status).toBe(403)
+
+      // In the browser: without the token it asks for it and shows nothing; with it, the job.
+      page = await openLivePage(`${d.baseUrl}/`)
+      await page.waitFor("!document.getElementById('login').hidden", "the token form")
+      expect(await page.evaluate<string>("document.body.dataset.ready")).toBe("0")
+      expect(await page.evaluate<boolean>("document.getElementById('main').hidden")).toBe(true)
+      await page.evaluate(`(() => { document.getElementById('token').value = ${JSON.stringify(d.token)}; document.getElementById('login-form').requestSubmit(); return 1 })()`)
+      await page.waitFor("document.body.dataset.ready === '1'", "the state after the token")
+      await page.waitFor("document.getElementById('jobs').textContent.includes('tok-abcdefgh')", "the job in the table")
+    } finally {
+      await page?.close()
+      query.unsubscribe()
+      await d.close()
+    }
+  })
+})
+
+describe("runConfig.dashboard", () => {
+  it("is validated before anything starts", () => {
+    const options = (dashboard: unknown) => ({ trainLoopPerWorker: "./x.ts#loop", scalingConfig: { numWorkers: 1 }, runConfig: { dashboard } }) as never
+    expect(resolveTrainerOptions(options(true)).run.dashboard).toBe(true)
+    expect(resolveTrainerOptions(options({ port: 0, host: "127.0.0.1" })).run.dashboard).toEqual({ port: 0, host: "127.0.0.1" })
+    expect(() => resolveTrainerOptions(options({ port: 70_000 }))).toThrow(/runConfig\.dashboard/)
+    expect(() => resolveTrainerOptions(options({ prot: 8265 }))).toThrow(/runConfig\.dashboard/)
+    expect(() => resolveTrainerOptions(options({ token: "short" }))).toThrow(/runConfig\.dashboard/)
+  })
+})
+
+describe("jobs on the bus", () => {
+  const fixtures = natsFixtures("each")
+
+  it("lists running jobs from their drivers, ended and lost ones from the KV bucket, and streams logs until the end", async () => {
+    const server = await fixtures.server()
+    const { nc } = await fixtures.connect(server.url)
+    const facts = (state: JobFacts["state"]): JobFacts => ({
+      state, attempt: 0, worldSize: 2, restarts: 0, countedFailures: 0, resizes: [], incidents: [], reports: 3, lastMetrics: { loss: 0.5, note: "x" },
+      checkpoints: { count: 0 }, members: [{ rank: 0, actor: "w0-0", node: "n1", pid: 11 }, { rank: 1, actor: "w0-1", node: "n2", pid: 12 }]
+    })
+    let state: JobFacts["state"] = "running"
+    const monitor = JobMonitor.start({
+      nc, cluster: "c1", job: "bus-job-12345678", name: "bus-job", runDir: "/nowhere/bus-job", address: server.url, minWorkers: 2, maxWorkers: 2,
+      strategy: { strategy: "allreduce", algorithm: "ring", compression: "none", zeroStage: 0 }, facts: () => facts(state)
+    })
+    // A job whose driver died without a word: its last state, long ago, in the bucket.
+    const kv = (await openKvBucket(nc, clusterSubjects("c1").jobsBucket, { maxAgeMs: 60_000 }))!
+    const old = Date.now() - 120_000
+    await kv.put("gone-87654321", encodeJson({ ...monitor.snapshot(), job: "gone-87654321", name: "gone", startedAt: old, updatedAt: old }))
+    try {
+      const running = await listJobs(nc, "c1")
+      expect(running.map((j) => [j.job, j.state, j.live, j.lost])).toEqual([
+        ["bus-job-12345678", "running", true, false],
+        ["gone-87654321", "running", false, true]
+      ])
+      expect(running[0].lastMetrics).toEqual({ loss: 0.5, note: "x" })
+      // Agents publish worker output per line; the driver keeps the tail, a follower gets the stream.
+      const got: string[] = []
+      const follow = followJobLogs(nc, "c1", "bus-job-12345678", (l) => got.push(`${l.rank}:${l.line}`), { rank: 1 })
+      const publish = (actor: string, line: string): void =>
+        nc.publish(clusterSubjects("c1").job("bus-job-12345678").log(actor), encodeMessage({ stream: "stdout", line, name: actor, pid: 1, node: "n" }))
+      await nc.flush()
+      publish("w0-0", "zero")
+      publish("w0-1", "one")
+      publish("w0-1", "two")
+      await until("the follower's lines", () => (got.length >= 2 ? true : undefined), 10_000)
+      expect(got).toEqual(["1:one", "1:two"])
+      const tail = await until("the driver's tail", async () => {
+        const t = await fetchJobLogs(nc, "c1", "bus-job-12345678", { rank: 1 })
+        return t && t.length === 2 ? t : undefined
+      }, 10_000)
+      expect(tail.map((l) => l.line)).toEqual(["one", "two"])
+      // The end: the follower stops by itself, and the bucket keeps the final state.
+      state = "finished"
+      await monitor.close({ state: "finished" })
+      expect((await follow.ended)?.state).toBe("finished")
+      const after = await listJobs(nc, "c1")
+      expect(after.find((j) => j.job === "bus-job-12345678")).toMatchObject({ state: "finished", live: false, lost: false, reports: 3 })
+    } finally {
+      await monitor.close({ state: "finished" })
+    }
+  })
+})
+
+describe("the launcher", () => {
+  it("gradwire train FILE#EXPORT --workers N runs a loop with no driver to write", { timeout: 90_000 }, async () => {
+    const storage = path.join(dir, "launched")
+    const r = await runScript(
+      CLI,
+      ["train", "test/support/launch-loop.ts#launchLoop", "--workers", "2", "--config", JSON.stringify({ epochs: 3, tag: "hello" }), "--name", "launched", "--storage-path", storage],
+      { timeoutMs: 75_000 }
+    )
+    expect(r.code, r.output).toBe(0)
+    expect(r.output).toContain("launched hello: rank 0 of 2")
+    expect(r.output).toContain("launched hello: rank 1 of 2")
+    expect(r.output).toMatch(/gradwire: done: 3 report rounds, 0 restart\(s\); run directory .*launched/)
+    expect(fs.existsSync(path.join(storage, "launched", "report.html"))).toBe(true)
+    const bad = await runScript(CLI, ["train", "test/support/launch-loop.ts", "--workers", "2"], { timeoutMs: 30_000 })
+    expect(bad.code).toBe(2)
+    expect(bad.output).toContain("FILE#EXPORT")
+  })
+
+  it("gradwire demo trains the digits example with the dashboard on", { timeout: 90_000 }, async () => {
+    const r = await runScript(CLI, ["demo", "--workers", "2", "--epochs", "2", "--port", "0", "--storage-path", path.join(dir, "demo"), "--name", "demo"], { timeoutMs: 75_000 })
+    expect(r.code, r.output).toBe(0)
+    expect(r.output).toMatch(/gradwire: dashboard at http:\/\/127\.0\.0\.1:\d+\//)
+    expect(r.output).toMatch(/report 2: .*val_accuracy=0\.\d+/)
+    expect(r.output).toContain("gradwire: done: 2 report rounds")
+  })
+})
+
+describe("the run directory", () => {
+  it("is complete when the run fails", { timeout: 90_000 }, async () => {
+    const { train, test } = trainTestSplit(await loadDigits(), 0.2, 5)
+    const error = await new Trainer({
+      trainLoopPerWorker: { module: new URL("../examples/digits/train.ts", import.meta.url).href, export: "trainLoop" },
+      trainLoopConfig: { epochs: 4, fail: { how: "throw", rank: 0, epoch: 1 } },
+      scalingConfig: { numWorkers: 2 },
+      runConfig: { name: "fails", storagePath: path.join(dir, "results"), progress: false },
+      datasets: { train, test }
+    })
+      .fit()
+      .then(
+        () => undefined,
+        (e: Error & { result?: Result }) => e
+      )
+    expect(error?.name).toBe("TrainingFailed")
+    const runDir = error!.result!.path
+    for (const f of ["report.html", "metrics.csv", "summary.json", "config.json", "events.jsonl"]) expect(fs.existsSync(path.join(runDir, f)), f).toBe(true)
+    const summary = JSON.parse(fs.readFileSync(path.join(runDir, "summary.json"), "utf8")) as { state: string; reports: number; error: string }
+    expect(summary.state).toBe("failed")
+    expect(summary.error).toMatch(/injected failure on rank 0/)
+    // Epoch 0's round completes unless the failure overtakes rank 1's report of it.
+    expect(summary.reports).toBeLessThanOrEqual(1)
+    expect(fs.readFileSync(path.join(runDir, "report.html"), "utf8")).toMatch(/run failed: .*injected failure on rank 0/)
+    expect(fs.readFileSync(path.join(runDir, "metrics.csv"), "utf8").trim().split("\n")).toHaveLength(summary.reports + 1)
+  })
+
+  it("is complete after Ctrl-C, and no worker is left", { timeout: 90_000 }, async () => {
+    const storagePath = path.join(dir, "interrupted")
+    const pids = new Set<number>()
+    let reports = 0
+    const run = await runScript(path.join(ROOT, "test/support/interrupt-driver.ts"), [storagePath, "ctrl-c", path.join(dir, "stop-never")], {
+      timeoutMs: 75_000,
+      onOutput: (all, kill) => {
+        for (const m of all.matchAll(/\(worker rank=\d+ pid=(\d+)/g)) pids.add(Number(m[1]))
+        const n = (all.match(/^REPORT \d+$/gm) ?? []).length
+        // Ctrl-C once two rounds were reported.
+        if (n >= 2 && reports < 2) kill("SIGINT")
+        reports = n
+      }
+    })
+    try {
+      expect(run.signal, run.output).toBe("SIGINT")
+      expect(run.output).toContain("gradwire: run directory ")
+      const runDir = path.join(storagePath, "ctrl-c")
+      const summary = JSON.parse(fs.readFileSync(path.join(runDir, "summary.json"), "utf8")) as { state: string; reports: number; error: string }
+      expect(summary.state).toBe("interrupted")
+      expect(summary.reports).toBeGreaterThanOrEqual(2)
+      expect(summary.error).toMatch(/SIGINT/)
+      expect(fs.readFileSync(path.join(runDir, "report.html"), "utf8")).toMatch(/interrupted \d{4}-\d\d-\d\dT/)
+      expect(fs.readFileSync(path.join(runDir, "metrics.csv"), "utf8").trim().split("\n").length).toBe(summary.reports + 1)
+      expect(pids.size).toBe(2)
+      await until("the workers to exit", () => ([...pids].some(alive) ? undefined : true), 15_000)
+    } finally {
+      for (const pid of pids) if (alive(pid)) process.kill(pid, "SIGKILL")
+    }
+  })
+})
