@@ -30,6 +30,20 @@ export {
 } from "./actors/train/data-parallel.ts"
 export type { LrScaling, LrRuleOptions } from "./actors/train/optim/lr-rules.ts"
 export type { ZeroStage } from "./actors/train/optim/zero.ts"
+// Model parallelism: pipeline stages (GPipe, 1F1B) and tensor-parallel dense pairs (ctx.preparePipeline)
+export {
+  PipelineModel,
+  type PipelineStepResult,
+  type PipelineEpochResult,
+  type PipelineFitOptions,
+  type PipelineStepTiming,
+  type PipelineMemoryStats
+} from "./actors/train/model-parallel/pipeline-model.ts"
+export type { PipelineOptions, PipelineSpec, LayerStack } from "./actors/train/model-parallel/prepare.ts"
+export type { ScheduleName } from "./actors/train/model-parallel/schedule.ts"
+export type { BalanceBy } from "./actors/train/model-parallel/partition.ts"
+export { loadPipelineCheckpoint, mergePipelineCheckpoint } from "./actors/train/model-parallel/checkpoint.ts"
+export { ModelParallelLinkError } from "./actors/train/model-parallel/transport.ts"
 export { loadDigits, makeDataset, trainTestSplit, shardIndices, type ArrayDataset } from "./core/datasets.ts"
 // File-backed datasets: each worker streams its own rows from files or an object store bucket
 export { fromFiles, datasetFactory, type FromFilesOptions, type FileFormat, type FileDatasetSpec, type DatasetFactorySpec } from "./core/data/file-spec.ts"

@@ -19,6 +19,7 @@ const LAYERS: ReadonlyArray<readonly [string, ReadonlyArray<string>]> = [
   ["actors/train/observe/", ["core/", "actors/train/observe/"]],
   ["actors/train/optim/", ["core/", "actors/train/optim/"]],
   ["actors/train/ps/", ["core/", "actors/train/optim/", "actors/train/ps/"]],
+  ["actors/train/model-parallel/", ["core/", "collectives/", "actors/train/model-parallel/"]],
   ["actors/train/", ["core/", "collectives/", "scheduler/", "actors/runtime/", "actors/node/", "actors/train/"]],
   ["actors/", ["core/", "collectives/", "scheduler/", "actors/"]]
 ]
@@ -60,7 +61,7 @@ describe("layout", () => {
   })
 
   it("every folder says what lives there and what it may import", () => {
-    for (const dir of ["core", "core/nats-internals", "core/data", "collectives", "scheduler", "actors", "actors/runtime", "actors/node", "actors/train", "actors/train/observe", "actors/train/optim", "actors/train/ps", "actors/train/dashboard"]) {
+    for (const dir of ["core", "core/nats-internals", "core/data", "collectives", "scheduler", "actors", "actors/runtime", "actors/node", "actors/train", "actors/train/observe", "actors/train/optim", "actors/train/ps", "actors/train/model-parallel", "actors/train/dashboard"]) {
       const readme = path.join(ROOT, dir, "README.md")
       expect(fs.existsSync(readme), `${dir}/README.md`).toBe(true)
       expect(fs.readFileSync(readme, "utf8")).toMatch(/may import/i)

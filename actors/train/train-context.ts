@@ -17,6 +17,10 @@ import type { Communicator } from "../../collectives/communicator.ts"
 import type { ReducerStats } from "../../collectives/gradient-reducer.ts"
 import { DataParallelModel, type GradientSync, type ParameterServers, type PrepareOptions, type ShardSource, type StepObserver } from "./data-parallel.ts"
 import type { GroupSession } from "./group-session.ts"
+import { preparePipelineModel, type PipelineOptions, type PipelineSpec } from "./model-parallel/prepare.ts"
+import { PipelineModel } from "./model-parallel/pipeline-model.ts"
+import { natsLinks, worldGroup, type SubgroupFactory } from "./model-parallel/transport.ts"
+import { isPipelineCheckpoint, loadPipelineCheckpointInto } from "./model-parallel/checkpoint.ts"
 
 type LayersModel = import("@tensorflow/tfjs").LayersModel
 
@@ -103,7 +107,10 @@ export interface TrainContextDeps {
   /** Elastic groups: the largest world size and what stays fixed when the size changes. */
   readonly elastic?: { readonly maxWorkers: number; readonly batch: "keep-global" | "keep-per-worker" }
   readonly observer?: StepObserver
-  readonly sendReport: (index: number, metrics: Record<string, unknown>, checkpoint: Checkpoint | undefined) => Promise<void>
+  /** `aux`: files of this rank that join the round's checkpoint (a pipeline stage's shard). */
+  readonly sendReport: (index: number, metrics: Record<string, unknown>, checkpoint: Checkpoint | undefined, aux?: Record<string, Uint8Array>) => Promise<void>
+  /** Communicators over subsets of the group (ctx.preparePipeline's links and groups). */
+  readonly subgroup?: SubgroupFactory
   readonly fetchCheckpoint: () => Promise<Checkpoint | undefined>
   readonly fetchDataset: (name: string) => Promise<DatasetPayload>
   /** A NATS connection for datasets in an object store (opened on first use). */
@@ -123,6 +130,8 @@ export class TrainContext {
   /** Saved positions of streams not made yet (restoreModel before getDatasetShard). */
   #pendingPositions: Record<string, unknown> = {}
   #prepared: DataParallelModel | undefined
+  /** preparePipeline() calls so far (each gets sub-groups of its own). */
+  #pipelines = 0
 
   constructor(deps: TrainContextDeps) {
     this.#deps = deps
@@ -180,6 +189,15 @@ export class TrainContext {
     const index = session.reports++
     // A rank joining a regrouped generation replays the loop: the survivors made these already.
     if (session.skipReport(index)) return
+    // A pipeline's checkpoint is every rank's: rank 0's carries the layout and metadata, the other
+    // ranks' stage shards join it as files of their own.
+    const c = options.checkpoint
+    if (c && this.worldRank !== 0 && Object.keys(c.files).some((f) => f.startsWith("pipeline/"))) {
+      const aux: Record<string, Uint8Array> = {}
+      for (const [k, v] of Object.entries(c.files)) if (k.startsWith("pipeline/")) aux[k] = typeof v === "string" ? new TextEncoder().encode(v) : v
+      await this.#deps.sendReport(index, metrics, undefined, aux)
+      return
+    }
     await this.#deps.sendReport(index, metrics, options.checkpoint)
   }
 
@@ -384,11 +402,36 @@ export class TrainContext {
     return dp
   }
 
+  /**
+   * Cuts a compiled model into pipeline stages and tensor-parallel slices over the group (a data x
+   * pipeline x tensor grid: worldSize = replicas x stages x tensorParallel) and returns this rank's
+   * part of it; every rank calls it with the same model (the same code) and options. `model` is a
+   * compiled model, or a stack of layer factories ({ inputShape, layers }, with optimizer and loss
+   * in the options) of which each rank makes only its stage's layers. See actors/train/model-parallel/.
+   */
+  async preparePipeline(model: PipelineSpec, options: PipelineOptions = {}): Promise<PipelineModel> {
+    const subgroup = this.#deps.subgroup
+    if (!subgroup) throw new ConfigError({ field: "preparePipeline", reason: "this worker cannot make sub-groups (it runs outside a Trainer's worker)" })
+    if ((this.#deps.zeroStage ?? 0) > 0 || this.#deps.ps) {
+      throw new ConfigError({ field: "preparePipeline", reason: "a pipelined model shards its weights by stage already: use it without collectiveConfig.zeroStage and without parameter servers" })
+    }
+    const k = this.#pipelines++
+    return preparePipelineModel(this.tf, model, options, {
+      rank: this.worldRank,
+      worldSize: this.worldSize,
+      seed: this.#deps.seed,
+      world: worldGroup(this.communicator),
+      links: (place) => natsLinks(place, this.communicator, (name, members) => subgroup(`m${k}${name}`, members))
+    })
+  }
+
   /** A checkpoint of a model (topology and weights) plus extra files and metadata. */
   async checkpointFromModel(
-    model: LayersModel | DataParallelModel,
+    model: LayersModel | DataParallelModel | PipelineModel,
     extra: { files?: Record<string, Uint8Array | string>; metadata?: Record<string, unknown> } = {}
   ): Promise<Checkpoint> {
+    // A pipelined model: this rank's stage shard (every rank calls it and reports it; rank 0's adds the layout).
+    if (model instanceof PipelineModel) return { files: { ...(await model.shardFiles()), ...extra.files }, metadata: { ...extra.metadata } }
     const m = model instanceof DataParallelModel ? model.model : model
     // With ZeRO the optimizer's shards come from every rank's report (DataParallelModel.shardFiles).
     const optimizer: Record<string, Uint8Array> = model instanceof DataParallelModel ? await model.optimizerFiles() : {}
@@ -405,10 +448,13 @@ export class TrainContext {
    * for a prepared model whose checkpoint came from checkpointFromModel(dp), its optimizer state;
    * streamed datasets go on from the position the checkpoint recorded.
    */
-  async restoreModel(model: LayersModel | DataParallelModel, checkpoint: Checkpoint): Promise<void> {
-    const m = model instanceof DataParallelModel ? model.model : model
+  async restoreModel(model: LayersModel | DataParallelModel | PipelineModel, checkpoint: Checkpoint): Promise<void> {
     const files: Record<string, Uint8Array> = {}
     for (const [k, v] of Object.entries(checkpoint.files)) files[k] = typeof v === "string" ? new TextEncoder().encode(v) : v
+    // A pipelined model loads its stage at the same layout; a whole model takes the merged stages.
+    if (model instanceof PipelineModel) return model.restore(files)
+    if (isPipelineCheckpoint(files) && !(model instanceof DataParallelModel)) return loadPipelineCheckpointInto(this.tf, model, files)
+    const m = model instanceof DataParallelModel ? model.model : model
     loadWeightsInto(this.tf, m, files)
     if (model instanceof DataParallelModel) await model.restoreOptimizer(files)
     await this.#restorePositions(files[DATA_POSITION_FILE])

@@ -278,7 +278,7 @@ export const trainWorker = defineActor(
               .catch(() => {})
             flushTrace()
           },
-          sendReport: async (index, metrics, checkpoint: Checkpoint | undefined) => {
+          sendReport: async (index, metrics, checkpoint: Checkpoint | undefined, extra?: Record<string, Uint8Array>) => {
             const p = place()
             const state = live.group.reducer.state()
             // Residuals, or a codec's own state (PowerSGD's, any custom codec's), keyed by its name.
@@ -288,6 +288,7 @@ export const trainWorker = defineActor(
             const pushResiduals = ps?.residuals() ?? {}
             const shardFiles = {
               ...context.prepared?.shardFiles(),
+              ...extra,
               ...(Object.keys(pushResiduals).length > 0 ? { [pushResidualFile(p.rank)]: encodeMessage({ residuals: pushResiduals }) } : {})
             }
             const shards = Object.keys(shardFiles).length > 0 ? shardFiles : undefined
@@ -346,6 +347,22 @@ export const trainWorker = defineActor(
               }
             }
             return { files: got.payload.files, metadata: got.payload.metadata, path: got.path, metrics: got.metrics }
+          },
+          // ctx.preparePipeline's links and groups: communicators over some of the ranks, on this
+          // rank's collective connections, named within the generation's group.
+          subgroup: (name, members) => {
+            const p = place()
+            return Communicator.create({
+              nc: dataNc,
+              controlNc,
+              cluster: system.cluster,
+              job: system.job,
+              group: `${p.group}-${name}`,
+              rank: members.indexOf(p.rank),
+              worldSize: members.length,
+              node: p.nodes[p.rank],
+              timeoutMs: args.collective.timeoutMs
+            })
           },
           fetchDataset: (name) => system.askPromise(controller, "dataset", { name }, { timeoutMs: 120_000 }),
           // Object store datasets read over a connection of their own: parts are megabytes, which

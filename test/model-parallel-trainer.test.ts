@@ -1,0 +1,107 @@
+// Pipeline and tensor parallelism through the Trainer: real embedded nats-server, real worker
+// processes, activations and gradients between them over NATS. Each rank compares its stage with
+// the same model trained whole on one worker (4 stages cut by measured compute, data x pipeline,
+// tensor x pipeline, tensor-only); a pipelined digits run checkpoints every rank's stage, survives
+// a stage killed mid-epoch by restarting from the checkpoint at the same layout, and its checkpoint
+// merges into one model that scores what the pipeline scored.
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import * as fs from "node:fs/promises"
+import * as os from "node:os"
+import * as path from "node:path"
+import { Trainer, TrainingFailed, loadDigits, loadEngine, loadPipelineCheckpoint, trainTestSplit, type ArrayDataset } from "../index.ts"
+import { liveNatsServerPids } from "../core/nats-server.ts"
+import type { EquivalenceCase } from "./support/pipeline-loop.ts"
+
+const LOOPS = path.resolve("test/support/pipeline-loop.ts")
+let storage: string
+let train: ArrayDataset
+let test: ArrayDataset
+
+beforeAll(async () => {
+  storage = await fs.mkdtemp(path.join(os.tmpdir(), "gw-pipeline-"))
+  ;({ train, test } = trainTestSplit(await loadDigits(), 0.2, 5))
+})
+afterAll(async () => {
+  await fs.rm(storage, { recursive: true, force: true })
+  expect(liveNatsServerPids()).toEqual([])
+})
+
+describe("model parallelism in the Trainer", () => {
+  it("pipelined and tensor-parallel models train as the single-worker model does", async () => {
+    const cases: EquivalenceCase[] = [
+      { name: "pp4", options: { stages: 4, schedule: "1f1b", microBatches: 3, balance: "compute" }, rows: 10, steps: 3 },
+      { name: "dp2pp2", options: { stages: 2, schedule: "gpipe", microBatches: 3, balance: [2, 3] }, rows: 7, steps: 3 },
+      { name: "tp2pp2", options: { stages: 2, tensorParallel: 2, microBatches: 2, balance: [3, 2] }, rows: 6, steps: 2 },
+      { name: "tp4", options: { tensorParallel: 4 }, rows: 5, steps: 2 }
+    ]
+    const r = await new Trainer({
+      trainLoopPerWorker: `${LOOPS}#equivalenceLoop`,
+      trainLoopConfig: { cases },
+      scalingConfig: { numWorkers: 4 },
+      runConfig: { name: "equivalence", storagePath: storage, progress: false }
+    }).fit()
+    const ranks = r.metricsPerRank.at(-1)!
+    expect(ranks.length).toBe(4)
+    for (const m of ranks) {
+      for (const c of cases) {
+        expect(m[`${c.name}/diff`], `${c.name} on rank ${String(m.rank)}`).toBeLessThan(2e-5)
+        expect(m[`${c.name}/bounds`]).toBe(ranks[0][`${c.name}/bounds`])
+      }
+      // one replica: its batch is the global batch
+      for (const c of ["pp4", "tp2pp2", "tp4"]) expect(m[`${c}/loss`] as number).toBeCloseTo(m[`${c}/ref_loss`] as number, 5)
+    }
+    // two replicas of 7 rows: the mean of their losses is the 14-row batch's
+    expect(((ranks[0]["dp2pp2/loss"] as number) + (ranks[2]["dp2pp2/loss"] as number)) / 2).toBeCloseTo(ranks[0]["dp2pp2/ref_loss"] as number, 5)
+    expect(ranks.map((m) => m["pp4/stage"])).toEqual([0, 1, 2, 3])
+    expect(ranks.map((m) => m["pp4/in_flight"])).toEqual([3, 3, 2, 1])
+    // tensor parallel: each rank holds a quarter of the split pairs' weights (129 of the model's 357)
+    for (const m of ranks) expect(m["tp4/params"]).toBe(129)
+  }, 90_000)
+
+  it("checkpoints every stage, restarts a pipeline from it after a stage is killed, and merges it into one model", async () => {
+    const r = await new Trainer({
+      trainLoopPerWorker: `${LOOPS}#fitLoop`,
+      trainLoopConfig: { epochs: 3, stages: 2, kill: { rank: 1, epoch: 1, step: 5 } },
+      scalingConfig: { numWorkers: 2 },
+      runConfig: { name: "pipeline-fit", storagePath: storage, progress: false, failureConfig: { maxFailures: 1 } },
+      datasets: { train, test }
+    }).fit()
+    expect(r.restarts).toBe(1)
+    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2])
+    // epoch 1 ran again, from epoch 0's checkpoint, in the second attempt
+    expect(r.metricsHistory[1].attempt).toBe(1)
+    const last = r.metrics!
+    expect(last.val_accuracy as number).toBeGreaterThan(0.85)
+    const files = await fs.readdir(path.join(r.checkpoint!.path, "pipeline"))
+    expect(files.sort()).toEqual(["layout.json", "stage-0-of-2.tp-0-of-1.msgpack", "stage-1-of-2.tp-0-of-1.msgpack"])
+    // the merged model scores on the held-out set what the pipeline's evaluate reported
+    const { tf } = await loadEngine("auto")
+    const model = await loadPipelineCheckpoint(tf, r.checkpoint!.path)
+    const x = tf.tensor2d(test.x, [test.size, 64])
+    const pred = (model.predict(x) as import("@tensorflow/tfjs").Tensor).argMax(-1).dataSync()
+    let correct = 0
+    for (let i = 0; i < test.size; i++) if (pred[i] === test.y[i]) correct++
+    expect(correct / test.size).toBeCloseTo(last.val_accuracy as number, 5)
+  }, 90_000)
+
+  it("fails fast, naming the stage and rank it waited for, when a stage hangs", async () => {
+    const started = Date.now()
+    const err = await new Trainer({
+      trainLoopPerWorker: `${LOOPS}#fitLoop`,
+      trainLoopConfig: { epochs: 1, stages: 2, hang: { rank: 1, step: 2 } },
+      scalingConfig: { numWorkers: 2 },
+      runConfig: { name: "pipeline-hang", storagePath: storage, progress: false },
+      collectiveConfig: { timeoutMs: 2_000 },
+      datasets: { train, test }
+    })
+      .fit()
+      .then(() => undefined, (e: unknown) => e)
+    expect(err).toBeInstanceOf(TrainingFailed)
+    const msg = (err as Error).message
+    expect(msg).toMatch(/ModelParallelLinkError/)
+    expect(msg).toMatch(/receiving gradients from stage 1 \(rank 1\)/)
+    expect(msg).toMatch(/rank\(s\) 1 answered a liveness probe but had not started this transfer/)
+    // the deadline, not the hung rank's 60 s sleep, ended the run
+    expect(Date.now() - started).toBeLessThan(45_000)
+  }, 60_000)
+})
