@@ -12,6 +12,7 @@ const benches: Record<string, { about: string; modules: ReadonlyArray<string> }>
   zero: { about: "ZeRO stage 0/1/2 at p = 1, 2, 4: optimizer state per rank, step time, bytes on the wire", modules: ["./zero.ts"] },
   pipeline: { about: "pipeline (GPipe, 1F1B) and tensor parallelism: measured bubble vs (S-1)/(m+S-1), activation memory per stage, a model over the per-worker limit vs data parallel", modules: ["./pipeline.ts"] },
   strategy: { about: "all-reduce vs parameter servers (sync, backup workers, async, SSP) with a straggler: steps/s, accuracy, staleness", modules: ["./strategy.ts"] },
+  lowbw: { about: "local SGD / DiLoCo vs synchronous all-reduce (uncompressed, PowerSGD) on shaped 100/10 Mbit/s links: bytes/sample, steps/s, time to accuracy", modules: ["./lowbw.ts"] },
   data: { about: "file datasets streamed per worker vs in-memory arrays: driver/worker RSS, time to first step, rows/s, data wait share", modules: ["./data.ts"] }
 }
 

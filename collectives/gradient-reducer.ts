@@ -286,8 +286,11 @@ export class GradientReducer {
     return buckets
   }
 
-  /** Reduces `flat` in place to the weighted mean over ranks. */
-  async reduceGradients(flat: Float32Array, layout: ReadonlyArray<GradientSlotInfo>, weight: number, step: number): Promise<void> {
+  /**
+   * Reduces `flat` in place to the weighted mean over ranks. `scope` names the vector when one
+   * reducer takes several (local SGD's fragments): each scope's buckets keep residuals of their own.
+   */
+  async reduceGradients(flat: Float32Array, layout: ReadonlyArray<GradientSlotInfo>, weight: number, step: number, scope?: string): Promise<void> {
     const dense = flat.length * 4
     let wire = 0
     if (this.comm.worldSize === 1) {
@@ -303,7 +306,7 @@ export class GradientReducer {
       const worker = async (): Promise<void> => {
         while (next < buckets.length) {
           const k = next++
-          sent[k] = await this.#bucket(k, flat.subarray(buckets[k].start, buckets[k].end), weight, scaleBy, step)
+          sent[k] = await this.#bucket(k, flat.subarray(buckets[k].start, buckets[k].end), weight, scaleBy, step, scope)
         }
       }
       await Promise.all(Array.from({ length: Math.min(maxInFlight, buckets.length) }, worker))
@@ -323,7 +326,7 @@ export class GradientReducer {
     return w[0] > 0 ? w[0] : 1
   }
 
-  async #bucket(k: number, data: Float32Array, weight: number, scaleBy: number, step: number): Promise<number> {
+  async #bucket(k: number, data: Float32Array, weight: number, scaleBy: number, step: number, scope?: string): Promise<number> {
     const startMs = performance.now()
     const algorithm = this.#algorithm(data.length * 4)
     const c = this.compressor
@@ -334,7 +337,7 @@ export class GradientReducer {
       await this.comm.allReduce(data, { op: "weightedMean", weight, algorithm, wire: f16 ? "f16" : "f32" })
       bytes = data.length * (f16 ? 2 : 4)
     } else {
-      const key = `bucket${k}`
+      const key = scope === undefined ? `bucket${k}` : `${scope}.bucket${k}`
       if (c.aggregation === "linear" && c.castsToWire) {
         // fp16: p = g·(w/W) + e is sent as binary16; the residual keeps what rounding dropped.
         // One fused pass over the bucket (scaling, residual update, rounding and the encode)

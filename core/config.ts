@@ -157,9 +157,19 @@ export const CollectiveConfig = Schema.Struct({
    * processes own shards of the parameters and their optimizer state, workers push gradients and
    * pull parameters (parameterServer); "auto": starts on the all-reduce and moves between it, the
    * servers with backup workers and the servers with bounded staleness (SSP) as the measured
-   * compute and communication times predict (explained in explain.txt).
+   * compute and communication times predict (explained in explain.txt); "local-sgd": every rank
+   * takes localSgd.syncEvery steps on its own, then the ranks average their parameter deltas
+   * (Local SGD / DiLoCo, localSgd).
    */
-  strategy: Schema.optional(Schema.Literals(["allreduce", "parameter-server", "auto"])),
+  strategy: Schema.optional(Schema.Literals(["allreduce", "parameter-server", "auto", "local-sgd"])),
+  /**
+   * strategy "local-sgd": syncEvery (H, default 32), outerOptimizer ("nesterov", DiLoCo's default,
+   * or "average"), outerLr (0.7 nesterov, 1 average), outerMomentum (0.9), compression of the
+   * parameter deltas (a codec, as collectiveConfig.compression), fragments (streaming DiLoCo: parts
+   * synchronised at staggered steps, default 1) and overlap (default with fragments > 1).
+   * Validated by actors/train/optim/outer-optimizer.ts.
+   */
+  localSgd: Schema.optional(Schema.Unknown),
   parameterServer: Schema.optional(
     Schema.Struct({
       /** Server processes, each owning a contiguous 1/numServers of the flat parameters. Default 1. */

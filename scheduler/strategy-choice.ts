@@ -27,8 +27,17 @@
 // rank's pace too: they then only help against jitter, as SSP does. Async's predicted staleness
 // (its slowest rank's gradients: the updates the others apply meanwhile) is shown. A rate the group
 // measured under a strategy (`measured`) replaces its prediction: the model proposes, running decides.
+//
+// Local SGD (when collectiveConfig.localSgd offers it, `localSgd`): every rank steps on its own and
+// the group averages the parameters once every H steps, one all-reduce of the whole vector (r ms,
+// the gradient all-reduce's time scaled by the outer codec's bytes):
+//   local-sgd   p / (E[max_i c_i] + r / H)
+// It trades statistical efficiency (H local steps drift apart) for bytes, so it is a candidate only
+// where the link bounds training (the all-reduce takes longer than the slowest rank's compute);
+// where compute bounds it, synchronous training is kept, and the explanation says so. Near a tie it
+// comes last in the preference order.
 
-export type StrategyName = "allreduce" | "backup" | "ssp" | "async"
+export type StrategyName = "allreduce" | "backup" | "ssp" | "async" | "local-sgd"
 
 export interface StrategyMeasure {
   /** computeMs[rank][step]: forward/backward ms, the same steps on every rank. */
@@ -53,6 +62,11 @@ export interface StrategyMeasure {
   readonly measured?: Readonly<Partial<Record<StrategyName, number>>>
   /** Every rank takes the same number of steps (dp.fit()): nobody can run ahead for long. */
   readonly equalSteps?: boolean
+  /**
+   * Local SGD as a candidate: its H, and the ms of one round (the whole vector's all-reduce with the
+   * outer codec; default: allReduceMs times bytesRatio, 1 when not given).
+   */
+  readonly localSgd?: { readonly syncEvery: number; readonly roundMs?: number; readonly bytesRatio?: number }
 }
 
 export interface StrategyPrediction {
@@ -73,7 +87,7 @@ export interface StrategyChoice {
 
 /** Within this factor of the fastest, the all-reduce is preferred, then the others in this order. */
 const TIE = 1.05
-const PREFERENCE: ReadonlyArray<StrategyName> = ["allreduce", "backup", "ssp", "async"]
+const PREFERENCE: ReadonlyArray<StrategyName> = ["allreduce", "backup", "ssp", "async", "local-sgd"]
 
 const mean = (xs: ReadonlyArray<number>): number => (xs.length ? xs.reduce((a, b) => a + b, 0) / xs.length : 0)
 
@@ -89,6 +103,8 @@ export const predictStrategies = (m: StrategyMeasure): StrategyPrediction[] => {
   const out: StrategyPrediction[] = []
   const maxC = mean(perStep.map((s) => Math.max(...s)))
   out.push({ name: "allreduce", stepsPerSec: (p * 1000) / (maxC + a), why: `${p} / (E[max compute] ${maxC.toFixed(1)} ms + all-reduce ${a.toFixed(1)} ms)` })
+  const local = m.localSgd !== undefined && p >= 2 ? predictLocalSgd(p, maxC, a, m.localSgd) : undefined
+  if (local) out.push(local)
   if (p < 2) return out
   // A push-pull is a round trip through an actor: never priced below the all-reduce's own time.
   const tw = m.pushPullMs ?? Math.max(a, (a * p) / (2 * (p - 1)))
@@ -127,6 +143,22 @@ export const predictStrategies = (m: StrategyMeasure): StrategyPrediction[] => {
       `slowest rank's staleness ~${((own - minRate) / minRate).toFixed(1)}`
   })
   return out
+}
+
+/**
+ * Local SGD's rate: p / (E[max compute] + round / H), offered only where the link bounds the
+ * all-reduce's step (its communication exceeds the slowest rank's compute); elsewhere priced at 0
+ * with the reason, so explain.txt says why synchronous training stays.
+ */
+export const predictLocalSgd = (p: number, maxComputeMs: number, allReduceMs: number, l: NonNullable<StrategyMeasure["localSgd"]>): StrategyPrediction => {
+  const H = Math.max(1, l.syncEvery)
+  const round = l.roundMs ?? allReduceMs * (l.bytesRatio ?? 1)
+  const rate = (p * 1000) / (maxComputeMs + round / H)
+  const why = `${p} / (E[max compute] ${maxComputeMs.toFixed(1)} ms + round ${round.toFixed(1)} ms / H ${H})`
+  if (allReduceMs <= maxComputeMs) {
+    return { name: "local-sgd", stepsPerSec: 0, why: `not a candidate: compute (${maxComputeMs.toFixed(1)} ms) bounds the step, not the link (all-reduce ${allReduceMs.toFixed(1)} ms); would be ${rate.toFixed(1)}/s: ${why}` }
+  }
+  return { name: "local-sgd", stepsPerSec: rate, why: `${why}; the link bounds the all-reduce's step` }
 }
 
 /** The predictions, with a measured rate in place of the prediction wherever the group has one. */

@@ -80,7 +80,7 @@ export class AutoGradientReducer extends GradientReducer {
     return this.#chosen
   }
 
-  override async reduceGradients(flat: Float32Array, layout: ReadonlyArray<GradientSlotInfo>, weight: number, step: number): Promise<void> {
+  override async reduceGradients(flat: Float32Array, layout: ReadonlyArray<GradientSlotInfo>, weight: number, step: number, scope?: string): Promise<void> {
     const warmup = this.#auto.warmupSteps ?? DEFAULT_AUTO_WARMUP_STEPS
     if (!this.#explained) {
       this.#explained = true
@@ -99,7 +99,7 @@ export class AutoGradientReducer extends GradientReducer {
         this.#chosen = chosen
       }
     }
-    return super.reduceGradients(flat, layout, weight, step)
+    return super.reduceGradients(flat, layout, weight, step, scope)
   }
 
   #emit(layout: ReadonlyArray<GradientSlotInfo>, computeMs: number | undefined): string {

@@ -23,6 +23,8 @@ import { chooseStrategy, type StrategyName } from "../../scheduler/strategy-choi
 import { hasPsFiles, psWholeState } from "./ps-client.ts"
 import { ZeroShard, hasShards, readShards, reshard, shardLayout, type ZeroStage } from "./optim/zero.ts"
 import { flatStateFromTfjs, readTfjsOptimizerWeights, tfjsWeightsFromFlat, writeTfjsOptimizerWeights } from "./optim/tfjs-state.ts"
+import { LOCAL_SGD_FILE, LocalSgd, settlingSync } from "./local-sgd.ts"
+import type { LocalSgdSettings } from "./optim/outer-optimizer.ts"
 
 type tfjs = typeof import("@tensorflow/tfjs")
 type LayersModel = import("@tensorflow/tfjs").LayersModel
@@ -59,7 +61,7 @@ export interface GradientSync {
    * "recompute" when the step is to be done again in the new group (the buffer holds partial sums
    * of the old one).
    */
-  reduceGradients(flat: Float32Array, layout: ReadonlyArray<GradientSlot>, weight: number, step: number): Promise<void | "adopted" | "recompute">
+  reduceGradients(flat: Float32Array, layout: ReadonlyArray<GradientSlot>, weight: number, step: number, scope?: string): Promise<void | "adopted" | "recompute">
   /** Copies rank 0's values into `buf` on every rank. */
   broadcast(buf: Float32Array): Promise<void>
   /** Element-wise sum over ranks, in place. */
@@ -98,6 +100,14 @@ export interface GradientSync {
    * (scheduler/strategy-choice.ts); rank 0 explains every decision.
    */
   readonly auto?: { readonly numServers: number; explain(text: string, json: Record<string, unknown>, summary: string): void }
+  /**
+   * collectiveConfig.strategy "local-sgd": steps apply their gradients locally; every syncEvery
+   * steps the parameter deltas are averaged through reduceGradients (scoped per fragment) and the
+   * outer optimizer applied (local-sgd.ts).
+   */
+  readonly localSgd?: LocalSgdSettings
+  /** Bytes this rank's reductions put on the wire so far, and as dense fp32 (the reducer's stats). */
+  wireStats?(): { readonly totalWireBytes: number; readonly totalDenseBytes: number }
 }
 
 /** What the data-parallel model needs of the parameter servers (PsClient implements it, ps-client.ts). */
@@ -153,6 +163,9 @@ export interface PeerRecovery {
   /** After a regroup, where the furthest survivor was (once). */
   takeCursor(): RecoveryCursor | undefined
 }
+
+/** Strategy "auto": whether a strategy trains through the parameter servers. */
+const onServers = (s: StrategyName): boolean => s !== "allreduce" && s !== "local-sgd"
 
 /** Step index of a cursor's position in an epoch cut into `steps` steps (= steps at the metric sum). */
 const stepAt = (c: RecoveryCursor, steps: number): number =>
@@ -307,6 +320,8 @@ export class DataParallelModel implements RecoverableModel {
   #weightDecay = 0
   /** ZeRO stage 1/2: this rank's parameter segment and its optimizer state. */
   #zero: ZeroShard | undefined
+  /** Strategy "local-sgd": the outer loop (local-sgd.ts). */
+  #localSgd: LocalSgd | undefined
   /** Gradient accumulation: sample-weighted sums of the micro-batches' gradients since the last exchange. */
   #acc: Record<string, Tensor> | undefined
   #accSamples = 0
@@ -366,7 +381,8 @@ export class DataParallelModel implements RecoverableModel {
   private constructor(tf: Tf, model: LayersModel, sync: GradientSync, opts: PrepareOptions, observer?: StepObserver) {
     this.#tf = tf as unknown as tfjs
     this.model = model
-    this.#sync = sync
+    // Local SGD with overlap: a fragment's round in flight is merged before any other group operation.
+    this.#sync = sync.localSgd ? settlingSync(sync, () => this.#localSgd?.settle() ?? Promise.resolve()) : sync
     const optimizer = opts.optimizer ?? (model as unknown as { optimizer?: Optimizer }).optimizer
     if (!optimizer) {
       throw new ConfigError({
@@ -403,6 +419,12 @@ export class DataParallelModel implements RecoverableModel {
     this.#baseLearningRate = (optimizer as unknown as { learningRate?: number }).learningRate
     const stage = sync.zeroStage ?? 0
     if (stage !== 0 && stage !== 1 && stage !== 2) throw new ConfigError({ field: "collectiveConfig.zeroStage", reason: `must be 0, 1 or 2, got ${String(stage)}` })
+    if (sync.localSgd && !sync.auto && (stage > 0 || sync.ps)) {
+      throw new ConfigError({
+        field: stage > 0 ? "collectiveConfig.zeroStage" : "collectiveConfig.strategy",
+        reason: `strategy "local-sgd" keeps every rank's whole parameters and inner optimizer state and averages parameter deltas; it does not combine with ${stage > 0 ? `zeroStage ${stage}: use zeroStage 0` : "parameter servers"}`
+      })
+    }
     if (sync.ps) {
       if (stage > 0) throw new ConfigError({ field: "collectiveConfig.zeroStage", reason: "the parameter servers hold the optimizer state already: use zeroStage 0 with strategy \"parameter-server\"" })
       this.#psSpec = flatOptimizerSpecOf(optimizer as unknown as Parameters<typeof flatOptimizerSpecOf>[0])
@@ -422,12 +444,13 @@ export class DataParallelModel implements RecoverableModel {
     await dp.syncWeights()
     dp.#loadZeroParams()
     await dp.#initServers()
+    dp.#initLocalSgd()
     return dp
   }
 
   /** Whether this step goes through the parameter servers. */
   get #viaServers(): boolean {
-    return this.#sync.ps !== undefined && (this.#sync.auto === undefined || this.#strategy !== "allreduce")
+    return this.#sync.ps !== undefined && (this.#sync.auto === undefined || onServers(this.#strategy))
   }
 
   /** @internal whether steps go through the parameter servers now (ctx.communicationStats() reads it) */
@@ -448,7 +471,7 @@ export class DataParallelModel implements RecoverableModel {
 
   /** The strategy this model trains with now ("allreduce", or with "auto" also "backup", "ssp" or "async"; "parameter-server" when fixed). */
   get strategy(): string {
-    return this.#sync.auto ? this.#strategy : this.#sync.ps ? "parameter-server" : "allreduce"
+    return this.#sync.auto ? this.#strategy : this.#sync.ps ? "parameter-server" : this.#localSgd ? "local-sgd" : "allreduce"
   }
 
   /** Parameter servers: rank 0 gives them the (broadcast) weights and the optimizer; every rank waits until they have them. */
@@ -463,6 +486,21 @@ export class DataParallelModel implements RecoverableModel {
     // A barrier: nobody pushes (or pulls) before rank 0 set the servers up.
     await this.#sync.sum(new Float32Array(1))
     if (files) this.#assignFlat(await ps.pull(this.parameterCount))
+  }
+
+  /** Strategy "local-sgd": the outer loop starts from the broadcast weights (its anchor). */
+  #initLocalSgd(): void {
+    const settings = this.#sync.localSgd
+    // Strategy "auto" starts on the all-reduce and moves to local SGD when the link bounds training.
+    if (!settings || (this.#sync.auto && this.#strategy !== "local-sgd")) return
+    this.#localSgd = new LocalSgd(settings, {
+      layout: this.layout,
+      readParams: () => this.#flatParams(),
+      writeParams: (flat) => this.#assignFlat(flat),
+      reduce: (buf, layout, weight, round, scope) => this.#sync.reduceGradients(buf, layout as ReadonlyArray<GradientSlot>, weight, round, scope),
+      observe: (name, start, end) => this.#observer?.wait?.(name, start, end),
+      ...(this.#sync.wireStats ? { wireStats: () => this.#sync.wireStats!() } : {})
+    })
   }
 
   /** The trainable weights as one flat vector (a copy). */
@@ -486,11 +524,12 @@ export class DataParallelModel implements RecoverableModel {
 
   /** The parameter-server strategy: tells the servers this rank's loop ended (sync and ssp steps stop waiting for it). */
   async finish(): Promise<void> {
+    await this.#localSgd?.settle()
     await this.#sync.ps?.finish(this.#sync.rank)
     // Strategy "auto" on the servers: ranks that are still training may be waiting in a decision
     // (or reach one); this rank takes part in the group's decision rounds, changing nothing, until
     // every rank has finished.
-    if (this.#sync.auto && this.#strategy !== "allreduce") while (!(await this.#decisionRound(true)).allFinishing);
+    if (this.#sync.auto && onServers(this.#strategy)) while (!(await this.#decisionRound(true)).allFinishing);
   }
 
   /** collectiveConfig.zeroStage as this model runs it. */
@@ -536,14 +575,21 @@ export class DataParallelModel implements RecoverableModel {
     if (this.#zero) {
       throw new PeerRecoveryMisaligned({ reason: "with ZeRO each rank holds only its shard of the optimizer state, so no survivor holds the whole of it" })
     }
-    const files = { ...(await modelToFiles(this.#tf as unknown as Tf, this.model)), [OPTIMIZER_FILE]: await optimizerToFile(this.optimizer) }
+    const files = {
+      ...(await modelToFiles(this.#tf as unknown as Tf, this.model)),
+      [OPTIMIZER_FILE]: await optimizerToFile(this.optimizer),
+      ...(this.#localSgd ? { [LOCAL_SGD_FILE]: this.#localSgd.stateFile(this.#inStep) } : {})
+    }
     // Steps completed: a step in flight (this rank is parked in its reduction) does not count yet.
     return { files, step: this.#step - (this.#inStep ? 1 : 0) }
   }
 
   /** Takes a survivor's state: the same weights, optimizer state and step counter as it. */
   async adopt(state: PeerState, options: { readonly redoingStep?: boolean } = {}): Promise<void> {
+    // Local SGD: a member in the survivor's round keeps its own parameters (local-sgd.ts).
+    const own = this.#localSgd && state.files[LOCAL_SGD_FILE] ? this.#flatParams() : undefined
     loadWeightsInto(this.#tf as unknown as Tf, this.model, state.files)
+    if (own && this.#localSgd!.adopt(state.files[LOCAL_SGD_FILE]!) === "keep") this.#assignFlat(own)
     const opt = state.files[OPTIMIZER_FILE]
     if (opt) {
       // tfjs optimizers make new variables for what they load: the ones they held go.
@@ -756,7 +802,9 @@ export class DataParallelModel implements RecoverableModel {
         equalSteps: this.#inFit,
         ...(this.#pushPullMs !== undefined ? { pushPullMs: this.#pushPullMs } : {}),
         ...(this.#serverMs !== undefined ? { serverMs: this.#serverMs } : {}),
-        measured: Object.fromEntries([...this.#measured].map(([name, m]) => [name, m.rate]))
+        measured: Object.fromEntries([...this.#measured].map(([name, m]) => [name, m.rate])),
+        // collectiveConfig.localSgd offers local SGD: one round of the whole vector per H steps.
+        ...(this.#sync.localSgd ? { localSgd: { syncEvery: this.#sync.localSgd.syncEvery } } : {})
       },
       this.#strategy
     )
@@ -775,25 +823,32 @@ export class DataParallelModel implements RecoverableModel {
   async #switchStrategy(target: StrategyName): Promise<void> {
     const ps = this.#sync.ps!
     const spec = this.#psSpec!
-    if (this.#strategy !== "allreduce") {
+    if (this.#strategy === "local-sgd") {
+      // Leaving local SGD: one last round of every fragment, so every rank holds the same weights.
+      await this.#localSgd!.flush()
+      this.#localSgd = undefined
+    }
+    if (onServers(this.#strategy)) {
       // Leaving the servers: every rank takes their whole state (they are idle: every rank is here).
       const whole = await ps.wholeState(this.parameterCount)
       this.#assignFlat(whole.params)
       await this.#loadTfjsOptimizer(spec, whole.optimizer)
     }
-    if (target !== "allreduce" && this.#sync.rank === 0) {
+    if (onServers(target) && this.#sync.rank === 0) {
       const weights = await readTfjsOptimizerWeights(this.optimizer as unknown as Parameters<typeof readTfjsOptimizerWeights>[0])
       const state = flatStateFromTfjs(spec, this.layout, this.parameterCount, weights)
-      const as = target === "backup" ? { mode: "sync" as const, backupWorkers: 1 } : { mode: target, backupWorkers: 0 }
+      const as = target === "backup" ? { mode: "sync" as const, backupWorkers: 1 } : { mode: target as "ssp" | "async", backupWorkers: 0 }
       await ps.takeOver(this.#flatParams(), state, this.learningRate ?? 0, spec, this.#sync.worldSize, this.#weightDecay, as)
     }
     // Nobody pushes before the servers hold the state; then every rank learns their version.
     await this.#sync.sum(new Float32Array(1))
-    if (target !== "allreduce") await ps.pull(this.parameterCount)
+    if (onServers(target)) await ps.pull(this.parameterCount)
     // The servers' version starts again at 0: the group step and step counter it is counted from.
     this.#globalBase = this.#global
     this.#syncBase = this.#step
     this.#strategy = target
+    // Local SGD's outer loop starts at the weights every rank holds now.
+    if (target === "local-sgd") this.#initLocalSgd()
     this.#switches++
     // The new strategy's window starts after the move.
     this.#mark = { at: performance.now(), global: this.#global }
@@ -927,9 +982,10 @@ export class DataParallelModel implements RecoverableModel {
       this.onStep?.({ epoch: this.#epoch, step: this.#stepInEpoch++, stepsPerEpoch: this.#stepsPerEpoch, samples, loss: lossArr[0]! })
       return { loss: lossArr[0]!, samples: own, ...(correctArr ? { correct: correctArr[0]! } : {}) }
     }
-    if (this.#sync.worldSize === 1 && !this.exchangeAlone && !zero && !this.#viaServers) {
-      // Nobody to exchange with: apply the gradients where they are, without the round trip out
-      // of the engine and back.
+    const local = this.#localSgd
+    if ((this.#sync.worldSize === 1 && !this.exchangeAlone && !zero && !this.#viaServers) || local) {
+      // Nobody to exchange with (or local SGD's inner step): apply the gradients where they are,
+      // without the round trip out of the engine and back.
       const [lossArr, correctArr] = await Promise.all([value.data(), correctT?.data()])
       tf.dispose([value, ...(correctT ? [correctT] : [])])
       if (this.#delayMsPerSample > 0) await new Promise((r) => setTimeout(r, this.#delayMsPerSample * own))
@@ -937,11 +993,19 @@ export class DataParallelModel implements RecoverableModel {
       this.#lastComputeMs = t1 - t0 + this.#accComputeMs
       this.#clearAccumulated()
       this.#observer?.phase?.("forward_backward", t0, t1, step)
-      this.#observer?.phase?.("allreduce", t1, t1, step)
+      if (local && this.#sync.auto && step >= 2) this.#computeLog.push(this.#lastComputeMs)
       this.#applyWhole(grads)
       tf.dispose(Object.values(grads))
+      const t2 = performance.now()
+      // Local SGD: the outer round of the fragments due after this step (none most steps).
+      if (local) {
+        await local.afterStep(samples)
+        // A round in flight needs the event loop's turns to make progress while steps compute.
+        if (local.pending) await new Promise<void>((resolve) => setImmediate(resolve))
+      }
       const t3 = performance.now()
-      this.#observer?.phase?.("apply", t1, t3, step)
+      this.#observer?.phase?.("allreduce", t2, t3, step)
+      this.#observer?.phase?.("apply", t1, t2, step)
       this.#observer?.phase?.("step", t0, t3, step)
       return done(lossArr, correctArr)
     }
@@ -1261,6 +1325,7 @@ export class DataParallelModel implements RecoverableModel {
       // Parameter servers: updates between the parameters a gradient was computed on and its
       // application (mean and max over this rank's steps so far), and gradients dropped (backup workers).
       ...(this.#sync.auto ? { strategy: this.#strategy, "strategy/switches": this.#switches } : {}),
+      ...this.#localSgd?.metrics(),
       ...(this.#viaServers
         ? {
             "ps/staleness": this.#psStaleness.sum / Math.max(1, this.#psStaleness.steps),
@@ -1286,6 +1351,11 @@ export class DataParallelModel implements RecoverableModel {
   async optimizerFiles(): Promise<Record<string, Uint8Array>> {
     const state = new TextEncoder().encode(JSON.stringify({ step: this.#step, globalStep: this.#global, zeroStage: this.zeroStage, worldSize: this.#sync.worldSize }))
     if (this.#zero) return { [DP_STATE_FILE]: state }
+    if (this.#localSgd) {
+      // The outer loop's anchor and momentum; a round in flight is merged first.
+      await this.#localSgd.settle()
+      return { [OPTIMIZER_FILE]: await optimizerToFile(this.optimizer), [LOCAL_SGD_FILE]: this.#localSgd.stateFile(), [DP_STATE_FILE]: state }
+    }
     // The parameter servers hold the parameters and the optimizer state: one file per server.
     if (this.#viaServers) return { ...(await this.#sync.ps!.stateFiles()), [DP_STATE_FILE]: state }
     return { [OPTIMIZER_FILE]: await optimizerToFile(this.optimizer), [DP_STATE_FILE]: state }
@@ -1309,6 +1379,13 @@ export class DataParallelModel implements RecoverableModel {
       const st = JSON.parse(new TextDecoder().decode(saved)) as { step?: number; globalStep?: number }
       this.#step = Number(st.step ?? 0)
       this.#global = Number(st.globalStep ?? this.#step)
+    }
+    if (this.#localSgd) {
+      // The outer state saved with the weights; a checkpoint without it (another strategy's) starts
+      // the outer loop at the restored weights.
+      const outer = files[LOCAL_SGD_FILE]
+      if (outer) this.#localSgd.restore(outer)
+      else this.#localSgd.resetAnchor()
     }
     if (this.#sync.auto) {
       // Strategy "auto" resumes on the all-reduce: a checkpoint taken while on the servers is

@@ -21,6 +21,7 @@ import { isDatasetFactorySpec, isFileDatasetSpec, type DatasetFactorySpec, type 
 import { parseCompressionConfig } from "../../collectives/compression/index.ts"
 import { parseAlgorithmChoice } from "../../collectives/algorithms/index.ts"
 import { checkPushCompression } from "./ps-push-codec.ts"
+import { resolveLocalSgd, type LocalSgdSettings } from "./optim/outer-optimizer.ts"
 import type { WorkerArgs } from "./train-protocol.ts"
 import type { GroupFailure, TrainerState } from "./failure-policy.ts"
 import type { TrainContext } from "./train-context.ts"
@@ -144,6 +145,8 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
     })
   }
   const strategy = coll.strategy ?? "allreduce"
+  // Local SGD: no gradient is exchanged; the group's reducer carries the outer rounds with localSgd.compression.
+  const local = resolveLocalSgdOptions(coll, strategy, zeroStage, compression)
   const backupWorkers = coll.backupWorkers ?? 0
   const psMode = coll.parameterServer?.mode ?? "sync"
   const minWorkersAsked = typeof scaling.numWorkers === "number" ? scaling.numWorkers : scaling.numWorkers.min
@@ -153,7 +156,7 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
   if (strategy === "auto" && coll.parameterServer?.mode !== undefined) {
     throw new ConfigError({ field: "collectiveConfig.parameterServer.mode", reason: `strategy "auto" picks the mode itself (backup workers or ssp); leave mode unset, or use strategy "parameter-server"` })
   }
-  if (strategy !== "allreduce") {
+  if (strategy !== "allreduce" && strategy !== "local-sgd") {
     if (zeroStage > 0) throw new ConfigError({ field: "collectiveConfig.zeroStage", reason: "the parameter servers hold the optimizer state already: use zeroStage 0 with strategy \"parameter-server\"" })
     // Pushes carry a codec's byte message of a flat range (ps-push-codec.ts); PowerSGD and "auto" cannot be pushed.
     checkPushCompression(compression, strategy)
@@ -168,7 +171,9 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
   }
   // Where no survivor holds the whole training state, a failure restarts from the checkpoint.
   const peersCannot =
-    strategy !== "allreduce"
+    local?.settings.overlap
+      ? `with localSgd.overlap a fragment's round runs in the background of the inner steps, where a regroup cannot pick it up`
+      : strategy !== "allreduce" && strategy !== "local-sgd"
       ? `with strategy "${strategy}" the state lives on the parameter servers, which restart with the job from the checkpoint`
       : zeroStage > 0
         ? `with zeroStage ${zeroStage} each rank holds only its shard of the optimizer state, so a lost rank's shard is only in the checkpoint`
@@ -194,12 +199,13 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
     collective: {
       // 'auto' (the default) is resolved on the workers from the measured topology (actors/train/auto-config.ts).
       algorithm: parseAlgorithmChoice(coll.algorithm, "collectiveConfig.algorithm"),
-      compression,
+      compression: local ? local.compression : compression,
       adaptiveBatching: coll.adaptiveBatching ?? false,
       zeroStage,
       strategy,
       backupWorkers,
-      ...(strategy !== "allreduce"
+      ...(local ? { localSgd: local.settings } : {}),
+      ...(strategy !== "allreduce" && strategy !== "local-sgd"
         ? { parameterServer: { numServers: coll.parameterServer?.numServers ?? 1, mode: psMode, staleness: coll.parameterServer?.staleness ?? 2 } }
         : {}),
       bucketSizeMiB: coll.bucketSizeMiB ?? BUCKET_SIZE_MIB,
@@ -225,3 +231,48 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
   }
 }
 
+
+/**
+ * collectiveConfig.localSgd, checked against the rest of collectiveConfig: only with strategy
+ * "local-sgd", which combines neither with parameter servers nor ZeRO, and takes its codec in
+ * localSgd.compression (no gradient is exchanged, so collectiveConfig.compression would compress nothing).
+ */
+const resolveLocalSgdOptions = (
+  coll: CollectiveConfig,
+  strategy: string,
+  zeroStage: number,
+  compression: unknown
+): { readonly settings: LocalSgdSettings; readonly compression: ReturnType<typeof parseCompressionConfig> } | undefined => {
+  if (strategy === "auto" && coll.localSgd !== undefined) {
+    // A candidate of the automatic strategy: its rounds go through the gradient reducer, with collectiveConfig.compression.
+    if ((coll.localSgd as { compression?: unknown }).compression !== undefined) {
+      throw new ConfigError({ field: "collectiveConfig.localSgd.compression", reason: `under strategy "auto" local SGD's rounds use collectiveConfig.compression: move the codec there` })
+    }
+    return { settings: resolveLocalSgd(coll.localSgd), compression: compression as ReturnType<typeof parseCompressionConfig> }
+  }
+  if (strategy !== "local-sgd") {
+    if (coll.localSgd !== undefined) {
+      throw new ConfigError({ field: "collectiveConfig.localSgd", reason: `configures local SGD, but strategy is "${strategy}": add strategy: "local-sgd" (or "auto", which may move to it)` })
+    }
+    return undefined
+  }
+  if (coll.parameterServer !== undefined) {
+    throw new ConfigError({ field: "collectiveConfig.parameterServer", reason: `strategy "local-sgd" averages the workers' parameter deltas among themselves, without parameter servers: remove parameterServer, or use strategy "parameter-server"` })
+  }
+  if (zeroStage > 0) {
+    throw new ConfigError({ field: "collectiveConfig.zeroStage", reason: `strategy "local-sgd" keeps every rank's whole parameters and inner optimizer state: use zeroStage 0 with it` })
+  }
+  if (compression !== "none") {
+    throw new ConfigError({
+      field: "collectiveConfig.compression",
+      reason: `strategy "local-sgd" exchanges no gradients, only parameter deltas every syncEvery steps: put the codec in localSgd.compression (e.g. { type: "int8" }) and leave collectiveConfig.compression unset`
+    })
+  }
+  const settings = resolveLocalSgd(coll.localSgd)
+  const field = "collectiveConfig.localSgd.compression"
+  const outer = parseCompressionConfig((coll.localSgd as { compression?: unknown } | undefined)?.compression, field)
+  if (outer === "auto") {
+    throw new ConfigError({ field, reason: `"auto" decides per gradient step from measured compute; name a codec for the parameter deltas ("fp16", { type: "int8" }, { type: "topk", ratio }, { type: "powersgd", rank }) or leave it unset` })
+  }
+  return { settings, compression: outer }
+}

@@ -104,6 +104,8 @@ export interface TrainContextDeps {
   readonly ps?: ParameterServers
   /** collectiveConfig.strategy "auto": what the model needs to decide and explain (GradientSync.auto). */
   readonly auto?: GradientSync["auto"]
+  /** collectiveConfig.strategy "local-sgd": the outer loop's settings (GradientSync.localSgd). */
+  readonly localSgd?: GradientSync["localSgd"]
   /** Elastic groups: the largest world size and what stays fixed when the size changes. */
   readonly elastic?: { readonly maxWorkers: number; readonly batch: "keep-global" | "keep-per-worker" }
   readonly observer?: StepObserver
@@ -336,9 +338,9 @@ export class TrainContext {
       get worldSize() {
         return session.placement.worldSize
       },
-      reduceGradients: (flat, layout, weight, step) =>
+      reduceGradients: (flat, layout, weight, step, scope) =>
         session.operation<void | "adopted" | "recompute">(
-          (g) => g.reducer.reduceGradients(flat, layout, weight, step),
+          (g) => g.reducer.reduceGradients(flat, layout, weight, step, scope),
           () => "adopted",
           () => "recompute"
         ),
@@ -380,6 +382,8 @@ export class TrainContext {
       ...(d.elastic ? { elastic: d.elastic } : {}),
       ...(d.ps ? { ps: d.ps } : {}),
       ...(d.auto ? { auto: d.auto } : {}),
+      ...(d.localSgd ? { localSgd: d.localSgd } : {}),
+      wireStats: () => session.group.reducer.stats,
       recovery: session
     }
     const dp = await DataParallelModel.prepare(this.tf, model, sync, options, d.observer)

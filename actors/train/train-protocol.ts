@@ -186,7 +186,18 @@ export const WorkerArgs = Schema.Struct({
     adaptiveBatching: Schema.optionalKey(Schema.Boolean),
     /** collectiveConfig.zeroStage (absent: 0). */
     zeroStage: Schema.optionalKey(Schema.Literals([0, 1, 2])),
-    strategy: Schema.optionalKey(Schema.Literals(["allreduce", "parameter-server", "auto"])),
+    strategy: Schema.optionalKey(Schema.Literals(["allreduce", "parameter-server", "auto", "local-sgd"])),
+    /** strategy "local-sgd": the outer loop (optim/outer-optimizer.ts LocalSgdSettings); its codec is `compression`. */
+    localSgd: Schema.optionalKey(
+      Schema.Struct({
+        syncEvery: Schema.Number,
+        outerOptimizer: Schema.Literals(["average", "nesterov"]),
+        outerLr: Schema.Number,
+        outerMomentum: Schema.Number,
+        fragments: Schema.Number,
+        overlap: Schema.Boolean
+      })
+    ),
     backupWorkers: Schema.optionalKey(Schema.Number),
     parameterServer: Schema.optionalKey(Schema.Struct({ numServers: Schema.Number, mode: Schema.Literals(["sync", "async", "ssp"]), staleness: Schema.Number }))
   }),

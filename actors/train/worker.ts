@@ -259,6 +259,7 @@ export const trainWorker = defineActor(
               }
             : {}),
           halfWire: args.collective.wireDtype === "float16",
+          ...(args.collective.localSgd ? { localSgd: args.collective.localSgd } : {}),
           ...(args.elastic ? { elastic: args.elastic } : {}),
           observer,
           onStep: (info) => {
