@@ -4,37 +4,14 @@
 // Nesterov and int8 deltas converges with a small fraction of the bytes and checkpoints its outer
 // state, which a resumed run goes on from; a worker killed between rounds is replaced from the
 // survivors' state (the replacement starts from the latest averaged parameters).
-import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { describe, expect, it } from "vitest"
 import * as fs from "node:fs/promises"
-import * as os from "node:os"
 import * as path from "node:path"
-import { Trainer, loadDigits, trainTestSplit, type ArrayDataset, type Result } from "../index.ts"
-import { liveNatsServerPids } from "../core/nats-server.ts"
-import { readEvents } from "./support/trainer-runs.ts"
+import type { Result } from "../index.ts"
+import { digitsTrainerRuns, readEvents } from "./support/trainer-runs.ts"
 
-const LOOP = path.resolve("examples/digits/train.ts") + "#trainLoop"
-let storage: string
-let train: ArrayDataset
-let test: ArrayDataset
-
-beforeAll(async () => {
-  storage = await fs.mkdtemp(path.join(os.tmpdir(), "gw-local-sgd-"))
-  ;({ train, test } = trainTestSplit(await loadDigits(), 0.2, 7))
-})
-afterAll(async () => {
-  await fs.rm(storage, { recursive: true, force: true })
-  expect(liveNatsServerPids()).toEqual([])
-})
-
-const fit = (name: string, loopConfig: Record<string, unknown>, collectiveConfig: Record<string, unknown>, extra: { runConfig?: object; workers?: number } = {}): Promise<Result> =>
-  new Trainer({
-    trainLoopPerWorker: LOOP,
-    trainLoopConfig: loopConfig,
-    scalingConfig: { numWorkers: extra.workers ?? 3 },
-    runConfig: { name, storagePath: storage, progress: false, ...extra.runConfig },
-    datasets: { train, test },
-    collectiveConfig
-  }).fit()
+const runs = digitsTrainerRuns("gw-local-sgd-")
+const fit = runs.fit
 
 /** The checkpoint's weights (rank 0's model), as one flat vector. */
 const weightsOf = async (r: Result): Promise<Float32Array> => {

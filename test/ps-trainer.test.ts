@@ -5,15 +5,13 @@
 // feedback per server range) train like uncompressed pushes with a fraction of the bytes; a killed
 // server restarts the job from the checkpoint, whose server state restores (at another number of
 // servers, too).
-import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { describe, expect, it } from "vitest"
 import * as fs from "node:fs/promises"
 import { readFileSync, readdirSync } from "node:fs"
-import * as os from "node:os"
 import * as path from "node:path"
-import { Trainer, loadDigits, trainTestSplit, type ArrayDataset, type Result } from "../index.ts"
+import { Trainer, type Result } from "../index.ts"
 import { ConfigError } from "../core/errors.ts"
-import { liveNatsServerPids } from "../core/nats-server.ts"
-import { readEvents, sameWeights } from "./support/trainer-runs.ts"
+import { digitsTrainerRuns, readEvents, sameWeights } from "./support/trainer-runs.ts"
 
 /** The pid of this machine's process running the actor named `name` (the agent sets GRADWIRE_ACTOR). */
 const pidOfActor = (name: string): number => {
@@ -28,29 +26,8 @@ const pidOfActor = (name: string): number => {
   throw new Error(`no process runs actor ${name}`)
 }
 
-const LOOP = path.resolve("examples/digits/train.ts") + "#trainLoop"
-let storage: string
-let train: ArrayDataset
-let test: ArrayDataset
-
-beforeAll(async () => {
-  storage = await fs.mkdtemp(path.join(os.tmpdir(), "gw-ps-trainer-"))
-  ;({ train, test } = trainTestSplit(await loadDigits(), 0.2, 7))
-})
-afterAll(async () => {
-  await fs.rm(storage, { recursive: true, force: true })
-  expect(liveNatsServerPids()).toEqual([])
-})
-
-const fit = (name: string, loopConfig: Record<string, unknown>, collectiveConfig: Record<string, unknown>, extra: { runConfig?: object; workers?: number } = {}): Promise<Result> =>
-  new Trainer({
-    trainLoopPerWorker: LOOP,
-    trainLoopConfig: loopConfig,
-    scalingConfig: { numWorkers: extra.workers ?? 3 },
-    runConfig: { name, storagePath: storage, progress: false, ...extra.runConfig },
-    datasets: { train, test },
-    collectiveConfig
-  }).fit()
+const runs = digitsTrainerRuns("gw-ps-trainer-")
+const fit = runs.fit
 
 const lastAccuracy = (r: Result): number => r.metrics!.val_accuracy as number
 
@@ -152,8 +129,8 @@ describe("parameter servers in the Trainer", () => {
       trainLoopPerWorker: path.resolve("test/support/hetero-loop.ts") + "#heteroLoop",
       trainLoopConfig: { epochs, globalBatchSize: 96, slowdown, checkpoint: true, optimizer: "adam", free },
       scalingConfig: { numWorkers: 3 },
-      runConfig: { name, storagePath: storage, progress: false },
-      datasets: { train },
+      runConfig: { name, storagePath: runs.storage, progress: false },
+      datasets: { train: runs.train },
       collectiveConfig: { strategy: "auto" }
     }).fit()
 

@@ -2,38 +2,17 @@
 // unchanged (rank 0 checkpoints, every rank's optimizer shard rides on its report). A worker
 // killed mid-epoch restarts the group from the checkpoint (no survivor holds the lost shard), and
 // a run resumed with another number of workers re-shards the saved optimizer state.
-import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { describe, expect, it } from "vitest"
 import * as fs from "node:fs/promises"
-import * as os from "node:os"
 import * as path from "node:path"
-import { Trainer, loadDigits, trainTestSplit, type ArrayDataset, type Result } from "../index.ts"
+import { Trainer, type Result } from "../index.ts"
 import { ConfigError } from "../core/errors.ts"
-import { liveNatsServerPids } from "../core/nats-server.ts"
-import { sameWeights } from "./support/trainer-runs.ts"
+import { digitsTrainerRuns, sameWeights } from "./support/trainer-runs.ts"
 
-const LOOP = path.resolve("examples/digits/train.ts") + "#trainLoop"
-let storage: string
-let train: ArrayDataset
-let test: ArrayDataset
-
-beforeAll(async () => {
-  storage = await fs.mkdtemp(path.join(os.tmpdir(), "gw-zero-trainer-"))
-  ;({ train, test } = trainTestSplit(await loadDigits(), 0.2, 7))
-})
-afterAll(async () => {
-  await fs.rm(storage, { recursive: true, force: true })
-  expect(liveNatsServerPids()).toEqual([])
-})
+const runs = digitsTrainerRuns("gw-zero-trainer-")
 
 const fit = (name: string, workers: number, loopConfig: Record<string, unknown>, extra: { runConfig?: object; collectiveConfig?: object } = {}): Promise<Result> =>
-  new Trainer({
-    trainLoopPerWorker: LOOP,
-    trainLoopConfig: loopConfig,
-    scalingConfig: { numWorkers: workers },
-    runConfig: { name, storagePath: storage, progress: false, ...extra.runConfig },
-    datasets: { train, test },
-    collectiveConfig: { zeroStage: 2, ...extra.collectiveConfig }
-  }).fit()
+  runs.fit(name, loopConfig, { zeroStage: 2, ...extra.collectiveConfig }, { workers, ...(extra.runConfig ? { runConfig: extra.runConfig } : {}) })
 
 const shardsIn = async (dir: string): Promise<string[]> => (await fs.readdir(dir)).filter((f) => f.startsWith("optimizer.shard-")).sort()
 
@@ -61,8 +40,8 @@ describe("ZeRO in the Trainer", () => {
       trainLoopPerWorker: path.resolve("test/support/hetero-loop.ts") + "#heteroLoop",
       trainLoopConfig: { epochs: 3, globalBatchSize: 96, slowdown: { "1": 1.5 } },
       scalingConfig: { numWorkers: 3 },
-      runConfig: { name: "zero-hetero", storagePath: storage, progress: false },
-      datasets: { train },
+      runConfig: { name: "zero-hetero", storagePath: runs.storage, progress: false },
+      datasets: { train: runs.train },
       collectiveConfig: { zeroStage: 2, adaptiveBatching: true }
     }).fit()
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2])

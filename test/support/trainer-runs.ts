@@ -1,8 +1,59 @@
-// What the Trainer's end-to-end tests check of a run: every rank's last weights (the digits loop
-// reports a hash of them), and the run directory's events.jsonl.
+// What the Trainer's end-to-end tests share: runs of the digits example on the embedded cluster in a
+// temp storage path (removed after the file, with no nats-server left running), and what they
+// check of a run: every rank's last weights (the digits loop reports a hash of them), and the run
+// directory's events.jsonl.
+import { afterAll, beforeAll, expect } from "vitest"
 import * as fs from "node:fs/promises"
+import * as os from "node:os"
 import * as path from "node:path"
-import type { Result } from "../../index.ts"
+import { Trainer, loadDigits, trainTestSplit, type ArrayDataset, type Result } from "../../index.ts"
+import { liveNatsServerPids } from "../../core/nats-server.ts"
+
+const DIGITS_LOOP = path.resolve("examples/digits/train.ts") + "#trainLoop"
+
+export interface DigitsRuns {
+  /** The storage path of the file's runs, and the digits split (80/20, seed 7); set in beforeAll. */
+  readonly storage: string
+  readonly train: ArrayDataset
+  readonly test: ArrayDataset
+  /** Trainer.fit() of examples/digits/train.ts (3 workers unless given). */
+  fit(name: string, loopConfig: Record<string, unknown>, collectiveConfig: Record<string, unknown>, extra?: { runConfig?: object; workers?: number }): Promise<Result>
+}
+
+/** Registers the file's beforeAll/afterAll (call it at the top level of a test file). */
+export const digitsTrainerRuns = (prefix: string): DigitsRuns => {
+  let storage = ""
+  let train: ArrayDataset
+  let test: ArrayDataset
+  beforeAll(async () => {
+    storage = await fs.mkdtemp(path.join(os.tmpdir(), prefix))
+    ;({ train, test } = trainTestSplit(await loadDigits(), 0.2, 7))
+  })
+  afterAll(async () => {
+    await fs.rm(storage, { recursive: true, force: true })
+    expect(liveNatsServerPids()).toEqual([])
+  })
+  return {
+    get storage() {
+      return storage
+    },
+    get train() {
+      return train
+    },
+    get test() {
+      return test
+    },
+    fit: (name, loopConfig, collectiveConfig, extra = {}) =>
+      new Trainer({
+        trainLoopPerWorker: DIGITS_LOOP,
+        trainLoopConfig: loopConfig,
+        scalingConfig: { numWorkers: extra.workers ?? 3 },
+        runConfig: { name, storagePath: storage, progress: false, ...extra.runConfig },
+        datasets: { train, test },
+        collectiveConfig
+      }).fit()
+  }
+}
 
 /** Whether every rank reported the same weights in the last round. */
 export const sameWeights = (r: Result): boolean => new Set(r.metricsPerRank.at(-1)!.map((m) => m.weights)).size === 1
