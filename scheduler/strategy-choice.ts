@@ -26,7 +26,9 @@
 // rank can take over a slower one's share, so backup workers and async are held to the slowest
 // rank's pace too: they then only help against jitter, as SSP does. Async's predicted staleness
 // (its slowest rank's gradients: the updates the others apply meanwhile) is shown. A rate the group
-// measured under a strategy (`measured`) replaces its prediction: the model proposes, running decides.
+// measured under a strategy (`measured`) replaces its prediction: the model proposes, running decides;
+// and where the current strategy ran slower than predicted, the others' predictions are scaled down
+// by the same factor, so a measurement is never compared with a model's optimism.
 //
 // Local SGD (when collectiveConfig.localSgd offers it, `localSgd`): every rank steps on its own and
 // the group averages the parameters once every H steps, one all-reduce of the whole vector (r ms,
@@ -161,15 +163,28 @@ export const predictLocalSgd = (p: number, maxComputeMs: number, allReduceMs: nu
   return { name: "local-sgd", stepsPerSec: rate, why: `${why}; the link bounds the all-reduce's step` }
 }
 
-/** The predictions, with a measured rate in place of the prediction wherever the group has one. */
-const withMeasured = (predicted: StrategyPrediction[], measured: StrategyMeasure["measured"]): StrategyPrediction[] =>
-  predicted.map((x) => {
+/**
+ * The predictions, with a measured rate in place of the prediction wherever the group has one.
+ * Where the current strategy ran slower than its prediction, what the model missed (CPU contention,
+ * the event loop, the bus's queueing) is likely to slow the others as much, so their unmeasured
+ * predictions are scaled by the same factor (never up): measured rates are then compared with
+ * predictions on the same footing, and a quiet group does not leave the all-reduce for a model's
+ * optimism.
+ */
+const withMeasured = (predicted: StrategyPrediction[], measured: StrategyMeasure["measured"], current: StrategyName): StrategyPrediction[] => {
+  const cur = predicted.find((x) => x.name === current)
+  const ran = measured?.[current]
+  const k = cur && ran !== undefined && ran > 0 && cur.stepsPerSec > 0 ? Math.min(1, ran / cur.stepsPerSec) : 1
+  return predicted.map((x) => {
     const r = measured?.[x.name]
-    return r === undefined || !(r > 0) ? x : { name: x.name, stepsPerSec: r, why: `measured ${r.toFixed(1)}/s when it ran (predicted ${x.stepsPerSec.toFixed(1)}/s: ${x.why})` }
+    if (r !== undefined && r > 0) return { name: x.name, stepsPerSec: r, why: `measured ${r.toFixed(1)}/s when it ran (predicted ${x.stepsPerSec.toFixed(1)}/s: ${x.why})` }
+    if (k >= 1 || x.stepsPerSec <= 0) return x
+    return { name: x.name, stepsPerSec: x.stepsPerSec * k, why: `predicted ${x.stepsPerSec.toFixed(1)}/s x ${k.toFixed(2)} (${current} ran at ${k.toFixed(2)} of its prediction): ${x.why}` }
   })
+}
 
 export const chooseStrategy = (m: StrategyMeasure, current: StrategyName, hysteresis = 1.2): StrategyChoice => {
-  const predictions = withMeasured(predictStrategies(m), m.measured)
+  const predictions = withMeasured(predictStrategies(m), m.measured, current)
   const now = predictions.find((x) => x.name === current)
   const fastest = predictions.reduce((b, x) => (x.stepsPerSec > b.stepsPerSec ? x : b), predictions[0] ?? { name: current, stepsPerSec: 0, why: "" })
   // Near a tie the all-reduce wins: it is exactly synchronous training, the others trade some of

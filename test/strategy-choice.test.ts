@@ -4,6 +4,7 @@ import { describe, expect, it } from "vitest"
 import { chooseStrategy, predictStrategies } from "../scheduler/strategy-choice.ts"
 
 const steps = (n: number, f: (t: number) => number): number[] => Array.from({ length: n }, (_, t) => f(t))
+const rate = (ps: ReadonlyArray<{ name: string; stepsPerSec: number }>, n: string) => ps.find((x) => x.name === n)!.stepsPerSec
 
 describe("strategy choice", () => {
   it("keeps the all-reduce for a balanced group on a fast link", () => {
@@ -99,7 +100,6 @@ describe("strategy choice, the servers' own price", () => {
     const c = [0, 1, 2, 3].map((r) => steps(10, () => (r === 1 ? 60 : 20)))
     const guessed = predictStrategies({ computeMs: c, allReduceMs: 2, numServers: 1 })
     const busy = predictStrategies({ computeMs: c, allReduceMs: 2, numServers: 1, serverMs: 10 })
-    const rate = (ps: ReturnType<typeof predictStrategies>, n: string) => ps.find((x) => x.name === n)!.stepsPerSec
     // One server at 10 ms a push takes at most 100 pushes/s, below what the ranks would push.
     expect(rate(busy, "async")).toBeCloseTo(100, 6)
     expect(rate(guessed, "async")).toBeGreaterThan(140)
@@ -120,16 +120,40 @@ describe("strategy choice, measured", () => {
     const c = [0, 1, 2, 3].map((r) => steps(10, () => (r === 1 ? 60 : 20)))
     // Predicted: async well ahead of the all-reduce.
     expect(chooseStrategy({ computeMs: c, allReduceMs: 2, numServers: 1 }, "allreduce").pick).toBe("async")
-    // It ran at 40/s where the all-reduce had run at 60/s: it is left for the next best
-    // prediction (backup workers), not taken again while the measurement stands.
+    // It ran at 40/s where the all-reduce had run at 60/s: it is left, and not taken again while
+    // the measurement stands. It ran far below its prediction, so the unmeasured backup workers'
+    // prediction is scaled down by the same factor: the all-reduce, measured best, comes back.
     const away = chooseStrategy({ computeMs: c, allReduceMs: 2, numServers: 1, measured: { allreduce: 60, async: 40 } }, "async")
-    expect(away.pick).toBe("backup")
+    expect(away.pick).toBe("allreduce")
     expect(away.predictions.find((x) => x.name === "async")!.why).toMatch(/^measured 40\.0\/s when it ran \(predicted/)
+    expect(away.predictions.find((x) => x.name === "backup")!.why).toMatch(/^predicted [\d.]+\/s x 0\.\d\d \(async ran at 0\.\d\d of its prediction\)/)
     expect(away.json.measured).toEqual({ allreduce: 60, async: 40 })
+    // Had async run at its prediction, backup workers (predicted next) would be tried.
+    const asyncPredicted = rate(predictStrategies({ computeMs: c, allReduceMs: 2, numServers: 1 }), "async")
+    const onTarget = chooseStrategy({ computeMs: c, allReduceMs: 2, numServers: 1, measured: { allreduce: 60, async: asyncPredicted * 0.99 } }, "async")
+    expect(onTarget.pick).toBe("async")
     // Backup workers ran at 45/s too: back to the all-reduce, which measured best.
-    const back = chooseStrategy({ computeMs: c, allReduceMs: 2, numServers: 1, measured: { allreduce: 60, async: 40, backup: 45, ssp: 30 } }, "backup")
-    expect(back.pick).toBe("allreduce")
     // Measured within the hysteresis of each other: no change.
     expect(chooseStrategy({ computeMs: c, allReduceMs: 2, numServers: 1, measured: { allreduce: 60, async: 55 } }, "async").pick).not.toBe("allreduce")
+  })
+})
+
+describe("strategy choice on a quiet group", () => {
+  it("scales the others' predictions by how far the current strategy fell short of its own, so a balanced group keeps the all-reduce", () => {
+    // Three balanced ranks, compute 5-6 ms, the all-reduce 3.4 ms: the all-reduce was predicted at
+    // ~335/s but ran at 228/s (the model misses the event loop and the bus's queueing). Unscaled,
+    // SSP's ~360/s prediction would beat the measurement by more than the hysteresis.
+    const c = [0, 1, 2].map((r) => steps(20, (i) => 5 + ((i + r) % 3) * 0.4))
+    const m = { computeMs: c, allReduceMs: 3.4, numServers: 1 }
+    const raw = predictStrategies(m)
+    expect(rate(raw, "ssp")).toBeGreaterThan(228 * 1.2)
+    const choice = chooseStrategy({ ...m, measured: { allreduce: 228 } }, "allreduce")
+    expect(choice.pick).toBe("allreduce")
+    const k = 228 / rate(raw, "allreduce")
+    expect(rate(choice.predictions, "ssp")).toBeCloseTo(rate(raw, "ssp") * k, 6)
+    expect(choice.text).toMatch(/ssp .* x 0\.\d\d \(allreduce ran at 0\.\d\d of its prediction\)/)
+    // Running faster than predicted scales nothing up.
+    const fast = chooseStrategy({ ...m, measured: { allreduce: rate(raw, "allreduce") * 1.5 } }, "allreduce")
+    expect(rate(fast.predictions, "ssp")).toBe(rate(raw, "ssp"))
   })
 })
