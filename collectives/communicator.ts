@@ -23,7 +23,7 @@
 // wrong arguments, close() mid-call, a NATS disconnect) aborts the group the same way. An
 // aborted communicator rejects further calls: create a new one (new group name).
 import os from "node:os"
-import type { Msg, NatsConnection, Subscription } from "@nats-io/nats-core"
+import type { Msg, MsgHdrs, NatsConnection, Subscription } from "@nats-io/nats-core"
 import {
   COLLECTIVE_CHUNK_BYTES as DEFAULT_CHUNK_BYTES,
   COLLECTIVE_CREATE_TIMEOUT_MS as DEFAULT_CREATE_TIMEOUT_MS,
@@ -42,10 +42,12 @@ import {
   CommunicatorClosed,
   ConnectionLost,
   GroupMismatch,
+  PeerLinkLost,
   blamedRanks
 } from "./errors.ts"
 import { roundToHalf } from "./float16.ts"
-import { HEADER_BLOCK_BYTES, HEADER_BYTES, Kind, Opcode, Variant, controlBody, controlMessage, readFrame, variantOf, type Frame } from "./frames.ts"
+import { DirectEndpoint, type DirectAddress, type TransportChoice } from "./direct.ts"
+import { HEADER_BLOCK_BYTES, HEADER_BYTES, Kind, Opcode, Variant, controlBody, controlMessage, headerBytesInto, readFrame, variantOf, type Frame } from "./frames.ts"
 import { allReduceAlgorithmByCode, allowedAlgorithms, findAllReduceAlgorithm, type AllReduceAlgorithm, type AllReduceCall } from "./algorithms/index.ts"
 import type { NodeGroup } from "./algorithms/hierarchical.ts"
 import { decodeSourceBits, halfBitsSource, ringReduce, type HalfSource } from "./algorithms/ring.ts"
@@ -91,6 +93,53 @@ export interface CommunicatorOptions {
   readonly maxPayload?: number
   /** Bound on frames held for collectives this rank has not started yet. Default 512 MiB. */
   readonly earlyLimitBytes?: number
+  /**
+   * The direct data path (direct.ts): bulk frames peer to peer over TCP or a Unix socket instead
+   * of through nats-server. Absent, or transport "nats": everything goes over NATS.
+   */
+  readonly direct?: DirectOptions
+}
+
+export interface DirectOptions {
+  /**
+   * "auto" (default): calls of at least `minBytes` go direct where the link is up, smaller ones
+   * over NATS (its fan-out and latency serve them well); "direct": every call where the link is up;
+   * "nats": none. A peer that cannot be reached or authenticated gets NATS either way.
+   */
+  readonly transport?: TransportChoice
+  /** The job's secret, the same on every rank (at least 16 bytes); peers prove they hold it. */
+  readonly secret: Uint8Array
+  /** Address to listen on. Default 127.0.0.1 (one machine); on a cluster an address peers reach this host at, or 0.0.0.0 with `advertise`. */
+  readonly host?: string
+  /** Host name or address peers dial. Default: host (the host name when host is 0.0.0.0). */
+  readonly advertise?: string
+  /** "auto": calls from this many bytes on go direct. Default 64 KiB (DIRECT_MIN_BYTES). */
+  readonly minBytes?: number
+  /** TLS 1.2 with the secret as pre-shared key on every link (use it when the bus runs TLS). Default false. */
+  readonly tls?: boolean
+  /** Ranks of one node connect over a Unix domain socket. Default true. */
+  readonly unixSocket?: boolean
+  /** Deadline of connecting and authenticating to one peer; past it the peer gets NATS. Default 3 s. */
+  readonly connectTimeoutMs?: number
+}
+
+/** "auto" sends calls of at least this many bytes direct. */
+export const DIRECT_MIN_BYTES = 64 * 1024
+
+/** How this rank's calls reach each peer, for explain.txt and the benchmark. */
+export interface TransportInfo {
+  readonly choice: TransportChoice
+  /** Where this rank takes direct frames (absent: it offers none). */
+  readonly address?: DirectAddress
+  readonly minBytes: number
+  readonly tls: boolean
+  /** Per peer rank, how this rank sends to it: "unix", "tcp", or "nats" (with why, for a fallback). */
+  readonly links: ReadonlyArray<{ readonly rank: number; readonly via: "unix" | "tcp" | "nats"; readonly why?: string }>
+  /** Bytes this rank sent and received on direct links (frames and their headers). */
+  readonly bytesSent: number
+  readonly bytesReceived: number
+  /** Inbound connections refused for failing authentication. */
+  readonly rejected: number
 }
 
 export interface PeerInfo {
@@ -206,6 +255,11 @@ interface Hello {
   readonly node: string
   readonly server: string
   readonly serverName: string
+  /** Where the rank takes direct frames (absent: NATS only). */
+  readonly direct?: DirectAddress
+  /** In the ready hello: the peers this rank dialled and reads direct frames from, and why not the others. */
+  readonly reads?: ReadonlyArray<number>
+  readonly readFailures?: Readonly<Record<string, string>>
   readonly maxPayload: number
   readonly chunkBytes: number
   readonly windowBytes: number
@@ -272,6 +326,18 @@ export class Communicator {
   readonly #statusIters: Array<{ stop?: () => void }> = []
   /** 0..worldSize-1, handed to every call's algorithm. */
   readonly #ranks: ReadonlyArray<number>
+  readonly #direct: DirectEndpoint | undefined
+  readonly #transport: TransportChoice
+  readonly #directMinBytes: number
+  readonly #directTls: boolean
+  /** Peers this rank sends to directly: they dialled it and said so (replaced, never mutated, when a link goes). */
+  #directPeers: ReadonlySet<number> = new Set()
+  /** Why a peer gets NATS: its reason for not dialling this rank. */
+  #directWhyNot = new Map<number, string>()
+  /** Calls running whose frames go direct: the peers they send to directly, fixed at the call's start. */
+  readonly #directSeqs = new Map<number, ReadonlySet<number>>()
+  readonly #headerScratch = new Uint8Array(HEADER_BYTES)
+  #fanoutRanks: Map<string, number[]> | undefined
 
   private constructor(
     opts: CommunicatorOptions,
@@ -279,7 +345,8 @@ export class Communicator {
     chunkElems: number,
     windowBytes: number,
     subjects: ReturnType<typeof jobSubjects>,
-    subs: Subscription[]
+    subs: Subscription[],
+    direct?: DirectEndpoint
   ) {
     this.rank = opts.rank
     this.worldSize = opts.worldSize
@@ -299,6 +366,11 @@ export class Communicator {
     const group = opts.group
     const me = opts.rank
     const full = HEADER_BYTES + chunkElems * 4
+    this.#direct = direct
+    this.#transport = direct ? (opts.direct?.transport ?? "auto") : "nats"
+    this.#directMinBytes = opts.direct?.minBytes ?? DIRECT_MIN_BYTES
+    this.#directTls = opts.direct?.tls === true
+    const natsTo = (seq: number, dst: number, data: Uint8Array, headers: MsgHdrs): void => nc.publish(subjects.coll(group, seq, me, dst), data, { headers })
     this.#host = {
       group,
       rank: me,
@@ -307,10 +379,22 @@ export class Communicator {
       fullFrame: full,
       // A steady ack per full chunk consumed keeps credit flowing before a sender has to ask (ackNow).
       ackEvery: full,
-      publishTo: (seq, dst, data, headers) => nc.publish(subjects.coll(group, seq, me, dst), data, { headers }),
+      publishTo: (seq, dst, data, headers) => {
+        if (this.#directSeqs.get(seq)?.has(dst)) this.#sendDirect(seq, dst, data, headers)
+        else natsTo(seq, dst, data, headers)
+      },
       publishAck: (seq, dst, headers) => cnc.publish(subjects.collControl(group, seq, me, dst), EMPTY, { headers }),
-      publishFanout: (seq, target, data, headers) =>
-        nc.publish(target === "all" ? subjects.collFanout(group, seq, me) : subjects.collNodeFanout(group, seq, me, target), data, { headers })
+      publishFanout: (seq, target, data, headers) => {
+        // A direct call's fan-out is one send per receiver, each on its link (NATS for a peer
+        // without one), so all of the call's frames to a peer keep one path and their order.
+        const links = this.#directSeqs.get(seq)
+        if (links) {
+          for (const dst of this.#fanoutTargets(target)) {
+            if (links.has(dst)) this.#sendDirect(seq, dst, data, headers)
+            else natsTo(seq, dst, data, headers)
+          }
+        } else nc.publish(target === "all" ? subjects.collFanout(group, seq, me) : subjects.collNodeFanout(group, seq, me, target), data, { headers })
+      }
     }
   }
 
@@ -348,6 +432,26 @@ export class Communicator {
       return new Communicator(opts, [self], C, windowBytes, subjects, [])
     }
 
+    // The direct path's listener is up before the first hello advertises it.
+    const wantDirect = opts.direct !== undefined && (opts.direct.transport ?? "auto") !== "nats"
+    const directFrames: Frame[] = []
+    let endpoint: DirectEndpoint | undefined
+    if (wantDirect) {
+      const d = opts.direct as DirectOptions
+      endpoint = await DirectEndpoint.listen({
+        group,
+        rank,
+        secret: d.secret,
+        host: d.host,
+        advertise: d.advertise,
+        unixSocket: d.unixSocket,
+        tls: d.tls,
+        onFrame: (f) => (comm ? comm.#onFrame(f) : directFrames.push(f)),
+        onLinkDown: (peer, direction, reason) => {
+          if (comm) comm.#linkDown(peer, direction, reason)
+        }
+      })
+    }
     const hellos = new Map<number, Hello>()
     const nonce = Math.random().toString(36).slice(2, 12)
     let failure: unknown = undefined
@@ -369,6 +473,29 @@ export class Communicator {
     const unsubscribe = (): void => {
       for (const s of subs) s.unsubscribe()
     }
+    // The direct path: once every peer's address is known, dial them all (to read what they send
+    // this rank); "ready" waits for the dials, and the ready hello says which links are up.
+    let dials: Promise<void> | undefined
+    let dialsDone = endpoint === undefined
+    const reads: number[] = []
+    const readFailures: Record<string, string> = {}
+    const startDials = (): void => {
+      if (!endpoint || dials) return
+      const d = opts.direct as DirectOptions
+      const timeout = d.connectTimeoutMs ?? 3_000
+      dials = Promise.all(
+        [...hellos.values()].map(async (h) => {
+          if (!h.direct) readFailures[h.rank] = "it offers no direct address (transport \"nats\" there)"
+          else {
+            const why = await endpoint.connect(h.rank, h.direct, h.node === node, timeout)
+            if (why === undefined) reads.push(h.rank)
+            else readFailures[h.rank] = why
+          }
+        })
+      ).then(() => {
+        dialsDone = true
+      })
+    }
     const hello = (ready: boolean): Hello => ({
       v: PROTOCOL_VERSION,
       rank,
@@ -377,6 +504,8 @@ export class Communicator {
       node,
       server,
       serverName,
+      ...(endpoint ? { direct: endpoint.address } : {}),
+      ...(endpoint && ready ? { reads: [...reads].sort((a, b) => a - b), readFailures } : {}),
       maxPayload,
       chunkBytes,
       windowBytes,
@@ -419,12 +548,14 @@ export class Communicator {
         while (pending.length > 0) take(pending.shift() as Msg)
         if (failure !== undefined) throw failure
         const heardAll = hellos.size === worldSize - 1
-        const allReady = heardAll && [...hellos.values()].every((h) => h.ready)
+        if (heardAll) startDials()
+        const meReady = heardAll && dialsDone
+        const allReady = meReady && [...hellos.values()].every((h) => h.ready)
         if (allReady) break
         // Repeat the hello: peers that subscribed after our last one would otherwise never hear it.
         const now = Date.now()
-        if (now - lastSent >= interval || heardAll) {
-          publishControl(cnc, subjects.collControl(group, 0, rank), Kind.hello, rank, hello(heardAll))
+        if (now - lastSent >= interval || meReady) {
+          publishControl(cnc, subjects.collControl(group, 0, rank), Kind.hello, rank, hello(meReady))
           lastSent = now
           interval = Math.min(250, interval * 2)
         }
@@ -461,7 +592,16 @@ export class Communicator {
       const W = Math.min(...all.map((h) => h.windowBytes))
       if (HEADER_BLOCK_BYTES + 4 * C > minPayload) mismatch(`chunk of ${C} elements does not fit max_payload ${minPayload}`)
       if (failure !== undefined) throw failure
-      comm = new Communicator(opts, peers, C, W, subjects, subs)
+      comm = new Communicator(opts, peers, C, W, subjects, subs, endpoint)
+      if (endpoint) {
+        // Send direct to the peers that dialled this rank and said so in their ready hello.
+        const direct = new Set<number>()
+        for (const h of hellos.values()) {
+          if (h.reads?.includes(rank) && endpoint.has(h.rank)) direct.add(h.rank)
+          else comm.#directWhyNot.set(h.rank, h.readFailures?.[rank] !== undefined ? `rank ${h.rank} could not dial this rank: ${h.readFailures[rank]}` : `rank ${h.rank} did not dial this rank`)
+        }
+        comm.#directPeers = direct
+      }
       comm.#hello = hello(true)
       comm.#watchConnection(nc)
       if (cnc !== nc) comm.#watchConnection(cnc)
@@ -469,9 +609,11 @@ export class Communicator {
       publishControl(cnc, subjects.collControl(group, 0, rank), Kind.hello, rank, comm.#hello)
       for (const m of early) comm.#onMessage(m)
       while (pending.length > 0) comm.#onMessage(pending.shift() as Msg)
+      for (const f of directFrames.splice(0)) comm.#onFrame(f)
       return comm
     } catch (e) {
       unsubscribe()
+      await endpoint?.close()
       throw e
     }
   }
@@ -497,7 +639,11 @@ export class Communicator {
 
   #onMessage(msg: Msg): void {
     const f = readFrame(msg)
-    if (!f || f.src === this.rank) return // not ours, or our own fan-out echoed back
+    if (f) this.#onFrame(f)
+  }
+
+  #onFrame(f: Frame): void {
+    if (f.src === this.rank) return // our own fan-out echoed back
     switch (f.kind) {
       case Kind.data: {
         const op = this.#ops.get(f.seq)
@@ -620,7 +766,7 @@ export class Communicator {
   }
 
   /** The deadline passed: find out which peers are gone, then fail and abort the group. */
-  async #timeOut(op: Operation, timeoutMs: number): Promise<void> {
+  async #timeOut(op: Operation, timeoutMs: number, onlyIfGone?: number): Promise<void> {
     const waitingFor = op.waitingFor()
     const probe = { nonce: Math.random().toString(36).slice(2, 12), answered: new Set<number>(), behind: new Set<number>(), seq: op.seq }
     this.#probe = probe
@@ -633,6 +779,7 @@ export class Communicator {
       this.#probe = undefined
     }
     if (op.failure !== undefined) return // an abort from a peer came first
+    if (onlyIfGone !== undefined && probe.answered.has(onlyIfGone)) return // it lives: the deadline decides
     const unresponsive: number[] = []
     for (let r = 0; r < this.worldSize; r++) if (r !== this.rank && !probe.answered.has(r)) unresponsive.push(r)
     this.#abort(
@@ -666,6 +813,8 @@ export class Communicator {
     const op = new Operation(this.#host, seq, sig, describeOp)
     op.timeoutMs = timeoutMs
     this.#ops.set(seq, op)
+    const direct = this.#directPeers.size > 0 && (this.#transport === "direct" || sig.length * (sig.half ? 2 : 4) >= this.#directMinBytes)
+    if (direct) this.#directSeqs.set(seq, this.#directPeers)
     this.#ensureWatchdog()
     let running: Promise<T>
     try {
@@ -691,7 +840,75 @@ export class Communicator {
       throw err
     } finally {
       this.#ops.delete(seq)
+      this.#directSeqs.delete(seq)
     }
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // the direct path
+
+  #sendDirect(seq: number, dst: number, data: Uint8Array, headers: MsgHdrs): void {
+    const d = this.#direct as DirectEndpoint
+    if (!d.has(dst)) {
+      const op = this.#ops.get(seq)
+      throw new PeerLinkLost({ op: op?.sig.name ?? "collective", group: this.group, rank: this.rank, peer: dst })
+    }
+    headerBytesInto(headers, this.#headerScratch)
+    d.send(dst, this.#headerScratch, data)
+  }
+
+  /** The ranks a fan-out subject reaches (every rank but this one, or one node's or server's). */
+  #fanoutTargets(target: string): number[] {
+    if (!this.#fanoutRanks) {
+      const m = new Map<string, number[]>()
+      const add = (k: string, r: number): void => {
+        const l = m.get(k)
+        if (l) l.push(r)
+        else m.set(k, [r])
+      }
+      for (const p of this.peers) {
+        if (p.rank === this.rank) continue
+        add("all", p.rank)
+        add(nodeTokenFor(p.node), p.rank)
+        add(serverTokenFor(p.server), p.rank)
+      }
+      this.#fanoutRanks = m
+    }
+    return this.#fanoutRanks.get(target) ?? []
+  }
+
+  /**
+   * A direct link to or from a peer closed while this communicator is open. A call waiting on that
+   * peer learns at once whether it is gone (the deadline's probe, now): a killed peer is named
+   * without waiting out timeoutMs. A call that still has frames to send it fails on the send.
+   */
+  #linkDown(peer: number, direction: "in" | "out", reason: string): void {
+    if (direction === "out" && this.#directPeers.has(peer)) {
+      const next = new Set(this.#directPeers)
+      next.delete(peer)
+      this.#directPeers = next
+      this.#directWhyNot.set(peer, `the direct link closed (${reason}); NATS since`)
+    }
+    if (this.#closed !== undefined || this.#probe) return
+    for (const op of this.#ops.values()) {
+      if (op.failure === undefined && op.waiting && op.waitingFor().includes(peer)) {
+        void this.#timeOut(op, op.timeoutMs ?? this.timeoutMs, peer)
+        return
+      }
+    }
+  }
+
+  /** How this rank's calls reach each peer. */
+  get transport(): TransportInfo {
+    const links = this.peers
+      .filter((p) => p.rank !== this.rank)
+      .map((p) => {
+        const via = this.#directPeers.has(p.rank) ? this.#direct?.via(p.rank) : undefined
+        if (via) return { rank: p.rank, via }
+        const why = this.#directWhyNot.get(p.rank)
+        return why ? { rank: p.rank, via: "nats" as const, why } : { rank: p.rank, via: "nats" as const }
+      })
+    return { choice: this.#transport, ...(this.#direct ? { address: this.#direct.address } : {}), minBytes: this.#directMinBytes, tls: this.#direct !== undefined && this.#directTls, links, bytesSent: this.#direct?.bytesSent ?? 0, bytesReceived: this.#direct?.bytesReceived ?? 0, rejected: this.#direct?.rejected ?? 0 }
   }
 
   /**
@@ -896,5 +1113,6 @@ export class Communicator {
     this.#clearEarly()
     if (this.#nc && !this.#nc.isClosed()) await this.#nc.flush().catch(() => {})
     if (this.#cnc && this.#cnc !== this.#nc && !this.#cnc.isClosed()) await this.#cnc.flush().catch(() => {})
+    await this.#direct?.close()
   }
 }

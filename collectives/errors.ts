@@ -190,6 +190,28 @@ export class ConnectionLost extends Schema.TaggedError<ConnectionLost>()("Connec
   }
 }
 
+/**
+ * The direct link to a peer closed while a call still had frames to send it (collectives/direct.ts):
+ * its process died, or the connection was cut. The call cannot switch to NATS halfway (a link's
+ * frames must arrive in order), so the group is aborted, blaming the peer.
+ */
+export class PeerLinkLost extends Schema.TaggedError<PeerLinkLost>()("PeerLinkLost", {
+  op: Schema.String,
+  group: Schema.String,
+  rank: Schema.Number,
+  peer: Schema.Number
+}) {
+  get failedRanks(): ReadonlyArray<number> {
+    return [this.peer]
+  }
+  override get message(): string {
+    return (
+      `${this.op} (group "${this.group}") on rank ${this.rank}: the direct link to rank ${this.peer} closed mid-call ` +
+      `(its process died or the connection was cut). The group is aborted: restart rank ${this.peer} and create a new communicator.`
+    )
+  }
+}
+
 export type CollectiveError =
   | CollectiveTimeout
   | CollectiveAborted
@@ -201,10 +223,11 @@ export type CollectiveError =
   | CollectiveOverflow
   | CommunicatorClosed
   | ConnectionLost
+  | PeerLinkLost
 
 /** The ranks an error blames, for the abort message that tells the other ranks. */
 export const blamedRanks = (e: unknown): ReadonlyArray<number> => {
-  if (e instanceof CollectiveTimeout || e instanceof LengthMismatch || e instanceof OpMismatch || e instanceof CollectiveProtocolError) {
+  if (e instanceof CollectiveTimeout || e instanceof LengthMismatch || e instanceof OpMismatch || e instanceof CollectiveProtocolError || e instanceof PeerLinkLost) {
     return e.failedRanks
   }
   if (e instanceof CollectiveAborted) return e.failedRanks

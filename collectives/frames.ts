@@ -127,9 +127,13 @@ export const readFrame = (msg: Msg): Frame | undefined => {
   const value = msg.headers?.get(HEADER_KEY)
   if (!value || value.length !== PAD.length + 2 * HEADER_BYTES) return undefined
   const bytes = Buffer.from(value.slice(PAD.length), "hex")
+  return frameOf(bytes, msg.data)
+}
+
+/** A frame from its 40 header bytes and its payload (the direct path's framing); undefined when they are no frame header. */
+export const frameOf = (bytes: Uint8Array, payload: Uint8Array): Frame | undefined => {
   if (bytes.length !== HEADER_BYTES || bytes[0] !== MAGIC) return undefined
   const v = new DataView(bytes.buffer, bytes.byteOffset, HEADER_BYTES)
-  const payload = msg.data
   return {
     kind: v.getUint8(1),
     flags: v.getUint8(2),
@@ -145,6 +149,13 @@ export const readFrame = (msg: Msg): Frame | undefined => {
     payload,
     wireBytes: HEADER_BYTES + payload.length
   }
+}
+
+/** Writes the 40 header bytes a NATS header block carries into `out` (the direct path sends them raw); false when it holds none. */
+export const headerBytesInto = (h: MsgHdrs, out: Uint8Array): boolean => {
+  const value = h.get(HEADER_KEY)
+  if (!value || value.length !== PAD.length + 2 * HEADER_BYTES) return false
+  return Buffer.from(out.buffer, out.byteOffset, HEADER_BYTES).write(value.slice(PAD.length), "hex") === HEADER_BYTES
 }
 
 /** A control message (hello, ping, pong, abort): header plus a JSON body. */

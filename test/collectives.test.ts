@@ -3,7 +3,7 @@
 // checked against a float64 reference and for bitwise-identical results on every rank.
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { launchNatsServer, type NatsServerProcess } from "../core/nats-server.ts"
-import { prng, type Case, type CaseResult } from "./support/collectives-cases.ts"
+import { failuresOf, prng, type Case, type CaseResult } from "./support/collectives-cases.ts"
 import { RankFleet } from "./support/collectives-fleet.ts"
 import { allReduceAlgorithms } from "../collectives/algorithms/index.ts"
 
@@ -78,21 +78,6 @@ const casesFor = (p: number): Case[] => {
 }
 
 /** Results that every rank must hold bit for bit (reduce-scatter segments differ per rank by design). */
-const mustMatch = (c: Case): boolean => c.op !== "reduceScatter" && c.op !== "barrier"
-
-/** Each case's failures on any rank, and results that differ across ranks where they must match. */
-const failuresOf = (cases: ReadonlyArray<Case>, results: ReadonlyArray<ReadonlyArray<CaseResult>>): string[] => {
-  const failures: string[] = []
-  cases.forEach((c, i) => {
-    const per = results.map((r) => r[i])
-    per.forEach((r, rank) => {
-      if (!r.ok) failures.push(`case ${i} ${JSON.stringify(c)} rank ${rank}: ${r.detail}`)
-    })
-    if (mustMatch(c) && new Set(per.map((r) => r.hash)).size !== 1) failures.push(`case ${i} ${JSON.stringify(c)}: results differ across ranks`)
-  })
-  return failures
-}
-
 describe("collectives over one nats-server, one process per rank", () => {
   for (let p = 1; p <= MAX_P; p++) {
     it(`p = ${p}: every operation and algorithm matches the reference, bitwise identical on all ranks`, async () => {

@@ -21,7 +21,7 @@ import { checkNatsInternals, installedNatsCoreVersion, type NatsInternals, type 
 
 export { NATS_JS_MADE_FOR, NatsInternalsMismatch, checkNatsInternals, type NatsInternals } from "./shapes.ts"
 export { READ_BYTES, readPoolStats } from "./read.ts"
-export { RECEIVE_POOL_MIN_BYTES, isPooledReceive, receivePoolStats, releaseReceived } from "./receive.ts"
+export { RECEIVE_POOL_MIN_BYTES, isPooledReceive, receivePoolStats, releaseReceived, takeReceiveBuffer } from "./receive.ts"
 export { SEND_POOL_MIN_BYTES, sendPoolStats } from "./send.ts"
 
 /** Whether the patches are in place, and if not, why. */

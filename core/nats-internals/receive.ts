@@ -55,6 +55,12 @@ const releasing = new WeakSet<ArrayBuffer>()
 export const isPooledReceive = (data: Uint8Array): boolean => pool.owns(data)
 
 /**
+ * A buffer from the receive pool for a message received by other means (the collectives' direct
+ * path): releaseReceived gives it back like a NATS message's.
+ */
+export const takeReceiveBuffer = (bytes: number): Uint8Array => pool.take(bytes)
+
+/**
  * Gives the buffer of a received message back for later messages, once its consumer is done with
  * every view of it (a collective that has added it in, copied it out, or published it on). Views
  * of other buffers are ignored, as is a second release. The buffer is reused only after the

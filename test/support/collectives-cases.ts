@@ -123,3 +123,19 @@ export const sameBits = (a: Float32Array, b: Float32Array): boolean =>
   a.length === b.length && Buffer.from(a.buffer, a.byteOffset, a.byteLength).equals(Buffer.from(b.buffer, b.byteOffset, b.byteLength))
 
 export { segmentBounds }
+
+/** Results every rank must have bit for bit (a reduce-scatter's parts differ; a barrier has none). */
+export const mustMatch = (c: Case): boolean => c.op !== "reduceScatter" && c.op !== "barrier"
+
+/** Each case's failures on any rank, and results that differ across ranks where they must match. */
+export const failuresOf = (cases: ReadonlyArray<Case>, results: ReadonlyArray<ReadonlyArray<CaseResult>>): string[] => {
+  const failures: string[] = []
+  cases.forEach((c, i) => {
+    const per = results.map((r) => r[i])
+    per.forEach((r, rank) => {
+      if (!r.ok) failures.push(`case ${i} ${JSON.stringify(c)} rank ${rank}: ${r.detail}`)
+    })
+    if (mustMatch(c) && new Set(per.map((r) => r.hash)).size !== 1) failures.push(`case ${i} ${JSON.stringify(c)}: results differ across ranks`)
+  })
+  return failures
+}

@@ -286,10 +286,12 @@ const handle = async (m: Record<string, any>): Promise<unknown> => {
         timeoutMs: m.timeoutMs,
         createTimeoutMs: m.createTimeoutMs,
         chunkBytes: m.chunkBytes,
-        windowBytes: m.windowBytes
+        windowBytes: m.windowBytes,
+        // The direct path: the secret travels as hex over IPC (a test may hand one rank another).
+        ...(m.direct ? { direct: { ...m.direct, secret: Buffer.from(m.direct.secret, "hex") } } : {})
       })
       comms.set(m.group, c)
-      return { chunkElems: c.chunkElems, windowBytes: c.windowBytes, peers: c.peers, server: nc.info?.server_id }
+      return { chunkElems: c.chunkElems, windowBytes: c.windowBytes, peers: c.peers, server: nc.info?.server_id, transport: c.transport }
     }
     case "close":
       await comms.get(m.group)?.close()
@@ -309,6 +311,8 @@ const handle = async (m: Record<string, any>): Promise<unknown> => {
     }
     case "result":
       return pendingCall ?? null
+    case "transport":
+      return comm(m.group).transport
     case "benchAllReduce":
       return benchAllReduce(comm(m.group), m.n, m.algorithm, m.iters, m.warmup, m.wire, m.fanout)
     case "benchRaw":

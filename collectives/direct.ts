@@ -1,0 +1,462 @@
+// The direct data path: bulk collective frames peer to peer over TCP (a Unix domain socket between
+// ranks of one node), NATS staying the bus for control, small calls, discovery and the fallback.
+//
+// Every rank listens (DirectEndpoint.listen) and advertises the address in its communicator hello;
+// a receiver dials each peer it takes frames from, one connection per direction, so a link's frames
+// arrive in the order they were sent, as they do through NATS from one connection. The dialling
+// side receives: a client socket can read into one buffer of its own (net's `onread`) instead of a
+// fresh allocation per read, which doubles what a loopback link carries. The sender
+// decides per call (communicator.ts): every frame of one call to one peer goes one way, so a
+// receiver's per-link order holds; receivers take frames from both paths into the same handler.
+// Flow control, deadlines and aborts are the communicator's as over NATS (credits and acks still
+// travel on the control connection, so an ack never waits behind this rank's own outgoing data).
+// A sender uses a link once the receiver has said, in its hello, that it dialled it.
+//
+// Not an open door: each connection starts with a mutual challenge-response on the job's secret
+// (HMAC-SHA256 over the other side's nonce, the group and the ranks; the secret itself never goes
+// over the wire), so only members of this job's group exchange frames with it. A peer that fails it
+// is told no, dropped and counted (`rejected`); a receiver that cannot connect or authenticate
+// within the deadline takes that peer's frames over NATS and says why (`fallbacks`). With `tls`, the connections run
+// TLS 1.2 with the secret as pre-shared key (PSK, no certificates to hand out) and the challenge
+// inside.
+//
+// Wire format after the handshake: per frame the 40 header bytes of frames.ts, the payload's byte
+// count (u32 LE), the payload. A sender packs the three into one pooled buffer (one copy, one
+// write; the buffer goes back when the kernel has the bytes), because the collectives may reuse a
+// sent view at once, as they may with nats.js, which copies too. A receiver reads each payload
+// into a buffer of its own (from the receive pool from 64 KiB, so releaseReceived gives it back).
+/** Bytes per read on a receiving link (one buffer per link, reused). */
+const READ_BYTES = 1024 * 1024
+import * as crypto from "node:crypto"
+import * as fs from "node:fs"
+import * as net from "node:net"
+import * as os from "node:os"
+import * as path from "node:path"
+import * as tls from "node:tls"
+import { BufferPool } from "../core/chunking.ts"
+import { RECEIVE_POOL_MIN_BYTES, takeReceiveBuffer } from "../core/nats-internals/index.ts"
+import { HEADER_BYTES, frameOf, type Frame } from "./frames.ts"
+
+/** Where a rank listens: TCP always, a Unix domain socket too for peers on its node. */
+export interface DirectAddress {
+  readonly host: string
+  readonly port: number
+  readonly path?: string
+}
+
+export type TransportChoice = "auto" | "nats" | "direct"
+
+const MAGIC = Buffer.from("GWD1")
+const NONCE = 16
+const MAC = 32
+/** Per-frame prefix: the frame header, then the payload's byte count. */
+const PREFIX = HEADER_BYTES + 4
+/** A payload larger than this is a corrupt or hostile stream (chunks are at most max_payload). */
+const MAX_PAYLOAD = 256 * 1024 * 1024
+const PSK_CIPHERS = "PSK-AES128-GCM-SHA256:PSK-AES256-GCM-SHA384:PSK-CHACHA20-POLY1305"
+const PSK_IDENTITY = "gradwire"
+
+/** Send buffers: header + count + payload packed once, back when written. */
+const sendPool = new BufferPool({ maxIdleBytes: 64 * 1024 * 1024, maxIdleBuffers: 64 })
+
+const mac = (secret: Uint8Array, ...parts: Array<string | Uint8Array>): Buffer => {
+  const h = crypto.createHmac("sha256", secret)
+  for (const p of parts) h.update(p)
+  return h.digest()
+}
+
+/** Hands out exactly n bytes at a time during a handshake; what arrives after it stays for the frame parser. */
+class HandshakeReader {
+  #buf: Buffer = Buffer.alloc(0)
+  #want = 0
+  #resolve: ((b: Buffer) => void) | undefined
+  #reject: ((e: Error) => void) | undefined
+  #ended = false
+  /** Bytes read (copied: a reused read buffer changes under us). */
+  push(chunk: Uint8Array): void {
+    this.#buf = Buffer.concat([this.#buf, chunk])
+    this.#pump()
+  }
+  end(): void {
+    this.#ended = true
+    this.#reject?.(new Error("the connection closed during the handshake"))
+  }
+  read(n: number): Promise<Buffer> {
+    return new Promise((resolve, reject) => {
+      this.#want = n
+      this.#resolve = resolve
+      this.#reject = reject
+      this.#pump()
+      const waiting = this.#resolve as ((b: Buffer) => void) | undefined
+      if (waiting !== undefined && this.#ended) reject(new Error("the connection closed during the handshake"))
+    })
+  }
+  #pump(): void {
+    if (!this.#resolve || this.#buf.length < this.#want) return
+    const out = this.#buf.subarray(0, this.#want)
+    this.#buf = this.#buf.subarray(this.#want)
+    const r = this.#resolve
+    this.#resolve = undefined
+    this.#reject = undefined
+    r(out)
+  }
+  /** What arrived past the handshake. */
+  rest(): Buffer {
+    return this.#buf
+  }
+}
+
+const withDeadline = <T>(p: Promise<T>, ms: number, what: string): Promise<T> =>
+  new Promise<T>((resolve, reject) => {
+    const t = setTimeout(() => reject(new Error(`${what} took longer than ${ms} ms`)), ms)
+    p.then(
+      (v) => (clearTimeout(t), resolve(v)),
+      (e) => (clearTimeout(t), reject(e))
+    )
+  })
+
+/** Splits a byte stream into frames, each payload in a buffer of its own. */
+class FrameParser {
+  readonly #prefix = new Uint8Array(PREFIX)
+  #have = 0
+  #payload: Uint8Array | undefined
+  #filled = 0
+  readonly #emit: (f: Frame) => void
+  readonly #fail: (reason: string) => void
+  constructor(emit: (f: Frame) => void, fail: (reason: string) => void) {
+    this.#emit = emit
+    this.#fail = fail
+  }
+  push(chunk: Uint8Array): void {
+    let at = 0
+    while (at < chunk.length) {
+      if (this.#payload === undefined) {
+        const take = Math.min(PREFIX - this.#have, chunk.length - at)
+        this.#prefix.set(chunk.subarray(at, at + take), this.#have)
+        this.#have += take
+        at += take
+        if (this.#have < PREFIX) return
+        const n = new DataView(this.#prefix.buffer).getUint32(HEADER_BYTES, true)
+        if (n > MAX_PAYLOAD) return this.#fail(`a frame announced ${n} payload bytes (at most ${MAX_PAYLOAD})`)
+        this.#payload = n >= RECEIVE_POOL_MIN_BYTES ? takeReceiveBuffer(n) : new Uint8Array(n)
+        this.#filled = 0
+      }
+      const p = this.#payload
+      const take = Math.min(p.length - this.#filled, chunk.length - at)
+      if (take > 0) p.set(chunk.subarray(at, at + take), this.#filled)
+      this.#filled += take
+      at += take
+      if (this.#filled < p.length) return
+      const f = frameOf(this.#prefix.subarray(0, HEADER_BYTES), p)
+      this.#payload = undefined
+      this.#have = 0
+      if (!f) return this.#fail("a frame header without the collectives' magic byte")
+      this.#emit(f)
+    }
+  }
+}
+
+export interface DirectEndpointOptions {
+  readonly group: string
+  readonly rank: number
+  /** The job's secret (at least 16 bytes), handed to every rank over the bus. */
+  readonly secret: Uint8Array
+  /** Address to listen on. Default 127.0.0.1. */
+  readonly host?: string
+  /** Host peers dial (behind NAT, or listening on 0.0.0.0). Default: host. */
+  readonly advertise?: string
+  /** Also listen on a Unix domain socket for peers of this node. Default true (not on Windows). */
+  readonly unixSocket?: boolean
+  /** TLS 1.2 with the secret as pre-shared key. Default false. */
+  readonly tls?: boolean
+  /** Frames from authenticated peers. */
+  readonly onFrame: (f: Frame) => void
+  /** An authenticated link closed or failed while the endpoint was open: "in" (frames from the peer) or "out" (to it). */
+  readonly onLinkDown: (peer: number, direction: "in" | "out", reason: string) => void
+}
+
+interface Link {
+  readonly socket: net.Socket
+  readonly via: "tcp" | "unix"
+}
+
+/** One rank's end of the direct data path: its listener, the links it sends on and those it reads. */
+export class DirectEndpoint {
+  readonly address: DirectAddress
+  /** Peers this rank could not dial or authenticate with, and why (their frames come over NATS). */
+  readonly fallbacks = new Map<number, string>()
+  /** Inbound connections dropped for failing authentication (or speaking something else). */
+  rejected = 0
+  bytesSent = 0
+  bytesReceived = 0
+  readonly #opts: DirectEndpointOptions
+  readonly #servers: net.Server[]
+  /** Links this rank sends on (peers that dialled it), by peer. */
+  readonly #out = new Map<number, Link>()
+  /** Links this rank reads (peers it dialled), by peer. */
+  readonly #in = new Map<number, Link>()
+  readonly #pending = new Set<net.Socket>()
+  #closed = false
+
+  private constructor(opts: DirectEndpointOptions, servers: net.Server[], address: DirectAddress) {
+    this.#opts = opts
+    this.#servers = servers
+    this.address = address
+    for (const s of servers) s.on(opts.tls ? "secureConnection" : "connection", (socket: net.Socket) => void this.#accept(socket, s === servers[0] ? "tcp" : "unix"))
+  }
+
+  static async listen(opts: DirectEndpointOptions): Promise<DirectEndpoint> {
+    if (!(opts.secret instanceof Uint8Array) || opts.secret.length < 16) throw new RangeError("the direct path needs a job secret of at least 16 bytes")
+    const host = opts.host ?? "127.0.0.1"
+    const make = (): net.Server =>
+      opts.tls
+        ? tls.createServer({ ciphers: PSK_CIPHERS, maxVersion: "TLSv1.2", minVersion: "TLSv1.2", pskCallback: () => Buffer.from(opts.secret), pskIdentityHint: PSK_IDENTITY })
+        : net.createServer({ noDelay: true })
+    const listenOn = (srv: net.Server, where: net.ListenOptions): Promise<void> =>
+      new Promise((resolve, reject) => {
+        srv.once("error", reject)
+        srv.listen(where, () => (srv.off("error", reject), resolve()))
+      })
+    const tcp = make()
+    await listenOn(tcp, { host, port: 0 })
+    const port = (tcp.address() as net.AddressInfo).port
+    const servers = [tcp]
+    let sock: string | undefined
+    if ((opts.unixSocket ?? true) && process.platform !== "win32") {
+      const dir = fs.mkdtempSync(path.join(os.tmpdir(), "gw-direct-"))
+      sock = path.join(dir, "s")
+      const uds = make()
+      try {
+        await listenOn(uds, { path: sock })
+        servers.push(uds)
+        uds.on("close", () => fs.rmSync(dir, { recursive: true, force: true }))
+      } catch {
+        fs.rmSync(dir, { recursive: true, force: true })
+        sock = undefined
+      }
+    }
+    const shown = opts.advertise ?? (host === "0.0.0.0" || host === "::" ? os.hostname() : host)
+    const address: DirectAddress = sock ? { host: shown, port, path: sock } : { host: shown, port }
+    return new DirectEndpoint(opts, servers, address)
+  }
+
+  /** Whether this rank can send frames to the peer directly (the peer dialled it). */
+  has(peer: number): boolean {
+    return this.#out.has(peer)
+  }
+
+  /** How this rank sends to a peer: "unix", "tcp", or undefined (NATS). */
+  via(peer: number): "tcp" | "unix" | undefined {
+    return this.#out.get(peer)?.via
+  }
+
+  /** Whether this rank reads a link from the peer (it dialled the peer). */
+  reads(peer: number): boolean {
+    return this.#in.has(peer)
+  }
+
+  /**
+   * Dials a peer (a Unix socket when `sameNode` and it has one, else TCP) and authenticates, within
+   * `timeoutMs`, to read the frames the peer sends this rank. Returns undefined when the link is up,
+   * else why not (the peer's frames then come over NATS).
+   */
+  async connect(peer: number, addr: DirectAddress, sameNode: boolean, timeoutMs: number): Promise<string | undefined> {
+    const reasons: string[] = []
+    for (const via of sameNode && addr.path ? (["unix", "tcp"] as const) : (["tcp"] as const)) {
+      try {
+        await this.#dial(peer, via, addr, timeoutMs)
+        this.fallbacks.delete(peer)
+        return undefined
+      } catch (e) {
+        reasons.push(e instanceof Error ? e.message : String(e))
+      }
+    }
+    const why = reasons.join("; ")
+    this.fallbacks.set(peer, why)
+    return why
+  }
+
+  async #dial(peer: number, via: "tcp" | "unix", addr: DirectAddress, timeoutMs: number): Promise<void> {
+    if (this.#closed) throw new Error("the endpoint closed")
+    const where = via === "unix" ? `${addr.path}` : `${addr.host}:${addr.port}`
+    const target = via === "unix" ? { path: addr.path as string } : { host: addr.host, port: addr.port }
+    // Reads go into one buffer per link; a handshake reader, then the frame parser, takes them.
+    let sink: (chunk: Uint8Array) => void = () => {}
+    const hs = new HandshakeReader()
+    sink = (c) => hs.push(c)
+    const readBuf = Buffer.allocUnsafe(READ_BYTES)
+    const socket: net.Socket = this.#opts.tls
+      ? tls.connect({
+          ...target,
+          ciphers: PSK_CIPHERS,
+          maxVersion: "TLSv1.2",
+          minVersion: "TLSv1.2",
+          checkServerIdentity: () => undefined,
+          pskCallback: () => ({ psk: Buffer.from(this.#opts.secret), identity: PSK_IDENTITY })
+        })
+      : net.connect({ ...target, onread: { buffer: readBuf, callback: (n: number, b: Uint8Array) => (sink(b.subarray(0, n)), true) } })
+    if (this.#opts.tls) socket.on("data", (c: Buffer) => sink(c))
+    this.#pending.add(socket)
+    socket.on("error", () => {})
+    socket.on("close", () => hs.end())
+    try {
+      await withDeadline(
+        new Promise<void>((resolve, reject) => {
+          socket.once(this.#opts.tls ? "secureConnect" : "connect", () => resolve())
+          socket.once("close", () => reject(new Error(`connecting to rank ${peer} at ${where} failed`)))
+          socket.once("error", (e) => reject(new Error(`connecting to rank ${peer} at ${where}: ${e.message}`)))
+        }),
+        timeoutMs,
+        `connecting to rank ${peer} at ${where}`
+      )
+      socket.setNoDelay(true)
+      await withDeadline(this.#clientHandshake(socket, hs, peer), timeoutMs, `authenticating with rank ${peer}`)
+      if (this.#closed) throw new Error("the endpoint closed")
+    } catch (e) {
+      socket.destroy()
+      throw e
+    } finally {
+      this.#pending.delete(socket)
+    }
+    let broken = false
+    const parser = new FrameParser(
+      (f) => {
+        if (f.src !== peer) {
+          broken = true
+          socket.destroy()
+          return
+        }
+        this.#opts.onFrame(f)
+      },
+      () => {
+        broken = true
+        socket.destroy()
+      }
+    )
+    sink = (chunk) => {
+      this.bytesReceived += chunk.length
+      if (!broken) parser.push(chunk)
+    }
+    this.#in.set(peer, { socket, via })
+    socket.on("close", () => {
+      if (this.#in.get(peer)?.socket !== socket) return
+      this.#in.delete(peer)
+      if (!this.#closed) this.#opts.onLinkDown(peer, "in", broken ? "the peer sent a malformed frame" : "the connection closed")
+    })
+    const rest = hs.rest()
+    if (rest.length > 0) sink(rest)
+  }
+
+  // Client (the receiving side): reads the server's nonce, answers with its own, the group, both
+  // ranks and the MAC; then checks the server's verdict and MAC over its nonce.
+  async #clientHandshake(socket: net.Socket, r: HandshakeReader, peer: number): Promise<void> {
+    const { group, rank, secret } = this.#opts
+    const hello = await r.read(MAGIC.length + NONCE)
+    if (!hello.subarray(0, MAGIC.length).equals(MAGIC)) throw new Error(`rank ${peer}'s address does not speak the direct path`)
+    const serverNonce = Buffer.from(hello.subarray(MAGIC.length))
+    const clientNonce = crypto.randomBytes(NONCE)
+    const g = Buffer.from(group)
+    const head = Buffer.alloc(2 + 4 + 4)
+    head.writeUInt16LE(g.length, 0)
+    head.writeUInt32LE(rank, 2)
+    head.writeUInt32LE(peer, 6)
+    socket.write(Buffer.concat([MAGIC, head, g, clientNonce, mac(secret, "client", serverNonce, g, head)]))
+    const status = await r.read(1).catch(() => Buffer.from([0]))
+    if (status[0] !== 1) throw new Error(`rank ${peer} refused this rank's authentication: they hold different job secrets (or it belongs to another group)`)
+    const answer = await r.read(MAC)
+    if (!crypto.timingSafeEqual(answer, mac(secret, "server", clientNonce, g, head))) throw new Error(`rank ${peer} failed authentication: it does not hold this job's secret`)
+  }
+
+  // Server (the sending side): challenges the dialler; on success the socket is this rank's link to it.
+  async #accept(socket: net.Socket, via: "tcp" | "unix"): Promise<void> {
+    const { group, rank, secret } = this.#opts
+    socket.on("error", () => {})
+    if (this.#closed) return void socket.destroy()
+    const r = new HandshakeReader()
+    const onData = (c: Buffer): void => r.push(c)
+    socket.on("data", onData)
+    socket.on("close", () => r.end())
+    let src = -1
+    try {
+      await withDeadline(
+        (async () => {
+          const nonce = crypto.randomBytes(NONCE)
+          socket.write(Buffer.concat([MAGIC, nonce]))
+          const first = await r.read(MAGIC.length + 10)
+          if (!first.subarray(0, MAGIC.length).equals(MAGIC)) throw new Error("not the direct path's protocol")
+          const head = Buffer.from(first.subarray(MAGIC.length))
+          const gLen = head.readUInt16LE(0)
+          src = head.readUInt32LE(2)
+          const dst = head.readUInt32LE(6)
+          if (gLen === 0 || gLen > 128) throw new Error(`a group name of ${gLen} bytes`)
+          const more = await r.read(gLen + NONCE + MAC)
+          const g = more.subarray(0, gLen)
+          const clientNonce = more.subarray(gLen, gLen + NONCE)
+          const theirs = more.subarray(gLen + NONCE)
+          if (!crypto.timingSafeEqual(theirs, mac(secret, "client", nonce, g, head)) || g.toString() !== group || dst !== rank) {
+            // Say no before closing, so an honest peer with the wrong secret knows why.
+            socket.end(Buffer.from([0]))
+            throw new Error("authentication failed")
+          }
+          socket.write(Buffer.concat([Buffer.from([1]), mac(secret, "server", clientNonce, g, head)]))
+        })(),
+        10_000,
+        "an inbound handshake"
+      )
+    } catch {
+      this.rejected++
+      // give a refusal a moment to leave before the socket goes
+      setTimeout(() => socket.destroy(), 100).unref()
+      return
+    }
+    socket.off("data", onData)
+    if (this.#closed) return void socket.destroy()
+    socket.setNoDelay(true)
+    // Frames only flow out on this socket; anything more from the dialler is a protocol breach.
+    socket.on("data", () => socket.destroy())
+    const prev = this.#out.get(src)
+    if (prev) prev.socket.destroy()
+    this.#out.set(src, { socket, via })
+    socket.on("close", () => {
+      if (this.#out.get(src)?.socket !== socket) return
+      this.#out.delete(src)
+      if (!this.#closed) this.#opts.onLinkDown(src, "out", "the connection closed")
+    })
+  }
+
+  /** Sends one frame to a peer: header, count and payload packed into one pooled buffer. Throws when the link is gone. */
+  send(peer: number, header: Uint8Array, payload: Uint8Array): void {
+    const out = this.#out.get(peer)
+    if (!out) throw new Error(`the direct link to rank ${peer} is gone`)
+    const n = PREFIX + payload.length
+    const buf = sendPool.take(n)
+    buf.set(header.subarray(0, HEADER_BYTES), 0)
+    new DataView(buf.buffer, buf.byteOffset + HEADER_BYTES, 4).setUint32(0, payload.length, true)
+    buf.set(payload, PREFIX)
+    this.bytesSent += n
+    out.socket.write(buf, () => sendPool.give(buf))
+  }
+
+  /** Closes the listener and every link; pending writes are flushed first (end, then destroy after a grace period). */
+  async close(): Promise<void> {
+    if (this.#closed) return
+    this.#closed = true
+    const sockets = [...[...this.#out.values(), ...this.#in.values()].map((l) => l.socket), ...this.#pending]
+    this.#out.clear()
+    this.#in.clear()
+    this.#pending.clear()
+    await Promise.all([
+      ...this.#servers.map((s) => new Promise<void>((resolve) => s.close(() => resolve()))),
+      ...sockets.map(
+        (s) =>
+          new Promise<void>((resolve) => {
+            if (s.destroyed) return resolve()
+            const t = setTimeout(() => (s.destroy(), resolve()), 2_000)
+            t.unref()
+            s.once("close", () => (clearTimeout(t), resolve()))
+            s.end()
+          })
+      )
+    ])
+  }
+}

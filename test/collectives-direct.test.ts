@@ -1,0 +1,179 @@
+// The direct data path (collectives/direct.ts) between real rank processes, NATS staying the bus:
+// every collective and algorithm over direct links (a Unix socket inside a node, TCP across), with
+// small chunks and windows so flow control is exercised; "auto" keeping small calls on NATS; and
+// the failure cases: an address nobody can reach and a peer with another job's secret fall back to
+// NATS by themselves and say why, a stranger on the port is refused, and a peer killed
+// mid-transfer is named by the others at once rather than after the deadline.
+import * as crypto from "node:crypto"
+import * as net from "node:net"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { allReduceAlgorithms } from "../collectives/algorithms/index.ts"
+import type { TransportInfo } from "../collectives/communicator.ts"
+import { launchNatsServer, type NatsServerProcess } from "../core/nats-server.ts"
+import { failuresOf, type Case, type CaseResult } from "./support/collectives-cases.ts"
+import { RankFleet, type RankError } from "./support/collectives-fleet.ts"
+
+const P = 4
+const SECRET = crypto.randomBytes(32).toString("hex")
+const CHUNK_BYTES = 16 * 1024
+const WINDOW_BYTES = 64 * 1024
+
+let server: NatsServerProcess
+let fleet: RankFleet
+
+beforeAll(async () => {
+  server = await launchNatsServer({ jetstream: false })
+  fleet = await RankFleet.start({ size: P, server: () => server.url })
+})
+
+afterAll(async () => {
+  await fleet?.stop()
+  await server?.stop()
+})
+
+type Created = { transport: TransportInfo }
+
+const create = (group: string, node: (rank: number) => string, direct: (rank: number) => Record<string, unknown>, extra: Record<string, unknown> = {}): Promise<Created[]> =>
+  fleet.all<Created>(P, (rank) => ({
+    cmd: "create",
+    group,
+    rank,
+    worldSize: P,
+    node: node(rank),
+    timeoutMs: 20_000,
+    chunkBytes: CHUNK_BYTES,
+    windowBytes: WINDOW_BYTES,
+    direct: { secret: SECRET, ...direct(rank) },
+    ...extra
+  }))
+
+const transports = (group: string): Promise<TransportInfo[]> => fleet.all<TransportInfo>(P, () => ({ cmd: "transport", group }))
+
+const run = async (group: string, cases: Case[]): Promise<string[]> => failuresOf(cases, await fleet.all<CaseResult[]>(P, () => ({ cmd: "run", group, cases })))
+
+const close = (group: string): Promise<unknown> => fleet.all(P, () => ({ cmd: "close", group }))
+
+/** Every operation, every registered all-reduce algorithm with and without fan-out, fp16, lengths from 0 to many chunks. */
+const everyCase = (): Case[] => {
+  const cases: Case[] = []
+  let seed = 1
+  for (const a of allReduceAlgorithms()) {
+    for (const reduce of ["sum", "mean", "max", "weightedMean"] as const) {
+      for (const length of [0, 1, P - 1, 2001, 40_000]) cases.push({ op: "allReduce", algorithm: a.name, reduce, length, seed: seed++ })
+    }
+    for (const fanout of a.usesFanout ? [true, false] : [true]) {
+      cases.push({ op: "allReduce", algorithm: a.name, reduce: "sum", wire: "f16", length: 30_001, seed: seed++, fanout })
+    }
+    cases.push({ op: "allReduce", algorithm: a.name, reduce: "sum", length: 20_000, seed: seed++, concurrent: 3 })
+  }
+  for (const length of [0, 5, 30_000]) {
+    cases.push({ op: "reduceScatter", reduce: "sum", length, seed: seed++ })
+    cases.push({ op: "broadcast", length, root: length % P, seed: seed++ })
+    cases.push({ op: "allGather", length, seed: seed++ })
+  }
+  cases.push({ op: "barrier", length: 0, seed: seed++ })
+  return cases
+}
+
+const viaOf = (t: TransportInfo, peer: number): string | undefined => t.links.find((l) => l.rank === peer)?.via
+
+describe("the direct data path", () => {
+  it("carries every collective and algorithm: results match the reference, bitwise identical on every rank; a Unix socket inside a node, TCP across", async () => {
+    const group = "direct-all"
+    const node = (r: number): string => `node${r >> 1}`
+    await create(group, node, () => ({ transport: "direct" }))
+    expect(await run(group, everyCase())).toEqual([])
+    const t = await transports(group)
+    for (let r = 0; r < P; r++) {
+      for (let q = 0; q < P; q++) if (q !== r) expect(viaOf(t[r]!, q)).toBe(node(q) === node(r) ? "unix" : "tcp")
+      // the bulk went direct (tens of MiB over the cases), and each rank took what the others sent
+      expect(t[r]!.bytesSent).toBeGreaterThan(1_000_000)
+      expect(t[r]!.rejected).toBe(0)
+    }
+    expect(t.reduce((n, x) => n + x.bytesSent, 0)).toBe(t.reduce((n, x) => n + x.bytesReceived, 0))
+    await close(group)
+  })
+
+  it('"auto" keeps calls below minBytes on NATS and sends larger ones direct', async () => {
+    const group = "direct-auto"
+    await create(group, (r) => `n${r}`, () => ({ transport: "auto", minBytes: 64 * 1024 }))
+    expect(await run(group, [{ op: "allReduce", algorithm: "ring", reduce: "sum", length: 1000, seed: 3 }])).toEqual([])
+    for (const t of await transports(group)) expect(t.bytesSent).toBe(0)
+    expect(await run(group, [{ op: "allReduce", algorithm: "ring", reduce: "sum", length: 100_000, seed: 4 }])).toEqual([])
+    // every rank sends at least (p-1)/p of 400 KB twice over in a ring all-reduce
+    for (const t of await transports(group)) expect(t.bytesSent).toBeGreaterThan(400_000)
+    await close(group)
+  })
+
+  it("falls back to NATS for a peer whose advertised address cannot be reached, says why, and computes the same", async () => {
+    const group = "direct-unreachable"
+    // Rank 3 listens on 127.0.0.1 but advertises 127.0.0.2, where nothing listens on its port.
+    await create(group, (r) => `n${r}`, (r) => ({ transport: "direct", ...(r === 3 ? { advertise: "127.0.0.2", unixSocket: false } : {}) }))
+    const t = await transports(group)
+    // Nobody can dial rank 3 to read from it: it sends to everyone over NATS, and says why.
+    for (const link of t[3]!.links) {
+      expect(link.via).toBe("nats")
+      expect(link.why).toMatch(new RegExp(`rank ${link.rank} could not dial this rank: .*(ECONNREFUSED|connecting to rank 3)`))
+    }
+    // Rank 3 dialled the others: they send to it, and to each other, direct.
+    for (const r of [0, 1, 2]) expect(t[r]!.links.map((l) => l.via)).toEqual(["tcp", "tcp", "tcp"])
+    expect(await run(group, everyCase().filter((c) => c.op === "allReduce" && c.length > 1000))).toEqual([])
+    await close(group)
+  })
+
+  it("refuses a peer with another job's secret (its links run over NATS) and a stranger on the port, and computes the same", async () => {
+    const group = "direct-secret"
+    await create(group, (r) => `n${r}`, (r) => ({ transport: "direct", ...(r === 2 ? { secret: crypto.randomBytes(32).toString("hex") } : {}) }))
+    const t = await transports(group)
+    for (const r of [0, 1, 3]) {
+      const link = t[r]!.links.find((l) => l.rank === 2)!
+      expect(link.via).toBe("nats")
+      expect(link.why).toMatch(/rank 2 could not dial this rank: rank \d refused this rank's authentication/)
+      // rank 2's attempt to connect was refused here
+      expect(t[r]!.rejected).toBeGreaterThanOrEqual(1)
+    }
+    expect(t[2]!.links.every((l) => l.via === "nats")).toBe(true)
+    expect(t[2]!.rejected).toBe(3)
+
+    // A stranger: connects to rank 0's port, answers the challenge with garbage, and is dropped.
+    const addr = t[0]!.address!
+    const closed = await new Promise<boolean>((resolve) => {
+      const s = net.connect({ host: addr.host, port: addr.port })
+      s.on("data", () => s.write(Buffer.concat([Buffer.from("GWD1"), Buffer.alloc(10 + 5 + 16 + 32, 7)])))
+      s.on("error", () => {})
+      s.on("close", () => resolve(true))
+    })
+    expect(closed).toBe(true)
+    expect((await transports(group))[0]!.rejected).toBe(t[0]!.rejected + 1)
+
+    expect(await run(group, everyCase().filter((c) => c.op === "allReduce" && c.length > 1000))).toEqual([])
+    // frames between the others went direct, none to or from rank 2
+    const after = await transports(group)
+    expect(after[2]!.bytesSent).toBe(0)
+    expect(after[2]!.bytesReceived).toBe(0)
+    expect(after[0]!.bytesSent).toBeGreaterThan(0)
+    await close(group)
+  })
+
+  // Last: it kills a rank process of the fleet.
+  it("names a peer killed mid-transfer at once on every survivor, well before the deadline", async () => {
+    const group = "direct-kill"
+    const deadline = 20_000
+    await create(group, (r) => `n${r}`, () => ({ transport: "direct" }), { timeoutMs: deadline })
+    // 16 MiB through 16 KiB chunks and 64 KiB windows: mid-flight for a while.
+    const c: Case = { op: "allReduce", algorithm: "ring", reduce: "sum", length: 4_000_000, seed: 9 }
+    await Promise.all([0, 1, 2, 3].map((proc) => fleet.call(proc, { cmd: "start", group, case: c })))
+    await new Promise((r) => setTimeout(r, 150))
+    fleet.kill(1, "SIGKILL")
+    type Outcome = { ok: true; ms: number } | { ok: false; error: RankError; ms: number }
+    const outcomes = await Promise.all([0, 2, 3].map((proc) => fleet.call<Outcome>(proc, { cmd: "result" }, 30_000)))
+    for (const o of outcomes) {
+      expect(o.ok).toBe(false)
+      if (o.ok) continue
+      expect(["CollectiveTimeout", "CollectiveAborted"]).toContain(o.error.tag)
+      expect(o.error.fields.failedRanks as number[]).toContain(1)
+      // the closed link started the liveness probe: nobody waited out the 20 s deadline
+      expect(o.ms).toBeLessThan(deadline / 2)
+    }
+  })
+})
