@@ -123,8 +123,39 @@ export interface DirectOptions {
   readonly connectTimeoutMs?: number
 }
 
+const fmtBytes = (b: number): string => (b >= 1024 * 1024 ? `${b / (1024 * 1024)} MiB` : b >= 1024 ? `${b / 1024} KiB` : `${b} B`)
+
+/** A few lines for explain.txt: the choice, the measured ladder when there is one, and each link's path (fallbacks with why). */
+export const describeTransport = (t: TransportInfo, m?: TransportMeasurement): string => {
+  const rule =
+    t.choice === "nats"
+      ? "every call over NATS"
+      : t.choice === "direct"
+        ? "every call over the direct links"
+        : t.minBytes === Number.POSITIVE_INFINITY
+          ? "every call over NATS (the direct path measured slower)"
+          : t.minBytes === 0
+            ? "every call over the direct links (measured faster at every size)"
+            : `calls from ${fmtBytes(t.minBytes)} over the direct links, smaller ones over NATS`
+  const lines = [`transport: ${t.choice}${t.tls ? " (TLS-PSK)" : ""} - ${rule}`]
+  if (m && m.rows.length > 0) {
+    lines.push(`  measured (median all-reduce ms, NATS vs direct): ${m.rows.map((r) => `${fmtBytes(r.bytes)} ${r.natsMs.toFixed(2)} vs ${r.directMs.toFixed(2)}`).join(", ")}`)
+  }
+  if (t.choice !== "nats") {
+    const links = t.links.map((l) => `rank ${l.rank} ${l.via}${l.why ? ` (${l.why})` : ""}`)
+    lines.push(`  this rank sends to: ${links.join("; ")}`)
+  }
+  return lines.join("\n")
+}
+
 /** "auto" sends calls of at least this many bytes direct. */
 export const DIRECT_MIN_BYTES = 64 * 1024
+
+/** measureTransport's figures: per size the median all-reduce ms over each path, and the threshold chosen. */
+export interface TransportMeasurement {
+  readonly minBytes: number
+  readonly rows: ReadonlyArray<{ readonly bytes: number; readonly natsMs: number; readonly directMs: number }>
+}
 
 /** How this rank's calls reach each peer, for explain.txt and the benchmark. */
 export interface TransportInfo {
@@ -153,6 +184,11 @@ export interface PeerInfo {
 interface CallOptions {
   /** Overrides the communicator's timeoutMs for this call. */
   readonly timeoutMs?: number
+  /**
+   * This call's path, overriding the communicator's choice by size: "nats", or "direct" (where the
+   * links are up). The same on every rank is not required: each sender decides for its own frames.
+   */
+  readonly transport?: "nats" | "direct"
 }
 
 export interface AllReduceOptions extends CallOptions {
@@ -328,7 +364,7 @@ export class Communicator {
   readonly #ranks: ReadonlyArray<number>
   readonly #direct: DirectEndpoint | undefined
   readonly #transport: TransportChoice
-  readonly #directMinBytes: number
+  #directMinBytes: number
   readonly #directTls: boolean
   /** Peers this rank sends to directly: they dialled it and said so (replaced, never mutated, when a link goes). */
   #directPeers: ReadonlySet<number> = new Set()
@@ -799,7 +835,8 @@ export class Communicator {
   // ------------------------------------------------------------------------------------------
   // running one call
 
-  async #run<T>(sig: OpSignature, timeoutMs: number | undefined, body: (op: Operation) => Promise<T>): Promise<T> {
+  async #run<T>(sig: OpSignature, call: CallOptions, body: (op: Operation) => Promise<T>): Promise<T> {
+    const timeoutMs = call.timeoutMs
     if (this.#closed instanceof CollectiveAborted) {
       // A peer aborted the group before this rank got to the call: say so, with the peer's cause,
       // rather than a bare "closed" (the same outcome as if the abort had come a moment later).
@@ -813,7 +850,9 @@ export class Communicator {
     const op = new Operation(this.#host, seq, sig, describeOp)
     op.timeoutMs = timeoutMs
     this.#ops.set(seq, op)
-    const direct = this.#directPeers.size > 0 && (this.#transport === "direct" || sig.length * (sig.half ? 2 : 4) >= this.#directMinBytes)
+    const direct =
+      this.#directPeers.size > 0 &&
+      (call.transport !== undefined ? call.transport === "direct" : this.#transport === "direct" || sig.length * (sig.half ? 2 : 4) >= this.#directMinBytes)
     if (direct) this.#directSeqs.set(seq, this.#directPeers)
     this.#ensureWatchdog()
     let running: Promise<T>
@@ -898,6 +937,38 @@ export class Communicator {
     }
   }
 
+  /**
+   * transport "auto": times all-reduces of a ladder of sizes over NATS and over the direct links
+   * (interleaved, median of `reps`), and sends calls direct from the smallest size on which the
+   * direct path was at least as fast at that size and every larger one (never, if it lost at the
+   * largest). Every rank must call it at the same point (the calls are collectives); each keeps its
+   * own threshold, since each sender chooses the path of its own frames. Returns the figures.
+   */
+  async measureTransport(opts: { sizes?: ReadonlyArray<number>; reps?: number; algorithm?: AllReduceAlgorithm } = {}): Promise<TransportMeasurement> {
+    const sizes = opts.sizes ?? [4 * 1024, 64 * 1024, 1024 * 1024]
+    const reps = opts.reps ?? 3
+    const rows: Array<{ bytes: number; natsMs: number; directMs: number }> = []
+    if (this.#directPeers.size === 0 || this.#transport !== "auto") return { minBytes: this.#directMinBytes, rows }
+    const med = (xs: number[]): number => [...xs].sort((a, b) => a - b)[xs.length >> 1]!
+    for (const bytes of sizes) {
+      const buf = new Float32Array(Math.max(1, bytes >> 2))
+      const t: Record<"nats" | "direct", number[]> = { nats: [], direct: [] }
+      for (let i = 0; i <= reps; i++) {
+        for (const transport of i % 2 === 0 ? (["nats", "direct"] as const) : (["direct", "nats"] as const)) {
+          buf.fill(1)
+          const t0 = performance.now()
+          await this.allReduce(buf, { algorithm: opts.algorithm ?? "ring", transport })
+          if (i > 0) t[transport].push(performance.now() - t0) // the first round warms both paths up
+        }
+      }
+      rows.push({ bytes, natsMs: med(t.nats), directMs: med(t.direct) })
+    }
+    let minBytes = Number.POSITIVE_INFINITY
+    for (let i = rows.length - 1; i >= 0 && rows[i]!.directMs <= rows[i]!.natsMs; i--) minBytes = i === 0 ? 0 : rows[i]!.bytes
+    this.#directMinBytes = minBytes
+    return { minBytes, rows }
+  }
+
   /** How this rank's calls reach each peer. */
   get transport(): TransportInfo {
     const links = this.peers
@@ -958,7 +1029,7 @@ export class Communicator {
   /** Resolves on every rank once all ranks have called it. */
   async barrier(opts: CallOptions = {}): Promise<void> {
     if (this.worldSize === 1) return
-    await this.#run({ name: "barrier", opcode: Opcode.barrier, variant: 0, length: 0, half: false }, opts.timeoutMs, (op) =>
+    await this.#run({ name: "barrier", opcode: Opcode.barrier, variant: 0, length: 0, half: false }, opts, (op) =>
       disseminationBarrier(op, this.worldSize)
     )
   }
@@ -972,7 +1043,7 @@ export class Communicator {
     const half = this.#wire("broadcast", opts.wire)
     if (this.worldSize === 1) return data
     const variant = variantOf(broadcastCode[algorithm], 0, half)
-    return this.#run({ name: "broadcast", opcode: Opcode.broadcast, variant, length: data.length, half }, opts.timeoutMs, async (op) => {
+    return this.#run({ name: "broadcast", opcode: Opcode.broadcast, variant, length: data.length, half }, opts, async (op) => {
       // The root keeps exactly what the others decode.
       if (half && this.rank === root) roundToHalf(data)
       await broadcastChunks(op, data, root, this.worldSize, this.#chunkFor(data.length, 1), half, algorithm === "fanout")
@@ -995,7 +1066,7 @@ export class Communicator {
     if (half) roundToHalf(out.subarray(this.rank * n, (this.rank + 1) * n))
     const variant = variantOf(gatherCode[algorithm], 0, half)
     // The length on the wire is the total, so a rank with a different block size is caught.
-    return this.#run({ name: "allGather", opcode: Opcode.allGather, variant, length: p * n, half }, opts.timeoutMs, async (op) => {
+    return this.#run({ name: "allGather", opcode: Opcode.allGather, variant, length: p * n, half }, opts, async (op) => {
       await allGatherBlocks(op, out, n, p, this.#chunkFor(n, 1), half, algorithm === "fanout")
       return out
     })
@@ -1012,7 +1083,7 @@ export class Communicator {
     const [s, e] = segmentBounds(data.length, this.worldSize, this.rank)
     if (this.worldSize === 1) return soloResult(data, rop, weight).subarray(s, e)
     const variant = variantOf(0, reduceCode[rop], half)
-    return this.#run({ name: "reduceScatter", opcode: Opcode.reduceScatter, variant, length: data.length, half }, opts.timeoutMs, async (op) => {
+    return this.#run({ name: "reduceScatter", opcode: Opcode.reduceScatter, variant, length: data.length, half }, opts, async (op) => {
       if (rop === "weightedMean") scale(data, 0, data.length, weight)
       const reduce: Reduction = { op: rop, count: this.worldSize, weight, half }
       await ringReduce(op, data, { members: this.#ranks, index: this.rank, chunkElems: this.#chunkFor(data.length, this.worldSize), stepBase: 0, reduce, scatterOnly: true })
@@ -1057,7 +1128,7 @@ export class Communicator {
     if (this.worldSize === 1) return soloResult(data, rop, weight)
     const fanout = opts.fanout !== false
     const variant = variantOf(algorithm.code, reduceCode[rop], half, !fanout && algorithm.usesFanout === true)
-    return this.#run({ name: "allReduce", opcode: Opcode.allReduce, variant, length: data.length, half }, opts.timeoutMs, async (op) => {
+    return this.#run({ name: "allReduce", opcode: Opcode.allReduce, variant, length: data.length, half }, opts, async (op) => {
       if (rop === "weightedMean") scale(data, 0, data.length, weight)
       const call: AllReduceCall = {
         op,

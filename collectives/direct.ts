@@ -219,6 +219,8 @@ export class DirectEndpoint {
       })
     const tcp = make()
     await listenOn(tcp, { host, port: 0 })
+    // Links and listeners never keep a process alive by themselves (the bus connection does).
+    tcp.unref()
     const port = (tcp.address() as net.AddressInfo).port
     const servers = [tcp]
     let sock: string | undefined
@@ -228,6 +230,7 @@ export class DirectEndpoint {
       const uds = make()
       try {
         await listenOn(uds, { path: sock })
+        uds.unref()
         servers.push(uds)
         uds.on("close", () => fs.rmSync(dir, { recursive: true, force: true }))
       } catch {
@@ -337,6 +340,7 @@ export class DirectEndpoint {
       this.bytesReceived += chunk.length
       if (!broken) parser.push(chunk)
     }
+    socket.unref()
     this.#in.set(peer, { socket, via })
     socket.on("close", () => {
       if (this.#in.get(peer)?.socket !== socket) return
@@ -412,6 +416,7 @@ export class DirectEndpoint {
     socket.off("data", onData)
     if (this.#closed) return void socket.destroy()
     socket.setNoDelay(true)
+    socket.unref()
     // Frames only flow out on this socket; anything more from the dialler is a protocol breach.
     socket.on("data", () => socket.destroy())
     const prev = this.#out.get(src)

@@ -144,6 +144,14 @@ export const CollectiveConfig = Schema.Struct({
   wireDtype: Schema.optional(Schema.Literals(["float32", "float16"])),
   /** Deadline for any single collective wait; a dead or stalled rank fails the step after it. Default 30 s (COLLECTIVE_TIMEOUT_MS). */
   timeoutMs: Schema.optional(PositiveInt),
+  /**
+   * How collective frames travel between workers: "auto" (default) over direct TCP / Unix-socket
+   * links between the workers for the sizes where the group measured them faster, NATS for the
+   * rest; "direct": every call over the direct links; "nats": everything through the NATS servers.
+   * A worker that peers cannot reach gets NATS either way, and explain.txt says why. The links
+   * authenticate with a per-run secret and run TLS (pre-shared key) when the bus uses TLS.
+   */
+  transport: Schema.optional(Schema.Literals(["auto", "nats", "direct"])),
   /** Heterogeneity-aware per-worker batch sizes (needs a global batch size). */
   adaptiveBatching: Schema.optional(Schema.Boolean),
   /**

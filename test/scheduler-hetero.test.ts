@@ -53,5 +53,12 @@ describe("heterogeneity-aware batching and automatic choice in a Trainer run", (
     // every registered all-reduce algorithm is predicted (the list is the registry's)
     expect(allReduceAlgorithmNames()).toContain(json.buckets[0].chosen)
     expect(Object.keys(json.buckets[0].predictedMs)).toEqual(allReduceAlgorithmNames())
+    // The transport (collectiveConfig.transport "auto" by default): the workers of one machine
+    // talk over Unix sockets, and the sizes measured decide which calls take them.
+    expect(text).toMatch(/transport: auto - /)
+    expect(text).toMatch(/measured \(median all-reduce ms, NATS vs direct\): 4 KiB /)
+    expect(text).toMatch(/this rank sends to: rank 1 unix; rank 2 unix/)
+    expect(json.transport.links.map((l: { via: string }) => l.via)).toEqual(["unix", "unix"])
+    expect(json.transport.measured.rows).toHaveLength(3)
   }, 180_000)
 })

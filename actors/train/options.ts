@@ -211,7 +211,8 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
       bucketSizeMiB: coll.bucketSizeMiB ?? BUCKET_SIZE_MIB,
       firstBucketSizeMiB: coll.firstBucketSizeMiB ?? FIRST_BUCKET_SIZE_MIB,
       wireDtype: coll.wireDtype ?? "float32",
-      timeoutMs: coll.timeoutMs ?? COLLECTIVE_TIMEOUT_MS
+      timeoutMs: coll.timeoutMs ?? COLLECTIVE_TIMEOUT_MS,
+      transport: coll.transport ?? "auto"
     },
     cluster,
     datasets,

@@ -182,6 +182,10 @@ export const WorkerArgs = Schema.Struct({
     firstBucketSizeMiB: Schema.Number,
     wireDtype: Schema.String,
     timeoutMs: Schema.Number,
+    /** collectiveConfig.transport (absent: "auto"). */
+    transport: Schema.optionalKey(Schema.Literals(["auto", "nats", "direct"])),
+    /** The run's secret for the direct links (hex), made by the driver per run and handed out over the bus, never written to the run directory. */
+    directSecret: Schema.optionalKey(Schema.String),
     /** Heterogeneity-aware per-rank batches for fit({ globalBatchSize }). */
     adaptiveBatching: Schema.optionalKey(Schema.Boolean),
     /** collectiveConfig.zeroStage (absent: 0). */

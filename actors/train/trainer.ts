@@ -6,6 +6,7 @@
 // resume from); checkpoint bytes travel over NATS and land under storagePath, or in a JetStream
 // object store bucket with checkpointConfig.objectStore, so workers never need a shared
 // filesystem. The run directory is written by observe/run-recorder.ts.
+import { randomBytes } from "node:crypto"
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
 import { nuid } from "@nats-io/nats-core"
@@ -663,7 +664,8 @@ export class Trainer {
       loopExport: cfg.loop.export,
       ...(datasetModules(cfg.datasets).length > 0 ? { datasetModules: datasetModules(cfg.datasets) } : {}),
       loopConfig: cfg.loopConfig,
-      collective: cfg.collective,
+      // The direct links' secret: one per run, to the workers over the bus only (not in the run directory).
+      collective: { ...cfg.collective, directSecret: randomBytes(32).toString("hex") },
       seed: cfg.seed,
       timeline: cfg.run.timeline === true,
       natsOutageTimeoutMs: cfg.natsOutageTimeoutMs,

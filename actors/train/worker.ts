@@ -13,7 +13,7 @@ import { loadEngine, type BackendKind } from "../../core/engine.ts"
 import { ConfigError } from "../../core/errors.ts"
 import { ModuleNotAllowed } from "../node/errors.ts"
 import { decodeMessage, encodeMessage } from "../../core/wire.ts"
-import { Communicator, type AllReduceAlgorithm } from "../../collectives/communicator.ts"
+import { Communicator, describeTransport, type AllReduceAlgorithm, type DirectOptions } from "../../collectives/communicator.ts"
 import { GradientReducer } from "../../collectives/gradient-reducer.ts"
 import { blamedRanks } from "../../collectives/errors.ts"
 import { parseCompressionConfig, type ResolvedCompressionConfig } from "../../collectives/compression/index.ts"
@@ -133,6 +133,19 @@ export const trainWorker = defineActor(
         ;[nc, cnc] = opened.map((o) => (o as PromiseFulfilledResult<OpenedConnection>).value.nc)
         const dataNc = nc
         const controlNc = cnc
+        // The direct links (collectives/direct.ts): listen where this worker reaches the bus from
+        // (the local address of its collective connection), unless GRADWIRE_DIRECT_HOST says
+        // otherwise; TLS-PSK when the bus runs TLS.
+        const transport = args.collective.transport ?? "auto"
+        const direct: DirectOptions | undefined =
+          transport === "nats" || args.collective.directSecret === undefined
+            ? undefined
+            : {
+                transport,
+                secret: Buffer.from(args.collective.directSecret, "hex"),
+                host: process.env.GRADWIRE_DIRECT_HOST || localAddressOf(dataNc),
+                tls: spec.tls !== undefined
+              }
         const compression = parseCompressionConfig(args.collective.compression, "collectiveConfig.compression")
         // Timeline events (only with runConfig.timeline), shipped to the controller in batches.
         const trace: TraceEvent[] = []
@@ -151,14 +164,24 @@ export const trainWorker = defineActor(
             rank: p.rank,
             worldSize: p.worldSize,
             node: p.nodes[p.rank],
-            timeoutMs: args.collective.timeoutMs
+            timeoutMs: args.collective.timeoutMs,
+            ...(direct ? { direct } : {})
           })
           try {
+            // "auto": which sizes the direct links carry faster, measured by the group (collectives).
+            const measured = transport === "auto" && direct ? await comm.measureTransport() : undefined
+            const transportText = describeTransport(comm.transport, measured)
+            if (p.rank === 0 && direct) ctx.log.info(transportText)
             const reducer = new AutoGradientReducer(comm, {
               ...(await prepareAutoCollectives({
                 nc: dataNc, comm, cluster: system.cluster, job: system.job, algorithm: args.collective.algorithm, compression, log: ctx.log,
                 ...(p.rank === 0
-                  ? { onExplain: (e, summary) => void system.tellPromise(controller, "explain", { attempt: p.attempt, text: e.text, json: e.json, summary }).catch(() => {}) }
+                  ? {
+                      onExplain: (e, summary) =>
+                        void system
+                          .tellPromise(controller, "explain", { attempt: p.attempt, text: `${e.text}\n${transportText}`, json: { ...e.json, transport: { ...comm.transport, measured } }, summary })
+                          .catch(() => {})
+                    }
                   : {})
               })),
               wire: args.collective.wireDtype === "float16" ? "f16" : "f32",
@@ -362,7 +385,8 @@ export const trainWorker = defineActor(
               rank: members.indexOf(p.rank),
               worldSize: members.length,
               node: p.nodes[p.rank],
-              timeoutMs: args.collective.timeoutMs
+              timeoutMs: args.collective.timeoutMs,
+              ...(direct ? { direct } : {})
             })
           },
           fetchDataset: (name) => system.askPromise(controller, "dataset", { name }, { timeoutMs: 120_000 }),
@@ -441,3 +465,11 @@ export const trainWorker = defineActor(
 )
 
 export default trainWorker
+
+/** The local address of a NATS connection's socket: where peers on the bus's network reach this host (127.0.0.1 on loopback). */
+const localAddressOf = (nc: NatsConnection): string => {
+  const socket = (nc as unknown as { protocol?: { transport?: { socket?: { localAddress?: string } } } }).protocol?.transport?.socket
+  const a = socket?.localAddress
+  if (!a) return "127.0.0.1"
+  return a.startsWith("::ffff:") ? a.slice(7) : a
+}
