@@ -1,7 +1,7 @@
 // The direct data path (collectives/direct.ts) between real rank processes, NATS staying the bus:
 // every collective and algorithm over direct links (a Unix socket inside a node, TCP across), with
 // small chunks and windows so flow control is exercised; "auto" keeping small calls on NATS; and
-// the failure cases: an address nobody can reach and a peer with another job's secret fall back to
+// TLS with the secret as pre-shared key; the failure cases: an address nobody can reach and a peer with another job's secret fall back to
 // NATS by themselves and say why, a stranger on the port is refused, and a peer killed
 // mid-transfer is named by the others at once rather than after the deadline.
 import * as crypto from "node:crypto"
@@ -105,6 +105,26 @@ describe("the direct data path", () => {
     await close(group)
   })
 
+  it('"auto" measures a ladder of sizes over both paths and goes direct from the smallest size it wins at and above', async () => {
+    const group = "direct-measure"
+    await create(group, (r) => `n${r}`, () => ({ transport: "auto" }))
+    type M = { minBytes: number | null; rows: Array<{ bytes: number; natsMs: number; directMs: number }>; info: TransportInfo }
+    const sizes = [4096, 65536, 262144]
+    const ms = await fleet.all<M>(P, () => ({ cmd: "measureTransport", group, sizes, reps: 2 }))
+    for (const m of ms) {
+      expect(m.rows.map((r) => r.bytes)).toEqual(sizes)
+      for (const r of m.rows) expect(r.natsMs > 0 && r.directMs > 0).toBe(true)
+      // the threshold is the rule applied to the rows: direct wins at it and every larger size, and loses just below
+      const min = m.minBytes ?? Number.POSITIVE_INFINITY
+      for (const r of m.rows) if (r.bytes >= min) expect(r.directMs).toBeLessThanOrEqual(r.natsMs)
+      const below = m.rows.filter((r) => r.bytes < min).at(-1)
+      if (below && min !== Number.POSITIVE_INFINITY) expect(below.directMs).toBeGreaterThan(below.natsMs)
+      if (min === Number.POSITIVE_INFINITY) expect(m.rows.at(-1)!.directMs).toBeGreaterThan(m.rows.at(-1)!.natsMs)
+      expect(m.info.minBytes).toBe(m.minBytes)
+    }
+    await close(group)
+  })
+
   it("falls back to NATS for a peer whose advertised address cannot be reached, says why, and computes the same", async () => {
     const group = "direct-unreachable"
     // Rank 3 listens on 127.0.0.1 but advertises 127.0.0.2, where nothing listens on its port.
@@ -152,6 +172,18 @@ describe("the direct data path", () => {
     expect(after[2]!.bytesSent).toBe(0)
     expect(after[2]!.bytesReceived).toBe(0)
     expect(after[0]!.bytesSent).toBeGreaterThan(0)
+    await close(group)
+  })
+
+  it("runs TLS 1.2 with the job secret as pre-shared key when asked (as when the bus runs TLS), with the same results", async () => {
+    const group = "direct-tls"
+    await create(group, (r) => `node${r >> 1}`, () => ({ transport: "direct", tls: true }))
+    expect(await run(group, everyCase().filter((c) => c.length > 1000))).toEqual([])
+    for (const t of await transports(group)) {
+      expect(t.tls).toBe(true)
+      expect(t.links.every((l) => l.via !== "nats")).toBe(true)
+      expect(t.bytesSent).toBeGreaterThan(100_000)
+    }
     await close(group)
   })
 

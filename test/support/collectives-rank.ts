@@ -313,6 +313,11 @@ const handle = async (m: Record<string, any>): Promise<unknown> => {
       return pendingCall ?? null
     case "transport":
       return comm(m.group).transport
+    case "measureTransport": {
+      const r = await comm(m.group).measureTransport({ sizes: m.sizes, reps: m.reps })
+      // Infinity does not survive JSON
+      return { ...r, minBytes: Number.isFinite(r.minBytes) ? r.minBytes : null, info: comm(m.group).transport }
+    }
     case "benchAllReduce":
       return benchAllReduce(comm(m.group), m.n, m.algorithm, m.iters, m.warmup, m.wire, m.fanout)
     case "benchRaw":
