@@ -88,6 +88,14 @@ export const natsReadPool: Setting<boolean> = {
   read: () => onUnlessZero("GRADWIRE_NATS_READ_POOL")
 }
 
+/** The address a worker's direct collective links listen on and advertise (undefined: where it reaches the bus from). */
+export const directHost: Setting<string | undefined> = {
+  name: "GRADWIRE_DIRECT_HOST",
+  default: "the local address of the worker's NATS connection",
+  description: "address a worker's direct links (collectiveConfig.transport) listen on and peers dial, e.g. on a machine with several networks",
+  read: () => raw("GRADWIRE_DIRECT_HOST") || undefined
+}
+
 /** The nats-server binary to run (undefined: look on PATH). */
 export const natsServerBin: Setting<string | undefined> = {
   name: "NATS_SERVER_BIN",
@@ -144,6 +152,7 @@ export const SETTINGS: ReadonlyArray<Setting<unknown>> = [
   dashboardToken,
   simd,
   natsReadPool,
+  directHost,
   natsServerBin,
   ci,
   searchPath,

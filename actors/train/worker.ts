@@ -19,6 +19,7 @@ import { blamedRanks } from "../../collectives/errors.ts"
 import { parseCompressionConfig, type ResolvedCompressionConfig } from "../../collectives/compression/index.ts"
 import { watchBus } from "../../core/bus-monitor.ts"
 import { NATS_OUTAGE_TIMEOUT_MS } from "../../core/defaults.ts"
+import * as settings from "../../core/settings.ts"
 import { defineActor } from "../runtime/actor.ts"
 import { toWireFailure } from "../runtime/envelope.ts"
 import { ControllerProtocol, WorkerArgs, WorkerProtocol, type Placement } from "./train-protocol.ts"
@@ -143,7 +144,7 @@ export const trainWorker = defineActor(
             : {
                 transport,
                 secret: Buffer.from(args.collective.directSecret, "hex"),
-                host: process.env.GRADWIRE_DIRECT_HOST || localAddressOf(dataNc),
+                host: settings.directHost.read() ?? localAddressOf(dataNc),
                 tls: spec.tls !== undefined
               }
         const compression = parseCompressionConfig(args.collective.compression, "collectiveConfig.compression")
