@@ -1,24 +1,37 @@
 // All-reduce benchmark: `npm run bench -- allreduce [--p 2,4] [--sizes 4K,256K,4M,64M] [--rounds N]
 // [--max-payload 8M] [--chunk 1M] [--window 16M] [--no-gloo] [--no-payload-sweep]
-// [--algorithms ring,ring-relay,...]`. The algorithms are the registered ones (collectives/algorithms/)
-// by default, each that can fan out also as "<name>-relay", without fan-out (from p = 3 on: with two
-// ranks a fan-out reaches one receiver, the same traffic as a relay).
+// [--algorithms ring,ring-relay,...] [--transports nats,direct]`. The algorithms are the registered
+// ones (collectives/algorithms/) by default, each that can fan out also as "<name>-relay", without
+// fan-out (from p = 3 on: with two ranks a fan-out reaches one receiver, the same traffic as a relay).
 //
-// For each p and size it prints every algorithm's median time, algbw (size / time) and busbw
-// (algbw x 2(p-1)/p), next to, measured in the same run:
+// --transports (default: nats,direct): the data paths to measure every algorithm on. For each p the
+// same rank processes create one communicator group per transport: "bench-p<p>" with everything over
+// NATS, and "bench-p<p>-direct" with the direct data path (collectives/direct.ts, transport
+// "direct": every call peer to peer, a random 32-byte secret per run). Ranks 2k and 2k+1 share a
+// simulated node (nodeOf), so on the direct path they talk over a Unix socket, other pairs over TCP
+// on loopback. Rows are named "<algorithm>" for NATS and "<algorithm> direct" for the direct path.
+//
+// For each p and size it prints every algorithm's median time on each transport, algbw (size /
+// time) and busbw (algbw x 2(p-1)/p), next to, measured in the same run:
 // - raw NATS moving the same bytes in the same pattern (p publisher processes, the same bytes per
 //   link, no reduction, no flow control: the transport's ceiling for that algorithm; the pattern is
 //   the one the algorithm's registry entry declares for the cost model), and
 // - torch.distributed gloo all_reduce on loopback when `/usr/bin/python3 -c "import torch"` works.
-// Every rank is its own OS process. Variants are interleaved round by round, so load from other
-// processes on the machine hits them alike; compare ratios, not absolute figures, across runs.
-// A last section shows what the server's max_payload (hence the chunk size) does to throughput.
+// Every rank is its own OS process. Variants (algorithms x transports, and the raw patterns) are
+// interleaved round by round, so load from other processes on the machine hits them alike; compare
+// ratios, not absolute figures, across runs. "x raw" is a row's time over its raw NATS pattern's in
+// the same round (for a direct row too: below 1x it beats what NATS itself could move). After each
+// (p, size) block, one line: the best NATS row, the best direct row, gloo, and best / gloo.
+// A last section shows what the server's max_payload (hence the chunk size) does to throughput
+// (NATS only: the direct path does not go through the server).
 import { spawn, spawnSync, type ChildProcess } from "node:child_process"
+import * as crypto from "node:crypto"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { launchNatsServer, freePort } from "../core/nats-server.ts"
 import { allReduceAlgorithms, allReduceAlgorithmNames, findAllReduceAlgorithm } from "../collectives/algorithms/index.ts"
+import type { TransportInfo } from "../collectives/communicator.ts"
 import { RankFleet } from "../test/support/collectives-fleet.ts"
 import type { Star } from "../test/support/netns.ts"
 
@@ -51,6 +64,18 @@ interface Args {
   readonly gloo: boolean
   readonly payloadSweep: boolean
   readonly algorithms: string[]
+  readonly transports: Transport[]
+}
+
+/** The data paths a benchmark group can use: everything over NATS, or every call over the direct links. */
+type Transport = "nats" | "direct"
+const TRANSPORTS: ReadonlyArray<Transport> = ["nats", "direct"]
+
+const parseTransports = (s: string): Transport[] => {
+  const ts = [...new Set(s.split(",").map((t) => t.trim()).filter((t) => t !== ""))]
+  for (const t of ts) if (!TRANSPORTS.includes(t as Transport)) throw new Error(`unknown transport "${t}" in --transports (use ${TRANSPORTS.join(", ")})`)
+  if (ts.length === 0) throw new Error("--transports needs at least one of nats, direct")
+  return ts as Transport[]
 }
 
 const parseArgs = (args: ReadonlyArray<string>): Args => {
@@ -67,7 +92,8 @@ const parseArgs = (args: ReadonlyArray<string>): Args => {
     window: get("--window") ? parseSize(get("--window") as string) : undefined,
     gloo: !args.includes("--no-gloo"),
     payloadSweep: !args.includes("--no-payload-sweep"),
-    algorithms: get("--algorithms")?.split(",") ?? allReduceAlgorithms().flatMap((a) => (a.usesFanout ? [a.name, `${a.name}-relay`] : [a.name]))
+    algorithms: get("--algorithms")?.split(",") ?? allReduceAlgorithms().flatMap((a) => (a.usesFanout ? [a.name, `${a.name}-relay`] : [a.name])),
+    transports: parseTransports(get("--transports") ?? TRANSPORTS.join(","))
   }
 }
 
@@ -84,8 +110,26 @@ interface Flow {
   readonly bytes: number
 }
 
-/** Simulated nodes of two ranks each, for hierarchical. */
+/** Simulated nodes of two ranks each, for hierarchical (and a Unix socket between them on the direct path). */
 const nodeOf = (rank: number): string => `node${rank >> 1}`
+
+/** "2 nodes of 2 ranks" for p = 4, as nodeOf groups them. */
+const describeNodes = (p: number): string => {
+  const counts = new Map<string, number>()
+  for (let r = 0; r < p; r++) counts.set(nodeOf(r), (counts.get(nodeOf(r)) ?? 0) + 1)
+  const bySize = new Map<number, number>()
+  for (const c of counts.values()) bySize.set(c, (bySize.get(c) ?? 0) + 1)
+  return [...bySize].map(([ranks, nodes]) => `${nodes} node${nodes === 1 ? "" : "s"} of ${ranks} rank${ranks === 1 ? "" : "s"}`).join(" + ")
+}
+
+/** A row's name: the algorithm for NATS, "<algorithm> direct" for the direct path. */
+const rowName = (algorithm: string, transport: Transport): string => (transport === "nats" ? algorithm : `${algorithm} direct`)
+
+/** One communicator group per transport, all on the same rank processes. */
+interface Group {
+  readonly transport: Transport
+  readonly group: string
+}
 
 const RELAY = "-relay"
 
@@ -270,17 +314,38 @@ const printRows = (rows: ReadonlyArray<Row>): void => {
   for (const l of lines) console.log(fmt(l))
 }
 
+/** One line per (p, size): the best NATS and best direct rows, gloo, and each best over gloo. */
+const summaryLine = (p: number, bytes: number, nats: Row | undefined, direct: Row | undefined, glooMs: number | undefined): string => {
+  const part = (label: string, r: Row | undefined): string | undefined => (r ? `best ${label} ${r.name} ${fmtMs(r.ms)} ms` : undefined)
+  const ratio = (label: string, r: Row | undefined): string | undefined => (r && glooMs !== undefined ? `${label}/gloo ${(r.ms / glooMs).toFixed(2)}x` : undefined)
+  const parts = [
+    part("NATS", nats),
+    part("direct", direct),
+    glooMs === undefined ? "gloo -" : `gloo ${fmtMs(glooMs)} ms`,
+    ratio("NATS", nats),
+    ratio("direct", direct),
+    nats && direct ? `direct/NATS ${(direct.ms / nats.ms).toFixed(2)}x` : undefined
+  ]
+  return `summary p=${p} ${fmtSize(bytes)}: ${parts.filter((x) => x !== undefined).join("; ")}\n`
+}
+
 interface Measured {
   readonly medians: Map<string, number>
   /** Median over rounds of (algorithm time / its raw pattern's time in the same round). */
   readonly pairedRatio: Map<string, number>
 }
 
-/** Runs every variant round-robin on one fleet; returns median ms per variant. */
-const measure = async (fleet: RankFleet, p: number, group: string, bytes: number, chunkBytes: number, algorithms: string[], rounds: number | undefined): Promise<Measured> => {
+/**
+ * Runs every variant round-robin on one fleet: per algorithm its raw NATS pattern (on the first
+ * group: plain publishes, whatever that group's transport) and the algorithm on each group's
+ * transport (named by rowName). Returns median ms per variant, and per algorithm row the paired
+ * ratio to its raw pattern.
+ */
+const measure = async (fleet: RankFleet, p: number, groups: ReadonlyArray<Group>, bytes: number, chunkBytes: number, algorithms: string[], rounds: number | undefined): Promise<Measured> => {
   const { rounds: R, iters } = schedule(bytes, rounds)
   const n = bytes / 4
   const variants: Variant[] = []
+  const rawGroup = groups[0]!.group
   for (const algorithm of algorithms) {
     const patterns = rawPatterns(algorithm, p, bytes, chunkBytes)
     variants.push({
@@ -289,20 +354,23 @@ const measure = async (fleet: RankFleet, p: number, group: string, bytes: number
         slowest(
           await fleet.all<number[]>(p, (rank) => {
             const { flows, inbound } = patterns[rank]!
-            return { cmd: "benchRaw", group, flows, inbound, chunkBytes, iters: k, warmup: 0, tag: algorithm }
+            return { cmd: "benchRaw", group: rawGroup, flows, inbound, chunkBytes, iters: k, warmup: 0, tag: algorithm }
           })
         )
     })
     const { call } = variantOf(algorithm)
-    variants.push({
-      name: algorithm,
-      run: async (k) => slowest(await fleet.all<number[]>(p, () => ({ cmd: "benchAllReduce", group, n, ...call, iters: k, warmup: 0 })))
-    })
+    for (const { transport, group } of groups) {
+      variants.push({
+        name: rowName(algorithm, transport),
+        run: async (k) => slowest(await fleet.all<number[]>(p, () => ({ cmd: "benchAllReduce", group, n, ...call, iters: k, warmup: 0 })))
+      })
+    }
   }
+  const rowNames = algorithms.flatMap((a) => groups.map((g) => ({ algorithm: a, name: rowName(a, g.transport) })))
   // Warm-up: one iteration of each (JIT, buffers, subscriptions).
   for (const v of variants) await v.run(1)
   const samples = new Map<string, number[]>(variants.map((v) => [v.name, []]))
-  const paired = new Map<string, number[]>(algorithms.map((a) => [a, []]))
+  const paired = new Map<string, number[]>(rowNames.map((x) => [x.name, []]))
   for (let r = 0; r < R; r++) {
     const roundMedian = new Map<string, number>()
     // Rotate the order so no variant always runs first after a pause.
@@ -312,7 +380,7 @@ const measure = async (fleet: RankFleet, p: number, group: string, bytes: number
       samples.get(v.name)?.push(...times)
       roundMedian.set(v.name, median(times))
     }
-    for (const a of algorithms) paired.get(a)?.push((roundMedian.get(a) as number) / (roundMedian.get(`raw ${a}`) as number))
+    for (const { algorithm, name } of rowNames) paired.get(name)?.push((roundMedian.get(name) as number) / (roundMedian.get(`raw ${algorithm}`) as number))
   }
   return {
     medians: new Map([...samples].map(([k, v]) => [k, median(v)])),
@@ -323,8 +391,14 @@ const measure = async (fleet: RankFleet, p: number, group: string, bytes: number
 export async function run(args: ReadonlyArray<string>): Promise<void> {
   const a = parseArgs(args)
   const gloo = a.gloo && torchAvailable()
-  console.log(`all-reduce benchmark: p ${a.ps.join(",")}, sizes ${a.sizes.map(fmtSize).join(", ")}, nats-server max_payload ${fmtSize(a.maxPayload)}, ${os.cpus().length} cores`)
+  // One secret per run, the same on every rank (hex over IPC): peers of the direct path prove they hold it.
+  const secret = crypto.randomBytes(32).toString("hex")
+  console.log(`all-reduce benchmark: p ${a.ps.join(",")}, sizes ${a.sizes.map(fmtSize).join(", ")}, transports ${a.transports.join(", ")}, nats-server max_payload ${fmtSize(a.maxPayload)}, ${os.cpus().length} cores`)
   console.log(`one OS process per rank; time = slowest rank, barrier to done; median over rounds; raw = same bytes, same pattern, plain NATS publish`)
+  console.log(
+    `ranks share simulated nodes two by two (node = rank >> 1: ${a.ps.map((p) => `p=${p}: ${describeNodes(p)}`).join("; ")})` +
+      (a.transports.includes("direct") ? `; direct path: transport "direct", a Unix socket between ranks of a node, TCP on loopback across` : "")
+  )
   if (!gloo) console.log(a.gloo ? "torch not importable by /usr/bin/python3: no gloo baseline" : "gloo baseline skipped (--no-gloo)")
   const rows: Row[] = []
   const server = await launchNatsServer({ jetstream: false, maxPayload: a.maxPayload })
@@ -333,33 +407,58 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
       const glooTimes = gloo ? await runGloo(p, a.sizes) : undefined
       const fleet = await RankFleet.start({ size: p, server: () => server.url })
       try {
-        const group = `bench-p${p}`
-        const created = await fleet.all<{ chunkElems: number; windowBytes: number }>(p, (rank) => ({
-          cmd: "create",
-          group,
-          rank,
-          worldSize: p,
-          node: nodeOf(rank),
-          chunkBytes: a.chunk,
-          windowBytes: a.window
-        }))
-        const chunkBytes = created[0].chunkElems * 4
-        console.log(`\np = ${p}: chunk ${fmtSize(chunkBytes)}, window ${fmtSize(created[0].windowBytes)} per link`)
+        const groups: Group[] = a.transports.map((transport) => ({ transport, group: transport === "nats" ? `bench-p${p}` : `bench-p${p}-${transport}` }))
+        let chunkBytes = 0
+        let windowBytes = 0
+        const linkLines: string[] = []
+        for (const { transport, group } of groups) {
+          const created = await fleet.all<{ chunkElems: number; windowBytes: number; transport: TransportInfo }>(p, (rank) => ({
+            cmd: "create",
+            group,
+            rank,
+            worldSize: p,
+            node: nodeOf(rank),
+            chunkBytes: a.chunk,
+            windowBytes: a.window,
+            ...(transport === "direct" ? { direct: { transport: "direct", secret } } : {})
+          }))
+          // The same settings on every group (the direct path does not change chunk or window).
+          chunkBytes = created[0].chunkElems * 4
+          windowBytes = created[0].windowBytes
+          if (transport === "direct") {
+            for (const [rank, c] of created.entries()) {
+              const links = c.transport.links.map((l) => `rank ${l.rank} ${l.via}${l.why ? ` (${l.why})` : ""}`).join(", ")
+              linkLines.push(`  rank ${rank} sends to: ${links}`)
+              if (c.transport.links.some((l) => l.via === "nats")) linkLines.push(`  (rank ${rank}: some links fell back to NATS; its "direct" rows are partly NATS)`)
+            }
+          }
+        }
+        console.log(`\np = ${p}: chunk ${fmtSize(chunkBytes)}, window ${fmtSize(windowBytes)} per link, ${describeNodes(p)}`)
+        if (linkLines.length > 0) console.log(`direct path (group bench-p${p}-direct):\n${linkLines.join("\n")}`)
         // With two ranks a fan-out reaches one receiver, the same traffic as a relay: "<name>" covers both.
         const algorithms = p === 2 ? a.algorithms.filter((x) => !x.endsWith(RELAY)) : a.algorithms
         for (const bytes of a.sizes) {
-          const m = await measure(fleet, p, group, bytes, chunkBytes, algorithms, a.rounds)
+          const m = await measure(fleet, p, groups, bytes, chunkBytes, algorithms, a.rounds)
           const g = glooTimes?.get(bytes)
           const block: Row[] = []
+          const best = new Map<Transport, Row>()
           for (const algorithm of algorithms) {
-            const ms = m.medians.get(algorithm) as number
-            block.push({ p, bytes, name: algorithm, ms, vsRaw: m.pairedRatio.get(algorithm), vsGloo: g === undefined ? undefined : ms / g })
+            for (const { transport } of groups) {
+              const name = rowName(algorithm, transport)
+              const ms = m.medians.get(name) as number
+              const row: Row = { p, bytes, name, ms, vsRaw: m.pairedRatio.get(name), vsGloo: g === undefined ? undefined : ms / g }
+              block.push(row)
+              const b = best.get(transport)
+              if (!b || ms < b.ms) best.set(transport, row)
+            }
           }
           for (const algorithm of algorithms) block.push({ p, bytes, name: `raw NATS, ${algorithm} pattern`, ms: m.medians.get(`raw ${algorithm}`) as number })
           if (g !== undefined) block.push({ p, bytes, name: "torch gloo all_reduce", ms: g })
           printRows(block)
+          console.log(summaryLine(p, bytes, best.get("nats"), best.get("direct"), g))
           rows.push(...block)
         }
+        for (const { group } of groups) await fleet.all(p, () => ({ cmd: "close", group }))
       } finally {
         await fleet.stop()
       }
@@ -379,7 +478,7 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
           try {
             const group = `sweep-p${p}`
             const created = await fleet.all<{ chunkElems: number }>(p, (rank) => ({ cmd: "create", group, rank, worldSize: p, node: nodeOf(rank), chunkBytes: maxPayload, windowBytes: a.window }))
-            const m = await measure(fleet, p, group, 64 * MiB, created[0].chunkElems * 4, ["ring"], a.rounds ?? 3)
+            const m = await measure(fleet, p, [{ transport: "nats", group }], 64 * MiB, created[0].chunkElems * 4, ["ring"], a.rounds ?? 3)
             const label = `max_payload ${fmtSize(maxPayload)}`
             sweep.push({ p, bytes: 64 * MiB, name: `ring, ${label}`, ms: m.medians.get("ring") as number, vsRaw: m.pairedRatio.get("ring") })
             sweep.push({ p, bytes: 64 * MiB, name: `raw ring pattern, ${label}`, ms: m.medians.get("raw ring") as number })

@@ -1,6 +1,6 @@
 // Compression benchmark: `npm run bench -- compression [--mib 64] [--p 4] [--rounds 5] [--steps 3]
 // [--max-payload 8M] [--codec-mib 16] [--algorithm ring] [--chunk 1M] [--window 8M] [--no-gloo] [--only none,fp16,...] [--prof DIR]
-// [--link 1gbit]`.
+// [--link 1gbit] [--transport nats|direct|auto]`.
 //
 // Per registered compressor (collectives/compression/), all measured in this one run:
 // - bytes this rank puts on the wire per step (GradientReducer.stats) against uncompressed fp32;
@@ -21,10 +21,20 @@
 // bridge in a hub namespace, where the nats-server runs) by a link shaped to RATE each way with
 // tc tbf, as on a cluster of p machines; gloo's workers run in the same namespaces over the same
 // links. Without it everything runs on loopback, where the 2 cores, not a link, bound the time.
+// --transport (default nats, the figures before the direct path existed): "direct" or "auto" makes
+// every rank create its Communicator with the direct data path (collectives/direct.ts): "direct"
+// sends every call peer to peer, "auto" measures the 4K/64K/1M ladder over both paths at group
+// start, as a training worker does, and sends calls direct from where it won. Each rank is a node of its own, so
+// its links are TCP (on loopback, or with --link over its shaped link, listening on and advertising
+// its namespace's address); one random secret per run is handed to every rank. Rank 0's links of
+// each codec's fleet are printed once after creation, and the bytes rank 0 sent direct at the end.
+// gloo and the nats-server are the same whatever the transport.
+import * as crypto from "node:crypto"
 import * as os from "node:os"
 import { launchNatsServer } from "../core/nats-server.ts"
 import type { ResolvedCompressionConfig } from "../collectives/compression/index.ts"
 import type { ReducerStats } from "../collectives/gradient-reducer.ts"
+import type { TransportInfo, TransportMeasurement } from "../collectives/communicator.ts"
 import { CompressionFleet } from "../test/support/compression-fleet.ts"
 import type { SlotSpec } from "../test/support/compression-cases.ts"
 import { benchCodecs, codecFigures, type CodecFigure } from "./compression-codecs.ts"
@@ -53,7 +63,12 @@ interface Args {
   readonly window: number | undefined
   /** tc rate of each rank's link (--link), or undefined for loopback. */
   readonly link: string | undefined
+  /** The ranks' data path (--transport). */
+  readonly transport: Transport
 }
+
+type Transport = "nats" | "direct" | "auto"
+const TRANSPORTS: ReadonlyArray<Transport> = ["nats", "direct", "auto"]
 
 const parseArgs = (args: ReadonlyArray<string>): Args => {
   const get = (flag: string): string | undefined => {
@@ -79,7 +94,12 @@ const parseArgs = (args: ReadonlyArray<string>): Args => {
     prof: get("--prof"),
     chunk: get("--chunk") === undefined ? undefined : num("--chunk", 1, 0.0625, 64) * MiB,
     window: get("--window") === undefined ? undefined : num("--window", 8, 0.0625, 256) * MiB,
-    link: get("--link")
+    link: get("--link"),
+    transport: ((): Transport => {
+      const t = get("--transport") ?? "nats"
+      if (!TRANSPORTS.includes(t as Transport)) throw new RangeError(`--transport must be one of ${TRANSPORTS.join(", ")}, got ${t}`)
+      return t as Transport
+    })()
   }
 }
 
@@ -156,7 +176,7 @@ const measure = async (a: Args, star: Star | undefined, dir: string): Promise<vo
   const bytes = n * 4
   console.log(
     `compression benchmark: gradient set ${slots.length} x [${slots[0].shape.join(" x ")}] fp32 = ${(bytes / MiB).toFixed(1)} MiB, p = ${a.p} ` +
-      `(one OS process per rank), ${a.algorithm} all-reduce, ${star ? `one network namespace per rank, each on its own ${star.rate} link (tc tbf, both ways) to a switch` : "loopback"}, nats-server max_payload ${a.maxPayload / MiB} MiB, ${os.cpus().length} cores, load average ${os.loadavg()[0].toFixed(1)}`
+      `(one OS process per rank), ${a.algorithm} all-reduce, transport ${a.transport}, ${star ? `one network namespace per rank, each on its own ${star.rate} link (tc tbf, both ways) to a switch` : "loopback"}, nats-server max_payload ${a.maxPayload / MiB} MiB, ${os.cpus().length} cores, load average ${os.loadavg()[0].toFixed(1)}`
   )
   console.log(`time = slowest rank, barrier to done, of GradientReducer.reduceGradients (error feedback on); ${a.steps} steps back to back per codec and round; median over all steps\n`)
 
@@ -170,6 +190,8 @@ const measure = async (a: Args, star: Star | undefined, dir: string): Promise<vo
   const samples = new Map<string, number[]>(variants.map((v) => [v.label, []]))
   const cpu = new Map<string, number[]>(variants.map((v) => [v.label, []]))
   const wire = new Map<string, ReducerStats>()
+  /** Per codec, MiB rank 0 sent over its direct links in the whole run (warm-up and auto's measurement included). */
+  let directSent: string | undefined
   const server = await startServer(a, star, dir)
   try {
     // One fleet of rank processes per codec, all alive at once, as in training, where a process
@@ -183,8 +205,14 @@ const measure = async (a: Args, star: Star | undefined, dir: string): Promise<vo
         fleets.set(v.label, await CompressionFleet.start(a.p, server.url, 30_000, prof, wrap))
       }
       const fleetOf = (v: Variant): CompressionFleet => fleets.get(v.label) as CompressionFleet
+      // The direct path: one secret per run, hex over IPC; with --link each rank listens on (and
+      // advertises) its namespace's address on the star, the only one its peers can reach it at.
+      const secret = crypto.randomBytes(32).toString("hex")
+      const directOf = (rank: number): Record<string, unknown> | undefined =>
+        a.transport === "nats" ? undefined : { transport: a.transport, secret, ...(star ? { host: star.ranks[rank].ip, unixSocket: false } : {}) }
+      const links = new Map<string, string[]>()
       for (const v of variants) {
-        await fleetOf(v).all((rank) => ({
+        const created = await fleetOf(v).all<{ transport: TransportInfo; measured?: TransportMeasurement }>((rank) => ({
           cmd: "create",
           name: groupOf(v),
           rank,
@@ -193,8 +221,29 @@ const measure = async (a: Args, star: Star | undefined, dir: string): Promise<vo
           algorithm: a.algorithm,
           timeoutMs: 120_000,
           chunkBytes: a.chunk,
-          windowBytes: a.window
+          windowBytes: a.window,
+          ...(directOf(rank) ? { direct: directOf(rank), measureTransport: a.transport === "auto" } : {})
         }))
+        if (a.transport !== "nats") {
+          const t = created[0].transport
+          // The port differs per fleet: fleets whose rank 0 is otherwise alike share a line.
+          const at = t.address ? `listens on ${t.address.host}` : "offers no address"
+          const sends = `${at}, sends to ${t.links.map((l) => `rank ${l.rank} ${l.via}${l.why ? ` (${l.why})` : ""}`).join(", ")}`
+          const m = created[0].measured
+          const auto =
+            t.choice !== "auto"
+              ? ""
+              : `; auto: ${t.minBytes === Number.POSITIVE_INFINITY ? "every call over NATS" : t.minBytes === 0 ? "every call direct" : `calls from ${t.minBytes / 1024} KiB direct`}` +
+                (m && m.rows.length > 0 ? ` (measured ms NATS vs direct: ${m.rows.map((r) => `${r.bytes / 1024} KiB ${r.natsMs.toFixed(2)} vs ${r.directMs.toFixed(2)}`).join(", ")})` : "")
+          // Measurements differ per fleet: with auto, one line per codec.
+          const key = auto === "" ? sends : `${sends}${auto}\u0000${v.label}`
+          links.set(key, [...(links.get(key) ?? []), v.label])
+        }
+      }
+      if (a.transport !== "nats") {
+        console.log(`direct path, rank 0 of each codec's fleet:`)
+        for (const [key, labels] of links) console.log(`  ${labels.join(", ")}: ${key.split("\u0000")[0]}`)
+        console.log("")
       }
       /** `iters` steps back to back from `step`; per step: the slowest rank's time. */
       const reduce = async (v: Variant, step: number, iters: number): Promise<number[]> => {
@@ -215,6 +264,10 @@ const measure = async (a: Args, star: Star | undefined, dir: string): Promise<vo
           const v = variants[(j + r) % variants.length]
           samples.get(v.label)?.push(...(await reduce(v, 1 + r * a.steps, a.steps)))
         }
+      }
+      if (a.transport !== "nats") {
+        const sent = await Promise.all(variants.map(async (v) => [v.label, (await fleetOf(v).call<TransportInfo>(0, { cmd: "transport", name: groupOf(v) })).bytesSent] as const))
+        directSent = sent.map(([label, b]) => `${label} ${(b / MiB).toFixed(1)}`).join(", ")
       }
       for (const v of variants) await fleetOf(v).all(() => ({ cmd: "close", name: groupOf(v) }))
       if (a.prof) for (const f of fleets.values()) await f.exit()
@@ -250,4 +303,5 @@ const measure = async (a: Args, star: Star | undefined, dir: string): Promise<vo
       `(its "decode" is P·Qᵀ); ` +
       `rank CPU ms: CPU time one rank process spends in the step (mean over ranks, median over steps), less sensitive to other load than wall time; rounds: ${a.rounds}, steps per round: ${a.steps}`
   )
+  if (directSent !== undefined) console.log(`MiB rank 0 sent over direct links in the whole run (warm-up${a.transport === "auto" ? " and auto's measurement at group start" : ""} included): ${directSent}`)
 }

@@ -108,14 +108,14 @@ describe("the direct data path", () => {
   it('"auto" measures a ladder of sizes over both paths and goes direct from the smallest size it wins at and above', async () => {
     const group = "direct-measure"
     await create(group, (r) => `n${r}`, () => ({ transport: "auto" }))
-    type M = { minBytes: number | null; rows: Array<{ bytes: number; natsMs: number; directMs: number }>; info: TransportInfo }
+    type M = { minBytes: number; rows: Array<{ bytes: number; natsMs: number; directMs: number }>; info: TransportInfo }
     const sizes = [4096, 65536, 262144]
     const ms = await fleet.all<M>(P, () => ({ cmd: "measureTransport", group, sizes, reps: 2 }))
     for (const m of ms) {
       expect(m.rows.map((r) => r.bytes)).toEqual(sizes)
       for (const r of m.rows) expect(r.natsMs > 0 && r.directMs > 0).toBe(true)
       // the threshold is the rule applied to the rows: direct wins at it and every larger size, and loses just below
-      const min = m.minBytes ?? Number.POSITIVE_INFINITY
+      const min = m.minBytes
       for (const r of m.rows) if (r.bytes >= min) expect(r.directMs).toBeLessThanOrEqual(r.natsMs)
       const below = m.rows.filter((r) => r.bytes < min).at(-1)
       if (below && min !== Number.POSITIVE_INFINITY) expect(below.directMs).toBeGreaterThan(below.natsMs)

@@ -3,7 +3,8 @@
 // GradientReducers by name, feeds them deterministic per-rank gradients (compression-cases.ts),
 // returns the reduced result (or only its hash and timing, for the 64 MiB benchmark), and hands
 // out / takes back the reducer's error-feedback state, and imports modules that register more
-// codecs (the registry proof). It exits when its parent goes away.
+// codecs (the registry proof), optionally over the direct data path ("create" with `direct`). It
+// exits when its parent goes away.
 import type { NatsConnection } from "@nats-io/nats-core"
 import { Communicator, type AllReduceAlgorithm } from "../../collectives/communicator.ts"
 import { GradientReducer } from "../../collectives/gradient-reducer.ts"
@@ -82,7 +83,10 @@ const handle = async (m: Record<string, any>): Promise<unknown> => {
         node: `node${m.rank}`,
         timeoutMs: m.timeoutMs,
         chunkBytes: m.chunkBytes,
-        windowBytes: m.windowBytes
+        windowBytes: m.windowBytes,
+        // The direct path (benchmark --transport): the secret travels as hex over IPC; `host` is
+        // the address to listen on and advertise (a rank's namespace address with --link).
+        ...(m.direct ? { direct: { ...m.direct, secret: Buffer.from(m.direct.secret, "hex") } } : {})
       })
       const asked: number[] = []
       // "by-size": tree below 64 KiB, ring from there, each size asked recorded
@@ -94,10 +98,15 @@ const handle = async (m: Record<string, any>): Promise<unknown> => {
         firstBucketBytes: m.firstBucketBytes
       })
       reducers.set(m.name, { comm, reducer, asked })
-      return { chunkElems: comm.chunkElems }
+      // transport "auto" as a training worker runs it: the threshold measured at group start (a
+      // collective: every rank gets `measureTransport` in the same create)
+      const measured = m.measureTransport ? await comm.measureTransport() : undefined
+      return { chunkElems: comm.chunkElems, transport: comm.transport, measured }
     }
     case "reduce":
       return reduce(m as unknown as ReduceCmd)
+    case "transport":
+      return entry(m.name).comm.transport
     case "state":
       return entry(m.name).reducer.state()
     case "restore":
