@@ -373,6 +373,7 @@ export class Communicator {
   /** Calls running whose frames go direct: the peers they send to directly, fixed at the call's start. */
   readonly #directSeqs = new Map<number, ReadonlySet<number>>()
   readonly #headerScratch = new Uint8Array(HEADER_BYTES)
+  readonly #ackScratch = new Uint8Array(HEADER_BYTES)
   #fanoutRanks: Map<string, number[]> | undefined
 
   private constructor(
@@ -419,7 +420,12 @@ export class Communicator {
         if (this.#directSeqs.get(seq)?.has(dst)) this.#sendDirect(seq, dst, data, headers)
         else natsTo(seq, dst, data, headers)
       },
-      publishAck: (seq, dst, headers) => cnc.publish(subjects.collControl(group, seq, me, dst), EMPTY, { headers }),
+      // An ack goes back on the direct link this rank reads from the sender when it has one (its
+      // reverse direction carries nothing else), else on the control connection.
+      publishAck: (seq, dst, headers) => {
+        if (direct?.reads(dst) && headerBytesInto(headers, this.#ackScratch) && direct.ack(dst, this.#ackScratch)) return
+        cnc.publish(subjects.collControl(group, seq, me, dst), EMPTY, { headers })
+      },
       publishFanout: (seq, target, data, headers) => {
         // A direct call's fan-out is one send per receiver, each on its link (NATS for a peer
         // without one), so all of the call's frames to a peer keep one path and their order.
@@ -815,7 +821,11 @@ export class Communicator {
       this.#probe = undefined
     }
     if (op.failure !== undefined) return // an abort from a peer came first
-    if (onlyIfGone !== undefined && probe.answered.has(onlyIfGone)) return // it lives: the deadline decides
+    if (onlyIfGone !== undefined) {
+      // A direct link closed: the peer is gone if it did not answer; if it did, the deadline decides.
+      if (!probe.answered.has(onlyIfGone)) this.#abort(new PeerLinkLost({ op: op.sig.name, group: this.group, rank: this.rank, peer: onlyIfGone }))
+      return
+    }
     const unresponsive: number[] = []
     for (let r = 0; r < this.worldSize; r++) if (r !== this.rank && !probe.answered.has(r)) unresponsive.push(r)
     this.#abort(

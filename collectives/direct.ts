@@ -8,8 +8,9 @@
 // fresh allocation per read, which doubles what a loopback link carries. The sender
 // decides per call (communicator.ts): every frame of one call to one peer goes one way, so a
 // receiver's per-link order holds; receivers take frames from both paths into the same handler.
-// Flow control, deadlines and aborts are the communicator's as over NATS (credits and acks still
-// travel on the control connection, so an ack never waits behind this rank's own outgoing data).
+// Flow control, deadlines and aborts are the communicator's as over NATS. A receiver's acks (the
+// credits) go back on the reverse direction of the link it reads, which carries nothing else, so
+// an ack never waits behind anyone's data; without a link they take the control connection.
 // A sender uses a link once the receiver has said, in its hello, that it dialled it.
 //
 // Not an open door: each connection starts with a mutual challenge-response on the job's secret
@@ -35,7 +36,7 @@ import * as path from "node:path"
 import * as tls from "node:tls"
 import { BufferPool } from "../core/chunking.ts"
 import { RECEIVE_POOL_MIN_BYTES, takeReceiveBuffer } from "../core/nats-internals/index.ts"
-import { HEADER_BYTES, frameOf, type Frame } from "./frames.ts"
+import { HEADER_BYTES, Kind, frameOf, type Frame } from "./frames.ts"
 
 /** Where a rank listens: TCP always, a Unix domain socket too for peers on its node. */
 export interface DirectAddress {
@@ -417,8 +418,16 @@ export class DirectEndpoint {
     if (this.#closed) return void socket.destroy()
     socket.setNoDelay(true)
     socket.unref()
-    // Frames only flow out on this socket; anything more from the dialler is a protocol breach.
-    socket.on("data", () => socket.destroy())
+    // Data frames flow out on this socket; the dialler sends back only its acks for them (credits
+    // on the reverse direction of the same connection: they never queue behind anyone's data).
+    const acks = new FrameParser(
+      (f) => {
+        if (f.kind === Kind.ack && f.src === src) this.#opts.onFrame(f)
+        else socket.destroy()
+      },
+      () => socket.destroy()
+    )
+    socket.on("data", (c: Buffer) => acks.push(c))
     const prev = this.#out.get(src)
     if (prev) prev.socket.destroy()
     this.#out.set(src, { socket, via })
@@ -440,6 +449,17 @@ export class DirectEndpoint {
     buf.set(payload, PREFIX)
     this.bytesSent += n
     out.socket.write(buf, () => sendPool.give(buf))
+  }
+
+  /** Sends an ack (a frame header without payload) back on the link this rank reads from the peer; false when there is none. */
+  ack(peer: number, header: Uint8Array): boolean {
+    const l = this.#in.get(peer)
+    if (!l) return false
+    const buf = Buffer.allocUnsafe(PREFIX)
+    buf.set(header.subarray(0, HEADER_BYTES), 0)
+    buf.writeUInt32LE(0, HEADER_BYTES)
+    l.socket.write(buf)
+    return true
   }
 
   /** Closes the listener and every link; pending writes are flushed first (end, then destroy after a grace period). */

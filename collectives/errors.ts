@@ -207,7 +207,8 @@ export class PeerLinkLost extends Schema.TaggedError<PeerLinkLost>()("PeerLinkLo
   override get message(): string {
     return (
       `${this.op} (group "${this.group}") on rank ${this.rank}: the direct link to rank ${this.peer} closed mid-call ` +
-      `(its process died or the connection was cut). The group is aborted: restart rank ${this.peer} and create a new communicator.`
+      `and rank ${this.peer} is gone (its process died, or the connection was cut and it did not answer a liveness probe). ` +
+      `The group is aborted: restart rank ${this.peer} and create a new communicator.`
     )
   }
 }
