@@ -700,6 +700,24 @@ export class Trainer {
         // next restart, whatever is saved meanwhile.
         return g
       }
+      // A rank that died with its machine: its peers can name it (a direct link closes at once)
+      // before the cluster view has missed the node's heartbeats. Before the failure is counted,
+      // wait for the node's next heartbeat (alive: the rank's own failure stands) or its death
+      // (then it is the lost node's, an infrastructure failure), at most the view's deadline.
+      const nodeLossOrNot = async (o: Outcome): Promise<Outcome> => {
+        if (o.type !== "failed" || o.failure.kind !== "died" || o.failure.rank < 0) return o
+        const node = group.members.get(o.failure.rank)?.node
+        if (node === undefined || cluster.view.get(node) === undefined) return o
+        const at = Date.now()
+        const known = (): boolean => {
+          const n = cluster.view.get(node)
+          return n === undefined || n.state !== "alive" || n.lastSeenAt > at
+        }
+        await cluster.view.waitFor(known, cluster.view.deadAfterMs + 1_000).catch(() => undefined)
+        const n = cluster.view.get(node)
+        if (n === undefined || n.state === "alive") return o
+        return { type: "failed", failure: { ...o.failure, kind: "node-lost", message: `node ${node} was lost with it: ${o.failure.message}` } }
+      }
       for (let first = true; ; first = false) {
         let generation: Generation<CheckpointPayload>
         if (regrouped) {
@@ -760,7 +778,7 @@ export class Trainer {
         }
         const attempt = generation.number
         const stopWatching = watchCapacity(generation.worldSize)
-        const outcome: Outcome = await race(generation.outcome)
+        const outcome: Outcome = await race(nodeLossOrNot(await race(generation.outcome)))
         stopWatching()
         const next = controller.next(outcome)
         if (next.action !== "restart") {
