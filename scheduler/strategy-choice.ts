@@ -28,7 +28,9 @@
 // (its slowest rank's gradients: the updates the others apply meanwhile) is shown. A rate the group
 // measured under a strategy (`measured`) replaces its prediction: the model proposes, running decides;
 // and where the current strategy ran slower than predicted, the others' predictions are scaled down
-// by the same factor, so a measurement is never compared with a model's optimism.
+// by the same factor, so a measurement is never compared with a model's optimism. Off the
+// all-reduce, a candidate with fresher gradients that has not run and is predicted within the
+// hysteresis of what the current one measured is explored once (backup workers after async ran well).
 //
 // Local SGD (when collectiveConfig.localSgd offers it, `localSgd`): every rank steps on its own and
 // the group averages the parameters once every H steps, one all-reduce of the whole vector (r ms,
@@ -190,18 +192,32 @@ export const chooseStrategy = (m: StrategyMeasure, current: StrategyName, hyster
   // Near a tie the all-reduce wins: it is exactly synchronous training, the others trade some of
   // it, the fresher their gradients the less (PREFERENCE's order).
   const best = PREFERENCE.map((n) => predictions.find((x) => x.name === n)).find((x) => x !== undefined && x.stepsPerSec * TIE >= fastest.stepsPerSec) ?? fastest
-  const changed = best.name !== current && (!now || best.stepsPerSec > now.stepsPerSec * hysteresis)
-  const pick = changed ? best.name : current
+  let changed = best.name !== current && (!now || best.stepsPerSec > now.stepsPerSec * hysteresis)
+  // Exploration: once training has left the all-reduce (the staleness is paid for already), a
+  // candidate with fresher gradients (earlier in PREFERENCE) that has not run yet and is predicted
+  // within the hysteresis of what the current strategy measured is tried once: its measurement then
+  // decides, where a prediction inside the hysteresis never would, and within the hysteresis the
+  // fresher gradients are kept.
+  let explored: StrategyPrediction | undefined
+  if (!changed && current !== "allreduce" && now !== undefined && m.measured?.[current] !== undefined) {
+    const rank = (n: StrategyName): number => PREFERENCE.indexOf(n)
+    explored = PREFERENCE.map((n) => predictions.find((x) => x.name === n))
+      .filter((x): x is StrategyPrediction => x !== undefined && x.name !== "allreduce" && rank(x.name) < rank(current) && m.measured?.[x.name] === undefined)
+      .find((x) => x.stepsPerSec * hysteresis >= now.stepsPerSec)
+    if (explored) changed = true
+  }
+  const pick = explored ? explored.name : changed ? best.name : current
   const lines = [
     `strategy: ${pick}${changed ? ` (was ${current})` : ""}; gradient steps/s over the group, predicted or measured:`,
     ...predictions.map((x) => `  ${x.name.padEnd(9)} ${x.stepsPerSec.toFixed(1).padStart(8)}/s  ${x.why}${x.name === pick ? "  <- picked" : ""}`),
-    `  a change needs ${hysteresis}x the current strategy's prediction`
+    `  a change needs ${hysteresis}x the current strategy's prediction`,
+    ...(explored ? [`  exploring ${explored.name}: fresher gradients than ${current}, not run yet, predicted within ${hysteresis}x of what ${current} measured; its own measurement decides next`] : [])
   ]
   return {
     pick,
     predictions,
     changed,
     text: lines.join("\n"),
-    json: { pick, previous: current, changed, hysteresis, allReduceMs: m.allReduceMs, pushPullMs: m.pushPullMs, serverMs: m.serverMs, measured: m.measured ?? {}, numServers: m.numServers, equalSteps: m.equalSteps === true, predictions }
+    json: { pick, previous: current, changed, ...(explored ? { explored: explored.name } : {}), hysteresis, allReduceMs: m.allReduceMs, pushPullMs: m.pushPullMs, serverMs: m.serverMs, measured: m.measured ?? {}, numServers: m.numServers, equalSteps: m.equalSteps === true, predictions }
   }
 }

@@ -128,10 +128,12 @@ describe("strategy choice, measured", () => {
     expect(away.predictions.find((x) => x.name === "async")!.why).toMatch(/^measured 40\.0\/s when it ran \(predicted/)
     expect(away.predictions.find((x) => x.name === "backup")!.why).toMatch(/^predicted [\d.]+\/s x 0\.\d\d \(async ran at 0\.\d\d of its prediction\)/)
     expect(away.json.measured).toEqual({ allreduce: 60, async: 40 })
-    // Had async run at its prediction, backup workers (predicted next) would be tried.
+    // Had async run at its prediction, it would have stayed, and backup workers (fresher, predicted
+    // within the hysteresis of it) would be explored next.
     const asyncPredicted = rate(predictStrategies({ computeMs: c, allReduceMs: 2, numServers: 1 }), "async")
     const onTarget = chooseStrategy({ computeMs: c, allReduceMs: 2, numServers: 1, measured: { allreduce: 60, async: asyncPredicted * 0.99 } }, "async")
-    expect(onTarget.pick).toBe("async")
+    expect(onTarget.pick).toBe("backup")
+    expect(onTarget.json.explored).toBe("backup")
     // Backup workers ran at 45/s too: back to the all-reduce, which measured best.
     // Measured within the hysteresis of each other: no change.
     expect(chooseStrategy({ computeMs: c, allReduceMs: 2, numServers: 1, measured: { allreduce: 60, async: 55 } }, "async").pick).not.toBe("allreduce")
@@ -155,5 +157,29 @@ describe("strategy choice on a quiet group", () => {
     // Running faster than predicted scales nothing up.
     const fast = chooseStrategy({ ...m, measured: { allreduce: rate(raw, "allreduce") * 1.5 } }, "allreduce")
     expect(rate(fast.predictions, "ssp")).toBe(rate(raw, "ssp"))
+  })
+})
+
+describe("strategy choice, exploring", () => {
+  it("off the all-reduce, tries a fresher candidate that has not run and is predicted within the hysteresis of the current measurement, once", () => {
+    const c = [0, 1, 2, 3].map((r) => steps(10, () => (r === 1 ? 60 : 20)))
+    const m = { computeMs: c, allReduceMs: 2, numServers: 1 }
+    const asyncPredicted = rate(predictStrategies(m), "async")
+    // Async ran at 80% of its prediction; backup workers (fresh gradients, one straggler dropped)
+    // are predicted a little slower than that, within the hysteresis: tried once.
+    const tried = chooseStrategy({ ...m, measured: { allreduce: 60, async: asyncPredicted * 0.8 } }, "async")
+    expect(tried.pick).toBe("backup")
+    expect(tried.json.explored).toBe("backup")
+    expect(tried.text).toMatch(/exploring backup: fresher gradients than async, not run yet/)
+    // Measured, it is judged like any other: within the hysteresis of async it stays (fresher)...
+    const a = asyncPredicted * 0.8
+    expect(chooseStrategy({ ...m, measured: { allreduce: 60, async: a, backup: a * 0.9 } }, "backup").pick).toBe("backup")
+    // ...and well below it, training goes back to async; nothing is explored twice.
+    const back = chooseStrategy({ ...m, measured: { allreduce: 60, async: a, backup: a * 0.5 } }, "backup")
+    expect(back.pick).toBe("async")
+    expect(chooseStrategy({ ...m, measured: { allreduce: 60, async: a, backup: a * 0.5 } }, "async").pick).toBe("async")
+    // Nothing is explored from the all-reduce (leaving it needs the full margin), nor a candidate far slower than the current measurement.
+    expect(chooseStrategy({ ...m, measured: { allreduce: 60 } }, "allreduce").json.explored).toBeUndefined()
+    expect(chooseStrategy({ ...m, measured: { allreduce: 60, async: asyncPredicted * 1.5 } }, "async").json.explored).toBeUndefined()
   })
 })
