@@ -28,6 +28,8 @@
 // into a buffer of its own (from the receive pool from 64 KiB, so releaseReceived gives it back).
 /** Bytes per read on a receiving link (one buffer per link, reused). */
 const READ_BYTES = 1024 * 1024
+/** A payload's rest from this size on is read straight into the payload's buffer (no copy). */
+const DIRECT_READ_MIN = 64 * 1024
 import * as crypto from "node:crypto"
 import * as fs from "node:fs"
 import * as net from "node:net"
@@ -148,12 +150,29 @@ class FrameParser {
       this.#filled += take
       at += take
       if (this.#filled < p.length) return
-      const f = frameOf(this.#prefix.subarray(0, HEADER_BYTES), p)
-      this.#payload = undefined
-      this.#have = 0
-      if (!f) return this.#fail("a frame header without the collectives' magic byte")
-      this.#emit(f)
+      this.#complete()
     }
+  }
+  /**
+   * Where the next socket read may go straight: the rest of the payload being received, when that
+   * is large enough to be worth a read of its own (undefined: read into the link's buffer and push).
+   */
+  readTarget(): Uint8Array | undefined {
+    const p = this.#payload
+    if (p === undefined || p.length - this.#filled < DIRECT_READ_MIN) return undefined
+    return p.subarray(this.#filled)
+  }
+  /** `n` bytes were read into readTarget()'s view. */
+  advance(n: number): void {
+    this.#filled += n
+    if (this.#filled >= (this.#payload as Uint8Array).length) this.#complete()
+  }
+  #complete(): void {
+    const f = frameOf(this.#prefix.subarray(0, HEADER_BYTES), this.#payload as Uint8Array)
+    this.#payload = undefined
+    this.#have = 0
+    if (!f) return this.#fail("a frame header without the collectives' magic byte")
+    this.#emit(f)
   }
 }
 
@@ -289,6 +308,18 @@ export class DirectEndpoint {
     const hs = new HandshakeReader()
     sink = (c) => hs.push(c)
     const readBuf = Buffer.allocUnsafe(READ_BYTES)
+    // After the handshake the parser may offer the rest of a large payload as the next read's
+    // target: the kernel's bytes land in the payload's own buffer, with no copy out of readBuf.
+    let parser: FrameParser | undefined
+    let into: Uint8Array | undefined
+    const nextRead = (): Uint8Array => (into = parser?.readTarget()) ?? readBuf
+    const onRead = (n: number, b: Uint8Array): boolean => {
+      if (into !== undefined && b === into) {
+        this.bytesReceived += n
+        if (!broken) parser!.advance(n)
+      } else sink(b.subarray(0, n))
+      return true
+    }
     const socket: net.Socket = this.#opts.tls
       ? tls.connect({
           ...target,
@@ -298,7 +329,7 @@ export class DirectEndpoint {
           checkServerIdentity: () => undefined,
           pskCallback: () => ({ psk: Buffer.from(this.#opts.secret), identity: PSK_IDENTITY })
         })
-      : net.connect({ ...target, onread: { buffer: readBuf, callback: (n: number, b: Uint8Array) => (sink(b.subarray(0, n)), true) } })
+      : net.connect({ ...target, onread: { buffer: nextRead, callback: onRead } })
     if (this.#opts.tls) socket.on("data", (c: Buffer) => sink(c))
     this.#pending.add(socket)
     socket.on("error", () => {})
@@ -323,7 +354,7 @@ export class DirectEndpoint {
       this.#pending.delete(socket)
     }
     let broken = false
-    const parser = new FrameParser(
+    const frames = new FrameParser(
       (f) => {
         if (f.src !== peer) {
           broken = true
@@ -339,8 +370,9 @@ export class DirectEndpoint {
     )
     sink = (chunk) => {
       this.bytesReceived += chunk.length
-      if (!broken) parser.push(chunk)
+      if (!broken) frames.push(chunk)
     }
+    if (!this.#opts.tls) parser = frames
     socket.unref()
     this.#in.set(peer, { socket, via })
     socket.on("close", () => {
