@@ -40,6 +40,11 @@
 // where the link bounds training (the all-reduce takes longer than the slowest rank's compute);
 // where compute bounds it, synchronous training is kept, and the explanation says so. Near a tie it
 // comes last in the preference order.
+//
+// The cores: where ranks share a machine's cores (more ranks than cores, as on a laptop or a
+// small CI machine), every prediction is held to what those cores can run, from every rank's
+// measured process CPU per step (cpuCaps): no strategy beats an oversubscribed machine's CPU, and
+// the jitter of time-shared ranks does not move training off the all-reduce.
 
 export type StrategyName = "allreduce" | "backup" | "ssp" | "async" | "local-sgd"
 
@@ -71,6 +76,40 @@ export interface StrategyMeasure {
    * outer codec; default: allReduceMs times bytesRatio, 1 when not given).
    */
   readonly localSgd?: { readonly syncEvery: number; readonly roundMs?: number; readonly bytesRatio?: number }
+  /**
+   * The machines' cores, per rank: its process's CPU ms per step it took (compute, exchange and
+   * all), its machine's cores, and which machine it is on (ranks of one machine share its cores).
+   * Every strategy's prediction is held to what the cores can run (see cpuCaps).
+   */
+  readonly cpu?: { readonly msPerStep: ReadonlyArray<number>; readonly cores: ReadonlyArray<number>; readonly host: ReadonlyArray<number> }
+}
+
+/**
+ * What the machines' cores allow, in gradient steps/s over the group: ranks at their own pace can
+ * together take sum over machines of cores * 1000 / (their ranks' mean CPU ms per step) (`own`);
+ * at one pace (a synchronous step) the most loaded machine sets it for everyone (`even`). On an
+ * oversubscribed machine no strategy can beat them, whatever the compute times' jitter suggests.
+ */
+export const cpuCaps = (cpu: NonNullable<StrategyMeasure["cpu"]>): { own: number; even: number; why: string } | undefined => {
+  const p = cpu.msPerStep.length
+  if (p === 0 || cpu.msPerStep.some((c) => !(c > 0)) || cpu.cores.some((c) => !(c > 0))) return undefined
+  const hosts = new Map<number, { n: number; sum: number; cores: number }>()
+  for (let r = 0; r < p; r++) {
+    const h = hosts.get(cpu.host[r]!) ?? { n: 0, sum: 0, cores: Number.POSITIVE_INFINITY }
+    h.n++
+    h.sum += cpu.msPerStep[r]!
+    h.cores = Math.min(h.cores, cpu.cores[r]!)
+    hosts.set(cpu.host[r]!, h)
+  }
+  let own = 0
+  let even = Number.POSITIVE_INFINITY
+  for (const h of hosts.values()) {
+    own += (h.cores * 1000 * h.n) / h.sum
+    even = Math.min(even, (p * h.cores * 1000) / h.sum)
+  }
+  const busiest = [...hosts.values()].reduce((a, b) => (b.sum / b.cores > a.sum / a.cores ? b : a))
+  const why = `${hosts.size} machine(s), the busiest ${busiest.n} rank(s) at ${(busiest.sum / busiest.n).toFixed(1)} CPU ms a step on ${busiest.cores} core(s)`
+  return { own, even, why }
 }
 
 export interface StrategyPrediction {
@@ -146,7 +185,13 @@ export const predictStrategies = (m: StrategyMeasure): StrategyPrediction[] => {
       `min(sum of every rank's 1 / (mean compute + push-pull ${tw.toFixed(1)} ms) ${own.toFixed(1)}/s, ${bound})${m.equalSteps && pace < Math.min(own, serverBound) ? held : ""}; ` +
       `slowest rank's staleness ~${((own - minRate) / minRate).toFixed(1)}`
   })
-  return out
+  const caps = m.cpu ? cpuCaps(m.cpu) : undefined
+  if (!caps) return out
+  return out.map((x) => {
+    if (x.stepsPerSec <= 0) return x
+    const cap = x.name === "async" && !m.equalSteps ? caps.own : x.name === "backup" ? (caps.even * (p - 1)) / p : caps.even
+    return x.stepsPerSec <= cap ? x : { ...x, stepsPerSec: cap, why: `${x.why}; held to what the cores run, ${cap.toFixed(1)}/s (${caps.why})` }
+  })
 }
 
 /**

@@ -1,7 +1,7 @@
 // The automatic strategy's cost model (scheduler/strategy-choice.ts), pure: which of all-reduce,
 // backup workers and SSP it predicts fastest for measured compute and communication times.
 import { describe, expect, it } from "vitest"
-import { chooseStrategy, predictStrategies } from "../scheduler/strategy-choice.ts"
+import { chooseStrategy, cpuCaps, predictStrategies } from "../scheduler/strategy-choice.ts"
 
 const steps = (n: number, f: (t: number) => number): number[] => Array.from({ length: n }, (_, t) => f(t))
 const rate = (ps: ReadonlyArray<{ name: string; stepsPerSec: number }>, n: string) => ps.find((x) => x.name === n)!.stepsPerSec
@@ -181,5 +181,34 @@ describe("strategy choice, exploring", () => {
     // Nothing is explored from the all-reduce (leaving it needs the full margin), nor a candidate far slower than the current measurement.
     expect(chooseStrategy({ ...m, measured: { allreduce: 60 } }, "allreduce").json.explored).toBeUndefined()
     expect(chooseStrategy({ ...m, measured: { allreduce: 60, async: asyncPredicted * 1.5 } }, "async").json.explored).toBeUndefined()
+  })
+})
+
+describe("strategy choice, the cores", () => {
+  it("holds every prediction to what a machine's cores run: four jittery ranks on two cores keep the all-reduce; a throttled straggler still moves training", () => {
+    // Four ranks time-share two cores: each step's slowest rank is much slower than the mean
+    // (descheduled), so async looks far ahead of the all-reduce on compute times alone.
+    const c = [0, 1, 2, 3].map((r) => steps(20, (t) => ((t + r) % 4 === 0 ? 14 : 2)))
+    const base = { computeMs: c, allReduceMs: 2, numServers: 1 }
+    const cpu = { msPerStep: [4.3, 4.3, 4.3, 4.3], cores: [2, 2, 2, 2], host: [7, 7, 7, 7] }
+    const caps = cpuCaps(cpu)!
+    expect(caps.own).toBeCloseTo((2 * 1000) / 4.3, 6)
+    expect(caps.even).toBeCloseTo(caps.own, 6)
+    expect(rate(predictStrategies(base), "async")).toBeGreaterThan(446 * 1.2)
+    const held = chooseStrategy({ ...base, cpu, measured: { allreduce: 446 } }, "allreduce")
+    expect(held.pick).toBe("allreduce")
+    for (const x of held.predictions) if (x.name !== "allreduce") expect(x.stepsPerSec).toBeLessThanOrEqual(caps.own + 1e-9)
+    expect(held.text).toMatch(/async .*held to what the cores run, 465\.1\/s \(1 machine\(s\), the busiest 4 rank\(s\) at 4\.3 CPU ms a step on 2 core\(s\)\)/)
+    // A straggler throttled by a CPU quota (its machine's cores do not show it): the all-reduce
+    // measured 128/s, async is held to the cores' 465/s and still far ahead.
+    const slow = [0, 1, 2, 3].map((r) => steps(20, () => (r === 1 ? 30 : 3)))
+    const moved = chooseStrategy({ computeMs: slow, allReduceMs: 2, numServers: 1, cpu, measured: { allreduce: 128 } }, "allreduce")
+    expect(moved.pick).toBe("async")
+    // Two machines: ranks at their own pace add up; one pace is set by the busier machine.
+    const two = cpuCaps({ msPerStep: [4, 4, 8, 8], cores: [2, 2, 2, 2], host: [1, 1, 2, 2] })!
+    expect(two.own).toBeCloseTo((2 * 1000 * 2) / 8 + (2 * 1000 * 2) / 16, 6)
+    expect(two.even).toBeCloseTo((4 * 2 * 1000) / 16, 6)
+    // No figure from a rank: no cap.
+    expect(cpuCaps({ msPerStep: [4, -1], cores: [2, 2], host: [1, 1] })).toBeUndefined()
   })
 })

@@ -8,6 +8,8 @@
 // buckets are contiguous ranges of it (no packing copy), and the reduced values go back per
 // variable from views of it: two copies of the gradient per step, the minimum a backend with its
 // own memory (wasm, tensorflow) allows.
+import * as os from "node:os"
+import { createHash } from "node:crypto"
 import type { Tf } from "../../core/engine.ts"
 import { shardIndicesWeighted } from "../../core/datasets.ts"
 import { isStreamingSource } from "../../core/data/stream.ts"
@@ -28,6 +30,9 @@ import type { LocalSgdSettings } from "./optim/outer-optimizer.ts"
 
 type tfjs = typeof import("@tensorflow/tfjs")
 type LayersModel = import("@tensorflow/tfjs").LayersModel
+
+/** This machine, as a number that survives a Float32Array exchange exactly (24 bits of a hash of the host name). */
+const hostHash = createHash("sha1").update(os.hostname()).digest().readUIntBE(0, 3)
 
 /** The longest trainStep() holds the event loop across steps before it lets timers run. */
 const YIELD_EVERY_MS = 50
@@ -334,6 +339,8 @@ export class DataParallelModel implements RecoverableModel {
   /** Strategy "auto": what runs now, and this rank's recent compute and all-reduce times (ms, -1: not measured). */
   #strategy: StrategyName = "allreduce"
   #computeLog: number[] = []
+  /** strategy "auto": this process's CPU time at the last decision round. */
+  #cpuMark: NodeJS.CpuUsage | undefined
   #commLog: number[] = []
   #allReduceMs: number | undefined
   /** Strategy "auto" on the servers: this rank's push-pull ms per step, and the group's measured price of one. */
@@ -711,9 +718,11 @@ export class DataParallelModel implements RecoverableModel {
    * all-reduce and push-pull times, its group step, step counter, decision clock and whether it has
    * finished are gathered; every rank leaves with the same group step and next decision point.
    */
-  async #decisionRound(finishing: boolean): Promise<{ computeMs: number[][]; steps: number; step: number; anyFinishing: boolean; allFinishing: boolean }> {
+  async #decisionRound(
+    finishing: boolean
+  ): Promise<{ computeMs: number[][]; steps: number; step: number; anyFinishing: boolean; allFinishing: boolean; cpu: { msPerStep: number[]; cores: number[]; host: number[] } }> {
     const k = AUTO_WINDOW
-    const w = 3 * k + 6
+    const w = 3 * k + 9
     // This rank's last k compute, all-reduce and push-pull times (-1: not measured), then the rest.
     const mine = new Float32Array(w).fill(-1)
     const c = this.#computeLog.slice(-k)
@@ -728,6 +737,17 @@ export class DataParallelModel implements RecoverableModel {
     mine[3 * k + 3] = finishing ? 1 : 0
     mine[3 * k + 4] = this.#serverMs ?? -1
     mine[3 * k + 5] = this.#mark ? performance.now() - this.#mark.at : -1
+    // This process's CPU per step since the last round, its machine's cores, and the machine (a
+    // 24-bit hash of the host name: ranks of one machine share its cores).
+    const usage = process.cpuUsage()
+    const took = this.#computeLog.length
+    if (this.#cpuMark && took > 0) {
+      const cpuMs = (usage.user - this.#cpuMark.user + usage.system - this.#cpuMark.system) / 1000
+      mine[3 * k + 6] = cpuMs / took
+    }
+    this.#cpuMark = usage
+    mine[3 * k + 7] = os.availableParallelism()
+    mine[3 * k + 8] = hostHash
     this.#computeLog = []
     this.#commLog = []
     this.#psLog = []
@@ -777,7 +797,12 @@ export class DataParallelModel implements RecoverableModel {
     if (serverMs >= 0) this.#serverMs = serverMs
     const computeMs: number[][] = []
     for (let r = 0; r < p; r++) computeMs.push(Array.from(all.subarray(r * w, r * w + k)).filter((v) => v >= 0))
-    return { computeMs, steps, step: Math.floor(global + 1e-9), anyFinishing: done > 0, allFinishing: done >= p }
+    const cpu = {
+      msPerStep: Array.from({ length: p }, (_, r) => all[r * w + 3 * k + 6]!),
+      cores: Array.from({ length: p }, (_, r) => all[r * w + 3 * k + 7]!),
+      host: Array.from({ length: p }, (_, r) => all[r * w + 3 * k + 8]!)
+    }
+    return { computeMs, steps, step: Math.floor(global + 1e-9), anyFinishing: done > 0, allFinishing: done >= p, cpu }
   }
 
   /**
@@ -792,7 +817,7 @@ export class DataParallelModel implements RecoverableModel {
   async #decideStrategy(): Promise<void> {
     const auto = this.#sync.auto!
     if (!this.#sync.allGather) return
-    const { computeMs, steps, step, anyFinishing } = await this.#decisionRound(false)
+    const { computeMs, steps, step, anyFinishing, cpu } = await this.#decisionRound(false)
     if (anyFinishing || this.#allReduceMs === undefined || computeMs.some((r) => r.length === 0)) return
     const choice = chooseStrategy(
       {
@@ -803,6 +828,8 @@ export class DataParallelModel implements RecoverableModel {
         ...(this.#pushPullMs !== undefined ? { pushPullMs: this.#pushPullMs } : {}),
         ...(this.#serverMs !== undefined ? { serverMs: this.#serverMs } : {}),
         measured: Object.fromEntries([...this.#measured].map(([name, m]) => [name, m.rate])),
+        // Held to what the machines' cores run (no rank without a CPU figure yet: none is applied).
+        ...(cpu.msPerStep.every((c) => c > 0) ? { cpu } : {}),
         // collectiveConfig.localSgd offers local SGD: one round of the whole vector per H steps.
         ...(this.#sync.localSgd ? { localSgd: { syncEvery: this.#sync.localSgd.syncEvery } } : {})
       },
