@@ -41,10 +41,11 @@
 // where compute bounds it, synchronous training is kept, and the explanation says so. Near a tie it
 // comes last in the preference order.
 //
-// The cores: where ranks share a machine's cores (more ranks than cores, as on a laptop or a
-// small CI machine), every prediction is held to what those cores can run, from every rank's
-// measured process CPU per step (cpuCaps): no strategy beats an oversubscribed machine's CPU, and
-// the jitter of time-shared ranks does not move training off the all-reduce.
+// The cores: every prediction is held to what the machines' cores can run (cpuCaps): a machine
+// whose ranks took R steps/s with B of its C cores busy (every process on it counted) has room for
+// R * C / B. No strategy beats an oversubscribed machine's CPU, so the jitter of ranks
+// time-sharing it does not move training off the all-reduce; a machine left idle by a throttled
+// straggler shows its headroom.
 
 export type StrategyName = "allreduce" | "backup" | "ssp" | "async" | "local-sgd"
 
@@ -77,38 +78,48 @@ export interface StrategyMeasure {
    */
   readonly localSgd?: { readonly syncEvery: number; readonly roundMs?: number; readonly bytesRatio?: number }
   /**
-   * The machines' cores, per rank: its process's CPU ms per step it took (compute, exchange and
-   * all), its machine's cores, and which machine it is on (ranks of one machine share its cores).
+   * The machines' cores, per rank over the last window: the busy cores of its machine (every
+   * process on it: the workers, servers, nats-server and whatever else runs there), the steps/s it
+   * took, its machine's cores, and which machine it is on (ranks of one machine share its cores).
    * Every strategy's prediction is held to what the cores can run (see cpuCaps).
    */
-  readonly cpu?: { readonly msPerStep: ReadonlyArray<number>; readonly cores: ReadonlyArray<number>; readonly host: ReadonlyArray<number> }
+  readonly cpu?: {
+    readonly busyCores: ReadonlyArray<number>
+    readonly stepsPerSec: ReadonlyArray<number>
+    readonly cores: ReadonlyArray<number>
+    readonly host: ReadonlyArray<number>
+  }
 }
 
 /**
- * What the machines' cores allow, in gradient steps/s over the group: ranks at their own pace can
- * together take sum over machines of cores * 1000 / (their ranks' mean CPU ms per step) (`own`);
- * at one pace (a synchronous step) the most loaded machine sets it for everyone (`even`). On an
- * oversubscribed machine no strategy can beat them, whatever the compute times' jitter suggests.
+ * What the machines' cores allow, in gradient steps/s over the group. A machine whose ranks took
+ * R steps/s with B of its C cores busy spends B / R core-seconds a step (everything on it counted),
+ * so its ranks can take at most R * C / B: ranks at their own pace add that up over the machines
+ * (`own`); at one pace (a synchronous step) the most loaded machine sets it for every rank
+ * (`even`). On an oversubscribed machine no strategy beats its CPU, whatever the jitter of
+ * time-shared ranks suggests; on a machine left idle by a throttled straggler the headroom shows.
  */
 export const cpuCaps = (cpu: NonNullable<StrategyMeasure["cpu"]>): { own: number; even: number; why: string } | undefined => {
-  const p = cpu.msPerStep.length
-  if (p === 0 || cpu.msPerStep.some((c) => !(c > 0)) || cpu.cores.some((c) => !(c > 0))) return undefined
-  const hosts = new Map<number, { n: number; sum: number; cores: number }>()
+  const p = cpu.busyCores.length
+  if (p === 0 || cpu.busyCores.some((c) => !(c > 0)) || cpu.stepsPerSec.some((c) => !(c > 0)) || cpu.cores.some((c) => !(c > 0))) return undefined
+  const hosts = new Map<number, { n: number; rate: number; busy: number; cores: number }>()
   for (let r = 0; r < p; r++) {
-    const h = hosts.get(cpu.host[r]!) ?? { n: 0, sum: 0, cores: Number.POSITIVE_INFINITY }
+    const h = hosts.get(cpu.host[r]!) ?? { n: 0, rate: 0, busy: 0, cores: Number.POSITIVE_INFINITY }
     h.n++
-    h.sum += cpu.msPerStep[r]!
+    h.rate += cpu.stepsPerSec[r]!
+    h.busy = Math.max(h.busy, cpu.busyCores[r]!)
     h.cores = Math.min(h.cores, cpu.cores[r]!)
     hosts.set(cpu.host[r]!, h)
   }
   let own = 0
   let even = Number.POSITIVE_INFINITY
   for (const h of hosts.values()) {
-    own += (h.cores * 1000 * h.n) / h.sum
-    even = Math.min(even, (p * h.cores * 1000) / h.sum)
+    const room = (h.rate * h.cores) / Math.min(h.busy, h.cores)
+    own += room
+    even = Math.min(even, (p * room) / h.n)
   }
-  const busiest = [...hosts.values()].reduce((a, b) => (b.sum / b.cores > a.sum / a.cores ? b : a))
-  const why = `${hosts.size} machine(s), the busiest ${busiest.n} rank(s) at ${(busiest.sum / busiest.n).toFixed(1)} CPU ms a step on ${busiest.cores} core(s)`
+  const busiest = [...hosts.values()].reduce((a, b) => (b.busy / b.cores > a.busy / a.cores ? b : a))
+  const why = `${hosts.size} machine(s); the busiest ran ${busiest.rate.toFixed(0)} steps/s of ${busiest.n} rank(s) on ${busiest.busy.toFixed(2)} of ${busiest.cores} cores`
   return { own, even, why }
 }
 

@@ -185,30 +185,32 @@ describe("strategy choice, exploring", () => {
 })
 
 describe("strategy choice, the cores", () => {
-  it("holds every prediction to what a machine's cores run: four jittery ranks on two cores keep the all-reduce; a throttled straggler still moves training", () => {
+  it("holds every prediction to what a machine's cores run: four jittery ranks on a busy two-core machine keep the all-reduce; a machine left idle by a throttled straggler still moves training", () => {
     // Four ranks time-share two cores: each step's slowest rank is much slower than the mean
     // (descheduled), so async looks far ahead of the all-reduce on compute times alone.
     const c = [0, 1, 2, 3].map((r) => steps(20, (t) => ((t + r) % 4 === 0 ? 14 : 2)))
     const base = { computeMs: c, allReduceMs: 2, numServers: 1 }
-    const cpu = { msPerStep: [4.3, 4.3, 4.3, 4.3], cores: [2, 2, 2, 2], host: [7, 7, 7, 7] }
-    const caps = cpuCaps(cpu)!
-    expect(caps.own).toBeCloseTo((2 * 1000) / 4.3, 6)
+    // The all-reduce took 103 steps/s per rank (412/s) with 1.75 of the 2 cores busy.
+    const busy = { busyCores: [1.75, 1.75, 1.75, 1.75], stepsPerSec: [103, 103, 103, 103], cores: [2, 2, 2, 2], host: [7, 7, 7, 7] }
+    const caps = cpuCaps(busy)!
+    expect(caps.own).toBeCloseTo((412 * 2) / 1.75, 6)
     expect(caps.even).toBeCloseTo(caps.own, 6)
-    expect(rate(predictStrategies(base), "async")).toBeGreaterThan(446 * 1.2)
-    const held = chooseStrategy({ ...base, cpu, measured: { allreduce: 446 } }, "allreduce")
+    expect(rate(predictStrategies(base), "async")).toBeGreaterThan(412 * 1.2)
+    const held = chooseStrategy({ ...base, cpu: busy, measured: { allreduce: 412 } }, "allreduce")
     expect(held.pick).toBe("allreduce")
     for (const x of held.predictions) if (x.name !== "allreduce") expect(x.stepsPerSec).toBeLessThanOrEqual(caps.own + 1e-9)
-    expect(held.text).toMatch(/async .*held to what the cores run, 465\.1\/s \(1 machine\(s\), the busiest 4 rank\(s\) at 4\.3 CPU ms a step on 2 core\(s\)\)/)
-    // A straggler throttled by a CPU quota (its machine's cores do not show it): the all-reduce
-    // measured 128/s, async is held to the cores' 465/s and still far ahead.
+    expect(held.text).toMatch(/async .*held to what the cores run, 470\.9\/s \(1 machine\(s\); the busiest ran 412 steps\/s of 4 rank\(s\) on 1\.75 of 2 cores\)/)
+    // A straggler throttled by a CPU quota: the all-reduce took 128/s with 0.63 cores busy; the
+    // idle cores leave room for 406/s, and async goes there.
     const slow = [0, 1, 2, 3].map((r) => steps(20, () => (r === 1 ? 30 : 3)))
-    const moved = chooseStrategy({ computeMs: slow, allReduceMs: 2, numServers: 1, cpu, measured: { allreduce: 128 } }, "allreduce")
+    const idle = { busyCores: [0.63, 0.63, 0.63, 0.63], stepsPerSec: [32, 32, 32, 32], cores: [2, 2, 2, 2], host: [7, 7, 7, 7] }
+    const moved = chooseStrategy({ computeMs: slow, allReduceMs: 2, numServers: 1, cpu: idle, measured: { allreduce: 128 } }, "allreduce")
     expect(moved.pick).toBe("async")
     // Two machines: ranks at their own pace add up; one pace is set by the busier machine.
-    const two = cpuCaps({ msPerStep: [4, 4, 8, 8], cores: [2, 2, 2, 2], host: [1, 1, 2, 2] })!
-    expect(two.own).toBeCloseTo((2 * 1000 * 2) / 8 + (2 * 1000 * 2) / 16, 6)
-    expect(two.even).toBeCloseTo((4 * 2 * 1000) / 16, 6)
-    // No figure from a rank: no cap.
-    expect(cpuCaps({ msPerStep: [4, -1], cores: [2, 2], host: [1, 1] })).toBeUndefined()
+    const two = cpuCaps({ busyCores: [1, 1, 2, 2], stepsPerSec: [50, 50, 50, 50], cores: [2, 2, 2, 2], host: [1, 1, 2, 2] })!
+    expect(two.own).toBeCloseTo(100 * 2 + 100 * 1, 6)
+    expect(two.even).toBeCloseTo((4 * 100) / 2, 6)
+    // A rank without a figure yet: no cap.
+    expect(cpuCaps({ busyCores: [1, -1], stepsPerSec: [5, 5], cores: [2, 2], host: [1, 1] })).toBeUndefined()
   })
 })

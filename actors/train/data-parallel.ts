@@ -31,6 +31,13 @@ import type { LocalSgdSettings } from "./optim/outer-optimizer.ts"
 type tfjs = typeof import("@tensorflow/tfjs")
 type LayersModel = import("@tensorflow/tfjs").LayersModel
 
+/** The CPU ms this machine's cores have been busy (everything but idle and iowait) since boot. */
+const machineBusyMs = (): number => {
+  let busy = 0
+  for (const c of os.cpus()) busy += c.times.user + c.times.nice + c.times.sys + c.times.irq
+  return busy
+}
+
 /** This machine, as a number that survives a Float32Array exchange exactly (24 bits of a hash of the host name). */
 const hostHash = createHash("sha1").update(os.hostname()).digest().readUIntBE(0, 3)
 
@@ -339,8 +346,8 @@ export class DataParallelModel implements RecoverableModel {
   /** Strategy "auto": what runs now, and this rank's recent compute and all-reduce times (ms, -1: not measured). */
   #strategy: StrategyName = "allreduce"
   #computeLog: number[] = []
-  /** strategy "auto": this process's CPU time at the last decision round. */
-  #cpuMark: NodeJS.CpuUsage | undefined
+  /** strategy "auto": when the last decision round was, and the machine's busy CPU ms then. */
+  #cpuMark: { at: number; busy: number } | undefined
   #commLog: number[] = []
   #allReduceMs: number | undefined
   /** Strategy "auto" on the servers: this rank's push-pull ms per step, and the group's measured price of one. */
@@ -720,9 +727,16 @@ export class DataParallelModel implements RecoverableModel {
    */
   async #decisionRound(
     finishing: boolean
-  ): Promise<{ computeMs: number[][]; steps: number; step: number; anyFinishing: boolean; allFinishing: boolean; cpu: { msPerStep: number[]; cores: number[]; host: number[] } }> {
+  ): Promise<{
+    computeMs: number[][]
+    steps: number
+    step: number
+    anyFinishing: boolean
+    allFinishing: boolean
+    cpu: { busyCores: number[]; stepsPerSec: number[]; cores: number[]; host: number[] }
+  }> {
     const k = AUTO_WINDOW
-    const w = 3 * k + 9
+    const w = 3 * k + 10
     // This rank's last k compute, all-reduce and push-pull times (-1: not measured), then the rest.
     const mine = new Float32Array(w).fill(-1)
     const c = this.#computeLog.slice(-k)
@@ -737,17 +751,18 @@ export class DataParallelModel implements RecoverableModel {
     mine[3 * k + 3] = finishing ? 1 : 0
     mine[3 * k + 4] = this.#serverMs ?? -1
     mine[3 * k + 5] = this.#mark ? performance.now() - this.#mark.at : -1
-    // This process's CPU per step since the last round, its machine's cores, and the machine (a
-    // 24-bit hash of the host name: ranks of one machine share its cores).
-    const usage = process.cpuUsage()
+    // Since the last round: this machine's busy cores (every process on it) and this rank's
+    // steps/s; its cores, and the machine (a 24-bit hash of the host name: ranks of one machine
+    // share its cores).
+    const now = { at: performance.now(), busy: machineBusyMs() }
     const took = this.#computeLog.length
-    if (this.#cpuMark && took > 0) {
-      const cpuMs = (usage.user - this.#cpuMark.user + usage.system - this.#cpuMark.system) / 1000
-      mine[3 * k + 6] = cpuMs / took
+    if (this.#cpuMark && took > 0 && now.at > this.#cpuMark.at) {
+      mine[3 * k + 6] = (now.busy - this.#cpuMark.busy) / (now.at - this.#cpuMark.at)
+      mine[3 * k + 7] = (took * 1000) / (now.at - this.#cpuMark.at)
     }
-    this.#cpuMark = usage
-    mine[3 * k + 7] = os.availableParallelism()
-    mine[3 * k + 8] = hostHash
+    this.#cpuMark = now
+    mine[3 * k + 8] = os.availableParallelism()
+    mine[3 * k + 9] = hostHash
     this.#computeLog = []
     this.#commLog = []
     this.#psLog = []
@@ -797,11 +812,8 @@ export class DataParallelModel implements RecoverableModel {
     if (serverMs >= 0) this.#serverMs = serverMs
     const computeMs: number[][] = []
     for (let r = 0; r < p; r++) computeMs.push(Array.from(all.subarray(r * w, r * w + k)).filter((v) => v >= 0))
-    const cpu = {
-      msPerStep: Array.from({ length: p }, (_, r) => all[r * w + 3 * k + 6]!),
-      cores: Array.from({ length: p }, (_, r) => all[r * w + 3 * k + 7]!),
-      host: Array.from({ length: p }, (_, r) => all[r * w + 3 * k + 8]!)
-    }
+    const field = (i: number): number[] => Array.from({ length: p }, (_, r) => all[r * w + 3 * k + i]!)
+    const cpu = { busyCores: field(6), stepsPerSec: field(7), cores: field(8), host: field(9) }
     return { computeMs, steps, step: Math.floor(global + 1e-9), anyFinishing: done > 0, allFinishing: done >= p, cpu }
   }
 
@@ -829,7 +841,7 @@ export class DataParallelModel implements RecoverableModel {
         ...(this.#serverMs !== undefined ? { serverMs: this.#serverMs } : {}),
         measured: Object.fromEntries([...this.#measured].map(([name, m]) => [name, m.rate])),
         // Held to what the machines' cores run (no rank without a CPU figure yet: none is applied).
-        ...(cpu.msPerStep.every((c) => c > 0) ? { cpu } : {}),
+        ...(cpu.busyCores.every((c) => c > 0) ? { cpu } : {}),
         // collectiveConfig.localSgd offers local SGD: one round of the whole vector per H steps.
         ...(this.#sync.localSgd ? { localSgd: { syncEvery: this.#sync.localSgd.syncEvery } } : {})
       },
