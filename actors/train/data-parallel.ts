@@ -784,7 +784,10 @@ export class DataParallelModel implements RecoverableModel {
     }
     // The group's rate since the window began (gradient steps/s: p per synchronous step's worth).
     this.#rounds++
-    if (this.#mark && elapsed > 0 && !finishing) {
+    // The first window (from the second step) is warm-up: kernels compiled, buffers and links
+    // made; its rate would sell the starting strategy short, so the first decision compares
+    // predictions alone.
+    if (this.#mark && elapsed > 0 && !finishing && this.#rounds > 1) {
       const rate = ((global - this.#mark.global) * p * 1000) / elapsed
       if (rate > 0) this.#measured.set(this.#strategy, { rate, round: this.#rounds })
     }
