@@ -149,6 +149,8 @@ export interface ParameterServers {
 
 /** Strategy "auto": the first decision (steps before it measure the all-reduce), its window and how often it is taken again. */
 const AUTO_FIRST_DECISION = 12
+/** The first round only measures (its window is warm-up); the first choice is made at this clock. */
+const AUTO_FIRST_CHOICE = 24
 const AUTO_WINDOW = 10
 const AUTO_EVERY = 48
 /** Rounds a strategy's measured rate stands in for its prediction. */
@@ -785,8 +787,7 @@ export class DataParallelModel implements RecoverableModel {
     // The group's rate since the window began (gradient steps/s: p per synchronous step's worth).
     this.#rounds++
     // The first window (from the second step) is warm-up: kernels compiled, buffers and links
-    // made; its rate would sell the starting strategy short, so the first decision compares
-    // predictions alone.
+    // made; its rate would sell the starting strategy short, so that round only measures.
     if (this.#mark && elapsed > 0 && !finishing && this.#rounds > 1) {
       const rate = ((global - this.#mark.global) * p * 1000) / elapsed
       if (rate > 0) this.#measured.set(this.#strategy, { rate, round: this.#rounds })
@@ -795,7 +796,12 @@ export class DataParallelModel implements RecoverableModel {
     this.#mark = { at: performance.now(), global }
     this.#global = global
     const after = Math.floor(clock + 1e-9)
-    this.#nextDecision = after < AUTO_FIRST_DECISION ? AUTO_FIRST_DECISION : AUTO_FIRST_DECISION + AUTO_EVERY * (Math.floor((after - AUTO_FIRST_DECISION) / AUTO_EVERY) + 1)
+    this.#nextDecision =
+      after < AUTO_FIRST_DECISION
+        ? AUTO_FIRST_DECISION
+        : after < AUTO_FIRST_CHOICE
+          ? AUTO_FIRST_CHOICE
+          : AUTO_FIRST_CHOICE + AUTO_EVERY * (Math.floor((after - AUTO_FIRST_CHOICE) / AUTO_EVERY) + 1)
     // Per step, the least any rank spent exchanging (the last to arrive waited for nobody), averaged:
     // rates follow the mean time, and a rank throttled in bursts has many quick steps and a few slow ones.
     const leastPerStep = (part: number): number | undefined => {
@@ -833,6 +839,9 @@ export class DataParallelModel implements RecoverableModel {
     const auto = this.#sync.auto!
     if (!this.#sync.allGather) return
     const { computeMs, steps, step, anyFinishing, cpu } = await this.#decisionRound(false)
+    // The first round (warm-up) only measures: its compute times' jitter and its rate are the
+    // first steps', and the machine's busy cores have no window yet.
+    if (this.#rounds === 1) return
     if (anyFinishing || this.#allReduceMs === undefined || computeMs.some((r) => r.length === 0)) return
     const choice = chooseStrategy(
       {
