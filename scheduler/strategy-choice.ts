@@ -29,8 +29,8 @@
 // measured under a strategy (`measured`) replaces its prediction: the model proposes, running decides;
 // and where the current strategy ran slower than predicted, the others' predictions are scaled down
 // by the same factor, so a measurement is never compared with a model's optimism. Off the
-// all-reduce, a candidate with fresher gradients that has not run and is predicted within the
-// hysteresis of what the current one measured is explored once (backup workers after async ran well).
+// all-reduce, backup workers, if they have not run and are predicted within the hysteresis of what
+// the current strategy measured, are explored once (after async ran well).
 //
 // Local SGD (when collectiveConfig.localSgd offers it, `localSgd`): every rank steps on its own and
 // the group averages the parameters once every H steps, one all-reduce of the whole vector (r ms,
@@ -249,16 +249,18 @@ export const chooseStrategy = (m: StrategyMeasure, current: StrategyName, hyster
   // it, the fresher their gradients the less (PREFERENCE's order).
   const best = PREFERENCE.map((n) => predictions.find((x) => x.name === n)).find((x) => x !== undefined && x.stepsPerSec * TIE >= fastest.stepsPerSec) ?? fastest
   let changed = best.name !== current && (!now || best.stepsPerSec > now.stepsPerSec * hysteresis)
-  // Exploration: once training has left the all-reduce (the staleness is paid for already), a
-  // candidate with fresher gradients (earlier in PREFERENCE) that has not run yet and is predicted
-  // within the hysteresis of what the current strategy measured is tried once: its measurement then
-  // decides, where a prediction inside the hysteresis never would, and within the hysteresis the
-  // fresher gradients are kept.
+  // Exploration: once training has left the all-reduce for SSP or async (the staleness is paid
+  // for already), backup workers (fresh gradients, the straggler's dropped), if they have not run
+  // yet and are predicted within the hysteresis of what the current strategy measured, are tried
+  // once: their measurement then decides, where a prediction inside the hysteresis never would,
+  // and within the hysteresis the fresher gradients are kept. SSP is not explored from async: its
+  // pace is the slowest rank's whole step, which its compute time alone underprices (a throttled
+  // straggler is slow at everything), so its prediction is least trustworthy where it matters.
   let explored: StrategyPrediction | undefined
   if (!changed && current !== "allreduce" && now !== undefined && m.measured?.[current] !== undefined) {
     const rank = (n: StrategyName): number => PREFERENCE.indexOf(n)
     explored = PREFERENCE.map((n) => predictions.find((x) => x.name === n))
-      .filter((x): x is StrategyPrediction => x !== undefined && x.name !== "allreduce" && rank(x.name) < rank(current) && m.measured?.[x.name] === undefined)
+      .filter((x): x is StrategyPrediction => x !== undefined && x.name === "backup" && rank(x.name) < rank(current) && m.measured?.[x.name] === undefined)
       .find((x) => x.stepsPerSec * hysteresis >= now.stepsPerSec)
     if (explored) changed = true
   }
