@@ -42,8 +42,8 @@
 // comes last in the preference order.
 //
 // The cores: every prediction is held to what the machines' cores can run (cpuCaps): a machine
-// whose ranks took R steps/s with B of its C cores busy (every process on it counted) has room for
-// R * C / B. No strategy beats an oversubscribed machine's CPU, so the jitter of ranks
+// whose ranks took R steps/s with B of its C cores busy (every process on it counted, but other
+// tenants' no more than half again the ranks' own CPU) has room for R * C / B. No strategy beats an oversubscribed machine's CPU, so the jitter of ranks
 // time-sharing it does not move training off the all-reduce; a machine left idle by a throttled
 // straggler shows its headroom.
 
@@ -85,6 +85,8 @@ export interface StrategyMeasure {
    */
   readonly cpu?: {
     readonly busyCores: ReadonlyArray<number>
+    /** The cores the rank's own process kept busy over the window (its process CPU time). */
+    readonly ownCores?: ReadonlyArray<number>
     readonly stepsPerSec: ReadonlyArray<number>
     readonly cores: ReadonlyArray<number>
     readonly host: ReadonlyArray<number>
@@ -99,14 +101,19 @@ export interface StrategyMeasure {
  * (`even`). On an oversubscribed machine no strategy beats its CPU, whatever the jitter of
  * time-shared ranks suggests; on a machine left idle by a throttled straggler the headroom shows.
  */
+/** The job's processes besides the ranks (servers, nats-server, driver) as a share of the ranks' own CPU: at most half again. */
+const JOB_OVERHEAD = 1.5
+
 export const cpuCaps = (cpu: NonNullable<StrategyMeasure["cpu"]>): { own: number; even: number; why: string } | undefined => {
   const p = cpu.busyCores.length
   if (p === 0 || cpu.busyCores.some((c) => !(c > 0)) || cpu.stepsPerSec.some((c) => !(c > 0)) || cpu.cores.some((c) => !(c > 0))) return undefined
-  const hosts = new Map<number, { n: number; rate: number; busy: number; cores: number }>()
+  if (cpu.ownCores !== undefined && cpu.ownCores.some((c) => !(c > 0))) return undefined
+  const hosts = new Map<number, { n: number; rate: number; busy: number; cores: number; own: number }>()
   for (let r = 0; r < p; r++) {
-    const h = hosts.get(cpu.host[r]!) ?? { n: 0, rate: 0, busy: 0, cores: Number.POSITIVE_INFINITY }
+    const h = hosts.get(cpu.host[r]!) ?? { n: 0, rate: 0, busy: 0, cores: Number.POSITIVE_INFINITY, own: 0 }
     h.n++
     h.rate += cpu.stepsPerSec[r]!
+    h.own += cpu.ownCores?.[r] ?? Number.POSITIVE_INFINITY
     h.busy = Math.max(h.busy, cpu.busyCores[r]!)
     h.cores = Math.min(h.cores, cpu.cores[r]!)
     hosts.set(cpu.host[r]!, h)
@@ -114,6 +121,10 @@ export const cpuCaps = (cpu: NonNullable<StrategyMeasure["cpu"]>): { own: number
   let own = 0
   let even = Number.POSITIVE_INFINITY
   for (const h of hosts.values()) {
+    // Other tenants' CPU is not the job's to count: what they use they would share with ranks
+    // that stop idling. So the busy cores counted are at most JOB_OVERHEAD times the ranks' own
+    // (their servers', nats-server's and driver's share on top).
+    h.busy = Math.min(h.busy, h.own * JOB_OVERHEAD)
     const room = (h.rate * h.cores) / Math.min(h.busy, h.cores)
     own += room
     even = Math.min(even, (p * room) / h.n)

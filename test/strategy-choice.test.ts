@@ -206,6 +206,12 @@ describe("strategy choice, the cores", () => {
     const idle = { busyCores: [0.63, 0.63, 0.63, 0.63], stepsPerSec: [32, 32, 32, 32], cores: [2, 2, 2, 2], host: [7, 7, 7, 7] }
     const moved = chooseStrategy({ computeMs: slow, allReduceMs: 2, numServers: 1, cpu: idle, measured: { allreduce: 128 } }, "allreduce")
     expect(moved.pick).toBe("async")
+    // The same straggler on a machine other tenants keep busy (2 of 2 cores, the ranks' own
+    // processes 0.6 of them): their CPU would be shared with ranks that stop idling, so only half
+    // again the ranks' own counts, and async still goes ahead.
+    const shared = { ...idle, busyCores: [2, 2, 2, 2], ownCores: [0.15, 0.15, 0.15, 0.15] }
+    expect(cpuCaps(shared)!.own).toBeCloseTo((128 * 2) / 0.9, 6)
+    expect(chooseStrategy({ computeMs: slow, allReduceMs: 2, numServers: 1, cpu: shared, measured: { allreduce: 128 } }, "allreduce").pick).toBe("async")
     // Two machines: ranks at their own pace add up; one pace is set by the busier machine.
     const two = cpuCaps({ busyCores: [1, 1, 2, 2], stepsPerSec: [50, 50, 50, 50], cores: [2, 2, 2, 2], host: [1, 1, 2, 2] })!
     expect(two.own).toBeCloseTo(100 * 2 + 100 * 1, 6)

@@ -349,7 +349,7 @@ export class DataParallelModel implements RecoverableModel {
   #strategy: StrategyName = "allreduce"
   #computeLog: number[] = []
   /** strategy "auto": when the last decision round was, and the machine's busy CPU ms then. */
-  #cpuMark: { at: number; busy: number } | undefined
+  #cpuMark: { at: number; busy: number; own: number } | undefined
   #commLog: number[] = []
   #allReduceMs: number | undefined
   /** Strategy "auto" on the servers: this rank's push-pull ms per step, and the group's measured price of one. */
@@ -735,10 +735,10 @@ export class DataParallelModel implements RecoverableModel {
     step: number
     anyFinishing: boolean
     allFinishing: boolean
-    cpu: { busyCores: number[]; stepsPerSec: number[]; cores: number[]; host: number[] }
+    cpu: { busyCores: number[]; stepsPerSec: number[]; cores: number[]; host: number[]; ownCores: number[] }
   }> {
     const k = AUTO_WINDOW
-    const w = 3 * k + 10
+    const w = 3 * k + 11
     // This rank's last k compute, all-reduce and push-pull times (-1: not measured), then the rest.
     const mine = new Float32Array(w).fill(-1)
     const c = this.#computeLog.slice(-k)
@@ -756,11 +756,13 @@ export class DataParallelModel implements RecoverableModel {
     // Since the last round: this machine's busy cores (every process on it) and this rank's
     // steps/s; its cores, and the machine (a 24-bit hash of the host name: ranks of one machine
     // share its cores).
-    const now = { at: performance.now(), busy: machineBusyMs() }
+    const usage = process.cpuUsage()
+    const now = { at: performance.now(), busy: machineBusyMs(), own: (usage.user + usage.system) / 1000 }
     const took = this.#computeLog.length
     if (this.#cpuMark && took > 0 && now.at > this.#cpuMark.at) {
       mine[3 * k + 6] = (now.busy - this.#cpuMark.busy) / (now.at - this.#cpuMark.at)
       mine[3 * k + 7] = (took * 1000) / (now.at - this.#cpuMark.at)
+      mine[3 * k + 10] = (now.own - this.#cpuMark.own) / (now.at - this.#cpuMark.at)
     }
     this.#cpuMark = now
     mine[3 * k + 8] = os.availableParallelism()
@@ -822,7 +824,7 @@ export class DataParallelModel implements RecoverableModel {
     const computeMs: number[][] = []
     for (let r = 0; r < p; r++) computeMs.push(Array.from(all.subarray(r * w, r * w + k)).filter((v) => v >= 0))
     const field = (i: number): number[] => Array.from({ length: p }, (_, r) => all[r * w + 3 * k + i]!)
-    const cpu = { busyCores: field(6), stepsPerSec: field(7), cores: field(8), host: field(9) }
+    const cpu = { busyCores: field(6), stepsPerSec: field(7), cores: field(8), host: field(9), ownCores: field(10) }
     return { computeMs, steps, step: Math.floor(global + 1e-9), anyFinishing: done > 0, allFinishing: done >= p, cpu }
   }
 
@@ -853,7 +855,7 @@ export class DataParallelModel implements RecoverableModel {
         ...(this.#serverMs !== undefined ? { serverMs: this.#serverMs } : {}),
         measured: Object.fromEntries([...this.#measured].map(([name, m]) => [name, m.rate])),
         // Held to what the machines' cores run (no rank without a CPU figure yet: none is applied).
-        ...(cpu.busyCores.every((c) => c > 0) ? { cpu } : {}),
+        ...(cpu.busyCores.every((c) => c > 0) && cpu.ownCores.every((c) => c > 0) ? { cpu } : {}),
         // collectiveConfig.localSgd offers local SGD: one round of the whole vector per H steps.
         ...(this.#sync.localSgd ? { localSgd: { syncEvery: this.#sync.localSgd.syncEvery } } : {})
       },
