@@ -245,16 +245,23 @@ export class DirectEndpoint {
     const servers = [tcp]
     let sock: string | undefined
     if ((opts.unixSocket ?? true) && process.platform !== "win32") {
-      const dir = fs.mkdtempSync(path.join(os.tmpdir(), "gw-direct-"))
-      sock = path.join(dir, "s")
+      // Linux: an abstract socket (no file, so nothing is left behind by a killed process; only
+      // processes of this network namespace see it, and they must still pass the handshake).
+      // Elsewhere a socket file in a directory of its own, removed when the listener closes.
+      const abstract = process.platform === "linux"
+      const dir = abstract ? undefined : fs.mkdtempSync(path.join(os.tmpdir(), "gw-direct-"))
+      sock = dir === undefined ? `\0gw-direct-${crypto.randomBytes(12).toString("hex")}` : path.join(dir, "s")
       const uds = make()
+      const clean = (): void => {
+        if (dir !== undefined) fs.rmSync(dir, { recursive: true, force: true })
+      }
       try {
         await listenOn(uds, { path: sock })
         uds.unref()
         servers.push(uds)
-        uds.on("close", () => fs.rmSync(dir, { recursive: true, force: true }))
+        uds.on("close", clean)
       } catch {
-        fs.rmSync(dir, { recursive: true, force: true })
+        clean()
         sock = undefined
       }
     }
