@@ -12,8 +12,7 @@ import { Trainer, loadDigits, trainTestSplit, type ArrayDataset } from "../index
 import { ConfigError } from "../core/errors.ts"
 import { launchNatsServer, liveNatsServerPids, type NatsServerProcess } from "../core/nats-server.ts"
 import { openNats } from "../core/connection.ts"
-import { launchAgent, type NodeAgent } from "../actors/node/agent.ts"
-import { silentLogger } from "../actors/runtime/log.ts"
+import { startHeadAgent, type HeadAgent } from "./support/head-agent.ts"
 import { ObjectCheckpointStore, parseObjectCheckpointUrl, readObjectCheckpoint } from "../actors/train/object-checkpoint-store.ts"
 import { resolveTrainerOptions } from "../actors/train/trainer.ts"
 
@@ -138,29 +137,16 @@ describe("ObjectCheckpointStore", () => {
 })
 
 describe("Trainer with checkpointConfig.objectStore", () => {
-  let agent: NodeAgent | undefined
-  let agentConn: Awaited<ReturnType<typeof openNats>> | undefined
+  let agent: HeadAgent | undefined
   let train: ArrayDataset
   let test: ArrayDataset
 
   beforeAll(async () => {
     ;({ train, test } = trainTestSplit(await loadDigits(), 0.2, 7))
-    agentConn = await openNats({ servers: server.url, name: "object store test agent" })
-    agent = await launchAgent({
-      nc: agentConn.nc,
-      connection: { servers: [server.url] },
-      cluster: "objtest",
-      nodeId: "objtest-node",
-      head: true,
-      backends: ["wasm", "cpu"],
-      log: silentLogger,
-      ownerTimeoutMs: 5_000,
-      numCpus: Math.max(2, os.availableParallelism())
-    })
+    agent = await startHeadAgent(server.url, "objtest", "object store test agent")
   })
   afterAll(async () => {
-    await agent?.stop("test finished").catch(() => {})
-    await agentConn?.close().catch(() => {})
+    await agent?.stop()
   })
 
   const fit = (epochs: number) =>

@@ -13,9 +13,7 @@ import { Trainer, TrainingFailed, datasetFactory, fromFiles, putFiles, type From
 import { resolveFileDataset, type ResolvedDataset } from "../core/data/resolve.ts"
 import { FileStream } from "../core/data/stream.ts"
 import { launchNatsServer, liveNatsServerPids, type NatsServerProcess } from "../core/nats-server.ts"
-import { openNats } from "../core/connection.ts"
-import { launchAgent, type NodeAgent } from "../actors/node/agent.ts"
-import { silentLogger } from "../actors/runtime/log.ts"
+import { startHeadAgent, type HeadAgent } from "./support/head-agent.ts"
 import type { NatsConnection } from "@nats-io/nats-core"
 
 const LOOP = path.resolve("test/support/data-loop.ts") + "#dataLoop"
@@ -166,27 +164,16 @@ describe("Trainer with file datasets", () => {
 
 describe("Trainer on a joined cluster with data in its object store", () => {
   let server: NatsServerProcess
-  let conn: Awaited<ReturnType<typeof openNats>>
-  let agent: NodeAgent | undefined
+  let conn: HeadAgent["conn"]
+  let agent: HeadAgent | undefined
 
   beforeAll(async () => {
     server = await launchNatsServer({ maxPayload: 8 * 1024 * 1024 })
-    conn = await openNats({ servers: server.url, name: "data object store test" })
-    agent = await launchAgent({
-      nc: conn.nc,
-      connection: { servers: [server.url] },
-      cluster: "datatest",
-      nodeId: "datatest-node",
-      head: true,
-      backends: ["wasm", "cpu"],
-      log: silentLogger,
-      ownerTimeoutMs: 5_000,
-      numCpus: Math.max(2, os.availableParallelism())
-    })
+    agent = await startHeadAgent(server.url, "datatest", "data object store test")
+    conn = agent.conn
   })
   afterAll(async () => {
-    await agent?.stop("test finished").catch(() => {})
-    await conn?.close().catch(() => {})
+    await agent?.stop()
     await server?.stop()
   })
 

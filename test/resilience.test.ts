@@ -12,9 +12,7 @@ import { Trainer, loadDigits, trainTestSplit, type ArrayDataset } from "../index
 import { NatsUnavailable } from "../core/errors.ts"
 import { readEvents as events, sameWeights } from "./support/trainer-runs.ts"
 import { launchNatsServer, liveNatsServerPids, type NatsServerProcess } from "../core/nats-server.ts"
-import { openNats } from "../core/connection.ts"
-import { launchAgent, type NodeAgent } from "../actors/node/agent.ts"
-import { silentLogger } from "../actors/runtime/log.ts"
+import { startHeadAgent } from "./support/head-agent.ts"
 import { resultOf } from "../actors/train/result.ts"
 
 const LOOP = path.resolve("examples/digits/train.ts") + "#trainLoop"
@@ -34,24 +32,11 @@ afterAll(async () => {
 
 /** A cluster of one in-process agent on a server the test owns (not supervised by gradwire). */
 const withAgent = async <A>(server: NatsServerProcess, cluster: string, fn: () => Promise<A>): Promise<A> => {
-  const conn = await openNats({ servers: server.url, name: "resilience test agent", maxReconnectAttempts: -1 })
-  let agent: NodeAgent | undefined
+  const agent = await startHeadAgent(server.url, cluster, "resilience test agent", { maxReconnectAttempts: -1 })
   try {
-    agent = await launchAgent({
-      nc: conn.nc,
-      connection: { servers: [server.url] },
-      cluster,
-      nodeId: `${cluster}-node`,
-      head: true,
-      backends: ["wasm", "cpu"],
-      log: silentLogger,
-      ownerTimeoutMs: 5_000,
-      numCpus: Math.max(2, os.availableParallelism())
-    })
     return await fn()
   } finally {
-    await agent?.stop("test finished").catch(() => {})
-    await conn.close().catch(() => {})
+    await agent.stop()
   }
 }
 
