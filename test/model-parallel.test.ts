@@ -19,6 +19,7 @@ import { isPipelineCheckpoint, loadPipelineCheckpointInto, mergePipelineCheckpoi
 import { modelFromFiles } from "../core/model-io.ts"
 import { describeStack, type LayerStack } from "../actors/train/model-parallel/stack.ts"
 import { localFabric } from "./support/model-parallel-local.ts"
+import { CLASSES, IN, batchOf, seededMlp } from "./support/pipeline-loop.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
 type LayersModel = import("@tensorflow/tfjs").LayersModel
@@ -143,26 +144,8 @@ beforeAll(async () => {
   tf = (await loadEngine("auto")).tf
 })
 
-const IN = 6
-const CLASSES = 5
-
-/** The same seeded MLP every time it is built: 5 dense layers, widths even (tensor-parallel pairs). */
-const mlp = (optimizer: "sgd" | "adam", widths: number[] = [8, 12, 8, 6]): LayersModel => {
-  const layers = widths.map((units, i) =>
-    tf.layers.dense({
-      units,
-      activation: i % 2 === 0 ? "relu" : "tanh",
-      name: `d${i}`,
-      kernelInitializer: tf.initializers.glorotUniform({ seed: 11 + i }),
-      biasInitializer: tf.initializers.randomNormal({ seed: 31 + i, stddev: 0.1 }),
-      ...(i === 0 ? { inputShape: [IN] } : {})
-    })
-  )
-  layers.push(tf.layers.dense({ units: CLASSES, activation: "softmax", name: "out", kernelInitializer: tf.initializers.glorotUniform({ seed: 7 }) }))
-  const m = tf.sequential({ layers })
-  m.compile({ optimizer: optimizer === "sgd" ? tf.train.sgd(0.3) : tf.train.adam(0.02), loss: "categoricalCrossentropy" })
-  return m
-}
+/** The seeded MLP of the integration loop (test/support/pipeline-loop.ts), built here on this process's engine. */
+const mlp = (optimizer: "sgd" | "adam", widths?: number[]): LayersModel => seededMlp(tf, optimizer, widths)
 
 /** A functional model with a residual branch: cut points only outside it. */
 const residual = (): LayersModel => {
@@ -178,13 +161,7 @@ const residual = (): LayersModel => {
   return m
 }
 
-const batch = (rows: number, seed: number): { x: Tensor; y: Tensor } => {
-  const x = tf.randomNormal([rows, IN], 0, 1, "float32", seed)
-  const ids = tf.randomUniform([rows], 0, CLASSES, "int32", seed + 1)
-  const y = tf.oneHot(ids, CLASSES)
-  ids.dispose()
-  return { x, y }
-}
+const batch = (rows: number, seed: number): { x: Tensor; y: Tensor } => batchOf(tf, rows, seed)
 
 /** One optimizer step of the whole model on the whole batch, as a single worker takes it; returns the loss. */
 const referenceStep = (model: LayersModel, x: Tensor, y: Tensor): number => {

@@ -21,11 +21,11 @@ export interface EquivalenceCase {
   readonly steps: number
 }
 
-const IN = 6
-const CLASSES = 5
+export const IN = 6
+export const CLASSES = 5
 
-const mlp = (tf: Tf): LayersModel => {
-  const widths = [8, 12, 8, 6]
+/** The same seeded MLP every time it is built: 5 dense layers, widths even (tensor-parallel pairs). Also the model-parallel unit tests'. */
+export const seededMlp = (tf: Tf, optimizer: "sgd" | "adam" = "sgd", widths: ReadonlyArray<number> = [8, 12, 8, 6]): LayersModel => {
   const layers = widths.map((units, i) =>
     tf.layers.dense({
       units,
@@ -38,11 +38,12 @@ const mlp = (tf: Tf): LayersModel => {
   )
   layers.push(tf.layers.dense({ units: CLASSES, activation: "softmax", name: "out", kernelInitializer: tf.initializers.glorotUniform({ seed: 7 }) }))
   const m = tf.sequential({ layers })
-  m.compile({ optimizer: tf.train.sgd(0.3), loss: "categoricalCrossentropy" })
+  m.compile({ optimizer: optimizer === "sgd" ? tf.train.sgd(0.3) : tf.train.adam(0.02), loss: "categoricalCrossentropy" })
   return m
 }
 
-const batchOf = (tf: Tf, rows: number, seed: number): { x: Tensor; y: Tensor } => {
+/** A seeded batch of `rows` normal inputs and one-hot labels. */
+export const batchOf = (tf: Tf, rows: number, seed: number): { x: Tensor; y: Tensor } => {
   const x = tf.randomNormal([rows, IN], 0, 1, "float32", seed)
   const ids = tf.randomUniform([rows], 0, CLASSES, "int32", seed + 1)
   const y = tf.oneHot(ids, CLASSES)
@@ -73,7 +74,7 @@ export async function equivalenceLoop(config: { cases: EquivalenceCase[] }, ctx:
   const tf = ctx.tf
   const metrics: Record<string, unknown> = { rank: ctx.worldRank }
   for (const [k, c] of config.cases.entries()) {
-    const pp = await ctx.preparePipeline(mlp(tf), c.options)
+    const pp = await ctx.preparePipeline(seededMlp(tf), c.options)
     const replicas = pp.place.replicas
     const data = Array.from({ length: replicas }, (_, d) => Array.from({ length: c.steps }, (_, s) => batchOf(tf, c.rows, 17 + 1000 * k + 100 * d + 2 * s)))
     let loss = 0
@@ -83,7 +84,7 @@ export async function equivalenceLoop(config: { cases: EquivalenceCase[] }, ctx:
     }
     // (tfjs takes a seed of 0 for no seed: every seed here is > 0)
     // the single worker: the whole model on every replica's batch at once
-    const ref = mlp(tf)
+    const ref = seededMlp(tf)
     const opt = (ref as unknown as { optimizer: import("@tensorflow/tfjs").Optimizer }).optimizer
     let refLoss = 0
     for (let s = 0; s < c.steps; s++) {
