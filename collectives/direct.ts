@@ -17,9 +17,9 @@
 // (HMAC-SHA256 over the other side's nonce, the group and the ranks; the secret itself never goes
 // over the wire), so only members of this job's group exchange frames with it. A peer that fails it
 // is told no, dropped and counted (`rejected`); a receiver that cannot connect or authenticate
-// within the deadline takes that peer's frames over NATS and says why (`fallbacks`). With `tls`, the connections run
-// TLS 1.2 with the secret as pre-shared key (PSK, no certificates to hand out) and the challenge
-// inside.
+// within the deadline takes that peer's frames over NATS, and connect() says why (the communicator
+// passes it on in its hello). With `tls`, the connections run TLS 1.2 with the secret as pre-shared
+// key (PSK, no certificates to hand out) and the challenge inside.
 //
 // Wire format after the handshake: per frame the 40 header bytes of frames.ts, the payload's byte
 // count (u32 LE), the payload. A sender packs the three into one pooled buffer (one copy, one
@@ -203,8 +203,6 @@ interface Link {
 /** One rank's end of the direct data path: its listener, the links it sends on and those it reads. */
 export class DirectEndpoint {
   readonly address: DirectAddress
-  /** Peers this rank could not dial or authenticate with, and why (their frames come over NATS). */
-  readonly fallbacks = new Map<number, string>()
   /** Inbound connections dropped for failing authentication (or speaking something else). */
   rejected = 0
   bytesSent = 0
@@ -295,15 +293,12 @@ export class DirectEndpoint {
     for (const via of sameNode && addr.path ? (["unix", "tcp"] as const) : (["tcp"] as const)) {
       try {
         await this.#dial(peer, via, addr, timeoutMs)
-        this.fallbacks.delete(peer)
         return undefined
       } catch (e) {
         reasons.push(e instanceof Error ? e.message : String(e))
       }
     }
-    const why = reasons.join("; ")
-    this.fallbacks.set(peer, why)
-    return why
+    return reasons.join("; ")
   }
 
   async #dial(peer: number, via: "tcp" | "unix", addr: DirectAddress, timeoutMs: number): Promise<void> {
