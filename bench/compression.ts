@@ -34,7 +34,7 @@ import * as os from "node:os"
 import { launchNatsServer } from "../core/nats-server.ts"
 import type { ResolvedCompressionConfig } from "../collectives/compression/index.ts"
 import type { ReducerStats } from "../collectives/gradient-reducer.ts"
-import type { TransportInfo, TransportMeasurement } from "../collectives/communicator.ts"
+import { describeTransport, type TransportInfo, type TransportMeasurement } from "../collectives/communicator.ts"
 import { CompressionFleet } from "../test/support/compression-fleet.ts"
 import type { SlotSpec } from "../test/support/compression-cases.ts"
 import { benchCodecs, codecFigures, type CodecFigure } from "./compression-codecs.ts"
@@ -226,17 +226,10 @@ const measure = async (a: Args, star: Star | undefined, dir: string): Promise<vo
         }))
         if (a.transport !== "nats") {
           const t = created[0].transport
-          // The port differs per fleet: fleets whose rank 0 is otherwise alike share a line.
-          const at = t.address ? `listens on ${t.address.host}` : "offers no address"
-          const sends = `${at}, sends to ${t.links.map((l) => `rank ${l.rank} ${l.via}${l.why ? ` (${l.why})` : ""}`).join(", ")}`
-          const m = created[0].measured
-          const auto =
-            t.choice !== "auto"
-              ? ""
-              : `; auto: ${t.minBytes === Number.POSITIVE_INFINITY ? "every call over NATS" : t.minBytes === 0 ? "every call direct" : `calls from ${t.minBytes / 1024} KiB direct`}` +
-                (m && m.rows.length > 0 ? ` (measured ms NATS vs direct: ${m.rows.map((r) => `${r.bytes / 1024} KiB ${r.natsMs.toFixed(2)} vs ${r.directMs.toFixed(2)}`).join(", ")})` : "")
-          // Measurements differ per fleet: with auto, one line per codec.
-          const key = auto === "" ? sends : `${sends}${auto}\u0000${v.label}`
+          // explain.txt's lines for rank 0 (the port is not in them): fleets with the same ones
+          // share a line; with auto the measurements differ per fleet, so one per codec.
+          const lines = `listens on ${t.address?.host ?? "no address"}; ${describeTransport(t, created[0].measured).split("\n").map((l) => l.trim()).join("; ")}`
+          const key = t.choice === "auto" ? `${lines}\u0000${v.label}` : lines
           links.set(key, [...(links.get(key) ?? []), v.label])
         }
       }
