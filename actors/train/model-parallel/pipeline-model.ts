@@ -16,7 +16,6 @@
 // happen when the op needs them. A rank holds the stashed inputs of its blocks for the micro-batches
 // in flight (all m with GPipe, at most S - s with 1F1B): memoryStats() reports the peak.
 import type { Tf } from "../../../core/engine.ts"
-import type { EpochResult, StepResult } from "../data-parallel.ts"
 import { gatherRows, shardIndices, type ArrayDataset } from "../../../core/datasets.ts"
 import { ConfigError } from "../../../core/errors.ts"
 import type { Batch, BatchTransform } from "../../../core/data/stream.ts"
@@ -45,11 +44,23 @@ export interface StageSpec {
   readonly frozen?: ReadonlyArray<FrozenWeight>
 }
 
-/** A pipeline step's result: the loss of this replica's batch, its samples and correct predictions, as a data-parallel step's. */
-export type PipelineStepResult = StepResult
+export interface PipelineStepResult {
+  /** The batch's mean loss (this replica's batch). */
+  readonly loss: number
+  readonly samples: number
+  /** Correct predictions (classification losses). */
+  readonly correct?: number
+}
 
-/** An epoch's result, as data-parallel fit() gives it: loss and accuracy over every replica's samples. */
-export type PipelineEpochResult = EpochResult
+export interface PipelineEpochResult {
+  readonly epoch: number
+  /** Mean loss over every replica's samples. */
+  readonly loss: number
+  readonly accuracy?: number
+  readonly samples: number
+  readonly steps: number
+  readonly seconds: number
+}
 
 /** Where the time of the last step went, on this rank. */
 export interface PipelineStepTiming {
