@@ -7,6 +7,7 @@
 // milliseconds, and most of gradwire (NATS, collectives, the CLI) never needs it.
 import { createRequire } from "node:module"
 import { ConfigError } from "./errors.ts"
+import { registerWasmKernels } from "./kernels/register.ts"
 import { WEBGPU_PACKAGES, requestWebGpuAdapter, withinDeadline } from "./webgpu.ts"
 
 export type Tf = typeof import("@tensorflow/tfjs")
@@ -105,6 +106,8 @@ const load = async (want: BackendKind | "auto"): Promise<{ tf: Tf; backend: Back
       await import("@tensorflow/tfjs-backend-wasm")
       if (await tf.setBackend("wasm")) {
         await tf.ready()
+        // tfjs-backend-wasm lacks the convolution and gather gradients (and a few rarer kernels).
+        registerWasmKernels(tf)
         return { tf, backend: "wasm" }
       }
     } catch (e) {

@@ -1,0 +1,184 @@
+// Gradient kernels of the convolutions that tfjs-backend-wasm 4.22 lacks, computed on the wasm
+// heap without leaving it: the conv2d filter gradient as one im2col (a JS pass over the input)
+// plus the backend's own XNNPACK-era matmul, and the depthwise filter and input gradients as
+// direct loops (their work is O(input x filter), no matmul to hand them to). Shapes the fast paths
+// do not cover (channels-first data, 3-D) go to the cpu-backend fallback instead (fallback.ts).
+import type { Tf } from "../engine.ts"
+import { callKernel, floats, type KernelArgs, type TensorInfo } from "./wasm-heap.ts"
+
+type ConvInfo = {
+  batchSize: number
+  inHeight: number
+  inWidth: number
+  inChannels: number
+  outHeight: number
+  outWidth: number
+  outChannels: number
+  filterHeight: number
+  filterWidth: number
+  strideHeight: number
+  strideWidth: number
+  dilationHeight: number
+  dilationWidth: number
+  padInfo: { top: number; left: number }
+  dataFormat: string
+}
+
+/** Whether a kernel call's data is laid out as the fast paths expect (NHWC). */
+export const channelsLast = (attrs: Record<string, unknown>): boolean => {
+  const f = attrs.dataFormat
+  return f === undefined || f === "NHWC" || f === "channelsLast"
+}
+
+/**
+ * dW[fh, fw, c, o] = Σ_{b, oh, ow} x[b, oh·sh + fh·dh − top, ow·sw + fw·dw − left, c] · dy[b, oh, ow, o].
+ * With Xcol[m, (fh, fw, c)] the input patch behind output pixel m (zero outside the image), dW is
+ * Xcolᵀ · dy: one matmul of [K, M] by [M, outC], K = fh·fw·inC, M = batch·outH·outW.
+ */
+export const conv2dBackpropFilter = (tf: Tf, { inputs, backend, attrs }: KernelArgs): TensorInfo => {
+  const { x, dy } = inputs
+  const filterShape = attrs.filterShape as [number, number, number, number]
+  const info = tf.backend_util.computeConv2DInfo(
+    x.shape as [number, number, number, number],
+    filterShape,
+    attrs.strides as [number, number] | number,
+    1,
+    attrs.pad as "same",
+    attrs.dimRoundingMode as "floor" | undefined,
+    false,
+    "channelsLast"
+  ) as unknown as ConvInfo
+  const { batchSize: N, inHeight: H, inWidth: W, inChannels: C, outHeight: OH, outWidth: OW, outChannels: O } = info
+  const { filterHeight: FH, filterWidth: FW, strideHeight: SH, strideWidth: SW } = info
+  const top = info.padInfo.top
+  const left = info.padInfo.left
+  const K = FH * FW * C
+  const M = N * OH * OW
+  // The patch matrix, transposed: row k = (fh, fw, c) holds that tap for every output pixel, so the
+  // matmul runs without a transpose flag (the backend's fast path).
+  const colT = backend.makeOutput([1, K, M], "float32")
+  try {
+    const xs = floats(backend, x)
+    const col = floats(backend, colT)
+    for (let fh = 0; fh < FH; fh++) {
+      for (let fw = 0; fw < FW; fw++) {
+        for (let c = 0; c < C; c++) {
+          let m = ((fh * FW + fw) * C + c) * M
+          for (let b = 0; b < N; b++) {
+            const xb = b * H * W * C + c
+            for (let oh = 0; oh < OH; oh++) {
+              const ih = oh * SH + fh - top
+              if (ih < 0 || ih >= H) {
+                col.fill(0, m, m + OW)
+                m += OW
+                continue
+              }
+              const row = xb + ih * W * C
+              let iw = fw - left
+              for (let ow = 0; ow < OW; ow++, iw += SW) col[m++] = iw >= 0 && iw < W ? xs[row + iw * C] : 0
+            }
+          }
+        }
+      }
+    }
+    const out = callKernel(tf, "BatchMatMul", {
+      inputs: { a: colT, b: { dataId: dy.dataId, shape: [1, M, O], dtype: "float32" } },
+      backend,
+      attrs: { transposeA: false, transposeB: false }
+    })
+    return { dataId: out.dataId, shape: [...filterShape], dtype: "float32" }
+  } finally {
+    backend.disposeData(colT.dataId)
+  }
+}
+
+const depthwiseInfo = (tf: Tf, xShape: number[], filterShape: number[], attrs: Record<string, unknown>): ConvInfo =>
+  tf.backend_util.computeConv2DInfo(
+    xShape as [number, number, number, number],
+    filterShape as [number, number, number, number],
+    attrs.strides as [number, number] | number,
+    (attrs.dilations ?? 1) as [number, number] | number,
+    attrs.pad as "same",
+    attrs.dimRoundingMode as "floor" | undefined,
+    true,
+    "channelsLast"
+  ) as unknown as ConvInfo
+
+/** dW[fh, fw, c, q] = Σ_{b, oh, ow} x[b, ih, iw, c] · dy[b, oh, ow, c·Q + q]. */
+export const depthwiseBackpropFilter = (tf: Tf, { inputs, backend, attrs }: KernelArgs): TensorInfo => {
+  const { x, dy } = inputs
+  const filterShape = attrs.filterShape as number[]
+  const info = depthwiseInfo(tf, x.shape, filterShape, attrs)
+  const { batchSize: N, inHeight: H, inWidth: W, inChannels: C, outHeight: OH, outWidth: OW, outChannels: OC } = info
+  const { filterHeight: FH, filterWidth: FW, strideHeight: SH, strideWidth: SW, dilationHeight: DH, dilationWidth: DW } = info
+  const Q = OC / C
+  const out = backend.makeOutput([...filterShape], "float32")
+  const xs = floats(backend, x)
+  const dys = floats(backend, dy)
+  const dw = floats(backend, out)
+  dw.fill(0)
+  for (let fh = 0; fh < FH; fh++) {
+    for (let fw = 0; fw < FW; fw++) {
+      const wBase = (fh * FW + fw) * C * Q
+      for (let b = 0; b < N; b++) {
+        for (let oh = 0; oh < OH; oh++) {
+          const ih = oh * SH + fh * DH - info.padInfo.top
+          if (ih < 0 || ih >= H) continue
+          for (let ow = 0; ow < OW; ow++) {
+            const iw = ow * SW + fw * DW - info.padInfo.left
+            if (iw < 0 || iw >= W) continue
+            const xo = ((b * H + ih) * W + iw) * C
+            const yo = ((b * OH + oh) * OW + ow) * OC
+            for (let c = 0; c < C; c++) {
+              const xv = xs[xo + c]
+              const yc = yo + c * Q
+              const wc = wBase + c * Q
+              for (let q = 0; q < Q; q++) dw[wc + q] += xv * dys[yc + q]
+            }
+          }
+        }
+      }
+    }
+  }
+  return out
+}
+
+/** dx[b, ih, iw, c] = Σ over the taps that read it of W[fh, fw, c, q] · dy[b, oh, ow, c·Q + q]. */
+export const depthwiseBackpropInput = (tf: Tf, { inputs, backend, attrs }: KernelArgs): TensorInfo => {
+  const { dy, filter } = inputs
+  const inputShape = attrs.inputShape as number[]
+  const info = depthwiseInfo(tf, inputShape, filter.shape, attrs)
+  const { batchSize: N, inHeight: H, inWidth: W, inChannels: C, outHeight: OH, outWidth: OW, outChannels: OC } = info
+  const { filterHeight: FH, filterWidth: FW, strideHeight: SH, strideWidth: SW, dilationHeight: DH, dilationWidth: DW } = info
+  const Q = OC / C
+  const out = backend.makeOutput([...inputShape], "float32")
+  const ws = floats(backend, filter)
+  const dys = floats(backend, dy)
+  const dx = floats(backend, out)
+  dx.fill(0)
+  for (let b = 0; b < N; b++) {
+    for (let oh = 0; oh < OH; oh++) {
+      for (let fh = 0; fh < FH; fh++) {
+        const ih = oh * SH + fh * DH - info.padInfo.top
+        if (ih < 0 || ih >= H) continue
+        for (let ow = 0; ow < OW; ow++) {
+          const yo = ((b * OH + oh) * OW + ow) * OC
+          for (let fw = 0; fw < FW; fw++) {
+            const iw = ow * SW + fw * DW - info.padInfo.left
+            if (iw < 0 || iw >= W) continue
+            const xo = ((b * H + ih) * W + iw) * C
+            const wo = (fh * FW + fw) * C * Q
+            for (let c = 0; c < C; c++) {
+              let s = 0
+              const yc = yo + c * Q
+              const wc = wo + c * Q
+              for (let q = 0; q < Q; q++) s += ws[wc + q] * dys[yc + q]
+              dx[xo + c] += s
+            }
+          }
+        }
+      }
+    }
+  }
+  return out
+}

@@ -1,0 +1,55 @@
+// Registers the kernels tfjs-backend-wasm 4.22 lacks, so that every tfjs layer trains on the
+// default backend: fast ones on the wasm heap for the convolution gradients and the gather gradient
+// (conv-grads.ts, segment-sum.ts), and the cpu backend's implementation for every other kernel the
+// cpu backend has and wasm does not (fallback.ts). Idempotent; called once the wasm backend is up.
+import type { Tf } from "../engine.ts"
+import { channelsLast, conv2dBackpropFilter, depthwiseBackpropFilter, depthwiseBackpropInput } from "./conv-grads.ts"
+import { cpuFallback } from "./fallback.ts"
+import { unsortedSegmentSum } from "./segment-sum.ts"
+import type { KernelArgs, KernelFunc } from "./wasm-heap.ts"
+
+/** The kernels gradwire implements natively on the wasm heap. */
+export const FAST_WASM_KERNELS = [
+  "Conv2DBackpropFilter",
+  "DepthwiseConv2dNativeBackpropFilter",
+  "DepthwiseConv2dNativeBackpropInput",
+  "UnsortedSegmentSum"
+] as const
+
+let registered: { fast: string[]; fallback: string[] } | undefined
+
+/** A fast kernel with its own preconditions; outside them, the cpu fallback. */
+const guarded = (fast: KernelFunc, ok: (a: KernelArgs) => boolean, slow: KernelFunc): KernelFunc => (args) => (ok(args) ? fast(args) : slow(args))
+
+/**
+ * Adds gradwire's kernels to the wasm backend's registry (the ones tfjs has not registered there
+ * already, so a later tfjs with its own keeps them). Returns what it registered.
+ */
+export const registerWasmKernels = (tf: Tf): { fast: string[]; fallback: string[] } => {
+  if (registered) return registered
+  const has = (name: string): boolean => tf.getKernel(name, "wasm") !== undefined
+  const fast: string[] = []
+  const fallback: string[] = []
+  const register = (name: string, kernelFunc: KernelFunc): void => {
+    tf.registerKernel({ kernelName: name, backendName: "wasm", kernelFunc: kernelFunc as never })
+  }
+  const nhwc = (a: KernelArgs): boolean => channelsLast(a.attrs) && a.inputs[Object.keys(a.inputs)[0]].shape.length === 4
+  const own: Record<(typeof FAST_WASM_KERNELS)[number], KernelFunc> = {
+    Conv2DBackpropFilter: guarded((a) => conv2dBackpropFilter(tf, a), (a) => nhwc(a) && a.inputs.x.dtype === "float32", cpuFallback(tf, "Conv2DBackpropFilter")),
+    DepthwiseConv2dNativeBackpropFilter: guarded((a) => depthwiseBackpropFilter(tf, a), nhwc, cpuFallback(tf, "DepthwiseConv2dNativeBackpropFilter")),
+    DepthwiseConv2dNativeBackpropInput: guarded((a) => depthwiseBackpropInput(tf, a), nhwc, cpuFallback(tf, "DepthwiseConv2dNativeBackpropInput")),
+    UnsortedSegmentSum: guarded(unsortedSegmentSum, (a) => a.inputs.x.dtype === "float32" || a.inputs.x.dtype === "int32", cpuFallback(tf, "UnsortedSegmentSum"))
+  }
+  for (const [name, f] of Object.entries(own)) {
+    if (has(name)) continue
+    register(name, f)
+    fast.push(name)
+  }
+  for (const k of tf.getKernelsForBackend("cpu")) {
+    if (has(k.kernelName)) continue
+    register(k.kernelName, cpuFallback(tf, k.kernelName))
+    fallback.push(k.kernelName)
+  }
+  registered = { fast, fallback }
+  return registered
+}
