@@ -7,6 +7,7 @@
 // milliseconds, and most of gradwire (NATS, collectives, the CLI) never needs it.
 import { createRequire } from "node:module"
 import { ConfigError } from "./errors.ts"
+import { registerMissingGradients } from "./kernels/gradients.ts"
 import { registerWasmKernels } from "./kernels/register.ts"
 import { WEBGPU_PACKAGES, requestWebGpuAdapter, withinDeadline } from "./webgpu.ts"
 
@@ -136,6 +137,10 @@ export const loadEngine = (want: BackendKind | "auto" = "auto"): Promise<{ tf: T
     })
   }
   loadedWant = want
-  loaded = load(want)
+  loaded = load(want).then((l) => {
+    // Gradients tfjs-core lacks (comparisons, conv3dTranspose), on whichever backend runs.
+    registerMissingGradients(l.tf)
+    return l
+  })
   return loaded
 }

@@ -30,13 +30,16 @@ type CpuBackend = {
   disposeData(dataId: object, force?: boolean): boolean
 }
 
-/** A wasm kernel that runs `name`'s cpu-backend implementation. */
-export const cpuFallback = (tf: Tf, name: string): KernelFunc => {
+/**
+ * A wasm kernel that runs `name`'s cpu-backend implementation. `record` false for a kernel gradwire
+ * routes there on purpose (a wrong wasm one replaced), which is not a missing kernel to report.
+ */
+export const cpuFallback = (tf: Tf, name: string, record = true): KernelFunc => {
   return ({ inputs, backend, attrs }: KernelArgs) => {
     const cpuKernel = tf.getKernel(name, "cpu")
     const cpu = tf.findBackend("cpu") as unknown as CpuBackend | null
     if (!cpuKernel || !cpu) throw new Error(`kernel ${name}: neither the wasm nor the cpu backend implements it`)
-    noteUse(name)
+    if (record) noteUse(name)
     const moved: TensorInfo[] = []
     const cpuInputs: Record<string, TensorInfo> = {}
     try {

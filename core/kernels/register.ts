@@ -5,6 +5,8 @@
 import type { Tf } from "../engine.ts"
 import { channelsLast, conv2dBackpropFilter, depthwiseBackpropFilter, depthwiseBackpropInput } from "./conv-grads.ts"
 import { cpuFallback } from "./fallback.ts"
+import { registerMissingGradients } from "./gradients.ts"
+import { maxPoolGrad } from "./pool-grads.ts"
 import { unsortedSegmentSum } from "./segment-sum.ts"
 import type { KernelArgs, KernelFunc } from "./wasm-heap.ts"
 
@@ -16,7 +18,14 @@ export const FAST_WASM_KERNELS = [
   "UnsortedSegmentSum"
 ] as const
 
-let registered: { fast: string[]; fallback: string[] } | undefined
+/**
+ * Kernels tfjs-backend-wasm 4.22 has but computes wrongly (test/wasm-layer-coverage.test.ts finds
+ * them against finite differences), replaced: MaxPoolGrad by gradwire's own; the conv3d gradients
+ * (the input's wrong at stride 1, the filter's at stride 2) by the cpu backend's.
+ */
+export const REPLACED_WASM_KERNELS = ["MaxPoolGrad", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2"] as const
+
+let registered: { fast: string[]; fallback: string[]; gradients: string[] } | undefined
 
 /** A fast kernel with its own preconditions; outside them, the cpu fallback. */
 const guarded = (fast: KernelFunc, ok: (a: KernelArgs) => boolean, slow: KernelFunc): KernelFunc => (args) => (ok(args) ? fast(args) : slow(args))
@@ -25,7 +34,7 @@ const guarded = (fast: KernelFunc, ok: (a: KernelArgs) => boolean, slow: KernelF
  * Adds gradwire's kernels to the wasm backend's registry (the ones tfjs has not registered there
  * already, so a later tfjs with its own keeps them). Returns what it registered.
  */
-export const registerWasmKernels = (tf: Tf): { fast: string[]; fallback: string[] } => {
+export const registerWasmKernels = (tf: Tf): { fast: string[]; fallback: string[]; gradients: string[] } => {
   if (registered) return registered
   const has = (name: string): boolean => tf.getKernel(name, "wasm") !== undefined
   const fast: string[] = []
@@ -40,6 +49,13 @@ export const registerWasmKernels = (tf: Tf): { fast: string[]; fallback: string[
     DepthwiseConv2dNativeBackpropInput: guarded((a) => depthwiseBackpropInput(tf, a), nhwc, cpuFallback(tf, "DepthwiseConv2dNativeBackpropInput")),
     UnsortedSegmentSum: guarded(unsortedSegmentSum, (a) => a.inputs.x.dtype === "float32" || a.inputs.x.dtype === "int32", cpuFallback(tf, "UnsortedSegmentSum"))
   }
+  const replace = (name: string, f: KernelFunc): void => {
+    if (has(name)) tf.unregisterKernel(name, "wasm")
+    register(name, f)
+  }
+  replace("MaxPoolGrad", guarded((a) => maxPoolGrad(tf, a), nhwc, cpuFallback(tf, "MaxPoolGrad")))
+  replace("Conv3DBackpropInputV2", cpuFallback(tf, "Conv3DBackpropInputV2", false))
+  replace("Conv3DBackpropFilterV2", cpuFallback(tf, "Conv3DBackpropFilterV2", false))
   for (const [name, f] of Object.entries(own)) {
     if (has(name)) continue
     register(name, f)
@@ -50,6 +66,6 @@ export const registerWasmKernels = (tf: Tf): { fast: string[]; fallback: string[
     register(k.kernelName, cpuFallback(tf, k.kernelName))
     fallback.push(k.kernelName)
   }
-  registered = { fast, fallback }
+  registered = { fast, fallback, gradients: registerMissingGradients(tf) }
   return registered
 }

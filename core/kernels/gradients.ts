@@ -1,0 +1,62 @@
+// Gradients tfjs-core 4.22 does not define, on every backend: without them a model using
+// thresholdedReLU (Greater), masking (Any) or conv3dTranspose (Conv3DBackpropInputV2) cannot take a
+// single step. Comparisons and boolean reductions are not differentiable: their inputs get zero
+// gradients, as TensorFlow's NotDifferentiable gives. Registered only where tfjs has none.
+import type { Tf } from "../engine.ts"
+
+type T = import("@tensorflow/tfjs").Tensor
+
+const NOT_DIFFERENTIABLE: Record<string, readonly string[]> = {
+  Greater: ["a", "b"],
+  GreaterEqual: ["a", "b"],
+  Less: ["a", "b"],
+  LessEqual: ["a", "b"],
+  Equal: ["a", "b"],
+  NotEqual: ["a", "b"],
+  LogicalAnd: ["a", "b"],
+  LogicalOr: ["a", "b"],
+  LogicalXor: ["a", "b"],
+  LogicalNot: ["x"],
+  Any: ["x"],
+  All: ["x"],
+  IsNan: ["x"],
+  IsInf: ["x"],
+  IsFinite: ["x"]
+}
+
+let done: string[] | undefined
+
+/** Registers the missing gradients; returns the kernel names it registered them for. */
+export const registerMissingGradients = (tf: Tf): string[] => {
+  if (done) return done
+  const added: string[] = []
+  for (const [kernelName, names] of Object.entries(NOT_DIFFERENTIABLE)) {
+    if (tf.getGradient(kernelName)) continue
+    tf.registerGradient({
+      kernelName,
+      inputsToSave: [...names],
+      gradFunc: (_dy, saved) => Object.fromEntries(names.map((n, i) => [n, () => tf.zeros((saved[i] as T).shape, "float32")]))
+    })
+    added.push(kernelName)
+  }
+  if (!tf.getGradient("Conv3DBackpropInputV2")) {
+    // The transposed 3-D convolution: its gradients are the forward convolution (for dy) and the
+    // filter gradient with the roles of x and dy swapped, as tfjs does for the 2-D one.
+    tf.registerGradient({
+      kernelName: "Conv3DBackpropInputV2",
+      inputsToSave: ["dy", "filter"],
+      gradFunc: (ddx, saved, attrs) => {
+        const [dy, filter] = saved as T[]
+        const { strides, pad } = attrs as { strides: [number, number, number]; pad: "valid" | "same" }
+        return {
+          dy: () => tf.conv3d(ddx as import("@tensorflow/tfjs").Tensor5D, filter as import("@tensorflow/tfjs").Tensor5D, strides, pad),
+          filter: () =>
+            tf.engine().runKernel("Conv3DBackpropFilterV2", { x: ddx as T, dy }, { strides, pad, filterShape: filter.shape }) as T
+        }
+      }
+    })
+    added.push("Conv3DBackpropInputV2")
+  }
+  done = added
+  return added
+}

@@ -1,0 +1,70 @@
+// MaxPoolGrad on the wasm heap. tfjs-backend-wasm 4.22 ships one, but it drops the gradient of the
+// first element of every image after the first in a batch (found by test/wasm-layer-coverage: with
+// a 2x2/2 pool of a [2, 6, 6, 3] batch, x[1, 0, 0, 0] gets 0 where finite differences give the
+// upstream value). This one routes each output's gradient to the first maximum of its window, as
+// TensorFlow and tfjs's cpu backend do.
+import type { Tf } from "../engine.ts"
+import { floats, type KernelArgs, type TensorInfo } from "./wasm-heap.ts"
+
+type PoolInfo = {
+  batchSize: number
+  inHeight: number
+  inWidth: number
+  inChannels: number
+  outHeight: number
+  outWidth: number
+  strideHeight: number
+  strideWidth: number
+  effectiveFilterHeight: number
+  effectiveFilterWidth: number
+  dilationHeight: number
+  dilationWidth: number
+  padInfo: { top: number; left: number }
+}
+
+export const maxPoolGrad = (tf: Tf, { inputs, backend, attrs }: KernelArgs): TensorInfo => {
+  const { dy, input } = inputs
+  const info = tf.backend_util.computePool2DInfo(
+    input.shape as [number, number, number, number],
+    attrs.filterSize as [number, number] | number,
+    attrs.strides as [number, number] | number,
+    1,
+    attrs.pad as "same",
+    attrs.dimRoundingMode as "floor" | undefined
+  ) as unknown as PoolInfo
+  const { batchSize: N, inHeight: H, inWidth: W, inChannels: C, outHeight: OH, outWidth: OW } = info
+  const { strideHeight: SH, strideWidth: SW, effectiveFilterHeight: FH, effectiveFilterWidth: FW, dilationHeight: DH, dilationWidth: DW } = info
+  const out = backend.makeOutput([...input.shape], "float32")
+  const xs = floats(backend, input)
+  const dys = floats(backend, dy)
+  const dx = floats(backend, out)
+  dx.fill(0)
+  for (let b = 0; b < N; b++) {
+    for (let oh = 0; oh < OH; oh++) {
+      const h0 = oh * SH - info.padInfo.top
+      for (let ow = 0; ow < OW; ow++) {
+        const w0 = ow * SW - info.padInfo.left
+        const yo = ((b * OH + oh) * OW + ow) * C
+        for (let c = 0; c < C; c++) {
+          let best = -Infinity
+          let at = -1
+          for (let fh = 0; fh < FH; fh += DH) {
+            const ih = h0 + fh
+            if (ih < 0 || ih >= H) continue
+            for (let fw = 0; fw < FW; fw += DW) {
+              const iw = w0 + fw
+              if (iw < 0 || iw >= W) continue
+              const i = ((b * H + ih) * W + iw) * C + c
+              if (xs[i] > best || at < 0) {
+                best = xs[i]
+                at = i
+              }
+            }
+          }
+          if (at >= 0) dx[at] += dys[yo + c]
+        }
+      }
+    }
+  }
+  return out
+}
