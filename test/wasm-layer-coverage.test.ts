@@ -7,10 +7,9 @@
 // differs between the backends; a wrong kernel is off by far more).
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import type * as TfType from "@tensorflow/tfjs"
-import { loadEngine } from "../core/engine.ts"
+import { loadEngine, type Tf } from "../core/engine.ts"
 import { fallbackKernelsUsed } from "../core/kernels/fallback.ts"
 
-type Tf = typeof TfType
 type SymbolicTensor = TfType.SymbolicTensor
 type Build = (tf: Tf, x: SymbolicTensor) => SymbolicTensor
 interface Case {
@@ -124,7 +123,7 @@ const cases = (tf: Tf): Record<string, Case | string> => {
     simpleRNNCell: seq(ap(L.rnn({ cell: L.simpleRNNCell({ units: 3 }) }))),
     softmax: vec(ap(L.softmax({}))),
     spatialDropout1d: { ...seq(ap(L.spatialDropout1d({ rate: 0.3 }))), random: true },
-    stackedRNNCells: seq(ap(L.rnn({ cell: L.stackedRNNCells({ cells: [L.simpleRNNCell({ units: 3 }), L.gruCell({ units: 2 })] }) as unknown as TfType.RNNCell }))),
+    stackedRNNCells: seq(ap(L.rnn({ cell: L.stackedRNNCells({ cells: [L.simpleRNNCell({ units: 3 }), L.gruCell({ units: 2 })] }) as unknown as Parameters<typeof L.rnn>[0]["cell"] }))),
     thresholdedReLU: vec(ap(L.thresholdedReLU({ theta: 0.1 }))),
     timeDistributed: seq(ap(L.timeDistributed({ layer: L.dense({ units: 2 }) }))),
     upSampling2d: { ...img(ap(L.upSampling2d({ size: [2, 2] }))), numeric: true },
