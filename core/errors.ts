@@ -27,6 +27,28 @@ export class NatsServerStartError extends Schema.TaggedError<NatsServerStartErro
   }
 }
 
+/**
+ * A model uses a kernel (an op, or the gradient of one) that the backend it runs on cannot run,
+ * found by prepareModel's dry step before training starts.
+ */
+export class UnsupportedKernel extends Schema.TaggedError<UnsupportedKernel>()("UnsupportedKernel", {
+  kernel: Schema.String,
+  /** The layer whose forward or backward pass needs it ("" when no single layer could be named). */
+  layer: Schema.String,
+  backend: Schema.String,
+  /** The implementations looked in, in order (the backend's own kernels, gradwire's, the cpu fallback). */
+  tried: Schema.Array(Schema.String),
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return (
+      `the model cannot train on the "${this.backend}" backend: ${this.layer ? `layer "${this.layer}" needs` : "it needs"} kernel ${this.kernel}, ` +
+      `which none of ${this.tried.join(", ")} has (${this.reason}). Replace the layer, or run this model with scalingConfig.backend "cpu"` +
+      ` (every kernel tfjs has), or with "tensorflow" where @tensorflow/tfjs-node installs`
+    )
+  }
+}
+
 /** Could not connect to NATS (unreachable, refused, bad credentials). */
 export class NatsConnectError extends Schema.TaggedError<NatsConnectError>()("NatsConnectError", {
   servers: Schema.String,

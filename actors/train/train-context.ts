@@ -6,6 +6,7 @@ import type { NatsConnection } from "@nats-io/nats-core"
 import type { Tf } from "../../core/engine.ts"
 import { makeDataset, shardIndices, type ArrayDataset } from "../../core/datasets.ts"
 import { ConfigError } from "../../core/errors.ts"
+import { dryStep } from "../../core/kernels/dry-step.ts"
 import { FileStream, type BatchTransform } from "../../core/data/stream.ts"
 import { IterableStream, isRowSource, type IterablePosition, type RowSource } from "../../core/data/iterable-stream.ts"
 import { isFileDatasetSpec } from "../../core/data/file-spec.ts"
@@ -327,6 +328,8 @@ export class TrainContext {
    */
   async prepareModel(model: LayersModel, options: PrepareOptions = {}): Promise<DataParallelModel> {
     const d = this.#deps
+    // A kernel this backend cannot run is an UnsupportedKernel error now, naming it and its layer.
+    dryStep(this.tf, model, this.backend)
     const session = d.session
     const onStep = d.onStep
     // Every group operation of the model runs through the session: when the group breaks under

@@ -135,8 +135,13 @@ export const ControllerProtocol = defineProtocol("trainer-controller", {
       text: Schema.String,
       json: Schema.Unknown,
       summary: Schema.String,
-      /** "algorithm" (absent: the all-reduce plan) or "strategy" (collectiveConfig.strategy "auto"'s choice). */
-      part: Schema.optionalKey(Schema.Literals(["algorithm", "strategy"]))
+      /**
+       * "algorithm" (absent: the all-reduce plan), "strategy" (collectiveConfig.strategy "auto"'s
+       * choice) or "kernels" (a rank's backend and the kernels it ran on the cpu fallback; every rank
+       * sends its own, with `rank`; an empty summary is not printed).
+       */
+      part: Schema.optionalKey(Schema.Literals(["algorithm", "strategy", "kernels"])),
+      rank: Schema.optionalKey(Schema.Number)
     })
   },
   /** Timeline events of a rank (Chrome trace "X" events), flushed in batches. */

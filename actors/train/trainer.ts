@@ -83,13 +83,25 @@ const REPORT_REFRESH_MIN_MS = 2_000
 /** On Ctrl-C the run directory gets this long to be completed before the signal takes the process. */
 const INTERRUPT_WRITE_MS = 15_000
 
+/** The ranks' "kernels" explanations (keys "kernels.<rank>"), by rank. */
+const kernelParts = (parts: Readonly<Record<string, { readonly text: string; readonly json: unknown }>>) =>
+  Object.entries(parts)
+    .filter(([k]) => k.startsWith("kernels."))
+    .sort(([a], [b]) => Number(a.slice(8)) - Number(b.slice(8)))
+    .map(([, v]) => v)
+
 /** The all-reduce plan of the run and (strategy "auto") its strategy, as the workers explained them last. */
 const writeExplain = async (dir: string, parts: Readonly<Record<string, { readonly text: string; readonly json: unknown }>>): Promise<void> => {
   const alg = parts.algorithm
   const strat = parts.strategy
-  const text = [alg?.text, strat?.text].filter((t) => t !== undefined).join("\n\n")
-  // explain.json stays the all-reduce plan's object, with the strategy's choice under "strategy".
-  const json = strat ? { ...((alg?.json as object | undefined) ?? {}), strategy: strat.json } : alg?.json
+  const kernels = kernelParts(parts)
+  const text = [alg?.text, strat?.text, kernels.length ? `backends and kernels:\n${kernels.map((k) => k.text).join("\n")}` : undefined]
+    .filter((t) => t !== undefined)
+    .join("\n\n")
+  // explain.json stays the all-reduce plan's object, with the strategy's choice under "strategy"
+  // and each rank's backend and kernels under "kernels".
+  const base = strat ? { ...((alg?.json as object | undefined) ?? {}), strategy: strat.json } : alg?.json
+  const json = kernels.length ? { ...((base as object | undefined) ?? {}), kernels: kernels.map((k) => k.json) } : base
   await fs.writeFile(path.join(dir, "explain.txt"), `${text}\n`)
   await fs.writeFile(path.join(dir, "explain.json"), `${JSON.stringify(json, null, 2)}\n`)
 }
@@ -597,10 +609,13 @@ export class Trainer {
       },
       explain: (body) => {
         if (!isCurrent(body.attempt)) return
-        progress.line(body.summary)
-        recorder.event({ type: "explain", summary: body.summary })
-        explained[body.part ?? "algorithm"] = { text: body.text, json: body.json }
-        planSummaries[body.part ?? "algorithm"] = body.summary
+        const part = body.part === "kernels" ? `kernels.${body.rank ?? 0}` : (body.part ?? "algorithm")
+        if (body.summary) {
+          progress.line(body.summary)
+          recorder.event({ type: "explain", summary: body.summary })
+        }
+        explained[part] = { text: body.text, json: body.json }
+        if (body.part !== "kernels") planSummaries[part] = body.summary
         monitor?.changed()
         saving = saving.then(() => writeExplain(cfg.runDir, explained)).catch(() => {})
       },

@@ -10,6 +10,11 @@ import { openConnection, type OpenedConnection } from "../../core/connection-spe
 import { pathToFileURL } from "node:url"
 import * as path from "node:path"
 import { loadEngine, type BackendKind } from "../../core/engine.ts"
+import { fallbackKernelsUsed, onFallbackKernel } from "../../core/kernels/fallback.ts"
+import { describeKernels } from "../../core/kernels/register.ts"
+
+/** Unsubscribes the current run's notes about kernels on the cpu fallback (one run at a time per process). */
+let stopFallbackNotes: (() => void) | undefined
 import { ConfigError } from "../../core/errors.ts"
 import { ModuleNotAllowed } from "../node/errors.ts"
 import { decodeMessage, encodeMessage } from "../../core/wire.ts"
@@ -262,6 +267,20 @@ export const trainWorker = defineActor(
             if (timeline) trace.push(spanEvent(name, start, end, TID_WAITS, undefined, "wait"))
           }
         }
+        // This rank's backend and kernels in explain.txt; a kernel that first runs on the cpu fallback
+        // is said once, on the console and there.
+        const explainKernels = (summary: string): void => {
+          const p = place()
+          const { text, json } = describeKernels(backend, p.rank, fallbackKernelsUsed())
+          void system.tellPromise(controller, "explain", { attempt: p.attempt, text, json, summary, part: "kernels", rank: p.rank }).catch(() => {})
+        }
+        explainKernels("")
+        stopFallbackNotes?.()
+        stopFallbackNotes = onFallbackKernel((kernel) => {
+          const line = `rank ${place().rank}: kernel ${kernel} has no ${backend} implementation; it runs on the cpu backend's (slower: its inputs and outputs are copied)`
+          ctx.log.warn(line)
+          explainKernels(line)
+        })
         const context = new TrainContext({
           tf,
           backend,

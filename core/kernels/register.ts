@@ -69,3 +69,23 @@ export const registerWasmKernels = (tf: Tf): { fast: string[]; fallback: string[
   registered = { fast, fallback, gradients: registerMissingGradients(tf) }
   return registered
 }
+
+/**
+ * explain.txt's lines about this process's backend and kernels: which kernels gradwire added or
+ * replaced on wasm, and which ran on the cpu fallback so far.
+ */
+export const describeKernels = (backend: string, rank: number, fallbackUsed: readonly string[]): { text: string; json: Record<string, unknown> } => {
+  const reg = registered
+  const lines = [`rank ${rank}: backend ${backend}`]
+  const json: Record<string, unknown> = { rank, backend }
+  if (backend === "wasm" && reg) {
+    lines.push(`  gradwire's wasm kernels: ${reg.fast.join(", ") || "none needed"}; replaced (wrong in tfjs-backend-wasm): ${REPLACED_WASM_KERNELS.join(", ")}`)
+    lines.push(`  cpu-backend fallback registered for: ${reg.fallback.join(", ") || "none"}`)
+    json.fast = reg.fast
+    json.replaced = [...REPLACED_WASM_KERNELS]
+    json.fallbackRegistered = reg.fallback
+  }
+  lines.push(`  ran on the cpu-backend fallback (slow path): ${fallbackUsed.length ? fallbackUsed.join(", ") : "none"}`)
+  json.fallbackUsed = [...fallbackUsed]
+  return { text: lines.join("\n"), json }
+}
