@@ -8,6 +8,8 @@ import { cpuFallback } from "./fallback.ts"
 import { registerMissingGradients } from "./gradients.ts"
 import { maxPoolGrad } from "./pool-grads.ts"
 import { unsortedSegmentSum } from "./segment-sum.ts"
+import { tile } from "./tile.ts"
+import { untransposedMatMul } from "./matmul.ts"
 import type { KernelArgs, KernelFunc } from "./wasm-heap.ts"
 
 /** The kernels gradwire implements natively on the wasm heap. */
@@ -21,9 +23,10 @@ export const FAST_WASM_KERNELS = [
 /**
  * Kernels tfjs-backend-wasm 4.22 has but computes wrongly (test/wasm-layer-coverage.test.ts finds
  * them against finite differences), replaced: MaxPoolGrad by gradwire's own; the conv3d gradients
- * (the input's wrong at stride 1, the filter's at stride 2) by the cpu backend's.
+ * (the input's wrong at stride 1, the filter's at stride 2) by the cpu backend's. And one that is
+ * right but slow: Tile (tile.ts), and the matmuls with a transposed operand (matmul.ts).
  */
-export const REPLACED_WASM_KERNELS = ["MaxPoolGrad", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2"] as const
+export const REPLACED_WASM_KERNELS = ["MaxPoolGrad", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", "Tile", "BatchMatMul", "_FusedMatMul"] as const
 
 let registered: { fast: string[]; fallback: string[]; gradients: string[] } | undefined
 
@@ -54,6 +57,14 @@ export const registerWasmKernels = (tf: Tf): { fast: string[]; fallback: string[
     register(name, f)
   }
   replace("MaxPoolGrad", guarded((a) => maxPoolGrad(tf, a), nhwc, cpuFallback(tf, "MaxPoolGrad")))
+  // Faster than tfjs-backend-wasm's for the numeric dtypes (tile.ts); strings keep the backend's own.
+  const wasmTile = tf.getKernel("Tile", "wasm")?.kernelFunc as unknown as KernelFunc | undefined
+  if (wasmTile) replace("Tile", guarded(tile, (a) => a.inputs.x.dtype !== "string", wasmTile))
+  // The backward pass's transposed products through the backend's fast untransposed path (matmul.ts).
+  for (const mm of ["BatchMatMul", "_FusedMatMul"]) {
+    const original = tf.getKernel(mm, "wasm")?.kernelFunc as unknown as KernelFunc | undefined
+    if (original) replace(mm, untransposedMatMul(tf, original))
+  }
   replace("Conv3DBackpropInputV2", cpuFallback(tf, "Conv3DBackpropInputV2", false))
   replace("Conv3DBackpropFilterV2", cpuFallback(tf, "Conv3DBackpropFilterV2", false))
   for (const [name, f] of Object.entries(own)) {
@@ -79,7 +90,7 @@ export const describeKernels = (backend: string, rank: number, fallbackUsed: rea
   const lines = [`rank ${rank}: backend ${backend}`]
   const json: Record<string, unknown> = { rank, backend }
   if (backend === "wasm" && reg) {
-    lines.push(`  gradwire's wasm kernels: ${reg.fast.join(", ") || "none needed"}; replaced (wrong in tfjs-backend-wasm): ${REPLACED_WASM_KERNELS.join(", ")}`)
+    lines.push(`  gradwire's wasm kernels: ${reg.fast.join(", ") || "none needed"}; replaced (wrong or slow in tfjs-backend-wasm): ${REPLACED_WASM_KERNELS.join(", ")}`)
     lines.push(`  cpu-backend fallback registered for: ${reg.fallback.join(", ") || "none"}`)
     json.fast = reg.fast
     json.replaced = [...REPLACED_WASM_KERNELS]

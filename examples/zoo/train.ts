@@ -1,0 +1,107 @@
+// The zoo's per-worker training loop, hand-written around dp.trainStep (the batches are this
+// loop's own: each rank takes its shard's rows of the epoch, 32 per step by default). Every epoch
+// it reports the training loss, the held-out accuracy (per word for the tagging task) and this
+// rank's samples/s. With `bench` it instead times a fixed number of steps after a warm-up and
+// reports samples/s only (bench/train.ts).
+import type { TrainContext } from "../../index.ts"
+import { buildZooModel, TASK_OF, type TextShape, type ZooModel } from "./models.ts"
+
+export interface ZooConfig {
+  readonly model: ZooModel
+  readonly epochs?: number
+  /** Per rank (as PyTorch DDP's batch size). Default 32. */
+  readonly batchSize?: number
+  readonly learningRate?: number
+  /** The tagging task's sizes (the text models). */
+  readonly text?: TextShape
+  readonly bench?: { readonly steps: number; readonly warmup: number }
+}
+
+/** Adam's learning rate where the default 0.003 is not the one that trains the model well. */
+const DEFAULT_LR: Partial<Record<ZooModel, number>> = { embedding: 0.01 }
+
+type Tensor = import("@tensorflow/tfjs").Tensor
+type Scalar = import("@tensorflow/tfjs").Scalar
+
+export async function zooLoop(config: ZooConfig, ctx: TrainContext): Promise<void> {
+  const tf = ctx.tf
+  const batch = config.batchSize ?? 32
+  const text = TASK_OF[config.model] === "pos" || TASK_OF[config.model] === "tokens"
+  const train = await ctx.getDatasetShard("train")
+  const test = await ctx.getDataset("test")
+  const classes = config.text?.tags ?? 10
+  const model = buildZooModel(tf, config.model, config.text)
+  // Softmax cross-entropy on the logits (per word for the tagging task), as torch's CrossEntropyLoss.
+  const loss = (y: Tensor, logits: Tensor): Scalar =>
+    tf.losses.softmaxCrossEntropy(tf.oneHot(y.reshape([-1]).toInt(), classes), logits.reshape([-1, classes])) as Scalar
+  const dp = await ctx.prepareModel(model, { optimizer: tf.train.adam(config.learningRate ?? DEFAULT_LR[config.model] ?? 0.003), loss })
+  if (ctx.worldRank === 0) console.log(`${config.model}: ${dp.parameterCount} parameters, backend ${ctx.backend}, ${ctx.worldSize} worker(s), batch ${batch} per worker`)
+
+  const { dataset } = train
+  const width = dataset.featureShape.reduce((a, b) => a * b, 1)
+  const perLabel = (dataset.labelShape ?? []).reduce((a, b) => a * b, 1)
+  const xBuf = new Float32Array(batch * width)
+  const yBuf = new Int32Array(batch * perLabel)
+  /** The batch of rows `rows[from .. from + batch)`, as tensors (token ids as int32). */
+  const batchOf = (rows: Int32Array, from: number): [Tensor, Tensor] => {
+    for (let i = 0; i < batch; i++) {
+      const r = rows[from + i]!
+      xBuf.set(dataset.x.subarray(r * width, (r + 1) * width), i * width)
+      for (let k = 0; k < perLabel; k++) yBuf[i * perLabel + k] = dataset.y[r * perLabel + k]!
+    }
+    const x = text ? tf.tensor(Int32Array.from(xBuf), [batch, ...dataset.featureShape], "int32") : tf.tensor(xBuf, [batch, ...dataset.featureShape])
+    return [x, tf.tensor(yBuf, perLabel > 1 ? [batch, perLabel] : [batch], "int32")]
+  }
+
+  if (config.bench) {
+    const { steps, warmup } = config.bench
+    let rows = train.rows(0)
+    let at = 0
+    let epoch = 0
+    const step = async () => {
+      if (at + batch > rows.length) {
+        rows = train.rows(++epoch)
+        at = 0
+      }
+      const [x, y] = batchOf(rows, at)
+      at += batch
+      await dp.trainStep(x, y)
+      tf.dispose([x, y])
+    }
+    for (let s = 0; s < warmup; s++) await step()
+    const t0 = performance.now()
+    for (let s = 0; s < steps; s++) await step()
+    const seconds = (performance.now() - t0) / 1000
+    await ctx.report({ samplesPerSec: (steps * batch) / seconds, stepMs: (seconds * 1000) / steps })
+    return
+  }
+
+  const xTest = text ? tf.tensor(Int32Array.from(test.x), [test.size, ...test.featureShape], "int32") : tf.tensor(test.x, [test.size, ...test.featureShape])
+  const yTest = Int32Array.from(test.y)
+  const heldOut = async (): Promise<number> => {
+    let correct = 0
+    for (let from = 0; from < test.size; from += 256) {
+      const n = Math.min(256, test.size - from)
+      const pred = tf.tidy(() => (model.apply(xTest.slice(from, n), { training: false }) as Tensor).argMax(-1))
+      const p = (await pred.data()) as Int32Array
+      pred.dispose()
+      for (let i = 0; i < p.length; i++) if (p[i] === yTest[from * perLabel + i]) correct++
+    }
+    return correct / yTest.length
+  }
+  for (let epoch = 0; epoch < (config.epochs ?? 5); epoch++) {
+    const rows = train.rows(epoch)
+    let lossSum = 0
+    let steps = 0
+    const t0 = performance.now()
+    for (let from = 0; from + batch <= rows.length; from += batch) {
+      const [x, y] = batchOf(rows, from)
+      lossSum += (await dp.trainStep(x, y)).loss
+      steps++
+      tf.dispose([x, y])
+    }
+    const seconds = (performance.now() - t0) / 1000
+    await ctx.report({ epoch, loss: lossSum / Math.max(1, steps), val_accuracy: await heldOut(), samples_per_s: (steps * batch) / seconds })
+  }
+  xTest.dispose()
+}
