@@ -3,13 +3,14 @@
 // (conv-grads.ts, segment-sum.ts), and the cpu backend's implementation for every other kernel the
 // cpu backend has and wasm does not (fallback.ts). Idempotent; called once the wasm backend is up.
 import type { Tf } from "../engine.ts"
-import { channelsLast, conv2dBackpropFilter, depthwiseBackpropFilter, depthwiseBackpropInput } from "./conv-grads.ts"
+import { channelsLast, conv2dBackpropFilter, conv2dBackpropInput, depthwiseBackpropFilter, depthwiseBackpropInput } from "./conv-grads.ts"
 import { cpuFallback } from "./fallback.ts"
 import { registerMissingGradients } from "./gradients.ts"
 import { maxPoolGrad } from "./pool-grads.ts"
 import { unsortedSegmentSum } from "./segment-sum.ts"
 import { tile } from "./tile.ts"
 import { untransposedMatMul } from "./matmul.ts"
+import { broadcastFirst, SLOW_BROADCAST_KERNELS } from "./broadcast.ts"
 import type { KernelArgs, KernelFunc } from "./wasm-heap.ts"
 
 /** The kernels gradwire implements natively on the wasm heap. */
@@ -24,9 +25,10 @@ export const FAST_WASM_KERNELS = [
  * Kernels tfjs-backend-wasm 4.22 has but computes wrongly (test/wasm-layer-coverage.test.ts finds
  * them against finite differences), replaced: MaxPoolGrad by gradwire's own; the conv3d gradients
  * (the input's wrong at stride 1, the filter's at stride 2) by the cpu backend's. And one that is
- * right but slow: Tile (tile.ts), and the matmuls with a transposed operand (matmul.ts).
+ * right but slow: Conv2DBackpropInput (conv-grads.ts), Tile (tile.ts), the matmuls with a transposed operand (matmul.ts), and the
+ * broadcasting comparisons (broadcast.ts).
  */
-export const REPLACED_WASM_KERNELS = ["MaxPoolGrad", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", "Tile", "BatchMatMul", "_FusedMatMul"] as const
+export const REPLACED_WASM_KERNELS = ["Conv2DBackpropInput", "MaxPoolGrad", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", "Tile", "BatchMatMul", "_FusedMatMul", ...SLOW_BROADCAST_KERNELS] as const
 
 let registered: { fast: string[]; fallback: string[]; gradients: string[] } | undefined
 
@@ -56,6 +58,8 @@ export const registerWasmKernels = (tf: Tf): { fast: string[]; fallback: string[
     if (has(name)) tf.unregisterKernel(name, "wasm")
     register(name, f)
   }
+  const wasmConvInput = tf.getKernel("Conv2DBackpropInput", "wasm")?.kernelFunc as unknown as KernelFunc | undefined
+  if (wasmConvInput) replace("Conv2DBackpropInput", guarded((a) => conv2dBackpropInput(tf, a), (a) => nhwc(a) && a.inputs.dy.dtype === "float32", wasmConvInput))
   replace("MaxPoolGrad", guarded((a) => maxPoolGrad(tf, a), nhwc, cpuFallback(tf, "MaxPoolGrad")))
   // Faster than tfjs-backend-wasm's for the numeric dtypes (tile.ts); strings keep the backend's own.
   const wasmTile = tf.getKernel("Tile", "wasm")?.kernelFunc as unknown as KernelFunc | undefined
@@ -64,6 +68,14 @@ export const registerWasmKernels = (tf: Tf): { fast: string[]; fallback: string[
   for (const mm of ["BatchMatMul", "_FusedMatMul"]) {
     const original = tf.getKernel(mm, "wasm")?.kernelFunc as unknown as KernelFunc | undefined
     if (original) replace(mm, untransposedMatMul(tf, original))
+  }
+  // Broadcasting comparisons and the like on equal shapes (broadcast.ts).
+  const broadcasting: string[] = []
+  for (const k of SLOW_BROADCAST_KERNELS) {
+    const original = tf.getKernel(k, "wasm")?.kernelFunc as unknown as KernelFunc | undefined
+    if (!original) continue
+    replace(k, broadcastFirst(tf, original))
+    broadcasting.push(k)
   }
   replace("Conv3DBackpropInputV2", cpuFallback(tf, "Conv3DBackpropInputV2", false))
   replace("Conv3DBackpropFilterV2", cpuFallback(tf, "Conv3DBackpropFilterV2", false))

@@ -1,0 +1,107 @@
+// `npm run bench -- train`: each zoo model (examples/zoo) at p = 1, 2, 4 workers of the embedded
+// cluster, gradwire's samples/s against PyTorch DDP (Debian's python3-torch, gloo on loopback, one
+// thread per rank) with the same model, data, batch per rank, Adam and learning rate, run back to
+// back in the same run; gradwire's step split into compute (forward + backward), communication
+// (the all-reduce), apply (the optimizer) and waiting (between steps: batching, the loop).
+//
+//   npm run bench -- train [--models cnn,lenet,...] [--p 1,2,4] [--warmup 20] [--seconds 6] [--batch 32]
+import * as fs from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+import { spawn } from "node:child_process"
+import { Trainer } from "../index.ts"
+import { loadZooData, type ZooData } from "../examples/zoo/data.ts"
+import { TASK_OF, ZOO_MODELS, type ZooModel } from "../examples/zoo/models.ts"
+import { torchAvailable } from "./allreduce.ts"
+import { optionReader } from "./args.ts"
+
+const LOOP = { module: new URL("../examples/zoo/train.ts", import.meta.url).href, export: "zooLoop" }
+const TORCH_SCRIPT = new URL("./torch_zoo.py", import.meta.url).pathname
+
+/** Step time of one model on one worker, a first guess for how many steps fill the time asked (ms). */
+const GUESS_MS: Record<ZooModel, number> = { mlp: 1.5, cnn: 2.5, lenet: 13, resnet: 21, embedding: 4.5, transformer: 40, lstm: 70 }
+
+interface Figures {
+  readonly samplesPerSec: number
+  readonly split?: { compute: number; comm: number; apply: number; wait: number }
+}
+
+const median = (xs: number[]): number => (xs.length === 0 ? 0 : [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!)
+
+const runGradwire = async (model: ZooModel, data: ZooData, p: number, batch: number, warmup: number, steps: number, storage: string): Promise<Figures> => {
+  const rows: number[][] = []
+  const r = await new Trainer({
+    trainLoopPerWorker: LOOP,
+    trainLoopConfig: { model, batchSize: batch, bench: { steps, warmup }, ...(data.text ? { text: data.text } : {}) },
+    scalingConfig: { numWorkers: p },
+    runConfig: {
+      name: `bench-train-${model}-${p}-${Date.now()}`,
+      storagePath: storage,
+      progress: false,
+      callbacks: [{ onProgress: (info) => void rows.push(...(((info as { stepTimes?: number[][] }).stepTimes ?? []).filter((s) => s[0]! >= warmup))) }]
+    },
+    datasets: { train: data.train, test: data.test }
+  }).fit()
+  const own = Number(r.metrics?.samplesPerSec ?? 0)
+  const col = (i: number) => median(rows.map((s) => s[i]!))
+  return { samplesPerSec: own * p, ...(rows.length > 0 ? { split: { compute: col(1), comm: col(2), apply: col(3), wait: col(4) } } : {}) }
+}
+
+const runTorch = (model: ZooModel, prefix: string, p: number, batch: number, warmup: number, steps: number): Promise<Figures | string> =>
+  new Promise((resolve) => {
+    const out = `${prefix}.torch-${p}.json`
+    fs.rmSync(out, { force: true })
+    const port = 29000 + Math.floor(Math.random() * 2000)
+    const child = spawn("/usr/bin/python3", [TORCH_SCRIPT, model, String(p), prefix, String(batch), String(warmup), String(steps), String(port), out], { stdio: ["ignore", "ignore", "pipe"] })
+    let err = ""
+    child.stderr.on("data", (d: Buffer) => void (err = (err + d.toString()).slice(-2000)))
+    // Bounded: a run past its time is killed with its process group's children.
+    const timer = setTimeout(() => child.kill("SIGKILL"), 240_000)
+    child.on("exit", (code) => {
+      clearTimeout(timer)
+      if (code === 0 && fs.existsSync(out)) resolve(JSON.parse(fs.readFileSync(out, "utf8")) as Figures)
+      else resolve(`torch failed (exit ${code}): ${err.trim().split("\n").slice(-1)[0] ?? ""}`)
+    })
+  })
+
+export const run = async (argv: ReadonlyArray<string>): Promise<void> => {
+  const opt = optionReader(argv)
+  const models = opt("--models", ZOO_MODELS.join(",")).split(",") as ZooModel[]
+  const ps = opt("--p", "1,2,4").split(",").map(Number)
+  const warmup = Number(opt("--warmup", "20"))
+  const seconds = Number(opt("--seconds", "6"))
+  const batch = Number(opt("--batch", "32"))
+  for (const m of models) if (!ZOO_MODELS.includes(m)) throw new RangeError(`--models: unknown model ${m} (known: ${ZOO_MODELS.join(", ")})`)
+  const torch = torchAvailable()
+  const storage = fs.mkdtempSync(path.join(os.tmpdir(), "gradwire-bench-train-"))
+  console.log(`machine: ${os.cpus().length} x ${os.cpus()[0]?.model ?? "cpu"}, ${Math.round(os.totalmem() / 2 ** 30)} GiB; node ${process.version}`)
+  console.log(`batch ${batch} per rank, Adam 0.003, ${warmup} warm-up steps, then about ${seconds} s of steps per run; samples/s over all ranks`)
+  if (!torch) console.log("PyTorch column: not measured - /usr/bin/python3 cannot import torch (apt-get install -y python3-torch)")
+  const header = "model        p  gradwire/s    torch/s   time/sample x torch   step split ms (compute / comm / apply / wait)"
+  console.log(`\n${header}`)
+  try {
+    for (const model of models) {
+      const data = await loadZooData(TASK_OF[model])
+      const prefix = path.join(storage, model)
+      fs.writeFileSync(`${prefix}.x`, data.train.x)
+      fs.writeFileSync(`${prefix}.y`, Int32Array.from(data.train.y))
+      fs.writeFileSync(`${prefix}.json`, JSON.stringify({ rows: data.train.size, int: TASK_OF[model] === "pos" || TASK_OF[model] === "tokens", ...(data.text ?? {}) }))
+      for (const p of ps) {
+        // Steps per rank for about `seconds` s, with p ranks sharing the machine's cores.
+        const steps = Math.max(20, Math.round((seconds * 1000) / (GUESS_MS[model] * Math.max(1, p / os.cpus().length))))
+        const g = await runGradwire(model, data, p, batch, warmup, steps, storage)
+        const t = torch ? await runTorch(model, prefix, p, batch, warmup, steps) : "not measured"
+        const tps = typeof t === "string" ? undefined : t.samplesPerSec
+        const s = g.split
+        console.log(
+          `${model.padEnd(12)} ${String(p).padStart(1)} ${g.samplesPerSec.toFixed(0).padStart(11)} ${(tps === undefined ? "-" : tps.toFixed(0)).padStart(10)} ` +
+            `${(tps === undefined ? "-" : (tps / g.samplesPerSec).toFixed(2) + "x").padStart(21)}   ` +
+            (s ? `${s.compute.toFixed(2)} / ${s.comm.toFixed(2)} / ${s.apply.toFixed(2)} / ${s.wait.toFixed(2)}` : "-") +
+            (typeof t === "string" && torch ? `   (${t})` : "")
+        )
+      }
+    }
+  } finally {
+    fs.rmSync(storage, { recursive: true, force: true })
+  }
+}
