@@ -4,7 +4,7 @@
 #
 #   python3 bench/torch_zoo.py MODEL P DATA_PREFIX BATCH WARMUP STEPS PORT OUT_JSON
 # Prints nothing; writes {"samplesPerSec": global samples/s, "stepMs": median of the slowest rank}.
-import json, math, sys, time, statistics
+import json, math, os, sys, time, statistics
 import numpy as np
 import torch, torch.nn as nn, torch.nn.functional as F
 import torch.distributed as dist, torch.multiprocessing as mp
@@ -148,7 +148,11 @@ def worker(rank, p, name, prefix, batch, warmup, steps, port, out):
     if rank == 0:
         with open(out, "w") as f:
             json.dump({"samplesPerSec": steps * batch * p / total.item(), "stepMs": med.item()}, f)
-    dist.destroy_process_group()
+    # destroy_process_group() sometimes never returns here once BatchNorm buffers were broadcast
+    # (torch 1.13, gloo): the figures are written, so every rank leaves after a last barrier.
+    dist.barrier()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

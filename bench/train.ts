@@ -47,20 +47,51 @@ const runGradwire = async (model: ZooModel, data: ZooData, p: number, batch: num
   return { samplesPerSec: own * p, ...(rows.length > 0 ? { split: { compute: col(1), comm: col(2), apply: col(3), wait: col(4) } } : {}) }
 }
 
-const runTorch = (model: ZooModel, prefix: string, p: number, batch: number, warmup: number, steps: number): Promise<Figures | string> =>
+/** The same steps in plain tfjs in a child process (bench/zoo-plain.ts): gradwire's own overhead at p = 1. */
+const runPlain = (model: ZooModel, batch: number, warmup: number, steps: number): Promise<number | string> =>
+  new Promise((resolve) => {
+    const child = spawn(process.execPath, [new URL("./zoo-plain.ts", import.meta.url).pathname, model, String(batch), String(warmup), String(steps)], { stdio: ["ignore", "pipe", "pipe"] })
+    let out = ""
+    let err = ""
+    child.stdout.on("data", (d: Buffer) => void (out += d.toString()))
+    child.stderr.on("data", (d: Buffer) => void (err = (err + d.toString()).slice(-2000)))
+    const timer = setTimeout(() => child.kill("SIGKILL"), 240_000)
+    child.on("exit", (code) => {
+      clearTimeout(timer)
+      const line = out.trim().split("\n").at(-1) ?? ""
+      if (code === 0 && line.startsWith("{")) resolve((JSON.parse(line) as { samplesPerSec: number }).samplesPerSec)
+      else resolve(`plain tfjs failed (exit ${code}): ${err.trim().split("\n").slice(-1)[0] ?? ""}`)
+    })
+  })
+
+/** torch's run, tried a second time (on another port) when the first fails or hangs. */
+const runTorch = async (model: ZooModel, prefix: string, p: number, batch: number, warmup: number, steps: number, expectedMs: number): Promise<Figures | string> => {
+  const first = await runTorchOnce(model, prefix, p, batch, warmup, steps, expectedMs)
+  return typeof first === "string" ? runTorchOnce(model, prefix, p, batch, warmup, steps, expectedMs) : first
+}
+
+const runTorchOnce = (model: ZooModel, prefix: string, p: number, batch: number, warmup: number, steps: number, expectedMs: number): Promise<Figures | string> =>
   new Promise((resolve) => {
     const out = `${prefix}.torch-${p}.json`
     fs.rmSync(out, { force: true })
     const port = 29000 + Math.floor(Math.random() * 2000)
-    const child = spawn("/usr/bin/python3", [TORCH_SCRIPT, model, String(p), prefix, String(batch), String(warmup), String(steps), String(port), out], { stdio: ["ignore", "ignore", "pipe"] })
+    const child = spawn("/usr/bin/python3", [TORCH_SCRIPT, model, String(p), prefix, String(batch), String(warmup), String(steps), String(port), out], { stdio: ["ignore", "ignore", "pipe"], detached: true })
     let err = ""
     child.stderr.on("data", (d: Buffer) => void (err = (err + d.toString()).slice(-2000)))
-    // Bounded: a run past its time is killed with its process group's children.
-    const timer = setTimeout(() => child.kill("SIGKILL"), 240_000)
+    // Bounded: a run far past gradwire's time for the same steps is taken for hung and killed,
+    // with its children (the ranks mp.spawn started).
+    const child2 = child
+    const timer = setTimeout(() => {
+      try {
+        process.kill(-child2.pid!, "SIGKILL")
+      } catch {
+        child2.kill("SIGKILL")
+      }
+    }, Math.max(60_000, 5 * expectedMs))
     child.on("exit", (code) => {
       clearTimeout(timer)
       if (code === 0 && fs.existsSync(out)) resolve(JSON.parse(fs.readFileSync(out, "utf8")) as Figures)
-      else resolve(`torch failed (exit ${code}): ${err.trim().split("\n").slice(-1)[0] ?? ""}`)
+      else resolve(`torch failed (${code === null ? "hung: killed" : `exit ${code}`}): ${err.trim().split("\n").slice(-1)[0] ?? ""}`)
     })
   })
 
@@ -77,7 +108,7 @@ export const run = async (argv: ReadonlyArray<string>): Promise<void> => {
   console.log(`machine: ${os.cpus().length} x ${os.cpus()[0]?.model ?? "cpu"}, ${Math.round(os.totalmem() / 2 ** 30)} GiB; node ${process.version}`)
   console.log(`batch ${batch} per rank, Adam 0.003, ${warmup} warm-up steps, then about ${seconds} s of steps per run; samples/s over all ranks`)
   if (!torch) console.log("PyTorch column: not measured - /usr/bin/python3 cannot import torch (apt-get install -y python3-torch)")
-  const header = "model        p  gradwire/s    torch/s   time/sample x torch   step split ms (compute / comm / apply / wait)"
+  const header = "model        p  gradwire/s    torch/s   time/sample x torch   plain tfjs/s (p=1: gradwire's overhead)   step split ms (compute / comm / apply / wait)"
   console.log(`\n${header}`)
   try {
     for (const model of models) {
@@ -89,13 +120,17 @@ export const run = async (argv: ReadonlyArray<string>): Promise<void> => {
       for (const p of ps) {
         // Steps per rank for about `seconds` s, with p ranks sharing the machine's cores.
         const steps = Math.max(20, Math.round((seconds * 1000) / (GUESS_MS[model] * Math.max(1, p / os.cpus().length))))
+        const t1 = performance.now()
         const g = await runGradwire(model, data, p, batch, warmup, steps, storage)
-        const t = torch ? await runTorch(model, prefix, p, batch, warmup, steps) : "not measured"
+        const t = torch ? await runTorch(model, prefix, p, batch, warmup, steps, performance.now() - t1) : "not measured"
         const tps = typeof t === "string" ? undefined : t.samplesPerSec
+        const plain = p === 1 ? await runPlain(model, batch, warmup, steps) : undefined
+        const plainText = plain === undefined ? "" : typeof plain === "string" ? plain : `${plain.toFixed(0)} (${((plain / g.samplesPerSec - 1) * 100).toFixed(1)}%)`
         const s = g.split
         console.log(
           `${model.padEnd(12)} ${String(p).padStart(1)} ${g.samplesPerSec.toFixed(0).padStart(11)} ${(tps === undefined ? "-" : tps.toFixed(0)).padStart(10)} ` +
             `${(tps === undefined ? "-" : (tps / g.samplesPerSec).toFixed(2) + "x").padStart(21)}   ` +
+            `${plainText.padEnd(40)}` +
             (s ? `${s.compute.toFixed(2)} / ${s.comm.toFixed(2)} / ${s.apply.toFixed(2)} / ${s.wait.toFixed(2)}` : "-") +
             (typeof t === "string" && torch ? `   (${t})` : "")
         )

@@ -41,14 +41,15 @@ export const cpuFallback = (tf: Tf, name: string, record = true): KernelFunc => 
     if (!cpuKernel || !cpu) throw new Error(`kernel ${name}: neither the wasm nor the cpu backend implements it`)
     if (record) noteUse(name)
     const moved: TensorInfo[] = []
-    const cpuInputs: Record<string, TensorInfo> = {}
+    // Some kernels (Einsum, AddN) take their inputs as an array, not by name: kept as they came.
+    const cpuInputs: Record<string, TensorInfo> | TensorInfo[] = Array.isArray(inputs) ? [] : {}
     try {
       for (const [k, t] of Object.entries(inputs)) {
         if (t.dtype === "complex64") throw new Error(`kernel ${name}: complex64 tensors do not live on the wasm backend`)
         const values = (backend as WasmBackend).readSync(t.dataId)
         const moved1 = { dataId: cpu.write(values, t.shape, t.dtype), shape: t.shape, dtype: t.dtype }
         moved.push(moved1)
-        cpuInputs[k] = moved1
+        ;(cpuInputs as Record<string, TensorInfo>)[k] = moved1
       }
       const result = (cpuKernel.kernelFunc as unknown as (a: unknown) => TensorInfo | TensorInfo[])({ inputs: cpuInputs, backend: cpu, attrs })
       const outs = Array.isArray(result) ? result : [result]

@@ -4,6 +4,7 @@
 // rank's samples/s. With `bench` it instead times a fixed number of steps after a warm-up and
 // reports samples/s only (bench/train.ts).
 import type { TrainContext } from "../../index.ts"
+import { weightsHash } from "../digits/model.ts"
 import { buildZooModel, TASK_OF, type TextShape, type ZooModel } from "./models.ts"
 
 export interface ZooConfig {
@@ -15,6 +16,8 @@ export interface ZooConfig {
   /** The tagging task's sizes (the text models). */
   readonly text?: TextShape
   readonly bench?: { readonly steps: number; readonly warmup: number }
+  /** Stop each epoch after this many steps (a quick run, as the tests take). */
+  readonly maxStepsPerEpoch?: number
 }
 
 /** Adam's learning rate where the default 0.003 is not the one that trains the model well. */
@@ -69,10 +72,16 @@ export async function zooLoop(config: ZooConfig, ctx: TrainContext): Promise<voi
       tf.dispose([x, y])
     }
     for (let s = 0; s < warmup; s++) await step()
+    const times: number[] = []
     const t0 = performance.now()
-    for (let s = 0; s < steps; s++) await step()
+    for (let s = 0; s < steps; s++) {
+      const a = performance.now()
+      await step()
+      times.push(performance.now() - a)
+    }
     const seconds = (performance.now() - t0) / 1000
-    await ctx.report({ samplesPerSec: (steps * batch) / seconds, stepMs: (seconds * 1000) / steps })
+    times.sort((a, b) => a - b)
+    await ctx.report({ samplesPerSec: (steps * batch) / seconds, stepMs: (seconds * 1000) / steps, stepP50Ms: times[Math.floor(times.length / 2)]!, stepP99Ms: times[Math.floor(times.length * 0.99)]! })
     return
   }
 
@@ -94,14 +103,22 @@ export async function zooLoop(config: ZooConfig, ctx: TrainContext): Promise<voi
     let lossSum = 0
     let steps = 0
     const t0 = performance.now()
-    for (let from = 0; from + batch <= rows.length; from += batch) {
+    const limit = config.maxStepsPerEpoch ?? Infinity
+    for (let from = 0; from + batch <= rows.length && steps < limit; from += batch) {
       const [x, y] = batchOf(rows, from)
       lossSum += (await dp.trainStep(x, y)).loss
       steps++
       tf.dispose([x, y])
     }
     const seconds = (performance.now() - t0) / 1000
-    await ctx.report({ epoch, loss: lossSum / Math.max(1, steps), val_accuracy: await heldOut(), samples_per_s: (steps * batch) / seconds })
+    await ctx.report({
+      epoch,
+      loss: lossSum / Math.max(1, steps),
+      val_accuracy: await heldOut(),
+      samples_per_s: (steps * batch) / seconds,
+      // Every rank's weights after the epoch: the same on every rank.
+      weights: weightsHash(model.getWeights())
+    })
   }
   xTest.dispose()
 }

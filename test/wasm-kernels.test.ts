@@ -1,0 +1,133 @@
+// gradwire's wasm kernels (core/kernels/) against the cpu backend's, kernel by kernel, on seeded
+// random inputs of awkward shapes (strides, padding, odd sizes, broadcasting): |wasm - cpu| <=
+// 1e-4 * (1 + |cpu|) element-wise. And the cpu fallback: a kernel wasm has no implementation of
+// runs through the cpu backend, gives the cpu backend's answer, and is recorded.
+import { beforeAll, describe, expect, it } from "vitest"
+import { loadEngine, type Tf } from "../core/engine.ts"
+import { fallbackKernelsUsed } from "../core/kernels/fallback.ts"
+import { registerWasmKernels } from "../core/kernels/register.ts"
+
+type Tensor = import("@tensorflow/tfjs").Tensor
+let tf: Tf
+
+beforeAll(async () => {
+  tf = (await loadEngine("wasm")).tf
+})
+
+const seeded = (n: number, seed: number): Float32Array => {
+  let s = seed >>> 0 || 1
+  return Float32Array.from({ length: n }, () => ((s = (Math.imul(s, 1103515245) + 12345) >>> 0) / 2 ** 32) * 2 - 1)
+}
+
+/** `f` on wasm and on cpu, from the same values; the worst relative difference. */
+const compare = async (f: () => Tensor | Tensor[]): Promise<number> => {
+  const run = async (backend: string): Promise<Float32Array[]> => {
+    await tf.setBackend(backend)
+    const out = f()
+    const list = Array.isArray(out) ? out : [out]
+    const values = await Promise.all(list.map(async (t) => Float32Array.from((await t.data()) as ArrayLike<number>)))
+    tf.dispose(list)
+    return values
+  }
+  const w = await run("wasm")
+  const c = await run("cpu")
+  await tf.setBackend("wasm")
+  expect(w.map((a) => a.length)).toEqual(c.map((a) => a.length))
+  let worst = 0
+  w.forEach((a, i) => a.forEach((v, j) => (worst = Math.max(worst, Math.abs(v - c[i]![j]!) / (1 + Math.abs(c[i]![j]!))))))
+  return worst
+}
+
+const t = (shape: number[], seed: number): Tensor => tf.tensor(seeded(shape.reduce((a, b) => a * b, 1), seed), shape)
+
+describe("gradwire's wasm kernels match the cpu backend", () => {
+  it("registers its kernels once wasm is loaded", () => {
+    const r = registerWasmKernels(tf)
+    expect(r.fast).toEqual(expect.arrayContaining(["Conv2DBackpropFilter", "UnsortedSegmentSum"]))
+    expect(tf.getKernel("Conv2DBackpropFilter", "wasm")).toBeDefined()
+  })
+
+  for (const [x, f, strides, pad] of [
+    [[2, 9, 7, 3], [3, 3, 3, 5], 1, "same"],
+    [[3, 11, 10, 2], [5, 4, 2, 4], 2, "valid"],
+    [[1, 8, 8, 1], [3, 3, 1, 8], [2, 1], "same"],
+    [[2, 1, 17, 4], [1, 5, 4, 6], 3, "same"]
+  ] as Array<[number[], number[], number | [number, number], "same" | "valid"]>) {
+    it(`conv2d gradients, x ${x} filter ${f} strides ${strides} ${pad}`, async () => {
+      const worst = await compare(() => {
+        const conv = (a: Tensor, w: Tensor): Tensor => tf.conv2d(a as never, w as never, strides, pad) as unknown as Tensor
+        const [gx, gf] = tf.grads((a: Tensor, w: Tensor) => conv(a, w).mul(t(conv(a, w).shape, 5)).sum())([t(x, 1), t(f, 2)])
+        return [gx!, gf!]
+      })
+      expect(worst).toBeLessThanOrEqual(1e-4)
+    })
+  }
+
+  it("depthwise conv2d gradients (multiplier 3; stride 2 same, stride 1 valid)", async () => {
+    for (const [strides, pad] of [[2, "same"], [1, "valid"]] as const) {
+      const worst = await compare(() => {
+        const f = (a: Tensor, w: Tensor): Tensor => tf.depthwiseConv2d(a as never, w as never, strides, pad) as unknown as Tensor
+        const [gx, gf] = tf.grads((a: Tensor, w: Tensor) => f(a, w).mul(t(f(a, w).shape, 7)).sum())([t([2, 9, 8, 3], 3), t([3, 3, 3, 3], 4)])
+        return [gx!, gf!]
+      })
+      expect(worst).toBeLessThanOrEqual(1e-4)
+    }
+  })
+
+  it("max-pool gradient across a batch (tfjs-backend-wasm's own drops the first element of every image but the first)", async () => {
+    const worst = await compare(() => tf.grad((a: Tensor) => (tf.maxPool(a as never, 2, 2, "valid") as unknown as Tensor).mul(t([3, 3, 3, 2], 9)).sum())(t([3, 6, 7, 2], 8)))
+    expect(worst).toBeLessThanOrEqual(1e-4)
+  })
+
+  it("UnsortedSegmentSum (the embedding gradient), ids out of range dropped", async () => {
+    const worst = await compare(() => [
+      tf.unsortedSegmentSum(t([7, 5], 11), tf.tensor1d([3, 0, 3, 9, 1, 1, 3], "int32"), 5),
+      tf.unsortedSegmentSum(tf.tensor2d([1, 2, 3, 4, 5, 6], [3, 2], "int32"), tf.tensor1d([2, 2, 0], "int32"), 3),
+      tf.grad((w: Tensor) => tf.gather(w, tf.tensor2d([1, 4, 4, 0, 2, 4], [2, 3], "int32")).mul(t([2, 3, 6], 12)).sum())(t([5, 6], 13))
+    ])
+    expect(worst).toBeLessThanOrEqual(1e-4)
+  })
+
+  it("Tile of every rank up to 5, and its gradient", async () => {
+    const worst = await compare(() => [
+      tf.tile(t([3], 1), [4]),
+      tf.tile(t([2, 1, 3], 2), [3, 5, 1]),
+      tf.tile(tf.tensor3d([1, 2, 3, 4], [2, 2, 1], "int32"), [1, 2, 3]),
+      tf.tile(t([1, 2, 1, 3, 1], 3), [2, 1, 3, 1, 2]),
+      tf.grad((a: Tensor) => tf.tile(a, [2, 3, 1]).mul(t([4, 9, 2], 4)).sum())(t([2, 3, 2], 5))
+    ])
+    expect(worst).toBeLessThanOrEqual(1e-4)
+  })
+
+  it("matmuls with transposed operands, batched and not", async () => {
+    const worst = await compare(() => [
+      tf.matMul(t([7, 5], 1), t([7, 3], 2), true, false),
+      tf.matMul(t([5, 7], 3), t([3, 7], 4), false, true),
+      tf.matMul(t([4, 7, 5], 5), t([4, 3, 7], 6), true, true),
+      tf.fused.matMul({ a: t([6, 5], 7), b: t([4, 6], 8), transposeA: true, transposeB: true, bias: t([4], 9), activation: "relu" })
+    ])
+    expect(worst).toBeLessThanOrEqual(1e-4)
+  })
+
+  it("broadcasting comparisons, maximum, minimum and pow", async () => {
+    const a = () => t([4, 1, 5], 1)
+    const b = () => t([3, 1], 2)
+    const worst = await compare(() => [
+      tf.equal(a(), a().max(1, true)).toFloat(),
+      tf.greater(a(), b()).toFloat(),
+      tf.lessEqual(b(), a()).toFloat(),
+      tf.maximum(a(), b()),
+      tf.minimum(b(), a()),
+      tf.pow(a().abs(), b()),
+      tf.logicalAnd(tf.greater(a(), 0), tf.less(b(), 0)).toFloat()
+    ])
+    expect(worst).toBeLessThanOrEqual(1e-4)
+  })
+
+  it("runs a kernel wasm lacks through the cpu backend, with its answer, and records it", async () => {
+    expect(tf.getKernel("Einsum", "wasm")).toBeDefined()
+    const worst = await compare(() => tf.einsum("ij,jk->ik", t([3, 4], 1), t([4, 2], 2)))
+    expect(worst).toBeLessThanOrEqual(1e-5)
+    expect(fallbackKernelsUsed()).toContain("Einsum")
+  })
+})

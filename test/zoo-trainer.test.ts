@@ -1,0 +1,54 @@
+// The model zoo (examples/zoo) through the public API on 2 workers of the embedded cluster, on the
+// default backend (wasm, with gradwire's kernels): the CNN, the residual CNN with batch norm, the
+// embedding model, the transformer and the LSTM each train (held-out accuracy well above chance
+// after a short run), every rank ends with the same weights, and explain.txt names each rank's
+// backend and that no kernel ran on the cpu fallback.
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import * as fs from "node:fs/promises"
+import * as os from "node:os"
+import * as path from "node:path"
+import { Trainer } from "../index.ts"
+import { liveNatsServerPids } from "../core/nats-server.ts"
+import { loadZooData } from "../examples/zoo/data.ts"
+import { TASK_OF, type ZooModel } from "../examples/zoo/models.ts"
+
+const LOOP = path.resolve("examples/zoo/train.ts") + "#zooLoop"
+let storage = ""
+
+beforeAll(async () => {
+  storage = await fs.mkdtemp(path.join(os.tmpdir(), "gw-zoo-"))
+})
+afterAll(async () => {
+  await fs.rm(storage, { recursive: true, force: true })
+  expect(liveNatsServerPids()).toEqual([])
+})
+
+/** Chance level is 10% for the digits; the tagging task's most frequent tag is about 15% of the words. */
+const cases: ReadonlyArray<{ model: ZooModel; epochs: number; steps?: number; above: number }> = [
+  { model: "cnn", epochs: 3, above: 0.6 },
+  { model: "resnet", epochs: 3, above: 0.5 },
+  { model: "embedding", epochs: 3, above: 0.25 },
+  { model: "transformer", epochs: 1, steps: 60, above: 0.4 },
+  { model: "lstm", epochs: 1, steps: 40, above: 0.3 }
+]
+
+describe("the model zoo trains on 2 workers on the default backend", () => {
+  for (const c of cases) {
+    it(c.model, { timeout: 180_000 }, async () => {
+      const data = await loadZooData(TASK_OF[c.model], { files: 60 })
+      const r = await new Trainer({
+        trainLoopPerWorker: LOOP,
+        trainLoopConfig: { model: c.model, epochs: c.epochs, ...(c.steps ? { maxStepsPerEpoch: c.steps } : {}), ...(data.text ? { text: data.text } : {}) },
+        scalingConfig: { numWorkers: 2 },
+        runConfig: { name: `zoo-${c.model}`, storagePath: storage, progress: false },
+        datasets: { train: data.train, test: data.test }
+      }).fit()
+      expect(r.metricsHistory.length).toBe(c.epochs)
+      expect(Number(r.metrics?.val_accuracy)).toBeGreaterThan(c.above)
+      expect(new Set(r.metricsPerRank.at(-1)!.map((m) => m.weights)).size).toBe(1)
+      const explain = await fs.readFile(path.join(r.path, "explain.txt"), "utf8")
+      for (const rank of [0, 1]) expect(explain).toContain(`rank ${rank}: backend wasm`)
+      expect(explain).toContain("ran on the cpu-backend fallback (slow path): none")
+    })
+  }
+})
