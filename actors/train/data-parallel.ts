@@ -8,6 +8,7 @@
 // buckets are contiguous ranges of it (no packing copy), and the reduced values go back per
 // variable from views of it: two copies of the gradient per step, the minimum a backend with its
 // own memory (wasm, tensorflow) allows.
+import { fusedAdamStep } from "../../core/kernels/fused-adam.ts"
 import * as os from "node:os"
 import { createHash } from "node:crypto"
 import type { Tf } from "../../core/engine.ts"
@@ -1004,7 +1005,8 @@ export class DataParallelModel implements RecoverableModel {
         decayed.dispose()
       }
     }
-    this.optimizer.applyGradients(grads)
+    // On wasm, tfjs's Adam as one in-place pass per variable (bit for bit the same update).
+    if (!fusedAdamStep(tf, this.optimizer, grads)) this.optimizer.applyGradients(grads)
   }
 
   /** ZeRO's update: this rank's segment from its reduced gradient, then every segment all-gathered into the model. */

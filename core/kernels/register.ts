@@ -9,6 +9,7 @@ import { registerMissingGradients } from "./gradients.ts"
 import { maxPoolGrad } from "./pool-grads.ts"
 import { unsortedSegmentSum } from "./segment-sum.ts"
 import { tile } from "./tile.ts"
+import { gatherRows } from "./gather.ts"
 import { untransposedMatMul } from "./matmul.ts"
 import { broadcastFirst, SLOW_BROADCAST_KERNELS } from "./broadcast.ts"
 import type { KernelArgs, KernelFunc } from "./wasm-heap.ts"
@@ -25,10 +26,10 @@ export const FAST_WASM_KERNELS = [
  * Kernels tfjs-backend-wasm 4.22 has but computes wrongly (test/wasm-layer-coverage.test.ts finds
  * them against finite differences), replaced: MaxPoolGrad by gradwire's own; the conv3d gradients
  * (the input's wrong at stride 1, the filter's at stride 2) by the cpu backend's. And one that is
- * right but slow: Conv2DBackpropInput (conv-grads.ts), Tile (tile.ts), the matmuls with a transposed operand (matmul.ts), and the
+ * right but slow: Conv2DBackpropInput (conv-grads.ts), Tile (tile.ts), GatherV2 (gather.ts), the matmuls with a transposed operand (matmul.ts), and the
  * broadcasting comparisons (broadcast.ts).
  */
-export const REPLACED_WASM_KERNELS = ["Conv2DBackpropInput", "MaxPoolGrad", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", "Tile", "BatchMatMul", "_FusedMatMul", ...SLOW_BROADCAST_KERNELS] as const
+export const REPLACED_WASM_KERNELS = ["Conv2DBackpropInput", "MaxPoolGrad", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", "Tile", "BatchMatMul", "_FusedMatMul", "GatherV2", ...SLOW_BROADCAST_KERNELS] as const
 
 let registered: { fast: string[]; fallback: string[]; gradients: string[] } | undefined
 
@@ -69,6 +70,8 @@ export const registerWasmKernels = (tf: Tf): { fast: string[]; fallback: string[
     const original = tf.getKernel(mm, "wasm")?.kernelFunc as unknown as KernelFunc | undefined
     if (original) replace(mm, untransposedMatMul(tf, original))
   }
+  const wasmGather = tf.getKernel("GatherV2", "wasm")?.kernelFunc as unknown as KernelFunc | undefined
+  if (wasmGather) replace("GatherV2", gatherRows(wasmGather))
   // Broadcasting comparisons and the like on equal shapes (broadcast.ts).
   const broadcasting: string[] = []
   for (const k of SLOW_BROADCAST_KERNELS) {

@@ -1,0 +1,88 @@
+// tfjs's Adam update as one pass over each variable on the wasm heap, in place: tfjs runs about
+// thirteen kernels per variable per step (0.3 ms of a 1 ms step for a small MLP, 2.7 ms of a small
+// transformer's). The state stays tfjs's own (the optimizer's moment variables and accBeta1/2, so
+// getWeights(), checkpoints and a switch back to applyGradients see the same optimizer), and every
+// operation is rounded to float32 in tfjs's order, so the result is bit for bit what
+// optimizer.applyGradients computes (tested). It declines (returns false) on any other backend or
+// optimizer, and when a buffer it would write is shared with another tensor (a clone).
+import type { Tf } from "../engine.ts"
+
+type Tensor = import("@tensorflow/tfjs").Tensor
+type Variable = import("@tensorflow/tfjs").Variable
+type Slot = { originalName: string; variable: Variable }
+interface AdamLike {
+  getClassName?(): string
+  learningRate: number
+  beta1: number
+  beta2: number
+  epsilon: number
+  accBeta1: Variable
+  accBeta2: Variable
+  accumulatedFirstMoment: Slot[]
+  accumulatedSecondMoment: Slot[]
+  incrementIterations(): void
+}
+interface HeapBackend {
+  typedArrayFromHeap(t: { dataId: object; shape: number[]; dtype: string }): Float32Array | Int32Array | Uint8Array
+  refCount(dataId: object): number
+}
+
+const f = Math.fround
+
+/** Applies `grads` (by variable name) as `optimizer.applyGradients(grads)` would; false if it cannot. */
+export const fusedAdamStep = (tf: Tf, optimizer: unknown, grads: Readonly<Record<string, Tensor>>): boolean => {
+  if (tf.getBackend() !== "wasm") return false
+  const opt = optimizer as AdamLike
+  if (typeof opt.getClassName !== "function" || opt.getClassName() !== "Adam" || !opt.accBeta1 || !Array.isArray(opt.accumulatedFirstMoment)) return false
+  const backend = tf.backend() as unknown as HeapBackend
+  if (typeof backend.typedArrayFromHeap !== "function" || typeof backend.refCount !== "function") return false
+  const names = Object.keys(grads)
+  const registered = tf.engine().registeredVariables as Record<string, Variable>
+  const own = (t: Tensor): boolean => t.dtype === "float32" && backend.refCount(t.dataId) === 1
+  for (const [i, name] of names.entries()) {
+    const value = registered[name]
+    const g = grads[name]
+    if (!value || !own(value) || (g && g.dtype !== "float32")) return false
+    const m = opt.accumulatedFirstMoment[i]?.variable
+    const v = opt.accumulatedSecondMoment[i]?.variable
+    if ((m && !own(m)) || (v && !own(v))) return false
+  }
+  if (!own(opt.accBeta1) || !own(opt.accBeta2)) return false
+  // Moments made as tfjs makes them, the first time a variable is updated.
+  names.forEach((name, i) => {
+    const value = registered[name]!
+    opt.accumulatedFirstMoment[i] ??= { originalName: `${name}/m`, variable: tf.tidy(() => tf.zerosLike(value).variable(false)) }
+    opt.accumulatedSecondMoment[i] ??= { originalName: `${name}/v`, variable: tf.tidy(() => tf.zerosLike(value).variable(false)) }
+  })
+  const heap = (t: Tensor): Float32Array => backend.typedArrayFromHeap(t as never) as Float32Array
+  const b1 = f(opt.beta1)
+  const b2 = f(opt.beta2)
+  const c1 = f(1 - opt.beta1)
+  const c2 = f(1 - opt.beta2)
+  const eps = f(opt.epsilon)
+  const negLr = f(-opt.learningRate)
+  const accB1 = heap(opt.accBeta1)
+  const accB2 = heap(opt.accBeta2)
+  const d1 = f(1 - accB1[0]!)
+  const d2 = f(1 - accB2[0]!)
+  names.forEach((name, i) => {
+    const gT = grads[name]
+    if (!gT) return
+    const p = heap(registered[name]!)
+    const m = heap(opt.accumulatedFirstMoment[i]!.variable)
+    const v = heap(opt.accumulatedSecondMoment[i]!.variable)
+    const g = heap(gT)
+    for (let k = 0; k < p.length; k++) {
+      const gk = g[k]!
+      const mk = f(f(m[k]! * b1) + f(gk * c1))
+      const vk = f(f(v[k]! * b2) + f(f(gk * gk) * c2))
+      m[k] = mk
+      v[k] = vk
+      p[k] = f(f(f(f(mk / d1) / f(f(Math.sqrt(f(vk / d2))) + eps)) * negLr) + p[k]!)
+    }
+  })
+  accB1[0] = f(accB1[0]! * b1)
+  accB2[0] = f(accB2[0]! * b2)
+  opt.incrementIterations()
+  return true
+}

@@ -1,0 +1,33 @@
+// GatherV2 on the wasm heap for batchDims 0 (every embedding lookup): row copies. tfjs-backend-wasm's
+// took 0.55 ms to look up 2,048 rows of 8 floats. Indices out of range go to the backend's own
+// kernel, which reports them as tfjs does.
+import { ints, type KernelArgs, type KernelFunc, type TensorInfo } from "./wasm-heap.ts"
+
+export const gatherRows = (original: KernelFunc): KernelFunc => (args: KernelArgs): TensorInfo | TensorInfo[] => {
+  const { inputs, backend, attrs } = args
+  const { x, indices } = inputs
+  const batchDims = (attrs.batchDims as number | undefined) ?? 0
+  if (batchDims !== 0 || x.dtype === "string" || x.dtype === "complex64") return original(args)
+  const rank = x.shape.length
+  const axis = (((attrs.axis as number | undefined) ?? 0) % rank + rank) % rank
+  const outer = x.shape.slice(0, axis).reduce((a, b) => a * b, 1)
+  const n = x.shape[axis]!
+  const inner = x.shape.slice(axis + 1).reduce((a, b) => a * b, 1)
+  const idx = ints(backend, indices)
+  for (let i = 0; i < idx.length; i++) if (idx[i]! < 0 || idx[i]! >= n) return original(args)
+  const out = backend.makeOutput([...x.shape.slice(0, axis), ...indices.shape, ...x.shape.slice(axis + 1)], x.dtype)
+  // Views after the allocation: growing the heap would detach earlier ones.
+  const src = backend.typedArrayFromHeap(x)
+  const dst = backend.typedArrayFromHeap(out)
+  const ids = ints(backend, indices)
+  let d = 0
+  for (let o = 0; o < outer; o++) {
+    const base = o * n * inner
+    for (let i = 0; i < ids.length; i++, d += inner) {
+      const s = base + ids[i]! * inner
+      if (inner === 1) dst[d] = src[s]!
+      else dst.set(src.subarray(s, s + inner), d)
+    }
+  }
+  return out
+}
