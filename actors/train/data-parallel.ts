@@ -498,7 +498,7 @@ export class DataParallelModel implements RecoverableModel {
     if (!ps || this.#sync.auto) return
     if (this.#sync.rank === 0) {
       const restored = files ? await ps.restore(files, this.parameterCount, this.#psSpec!, this.#sync.worldSize, this.#weightDecay) : false
-      if (!restored) await ps.init(this.#flatParams(), this.#psSpec!, this.#sync.worldSize, this.#weightDecay)
+      if (!restored) await ps.init(await this.#readFlatParams(), this.#psSpec!, this.#sync.worldSize, this.#weightDecay)
     }
     // A barrier: nobody pushes (or pulls) before rank 0 set the servers up.
     await this.#sync.sum(new Float32Array(1))
@@ -525,6 +525,15 @@ export class DataParallelModel implements RecoverableModel {
     const tf = this.#tf
     const flatT = tf.tidy(() => tf.concat(this.#vars.map((v) => v.reshape([-1]))))
     const flat = flatT.dataSync() as Float32Array
+    flatT.dispose()
+    return flat
+  }
+
+  /** The trainable weights as one flat vector, read asynchronously (what a GPU backend needs). */
+  async #readFlatParams(): Promise<Float32Array> {
+    const tf = this.#tf
+    const flatT = tf.tidy(() => tf.concat(this.#vars.map((v) => v.reshape([-1]))))
+    const flat = (await flatT.data()) as Float32Array
     flatT.dispose()
     return flat
   }
@@ -604,7 +613,7 @@ export class DataParallelModel implements RecoverableModel {
   /** Takes a survivor's state: the same weights, optimizer state and step counter as it. */
   async adopt(state: PeerState, options: { readonly redoingStep?: boolean } = {}): Promise<void> {
     // Local SGD: a member in the survivor's round keeps its own parameters (local-sgd.ts).
-    const own = this.#localSgd && state.files[LOCAL_SGD_FILE] ? this.#flatParams() : undefined
+    const own = this.#localSgd && state.files[LOCAL_SGD_FILE] ? await this.#readFlatParams() : undefined
     loadWeightsInto(this.#tf as unknown as Tf, this.model, state.files)
     if (own && this.#localSgd!.adopt(state.files[LOCAL_SGD_FILE]!) === "keep") this.#assignFlat(own)
     const opt = state.files[OPTIMIZER_FILE]
@@ -892,7 +901,7 @@ export class DataParallelModel implements RecoverableModel {
       const weights = await readTfjsOptimizerWeights(this.optimizer as unknown as Parameters<typeof readTfjsOptimizerWeights>[0])
       const state = flatStateFromTfjs(spec, this.layout, this.parameterCount, weights)
       const as = target === "backup" ? { mode: "sync" as const, backupWorkers: 1 } : { mode: target as "ssp" | "async", backupWorkers: 0 }
-      await ps.takeOver(this.#flatParams(), state, this.learningRate ?? 0, spec, this.#sync.worldSize, this.#weightDecay, as)
+      await ps.takeOver(await this.#readFlatParams(), state, this.learningRate ?? 0, spec, this.#sync.worldSize, this.#weightDecay, as)
     }
     // Nobody pushes before the servers hold the state; then every rank learns their version.
     await this.#sync.sum(new Float32Array(1))
@@ -1161,8 +1170,27 @@ export class DataParallelModel implements RecoverableModel {
     return y.rank > 1 && (y.shape[y.rank - 1] ?? 1) > 1 ? y.argMax(-1) : y.flatten().toInt()
   }
 
-  /** Loss and accuracy of this rank's model on (x, y), computed locally. */
+  /**
+   * Loss and accuracy of this rank's model on (x, y), computed locally, read asynchronously: the
+   * form a GPU backend needs (webgpu has no synchronous read in Node).
+   */
+  async evaluateAsync(x: Tensor, y: Tensor): Promise<{ loss: number; accuracy?: number }> {
+    const tf = this.#tf
+    const [lossT, accT] = tf.tidy(() => {
+      const pred = this.model.predict(x) as Tensor
+      const loss = this.#loss(y, pred)
+      return [loss, this.#classification ? pred.argMax(-1).equal(this.#labelsOf(y)).mean() : undefined] as const
+    })
+    const [loss, acc] = await Promise.all([lossT.data(), accT?.data()])
+    tf.dispose([lossT, ...(accT ? [accT] : [])])
+    return acc ? { loss: loss[0]!, accuracy: acc[0]! } : { loss: loss[0]! }
+  }
+
+  /** Loss and accuracy of this rank's model on (x, y), computed locally (synchronous reads: cpu, wasm, tensorflow; on webgpu use evaluateAsync). */
   evaluate(x: Tensor, y: Tensor): { loss: number; accuracy?: number } {
+    if (this.#tf.getBackend() === "webgpu") {
+      throw new ConfigError({ field: "dp.evaluate", reason: "the webgpu backend cannot read tensors synchronously in Node: use await dp.evaluateAsync(x, y)" })
+    }
     const tf = this.#tf
     return tf.tidy(() => {
       const pred = this.model.predict(x) as Tensor

@@ -54,41 +54,70 @@ export const conv2dBackpropFilter = (tf: Tf, { inputs, backend, attrs }: KernelA
   const left = info.padInfo.left
   const K = FH * FW * C
   const M = N * OH * OW
-  // The patch matrix, transposed: row k = (fh, fw, c) holds that tap for every output pixel, so the
-  // matmul runs without a transpose flag (the backend's fast path).
-  const colT = backend.makeOutput([1, K, M], "float32")
+  // Few channels: the patch matrix built transposed (row k = one tap (fh, fw, c) for every output
+  // pixel), so the matmul needs no transpose. Many channels: built patch by patch, each tap's C
+  // channels one contiguous copy, and the matmul told to transpose it (matmul.ts transposes with
+  // the backend's own Transpose, cheaper than the strided writes the first layout would take).
+  const patchMajor = C >= 4
+  const col = backend.makeOutput(patchMajor ? [1, M, K] : [1, K, M], "float32")
   try {
     const xs = floats(backend, x)
-    const col = floats(backend, colT)
-    for (let fh = 0; fh < FH; fh++) {
-      for (let fw = 0; fw < FW; fw++) {
-        for (let c = 0; c < C; c++) {
-          let m = ((fh * FW + fw) * C + c) * M
-          for (let b = 0; b < N; b++) {
-            const xb = b * H * W * C + c
-            for (let oh = 0; oh < OH; oh++) {
+    const cols = floats(backend, col)
+    if (patchMajor) {
+      let d = 0
+      for (let b = 0; b < N; b++) {
+        for (let oh = 0; oh < OH; oh++) {
+          for (let ow = 0; ow < OW; ow++) {
+            for (let fh = 0; fh < FH; fh++) {
               const ih = oh * SH + fh - top
               if (ih < 0 || ih >= H) {
-                col.fill(0, m, m + OW)
-                m += OW
+                cols.fill(0, d, d + FW * C)
+                d += FW * C
                 continue
               }
-              const row = xb + ih * W * C
-              let iw = fw - left
-              for (let ow = 0; ow < OW; ow++, iw += SW) col[m++] = iw >= 0 && iw < W ? xs[row + iw * C] : 0
+              for (let fw = 0; fw < FW; fw++, d += C) {
+                const iw = ow * SW + fw - left
+                if (iw < 0 || iw >= W) cols.fill(0, d, d + C)
+                else {
+                  const s0 = ((b * H + ih) * W + iw) * C
+                  cols.set(xs.subarray(s0, s0 + C), d)
+                }
+              }
+            }
+          }
+        }
+      }
+    } else {
+      for (let fh = 0; fh < FH; fh++) {
+        for (let fw = 0; fw < FW; fw++) {
+          for (let c = 0; c < C; c++) {
+            let m = ((fh * FW + fw) * C + c) * M
+            for (let b = 0; b < N; b++) {
+              const xb = b * H * W * C + c
+              for (let oh = 0; oh < OH; oh++) {
+                const ih = oh * SH + fh - top
+                if (ih < 0 || ih >= H) {
+                  cols.fill(0, m, m + OW)
+                  m += OW
+                  continue
+                }
+                const row = xb + ih * W * C
+                let iw = fw - left
+                for (let ow = 0; ow < OW; ow++, iw += SW) cols[m++] = iw >= 0 && iw < W ? xs[row + iw * C]! : 0
+              }
             }
           }
         }
       }
     }
     const out = callKernel(tf, "BatchMatMul", {
-      inputs: { a: colT, b: { dataId: dy.dataId, shape: [1, M, O], dtype: "float32" } },
+      inputs: { a: col, b: { dataId: dy.dataId, shape: [1, M, O], dtype: "float32" } },
       backend,
-      attrs: { transposeA: false, transposeB: false }
+      attrs: { transposeA: patchMajor, transposeB: false }
     })
     return { dataId: out.dataId, shape: [...filterShape], dtype: "float32" }
   } finally {
-    backend.disposeData(colT.dataId)
+    backend.disposeData(col.dataId)
   }
 }
 

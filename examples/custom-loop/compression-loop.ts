@@ -37,7 +37,7 @@ export async function compressionLoop(config: CompressionLoopConfig, ctx: TrainC
       lossSum += step.loss * step.samples
       tf.dispose([x, y])
     }
-    const val = dp.evaluate(xTest, yTest)
+    const val = await dp.evaluateAsync(xTest, yTest)
     const stats = ctx.communicationStats()
     await ctx.report({
       epoch,

@@ -71,7 +71,7 @@ export async function trainLoop(config: DigitsConfig, ctx: TrainContext): Promis
       batchSize,
       ...(killAt !== undefined ? { onStep: ({ index }) => void (index === killAt && die()) } : {})
     })
-    const val = dp.evaluate(xTest, yTest)
+    const val = await dp.evaluateAsync(xTest, yTest)
     const metrics = {
       epoch,
       loss: r.loss,

@@ -30,7 +30,7 @@ export async function trainLoop(config: FilesConfig, ctx: TrainContext): Promise
   const yTest = tf.oneHot(tf.tensor1d(test.y, "int32"), 10)
   for (let epoch = start; epoch < (config.epochs ?? 10); epoch++) {
     const [r] = await dp.fit(train, { epochs: epoch + 1, initialEpoch: epoch, batchSize: config.batchSize ?? 32 })
-    const val = dp.evaluate(xTest, yTest)
+    const val = await dp.evaluateAsync(xTest, yTest)
     const ckpt = ctx.worldRank === 0 ? await ctx.checkpointFromModel(dp, { metadata: { epoch } }) : undefined
     await ctx.report(
       {

@@ -258,7 +258,7 @@ const adamaxFields = (optimizer: TfOptimizer): AdamaxFields => {
 
 /**
  * A tfjs optimizer's weights as values ([{ name, values }], "iter" first: getWeights() read with
- * dataSync(); for Adamax, whose getWeights() tfjs has not implemented, the same layout from its
+ * data(), asynchronously, as a GPU backend needs; for Adamax, whose getWeights() tfjs has not implemented, the same layout from its
  * fields). Creates no tensors that outlive the call.
  */
 export async function readTfjsOptimizerWeights(optimizer: TfOptimizer): Promise<Array<{ name: string; values: Float32Array | Int32Array }>> {
@@ -267,11 +267,11 @@ export async function readTfjsOptimizerWeights(optimizer: TfOptimizer): Promise<
     const slots = [...o.accumulatedFirstMoment, ...o.accumulatedWeightedInfNorm]
     return [
       { name: TFJS_ITER, values: new Int32Array([optimizer.iterations]) },
-      ...slots.map((s) => ({ name: s.originalName, values: s.variable.dataSync() as Float32Array }))
+      ...(await Promise.all(slots.map(async (s) => ({ name: s.originalName, values: (await s.variable.data()) as Float32Array }))))
     ]
   }
   const weights = await optimizer.getWeights()
-  const out = weights.map((w) => ({ name: w.name, values: w.tensor.dataSync() as Float32Array | Int32Array }))
+  const out = await Promise.all(weights.map(async (w) => ({ name: w.name, values: (await w.tensor.data()) as Float32Array | Int32Array })))
   // "iter" is a fresh scalar per call; the rest are the optimizer's own slot variables (kept).
   for (const w of weights) if (w.name === TFJS_ITER) w.tensor.dispose()
   return out
