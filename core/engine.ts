@@ -28,12 +28,21 @@ export const resolvable = (pkg: string): boolean => {
 
 let loaded: Promise<{ tf: Tf; backend: BackendKind }> | undefined
 let loadedWant: string | undefined
+/** Why this process runs the backend it runs: what was asked, and each candidate passed over. */
+const why: string[] = []
+
+/** How the engine was chosen, e.g. 'asked for "auto": @tensorflow/tfjs-node-gpu is not installed; ...; wasm loaded'. */
+export const engineChoice = (): string => why.join("; ")
 
 const tryNative = async (pkg: string): Promise<Tf | undefined> => {
-  if (!resolvable(pkg)) return undefined
+  if (!resolvable(pkg)) {
+    why.push(`${pkg} is not installed`)
+    return undefined
+  }
   try {
     return (await import(pkg)) as Tf
-  } catch {
+  } catch (e) {
+    why.push(`${pkg} does not load (${String(e).split("\n")[0]})`)
     return undefined
   }
 }
@@ -76,6 +85,14 @@ const loadWebGpu = async (): Promise<Tf> => {
 }
 
 const load = async (want: BackendKind | "auto"): Promise<{ tf: Tf; backend: BackendKind }> => {
+  why.length = 0
+  why.push(`asked for "${want}"`)
+  const l = await loadAny(want)
+  why.push(`${l.backend} loaded`)
+  return l
+}
+
+const loadAny = async (want: BackendKind | "auto"): Promise<{ tf: Tf; backend: BackendKind }> => {
   if (want === "webgpu") return { tf: await loadWebGpu(), backend: "webgpu" }
   if (want === "tensorflow-gpu" || want === "auto") {
     const tf = await tryNative("@tensorflow/tfjs-node-gpu")
@@ -111,10 +128,12 @@ const load = async (want: BackendKind | "auto"): Promise<{ tf: Tf; backend: Back
         registerWasmKernels(tf)
         return { tf, backend: "wasm" }
       }
+      why.push("tf.setBackend(\"wasm\") returned false")
     } catch (e) {
       if (want === "wasm") {
         throw new ConfigError({ field: "scalingConfig.backend", reason: `the wasm backend failed to load: ${String(e)}` })
       }
+      why.push(`the wasm backend failed to load (${String(e).split("\n")[0]})`)
     }
   }
   await tf.setBackend("cpu")

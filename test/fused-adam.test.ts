@@ -49,7 +49,7 @@ describe("the fused Adam step on wasm", () => {
       const loss = (m: import("@tensorflow/tfjs").LayersModel) => () => tf.losses.meanSquaredError(y, m.apply(x) as import("@tensorflow/tfjs").Tensor) as import("@tensorflow/tfjs").Scalar
       const ga = a.opt.computeGradients(loss(a.m), a.vars).grads
       const gb = b.opt.computeGradients(loss(b.m), b.vars).grads
-      a.opt.applyGradients(ga)
+      a.opt.applyGradients(ga as Record<string, import("@tensorflow/tfjs").Variable>)
       expect(fusedAdamStep(tf, b.opt, gb)).toBe(true)
       tf.dispose([x, y, ...Object.values(ga), ...Object.values(gb)])
     }

@@ -9,7 +9,7 @@ import type { NatsConnection } from "@nats-io/nats-core"
 import { openConnection, type OpenedConnection } from "../../core/connection-spec.ts"
 import { pathToFileURL } from "node:url"
 import * as path from "node:path"
-import { loadEngine, type BackendKind } from "../../core/engine.ts"
+import { engineChoice, loadEngine, type BackendKind } from "../../core/engine.ts"
 import { fallbackKernelsUsed, onFallbackKernel } from "../../core/kernels/fallback.ts"
 import { describeKernels } from "../../core/kernels/register.ts"
 
@@ -271,7 +271,7 @@ export const trainWorker = defineActor(
         // is said once, on the console and there.
         const explainKernels = (summary: string): void => {
           const p = place()
-          const { text, json } = describeKernels(backend, p.rank, fallbackKernelsUsed())
+          const { text, json } = describeKernels(backend, p.rank, fallbackKernelsUsed(), engineChoice())
           void system.tellPromise(controller, "explain", { attempt: p.attempt, text, json, summary, part: "kernels", rank: p.rank }).catch(() => {})
         }
         explainKernels("")
