@@ -116,8 +116,9 @@ export async function zooLoop(config: ZooConfig, ctx: TrainContext): Promise<voi
       loss: lossSum / Math.max(1, steps),
       val_accuracy: await heldOut(),
       samples_per_s: (steps * batch) / seconds,
-      // Every rank's weights after the epoch: the same on every rank.
-      weights: weightsHash(model.getWeights())
+      // Every rank's trainable weights after the epoch: the same on every rank. (Batch norm's moving
+      // statistics are not all-reduced: each rank keeps those of its own batches.)
+      weights: weightsHash(model.trainableWeights.map((w) => w.read()))
     })
   }
   xTest.dispose()
