@@ -6,23 +6,21 @@
 import type { Tf } from "../engine.ts"
 import { callKernel, floats, type KernelArgs, type TensorInfo } from "./wasm-heap.ts"
 
-type ConvInfo = {
-  batchSize: number
-  inHeight: number
-  inWidth: number
-  inChannels: number
-  outHeight: number
-  outWidth: number
-  outChannels: number
-  filterHeight: number
-  filterWidth: number
-  strideHeight: number
-  strideWidth: number
-  dilationHeight: number
-  dilationWidth: number
-  padInfo: { top: number; left: number }
-  dataFormat: string
-}
+/**
+ * tfjs's own shape arithmetic for a channels-last 2-D convolution (the filter and input gradients
+ * have no dilations attribute: 1). `depthwise` reads the filter as [fh, fw, inC, multiplier].
+ */
+const convInfo = (tf: Tf, xShape: number[], filterShape: number[], attrs: Record<string, unknown>, depthwise: boolean) =>
+  tf.backend_util.computeConv2DInfo(
+    xShape as [number, number, number, number],
+    filterShape as [number, number, number, number],
+    attrs.strides as [number, number] | number,
+    (attrs.dilations ?? 1) as [number, number] | number,
+    attrs.pad as "same",
+    attrs.dimRoundingMode as "floor" | undefined,
+    depthwise,
+    "channelsLast"
+  )
 
 /** Whether a kernel call's data is laid out as the fast paths expect (NHWC). */
 export const channelsLast = (attrs: Record<string, unknown>): boolean => {
@@ -38,16 +36,7 @@ export const channelsLast = (attrs: Record<string, unknown>): boolean => {
 export const conv2dBackpropFilter = (tf: Tf, { inputs, backend, attrs }: KernelArgs): TensorInfo => {
   const { x, dy } = inputs
   const filterShape = attrs.filterShape as [number, number, number, number]
-  const info = tf.backend_util.computeConv2DInfo(
-    x.shape as [number, number, number, number],
-    filterShape,
-    attrs.strides as [number, number] | number,
-    1,
-    attrs.pad as "same",
-    attrs.dimRoundingMode as "floor" | undefined,
-    false,
-    "channelsLast"
-  ) as unknown as ConvInfo
+  const info = convInfo(tf, x.shape, filterShape, attrs, false)
   const { batchSize: N, inHeight: H, inWidth: W, inChannels: C, outHeight: OH, outWidth: OW, outChannels: O } = info
   const { filterHeight: FH, filterWidth: FW, strideHeight: SH, strideWidth: SW } = info
   const top = info.padInfo.top
@@ -121,23 +110,11 @@ export const conv2dBackpropFilter = (tf: Tf, { inputs, backend, attrs }: KernelA
   }
 }
 
-const depthwiseInfo = (tf: Tf, xShape: number[], filterShape: number[], attrs: Record<string, unknown>): ConvInfo =>
-  tf.backend_util.computeConv2DInfo(
-    xShape as [number, number, number, number],
-    filterShape as [number, number, number, number],
-    attrs.strides as [number, number] | number,
-    (attrs.dilations ?? 1) as [number, number] | number,
-    attrs.pad as "same",
-    attrs.dimRoundingMode as "floor" | undefined,
-    true,
-    "channelsLast"
-  ) as unknown as ConvInfo
-
 /** dW[fh, fw, c, q] = Σ_{b, oh, ow} x[b, ih, iw, c] · dy[b, oh, ow, c·Q + q]. */
 export const depthwiseBackpropFilter = (tf: Tf, { inputs, backend, attrs }: KernelArgs): TensorInfo => {
   const { x, dy } = inputs
   const filterShape = attrs.filterShape as number[]
-  const info = depthwiseInfo(tf, x.shape, filterShape, attrs)
+  const info = convInfo(tf, x.shape, filterShape, attrs, true)
   const { batchSize: N, inHeight: H, inWidth: W, inChannels: C, outHeight: OH, outWidth: OW, outChannels: OC } = info
   const { filterHeight: FH, filterWidth: FW, strideHeight: SH, strideWidth: SW, dilationHeight: DH, dilationWidth: DW } = info
   const Q = OC / C
@@ -176,7 +153,7 @@ export const depthwiseBackpropFilter = (tf: Tf, { inputs, backend, attrs }: Kern
 export const depthwiseBackpropInput = (tf: Tf, { inputs, backend, attrs }: KernelArgs): TensorInfo => {
   const { dy, filter } = inputs
   const inputShape = attrs.inputShape as number[]
-  const info = depthwiseInfo(tf, inputShape, filter.shape, attrs)
+  const info = convInfo(tf, inputShape, filter.shape, attrs, true)
   const { batchSize: N, inHeight: H, inWidth: W, inChannels: C, outHeight: OH, outWidth: OW, outChannels: OC } = info
   const { filterHeight: FH, filterWidth: FW, strideHeight: SH, strideWidth: SW, dilationHeight: DH, dilationWidth: DW } = info
   const Q = OC / C
@@ -220,16 +197,7 @@ export const depthwiseBackpropInput = (tf: Tf, { inputs, backend, attrs }: Kerne
 export const conv2dBackpropInput = (tf: Tf, { inputs, backend, attrs }: KernelArgs): TensorInfo => {
   const { dy, filter } = inputs
   const inputShape = attrs.inputShape as [number, number, number, number]
-  const info = tf.backend_util.computeConv2DInfo(
-    inputShape,
-    filter.shape as [number, number, number, number],
-    attrs.strides as [number, number] | number,
-    1,
-    attrs.pad as "same",
-    attrs.dimRoundingMode as "floor" | undefined,
-    false,
-    "channelsLast"
-  ) as unknown as ConvInfo
+  const info = convInfo(tf, inputShape, filter.shape, attrs, false)
   const { batchSize: N, inHeight: H, inWidth: W, inChannels: C, outHeight: OH, outWidth: OW, outChannels: O } = info
   const { filterHeight: FH, filterWidth: FW, strideHeight: SH, strideWidth: SW } = info
   const K = FH * FW * C

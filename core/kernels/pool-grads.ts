@@ -6,22 +6,6 @@
 import type { Tf } from "../engine.ts"
 import { floats, type KernelArgs, type TensorInfo } from "./wasm-heap.ts"
 
-type PoolInfo = {
-  batchSize: number
-  inHeight: number
-  inWidth: number
-  inChannels: number
-  outHeight: number
-  outWidth: number
-  strideHeight: number
-  strideWidth: number
-  effectiveFilterHeight: number
-  effectiveFilterWidth: number
-  dilationHeight: number
-  dilationWidth: number
-  padInfo: { top: number; left: number }
-}
-
 export const maxPoolGrad = (tf: Tf, { inputs, backend, attrs }: KernelArgs): TensorInfo => {
   const { dy, input } = inputs
   const info = tf.backend_util.computePool2DInfo(
@@ -31,7 +15,7 @@ export const maxPoolGrad = (tf: Tf, { inputs, backend, attrs }: KernelArgs): Ten
     1,
     attrs.pad as "same",
     attrs.dimRoundingMode as "floor" | undefined
-  ) as unknown as PoolInfo
+  )
   const { batchSize: N, inHeight: H, inWidth: W, inChannels: C, outHeight: OH, outWidth: OW } = info
   const { strideHeight: SH, strideWidth: SW, effectiveFilterHeight: FH, effectiveFilterWidth: FW, dilationHeight: DH, dilationWidth: DW } = info
   const out = backend.makeOutput([...input.shape], "float32")
