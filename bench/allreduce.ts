@@ -226,11 +226,20 @@ export const torchAvailable = (): boolean => {
   }
 }
 
-/** Exit code of `child` (null when it had to be killed after `timeoutMs`). */
-const exitOf = (child: ChildProcess, timeoutMs: number): Promise<number | null> =>
+/**
+ * Exit code of `child` (null when it had to be killed after `timeoutMs`). `group`: the child was
+ * spawned detached, as its process group's leader, and the kill takes the group (the processes it
+ * started itself, e.g. mp.spawn's ranks).
+ */
+export const exitOf = (child: ChildProcess, timeoutMs: number, group = false): Promise<number | null> =>
   new Promise<number | null>((resolve) => {
     const timer = setTimeout(() => {
-      child.kill("SIGKILL")
+      try {
+        if (group && child.pid !== undefined) process.kill(-child.pid, "SIGKILL")
+        else child.kill("SIGKILL")
+      } catch {
+        child.kill("SIGKILL")
+      }
       resolve(null)
     }, timeoutMs)
     child.once("exit", (c) => {

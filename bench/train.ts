@@ -12,7 +12,7 @@ import { spawn } from "node:child_process"
 import { Trainer } from "../index.ts"
 import { loadZooData, type ZooData } from "../examples/zoo/data.ts"
 import { TASK_OF, ZOO_MODELS, type ZooModel } from "../examples/zoo/models.ts"
-import { torchAvailable } from "./allreduce.ts"
+import { exitOf, torchAvailable } from "./allreduce.ts"
 import { optionReader } from "./args.ts"
 
 const LOOP = { module: new URL("../examples/zoo/train.ts", import.meta.url).href, export: "zooLoop" }
@@ -47,22 +47,25 @@ const runGradwire = async (model: ZooModel, data: ZooData, p: number, batch: num
   return { samplesPerSec: own * p, ...(rows.length > 0 ? { split: { compute: col(1), comm: col(2), apply: col(3), wait: col(4) } } : {}) }
 }
 
+/** The last `keep` characters a stream printed. */
+const tailOf = (stream: NodeJS.ReadableStream | null, keep = 2000): (() => string) => {
+  let text = ""
+  stream?.on("data", (d: Buffer) => void (text = (text + d.toString()).slice(-keep)))
+  return () => text
+}
+
+const lastLine = (text: string): string => text.trim().split("\n").at(-1) ?? ""
+
 /** The same steps in plain tfjs in a child process (bench/zoo-plain.ts): gradwire's own overhead at p = 1. */
-const runPlain = (model: ZooModel, batch: number, warmup: number, steps: number): Promise<number | string> =>
-  new Promise((resolve) => {
-    const child = spawn(process.execPath, [new URL("./zoo-plain.ts", import.meta.url).pathname, model, String(batch), String(warmup), String(steps)], { stdio: ["ignore", "pipe", "pipe"] })
-    let out = ""
-    let err = ""
-    child.stdout.on("data", (d: Buffer) => void (out += d.toString()))
-    child.stderr.on("data", (d: Buffer) => void (err = (err + d.toString()).slice(-2000)))
-    const timer = setTimeout(() => child.kill("SIGKILL"), 240_000)
-    child.on("exit", (code) => {
-      clearTimeout(timer)
-      const line = out.trim().split("\n").at(-1) ?? ""
-      if (code === 0 && line.startsWith("{")) resolve((JSON.parse(line) as { samplesPerSec: number }).samplesPerSec)
-      else resolve(`plain tfjs failed (exit ${code}): ${err.trim().split("\n").slice(-1)[0] ?? ""}`)
-    })
-  })
+const runPlain = async (model: ZooModel, batch: number, warmup: number, steps: number): Promise<number | string> => {
+  const child = spawn(process.execPath, [new URL("./zoo-plain.ts", import.meta.url).pathname, model, String(batch), String(warmup), String(steps)], { stdio: ["ignore", "pipe", "pipe"] })
+  const out = tailOf(child.stdout)
+  const err = tailOf(child.stderr)
+  const code = await exitOf(child, 240_000)
+  const line = lastLine(out())
+  if (code === 0 && line.startsWith("{")) return (JSON.parse(line) as { samplesPerSec: number }).samplesPerSec
+  return `plain tfjs failed (exit ${code}): ${lastLine(err())}`
+}
 
 /** torch's run, tried a second time (on another port) when the first fails or hangs. */
 const runTorch = async (model: ZooModel, prefix: string, p: number, batch: number, warmup: number, steps: number, expectedMs: number): Promise<Figures | string> => {
@@ -70,30 +73,18 @@ const runTorch = async (model: ZooModel, prefix: string, p: number, batch: numbe
   return typeof first === "string" ? runTorchOnce(model, prefix, p, batch, warmup, steps, expectedMs) : first
 }
 
-const runTorchOnce = (model: ZooModel, prefix: string, p: number, batch: number, warmup: number, steps: number, expectedMs: number): Promise<Figures | string> =>
-  new Promise((resolve) => {
-    const out = `${prefix}.torch-${p}.json`
-    fs.rmSync(out, { force: true })
-    const port = 29000 + Math.floor(Math.random() * 2000)
-    const child = spawn("/usr/bin/python3", [TORCH_SCRIPT, model, String(p), prefix, String(batch), String(warmup), String(steps), String(port), out], { stdio: ["ignore", "ignore", "pipe"], detached: true })
-    let err = ""
-    child.stderr.on("data", (d: Buffer) => void (err = (err + d.toString()).slice(-2000)))
-    // Bounded: a run far past gradwire's time for the same steps is taken for hung and killed,
-    // with its children (the ranks mp.spawn started).
-    const child2 = child
-    const timer = setTimeout(() => {
-      try {
-        process.kill(-child2.pid!, "SIGKILL")
-      } catch {
-        child2.kill("SIGKILL")
-      }
-    }, Math.max(60_000, 5 * expectedMs))
-    child.on("exit", (code) => {
-      clearTimeout(timer)
-      if (code === 0 && fs.existsSync(out)) resolve(JSON.parse(fs.readFileSync(out, "utf8")) as Figures)
-      else resolve(`torch failed (${code === null ? "hung: killed" : `exit ${code}`}): ${err.trim().split("\n").slice(-1)[0] ?? ""}`)
-    })
-  })
+const runTorchOnce = async (model: ZooModel, prefix: string, p: number, batch: number, warmup: number, steps: number, expectedMs: number): Promise<Figures | string> => {
+  const out = `${prefix}.torch-${p}.json`
+  fs.rmSync(out, { force: true })
+  const port = 29000 + Math.floor(Math.random() * 2000)
+  const child = spawn("/usr/bin/python3", [TORCH_SCRIPT, model, String(p), prefix, String(batch), String(warmup), String(steps), String(port), out], { stdio: ["ignore", "ignore", "pipe"], detached: true })
+  const err = tailOf(child.stderr)
+  // Bounded: a run far past gradwire's time for the same steps is taken for hung and killed, with
+  // its process group (the ranks mp.spawn started).
+  const code = await exitOf(child, Math.max(60_000, 5 * expectedMs), true)
+  if (code === 0 && fs.existsSync(out)) return JSON.parse(fs.readFileSync(out, "utf8")) as Figures
+  return `torch failed (${code === null ? "hung: killed" : `exit ${code}`}): ${lastLine(err())}`
+}
 
 export const run = async (argv: ReadonlyArray<string>): Promise<void> => {
   const opt = optionReader(argv)
