@@ -43,17 +43,21 @@ const modelWith = (middle: import("@tensorflow/tfjs").layers.Layer) => {
   return m
 }
 
+/** The UnsupportedKernel the dry step of `model` throws (the test fails if it throws anything else, or nothing). */
+const refusal = (model: import("@tensorflow/tfjs").LayersModel): UnsupportedKernel => {
+  let err: unknown
+  try {
+    dryStep(tf, model, "wasm")
+  } catch (e) {
+    err = e
+  }
+  expect(err).toBeInstanceOf(UnsupportedKernel)
+  return err as UnsupportedKernel
+}
+
 describe("prepareModel's dry step", () => {
   it("names a forward kernel no backend has, and the layer that needs it", () => {
-    const model = modelWith(kernelLayer("GradwireTestNoSuchKernel", "mystery"))
-    let err: unknown
-    try {
-      dryStep(tf, model, "wasm")
-    } catch (e) {
-      err = e
-    }
-    expect(err).toBeInstanceOf(UnsupportedKernel)
-    const u = err as UnsupportedKernel
+    const u = refusal(modelWith(kernelLayer("GradwireTestNoSuchKernel", "mystery")))
     expect(u.kernel).toBe("GradwireTestNoSuchKernel")
     expect(u.layer).toBe("mystery")
     expect(u.tried).toContain("the cpu-backend fallback")
@@ -61,17 +65,10 @@ describe("prepareModel's dry step", () => {
   })
 
   it("names a kernel without a gradient, found in the backward pass, and its layer", () => {
-    const model = modelWith(kernelLayer("GradwireTestNoGradient", "opaque"))
-    let err: unknown
-    try {
-      dryStep(tf, model, "wasm")
-    } catch (e) {
-      err = e
-    }
-    expect(err).toBeInstanceOf(UnsupportedKernel)
-    expect((err as UnsupportedKernel).kernel).toBe("GradwireTestNoGradient")
-    expect((err as UnsupportedKernel).layer).toBe("opaque")
-    expect((err as UnsupportedKernel).reason).toMatch(/no gradient/)
+    const u = refusal(modelWith(kernelLayer("GradwireTestNoGradient", "opaque")))
+    expect(u.kernel).toBe("GradwireTestNoGradient")
+    expect(u.layer).toBe("opaque")
+    expect(u.reason).toMatch(/no gradient/)
   })
 
   it("passes a CNN with batch norm and leaves every weight and statistic as it was", () => {
