@@ -11,7 +11,7 @@ import * as path from "node:path"
 import { spawn } from "node:child_process"
 import { Trainer } from "../index.ts"
 import { loadZooData, type ZooData } from "../examples/zoo/data.ts"
-import { TASK_OF, ZOO_MODELS, type ZooModel } from "../examples/zoo/models.ts"
+import { readsTokens, TASK_OF, ZOO_MODELS, type ZooModel } from "../examples/zoo/models.ts"
 import { exitOf, torchAvailable } from "./allreduce.ts"
 import { optionReader } from "./args.ts"
 
@@ -107,7 +107,7 @@ export const run = async (argv: ReadonlyArray<string>): Promise<void> => {
       const prefix = path.join(storage, model)
       fs.writeFileSync(`${prefix}.x`, data.train.x)
       fs.writeFileSync(`${prefix}.y`, Int32Array.from(data.train.y))
-      fs.writeFileSync(`${prefix}.json`, JSON.stringify({ rows: data.train.size, int: TASK_OF[model] === "pos" || TASK_OF[model] === "tokens", ...(data.text ?? {}) }))
+      fs.writeFileSync(`${prefix}.json`, JSON.stringify({ rows: data.train.size, int: readsTokens(model), ...(data.text ?? {}) }))
       for (const p of ps) {
         // Steps per rank for about `seconds` s, with p ranks sharing the machine's cores.
         const steps = Math.max(20, Math.round((seconds * 1000) / (GUESS_MS[model] * Math.max(1, p / os.cpus().length))))

@@ -32,6 +32,9 @@ export const TASK_OF: Record<ZooModel, ZooTask> = {
   lstm: "pos"
 }
 
+/** Whether the model reads token ids (int32 input) rather than pixel values. */
+export const readsTokens = (model: ZooModel): boolean => TASK_OF[model] === "pos" || TASK_OF[model] === "tokens"
+
 /** Sizes of the tagging task the text models are built for. */
 export interface TextShape {
   readonly vocab: number

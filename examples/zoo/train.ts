@@ -3,9 +3,9 @@
 // it reports the training loss, the held-out accuracy (per word for the tagging task) and this
 // rank's samples/s. With `bench` it instead times a fixed number of steps after a warm-up and
 // reports samples/s only (bench/train.ts).
-import type { TrainContext } from "../../index.ts"
+import type { ArrayDataset, TrainContext, Tf } from "../../index.ts"
 import { weightsHash } from "../digits/model.ts"
-import { buildZooModel, TASK_OF, type TextShape, type ZooModel } from "./models.ts"
+import { buildZooModel, readsTokens, type TextShape, type ZooModel } from "./models.ts"
 
 export interface ZooConfig {
   readonly model: ZooModel
@@ -26,35 +26,45 @@ const DEFAULT_LR: Partial<Record<ZooModel, number>> = { embedding: 0.01 }
 type Tensor = import("@tensorflow/tfjs").Tensor
 type Scalar = import("@tensorflow/tfjs").Scalar
 
-export async function zooLoop(config: ZooConfig, ctx: TrainContext): Promise<void> {
-  const tf = ctx.tf
-  const batch = config.batchSize ?? 32
-  const text = TASK_OF[config.model] === "pos" || TASK_OF[config.model] === "tokens"
-  const train = await ctx.getDatasetShard("train")
-  const test = await ctx.getDataset("test")
-  const classes = config.text?.tags ?? 10
-  const model = buildZooModel(tf, config.model, config.text)
-  // Softmax cross-entropy on the logits (per word for the tagging task), as torch's CrossEntropyLoss.
-  const loss = (y: Tensor, logits: Tensor): Scalar =>
+/** Softmax cross-entropy on the logits (per word for the tagging task), as torch's CrossEntropyLoss. */
+export const zooLoss =
+  (tf: Tf, classes: number) =>
+  (y: Tensor, logits: Tensor): Scalar =>
     tf.losses.softmaxCrossEntropy(tf.oneHot(y.reshape([-1]).toInt(), classes), logits.reshape([-1, classes])) as Scalar
-  const dp = await ctx.prepareModel(model, { optimizer: tf.train.adam(config.learningRate ?? DEFAULT_LR[config.model] ?? 0.003), loss })
-  if (ctx.worldRank === 0) console.log(`${config.model}: ${dp.parameterCount} parameters, backend ${ctx.backend}, ${ctx.worldSize} worker(s), batch ${batch} per worker`)
 
-  const { dataset } = train
+/**
+ * `batchOf(rows, from)`: the batch of `dataset`'s rows `rows[from .. from + batch)` as tensors (token
+ * ids as int32 when `tokens`), built in two reused buffers.
+ */
+export const zooBatcher = (tf: Tf, dataset: ArrayDataset, batch: number, tokens: boolean) => {
   const width = dataset.featureShape.reduce((a, b) => a * b, 1)
   const perLabel = (dataset.labelShape ?? []).reduce((a, b) => a * b, 1)
   const xBuf = new Float32Array(batch * width)
   const yBuf = new Int32Array(batch * perLabel)
-  /** The batch of rows `rows[from .. from + batch)`, as tensors (token ids as int32). */
-  const batchOf = (rows: Int32Array, from: number): [Tensor, Tensor] => {
+  return (rows: ArrayLike<number>, from: number): [Tensor, Tensor] => {
     for (let i = 0; i < batch; i++) {
       const r = rows[from + i]!
       xBuf.set(dataset.x.subarray(r * width, (r + 1) * width), i * width)
       for (let k = 0; k < perLabel; k++) yBuf[i * perLabel + k] = dataset.y[r * perLabel + k]!
     }
-    const x = text ? tf.tensor(Int32Array.from(xBuf), [batch, ...dataset.featureShape], "int32") : tf.tensor(xBuf, [batch, ...dataset.featureShape])
+    const x = tokens ? tf.tensor(Int32Array.from(xBuf), [batch, ...dataset.featureShape], "int32") : tf.tensor(xBuf, [batch, ...dataset.featureShape])
     return [x, tf.tensor(yBuf, perLabel > 1 ? [batch, perLabel] : [batch], "int32")]
   }
+}
+
+export async function zooLoop(config: ZooConfig, ctx: TrainContext): Promise<void> {
+  const tf = ctx.tf
+  const batch = config.batchSize ?? 32
+  const text = readsTokens(config.model)
+  const train = await ctx.getDatasetShard("train")
+  const test = await ctx.getDataset("test")
+  const classes = config.text?.tags ?? 10
+  const model = buildZooModel(tf, config.model, config.text)
+  const dp = await ctx.prepareModel(model, { optimizer: tf.train.adam(config.learningRate ?? DEFAULT_LR[config.model] ?? 0.003), loss: zooLoss(tf, classes) })
+  if (ctx.worldRank === 0) console.log(`${config.model}: ${dp.parameterCount} parameters, backend ${ctx.backend}, ${ctx.worldSize} worker(s), batch ${batch} per worker`)
+
+  const perLabel = (train.dataset.labelShape ?? []).reduce((a, b) => a * b, 1)
+  const batchOf = zooBatcher(tf, train.dataset, batch, text)
 
   if (config.bench) {
     const { steps, warmup } = config.bench
