@@ -32,6 +32,9 @@ beforeAll(async () => {
   ncB = await rig.connect(url)
   a = new ActorSystem({ nc: ncA, cluster: "t", job: "j", log: silentLogger })
   b = new ActorSystem({ nc: ncB, cluster: "t", job: "j", log: silentLogger })
+  // The watcher's subscriptions reach the server before any test stops an actor: a stop notice
+  // published earlier is lost, and the watch would end by silence instead.
+  await b.watcherReady()
   rig.onCleanup(() => {
     a.close()
     b.close()

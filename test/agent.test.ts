@@ -97,6 +97,7 @@ describe("node agent", () => {
     const owner = new ActorSystem({ nc: ownerConn, cluster: "test", job, heartbeatMs: 100, log: silentLogger })
     const watcher = new ActorSystem({ nc, cluster: "test", job, log: silentLogger })
     rig.onCleanup(() => watcher.close())
+    await watcher.watcherReady()
     const s = await spawnActor(owner, { node: "n1", name: "w", module: FIXTURES, export: "echoActor", ownerTimeoutMs: 800 })
     const down = watcher.watchPromise("w", { instance: s.instance, deadAfterMs: 10_000 })
     // The driver vanishes without a word.
