@@ -143,6 +143,19 @@ export const vulkanDriverFiles: Setting<string> = {
   read: () => raw("VK_DRIVER_FILES") ?? ""
 }
 
+/**
+ * Whether a node's probe and the webgpu engine accept a software WebGPU adapter (SwiftShader,
+ * lavapipe): "1" for CI and tests of the GPU code path on a machine without a GPU. Off by default.
+ */
+export const webgpuSoftware: Setting<boolean> = {
+  name: "GRADWIRE_WEBGPU_SOFTWARE",
+  default: "0",
+  description:
+    "1: the webgpu backend accepts a software adapter (SwiftShader) and an agent without a GPU advertises it as one software GPU, " +
+    "so useGpu webgpu workers run the GPU code path in CI (slowly; never chosen for speed)",
+  read: () => raw("GRADWIRE_WEBGPU_SOFTWARE") === "1"
+}
+
 /** Every variable gradwire reads, in the README's order. */
 export const SETTINGS: ReadonlyArray<Setting<unknown>> = [
   logLevel,
@@ -153,6 +166,7 @@ export const SETTINGS: ReadonlyArray<Setting<unknown>> = [
   simd,
   natsReadPool,
   directHost,
+  webgpuSoftware,
   natsServerBin,
   ci,
   searchPath,

@@ -3,6 +3,7 @@
 // @tensorflow/tfjs-backend-webgpu looks (it registers itself only if navigator.gpu exists when it
 // is imported). Dawn can block inside a broken driver, so every request to it has a deadline. A
 // machine without a GPU or a Vulkan driver gets no adapter: that is an answer, not an error.
+import { webgpuSoftware } from "./settings.ts"
 
 /** The packages the "webgpu" backend needs (both optional peers of gradwire). */
 export const WEBGPU_PACKAGES = ["webgpu", "@tensorflow/tfjs-backend-webgpu"] as const
@@ -17,15 +18,19 @@ export interface WebGpuAdapterInfo {
   readonly maxBufferSize: number
   /** Largest storage buffer one binding may see, in bytes: bounds a tensor tfjs can work on. */
   readonly maxStorageBufferBindingSize: number
+  /** A software rasterizer (SwiftShader, lavapipe), not a GPU: accepted only with GRADWIRE_WEBGPU_SOFTWARE=1. */
+  readonly software?: boolean
 }
 
 export type WebGpuAdapterResult =
   | { readonly ok: true; readonly adapter: WebGpuAdapterInfo }
-  | { readonly ok: false; readonly reason: string }
+  /** `adapter`: the one found and refused (a software adapter without the opt-in). */
+  | { readonly ok: false; readonly reason: string; readonly adapter?: WebGpuAdapterInfo }
 
 // The few WebGPU shapes used here; the package's own types are a global lib we do not load.
 interface GpuAdapterLike {
-  readonly info?: Partial<Record<"vendor" | "architecture" | "device" | "description", string>>
+  readonly info?: Partial<Record<"vendor" | "architecture" | "device" | "description", string>> & { readonly isFallbackAdapter?: boolean }
+  readonly isFallbackAdapter?: boolean
   readonly limits: { readonly maxBufferSize: number; readonly maxStorageBufferBindingSize: number }
 }
 interface GpuLike {
@@ -66,14 +71,37 @@ export const installWebGpu = async (): Promise<GpuLike> => {
   return gpu
 }
 
-const describeAdapter = (a: GpuAdapterLike): WebGpuAdapterInfo => ({
-  vendor: a.info?.vendor ?? "",
-  architecture: a.info?.architecture ?? "",
-  device: a.info?.device ?? "",
-  description: a.info?.description ?? "",
-  maxBufferSize: a.limits.maxBufferSize,
-  maxStorageBufferBindingSize: a.limits.maxStorageBufferBindingSize
-})
+// The CPU rasterizers Vulkan drivers and Dawn offer in place of a GPU.
+const SOFTWARE_RENDERERS = /swiftshader|llvmpipe|lavapipe|softpipe|microsoft basic render/i
+
+/** Whether an adapter is a software rasterizer rather than a GPU. Pure. */
+export const isSoftwareAdapter = (a: Pick<WebGpuAdapterInfo, "vendor" | "architecture" | "device" | "description">, fallback = false): boolean =>
+  fallback || SOFTWARE_RENDERERS.test([a.vendor, a.architecture, a.device, a.description].join(" "))
+
+const describeAdapter = (a: GpuAdapterLike): WebGpuAdapterInfo => {
+  const info = {
+    vendor: a.info?.vendor ?? "",
+    architecture: a.info?.architecture ?? "",
+    device: a.info?.device ?? "",
+    description: a.info?.description ?? ""
+  }
+  const software = isSoftwareAdapter(info, a.info?.isFallbackAdapter === true || a.isFallbackAdapter === true)
+  return {
+    ...info,
+    maxBufferSize: a.limits.maxBufferSize,
+    maxStorageBufferBindingSize: a.limits.maxStorageBufferBindingSize,
+    ...(software ? { software } : {})
+  }
+}
+
+/** The adapter's name for messages: "SwiftShader driver 5.0.0", else vendor and architecture. */
+export const adapterName = (a: WebGpuAdapterInfo): string =>
+  a.description || [a.vendor, a.architecture].filter(Boolean).join(" ") || "an unnamed adapter"
+
+/** Why a software adapter is refused, and how to accept it for tests. */
+export const softwareRefused = (a: WebGpuAdapterInfo): string =>
+  `the only WebGPU adapter is ${adapterName(a)}, a software rasterizer, not a GPU ` +
+  "(set GRADWIRE_WEBGPU_SOFTWARE=1 on the node to run the webgpu path on it for testing)"
 
 /** Reason text of the "no adapter" answer; the probe adds what Dawn printed about why. */
 export const NO_ADAPTER = "no WebGPU adapter (Dawn found no GPU with a driver it can use)"
@@ -82,7 +110,7 @@ export const NO_ADAPTER = "no WebGPU adapter (Dawn found no GPU with a driver it
  * Loads Dawn and asks it for the high-performance adapter, tfjs's choice too. Never throws: a
  * package that does not load, no adapter, and a request past `timeoutMs` each come back as a reason.
  */
-export const requestWebGpuAdapter = async (timeoutMs = 10_000): Promise<WebGpuAdapterResult> => {
+export const requestWebGpuAdapter = async (timeoutMs = 10_000, allowSoftware = webgpuSoftware.read()): Promise<WebGpuAdapterResult> => {
   let gpu: GpuLike
   try {
     gpu = await installWebGpu()
@@ -91,7 +119,10 @@ export const requestWebGpuAdapter = async (timeoutMs = 10_000): Promise<WebGpuAd
   }
   try {
     const adapter = await withinDeadline(gpu.requestAdapter({ powerPreference: "high-performance" }), timeoutMs, "Dawn's requestAdapter")
-    return adapter === null ? { ok: false, reason: NO_ADAPTER } : { ok: true, adapter: describeAdapter(adapter) }
+    if (adapter === null) return { ok: false, reason: NO_ADAPTER }
+    const info = describeAdapter(adapter)
+    if (info.software && !allowSoftware) return { ok: false, reason: softwareRefused(info), adapter: info }
+    return { ok: true, adapter: info }
   } catch (e) {
     return { ok: false, reason: firstLine(e) }
   }

@@ -9,7 +9,9 @@ import type { NodeResources } from "./resources.ts"
 export const GpuInfoSchema = Schema.Struct({
   index: Schema.Number,
   name: Schema.String,
-  memoryMiB: Schema.Number
+  memoryMiB: Schema.Number,
+  /** A software WebGPU adapter standing in for a GPU (GRADWIRE_WEBGPU_SOFTWARE=1): tests only. */
+  software: Schema.optional(Schema.Boolean)
 })
 
 /** The WebGPU adapter a node's probe found (core/webgpu.ts WebGpuAdapterInfo). */
@@ -19,7 +21,8 @@ export const WebGpuAdapterSchema = Schema.Struct({
   device: Schema.String,
   description: Schema.String,
   maxBufferSize: Schema.Number,
-  maxStorageBufferBindingSize: Schema.Number
+  maxStorageBufferBindingSize: Schema.Number,
+  software: Schema.optional(Schema.Boolean)
 })
 export type WebGpuAdapter = typeof WebGpuAdapterSchema.Type
 

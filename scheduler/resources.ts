@@ -11,6 +11,8 @@ export interface GpuInfo {
   readonly index: number
   readonly name: string
   readonly memoryMiB: number
+  /** A software WebGPU adapter standing in for a GPU (GRADWIRE_WEBGPU_SOFTWARE=1): tests only. */
+  readonly software?: boolean
 }
 
 /** Resources already taken on a node (by other jobs, or by the node's own advertisement). */

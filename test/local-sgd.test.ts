@@ -236,10 +236,10 @@ describe("the outer loop's bookkeeping (LocalSgd, two ranks in one process)", ()
       (p) =>
         new LocalSgd(settings, {
           layout: l,
-          readParams: () => p.slice(),
+          readParams: async () => p.slice(),
           writeParams: (flat) => p.set(flat),
           reduce: (buf, _layout, weight) => reduce(buf, weight)
-        })
+        }, p.slice())
     )
     return { params, ranks }
   }

@@ -30,7 +30,7 @@ import { DEFAULT_HEARTBEAT_MS } from "../runtime/heartbeat.ts"
 import { settleWithin } from "../runtime/deadline.ts"
 import { encodeHostSpec } from "./host-spec.ts"
 import { stderrLogger, type ActorLogger } from "../runtime/log.ts"
-import { probeBackends, probeHardware, type BackendName, type GpuInfo, type NodeHardware } from "./node-probe.ts"
+import { probeBackends, probeHardware, softwareGpus, type BackendName, type GpuInfo, type NodeHardware } from "./node-probe.ts"
 import type { WebGpuAdapterInfo } from "../../core/webgpu.ts"
 import { ActorSystem } from "../runtime/system.ts"
 
@@ -76,6 +76,10 @@ export interface AgentOptions {
   readonly custom?: Readonly<Record<string, number>>
   /** Skip the probe and advertise these backends. */
   readonly backends?: ReadonlyArray<BackendName>
+  /** With `backends`: the WebGPU adapter found (a software one becomes the node's GPUs, see softwareGpus). */
+  readonly webgpu?: WebGpuAdapterInfo
+  /** How many GPUs a software adapter counts as (default 1; the embedded cluster sizes it to the job). */
+  readonly softwareGpuCount?: number
   /** Where the backend probe result is cached. */
   readonly stateDir?: string
   readonly heartbeatMs?: number
@@ -186,6 +190,8 @@ export class NodeAgent {
     this.#gpus = limitGpus(hw.gpus, this.#options.numGpus)
     if (this.#options.backends) {
       this.#backends = [...this.#options.backends]
+      this.#webgpu = this.#options.webgpu
+      this.#gpus = limitGpus(softwareGpus(hw.gpus, this.#backends, this.#webgpu, this.#options.softwareGpuCount), this.#options.numGpus)
       this.#backendsProbed = true
     } else {
       // In the background: the agent serves at once and advertises the backends when known.
@@ -194,6 +200,7 @@ export class NodeAgent {
           this.#backends = r.backends
           this.#backendErrors = { ...r.errors }
           this.#webgpu = r.webgpu
+          this.#gpus = limitGpus(softwareGpus(hw.gpus, r.backends, r.webgpu, this.#options.softwareGpuCount), this.#options.numGpus)
           this.#backendsProbed = true
           this.#advertise()
         }

@@ -10,8 +10,8 @@ const tryBackend = async (backend: string): Promise<void> => {
     let tf: typeof import("@tensorflow/tfjs")
     if (backend === "webgpu") {
       const found = await requestWebGpuAdapter()
-      if (!found.ok) throw new Error(found.reason)
       adapter = found.adapter
+      if (!found.ok) throw new Error(found.reason)
       tf = await import("@tensorflow/tfjs")
       await import("@tensorflow/tfjs-backend-webgpu" as string)
     } else if (backend === "tensorflow-gpu") tf = (await import("@tensorflow/tfjs-node-gpu" as string)) as typeof import("@tensorflow/tfjs")

@@ -128,7 +128,6 @@ const fmtSeconds = (ms: number): string => `${(ms / 1000).toFixed(1)} s`
 
 const times = (n: number): string => `${n} time${n === 1 ? "" : "s"}`
 
-/** The lines under the table: supervised servers that restarted, agents that lost NATS. */
 /** One line per node whose probe found a WebGPU adapter: what it is and its buffer limits. */
 export const adapterLines = (nodes: ReadonlyArray<NodeReport>): string[] =>
   nodes.flatMap((n) => {
@@ -137,10 +136,12 @@ export const adapterLines = (nodes: ReadonlyArray<NodeReport>): string[] =>
     const what = [a.vendor, a.architecture, a.device].filter(Boolean).join(" ")
     return [
       `webgpu adapter of ${n.nodeId}: ${a.description || what || "unnamed"}${a.description && what ? ` (${what})` : ""}, ` +
-        `max buffer ${formatBytes(a.maxBufferSize)}, max storage binding ${formatBytes(a.maxStorageBufferBindingSize)}`
+        `max buffer ${formatBytes(a.maxBufferSize)}, max storage binding ${formatBytes(a.maxStorageBufferBindingSize)}` +
+        (a.software ? ", software rasterizer (not a GPU)" : "")
     ]
   })
 
+/** The lines under the table: supervised servers that restarted, agents that lost NATS. */
 export const incidentLines = (nodes: ReadonlyArray<NodeReport>): string[] => {
   const out: string[] = []
   for (const n of nodes) {

@@ -11,13 +11,15 @@ import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { fileURLToPath } from "node:url"
-import { vulkanDriverFiles, vulkanIcdFilenames } from "../../core/settings.ts"
-import { NO_ADAPTER, WEBGPU_PACKAGES, type WebGpuAdapterInfo } from "../../core/webgpu.ts"
+import { vulkanDriverFiles, vulkanIcdFilenames, webgpuSoftware } from "../../core/settings.ts"
+import { NO_ADAPTER, WEBGPU_PACKAGES, adapterName, type WebGpuAdapterInfo } from "../../core/webgpu.ts"
 
 export interface GpuInfo {
   readonly index: number
   readonly name: string
   readonly memoryMiB: number
+  /** A software WebGPU adapter standing in for a GPU (GRADWIRE_WEBGPU_SOFTWARE=1): tests only. */
+  readonly software?: boolean
 }
 
 export type BackendName = "tensorflow-gpu" | "webgpu" | "tensorflow" | "wasm" | "cpu"
@@ -183,7 +185,8 @@ const cacheKey = (gpus: ReadonlyArray<GpuInfo>): string =>
     os.arch(),
     ...["@tensorflow/tfjs", "@tensorflow/tfjs-backend-wasm", "@tensorflow/tfjs-node", "@tensorflow/tfjs-node-gpu", ...WEBGPU_PACKAGES].map((p) => `${p}@${versionOf(p)}`),
     `gpus=${gpus.length}`,
-    `vulkan=${vulkanDrivers()}`
+    `vulkan=${vulkanDrivers()}`,
+    `software=${webgpuSoftware.read()}`
   ].join("|")
 
 /** Which tfjs backends load on this node (cached). Never throws. */
@@ -237,6 +240,22 @@ export const probeBackends = async (options: ProbeBackendsOptions): Promise<Back
   }
   return result
 }
+
+/**
+ * A node's GPUs to hand out: nvidia-smi's, or, where it lists none and webgpu loaded on a software
+ * adapter (possible only with GRADWIRE_WEBGPU_SOFTWARE=1), that adapter as `count` GPUs marked
+ * software (it runs on the CPU, so it can be shared), so useGpu webgpu workers can run the GPU
+ * code path in tests. Pure.
+ */
+export const softwareGpus = (
+  gpus: ReadonlyArray<GpuInfo>,
+  backends: ReadonlyArray<string>,
+  webgpu: WebGpuAdapterInfo | undefined,
+  count = 1
+): GpuInfo[] =>
+  gpus.length === 0 && webgpu?.software === true && backends.includes("webgpu")
+    ? Array.from({ length: Math.max(1, count) }, (_, index) => ({ index, name: `${adapterName(webgpu)} (software)`, memoryMiB: 0, software: true }))
+    : [...gpus]
 
 export interface NodeHardware {
   readonly hostname: string

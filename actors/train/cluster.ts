@@ -7,6 +7,8 @@ import { EMBEDDED_MAX_PAYLOAD_BYTES } from "../../core/defaults.ts"
 import { launchNatsServer, type NatsServerProcess } from "../../core/nats-server.ts"
 import { superviseNatsServer, type NatsSupervision, type NatsSupervisionEvents } from "../../core/nats-supervisor.ts"
 import { resolvable } from "../../core/engine.ts"
+import { webgpuSoftware } from "../../core/settings.ts"
+import type { WebGpuAdapterInfo } from "../../core/webgpu.ts"
 import { describeConnection, openConnection, type ConnectionSpec, type OpenedConnection } from "../../core/connection-spec.ts"
 import { ClusterView, openClusterView } from "../../scheduler/cluster-view.ts"
 import { launchAgent, type NodeAgent } from "../node/agent.ts"
@@ -31,21 +33,29 @@ export interface ClusterHandle {
 
 /**
  * The embedded node's backends, from what is installed, without the agent's probe (it costs
- * seconds). webgpu alone is tried (in a child), and only for a GPU job on a machine with GPUs:
- * an installed webgpu package says nothing about an adapter.
+ * seconds). webgpu alone is tried (in a child), and only for a GPU job on a machine with GPUs, or
+ * with GRADWIRE_WEBGPU_SOFTWARE=1 (a software adapter then stands in for the GPU): an installed
+ * webgpu package says nothing about an adapter.
  */
-const localBackends = async (useGpu: boolean): Promise<BackendName[]> => {
+const localBackends = async (useGpu: boolean): Promise<{ backends: BackendName[]; webgpu?: WebGpuAdapterInfo }> => {
   const out: BackendName[] = []
+  let webgpu: WebGpuAdapterInfo | undefined
   if (resolvable("@tensorflow/tfjs-node-gpu")) out.push("tensorflow-gpu")
-  if (useGpu && (await probeGpus()).length > 0 && (await probeWebGpu()).ok) out.push("webgpu")
+  if (useGpu && ((await probeGpus()).length > 0 || webgpuSoftware.read())) {
+    const probe = await probeWebGpu()
+    if (probe.ok) {
+      out.push("webgpu")
+      webgpu = probe.adapter
+    }
+  }
   if (resolvable("@tensorflow/tfjs-node")) out.push("tensorflow")
   out.push("wasm", "cpu")
-  return out
+  return { backends: out, ...(webgpu ? { webgpu } : {}) }
 }
 
 /**
  * The embedded cluster sizes its one node to the job, the way `ray.init(num_cpus=...)` would: a
- * 2-core laptop can still run 4 CPU workers (they share the cores). GPUs are never invented.
+ * 2-core laptop can still run 4 CPU workers (they share the cores). GPUs are never invented (a software WebGPU adapter stands in only with GRADWIRE_WEBGPU_SOFTWARE=1).
  */
 export const startEmbeddedCluster = async (options: {
   readonly verbose: boolean
@@ -53,6 +63,8 @@ export const startEmbeddedCluster = async (options: {
   readonly cpusNeeded: number
   /** The job wants GPU workers (webgpu is probed for only then). */
   readonly useGpu?: boolean
+  /** GPUs the job's workers take: how many a software WebGPU adapter counts as here. */
+  readonly gpusNeeded?: number
   readonly jetstreamStoreDir?: string
   /** Exits and restarts of the embedded nats-server, which is supervised for the run's length. */
   readonly serverEvents?: NatsSupervisionEvents
@@ -78,7 +90,8 @@ export const startEmbeddedCluster = async (options: {
       cluster: "local",
       nodeId: "local",
       head: true,
-      backends: await localBackends(options.useGpu === true),
+      ...(await localBackends(options.useGpu === true)),
+      softwareGpuCount: Math.ceil(options.gpusNeeded ?? 1),
       log: verbose ? stderrLogger("agent") : silentLogger,
       ownerTimeoutMs: 5_000,
       numCpus: Math.max(os.availableParallelism(), Math.ceil(cpusNeeded)),

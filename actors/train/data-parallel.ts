@@ -459,9 +459,9 @@ export class DataParallelModel implements RecoverableModel {
     const dp = new DataParallelModel(tf, model, sync, opts, observer)
     dp.#applyElasticLearningRate()
     await dp.syncWeights()
-    dp.#loadZeroParams()
+    await dp.#loadZeroParams()
     await dp.#initServers()
-    dp.#initLocalSgd()
+    await dp.#initLocalSgd()
     return dp
   }
 
@@ -506,27 +506,19 @@ export class DataParallelModel implements RecoverableModel {
   }
 
   /** Strategy "local-sgd": the outer loop starts from the broadcast weights (its anchor). */
-  #initLocalSgd(): void {
+  async #initLocalSgd(): Promise<void> {
     const settings = this.#sync.localSgd
     // Strategy "auto" starts on the all-reduce and moves to local SGD when the link bounds training.
     if (!settings || (this.#sync.auto && this.#strategy !== "local-sgd")) return
+    const params = await this.#readFlatParams()
     this.#localSgd = new LocalSgd(settings, {
       layout: this.layout,
-      readParams: () => this.#flatParams(),
+      readParams: () => this.#readFlatParams(),
       writeParams: (flat) => this.#assignFlat(flat),
       reduce: (buf, layout, weight, round, scope) => this.#sync.reduceGradients(buf, layout as ReadonlyArray<GradientSlot>, weight, round, scope),
       observe: (name, start, end) => this.#observer?.wait?.(name, start, end),
       ...(this.#sync.wireStats ? { wireStats: () => this.#sync.wireStats!() } : {})
-    })
-  }
-
-  /** The trainable weights as one flat vector (a copy). */
-  #flatParams(): Float32Array {
-    const tf = this.#tf
-    const flatT = tf.tidy(() => tf.concat(this.#vars.map((v) => v.reshape([-1]))))
-    const flat = flatT.dataSync() as Float32Array
-    flatT.dispose()
-    return flat
+    }, params)
   }
 
   /** The trainable weights as one flat vector, read asynchronously (what a GPU backend needs). */
@@ -564,8 +556,8 @@ export class DataParallelModel implements RecoverableModel {
   }
 
   /** ZeRO: takes this rank's parameter segment from the model's weights (after a broadcast or a restore). */
-  #loadZeroParams(): void {
-    this.#zero?.loadParams(this.#flatParams())
+  async #loadZeroParams(): Promise<void> {
+    if (this.#zero) this.#zero.loadParams(await this.#readFlatParams())
   }
 
   /** The learning rate's factor under the elastic "keep-per-worker" policy (1 otherwise), or prepareModel's rule. */
@@ -911,7 +903,7 @@ export class DataParallelModel implements RecoverableModel {
     this.#syncBase = this.#step
     this.#strategy = target
     // Local SGD's outer loop starts at the weights every rank holds now.
-    if (target === "local-sgd") this.#initLocalSgd()
+    if (target === "local-sgd") await this.#initLocalSgd()
     this.#switches++
     // The new strategy's window starts after the move.
     this.#mark = { at: performance.now(), global: this.#global }
@@ -1468,7 +1460,7 @@ export class DataParallelModel implements RecoverableModel {
       // the outer loop at the restored weights.
       const outer = files[LOCAL_SGD_FILE]
       if (outer) this.#localSgd.restore(outer)
-      else this.#localSgd.resetAnchor()
+      else await this.#localSgd.resetAnchor()
     }
     if (this.#sync.auto) {
       // Strategy "auto" resumes on the all-reduce: a checkpoint taken while on the servers is
@@ -1488,7 +1480,7 @@ export class DataParallelModel implements RecoverableModel {
     }
     const zero = this.#zero
     if (zero) {
-      this.#loadZeroParams()
+      await this.#loadZeroParams()
       if (hasShards(files)) zero.loadShards(files)
       else if (files[OPTIMIZER_FILE]) {
         // Saved whole by a stage-0 run: converted to the flat layout, this rank's range kept.

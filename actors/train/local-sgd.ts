@@ -21,8 +21,8 @@ export const LOCAL_SGD_FILE = "local-sgd.msgpack"
 
 export interface LocalSgdHost {
   readonly layout: ReadonlyArray<FlatSlot>
-  /** The model's trainable weights as one flat vector (a copy). */
-  readParams(): Float32Array
+  /** The model's trainable weights as one flat vector (a copy), read asynchronously (GPU backends read no other way). */
+  readParams(): Promise<Float32Array>
   /** Loads a flat vector into the trainable weights. */
   writeParams(flat: Float32Array): void
   /**
@@ -57,10 +57,11 @@ export class LocalSgd {
   #syncMs = 0
   #lastSyncMs = 0
 
-  constructor(settings: LocalSgdSettings, host: LocalSgdHost) {
+  /** `params`: the model's parameters now (host.readParams()), the outer loop's first anchor. */
+  constructor(settings: LocalSgdSettings, host: LocalSgdHost, params: Float32Array) {
     this.settings = settings
     this.#host = host
-    this.#outer = new OuterState(settings, host.layout, host.readParams())
+    this.#outer = new OuterState(settings, host.layout, params)
     this.#deltas = this.#outer.fragments.map((f) => new Float32Array(f.end - f.start))
   }
 
@@ -69,8 +70,8 @@ export class LocalSgd {
   }
 
   /** The anchor is the model's parameters now (after the start-up broadcast or a restore of weights alone). */
-  resetAnchor(): void {
-    this.#outer.anchor.set(this.#host.readParams())
+  async resetAnchor(): Promise<void> {
+    this.#outer.anchor.set(await this.#host.readParams())
   }
 
   /** Whether a fragment's reduction runs in the background. */
@@ -89,7 +90,7 @@ export class LocalSgd {
     const t0 = performance.now()
     if (this.settings.overlap && due.length === 1) {
       const f = due[0]!
-      const params = this.#host.readParams()
+      const params = await this.#host.readParams()
       const buf = this.#outer.delta(f, params, this.#deltas[f.index]!)
       const weight = this.#outer.samples[f.index]!
       const round = this.#outer.rounds
@@ -103,7 +104,7 @@ export class LocalSgd {
       this.#pending.done.catch(() => {})
       return
     }
-    const params = this.#host.readParams()
+    const params = await this.#host.readParams()
     for (const f of due) {
       const r = await this.#reduceNow(f, params)
       if (r === "adopted") return this.#observe(t0)
@@ -122,7 +123,7 @@ export class LocalSgd {
       if (r === "adopted") return "adopted"
       if (r === "recompute" || epoch !== this.#epoch) {
         // The group was re-formed: this rank's parameters may be the anchor now (adopt()).
-        params.set(this.#host.readParams())
+        params.set(await this.#host.readParams())
         continue
       }
       params.set(this.#outer.apply(f, buf), f.start)
@@ -134,7 +135,7 @@ export class LocalSgd {
   async flush(): Promise<void> {
     await this.settle()
     const t0 = performance.now()
-    const params = this.#host.readParams()
+    const params = await this.#host.readParams()
     for (const f of this.#outer.fragments) if ((await this.#reduceNow(f, params)) === "adopted") return this.#observe(t0)
     this.#host.writeParams(params)
     this.#observe(t0)
@@ -151,7 +152,7 @@ export class LocalSgd {
     this.#pending = undefined
     const epoch = this.#epoch
     const r = await p.done
-    const params = this.#host.readParams()
+    const params = await this.#host.readParams()
     if (r === "adopted") return
     if (r === "recompute" || epoch !== this.#epoch) {
       await this.#reduceNow(p.fragment, params)

@@ -355,6 +355,7 @@ export class Trainer {
               cfg.maxWorkers * (cfg.scaling.resourcesPerWorker?.CPU ?? (cfg.scaling.useGpu ? 0 : 1)) +
               (cfg.collective.strategy !== "allreduce" && cfg.collective.parameterServer ? cfg.collective.parameterServer.numServers * SERVER_CPUS : 0),
             useGpu: cfg.scaling.useGpu === true,
+            gpusNeeded: cfg.maxWorkers * (cfg.scaling.resourcesPerWorker?.GPU ?? 1),
             // The embedded server keeps its JetStream data in the run directory, so a run's object
             // store checkpoints outlive it and a run with the same name resumes from them.
             ...(bucket !== undefined ? { jetstreamStoreDir: path.join(cfg.runDir, "jetstream") } : {}),

@@ -21,12 +21,19 @@ export const buildModel = (tf: Tf, kind: ModelKind, seed = 1): import("@tensorfl
   return m
 }
 
-/** A cheap fingerprint of a model's weights, to compare ranks. */
-export const weightsHash = (weights: ReadonlyArray<{ dataSync(): ArrayLike<number> }>): string => {
+/** A cheap fingerprint of weight values (FNV-1a over their float32 bits). */
+const hashValues = (values: ReadonlyArray<ArrayLike<number>>): string => {
   let h = 0x811c9dc5
-  for (const w of weights) {
-    const bits = new Uint32Array(Float32Array.from(w.dataSync()).buffer)
+  for (const v of values) {
+    const bits = new Uint32Array(Float32Array.from(v).buffer)
     for (let i = 0; i < bits.length; i++) h = Math.imul(h ^ bits[i], 0x01000193) >>> 0
   }
   return h.toString(16)
 }
+
+/** A cheap fingerprint of a model's weights, to compare ranks. */
+export const weightsHash = (weights: ReadonlyArray<{ dataSync(): ArrayLike<number> }>): string => hashValues(weights.map((w) => w.dataSync()))
+
+/** The same fingerprint read asynchronously, as a GPU backend (webgpu) needs. */
+export const weightsHashAsync = async (weights: ReadonlyArray<{ data(): Promise<ArrayLike<number>> }>): Promise<string> =>
+  hashValues(await Promise.all(weights.map((w) => w.data())))

@@ -38,7 +38,12 @@ const result = await new Trainer({
     ...(values["learning-rate"] ? { learningRate: Number(values["learning-rate"]) } : {}),
     ...(data.text ? { text: data.text } : {})
   },
-  scalingConfig: { numWorkers: Number(values.workers), backend: values.backend as "auto" },
+  // A GPU backend asked for by name means GPU workers.
+  scalingConfig: {
+    numWorkers: Number(values.workers),
+    backend: values.backend as "auto",
+    useGpu: values.backend === "webgpu" || values.backend === "tensorflow-gpu"
+  },
   runConfig: { name: `zoo_${model}_${Date.now()}`, storagePath: values.storage },
   datasets: { train: data.train, test: data.test }
 }).fit().catch((e: Error) => {

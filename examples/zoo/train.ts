@@ -4,7 +4,7 @@
 // rank's samples/s. With `bench` it instead times a fixed number of steps after a warm-up and
 // reports samples/s only (bench/train.ts).
 import type { ArrayDataset, TrainContext, Tf } from "../../index.ts"
-import { weightsHash } from "../digits/model.ts"
+import { weightsHashAsync } from "../digits/model.ts"
 import { buildZooModel, readsTokens, type TextShape, type ZooModel } from "./models.ts"
 
 export interface ZooConfig {
@@ -128,7 +128,7 @@ export async function zooLoop(config: ZooConfig, ctx: TrainContext): Promise<voi
       samples_per_s: (steps * batch) / seconds,
       // Every rank's trainable weights after the epoch: the same on every rank. (Batch norm's moving
       // statistics are not all-reduced: each rank keeps those of its own batches.)
-      weights: weightsHash(model.trainableWeights.map((w) => w.read()))
+      weights: await weightsHashAsync(model.trainableWeights.map((w) => w.read()))
     })
   }
   xTest.dispose()
