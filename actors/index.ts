@@ -47,4 +47,5 @@ export {
   type AskError,
   type TellError
 } from "./runtime/errors.ts"
-export { AgentError, AgentUnreachable, ModuleNotAllowed, SpawnError } from "./node/errors.ts"
+export { AgentError, AgentUnreachable, EnvNotAllowed, ModuleNotAllowed, SpawnError } from "./node/errors.ts"
+export { SPAWN_ENV_ALLOWED } from "./node/env-policy.ts"

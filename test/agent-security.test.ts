@@ -2,21 +2,28 @@
 // without credentials (unless --insecure). Agents run only gradwire's own actor modules and those
 // under --allow-module-root: a spawn of anything else is a typed ModuleNotAllowed naming the
 // module and the flag; a train loop is held to the roots when there are any; and a worker imports
-// only the loop its spawn declared (so the agent saw it), whatever its args say.
+// only the loop its spawn declared (so the agent saw it), whatever its args say. A spawn request
+// sets only the environment variables on the agent's allow-list: raw requests with NODE_OPTIONS or
+// LD_PRELOAD are a typed EnvNotAllowed and start nothing.
+import { execFileSync } from "node:child_process"
+import * as fs from "node:fs"
 import * as path from "node:path"
-import type { NatsConnection } from "@nats-io/nats-core"
+import { nuid, type NatsConnection } from "@nats-io/nats-core"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
-import { ModuleNotAllowed } from "../actors/node/errors.ts"
+import { EnvNotAllowed, ModuleNotAllowed } from "../actors/node/errors.ts"
+import { SPAWN_ENV_ALLOWED, refusedSpawnEnv, spawnEnvAllowed } from "../actors/node/env-policy.ts"
 import { listenerRefusal } from "../actors/node/daemon.ts"
 import { refuseActorModule, refuseImport, modulePolicy, GRADWIRE_ACTORS_DIR } from "../actors/node/module-policy.ts"
-import { spawnActor } from "../actors/node/spawn.ts"
+import { agentRef, spawnActor } from "../actors/node/spawn.ts"
+import { RemoteFailure } from "../actors/runtime/errors.ts"
+import { EchoProtocol } from "./support/actors-fixtures.ts"
 import { defineActor, launchActor } from "../actors/runtime/actor.ts"
 import { silentLogger } from "../actors/runtime/log.ts"
 import { ActorSystem } from "../actors/runtime/system.ts"
 import { ControllerProtocol, WorkerProtocol, type WorkerArgs } from "../actors/train/train-protocol.ts"
 import { freePort } from "../core/nats-server.ts"
 import { Trainer, TrainingFailed, loadDigits, trainTestSplit, type ArrayDataset } from "../index.ts"
-import { FIXTURES, ROOT, TestRig } from "./support/actors-processes.ts"
+import { FIXTURES, ROOT, TestRig, type AgentProc } from "./support/actors-processes.ts"
 
 const rig = new TestRig()
 afterAll(() => rig.cleanup())
@@ -181,6 +188,106 @@ describe("module roots", () => {
       await got
       expect(failed!.tag).toBe("ModuleNotAllowed")
       expect(failed!.message).toContain(`refuses to run module file://${OTHER_LOOP}: the spawn request did not declare it`)
+    })
+  })
+})
+
+describe("spawn environment", () => {
+  it("policy: gradwire's variables and the GPU/thread ones pass; loader, Node and Vulkan driver variables do not", () => {
+    for (const ok of ["GRADWIRE_RANK", "GRADWIRE_WORLD_SIZE", "GRADWIRE_LOG", "CUDA_VISIBLE_DEVICES", "TF_CPP_MIN_LOG_LEVEL", "OMP_NUM_THREADS"]) {
+      expect(spawnEnvAllowed(ok), ok).toBe(true)
+    }
+    for (const no of ["NODE_OPTIONS", "LD_PRELOAD", "LD_LIBRARY_PATH", "NODE_PATH", "PATH", "VK_ICD_FILENAMES", "VK_DRIVER_FILES", "GRADWIRE", "gradwire_log", "TF_XLA_FLAGS"]) {
+      expect(spawnEnvAllowed(no), no).toBe(false)
+    }
+    expect(refusedSpawnEnv({ NODE_OPTIONS: "x", GRADWIRE_RANK: "0", LD_PRELOAD: "y" })).toEqual(["LD_PRELOAD", "NODE_OPTIONS"])
+    expect(refusedSpawnEnv({ CUDA_VISIBLE_DEVICES: "0", GRADWIRE_RANK: "0", GRADWIRE_WORLD_SIZE: "2" })).toEqual([])
+  })
+
+  describe("a real agent", () => {
+    let nc: NatsConnection
+    let driver: ActorSystem
+    let agent: AgentProc
+    let dir: string
+    let marker: string
+    let hook: string
+
+    beforeAll(async () => {
+      const url = (await rig.server({ jetstream: false })).url
+      // It may run the test fixtures: only the environment stands between a request and a process.
+      agent = await rig.agent("envs", ["--address", url], { cluster: "envs" })
+      nc = await rig.connect(url)
+      driver = new ActorSystem({ nc, cluster: "envs", job: "envjob", log: silentLogger })
+      rig.onCleanup(() => driver.close())
+      dir = rig.tempDir("gw-env-")
+      // What NODE_OPTIONS would run in a child that got it: a file that leaves a mark.
+      marker = path.join(dir, "hook-ran")
+      hook = path.join(dir, "hook.cjs")
+      fs.writeFileSync(hook, `require("node:fs").appendFileSync(${JSON.stringify(marker)}, process.pid + "\\n")\n`)
+    })
+
+    /** A spawn request as any client of the bus can send it, bypassing spawnActor. */
+    const rawSpawn = (name: string, env: Record<string, string>): Promise<unknown> =>
+      driver
+        .askPromise(
+          agentRef(driver, "envs"),
+          "spawn",
+          { job: driver.job, name, instance: nuid.next(), owner: driver.identity, module: FIXTURES, export: "echoActor", args: null, env, resources: {}, gpus: [] },
+          { timeoutMs: 10_000 }
+        )
+        .then(
+          (reply) => reply,
+          (e: unknown) => e
+        )
+
+    it("raw spawn requests with NODE_OPTIONS or LD_PRELOAD are refused with EnvNotAllowed, and no process starts", async () => {
+      // The hook is real: a Node process that gets this NODE_OPTIONS runs it.
+      execFileSync(process.execPath, ["-e", ""], { env: { ...process.env, NODE_OPTIONS: `--require ${hook}` } })
+      expect(fs.existsSync(marker)).toBe(true)
+      fs.rmSync(marker)
+
+      const cases: Array<[string, Record<string, string>, string[]]> = [
+        ["node-options", { NODE_OPTIONS: `--require ${hook}` }, ["NODE_OPTIONS"]],
+        ["ld-preload", { LD_PRELOAD: path.join(dir, "preload.so") }, ["LD_PRELOAD"]],
+        // Allowed variables do not carry the others through.
+        ["mixed", { GRADWIRE_RANK: "0", LD_PRELOAD: path.join(dir, "preload.so"), NODE_OPTIONS: `--require ${hook}` }, ["LD_PRELOAD", "NODE_OPTIONS"]]
+      ]
+      for (const [name, env, refused] of cases) {
+        const e = await rawSpawn(name, env)
+        expect(e, name).toBeInstanceOf(RemoteFailure)
+        const f = e as RemoteFailure
+        expect(f.tag).toBe("EnvNotAllowed")
+        expect(f.remoteMessage).toContain(`node envs refuses to spawn actor "${name}" with environment variable${refused.length > 1 ? "s" : ""} ${refused.join(", ")}: `)
+        expect(f.remoteMessage).toContain(`a spawn request may set only ${SPAWN_ENV_ALLOWED.join(", ")}`)
+        expect(f.remoteMessage).toContain("set them in the environment its agent (gradwire start) runs in, which they inherit")
+      }
+      // Through spawnActor: the typed error, with the variables.
+      const typed = await spawnActor(driver, { node: "envs", name: "typed", module: FIXTURES, export: "echoActor", env: { NODE_OPTIONS: `--require ${hook}` } }).then(
+        () => undefined,
+        (e: unknown) => e
+      )
+      expect(typed).toBeInstanceOf(EnvNotAllowed)
+      expect(typed).toMatchObject({ node: "envs", actor: "typed", variables: ["NODE_OPTIONS"], allowed: [...SPAWN_ENV_ALLOWED] })
+
+      // Nothing started: the agent runs no process and logged no start, and the hook never ran.
+      expect(await driver.askPromise(agentRef(driver, "envs"), "list", null)).toEqual([])
+      expect(agent.lines.filter((l) => l.includes(" started: "))).toEqual([])
+      expect(agent.lines.filter((l) => l.includes("refused to spawn envjob/"))).toHaveLength(4)
+      expect(fs.existsSync(marker)).toBe(false)
+    })
+
+    it("allowed variables reach the child", async () => {
+      const s = await spawnActor(driver, {
+        node: "envs",
+        name: "allowed",
+        module: FIXTURES,
+        export: "echoActor",
+        env: { GRADWIRE_TEST_ENV: "yes", OMP_NUM_THREADS: "1", CUDA_VISIBLE_DEVICES: "" }
+      })
+      const me = await driver.askPromise(s.ref(EchoProtocol), "whoami", null)
+      expect(me.env).toEqual({ GRADWIRE_TEST_ENV: "yes", OMP_NUM_THREADS: "1", CUDA_VISIBLE_DEVICES: "" })
+      expect(await s.kill()).toBe(true)
+      expect(fs.existsSync(marker)).toBe(false)
     })
   })
 })

@@ -52,7 +52,7 @@ describe("node agent", () => {
       name,
       module: FIXTURES,
       export: "echoActor",
-      env: { GW_TEST_ENV: "hello" },
+      env: { GRADWIRE_TEST_ENV: "hello" },
       gpus: [2, 3],
       resources: { CPU: 1 },
       logPrefix: "worker rank=0"
@@ -60,7 +60,7 @@ describe("node agent", () => {
     expect(spawned.pid).toBeGreaterThan(0)
     const ref = spawned.ref(EchoProtocol)
     const me = await driver.askPromise(ref, "whoami", null)
-    expect(me).toMatchObject({ name, pid: spawned.pid, node: "n1", env: { GW_TEST_ENV: "hello", CUDA_VISIBLE_DEVICES: "2,3" } })
+    expect(me).toMatchObject({ name, pid: spawned.pid, node: "n1", env: { GRADWIRE_TEST_ENV: "hello", CUDA_VISIBLE_DEVICES: "2,3" } })
 
     // Resources used show up in the node's advertisement.
     await view.waitFor((nodes) => nodes.some((x) => x.ad.nodeId === "n1" && x.ad.used.cpus === 1 && x.ad.processes.length === 1), 5_000)

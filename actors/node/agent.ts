@@ -1,12 +1,12 @@
 // The node agent: one per machine. It advertises the node (hardware, tfjs backends, NATS server,
 // labels, resources total and used, the actor processes it runs) by heartbeating it every 500 ms
 // and answering queries; it spawns actor processes on request (actors/node/host.ts with the spawn's
-// module export, args and environment such as CUDA_VISIBLE_DEVICES), forwards their output line by
-// line with a prefix, reports their exits on the job's events subject, and kills them when their
-// job ends, their owner (driver) stops heartbeating, or the agent stops. The head agent also runs
-// a cluster view, so `gradwire status` can show dead nodes too. It never gives up on NATS: an
-// outage is logged at once, every 10 s while it lasts and when it ends, and advertised (count, last
-// length) once the bus is back.
+// module export, args and the environment variables env-policy.ts allows, such as
+// CUDA_VISIBLE_DEVICES), forwards their output line by line with a prefix, reports their exits on
+// the job's events subject, and kills them when their job ends, their owner (driver) stops
+// heartbeating, or the agent stops. The head agent also runs a cluster view, so `gradwire status`
+// can show dead nodes too. It never gives up on NATS: an outage is logged at once, every 10 s while
+// it lasts and when it ends, and advertised (count, last length) once the bus is back.
 // The agent's control interface is an actor (AgentProtocol) at gw.<cluster>.node.<id>.ctl.
 import * as fs from "node:fs"
 import { hostname } from "node:os"
@@ -23,7 +23,8 @@ import { defineActor, launchActor, type ActorHandle } from "../runtime/actor.ts"
 import { ActorProcess } from "./actor-process.ts"
 import { AgentProtocol, type SpawnRequest } from "./agent-protocol.ts"
 import { normalizeConnection, redactUrl, type ConnectionSpec } from "../../core/connection-spec.ts"
-import { AgentError, ModuleNotAllowed, SpawnError } from "./errors.ts"
+import { AgentError, EnvNotAllowed, ModuleNotAllowed, SpawnError } from "./errors.ts"
+import { SPAWN_ENV_ALLOWED, refusedSpawnEnv } from "./env-policy.ts"
 import { modulePolicy, refuseActorModule, refuseImport, type ModulePolicy } from "./module-policy.ts"
 import { publishJobEvent, readJobEvent } from "../runtime/events.ts"
 import { DEFAULT_HEARTBEAT_MS } from "../runtime/heartbeat.ts"
@@ -413,6 +414,13 @@ export class NodeAgent {
       ["instance", request.instance]
     ] as const) {
       if (!validToken(value)) fail(`invalid ${field} "${value}": use 1-128 letters, digits, "_" or "-"`)
+    }
+    // Any client of the bus can ask: the request's env is held to the allow-list (env-policy.ts),
+    // so it cannot smuggle in NODE_OPTIONS, LD_PRELOAD and the like. Nothing starts otherwise.
+    const offList = refusedSpawnEnv(request.env)
+    if (offList.length > 0) {
+      this.#log.warn(`refused to spawn ${request.job}/${request.name}: environment variable(s) ${offList.join(", ")} are not on the allow-list`)
+      throw new EnvNotAllowed({ node: this.nodeId, actor: request.name, variables: offList, allowed: [...SPAWN_ENV_ALLOWED] })
     }
     const key = `${request.job}/${request.name}`
     const existing = this.#processes.get(key)

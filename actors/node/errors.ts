@@ -45,3 +45,24 @@ export class ModuleNotAllowed extends Schema.TaggedError<ModuleNotAllowed>()("Mo
     )
   }
 }
+
+/**
+ * A node agent refused a spawn request that sets environment variables off its allow-list
+ * (env-policy.ts): such variables (NODE_OPTIONS, LD_PRELOAD, ...) could make the process run code
+ * the agent does not allow. Nothing was started.
+ */
+export class EnvNotAllowed extends Schema.TaggedError<EnvNotAllowed>()("EnvNotAllowed", {
+  node: Schema.String,
+  actor: Schema.String,
+  variables: Schema.Array(Schema.String),
+  allowed: Schema.Array(Schema.String)
+}) {
+  override get message(): string {
+    const s = this.variables.length === 1 ? "" : "s"
+    return (
+      `node ${this.node} refuses to spawn actor "${this.actor}" with environment variable${s} ${this.variables.join(", ")}: ` +
+      `a spawn request may set only ${this.allowed.join(", ")}; to give that node's processes other variables, ` +
+      `set them in the environment its agent (gradwire start) runs in, which they inherit`
+    )
+  }
+}

@@ -7,7 +7,8 @@ import { Effect } from "effect"
 import { clusterSubjects } from "../../core/subjects.ts"
 import { AgentProtocol } from "./agent-protocol.ts"
 import { ActorUnavailable, AskTimeout, RemoteFailure } from "../runtime/errors.ts"
-import { AgentUnreachable, ModuleNotAllowed, SpawnError } from "./errors.ts"
+import { AgentUnreachable, EnvNotAllowed, ModuleNotAllowed, SpawnError } from "./errors.ts"
+import { SPAWN_ENV_ALLOWED } from "./env-policy.ts"
 import type { JobEvent } from "../runtime/events.ts"
 import type { ProtocolSpec, Protocol } from "../runtime/protocol.ts"
 import type { Child } from "../runtime/supervisor.ts"
@@ -60,11 +61,19 @@ export interface SpawnedActor {
 export const agentRef = (system: ActorSystem, node: string) =>
   system.refAt(AgentProtocol, `agent-${node}`, clusterSubjects(system.cluster).nodeControl(node))
 
-const toAgentError = (node: string, name: string, cluster: string, e: unknown): SpawnError | AgentUnreachable | ModuleNotAllowed => {
+/** What spawning can fail with. */
+export type SpawnFailure = SpawnError | AgentUnreachable | ModuleNotAllowed | EnvNotAllowed
+
+const toAgentError = (node: string, name: string, cluster: string, e: unknown): SpawnFailure => {
   if (e instanceof RemoteFailure && e.tag === "ModuleNotAllowed") {
     // The agent's message: "node N refuses to run module M: <reason>; to allow it, ...".
     const m = /refuses to run module (.*?): (.*?); to allow it/.exec(e.remoteMessage)
     return new ModuleNotAllowed({ node, module: m?.[1] ?? "(unknown)", reason: m?.[2] ?? e.remoteMessage })
+  }
+  if (e instanceof RemoteFailure && e.tag === "EnvNotAllowed") {
+    // The agent's message: "... with environment variable(s) A, B: a spawn request may set only C, D; to give ...".
+    const m = /with environment variables? (.*?): a spawn request may set only (.*?); to give/.exec(e.remoteMessage)
+    return new EnvNotAllowed({ node, actor: name, variables: m ? m[1].split(", ") : ["(unknown)"], allowed: m ? m[2].split(", ") : [...SPAWN_ENV_ALLOWED] })
   }
   if (e instanceof ActorUnavailable) return new AgentUnreachable({ node, reason: `no agent runs for node "${node}" in cluster "${cluster}"` })
   if (e instanceof AskTimeout) return new AgentUnreachable({ node, reason: `no answer within ${e.timeoutMs} ms` })
@@ -159,11 +168,11 @@ export const spawnActor = async (system: ActorSystem, options: SpawnOptions): Pr
 export const spawnActorEffect = (
   system: ActorSystem,
   options: SpawnOptions
-): Effect.Effect<SpawnedActor, SpawnError | AgentUnreachable | ModuleNotAllowed> =>
+): Effect.Effect<SpawnedActor, SpawnFailure> =>
   Effect.tryPromise({
     try: () => spawnActor(system, options),
     catch: (e) =>
-      e instanceof SpawnError || e instanceof AgentUnreachable || e instanceof ModuleNotAllowed
+      e instanceof SpawnError || e instanceof AgentUnreachable || e instanceof ModuleNotAllowed || e instanceof EnvNotAllowed
         ? e
         : new SpawnError({ node: options.node, actor: options.name, reason: String(e) })
   })
@@ -173,7 +182,7 @@ export const spawnedChild = (
   system: ActorSystem,
   options: SpawnOptions,
   watch: Omit<WatchOptions, "instance"> = {}
-): Effect.Effect<Child, SpawnError | AgentUnreachable | ModuleNotAllowed> =>
+): Effect.Effect<Child, SpawnFailure> =>
   Effect.map(
     spawnActorEffect(system, options),
     (spawned): Child => ({

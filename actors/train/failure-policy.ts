@@ -50,7 +50,7 @@ const INFRASTRUCTURE: ReadonlySet<FailureKind> = new Set(["node-lost", "bus", "r
 export const MAX_INFRA_RESTARTS_WITHOUT_PROGRESS = 3
 
 /** Errors that say the user's code or config is wrong, however often it is retried. */
-const NON_RETRYABLE_TAGS: ReadonlySet<string> = new Set(["ConfigError", "SyntaxError", "ERR_MODULE_NOT_FOUND", "ModuleNotAllowed", "UnsupportedKernel"])
+const NON_RETRYABLE_TAGS: ReadonlySet<string> = new Set(["ConfigError", "SyntaxError", "ERR_MODULE_NOT_FOUND", "ModuleNotAllowed", "EnvNotAllowed", "UnsupportedKernel"])
 
 export const isInfrastructure = (failure: GroupFailure): boolean => INFRASTRUCTURE.has(failure.kind)
 

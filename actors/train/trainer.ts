@@ -788,7 +788,7 @@ export class Trainer {
             })()
           )
           if (startFailure) {
-            const kind = bus.outage ? "bus" : startFailure.tag === "ModuleNotAllowed" ? "config" : "died"
+            const kind = bus.outage ? "bus" : startFailure.tag === "ModuleNotAllowed" || startFailure.tag === "EnvNotAllowed" ? "config" : "died"
             controller.fail(generation, { kind, rank: -1, ...startFailure })
           }
         }

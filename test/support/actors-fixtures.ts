@@ -28,7 +28,7 @@ export const echoActor = defineActor(EchoProtocol, (ctx) => ({
   echo: (body) => body,
   whoami: () => {
     const env: Record<string, string> = {}
-    for (const k of ["CUDA_VISIBLE_DEVICES", "GW_TEST_ENV"]) if (process.env[k] !== undefined) env[k] = process.env[k] as string
+    for (const k of ["CUDA_VISIBLE_DEVICES", "GRADWIRE_TEST_ENV", "OMP_NUM_THREADS"]) if (process.env[k] !== undefined) env[k] = process.env[k] as string
     return { name: ctx.name, pid: process.pid, node: ctx.node, env }
   },
   tensor: ({ t }) => {
