@@ -712,7 +712,8 @@ export const launchNatsServer = async (options: NatsServerOptions = {}): Promise
     try {
       const resolved = await resolvePorts(options)
       const confPath = path.join(dir, "nats.conf")
-      await fs.promises.writeFile(confPath, renderConfig(options, resolved, dir))
+      // Only we read it: with auth it may hold a password or token (the dir itself is 0700).
+      await fs.promises.writeFile(confPath, renderConfig(options, resolved, dir), { mode: 0o600 })
       server = new NatsServerProcess(bin, dir, confPath, options, resolved)
       await server.start()
       return server

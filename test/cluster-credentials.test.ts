@@ -3,7 +3,9 @@
 // given in the URL (`nats://user:pass@host`) to the agents (foreground and background) and the
 // Trainer. Each trains a small digits job, and the secret appears in none of the places it must
 // not: the run directory, the agents' output and log, the state file, the process listings (command
-// line and environment) of the agents and workers, and the errors of a wrong password.
+// line and environment) of the agents and workers, and the errors of a wrong password. The embedded
+// cluster makes an nkey of its own per run: its server refuses a connection without it while a fit
+// trains on it, and the seed is in none of those places either.
 import { randomUUID } from "node:crypto"
 import * as fs from "node:fs"
 import * as path from "node:path"
@@ -11,6 +13,8 @@ import { nkeyAuthenticator } from "@nats-io/nats-core"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { Trainer, loadDigits, trainTestSplit, type ArrayDataset, type TrainerCallbacks } from "../index.ts"
 import { NatsConnectError } from "../core/errors.ts"
+import { openConnection, publicNkey } from "../core/connection-spec.ts"
+import { EMBEDDED_SEED_FILE } from "../actors/train/cluster.ts"
 import { openClusterView, type ClusterView } from "../scheduler/cluster-view.ts"
 import { ROOT, TestRig, pidAlive } from "./support/actors-processes.ts"
 import { nkeyServerConfig, nkeyUser, operatorSetup } from "./support/nats-auth.ts"
@@ -159,5 +163,109 @@ describe("clusters that require credentials", () => {
     expect(fitErr).toBeInstanceOf(NatsConnectError)
     expect((fitErr as Error).message).toContain("rejected the credentials")
     for (const text of [agentErr.stderr, agentErr.stdout, statusErr.stderr, (fitErr as Error).message]) expect(text).not.toContain(secret)
+  })
+})
+
+/** The embedded nats-server this process runs now: its guardian's and its own pid, config and temp dir. */
+const embeddedServer = (): { guardian: number; server: number; conf: string; dir: string } => {
+  const stat = (pid: string): string[] | undefined => {
+    try {
+      // "pid (comm) state ppid ...": comm may hold spaces, so split after its ")".
+      const text = fs.readFileSync(`/proc/${pid}/stat`, "utf8")
+      return text.slice(text.lastIndexOf(")") + 2).split(" ")
+    } catch {
+      return undefined
+    }
+  }
+  const pids = fs.readdirSync("/proc").filter((p) => /^\d+$/.test(p))
+  const childrenOf = (ppid: number): number[] => pids.filter((p) => Number(stat(p)?.[1]) === ppid).map(Number)
+  for (const pid of childrenOf(process.pid)) {
+    let args: string[]
+    try {
+      args = fs.readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0")
+    } catch {
+      continue
+    }
+    // /bin/sh -c SCRIPT gradwire-nats-guardian BIN CONF DIR TICKS (core/nats-server.ts)
+    const at = args.indexOf("gradwire-nats-guardian")
+    if (at < 0 || !fs.existsSync(path.join(args[at + 3], EMBEDDED_SEED_FILE))) continue
+    const server = childrenOf(pid)[0]
+    if (server === undefined) continue
+    return { guardian: pid, server, conf: args[at + 2], dir: args[at + 3] }
+  }
+  throw new Error("no embedded nats-server runs under this process")
+}
+
+describe("the embedded cluster", () => {
+  it("admits only the run's own nkey: a connection without it is refused while a fit trains on it; the seed is shown nowhere", { timeout: 120_000 }, async () => {
+    const stopFile = path.join(rig.tempDir(), "stop")
+    const seen: { seed?: string; dir?: string; checked?: boolean } = {}
+    let probe: Promise<void> | undefined
+    // At the first report (workers running), from outside the run: what the server accepts.
+    const check = async (): Promise<void> => {
+      try {
+        const found = embeddedServer()
+        seen.dir = found.dir
+        const seedFile = path.join(found.dir, EMBEDDED_SEED_FILE)
+        const seed = fs.readFileSync(seedFile, "utf8").trim()
+        seen.seed = seed
+        // The config lists only the public key; it and the seed file are the user's alone.
+        const conf = fs.readFileSync(found.conf, "utf8")
+        expect(conf).toContain(`nkey: "${publicNkey(seed)}"`)
+        expect(conf).not.toContain(seed)
+        expect(fs.statSync(found.conf).mode & 0o777).toBe(0o600)
+        expect(fs.statSync(seedFile).mode & 0o777).toBe(0o600)
+        expect(fs.statSync(found.dir).mode & 0o777).toBe(0o700)
+        const url = `nats://${/listen: "([^"]+)"/.exec(conf)![1]}`
+        // Without credentials, or with another nkey: refused.
+        const refused = (spec: Parameters<typeof openConnection>[0]) =>
+          openConnection(spec, "outsider", { timeoutMs: 3_000, maxReconnectAttempts: 0 }).then(
+            async (c) => {
+              await c.close()
+              return undefined
+            },
+            (e: unknown) => e as NatsConnectError
+          )
+        const anonymous = await refused({ servers: [url] })
+        expect(anonymous).toBeInstanceOf(NatsConnectError)
+        expect(anonymous!.message).toContain("the server requires credentials")
+        const other = await refused({ servers: [url], nkeySeed: nkeyUser().seed })
+        expect(other).toBeInstanceOf(NatsConnectError)
+        expect(other!.message).toContain("rejected the credentials")
+        // With the run's seed file (what the dashboard's address names): the CLI gets in.
+        const status = await rig.cli(["status", "--json", "--address", url, "--nkey", seedFile, "--cluster", "local"])
+        expect(status.code, status.stderr).toBe(0)
+        const workers = (JSON.parse(status.stdout) as { nodes: Array<{ processes: Array<{ pid: number }> }> }).nodes.flatMap((n) => n.processes)
+        expect(workers).toHaveLength(2)
+        // Neither the server, its guardian nor the workers show the seed in their listings.
+        for (const pid of [found.guardian, found.server, ...workers.map((w) => w.pid)]) {
+          const text = listing(pid)
+          expect(text.length, `process ${pid}`).toBeGreaterThan(0)
+          expect(text, `process ${pid}`).not.toContain(seed)
+        }
+        seen.checked = true
+      } finally {
+        fs.writeFileSync(stopFile, "")
+      }
+    }
+    const r = await new Trainer({
+      trainLoopPerWorker: { module: new URL("./support/dashboard-loop.ts", import.meta.url).href, export: "dashboardLoop" },
+      trainLoopConfig: { stopFile, maxEpochs: 30, minEpochMs: 200 },
+      scalingConfig: { numWorkers: 2 },
+      runConfig: {
+        name: "embedded-nkey",
+        storagePath: storage,
+        progress: false,
+        callbacks: [{ onReport: ({ index }) => void (index === 0 && (probe = check())) }]
+      },
+      datasets: { train }
+    }).fit()
+    await probe
+    expect(seen.checked).toBe(true)
+    expect(r.metricsHistory.length).toBeGreaterThanOrEqual(1)
+    expect(configOf(r.path).cluster).toBe("embedded")
+    expect(filesHolding(r.path, seen.seed!)).toEqual([])
+    // The server's temp dir, seed file included, went with it.
+    expect(fs.existsSync(seen.dir!)).toBe(false)
   })
 })

@@ -228,8 +228,11 @@ describe("dashboard", () => {
         expect(value(before, "gradwire_node_up", { node: "local" })).toBe(1)
         expect(value(before, "gradwire_node_resource_total", { node: "local", resource: "CPU" })).toBeGreaterThanOrEqual(3)
 
-        // The CLI, from another process, over the bus.
-        const cluster = ["--address", state.address, "--cluster", "local"]
+        // The CLI, from another process, over the bus: the embedded server admits only the run's
+        // nkey, whose seed file the page's address names.
+        const reach = /^(\S+) \(--nkey (\S+)\)$/.exec(state.address)
+        expect(reach, state.address).not.toBeNull()
+        const cluster = ["--address", reach![1], "--nkey", reach![2], "--cluster", "local"]
         const jobsRun = await runScript(CLI, ["jobs", "--json", ...cluster], { timeoutMs: 30_000 })
         expect(jobsRun.code, jobsRun.output).toBe(0)
         const listed = JSON.parse(jobsRun.output) as Array<JobSnapshot & { live: boolean }>

@@ -1,7 +1,14 @@
 // The cluster a fit() runs on: an embedded one (a nats-server and a local node agent started here
 // and stopped when the run ends) or a cluster started with `gradwire start`, joined by address.
+// The embedded server admits only a user nkey made for the run: its config lists the public key,
+// the seed stays in this process (driver and agent connections) and reaches the workers the way any
+// cluster's credentials do (the agent's connection spec, on their stdin). Other local users, and
+// any process without the seed, cannot join. The seed is also in a 0600 file in the server's 0700
+// temp dir (removed with it), for `gradwire jobs/logs --nkey FILE` while the run lasts.
+import * as fs from "node:fs"
 import * as os from "node:os"
-import type { NatsConnection } from "@nats-io/nats-core"
+import * as path from "node:path"
+import { nkeys, type NatsConnection } from "@nats-io/nats-core"
 
 import { EMBEDDED_MAX_PAYLOAD_BYTES } from "../../core/defaults.ts"
 import { launchNatsServer, type NatsServerProcess } from "../../core/nats-server.ts"
@@ -24,6 +31,11 @@ export interface ClusterHandle {
   readonly embedded: boolean
   /** The servers, for messages (never with credentials). */
   readonly where: string
+  /**
+   * How another process reaches the cluster, as the dashboard and job listings show it (never
+   * with a secret): the servers, and on the embedded cluster the nkey seed file to pass to --nkey.
+   */
+  readonly address: string
   /** What to check when the bus stays away (NatsUnavailable's hint). */
   readonly outageHint: string
   /** The supervision of the embedded nats-server (restarts it when it dies). */
@@ -53,6 +65,9 @@ const localBackends = async (useGpu: boolean): Promise<{ backends: BackendName[]
   return { backends: out, ...(webgpu ? { webgpu } : {}) }
 }
 
+/** The file in the embedded nats-server's temp dir that holds the run's nkey seed (mode 0600). */
+export const EMBEDDED_SEED_FILE = "client.nk"
+
 /**
  * The embedded cluster sizes its one node to the job, the way `ray.init(num_cpus=...)` would: a
  * 2-core laptop can still run 4 CPU workers (they share the cores). GPUs are never invented (a software WebGPU adapter stands in only with GRADWIRE_WEBGPU_SOFTWARE=1).
@@ -70,10 +85,15 @@ export const startEmbeddedCluster = async (options: {
   readonly serverEvents?: NatsSupervisionEvents
 }): Promise<ClusterHandle> => {
   const { verbose, output, cpusNeeded, jetstreamStoreDir } = options
+  // A fresh credential per run (nkeys draws the key from the system's CSPRNG).
+  const user = nkeys.createUser()
+  const seed = new TextDecoder().decode(user.getSeed())
   const server: NatsServerProcess = await launchNatsServer({
     maxPayload: EMBEDDED_MAX_PAYLOAD_BYTES,
+    auth: { nkey: user.getPublicKey() },
     ...(jetstreamStoreDir !== undefined ? { jetstreamStoreDir } : {})
   })
+  const seedFile = path.join(server.dir, EMBEDDED_SEED_FILE)
   let agent: NodeAgent | undefined
   let opened: OpenedConnection | undefined
   // Restarted on the same port and store dir when it dies; the driver and the agent reconnect.
@@ -81,7 +101,8 @@ export const startEmbeddedCluster = async (options: {
   try {
     // Long-lived connections reconnect for as long as it takes; the driver's outage deadline
     // (failureConfig.natsOutageTimeoutMs) decides when to give up.
-    const connection: ConnectionSpec = { servers: [server.url] }
+    const connection: ConnectionSpec = { servers: [server.url], nkeySeed: seed }
+    fs.writeFileSync(seedFile, `${seed}\n`, { mode: 0o600 })
     opened = await openConnection(connection, "gradwire driver", { maxReconnectAttempts: -1 })
     const agentConn = await openConnection(connection, "gradwire local agent", { maxReconnectAttempts: -1 })
     agent = await launchAgent({
@@ -108,6 +129,7 @@ export const startEmbeddedCluster = async (options: {
       view,
       embedded: true,
       where: `the embedded nats-server (${server.url})`,
+      address: `${server.url} (--nkey ${seedFile})`,
       outageHint:
         `the embedded nats-server could not be restarted (its log: ${server.dir}/server.log); ` +
         "check free disk space and memory, and that nothing else took its port",
@@ -142,6 +164,7 @@ export const joinCluster = async (c: { readonly clusterName: string; readonly co
     view,
     embedded: false,
     where: describeConnection(connection),
+    address: describeConnection(connection),
     outageHint:
       "check that nats-server is running there (on the head: `gradwire status`, or the head agent's log), " +
       "that this machine can reach it, and the credentials",

@@ -424,7 +424,7 @@ export class Trainer {
       job,
       name: cfg.name,
       runDir: cfg.runDir,
-      address: describeConnection(cluster.connection),
+      address: cluster.address,
       minWorkers: cfg.minWorkers,
       maxWorkers: cfg.maxWorkers,
       strategy: {
@@ -463,8 +463,10 @@ export class Trainer {
         dashboard = await startDashboard({
           nc: cluster.nc,
           cluster: cluster.clusterName,
-          address: describeConnection(cluster.connection),
-          requireToken: hasCredentials(cluster.connection),
+          address: cluster.address,
+          // A cluster with credentials gets a token. The embedded one's credential is the run's own
+          // (made up to keep other local users off its bus): its loopback dashboard stays as it was.
+          requireToken: !cluster.embedded && hasCredentials(cluster.connection),
           ...(d.host !== undefined ? { host: d.host } : {}),
           ...(d.port !== undefined ? { port: d.port } : {}),
           ...(d.token !== undefined ? { token: d.token } : {})
