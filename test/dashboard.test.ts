@@ -256,17 +256,20 @@ describe("dashboard", () => {
         const cliPort = await freePort()
         const cli = startCli(["dashboard", "--port", String(cliPort), ...cluster])
         try {
-          const url = await until("gradwire dashboard's URL", () => /dashboard of cluster "local" \(([^)]*)\): (http:\S+)/.exec(cli.output())?.[2], 30_000)
-          expect(url).toBe(`http://127.0.0.1:${cliPort}/`)
+          const url = await until("gradwire dashboard's URL", () => /dashboard of cluster "local" \(.*\): (http:\S+)/.exec(cli.output())?.[1], 30_000)
+          // Given the run's nkey, it serves a cluster with credentials: it requires a token, which its URL carries.
+          const token = new RegExp(`^http://127\\.0\\.0\\.1:${cliPort}/#token=(\\S+)$`).exec(url)?.[1]
+          expect(token, url).toBeDefined()
+          const auth = { Authorization: `Bearer ${token}` }
           const seen = await until("the job on the separate dashboard", async () => {
-            const r = await get(`http://127.0.0.1:${cliPort}/api/state`)
+            const r = await get(`http://127.0.0.1:${cliPort}/api/state`, auth)
             const s = JSON.parse(r.body) as { jobs: Array<{ snapshot: JobSnapshot; points: unknown[]; reports: unknown[]; logs: unknown[] }> }
             const j = s.jobs.find((x) => x.snapshot.job === state.job.job)
             return j && j.points.length > 0 && j.reports.length > 0 ? j : undefined
           }, 30_000)
           expect(seen.snapshot.state).toBe("running")
           expect(seen.logs.length).toBeGreaterThan(0)
-          const m = parseExposition((await get(`http://127.0.0.1:${cliPort}/metrics`)).body)
+          const m = parseExposition((await get(`http://127.0.0.1:${cliPort}/metrics`, auth)).body)
           expect(value(m, "gradwire_job_world_size", { job: state.job.job })).toBe(3)
         } finally {
           expect(await cli.stop()).toBe(0)
