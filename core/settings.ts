@@ -5,6 +5,10 @@
 //
 // Each setting is read when its caller needs it, not once at import: a process started with a
 // different environment (a worker, a test's child, an A/B run) sees its own.
+//
+// Any client of the bus may set a GRADWIRE_* variable for the processes a node agent spawns
+// (actors/node/env-policy.ts allows the prefix), so no GRADWIRE_ variable may name code, a library
+// or a binary to load: such a setting gets a name outside the prefix.
 import * as os from "node:os"
 import * as path from "node:path"
 
