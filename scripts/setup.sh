@@ -2,12 +2,14 @@
 # Installs what gradwire needs and this machine lacks, and says what it found and what it
 # installed: Node >= 22.19 (npm's "node" package into /usr/local when the node on PATH is older),
 # nats-server (apt-get, or brew), the npm packages (npm ci, when node_modules is missing or older
-# than package-lock.json); with --test also what the test suite uses (chromium, openssl). Runs as
-# root, through sudo, or as a user who can write /usr/local. When it cannot do something it ends
-# with one line saying what and why, and exits 1. The README's first command and .ci/run call it.
+# than package-lock.json); with --test also what the test suite uses (chromium, openssl,
+# promtool). Runs as root, through sudo, or as a user who can write /usr/local. When it cannot do
+# something it ends with one line saying what and why, and exits 1. The README's first command
+# and .ci/run call it.
 #
 #   bash scripts/setup.sh [--test] [--check]
-#     --test    also chromium (the HTML report's rendering tests) and openssl (a TLS test)
+#     --test    also chromium (the HTML report's rendering tests), openssl (a TLS test) and
+#               promtool (Prometheus' linter, run over the dashboard's /metrics)
 #     --check   install nothing: say what is there, and fail on the first thing missing
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +19,7 @@ for arg in "$@"; do
   case "$arg" in
     --test) tests=1 ;;
     --check) check=1 ;;
-    -h|--help) sed -n '2,11s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13s/^# \{0,1\}//p' "$0"; exit 0 ;;
     *) echo "setup: unknown option \"$arg\" (known: --test, --check)"; exit 2 ;;
   esac
 done
@@ -106,9 +108,9 @@ else
   say "nats-server $("$nats" --version 2>&1 | grep -o 'v[0-9][0-9.]*' | head -1) ($nats): installed"
 fi
 
-# --- what the tests use: chromium, openssl ----------------------------------------------------
+# --- what the tests use: chromium, openssl, promtool ------------------------------------------
 # Not fatal: without chromium the report rendering tests fail, without openssl the read pool's TLS
-# test is skipped; both say so.
+# test is skipped, without promtool the dashboard's /metrics lint test fails; each says so.
 if [ "$tests" = 1 ]; then
   chromium=""
   for c in "${CHROMIUM_BIN:-}" /usr/bin/chromium /usr/bin/chromium-browser /usr/bin/google-chrome; do
@@ -132,6 +134,24 @@ if [ "$tests" = 1 ]; then
     say "installing openssl ..."
     if system_install openssl; then say "$(openssl version | cut -d' ' -f1-2): installed"
     else say "could not install openssl (log: $log): the read pool's TLS test will be skipped"
+    fi
+  fi
+  # Debian's and Homebrew's prometheus package carries promtool. On a machine with systemd, Debian
+  # also starts the Prometheus server (and node exporter) it brings along: only promtool is
+  # wanted, so those are stopped and disabled again.
+  if command -v promtool >/dev/null 2>&1; then
+    say "$(promtool --version 2>&1 | head -1 | cut -d' ' -f1-3) ($(command -v promtool)): already there"
+  elif [ "$check" = 1 ]; then
+    say "promtool is missing: the dashboard's /metrics lint test will fail"
+  else
+    say "installing promtool (the prometheus package) ..."
+    if system_install prometheus && command -v promtool >/dev/null 2>&1; then
+      say "$(promtool --version 2>&1 | head -1 | cut -d' ' -f1-3): installed"
+      if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet prometheus 2>/dev/null; then
+        as_root systemctl disable --now prometheus prometheus-node-exporter >>"$log" 2>&1 || true
+        say "stopped and disabled the prometheus and prometheus-node-exporter services the package started (only promtool is used)"
+      fi
+    else say "could not install promtool (log: $log): the dashboard's /metrics lint test will fail"
     fi
   fi
 fi
