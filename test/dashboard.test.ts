@@ -3,10 +3,11 @@
 // runConfig.dashboard on a free loopback port) is watched in headless Chromium over the DevTools
 // protocol: the page loads while it trains, a loss curve gains points, a worker killed with
 // kill -9 shows as a restart, /metrics parses as Prometheus text and counts the restart, and the
-// CLI lists the job and prints its workers' output. A cluster with credentials gets a token: the
-// page asks for it and every data endpoint refuses without it. Every process started here is
-// stopped, also on failure; every wait has a deadline.
-import { spawn } from "node:child_process"
+// CLI lists the job and prints its workers' output. /metrics of a dashboard with a real node agent
+// and a job passes Prometheus' own linter (`promtool check metrics`). A cluster with credentials
+// gets a token: the page asks for it and every data endpoint refuses without it. Every process
+// started here is stopped, also on failure; every wait has a deadline.
+import { spawn, spawnSync } from "node:child_process"
 import * as fs from "node:fs"
 import * as http from "node:http"
 import * as os from "node:os"
@@ -17,7 +18,6 @@ import { Trainer, loadDigits, trainTestSplit, type Result } from "../index.ts"
 import { freePort } from "../core/nats-server.ts"
 import { startDashboard } from "../actors/train/dashboard/server.ts"
 import { resolveTrainerOptions } from "../actors/train/options.ts"
-import { renderExposition } from "../actors/train/observe/prometheus.ts"
 import { encodeJson, type JobSnapshot } from "../actors/train/job-telemetry.ts"
 import { clusterSubjects } from "../core/subjects.ts"
 import { readTfRecords, decodeEvent } from "../actors/train/observe/tensorboard.ts"
@@ -26,6 +26,7 @@ import { fetchJobLogs, followJobLogs, listJobs } from "../actors/train/dashboard
 import { openKvBucket } from "../core/jetstream-kv.ts"
 import { encodeMessage } from "../core/wire.ts"
 import { natsFixtures } from "./support/nats.ts"
+import { startHeadAgent } from "./support/head-agent.ts"
 import { openLivePage, type LivePage } from "./support/cdp.ts"
 import { alive, runScript } from "./support/run-script.ts"
 
@@ -53,7 +54,19 @@ interface Family {
   samples: Array<{ labels: Record<string, string>; value: number }>
 }
 
-/** A strict reader of Prometheus' text format 0.0.4: anything else on a line throws. */
+/** A histogram's or summary's samples carry their family's name with one of these suffixes. */
+const COMPOSITE_SUFFIX = /_(bucket|sum|count)$/
+
+/** A Go float as Prometheus reads it (strconv.ParseFloat: NaN and Inf in any case). */
+const goFloat = (s: string): number => {
+  if (/^nan$/i.test(s)) return NaN
+  if (/^[+-]?inf(inity)?$/i.test(s)) return s.startsWith("-") ? -Infinity : Infinity
+  const v = Number(s)
+  if (Number.isNaN(v)) throw new Error(`bad value ${s}`)
+  return v
+}
+
+/** A strict reader of Prometheus' text format 0.0.4: anything else on a line throws (empty lines are allowed). */
 const parseExposition = (text: string): Map<string, Family> => {
   const families = new Map<string, Family>()
   const fam = (name: string): Family => {
@@ -63,6 +76,7 @@ const parseExposition = (text: string): Map<string, Family> => {
   }
   expect(text.endsWith("\n")).toBe(true)
   for (const line of text.slice(0, -1).split("\n")) {
+    if (line === "") continue
     let m = /^# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) (.*)$/.exec(line)
     if (m) {
       fam(m[1]).help = m[2]
@@ -84,18 +98,37 @@ const parseExposition = (text: string): Map<string, Family> => {
       if (!l) throw new Error(`bad labels: ${JSON.stringify(raw)}`)
       labels[l[1]] = l[2].replace(/\\(["\\n])/g, (_, c: string) => (c === "n" ? "\n" : c))
     }
-    const value = m[3] === "NaN" ? NaN : m[3] === "+Inf" ? Infinity : m[3] === "-Inf" ? -Infinity : Number(m[3])
-    if (Number.isNaN(value) && m[3] !== "NaN") throw new Error(`bad value in ${line}`)
-    const f = fam(m[1])
+    const value = goFloat(m[3])
+    // A histogram's _bucket, _sum and _count samples belong to its family.
+    const base = m[1].replace(COMPOSITE_SUFFIX, "")
+    const composite = base !== m[1] && /^(histogram|summary)$/.test(families.get(base)?.type ?? "")
+    const f = fam(composite ? base : m[1])
     expect(f.type, `${m[1]} has samples but no TYPE`).toBeDefined()
     f.samples.push({ labels, value })
   }
-  for (const [name, f] of families) if (f.type === "counter") expect(name).toMatch(/_total$/)
+  // What promtool's linter says of names, checked on every exposition read here.
+  for (const [name, f] of families) {
+    if (f.type === "counter") expect(name, `counter ${name}`).toMatch(/_total$/)
+    else expect(name, `${f.type} ${name} is named like a counter`).not.toMatch(/_total$/)
+  }
   return families
 }
 
 const value = (families: Map<string, Family>, name: string, labels: Record<string, string>): number | undefined =>
   families.get(name)?.samples.find((s) => Object.entries(labels).every(([k, v]) => s.labels[k] === v))?.value
+
+/** Prometheus' promtool, where Debian's package and most installs put it, else undefined. */
+const findPromtool = (): string | undefined =>
+  [...(process.env.PATH ?? "").split(path.delimiter).filter(Boolean), "/usr/bin", "/usr/local/bin"]
+    .map((d) => path.join(d, "promtool"))
+    .find((p) => {
+      try {
+        fs.accessSync(p, fs.constants.X_OK)
+        return true
+      } catch {
+        return false
+      }
+    })
 
 /** GET with an optional header; the status and body (an event stream is read for ~300 ms). */
 const get = (url: string, headers: Record<string, string> = {}): Promise<{ status: number; body: string }> =>
@@ -141,22 +174,6 @@ const startCli = (args: ReadonlyArray<string>) => {
     }
   }
 }
-
-describe("Prometheus text", () => {
-  it("escapes label values and help text, and writes Go-style special values", () => {
-    const text = renderExposition([
-      { name: "a_total", type: "counter", help: "with \\ and\nnewline", samples: [{ labels: { x: 'q"uote\\back\nline' }, value: 3 }] },
-      { name: "b", type: "gauge", help: "b", samples: [{ labels: {}, value: NaN }, { labels: { k: "v" }, value: Infinity }] },
-      { name: "empty", type: "gauge", help: "left out", samples: [] }
-    ])
-    expect(text).toBe(
-      '# HELP a_total with \\\\ and\\nnewline\n# TYPE a_total counter\na_total{x="q\\"uote\\\\back\\nline"} 3\n# HELP b b\n# TYPE b gauge\nb NaN\nb{k="v"} +Inf\n'
-    )
-    const parsed = parseExposition(text)
-    expect(parsed.get("a_total")?.samples[0].labels.x).toBe('q"uote\\back\nline')
-    expect(() => renderExposition([{ name: "bad-name", type: "gauge", help: "", samples: [{ labels: {}, value: 1 }] }])).toThrow(/invalid metric name/)
-  })
-})
 
 describe("dashboard", () => {
   const fixtures = natsFixtures("each")
@@ -226,7 +243,7 @@ describe("dashboard", () => {
         expect(value(before, "gradwire_rank_collective_bytes_total", { ...jobLabels, rank: "1", direction: "sent" })).toBeGreaterThan(0)
         expect(value(before, "gradwire_rank_step_seconds", { ...jobLabels, rank: "0", part: "communication" })).toBeGreaterThanOrEqual(0)
         expect(value(before, "gradwire_node_up", { node: "local" })).toBe(1)
-        expect(value(before, "gradwire_node_resource_total", { node: "local", resource: "CPU" })).toBeGreaterThanOrEqual(3)
+        expect(value(before, "gradwire_node_resource_capacity", { node: "local", resource: "CPU" })).toBeGreaterThanOrEqual(3)
 
         // The CLI, from another process, over the bus: the embedded server admits only the run's
         // nkey, whose seed file the page's address names.
@@ -354,6 +371,58 @@ describe("dashboard", () => {
       await page?.close()
       query.unsubscribe()
       await d.close()
+    }
+  })
+
+  it("serves /metrics that promtool check metrics passes without a warning, process metrics included", { timeout: 60_000 }, async () => {
+    // Debian's prometheus package has it; the set-up script installs it with --test.
+    const promtool = findPromtool()
+    if (!promtool) throw new Error('promtool is missing (Prometheus\' linter, which checks /metrics here): run "bash scripts/setup.sh --test", which installs it')
+    const server = await fixtures.server()
+    const { nc } = await fixtures.connect(server.url)
+    const agent = await startHeadAgent(server.url, "prom", "prom-agent")
+    // A job as its driver would answer, with a name and a metric key that need escaping.
+    const rank = (r: number) => ({
+      rank: r, actor: `w0-${r}`, node: "prom-node", pid: 100 + r, attempt: 0, epoch: 1, step: 3, stepsPerEpoch: 10, loss: 0.5, samplesPerSec: 120.5,
+      computeMs: 12, commMs: 3, waitMs: 1, steps: 13, samples: 416, computeMsTotal: 156, commMsTotal: 39, waitMsTotal: 13, bytesSent: 4096, bytesReceived: 4096, updatedAt: Date.now()
+    })
+    const job: JobSnapshot = {
+      v: 1, job: "prom-abcdefgh", name: 'q"uote\\back\nline', cluster: "prom", state: "running", startedAt: Date.now(), updatedAt: Date.now(), attempt: 0, worldSize: 2,
+      minWorkers: 2, maxWorkers: 2, restarts: 0, countedFailures: 0, resizes: [], strategy: { strategy: "allreduce", algorithm: "ring", compression: "none", zeroStage: 0 },
+      reports: 1, lastMetrics: { "val/loss": 0.25, note: "text" }, checkpoints: { count: 1 }, incidents: [], ranks: [rank(0), rank(1)], runDir: "/tmp/x",
+      driver: { host: "h", pid: 1 }, address: server.url
+    }
+    const query = nc.subscribe(clusterSubjects("prom").jobsQuery, { callback: (_e, m) => void m.respond(encodeJson({ ...job, updatedAt: Date.now() })) })
+    const d = await startDashboard({ nc, cluster: "prom", address: server.url, port: 0 })
+    try {
+      const text = await until("the node and the job on /metrics", async () => {
+        const r = await get(`${d.baseUrl}/metrics`)
+        expect(r.status).toBe(200)
+        return /^gradwire_node_up\{/m.test(r.body) && /^gradwire_rank_steps_total\{/m.test(r.body) ? r.body : undefined
+      }, 20_000)
+      const lint = spawnSync(promtool, ["check", "metrics"], { input: text, encoding: "utf8", timeout: 30_000 })
+      expect(lint.error).toBeUndefined()
+      expect(`${lint.stdout}${lint.stderr}`.trim(), "promtool's warnings").toBe("")
+      expect(lint.status).toBe(0)
+
+      const families = parseExposition(text)
+      const jobLabels = { job: "prom-abcdefgh", name: 'q"uote\\back\nline' }
+      expect(value(families, "gradwire_node_up", { node: "prom-node" })).toBe(1)
+      expect(value(families, "gradwire_node_resource_capacity", { node: "prom-node", resource: "CPU" })).toBeGreaterThanOrEqual(2)
+      expect(value(families, "gradwire_node_resource_used", { node: "prom-node", resource: "CPU" })).toBe(0)
+      expect(value(families, "gradwire_job_world_size", jobLabels)).toBe(2)
+      expect(value(families, "gradwire_job_metric", { ...jobLabels, metric: "val_loss" })).toBe(0.25)
+      expect(value(families, "gradwire_rank_steps_total", { ...jobLabels, rank: "1" })).toBe(13)
+      expect(value(families, "gradwire_rank_step_seconds_total", { ...jobLabels, rank: "0", part: "compute" })).toBeCloseTo(0.156)
+      expect(value(families, "gradwire_rank_collective_bytes_total", { ...jobLabels, rank: "0", direction: "received" })).toBe(4096)
+      // The dashboard process's own: CPU, memory, event loop lag.
+      for (const name of ["process_cpu_seconds_total", "process_resident_memory_bytes", "nodejs_eventloop_lag_seconds", "nodejs_heap_size_used_bytes"]) {
+        expect(families.get(name)?.samples.length, name).toBeGreaterThan(0)
+      }
+    } finally {
+      query.unsubscribe()
+      await d.close()
+      await agent.stop()
     }
   })
 })

@@ -13,9 +13,8 @@ import type { NatsConnection } from "@nats-io/nats-core"
 import { Schema } from "effect"
 import * as settings from "../../../core/settings.ts"
 import { renderDashboardPage } from "../observe/dashboard-page.ts"
-import { PROMETHEUS_CONTENT_TYPE } from "../observe/prometheus.ts"
 import { LiveCluster, type LiveEvent } from "./live-cluster.ts"
-import { clusterMetrics } from "./metrics.ts"
+import { clusterRegistry } from "./metrics.ts"
 
 /** Ray's dashboard port, so muscle memory works. */
 export const DEFAULT_DASHBOARD_PORT = 8265
@@ -78,6 +77,7 @@ export const startDashboard = async (o: DashboardOptions): Promise<Dashboard> =>
   const clients = new Set<http.ServerResponse>()
   let port = o.port ?? DEFAULT_DASHBOARD_PORT
   const page = renderDashboardPage({ cluster: o.cluster, tokenRequired: token !== undefined })
+  const metrics = clusterRegistry(live)
 
   const allowedHost = (h: string | undefined): boolean => {
     if (!loopback) return true
@@ -134,7 +134,13 @@ export const startDashboard = async (o: DashboardOptions): Promise<Dashboard> =>
         res.setHeader("WWW-Authenticate", 'Bearer realm="gradwire dashboard"')
         return send(res, 401, "text/plain; charset=utf-8", "a token is required: the one `gradwire dashboard` printed (Authorization: Bearer TOKEN)\n")
       }
-      if (url.pathname === "/metrics") return send(res, 200, PROMETHEUS_CONTENT_TYPE, clusterMetrics(live))
+      if (url.pathname === "/metrics") {
+        metrics.metrics().then(
+          (text) => send(res, 200, metrics.contentType, text),
+          (e: unknown) => send(res, 500, "text/plain; charset=utf-8", `${e instanceof Error ? e.message : String(e)}\n`)
+        )
+        return
+      }
       if (url.pathname === "/api/state") return json(res, live.state())
       if (url.pathname === "/api/events") return onEvents(res)
       const logs = /^\/api\/jobs\/([A-Za-z0-9_-]+)\/logs$/.exec(url.pathname)
