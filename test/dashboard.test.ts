@@ -411,6 +411,7 @@ describe("dashboard", () => {
       expect(value(families, "gradwire_node_resource_capacity", { node: "prom-node", resource: "CPU" })).toBeGreaterThanOrEqual(2)
       expect(value(families, "gradwire_node_resource_used", { node: "prom-node", resource: "CPU" })).toBe(0)
       expect(value(families, "gradwire_job_world_size", jobLabels)).toBe(2)
+      expect(value(families, "gradwire_job_checkpoints", jobLabels)).toBe(1)
       expect(value(families, "gradwire_job_metric", { ...jobLabels, metric: "val_loss" })).toBe(0.25)
       expect(value(families, "gradwire_rank_steps_total", { ...jobLabels, rank: "1" })).toBe(13)
       expect(value(families, "gradwire_rank_step_seconds_total", { ...jobLabels, rank: "0", part: "compute" })).toBeCloseTo(0.156)

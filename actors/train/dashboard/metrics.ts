@@ -134,13 +134,8 @@ const FAMILIES: ReadonlyArray<Family> = [
   { name: "gradwire_job_counted_failures_total", type: "counter", help: "Failures that used failureConfig.maxFailures.", labelNames: JOB, samples: perJob((s) => s.countedFailures) },
   { name: "gradwire_job_resizes_total", type: "counter", help: "Size changes of the job's elastic group.", labelNames: JOB, samples: perJob((s) => s.resizes.length) },
   { name: "gradwire_job_reports_total", type: "counter", help: "Completed report rounds of the job.", labelNames: JOB, samples: perJob((s) => s.reports) },
-  {
-    name: "gradwire_job_checkpoints_total",
-    type: "counter",
-    help: "Checkpoints of the job kept now.",
-    labelNames: JOB,
-    samples: perJob((s) => s.checkpoints.count)
-  },
+  // A gauge: pruning to checkpointConfig.numToKeep lowers it, which a counter must never do.
+  { name: "gradwire_job_checkpoints", type: "gauge", help: "Checkpoints of the job kept now.", labelNames: JOB, samples: perJob((s) => s.checkpoints.count) },
   { name: "gradwire_job_start_time_seconds", type: "gauge", help: "When the job started, in seconds since the Unix epoch.", labelNames: JOB, samples: perJob((s) => s.startedAt / 1000) },
   {
     name: "gradwire_job_metric",
