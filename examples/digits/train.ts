@@ -4,7 +4,7 @@
 // with kill -9, throw, or report an extra time, to exercise the trainer's fault handling.)
 import { writeFileSync } from "node:fs"
 import type { TrainContext } from "../../index.ts"
-import { buildModel, weightsHash, type ModelKind } from "./model.ts"
+import { buildModel, weightsHashAsync, type ModelKind } from "./model.ts"
 
 export interface DigitsConfig {
   readonly epochs?: number
@@ -78,7 +78,7 @@ export async function trainLoop(config: DigitsConfig, ctx: TrainContext): Promis
       accuracy: r.accuracy ?? 0,
       val_loss: val.loss,
       val_accuracy: val.accuracy ?? 0,
-      weights: weightsHash(model.getWeights())
+      weights: await weightsHashAsync(model.getWeights())
     }
     const ckpt = ctx.worldRank === 0 ? await ctx.checkpointFromModel(dp, { metadata: { epoch } }) : undefined
     await ctx.report(metrics, ckpt ? { checkpoint: ckpt } : {})

@@ -3,7 +3,7 @@
 // seeded order every epoch), scales them with a map transform, and checkpoints every epoch; the
 // checkpoint keeps the data position, so a restart goes on where the data was.
 import { scale, type FileStream, type TrainContext } from "../../index.ts"
-import { buildModel, weightsHash } from "../digits/model.ts"
+import { buildModel, weightsHashAsync } from "../digits/model.ts"
 
 export interface FilesConfig {
   readonly epochs?: number
@@ -41,7 +41,7 @@ export async function trainLoop(config: FilesConfig, ctx: TrainContext): Promise
         // How long this rank waited for rows, of the time it spent getting them (prefetch hides the rest).
         data_wait_ms: train.stats.waitMs,
         data_mib: train.stats.bytesRead / 2 ** 20,
-        weights: weightsHash(model.getWeights())
+        weights: await weightsHashAsync(model.getWeights())
       },
       ckpt ? { checkpoint: ckpt } : {}
     )
