@@ -22,7 +22,7 @@ export class ProgressPrinter {
   readonly #ranks = new Map<number, RankProgress>()
   readonly #out: NodeJS.WriteStream
   #barShown = false
-  #lastLine = 0
+  #lastLine = -Infinity
   #epochStart = new Map<number, number>()
   #samples = 0
   #samplesSince = Infinity
@@ -62,11 +62,13 @@ export class ProgressPrinter {
     const pct = p.stepsPerEpoch > 0 ? (p.step + 1) / p.stepsPerEpoch : 0
     const eta = secPerStep * Math.max(0, p.stepsPerEpoch - p.step - 1)
     const hint = this.stragglers()
+    const rate = `${this.#rate > 0 ? `${Math.round(this.#rate)} samples/s  ` : ""}loss ${fmt(p.loss)}`
+    // A hand-written trainStep loop has no epoch length (nor epochs): its steps are counted, no bar or ETA.
     const text =
-      `epoch ${p.epoch + 1} ${this.mode === "bar" ? `[${"#".repeat(Math.round(pct * 24)).padEnd(24, ".")}] ` : ""}` +
-      `${String(p.step + 1).padStart(4)}/${p.stepsPerEpoch} ${(pct * 100).toFixed(0).padStart(3)}%  ` +
-      `${this.#rate > 0 ? `${Math.round(this.#rate)} samples/s  ` : ""}loss ${fmt(p.loss)}  ETA ${eta.toFixed(1)}s` +
-      (hint ? `  | ${hint}` : "")
+      (p.stepsPerEpoch > 0
+        ? `epoch ${p.epoch + 1} ${this.mode === "bar" ? `[${"#".repeat(Math.round(pct * 24)).padEnd(24, ".")}] ` : ""}` +
+          `${String(p.step + 1).padStart(4)}/${p.stepsPerEpoch} ${(pct * 100).toFixed(0).padStart(3)}%  ${rate}  ETA ${eta.toFixed(1)}s`
+        : `step ${String(p.step + 1).padStart(5)}  ${rate}`) + (hint ? `  | ${hint}` : "")
     if (this.mode === "bar") {
       this.#out.write(`\r\x1b[2K${text}`)
       this.#barShown = true

@@ -1,0 +1,27 @@
+// The driver's progress lines (not on a TTY): a dp.fit loop shows its epoch's bar figures and ETA;
+// a hand-written trainStep loop, which has no epoch length, shows its step count without a bogus
+// "/0 0% ETA 0.0s".
+import { describe, expect, it } from "vitest"
+import { ProgressPrinter } from "../actors/train/observe/progress.ts"
+
+const printer = (): { p: ProgressPrinter; lines: string[] } => {
+  const lines: string[] = []
+  const out = { isTTY: false, write: (s: string) => (lines.push(s), true) } as unknown as NodeJS.WriteStream
+  return { p: new ProgressPrinter(true, 1, out), lines }
+}
+
+describe("progress lines", () => {
+  it("a fit loop's line has the step out of the epoch's steps and an ETA", () => {
+    const { p, lines } = printer()
+    expect(p.mode).toBe("lines")
+    p.step({ rank: 0, epoch: 1, step: 9, stepsPerEpoch: 10, samples: 320, loss: 0.5, computeMs: 3 })
+    expect(lines.at(-1)).toMatch(/^epoch 2 +10\/10 100% .*loss 0\.5000 +ETA 0\.0s\n$/)
+  })
+
+  it("a trainStep loop's line counts steps, with no epoch length, percentage or ETA", () => {
+    const { p, lines } = printer()
+    p.step({ rank: 0, epoch: 0, step: 13, stepsPerEpoch: 0, samples: 448, loss: 1.25, computeMs: 3 })
+    expect(lines.at(-1)).toMatch(/^step +14 +loss 1\.250\n$/)
+    expect(lines.join("")).not.toMatch(/\/0|ETA|%/)
+  })
+})
