@@ -16,3 +16,48 @@ export const isGpuBackend = (b: string): b is GpuBackend => (GPU_BACKENDS as rea
  */
 export const gpuBackendFor = (backends: readonly string[], want: GpuBackend | "auto"): GpuBackend | undefined =>
   (want === "auto" ? GPU_BACKENDS : [want]).find((b) => backends.includes(b))
+
+/** The nodes' GPUs as a placement sees them (for the software adapter's note). */
+interface NodeGpus {
+  readonly nodeId: string
+  readonly gpus: ReadonlyArray<{ readonly index: number; readonly name: string; readonly software?: boolean }>
+}
+
+/** "0-2,5" for ranks [0, 1, 2, 5]. */
+const rankRanges = (ranks: readonly number[]): string => {
+  const out: string[] = []
+  for (let i = 0; i < ranks.length; ) {
+    let j = i
+    while (j + 1 < ranks.length && ranks[j + 1] === ranks[j]! + 1) j++
+    out.push(i === j ? `${ranks[i]}` : `${ranks[i]}-${ranks[j]}`)
+    i = j + 1
+  }
+  return out.join(",")
+}
+
+/**
+ * One line for the start of a run: which backend each rank runs, where, and why (asked by name, or
+ * "auto"'s order), with a note when a GPU is a software adapter. Pure.
+ */
+export const describeBackends = (
+  ranks: ReadonlyArray<{ readonly rank: number; readonly nodeId: string; readonly backend: string; readonly gpuIndices: readonly number[] }>,
+  asked: string,
+  useGpu: boolean,
+  nodes: ReadonlyArray<NodeGpus> = []
+): string => {
+  const groups = new Map<string, number[]>()
+  for (const r of ranks) {
+    const key = `${r.backend} on ${r.nodeId}`
+    groups.set(key, [...(groups.get(key) ?? []), r.rank])
+  }
+  const where = [...groups].map(([k, rs]) => `${k} (rank${rs.length === 1 ? "" : "s"} ${rankRanges(rs.sort((a, b) => a - b))})`).join(", ")
+  const why =
+    asked === "auto"
+      ? `backend "auto": each node's fastest that loads there, ${useGpu ? "tensorflow-gpu, then webgpu" : "tensorflow, then wasm, then cpu"}`
+      : `backend "${asked}"`
+  const software = ranks.some((r) => nodes.find((n) => n.nodeId === r.nodeId)?.gpus.some((g) => g.software && r.gpuIndices.includes(g.index)))
+  return (
+    `workers: ${where} (${why})` +
+    (software ? "; their GPU is a software adapter (GRADWIRE_WEBGPU_SOFTWARE=1): this tests the GPU code path, not its speed" : "")
+  )
+}

@@ -13,7 +13,7 @@ import { decodeConfig } from "../core/validate.ts"
 import { NO_ADAPTER } from "../core/webgpu.ts"
 import { probeBackends, probeGpus, probeWebGpu } from "../actors/node/node-probe.ts"
 import { adapterLines, type NodeReport } from "../actors/node/cluster-status.ts"
-import { GPU_BACKENDS, gpuBackendFor } from "../scheduler/gpu-backend.ts"
+import { GPU_BACKENDS, describeBackends, gpuBackendFor } from "../scheduler/gpu-backend.ts"
 import { decodeAdvertisement, toNodeResources, type NodeAdvertisement } from "../scheduler/node-info.ts"
 import { PlacementInfeasible, planPlacement } from "../scheduler/placement.ts"
 import type { NodeResources, TfjsBackend } from "../scheduler/resources.ts"
@@ -57,6 +57,20 @@ const failureOf = (r: ReturnType<typeof planPlacement>) => {
 }
 
 describe("GPU backend choice", () => {
+  it("says at start which backend each rank runs, where, and why", () => {
+    const r = (rank: number, nodeId: string, backend: string, gpuIndices: number[] = []) => ({ rank, nodeId, backend, gpuIndices })
+    expect(describeBackends([r(0, "a", "tensorflow"), r(1, "a", "tensorflow"), r(2, "b", "wasm"), r(3, "a", "tensorflow")], "auto", false)).toBe(
+      'workers: tensorflow on a (ranks 0-1,3), wasm on b (rank 2) (backend "auto": each node\'s fastest that loads there, tensorflow, then wasm, then cpu)'
+    )
+    const soft = [{ nodeId: "local", gpus: [{ index: 0, name: "SwiftShader driver 5.0.0 (software)", software: true }, { index: 1, name: "x", software: true }] }]
+    const line = describeBackends([r(0, "local", "webgpu", [0]), r(1, "local", "webgpu", [1])], "webgpu", true, soft)
+    expect(line).toBe('workers: webgpu on local (ranks 0-1) (backend "webgpu"); their GPU is a software adapter (GRADWIRE_WEBGPU_SOFTWARE=1): this tests the GPU code path, not its speed')
+    const real = [{ nodeId: "g", gpus: [{ index: 0, name: "NVIDIA H100" }] }]
+    expect(describeBackends([r(0, "g", "tensorflow-gpu", [0])], "auto", true, real)).toBe(
+      'workers: tensorflow-gpu on g (rank 0) (backend "auto": each node\'s fastest that loads there, tensorflow-gpu, then webgpu)'
+    )
+  })
+
   it("prefers tensorflow-gpu, then webgpu, whatever order the node lists them in", () => {
     expect(GPU_BACKENDS).toEqual(["tensorflow-gpu", "webgpu"])
     expect(gpuBackendFor(["webgpu", "tensorflow-gpu", "wasm", "cpu"], "auto")).toBe("tensorflow-gpu")

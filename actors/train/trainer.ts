@@ -18,6 +18,7 @@ import { describeConnection, hasCredentials, redactConnection } from "../../core
 import { decodeMessage } from "../../core/wire.ts"
 import { jobSubjects } from "../../core/subjects.ts"
 import { PlacementInfeasible, SERVER_CPUS, type PlacementPlan, type PlacementRequest } from "../../scheduler/placement.ts"
+import { describeBackends } from "../../scheduler/gpu-backend.ts"
 import { ActorSystem } from "../runtime/system.ts"
 import { defineActor, launchActor, type ActorHandle } from "../runtime/actor.ts"
 import { silentLogger, stderrLogger } from "../runtime/log.ts"
@@ -147,6 +148,8 @@ interface RegroupContext {
 
 export class Trainer {
   readonly options: TrainerOptions
+  /** The last "workers: <backend> on <node> ..." line printed (printed again only when it changes). */
+  #backendLine: string | undefined
 
   constructor(options: TrainerOptions) {
     this.options = options
@@ -1053,7 +1056,13 @@ export class Trainer {
         continue
       }
       const planned = planLargest(request, bounds, nodes)
-      if (R.isSuccess(planned)) return planned.success
+      if (R.isSuccess(planned)) {
+        // Which backend each rank runs, and why: said at start, and again when a new placement changes it.
+        const line = describeBackends(planned.success.ranks, cfg.scaling.backend ?? "auto", cfg.scaling.useGpu === true, nodes)
+        if (line !== this.#backendLine) ctx.progress.line(`gradwire: ${line}`)
+        this.#backendLine = line
+        return planned.success
+      }
       const failure = planned.failure
       if (!(failure instanceof PlacementInfeasible)) throw failure
       if (ctx.first && explicit === undefined && R.isFailure(planLargest(request, bounds, idle(nodes)))) throw failure
