@@ -41,7 +41,11 @@ export const ScalingConfig = Schema.Struct({
    * learning rate by size / max (the linear scaling rule).
    */
   elasticBatch: Schema.optional(Schema.Literals(["keep-global", "keep-per-worker"])),
-  useGpu: Schema.optional(Schema.Boolean),
+  /**
+   * true: every worker on a GPU; "auto": a GPU worker on each node with a free GPU and a GPU
+   * backend, CPU workers elsewhere (one job across GPU and CPU machines); default false.
+   */
+  useGpu: Schema.optional(Schema.Union([Schema.Boolean, Schema.Literal("auto")])),
   /** Resources each worker needs, e.g. { CPU: 2 } or { GPU: 1, memory: 4e9 }. Default { GPU: 1 } with useGpu, else { CPU: 1 }. */
   resourcesPerWorker: Schema.optional(Schema.Record(Schema.String, NonNegative)),
   placementStrategy: Schema.optional(PlacementStrategy),

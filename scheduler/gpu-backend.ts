@@ -42,7 +42,7 @@ const rankRanges = (ranks: readonly number[]): string => {
 export const describeBackends = (
   ranks: ReadonlyArray<{ readonly rank: number; readonly nodeId: string; readonly backend: string; readonly gpuIndices: readonly number[] }>,
   asked: string,
-  useGpu: boolean,
+  useGpu: boolean | "auto",
   nodes: ReadonlyArray<NodeGpus> = []
 ): string => {
   const groups = new Map<string, number[]>()
@@ -53,7 +53,13 @@ export const describeBackends = (
   const where = [...groups].map(([k, rs]) => `${k} (rank${rs.length === 1 ? "" : "s"} ${rankRanges(rs.sort((a, b) => a - b))})`).join(", ")
   const why =
     asked === "auto"
-      ? `backend "auto": each node's fastest that loads there, ${useGpu ? "tensorflow-gpu, then webgpu" : "tensorflow, then wasm, then cpu"}`
+      ? `backend "auto": each node's fastest that loads there, ${
+          useGpu === "auto"
+            ? "tensorflow-gpu, then webgpu where a GPU is free (useGpu \"auto\"), else tensorflow, then wasm, then cpu"
+            : useGpu
+              ? "tensorflow-gpu, then webgpu"
+              : "tensorflow, then wasm, then cpu"
+        }`
       : `backend "${asked}"`
   const software = ranks.some((r) => nodes.find((n) => n.nodeId === r.nodeId)?.gpus.some((g) => g.software && r.gpuIndices.includes(g.index)))
   return (

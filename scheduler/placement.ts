@@ -49,7 +49,11 @@ export interface PlacementRequest {
   /** Owner of the allocation in the ledger; default "job". */
   readonly jobId?: string
   readonly numWorkers: number
-  readonly useGpu?: boolean
+  /**
+   * true: GPU workers; false (default): CPU workers; "auto": a GPU worker ({GPU: 1}) on each node
+   * that has a free GPU and a GPU backend, CPU workers ({CPU: 1}) elsewhere, in one job.
+   */
+  readonly useGpu?: boolean | "auto"
   /** Per worker: CPU, GPU (whole GPUs), memory (bytes), or custom names. Default {GPU: 1} with useGpu, else {CPU: 1}. */
   readonly resourcesPerWorker?: Readonly<Record<string, number>>
   /** Default PACK (Ray Train's default). */
@@ -90,6 +94,8 @@ export interface RankAssignment {
   /** Value for the worker's CUDA_VISIBLE_DEVICES ("" hides every GPU). */
   readonly cudaVisibleDevices: string
   readonly backend: TfjsBackend
+  /** What this rank holds on its node (the plan's resourcesPerWorker, or with useGpu "auto" its kind's). */
+  readonly resources: Readonly<Record<string, number>>
 }
 
 /** What one job holds on one node; the ledger sums these. */
@@ -105,8 +111,8 @@ export interface NodeAllocation {
 export interface PlacementPlan {
   readonly jobId: string
   readonly strategy: PlacementStrategy
-  readonly useGpu: boolean
-  /** After defaults; zero entries dropped. */
+  readonly useGpu: boolean | "auto"
+  /** After defaults; zero entries dropped (with useGpu "auto": a CPU worker's; each rank has its own). */
   readonly resourcesPerWorker: Readonly<Record<string, number>>
   /** Ordered by rank. */
   readonly ranks: readonly RankAssignment[]
@@ -195,6 +201,8 @@ interface NormalizedRequest {
   readonly jobId: string
   readonly numWorkers: number
   readonly useGpu: boolean
+  /** useGpu "auto": this is the CPU workers' request, and `gpu` the GPU workers'. */
+  readonly gpu?: NormalizedRequest
   readonly resources: Readonly<Record<string, number>>
   readonly strategy: PlacementStrategy
   readonly strategyEntry: PlacementStrategyEntry
@@ -250,6 +258,20 @@ const invalid = (field: string, reason: string) => Result.fail(new ConfigError({
 
 /** Applies Ray Train's defaults and checks the request; errors name the field and what is allowed. */
 export const normalizeRequest = (req: PlacementRequest): Result.Result<NormalizedRequest, ConfigError> => {
+  if (req.useGpu === "auto") {
+    // GPU workers where a node offers a GPU, CPU workers elsewhere: each kind sized by Ray's default.
+    if (req.resourcesPerWorker !== undefined) {
+      return invalid("scalingConfig.resourcesPerWorker", 'useGpu "auto" sizes each worker itself ({GPU: 1} on a GPU node, {CPU: 1} elsewhere); drop resourcesPerWorker, or set useGpu to true or false')
+    }
+    if ((req.backend ?? "auto") !== "auto") {
+      return invalid("scalingConfig.backend", `useGpu "auto" picks each node's backend (a GPU one where the worker gets a GPU); drop backend "${req.backend}" or set useGpu to true or false`)
+    }
+    const gpu = normalizeRequest({ ...req, useGpu: true })
+    if (Result.isFailure(gpu)) return gpu
+    const cpu = normalizeRequest({ ...req, useGpu: false, acceleratorType: undefined })
+    if (Result.isFailure(cpu)) return cpu
+    return Result.succeed({ ...cpu.success, gpu: gpu.success })
+  }
   const useGpu = req.useGpu === true
   if (!Number.isInteger(req.numWorkers) || req.numWorkers < 1) {
     return invalid("scalingConfig.numWorkers", `must be an integer >= 1, got ${String(req.numWorkers)}`)
@@ -322,6 +344,8 @@ interface NodeFit {
   /** Free GPUs this request may use (after acceleratorType), ascending by index. */
   readonly gpus: readonly GpuInfo[]
   readonly backend: TfjsBackend | undefined
+  /** What one worker takes here (the request's; with useGpu "auto", the GPU or the CPU worker's). */
+  readonly resources: Readonly<Record<string, number>>
   /** Workers that fit now; 0 when excluded. */
   readonly capacity: number
   /** "" when the node can take at least one worker. */
@@ -336,7 +360,7 @@ const matchesAccelerator = (g: GpuInfo, acceleratorType: string): boolean =>
 
 const assessNode = (node: NodeResources, req: NormalizedRequest): NodeFit => {
   const free = freeResources(node)
-  const base = { node, free, gpus: [] as readonly GpuInfo[], backend: undefined, capacity: 0 }
+  const base = { node, free, gpus: [] as readonly GpuInfo[], backend: undefined, resources: req.resources, capacity: 0 }
   // Backend first: it is the most common reason a GPU request lands nowhere.
   let backend: TfjsBackend | undefined
   // What the node's probe said about webgpu ("no WebGPU adapter ..."), for the exclusion reason.
@@ -401,7 +425,7 @@ const assessNode = (node: NodeResources, req: NormalizedRequest): NodeFit => {
     }
   }
   if (capacity === 0) return { ...base, backend, gpus, excluded: limit }
-  return { node, free, gpus, backend, capacity, excluded: "" }
+  return { node, free, gpus, backend, resources: req.resources, capacity, excluded: "" }
 }
 
 /** Workers per node through the requested strategy, over the nodes that can take one. */
@@ -414,8 +438,8 @@ const describeRequest = (req: NormalizedRequest): string => {
   const parts = [
     `${req.numWorkers} worker${req.numWorkers === 1 ? "" : "s"} x {${res}}`,
     req.strategy,
-    `useGpu ${req.useGpu}`,
-    `backend ${req.backend !== "auto" ? req.backend : req.useGpu ? "tensorflow-gpu|webgpu" : "tensorflow|wasm|cpu"}`
+    `useGpu ${req.gpu ? "auto" : req.useGpu}`,
+    `backend ${req.backend !== "auto" ? req.backend : req.gpu ? "tensorflow-gpu|webgpu where a GPU is free, else tensorflow|wasm|cpu" : req.useGpu ? "tensorflow-gpu|webgpu" : "tensorflow|wasm|cpu"}`
   ]
   if (req.acceleratorType !== undefined) parts.push(`acceleratorType "${req.acceleratorType}"`)
   if (req.selector.length > 0) parts.push(`labels ${req.selector.map((m) => m.text).join(", ")}`)
@@ -501,7 +525,11 @@ export const planPlacement = (
     seen.add(n.nodeId)
   }
   const ordered = [...nodes].sort(compareNodes)
-  const fits = ordered.map((n) => assessNode(n, req))
+  // useGpu "auto": a node that can take a GPU worker takes GPU workers, any other CPU workers.
+  const fits = ordered.map((n) => {
+    const gpu = req.gpu ? assessNode(n, req.gpu) : undefined
+    return gpu && gpu.capacity > 0 ? gpu : assessNode(n, req)
+  })
   const infeasible = (reason: string, maxPlaceable: number, hint: string) =>
     Result.fail(
       new PlacementInfeasible({
@@ -517,12 +545,13 @@ export const planPlacement = (
     )
   const sel = select(fits, req)
   if (!sel.ok) return infeasible(sel.reason, sel.maxPlaceable, hintFor(req, fits, sel))
-  const gpuPer = req.resources[GPU] ?? 0
   const ranks: RankAssignment[] = []
   const allocations: NodeAllocation[] = []
   for (const f of fits) {
     const count = sel.counts.get(f.node.nodeId)
     if (count === undefined || count === 0) continue
+    const resources = f.resources
+    const gpuPer = resources[GPU] ?? 0
     const nodeRank = allocations.length
     const gpuIndices: number[] = []
     for (let local = 0; local < count; local++) {
@@ -538,16 +567,17 @@ export const planPlacement = (
         localWorldSize: count,
         gpuIndices: mine,
         cudaVisibleDevices: mine.join(","),
-        backend: f.backend!
+        backend: f.backend!,
+        resources
       })
     }
     const custom: Record<string, number> = {}
-    for (const [k, v] of Object.entries(req.resources)) if (k !== CPU && k !== GPU && k !== MEMORY) custom[k] = v * count
+    for (const [k, v] of Object.entries(resources)) if (k !== CPU && k !== GPU && k !== MEMORY) custom[k] = v * count
     allocations.push({
       nodeId: f.node.nodeId,
       workers: count,
-      cpus: (req.resources[CPU] ?? 0) * count,
-      memoryBytes: (req.resources[MEMORY] ?? 0) * count,
+      cpus: (resources[CPU] ?? 0) * count,
+      memoryBytes: (resources[MEMORY] ?? 0) * count,
       gpuIndices,
       custom
     })
@@ -559,7 +589,7 @@ export const planPlacement = (
   return Result.succeed({
     jobId: req.jobId,
     strategy: req.strategy,
-    useGpu: req.useGpu,
+    useGpu: req.gpu ? "auto" : req.useGpu,
     resourcesPerWorker: req.resources,
     ranks,
     nodes: servers.allocations,
@@ -579,12 +609,11 @@ const placeServers = (
 ): { ok: true; allocations: NodeAllocation[]; assignments: ServerAssignment[] } | { ok: false; reason: string } => {
   const out = allocations.map((a) => ({ ...a }))
   if (req.servers === 0) return { ok: true, allocations: out, assignments: [] }
-  const cpuPer = req.resources[CPU] ?? 0
   const candidates = fits
     .filter((f) => req.selector.every((m) => labelMatches(m, f.node.labels)))
     .map((f) => {
-      const workers = allocations.find((a) => a.nodeId === f.node.nodeId)?.workers ?? 0
-      return { f, workers, left: f.free.cpus - workers * cpuPer }
+      const mine = allocations.find((a) => a.nodeId === f.node.nodeId)
+      return { f, workers: mine?.workers ?? 0, left: f.free.cpus - (mine?.cpus ?? 0) }
     })
   const assignments: ServerAssignment[] = []
   for (let k = 0; k < req.servers; k++) {

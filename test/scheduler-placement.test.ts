@@ -203,6 +203,47 @@ describe("placement examples", () => {
   })
 })
 
+describe('useGpu "auto": GPU workers where a node offers a GPU, CPU workers elsewhere', () => {
+  it("gives a GPU node's workers a GPU and its GPU backend, and a CPU node's workers a CPU and its CPU backend", () => {
+    const nodes = [node("g", { cpus: 8, gpuNames: ["A10", "A10"] }), node("c", { cpus: 4, backends: ["wasm", "cpu"] })]
+    const plan = ok(planPlacement({ numWorkers: 4, useGpu: "auto", placementStrategy: "SPREAD" }, nodes))
+    expect(plan.useGpu).toBe("auto")
+    expect(plan.ranks.map((r) => [r.nodeId, r.backend, r.cudaVisibleDevices, r.resources])).toEqual([
+      ["c", "wasm", "", { CPU: 1 }],
+      ["c", "wasm", "", { CPU: 1 }],
+      ["g", "tensorflow-gpu", "0", { GPU: 1 }],
+      ["g", "tensorflow-gpu", "1", { GPU: 1 }]
+    ])
+    expect(plan.nodes).toEqual([
+      { nodeId: "c", workers: 2, cpus: 2, memoryBytes: 0, gpuIndices: [], custom: {} },
+      { nodeId: "g", workers: 2, cpus: 0, memoryBytes: 0, gpuIndices: [0, 1], custom: {} }
+    ])
+  })
+
+  it("a GPU node whose GPUs are all taken, or with no GPU backend, takes CPU workers", () => {
+    const busy = node("g", { cpus: 2, gpuNames: ["A10"], used: { cpus: 0, memoryBytes: 0, gpuIndices: [0], custom: {} } })
+    const noBackend = node("h", { cpus: 2, gpuNames: ["A10"], backends: ["wasm", "cpu"] })
+    const plan = ok(planPlacement({ numWorkers: 4, useGpu: "auto" }, [busy, noBackend]))
+    expect(plan.ranks.map((r) => `${r.nodeId}=${r.backend}:${JSON.stringify(r.resources)}`)).toEqual([
+      'g=tensorflow:{"CPU":1}',
+      'g=tensorflow:{"CPU":1}',
+      'h=wasm:{"CPU":1}',
+      'h=wasm:{"CPU":1}'
+    ])
+  })
+
+  it("sizes the workers itself and picks the backend per node: resourcesPerWorker or a named backend is a ConfigError", () => {
+    const nodes = [node("g", { gpuNames: ["A10"] })]
+    expect(err(planPlacement({ numWorkers: 1, useGpu: "auto", resourcesPerWorker: { CPU: 2 } }, nodes)).message).toMatch(/useGpu "auto" sizes each worker itself/)
+    expect(err(planPlacement({ numWorkers: 1, useGpu: "auto", backend: "wasm" }, nodes)).message).toMatch(/useGpu "auto" picks each node's backend/)
+  })
+
+  it("says so in an infeasible request", () => {
+    const e = err(planPlacement({ numWorkers: 9, useGpu: "auto" }, [node("c", { cpus: 2, backends: ["wasm"] })]))
+    expect(e.message).toMatch(/useGpu auto/)
+  })
+})
+
 describe("allocation ledger", () => {
   it("keeps concurrent jobs off each other's GPUs and frees them on release", () => {
     const nodes = [node("a", { gpuNames: ["A100", "A100"] }), node("b", { gpuNames: ["A100", "A100"] })]

@@ -4,13 +4,19 @@
 // GPUs. Through the public API on 2 workers: the zoo's CNN on the all-reduce; the digits MLP with
 // ZeRO-2, checkpointed and resumed (the optimizer state's hand-over, read asynchronously); local
 // SGD. Every rank ends with the same weights; explain.txt says each rank ran webgpu. Without the
-// opt-in, the same machine's agent refuses the software adapter and says how to accept it.
+// opt-in, the same machine's agent refuses the software adapter and says how to accept it. And one
+// job of a webgpu worker and a wasm worker (useGpu "auto") on two CLI-started agents, one of which
+// has the (software) GPU.
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { spawn, type ChildProcess } from "node:child_process"
 import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
 import { Trainer, loadDigits, trainTestSplit, type ArrayDataset, type Result } from "../index.ts"
-import { liveNatsServerPids } from "../core/nats-server.ts"
+import { launchNatsServer, liveNatsServerPids } from "../core/nats-server.ts"
+import { openNats } from "../core/connection.ts"
+import { openClusterView } from "../scheduler/cluster-view.ts"
+import { CLI } from "./support/actors-processes.ts"
 import { probeWebGpu } from "../actors/node/node-probe.ts"
 import { loadZooData } from "../examples/zoo/data.ts"
 import { TASK_OF } from "../examples/zoo/models.ts"
@@ -33,11 +39,11 @@ afterAll(async () => {
   expect(liveNatsServerPids()).toEqual([])
 })
 
-/** Every rank ran webgpu, and ended each epoch with rank 0's weights. */
-const expectWebGpuRanks = async (r: Result): Promise<void> => {
+/** Every rank ran its backend (webgpu by default), and ended each epoch with rank 0's weights. */
+const expectWebGpuRanks = async (r: Result, backends = ["webgpu", "webgpu"]): Promise<void> => {
   for (const epoch of r.metricsPerRank) expect(new Set(epoch.map((m) => m.weights)).size).toBe(1)
   const explain = await fs.readFile(path.join(r.path, "explain.txt"), "utf8")
-  for (const rank of [0, 1]) expect(explain).toContain(`rank ${rank}: backend webgpu`)
+  backends.forEach((b, rank) => expect(explain).toContain(`rank ${rank}: backend ${b}`))
 }
 
 const digitsRun = (name: string, epochs: number, collectiveConfig: Record<string, unknown>) =>
@@ -99,5 +105,51 @@ describe("useGpu workers on the webgpu backend (SwiftShader)", () => {
     expect(r.metricsHistory.length).toBe(2)
     expect(Number(r.metrics?.val_accuracy)).toBeGreaterThan(0.8)
     await expectWebGpuRanks(r)
+  })
+
+  it('useGpu "auto": one job of a webgpu worker (the agent with the GPU) and a wasm worker (the one without)', { timeout: 240_000 }, async () => {
+    const server = await launchNatsServer({ maxPayload: 8 * 1024 * 1024 })
+    const agents: ChildProcess[] = []
+    const cluster = "mixed"
+    const start = (node: string, args: string[], env: NodeJS.ProcessEnv): void => {
+      const p = spawn(
+        process.execPath,
+        [CLI, "start", "--address", server.url, "--cluster", cluster, "--node-id", node, "--num-cpus", "2", "--block", "--state-dir", path.join(storage, node), ...args],
+        { stdio: ["ignore", "ignore", "ignore"], env }
+      )
+      agents.push(p)
+    }
+    try {
+      // "gpu" probes its backends and finds the software adapter (the opt-in is in its environment):
+      // it advertises webgpu and one software GPU. "cpu" has wasm and cpu only, and no GPU.
+      start("gpu", [], process.env)
+      start("cpu", ["--backends", "wasm,cpu"], { ...process.env, GRADWIRE_WEBGPU_SOFTWARE: "0" })
+      const conn = await openNats({ servers: server.url, name: "mixed test" })
+      const view = await openClusterView({ nc: conn.nc, cluster })
+      try {
+        await view.waitFor((nodes) => nodes.filter((n) => n.state === "alive").length === 2 && view.resources().some((n) => n.backends.includes("webgpu")), 60_000)
+        const gpuNode = view.resources().find((n) => n.nodeId === "gpu")!
+        expect(gpuNode.gpus).toEqual([expect.objectContaining({ index: 0, software: true })])
+        expect(view.resources().find((n) => n.nodeId === "cpu")!.gpus).toEqual([])
+      } finally {
+        view.close()
+        await conn.close()
+      }
+      const r = await new Trainer({
+        trainLoopPerWorker: DIGITS,
+        trainLoopConfig: { epochs: 2, batchSize: 64 },
+        scalingConfig: { numWorkers: 2, useGpu: "auto", placementStrategy: "SPREAD" },
+        runConfig: { name: "webgpu-mixed", storagePath: storage, progress: false },
+        cluster: { address: server.url, clusterName: cluster },
+        datasets: { train, test }
+      }).fit()
+      expect(r.metricsHistory.length).toBe(2)
+      expect(Number(r.metrics?.val_accuracy)).toBeGreaterThan(0.8)
+      // Ranks in node order: "cpu" before "gpu".
+      await expectWebGpuRanks(r, ["wasm", "webgpu"])
+    } finally {
+      for (const p of agents) if (p.exitCode === null && p.signalCode === null) p.kill("SIGKILL")
+      await server.stop()
+    }
   })
 })

@@ -355,9 +355,9 @@ export class Trainer {
             verbose,
             output: onOutput,
             cpusNeeded:
-              cfg.maxWorkers * (cfg.scaling.resourcesPerWorker?.CPU ?? (cfg.scaling.useGpu ? 0 : 1)) +
+              cfg.maxWorkers * (cfg.scaling.resourcesPerWorker?.CPU ?? (cfg.scaling.useGpu === true ? 0 : 1)) +
               (cfg.collective.strategy !== "allreduce" && cfg.collective.parameterServer ? cfg.collective.parameterServer.numServers * SERVER_CPUS : 0),
-            useGpu: cfg.scaling.useGpu === true,
+            useGpu: cfg.scaling.useGpu !== undefined && cfg.scaling.useGpu !== false,
             gpusNeeded: cfg.maxWorkers * (cfg.scaling.resourcesPerWorker?.GPU ?? 1),
             // The embedded server keeps its JetStream data in the run directory, so a run's object
             // store checkpoints outlive it and a run with the same name resumes from them.
@@ -1002,7 +1002,7 @@ export class Trainer {
         backend: r.backend,
         gpuIndices: r.gpuIndices,
         cudaVisibleDevices: r.cudaVisibleDevices,
-        resources: joinPlan!.resourcesPerWorker,
+        resources: r.resources,
         join: { fromReports, to: pos }
       }))
       const failed = await x.group.spawn(spawns, x.groupArgs, watch)
@@ -1058,7 +1058,7 @@ export class Trainer {
       const planned = planLargest(request, bounds, nodes)
       if (R.isSuccess(planned)) {
         // Which backend each rank runs, and why: said at start, and again when a new placement changes it.
-        const line = describeBackends(planned.success.ranks, cfg.scaling.backend ?? "auto", cfg.scaling.useGpu === true, nodes)
+        const line = describeBackends(planned.success.ranks, cfg.scaling.backend ?? "auto", cfg.scaling.useGpu ?? false, nodes)
         if (line !== this.#backendLine) ctx.progress.line(`gradwire: ${line}`)
         this.#backendLine = line
         return planned.success

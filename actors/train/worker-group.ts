@@ -58,7 +58,7 @@ export const placementsOf = (plan: PlacementPlan, attempt: number): RankSpawn[] 
     backend: r.backend,
     gpuIndices: r.gpuIndices,
     cudaVisibleDevices: r.cudaVisibleDevices,
-    resources: plan.resourcesPerWorker
+    resources: r.resources
   }))
 }
 
