@@ -6,6 +6,7 @@ import { beforeAll, describe, expect, it } from "vitest"
 import { loadEngine, type Tf } from "../core/engine.ts"
 import { fallbackKernelsUsed } from "../core/kernels/fallback.ts"
 import { registerWasmKernels } from "../core/kernels/register.ts"
+import { asBlockTranspose } from "../core/kernels/transpose.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
 let tf: Tf
@@ -108,6 +109,26 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
       tf.fused.matMul({ a: t([6, 5], 7), b: t([4, 6], 8), transposeA: true, transposeB: true, bias: t([4], 9), activation: "relu" })
     ])
     expect(worst).toBeLessThanOrEqual(1e-4)
+  })
+
+  it("transposes: block transposes of every shape (tiles, runs, batches), int32 and bool, and the others through the backend's own", async () => {
+    expect(asBlockTranspose([2, 3], [1, 0])).toEqual({ batch: 1, rows: 2, cols: 3, inner: 1 })
+    expect(asBlockTranspose([4, 2, 3, 5], [0, 2, 1, 3])).toEqual({ batch: 4, rows: 2, cols: 3, inner: 5 })
+    expect(asBlockTranspose([2, 3, 4], [2, 0, 1])).toEqual({ batch: 1, rows: 6, cols: 4, inner: 1 })
+    expect(asBlockTranspose([2, 3, 4], [1, 2, 0])).toEqual({ batch: 1, rows: 2, cols: 12, inner: 1 })
+    expect(asBlockTranspose([2, 3, 4], [0, 1, 2])).toBeUndefined()
+    expect(asBlockTranspose([2, 3, 4], [2, 1, 0])).toBeUndefined()
+    const worst = await compare(() => [
+      tf.transpose(t([130, 67], 1)),
+      tf.transpose(t([3, 70, 129], 2), [0, 2, 1]),
+      tf.transpose(t([2, 5, 3, 4], 3), [0, 2, 1, 3]),
+      tf.transpose(t([5, 6, 7], 4), [2, 0, 1]),
+      tf.transpose(t([5, 6, 7], 5), [1, 2, 0]),
+      tf.transpose(t([2, 3, 4, 5], 6), [3, 1, 2, 0]),
+      tf.transpose(tf.cast(tf.mul(t([9, 70], 7), 100), "int32"), [1, 0]).toFloat(),
+      tf.transpose(tf.greater(t([65, 3], 8), 0), [1, 0]).toFloat()
+    ])
+    expect(worst).toBe(0)
   })
 
   it("broadcasting comparisons, maximum, minimum and pow", async () => {

@@ -69,7 +69,9 @@ export const conv2dBackpropFilter = (tf: Tf, { inputs, backend, attrs }: KernelA
                 if (iw < 0 || iw >= W) cols.fill(0, d, d + C)
                 else {
                   const s0 = ((b * H + ih) * W + iw) * C
-                  cols.set(xs.subarray(s0, s0 + C), d)
+                  // A few channels: a plain loop (a subarray per tap costs more than the copy).
+                  if (C <= 64) for (let c = 0; c < C; c++) cols[d + c] = xs[s0 + c]!
+                  else cols.set(xs.subarray(s0, s0 + C), d)
                 }
               }
             }

@@ -11,6 +11,7 @@ import { unsortedSegmentSum } from "./segment-sum.ts"
 import { tile } from "./tile.ts"
 import { gatherRows } from "./gather.ts"
 import { untransposedMatMul } from "./matmul.ts"
+import { transposeKernel } from "./transpose.ts"
 import { broadcastFirst, SLOW_BROADCAST_KERNELS } from "./broadcast.ts"
 import type { KernelArgs, KernelFunc } from "./wasm-heap.ts"
 
@@ -26,10 +27,10 @@ export const FAST_WASM_KERNELS = [
  * Kernels tfjs-backend-wasm 4.22 has but computes wrongly (test/wasm-layer-coverage.test.ts finds
  * them against finite differences), replaced: MaxPoolGrad by gradwire's own; the conv3d gradients
  * (the input's wrong at stride 1, the filter's at stride 2) by the cpu backend's. And one that is
- * right but slow: Conv2DBackpropInput (conv-grads.ts), Tile (tile.ts), GatherV2 (gather.ts), the matmuls with a transposed operand (matmul.ts), and the
- * broadcasting comparisons (broadcast.ts).
+ * right but slow: Conv2DBackpropInput (conv-grads.ts), Tile (tile.ts), GatherV2 (gather.ts), the matmuls with a transposed operand (matmul.ts),
+ * Transpose (transpose.ts), and the broadcasting comparisons (broadcast.ts).
  */
-export const REPLACED_WASM_KERNELS = ["Conv2DBackpropInput", "MaxPoolGrad", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", "Tile", "BatchMatMul", "_FusedMatMul", "GatherV2", ...SLOW_BROADCAST_KERNELS] as const
+export const REPLACED_WASM_KERNELS = ["Conv2DBackpropInput", "MaxPoolGrad", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", "Tile", "BatchMatMul", "_FusedMatMul", "Transpose", "GatherV2", ...SLOW_BROADCAST_KERNELS] as const
 
 let registered: { fast: string[]; fallback: string[]; gradients: string[] } | undefined
 
@@ -70,6 +71,9 @@ export const registerWasmKernels = (tf: Tf): { fast: string[]; fallback: string[
     const original = tf.getKernel(mm, "wasm")?.kernelFunc as unknown as KernelFunc | undefined
     if (original) replace(mm, untransposedMatMul(tf, original))
   }
+  // Transposes that move one group of axes past another, in cache-sized tiles (transpose.ts).
+  const wasmTranspose = tf.getKernel("Transpose", "wasm")?.kernelFunc as unknown as KernelFunc | undefined
+  if (wasmTranspose) replace("Transpose", transposeKernel(wasmTranspose))
   const wasmGather = tf.getKernel("GatherV2", "wasm")?.kernelFunc as unknown as KernelFunc | undefined
   if (wasmGather) replace("GatherV2", gatherRows(wasmGather))
   // Broadcasting comparisons and the like on equal shapes (broadcast.ts).
