@@ -26,6 +26,7 @@ import { planBuckets, DEFAULT_BUCKET_BYTES, DEFAULT_FIRST_BUCKET_BYTES } from ".
 import { addScaledIntoHalf, halfFeedbackBits, roundToHalf } from "./float16.ts"
 import { scale } from "./kernels.ts"
 import type { HalfSource } from "./algorithms/ring.ts"
+import { findAllReduceAlgorithm } from "./algorithms/registry.ts"
 import { simdSpace } from "./simd.ts"
 import {
   CodecContractError,
@@ -344,8 +345,8 @@ export class GradientReducer {
         // writes the message's bits, which the all-reduce sends and adds as they are; the
         // gradient is only read, then overwritten with the result.
         const t0 = performance.now()
-        if (c.errorFeedback && algorithm === "ring") {
-          // error feedback inside the ring (FeedbackHalfSource): cast only the segment sent first
+        if (c.errorFeedback && findAllReduceAlgorithm(algorithm)?.takesHalfSource === true) {
+          // error feedback inside the algorithm (the ring's FeedbackHalfSource): cast only the segment sent first
           const fresh = !this.ef.has(key)
           const e = this.ef.residual(key, data.length)
           const hint = this.#nonzero.get(key)

@@ -23,6 +23,26 @@ export const placementStrategyNames = ["PACK", "SPREAD", "STRICT_PACK", "STRICT_
 export const PlacementStrategy = Schema.Literals(placementStrategyNames)
 export type PlacementStrategy = typeof PlacementStrategy.Type
 
+/**
+ * collectiveConfig.strategy: every way of training, named once; the config's schema, the worker
+ * protocol's and the checks of what each needs derive from this list and its table.
+ */
+export const trainingStrategyNames = ["allreduce", "parameter-server", "auto", "local-sgd"] as const
+export type TrainingStrategy = (typeof trainingStrategyNames)[number]
+export const TrainingStrategySchema = Schema.Literals(trainingStrategyNames)
+
+/** What each training strategy needs: `servers`, parameter-server processes (started with the job). */
+export const TRAINING_STRATEGIES: Readonly<Record<TrainingStrategy, { readonly servers: boolean }>> = {
+  allreduce: { servers: false },
+  "parameter-server": { servers: true },
+  // "auto" moves between the all-reduce and the servers' modes, so the servers start with the job.
+  auto: { servers: true },
+  "local-sgd": { servers: false }
+}
+
+/** Whether a job with this strategy runs parameter servers. */
+export const usesParameterServers = (s: TrainingStrategy): boolean => TRAINING_STRATEGIES[s].servers
+
 export const BackendName = Schema.Literals(["auto", "tensorflow-gpu", "webgpu", "tensorflow", "wasm", "cpu"])
 export type BackendName = typeof BackendName.Type
 
@@ -173,7 +193,7 @@ export const CollectiveConfig = Schema.Struct({
    * takes localSgd.syncEvery steps on its own, then the ranks average their parameter deltas
    * (Local SGD / DiLoCo, localSgd).
    */
-  strategy: Schema.optional(Schema.Literals(["allreduce", "parameter-server", "auto", "local-sgd"])),
+  strategy: Schema.optional(TrainingStrategySchema),
   /**
    * strategy "local-sgd": syncEvery (H, default 32), outerOptimizer ("nesterov", DiLoCo's default,
    * or "average"), outerLr (0.7 nesterov, 1 average), outerMomentum (0.9), compression of the

@@ -49,6 +49,12 @@
 
 export type StrategyName = "allreduce" | "backup" | "ssp" | "async" | "local-sgd"
 
+/** Which of the modes strategy "auto" moves between run on the parameter servers (each named once). */
+const ON_SERVERS: Readonly<Record<StrategyName, boolean>> = { allreduce: false, backup: true, ssp: true, async: true, "local-sgd": false }
+
+/** Whether a mode of strategy "auto" trains through the parameter servers. */
+export const onServers = (s: StrategyName): boolean => ON_SERVERS[s]
+
 export interface StrategyMeasure {
   /** computeMs[rank][step]: forward/backward ms, the same steps on every rank. */
   readonly computeMs: ReadonlyArray<ReadonlyArray<number>>

@@ -22,7 +22,7 @@ import { OPTIMIZER_FILE, loadOptimizerFrom, readOptimizerFile, loadWeightsInto, 
 import type { PeerState } from "./train-protocol.ts"
 import { lrRuleOf, type LrRule, type LrRuleOptions } from "./optim/lr-rules.ts"
 import { flatOptimizerSpecOf, type FlatOptimizerSpec, type FlatOptimizerState } from "./optim/flat-optimizers.ts"
-import { chooseStrategy, type StrategyName } from "../../scheduler/strategy-choice.ts"
+import { chooseStrategy, onServers, type StrategyName } from "../../scheduler/strategy-choice.ts"
 import { hasPsFiles, psWholeState } from "./ps-client.ts"
 import { ZeroShard, hasShards, readShards, reshard, shardLayout, type ZeroStage } from "./optim/zero.ts"
 import { flatStateFromTfjs, readTfjsOptimizerWeights, tfjsWeightsFromFlat, writeTfjsOptimizerWeights } from "./optim/tfjs-state.ts"
@@ -180,7 +180,6 @@ export interface PeerRecovery {
 }
 
 /** Strategy "auto": whether a strategy trains through the parameter servers. */
-const onServers = (s: StrategyName): boolean => s !== "allreduce" && s !== "local-sgd"
 
 /** Step index of a cursor's position in an epoch cut into `steps` steps (= steps at the metric sum). */
 const stepAt = (c: RecoveryCursor, steps: number): number =>

@@ -9,6 +9,7 @@ import {
   defaultStoragePath,
   parseTrainLoopRef,
   resolveClusterConfig,
+  usesParameterServers,
   type ClusterConfig,
   type TrainLoopRef
 } from "../../core/config.ts"
@@ -156,7 +157,7 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
   if (strategy === "auto" && coll.parameterServer?.mode !== undefined) {
     throw new ConfigError({ field: "collectiveConfig.parameterServer.mode", reason: `strategy "auto" picks the mode itself (backup workers or ssp); leave mode unset, or use strategy "parameter-server"` })
   }
-  if (strategy !== "allreduce" && strategy !== "local-sgd") {
+  if (usesParameterServers(strategy)) {
     if (zeroStage > 0) throw new ConfigError({ field: "collectiveConfig.zeroStage", reason: "the parameter servers hold the optimizer state already: use zeroStage 0 with strategy \"parameter-server\"" })
     // Pushes carry a codec's byte message of a flat range (ps-push-codec.ts); PowerSGD and "auto" cannot be pushed.
     checkPushCompression(compression, strategy)
@@ -173,7 +174,7 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
   const peersCannot =
     local?.settings.overlap
       ? `with localSgd.overlap a fragment's round runs in the background of the inner steps, where a regroup cannot pick it up`
-      : strategy !== "allreduce" && strategy !== "local-sgd"
+      : usesParameterServers(strategy)
       ? `with strategy "${strategy}" the state lives on the parameter servers, which restart with the job from the checkpoint`
       : zeroStage > 0
         ? `with zeroStage ${zeroStage} each rank holds only its shard of the optimizer state, so a lost rank's shard is only in the checkpoint`
@@ -205,7 +206,7 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
       strategy,
       backupWorkers,
       ...(local ? { localSgd: local.settings } : {}),
-      ...(strategy !== "allreduce" && strategy !== "local-sgd"
+      ...(usesParameterServers(strategy)
         ? { parameterServer: { numServers: coll.parameterServer?.numServers ?? 1, mode: psMode, staleness: coll.parameterServer?.staleness ?? 2 } }
         : {}),
       bucketSizeMiB: coll.bucketSizeMiB ?? BUCKET_SIZE_MIB,

@@ -3,6 +3,7 @@
 // report metrics (with checkpoint bytes) as they go; the controller tells workers to run.
 import { Schema } from "effect"
 import { defineProtocol } from "../runtime/protocol.ts"
+import { TrainingStrategySchema } from "../../core/config.ts"
 
 const Bytes = Schema.instanceOf(Uint8Array<ArrayBufferLike>)
 const Metrics = Schema.Record(Schema.String, Schema.Unknown)
@@ -195,7 +196,7 @@ export const WorkerArgs = Schema.Struct({
     adaptiveBatching: Schema.optionalKey(Schema.Boolean),
     /** collectiveConfig.zeroStage (absent: 0). */
     zeroStage: Schema.optionalKey(Schema.Literals([0, 1, 2])),
-    strategy: Schema.optionalKey(Schema.Literals(["allreduce", "parameter-server", "auto", "local-sgd"])),
+    strategy: Schema.optionalKey(TrainingStrategySchema),
     /** strategy "local-sgd": the outer loop (optim/outer-optimizer.ts LocalSgdSettings); its codec is `compression`. */
     localSgd: Schema.optionalKey(
       Schema.Struct({

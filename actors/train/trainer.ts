@@ -356,7 +356,7 @@ export class Trainer {
             output: onOutput,
             cpusNeeded:
               cfg.maxWorkers * (cfg.scaling.resourcesPerWorker?.CPU ?? (cfg.scaling.useGpu === true ? 0 : 1)) +
-              (cfg.collective.strategy !== "allreduce" && cfg.collective.parameterServer ? cfg.collective.parameterServer.numServers * SERVER_CPUS : 0),
+              (cfg.collective.parameterServer ? cfg.collective.parameterServer.numServers * SERVER_CPUS : 0),
             useGpu: cfg.scaling.useGpu !== undefined && cfg.scaling.useGpu !== false,
             gpusNeeded: cfg.maxWorkers * (cfg.scaling.resourcesPerWorker?.GPU ?? 1),
             // The embedded server keeps its JetStream data in the run directory, so a run's object
@@ -598,7 +598,9 @@ export class Trainer {
         await saving
         const p = resumePath
         if (!p) return null
-        const c = await (store instanceof ObjectCheckpointStore ? store.read(p) : readAt(p))
+        // The store's own checkpoints through the store (an object store reuses its open bucket); a
+        // checkpoint the run was pointed at elsewhere (resumeFrom) by its kind of path.
+        const c = await (store.list().some((e) => e.path === p) ? store.read(p) : readAt(p))
         return { path: p, metrics: c.metrics, payload: { files: c.files, metadata: c.metadata } }
       },
       progress: (body) => {
@@ -643,7 +645,7 @@ export class Trainer {
       ...(cfg.scaling.nodeLabels !== undefined ? { nodeLabels: cfg.scaling.nodeLabels } : {}),
       ...(cfg.scaling.backend !== undefined ? { backend: cfg.scaling.backend } : {}),
       // Parameter servers are placed with the workers, SERVER_CPUS each.
-      ...(cfg.collective.strategy !== "allreduce" && cfg.collective.parameterServer ? { servers: cfg.collective.parameterServer.numServers } : {})
+      ...(cfg.collective.parameterServer ? { servers: cfg.collective.parameterServer.numServers } : {})
     }
 
     // Elastic runs below max size watch for capacity (an agent joined, another job ended) and
@@ -761,7 +763,7 @@ export class Trainer {
               // The parameter servers first: the workers' args name them.
               let args = groupArgs
               const ps = cfg.collective.parameterServer
-              if (cfg.collective.strategy !== "allreduce" && ps) {
+              if (ps) {
                 try {
                   const servers = await group.spawnServers(
                     g.number,
