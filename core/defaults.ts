@@ -1,5 +1,5 @@
 // Defaults that more than one part of gradwire relies on, defined once. Where two parts used to
-// disagree, the comment says which value won and why; the README quotes these values.
+// disagree, the comment says which value won and why; the guides in docs/ quote these values.
 
 /** Bytes in a MiB. */
 export const MiB = 1024 * 1024

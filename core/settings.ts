@@ -1,7 +1,7 @@
 // Every environment variable gradwire reads, in one place, each with its default and what it does.
 // The rest of the code reads them only through here (test/settings.test.ts fails on a
-// `process.env.X` anywhere else), and the README's table of environment variables is checked
-// against this list by the same test, so the two cannot drift apart.
+// `process.env.X` anywhere else), and docs/environment.md's table of environment variables is
+// checked against this list by the same test, so the two cannot drift apart.
 //
 // Each setting is read when its caller needs it, not once at import: a process started with a
 // different environment (a worker, a test's child, an A/B run) sees its own.
@@ -15,7 +15,7 @@ import * as path from "node:path"
 export interface Setting<T> {
   /** The variable's name. */
   readonly name: string
-  /** What applies when it is unset, as the README shows it. */
+  /** What applies when it is unset, as docs/environment.md shows it. */
   readonly default: string
   /** One line: what it does. */
   readonly description: string
@@ -160,7 +160,7 @@ export const webgpuSoftware: Setting<boolean> = {
   read: () => raw("GRADWIRE_WEBGPU_SOFTWARE") === "1"
 }
 
-/** Every variable gradwire reads, in the README's order. */
+/** Every variable gradwire reads, in docs/environment.md's order. */
 export const SETTINGS: ReadonlyArray<Setting<unknown>> = [
   logLevel,
   clusterName,

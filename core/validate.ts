@@ -43,7 +43,7 @@ export const decodeConfig = <S extends Schema.ConstraintDecoder<unknown>>(
     const field = [root, ...path.map(String)].filter((s) => s.length > 0).join(".")
     const given = valueAt(input, path)
     const msg = issue.message === "Expected no excess property"
-      ? `unknown option (check the spelling; see the README for the options of "${[root, ...path.slice(0, -1).map(String)].filter(Boolean).join(".")}")`
+      ? `unknown option (check the spelling; see docs/api.md for the options of "${[root, ...path.slice(0, -1).map(String)].filter(Boolean).join(".")}")`
       : `${issue.message}, got ${show(given)}`
     return { field, msg }
   }

@@ -20,7 +20,7 @@ export type Selection =
 
 export interface PlacementStrategyEntry {
   readonly name: PlacementStrategy
-  /** One line for the README and error messages. */
+  /** One line for the docs and error messages. */
   readonly description: string
   /** Workers per node for `n` workers over the eligible nodes (in canonical node order). */
   select(candidates: readonly PlacementCandidate[], n: number): Selection

@@ -202,9 +202,9 @@ describe("spawn environment", () => {
     }
     expect(refusedSpawnEnv({ NODE_OPTIONS: "x", GRADWIRE_RANK: "0", LD_PRELOAD: "y" })).toEqual(["LD_PRELOAD", "NODE_OPTIONS"])
     expect(refusedSpawnEnv({ CUDA_VISIBLE_DEVICES: "0", GRADWIRE_RANK: "0", GRADWIRE_WORLD_SIZE: "2" })).toEqual([])
-    // The README lists the allow-list as it is.
-    const readme = fs.readFileSync(path.join(ROOT, "README.md"), "utf8")
-    for (const entry of SPAWN_ENV_ALLOWED) expect(readme, entry).toContain(`\`${entry}\``)
+    // The deployment guide's Security section lists the allow-list as it is.
+    const guide = fs.readFileSync(path.join(ROOT, "docs", "deployment.md"), "utf8")
+    for (const entry of SPAWN_ENV_ALLOWED) expect(guide, entry).toContain(`\`${entry}\``)
   })
 
   describe("a real agent", () => {

@@ -1,9 +1,10 @@
 // Every folder's README.md names everything in its folder: each file by its file name (`ring.ts`)
 // and each subfolder with a slash (`simd/`), so a reader of the README finds every module, and a
 // file added without a word about it fails here, naming the README and the file. The root README
-// is the user's guide, not a folder's list, and is left out (its Layout table names the folders;
-// test/layout.test.ts checks that the source folders have a README at all). What git ignores
-// (.gitignore: build output, node_modules, temp files) and dot files are not the folder's files.
+// is the user's front page, not a folder's list, and is left out (docs/development.md's Layout
+// table names the folders; test/layout.test.ts checks that the source folders have a README at
+// all). What git ignores (.gitignore: build output, node_modules, temp files) and dot files are not
+// the folder's files.
 import { describe, expect, it } from "vitest"
 import * as fs from "node:fs"
 import * as path from "node:path"
@@ -56,7 +57,7 @@ describe("folder READMEs", () => {
 
   it("finds the folders' READMEs", () => {
     expect(folders.length).toBeGreaterThan(15)
-    for (const dir of ["core", "collectives", "scheduler", "actors/train/dashboard", "examples/data"]) expect(folders).toContain(dir)
+    for (const dir of ["core", "collectives", "scheduler", "actors/train/dashboard", "examples/data", "docs"]) expect(folders).toContain(dir)
     expect(folders.some((d) => d.startsWith("node_modules") || d.startsWith("dist"))).toBe(false)
   })
 

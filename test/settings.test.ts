@@ -1,4 +1,4 @@
-// Environment variables: read in core/settings.ts alone, listed in the README exactly as that module
+// Environment variables: read in core/settings.ts alone, listed in docs/environment.md exactly as that module
 // declares them, and each read as its description says.
 import * as fs from "node:fs"
 import * as os from "node:os"
@@ -9,7 +9,7 @@ import * as settings from "../core/settings.ts"
 
 const ROOT = fileURLToPath(new URL("../", import.meta.url))
 
-/** The README tables, as rendered from the module. */
+/** docs/environment.md's tables, as rendered from the module. */
 const tables = (): string[] => [
   [
     "| variable | default | what it does |",
@@ -42,10 +42,10 @@ afterEach(() => {
 })
 
 describe("environment variables", () => {
-  it("the README lists every one, as core/settings.ts declares it", () => {
-    const readme = fs.readFileSync(path.join(ROOT, "README.md"), "utf8")
-    // on failure, the expected tables are printed: paste them into the README's section
-    for (const t of tables()) expect(readme.includes(t), `README.md lacks this table:\n${t}`).toBe(true)
+  it("docs/environment.md lists every one, as core/settings.ts declares it", () => {
+    const guide = fs.readFileSync(path.join(ROOT, "docs", "environment.md"), "utf8")
+    // on failure, the expected tables are printed: paste them into docs/environment.md
+    for (const t of tables()) expect(guide.includes(t), `docs/environment.md lacks this table:\n${t}`).toBe(true)
   })
 
   it("nothing but core/settings.ts reads one", () => {

@@ -41,7 +41,7 @@ export interface AllReduceAlgorithmEntry<N extends string = string> extends Algo
   readonly name: N
   /** Its code in every data frame's header (0-255, unique): ranks running different algorithms fail with OpMismatch. */
   readonly code: number
-  /** One line: what it does and when it wins (error messages, the README, explain output). */
+  /** One line: what it does and when it wins (error messages, the docs, explain output). */
   readonly hint: string
   /** It reads the `fanout` option, so a call without fan-out is told apart on the wire. */
   readonly usesFanout?: boolean
@@ -116,7 +116,7 @@ export const allowedAlgorithms = (): string => {
   return names.length <= 1 ? names.join("") : `${names.slice(0, -1).join(", ")} or ${names.at(-1)}`
 }
 
-/** The registered algorithms, one per line with its hint (README, explain, `--help`). */
+/** The registered algorithms, one per line with its hint (docs, explain, `--help`). */
 export const describeAlgorithms = (): string => list.map((a) => `${a.name}: ${a.hint}`).join("\n")
 
 /**

@@ -31,7 +31,7 @@ export interface CodecEntry<N extends string = string, S extends Schema.Constrai
   readonly name: N
   /** What it implements; the created codec must declare the same (codec.ts). */
   readonly aggregation: Aggregation
-  /** One line: what it does and when it pays (README, explain). */
+  /** One line: what it does and when it pays (docs, explain). */
   readonly hint: string
   /** The object form, { type: name, ...options }; unknown options are refused. */
   readonly schema: S
@@ -186,7 +186,7 @@ export const allowedCompression = (): string => {
 /** `"none", "fp16", "int8", ...`: the registered types. */
 export const allowedCodecTypes = (): string => list.map((c) => `"${c.name}"`).join(", ")
 
-/** The registered codecs, one per line with its hint (README, `--help`). */
+/** The registered codecs, one per line with its hint (docs, `--help`). */
 export const describeCodecs = (): string => list.map((c) => `${c.name} (${c.aggregation}): ${c.hint}`).join("\n")
 
 // Option schemas several codecs share.

@@ -7,7 +7,7 @@
 // parsed we grow a pending message buffer once to hold the whole message: one allocation and one
 // copy of what had arrived. The parser's own logic is untouched; we only reserve capacity through
 // DenoBuffer's public grow(). Measured on a 64 MiB all-reduce at p = 4 (bench compression):
-// see README, Benchmarks.
+// see docs/benchmarks.md.
 //
 // From 64 KiB on, that buffer comes from a pool instead of a fresh allocation: a collective that
 // is done with a received message (added it in, copied it out, or published it on) gives it back
