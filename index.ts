@@ -26,8 +26,16 @@ export {
   type FitOptions,
   type TrainStepOptions,
   type StepResult,
-  type EpochResult
+  type EpochResult,
+  type FitCommonOptions,
+  type GradientSlot,
+  type LossName,
+  type LossFn
 } from "./actors/train/data-parallel.ts"
+export type { ShardSource, FitSource } from "./actors/train/batches.ts"
+export type { RecoverableModel, LoopPosition } from "./actors/train/group-session.ts"
+export type { FailureKind, TrainerState, GroupFailure } from "./actors/train/failure-policy.ts"
+export type { DatasetInput, TrainLoop } from "./actors/train/options.ts"
 export type { LrScaling, LrRuleOptions } from "./actors/train/optim/lr-rules.ts"
 export type { ZeroStage } from "./actors/train/optim/zero.ts"
 // Model parallelism: pipeline stages (GPipe, 1F1B) and tensor-parallel dense pairs (ctx.preparePipeline)
@@ -42,15 +50,18 @@ export {
 export type { PipelineOptions, PipelineSpec, LayerStack } from "./actors/train/model-parallel/prepare.ts"
 export type { ScheduleName } from "./actors/train/model-parallel/schedule.ts"
 export type { BalanceBy } from "./actors/train/model-parallel/partition.ts"
-export { loadPipelineCheckpoint, mergePipelineCheckpoint } from "./actors/train/model-parallel/checkpoint.ts"
+export { loadPipelineCheckpoint, mergePipelineCheckpoint, type PipelineLayout } from "./actors/train/model-parallel/checkpoint.ts"
+export type { GridPlace } from "./actors/train/model-parallel/grid.ts"
+export type { PipelineSource } from "./actors/train/model-parallel/pipeline-model.ts"
 export { ModelParallelLinkError } from "./actors/train/model-parallel/transport.ts"
 export { loadDigits, makeDataset, trainTestSplit, shardIndices, type ArrayDataset } from "./core/datasets.ts"
 // File-backed datasets: each worker streams its own rows from files or an object store bucket
 export { fromFiles, datasetFactory, type FromFilesOptions, type FileFormat, type FileDatasetSpec, type DatasetFactorySpec } from "./core/data/file-spec.ts"
-export { writeShards, writeShardFile, type WriteShardsOptions, type ShardRows } from "./core/data/shard-format.ts"
+export { writeShards, writeShardFile, type WriteShardsOptions, type ShardRows, type ShardHeader, type Block, type LabelDtype } from "./core/data/shard-format.ts"
 export { putFiles, listUploaded, type PutOptions, type DataManifest } from "./core/data/object-data.ts"
-export { FileStream, oneHot, normalize, scale, type Batch, type BatchTransform, type StreamStats } from "./core/data/stream.ts"
-export { IterableStream, type RowSource } from "./core/data/iterable-stream.ts"
+export { FileStream, oneHot, normalize, scale, type Batch, type BatchTransform, type StreamStats, type StreamingSource } from "./core/data/stream.ts"
+export { IterableStream, type RowSource, type StreamedRow, type TfDataset, type IterablePosition } from "./core/data/iterable-stream.ts"
+export type { WireTensor, DType, DataFor } from "./core/wire.ts"
 export type { DataPosition } from "./core/data/plan.ts"
 export { DataSourceError, DataFormatError, DataPositionMismatch } from "./core/data/errors.ts"
 export type { Shard } from "./actors/train/train-context.ts"
@@ -75,15 +86,32 @@ export {
   GroupMismatch,
   LengthMismatch,
   OpMismatch,
+  PeerLinkLost,
   type CollectiveError
 } from "./collectives/errors.ts"
 
 // Custom collectives (ctx.communicator in a training loop)
-export { Communicator } from "./collectives/communicator.ts"
+export {
+  Communicator,
+  type CommunicatorOptions,
+  type CallOptions,
+  type AllReduceOptions,
+  type AllGatherOptions,
+  type BroadcastOptions,
+  type ReduceScatterOptions,
+  type PeerInfo,
+  type TransportInfo,
+  type TransportMeasurement
+} from "./collectives/communicator.ts"
+export type { WireFormat, DirectOptions } from "./collectives/communicator.ts"
+export type { ReduceOp } from "./collectives/kernels.ts"
+export type { DirectAddress, TransportChoice } from "./collectives/direct.ts"
+export type { NodeGroup } from "./collectives/algorithms/hierarchical.ts"
+export type { AllReduceAlgorithm, BuiltinAlgorithmName } from "./collectives/algorithms/index.ts"
 export type { ReducerStats } from "./collectives/gradient-reducer.ts"
 
 // The NATS connection, for code that opens its own (an actor system, for example)
-export { openNats, type NatsConnectOptions, type NatsHandle } from "./core/connection.ts"
+export { openNats, type NatsConnectOptions, type NatsHandle, type NatsTlsOptions } from "./core/connection.ts"
 
 // The actor runtime, for users who write their own actors
 export * from "./actors/index.ts"

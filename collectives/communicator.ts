@@ -181,7 +181,7 @@ export interface PeerInfo {
   readonly serverName: string
 }
 
-interface CallOptions {
+export interface CallOptions {
   /** Overrides the communicator's timeoutMs for this call. */
   readonly timeoutMs?: number
   /**
@@ -220,6 +220,7 @@ export interface AllReduceOptions extends CallOptions {
    * `halfInput`): fp16 error feedback compensates and casts only the segment this rank sends
    * first, and adds its values into the messages it relays (see gradient-reducer.ts). The other
    * algorithms ask it for all the bits at once and decode them into `data` first.
+   * @internal
    */
   readonly halfSource?: HalfSource
 }

@@ -28,6 +28,7 @@ import { ZeroShard, hasShards, readShards, reshard, shardLayout, type ZeroStage 
 import { flatStateFromTfjs, readTfjsOptimizerWeights, tfjsWeightsFromFlat, writeTfjsOptimizerWeights } from "./optim/tfjs-state.ts"
 import { LOCAL_SGD_FILE, LocalSgd, settlingSync } from "./local-sgd.ts"
 import type { LocalSgdSettings } from "./optim/outer-optimizer.ts"
+import type { LossFn, LossName } from "./model-parallel/loss.ts"
 
 type tfjs = typeof import("@tensorflow/tfjs")
 type LayersModel = import("@tensorflow/tfjs").LayersModel
@@ -52,8 +53,8 @@ type Tensor = import("@tensorflow/tfjs").Tensor
 type Scalar = import("@tensorflow/tfjs").Scalar
 type Variable = import("@tensorflow/tfjs").Variable
 
-export type LossName = "categoricalCrossentropy" | "sparseCategoricalCrossentropy" | "meanSquaredError" | "binaryCrossentropy"
-export type LossFn = (yTrue: Tensor, yPred: Tensor) => Scalar
+// The same loss names and functions as the pipeline's last stage takes.
+export type { LossFn, LossName }
 
 /** One variable's place in the flat gradient buffer. */
 export interface GradientSlot {
@@ -453,7 +454,10 @@ export class DataParallelModel implements RecoverableModel {
     }
   }
 
-  /** Wraps a model and makes every rank start from rank 0's weights. */
+  /**
+   * Wraps a model and makes every rank start from rank 0's weights.
+   * @internal A training loop calls ctx.prepareModel, which supplies the group's gradient sync.
+   */
   static async prepare(tf: Tf, model: LayersModel, sync: GradientSync, opts: PrepareOptions = {}, observer?: StepObserver): Promise<DataParallelModel> {
     const dp = new DataParallelModel(tf, model, sync, opts, observer)
     dp.#applyElasticLearningRate()

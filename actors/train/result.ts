@@ -76,6 +76,7 @@ export class TrainingFailed extends Error {
   readonly attempts: number
   /** What the run achieved before it failed. */
   result!: Result
+  /** @internal The trainer makes it when its failure policy gives up. */
   constructor(failure: GroupFailure, attempts: number, decision: string) {
     super(
       `training failed on rank ${failure.rank} (${failure.kind === "loop-error" ? `${failure.tag} in the training loop` : failure.kind}): ` +

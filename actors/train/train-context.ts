@@ -136,6 +136,7 @@ export class TrainContext {
   /** preparePipeline() calls so far (each gets sub-groups of its own). */
   #pipelines = 0
 
+  /** @internal The worker makes the context; a training loop receives it. */
   constructor(deps: TrainContextDeps) {
     this.#deps = deps
     this.tf = deps.tf

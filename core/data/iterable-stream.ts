@@ -18,12 +18,13 @@ export interface IterablePosition {
 }
 
 type TensorLike = { dataSync(): ArrayLike<number>; shape: number[]; dtype: string; dispose(): void }
-type Element = { xs: unknown; ys: unknown }
+/** One row of a streamed loader: its features and its label(s), numbers, arrays, typed arrays or tensors. */
+export type StreamedRow = { xs: unknown; ys: unknown }
 /** tf.data's Dataset, as far as this needs it. */
-type TfDataset = { iterator(): Promise<{ next(): Promise<{ value?: unknown; done?: boolean }> }>; size?: number | null }
+export type TfDataset = { iterator(): Promise<{ next(): Promise<{ value?: unknown; done?: boolean }> }>; size?: number | null }
 
 /** What a factory may return for a streamed loader: a tf.data dataset, an async iterable, or a function of the epoch. */
-export type RowSource = TfDataset | AsyncIterable<Element> | Iterable<Element> | ((epoch: number) => AsyncIterable<Element> | Iterable<Element> | TfDataset)
+export type RowSource = TfDataset | AsyncIterable<StreamedRow> | Iterable<StreamedRow> | ((epoch: number) => AsyncIterable<StreamedRow> | Iterable<StreamedRow> | TfDataset)
 
 const isTensor = (v: unknown): v is TensorLike => typeof v === "object" && v !== null && typeof (v as TensorLike).dataSync === "function" && Array.isArray((v as TensorLike).shape)
 
@@ -137,14 +138,14 @@ export class IterableStream implements StreamingSource {
     const t0 = performance.now()
     // Going back (a step taken again) or a fresh epoch: iterate from the start and skip.
     if (!this.#iter || from < this.#cursor) await this.#open()
-    const rows: Element[] = []
+    const rows: StreamedRow[] = []
     const tw = performance.now()
     while (this.#cursor < from + n) {
       const r = await this.#next()
       if (r.done) {
         throw new DataFormatError({ source: `datasets.${this.name}`, reason: `the loader ended after ${this.#base + this.#cursor} rows, but says it has ${this.size} per epoch` })
       }
-      if (this.#cursor >= from) rows.push(r.value as Element)
+      if (this.#cursor >= from) rows.push(r.value as StreamedRow)
       else for (const v of Object.values((r.value ?? {}) as object)) if (isTensor(v)) v.dispose()
       this.#cursor++
     }

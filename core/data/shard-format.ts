@@ -262,7 +262,8 @@ export interface WriteShardsOptions {
   readonly prefix?: string
 }
 
-type Block = ShardRows & { readonly size?: number }
+/** One block of rows for writeShards: features and labels, with its row count where the arrays do not say it. */
+export type Block = ShardRows & { readonly size?: number }
 
 /**
  * Writes rows as shard files `<dir>/<prefix>-NNNNN.gwshard`, from one dataset or a stream of blocks

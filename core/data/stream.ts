@@ -103,6 +103,7 @@ const labelArray = (d: ResolvedDataset, n: number): Int32Array | Float32Array =>
 export class FileStream implements StreamingSource {
   readonly streaming = true as const
   readonly name: string
+  /** @internal The files as the driver resolved them. */
   readonly dataset: ResolvedDataset
   readonly seed: number
   readonly stats: StreamStats = { waitMs: 0, takeMs: 0, rows: 0, windows: 0, bytesRead: 0 }
@@ -117,6 +118,7 @@ export class FileStream implements StreamingSource {
   readonly #windows = new Map<number, Promise<Window>>()
   #closed = false
 
+  /** @internal ctx.getDatasetShard makes a rank's stream. */
   constructor(
     name: string,
     dataset: ResolvedDataset,

@@ -4,8 +4,7 @@
 import type { Tf } from "../../../core/engine.ts"
 import { ConfigError } from "../../../core/errors.ts"
 
-type Tensor = import("@tensorflow/tfjs").Tensor
-type Scalar = import("@tensorflow/tfjs").Scalar
+import type { Scalar, Tensor } from "@tensorflow/tfjs"
 
 export type LossName = "categoricalCrossentropy" | "sparseCategoricalCrossentropy" | "meanSquaredError" | "binaryCrossentropy"
 export type LossFn = (yTrue: Tensor, yPred: Tensor) => Scalar

@@ -117,6 +117,7 @@ const size = (shape: ReadonlyArray<number>): number => shape.reduce((a, b) => a 
 
 export class PipelineModel {
   readonly place: GridPlace
+  /** @internal This rank's blocks of the model, its frozen weights and tensor-parallel parts. */
   readonly stage: StageSpec
   readonly optimizer: Optimizer
   readonly layout: PipelineLayout
@@ -133,6 +134,7 @@ export class PipelineModel {
   #steps = 0
   #closed = false
 
+  /** @internal ctx.preparePipeline makes it, with the stage's links. */
   constructor(tf: Tf, place: GridPlace, stage: StageSpec, links: StageLinks, opts: PipelineModelOptions) {
     this.#tf = tf
     this.place = place

@@ -20,11 +20,11 @@ import { profileUnits } from "./profile.ts"
 import { scheduleNames, type ScheduleName } from "./schedule.ts"
 import { buildStackRange, describeStack, isLayerStack, type LayerStack, type StackLayerInfo } from "./stack.ts"
 import { TensorParallelDensePair, activationAfter, isTensorParallelPair, type WeightPart } from "./tensor-parallel.ts"
+import type { LayersModel } from "@tensorflow/tfjs"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
 type Variable = import("@tensorflow/tfjs").Variable
 type Optimizer = import("@tensorflow/tfjs").Optimizer
-type LayersModel = import("@tensorflow/tfjs").LayersModel
 
 export type { LayerStack } from "./stack.ts"
 
