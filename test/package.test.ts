@@ -67,6 +67,8 @@ describe("the packed package", () => {
     for (const f of [
       "package.json",
       "README.md",
+      "docs/api.md",
+      "docs/strategies.md",
       "bin/gradwire.js",
       "bin/check-node.js",
       "dist/index.js",
