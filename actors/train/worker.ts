@@ -9,6 +9,7 @@ import type { NatsConnection } from "@nats-io/nats-core"
 import { openConnection, type OpenedConnection } from "../../core/connection-spec.ts"
 import { pathToFileURL } from "node:url"
 import * as path from "node:path"
+import { connectionLocalAddress } from "../../core/nats-internals/index.ts"
 import { engineChoice, loadEngine, type BackendKind } from "../../core/engine.ts"
 import { fallbackKernelsUsed, onFallbackKernel } from "../../core/kernels/fallback.ts"
 import { describeKernels } from "../../core/kernels/register.ts"
@@ -149,7 +150,7 @@ export const trainWorker = defineActor(
             : {
                 transport,
                 secret: Buffer.from(args.collective.directSecret, "hex"),
-                host: settings.directHost.read() ?? localAddressOf(dataNc),
+                host: settings.directHost.read() ?? connectionLocalAddress(dataNc),
                 tls: spec.tls !== undefined
               }
         const compression = parseCompressionConfig(args.collective.compression, "collectiveConfig.compression")
@@ -485,11 +486,3 @@ export const trainWorker = defineActor(
 )
 
 export default trainWorker
-
-/** The local address of a NATS connection's socket: where peers on the bus's network reach this host (127.0.0.1 on loopback). */
-const localAddressOf = (nc: NatsConnection): string => {
-  const socket = (nc as unknown as { protocol?: { transport?: { socket?: { localAddress?: string } } } }).protocol?.transport?.socket
-  const a = socket?.localAddress
-  if (!a) return "127.0.0.1"
-  return a.startsWith("::ffff:") ? a.slice(7) : a
-}

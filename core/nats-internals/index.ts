@@ -59,3 +59,15 @@ export const installNatsPatches = (): NatsPatchStatus =>
   (status ??= installNatsPatchesInto(installedNatsInternals(), (mismatch) =>
     process.emitWarning(mismatch.message, { code: "GRADWIRE_NATS_INTERNALS", type: "NatsInternalsMismatch" })
   ))
+
+/**
+ * The local address of a NATS connection's socket (nats.js keeps it on its transport, which it does
+ * not expose): where peers on the bus's network reach this host; 127.0.0.1 on loopback or when
+ * the connection's socket cannot be seen.
+ */
+export const connectionLocalAddress = (nc: object): string => {
+  const socket = (nc as { protocol?: { transport?: { socket?: { localAddress?: string } } } }).protocol?.transport?.socket
+  const a = socket?.localAddress
+  if (!a) return "127.0.0.1"
+  return a.startsWith("::ffff:") ? a.slice(7) : a
+}
