@@ -35,7 +35,8 @@ export {
 export type { ShardSource, FitSource } from "./actors/train/batches.ts"
 export type { RecoverableModel, LoopPosition } from "./actors/train/group-session.ts"
 export type { FailureKind, TrainerState, GroupFailure } from "./actors/train/failure-policy.ts"
-export type { DatasetInput, TrainLoop } from "./actors/train/options.ts"
+export type { AnyTrainLoop, DatasetInput } from "./actors/train/options.ts"
+export type { TrainLoop } from "./actors/train/train-context.ts"
 export type { LrScaling, LrRuleOptions } from "./actors/train/optim/lr-rules.ts"
 export type { ZeroStage } from "./actors/train/optim/zero.ts"
 // Model parallelism: pipeline stages (GPipe, 1F1B) and tensor-parallel dense pairs (ctx.preparePipeline)

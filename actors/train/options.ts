@@ -25,12 +25,15 @@ import { checkPushCompression } from "./ps-push-codec.ts"
 import { resolveLocalSgd, type LocalSgdSettings } from "./optim/outer-optimizer.ts"
 import type { WorkerArgs } from "./train-protocol.ts"
 import type { GroupFailure, TrainerState } from "./failure-policy.ts"
-import type { TrainContext } from "./train-context.ts"
 
 /** What `datasets` takes: in-memory arrays, files (fromFiles), or a worker-side factory (datasetFactory). */
 export type DatasetInput = ArrayDataset | FileDatasetSpec | DatasetFactorySpec
 
-export type TrainLoop<C = unknown> = (config: C, ctx: TrainContext) => unknown | Promise<unknown>
+/**
+ * A train loop function as the driver sees it: any function (its parameters are the worker's
+ * business, see TrainLoop in train-context.ts), so this module stays free of the worker's types.
+ */
+export type AnyTrainLoop = (...args: never[]) => unknown
 
 export interface TrainerCallbacks {
   /** After every report round (all ranks reported): rank 0's metrics and every rank's. */
@@ -44,7 +47,7 @@ export interface TrainerCallbacks {
 
 export interface TrainerOptions {
   /** The loop each worker runs: "./train.ts#trainLoop", a URL, or { module, export }. Not a closure. */
-  readonly trainLoopPerWorker: string | URL | TrainLoopRef | TrainLoop
+  readonly trainLoopPerWorker: string | URL | TrainLoopRef | AnyTrainLoop
   readonly trainLoopConfig?: unknown
   readonly scalingConfig: ScalingConfig
   readonly runConfig?: RunConfig & { callbacks?: ReadonlyArray<TrainerCallbacks> }

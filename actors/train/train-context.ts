@@ -494,3 +494,6 @@ export class TrainContext {
     return this.#prepared
   }
 }
+
+/** The function each worker runs (trainLoopPerWorker): the loop's config and this worker's context. */
+export type TrainLoop<C = unknown> = (config: C, ctx: TrainContext) => unknown | Promise<unknown>

@@ -50,7 +50,8 @@ import { JobMonitor } from "./job-monitor.ts"
 import type { JobState } from "./job-telemetry.ts"
 import { startDashboard, type Dashboard } from "./dashboard/server.ts"
 
-export type { TrainLoop, TrainerCallbacks, TrainerOptions } from "./options.ts"
+export type { TrainerCallbacks, TrainerOptions } from "./options.ts"
+export type { TrainLoop } from "./train-context.ts"
 export { resolveTrainerOptions } from "./options.ts"
 export { Interrupted, TrainingFailed, resultOf, type CheckpointInfo, type FitError, type Result } from "./result.ts"
 
