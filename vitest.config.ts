@@ -1,6 +1,23 @@
 // On a Node older than gradwire needs, one line saying so instead of suites failing one by one.
 import "./bin/check-node.js"
+import * as fs from "node:fs"
+import * as path from "node:path"
 import { defineConfig } from "vitest/config"
+import { BaseSequencer, type TestSpecification } from "vitest/node"
+
+/** Seconds each test file took in a CI run (.ci/durations.mjs writes it from a report). */
+const durations: Record<string, number> = JSON.parse(fs.readFileSync(new URL("./.ci/durations.json", import.meta.url), "utf8"))
+
+/** Longest file first, from .ci/durations.json rather than vitest's cache of earlier runs (which a
+ * fresh CI machine does not have, and then vitest orders by file size: several of the longest
+ * files are short and would start last, leaving one worker busy for a minute or two while the
+ * other has nothing left). A file the table does not know yet starts first, as vitest does. */
+class LongestFirst extends BaseSequencer {
+  override async sort(files: TestSpecification[]): Promise<TestSpecification[]> {
+    const seconds = (f: TestSpecification): number => durations[path.relative(f.project.config.root, f.moduleId).split(path.sep).join("/")] ?? Infinity
+    return [...files].sort((a, b) => seconds(b) - seconds(a))
+  }
+}
 
 export default defineConfig({
   test: {
@@ -8,6 +25,7 @@ export default defineConfig({
     // Integration suites start real nats-server and worker processes; on a 2-core machine
     // running more than two files at once only adds contention.
     maxWorkers: 2,
+    sequence: { sequencer: LongestFirst },
     testTimeout: 60_000,
     hookTimeout: 60_000,
     teardownTimeout: 20_000,
