@@ -159,10 +159,10 @@ const checkWorkersGone = async (pidDir: string, marker: string): Promise<void> =
 }
 
 /** A run of both elastic cases: 2 to 4 workers on a joined cluster, epochs paced to 400 ms. */
-const fitElastic = (o: { name: string; pidDir: string; epochs: number; url: string; cluster: string; plan: FaultPlan }): Promise<Result> =>
+const fitElastic = (o: { name: string; pidDir: string; epochs: number; url: string; cluster: string; plan: FaultPlan; holdFile?: string }): Promise<Result> =>
   new Trainer({
     trainLoopPerWorker: LOOP,
-    trainLoopConfig: { epochs: o.epochs, pidDir: o.pidDir, minEpochMs: 400 },
+    trainLoopConfig: { epochs: o.epochs, pidDir: o.pidDir, minEpochMs: 400, ...(o.holdFile ? { holdFile: o.holdFile } : {}) },
     scalingConfig: { numWorkers: { min: 2, max: 4 }, placementTimeoutMs: 30_000 },
     runConfig: {
       name: o.name,
@@ -264,12 +264,16 @@ describe("chaos", () => {
     const epochs = 24
     let joining: Promise<AgentState> | undefined
     let killedAgentAttempt = -1
+    // From agent b's death until agent c is up, the ranks wait at each epoch's end (chaos-loop.ts):
+    // on a loaded machine starting an agent can take longer than the epochs left.
+    const holdFile = path.join(pidDir, "hold")
     const plan = new FaultPlan(seed + 1, [
       {
         name: "kill -9 agent b",
         ready: (p, pl) => pl.sizeOf(p.attempt) === 4,
         fire: (p) => {
           killedAgentAttempt = p.attempt
+          fs.writeFileSync(holdFile, "")
           process.kill(b.pid, "SIGKILL")
           return `pid ${b.pid}`
         }
@@ -279,7 +283,7 @@ describe("chaos", () => {
         // After the group shrank, a new agent joined and the group grew back to 4.
         ready: (p, pl) => {
           if (p.attempt > killedAgentAttempt && pl.sizeOf(p.attempt) <= 2 && joining === undefined) {
-            joining = startAgent("c", ["--address", url, "--cluster", cluster])
+            joining = startAgent("c", ["--address", url, "--cluster", cluster]).finally(() => fs.rmSync(holdFile, { force: true }))
             joining.catch(() => {}) // awaited (and so reported) after fit()
           }
           return joining !== undefined && p.attempt > killedAgentAttempt + 1 && pl.sizeOf(p.attempt) === 4
@@ -292,7 +296,7 @@ describe("chaos", () => {
       }
     ])
     console.log(`cluster run: ${plan.describe()}`)
-    const r = await fitElastic({ name, pidDir, epochs, url, cluster, plan })
+    const r = await fitElastic({ name, pidDir, epochs, url, cluster, plan, holdFile }).finally(() => fs.rmSync(holdFile, { force: true }))
     console.log(`cluster run: fired ${JSON.stringify(plan.fired)}; resizes ${JSON.stringify(r.resizes.map((z) => [z.from, z.to]))}`)
     expect(plan.errors).toEqual([])
     expect(plan.done, `not every fault fired (seed ${seed}): ${JSON.stringify(plan.fired)}`).toBe(true)

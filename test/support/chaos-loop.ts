@@ -5,8 +5,11 @@
 // fault schedule measured in seconds (a 10 s link cut, an agent starting) maps to a bounded number
 // of epochs on a fast machine too; and with `trackSteps` rank 0 writes "<epoch> <step> <steps per
 // epoch>" to <pidDir>/<attempt>.step after every step (progress messages come only every 250 ms),
-// so the benchmark knows exactly how far a generation got before it died.
-import { writeFileSync } from "node:fs"
+// so the benchmark knows exactly how far a generation got before it died. With `holdFile`, each
+// rank waits after an epoch's report while that file exists (at most HOLD_MAX_MS): a test holds
+// the run at an epoch boundary while something slow happens outside it (an agent starting on a
+// loaded machine), so the run cannot end before the test's next fault, whatever the load.
+import { existsSync, writeFileSync } from "node:fs"
 import * as path from "node:path"
 import type { TrainContext } from "../../index.ts"
 import { trainLoop as digitsLoop, type DigitsConfig } from "../../examples/digits/train.ts"
@@ -15,15 +18,21 @@ export interface ChaosLoopConfig extends DigitsConfig {
   readonly pidDir: string
   readonly minEpochMs?: number
   readonly trackSteps?: boolean
+  readonly holdFile?: string
 }
 
+/** The longest a rank waits on `holdFile` per epoch. */
+const HOLD_MAX_MS = 60_000
+
 /** `ctx` with report() paced (`minMs`) and prepareModel() wrapped to record steps (`stepFile`). */
-const instrumented = (ctx: TrainContext, minMs: number, stepFile: string | undefined): TrainContext => {
+const instrumented = (ctx: TrainContext, minMs: number, stepFile: string | undefined, holdFile: string | undefined): TrainContext => {
   let last = Date.now()
   const report: TrainContext["report"] = async (metrics, options) => {
     const wait = last + minMs - Date.now()
     if (wait > 0) await new Promise((resolve) => setTimeout(resolve, wait))
     await ctx.report(metrics, options)
+    const held = Date.now()
+    while (holdFile !== undefined && existsSync(holdFile) && Date.now() - held < HOLD_MAX_MS) await new Promise((resolve) => setTimeout(resolve, 100))
     last = Date.now()
   }
   const prepareModel: TrainContext["prepareModel"] = async (...args) => {
@@ -51,5 +60,6 @@ const instrumented = (ctx: TrainContext, minMs: number, stepFile: string | undef
 export async function trainLoop(config: ChaosLoopConfig, ctx: TrainContext): Promise<void> {
   writeFileSync(path.join(config.pidDir, `${ctx.attempt}-${ctx.worldRank}.pid`), String(process.pid))
   const stepFile = config.trackSteps && ctx.worldRank === 0 ? path.join(config.pidDir, `${ctx.attempt}.step`) : undefined
-  await digitsLoop(config, config.minEpochMs || stepFile ? instrumented(ctx, config.minEpochMs ?? 0, stepFile) : ctx)
+  const paced = config.minEpochMs || stepFile || config.holdFile
+  await digitsLoop(config, paced ? instrumented(ctx, config.minEpochMs ?? 0, stepFile, config.holdFile) : ctx)
 }
