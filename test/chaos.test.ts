@@ -264,8 +264,8 @@ describe("chaos", () => {
     const epochs = 24
     let joining: Promise<AgentState> | undefined
     let killedAgentAttempt = -1
-    // From agent b's death until agent c is up, the ranks wait at each epoch's end (chaos-loop.ts):
-    // on a loaded machine starting an agent can take longer than the epochs left.
+    // From agent b's death until agent c is up, the shrunk group waits at each epoch's end
+    // (chaos-loop.ts): on a loaded machine starting an agent can take longer than the epochs left.
     const holdFile = path.join(pidDir, "hold")
     const plan = new FaultPlan(seed + 1, [
       {
@@ -273,7 +273,7 @@ describe("chaos", () => {
         ready: (p, pl) => pl.sizeOf(p.attempt) === 4,
         fire: (p) => {
           killedAgentAttempt = p.attempt
-          fs.writeFileSync(holdFile, "")
+          fs.writeFileSync(holdFile, "4")
           process.kill(b.pid, "SIGKILL")
           return `pid ${b.pid}`
         }

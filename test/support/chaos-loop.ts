@@ -5,11 +5,13 @@
 // fault schedule measured in seconds (a 10 s link cut, an agent starting) maps to a bounded number
 // of epochs on a fast machine too; and with `trackSteps` rank 0 writes "<epoch> <step> <steps per
 // epoch>" to <pidDir>/<attempt>.step after every step (progress messages come only every 250 ms),
-// so the benchmark knows exactly how far a generation got before it died. With `holdFile`, each
-// rank waits after an epoch's report while that file exists (at most HOLD_MAX_MS): a test holds
-// the run at an epoch boundary while something slow happens outside it (an agent starting on a
-// loaded machine), so the run cannot end before the test's next fault, whatever the load.
-import { existsSync, writeFileSync } from "node:fs"
+// so the benchmark knows exactly how far a generation got before it died. With `holdFile`, a rank
+// of a group smaller than the number written in that file waits after each epoch's report while
+// the file exists (at most HOLD_MAX_MS a time): a test holds a shrunk group at an epoch boundary
+// while something slow happens outside it (an agent starting on a loaded machine), so the run
+// cannot end before the group grows back, whatever the load. Only a shrunk group waits, after its
+// regroup: a rank asleep outside a collective would stall the regroup itself.
+import { existsSync, readFileSync, writeFileSync } from "node:fs"
 import * as path from "node:path"
 import type { TrainContext } from "../../index.ts"
 import { trainLoop as digitsLoop, type DigitsConfig } from "../../examples/digits/train.ts"
@@ -32,7 +34,12 @@ const instrumented = (ctx: TrainContext, minMs: number, stepFile: string | undef
     if (wait > 0) await new Promise((resolve) => setTimeout(resolve, wait))
     await ctx.report(metrics, options)
     const held = Date.now()
-    while (holdFile !== undefined && existsSync(holdFile) && Date.now() - held < HOLD_MAX_MS) await new Promise((resolve) => setTimeout(resolve, 100))
+    const holding = (): boolean => {
+      if (holdFile === undefined || !existsSync(holdFile)) return false
+      const size = Number(readFileSync(holdFile, "utf8").trim())
+      return Number.isFinite(size) && ctx.worldSize < size
+    }
+    while (holding() && Date.now() - held < HOLD_MAX_MS) await new Promise((resolve) => setTimeout(resolve, 100))
     last = Date.now()
   }
   const prepareModel: TrainContext["prepareModel"] = async (...args) => {
