@@ -15,14 +15,10 @@ import { ringReduce, ringStages } from "./ring.ts"
 import { chunkCount, chunkLength, segmentStart } from "../segments.ts"
 import { releaseReceived } from "../../core/nats-internals/index.ts"
 import { chunking, nodeGroups } from "../../core/collective-cost.ts"
-import { defineAllReduceAlgorithm } from "./registry.ts"
+import { defineAllReduceAlgorithm, type NodeGroup } from "./registry.ts"
 
-export interface NodeGroup {
-  /** Ranks on the node, ascending; the first is the leader. */
-  readonly ranks: ReadonlyArray<number>
-  /** Fan-out subject token of the node (every member subscribes to it). */
-  readonly fanoutToken: string | undefined
-}
+export type { NodeGroup } from "./registry.ts"
+
 
 export interface HierarchySpec {
   /** Nodes ordered by leader rank; that is also the order of the leaders' ring. */

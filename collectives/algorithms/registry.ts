@@ -12,8 +12,31 @@ import type { AlgorithmCost } from "../../core/collective-cost.ts"
 import { ConfigError } from "../../core/errors.ts"
 import type { Operation } from "../operation.ts"
 import type { Reduction } from "../reduction.ts"
-import type { NodeGroup } from "./hierarchical.ts"
-import type { HalfSource } from "./ring.ts"
+
+/**
+ * This rank's values in an fp16 sum, made as the ring needs each range [off, off+n) of them. Each
+ * element is asked for exactly once per call: by `bits` (the segment this rank sends first), by
+ * `addInto` (a relay's or the owner's addition) or by `load` (the fallback).
+ */
+export interface HalfSource {
+  /** The binary16 bits of the values in [off, off+n), as bytes; they stay as they are until sent. */
+  bits(off: number, n: number): Uint8Array
+  /**
+   * h[i] = binary16 bits of f32(value of h[i] + value off+i): added into a received message. With
+   * `final` (the segment's owner) also buf[off+i] = value of the new h[i].
+   */
+  addInto(h: Uint16Array, off: number, n: number, final: boolean): void
+  /** buf[off..off+n) = the values in fp32. */
+  load(off: number, n: number): void
+}
+
+/** One node of a hierarchical all-reduce: its ranks and its fan-out subject. */
+export interface NodeGroup {
+  /** Ranks on the node, ascending; the first is the leader. */
+  readonly ranks: ReadonlyArray<number>
+  /** Fan-out subject token of the node (every member subscribes to it). */
+  readonly fanoutToken: string | undefined
+}
 
 /** One all-reduce call on this rank, as the communicator hands it to an algorithm. */
 export interface AllReduceCall {

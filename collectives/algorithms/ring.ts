@@ -34,7 +34,9 @@ import { accumulateAndFinish, accumulateOp, finish, type Reduction } from "../re
 import { chunkCount, chunkLength, mod, segmentStart } from "../segments.ts"
 import { releaseReceived } from "../../core/nats-internals/index.ts"
 import type { CostStage } from "../../core/collective-cost.ts"
-import { defineAllReduceAlgorithm } from "./registry.ts"
+import { defineAllReduceAlgorithm, type HalfSource } from "./registry.ts"
+
+export type { HalfSource } from "./registry.ts"
 
 export interface RingSpec {
   /** Group ranks in ring order. */
@@ -56,23 +58,6 @@ export interface RingSpec {
   readonly halfSource?: HalfSource
   /** Called when the region [off, off+n) holds its final value on this rank. */
   readonly onFinal?: (off: number, n: number) => void
-}
-
-/**
- * This rank's values in an fp16 sum, made as the ring needs each range [off, off+n) of them. Each
- * element is asked for exactly once per call: by `bits` (the segment this rank sends first), by
- * `addInto` (a relay's or the owner's addition) or by `load` (the fallback).
- */
-export interface HalfSource {
-  /** The binary16 bits of the values in [off, off+n), as bytes; they stay as they are until sent. */
-  bits(off: number, n: number): Uint8Array
-  /**
-   * h[i] = binary16 bits of f32(value of h[i] + value off+i): added into a received message. With
-   * `final` (the segment's owner) also buf[off+i] = value of the new h[i].
-   */
-  addInto(h: Uint16Array, off: number, n: number, final: boolean): void
-  /** buf[off..off+n) = the values in fp32. */
-  load(off: number, n: number): void
 }
 
 /** The source for values given as binary16 bits (allReduce's `halfInput`): `buf` is only written. */

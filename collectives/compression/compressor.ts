@@ -14,10 +14,10 @@
 // little-endian host; every platform Node and tfjs run on is, and we refuse to load otherwise
 // rather than put byte-swapped gradients on the wire.
 import { WireDecodeError } from "../../core/errors.ts"
-import type { Aggregation } from "./codec.ts"
 import { codecByWireId } from "./registry.ts"
 
-export type { Aggregation } from "./codec.ts"
+/** How a codec's messages are combined across ranks (codec.ts says what each means). */
+export type Aggregation = "none" | "linear" | "allgather" | "custom"
 
 /** A codec's identity in its messages' headers: the registry's wireId and the name for errors. */
 export interface WireCodec {
