@@ -109,8 +109,9 @@ else
 fi
 
 # --- what the tests use: chromium, openssl, promtool ------------------------------------------
-# Not fatal: without chromium the report rendering tests fail, without openssl the read pool's TLS
-# test is skipped, without promtool the dashboard's /metrics lint test fails; each says so.
+# Not fatal: without chromium the report rendering tests and the webgpu tests (they train on its
+# SwiftShader Vulkan driver) fail, without openssl the read pool's TLS test is skipped, without
+# promtool the dashboard's /metrics lint test fails; each says so.
 if [ "$tests" = 1 ]; then
   chromium=""
   for c in "${CHROMIUM_BIN:-}" /usr/bin/chromium /usr/bin/chromium-browser /usr/bin/google-chrome; do
@@ -119,11 +120,11 @@ if [ "$tests" = 1 ]; then
   if [ -n "$chromium" ]; then
     say "$("$chromium" --version 2>/dev/null | head -1) ($chromium): already there"
   elif [ "$check" = 1 ]; then
-    say "chromium is missing: the report rendering tests will fail"
+    say "chromium is missing: the report rendering and webgpu tests will fail"
   else
     say "installing chromium ..."
     if system_install chromium && [ -x /usr/bin/chromium ]; then say "$(/usr/bin/chromium --version 2>/dev/null | head -1): installed"
-    else say "could not install chromium (log: $log): the report rendering tests will fail"
+    else say "could not install chromium (log: $log): the report rendering and webgpu tests will fail"
     fi
   fi
   if command -v openssl >/dev/null 2>&1; then
