@@ -1,6 +1,6 @@
 // The collectives' public surface: the communicator and its operations, the all-reduce algorithm
-// registry, bucketing, the tfjs adapter, the Effect entry point and the typed errors. Everything
-// else in collectives/ is internal.
+// registry, bucketing, the tfjs adapter, the Effect entry point, deadlines from measurements
+// (CommunicatorOptions.deadlines) and the typed errors. Everything else in collectives/ is internal.
 export {
   Communicator,
   describeOp,
@@ -25,6 +25,7 @@ export {
   type AllReduceAlgorithmEntry,
   type AllReduceCall
 } from "./algorithms/index.ts"
+export { MeasuredDeadlines, type Deadline, type DeadlineSettings } from "./deadlines.ts"
 export { GradientBucketer, allReduceBuckets, planBuckets, DEFAULT_BUCKET_BYTES, DEFAULT_FIRST_BUCKET_BYTES, type Bucket, type BucketOptions } from "./bucketing.ts"
 export { allReduceTensor, allReduceTensors, broadcastTensors } from "./tensors.ts"
 export { createCommunicatorEffect } from "./effect.ts"

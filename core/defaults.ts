@@ -14,8 +14,29 @@ export const MiB = 1024 * 1024
  * worker is found in at most WORKER_DEAD_AFTER_MS anyway, and outside it this deadline is the only
  * detector of a hung peer, so a shorter one serves both; a rank that legitimately falls behind
  * for longer (a long checkpoint write between collectives) needs a larger timeoutMs either way.
+ * Without an explicit timeoutMs, the Trainer's workers derive a shorter deadline from their
+ * measured steps (DEADLINE_FACTOR below) and this is its cap and its value until then.
  */
 export const COLLECTIVE_TIMEOUT_MS = 30_000
+
+/**
+ * Collective deadlines from measurements (collectives/deadlines.ts): once DEADLINE_WARMUP_STEPS
+ * training steps are measured, a collective wait without an explicit timeoutMs fails after
+ * DEADLINE_FACTOR x the median step time + COLLECTIVE_DEADLINE_FLOOR_MS of silence, never more
+ * than COLLECTIVE_TIMEOUT_MS. Twice the step: a peer that computes the same step as this rank is at
+ * most about one step behind it. The floor (5 s) absorbs what a median does not see: a GC pause, a
+ * loaded machine's scheduling, an epoch boundary's evaluation and checkpoint upload.
+ */
+export const DEADLINE_FACTOR = 2
+
+/** The additive floor of a measured collective deadline (see DEADLINE_FACTOR). */
+export const COLLECTIVE_DEADLINE_FLOOR_MS = 5_000
+
+/** Steps measured before a collective deadline is derived; until then COLLECTIVE_TIMEOUT_MS applies (the first steps compile kernels). */
+export const DEADLINE_WARMUP_STEPS = 5
+
+/** Step and collective times a measured deadline's medians are taken over (the latest ones). */
+export const DEADLINE_WINDOW = 64
 
 /** Deadline of a communicator's start-up handshake: ranks start at different times (process spawn, tfjs backend load). */
 export const COLLECTIVE_CREATE_TIMEOUT_MS = 60_000
@@ -62,7 +83,8 @@ export const COST_MODEL_CHUNK_BYTES = Math.min(COLLECTIVE_CHUNK_BYTES, NATS_MAX_
 /**
  * Silence after which the Trainer counts a worker as dead. Exits (crash, kill -9) are reported by
  * the agent at once; this only catches hung processes and lost nodes, and a worker busy in a long
- * tfjs kernel on an oversubscribed machine must not be mistaken for one.
+ * tfjs kernel on an oversubscribed machine must not be mistaken for one. The floor: the driver
+ * waits DEADLINE_FACTOR x the longest measured step computation when that is longer.
  */
 export const WORKER_DEAD_AFTER_MS = 10_000
 
