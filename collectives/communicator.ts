@@ -16,7 +16,8 @@
 // (proof that the peer is subscribed, also across routed servers) and every peer reported having
 // heard from everyone. Only then does any collective publish.
 //
-// Failure. Every wait has a deadline (timeoutMs without any frame for the operation). When it
+// Failure. Every wait has a deadline (timeoutMs without any frame for the operation; with
+// `deadlines`, derived from the measured step times once there are enough, deadlines.ts). When it
 // passes, the rank probes its peers (ping/pong on the control subject) to name the dead or hung
 // ones, fails with CollectiveTimeout, and publishes an abort so every other rank fails at once
 // with CollectiveAborted naming the same ranks. Any other local failure (mismatched lengths,
@@ -47,6 +48,7 @@ import {
 } from "./errors.ts"
 import { roundToHalf } from "./float16.ts"
 import { DirectEndpoint, type DirectAddress, type TransportChoice } from "./direct.ts"
+import { seconds, type Deadline, type MeasuredDeadlines } from "./deadlines.ts"
 import { HEADER_BLOCK_BYTES, HEADER_BYTES, Kind, Opcode, Variant, controlBody, controlMessage, headerBytesInto, readFrame, variantOf, type Frame } from "./frames.ts"
 import { allReduceAlgorithmByCode, allowedAlgorithms, findAllReduceAlgorithm, type AllReduceAlgorithm, type AllReduceCall } from "./algorithms/index.ts"
 import type { NodeGroup } from "./algorithms/hierarchical.ts"
@@ -79,6 +81,13 @@ export interface CommunicatorOptions {
   readonly node?: string
   /** Deadline of every wait: a collective fails when no frame for it arrived for this long. Default 30 s (core/defaults.ts). */
   readonly timeoutMs?: number
+  /**
+   * Deadlines from measurements (deadlines.ts): the owner notes step times on it, the
+   * communicator its calls' times, and a call without its own timeoutMs waits as long as it says
+   * (its fixedMs when timeoutMs was set explicitly). Kept across communicators (a regroup keeps
+   * the measurements). Absent: every wait has `timeoutMs`.
+   */
+  readonly deadlines?: MeasuredDeadlines
   /** Deadline of the start-up handshake. Default 60 s. */
   readonly createTimeoutMs?: number
   /** Largest data payload per message. Default 4 MiB, and never more than the smallest max_payload of the ranks' servers allows (1 MiB on a default nats-server). Larger chunks cost less per byte. */
@@ -344,6 +353,7 @@ export class Communicator {
   readonly chunkElems: number
   readonly windowBytes: number
   readonly timeoutMs: number
+  readonly #deadlines: MeasuredDeadlines | undefined
   readonly #nc: NatsConnection | undefined
   /** Where acks and control messages go (the control connection, or nc). */
   readonly #cnc: NatsConnection | undefined
@@ -351,6 +361,8 @@ export class Communicator {
   readonly #subs: Subscription[]
   readonly #host: OperationHost
   readonly #ops = new Map<number, Operation>()
+  /** The deadline each running call without its own timeoutMs got when it started. */
+  readonly #opDeadlines = new Map<number, Deadline>()
   readonly #early = new Map<number, Frame[]>()
   readonly #earlyLimit: number
   #earlyBytes = 0
@@ -393,6 +405,7 @@ export class Communicator {
     this.chunkElems = chunkElems
     this.windowBytes = windowBytes
     this.timeoutMs = opts.timeoutMs ?? DEFAULT_TIMEOUT_MS
+    this.#deadlines = opts.deadlines
     this.#earlyLimit = opts.earlyLimitBytes ?? DEFAULT_EARLY_LIMIT
     this.#nc = opts.worldSize > 1 ? opts.nc : undefined
     this.#cnc = opts.worldSize > 1 ? (opts.controlNc ?? opts.nc) : undefined
@@ -786,7 +799,7 @@ export class Communicator {
 
   #ensureWatchdog(): void {
     if (this.#watchdog) return
-    const every = Math.max(20, Math.min(1_000, Math.floor(this.timeoutMs / 8)))
+    const every = Math.max(20, Math.min(1_000, Math.floor(this.#deadline().ms / 8)))
     this.#watchdog = setInterval(() => this.#checkDeadlines(), every)
     this.#watchdog.unref()
   }
@@ -800,16 +813,28 @@ export class Communicator {
     if (this.#probe) return
     const now = Date.now()
     for (const op of this.#ops.values()) {
-      const limit = op.timeoutMs ?? this.timeoutMs
-      if (op.failure === undefined && op.waiting && now - op.lastProgress > limit) {
+      const limit = this.#deadlineOf(op)
+      if (op.failure === undefined && op.waiting && now - op.lastProgress > limit.ms) {
         void this.#timeOut(op, limit)
         return
       }
     }
   }
 
+  /** The deadline of a call starting now without its own timeoutMs. */
+  #deadline(): Deadline {
+    return this.#deadlines?.current() ?? { ms: this.timeoutMs, measured: false, why: `timeoutMs ${seconds(this.timeoutMs)}` }
+  }
+
+  /** A running call's deadline: its own timeoutMs, else the one fixed when it started. */
+  #deadlineOf(op: Operation): Deadline {
+    if (op.timeoutMs !== undefined) return { ms: op.timeoutMs, measured: false, why: `the call's timeoutMs ${seconds(op.timeoutMs)}` }
+    return this.#opDeadlines.get(op.seq) ?? this.#deadline()
+  }
+
   /** The deadline passed: find out which peers are gone, then fail and abort the group. */
-  async #timeOut(op: Operation, timeoutMs: number, onlyIfGone?: number): Promise<void> {
+  async #timeOut(op: Operation, deadline: Deadline, onlyIfGone?: number): Promise<void> {
+    const timeoutMs = deadline.ms
     const waitingFor = op.waitingFor()
     const probe = { nonce: Math.random().toString(36).slice(2, 12), answered: new Set<number>(), behind: new Set<number>(), seq: op.seq }
     this.#probe = probe
@@ -838,7 +863,9 @@ export class Communicator {
         waitingFor,
         unresponsive,
         behind: [...probe.behind].sort((a, b) => a - b),
-        timeoutMs
+        timeoutMs,
+        silentMs: Date.now() - op.lastProgress,
+        deadline: deadline.why
       })
     )
   }
@@ -860,6 +887,8 @@ export class Communicator {
     const seq = this.#nextSeq++
     const op = new Operation(this.#host, seq, sig, describeOp)
     op.timeoutMs = timeoutMs
+    if (timeoutMs === undefined) this.#opDeadlines.set(seq, this.#deadline())
+    const started = performance.now()
     this.#ops.set(seq, op)
     const direct =
       this.#directPeers.size > 0 &&
@@ -882,7 +911,9 @@ export class Communicator {
       }
     }
     try {
-      return await running
+      const result = await running
+      this.#deadlines?.noteCollective(performance.now() - started)
+      return result
     } catch (e) {
       const err = op.failure ?? e
       op.fail(err)
@@ -890,6 +921,7 @@ export class Communicator {
       throw err
     } finally {
       this.#ops.delete(seq)
+      this.#opDeadlines.delete(seq)
       this.#directSeqs.delete(seq)
     }
   }
@@ -942,7 +974,7 @@ export class Communicator {
     if (this.#closed !== undefined || this.#probe) return
     for (const op of this.#ops.values()) {
       if (op.failure === undefined && op.waiting && op.waitingFor().includes(peer)) {
-        void this.#timeOut(op, op.timeoutMs ?? this.timeoutMs, peer)
+        void this.#timeOut(op, this.#deadlineOf(op), peer)
         return
       }
     }

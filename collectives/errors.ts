@@ -20,7 +20,11 @@ export class CollectiveTimeout extends Schema.TaggedError<CollectiveTimeout>()("
   unresponsive: Schema.Array(Schema.Number),
   /** Peers that answered the probe but had not started this call yet. */
   behind: Schema.optionalKey(Schema.Array(Schema.Number)),
-  timeoutMs: Schema.Number
+  timeoutMs: Schema.Number,
+  /** How long nothing had arrived when the rank gave up: the deadline, then the liveness probe. */
+  silentMs: Schema.optionalKey(Schema.Number),
+  /** How the deadline came about (deadlines.ts), e.g. "2 x median step 0.11 s + floor 5 s". */
+  deadline: Schema.optionalKey(Schema.String)
 }) {
   /** The ranks most likely at fault: the unresponsive ones, else the ones that never joined this call, else the ones waited on. */
   get failedRanks(): ReadonlyArray<number> {
@@ -36,7 +40,8 @@ export class CollectiveTimeout extends Schema.TaggedError<CollectiveTimeout>()("
           ? `every peer answered a liveness probe, but rank(s) ${list(this.behind)} had not started this call: they are stalled outside the collectives (a slow or stuck step), or call collectives in a different order`
           : `all peers answered a liveness probe, so rank(s) ${list(this.waitingFor)} are alive but stalled (a straggler, or ranks calling collectives in a different order)`
     return (
-      `${this.op} (group "${this.group}", seq ${this.seq}) on rank ${this.rank}: nothing arrived for ${this.timeoutMs} ms ` +
+      `${this.op} (group "${this.group}", seq ${this.seq}) on rank ${this.rank}: nothing arrived for ${this.silentMs ?? this.timeoutMs} ms ` +
+      `(deadline ${this.timeoutMs} ms${this.deadline ? ` = ${this.deadline}` : ""}) ` +
       `while waiting for rank(s) ${list(this.waitingFor)}; ${who}. The group is aborted: restart the failed rank(s) ` +
       `and create a new communicator, or raise timeoutMs if ranks legitimately take longer between collectives.`
     )

@@ -166,7 +166,11 @@ export const CollectiveConfig = Schema.Struct({
   /** The first bucket's size, small so communication starts early. Default 1 (FIRST_BUCKET_SIZE_MIB). */
   firstBucketSizeMiB: Schema.optional(Positive),
   wireDtype: Schema.optional(Schema.Literals(["float32", "float16"])),
-  /** Deadline for any single collective wait; a dead or stalled rank fails the step after it. Default 30 s (COLLECTIVE_TIMEOUT_MS). */
+  /**
+   * Deadline for any single collective wait; a dead or stalled rank fails the step after it. Set, it
+   * is used as given. Unset, it is derived from the measured steps (collectives/deadlines.ts: 2 x the
+   * median step + 5 s, at most COLLECTIVE_TIMEOUT_MS, which also applies until 5 steps are measured).
+   */
   timeoutMs: Schema.optional(PositiveInt),
   /**
    * How collective frames travel between workers: "auto" (default) over direct TCP / Unix-socket

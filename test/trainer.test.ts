@@ -8,6 +8,7 @@ import { Trainer, TrainingFailed, loadDigits, resultOf, trainTestSplit, type Arr
 import { ConfigError } from "../core/errors.ts"
 import { PlacementInfeasible } from "../scheduler/placement.ts"
 import { liveNatsServerPids } from "../core/nats-server.ts"
+import { COLLECTIVE_TIMEOUT_MS } from "../core/defaults.ts"
 
 const LOOP = path.resolve("examples/digits/train.ts") + "#trainLoop"
 let storage: string
@@ -101,6 +102,29 @@ describe("Trainer", () => {
     const e = await fitFails("stalls", { epochs: 3, fail: { how: "hang", rank: 2, epoch: 1 } }, { collectiveConfig: { timeoutMs: 3_000 } })
     expect(e.rank).toBe(2)
     expect(e.message).toMatch(/rank 2 stopped taking part in collectives/)
+    // An explicit timeoutMs is used as given, not derived.
+    expect(e.message).toMatch(/\(deadline 3000 ms = timeoutMs 3 s, set explicitly\)/)
+  })
+
+  it("names a hung rank within the collective deadline derived from the measured steps, not the fixed default", async () => {
+    // No collectiveConfig.timeoutMs: after the warm-up steps of epoch 0 the deadline is 2 x the
+    // median step + the floor. Rank 2 then stays alive (heartbeating) but out of the collectives.
+    const e = await fitFails("hangs", { epochs: 3, fail: { how: "hang", rank: 2, epoch: 1 } })
+    expect(e.rank).toBe(2)
+    expect(e.message).toMatch(/rank 2 stopped taking part in collectives/)
+    // The failure says the deadline and how it was derived.
+    const derived = /\(deadline (\d+) ms = 2 x median (?:step|collective) [\d.]+ s \+ floor 5 s\)/.exec(e.message)
+    expect(derived, e.message).not.toBeNull()
+    expect(Number(derived![1])).toBeLessThan(COLLECTIVE_TIMEOUT_MS)
+    expect(e.message).toMatch(/rank\(s\) 2 had not started this call/)
+    // Rank 0 said it once measured: explain.txt and explain.json.
+    const explain = await fs.readFile(path.join(e.result.path, "explain.txt"), "utf8")
+    expect(explain).toMatch(/collective deadline: [\d.]+ s \(2 x median step [\d.]+ s \+ floor 5 s\); measured median step/)
+    // The driver's heartbeat deadline, from the step times the workers reported (10 s unless steps compute for over 5 s).
+    expect(explain).toMatch(/heartbeat deadline: [\d.]+ s \((the floor 10 s, above )?2 x longest step computation [\d.]+ s\)/)
+    const json = JSON.parse(await fs.readFile(path.join(e.result.path, "explain.json"), "utf8")) as { deadlines?: { measured: boolean; collectiveDeadlineMs: number } }
+    expect(json.deadlines?.measured).toBe(true)
+    expect(json.deadlines!.collectiveDeadlineMs).toBeLessThan(COLLECTIVE_TIMEOUT_MS)
   })
 
   it("detects ranks that call report() a different number of times instead of deadlocking", async () => {

@@ -31,15 +31,15 @@ export interface ActorDown {
 export interface WatchOptions {
   /** Only this incarnation (spawn instance); others' beats and events are ignored. */
   readonly instance?: string
-  /** Silence after which the actor is declared dead. Default 2000 ms. */
-  readonly deadAfterMs?: number
+  /** Silence after which the actor is declared dead, or where to read it at every check (a deadline from measurements). Default 2000 ms. */
+  readonly deadAfterMs?: number | (() => number)
 }
 
 interface Waiter {
   readonly name: string
   readonly instance: string | undefined
   since: number
-  readonly deadAfterMs: number
+  readonly deadAfterMs: number | (() => number)
   readonly resolve: (down: ActorDown) => void
 }
 
@@ -244,14 +244,15 @@ export class Watcher {
       const seen = this.#seen.get(w.name)
       const heard = seen && (w.instance === undefined || seen.instance === w.instance) ? seen.at : 0
       const last = Math.max(w.since, heard)
-      if (now - last > w.deadAfterMs) {
+      const deadAfterMs = typeof w.deadAfterMs === "function" ? w.deadAfterMs() : w.deadAfterMs
+      if (now - last > deadAfterMs) {
         const down: ActorDown = {
           name: w.name,
           instance: w.instance ?? seen?.instance ?? "",
           reason: "missed-heartbeats",
           detail: heard
-            ? `no heartbeat for ${now - heard} ms (dead after ${w.deadAfterMs} ms of silence)`
-            : `never heard from within ${w.deadAfterMs} ms`,
+            ? `no heartbeat for ${now - heard} ms (dead after ${deadAfterMs} ms of silence)`
+            : `never heard from within ${deadAfterMs} ms`,
           at: now
         }
         this.#declare(down)

@@ -216,6 +216,8 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
       firstBucketSizeMiB: coll.firstBucketSizeMiB ?? FIRST_BUCKET_SIZE_MIB,
       wireDtype: coll.wireDtype ?? "float32",
       timeoutMs: coll.timeoutMs ?? COLLECTIVE_TIMEOUT_MS,
+      // Explicit: used as given; otherwise derived from measured steps, capped at the default.
+      ...(coll.timeoutMs !== undefined ? { timeoutFixed: true } : {}),
       transport: coll.transport ?? "auto"
     },
     cluster,

@@ -138,10 +138,11 @@ export const ControllerProtocol = defineProtocol("trainer-controller", {
       summary: Schema.String,
       /**
        * "algorithm" (absent: the all-reduce plan), "strategy" (collectiveConfig.strategy "auto"'s
-       * choice) or "kernels" (a rank's backend and the kernels it ran on the cpu fallback; every rank
-       * sends its own, with `rank`; an empty summary is not printed).
+       * choice), "kernels" (a rank's backend and the kernels it ran on the cpu fallback; every rank
+       * sends its own, with `rank`; an empty summary is not printed) or "deadlines" (rank 0's
+       * collective deadline once derived from measured steps, collectives/deadlines.ts).
        */
-      part: Schema.optionalKey(Schema.Literals(["algorithm", "strategy", "kernels"])),
+      part: Schema.optionalKey(Schema.Literals(["algorithm", "strategy", "kernels", "deadlines"])),
       rank: Schema.optionalKey(Schema.Number)
     })
   },
@@ -188,6 +189,8 @@ export const WorkerArgs = Schema.Struct({
     firstBucketSizeMiB: Schema.Number,
     wireDtype: Schema.String,
     timeoutMs: Schema.Number,
+    /** collectiveConfig.timeoutMs was set explicitly: every collective wait has it (absent: deadlines are derived from measured steps, timeoutMs their cap). */
+    timeoutFixed: Schema.optionalKey(Schema.Boolean),
     /** collectiveConfig.transport (absent: "auto"). */
     transport: Schema.optionalKey(Schema.Literals(["auto", "nats", "direct"])),
     /** The run's secret for the direct links (hex), made by the driver per run and handed out over the bus, never written to the run directory. */

@@ -12,7 +12,8 @@ import * as path from "node:path"
 import { nuid } from "@nats-io/nats-core"
 import { Result as R } from "effect"
 import { ConfigError, NatsUnavailable } from "../../core/errors.ts"
-import { PLACEMENT_TIMEOUT_MS } from "../../core/defaults.ts"
+import { DEADLINE_WARMUP_STEPS, PLACEMENT_TIMEOUT_MS } from "../../core/defaults.ts"
+import { HeartbeatDeadline } from "../../collectives/deadlines.ts"
 import { watchBus, type BusMonitor } from "../../core/bus-monitor.ts"
 import { describeConnection, hasCredentials, redactConnection } from "../../core/connection-spec.ts"
 import { decodeMessage } from "../../core/wire.ts"
@@ -92,18 +93,27 @@ const kernelParts = (parts: Readonly<Record<string, { readonly text: string; rea
     .sort(([a], [b]) => Number(a.slice(8)) - Number(b.slice(8)))
     .map(([, v]) => v)
 
-/** The all-reduce plan of the run and (strategy "auto") its strategy, as the workers explained them last. */
+/** The all-reduce plan of the run, (strategy "auto") its strategy and the collective and heartbeat deadlines, as explained last. */
 const writeExplain = async (dir: string, parts: Readonly<Record<string, { readonly text: string; readonly json: unknown }>>): Promise<void> => {
   const alg = parts.algorithm
   const strat = parts.strategy
   const kernels = kernelParts(parts)
-  const text = [alg?.text, strat?.text, kernels.length ? `backends and kernels:\n${kernels.map((k) => k.text).join("\n")}` : undefined]
+  const deadlines = [parts.deadlines, parts.heartbeat].filter((p) => p !== undefined)
+  const text = [alg?.text, strat?.text, deadlines.length ? deadlines.map((d) => d.text).join("\n") : undefined, kernels.length ? `backends and kernels:\n${kernels.map((k) => k.text).join("\n")}` : undefined]
     .filter((t) => t !== undefined)
     .join("\n\n")
-  // explain.json stays the all-reduce plan's object, with the strategy's choice under "strategy"
-  // and each rank's backend and kernels under "kernels".
+  // explain.json stays the all-reduce plan's object, with the strategy's choice under "strategy",
+  // each rank's backend and kernels under "kernels" and the collective and heartbeat deadlines
+  // under "deadlines" and "heartbeat".
   const base = strat ? { ...((alg?.json as object | undefined) ?? {}), strategy: strat.json } : alg?.json
-  const json = kernels.length ? { ...((base as object | undefined) ?? {}), kernels: kernels.map((k) => k.json) } : base
+  const withKernels = kernels.length ? { ...((base as object | undefined) ?? {}), kernels: kernels.map((k) => k.json) } : base
+  const json = deadlines.length
+    ? {
+        ...((withKernels as object | undefined) ?? {}),
+        ...(parts.deadlines ? { deadlines: parts.deadlines.json } : {}),
+        ...(parts.heartbeat ? { heartbeat: parts.heartbeat.json } : {})
+      }
+    : withKernels
   await fs.writeFile(path.join(dir, "explain.txt"), `${text}\n`)
   await fs.writeFile(path.join(dir, "explain.json"), `${JSON.stringify(json, null, 2)}\n`)
 }
@@ -417,7 +427,10 @@ export class Trainer {
       node: "driver",
       log: verbose ? stderrLogger(`${job}/driver`) : silentLogger
     })
-    const group = new WorkerGroup(system)
+    // Workers' heartbeat deadline, from the step times they report (collectives/deadlines.ts).
+    const heartbeats = new HeartbeatDeadline()
+    let heartbeatSaid: number | undefined
+    const group = new WorkerGroup(system, () => heartbeats.current().ms)
     let controllerActor: ActorHandle | undefined
 
     // The job on the bus, for the dashboard and `gradwire jobs` / `gradwire logs` (job-monitor.ts).
@@ -611,6 +624,19 @@ export class Trainer {
         monitor?.progress(body)
         // The report's compute/communication split: kept whether or not the timeline is on.
         if (body.stepTimes) recorder.stepTimes(body.attempt, body.rank, body.stepTimes)
+        if (body.stepTimes) {
+          for (const s of body.stepTimes) heartbeats.noteCompute(s[1] ?? 0)
+          // Said once measured, and again whenever it moves (only steps too long for the floor move it).
+          const now = heartbeats.current()
+          if (heartbeats.measured >= DEADLINE_WARMUP_STEPS && now.ms !== heartbeatSaid) {
+            heartbeatSaid = now.ms
+            const d = heartbeats.describe()
+            progress.line(d.summary)
+            recorder.event({ type: "explain", summary: d.summary })
+            explained.heartbeat = { text: d.text, json: d.json }
+            saving = saving.then(() => writeExplain(cfg.runDir, explained)).catch(() => {})
+          }
+        }
         void callbacks("onProgress", (cb) => cb.onProgress?.(body))
       },
       trace: (body) => {
@@ -624,7 +650,7 @@ export class Trainer {
           recorder.event({ type: "explain", summary: body.summary })
         }
         explained[part] = { text: body.text, json: body.json }
-        if (body.part !== "kernels") planSummaries[part] = body.summary
+        if (body.part !== "kernels" && body.part !== "deadlines") planSummaries[part] = body.summary
         monitor?.changed()
         saving = saving.then(() => writeExplain(cfg.runDir, explained)).catch(() => {})
       },

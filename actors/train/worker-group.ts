@@ -4,7 +4,8 @@
 // adds joiners. What a death means is the controller's business (controller.ts): this module only
 // reports it.
 import { fileURLToPath } from "node:url"
-// Silence after which a worker counts as dead (core/defaults.ts says why it is 10 s).
+// Silence after which a worker counts as dead (core/defaults.ts says why it is 10 s); the driver
+// lengthens it for workers whose steps measured long (collectives/deadlines.ts HeartbeatDeadline).
 import { WORKER_DEAD_AFTER_MS } from "../../core/defaults.ts"
 import { SERVER_CPUS, type PlacementPlan } from "../../scheduler/placement.ts"
 import type { ActorSystem } from "../runtime/system.ts"
@@ -88,8 +89,12 @@ export class WorkerGroup {
   /** The current generation's members by rank. */
   #members = new Map<number, SpawnedActor>()
 
-  constructor(system: ActorSystem) {
+  /** Silence after which a worker counts as dead, read at every check (the driver derives it from measured steps). */
+  readonly #deadAfterMs: () => number
+
+  constructor(system: ActorSystem, deadAfterMs: () => number = () => WORKER_DEAD_AFTER_MS) {
     this.#system = system
+    this.#deadAfterMs = deadAfterMs
   }
 
   /** The current generation's members, by rank. */
@@ -200,7 +205,7 @@ export class WorkerGroup {
   /** Reports each member's death to `watch` (by its rank in the current generation). */
   watch(members: ReadonlyMap<number, SpawnedActor>, watch: Watch): void {
     for (const [rank, w] of members) {
-      void w.down({ deadAfterMs: WORKER_DEAD_AFTER_MS }).then((down) => {
+      void w.down({ deadAfterMs: this.#deadAfterMs }).then((down) => {
         if (!watch.stillMatters(rank)) return
         setTimeout(() => {
           if (watch.stillMatters(rank)) watch.onDown(rank, { reason: down.reason, detail: `worker process (pid ${w.pid} on node ${w.node}) went down: ${down.detail}` })

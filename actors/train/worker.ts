@@ -22,6 +22,7 @@ import { decodeMessage, encodeMessage } from "../../core/wire.ts"
 import { Communicator, describeTransport, type AllReduceAlgorithm, type DirectOptions } from "../../collectives/communicator.ts"
 import { GradientReducer } from "../../collectives/gradient-reducer.ts"
 import { blamedRanks } from "../../collectives/errors.ts"
+import { MeasuredDeadlines } from "../../collectives/deadlines.ts"
 import { parseCompressionConfig, type ResolvedCompressionConfig } from "../../collectives/compression/index.ts"
 import { watchBus } from "../../core/bus-monitor.ts"
 import { NATS_OUTAGE_TIMEOUT_MS } from "../../core/defaults.ts"
@@ -158,10 +159,16 @@ export const trainWorker = defineActor(
         const trace: TraceEvent[] = []
         const timeline = args.timeline
         let currentStep = 0
+        // Collective deadlines from this rank's measured steps (collectives/deadlines.ts): the
+        // measurements outlive a regroup, each new group warms up again; an explicit
+        // collectiveConfig.timeoutMs is used as given.
+        const deadlines = new MeasuredDeadlines(args.collective.timeoutFixed ? { fixedMs: args.collective.timeoutMs } : { capMs: args.collective.timeoutMs })
+        let deadlinesExplained = false
         // The group of a placement: its communicator, and the reducer that picks the algorithm per
         // bucket from the probed links ('auto', auto-config.ts). Every member of a generation builds
         // it at the same point (start-up, or a regroup), so the probe's collectives line up.
         const build = async (p: Placement): Promise<{ comm: Communicator; reducer: GradientReducer }> => {
+          deadlines.newGroup()
           const comm = await Communicator.create({
             nc: dataNc,
             controlNc,
@@ -172,6 +179,7 @@ export const trainWorker = defineActor(
             worldSize: p.worldSize,
             node: p.nodes[p.rank],
             timeoutMs: args.collective.timeoutMs,
+            deadlines,
             ...(direct ? { direct } : {})
           })
           try {
@@ -261,6 +269,16 @@ export const trainWorker = defineActor(
             else if (name === "step") {
               stepTimes.push([step, computeMs, commMs, applyMs, lastStepEnd === undefined ? 0 : Math.max(0, start - lastStepEnd)])
               lastStepEnd = end
+              deadlines.noteStep(end - start)
+              // Once derived (after the warm-up steps), rank 0 says the deadline: explain.txt and
+              // the console; every rank logs its own.
+              if (!deadlinesExplained && (deadlines.fixedMs !== undefined || deadlines.medianStepMs !== undefined)) {
+                deadlinesExplained = true
+                const p = place()
+                const d = deadlines.describe()
+                ctx.log.info(`rank ${p.rank}: ${d.summary.replace(/^gradwire: /, "")}`)
+                if (p.rank === 0) void system.tellPromise(controller, "explain", { attempt: p.attempt, text: d.text, json: d.json, summary: d.summary, part: "deadlines" }).catch(() => {})
+              }
             }
             if (timeline) trace.push(spanEvent(name, start, end, TID_STEP, { step }))
           },
