@@ -160,7 +160,7 @@ export class MeasuredDeadlines {
  * A worker process's heartbeat deadline, as the driver keeps it from the step times the workers
  * report. A worker beats from a timer on its event loop, which a step's computation holds (tfjs
  * runs kernels synchronously): a beat is late by the longest such stretch, not the typical one. So
- * the deadline is DEADLINE_FACTOR x the longest forward/backward of the latest steps, never less
+ * the deadline is DEADLINE_FACTOR x the longest computation of the latest steps, never less
  * than WORKER_DEAD_AFTER_MS: it only grows for steps too long for the fixed 10 s, and a hung worker
  * is named sooner by the collective deadline (MeasuredDeadlines) than by its heartbeats anyway.
  */
@@ -176,7 +176,7 @@ export class HeartbeatDeadline {
     this.window = settings.window ?? DEADLINE_WINDOW
   }
 
-  /** One step's forward/backward time on some worker. */
+  /** One step's computation on some worker (forward/backward and the update: what holds its event loop). */
   noteCompute(ms: number): void {
     if (!(ms >= 0) || !Number.isFinite(ms)) return
     push(this.#computeMs, ms, this.window)

@@ -625,7 +625,8 @@ export class Trainer {
         // The report's compute/communication split: kept whether or not the timeline is on.
         if (body.stepTimes) recorder.stepTimes(body.attempt, body.rank, body.stepTimes)
         if (body.stepTimes) {
-          for (const s of body.stepTimes) heartbeats.noteCompute(s[1] ?? 0)
+          // [step, forward/backward, all-reduce, apply, wait]: the parts that hold the event loop.
+          for (const s of body.stepTimes) heartbeats.noteCompute((s[1] ?? 0) + (s[3] ?? 0))
           // Said once measured, and again whenever it moves (only steps too long for the floor move it).
           const now = heartbeats.current()
           if (heartbeats.measured >= DEADLINE_WARMUP_STEPS && now.ms !== heartbeatSaid) {
