@@ -34,7 +34,7 @@ export interface Deadline {
   readonly ms: number
   /** True once derived from measurements (false: fixed, or still warming up). */
   readonly measured: boolean
-  /** How it was derived, for messages: "2 x median step 0.11 s + floor 5 s", "collectiveConfig.timeoutMs 3 s, set explicitly". */
+  /** How it was derived, for messages: "2 x median step 0.11 s + floor 10 s", "collectiveConfig.timeoutMs 3 s, set explicitly". */
   readonly why: string
 }
 

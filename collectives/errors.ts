@@ -23,7 +23,7 @@ export class CollectiveTimeout extends Schema.TaggedError<CollectiveTimeout>()("
   timeoutMs: Schema.Number,
   /** How long nothing had arrived when the rank gave up: the deadline, then the liveness probe. */
   silentMs: Schema.optionalKey(Schema.Number),
-  /** How the deadline came about (deadlines.ts), e.g. "2 x median step 0.11 s + floor 5 s". */
+  /** How the deadline came about (deadlines.ts), e.g. "2 x median step 0.11 s + floor 10 s". */
   deadline: Schema.optionalKey(Schema.String)
 }) {
   /** The ranks most likely at fault: the unresponsive ones, else the ones that never joined this call, else the ones waited on. */

@@ -24,13 +24,14 @@ export const COLLECTIVE_TIMEOUT_MS = 30_000
  * training steps are measured, a collective wait without an explicit timeoutMs fails after
  * DEADLINE_FACTOR x the median step time + COLLECTIVE_DEADLINE_FLOOR_MS of silence, never more
  * than COLLECTIVE_TIMEOUT_MS. Twice the step: a peer that computes the same step as this rank is at
- * most about one step behind it. The floor (5 s) absorbs what a median does not see: a GC pause, a
- * loaded machine's scheduling, an epoch boundary's evaluation and checkpoint upload.
+ * most about one step behind it. The floor (10 s) absorbs what a median does not see: a GC pause, a
+ * loaded machine's scheduling (seconds on a shared 2-core machine), an epoch boundary's evaluation
+ * and checkpoint upload.
  */
 export const DEADLINE_FACTOR = 2
 
 /** The additive floor of a measured collective deadline (see DEADLINE_FACTOR). */
-export const COLLECTIVE_DEADLINE_FLOOR_MS = 5_000
+export const COLLECTIVE_DEADLINE_FLOOR_MS = 10_000
 
 /** Steps measured before a collective deadline is derived; until then COLLECTIVE_TIMEOUT_MS applies (the first steps compile kernels). */
 export const DEADLINE_WARMUP_STEPS = 5

@@ -11,9 +11,9 @@ const steps = (d: MeasuredDeadlines, ms: number, n: number): void => {
 }
 
 describe("measured collective deadlines", () => {
-  it("states its constants: twice the step, a 5 s floor, 5 warm-up steps, capped at the 30 s default", () => {
+  it("states its constants: twice the step, a 10 s floor, 5 warm-up steps, capped at the 30 s default", () => {
     expect(DEADLINE_FACTOR).toBe(2)
-    expect(COLLECTIVE_DEADLINE_FLOOR_MS).toBe(5_000)
+    expect(COLLECTIVE_DEADLINE_FLOOR_MS).toBe(10_000)
     expect(DEADLINE_WARMUP_STEPS).toBe(5)
     expect(COLLECTIVE_TIMEOUT_MS).toBe(30_000)
   })
@@ -25,23 +25,23 @@ describe("measured collective deadlines", () => {
     expect(d.current()).toMatchObject({ ms: COLLECTIVE_TIMEOUT_MS, measured: false })
     expect(d.current().why).toBe("the default 30 s until 5 steps of this group are measured (4 so far)")
     d.noteStep(100)
-    expect(d.current()).toEqual({ ms: 5_200, measured: true, why: "2 x median step 0.1 s + floor 5 s" })
+    expect(d.current()).toEqual({ ms: 10_200, measured: true, why: "2 x median step 0.1 s + floor 10 s" })
   })
 
   it("is the floor plus twice the median step, for fast and for slow steps", () => {
     const fast = new MeasuredDeadlines()
     steps(fast, 4, 20)
-    expect(fast.current().ms).toBe(5_008)
+    expect(fast.current().ms).toBe(10_008)
     const slow = new MeasuredDeadlines()
     steps(slow, 1_100, 20)
-    expect(slow.current()).toEqual({ ms: 7_200, measured: true, why: "2 x median step 1.1 s + floor 5 s" })
+    expect(slow.current()).toEqual({ ms: 12_200, measured: true, why: "2 x median step 1.1 s + floor 10 s" })
   })
 
   it("never exceeds the cap (the default, or a given one)", () => {
     const d = new MeasuredDeadlines()
     steps(d, 20_000, 10)
     expect(d.current()).toMatchObject({ ms: COLLECTIVE_TIMEOUT_MS, measured: true })
-    expect(d.current().why).toMatch(/^the cap 30 s, below 2 x median step 20 s \+ floor 5 s$/)
+    expect(d.current().why).toMatch(/^the cap 30 s, below 2 x median step 20 s \+ floor 10 s$/)
     const capped = new MeasuredDeadlines({ capMs: 6_000 })
     steps(capped, 1_000, 10)
     expect(capped.current().ms).toBe(6_000)
@@ -62,31 +62,31 @@ describe("measured collective deadlines", () => {
     d.noteStep(9_000)
     d.noteStep(12_000)
     d.noteStep(30_000)
-    expect(d.current().ms).toBe(5_100)
+    expect(d.current().ms).toBe(10_100)
   })
 
   it("follows a lasting change of step time within the window", () => {
     const d = new MeasuredDeadlines({ window: 16 })
     steps(d, 50, 16)
     steps(d, 2_000, 9)
-    expect(d.current().ms).toBe(9_000)
+    expect(d.current().ms).toBe(14_000)
   })
 
   it("takes the median collective time when it is the larger (a loop that notes short steps)", () => {
     const d = new MeasuredDeadlines()
     steps(d, 10, 10)
     for (let i = 0; i < 5; i++) d.noteCollective(500)
-    expect(d.current()).toEqual({ ms: 6_000, measured: true, why: "2 x median collective 0.5 s + floor 5 s" })
+    expect(d.current()).toEqual({ ms: 11_000, measured: true, why: "2 x median collective 0.5 s + floor 10 s" })
   })
 
   it("goes back to the default when a new group forms, until it has run the warm-up steps", () => {
     const d = new MeasuredDeadlines()
     steps(d, 200, 20)
-    expect(d.current().ms).toBe(5_400)
+    expect(d.current().ms).toBe(10_400)
     d.newGroup()
     expect(d.current()).toMatchObject({ ms: COLLECTIVE_TIMEOUT_MS, measured: false })
     steps(d, 200, DEADLINE_WARMUP_STEPS)
-    expect(d.current().ms).toBe(5_400)
+    expect(d.current().ms).toBe(10_400)
   })
 
   it("drops measurements that are not times", () => {
@@ -104,7 +104,7 @@ describe("measured collective deadlines", () => {
     const { ms, why } = d.current()
     expect(ms).toBe(2 * 300 + COLLECTIVE_DEADLINE_FLOOR_MS)
     expect(ms).toBeLessThan(COLLECTIVE_TIMEOUT_MS)
-    expect(why).toBe("2 x median step 0.3 s + floor 5 s")
+    expect(why).toBe("2 x median step 0.3 s + floor 10 s")
   })
 
   it("describes itself for explain.txt and the start-up line", () => {
@@ -112,9 +112,9 @@ describe("measured collective deadlines", () => {
     steps(d, 120, 8)
     d.noteCollective(30)
     const { text, json, summary } = d.describe()
-    expect(summary).toBe("gradwire: collective deadline 5.2 s (2 x median step 0.12 s + floor 5 s)")
-    expect(text).toMatch(/^collective deadline: 5\.2 s \(2 x median step 0\.12 s \+ floor 5 s\); measured median step 0\.12 s over the latest 8 steps, median collective 0\.03 s\./)
-    expect(json).toMatchObject({ collectiveDeadlineMs: 5_240, measured: true, medianStepMs: 120, medianCollectiveMs: 30, factor: 2, floorMs: 5_000, capMs: 30_000 })
+    expect(summary).toBe("gradwire: collective deadline 10 s (2 x median step 0.12 s + floor 10 s)")
+    expect(text).toMatch(/^collective deadline: 10 s \(2 x median step 0\.12 s \+ floor 10 s\); measured median step 0\.12 s over the latest 8 steps, median collective 0\.03 s\./)
+    expect(json).toMatchObject({ collectiveDeadlineMs: 10_240, measured: true, medianStepMs: 120, medianCollectiveMs: 30, factor: 2, floorMs: 10_000, capMs: 30_000 })
   })
 
   it("writes seconds short", () => {
