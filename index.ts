@@ -107,6 +107,7 @@ export {
 export type { WireFormat, DirectOptions } from "./collectives/communicator.ts"
 export type { ReduceOp } from "./collectives/kernels.ts"
 export type { DirectAddress, TransportChoice } from "./collectives/direct.ts"
+export { MeasuredDeadlines, type Deadline, type DeadlineSettings } from "./collectives/deadlines.ts"
 export type { NodeGroup } from "./collectives/algorithms/hierarchical.ts"
 export type { AllReduceAlgorithm, BuiltinAlgorithmName } from "./collectives/algorithms/index.ts"
 export type { ReducerStats } from "./collectives/gradient-reducer.ts"

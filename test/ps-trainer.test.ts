@@ -31,6 +31,8 @@ const fit = runs.fit
 
 const lastAccuracy = (r: Result): number => r.metrics!.val_accuracy as number
 
+// Several trainings per test: on a 2-core machine shared with another test file they take 50-70 s,
+// past vitest's 60 s default, so the longest have their own timeout.
 describe("parameter servers in the Trainer", () => {
   it("sync servers train like the all-reduce: the same weights after the same steps", async () => {
     const cfg = { epochs: 2, optimizer: "sgd", learningRate: 0.1 }
@@ -44,7 +46,7 @@ describe("parameter servers in the Trainer", () => {
     expect(await fs.readdir(ps.checkpoint!.path)).toEqual(expect.arrayContaining(["ps.shard-0-of-2.msgpack", "ps.shard-1-of-2.msgpack"]))
   })
 
-  it("async and SSP converge on digits and report staleness; backup workers (with binary16 pushes) drop gradients and converge", async () => {
+  it("async and SSP converge on digits and report staleness; backup workers (with binary16 pushes) drop gradients and converge", { timeout: 150_000 }, async () => {
     const cfg = { epochs: 5, optimizer: "adam" }
     const asyncRun = await fit("ps-async", cfg, { strategy: "parameter-server", parameterServer: { numServers: 2, mode: "async" } })
     const ssp = await fit("ps-ssp", cfg, { strategy: "parameter-server", parameterServer: { numServers: 1, mode: "ssp", staleness: 2 } })
@@ -66,7 +68,7 @@ describe("parameter servers in the Trainer", () => {
     expect(dropped).toBeGreaterThan(0)
   })
 
-  it("int8 and top-k pushes (error feedback per server range) train within 2 points of uncompressed sync servers with a fraction of the bytes, and checkpoint every rank's residuals", async () => {
+  it("int8 and top-k pushes (error feedback per server range) train within 2 points of uncompressed sync servers with a fraction of the bytes, and checkpoint every rank's residuals", { timeout: 150_000 }, async () => {
     // Plain SGD (Adam would hide much of what compression drops), 2 workers: a sync step then sums
     // the same two gradients in either order, so each run is reproducible. Measured: 0.889
     // uncompressed, 0.889 int8, 0.880 top-k 1% after 2 epochs (0.905, 0.905, 0.900 after 3).

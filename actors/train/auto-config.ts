@@ -138,7 +138,7 @@ export interface AutoCollectivesInput {
   readonly algorithm: string
   /** collectiveConfig.compression, parsed ('auto' or resolved). */
   readonly compression: unknown
-  readonly log?: { info(line: string): void; warn(line: string): void }
+  readonly log?: { debug(line: string): void; info(line: string): void; warn(line: string): void }
   readonly onExplain?: AutoReducerOptions["onExplain"]
 }
 
@@ -155,18 +155,22 @@ export const prepareAutoCollectives = async (
   const wantsAuto = input.algorithm === "auto" || compression === "auto"
   const topology = comm.peers.map((p) => ({ nodeId: p.node, server: p.server }))
   let model: CostModel
+  let observation: string | undefined
   if (wantsAuto && comm.worldSize > 1) {
     const observed = await probeGroupTopology({ nc: input.nc, comm, cluster: input.cluster, job: input.job })
     model = observed.model
-    if (comm.rank === 0) input.log?.info(describeObservation(observed))
+    observation = describeObservation(observed)
+    // The measured links go into explain.txt with the plan; to the console only with verbose (GRADWIRE_LOG=debug).
+    if (comm.rank === 0) input.log?.debug(observation)
   } else {
     model = defaultCostModel()
   }
+  const tell = input.onExplain
   return {
     algorithm: input.algorithm,
     compression,
     topology,
     model,
-    ...(input.onExplain ? { onExplain: input.onExplain } : {})
+    ...(tell ? { onExplain: (e: Explanation, summary: string) => tell(observation ? { ...e, text: `${e.text}\n${observation}` } : e, summary) } : {})
   }
 }

@@ -430,7 +430,7 @@ export class Trainer {
     // Workers' heartbeat deadline, from the step times they report (collectives/deadlines.ts).
     const heartbeats = new HeartbeatDeadline()
     let heartbeatSaid: number | undefined
-    const group = new WorkerGroup(system, () => heartbeats.current().ms)
+    const group = new WorkerGroup(system, () => heartbeats.current().ms, verbose)
     let controllerActor: ActorHandle | undefined
 
     // The job on the bus, for the dashboard and `gradwire jobs` / `gradwire logs` (job-monitor.ts).

@@ -91,10 +91,13 @@ export class WorkerGroup {
 
   /** Silence after which a worker counts as dead, read at every check (the driver derives it from measured steps). */
   readonly #deadAfterMs: () => number
+  /** runConfig.verbose: workers log at debug level (their transport, topology and deadlines too). */
+  readonly #verbose: boolean
 
-  constructor(system: ActorSystem, deadAfterMs: () => number = () => WORKER_DEAD_AFTER_MS) {
+  constructor(system: ActorSystem, deadAfterMs: () => number = () => WORKER_DEAD_AFTER_MS, verbose = false) {
     this.#system = system
     this.#deadAfterMs = deadAfterMs
+    this.#verbose = verbose
   }
 
   /** The current generation's members, by rank. */
@@ -134,7 +137,12 @@ export class WorkerGroup {
             // The agent checks the loop module against its allowed roots before the worker imports it.
             imports: [args.loopModule, ...(args.datasetModules ?? [])],
             gpus: [...r.gpuIndices],
-            env: { CUDA_VISIBLE_DEVICES: r.cudaVisibleDevices, GRADWIRE_RANK: String(p.rank), GRADWIRE_WORLD_SIZE: String(p.worldSize) },
+            env: {
+              CUDA_VISIBLE_DEVICES: r.cudaVisibleDevices,
+              GRADWIRE_RANK: String(p.rank),
+              GRADWIRE_WORLD_SIZE: String(p.worldSize),
+              ...(this.#verbose ? { GRADWIRE_LOG: "debug" } : {})
+            },
             resources: r.resources,
             logPrefix: `worker rank=${p.rank}`,
             readyTimeoutMs: 60_000

@@ -186,7 +186,8 @@ export const trainWorker = defineActor(
             // "auto": which sizes the direct links carry faster, measured by the group (collectives).
             const measured = transport === "auto" && direct ? await comm.measureTransport() : undefined
             const transportText = describeTransport(comm.transport, measured)
-            if (p.rank === 0 && direct) ctx.log.info(transportText)
+            // Per-worker transport detail: explain.txt has it; the console only with verbose (GRADWIRE_LOG=debug).
+            if (p.rank === 0 && direct) ctx.log.debug(transportText)
             const reducer = new AutoGradientReducer(comm, {
               ...(await prepareAutoCollectives({
                 nc: dataNc, comm, cluster: system.cluster, job: system.job, algorithm: args.collective.algorithm, compression, log: ctx.log,
@@ -276,7 +277,7 @@ export const trainWorker = defineActor(
                 deadlinesExplained = true
                 const p = place()
                 const d = deadlines.describe()
-                ctx.log.info(`rank ${p.rank}: ${d.summary.replace(/^gradwire: /, "")}`)
+                ctx.log.debug(`rank ${p.rank}: ${d.summary.replace(/^gradwire: /, "")}`)
                 if (p.rank === 0) void system.tellPromise(controller, "explain", { attempt: p.attempt, text: d.text, json: d.json, summary: d.summary, part: "deadlines" }).catch(() => {})
               }
             }
