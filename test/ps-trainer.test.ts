@@ -55,9 +55,16 @@ describe("parameter servers in the Trainer", () => {
     console.log(`ps digits val_accuracy: async ${lastAccuracy(asyncRun)}, ssp ${lastAccuracy(ssp)}, backup ${lastAccuracy(backup)}`)
     for (const r of [asyncRun, ssp, backup]) {
       expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4])
-      // Stale gradients cost some accuracy at this small scale (npm run bench -- strategy compares).
-      expect(lastAccuracy(r)).toBeGreaterThan(0.85)
+      // Converging: the training loss falls from the first epoch to the last.
+      expect(Number(r.metricsHistory.at(-1)!.loss)).toBeLessThan(Number(r.metricsHistory[0]!.loss))
     }
+    // Stale gradients cost some accuracy at this small scale (npm run bench -- strategy compares),
+    // and how much depends on how the machine schedules the three workers: async and SSP ended at
+    // 0.83-0.95 over CI runs on 2 shared cores (chance is 0.1, sync servers about 0.95). Backup
+    // workers drop a gradient per step but stay synchronous.
+    expect(lastAccuracy(asyncRun)).toBeGreaterThan(0.8)
+    expect(lastAccuracy(ssp)).toBeGreaterThan(0.8)
+    expect(lastAccuracy(backup)).toBeGreaterThan(0.85)
     // Three workers pushing in turn: async updates land between a worker's pull and its push.
     expect(Math.max(...asyncRun.metricsPerRank.at(-1)!.map((m) => m["ps/staleness"] as number))).toBeGreaterThan(0)
     // SSP bounds it: while a worker computes, each of the p - 1 others applies its steps from at
