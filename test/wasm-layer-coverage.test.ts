@@ -9,7 +9,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import type * as TfType from "@tensorflow/tfjs"
 import { loadEngine, type Tf } from "../core/engine.ts"
 import { fallbackKernelsUsed } from "../core/kernels/fallback.ts"
-import { TOL, batchFor, caseNames, cases, lossOf, modelFor } from "./support/layer-cases.ts"
+import { TOL, batchFor, caseNames, cases, gradientTensors, modelFor, numericGradients } from "./support/layer-cases.ts"
 
 let tf: Tf
 
@@ -20,39 +20,6 @@ beforeAll(async () => {
 afterAll(async () => {
   await tf.setBackend("wasm")
 })
-
-/**
- * Central differences of the loss for up to 48 elements of each weight (the rest NaN: not
- * compared), in float32 on the current backend: a reference that depends on no gradient kernel.
- */
-const numericGradients = (model: TfType.LayersModel, x: TfType.Tensor, training: boolean): Float32Array[] => {
-  const eps = 1e-2
-  return model.trainableWeights.map((w) => {
-    const v = (w as unknown as { val: TfType.Variable }).val
-    const base = v.dataSync().slice() as Float32Array
-    const g = new Float32Array(base.length).fill(NaN)
-    const step = Math.max(1, Math.floor(base.length / 48))
-    for (let i = 0; i < base.length; i += step) {
-      const at = (d: number): number => {
-        const p = base.slice()
-        p[i] += d
-        v.assign(tf.tensor(p, v.shape))
-        return tf.tidy(() => lossOf(model, x, training).dataSync()[0])
-      }
-      g[i] = (at(eps) - at(-eps)) / (2 * eps)
-    }
-    v.assign(tf.tensor(base, v.shape))
-    return g
-  })
-}
-
-const gradients = (model: TfType.LayersModel, x: TfType.Tensor, training: boolean): Float32Array[] => {
-  const { grads } = tf.variableGrads(() => lossOf(model, x, training))
-  return model.trainableWeights.map((w) => {
-    const g = grads[w.originalName] ?? grads[w.name]
-    return g ? (g.dataSync() as Float32Array) : new Float32Array(0)
-  })
-}
 
 describe("every tfjs layer trains on the wasm backend, with the cpu backend's gradients", () => {
   it("has an entry for every layer tfjs-layers exports (a new layer needs one here)", async () => {
@@ -79,13 +46,13 @@ describe("every tfjs layer trains on the wasm backend, with the cpu backend's gr
         expect(Number.isFinite(loss!.dataSync()[0])).toBe(true)
       }
       const training = !c.random
-      const onWasm = gradients(model, x, training)
+      const onWasm = gradientTensors(tf, model, x, training).map((g) => g.dataSync() as Float32Array)
       expect(onWasm.some((g) => g.length > 0)).toBe(true)
       await tf.setBackend("cpu")
-      const onCpu = c.numeric ? [] : gradients(model, x, training)
+      const onCpu = c.numeric ? [] : gradientTensors(tf, model, x, training).map((g) => g.dataSync() as Float32Array)
       await tf.setBackend("wasm")
       // Finite differences carry float32 rounding of the loss: a looser bound, still far below a wrong kernel's error.
-      const ref = c.numeric ? numericGradients(model, x, training) : onCpu
+      const ref = c.numeric ? await numericGradients(tf, model, x, training) : onCpu
       const tol = c.numeric ? 2e-2 : TOL
       expect(ref.length).toBe(onWasm.length)
       for (let i = 0; i < ref.length; i++) {

@@ -148,6 +148,40 @@ export const modelFor = (tf: Tf, c: Case): TfType.LayersModel => {
 export const lossOf = (model: TfType.LayersModel, x: TfType.Tensor, training: boolean): TfType.Scalar =>
   (model.apply(x, { training }) as TfType.Tensor).square().mean() as TfType.Scalar
 
+/** Every trainable weight's gradient of the loss on the current backend (empty where a weight has none). */
+export const gradientTensors = (tf: Tf, model: TfType.LayersModel, x: TfType.Tensor, training: boolean): TfType.Tensor[] => {
+  const { grads } = tf.variableGrads(() => lossOf(model, x, training))
+  return model.trainableWeights.map((w) => grads[w.originalName] ?? grads[w.name] ?? tf.zeros([0]))
+}
+
+/**
+ * Central differences of the loss for up to 48 elements of each trainable weight (the rest NaN:
+ * not compared), in float32 on the current backend, read asynchronously (as webgpu needs): a
+ * reference that depends on no gradient kernel.
+ */
+export const numericGradients = async (tf: Tf, model: TfType.LayersModel, x: TfType.Tensor, training: boolean): Promise<Float32Array[]> => {
+  const eps = 1e-2
+  const out: Float32Array[] = []
+  for (const w of model.trainableWeights) {
+    const base = (await w.read().data()).slice() as Float32Array
+    const g = new Float32Array(base.length).fill(NaN)
+    const step = Math.max(1, Math.floor(base.length / 48))
+    const at = async (i: number, d: number): Promise<number> => {
+      const p = base.slice()
+      p[i] += d
+      w.write(tf.tensor(p, w.shape as number[]))
+      const l = tf.tidy(() => lossOf(model, x, training))
+      const v = (await l.data())[0]!
+      l.dispose()
+      return v
+    }
+    for (let i = 0; i < base.length; i += step) g[i] = ((await at(i, eps)) - (await at(i, -eps))) / (2 * eps)
+    w.write(tf.tensor(base, w.shape as number[]))
+    out.push(g)
+  }
+  return out
+}
+
 /** The case names, without a tfjs to build layers with (a proxy stands in). */
 export const caseNames = (): string[] =>
   Object.keys(cases({ layers: new Proxy({}, { get: () => () => ({ apply: () => undefined }) }) } as unknown as Tf))

@@ -8,45 +8,13 @@ import type * as TfType from "@tensorflow/tfjs"
 import { loadEngine } from "../../core/engine.ts"
 import { registerWasmKernels } from "../../core/kernels/register.ts"
 import { requestWebGpuAdapter } from "../../core/webgpu.ts"
-import { batchFor, caseNames, cases, lossOf, modelFor } from "./layer-cases.ts"
+import { batchFor, caseNames, cases, gradientTensors, modelFor, numericGradients } from "./layer-cases.ts"
 
 const { tf } = await loadEngine("webgpu")
 await import("@tensorflow/tfjs-backend-wasm")
 if (!(await tf.setBackend("wasm"))) throw new Error("the wasm backend does not start")
 await tf.ready()
 registerWasmKernels(tf)
-
-const gradientsOf = (model: TfType.LayersModel, x: TfType.Tensor, training: boolean): TfType.Tensor[] => {
-  const { grads } = tf.variableGrads(() => lossOf(model, x, training))
-  return model.trainableWeights.map((w) => grads[w.originalName] ?? grads[w.name] ?? tf.zeros([0]))
-}
-
-/**
- * Central differences of the loss for up to 48 elements of each trainable weight (the rest NaN),
- * read asynchronously: the reference where the cpu backend's gradient kernel is itself wrong.
- */
-const numericGradients = async (model: TfType.LayersModel, x: TfType.Tensor, training: boolean): Promise<Float32Array[]> => {
-  const eps = 1e-2
-  const out: Float32Array[] = []
-  for (const w of model.trainableWeights) {
-    const base = (await w.read().data()).slice() as Float32Array
-    const g = new Float32Array(base.length).fill(NaN)
-    const step = Math.max(1, Math.floor(base.length / 48))
-    const at = async (i: number, d: number): Promise<number> => {
-      const p = base.slice()
-      p[i] += d
-      w.write(tf.tensor(p, w.shape as number[]))
-      const l = tf.tidy(() => lossOf(model, x, training))
-      const v = (await l.data())[0]!
-      l.dispose()
-      return v
-    }
-    for (let i = 0; i < base.length; i += step) g[i] = ((await at(i, eps)) - (await at(i, -eps))) / (2 * eps)
-    w.write(tf.tensor(base, w.shape as number[]))
-    out.push(g)
-  }
-  return out
-}
 
 const runCase = async (name: string): Promise<Record<string, unknown>> => {
   const c = cases(tf)[name]
@@ -63,10 +31,10 @@ const runCase = async (name: string): Promise<Record<string, unknown>> => {
     if (!Number.isFinite(v)) return { name, error: `step ${s + 1}: the loss is ${v}` }
   }
   const training = !c.random
-  const onGpu = await Promise.all(gradientsOf(model, x, training).map((g) => g.data() as Promise<Float32Array>))
+  const onGpu = await Promise.all(gradientTensors(tf, model, x, training).map((g) => g.data() as Promise<Float32Array>))
   if (c.numeric) {
     // Finite differences on webgpu itself (float32 rounding of the loss: a looser bound).
-    const ref = await numericGradients(model, x, training)
+    const ref = await numericGradients(tf, model, x, training)
     let worst = 0
     for (let i = 0; i < ref.length; i++) for (let j = 0; j < ref[i]!.length; j++) if (!Number.isNaN(ref[i]![j])) worst = Math.max(worst, Math.abs(onGpu[i]![j]! - ref[i]![j]!) / (1 + Math.abs(ref[i]![j]!)))
     return { name, worst, weights: ref.length, numeric: true }
@@ -77,7 +45,7 @@ const runCase = async (name: string): Promise<Record<string, unknown>> => {
   await tf.setBackend("wasm")
   model.weights.forEach((w, i) => w.write(tf.tensor(weights[i]!, w.shape as number[], w.dtype)))
   const xOnWasm = tf.tensor(xValues, x.shape, x.dtype)
-  const onWasm = gradientsOf(model, xOnWasm, training).map((g) => g.dataSync() as Float32Array)
+  const onWasm = gradientTensors(tf, model, xOnWasm, training).map((g) => g.dataSync() as Float32Array)
   let worst = 0
   for (let i = 0; i < onWasm.length; i++) {
     if (onGpu[i]!.length !== onWasm[i]!.length) return { name, error: `${model.trainableWeights[i]!.name}: ${onGpu[i]!.length} gradient values on webgpu, ${onWasm[i]!.length} on wasm` }
