@@ -240,8 +240,16 @@ export interface OpenedConnection {
   close(): Promise<void>
 }
 
+/**
+ * The first-connection deadline of a process an agent spawned (actor hosts, a worker's collective
+ * connections). Its agent already reached the same server, so a slow handshake means a starved
+ * machine, not a wrong address (a refused or unreachable port still fails at once); the agent's
+ * 60 s readiness deadline, not this one, decides when the process is given up on.
+ */
+export const SPAWNED_CONNECT_TIMEOUT_MS = 20_000
+
 export interface OpenConnectionOptions {
-  /** Deadline for the initial connection. Default 5 s. */
+  /** Deadline for the initial connection. Default 5 s (SPAWNED_CONNECT_TIMEOUT_MS for spawned processes). */
   readonly timeoutMs?: number
   /** Do not deliver this connection's own publishes back to its subscriptions. */
   readonly noEcho?: boolean

@@ -6,7 +6,7 @@
 import * as path from "node:path"
 import { pathToFileURL } from "node:url"
 import { launchActor, isActorDefinition, type ActorHandle } from "../runtime/actor.ts"
-import { openConnection, type OpenedConnection } from "../../core/connection-spec.ts"
+import { openConnection, SPAWNED_CONNECT_TIMEOUT_MS, type OpenedConnection } from "../../core/connection-spec.ts"
 import { settleWithin } from "../runtime/deadline.ts"
 import { toWireFailure } from "../runtime/envelope.ts"
 import { decodeHostSpec, type HostSpec } from "./host-spec.ts"
@@ -72,7 +72,7 @@ const main = async (): Promise<void> => {
   process.on("SIGTERM", () => exit(143))
   process.on("SIGINT", () => exit(130))
 
-  conn = await openConnection(spec.connection, `gradwire ${spec.job}/${spec.name}`)
+  conn = await openConnection(spec.connection, `gradwire ${spec.job}/${spec.name}`, { timeoutMs: SPAWNED_CONNECT_TIMEOUT_MS })
   const system = new ActorSystem({
     nc: conn.nc,
     connection: spec.connection,

@@ -6,7 +6,7 @@
 // group breaks under it (another rank died), it parks and lets the controller regroup it with the
 // other survivors (pause, snapshot, resume; group-session.ts) instead of dying with the group.
 import type { NatsConnection } from "@nats-io/nats-core"
-import { openConnection, type OpenedConnection } from "../../core/connection-spec.ts"
+import { openConnection, SPAWNED_CONNECT_TIMEOUT_MS, type OpenedConnection } from "../../core/connection-spec.ts"
 import { pathToFileURL } from "node:url"
 import * as path from "node:path"
 import { connectionLocalAddress } from "../../core/nats-internals/index.ts"
@@ -129,7 +129,7 @@ export const trainWorker = defineActor(
         const own = system.nc.getServer()
         const ownUrl = own && !/^[a-z]+:\/\//.test(own) ? `${spec.tls !== undefined ? "tls" : "nats"}://${own}` : own
         const open = (role: string) =>
-          openConnection(spec, `gradwire ${system.job} rank ${args.rank} ${role}`, { noEcho: true, ...(ownUrl ? { preferServers: [ownUrl] } : {}) })
+          openConnection(spec, `gradwire ${system.job} rank ${args.rank} ${role}`, { noEcho: true, timeoutMs: SPAWNED_CONNECT_TIMEOUT_MS, ...(ownUrl ? { preferServers: [ownUrl] } : {}) })
         // Two connections: bulk data, and credits/acks, which must not queue behind this rank's own
         // outgoing megabytes (on one connection large all-reduces run at about half the speed).
         const opened = await Promise.allSettled([open("collectives"), open("collective control")])
