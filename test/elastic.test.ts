@@ -96,7 +96,7 @@ describe("an elastic run on two agents", () => {
    * after report 1 agent b is killed (the group shrinks to 2), and once a round ran at 2 a third
    * agent starts (the group grows back to 4). Checks what every such run must show and returns it.
    */
-  const shrinkAndGrow = async (cluster: string, prefix: string, collectiveConfig: Record<string, unknown> = {}) => {
+  const shrinkAndGrow = async (cluster: string, prefix: string, collectiveConfig: Record<string, unknown> = {}, loop = path.resolve("examples/digits/train.ts") + "#trainLoop") => {
     startAgent(`${prefix}a`, cluster)
     startAgent(`${prefix}b`, cluster)
     const conn = await openNats({ servers: server.url, name: `${cluster} test` })
@@ -109,7 +109,7 @@ describe("an elastic run on two agents", () => {
     }
     let phase: "full" | "shrunk" | "grown" = "full"
     const r = await new Trainer({
-      trainLoopPerWorker: path.resolve("examples/digits/train.ts") + "#trainLoop",
+      trainLoopPerWorker: loop,
       // Enough epochs that the new agent (a few seconds to start) joins while the shrunk group trains.
       trainLoopConfig: { epochs: 24 },
       scalingConfig: { numWorkers: { min: 2, max: 4 }, placementTimeoutMs: 30_000 },
@@ -160,6 +160,15 @@ describe("an elastic run on two agents", () => {
     // survived the lost node, then two new ones joined the running two.
     expect(events.find((e) => e.type === "restart")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 0 })
     expect(events.find((e) => e.type === "grow")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 2 })
+  })
+
+  it("a hand-written trainStep loop shrinks and grows back the same way: the new workers replay it to the running ones", { timeout: 240_000 }, async () => {
+    const { r, events } = await shrinkAndGrow("elastic-steps", "s", {}, path.resolve("test/support/step-loop.ts") + "#stepLoop")
+    expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.9)
+    expect(events.find((e) => e.type === "restart")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 0 })
+    expect(events.find((e) => e.type === "grow")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 2, position: { inFit: false } })
+    // Grown once: no grow without joiners, no repeated requests.
+    expect(events.filter((e) => e.type === "resize-requested")).toHaveLength(1)
   })
 
   it("with ZeRO stage 2, shrinks and grows through the checkpoint, re-sharding the optimizer state each time", { timeout: 240_000 }, async () => {

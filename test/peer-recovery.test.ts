@@ -14,6 +14,7 @@ import { liveNatsServerPids } from "../core/nats-server.ts"
 
 const DIGITS = path.resolve("examples/digits/train.ts") + "#trainLoop"
 const MISALIGNED = path.resolve("test/support/misaligned-loop.ts") + "#misalignedLoop"
+const STEP_LOOP = path.resolve("test/support/step-loop.ts") + "#stepLoop"
 let storage: string
 let train: ArrayDataset
 let test: ArrayDataset
@@ -75,6 +76,27 @@ describe("recovery from surviving peers", () => {
     const after = progress.filter((p) => p.attempt === 1)
     expect(after[0]).toMatchObject({ epoch: 2 })
     expect(after[0].step).toBeLessThan(7)
+  })
+
+  it("a hand-written trainStep loop: the survivors go on from the step in flight and a replacement replays the loop to them", async () => {
+    const r = await new Trainer({
+      trainLoopPerWorker: STEP_LOOP,
+      trainLoopConfig: { epochs: 4, kill: { rank: 1, epoch: 1, step: 5 } },
+      scalingConfig: { numWorkers: 3 },
+      runConfig: { name: "peers-step-loop", storagePath: storage, progress: false, failureConfig: { maxFailures: 1 } },
+      datasets: { train, test }
+    }).fit()
+    expect(r.restarts).toBe(1)
+    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3])
+    expect(sameWeights(r)).toBe(true)
+    expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.85)
+    const ev = await events(r.path)
+    const restart = ev.find((e) => e.type === "restart")
+    // Epoch 0 reported; the survivors were parked in the step after the dead rank's last (0-5 done).
+    expect(restart).toMatchObject({ recovery: "peers", survivors: 2, joiners: 1, position: { inFit: false, reports: 1, stepsSinceReport: 6 } })
+    // The replacement skipped epoch 1's first six steps and took the survivors' state there.
+    const log = await fs.readFile(path.join(r.path, "logs", "worker_rank=2.log"), "utf8").catch(() => "")
+    expect(log).toMatch(/joined the survivors after 1 report\(\) calls and 6 steps/)
   })
 
   it("a loop that does not resume the way it ran cannot be replayed to the survivors: the group restarts from the checkpoint", async () => {

@@ -178,6 +178,10 @@ export interface PeerRecovery {
   join(): Promise<void>
   /** After a regroup, where the furthest survivor was (once). */
   takeCursor(): RecoveryCursor | undefined
+  /** A trainStep() outside dp.fit(): a joining rank skips the survivors' steps, then joins them. */
+  replayStep(): Promise<"skip" | "run">
+  /** A training step completed. */
+  countStep(): void
 }
 
 /** Strategy "auto": whether a strategy trains through the parameter servers. */
@@ -701,10 +705,19 @@ export class DataParallelModel implements RecoverableModel {
    */
   async trainStep(x: Tensor, y: Tensor, options: TrainStepOptions = {}): Promise<StepResult> {
     await this.#letTimersRun()
+    const recovery = this.#sync.recovery
+    // A rank joining survivors replays a hand-written loop from the checkpoint: the steps they made
+    // already are skipped (loss NaN, no samples), and at their position it takes their state.
+    if (recovery?.joinTarget && !this.#inFit) {
+      if (options.accumulate) return { loss: Number.NaN, samples: 0 }
+      if ((await recovery.replayStep()) === "skip") return { loss: Number.NaN, samples: 0 }
+    }
     if (options.accumulate) return this.#accumulateStep(x, y)
     this.#inStep = true
     try {
-      return await this.#trainStep(x, y)
+      const r = await this.#trainStep(x, y)
+      recovery?.countStep()
+      return r
     } finally {
       this.#inStep = false
     }

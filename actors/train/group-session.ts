@@ -10,7 +10,8 @@
 // retries its operation in the new group. A worker that joins a regrouped generation runs the loop
 // from the checkpoint it is given, skips the steps and reports the survivors already did (the
 // data-parallel model does the skipping, data-parallel.ts), and takes the survivors' state when
-// it gets to where they are. A failure costs the step in flight, not the work since the last
+// it gets to where they are: in dp.fit() at the survivors' epoch and step, in a hand-written
+// trainStep loop at the survivors' count of report() calls and of steps since the last one. A failure costs the step in flight, not the work since the last
 // checkpoint. Anything that does not line up throws PeerRecoveryMisaligned and the controller
 // restarts the group from the checkpoint instead.
 import { Schema } from "effect"
@@ -101,6 +102,8 @@ export class GroupSession {
   ops = 0
   /** report() calls made in this lineage (a joiner counts from its checkpoint's). */
   reports = 0
+  /** Training steps completed since the last report() call (a joiner's skipped ones count). */
+  stepsSinceReport = 0
   /** A joiner: the report count of its checkpoint and the survivors' position it must reach. */
   #join: { readonly fromReports: number; readonly to: Position } | undefined
   #pauseRequest: Deferred<Pausing> = deferred()
@@ -158,10 +161,50 @@ export class GroupSession {
     return this.#join !== undefined
   }
 
+  /** A report() call: steps count from here. */
+  reported(): void {
+    this.reports++
+    this.stepsSinceReport = 0
+  }
+
+  /** A training step completed (the model calls it after each one). */
+  countStep(): void {
+    this.stepsSinceReport++
+  }
+
+  /**
+   * A joiner's trainStep() outside dp.fit(): "skip" a step the survivors made already (nothing
+   * computed or exchanged), or, where they are (the same report() calls and steps since), take
+   * their state and "run" this step with them. Every other rank runs its steps.
+   */
+  async replayStep(): Promise<"skip" | "run"> {
+    const join = this.#join
+    if (!join) return "run"
+    const to = join.to
+    if (to.inFit) {
+      throw new PeerRecoveryMisaligned({
+        reason: `this joining rank called trainStep() outside dp.fit(); the survivors are in dp.fit() at epoch ${to.epoch}, step ${to.stepInEpoch} of ${to.stepsPerEpoch}`
+      })
+    }
+    if (this.reports < to.reports || (this.reports === to.reports && this.stepsSinceReport < to.stepsSinceReport)) {
+      this.stepsSinceReport++
+      return "skip"
+    }
+    if (this.reports === to.reports && this.stepsSinceReport === to.stepsSinceReport) {
+      await this.join()
+      return "run"
+    }
+    throw new PeerRecoveryMisaligned({
+      reason:
+        `this joining rank got to ${this.reports} report() calls and ${this.stepsSinceReport} steps since the last, ` +
+        `past the survivors' ${to.reports} and ${to.stepsSinceReport}`
+    })
+  }
+
   /** Where the loop is, with this rank's counts. */
   position(): Position {
     const p = this.#model?.loopPosition() ?? { inFit: false, epoch: 0, stepInEpoch: 0, stepsPerEpoch: 0 }
-    return { ops: this.ops, reports: this.reports, ...p }
+    return { ops: this.ops, reports: this.reports, stepsSinceReport: this.stepsSinceReport, ...p }
   }
 
   /**
@@ -183,7 +226,7 @@ export class GroupSession {
     if (!join) return
     if (this.reports !== join.to.reports) {
       throw new PeerRecoveryMisaligned({
-        reason: `at epoch ${join.to.epoch} step ${join.to.stepInEpoch} this rank had made ${this.reports} report() calls, the survivors ${join.to.reports}`
+        reason: `${join.to.inFit ? `at epoch ${join.to.epoch} step ${join.to.stepInEpoch}` : "where the survivors are"} this rank had made ${this.reports} report() calls, the survivors ${join.to.reports}`
       })
     }
     if (!this.#model) throw new PeerRecoveryMisaligned({ reason: "no model was prepared with ctx.prepareModel() before dp.fit()" })
@@ -192,7 +235,9 @@ export class GroupSession {
     this.ops = join.to.ops
     this.#join = undefined
     this.generation++
-    this.#hooks.log(`rank ${this.placement.rank}: joined the survivors at epoch ${join.to.epoch}, step ${join.to.stepInEpoch} of ${join.to.stepsPerEpoch}`)
+    this.#hooks.log(
+      `rank ${this.placement.rank}: joined the survivors ${join.to.inFit ? `at epoch ${join.to.epoch}, step ${join.to.stepInEpoch} of ${join.to.stepsPerEpoch}` : `after ${join.to.reports} report() calls and ${join.to.stepsSinceReport} steps`}`
+    )
   }
 
   /**
@@ -203,7 +248,7 @@ export class GroupSession {
    */
   async operation<T>(run: (group: LiveGroup) => Promise<T>, adopted: () => T, again?: () => T): Promise<T> {
     if (this.#join) {
-      throw new PeerRecoveryMisaligned({ reason: "a group operation outside dp.fit() before this joining rank reached the survivors" })
+      throw new PeerRecoveryMisaligned({ reason: "a group operation other than a training step before this joining rank reached the survivors" })
     }
     for (;;) {
       if (this.#pausing) await this.#park(undefined)

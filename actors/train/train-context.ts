@@ -190,7 +190,8 @@ export class TrainContext {
       throw new ConfigError({ field: "report(metrics)", reason: "metrics must be a plain object such as { loss: 0.1, epoch: 2 }" })
     }
     const session = this.#deps.session
-    const index = session.reports++
+    const index = session.reports
+    session.reported()
     // A rank joining a regrouped generation replays the loop: the survivors made these already.
     if (session.skipReport(index)) return
     // A pipeline's checkpoint is every rank's: rank 0's carries the layout and metadata, the other

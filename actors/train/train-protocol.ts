@@ -51,6 +51,8 @@ export type DatasetPayload = typeof DatasetPayload.Type
 export const Position = Schema.Struct({
   ops: Schema.Number,
   reports: Schema.Number,
+  /** Training steps completed since the last report() call (how a hand-written trainStep loop is placed). */
+  stepsSinceReport: Schema.Number,
   inFit: Schema.Boolean,
   epoch: Schema.Number,
   stepInEpoch: Schema.Number,

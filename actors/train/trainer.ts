@@ -155,6 +155,8 @@ interface RegroupContext {
   readonly onSize: (attempt: number, size: number) => void
   readonly latest: () => string | undefined
   readonly setResume: (path: string | undefined) => void
+  /** Why the survivors could not be regrouped (the restart from the checkpoint says it). */
+  readonly fellBack: (why: string) => void
 }
 
 export class Trainer {
@@ -725,6 +727,8 @@ export class Trainer {
     try {
       controllerActor = await launchActor(system, controllerDef, { name: "controller", heartbeat: false })
       let regrouped: Generation<CheckpointPayload> | undefined
+      /** Why the last failure or resize was not recovered from the surviving peers. */
+      let fallback: string | undefined
       // The world sizes the next placement may take: the controller's decision after a restart or
       // a resize (numWorkers, or min..max; a resize asks for up to its size).
       let bounds = controller.wantedSize
@@ -744,7 +748,8 @@ export class Trainer {
             ...why, cfg, cluster, system, group, controller, request,
             saving: () => saving, incident, progress, groupArgs, lineage, peerStates, onSize: noteSize,
             latest: () => store.latest()?.path ?? resumePath,
-            setResume: (p) => (resumePath = p)
+            setResume: (p) => (resumePath = p),
+            fellBack: (why) => (fallback = why)
           })
         )
         // The regroup set resumePath to the checkpoint its joiners resume from: it stays until the
@@ -853,30 +858,39 @@ export class Trainer {
           // A lost worker or node: the others survive. A NATS outage: every worker may have
           // survived it (they wait out natsOutageTimeoutMs), so all are asked once the bus is back.
           const peers = (PEER_RECOVERABLE.has(failure.kind) && failure.rank >= 0) || failure.kind === "bus"
-          if (cfg.recoverFrom === "peers" && peers) {
+          fallback =
+            cfg.recoverFrom !== "peers"
+              ? `failureConfig.recoverFrom is "${cfg.recoverFrom}"`
+              : !peers
+                ? `a failure of kind "${failure.kind}"${failure.rank < 0 ? " of the whole group" : ""} leaves no survivors to regroup`
+                : undefined
+          if (fallback === undefined) {
             await waitForBus()
             regrouped = await regroup({ failure, target: bounds.max, what, budget, counted: next.counted })
             if (regrouped) continue
           }
           await stopGroup("restarting the group")
           const from = store.latest() ? store.latest()!.name : "the start"
-          incident("restart", `${what}; restarting the group from ${from}${budget}`, {
+          incident("restart", `${what}; restarting the group from ${from}${fallback !== undefined ? ` (not from the surviving peers: ${fallback})` : ""}${budget}`, {
             type: "restart",
             attempt: attempt + 1,
             kind: failure.kind,
             counted: next.counted,
             from,
-            recovery: "checkpoint"
+            recovery: "checkpoint",
+            ...(fallback !== undefined ? { reason: fallback } : {})
           })
         } else {
           lastCause = next.cause.reason
           recorder.event({ type: "resize-requested", attempt, size: next.cause.size, reason: next.cause.reason, from: store.latest()?.name ?? "the start" })
-          if (cfg.recoverFrom === "peers" && !bus.outage) {
+          fallback = cfg.recoverFrom !== "peers" ? `failureConfig.recoverFrom is "${cfg.recoverFrom}"` : bus.outage ? "the bus is down" : undefined
+          if (fallback === undefined) {
             // Growing in place: the running workers stay, the new ones replay from the checkpoint
             // just saved and join them.
             regrouped = await regroup({ target: bounds.max, what: `the cluster has room for ${bounds.max} workers`, budget: "", counted: false })
             if (regrouped) continue
           }
+          recorder.event({ type: "resize-from-checkpoint", attempt, reason: fallback ?? "unknown" })
           await stopGroup("resizing the group")
         }
         resumePath = store.latest()?.path ?? resumePath
@@ -927,7 +941,13 @@ export class Trainer {
     const attempt = x.controller.attempt
     const giveUp = (why: string): undefined => {
       x.progress.line(`gradwire: cannot regroup the survivors (${why}); restarting from the checkpoint instead`)
+      x.fellBack(why)
       return undefined
+    }
+    // Growing: only if the new workers have room now (nothing is paused for a grow that cannot be).
+    if (!x.failure) {
+      const planned = planLargest(x.request, { min: 1, max: Math.max(1, x.target - x.group.members.size) }, x.cluster.view.resources())
+      if (!R.isSuccess(planned)) return giveUp(`no room for new workers: ${firstLine(planned.failure.message)}`)
     }
     // 1. Every other worker stops at its next group operation; those that park survive. Workers on
     // a node the cluster sees dead are lost with it: not asked (a cut link stalls an ask until its
@@ -965,21 +985,21 @@ export class Trainer {
     const kMin = Math.max(0, x.cfg.minWorkers - s)
     let joinPlan: PlacementPlan | undefined
     if (kMax > 0) {
-      if (!pos.inFit && kMin > 0) return giveUp("new workers can only join survivors that are inside dp.fit()")
-      if (pos.inFit) {
-        const deadline = Date.now() + (kMin > 0 ? (x.cfg.scaling.placementTimeoutMs ?? PLACEMENT_TIMEOUT_MS) : 1_000)
-        for (;;) {
-          const planned = planLargest(x.request, { min: Math.max(1, kMin), max: kMax }, x.cluster.view.resources())
-          if (R.isSuccess(planned)) {
-            joinPlan = planned.success
-            break
-          }
-          if (Date.now() >= deadline) {
-            if (kMin > 0) return giveUp(firstLine(planned.failure.message))
-            break
-          }
-          await x.cluster.view.waitFor(() => true, 500).catch(() => undefined)
+      // New workers replay the loop from the checkpoint and join where the survivors are: in
+      // dp.fit() at their epoch and step, in a hand-written loop after as many report() calls and
+      // steps since (group-session.ts).
+      const deadline = Date.now() + (kMin > 0 ? (x.cfg.scaling.placementTimeoutMs ?? PLACEMENT_TIMEOUT_MS) : 1_000)
+      for (;;) {
+        const planned = planLargest(x.request, { min: Math.max(1, kMin), max: kMax }, x.cluster.view.resources())
+        if (R.isSuccess(planned)) {
+          joinPlan = planned.success
+          break
         }
+        if (Date.now() >= deadline) {
+          if (kMin > 0 || !x.failure) return giveUp(`no room for new workers: ${firstLine(planned.failure.message)}`)
+          break
+        }
+        await x.cluster.view.waitFor(() => true, 500).catch(() => undefined)
       }
     }
     const joiners = joinPlan?.ranks.length ?? 0
@@ -1001,7 +1021,9 @@ export class Trainer {
     x.setResume(from)
     x.onSize(attempt, worldSize)
     x.progress.start(attempt, worldSize)
-    const where = pos.inFit ? `epoch ${pos.epoch} step ${Math.min(pos.stepInEpoch, pos.stepsPerEpoch)}/${pos.stepsPerEpoch}` : `${pos.ops} group operations`
+    const where = pos.inFit
+      ? `epoch ${pos.epoch} step ${Math.min(pos.stepInEpoch, pos.stepsPerEpoch)}/${pos.stepsPerEpoch}`
+      : `${pos.reports} report() calls and ${pos.stepsSinceReport} steps since the last`
     x.incident(
       x.failure ? "restart" : "resize",
       x.failure

@@ -475,7 +475,7 @@ export const trainWorker = defineActor(
         ctx.stop({ drain: false, reason: "loop ended" })
       }
     }
-    const position = () => ({ ops: 0, reports: 0, inFit: false, epoch: 0, stepInEpoch: 0, stepsPerEpoch: 0 })
+    const position = () => ({ ops: 0, reports: 0, stepsSinceReport: 0, inFit: false, epoch: 0, stepInEpoch: 0, stepsPerEpoch: 0 })
     return {
       run: () => {
         if (!started) {

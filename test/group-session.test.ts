@@ -1,0 +1,111 @@
+// The group session's replay of a hand-written trainStep loop on a rank that joins survivors
+// (actors/train/group-session.ts): steps the survivors made are skipped, at their position (the
+// same report() calls and steps since the last) the rank takes their state and runs the step with
+// them, and a loop that gets past that position, or is in dp.fit() where they are not, is refused.
+// Pure logic: the group and the model are stand-ins that record what the session asked of them.
+import { describe, expect, it } from "vitest"
+import { GroupSession, PeerRecoveryMisaligned, type LiveGroup } from "../actors/train/group-session.ts"
+import type { PeerState, Placement, Position } from "../actors/train/train-protocol.ts"
+
+const placement = { attempt: 1, rank: 2, worldSize: 3 } as unknown as Placement
+const group = { placement, comm: {}, reducer: {} } as unknown as LiveGroup
+
+const at = (reports: number, stepsSinceReport: number, inFit = false): Position => ({
+  ops: 40,
+  reports,
+  stepsSinceReport,
+  inFit,
+  epoch: inFit ? 1 : 0,
+  stepInEpoch: inFit ? 3 : 0,
+  stepsPerEpoch: inFit ? 10 : 0
+})
+
+/** A joiner whose checkpoint had `fromReports` report() calls, bound for `to`, with a model that records adopt(). */
+const joiner = (fromReports: number, to: Position) => {
+  const adopted: PeerState[] = []
+  const logged: string[] = []
+  const state = { files: {}, step: 17, position: to } as unknown as PeerState
+  const session = new GroupSession(
+    group,
+    {
+      build: () => Promise.reject(new Error("no regroup in these tests")),
+      close: () => Promise.resolve(),
+      parked: () => {},
+      fetchState: () => Promise.resolve(state),
+      log: (line) => void logged.push(line)
+    },
+    { fromReports, to }
+  )
+  session.attach({
+    snapshot: () => Promise.reject(new Error("not asked")),
+    adopt: (s) => {
+      adopted.push(s)
+      return Promise.resolve()
+    },
+    regrouped: () => {},
+    loopPosition: () => ({ inFit: false, epoch: 0, stepInEpoch: 0, stepsPerEpoch: 0 })
+  })
+  session.resumedFromCheckpoint()
+  return { session, adopted, logged }
+}
+
+describe("a joiner replaying a hand-written trainStep loop", () => {
+  it("skips the survivors' steps and reports, then takes their state where they are and runs that step", async () => {
+    // The checkpoint is after report 2; the survivors made report 3 and 4 steps since.
+    const { session, adopted, logged } = joiner(2, at(3, 4))
+    const calls: string[] = []
+    const step = async (): Promise<void> => {
+      const r = await session.replayStep()
+      calls.push(r)
+      if (r === "run") session.countStep()
+    }
+    for (let i = 0; i < 5; i++) await step() // the rest of the epoch after the checkpoint
+    expect(session.skipReport(session.reports)).toBe(true) // its report is the survivors' already
+    session.reported()
+    for (let i = 0; i < 6; i++) await step()
+    expect(calls).toEqual([...Array(5).fill("skip"), ...Array(4).fill("skip"), "run", "run"])
+    expect(adopted).toHaveLength(1)
+    expect(session.joinTarget).toBeUndefined()
+    expect(session.ops).toBe(40)
+    expect(session.position()).toMatchObject({ reports: 3, stepsSinceReport: 6 })
+    expect(logged.join("\n")).toMatch(/joined the survivors after 3 report\(\) calls and 4 steps/)
+    // Joined: its reports count again.
+    expect(session.skipReport(session.reports)).toBe(false)
+  })
+
+  it("joins at once when the survivors are where its checkpoint is", async () => {
+    const { session, adopted } = joiner(2, at(2, 0))
+    expect(await session.replayStep()).toBe("run")
+    expect(adopted).toHaveLength(1)
+  })
+
+  it("refuses a loop that gets past the survivors' position without meeting it", async () => {
+    // The loop reports without stepping (a resume bug): report 3 with 0 steps, the survivors at 2 + 5.
+    const { session, adopted } = joiner(2, at(2, 5))
+    session.reported()
+    await expect(session.replayStep()).rejects.toThrow(PeerRecoveryMisaligned)
+    await expect(session.replayStep()).rejects.toThrow(/3 report\(\) calls and 0 steps since the last, past the survivors' 2 and 5/)
+    expect(adopted).toHaveLength(0)
+  })
+
+  it("refuses a trainStep outside dp.fit() when the survivors are inside it", async () => {
+    const { session } = joiner(2, at(2, 3, true))
+    await expect(session.replayStep()).rejects.toThrow(/outside dp.fit\(\); the survivors are in dp.fit\(\) at epoch 1, step 3 of 10/)
+  })
+
+  it("runs every step on a rank that is not joining, and counts steps from its last report", async () => {
+    const session = new GroupSession(group, {
+      build: () => Promise.reject(new Error("unused")),
+      close: () => Promise.resolve(),
+      parked: () => {},
+      fetchState: () => Promise.reject(new Error("unused")),
+      log: () => {}
+    })
+    expect(await session.replayStep()).toBe("run")
+    session.countStep()
+    session.countStep()
+    expect(session.position()).toMatchObject({ reports: 0, stepsSinceReport: 2 })
+    session.reported()
+    expect(session.position()).toMatchObject({ reports: 1, stepsSinceReport: 0 })
+  })
+})

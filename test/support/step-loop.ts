@@ -1,0 +1,66 @@
+// A hand-written training loop (dp.trainStep on batches it cuts itself, no dp.fit()) over the
+// digits dataset: it resumes from the latest checkpoint, reports and checkpoints after every epoch,
+// and with `kill` rank `kill.rank` of the first generation dies by kill -9 after step `kill.step`
+// of epoch `kill.epoch`. With `holdFile`, a rank of a group smaller than the number written in that
+// file waits after each epoch's report while the file exists (at most a minute a time), as in
+// chaos-loop.ts: the run cannot end before an elastic group grows back. Recovery from surviving
+// peers replays this loop on a replacement (test/peer-recovery.test.ts, test/elastic.test.ts).
+import { existsSync, readFileSync } from "node:fs"
+import type { TrainContext } from "../../index.ts"
+import { buildModel, weightsHashAsync } from "../../examples/digits/model.ts"
+
+export interface StepLoopConfig {
+  readonly epochs: number
+  readonly batchSize?: number
+  readonly kill?: { readonly rank: number; readonly epoch: number; readonly step: number }
+  readonly holdFile?: string
+}
+
+export async function stepLoop(config: StepLoopConfig, ctx: TrainContext): Promise<void> {
+  const tf = ctx.tf
+  const batchSize = config.batchSize ?? 32
+  const train = await ctx.getDatasetShard("train")
+  const test = await ctx.getDataset("test")
+  const model = buildModel(tf, "mlp")
+  model.compile({ optimizer: tf.train.adam(0.01), loss: "categoricalCrossentropy" })
+  const dp = await ctx.prepareModel(model)
+  let start = 0
+  const checkpoint = await ctx.getCheckpoint()
+  if (checkpoint) {
+    await ctx.restoreModel(dp, checkpoint)
+    start = Number(checkpoint.metadata?.epoch ?? -1) + 1
+  }
+  const xTest = tf.tensor2d(test.x, [test.size, 64])
+  const yTest = tf.oneHot(tf.tensor1d(test.y, "int32"), 10)
+  const { x: X, y: Y } = train.dataset
+  const dies = config.kill !== undefined && ctx.worldRank === config.kill.rank && ctx.attempt === 0
+  for (let epoch = start; epoch < config.epochs; epoch++) {
+    const rows = train.rows(epoch)
+    let lossSum = 0
+    let samples = 0
+    for (let at = 0, step = 0; at < rows.length; at += batchSize, step++) {
+      const batch = Array.from(rows.subarray(at, at + batchSize))
+      const xs = new Float32Array(batch.length * 64)
+      batch.forEach((r, i) => xs.set(X.subarray(r * 64, r * 64 + 64), i * 64))
+      const x = tf.tensor2d(xs, [batch.length, 64])
+      const y = tf.oneHot(tf.tensor1d(Int32Array.from(batch, (r) => Y[r]!), "int32"), 10)
+      const r = await dp.trainStep(x, y)
+      tf.dispose([x, y])
+      // A replayed step (a replacement catching up with the survivors) has no samples.
+      if (r.samples > 0) {
+        lossSum += r.loss * r.samples
+        samples += r.samples
+      }
+      if (dies && epoch === config.kill!.epoch && step === config.kill!.step) process.kill(process.pid, "SIGKILL")
+    }
+    const val = await dp.evaluateAsync(xTest, yTest)
+    const metrics = { epoch, loss: lossSum / Math.max(1, samples), val_accuracy: val.accuracy ?? 0, weights: await weightsHashAsync(model.getWeights()) }
+    const ckpt = ctx.worldRank === 0 ? await ctx.checkpointFromModel(dp, { metadata: { epoch } }) : undefined
+    await ctx.report(metrics, ckpt ? { checkpoint: ckpt } : {})
+    const hold = config.holdFile
+    const held = Date.now()
+    const holding = (): boolean => hold !== undefined && existsSync(hold) && ctx.worldSize < Number(readFileSync(hold, "utf8").trim())
+    while (holding() && Date.now() - held < 60_000) await new Promise((resolve) => setTimeout(resolve, 100))
+  }
+  tf.dispose([xTest, yTest])
+}
