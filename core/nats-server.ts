@@ -177,6 +177,9 @@ interface ResolvedConfig {
 const q = (s: string): string => JSON.stringify(s)
 const withScheme = (url: string, scheme: string): string => (url.includes("://") ? url : `${scheme}://${url}`)
 
+/** Seconds a client may take to authenticate after it connects (nats-server's `authorization.timeout`). */
+export const AUTH_TIMEOUT_S = 20
+
 const renderConfig = (options: NatsServerOptions, resolved: ResolvedConfig, dir: string): string => {
   const lines = [
     "# written by gradwire (core/nats-server.ts)",
@@ -190,10 +193,16 @@ const renderConfig = (options: NatsServerOptions, resolved: ResolvedConfig, dir:
   }
   if (options.jetstream ?? true) lines.push(`jetstream { store_dir: ${q(options.jetstreamStoreDir ?? path.join(dir, "jetstream"))} }`)
   const auth = options.auth
-  if (auth?.nkey !== undefined) lines.push(`authorization { users = [ { nkey: ${q(auth.nkey)} } ] }`)
-  else if (auth?.token !== undefined) lines.push(`authorization { token: ${q(auth.token)} }`)
+  // The server drops a client that has not authenticated within `timeout` seconds (2 s by
+  // default). A process starting on a loaded machine (a worker host loading its modules while its
+  // group trains on every core) can take longer to answer the nonce, and nats.js then waits out
+  // its whole connect deadline without a word: give clients as long as they give themselves
+  // (core/connection-spec.ts SPAWNED_CONNECT_TIMEOUT_MS).
+  const timeout = `timeout: ${AUTH_TIMEOUT_S}`
+  if (auth?.nkey !== undefined) lines.push(`authorization { ${timeout}, users = [ { nkey: ${q(auth.nkey)} } ] }`)
+  else if (auth?.token !== undefined) lines.push(`authorization { ${timeout}, token: ${q(auth.token)} }`)
   else if (auth?.user !== undefined) {
-    lines.push(`authorization { user: ${q(auth.user)}, password: ${q(auth.password ?? "")} }`)
+    lines.push(`authorization { ${timeout}, user: ${q(auth.user)}, password: ${q(auth.password ?? "")} }`)
   }
   if (options.cluster) {
     const routes = (options.cluster.routes ?? []).map((r) => q(withScheme(r, "nats-route")))

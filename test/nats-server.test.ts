@@ -191,6 +191,31 @@ describe("single server", () => {
   })
 })
 
+describe("authorization", () => {
+  it("a client that takes longer than nats-server's default 2 s to send CONNECT is still let in (a process starting on a loaded machine)", async () => {
+    const token = "t0k3n-slow-client"
+    const server = await launchNatsServer({ auth: { token }, jetstream: false })
+    otherPids.add(server.pid)
+    try {
+      const url = new URL(server.url)
+      const socket = net.createConnection(Number(url.port), url.hostname)
+      let got = ""
+      socket.on("data", (d) => (got += d.toString()))
+      await eventually("the server's INFO", 5_000, () => got.startsWith("INFO"))
+      // Silent for 3 s after the INFO, as a client busy loading its modules would be.
+      await new Promise((r) => setTimeout(r, 3_000))
+      expect(got).not.toMatch(/Authentication Timeout/)
+      socket.write(`CONNECT {"auth_token":"${token}","verbose":false,"pedantic":false}\r\nPING\r\n`)
+      await eventually("an answer to CONNECT and PING", 5_000, () => /PONG/.test(got) || /-ERR/.test(got))
+      socket.destroy()
+      expect(got).toMatch(/PONG/)
+      expect(got).not.toMatch(/-ERR/)
+    } finally {
+      await server.stop()
+    }
+  })
+})
+
 describe("cluster and leaf nodes", () => {
   it("3 routed servers: a subscriber on A gets what is published on C", async () => {
     const cluster = await nats.cluster(3, { jetstream: false })
