@@ -115,7 +115,13 @@ export const FailureConfig = Schema.Struct({
    * step in flight; "checkpoint" restarts every worker from the latest checkpoint. "peers" falls
    * back to the checkpoint when no worker survives or the survivors cannot be regrouped.
    */
-  recoverFrom: Schema.optional(Schema.Literals(["peers", "checkpoint"]))
+  recoverFrom: Schema.optional(Schema.Literals(["peers", "checkpoint"])),
+  /**
+   * State parity: every this many report() rounds the ranks of a synchronous data-parallel group
+   * compare a hash of their weights and optimizer state; a rank that differs takes rank 0's and the
+   * repair is an event. Default 1 (every round); 0 turns it off.
+   */
+  parityEvery: Schema.optional(Schema.Int.check(Schema.isGreaterThanOrEqualTo(0)))
 })
 export type FailureConfig = typeof FailureConfig.Type
 

@@ -99,6 +99,27 @@ describe("recovery from surviving peers", () => {
     expect(log).toMatch(/joined the survivors after 1 report\(\) calls and 6 steps/)
   })
 
+  it("state parity: a rank whose weights drifted is noticed at the next report round and takes rank 0's state; without the check it stays apart", async () => {
+    const run = (name: string, parityEvery?: number) =>
+      new Trainer({
+        trainLoopPerWorker: STEP_LOOP,
+        trainLoopConfig: { epochs: 3, corrupt: { rank: 1, epoch: 1 } },
+        scalingConfig: { numWorkers: 3 },
+        runConfig: { name, storagePath: storage, progress: false, ...(parityEvery !== undefined ? { failureConfig: { parityEvery } } : {}) },
+        datasets: { train, test }
+      }).fit()
+    const [checked, unchecked] = [await run("parity-on"), await run("parity-off", 0)]
+    // The drifted round itself (its weights were hashed before report()) differs; the next is whole again.
+    expect(new Set(checked.metricsPerRank[1]!.map((m) => m.weights)).size).toBe(2)
+    expect(sameWeights(checked)).toBe(true)
+    expect(checked.metricsHistory[1]).toMatchObject({ "gradwire/parity_repaired": 1, "gradwire/parity_repaired_ranks": "1" })
+    expect(checked.metricsHistory[0]!["gradwire/parity_repaired"]).toBeUndefined()
+    expect((await events(checked.path)).filter((e) => e.type === "parity-repair")).toMatchObject([{ round: 1, ranks: [1] }])
+    expect(checked.metrics!.val_accuracy as number).toBeGreaterThan(0.85)
+    expect(sameWeights(unchecked)).toBe(false)
+    expect((await events(unchecked.path)).filter((e) => e.type === "parity-repair")).toEqual([])
+  })
+
   it("a loop that does not resume the way it ran cannot be replayed to the survivors: the group restarts from the checkpoint", async () => {
     const r = await new Trainer({
       trainLoopPerWorker: MISALIGNED,

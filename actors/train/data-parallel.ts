@@ -27,6 +27,7 @@ import { hasPsFiles, psWholeState } from "./ps-client.ts"
 import { ZeroShard, hasShards, readShards, reshard, shardLayout, type ZeroStage } from "./optim/zero.ts"
 import { flatStateFromTfjs, readTfjsOptimizerWeights, tfjsWeightsFromFlat, writeTfjsOptimizerWeights } from "./optim/tfjs-state.ts"
 import { LOCAL_SGD_FILE, LocalSgd, settlingSync } from "./local-sgd.ts"
+import { decodeMessage, encodeMessage } from "../../core/wire.ts"
 import type { LocalSgdSettings } from "./optim/outer-optimizer.ts"
 import type { LossFn, LossName } from "./model-parallel/loss.ts"
 
@@ -628,6 +629,90 @@ export class DataParallelModel implements RecoverableModel {
     // A step this rank is in and will redo in the new group keeps its number; the next one follows.
     this.#step = state.step + (this.#inStep && options.redoingStep ? 1 : 0)
     this.#global = this.#step
+  }
+
+  // --------------------------------------------------------------------------------------------
+  // State parity (failureConfig.parityEvery; train-context.ts runs the exchange at report rounds)
+
+  /** Whether the ranks of this group hold the same state between steps (what stateDigest covers). */
+  get #replicated(): boolean {
+    return !this.#localSgd && !this.#sync.ps && !this.#sync.auto
+  }
+
+  /**
+   * A digest of the state every rank of a synchronous group holds alike: trainable weights,
+   * optimizer state and step counter; with ZeRO the weights only (each rank holds its own optimizer
+   * shard). Four 16-bit numbers of a SHA-256, exact as float32 on any wire. Undefined where ranks
+   * legitimately differ: local SGD between rounds, parameter servers (async, SSP), a strategy
+   * chosen at run time. Non-trainable weights (batch-norm statistics, computed on each rank's own
+   * batches) are not in it: syncBuffers() gives every rank rank 0's.
+   */
+  async stateDigest(): Promise<Float32Array | undefined> {
+    if (!this.#replicated) return undefined
+    const h = createHash("sha256")
+    const values = await Promise.all(this.model.trainableWeights.map((w) => w.read().data() as Promise<Float32Array>))
+    for (const v of values) h.update(new Uint8Array(v.buffer, v.byteOffset, v.byteLength))
+    if (!this.#zero) h.update(await optimizerToFile(this.optimizer)).update(String(this.#step))
+    const d = h.digest()
+    return Float32Array.from([d.readUInt16LE(0), d.readUInt16LE(2), d.readUInt16LE(4), d.readUInt16LE(6)])
+  }
+
+  /**
+   * Rank 0's non-trainable weights (batch-norm moving statistics) to every rank, as DDP broadcasts
+   * its buffers: each rank's come from its own batches. All ranks call it; nothing when the model
+   * has none, or its ranks are not replicas.
+   */
+  async syncBuffers(broadcast: (buf: Float32Array) => Promise<void>): Promise<void> {
+    const buffers = this.model.nonTrainableWeights
+    if (buffers.length === 0 || !this.#replicated) return
+    const tf = this.#tf
+    const values = await Promise.all(buffers.map((w) => w.read().data() as Promise<Float32Array>))
+    const buf = new Float32Array(values.reduce((n, v) => n + v.length, 0))
+    let off = 0
+    for (const v of values) {
+      buf.set(v, off)
+      off += v.length
+    }
+    await broadcast(buf)
+    off = 0
+    for (const w of buffers) {
+      const size = w.shape.reduce<number>((a, b) => a * (b ?? 1), 1)
+      const t = tf.tensor(buf.subarray(off, off + size), w.shape as number[], w.dtype)
+      off += t.size
+      w.write(t)
+      t.dispose()
+    }
+  }
+
+  /**
+   * Every rank takes rank 0's state (all ranks call it; `broadcast` sends rank 0's buffer to the
+   * others): its snapshot, as 16-bit numbers (exact on any wire), then adopted by every rank, rank 0
+   * included, as after a regroup; with ZeRO its weights.
+   */
+  async takeRankZeroState(broadcast: (buf: Float32Array) => Promise<void>): Promise<void> {
+    if (this.#zero) {
+      await this.syncWeights()
+      return
+    }
+    const rank0 = this.#sync.rank === 0
+    const bytes = rank0 ? encodeMessage(await this.snapshot()) : undefined
+    const n = bytes?.length ?? 0
+    const size = Float32Array.of(n % 65536, Math.floor(n / 65536))
+    await broadcast(size)
+    const length = size[0]! + size[1]! * 65536
+    const buf = new Float32Array(Math.ceil(length / 2))
+    if (bytes) for (let i = 0; i < length; i += 2) buf[i >> 1] = bytes[i]! | ((bytes[i + 1] ?? 0) << 8)
+    await broadcast(buf)
+    // Rank 0 loads its own snapshot too: the optimizer rebuilds its derived state (Adam's bias
+    // corrections) from what it loads, and the others' must match it bit for bit (as in a regroup).
+    const out = new Uint8Array(length)
+    for (let i = 0; i < length; i += 2) {
+      const v = buf[i >> 1]!
+      out[i] = v & 0xff
+      if (i + 1 < length) out[i + 1] = v >> 8
+    }
+    const state = decodeMessage(out) as Omit<PeerState, "position">
+    await this.adopt({ ...state, position: { ops: 0, reports: 0, stepsSinceReport: 0, inFit: false, epoch: 0, stepInEpoch: 0, stepsPerEpoch: 0 } })
   }
 
   /** The group changed: the learning rate follows its size under "keep-per-worker"; batches are re-cut by fit(). */

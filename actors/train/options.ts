@@ -86,6 +86,8 @@ export interface Resolved {
   readonly elasticBatch: "keep-global" | "keep-per-worker"
   readonly natsOutageTimeoutMs: number
   readonly recoverFrom: "peers" | "checkpoint"
+  /** failureConfig.parityEvery: report rounds between state-parity checks (0: none). */
+  readonly parityEvery: number
   readonly seed: number
 }
 
@@ -234,6 +236,7 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
     // So do file datasets: their data position is exact at a checkpoint (a regroup in place in the
     // middle of an epoch would fall back to it anyway, data-parallel.ts).
     recoverFrom: run.failureConfig?.recoverFrom ?? (peersCannot || Object.values(datasets).some(isFileDatasetSpec) ? "checkpoint" : "peers"),
+    parityEvery: run.failureConfig?.parityEvery ?? 1,
     seed: options.seed ?? 0
   }
 }

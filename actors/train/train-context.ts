@@ -41,6 +41,8 @@ export interface ReportOptions {
 
 /** A checkpoint's file with the positions of the streamed datasets (for a resume mid-epoch). */
 export const DATA_POSITION_FILE = "gradwire/data-position.json"
+/** A report round's metric when state parity repaired ranks: how many (and `<name>_ranks`: which). */
+export const PARITY_METRIC = "gradwire/parity_repaired"
 
 /** What ctx.getDatasetShard() gives: in-memory rows, a file dataset's stream, or a worker-side loader's. */
 export type Shard = DatasetShard | FileStream | IterableStream
@@ -121,6 +123,10 @@ export interface TrainContextDeps {
   /** Modules this worker may import (the agent checked them); undefined: any. */
   readonly allowedImports?: ReadonlyArray<string>
   readonly onStep?: (info: { epoch: number; step: number; stepsPerEpoch: number; samples: number; loss: number }) => void
+  /** failureConfig.parityEvery: report rounds between state-parity checks (0 or absent: none). */
+  readonly parityEvery?: number
+  /** A warning for the worker's log. */
+  readonly warn?: (line: string) => void
 }
 
 export class TrainContext {
@@ -196,6 +202,8 @@ export class TrainContext {
     if (session.skipReport(index)) return
     // A pipeline's checkpoint is every rank's: rank 0's carries the layout and metadata, the other
     // ranks' stage shards join it as files of their own.
+    const parity = await this.#parity(index)
+    if (parity !== undefined && parity.length > 0) metrics = { ...metrics, [PARITY_METRIC]: parity.length, [`${PARITY_METRIC}_ranks`]: parity.join(" ") }
     const c = options.checkpoint
     if (c && this.worldRank !== 0 && Object.keys(c.files).some((f) => f.startsWith("pipeline/"))) {
       const aux: Record<string, Uint8Array> = {}
@@ -204,6 +212,38 @@ export class TrainContext {
       return
     }
     await this.#deps.sendReport(index, metrics, options.checkpoint)
+  }
+
+  /**
+   * State parity at report round `index` (every failureConfig.parityEvery rounds): every rank takes
+   * rank 0's non-trainable weights (batch-norm statistics, DataParallelModel.syncBuffers), the
+   * ranks exchange a digest of their state (stateDigest) and, when any differs from rank 0's, every
+   * rank takes rank 0's state. Returns the ranks that differed, or undefined when
+   * nothing was compared. Outside the group session's count of operations: a group that breaks
+   * under it skips the check (the regroup hands every member the furthest survivor's state anyway).
+   */
+  async #parity(index: number): Promise<number[] | undefined> {
+    const every = this.#deps.parityEvery ?? 0
+    const dp = this.#prepared
+    const session = this.#deps.session
+    const world = session.placement.worldSize
+    if (every <= 0 || !dp || world < 2 || (index + 1) % every !== 0) return undefined
+    const digest = await dp.stateDigest()
+    if (!digest) return undefined
+    const group = session.group
+    try {
+      await dp.syncBuffers((buf) => group.reducer.broadcast(buf))
+      const all = await group.comm.allGather(digest)
+      const differ: number[] = []
+      for (let r = 1; r < world; r++) if (digest.some((_, i) => all[r * digest.length + i] !== all[i])) differ.push(r)
+      if (differ.length === 0) return []
+      this.#deps.warn?.(`rank ${session.placement.rank}: the state of rank(s) ${differ.join(", ")} differed from rank 0's at report ${index}; every rank takes rank 0's`)
+      await dp.takeRankZeroState((buf) => group.reducer.broadcast(buf))
+      return differ
+    } catch (e) {
+      this.#deps.warn?.(`rank ${session.placement.rank}: state parity check of report ${index} skipped: ${e instanceof Error ? e.message.split("\n")[0] : String(e)}`)
+      return undefined
+    }
   }
 
   /** The checkpoint this run resumes from (the latest one), or undefined on a fresh start. */

@@ -220,6 +220,8 @@ export const WorkerArgs = Schema.Struct({
   timeline: Schema.Boolean,
   /** failureConfig.natsOutageTimeoutMs: the worker exits when NATS stays away longer. */
   natsOutageTimeoutMs: Schema.optionalKey(Schema.Number),
+  /** failureConfig.parityEvery: report rounds between state-parity checks (0 or absent: none). */
+  parityEvery: Schema.optionalKey(Schema.Number),
   /**
    * A worker joining a regrouped generation: it runs the loop from the checkpoint the controller
    * gives it (made after report number fromReports - 1 of this lineage, or 0 for its start), skips

@@ -53,6 +53,7 @@ import { startDashboard, type Dashboard } from "./dashboard/server.ts"
 
 export type { TrainerCallbacks, TrainerOptions } from "./options.ts"
 export type { TrainLoop } from "./train-context.ts"
+import { PARITY_METRIC } from "./train-context.ts"
 export { resolveTrainerOptions } from "./options.ts"
 export { Interrupted, TrainingFailed, resultOf, type CheckpointInfo, type FitError, type Result } from "./result.ts"
 
@@ -348,6 +349,16 @@ export class Trainer {
       monitor?.report(index, round.attempt, metrics[0], metrics)
       refreshReport(false)
       progress.report(index, metrics[0])
+      const repaired = metrics[0]?.[PARITY_METRIC]
+      if (typeof repaired === "number" && repaired > 0) {
+        const ranks = String(metrics[0]?.[`${PARITY_METRIC}_ranks`] ?? "")
+        incident("parity", `report round ${index}: the weights or optimizer state of rank(s) ${ranks.split(" ").join(", ")} differed from rank 0's; they took rank 0's`, {
+          type: "parity-repair",
+          attempt: round.attempt,
+          round: index,
+          ranks: ranks.split(" ").map(Number)
+        })
+      }
       void callbacks("onReport", (cb) => cb.onReport?.({ index, metrics: metrics[0], perRank: metrics }))
       const ckpt = round.checkpoint
       if (ckpt) saving = saving.then(() => saveCheckpoint(round, ckpt))
@@ -722,6 +733,7 @@ export class Trainer {
       seed: cfg.seed,
       timeline: cfg.run.timeline === true,
       natsOutageTimeoutMs: cfg.natsOutageTimeoutMs,
+      parityEvery: cfg.parityEvery,
       ...(controller.elastic ? { elastic: { maxWorkers: cfg.maxWorkers, batch: cfg.elasticBatch } } : {})
     }
     try {

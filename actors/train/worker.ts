@@ -325,6 +325,8 @@ export const trainWorker = defineActor(
           ...(args.collective.localSgd ? { localSgd: args.collective.localSgd } : {}),
           ...(args.elastic ? { elastic: args.elastic } : {}),
           observer,
+          ...(args.parityEvery !== undefined ? { parityEvery: args.parityEvery } : {}),
+          warn: (line) => ctx.log.warn(line),
           onStep: (info) => {
             processed += info.samples
             const now = performance.now()

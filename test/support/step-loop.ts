@@ -3,7 +3,9 @@
 // and with `kill` rank `kill.rank` of the first generation dies by kill -9 after step `kill.step`
 // of epoch `kill.epoch`. With `holdFile`, a rank of a group smaller than the number written in that
 // file waits after each epoch's report while the file exists (at most a minute a time), as in
-// chaos-loop.ts: the run cannot end before an elastic group grows back. Recovery from surviving
+// chaos-loop.ts: the run cannot end before an elastic group grows back. With `corrupt`, rank
+// `corrupt.rank` adds 0.001 to its first weight before the report of epoch `corrupt.epoch` (the
+// state-parity check must notice and repair it). Recovery from surviving
 // peers replays this loop on a replacement (test/peer-recovery.test.ts, test/elastic.test.ts).
 import { existsSync, readFileSync } from "node:fs"
 import type { TrainContext } from "../../index.ts"
@@ -14,6 +16,7 @@ export interface StepLoopConfig {
   readonly batchSize?: number
   readonly kill?: { readonly rank: number; readonly epoch: number; readonly step: number }
   readonly holdFile?: string
+  readonly corrupt?: { readonly rank: number; readonly epoch: number }
 }
 
 export async function stepLoop(config: StepLoopConfig, ctx: TrainContext): Promise<void> {
@@ -52,6 +55,12 @@ export async function stepLoop(config: StepLoopConfig, ctx: TrainContext): Promi
         samples += r.samples
       }
       if (dies && epoch === config.kill!.epoch && step === config.kill!.step) process.kill(process.pid, "SIGKILL")
+    }
+    if (config.corrupt && config.corrupt.rank === ctx.worldRank && config.corrupt.epoch === epoch) {
+      const [w0, ...rest] = model.getWeights()
+      const bumped = tf.add(w0!, 0.001)
+      model.setWeights([bumped, ...rest])
+      bumped.dispose()
     }
     const val = await dp.evaluateAsync(xTest, yTest)
     const metrics = { epoch, loss: lossSum / Math.max(1, samples), val_accuracy: val.accuracy ?? 0, weights: await weightsHashAsync(model.getWeights()) }
