@@ -10,24 +10,27 @@
 // the file exists (at most HOLD_MAX_MS a time): a test holds a shrunk group at an epoch boundary
 // while something slow happens outside it (an agent starting on a loaded machine), so the run
 // cannot end before the group grows back, whatever the load. Only a shrunk group waits, after its
-// regroup: a rank asleep outside a collective would stall the regroup itself.
+// regroup: a rank asleep outside a collective would stall the regroup itself. With `positions`
+// every rank records where it got after each step (positions.ts) for the chaos benchmark.
 import { existsSync, readFileSync, writeFileSync } from "node:fs"
 import * as path from "node:path"
 import type { TrainContext } from "../../index.ts"
 import { trainLoop as digitsLoop, type DigitsConfig } from "../../examples/digits/train.ts"
+import { PositionFile } from "./positions.ts"
 
 export interface ChaosLoopConfig extends DigitsConfig {
   readonly pidDir: string
   readonly minEpochMs?: number
   readonly trackSteps?: boolean
   readonly holdFile?: string
+  readonly positions?: boolean
 }
 
 /** The longest a rank waits on `holdFile` per epoch. */
 const HOLD_MAX_MS = 60_000
 
 /** `ctx` with report() paced (`minMs`) and prepareModel() wrapped to record steps (`stepFile`). */
-const instrumented = (ctx: TrainContext, minMs: number, stepFile: string | undefined, holdFile: string | undefined): TrainContext => {
+const instrumented = (ctx: TrainContext, minMs: number, stepFile: string | undefined, holdFile: string | undefined, positions: PositionFile | undefined): TrainContext => {
   let last = Date.now()
   const report: TrainContext["report"] = async (metrics, options) => {
     const wait = last + minMs - Date.now()
@@ -51,6 +54,13 @@ const instrumented = (ctx: TrainContext, minMs: number, stepFile: string | undef
         progress?.(info)
       }
     }
+    if (positions !== undefined) {
+      const progress = dp.onStep
+      dp.onStep = (info) => {
+        if (info.samples > 0) positions.step(ctx.attempt, ctx.worldRank, info.epoch, info.step, info.stepsPerEpoch)
+        progress?.(info)
+      }
+    }
     return dp
   }
   // Methods are bound to the real context (its private fields do not exist on the proxy).
@@ -67,6 +77,7 @@ const instrumented = (ctx: TrainContext, minMs: number, stepFile: string | undef
 export async function trainLoop(config: ChaosLoopConfig, ctx: TrainContext): Promise<void> {
   writeFileSync(path.join(config.pidDir, `${ctx.attempt}-${ctx.worldRank}.pid`), String(process.pid))
   const stepFile = config.trackSteps && ctx.worldRank === 0 ? path.join(config.pidDir, `${ctx.attempt}.step`) : undefined
-  const paced = config.minEpochMs || stepFile || config.holdFile
-  await digitsLoop(config, paced ? instrumented(ctx, config.minEpochMs ?? 0, stepFile, config.holdFile) : ctx)
+  const positions = config.positions ? new PositionFile(config.pidDir) : undefined
+  const paced = config.minEpochMs || stepFile || config.holdFile || positions
+  await digitsLoop(config, paced ? instrumented(ctx, config.minEpochMs ?? 0, stepFile, config.holdFile, positions) : ctx)
 }

@@ -1,0 +1,59 @@
+// Where each worker process of a run got, for the chaos benchmark (bench/chaos.ts): after every
+// step it trained (not one a replacement skipped while replaying the loop), a worker overwrites
+// <dir>/<pid>.pos with "<attempt> <rank> <epoch> <step> <steps per epoch> <first epoch> <first step>",
+// the last two being the first step this process trained in that attempt. `attempt` is read at each
+// step: a survivor regrouped from its peers keeps its process and goes on into the next attempt.
+// From these the benchmark knows how far a generation got before a fault (the furthest step any
+// of its processes completed) and where the next generation started (the earliest first step of
+// its processes), whichever rank died and whoever is rank 0 now.
+import { readdirSync, readFileSync, writeFileSync } from "node:fs"
+import * as path from "node:path"
+
+export class PositionFile {
+  readonly #file: string
+  #attempt = -1
+  #first = { epoch: 0, step: 0 }
+
+  constructor(dir: string) {
+    this.#file = path.join(dir, `${process.pid}.pos`)
+  }
+
+  step(attempt: number, rank: number, epoch: number, step: number, stepsPerEpoch: number): void {
+    if (attempt !== this.#attempt) {
+      this.#attempt = attempt
+      this.#first = { epoch, step }
+    }
+    writeFileSync(this.#file, `${attempt} ${rank} ${epoch} ${step} ${stepsPerEpoch} ${this.#first.epoch} ${this.#first.step}`)
+  }
+}
+
+export interface Position {
+  readonly pid: number
+  readonly attempt: number
+  readonly rank: number
+  readonly stepsPerEpoch: number
+  /** Epochs completed after the last step this process trained (epoch + (step + 1) / steps per epoch). */
+  readonly done: number
+  /** Epochs completed before the first step it trained in `attempt`. */
+  readonly first: number
+}
+
+/** Every position file in `dir` (a file being rewritten at that moment is skipped). */
+export const readPositions = (dir: string): Position[] => {
+  const out: Position[] = []
+  for (const f of readdirSync(dir)) {
+    const m = /^(\d+)\.pos$/.exec(f)
+    if (!m) continue
+    let text: string
+    try {
+      text = readFileSync(path.join(dir, f), "utf8")
+    } catch {
+      continue
+    }
+    const n = text.split(" ").map(Number)
+    if (n.length !== 7 || n.some((x) => !Number.isFinite(x))) continue
+    const [attempt, rank, epoch, step, spe, firstEpoch, firstStep] = n as [number, number, number, number, number, number, number]
+    out.push({ pid: Number(m[1]), attempt, rank, stepsPerEpoch: spe, done: epoch + (step + 1) / spe, first: firstEpoch + firstStep / spe })
+  }
+  return out
+}
