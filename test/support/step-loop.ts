@@ -7,9 +7,14 @@
 // `corrupt.rank` adds 0.001 to its first weight before the report of epoch `corrupt.epoch` (the
 // state-parity check must notice and repair it). Recovery from surviving
 // peers replays this loop on a replacement (test/peer-recovery.test.ts, test/elastic.test.ts).
-import { existsSync, readFileSync } from "node:fs"
+// With `pidDir` every rank first writes its pid to <pidDir>/<attempt>-<rank>.pid, as chaos-loop.ts
+// does, and with `positions` too it records where it got after each step it trained
+// (positions.ts), for the chaos benchmark.
+import { existsSync, readFileSync, writeFileSync } from "node:fs"
+import * as path from "node:path"
 import type { TrainContext } from "../../index.ts"
 import { buildModel, weightsHashAsync } from "../../examples/digits/model.ts"
+import { PositionFile } from "./positions.ts"
 
 export interface StepLoopConfig {
   readonly epochs: number
@@ -17,9 +22,14 @@ export interface StepLoopConfig {
   readonly kill?: { readonly rank: number; readonly epoch: number; readonly step: number }
   readonly holdFile?: string
   readonly corrupt?: { readonly rank: number; readonly epoch: number }
+  readonly pidDir?: string
+  /** Needs pidDir (the position files go there). */
+  readonly positions?: boolean
 }
 
 export async function stepLoop(config: StepLoopConfig, ctx: TrainContext): Promise<void> {
+  if (config.pidDir !== undefined) writeFileSync(path.join(config.pidDir, `${ctx.attempt}-${ctx.worldRank}.pid`), String(process.pid))
+  const positions = config.positions && config.pidDir !== undefined ? new PositionFile(config.pidDir) : undefined
   const tf = ctx.tf
   const batchSize = config.batchSize ?? 32
   const train = await ctx.getDatasetShard("train")
@@ -41,6 +51,7 @@ export async function stepLoop(config: StepLoopConfig, ctx: TrainContext): Promi
     const rows = train.rows(epoch)
     let lossSum = 0
     let samples = 0
+    const stepsPerEpoch = Math.ceil(rows.length / batchSize)
     for (let at = 0, step = 0; at < rows.length; at += batchSize, step++) {
       const batch = Array.from(rows.subarray(at, at + batchSize))
       const xs = new Float32Array(batch.length * 64)
@@ -53,6 +64,7 @@ export async function stepLoop(config: StepLoopConfig, ctx: TrainContext): Promi
       if (r.samples > 0) {
         lossSum += r.loss * r.samples
         samples += r.samples
+        positions?.step(ctx.attempt, ctx.worldRank, epoch, step, stepsPerEpoch)
       }
       if (dies && epoch === config.kill!.epoch && step === config.kill!.step) process.kill(process.pid, "SIGKILL")
     }
