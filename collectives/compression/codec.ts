@@ -12,10 +12,10 @@
 //                in rank order (the byte-message Compressor of compressor.ts).
 //   'custom'     the codec runs its own rounds of fp32 sum all-reduces over whole variables
 //                (PowerSGD: P, then Q), given an all-reduce callback (CustomCodec).
-import type { Aggregation, Compressor, EncodeContext } from "./compressor.ts"
+import type { Aggregation, Compressor, EncodeContext } from "./compressor-contract.ts"
 import type { ErrorFeedback } from "./error-feedback.ts"
 
-export type { Aggregation } from "./compressor.ts"
+export type { Aggregation } from "./compressor-contract.ts"
 
 interface CodecBase {
   /** The registry name (the `type` of its config). */

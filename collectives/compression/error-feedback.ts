@@ -8,7 +8,7 @@
 // - residuals are part of a checkpoint (state / restore), or a restart silently drops a step's
 //   worth of gradient mass per tensor.
 // A codec built with `errorFeedback: false` bypasses the store.
-import type { CompressedMessage, Compressor, EncodeContext } from "./compressor.ts"
+import type { CompressedMessage, Compressor, EncodeContext } from "./compressor-contract.ts"
 import { ResidualMismatch } from "./errors.ts"
 
 /** Serializable residual state: compress-point key -> residual. */
