@@ -1,6 +1,9 @@
 // A training loop for heterogeneity tests and the `hetero` benchmark: the digits MLP trained with
 // fit({ globalBatchSize }), some ranks slowed by a simulated per-sample delay (a slower device),
-// reporting per epoch the loss, a fingerprint of the weights and the steps/s after warm-up.
+// reporting per epoch the loss, a fingerprint of the weights and the steps/s after warm-up. For the
+// cgroup benchmark, optionally: wider hidden layers, a validation accuracy on the "test" dataset,
+// each rank's own forward+backward throughput measured before training (no communication), and
+// the seconds spent in training (evaluation excluded).
 import type { TrainContext } from "../../index.ts"
 import { gatherRows } from "../../core/datasets.ts"
 import { buildModel, weightsHash } from "../../examples/digits/model.ts"
@@ -22,14 +25,65 @@ export interface HeteroLoopConfig {
    * strategy lets them run ahead (backup workers, async, SSP), as a parameter-server loop does.
    */
   readonly free?: boolean
+  /** Hidden layer widths of the MLP (e.g. [256, 256]) instead of the digits example's model. */
+  readonly hidden?: ReadonlyArray<number>
+  /** Learning rate (default 0.1 for SGD, 0.01 for Adam). */
+  readonly learningRate?: number
+  /** After every epoch, val_loss / val_accuracy on the "test" dataset (outside the train clock). */
+  readonly evaluate?: boolean
+  /**
+   * Before training, time this many local forward+backward passes (gradients computed, never
+   * applied, nothing exchanged; for at least one second) on `calibrateBatch` rows: reported as
+   * calib_samples_per_s, the rank's own throughput, with the worker's pid; again after the last
+   * epoch (calib_after_samples_per_s). Default 0 (none).
+   */
+  readonly calibrateSteps?: number
+  /** Rows per calibration pass. Default globalBatchSize / worldSize. */
+  readonly calibrateBatch?: number
+}
+
+/** A dense MLP 64-hidden...-10 with seeded initial weights (the same on every rank). */
+const buildMlp = (tf: TrainContext["tf"], hidden: ReadonlyArray<number>): import("@tensorflow/tfjs").LayersModel => {
+  const m = tf.sequential()
+  hidden.forEach((units, i) =>
+    m.add(tf.layers.dense({ units, activation: "relu", ...(i === 0 ? { inputShape: [64] } : {}), kernelInitializer: tf.initializers.glorotUniform({ seed: 100 + i }) }))
+  )
+  m.add(tf.layers.dense({ units: 10, activation: "softmax", kernelInitializer: tf.initializers.glorotUniform({ seed: 100 + hidden.length }) }))
+  return m
 }
 
 export async function heteroLoop(config: HeteroLoopConfig, ctx: TrainContext): Promise<void> {
   const tf = ctx.tf
   const train = await ctx.getDatasetShard("train")
-  const model = buildModel(tf, "mlp")
-  model.compile({ optimizer: config.optimizer === "adam" ? tf.train.adam(0.01) : tf.train.sgd(0.1), loss: "categoricalCrossentropy" })
+  const model = config.hidden ? buildMlp(tf, config.hidden) : buildModel(tf, "mlp")
+  const lr = config.learningRate ?? (config.optimizer === "adam" ? 0.01 : 0.1)
+  model.compile({ optimizer: config.optimizer === "adam" ? tf.train.adam(lr) : tf.train.sgd(lr), loss: "categoricalCrossentropy" })
   const dp = await ctx.prepareModel(model, { simulatedDelayMsPerSample: config.slowdown?.[String(ctx.worldRank)] ?? 0 })
+  const test = config.evaluate ? await ctx.getDataset("test") : undefined
+  const xTest = test ? tf.tensor2d(test.x, [test.size, 64]) : undefined
+  const yTest = test ? tf.oneHot(tf.tensor1d(test.y, "int32"), test.numClasses) : undefined
+  // Local forward+backward passes, nothing applied or exchanged: this rank's own samples/s.
+  const calibrate = (): number => {
+    const rows = Math.min(train.dataset.size, config.calibrateBatch ?? Math.ceil((config.globalBatchSize ?? 128) / ctx.worldSize))
+    const b = gatherRows(train.dataset, Uint32Array.from({ length: rows }, (_, i) => i))
+    const x = tf.tensor(b.x, [rows, ...train.dataset.featureShape])
+    const y = tf.oneHot(tf.tensor1d(b.y, "int32"), train.dataset.numClasses)
+    const pass = () => {
+      const { value, grads } = tf.variableGrads(() => tf.metrics.categoricalCrossentropy(y, model.apply(x) as import("@tensorflow/tfjs").Tensor).mean() as import("@tensorflow/tfjs").Scalar)
+      value.dataSync()
+      tf.dispose([value, ...Object.values(grads)])
+    }
+    pass() // warm-up: kernels compiled, buffers allocated
+    // At least calibrateSteps passes and one second, so CPU-quota periods and noise average out.
+    const t0 = performance.now()
+    let n = 0
+    for (; n < config.calibrateSteps! || performance.now() - t0 < 1000; n++) pass()
+    const perS = (rows * n * 1000) / (performance.now() - t0)
+    tf.dispose([x, y])
+    return perS
+  }
+  const calib = (config.calibrateSteps ?? 0) > 0 ? calibrate() : undefined
+  let trainMs = 0
   const skip = config.skipSteps ?? 6
   const stamps: number[] = []
   let start = 0
@@ -65,15 +119,31 @@ export async function heteroLoop(config: HeteroLoopConfig, ctx: TrainContext): P
     return { loss: n > 0 ? sum / n : Number.NaN }
   }
   for (let epoch = start; epoch < (config.epochs ?? 2); epoch++) {
+    const t0 = performance.now()
+    const before = stamps.length
     const [r] = config.free ? [await freeEpoch(epoch)] : await dp.fit(train, {
       epochs: epoch + 1,
       initialEpoch: epoch,
       globalBatchSize: config.globalBatchSize ?? 128,
       onStep: () => void stamps.push(performance.now())
     })
+    trainMs += performance.now() - t0
+    const epochSteps = stamps.length - before
+    const val = xTest && yTest ? await dp.evaluateAsync(xTest, yTest) : undefined
+    const calibAfter = calib !== undefined && epoch === (config.epochs ?? 2) - 1 ? calibrate() : undefined
     const timed = stamps.slice(skip)
     const stepsPerS = timed.length >= 2 ? ((timed.length - 1) * 1000) / (timed.at(-1)! - timed[0]!) : 0
-    const metrics = { epoch, loss: r.loss, steps: stamps.length, steps_per_s: stepsPerS, weights: weightsHash(model.getWeights()) }
+    const metrics = {
+      epoch,
+      loss: r.loss,
+      steps: stamps.length,
+      steps_per_s: stepsPerS,
+      weights: weightsHash(model.getWeights()),
+      ...(val ? { val_loss: val.loss, val_accuracy: val.accuracy ?? 0 } : {}),
+      ...(calib !== undefined ? { calib_samples_per_s: calib, pid: process.pid } : {}),
+      ...(calibAfter !== undefined ? { calib_after_samples_per_s: calibAfter } : {}),
+      ...(config.hidden || config.evaluate ? { train_s: trainMs / 1000, epoch_steps: epochSteps } : {})
+    }
     const checkpoint = config.checkpoint && ctx.worldRank === 0 ? await ctx.checkpointFromModel(dp, { metadata: { epoch } }) : undefined
     await ctx.report(metrics, checkpoint ? { checkpoint } : {})
   }
