@@ -1,19 +1,327 @@
-// Heterogeneity-aware batching vs an equal split: `npm run bench -- hetero [--workers 3]
-// [--slow 1] [--delay 1.5] [--batch 96] [--epochs 3]`. Two Trainer runs in the same process, same
-// data, same global batch, one rank slowed by a simulated extra compute delay per sample (a slower
-// device): first the equal split (adaptiveBatching off), then throughput-proportional batches
-// (adaptiveBatching on). Prints steps/s after warm-up for both, the speed-up, the final per-rank
-// batches and the stragglers reported.
-import * as fs from "node:fs/promises"
+// Heterogeneity-aware batching vs an equal split: `npm run bench -- hetero [--mode=cgroup|sleep]`.
+//
+// cgroup mode (the default where we are root and /sys/fs/cgroup/cpu is writable): really unequal
+// workers. One nats-server and two CLI agents (`gradwire start ... --num-cpus 1`), each started
+// inside its own cpu cgroup: the fast one capped at one core, the slow one at 1/skew of a core
+// (cpu.cfs_quota_us / cpu.cfs_period_us; children inherit the group, so each agent's worker runs
+// under its agent's cap). Two workers placed STRICT_SPREAD, one per agent. Per skew (`--skews=2,4`):
+// the digits MLP 64-256-256-10 trained with dp.fit({ globalBatchSize }), first with an equal split
+// (adaptiveBatching off), then with throughput-proportional batches (on); same data, global batch,
+// seed and epochs. Reported: samples/s after the first (warm-up) epoch, training seconds to the
+// target validation accuracy, final accuracy, re-balances and final per-rank batches; the measured
+// straggler ratio (each worker times forward+backward passes on its own before and after training,
+// on a global batch's half, while the other does the same) and from
+// it the speed-up a perfect split would give; the measured speed-up and its fraction of perfect.
+// Options: --skews=2,4 --epochs=15 --batch=128 --target=0.9 --hidden=256,256 --period-us=10000.
+//
+// sleep mode (`--mode=sleep`, and the fallback when no cgroup can be made): the earlier simulation,
+// every worker in one embedded cluster and one rank slowed by an extra delay per sample (`--workers 3
+// --slow 1 --delay 1.5 --batch 96 --epochs 3`). Labelled "simulated (sleep)".
+//
+// Every agent, worker and cgroup this bench makes is removed at the end, on failure and on
+// SIGINT/SIGTERM (kill -9 of what is left in each cgroup, then rmdir).
+import { spawn, type ChildProcess } from "node:child_process"
+import * as fs from "node:fs"
+import * as fsp from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
 import { fileURLToPath } from "node:url"
-import { Trainer, loadDigits, trainTestSplit } from "../index.ts"
+import { Trainer, loadDigits, trainTestSplit, type ArrayDataset } from "../index.ts"
+import { launchNatsServer, type NatsServerProcess } from "../core/nats-server.ts"
+import { openNats } from "../core/connection.ts"
+import { openClusterView } from "../scheduler/cluster-view.ts"
 import { optionReader } from "./args.ts"
+import { createCpuGroup, inGroup, type CpuGroup } from "./cgroups.ts"
 
 const LOOP = fileURLToPath(new URL("../test/support/hetero-loop.ts", import.meta.url)) + "#heteroLoop"
+const CLI = fileURLToPath(new URL("../bin/gradwire.js", import.meta.url))
+const SIMULATED = "simulated (sleep)"
 
 export async function run(argv: ReadonlyArray<string>): Promise<void> {
+  const get = optionReader(argv)
+  const mode = get("--mode", "cgroup")
+  if (mode !== "cgroup" && mode !== "sleep") throw new RangeError(`--mode must be cgroup or sleep, got ${mode}`)
+  if (mode === "sleep") return runSleep(argv)
+  let groups: { fast: CpuGroup; slow: CpuGroup }
+  const period = Number(get("--period-us", "10000"))
+  try {
+    const fast = createCpuGroup(`gradwire-bench-${process.pid}-fast`, period)
+    try {
+      groups = { fast, slow: createCpuGroup(`gradwire-bench-${process.pid}-slow`, period) }
+    } catch (e) {
+      fast.removeSync()
+      throw e
+    }
+  } catch (e) {
+    console.log(`hetero: cgroup mode unavailable (${(e as Error).message}); falling back to ${SIMULATED}`)
+    return runSleep(argv)
+  }
+  return runCgroup(argv, groups)
+}
+
+// ---------------------------------------------------------------------------------------------
+// cgroup mode
+
+interface Epoch {
+  readonly epoch: number
+  /** Seconds in dp.fit since training began (slowest rank's clock; evaluation excluded). */
+  readonly trainS: number
+  readonly steps: number
+  readonly valAccuracy: number
+}
+
+interface RunResult {
+  readonly history: ReadonlyArray<Epoch>
+  /** Each rank's own forward+backward samples/s, measured before and after training. */
+  readonly calib: ReadonlyArray<number>
+  readonly calibAfter: ReadonlyArray<number>
+  readonly slowRank: number
+  readonly batches: ReadonlyArray<number>
+  readonly rebalances: number
+  readonly stragglers: string
+}
+
+const samplesPerS = (r: RunResult, batch: number): number => {
+  const h = r.history
+  const steps = h.slice(1).reduce((s, e) => s + e.steps, 0)
+  return (steps * batch) / (h.at(-1)!.trainS - h[0]!.trainS)
+}
+const secondsTo = (r: RunResult, target: number): number | undefined => r.history.find((e) => e.valAccuracy >= target)?.trainS
+/** The fast worker's own samples/s over the slow one's: geometric mean of before and after training. */
+const ratio = (r: RunResult): number =>
+  Math.sqrt((r.calib[1 - r.slowRank]! / r.calib[r.slowRank]!) * (r.calibAfter[1 - r.slowRank]! / r.calibAfter[r.slowRank]!))
+
+async function runCgroup(argv: ReadonlyArray<string>, groups: { fast: CpuGroup; slow: CpuGroup }): Promise<void> {
+  const get = optionReader(argv)
+  const skews = get("--skews", "2,4").split(",").map(Number)
+  const epochs = Number(get("--epochs", "15"))
+  const batch = Number(get("--batch", "128"))
+  const target = Number(get("--target", "0.9"))
+  const hidden = get("--hidden", "256,256").split(",").map(Number)
+  for (const s of skews) if (!(s >= 1)) throw new RangeError(`--skews: each skew must be a number >= 1, got ${s}`)
+  if (!(epochs >= 2)) throw new RangeError(`--epochs must be >= 2 (the first is warm-up), got ${epochs}`)
+
+  const agents: ChildProcess[] = []
+  let server: NatsServerProcess | undefined
+  const work = await fsp.mkdtemp(path.join(os.tmpdir(), "gw-bench-hetero-"))
+  // Synchronous, idempotent: also from a signal or exit handler.
+  const cleanupSync = (): void => {
+    for (const a of agents) {
+      try {
+        process.kill(-a.pid!, "SIGKILL")
+      } catch {
+        // gone already
+      }
+    }
+    for (const g of [groups.fast, groups.slow]) {
+      try {
+        g.removeSync()
+      } catch (e) {
+        console.error(`hetero: ${(e as Error).message}`)
+      }
+    }
+  }
+  const onSignal = (signal: NodeJS.Signals): void => {
+    cleanupSync()
+    process.off("SIGINT", onSignal)
+    process.off("SIGTERM", onSignal)
+    // The nats-server's own handler (or the running Trainer's) finishes and re-raises; alone, we do.
+    if (process.listenerCount(signal) === 0) process.kill(process.pid, signal)
+  }
+  process.on("SIGINT", onSignal)
+  process.on("SIGTERM", onSignal)
+  process.on("exit", cleanupSync)
+  try {
+    const { train, test } = trainTestSplit(await loadDigits(), 0.2, 7)
+    server = await launchNatsServer({ maxPayload: 8 * 1024 * 1024 })
+    const cluster = `hetero-${process.pid}`
+    groups.fast.setCores(1)
+    for (const [node, group] of [["fast", groups.fast], ["slow", groups.slow]] as const) {
+      const log = fs.openSync(path.join(work, `${node}.log`), "a")
+      const [cmd, args] = inGroup(group, [
+        process.execPath,
+        CLI,
+        "start",
+        "--address",
+        server.url,
+        "--cluster",
+        cluster,
+        "--node-id",
+        node,
+        "--num-cpus",
+        "1",
+        "--backends",
+        "wasm,cpu",
+        "--block",
+        "--state-dir",
+        path.join(work, node)
+      ])
+      agents.push(spawn(cmd, args, { stdio: ["ignore", log, log], detached: true }))
+      fs.closeSync(log)
+    }
+    const conn = await openNats({ servers: server.url, name: "hetero bench" })
+    const view = await openClusterView({ nc: conn.nc, cluster })
+    try {
+      await view.waitFor((nodes) => nodes.filter((n) => n.state === "alive").length === 2, 60_000)
+    } finally {
+      view.close()
+      await conn.close()
+    }
+
+    console.log(
+      `hetero: real heterogeneity (cgroup cpu quotas, period ${groups.slow.periodUs / 1000} ms): 2 agents, one worker each (STRICT_SPREAD); fast agent capped at 1 core, ` +
+        `slow at 1/skew of a core; digits MLP 64-${hidden.join("-")}-10, SGD 0.1, dp.fit global batch ${batch}, ${epochs} epochs of ` +
+        `${Math.floor(train.size / batch)} steps, target val accuracy ${target}; load average ${os.loadavg().map((l) => l.toFixed(1)).join(" ")} on ${os.cpus().length} cores`
+    )
+    const rows: string[] = []
+    for (const skew of skews) {
+      groups.slow.setCores(1 / skew)
+      const fit = (adaptive: boolean) => fitOnce({ adaptive, skew, epochs, batch, hidden, train, test, server: server!, cluster, work, slow: groups.slow })
+      const equal = await fit(false)
+      const adaptive = await fit(true)
+      // Straggler ratio: the fast worker's own forward+backward samples/s over the slow one's,
+      // measured before and after training in both runs (geometric mean of the four).
+      const r = Math.sqrt(ratio(equal) * ratio(adaptive))
+      // Perfect split (2 workers, compute-bound): the equal split waits for the slower worker's B/2
+      // samples, B / (2 t_slow); a split proportional to throughput takes B / (t_fast + t_slow).
+      // (Under other load the capped "fast" worker may get less CPU than the "slow" one's cap: r < 1.)
+      const perfect = (1 + Math.max(r, 1 / r)) / 2
+      const se = samplesPerS(equal, batch)
+      const sa = samplesPerS(adaptive, batch)
+      const speedup = sa / se
+      const te = secondsTo(equal, target)
+      const ta = secondsTo(adaptive, target)
+      const fmtT = (t: number | undefined) => (t === undefined ? "not reached" : t.toFixed(1))
+      const acc = (x: RunResult) => `${(x.history.at(-1)!.valAccuracy * 100).toFixed(1)}%`
+      const bat = (x: RunResult) => x.batches.map((b, i) => (i === x.slowRank ? `${b}s` : String(b))).join("/")
+      rows.push(
+        `| ${skew}x | ${r.toFixed(2)}x | equal split | ${se.toFixed(0)} | 1.00 | ${fmtT(te)} | ${acc(equal)} | - | ${bat(equal)} | ${(perfect).toFixed(2)}x | - |`,
+        `| ${skew}x | ${r.toFixed(2)}x | adaptive | ${sa.toFixed(0)} | ${speedup.toFixed(2)} | ${fmtT(ta)}${te !== undefined && ta !== undefined ? ` (${(te / ta).toFixed(2)}x)` : ""} | ${acc(adaptive)} | ` +
+          `${adaptive.rebalances} | ${bat(adaptive)} | ${perfect.toFixed(2)}x | ${((speedup / perfect) * 100).toFixed(0)}% (gain ${(((speedup - 1) / (perfect - 1)) * 100).toFixed(0)}%) |`
+      )
+      console.log(
+        `  skew ${skew}x: worker samples/s fast/slow ${fmtCalib(equal)} (equal run), ${fmtCalib(adaptive)} (adaptive run); ` +
+          `batcher stragglers: ${adaptive.stragglers}; slow cgroup throttled ${throttled(groups.slow)}`
+      )
+    }
+    console.log(
+      [
+        "",
+        "| skew (nominal) | measured ratio fast/slow | split | samples/s | speed-up | s to target | final val acc | re-balances | final batches (s: slow) | perfect split | of perfect |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+        ...rows
+      ].join("\n")
+    )
+    console.log(
+      "samples/s: after the first epoch; s to target: seconds in training until the first epoch end at the target accuracy (in brackets: equal / adaptive); " +
+        "measured ratio r: the fast-cgroup worker's own forward+backward samples/s over the slow one's (before and after training, both runs); " +
+        "perfect split: (1 + max(r, 1/r)) / 2, communication and fixed per-step costs ignored; of perfect: speed-up / perfect (gain: (speed-up - 1) / (perfect - 1))"
+    )
+  } finally {
+    process.off("SIGINT", onSignal)
+    process.off("SIGTERM", onSignal)
+    // Agents first by SIGTERM (they stop their workers), then kill -9 of whatever is left.
+    for (const a of agents) {
+      try {
+        process.kill(-a.pid!, "SIGTERM")
+      } catch {
+        // gone already
+      }
+    }
+    await Promise.all(agents.map((a) => (a.exitCode !== null || a.signalCode !== null ? undefined : new Promise((r) => { a.once("exit", r); setTimeout(r, 5_000) }))))
+    cleanupSync()
+    process.off("exit", cleanupSync)
+    await server?.stop()
+    await fsp.rm(work, { recursive: true, force: true })
+  }
+}
+
+const fmtCalib = (r: RunResult): string =>
+  [r.calib, r.calibAfter].map((c) => `${c[1 - r.slowRank]!.toFixed(0)}/${c[r.slowRank]!.toFixed(0)}`).join(" before, ") + " after"
+
+const throttled = (g: CpuGroup): string => {
+  try {
+    const stat = Object.fromEntries(
+      fs
+        .readFileSync(path.join(g.dir, "cpu.stat"), "utf8")
+        .trim()
+        .split("\n")
+        .map((l) => l.split(" ") as [string, string])
+    )
+    return `${stat.nr_throttled} of ${stat.nr_periods} periods`
+  } catch {
+    return "?"
+  }
+}
+
+async function fitOnce(o: {
+  adaptive: boolean
+  skew: number
+  epochs: number
+  batch: number
+  hidden: number[]
+  train: ArrayDataset
+  test: ArrayDataset
+  server: NatsServerProcess
+  cluster: string
+  work: string
+  slow: CpuGroup
+}): Promise<RunResult> {
+  // Which rank runs in the slow cgroup: looked up while the workers live (at the first report).
+  let slowRank = -1
+  let pids: number[] = []
+  const r = await new Trainer({
+    trainLoopPerWorker: LOOP,
+    trainLoopConfig: { epochs: o.epochs, globalBatchSize: o.batch, hidden: o.hidden, evaluate: true, calibrateSteps: 20 },
+    scalingConfig: { numWorkers: 2, placementStrategy: "STRICT_SPREAD", placementTimeoutMs: 60_000 },
+    runConfig: {
+      name: `skew${o.skew}-${o.adaptive ? "adaptive" : "equal"}`,
+      storagePath: o.work,
+      progress: false,
+      callbacks: [
+        {
+          onReport: ({ perRank }) => {
+            if (slowRank >= 0) return
+            pids = perRank.map((m) => Number(m.pid))
+            slowRank = pids.findIndex((pid) => o.slow.holds(pid))
+          }
+        }
+      ]
+    },
+    datasets: { train: o.train, test: o.test },
+    collectiveConfig: { adaptiveBatching: o.adaptive },
+    cluster: { address: o.server.url, clusterName: o.cluster }
+  }).fit()
+  const rounds = r.metricsPerRank
+  const first = rounds[0]!
+  if (slowRank < 0 || pids.length !== 2) throw new Error(`hetero: could not tell which worker ran in the slow cgroup (pids ${pids.join(", ")})`)
+  const last = r.metrics!
+  const batches = [0, 1].map((i) => Number(last[`batch/rank${i}`]))
+  const stragglers =
+    Object.entries(last)
+      .filter(([k]) => k.startsWith("straggler/"))
+      .map(([k, v]) => `${k.slice(10)} ${String(v)}x`)
+      .join(", ") || "none"
+  return {
+    history: rounds.map((perRank) => ({
+      epoch: Number(perRank[0]!.epoch),
+      trainS: Math.max(...perRank.map((m) => Number(m.train_s))),
+      steps: Number(perRank[0]!.epoch_steps),
+      valAccuracy: Number(perRank[0]!.val_accuracy)
+    })),
+    calib: first.map((m) => Number(m.calib_samples_per_s)),
+    calibAfter: rounds.at(-1)!.map((m) => Number(m.calib_after_samples_per_s)),
+    slowRank,
+    batches,
+    rebalances: Number(last["batch/rebalances"] ?? 0),
+    stragglers
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// sleep mode: the simulation
+
+async function runSleep(argv: ReadonlyArray<string>): Promise<void> {
   const get = optionReader(argv)
   const workers = Number(get("--workers", "3"))
   const slow = Number(get("--slow", "1"))
@@ -21,7 +329,7 @@ export async function run(argv: ReadonlyArray<string>): Promise<void> {
   const batch = Number(get("--batch", "96"))
   const epochs = Number(get("--epochs", "3"))
   const { train } = trainTestSplit(await loadDigits(), 0.2, 7)
-  const storage = await fs.mkdtemp(path.join(os.tmpdir(), "gw-bench-hetero-"))
+  const storage = await fsp.mkdtemp(path.join(os.tmpdir(), "gw-bench-hetero-"))
   try {
     const fit = async (adaptive: boolean) => {
       const r = await new Trainer({
@@ -35,7 +343,7 @@ export async function run(argv: ReadonlyArray<string>): Promise<void> {
       return r.metrics!
     }
     console.log(
-      `hetero: ${workers} workers, rank ${slow} slowed by ${delay} ms/sample, global batch ${batch}, ${epochs} epochs of ${Math.floor(train.size / batch)} steps (digits MLP)`
+      `hetero, ${SIMULATED}: ${workers} workers, rank ${slow} slowed by ${delay} ms/sample, global batch ${batch}, ${epochs} epochs of ${Math.floor(train.size / batch)} steps (digits MLP)`
     )
     const equal = await fit(false)
     const adaptive = await fit(true)
@@ -51,6 +359,6 @@ export async function run(argv: ReadonlyArray<string>): Promise<void> {
     console.log(`  heterogeneity-aware ${a.toFixed(1).padStart(6)} steps/s   batches ${batches(adaptive)}   re-balances ${String(adaptive["batch/rebalances"])}   stragglers ${stragglers(adaptive)}`)
     console.log(`  speed-up ${(a / e).toFixed(2)}x (goal >= 1.4x); final loss equal ${(equal.loss as number).toFixed(3)}, adaptive ${(adaptive.loss as number).toFixed(3)}`)
   } finally {
-    await fs.rm(storage, { recursive: true, force: true })
+    await fsp.rm(storage, { recursive: true, force: true })
   }
 }
