@@ -120,6 +120,7 @@ async function runCgroup(argv: ReadonlyArray<string>, groups: { fast: CpuGroup; 
         console.error(`hetero: ${(e as Error).message}`)
       }
     }
+    fs.rmSync(work, { recursive: true, force: true })
   }
   const onSignal = (signal: NodeJS.Signals): void => {
     cleanupSync()
