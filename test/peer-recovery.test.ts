@@ -131,6 +131,8 @@ describe("recovery from surviving peers", () => {
     const ev = await events(r.path)
     const restarts = ev.filter((e) => e.type === "restart")
     expect(restarts.map((e) => e.recovery)).toEqual(["peers", "checkpoint"])
+    // The fallback says why the peers were not used: the replacement's loop did not line up.
+    expect(restarts[1]!.reason).toMatch(/^recovering from them failed: .*report\(\) calls/)
     expect(ev.some((e) => e.type === "failure" && (e.failure as { kind: string }).kind === "recovery")).toBe(true)
     // The fallback is not counted: one failure of the job, one restart budget used.
     expect(r.countedFailures).toBe(1)

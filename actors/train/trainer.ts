@@ -873,9 +873,11 @@ export class Trainer {
           fallback =
             cfg.recoverFrom !== "peers"
               ? `failureConfig.recoverFrom is "${cfg.recoverFrom}"`
-              : !peers
-                ? `a failure of kind "${failure.kind}"${failure.rank < 0 ? " of the whole group" : ""} leaves no survivors to regroup`
-                : undefined
+              : failure.kind === "recovery"
+                ? `recovering from them failed: ${firstLine(failure.message)}`
+                : !peers
+                  ? `a failure of kind "${failure.kind}"${failure.rank < 0 ? " of the whole group" : ""} leaves no survivors to regroup`
+                  : undefined
           if (fallback === undefined) {
             await waitForBus()
             regrouped = await regroup({ failure, target: bounds.max, what, budget, counted: next.counted })
