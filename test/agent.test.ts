@@ -91,6 +91,20 @@ describe("node agent", () => {
     await eventually("process gone", 5_000, () => !pidAlive(s.pid))
   })
 
+  it("a stopped process (SIGSTOP) is continued when killed: it exits on the SIGTERM at once, not by SIGKILL after the grace period", async () => {
+    const sys = new ActorSystem({ nc, cluster: "test", job: fresh("stopped"), log: silentLogger })
+    rig.onCleanup(() => sys.close())
+    const s = await spawnActor(sys, { node: "n1", name: "w", module: FIXTURES, export: "echoActor" })
+    process.kill(s.pid, "SIGSTOP")
+    const down = s.down()
+    sys.endJob()
+    const d = await down
+    expect(d.reason).toBe("exited")
+    // The host's SIGTERM handler ran (exit code 143); SIGKILL would show as the signal.
+    expect(d).toMatchObject({ code: 143, signal: null })
+    await eventually("process gone", 5_000, () => !pidAlive(s.pid))
+  })
+
   it("kills a process when its owner stops heartbeating", async () => {
     const job = fresh("orphan")
     const ownerConn = await rig.connect(url)

@@ -101,11 +101,14 @@ export class ActorProcess {
     return this.#tail.join("\n")
   }
 
-  /** SIGTERM, then SIGKILL after `graceMs`; resolves when it has exited. */
+  /** SIGTERM (and SIGCONT, for a stopped process), then SIGKILL after `graceMs`; resolves when it has exited. */
   async kill(reason: string, graceMs: number): Promise<ProcessExit> {
     if (this.#exit) return this.#exit
     this.killedBy ??= reason
     this.child.kill("SIGTERM")
+    // A stopped process (SIGSTOP, a debugger, a frozen cgroup) would hold SIGTERM pending until the
+    // grace period ends in SIGKILL: continue it so it takes the SIGTERM now and exits as asked.
+    this.child.kill("SIGCONT")
     const timer = setTimeout(() => this.child.kill("SIGKILL"), graceMs)
     try {
       return await this.exited
