@@ -88,6 +88,8 @@ export const COST_MODEL_CHUNK_BYTES = Math.min(COLLECTIVE_CHUNK_BYTES, NATS_MAX_
  * waits DEADLINE_FACTOR x the longest measured step computation when that is longer.
  */
 export const WORKER_DEAD_AFTER_MS = 10_000
+/** The same for a job with GPU workers (webgpu compiles kernels on first use, holding the event loop). */
+export const GPU_WORKER_DEAD_AFTER_MS = 30_000
 
 /** Silence after which a node (its agent beats every 500 ms) is dead in the cluster view. */
 export const NODE_DEAD_AFTER_MS = 2_500

@@ -12,7 +12,7 @@ import * as path from "node:path"
 import { nuid } from "@nats-io/nats-core"
 import { Result as R } from "effect"
 import { ConfigError, NatsUnavailable } from "../../core/errors.ts"
-import { DEADLINE_WARMUP_STEPS, PLACEMENT_TIMEOUT_MS } from "../../core/defaults.ts"
+import { DEADLINE_WARMUP_STEPS, GPU_WORKER_DEAD_AFTER_MS, PLACEMENT_TIMEOUT_MS } from "../../core/defaults.ts"
 import { HeartbeatDeadline } from "../../collectives/deadlines.ts"
 import { watchBus, type BusMonitor } from "../../core/bus-monitor.ts"
 import { describeConnection, hasCredentials, redactConnection } from "../../core/connection-spec.ts"
@@ -440,8 +440,10 @@ export class Trainer {
       node: "driver",
       log: verbose ? stderrLogger(`${job}/driver`) : silentLogger
     })
-    // Workers' heartbeat deadline, from the step times they report (collectives/deadlines.ts).
-    const heartbeats = new HeartbeatDeadline()
+    // Workers' heartbeat deadline, from the step times they report (collectives/deadlines.ts). GPU
+    // workers get a longer floor: webgpu compiles each kernel's pipeline on its first use, holding
+    // the worker's event loop (seconds a kernel on a software adapter), before any step is reported.
+    const heartbeats = new HeartbeatDeadline(cfg.scaling.useGpu !== undefined && cfg.scaling.useGpu !== false ? { floorMs: GPU_WORKER_DEAD_AFTER_MS } : {})
     let heartbeatSaid: number | undefined
     const group = new WorkerGroup(system, () => heartbeats.current().ms, verbose)
     let controllerActor: ActorHandle | undefined
