@@ -1,8 +1,8 @@
 // Every layer @tensorflow/tfjs-layers exports trains on the webgpu backend too, run on a software
 // adapter (the SwiftShader Vulkan driver of Debian's chromium package, support/swiftshader.ts), so
 // the GPU code path is checked on every machine. A child process (started with that driver's
-// environment; Dawn may also crash or block inside a driver) takes three Adam steps per layer case
-// on webgpu, reading only asynchronously, and compares every weight's gradient with the wasm
+// environment; Dawn may also crash or block inside a driver) takes an Adam step per layer case on
+// webgpu, reading only asynchronously, and compares every weight's gradient after it with the wasm
 // backend's from the same weights and batch, or with finite differences where wasm-layer-coverage
 // does too. One layer cannot run in Node on webgpu: tfjs-layers' categoryEncoding checks its input's
 // range with a synchronous read, which needs OffscreenCanvas; the test pins that down, so a tfjs
