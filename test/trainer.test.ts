@@ -25,6 +25,8 @@ afterAll(async () => {
   expect(liveNatsServerPids()).toEqual([])
 })
 
+/** 4 workers unless `extra.scalingConfig` says otherwise: the tests of one failure use as few as the
+ * failure needs (each worker is a process loading tfjs, seconds of CPU on a loaded 2-core machine). */
 const fit = (name: string, loopConfig: Record<string, unknown>, extra: Record<string, unknown> = {}): Promise<Result> =>
   new Trainer({
     trainLoopPerWorker: LOOP,
@@ -78,8 +80,10 @@ describe("Trainer", () => {
   })
 
   it("gives up past maxFailures and says which rank failed and why", async () => {
-    const e = await fitFails("always-dies", { epochs: 4, fail: { how: "kill", rank: 1, epoch: 1, attempt: -1 } }, {
-      runConfig: { failureConfig: { maxFailures: 1, recoverFrom: "checkpoint" } }
+    // (2 epochs: every attempt dies in the second)
+    const e = await fitFails("always-dies", { epochs: 2, fail: { how: "kill", rank: 1, epoch: 1, attempt: -1 } }, {
+      runConfig: { failureConfig: { maxFailures: 1, recoverFrom: "checkpoint" } },
+      scalingConfig: { numWorkers: 2 }
     })
     expect(e.rank).toBe(1)
     expect(e.message).toMatch(/rank 1/)
@@ -92,14 +96,15 @@ describe("Trainer", () => {
   })
 
   it("brings a user exception back with its remote stack trace", async () => {
-    const e = await fitFails("throws", { epochs: 3, fail: { how: "throw", rank: 3, epoch: 1 } })
+    const e = await fitFails("throws", { epochs: 2, fail: { how: "throw", rank: 1, epoch: 1 } }, { scalingConfig: { numWorkers: 2 } })
     expect(e.remoteTag).toBe("RangeError")
-    expect(e.message).toContain("injected failure on rank 3")
+    expect(e.rank).toBe(1)
+    expect(e.message).toContain("injected failure on rank 1")
     expect(e.remoteStack).toContain("examples/digits/train.ts")
   })
 
   it("names a stalled rank when the others' collectives time out waiting for it", async () => {
-    const e = await fitFails("stalls", { epochs: 3, fail: { how: "hang", rank: 2, epoch: 1 } }, { collectiveConfig: { timeoutMs: 3_000 } })
+    const e = await fitFails("stalls", { epochs: 2, fail: { how: "hang", rank: 2, epoch: 1 } }, { collectiveConfig: { timeoutMs: 3_000 }, scalingConfig: { numWorkers: 3 } })
     expect(e.rank).toBe(2)
     expect(e.message).toMatch(/rank 2 stopped taking part in collectives/)
     // An explicit timeoutMs is used as given, not derived.
@@ -109,7 +114,7 @@ describe("Trainer", () => {
   it("names a hung rank within the collective deadline derived from the measured steps, not the fixed default", async () => {
     // No collectiveConfig.timeoutMs: after the warm-up steps of epoch 0 the deadline is 2 x the
     // median step + the floor. Rank 2 then stays alive (heartbeating) but out of the collectives.
-    const e = await fitFails("hangs", { epochs: 3, fail: { how: "hang", rank: 2, epoch: 1 } })
+    const e = await fitFails("hangs", { epochs: 2, fail: { how: "hang", rank: 2, epoch: 1 } }, { scalingConfig: { numWorkers: 3 } })
     expect(e.rank).toBe(2)
     expect(e.message).toMatch(/rank 2 stopped taking part in collectives/)
     // The failure says the deadline and how it was derived.
@@ -128,17 +133,18 @@ describe("Trainer", () => {
   })
 
   it("detects ranks that call report() a different number of times instead of deadlocking", async () => {
-    const e = await fitFails("uneven", { epochs: 2, fail: { how: "extra-report", rank: 0, epoch: 1 } })
+    const e = await fitFails("uneven", { epochs: 2, fail: { how: "extra-report", rank: 0, epoch: 1 } }, { scalingConfig: { numWorkers: 2 } })
     expect(e.kind).toBe("report-mismatch")
     expect(e.message).toMatch(/same number of times/)
   })
 
   it("resumes a run with the same name and storage path from its last checkpoint", async () => {
-    const first = await fit("resumable", { epochs: 2 })
-    expect(first.metricsHistory.map((m) => m.epoch)).toEqual([0, 1])
-    const second = await fit("resumable", { epochs: 4 })
-    expect(second.metricsHistory.map((m) => m.epoch)).toEqual([2, 3])
-    expect(second.checkpoint?.path).toMatch(/checkpoint_000003$/)
+    const two = { scalingConfig: { numWorkers: 2 } }
+    const first = await fit("resumable", { epochs: 1 }, two)
+    expect(first.metricsHistory.map((m) => m.epoch)).toEqual([0])
+    const second = await fit("resumable", { epochs: 3 }, two)
+    expect(second.metricsHistory.map((m) => m.epoch)).toEqual([1, 2])
+    expect(second.checkpoint?.path).toMatch(/checkpoint_000002$/)
   })
 
   it("rejects bad configs before starting anything", async () => {
