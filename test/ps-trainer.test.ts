@@ -35,7 +35,8 @@ const lastAccuracy = (r: Result): number => r.metrics!.val_accuracy as number
 // past vitest's 60 s default, so the longest have their own timeout.
 describe("parameter servers in the Trainer", () => {
   it("sync servers train like the all-reduce: the same weights after the same steps", async () => {
-    const cfg = { epochs: 2, optimizer: "sgd", learningRate: 0.1 }
+    // (one epoch: ~15 steps per rank, each of which must match)
+    const cfg = { epochs: 1, optimizer: "sgd", learningRate: 0.1 }
     const ar = await fit("ps-ref", cfg, { algorithm: "ring" })
     const ps = await fit("ps-sync", cfg, { strategy: "parameter-server", parameterServer: { numServers: 2, mode: "sync" } })
     expect(sameWeights(ps)).toBe(true)
@@ -108,7 +109,7 @@ describe("parameter servers in the Trainer", () => {
   it("a killed server restarts the job from the checkpoint, and its state resumes at another number of servers", async () => {
     // kill -9 of the first generation's server 1 after the first report round.
     let killed: number | undefined
-    const r = await fit("ps-kill", { epochs: 3 }, { strategy: "parameter-server", parameterServer: { numServers: 2 } }, {
+    const r = await fit("ps-kill", { epochs: 2 }, { strategy: "parameter-server", parameterServer: { numServers: 2 } }, {
       runConfig: {
         failureConfig: { maxFailures: 1 },
         callbacks: [
@@ -126,9 +127,10 @@ describe("parameter servers in the Trainer", () => {
     expect(r.restarts).toBe(1)
     const events = await readEvents(r.path)
     expect(events.find((e) => e.type === "failure")).toMatchObject({ failure: { tag: "ServerDown" } })
-    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2])
-    const again = await fit("ps-kill", { epochs: 5 }, { strategy: "parameter-server", parameterServer: { numServers: 3 } }, { workers: 2 })
-    expect(again.metricsHistory.map((m) => m.epoch)).toEqual([3, 4])
+    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1])
+    // (0.942 after these 4 epochs, measured)
+    const again = await fit("ps-kill", { epochs: 4 }, { strategy: "parameter-server", parameterServer: { numServers: 3 } }, { workers: 2 })
+    expect(again.metricsHistory.map((m) => m.epoch)).toEqual([2, 3])
     expect(lastAccuracy(again)).toBeGreaterThan(0.9)
     expect(await fs.readdir(again.checkpoint!.path)).toEqual(expect.arrayContaining([0, 1, 2].map((k) => `ps.shard-${k}-of-3.msgpack`)))
   })
