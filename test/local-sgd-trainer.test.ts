@@ -44,14 +44,15 @@ describe("local SGD in the Trainer", () => {
 describe("local SGD with DiLoCo's outer Nesterov", () => {
   it("converges at H = 8 with int8 deltas, checkpoints the outer state with the residuals, and resumes from it", async () => {
     const outer = { strategy: "local-sgd", localSgd: { syncEvery: 8, compression: { type: "int8" } } }
-    const first = await fit("lsgd-h8", { epochs: 4 }, outer)
+    // 3 epochs, then 1 more resumed: 0.930 and 0.942 (measured), the all-reduce's 0.947 after 4
+    const first = await fit("lsgd-h8", { epochs: 3 }, outer)
     const m = first.metricsPerRank.at(-1)!
     const steps = m[0]!["localsgd/inner_steps"] as number
     console.log(
-      `digits val_accuracy after 4 epochs: local SGD H=8 int8 ${lastAccuracy(first)} (the all-reduce: about 0.947); ` +
+      `digits val_accuracy after 3 epochs: local SGD H=8 int8 ${lastAccuracy(first)}; ` +
         `rank 0 sent ${m[0]!["localsgd/wire_bytes"]} B in ${m[0]!["localsgd/rounds"]} rounds over ${steps} steps (dense ${m[0]!["localsgd/dense_bytes"]} B)`
     )
-    expect(first.metricsHistory.map((x) => x.epoch)).toEqual([0, 1, 2, 3])
+    expect(first.metricsHistory.map((x) => x.epoch)).toEqual([0, 1, 2])
     expect(lastAccuracy(first)).toBeGreaterThan(0.9)
     for (const r of m) {
       // one round per 8 steps, and int8 sends a byte per element (plus a scale per block)
@@ -63,12 +64,12 @@ describe("local SGD with DiLoCo's outer Nesterov", () => {
     const residuals = await fs.readdir(path.join(first.checkpoint!.path, "gradwire"), { recursive: true })
     expect(residuals).toEqual(expect.arrayContaining([0, 1, 2].map((rank) => path.join(`rank-${rank}`, "reducer-state.msgpack"))))
 
-    const again = await fit("lsgd-h8", { epochs: 6 }, outer)
-    expect(again.metricsHistory.map((x) => x.epoch)).toEqual([4, 5])
+    const again = await fit("lsgd-h8", { epochs: 4 }, outer)
+    expect(again.metricsHistory.map((x) => x.epoch)).toEqual([3])
     const n = again.metricsPerRank.at(-1)![0]!
     // the step clock and the rounds went on from the checkpoint's
-    expect(n["localsgd/inner_steps"]).toBe((steps * 6) / 4)
-    expect(n["localsgd/rounds"]).toBe(Math.floor((steps * 6) / 4 / 8))
+    expect(n["localsgd/inner_steps"]).toBe((steps * 4) / 3)
+    expect(n["localsgd/rounds"]).toBe(Math.floor((steps * 4) / 3 / 8))
     expect(lastAccuracy(again)).toBeGreaterThan(0.9)
   })
 
