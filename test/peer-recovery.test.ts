@@ -30,12 +30,12 @@ afterAll(async () => {
 
 type Progress = { attempt: number; rank: number; epoch: number; step: number }
 
-/** 4 workers, 5 epochs of 12 steps; rank 2 is killed after step 6 of epoch 2 in the first generation. */
-const killedMidEpoch = async (name: string, recoverFrom: "peers" | "checkpoint"): Promise<{ r: Result; progress: Progress[] }> => {
+/** 4 workers, `epochs` epochs of 12 steps; rank 2 is killed after step 6 of epoch 2 in the first generation. */
+const killedMidEpoch = async (name: string, recoverFrom: "peers" | "checkpoint", epochs = 5): Promise<{ r: Result; progress: Progress[] }> => {
   const progress: Progress[] = []
   const r = await new Trainer({
     trainLoopPerWorker: DIGITS,
-    trainLoopConfig: { epochs: 5, fail: { how: "kill", rank: 2, epoch: 2, step: 6 } },
+    trainLoopConfig: { epochs, fail: { how: "kill", rank: 2, epoch: 2, step: 6 } },
     scalingConfig: { numWorkers: 4 },
     runConfig: {
       name,
@@ -69,8 +69,9 @@ describe("recovery from surviving peers", () => {
   })
 
   it("for comparison, recoverFrom 'checkpoint' goes back to the start of the epoch", async () => {
-    const { r, progress } = await killedMidEpoch("checkpoint-mid-epoch", "checkpoint")
-    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4])
+    // (3 epochs: no accuracy compared here, only where the replacement generation starts)
+    const { r, progress } = await killedMidEpoch("checkpoint-mid-epoch", "checkpoint", 3)
+    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2])
     expect(sameWeights(r)).toBe(true)
     expect((await events(r.path)).find((e) => e.type === "restart")).toMatchObject({ recovery: "checkpoint" })
     const after = progress.filter((p) => p.attempt === 1)
@@ -123,7 +124,7 @@ describe("recovery from surviving peers", () => {
   it("a loop that does not resume the way it ran cannot be replayed to the survivors: the group restarts from the checkpoint", async () => {
     const r = await new Trainer({
       trainLoopPerWorker: MISALIGNED,
-      trainLoopConfig: { epochs: 4, kill: { rank: 1, epoch: 2, step: 4 } },
+      trainLoopConfig: { epochs: 3, kill: { rank: 1, epoch: 2, step: 4 } },
       scalingConfig: { numWorkers: 3 },
       runConfig: { name: "misaligned", storagePath: storage, progress: false, failureConfig: { maxFailures: 1 } },
       datasets: { train }
