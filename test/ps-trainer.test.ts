@@ -171,8 +171,8 @@ describe("parameter servers in the Trainer", () => {
     expect(worst[1]!).toBeGreaterThan(Math.max(worst[0]!, worst[2]!))
     // Its checkpoints hold the servers' state; a resume (on the all-reduce, as auto starts) takes it.
     expect(await fs.readdir(slow.checkpoint!.path)).toEqual(expect.arrayContaining(["ps.shard-0-of-1.msgpack"]))
-    const resumed = await autoRun("auto-straggler", { "1": 2 }, 6)
-    expect(resumed.metricsHistory.map((m) => m.epoch)).toEqual([4, 5])
+    const resumed = await autoRun("auto-straggler", { "1": 2 }, 5)
+    expect(resumed.metricsHistory.map((m) => m.epoch)).toEqual([4])
     expect(resumed.metricsHistory[0]!.loss as number).toBeLessThan((slow.metricsHistory[0]!.loss as number) * 0.9)
   })
 
