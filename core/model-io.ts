@@ -98,6 +98,9 @@ export const optimizerToFile = async (optimizer: Optimizer): Promise<Uint8Array>
   const entries = await Promise.all(
     weights.map(async (w) => ({ name: w.name, shape: [...w.tensor.shape], dtype: w.tensor.dtype, data: await w.tensor.data() }))
   )
+  // getWeights() makes a fresh step-count scalar ("iter") at every call; the rest are the
+  // optimizer's own variables. Without this every checkpoint and state-parity check kept one.
+  for (const w of weights) if (w.name === "iter" && !w.tensor.isDisposed) w.tensor.dispose()
   return encodeMessage({ optimizer: optimizer.getClassName(), weights: entries })
 }
 

@@ -44,7 +44,12 @@ describe("optimizer state files", () => {
     const a = make()
     await a.fit(x, y, { epochs: 3, batchSize: 8, verbose: 0 })
     const weights = await toFiles(tf, a)
+    const before = tf.memory().numTensors
     const opt = await optimizerToFile(a.optimizer)
+    // Saving leaves no tensor behind (getWeights() makes a fresh step-count scalar each call).
+    expect(tf.memory().numTensors).toBe(before)
+    await optimizerToFile(a.optimizer)
+    expect(tf.memory().numTensors).toBe(before)
     // b continues from a's checkpoint (weights + optimizer); c only from the weights.
     const b = make()
     const c = make()

@@ -50,7 +50,7 @@ const killedMidEpoch = async (name: string, recoverFrom: "peers" | "checkpoint",
 }
 
 describe("recovery from surviving peers", () => {
-  it("a worker killed mid-epoch costs the step in flight: the survivors and a replacement go on from there", async () => {
+  it("a worker killed mid-epoch costs the step in flight: the survivors and a replacement go on from there", { timeout: 150_000 }, async () => {
     const { r, progress } = await killedMidEpoch("peers-mid-epoch", "peers")
     expect(r.restarts).toBe(1)
     expect(r.countedFailures).toBe(1)
@@ -68,7 +68,7 @@ describe("recovery from surviving peers", () => {
     expect(after[0].step).toBeGreaterThanOrEqual(7)
   })
 
-  it("for comparison, recoverFrom 'checkpoint' goes back to the start of the epoch", async () => {
+  it("for comparison, recoverFrom 'checkpoint' goes back to the start of the epoch", { timeout: 150_000 }, async () => {
     // (3 epochs: no accuracy compared here, only where the replacement generation starts)
     const { r, progress } = await killedMidEpoch("checkpoint-mid-epoch", "checkpoint", 3)
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2])
@@ -79,7 +79,7 @@ describe("recovery from surviving peers", () => {
     expect(after[0].step).toBeLessThan(7)
   })
 
-  it("a hand-written trainStep loop: the survivors go on from the step in flight and a replacement replays the loop to them", async () => {
+  it("a hand-written trainStep loop: the survivors go on from the step in flight and a replacement replays the loop to them", { timeout: 150_000 }, async () => {
     const r = await new Trainer({
       trainLoopPerWorker: STEP_LOOP,
       trainLoopConfig: { epochs: 4, kill: { rank: 1, epoch: 1, step: 5 } },
@@ -100,7 +100,7 @@ describe("recovery from surviving peers", () => {
     expect(log).toMatch(/joined the survivors after 1 report\(\) calls and 6 steps/)
   })
 
-  it("state parity: a rank whose weights drifted is noticed at the next report round and takes rank 0's state; without the check it stays apart", async () => {
+  it("state parity: a rank whose weights drifted is noticed at the next report round and takes rank 0's state; without the check it stays apart", { timeout: 150_000 }, async () => {
     const run = (name: string, parityEvery?: number) =>
       new Trainer({
         trainLoopPerWorker: STEP_LOOP,
@@ -121,7 +121,7 @@ describe("recovery from surviving peers", () => {
     expect((await events(unchecked.path)).filter((e) => e.type === "parity-repair")).toEqual([])
   })
 
-  it("a loop that does not resume the way it ran cannot be replayed to the survivors: the group restarts from the checkpoint", async () => {
+  it("a loop that does not resume the way it ran cannot be replayed to the survivors: the group restarts from the checkpoint", { timeout: 150_000 }, async () => {
     const r = await new Trainer({
       trainLoopPerWorker: MISALIGNED,
       trainLoopConfig: { epochs: 3, kill: { rank: 1, epoch: 2, step: 4 } },
