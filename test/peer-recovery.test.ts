@@ -101,15 +101,21 @@ describe("recovery from surviving peers", () => {
   })
 
   it("state parity: a rank whose weights drifted is noticed at the next report round and takes rank 0's state; without the check it stays apart", { timeout: 150_000 }, async () => {
-    const run = (name: string, parityEvery?: number) =>
+    const run = (name: string, parityEvery?: number, zeroStage?: 2) =>
       new Trainer({
         trainLoopPerWorker: STEP_LOOP,
         trainLoopConfig: { epochs: 3, corrupt: { rank: 1, epoch: 1 } },
         scalingConfig: { numWorkers: 3 },
         runConfig: { name, storagePath: storage, progress: false, ...(parityEvery !== undefined ? { failureConfig: { parityEvery } } : {}) },
+        ...(zeroStage !== undefined ? { collectiveConfig: { zeroStage } } : {}),
         datasets: { train, test }
       }).fit()
     const [checked, unchecked] = [await run("parity-on"), await run("parity-off", 0)]
+    // With ZeRO (each rank holds its own optimizer shard) the weights are compared and repaired.
+    const zero = await run("parity-zero", undefined, 2)
+    expect(new Set(zero.metricsPerRank[1]!.map((m) => m.weights)).size).toBe(2)
+    expect(sameWeights(zero)).toBe(true)
+    expect((await events(zero.path)).filter((e) => e.type === "parity-repair")).toMatchObject([{ round: 1, ranks: [1] }])
     // The drifted round itself (its weights were hashed before report()) differs; the next is whole again.
     expect(new Set(checked.metricsPerRank[1]!.map((m) => m.weights)).size).toBe(2)
     expect(sameWeights(checked)).toBe(true)

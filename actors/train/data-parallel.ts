@@ -642,7 +642,8 @@ export class DataParallelModel implements RecoverableModel {
   /**
    * A digest of the state every rank of a synchronous group holds alike: trainable weights,
    * optimizer state and step counter; with ZeRO the weights only (each rank holds its own optimizer
-   * shard). Four 16-bit numbers of a SHA-256, exact as float32 on any wire. Undefined where ranks
+   * shard). Four 16-bit numbers of a SHA-256: integers, exact in float32, and no NaN bit patterns for
+   * a copy to canonicalise. Undefined where ranks
    * legitimately differ: local SGD between rounds, parameter servers (async, SSP), a strategy
    * chosen at run time. Non-trainable weights (batch-norm statistics, computed on each rank's own
    * batches) are not in it: syncBuffers() gives every rank rank 0's.
@@ -663,35 +664,17 @@ export class DataParallelModel implements RecoverableModel {
    * has none, or its ranks are not replicas.
    */
   async syncBuffers(broadcast: (buf: Float32Array) => Promise<void>): Promise<void> {
-    const buffers = this.model.nonTrainableWeights
-    if (buffers.length === 0 || !this.#replicated) return
-    const tf = this.#tf
-    const values = await Promise.all(buffers.map((w) => w.read().data() as Promise<Float32Array>))
-    const buf = new Float32Array(values.reduce((n, v) => n + v.length, 0))
-    let off = 0
-    for (const v of values) {
-      buf.set(v, off)
-      off += v.length
-    }
-    await broadcast(buf)
-    off = 0
-    for (const w of buffers) {
-      const size = w.shape.reduce<number>((a, b) => a * (b ?? 1), 1)
-      const t = tf.tensor(buf.subarray(off, off + size), w.shape as number[], w.dtype)
-      off += t.size
-      w.write(t)
-      t.dispose()
-    }
+    if (this.#replicated) await this.#takeRankZeroValues(this.model.nonTrainableWeights, broadcast)
   }
 
   /**
    * Every rank takes rank 0's state (all ranks call it; `broadcast` sends rank 0's buffer to the
-   * others): its snapshot, as 16-bit numbers (exact on any wire), then adopted by every rank, rank 0
+   * others): its snapshot's bytes, two to a float32 (16-bit integers: exact, no NaN patterns), then adopted by every rank, rank 0
    * included, as after a regroup; with ZeRO its weights.
    */
   async takeRankZeroState(broadcast: (buf: Float32Array) => Promise<void>): Promise<void> {
     if (this.#zero) {
-      await this.syncWeights()
+      await this.#takeRankZeroValues(this.model.weights, broadcast)
       return
     }
     const rank0 = this.#sync.rank === 0
@@ -735,24 +718,32 @@ export class DataParallelModel implements RecoverableModel {
   /** Broadcasts rank 0's weights (trainable and not, e.g. batch-norm statistics) to every rank. */
   async syncWeights(): Promise<void> {
     if (this.#sync.worldSize === 1) return
+    await this.#takeRankZeroValues(this.model.weights, async (buf) => {
+      const t0 = performance.now()
+      await this.#sync.broadcast(buf)
+      this.#observer?.wait?.("broadcast weights from rank 0", t0, performance.now())
+    })
+  }
+
+  /**
+   * Gives `vars` (the same variables on every rank) rank 0's values: concatenated on the engine and
+   * read once, sent by `broadcast` (rank 0's buffer to the others), written back in place.
+   */
+  async #takeRankZeroValues(vars: LayersModel["weights"], broadcast: (buf: Float32Array) => Promise<void>): Promise<void> {
+    if (vars.length === 0) return
     const tf = this.#tf
-    const weights = this.model.getWeights()
-    const flat = tf.tidy(() => tf.concat(weights.map((w) => w.reshape([-1]))))
+    const flat = tf.tidy(() => tf.concat(vars.map((v) => v.read().reshape([-1]))))
     const buf = (await flat.data()) as Float32Array
     flat.dispose()
-    const t0 = performance.now()
-    await this.#sync.broadcast(buf)
-    this.#observer?.wait?.("broadcast weights from rank 0", t0, performance.now())
-    const restored = tf.tidy(() => {
+    await broadcast(buf)
+    tf.tidy(() => {
       let off = 0
-      return weights.map((w) => {
-        const t = tf.tensor(buf.subarray(off, off + w.size), w.shape, w.dtype)
-        off += w.size
-        return t
-      })
+      for (const v of vars) {
+        const size = v.read().size
+        v.write(tf.tensor(buf.subarray(off, off + size), v.read().shape, v.dtype))
+        off += size
+      }
     })
-    this.model.setWeights(restored)
-    for (const t of restored) t.dispose()
   }
 
   /**
@@ -793,10 +784,7 @@ export class DataParallelModel implements RecoverableModel {
     const recovery = this.#sync.recovery
     // A rank joining survivors replays a hand-written loop from the checkpoint: the steps they made
     // already are skipped (loss NaN, no samples), and at their position it takes their state.
-    if (recovery?.joinTarget && !this.#inFit) {
-      if (options.accumulate) return { loss: Number.NaN, samples: 0 }
-      if ((await recovery.replayStep()) === "skip") return { loss: Number.NaN, samples: 0 }
-    }
+    if (recovery?.joinTarget && !this.#inFit && (options.accumulate || (await recovery.replayStep()) === "skip")) return { loss: Number.NaN, samples: 0 }
     if (options.accumulate) return this.#accumulateStep(x, y)
     this.#inStep = true
     try {
