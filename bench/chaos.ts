@@ -39,6 +39,7 @@ import { fileURLToPath } from "node:url"
 import { Trainer, loadDigits, trainTestSplit, type ArrayDataset, type CollectiveConfig } from "../index.ts"
 import { liveNatsServerPids } from "../core/nats-server.ts"
 import { seededRng, type Rng } from "../core/random.ts"
+import { median } from "../scheduler/cost-model.ts"
 import { workerPids, killQuietly } from "../test/support/chaos.ts"
 import { readPositions } from "../test/support/positions.ts"
 
@@ -97,11 +98,6 @@ interface RunResult {
   readonly restarts: number
 }
 
-const median = (xs: ReadonlyArray<number>): number => {
-  if (!xs.length) return NaN
-  const s = [...xs].sort((a, b) => a - b)
-  return s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2
-}
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
 
 /** The process state letter from /proc (R, S, D, T, Z, ...), or undefined when it is gone. */

@@ -200,10 +200,10 @@ export class TrainContext {
     session.reported()
     // A rank joining a regrouped generation replays the loop: the survivors made these already.
     if (session.skipReport(index)) return
-    // A pipeline's checkpoint is every rank's: rank 0's carries the layout and metadata, the other
-    // ranks' stage shards join it as files of their own.
     const parity = await this.#parity(index)
     if (parity !== undefined && parity.length > 0) metrics = { ...metrics, [PARITY_METRIC]: parity.length, [`${PARITY_METRIC}_ranks`]: parity.join(" ") }
+    // A pipeline's checkpoint is every rank's: rank 0's carries the layout and metadata, the other
+    // ranks' stage shards join it as files of their own.
     const c = options.checkpoint
     if (c && this.worldRank !== 0 && Object.keys(c.files).some((f) => f.startsWith("pipeline/"))) {
       const aux: Record<string, Uint8Array> = {}

@@ -351,12 +351,12 @@ export class Trainer {
       progress.report(index, metrics[0])
       const repaired = metrics[0]?.[PARITY_METRIC]
       if (typeof repaired === "number" && repaired > 0) {
-        const ranks = String(metrics[0]?.[`${PARITY_METRIC}_ranks`] ?? "")
-        incident("parity", `report round ${index}: the weights or optimizer state of rank(s) ${ranks.split(" ").join(", ")} differed from rank 0's; they took rank 0's`, {
+        const ranks = String(metrics[0]?.[`${PARITY_METRIC}_ranks`] ?? "").split(" ").map(Number)
+        incident("parity", `report round ${index}: the weights or optimizer state of rank(s) ${ranks.join(", ")} differed from rank 0's; they took rank 0's`, {
           type: "parity-repair",
           attempt: round.attempt,
           round: index,
-          ranks: ranks.split(" ").map(Number)
+          ranks
         })
       }
       void callbacks("onReport", (cb) => cb.onReport?.({ index, metrics: metrics[0], perRank: metrics }))
