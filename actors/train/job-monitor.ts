@@ -12,6 +12,8 @@ import { decodeMessage } from "../../core/wire.ts"
 import type { Incident } from "./observe/report-html.ts"
 import {
   ENDED_STATES,
+  JOBS_KEPT,
+  JOBS_KEPT_MS,
   decodeJson,
   encodeJson,
   numericMetrics,
@@ -34,9 +36,6 @@ const KV_EVERY_MS = 5_000
 const CHANGED_EVERY_MS = 250
 /** Curves are batched for this long. */
 const TELEMETRY_EVERY_MS = 500
-/** Ended jobs stay in the KV bucket this long, and at most this many (the oldest go first). */
-export const JOBS_KEPT_MS = 7 * 24 * 3600_000
-export const JOBS_KEPT = 1_000
 /** Points kept per rank for late joiners (older ones are thinned out, every other one dropped). */
 const POINTS_PER_RANK = 1_500
 const REPORTS_KEPT = 2_000

@@ -8,6 +8,10 @@ import type { Incident } from "./observe/report-html.ts"
 
 export type JobState = "starting" | "scheduling" | "running" | "restarting" | "resizing" | "finished" | "failed" | "interrupted"
 
+/** Ended jobs stay in the jobs KV bucket this long, and at most this many (the oldest go first). */
+export const JOBS_KEPT_MS = 7 * 24 * 3600_000
+export const JOBS_KEPT = 1_000
+
 export const ENDED_STATES: ReadonlySet<JobState> = new Set(["finished", "failed", "interrupted"])
 
 /** A rank's live figures: the latest step, recent rates, and totals over the whole job (every attempt). */

@@ -12,7 +12,7 @@ import { IterableStream, isRowSource, type IterablePosition, type RowSource } fr
 import { isFileDatasetSpec } from "../../core/data/file-spec.ts"
 import { resolveFileDataset, type ResolvedDataset } from "../../core/data/resolve.ts"
 import type { DataPosition } from "../../core/data/plan.ts"
-import type { DatasetPayload } from "./train-protocol.ts"
+import { PARITY_METRIC, type DatasetPayload } from "./train-protocol.ts"
 import { loadWeightsInto, modelToFiles } from "../../core/model-io.ts"
 import type { Communicator } from "../../collectives/communicator.ts"
 import type { ReducerStats } from "../../collectives/gradient-reducer.ts"
@@ -41,8 +41,6 @@ export interface ReportOptions {
 
 /** A checkpoint's file with the positions of the streamed datasets (for a resume mid-epoch). */
 export const DATA_POSITION_FILE = "gradwire/data-position.json"
-/** A report round's metric when state parity repaired ranks: how many (and `<name>_ranks`: which). */
-export const PARITY_METRIC = "gradwire/parity_repaired"
 
 /** What ctx.getDatasetShard() gives: in-memory rows, a file dataset's stream, or a worker-side loader's. */
 export type Shard = DatasetShard | FileStream | IterableStream

@@ -8,6 +8,9 @@ import { TrainingStrategySchema } from "../../core/config.ts"
 const Bytes = Schema.instanceOf(Uint8Array<ArrayBufferLike>)
 const Metrics = Schema.Record(Schema.String, Schema.Unknown)
 
+/** A report round's metric when state parity repaired ranks: how many (and `<name>_ranks`: which). */
+export const PARITY_METRIC = "gradwire/parity_repaired"
+
 export const CheckpointPayload = Schema.Struct({
   files: Schema.Record(Schema.String, Bytes),
   metadata: Schema.Record(Schema.String, Schema.Unknown)

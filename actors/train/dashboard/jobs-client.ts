@@ -6,7 +6,7 @@ import type { NatsConnection } from "@nats-io/nats-core"
 import { openKvBucket } from "../../../core/jetstream-kv.ts"
 import { clusterSubjects, jobSubjects } from "../../../core/subjects.ts"
 import { decodeMessage } from "../../../core/wire.ts"
-import { JOBS_KEPT_MS } from "../job-monitor.ts"
+import { JOBS_KEPT_MS } from "../job-telemetry.ts"
 import {
   ENDED_STATES,
   decodeJson,
