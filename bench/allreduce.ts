@@ -34,6 +34,7 @@ import { allReduceAlgorithms, allReduceAlgorithmNames, findAllReduceAlgorithm } 
 import type { TransportInfo } from "../collectives/communicator.ts"
 import { RankFleet } from "../test/support/collectives-fleet.ts"
 import type { Star } from "../test/support/netns.ts"
+import { median } from "../scheduler/cost-model.ts"
 
 const KiB = 1024
 const MiB = 1024 * KiB
@@ -47,12 +48,6 @@ const parseSize = (s: string): number => {
 
 const fmtSize = (b: number): string => (b >= MiB ? `${b / MiB} MiB` : `${b / KiB} KiB`)
 const fmtMs = (ms: number): string => (ms >= 100 ? ms.toFixed(0) : ms >= 10 ? ms.toFixed(1) : ms.toFixed(2))
-
-const median = (xs: ReadonlyArray<number>): number => {
-  const s = [...xs].sort((a, b) => a - b)
-  const m = s.length >> 1
-  return s.length === 0 ? NaN : s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2
-}
 
 interface Args {
   readonly ps: number[]

@@ -9,6 +9,7 @@ import { spawn } from "node:child_process"
 import { fileURLToPath } from "node:url"
 import { launchNatsServer } from "../core/nats-server.ts"
 import { allReduceAlgorithmNames } from "../collectives/algorithms/index.ts"
+import { median } from "../scheduler/cost-model.ts"
 
 const KiB = 1024
 const MiB = 1024 * KiB
@@ -21,7 +22,6 @@ const parseSize = (s: string): number => {
 }
 const fmtSize = (b: number): string => (b >= MiB ? `${b / MiB} MiB` : `${b / KiB} KiB`)
 const fmtMs = (ms: number): string => (ms >= 100 ? ms.toFixed(0) : ms >= 10 ? ms.toFixed(1) : ms.toFixed(2))
-const median = (xs: readonly number[]): number => [...xs].sort((a, b) => a - b)[xs.length >> 1]!
 
 const runRank = (args: object, timeoutMs: number): Promise<string> =>
   new Promise((resolve, reject) => {

@@ -3,15 +3,10 @@
 // Figures are medians; compare the ratios, not the absolute GB/s, across machines.
 import { BufferPool, Reassembler, encodeFrames, splitMessage } from "../core/chunking.ts"
 import { type WireTensor, decodeMessage, encodeMessage, wireTensor } from "../core/wire.ts"
+import { median } from "../scheduler/cost-model.ts"
 
 const MiB = 1024 * 1024
 const CHUNK = 1 * MiB
-
-const median = (xs: Array<number>): number => {
-  const s = [...xs].sort((a, b) => a - b)
-  const m = s.length >> 1
-  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2
-}
 
 /** Median milliseconds of `f` over `iterations` runs, after two warm-up runs. */
 const time = (iterations: number, f: () => unknown): number => {

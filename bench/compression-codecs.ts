@@ -17,6 +17,7 @@ import {
 import { Mulberry32 } from "../collectives/compression/rng.ts"
 import { halfFeedbackBits } from "../collectives/float16.ts"
 import { simdSpace } from "../collectives/simd.ts"
+import { median } from "../scheduler/cost-model.ts"
 
 export interface CodecFigure {
   readonly name: string
@@ -43,8 +44,6 @@ const EXTRA: ReadonlyArray<{ readonly label: string; readonly config: ResolvedCo
 ]
 
 const hasMessages = (c: Codec): c is Codec & Compressor => typeof (c as Partial<Compressor>).encode === "function"
-
-const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]
 
 const time = (f: () => void, reps: number): number => {
   f() // warm-up (JIT, scratch buffers)

@@ -42,6 +42,7 @@ import { runGloo, torchAvailable } from "./allreduce.ts"
 import { createStar, netnsUnavailable, startNatsIn, type Star } from "../test/support/netns.ts"
 import * as fs from "node:fs"
 import * as path from "node:path"
+import { median } from "../scheduler/cost-model.ts"
 
 const MiB = 1024 * 1024
 
@@ -122,12 +123,6 @@ const gradientSet = (mib: number): SlotSpec[] => {
   const cols = Math.min(1024, Math.max(1, Math.floor(Math.sqrt(each / 4))))
   const rows = Math.floor(each / cols)
   return [0, 1, 2, 3].map((i) => ({ name: `layer${i}/kernel`, shape: [rows, cols] }))
-}
-
-const median = (xs: ReadonlyArray<number>): number => {
-  const s = [...xs].sort((a, b) => a - b)
-  const m = s.length >> 1
-  return s.length === 0 ? NaN : s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2
 }
 
 const fmt = (x: number | undefined, digits = 1): string => (x === undefined || !Number.isFinite(x) ? "" : x.toFixed(digits))

@@ -24,15 +24,12 @@ import { resolveFileDataset } from "../core/data/resolve.ts"
 import { FileStream } from "../core/data/stream.ts"
 import { gatherRows, makeDataset, shardIndices } from "../core/datasets.ts"
 import { optionReader } from "./args.ts"
+import { median } from "../scheduler/cost-model.ts"
 
 const RUNNER = fileURLToPath(new URL("./data-run.ts", import.meta.url))
 const GiB = 2 ** 30
 const MiB = (b: number): string => (b / 2 ** 20).toFixed(0)
 const FEATURES = 64
-const median = (xs: ReadonlyArray<number>): number => {
-  const s = [...xs].sort((a, b) => a - b)
-  return s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2
-}
 
 /** A fast seeded generator of [0, 1) floats (xorshift32). */
 const rng = (seed: number) => {

@@ -29,6 +29,7 @@ import { launchNatsServer, liveNatsServerPids, type NatsServerProcess } from "..
 import { openNats } from "../core/connection.ts"
 import { openClusterView, type ClusterView } from "../scheduler/cluster-view.ts"
 import { workerPids, type Progress } from "../test/support/chaos.ts"
+import { median } from "../scheduler/cost-model.ts"
 
 const ROOT = fileURLToPath(new URL("../", import.meta.url))
 const CLI = path.join(ROOT, "bin", "gradwire.js")
@@ -60,11 +61,6 @@ interface Measure {
   readonly detectMs: number
   readonly resumeMs: number
   readonly lostSteps: number
-}
-
-const median = (xs: ReadonlyArray<number>): number => {
-  const s = [...xs].sort((a, b) => a - b)
-  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2
 }
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))

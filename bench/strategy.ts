@@ -39,6 +39,10 @@ import { Trainer, loadDigits, loadEngine, trainTestSplit, type ArrayDataset } fr
 import { buildModel } from "../examples/digits/model.ts"
 import type { StrategyLoopConfig, StrategyRankReport } from "../test/support/strategy-loop.ts"
 import { optionReader } from "./args.ts"
+import { median } from "../scheduler/cost-model.ts"
+
+/** The median of the finite values (NaN when none: a failed run gives NaN figures). */
+const finiteMedian = (xs: ReadonlyArray<number>): number => median(xs.filter((x) => Number.isFinite(x)))
 
 const LOOP = fileURLToPath(new URL("../test/support/strategy-loop.ts", import.meta.url)) + "#strategyLoop"
 
@@ -237,19 +241,13 @@ const soloPassMs = async (train: ArrayDataset, batch: number): Promise<{ ms: num
       for (let i = 0; i < 200; i++) pass()
       times.push((performance.now() - t0) / 200)
     }
-    return { ms: median(times), backend }
+    return { ms: finiteMedian(times), backend }
   } finally {
     tf.dispose([x, y])
     model.dispose()
   }
 }
 
-const median = (xs: ReadonlyArray<number>): number => {
-  const s = xs.filter((x) => Number.isFinite(x)).sort((a, b) => a - b)
-  if (s.length === 0) return Number.NaN
-  const m = s.length >> 1
-  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2
-}
 /** A cgroup (v1 cpu controller) whose processes share `cores` of CPU time: the straggler's real CPU limit. */
 async function cpuLimitGroup(cores: number): Promise<string> {
   const dir = `/sys/fs/cgroup/cpu/gradwire-bench-${process.pid}`
@@ -460,8 +458,8 @@ export async function run(argv: ReadonlyArray<string>): Promise<void> {
     const f1 = (x: number): string => (Number.isFinite(x) ? x.toFixed(1) : "-")
     for (const sc of scenarios) {
       const base = results.get(key(sc, strategies[0]!)) ?? []
-      const baseRate = median(base.map((x) => x.gradsPerS))
-      const baseAcc = median(base.map((x) => x.accuracy))
+      const baseRate = finiteMedian(base.map((x) => x.gradsPerS))
+      const baseAcc = finiteMedian(base.map((x) => x.accuracy))
       const gradients = epochs * Math.ceil(Math.floor(train.size / workers) / batch) * workers
       console.log(
         `${sc.title}${sc.slowFactor > 1 ? (cgroup ? ` (rank ${slowRank} limited to ${cpuShare} of a core)` : ` (rank ${slowRank} at ${1 + Math.round(sc.slowFactor - 1)}x compute)`) : ""}: ` +
@@ -475,17 +473,17 @@ export async function run(argv: ReadonlyArray<string>): Promise<void> {
         const failed = failures.get(key(sc, s)) ?? []
         for (const f of [...new Set(failed)]) console.log(`  ${s.name.padEnd(20)} FAILED ${failed.filter((x) => x === f).length} of ${repeats}: ${f.slice(0, 400)}`)
         if (rs.length === 0) continue
-        const rate = median(rs.map((x) => x.gradsPerS))
-        const acc = median(rs.map((x) => x.accuracy))
-        const perRank = Array.from({ length: workers }, (_, i) => median(rs.map((x) => x.rankStepsPerS[i]!)).toFixed(0)).join("/")
+        const rate = finiteMedian(rs.map((x) => x.gradsPerS))
+        const acc = finiteMedian(rs.map((x) => x.accuracy))
+        const perRank = Array.from({ length: workers }, (_, i) => finiteMedian(rs.map((x) => x.rankStepsPerS[i]!)).toFixed(0)).join("/")
         const target = s.accuracyTarget ? `>= ${(100 * (baseAcc - 0.02)).toFixed(1)} ${acc >= baseAcc - 0.02 ? "ok  " : "MISS"}` : ""
-        const dropped = median(rs.map((x) => x.dropped))
-        const steps = median(rs.map((x) => x.steps))
+        const dropped = finiteMedian(rs.map((x) => x.dropped))
+        const steps = finiteMedian(rs.map((x) => x.steps))
         const autoNote = s.name === "auto" ? `  ended on ${rs.map((x) => `${x.strategy} (${x.switches} switch${x.switches === 1 ? "" : "es"})`).join(", ")}` : ""
         console.log(
           `  ${s.name.padEnd(20)} ${rate.toFixed(0).padStart(7)} (${Math.min(...rs.map((x) => x.gradsPerS)).toFixed(0)}-${Math.max(...rs.map((x) => x.gradsPerS)).toFixed(0)})`.padEnd(44) +
-            ` ${(rate / baseRate).toFixed(2).padStart(5)}  ${perRank.padEnd(22)}  ${f1(median(rs.map((x) => x.trainS))).padStart(7)}  ${f1(median(rs.map((x) => x.fitS))).padStart(5)}` +
-            `  ${`${(100 * acc).toFixed(1)}% (${(100 * Math.min(...rs.map((x) => x.accuracy))).toFixed(1)}-${(100 * Math.max(...rs.map((x) => x.accuracy))).toFixed(1)})`.padStart(19)}  ${target.padEnd(15)}  ${median(rs.map((x) => x.staleness)).toFixed(2).padStart(9)} / ${String(median(rs.map((x) => x.stalenessMax))).padEnd(5)}` +
+            ` ${(rate / baseRate).toFixed(2).padStart(5)}  ${perRank.padEnd(22)}  ${f1(finiteMedian(rs.map((x) => x.trainS))).padStart(7)}  ${f1(finiteMedian(rs.map((x) => x.fitS))).padStart(5)}` +
+            `  ${`${(100 * acc).toFixed(1)}% (${(100 * Math.min(...rs.map((x) => x.accuracy))).toFixed(1)}-${(100 * Math.max(...rs.map((x) => x.accuracy))).toFixed(1)})`.padStart(19)}  ${target.padEnd(15)}  ${finiteMedian(rs.map((x) => x.staleness)).toFixed(2).padStart(9)} / ${String(finiteMedian(rs.map((x) => x.stalenessMax))).padEnd(5)}` +
             `  ${dropped.toFixed(0)} of ${steps.toFixed(0)}${autoNote}`
         )
       }
@@ -496,17 +494,17 @@ export async function run(argv: ReadonlyArray<string>): Promise<void> {
       for (const s of strategies) {
         const rs = results.get(key(sc, s)) ?? []
         if (rs.length === 0) continue
-        const ph = (rank: number, i: number): number => median(rs.map((x) => x.phases[rank]![i]!))
+        const ph = (rank: number, i: number): number => finiteMedian(rs.map((x) => x.phases[rank]![i]!))
         const fast = Array.from({ length: workers }, (_, r) => r).filter((r) => r !== slowRank || sc.slowFactor <= 1)
         const fastPh = (i: number): number => mean(fast.map((r) => ph(r, i)))
-        const cpu = (c: ProcClass): number => median(rs.map((x) => x.cpuPerGrad[c]))
+        const cpu = (c: ProcClass): number => finiteMedian(rs.map((x) => x.cpuPerGrad[c]))
         const all = CLASSES.reduce((a, c) => a + cpu(c), 0)
         const slowPart =
           sc.slowFactor > 1 ? `   rank ${slowRank} ${f1(ph(slowRank, 0))} | ${f1(ph(slowRank, 1))} | ${f1(ph(slowRank, 2))} (extra ${f1(ph(slowRank, 3))} = ${(ph(slowRank, 3) / Math.max(1, extra)).toFixed(2)}/pass)` : ""
         const leaks = Math.max(...rs.map((x) => x.leaked))
         console.log(
           `  ${s.name.padEnd(20)} ${sc.slowFactor > 1 ? "others" : "ranks "} ${f1(fastPh(0))} | ${f1(fastPh(1))} | ${f1(fastPh(2))}${slowPart}`.padEnd(92) +
-            `   CPU/grad ${f1(cpu("workers"))} + ${f1(cpu("servers"))} + ${f1(cpu("nats"))} + ${f1(cpu("driver"))} = ${f1(all)}   cores ${median(rs.map((x) => x.cores)).toFixed(2)}` +
+            `   CPU/grad ${f1(cpu("workers"))} + ${f1(cpu("servers"))} + ${f1(cpu("nats"))} + ${f1(cpu("driver"))} = ${f1(all)}   cores ${finiteMedian(rs.map((x) => x.cores)).toFixed(2)}` +
             (leaks > 0 ? `   LEAK ${leaks} tensors` : "")
         )
       }

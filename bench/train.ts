@@ -14,6 +14,7 @@ import { loadZooData, type ZooData } from "../examples/zoo/data.ts"
 import { readsTokens, TASK_OF, ZOO_MODELS, type ZooModel } from "../examples/zoo/models.ts"
 import { exitOf, torchAvailable } from "./allreduce.ts"
 import { optionReader } from "./args.ts"
+import { median } from "../scheduler/cost-model.ts"
 
 const LOOP = { module: new URL("../examples/zoo/train.ts", import.meta.url).href, export: "zooLoop" }
 const TORCH_SCRIPT = new URL("./torch_zoo.py", import.meta.url).pathname
@@ -25,8 +26,6 @@ interface Figures {
   readonly samplesPerSec: number
   readonly split?: { compute: number; comm: number; apply: number; wait: number }
 }
-
-const median = (xs: number[]): number => (xs.length === 0 ? 0 : [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!)
 
 const runGradwire = async (model: ZooModel, data: ZooData, p: number, batch: number, warmup: number, steps: number, storage: string): Promise<Figures> => {
   const rows: number[][] = []

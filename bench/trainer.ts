@@ -7,9 +7,9 @@ import * as os from "node:os"
 import * as path from "node:path"
 import { Trainer, loadDigits, trainTestSplit, loadEngine, type ArrayDataset } from "../index.ts"
 import { DataParallelModel, type GradientSync } from "../actors/train/data-parallel.ts"
+import { median } from "../scheduler/cost-model.ts"
 
 const LOOP = { module: new URL("../examples/digits/train.ts", import.meta.url).href, export: "trainLoop" }
-const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]
 
 const firstStep = async (storage: string, train: ArrayDataset, test: ArrayDataset, i: number): Promise<number> => {
   const t0 = performance.now()

@@ -18,6 +18,7 @@ import { BufferPool, Reassembler, encodeFrames, splitMessage } from "../core/chu
 import { openNats, type NatsHandle } from "../core/connection.ts"
 import { launchNatsServer } from "../core/nats-server.ts"
 import { type WireTensor, decodeMessage, encodeMessage, wireTensor } from "../core/wire.ts"
+import { median } from "../scheduler/cost-model.ts"
 
 const MiB = 1024 * 1024
 // One transfer must finish within this; beyond it something is stuck (lost messages, a slow
@@ -25,12 +26,6 @@ const MiB = 1024 * 1024
 const TRANSFER_DEADLINE_MS = 60_000
 
 type Nats = NatsHandle & { close(): Promise<void> }
-
-const median = (xs: ReadonlyArray<number>): number => {
-  const s = [...xs].sort((a, b) => a - b)
-  const m = s.length >> 1
-  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2
-}
 
 const numberArg = (args: ReadonlyArray<string>, name: string, fallback: number): number => {
   const at = args.indexOf(name)

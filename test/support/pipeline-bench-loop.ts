@@ -12,6 +12,7 @@
 // Each rank reports the peak bytes the tfjs engine held while preparing and while stepping
 // (tf.profile's peakBytes), the bytes held after a step, and the median step time.
 import type { TrainContext, PipelineModel, DataParallelModel } from "../../index.ts"
+import { median } from "../../scheduler/cost-model.ts"
 
 type Tf = TrainContext["tf"]
 type Tensor = import("@tensorflow/tfjs").Tensor
@@ -34,11 +35,6 @@ export interface PipelineBenchConfig {
 }
 
 const CLASSES = 10
-
-const median = (xs: number[]): number => {
-  const s = [...xs].sort((a, b) => a - b)
-  return s.length === 0 ? Number.NaN : s[Math.floor(s.length / 2)]
-}
 
 const dense = (tf: Tf, units: number, i: number, activation: "relu" | "softmax") =>
   tf.layers.dense({ units, activation, name: `l${i}`, kernelInitializer: tf.initializers.glorotUniform({ seed: 1 + i }) })

@@ -16,6 +16,7 @@ import { seededRng } from "../../core/random.ts"
 import type { TrainContext } from "../../index.ts"
 import { NatsConnectionImpl } from "@nats-io/nats-core/internal"
 import { createFlatOptimizer, flatOptimizerSpecOf } from "../../actors/train/optim/flat-optimizers.ts"
+import { median } from "../../scheduler/cost-model.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
 type Scalar = import("@tensorflow/tfjs").Scalar
@@ -37,14 +38,6 @@ export interface ZeroBenchConfig {
   readonly breakdown?: boolean
   /** Repetitions per piece (median). Default 5. */
   readonly breakdownReps?: number
-}
-
-
-const median = (xs: ReadonlyArray<number>): number => {
-  if (xs.length === 0) return Number.NaN
-  const s = [...xs].sort((a, b) => a - b)
-  const m = s.length >> 1
-  return s.length % 2 ? s[m]! : (s[m - 1]! + s[m]!) / 2
 }
 
 interface WireCounter {
