@@ -11,7 +11,9 @@ import { registerMissingGradients } from "./kernels/gradients.ts"
 import { registerWasmKernels } from "./kernels/register.ts"
 import { WEBGPU_PACKAGES, requestWebGpuAdapter, withinDeadline } from "./webgpu.ts"
 
-export type Tf = typeof import("@tensorflow/tfjs")
+import type { Tf } from "./tf.ts"
+
+export type { Tf }
 export type BackendKind = "tensorflow-gpu" | "webgpu" | "tensorflow" | "wasm" | "cpu"
 
 const require = createRequire(import.meta.url)

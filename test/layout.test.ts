@@ -88,4 +88,22 @@ describe("layout", () => {
       fs.rmSync(tmp)
     }
   })
+
+  it("no module imports itself back, through any chain of imports, type-only ones included", () => {
+    const graph = new Map(files.map((f) => [f, importsOf(f).filter((t) => t !== f)]))
+    const circles: string[] = []
+    const state = new Map<string, "open" | "done">()
+    const visit = (f: string, trail: string[]): void => {
+      if (state.get(f) === "done") return
+      if (state.get(f) === "open") {
+        circles.push([...trail.slice(trail.indexOf(f)), f].join(" -> "))
+        return
+      }
+      state.set(f, "open")
+      for (const t of graph.get(f) ?? []) visit(t, [...trail, f])
+      state.set(f, "done")
+    }
+    for (const f of files) visit(f, [])
+    expect(circles).toEqual([])
+  })
 })

@@ -3,7 +3,7 @@
 // comparison, 30x the same op on equal shapes. The gradient of every max-pool-like reduction does
 // exactly that (equal(x, max)). Here each operand is first tiled to the output's shape (tile.ts:
 // block copies), then the backend's kernel runs on equal shapes.
-import type { Tf } from "../engine.ts"
+import type { Tf } from "../tf.ts"
 import { tile } from "./tile.ts"
 import type { KernelArgs, KernelFunc, TensorInfo } from "./wasm-heap.ts"
 

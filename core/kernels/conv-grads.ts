@@ -3,7 +3,7 @@
 // plus the backend's own XNNPACK-era matmul, and the depthwise filter and input gradients as
 // direct loops (their work is O(input x filter), no matmul to hand them to). Shapes the fast paths
 // do not cover (channels-first data, 3-D) go to the cpu-backend fallback instead (fallback.ts).
-import type { Tf } from "../engine.ts"
+import type { Tf } from "../tf.ts"
 import { callKernel, floats, type KernelArgs, type TensorInfo } from "./wasm-heap.ts"
 
 /**

@@ -4,7 +4,7 @@
 // state is left as it was: gradients are discarded, and layers that update state in training
 // mode (batch normalization's moving statistics) get their non-trainable weights back.
 import { UnsupportedKernel } from "../errors.ts"
-import type { Tf } from "../engine.ts"
+import type { Tf } from "../tf.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
 type LayersModel = import("@tensorflow/tfjs").LayersModel

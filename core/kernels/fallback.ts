@@ -3,7 +3,7 @@
 // outputs are written back. Slower than a native kernel (two copies and JS loops), but no model
 // fails for want of one; each kernel that takes this path is recorded (fallbackKernelsUsed) so the
 // worker can say so once and explain.txt can list them.
-import type { Tf } from "../engine.ts"
+import type { Tf } from "../tf.ts"
 import type { KernelArgs, KernelFunc, TensorInfo, WasmBackend } from "./wasm-heap.ts"
 
 const used = new Set<string>()

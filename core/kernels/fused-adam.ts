@@ -5,7 +5,7 @@
 // operation is rounded to float32 in tfjs's order, so the result is bit for bit what
 // optimizer.applyGradients computes (tested). It declines (returns false) on any other backend or
 // optimizer, and when a buffer it would write is shared with another tensor (a clone).
-import type { Tf } from "../engine.ts"
+import type { Tf } from "../tf.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
 type Variable = import("@tensorflow/tfjs").Variable

@@ -2,7 +2,7 @@
 // thresholdedReLU (Greater), masking (Any) or conv3dTranspose (Conv3DBackpropInputV2) cannot take a
 // single step. Comparisons and boolean reductions are not differentiable: their inputs get zero
 // gradients, as TensorFlow's NotDifferentiable gives. Registered only where tfjs has none.
-import type { Tf } from "../engine.ts"
+import type { Tf } from "../tf.ts"
 
 type T = import("@tensorflow/tfjs").Tensor
 

@@ -3,7 +3,7 @@
 // layer's backward pass asks for them (dW = xᵀ·dy, dx = dy·Wᵀ). The operand is transposed first
 // with the backend's own Transpose (O(m·k), small next to the O(m·k·n) product), then the backend's
 // fast path multiplies.
-import type { Tf } from "../engine.ts"
+import type { Tf } from "../tf.ts"
 import { callKernel, type KernelArgs, type KernelFunc, type TensorInfo } from "./wasm-heap.ts"
 
 const swapLast = (t: TensorInfo): number[] => {

@@ -3,7 +3,7 @@
 // a 2x2/2 pool of a [2, 6, 6, 3] batch, x[1, 0, 0, 0] gets 0 where finite differences give the
 // upstream value). This one routes each output's gradient to the first maximum of its window, as
 // TensorFlow and tfjs's cpu backend do.
-import type { Tf } from "../engine.ts"
+import type { Tf } from "../tf.ts"
 import { floats, type KernelArgs, type TensorInfo } from "./wasm-heap.ts"
 
 export const maxPoolGrad = (tf: Tf, { inputs, backend, attrs }: KernelArgs): TensorInfo => {

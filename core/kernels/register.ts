@@ -2,7 +2,7 @@
 // default backend: fast ones on the wasm heap for the convolution gradients and the gather gradient
 // (conv-grads.ts, segment-sum.ts), and the cpu backend's implementation for every other kernel the
 // cpu backend has and wasm does not (fallback.ts). Idempotent; called once the wasm backend is up.
-import type { Tf } from "../engine.ts"
+import type { Tf } from "../tf.ts"
 import { channelsLast, conv2dBackpropFilter, conv2dBackpropInput, depthwiseBackpropFilter, depthwiseBackpropInput } from "./conv-grads.ts"
 import { cpuFallback } from "./fallback.ts"
 import { registerMissingGradients } from "./gradients.ts"

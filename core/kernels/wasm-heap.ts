@@ -2,7 +2,7 @@
 // bytes on the wasm heap (no copy), a fresh output on that heap, and another registered kernel to
 // call (the backend's own matmul). Kept to structural types so the rest of gradwire does not
 // depend on the backend's private classes.
-import type { Tf } from "../engine.ts"
+import type { Tf } from "../tf.ts"
 
 type DataType = "float32" | "int32" | "bool" | "complex64" | "string"
 
