@@ -224,7 +224,7 @@ describe("dashboard", () => {
 
         page = await openLivePage(`${base}/`)
         await page.waitFor("document.body.dataset.ready === '1'", "the page's first state")
-        const points = `(() => { const p = document.querySelector('#c-loss path.curve[data-series="rank 0"]'); return p ? Number(p.dataset.points) : 0 })()`
+        const points = `(() => { const p = document.querySelector('#c-loss .curve[data-series="rank 0"]'); return p ? Number(p.dataset.points) : 0 })()`
         const first = await page.waitFor<number>(`${points} >= 2 && ${points}`, "rank 0's loss curve")
         const later = await page.waitFor<number>(`${points} > ${first} && ${points}`, "rank 0's loss curve to gain points")
         expect(later).toBeGreaterThan(first)

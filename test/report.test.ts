@@ -23,12 +23,12 @@ const history = Array.from({ length: 6 }, (_, epoch) => ({
 const steps: StepTime[] = []
 for (let rank = 0; rank < 2; rank++) for (let step = 0; step < 50; step++) steps.push({ attempt: 0, rank, step, computeMs: 5 + (step % 3), commMs: 2 + rank, waitMs: 1 })
 
-/** Chart paths ("curve" lines and "area" stacks) with their data-series name and d length. */
+/** Chart series ("curve" lines and "area" stacks: their legend rows) with their data-series name and point count. */
 const paths = (dom: string) =>
-  [...dom.matchAll(/<path\b[^>]*>/g)].map((m) => ({
-    cls: /class="([^"]*)"/.exec(m[0])?.[1],
+  [...dom.matchAll(/<tr\b[^>]*data-series="[^>]*>/g)].map((m) => ({
+    cls: /class="[^"]*\b(curve|area)\b[^"]*"/.exec(m[0])?.[1],
     series: /data-series="([^"]*)"/.exec(m[0])?.[1],
-    segments: (/ d="([^"]*)"/.exec(m[0])?.[1] ?? "").split(/[ML]/).filter(Boolean).length
+    segments: Number(/data-points="(\d+)"/.exec(m[0])?.[1] ?? 0)
   }))
 
 describe("report.html", () => {
@@ -56,9 +56,9 @@ describe("report.html", () => {
     // One vertex per epoch.
     for (const c of curves) expect(c.segments).toBe(6)
     // Each metric on its own chart, with its val_ twin: accuracy has an axis of its own.
-    const charts = [...dom.matchAll(/data-metric="([^"]*)"[^>]*>(.*?)<\/svg>/gs)].map((m) => ({
+    const charts = [...dom.matchAll(/data-metric="([^"]*)"(.*?)(?=data-metric=|id="split")/gs)].map((m) => ({
       metric: m[1],
-      series: [...m[2].matchAll(/class="curve" data-series="([^"]*)"/g)].map((x) => x[1]).sort()
+      series: [...m[2].matchAll(/class="u-series curve" data-series="([^"]*)"/g)].map((x) => x[1]).sort()
     }))
     expect(charts).toEqual([
       { metric: "loss", series: ["loss", "val_loss"] },
@@ -66,7 +66,8 @@ describe("report.html", () => {
     ])
     const areas = drawn.filter((p) => p.cls === "area")
     expect(areas.map((p) => p.series)).toEqual(["compute", "communication", "waiting"])
-    for (const a of areas) expect(a.segments).toBeGreaterThanOrEqual(100)
+    // One point per step (50 steps, not binned).
+    for (const a of areas) expect(a.segments).toBe(50)
     if (process.env.GW_REPORT_SCREENSHOT) await screenshot(file, process.env.GW_REPORT_SCREENSHOT)
   })
 

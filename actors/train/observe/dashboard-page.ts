@@ -6,8 +6,11 @@
 // per reported metric), stragglers, the all-reduce plan with its reasons, checkpoints, incidents
 // and the tail of each worker's output. The page holds no data itself: when a token is required it
 // asks for it and fetches nothing before. Test hooks: <body data-ready="1"> once the first state
-// arrived, data-updates counts events, chart paths carry data-series and data-points.
-import { CHART_SCRIPT } from "./chart-script.ts"
+// arrived, data-updates counts events, each chart series' legend row (class "curve" or "area")
+// carries data-series and data-points. The page keeps at most MAX_POINTS progress points per rank
+// (past that it drops every other one, as the server does), so a tab left open on a run of days
+// stays bounded; the charts are uPlot's (chart-script.ts): zoom by dragging, values under the cursor.
+import { CHART_SCRIPT, chartHead } from "./chart-script.ts"
 
 const escapeHtml = (s: string): string => s.replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c] as string)
 
@@ -57,7 +60,14 @@ const SCRIPT = String.raw`
     if (!j) { j = S.jobs[id] = { snapshot: null, points: {}, reports: [], logs: [] }; }
     return j;
   }
-  function addPoints(j, pts) { pts.forEach(function (p) { (j.points[p.rank] = j.points[p.rank] || []).push(p); }); }
+  var MAX_POINTS = 10000;
+  function addPoints(j, pts) {
+    pts.forEach(function (p) {
+      var list = (j.points[p.rank] = j.points[p.rank] || []);
+      list.push(p);
+      if (list.length > MAX_POINTS) j.points[p.rank] = list.filter(function (_, i) { return i % 2 === 0 || i === list.length - 1; });
+    });
+  }
   function addReports(j, rs) {
     var seen = {}; j.reports.forEach(function (r) { seen[r.index] = 1; });
     rs.forEach(function (r) { if (!seen[r.index]) j.reports.push(r); });
@@ -309,7 +319,8 @@ const SCRIPT = String.raw`
 export const renderDashboardPage = (o: { readonly cluster: string; readonly tokenRequired: boolean }): string => `<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>gradwire dashboard — ${escapeHtml(o.cluster)}</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<style>${STYLE}</style></head>
+<style>${STYLE}</style>
+${chartHead()}</head>
 <body data-ready="0" data-updates="0" data-token-required="${o.tokenRequired ? "1" : "0"}">
 <header><h1>gradwire</h1><span class="sub">cluster <b id="clusterName">${escapeHtml(o.cluster)}</b> · <span id="address"></span></span><span id="conn">connecting…</span></header>
 <div id="login" class="card" hidden><h2>Token</h2><p id="login-msg"></p>

@@ -4,10 +4,10 @@
 // compute / communication / waiting split per step with restart markers, each rank's throughput
 // over time with restart and resize markers, a straggler panel, the all-reduce plan, and links to
 // the timeline, the logs and the other files. One self-contained file: the data sits in a JSON
-// script tag and the inline chart script (chart-script.ts) draws SVG from it, so it opens from
-// disk, offline, in any browser. When drawing is done the script sets <body data-drawn="N"> (N
+// script tag and the inline chart script (chart-script.ts, uPlot inlined) draws it, so it opens
+// from disk, offline, in any browser. When drawing is done the script sets <body data-drawn="N"> (N
 // charts drawn), which is what the rendering test looks for.
-import { CHART_SCRIPT } from "./chart-script.ts"
+import { CHART_SCRIPT, chartHead } from "./chart-script.ts"
 
 /** One step of one rank: forward/backward and apply count as compute, the all-reduce as communication, the time since the rank's previous step as waiting. */
 export interface StepTime {
@@ -257,7 +257,8 @@ h1 { font-size: 20px; margin: 0 0 4px; } h2 { font-size: 15px; margin: 0 0 8px; 
 table { border-collapse: collapse; font-size: 13px; } td, th { border: 1px solid #ddd; padding: 3px 8px; text-align: right; }
 tr.straggler td { color: #b00; font-weight: bold; } pre { font-size: 12px; background: #f7f7f7; padding: 8px; overflow: auto; max-height: 420px; }
 .nodata { color: #777; }
-</style></head>
+</style>
+${chartHead()}</head>
 <body data-drawn="0">
 <h1>${escapeHtml(d.title)}</h1>
 <div class="meta">${when} · ${d.history.length} report rounds · ${d.restarts} restart(s)${lastText ? ` · last: ${lastText}` : ""}</div>
