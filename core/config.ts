@@ -24,24 +24,16 @@ export const PlacementStrategy = Schema.Literals(placementStrategyNames)
 export type PlacementStrategy = typeof PlacementStrategy.Type
 
 /**
- * collectiveConfig.strategy: every way of training, named once; the config's schema, the worker
- * protocol's and the checks of what each needs derive from this list and its table.
+ * collectiveConfig.strategy: the built-in ways of training. The names, what each needs and its
+ * checks belong to the training-strategy registry (actors/train/strategies/registry.ts), which
+ * checks a name when the Trainer resolves its options; here only the shape is checked, so a
+ * strategy registered by another module is a valid config value.
  */
 export const trainingStrategyNames = ["allreduce", "parameter-server", "auto", "local-sgd"] as const
-export type TrainingStrategy = (typeof trainingStrategyNames)[number]
-export const TrainingStrategySchema = Schema.Literals(trainingStrategyNames)
-
-/** What each training strategy needs: `servers`, parameter-server processes (started with the job). */
-export const TRAINING_STRATEGIES: Readonly<Record<TrainingStrategy, { readonly servers: boolean }>> = {
-  allreduce: { servers: false },
-  "parameter-server": { servers: true },
-  // "auto" moves between the all-reduce and the servers' modes, so the servers start with the job.
-  auto: { servers: true },
-  "local-sgd": { servers: false }
-}
-
-/** Whether a job with this strategy runs parameter servers. */
-export const usesParameterServers = (s: TrainingStrategy): boolean => TRAINING_STRATEGIES[s].servers
+export const TrainingStrategySchema = Schema.String.check(
+  Schema.isPattern(/^[a-z][a-z0-9-]{0,31}$/, { message: 'Expected a training strategy\'s name, e.g. "allreduce", "parameter-server", "auto", "local-sgd"' })
+)
+export type TrainingStrategy = typeof TrainingStrategySchema.Type
 
 export const BackendName = Schema.Literals(["auto", "tensorflow-gpu", "webgpu", "tensorflow", "wasm", "cpu"])
 export type BackendName = typeof BackendName.Type

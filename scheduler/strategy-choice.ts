@@ -78,6 +78,8 @@ export interface StrategyMeasure {
   readonly measured?: Readonly<Partial<Record<StrategyName, number>>>
   /** Every rank takes the same number of steps (dp.fit()): nobody can run ahead for long. */
   readonly equalSteps?: boolean
+  /** The strategies that may be picked (the training-strategy registry's auto candidates); absent: every one predicted. */
+  readonly candidates?: ReadonlySet<StrategyName>
   /**
    * Local SGD as a candidate: its H, and the ms of one round (the whole vector's all-reduce with the
    * outer codec; default: allReduceMs times bytesRatio, 1 when not given).
@@ -259,7 +261,8 @@ const withMeasured = (predicted: StrategyPrediction[], measured: StrategyMeasure
 }
 
 export const chooseStrategy = (m: StrategyMeasure, current: StrategyName, hysteresis = 1.2): StrategyChoice => {
-  const predictions = withMeasured(predictStrategies(m), m.measured, current)
+  const offered = predictStrategies(m).filter((x) => !m.candidates || x.name === current || m.candidates.has(x.name))
+  const predictions = withMeasured(offered, m.measured, current)
   const now = predictions.find((x) => x.name === current)
   const fastest = predictions.reduce((b, x) => (x.stepsPerSec > b.stepsPerSec ? x : b), predictions[0] ?? { name: current, stepsPerSec: 0, why: "" })
   // Near a tie the all-reduce wins: it is exactly synchronous training, the others trade some of

@@ -9,7 +9,6 @@
 // variable from views of it: two copies of the gradient per step, the minimum a backend with its
 // own memory (wasm, tensorflow) allows.
 import { fusedAdamStep } from "../../core/kernels/fused-adam.ts"
-import * as os from "node:os"
 import { createHash } from "node:crypto"
 import type { Tf } from "../../core/engine.ts"
 import { shardIndicesWeighted } from "../../core/datasets.ts"
@@ -18,31 +17,22 @@ import { batchTensors, classesOf, fitBatch, streamEpoch, type FitSource, type Sh
 import { HeteroBatcher } from "./hetero-batching.ts"
 import { ConfigError } from "../../core/errors.ts"
 import { PeerRecoveryMisaligned, type LoopPosition, type RecoverableModel } from "./group-session.ts"
-import { OPTIMIZER_FILE, loadOptimizerFrom, readOptimizerFile, loadWeightsInto, modelToFiles, optimizerToFile } from "../../core/model-io.ts"
+import { OPTIMIZER_FILE, loadOptimizerFrom, loadWeightsInto, modelToFiles, optimizerToFile } from "../../core/model-io.ts"
 import type { PeerState } from "./train-protocol.ts"
 import { lrRuleOf, type LrRule, type LrRuleOptions } from "./optim/lr-rules.ts"
 import { flatOptimizerSpecOf, type FlatOptimizerSpec, type FlatOptimizerState } from "./optim/flat-optimizers.ts"
-import { chooseStrategy, onServers, type StrategyName } from "../../scheduler/strategy-choice.ts"
-import { hasPsFiles, psWholeState } from "./ps-client.ts"
-import { ZeroShard, hasShards, readShards, reshard, shardLayout, type ZeroStage } from "./optim/zero.ts"
-import { flatStateFromTfjs, readTfjsOptimizerWeights, tfjsWeightsFromFlat, writeTfjsOptimizerWeights } from "./optim/tfjs-state.ts"
-import { LOCAL_SGD_FILE, LocalSgd, settlingSync } from "./local-sgd.ts"
+import { hasShards, readShards, reshard, shardLayout, type ZeroStage } from "./optim/zero.ts"
+import { tfjsWeightsFromFlat, writeTfjsOptimizerWeights } from "./optim/tfjs-state.ts"
+import { settlingSync } from "./local-sgd.ts"
 import { decodeMessage, encodeMessage } from "../../core/wire.ts"
-import type { LocalSgdSettings } from "./optim/outer-optimizer.ts"
 import type { LossFn, LossName } from "./model-parallel/loss.ts"
+import type { GradientSlot, GradientSync, RecoveryCursor, StepObserver } from "./gradient-sync.ts"
+import { resolveStrategy, type StrategyHost, type StrategyWorker } from "./strategies/index.ts"
+
+export type { GradientSlot, GradientSync, ParameterServers, PeerRecovery, RecoveryCursor, StepObserver } from "./gradient-sync.ts"
 
 type tfjs = typeof import("@tensorflow/tfjs")
 type LayersModel = import("@tensorflow/tfjs").LayersModel
-
-/** The CPU ms this machine's cores have been busy (everything but idle and iowait) since boot. */
-const machineBusyMs = (): number => {
-  let busy = 0
-  for (const c of os.cpus()) busy += c.times.user + c.times.nice + c.times.sys + c.times.irq
-  return busy
-}
-
-/** This machine, as a number that survives a Float32Array exchange exactly (24 bits of a hash of the host name). */
-const hostHash = createHash("sha1").update(os.hostname()).digest().readUIntBE(0, 3)
 
 /** The longest trainStep() holds the event loop across steps before it lets timers run. */
 const YIELD_EVERY_MS = 50
@@ -57,149 +47,9 @@ type Variable = import("@tensorflow/tfjs").Variable
 // The same loss names and functions as the pipeline's last stage takes.
 export type { LossFn, LossName }
 
-/** One variable's place in the flat gradient buffer. */
-export interface GradientSlot {
-  readonly name: string
-  readonly shape: ReadonlyArray<number>
-  readonly offset: number
-  readonly size: number
-}
-
-/** What the wrapper needs from the group: the worker wires it to the communicator. */
-export interface GradientSync {
-  readonly rank: number
-  readonly worldSize: number
-  /**
-   * Reduces the flat gradient in place to the weighted mean over ranks (weight: this rank's sample
-   * count). After the group was re-formed meanwhile (recovery from peers): "adopted" when this rank
-   * took a survivor's state, which already contains this step (nothing is to be applied);
-   * "recompute" when the step is to be done again in the new group (the buffer holds partial sums
-   * of the old one).
-   */
-  reduceGradients(flat: Float32Array, layout: ReadonlyArray<GradientSlot>, weight: number, step: number, scope?: string): Promise<void | "adopted" | "recompute">
-  /** Copies rank 0's values into `buf` on every rank. */
-  broadcast(buf: Float32Array): Promise<void>
-  /** Element-wise sum over ranks, in place. */
-  sum(buf: Float32Array): Promise<void>
-  /**
-   * A flat gradient buffer of n elements that reduceGradients works on in place (faster with
-   * compression: GradientReducer.gradientBuffer), or undefined to pass any Float32Array.
-   */
-  gradientBuffer?(n: number): Float32Array | undefined
-  /** Gathers every rank's buffer in rank order (heterogeneity-aware batching exchanges throughputs). */
-  allGather?(buf: Float32Array): Promise<Float32Array>
-  /** collectiveConfig.adaptiveBatching: fit({ globalBatchSize }) splits by measured throughput. */
-  readonly adaptiveBatching?: boolean
-  /**
-   * Elastic groups (scalingConfig.numWorkers { min, max }): "keep-global" scales a per-rank
-   * batchSize by maxWorkers / worldSize so the global batch stays that of the full group;
-   * "keep-per-worker" keeps the rank's batch and scales the learning rate by worldSize / maxWorkers.
-   */
-  readonly elastic?: { readonly maxWorkers: number; readonly batch: "keep-global" | "keep-per-worker" }
-  /** Recovery from surviving peers (actors/train/group-session.ts); absent: a failure restarts from the checkpoint. */
-  readonly recovery?: PeerRecovery
-  /** collectiveConfig.zeroStage: 1 and 2 shard the optimizer state (optim/zero.ts). Default 0. */
-  readonly zeroStage?: ZeroStage
-  /**
-   * Stage 2: reduces `buf` (a multiple of worldSize long) to the weighted mean over ranks and
-   * returns this rank's segment of it (segment r of p equal ones), a view of `buf`.
-   */
-  reduceScatter?(buf: Float32Array, weight: number): Promise<Float32Array>
-  /** Every rank's `segment` (equal lengths) into `out`, in rank order. */
-  allGatherInto?(segment: Float32Array, out: Float32Array): Promise<void>
-  /** collectiveConfig.strategy "parameter-server" (or "auto"): the servers (ps-client.ts). */
-  readonly ps?: ParameterServers
-  /**
-   * collectiveConfig.strategy "auto": training starts on the all-reduce and, from measured compute
-   * and communication times, moves to the servers (backup workers, or SSP) and back
-   * (scheduler/strategy-choice.ts); rank 0 explains every decision.
-   */
-  readonly auto?: { readonly numServers: number; explain(text: string, json: Record<string, unknown>, summary: string): void }
-  /**
-   * collectiveConfig.strategy "local-sgd": steps apply their gradients locally; every syncEvery
-   * steps the parameter deltas are averaged through reduceGradients (scoped per fragment) and the
-   * outer optimizer applied (local-sgd.ts).
-   */
-  readonly localSgd?: LocalSgdSettings
-  /** Bytes this rank's reductions put on the wire so far, and as dense fp32 (the reducer's stats). */
-  wireStats?(): { readonly totalWireBytes: number; readonly totalDenseBytes: number }
-}
-
-/** What the data-parallel model needs of the parameter servers (PsClient implements it, ps-client.ts). */
-export interface ParameterServers {
-  readonly numServers: number
-  init(flat: Float32Array, spec: FlatOptimizerSpec, numWorkers: number, weightDecay: number): Promise<void>
-  pushPull(
-    worker: number,
-    step: number,
-    grad: Float32Array,
-    weight: number,
-    learningRate: number | undefined
-  ): Promise<{ readonly params: Float32Array; readonly staleness: number; readonly dropped: boolean; readonly version: number; readonly serverMs: number | undefined }>
-  pull(n: number): Promise<Float32Array>
-  stateFiles(): Promise<Record<string, Uint8Array>>
-  /** Re-initialises the servers from a checkpoint's parameter-server files; false when it has none. */
-  restore(files: Readonly<Record<string, Uint8Array>>, n: number, spec: FlatOptimizerSpec, numWorkers: number, weightDecay: number): Promise<boolean>
-  finish(worker: number): Promise<void>
-  /** The mode the servers were configured with, and their backup workers (sync). */
-  readonly mode: "sync" | "async" | "ssp"
-  readonly backupWorkers: number
-  takeOver(flat: Float32Array, optimizer: FlatOptimizerState, learningRate: number, spec: FlatOptimizerSpec, numWorkers: number, weightDecay: number, as: { readonly mode: "sync" | "async" | "ssp"; readonly backupWorkers: number }): Promise<void>
-  wholeState(n: number): Promise<{ readonly params: Float32Array; readonly optimizer: FlatOptimizerState }>
-  /** Gradient bytes pushed (last step: every server's message; totals), as ReducerStats counts the all-reduce's. */
-  readonly pushStats?: { readonly wireBytes: number; readonly denseBytes: number; readonly steps: number; readonly totalWireBytes: number; readonly totalDenseBytes: number }
-}
-
-/** Strategy "auto": the first decision (steps before it measure the all-reduce), its window and how often it is taken again. */
-const AUTO_FIRST_DECISION = 12
-/** The first round only measures (its window is warm-up); the first choice is made at this clock. */
-const AUTO_FIRST_CHOICE = 24
-const AUTO_WINDOW = 10
-const AUTO_EVERY = 48
-/** Rounds a strategy's measured rate stands in for its prediction. */
-const AUTO_REMEMBER = 4
-
-/** Where a loop is in dp.fit(): the group operations done, the epoch and the step in it. */
-export interface RecoveryCursor {
-  readonly ops: number
-  readonly inFit: boolean
-  readonly epoch: number
-  readonly stepInEpoch: number
-  readonly stepsPerEpoch: number
-}
-
-/** What dp.fit() needs of the group session to skip, join and follow regroups. */
-export interface PeerRecovery {
-  /** Bumped at every regroup and join. */
-  readonly generation: number
-  readonly ops: number
-  /** A joining rank's target: the survivors' position; undefined once joined. */
-  readonly joinTarget: RecoveryCursor | undefined
-  /** The joining rank reached the target: take the survivors' state. */
-  join(): Promise<void>
-  /** After a regroup, where the furthest survivor was (once). */
-  takeCursor(): RecoveryCursor | undefined
-  /** A trainStep() outside dp.fit(): a joining rank skips the survivors' steps, then joins them. */
-  replayStep(): Promise<"skip" | "run">
-  /** A training step completed. */
-  countStep(): void
-}
-
-/** Strategy "auto": whether a strategy trains through the parameter servers. */
-
 /** Step index of a cursor's position in an epoch cut into `steps` steps (= steps at the metric sum). */
 const stepAt = (c: RecoveryCursor, steps: number): number =>
   c.stepInEpoch >= c.stepsPerEpoch ? steps : Math.min(steps, Math.round((c.stepInEpoch / Math.max(1, c.stepsPerEpoch)) * steps))
-
-/**
- * Optional timing hooks (the timeline and the report's compute/communication split), all in
- * performance.now() milliseconds. "step" encloses the three others; it is reported last.
- */
-export interface StepObserver {
-  phase?(name: "step" | "forward_backward" | "allreduce" | "apply", startMs: number, endMs: number, step: number): void
-  /** A collective outside any step (initial weight broadcast, epoch-end metric sum): time spent on the group. */
-  wait?(name: string, startMs: number, endMs: number): void
-}
 
 export interface PrepareOptions extends LrRuleOptions {
   /** Default: the model's compile() optimizer. */
@@ -338,55 +188,19 @@ export class DataParallelModel implements RecoverableModel {
   #lrRule: LrRule | undefined
   #lastLearningRate: number | undefined
   #weightDecay = 0
-  /** ZeRO stage 1/2: this rank's parameter segment and its optimizer state. */
-  #zero: ZeroShard | undefined
-  /** Strategy "local-sgd": the outer loop (local-sgd.ts). */
-  #localSgd: LocalSgd | undefined
   /** Gradient accumulation: sample-weighted sums of the micro-batches' gradients since the last exchange. */
   #acc: Record<string, Tensor> | undefined
   #accSamples = 0
   #accComputeMs = 0
   /** dp.fit(): the nominal global batch of an update (for the learning-rate rule). */
   #fitGlobalBatch: number | undefined
-  /** The parameter-server strategy: the workers' optimizer as the servers run it, and staleness counters. */
-  #psSpec: FlatOptimizerSpec | undefined
-  #psStaleness = { sum: 0, max: 0, steps: 0, dropped: 0 }
-  /** Strategy "auto": what runs now, and this rank's recent compute and all-reduce times (ms, -1: not measured). */
-  #strategy: StrategyName = "allreduce"
-  #computeLog: number[] = []
-  /** strategy "auto": when the last decision round was, and the machine's busy CPU ms then. */
-  #cpuMark: { at: number; busy: number; own: number } | undefined
-  #commLog: number[] = []
-  #allReduceMs: number | undefined
-  /** Strategy "auto" on the servers: this rank's push-pull ms per step, and the group's measured price of one. */
-  #psLog: number[] = []
-  #pushPullMs: number | undefined
-  /** Strategy "auto": the busiest server's CPU ms per push, as the servers last reported it. */
-  #serverMs: number | undefined
-  #switches = 0
   /**
    * The group's progress in synchronous steps' worth of gradients (globalStep): one per
    * all-reduce step; on the servers, the updates they applied times the gradients in one, over p.
    */
   #global = 0
-  /** Strategy "auto" on the servers: the group step and #step when training moved there (their version was 0 then). */
-  #globalBase = 0
-  #syncBase = 0
-  /**
-   * Strategy "auto": the decision clock's next point (the same on every rank). Inside dp.fit() the
-   * clock is this rank's trainStep calls (dp.fit gives every rank the same steps); outside it, the
-   * group step, which every rank reaches whatever steps it took itself.
-   */
-  #nextDecision = AUTO_FIRST_DECISION
-  #calls = 0
-  /**
-   * Strategy "auto": where the current measuring window began (performance.now() and the group
-   * step; undefined until the second step), and the rates measured per strategy with the round
-   * they were measured in (forgotten after AUTO_REMEMBER rounds, so a changed group is tried again).
-   */
-  #mark: { at: number; global: number } | undefined
-  #measured = new Map<StrategyName, { rate: number; round: number }>()
-  #rounds = 0
+  /** The strategy's worker side (strategies/): its state, the exchange and apply of each step. */
+  #worker: StrategyWorker
   /** When trainStep last gave the event loop a turn (performance.now()). */
   #lastTurn = performance.now()
   /** The recovery generation dp.fit() last saw, and the operation after which batch exchanges count again. */
@@ -404,7 +218,7 @@ export class DataParallelModel implements RecoverableModel {
     this.#tf = tf as unknown as tfjs
     this.model = model
     // Local SGD with overlap: a fragment's round in flight is merged before any other group operation.
-    this.#sync = sync.localSgd ? settlingSync(sync, () => this.#localSgd?.settle() ?? Promise.resolve()) : sync
+    this.#sync = sync.localSgd ? settlingSync(sync, () => this.#worker.settle?.() ?? Promise.resolve()) : sync
     const optimizer = opts.optimizer ?? (model as unknown as { optimizer?: Optimizer }).optimizer
     if (!optimizer) {
       throw new ConfigError({
@@ -441,21 +255,38 @@ export class DataParallelModel implements RecoverableModel {
     this.#baseLearningRate = (optimizer as unknown as { learningRate?: number }).learningRate
     const stage = sync.zeroStage ?? 0
     if (stage !== 0 && stage !== 1 && stage !== 2) throw new ConfigError({ field: "collectiveConfig.zeroStage", reason: `must be 0, 1 or 2, got ${String(stage)}` })
-    if (sync.localSgd && !sync.auto && (stage > 0 || sync.ps)) {
-      throw new ConfigError({
-        field: stage > 0 ? "collectiveConfig.zeroStage" : "collectiveConfig.strategy",
-        reason: `strategy "local-sgd" keeps every rank's whole parameters and inner optimizer state and averages parameter deltas; it does not combine with ${stage > 0 ? `zeroStage ${stage}: use zeroStage 0` : "parameter servers"}`
-      })
-    }
-    if (sync.ps) {
-      if (stage > 0) throw new ConfigError({ field: "collectiveConfig.zeroStage", reason: "the parameter servers hold the optimizer state already: use zeroStage 0 with strategy \"parameter-server\"" })
-      this.#psSpec = flatOptimizerSpecOf(optimizer as unknown as Parameters<typeof flatOptimizerSpecOf>[0])
-    }
-    if (stage > 0) {
-      if (!sync.allGatherInto || (stage === 2 && !sync.reduceScatter)) {
-        throw new ConfigError({ field: "collectiveConfig.zeroStage", reason: `stage ${stage} needs the group's reduce-scatter and all-gather, which this group does not offer` })
-      }
-      this.#zero = new ZeroShard(stage as 1 | 2, flatOptimizerSpecOf(optimizer as unknown as Parameters<typeof flatOptimizerSpecOf>[0]), this.parameterCount, sync.rank, sync.worldSize)
+    const name = sync.strategy ?? (sync.auto ? "auto" : sync.localSgd ? "local-sgd" : sync.ps ? "parameter-server" : "allreduce")
+    this.#worker = resolveStrategy(name).create!(this.#strategyHost())
+  }
+
+  /** What the strategy's worker side may use of this model. */
+  #strategyHost(): StrategyHost {
+    // eslint-disable-next-line @typescript-eslint/no-this-alias
+    const dp = this
+    return {
+      sync: this.#sync,
+      layout: this.layout,
+      parameterCount: this.parameterCount,
+      optimizer: this.optimizer,
+      weightDecay: this.#weightDecay,
+      observer: this.#observer,
+      get learningRate() { return dp.learningRate },
+      get inFit() { return dp.#inFit },
+      get exchangeAlone() { return dp.exchangeAlone },
+      get step() { return dp.#step },
+      set step(v: number) { dp.#step = v },
+      get global() { return dp.#global },
+      set global(v: number) { dp.#global = v },
+      readFlatParams: () => this.#readFlatParams(),
+      assignFlat: (flat) => this.#assignFlat(flat),
+      applyFlat: (flat) => {
+        const tf = this.#tf
+        const named: Record<string, Tensor> = {}
+        for (const s of this.layout) named[s.name] = tf.tensor(flat.subarray(s.offset, s.offset + s.size), s.shape as number[], "float32")
+        this.#applyWhole(named)
+        tf.dispose(Object.values(named))
+      },
+      loadTfjsOptimizer: (spec, state) => this.#loadTfjsOptimizer(spec, state)
     }
   }
 
@@ -467,20 +298,13 @@ export class DataParallelModel implements RecoverableModel {
     const dp = new DataParallelModel(tf, model, sync, opts, observer)
     dp.#applyElasticLearningRate()
     await dp.syncWeights()
-    await dp.#loadZeroParams()
-    await dp.#initServers()
-    await dp.#initLocalSgd()
+    await dp.#worker.init?.()
     return dp
-  }
-
-  /** Whether this step goes through the parameter servers. */
-  get #viaServers(): boolean {
-    return this.#sync.ps !== undefined && (this.#sync.auto === undefined || onServers(this.#strategy))
   }
 
   /** @internal whether steps go through the parameter servers now (ctx.communicationStats() reads it) */
   get viaServers(): boolean {
-    return this.#viaServers
+    return this.#worker.viaServers
   }
 
   /**
@@ -496,37 +320,7 @@ export class DataParallelModel implements RecoverableModel {
 
   /** The strategy this model trains with now ("allreduce", or with "auto" also "backup", "ssp" or "async"; "parameter-server" when fixed). */
   get strategy(): string {
-    return this.#sync.auto ? this.#strategy : this.#sync.ps ? "parameter-server" : this.#localSgd ? "local-sgd" : "allreduce"
-  }
-
-  /** Parameter servers: rank 0 gives them the (broadcast) weights and the optimizer; every rank waits until they have them. */
-  async #initServers(files?: Readonly<Record<string, Uint8Array>>): Promise<void> {
-    const ps = this.#sync.ps
-    // Strategy "auto" starts on the all-reduce: the servers get the state when training moves to them.
-    if (!ps || this.#sync.auto) return
-    if (this.#sync.rank === 0) {
-      const restored = files ? await ps.restore(files, this.parameterCount, this.#psSpec!, this.#sync.worldSize, this.#weightDecay) : false
-      if (!restored) await ps.init(await this.#readFlatParams(), this.#psSpec!, this.#sync.worldSize, this.#weightDecay)
-    }
-    // A barrier: nobody pushes (or pulls) before rank 0 set the servers up.
-    await this.#sync.sum(new Float32Array(1))
-    if (files) this.#assignFlat(await ps.pull(this.parameterCount))
-  }
-
-  /** Strategy "local-sgd": the outer loop starts from the broadcast weights (its anchor). */
-  async #initLocalSgd(): Promise<void> {
-    const settings = this.#sync.localSgd
-    // Strategy "auto" starts on the all-reduce and moves to local SGD when the link bounds training.
-    if (!settings || (this.#sync.auto && this.#strategy !== "local-sgd")) return
-    const params = await this.#readFlatParams()
-    this.#localSgd = new LocalSgd(settings, {
-      layout: this.layout,
-      readParams: () => this.#readFlatParams(),
-      writeParams: (flat) => this.#assignFlat(flat),
-      reduce: (buf, layout, weight, round, scope) => this.#sync.reduceGradients(buf, layout as ReadonlyArray<GradientSlot>, weight, round, scope),
-      observe: (name, start, end) => this.#observer?.wait?.(name, start, end),
-      ...(this.#sync.wireStats ? { wireStats: () => this.#sync.wireStats!() } : {})
-    }, params)
+    return this.#worker.name
   }
 
   /** The trainable weights as one flat vector, read asynchronously (what a GPU backend needs). */
@@ -548,24 +342,14 @@ export class DataParallelModel implements RecoverableModel {
     })
   }
 
-  /** The parameter-server strategy: tells the servers this rank's loop ended (sync and ssp steps stop waiting for it). */
+  /** This rank's loop ended: the strategy settles (parameter servers: sync and ssp steps stop waiting for it). */
   async finish(): Promise<void> {
-    await this.#localSgd?.settle()
-    await this.#sync.ps?.finish(this.#sync.rank)
-    // Strategy "auto" on the servers: ranks that are still training may be waiting in a decision
-    // (or reach one); this rank takes part in the group's decision rounds, changing nothing, until
-    // every rank has finished.
-    if (this.#sync.auto && onServers(this.#strategy)) while (!(await this.#decisionRound(true)).allFinishing);
+    await this.#worker.finish?.()
   }
 
   /** collectiveConfig.zeroStage as this model runs it. */
   get zeroStage(): ZeroStage {
-    return this.#zero?.stage ?? 0
-  }
-
-  /** ZeRO: takes this rank's parameter segment from the model's weights (after a broadcast or a restore). */
-  async #loadZeroParams(): Promise<void> {
-    if (this.#zero) this.#zero.loadParams(await this.#readFlatParams())
+    return this.#worker.zeroStage ?? 0
   }
 
   /** The learning rate's factor under the elastic "keep-per-worker" policy (1 otherwise), or prepareModel's rule. */
@@ -598,13 +382,11 @@ export class DataParallelModel implements RecoverableModel {
 
   /** The state other members of a regrouped generation take: weights, optimizer state, step counter. */
   async snapshot(): Promise<Omit<PeerState, "position">> {
-    if (this.#zero) {
-      throw new PeerRecoveryMisaligned({ reason: "with ZeRO each rank holds only its shard of the optimizer state, so no survivor holds the whole of it" })
-    }
+    const own = this.#worker.snapshotFiles?.(this.#inStep)
     const files = {
       ...(await modelToFiles(this.#tf as unknown as Tf, this.model)),
       [OPTIMIZER_FILE]: await optimizerToFile(this.optimizer),
-      ...(this.#localSgd ? { [LOCAL_SGD_FILE]: this.#localSgd.stateFile(this.#inStep) } : {})
+      ...own
     }
     // Steps completed: a step in flight (this rank is parked in its reduction) does not count yet.
     return { files, step: this.#step - (this.#inStep ? 1 : 0) }
@@ -613,9 +395,9 @@ export class DataParallelModel implements RecoverableModel {
   /** Takes a survivor's state: the same weights, optimizer state and step counter as it. */
   async adopt(state: PeerState, options: { readonly redoingStep?: boolean } = {}): Promise<void> {
     // Local SGD: a member in the survivor's round keeps its own parameters (local-sgd.ts).
-    const own = this.#localSgd && state.files[LOCAL_SGD_FILE] ? await this.#readFlatParams() : undefined
+    const after = await this.#worker.beforeAdopt?.(state.files)
     loadWeightsInto(this.#tf as unknown as Tf, this.model, state.files)
-    if (own && this.#localSgd!.adopt(state.files[LOCAL_SGD_FILE]!) === "keep") this.#assignFlat(own)
+    after?.()
     const opt = state.files[OPTIMIZER_FILE]
     if (opt) {
       // tfjs optimizers make new variables for what they load: the ones they held go.
@@ -636,7 +418,7 @@ export class DataParallelModel implements RecoverableModel {
 
   /** Whether the ranks of this group hold the same state between steps (what stateDigest covers). */
   get #replicated(): boolean {
-    return !this.#localSgd && !this.#sync.ps && !this.#sync.auto
+    return this.#worker.replicated
   }
 
   /**
@@ -653,7 +435,7 @@ export class DataParallelModel implements RecoverableModel {
     const h = createHash("sha256")
     const values = await Promise.all(this.model.trainableWeights.map((w) => w.read().data() as Promise<Float32Array>))
     for (const v of values) h.update(new Uint8Array(v.buffer, v.byteOffset, v.byteLength))
-    if (!this.#zero) h.update(await optimizerToFile(this.optimizer)).update(String(this.#step))
+    if (!this.zeroStage) h.update(await optimizerToFile(this.optimizer)).update(String(this.#step))
     const d = h.digest()
     return Float32Array.from([d.readUInt16LE(0), d.readUInt16LE(2), d.readUInt16LE(4), d.readUInt16LE(6)])
   }
@@ -673,7 +455,7 @@ export class DataParallelModel implements RecoverableModel {
    * included, as after a regroup; with ZeRO its weights.
    */
   async takeRankZeroState(broadcast: (buf: Float32Array) => Promise<void>): Promise<void> {
-    if (this.#zero) {
+    if (this.zeroStage) {
       await this.#takeRankZeroValues(this.model.weights, broadcast)
       return
     }
@@ -809,195 +591,6 @@ export class DataParallelModel implements RecoverableModel {
     this.#lastTurn = performance.now()
   }
 
-  #decisionClock(): number {
-    return this.#inFit ? this.#calls : this.globalStep
-  }
-
-  /**
-   * Strategy "auto": one round of the group's decision exchange. Every rank's recent compute,
-   * all-reduce and push-pull times, its group step, step counter, decision clock and whether it has
-   * finished are gathered; every rank leaves with the same group step and next decision point.
-   */
-  async #decisionRound(
-    finishing: boolean
-  ): Promise<{
-    computeMs: number[][]
-    steps: number
-    step: number
-    anyFinishing: boolean
-    allFinishing: boolean
-    cpu: { busyCores: number[]; stepsPerSec: number[]; cores: number[]; host: number[]; ownCores: number[] }
-  }> {
-    const k = AUTO_WINDOW
-    const w = 3 * k + 11
-    // This rank's last k compute, all-reduce and push-pull times (-1: not measured), then the rest.
-    const mine = new Float32Array(w).fill(-1)
-    const c = this.#computeLog.slice(-k)
-    const m = this.#commLog.slice(-k)
-    const q = this.#psLog.slice(-k)
-    mine.set(c, k - c.length)
-    mine.set(m, 2 * k - m.length)
-    mine.set(q, 3 * k - q.length)
-    mine[3 * k] = this.#global
-    mine[3 * k + 1] = this.#step
-    mine[3 * k + 2] = this.#decisionClock()
-    mine[3 * k + 3] = finishing ? 1 : 0
-    mine[3 * k + 4] = this.#serverMs ?? -1
-    mine[3 * k + 5] = this.#mark ? performance.now() - this.#mark.at : -1
-    // Since the last round: this machine's busy cores (every process on it) and this rank's
-    // steps/s; its cores, and the machine (a 24-bit hash of the host name: ranks of one machine
-    // share its cores).
-    const usage = process.cpuUsage()
-    const now = { at: performance.now(), busy: machineBusyMs(), own: (usage.user + usage.system) / 1000 }
-    const took = this.#computeLog.length
-    if (this.#cpuMark && took > 0 && now.at > this.#cpuMark.at) {
-      mine[3 * k + 6] = (now.busy - this.#cpuMark.busy) / (now.at - this.#cpuMark.at)
-      mine[3 * k + 7] = (took * 1000) / (now.at - this.#cpuMark.at)
-      mine[3 * k + 10] = (now.own - this.#cpuMark.own) / (now.at - this.#cpuMark.at)
-    }
-    this.#cpuMark = now
-    mine[3 * k + 8] = os.availableParallelism()
-    mine[3 * k + 9] = hostHash
-    this.#computeLog = []
-    this.#commLog = []
-    this.#psLog = []
-    const all = await this.#sync.allGather!(mine)
-    const p = this.#sync.worldSize
-    let global = 0
-    let steps = 0
-    let clock = 0
-    let done = 0
-    let serverMs = -1
-    let elapsed = -1
-    for (let r = 0; r < p; r++) {
-      global = Math.max(global, all[r * w + 3 * k]!)
-      steps = Math.max(steps, all[r * w + 3 * k + 1]!)
-      clock = Math.max(clock, all[r * w + 3 * k + 2]!)
-      done += all[r * w + 3 * k + 3]!
-      serverMs = Math.max(serverMs, all[r * w + 3 * k + 4]!)
-      elapsed = Math.max(elapsed, all[r * w + 3 * k + 5]!)
-    }
-    // The group's rate since the window began (gradient steps/s: p per synchronous step's worth).
-    this.#rounds++
-    // The first window (from the second step) is warm-up: kernels compiled, buffers and links
-    // made; its rate would sell the starting strategy short, so that round only measures.
-    if (this.#mark && elapsed > 0 && !finishing && this.#rounds > 1) {
-      const rate = ((global - this.#mark.global) * p * 1000) / elapsed
-      if (rate > 0) this.#measured.set(this.#strategy, { rate, round: this.#rounds })
-    }
-    for (const [name, m] of this.#measured) if (this.#rounds - m.round > AUTO_REMEMBER) this.#measured.delete(name)
-    this.#mark = { at: performance.now(), global }
-    this.#global = global
-    const after = Math.floor(clock + 1e-9)
-    this.#nextDecision =
-      after < AUTO_FIRST_DECISION
-        ? AUTO_FIRST_DECISION
-        : after < AUTO_FIRST_CHOICE
-          ? AUTO_FIRST_CHOICE
-          : AUTO_FIRST_CHOICE + AUTO_EVERY * (Math.floor((after - AUTO_FIRST_CHOICE) / AUTO_EVERY) + 1)
-    // Per step, the least any rank spent exchanging (the last to arrive waited for nobody), averaged:
-    // rates follow the mean time, and a rank throttled in bursts has many quick steps and a few slow ones.
-    const leastPerStep = (part: number): number | undefined => {
-      const mins: number[] = []
-      for (let t = 0; t < k; t++) {
-        let least = Number.POSITIVE_INFINITY
-        for (let r = 0; r < p; r++) {
-          const v = all[r * w + part * k + t]!
-          if (v >= 0) least = Math.min(least, v)
-        }
-        if (Number.isFinite(least)) mins.push(least)
-      }
-      return mins.length > 0 ? mins.reduce((a, b) => a + b, 0) / mins.length : undefined
-    }
-    this.#allReduceMs = leastPerStep(1) ?? this.#allReduceMs
-    this.#pushPullMs = leastPerStep(2) ?? this.#pushPullMs
-    if (serverMs >= 0) this.#serverMs = serverMs
-    const computeMs: number[][] = []
-    for (let r = 0; r < p; r++) computeMs.push(Array.from(all.subarray(r * w, r * w + k)).filter((v) => v >= 0))
-    const field = (i: number): number[] => Array.from({ length: p }, (_, r) => all[r * w + 3 * k + i]!)
-    const cpu = { busyCores: field(6), stepsPerSec: field(7), cores: field(8), host: field(9), ownCores: field(10) }
-    return { computeMs, steps, step: Math.floor(global + 1e-9), anyFinishing: done > 0, allFinishing: done >= p, cpu }
-  }
-
-  /**
-   * Strategy "auto", each time the decision clock passes the next decision point, the same points
-   * on every rank, so the exchange lines up: inside dp.fit() every rank's step count; outside it the
-   * group step, which lines up even where ranks take different numbers of steps (backup workers,
-   * SSP, async: a rank enters when it hears the group got there, so the others wait at most for its
-   * step in flight). Every rank computes the same choice from the gathered measurements
-   * (scheduler/strategy-choice.ts), rank 0 explains it, and a change moves training. Once any rank
-   * has finished its loop nothing changes any more.
-   */
-  async #decideStrategy(): Promise<void> {
-    const auto = this.#sync.auto!
-    if (!this.#sync.allGather) return
-    const { computeMs, steps, step, anyFinishing, cpu } = await this.#decisionRound(false)
-    // The first round (warm-up) only measures: its compute times' jitter and its rate are the
-    // first steps', and the machine's busy cores have no window yet.
-    if (this.#rounds === 1) return
-    if (anyFinishing || this.#allReduceMs === undefined || computeMs.some((r) => r.length === 0)) return
-    const choice = chooseStrategy(
-      {
-        computeMs,
-        allReduceMs: this.#allReduceMs,
-        numServers: auto.numServers,
-        equalSteps: this.#inFit,
-        ...(this.#pushPullMs !== undefined ? { pushPullMs: this.#pushPullMs } : {}),
-        ...(this.#serverMs !== undefined ? { serverMs: this.#serverMs } : {}),
-        measured: Object.fromEntries([...this.#measured].map(([name, m]) => [name, m.rate])),
-        // Held to what the machines' cores run (no rank without a CPU figure yet: none is applied).
-        ...(cpu.busyCores.every((c) => c > 0) && cpu.ownCores.every((c) => c > 0) ? { cpu } : {}),
-        // collectiveConfig.localSgd offers local SGD: one round of the whole vector per H steps.
-        ...(this.#sync.localSgd ? { localSgd: { syncEvery: this.#sync.localSgd.syncEvery } } : {})
-      },
-      this.#strategy
-    )
-    if (this.#sync.rank === 0) {
-      const best = choice.predictions.find((x) => x.name === choice.pick)
-      auto.explain(choice.text, { step, ...choice.json }, `gradwire: strategy ${choice.pick}${choice.changed ? ` (was ${this.#strategy})` : ""} at step ${step}: predicted ${best?.stepsPerSec.toFixed(1)} gradient steps/s`)
-    }
-    if (choice.changed) {
-      // The next strategy starts every rank at the same step (the all-reduce and sync steps are numbered by it).
-      this.#step = steps
-      await this.#switchStrategy(choice.pick)
-    }
-  }
-
-  /** Moves training between the all-reduce and the servers, carrying the parameters and the optimizer state. */
-  async #switchStrategy(target: StrategyName): Promise<void> {
-    const ps = this.#sync.ps!
-    const spec = this.#psSpec!
-    if (this.#strategy === "local-sgd") {
-      // Leaving local SGD: one last round of every fragment, so every rank holds the same weights.
-      await this.#localSgd!.flush()
-      this.#localSgd = undefined
-    }
-    if (onServers(this.#strategy)) {
-      // Leaving the servers: every rank takes their whole state (they are idle: every rank is here).
-      const whole = await ps.wholeState(this.parameterCount)
-      this.#assignFlat(whole.params)
-      await this.#loadTfjsOptimizer(spec, whole.optimizer)
-    }
-    if (onServers(target) && this.#sync.rank === 0) {
-      const weights = await readTfjsOptimizerWeights(this.optimizer as unknown as Parameters<typeof readTfjsOptimizerWeights>[0])
-      const state = flatStateFromTfjs(spec, this.layout, this.parameterCount, weights)
-      const as = target === "backup" ? { mode: "sync" as const, backupWorkers: 1 } : { mode: target as "ssp" | "async", backupWorkers: 0 }
-      await ps.takeOver(await this.#readFlatParams(), state, this.learningRate ?? 0, spec, this.#sync.worldSize, this.#weightDecay, as)
-    }
-    // Nobody pushes before the servers hold the state; then every rank learns their version.
-    await this.#sync.sum(new Float32Array(1))
-    if (onServers(target)) await ps.pull(this.parameterCount)
-    // The servers' version starts again at 0: the group step and step counter it is counted from.
-    this.#globalBase = this.#global
-    this.#syncBase = this.#step
-    this.#strategy = target
-    // Local SGD's outer loop starts at the weights every rank holds now.
-    if (target === "local-sgd") await this.#initLocalSgd()
-    this.#switches++
-    // The new strategy's window starts after the move.
-    this.#mark = { at: performance.now(), global: this.#global }
-  }
-
   /** Loss, gradients and (classification) correct predictions of a batch. */
   #forward(x: Tensor, y: Tensor): { value: Scalar; grads: Record<string, Tensor>; correct: Tensor | undefined } {
     const tf = this.#tf
@@ -1099,20 +692,10 @@ export class DataParallelModel implements RecoverableModel {
     if (!fusedAdamStep(tf, this.optimizer, grads)) this.optimizer.applyGradients(grads)
   }
 
-  /** ZeRO's update: this rank's segment from its reduced gradient, then every segment all-gathered into the model. */
-  async #applyShard(zero: ZeroShard, grad: Float32Array): Promise<void> {
-    const tf = this.#tf
-    zero.update(grad, this.learningRate, this.#weightDecay)
-    const gathered = zero.gathered
-    await this.#sync.allGatherInto!(zero.segment, gathered)
-    this.#assignFlat(gathered)
-  }
-
   async #trainStep(x: Tensor, y: Tensor): Promise<StepResult> {
     const tf = this.#tf
-    if (this.#sync.auto && this.#decisionClock() >= this.#nextDecision) await this.#decideStrategy()
-    this.#calls++
-    if (this.#sync.auto && this.#calls === 2 && !this.#mark) this.#mark = { at: performance.now(), global: this.#global }
+    const worker = this.#worker
+    await worker.beforeStep?.()
     const step = this.#step++
     const t0 = performance.now()
     const fwd = this.#forward(x, y)
@@ -1121,14 +704,12 @@ export class DataParallelModel implements RecoverableModel {
     const value = fwd.value
     const correctT = fwd.correct
     this.#applyLearningRateRule(step, samples)
-    const zero = this.#zero
     const done = (lossArr: ArrayLike<number>, correctArr: ArrayLike<number> | undefined): StepResult => {
-      if (!this.#viaServers) this.#global++
+      if (!worker.viaServers) this.#global++
       this.onStep?.({ epoch: this.#epoch, step: this.#stepInEpoch++, stepsPerEpoch: this.#stepsPerEpoch, samples, loss: lossArr[0]! })
       return { loss: lossArr[0]!, samples: own, ...(correctArr ? { correct: correctArr[0]! } : {}) }
     }
-    const local = this.#localSgd
-    if ((this.#sync.worldSize === 1 && !this.exchangeAlone && !zero && !this.#viaServers) || local) {
+    if (worker.inPlace()) {
       // Nobody to exchange with (or local SGD's inner step): apply the gradients where they are,
       // without the round trip out of the engine and back.
       const [lossArr, correctArr] = await Promise.all([value.data(), correctT?.data()])
@@ -1138,109 +719,49 @@ export class DataParallelModel implements RecoverableModel {
       this.#lastComputeMs = t1 - t0 + this.#accComputeMs
       this.#clearAccumulated()
       this.#observer?.phase?.("forward_backward", t0, t1, step)
-      if (local && this.#sync.auto && step >= 2) this.#computeLog.push(this.#lastComputeMs)
+      worker.computed?.(this.#lastComputeMs, step, true)
       this.#applyWhole(grads)
       tf.dispose(Object.values(grads))
       const t2 = performance.now()
       // Local SGD: the outer round of the fragments due after this step (none most steps).
-      if (local) {
-        await local.afterStep(samples)
-        // A round in flight needs the event loop's turns to make progress while steps compute.
-        if (local.pending) await new Promise<void>((resolve) => setImmediate(resolve))
-      }
+      await worker.afterInPlace?.(samples)
       const t3 = performance.now()
       this.#observer?.phase?.("allreduce", t2, t3, step)
       this.#observer?.phase?.("apply", t1, t2, step)
       this.#observer?.phase?.("step", t0, t3, step)
       return done(lossArr, correctArr)
     }
-    const into = zero?.stage === 2 ? zero.gradients : undefined
-    let [flat, lossArr, correctArr] = await Promise.all([this.#readGradients(grads, into), value.data(), correctT?.data()])
+    let [flat, lossArr, correctArr] = await Promise.all([this.#readGradients(grads, worker.gradientBuffer?.()), value.data(), correctT?.data()])
     tf.dispose([value, ...(correctT ? [correctT] : [])])
     tf.dispose(Object.values(grads))
     if (this.#delayMsPerSample > 0) await new Promise((r) => setTimeout(r, this.#delayMsPerSample * own))
-    let t1 = performance.now()
+    const t1 = performance.now()
     this.#lastComputeMs = t1 - t0 + this.#accComputeMs
     this.#observer?.phase?.("forward_backward", t0, t1, step)
-    if (this.#sync.auto && step >= 2) this.#computeLog.push(this.#lastComputeMs)
-    const ps = this.#viaServers ? this.#sync.ps : undefined
-    if (ps) {
-      // The servers apply the gradient (as the mode says) and hand back their fresh parameters.
-      // Under "auto" a mode runs exactly as when chosen by hand (the same learning rate per update).
-      const p = this.#sync.worldSize
-      const oneByOne = this.#sync.auto ? this.#strategy === "ssp" || this.#strategy === "async" : ps.mode !== "sync"
-      const r = await ps.pushPull(this.#sync.rank, step, flat, samples, this.learningRate)
-      if (r.serverMs !== undefined) this.#serverMs = r.serverMs
-      // The group's progress from the servers' version; under "auto" with backup workers outside
-      // dp.fit() a rank whose gradient came late goes on at the step the servers collect, not
-      // behind it. Inside dp.fit() every rank pushes every step of its own (decisions come at the
-      // same step count on every rank, and the fast ones wait there for a step only the slow one
-      // can still complete).
-      const perUpdate = oneByOne ? 1 : p - (this.#sync.auto ? 1 : ps.backupWorkers)
-      this.#global = Math.max(this.#global, this.#globalBase + (r.version * perUpdate) / p)
-      if (this.#sync.auto && this.#strategy === "backup" && !this.#inFit) this.#step = Math.max(this.#step, this.#syncBase + r.version)
-      if (this.#sync.auto && step >= 2) {
-        this.#commLog.push(-1)
-        this.#psLog.push(performance.now() - t1)
+    worker.computed?.(this.#lastComputeMs, step, false)
+    const exchanged = await worker.exchange(flat, {
+      step,
+      samples,
+      // The group broke under the reduction and was re-formed: this rank's gradients again (the
+      // weights are unchanged), with the micro-batches it accumulated before, which it kept.
+      recompute: async () => {
+        const again = this.#forward(x, y)
+        const redo = this.#withAccumulated(again.grads, own)
+        ;[flat, lossArr] = await Promise.all([this.#readGradients(redo.grads), again.value.data()])
+        tf.dispose([again.value, ...(again.correct ? [again.correct] : []), ...Object.values(redo.grads)])
+        return flat
       }
-      this.#clearAccumulated()
-      const st = this.#psStaleness
-      st.sum += r.staleness
-      st.max = Math.max(st.max, r.staleness)
-      st.steps++
-      if (r.dropped) st.dropped++
-      const t2 = performance.now()
-      this.#observer?.phase?.("allreduce", t1, t2, step)
-      this.#assignFlat(r.params)
-      const t3 = performance.now()
-      this.#observer?.phase?.("apply", t2, t3, step)
-      this.#observer?.phase?.("step", t0, t3, step)
-      return done(lossArr, correctArr)
-    }
-    if (zero?.stage === 2) {
-      // Each rank receives only its segment of the reduced gradient.
-      const segment = await this.#sync.reduceScatter!(flat, samples)
-      this.#clearAccumulated()
-      const t2 = performance.now()
-      this.#observer?.phase?.("allreduce", t1, t2, step)
-      await this.#applyShard(zero, segment)
-      const t3 = performance.now()
-      this.#observer?.phase?.("apply", t2, t3, step)
-      this.#observer?.phase?.("step", t0, t3, step)
-      return done(lossArr, correctArr)
-    }
-    let reduced = await this.#sync.reduceGradients(flat, this.layout, samples, step)
-    while (reduced === "recompute") {
-      // The group broke under the reduction and was re-formed: the buffer holds partial sums of
-      // the old group, so this rank's gradients are computed again (the weights are unchanged) and
-      // reduced in the new group (with the micro-batches it accumulated before, which it kept).
-      const again = this.#forward(x, y)
-      const redo = this.#withAccumulated(again.grads, own)
-      ;[flat, lossArr] = await Promise.all([this.#readGradients(redo.grads), again.value.data()])
-      tf.dispose([again.value, ...(again.correct ? [again.correct] : []), ...Object.values(redo.grads)])
-      t1 = performance.now()
-      reduced = await this.#sync.reduceGradients(flat, this.layout, samples, step)
-    }
+    })
     this.#clearAccumulated()
     const t2 = performance.now()
-    this.#observer?.phase?.("allreduce", t1, t2, step)
-    if (this.#sync.auto && step >= 2) this.#commLog.push(t2 - t1)
-    if (reduced === "adopted") {
+    this.#observer?.phase?.("allreduce", exchanged.sentAt ?? t1, t2, step)
+    if (exchanged.adopted) {
       // The group was re-formed and this rank took the state of a survivor that completed this
       // step: its update is in the weights already.
       this.#observer?.phase?.("step", t0, t2, step)
       return { loss: lossArr[0]!, samples: own, ...(correctArr ? { correct: correctArr[0]! } : {}) }
     }
-    if (zero) {
-      // Stage 1: the whole gradient was all-reduced (with any compression); this rank updates its segment.
-      await this.#applyShard(zero, flat.subarray(zero.layout.start, zero.layout.end))
-    } else {
-      // One copy back into the engine per variable, straight from views of the reduced buffer.
-      const named: Record<string, Tensor> = {}
-      for (const s of this.layout) named[s.name] = tf.tensor(flat.subarray(s.offset, s.offset + s.size), s.shape as number[], "float32")
-      this.#applyWhole(named)
-      tf.dispose(Object.values(named))
-    }
+    await exchanged.apply?.()
     const t3 = performance.now()
     this.#observer?.phase?.("apply", t2, t3, step)
     this.#observer?.phase?.("step", t0, t3, step)
@@ -1486,22 +1007,8 @@ export class DataParallelModel implements RecoverableModel {
       ...(e ? { world_size: this.#sync.worldSize, lr_scale: this.learningRateScale } : {}),
       // The learning rate prepareModel's rule set for the last update.
       ...(this.#lrRule && this.#lastLearningRate !== undefined ? { lr: this.#lastLearningRate } : {}),
-      // Parameter servers: updates between the parameters a gradient was computed on and its
-      // application (mean and max over this rank's steps so far), and gradients dropped (backup workers).
-      ...(this.#sync.auto ? { strategy: this.#strategy, "strategy/switches": this.#switches } : {}),
-      ...this.#localSgd?.metrics(),
-      ...(this.#viaServers
-        ? {
-            "ps/staleness": this.#psStaleness.sum / Math.max(1, this.#psStaleness.steps),
-            "ps/staleness_max": this.#psStaleness.max,
-            "ps/dropped": this.#psStaleness.dropped,
-            // Gradient bytes of this rank's last step's pushes (every server's), and as dense fp32:
-            // ReducerStats' wireBytes / denseBytes (ctx.communicationStats()) for the pushes.
-            ...(this.#sync.ps?.pushStats && this.#sync.ps.pushStats.steps > 0
-              ? { "ps/wire_bytes": this.#sync.ps.pushStats.wireBytes, "ps/dense_bytes": this.#sync.ps.pushStats.denseBytes }
-              : {})
-          }
-        : {})
+      // The strategy's: auto's choice and switches, local SGD's rounds, the servers' staleness and pushes.
+      ...this.#worker.metrics?.()
     }
   }
 
@@ -1514,22 +1021,14 @@ export class DataParallelModel implements RecoverableModel {
    */
   async optimizerFiles(): Promise<Record<string, Uint8Array>> {
     const state = new TextEncoder().encode(JSON.stringify({ step: this.#step, globalStep: this.#global, zeroStage: this.zeroStage, worldSize: this.#sync.worldSize }))
-    if (this.#zero) return { [DP_STATE_FILE]: state }
-    if (this.#localSgd) {
-      // The outer loop's anchor and momentum; a round in flight is merged first.
-      await this.#localSgd.settle()
-      return { [OPTIMIZER_FILE]: await optimizerToFile(this.optimizer), [LOCAL_SGD_FILE]: this.#localSgd.stateFile(), [DP_STATE_FILE]: state }
-    }
-    // The parameter servers hold the parameters and the optimizer state: one file per server.
-    if (this.#viaServers) return { ...(await this.#sync.ps!.stateFiles()), [DP_STATE_FILE]: state }
-    return { [OPTIMIZER_FILE]: await optimizerToFile(this.optimizer), [DP_STATE_FILE]: state }
+    const whole = (): Promise<Uint8Array> => optimizerToFile(this.optimizer)
+    const files = this.#worker.checkpointFiles ? await this.#worker.checkpointFiles(whole) : { [OPTIMIZER_FILE]: await whole() }
+    return { ...files, [DP_STATE_FILE]: state }
   }
 
   /** ZeRO: this rank's shard of the optimizer state, as the checkpoint file it adds to its reports. */
   shardFiles(): Record<string, Uint8Array> {
-    if (!this.#zero) return {}
-    const { name, bytes } = this.#zero.shardFile()
-    return { [name]: bytes }
+    return this.#worker.shardFiles?.() ?? {}
   }
 
   /**
@@ -1544,41 +1043,8 @@ export class DataParallelModel implements RecoverableModel {
       this.#step = Number(st.step ?? 0)
       this.#global = Number(st.globalStep ?? this.#step)
     }
-    if (this.#localSgd) {
-      // The outer state saved with the weights; a checkpoint without it (another strategy's) starts
-      // the outer loop at the restored weights.
-      const outer = files[LOCAL_SGD_FILE]
-      if (outer) this.#localSgd.restore(outer)
-      else await this.#localSgd.resetAnchor()
-    }
-    if (this.#sync.auto) {
-      // Strategy "auto" resumes on the all-reduce: a checkpoint taken while on the servers is
-      // their state, which every rank loads into its own optimizer.
-      this.#strategy = "allreduce"
-      if (hasPsFiles(files)) {
-        const whole = psWholeState(files, this.parameterCount)
-        this.#assignFlat(whole.params)
-        await this.#loadTfjsOptimizer(this.#psSpec!, whole.optimizer)
-        return
-      }
-    } else if (this.#sync.ps) {
-      // Rank 0 sets the servers up from the checkpoint (from the restored weights when it has no
-      // server state); every rank then continues from the servers' parameters.
-      await this.#initServers(files)
-      return
-    }
-    const zero = this.#zero
-    if (zero) {
-      await this.#loadZeroParams()
-      if (hasShards(files)) zero.loadShards(files)
-      else if (files[OPTIMIZER_FILE]) {
-        // Saved whole by a stage-0 run: converted to the flat layout, this rank's range kept.
-        const saved = await readOptimizerFile(files[OPTIMIZER_FILE], this.optimizer.getClassName())
-        const whole = flatStateFromTfjs(zero.optimizer.spec, this.layout, this.parameterCount, saved.map((w) => ({ name: w.name, values: w.data })))
-        zero.loadWhole(whole)
-      }
-      return
-    }
+    // The strategy's own state (local SGD's outer loop, the servers', ZeRO's shards, auto's move back).
+    if (await this.#worker.restore?.(files)) return
     const opt = files[OPTIMIZER_FILE]
     if (opt) await loadOptimizerFrom(this.#tf as unknown as Tf, this.optimizer, opt)
     else if (hasShards(files)) {
@@ -1601,12 +1067,8 @@ export class DataParallelModel implements RecoverableModel {
    * the gathered vector).
    */
   async memoryStats(): Promise<{ readonly optimizerState: number; readonly reducedGradient: number; readonly gradientBuffers: number; readonly parameterBuffers: number }> {
-    const zero = this.#zero
-    if (zero) {
-      const m = zero.memory()
-      const reduced = zero.stage === 2 ? zero.layout.shardSize * 4 : this.parameterCount * 4
-      return { optimizerState: m.optimizerState, reducedGradient: reduced, gradientBuffers: m.gradientBuffers || this.parameterCount * 4, parameterBuffers: m.parameterBuffers }
-    }
+    const own = this.#worker.memoryStats?.()
+    if (own) return own
     const weights = await this.optimizer.getWeights()
     let bytes = 0
     for (const w of weights) {

@@ -9,7 +9,6 @@ import {
   defaultStoragePath,
   parseTrainLoopRef,
   resolveClusterConfig,
-  usesParameterServers,
   type ClusterConfig,
   type TrainLoopRef
 } from "../../core/config.ts"
@@ -21,7 +20,7 @@ import type { ArrayDataset } from "../../core/datasets.ts"
 import { isDatasetFactorySpec, isFileDatasetSpec, type DatasetFactorySpec, type FileDatasetSpec } from "../../core/data/file-spec.ts"
 import { parseCompressionConfig } from "../../collectives/compression/index.ts"
 import { parseAlgorithmChoice } from "../../collectives/algorithms/index.ts"
-import { checkPushCompression } from "./ps-push-codec.ts"
+import { resolveStrategy, type StrategyConfigInput } from "./strategies/index.ts"
 import { resolveLocalSgd, type LocalSgdSettings } from "./optim/outer-optimizer.ts"
 import type { WorkerArgs } from "./train-protocol.ts"
 import type { GroupFailure, TrainerState } from "./failure-policy.ts"
@@ -151,22 +150,18 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
     })
   }
   const strategy = coll.strategy ?? "allreduce"
+  // The registry owns the names: an unknown one is refused here, listing the registered ones.
+  const entry = resolveStrategy(strategy)
   // Local SGD: no gradient is exchanged; the group's reducer carries the outer rounds with localSgd.compression.
   const local = resolveLocalSgdOptions(coll, strategy, zeroStage, compression)
   const backupWorkers = coll.backupWorkers ?? 0
   const psMode = coll.parameterServer?.mode ?? "sync"
   const minWorkersAsked = typeof scaling.numWorkers === "number" ? scaling.numWorkers : scaling.numWorkers.min
-  if (coll.parameterServer !== undefined && strategy === "allreduce") {
+  if (coll.parameterServer !== undefined && !entry.servers) {
     throw new ConfigError({ field: "collectiveConfig.parameterServer", reason: `configures the parameter servers, but strategy is "${strategy}": add strategy: "parameter-server"` })
   }
-  if (strategy === "auto" && coll.parameterServer?.mode !== undefined) {
-    throw new ConfigError({ field: "collectiveConfig.parameterServer.mode", reason: `strategy "auto" picks the mode itself (backup workers or ssp); leave mode unset, or use strategy "parameter-server"` })
-  }
-  if (usesParameterServers(strategy)) {
-    if (zeroStage > 0) throw new ConfigError({ field: "collectiveConfig.zeroStage", reason: "the parameter servers hold the optimizer state already: use zeroStage 0 with strategy \"parameter-server\"" })
-    // Pushes carry a codec's byte message of a flat range (ps-push-codec.ts); PowerSGD and "auto" cannot be pushed.
-    checkPushCompression(compression, strategy)
-  }
+  const input: StrategyConfigInput = { strategy, collective: coll, compression, zeroStage, localSgd: local?.settings, minWorkers: minWorkersAsked }
+  entry.validate?.(input)
   if (backupWorkers > 0) {
     if (strategy !== "parameter-server" || psMode !== "sync") {
       throw new ConfigError({ field: "collectiveConfig.backupWorkers", reason: `backup workers drop the slowest gradients of a synchronous step: use strategy "parameter-server" with parameterServer.mode "sync"` })
@@ -176,14 +171,7 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
     }
   }
   // Where no survivor holds the whole training state, a failure restarts from the checkpoint.
-  const peersCannot =
-    local?.settings.overlap
-      ? `with localSgd.overlap a fragment's round runs in the background of the inner steps, where a regroup cannot pick it up`
-      : usesParameterServers(strategy)
-      ? `with strategy "${strategy}" the state lives on the parameter servers, which restart with the job from the checkpoint`
-      : zeroStage > 0
-        ? `with zeroStage ${zeroStage} each rank holds only its shard of the optimizer state, so a lost rank's shard is only in the checkpoint`
-        : undefined
+  const peersCannot = entry.peersCannot(input)
   if (peersCannot && run.failureConfig?.recoverFrom === "peers") {
     throw new ConfigError({
       field: "runConfig.failureConfig.recoverFrom",
@@ -211,7 +199,7 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
       strategy,
       backupWorkers,
       ...(local ? { localSgd: local.settings } : {}),
-      ...(usesParameterServers(strategy)
+      ...(entry.servers
         ? { parameterServer: { numServers: coll.parameterServer?.numServers ?? 1, mode: psMode, staleness: coll.parameterServer?.staleness ?? 2 } }
         : {}),
       bucketSizeMiB: coll.bucketSizeMiB ?? BUCKET_SIZE_MIB,

@@ -99,6 +99,8 @@ export interface TrainContextDeps {
   readonly adaptiveBatching?: boolean
   /** collectiveConfig.zeroStage. */
   readonly zeroStage?: 0 | 1 | 2
+  /** collectiveConfig.strategy (GradientSync.strategy). */
+  readonly strategy?: string
   /** collectiveConfig.wireDtype "float16": ZeRO stage 2's reduce-scatter sends binary16. */
   readonly halfWire?: boolean
   /** The parameter-server strategy's servers. */
@@ -426,6 +428,7 @@ export class TrainContext {
       ...(d.ps ? { ps: d.ps } : {}),
       ...(d.auto ? { auto: d.auto } : {}),
       ...(d.localSgd ? { localSgd: d.localSgd } : {}),
+      ...(d.strategy ? { strategy: d.strategy } : {}),
       wireStats: () => session.group.reducer.stats,
       recovery: session
     }

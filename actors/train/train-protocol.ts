@@ -204,6 +204,7 @@ export const WorkerArgs = Schema.Struct({
     adaptiveBatching: Schema.optionalKey(Schema.Boolean),
     /** collectiveConfig.zeroStage (absent: 0). */
     zeroStage: Schema.optionalKey(Schema.Literals([0, 1, 2])),
+    /** collectiveConfig.strategy: a registered strategy's name (strategies/registry.ts, checked by the driver). */
     strategy: Schema.optionalKey(TrainingStrategySchema),
     /** strategy "local-sgd": the outer loop (optim/outer-optimizer.ts LocalSgdSettings); its codec is `compression`. */
     localSgd: Schema.optionalKey(

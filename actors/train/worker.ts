@@ -308,6 +308,7 @@ export const trainWorker = defineActor(
           seed: args.seed,
           adaptiveBatching: args.collective.adaptiveBatching === true,
           zeroStage: args.collective.zeroStage ?? 0,
+          ...(args.collective.strategy ? { strategy: args.collective.strategy } : {}),
           ...(ps ? { ps } : {}),
           ...(ps && args.parameterServer?.auto
             ? {

@@ -1,0 +1,44 @@
+// Strategy "allreduce" (the default): every step all-reduces the ranks' flat gradients (weighted by
+// their sample counts) and applies the same update on every rank, so their weights stay identical.
+// With collectiveConfig.zeroStage 1 or 2 the optimizer state is sharded (zero.ts).
+import { defineStrategy, reduceWithRecompute, type Exchanged, type StepExchange, type StrategyHost, type StrategyWorker } from "./strategy.ts"
+import { ZeroWorker } from "./zero.ts"
+
+/** The plain data-parallel step: the whole reduced gradient applied by the optimizer on every rank. */
+export class AllReduceWorker implements StrategyWorker {
+  readonly name: string = "allreduce"
+  readonly viaServers = false
+  readonly replicated = true
+  readonly #host: StrategyHost
+
+  constructor(host: StrategyHost) {
+    this.#host = host
+  }
+
+  /** Nobody to exchange with: the gradients are applied where they are. */
+  inPlace(): boolean {
+    return this.#host.sync.worldSize === 1 && !this.#host.exchangeAlone
+  }
+
+  async exchange(flat: Float32Array, x: StepExchange): Promise<Exchanged> {
+    const t1 = performance.now()
+    const r = await reduceWithRecompute(this.#host, flat, x)
+    return {
+      adopted: r.adopted,
+      ...(r.sentAt !== undefined ? { sentAt: r.sentAt } : {}),
+      commMs: performance.now() - (r.sentAt ?? t1),
+      // One copy back into the engine per variable, straight from views of the reduced buffer.
+      apply: () => this.#host.applyFlat(r.flat)
+    }
+  }
+}
+
+export const allreduce = defineStrategy({
+  name: "allreduce",
+  hint: "every step all-reduces the gradients and applies the same update on every rank (zeroStage 1/2 shard the optimizer state)",
+  servers: false,
+  peersCannot: ({ zeroStage }) =>
+    zeroStage > 0 ? `with zeroStage ${zeroStage} each rank holds only its shard of the optimizer state, so a lost rank's shard is only in the checkpoint` : undefined,
+  autoCandidates: ["allreduce"],
+  create: (host) => ((host.sync.zeroStage ?? 0) > 0 ? new ZeroWorker(host) : new AllReduceWorker(host))
+})
