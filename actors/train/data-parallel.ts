@@ -1,7 +1,9 @@
 // The data-parallel model wrapper behind TrainContext.prepareModel: every step computes this
 // rank's gradients, all-reduces them (weighted by sample counts, so unequal batches still give
 // the large-batch SGD update) and applies the same update on every rank. Ranks start from rank 0's
-// weights and apply bitwise-identical reduced gradients, so their weights stay identical.
+// weights and apply bitwise-identical reduced gradients, so their weights stay identical. What is
+// done with the gradient, and the state that takes, is the strategy's (strategies/: ZeRO, parameter
+// servers, local SGD, auto); dp.fit()'s epoch loop is fit-loop.ts.
 //
 // Gradients leave the tfjs engine as ONE flat Float32Array (concatenated on the device, one read;
 // or, on host-memory backends with compression, read per variable into the reducer's own buffer),
@@ -11,22 +13,22 @@
 import { fusedAdamStep } from "../../core/kernels/fused-adam.ts"
 import { createHash } from "node:crypto"
 import type { Tf } from "../../core/engine.ts"
-import { shardIndicesWeighted } from "../../core/datasets.ts"
-import { isStreamingSource } from "../../core/data/stream.ts"
-import { batchTensors, classesOf, fitBatch, streamEpoch, type FitSource, type ShardSource } from "./batches.ts"
-import { HeteroBatcher } from "./hetero-batching.ts"
+import type { FitSource } from "./batches.ts"
+import { FitLoop, type EpochResult, type FitOptions, type StepResult, type TrainStepOptions } from "./fit-loop.ts"
 import { ConfigError } from "../../core/errors.ts"
-import { PeerRecoveryMisaligned, type LoopPosition, type RecoverableModel } from "./group-session.ts"
+import type { LoopPosition, RecoverableModel } from "./group-session.ts"
 import { OPTIMIZER_FILE, loadOptimizerFrom, loadWeightsInto, modelToFiles, optimizerToFile } from "../../core/model-io.ts"
 import type { PeerState } from "./train-protocol.ts"
-import { lrRuleOf, type LrRule, type LrRuleOptions } from "./optim/lr-rules.ts"
+import { lrRuleOf, type LrRule } from "./optim/lr-rules.ts"
 import { flatOptimizerSpecOf, type FlatOptimizerSpec, type FlatOptimizerState } from "./optim/flat-optimizers.ts"
 import { hasShards, readShards, reshard, shardLayout, type ZeroStage } from "./optim/zero.ts"
 import { tfjsWeightsFromFlat, writeTfjsOptimizerWeights } from "./optim/tfjs-state.ts"
 import { settlingSync } from "./local-sgd.ts"
 import { decodeMessage, encodeMessage } from "../../core/wire.ts"
 import type { LossFn, LossName } from "./model-parallel/loss.ts"
-import type { GradientSlot, GradientSync, RecoveryCursor, StepObserver } from "./gradient-sync.ts"
+import { GradientAccumulator, readGradients } from "./accumulation.ts"
+import { broadcastBytes, evaluateLocal, evaluateLocalAsync, labelsOf, resolveLoss, takeRankZeroValues, type PrepareOptions } from "./prepare-options.ts"
+import type { GradientSlot, GradientSync, StepObserver } from "./gradient-sync.ts"
 import { resolveStrategy, type StrategyHost, type StrategyWorker } from "./strategies/index.ts"
 
 export type { GradientSlot, GradientSync, ParameterServers, PeerRecovery, RecoveryCursor, StepObserver } from "./gradient-sync.ts"
@@ -44,124 +46,12 @@ type Tensor = import("@tensorflow/tfjs").Tensor
 type Scalar = import("@tensorflow/tfjs").Scalar
 type Variable = import("@tensorflow/tfjs").Variable
 
-// The same loss names and functions as the pipeline's last stage takes.
+// The same loss names and functions as the pipeline's last stage takes; a source of rows per epoch
+// (in memory, or streamed: batches.ts).
 export type { LossFn, LossName }
-
-/** Step index of a cursor's position in an epoch cut into `steps` steps (= steps at the metric sum). */
-const stepAt = (c: RecoveryCursor, steps: number): number =>
-  c.stepInEpoch >= c.stepsPerEpoch ? steps : Math.min(steps, Math.round((c.stepInEpoch / Math.max(1, c.stepsPerEpoch)) * steps))
-
-export interface PrepareOptions extends LrRuleOptions {
-  /** Default: the model's compile() optimizer. */
-  readonly optimizer?: Optimizer
-  /**
-   * Decoupled weight decay (AdamW-style, as torch.optim.AdamW): before each update every weight is
-   * multiplied by 1 - learningRate * weightDecay. With any optimizer. Default 0.
-   */
-  readonly weightDecay?: number
-  /** Default: the model's compile() loss. */
-  readonly loss?: LossName | LossFn
-  /**
-   * Simulated heterogeneity (tests, benchmarks): this rank sleeps this many ms per sample after
-   * forward/backward, inside the measured compute time, like a slower device. Default 0.
-   */
-  readonly simulatedDelayMsPerSample?: number
-}
-
-export interface StepResult {
-  /** This rank's mean loss on its batch. */
-  readonly loss: number
-  readonly samples: number
-  /** Correct predictions in the batch (classification losses only). */
-  readonly correct?: number
-}
-
-export interface EpochResult {
-  readonly epoch: number
-  /** Mean loss over every rank's samples in the epoch. */
-  readonly loss: number
-  /** Accuracy over every rank's samples (classification losses only). */
-  readonly accuracy?: number
-  readonly samples: number
-  readonly steps: number
-  readonly seconds: number
-}
-
-export type FitOptions = FitCommonOptions &
-  (
-    | {
-        /** Per-rank batch size. */
-        readonly batchSize: number
-        readonly globalBatchSize?: undefined
-      }
-    | {
-        /**
-         * Global batch per step, split over the ranks (hetero-batching.ts): in proportion to each
-         * rank's measured throughput with collectiveConfig.adaptiveBatching, else equally.
-         * floor(dataset size / globalBatchSize) steps per epoch on every rank.
-         */
-        readonly globalBatchSize: number
-        readonly batchSize?: undefined
-      }
-  )
-
-export interface FitCommonOptions {
-  readonly epochs: number
-  /** Seed of the per-epoch shuffles (same on every rank). Default 0. */
-  readonly seed?: number
-  /** First epoch (for a resumed run). Default 0. */
-  readonly initialEpoch?: number
-  /** Called after every epoch with metrics averaged over ranks. */
-  readonly onEpochEnd?: (result: EpochResult) => void | Promise<void>
-  /** Called after every step. */
-  readonly onStep?: (step: StepResult & { epoch: number; index: number }) => void | Promise<void>
-  /**
-   * Gradient accumulation: every step runs this many micro-batches of the batch size, adds up
-   * their gradients locally and exchanges them once (one all-reduce per k micro-batches): the same
-   * update as a k-times larger batch. Default 1.
-   */
-  readonly accumulationSteps?: number
-}
-
-export interface TrainStepOptions {
-  /**
-   * Compute this batch's gradients and add them up locally, without exchanging or applying them
-   * (no communication): the next trainStep() without it exchanges the sum of all accumulated
-   * batches and updates once, as if they had been one batch (weighted by their sample counts).
-   */
-  readonly accumulate?: boolean
-}
-
-/** A source of rows per epoch (in memory, or streamed: batches.ts). */
+export type { PrepareOptions } from "./prepare-options.ts"
+export type { EpochResult, FitCommonOptions, FitOptions, StepResult, TrainStepOptions } from "./fit-loop.ts"
 export type { FitSource, ShardSource } from "./batches.ts"
-
-const resolveLoss = (tf: Tf, model: LayersModel, loss: PrepareOptions["loss"]): { fn: LossFn; classification: boolean; sparse: boolean } => {
-  const l = loss ?? (model as unknown as { loss?: unknown }).loss
-  if (typeof l === "function") return { fn: l as LossFn, classification: false, sparse: false }
-  const t = tf as unknown as tfjs
-  switch (l) {
-    case "categoricalCrossentropy":
-      return { fn: (yt, yp) => t.metrics.categoricalCrossentropy(yt, yp).mean() as Scalar, classification: true, sparse: false }
-    case "sparseCategoricalCrossentropy":
-      return {
-        fn: (yt, yp) =>
-          t.tidy(() => t.metrics.categoricalCrossentropy(t.oneHot(yt.flatten().toInt(), yp.shape[yp.shape.length - 1] as number), yp).mean() as Scalar),
-        classification: true,
-        sparse: true
-      }
-    case "meanSquaredError":
-      return { fn: (yt, yp) => t.losses.meanSquaredError(yt, yp) as Scalar, classification: false, sparse: false }
-    case "binaryCrossentropy":
-      return { fn: (yt, yp) => t.metrics.binaryCrossentropy(yt, yp).mean() as Scalar, classification: false, sparse: false }
-    default:
-      throw new ConfigError({
-        field: "prepareModel.loss",
-        reason:
-          `no usable loss (got ${JSON.stringify(l)}): compile the model with one of "categoricalCrossentropy", ` +
-          `"sparseCategoricalCrossentropy", "meanSquaredError", "binaryCrossentropy", or pass { loss: (yTrue, yPred) => scalar }`
-      })
-  }
-}
 
 export class DataParallelModel implements RecoverableModel {
   readonly model: LayersModel
@@ -177,23 +67,14 @@ export class DataParallelModel implements RecoverableModel {
   #observer: StepObserver | undefined
   #delayMsPerSample = 0
   #lastComputeMs = 0
-  #batcher: HeteroBatcher | undefined
   #step = 0
-  #epoch = 0
-  #stepInEpoch = 0
-  #stepsPerEpoch = 0
-  #inFit = false
   #inStep = false
   #baseLearningRate: number | undefined
   #lrRule: LrRule | undefined
   #lastLearningRate: number | undefined
   #weightDecay = 0
   /** Gradient accumulation: sample-weighted sums of the micro-batches' gradients since the last exchange. */
-  #acc: Record<string, Tensor> | undefined
-  #accSamples = 0
-  #accComputeMs = 0
-  /** dp.fit(): the nominal global batch of an update (for the learning-rate rule). */
-  #fitGlobalBatch: number | undefined
+  readonly #acc: GradientAccumulator
   /**
    * The group's progress in synchronous steps' worth of gradients (globalStep): one per
    * all-reduce step; on the servers, the updates they applied times the gradients in one, over p.
@@ -201,11 +82,10 @@ export class DataParallelModel implements RecoverableModel {
   #global = 0
   /** The strategy's worker side (strategies/): its state, the exchange and apply of each step. */
   #worker: StrategyWorker
+  /** dp.fit()'s loop: its position, batching and regroups (fit-loop.ts). */
+  readonly #loop: FitLoop
   /** When trainStep last gave the event loop a turn (performance.now()). */
   #lastTurn = performance.now()
-  /** The recovery generation dp.fit() last saw, and the operation after which batch exchanges count again. */
-  #seenGeneration = 0
-  #freshAfterOps = -1
   /**
    * Take the flat-gradient exchange path even with one worker (benchmarks use it to measure that
    * path's cost; a single worker otherwise applies its gradients in place).
@@ -232,6 +112,7 @@ export class DataParallelModel implements RecoverableModel {
     this.#classification = loss.classification
     this.#sparse = loss.sparse
     this.#vars = model.trainableWeights.map((w) => w.read() as Variable)
+    this.#acc = new GradientAccumulator(this.#tf, this.#vars)
     let offset = 0
     this.layout = this.#vars.map((v) => {
       const size = v.size
@@ -255,6 +136,19 @@ export class DataParallelModel implements RecoverableModel {
     this.#baseLearningRate = (optimizer as unknown as { learningRate?: number }).learningRate
     const stage = sync.zeroStage ?? 0
     if (stage !== 0 && stage !== 1 && stage !== 2) throw new ConfigError({ field: "collectiveConfig.zeroStage", reason: `must be 0, 1 or 2, got ${String(stage)}` })
+    // eslint-disable-next-line @typescript-eslint/no-this-alias
+    const dp = this
+    this.#loop = new FitLoop({
+      tf: this.#tf,
+      sync: this.#sync,
+      model,
+      classification: this.#classification,
+      observer,
+      get lastComputeMs() { return dp.#lastComputeMs },
+      trainStep: (x, y, o) => this.trainStep(x, y, o),
+      lossTargets: (y, n) => this.lossTargets(y, n),
+      rankBatch: (bs) => this.#rankBatch(bs)
+    })
     const name = sync.strategy ?? (sync.auto ? "auto" : sync.localSgd ? "local-sgd" : sync.ps ? "parameter-server" : "allreduce")
     this.#worker = resolveStrategy(name).create!(this.#strategyHost())
   }
@@ -271,7 +165,7 @@ export class DataParallelModel implements RecoverableModel {
       weightDecay: this.#weightDecay,
       observer: this.#observer,
       get learningRate() { return dp.learningRate },
-      get inFit() { return dp.#inFit },
+      get inFit() { return dp.#loop.inFit },
       get exchangeAlone() { return dp.exchangeAlone },
       get step() { return dp.#step },
       set step(v: number) { dp.#step = v },
@@ -446,7 +340,7 @@ export class DataParallelModel implements RecoverableModel {
    * has none, or its ranks are not replicas.
    */
   async syncBuffers(broadcast: (buf: Float32Array) => Promise<void>): Promise<void> {
-    if (this.#replicated) await this.#takeRankZeroValues(this.model.nonTrainableWeights, broadcast)
+    if (this.#replicated) await takeRankZeroValues(this.#tf, this.model.nonTrainableWeights, broadcast)
   }
 
   /**
@@ -456,38 +350,25 @@ export class DataParallelModel implements RecoverableModel {
    */
   async takeRankZeroState(broadcast: (buf: Float32Array) => Promise<void>): Promise<void> {
     if (this.zeroStage) {
-      await this.#takeRankZeroValues(this.model.weights, broadcast)
+      await takeRankZeroValues(this.#tf, this.model.weights, broadcast)
       return
     }
-    const rank0 = this.#sync.rank === 0
-    const bytes = rank0 ? encodeMessage(await this.snapshot()) : undefined
-    const n = bytes?.length ?? 0
-    const size = Float32Array.of(n % 65536, Math.floor(n / 65536))
-    await broadcast(size)
-    const length = size[0]! + size[1]! * 65536
-    const buf = new Float32Array(Math.ceil(length / 2))
-    if (bytes) for (let i = 0; i < length; i += 2) buf[i >> 1] = bytes[i]! | ((bytes[i + 1] ?? 0) << 8)
-    await broadcast(buf)
+    const bytes = this.#sync.rank === 0 ? encodeMessage(await this.snapshot()) : undefined
     // Rank 0 loads its own snapshot too: the optimizer rebuilds its derived state (Adam's bias
     // corrections) from what it loads, and the others' must match it bit for bit (as in a regroup).
-    const out = new Uint8Array(length)
-    for (let i = 0; i < length; i += 2) {
-      const v = buf[i >> 1]!
-      out[i] = v & 0xff
-      if (i + 1 < length) out[i + 1] = v >> 8
-    }
+    const out = await broadcastBytes(bytes, broadcast)
     const state = decodeMessage(out) as Omit<PeerState, "position">
     await this.adopt({ ...state, position: { ops: 0, reports: 0, stepsSinceReport: 0, inFit: false, epoch: 0, stepInEpoch: 0, stepsPerEpoch: 0 } })
   }
 
   /** The group changed: the learning rate follows its size under "keep-per-worker"; batches are re-cut by fit(). */
   regrouped(): void {
-    this.#batcher = undefined
+    this.#loop.batcher = undefined
     this.#applyElasticLearningRate()
   }
 
   loopPosition(): LoopPosition {
-    return { inFit: this.#inFit, epoch: this.#epoch, stepInEpoch: this.#stepInEpoch, stepsPerEpoch: this.#stepsPerEpoch }
+    return { inFit: this.#loop.inFit, epoch: this.#loop.epoch, stepInEpoch: this.#loop.stepInEpoch, stepsPerEpoch: this.#loop.stepsPerEpoch }
   }
 
   /** A per-rank batch size as this group uses it: scaled up when an elastic group runs below its max size. */
@@ -500,59 +381,16 @@ export class DataParallelModel implements RecoverableModel {
   /** Broadcasts rank 0's weights (trainable and not, e.g. batch-norm statistics) to every rank. */
   async syncWeights(): Promise<void> {
     if (this.#sync.worldSize === 1) return
-    await this.#takeRankZeroValues(this.model.weights, async (buf) => {
+    await takeRankZeroValues(this.#tf, this.model.weights, async (buf) => {
       const t0 = performance.now()
       await this.#sync.broadcast(buf)
       this.#observer?.wait?.("broadcast weights from rank 0", t0, performance.now())
     })
   }
 
-  /**
-   * Gives `vars` (the same variables on every rank) rank 0's values: concatenated on the engine and
-   * read once, sent by `broadcast` (rank 0's buffer to the others), written back in place.
-   */
-  async #takeRankZeroValues(vars: LayersModel["weights"], broadcast: (buf: Float32Array) => Promise<void>): Promise<void> {
-    if (vars.length === 0) return
-    const tf = this.#tf
-    const flat = tf.tidy(() => tf.concat(vars.map((v) => v.read().reshape([-1]))))
-    const buf = (await flat.data()) as Float32Array
-    flat.dispose()
-    await broadcast(buf)
-    tf.tidy(() => {
-      let off = 0
-      for (const v of vars) {
-        const size = v.read().size
-        v.write(tf.tensor(buf.subarray(off, off + size), v.read().shape, v.dtype))
-        off += size
-      }
-    })
-  }
-
-  /**
-   * This step's gradients as one flat array in layout order, in `into` when given (ZeRO stage 2's
-   * padded buffer). When the group has a buffer of its own (GradientSync.gradientBuffer:
-   * compression kernels work on it in place) and the backend keeps tensors in host memory (cpu,
-   * wasm), each variable's gradient is read into it: one copy per element, as many as the
-   * concat-and-read path makes. The tensorflow backend concatenates on the device and downloads once.
-   */
-  async #readGradients(grads: Record<string, Tensor>, into?: Float32Array): Promise<Float32Array> {
-    const tf = this.#tf
-    const device = tf.getBackend() === "tensorflow"
-    const own = into ?? (device ? undefined : this.#sync.gradientBuffer?.(this.parameterCount))
-    if (own && !device) {
-      const parts = await Promise.all(this.#vars.map((v) => grads[v.name]?.data() as Promise<Float32Array> | undefined))
-      this.layout.forEach((s, i) => {
-        const part = parts[i]
-        if (part) own.set(part, s.offset)
-        else own.fill(0, s.offset, s.offset + s.size)
-      })
-      return own
-    }
-    const flatT = tf.tidy(() => tf.concat(this.#vars.map((v) => (grads[v.name] ?? tf.zerosLike(v)).reshape([-1]))))
-    const flat = (await flatT.data()) as Float32Array
-    flatT.dispose()
-    if (own) own.set(flat)
-    return own ?? flat
+  /** The group's gradient buffer (GradientSync.gradientBuffer), on backends that keep tensors in host memory. */
+  #ownGradientBuffer(): Float32Array | undefined {
+    return this.#tf.getBackend() === "tensorflow" ? undefined : this.#sync.gradientBuffer?.(this.parameterCount)
   }
 
   /**
@@ -566,7 +404,7 @@ export class DataParallelModel implements RecoverableModel {
     const recovery = this.#sync.recovery
     // A rank joining survivors replays a hand-written loop from the checkpoint: the steps they made
     // already are skipped (loss NaN, no samples), and at their position it takes their state.
-    if (recovery?.joinTarget && !this.#inFit && (options.accumulate || (await recovery.replayStep()) === "skip")) return { loss: Number.NaN, samples: 0 }
+    if (recovery?.joinTarget && !this.#loop.inFit && (options.accumulate || (await recovery.replayStep()) === "skip")) return { loss: Number.NaN, samples: 0 }
     if (options.accumulate) return this.#accumulateStep(x, y)
     this.#inStep = true
     try {
@@ -600,7 +438,7 @@ export class DataParallelModel implements RecoverableModel {
       if (this.#classification) pred = tf.keep(out)
       return this.#loss(y, out)
     }, this.#vars)
-    const correct = pred ? tf.tidy(() => pred!.argMax(-1).equal(this.#labelsOf(y)).sum()) : undefined
+    const correct = pred ? tf.tidy(() => pred!.argMax(-1).equal(labelsOf(y)).sum()) : undefined
     pred?.dispose()
     return { value, grads: grads as Record<string, Tensor>, correct }
   }
@@ -610,45 +448,12 @@ export class DataParallelModel implements RecoverableModel {
     const samples = x.shape[0] ?? 0
     const t0 = performance.now()
     const { value, grads, correct } = this.#forward(x, y)
-    const acc = (this.#acc ??= {})
-    for (const v of this.#vars) {
-      const g = grads[v.name]
-      if (!g) continue
-      const prev = acc[v.name]
-      acc[v.name] = tf.tidy(() => (prev ? prev.add(g.mul(samples)) : g.mul(samples)))
-      prev?.dispose()
-    }
-    tf.dispose(Object.values(grads))
-    this.#accSamples += samples
+    this.#acc.add(grads, samples)
     const [lossArr, correctArr] = await Promise.all([value.data(), correct?.data()])
     tf.dispose([value, ...(correct ? [correct] : [])])
     if (this.#delayMsPerSample > 0) await new Promise((r) => setTimeout(r, this.#delayMsPerSample * samples))
-    this.#accComputeMs += performance.now() - t0
+    this.#acc.computeMs += performance.now() - t0
     return { loss: lossArr[0], samples, ...(correctArr ? { correct: correctArr[0] } : {}) }
-  }
-
-  /** The update's gradients: this batch's, or with accumulated ones their sample-weighted mean (accumulators kept). */
-  #withAccumulated(grads: Record<string, Tensor>, samples: number): { grads: Record<string, Tensor>; samples: number } {
-    const acc = this.#acc
-    if (!acc) return { grads, samples }
-    const tf = this.#tf
-    const total = this.#accSamples + samples
-    const out: Record<string, Tensor> = {}
-    for (const v of this.#vars) {
-      const a = acc[v.name]
-      const g = grads[v.name]
-      if (!a && !g) continue
-      out[v.name] = tf.tidy(() => (a ? (g ? a.add(g.mul(samples)) : a) : g!.mul(samples)).div(Math.max(1, total)))
-    }
-    tf.dispose(Object.values(grads))
-    return { grads: out, samples: total }
-  }
-
-  #clearAccumulated(): void {
-    if (this.#acc) this.#tf.dispose(Object.values(this.#acc))
-    this.#acc = undefined
-    this.#accSamples = 0
-    this.#accComputeMs = 0
   }
 
   /**
@@ -658,7 +463,7 @@ export class DataParallelModel implements RecoverableModel {
   #applyLearningRateRule(step: number, samples: number): void {
     const rule = this.#lrRule
     if (!rule) return
-    const global = this.#fitGlobalBatch ?? samples * this.#sync.worldSize
+    const global = this.#loop.fitGlobalBatch ?? samples * this.#sync.worldSize
     const lr = (this.#baseLearningRate as number) * rule.factor(step, global)
     this.#lastLearningRate = lr
     this.#setLearningRate(lr)
@@ -699,14 +504,14 @@ export class DataParallelModel implements RecoverableModel {
     const step = this.#step++
     const t0 = performance.now()
     const fwd = this.#forward(x, y)
-    const { grads, samples } = this.#withAccumulated(fwd.grads, x.shape[0] ?? 0)
+    const { grads, samples } = this.#acc.withAccumulated(fwd.grads, x.shape[0] ?? 0)
     const own = x.shape[0] ?? 0
     const value = fwd.value
     const correctT = fwd.correct
     this.#applyLearningRateRule(step, samples)
     const done = (lossArr: ArrayLike<number>, correctArr: ArrayLike<number> | undefined): StepResult => {
       if (!worker.viaServers) this.#global++
-      this.onStep?.({ epoch: this.#epoch, step: this.#stepInEpoch++, stepsPerEpoch: this.#stepsPerEpoch, samples, loss: lossArr[0]! })
+      this.onStep?.({ epoch: this.#loop.epoch, step: this.#loop.stepInEpoch++, stepsPerEpoch: this.#loop.stepsPerEpoch, samples, loss: lossArr[0]! })
       return { loss: lossArr[0]!, samples: own, ...(correctArr ? { correct: correctArr[0]! } : {}) }
     }
     if (worker.inPlace()) {
@@ -716,8 +521,8 @@ export class DataParallelModel implements RecoverableModel {
       tf.dispose([value, ...(correctT ? [correctT] : [])])
       if (this.#delayMsPerSample > 0) await new Promise((r) => setTimeout(r, this.#delayMsPerSample * own))
       const t1 = performance.now()
-      this.#lastComputeMs = t1 - t0 + this.#accComputeMs
-      this.#clearAccumulated()
+      this.#lastComputeMs = t1 - t0 + this.#acc.computeMs
+      this.#acc.clear()
       this.#observer?.phase?.("forward_backward", t0, t1, step)
       worker.computed?.(this.#lastComputeMs, step, true)
       this.#applyWhole(grads)
@@ -731,12 +536,12 @@ export class DataParallelModel implements RecoverableModel {
       this.#observer?.phase?.("step", t0, t3, step)
       return done(lossArr, correctArr)
     }
-    let [flat, lossArr, correctArr] = await Promise.all([this.#readGradients(grads, worker.gradientBuffer?.()), value.data(), correctT?.data()])
+    let [flat, lossArr, correctArr] = await Promise.all([readGradients(this.#tf, this.#vars, this.layout, grads, worker.gradientBuffer?.() ?? this.#ownGradientBuffer()), value.data(), correctT?.data()])
     tf.dispose([value, ...(correctT ? [correctT] : [])])
     tf.dispose(Object.values(grads))
     if (this.#delayMsPerSample > 0) await new Promise((r) => setTimeout(r, this.#delayMsPerSample * own))
     const t1 = performance.now()
-    this.#lastComputeMs = t1 - t0 + this.#accComputeMs
+    this.#lastComputeMs = t1 - t0 + this.#acc.computeMs
     this.#observer?.phase?.("forward_backward", t0, t1, step)
     worker.computed?.(this.#lastComputeMs, step, false)
     const exchanged = await worker.exchange(flat, {
@@ -746,13 +551,13 @@ export class DataParallelModel implements RecoverableModel {
       // weights are unchanged), with the micro-batches it accumulated before, which it kept.
       recompute: async () => {
         const again = this.#forward(x, y)
-        const redo = this.#withAccumulated(again.grads, own)
-        ;[flat, lossArr] = await Promise.all([this.#readGradients(redo.grads), again.value.data()])
+        const redo = this.#acc.withAccumulated(again.grads, own)
+        ;[flat, lossArr] = await Promise.all([readGradients(this.#tf, this.#vars, this.layout, redo.grads, this.#ownGradientBuffer()), again.value.data()])
         tf.dispose([again.value, ...(again.correct ? [again.correct] : []), ...Object.values(redo.grads)])
         return flat
       }
     })
-    this.#clearAccumulated()
+    this.#acc.clear()
     const t2 = performance.now()
     this.#observer?.phase?.("allreduce", exchanged.sentAt ?? t1, t2, step)
     if (exchanged.adopted) {
@@ -768,242 +573,33 @@ export class DataParallelModel implements RecoverableModel {
     return done(lossArr, correctArr)
   }
 
-  #labelsOf(y: Tensor): Tensor {
-    return y.rank > 1 && (y.shape[y.rank - 1] ?? 1) > 1 ? y.argMax(-1) : y.flatten().toInt()
-  }
-
   /**
    * Loss and accuracy of this rank's model on (x, y), computed locally, read asynchronously: the
    * form a GPU backend needs (webgpu has no synchronous read in Node).
    */
-  async evaluateAsync(x: Tensor, y: Tensor): Promise<{ loss: number; accuracy?: number }> {
-    const tf = this.#tf
-    const [lossT, accT] = tf.tidy(() => {
-      const pred = this.model.predict(x) as Tensor
-      const loss = this.#loss(y, pred)
-      return [loss, this.#classification ? pred.argMax(-1).equal(this.#labelsOf(y)).mean() : undefined] as const
-    })
-    const [loss, acc] = await Promise.all([lossT.data(), accT?.data()])
-    tf.dispose([lossT, ...(accT ? [accT] : [])])
-    return acc ? { loss: loss[0]!, accuracy: acc[0]! } : { loss: loss[0]! }
+  evaluateAsync(x: Tensor, y: Tensor): Promise<{ loss: number; accuracy?: number }> {
+    return evaluateLocalAsync(this.#tf, this.model, this.#loss, this.#classification, x, y)
   }
 
   /** Loss and accuracy of this rank's model on (x, y), computed locally (synchronous reads: cpu, wasm, tensorflow; on webgpu use evaluateAsync). */
   evaluate(x: Tensor, y: Tensor): { loss: number; accuracy?: number } {
-    if (this.#tf.getBackend() === "webgpu") {
-      throw new ConfigError({ field: "dp.evaluate", reason: "the webgpu backend cannot read tensors synchronously in Node: use await dp.evaluateAsync(x, y)" })
-    }
-    const tf = this.#tf
-    return tf.tidy(() => {
-      const pred = this.model.predict(x) as Tensor
-      const loss = this.#loss(y, pred).dataSync()[0]
-      if (!this.#classification) return { loss }
-      const acc = pred.argMax(-1).equal(this.#labelsOf(y)).mean().dataSync()[0]
-      return { loss, accuracy: acc }
-    })
+    return evaluateLocal(this.#tf, this.model, this.#loss, this.#classification, x, y)
   }
 
   /**
-   * Trains over this rank's shard for some epochs; the metrics handed to onEpochEnd cover all ranks.
-   * The shard is in-memory rows, or a stream (a file dataset, a worker-side loader) whose rows are
-   * read in the background and whose position checkpoints keep (core/data/stream.ts).
-   * With recovery from peers it also follows regroups: after one the epoch goes on at the furthest
-   * survivor's point, cut for the new group (exact with globalBatchSize; with a per-rank batchSize the
-   * rest of the epoch is re-sharded at the same fraction); a joining rank skips the epochs and steps
-   * the survivors already trained, without computing them, and takes their state where they are.
+   * Trains over this rank's shard for some epochs; the metrics handed to onEpochEnd cover all ranks
+   * (fit-loop.ts: in-memory rows or a stream, global batches split by throughput, accumulation,
+   * regroups and joins with recovery from peers).
    */
-  async fit(source: FitSource, opts: FitOptions): Promise<EpochResult[]> {
-    const tf = this.#tf
-    if (isStreamingSource(source) && opts.globalBatchSize !== undefined) {
-      throw new ConfigError({ field: "fit.globalBatchSize", reason: "a streamed dataset (files, a loader) is read in per-rank parts: give batchSize (per rank) instead" })
-    }
-    if (opts.globalBatchSize !== undefined) {
-      if (!isStreamingSource(source)) this.#prepareBatcher(source, opts.globalBatchSize)
-    } else if (!(opts.batchSize >= 1) || !Number.isInteger(opts.batchSize)) {
-      throw new ConfigError({ field: "fit.batchSize", reason: `must be an integer >= 1, got ${opts.batchSize}` })
-    }
-    const k = opts.accumulationSteps ?? 1
-    if (!Number.isInteger(k) || k < 1) throw new ConfigError({ field: "fit.accumulationSteps", reason: `must be an integer >= 1, got ${String(opts.accumulationSteps)}` })
-    const numClasses = classesOf(source, (this.model.outputs[0]?.shape.at(-1) as number | null) ?? 0)
-    const recovery = this.#sync.recovery
-    const results: EpochResult[] = []
-    this.#inFit = true
-    try {
-      for (let epoch = opts.initialEpoch ?? 0; epoch < opts.epochs; epoch++) {
-        const started = performance.now()
-        this.#epoch = epoch
-        this.#streamRegroup(source, this.#observeRegroup(source, opts), epoch)
-        let { steps, rowsOf } = this.#epochRows(source, opts, epoch)
-        this.#stepsPerEpoch = steps
-        const target = recovery?.joinTarget
-        if (target && (!target.inFit || epoch > target.epoch)) {
-          throw new PeerRecoveryMisaligned({
-            reason: `this joining rank is at epoch ${epoch} of dp.fit(), the survivors ${target.inFit ? `at epoch ${target.epoch}` : "outside dp.fit()"}`
-          })
-        }
-        if (target && epoch < target.epoch) {
-          // The survivors trained this epoch: skip it whole (nothing computed, nothing exchanged).
-          this.#stepInEpoch = steps
-          results.push({ epoch, loss: Number.NaN, samples: 0, steps: 0, seconds: 0 })
-          continue
-        }
-        // Sums over the epoch: loss * samples, correct predictions, samples.
-        const totals = new Float32Array(3)
-        let i = target ? stepAt(target, steps) : 0
-        const joinHere = async (): Promise<void> => {
-          await recovery!.join()
-          this.#observeRegroup(source, opts, target!.ops)
-          ;({ steps, rowsOf } = this.#epochRows(source, opts, epoch))
-          this.#stepsPerEpoch = steps
-        }
-        if (target && i < steps) {
-          this.#streamRegroup(source, target, epoch)
-          await joinHere()
-        }
-        while (i < steps) {
-          this.#stepInEpoch = i
-          // A step's micro-batches (one without accumulation): all but the last are only accumulated.
-          const micro = rowsOf(i)
-          let r: StepResult = { loss: 0, samples: 0 }
-          let stepSamples = 0
-          for (let j = 0; j < micro.length; j++) {
-            const batchRows = micro[j]!
-            const batch = await fitBatch(source, batchRows)
-            const { x, y, yLoss } = batchTensors(this.#tf as unknown as Tf, batch, this.#classification, (t) => this.lossTargets(t, numClasses))
-            try {
-              r = await this.trainStep(x, yLoss, { accumulate: j < micro.length - 1 })
-            } finally {
-              tf.dispose([x, y, yLoss])
-            }
-            totals[1] += r.correct ?? 0
-            totals[0] += r.loss * r.samples
-            totals[2] += r.samples
-            stepSamples += r.samples
-          }
-          const index = i++
-          // A regroup during this step: the group and this rank's share changed, and the epoch goes
-          // on where the furthest survivor was, cut for the new group.
-          const c = this.#observeRegroup(source, opts)
-          if (c) {
-            this.#streamRegroup(source, c, epoch)
-            ;({ steps, rowsOf } = this.#epochRows(source, opts, epoch))
-            this.#stepsPerEpoch = steps
-            if (c.inFit && c.epoch === epoch) i = Math.min(steps, stepAt(c, steps) + (recovery!.ops - c.ops))
-          }
-          // Every member's batch-size exchanges start again after the regroup's operation.
-          if (!recovery || recovery.ops - 1 > this.#freshAfterOps) await this.#batcher?.afterStep(stepSamples, this.#lastComputeMs)
-          await opts.onStep?.({ ...r, epoch, index })
-        }
-        this.#stepInEpoch = steps
-        if (target && recovery?.joinTarget) await joinHere()
-        const w0 = performance.now()
-        await this.#sync.sum(totals)
-        this.#observer?.wait?.("epoch metrics all-reduce", w0, performance.now())
-        const result: EpochResult = {
-          epoch,
-          loss: totals[0] / Math.max(1, totals[2]),
-          ...(this.#classification ? { accuracy: totals[1] / Math.max(1, totals[2]) } : {}),
-          samples: totals[2],
-          steps,
-          seconds: (performance.now() - started) / 1000
-        }
-        results.push(result)
-        await opts.onEpochEnd?.(result)
-      }
-    } finally {
-      this.#inFit = false
-      this.#fitGlobalBatch = undefined
-    }
-    return results
+  fit(source: FitSource, opts: FitOptions): Promise<EpochResult[]> {
+    return this.#loop.fit(source, opts)
   }
-
-  /**
-   * Notices a regroup (or a join) since the last look: a fresh batch split for the new group (its
-   * exchanges count from the regroup's operation on every member) and, once, the furthest survivor's
-   * position, which the caller moves its epoch cursor to.
-   */
-  #observeRegroup(source: FitSource, opts: FitOptions, joinedAtOps?: number): RecoveryCursor | undefined {
-    const recovery = this.#sync.recovery
-    if (!recovery || recovery.generation === this.#seenGeneration) return undefined
-    this.#seenGeneration = recovery.generation
-    if (opts.globalBatchSize !== undefined && !isStreamingSource(source)) this.#prepareBatcher(source, opts.globalBatchSize, true)
-    const c = recovery.takeCursor()
-    this.#freshAfterOps = c?.ops ?? joinedAtOps ?? recovery.ops - 1
-    return c
-  }
-
-  /**
-   * A streamed dataset's position is exact through a checkpoint (it is saved with it and re-planned
-   * for another world size), but a regroup in the middle of an epoch would pair the survivors' step
-   * in flight with rows of another plan: the group restarts from the latest checkpoint instead.
-   */
-  #streamRegroup(source: FitSource, c: RecoveryCursor | undefined, epoch: number): void {
-    if (!isStreamingSource(source) || !c || !c.inFit || c.epoch !== epoch || c.stepInEpoch >= c.stepsPerEpoch) return
-    throw new PeerRecoveryMisaligned({
-      reason: `the group changed at epoch ${epoch}, step ${c.stepInEpoch} of ${c.stepsPerEpoch}, of a streamed dataset, whose position is exact only at a checkpoint`
-    })
-  }
-
-  #prepareBatcher(source: ShardSource, globalBatch: number, fresh = false): void {
-    const p = this.#sync.worldSize
-    if (!Number.isInteger(globalBatch) || globalBatch < p || globalBatch > source.dataset.size) {
-      throw new ConfigError({
-        field: "fit.globalBatchSize",
-        reason: `must be an integer between the number of workers (${p}) and the dataset size (${source.dataset.size}), got ${globalBatch}`
-      })
-    }
-    if (!fresh && this.#batcher?.globalBatch === globalBatch) return
-    const allGather = this.#sync.allGather?.bind(this.#sync)
-    this.#batcher = new HeteroBatcher({
-      rank: this.#sync.rank,
-      worldSize: p,
-      globalBatch,
-      adaptive: this.#sync.adaptiveBatching === true && allGather !== undefined,
-      allGather: allGather ?? (async (b) => b)
-    })
-  }
-
-  /** An epoch's steps and each step's rows for this rank: per-rank batches, or slices of the global batch. */
-  #epochRows(source: FitSource, opts: FitOptions, epoch: number): { steps: number; rowsOf: (step: number) => number[][] } {
-    const batcher = this.#batcher
-    const k = opts.accumulationSteps ?? 1
-    if (isStreamingSource(source)) {
-      // Streamed: this rank's rows left in the epoch (its part of the plan), taken in order.
-      const bs = this.#rankBatch(opts.batchSize as number)
-      this.#fitGlobalBatch = bs * this.#sync.worldSize * k
-      return streamEpoch(source.openEpoch(epoch, this.#sync.rank, this.#sync.worldSize), bs, k)
-    }
-    if (opts.globalBatchSize === undefined || !batcher) {
-      const rows = source.rows(epoch)
-      const bs = this.#rankBatch(opts.batchSize as number)
-      this.#fitGlobalBatch = bs * this.#sync.worldSize * k
-      const slice = (m: number): number[] => Array.prototype.slice.call(rows, m * bs, (m + 1) * bs) as number[]
-      // Step i: micro-batches i*k .. i*k+k-1 (the epoch's last step may have fewer).
-      return {
-        steps: Math.ceil(rows.length / (bs * k)),
-        rowsOf: (i) => Array.from({ length: Math.min(k, Math.ceil(rows.length / bs) - i * k) }, (_, j) => slice(i * k + j))
-      }
-    }
-    const B = opts.globalBatchSize
-    this.#fitGlobalBatch = B * k
-    const size = source.dataset.size
-    const seed = opts.seed ?? (source as { seed?: number }).seed ?? 0
-    const perm = shardIndicesWeighted(size, 0, [size], seed, epoch)
-    return {
-      steps: Math.floor(size / (B * k)),
-      rowsOf: (i) => {
-        const { offset, size: n } = batcher.slice()
-        return Array.from({ length: k }, (_, j) => Array.from(perm.subarray((i * k + j) * B + offset, (i * k + j) * B + offset + n)))
-      }
-    }
-  }
-
 
   /** Heterogeneity-aware batching state for report(): per-rank batches, re-balances, stragglers. */
   batchingMetrics(): Record<string, number | string> {
     const e = this.#sync.elastic
     return {
-      ...this.#batcher?.metrics(),
+      ...this.#loop.batcher?.metrics(),
       ...(e ? { world_size: this.#sync.worldSize, lr_scale: this.learningRateScale } : {}),
       // The learning rate prepareModel's rule set for the last update.
       ...(this.#lrRule && this.#lastLearningRate !== undefined ? { lr: this.#lastLearningRate } : {}),

@@ -1,0 +1,91 @@
+// A step's gradients on their way out of the engine: gradient accumulation (dp.trainStep({
+// accumulate: true }), fit's accumulationSteps: the sample-weighted sums of the micro-batches'
+// gradients since the last exchange, kept on the engine, and the update's gradients from them, the
+// same update as one batch of all their samples), and the read into one flat array.
+type tfjs = typeof import("@tensorflow/tfjs")
+type Tensor = import("@tensorflow/tfjs").Tensor
+type Variable = import("@tensorflow/tfjs").Variable
+
+/** One variable's place in the flat gradient. */
+interface Slot {
+  readonly offset: number
+  readonly size: number
+}
+
+/**
+ * This step's gradients as one flat array in layout order, in `own` when given: ZeRO stage 2's
+ * padded buffer, or the group's (GradientSync.gradientBuffer: compression kernels work on it in
+ * place), which the caller passes on backends that keep tensors in host memory (cpu, wasm); then
+ * each variable's gradient is read into it: one copy per element, as many as the concat-and-read
+ * path makes. The tensorflow backend concatenates on the device and downloads once.
+ */
+export const readGradients = async (tf: tfjs, vars: ReadonlyArray<Variable>, layout: ReadonlyArray<Slot>, grads: Record<string, Tensor>, own: Float32Array | undefined): Promise<Float32Array> => {
+  const device = tf.getBackend() === "tensorflow"
+  if (own && !device) {
+    const parts = await Promise.all(vars.map((v) => grads[v.name]?.data() as Promise<Float32Array> | undefined))
+    layout.forEach((s, i) => {
+      const part = parts[i]
+      if (part) own.set(part, s.offset)
+      else own.fill(0, s.offset, s.offset + s.size)
+    })
+    return own
+  }
+  const flatT = tf.tidy(() => tf.concat(vars.map((v) => (grads[v.name] ?? tf.zerosLike(v)).reshape([-1]))))
+  const flat = (await flatT.data()) as Float32Array
+  flatT.dispose()
+  if (own) own.set(flat)
+  return own ?? flat
+}
+
+export class GradientAccumulator {
+  readonly #tf: tfjs
+  readonly #vars: ReadonlyArray<Variable>
+  #acc: Record<string, Tensor> | undefined
+  #samples = 0
+  /** Forward/backward ms of the micro-batches accumulated since the last exchange. */
+  computeMs = 0
+
+  constructor(tf: tfjs, vars: ReadonlyArray<Variable>) {
+    this.#tf = tf
+    this.#vars = vars
+  }
+
+  /** Adds a micro-batch's gradients (disposed), weighted by its samples. */
+  add(grads: Record<string, Tensor>, samples: number): void {
+    const tf = this.#tf
+    const acc = (this.#acc ??= {})
+    for (const v of this.#vars) {
+      const g = grads[v.name]
+      if (!g) continue
+      const prev = acc[v.name]
+      acc[v.name] = tf.tidy(() => (prev ? prev.add(g.mul(samples)) : g.mul(samples)))
+      prev?.dispose()
+    }
+    tf.dispose(Object.values(grads))
+    this.#samples += samples
+  }
+
+  /** The update's gradients: this batch's, or with accumulated ones their sample-weighted mean (accumulators kept). */
+  withAccumulated(grads: Record<string, Tensor>, samples: number): { grads: Record<string, Tensor>; samples: number } {
+    const acc = this.#acc
+    if (!acc) return { grads, samples }
+    const tf = this.#tf
+    const total = this.#samples + samples
+    const out: Record<string, Tensor> = {}
+    for (const v of this.#vars) {
+      const a = acc[v.name]
+      const g = grads[v.name]
+      if (!a && !g) continue
+      out[v.name] = tf.tidy(() => (a ? (g ? a.add(g.mul(samples)) : a) : g!.mul(samples)).div(Math.max(1, total)))
+    }
+    tf.dispose(Object.values(grads))
+    return { grads: out, samples: total }
+  }
+
+  clear(): void {
+    if (this.#acc) this.#tf.dispose(Object.values(this.#acc))
+    this.#acc = undefined
+    this.#samples = 0
+    this.computeMs = 0
+  }
+}
