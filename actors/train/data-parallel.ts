@@ -136,7 +136,6 @@ export class DataParallelModel implements RecoverableModel {
     this.#baseLearningRate = (optimizer as unknown as { learningRate?: number }).learningRate
     const stage = sync.zeroStage ?? 0
     if (stage !== 0 && stage !== 1 && stage !== 2) throw new ConfigError({ field: "collectiveConfig.zeroStage", reason: `must be 0, 1 or 2, got ${String(stage)}` })
-    // eslint-disable-next-line @typescript-eslint/no-this-alias
     const dp = this
     this.#loop = new FitLoop({
       tf: this.#tf,
@@ -155,7 +154,6 @@ export class DataParallelModel implements RecoverableModel {
 
   /** What the strategy's worker side may use of this model. */
   #strategyHost(): StrategyHost {
-    // eslint-disable-next-line @typescript-eslint/no-this-alias
     const dp = this
     return {
       sync: this.#sync,
