@@ -2,7 +2,7 @@
 // the outcome of a generation, restart decisions and what counts toward maxFailures, elastic
 // resizes at report boundaries, and messages from old generations.
 import { describe, expect, it } from "vitest"
-import { Controller, type ControllerEvent, type Outcome } from "../actors/train/controller.ts"
+import { Controller, deathOrNodeLoss, deathToCheck, recoveryFor, restartReason, startFailureKind, type ControllerEvent, type GroupFailure, type Outcome } from "../actors/train/controller.ts"
 import { MAX_INFRA_RESTARTS_WITHOUT_PROGRESS, decide } from "../actors/train/failure-policy.ts"
 
 type Ckpt = { readonly tag: string }
@@ -242,5 +242,70 @@ describe("controller: regroup from surviving peers", () => {
     const g = c.begin(2)
     c.failed({ attempt: 0, rank: 0, tag: "CollectiveTimeout", message: "no frame", stack: "", parked: true })
     expect(await g.outcome).toMatchObject({ type: "failed", failure: { kind: "died", rank: -1 } })
+  })
+})
+
+describe("controller: recovery choices (peers or checkpoint, a death or a lost node)", () => {
+  const failure = (f: Partial<GroupFailure>): { type: "failure"; failure: GroupFailure } => ({
+    type: "failure",
+    failure: { kind: "died", rank: 1, tag: "WorkerDied", message: "exit 137\nmore", ...f }
+  })
+  const resize = { type: "resize", size: 4, reason: "room for 4 workers" } as const
+
+  it("regroups the survivors of a lost worker or node, and every worker after a bus outage", () => {
+    expect(recoveryFor(failure({}), "peers", false)).toEqual({ from: "peers" })
+    expect(recoveryFor(failure({ kind: "node-lost" }), "peers", false)).toEqual({ from: "peers" })
+    expect(recoveryFor(failure({ kind: "bus", rank: -1 }), "peers", true)).toEqual({ from: "peers" })
+  })
+
+  it("restarts from the checkpoint, saying why: recoverFrom, a failed recovery, a failure that leaves no survivors", () => {
+    expect(recoveryFor(failure({}), "checkpoint", false)).toEqual({ from: "checkpoint", reason: 'failureConfig.recoverFrom is "checkpoint"' })
+    expect(recoveryFor(failure({ kind: "recovery", rank: -1, message: "a survivor did not answer\nstack" }), "peers", false)).toEqual({
+      from: "checkpoint",
+      reason: "recovering from them failed: a survivor did not answer"
+    })
+    expect(recoveryFor(failure({ kind: "died", rank: -1 }), "peers", false)).toEqual({
+      from: "checkpoint",
+      reason: 'a failure of kind "died" of the whole group leaves no survivors to regroup'
+    })
+    expect(recoveryFor(failure({ kind: "loop-error", tag: "TypeError" }), "peers", false)).toEqual({
+      from: "checkpoint",
+      reason: 'a failure of kind "loop-error" leaves no survivors to regroup'
+    })
+  })
+
+  it("grows in place unless recoverFrom is checkpoint or the bus is down", () => {
+    expect(recoveryFor(resize, "peers", false)).toEqual({ from: "peers" })
+    expect(recoveryFor(resize, "peers", true)).toEqual({ from: "checkpoint", reason: "the bus is down" })
+    expect(recoveryFor(resize, "checkpoint", false)).toEqual({ from: "checkpoint", reason: 'failureConfig.recoverFrom is "checkpoint"' })
+  })
+
+  it("reclassifies a rank's death as its node's loss only when the cluster saw the node go", () => {
+    const died: Outcome = { type: "failed", failure: failure({ rank: 2 }).failure }
+    expect(deathToCheck(died)).toBe(2)
+    expect(deathToCheck({ type: "failed", failure: failure({ rank: -1 }).failure })).toBeUndefined()
+    expect(deathToCheck({ type: "failed", failure: failure({ kind: "loop-error" }).failure })).toBeUndefined()
+    expect(deathToCheck({ type: "finished" })).toBeUndefined()
+    expect(deathOrNodeLoss(died, "n1", "alive")).toBe(died)
+    expect(deathOrNodeLoss(died, "n1", undefined)).toBe(died)
+    for (const state of ["dead", "left"] as const) {
+      expect(deathOrNodeLoss(died, "n1", state)).toEqual({
+        type: "failed",
+        failure: { kind: "node-lost", rank: 2, tag: "WorkerDied", message: "node n1 was lost with it: exit 137\nmore" }
+      })
+    }
+    // Only a rank's death is reclassified.
+    const loopError: Outcome = { type: "failed", failure: failure({ kind: "loop-error" }).failure }
+    expect(deathOrNodeLoss(loopError, "n1", "dead")).toBe(loopError)
+  })
+
+  it("names a group that could not start, and the reason a restart's resize gives", () => {
+    expect(startFailureKind("SpawnError", true)).toBe("bus")
+    expect(startFailureKind("ModuleNotAllowed", false)).toBe("config")
+    expect(startFailureKind("EnvNotAllowed", false)).toBe("config")
+    expect(startFailureKind("SpawnError", false)).toBe("died")
+    expect(restartReason(failure({ kind: "node-lost", message: "node n1 was lost\nx" }))).toBe("lost a node: node n1 was lost")
+    expect(restartReason(failure({}))).toBe("died: WorkerDied")
+    expect(restartReason(resize)).toBe("room for 4 workers")
   })
 })

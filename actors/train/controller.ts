@@ -434,3 +434,64 @@ export class Controller<C = unknown> {
     this.#to("errored")
   }
 }
+
+// The recovery choices after a generation ended, as functions of plain data: the trainer asks them
+// and carries the answer out (regroup the survivors, or restart from the latest checkpoint).
+
+/** Where a restart continues from: the surviving peers, or the latest checkpoint and why not the peers. */
+export type Recovery = { readonly from: "peers" } | { readonly from: "checkpoint"; readonly reason: string }
+
+/** Why a generation restarts: a failure, or an elastic resize (Next's restart cause). */
+export type RestartCause = Extract<Next, { readonly action: "restart" }>["cause"]
+
+const firstLine = (text: string): string => text.split("\n")[0] ?? ""
+
+/** Failures the survivors can be regrouped after: a worker or a node lost, not an error of the loop. */
+const PEER_RECOVERABLE: ReadonlySet<GroupFailure["kind"]> = new Set(["died", "node-lost"])
+
+/**
+ * Peers or checkpoint. After a failure: a lost worker or node leaves survivors; after a NATS outage
+ * every worker may have survived it (they wait out natsOutageTimeoutMs), so all are asked once the
+ * bus is back; a failed recovery, an error of the loop or of the whole group goes to the checkpoint.
+ * A resize grows in place unless the bus is down. failureConfig.recoverFrom "checkpoint" always
+ * restarts from the checkpoint.
+ */
+export const recoveryFor = (cause: RestartCause, recoverFrom: "peers" | "checkpoint", busDown: boolean): Recovery => {
+  const checkpoint = (reason: string): Recovery => ({ from: "checkpoint", reason })
+  if (recoverFrom !== "peers") return checkpoint(`failureConfig.recoverFrom is "${recoverFrom}"`)
+  if (cause.type === "resize") return busDown ? checkpoint("the bus is down") : { from: "peers" }
+  const failure = cause.failure
+  if (failure.kind === "recovery") return checkpoint(`recovering from them failed: ${firstLine(failure.message)}`)
+  const peers = (PEER_RECOVERABLE.has(failure.kind) && failure.rank >= 0) || failure.kind === "bus"
+  if (!peers) return checkpoint(`a failure of kind "${failure.kind}"${failure.rank < 0 ? " of the whole group" : ""} leaves no survivors to regroup`)
+  return { from: "peers" }
+}
+
+/**
+ * A rank that died may have died with its machine: its peers can name it (a direct link closes at
+ * once) before the cluster view has missed the node's heartbeats. The rank whose node is to be
+ * watched (its next heartbeat or its death) before the failure is counted, or undefined.
+ */
+export const deathToCheck = (o: Outcome): number | undefined =>
+  o.type === "failed" && o.failure.kind === "died" && o.failure.rank >= 0 ? o.failure.rank : undefined
+
+/**
+ * After that wait: a node still alive (or no longer known) leaves the rank's own failure standing;
+ * a node the cluster saw die (or leave) makes it the lost node's, an infrastructure failure.
+ */
+export const deathOrNodeLoss = (o: Outcome, node: string, nodeState: "alive" | "dead" | "left" | undefined): Outcome => {
+  if (o.type !== "failed" || deathToCheck(o) === undefined || nodeState === undefined || nodeState === "alive") return o
+  return { type: "failed", failure: { ...o.failure, kind: "node-lost", message: `node ${node} was lost with it: ${o.failure.message}` } }
+}
+
+/** The kind of failure a group that could not start had: the bus's, the user's config's (a module or env not allowed), or a death. */
+export const startFailureKind = (tag: string, busDown: boolean): GroupFailure["kind"] =>
+  busDown ? "bus" : tag === "ModuleNotAllowed" || tag === "EnvNotAllowed" ? "config" : "died"
+
+/** The reason a resize after this restart gives (Result.resizes): the lost node, or the failure's kind and tag. */
+export const restartReason = (cause: RestartCause): string =>
+  cause.type === "resize"
+    ? cause.reason
+    : cause.failure.kind === "node-lost"
+      ? `lost a node: ${firstLine(cause.failure.message)}`
+      : `${cause.failure.kind}: ${cause.failure.tag}`

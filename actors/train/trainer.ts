@@ -26,7 +26,18 @@ import { silentLogger, stderrLogger } from "../runtime/log.ts"
 import { CheckpointStore, readCheckpoint, type CheckpointEntry, type CheckpointStorage } from "./checkpoint-store.ts"
 import { ObjectCheckpointStore, isObjectCheckpointUrl, readObjectCheckpoint } from "./object-checkpoint-store.ts"
 import { ControllerProtocol, PARITY_METRIC, WorkerProtocol, type CheckpointPayload, type PeerState, type Position } from "./train-protocol.ts"
-import { Controller, type CompletedRound, type Generation, type GroupFailure, type Outcome } from "./controller.ts"
+import {
+  Controller,
+  deathOrNodeLoss,
+  deathToCheck,
+  recoveryFor,
+  restartReason,
+  startFailureKind,
+  type CompletedRound,
+  type Generation,
+  type GroupFailure,
+  type Outcome
+} from "./controller.ts"
 import { growTo, idle, planLargest, releasingJob } from "./elastic.ts"
 import { WorkerGroup, layoutOf, placementsOf, type GroupArgs, type RankSpawn } from "./worker-group.ts"
 import { joinCluster, startEmbeddedCluster, type ClusterHandle } from "./cluster.ts"
@@ -64,9 +75,6 @@ const PLACEMENT_NOTICE_EVERY_MS = 10_000
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
 
 const firstLine = (text: string): string => text.split("\n")[0] ?? ""
-
-/** Failures the survivors can be regrouped after: a worker or a node lost, not an error of the loop. */
-const PEER_RECOVERABLE: ReadonlySet<GroupFailure["kind"]> = new Set(["died", "node-lost"])
 
 /** How long the survivors of a failure get to stop at a group operation and say where they are. */
 const PAUSE_TIMEOUT_MS = 20_000
@@ -773,8 +781,8 @@ export class Trainer {
       // wait for the node's next heartbeat (alive: the rank's own failure stands) or its death
       // (then it is the lost node's, an infrastructure failure), at most the view's deadline.
       const nodeLossOrNot = async (o: Outcome): Promise<Outcome> => {
-        if (o.type !== "failed" || o.failure.kind !== "died" || o.failure.rank < 0) return o
-        const node = group.members.get(o.failure.rank)?.node
+        const rank = deathToCheck(o)
+        const node = rank === undefined ? undefined : group.members.get(rank)?.node
         if (node === undefined || cluster.view.get(node) === undefined) return o
         const at = Date.now()
         const known = (): boolean => {
@@ -782,9 +790,7 @@ export class Trainer {
           return n === undefined || n.state !== "alive" || n.lastSeenAt > at
         }
         await cluster.view.waitFor(known, cluster.view.deadAfterMs + 1_000).catch(() => undefined)
-        const n = cluster.view.get(node)
-        if (n === undefined || n.state === "alive") return o
-        return { type: "failed", failure: { ...o.failure, kind: "node-lost", message: `node ${node} was lost with it: ${o.failure.message}` } }
+        return deathOrNodeLoss(o, node, cluster.view.get(node)?.state)
       }
       for (let first = true; ; first = false) {
         let generation: Generation<CheckpointPayload>
@@ -840,8 +846,7 @@ export class Trainer {
             })()
           )
           if (startFailure) {
-            const kind = bus.outage ? "bus" : startFailure.tag === "ModuleNotAllowed" || startFailure.tag === "EnvNotAllowed" ? "config" : "died"
-            controller.fail(generation, { kind, rank: -1, ...startFailure })
+            controller.fail(generation, { kind: startFailureKind(startFailure.tag, bus.outage !== undefined), rank: -1, ...startFailure })
           }
         }
         const attempt = generation.number
@@ -858,26 +863,18 @@ export class Trainer {
         }
         restarts++
         bounds = next.size
+        lastCause = restartReason(next.cause)
+        // The controller's choice: regroup the surviving peers, or restart from the checkpoint (and why).
+        const recovery = recoveryFor(next.cause, cfg.recoverFrom, bus.outage !== undefined)
+        fallback = recovery.from === "checkpoint" ? recovery.reason : undefined
         if (next.cause.type === "failure") {
           const failure: GroupFailure = next.cause.failure
-          lastCause = failure.kind === "node-lost" ? `lost a node: ${firstLine(failure.message)}` : `${failure.kind}: ${failure.tag}`
           recorder.event({ type: "failure", attempt, failure, decision: { action: "restart", counted: next.counted } })
           await callbacks("onRestart", (cb) => cb.onRestart?.({ attempt: attempt + 1, failure }))
           const budget = next.counted
             ? ` (restart ${controller.countedFailures}${cfg.maxFailures >= 0 ? ` of ${cfg.maxFailures}` : ""})`
             : " (not counted toward maxFailures: an infrastructure failure)"
           const what = `${failure.rank >= 0 ? `rank ${failure.rank} failed` : "the group failed"} (${failure.tag}: ${firstLine(failure.message)})`
-          // A lost worker or node: the others survive. A NATS outage: every worker may have
-          // survived it (they wait out natsOutageTimeoutMs), so all are asked once the bus is back.
-          const peers = (PEER_RECOVERABLE.has(failure.kind) && failure.rank >= 0) || failure.kind === "bus"
-          fallback =
-            cfg.recoverFrom !== "peers"
-              ? `failureConfig.recoverFrom is "${cfg.recoverFrom}"`
-              : failure.kind === "recovery"
-                ? `recovering from them failed: ${firstLine(failure.message)}`
-                : !peers
-                  ? `a failure of kind "${failure.kind}"${failure.rank < 0 ? " of the whole group" : ""} leaves no survivors to regroup`
-                  : undefined
           if (fallback === undefined) {
             await waitForBus()
             regrouped = await regroup({ failure, target: bounds.max, what, budget, counted: next.counted })
@@ -895,9 +892,7 @@ export class Trainer {
             ...(fallback !== undefined ? { reason: fallback } : {})
           })
         } else {
-          lastCause = next.cause.reason
           recorder.event({ type: "resize-requested", attempt, size: next.cause.size, reason: next.cause.reason, from: store.latest()?.name ?? "the start" })
-          fallback = cfg.recoverFrom !== "peers" ? `failureConfig.recoverFrom is "${cfg.recoverFrom}"` : bus.outage ? "the bus is down" : undefined
           if (fallback === undefined) {
             // Growing in place: the running workers stay, the new ones replay from the checkpoint
             // just saved and join them.
