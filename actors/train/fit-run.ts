@@ -21,7 +21,7 @@ import { ActorSystem } from "../runtime/system.ts"
 import { defineActor, launchActor, type ActorHandle } from "../runtime/actor.ts"
 import type { RequestOf } from "../runtime/protocol.ts"
 import { silentLogger, stderrLogger } from "../runtime/log.ts"
-import { CheckpointStore, readCheckpoint, type CheckpointEntry, type CheckpointPolicy, type CheckpointStorage } from "./checkpoint-store.ts"
+import { CheckpointStore, readCheckpoint, type CheckpointPolicy, type CheckpointStorage } from "./checkpoint-store.ts"
 import { ObjectCheckpointStore, isObjectCheckpointUrl, readObjectCheckpoint } from "./object-checkpoint-store.ts"
 import { ControllerProtocol, type CheckpointPayload, type PeerState } from "./train-protocol.ts"
 import {
@@ -41,21 +41,11 @@ import {
 import { growTo, releasingJob } from "./elastic.ts"
 import { WorkerGroup, placementsOf, type GroupArgs } from "./worker-group.ts"
 import { joinCluster, startEmbeddedCluster, type ClusterHandle } from "./cluster.ts"
-import type { Resolved, TrainerCallbacks } from "./options.ts"
+import type { Resolved } from "./options.ts"
 import { datasetModules, datasetPayloads, describeDatasets, resolveDatasets } from "./dataset-payloads.ts"
 import { regroupSurvivors, type RegroupContext } from "./regroup.ts"
-import { PARITY_METRIC } from "./train-protocol.ts"
-import {
-  Interrupted,
-  TrainingFailed,
-  withResult,
-  type BusOutage,
-  type CheckpointError,
-  type CheckpointInfo,
-  type Resize,
-  type Result
-} from "./result.ts"
-import type { Incident } from "./observe/report-html.ts"
+import { FitRecord, emptyResult } from "./fit-record.ts"
+import { Interrupted, TrainingFailed, withResult, type Result } from "./result.ts"
 import { ProgressPrinter } from "./observe/progress.ts"
 import { RunRecorder } from "./observe/run-recorder.ts"
 import { spanEvent } from "./observe/timeline.ts"
@@ -66,9 +56,8 @@ import { startDashboard, type Dashboard } from "./dashboard/server.ts"
 /** Attempts at writing one checkpoint before it is given up (and recorded in Result.checkpointErrors). */
 const CHECKPOINT_WRITE_ATTEMPTS = 3
 
-/** report.html, metrics.csv and summary.json are rewritten this often while the run goes on (and after report rounds, at most this often). */
+/** report.html, metrics.csv and summary.json are rewritten this often while the run goes on (fit-record.ts: and after report rounds). */
 const REPORT_REFRESH_MS = 10_000
-const REPORT_REFRESH_MIN_MS = 2_000
 
 /** On Ctrl-C the run directory gets this long to be completed before the signal takes the process. */
 const INTERRUPT_WRITE_MS = 15_000
@@ -80,66 +69,7 @@ const firstLine = (text: string): string => text.split("\n")[0] ?? ""
 /** The controller's decision to restart (after a failure or for a resize). */
 export type Restart = Extract<Next, { readonly action: "restart" }>
 
-type Explained = Record<string, { readonly text: string; readonly json: unknown }>
-
-/** The ranks' "kernels" explanations (keys "kernels.<rank>"), by rank. */
-const kernelParts = (parts: Readonly<Explained>) =>
-  Object.entries(parts)
-    .filter(([k]) => k.startsWith("kernels."))
-    .sort(([a], [b]) => Number(a.slice(8)) - Number(b.slice(8)))
-    .map(([, v]) => v)
-
-/** The all-reduce plan of the run, (strategy "auto") its strategy and the collective and heartbeat deadlines, as explained last. */
-const writeExplain = async (dir: string, parts: Readonly<Explained>): Promise<void> => {
-  const alg = parts.algorithm
-  const strat = parts.strategy
-  const kernels = kernelParts(parts)
-  const deadlines = [parts.deadlines, parts.heartbeat].filter((p) => p !== undefined)
-  const text = [alg?.text, strat?.text, deadlines.length ? deadlines.map((d) => d.text).join("\n") : undefined, kernels.length ? `backends and kernels:\n${kernels.map((k) => k.text).join("\n")}` : undefined]
-    .filter((t) => t !== undefined)
-    .join("\n\n")
-  // explain.json stays the all-reduce plan's object, with the strategy's choice under "strategy",
-  // each rank's backend and kernels under "kernels" and the collective and heartbeat deadlines
-  // under "deadlines" and "heartbeat".
-  const base = strat ? { ...((alg?.json as object | undefined) ?? {}), strategy: strat.json } : alg?.json
-  const withKernels = kernels.length ? { ...((base as object | undefined) ?? {}), kernels: kernels.map((k) => k.json) } : base
-  const json = deadlines.length
-    ? {
-        ...((withKernels as object | undefined) ?? {}),
-        ...(parts.deadlines ? { deadlines: parts.deadlines.json } : {}),
-        ...(parts.heartbeat ? { heartbeat: parts.heartbeat.json } : {})
-      }
-    : withKernels
-  await fs.writeFile(path.join(dir, "explain.txt"), `${text}\n`)
-  await fs.writeFile(path.join(dir, "explain.json"), `${JSON.stringify(json, null, 2)}\n`)
-}
-
-/** The Result of a run that stopped before its first generation. */
-const emptyResult = (dir: string): Result => ({
-  metrics: undefined,
-  metricsHistory: [],
-  metricsPerRank: [],
-  checkpoint: undefined,
-  bestCheckpoints: [],
-  path: dir,
-  restarts: 0,
-  countedFailures: 0,
-  resizes: [],
-  checkpointErrors: [],
-  busOutages: [],
-  natsServerRestarts: 0
-})
-
 export class FitRun {
-  readonly history: Array<Record<string, unknown>> = []
-  readonly #perRank: Array<Array<Record<string, unknown>>> = []
-  readonly #resizes: Resize[] = []
-  readonly #checkpointErrors: CheckpointError[] = []
-  readonly #busOutages: BusOutage[] = []
-  readonly #incidents: Incident[] = []
-  #natsServerRestarts = 0
-  #serverRestartedDuringOutage = false
-  #restarts = 0
   #resumePath: string | undefined
   #saving: Promise<unknown> = Promise.resolve()
   // Assigned once the cluster is up; nothing that reads it runs before that.
@@ -149,19 +79,9 @@ export class FitRun {
   readonly #lineage = new Map<string, number>()
   // The state a regrouped generation continues from, by generation (the furthest survivor's).
   readonly #peerStates = new Map<number, PeerState>()
-  /** The latest explanations by part (the all-reduce plan; strategy "auto"'s choice): explain.txt / explain.json. */
-  readonly #explained: Explained = {}
-  readonly #planSummaries: Record<string, string> = {}
   #bus!: BusMonitor
   #error: Error | undefined
-  // Watchers in other processes (the dashboard, gradwire jobs/logs) hear about the job through
-  // the monitor; the run directory's report is rewritten as the run goes on.
-  #monitor: JobMonitor | undefined
   #dashboard: Dashboard | undefined
-  #reportAt = 0
-  /** Resolved once the run directory's final files are written (a Ctrl-C waits for it before the process goes). */
-  #markWritten!: () => void
-  readonly #written = new Promise<void>((resolve) => (this.#markWritten = resolve))
   // The run's only way to stop early besides a failure the policy gives up on: the bus stayed
   // away too long, or a signal. Every wait of the main loop races it.
   abortError: Error | undefined
@@ -180,8 +100,6 @@ export class FitRun {
   #refresher: ReturnType<typeof setInterval> | undefined
   #logSub: { unsubscribe(): void } | undefined
   #tornDown: Promise<void> | undefined
-  #lastSize: number | undefined
-  #lastCause: string | undefined
   /** Why the last failure or resize was not recovered from the surviving peers. */
   #fallback: string | undefined
   // The world sizes the next placement may take: the controller's decision after a restart or
@@ -191,6 +109,8 @@ export class FitRun {
   readonly cfg: Resolved
   readonly recorder: RunRecorder
   readonly progress: ProgressPrinter
+  /** What the run records as it goes: rounds, incidents, resizes, explanations; the Result at the end. */
+  readonly record: FitRecord
   readonly #resolvedData: Map<string, ResolvedDataset>
   readonly #localStore: CheckpointStore | undefined
   readonly #policy: CheckpointPolicy
@@ -206,6 +126,7 @@ export class FitRun {
     this.cfg = cfg
     this.recorder = recorder
     this.progress = progress
+    this.record = new FitRecord(cfg, recorder, progress)
     this.#resolvedData = resolvedData
     this.#localStore = localStore
     this.#policy = policy
@@ -213,9 +134,9 @@ export class FitRun {
     this.#aborted.catch(() => {})
     this.controller = new Controller<CheckpointPayload>({ maxFailures: cfg.maxFailures, minWorkers: cfg.minWorkers, maxWorkers: cfg.maxWorkers }, (e) => {
       if (e.type === "state") {
-        void this.#callbacks("onStateChange", (cb) => cb.onStateChange?.({ from: e.from, to: e.to, attempt: e.attempt }))
+        void this.record.callbacks("onStateChange", (cb) => cb.onStateChange?.({ from: e.from, to: e.to, attempt: e.attempt }))
         this.recorder.event({ type: "state", from: e.from, to: e.to, attempt: e.attempt })
-        this.#monitor?.changed()
+        this.record.monitor?.changed()
       } else {
         this.#completeRound(e.round)
       }
@@ -263,55 +184,6 @@ export class FitRun {
     return run
   }
 
-  #runSummary(state: string, failure?: Error) {
-    const plan = this.#planText()
-    return {
-      title: this.cfg.name,
-      state,
-      ...(failure ? { error: failure.message } : {}),
-      restarts: this.#restarts,
-      history: this.history,
-      incidents: this.#incidents,
-      ...(plan !== undefined ? { plan } : {})
-    }
-  }
-
-  #planText(): string | undefined {
-    return [this.#explained.algorithm?.text, this.#explained.strategy?.text].filter((t) => t !== undefined).join("\n\n") || undefined
-  }
-
-  #refreshReport(force: boolean): void {
-    if (!force && Date.now() - this.#reportAt < REPORT_REFRESH_MIN_MS) return
-    this.#reportAt = Date.now()
-    void this.recorder.snapshot(this.#runSummary("running"))
-  }
-
-  /** Something that happened to the run: a progress line, events.jsonl, report.html, summary.json. */
-  readonly incident = (kind: Incident["kind"], text: string, event: Record<string, unknown>): void => {
-    this.#incidents.push({ time: new Date().toISOString(), kind, text })
-    this.recorder.event(event)
-    this.progress.line(`gradwire: ${text}`)
-    this.#monitor?.changed()
-  }
-
-  // A user callback that throws is logged and recorded, never dropped and never fatal.
-  #callbacks(name: string, call: (cb: TrainerCallbacks) => unknown): Promise<void> {
-    const failed = (e: unknown): void => {
-      const err = e instanceof Error ? e : new Error(String(e))
-      this.incident("callback", `callback ${name} threw: ${err.message}`, { type: "callback-error", callback: name, message: err.message, stack: err.stack ?? "" })
-    }
-    const pending: Array<Promise<unknown>> = []
-    for (const cb of this.cfg.callbacks) {
-      try {
-        const r = call(cb)
-        if (r instanceof Promise) pending.push(r.catch(failed))
-      } catch (e) {
-        failed(e)
-      }
-    }
-    return Promise.all(pending).then(() => undefined)
-  }
-
   readonly #abort = (e: Error): void => {
     if (this.abortError) return
     this.abortError = e
@@ -332,8 +204,8 @@ export class FitRun {
         const entry = await this.#store.save({ files, metadata }, round.metrics[0])
         this.#lineage.set(entry.path, round.index + 1)
         this.recorder.trace({ ...spanEvent("checkpoint save", t0, performance.now(), "checkpoints", { path: entry.path, round: round.index }, "checkpoint"), pid: "driver" })
-        this.#monitor?.changed()
-        await this.#callbacks("onCheckpoint", (cb) => cb.onCheckpoint?.({ path: entry.path, metrics: entry.metrics }))
+        this.record.monitor?.changed()
+        await this.record.callbacks("onCheckpoint", (cb) => cb.onCheckpoint?.({ path: entry.path, metrics: entry.metrics }))
         return
       } catch (e) {
         lastError = e
@@ -343,35 +215,11 @@ export class FitRun {
       }
     }
     const message = lastError instanceof Error ? lastError.message : String(lastError)
-    const attempts = lastError instanceof ConfigError ? 1 : CHECKPOINT_WRITE_ATTEMPTS
-    this.#checkpointErrors.push({ time: new Date().toISOString(), round: round.index, message, attempts })
-    this.incident("checkpoint", `the checkpoint of report round ${round.index} could not be written (${attempts} attempt(s)): ${firstLine(message)}; training goes on`, {
-      type: "checkpoint-error",
-      round: round.index,
-      attempts,
-      message
-    })
+    this.record.checkpointFailed(round.index, lastError instanceof ConfigError ? 1 : CHECKPOINT_WRITE_ATTEMPTS, message)
   }
 
   #completeRound(round: CompletedRound<CheckpointPayload>): void {
-    const { index, metrics } = round
-    this.history.push(metrics[0])
-    this.#perRank.push([...metrics])
-    this.recorder.metrics(index, metrics[0], metrics, round.attempt)
-    this.#monitor?.report(index, round.attempt, metrics[0], metrics)
-    this.#refreshReport(false)
-    this.progress.report(index, metrics[0])
-    const repaired = metrics[0]?.[PARITY_METRIC]
-    if (typeof repaired === "number" && repaired > 0) {
-      const ranks = String(metrics[0]?.[`${PARITY_METRIC}_ranks`] ?? "").split(" ").map(Number)
-      this.incident("parity", `report round ${index}: the weights or optimizer state of rank(s) ${ranks.join(", ")} differed from rank 0's; they took rank 0's`, {
-        type: "parity-repair",
-        attempt: round.attempt,
-        round: index,
-        ranks
-      })
-    }
-    void this.#callbacks("onReport", (cb) => cb.onReport?.({ index, metrics: metrics[0], perRank: metrics }))
+    this.record.round(round)
     const ckpt = round.checkpoint
     if (ckpt) this.#saving = this.#saving.then(() => this.#saveCheckpoint(round, ckpt))
   }
@@ -404,12 +252,12 @@ export class FitRun {
             ...(bucket !== undefined ? { jetstreamStoreDir: path.join(cfg.runDir, "jetstream") } : {}),
             serverEvents: {
               onExit: (x) => {
-                this.#serverRestartedDuringOutage = true
-                this.incident("nats-server", `the embedded nats-server (pid ${x.pid}) exited; restarting it on the same port`, { type: "nats-server-exit", pid: x.pid })
+                this.record.serverRestartedDuringOutage = true
+                this.record.incident("nats-server", `the embedded nats-server (pid ${x.pid}) exited; restarting it on the same port`, { type: "nats-server-exit", pid: x.pid })
               },
               onRestart: (x) => {
-                this.#natsServerRestarts = x.restarts
-                this.incident("nats-server", `the embedded nats-server is back (pid ${x.pid}, ${x.downMs} ms after it exited)`, {
+                this.record.natsServerRestarts = x.restarts
+                this.record.incident("nats-server", `the embedded nats-server is back (pid ${x.pid}, ${x.downMs} ms after it exited)`, {
                   type: "nats-server-restart",
                   pid: x.pid,
                   downMs: x.downMs,
@@ -418,7 +266,7 @@ export class FitRun {
               },
               onRestartFailed: (x) => {
                 const message = x.error instanceof Error ? x.error.message : String(x.error)
-                this.incident("nats-server", `restarting the embedded nats-server failed (attempt ${x.attempt + 1}): ${firstLine(message)}`, {
+                this.record.incident("nats-server", `restarting the embedded nats-server failed (attempt ${x.attempt + 1}): ${firstLine(message)}`, {
                   type: "nats-server-restart-failed",
                   attempt: x.attempt,
                   message
@@ -430,7 +278,7 @@ export class FitRun {
       this.progress.close()
       await this.recorder.close().catch(() => {})
       // The run directory is complete also when the cluster never came up.
-      await this.recorder.finish(this.#runSummary("failed", e as Error)).catch(() => {})
+      await this.recorder.finish(this.record.summary("failed", e as Error)).catch(() => {})
       throw withResult(e as Error, emptyResult(cfg.runDir))
     }
     const cluster = this.cluster
@@ -444,7 +292,7 @@ export class FitRun {
       await cluster.close().catch(() => {})
       this.progress.close()
       await this.recorder.close().catch(() => {})
-      await this.recorder.finish(this.#runSummary("failed", e as Error)).catch(() => {})
+      await this.recorder.finish(this.record.summary("failed", e as Error)).catch(() => {})
       throw withResult(e as Error, emptyResult(cfg.runDir))
     }
   }
@@ -478,7 +326,7 @@ export class FitRun {
     this.#group = new WorkerGroup(this.#system, () => heartbeats.current().ms, verbose)
     this.#startMonitor()
     if (cfg.run.dashboard) await this.#startDashboard(cfg.run.dashboard === true ? {} : cfg.run.dashboard)
-    this.#refresher = setInterval(() => this.#refreshReport(true), REPORT_REFRESH_MS)
+    this.#refresher = setInterval(() => this.record.refreshReport(true), REPORT_REFRESH_MS)
     this.#refresher.unref?.()
     this.#watchBus()
     this.#forwardLogs()
@@ -514,7 +362,7 @@ export class FitRun {
   // The job on the bus, for the dashboard and `gradwire jobs` / `gradwire logs` (job-monitor.ts).
   #startMonitor(): void {
     const { cfg, cluster, controller } = this
-    this.#monitor = JobMonitor.start({
+    this.record.monitor = JobMonitor.start({
       nc: cluster.nc,
       cluster: cluster.clusterName,
       job: this.#job,
@@ -532,23 +380,23 @@ export class FitRun {
       facts: () => {
         const latest = this.#store.latest()
         const best = this.#store.best()[0]
-        const plan = this.#planText()
+        const plan = this.record.planText()
         return {
           state: this.#stateNow(),
           attempt: controller.attempt,
           worldSize: controller.current?.worldSize ?? 0,
-          restarts: this.#restarts,
+          restarts: this.record.restarts,
           countedFailures: controller.countedFailures,
-          resizes: this.#resizes,
-          incidents: this.#incidents,
-          reports: this.history.length,
-          lastMetrics: this.history.at(-1),
+          resizes: this.record.resizes,
+          incidents: this.record.incidents,
+          reports: this.record.history.length,
+          lastMetrics: this.record.history.at(-1),
           checkpoints: {
             count: this.#store.list().length,
             ...(latest ? { latest: { path: latest.path, metrics: latest.metrics } } : {}),
             ...(best ? { best: { path: best.path, metrics: best.metrics } } : {})
           },
-          ...(plan !== undefined ? { plan: { summary: Object.values(this.#planSummaries).join("; "), text: plan, json: this.#explained.algorithm?.json ?? null } } : {}),
+          ...(plan !== undefined ? { plan: { summary: Object.values(this.record.planSummaries).join("; "), text: plan, json: this.record.explained.algorithm?.json ?? null } } : {}),
           members: [...this.#group.members].map(([rank, w]) => ({ rank, actor: w.name, node: w.node, pid: w.pid }))
         }
       }
@@ -569,7 +417,7 @@ export class FitRun {
         ...(d.port !== undefined ? { port: d.port } : {}),
         ...(d.token !== undefined ? { token: d.token } : {})
       }))
-      this.#monitor!.dashboard = dashboard.baseUrl
+      this.record.monitor!.dashboard = dashboard.baseUrl
       const line = `gradwire: dashboard at ${dashboard.url} (Prometheus: ${dashboard.baseUrl}/metrics)`
       if (this.progress.mode === "off") console.log(line)
       else this.progress.line(line)
@@ -587,19 +435,19 @@ export class FitRun {
     this.#bus = watchBus(cluster.nc, {
       timeoutMs: cfg.natsOutageTimeoutMs,
       onDown: (o) => {
-        this.incident("bus", `lost the NATS connection to ${cluster.where}; waiting up to ${cfg.natsOutageTimeoutMs / 1000} s for it to come back`, {
+        this.record.incident("bus", `lost the NATS connection to ${cluster.where}; waiting up to ${cfg.natsOutageTimeoutMs / 1000} s for it to come back`, {
           type: "bus-down",
           server: o.server
         })
         controller.fail(controller.current, { kind: "bus", rank: -1, tag: "NatsDisconnected", message: `the driver lost its NATS connection to ${cluster.where}` })
       },
       onUp: (o) => {
-        this.#busOutages.push({ time: new Date(o.since).toISOString(), server: o.server, ms: o.ms, serverRestarted: this.#serverRestartedDuringOutage })
-        this.#serverRestartedDuringOutage = false
-        this.incident("bus", `the NATS connection is back after ${(o.ms / 1000).toFixed(1)} s`, { type: "bus-up", server: o.server, ms: o.ms })
+        this.record.busOutages.push({ time: new Date(o.since).toISOString(), server: o.server, ms: o.ms, serverRestarted: this.record.serverRestartedDuringOutage })
+        this.record.serverRestartedDuringOutage = false
+        this.record.incident("bus", `the NATS connection is back after ${(o.ms / 1000).toFixed(1)} s`, { type: "bus-up", server: o.server, ms: o.ms })
       },
       onExpired: (o) => {
-        this.#busOutages.push({ time: new Date(o.since).toISOString(), server: o.server, ms: o.ms, serverRestarted: this.#serverRestartedDuringOutage })
+        this.record.busOutages.push({ time: new Date(o.since).toISOString(), server: o.server, ms: o.ms, serverRestarted: this.record.serverRestartedDuringOutage })
         this.recorder.event({ type: "bus-expired", server: o.server, ms: o.ms })
         this.#abort(new NatsUnavailable({ servers: cluster.where, outageMs: o.ms, timeoutMs: cfg.natsOutageTimeoutMs, hint: cluster.outageHint }))
       }
@@ -642,7 +490,7 @@ export class FitRun {
     // summary.json) before the signal takes the process, within a deadline.
     let timer: ReturnType<typeof setTimeout> | undefined
     const deadline = new Promise<void>((resolve) => (timer = setTimeout(resolve, INTERRUPT_WRITE_MS)))
-    void Promise.race([this.#teardown().then(() => this.#written), deadline]).finally(() => {
+    void Promise.race([this.#teardown().then(() => this.record.written), deadline]).finally(() => {
       clearTimeout(timer)
       process.removeListener("SIGINT", this.#onSignal)
       process.removeListener("SIGTERM", this.#onSignal)
@@ -663,7 +511,7 @@ export class FitRun {
       const failure = this.abortError ?? this.#error
       const ended: JobState = this.abortError instanceof Interrupted ? "interrupted" : failure !== undefined || this.#stateNow() === "failed" ? "failed" : "finished"
       const why = failure?.message
-      await this.#monitor?.close({ state: ended, ...(why !== undefined ? { error: why } : {}) }, busDown ? 500 : 3_000).catch(() => {})
+      await this.record.monitor?.close({ state: ended, ...(why !== undefined ? { error: why } : {}) }, busDown ? 500 : 3_000).catch(() => {})
       await this.#dashboard?.close().catch(() => {})
       // Let the last forwarded log lines arrive before unsubscribing.
       if (this.#logSub) await this.cluster.nc.flush().catch(() => {})
@@ -715,14 +563,10 @@ export class FitRun {
       explain: (body) => {
         if (!this.#isCurrent(body.attempt)) return
         const part = body.part === "kernels" ? `kernels.${body.rank ?? 0}` : (body.part ?? "algorithm")
-        if (body.summary) {
-          this.progress.line(body.summary)
-          this.recorder.event({ type: "explain", summary: body.summary })
-        }
-        this.#explained[part] = { text: body.text, json: body.json }
-        if (body.part !== "kernels" && body.part !== "deadlines") this.#planSummaries[part] = body.summary
-        this.#monitor?.changed()
-        this.#saving = this.#saving.then(() => writeExplain(this.cfg.runDir, this.#explained)).catch(() => {})
+        const write = this.record.explain(part, body.text, body.json, body.summary)
+        if (body.part !== "kernels" && body.part !== "deadlines") this.record.planSummaries[part] = body.summary
+        this.record.monitor?.changed()
+        this.#saving = this.#saving.then(write).catch(() => {})
       },
       finished: (body) => controller.finished(body),
       failed: (body) => controller.failed(body),
@@ -739,7 +583,7 @@ export class FitRun {
     if (!this.#isCurrent(body.attempt)) return
     this.progress.step(body)
     this.recorder.progress(body.rank, body.samples)
-    this.#monitor?.progress(body)
+    this.record.monitor?.progress(body)
     // The report's compute/communication split: kept whether or not the timeline is on.
     if (body.stepTimes) this.recorder.stepTimes(body.attempt, body.rank, body.stepTimes)
     if (body.stepTimes) {
@@ -753,11 +597,11 @@ export class FitRun {
         const d = heartbeats.describe()
         this.progress.line(d.summary)
         this.recorder.event({ type: "explain", summary: d.summary })
-        this.#explained.heartbeat = { text: d.text, json: d.json }
-        this.#saving = this.#saving.then(() => writeExplain(this.cfg.runDir, this.#explained)).catch(() => {})
+        const write = this.record.explain("heartbeat", d.text, d.json)
+        this.#saving = this.#saving.then(write).catch(() => {})
       }
     }
-    void this.#callbacks("onProgress", (cb) => cb.onProgress?.(body))
+    void this.record.callbacks("onProgress", (cb) => cb.onProgress?.(body))
   }
 
   // Elastic runs below max size watch for capacity (an agent joined, another job ended) and
@@ -783,16 +627,6 @@ export class FitRun {
     }
   }
 
-  /** A generation of another size than the last one: a resize (elastic shrink or growth). */
-  #noteSize(attempt: number, size: number): void {
-    if (this.#lastSize !== undefined && size !== this.#lastSize) {
-      const resize: Resize = { time: new Date().toISOString(), attempt, from: this.#lastSize, to: size, reason: this.#lastCause ?? "capacity changed" }
-      this.#resizes.push(resize)
-      this.incident("resize", `the group ${resize.to > resize.from ? "grows" : "shrinks"} from ${resize.from} to ${resize.to} workers (${resize.reason})`, { type: "resize", ...resize })
-    }
-    this.#lastSize = size
-  }
-
   // Killing the group goes through the agents: wait for the bus first; then let the last
   // checkpoint land.
   async #stopGroup(reason: string): Promise<void> {
@@ -804,7 +638,7 @@ export class FitRun {
   /** Start: a new generation on the placement, from the checkpoint to resume from (a fresh lineage). */
   async start(plan: PlacementPlan): Promise<Generation<CheckpointPayload>> {
     const generation = this.controller.begin(plan.ranks.length)
-    this.#noteSize(generation.number, plan.ranks.length)
+    this.record.noteSize(generation.number, plan.ranks.length)
     this.progress.start(generation.number, plan.ranks.length)
     // A fresh lineage: report and operation counts start again from this checkpoint.
     this.#lineage.clear()
@@ -899,15 +733,15 @@ export class FitRun {
    * resize asked for), and its choice between the surviving peers and the checkpoint (recoveryFor).
    */
   async restarting(next: Restart, attempt: number): Promise<Recovery> {
-    this.#restarts++
+    this.record.restarts++
     this.bounds = next.size
-    this.#lastCause = restartReason(next.cause)
+    this.record.lastCause = restartReason(next.cause)
     const recovery = recoveryFor(next.cause, this.cfg.recoverFrom, this.#bus.outage !== undefined)
     this.#fallback = recovery.from === "checkpoint" ? recovery.reason : undefined
     if (next.cause.type === "failure") {
       const failure = next.cause.failure
       this.recorder.event({ type: "failure", attempt, failure, decision: { action: "restart", counted: next.counted } })
-      await this.#callbacks("onRestart", (cb) => cb.onRestart?.({ attempt: attempt + 1, failure }))
+      await this.record.callbacks("onRestart", (cb) => cb.onRestart?.({ attempt: attempt + 1, failure }))
     } else {
       this.recorder.event({ type: "resize-requested", attempt, size: next.cause.size, reason: next.cause.reason, from: this.#store.latest()?.name ?? "the start" })
     }
@@ -954,12 +788,12 @@ export class FitRun {
         controller: this.controller,
         request: this.request,
         saving: () => this.#saving,
-        incident: this.incident,
+        incident: this.record.incident,
         progress: this.progress,
         groupArgs: this.#groupArgs,
         lineage: this.#lineage,
         peerStates: this.#peerStates,
-        onSize: (attempt, size) => this.#noteSize(attempt, size),
+        onSize: (attempt, size) => this.record.noteSize(attempt, size),
         latest: () => this.#store.latest()?.path ?? this.#resumePath,
         setResume: (p) => (this.#resumePath = p),
         fellBack: (reason) => (this.#fallback = reason)
@@ -974,7 +808,7 @@ export class FitRun {
       await this.#stopGroup("restarting the group")
       const from = this.#store.latest() ? this.#store.latest()!.name : "the start"
       const fallback = this.#fallback
-      this.incident(
+      this.record.incident(
         "restart",
         `${this.#what(failure)}; restarting the group from ${from}${fallback !== undefined ? ` (not from the surviving peers: ${fallback})` : ""}${this.#budget(next.counted)}`,
         {
@@ -1011,28 +845,8 @@ export class FitRun {
   /** The run directory's final files, the summary line, and the Result (or the error carrying it). */
   async result(): Promise<Result> {
     const error = this.#error
-    const info = (e: CheckpointEntry): CheckpointInfo => ({ path: e.path, metrics: e.metrics })
-    const latest = this.#store.latest()
-    try {
-      await this.recorder.finish(this.#runSummary(this.abortError instanceof Interrupted ? "interrupted" : error ? "failed" : "finished", error))
-    } finally {
-      this.#markWritten()
-    }
-    this.progress.summary(this.recorder.dir, this.history.at(-1), error)
-    const result: Result = {
-      metrics: this.history.at(-1),
-      metricsHistory: this.history,
-      metricsPerRank: this.#perRank,
-      checkpoint: latest ? info(latest) : undefined,
-      bestCheckpoints: this.#store.best().map(info),
-      path: this.cfg.runDir,
-      restarts: this.#restarts,
-      countedFailures: this.controller.countedFailures,
-      resizes: this.#resizes,
-      checkpointErrors: this.#checkpointErrors,
-      busOutages: this.#busOutages,
-      natsServerRestarts: this.#natsServerRestarts
-    }
+    const state = this.abortError instanceof Interrupted ? "interrupted" : error ? "failed" : "finished"
+    const result = await this.record.result(this.#store, state, error, this.controller.countedFailures)
     if (error) throw withResult(error, result)
     return result
   }
