@@ -1,6 +1,7 @@
 // The controller state machine (actors/train/controller.ts), without processes: report rounds,
 // the outcome of a generation, restart decisions and what counts toward maxFailures, elastic
-// resizes at report boundaries, and messages from old generations.
+// resizes at report boundaries, messages from old generations, and the recovery choices (peers or
+// checkpoint, a death reclassified as its node's loss).
 import { describe, expect, it } from "vitest"
 import { Controller, deathOrNodeLoss, deathToCheck, recoveryFor, restartReason, startFailureKind, type ControllerEvent, type GroupFailure, type Outcome } from "../actors/train/controller.ts"
 import { MAX_INFRA_RESTARTS_WITHOUT_PROGRESS, decide } from "../actors/train/failure-policy.ts"

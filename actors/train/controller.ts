@@ -3,8 +3,10 @@
 // capacity that came back) and turns them into the run's state (scheduling -> running ->
 // restarting | resizing -> ... -> finished | errored), completed report rounds, and the decision
 // at the end of each generation of the worker group: finish, fail, restart (from the latest
-// checkpoint or from surviving peers) or resize. trainer.ts carries the decisions out (spawning,
-// killing, saving); this module is unit-tested without processes (test/controller.test.ts).
+// checkpoint or from surviving peers) or resize. trainer.ts and fit-run.ts carry the decisions
+// out (spawning, killing, saving), asking the recovery choices at the end of this file (peers or
+// checkpoint, a death or a lost node); this module is unit-tested without processes
+// (test/controller.test.ts).
 import { decide, isInfrastructure, type Decision, type GroupFailure, type TrainerState } from "./failure-policy.ts"
 
 export type { GroupFailure, TrainerState } from "./failure-policy.ts"

@@ -70,6 +70,15 @@ const firstLine = (text: string): string => text.split("\n")[0] ?? ""
 export type Restart = Extract<Next, { readonly action: "restart" }>
 
 export class FitRun {
+  readonly cfg: Resolved
+  readonly recorder: RunRecorder
+  readonly progress: ProgressPrinter
+  /** What the run records as it goes: rounds, incidents, resizes, explanations; the Result at the end. */
+  readonly record: FitRecord
+  readonly #resolvedData: Map<string, ResolvedDataset>
+  readonly #localStore: CheckpointStore | undefined
+  readonly #policy: CheckpointPolicy
+
   #resumePath: string | undefined
   #saving: Promise<unknown> = Promise.resolve()
   // Assigned once the cluster is up; nothing that reads it runs before that.
@@ -105,15 +114,6 @@ export class FitRun {
   // The world sizes the next placement may take: the controller's decision after a restart or
   // a resize (numWorkers, or min..max; a resize asks for up to its size).
   bounds: { readonly min: number; readonly max: number }
-
-  readonly cfg: Resolved
-  readonly recorder: RunRecorder
-  readonly progress: ProgressPrinter
-  /** What the run records as it goes: rounds, incidents, resizes, explanations; the Result at the end. */
-  readonly record: FitRecord
-  readonly #resolvedData: Map<string, ResolvedDataset>
-  readonly #localStore: CheckpointStore | undefined
-  readonly #policy: CheckpointPolicy
 
   private constructor(
     cfg: Resolved,
