@@ -74,12 +74,12 @@ export class Trainer {
   }
 
   /**
-   * Places the group: the largest size within the bounds the controller gave (run.bounds) that fits now, or waits for room up to
-   * scalingConfig.placementTimeoutMs (default 60 s), saying what it waits for. A first placement
-   * the cluster could not hold even when idle fails at once unless a timeout was given.
+   * Place: the largest size within the controller's bounds (run.bounds) that fits now, or waits
+   * for room up to scalingConfig.placementTimeoutMs (default 60 s), saying what it waits for. A
+   * first placement the cluster could not hold even when idle fails at once unless a timeout was
+   * given. Waits for the bus first (the group is spawned through the agents).
    */
   async #place(run: FitRun, first: boolean): Promise<PlacementPlan> {
-    // Killing or spawning goes through the agents: the bus first.
     await run.waitForBus()
     const { cfg, cluster, request, bounds, progress } = run
     // Waits on the cluster view; a timeout just means "look again", the run's abort ends the wait.
