@@ -17,9 +17,9 @@ export {
   type TrainerOptions,
   type CheckpointInfo,
   type TrainerCallbacks
-} from "./actors/train/trainer.ts"
-export type { Resize, CheckpointError, BusOutage } from "./actors/train/result.ts"
-export { TrainContext, DatasetShard, type Checkpoint, type ReportOptions } from "./actors/train/train-context.ts"
+} from "./actors/train/driver/trainer.ts"
+export type { Resize, CheckpointError, BusOutage } from "./actors/train/driver/result.ts"
+export { TrainContext, DatasetShard, type Checkpoint, type ReportOptions } from "./actors/train/worker/train-context.ts"
 export {
   DataParallelModel,
   type PrepareOptions,
@@ -31,14 +31,14 @@ export {
   type GradientSlot,
   type LossName,
   type LossFn
-} from "./actors/train/data-parallel.ts"
-export type { ShardSource, FitSource } from "./actors/train/batches.ts"
-export type { RecoverableModel, LoopPosition } from "./actors/train/group-session.ts"
-export type { FailureKind, TrainerState, GroupFailure } from "./actors/train/failure-policy.ts"
-export type { AnyTrainLoop, DatasetInput } from "./actors/train/options.ts"
-export type { TrainLoop } from "./actors/train/train-context.ts"
-export type { LrScaling, LrRuleOptions } from "./actors/train/optim/lr-rules.ts"
-export type { ZeroStage } from "./actors/train/optim/zero.ts"
+} from "./actors/train/worker/data-parallel.ts"
+export type { ShardSource, FitSource } from "./actors/train/worker/batches.ts"
+export type { RecoverableModel, LoopPosition } from "./actors/train/worker/group-session.ts"
+export type { FailureKind, TrainerState, GroupFailure } from "./actors/train/driver/failure-policy.ts"
+export type { AnyTrainLoop, DatasetInput } from "./actors/train/driver/options.ts"
+export type { TrainLoop } from "./actors/train/worker/train-context.ts"
+export type { LrScaling, LrRuleOptions } from "./actors/train/common/optim/lr-rules.ts"
+export type { ZeroStage } from "./actors/train/common/optim/zero.ts"
 // Model parallelism: pipeline stages (GPipe, 1F1B) and tensor-parallel dense pairs (ctx.preparePipeline)
 export {
   PipelineModel,
@@ -47,14 +47,14 @@ export {
   type PipelineFitOptions,
   type PipelineStepTiming,
   type PipelineMemoryStats
-} from "./actors/train/model-parallel/pipeline-model.ts"
-export type { PipelineOptions, PipelineSpec, LayerStack } from "./actors/train/model-parallel/prepare.ts"
-export type { ScheduleName } from "./actors/train/model-parallel/schedule.ts"
-export type { BalanceBy } from "./actors/train/model-parallel/partition.ts"
-export { loadPipelineCheckpoint, mergePipelineCheckpoint, type PipelineLayout } from "./actors/train/model-parallel/checkpoint.ts"
-export type { GridPlace } from "./actors/train/model-parallel/grid.ts"
-export type { PipelineSource } from "./actors/train/model-parallel/pipeline-model.ts"
-export { ModelParallelLinkError } from "./actors/train/model-parallel/transport.ts"
+} from "./actors/train/worker/model-parallel/pipeline-model.ts"
+export type { PipelineOptions, PipelineSpec, LayerStack } from "./actors/train/worker/model-parallel/prepare.ts"
+export type { ScheduleName } from "./actors/train/worker/model-parallel/schedule.ts"
+export type { BalanceBy } from "./actors/train/worker/model-parallel/partition.ts"
+export { loadPipelineCheckpoint, mergePipelineCheckpoint, type PipelineLayout } from "./actors/train/worker/model-parallel/checkpoint.ts"
+export type { GridPlace } from "./actors/train/worker/model-parallel/grid.ts"
+export type { PipelineSource } from "./actors/train/worker/model-parallel/pipeline-model.ts"
+export { ModelParallelLinkError } from "./actors/train/worker/model-parallel/transport.ts"
 export { loadDigits, makeDataset, trainTestSplit, shardIndices, type ArrayDataset } from "./core/datasets.ts"
 // File-backed datasets: each worker streams its own rows from files or an object store bucket
 export { fromFiles, datasetFactory, type FromFilesOptions, type FileFormat, type FileDatasetSpec, type DatasetFactorySpec } from "./core/data/file-spec.ts"
@@ -65,7 +65,7 @@ export { IterableStream, type RowSource, type StreamedRow, type TfDataset, type 
 export type { WireTensor, DType, DataFor } from "./core/wire.ts"
 export type { DataPosition } from "./core/data/plan.ts"
 export { DataSourceError, DataFormatError, DataPositionMismatch } from "./core/data/errors.ts"
-export type { Shard } from "./actors/train/train-context.ts"
+export type { Shard } from "./actors/train/worker/train-context.ts"
 export type { Tf, BackendKind } from "./core/engine.ts"
 export { loadEngine } from "./core/engine.ts"
 

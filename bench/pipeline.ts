@@ -19,7 +19,7 @@ import * as path from "node:path"
 import { fileURLToPath } from "node:url"
 import { Trainer } from "../index.ts"
 import type { PipelineBenchConfig } from "../test/support/pipeline-bench-loop.ts"
-import { bubbleFraction, simulate } from "../actors/train/model-parallel/schedule.ts"
+import { bubbleFraction, simulate } from "../actors/train/worker/model-parallel/schedule.ts"
 import { optionReader } from "./args.ts"
 
 const LOOP = fileURLToPath(new URL("../test/support/pipeline-bench-loop.ts", import.meta.url)) + "#pipelineBenchLoop"

@@ -6,7 +6,7 @@ import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
 import { Trainer, loadDigits, trainTestSplit, loadEngine, type ArrayDataset } from "../index.ts"
-import { DataParallelModel, type GradientSync } from "../actors/train/data-parallel.ts"
+import { DataParallelModel, type GradientSync } from "../actors/train/worker/data-parallel.ts"
 import { median } from "../scheduler/cost-model.ts"
 
 const LOOP = { module: new URL("../examples/digits/train.ts", import.meta.url).href, export: "trainLoop" }

@@ -15,7 +15,7 @@ import * as settings from "../core/settings.ts"
 import { listUploaded, putFiles } from "../core/data/object-data.ts"
 import type { FileFormat } from "../core/data/file-spec.ts"
 import { DEFAULT_DASHBOARD_PORT, startDashboard } from "../actors/train/dashboard/server.ts"
-import { ENDED_STATES, type LogLine } from "../actors/train/job-telemetry.ts"
+import { ENDED_STATES, type LogLine } from "../actors/train/common/job-telemetry.ts"
 import { fetchJobLogs, findJob, followJobLogs, formatJobsTable, formatLogLine, listJobs } from "../actors/train/dashboard/jobs-client.ts"
 
 const usage = `usage: gradwire <command> [options]
@@ -564,7 +564,7 @@ const loopConfig = (raw: string | undefined): unknown => {
 
 /** Runs a Trainer in this process and says how it ended (the Trainer prints its own progress). */
 const runTrainer = async (options: Record<string, unknown>): Promise<number> => {
-  const { Trainer } = await import("../actors/train/trainer.ts")
+  const { Trainer } = await import("../actors/train/driver/trainer.ts")
   try {
     const r = await new Trainer(options as unknown as ConstructorParameters<typeof Trainer>[0]).fit()
     console.log(`gradwire: done: ${r.metricsHistory.length} report rounds, ${r.restarts} restart(s); run directory ${r.path} (report.html)`)

@@ -25,7 +25,7 @@ export type PlacementStrategy = typeof PlacementStrategy.Type
 
 /**
  * collectiveConfig.strategy: the built-in ways of training. The names, what each needs and its
- * checks belong to the training-strategy registry (actors/train/strategies/registry.ts), which
+ * checks belong to the training-strategy registry (actors/train/worker/strategies/registry.ts), which
  * checks a name when the Trainer resolves its options; here only the shape is checked, so a
  * strategy registered by another module is a valid config value.
  */
@@ -96,7 +96,7 @@ export type CheckpointConfig = typeof CheckpointConfig.Type
 export const FailureConfig = Schema.Struct({
   /**
    * Restarts allowed after failures of the job (a worker crashed or hung, the loop threw); -1 means
-   * no limit. Default 0. Lost nodes and NATS outages do not count (see actors/train/failure-policy.ts).
+   * no limit. Default 0. Lost nodes and NATS outages do not count (see actors/train/driver/failure-policy.ts).
    */
   maxFailures: Schema.optional(Schema.Int.check(Schema.isGreaterThanOrEqualTo(-1))),
   /** How long any gradwire process waits for a lost NATS connection to come back. Default 60 s. */
@@ -201,7 +201,7 @@ export const CollectiveConfig = Schema.Struct({
    * or "average"), outerLr (0.7 nesterov, 1 average), outerMomentum (0.9), compression of the
    * parameter deltas (a codec, as collectiveConfig.compression), fragments (streaming DiLoCo: parts
    * synchronised at staggered steps, default 1) and overlap (default with fragments > 1).
-   * Validated by actors/train/optim/outer-optimizer.ts.
+   * Validated by actors/train/common/optim/outer-optimizer.ts.
    */
   localSgd: Schema.optional(Schema.Unknown),
   parameterServer: Schema.optional(

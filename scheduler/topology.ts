@@ -2,7 +2,7 @@
 // NATS server each rank is on, as the communicator's handshake learned) and measure the links
 // between ranks with a few ping-pongs, then fit the alpha-beta cost model per link class. The I/O
 // (who sends what where) is behind TopologyProbeIO so this module stays pure scheduler logic;
-// actors/train/topology-probe.ts implements it over NATS.
+// actors/train/worker/topology-probe.ts implements it over NATS.
 //
 // Agreement. Only rank 0 measures and fits; it broadcasts the fitted model (JSON, one float per
 // byte, so no float bit pattern can be altered in transit) and every rank, rank 0 included, uses

@@ -21,7 +21,7 @@ import { findNatsServerBinary, freePort, liveNatsServerPids } from "../core/nats
 import { loadEngine } from "../core/engine.ts"
 import { modelFromFiles } from "../core/model-io.ts"
 import { openNats } from "../core/connection.ts"
-import { readCheckpoint } from "../actors/train/checkpoint-store.ts"
+import { readCheckpoint } from "../actors/train/driver/checkpoint-store.ts"
 import { openClusterView } from "../scheduler/cluster-view.ts"
 import type { AgentState } from "../actors/node/agent-state.ts"
 import { weightsHash } from "../examples/digits/model.ts"

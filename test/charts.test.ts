@@ -8,9 +8,9 @@ import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { afterAll, describe, expect, it } from "vitest"
-import { CHART_SCRIPT, chartAssets, chartHead } from "../actors/train/observe/chart-script.ts"
-import { renderDashboardPage } from "../actors/train/observe/dashboard-page.ts"
-import { renderReport } from "../actors/train/observe/report-html.ts"
+import { CHART_SCRIPT, chartAssets, chartHead } from "../actors/train/common/observe/chart-script.ts"
+import { renderDashboardPage } from "../actors/train/common/observe/dashboard-page.ts"
+import { renderReport } from "../actors/train/common/observe/report-html.ts"
 import { dumpDom } from "./support/chromium.ts"
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), "gw-charts-"))

@@ -13,8 +13,8 @@ import { ConfigError } from "../core/errors.ts"
 import { launchNatsServer, liveNatsServerPids, type NatsServerProcess } from "../core/nats-server.ts"
 import { openNats } from "../core/connection.ts"
 import { startHeadAgent, type HeadAgent } from "./support/head-agent.ts"
-import { ObjectCheckpointStore, parseObjectCheckpointUrl, readObjectCheckpoint } from "../actors/train/object-checkpoint-store.ts"
-import { resolveTrainerOptions } from "../actors/train/trainer.ts"
+import { ObjectCheckpointStore, parseObjectCheckpointUrl, readObjectCheckpoint } from "../actors/train/driver/object-checkpoint-store.ts"
+import { resolveTrainerOptions } from "../actors/train/driver/trainer.ts"
 
 const LOOP = path.resolve("examples/digits/train.ts") + "#trainLoop"
 const bytes = (s: string) => new TextEncoder().encode(s)

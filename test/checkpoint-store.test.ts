@@ -2,7 +2,7 @@ import { afterEach, describe, expect, it } from "vitest"
 import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
-import { CheckpointStore, readCheckpoint } from "../actors/train/checkpoint-store.ts"
+import { CheckpointStore, readCheckpoint } from "../actors/train/driver/checkpoint-store.ts"
 import { ConfigError } from "../core/errors.ts"
 
 const dirs: string[] = []

@@ -2,7 +2,7 @@ import { describe, expect, it } from "vitest"
 import { CollectiveConfig, RunConfig, ScalingConfig, parseTrainLoopRef } from "../core/config.ts"
 import { decodeConfig } from "../core/validate.ts"
 import { ConfigError } from "../core/errors.ts"
-import { resolveTrainerOptions } from "../actors/train/trainer.ts"
+import { resolveTrainerOptions } from "../actors/train/driver/trainer.ts"
 import { allReduceAlgorithmNames, allowedAlgorithms } from "../collectives/algorithms/index.ts"
 
 const fails = (f: () => unknown): ConfigError => {

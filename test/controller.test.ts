@@ -1,10 +1,10 @@
-// The controller state machine (actors/train/controller.ts), without processes: report rounds,
+// The controller state machine (actors/train/driver/controller.ts), without processes: report rounds,
 // the outcome of a generation, restart decisions and what counts toward maxFailures, elastic
 // resizes at report boundaries, messages from old generations, and the recovery choices (peers or
 // checkpoint, a death reclassified as its node's loss).
 import { describe, expect, it } from "vitest"
-import { Controller, deathOrNodeLoss, deathToCheck, recoveryFor, restartReason, startFailureKind, type ControllerEvent, type GroupFailure, type Outcome } from "../actors/train/controller.ts"
-import { MAX_INFRA_RESTARTS_WITHOUT_PROGRESS, decide } from "../actors/train/failure-policy.ts"
+import { Controller, deathOrNodeLoss, deathToCheck, recoveryFor, restartReason, startFailureKind, type ControllerEvent, type GroupFailure, type Outcome } from "../actors/train/driver/controller.ts"
+import { MAX_INFRA_RESTARTS_WITHOUT_PROGRESS, decide } from "../actors/train/driver/failure-policy.ts"
 
 type Ckpt = { readonly tag: string }
 

@@ -2,7 +2,7 @@
 // rendezvous (the network path is covered by the trainer's integration tests).
 import { describe, expect, it } from "vitest"
 import { loadEngine, type Tf } from "../core/engine.ts"
-import { DataParallelModel, type GradientSync } from "../actors/train/data-parallel.ts"
+import { DataParallelModel, type GradientSync } from "../actors/train/worker/data-parallel.ts"
 import { ConfigError } from "../core/errors.ts"
 
 /**

@@ -18,7 +18,7 @@ import { runScript } from "./support/run-script.ts"
 import type { DataPosition } from "../core/data/plan.ts"
 import { IterableStream } from "../core/data/iterable-stream.ts"
 import { makeDataset, gatherRows } from "../core/datasets.ts"
-import { batchTensors, fitBatch } from "../actors/train/batches.ts"
+import { batchTensors, fitBatch } from "../actors/train/worker/batches.ts"
 import * as tf from "@tensorflow/tfjs"
 
 const ROWS = 1000

@@ -12,7 +12,7 @@ import { Trainer, loadDigits, trainTestSplit, type ArrayDataset } from "../index
 import { launchNatsServer, type NatsServerProcess } from "../core/nats-server.ts"
 import { openNats } from "../core/connection.ts"
 import { openClusterView } from "../scheduler/cluster-view.ts"
-import { growTo, idle, planLargest, releasingJob } from "../actors/train/elastic.ts"
+import { growTo, idle, planLargest, releasingJob } from "../actors/train/driver/elastic.ts"
 import type { NodeAdvertisement } from "../scheduler/node-info.ts"
 import { CLI } from "./support/actors-processes.ts"
 import { nodeAd } from "./support/node-ads.ts"

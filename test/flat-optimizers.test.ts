@@ -17,7 +17,7 @@ import {
   type FlatOptimizerKind,
   type FlatOptimizerSpec,
   type FlatOptimizerState
-} from "../actors/train/optim/flat-optimizers.ts"
+} from "../actors/train/common/optim/flat-optimizers.ts"
 
 const { tf } = await loadEngine("auto")
 

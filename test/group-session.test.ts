@@ -1,11 +1,11 @@
 // The group session's replay of a hand-written trainStep loop on a rank that joins survivors
-// (actors/train/group-session.ts): steps the survivors made are skipped, at their position (the
+// (actors/train/worker/group-session.ts): steps the survivors made are skipped, at their position (the
 // same report() calls and steps since the last) the rank takes their state and runs the step with
 // them, and a loop that gets past that position, or is in dp.fit() where they are not, is refused.
 // Pure logic: the group and the model are stand-ins that record what the session asked of them.
 import { describe, expect, it } from "vitest"
-import { GroupSession, PeerRecoveryMisaligned, type LiveGroup } from "../actors/train/group-session.ts"
-import type { PeerState, Placement, Position } from "../actors/train/train-protocol.ts"
+import { GroupSession, PeerRecoveryMisaligned, type LiveGroup } from "../actors/train/worker/group-session.ts"
+import type { PeerState, Placement, Position } from "../actors/train/common/train-protocol.ts"
 
 const placement = { attempt: 1, rank: 2, worldSize: 3 } as unknown as Placement
 const group = { placement, comm: {}, reducer: {} } as unknown as LiveGroup

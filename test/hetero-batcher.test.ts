@@ -1,10 +1,10 @@
-// The heterogeneity-aware batcher (actors/train/hetero-batching.ts) against simulated ranks whose
+// The heterogeneity-aware batcher (actors/train/worker/hetero-batching.ts) against simulated ranks whose
 // step time is affine in the batch (a fixed cost per step plus a cost per sample), as a
 // CPU-throttled worker's is: the split must settle where the ranks' step times are equal, and stop
 // re-balancing, instead of starving the rank with the fixed cost. Pure logic: the all-gather is
 // computed from the simulated ranks.
 import { describe, expect, it } from "vitest"
-import { HeteroBatcher, affineThroughputs, fitStepTime } from "../actors/train/hetero-batching.ts"
+import { HeteroBatcher, affineThroughputs, fitStepTime } from "../actors/train/worker/hetero-batching.ts"
 
 /** Step time in ms of a rank with fixed cost a and per-sample cost c at batch b. */
 const time = (m: { a: number; c: number }, b: number): number => m.a + m.c * b

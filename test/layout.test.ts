@@ -1,13 +1,17 @@
 // The folders are layers, and imports only go down them: core at the bottom; collectives and
 // scheduler on core; the actor runtime on those; the node side on the runtime; observability of a
-// run on core alone; training on all of them; the CLI and the root entry on top. This reads every
-// source file's imports and fails naming the file and the import that goes up or sideways.
+// run on core alone; training on all of them, its folders sorted by the process a file runs in; the
+// CLI and the root entry on top. This reads every source file's imports and fails naming the file
+// and the import that goes up or sideways.
 import { describe, expect, it } from "vitest"
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { fileURLToPath } from "node:url"
 
 const ROOT = fileURLToPath(new URL("../", import.meta.url))
+
+/** What every folder of actors/train/ may import from below it. */
+const BELOW_TRAIN = ["core/", "collectives/", "scheduler/", "actors/runtime/", "actors/node/"]
 
 /** Each layer, by folder prefix (most specific first), and the layers it may import. */
 const LAYERS: ReadonlyArray<readonly [string, ReadonlyArray<string>]> = [
@@ -16,11 +20,18 @@ const LAYERS: ReadonlyArray<readonly [string, ReadonlyArray<string>]> = [
   ["scheduler/", ["core/", "scheduler/"]],
   ["actors/runtime/", ["core/", "scheduler/", "actors/runtime/"]],
   ["actors/node/", ["core/", "scheduler/", "actors/runtime/", "actors/node/"]],
-  ["actors/train/observe/", ["core/", "actors/train/observe/"]],
-  ["actors/train/optim/", ["core/", "actors/train/optim/"]],
-  ["actors/train/ps/", ["core/", "actors/train/optim/", "actors/train/ps/"]],
-  ["actors/train/model-parallel/", ["core/", "collectives/", "actors/train/model-parallel/"]],
-  ["actors/train/", ["core/", "collectives/", "scheduler/", "actors/runtime/", "actors/node/", "actors/train/"]],
+  // actors/train/ by the process a file runs in: driver/ (the process that calls fit()), worker/
+  // (each worker), parameter-server/ (each server), dashboard/ (the driver or the CLI), common/
+  // (imported by more than one of them). None imports another's folder, except that the driver
+  // reads the strategy registry (worker/strategies/) to check a configuration before anything starts.
+  ["actors/train/common/observe/", ["core/", "actors/train/common/observe/"]],
+  ["actors/train/common/optim/", ["core/", "actors/train/common/optim/"]],
+  ["actors/train/common/", [...BELOW_TRAIN, "actors/train/common/"]],
+  ["actors/train/parameter-server/", [...BELOW_TRAIN, "actors/train/common/", "actors/train/parameter-server/"]],
+  ["actors/train/worker/model-parallel/", ["core/", "collectives/", "actors/train/worker/model-parallel/"]],
+  ["actors/train/worker/", [...BELOW_TRAIN, "actors/train/common/", "actors/train/worker/"]],
+  ["actors/train/dashboard/", [...BELOW_TRAIN, "actors/train/common/", "actors/train/dashboard/"]],
+  ["actors/train/driver/", [...BELOW_TRAIN, "actors/train/common/", "actors/train/dashboard/", "actors/train/worker/strategies/", "actors/train/driver/"]],
   ["actors/", ["core/", "collectives/", "scheduler/", "actors/"]]
 ]
 
@@ -61,7 +72,7 @@ describe("layout", () => {
   })
 
   it("every folder says what lives there and what it may import", () => {
-    for (const dir of ["core", "core/nats-internals", "core/data", "collectives", "scheduler", "actors", "actors/runtime", "actors/node", "actors/train", "actors/train/observe", "actors/train/optim", "actors/train/ps", "actors/train/model-parallel", "actors/train/dashboard"]) {
+    for (const dir of ["core", "core/nats-internals", "core/data", "collectives", "scheduler", "actors", "actors/runtime", "actors/node", "actors/train", "actors/train/driver", "actors/train/worker", "actors/train/worker/strategies", "actors/train/worker/model-parallel", "actors/train/parameter-server", "actors/train/dashboard", "actors/train/common", "actors/train/common/observe", "actors/train/common/optim"]) {
       const readme = path.join(ROOT, dir, "README.md")
       expect(fs.existsSync(readme), `${dir}/README.md`).toBe(true)
       expect(fs.readFileSync(readme, "utf8")).toMatch(/may import/i)
@@ -81,9 +92,9 @@ describe("layout", () => {
 
   it("the checker sees an import that goes up", () => {
     const tmp = path.join(ROOT, "core", "__layout_probe.tmp.ts")
-    fs.writeFileSync(tmp, 'import { Trainer } from "../actors/train/trainer.ts"\nexport const x = Trainer\n')
+    fs.writeFileSync(tmp, 'import { Trainer } from "../actors/train/driver/trainer.ts"\nexport const x = Trainer\n')
     try {
-      expect(importsOf("core/__layout_probe.tmp.ts")).toEqual(["actors/train/trainer.ts"])
+      expect(importsOf("core/__layout_probe.tmp.ts")).toEqual(["actors/train/driver/trainer.ts"])
     } finally {
       fs.rmSync(tmp)
     }

@@ -1,12 +1,12 @@
-// Local SGD / DiLoCo's outer loop as pure arithmetic (actors/train/optim/outer-optimizer.ts) and
+// Local SGD / DiLoCo's outer loop as pure arithmetic (actors/train/common/optim/outer-optimizer.ts) and
 // its options: defaults and refusals, the fragments and their staggered schedule, the outer
 // optimizers against their formulas, and the state a checkpoint carries.
 import { describe, expect, it } from "vitest"
 import { ConfigError } from "../core/errors.ts"
-import { OuterState, fragmentDue, planFragments, resolveLocalSgd, type LocalSgdSettings } from "../actors/train/optim/outer-optimizer.ts"
-import { resolveTrainerOptions } from "../actors/train/options.ts"
+import { OuterState, fragmentDue, planFragments, resolveLocalSgd, type LocalSgdSettings } from "../actors/train/common/optim/outer-optimizer.ts"
+import { resolveTrainerOptions } from "../actors/train/driver/options.ts"
 import { chooseStrategy } from "../scheduler/strategy-choice.ts"
-import { LocalSgd } from "../actors/train/local-sgd.ts"
+import { LocalSgd } from "../actors/train/worker/local-sgd.ts"
 
 const layout = (sizes: number[]) => {
   let off = 0

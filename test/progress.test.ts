@@ -2,7 +2,7 @@
 // a hand-written trainStep loop, which has no epoch length, shows its step count without a bogus
 // "/0 0% ETA 0.0s".
 import { describe, expect, it } from "vitest"
-import { ProgressPrinter } from "../actors/train/observe/progress.ts"
+import { ProgressPrinter } from "../actors/train/common/observe/progress.ts"
 
 const printer = (): { p: ProgressPrinter; lines: string[] } => {
   const lines: string[] = []

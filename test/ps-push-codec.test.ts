@@ -1,4 +1,4 @@
-// Compressed pushes to the parameter servers (actors/train/ps-push-codec.ts), as pure logic: a
+// Compressed pushes to the parameter servers (actors/train/common/ps-push-codec.ts), as pure logic: a
 // worker's encoder with an error-feedback residual per server range, the push through the wire
 // format as the actors send it, and a server's decoder into its reused buffer. The residual
 // carries what compression lost: the sum of the decoded pushes plus the final residual is the sum
@@ -8,9 +8,9 @@ import { ConfigError, WireDecodeError } from "../core/errors.ts"
 import { decodeMessage, encodeMessage } from "../core/wire.ts"
 import { Mulberry32 } from "../collectives/compression/rng.ts"
 import type { ResolvedCompressionConfig } from "../collectives/compression/index.ts"
-import { shardLayout } from "../actors/train/optim/zero.ts"
-import { PushDecoder, PushEncoder, checkPushCompression, pushCodecProblem, pushResidualKey, type PushPayload } from "../actors/train/ps-push-codec.ts"
-import { resolveTrainerOptions } from "../actors/train/options.ts"
+import { shardLayout } from "../actors/train/common/optim/zero.ts"
+import { PushDecoder, PushEncoder, checkPushCompression, pushCodecProblem, pushResidualKey, type PushPayload } from "../actors/train/common/ps-push-codec.ts"
+import { resolveTrainerOptions } from "../actors/train/driver/options.ts"
 
 const randn = (n: number, rng: Mulberry32, scale: number): Float32Array => Float32Array.from({ length: n }, () => rng.normal() * scale)
 

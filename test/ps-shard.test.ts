@@ -1,4 +1,4 @@
-// The parameter-server shard (actors/train/ps/shard.ts), as pure logic: sync steps equal one
+// The parameter-server shard (actors/train/parameter-server/shard.ts), as pure logic: sync steps equal one
 // optimizer step on the weighted mean gradient and release every pusher together, never early;
 // backup workers' late gradients are dropped; async applies each gradient on its own and reports
 // its staleness; ssp holds a worker more than `staleness` steps ahead of the slowest until the
@@ -9,8 +9,8 @@ import { describe, expect, it } from "vitest"
 import { ConfigError } from "../core/errors.ts"
 import { seededRng, type Rng } from "../core/random.ts"
 import { decodeMessage, encodeMessage } from "../core/wire.ts"
-import { createFlatOptimizer, type FlatOptimizerSpec } from "../actors/train/optim/flat-optimizers.ts"
-import { ShardAbortedError, ShardServer, type PsMode, type PushResult, type ShardServerOptions, type ShardServerState } from "../actors/train/ps/shard.ts"
+import { createFlatOptimizer, type FlatOptimizerSpec } from "../actors/train/common/optim/flat-optimizers.ts"
+import { ShardAbortedError, ShardServer, type PsMode, type PushResult, type ShardServerOptions, type ShardServerState } from "../actors/train/parameter-server/shard.ts"
 
 const N = 37
 const SGD: FlatOptimizerSpec = { kind: "sgd", learningRate: 0.1 }

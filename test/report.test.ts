@@ -6,7 +6,7 @@ import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { afterAll, describe, expect, it } from "vitest"
-import { renderReport, summarizeSteps, type StepTime } from "../actors/train/observe/report-html.ts"
+import { renderReport, summarizeSteps, type StepTime } from "../actors/train/common/observe/report-html.ts"
 import { dumpDom, screenshot } from "./support/chromium.ts"
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), "gw-report-"))

@@ -13,7 +13,7 @@ import { NatsUnavailable } from "../core/errors.ts"
 import { readEvents as events, sameWeights } from "./support/trainer-runs.ts"
 import { launchNatsServer, liveNatsServerPids, type NatsServerProcess } from "../core/nats-server.ts"
 import { startHeadAgent } from "./support/head-agent.ts"
-import { resultOf } from "../actors/train/result.ts"
+import { resultOf } from "../actors/train/driver/result.ts"
 
 const LOOP = path.resolve("examples/digits/train.ts") + "#trainLoop"
 let storage: string

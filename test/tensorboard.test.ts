@@ -14,8 +14,8 @@ import {
   readTfRecords,
   scalarsEvent,
   tfRecord
-} from "../actors/train/observe/tensorboard.ts"
-import { RunRecorder } from "../actors/train/observe/run-recorder.ts"
+} from "../actors/train/common/observe/tensorboard.ts"
+import { RunRecorder } from "../actors/train/common/observe/run-recorder.ts"
 
 const dir = fs.mkdtempSync(path.join(os.tmpdir(), "gw-tb-"))
 afterAll(() => fs.rmSync(dir, { recursive: true, force: true }))

@@ -9,7 +9,7 @@ import { loadEngine } from "../core/engine.ts"
 import { ConfigError } from "../core/errors.ts"
 import { seededRng, type Rng } from "../core/random.ts"
 import { maxRelDiff, randomGrads, randomValues } from "./support/optim-values.ts"
-import { createFlatOptimizer, flatOptimizerSpecOf, type FlatOptimizerKind } from "../actors/train/optim/flat-optimizers.ts"
+import { createFlatOptimizer, flatOptimizerSpecOf, type FlatOptimizerKind } from "../actors/train/common/optim/flat-optimizers.ts"
 import {
   flatStateFromTfjs,
   readTfjsOptimizerWeights,
@@ -17,7 +17,7 @@ import {
   writeTfjsOptimizerWeights,
   type FlatSlot,
   type TfjsOptimizerWeightOut
-} from "../actors/train/optim/tfjs-state.ts"
+} from "../actors/train/common/optim/tfjs-state.ts"
 
 const { tf } = await loadEngine("auto")
 

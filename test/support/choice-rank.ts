@@ -9,7 +9,7 @@ import { installNatsPatches } from "../../core/nats-internals/index.ts"
 import { Communicator, type AllReduceAlgorithm } from "../../collectives/communicator.ts"
 import { allReduceAlgorithms } from "../../collectives/algorithms/index.ts"
 import { autoCandidates } from "../../collectives/compression/index.ts"
-import { probeGroupTopology } from "../../actors/train/topology-probe.ts"
+import { probeGroupTopology } from "../../actors/train/worker/topology-probe.ts"
 import { chooseAlgorithm, explain, planCommunication } from "../../scheduler/algorithm-choice.ts"
 import { describeObservation } from "../../scheduler/topology.ts"
 

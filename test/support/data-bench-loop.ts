@@ -6,7 +6,7 @@
 import { buildModel } from "../../examples/digits/model.ts"
 import type { Shard, TrainContext } from "../../index.ts"
 import { isStreamingSource } from "../../core/data/stream.ts"
-import { batchTensors, fitBatch } from "../../actors/train/batches.ts"
+import { batchTensors, fitBatch } from "../../actors/train/worker/batches.ts"
 
 export interface DataBenchConfig {
   readonly steps: number

@@ -2,8 +2,8 @@
 // rendezvous (each reduction waits for every member, sums in member order, hands every member the
 // same result). For tests of the pipeline and tensor-parallel math; the NATS path is covered by
 // the Trainer's integration test. Every wait has a deadline, so a schedule bug fails instead of hanging.
-import type { Channel, StageLinks, SumGroup } from "../../actors/train/model-parallel/links.ts"
-import { rankAt, replicaGroup, tensorGroup, type GridPlace } from "../../actors/train/model-parallel/grid.ts"
+import type { Channel, StageLinks, SumGroup } from "../../actors/train/worker/model-parallel/links.ts"
+import { rankAt, replicaGroup, tensorGroup, type GridPlace } from "../../actors/train/worker/model-parallel/grid.ts"
 
 const DEADLINE_MS = 20_000
 

@@ -38,8 +38,8 @@
 import { writeFile } from "node:fs/promises"
 import type { TrainContext } from "../../index.ts"
 import { gatherRows } from "../../core/datasets.ts"
-import { PsClient } from "../../actors/train/ps-client.ts"
-import type { PsParams } from "../../actors/train/train-protocol.ts"
+import { PsClient } from "../../actors/train/worker/ps-client.ts"
+import type { PsParams } from "../../actors/train/common/train-protocol.ts"
 import { buildModel } from "../../examples/digits/model.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor

@@ -15,7 +15,7 @@
 import { seededRng } from "../../core/random.ts"
 import type { TrainContext } from "../../index.ts"
 import { NatsConnectionImpl } from "@nats-io/nats-core/internal"
-import { createFlatOptimizer, flatOptimizerSpecOf } from "../../actors/train/optim/flat-optimizers.ts"
+import { createFlatOptimizer, flatOptimizerSpecOf } from "../../actors/train/common/optim/flat-optimizers.ts"
 import { median } from "../../scheduler/cost-model.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor

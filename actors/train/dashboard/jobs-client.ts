@@ -6,7 +6,7 @@ import type { NatsConnection } from "@nats-io/nats-core"
 import { openKvBucket } from "../../../core/jetstream-kv.ts"
 import { clusterSubjects, jobSubjects } from "../../../core/subjects.ts"
 import { decodeMessage } from "../../../core/wire.ts"
-import { JOBS_KEPT_MS } from "../job-telemetry.ts"
+import { JOBS_KEPT_MS } from "../common/job-telemetry.ts"
 import {
   ENDED_STATES,
   decodeJson,
@@ -16,7 +16,7 @@ import {
   type JobHistory,
   type JobSnapshot,
   type LogLine
-} from "../job-telemetry.ts"
+} from "../common/job-telemetry.ts"
 
 /** A job as listed: its last known state, and whether its driver answered now. */
 export type ListedJob = JobSnapshot & {

@@ -7,7 +7,7 @@
 import type { NatsConnection, Subscription } from "@nats-io/nats-core"
 import { clusterSubjects } from "../../../core/subjects.ts"
 import { queryCluster, type ClusterReport } from "../../node/cluster-status.ts"
-import { decodeJson, ENDED_STATES, isSnapshot, rankOfActor, type JobSnapshot, type LogLine, type ProgressPoint, type ReportRound, type Telemetry } from "../job-telemetry.ts"
+import { decodeJson, ENDED_STATES, isSnapshot, rankOfActor, type JobSnapshot, type LogLine, type ProgressPoint, type ReportRound, type Telemetry } from "../common/job-telemetry.ts"
 import { fetchJobHistory, fetchJobLogs, logLineOf, markLiveness, queryLiveJobs, storedJobs, type ListedJob } from "./jobs-client.ts"
 
 const POINTS_PER_RANK = 2_000

@@ -8,7 +8,7 @@
 // so they never go down while a job runs. Beside them, this process's own metrics (CPU, memory,
 // event loop lag, GC, handles) from prom-client's default collectors.
 import { Counter, Gauge, Registry, collectDefaultMetrics } from "prom-client"
-import type { JobSnapshot } from "../job-telemetry.ts"
+import type { JobSnapshot } from "../common/job-telemetry.ts"
 import type { LiveCluster } from "./live-cluster.ts"
 
 type Labels = Record<string, string>

@@ -12,7 +12,7 @@ import type { AddressInfo } from "node:net"
 import type { NatsConnection } from "@nats-io/nats-core"
 import { Schema } from "effect"
 import * as settings from "../../../core/settings.ts"
-import { renderDashboardPage } from "../observe/dashboard-page.ts"
+import { renderDashboardPage } from "../common/observe/dashboard-page.ts"
 import { LiveCluster, type LiveEvent } from "./live-cluster.ts"
 import { clusterRegistry } from "./metrics.ts"
 

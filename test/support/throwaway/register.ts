@@ -5,7 +5,7 @@ import { registerAllReduceAlgorithm } from "../../../collectives/algorithms/inde
 import { registerCodec } from "../../../collectives/compression/index.ts"
 import { gatherBroadcast } from "./gather-broadcast.ts"
 import { pairMean } from "./pair-mean.ts"
-import { registerStrategy } from "../../../actors/train/strategies/index.ts"
+import { registerStrategy } from "../../../actors/train/worker/strategies/index.ts"
 import { sumMean } from "./sum-mean.ts"
 
 registerAllReduceAlgorithm(gatherBroadcast)

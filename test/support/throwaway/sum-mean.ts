@@ -2,7 +2,7 @@
 // [gradient x samples, samples] over the group with the group's plain sum and divides, instead of
 // the gradient reducer's weighted mean: the same update as "allreduce", by another road. It counts
 // its exchanges in the report's metrics, so a test sees that it ran.
-import { defineStrategy, type StrategyHost, type StrategyWorker } from "../../../actors/train/strategies/index.ts"
+import { defineStrategy, type StrategyHost, type StrategyWorker } from "../../../actors/train/worker/strategies/index.ts"
 
 class SumMeanWorker implements StrategyWorker {
   readonly name = "sum-mean"

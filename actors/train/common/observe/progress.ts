@@ -1,0 +1,122 @@
+// Live progress in the driver's terminal: a per-epoch bar with ETA, throughput (samples/s over
+// all ranks), loss and straggler hints on a TTY; plain lines with no control codes when stdout is
+// not a TTY or CI is set (logs stay readable), and nothing when progress is off.
+import * as settings from "../../../../core/settings.ts"
+
+interface RankProgress {
+  epoch: number
+  step: number
+  stepsPerEpoch: number
+  samples: number
+  loss: number
+  computeMs: number
+  at: number
+  /** Smoothed seconds per step. */
+  secPerStep: number
+}
+
+const fmt = (v: unknown): string => (typeof v === "number" ? (Number.isInteger(v) ? String(v) : v.toPrecision(4)) : String(v))
+
+export class ProgressPrinter {
+  readonly mode: "bar" | "lines" | "off"
+  readonly #ranks = new Map<number, RankProgress>()
+  readonly #out: NodeJS.WriteStream
+  #barShown = false
+  #lastLine = -Infinity
+  #epochStart = new Map<number, number>()
+  #samples = 0
+  #samplesSince = Infinity
+  #rate = 0
+  #worldSize: number
+
+  constructor(setting: boolean | "auto", worldSize: number, out: NodeJS.WriteStream = process.stdout) {
+    this.#out = out
+    this.#worldSize = worldSize
+    const ci = settings.ci.read()
+    this.mode = setting === false ? "off" : out.isTTY && !ci ? "bar" : "lines"
+  }
+
+  start(attempt: number, worldSize: number): void {
+    this.#ranks.clear()
+    this.#samples = 0
+    this.#samplesSince = Infinity
+    this.#rate = 0
+    this.#worldSize = worldSize
+    if (attempt > 0) this.line(`gradwire: attempt ${attempt + 1} with ${worldSize} workers`)
+  }
+
+  step(p: { rank: number; epoch: number; step: number; stepsPerEpoch: number; samples: number; loss: number; computeMs: number }): void {
+    if (this.mode === "off") return
+    const now = performance.now()
+    const prev = this.#ranks.get(p.rank)
+    const dt = prev && prev.epoch === p.epoch && p.step > prev.step ? (now - prev.at) / 1000 / (p.step - prev.step) : undefined
+    const secPerStep = dt === undefined ? (prev?.secPerStep ?? 0) : prev && prev.secPerStep > 0 ? 0.7 * prev.secPerStep + 0.3 * dt : dt
+    this.#ranks.set(p.rank, { ...p, at: now, secPerStep })
+    // p.samples is cumulative per rank; the rate is over all ranks since their first step.
+    if (this.#samples === 0 && !prev) this.#samplesSince = Math.min(this.#samplesSince, now)
+    this.#samples += Math.max(0, p.samples - (prev?.samples ?? 0))
+    const elapsed = (now - this.#samplesSince) / 1000
+    if (elapsed > 0.2) this.#rate = this.#samples / elapsed
+    if (!this.#epochStart.has(p.epoch)) this.#epochStart.set(p.epoch, now)
+    if (p.rank !== 0) return
+    const pct = p.stepsPerEpoch > 0 ? (p.step + 1) / p.stepsPerEpoch : 0
+    const eta = secPerStep * Math.max(0, p.stepsPerEpoch - p.step - 1)
+    const hint = this.stragglers()
+    const rate = `${this.#rate > 0 ? `${Math.round(this.#rate)} samples/s  ` : ""}loss ${fmt(p.loss)}`
+    // A hand-written trainStep loop has no epoch length (nor epochs): its steps are counted, no bar or ETA.
+    const text =
+      (p.stepsPerEpoch > 0
+        ? `epoch ${p.epoch + 1} ${this.mode === "bar" ? `[${"#".repeat(Math.round(pct * 24)).padEnd(24, ".")}] ` : ""}` +
+          `${String(p.step + 1).padStart(4)}/${p.stepsPerEpoch} ${(pct * 100).toFixed(0).padStart(3)}%  ${rate}  ETA ${eta.toFixed(1)}s`
+        : `step ${String(p.step + 1).padStart(5)}  ${rate}`) + (hint ? `  | ${hint}` : "")
+    if (this.mode === "bar") {
+      this.#out.write(`\r\x1b[2K${text}`)
+      this.#barShown = true
+    } else if (now - this.#lastLine > 2_000 || p.step + 1 === p.stepsPerEpoch) {
+      this.#lastLine = now
+      this.#out.write(`${text}\n`)
+    }
+  }
+
+  /** "rank 2 1.8x slower" for ranks whose step time is well above the median. */
+  stragglers(): string {
+    const times = [...this.#ranks.entries()].filter(([, r]) => r.secPerStep > 0)
+    if (times.length < 2) return ""
+    const sorted = times.map(([, r]) => r.secPerStep).sort((a, b) => a - b)
+    const median = sorted[Math.floor(sorted.length / 2)]
+    const slow = times.filter(([, r]) => r.secPerStep > 1.3 * median).map(([rank, r]) => `rank ${rank} ${(r.secPerStep / median).toFixed(1)}x slower`)
+    return slow.length ? `stragglers: ${slow.join(", ")}` : ""
+  }
+
+  report(index: number, metrics: Record<string, unknown>): void {
+    if (this.mode === "off") return
+    const parts = Object.entries(metrics)
+      .filter(([, v]) => typeof v === "number" || typeof v === "string")
+      .map(([k, v]) => `${k}=${fmt(v)}`)
+    this.line(`report ${index + 1}: ${parts.join("  ")}`)
+  }
+
+  line(text: string): void {
+    if (this.mode === "off") return
+    if (this.#barShown) {
+      this.#out.write("\r\x1b[2K")
+      this.#barShown = false
+    }
+    this.#out.write(`${text}\n`)
+  }
+
+  summary(dir: string, last: Record<string, unknown> | undefined, error: Error | undefined): void {
+    if (this.mode === "off") return
+    if (error) this.line(`gradwire: run failed: ${error.message}`)
+    else if (last) this.line(`gradwire: finished. last metrics: ${Object.entries(last).map(([k, v]) => `${k}=${fmt(v)}`).join("  ")}`)
+    this.line(`gradwire: run directory: ${dir}`)
+    void this.#worldSize
+  }
+
+  close(): void {
+    if (this.#barShown) {
+      this.#out.write("\n")
+      this.#barShown = false
+    }
+  }
+}

@@ -1,0 +1,284 @@
+// The run directory: the resolved config (config.json), metrics history (metrics.jsonl and
+// metrics.csv for rank 0, metrics_per_rank.jsonl for every rank), trainer events (events.jsonl),
+// per-rank logs (logs/), TensorBoard scalars (events.out.tfevents.*), the timeline (timeline.json,
+// Chrome trace-event format, when enabled), the HTML report (report.html) and checkpoints (written
+// by the checkpoint store next to these). report.html, metrics.csv and summary.json are written
+// while the run goes on (snapshot(), which the trainer calls as it trains) and once more at its end
+// (finish(), also after a failure or an interrupt), so the directory is complete whatever happens.
+import * as fs from "node:fs"
+import * as fsp from "node:fs/promises"
+import * as path from "node:path"
+import { writeFileAtomic } from "../../../../core/atomic-file.ts"
+import { renderReport, type Incident, type StepTime } from "./report-html.ts"
+import { TensorBoardWriter } from "./tensorboard.ts"
+import { threadName, type TraceEvent } from "./timeline.ts"
+
+export type { TraceEvent } from "./timeline.ts"
+
+/** Step times kept per rank for the report; past this many in total, every other one is dropped (the report bins them anyway). */
+const MAX_STEP_TIMES = 200_000
+/** Throughput points kept per rank (thinned the same way). */
+const MAX_RATE_POINTS = 4_000
+
+const csvCell = (v: unknown): string => {
+  const s = v === undefined || v === null ? "" : typeof v === "object" ? JSON.stringify(v) : String(v)
+  return /[",\n]/.test(s) ? `"${s.replace(/"/g, '""')}"` : s
+}
+
+/** What the report and summary.json say about the run, besides what the recorder collected itself. */
+export interface RunSummary {
+  readonly title: string
+  /** "running" for a snapshot; "finished", "failed" or "interrupted" at the end. */
+  readonly state?: string
+  readonly error?: string
+  readonly restarts: number
+  readonly history: ReadonlyArray<Record<string, unknown>>
+  readonly incidents?: ReadonlyArray<Incident>
+  /** explain.txt's text. */
+  readonly plan?: string
+}
+
+export class RunRecorder {
+  readonly dir: string
+  readonly startedAt = new Date()
+  readonly #timeline: boolean
+  readonly #metrics: fs.WriteStream
+  readonly #perRank: fs.WriteStream
+  readonly #events: fs.WriteStream
+  readonly #logs = new Map<string, fs.WriteStream>()
+  readonly #trace: TraceEvent[] = []
+  readonly #rows: Array<Record<string, unknown>> = []
+  readonly #attempts: number[] = []
+  #steps: StepTime[] = []
+  readonly #rates = new Map<number, { samples: number; at: number; points: Array<[number, number | null]> }>()
+  /** Step-time sums since the last report, for TensorBoard. */
+  #window = { compute: 0, comm: 0, wait: 0, n: 0 }
+  #tb: TensorBoardWriter | undefined
+  /** Report writes one after the other; none after the final one. */
+  #writing: Promise<void> = Promise.resolve()
+  #finished = false
+
+  private constructor(dir: string, timeline: boolean) {
+    this.dir = dir
+    this.#timeline = timeline
+    this.#metrics = fs.createWriteStream(path.join(dir, "metrics.jsonl"), { flags: "a" })
+    this.#perRank = fs.createWriteStream(path.join(dir, "metrics_per_rank.jsonl"), { flags: "a" })
+    this.#events = fs.createWriteStream(path.join(dir, "events.jsonl"), { flags: "a" })
+    try {
+      this.#tb = new TensorBoardWriter(dir)
+    } catch {
+      // no TensorBoard file (an unwritable directory fails elsewhere, loudly)
+    }
+  }
+
+  static async open(dir: string, config: unknown, timeline: boolean): Promise<RunRecorder> {
+    await fsp.mkdir(path.join(dir, "logs"), { recursive: true })
+    await writeFileAtomic(path.join(dir, "config.json"), JSON.stringify(config, null, 2))
+    return new RunRecorder(dir, timeline)
+  }
+
+  get timelineEnabled(): boolean {
+    return this.#timeline
+  }
+
+  /** The TensorBoard event file, when one could be opened. */
+  get tensorboardFile(): string | undefined {
+    return this.#tb?.file
+  }
+
+  metrics(index: number, rank0: Record<string, unknown>, perRank: ReadonlyArray<Record<string, unknown>>, attempt = 0): void {
+    const row = { report: index, time: new Date().toISOString(), ...rank0 }
+    this.#rows.push(row)
+    this.#attempts.push(attempt)
+    this.#metrics.write(`${JSON.stringify(row)}\n`)
+    this.#perRank.write(`${JSON.stringify({ report: index, ranks: perRank })}\n`)
+    const w = this.#window
+    let rate = 0
+    for (const r of this.#rates.values()) rate += r.points.at(-1)?.[1] ?? 0
+    this.#tb?.scalars(index, rank0)
+    this.#tb?.scalars(
+      index,
+      {
+        samples_per_sec: rate,
+        ...(w.n > 0 ? { "step_ms/compute": w.compute / w.n, "step_ms/communication": w.comm / w.n, "step_ms/waiting": w.wait / w.n } : {}),
+        world_size: perRank.length
+      },
+      "gradwire/"
+    )
+    this.#window = { compute: 0, comm: 0, wait: 0, n: 0 }
+  }
+
+  event(e: Record<string, unknown>): void {
+    this.#events.write(`${JSON.stringify({ time: new Date().toISOString(), ...e })}\n`)
+  }
+
+  /** A line of a worker's output, kept in logs/<prefix>.log. */
+  log(source: string, line: string): void {
+    const name = source.replace(/[^A-Za-z0-9_=-]+/g, "_").slice(0, 80) || "worker"
+    let s = this.#logs.get(name)
+    if (!s) {
+      s = fs.createWriteStream(path.join(this.dir, "logs", `${name}.log`), { flags: "a" })
+      this.#logs.set(name, s)
+    }
+    s.write(`${line}\n`)
+  }
+
+  /** Per-step compute/communication/waiting times of a rank (from its progress messages), for the report. */
+  stepTimes(attempt: number, rank: number, times: ReadonlyArray<ReadonlyArray<number>>): void {
+    for (const t of times) {
+      const [step, fb, comm, apply, wait] = t
+      if (typeof step !== "number") continue
+      const s = { attempt, rank, step, computeMs: (fb ?? 0) + (apply ?? 0), commMs: comm ?? 0, waitMs: wait ?? 0 }
+      this.#steps.push(s)
+      this.#window.compute += s.computeMs
+      this.#window.comm += s.commMs
+      this.#window.wait += s.waitMs
+      this.#window.n++
+    }
+    // Bounded memory on very long runs: thin out evenly rather than dropping the end.
+    if (this.#steps.length > MAX_STEP_TIMES) this.#steps = this.#steps.filter((_, i) => i % 2 === 0)
+  }
+
+  /** A rank's progress: samples it trained on so far in this attempt (a drop means a new process). Gives the throughput curve. */
+  progress(rank: number, samples: number, now = Date.now()): void {
+    const r = this.#rates.get(rank)
+    if (!r) {
+      this.#rates.set(rank, { samples, at: now, points: [] })
+      return
+    }
+    const dt = (now - r.at) / 1000
+    if (samples < r.samples) {
+      // Another process took the rank (a restart): the curve breaks there.
+      if (r.points.length) r.points.push([(now - this.startedAt.getTime()) / 1000, null])
+      r.samples = samples
+      r.at = now
+      return
+    }
+    if (dt < 0.2) return
+    r.points.push([(now - this.startedAt.getTime()) / 1000, (samples - r.samples) / dt])
+    r.samples = samples
+    r.at = now
+    if (r.points.length > MAX_RATE_POINTS) r.points = r.points.filter((_, i) => i % 2 === 0)
+  }
+
+  /** Driver-side timeline events (timestamps: wall-clock microseconds, see timeline.ts). */
+  trace(e: TraceEvent): void {
+    if (this.#timeline) this.#trace.push(e)
+  }
+
+  /** A worker's timeline events; each rank is one "process" row of the trace. */
+  traceEvents(rank: number, events: ReadonlyArray<unknown>): void {
+    if (!this.#timeline) return
+    for (const e of events) {
+      const ev = e as TraceEvent
+      if (typeof ev?.name !== "string" || typeof ev.ts !== "number") continue
+      this.#trace.push({ ...ev, pid: rank, tid: ev.tid ?? 0 })
+    }
+  }
+
+  /** Links of the report: the run directory's files, relative to it. */
+  #links(): Array<{ href: string; text: string }> {
+    const out = [
+      { href: "metrics.csv", text: "metrics.csv" },
+      { href: "metrics_per_rank.jsonl", text: "metrics_per_rank.jsonl" },
+      { href: "events.jsonl", text: "events.jsonl" },
+      { href: "summary.json", text: "summary.json" },
+      { href: "config.json", text: "config.json" }
+    ]
+    if (fs.existsSync(path.join(this.dir, "explain.txt"))) out.push({ href: "explain.txt", text: "explain.txt" })
+    if (this.#timeline) out.push({ href: "timeline.json", text: "timeline.json (open in ui.perfetto.dev)" })
+    for (const name of [...this.#logs.keys()].sort()) out.push({ href: `logs/${encodeURIComponent(name)}.log`, text: `logs/${name}.log` })
+    return out
+  }
+
+  #throughput(): Array<{ rank: number; points: Array<readonly [number, number | null]> }> {
+    return [...this.#rates.entries()].sort(([a], [b]) => a - b).map(([rank, r]) => ({ rank, points: r.points }))
+  }
+
+  async #write(summary: RunSummary, final: boolean): Promise<void> {
+    const keys = [...new Set(this.#rows.flatMap((r) => Object.keys(r)))]
+    const csv = [keys.join(","), ...this.#rows.map((r) => keys.map((k) => csvCell(r[k])).join(","))].join("\n")
+    const at = new Date().toISOString()
+    const state = summary.state ?? (final ? (summary.error ? "failed" : "finished") : "running")
+    await writeFileAtomic(path.join(this.dir, "metrics.csv"), `${csv}\n`)
+    await writeFileAtomic(
+      path.join(this.dir, "summary.json"),
+      JSON.stringify(
+        {
+          state,
+          startedAt: this.startedAt.toISOString(),
+          ...(final ? { finishedAt: at } : { updatedAt: at }),
+          error: summary.error ?? null,
+          restarts: summary.restarts,
+          reports: summary.history.length,
+          last: summary.history.at(-1) ?? null,
+          incidents: summary.incidents ?? []
+        },
+        null,
+        2
+      )
+    )
+    await writeFileAtomic(
+      path.join(this.dir, "report.html"),
+      renderReport({
+        title: summary.title,
+        finishedAt: at,
+        state,
+        startedAt: this.startedAt.toISOString(),
+        error: summary.error,
+        restarts: summary.restarts,
+        history: summary.history,
+        attempts: this.#attempts,
+        steps: this.#steps,
+        throughput: this.#throughput(),
+        links: this.#links(),
+        ...(summary.plan ? { plan: summary.plan } : {}),
+        ...(summary.incidents ? { incidents: summary.incidents } : {})
+      })
+    )
+  }
+
+  /** report.html, metrics.csv and summary.json as they stand, while the run goes on (never after finish). */
+  snapshot(summary: RunSummary): Promise<void> {
+    if (this.#finished) return this.#writing
+    this.#writing = this.#writing.then(() => (this.#finished ? undefined : this.#write(summary, false))).catch(() => {})
+    return this.#writing
+  }
+
+  /** The final report.html, metrics.csv, summary.json and timeline.json; later snapshots write nothing. */
+  async finish(summary: RunSummary): Promise<void> {
+    this.#finished = true
+    const done = this.#writing.then(async () => {
+      await this.#write(summary, true)
+      if (this.#timeline) await writeFileAtomic(path.join(this.dir, "timeline.json"), this.#timelineJson())
+    })
+    this.#writing = done.catch(() => {})
+    await done
+  }
+
+  /** The trace with process/thread names, timestamps shifted so the run starts near 0 (same shift everywhere, so nesting holds). */
+  #timelineJson(): string {
+    let base = Infinity
+    for (const e of this.#trace) if (e.ts < base) base = e.ts
+    if (!Number.isFinite(base)) base = 0
+    const threads = new Map<string, { pid: number | string; tid: number | string }>()
+    for (const e of this.#trace) threads.set(`${e.pid}/${e.tid}`, { pid: e.pid ?? 0, tid: e.tid ?? 0 })
+    const pids = [...new Set([...threads.values()].map((t) => t.pid))]
+    const meta: TraceEvent[] = [
+      ...pids.map((pid) => ({ name: "process_name", ph: "M", ts: 0, pid, tid: 0, args: { name: typeof pid === "number" ? `rank ${pid}` : String(pid) } })),
+      // Ranks first, in order, then the driver.
+      ...pids.map((pid) => ({ name: "process_sort_index", ph: "M", ts: 0, pid, tid: 0, args: { sort_index: typeof pid === "number" ? pid : 1_000_000 } })),
+      ...[...threads.values()].map(({ pid, tid }) => ({ name: "thread_name", ph: "M", ts: 0, pid, tid, args: { name: threadName(tid) } }))
+    ]
+    const events = this.#trace.map((e) => ({ ...e, ts: e.ts - base }))
+    return JSON.stringify({ traceEvents: [...meta, ...events], displayTimeUnit: "ms", otherData: { timeOriginMicros: base } })
+  }
+
+  async close(): Promise<void> {
+    this.#tb?.close()
+    const ends = [this.#metrics, this.#perRank, this.#events, ...this.#logs.values()].map(
+      (s) => new Promise<void>((resolve) => s.end(() => resolve()))
+    )
+    await Promise.all(ends)
+  }
+}

@@ -1,0 +1,345 @@
+// What the trainer's controller (in the driver) and its workers (one process per rank) say to
+// each other. Workers ask the controller for datasets and the checkpoint to resume from, and
+// report metrics (with checkpoint bytes) as they go; the controller tells workers to run.
+import { Schema } from "effect"
+import { defineProtocol } from "../../runtime/protocol.ts"
+import { TrainingStrategySchema } from "../../../core/config.ts"
+
+const Bytes = Schema.instanceOf(Uint8Array<ArrayBufferLike>)
+const Metrics = Schema.Record(Schema.String, Schema.Unknown)
+
+/** A report round's metric when state parity repaired ranks: how many (and `<name>_ranks`: which). */
+export const PARITY_METRIC = "gradwire/parity_repaired"
+
+export const CheckpointPayload = Schema.Struct({
+  files: Schema.Record(Schema.String, Bytes),
+  metadata: Schema.Record(Schema.String, Schema.Unknown)
+})
+export type CheckpointPayload = typeof CheckpointPayload.Type
+
+/** An in-memory dataset's rows (makeDataset): class ids or float targets. */
+export const ArrayDatasetPayload = Schema.Struct({
+  kind: Schema.Literal("array"),
+  x: Schema.instanceOf(Float32Array<ArrayBufferLike>),
+  y: Schema.Union([Schema.instanceOf(Int32Array<ArrayBufferLike>), Schema.instanceOf(Float32Array<ArrayBufferLike>)]),
+  featureShape: Schema.Array(Schema.Number),
+  labelShape: Schema.optionalKey(Schema.Array(Schema.Number)),
+  numClasses: Schema.Number
+})
+
+/** A file dataset as the driver resolved it: metadata only (core/data/resolve.ts); every worker reads its own rows. */
+export const FileDatasetPayload = Schema.Struct({
+  kind: Schema.Literal("files"),
+  resolved: Schema.Unknown
+})
+
+/** A dataset made on each worker by a module's export (datasetFactory). */
+export const FactoryDatasetPayload = Schema.Struct({
+  kind: Schema.Literal("factory"),
+  module: Schema.String,
+  export: Schema.String,
+  options: Schema.Unknown
+})
+
+export const DatasetPayload = Schema.Union([ArrayDatasetPayload, FileDatasetPayload, FactoryDatasetPayload])
+export type DatasetPayload = typeof DatasetPayload.Type
+
+/**
+ * Where a rank's loop is: the group operations of the data-parallel model it completed (gradient
+ * reductions, epoch metric sums, batch-size exchanges; the start-up weight broadcast does not
+ * count) and the report() calls it made, both since its loop started (from a checkpoint, or from
+ * scratch); and, when it is inside dp.fit(), the epoch and the step in it (of stepsPerEpoch, as
+ * this rank's group cuts the epoch; stepInEpoch = stepsPerEpoch at the epoch's metric sum).
+ */
+export const Position = Schema.Struct({
+  ops: Schema.Number,
+  reports: Schema.Number,
+  /** Training steps completed since the last report() call (how a hand-written trainStep loop is placed). */
+  stepsSinceReport: Schema.Number,
+  inFit: Schema.Boolean,
+  epoch: Schema.Number,
+  stepInEpoch: Schema.Number,
+  stepsPerEpoch: Schema.Number
+})
+export type Position = typeof Position.Type
+
+/**
+ * A surviving rank's training state, handed to the other members of a regrouped generation so
+ * they continue from it instead of a checkpoint: the model's weights and the optimizer's state (as
+ * checkpoint files), where its loop is, and where it is in the epoch.
+ */
+export const PeerState = Schema.Struct({
+  position: Position,
+  files: Schema.Record(Schema.String, Bytes),
+  /** Training steps the model has taken (its step counter). */
+  step: Schema.Number
+})
+export type PeerState = typeof PeerState.Type
+
+/** A surviving worker's new place after a regroup (see WorkerProtocol.resume). */
+export const Placement = Schema.Struct({
+  attempt: Schema.Number,
+  rank: Schema.Number,
+  worldSize: Schema.Number,
+  localRank: Schema.Number,
+  localWorldSize: Schema.Number,
+  nodeRank: Schema.Number,
+  /** Node id per rank (hierarchical all-reduce groups by it). */
+  nodes: Schema.Array(Schema.String),
+  /** The communicator's group name, new for every generation. */
+  group: Schema.String
+})
+export type Placement = typeof Placement.Type
+
+export const ControllerProtocol = defineProtocol("trainer-controller", {
+  /** A rank's report number `index`; answered once the controller holds it (checkpoint bytes included). */
+  report: {
+    request: Schema.Struct({
+      attempt: Schema.Number,
+      rank: Schema.Number,
+      index: Schema.Number,
+      metrics: Metrics,
+      checkpoint: Schema.optionalKey(CheckpointPayload),
+      /** This rank's own state for a checkpoint of this round (compression residuals), by file name. */
+      aux: Schema.optionalKey(Schema.Record(Schema.String, Bytes))
+    }),
+    reply: Schema.Null
+  },
+  /** The state a regrouped generation continues from (a surviving rank's, held by the controller). */
+  peerState: { request: Schema.Struct({ attempt: Schema.Number }), reply: PeerState },
+  /** A named dataset given to the Trainer: its rows (in memory), its files' metadata, or its factory. */
+  dataset: { request: Schema.Struct({ name: Schema.String }), reply: DatasetPayload },
+  /** The checkpoint to resume from, or null. */
+  checkpoint: {
+    request: Schema.Null,
+    reply: Schema.NullOr(Schema.Struct({ path: Schema.String, metrics: Metrics, payload: CheckpointPayload }))
+  },
+  /** Step progress for the live display and straggler hints. */
+  progress: {
+    request: Schema.Struct({
+      attempt: Schema.Number,
+      rank: Schema.Number,
+      epoch: Schema.Number,
+      step: Schema.Number,
+      stepsPerEpoch: Schema.Number,
+      /** Samples this rank has trained on so far in this attempt. */
+      samples: Schema.Number,
+      loss: Schema.Number,
+      computeMs: Schema.Number,
+      commMs: Schema.Number,
+      /** Every step since the last progress message: [step, forward/backward ms, all-reduce ms, apply ms, ms waited since the previous step]. */
+      stepTimes: Schema.optionalKey(Schema.Array(Schema.Array(Schema.Number))),
+      /** Bytes this rank's collective connections sent and received so far (this process): the dashboard's per-rank traffic. */
+      bytesSent: Schema.optionalKey(Schema.Number),
+      bytesReceived: Schema.optionalKey(Schema.Number)
+    })
+  },
+  /** Rank 0's all-reduce plan (algorithm per bucket, compression) with predicted times: explain.txt / explain.json. */
+  explain: {
+    request: Schema.Struct({
+      attempt: Schema.Number,
+      text: Schema.String,
+      json: Schema.Unknown,
+      summary: Schema.String,
+      /**
+       * "algorithm" (absent: the all-reduce plan), "strategy" (collectiveConfig.strategy "auto"'s
+       * choice), "kernels" (a rank's backend and the kernels it ran on the cpu fallback; every rank
+       * sends its own, with `rank`; an empty summary is not printed) or "deadlines" (rank 0's
+       * collective deadline once derived from measured steps, collectives/deadlines.ts).
+       */
+      part: Schema.optionalKey(Schema.Literals(["algorithm", "strategy", "kernels", "deadlines"])),
+      rank: Schema.optionalKey(Schema.Number)
+    })
+  },
+  /** Timeline events of a rank (Chrome trace "X" events), flushed in batches. */
+  trace: {
+    request: Schema.Struct({ attempt: Schema.Number, rank: Schema.Number, events: Schema.Array(Schema.Unknown) })
+  },
+  /** The loop returned (`reports`: how often this rank called report). */
+  finished: { request: Schema.Struct({ attempt: Schema.Number, rank: Schema.Number, reports: Schema.Number }) },
+  /** The loop threw. */
+  failed: {
+    request: Schema.Struct({
+      attempt: Schema.Number,
+      rank: Schema.Number,
+      tag: Schema.String,
+      message: Schema.String,
+      stack: Schema.String,
+      /** Ranks a collective error blames (dead or stalled peers), when the failure is one. */
+      blamed: Schema.optionalKey(Schema.Array(Schema.Number)),
+      /**
+       * The rank is alive and waiting (its group broke under it): the controller may regroup it
+       * with the other survivors (WorkerProtocol.pause / resume) instead of restarting it.
+       */
+      parked: Schema.optionalKey(Schema.Boolean)
+    })
+  }
+})
+export type ControllerProtocol = typeof ControllerProtocol
+
+export const WorkerArgs = Schema.Struct({
+  /** The rank's place in its first generation (attempt, rank, world size, nodes, group). */
+  ...Placement.fields,
+  controller: Schema.String,
+  loopModule: Schema.String,
+  loopExport: Schema.String,
+  /** Modules of datasetFactory datasets: the agent checks them as it checks the loop's. */
+  datasetModules: Schema.optionalKey(Schema.Array(Schema.String)),
+  loopConfig: Schema.Unknown,
+  backend: Schema.String,
+  collective: Schema.Struct({
+    algorithm: Schema.String,
+    compression: Schema.Unknown,
+    bucketSizeMiB: Schema.Number,
+    firstBucketSizeMiB: Schema.Number,
+    wireDtype: Schema.String,
+    timeoutMs: Schema.Number,
+    /** collectiveConfig.timeoutMs was set explicitly: every collective wait has it (absent: deadlines are derived from measured steps, timeoutMs their cap). */
+    timeoutFixed: Schema.optionalKey(Schema.Boolean),
+    /** collectiveConfig.transport (absent: "auto"). */
+    transport: Schema.optionalKey(Schema.Literals(["auto", "nats", "direct"])),
+    /** The run's secret for the direct links (hex), made by the driver per run and handed out over the bus, never written to the run directory. */
+    directSecret: Schema.optionalKey(Schema.String),
+    /** Heterogeneity-aware per-rank batches for fit({ globalBatchSize }). */
+    adaptiveBatching: Schema.optionalKey(Schema.Boolean),
+    /** collectiveConfig.zeroStage (absent: 0). */
+    zeroStage: Schema.optionalKey(Schema.Literals([0, 1, 2])),
+    /** collectiveConfig.strategy: a registered strategy's name (strategies/registry.ts, checked by the driver). */
+    strategy: Schema.optionalKey(TrainingStrategySchema),
+    /** strategy "local-sgd": the outer loop (optim/outer-optimizer.ts LocalSgdSettings); its codec is `compression`. */
+    localSgd: Schema.optionalKey(
+      Schema.Struct({
+        syncEvery: Schema.Number,
+        outerOptimizer: Schema.Literals(["average", "nesterov"]),
+        outerLr: Schema.Number,
+        outerMomentum: Schema.Number,
+        fragments: Schema.Number,
+        overlap: Schema.Boolean
+      })
+    ),
+    backupWorkers: Schema.optionalKey(Schema.Number),
+    parameterServer: Schema.optionalKey(Schema.Struct({ numServers: Schema.Number, mode: Schema.Literals(["sync", "async", "ssp"]), staleness: Schema.Number }))
+  }),
+  seed: Schema.Number,
+  timeline: Schema.Boolean,
+  /** failureConfig.natsOutageTimeoutMs: the worker exits when NATS stays away longer. */
+  natsOutageTimeoutMs: Schema.optionalKey(Schema.Number),
+  /** failureConfig.parityEvery: report rounds between state-parity checks (0 or absent: none). */
+  parityEvery: Schema.optionalKey(Schema.Number),
+  /**
+   * A worker joining a regrouped generation: it runs the loop from the checkpoint the controller
+   * gives it (made after report number fromReports - 1 of this lineage, or 0 for its start), skips
+   * the training steps and reports the survivors have already done (up to `to`), then takes the
+   * survivors' state and continues with them.
+   */
+  join: Schema.optionalKey(Schema.Struct({ fromReports: Schema.Number, to: Position })),
+  /** Elastic groups: the largest world size, and what stays fixed when the size changes. */
+  elastic: Schema.optionalKey(Schema.Struct({ maxWorkers: Schema.Number, batch: Schema.Literals(["keep-global", "keep-per-worker"]) })),
+  /** The parameter-server strategy: the actor names of this generation's servers, in shard order. */
+  servers: Schema.optionalKey(Schema.Array(Schema.String)),
+  parameterServer: Schema.optionalKey(
+    Schema.Struct({
+      mode: Schema.Literals(["sync", "async", "ssp"]),
+      staleness: Schema.Number,
+      backupWorkers: Schema.Number,
+      /** Deadline of a worker's wait for a server's answer. */
+      timeoutMs: Schema.Number,
+      /** collectiveConfig.strategy "auto": start on the all-reduce, move to the servers when they are predicted faster. */
+      auto: Schema.optionalKey(Schema.Boolean)
+    })
+  )
+})
+export type WorkerArgs = typeof WorkerArgs.Type
+
+const F32 = Schema.instanceOf(Float32Array<ArrayBufferLike>)
+
+/** Fresh parameters of one server's shard, told to a worker that pushed a gradient (ps-server.ts). */
+export const PsParams = Schema.Struct({
+  server: Schema.Number,
+  step: Schema.Number,
+  params: F32,
+  version: Schema.Number,
+  staleness: Schema.Number,
+  dropped: Schema.Boolean,
+  /** The server process's CPU ms per push since it was initialised (strategy "auto" prices the servers by it). */
+  cpuMsPerPush: Schema.optionalKey(Schema.Number),
+  /** Set instead of the rest when the server could not take the gradient (bad input, shutdown). */
+  error: Schema.optionalKey(Schema.String)
+})
+export type PsParams = typeof PsParams.Type
+
+/** A parameter server (collectiveConfig.strategy "parameter-server"): one shard of the flat parameters. */
+export const ServerProtocol = defineProtocol("ps-server", {
+  /**
+   * Takes the shard's initial values and the workers' optimizer (rank 0 sends it after the start-up
+   * broadcast), or, with `state`, a checkpoint's (params, optimizer state, clocks). Answered when set.
+   */
+  init: {
+    request: Schema.Struct({
+      params: F32,
+      spec: Schema.Record(Schema.String, Schema.Unknown),
+      numWorkers: Schema.Number,
+      mode: Schema.Literals(["sync", "async", "ssp"]),
+      staleness: Schema.Number,
+      backupWorkers: Schema.Number,
+      weightDecay: Schema.Number,
+      state: Schema.optionalKey(Schema.instanceOf(Uint8Array<ArrayBufferLike>)),
+      /** collectiveConfig.compression (a codec the pushes can carry: ps-push-codec.ts); absent: pushes come uncompressed. */
+      compression: Schema.optionalKey(Schema.Unknown)
+    }),
+    reply: Schema.Null
+  },
+  /** A worker's gradient of this shard (told; the parameters come back as the worker's psParams). */
+  push: {
+    request: Schema.Struct({
+      worker: Schema.Number,
+      replyTo: Schema.String,
+      step: Schema.Number,
+      basedOn: Schema.Number,
+      grad: F32,
+      /** collectiveConfig.wireDtype "float16": the gradient as binary16 bits instead (grad is then empty). */
+      half: Schema.optionalKey(Schema.instanceOf(Uint16Array<ArrayBufferLike>)),
+      /** collectiveConfig.compression: the gradient as the codec's message instead, error feedback on the worker (grad is then empty). */
+      packed: Schema.optionalKey(Bytes),
+      weight: Schema.Number,
+      learningRate: Schema.optionalKey(Schema.Number)
+    }),
+    reply: Schema.Null
+  },
+  /** The shard's state for a checkpoint (params, version, optimizer state, clocks), encoded. */
+  state: { request: Schema.Null, reply: Schema.instanceOf(Uint8Array<ArrayBufferLike>) },
+  /** The shard's current parameters. */
+  pull: { request: Schema.Null, reply: Schema.Struct({ params: F32, version: Schema.Number }) },
+  /** A worker's loop ended: sync and ssp steps stop waiting for it. */
+  finish: { request: Schema.Struct({ worker: Schema.Number }), reply: Schema.Null },
+  /** Counters: updates, dropped gradients, staleness. */
+  stats: { request: Schema.Null, reply: Schema.Record(Schema.String, Schema.Number) }
+})
+export type ServerProtocol = typeof ServerProtocol
+
+export const ServerArgs = Schema.Struct({
+  index: Schema.Number,
+  numServers: Schema.Number
+})
+export type ServerArgs = typeof ServerArgs.Type
+
+export const WorkerProtocol = defineProtocol("trainer-worker", {
+  /** Start the user's loop (answered at once; the loop runs in the background). */
+  run: { request: Schema.Null, reply: Schema.Null },
+  /**
+   * Stop at the next group operation (the group is being re-formed after a failure): answered
+   * once the loop waits there, with where it is; "unsupported" when this rank cannot be regrouped
+   * (no prepared model, its loop already ended, or it failed).
+   */
+  pause: {
+    request: Schema.Struct({ attempt: Schema.Number }),
+    reply: Schema.Struct({ state: Schema.Literals(["parked", "unsupported"]), position: Position, reason: Schema.String })
+  },
+  /** This rank's state, for the other members of the regrouped generation (asked of one survivor). */
+  snapshot: { request: Schema.Null, reply: PeerState },
+  /** Continue in the regrouped generation at `placement`, from the state of the survivor at `source` (its position). */
+  resume: { request: Schema.Struct({ placement: Placement, source: Position }), reply: Schema.Null },
+  /** A parameter server's answer to this rank's push (told). */
+  psParams: { request: PsParams, reply: Schema.Null }
+})
+export type WorkerProtocol = typeof WorkerProtocol

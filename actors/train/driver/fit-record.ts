@@ -1,0 +1,233 @@
+// What one fit() run records as it goes (fit-run.ts carries the run out): its report rounds,
+// incidents (a progress line, events.jsonl, report.html), resizes, checkpoint errors, bus outages,
+// the explanations behind explain.txt / explain.json, the user's callbacks (a callback that throws
+// is an incident, never fatal), the report refreshed while it trains, and the Result at the end.
+import * as fs from "node:fs/promises"
+import * as path from "node:path"
+import type { CheckpointEntry, CheckpointStorage } from "./checkpoint-store.ts"
+import type { CompletedRound } from "./controller.ts"
+import type { Resolved, TrainerCallbacks } from "./options.ts"
+import { PARITY_METRIC } from "../common/train-protocol.ts"
+import type { BusOutage, CheckpointError, CheckpointInfo, Resize, Result } from "./result.ts"
+import type { Incident } from "../common/observe/report-html.ts"
+import type { ProgressPrinter } from "../common/observe/progress.ts"
+import type { RunRecorder } from "../common/observe/run-recorder.ts"
+import type { JobMonitor } from "./job-monitor.ts"
+
+/** report.html, metrics.csv and summary.json are rewritten after report rounds at most this often. */
+const REPORT_REFRESH_MIN_MS = 2_000
+
+const firstLine = (text: string): string => text.split("\n")[0] ?? ""
+
+export type Explained = Record<string, { readonly text: string; readonly json: unknown }>
+
+/** The ranks' "kernels" explanations (keys "kernels.<rank>"), by rank. */
+const kernelParts = (parts: Readonly<Explained>) =>
+  Object.entries(parts)
+    .filter(([k]) => k.startsWith("kernels."))
+    .sort(([a], [b]) => Number(a.slice(8)) - Number(b.slice(8)))
+    .map(([, v]) => v)
+
+/** The all-reduce plan of the run, (strategy "auto") its strategy and the collective and heartbeat deadlines, as explained last. */
+const writeExplain = async (dir: string, parts: Readonly<Explained>): Promise<void> => {
+  const alg = parts.algorithm
+  const strat = parts.strategy
+  const kernels = kernelParts(parts)
+  const deadlines = [parts.deadlines, parts.heartbeat].filter((p) => p !== undefined)
+  const text = [alg?.text, strat?.text, deadlines.length ? deadlines.map((d) => d.text).join("\n") : undefined, kernels.length ? `backends and kernels:\n${kernels.map((k) => k.text).join("\n")}` : undefined]
+    .filter((t) => t !== undefined)
+    .join("\n\n")
+  // explain.json stays the all-reduce plan's object, with the strategy's choice under "strategy",
+  // each rank's backend and kernels under "kernels" and the collective and heartbeat deadlines
+  // under "deadlines" and "heartbeat".
+  const base = strat ? { ...((alg?.json as object | undefined) ?? {}), strategy: strat.json } : alg?.json
+  const withKernels = kernels.length ? { ...((base as object | undefined) ?? {}), kernels: kernels.map((k) => k.json) } : base
+  const json = deadlines.length
+    ? {
+        ...((withKernels as object | undefined) ?? {}),
+        ...(parts.deadlines ? { deadlines: parts.deadlines.json } : {}),
+        ...(parts.heartbeat ? { heartbeat: parts.heartbeat.json } : {})
+      }
+    : withKernels
+  await fs.writeFile(path.join(dir, "explain.txt"), `${text}\n`)
+  await fs.writeFile(path.join(dir, "explain.json"), `${JSON.stringify(json, null, 2)}\n`)
+}
+
+/** The Result of a run that stopped before its first generation. */
+export const emptyResult = (dir: string): Result => ({
+  metrics: undefined,
+  metricsHistory: [],
+  metricsPerRank: [],
+  checkpoint: undefined,
+  bestCheckpoints: [],
+  path: dir,
+  restarts: 0,
+  countedFailures: 0,
+  resizes: [],
+  checkpointErrors: [],
+  busOutages: [],
+  natsServerRestarts: 0
+})
+
+export class FitRecord {
+  readonly history: Array<Record<string, unknown>> = []
+  readonly #perRank: Array<Array<Record<string, unknown>>> = []
+  readonly resizes: Resize[] = []
+  readonly checkpointErrors: CheckpointError[] = []
+  readonly busOutages: BusOutage[] = []
+  readonly incidents: Incident[] = []
+  natsServerRestarts = 0
+  serverRestartedDuringOutage = false
+  restarts = 0
+  /** The latest explanations by part (the all-reduce plan; strategy "auto"'s choice): explain.txt / explain.json. */
+  readonly explained: Explained = {}
+  readonly planSummaries: Record<string, string> = {}
+  // Watchers in other processes (the dashboard, gradwire jobs/logs) hear about the job through
+  // the monitor (set once the cluster is up).
+  monitor: JobMonitor | undefined
+  #reportAt = 0
+  #lastSize: number | undefined
+  /** Why the next generation may have another size (the last restart's cause). */
+  lastCause: string | undefined
+  /** Resolved once the run directory's final files are written (a Ctrl-C waits for it before the process goes). */
+  #markWritten!: () => void
+  readonly written = new Promise<void>((resolve) => (this.#markWritten = resolve))
+  readonly #cfg: Resolved
+  readonly recorder: RunRecorder
+  readonly progress: ProgressPrinter
+
+  constructor(cfg: Resolved, recorder: RunRecorder, progress: ProgressPrinter) {
+    this.#cfg = cfg
+    this.recorder = recorder
+    this.progress = progress
+  }
+
+  /** Something that happened to the run: a progress line, events.jsonl, report.html, summary.json. */
+  readonly incident = (kind: Incident["kind"], text: string, event: Record<string, unknown>): void => {
+    this.incidents.push({ time: new Date().toISOString(), kind, text })
+    this.recorder.event(event)
+    this.progress.line(`gradwire: ${text}`)
+    this.monitor?.changed()
+  }
+
+  // A user callback that throws is logged and recorded, never dropped and never fatal.
+  callbacks(name: string, call: (cb: TrainerCallbacks) => unknown): Promise<void> {
+    const failed = (e: unknown): void => {
+      const err = e instanceof Error ? e : new Error(String(e))
+      this.incident("callback", `callback ${name} threw: ${err.message}`, { type: "callback-error", callback: name, message: err.message, stack: err.stack ?? "" })
+    }
+    const pending: Array<Promise<unknown>> = []
+    for (const cb of this.#cfg.callbacks) {
+      try {
+        const r = call(cb)
+        if (r instanceof Promise) pending.push(r.catch(failed))
+      } catch (e) {
+        failed(e)
+      }
+    }
+    return Promise.all(pending).then(() => undefined)
+  }
+
+  planText(): string | undefined {
+    return [this.explained.algorithm?.text, this.explained.strategy?.text].filter((t) => t !== undefined).join("\n\n") || undefined
+  }
+
+  /** summary.json's and report.html's view of the run. */
+  summary(state: string, failure?: Error) {
+    const plan = this.planText()
+    return {
+      title: this.#cfg.name,
+      state,
+      ...(failure ? { error: failure.message } : {}),
+      restarts: this.restarts,
+      history: this.history,
+      incidents: this.incidents,
+      ...(plan !== undefined ? { plan } : {})
+    }
+  }
+
+  refreshReport(force: boolean): void {
+    if (!force && Date.now() - this.#reportAt < REPORT_REFRESH_MIN_MS) return
+    this.#reportAt = Date.now()
+    void this.recorder.snapshot(this.summary("running"))
+  }
+
+  /** A part of explain.txt / explain.json (said on the progress line and in events.jsonl when it has a summary); the write to queue. */
+  explain(part: string, text: string, json: unknown, summary?: string): () => Promise<void> {
+    if (summary) {
+      this.progress.line(summary)
+      this.recorder.event({ type: "explain", summary })
+    }
+    this.explained[part] = { text, json }
+    return () => writeExplain(this.#cfg.runDir, this.explained)
+  }
+
+  /** A completed report round: history, metrics.csv, the monitor, the progress line, a parity repair, onReport. */
+  round(round: CompletedRound<unknown>): void {
+    const { index, metrics } = round
+    this.history.push(metrics[0])
+    this.#perRank.push([...metrics])
+    this.recorder.metrics(index, metrics[0], metrics, round.attempt)
+    this.monitor?.report(index, round.attempt, metrics[0], metrics)
+    this.refreshReport(false)
+    this.progress.report(index, metrics[0])
+    const repaired = metrics[0]?.[PARITY_METRIC]
+    if (typeof repaired === "number" && repaired > 0) {
+      const ranks = String(metrics[0]?.[`${PARITY_METRIC}_ranks`] ?? "").split(" ").map(Number)
+      this.incident("parity", `report round ${index}: the weights or optimizer state of rank(s) ${ranks.join(", ")} differed from rank 0's; they took rank 0's`, {
+        type: "parity-repair",
+        attempt: round.attempt,
+        round: index,
+        ranks
+      })
+    }
+    void this.callbacks("onReport", (cb) => cb.onReport?.({ index, metrics: metrics[0], perRank: metrics }))
+  }
+
+  /** A checkpoint that could not be written: training goes on. */
+  checkpointFailed(index: number, attempts: number, message: string): void {
+    this.checkpointErrors.push({ time: new Date().toISOString(), round: index, message, attempts })
+    this.incident("checkpoint", `the checkpoint of report round ${index} could not be written (${attempts} attempt(s)): ${firstLine(message)}; training goes on`, {
+      type: "checkpoint-error",
+      round: index,
+      attempts,
+      message
+    })
+  }
+
+  /** A generation of another size than the last one: a resize (elastic shrink or growth). */
+  noteSize(attempt: number, size: number): void {
+    if (this.#lastSize !== undefined && size !== this.#lastSize) {
+      const resize: Resize = { time: new Date().toISOString(), attempt, from: this.#lastSize, to: size, reason: this.lastCause ?? "capacity changed" }
+      this.resizes.push(resize)
+      this.incident("resize", `the group ${resize.to > resize.from ? "grows" : "shrinks"} from ${resize.from} to ${resize.to} workers (${resize.reason})`, { type: "resize", ...resize })
+    }
+    this.#lastSize = size
+  }
+
+  /** The run directory's final files, the summary line, and the Result. */
+  async result(store: CheckpointStorage, state: string, error: Error | undefined, countedFailures: number): Promise<Result> {
+    const info = (e: CheckpointEntry): CheckpointInfo => ({ path: e.path, metrics: e.metrics })
+    const latest = store.latest()
+    try {
+      await this.recorder.finish(this.summary(state, error))
+    } finally {
+      this.#markWritten()
+    }
+    this.progress.summary(this.recorder.dir, this.history.at(-1), error)
+    return {
+      metrics: this.history.at(-1),
+      metricsHistory: this.history,
+      metricsPerRank: this.#perRank,
+      checkpoint: latest ? info(latest) : undefined,
+      bestCheckpoints: store.best().map(info),
+      path: this.#cfg.runDir,
+      restarts: this.restarts,
+      countedFailures,
+      resizes: this.resizes,
+      checkpointErrors: this.checkpointErrors,
+      busOutages: this.busOutages,
+      natsServerRestarts: this.natsServerRestarts
+    }
+  }
+}

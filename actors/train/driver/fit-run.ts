@@ -1,0 +1,853 @@
+// One Trainer.fit() run: everything the run shares (the cluster, the controller, the worker group,
+// the checkpoint store, what it records) in one object, with the steps fit()'s loop carries the
+// controller's decisions out through: place (trainer.ts) and start a generation, watch it to its
+// outcome, then finish, or regroup the survivors (regroup.ts) or restart from the checkpoint, as
+// the controller decides (controller.ts: next, recoveryFor). open() brings up the cluster and what
+// watches the run (the job monitor, the dashboard, the bus, signals); close() and result() end it.
+import { randomBytes } from "node:crypto"
+import * as fs from "node:fs/promises"
+import * as path from "node:path"
+import { nuid } from "@nats-io/nats-core"
+import { ConfigError, NatsUnavailable } from "../../../core/errors.ts"
+import { DEADLINE_WARMUP_STEPS, GPU_WORKER_DEAD_AFTER_MS } from "../../../core/defaults.ts"
+import { HeartbeatDeadline } from "../../../collectives/deadlines.ts"
+import { watchBus, type BusMonitor } from "../../../core/bus-monitor.ts"
+import { describeConnection, hasCredentials, redactConnection } from "../../../core/connection-spec.ts"
+import { decodeMessage } from "../../../core/wire.ts"
+import { jobSubjects } from "../../../core/subjects.ts"
+import { SERVER_CPUS, type PlacementPlan, type PlacementRequest } from "../../../scheduler/placement.ts"
+import type { ResolvedDataset } from "../../../core/data/resolve.ts"
+import { ActorSystem } from "../../runtime/system.ts"
+import { defineActor, launchActor, type ActorHandle } from "../../runtime/actor.ts"
+import type { RequestOf } from "../../runtime/protocol.ts"
+import { silentLogger, stderrLogger } from "../../runtime/log.ts"
+import { CheckpointStore, readCheckpoint, type CheckpointPolicy, type CheckpointStorage } from "./checkpoint-store.ts"
+import { ObjectCheckpointStore, isObjectCheckpointUrl, readObjectCheckpoint } from "./object-checkpoint-store.ts"
+import { ControllerProtocol, type CheckpointPayload, type PeerState } from "../common/train-protocol.ts"
+import {
+  Controller,
+  deathOrNodeLoss,
+  deathToCheck,
+  recoveryFor,
+  restartReason,
+  startFailureKind,
+  type CompletedRound,
+  type Generation,
+  type GroupFailure,
+  type Next,
+  type Outcome,
+  type Recovery
+} from "./controller.ts"
+import { growTo, releasingJob } from "./elastic.ts"
+import { WorkerGroup, placementsOf, type GroupArgs } from "./worker-group.ts"
+import { joinCluster, startEmbeddedCluster, type ClusterHandle } from "./cluster.ts"
+import type { Resolved } from "./options.ts"
+import { datasetModules, datasetPayloads, describeDatasets, resolveDatasets } from "./dataset-payloads.ts"
+import { regroupSurvivors, type RegroupContext } from "./regroup.ts"
+import { FitRecord, emptyResult } from "./fit-record.ts"
+import { Interrupted, TrainingFailed, withResult, type Result } from "./result.ts"
+import { ProgressPrinter } from "../common/observe/progress.ts"
+import { RunRecorder } from "../common/observe/run-recorder.ts"
+import { spanEvent } from "../common/observe/timeline.ts"
+import { JobMonitor } from "./job-monitor.ts"
+import type { JobState } from "../common/job-telemetry.ts"
+import { startDashboard, type Dashboard } from "../dashboard/server.ts"
+
+/** Attempts at writing one checkpoint before it is given up (and recorded in Result.checkpointErrors). */
+const CHECKPOINT_WRITE_ATTEMPTS = 3
+
+/** report.html, metrics.csv and summary.json are rewritten this often while the run goes on (fit-record.ts: and after report rounds). */
+const REPORT_REFRESH_MS = 10_000
+
+/** On Ctrl-C the run directory gets this long to be completed before the signal takes the process. */
+const INTERRUPT_WRITE_MS = 15_000
+
+const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
+
+const firstLine = (text: string): string => text.split("\n")[0] ?? ""
+
+/** The controller's decision to restart (after a failure or for a resize). */
+export type Restart = Extract<Next, { readonly action: "restart" }>
+
+export class FitRun {
+  readonly cfg: Resolved
+  readonly recorder: RunRecorder
+  readonly progress: ProgressPrinter
+  /** What the run records as it goes: rounds, incidents, resizes, explanations; the Result at the end. */
+  readonly record: FitRecord
+  readonly #resolvedData: Map<string, ResolvedDataset>
+  readonly #localStore: CheckpointStore | undefined
+  readonly #policy: CheckpointPolicy
+
+  #resumePath: string | undefined
+  #saving: Promise<unknown> = Promise.resolve()
+  // Assigned once the cluster is up; nothing that reads it runs before that.
+  #store!: CheckpointStorage
+  // The lineage: checkpoints saved since the group last started afresh, with the number of
+  // report() calls made before each (a joiner of a regroup counts its reports from there).
+  readonly #lineage = new Map<string, number>()
+  // The state a regrouped generation continues from, by generation (the furthest survivor's).
+  readonly #peerStates = new Map<number, PeerState>()
+  #bus!: BusMonitor
+  #error: Error | undefined
+  #dashboard: Dashboard | undefined
+  // The run's only way to stop early besides a failure the policy gives up on: the bus stayed
+  // away too long, or a signal. Every wait of the main loop races it.
+  abortError: Error | undefined
+  #rejectAborted!: (e: Error) => void
+  readonly #aborted = new Promise<never>((_, reject) => (this.#rejectAborted = reject))
+  readonly controller: Controller<CheckpointPayload>
+  cluster!: ClusterHandle
+  #job!: string
+  #system!: ActorSystem
+  #heartbeats!: HeartbeatDeadline
+  #heartbeatSaid: number | undefined
+  #group!: WorkerGroup
+  #controllerActor: ActorHandle | undefined
+  request!: Omit<PlacementRequest, "numWorkers">
+  #groupArgs!: GroupArgs
+  #refresher: ReturnType<typeof setInterval> | undefined
+  #logSub: { unsubscribe(): void } | undefined
+  #tornDown: Promise<void> | undefined
+  /** Why the last failure or resize was not recovered from the surviving peers. */
+  #fallback: string | undefined
+  // The world sizes the next placement may take: the controller's decision after a restart or
+  // a resize (numWorkers, or min..max; a resize asks for up to its size).
+  bounds: { readonly min: number; readonly max: number }
+
+  private constructor(
+    cfg: Resolved,
+    recorder: RunRecorder,
+    progress: ProgressPrinter,
+    resolvedData: Map<string, ResolvedDataset>,
+    localStore: CheckpointStore | undefined,
+    policy: CheckpointPolicy
+  ) {
+    this.cfg = cfg
+    this.recorder = recorder
+    this.progress = progress
+    this.record = new FitRecord(cfg, recorder, progress)
+    this.#resolvedData = resolvedData
+    this.#localStore = localStore
+    this.#policy = policy
+    this.#resumePath = cfg.resumeFrom
+    this.#aborted.catch(() => {})
+    this.controller = new Controller<CheckpointPayload>({ maxFailures: cfg.maxFailures, minWorkers: cfg.minWorkers, maxWorkers: cfg.maxWorkers }, (e) => {
+      if (e.type === "state") {
+        void this.record.callbacks("onStateChange", (cb) => cb.onStateChange?.({ from: e.from, to: e.to, attempt: e.attempt }))
+        this.recorder.event({ type: "state", from: e.from, to: e.to, attempt: e.attempt })
+        this.record.monitor?.changed()
+      } else {
+        this.#completeRound(e.round)
+      }
+    })
+    this.bounds = this.controller.wantedSize
+  }
+
+  /**
+   * Everything before the first placement: datasets, the run directory and its recorder, the
+   * checkpoint store, the cluster, and what watches the run. A failure before the cluster is up
+   * leaves a complete run directory and rejects with an empty Result.
+   */
+  static async open(cfg: Resolved): Promise<FitRun> {
+    // File datasets on local paths: metadata now (a missing or malformed file fails before anything
+    // starts); those in an object store once the cluster is joined.
+    const resolvedData = new Map<string, ResolvedDataset>()
+    await resolveDatasets(cfg.datasets, resolvedData)
+    await fs.mkdir(cfg.runDir, { recursive: true })
+    const policy = {
+      ...(cfg.run.checkpointConfig?.numToKeep !== undefined ? { numToKeep: cfg.run.checkpointConfig.numToKeep } : {}),
+      ...(cfg.run.checkpointConfig?.scoreAttribute !== undefined ? { scoreAttribute: cfg.run.checkpointConfig.scoreAttribute } : {}),
+      ...(cfg.run.checkpointConfig?.scoreOrder !== undefined ? { scoreOrder: cfg.run.checkpointConfig.scoreOrder } : {})
+    }
+    // With checkpointConfig.objectStore the checkpoints live in a JetStream bucket, opened once the
+    // cluster is up; otherwise under the run directory.
+    const localStore = cfg.run.checkpointConfig?.objectStore === undefined ? await CheckpointStore.open(cfg.runDir, policy) : undefined
+    // Fails early on a bad path (a nats-obj:// one is checked once the cluster is joined).
+    if (cfg.resumeFrom !== undefined && !isObjectCheckpointUrl(cfg.resumeFrom)) await readCheckpoint(cfg.resumeFrom)
+    const recorder = await RunRecorder.open(cfg.runDir, {
+      name: cfg.name,
+      trainLoopPerWorker: cfg.loop,
+      trainLoopConfig: cfg.loopConfig,
+      scalingConfig: cfg.scaling,
+      runConfig: cfg.run,
+      collectiveConfig: cfg.collective,
+      cluster: cfg.cluster ? { clusterName: cfg.cluster.clusterName, ...redactConnection(cfg.cluster.connection) } : "embedded",
+      datasets: describeDatasets(cfg.datasets),
+      seed: cfg.seed
+    }, cfg.run.timeline === true)
+    const progress = new ProgressPrinter(cfg.run.progress ?? "auto", cfg.maxWorkers)
+    progress.line(`gradwire: run directory ${cfg.runDir} (report.html is refreshed as it trains)`)
+    const run = new FitRun(cfg, recorder, progress, resolvedData, localStore, policy)
+    await run.#join()
+    await run.#setUp()
+    return run
+  }
+
+  readonly #abort = (e: Error): void => {
+    if (this.abortError) return
+    this.abortError = e
+    this.controller.fail(undefined, { kind: "config", rank: -1, tag: (e as { _tag?: string })._tag ?? e.name, message: e.message })
+    this.#rejectAborted(e)
+  }
+
+  /** `p`, or the run's abort (the bus stayed away, a signal), whichever comes first. */
+  readonly race = <T>(p: Promise<T>): Promise<T> => Promise.race([p, this.#aborted])
+
+  async #saveCheckpoint(round: CompletedRound<CheckpointPayload>, ckpt: CheckpointPayload): Promise<void> {
+    const files = { ...ckpt.files, ...round.aux }
+    const metadata = { ...ckpt.metadata, attempt: round.attempt, round: round.index, worldSize: round.metrics.length }
+    const t0 = performance.now()
+    let lastError: unknown
+    for (let attempt = 1; attempt <= CHECKPOINT_WRITE_ATTEMPTS; attempt++) {
+      try {
+        const entry = await this.#store.save({ files, metadata }, round.metrics[0])
+        this.#lineage.set(entry.path, round.index + 1)
+        this.recorder.trace({ ...spanEvent("checkpoint save", t0, performance.now(), "checkpoints", { path: entry.path, round: round.index }, "checkpoint"), pid: "driver" })
+        this.record.monitor?.changed()
+        await this.record.callbacks("onCheckpoint", (cb) => cb.onCheckpoint?.({ path: entry.path, metrics: entry.metrics }))
+        return
+      } catch (e) {
+        lastError = e
+        // A bad file name will not get better; a full disk or a restarting object store may.
+        if (e instanceof ConfigError) break
+        if (attempt < CHECKPOINT_WRITE_ATTEMPTS) await sleep(500 * 2 ** (attempt - 1))
+      }
+    }
+    const message = lastError instanceof Error ? lastError.message : String(lastError)
+    this.record.checkpointFailed(round.index, lastError instanceof ConfigError ? 1 : CHECKPOINT_WRITE_ATTEMPTS, message)
+  }
+
+  #completeRound(round: CompletedRound<CheckpointPayload>): void {
+    this.record.round(round)
+    const ckpt = round.checkpoint
+    if (ckpt) this.#saving = this.#saving.then(() => this.#saveCheckpoint(round, ckpt))
+  }
+
+  // Worker output (embedded cluster: the local agent forwards it here) goes to the terminal and
+  // to logs/<worker>.log in the run directory.
+  readonly #onOutput = (line: string): void => {
+    const m = /^\(([^)]*?)(?: pid=\d+)?(?: node=[^)]*)?\)/.exec(line)
+    this.recorder.log(m ? m[1] : "workers", line)
+    this.progress.line(line)
+  }
+
+  /** The cluster (embedded or joined), the checkpoint store, and datasets in an object store. */
+  async #join(): Promise<void> {
+    const { cfg } = this
+    const bucket = cfg.run.checkpointConfig?.objectStore
+    try {
+      this.cluster = cfg.cluster
+        ? await joinCluster(cfg.cluster)
+        : await startEmbeddedCluster({
+            verbose: cfg.run.verbose === true,
+            output: this.#onOutput,
+            cpusNeeded:
+              cfg.maxWorkers * (cfg.scaling.resourcesPerWorker?.CPU ?? (cfg.scaling.useGpu === true ? 0 : 1)) +
+              (cfg.collective.parameterServer ? cfg.collective.parameterServer.numServers * SERVER_CPUS : 0),
+            useGpu: cfg.scaling.useGpu !== undefined && cfg.scaling.useGpu !== false,
+            gpusNeeded: cfg.maxWorkers * (cfg.scaling.resourcesPerWorker?.GPU ?? 1),
+            // The embedded server keeps its JetStream data in the run directory, so a run's object
+            // store checkpoints outlive it and a run with the same name resumes from them.
+            ...(bucket !== undefined ? { jetstreamStoreDir: path.join(cfg.runDir, "jetstream") } : {}),
+            serverEvents: {
+              onExit: (x) => {
+                this.record.serverRestartedDuringOutage = true
+                this.record.incident("nats-server", `the embedded nats-server (pid ${x.pid}) exited; restarting it on the same port`, { type: "nats-server-exit", pid: x.pid })
+              },
+              onRestart: (x) => {
+                this.record.natsServerRestarts = x.restarts
+                this.record.incident("nats-server", `the embedded nats-server is back (pid ${x.pid}, ${x.downMs} ms after it exited)`, {
+                  type: "nats-server-restart",
+                  pid: x.pid,
+                  downMs: x.downMs,
+                  restarts: x.restarts
+                })
+              },
+              onRestartFailed: (x) => {
+                const message = x.error instanceof Error ? x.error.message : String(x.error)
+                this.record.incident("nats-server", `restarting the embedded nats-server failed (attempt ${x.attempt + 1}): ${firstLine(message)}`, {
+                  type: "nats-server-restart-failed",
+                  attempt: x.attempt,
+                  message
+                })
+              }
+            }
+          })
+    } catch (e) {
+      this.progress.close()
+      await this.recorder.close().catch(() => {})
+      // The run directory is complete also when the cluster never came up.
+      await this.recorder.finish(this.record.summary("failed", e as Error)).catch(() => {})
+      throw withResult(e as Error, emptyResult(cfg.runDir))
+    }
+    const cluster = this.cluster
+    try {
+      this.#store =
+        this.#localStore ??
+        (await ObjectCheckpointStore.open(cluster.nc, bucket!, cfg.name, this.#policy, cfg.cluster ? `the NATS server at ${describeConnection(cfg.cluster.connection)}` : "the embedded nats-server"))
+      if (cfg.resumeFrom !== undefined && isObjectCheckpointUrl(cfg.resumeFrom)) await this.#readAt(cfg.resumeFrom)
+      await resolveDatasets(cfg.datasets, this.#resolvedData, async () => cluster.nc)
+    } catch (e) {
+      await cluster.close().catch(() => {})
+      this.progress.close()
+      await this.recorder.close().catch(() => {})
+      await this.recorder.finish(this.record.summary("failed", e as Error)).catch(() => {})
+      throw withResult(e as Error, emptyResult(cfg.runDir))
+    }
+  }
+
+  #readAt(p: string): ReturnType<typeof readCheckpoint> {
+    return isObjectCheckpointUrl(p) ? readObjectCheckpoint(this.cluster.nc, p) : readCheckpoint(p)
+  }
+
+  #stateNow(): JobState {
+    return this.controller.state === "errored" ? "failed" : this.controller.state
+  }
+
+  /** The job's actor system and worker group, the monitor and dashboard, the bus watch, the log feed, signals. */
+  async #setUp(): Promise<void> {
+    const { cfg, cluster } = this
+    const verbose = cfg.run.verbose === true
+    this.#resumePath ??= this.#store.latest()?.path
+    const job = (this.#job = `${cfg.name.slice(0, 100)}-${nuid.next().slice(-8)}`)
+    this.#system = new ActorSystem({
+      nc: cluster.nc,
+      cluster: cluster.clusterName,
+      job,
+      identity: "driver",
+      node: "driver",
+      log: verbose ? stderrLogger(`${job}/driver`) : silentLogger
+    })
+    // Workers' heartbeat deadline, from the step times they report (collectives/deadlines.ts). GPU
+    // workers get a longer floor: webgpu compiles each kernel's pipeline on its first use, holding
+    // the worker's event loop (seconds a kernel on a software adapter), before any step is reported.
+    const heartbeats = (this.#heartbeats = new HeartbeatDeadline(cfg.scaling.useGpu !== undefined && cfg.scaling.useGpu !== false ? { floorMs: GPU_WORKER_DEAD_AFTER_MS } : {}))
+    this.#group = new WorkerGroup(this.#system, () => heartbeats.current().ms, verbose)
+    this.#startMonitor()
+    if (cfg.run.dashboard) await this.#startDashboard(cfg.run.dashboard === true ? {} : cfg.run.dashboard)
+    this.#refresher = setInterval(() => this.record.refreshReport(true), REPORT_REFRESH_MS)
+    this.#refresher.unref?.()
+    this.#watchBus()
+    this.#forwardLogs()
+    process.on("SIGINT", this.#onSignal)
+    process.on("SIGTERM", this.#onSignal)
+    this.request = {
+      jobId: job,
+      ...(cfg.scaling.useGpu !== undefined ? { useGpu: cfg.scaling.useGpu } : {}),
+      ...(cfg.scaling.resourcesPerWorker !== undefined ? { resourcesPerWorker: cfg.scaling.resourcesPerWorker } : {}),
+      ...(cfg.scaling.placementStrategy !== undefined ? { placementStrategy: cfg.scaling.placementStrategy } : {}),
+      ...(cfg.scaling.acceleratorType !== undefined ? { acceleratorType: cfg.scaling.acceleratorType } : {}),
+      ...(cfg.scaling.nodeLabels !== undefined ? { nodeLabels: cfg.scaling.nodeLabels } : {}),
+      ...(cfg.scaling.backend !== undefined ? { backend: cfg.scaling.backend } : {}),
+      // Parameter servers are placed with the workers, SERVER_CPUS each.
+      ...(cfg.collective.parameterServer ? { servers: cfg.collective.parameterServer.numServers } : {})
+    }
+    this.#groupArgs = {
+      controller: "controller",
+      loopModule: cfg.loop.module,
+      loopExport: cfg.loop.export,
+      ...(datasetModules(cfg.datasets).length > 0 ? { datasetModules: datasetModules(cfg.datasets) } : {}),
+      loopConfig: cfg.loopConfig,
+      // The direct links' secret: one per run, to the workers over the bus only (not in the run directory).
+      collective: { ...cfg.collective, directSecret: randomBytes(32).toString("hex") },
+      seed: cfg.seed,
+      timeline: cfg.run.timeline === true,
+      natsOutageTimeoutMs: cfg.natsOutageTimeoutMs,
+      parityEvery: cfg.parityEvery,
+      ...(this.controller.elastic ? { elastic: { maxWorkers: cfg.maxWorkers, batch: cfg.elasticBatch } } : {})
+    }
+  }
+
+  // The job on the bus, for the dashboard and `gradwire jobs` / `gradwire logs` (job-monitor.ts).
+  #startMonitor(): void {
+    const { cfg, cluster, controller } = this
+    this.record.monitor = JobMonitor.start({
+      nc: cluster.nc,
+      cluster: cluster.clusterName,
+      job: this.#job,
+      name: cfg.name,
+      runDir: cfg.runDir,
+      address: cluster.address,
+      minWorkers: cfg.minWorkers,
+      maxWorkers: cfg.maxWorkers,
+      strategy: {
+        strategy: cfg.collective.strategy ?? "allreduce",
+        algorithm: cfg.collective.algorithm,
+        compression: typeof cfg.collective.compression === "string" ? cfg.collective.compression : JSON.stringify(cfg.collective.compression),
+        zeroStage: cfg.collective.zeroStage ?? 0
+      },
+      facts: () => {
+        const latest = this.#store.latest()
+        const best = this.#store.best()[0]
+        const plan = this.record.planText()
+        return {
+          state: this.#stateNow(),
+          attempt: controller.attempt,
+          worldSize: controller.current?.worldSize ?? 0,
+          restarts: this.record.restarts,
+          countedFailures: controller.countedFailures,
+          resizes: this.record.resizes,
+          incidents: this.record.incidents,
+          reports: this.record.history.length,
+          lastMetrics: this.record.history.at(-1),
+          checkpoints: {
+            count: this.#store.list().length,
+            ...(latest ? { latest: { path: latest.path, metrics: latest.metrics } } : {}),
+            ...(best ? { best: { path: best.path, metrics: best.metrics } } : {})
+          },
+          ...(plan !== undefined ? { plan: { summary: Object.values(this.record.planSummaries).join("; "), text: plan, json: this.record.explained.algorithm?.json ?? null } } : {}),
+          members: [...this.#group.members].map(([rank, w]) => ({ rank, actor: w.name, node: w.node, pid: w.pid }))
+        }
+      }
+    })
+  }
+
+  async #startDashboard(d: { readonly host?: string; readonly port?: number; readonly token?: string }): Promise<void> {
+    const { cluster } = this
+    try {
+      const dashboard = (this.#dashboard = await startDashboard({
+        nc: cluster.nc,
+        cluster: cluster.clusterName,
+        address: cluster.address,
+        // A cluster with credentials gets a token. The embedded one's credential is the run's own
+        // (made up to keep other local users off its bus): its loopback dashboard stays as it was.
+        requireToken: !cluster.embedded && hasCredentials(cluster.connection),
+        ...(d.host !== undefined ? { host: d.host } : {}),
+        ...(d.port !== undefined ? { port: d.port } : {}),
+        ...(d.token !== undefined ? { token: d.token } : {})
+      }))
+      this.record.monitor!.dashboard = dashboard.baseUrl
+      const line = `gradwire: dashboard at ${dashboard.url} (Prometheus: ${dashboard.baseUrl}/metrics)`
+      if (this.progress.mode === "off") console.log(line)
+      else this.progress.line(line)
+    } catch (e) {
+      // A taken port costs the run its dashboard, not its training.
+      this.progress.line(`gradwire: no dashboard: ${(e as Error).message}`)
+    }
+  }
+
+  // The driver's connection: an outage fails the running generation at once (its collectives
+  // abort anyway), the group restarts once the bus is back, and an outage longer than
+  // natsOutageTimeoutMs ends the run with NatsUnavailable.
+  #watchBus(): void {
+    const { cfg, cluster, controller } = this
+    this.#bus = watchBus(cluster.nc, {
+      timeoutMs: cfg.natsOutageTimeoutMs,
+      onDown: (o) => {
+        this.record.incident("bus", `lost the NATS connection to ${cluster.where}; waiting up to ${cfg.natsOutageTimeoutMs / 1000} s for it to come back`, {
+          type: "bus-down",
+          server: o.server
+        })
+        controller.fail(controller.current, { kind: "bus", rank: -1, tag: "NatsDisconnected", message: `the driver lost its NATS connection to ${cluster.where}` })
+      },
+      onUp: (o) => {
+        this.record.busOutages.push({ time: new Date(o.since).toISOString(), server: o.server, ms: o.ms, serverRestarted: this.record.serverRestartedDuringOutage })
+        this.record.serverRestartedDuringOutage = false
+        this.record.incident("bus", `the NATS connection is back after ${(o.ms / 1000).toFixed(1)} s`, { type: "bus-up", server: o.server, ms: o.ms })
+      },
+      onExpired: (o) => {
+        this.record.busOutages.push({ time: new Date(o.since).toISOString(), server: o.server, ms: o.ms, serverRestarted: this.record.serverRestartedDuringOutage })
+        this.recorder.event({ type: "bus-expired", server: o.server, ms: o.ms })
+        this.#abort(new NatsUnavailable({ servers: cluster.where, outageMs: o.ms, timeoutMs: cfg.natsOutageTimeoutMs, hint: cluster.outageHint }))
+      }
+    })
+  }
+
+  /** Returns once the bus is up (at once when it is), or rejects with the run's abort. */
+  async waitForBus(): Promise<void> {
+    if (!this.#bus?.outage) return
+    const r = await this.race(this.#bus.whenUp())
+    if (r === "closed") {
+      this.#abort(new NatsUnavailable({ servers: this.cluster.where, outageMs: 0, timeoutMs: this.cfg.natsOutageTimeoutMs, hint: "the connection was closed" }))
+    }
+    if (r !== "up") await this.#aborted
+  }
+
+  // On a joined cluster the agents run elsewhere and cannot call onOutput: they publish each
+  // line of their processes on the job's log subjects, which land in the same logs/ files.
+  #forwardLogs(): void {
+    const { cluster } = this
+    if (cluster.embedded) return
+    this.#logSub = cluster.nc.subscribe(jobSubjects(cluster.clusterName, this.#job).logs, {
+      callback: (err, msg) => {
+        if (err) return
+        try {
+          const m = decodeMessage(msg.data) as { line?: unknown; name?: unknown; pid?: unknown; node?: unknown }
+          const rank = /^w\d+-(\d+)$/.exec(String(m.name))?.[1]
+          const label = rank !== undefined ? `worker rank=${rank}` : String(m.name)
+          this.#onOutput(`(${label} pid=${String(m.pid)} node=${String(m.node)}) ${String(m.line)}`)
+        } catch {
+          // a malformed log message is not worth failing a run over
+        }
+      }
+    })
+  }
+
+  readonly #onSignal = (signal: NodeJS.Signals): void => {
+    this.#abort(new Interrupted({ signal }))
+    // The run stops where it is; its directory is completed (report.html, metrics.csv,
+    // summary.json) before the signal takes the process, within a deadline.
+    let timer: ReturnType<typeof setTimeout> | undefined
+    const deadline = new Promise<void>((resolve) => (timer = setTimeout(resolve, INTERRUPT_WRITE_MS)))
+    void Promise.race([this.#teardown().then(() => this.record.written), deadline]).finally(() => {
+      clearTimeout(timer)
+      process.removeListener("SIGINT", this.#onSignal)
+      process.removeListener("SIGTERM", this.#onSignal)
+      process.kill(process.pid, signal)
+    })
+  }
+
+  #teardown(): Promise<void> {
+    return (this.#tornDown ??= (async () => {
+      // With the bus gone the agents cannot be reached: ask once, briefly (the workers exit on
+      // their own after natsOutageTimeoutMs, and agents kill a job whose driver went silent).
+      const busDown = this.#bus?.outage !== undefined
+      this.#bus?.stop()
+      clearInterval(this.#refresher)
+      await this.#group.kill(this.#job, "the run ended", busDown ? { timeoutMs: 1_000, alive: () => false } : {})
+      await this.#controllerActor?.stop({ drain: false, reason: "run ended" }).catch(() => {})
+      // The job's last state goes out while the bus is still there (and into the jobs bucket).
+      const failure = this.abortError ?? this.#error
+      const ended: JobState = this.abortError instanceof Interrupted ? "interrupted" : failure !== undefined || this.#stateNow() === "failed" ? "failed" : "finished"
+      const why = failure?.message
+      await this.record.monitor?.close({ state: ended, ...(why !== undefined ? { error: why } : {}) }, busDown ? 500 : 3_000).catch(() => {})
+      await this.#dashboard?.close().catch(() => {})
+      // Let the last forwarded log lines arrive before unsubscribing.
+      if (this.#logSub) await this.cluster.nc.flush().catch(() => {})
+      this.#logSub?.unsubscribe()
+      this.#system.endJob()
+      this.#system.close()
+      await this.cluster.close().catch(() => {})
+      this.progress.close()
+      await this.recorder.close()
+    })())
+  }
+
+  #isCurrent(attempt: number): boolean {
+    return this.controller.current?.number === attempt && this.controller.state === "running"
+  }
+
+  /** The controller actor: what the workers report to, and ask for (datasets, the checkpoint, a survivor's state). */
+  async launch(): Promise<void> {
+    const datasetPayload = datasetPayloads(this.cfg.datasets, this.#resolvedData)
+    const controller = this.controller
+    const def = defineActor(ControllerProtocol, () => ({
+      report: (body) => {
+        controller.report(body)
+        return null
+      },
+      dataset: (body) => {
+        const d = datasetPayload.get(body.name)
+        if (!d) {
+          throw new ConfigError({
+            field: `getDatasetShard("${body.name}")`,
+            reason: `no dataset "${body.name}" was given to the Trainer; it has: ${[...datasetPayload.keys()].join(", ") || "none"}`
+          })
+        }
+        return d
+      },
+      checkpoint: async () => {
+        await this.#saving
+        const p = this.#resumePath
+        if (!p) return null
+        // The store's own checkpoints through the store (an object store reuses its open bucket); a
+        // checkpoint the run was pointed at elsewhere (resumeFrom) by its kind of path.
+        const c = await (this.#store.list().some((e) => e.path === p) ? this.#store.read(p) : this.#readAt(p))
+        return { path: p, metrics: c.metrics, payload: { files: c.files, metadata: c.metadata } }
+      },
+      progress: (body) => this.#onProgress(body),
+      trace: (body) => {
+        if (this.#isCurrent(body.attempt)) this.recorder.traceEvents(body.rank, body.events)
+      },
+      explain: (body) => {
+        if (!this.#isCurrent(body.attempt)) return
+        const part = body.part === "kernels" ? `kernels.${body.rank ?? 0}` : (body.part ?? "algorithm")
+        const write = this.record.explain(part, body.text, body.json, body.summary)
+        if (body.part !== "kernels" && body.part !== "deadlines") this.record.planSummaries[part] = body.summary
+        this.record.monitor?.changed()
+        this.#saving = this.#saving.then(write).catch(() => {})
+      },
+      finished: (body) => controller.finished(body),
+      failed: (body) => controller.failed(body),
+      peerState: (body) => {
+        const st = this.#peerStates.get(body.attempt)
+        if (!st) throw new ConfigError({ field: "peerState", reason: `no survivor's state is held for generation ${body.attempt}` })
+        return st
+      }
+    }))
+    this.#controllerActor = await launchActor(this.#system, def, { name: "controller", heartbeat: false })
+  }
+
+  #onProgress(body: RequestOf<ControllerProtocol["kinds"], "progress">): void {
+    if (!this.#isCurrent(body.attempt)) return
+    this.progress.step(body)
+    this.recorder.progress(body.rank, body.samples)
+    this.record.monitor?.progress(body)
+    // The report's compute/communication split: kept whether or not the timeline is on.
+    if (body.stepTimes) this.recorder.stepTimes(body.attempt, body.rank, body.stepTimes)
+    if (body.stepTimes) {
+      const heartbeats = this.#heartbeats
+      // [step, forward/backward, all-reduce, apply, wait]: the parts that hold the event loop.
+      for (const s of body.stepTimes) heartbeats.noteCompute((s[1] ?? 0) + (s[3] ?? 0))
+      // Said once measured, and again whenever it moves (only steps too long for the floor move it).
+      const now = heartbeats.current()
+      if (heartbeats.measured >= DEADLINE_WARMUP_STEPS && now.ms !== this.#heartbeatSaid) {
+        this.#heartbeatSaid = now.ms
+        const d = heartbeats.describe()
+        this.progress.line(d.summary)
+        this.recorder.event({ type: "explain", summary: d.summary })
+        const write = this.record.explain("heartbeat", d.text, d.json)
+        this.#saving = this.#saving.then(write).catch(() => {})
+      }
+    }
+    void this.record.callbacks("onProgress", (cb) => cb.onProgress?.(body))
+  }
+
+  // Elastic runs below max size watch for capacity (an agent joined, another job ended) and
+  // grow at the next report round that leaves a checkpoint.
+  #watchCapacity(worldSize: number): () => void {
+    const { cfg, cluster, controller } = this
+    if (!controller.elastic || worldSize >= cfg.maxWorkers) return () => {}
+    const check = (): void => {
+      if (controller.state !== "running") return
+      const size = growTo(this.request, worldSize, cfg.maxWorkers, releasingJob(cluster.view.alive().map((n) => n.ad), this.#job))
+      if (size === undefined || size === controller.pendingResize?.size) return
+      controller.capacity(size, `room for ${size} workers`)
+      this.progress.line(`gradwire: the cluster has room for ${size} workers (running ${worldSize}); growing at the next checkpoint`)
+    }
+    const off = cluster.view.onEvent((e) => {
+      if (e.type === "node-joined" || e.type === "node-back") check()
+    })
+    const timer = setInterval(check, 2_000)
+    timer.unref?.()
+    return () => {
+      off()
+      clearInterval(timer)
+    }
+  }
+
+  // Killing the group goes through the agents: wait for the bus first; then let the last
+  // checkpoint land.
+  async #stopGroup(reason: string): Promise<void> {
+    await this.waitForBus()
+    await this.race(this.#group.kill(this.#job, reason, { alive: (node) => this.cluster.view.get(node)?.state === "alive" }))
+    await this.race(this.#saving)
+  }
+
+  /** Start: a new generation on the placement, from the checkpoint to resume from (a fresh lineage). */
+  async start(plan: PlacementPlan): Promise<Generation<CheckpointPayload>> {
+    const generation = this.controller.begin(plan.ranks.length)
+    this.record.noteSize(generation.number, plan.ranks.length)
+    this.progress.start(generation.number, plan.ranks.length)
+    // A fresh lineage: report and operation counts start again from this checkpoint.
+    this.#lineage.clear()
+    if (this.#resumePath !== undefined) this.#lineage.set(this.#resumePath, 0)
+    this.#group.reset()
+    const g = generation
+    const startFailure = await this.race(
+      (async () => {
+        // The parameter servers first: the workers' args name them.
+        const args = await this.#spawnServers(g, plan)
+        if (!("groupArgs" in args)) return args
+        return this.#group.spawn(placementsOf(plan, g.number), args.groupArgs, {
+          onDown: (rank, down) => this.controller.workerDown(g.number, rank, down),
+          stillMatters: (rank) => !g.settled && !g.finished.has(rank)
+        })
+      })()
+    )
+    if (startFailure) {
+      this.controller.fail(generation, { kind: startFailureKind(startFailure.tag, this.#bus.outage !== undefined), rank: -1, ...startFailure })
+    }
+    return generation
+  }
+
+  /** The parameter servers (collectiveConfig.parameterServer), and the workers' args naming them; or why they could not start. */
+  async #spawnServers(g: Generation<CheckpointPayload>, plan: PlacementPlan): Promise<{ readonly groupArgs: GroupArgs } | { readonly tag: string; readonly message: string }> {
+    const { cfg } = this
+    const ps = cfg.collective.parameterServer
+    if (!ps) return { groupArgs: this.#groupArgs }
+    try {
+      const servers = await this.#group.spawnServers(
+        g.number,
+        ps.numServers,
+        plan.servers.map((s) => s.nodeId),
+        (index, detail) => this.controller.fail(g, { kind: "died", rank: -1, tag: "ServerDown", message: detail }),
+        () => !g.settled
+      )
+      return {
+        groupArgs: {
+          ...this.#groupArgs,
+          servers,
+          parameterServer: {
+            mode: ps.mode,
+            staleness: ps.staleness,
+            backupWorkers: cfg.collective.backupWorkers ?? 0,
+            timeoutMs: cfg.collective.timeoutMs,
+            ...(cfg.collective.strategy === "auto" ? { auto: true } : {})
+          }
+        }
+      }
+    } catch (e) {
+      const err = e as { message?: string; _tag?: string }
+      return { tag: err._tag ?? "SpawnError", message: `a parameter server could not start: ${err.message ?? String(e)}` }
+    }
+  }
+
+  /**
+   * Watch: the generation's outcome, growing when capacity comes back (elastic). A rank's death
+   * waits for its node's next heartbeat or its death before it is counted: the controller then
+   * decides whether it was the node's loss (deathToCheck, deathOrNodeLoss).
+   */
+  async watch(generation: Generation<CheckpointPayload>): Promise<Outcome> {
+    const stopWatching = this.#watchCapacity(generation.worldSize)
+    const outcome: Outcome = await this.race(this.#nodeLossOrNot(await this.race(generation.outcome)))
+    stopWatching()
+    return outcome
+  }
+
+  async #nodeLossOrNot(o: Outcome): Promise<Outcome> {
+    const { view } = this.cluster
+    const rank = deathToCheck(o)
+    const node = rank === undefined ? undefined : this.#group.members.get(rank)?.node
+    if (node === undefined || view.get(node) === undefined) return o
+    const at = Date.now()
+    const known = (): boolean => {
+      const n = view.get(node)
+      return n === undefined || n.state !== "alive" || n.lastSeenAt > at
+    }
+    await view.waitFor(known, view.deadAfterMs + 1_000).catch(() => undefined)
+    return deathOrNodeLoss(o, node, view.get(node)?.state)
+  }
+
+  /** Finish: the group stops (training finished, or the run failed as the controller decided). */
+  async finish(next: Exclude<Next, Restart>, attempt: number): Promise<void> {
+    await this.#stopGroup(next.action === "finish" ? "training finished" : "the run failed")
+    if (next.action === "finish") return
+    this.recorder.event({ type: "failure", attempt, failure: next.failure, decision: { action: "fail", reason: next.reason } })
+    this.#error = new TrainingFailed(next.failure, attempt + 1, next.reason)
+  }
+
+  /**
+   * The controller decided to restart: recorded (the failure and the onRestart callbacks, or the
+   * resize asked for), and its choice between the surviving peers and the checkpoint (recoveryFor).
+   */
+  async restarting(next: Restart, attempt: number): Promise<Recovery> {
+    this.record.restarts++
+    this.bounds = next.size
+    this.record.lastCause = restartReason(next.cause)
+    const recovery = recoveryFor(next.cause, this.cfg.recoverFrom, this.#bus.outage !== undefined)
+    this.#fallback = recovery.from === "checkpoint" ? recovery.reason : undefined
+    if (next.cause.type === "failure") {
+      const failure = next.cause.failure
+      this.recorder.event({ type: "failure", attempt, failure, decision: { action: "restart", counted: next.counted } })
+      await this.record.callbacks("onRestart", (cb) => cb.onRestart?.({ attempt: attempt + 1, failure }))
+    } else {
+      this.recorder.event({ type: "resize-requested", attempt, size: next.cause.size, reason: next.cause.reason, from: this.#store.latest()?.name ?? "the start" })
+    }
+    return recovery
+  }
+
+  #what(failure: GroupFailure): string {
+    return `${failure.rank >= 0 ? `rank ${failure.rank} failed` : "the group failed"} (${failure.tag}: ${firstLine(failure.message)})`
+  }
+
+  #budget(counted: boolean): string {
+    const { maxFailures } = this.cfg
+    return counted
+      ? ` (restart ${this.controller.countedFailures}${maxFailures >= 0 ? ` of ${maxFailures}` : ""})`
+      : " (not counted toward maxFailures: an infrastructure failure)"
+  }
+
+  /**
+   * Regroup: the survivors of a failure (once the bus is back) with replacements, or the running
+   * workers with new ones (growth in place). The new, running generation, or undefined when it
+   * cannot be done (then restart() goes to the checkpoint, saying why).
+   */
+  async regroup(next: Restart): Promise<Generation<CheckpointPayload> | undefined> {
+    if (next.cause.type === "failure") {
+      await this.waitForBus()
+      const failure = next.cause.failure
+      return this.#regroup({ failure, target: this.bounds.max, what: this.#what(failure), budget: this.#budget(next.counted), counted: next.counted })
+    }
+    // Growing in place: the running workers stay, the new ones replay from the checkpoint just
+    // saved and join them.
+    return this.#regroup({ target: this.bounds.max, what: `the cluster has room for ${this.bounds.max} workers`, budget: "", counted: false })
+  }
+
+  #regroup(why: Pick<RegroupContext, "failure" | "target" | "what" | "budget" | "counted">): Promise<Generation<CheckpointPayload> | undefined> {
+    // The regroup sets the checkpoint its joiners resume from: it stays until the next restart,
+    // whatever is saved meanwhile.
+    return this.race(
+      regroupSurvivors({
+        ...why,
+        cfg: this.cfg,
+        cluster: this.cluster,
+        system: this.#system,
+        group: this.#group,
+        controller: this.controller,
+        request: this.request,
+        saving: () => this.#saving,
+        incident: this.record.incident,
+        progress: this.progress,
+        groupArgs: this.#groupArgs,
+        lineage: this.#lineage,
+        peerStates: this.#peerStates,
+        onSize: (attempt, size) => this.record.noteSize(attempt, size),
+        latest: () => this.#store.latest()?.path ?? this.#resumePath,
+        setResume: (p) => (this.#resumePath = p),
+        fellBack: (reason) => (this.#fallback = reason)
+      })
+    )
+  }
+
+  /** Restart: the group stops, and the next one starts from the latest checkpoint. */
+  async restart(next: Restart, attempt: number): Promise<void> {
+    if (next.cause.type === "failure") {
+      const failure = next.cause.failure
+      await this.#stopGroup("restarting the group")
+      const from = this.#store.latest() ? this.#store.latest()!.name : "the start"
+      const fallback = this.#fallback
+      this.record.incident(
+        "restart",
+        `${this.#what(failure)}; restarting the group from ${from}${fallback !== undefined ? ` (not from the surviving peers: ${fallback})` : ""}${this.#budget(next.counted)}`,
+        {
+          type: "restart",
+          attempt: attempt + 1,
+          kind: failure.kind,
+          counted: next.counted,
+          from,
+          recovery: "checkpoint",
+          ...(fallback !== undefined ? { reason: fallback } : {})
+        }
+      )
+    } else {
+      this.recorder.event({ type: "resize-from-checkpoint", attempt, reason: this.#fallback ?? "unknown" })
+      await this.#stopGroup("resizing the group")
+    }
+    this.#resumePath = this.#store.latest()?.path ?? this.#resumePath
+  }
+
+  /** The run stopped on an error: the run's abort (the bus, a signal) when there was one. */
+  failed(e: Error): void {
+    this.#error = this.abortError ?? e
+  }
+
+  /** Ends the run: the last checkpoint lands, the group, the actors, the cluster and the recorder close. */
+  async close(): Promise<void> {
+    if (this.#error) this.controller.abort()
+    await this.#saving
+    await this.#teardown()
+    process.removeListener("SIGINT", this.#onSignal)
+    process.removeListener("SIGTERM", this.#onSignal)
+  }
+
+  /** The run directory's final files, the summary line, and the Result (or the error carrying it). */
+  async result(): Promise<Result> {
+    const error = this.#error
+    const state = this.abortError instanceof Interrupted ? "interrupted" : error ? "failed" : "finished"
+    const result = await this.record.result(this.#store, state, error, this.controller.countedFailures)
+    if (error) throw withResult(error, result)
+    return result
+  }
+}

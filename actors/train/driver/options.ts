@@ -1,0 +1,276 @@
+// The Trainer's options as users give them, and their resolution: every config validated (a bad
+// value is a ConfigError naming the field) and defaulted before anything starts.
+import * as path from "node:path"
+import { pathToFileURL } from "node:url"
+import {
+  CollectiveConfig,
+  RunConfig,
+  ScalingConfig,
+  defaultStoragePath,
+  parseTrainLoopRef,
+  resolveClusterConfig,
+  type ClusterConfig,
+  type TrainLoopRef
+} from "../../../core/config.ts"
+import type { ConnectionSpec } from "../../../core/connection-spec.ts"
+import { decodeConfig } from "../../../core/validate.ts"
+import { BUCKET_SIZE_MIB, COLLECTIVE_TIMEOUT_MS, FIRST_BUCKET_SIZE_MIB, NATS_OUTAGE_TIMEOUT_MS } from "../../../core/defaults.ts"
+import { ConfigError } from "../../../core/errors.ts"
+import type { ArrayDataset } from "../../../core/datasets.ts"
+import { isDatasetFactorySpec, isFileDatasetSpec, type DatasetFactorySpec, type FileDatasetSpec } from "../../../core/data/file-spec.ts"
+import { parseCompressionConfig } from "../../../collectives/compression/index.ts"
+import { parseAlgorithmChoice } from "../../../collectives/algorithms/index.ts"
+import { resolveStrategy, type StrategyConfigInput } from "../worker/strategies/index.ts"
+import { resolveLocalSgd, type LocalSgdSettings } from "../common/optim/outer-optimizer.ts"
+import type { WorkerArgs } from "../common/train-protocol.ts"
+import type { GroupFailure, TrainerState } from "./failure-policy.ts"
+
+/** What `datasets` takes: in-memory arrays, files (fromFiles), or a worker-side factory (datasetFactory). */
+export type DatasetInput = ArrayDataset | FileDatasetSpec | DatasetFactorySpec
+
+/**
+ * A train loop function as the driver sees it: any function (its parameters are the worker's
+ * business, see TrainLoop in train-context.ts), so this module stays free of the worker's types.
+ */
+export type AnyTrainLoop = (...args: never[]) => unknown
+
+export interface TrainerCallbacks {
+  /** After every report round (all ranks reported): rank 0's metrics and every rank's. */
+  onReport?(info: { index: number; metrics: Record<string, unknown>; perRank: ReadonlyArray<Record<string, unknown>> }): void | Promise<void>
+  onCheckpoint?(info: { path: string; metrics: Record<string, unknown> }): void | Promise<void>
+  onRestart?(info: { attempt: number; failure: GroupFailure }): void | Promise<void>
+  onStateChange?(info: { from: TrainerState; to: TrainerState; attempt: number }): void
+  /** Step progress of a rank (rate-limited by the workers to a few per second, plus each epoch's last step). */
+  onProgress?(info: { attempt: number; rank: number; epoch: number; step: number; stepsPerEpoch: number; samples: number; loss: number }): void
+}
+
+export interface TrainerOptions {
+  /** The loop each worker runs: "./train.ts#trainLoop", a URL, or { module, export }. Not a closure. */
+  readonly trainLoopPerWorker: string | URL | TrainLoopRef | AnyTrainLoop
+  readonly trainLoopConfig?: unknown
+  readonly scalingConfig: ScalingConfig
+  readonly runConfig?: RunConfig & { callbacks?: ReadonlyArray<TrainerCallbacks> }
+  /**
+   * Named datasets; each worker reads its shard with ctx.getDatasetShard(name): in-memory arrays
+   * (makeDataset), files each worker streams its own rows of (fromFiles), or a loader that runs on
+   * each worker (datasetFactory).
+   */
+  readonly datasets?: Readonly<Record<string, DatasetInput>>
+  readonly collectiveConfig?: CollectiveConfig
+  /** Omitted: an embedded local cluster. { address }: a cluster started with `gradwire start`. */
+  readonly cluster?: ClusterConfig
+  /** A checkpoint directory or nats-obj:// checkpoint to start from (default: the run's latest, when the run exists). */
+  readonly resumeFromCheckpoint?: string
+  /** Seed of the data shuffles. */
+  readonly seed?: number
+}
+
+export interface Resolved {
+  readonly loop: TrainLoopRef & { export: string }
+  readonly loopConfig: unknown
+  readonly scaling: ScalingConfig
+  readonly run: RunConfig
+  readonly callbacks: ReadonlyArray<TrainerCallbacks>
+  readonly collective: WorkerArgs["collective"]
+  /** A joined cluster: its name and how to reach it (credentials parsed out of the address). */
+  readonly cluster: { readonly clusterName: string; readonly connection: ConnectionSpec } | undefined
+  readonly datasets: Readonly<Record<string, DatasetInput>>
+  readonly name: string
+  readonly runDir: string
+  readonly resumeFrom: string | undefined
+  readonly maxFailures: number
+  /** World size bounds (equal unless numWorkers is { min, max }). */
+  readonly minWorkers: number
+  readonly maxWorkers: number
+  readonly elasticBatch: "keep-global" | "keep-per-worker"
+  readonly natsOutageTimeoutMs: number
+  readonly recoverFrom: "peers" | "checkpoint"
+  /** failureConfig.parityEvery: report rounds between state-parity checks (0: none). */
+  readonly parityEvery: number
+  readonly seed: number
+}
+
+const TOP_LEVEL = new Set([
+  "trainLoopPerWorker",
+  "trainLoopConfig",
+  "scalingConfig",
+  "runConfig",
+  "datasets",
+  "collectiveConfig",
+  "cluster",
+  "resumeFromCheckpoint",
+  "seed"
+])
+
+const resolveModule = (module: string): string => {
+  if (/^[a-z]+:/.test(module)) return module
+  if (path.isAbsolute(module) || module.startsWith(".")) return pathToFileURL(path.resolve(module)).href
+  return module
+}
+
+const checkDataset = (name: string, ds: unknown): DatasetInput => {
+  if (isFileDatasetSpec(ds) || isDatasetFactorySpec(ds)) return ds
+  const d = ds as Partial<ArrayDataset> | undefined
+  if (!d || !(d.x instanceof Float32Array) || !(d.y instanceof Int32Array || d.y instanceof Float32Array) || !Array.isArray(d.featureShape)) {
+    throw new ConfigError({
+      field: `datasets.${name}`,
+      reason:
+        "a dataset is in-memory arrays { x: Float32Array, y: Int32Array | Float32Array, featureShape, size, numClasses } (makeDataset / loadDigits), " +
+        'files (fromFiles("data/*.csv", { label: "label" }) or fromFiles("nats-obj://bucket/prefix")), or a worker-side loader (datasetFactory("./data.ts#load"))'
+    })
+  }
+  return d as ArrayDataset
+}
+
+/** Validates everything before anything starts; throws ConfigError naming the field. */
+export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
+  if (typeof options !== "object" || options === null) {
+    throw new ConfigError({ field: "Trainer", reason: "pass an options object: new Trainer({ trainLoopPerWorker, scalingConfig, ... })" })
+  }
+  for (const key of Object.keys(options)) {
+    if (!TOP_LEVEL.has(key)) throw new ConfigError({ field: key, reason: `unknown option; allowed: ${[...TOP_LEVEL].join(", ")}` })
+  }
+  const ref = parseTrainLoopRef(options.trainLoopPerWorker)
+  if (options.scalingConfig === undefined) throw new ConfigError({ field: "scalingConfig", reason: "required, e.g. { numWorkers: 4 }" })
+  const scaling = decodeConfig(ScalingConfig, options.scalingConfig, "scalingConfig")
+  const { callbacks, ...runRest } = options.runConfig ?? {}
+  const run = decodeConfig(RunConfig, runRest, "runConfig")
+  if (callbacks !== undefined && (!Array.isArray(callbacks) || callbacks.some((c) => typeof c !== "object" || c === null))) {
+    throw new ConfigError({ field: "runConfig.callbacks", reason: "an array of objects with optional onReport/onCheckpoint/onRestart/onStateChange/onProgress methods" })
+  }
+  const coll = decodeConfig(CollectiveConfig, options.collectiveConfig ?? {}, "collectiveConfig")
+  const compression = parseCompressionConfig(coll.compression, "collectiveConfig.compression")
+  const zeroStage = coll.zeroStage ?? 0
+  if (zeroStage === 2 && compression !== "none") {
+    throw new ConfigError({
+      field: "collectiveConfig.compression",
+      reason:
+        `zeroStage 2 reduce-scatters the gradients, which the compressors (they work on all-reduce) do not do; got ${JSON.stringify(compression)}. ` +
+        `Use zeroStage 1 with compression, or zeroStage 2 with wireDtype "float16" (half the bytes)`
+    })
+  }
+  const strategy = coll.strategy ?? "allreduce"
+  // The registry owns the names: an unknown one is refused here, listing the registered ones.
+  const entry = resolveStrategy(strategy)
+  // Local SGD: no gradient is exchanged; the group's reducer carries the outer rounds with localSgd.compression.
+  const local = resolveLocalSgdOptions(coll, strategy, zeroStage, compression)
+  const backupWorkers = coll.backupWorkers ?? 0
+  const psMode = coll.parameterServer?.mode ?? "sync"
+  const minWorkersAsked = typeof scaling.numWorkers === "number" ? scaling.numWorkers : scaling.numWorkers.min
+  if (coll.parameterServer !== undefined && !entry.servers) {
+    throw new ConfigError({ field: "collectiveConfig.parameterServer", reason: `configures the parameter servers, but strategy is "${strategy}": add strategy: "parameter-server"` })
+  }
+  const input: StrategyConfigInput = { strategy, collective: coll, compression, zeroStage, localSgd: local?.settings, minWorkers: minWorkersAsked }
+  entry.validate?.(input)
+  if (backupWorkers > 0) {
+    if (strategy !== "parameter-server" || psMode !== "sync") {
+      throw new ConfigError({ field: "collectiveConfig.backupWorkers", reason: `backup workers drop the slowest gradients of a synchronous step: use strategy "parameter-server" with parameterServer.mode "sync"` })
+    }
+    if (backupWorkers >= minWorkersAsked) {
+      throw new ConfigError({ field: "collectiveConfig.backupWorkers", reason: `must be below the number of workers (${minWorkersAsked}), got ${backupWorkers}: each step needs at least one gradient` })
+    }
+  }
+  // Where no survivor holds the whole training state, a failure restarts from the checkpoint.
+  const peersCannot = entry.peersCannot(input)
+  if (peersCannot && run.failureConfig?.recoverFrom === "peers") {
+    throw new ConfigError({
+      field: "runConfig.failureConfig.recoverFrom",
+      reason: `"peers" regroups the surviving workers from their own state, but ${peersCannot}: leave recoverFrom unset (it is "checkpoint" then)${zeroStage > 0 ? " or use zeroStage 0" : ""}`
+    })
+  }
+  const cluster = options.cluster === undefined ? undefined : resolveClusterConfig(options.cluster)
+  const datasets: Record<string, DatasetInput> = {}
+  for (const [k, v] of Object.entries(options.datasets ?? {})) datasets[k] = checkDataset(k, v)
+  const name = run.name ?? `gradwire_${new Date().toISOString().replace(/[-:]/g, "").replace(/\..*$/, "").replace("T", "_")}`
+  const storage = path.resolve(run.storagePath ?? defaultStoragePath())
+  if (options.seed !== undefined && !Number.isInteger(options.seed)) throw new ConfigError({ field: "seed", reason: `an integer, got ${String(options.seed)}` })
+  return {
+    loop: { module: resolveModule(ref.module), export: ref.export ?? "default" },
+    loopConfig: options.trainLoopConfig ?? {},
+    scaling,
+    run,
+    callbacks: (callbacks ?? []) as ReadonlyArray<TrainerCallbacks>,
+    collective: {
+      // 'auto' (the default) is resolved on the workers from the measured topology (actors/train/worker/auto-config.ts).
+      algorithm: parseAlgorithmChoice(coll.algorithm, "collectiveConfig.algorithm"),
+      compression: local ? local.compression : compression,
+      adaptiveBatching: coll.adaptiveBatching ?? false,
+      zeroStage,
+      strategy,
+      backupWorkers,
+      ...(local ? { localSgd: local.settings } : {}),
+      ...(entry.servers
+        ? { parameterServer: { numServers: coll.parameterServer?.numServers ?? 1, mode: psMode, staleness: coll.parameterServer?.staleness ?? 2 } }
+        : {}),
+      bucketSizeMiB: coll.bucketSizeMiB ?? BUCKET_SIZE_MIB,
+      firstBucketSizeMiB: coll.firstBucketSizeMiB ?? FIRST_BUCKET_SIZE_MIB,
+      wireDtype: coll.wireDtype ?? "float32",
+      timeoutMs: coll.timeoutMs ?? COLLECTIVE_TIMEOUT_MS,
+      // Explicit: used as given; otherwise derived from measured steps, capped at the default.
+      ...(coll.timeoutMs !== undefined ? { timeoutFixed: true } : {}),
+      transport: coll.transport ?? "auto"
+    },
+    cluster,
+    datasets,
+    name,
+    runDir: path.join(storage, name),
+    resumeFrom: options.resumeFromCheckpoint,
+    maxFailures: run.failureConfig?.maxFailures ?? 0,
+    minWorkers: typeof scaling.numWorkers === "number" ? scaling.numWorkers : scaling.numWorkers.min,
+    maxWorkers: typeof scaling.numWorkers === "number" ? scaling.numWorkers : scaling.numWorkers.max,
+    elasticBatch: scaling.elasticBatch ?? "keep-global",
+    natsOutageTimeoutMs: run.failureConfig?.natsOutageTimeoutMs ?? NATS_OUTAGE_TIMEOUT_MS,
+    // With ZeRO no survivor holds a lost rank's optimizer shard: failures restart from the checkpoint.
+    // So do file datasets: their data position is exact at a checkpoint (a regroup in place in the
+    // middle of an epoch would fall back to it anyway, data-parallel.ts).
+    recoverFrom: run.failureConfig?.recoverFrom ?? (peersCannot || Object.values(datasets).some(isFileDatasetSpec) ? "checkpoint" : "peers"),
+    parityEvery: run.failureConfig?.parityEvery ?? 1,
+    seed: options.seed ?? 0
+  }
+}
+
+
+/**
+ * collectiveConfig.localSgd, checked against the rest of collectiveConfig: only with strategy
+ * "local-sgd", which combines neither with parameter servers nor ZeRO, and takes its codec in
+ * localSgd.compression (no gradient is exchanged, so collectiveConfig.compression would compress nothing).
+ */
+const resolveLocalSgdOptions = (
+  coll: CollectiveConfig,
+  strategy: string,
+  zeroStage: number,
+  compression: unknown
+): { readonly settings: LocalSgdSettings; readonly compression: ReturnType<typeof parseCompressionConfig> } | undefined => {
+  if (strategy === "auto" && coll.localSgd !== undefined) {
+    // A candidate of the automatic strategy: its rounds go through the gradient reducer, with collectiveConfig.compression.
+    if ((coll.localSgd as { compression?: unknown }).compression !== undefined) {
+      throw new ConfigError({ field: "collectiveConfig.localSgd.compression", reason: `under strategy "auto" local SGD's rounds use collectiveConfig.compression: move the codec there` })
+    }
+    return { settings: resolveLocalSgd(coll.localSgd), compression: compression as ReturnType<typeof parseCompressionConfig> }
+  }
+  if (strategy !== "local-sgd") {
+    if (coll.localSgd !== undefined) {
+      throw new ConfigError({ field: "collectiveConfig.localSgd", reason: `configures local SGD, but strategy is "${strategy}": add strategy: "local-sgd" (or "auto", which may move to it)` })
+    }
+    return undefined
+  }
+  if (coll.parameterServer !== undefined) {
+    throw new ConfigError({ field: "collectiveConfig.parameterServer", reason: `strategy "local-sgd" averages the workers' parameter deltas among themselves, without parameter servers: remove parameterServer, or use strategy "parameter-server"` })
+  }
+  if (zeroStage > 0) {
+    throw new ConfigError({ field: "collectiveConfig.zeroStage", reason: `strategy "local-sgd" keeps every rank's whole parameters and inner optimizer state: use zeroStage 0 with it` })
+  }
+  if (compression !== "none") {
+    throw new ConfigError({
+      field: "collectiveConfig.compression",
+      reason: `strategy "local-sgd" exchanges no gradients, only parameter deltas every syncEvery steps: put the codec in localSgd.compression (e.g. { type: "int8" }) and leave collectiveConfig.compression unset`
+    })
+  }
+  const settings = resolveLocalSgd(coll.localSgd)
+  const field = "collectiveConfig.localSgd.compression"
+  const outer = parseCompressionConfig((coll.localSgd as { compression?: unknown } | undefined)?.compression, field)
+  if (outer === "auto") {
+    throw new ConfigError({ field, reason: `"auto" decides per gradient step from measured compute; name a codec for the parameter deltas ("fp16", { type: "int8" }, { type: "topk", ratio }, { type: "powersgd", rank }) or leave it unset` })
+  }
+  return { settings, compression: outer }
+}

@@ -1,0 +1,206 @@
+// Recovery from surviving peers (after a lost worker or node, or a NATS outage) and growth in place:
+// the survivors park at their next group operation, the furthest one's state is handed to the
+// others, replacements are placed where there is room and replay the loop from the checkpoint to
+// join them. The controller decides whether this is tried (controller.ts: recoveryFor); FitRun
+// (fit-run.ts) carries it out through here, and restarts from the checkpoint when it returns none.
+import { Result as R } from "effect"
+import { PLACEMENT_TIMEOUT_MS } from "../../../core/defaults.ts"
+import type { PlacementPlan, PlacementRequest } from "../../../scheduler/placement.ts"
+import type { ActorSystem } from "../../runtime/system.ts"
+import { WorkerProtocol, type CheckpointPayload, type PeerState, type Position } from "../common/train-protocol.ts"
+import type { Controller, Generation, GroupFailure } from "./controller.ts"
+import { planLargest } from "./elastic.ts"
+import { layoutOf, type GroupArgs, type RankSpawn, type WorkerGroup } from "./worker-group.ts"
+import type { ClusterHandle } from "./cluster.ts"
+import type { Resolved } from "./options.ts"
+import type { Incident } from "../common/observe/report-html.ts"
+import type { ProgressPrinter } from "../common/observe/progress.ts"
+
+const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
+
+const firstLine = (text: string): string => text.split("\n")[0] ?? ""
+
+/** How long the survivors of a failure get to stop at a group operation and say where they are. */
+const PAUSE_TIMEOUT_MS = 20_000
+
+/**
+ * Asks of a regroup are sent again every this many ms until their deadline: right after the bus
+ * came back a worker may not have renewed its subscriptions yet, and a request sent then is lost
+ * without a "no responders" answer. The workers answer a repeated pause or resume once.
+ */
+const REGROUP_RETRY_MS = 1_000
+
+/** `ask` again until it is answered or `totalMs` passed: its answer, or undefined. */
+const askAgain = async <A>(ask: () => Promise<A>, totalMs: number): Promise<A | undefined> => {
+  const deadline = Date.now() + totalMs
+  for (;;) {
+    try {
+      return await ask()
+    } catch {
+      if (Date.now() >= deadline) return undefined
+      await sleep(100)
+    }
+  }
+}
+
+/** What a regroup (recovery from peers, growth in place) works with. */
+export interface RegroupContext {
+  readonly cfg: Resolved
+  readonly cluster: ClusterHandle
+  readonly system: ActorSystem
+  readonly group: WorkerGroup
+  readonly controller: Controller<CheckpointPayload>
+  readonly request: Omit<PlacementRequest, "numWorkers">
+  /** The failure that ended the last generation; none for a resize. */
+  readonly failure?: GroupFailure
+  /** The size to grow back to: the controller's decision (numWorkers; elastic: max, or the resize's size). */
+  readonly target: number
+  readonly what: string
+  readonly budget: string
+  readonly counted: boolean
+  readonly saving: () => Promise<unknown>
+  readonly incident: (kind: Incident["kind"], text: string, event: Record<string, unknown>) => void
+  readonly progress: ProgressPrinter
+  readonly groupArgs: GroupArgs
+  readonly lineage: ReadonlyMap<string, number>
+  readonly peerStates: Map<number, PeerState>
+  readonly onSize: (attempt: number, size: number) => void
+  readonly latest: () => string | undefined
+  readonly setResume: (path: string | undefined) => void
+  /** Why the survivors could not be regrouped (the restart from the checkpoint says it). */
+  readonly fellBack: (why: string) => void
+}
+
+/**
+ * Recovery from surviving peers after a lost worker or node: pauses every other worker at its
+ * next group operation, regroups those that park (the survivors) with replacements placed where
+ * there is room (fixed size: as many as were lost; elastic: up to max, or none), and hands the
+ * furthest survivor's state to the others. Returns the new, running generation, or undefined when
+ * the survivors cannot be regrouped (then the caller restarts the group from the checkpoint).
+ */
+export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<CheckpointPayload> | undefined> => {
+  const attempt = x.controller.attempt
+  const giveUp = (why: string): undefined => {
+    x.progress.line(`gradwire: cannot regroup the survivors (${why}); restarting from the checkpoint instead`)
+    x.fellBack(why)
+    return undefined
+  }
+  // Growing: only if the new workers have room now (nothing is paused for a grow that cannot be).
+  if (!x.failure) {
+    const planned = planLargest(x.request, { min: 1, max: Math.max(1, x.target - x.group.members.size) }, x.cluster.view.resources())
+    if (!R.isSuccess(planned)) return giveUp(`no room for new workers: ${firstLine(planned.failure.message)}`)
+  }
+  // 1. Every other worker stops at its next group operation; those that park survive. Workers on
+  // a node the cluster sees dead are lost with it: not asked (a cut link stalls an ask until its
+  // timeout), and killed in the background in case the node comes back.
+  const alive = (node: string): boolean => x.cluster.view.get(node)?.state === "alive"
+  for (const [rank, w] of x.group.members) {
+    if (rank !== x.failure?.rank && !alive(w.node)) void x.group.killOne(w, "its node was lost")
+  }
+  const replies = await Promise.all(
+    [...x.group.members]
+      .filter(([rank, w]) => rank !== x.failure?.rank && alive(w.node))
+      .map(async ([rank, w]) => {
+        const reply = await askAgain(() => x.system.askPromise(w.ref(WorkerProtocol), "pause", { attempt }, { timeoutMs: REGROUP_RETRY_MS }), PAUSE_TIMEOUT_MS)
+        return { rank, w, reply }
+      })
+  )
+  const survivors = replies.filter((r) => r.reply?.state === "parked").sort((a, b) => a.rank - b.rank)
+  if (survivors.length === 0) {
+    const why = replies.map((r) => r.reply?.reason).find((w) => w) ?? "no worker survived"
+    return giveUp(why)
+  }
+  for (const r of replies) if (!survivors.includes(r)) await x.group.killOne(r.w, "left out of the regrouped generation")
+  // The failed rank may still run (hung, or its loop threw): it is not part of the new group.
+  const failed = x.failure ? x.group.members.get(x.failure.rank) : undefined
+  if (failed) {
+    const killing = x.group.killOne(failed, "it failed")
+    if (alive(failed.node)) await killing
+  }
+  // 2. The survivor that got furthest: the others and the joiners continue from its state.
+  const source = survivors.reduce((a, b) => (b.reply!.position.ops > a.reply!.position.ops ? b : a))
+  const pos: Position = source.reply!.position
+  // 3. Replacements: as many as were lost (fixed size), up to max where there is room (elastic).
+  const s = survivors.length
+  const kMax = x.target - s
+  const kMin = Math.max(0, x.cfg.minWorkers - s)
+  let joinPlan: PlacementPlan | undefined
+  if (kMax > 0) {
+    // New workers replay the loop from the checkpoint and join where the survivors are: in
+    // dp.fit() at their epoch and step, in a hand-written loop after as many report() calls and
+    // steps since (group-session.ts).
+    const deadline = Date.now() + (kMin > 0 ? (x.cfg.scaling.placementTimeoutMs ?? PLACEMENT_TIMEOUT_MS) : 1_000)
+    for (;;) {
+      const planned = planLargest(x.request, { min: Math.max(1, kMin), max: kMax }, x.cluster.view.resources())
+      if (R.isSuccess(planned)) {
+        joinPlan = planned.success
+        break
+      }
+      if (Date.now() >= deadline) {
+        if (kMin > 0 || !x.failure) return giveUp(`no room for new workers: ${firstLine(planned.failure.message)}`)
+        break
+      }
+      await x.cluster.view.waitFor(() => true, 500).catch(() => undefined)
+    }
+  }
+  const joiners = joinPlan?.ranks.length ?? 0
+  const worldSize = s + joiners
+  const nodes = [...survivors.map((r) => r.w.node), ...(joinPlan?.ranks.map((r) => r.nodeId) ?? [])]
+  const layout = layoutOf(nodes)
+  const placementOf = (rank: number) => ({ attempt, rank, worldSize, ...layout[rank]!, nodes, group: `g${attempt}` })
+  // 4. The furthest survivor's state, which every member loads.
+  const state = await x.system.askPromise(source.w.ref(WorkerProtocol), "snapshot", null, { timeoutMs: 60_000 }).catch(() => undefined)
+  if (!state) return giveUp(`rank ${source.rank} could not hand over its state`)
+  x.peerStates.set(attempt, state)
+  // 5. The regrouped generation: survivors keep their processes under new ranks, joiners start.
+  // Rounds only the lost ranks had yet to report complete as it forms, and may leave a checkpoint:
+  // the joiners resume from the latest one once it is written (its report count in this lineage
+  // tells them where they start), and are given that one even if newer ones follow.
+  const generation = x.controller.regroup({ worldSize, survivors: survivors.map((r, i) => ({ from: r.rank, to: i })), survivorsOnlyBelow: pos.reports })
+  await x.saving()
+  const from = x.latest()
+  x.setResume(from)
+  x.onSize(attempt, worldSize)
+  x.progress.start(attempt, worldSize)
+  const where = pos.inFit
+    ? `epoch ${pos.epoch} step ${Math.min(pos.stepInEpoch, pos.stepsPerEpoch)}/${pos.stepsPerEpoch}`
+    : `${pos.reports} report() calls and ${pos.stepsSinceReport} steps since the last`
+  x.incident(
+    x.failure ? "restart" : "resize",
+    x.failure
+      ? `${x.what}; regrouping ${s} surviving worker(s)${joiners ? ` with ${joiners} new one(s)` : ""} at the furthest survivor's position (${where}): at most the step in flight is lost${x.budget}`
+      : `${x.what}: ${joiners} new worker(s) join the ${s} running ones at ${where}`,
+    { type: x.failure ? "restart" : "grow", attempt, kind: x.failure?.kind ?? "resize", counted: x.counted, recovery: "peers", survivors: s, joiners, source: source.rank, position: pos }
+  )
+  const watch = {
+    onDown: (rank: number, down: { readonly reason: string; readonly detail: string }) => x.controller.workerDown(attempt, rank, down),
+    stillMatters: (rank: number) => !generation.settled && !generation.finished.has(rank)
+  }
+  const members = new Map(survivors.map((r, i) => [i, r.w] as const))
+  x.group.adopt(members)
+  x.group.watch(members, watch)
+  const resumed = Promise.all(
+    survivors.map(async (r, i) => {
+      const ok = await askAgain(() => x.system.askPromise(r.w.ref(WorkerProtocol), "resume", { placement: placementOf(i), source: pos }, { timeoutMs: REGROUP_RETRY_MS }), 15_000)
+      if (ok === undefined) throw new Error(`rank ${r.rank} did not answer`)
+    })
+  ).catch((e: unknown) => {
+    x.controller.fail(generation, { kind: "recovery", rank: -1, tag: "RegroupError", message: `a survivor did not take its new place: ${String(e)}` })
+  })
+  if (joinPlan) {
+    const fromReports = from !== undefined ? (x.lineage.get(from) ?? 0) : 0
+    const spawns: RankSpawn[] = joinPlan.ranks.map((r, j) => ({
+      placement: placementOf(s + j),
+      nodeId: r.nodeId,
+      backend: r.backend,
+      gpuIndices: r.gpuIndices,
+      cudaVisibleDevices: r.cudaVisibleDevices,
+      resources: r.resources,
+      join: { fromReports, to: pos }
+    }))
+    const failed = await x.group.spawn(spawns, x.groupArgs, watch)
+    if (failed) x.controller.fail(generation, { kind: "recovery", rank: -1, ...failed })
+  }
+  await resumed
+  return generation
+}

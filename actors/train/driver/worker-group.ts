@@ -1,0 +1,259 @@
+// The worker group of one generation, as the driver sees it: one worker actor process per rank,
+// spawned through the node agents of the placement, watched until it goes down, and killed when the
+// generation ends. A regrouped generation keeps the surviving processes (under their new ranks) and
+// adds joiners. What a death means is the controller's business (controller.ts): this module only
+// reports it.
+import { fileURLToPath } from "node:url"
+// Silence after which a worker counts as dead (core/defaults.ts says why it is 10 s); the driver
+// lengthens it for workers whose steps measured long (collectives/deadlines.ts HeartbeatDeadline).
+import { WORKER_DEAD_AFTER_MS } from "../../../core/defaults.ts"
+import { SERVER_CPUS, type PlacementPlan } from "../../../scheduler/placement.ts"
+import type { ActorSystem } from "../../runtime/system.ts"
+import { agentRef, spawnActor, type SpawnedActor } from "../../node/spawn.ts"
+import { WorkerProtocol, type Placement, type WorkerArgs } from "../common/train-protocol.ts"
+
+/** A worker that stops right after telling the controller it finished is fine: give that message a moment. */
+const DOWN_GRACE_MS = 300
+
+/** How long kill() keeps asking an agent that does not answer. */
+const KILL_TIMEOUT_MS = 20_000
+
+const WORKER_MODULE = fileURLToPath(new URL(import.meta.url.endsWith(".ts") ? "../worker/worker.ts" : "../worker/worker.js", import.meta.url))
+const SERVER_MODULE = fileURLToPath(new URL(import.meta.url.endsWith(".ts") ? "../parameter-server/ps-server.ts" : "../parameter-server/ps-server.js", import.meta.url))
+
+/** What every rank's WorkerArgs share in a generation. */
+export type GroupArgs = Omit<WorkerArgs, "attempt" | "rank" | "worldSize" | "localRank" | "localWorldSize" | "nodeRank" | "nodes" | "group" | "backend" | "join">
+
+/** One rank to spawn: where, with what. */
+export interface RankSpawn {
+  readonly placement: Placement
+  readonly nodeId: string
+  readonly backend: string
+  readonly gpuIndices: ReadonlyArray<number>
+  readonly cudaVisibleDevices: string
+  readonly resources: Readonly<Record<string, number>>
+  readonly join?: WorkerArgs["join"]
+}
+
+/** Watching a generation's members: who to tell of a death, and whether it still matters. */
+export interface Watch {
+  readonly onDown: (rank: number, down: { readonly reason: string; readonly detail: string }) => void
+  readonly stillMatters: (rank: number) => boolean
+}
+
+/** Placements of a fresh plan (ranks, nodes, local ranks as the plan made them). */
+export const placementsOf = (plan: PlacementPlan, attempt: number): RankSpawn[] => {
+  const nodes = plan.ranks.map((r) => r.nodeId)
+  return plan.ranks.map((r) => ({
+    placement: {
+      attempt,
+      rank: r.rank,
+      worldSize: plan.ranks.length,
+      localRank: r.localRank,
+      localWorldSize: r.localWorldSize,
+      nodeRank: r.nodeRank,
+      nodes,
+      group: `g${attempt}`
+    },
+    nodeId: r.nodeId,
+    backend: r.backend,
+    gpuIndices: r.gpuIndices,
+    cudaVisibleDevices: r.cudaVisibleDevices,
+    resources: r.resources
+  }))
+}
+
+/**
+ * Local ranks and node ranks for a group whose rank r runs on nodes[r] (nodes numbered in order of
+ * their first rank, ranks on a node in rank order), as a regroup needs them.
+ */
+export const layoutOf = (nodes: ReadonlyArray<string>): Array<{ localRank: number; localWorldSize: number; nodeRank: number }> => {
+  const order: string[] = []
+  const count = new Map<string, number>()
+  for (const n of nodes) {
+    if (!count.has(n)) order.push(n)
+    count.set(n, (count.get(n) ?? 0) + 1)
+  }
+  const seen = new Map<string, number>()
+  return nodes.map((n) => {
+    const localRank = seen.get(n) ?? 0
+    seen.set(n, localRank + 1)
+    return { localRank, localWorldSize: count.get(n)!, nodeRank: order.indexOf(n) }
+  })
+}
+
+export class WorkerGroup {
+  readonly #system: ActorSystem
+  /** Every live worker process of the job (any generation not yet killed). */
+  #workers: SpawnedActor[] = []
+  /** The current generation's members by rank. */
+  #members = new Map<number, SpawnedActor>()
+
+  /** Silence after which a worker counts as dead, read at every check (the driver derives it from measured steps). */
+  readonly #deadAfterMs: () => number
+  /** runConfig.verbose: workers log at debug level (their transport, topology and deadlines too). */
+  readonly #verbose: boolean
+
+  constructor(system: ActorSystem, deadAfterMs: () => number = () => WORKER_DEAD_AFTER_MS, verbose = false) {
+    this.#system = system
+    this.#deadAfterMs = deadAfterMs
+    this.#verbose = verbose
+  }
+
+  /** The current generation's members, by rank. */
+  get members(): ReadonlyMap<number, SpawnedActor> {
+    return this.#members
+  }
+
+  /**
+   * Spawns ranks and starts their loops. Resolves with undefined once all run, or with a
+   * description of what failed (a spawn, or the `run` request). The new ones join `members`.
+   */
+  async spawn(ranks: ReadonlyArray<RankSpawn>, args: GroupArgs, watch: Watch): Promise<{ readonly tag: string; readonly message: string } | undefined> {
+    const spawned: SpawnedActor[] = []
+    try {
+      await Promise.all(
+        ranks.map(async (r) => {
+          const p = r.placement
+          const workerArgs: WorkerArgs = {
+            ...args,
+            attempt: p.attempt,
+            rank: p.rank,
+            worldSize: p.worldSize,
+            localRank: p.localRank,
+            localWorldSize: p.localWorldSize,
+            nodeRank: p.nodeRank,
+            nodes: p.nodes,
+            group: p.group,
+            backend: r.backend,
+            ...(r.join ? { join: r.join } : {})
+          }
+          const w = await spawnActor(this.#system, {
+            node: r.nodeId,
+            name: `w${p.attempt}-${p.rank}`,
+            module: WORKER_MODULE,
+            export: "trainWorker",
+            args: workerArgs,
+            // The agent checks the loop module against its allowed roots before the worker imports it.
+            imports: [args.loopModule, ...(args.datasetModules ?? [])],
+            gpus: [...r.gpuIndices],
+            env: {
+              CUDA_VISIBLE_DEVICES: r.cudaVisibleDevices,
+              GRADWIRE_RANK: String(p.rank),
+              GRADWIRE_WORLD_SIZE: String(p.worldSize),
+              ...(this.#verbose ? { GRADWIRE_LOG: "debug" } : {})
+            },
+            resources: r.resources,
+            logPrefix: `worker rank=${p.rank}`,
+            readyTimeoutMs: 60_000
+          })
+          spawned[p.rank] = w
+          this.#workers.push(w)
+          this.#members.set(p.rank, w)
+        })
+      )
+    } catch (e) {
+      const err = e as { message?: string; _tag?: string }
+      return { tag: err._tag ?? "SpawnError", message: err.message ?? String(e) }
+    }
+    this.watch(
+      new Map(ranks.map((r) => [r.placement.rank, spawned[r.placement.rank]!] as const)),
+      watch
+    )
+    try {
+      await Promise.all(ranks.map((r) => this.#system.askPromise(spawned[r.placement.rank]!.ref(WorkerProtocol), "run", null, { timeoutMs: 15_000 })))
+    } catch (e) {
+      return { tag: "StartError", message: `could not start the loops: ${String(e)}` }
+    }
+    return undefined
+  }
+
+  /**
+   * The parameter-server strategy: spawns a generation's servers, server k on the k-th of `nodes`
+   * (the placement plan's, cycling), each reserving SERVER_CPUS there as a worker reserves its
+   * resources, and watches them: a server that goes down is reported through `onDown` (the
+   * generation fails, as with a worker's death). Resolves with their actor names in shard order.
+   */
+  async spawnServers(attempt: number, count: number, nodes: ReadonlyArray<string>, onDown: (index: number, detail: string) => void, stillMatters: () => boolean): Promise<string[]> {
+    const names = Array.from({ length: count }, (_, k) => `ps${attempt}-${k}`)
+    const servers = await Promise.all(
+      names.map(async (name, k) => {
+        const s = await spawnActor(this.#system, {
+          node: nodes[k % nodes.length]!,
+          name,
+          module: SERVER_MODULE,
+          export: "parameterServer",
+          args: { index: k, numServers: count },
+          resources: { CPU: SERVER_CPUS },
+          logPrefix: `server ${k}`,
+          readyTimeoutMs: 60_000
+        })
+        this.#workers.push(s)
+        return s
+      })
+    )
+    servers.forEach((s, k) => {
+      void s.down({ deadAfterMs: WORKER_DEAD_AFTER_MS }).then((down) => {
+        if (stillMatters()) onDown(k, `parameter server ${k} (pid ${s.pid} on node ${s.node}) went down: ${down.detail}`)
+      })
+    })
+    return names
+  }
+
+  /** A fresh generation: forgets the old members (the caller killed them). */
+  reset(): void {
+    this.#members = new Map()
+  }
+
+  /** Survivors under their ranks in a regrouped generation (the caller watches them anew). */
+  adopt(members: ReadonlyMap<number, SpawnedActor>): void {
+    this.#members = new Map(members)
+  }
+
+  /** Reports each member's death to `watch` (by its rank in the current generation). */
+  watch(members: ReadonlyMap<number, SpawnedActor>, watch: Watch): void {
+    for (const [rank, w] of members) {
+      void w.down({ deadAfterMs: this.#deadAfterMs }).then((down) => {
+        if (!watch.stillMatters(rank)) return
+        setTimeout(() => {
+          if (watch.stillMatters(rank)) watch.onDown(rank, { reason: down.reason, detail: `worker process (pid ${w.pid} on node ${w.node}) went down: ${down.detail}` })
+        }, DOWN_GRACE_MS)
+      })
+    }
+  }
+
+  /** Kills one worker (one the regroup left out: alive, but not regroupable). */
+  async killOne(w: SpawnedActor, reason: string): Promise<void> {
+    await w.kill(reason).catch(() => false)
+    this.#workers = this.#workers.filter((x) => x !== w)
+  }
+
+  /**
+   * Kills every worker through its node's agent and waits until the agent says they are gone, so
+   * the next placement sees their resources free. An agent that does not answer (still
+   * reconnecting after a NATS outage) is asked again until `timeoutMs`; one on a node the cluster
+   * no longer sees alive is asked once.
+   */
+  async kill(job: string, reason: string, options: { readonly alive?: (node: string) => boolean; readonly timeoutMs?: number } = {}): Promise<void> {
+    const nodes = new Set(this.#workers.map((w) => w.node))
+    this.#workers = []
+    this.#members = new Map()
+    const deadline = Date.now() + (options.timeoutMs ?? KILL_TIMEOUT_MS)
+    await Promise.all(
+      [...nodes].map(async (node) => {
+        // A node the cluster sees dead (a cut link stalls rather than refuses) gets one short try.
+        const gone = options.alive?.(node) === false
+        for (;;) {
+          const left = gone ? 1_000 : deadline - Date.now()
+          try {
+            await this.#system.askPromise(agentRef(this.#system, node), "killJob", { job, reason }, { timeoutMs: Math.max(1_000, Math.min(5_000, left)) })
+            return
+          } catch {
+            if (Date.now() >= deadline || options.alive?.(node) === false) return
+            await new Promise((r) => setTimeout(r, 250))
+          }
+        }
+      })
+    )
+  }
+}

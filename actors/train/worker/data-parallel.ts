@@ -1,0 +1,682 @@
+// The data-parallel model wrapper behind TrainContext.prepareModel: every step computes this
+// rank's gradients, all-reduces them (weighted by sample counts, so unequal batches still give
+// the large-batch SGD update) and applies the same update on every rank. Ranks start from rank 0's
+// weights and apply bitwise-identical reduced gradients, so their weights stay identical. What is
+// done with the gradient, and the state that takes, is the strategy's (strategies/: ZeRO, parameter
+// servers, local SGD, auto); dp.fit()'s epoch loop is fit-loop.ts.
+//
+// Gradients leave the tfjs engine as ONE flat Float32Array (concatenated on the device, one read;
+// or, on host-memory backends with compression, read per variable into the reducer's own buffer),
+// buckets are contiguous ranges of it (no packing copy), and the reduced values go back per
+// variable from views of it: two copies of the gradient per step, the minimum a backend with its
+// own memory (wasm, tensorflow) allows.
+import { fusedAdamStep } from "../../../core/kernels/fused-adam.ts"
+import { createHash } from "node:crypto"
+import type { Tf } from "../../../core/engine.ts"
+import type { FitSource } from "./batches.ts"
+import { FitLoop, type EpochResult, type FitOptions, type StepResult, type TrainStepOptions } from "./fit-loop.ts"
+import { ConfigError } from "../../../core/errors.ts"
+import type { LoopPosition, RecoverableModel } from "./group-session.ts"
+import { OPTIMIZER_FILE, loadOptimizerFrom, loadWeightsInto, modelToFiles, optimizerToFile } from "../../../core/model-io.ts"
+import type { PeerState } from "../common/train-protocol.ts"
+import { lrRuleOf, type LrRule } from "../common/optim/lr-rules.ts"
+import { flatOptimizerSpecOf, type FlatOptimizerSpec, type FlatOptimizerState } from "../common/optim/flat-optimizers.ts"
+import { hasShards, readShards, reshard, shardLayout, type ZeroStage } from "../common/optim/zero.ts"
+import { tfjsWeightsFromFlat, writeTfjsOptimizerWeights } from "../common/optim/tfjs-state.ts"
+import { settlingSync } from "./local-sgd.ts"
+import { decodeMessage, encodeMessage } from "../../../core/wire.ts"
+import type { LossFn, LossName } from "./model-parallel/loss.ts"
+import { GradientAccumulator, readGradients } from "./accumulation.ts"
+import { broadcastBytes, evaluateLocal, evaluateLocalAsync, labelsOf, resolveLoss, takeRankZeroValues, type PrepareOptions } from "./prepare-options.ts"
+import type { GradientSlot, GradientSync, StepObserver } from "./gradient-sync.ts"
+import { resolveStrategy, type StrategyHost, type StrategyWorker } from "./strategies/index.ts"
+
+export type { GradientSlot, GradientSync, ParameterServers, PeerRecovery, RecoveryCursor, StepObserver } from "./gradient-sync.ts"
+
+type tfjs = typeof import("@tensorflow/tfjs")
+type LayersModel = import("@tensorflow/tfjs").LayersModel
+
+/** The longest trainStep() holds the event loop across steps before it lets timers run. */
+const YIELD_EVERY_MS = 50
+
+/** A prepared model's checkpoint file of its own: the update counter, the ZeRO stage and the world size it was saved at. */
+export const DP_STATE_FILE = "data-parallel.json"
+type Optimizer = import("@tensorflow/tfjs").Optimizer
+type Tensor = import("@tensorflow/tfjs").Tensor
+type Scalar = import("@tensorflow/tfjs").Scalar
+type Variable = import("@tensorflow/tfjs").Variable
+
+// The same loss names and functions as the pipeline's last stage takes; a source of rows per epoch
+// (in memory, or streamed: batches.ts).
+export type { LossFn, LossName }
+export type { PrepareOptions } from "./prepare-options.ts"
+export type { EpochResult, FitCommonOptions, FitOptions, StepResult, TrainStepOptions } from "./fit-loop.ts"
+export type { FitSource, ShardSource } from "./batches.ts"
+
+export class DataParallelModel implements RecoverableModel {
+  readonly model: LayersModel
+  readonly optimizer: Optimizer
+  readonly layout: ReadonlyArray<GradientSlot>
+  readonly parameterCount: number
+  #tf: tfjs
+  #sync: GradientSync
+  #loss: LossFn
+  #classification: boolean
+  #sparse: boolean
+  #vars: Variable[]
+  #observer: StepObserver | undefined
+  #delayMsPerSample = 0
+  #lastComputeMs = 0
+  #step = 0
+  #inStep = false
+  #baseLearningRate: number | undefined
+  #lrRule: LrRule | undefined
+  #lastLearningRate: number | undefined
+  #weightDecay = 0
+  /** Gradient accumulation: sample-weighted sums of the micro-batches' gradients since the last exchange. */
+  readonly #acc: GradientAccumulator
+  /**
+   * The group's progress in synchronous steps' worth of gradients (globalStep): one per
+   * all-reduce step; on the servers, the updates they applied times the gradients in one, over p.
+   */
+  #global = 0
+  /** The strategy's worker side (strategies/): its state, the exchange and apply of each step. */
+  #worker: StrategyWorker
+  /** dp.fit()'s loop: its position, batching and regroups (fit-loop.ts). */
+  readonly #loop: FitLoop
+  /** When trainStep last gave the event loop a turn (performance.now()). */
+  #lastTurn = performance.now()
+  /**
+   * Take the flat-gradient exchange path even with one worker (benchmarks use it to measure that
+   * path's cost; a single worker otherwise applies its gradients in place).
+   */
+  exchangeAlone = false
+  /** Called after every step (live progress). */
+  onStep: ((info: { epoch: number; step: number; stepsPerEpoch: number; samples: number; loss: number }) => void) | undefined
+
+  private constructor(tf: Tf, model: LayersModel, sync: GradientSync, opts: PrepareOptions, observer?: StepObserver) {
+    this.#tf = tf as unknown as tfjs
+    this.model = model
+    // Local SGD with overlap: a fragment's round in flight is merged before any other group operation.
+    this.#sync = sync.localSgd ? settlingSync(sync, () => this.#worker.settle?.() ?? Promise.resolve()) : sync
+    const optimizer = opts.optimizer ?? (model as unknown as { optimizer?: Optimizer }).optimizer
+    if (!optimizer) {
+      throw new ConfigError({
+        field: "prepareModel.optimizer",
+        reason: "no optimizer: compile the model (model.compile({ optimizer, loss })) or pass prepareModel(model, { optimizer })"
+      })
+    }
+    this.optimizer = optimizer
+    const loss = resolveLoss(tf, model, opts.loss)
+    this.#loss = loss.fn
+    this.#classification = loss.classification
+    this.#sparse = loss.sparse
+    this.#vars = model.trainableWeights.map((w) => w.read() as Variable)
+    this.#acc = new GradientAccumulator(this.#tf, this.#vars)
+    let offset = 0
+    this.layout = this.#vars.map((v) => {
+      const size = v.size
+      const slot = { name: v.name, shape: [...v.shape], offset, size }
+      offset += size
+      return slot
+    })
+    this.parameterCount = offset
+    this.#observer = observer
+    this.#delayMsPerSample = opts.simulatedDelayMsPerSample ?? 0
+    this.#lrRule = lrRuleOf(opts)
+    const wd = opts.weightDecay ?? 0
+    if (!Number.isFinite(wd) || wd < 0) throw new ConfigError({ field: "prepareModel.weightDecay", reason: `must be a number >= 0, got ${String(opts.weightDecay)}` })
+    this.#weightDecay = wd
+    if ((this.#lrRule || wd > 0) && typeof (optimizer as unknown as { learningRate?: unknown }).learningRate !== "number") {
+      throw new ConfigError({
+        field: this.#lrRule ? "prepareModel.lrScaling" : "prepareModel.weightDecay",
+        reason: "needs the optimizer's learning rate, and this optimizer has no numeric learningRate (use a tf.train optimizer)"
+      })
+    }
+    this.#baseLearningRate = (optimizer as unknown as { learningRate?: number }).learningRate
+    const stage = sync.zeroStage ?? 0
+    if (stage !== 0 && stage !== 1 && stage !== 2) throw new ConfigError({ field: "collectiveConfig.zeroStage", reason: `must be 0, 1 or 2, got ${String(stage)}` })
+    const dp = this
+    this.#loop = new FitLoop({
+      tf: this.#tf,
+      sync: this.#sync,
+      model,
+      classification: this.#classification,
+      observer,
+      get lastComputeMs() { return dp.#lastComputeMs },
+      trainStep: (x, y, o) => this.trainStep(x, y, o),
+      lossTargets: (y, n) => this.lossTargets(y, n),
+      rankBatch: (bs) => this.#rankBatch(bs)
+    })
+    const name = sync.strategy ?? (sync.auto ? "auto" : sync.localSgd ? "local-sgd" : sync.ps ? "parameter-server" : "allreduce")
+    this.#worker = resolveStrategy(name).create!(this.#strategyHost())
+  }
+
+  /** What the strategy's worker side may use of this model. */
+  #strategyHost(): StrategyHost {
+    const dp = this
+    return {
+      sync: this.#sync,
+      layout: this.layout,
+      parameterCount: this.parameterCount,
+      optimizer: this.optimizer,
+      weightDecay: this.#weightDecay,
+      observer: this.#observer,
+      get learningRate() { return dp.learningRate },
+      get inFit() { return dp.#loop.inFit },
+      get exchangeAlone() { return dp.exchangeAlone },
+      get step() { return dp.#step },
+      set step(v: number) { dp.#step = v },
+      get global() { return dp.#global },
+      set global(v: number) { dp.#global = v },
+      readFlatParams: () => this.#readFlatParams(),
+      assignFlat: (flat) => this.#assignFlat(flat),
+      applyFlat: (flat) => {
+        const tf = this.#tf
+        const named: Record<string, Tensor> = {}
+        for (const s of this.layout) named[s.name] = tf.tensor(flat.subarray(s.offset, s.offset + s.size), s.shape as number[], "float32")
+        this.#applyWhole(named)
+        tf.dispose(Object.values(named))
+      },
+      loadTfjsOptimizer: (spec, state) => this.#loadTfjsOptimizer(spec, state)
+    }
+  }
+
+  /**
+   * Wraps a model and makes every rank start from rank 0's weights.
+   * @internal A training loop calls ctx.prepareModel, which supplies the group's gradient sync.
+   */
+  static async prepare(tf: Tf, model: LayersModel, sync: GradientSync, opts: PrepareOptions = {}, observer?: StepObserver): Promise<DataParallelModel> {
+    const dp = new DataParallelModel(tf, model, sync, opts, observer)
+    dp.#applyElasticLearningRate()
+    await dp.syncWeights()
+    await dp.#worker.init?.()
+    return dp
+  }
+
+  /** @internal whether steps go through the parameter servers now (ctx.communicationStats() reads it) */
+  get viaServers(): boolean {
+    return this.#worker.viaServers
+  }
+
+  /**
+   * How far the group has trained, in synchronous steps' worth of gradients (TensorFlow's
+   * global_step): one per all-reduce step; on parameter servers, the updates they applied times the
+   * gradients in each (p - backupWorkers for a sync step, one for async and SSP) over p. A rank
+   * that backup workers or asynchronous updates leave behind reads the group's progress here, not
+   * its own steps; every rank agrees on it up to the updates it has not heard of yet.
+   */
+  get globalStep(): number {
+    return Math.floor(this.#global + 1e-9)
+  }
+
+  /** The strategy this model trains with now ("allreduce", or with "auto" also "backup", "ssp" or "async"; "parameter-server" when fixed). */
+  get strategy(): string {
+    return this.#worker.name
+  }
+
+  /** The trainable weights as one flat vector, read asynchronously (what a GPU backend needs). */
+  async #readFlatParams(): Promise<Float32Array> {
+    const tf = this.#tf
+    const flatT = tf.tidy(() => tf.concat(this.#vars.map((v) => v.reshape([-1]))))
+    const flat = (await flatT.data()) as Float32Array
+    flatT.dispose()
+    return flat
+  }
+
+  /** Loads a flat vector into the trainable weights (one copy into the engine per variable). */
+  #assignFlat(flat: Float32Array): void {
+    const tf = this.#tf
+    this.layout.forEach((s, i) => {
+      const t = tf.tensor(flat.subarray(s.offset, s.offset + s.size), s.shape as number[], "float32")
+      this.#vars[i]!.assign(t)
+      t.dispose()
+    })
+  }
+
+  /** This rank's loop ended: the strategy settles (parameter servers: sync and ssp steps stop waiting for it). */
+  async finish(): Promise<void> {
+    await this.#worker.finish?.()
+  }
+
+  /** collectiveConfig.zeroStage as this model runs it. */
+  get zeroStage(): ZeroStage {
+    return this.#worker.zeroStage ?? 0
+  }
+
+  /** The learning rate's factor under the elastic "keep-per-worker" policy (1 otherwise), or prepareModel's rule. */
+  get learningRateScale(): number {
+    if (this.#lrRule) return this.#lastLearningRate !== undefined && this.#baseLearningRate ? this.#lastLearningRate / this.#baseLearningRate : 1
+    const e = this.#sync.elastic
+    return e && e.batch === "keep-per-worker" ? this.#sync.worldSize / e.maxWorkers : 1
+  }
+
+  /** Scales the optimizer's learning rate by worldSize / maxWorkers (the linear rule) for "keep-per-worker". */
+  #applyElasticLearningRate(): void {
+    const e = this.#sync.elastic
+    // prepareModel's lrScaling follows the global batch itself, which "keep-per-worker" changes.
+    if (!e || e.batch !== "keep-per-worker" || this.#lrRule) return
+    const o = this.optimizer as unknown as { learningRate?: unknown; setLearningRate?: (lr: number) => void }
+    if (typeof o.learningRate !== "number") {
+      throw new ConfigError({
+        field: "scalingConfig.elasticBatch",
+        reason: `"keep-per-worker" rescales the learning rate, but this optimizer has no numeric learningRate; use "keep-global"`
+      })
+    }
+    // The constructor kept the optimizer's own rate as the base.
+    const lr = (this.#baseLearningRate as number) * this.learningRateScale
+    if (typeof o.setLearningRate === "function") o.setLearningRate(lr)
+    else o.learningRate = lr
+  }
+
+  // --------------------------------------------------------------------------------------------
+  // Recovery from surviving peers (the group session calls these, group-session.ts)
+
+  /** The state other members of a regrouped generation take: weights, optimizer state, step counter. */
+  async snapshot(): Promise<Omit<PeerState, "position">> {
+    const own = this.#worker.snapshotFiles?.(this.#inStep)
+    const files = {
+      ...(await modelToFiles(this.#tf as unknown as Tf, this.model)),
+      [OPTIMIZER_FILE]: await optimizerToFile(this.optimizer),
+      ...own
+    }
+    // Steps completed: a step in flight (this rank is parked in its reduction) does not count yet.
+    return { files, step: this.#step - (this.#inStep ? 1 : 0) }
+  }
+
+  /** Takes a survivor's state: the same weights, optimizer state and step counter as it. */
+  async adopt(state: PeerState, options: { readonly redoingStep?: boolean } = {}): Promise<void> {
+    // Local SGD: a member in the survivor's round keeps its own parameters (local-sgd.ts).
+    const after = await this.#worker.beforeAdopt?.(state.files)
+    loadWeightsInto(this.#tf as unknown as Tf, this.model, state.files)
+    after?.()
+    const opt = state.files[OPTIMIZER_FILE]
+    if (opt) {
+      // tfjs optimizers make new variables for what they load: the ones they held go.
+      const held = (await this.optimizer.getWeights()).map((w) => w.tensor)
+      await loadOptimizerFrom(this.#tf as unknown as Tf, this.optimizer, opt)
+      const now = await this.optimizer.getWeights()
+      const kept = new Set(now.filter((w) => w.name !== "iter").map((w) => w.tensor))
+      // getWeights() makes a fresh step-count scalar each time ("iter"): those go too.
+      for (const t of [...held, ...now.filter((w) => w.name === "iter").map((w) => w.tensor)]) if (!kept.has(t) && !t.isDisposed) t.dispose()
+    }
+    // A step this rank is in and will redo in the new group keeps its number; the next one follows.
+    this.#step = state.step + (this.#inStep && options.redoingStep ? 1 : 0)
+    this.#global = this.#step
+  }
+
+  // --------------------------------------------------------------------------------------------
+  // State parity (failureConfig.parityEvery; train-context.ts runs the exchange at report rounds)
+
+  /** Whether the ranks of this group hold the same state between steps (what stateDigest covers). */
+  get #replicated(): boolean {
+    return this.#worker.replicated
+  }
+
+  /**
+   * A digest of the state every rank of a synchronous group holds alike: trainable weights,
+   * optimizer state and step counter; with ZeRO the weights only (each rank holds its own optimizer
+   * shard). Four 16-bit numbers of a SHA-256: integers, exact in float32, and no NaN bit patterns for
+   * a copy to canonicalise. Undefined where ranks
+   * legitimately differ: local SGD between rounds, parameter servers (async, SSP), a strategy
+   * chosen at run time. Non-trainable weights (batch-norm statistics, computed on each rank's own
+   * batches) are not in it: syncBuffers() gives every rank rank 0's.
+   */
+  async stateDigest(): Promise<Float32Array | undefined> {
+    if (!this.#replicated) return undefined
+    const h = createHash("sha256")
+    const values = await Promise.all(this.model.trainableWeights.map((w) => w.read().data() as Promise<Float32Array>))
+    for (const v of values) h.update(new Uint8Array(v.buffer, v.byteOffset, v.byteLength))
+    if (!this.zeroStage) h.update(await optimizerToFile(this.optimizer)).update(String(this.#step))
+    const d = h.digest()
+    return Float32Array.from([d.readUInt16LE(0), d.readUInt16LE(2), d.readUInt16LE(4), d.readUInt16LE(6)])
+  }
+
+  /**
+   * Rank 0's non-trainable weights (batch-norm moving statistics) to every rank, as DDP broadcasts
+   * its buffers: each rank's come from its own batches. All ranks call it; nothing when the model
+   * has none, or its ranks are not replicas.
+   */
+  async syncBuffers(broadcast: (buf: Float32Array) => Promise<void>): Promise<void> {
+    if (this.#replicated) await takeRankZeroValues(this.#tf, this.model.nonTrainableWeights, broadcast)
+  }
+
+  /**
+   * Every rank takes rank 0's state (all ranks call it; `broadcast` sends rank 0's buffer to the
+   * others): its snapshot's bytes, two to a float32 (16-bit integers: exact, no NaN patterns), then adopted by every rank, rank 0
+   * included, as after a regroup; with ZeRO its weights.
+   */
+  async takeRankZeroState(broadcast: (buf: Float32Array) => Promise<void>): Promise<void> {
+    if (this.zeroStage) {
+      await takeRankZeroValues(this.#tf, this.model.weights, broadcast)
+      return
+    }
+    const bytes = this.#sync.rank === 0 ? encodeMessage(await this.snapshot()) : undefined
+    // Rank 0 loads its own snapshot too: the optimizer rebuilds its derived state (Adam's bias
+    // corrections) from what it loads, and the others' must match it bit for bit (as in a regroup).
+    const out = await broadcastBytes(bytes, broadcast)
+    const state = decodeMessage(out) as Omit<PeerState, "position">
+    await this.adopt({ ...state, position: { ops: 0, reports: 0, stepsSinceReport: 0, inFit: false, epoch: 0, stepInEpoch: 0, stepsPerEpoch: 0 } })
+  }
+
+  /** The group changed: the learning rate follows its size under "keep-per-worker"; batches are re-cut by fit(). */
+  regrouped(): void {
+    this.#loop.batcher = undefined
+    this.#applyElasticLearningRate()
+  }
+
+  loopPosition(): LoopPosition {
+    return { inFit: this.#loop.inFit, epoch: this.#loop.epoch, stepInEpoch: this.#loop.stepInEpoch, stepsPerEpoch: this.#loop.stepsPerEpoch }
+  }
+
+  /** A per-rank batch size as this group uses it: scaled up when an elastic group runs below its max size. */
+  #rankBatch(batchSize: number): number {
+    const e = this.#sync.elastic
+    if (!e || e.batch !== "keep-global" || this.#sync.worldSize >= e.maxWorkers) return batchSize
+    return Math.ceil((batchSize * e.maxWorkers) / this.#sync.worldSize)
+  }
+
+  /** Broadcasts rank 0's weights (trainable and not, e.g. batch-norm statistics) to every rank. */
+  async syncWeights(): Promise<void> {
+    if (this.#sync.worldSize === 1) return
+    await takeRankZeroValues(this.#tf, this.model.weights, async (buf) => {
+      const t0 = performance.now()
+      await this.#sync.broadcast(buf)
+      this.#observer?.wait?.("broadcast weights from rank 0", t0, performance.now())
+    })
+  }
+
+  /** The group's gradient buffer (GradientSync.gradientBuffer), on backends that keep tensors in host memory. */
+  #ownGradientBuffer(): Float32Array | undefined {
+    return this.#tf.getBackend() === "tensorflow" ? undefined : this.#sync.gradientBuffer?.(this.parameterCount)
+  }
+
+  /**
+   * One synchronous data-parallel step on this rank's batch (y in the loss's target form: one-hot
+   * for categoricalCrossentropy, class ids for sparseCategoricalCrossentropy); returns this rank's
+   * loss and, for classification, its correct predictions. With { accumulate: true } the batch's
+   * gradients are only added up locally (see TrainStepOptions).
+   */
+  async trainStep(x: Tensor, y: Tensor, options: TrainStepOptions = {}): Promise<StepResult> {
+    await this.#letTimersRun()
+    const recovery = this.#sync.recovery
+    // A rank joining survivors replays a hand-written loop from the checkpoint: the steps they made
+    // already are skipped (loss NaN, no samples), and at their position it takes their state.
+    if (recovery?.joinTarget && !this.#loop.inFit && (options.accumulate || (await recovery.replayStep()) === "skip")) return { loss: Number.NaN, samples: 0 }
+    if (options.accumulate) return this.#accumulateStep(x, y)
+    this.#inStep = true
+    try {
+      const r = await this.#trainStep(x, y)
+      recovery?.countStep()
+      return r
+    } finally {
+      this.#inStep = false
+    }
+  }
+
+  /**
+   * Gives the event loop a turn when steps have held it for a while. A group of one (or an
+   * accumulation run) has no collective that waits on I/O, and tfjs's data() resolves at once on
+   * host backends: without this a loop of long steps never lets timers run, the worker's heartbeat
+   * included, and the driver takes the worker for hung.
+   */
+  async #letTimersRun(): Promise<void> {
+    const now = performance.now()
+    if (now - this.#lastTurn < YIELD_EVERY_MS) return
+    await new Promise<void>((resolve) => setImmediate(resolve))
+    this.#lastTurn = performance.now()
+  }
+
+  /** Loss, gradients and (classification) correct predictions of a batch. */
+  #forward(x: Tensor, y: Tensor): { value: Scalar; grads: Record<string, Tensor>; correct: Tensor | undefined } {
+    const tf = this.#tf
+    let pred: Tensor | undefined
+    const { value, grads } = this.optimizer.computeGradients(() => {
+      const out = this.model.apply(x, { training: true }) as Tensor
+      if (this.#classification) pred = tf.keep(out)
+      return this.#loss(y, out)
+    }, this.#vars)
+    const correct = pred ? tf.tidy(() => pred!.argMax(-1).equal(labelsOf(y)).sum()) : undefined
+    pred?.dispose()
+    return { value, grads: grads as Record<string, Tensor>, correct }
+  }
+
+  async #accumulateStep(x: Tensor, y: Tensor): Promise<StepResult> {
+    const tf = this.#tf
+    const samples = x.shape[0] ?? 0
+    const t0 = performance.now()
+    const { value, grads, correct } = this.#forward(x, y)
+    this.#acc.add(grads, samples)
+    const [lossArr, correctArr] = await Promise.all([value.data(), correct?.data()])
+    tf.dispose([value, ...(correct ? [correct] : [])])
+    if (this.#delayMsPerSample > 0) await new Promise((r) => setTimeout(r, this.#delayMsPerSample * samples))
+    this.#acc.computeMs += performance.now() - t0
+    return { loss: lossArr[0], samples, ...(correctArr ? { correct: correctArr[0] } : {}) }
+  }
+
+  /**
+   * prepareModel's learning-rate rule for update `step` with `samples` on this rank: sets the
+   * optimizer's rate (ZeRO's shard optimizer takes it from there) and returns it.
+   */
+  #applyLearningRateRule(step: number, samples: number): void {
+    const rule = this.#lrRule
+    if (!rule) return
+    const global = this.#loop.fitGlobalBatch ?? samples * this.#sync.worldSize
+    const lr = (this.#baseLearningRate as number) * rule.factor(step, global)
+    this.#lastLearningRate = lr
+    this.#setLearningRate(lr)
+  }
+
+  #setLearningRate(lr: number): void {
+    const o = this.optimizer as unknown as { learningRate: number; setLearningRate?: (lr: number) => void }
+    if (typeof o.setLearningRate === "function") o.setLearningRate(lr)
+    else o.learningRate = lr
+  }
+
+  /** The optimizer's learning rate now (undefined for one without a numeric rate). */
+  get learningRate(): number | undefined {
+    const lr = (this.optimizer as unknown as { learningRate?: unknown }).learningRate
+    return typeof lr === "number" ? lr : undefined
+  }
+
+  /** Stage 0's update: decoupled weight decay, then the optimizer on the reduced gradients. */
+  #applyWhole(grads: Record<string, Tensor>): void {
+    const tf = this.#tf
+    const wd = this.#weightDecay
+    if (wd > 0) {
+      const keep = 1 - (this.learningRate as number) * wd
+      for (const v of this.#vars) {
+        const decayed = tf.tidy(() => v.mul(keep))
+        v.assign(decayed)
+        decayed.dispose()
+      }
+    }
+    // On wasm, tfjs's Adam as one in-place pass per variable (bit for bit the same update).
+    if (!fusedAdamStep(tf, this.optimizer, grads)) this.optimizer.applyGradients(grads)
+  }
+
+  async #trainStep(x: Tensor, y: Tensor): Promise<StepResult> {
+    const tf = this.#tf
+    const worker = this.#worker
+    await worker.beforeStep?.()
+    const step = this.#step++
+    const t0 = performance.now()
+    const fwd = this.#forward(x, y)
+    const { grads, samples } = this.#acc.withAccumulated(fwd.grads, x.shape[0] ?? 0)
+    const own = x.shape[0] ?? 0
+    const value = fwd.value
+    const correctT = fwd.correct
+    this.#applyLearningRateRule(step, samples)
+    const done = (lossArr: ArrayLike<number>, correctArr: ArrayLike<number> | undefined): StepResult => {
+      if (!worker.viaServers) this.#global++
+      this.onStep?.({ epoch: this.#loop.epoch, step: this.#loop.stepInEpoch++, stepsPerEpoch: this.#loop.stepsPerEpoch, samples, loss: lossArr[0]! })
+      return { loss: lossArr[0]!, samples: own, ...(correctArr ? { correct: correctArr[0]! } : {}) }
+    }
+    if (worker.inPlace()) {
+      // Nobody to exchange with (or local SGD's inner step): apply the gradients where they are,
+      // without the round trip out of the engine and back.
+      const [lossArr, correctArr] = await Promise.all([value.data(), correctT?.data()])
+      tf.dispose([value, ...(correctT ? [correctT] : [])])
+      if (this.#delayMsPerSample > 0) await new Promise((r) => setTimeout(r, this.#delayMsPerSample * own))
+      const t1 = performance.now()
+      this.#lastComputeMs = t1 - t0 + this.#acc.computeMs
+      this.#acc.clear()
+      this.#observer?.phase?.("forward_backward", t0, t1, step)
+      worker.computed?.(this.#lastComputeMs, step, true)
+      this.#applyWhole(grads)
+      tf.dispose(Object.values(grads))
+      const t2 = performance.now()
+      // Local SGD: the outer round of the fragments due after this step (none most steps).
+      await worker.afterInPlace?.(samples)
+      const t3 = performance.now()
+      this.#observer?.phase?.("allreduce", t2, t3, step)
+      this.#observer?.phase?.("apply", t1, t2, step)
+      this.#observer?.phase?.("step", t0, t3, step)
+      return done(lossArr, correctArr)
+    }
+    let [flat, lossArr, correctArr] = await Promise.all([readGradients(this.#tf, this.#vars, this.layout, grads, worker.gradientBuffer?.() ?? this.#ownGradientBuffer()), value.data(), correctT?.data()])
+    tf.dispose([value, ...(correctT ? [correctT] : [])])
+    tf.dispose(Object.values(grads))
+    if (this.#delayMsPerSample > 0) await new Promise((r) => setTimeout(r, this.#delayMsPerSample * own))
+    const t1 = performance.now()
+    this.#lastComputeMs = t1 - t0 + this.#acc.computeMs
+    this.#observer?.phase?.("forward_backward", t0, t1, step)
+    worker.computed?.(this.#lastComputeMs, step, false)
+    const exchanged = await worker.exchange(flat, {
+      step,
+      samples,
+      // The group broke under the reduction and was re-formed: this rank's gradients again (the
+      // weights are unchanged), with the micro-batches it accumulated before, which it kept.
+      recompute: async () => {
+        const again = this.#forward(x, y)
+        const redo = this.#acc.withAccumulated(again.grads, own)
+        ;[flat, lossArr] = await Promise.all([readGradients(this.#tf, this.#vars, this.layout, redo.grads, this.#ownGradientBuffer()), again.value.data()])
+        tf.dispose([again.value, ...(again.correct ? [again.correct] : []), ...Object.values(redo.grads)])
+        return flat
+      }
+    })
+    this.#acc.clear()
+    const t2 = performance.now()
+    this.#observer?.phase?.("allreduce", exchanged.sentAt ?? t1, t2, step)
+    if (exchanged.adopted) {
+      // The group was re-formed and this rank took the state of a survivor that completed this
+      // step: its update is in the weights already.
+      this.#observer?.phase?.("step", t0, t2, step)
+      return { loss: lossArr[0]!, samples: own, ...(correctArr ? { correct: correctArr[0]! } : {}) }
+    }
+    await exchanged.apply?.()
+    const t3 = performance.now()
+    this.#observer?.phase?.("apply", t2, t3, step)
+    this.#observer?.phase?.("step", t0, t3, step)
+    return done(lossArr, correctArr)
+  }
+
+  /**
+   * Loss and accuracy of this rank's model on (x, y), computed locally, read asynchronously: the
+   * form a GPU backend needs (webgpu has no synchronous read in Node).
+   */
+  evaluateAsync(x: Tensor, y: Tensor): Promise<{ loss: number; accuracy?: number }> {
+    return evaluateLocalAsync(this.#tf, this.model, this.#loss, this.#classification, x, y)
+  }
+
+  /** Loss and accuracy of this rank's model on (x, y), computed locally (synchronous reads: cpu, wasm, tensorflow; on webgpu use evaluateAsync). */
+  evaluate(x: Tensor, y: Tensor): { loss: number; accuracy?: number } {
+    return evaluateLocal(this.#tf, this.model, this.#loss, this.#classification, x, y)
+  }
+
+  /**
+   * Trains over this rank's shard for some epochs; the metrics handed to onEpochEnd cover all ranks
+   * (fit-loop.ts: in-memory rows or a stream, global batches split by throughput, accumulation,
+   * regroups and joins with recovery from peers).
+   */
+  fit(source: FitSource, opts: FitOptions): Promise<EpochResult[]> {
+    return this.#loop.fit(source, opts)
+  }
+
+  /** Heterogeneity-aware batching state for report(): per-rank batches, re-balances, stragglers. */
+  batchingMetrics(): Record<string, number | string> {
+    const e = this.#sync.elastic
+    return {
+      ...this.#loop.batcher?.metrics(),
+      ...(e ? { world_size: this.#sync.worldSize, lr_scale: this.learningRateScale } : {}),
+      // The learning rate prepareModel's rule set for the last update.
+      ...(this.#lrRule && this.#lastLearningRate !== undefined ? { lr: this.#lastLearningRate } : {}),
+      // The strategy's: auto's choice and switches, local SGD's rounds, the servers' staleness and pushes.
+      ...this.#worker.metrics?.()
+    }
+  }
+
+  // --------------------------------------------------------------------------------------------
+  // Checkpoints (TrainContext.checkpointFromModel / restoreModel)
+
+  /**
+   * The optimizer's checkpoint files: its whole state (stage 0), or nothing with ZeRO, where
+   * every rank adds its shard to its reports (shardFiles); and the update counter (LR warmup).
+   */
+  async optimizerFiles(): Promise<Record<string, Uint8Array>> {
+    const state = new TextEncoder().encode(JSON.stringify({ step: this.#step, globalStep: this.#global, zeroStage: this.zeroStage, worldSize: this.#sync.worldSize }))
+    const whole = (): Promise<Uint8Array> => optimizerToFile(this.optimizer)
+    const files = this.#worker.checkpointFiles ? await this.#worker.checkpointFiles(whole) : { [OPTIMIZER_FILE]: await whole() }
+    return { ...files, [DP_STATE_FILE]: state }
+  }
+
+  /** ZeRO: this rank's shard of the optimizer state, as the checkpoint file it adds to its reports. */
+  shardFiles(): Record<string, Uint8Array> {
+    return this.#worker.shardFiles?.() ?? {}
+  }
+
+  /**
+   * Loads the optimizer state and update counter of a checkpoint whose model weights were just
+   * loaded into the model: the whole state (stage 0), or this rank's range of the saved shards,
+   * re-sharded when the checkpoint's world size differs from this group's.
+   */
+  async restoreOptimizer(files: Readonly<Record<string, Uint8Array>>): Promise<void> {
+    const saved = files[DP_STATE_FILE]
+    if (saved) {
+      const st = JSON.parse(new TextDecoder().decode(saved)) as { step?: number; globalStep?: number }
+      this.#step = Number(st.step ?? 0)
+      this.#global = Number(st.globalStep ?? this.#step)
+    }
+    // The strategy's own state (local SGD's outer loop, the servers', ZeRO's shards, auto's move back).
+    if (await this.#worker.restore?.(files)) return
+    const opt = files[OPTIMIZER_FILE]
+    if (opt) await loadOptimizerFrom(this.#tf as unknown as Tf, this.optimizer, opt)
+    else if (hasShards(files)) {
+      // Saved sharded by a ZeRO run: the shards assembled into the whole state, handed to tfjs's optimizer.
+      const spec = flatOptimizerSpecOf(this.optimizer as unknown as Parameters<typeof flatOptimizerSpecOf>[0])
+      const whole = reshard(readShards(files, { kind: spec.kind, total: this.parameterCount }), shardLayout(this.parameterCount, 1, 0))
+      await this.#loadTfjsOptimizer(spec, whole)
+    }
+  }
+
+  /** Hands a whole flat optimizer state (from shards or the servers) to tfjs's optimizer. */
+  async #loadTfjsOptimizer(spec: FlatOptimizerSpec, state: FlatOptimizerState): Promise<void> {
+    await writeTfjsOptimizerWeights(this.#tf as unknown as Tf, this.optimizer as unknown as Parameters<typeof writeTfjsOptimizerWeights>[1], tfjsWeightsFromFlat(spec, this.layout, state))
+  }
+
+  /**
+   * Bytes this rank holds across steps for the optimizer state, the gradient buffers gradwire
+   * keeps (ZeRO stage 2: the padded gradient the reduce-scatter works on; stage 0/1: the reduced
+   * flat gradient, which lives until it is applied) and ZeRO's parameter buffers (its segment and
+   * the gathered vector).
+   */
+  async memoryStats(): Promise<{ readonly optimizerState: number; readonly reducedGradient: number; readonly gradientBuffers: number; readonly parameterBuffers: number }> {
+    const own = this.#worker.memoryStats?.()
+    if (own) return own
+    const weights = await this.optimizer.getWeights()
+    let bytes = 0
+    for (const w of weights) {
+      if (w.name !== "iter") bytes += w.tensor.size * 4
+      else w.tensor.dispose()
+    }
+    // A group of one applies tfjs's gradients in place: no flat copy of them.
+    const flat = this.#sync.worldSize === 1 && !this.exchangeAlone ? 0 : this.parameterCount * 4
+    return { optimizerState: bytes, reducedGradient: flat, gradientBuffers: flat, parameterBuffers: 0 }
+  }
+
+  /** Targets in the form the loss wants: one-hot for categoricalCrossentropy, class ids otherwise. */
+  lossTargets(y: Tensor, numClasses: number): Tensor {
+    if (this.#classification && !this.#sparse) return this.#tf.oneHot(y, numClasses)
+    return y.clone()
+  }
+}

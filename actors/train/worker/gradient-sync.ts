@@ -1,0 +1,141 @@
+// What the data-parallel model needs of its group (the worker wires it to the communicator, the
+// parameter servers and the group session): the flat gradient's layout, the gradient sync, the
+// parameter servers' client, recovery from peers and the step observer's timing hooks.
+import type { FlatOptimizerSpec, FlatOptimizerState } from "../common/optim/flat-optimizers.ts"
+import type { ZeroStage } from "../common/optim/zero.ts"
+import type { LocalSgdSettings } from "../common/optim/outer-optimizer.ts"
+
+/** One variable's place in the flat gradient buffer. */
+export interface GradientSlot {
+  readonly name: string
+  readonly shape: ReadonlyArray<number>
+  readonly offset: number
+  readonly size: number
+}
+
+/** What the wrapper needs from the group: the worker wires it to the communicator. */
+export interface GradientSync {
+  readonly rank: number
+  readonly worldSize: number
+  /**
+   * Reduces the flat gradient in place to the weighted mean over ranks (weight: this rank's sample
+   * count). After the group was re-formed meanwhile (recovery from peers): "adopted" when this rank
+   * took a survivor's state, which already contains this step (nothing is to be applied);
+   * "recompute" when the step is to be done again in the new group (the buffer holds partial sums
+   * of the old one).
+   */
+  reduceGradients(flat: Float32Array, layout: ReadonlyArray<GradientSlot>, weight: number, step: number, scope?: string): Promise<void | "adopted" | "recompute">
+  /** Copies rank 0's values into `buf` on every rank. */
+  broadcast(buf: Float32Array): Promise<void>
+  /** Element-wise sum over ranks, in place. */
+  sum(buf: Float32Array): Promise<void>
+  /**
+   * A flat gradient buffer of n elements that reduceGradients works on in place (faster with
+   * compression: GradientReducer.gradientBuffer), or undefined to pass any Float32Array.
+   */
+  gradientBuffer?(n: number): Float32Array | undefined
+  /** Gathers every rank's buffer in rank order (heterogeneity-aware batching exchanges throughputs). */
+  allGather?(buf: Float32Array): Promise<Float32Array>
+  /** collectiveConfig.adaptiveBatching: fit({ globalBatchSize }) splits by measured throughput. */
+  readonly adaptiveBatching?: boolean
+  /**
+   * Elastic groups (scalingConfig.numWorkers { min, max }): "keep-global" scales a per-rank
+   * batchSize by maxWorkers / worldSize so the global batch stays that of the full group;
+   * "keep-per-worker" keeps the rank's batch and scales the learning rate by worldSize / maxWorkers.
+   */
+  readonly elastic?: { readonly maxWorkers: number; readonly batch: "keep-global" | "keep-per-worker" }
+  /** Recovery from surviving peers (actors/train/worker/group-session.ts); absent: a failure restarts from the checkpoint. */
+  readonly recovery?: PeerRecovery
+  /** collectiveConfig.zeroStage: 1 and 2 shard the optimizer state (optim/zero.ts). Default 0. */
+  readonly zeroStage?: ZeroStage
+  /**
+   * Stage 2: reduces `buf` (a multiple of worldSize long) to the weighted mean over ranks and
+   * returns this rank's segment of it (segment r of p equal ones), a view of `buf`.
+   */
+  reduceScatter?(buf: Float32Array, weight: number): Promise<Float32Array>
+  /** Every rank's `segment` (equal lengths) into `out`, in rank order. */
+  allGatherInto?(segment: Float32Array, out: Float32Array): Promise<void>
+  /** collectiveConfig.strategy "parameter-server" (or "auto"): the servers (ps-client.ts). */
+  readonly ps?: ParameterServers
+  /**
+   * collectiveConfig.strategy "auto": training starts on the all-reduce and, from measured compute
+   * and communication times, moves to the servers (backup workers, or SSP) and back
+   * (scheduler/strategy-choice.ts); rank 0 explains every decision.
+   */
+  readonly auto?: { readonly numServers: number; explain(text: string, json: Record<string, unknown>, summary: string): void }
+  /**
+   * collectiveConfig.strategy "local-sgd": steps apply their gradients locally; every syncEvery
+   * steps the parameter deltas are averaged through reduceGradients (scoped per fragment) and the
+   * outer optimizer applied (local-sgd.ts).
+   */
+  readonly localSgd?: LocalSgdSettings
+  /**
+   * collectiveConfig.strategy: the registry's entry (strategies/registry.ts) that runs the steps.
+   * Absent: read from what the group offers (auto, ps, localSgd; else "allreduce").
+   */
+  readonly strategy?: string
+  /** Bytes this rank's reductions put on the wire so far, and as dense fp32 (the reducer's stats). */
+  wireStats?(): { readonly totalWireBytes: number; readonly totalDenseBytes: number }
+}
+
+/** What the data-parallel model needs of the parameter servers (PsClient implements it, ps-client.ts). */
+export interface ParameterServers {
+  readonly numServers: number
+  init(flat: Float32Array, spec: FlatOptimizerSpec, numWorkers: number, weightDecay: number): Promise<void>
+  pushPull(
+    worker: number,
+    step: number,
+    grad: Float32Array,
+    weight: number,
+    learningRate: number | undefined
+  ): Promise<{ readonly params: Float32Array; readonly staleness: number; readonly dropped: boolean; readonly version: number; readonly serverMs: number | undefined }>
+  pull(n: number): Promise<Float32Array>
+  stateFiles(): Promise<Record<string, Uint8Array>>
+  /** Re-initialises the servers from a checkpoint's parameter-server files; false when it has none. */
+  restore(files: Readonly<Record<string, Uint8Array>>, n: number, spec: FlatOptimizerSpec, numWorkers: number, weightDecay: number): Promise<boolean>
+  finish(worker: number): Promise<void>
+  /** The mode the servers were configured with, and their backup workers (sync). */
+  readonly mode: "sync" | "async" | "ssp"
+  readonly backupWorkers: number
+  takeOver(flat: Float32Array, optimizer: FlatOptimizerState, learningRate: number, spec: FlatOptimizerSpec, numWorkers: number, weightDecay: number, as: { readonly mode: "sync" | "async" | "ssp"; readonly backupWorkers: number }): Promise<void>
+  wholeState(n: number): Promise<{ readonly params: Float32Array; readonly optimizer: FlatOptimizerState }>
+  /** Gradient bytes pushed (last step: every server's message; totals), as ReducerStats counts the all-reduce's. */
+  readonly pushStats?: { readonly wireBytes: number; readonly denseBytes: number; readonly steps: number; readonly totalWireBytes: number; readonly totalDenseBytes: number }
+}
+
+/** Where a loop is in dp.fit(): the group operations done, the epoch and the step in it. */
+export interface RecoveryCursor {
+  readonly ops: number
+  readonly inFit: boolean
+  readonly epoch: number
+  readonly stepInEpoch: number
+  readonly stepsPerEpoch: number
+}
+
+/** What dp.fit() needs of the group session to skip, join and follow regroups. */
+export interface PeerRecovery {
+  /** Bumped at every regroup and join. */
+  readonly generation: number
+  readonly ops: number
+  /** A joining rank's target: the survivors' position; undefined once joined. */
+  readonly joinTarget: RecoveryCursor | undefined
+  /** The joining rank reached the target: take the survivors' state. */
+  join(): Promise<void>
+  /** After a regroup, where the furthest survivor was (once). */
+  takeCursor(): RecoveryCursor | undefined
+  /** A trainStep() outside dp.fit(): a joining rank skips the survivors' steps, then joins them. */
+  replayStep(): Promise<"skip" | "run">
+  /** A training step completed. */
+  countStep(): void
+}
+
+/**
+ * Optional timing hooks (the timeline and the report's compute/communication split), all in
+ * performance.now() milliseconds. "step" encloses the three others; it is reported last.
+ */
+export interface StepObserver {
+  phase?(name: "step" | "forward_backward" | "allreduce" | "apply", startMs: number, endMs: number, step: number): void
+  /** A collective outside any step (initial weight broadcast, epoch-end metric sum): time spent on the group. */
+  wait?(name: string, startMs: number, endMs: number): void
+}
+

@@ -1,0 +1,346 @@
+// A worker's place in its group, across regroups: the current generation's placement (rank,
+// world size, nodes), its communicator and gradient reducer, and where the loop is (group
+// operations completed, report() calls made).
+//
+// Recovery from surviving peers. When a rank of the group dies, the survivors do not restart:
+// each one's current (or next) group operation parks it, the controller asks where it is (pause),
+// places replacements, and tells it its new place and where the furthest survivor is (resume).
+// The session forms the new group; a survivor that completed fewer operations than the furthest
+// takes its state (the operation it was in is then done, not redone); one at the furthest position
+// retries its operation in the new group. A worker that joins a regrouped generation runs the loop
+// from the checkpoint it is given, skips the steps and reports the survivors already did (the
+// data-parallel model does the skipping, data-parallel.ts), and takes the survivors' state when
+// it gets to where they are: in dp.fit() at the survivors' epoch and step, in a hand-written
+// trainStep loop at the survivors' count of report() calls and of steps since the last one. A failure costs the step in flight, not the work since the last
+// checkpoint. Anything that does not line up throws PeerRecoveryMisaligned and the controller
+// restarts the group from the checkpoint instead.
+import { Schema } from "effect"
+import type { Communicator } from "../../../collectives/communicator.ts"
+import type { GradientReducer } from "../../../collectives/gradient-reducer.ts"
+import type { PeerState, Placement, Position } from "../common/train-protocol.ts"
+
+/** The joining worker's loop does not reach the survivors' position the way they did. */
+export class PeerRecoveryMisaligned extends Schema.TaggedError<PeerRecoveryMisaligned>()("PeerRecoveryMisaligned", {
+  reason: Schema.String
+}) {
+  override get message(): string {
+    return (
+      `recovering from surviving peers failed: ${this.reason}. The loop must resume from the checkpoint the way every ` +
+      "rank ran it (the same dp.fit epochs and report() calls on every rank); the group restarts from the checkpoint instead"
+    )
+  }
+}
+
+/** Where the prepared model's loop is in dp.fit() (DataParallelModel implements it). */
+export interface LoopPosition {
+  readonly inFit: boolean
+  readonly epoch: number
+  readonly stepInEpoch: number
+  readonly stepsPerEpoch: number
+}
+
+/** What a regroup needs of the prepared model (DataParallelModel implements it). */
+export interface RecoverableModel {
+  /** The state to hand to the other members (checkpoint files of weights and optimizer, step counter). */
+  snapshot(): Promise<Omit<PeerState, "position">>
+  /** Takes a survivor's state; `redoingStep`: this rank redoes the step it is in, in the new group. */
+  adopt(state: PeerState, options?: { readonly redoingStep?: boolean }): Promise<void>
+  /** The group's size or this rank's place changed: per-rank batches must be recomputed. */
+  regrouped(): void
+  loopPosition(): LoopPosition
+}
+
+export interface LiveGroup {
+  readonly placement: Placement
+  readonly comm: Communicator
+  readonly reducer: GradientReducer
+}
+
+export interface GroupSessionHooks {
+  /** Forms the group of a placement: its communicator and reducer (every member calls it). */
+  build(placement: Placement): Promise<{ readonly comm: Communicator; readonly reducer: GradientReducer }>
+  /** Closes a group that is left behind. */
+  close(group: LiveGroup): Promise<void>
+  /** Tells the controller the group broke under this rank and it waits to be regrouped. */
+  parked(cause: unknown): void
+  /** The state to continue from, held by the controller for generation `attempt`. */
+  fetchState(attempt: number): Promise<PeerState>
+  log(line: string): void
+}
+
+/** How long a parked rank waits to be paused, then resumed, before its operation fails after all. */
+const PARK_TIMEOUT_MS = 5 * 60_000
+
+interface Deferred<A> {
+  readonly promise: Promise<A>
+  resolve(a: A): void
+}
+const deferred = <A>(): Deferred<A> => {
+  let resolve!: (a: A) => void
+  const promise = new Promise<A>((r) => (resolve = r))
+  return { promise, resolve }
+}
+
+const within = async <A>(p: Promise<A>, ms: number): Promise<A | "timeout"> => {
+  let timer: ReturnType<typeof setTimeout> | undefined
+  try {
+    return await Promise.race([p, new Promise<"timeout">((r) => (timer = setTimeout(() => r("timeout"), ms)))])
+  } finally {
+    if (timer) clearTimeout(timer)
+  }
+}
+
+export type PauseReply = { readonly state: "parked" | "unsupported"; readonly position: Position; readonly reason: string }
+
+type Pausing = { readonly attempt: number; readonly reply: (r: PauseReply) => void }
+
+export class GroupSession {
+  readonly #hooks: GroupSessionHooks
+  #group: LiveGroup
+  #model: RecoverableModel | undefined
+  /** Group operations of the model completed in this lineage (since the loop's start). */
+  ops = 0
+  /** report() calls made in this lineage (a joiner counts from its checkpoint's). */
+  reports = 0
+  /** Training steps completed since the last report() call (a joiner's skipped ones count). */
+  stepsSinceReport = 0
+  /** A joiner: the report count of its checkpoint and the survivors' position it must reach. */
+  #join: { readonly fromReports: number; readonly to: Position } | undefined
+  #pauseRequest: Deferred<Pausing> = deferred()
+  #pausing: Pausing | undefined
+  #resumeRequest: Deferred<{ readonly placement: Placement; readonly source: Position }> = deferred()
+  #cursor: Position | undefined
+  #ended: string | undefined
+  /** Parked and said so: waiting for resume (a pause asked again is answered at once). */
+  #parked = false
+  /** The last generation this rank resumed into (a resume asked again is not taken twice). */
+  #resumedAttempt = -1
+  /** Bumped at every regroup and join: the model compares it to notice a new group or state. */
+  generation = 0
+
+  constructor(group: LiveGroup, hooks: GroupSessionHooks, join?: { readonly fromReports: number; readonly to: Position }) {
+    this.#group = group
+    this.#hooks = hooks
+    this.#join = join
+  }
+
+  get group(): LiveGroup {
+    return this.#group
+  }
+
+  get placement(): Placement {
+    return this.#group.placement
+  }
+
+  /** A joiner's target: the survivors' position (undefined once joined, and for every other rank). */
+  get joinTarget(): Position | undefined {
+    return this.#join?.to
+  }
+
+  /** The prepared model: regroups need it (without one a failure restarts from the checkpoint). */
+  attach(model: RecoverableModel): void {
+    this.#model = model
+  }
+
+  /** This rank's state, for the other members of a regrouped generation (it is the furthest survivor). */
+  async snapshot(): Promise<PeerState> {
+    if (!this.#model) throw new PeerRecoveryMisaligned({ reason: "no model prepared with ctx.prepareModel()" })
+    return { ...(await this.#model.snapshot()), position: this.position() }
+  }
+
+  /** The loop resumed from the checkpoint the controller gave it: a joiner counts reports from its position. */
+  resumedFromCheckpoint(): void {
+    if (this.#join) this.reports = this.#join.fromReports
+  }
+
+  /**
+   * A joiner does not send reports until it has joined: until then its loop replays what the
+   * survivors did (and reported) already. Whether it got to the same count is checked at the join.
+   */
+  skipReport(_index: number): boolean {
+    return this.#join !== undefined
+  }
+
+  /** A report() call: steps count from here. */
+  reported(): void {
+    this.reports++
+    this.stepsSinceReport = 0
+  }
+
+  /** A training step completed (the model calls it after each one). */
+  countStep(): void {
+    this.stepsSinceReport++
+  }
+
+  /**
+   * A joiner's trainStep() outside dp.fit(): "skip" a step the survivors made already (nothing
+   * computed or exchanged), or, where they are (the same report() calls and steps since), take
+   * their state and "run" this step with them. Every other rank runs its steps.
+   */
+  async replayStep(): Promise<"skip" | "run"> {
+    const join = this.#join
+    if (!join) return "run"
+    const to = join.to
+    if (to.inFit) {
+      throw new PeerRecoveryMisaligned({
+        reason: `this joining rank called trainStep() outside dp.fit(); the survivors are in dp.fit() at epoch ${to.epoch}, step ${to.stepInEpoch} of ${to.stepsPerEpoch}`
+      })
+    }
+    if (this.reports < to.reports || (this.reports === to.reports && this.stepsSinceReport < to.stepsSinceReport)) {
+      this.stepsSinceReport++
+      return "skip"
+    }
+    if (this.reports === to.reports && this.stepsSinceReport === to.stepsSinceReport) {
+      await this.join()
+      return "run"
+    }
+    throw new PeerRecoveryMisaligned({
+      reason:
+        `this joining rank got to ${this.reports} report() calls and ${this.stepsSinceReport} steps since the last, ` +
+        `past the survivors' ${to.reports} and ${to.stepsSinceReport}`
+    })
+  }
+
+  /** Where the loop is, with this rank's counts. */
+  position(): Position {
+    const p = this.#model?.loopPosition() ?? { inFit: false, epoch: 0, stepInEpoch: 0, stepsPerEpoch: 0 }
+    return { ops: this.ops, reports: this.reports, stepsSinceReport: this.stepsSinceReport, ...p }
+  }
+
+  /**
+   * After a regroup: where the furthest survivor's loop was (the model moves its epoch cursor
+   * there, data-parallel.ts). Taken once.
+   */
+  takeCursor(): Position | undefined {
+    const c = this.#cursor
+    this.#cursor = undefined
+    return c
+  }
+
+  /**
+   * A joiner that got to the survivors' position: takes their state, so it continues with them.
+   * Called by the model at that point of dp.fit().
+   */
+  async join(): Promise<void> {
+    const join = this.#join
+    if (!join) return
+    if (this.reports !== join.to.reports) {
+      throw new PeerRecoveryMisaligned({
+        reason: `${join.to.inFit ? `at epoch ${join.to.epoch} step ${join.to.stepInEpoch}` : "where the survivors are"} this rank had made ${this.reports} report() calls, the survivors ${join.to.reports}`
+      })
+    }
+    if (!this.#model) throw new PeerRecoveryMisaligned({ reason: "no model was prepared with ctx.prepareModel() before dp.fit()" })
+    const state = await this.#hooks.fetchState(this.placement.attempt)
+    await this.#model.adopt(state)
+    this.ops = join.to.ops
+    this.#join = undefined
+    this.generation++
+    this.#hooks.log(
+      `rank ${this.placement.rank}: joined the survivors ${join.to.inFit ? `at epoch ${join.to.epoch}, step ${join.to.stepInEpoch} of ${join.to.stepsPerEpoch}` : `after ${join.to.reports} report() calls and ${join.to.stepsSinceReport} steps`}`
+    )
+  }
+
+  /**
+   * Runs one group operation of the model. If the group breaks under it (or the controller pauses
+   * this rank), parks until the controller regroups, then returns `adopted()` (the state taken from
+   * the furthest survivor already contains this operation), or `again()` when given (the caller
+   * redoes it: an in-place reduction leaves partial sums behind), or runs it again in the new group.
+   */
+  async operation<T>(run: (group: LiveGroup) => Promise<T>, adopted: () => T, again?: () => T): Promise<T> {
+    if (this.#join) {
+      throw new PeerRecoveryMisaligned({ reason: "a group operation other than a training step before this joining rank reached the survivors" })
+    }
+    for (;;) {
+      if (this.#pausing) await this.#park(undefined)
+      const before = this.ops
+      try {
+        const r = await run(this.#group)
+        this.ops++
+        return r
+      } catch (e) {
+        if (this.#model === undefined || this.#ended !== undefined) throw e
+        await this.#park(e)
+        if (this.ops > before) return adopted()
+        if (again) return again()
+      }
+    }
+  }
+
+  /** The controller's pause: answered once the loop waits at a group operation. */
+  pause(attempt: number): Promise<PauseReply> {
+    return new Promise((resolve) => {
+      const refuse = this.#ended ?? (this.#model === undefined ? "no model prepared with ctx.prepareModel()" : this.#join ? "still joining its group" : undefined)
+      if (refuse !== undefined) {
+        resolve({ state: "unsupported", position: this.position(), reason: refuse })
+        return
+      }
+      // Asked again (the first request or its reply was lost while the bus came back).
+      if (this.#parked) {
+        resolve({ state: "parked", position: this.position(), reason: "" })
+        return
+      }
+      if (this.#pausing) {
+        const first = this.#pausing.reply
+        this.#pausing = {
+          attempt,
+          reply: (r) => {
+            first(r)
+            resolve(r)
+          }
+        }
+        return
+      }
+      const request = { attempt, reply: resolve }
+      this.#pausing = request
+      this.#pauseRequest.resolve(request)
+      // Whatever the loop is waiting for in the old group will not come: make it fail now.
+      void this.#group.comm.close().catch(() => {})
+    })
+  }
+
+  /** The controller's resume: the new placement and the position of the furthest survivor. */
+  resume(placement: Placement, source: Position): void {
+    // Asked again for the same generation (a lost reply): taken once.
+    if (placement.attempt <= this.#resumedAttempt) return
+    this.#resumedAttempt = placement.attempt
+    this.#resumeRequest.resolve({ placement, source })
+  }
+
+  /** The loop ended (returned or threw): a pending pause is answered, later ones refused. */
+  end(reason: string): void {
+    this.#ended = reason
+    const p = this.#pausing
+    if (p) p.reply({ state: "unsupported", position: this.position(), reason })
+    this.#pausing = undefined
+  }
+
+  async #park(cause: unknown): Promise<void> {
+    if (!this.#pausing) this.#hooks.parked(cause)
+    const pause = this.#pausing ?? (await within(this.#pauseRequest.promise, PARK_TIMEOUT_MS))
+    if (pause === "timeout") throw cause
+    pause.reply({ state: "parked", position: this.position(), reason: "" })
+    this.#parked = true
+    const resumed = await within(this.#resumeRequest.promise, PARK_TIMEOUT_MS)
+    this.#parked = false
+    this.#pausing = undefined
+    this.#pauseRequest = deferred()
+    if (resumed === "timeout") throw cause ?? new Error("paused for a regroup that never came")
+    this.#resumeRequest = deferred()
+    const old = this.#group
+    await this.#hooks.close(old).catch(() => {})
+    const { comm, reducer } = await this.#hooks.build(resumed.placement)
+    this.#group = { placement: resumed.placement, comm, reducer }
+    // Every member loads the furthest survivor's state, itself included: survivors level with it
+    // hold the same values already, but the optimizer rebuilds its derived state (Adam's bias
+    // corrections) from what it loads, and a joiner's must match bit for bit.
+    const state = await this.#hooks.fetchState(resumed.placement.attempt)
+    await this.#model!.adopt(state, { redoingStep: this.ops >= resumed.source.ops })
+    if (this.ops < resumed.source.ops) {
+      this.#hooks.log(`rank ${resumed.placement.rank}: took the furthest survivor's state (${resumed.source.ops} group operations, ${this.ops} here)`)
+      this.ops = resumed.source.ops
+    }
+    this.#cursor = resumed.source
+    this.generation++
+    this.#model?.regrouped()
+  }
+}

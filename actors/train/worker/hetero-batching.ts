@@ -1,0 +1,189 @@
+// Heterogeneity-aware batching for DataParallelModel.fit({ globalBatchSize }): every step the
+// global batch B is split into per-rank batches b_i (sum b_i = B) proportional to each rank's
+// measured throughput (scheduler/batch-sizing.ts splitBatch / observeThroughput). The gradient
+// all-reduce is already weighted by sample counts, so the update is the large-batch SGD update
+// whatever the split.
+//
+// Data. Each epoch has one permutation of the whole dataset (same seed on every rank); step s
+// takes the global batch perm[s*B, (s+1)*B) and rank i its slice [off_i, off_i + b_i) of it
+// (off_i = b_0 + ... + b_{i-1}): per-rank shares proportional to the batch sizes, as
+// shardIndicesWeighted cuts an epoch, but re-cut per step so a re-balance can happen mid-epoch.
+// Every rank runs floor(N / B) steps per epoch (the remainder is dropped), so ranks stay in step.
+//
+// Agreement. Each rank's mean batch and mean forward+backward milliseconds per step are exchanged
+// with an all-gather of two floats per rank at the same steps on every rank: every step during
+// warm-up, then every `exchangeEvery` steps (the means over the steps since the last exchange).
+// Every rank then runs the same deterministic computation on the same bits, so all hold the same
+// split. Stragglers: detectStragglers over the exchanged throughputs (batch / time).
+//
+// Step time is affine in the batch, t_i(b) = a_i + c_i b: a step has costs that do not shrink with
+// the batch (kernel launches, the optimizer's update, a CPU quota's wait for its next period).
+// Splitting by raw throughput (b / t) feeds back: a slow rank given a small batch shows an even
+// lower throughput, gets a smaller batch still, and the split drifts to 127/1 (a cgroup-throttled
+// worker in bench hetero). Once a rank has measured steps at batches at least 15% apart, a and c
+// are fitted (least squares over its last FIT_POINTS exchanges) and the split is the one that
+// equalises the fitted times (a fixed point of the proportional split with each rank's
+// throughput taken at its own batch); until then a = 0.
+import { Result } from "effect"
+import {
+  detectStragglers,
+  initialBalancer,
+  observeThroughput,
+  splitBatch,
+  stragglerMetrics,
+  type BalancerState,
+  type Straggler
+} from "../../../scheduler/batch-sizing.ts"
+
+export interface HeteroBatcherOptions {
+  readonly rank: number
+  readonly worldSize: number
+  readonly globalBatch: number
+  /** false: an equal split, never re-balanced (the baseline). */
+  readonly adaptive: boolean
+  /** Two floats per rank (mean batch, mean ms per step), gathered in rank order on every rank. */
+  readonly allGather: (buf: Float32Array) => Promise<Float32Array>
+  /** Steps that exchange throughput every step. Default 3. */
+  readonly warmupSteps?: number
+  /** After warm-up, exchange every this many steps. Default 5. */
+  readonly exchangeEvery?: number
+  /** Re-balance when the predicted step time is this fraction above the ideal split's. Default 0.1. */
+  readonly threshold?: number
+}
+
+/** Exchanges per rank the affine step-time fit uses (the latest). */
+const FIT_POINTS = 8
+/** A fit needs batches this far apart (relative to their mean). */
+const FIT_SPREAD = 0.15
+
+/** A rank's step time t(b) = a + c b, in ms, from its (batch, ms) points; undefined when they cannot tell. */
+export const fitStepTime = (points: ReadonlyArray<readonly [number, number]>): { readonly a: number; readonly c: number } | undefined => {
+  if (points.length < 2) return undefined
+  const n = points.length
+  const mb = points.reduce((s, p) => s + p[0], 0) / n
+  const mt = points.reduce((s, p) => s + p[1], 0) / n
+  const bs = points.map((p) => p[0])
+  if (!(mb > 0) || (Math.max(...bs) - Math.min(...bs)) / mb < FIT_SPREAD) return undefined
+  let cov = 0
+  let vb = 0
+  for (const [b, t] of points) {
+    cov += (b - mb) * (t - mt)
+    vb += (b - mb) * (b - mb)
+  }
+  const c = cov / vb
+  if (!(c > 0) || !Number.isFinite(c)) return undefined
+  const a = mt - c * mb
+  // No negative fixed cost: then the proportional model through the points' totals.
+  return a >= 0 ? { a, c } : { a: 0, c: points.reduce((s, p) => s + p[1], 0) / points.reduce((s, p) => s + p[0], 0) }
+}
+
+/**
+ * Throughputs (samples/s) at which a proportional split gives equal fitted step times: each rank's
+ * b / t(b) at its batch of that split, found by iterating split -> throughputs from `start`.
+ */
+export const affineThroughputs = (
+  globalBatch: number,
+  models: ReadonlyArray<{ readonly a: number; readonly c: number }>,
+  start: readonly number[]
+): number[] => {
+  let batches = [...start]
+  let thr = models.map((m, i) => throughputAt(m, batches[i]!))
+  for (let k = 0; k < 8; k++) {
+    const next = splitBatch(globalBatch, thr)
+    if (Result.isFailure(next)) break
+    batches = next.success
+    thr = models.map((m, i) => throughputAt(m, batches[i]!))
+  }
+  return thr
+}
+
+const throughputAt = (m: { readonly a: number; readonly c: number }, b: number): number => (1000 * Math.max(b, 1)) / (m.a + m.c * Math.max(b, 1))
+
+export class HeteroBatcher {
+  readonly #o: HeteroBatcherOptions
+  #state: BalancerState
+  #steps = 0
+  #samples = 0
+  #ms = 0
+  #stepsSinceExchange = 0
+  /** Per rank: (mean batch, mean ms per step) of its latest exchanges. */
+  readonly #points: Array<Array<readonly [number, number]>> = []
+  readonly #history: number[][] = []
+  #stragglers: Straggler[] = []
+
+  constructor(o: HeteroBatcherOptions) {
+    this.#o = o
+    const init = initialBalancer(o.globalBatch, o.worldSize)
+    if (Result.isFailure(init)) throw init.failure
+    this.#state = init.success
+  }
+
+  get globalBatch(): number {
+    return this.#o.globalBatch
+  }
+
+  get batches(): readonly number[] {
+    return this.#state.batches
+  }
+
+  /** This rank's rows of the step's global batch: [offset, offset + size) of it. */
+  slice(): { offset: number; size: number } {
+    const b = this.#state.batches
+    let offset = 0
+    for (let i = 0; i < this.#o.rank; i++) offset += b[i]!
+    return { offset, size: b[this.#o.rank]! }
+  }
+
+  get stragglers(): readonly Straggler[] {
+    return this.#stragglers
+  }
+
+  /** After every step, on every rank (same steps): feeds the measurement, maybe re-balances. */
+  async afterStep(samples: number, computeMs: number): Promise<void> {
+    this.#steps++
+    this.#samples += samples
+    this.#ms += Math.max(computeMs, 1e-3)
+    this.#stepsSinceExchange++
+    if (!this.#o.adaptive || this.#o.worldSize <= 1) return
+    const warm = this.#o.warmupSteps ?? 3
+    const every = Math.max(1, this.#o.exchangeEvery ?? 5)
+    if (this.#steps > warm && (this.#steps - warm) % every !== 0) return
+    const n = this.#stepsSinceExchange
+    const mine = Float32Array.of(this.#samples / n, this.#ms / n)
+    this.#samples = 0
+    this.#ms = 0
+    this.#stepsSinceExchange = 0
+    const gathered = await this.#o.allGather(mine)
+    const p = this.#o.worldSize
+    const raw: number[] = []
+    for (let i = 0; i < p; i++) {
+      const b = gathered[2 * i]!
+      const t = gathered[2 * i + 1]!
+      raw.push((1000 * b) / Math.max(t, 1e-3))
+      const pts = (this.#points[i] ??= [])
+      pts.push([b, t])
+      if (pts.length > FIT_POINTS) pts.shift()
+    }
+    this.#history.push(raw)
+    // Each rank's fitted step time (proportional through its latest point until batches differ enough).
+    const models = this.#points.map((pts) => {
+      const fit = fitStepTime(pts)
+      if (fit) return fit
+      const [b, t] = pts.at(-1)!
+      return { a: 0, c: Math.max(t, 1e-3) / Math.max(b, 1) }
+    })
+    const effective = affineThroughputs(this.#o.globalBatch, models, this.#state.batches)
+    const next = observeThroughput(this.#state, effective, { threshold: this.#o.threshold ?? 0.1 })
+    if (Result.isSuccess(next)) this.#state = next.success.state
+    this.#stragglers = detectStragglers(this.#history, { window: 10, minSlowSteps: 3 })
+  }
+
+  /** For report(): each rank's batch, re-balances, stragglers ("straggler/rank3": ratio). */
+  metrics(): Record<string, number> {
+    const out: Record<string, number> = {}
+    this.#state.batches.forEach((b, i) => (out[`batch/rank${i}`] = b))
+    out["batch/rebalances"] = this.#state.rebalances
+    out["stragglers"] = this.#stragglers.length
+    return { ...out, ...stragglerMetrics(this.#stragglers) }
+  }
+}

@@ -1,0 +1,568 @@
+// The model-parallel model a rank trains: its pipeline stage (a chain of blocks: layer runs and
+// tensor-parallel dense pairs), run over a batch's micro-batches in the order of the schedule
+// (GPipe or 1F1B), its gradients accumulated over the micro-batches, all-reduced among the stage's
+// data-parallel replicas, and applied with one optimizer step per batch.
+//
+// Exactness. Micro-batch i of n_i rows out of B contributes the gradient of (n_i / B) x its mean
+// loss, so the sum over micro-batches is the gradient of the batch's mean loss whatever the
+// micro-batch sizes (they need not divide the batch), and the replicas' weighted mean (weights B_d)
+// is the gradient of the global batch's mean loss: the update a single worker makes on the whole
+// batch, up to float rounding. The last stage computes the loss; the loss sum and correct count of
+// the batch go back up the pipeline in one small message after the gradients, so every stage
+// returns the batch's loss.
+//
+// Activations and gradients travel as raw float32 buffers in the order the schedule makes them;
+// sends do not wait (a stage goes on computing while its message is on the wire), receives
+// happen when the op needs them. A rank holds the stashed inputs of its blocks for the micro-batches
+// in flight (all m with GPipe, at most S - s with 1F1B): memoryStats() reports the peak.
+import type { Tf } from "../../../../core/engine.ts"
+import { gatherRows, shardIndices, type ArrayDataset } from "../../../../core/datasets.ts"
+import { ConfigError } from "../../../../core/errors.ts"
+import type { Batch, BatchTransform } from "../../../../core/data/stream.ts"
+import type { Block } from "./blocks.ts"
+import type { GridPlace } from "./grid.ts"
+import type { StageLinks } from "./links.ts"
+import { labelsOf, type ResolvedLoss } from "./loss.ts"
+import { microBatchSizes, stageOps, type ScheduleName } from "./schedule.ts"
+import type { WeightPart } from "./tensor-parallel.ts"
+import { loadStageShard, stageShardFiles, type FrozenWeight, type PipelineLayout } from "./checkpoint.ts"
+
+type Tensor = import("@tensorflow/tfjs").Tensor
+type Scalar = import("@tensorflow/tfjs").Scalar
+type Variable = import("@tensorflow/tfjs").Variable
+type Optimizer = import("@tensorflow/tfjs").Optimizer
+
+/** One stage as this rank runs it. */
+export interface StageSpec {
+  readonly blocks: ReadonlyArray<Block>
+  /** One per variable of the blocks, in order: which model weight (or slice of one) it is. */
+  readonly parts: ReadonlyArray<WeightPart>
+  /** Per-sample shape of the stage's input and output. */
+  readonly inputShape: ReadonlyArray<number>
+  readonly outputShape: ReadonlyArray<number>
+  /** Weights of the stage's layers that are not trained (batch-norm statistics): checkpointed whole. */
+  readonly frozen?: ReadonlyArray<FrozenWeight>
+}
+
+export interface PipelineStepResult {
+  /** The batch's mean loss (this replica's batch). */
+  readonly loss: number
+  readonly samples: number
+  /** Correct predictions (classification losses). */
+  readonly correct?: number
+}
+
+export interface PipelineEpochResult {
+  readonly epoch: number
+  /** Mean loss over every replica's samples. */
+  readonly loss: number
+  readonly accuracy?: number
+  readonly samples: number
+  readonly steps: number
+  readonly seconds: number
+}
+
+/** Where the time of the last step went, on this rank. */
+export interface PipelineStepTiming {
+  /** From the first op of the schedule to the last (sends settled). */
+  readonly pipelineMs: number
+  /** Of which waiting for a neighbour's message. */
+  readonly waitMs: number
+  /** waitMs / pipelineMs: this stage's measured bubble. */
+  readonly bubble: number
+  /** Computing its forward ops (all micro-batches), and its backward ops (with the recomputed forward). */
+  readonly forwardMs: number
+  readonly backwardMs: number
+  /** All-reduce of the stage's gradients among its replicas. */
+  readonly reduceMs: number
+  readonly applyMs: number
+}
+
+export interface PipelineMemoryStats {
+  /** Bytes of stashed block inputs at the peak of the last step (activation memory). */
+  readonly activationPeakBytes: number
+  /** Most micro-batches in flight at once in the last step. */
+  readonly peakInFlight: number
+  /** Bytes of this rank's trainable weights. */
+  readonly parameterBytes: number
+  /** The tfjs engine's bytes at the peak of the last step (sampled after every op). */
+  readonly enginePeakBytes: number
+}
+
+export interface PipelineFitOptions {
+  readonly epochs: number
+  /** Rows per batch of each data-parallel replica. */
+  readonly batchSize: number
+  readonly initialEpoch?: number
+  /** Seed of the per-epoch shuffles; default the shard's (Trainer seed). */
+  readonly seed?: number
+  readonly onStep?: (r: PipelineStepResult & { epoch: number; index: number }) => void | Promise<void>
+  readonly onEpochEnd?: (r: PipelineEpochResult) => void | Promise<void>
+}
+
+/** What pp.fit() trains from: an in-memory dataset (ctx.getDatasetShard of arrays, with its map transforms, or the dataset itself). */
+export type PipelineSource = { readonly dataset: ArrayDataset; readonly seed?: number; readonly transforms?: ReadonlyArray<BatchTransform> } | ArrayDataset
+
+export interface PipelineModelOptions {
+  readonly schedule: ScheduleName
+  readonly microBatches: number
+  readonly loss: ResolvedLoss
+  readonly optimizer: Optimizer
+  readonly layout: PipelineLayout
+  /** Default seed of fit()'s shuffles. */
+  readonly seed?: number
+}
+
+const size = (shape: ReadonlyArray<number>): number => shape.reduce((a, b) => a * b, 1)
+
+export class PipelineModel {
+  readonly place: GridPlace
+  /** @internal This rank's blocks of the model, its frozen weights and tensor-parallel parts. */
+  readonly stage: StageSpec
+  readonly optimizer: Optimizer
+  readonly layout: PipelineLayout
+  schedule: ScheduleName
+  microBatches: number
+  readonly #tf: Tf
+  readonly #links: StageLinks
+  readonly #loss: ResolvedLoss
+  readonly #vars: Variable[]
+  readonly #blockVarStart: number[]
+  readonly #seed: number
+  #timing: PipelineStepTiming = { pipelineMs: 0, waitMs: 0, bubble: 0, forwardMs: 0, backwardMs: 0, reduceMs: 0, applyMs: 0 }
+  #memory: PipelineMemoryStats
+  #steps = 0
+  #closed = false
+
+  /** @internal ctx.preparePipeline makes it, with the stage's links. */
+  constructor(tf: Tf, place: GridPlace, stage: StageSpec, links: StageLinks, opts: PipelineModelOptions) {
+    this.#tf = tf
+    this.place = place
+    this.stage = stage
+    this.#links = links
+    this.#loss = opts.loss
+    this.optimizer = opts.optimizer
+    this.layout = opts.layout
+    this.schedule = opts.schedule
+    this.microBatches = opts.microBatches
+    this.#seed = opts.seed ?? 0
+    this.#vars = []
+    this.#blockVarStart = []
+    for (const b of stage.blocks) {
+      this.#blockVarStart.push(this.#vars.length)
+      this.#vars.push(...b.variables)
+    }
+    if (stage.parts.length !== this.#vars.length) throw new Error(`stage has ${this.#vars.length} variables but ${stage.parts.length} weight parts`)
+    this.#memory = { activationPeakBytes: 0, peakInFlight: 0, parameterBytes: this.#vars.reduce((n, v) => n + v.size * 4, 0), enginePeakBytes: 0 }
+  }
+
+  get isFirstStage(): boolean {
+    return this.place.stage === 0
+  }
+
+  get isLastStage(): boolean {
+    return this.place.stage === this.place.stages - 1
+  }
+
+  /** This rank's trainable variables (its stage's, tensor-parallel ones as slices). */
+  get variables(): ReadonlyArray<Variable> {
+    return this.#vars
+  }
+
+  get parameterCount(): number {
+    return this.#vars.reduce((n, v) => n + v.size, 0)
+  }
+
+  /** Optimizer steps taken. */
+  get steps(): number {
+    return this.#steps
+  }
+
+  get lastStepTiming(): PipelineStepTiming {
+    return this.#timing
+  }
+
+  memoryStats(): PipelineMemoryStats {
+    return this.#memory
+  }
+
+  /** The loss's targets from class ids (one-hot for a categorical loss), as dp.lossTargets. */
+  lossTargets(y: Tensor, numClasses: number): Tensor {
+    if (this.#loss.classification && !this.#loss.sparse) return this.#tf.oneHot(y.toInt(), numClasses)
+    return y.clone()
+  }
+
+  #check(): void {
+    if (this.#closed) throw new ConfigError({ field: "pipeline", reason: "this pipelined model was closed (its loop ended or its links failed)" })
+  }
+
+  /**
+   * One optimizer step on a batch. The first stage uses `x`, the last stage `y` (the loss's
+   * targets, as from lossTargets); pass the same batch on every rank of a pipeline, or null where a
+   * stage does not need it with `{ batchSize }`. Every rank of the group calls it the same number of times.
+   */
+  async trainStep(x: Tensor | null | undefined, y: Tensor | null | undefined, opts: { readonly batchSize?: number } = {}): Promise<PipelineStepResult> {
+    this.#check()
+    const tf = this.#tf
+    const B = x?.shape[0] ?? y?.shape[0] ?? opts.batchSize
+    if (!(Number.isInteger(B) && (B as number) >= 1)) {
+      throw new ConfigError({ field: "pipeline.trainStep", reason: `needs a batch: pass x (first stage), y (last stage), or { batchSize } (stages in between); got ${String(B)}` })
+    }
+    const batch = B as number
+    if (this.isFirstStage && !x) throw new ConfigError({ field: "pipeline.trainStep", reason: "the first stage needs the batch's features x" })
+    if (this.isLastStage && !y) throw new ConfigError({ field: "pipeline.trainStep", reason: "the last stage needs the batch's targets y" })
+    for (const [name, t] of [["x", x], ["y", y]] as const) {
+      if (t && t.shape[0] !== batch) throw new ConfigError({ field: "pipeline.trainStep", reason: `${name} has ${t.shape[0]} rows, the batch ${batch}` })
+    }
+    const sizes = microBatchSizes(batch, this.microBatches)
+    const offsets = sizes.map((_, i) => sizes.slice(0, i).reduce((a, b) => a + b, 0))
+    const ops = stageOps(this.schedule, this.place.stage, this.place.stages, sizes.length)
+    const blocks = this.stage.blocks
+    const last = this.isLastStage
+    const first = this.isFirstStage
+    const lastBlock = blocks.at(-1)
+    const fused = last && lastBlock?.backwardLoss !== undefined
+    const inSize = size(this.stage.inputShape)
+    const outSize = size(this.stage.outputShape)
+    const links = this.#links
+    const stash = new Map<number, { inputs: Tensor[]; out?: Tensor; bytes: number }>()
+    const acc: Array<Tensor | undefined> = new Array(this.#vars.length).fill(undefined)
+    const sends: Array<Promise<void>> = []
+    let lossSum = 0
+    let correct = 0
+    let waitMs = 0
+    let forwardMs = 0
+    let backwardMs = 0
+    let stashBytes = 0
+    let peakBytes = 0
+    let peakMicro = 0
+    let enginePeak = 0
+    const t0 = performance.now()
+    const send = (ch: { send(b: Float32Array): Promise<void> } | undefined, buf: Float32Array): void => {
+      const p = ch!.send(buf)
+      p.catch(() => {})
+      sends.push(p)
+    }
+    const recv = async (ch: { recv(b: Float32Array): Promise<void> } | undefined, buf: Float32Array): Promise<void> => {
+      const w = performance.now()
+      await ch!.recv(buf)
+      waitMs += performance.now() - w
+    }
+    const addGrads = (k: number, grads: ReadonlyArray<Tensor>): void => {
+      const base = this.#blockVarStart[k]
+      for (const [j, g] of grads.entries()) {
+        const prev = acc[base + j]
+        if (prev) {
+          acc[base + j] = tf.add(prev, g)
+          prev.dispose()
+          g.dispose()
+        } else acc[base + j] = g
+      }
+    }
+    const lossOf = (i: number, yi: Tensor) => (out: Tensor): Scalar => tf.mul(this.#loss.fn(yi, out), sizes[i] / batch) as Scalar
+    const countCorrect = (out: Tensor, yi: Tensor): number => {
+      const c = tf.tidy(() => out.argMax(-1).equal(labelsOf(yi)).sum())
+      const v = c.dataSync()[0]
+      c.dispose()
+      return v
+    }
+    try {
+      for (const op of ops) {
+        const i = op.micro
+        const n = sizes[i]
+        const opStart = performance.now()
+        const waitedBefore = waitMs
+        if (op.kind === "F") {
+          let h: Tensor
+          if (first) h = tf.slice(x as Tensor, offsets[i], n)
+          else {
+            const buf = new Float32Array(n * inSize)
+            await recv(links.fromPrev, buf)
+            h = tf.tensor(buf, [n, ...this.stage.inputShape])
+          }
+          const inputs: Tensor[] = []
+          const upTo = fused ? blocks.length - 1 : blocks.length
+          for (let k = 0; k < upTo; k++) {
+            inputs.push(h)
+            h = await blocks[k].forward(h)
+          }
+          const entry: { inputs: Tensor[]; out?: Tensor; bytes: number } = { inputs, bytes: 0 }
+          if (fused) inputs.push(h)
+          else if (last) entry.out = h
+          else {
+            const data = (await h.data()) as Float32Array
+            h.dispose()
+            send(links.toNext, data)
+          }
+          entry.bytes = inputs.reduce((s, t) => s + t.size * 4, 0) + (entry.out ? entry.out.size * 4 : 0)
+          stash.set(i, entry)
+          stashBytes += entry.bytes
+          peakBytes = Math.max(peakBytes, stashBytes)
+          peakMicro = Math.max(peakMicro, stash.size)
+        } else {
+          const entry = stash.get(i)
+          if (!entry) throw new Error(`schedule ran the backward of micro-batch ${i} before its forward`)
+          let dy: Tensor | undefined
+          let k = blocks.length - 1
+          if (last) {
+            const yi = tf.slice(y as Tensor, offsets[i], n)
+            try {
+              if (fused) {
+                const r = lastBlock!.backwardLoss!(entry.inputs[k], lossOf(i, yi), k > 0 || !first, this.#loss.classification)
+                lossSum += (r.value.dataSync()[0] * batch)
+                r.value.dispose()
+                if (r.out) {
+                  correct += countCorrect(r.out, yi)
+                  r.out.dispose()
+                }
+                addGrads(k, r.grads)
+                dy = r.dx
+                k--
+              } else {
+                const out = entry.out!
+                const { value, grads } = tf.engine().gradients(() => lossOf(i, yi)(out), [out])
+                lossSum += value.dataSync()[0] * batch
+                value.dispose()
+                if (this.#loss.classification) correct += countCorrect(out, yi)
+                dy = grads[0]
+              }
+            } finally {
+              yi.dispose()
+            }
+          } else {
+            const buf = new Float32Array(n * outSize)
+            await recv(links.fromNext, buf)
+            dy = tf.tensor(buf, [n, ...this.stage.outputShape])
+          }
+          for (; k >= 0; k--) {
+            const r = await blocks[k].backward(entry.inputs[k], dy!, k > 0 || !first)
+            dy!.dispose()
+            addGrads(k, r.grads)
+            dy = r.dx
+          }
+          if (!first) {
+            const data = (await dy!.data()) as Float32Array
+            send(links.toPrev, data)
+          }
+          dy?.dispose()
+          for (const t of entry.inputs) t.dispose()
+          entry.out?.dispose()
+          stashBytes -= entry.bytes
+          stash.delete(i)
+        }
+        enginePeak = Math.max(enginePeak, tf.memory().numBytes)
+        const busy = performance.now() - opStart - (waitMs - waitedBefore)
+        if (op.kind === "F") forwardMs += busy
+        else backwardMs += busy
+      }
+      // The batch's loss and correct count go back up the pipeline, behind the last gradients.
+      if (!last) {
+        const meta = new Float32Array(2)
+        await recv(links.fromNext, meta)
+        lossSum = meta[0]
+        correct = meta[1]
+      }
+      if (!first) send(links.toPrev, Float32Array.of(lossSum, correct))
+      await Promise.all(sends)
+    } catch (e) {
+      for (const entry of stash.values()) {
+        for (const t of entry.inputs) t.dispose()
+        entry.out?.dispose()
+      }
+      tf.dispose(acc.filter((t): t is Tensor => t !== undefined))
+      // A step cut short leaves the links mid-conversation: give them up, which fails the peers'
+      // transfers in flight at once instead of at their deadline, and refuse further steps.
+      this.#closed = true
+      void this.#links.close().catch(() => {})
+      throw e
+    }
+    const pipelineMs = performance.now() - t0
+    const grads = acc.map((g, j) => g ?? tf.zerosLike(this.#vars[j]))
+    const r0 = performance.now()
+    let reduced: Tensor[]
+    try {
+      reduced = await this.#reduce(grads, batch)
+    } catch (e) {
+      this.#closed = true
+      void this.#links.close().catch(() => {})
+      throw e
+    }
+    const reduceMs = performance.now() - r0
+    const a0 = performance.now()
+    if (this.#vars.length > 0) this.optimizer.applyGradients(this.#vars.map((v, j) => ({ name: v.name, tensor: reduced[j] })))
+    tf.dispose(reduced)
+    const applyMs = performance.now() - a0
+    this.#steps++
+    this.#timing = { pipelineMs, waitMs, bubble: pipelineMs > 0 ? waitMs / pipelineMs : 0, forwardMs, backwardMs, reduceMs, applyMs }
+    this.#memory = { ...this.#memory, activationPeakBytes: peakBytes, peakInFlight: peakMicro, enginePeakBytes: enginePeak }
+    return { loss: lossSum / batch, samples: batch, ...(this.#loss.classification ? { correct } : {}) }
+  }
+
+  /** The stage's gradients averaged over its replicas (weighted by their batches): one flat all-reduce. */
+  async #reduce(grads: Tensor[], batch: number): Promise<Tensor[]> {
+    const tf = this.#tf
+    const group = this.#links.replicas
+    if (group.size === 1 || grads.length === 0) return grads
+    // Concatenated on the device, read once; the reduced values go back as views of the same buffer.
+    const flatT = tf.tidy(() => tf.concat(grads.map((g) => g.reshape([-1]))))
+    tf.dispose(grads)
+    const flat = (await flatT.data()) as Float32Array
+    flatT.dispose()
+    await group.weightedMean(flat, batch)
+    const out: Tensor[] = []
+    let o = 0
+    for (const v of this.#vars) {
+      out.push(tf.tensor(flat.subarray(o, o + v.size), v.shape))
+      o += v.size
+    }
+    return out
+  }
+
+  /**
+   * Loss (and accuracy) of the model on `x`/`y`, every stage taking part (a forward-only pass in
+   * batches of `batchSize`); replica 0 computes, every rank gets the result.
+   */
+  async evaluate(x: Tensor | null | undefined, y: Tensor | null | undefined, opts: { readonly batchSize?: number; readonly rows?: number } = {}): Promise<{ loss: number; accuracy?: number }> {
+    this.#check()
+    const tf = this.#tf
+    const rows = x?.shape[0] ?? y?.shape[0] ?? opts.rows
+    if (!(Number.isInteger(rows) && (rows as number) >= 1)) throw new ConfigError({ field: "pipeline.evaluate", reason: "needs x (first stage), y (last stage) or { rows } (stages in between)" })
+    if (this.isFirstStage && !x) throw new ConfigError({ field: "pipeline.evaluate", reason: "the first stage needs x" })
+    if (this.isLastStage && !y) throw new ConfigError({ field: "pipeline.evaluate", reason: "the last stage needs y" })
+    const bs = opts.batchSize ?? 256
+    let lossSum = 0
+    let correct = 0
+    const mine = this.place.replica === 0
+    if (mine) {
+      for (let off = 0; off < (rows as number); off += bs) {
+        const n = Math.min(bs, (rows as number) - off)
+        let h: Tensor
+        if (this.isFirstStage) h = tf.slice(x as Tensor, off, n)
+        else {
+          const buf = new Float32Array(n * size(this.stage.inputShape))
+          await this.#links.fromPrev!.recv(buf)
+          h = tf.tensor(buf, [n, ...this.stage.inputShape])
+        }
+        for (const b of this.stage.blocks) {
+          const next = await b.forward(h)
+          h.dispose()
+          h = next
+        }
+        if (this.isLastStage) {
+          const yi = tf.slice(y as Tensor, off, n)
+          const l = tf.tidy(() => this.#loss.fn(yi, h))
+          lossSum += l.dataSync()[0] * n
+          l.dispose()
+          if (this.#loss.classification) correct += (() => {
+            const c = tf.tidy(() => h.argMax(-1).equal(labelsOf(yi)).sum())
+            const v = c.dataSync()[0]
+            c.dispose()
+            return v
+          })()
+          yi.dispose()
+          h.dispose()
+        } else {
+          const data = (await h.data()) as Float32Array
+          h.dispose()
+          await this.#links.toNext!.send(data)
+        }
+      }
+    }
+    // Only one rank holds the answer: replica 0's last stage, tensor rank 0.
+    const sums = new Float32Array(2)
+    if (mine && this.isLastStage && this.place.tpRank === 0) sums.set([lossSum, correct])
+    await this.#links.world.sum(sums)
+    return { loss: sums[0] / (rows as number), ...(this.#loss.classification ? { accuracy: sums[1] / (rows as number) } : {}) }
+  }
+
+  /**
+   * Trains `epochs - initialEpoch` epochs on an in-memory dataset: each replica takes its shard
+   * (reshuffled per epoch, as ctx.getDatasetShard), every stage of a replica the same rows (the
+   * first stage their features, the last their targets), batches of `batchSize`. Metrics are
+   * over every replica's samples.
+   */
+  async fit(source: PipelineSource, opts: PipelineFitOptions): Promise<PipelineEpochResult[]> {
+    this.#check()
+    const tf = this.#tf
+    const ds: ArrayDataset = "dataset" in source ? source.dataset : source
+    const seed = opts.seed ?? ("dataset" in source ? source.seed : undefined) ?? this.#seed
+    if (!ds || !(ds.x instanceof Float32Array)) {
+      throw new ConfigError({ field: "pipeline.fit", reason: "takes an in-memory dataset (ctx.getDatasetShard of arrays, or makeDataset(...)); with streamed data call pp.trainStep() per batch" })
+    }
+    if (!(Number.isInteger(opts.batchSize) && opts.batchSize >= 1)) throw new ConfigError({ field: "pipeline.fit.batchSize", reason: `must be an integer >= 1, got ${opts.batchSize}` })
+    const numClasses = ds.numClasses || (this.stage.outputShape.at(-1) ?? 1)
+    const transforms = "dataset" in source ? (source.transforms ?? []) : []
+    const out: PipelineEpochResult[] = []
+    for (let epoch = opts.initialEpoch ?? 0; epoch < opts.epochs; epoch++) {
+      const started = performance.now()
+      const rows = shardIndices(ds.size, this.place.replica, this.place.replicas, seed, epoch)
+      const steps = Math.ceil(rows.length / opts.batchSize)
+      let lossSum = 0
+      let correct = 0
+      let samples = 0
+      for (let s = 0; s < steps; s++) {
+        const idx = rows.subarray(s * opts.batchSize, Math.min(rows.length, (s + 1) * opts.batchSize))
+        // Only what this stage needs is gathered: features on the first stage, targets on the last.
+        // (the shard's map transforms run on every stage that gathers, in order, as dp.fit runs them)
+        let g: Batch | undefined
+        if (this.isFirstStage || this.isLastStage) {
+          const rowsOf = gatherRows(ds, idx)
+          g = { x: rowsOf.x, y: rowsOf.y, n: idx.length, featureShape: ds.featureShape, labelShape: ds.labelShape ?? [] }
+          for (const t of transforms) g = t(g)
+        }
+        const x = this.isFirstStage ? tf.tensor(g!.x, [idx.length, ...g!.featureShape]) : undefined
+        let y: Tensor | undefined
+        if (this.isLastStage) {
+          const b = g!
+          y = tf.tidy(() => {
+            if (b.y instanceof Int32Array && b.labelShape.length === 0) return this.lossTargets(tf.tensor1d(b.y, "int32"), numClasses)
+            return tf.tensor(b.y, [idx.length, ...(b.labelShape.length > 0 ? b.labelShape : [1])], "float32")
+          })
+        }
+        try {
+          const r = await this.trainStep(x, y, { batchSize: idx.length })
+          lossSum += r.loss * r.samples
+          correct += r.correct ?? 0
+          samples += r.samples
+          await opts.onStep?.({ ...r, epoch, index: s })
+        } finally {
+          x?.dispose()
+          y?.dispose()
+        }
+      }
+      // Every replica's sums; one rank per replica contributes (its stages know the same sums).
+      const sums = new Float32Array(3)
+      if (this.place.stage === 0 && this.place.tpRank === 0) sums.set([lossSum, correct, samples])
+      await this.#links.world.sum(sums)
+      const r: PipelineEpochResult = {
+        epoch,
+        loss: sums[2] > 0 ? sums[0] / sums[2] : Number.NaN,
+        ...(this.#loss.classification ? { accuracy: sums[2] > 0 ? sums[1] / sums[2] : 0 } : {}),
+        samples: sums[2],
+        steps,
+        seconds: (performance.now() - started) / 1000
+      }
+      out.push(r)
+      await opts.onEpochEnd?.(r)
+    }
+    return out
+  }
+
+  /** This rank's checkpoint files: its stage's weights and optimizer state (replica 0 only; the others hold copies). */
+  async shardFiles(): Promise<Record<string, Uint8Array>> {
+    if (this.place.replica !== 0) return {}
+    return stageShardFiles(this.layout, this.place, this.#vars, this.stage.parts, this.optimizer, this.stage.frozen)
+  }
+
+  /** Loads this rank's stage from a checkpoint of the same layout (any replica loads replica 0's shard). */
+  async restore(files: Readonly<Record<string, Uint8Array>>): Promise<void> {
+    await loadStageShard(this.#tf, files, this.layout, this.place, this.#vars, this.stage.parts, this.optimizer, this.stage.frozen)
+  }
+
+  /** Gives up this rank's links (the loop ended). */
+  async close(): Promise<void> {
+    if (this.#closed) return
+    this.#closed = true
+    await this.#links.close()
+  }
+}

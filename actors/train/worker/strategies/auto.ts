@@ -1,0 +1,376 @@
+// Strategy "auto": training starts on the all-reduce and, from measured compute and communication
+// times, moves to the parameter servers (backup workers, SSP, async), to local SGD where
+// collectiveConfig.localSgd offers it, and back (scheduler/strategy-choice.ts prices the candidates
+// the registered strategies declare). Every rank takes part in the same decision rounds, computes
+// the same choice, and a change moves the parameters and the optimizer state; rank 0 explains every
+// decision.
+import * as os from "node:os"
+import { createHash } from "node:crypto"
+import { chooseStrategy, onServers, type StrategyName } from "../../../../scheduler/strategy-choice.ts"
+import { hasPsFiles, psWholeState } from "../ps-client.ts"
+import { flatStateFromTfjs, readTfjsOptimizerWeights } from "../../common/optim/tfjs-state.ts"
+import { AllReduceWorker } from "./allreduce.ts"
+import { LocalSgdWorker, localSgd } from "./local-sgd.ts"
+import { ParameterServerWorker, checkServersConfig, serversPeersCannot, type AutoMode } from "./parameter-server.ts"
+import { strategies } from "./registry.ts"
+import { defineStrategy, type Exchanged, type StepExchange, type StrategyHost, type StrategyWorker } from "./strategy.ts"
+import { ConfigError } from "../../../../core/errors.ts"
+import { OPTIMIZER_FILE } from "../../../../core/model-io.ts"
+
+/** The CPU ms this machine's cores have been busy (everything but idle and iowait) since boot. */
+const machineBusyMs = (): number => {
+  let busy = 0
+  for (const c of os.cpus()) busy += c.times.user + c.times.nice + c.times.sys + c.times.irq
+  return busy
+}
+
+/** This machine, as a number that survives a Float32Array exchange exactly (24 bits of a hash of the host name). */
+const hostHash = createHash("sha1").update(os.hostname()).digest().readUIntBE(0, 3)
+
+/** The first decision (steps before it measure the all-reduce), its window and how often it is taken again. */
+const AUTO_FIRST_DECISION = 12
+/** The first round only measures (its window is warm-up); the first choice is made at this clock. */
+const AUTO_FIRST_CHOICE = 24
+const AUTO_WINDOW = 10
+const AUTO_EVERY = 48
+/** Rounds a strategy's measured rate stands in for its prediction. */
+const AUTO_REMEMBER = 4
+
+/** The candidates auto may move to: the cost-model entries the registered strategies declare. */
+export const autoCandidates = (): ReadonlySet<StrategyName> => new Set(strategies().flatMap((e) => e.autoCandidates ?? []))
+
+export class AutoWorker implements StrategyWorker {
+  readonly replicated = false
+  readonly #host: StrategyHost
+  readonly #allreduce: AllReduceWorker
+  readonly #servers: ParameterServerWorker
+  /** Local SGD's outer loop while training runs on it. */
+  #local: LocalSgdWorker | undefined
+  /** What runs now. */
+  #current: StrategyName = "allreduce"
+  /** This rank's recent compute, all-reduce and push-pull times (ms, -1: not measured). */
+  #computeLog: number[] = []
+  #commLog: number[] = []
+  #psLog: number[] = []
+  /** When the last decision round was, and the machine's busy CPU ms then. */
+  #cpuMark: { at: number; busy: number; own: number } | undefined
+  #allReduceMs: number | undefined
+  /** The group's measured price of one push-pull. */
+  #pushPullMs: number | undefined
+  #switches = 0
+  /**
+   * The decision clock's next point (the same on every rank). Inside dp.fit() the clock is this
+   * rank's trainStep calls (dp.fit gives every rank the same steps); outside it, the group step,
+   * which every rank reaches whatever steps it took itself.
+   */
+  #nextDecision = AUTO_FIRST_DECISION
+  #calls = 0
+  /**
+   * Where the current measuring window began (performance.now() and the group step; undefined
+   * until the second step), and the rates measured per strategy with the round they were measured
+   * in (forgotten after AUTO_REMEMBER rounds, so a changed group is tried again).
+   */
+  #mark: { at: number; global: number } | undefined
+  #measured = new Map<StrategyName, { rate: number; round: number }>()
+  #rounds = 0
+
+  constructor(host: StrategyHost) {
+    this.#host = host
+    this.#allreduce = new AllReduceWorker(host)
+    this.#servers = new ParameterServerWorker(host)
+  }
+
+  get name(): string {
+    return this.#current
+  }
+
+  get viaServers(): boolean {
+    return onServers(this.#current)
+  }
+
+  get #active(): StrategyWorker {
+    return this.#local ?? (onServers(this.#current) ? this.#servers : this.#allreduce)
+  }
+
+  async beforeStep(): Promise<void> {
+    if (this.#decisionClock() >= this.#nextDecision) await this.#decideStrategy()
+    this.#calls++
+    if (this.#calls === 2 && !this.#mark) this.#mark = { at: performance.now(), global: this.#host.global }
+  }
+
+  inPlace(): boolean {
+    return this.#active.inPlace()
+  }
+
+  async afterInPlace(samples: number): Promise<void> {
+    await this.#active.afterInPlace?.(samples)
+  }
+
+  computed(ms: number, step: number, inPlace: boolean): void {
+    if (step >= 2 && (!inPlace || this.#local)) this.#computeLog.push(ms)
+  }
+
+  async exchange(flat: Float32Array, x: StepExchange): Promise<Exchanged> {
+    const r = await this.#active.exchange(flat, x)
+    if (x.step >= 2) {
+      if (r.onServers) {
+        this.#commLog.push(-1)
+        this.#psLog.push(r.commMs ?? -1)
+      } else this.#commLog.push(r.commMs ?? -1)
+    }
+    return r
+  }
+
+  async settle(): Promise<void> {
+    await this.#local?.settle()
+  }
+
+  /**
+   * Tells the servers this rank's loop ended. On the servers, ranks that are still training may be
+   * waiting in a decision (or reach one); this rank takes part in the group's decision rounds,
+   * changing nothing, until every rank has finished.
+   */
+  async finish(): Promise<void> {
+    await this.settle()
+    await this.#servers.finish()
+    if (onServers(this.#current)) while (!(await this.#decisionRound(true)).allFinishing);
+  }
+
+  async checkpointFiles(optimizerFile: () => Promise<Uint8Array>): Promise<Record<string, Uint8Array>> {
+    return this.#active.checkpointFiles ? this.#active.checkpointFiles(optimizerFile) : { [OPTIMIZER_FILE]: await optimizerFile() }
+  }
+
+  /**
+   * Resumes on the all-reduce: a checkpoint taken while on the servers is their state, which every
+   * rank loads into its own optimizer.
+   */
+  async restore(files: Readonly<Record<string, Uint8Array>>): Promise<boolean> {
+    if (this.#local) await this.#local.restore(files)
+    this.#current = "allreduce"
+    this.#servers.auto = undefined
+    if (!hasPsFiles(files)) return false
+    const whole = psWholeState(files, this.#host.parameterCount)
+    this.#host.assignFlat(whole.params)
+    await this.#host.loadTfjsOptimizer(this.#servers.spec, whole.optimizer)
+    return true
+  }
+
+  snapshotFiles(inStep: boolean): Record<string, Uint8Array> {
+    return this.#local?.snapshotFiles(inStep) ?? {}
+  }
+
+  async beforeAdopt(files: Readonly<Record<string, Uint8Array>>): Promise<(() => void) | undefined> {
+    return this.#local?.beforeAdopt(files)
+  }
+
+  metrics(): Record<string, number | string> {
+    return { strategy: this.#current, "strategy/switches": this.#switches, ...this.#local?.metrics(), ...(this.viaServers ? this.#servers.metrics() : {}) }
+  }
+
+  #decisionClock(): number {
+    return this.#host.inFit ? this.#calls : Math.floor(this.#host.global + 1e-9)
+  }
+
+  /**
+   * Strategy "auto": one round of the group's decision exchange. Every rank's recent compute,
+   * all-reduce and push-pull times, its group step, step counter, decision clock and whether it has
+   * finished are gathered; every rank leaves with the same group step and next decision point.
+   */
+  async #decisionRound(
+    finishing: boolean
+  ): Promise<{
+    computeMs: number[][]
+    steps: number
+    step: number
+    anyFinishing: boolean
+    allFinishing: boolean
+    cpu: { busyCores: number[]; stepsPerSec: number[]; cores: number[]; host: number[]; ownCores: number[] }
+  }> {
+    const k = AUTO_WINDOW
+    const w = 3 * k + 11
+    // This rank's last k compute, all-reduce and push-pull times (-1: not measured), then the rest.
+    const mine = new Float32Array(w).fill(-1)
+    const c = this.#computeLog.slice(-k)
+    const m = this.#commLog.slice(-k)
+    const q = this.#psLog.slice(-k)
+    mine.set(c, k - c.length)
+    mine.set(m, 2 * k - m.length)
+    mine.set(q, 3 * k - q.length)
+    mine[3 * k] = this.#host.global
+    mine[3 * k + 1] = this.#host.step
+    mine[3 * k + 2] = this.#decisionClock()
+    mine[3 * k + 3] = finishing ? 1 : 0
+    mine[3 * k + 4] = this.#servers.serverMs ?? -1
+    mine[3 * k + 5] = this.#mark ? performance.now() - this.#mark.at : -1
+    // Since the last round: this machine's busy cores (every process on it) and this rank's
+    // steps/s; its cores, and the machine (a 24-bit hash of the host name: ranks of one machine
+    // share its cores).
+    const usage = process.cpuUsage()
+    const now = { at: performance.now(), busy: machineBusyMs(), own: (usage.user + usage.system) / 1000 }
+    const took = this.#computeLog.length
+    if (this.#cpuMark && took > 0 && now.at > this.#cpuMark.at) {
+      mine[3 * k + 6] = (now.busy - this.#cpuMark.busy) / (now.at - this.#cpuMark.at)
+      mine[3 * k + 7] = (took * 1000) / (now.at - this.#cpuMark.at)
+      mine[3 * k + 10] = (now.own - this.#cpuMark.own) / (now.at - this.#cpuMark.at)
+    }
+    this.#cpuMark = now
+    mine[3 * k + 8] = os.availableParallelism()
+    mine[3 * k + 9] = hostHash
+    this.#computeLog = []
+    this.#commLog = []
+    this.#psLog = []
+    const all = await this.#host.sync.allGather!(mine)
+    const p = this.#host.sync.worldSize
+    let global = 0
+    let steps = 0
+    let clock = 0
+    let done = 0
+    let serverMs = -1
+    let elapsed = -1
+    for (let r = 0; r < p; r++) {
+      global = Math.max(global, all[r * w + 3 * k]!)
+      steps = Math.max(steps, all[r * w + 3 * k + 1]!)
+      clock = Math.max(clock, all[r * w + 3 * k + 2]!)
+      done += all[r * w + 3 * k + 3]!
+      serverMs = Math.max(serverMs, all[r * w + 3 * k + 4]!)
+      elapsed = Math.max(elapsed, all[r * w + 3 * k + 5]!)
+    }
+    // The group's rate since the window began (gradient steps/s: p per synchronous step's worth).
+    this.#rounds++
+    // The first window (from the second step) is warm-up: kernels compiled, buffers and links
+    // made; its rate would sell the starting strategy short, so that round only measures.
+    if (this.#mark && elapsed > 0 && !finishing && this.#rounds > 1) {
+      const rate = ((global - this.#mark.global) * p * 1000) / elapsed
+      if (rate > 0) this.#measured.set(this.#current, { rate, round: this.#rounds })
+    }
+    for (const [name, m] of this.#measured) if (this.#rounds - m.round > AUTO_REMEMBER) this.#measured.delete(name)
+    this.#mark = { at: performance.now(), global }
+    this.#host.global = global
+    const after = Math.floor(clock + 1e-9)
+    this.#nextDecision =
+      after < AUTO_FIRST_DECISION
+        ? AUTO_FIRST_DECISION
+        : after < AUTO_FIRST_CHOICE
+          ? AUTO_FIRST_CHOICE
+          : AUTO_FIRST_CHOICE + AUTO_EVERY * (Math.floor((after - AUTO_FIRST_CHOICE) / AUTO_EVERY) + 1)
+    // Per step, the least any rank spent exchanging (the last to arrive waited for nobody), averaged:
+    // rates follow the mean time, and a rank throttled in bursts has many quick steps and a few slow ones.
+    const leastPerStep = (part: number): number | undefined => {
+      const mins: number[] = []
+      for (let t = 0; t < k; t++) {
+        let least = Number.POSITIVE_INFINITY
+        for (let r = 0; r < p; r++) {
+          const v = all[r * w + part * k + t]!
+          if (v >= 0) least = Math.min(least, v)
+        }
+        if (Number.isFinite(least)) mins.push(least)
+      }
+      return mins.length > 0 ? mins.reduce((a, b) => a + b, 0) / mins.length : undefined
+    }
+    this.#allReduceMs = leastPerStep(1) ?? this.#allReduceMs
+    this.#pushPullMs = leastPerStep(2) ?? this.#pushPullMs
+    if (serverMs >= 0) this.#servers.serverMs = serverMs
+    const computeMs: number[][] = []
+    for (let r = 0; r < p; r++) computeMs.push(Array.from(all.subarray(r * w, r * w + k)).filter((v) => v >= 0))
+    const field = (i: number): number[] => Array.from({ length: p }, (_, r) => all[r * w + 3 * k + i]!)
+    const cpu = { busyCores: field(6), stepsPerSec: field(7), cores: field(8), host: field(9), ownCores: field(10) }
+    return { computeMs, steps, step: Math.floor(global + 1e-9), anyFinishing: done > 0, allFinishing: done >= p, cpu }
+  }
+
+  /**
+   * Strategy "auto", each time the decision clock passes the next decision point, the same points
+   * on every rank, so the exchange lines up: inside dp.fit() every rank's step count; outside it the
+   * group step, which lines up even where ranks take different numbers of steps (backup workers,
+   * SSP, async: a rank enters when it hears the group got there, so the others wait at most for its
+   * step in flight). Every rank computes the same choice from the gathered measurements
+   * (scheduler/strategy-choice.ts), rank 0 explains it, and a change moves training. Once any rank
+   * has finished its loop nothing changes any more.
+   */
+  async #decideStrategy(): Promise<void> {
+    const auto = this.#host.sync.auto!
+    if (!this.#host.sync.allGather) return
+    const { computeMs, steps, step, anyFinishing, cpu } = await this.#decisionRound(false)
+    // The first round (warm-up) only measures: its compute times' jitter and its rate are the
+    // first steps', and the machine's busy cores have no window yet.
+    if (this.#rounds === 1) return
+    if (anyFinishing || this.#allReduceMs === undefined || computeMs.some((r) => r.length === 0)) return
+    const choice = chooseStrategy(
+      {
+        computeMs,
+        allReduceMs: this.#allReduceMs,
+        numServers: auto.numServers,
+        equalSteps: this.#host.inFit,
+        candidates: autoCandidates(),
+        ...(this.#pushPullMs !== undefined ? { pushPullMs: this.#pushPullMs } : {}),
+        ...(this.#servers.serverMs !== undefined ? { serverMs: this.#servers.serverMs } : {}),
+        measured: Object.fromEntries([...this.#measured].map(([name, m]) => [name, m.rate])),
+        // Held to what the machines' cores run (no rank without a CPU figure yet: none is applied).
+        ...(cpu.busyCores.every((c) => c > 0) && cpu.ownCores.every((c) => c > 0) ? { cpu } : {}),
+        // collectiveConfig.localSgd offers local SGD: one round of the whole vector per H steps.
+        ...(this.#host.sync.localSgd ? { localSgd: { syncEvery: this.#host.sync.localSgd.syncEvery } } : {})
+      },
+      this.#current
+    )
+    if (this.#host.sync.rank === 0) {
+      const best = choice.predictions.find((x) => x.name === choice.pick)
+      auto.explain(choice.text, { step, ...choice.json }, `gradwire: strategy ${choice.pick}${choice.changed ? ` (was ${this.#current})` : ""} at step ${step}: predicted ${best?.stepsPerSec.toFixed(1)} gradient steps/s`)
+    }
+    if (choice.changed) {
+      // The next strategy starts every rank at the same step (the all-reduce and sync steps are numbered by it).
+      this.#host.step = steps
+      await this.#switchStrategy(choice.pick)
+    }
+  }
+
+  /** Moves training between the all-reduce and the servers, carrying the parameters and the optimizer state. */
+  async #switchStrategy(target: StrategyName): Promise<void> {
+    const ps = this.#servers.ps
+    const spec = this.#servers.spec
+    if (this.#local) {
+      // Leaving local SGD: one last round of every fragment, so every rank holds the same weights.
+      await this.#local.flush()
+      this.#local = undefined
+    }
+    if (onServers(this.#current)) {
+      // Leaving the servers: every rank takes their whole state (they are idle: every rank is here).
+      const whole = await ps.wholeState(this.#host.parameterCount)
+      this.#host.assignFlat(whole.params)
+      await this.#host.loadTfjsOptimizer(spec, whole.optimizer)
+    }
+    if (onServers(target) && this.#host.sync.rank === 0) {
+      const weights = await readTfjsOptimizerWeights(this.#host.optimizer as unknown as Parameters<typeof readTfjsOptimizerWeights>[0])
+      const state = flatStateFromTfjs(spec, this.#host.layout, this.#host.parameterCount, weights)
+      const as = target === "backup" ? { mode: "sync" as const, backupWorkers: 1 } : { mode: target as "ssp" | "async", backupWorkers: 0 }
+      await ps.takeOver(await this.#host.readFlatParams(), state, this.#host.learningRate ?? 0, spec, this.#host.sync.worldSize, this.#host.weightDecay, as)
+    }
+    // Nobody pushes before the servers hold the state; then every rank learns their version.
+    await this.#host.sync.sum(new Float32Array(1))
+    if (onServers(target)) await ps.pull(this.#host.parameterCount)
+    // The servers' version starts again at 0: the group step and step counter it is counted from.
+    this.#servers.auto = onServers(target) ? { mode: target as AutoMode["mode"], globalBase: this.#host.global, syncBase: this.#host.step } : undefined
+    this.#current = target
+    // Local SGD's outer loop starts at the weights every rank holds now.
+    if (target === "local-sgd") {
+      this.#local = new LocalSgdWorker(this.#host)
+      await this.#local.init()
+    }
+    this.#switches++
+    // The new strategy's window starts after the move.
+    this.#mark = { at: performance.now(), global: this.#host.global }
+  }
+}
+
+export const auto = defineStrategy({
+  name: "auto",
+  hint: "starts on the all-reduce and moves to the parameter servers' modes (or local SGD, with collectiveConfig.localSgd) when they are predicted faster",
+  // It may move to the servers' modes, so the servers start with the job.
+  servers: true,
+  validate: (input) => {
+    if (input.collective.parameterServer?.mode !== undefined) {
+      throw new ConfigError({ field: "collectiveConfig.parameterServer.mode", reason: `strategy "auto" picks the mode itself (backup workers or ssp); leave mode unset, or use strategy "parameter-server"` })
+    }
+    checkServersConfig(input)
+  },
+  peersCannot: (input) => localSgd.peersCannot(input) ?? serversPeersCannot(input),
+  create: (host) => new AutoWorker(host)
+})

@@ -1,0 +1,146 @@
+// Strategy "parameter-server": the servers (ps-server.ts, one process per shard of the flat
+// parameters) hold the parameters and the optimizer state; every step a worker pushes its gradient
+// and pulls the fresh parameters (ps-client.ts), in parameterServer.mode "sync" (with backup workers:
+// the slowest gradients of a step are dropped), "async" or "ssp" (bounded staleness). Strategy
+// "auto" runs the same worker side in the mode it moves to (backup, ssp, async).
+import { ConfigError } from "../../../../core/errors.ts"
+import type { StrategyName } from "../../../../scheduler/strategy-choice.ts"
+import type { ParameterServers } from "../gradient-sync.ts"
+import { flatOptimizerSpecOf, type FlatOptimizerSpec } from "../../common/optim/flat-optimizers.ts"
+import { checkPushCompression } from "../../common/ps-push-codec.ts"
+import { defineStrategy, type Exchanged, type StepExchange, type StrategyConfigInput, type StrategyHost, type StrategyWorker } from "./strategy.ts"
+
+/** The workers' optimizer as the servers run it. */
+export const psSpecOf = (host: StrategyHost): FlatOptimizerSpec => flatOptimizerSpecOf(host.optimizer as unknown as Parameters<typeof flatOptimizerSpecOf>[0])
+
+/** Strategy "auto" on the servers: the mode it runs, and the group step and step counter when training moved there (their version was 0 then). */
+export interface AutoMode {
+  readonly mode: Extract<StrategyName, "backup" | "ssp" | "async">
+  readonly globalBase: number
+  readonly syncBase: number
+}
+
+export class ParameterServerWorker implements StrategyWorker {
+  readonly name: string = "parameter-server"
+  readonly replicated = false
+  readonly ps: ParameterServers
+  readonly spec: FlatOptimizerSpec
+  readonly #host: StrategyHost
+  /** Strategy "auto": the mode it moved to; undefined: the configured mode, for the whole run. */
+  auto: AutoMode | undefined
+  /** Staleness counters of this rank's steps. */
+  readonly #staleness = { sum: 0, max: 0, steps: 0, dropped: 0 }
+  /** The busiest server's CPU ms per push, as the servers last reported it (strategy "auto" prices them by it). */
+  serverMs: number | undefined
+
+  constructor(host: StrategyHost) {
+    if ((host.sync.zeroStage ?? 0) > 0) {
+      throw new ConfigError({ field: "collectiveConfig.zeroStage", reason: "the parameter servers hold the optimizer state already: use zeroStage 0 with strategy \"parameter-server\"" })
+    }
+    this.#host = host
+    this.ps = host.sync.ps!
+    this.spec = psSpecOf(host)
+  }
+
+  get viaServers(): boolean {
+    return true
+  }
+
+  /** Rank 0 gives the servers the (broadcast) weights and the optimizer; every rank waits until they have them. */
+  async init(files?: Readonly<Record<string, Uint8Array>>): Promise<void> {
+    const h = this.#host
+    const ps = this.ps
+    if (h.sync.rank === 0) {
+      const restored = files ? await ps.restore(files, h.parameterCount, this.spec, h.sync.worldSize, h.weightDecay) : false
+      if (!restored) await ps.init(await h.readFlatParams(), this.spec, h.sync.worldSize, h.weightDecay)
+    }
+    // A barrier: nobody pushes (or pulls) before rank 0 set the servers up.
+    await h.sync.sum(new Float32Array(1))
+    if (files) h.assignFlat(await ps.pull(h.parameterCount))
+  }
+
+  inPlace(): boolean {
+    return false
+  }
+
+  /** The servers apply the gradient (as the mode says) and hand back their fresh parameters. */
+  async exchange(flat: Float32Array, x: StepExchange): Promise<Exchanged> {
+    const h = this.#host
+    const ps = this.ps
+    const auto = this.auto
+    const t1 = performance.now()
+    // Under "auto" a mode runs exactly as when chosen by hand (the same learning rate per update).
+    const p = h.sync.worldSize
+    const oneByOne = auto ? auto.mode === "ssp" || auto.mode === "async" : ps.mode !== "sync"
+    const r = await ps.pushPull(h.sync.rank, x.step, flat, x.samples, h.learningRate)
+    if (r.serverMs !== undefined) this.serverMs = r.serverMs
+    // The group's progress from the servers' version; under "auto" with backup workers outside
+    // dp.fit() a rank whose gradient came late goes on at the step the servers collect, not
+    // behind it. Inside dp.fit() every rank pushes every step of its own (decisions come at the
+    // same step count on every rank, and the fast ones wait there for a step only the slow one
+    // can still complete).
+    const perUpdate = oneByOne ? 1 : p - (auto ? 1 : ps.backupWorkers)
+    h.global = Math.max(h.global, (auto?.globalBase ?? 0) + (r.version * perUpdate) / p)
+    if (auto?.mode === "backup" && !h.inFit) h.step = Math.max(h.step, auto.syncBase + r.version)
+    const commMs = performance.now() - t1
+    const st = this.#staleness
+    st.sum += r.staleness
+    st.max = Math.max(st.max, r.staleness)
+    st.steps++
+    if (r.dropped) st.dropped++
+    return { commMs, onServers: true, apply: () => h.assignFlat(r.params) }
+  }
+
+  /** Tells the servers this rank's loop ended (sync and ssp steps stop waiting for it). */
+  async finish(): Promise<void> {
+    await this.ps.finish(this.#host.sync.rank)
+  }
+
+  /** The servers hold the parameters and the optimizer state: one file per server. */
+  async checkpointFiles(): Promise<Record<string, Uint8Array>> {
+    return this.ps.stateFiles()
+  }
+
+  /** Rank 0 sets the servers up from the checkpoint (from the restored weights when it has no server state); every rank continues from the servers' parameters. */
+  async restore(files: Readonly<Record<string, Uint8Array>>): Promise<boolean> {
+    await this.init(files)
+    return true
+  }
+
+  /**
+   * Updates between the parameters a gradient was computed on and its application (mean and max
+   * over this rank's steps so far), gradients dropped (backup workers), and the gradient bytes of
+   * this rank's last step's pushes (every server's) and as dense fp32: ReducerStats' wireBytes /
+   * denseBytes (ctx.communicationStats()) for the pushes.
+   */
+  metrics(): Record<string, number> {
+    const st = this.#staleness
+    const pushed = this.ps.pushStats
+    return {
+      "ps/staleness": st.sum / Math.max(1, st.steps),
+      "ps/staleness_max": st.max,
+      "ps/dropped": st.dropped,
+      ...(pushed && pushed.steps > 0 ? { "ps/wire_bytes": pushed.wireBytes, "ps/dense_bytes": pushed.denseBytes } : {})
+    }
+  }
+}
+
+/** The servers hold the optimizer state (no ZeRO), and pushes carry a codec's byte message of a flat range (ps-push-codec.ts). */
+export const checkServersConfig = ({ strategy, zeroStage, compression }: StrategyConfigInput): void => {
+  if (zeroStage > 0) throw new ConfigError({ field: "collectiveConfig.zeroStage", reason: "the parameter servers hold the optimizer state already: use zeroStage 0 with strategy \"parameter-server\"" })
+  // PowerSGD and "auto" cannot be pushed.
+  checkPushCompression(compression as Parameters<typeof checkPushCompression>[0], strategy)
+}
+
+export const serversPeersCannot = ({ strategy }: StrategyConfigInput): string =>
+  `with strategy "${strategy}" the state lives on the parameter servers, which restart with the job from the checkpoint`
+
+export const parameterServer = defineStrategy({
+  name: "parameter-server",
+  hint: "parameter servers hold the parameters and the optimizer; workers push gradients and pull parameters (modes sync with backup workers, async, ssp)",
+  servers: true,
+  validate: checkServersConfig,
+  peersCannot: serversPeersCannot,
+  autoCandidates: ["backup", "ssp", "async"],
+  create: (host) => new ParameterServerWorker(host)
+})

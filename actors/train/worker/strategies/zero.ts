@@ -1,0 +1,105 @@
+// ZeRO stages 1 and 2 (collectiveConfig.zeroStage with strategy "allreduce"): each rank holds the
+// optimizer state of its segment of the flat parameters only (optim/zero.ts). Stage 1 all-reduces
+// the whole gradient and updates its segment; stage 2 reduce-scatters, so each rank receives only
+// its segment's reduced gradient. The updated segments are all-gathered into every rank's model.
+// Checkpoints carry each rank's shard in its reports; a restore re-shards for another world size.
+import { ConfigError } from "../../../../core/errors.ts"
+import { OPTIMIZER_FILE, readOptimizerFile } from "../../../../core/model-io.ts"
+import { PeerRecoveryMisaligned } from "../group-session.ts"
+import { flatOptimizerSpecOf } from "../../common/optim/flat-optimizers.ts"
+import { flatStateFromTfjs } from "../../common/optim/tfjs-state.ts"
+import { ZeroShard, hasShards, type ZeroStage } from "../../common/optim/zero.ts"
+import { reduceWithRecompute, type Exchanged, type StepExchange, type StrategyHost, type StrategyWorker } from "./strategy.ts"
+
+export class ZeroWorker implements StrategyWorker {
+  readonly name = "allreduce"
+  readonly viaServers = false
+  readonly replicated = true
+  readonly #host: StrategyHost
+  readonly #zero: ZeroShard
+
+  constructor(host: StrategyHost) {
+    const { sync } = host
+    const stage = sync.zeroStage as 1 | 2
+    if (!sync.allGatherInto || (stage === 2 && !sync.reduceScatter)) {
+      throw new ConfigError({ field: "collectiveConfig.zeroStage", reason: `stage ${stage} needs the group's reduce-scatter and all-gather, which this group does not offer` })
+    }
+    this.#host = host
+    this.#zero = new ZeroShard(stage, flatOptimizerSpecOf(host.optimizer as unknown as Parameters<typeof flatOptimizerSpecOf>[0]), host.parameterCount, sync.rank, sync.worldSize)
+  }
+
+  get zeroStage(): ZeroStage {
+    return this.#zero.stage
+  }
+
+  /** Takes this rank's parameter segment from the model's weights (after a broadcast or a restore). */
+  async init(): Promise<void> {
+    this.#zero.loadParams(await this.#host.readFlatParams())
+  }
+
+  inPlace(): boolean {
+    return false
+  }
+
+  gradientBuffer(): Float32Array | undefined {
+    return this.#zero.stage === 2 ? this.#zero.gradients : undefined
+  }
+
+  async exchange(flat: Float32Array, x: StepExchange): Promise<Exchanged> {
+    const zero = this.#zero
+    if (zero.stage === 2) {
+      // Each rank receives only its segment of the reduced gradient.
+      const segment = await this.#host.sync.reduceScatter!(flat, x.samples)
+      return { apply: () => this.#applyShard(segment) }
+    }
+    // Stage 1: the whole gradient is all-reduced (with any compression); this rank updates its segment.
+    const r = await reduceWithRecompute(this.#host, flat, x)
+    return { adopted: r.adopted, ...(r.sentAt !== undefined ? { sentAt: r.sentAt } : {}), apply: () => this.#applyShard(r.flat.subarray(zero.layout.start, zero.layout.end)) }
+  }
+
+  /** This rank's segment from its reduced gradient, then every segment all-gathered into the model. */
+  async #applyShard(grad: Float32Array): Promise<void> {
+    const zero = this.#zero
+    zero.update(grad, this.#host.learningRate, this.#host.weightDecay)
+    const gathered = zero.gathered
+    await this.#host.sync.allGatherInto!(zero.segment, gathered)
+    this.#host.assignFlat(gathered)
+  }
+
+  /** The optimizer's state is in every rank's shard file (shardFiles), not in the model's checkpoint files. */
+  async checkpointFiles(): Promise<Record<string, Uint8Array>> {
+    return {}
+  }
+
+  shardFiles(): Record<string, Uint8Array> {
+    const { name, bytes } = this.#zero.shardFile()
+    return { [name]: bytes }
+  }
+
+  /** This rank's range of the saved shards (re-sharded for another world size), or of a stage-0 run's whole state. */
+  async restore(files: Readonly<Record<string, Uint8Array>>): Promise<boolean> {
+    const zero = this.#zero
+    await this.init()
+    if (hasShards(files)) zero.loadShards(files)
+    else if (files[OPTIMIZER_FILE]) {
+      // Saved whole by a stage-0 run: converted to the flat layout, this rank's range kept.
+      const h = this.#host
+      const saved = await readOptimizerFile(files[OPTIMIZER_FILE], h.optimizer.getClassName())
+      const whole = flatStateFromTfjs(zero.optimizer.spec, h.layout, h.parameterCount, saved.map((w) => ({ name: w.name, values: w.data })))
+      zero.loadWhole(whole)
+    }
+    return true
+  }
+
+  snapshotFiles(): Record<string, Uint8Array> {
+    throw new PeerRecoveryMisaligned({ reason: "with ZeRO each rank holds only its shard of the optimizer state, so no survivor holds the whole of it" })
+  }
+
+  memoryStats(): { optimizerState: number; reducedGradient: number; gradientBuffers: number; parameterBuffers: number } {
+    const zero = this.#zero
+    const n = this.#host.parameterCount
+    const m = zero.memory()
+    const reduced = zero.stage === 2 ? zero.layout.shardSize * 4 : n * 4
+    return { optimizerState: m.optimizerState, reducedGradient: reduced, gradientBuffers: m.gradientBuffers || n * 4, parameterBuffers: m.parameterBuffers }
+  }
+}
