@@ -39,6 +39,7 @@ import { Trainer, loadDigits, loadEngine, trainTestSplit, type ArrayDataset } fr
 import { buildModel } from "../examples/digits/model.ts"
 import type { StrategyLoopConfig, StrategyRankReport } from "../test/support/strategy-loop.ts"
 import { optionReader } from "./args.ts"
+import { benchVariants, type BenchVariant } from "../actors/train/worker/strategies/index.ts"
 import { median } from "../scheduler/cost-model.ts"
 
 /** The median of the finite values (NaN when none: a failed run gives NaN figures). */
@@ -46,28 +47,12 @@ const finiteMedian = (xs: ReadonlyArray<number>): number => median(xs.filter((x)
 
 const LOOP = fileURLToPath(new URL("../test/support/strategy-loop.ts", import.meta.url)) + "#strategyLoop"
 
-/** One configuration of the comparison; "auto" is one more entry (with --with-auto). */
-interface StrategyEntry {
-  readonly name: string
-  readonly collective: (servers: number) => Record<string, unknown>
-  /** Held to the accuracy target (within 2 points of the all-reduce). */
-  readonly accuracyTarget?: boolean
-}
-
-const ps = (servers: number, mode: "sync" | "async" | "ssp", extra: Record<string, unknown> = {}): Record<string, unknown> => ({
-  strategy: "parameter-server",
-  parameterServer: { numServers: servers, mode, ...(mode === "ssp" ? { staleness: 2 } : {}) },
-  ...extra
-})
-
-const STRATEGIES: ReadonlyArray<StrategyEntry> = [
-  { name: "all-reduce", collective: () => ({}) },
-  { name: "PS sync", collective: (s) => ps(s, "sync") },
-  { name: "PS sync, 1 backup", collective: (s) => ps(s, "sync", { backupWorkers: 1 }) },
-  { name: "PS async", collective: (s) => ps(s, "async"), accuracyTarget: true },
-  { name: "PS SSP (s=2)", collective: (s) => ps(s, "ssp"), accuracyTarget: true },
-  ...(process.argv.includes("--with-auto") ? [{ name: "auto", collective: (s: number) => ({ strategy: "auto", parameterServer: { numServers: s } }) }] : [])
-]
+/**
+ * The configurations compared: every registered strategy's bench variants (strategy registry,
+ * actors/train/worker/strategies/), the all-reduce's first as the baseline; an opt-in variant runs
+ * when its flag is given ("auto" with --with-auto).
+ */
+const STRATEGIES: ReadonlyArray<BenchVariant> = benchVariants(process.argv)
 
 type Split = "shared" | "equal"
 
@@ -317,7 +302,7 @@ export async function run(argv: ReadonlyArray<string>): Promise<void> {
   const storage = await fs.mkdtemp(path.join(os.tmpdir(), "gw-bench-strategy-"))
   const cgroup = cpuShare !== undefined ? await cpuLimitGroup(cpuShare) : undefined
   try {
-    const fit = async (s: StrategyEntry, sc: Scenario, rep: number): Promise<{ stats: RunStats; ranks: StrategyRankReport[] }> => {
+    const fit = async (s: BenchVariant, sc: Scenario, rep: number): Promise<{ stats: RunStats; ranks: StrategyRankReport[] }> => {
       const trainLoopConfig: StrategyLoopConfig = {
         epochs,
         batchSize: batch,
@@ -414,7 +399,7 @@ export async function run(argv: ReadonlyArray<string>): Promise<void> {
     let header = false
     const results = new Map<string, RunStats[]>()
     const failures = new Map<string, string[]>()
-    const key = (sc: Scenario, s: StrategyEntry): string => `${sc.title}|${s.name}`
+    const key = (sc: Scenario, s: BenchVariant): string => `${sc.title}|${s.name}`
     for (let rep = 0; rep < repeats; rep++) {
       for (const sc of scenarios) {
         for (const s of strategies) {

@@ -7,7 +7,7 @@ import { describe, expect, it } from "vitest"
 import * as path from "node:path"
 import "./support/throwaway/register.ts"
 import { Trainer } from "../index.ts"
-import { allowedStrategies, registerStrategy, resolveStrategy, strategies, strategyNames, StrategyRegistrationError } from "../actors/train/worker/strategies/index.ts"
+import { allowedStrategies, benchVariants, registerStrategy, resolveStrategy, strategies, strategyNames, StrategyRegistrationError } from "../actors/train/worker/strategies/index.ts"
 import { resolveTrainerOptions } from "../actors/train/driver/options.ts"
 import { trainingStrategyNames } from "../core/config.ts"
 import { sumMean } from "./support/throwaway/sum-mean.ts"
@@ -34,6 +34,19 @@ describe("a strategy registered by a test alone", () => {
     expect(() => resolveTrainerOptions({ ...base, collectiveConfig: { strategy: "pipeline" } })).toThrow(/ctx.preparePipeline/)
     expect(() => resolveTrainerOptions({ ...base, collectiveConfig: { strategy: STRATEGY }, runConfig: { failureConfig: { recoverFrom: "peers" } } })).toThrow(/sum-mean does not follow regroups/)
     expect(resolveStrategy(STRATEGY)).toBe(sumMean)
+  })
+
+  it("the strategy bench compares its variant after the built-ins', the all-reduce first, and an opt-in variant only with its flag", () => {
+    const names = (flags: string[]) => benchVariants(flags).map((v) => v.name)
+    expect(names([])[0]).toBe("all-reduce")
+    expect(names([]).at(-1)).toBe(STRATEGY)
+    expect(benchVariants([]).at(-1)!.collective(1)).toEqual({ strategy: STRATEGY })
+    const optIn = strategies().flatMap((e) => e.benchVariants ?? []).filter((v) => v.optIn !== undefined)
+    expect(optIn.length).toBeGreaterThan(0)
+    for (const v of optIn) {
+      expect(names([])).not.toContain(v.name)
+      expect(names([v.optIn!])).toContain(v.name)
+    }
   })
 
   it("the registry refuses a taken or malformed name, and an entry without its worker side", () => {

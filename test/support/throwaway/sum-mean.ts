@@ -41,5 +41,6 @@ export const sumMean = defineStrategy({
   hint: "every step sums gradient x samples over the group and divides (a test's throwaway)",
   servers: false,
   peersCannot: () => "the throwaway strategy sum-mean does not follow regroups",
+  benchVariants: [{ name: "sum-mean", collective: () => ({ strategy: "sum-mean" }) }],
   create: (host) => new SumMeanWorker(host)
 })

@@ -40,5 +40,6 @@ export const allreduce = defineStrategy({
   peersCannot: ({ zeroStage }) =>
     zeroStage > 0 ? `with zeroStage ${zeroStage} each rank holds only its shard of the optimizer state, so a lost rank's shard is only in the checkpoint` : undefined,
   autoCandidates: ["allreduce"],
+  benchVariants: [{ name: "all-reduce", collective: () => ({}) }],
   create: (host) => ((host.sync.zeroStage ?? 0) > 0 ? new ZeroWorker(host) : new AllReduceWorker(host))
 })

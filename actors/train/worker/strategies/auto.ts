@@ -372,5 +372,6 @@ export const auto = defineStrategy({
     checkServersConfig(input)
   },
   peersCannot: (input) => localSgd.peersCannot(input) ?? serversPeersCannot(input),
+  benchVariants: [{ name: "auto", collective: (s) => ({ strategy: "auto", parameterServer: { numServers: s } }), optIn: "--with-auto" }],
   create: (host) => new AutoWorker(host)
 })

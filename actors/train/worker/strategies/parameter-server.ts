@@ -135,6 +135,13 @@ export const checkServersConfig = ({ strategy, zeroStage, compression }: Strateg
 export const serversPeersCannot = ({ strategy }: StrategyConfigInput): string =>
   `with strategy "${strategy}" the state lives on the parameter servers, which restart with the job from the checkpoint`
 
+/** The bench's configuration of the servers in one mode (ssp with staleness 2). */
+const psBench = (servers: number, mode: "sync" | "async" | "ssp", extra: Record<string, unknown> = {}): Record<string, unknown> => ({
+  strategy: "parameter-server",
+  parameterServer: { numServers: servers, mode, ...(mode === "ssp" ? { staleness: 2 } : {}) },
+  ...extra
+})
+
 export const parameterServer = defineStrategy({
   name: "parameter-server",
   hint: "parameter servers hold the parameters and the optimizer; workers push gradients and pull parameters (modes sync with backup workers, async, ssp)",
@@ -142,5 +149,11 @@ export const parameterServer = defineStrategy({
   validate: checkServersConfig,
   peersCannot: serversPeersCannot,
   autoCandidates: ["backup", "ssp", "async"],
+  benchVariants: [
+    { name: "PS sync", collective: (s) => psBench(s, "sync") },
+    { name: "PS sync, 1 backup", collective: (s) => psBench(s, "sync", { backupWorkers: 1 }) },
+    { name: "PS async", collective: (s) => psBench(s, "async"), accuracyTarget: true },
+    { name: "PS SSP (s=2)", collective: (s) => psBench(s, "ssp"), accuracyTarget: true }
+  ],
   create: (host) => new ParameterServerWorker(host)
 })

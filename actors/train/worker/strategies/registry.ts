@@ -8,7 +8,7 @@
 // (the train loop's module imports it) before the job starts.
 import { Schema } from "effect"
 import { ConfigError } from "../../../../core/errors.ts"
-import type { StrategyEntry } from "./strategy.ts"
+import type { BenchVariant, StrategyEntry } from "./strategy.ts"
 
 /** A registration that cannot be accepted (the message says what to change). */
 export class StrategyRegistrationError extends Schema.TaggedError<StrategyRegistrationError>()("StrategyRegistrationError", {
@@ -65,6 +65,14 @@ export const resolveStrategy = (name: string, field = "collectiveConfig.strategy
   }
   return entry
 }
+
+/**
+ * The configurations `npm run bench -- strategy` compares: every registered strategy's bench
+ * variants in registration order (the all-reduce's first: the baseline), an opt-in one only when
+ * `flags` has its flag.
+ */
+export const benchVariants = (flags: ReadonlyArray<string>): ReadonlyArray<BenchVariant> =>
+  list.flatMap((e) => e.benchVariants ?? []).filter((v) => v.optIn === undefined || flags.includes(v.optIn))
 
 /** Whether a job with this strategy runs parameter servers. */
 export const usesParameterServers = (name: string): boolean => byName.get(name)?.servers === true

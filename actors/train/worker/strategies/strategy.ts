@@ -26,6 +26,18 @@ export interface StrategyConfigInput {
   readonly minWorkers: number
 }
 
+/** One configuration a strategy is benchmarked in. */
+export interface BenchVariant {
+  /** Its row's label. */
+  readonly name: string
+  /** collectiveConfig for it, given how many parameter servers the bench runs. */
+  readonly collective: (servers: number) => Record<string, unknown>
+  /** Held to the bench's accuracy target (within 2 points of the baseline). */
+  readonly accuracyTarget?: boolean
+  /** Run only when the bench is given this flag (a slow or exploratory variant). */
+  readonly optIn?: string
+}
+
 /** A training strategy, as registered: its name, what it needs, its checks and its worker side. */
 export interface StrategyEntry<N extends string = string> {
   /** collectiveConfig.strategy's value: lower case, digits and "-". */
@@ -51,6 +63,12 @@ export interface StrategyEntry<N extends string = string> {
    * is priced by when auto may move to it; none: auto never picks it.
    */
   readonly autoCandidates?: ReadonlyArray<StrategyName>
+  /**
+   * The configurations `npm run bench -- strategy` compares this strategy in (on the same digits job,
+   * under a straggler); none: it is not in that bench. The first variant of the first entry is the
+   * baseline the others are measured against.
+   */
+  readonly benchVariants?: ReadonlyArray<BenchVariant>
   /** The worker side, one per prepared model; absent: not run by the data-parallel model. */
   create?(host: StrategyHost): StrategyWorker
 }
