@@ -28,7 +28,7 @@ import { FIXTURES, ROOT, TestRig, type AgentProc } from "./support/actors-proces
 const rig = new TestRig()
 afterAll(() => rig.cleanup())
 
-const WORKER_MODULE = path.join(ROOT, "actors", "train", "worker.ts")
+const WORKER_MODULE = path.join(ROOT, "actors", "train", "worker", "worker.ts")
 const DIGITS_LOOP = path.join(ROOT, "examples", "digits", "train.ts")
 const OTHER_LOOP = path.join(ROOT, "test", "support", "hetero-loop.ts")
 
