@@ -115,6 +115,34 @@ export interface PipelineModelOptions {
 
 const size = (shape: ReadonlyArray<number>): number => shape.reduce((a, b) => a * b, 1)
 
+/** A micro-batch's forward kept for its backward: each block's input, the last stage's output, their bytes. */
+interface StashEntry {
+  inputs: Tensor[]
+  out?: Tensor
+  bytes: number
+}
+
+/** One trainStep's state as its ops run: the batch's cut, the stash, the gradients, the sends, the figures. */
+interface StepState {
+  readonly x: Tensor | undefined
+  readonly y: Tensor | undefined
+  readonly batch: number
+  readonly sizes: ReadonlyArray<number>
+  readonly offsets: ReadonlyArray<number>
+  readonly stash: Map<number, StashEntry>
+  readonly acc: Array<Tensor | undefined>
+  readonly sends: Array<Promise<void>>
+  lossSum: number
+  correct: number
+  waitMs: number
+  forwardMs: number
+  backwardMs: number
+  stashBytes: number
+  peakBytes: number
+  peakMicro: number
+  enginePeak: number
+}
+
 export class PipelineModel {
   readonly place: GridPlace
   /** @internal This rank's blocks of the model, its frozen weights and tensor-parallel parts. */
@@ -204,172 +232,36 @@ export class PipelineModel {
   async trainStep(x: Tensor | null | undefined, y: Tensor | null | undefined, opts: { readonly batchSize?: number } = {}): Promise<PipelineStepResult> {
     this.#check()
     const tf = this.#tf
-    const B = x?.shape[0] ?? y?.shape[0] ?? opts.batchSize
-    if (!(Number.isInteger(B) && (B as number) >= 1)) {
-      throw new ConfigError({ field: "pipeline.trainStep", reason: `needs a batch: pass x (first stage), y (last stage), or { batchSize } (stages in between); got ${String(B)}` })
-    }
-    const batch = B as number
-    if (this.isFirstStage && !x) throw new ConfigError({ field: "pipeline.trainStep", reason: "the first stage needs the batch's features x" })
-    if (this.isLastStage && !y) throw new ConfigError({ field: "pipeline.trainStep", reason: "the last stage needs the batch's targets y" })
-    for (const [name, t] of [["x", x], ["y", y]] as const) {
-      if (t && t.shape[0] !== batch) throw new ConfigError({ field: "pipeline.trainStep", reason: `${name} has ${t.shape[0]} rows, the batch ${batch}` })
-    }
+    const batch = this.#batchOf(x, y, opts)
     const sizes = microBatchSizes(batch, this.microBatches)
-    const offsets = sizes.map((_, i) => sizes.slice(0, i).reduce((a, b) => a + b, 0))
-    const ops = stageOps(this.schedule, this.place.stage, this.place.stages, sizes.length)
-    const blocks = this.stage.blocks
-    const last = this.isLastStage
-    const first = this.isFirstStage
-    const lastBlock = blocks.at(-1)
-    const fused = last && lastBlock?.backwardLoss !== undefined
-    const inSize = size(this.stage.inputShape)
-    const outSize = size(this.stage.outputShape)
-    const links = this.#links
-    const stash = new Map<number, { inputs: Tensor[]; out?: Tensor; bytes: number }>()
-    const acc: Array<Tensor | undefined> = new Array(this.#vars.length).fill(undefined)
-    const sends: Array<Promise<void>> = []
-    let lossSum = 0
-    let correct = 0
-    let waitMs = 0
-    let forwardMs = 0
-    let backwardMs = 0
-    let stashBytes = 0
-    let peakBytes = 0
-    let peakMicro = 0
-    let enginePeak = 0
+    const st: StepState = {
+      x: x ?? undefined,
+      y: y ?? undefined,
+      batch,
+      sizes,
+      offsets: sizes.map((_, i) => sizes.slice(0, i).reduce((a, b) => a + b, 0)),
+      stash: new Map(),
+      acc: new Array(this.#vars.length).fill(undefined),
+      sends: [],
+      lossSum: 0,
+      correct: 0,
+      waitMs: 0,
+      forwardMs: 0,
+      backwardMs: 0,
+      stashBytes: 0,
+      peakBytes: 0,
+      peakMicro: 0,
+      enginePeak: 0
+    }
     const t0 = performance.now()
-    const send = (ch: { send(b: Float32Array): Promise<void> } | undefined, buf: Float32Array): void => {
-      const p = ch!.send(buf)
-      p.catch(() => {})
-      sends.push(p)
-    }
-    const recv = async (ch: { recv(b: Float32Array): Promise<void> } | undefined, buf: Float32Array): Promise<void> => {
-      const w = performance.now()
-      await ch!.recv(buf)
-      waitMs += performance.now() - w
-    }
-    const addGrads = (k: number, grads: ReadonlyArray<Tensor>): void => {
-      const base = this.#blockVarStart[k]
-      for (const [j, g] of grads.entries()) {
-        const prev = acc[base + j]
-        if (prev) {
-          acc[base + j] = tf.add(prev, g)
-          prev.dispose()
-          g.dispose()
-        } else acc[base + j] = g
-      }
-    }
-    const lossOf = (i: number, yi: Tensor) => (out: Tensor): Scalar => tf.mul(this.#loss.fn(yi, out), sizes[i] / batch) as Scalar
-    const countCorrect = (out: Tensor, yi: Tensor): number => {
-      const c = tf.tidy(() => out.argMax(-1).equal(labelsOf(yi)).sum())
-      const v = c.dataSync()[0]
-      c.dispose()
-      return v
-    }
     try {
-      for (const op of ops) {
-        const i = op.micro
-        const n = sizes[i]
-        const opStart = performance.now()
-        const waitedBefore = waitMs
-        if (op.kind === "F") {
-          let h: Tensor
-          if (first) h = tf.slice(x as Tensor, offsets[i], n)
-          else {
-            const buf = new Float32Array(n * inSize)
-            await recv(links.fromPrev, buf)
-            h = tf.tensor(buf, [n, ...this.stage.inputShape])
-          }
-          const inputs: Tensor[] = []
-          const upTo = fused ? blocks.length - 1 : blocks.length
-          for (let k = 0; k < upTo; k++) {
-            inputs.push(h)
-            h = await blocks[k].forward(h)
-          }
-          const entry: { inputs: Tensor[]; out?: Tensor; bytes: number } = { inputs, bytes: 0 }
-          if (fused) inputs.push(h)
-          else if (last) entry.out = h
-          else {
-            const data = (await h.data()) as Float32Array
-            h.dispose()
-            send(links.toNext, data)
-          }
-          entry.bytes = inputs.reduce((s, t) => s + t.size * 4, 0) + (entry.out ? entry.out.size * 4 : 0)
-          stash.set(i, entry)
-          stashBytes += entry.bytes
-          peakBytes = Math.max(peakBytes, stashBytes)
-          peakMicro = Math.max(peakMicro, stash.size)
-        } else {
-          const entry = stash.get(i)
-          if (!entry) throw new Error(`schedule ran the backward of micro-batch ${i} before its forward`)
-          let dy: Tensor | undefined
-          let k = blocks.length - 1
-          if (last) {
-            const yi = tf.slice(y as Tensor, offsets[i], n)
-            try {
-              if (fused) {
-                const r = lastBlock!.backwardLoss!(entry.inputs[k], lossOf(i, yi), k > 0 || !first, this.#loss.classification)
-                lossSum += (r.value.dataSync()[0] * batch)
-                r.value.dispose()
-                if (r.out) {
-                  correct += countCorrect(r.out, yi)
-                  r.out.dispose()
-                }
-                addGrads(k, r.grads)
-                dy = r.dx
-                k--
-              } else {
-                const out = entry.out!
-                const { value, grads } = tf.engine().gradients(() => lossOf(i, yi)(out), [out])
-                lossSum += value.dataSync()[0] * batch
-                value.dispose()
-                if (this.#loss.classification) correct += countCorrect(out, yi)
-                dy = grads[0]
-              }
-            } finally {
-              yi.dispose()
-            }
-          } else {
-            const buf = new Float32Array(n * outSize)
-            await recv(links.fromNext, buf)
-            dy = tf.tensor(buf, [n, ...this.stage.outputShape])
-          }
-          for (; k >= 0; k--) {
-            const r = await blocks[k].backward(entry.inputs[k], dy!, k > 0 || !first)
-            dy!.dispose()
-            addGrads(k, r.grads)
-            dy = r.dx
-          }
-          if (!first) {
-            const data = (await dy!.data()) as Float32Array
-            send(links.toPrev, data)
-          }
-          dy?.dispose()
-          for (const t of entry.inputs) t.dispose()
-          entry.out?.dispose()
-          stashBytes -= entry.bytes
-          stash.delete(i)
-        }
-        enginePeak = Math.max(enginePeak, tf.memory().numBytes)
-        const busy = performance.now() - opStart - (waitMs - waitedBefore)
-        if (op.kind === "F") forwardMs += busy
-        else backwardMs += busy
-      }
-      // The batch's loss and correct count go back up the pipeline, behind the last gradients.
-      if (!last) {
-        const meta = new Float32Array(2)
-        await recv(links.fromNext, meta)
-        lossSum = meta[0]
-        correct = meta[1]
-      }
-      if (!first) send(links.toPrev, Float32Array.of(lossSum, correct))
-      await Promise.all(sends)
+      await this.#runSchedule(st)
     } catch (e) {
-      for (const entry of stash.values()) {
+      for (const entry of st.stash.values()) {
         for (const t of entry.inputs) t.dispose()
         entry.out?.dispose()
       }
-      tf.dispose(acc.filter((t): t is Tensor => t !== undefined))
+      tf.dispose(st.acc.filter((t): t is Tensor => t !== undefined))
       // A step cut short leaves the links mid-conversation: give them up, which fails the peers'
       // transfers in flight at once instead of at their deadline, and refuse further steps.
       this.#closed = true
@@ -377,7 +269,7 @@ export class PipelineModel {
       throw e
     }
     const pipelineMs = performance.now() - t0
-    const grads = acc.map((g, j) => g ?? tf.zerosLike(this.#vars[j]))
+    const grads = st.acc.map((g, j) => g ?? tf.zerosLike(this.#vars[j]))
     const r0 = performance.now()
     let reduced: Tensor[]
     try {
@@ -393,9 +285,190 @@ export class PipelineModel {
     tf.dispose(reduced)
     const applyMs = performance.now() - a0
     this.#steps++
+    const { waitMs, forwardMs, backwardMs } = st
     this.#timing = { pipelineMs, waitMs, bubble: pipelineMs > 0 ? waitMs / pipelineMs : 0, forwardMs, backwardMs, reduceMs, applyMs }
-    this.#memory = { ...this.#memory, activationPeakBytes: peakBytes, peakInFlight: peakMicro, enginePeakBytes: enginePeak }
-    return { loss: lossSum / batch, samples: batch, ...(this.#loss.classification ? { correct } : {}) }
+    this.#memory = { ...this.#memory, activationPeakBytes: st.peakBytes, peakInFlight: st.peakMicro, enginePeakBytes: st.enginePeak }
+    return { loss: st.lossSum / batch, samples: batch, ...(this.#loss.classification ? { correct: st.correct } : {}) }
+  }
+
+  /** The batch's size, from x, y or opts.batchSize, and a ConfigError for what this stage lacks. */
+  #batchOf(x: Tensor | null | undefined, y: Tensor | null | undefined, opts: { readonly batchSize?: number }): number {
+    const B = x?.shape[0] ?? y?.shape[0] ?? opts.batchSize
+    if (!(Number.isInteger(B) && (B as number) >= 1)) {
+      throw new ConfigError({ field: "pipeline.trainStep", reason: `needs a batch: pass x (first stage), y (last stage), or { batchSize } (stages in between); got ${String(B)}` })
+    }
+    const batch = B as number
+    if (this.isFirstStage && !x) throw new ConfigError({ field: "pipeline.trainStep", reason: "the first stage needs the batch's features x" })
+    if (this.isLastStage && !y) throw new ConfigError({ field: "pipeline.trainStep", reason: "the last stage needs the batch's targets y" })
+    for (const [name, t] of [["x", x], ["y", y]] as const) {
+      if (t && t.shape[0] !== batch) throw new ConfigError({ field: "pipeline.trainStep", reason: `${name} has ${t.shape[0]} rows, the batch ${batch}` })
+    }
+    return batch
+  }
+
+  /** This stage's forward and backward ops of the schedule, then the batch's loss and correct count up the pipeline. */
+  async #runSchedule(st: StepState): Promise<void> {
+    const tf = this.#tf
+    const links = this.#links
+    for (const op of stageOps(this.schedule, this.place.stage, this.place.stages, st.sizes.length)) {
+      const opStart = performance.now()
+      const waitedBefore = st.waitMs
+      if (op.kind === "F") await this.#forwardOp(st, op.micro)
+      else await this.#backwardOp(st, op.micro)
+      st.enginePeak = Math.max(st.enginePeak, tf.memory().numBytes)
+      const busy = performance.now() - opStart - (st.waitMs - waitedBefore)
+      if (op.kind === "F") st.forwardMs += busy
+      else st.backwardMs += busy
+    }
+    // The batch's loss and correct count go back up the pipeline, behind the last gradients.
+    if (!this.isLastStage) {
+      const meta = new Float32Array(2)
+      await this.#recv(st, links.fromNext, meta)
+      st.lossSum = meta[0]
+      st.correct = meta[1]
+    }
+    if (!this.isFirstStage) this.#send(st, links.toPrev, Float32Array.of(st.lossSum, st.correct))
+    await Promise.all(st.sends)
+  }
+
+  /** Micro-batch i's forward through this stage's blocks: its inputs stashed for the backward, its output sent on. */
+  async #forwardOp(st: StepState, i: number): Promise<void> {
+    const tf = this.#tf
+    const n = st.sizes[i]
+    const blocks = this.stage.blocks
+    const last = this.isLastStage
+    const fused = last && blocks.at(-1)?.backwardLoss !== undefined
+    let h: Tensor
+    if (this.isFirstStage) h = tf.slice(st.x as Tensor, st.offsets[i], n)
+    else {
+      const buf = new Float32Array(n * size(this.stage.inputShape))
+      await this.#recv(st, this.#links.fromPrev, buf)
+      h = tf.tensor(buf, [n, ...this.stage.inputShape])
+    }
+    const inputs: Tensor[] = []
+    const upTo = fused ? blocks.length - 1 : blocks.length
+    for (let k = 0; k < upTo; k++) {
+      inputs.push(h)
+      h = await blocks[k].forward(h)
+    }
+    const entry: StashEntry = { inputs, bytes: 0 }
+    if (fused) inputs.push(h)
+    else if (last) entry.out = h
+    else {
+      const data = (await h.data()) as Float32Array
+      h.dispose()
+      this.#send(st, this.#links.toNext, data)
+    }
+    entry.bytes = inputs.reduce((s, t) => s + t.size * 4, 0) + (entry.out ? entry.out.size * 4 : 0)
+    st.stash.set(i, entry)
+    st.stashBytes += entry.bytes
+    st.peakBytes = Math.max(st.peakBytes, st.stashBytes)
+    st.peakMicro = Math.max(st.peakMicro, st.stash.size)
+  }
+
+  /** Micro-batch i's backward: the loss on the last stage (or the gradient from the next), then back through the blocks. */
+  async #backwardOp(st: StepState, i: number): Promise<void> {
+    const tf = this.#tf
+    const n = st.sizes[i]
+    const blocks = this.stage.blocks
+    const first = this.isFirstStage
+    const entry = st.stash.get(i)
+    if (!entry) throw new Error(`schedule ran the backward of micro-batch ${i} before its forward`)
+    let dy: Tensor | undefined
+    let k = blocks.length - 1
+    if (this.isLastStage) {
+      const r = this.#lossBackward(st, i, entry)
+      dy = r.dy
+      k = r.k
+    } else {
+      const buf = new Float32Array(n * size(this.stage.outputShape))
+      await this.#recv(st, this.#links.fromNext, buf)
+      dy = tf.tensor(buf, [n, ...this.stage.outputShape])
+    }
+    for (; k >= 0; k--) {
+      const r = await blocks[k].backward(entry.inputs[k], dy!, k > 0 || !first)
+      dy!.dispose()
+      this.#addGrads(st, k, r.grads)
+      dy = r.dx
+    }
+    if (!first) {
+      const data = (await dy!.data()) as Float32Array
+      this.#send(st, this.#links.toPrev, data)
+    }
+    dy?.dispose()
+    for (const t of entry.inputs) t.dispose()
+    entry.out?.dispose()
+    st.stashBytes -= entry.bytes
+    st.stash.delete(i)
+  }
+
+  /**
+   * The last stage's loss on micro-batch i and its gradient: through the last block's fused
+   * backwardLoss when it has one (then the blocks left start one lower), else through the output.
+   */
+  #lossBackward(st: StepState, i: number, entry: StashEntry): { dy: Tensor | undefined; k: number } {
+    const tf = this.#tf
+    const blocks = this.stage.blocks
+    const lastBlock = blocks.at(-1)
+    let k = blocks.length - 1
+    const yi = tf.slice(st.y as Tensor, st.offsets[i], st.sizes[i])
+    const lossOf = (out: Tensor): Scalar => tf.mul(this.#loss.fn(yi, out), st.sizes[i] / st.batch) as Scalar
+    try {
+      if (lastBlock?.backwardLoss !== undefined) {
+        const r = lastBlock.backwardLoss(entry.inputs[k], lossOf, k > 0 || !this.isFirstStage, this.#loss.classification)
+        st.lossSum += r.value.dataSync()[0] * st.batch
+        r.value.dispose()
+        if (r.out) {
+          st.correct += this.#countCorrect(r.out, yi)
+          r.out.dispose()
+        }
+        this.#addGrads(st, k, r.grads)
+        k--
+        return { dy: r.dx, k }
+      }
+      const out = entry.out!
+      const { value, grads } = tf.engine().gradients(() => lossOf(out), [out])
+      st.lossSum += value.dataSync()[0] * st.batch
+      value.dispose()
+      if (this.#loss.classification) st.correct += this.#countCorrect(out, yi)
+      return { dy: grads[0], k }
+    } finally {
+      yi.dispose()
+    }
+  }
+
+  /** A block's gradients added to the step's (the first ones kept as they are). */
+  #addGrads(st: StepState, k: number, grads: ReadonlyArray<Tensor>): void {
+    const base = this.#blockVarStart[k]
+    for (const [j, g] of grads.entries()) {
+      const prev = st.acc[base + j]
+      if (prev) {
+        st.acc[base + j] = this.#tf.add(prev, g)
+        prev.dispose()
+        g.dispose()
+      } else st.acc[base + j] = g
+    }
+  }
+
+  #countCorrect(out: Tensor, yi: Tensor): number {
+    const c = this.#tf.tidy(() => out.argMax(-1).equal(labelsOf(yi)).sum())
+    const v = c.dataSync()[0]
+    c.dispose()
+    return v
+  }
+
+  /** Sends on a link without waiting (the step awaits them all at its end). */
+  #send(st: StepState, ch: { send(b: Float32Array): Promise<void> } | undefined, buf: Float32Array): void {
+    const p = ch!.send(buf)
+    p.catch(() => {})
+    st.sends.push(p)
+  }
+
+  /** Receives from a link, the wait counted as the pipeline's bubble. */
+  async #recv(st: StepState, ch: { recv(b: Float32Array): Promise<void> } | undefined, buf: Float32Array): Promise<void> {
+    const w = performance.now()
+    await ch!.recv(buf)
+    st.waitMs += performance.now() - w
   }
 
   /** The stage's gradients averaged over its replicas (weighted by their batches): one flat all-reduce. */
