@@ -24,12 +24,11 @@ export const PlacementStrategy = Schema.Literals(placementStrategyNames)
 export type PlacementStrategy = typeof PlacementStrategy.Type
 
 /**
- * collectiveConfig.strategy: the built-in ways of training. The names, what each needs and its
+ * collectiveConfig.strategy: the way of training, by name. The names, what each needs and its
  * checks belong to the training-strategy registry (actors/train/worker/strategies/registry.ts), which
  * checks a name when the Trainer resolves its options; here only the shape is checked, so a
  * strategy registered by another module is a valid config value.
  */
-export const trainingStrategyNames = ["allreduce", "parameter-server", "auto", "local-sgd"] as const
 export const TrainingStrategySchema = Schema.String.check(
   Schema.isPattern(/^[a-z][a-z0-9-]{0,31}$/, { message: 'Expected a training strategy\'s name, e.g. "allreduce", "parameter-server", "auto", "local-sgd"' })
 )
