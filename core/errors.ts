@@ -2,6 +2,9 @@
 // on it, and a message that says what went wrong and what to do about it.
 import { Schema } from "effect"
 
+/** An error message's first line, for one-line summaries in events, incidents and progress lines. */
+export const firstLine = (text: string): string => text.split("\n")[0] ?? ""
+
 /** The nats-server binary could not be found. */
 export class NatsServerNotFound extends Schema.TaggedError<NatsServerNotFound>()("NatsServerNotFound", {
   binary: Schema.String

@@ -8,6 +8,7 @@
 // checkpoint, a death or a lost node); this module is unit-tested without processes
 // (test/controller.test.ts).
 import { decide, isInfrastructure, type Decision, type GroupFailure, type TrainerState } from "./failure-policy.ts"
+import { firstLine } from "../../../core/errors.ts"
 
 export type { GroupFailure, TrainerState } from "./failure-policy.ts"
 
@@ -445,8 +446,6 @@ export type Recovery = { readonly from: "peers" } | { readonly from: "checkpoint
 
 /** Why a generation restarts: a failure, or an elastic resize (Next's restart cause). */
 export type RestartCause = Extract<Next, { readonly action: "restart" }>["cause"]
-
-const firstLine = (text: string): string => text.split("\n")[0] ?? ""
 
 /** Failures the survivors can be regrouped after: a worker or a node lost, not an error of the loop. */
 const PEER_RECOVERABLE: ReadonlySet<GroupFailure["kind"]> = new Set(["died", "node-lost"])

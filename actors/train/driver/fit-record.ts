@@ -13,11 +13,10 @@ import type { Incident } from "../common/observe/report-html.ts"
 import type { ProgressPrinter } from "../common/observe/progress.ts"
 import type { RunRecorder } from "../common/observe/run-recorder.ts"
 import type { JobMonitor } from "./job-monitor.ts"
+import { firstLine } from "../../../core/errors.ts"
 
 /** report.html, metrics.csv and summary.json are rewritten after report rounds at most this often. */
 const REPORT_REFRESH_MIN_MS = 2_000
-
-const firstLine = (text: string): string => text.split("\n")[0] ?? ""
 
 export type Explained = Record<string, { readonly text: string; readonly json: unknown }>
 

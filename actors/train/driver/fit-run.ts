@@ -8,7 +8,7 @@ import { randomBytes } from "node:crypto"
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
 import { nuid } from "@nats-io/nats-core"
-import { ConfigError, NatsUnavailable } from "../../../core/errors.ts"
+import { ConfigError, NatsUnavailable, firstLine } from "../../../core/errors.ts"
 import { DEADLINE_WARMUP_STEPS, GPU_WORKER_DEAD_AFTER_MS } from "../../../core/defaults.ts"
 import { HeartbeatDeadline } from "../../../collectives/deadlines.ts"
 import { watchBus, type BusMonitor } from "../../../core/bus-monitor.ts"
@@ -63,8 +63,6 @@ const REPORT_REFRESH_MS = 10_000
 const INTERRUPT_WRITE_MS = 15_000
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
-
-const firstLine = (text: string): string => text.split("\n")[0] ?? ""
 
 /** The controller's decision to restart (after a failure or for a resize). */
 export type Restart = Extract<Next, { readonly action: "restart" }>

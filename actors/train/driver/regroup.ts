@@ -15,10 +15,9 @@ import type { ClusterHandle } from "./cluster.ts"
 import type { Resolved } from "./options.ts"
 import type { Incident } from "../common/observe/report-html.ts"
 import type { ProgressPrinter } from "../common/observe/progress.ts"
+import { firstLine } from "../../../core/errors.ts"
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
-
-const firstLine = (text: string): string => text.split("\n")[0] ?? ""
 
 /** How long the survivors of a failure get to stop at a group operation and say where they are. */
 const PAUSE_TIMEOUT_MS = 20_000

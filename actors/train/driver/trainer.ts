@@ -8,7 +8,7 @@
 // a JetStream object store bucket with checkpointConfig.objectStore, so workers never need a
 // shared filesystem. The run directory is written by observe/run-recorder.ts.
 import { Result as R } from "effect"
-import { ConfigError } from "../../../core/errors.ts"
+import { ConfigError, firstLine } from "../../../core/errors.ts"
 import { PLACEMENT_TIMEOUT_MS } from "../../../core/defaults.ts"
 import { PlacementInfeasible, type PlacementPlan } from "../../../scheduler/placement.ts"
 import { describeBackends } from "../../../scheduler/gpu-backend.ts"
@@ -25,8 +25,6 @@ export { Interrupted, TrainingFailed, resultOf, type CheckpointInfo, type FitErr
 
 /** While waiting for capacity, what it waits for is printed this often. */
 const PLACEMENT_NOTICE_EVERY_MS = 10_000
-
-const firstLine = (text: string): string => text.split("\n")[0] ?? ""
 
 export class Trainer {
   readonly options: TrainerOptions
