@@ -2,12 +2,11 @@
 import type { Tf } from "../../../core/engine.ts"
 import { ConfigError } from "../../../core/errors.ts"
 import type { LrRuleOptions } from "../common/optim/lr-rules.ts"
-import type { LossFn, LossName } from "./model-parallel/loss.ts"
+import { resolveLoss as resolveLossOf, type LossFn, type LossName, type ResolvedLoss } from "./model-parallel/loss.ts"
 
 type tfjs = typeof import("@tensorflow/tfjs")
 type LayersModel = import("@tensorflow/tfjs").LayersModel
 type Optimizer = import("@tensorflow/tfjs").Optimizer
-type Scalar = import("@tensorflow/tfjs").Scalar
 type Tensor = import("@tensorflow/tfjs").Tensor
 type Variable = import("@tensorflow/tfjs").LayerVariable
 
@@ -28,33 +27,9 @@ export interface PrepareOptions extends LrRuleOptions {
   readonly simulatedDelayMsPerSample?: number
 }
 
-export const resolveLoss = (tf: Tf, model: LayersModel, loss: PrepareOptions["loss"]): { fn: LossFn; classification: boolean; sparse: boolean } => {
-  const l = loss ?? (model as unknown as { loss?: unknown }).loss
-  if (typeof l === "function") return { fn: l as LossFn, classification: false, sparse: false }
-  const t = tf as unknown as tfjs
-  switch (l) {
-    case "categoricalCrossentropy":
-      return { fn: (yt, yp) => t.metrics.categoricalCrossentropy(yt, yp).mean() as Scalar, classification: true, sparse: false }
-    case "sparseCategoricalCrossentropy":
-      return {
-        fn: (yt, yp) =>
-          t.tidy(() => t.metrics.categoricalCrossentropy(t.oneHot(yt.flatten().toInt(), yp.shape[yp.shape.length - 1] as number), yp).mean() as Scalar),
-        classification: true,
-        sparse: true
-      }
-    case "meanSquaredError":
-      return { fn: (yt, yp) => t.losses.meanSquaredError(yt, yp) as Scalar, classification: false, sparse: false }
-    case "binaryCrossentropy":
-      return { fn: (yt, yp) => t.metrics.binaryCrossentropy(yt, yp).mean() as Scalar, classification: false, sparse: false }
-    default:
-      throw new ConfigError({
-        field: "prepareModel.loss",
-        reason:
-          `no usable loss (got ${JSON.stringify(l)}): compile the model with one of "categoricalCrossentropy", ` +
-          `"sparseCategoricalCrossentropy", "meanSquaredError", "binaryCrossentropy", or pass { loss: (yTrue, yPred) => scalar }`
-      })
-  }
-}
+/** The loss prepareModel trains on: `loss`, else the compiled model's (model-parallel/loss.ts: the same choices a pipeline's last stage makes). */
+export const resolveLoss = (tf: Tf, model: LayersModel, loss: PrepareOptions["loss"]): ResolvedLoss =>
+  resolveLossOf(tf, loss ?? (model as unknown as { loss?: unknown }).loss, "prepareModel.loss")
 
 /**
  * Gives `vars` (the same variables on every rank) rank 0's values: concatenated on the engine and
