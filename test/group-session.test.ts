@@ -109,3 +109,65 @@ describe("a joiner replaying a hand-written trainStep loop", () => {
     expect(session.position()).toMatchObject({ reports: 1, stepsSinceReport: 0 })
   })
 })
+
+describe("a survivor behind the furthest one at a regroup", () => {
+  it("takes its state at the operation the other finished, and makes the report that one made already without a parity check", async () => {
+    // Rank 1 was in the epoch's metric sum when the bus went down; rank 0 had finished it, made
+    // report 2 (its parity check failed with the bus) and was in the next epoch's first step.
+    const logged: string[] = []
+    const closing = { comm: { close: () => Promise.resolve() }, reducer: {} }
+    const first = { placement: { attempt: 1, rank: 1, worldSize: 2 }, ...closing } as unknown as LiveGroup
+    const next = { attempt: 2, rank: 1, worldSize: 2 } as unknown as Placement
+    const source: Position = { ops: 41, reports: 3, stepsSinceReport: 0, inFit: true, epoch: 3, stepInEpoch: 0, stepsPerEpoch: 23 }
+    let parked = 0
+    const adopted: Array<{ redoingStep?: boolean }> = []
+    const session = new GroupSession(first, {
+      build: () => Promise.resolve(closing as unknown as Pick<LiveGroup, "comm" | "reducer">),
+      close: () => Promise.resolve(),
+      parked: () => void parked++,
+      fetchState: () => Promise.resolve({ files: {}, step: 40, position: source } as unknown as PeerState),
+      log: (line) => void logged.push(line)
+    })
+    session.attach({
+      snapshot: () => Promise.reject(new Error("not asked")),
+      adopt: (_s, o) => {
+        adopted.push(o ?? {})
+        return Promise.resolve()
+      },
+      regrouped: () => {},
+      loopPosition: () => ({ inFit: true, epoch: 2, stepInEpoch: 23, stepsPerEpoch: 23 })
+    })
+    session.ops = 40
+    session.reported()
+    session.reported()
+    let sum = ""
+    const op = session.operation(() => Promise.reject(new Error("the bus went down")), () => (sum = "adopted"))
+    await new Promise((r) => setTimeout(r, 10))
+    expect(parked).toBe(1)
+    expect(await session.pause(2)).toMatchObject({ state: "parked", position: { ops: 40, reports: 2, epoch: 2 } })
+    session.resume(next, source)
+    await op
+    expect(sum).toBe("adopted")
+    expect(adopted).toEqual([{ redoingStep: false }])
+    expect(session.ops).toBe(41)
+    // Report 2 is the survivor's already; report 3 is both ranks' next one.
+    expect(session.reportMadeAlready(session.reports)).toBe(true)
+    session.reported()
+    expect(session.reportMadeAlready(session.reports)).toBe(false)
+    expect(logged.join("\n")).toMatch(/made report 2 already/)
+  })
+
+  it("checks parity at every report when it was level with the furthest survivor", async () => {
+    const session = new GroupSession(group, {
+      build: () => Promise.reject(new Error("unused")),
+      close: () => Promise.resolve(),
+      parked: () => {},
+      fetchState: () => Promise.reject(new Error("unused")),
+      log: () => {}
+    })
+    for (let i = 0; i < 3; i++) {
+      expect(session.reportMadeAlready(session.reports)).toBe(false)
+      session.reported()
+    }
+  })
+})

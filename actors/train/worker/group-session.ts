@@ -117,6 +117,13 @@ export class GroupSession {
   #resumedAttempt = -1
   /** Bumped at every regroup and join: the model compares it to notice a new group or state. */
   generation = 0
+  /**
+   * The furthest survivor's report() calls at the last regroup, when this rank had made fewer: it
+   * took that survivor's state at the last operation before a report the survivor made already
+   * (the bus went down between the two ranks' ends of that operation). That report's state-parity
+   * check ran (or was skipped) there: the survivor does not make it again.
+   */
+  #sourceReports = 0
 
   constructor(group: LiveGroup, hooks: GroupSessionHooks, join?: { readonly fromReports: number; readonly to: Position }) {
     this.#group = group
@@ -159,6 +166,15 @@ export class GroupSession {
    */
   skipReport(_index: number): boolean {
     return this.#join !== undefined
+  }
+
+  /**
+   * Whether report() call `index` is one the furthest survivor of the last regroup made already
+   * (this rank took its state just before it): this rank's report goes without a state-parity
+   * check, which the survivor, already past it, would not meet.
+   */
+  reportMadeAlready(index: number): boolean {
+    return index < this.#sourceReports
   }
 
   /** A report() call: steps count from here. */
@@ -338,6 +354,10 @@ export class GroupSession {
     if (this.ops < resumed.source.ops) {
       this.#hooks.log(`rank ${resumed.placement.rank}: took the furthest survivor's state (${resumed.source.ops} group operations, ${this.ops} here)`)
       this.ops = resumed.source.ops
+    }
+    if (this.reports < resumed.source.reports) {
+      this.#hooks.log(`rank ${resumed.placement.rank}: the furthest survivor made report ${this.reports} already (${resumed.source.reports} report() calls, ${this.reports} here); this rank's goes without a parity check`)
+      this.#sourceReports = resumed.source.reports
     }
     this.#cursor = resumed.source
     this.generation++

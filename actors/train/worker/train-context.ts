@@ -200,7 +200,9 @@ export class TrainContext {
     session.reported()
     // A rank joining a regrouped generation replays the loop: the survivors made these already.
     if (session.skipReport(index)) return
-    const parity = await this.#parity(index)
+    // A report the furthest survivor of a regroup made already (this rank took its state just
+    // before it): the survivor is past it, so no parity check here.
+    const parity = session.reportMadeAlready(index) ? undefined : await this.#parity(index)
     if (parity !== undefined && parity.length > 0) metrics = { ...metrics, [PARITY_METRIC]: parity.length, [`${PARITY_METRIC}_ranks`]: parity.join(" ") }
     // A pipeline's checkpoint is every rank's: rank 0's carries the layout and metadata, the other
     // ranks' stage shards join it as files of their own.
