@@ -3,7 +3,7 @@
 // resizes at report boundaries, messages from old generations, and the recovery choices (peers or
 // checkpoint, a death reclassified as its node's loss).
 import { describe, expect, it } from "vitest"
-import { Controller, deathOrNodeLoss, deathToCheck, recoveryFor, restartReason, startFailureKind, type ControllerEvent, type GroupFailure, type Outcome } from "../actors/train/driver/controller.ts"
+import { Controller, deathOrNodeLoss, ranksToCheck, recoveryFor, restartReason, startFailureKind, type ControllerEvent, type GroupFailure, type Outcome } from "../actors/train/driver/controller.ts"
 import { MAX_INFRA_RESTARTS_WITHOUT_PROGRESS, decide } from "../actors/train/driver/failure-policy.ts"
 
 type Ckpt = { readonly tag: string }
@@ -283,10 +283,9 @@ describe("controller: recovery choices (peers or checkpoint, a death or a lost n
 
   it("reclassifies a rank's death as its node's loss only when the cluster saw the node go", () => {
     const died: Outcome = { type: "failed", failure: failure({ rank: 2 }).failure }
-    expect(deathToCheck(died)).toBe(2)
-    expect(deathToCheck({ type: "failed", failure: failure({ rank: -1 }).failure })).toBeUndefined()
-    expect(deathToCheck({ type: "failed", failure: failure({ kind: "loop-error" }).failure })).toBeUndefined()
-    expect(deathToCheck({ type: "finished" })).toBeUndefined()
+    expect(ranksToCheck(died, 4)).toEqual([2])
+    expect(ranksToCheck({ type: "failed", failure: failure({ kind: "loop-error" }).failure }, 4)).toEqual([])
+    expect(ranksToCheck({ type: "finished" }, 4)).toEqual([])
     expect(deathOrNodeLoss(died, "n1", "alive")).toBe(died)
     expect(deathOrNodeLoss(died, "n1", undefined)).toBe(died)
     for (const state of ["dead", "left"] as const) {
@@ -295,6 +294,14 @@ describe("controller: recovery choices (peers or checkpoint, a death or a lost n
         failure: { kind: "node-lost", rank: 2, tag: "WorkerDied", message: "node n1 was lost with it: exit 137\nmore" }
       })
     }
+    // A group that broke under a rank without naming a culprit: every rank's node is watched, and
+    // a lost one takes the blame (one of its ranks), so the survivors regroup and nothing is counted.
+    const unnamed: Outcome = { type: "failed", failure: failure({ rank: -1 }).failure }
+    expect(ranksToCheck(unnamed, 3)).toEqual([0, 1, 2])
+    expect(deathOrNodeLoss(unnamed, "n2", "alive", 2)).toBe(unnamed)
+    const lost = deathOrNodeLoss(unnamed, "n2", "dead", 2)
+    expect(lost).toMatchObject({ type: "failed", failure: { kind: "node-lost", rank: 2 } })
+    expect(recoveryFor({ type: "failure", failure: (lost as Extract<Outcome, { type: "failed" }>).failure }, "peers", false)).toEqual({ from: "peers" })
     // Only a rank's death is reclassified.
     const loopError: Outcome = { type: "failed", failure: failure({ kind: "loop-error" }).failure }
     expect(deathOrNodeLoss(loopError, "n1", "dead")).toBe(loopError)

@@ -470,19 +470,25 @@ export const recoveryFor = (cause: RestartCause, recoverFrom: "peers" | "checkpo
 
 /**
  * A rank that died may have died with its machine: its peers can name it (a direct link closes at
- * once) before the cluster view has missed the node's heartbeats. The rank whose node is to be
- * watched (its next heartbeat or its death) before the failure is counted, or undefined.
+ * once) before the cluster view has missed the node's heartbeats. The ranks whose nodes are to be
+ * watched (their next heartbeat or their death) before the failure is counted: the dead rank's, or,
+ * for a group that broke under a rank without naming a culprit (rank -1), every rank's: a node lost
+ * with its workers is the likeliest cause, and its loss is not the run's to count.
  */
-export const deathToCheck = (o: Outcome): number | undefined =>
-  o.type === "failed" && o.failure.kind === "died" && o.failure.rank >= 0 ? o.failure.rank : undefined
+export const ranksToCheck = (o: Outcome, worldSize: number): ReadonlyArray<number> => {
+  if (o.type !== "failed" || o.failure.kind !== "died") return []
+  return o.failure.rank >= 0 ? [o.failure.rank] : Array.from({ length: worldSize }, (_, r) => r)
+}
 
 /**
- * After that wait: a node still alive (or no longer known) leaves the rank's own failure standing;
- * a node the cluster saw die (or leave) makes it the lost node's, an infrastructure failure.
+ * After that wait: a node still alive (or no longer known) leaves the death standing; a node the
+ * cluster saw die (or leave) makes it the lost node's, an infrastructure failure, blamed on the
+ * dead rank or, when none was named, on `rank` (one of the lost node's).
  */
-export const deathOrNodeLoss = (o: Outcome, node: string, nodeState: "alive" | "dead" | "left" | undefined): Outcome => {
-  if (o.type !== "failed" || deathToCheck(o) === undefined || nodeState === undefined || nodeState === "alive") return o
-  return { type: "failed", failure: { ...o.failure, kind: "node-lost", message: `node ${node} was lost with it: ${o.failure.message}` } }
+export const deathOrNodeLoss = (o: Outcome, node: string, nodeState: "alive" | "dead" | "left" | undefined, rank?: number): Outcome => {
+  if (o.type !== "failed" || o.failure.kind !== "died" || nodeState === undefined || nodeState === "alive") return o
+  const blamed = o.failure.rank >= 0 ? o.failure.rank : (rank ?? -1)
+  return { type: "failed", failure: { ...o.failure, kind: "node-lost", rank: blamed, message: `node ${node} was lost with it: ${o.failure.message}` } }
 }
 
 /** The kind of failure a group that could not start had: the bus's, the user's config's (a module or env not allowed), or a death. */

@@ -27,7 +27,7 @@ import { ControllerProtocol, type CheckpointPayload, type PeerState } from "../c
 import {
   Controller,
   deathOrNodeLoss,
-  deathToCheck,
+  ranksToCheck,
   recoveryFor,
   restartReason,
   startFailureKind,
@@ -695,7 +695,7 @@ export class FitRun {
   /**
    * Watch: the generation's outcome, growing when capacity comes back (elastic). A rank's death
    * waits for its node's next heartbeat or its death before it is counted: the controller then
-   * decides whether it was the node's loss (deathToCheck, deathOrNodeLoss).
+   * decides whether it was the node's loss (ranksToCheck, deathOrNodeLoss).
    */
   async watch(generation: Generation<CheckpointPayload>): Promise<Outcome> {
     const stopWatching = this.#watchCapacity(generation.worldSize)
@@ -706,16 +706,25 @@ export class FitRun {
 
   async #nodeLossOrNot(o: Outcome): Promise<Outcome> {
     const { view } = this.cluster
-    const rank = deathToCheck(o)
-    const node = rank === undefined ? undefined : this.#group.members.get(rank)?.node
-    if (node === undefined || view.get(node) === undefined) return o
-    const at = Date.now()
-    const known = (): boolean => {
-      const n = view.get(node)
-      return n === undefined || n.state !== "alive" || n.lastSeenAt > at
+    // Each node to watch, with the first of its ranks to check.
+    const nodes = new Map<string, number>()
+    for (const rank of ranksToCheck(o, this.#group.members.size)) {
+      const node = this.#group.members.get(rank)?.node
+      if (node !== undefined && view.get(node) !== undefined && !nodes.has(node)) nodes.set(node, rank)
     }
+    if (nodes.size === 0) return o
+    const at = Date.now()
+    const known = (): boolean =>
+      [...nodes.keys()].every((node) => {
+        const n = view.get(node)
+        return n === undefined || n.state !== "alive" || n.lastSeenAt > at
+      })
     await view.waitFor(known, view.deadAfterMs + 1_000).catch(() => undefined)
-    return deathOrNodeLoss(o, node, view.get(node)?.state)
+    for (const [node, rank] of nodes) {
+      const lost = deathOrNodeLoss(o, node, view.get(node)?.state, rank)
+      if (lost !== o) return lost
+    }
+    return o
   }
 
   /** Finish: the group stops (training finished, or the run failed as the controller decided). */
