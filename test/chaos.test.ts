@@ -112,6 +112,22 @@ const waitForNodes = async (url: string, cluster: string, n: number): Promise<vo
   }
 }
 
+/**
+ * Kills the agents of these names (and their nats-servers), then whatever else names one of the
+ * markers (workers, hosts), and waits for them to be gone (15 s at most).
+ */
+const stopEverything = async (agentNames: ReadonlyArray<string>, markers: ReadonlyArray<string>): Promise<void> => {
+  const pids: Array<{ pid: number; marker: string }> = []
+  for (const agent of agentNames) {
+    const dir = path.join(work, `agent-${agent}`)
+    const s = readState(dir)
+    if (s) pids.push({ pid: s.pid, marker: dir }, ...(s.natsServer ? [{ pid: s.natsServer.pid, marker: "nats-server" }] : []))
+  }
+  for (const marker of markers) for (const p of processesMentioning(marker)) pids.push({ pid: p.pid, marker })
+  for (const p of pids) if (aliveAs(p.pid, p.marker)) killQuietly(p.pid)
+  await eventually("this test's processes to exit", 15_000, () => pids.every((p) => !aliveAs(p.pid, p.marker))).catch(() => {})
+}
+
 /** The run's incidents from events.jsonl, one line each, for the test log (what happened, when). */
 const incidents = (r: Result): string => {
   const boring = new Set(["metrics", "state", "explain", "checkpoint"])
@@ -255,66 +271,71 @@ describe("chaos", () => {
     const pidDir = fs.mkdtempSync(path.join(work, "pids-"))
     const port = await freePort()
     const url = `nats://127.0.0.1:${port}`
-    const head = await startAgent("head", ["--head", "--port", String(port), "--cluster", cluster])
-    const firstServer = head.natsServer!.pid
-    const b = await startAgent("b", ["--address", url, "--cluster", cluster])
-    await waitForNodes(url, cluster, 2)
-    // Epochs last at least 400 ms (minEpochMs): enough of them that the new agent (a few seconds to
-    // start) joins, and the group grows and meets the last fault, well before the end.
-    const epochs = 24
-    let joining: Promise<AgentState> | undefined
-    let killedAgentAttempt = -1
-    // From agent b's death until agent c is up, the shrunk group waits at each epoch's end
-    // (chaos-loop.ts): on a loaded machine starting an agent can take longer than the epochs left.
-    const holdFile = path.join(pidDir, "hold")
-    const plan = new FaultPlan(seed + 1, [
-      {
-        name: "kill -9 agent b",
-        ready: (p, pl) => pl.sizeOf(p.attempt) === 4,
-        fire: (p) => {
-          killedAgentAttempt = p.attempt
-          fs.writeFileSync(holdFile, "4")
-          process.kill(b.pid, "SIGKILL")
-          return `pid ${b.pid}`
-        }
-      },
-      {
-        name: "kill -9 the head's nats-server",
-        // After the group shrank, a new agent joined and the group grew back to 4.
-        ready: (p, pl) => {
-          if (p.attempt > killedAgentAttempt && pl.sizeOf(p.attempt) <= 2 && joining === undefined) {
-            joining = startAgent("c", ["--address", url, "--cluster", cluster]).finally(() => fs.rmSync(holdFile, { force: true }))
-            joining.catch(() => {}) // awaited (and so reported) after fit()
+    try {
+      const head = await startAgent("head", ["--head", "--port", String(port), "--cluster", cluster])
+      const firstServer = head.natsServer!.pid
+      const b = await startAgent("b", ["--address", url, "--cluster", cluster])
+      await waitForNodes(url, cluster, 2)
+      // Epochs last at least 400 ms (minEpochMs): enough of them that the new agent (a few seconds to
+      // start) joins, and the group grows and meets the last fault, well before the end.
+      const epochs = 24
+      let joining: Promise<AgentState> | undefined
+      let killedAgentAttempt = -1
+      // From agent b's death until agent c is up, the shrunk group waits at each epoch's end
+      // (chaos-loop.ts): on a loaded machine starting an agent can take longer than the epochs left.
+      const holdFile = path.join(pidDir, "hold")
+      const plan = new FaultPlan(seed + 1, [
+        {
+          name: "kill -9 agent b",
+          ready: (p, pl) => pl.sizeOf(p.attempt) === 4,
+          fire: (p) => {
+            killedAgentAttempt = p.attempt
+            fs.writeFileSync(holdFile, "4")
+            process.kill(b.pid, "SIGKILL")
+            return `pid ${b.pid}`
           }
-          return joining !== undefined && p.attempt > killedAgentAttempt + 1 && pl.sizeOf(p.attempt) === 4
         },
-        fire: () => {
-          const pid = readState(path.join(work, "agent-head"))!.natsServer!.pid
-          process.kill(pid, "SIGKILL")
-          return `pid ${pid}`
+        {
+          name: "kill -9 the head's nats-server",
+          // After the group shrank, a new agent joined and the group grew back to 4.
+          ready: (p, pl) => {
+            if (p.attempt > killedAgentAttempt && pl.sizeOf(p.attempt) <= 2 && joining === undefined) {
+              joining = startAgent("c", ["--address", url, "--cluster", cluster]).finally(() => fs.rmSync(holdFile, { force: true }))
+              joining.catch(() => {}) // awaited (and so reported) after fit()
+            }
+            return joining !== undefined && p.attempt > killedAgentAttempt + 1 && pl.sizeOf(p.attempt) === 4
+          },
+          fire: () => {
+            const pid = readState(path.join(work, "agent-head"))!.natsServer!.pid
+            process.kill(pid, "SIGKILL")
+            return `pid ${pid}`
+          }
         }
-      }
-    ])
-    console.log(`cluster run: ${plan.describe()}`)
-    const r = await fitElastic({ name, pidDir, epochs, url, cluster, plan, holdFile }).finally(() => fs.rmSync(holdFile, { force: true }))
-    console.log(`cluster run: fired ${JSON.stringify(plan.fired)}; resizes ${JSON.stringify(r.resizes.map((z) => [z.from, z.to]))}`)
-    expect(plan.errors).toEqual([])
-    expect(plan.done, `not every fault fired (seed ${seed}): ${JSON.stringify(plan.fired)}`).toBe(true)
-    await checkRun(r, epochs, plan.fired)
-    expectShrinkAndRegrow(r)
-    expect(r.busOutages.length).toBeGreaterThanOrEqual(1)
-    const headAfter = readState(path.join(work, "agent-head"))!
-    expect(headAfter.natsServer).toMatchObject({ restarts: 1 })
-    expect(headAfter.natsServer!.pid).not.toBe(firstServer)
-    const status = await cli(["status", "--cluster", cluster, "--address", url])
-    expect(status.stdout).toContain(`nats-server of head (pid ${headAfter.natsServer!.pid}) restarted 1 time`)
+      ])
+      console.log(`cluster run: ${plan.describe()}`)
+      const r = await fitElastic({ name, pidDir, epochs, url, cluster, plan, holdFile }).finally(() => fs.rmSync(holdFile, { force: true }))
+      console.log(`cluster run: fired ${JSON.stringify(plan.fired)}; resizes ${JSON.stringify(r.resizes.map((z) => [z.from, z.to]))}`)
+      expect(plan.errors).toEqual([])
+      expect(plan.done, `not every fault fired (seed ${seed}): ${JSON.stringify(plan.fired)}`).toBe(true)
+      await checkRun(r, epochs, plan.fired)
+      expectShrinkAndRegrow(r)
+      expect(r.busOutages.length).toBeGreaterThanOrEqual(1)
+      const headAfter = readState(path.join(work, "agent-head"))!
+      expect(headAfter.natsServer).toMatchObject({ restarts: 1 })
+      expect(headAfter.natsServer!.pid).not.toBe(firstServer)
+      const status = await cli(["status", "--cluster", cluster, "--address", url])
+      expect(status.stdout).toContain(`nats-server of head (pid ${headAfter.natsServer!.pid}) restarted 1 time`)
 
-    await (joining ?? Promise.resolve())
-    await stopAgent("c")
-    await stopAgent("head")
-    await checkWorkersGone(pidDir, work)
-    for (const pid of [head.pid, b.pid, firstServer, headAfter.natsServer!.pid]) expect(aliveAs(pid, work), `pid ${pid}`).toBe(false)
-    expect(processesMentioning(work)).toEqual([])
+      await (joining ?? Promise.resolve())
+      await stopAgent("c")
+      await stopAgent("head")
+      await checkWorkersGone(pidDir, work)
+      for (const pid of [head.pid, b.pid, firstServer, headAfter.natsServer!.pid]) expect(aliveAs(pid, work), `pid ${pid}`).toBe(false)
+      expect(processesMentioning(work)).toEqual([])
+    } finally {
+      // On a failure too: nothing of this run is left for the next test's leftover check to find.
+      await stopEverything(["head", "b", "c"], [`GRADWIRE_JOB=${name}-`, `--cluster ${cluster}`])
+    }
   })
 
   const unavailable = netnsUnavailable()

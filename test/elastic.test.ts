@@ -4,6 +4,7 @@
 // weights on every rank. Real nats-server, real agent and worker processes.
 import { spawn, type ChildProcess } from "node:child_process"
 import * as fs from "node:fs/promises"
+import { rmSync, writeFileSync } from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { Result as R } from "effect"
@@ -91,27 +92,39 @@ describe("an elastic run on two agents", () => {
     await fs.rm(work, { recursive: true, force: true })
   })
 
-  /**
-   * Two agents of `cluster` ("<prefix>a", "<prefix>b"), a 24-epoch elastic digits run (2..4 workers):
-   * after report 1 agent b is killed (the group shrinks to 2), and once a round ran at 2 a third
-   * agent starts (the group grows back to 4). Checks what every such run must show and returns it.
-   */
-  const shrinkAndGrow = async (cluster: string, prefix: string, collectiveConfig: Record<string, unknown> = {}, loop = path.resolve("examples/digits/train.ts") + "#trainLoop") => {
-    startAgent(`${prefix}a`, cluster)
-    startAgent(`${prefix}b`, cluster)
+  /** Resolves once the alive nodes of `cluster` are `nodeIds` (30 s at most). */
+  const waitForAlive = async (cluster: string, nodeIds: ReadonlyArray<string>): Promise<void> => {
     const conn = await openNats({ servers: server.url, name: `${cluster} test` })
     const view = await openClusterView({ nc: conn.nc, cluster })
+    const want = [...nodeIds].sort().join(",")
     try {
-      await view.waitFor((nodes) => nodes.filter((n) => n.state === "alive").length === 2, 30_000)
+      await view.waitFor((nodes) => nodes.filter((x) => x.state === "alive").map((x) => x.ad.nodeId).sort().join(",") === want, 30_000)
     } finally {
       view.close()
       await conn.close()
     }
+  }
+
+  /**
+   * Two agents of `cluster` ("<prefix>a", "<prefix>b"), a 24-epoch elastic digits run (2..4 workers):
+   * after report 1 agent b is killed (the group shrinks to 2), and once a round ran at 2 a third
+   * agent starts (the group grows back to 4). Checks what every such run must show and returns it.
+   * From b's death until c is alive, the shrunk group waits at each epoch's end (the loops'
+   * `holdFile`): on a loaded machine an agent can take longer to start than the epochs left.
+   */
+  const shrinkAndGrow = async (cluster: string, prefix: string, collectiveConfig: Record<string, unknown> = {}, steps = false) => {
+    startAgent(`${prefix}a`, cluster)
+    startAgent(`${prefix}b`, cluster)
+    await waitForAlive(cluster, [`${prefix}a`, `${prefix}b`])
+    const holdFile = path.join(work, `${cluster}.hold`)
+    const pidDir = await fs.mkdtemp(path.join(work, `${cluster}-pids-`))
+    const loop = steps ? path.resolve("test/support/step-loop.ts") + "#stepLoop" : path.resolve("test/support/chaos-loop.ts") + "#trainLoop"
+    let joined: Promise<void> | undefined
     let phase: "full" | "shrunk" | "grown" = "full"
     const r = await new Trainer({
       trainLoopPerWorker: loop,
       // Enough epochs that the new agent (a few seconds to start) joins while the shrunk group trains.
-      trainLoopConfig: { epochs: 24 },
+      trainLoopConfig: { epochs: 24, holdFile, ...(steps ? {} : { pidDir }) },
       scalingConfig: { numWorkers: { min: 2, max: 4 }, placementTimeoutMs: 30_000 },
       collectiveConfig,
       runConfig: {
@@ -124,10 +137,15 @@ describe("an elastic run on two agents", () => {
             onReport: ({ index, perRank }) => {
               if (phase === "full" && index === 1 && perRank.length === 4) {
                 phase = "shrunk"
+                writeFileSync(holdFile, "4")
                 agents.get(`${prefix}b`)!.kill("SIGKILL")
               } else if (phase === "shrunk" && perRank.length === 2) {
                 phase = "grown"
                 startAgent(`${prefix}c`, cluster)
+                // The hold ends either way: an agent that does not come up shows as no grow.
+                joined = waitForAlive(cluster, [`${prefix}a`, `${prefix}c`])
+                  .catch(() => {})
+                  .finally(() => rmSync(holdFile, { force: true }))
               }
             }
           }
@@ -135,7 +153,10 @@ describe("an elastic run on two agents", () => {
       },
       datasets: { train, test },
       cluster: { address: server.url, clusterName: cluster }
-    }).fit()
+    })
+      .fit()
+      .finally(() => rmSync(holdFile, { force: true }))
+    await joined
     expect(r.resizes.map((z) => [z.from, z.to])).toEqual([
       [4, 2],
       [2, 4]
@@ -163,7 +184,7 @@ describe("an elastic run on two agents", () => {
   })
 
   it("a hand-written trainStep loop shrinks and grows back the same way: the new workers replay it to the running ones", { timeout: 240_000 }, async () => {
-    const { r, events } = await shrinkAndGrow("elastic-steps", "s", {}, path.resolve("test/support/step-loop.ts") + "#stepLoop")
+    const { r, events } = await shrinkAndGrow("elastic-steps", "s", {}, true)
     expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.9)
     expect(events.find((e) => e.type === "restart")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 0 })
     expect(events.find((e) => e.type === "grow")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 2, position: { inFit: false } })

@@ -116,8 +116,11 @@ describe("local SGD with DiLoCo's outer Nesterov", () => {
     expect(await fs.readFile(path.join(r.path, "explain.txt"), "utf8")).toMatch(/local-sgd /)
     expect(r.metricsHistory.map((x) => x.epoch)).toEqual([0, 1])
     // Three ranks on two cores jitter: SSP's prediction lands near the hysteresis margin, so either
-    // strategy may run the second epoch (0.81-0.93 after 2 epochs); it trains either way.
-    expect(lastAccuracy(r)).toBeGreaterThan(0.75)
+    // strategy may run most of the run. It trains either way: the all-reduce ends at 0.81-0.93
+    // after 2 epochs, SSP from the first decision on at 0.64-0.72 (measured with the pick forced,
+    // before and after the strategies moved into their modules); chance is 0.1.
+    expect(r.metricsHistory[1]!.loss as number).toBeLessThan(r.metricsHistory[0]!.loss as number)
+    expect(lastAccuracy(r)).toBeGreaterThan(0.5)
   })
 
   it("streams fragments at staggered steps with their rounds overlapped with the next inner steps, and converges", async () => {
