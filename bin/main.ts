@@ -58,6 +58,8 @@ start options:
                                gradwire's own actors, plus the train loop each job declares)
   --insecure                   let a head's NATS server listen beyond loopback without credentials
   --owner-timeout-ms MS        kill a job's processes when its driver has been silent this long (default 5000)
+  --warm-hosts N               actor processes kept started with tfjs loaded, so a replacement worker
+                               starts warm (default GRADWIRE_WARM_HOSTS, else 1; 0: every process starts cold)
   --block                      run in the foreground (default: in the background, logging to the state dir)
   --state-dir DIR              where the agent's pid/state and log go (env GRADWIRE_STATE_DIR, default ~/.gradwire)
   credentials (start and status; a head that starts its server requires them from every client):
@@ -100,6 +102,7 @@ const options = {
   "node-id": { type: "string" },
   labels: { type: "string" },
   "num-cpus": { type: "string" },
+  "warm-hosts": { type: "string" },
   "num-gpus": { type: "string" },
   resources: { type: "string" },
   backends: { type: "string" },
@@ -146,7 +149,7 @@ const CREDENTIALS: ReadonlyArray<OptionName> = ["user", "password", "token", "nk
 const COMMAND_OPTIONS: Readonly<Record<string, ReadonlyArray<OptionName>>> = {
   start: [
     "head", "address", "port", "host", "max-payload", "cluster", "node-id", "labels", "num-cpus", "num-gpus", "resources", "backends",
-    ...CREDENTIALS, "insecure", "allow-module-root", "block", "state-dir", "owner-timeout-ms", "auth-stdin", "help"
+    ...CREDENTIALS, "insecure", "allow-module-root", "block", "state-dir", "owner-timeout-ms", "warm-hosts", "auth-stdin", "help"
   ],
   status: ["address", "cluster", "json", ...CREDENTIALS, "state-dir", "help"],
   stop: ["state-dir", "timeout", "help"],
@@ -170,7 +173,7 @@ const VALUE_NAMES: Partial<Record<OptionName, string>> = {
   address: "URL", port: "N", host: "ADDR", "max-payload": "BYTES", cluster: "NAME", "node-id": "ID", labels: "k=v,...",
   "num-cpus": "N", "num-gpus": "N", resources: "name=n,...", backends: "a,b", user: "U", password: "P", token: "T", nkey: "FILE",
   creds: "FILE", tlsca: "FILE", tlscert: "FILE", tlskey: "FILE", "allow-module-root": "DIR", "state-dir": "DIR",
-  "owner-timeout-ms": "MS", timeout: "SECONDS", "part-mib": "N", format: "csv|jsonl|shards", rank: "R", tail: "N", workers: "N",
+  "owner-timeout-ms": "MS", "warm-hosts": "N", timeout: "SECONDS", "part-mib": "N", format: "csv|jsonl|shards", rank: "R", tail: "N", workers: "N",
   epochs: "N", config: "JSON", name: "NAME", "storage-path": "DIR", "max-failures": "N", dataset: "NAME=FILES"
 }
 
@@ -304,6 +307,7 @@ const startOptions = (flags: Flags, stdinAuth: ConnectionAuth | undefined): Star
     custom,
     ...(backends ? { backends } : {}),
     ...(flags["owner-timeout-ms"] !== undefined ? { ownerTimeoutMs: number("owner-timeout-ms", flags["owner-timeout-ms"], 0) } : {}),
+    warmHosts: flags["warm-hosts"] !== undefined ? (number("warm-hosts", flags["warm-hosts"], 0) as number) : settings.warmHosts.read(),
     stateDir: stateDir(flags)
   }
 }

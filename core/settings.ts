@@ -160,6 +160,18 @@ export const webgpuSoftware: Setting<boolean> = {
   read: () => raw("GRADWIRE_WEBGPU_SOFTWARE") === "1"
 }
 
+/** Warm actor processes a node agent keeps (actors/node/agent.ts warmHosts). */
+export const warmHosts: Setting<number> = {
+  name: "GRADWIRE_WARM_HOSTS",
+  default: "1",
+  description:
+    "actor processes a node agent (the embedded cluster's, `gradwire start`'s) keeps started with tfjs loaded, so a replacement worker starts warm; 0: every process starts cold (`gradwire start --warm-hosts N` overrides)",
+  read: () => {
+    const n = Number(raw("GRADWIRE_WARM_HOSTS") ?? "1")
+    return Number.isInteger(n) && n >= 0 ? n : 1
+  }
+}
+
 /** Every variable gradwire reads, in docs/environment.md's order. */
 export const SETTINGS: ReadonlyArray<Setting<unknown>> = [
   logLevel,
@@ -171,6 +183,7 @@ export const SETTINGS: ReadonlyArray<Setting<unknown>> = [
   natsReadPool,
   directHost,
   webgpuSoftware,
+  warmHosts,
   natsServerBin,
   ci,
   searchPath,

@@ -19,11 +19,21 @@ export interface ProcessExit {
 export interface ActorProcessOptions {
   readonly cwd?: string
   readonly env: NodeJS.ProcessEnv
-  /** The spec line written to the child's stdin (base64, newline-terminated by us). */
-  readonly spec: string
+  /**
+   * The spec line written to the child's stdin (base64, newline-terminated by us). Without one the
+   * process starts warm: it loads gradwire's worker modules and waits for assign() (host.ts).
+   */
+  readonly spec?: string
   readonly onLine: (stream: "stdout" | "stderr", line: string) => void
   readonly tailLines?: number
 }
+
+/**
+ * argv of a warm host: the flag, and room for the title it takes once assigned (Linux keeps a
+ * process's title in the space of its original argv), so `ps` and /proc/<pid>/cmdline name the job
+ * and actor it runs, as a cold start's environment does.
+ */
+const WARM_ARGS = ["--warm", `--title-room=${".".repeat(160)}`]
 
 export class ActorProcess {
   readonly child: ChildProcess
@@ -34,10 +44,16 @@ export class ActorProcess {
   readonly #tail: string[] = []
   readonly #tailLines: number
   #exit: ProcessExit | undefined
+  /** Where output lines go (a warm process's change when it is assigned). */
+  onLine: (stream: "stdout" | "stderr", line: string) => void
+  /** Whether the process started warm and still waits for its spec. */
+  #waiting: boolean
 
   constructor(options: ActorProcessOptions) {
     this.#tailLines = options.tailLines ?? 30
-    this.child = spawn(process.execPath, [HOST_SCRIPT], {
+    this.onLine = options.onLine
+    this.#waiting = options.spec === undefined
+    this.child = spawn(process.execPath, options.spec === undefined ? [HOST_SCRIPT, ...WARM_ARGS] : [HOST_SCRIPT], {
       cwd: options.cwd,
       env: options.env,
       stdio: ["pipe", "pipe", "pipe"]
@@ -66,7 +82,7 @@ export class ActorProcess {
             this.#tail.push(line)
             if (this.#tail.length > this.#tailLines) this.#tail.shift()
           }
-          options.onLine(name, line)
+          this.onLine(name, line)
         })
         lines.on("close", () => {
           streams--
@@ -90,7 +106,21 @@ export class ActorProcess {
         settle()
       })
     })
-    this.child.stdin!.write(`${options.spec}\n`)
+    if (options.spec !== undefined) this.child.stdin!.write(`${options.spec}\n`)
+  }
+
+  /** Whether this is a warm process that still waits for its spec (and is running). */
+  get idle(): boolean {
+    return this.#waiting && this.running
+  }
+
+  /** Hands a warm process its spec (which carries the environment it takes, host-spec.ts); once. */
+  assign(spec: string, onLine: (stream: "stdout" | "stderr", line: string) => void): void {
+    if (!this.#waiting) throw new Error(`process ${this.pid} is not a warm one waiting for its spec`)
+    this.#waiting = false
+    this.#tail.length = 0
+    this.onLine = onLine
+    this.child.stdin!.write(`${spec}\n`)
   }
 
   get running(): boolean {

@@ -95,7 +95,16 @@ export interface AgentOptions {
   readonly supervisedServer?: () => SupervisedServer | undefined
   /** Called when the connection to NATS is lost or back (the daemon keeps it in the state file). */
   readonly onNatsStatus?: (status: AgentNatsStatus) => void
+  /**
+   * Actor processes kept started ahead of requests, with gradwire's worker modules and tfjs loaded
+   * (host.ts): a spawn takes one instead of starting cold, which is most of a replacement worker's
+   * start. Default 1; 0 starts every process cold.
+   */
+  readonly warmHosts?: number
 }
+
+/** After a spawn took a warm process, the next one starts this much later (not beside the new actor's start). */
+const WARM_REFILL_DELAY_MS = 3_000
 
 interface Running {
   readonly proc: ActorProcess
@@ -131,6 +140,9 @@ export class NodeAgent {
   readonly #output: (line: string) => void
   readonly #system: ActorSystem
   readonly #processes = new Map<string, Running>()
+  /** Warm processes waiting for a spawn (options.warmHosts). */
+  readonly #warm: ActorProcess[] = []
+  #warmTimer: ReturnType<typeof setTimeout> | undefined
   readonly #owners = new Map<string, Tracked>()
   readonly #jobs = new Map<string, Tracked>()
   readonly #heartbeatMs: number
@@ -250,7 +262,50 @@ export class NodeAgent {
     this.#timers.push(setInterval(() => this.#advertise(), this.#heartbeatMs))
     this.#timers.push(setInterval(() => this.#checkOwners(), 250))
     this.#advertise()
+    this.#fillWarm()
     await settleWithin(this.#nc.flush(), 5_000)
+  }
+
+  /** How many warm processes wait now (options.warmHosts keeps that many). */
+  get warmHosts(): number {
+    return this.#warm.filter((w) => w.idle).length
+  }
+
+  /** Starts warm processes up to options.warmHosts. */
+  #fillWarm(): void {
+    const want = this.#options.warmHosts ?? 1
+    for (let i = this.#warm.length - 1; i >= 0; i--) if (!this.#warm[i]!.idle) this.#warm.splice(i, 1)
+    while (!this.#leaving && this.#warm.length < want) {
+      const env: NodeJS.ProcessEnv = { ...process.env, GRADWIRE_CLUSTER: this.cluster, GRADWIRE_NODE_ID: this.nodeId }
+      delete env.GRADWIRE_ADDRESS
+      delete env.GRADWIRE_JOB
+      delete env.GRADWIRE_ACTOR
+      const proc = new ActorProcess({ cwd: process.cwd(), env, onLine: (stream, line) => this.#log.debug(`(warm pid=${proc.pid}) ${stream}: ${line}`) })
+      if (proc.pid < 0) return
+      this.#warm.push(proc)
+      void proc.exited.then((exit) => {
+        const i = this.#warm.indexOf(proc)
+        if (i < 0) return
+        this.#warm.splice(i, 1)
+        // Died while waiting: say why, and start no other at once (a crash loop would spin).
+        if (!this.#leaving) this.#log.warn(`warm process ${proc.pid} exited while waiting (${exit.signal ?? `code ${exit.code}`}): ${proc.stderrTail().split("\n").at(-1) ?? ""}`)
+      })
+    }
+  }
+
+  /** A warm process for a spawn, taken from the pool (the pool fills again later), or undefined. */
+  #takeWarm(): ActorProcess | undefined {
+    const i = this.#warm.findIndex((w) => w.idle)
+    if (i < 0) return undefined
+    const [proc] = this.#warm.splice(i, 1)
+    if (this.#warmTimer === undefined && !this.#leaving) {
+      this.#warmTimer = setTimeout(() => {
+        this.#warmTimer = undefined
+        this.#fillWarm()
+      }, WARM_REFILL_DELAY_MS)
+      this.#warmTimer.unref()
+    }
+    return proc
   }
 
   advertisement(): NodeAdvertisement {
@@ -357,7 +412,9 @@ export class NodeAgent {
       this.#leaving = true
       this.#advertise()
       const grace = this.#options.killGraceMs ?? 3_000
-      await settleWithin(Promise.all([...this.#processes.values()].map((r) => r.proc.kill(reason, grace))), grace + 5_000)
+      if (this.#warmTimer) clearTimeout(this.#warmTimer)
+      const warm = this.#warm.splice(0)
+      await settleWithin(Promise.all([...[...this.#processes.values()].map((r) => r.proc), ...warm].map((p) => p.kill(reason, grace))), grace + 5_000)
       // Let the exit notices out before the subscriptions go.
       await new Promise((resolve) => setImmediate(resolve))
       for (const t of this.#timers) clearInterval(t)
@@ -427,15 +484,16 @@ export class NodeAgent {
     if (existing) fail(`an actor process named "${request.name}" of job "${request.job}" already runs here (pid ${existing.proc.pid})`)
     const cwd = request.cwd ?? process.cwd()
     if (!fs.existsSync(cwd)) fail(`working directory ${cwd} does not exist on node ${this.nodeId}`)
-    const env: NodeJS.ProcessEnv = {
-      ...process.env,
+    // What this process gets on top of the agent's own environment.
+    const added: Record<string, string> = {
       ...request.env,
       GRADWIRE_CLUSTER: this.cluster,
       GRADWIRE_JOB: request.job,
       GRADWIRE_ACTOR: request.name,
       GRADWIRE_NODE_ID: this.nodeId
     }
-    if (request.env.CUDA_VISIBLE_DEVICES === undefined && request.gpus.length > 0) env.CUDA_VISIBLE_DEVICES = request.gpus.join(",")
+    if (request.env.CUDA_VISIBLE_DEVICES === undefined && request.gpus.length > 0) added.CUDA_VISIBLE_DEVICES = request.gpus.join(",")
+    const env: NodeJS.ProcessEnv = { ...process.env, ...added }
     // Only what the agent's owner allowed runs here (module-policy.ts).
     const refused = refuseActorModule(this.#modules, request.module, cwd)
     if (refused !== undefined) throw new ModuleNotAllowed({ node: this.nodeId, module: request.module, reason: refused })
@@ -446,7 +504,10 @@ export class NodeAgent {
     }
     // The address a user gave may hold credentials; the process gets them on stdin, not in its env.
     delete env.GRADWIRE_ADDRESS
+    // A warm process (started with the agent's environment) takes what this request adds to it.
+    const warm = this.#takeWarm()
     const spec = encodeHostSpec({
+      ...(warm ? { env: added, cwd } : {}),
       connection: normalizeConnection(this.#options.connection),
       imports: [...imports],
       cluster: this.cluster,
@@ -462,21 +523,23 @@ export class NodeAgent {
     const subjects = jobSubjects(this.cluster, request.job)
     const label = request.logPrefix || request.name
     let prefix = `(${label})`
-    const proc = new ActorProcess({
-      cwd,
-      env,
-      spec,
-      onLine: (stream, line) => {
-        this.#output(`${prefix} ${line}`)
-        if (!this.#nc.isClosed()) {
-          try {
-            this.#nc.publish(subjects.log(request.name), encodeMessage({ stream, line, name: request.name, pid: proc.pid, node: this.nodeId }))
-          } catch {
-            // closing
-          }
+    const onLine = (stream: "stdout" | "stderr", line: string): void => {
+      this.#output(`${prefix} ${line}`)
+      if (!this.#nc.isClosed()) {
+        try {
+          this.#nc.publish(subjects.log(request.name), encodeMessage({ stream, line, name: request.name, pid: proc.pid, node: this.nodeId }))
+        } catch {
+          // closing
         }
       }
-    })
+    }
+    let proc: ActorProcess
+    if (warm) {
+      proc = warm
+      warm.assign(spec, onLine)
+    } else {
+      proc = new ActorProcess({ cwd, env, spec, onLine })
+    }
     if (proc.pid < 0) fail("the process could not be started (see the agent's log)")
     prefix = `(${label} pid=${proc.pid} node=${this.nodeId})`
     const info: NodeProcess = {
@@ -515,7 +578,7 @@ export class NodeAgent {
       this.#log.info(`${prefix} ${how}${proc.killedBy ? ` (${proc.killedBy})` : ""}`)
       this.#advertise()
     })
-    this.#log.info(`${prefix} started: ${request.module}#${request.export || "default"} for job ${request.job}`)
+    this.#log.info(`${prefix} started${warm ? " (warm)" : ""}: ${request.module}#${request.export || "default"} for job ${request.job}`)
     this.#advertise()
     return { pid: proc.pid, node: this.nodeId, instance: request.instance }
   }

@@ -62,6 +62,8 @@ export interface StartOptions {
   readonly nodeId?: string
   readonly labels: Readonly<Record<string, string>>
   readonly numCpus?: number
+  /** Warm actor processes the agent keeps (AgentOptions.warmHosts). */
+  readonly warmHosts?: number
   readonly numGpus?: number
   readonly custom: Readonly<Record<string, number>>
   readonly backends?: ReadonlyArray<BackendName>
@@ -239,6 +241,7 @@ export const runAgent = async (o: StartOptions, log?: ActorLogger): Promise<Runn
       ...(o.numGpus !== undefined ? { numGpus: o.numGpus } : {}),
       ...(o.backends !== undefined ? { backends: o.backends } : {}),
       ...(o.ownerTimeoutMs !== undefined ? { ownerTimeoutMs: o.ownerTimeoutMs } : {}),
+      ...(o.warmHosts !== undefined ? { warmHosts: o.warmHosts } : {}),
       ...(log ? { log } : {}),
       ...(server !== undefined
         ? {

@@ -19,7 +19,15 @@ export const HostSpecSchema = Schema.Struct({
   args: Schema.Unknown,
   /** Modules besides `module` the agent allowed this actor to import (a worker's train loop). */
   imports: Schema.Array(Schema.String),
-  heartbeatMs: Schema.Number
+  heartbeatMs: Schema.Number,
+  /**
+   * A warm host's environment for this actor (the spawn request's variables, already held to the
+   * allow-list, and the agent's GRADWIRE_JOB and the like), set before the actor starts; a cold
+   * start has it from its parent instead.
+   */
+  env: Schema.optional(Schema.Record(Schema.String, Schema.String)),
+  /** A warm host's working directory for this actor. */
+  cwd: Schema.optional(Schema.String)
 })
 export type HostSpec = typeof HostSpecSchema.Type
 

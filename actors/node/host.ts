@@ -3,8 +3,13 @@
 // announces itself ready) and exits when the actor stops: 0 when it was asked to stop, 1 when it
 // failed, 143 on SIGTERM (the agent killing it). When stdin closes the agent is gone (crashed,
 // killed): the process exits too, so no actor outlives the agent that owns it.
+//
+// Warm (argv --warm): started by the agent ahead of any request, the process loads gradwire's
+// worker modules (tfjs among them: most of a worker's cold start) while it waits, with no deadline,
+// for its spec; the spec then carries the environment and working directory of the actor, which it
+// takes before anything reads them (gradwire reads its settings when used, not at import).
 import * as path from "node:path"
-import { pathToFileURL } from "node:url"
+import { fileURLToPath, pathToFileURL } from "node:url"
 import { launchActor, isActorDefinition, type ActorHandle } from "../runtime/actor.ts"
 import { openConnection, SPAWNED_CONNECT_TIMEOUT_MS, type OpenedConnection } from "../../core/connection-spec.ts"
 import { settleWithin } from "../runtime/deadline.ts"
@@ -13,20 +18,32 @@ import { decodeHostSpec, type HostSpec } from "./host-spec.ts"
 import { stderrLogger } from "../runtime/log.ts"
 import { ActorSystem } from "../runtime/system.ts"
 
-const readSpecLine = (timeoutMs: number): Promise<string> =>
+/** What a warm host loads while it waits: the training worker's actor module, and with it tfjs. */
+export const WARM_PRELOAD = fileURLToPath(new URL(import.meta.url.endsWith(".ts") ? "../train/worker/worker.ts" : "../train/worker/worker.js", import.meta.url))
+
+const warm = process.argv.includes("--warm")
+
+const readSpecLine = (timeoutMs: number | undefined): Promise<string> =>
   new Promise((resolve, reject) => {
     let buffered = ""
-    const timer = setTimeout(() => reject(new Error(`no spawn spec on stdin within ${timeoutMs} ms`)), timeoutMs)
+    const timer = timeoutMs === undefined ? undefined : setTimeout(() => reject(new Error(`no spawn spec on stdin within ${timeoutMs} ms`)), timeoutMs)
+    // The agent holds the other end: EOF before a spec means it is gone (a warm host waits on it alone).
+    const onEnd = (): void => {
+      clearTimeout(timer)
+      reject(new Error("stdin closed before a spawn spec came (the agent is gone)"))
+    }
     const onData = (chunk: string): void => {
       buffered += chunk
       const nl = buffered.indexOf("\n")
       if (nl < 0) return
       clearTimeout(timer)
       process.stdin.off("data", onData)
+      process.stdin.off("end", onEnd)
       resolve(buffered.slice(0, nl))
     }
     process.stdin.setEncoding("utf8")
     process.stdin.on("data", onData)
+    process.stdin.once("end", onEnd)
   })
 
 const moduleUrl = (spec: string): string => {
@@ -49,7 +66,16 @@ const loadDefinition = async (spec: HostSpec) => {
 }
 
 const main = async (): Promise<void> => {
-  const spec = decodeHostSpec(await readSpecLine(10_000))
+  // Loaded in the background; a failure here shows again, with its context, when the actor loads it.
+  const preloading = warm ? import(pathToFileURL(WARM_PRELOAD).href).then(() => undefined, () => undefined) : undefined
+  const spec = decodeHostSpec(await readSpecLine(warm ? undefined : 10_000))
+  if (warm) {
+    if (spec.env) Object.assign(process.env, spec.env)
+    if (spec.cwd !== undefined) process.chdir(spec.cwd)
+    // What a cold start shows in its environment, for ps and /proc/<pid>/cmdline (argv made room).
+    process.title = `gradwire-host GRADWIRE_JOB=${spec.job} GRADWIRE_ACTOR=${spec.name}`
+    await preloading
+  }
   const log = stderrLogger(`${spec.job}/${spec.name}`)
   let handle: ActorHandle | undefined
   let conn: OpenedConnection | undefined

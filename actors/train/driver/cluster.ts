@@ -5,6 +5,7 @@
 // cluster's credentials do (the agent's connection spec, on their stdin). Other local users, and
 // any process without the seed, cannot join. The seed is also in a 0600 file in the server's 0700
 // temp dir (removed with it), for `gradwire jobs/logs --nkey FILE` while the run lasts.
+import * as settings from "../../../core/settings.ts"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
@@ -116,6 +117,7 @@ export const startEmbeddedCluster = async (options: {
       log: verbose ? stderrLogger("agent") : silentLogger,
       ownerTimeoutMs: 5_000,
       numCpus: Math.max(os.availableParallelism(), Math.ceil(cpusNeeded)),
+      warmHosts: settings.warmHosts.read(),
       output
     })
     const view = await openClusterView({ nc: opened.nc, cluster: "local" })

@@ -1,0 +1,94 @@
+// Warm actor processes (AgentOptions.warmHosts, `gradwire start --warm-hosts N`): an agent keeps
+// actor processes started with gradwire's worker modules and tfjs loaded, and a spawn takes one
+// instead of starting cold (most of a replacement worker's start). The process a spawn took runs
+// the actor with the spawn's environment (held to the allow-list as before), names its job and
+// actor in its command line as a cold one does in its environment, and the pool fills again; with
+// --warm-hosts 0 nothing waits; stopping the agent leaves no warm process behind. Real CLI agents,
+// real nats-server, real processes.
+import * as fs from "node:fs"
+import type { NatsConnection } from "@nats-io/nats-core"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { spawnActor } from "../actors/node/spawn.ts"
+import { silentLogger } from "../actors/runtime/log.ts"
+import { ActorSystem } from "../actors/runtime/system.ts"
+import { EchoProtocol } from "./support/actors-fixtures.ts"
+import { FIXTURES, TestRig, eventually, sleep, type AgentProc } from "./support/actors-processes.ts"
+
+const rig = new TestRig()
+afterAll(() => rig.cleanup())
+
+const read = (pid: number, file: "cmdline" | "stat"): string => {
+  try {
+    return fs.readFileSync(`/proc/${pid}/${file}`, "utf8").replaceAll("\0", " ")
+  } catch {
+    return ""
+  }
+}
+
+/** The agent's children that still wait as warm processes (their argv says --warm until assigned). */
+const warmChildren = (agentPid: number): number[] =>
+  fs
+    .readdirSync("/proc")
+    .filter((d) => /^\d+$/.test(d))
+    .map(Number)
+    .filter((pid) => {
+      const stat = read(pid, "stat")
+      // Field 4 (after the parenthesised name) is the parent pid.
+      const ppid = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1])
+      return ppid === agentPid && read(pid, "cmdline").includes(" --warm ")
+    })
+
+const alive = (pid: number): boolean => read(pid, "cmdline") !== ""
+
+describe("warm actor processes", () => {
+  let url: string
+  let nc: NatsConnection
+
+  beforeAll(async () => {
+    url = (await rig.server({ jetstream: false })).url
+    nc = await rig.connect(url)
+  })
+
+  const driverFor = (cluster: string): ActorSystem => {
+    const driver = new ActorSystem({ nc, cluster, job: "warmjob", log: silentLogger })
+    rig.onCleanup(() => driver.close())
+    return driver
+  }
+
+  it("a spawn takes the waiting process, which runs the actor with the spawn's environment; the pool fills again", { timeout: 90_000 }, async () => {
+    const agent: AgentProc = await rig.agent("warm", ["--address", url, "--warm-hosts", "1"], { cluster: "warm" })
+    const driver = driverFor("warm")
+    const first = await eventually("a warm process", 30_000, () => warmChildren(agent.pid)[0])
+    const a = await spawnActor(driver, { node: "warm", name: "a", module: FIXTURES, export: "echoActor", env: { GRADWIRE_TEST_ENV: "warm", OMP_NUM_THREADS: "1" } })
+    expect(a.pid).toBe(first)
+    const me = await driver.askPromise(a.ref(EchoProtocol), "whoami", null)
+    expect(me).toMatchObject({ name: "a", pid: first, node: "warm", env: { GRADWIRE_TEST_ENV: "warm", OMP_NUM_THREADS: "1" } })
+    // It names its job and actor where ps shows it (a cold start has them in its environment).
+    expect(read(first, "cmdline")).toContain("GRADWIRE_JOB=warmjob GRADWIRE_ACTOR=a")
+    expect(agent.lines.some((l) => l.includes(`(a pid=${first} node=warm) started (warm): `) && l.includes("actors-fixtures.ts#echoActor"))).toBe(true)
+    // Another one waits a few seconds later, and the next spawn takes it.
+    const second = await eventually("the pool to fill again", 30_000, () => warmChildren(agent.pid).find((p) => p !== first))
+    const b = await spawnActor(driver, { node: "warm", name: "b", module: FIXTURES, export: "echoActor" })
+    expect(b.pid).toBe(second)
+    expect((await driver.askPromise(b.ref(EchoProtocol), "whoami", null)).env).toEqual({})
+    expect(await a.kill()).toBe(true)
+    expect(await b.kill()).toBe(true)
+    // Stopping the agent stops the warm process that waits by then.
+    const third = await eventually("the pool to fill again", 30_000, () => warmChildren(agent.pid).find((p) => p !== first && p !== second))
+    agent.child.kill("SIGTERM")
+    await agent.exited
+    await eventually("the warm process to exit with its agent", 15_000, () => !alive(third))
+  })
+
+  it("with --warm-hosts 0 no process waits and a spawn starts cold", { timeout: 60_000 }, async () => {
+    const agent = await rig.agent("cold", ["--address", url, "--warm-hosts", "0"], { cluster: "cold" })
+    const driver = driverFor("cold")
+    const c = await spawnActor(driver, { node: "cold", name: "c", module: FIXTURES, export: "echoActor", env: { GRADWIRE_TEST_ENV: "cold" } })
+    expect((await driver.askPromise(c.ref(EchoProtocol), "whoami", null)).env).toEqual({ GRADWIRE_TEST_ENV: "cold" })
+    expect(read(c.pid, "cmdline")).not.toContain("GRADWIRE_JOB=")
+    await sleep(500)
+    expect(warmChildren(agent.pid)).toEqual([])
+    expect(agent.lines.some((l) => l.includes("started (warm)"))).toBe(false)
+    expect(await c.kill()).toBe(true)
+  })
+})
