@@ -1,4 +1,4 @@
-// `npm run bench -- recovery [--runs=3] [--only=worker,nats,loss,join] [--modes=checkpoint]`:
+// `npm run bench -- recovery [--runs=3] [--only=worker,nats,loss,join] [--modes=checkpoint,peers,peers-cold]`:
 // how fast training recovers from a failure, and how much work it redoes, for
 //   worker  kill -9 of one worker (embedded cluster, 4 workers);
 //   nats    kill -9 of the embedded nats-server (it is restarted; 4 workers);
@@ -47,9 +47,26 @@ const SCENARIOS: ReadonlyArray<{ readonly key: Scenario; readonly label: string 
  * How the restarted group gets its state. Each mode is a column group of the table; its failure
  * config is merged into the run's failureConfig (a peers mode would set its option here).
  */
-const MODES: Readonly<Record<string, { readonly failureConfig: Record<string, unknown> }>> = {
+const MODES: Readonly<Record<string, { readonly failureConfig: Record<string, unknown>; readonly env?: Readonly<Record<string, string>> }>> = {
   checkpoint: { failureConfig: { recoverFrom: "checkpoint" } },
-  peers: { failureConfig: { recoverFrom: "peers" } }
+  peers: { failureConfig: { recoverFrom: "peers" } },
+  // The same with no warm actor processes (the agents' pool, GRADWIRE_WARM_HOSTS / --warm-hosts):
+  // every replacement worker starts cold, as before the pool.
+  "peers-cold": { failureConfig: { recoverFrom: "peers" }, env: { GRADWIRE_WARM_HOSTS: "0" } }
+}
+
+/** Runs `f` with the mode's environment (the embedded cluster and the agents started meanwhile read it). */
+const withEnv = async <A>(env: Readonly<Record<string, string>> | undefined, f: () => Promise<A>): Promise<A> => {
+  const before = Object.fromEntries(Object.keys(env ?? {}).map((k) => [k, process.env[k]]))
+  Object.assign(process.env, env)
+  try {
+    return await f()
+  } finally {
+    for (const [k, v] of Object.entries(before)) {
+      if (v === undefined) delete process.env[k]
+      else process.env[k] = v
+    }
+  }
 }
 
 /** No scenario run may take longer than this; past it the bench stops with what it has. */
@@ -377,7 +394,9 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
         const ms: Measure[] = []
         for (let i = 0; i < runs; i++) {
           const what = `${s.key}/${mode} run ${i + 1}`
-          const m = await bounded(what, s.key === "worker" || s.key === "nats" ? embedded(s.key, mode, storage, data, i) : elastic(s.key, mode, storage, data, i))
+          const m = await withEnv(MODES[mode]!.env, () =>
+            bounded(what, s.key === "worker" || s.key === "nats" ? embedded(s.key, mode, storage, data, i) : elastic(s.key, mode, storage, data, i))
+          )
           console.log(`  ${what}: step ${m.stepMs.toFixed(1)} ms, detect ${fmt(m.detectMs)} s, resume ${fmt(m.resumeMs)} s, lost ${m.lostSteps.toFixed(1)} steps (${m.sizes} workers)`)
           ms.push(m)
           await sleep(500)

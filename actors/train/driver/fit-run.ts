@@ -53,6 +53,9 @@ import { JobMonitor } from "./job-monitor.ts"
 import type { JobState } from "../common/job-telemetry.ts"
 import { startDashboard, type Dashboard } from "../dashboard/server.ts"
 
+/** An agent's exit notice this recent (before a death is weighed) shows its node alive. */
+const AGENT_HEARD_MS = 2_000
+
 /** Attempts at writing one checkpoint before it is given up (and recorded in Result.checkpointErrors). */
 const CHECKPOINT_WRITE_ATTEMPTS = 3
 
@@ -98,6 +101,8 @@ export class FitRun {
   cluster!: ClusterHandle
   #job!: string
   #system!: ActorSystem
+  /** When each node's agent last sent an exit notice of this job's processes (ms since the epoch). */
+  readonly #agentHeard = new Map<string, number>()
   #heartbeats!: HeartbeatDeadline
   #heartbeatSaid: number | undefined
   #group!: WorkerGroup
@@ -322,6 +327,11 @@ export class FitRun {
     // the worker's event loop (seconds a kernel on a software adapter), before any step is reported.
     const heartbeats = (this.#heartbeats = new HeartbeatDeadline(cfg.scaling.useGpu !== undefined && cfg.scaling.useGpu !== false ? { floorMs: GPU_WORKER_DEAD_AFTER_MS } : {}))
     this.#group = new WorkerGroup(this.#system, () => heartbeats.current().ms, verbose)
+    // An agent that sends a process's exit notice is alive: its node needs no heartbeat awaited (#nodeLossOrNot).
+    const watcher = await this.#system.watcherReady()
+    watcher.onEvent((e) => {
+      if (e.type === "exit") this.#agentHeard.set(e.node, Date.now())
+    })
     this.#startMonitor()
     if (cfg.run.dashboard) await this.#startDashboard(cfg.run.dashboard === true ? {} : cfg.run.dashboard)
     this.#refresher = setInterval(() => this.record.refreshReport(true), REPORT_REFRESH_MS)
@@ -714,12 +724,25 @@ export class FitRun {
     }
     if (nodes.size === 0) return o
     const at = Date.now()
+    // Its agent told of a process's exit around now (a worker's kill -9 comes that way): alive.
+    const agentSpoke = (node: string): boolean => (this.#agentHeard.get(node) ?? 0) > at - AGENT_HEARD_MS
     const known = (): boolean =>
       [...nodes.keys()].every((node) => {
         const n = view.get(node)
-        return n === undefined || n.state !== "alive" || n.lastSeenAt > at
+        return n === undefined || n.state !== "alive" || n.lastSeenAt > at || agentSpoke(node)
       })
-    await view.waitFor(known, view.deadAfterMs + 1_000).catch(() => undefined)
+    // The view's changes re-check it; an exit notice does too (checked every 50 ms).
+    let poll: ReturnType<typeof setInterval> | undefined
+    const spoke = new Promise<void>((resolve) => {
+      poll = setInterval(() => {
+        if (known()) resolve()
+      }, 50)
+    })
+    try {
+      await Promise.race([view.waitFor(known, view.deadAfterMs + 1_000).catch(() => undefined), spoke])
+    } finally {
+      clearInterval(poll)
+    }
     for (const [node, rank] of nodes) {
       const lost = deathOrNodeLoss(o, node, view.get(node)?.state, rank)
       if (lost !== o) return lost
