@@ -14,7 +14,7 @@ import { openClusterView, type ClusterView } from "../scheduler/cluster-view.ts"
 import { clusterSubjects, jobSubjects } from "../core/subjects.ts"
 import { decodeMessage } from "../core/wire.ts"
 import { EchoProtocol } from "./support/actors-fixtures.ts"
-import { FIXTURES, TestRig, eventually, pidAlive, type AgentProc } from "./support/actors-processes.ts"
+import { FIXTURES, TestRig, eventually, pidAlive, sleep, type AgentProc } from "./support/actors-processes.ts"
 
 const rig = new TestRig()
 let url: string
@@ -103,6 +103,29 @@ describe("node agent", () => {
     // The host's SIGTERM handler ran (exit code 143); SIGKILL would show as the signal.
     expect(d).toMatchObject({ code: 143, signal: null })
     await eventually("process gone", 5_000, () => !pidAlive(s.pid))
+  })
+
+  it("kills a process stopped (SIGSTOP) for 2 s, naming why; one continued sooner runs on", async () => {
+    const sys = new ActorSystem({ nc, cluster: "test", job: fresh("frozen"), log: silentLogger })
+    rig.onCleanup(() => sys.close())
+    const brief = await spawnActor(sys, { node: "n1", name: "brief", module: FIXTURES, export: "echoActor" })
+    const frozen = await spawnActor(sys, { node: "n1", name: "frozen", module: FIXTURES, export: "echoActor" })
+    // Silence alone would call it down after 2 s (the watch's default): the agent's word is awaited.
+    const down = frozen.down({ deadAfterMs: 15_000 })
+    const stoppedAt = Date.now()
+    process.kill(brief.pid, "SIGSTOP")
+    process.kill(frozen.pid, "SIGSTOP")
+    await sleep(700)
+    process.kill(brief.pid, "SIGCONT")
+    const d = await down
+    expect(Date.now() - stoppedAt).toBeGreaterThanOrEqual(2_000)
+    expect(d.reason).toBe("exited")
+    expect(d.detail).toMatch(/\(stopped \(SIGSTOP\) for 2\.\d s: a stopped process holds its group up\)/)
+    await eventually("process gone", 5_000, () => !pidAlive(frozen.pid))
+    // Stopped for less than the limit: still there, and answering.
+    expect(pidAlive(brief.pid)).toBe(true)
+    expect((await sys.askPromise(brief.ref(EchoProtocol), "whoami", null)).pid).toBe(brief.pid)
+    expect(await brief.kill()).toBe(true)
   })
 
   it("kills a process when its owner stops heartbeating", async () => {

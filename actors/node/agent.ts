@@ -101,6 +101,12 @@ export interface AgentOptions {
    * start. Default 1; 0 starts every process cold.
    */
   readonly warmHosts?: number
+  /**
+   * A process stopped (SIGSTOP, SIGTSTP: state T) this long is killed: it holds its whole group
+   * up until a collective deadline (10 s at least) would fence it. Default 2000 ms; 0 never.
+   * Linux (/proc) only; a debugger's tracing stop (state t) is left alone.
+   */
+  readonly stoppedKillMs?: number
 }
 
 /** After a spawn took a warm process, the next one starts this much later (not beside the new actor's start). */
@@ -110,6 +116,18 @@ interface Running {
   readonly proc: ActorProcess
   readonly info: NodeProcess
   readonly ownerTimeoutMs: number
+  /** Since when the process has been seen stopped (state T), if it is. */
+  stoppedSince?: number
+}
+
+/** A process's state letter from /proc/<pid>/stat (R, S, D, T, t, Z...), or undefined where unreadable. */
+const processState = (pid: number): string | undefined => {
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, "latin1")
+    return stat.slice(stat.lastIndexOf(")") + 2, stat.lastIndexOf(")") + 3)
+  } catch {
+    return undefined
+  }
 }
 
 interface Tracked {
@@ -260,7 +278,12 @@ export class NodeAgent {
     })
     this.#watchNats()
     this.#timers.push(setInterval(() => this.#advertise(), this.#heartbeatMs))
-    this.#timers.push(setInterval(() => this.#checkOwners(), 250))
+    this.#timers.push(
+      setInterval(() => {
+        this.#checkOwners()
+        this.#checkStopped()
+      }, 250)
+    )
     this.#advertise()
     this.#fillWarm()
     await settleWithin(this.#nc.flush(), 5_000)
@@ -632,6 +655,25 @@ export class NodeAgent {
         this.#log.warn(`killing ${r.info.job}/${r.info.name} (pid ${r.proc.pid}): ${reason}`)
         void r.proc.kill(reason, this.#options.killGraceMs ?? 3_000)
       }
+    }
+  }
+
+  /** Kills a process that has been stopped (state T) for options.stoppedKillMs. */
+  #checkStopped(): void {
+    const limit = this.#options.stoppedKillMs ?? 2_000
+    if (limit <= 0 || this.#leaving) return
+    const now = Date.now()
+    for (const r of this.#processes.values()) {
+      if (!r.proc.running || r.proc.killedBy) continue
+      if (processState(r.proc.pid) !== "T") {
+        r.stoppedSince = undefined
+        continue
+      }
+      r.stoppedSince ??= now
+      if (now - r.stoppedSince < limit) continue
+      const reason = `stopped (SIGSTOP) for ${((now - r.stoppedSince) / 1000).toFixed(1)} s: a stopped process holds its group up`
+      this.#log.warn(`killing ${r.info.job}/${r.info.name} (pid ${r.proc.pid}): ${reason}`)
+      void r.proc.kill(reason, 500)
     }
   }
 
