@@ -98,7 +98,8 @@ export interface AgentOptions {
   /**
    * Actor processes kept started ahead of requests, with gradwire's worker modules and tfjs loaded
    * (host.ts): a spawn takes one instead of starting cold, which is most of a replacement worker's
-   * start. Default 1; 0 starts every process cold.
+   * start. One starts after 3 s without a spawn, while a core is spare (the node's CPUs beyond what
+   * its processes reserve). Default 1; 0 starts every process cold.
    */
   readonly warmHosts?: number
   /**
@@ -109,8 +110,14 @@ export interface AgentOptions {
   readonly stoppedKillMs?: number
 }
 
-/** After a spawn took a warm process, the next one starts this much later (not beside the new actor's start). */
-const WARM_REFILL_DELAY_MS = 3_000
+/**
+ * A warm process starts only after this long without a spawn (not beside the actors starting), and
+ * only while a core is spare: loading tfjs takes a core for seconds, which running workers on a
+ * fully used node would lose.
+ */
+const WARM_FILL_QUIET_MS = 3_000
+/** After a warm process died while it waited, the next one waits this much longer. */
+const WARM_CRASH_BACKOFF_MS = 30_000
 
 interface Running {
   readonly proc: ActorProcess
@@ -160,7 +167,8 @@ export class NodeAgent {
   readonly #processes = new Map<string, Running>()
   /** Warm processes waiting for a spawn (options.warmHosts). */
   readonly #warm: ActorProcess[] = []
-  #warmTimer: ReturnType<typeof setTimeout> | undefined
+  /** When the last spawn (the agent's start, a warm process's start) was: warm processes wait for quiet (WARM_FILL_QUIET_MS). */
+  #lastSpawnAt = Date.now()
   readonly #owners = new Map<string, Tracked>()
   readonly #jobs = new Map<string, Tracked>()
   readonly #heartbeatMs: number
@@ -282,10 +290,10 @@ export class NodeAgent {
       setInterval(() => {
         this.#checkOwners()
         this.#checkStopped()
+        this.#fillWarm()
       }, 250)
     )
     this.#advertise()
-    this.#fillWarm()
     await settleWithin(this.#nc.flush(), 5_000)
   }
 
@@ -294,40 +302,43 @@ export class NodeAgent {
     return this.#warm.filter((w) => w.idle).length
   }
 
-  /** Starts warm processes up to options.warmHosts. */
+  /**
+   * Starts a warm process when fewer than options.warmHosts wait, nothing was spawned for
+   * WARM_FILL_QUIET_MS, and a core is spare (the node's CPUs beyond what its processes reserve).
+   */
   #fillWarm(): void {
     const want = this.#options.warmHosts ?? 1
     for (let i = this.#warm.length - 1; i >= 0; i--) if (!this.#warm[i]!.idle) this.#warm.splice(i, 1)
-    while (!this.#leaving && this.#warm.length < want) {
-      const env: NodeJS.ProcessEnv = { ...process.env, GRADWIRE_CLUSTER: this.cluster, GRADWIRE_NODE_ID: this.nodeId }
-      delete env.GRADWIRE_ADDRESS
-      delete env.GRADWIRE_JOB
-      delete env.GRADWIRE_ACTOR
-      const proc = new ActorProcess({ cwd: process.cwd(), env, onLine: (stream, line) => this.#log.debug(`(warm pid=${proc.pid}) ${stream}: ${line}`) })
-      if (proc.pid < 0) return
-      this.#warm.push(proc)
-      void proc.exited.then((exit) => {
-        const i = this.#warm.indexOf(proc)
-        if (i < 0) return
-        this.#warm.splice(i, 1)
-        // Died while waiting: say why, and start no other at once (a crash loop would spin).
-        if (!this.#leaving) this.#log.warn(`warm process ${proc.pid} exited while waiting (${exit.signal ?? `code ${exit.code}`}): ${proc.stderrTail().split("\n").at(-1) ?? ""}`)
-      })
-    }
+    if (this.#leaving || this.#warm.length >= want || Date.now() - this.#lastSpawnAt < WARM_FILL_QUIET_MS) return
+    const cores = Math.min(this.#options.numCpus ?? this.#hardware.cpus, this.#hardware.cpus || Infinity)
+    let reserved = 0
+    for (const r of this.#processes.values()) reserved += r.info.resources.CPU ?? 0
+    if (reserved + 1 > cores) return
+    const env: NodeJS.ProcessEnv = { ...process.env, GRADWIRE_CLUSTER: this.cluster, GRADWIRE_NODE_ID: this.nodeId }
+    delete env.GRADWIRE_ADDRESS
+    delete env.GRADWIRE_JOB
+    delete env.GRADWIRE_ACTOR
+    const proc = new ActorProcess({ cwd: process.cwd(), env, onLine: (stream, line) => this.#log.debug(`(warm pid=${proc.pid}) ${stream}: ${line}`) })
+    this.#lastSpawnAt = Date.now()
+    if (proc.pid < 0) return
+    this.#warm.push(proc)
+    void proc.exited.then((exit) => {
+      const i = this.#warm.indexOf(proc)
+      if (i < 0) return
+      this.#warm.splice(i, 1)
+      if (this.#leaving) return
+      // Died while waiting: say why, and start no other for a while (a crash loop would spin).
+      this.#lastSpawnAt = Date.now() + WARM_CRASH_BACKOFF_MS
+      this.#log.warn(`warm process ${proc.pid} exited while waiting (${exit.signal ?? `code ${exit.code}`}): ${proc.stderrTail().split("\n").at(-1) ?? ""}`)
+    })
   }
 
   /** A warm process for a spawn, taken from the pool (the pool fills again later), or undefined. */
   #takeWarm(): ActorProcess | undefined {
+    this.#lastSpawnAt = Date.now()
     const i = this.#warm.findIndex((w) => w.idle)
     if (i < 0) return undefined
     const [proc] = this.#warm.splice(i, 1)
-    if (this.#warmTimer === undefined && !this.#leaving) {
-      this.#warmTimer = setTimeout(() => {
-        this.#warmTimer = undefined
-        this.#fillWarm()
-      }, WARM_REFILL_DELAY_MS)
-      this.#warmTimer.unref()
-    }
     return proc
   }
 
@@ -435,7 +446,6 @@ export class NodeAgent {
       this.#leaving = true
       this.#advertise()
       const grace = this.#options.killGraceMs ?? 3_000
-      if (this.#warmTimer) clearTimeout(this.#warmTimer)
       const warm = this.#warm.splice(0)
       await settleWithin(Promise.all([...[...this.#processes.values()].map((r) => r.proc), ...warm].map((p) => p.kill(reason, grace))), grace + 5_000)
       // Let the exit notices out before the subscriptions go.
