@@ -165,7 +165,7 @@ export class NodeAgent {
   readonly #output: (line: string) => void
   readonly #system: ActorSystem
   readonly #processes = new Map<string, Running>()
-  /** Warm processes waiting for a spawn (options.warmHosts). */
+  /** Warm processes waiting for a spawn (options.warmHosts), until taken or dead. */
   readonly #warm: ActorProcess[] = []
   /** When the last spawn (the agent's start, a warm process's start) was: warm processes wait for quiet (WARM_FILL_QUIET_MS). */
   #lastSpawnAt = Date.now()
@@ -297,18 +297,13 @@ export class NodeAgent {
     await settleWithin(this.#nc.flush(), 5_000)
   }
 
-  /** How many warm processes wait now (options.warmHosts keeps that many). */
-  get warmHosts(): number {
-    return this.#warm.filter((w) => w.idle).length
-  }
-
   /**
    * Starts a warm process when fewer than options.warmHosts wait, nothing was spawned for
    * WARM_FILL_QUIET_MS, and a core is spare (the node's CPUs beyond what its processes reserve).
    */
   #fillWarm(): void {
     const want = this.#options.warmHosts ?? 1
-    for (let i = this.#warm.length - 1; i >= 0; i--) if (!this.#warm[i]!.idle) this.#warm.splice(i, 1)
+    // A dead one leaves #warm through its exit handler (with the back-off), a taken one through #takeWarm.
     if (this.#leaving || this.#warm.length >= want || Date.now() - this.#lastSpawnAt < WARM_FILL_QUIET_MS) return
     const cores = Math.min(this.#options.numCpus ?? this.#hardware.cpus, this.#hardware.cpus || Infinity)
     let reserved = 0
