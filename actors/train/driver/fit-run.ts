@@ -731,18 +731,9 @@ export class FitRun {
         const n = view.get(node)
         return n === undefined || n.state !== "alive" || n.lastSeenAt > at || agentSpoke(node)
       })
-    // The view's changes re-check it; an exit notice does too (checked every 50 ms).
-    let poll: ReturnType<typeof setInterval> | undefined
-    const spoke = new Promise<void>((resolve) => {
-      poll = setInterval(() => {
-        if (known()) resolve()
-      }, 50)
-    })
-    try {
-      await Promise.race([view.waitFor(known, view.deadAfterMs + 1_000).catch(() => undefined), spoke])
-    } finally {
-      clearInterval(poll)
-    }
+    // Checked every 50 ms: heartbeats and deaths come through the view, exit notices beside it.
+    const until = at + view.deadAfterMs + 1_000
+    while (!known() && Date.now() < until) await sleep(50)
     for (const [node, rank] of nodes) {
       const lost = deathOrNodeLoss(o, node, view.get(node)?.state, rank)
       if (lost !== o) return lost
