@@ -20,12 +20,10 @@ import { Trainer, loadDigits, trainTestSplit, type ArrayDataset, type Result } f
 import { findNatsServerBinary, freePort, liveNatsServerPids } from "../core/nats-server.ts"
 import { loadEngine } from "../core/engine.ts"
 import { modelFromFiles } from "../core/model-io.ts"
-import { openNats } from "../core/connection.ts"
 import { readCheckpoint } from "../actors/train/driver/checkpoint-store.ts"
-import { openClusterView } from "../scheduler/cluster-view.ts"
 import type { AgentState } from "../actors/node/agent-state.ts"
 import { weightsHash } from "../examples/digits/model.ts"
-import { CLI, ROOT, eventually } from "./support/actors-processes.ts"
+import { CLI, ROOT, eventually, waitForAliveNodes } from "./support/actors-processes.ts"
 import { addressUp, deleteNetns, netnsUnavailable, nsExec, sh } from "./support/netns.ts"
 import { FaultPlan, aliveAs, chaosSeed, killQuietly, processesMentioning, workerPids, type Fired } from "./support/chaos.ts"
 
@@ -101,16 +99,8 @@ const stopAgent = async (name: string): Promise<void> => {
   expect(r.code).toBe(0)
 }
 
-const waitForNodes = async (url: string, cluster: string, n: number): Promise<void> => {
-  const conn = await openNats({ servers: url, name: "chaos test" })
-  const view = await openClusterView({ nc: conn.nc, cluster })
-  try {
-    await view.waitFor((nodes) => nodes.filter((x) => x.state === "alive").length === n, 30_000)
-  } finally {
-    view.close()
-    await conn.close()
-  }
-}
+/** Resolves once `n` nodes of `cluster` are alive. */
+const waitForNodes = (url: string, cluster: string, n: number): Promise<void> => waitForAliveNodes(url, cluster, (alive) => alive.length === n)
 
 /**
  * Kills the agents of these names (and their nats-servers), then whatever else names one of the

@@ -11,11 +11,9 @@ import { Result as R } from "effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { Trainer, loadDigits, trainTestSplit, type ArrayDataset } from "../index.ts"
 import { launchNatsServer, type NatsServerProcess } from "../core/nats-server.ts"
-import { openNats } from "../core/connection.ts"
-import { openClusterView } from "../scheduler/cluster-view.ts"
 import { growTo, idle, planLargest, releasingJob } from "../actors/train/driver/elastic.ts"
 import type { NodeAdvertisement } from "../scheduler/node-info.ts"
-import { CLI } from "./support/actors-processes.ts"
+import { CLI, waitForAliveNodes } from "./support/actors-processes.ts"
 import { nodeAd } from "./support/node-ads.ts"
 
 const ad = (nodeId: string, cpus: number, used: number, processes: Array<{ job: string; cpus: number }>): NodeAdvertisement =>
@@ -93,17 +91,8 @@ describe("an elastic run on two agents", () => {
   })
 
   /** Resolves once the alive nodes of `cluster` are `nodeIds` (30 s at most). */
-  const waitForAlive = async (cluster: string, nodeIds: ReadonlyArray<string>): Promise<void> => {
-    const conn = await openNats({ servers: server.url, name: `${cluster} test` })
-    const view = await openClusterView({ nc: conn.nc, cluster })
-    const want = [...nodeIds].sort().join(",")
-    try {
-      await view.waitFor((nodes) => nodes.filter((x) => x.state === "alive").map((x) => x.ad.nodeId).sort().join(",") === want, 30_000)
-    } finally {
-      view.close()
-      await conn.close()
-    }
-  }
+  const waitForAlive = (cluster: string, nodeIds: ReadonlyArray<string>): Promise<void> =>
+    waitForAliveNodes(server.url, cluster, (alive) => [...alive].sort().join(",") === [...nodeIds].sort().join(","))
 
   /**
    * Two agents of `cluster` ("<prefix>a", "<prefix>b"), a 24-epoch elastic digits run (2..4 workers):

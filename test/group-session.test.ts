@@ -20,6 +20,16 @@ const at = (reports: number, stepsSinceReport: number, inFit = false): Position 
   stepsPerEpoch: inFit ? 10 : 0
 })
 
+/** A rank that is not joining, whose hooks are never used. */
+const plainSession = (): GroupSession =>
+  new GroupSession(group, {
+    build: () => Promise.reject(new Error("unused")),
+    close: () => Promise.resolve(),
+    parked: () => {},
+    fetchState: () => Promise.reject(new Error("unused")),
+    log: () => {}
+  })
+
 /** A joiner whose checkpoint had `fromReports` report() calls, bound for `to`, with a model that records adopt(). */
 const joiner = (fromReports: number, to: Position) => {
   const adopted: PeerState[] = []
@@ -94,13 +104,7 @@ describe("a joiner replaying a hand-written trainStep loop", () => {
   })
 
   it("runs every step on a rank that is not joining, and counts steps from its last report", async () => {
-    const session = new GroupSession(group, {
-      build: () => Promise.reject(new Error("unused")),
-      close: () => Promise.resolve(),
-      parked: () => {},
-      fetchState: () => Promise.reject(new Error("unused")),
-      log: () => {}
-    })
+    const session = plainSession()
     expect(await session.replayStep()).toBe("run")
     session.countStep()
     session.countStep()
@@ -158,13 +162,7 @@ describe("a survivor behind the furthest one at a regroup", () => {
   })
 
   it("checks parity at every report when it was level with the furthest survivor", async () => {
-    const session = new GroupSession(group, {
-      build: () => Promise.reject(new Error("unused")),
-      close: () => Promise.resolve(),
-      parked: () => {},
-      fetchState: () => Promise.reject(new Error("unused")),
-      log: () => {}
-    })
+    const session = plainSession()
     for (let i = 0; i < 3; i++) {
       expect(session.reportMadeAlready(session.reports)).toBe(false)
       session.reported()

@@ -12,7 +12,7 @@ import { spawnActor } from "../actors/node/spawn.ts"
 import { silentLogger } from "../actors/runtime/log.ts"
 import { ActorSystem } from "../actors/runtime/system.ts"
 import { EchoProtocol } from "./support/actors-fixtures.ts"
-import { FIXTURES, TestRig, eventually, sleep, type AgentProc } from "./support/actors-processes.ts"
+import { FIXTURES, TestRig, eventually, pidAlive, sleep, type AgentProc } from "./support/actors-processes.ts"
 
 const rig = new TestRig()
 afterAll(() => rig.cleanup())
@@ -37,8 +37,6 @@ const warmChildren = (agentPid: number): number[] =>
       const ppid = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1])
       return ppid === agentPid && read(pid, "cmdline").includes(" --warm ")
     })
-
-const alive = (pid: number): boolean => read(pid, "cmdline") !== ""
 
 describe("warm actor processes", () => {
   let url: string
@@ -77,7 +75,7 @@ describe("warm actor processes", () => {
     const third = await eventually("the pool to fill again", 30_000, () => warmChildren(agent.pid).find((p) => p !== first && p !== second))
     agent.child.kill("SIGTERM")
     await agent.exited
-    await eventually("the warm process to exit with its agent", 15_000, () => !alive(third))
+    await eventually("the warm process to exit with its agent", 15_000, () => !pidAlive(third))
   })
 
   it("with --warm-hosts 0 no process waits and a spawn starts cold", { timeout: 60_000 }, async () => {

@@ -10,12 +10,29 @@ import { fileURLToPath } from "node:url"
 import { connect } from "@nats-io/transport-node"
 import type { NatsConnection } from "@nats-io/nats-core"
 import { launchNatsCluster, launchNatsServer, type NatsCluster, type NatsServerOptions, type NatsServerProcess } from "../../core/nats-server.ts"
+import { openNats } from "../../core/connection.ts"
+import { openClusterView } from "../../scheduler/cluster-view.ts"
 
 export const ROOT = fileURLToPath(new URL("../../", import.meta.url))
 export const CLI = path.join(ROOT, "bin", "gradwire.js")
 export const FIXTURES = path.join(ROOT, "test", "support", "actors-fixtures.ts")
 
 export const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
+
+/**
+ * Resolves once the ids of `cluster`'s alive nodes satisfy `ok` (`ms` at most), through a
+ * connection and a cluster view of its own, closed after.
+ */
+export const waitForAliveNodes = async (url: string, cluster: string, ok: (alive: ReadonlyArray<string>) => boolean, ms = 30_000): Promise<void> => {
+  const conn = await openNats({ servers: url, name: `${cluster} test` })
+  const view = await openClusterView({ nc: conn.nc, cluster })
+  try {
+    await view.waitFor((nodes) => ok(nodes.filter((x) => x.state === "alive").map((x) => x.ad.nodeId)), ms)
+  } finally {
+    view.close()
+    await conn.close()
+  }
+}
 
 /** Polls `check` every 20 ms until it returns a value other than undefined/false, or throws after `ms`. */
 export const eventually = async <A>(what: string, ms: number, check: () => A | undefined | false | Promise<A | undefined | false>): Promise<A> => {
