@@ -2,7 +2,9 @@
 # the same way in torch, trained with DistributedDataParallel over gloo on loopback, one thread per
 # rank, on the same data (written by bench/train.ts), batch size per rank, Adam and learning rate.
 #
-#   python3 bench/torch_zoo.py MODEL P DATA_PREFIX BATCH WARMUP STEPS PORT OUT_JSON
+#   python3 bench/torch_zoo.py MODEL P DATA_PREFIX BATCH WARMUP STEPS PORT OUT_JSON [DEVICE]
+# DEVICE cuda: every rank on the first GPU, DDP over NCCL at P = 1 and gloo beyond (NCCL takes one
+# rank per GPU), batches copied to the GPU per step as gradwire's are, each step timed to the GPU's end.
 # Prints nothing; writes {"samplesPerSec": global samples/s, "stepMs": median of the slowest rank}.
 import json, math, os, sys, time, statistics
 import numpy as np
@@ -106,17 +108,18 @@ def build(name, meta):
     raise ValueError(name)
 
 
-def worker(rank, p, name, prefix, batch, warmup, steps, port, out):
+def worker(rank, p, name, prefix, batch, warmup, steps, port, out, device="cpu"):
     torch.set_num_threads(1)
     torch.manual_seed(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=p)
+    cuda = device == "cuda"
+    dist.init_process_group("nccl" if cuda and p == 1 else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=p)
     meta = json.load(open(prefix + ".json"))
     x = np.fromfile(prefix + ".x", dtype=np.float32).reshape(meta["rows"], -1)
     y = np.fromfile(prefix + ".y", dtype=np.int32).reshape(meta["rows"], -1)
     xs = torch.from_numpy(x.astype(np.int64) if meta["int"] else x)
     ys = torch.from_numpy(y.astype(np.int64))
     classes = meta.get("tags", 10)
-    model = DDP(build(name, meta))
+    model = DDP(build(name, meta).to(device))
     opt = torch.optim.Adam(model.parameters(), lr=0.003)
     rows = torch.arange(rank, meta["rows"], p)
     at = [0]
@@ -127,10 +130,12 @@ def worker(rank, p, name, prefix, batch, warmup, steps, port, out):
         idx = rows[at[0]:at[0] + batch]
         at[0] += batch
         opt.zero_grad()
-        logits = model(xs[idx])
-        loss = F.cross_entropy(logits.reshape(-1, classes), ys[idx].reshape(-1))
+        logits = model(xs[idx].to(device))
+        loss = F.cross_entropy(logits.reshape(-1, classes), ys[idx].to(device).reshape(-1))
         loss.backward()
         opt.step()
+        if cuda:
+            torch.cuda.synchronize()
 
     for _ in range(warmup):
         step()
@@ -141,9 +146,9 @@ def worker(rank, p, name, prefix, batch, warmup, steps, port, out):
         s = time.perf_counter()
         step()
         times.append((time.perf_counter() - s) * 1000)
-    total = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+    total = torch.tensor([time.perf_counter() - t0], dtype=torch.float64, device=device)
     dist.all_reduce(total, op=dist.ReduceOp.MAX)
-    med = torch.tensor([statistics.median(times)], dtype=torch.float64)
+    med = torch.tensor([statistics.median(times)], dtype=torch.float64, device=device)
     dist.all_reduce(med, op=dist.ReduceOp.MAX)
     if rank == 0:
         with open(out, "w") as f:
@@ -157,4 +162,5 @@ def worker(rank, p, name, prefix, batch, warmup, steps, port, out):
 
 if __name__ == "__main__":
     name, p, prefix, batch, warmup, steps, port, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), int(sys.argv[7]), sys.argv[8]
-    mp.spawn(worker, args=(p, name, prefix, batch, warmup, steps, port, out), nprocs=p, join=True)
+    device = sys.argv[9] if len(sys.argv) > 9 else "cpu"
+    mp.spawn(worker, args=(p, name, prefix, batch, warmup, steps, port, out, device), nprocs=p, join=True)

@@ -3,8 +3,12 @@
 // thread per rank) with the same model, data, batch per rank, Adam and learning rate, run back to
 // back in the same run; gradwire's step split into compute (forward + backward), communication
 // (the all-reduce), apply (the optimizer) and waiting (between steps: batching, the loop).
+// With `--backend webgpu` the workers are GPU workers (`useGpu`) and PyTorch runs on CUDA when it
+// sees a GPU (`--torch-device` overrides); PyTorch comes from /usr/bin/python3, else from the
+// `python3` on PATH, whichever imports torch (`--python` names another).
 //
 //   npm run bench -- train [--models cnn,lenet,...] [--p 1,2,4] [--warmup 20] [--seconds 6] [--batch 32]
+//                          [--backend auto|wasm|cpu|webgpu] [--torch-device cpu|cuda] [--python PATH]
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
@@ -12,7 +16,8 @@ import { spawn } from "node:child_process"
 import { Trainer } from "../index.ts"
 import { loadZooData, type ZooData } from "../examples/zoo/data.ts"
 import { readsTokens, TASK_OF, ZOO_MODELS, type ZooModel } from "../examples/zoo/models.ts"
-import { exitOf, torchAvailable } from "./allreduce.ts"
+import { spawnSync } from "node:child_process"
+import { exitOf } from "./allreduce.ts"
 import { optionReader } from "./args.ts"
 import { median } from "../scheduler/cost-model.ts"
 
@@ -27,12 +32,25 @@ interface Figures {
   readonly split?: { compute: number; comm: number; apply: number; wait: number }
 }
 
-const runGradwire = async (model: ZooModel, data: ZooData, p: number, batch: number, warmup: number, steps: number, storage: string): Promise<Figures> => {
+type Backend = "auto" | "wasm" | "cpu" | "webgpu"
+const BACKENDS: ReadonlyArray<Backend> = ["auto", "wasm", "cpu", "webgpu"]
+
+/** The first of `candidates` that imports torch, and whether that torch sees a CUDA GPU. */
+const findTorch = (candidates: ReadonlyArray<string>): { python: string; cuda: boolean } | undefined => {
+  for (const python of candidates) {
+    const r = spawnSync(python, ["-c", "import torch; print(torch.cuda.is_available())"], { encoding: "utf8", timeout: 120_000 })
+    if (r.status === 0) return { python, cuda: r.stdout.trim().endsWith("True") }
+  }
+  return undefined
+}
+
+const runGradwire = async (model: ZooModel, data: ZooData, p: number, batch: number, warmup: number, steps: number, storage: string, backend: Backend): Promise<Figures> => {
   const rows: number[][] = []
   const r = await new Trainer({
     trainLoopPerWorker: LOOP,
     trainLoopConfig: { model, batchSize: batch, bench: { steps, warmup }, ...(data.text ? { text: data.text } : {}) },
-    scalingConfig: { numWorkers: p },
+    // A GPU backend asked for by name means GPU workers.
+    scalingConfig: { numWorkers: p, backend, useGpu: backend === "webgpu" },
     runConfig: {
       name: `bench-train-${model}-${p}-${Date.now()}`,
       storagePath: storage,
@@ -56,8 +74,9 @@ const tailOf = (stream: NodeJS.ReadableStream | null, keep = 2000): (() => strin
 const lastLine = (text: string): string => text.trim().split("\n").at(-1) ?? ""
 
 /** The same steps in plain tfjs in a child process (bench/zoo-plain.ts): gradwire's own overhead at p = 1. */
-const runPlain = async (model: ZooModel, batch: number, warmup: number, steps: number): Promise<number | string> => {
-  const child = spawn(process.execPath, [new URL("./zoo-plain.ts", import.meta.url).pathname, model, String(batch), String(warmup), String(steps)], { stdio: ["ignore", "pipe", "pipe"] })
+const runPlain = async (model: ZooModel, batch: number, warmup: number, steps: number, backend: Backend): Promise<number | string> => {
+  const args = [new URL("./zoo-plain.ts", import.meta.url).pathname, model, String(batch), String(warmup), String(steps), backend]
+  const child = spawn(process.execPath, args, { stdio: ["ignore", "pipe", "pipe"] })
   const out = tailOf(child.stdout)
   const err = tailOf(child.stderr)
   const code = await exitOf(child, 240_000)
@@ -67,16 +86,22 @@ const runPlain = async (model: ZooModel, batch: number, warmup: number, steps: n
 }
 
 /** torch's run, tried a second time (on another port) when the first fails or hangs. */
-const runTorch = async (model: ZooModel, prefix: string, p: number, batch: number, warmup: number, steps: number, expectedMs: number): Promise<Figures | string> => {
-  const first = await runTorchOnce(model, prefix, p, batch, warmup, steps, expectedMs)
-  return typeof first === "string" ? runTorchOnce(model, prefix, p, batch, warmup, steps, expectedMs) : first
+interface TorchRun {
+  readonly python: string
+  readonly device: "cpu" | "cuda"
 }
 
-const runTorchOnce = async (model: ZooModel, prefix: string, p: number, batch: number, warmup: number, steps: number, expectedMs: number): Promise<Figures | string> => {
+const runTorch = async (torch: TorchRun, model: ZooModel, prefix: string, p: number, batch: number, warmup: number, steps: number, expectedMs: number): Promise<Figures | string> => {
+  const first = await runTorchOnce(torch, model, prefix, p, batch, warmup, steps, expectedMs)
+  return typeof first === "string" ? runTorchOnce(torch, model, prefix, p, batch, warmup, steps, expectedMs) : first
+}
+
+const runTorchOnce = async (torch: TorchRun, model: ZooModel, prefix: string, p: number, batch: number, warmup: number, steps: number, expectedMs: number): Promise<Figures | string> => {
   const out = `${prefix}.torch-${p}.json`
   fs.rmSync(out, { force: true })
   const port = 29000 + Math.floor(Math.random() * 2000)
-  const child = spawn("/usr/bin/python3", [TORCH_SCRIPT, model, String(p), prefix, String(batch), String(warmup), String(steps), String(port), out], { stdio: ["ignore", "ignore", "pipe"], detached: true })
+  const args = [TORCH_SCRIPT, model, String(p), prefix, String(batch), String(warmup), String(steps), String(port), out, torch.device]
+  const child = spawn(torch.python, args, { stdio: ["ignore", "ignore", "pipe"], detached: true })
   const err = tailOf(child.stderr)
   // Bounded: a run far past gradwire's time for the same steps is taken for hung and killed, with
   // its process group (the ranks mp.spawn started).
@@ -92,12 +117,20 @@ export const run = async (argv: ReadonlyArray<string>): Promise<void> => {
   const warmup = Number(opt("--warmup", "20"))
   const seconds = Number(opt("--seconds", "6"))
   const batch = Number(opt("--batch", "32"))
+  const backend = opt("--backend", "auto") as Backend
+  const pythonArg = opt("--python", "")
+  const deviceArg = opt("--torch-device", "")
   for (const m of models) if (!ZOO_MODELS.includes(m)) throw new RangeError(`--models: unknown model ${m} (known: ${ZOO_MODELS.join(", ")})`)
-  const torch = torchAvailable()
+  if (!BACKENDS.includes(backend)) throw new RangeError(`--backend: unknown backend ${backend} (known: ${BACKENDS.join(", ")})`)
+  if (deviceArg !== "" && deviceArg !== "cpu" && deviceArg !== "cuda") throw new RangeError(`--torch-device: ${deviceArg} is neither cpu nor cuda`)
+  const found = findTorch(pythonArg ? [pythonArg] : ["/usr/bin/python3", "python3"])
+  const device = deviceArg === "" ? (backend === "webgpu" && found?.cuda ? "cuda" : "cpu") : deviceArg
+  if (device === "cuda" && found && !found.cuda) throw new RangeError(`--torch-device cuda: the torch of ${found.python} sees no CUDA GPU`)
+  const torch: TorchRun | undefined = found ? { python: found.python, device } : undefined
   const storage = fs.mkdtempSync(path.join(os.tmpdir(), "gradwire-bench-train-"))
   console.log(`machine: ${os.cpus().length} x ${os.cpus()[0]?.model ?? "cpu"}, ${Math.round(os.totalmem() / 2 ** 30)} GiB; node ${process.version}`)
   console.log(`batch ${batch} per rank, Adam 0.003, ${warmup} warm-up steps, then about ${seconds} s of steps per run; samples/s over all ranks`)
-  if (!torch) console.log("PyTorch column: not measured - /usr/bin/python3 cannot import torch (apt-get install -y python3-torch)")
+  console.log(`gradwire: backend ${backend}${backend === "webgpu" ? " (GPU workers)" : ""}; PyTorch: ${torch ? `${torch.python} on ${device === "cuda" ? "CUDA (DDP over NCCL at p = 1, gloo beyond: the ranks share the GPU)" : "the CPU (DDP over gloo, one thread per rank)"}` : "not measured - no python3 here imports torch (apt-get install -y python3-torch)"}`)
   const header = "model        p  gradwire/s    torch/s   time/sample x torch   plain tfjs/s (p=1: gradwire's overhead)   step split ms (compute / comm / apply / wait)"
   console.log(`\n${header}`)
   try {
@@ -111,10 +144,10 @@ export const run = async (argv: ReadonlyArray<string>): Promise<void> => {
         // Steps per rank for about `seconds` s, with p ranks sharing the machine's cores.
         const steps = Math.max(20, Math.round((seconds * 1000) / (GUESS_MS[model] * Math.max(1, p / os.cpus().length))))
         const t1 = performance.now()
-        const g = await runGradwire(model, data, p, batch, warmup, steps, storage)
-        const t = torch ? await runTorch(model, prefix, p, batch, warmup, steps, performance.now() - t1) : "not measured"
+        const g = await runGradwire(model, data, p, batch, warmup, steps, storage, backend)
+        const t = torch ? await runTorch(torch, model, prefix, p, batch, warmup, steps, performance.now() - t1) : "not measured"
         const tps = typeof t === "string" ? undefined : t.samplesPerSec
-        const plain = p === 1 ? await runPlain(model, batch, warmup, steps) : undefined
+        const plain = p === 1 ? await runPlain(model, batch, warmup, steps, backend) : undefined
         const plainText = plain === undefined ? "" : typeof plain === "string" ? plain : `${plain.toFixed(0)} (${((plain / g.samplesPerSec - 1) * 100).toFixed(1)}%)`
         const s = g.split
         console.log(

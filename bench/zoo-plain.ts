@@ -3,15 +3,15 @@
 // zooLoss) and Adam on the same backend, with the
 // kernels gradwire registers on wasm (they are tfjs's backend, not gradwire's overhead).
 //
-//   node bench/zoo-plain.ts MODEL BATCH WARMUP STEPS   -> prints {"samplesPerSec": ...}
+//   node bench/zoo-plain.ts MODEL BATCH WARMUP STEPS [BACKEND]   -> prints {"samplesPerSec": ...}
 import { loadEngine } from "../index.ts"
 import { loadZooData } from "../examples/zoo/data.ts"
 import { buildZooModel, readsTokens, TASK_OF, type ZooModel } from "../examples/zoo/models.ts"
 import { zooBatcher, zooLoss } from "../examples/zoo/train.ts"
 
-const [model, batchArg, warmupArg, stepsArg] = process.argv.slice(2) as [ZooModel, string, string, string]
+const [model, batchArg, warmupArg, stepsArg, backendArg] = process.argv.slice(2) as [ZooModel, string, string, string, string | undefined]
 const batch = Number(batchArg)
-const { tf } = await loadEngine("auto")
+const { tf } = await loadEngine((backendArg ?? "auto") as "auto")
 const data = await loadZooData(TASK_OF[model])
 const net = buildZooModel(tf, model, data.text)
 const loss = zooLoss(tf, data.text?.tags ?? 10)
