@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# gradwire on a real GPU, on a bare machine that has an NVIDIA GPU and its driver but no Node: unpacks
+# what scripts/gpu-pack.sh put in .gpu/ (node, nats-server, node_modules, the Vulkan loader), points
+# Vulkan at NVIDIA's driver, runs the survey (scripts/gpu-survey.sh), then `bench -- train` with
+# webgpu workers against PyTorch on CUDA (DDP) in the same run. Writes every log under $OUT (or
+# /tmp/gradwire-gpu) and ends with the tables.
+#
+#   bash scripts/gpu-bench.sh                     # a one-model check, then the zoo at batch 32 and 256
+#   GPU_BENCH_QUICK=1 bash scripts/gpu-bench.sh   # the check alone
+#   GPU_BENCH_SHORT=1 bash scripts/gpu-bench.sh   # the zoo's cnn, mlp and resnet at batch 32 alone
+# Each benchmark runs under a deadline of its own (the whole script stays under about 8 minutes).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-/tmp/gradwire-gpu}
+mkdir -p "$out" /tmp/gw/bin
+export PATH="$PATH:/sbin:/usr/sbin"
+t0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
+
+if ! command -v node >/dev/null 2>&1 || [ -n "${GPU_BENCH_PACKED:-}" ]; then
+  xz -dc .gpu/node.xz > /tmp/gw/bin/node && chmod +x /tmp/gw/bin/node
+  export PATH="/tmp/gw/bin:$PATH"
+fi
+if ! command -v nats-server >/dev/null 2>&1 || [ -n "${GPU_BENCH_PACKED:-}" ]; then
+  xz -dc .gpu/nats-server.xz > /tmp/gw/bin/nats-server && chmod +x /tmp/gw/bin/nats-server
+  export PATH="/tmp/gw/bin:$PATH"
+fi
+[ -d node_modules/@tensorflow ] || tar -xJf .gpu/node_modules.tar.xz
+if ! ldconfig -p 2>/dev/null | grep -q libvulkan.so.1; then
+  for f in .gpu/gl/*.deb; do dpkg -x "$f" /; done
+  ldconfig
+fi
+for icd in /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json /usr/share/vulkan/icd.d/nvidia_icd.json /etc/vulkan/icd.d/nvidia_icd.json; do
+  if [ -f "$icd" ] && [ -z "${VK_ICD_FILENAMES:-}" ]; then export VK_DRIVER_FILES="$icd"; break; fi
+done
+if [ -z "${VK_DRIVER_FILES:-}${VK_ICD_FILENAMES:-}" ]; then
+  echo "no nvidia_icd.json in the usual places; found: $(find /usr/local/nvidia /usr/share /etc /usr/lib -name 'nvidia_icd*.json' 2>/dev/null | head -n 3 | tr '\n' ' ')"
+fi
+for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib; do
+  [ -d "$d" ] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$d"
+done
+egl=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+[ -f "$egl" ] && export __EGL_VENDOR_LIBRARY_FILENAMES="$egl"
+stamp "node $(node --version), nats-server $(nats-server --version 2>&1 | head -n 1), VK_DRIVER_FILES=${VK_DRIVER_FILES:-unset}"
+
+bash scripts/gpu-survey.sh > "$out/survey.txt" 2>&1
+grep -A1 "== Dawn" "$out/survey.txt"
+stamp "survey done"
+
+bench() { # name, deadline in s, args...
+  local name=$1 deadline=$2; shift 2
+  stamp "bench train $* (deadline ${deadline} s)"
+  timeout -k 5 "$deadline" node bench/main.ts train "$@" > "$out/$name.txt" 2>&1
+  local code=$?
+  echo "exit $code" >> "$out/$name.txt"
+  grep -E "^(machine|batch|gradwire:|model|mlp|cnn|lenet|resnet|embedding|transformer|lstm|exit)" "$out/$name.txt" || tail -n 15 "$out/$name.txt"
+  return $code
+}
+if [ -n "${GPU_BENCH_SHORT:-}" ]; then
+  bench gradwire32 240 --models cnn,mlp,resnet --p 1 --seconds 1 --backend webgpu
+  stamp "done"
+  exit 0
+fi
+bench quick 90 --models mlp --p 1 --seconds 0.2 --warmup 5 --backend webgpu || { stamp "the check failed: see $out/quick.txt"; exit 1; }
+if [ -z "${GPU_BENCH_QUICK:-}" ]; then
+  bench batch32 200 --models cnn,mlp,resnet,embedding,lenet,transformer,lstm --p 1 --seconds 1.5 --backend webgpu
+  bench batch256 120 --models cnn,resnet,transformer --p 1 --seconds 1.5 --batch 256 --backend webgpu
+  nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv > "$out/smi-after.txt" 2>&1
+fi
+stamp "done"
