@@ -11,6 +11,7 @@
 // variable from views of it: two copies of the gradient per step, the minimum a backend with its
 // own memory (wasm, tensorflow) allows.
 import { fusedAdamStep } from "../../../core/kernels/fused-adam.ts"
+import { fusedAdamStepWebGpu } from "../../../core/kernels/fused-adam-webgpu.ts"
 import { createHash } from "node:crypto"
 import type { Tf } from "../../../core/engine.ts"
 import type { FitSource } from "./batches.ts"
@@ -491,8 +492,9 @@ export class DataParallelModel implements RecoverableModel {
         decayed.dispose()
       }
     }
-    // On wasm, tfjs's Adam as one in-place pass per variable (bit for bit the same update).
-    if (!fusedAdamStep(tf, this.optimizer, grads)) this.optimizer.applyGradients(grads)
+    // On wasm, tfjs's Adam as one in-place pass per variable (bit for bit the same update); on
+    // webgpu, one dispatch per variable.
+    if (!fusedAdamStep(tf, this.optimizer, grads) && !fusedAdamStepWebGpu(tf, this.optimizer, grads)) this.optimizer.applyGradients(grads)
   }
 
   async #trainStep(x: Tensor, y: Tensor): Promise<StepResult> {
