@@ -12,22 +12,9 @@
 // write is shared with another tensor (a clone or a reshape), while tfjs's profiler times kernels,
 // and when tfjs's backend lacks what it relies on (tfjs-backend-webgpu 4.x internals).
 import type { Tf } from "../tf.ts"
+import { adamToFuse } from "./fused-adam.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
-type Variable = import("@tensorflow/tfjs").Variable
-type Slot = { originalName: string; variable: Variable }
-interface AdamLike {
-  getClassName?(): string
-  learningRate: number
-  beta1: number
-  beta2: number
-  epsilon: number
-  accBeta1: Variable
-  accBeta2: Variable
-  accumulatedFirstMoment: Slot[]
-  accumulatedSecondMoment: Slot[]
-  incrementIterations(): void
-}
 
 // The WebGPU objects this file touches, as far as it touches them.
 interface Buffer {
@@ -125,8 +112,6 @@ const f = Math.fround
 /** Applies `grads` (by variable name) as `optimizer.applyGradients(grads)` would; false if it cannot. */
 export const fusedAdamStepWebGpu = (tf: Tf, optimizer: unknown, grads: Readonly<Record<string, Tensor>>): boolean => {
   if (tf.getBackend() !== "webgpu") return false
-  const opt = optimizer as AdamLike
-  if (typeof opt.getClassName !== "function" || opt.getClassName() !== "Adam" || !opt.accBeta1 || !Array.isArray(opt.accumulatedFirstMoment)) return false
   const backend = tf.backend() as unknown as WebGpuBackend
   if (
     !backend.device ||
@@ -138,24 +123,9 @@ export const fusedAdamStepWebGpu = (tf: Tf, optimizer: unknown, grads: Readonly<
     backend.activeTimers != null
   )
     return false
-  const names = Object.keys(grads)
-  const registered = tf.engine().registeredVariables as Record<string, Variable>
-  const own = (t: Tensor): boolean => t.dtype === "float32" && backend.tensorMap.get(t.dataId)?.refCount === 1
-  for (const [i, name] of names.entries()) {
-    const value = registered[name]
-    const g = grads[name]
-    if (!value || !own(value) || (g && g.dtype !== "float32")) return false
-    const m = opt.accumulatedFirstMoment[i]?.variable
-    const v = opt.accumulatedSecondMoment[i]?.variable
-    if ((m && !own(m)) || (v && !own(v))) return false
-  }
-  if (!own(opt.accBeta1) || !own(opt.accBeta2)) return false
-  // Moments made as tfjs makes them, the first time a variable is updated.
-  names.forEach((name, i) => {
-    const value = registered[name]!
-    opt.accumulatedFirstMoment[i] ??= { originalName: `${name}/m`, variable: tf.tidy(() => tf.zerosLike(value).variable(false)) }
-    opt.accumulatedSecondMoment[i] ??= { originalName: `${name}/v`, variable: tf.tidy(() => tf.zerosLike(value).variable(false)) }
-  })
+  const ready = adamToFuse(tf, optimizer, grads, (t) => backend.tensorMap.get(t.dataId)?.refCount === 1)
+  if (!ready) return false
+  const { opt, names, registered } = ready
   // Every tensor on the GPU first: an upload ends the compute pass.
   const written: Tensor[] = [opt.accBeta1, opt.accBeta2]
   const read: Tensor[] = []

@@ -10,7 +10,8 @@ import type { Tf } from "../tf.ts"
 type Tensor = import("@tensorflow/tfjs").Tensor
 type Variable = import("@tensorflow/tfjs").Variable
 type Slot = { originalName: string; variable: Variable }
-interface AdamLike {
+/** The part of tfjs's AdamOptimizer a fused update reads and writes (private in tfjs's types). */
+export interface AdamLike {
   getClassName?(): string
   learningRate: number
   beta1: number
@@ -30,31 +31,48 @@ interface HeapBackend {
 
 const f = Math.fround
 
-/** Applies `grads` (by variable name) as `optimizer.applyGradients(grads)` would; false if it cannot. */
-export const fusedAdamStep = (tf: Tf, optimizer: unknown, grads: Readonly<Record<string, Tensor>>): boolean => {
-  if (tf.getBackend() !== "wasm") return false
+/**
+ * What a fused Adam update needs, or undefined where it must decline: `optimizer` is tfjs's Adam,
+ * every gradient is float32, and every tensor the update writes (each weight, its moments,
+ * accBeta1/2) is float32 and holds its buffer alone (`sole`: no clone or reshape shares it). The
+ * moments of a variable updated for the first time are made as tfjs makes them.
+ */
+export const adamToFuse = (
+  tf: Tf,
+  optimizer: unknown,
+  grads: Readonly<Record<string, Tensor>>,
+  sole: (t: Tensor) => boolean
+): { opt: AdamLike; names: string[]; registered: Record<string, Variable> } | undefined => {
   const opt = optimizer as AdamLike
-  if (typeof opt.getClassName !== "function" || opt.getClassName() !== "Adam" || !opt.accBeta1 || !Array.isArray(opt.accumulatedFirstMoment)) return false
-  const backend = tf.backend() as unknown as HeapBackend
-  if (typeof backend.typedArrayFromHeap !== "function" || typeof backend.refCount !== "function") return false
+  if (typeof opt.getClassName !== "function" || opt.getClassName() !== "Adam" || !opt.accBeta1 || !Array.isArray(opt.accumulatedFirstMoment)) return undefined
   const names = Object.keys(grads)
   const registered = tf.engine().registeredVariables as Record<string, Variable>
-  const own = (t: Tensor): boolean => t.dtype === "float32" && backend.refCount(t.dataId) === 1
+  const own = (t: Tensor): boolean => t.dtype === "float32" && sole(t)
   for (const [i, name] of names.entries()) {
     const value = registered[name]
     const g = grads[name]
-    if (!value || !own(value) || (g && g.dtype !== "float32")) return false
+    if (!value || !own(value) || (g && g.dtype !== "float32")) return undefined
     const m = opt.accumulatedFirstMoment[i]?.variable
     const v = opt.accumulatedSecondMoment[i]?.variable
-    if ((m && !own(m)) || (v && !own(v))) return false
+    if ((m && !own(m)) || (v && !own(v))) return undefined
   }
-  if (!own(opt.accBeta1) || !own(opt.accBeta2)) return false
-  // Moments made as tfjs makes them, the first time a variable is updated.
+  if (!own(opt.accBeta1) || !own(opt.accBeta2)) return undefined
   names.forEach((name, i) => {
     const value = registered[name]!
     opt.accumulatedFirstMoment[i] ??= { originalName: `${name}/m`, variable: tf.tidy(() => tf.zerosLike(value).variable(false)) }
     opt.accumulatedSecondMoment[i] ??= { originalName: `${name}/v`, variable: tf.tidy(() => tf.zerosLike(value).variable(false)) }
   })
+  return { opt, names, registered }
+}
+
+/** Applies `grads` (by variable name) as `optimizer.applyGradients(grads)` would; false if it cannot. */
+export const fusedAdamStep = (tf: Tf, optimizer: unknown, grads: Readonly<Record<string, Tensor>>): boolean => {
+  if (tf.getBackend() !== "wasm") return false
+  const backend = tf.backend() as unknown as HeapBackend
+  if (typeof backend.typedArrayFromHeap !== "function" || typeof backend.refCount !== "function") return false
+  const ready = adamToFuse(tf, optimizer, grads, (t) => backend.refCount(t.dataId) === 1)
+  if (!ready) return false
+  const { opt, names, registered } = ready
   const heap = (t: Tensor): Float32Array => backend.typedArrayFromHeap(t as never) as Float32Array
   const b1 = f(opt.beta1)
   const b2 = f(opt.beta2)
