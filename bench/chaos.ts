@@ -38,6 +38,7 @@ import * as path from "node:path"
 import { fileURLToPath } from "node:url"
 import { Trainer, loadDigits, trainTestSplit, type ArrayDataset, type CollectiveConfig } from "../index.ts"
 import { liveNatsServerPids } from "../core/nats-server.ts"
+import { processState } from "../actors/node/agent-state.ts"
 import { seededRng, type Rng } from "../core/random.ts"
 import { median } from "../scheduler/cost-model.ts"
 import { workerPids, killQuietly } from "../test/support/chaos.ts"
@@ -100,17 +101,8 @@ interface RunResult {
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
 
-/** The process state letter from /proc (R, S, D, T, Z, ...), or undefined when it is gone. */
-const procState = (pid: number): string | undefined => {
-  try {
-    const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8")
-    return stat.slice(stat.lastIndexOf(")") + 2, stat.lastIndexOf(")") + 3)
-  } catch {
-    return undefined
-  }
-}
 const alive = (pid: number): boolean => {
-  const s = procState(pid)
+  const s = processState(pid)
   return s !== undefined && s !== "Z" && s !== "X"
 }
 /** A worker process: a node process whose pid a loop wrote (pids are not reused within a run in practice; this checks anyway). */
@@ -210,7 +202,7 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
   const stopped = new Map<number, FaultRecord>()
   const due = (k: number): number => scheduleFrom! + (k + windows[k]!) * chaos!.every * 1000
   const windows: number[] = []
-  const liveWorkers = (): Array<[string, number]> => [...workerPids(pidDir).entries()].filter(([, pid]) => { const s = procState(pid); return s !== undefined && s !== "Z" && s !== "X" && s !== "T" && isNode(pid) })
+  const liveWorkers = (): Array<[string, number]> => [...workerPids(pidDir).entries()].filter(([, pid]) => { const s = processState(pid); return s !== undefined && s !== "Z" && s !== "X" && s !== "T" && isNode(pid) })
   const recovered = (): boolean => {
     if (state.name !== "running") return false
     const last = faults.at(-1)

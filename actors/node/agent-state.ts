@@ -72,6 +72,16 @@ export const removeState = (dir: string, pid: number): void => {
   }
 }
 
+/** A process's state letter from /proc/<pid>/stat (R, S, D, T, t, Z...), or undefined where unreadable (gone). */
+export const processState = (pid: number): string | undefined => {
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, "latin1")
+    return stat.slice(stat.lastIndexOf(")") + 2, stat.lastIndexOf(")") + 3)
+  } catch {
+    return undefined
+  }
+}
+
 export const pidAlive = (pid: number): boolean => {
   if (!Number.isInteger(pid) || pid <= 0) return false
   try {

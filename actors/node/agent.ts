@@ -34,6 +34,7 @@ import { stderrLogger, type ActorLogger } from "../runtime/log.ts"
 import { probeBackends, probeHardware, softwareGpus, type BackendName, type GpuInfo, type NodeHardware } from "./node-probe.ts"
 import type { WebGpuAdapterInfo } from "../../core/webgpu.ts"
 import { ActorSystem } from "../runtime/system.ts"
+import { processState } from "./agent-state.ts"
 
 export const AGENT_VERSION = "0.1.0"
 
@@ -125,16 +126,6 @@ interface Running {
   readonly ownerTimeoutMs: number
   /** Since when the process has been seen stopped (state T), if it is. */
   stoppedSince?: number
-}
-
-/** A process's state letter from /proc/<pid>/stat (R, S, D, T, t, Z...), or undefined where unreadable. */
-const processState = (pid: number): string | undefined => {
-  try {
-    const stat = fs.readFileSync(`/proc/${pid}/stat`, "latin1")
-    return stat.slice(stat.lastIndexOf(")") + 2, stat.lastIndexOf(")") + 3)
-  } catch {
-    return undefined
-  }
 }
 
 interface Tracked {
