@@ -213,13 +213,17 @@ if __name__ == "__main__":
         mp.spawn(worker, args=(p, "127.0.0.1", port, sizes, rounds, out), nprocs=p, join=True)
 `
 
-export const torchAvailable = (): boolean => {
-  try {
-    return spawnSync("/usr/bin/python3", ["-c", "import torch"], { stdio: "ignore", timeout: 60_000 }).status === 0
-  } catch {
-    return false
+/** The first of `candidates` that imports torch, and whether that torch sees a CUDA GPU. */
+export const findTorch = (candidates: ReadonlyArray<string>): { python: string; cuda: boolean } | undefined => {
+  for (const python of candidates) {
+    const r = spawnSync(python, ["-c", "import torch; print(torch.cuda.is_available())"], { encoding: "utf8", timeout: 120_000 })
+    if (r.status === 0) return { python, cuda: r.stdout.trim().endsWith("True") }
   }
+  return undefined
 }
+
+/** Whether Debian's python3 (/usr/bin/python3, where the gloo baselines run) imports torch. */
+export const torchAvailable = (): boolean => findTorch(["/usr/bin/python3"]) !== undefined
 
 /**
  * Exit code of `child` (null when it had to be killed after `timeoutMs`). `group`: the child was

@@ -16,8 +16,7 @@ import { spawn } from "node:child_process"
 import { Trainer } from "../index.ts"
 import { loadZooData, type ZooData } from "../examples/zoo/data.ts"
 import { readsTokens, TASK_OF, ZOO_MODELS, type ZooModel } from "../examples/zoo/models.ts"
-import { spawnSync } from "node:child_process"
-import { exitOf } from "./allreduce.ts"
+import { exitOf, findTorch } from "./allreduce.ts"
 import { optionReader } from "./args.ts"
 import { median } from "../scheduler/cost-model.ts"
 
@@ -34,15 +33,6 @@ interface Figures {
 
 type Backend = "auto" | "wasm" | "cpu" | "webgpu"
 const BACKENDS: ReadonlyArray<Backend> = ["auto", "wasm", "cpu", "webgpu"]
-
-/** The first of `candidates` that imports torch, and whether that torch sees a CUDA GPU. */
-const findTorch = (candidates: ReadonlyArray<string>): { python: string; cuda: boolean } | undefined => {
-  for (const python of candidates) {
-    const r = spawnSync(python, ["-c", "import torch; print(torch.cuda.is_available())"], { encoding: "utf8", timeout: 120_000 })
-    if (r.status === 0) return { python, cuda: r.stdout.trim().endsWith("True") }
-  }
-  return undefined
-}
 
 const runGradwire = async (model: ZooModel, data: ZooData, p: number, batch: number, warmup: number, steps: number, storage: string, backend: Backend): Promise<Figures> => {
   const rows: number[][] = []
