@@ -42,6 +42,30 @@ export interface CheckpointStorage {
   read(path: string): Promise<CheckpointData & { metrics: Record<string, unknown> }>
 }
 
+/**
+ * One checkpoint saved in up to `attempts` tries, 0.5 s, 1 s, ... apart (a full disk or a
+ * restarting object store may get better; a ConfigError, such as a bad file name, will not and
+ * ends it at once): the entry, or the last error with the tries it took.
+ */
+export const saveWithRetries = async (
+  store: CheckpointStorage,
+  data: CheckpointData,
+  metrics: Record<string, unknown>,
+  attempts: number
+): Promise<{ readonly entry: CheckpointEntry } | { readonly error: unknown; readonly tries: number }> => {
+  let lastError: unknown
+  for (let attempt = 1; attempt <= attempts; attempt++) {
+    try {
+      return { entry: await store.save(data, metrics) }
+    } catch (e) {
+      lastError = e
+      if (e instanceof ConfigError) return { error: e, tries: attempt }
+      if (attempt < attempts) await new Promise((r) => setTimeout(r, 500 * 2 ** (attempt - 1)))
+    }
+  }
+  return { error: lastError, tries: attempts }
+}
+
 export const checkpointName = (index: number): string => `checkpoint_${String(index).padStart(6, "0")}`
 
 /** The entry with the highest index (the newest), if any. */

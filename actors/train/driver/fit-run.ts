@@ -4,24 +4,21 @@
 // outcome, then finish, or regroup the survivors (regroup.ts) or restart from the checkpoint, as
 // the controller decides (controller.ts: next, recoveryFor). open() brings up the cluster and what
 // watches the run (the job monitor, the dashboard, the bus, signals); close() and result() end it.
-import { randomBytes } from "node:crypto"
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
 import { nuid } from "@nats-io/nats-core"
 import { ConfigError, NatsUnavailable, firstLine } from "../../../core/errors.ts"
 import { DEADLINE_WARMUP_STEPS, GPU_WORKER_DEAD_AFTER_MS } from "../../../core/defaults.ts"
 import { HeartbeatDeadline } from "../../../collectives/deadlines.ts"
-import { watchBus, type BusMonitor } from "../../../core/bus-monitor.ts"
-import { describeConnection, hasCredentials, redactConnection } from "../../../core/connection-spec.ts"
-import { decodeMessage } from "../../../core/wire.ts"
-import { jobSubjects } from "../../../core/subjects.ts"
+import type { BusMonitor } from "../../../core/bus-monitor.ts"
+import { describeConnection, redactConnection } from "../../../core/connection-spec.ts"
 import { SERVER_CPUS, type PlacementPlan, type PlacementRequest } from "../../../scheduler/placement.ts"
 import type { ResolvedDataset } from "../../../core/data/resolve.ts"
 import { ActorSystem } from "../../runtime/system.ts"
 import { defineActor, launchActor, type ActorHandle } from "../../runtime/actor.ts"
 import type { RequestOf } from "../../runtime/protocol.ts"
 import { silentLogger, stderrLogger } from "../../runtime/log.ts"
-import { CheckpointStore, readCheckpoint, type CheckpointPolicy, type CheckpointStorage } from "./checkpoint-store.ts"
+import { CheckpointStore, readCheckpoint, saveWithRetries, type CheckpointPolicy, type CheckpointStorage } from "./checkpoint-store.ts"
 import { ObjectCheckpointStore, isObjectCheckpointUrl, readObjectCheckpoint } from "./object-checkpoint-store.ts"
 import { ControllerProtocol, type CheckpointPayload, type PeerState } from "../common/train-protocol.ts"
 import {
@@ -39,22 +36,19 @@ import {
   type Recovery
 } from "./controller.ts"
 import { growTo, releasingJob } from "./elastic.ts"
-import { WorkerGroup, placementsOf, type GroupArgs } from "./worker-group.ts"
+import { WorkerGroup, groupArgsOf, placementRequestOf, placementsOf, type GroupArgs } from "./worker-group.ts"
 import { joinCluster, startEmbeddedCluster, type ClusterHandle } from "./cluster.ts"
 import type { Resolved } from "./options.ts"
-import { datasetModules, datasetPayloads, describeDatasets, resolveDatasets } from "./dataset-payloads.ts"
+import { datasetPayloads, describeDatasets, resolveDatasets } from "./dataset-payloads.ts"
 import { regroupSurvivors, type RegroupContext } from "./regroup.ts"
 import { FitRecord, emptyResult } from "./fit-record.ts"
 import { Interrupted, TrainingFailed, withResult, type Result } from "./result.ts"
 import { ProgressPrinter } from "../common/observe/progress.ts"
 import { RunRecorder } from "../common/observe/run-recorder.ts"
 import { spanEvent } from "../common/observe/timeline.ts"
-import { JobMonitor } from "./job-monitor.ts"
+import { embeddedServerEvents, forwardJobLogs, nodeNews, startJobMonitor, startRunDashboard, watchDriverBus } from "./fit-watch.ts"
 import type { JobState } from "../common/job-telemetry.ts"
-import { startDashboard, type Dashboard } from "../dashboard/server.ts"
-
-/** An agent's exit notice this recent (before a death is weighed) shows its node alive. */
-const AGENT_HEARD_MS = 2_000
+import type { Dashboard } from "../dashboard/server.ts"
 
 /** Attempts at writing one checkpoint before it is given up (and recorded in Result.checkpointErrors). */
 const CHECKPOINT_WRITE_ATTEMPTS = 3
@@ -64,8 +58,6 @@ const REPORT_REFRESH_MS = 10_000
 
 /** On Ctrl-C the run directory gets this long to be completed before the signal takes the process. */
 const INTERRUPT_WRITE_MS = 15_000
-
-const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
 
 /** The controller's decision to restart (after a failure or for a resize). */
 export type Restart = Extract<Next, { readonly action: "restart" }>
@@ -201,24 +193,16 @@ export class FitRun {
     const files = { ...ckpt.files, ...round.aux }
     const metadata = { ...ckpt.metadata, attempt: round.attempt, round: round.index, worldSize: round.metrics.length }
     const t0 = performance.now()
-    let lastError: unknown
-    for (let attempt = 1; attempt <= CHECKPOINT_WRITE_ATTEMPTS; attempt++) {
-      try {
-        const entry = await this.#store.save({ files, metadata }, round.metrics[0])
-        this.#lineage.set(entry.path, round.index + 1)
-        this.recorder.trace({ ...spanEvent("checkpoint save", t0, performance.now(), "checkpoints", { path: entry.path, round: round.index }, "checkpoint"), pid: "driver" })
-        this.record.monitor?.changed()
-        await this.record.callbacks("onCheckpoint", (cb) => cb.onCheckpoint?.({ path: entry.path, metrics: entry.metrics }))
-        return
-      } catch (e) {
-        lastError = e
-        // A bad file name will not get better; a full disk or a restarting object store may.
-        if (e instanceof ConfigError) break
-        if (attempt < CHECKPOINT_WRITE_ATTEMPTS) await sleep(500 * 2 ** (attempt - 1))
-      }
+    const saved = await saveWithRetries(this.#store, { files, metadata }, round.metrics[0], CHECKPOINT_WRITE_ATTEMPTS)
+    if ("error" in saved) {
+      this.record.checkpointFailed(round.index, saved.tries, saved.error instanceof Error ? saved.error.message : String(saved.error))
+      return
     }
-    const message = lastError instanceof Error ? lastError.message : String(lastError)
-    this.record.checkpointFailed(round.index, lastError instanceof ConfigError ? 1 : CHECKPOINT_WRITE_ATTEMPTS, message)
+    const { entry } = saved
+    this.#lineage.set(entry.path, round.index + 1)
+    this.recorder.trace({ ...spanEvent("checkpoint save", t0, performance.now(), "checkpoints", { path: entry.path, round: round.index }, "checkpoint"), pid: "driver" })
+    this.record.monitor?.changed()
+    await this.record.callbacks("onCheckpoint", (cb) => cb.onCheckpoint?.({ path: entry.path, metrics: entry.metrics }))
   }
 
   #completeRound(round: CompletedRound<CheckpointPayload>): void {
@@ -253,29 +237,7 @@ export class FitRun {
             // The embedded server keeps its JetStream data in the run directory, so a run's object
             // store checkpoints outlive it and a run with the same name resumes from them.
             ...(bucket !== undefined ? { jetstreamStoreDir: path.join(cfg.runDir, "jetstream") } : {}),
-            serverEvents: {
-              onExit: (x) => {
-                this.record.serverRestartedDuringOutage = true
-                this.record.incident("nats-server", `the embedded nats-server (pid ${x.pid}) exited; restarting it on the same port`, { type: "nats-server-exit", pid: x.pid })
-              },
-              onRestart: (x) => {
-                this.record.natsServerRestarts = x.restarts
-                this.record.incident("nats-server", `the embedded nats-server is back (pid ${x.pid}, ${x.downMs} ms after it exited)`, {
-                  type: "nats-server-restart",
-                  pid: x.pid,
-                  downMs: x.downMs,
-                  restarts: x.restarts
-                })
-              },
-              onRestartFailed: (x) => {
-                const message = x.error instanceof Error ? x.error.message : String(x.error)
-                this.record.incident("nats-server", `restarting the embedded nats-server failed (attempt ${x.attempt + 1}): ${firstLine(message)}`, {
-                  type: "nats-server-restart-failed",
-                  attempt: x.attempt,
-                  message
-                })
-              }
-            }
+            serverEvents: embeddedServerEvents(this.record)
           })
     } catch (e) {
       this.progress.close()
@@ -332,134 +294,25 @@ export class FitRun {
     watcher.onEvent((e) => {
       if (e.type === "exit") this.#agentHeard.set(e.node, Date.now())
     })
-    this.#startMonitor()
-    if (cfg.run.dashboard) await this.#startDashboard(cfg.run.dashboard === true ? {} : cfg.run.dashboard)
+    this.record.monitor = startJobMonitor({
+      cfg,
+      cluster,
+      job,
+      controller: this.controller,
+      record: this.record,
+      store: () => this.#store,
+      group: () => this.#group,
+      state: () => this.#stateNow()
+    })
+    if (cfg.run.dashboard) this.#dashboard = await startRunDashboard(cluster, cfg.run.dashboard === true ? {} : cfg.run.dashboard, this.record, this.progress)
     this.#refresher = setInterval(() => this.record.refreshReport(true), REPORT_REFRESH_MS)
     this.#refresher.unref?.()
-    this.#watchBus()
-    this.#forwardLogs()
+    this.#bus = watchDriverBus(cfg, cluster, this.controller, this.record, this.#abort)
+    this.#logSub = forwardJobLogs(cluster, job, this.#onOutput)
     process.on("SIGINT", this.#onSignal)
     process.on("SIGTERM", this.#onSignal)
-    this.request = {
-      jobId: job,
-      ...(cfg.scaling.useGpu !== undefined ? { useGpu: cfg.scaling.useGpu } : {}),
-      ...(cfg.scaling.resourcesPerWorker !== undefined ? { resourcesPerWorker: cfg.scaling.resourcesPerWorker } : {}),
-      ...(cfg.scaling.placementStrategy !== undefined ? { placementStrategy: cfg.scaling.placementStrategy } : {}),
-      ...(cfg.scaling.acceleratorType !== undefined ? { acceleratorType: cfg.scaling.acceleratorType } : {}),
-      ...(cfg.scaling.nodeLabels !== undefined ? { nodeLabels: cfg.scaling.nodeLabels } : {}),
-      ...(cfg.scaling.backend !== undefined ? { backend: cfg.scaling.backend } : {}),
-      // Parameter servers are placed with the workers, SERVER_CPUS each.
-      ...(cfg.collective.parameterServer ? { servers: cfg.collective.parameterServer.numServers } : {})
-    }
-    this.#groupArgs = {
-      controller: "controller",
-      loopModule: cfg.loop.module,
-      loopExport: cfg.loop.export,
-      ...(datasetModules(cfg.datasets).length > 0 ? { datasetModules: datasetModules(cfg.datasets) } : {}),
-      loopConfig: cfg.loopConfig,
-      // The direct links' secret: one per run, to the workers over the bus only (not in the run directory).
-      collective: { ...cfg.collective, directSecret: randomBytes(32).toString("hex") },
-      seed: cfg.seed,
-      timeline: cfg.run.timeline === true,
-      natsOutageTimeoutMs: cfg.natsOutageTimeoutMs,
-      parityEvery: cfg.parityEvery,
-      ...(this.controller.elastic ? { elastic: { maxWorkers: cfg.maxWorkers, batch: cfg.elasticBatch } } : {})
-    }
-  }
-
-  // The job on the bus, for the dashboard and `gradwire jobs` / `gradwire logs` (job-monitor.ts).
-  #startMonitor(): void {
-    const { cfg, cluster, controller } = this
-    this.record.monitor = JobMonitor.start({
-      nc: cluster.nc,
-      cluster: cluster.clusterName,
-      job: this.#job,
-      name: cfg.name,
-      runDir: cfg.runDir,
-      address: cluster.address,
-      minWorkers: cfg.minWorkers,
-      maxWorkers: cfg.maxWorkers,
-      strategy: {
-        strategy: cfg.collective.strategy ?? "allreduce",
-        algorithm: cfg.collective.algorithm,
-        compression: typeof cfg.collective.compression === "string" ? cfg.collective.compression : JSON.stringify(cfg.collective.compression),
-        zeroStage: cfg.collective.zeroStage ?? 0
-      },
-      facts: () => {
-        const latest = this.#store.latest()
-        const best = this.#store.best()[0]
-        const plan = this.record.planText()
-        return {
-          state: this.#stateNow(),
-          attempt: controller.attempt,
-          worldSize: controller.current?.worldSize ?? 0,
-          restarts: this.record.restarts,
-          countedFailures: controller.countedFailures,
-          resizes: this.record.resizes,
-          incidents: this.record.incidents,
-          reports: this.record.history.length,
-          lastMetrics: this.record.history.at(-1),
-          checkpoints: {
-            count: this.#store.list().length,
-            ...(latest ? { latest: { path: latest.path, metrics: latest.metrics } } : {}),
-            ...(best ? { best: { path: best.path, metrics: best.metrics } } : {})
-          },
-          ...(plan !== undefined ? { plan: { summary: Object.values(this.record.planSummaries).join("; "), text: plan, json: this.record.explained.algorithm?.json ?? null } } : {}),
-          members: [...this.#group.members].map(([rank, w]) => ({ rank, actor: w.name, node: w.node, pid: w.pid }))
-        }
-      }
-    })
-  }
-
-  async #startDashboard(d: { readonly host?: string; readonly port?: number; readonly token?: string }): Promise<void> {
-    const { cluster } = this
-    try {
-      const dashboard = (this.#dashboard = await startDashboard({
-        nc: cluster.nc,
-        cluster: cluster.clusterName,
-        address: cluster.address,
-        // A cluster with credentials gets a token. The embedded one's credential is the run's own
-        // (made up to keep other local users off its bus): its loopback dashboard stays as it was.
-        requireToken: !cluster.embedded && hasCredentials(cluster.connection),
-        ...(d.host !== undefined ? { host: d.host } : {}),
-        ...(d.port !== undefined ? { port: d.port } : {}),
-        ...(d.token !== undefined ? { token: d.token } : {})
-      }))
-      this.record.monitor!.dashboard = dashboard.baseUrl
-      const line = `gradwire: dashboard at ${dashboard.url} (Prometheus: ${dashboard.baseUrl}/metrics)`
-      if (this.progress.mode === "off") console.log(line)
-      else this.progress.line(line)
-    } catch (e) {
-      // A taken port costs the run its dashboard, not its training.
-      this.progress.line(`gradwire: no dashboard: ${(e as Error).message}`)
-    }
-  }
-
-  // The driver's connection: an outage fails the running generation at once (its collectives
-  // abort anyway), the group restarts once the bus is back, and an outage longer than
-  // natsOutageTimeoutMs ends the run with NatsUnavailable.
-  #watchBus(): void {
-    const { cfg, cluster, controller } = this
-    this.#bus = watchBus(cluster.nc, {
-      timeoutMs: cfg.natsOutageTimeoutMs,
-      onDown: (o) => {
-        this.record.incident("bus", `lost the NATS connection to ${cluster.where}; waiting up to ${cfg.natsOutageTimeoutMs / 1000} s for it to come back`, {
-          type: "bus-down",
-          server: o.server
-        })
-        controller.fail(controller.current, { kind: "bus", rank: -1, tag: "NatsDisconnected", message: `the driver lost its NATS connection to ${cluster.where}` })
-      },
-      onUp: (o) => {
-        this.record.busOutages.push({ time: new Date(o.since).toISOString(), server: o.server, ms: o.ms, serverRestarted: this.record.serverRestartedDuringOutage })
-        this.record.serverRestartedDuringOutage = false
-        this.record.incident("bus", `the NATS connection is back after ${(o.ms / 1000).toFixed(1)} s`, { type: "bus-up", server: o.server, ms: o.ms })
-      },
-      onExpired: (o) => {
-        this.record.busOutages.push({ time: new Date(o.since).toISOString(), server: o.server, ms: o.ms, serverRestarted: this.record.serverRestartedDuringOutage })
-        this.recorder.event({ type: "bus-expired", server: o.server, ms: o.ms })
-        this.#abort(new NatsUnavailable({ servers: cluster.where, outageMs: o.ms, timeoutMs: cfg.natsOutageTimeoutMs, hint: cluster.outageHint }))
-      }
-    })
+    this.request = placementRequestOf(cfg, job)
+    this.#groupArgs = groupArgsOf(cfg, this.controller.elastic)
   }
 
   /** Returns once the bus is up (at once when it is), or rejects with the run's abort. */
@@ -470,26 +323,6 @@ export class FitRun {
       this.#abort(new NatsUnavailable({ servers: this.cluster.where, outageMs: 0, timeoutMs: this.cfg.natsOutageTimeoutMs, hint: "the connection was closed" }))
     }
     if (r !== "up") await this.#aborted
-  }
-
-  // On a joined cluster the agents run elsewhere and cannot call onOutput: they publish each
-  // line of their processes on the job's log subjects, which land in the same logs/ files.
-  #forwardLogs(): void {
-    const { cluster } = this
-    if (cluster.embedded) return
-    this.#logSub = cluster.nc.subscribe(jobSubjects(cluster.clusterName, this.#job).logs, {
-      callback: (err, msg) => {
-        if (err) return
-        try {
-          const m = decodeMessage(msg.data) as { line?: unknown; name?: unknown; pid?: unknown; node?: unknown }
-          const rank = /^w\d+-(\d+)$/.exec(String(m.name))?.[1]
-          const label = rank !== undefined ? `worker rank=${rank}` : String(m.name)
-          this.#onOutput(`(${label} pid=${String(m.pid)} node=${String(m.node)}) ${String(m.line)}`)
-        } catch {
-          // a malformed log message is not worth failing a run over
-        }
-      }
-    })
   }
 
   readonly #onSignal = (signal: NodeJS.Signals): void => {
@@ -723,17 +556,7 @@ export class FitRun {
       if (node !== undefined && view.get(node) !== undefined && !nodes.has(node)) nodes.set(node, rank)
     }
     if (nodes.size === 0) return o
-    const at = Date.now()
-    // Its agent told of a process's exit around now (a worker's kill -9 comes that way): alive.
-    const agentSpoke = (node: string): boolean => (this.#agentHeard.get(node) ?? 0) > at - AGENT_HEARD_MS
-    const known = (): boolean =>
-      [...nodes.keys()].every((node) => {
-        const n = view.get(node)
-        return n === undefined || n.state !== "alive" || n.lastSeenAt > at || agentSpoke(node)
-      })
-    // Checked every 50 ms: heartbeats and deaths come through the view, exit notices beside it.
-    const until = at + view.deadAfterMs + 1_000
-    while (!known() && Date.now() < until) await sleep(50)
+    await nodeNews(view, [...nodes.keys()], this.#agentHeard)
     for (const [node, rank] of nodes) {
       const lost = deathOrNodeLoss(o, node, view.get(node)?.state, rank)
       if (lost !== o) return lost

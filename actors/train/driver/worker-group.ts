@@ -3,14 +3,17 @@
 // generation ends. A regrouped generation keeps the surviving processes (under their new ranks) and
 // adds joiners. What a death means is the controller's business (controller.ts): this module only
 // reports it.
+import { randomBytes } from "node:crypto"
 import { fileURLToPath } from "node:url"
 // Silence after which a worker counts as dead (core/defaults.ts says why it is 10 s); the driver
 // lengthens it for workers whose steps measured long (collectives/deadlines.ts HeartbeatDeadline).
 import { WORKER_DEAD_AFTER_MS } from "../../../core/defaults.ts"
-import { SERVER_CPUS, type PlacementPlan } from "../../../scheduler/placement.ts"
+import { SERVER_CPUS, type PlacementPlan, type PlacementRequest } from "../../../scheduler/placement.ts"
 import type { ActorSystem } from "../../runtime/system.ts"
 import { agentRef, spawnActor, type SpawnedActor } from "../../node/spawn.ts"
 import { WorkerProtocol, type Placement, type WorkerArgs } from "../common/train-protocol.ts"
+import { datasetModules } from "./dataset-payloads.ts"
+import type { Resolved } from "./options.ts"
 
 /** A worker that stops right after telling the controller it finished is fine: give that message a moment. */
 const DOWN_GRACE_MS = 300
@@ -23,6 +26,35 @@ const SERVER_MODULE = fileURLToPath(new URL(import.meta.url.endsWith(".ts") ? ".
 
 /** What every rank's WorkerArgs share in a generation. */
 export type GroupArgs = Omit<WorkerArgs, "attempt" | "rank" | "worldSize" | "localRank" | "localWorldSize" | "nodeRank" | "nodes" | "group" | "backend" | "join">
+
+/** What the run asks the scheduler to place, from the Trainer's options (the world size apart). */
+export const placementRequestOf = (cfg: Resolved, job: string): Omit<PlacementRequest, "numWorkers"> => ({
+  jobId: job,
+  ...(cfg.scaling.useGpu !== undefined ? { useGpu: cfg.scaling.useGpu } : {}),
+  ...(cfg.scaling.resourcesPerWorker !== undefined ? { resourcesPerWorker: cfg.scaling.resourcesPerWorker } : {}),
+  ...(cfg.scaling.placementStrategy !== undefined ? { placementStrategy: cfg.scaling.placementStrategy } : {}),
+  ...(cfg.scaling.acceleratorType !== undefined ? { acceleratorType: cfg.scaling.acceleratorType } : {}),
+  ...(cfg.scaling.nodeLabels !== undefined ? { nodeLabels: cfg.scaling.nodeLabels } : {}),
+  ...(cfg.scaling.backend !== undefined ? { backend: cfg.scaling.backend } : {}),
+  // Parameter servers are placed with the workers, SERVER_CPUS each.
+  ...(cfg.collective.parameterServer ? { servers: cfg.collective.parameterServer.numServers } : {})
+})
+
+/** The run's GroupArgs, from the Trainer's options, with a fresh secret for the direct links. */
+export const groupArgsOf = (cfg: Resolved, elastic: boolean): GroupArgs => ({
+  controller: "controller",
+  loopModule: cfg.loop.module,
+  loopExport: cfg.loop.export,
+  ...(datasetModules(cfg.datasets).length > 0 ? { datasetModules: datasetModules(cfg.datasets) } : {}),
+  loopConfig: cfg.loopConfig,
+  // The direct links' secret: one per run, to the workers over the bus only (not in the run directory).
+  collective: { ...cfg.collective, directSecret: randomBytes(32).toString("hex") },
+  seed: cfg.seed,
+  timeline: cfg.run.timeline === true,
+  natsOutageTimeoutMs: cfg.natsOutageTimeoutMs,
+  parityEvery: cfg.parityEvery,
+  ...(elastic ? { elastic: { maxWorkers: cfg.maxWorkers, batch: cfg.elasticBatch } } : {})
+})
 
 /** One rank to spawn: where, with what. */
 export interface RankSpawn {
