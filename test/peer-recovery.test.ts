@@ -12,7 +12,8 @@ import { Trainer, loadDigits, trainTestSplit, type ArrayDataset, type Result } f
 import { readEvents as events, sameWeights } from "./support/trainer-runs.ts"
 import { liveNatsServerPids } from "../core/nats-server.ts"
 
-const DIGITS = path.resolve("examples/digits/train.ts") + "#trainLoop"
+// The digits example's loop; with `holdFile` a short group's steps are slowed until it is whole again (hold.ts).
+const CHAOS = path.resolve("test/support/chaos-loop.ts") + "#trainLoop"
 const MISALIGNED = path.resolve("test/support/misaligned-loop.ts") + "#misalignedLoop"
 const STEP_LOOP = path.resolve("test/support/step-loop.ts") + "#stepLoop"
 let storage: string
@@ -30,12 +31,19 @@ afterAll(async () => {
 
 type Progress = { attempt: number; rank: number; epoch: number; step: number }
 
-/** 4 workers, `epochs` epochs of 12 steps; rank 2 is killed after step 6 of epoch 2 in the first generation. */
+/**
+ * 4 workers, `epochs` epochs of 12 steps; rank 2 is killed after step 6 of epoch 2 in the first
+ * generation. Until the group is back at 4, its steps are slowed (a hold), so that the replacement,
+ * started in the background, joins before the run ends however loaded the machine is.
+ */
 const killedMidEpoch = async (name: string, recoverFrom: "peers" | "checkpoint", epochs = 5): Promise<{ r: Result; progress: Progress[] }> => {
   const progress: Progress[] = []
+  const pidDir = await fs.mkdtemp(path.join(storage, `${name}-`))
+  const holdFile = path.join(pidDir, "hold")
+  await fs.writeFile(holdFile, "4")
   const r = await new Trainer({
-    trainLoopPerWorker: DIGITS,
-    trainLoopConfig: { epochs, fail: { how: "kill", rank: 2, epoch: 2, step: 6 } },
+    trainLoopPerWorker: CHAOS,
+    trainLoopConfig: { epochs, fail: { how: "kill", rank: 2, epoch: 2, step: 6 }, pidDir, holdFile },
     scalingConfig: { numWorkers: 4 },
     runConfig: {
       name,
@@ -50,7 +58,7 @@ const killedMidEpoch = async (name: string, recoverFrom: "peers" | "checkpoint",
 }
 
 describe("recovery from surviving peers", () => {
-  it("a worker killed mid-epoch costs the step in flight: the survivors and a replacement go on from there", { timeout: 150_000 }, async () => {
+  it("a worker killed mid-epoch costs the step in flight: the survivors go on short-handed at once, and a replacement started meanwhile joins them in place", { timeout: 150_000 }, async () => {
     const { r, progress } = await killedMidEpoch("peers-mid-epoch", "peers")
     expect(r.restarts).toBe(1)
     expect(r.countedFailures).toBe(1)
@@ -58,9 +66,13 @@ describe("recovery from surviving peers", () => {
     expect(sameWeights(r)).toBe(true)
     expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.9)
     const restart = (await events(r.path)).find((e) => e.type === "restart")
-    expect(restart).toMatchObject({ recovery: "peers", survivors: 3, joiners: 1, position: { inFit: true, epoch: 2 } })
+    // The survivors go on short-handed at once; a standby replacement joins them later, in place.
+    expect(restart).toMatchObject({ recovery: "peers", survivors: 3, joiners: 0, position: { inFit: true, epoch: 2 } })
     // The survivors were at the step after the one the dead rank finished (steps 0-6 done).
     expect((restart!.position as { stepInEpoch: number }).stepInEpoch).toBe(7)
+    const grow = (await events(r.path)).find((e) => e.type === "grow")
+    expect(grow).toMatchObject({ recovery: "peers", survivors: 3, joiners: 1 })
+    expect(r.resizes.map((z) => [z.from, z.to])).toEqual([[4, 3], [3, 4]])
     // The regrouped generation trains on from there: its first progress is late in epoch 2.
     const after = progress.filter((p) => p.attempt === 1)
     expect(after.length).toBeGreaterThan(0)
@@ -94,7 +106,9 @@ describe("recovery from surviving peers", () => {
     const ev = await events(r.path)
     const restart = ev.find((e) => e.type === "restart")
     // Epoch 0 reported; the survivors were parked in the step after the dead rank's last (0-5 done).
+    // A hand-written loop sizes its epochs by ctx.worldSize: its survivors wait for the replacement.
     expect(restart).toMatchObject({ recovery: "peers", survivors: 2, joiners: 1, position: { inFit: false, reports: 1, stepsSinceReport: 6 } })
+    expect(ev.find((e) => e.type === "grow")).toBeUndefined()
     // The replacement skipped epoch 1's first six steps and took the survivors' state there.
     const log = await fs.readFile(path.join(r.path, "logs", "worker_rank=2.log"), "utf8").catch(() => "")
     expect(log).toMatch(/joined the survivors after 1 report\(\) calls and 6 steps/)
@@ -128,9 +142,11 @@ describe("recovery from surviving peers", () => {
   })
 
   it("a loop that does not resume the way it ran cannot be replayed to the survivors: the group restarts from the checkpoint", { timeout: 150_000 }, async () => {
+    const holdFile = path.join(storage, "misaligned.hold")
+    await fs.writeFile(holdFile, "3")
     const r = await new Trainer({
       trainLoopPerWorker: MISALIGNED,
-      trainLoopConfig: { epochs: 3, kill: { rank: 1, epoch: 2, step: 4 } },
+      trainLoopConfig: { epochs: 3, kill: { rank: 1, epoch: 2, step: 4 }, holdFile },
       scalingConfig: { numWorkers: 3 },
       runConfig: { name: "misaligned", storagePath: storage, progress: false, failureConfig: { maxFailures: 1 } },
       datasets: { train }
@@ -138,7 +154,9 @@ describe("recovery from surviving peers", () => {
     const ev = await events(r.path)
     const restarts = ev.filter((e) => e.type === "restart")
     expect(restarts.map((e) => e.recovery)).toEqual(["peers", "checkpoint"])
-    // The fallback says why the peers were not used: the replacement's loop did not line up.
+    // The survivors went on short-handed; the replacement's loop did not line up when it joined
+    // them, and the fallback says so.
+    expect(ev.find((e) => e.type === "grow")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 1 })
     expect(restarts[1]!.reason).toMatch(/^recovering from them failed: .*report\(\) calls/)
     expect(ev.some((e) => e.type === "failure" && (e.failure as { kind: string }).kind === "recovery")).toBe(true)
     // The fallback is not counted: one failure of the job, one restart budget used.

@@ -5,18 +5,18 @@
 // fault schedule measured in seconds (a 10 s link cut, an agent starting) maps to a bounded number
 // of epochs on a fast machine too; and with `trackSteps` rank 0 writes "<epoch> <step> <steps per
 // epoch>" to <pidDir>/<attempt>.step after every step (progress messages come only every 250 ms),
-// so the benchmark knows exactly how far a generation got before it died. With `holdFile`, a rank
-// of a group smaller than the number written in that file waits after each epoch's report while
-// the file exists (at most HOLD_MAX_MS a time): a test holds a shrunk group at an epoch boundary
-// while something slow happens outside it (an agent starting on a loaded machine), so the run
-// cannot end before the group grows back, whatever the load. Only a shrunk group waits, after its
-// regroup: a rank asleep outside a collective would stall the regroup itself. With `positions`
+// so the benchmark knows exactly how far a generation got before it died. With `holdFile`, a group
+// smaller than the number written in that file slows each step while the file exists (hold.ts):
+// a test holds a short group back while something slow happens outside it (an agent starting, a
+// standby replacement loading on a loaded machine), so the run cannot end before the group grows
+// back, whatever the load. With `positions`
 // every rank records where it got after each step (positions.ts) for the chaos benchmark.
-import { existsSync, readFileSync, writeFileSync } from "node:fs"
+import { writeFileSync } from "node:fs"
 import * as path from "node:path"
 import type { TrainContext } from "../../index.ts"
 import { trainLoop as digitsLoop, type DigitsConfig } from "../../examples/digits/train.ts"
 import { PositionFile } from "./positions.ts"
+import { holdStep } from "./hold.ts"
 
 export interface ChaosLoopConfig extends DigitsConfig {
   readonly pidDir: string
@@ -26,9 +26,6 @@ export interface ChaosLoopConfig extends DigitsConfig {
   readonly positions?: boolean
 }
 
-/** The longest a rank waits on `holdFile` per epoch. */
-const HOLD_MAX_MS = 60_000
-
 /** `ctx` with report() paced (`minMs`) and prepareModel() wrapped to record steps (`stepFile`). */
 const instrumented = (ctx: TrainContext, minMs: number, stepFile: string | undefined, holdFile: string | undefined, positions: PositionFile | undefined): TrainContext => {
   let last = Date.now()
@@ -36,17 +33,21 @@ const instrumented = (ctx: TrainContext, minMs: number, stepFile: string | undef
     const wait = last + minMs - Date.now()
     if (wait > 0) await new Promise((resolve) => setTimeout(resolve, wait))
     await ctx.report(metrics, options)
-    const held = Date.now()
-    const holding = (): boolean => {
-      if (holdFile === undefined || !existsSync(holdFile)) return false
-      const size = Number(readFileSync(holdFile, "utf8").trim())
-      return Number.isFinite(size) && ctx.worldSize < size
-    }
-    while (holding() && Date.now() - held < HOLD_MAX_MS) await new Promise((resolve) => setTimeout(resolve, 100))
     last = Date.now()
   }
   const prepareModel: TrainContext["prepareModel"] = async (...args) => {
     const dp = await ctx.prepareModel(...args)
+    if (holdFile !== undefined) {
+      const fit = dp.fit.bind(dp)
+      dp.fit = (source, opts) =>
+        fit(source, {
+          ...opts,
+          onStep: async (s) => {
+            await opts.onStep?.(s)
+            await holdStep(holdFile, ctx.worldSize)
+          }
+        })
+    }
     if (stepFile !== undefined) {
       const progress = dp.onStep
       dp.onStep = (info) => {

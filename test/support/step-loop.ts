@@ -1,20 +1,21 @@
 // A hand-written training loop (dp.trainStep on batches it cuts itself, no dp.fit()) over the
 // digits dataset: it resumes from the latest checkpoint, reports and checkpoints after every epoch,
 // and with `kill` rank `kill.rank` of the first generation dies by kill -9 after step `kill.step`
-// of epoch `kill.epoch`. With `holdFile`, a rank of a group smaller than the number written in that
-// file waits after each epoch's report while the file exists (at most a minute a time), as in
-// chaos-loop.ts: the run cannot end before an elastic group grows back. With `corrupt`, rank
+// of epoch `kill.epoch`. With `holdFile`, a group smaller than the number written in that file
+// slows each step while the file exists (hold.ts), as in chaos-loop.ts: the run cannot end before
+// a short group grows back. With `corrupt`, rank
 // `corrupt.rank` adds 0.001 to its first weight before the report of epoch `corrupt.epoch` (the
 // state-parity check must notice and repair it). Recovery from surviving
 // peers replays this loop on a replacement (test/peer-recovery.test.ts, test/elastic.test.ts).
 // With `pidDir` every rank first writes its pid to <pidDir>/<attempt>-<rank>.pid, as chaos-loop.ts
 // does, and with `positions` too it records where it got after each step it trained
 // (positions.ts), for the chaos benchmark.
-import { existsSync, readFileSync, writeFileSync } from "node:fs"
+import { writeFileSync } from "node:fs"
 import * as path from "node:path"
 import type { TrainContext } from "../../index.ts"
 import { buildModel, weightsHashAsync } from "../../examples/digits/model.ts"
 import { PositionFile } from "./positions.ts"
+import { holdStep } from "./hold.ts"
 
 export interface StepLoopConfig {
   readonly epochs: number
@@ -58,6 +59,7 @@ export async function stepLoop(config: StepLoopConfig, ctx: TrainContext): Promi
       batch.forEach((r, i) => xs.set(X.subarray(r * 64, r * 64 + 64), i * 64))
       const x = tf.tensor2d(xs, [batch.length, 64])
       const y = tf.oneHot(tf.tensor1d(Int32Array.from(batch, (r) => Y[r]!), "int32"), 10)
+      await holdStep(config.holdFile, ctx.worldSize)
       const r = await dp.trainStep(x, y)
       tf.dispose([x, y])
       // A replayed step (a replacement catching up with the survivors) has no samples.
@@ -78,10 +80,6 @@ export async function stepLoop(config: StepLoopConfig, ctx: TrainContext): Promi
     const metrics = { epoch, loss: lossSum / Math.max(1, samples), val_accuracy: val.accuracy ?? 0, weights: await weightsHashAsync(model.getWeights()) }
     const ckpt = ctx.worldRank === 0 ? await ctx.checkpointFromModel(dp, { metadata: { epoch } }) : undefined
     await ctx.report(metrics, ckpt ? { checkpoint: ckpt } : {})
-    const hold = config.holdFile
-    const held = Date.now()
-    const holding = (): boolean => hold !== undefined && existsSync(hold) && ctx.worldSize < Number(readFileSync(hold, "utf8").trim())
-    while (holding() && Date.now() - held < 60_000) await new Promise((resolve) => setTimeout(resolve, 100))
   }
   tf.dispose([xTest, yTest])
 }

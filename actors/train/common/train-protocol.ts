@@ -233,8 +233,13 @@ export const WorkerArgs = Schema.Struct({
    * survivors' state and continues with them.
    */
   join: Schema.optionalKey(Schema.Struct({ fromReports: Schema.Number, to: Position })),
-  /** Elastic groups: the largest world size, and what stays fixed when the size changes. */
-  elastic: Schema.optionalKey(Schema.Struct({ maxWorkers: Schema.Number, batch: Schema.Literals(["keep-global", "keep-per-worker"]) })),
+  /**
+   * The largest world size, and what stays fixed when the size changes: elastic groups, and a
+   * fixed-size group running short-handed while a replacement starts (`fixed`: not elastic).
+   */
+  elastic: Schema.optionalKey(
+    Schema.Struct({ maxWorkers: Schema.Number, batch: Schema.Literals(["keep-global", "keep-per-worker"]), fixed: Schema.optionalKey(Schema.Boolean) })
+  ),
   /** The parameter-server strategy: the actor names of this generation's servers, in shard order. */
   servers: Schema.optionalKey(Schema.Array(Schema.String)),
   parameterServer: Schema.optionalKey(
@@ -323,9 +328,24 @@ export const ServerArgs = Schema.Struct({
 })
 export type ServerArgs = typeof ServerArgs.Type
 
+/**
+ * Where a standby worker (one started ahead, while the group ran short-handed) goes when it is let
+ * in: its place in the regrouped generation, and where it joins the survivors.
+ */
+export const Admission = Schema.Struct({ placement: Placement, join: Schema.optionalKey(Schema.Struct({ fromReports: Schema.Number, to: Position })) })
+export type Admission = typeof Admission.Type
+
 export const WorkerProtocol = defineProtocol("trainer-worker", {
-  /** Start the user's loop (answered at once; the loop runs in the background). */
-  run: { request: Schema.Null, reply: Schema.Null },
+  /**
+   * Load the engine, open the collective connections and import the loop module, without joining
+   * a group (a standby worker): answered when done. `run` does the same first when it was not asked.
+   */
+  prepare: { request: Schema.Null, reply: Schema.Null },
+  /**
+   * Start the user's loop (answered at once; the loop runs in the background). A standby worker is
+   * given its admission here: the placement and join it runs with instead of its spawn args'.
+   */
+  run: { request: Schema.NullOr(Admission), reply: Schema.Null },
   /**
    * Stop at the next group operation (the group is being re-formed after a failure): answered
    * once the loop waits there, with where it is; "unsupported" when this rank cannot be regrouped

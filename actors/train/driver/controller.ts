@@ -158,6 +158,15 @@ export class Controller<C = unknown> {
     return this.options.maxWorkers > this.options.minWorkers
   }
 
+  /**
+   * The smallest group the survivors of a failure may go on as while replacements start: an
+   * elastic group's min; a fixed-size group runs short-handed down to one worker until its
+   * replacements join (fit-run.ts refills it).
+   */
+  get floor(): number {
+    return this.elastic ? this.options.minWorkers : 1
+  }
+
   /** The world sizes to place for the next generation. */
   get wantedSize(): { min: number; max: number } {
     return { min: this.options.minWorkers, max: this.options.maxWorkers }
@@ -329,8 +338,8 @@ export class Controller<C = unknown> {
   }): Generation<C> {
     const old = this.#current
     if (this.#state !== "scheduling" || !old) throw new Error(`controller: regroup() while ${this.#state}`)
-    if (!(plan.worldSize >= this.options.minWorkers && plan.worldSize <= this.options.maxWorkers)) {
-      throw new RangeError(`controller: world size ${plan.worldSize} outside ${this.options.minWorkers}..${this.options.maxWorkers}`)
+    if (!(plan.worldSize >= this.floor && plan.worldSize <= this.options.maxWorkers)) {
+      throw new RangeError(`controller: world size ${plan.worldSize} outside ${this.floor}..${this.options.maxWorkers}`)
     }
     this.#pendingResize = undefined
     const g = new Generation<C>(this.#attempt, plan.worldSize, {
@@ -383,6 +392,20 @@ export class Controller<C = unknown> {
       return
     }
     this.#pendingResize = { size: clamped, reason }
+  }
+
+  /**
+   * Workers started ahead are ready to join generation `g` (it runs short of `size`: a fixed-size
+   * group after a failure, an elastic one below the room it has): it ends now with a resize, and
+   * the running workers are regrouped with them at their next group operation (no checkpoint needed:
+   * the joiners take the survivors' state).
+   */
+  refill(g: Generation<C>, size: number, reason: string): boolean {
+    const clamped = Math.min(this.options.maxWorkers, size)
+    if (this.#live(g.number) !== g || clamped <= g.worldSize) return false
+    this.#pendingResize = undefined
+    g.settle({ type: "resize", size: clamped, reason })
+    return true
   }
 
   /** A resize waiting for the next report boundary with a checkpoint, if any. */

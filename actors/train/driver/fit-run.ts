@@ -41,6 +41,7 @@ import { joinCluster, startEmbeddedCluster, type ClusterHandle } from "./cluster
 import type { Resolved } from "./options.ts"
 import { datasetPayloads, describeDatasets, resolveDatasets } from "./dataset-payloads.ts"
 import { regroupSurvivors, type RegroupContext } from "./regroup.ts"
+import { Refill } from "./refill.ts"
 import { FitRecord, emptyResult } from "./fit-record.ts"
 import { Interrupted, TrainingFailed, withResult, type Result } from "./result.ts"
 import { ProgressPrinter } from "../common/observe/progress.ts"
@@ -101,6 +102,10 @@ export class FitRun {
   #controllerActor: ActorHandle | undefined
   request!: Omit<PlacementRequest, "numWorkers">
   #groupArgs!: GroupArgs
+  /** Standby workers that refill a short group (refill.ts). */
+  #refill!: Refill
+  /** The last regrouped generation, when it may run short-handed until standby workers refill it. */
+  #refillable: Generation<CheckpointPayload> | undefined
   #refresher: ReturnType<typeof setInterval> | undefined
   #logSub: { unsubscribe(): void } | undefined
   #tornDown: Promise<void> | undefined
@@ -313,6 +318,16 @@ export class FitRun {
     process.on("SIGTERM", this.#onSignal)
     this.request = placementRequestOf(cfg, job)
     this.#groupArgs = groupArgsOf(cfg, this.controller.elastic)
+    this.#refill = new Refill({
+      controller: this.controller,
+      group: this.#group,
+      cluster,
+      request: this.request,
+      groupArgs: () => this.#groupArgs,
+      max: cfg.maxWorkers,
+      line: (text) => this.progress.line(text),
+      event: (e) => this.recorder.event(e)
+    })
   }
 
   /** Returns once the bus is up (at once when it is), or rejects with the run's abort. */
@@ -445,23 +460,33 @@ export class FitRun {
     void this.record.callbacks("onProgress", (cb) => cb.onProgress?.(body))
   }
 
-  // Elastic runs below max size watch for capacity (an agent joined, another job ended) and
-  // grow at the next report round that leaves a checkpoint.
-  #watchCapacity(worldSize: number): () => void {
+  // A group below its size watches for room. One a regroup left short-handed (a dp.fit() loop's
+  // survivors) is refilled with standby workers started in the background (refill.ts); an elastic
+  // group that started small, regrouped a hand-written loop, or recovers from the checkpoint, grows
+  // at the next report round that leaves a checkpoint.
+  #watchCapacity(g: Generation<CheckpointPayload>): () => void {
     const { cfg, cluster, controller } = this
-    if (!controller.elastic || worldSize >= cfg.maxWorkers) return () => {}
+    const worldSize = g.worldSize
+    if (worldSize >= cfg.maxWorkers) return () => {}
+    const standby = this.#refillable === g
+    if (!standby && !controller.elastic) return () => {}
     const check = (): void => {
+      if (standby) {
+        this.#refill.check(g)
+        return
+      }
       if (controller.state !== "running") return
       const size = growTo(this.request, worldSize, cfg.maxWorkers, releasingJob(cluster.view.alive().map((n) => n.ad), this.#job))
       if (size === undefined || size === controller.pendingResize?.size) return
-      controller.capacity(size, `room for ${size} workers`)
+      controller.capacity(size, `the cluster has room for ${size} workers`)
       this.progress.line(`gradwire: the cluster has room for ${size} workers (running ${worldSize}); growing at the next checkpoint`)
     }
     const off = cluster.view.onEvent((e) => {
       if (e.type === "node-joined" || e.type === "node-back") check()
     })
-    const timer = setInterval(check, 2_000)
+    const timer = setInterval(check, standby ? 500 : 2_000)
     timer.unref?.()
+    if (standby) check()
     return () => {
       off()
       clearInterval(timer)
@@ -541,7 +566,7 @@ export class FitRun {
    * decides whether it was the node's loss (ranksToCheck, deathOrNodeLoss).
    */
   async watch(generation: Generation<CheckpointPayload>): Promise<Outcome> {
-    const stopWatching = this.#watchCapacity(generation.worldSize)
+    const stopWatching = this.#watchCapacity(generation)
     const outcome: Outcome = await this.race(this.#nodeLossOrNot(await this.race(generation.outcome)))
     stopWatching()
     return outcome
@@ -577,7 +602,8 @@ export class FitRun {
    * resize asked for), and its choice between the surviving peers and the checkpoint (recoveryFor).
    */
   async restarting(next: Restart, attempt: number): Promise<Recovery> {
-    this.record.restarts++
+    // Result.restarts counts restarts after failures; a resize is in Result.resizes.
+    if (next.cause.type === "failure") this.record.restarts++
     this.bounds = next.size
     this.record.lastCause = restartReason(next.cause)
     const recovery = recoveryFor(next.cause, this.cfg.recoverFrom, this.#bus.outage !== undefined)
@@ -616,7 +642,7 @@ export class FitRun {
     }
     // Growing in place: the running workers stay, the new ones replay from the checkpoint just
     // saved and join them.
-    return this.#regroup({ target: this.bounds.max, what: `the cluster has room for ${this.bounds.max} workers`, budget: "", counted: false })
+    return this.#regroup({ target: this.bounds.max, what: next.cause.reason, budget: "", counted: false })
   }
 
   #regroup(why: Pick<RegroupContext, "failure" | "target" | "what" | "budget" | "counted">): Promise<Generation<CheckpointPayload> | undefined> {
@@ -640,7 +666,9 @@ export class FitRun {
         onSize: (attempt, size) => this.record.noteSize(attempt, size),
         latest: () => this.#store.latest()?.path ?? this.#resumePath,
         setResume: (p) => (this.#resumePath = p),
-        fellBack: (reason) => (this.#fallback = reason)
+        fellBack: (reason) => (this.#fallback = reason),
+        standby: this.#refill.take(),
+        formed: (g, shortHanded) => (this.#refillable = shortHanded ? g : undefined)
       })
     )
   }

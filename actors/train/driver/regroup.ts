@@ -10,7 +10,7 @@ import type { ActorSystem } from "../../runtime/system.ts"
 import { WorkerProtocol, type CheckpointPayload, type PeerState, type Position } from "../common/train-protocol.ts"
 import type { Controller, Generation, GroupFailure } from "./controller.ts"
 import { planLargest } from "./elastic.ts"
-import { layoutOf, type GroupArgs, type RankSpawn, type WorkerGroup } from "./worker-group.ts"
+import { layoutOf, type GroupArgs, type RankSpawn, type Standby, type WorkerGroup } from "./worker-group.ts"
 import type { ClusterHandle } from "./cluster.ts"
 import type { Resolved } from "./options.ts"
 import type { Incident } from "../common/observe/report-html.ts"
@@ -68,14 +68,24 @@ export interface RegroupContext {
   readonly setResume: (path: string | undefined) => void
   /** Why the survivors could not be regrouped (the restart from the checkpoint says it). */
   readonly fellBack: (why: string) => void
+  /**
+   * Workers started ahead and prepared (fit-run.ts refills a short group with them): they join
+   * this regroup first, and the regroup owns them from here (those it does not need, it kills).
+   */
+  readonly standby: ReadonlyArray<Standby>
+  /** The regrouped generation formed; `shortHanded`: it may run below its size while standby workers refill it. */
+  readonly formed: (g: Generation<CheckpointPayload>, shortHanded: boolean) => void
 }
 
 /**
- * Recovery from surviving peers after a lost worker or node: pauses every other worker at its
- * next group operation, regroups those that park (the survivors) with replacements placed where
- * there is room (fixed size: as many as were lost; elastic: up to max, or none), and hands the
- * furthest survivor's state to the others. Returns the new, running generation, or undefined when
- * the survivors cannot be regrouped (then the caller restarts the group from the checkpoint).
+ * Recovery from surviving peers after a lost worker or node, and growth in place: pauses every
+ * other worker at its next group operation, regroups those that park (the survivors) with the
+ * standby workers that are ready, and hands the furthest survivor's state to the others. After a
+ * failure the survivors do not wait for replacements to start: they go on short-handed (down to
+ * the controller's floor) and fit-run.ts refills the group with standby workers once they are
+ * prepared. Only below the floor are replacements spawned here and waited for. Returns the new,
+ * running generation, or undefined when the survivors cannot be regrouped (then the caller
+ * restarts the group from the checkpoint).
  */
 export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<CheckpointPayload> | undefined> => {
   const attempt = x.controller.attempt
@@ -84,8 +94,8 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
     x.fellBack(why)
     return undefined
   }
-  // Growing: only if the new workers have room now (nothing is paused for a grow that cannot be).
-  if (!x.failure) {
+  // Growing: only if the new workers are ready or have room now (nothing is paused for a grow that cannot be).
+  if (!x.failure && x.standby.length === 0) {
     const planned = planLargest(x.request, { min: 1, max: Math.max(1, x.target - x.group.members.size) }, x.cluster.view.resources())
     if (!R.isSuccess(planned)) return giveUp(`no room for new workers: ${firstLine(planned.failure.message)}`)
   }
@@ -119,12 +129,20 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   // 2. The survivor that got furthest: the others and the joiners continue from its state.
   const source = survivors.reduce((a, b) => (b.reply!.position.ops > a.reply!.position.ops ? b : a))
   const pos: Position = source.reply!.position
-  // 3. Replacements: as many as were lost (fixed size), up to max where there is room (elastic).
+  // 3. Joiners: the standby workers that are ready; new ones spawned now only to reach the floor
+  // (an elastic group's min), or for a grow that has none ready. The rest come later (fit-run.ts
+  // refills a short group), so the survivors go on at once.
   const s = survivors.length
-  const kMax = x.target - s
-  const kMin = Math.max(0, x.cfg.minWorkers - s)
+  const ready = x.standby.slice(0, Math.max(0, x.target - s))
+  for (const extra of x.standby.slice(ready.length)) void x.group.killOne(extra.actor, "a standby worker the regroup did not need")
+  // Only dp.fit() goes on short-handed: it keeps the global batch and its epochs' steps whatever
+  // the group's size, so a joiner replays them as the survivors ran them. A hand-written loop
+  // sizes its epochs by ctx.worldSize, so its replacements are spawned now and waited for.
+  const shortHanded = pos.inFit
+  const kMax = x.target - s - ready.length
+  const kMin = Math.max(0, (shortHanded ? x.controller.floor : x.cfg.minWorkers) - s - ready.length)
   let joinPlan: PlacementPlan | undefined
-  if (kMax > 0) {
+  if (kMax > 0 && (kMin > 0 || !shortHanded || (!x.failure && ready.length === 0))) {
     // New workers replay the loop from the checkpoint and join where the survivors are: in
     // dp.fit() at their epoch and step, in a hand-written loop after as many report() calls and
     // steps since (group-session.ts).
@@ -142,9 +160,9 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
       await x.cluster.view.waitFor(() => true, 500).catch(() => undefined)
     }
   }
-  const joiners = joinPlan?.ranks.length ?? 0
+  const joiners = ready.length + (joinPlan?.ranks.length ?? 0)
   const worldSize = s + joiners
-  const nodes = [...survivors.map((r) => r.w.node), ...(joinPlan?.ranks.map((r) => r.nodeId) ?? [])]
+  const nodes = [...survivors.map((r) => r.w.node), ...ready.map((w) => w.nodeId), ...(joinPlan?.ranks.map((r) => r.nodeId) ?? [])]
   const layout = layoutOf(nodes)
   const placementOf = (rank: number) => ({ attempt, rank, worldSize, ...layout[rank]!, nodes, group: `g${attempt}` })
   // 4. The furthest survivor's state, which every member loads.
@@ -160,6 +178,7 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   const from = x.latest()
   x.setResume(from)
   x.onSize(attempt, worldSize)
+  x.formed(generation, shortHanded)
   x.progress.start(attempt, worldSize)
   const where = pos.inFit
     ? `epoch ${pos.epoch} step ${Math.min(pos.stepInEpoch, pos.stepsPerEpoch)}/${pos.stepsPerEpoch}`
@@ -167,7 +186,8 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   x.incident(
     x.failure ? "restart" : "resize",
     x.failure
-      ? `${x.what}; regrouping ${s} surviving worker(s)${joiners ? ` with ${joiners} new one(s)` : ""} at the furthest survivor's position (${where}): at most the step in flight is lost${x.budget}`
+      ? `${x.what}; regrouping ${s} surviving worker(s)${joiners ? ` with ${joiners} new one(s)` : ""} at the furthest survivor's position (${where}): at most the step in flight is lost` +
+        `${worldSize < x.target ? `; they go on short-handed while ${x.target - worldSize} replacement(s) start` : ""}${x.budget}`
       : `${x.what}: ${joiners} new worker(s) join the ${s} running ones at ${where}`,
     { type: x.failure ? "restart" : "grow", attempt, kind: x.failure?.kind ?? "resize", counted: x.counted, recovery: "peers", survivors: s, joiners, source: source.rank, position: pos }
   )
@@ -186,10 +206,15 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   ).catch((e: unknown) => {
     x.controller.fail(generation, { kind: "recovery", rank: -1, tag: "RegroupError", message: `a survivor did not take its new place: ${String(e)}` })
   })
+  const fromReports = from !== undefined ? (x.lineage.get(from) ?? 0) : 0
+  if (ready.length > 0) {
+    const admitted = ready.map((standby, j) => ({ standby, placement: placementOf(s + j), join: { fromReports, to: pos } }))
+    const failed = await x.group.admit(admitted, watch)
+    if (failed) x.controller.fail(generation, { kind: "recovery", rank: -1, ...failed })
+  }
   if (joinPlan) {
-    const fromReports = from !== undefined ? (x.lineage.get(from) ?? 0) : 0
     const spawns: RankSpawn[] = joinPlan.ranks.map((r, j) => ({
-      placement: placementOf(s + j),
+      placement: placementOf(s + ready.length + j),
       nodeId: r.nodeId,
       backend: r.backend,
       gpuIndices: r.gpuIndices,

@@ -12,7 +12,7 @@ export interface CheckpointInfo {
   readonly metrics: Record<string, unknown>
 }
 
-/** A change of the group's size (elastic runs). */
+/** A change of the group's size: an elastic resize, or a fixed-size group short-handed after a failure and refilled. */
 export interface Resize {
   readonly time: string
   /** The generation that starts at the new size. */

@@ -53,8 +53,18 @@ export const groupArgsOf = (cfg: Resolved, elastic: boolean): GroupArgs => ({
   timeline: cfg.run.timeline === true,
   natsOutageTimeoutMs: cfg.natsOutageTimeoutMs,
   parityEvery: cfg.parityEvery,
-  ...(elastic ? { elastic: { maxWorkers: cfg.maxWorkers, batch: cfg.elasticBatch } } : {})
+  // A fixed-size group too: it runs short-handed while a replacement starts (regroup.ts).
+  elastic: { maxWorkers: cfg.maxWorkers, batch: cfg.elasticBatch, ...(elastic ? {} : { fixed: true }) }
 })
+
+/** How long a standby worker gets to load its engine, connect and import the loop. */
+const STANDBY_PREPARE_MS = 120_000
+
+/** A worker started ahead of a regroup, prepared and waiting to be admitted (WorkerGroup.standby). */
+export interface Standby {
+  readonly actor: SpawnedActor
+  readonly nodeId: string
+}
 
 /** One rank to spawn: where, with what. */
 export interface RankSpawn {
@@ -120,6 +130,8 @@ export class WorkerGroup {
   #workers: SpawnedActor[] = []
   /** The current generation's members by rank. */
   #members = new Map<number, SpawnedActor>()
+  /** Standby workers spawned so far (their actor names count up). */
+  #standbys = 0
 
   /** Silence after which a worker counts as dead, read at every check (the driver derives it from measured steps). */
   readonly #deadAfterMs: () => number
@@ -137,6 +149,45 @@ export class WorkerGroup {
     return this.#members
   }
 
+  /** One worker process, spawned with `r`'s placement (a standby's is provisional) and registered to be killed with the job. */
+  async #spawnProcess(r: RankSpawn, args: GroupArgs, name: string): Promise<SpawnedActor> {
+    const p = r.placement
+    const workerArgs: WorkerArgs = {
+      ...args,
+      attempt: p.attempt,
+      rank: p.rank,
+      worldSize: p.worldSize,
+      localRank: p.localRank,
+      localWorldSize: p.localWorldSize,
+      nodeRank: p.nodeRank,
+      nodes: p.nodes,
+      group: p.group,
+      backend: r.backend,
+      ...(r.join ? { join: r.join } : {})
+    }
+    const w = await spawnActor(this.#system, {
+      node: r.nodeId,
+      name,
+      module: WORKER_MODULE,
+      export: "trainWorker",
+      args: workerArgs,
+      // The agent checks the loop module against its allowed roots before the worker imports it.
+      imports: [args.loopModule, ...(args.datasetModules ?? [])],
+      gpus: [...r.gpuIndices],
+      env: {
+        CUDA_VISIBLE_DEVICES: r.cudaVisibleDevices,
+        GRADWIRE_RANK: String(p.rank),
+        GRADWIRE_WORLD_SIZE: String(p.worldSize),
+        ...(this.#verbose ? { GRADWIRE_LOG: "debug" } : {})
+      },
+      resources: r.resources,
+      logPrefix: `worker rank=${p.rank}`,
+      readyTimeoutMs: 60_000
+    })
+    this.#workers.push(w)
+    return w
+  }
+
   /**
    * Spawns ranks and starts their loops. Resolves with undefined once all run, or with a
    * description of what failed (a spawn, or the `run` request). The new ones join `members`.
@@ -147,40 +198,8 @@ export class WorkerGroup {
       await Promise.all(
         ranks.map(async (r) => {
           const p = r.placement
-          const workerArgs: WorkerArgs = {
-            ...args,
-            attempt: p.attempt,
-            rank: p.rank,
-            worldSize: p.worldSize,
-            localRank: p.localRank,
-            localWorldSize: p.localWorldSize,
-            nodeRank: p.nodeRank,
-            nodes: p.nodes,
-            group: p.group,
-            backend: r.backend,
-            ...(r.join ? { join: r.join } : {})
-          }
-          const w = await spawnActor(this.#system, {
-            node: r.nodeId,
-            name: `w${p.attempt}-${p.rank}`,
-            module: WORKER_MODULE,
-            export: "trainWorker",
-            args: workerArgs,
-            // The agent checks the loop module against its allowed roots before the worker imports it.
-            imports: [args.loopModule, ...(args.datasetModules ?? [])],
-            gpus: [...r.gpuIndices],
-            env: {
-              CUDA_VISIBLE_DEVICES: r.cudaVisibleDevices,
-              GRADWIRE_RANK: String(p.rank),
-              GRADWIRE_WORLD_SIZE: String(p.worldSize),
-              ...(this.#verbose ? { GRADWIRE_LOG: "debug" } : {})
-            },
-            resources: r.resources,
-            logPrefix: `worker rank=${p.rank}`,
-            readyTimeoutMs: 60_000
-          })
+          const w = await this.#spawnProcess(r, args, `w${p.attempt}-${p.rank}`)
           spawned[p.rank] = w
-          this.#workers.push(w)
           this.#members.set(p.rank, w)
         })
       )
@@ -198,6 +217,51 @@ export class WorkerGroup {
       return { tag: "StartError", message: `could not start the loops: ${String(e)}` }
     }
     return undefined
+  }
+
+  /**
+   * Standby workers: processes started ahead of a regroup (while the group runs short-handed, or
+   * before an elastic group grows), each loading its engine, opening its connections and importing
+   * the loop (`prepare`) without joining any group. Resolves once every one is prepared, or with
+   * what failed (then those that started are killed). Not members, not watched, until admitted.
+   */
+  async standby(ranks: ReadonlyArray<Omit<RankSpawn, "join">>, args: GroupArgs): Promise<Standby[] | { readonly tag: string; readonly message: string }> {
+    const started: SpawnedActor[] = []
+    try {
+      return await Promise.all(
+        ranks.map(async (r) => {
+          const w = await this.#spawnProcess(r, args, `w-standby${++this.#standbys}`)
+          started.push(w)
+          await this.#system.askPromise(w.ref(WorkerProtocol), "prepare", null, { timeoutMs: STANDBY_PREPARE_MS })
+          return { actor: w, nodeId: r.nodeId }
+        })
+      )
+    } catch (e) {
+      await Promise.all(started.map((w) => this.killOne(w, "a standby worker could not be prepared")))
+      const err = e as { message?: string; _tag?: string }
+      return { tag: err._tag ?? "SpawnError", message: err.message ?? String(e) }
+    }
+  }
+
+  /**
+   * Lets standby workers into the current generation at their placements (joining the survivors
+   * where `join` says): they become members, are watched, and start their loops.
+   */
+  async admit(entries: ReadonlyArray<{ readonly standby: Standby; readonly placement: Placement; readonly join: NonNullable<WorkerArgs["join"]> }>, watch: Watch): Promise<{ readonly tag: string; readonly message: string } | undefined> {
+    const members = new Map(entries.map((e) => [e.placement.rank, e.standby.actor] as const))
+    for (const [rank, w] of members) this.#members.set(rank, w)
+    this.watch(members, watch)
+    try {
+      await Promise.all(entries.map((e) => this.#system.askPromise(e.standby.actor.ref(WorkerProtocol), "run", { placement: e.placement, join: e.join }, { timeoutMs: 15_000 })))
+    } catch (e) {
+      return { tag: "StartError", message: `could not start the standby workers' loops: ${String(e)}` }
+    }
+    return undefined
+  }
+
+  /** Whether a standby worker's process is still registered (not killed, not gone with the job). */
+  holds(w: SpawnedActor): boolean {
+    return this.#workers.includes(w)
   }
 
   /**

@@ -259,6 +259,8 @@ export class DataParallelModel implements RecoverableModel {
     if (!e || e.batch !== "keep-per-worker" || this.#lrRule) return
     const o = this.optimizer as unknown as { learningRate?: unknown; setLearningRate?: (lr: number) => void }
     if (typeof o.learningRate !== "number") {
+      // A fixed-size group at full size has nothing to rescale.
+      if (e.fixed && this.learningRateScale === 1) return
       throw new ConfigError({
         field: "scalingConfig.elasticBatch",
         reason: `"keep-per-worker" rescales the learning rate, but this optimizer has no numeric learningRate; use "keep-global"`
@@ -600,7 +602,8 @@ export class DataParallelModel implements RecoverableModel {
     const e = this.#sync.elastic
     return {
       ...this.#loop.batcher?.metrics(),
-      ...(e ? { world_size: this.#sync.worldSize, lr_scale: this.learningRateScale } : {}),
+      // Elastic groups always; a fixed-size group while it runs short-handed.
+      ...(e && (!e.fixed || this.#sync.worldSize < e.maxWorkers) ? { world_size: this.#sync.worldSize, lr_scale: this.learningRateScale } : {}),
       // The learning rate prepareModel's rule set for the last update.
       ...(this.#lrRule && this.#lastLearningRate !== undefined ? { lr: this.#lastLearningRate } : {}),
       // The strategy's: auto's choice and switches, local SGD's rounds, the servers' staleness and pushes.

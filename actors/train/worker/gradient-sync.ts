@@ -43,7 +43,7 @@ export interface GradientSync {
    * batchSize by maxWorkers / worldSize so the global batch stays that of the full group;
    * "keep-per-worker" keeps the rank's batch and scales the learning rate by worldSize / maxWorkers.
    */
-  readonly elastic?: { readonly maxWorkers: number; readonly batch: "keep-global" | "keep-per-worker" }
+  readonly elastic?: { readonly maxWorkers: number; readonly batch: "keep-global" | "keep-per-worker"; readonly fixed?: boolean }
   /** Recovery from surviving peers (actors/train/worker/group-session.ts); absent: a failure restarts from the checkpoint. */
   readonly recovery?: PeerRecovery
   /** collectiveConfig.zeroStage: 1 and 2 shard the optimizer state (optim/zero.ts). Default 0. */

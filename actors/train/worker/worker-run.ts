@@ -28,7 +28,7 @@ import * as settings from "../../../core/settings.ts"
 import type { ActorContext } from "../../runtime/actor.ts"
 import type { ActorRef, ActorSystem } from "../../runtime/system.ts"
 import { toWireFailure } from "../../runtime/envelope.ts"
-import { ControllerProtocol, type Placement, type WorkerArgs } from "../common/train-protocol.ts"
+import { ControllerProtocol, type Admission, type Placement, type WorkerArgs } from "../common/train-protocol.ts"
 import { TrainContext, type Checkpoint, type TrainContextDeps } from "./train-context.ts"
 import { GroupSession, type LiveGroup } from "./group-session.ts"
 import type { StepObserver } from "./data-parallel.ts"
@@ -68,7 +68,10 @@ export class WorkerRun {
   /** This rank's group across regroups, once the first group is built (pause, snapshot and resume answer from it). */
   session: GroupSession | undefined
   readonly #ctx: ActorContext
-  readonly #args: WorkerArgs
+  /** The spawn args; a standby worker's placement and join are its admission's (admit). */
+  #args: WorkerArgs
+  /** The engine loaded, the connections open, the loop module imported (prepare). */
+  #prepared: Promise<void> | undefined
   /** The parameter-server strategy's client (the servers this rank pushes to), if any. */
   readonly #ps: PsClient | undefined
   readonly #system: ActorSystem
@@ -115,12 +118,30 @@ export class WorkerRun {
     this.#system = ctx.system
   }
 
+  /**
+   * What a worker does before it has a group: the engine, the collective connections, the loop
+   * module imported. A standby worker does it while the group runs short-handed, so that when it
+   * is let in (admit, then run) only the group and the loop's replay are left. Done once.
+   */
+  prepare(): Promise<void> {
+    return (this.#prepared ??= (async () => {
+      await this.#connect()
+      await import(moduleUrl(this.#args.loopModule))
+    })())
+  }
+
+  /** A standby worker's place in the generation it is let into, and where it joins the survivors. */
+  admit(a: Admission): void {
+    const { join: _join, ...args } = this.#args
+    this.#args = { ...args, ...a.placement, ...(a.join ? { join: a.join } : {}) }
+  }
+
   /** The whole run: it tells the controller how the loop ended, and the actor stops after it. */
   async run(): Promise<void> {
     this.#controller = this.#system.ref(ControllerProtocol, this.#args.controller)
     this.#bus = this.#watchBus()
     try {
-      await this.#connect()
+      await this.prepare()
       await this.#startSession()
       this.#watchKernels()
       this.#context = new TrainContext(this.#contextDeps())

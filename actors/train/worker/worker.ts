@@ -36,9 +36,14 @@ export const trainWorker = defineActor(
     const worker = new WorkerRun(ctx, args, ps)
     const position = () => ({ ops: 0, reports: 0, stepsSinceReport: 0, inFit: false, epoch: 0, stepInEpoch: 0, stepsPerEpoch: 0 })
     return {
-      run: () => {
+      prepare: async () => {
+        await worker.prepare()
+        return null
+      },
+      run: (admission) => {
         if (!started) {
           started = true
+          if (admission) worker.admit(admission)
           void worker.run()
         }
         return null

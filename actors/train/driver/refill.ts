@@ -1,0 +1,119 @@
+// Refilling a short group without stopping it. After a failure the survivors go on short-handed
+// (regroup.ts), and an elastic group may run below its max when room comes back. Replacements
+// start here in the background as standby workers (WorkerGroup.standby: spawned, engine loaded,
+// connections open, loop imported, in no group); once they are prepared the controller ends the
+// running generation with a resize (Controller.refill) and the regroup lets them in at the
+// survivors' next group operation, with the furthest survivor's state. The survivors never wait
+// for a process to start: a refill costs a regroup, not a cold start.
+import { Result as R } from "effect"
+import { firstLine } from "../../../core/errors.ts"
+import type { PlacementRequest } from "../../../scheduler/placement.ts"
+import type { CheckpointPayload } from "../common/train-protocol.ts"
+import type { Controller, Generation } from "./controller.ts"
+import { planLargest } from "./elastic.ts"
+import { layoutOf, type GroupArgs, type Standby, type WorkerGroup } from "./worker-group.ts"
+import type { ClusterHandle } from "./cluster.ts"
+
+/** After standby workers could not start, the next try waits this long. */
+const RETRY_AFTER_FAILURE_MS = 5_000
+
+export interface RefillContext {
+  readonly controller: Controller<CheckpointPayload>
+  readonly group: WorkerGroup
+  readonly cluster: ClusterHandle
+  readonly request: Omit<PlacementRequest, "numWorkers">
+  readonly groupArgs: () => GroupArgs
+  /** The size to refill to (numWorkers; elastic: max). */
+  readonly max: number
+  /** A line on the console (the progress printer). */
+  readonly line: (text: string) => void
+  /** An event in events.jsonl. */
+  readonly event: (e: Record<string, unknown>) => void
+}
+
+export class Refill {
+  readonly #x: RefillContext
+  /** Prepared standby workers not yet let in. */
+  #ready: Standby[] = []
+  /** Standby workers are being started. */
+  #pending = false
+  #retryAt = 0
+
+  constructor(x: RefillContext) {
+    this.#x = x
+  }
+
+  /** The prepared standby workers still alive: the next regroup takes them and owns them from then on. */
+  take(): Standby[] {
+    const ready = this.#ready.filter((w) => this.#x.group.holds(w.actor))
+    this.#ready = []
+    return ready
+  }
+
+  /**
+   * For the running generation `g` (at its start, when a node joins, and every 2 s): below the
+   * size to refill to, starts standby workers where there is room, or, when some are prepared,
+   * asks the controller to let them in now.
+   */
+  check(g: Generation<CheckpointPayload>): void {
+    const { controller, max } = this.#x
+    if (controller.state !== "running" || g.settled || controller.current !== g || g.worldSize >= max) return
+    this.#ready = this.#ready.filter((w) => this.#x.group.holds(w.actor))
+    if (this.#ready.length > 0) {
+      const size = Math.min(max, g.worldSize + this.#ready.length)
+      if (controller.refill(g, size, `${this.#ready.length} replacement worker(s) ready`)) {
+        this.#x.line(`gradwire: ${this.#ready.length} replacement worker(s) ready; growing the group from ${g.worldSize} to ${size} at the next step`)
+      }
+      return
+    }
+    if (this.#pending || Date.now() < this.#retryAt) return
+    this.#start(g)
+  }
+
+  #start(g: Generation<CheckpointPayload>): void {
+    const { group, cluster, request, max } = this.#x
+    const planned = planLargest(request, { min: 1, max: max - g.worldSize }, cluster.view.resources())
+    if (!R.isSuccess(planned)) return
+    const plan = planned.success
+    const running = [...group.members.entries()].sort((a, b) => a[0] - b[0]).map(([, w]) => w.node)
+    const nodes = [...running, ...plan.ranks.map((r) => r.nodeId)]
+    const layout = layoutOf(nodes)
+    const worldSize = nodes.length
+    // Provisional places (the admission gives the real ones): the ranks after the running workers'.
+    const spawns = plan.ranks.map((r, j) => {
+      const rank = running.length + j
+      return {
+        placement: { attempt: g.number, rank, worldSize, ...layout[rank]!, nodes, group: "standby" },
+        nodeId: r.nodeId,
+        backend: r.backend,
+        gpuIndices: r.gpuIndices,
+        cudaVisibleDevices: r.cudaVisibleDevices,
+        resources: r.resources
+      }
+    })
+    this.#pending = true
+    const t0 = performance.now()
+    this.#x.event({ type: "standby-start", attempt: g.number, workers: spawns.length, nodes: spawns.map((s) => s.nodeId) })
+    void group
+      .standby(spawns, this.#x.groupArgs())
+      .then((r) => {
+        this.#pending = false
+        const state = this.#x.controller.state
+        if (state === "finished" || state === "errored") return
+        if ("tag" in r) {
+          this.#retryAt = Date.now() + RETRY_AFTER_FAILURE_MS
+          this.#x.line(`gradwire: standby worker(s) could not start (${r.tag}: ${firstLine(r.message)}); trying again in ${RETRY_AFTER_FAILURE_MS / 1000} s`)
+          this.#x.event({ type: "standby-failed", attempt: g.number, tag: r.tag, message: r.message })
+          return
+        }
+        this.#ready.push(...r)
+        this.#x.event({ type: "standby-ready", attempt: g.number, workers: r.length, ms: Math.round(performance.now() - t0) })
+        const current = this.#x.controller.current
+        if (current) this.check(current)
+      })
+      .catch(() => {
+        this.#pending = false
+        this.#retryAt = Date.now() + RETRY_AFTER_FAILURE_MS
+      })
+  }
+}

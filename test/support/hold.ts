@@ -1,0 +1,21 @@
+// A test's brake on a short group: while `holdFile` exists and holds a size larger than the
+// group's, every training step first waits HOLD_STEP_MS. The group keeps training (slowly), so a
+// regroup can pause it at its next step (a rank asleep outside a step would stall the regroup),
+// and the run cannot end before something slow outside it (an agent starting, a standby
+// replacement loading on a loaded machine) lets the group grow back; once it has, the brake is off.
+import { existsSync, readFileSync } from "node:fs"
+
+/** How long each step of a short group waits while the hold is on. */
+export const HOLD_STEP_MS = 250
+
+/** Whether a group of `worldSize` is held back by `holdFile`. */
+export const holding = (holdFile: string | undefined, worldSize: number): boolean => {
+  if (holdFile === undefined || !existsSync(holdFile)) return false
+  const size = Number(readFileSync(holdFile, "utf8").trim())
+  return Number.isFinite(size) && worldSize < size
+}
+
+/** Waits HOLD_STEP_MS when the group is held back. */
+export const holdStep = async (holdFile: string | undefined, worldSize: number): Promise<void> => {
+  if (holding(holdFile, worldSize)) await new Promise((resolve) => setTimeout(resolve, HOLD_STEP_MS))
+}
