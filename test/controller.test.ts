@@ -190,6 +190,38 @@ describe("controller: elastic sizes", () => {
     expect(fixed.c.pendingResize).toBeUndefined()
   })
 
+  it("a fixed-size group's survivors regroup short-handed, down to one worker; an elastic group's only down to its min", () => {
+    const fixed = make({ min: 3, maxFailures: 5 })
+    expect(fixed.c.floor).toBe(1)
+    fixed.c.begin(3)
+    fixed.c.next({ type: "failed", failure: { kind: "died", rank: 1, tag: "exited", message: "x" } })
+    expect(fixed.c.regroup({ worldSize: 2, survivors: [{ from: 0, to: 0 }, { from: 2, to: 1 }], survivorsOnlyBelow: 0 }).worldSize).toBe(2)
+    const elastic = make({ min: 2, max: 4, maxFailures: 5 })
+    expect(elastic.c.floor).toBe(2)
+    elastic.c.begin(2)
+    elastic.c.next({ type: "failed", failure: { kind: "died", rank: 1, tag: "exited", message: "x" } })
+    expect(() => elastic.c.regroup({ worldSize: 1, survivors: [{ from: 0, to: 0 }], survivorsOnlyBelow: 0 })).toThrow(/outside 2..4/)
+  })
+
+  it("refill ends a short generation at once with a resize (no checkpoint round needed), only for the live one and only to grow", async () => {
+    const { c, states } = make({ min: 3, maxFailures: 5 })
+    const g0 = c.begin(3)
+    c.next({ type: "failed", failure: { kind: "died", rank: 2, tag: "exited", message: "x" } })
+    const g = c.regroup({ worldSize: 2, survivors: [{ from: 0, to: 0 }, { from: 1, to: 1 }], survivorsOnlyBelow: 0 })
+    // Not the live generation, or no larger: nothing happens.
+    expect(c.refill(g0, 3, "ready")).toBe(false)
+    expect(c.refill(g, 2, "ready")).toBe(false)
+    expect(await settled(g.outcome)).toBe("pending")
+    // Clamped to the size: numWorkers.
+    expect(c.refill(g, 5, "1 replacement worker(s) ready")).toBe(true)
+    const o = await g.outcome
+    expect(o).toEqual({ type: "resize", size: 3, reason: "1 replacement worker(s) ready" })
+    expect(c.next(o)).toMatchObject({ action: "restart", counted: false, cause: { type: "resize", size: 3 }, size: { min: 3, max: 3 } })
+    // The failure counted; its refill does not.
+    expect(c.countedFailures).toBe(1)
+    expect(states().slice(-2)).toEqual(["resizing", "scheduling"])
+  })
+
   it("refuses world sizes outside the bounds and transitions out of a final state", async () => {
     const { c } = make({ min: 2, max: 4 })
     expect(() => c.begin(5)).toThrow(/outside 2..4/)

@@ -77,6 +77,21 @@ export const PeerState = Schema.Struct({
 export type PeerState = typeof PeerState.Type
 
 /** A surviving worker's new place after a regroup (see WorkerProtocol.resume). */
+/**
+ * What a group measured of its links (the direct links' threshold, the probed topology), kept by
+ * each member for the next regroup: a regroup whose nodes it covers hands it to every member, who
+ * then skip measuring again.
+ */
+export const LinkMeasurements = Schema.Struct({
+  /** The nodes of the group that measured them. */
+  nodes: Schema.Array(Schema.String),
+  /** The direct links' threshold: calls of at least this many bytes go direct. */
+  minBytes: Schema.optionalKey(Schema.Number),
+  /** scheduler/topology.ts ObservedTopology. */
+  observed: Schema.optionalKey(Schema.Unknown)
+})
+export type LinkMeasurements = typeof LinkMeasurements.Type
+
 export const Placement = Schema.Struct({
   attempt: Schema.Number,
   rank: Schema.Number,
@@ -87,7 +102,9 @@ export const Placement = Schema.Struct({
   /** Node id per rank (hierarchical all-reduce groups by it). */
   nodes: Schema.Array(Schema.String),
   /** The communicator's group name, new for every generation. */
-  group: Schema.String
+  group: Schema.String,
+  /** A regroup's: what an earlier group of these nodes measured, reused instead of measuring again. */
+  measured: Schema.optionalKey(LinkMeasurements)
 })
 export type Placement = typeof Placement.Type
 
@@ -353,7 +370,13 @@ export const WorkerProtocol = defineProtocol("trainer-worker", {
    */
   pause: {
     request: Schema.Struct({ attempt: Schema.Number }),
-    reply: Schema.Struct({ state: Schema.Literals(["parked", "unsupported"]), position: Position, reason: Schema.String })
+    reply: Schema.Struct({
+      state: Schema.Literals(["parked", "unsupported"]),
+      position: Position,
+      reason: Schema.String,
+      /** What this rank's last group measured of its links, if anything. */
+      measured: Schema.optionalKey(LinkMeasurements)
+    })
   },
   /** This rank's state, for the other members of the regrouped generation (asked of one survivor). */
   snapshot: { request: Schema.Null, reply: PeerState },

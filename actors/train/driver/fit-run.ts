@@ -35,7 +35,6 @@ import {
   type Outcome,
   type Recovery
 } from "./controller.ts"
-import { growTo, releasingJob } from "./elastic.ts"
 import { WorkerGroup, groupArgsOf, placementRequestOf, placementsOf, type GroupArgs } from "./worker-group.ts"
 import { joinCluster, startEmbeddedCluster, type ClusterHandle } from "./cluster.ts"
 import type { Resolved } from "./options.ts"
@@ -325,6 +324,7 @@ export class FitRun {
       request: this.request,
       groupArgs: () => this.#groupArgs,
       max: cfg.maxWorkers,
+      job,
       line: (text) => this.progress.line(text),
       event: (e) => this.recorder.event(e)
     })
@@ -460,39 +460,6 @@ export class FitRun {
     void this.record.callbacks("onProgress", (cb) => cb.onProgress?.(body))
   }
 
-  // A group below its size watches for room. One a regroup left short-handed (a dp.fit() loop's
-  // survivors) is refilled with standby workers started in the background (refill.ts); an elastic
-  // group that started small, regrouped a hand-written loop, or recovers from the checkpoint, grows
-  // at the next report round that leaves a checkpoint.
-  #watchCapacity(g: Generation<CheckpointPayload>): () => void {
-    const { cfg, cluster, controller } = this
-    const worldSize = g.worldSize
-    if (worldSize >= cfg.maxWorkers) return () => {}
-    const standby = this.#refillable === g
-    if (!standby && !controller.elastic) return () => {}
-    const check = (): void => {
-      if (standby) {
-        this.#refill.check(g)
-        return
-      }
-      if (controller.state !== "running") return
-      const size = growTo(this.request, worldSize, cfg.maxWorkers, releasingJob(cluster.view.alive().map((n) => n.ad), this.#job))
-      if (size === undefined || size === controller.pendingResize?.size) return
-      controller.capacity(size, `the cluster has room for ${size} workers`)
-      this.progress.line(`gradwire: the cluster has room for ${size} workers (running ${worldSize}); growing at the next checkpoint`)
-    }
-    const off = cluster.view.onEvent((e) => {
-      if (e.type === "node-joined" || e.type === "node-back") check()
-    })
-    const timer = setInterval(check, standby ? 500 : 2_000)
-    timer.unref?.()
-    if (standby) check()
-    return () => {
-      off()
-      clearInterval(timer)
-    }
-  }
-
   // Killing the group goes through the agents: wait for the bus first; then let the last
   // checkpoint land.
   async #stopGroup(reason: string): Promise<void> {
@@ -566,7 +533,7 @@ export class FitRun {
    * decides whether it was the node's loss (ranksToCheck, deathOrNodeLoss).
    */
   async watch(generation: Generation<CheckpointPayload>): Promise<Outcome> {
-    const stopWatching = this.#watchCapacity(generation)
+    const stopWatching = this.#refill.watch(generation, this.#refillable === generation)
     const outcome: Outcome = await this.race(this.#nodeLossOrNot(await this.race(generation.outcome)))
     stopWatching()
     return outcome

@@ -4,13 +4,15 @@
 // connections open, loop imported, in no group); once they are prepared the controller ends the
 // running generation with a resize (Controller.refill) and the regroup lets them in at the
 // survivors' next group operation, with the furthest survivor's state. The survivors never wait
-// for a process to start: a refill costs a regroup, not a cold start.
+// for a process to start: a refill costs a regroup, not a cold start. Groups that cannot run
+// short-handed (elastic ones that started small, hand-written loops, checkpoint recovery) grow at
+// the next report round with a checkpoint instead (watch).
 import { Result as R } from "effect"
 import { firstLine } from "../../../core/errors.ts"
 import type { PlacementRequest } from "../../../scheduler/placement.ts"
 import type { CheckpointPayload } from "../common/train-protocol.ts"
 import type { Controller, Generation } from "./controller.ts"
-import { planLargest } from "./elastic.ts"
+import { growTo, planLargest, releasingJob } from "./elastic.ts"
 import { layoutOf, type GroupArgs, type Standby, type WorkerGroup } from "./worker-group.ts"
 import type { ClusterHandle } from "./cluster.ts"
 
@@ -25,6 +27,7 @@ export interface RefillContext {
   readonly groupArgs: () => GroupArgs
   /** The size to refill to (numWorkers; elastic: max). */
   readonly max: number
+  readonly job: string
   /** A line on the console (the progress printer). */
   readonly line: (text: string) => void
   /** An event in events.jsonl. */
@@ -51,7 +54,40 @@ export class Refill {
   }
 
   /**
-   * For the running generation `g` (at its start, when a node joins, and every 2 s): below the
+   * Watches generation `g` while it runs below the size to refill to: one a regroup left
+   * short-handed (`refillable`: a dp.fit() loop's survivors) is refilled with standby workers at
+   * once; an elastic group that started small, regrouped a hand-written loop, or recovers from the
+   * checkpoint, grows at the next report round that leaves a checkpoint (Controller.capacity).
+   * Returns what stops watching.
+   */
+  watch(g: Generation<CheckpointPayload>, refillable: boolean): () => void {
+    const { controller, cluster, max } = this.#x
+    if (g.worldSize >= max || (!refillable && !controller.elastic)) return () => {}
+    const check = (): void => {
+      if (refillable) {
+        this.check(g)
+        return
+      }
+      if (controller.state !== "running") return
+      const size = growTo(this.#x.request, g.worldSize, max, releasingJob(cluster.view.alive().map((n) => n.ad), this.#x.job))
+      if (size === undefined || size === controller.pendingResize?.size) return
+      controller.capacity(size, `the cluster has room for ${size} workers`)
+      this.#x.line(`gradwire: the cluster has room for ${size} workers (running ${g.worldSize}); growing at the next checkpoint`)
+    }
+    const off = cluster.view.onEvent((e) => {
+      if (e.type === "node-joined" || e.type === "node-back") check()
+    })
+    const timer = setInterval(check, refillable ? 500 : 2_000)
+    timer.unref?.()
+    if (refillable) check()
+    return () => {
+      off()
+      clearInterval(timer)
+    }
+  }
+
+  /**
+   * For the running generation `g` (at its start, when a node joins, and every 500 ms): below the
    * size to refill to, starts standby workers where there is room, or, when some are prepared,
    * asks the controller to let them in now.
    */

@@ -164,7 +164,11 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   const worldSize = s + joiners
   const nodes = [...survivors.map((r) => r.w.node), ...ready.map((w) => w.nodeId), ...(joinPlan?.ranks.map((r) => r.nodeId) ?? [])]
   const layout = layoutOf(nodes)
-  const placementOf = (rank: number) => ({ attempt, rank, worldSize, ...layout[rank]!, nodes, group: `g${attempt}` })
+  // What the furthest survivor's group measured of its links, when it covers every node of the new
+  // group: every member reuses it instead of measuring again (worker-run.ts build).
+  const measured = source.reply!.measured
+  const reuse = measured && nodes.every((n) => measured.nodes.includes(n)) ? { measured } : {}
+  const placementOf = (rank: number) => ({ attempt, rank, worldSize, ...layout[rank]!, nodes, group: `g${attempt}`, ...reuse })
   // 4. The furthest survivor's state, which every member loads.
   const state = await x.system.askPromise(source.w.ref(WorkerProtocol), "snapshot", null, { timeoutMs: 60_000 }).catch(() => undefined)
   if (!state) return giveUp(`rank ${source.rank} could not hand over its state`)

@@ -25,7 +25,7 @@ const WORKER_MODULE = fileURLToPath(new URL(import.meta.url.endsWith(".ts") ? ".
 const SERVER_MODULE = fileURLToPath(new URL(import.meta.url.endsWith(".ts") ? "../parameter-server/ps-server.ts" : "../parameter-server/ps-server.js", import.meta.url))
 
 /** What every rank's WorkerArgs share in a generation. */
-export type GroupArgs = Omit<WorkerArgs, "attempt" | "rank" | "worldSize" | "localRank" | "localWorldSize" | "nodeRank" | "nodes" | "group" | "backend" | "join">
+export type GroupArgs = Omit<WorkerArgs, "attempt" | "rank" | "worldSize" | "localRank" | "localWorldSize" | "nodeRank" | "nodes" | "group" | "measured" | "backend" | "join">
 
 /** What the run asks the scheduler to place, from the Trainer's options (the world size apart). */
 export const placementRequestOf = (cfg: Resolved, job: string): Omit<PlacementRequest, "numWorkers"> => ({
@@ -162,6 +162,7 @@ export class WorkerGroup {
       nodeRank: p.nodeRank,
       nodes: p.nodes,
       group: p.group,
+      ...(p.measured ? { measured: p.measured } : {}),
       backend: r.backend,
       ...(r.join ? { join: r.join } : {})
     }

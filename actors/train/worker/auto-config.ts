@@ -17,7 +17,7 @@ import { autoCandidates, compressionType, type ResolvedCompressionConfig } from 
 import { chooseAlgorithm, explain, planCommunication, type CompressorProfile, type Explanation } from "../../../scheduler/algorithm-choice.ts"
 import type { CostModel, Topology } from "../../../scheduler/cost-model.ts"
 import { defaultCostModel, median } from "../../../scheduler/cost-model.ts"
-import { describeObservation } from "../../../scheduler/topology.ts"
+import { describeObservation, type ObservedTopology } from "../../../scheduler/topology.ts"
 import { probeGroupTopology } from "./topology-probe.ts"
 
 export const DEFAULT_AUTO_WARMUP_STEPS = 3
@@ -140,6 +140,13 @@ export interface AutoCollectivesInput {
   readonly compression: unknown
   readonly log?: { debug(line: string): void; info(line: string): void; warn(line: string): void }
   readonly onExplain?: AutoReducerOptions["onExplain"]
+  /**
+   * The links as an earlier group of the same nodes observed them (a regroup hands every member the
+   * same one): used instead of probing again. Every rank of the group gets it, or none does.
+   */
+  readonly observed?: ObservedTopology
+  /** Called with what the probe observed (or the reused observation), for a later regroup. */
+  readonly onObserved?: (o: ObservedTopology) => void
 }
 
 /**
@@ -157,9 +164,10 @@ export const prepareAutoCollectives = async (
   let model: CostModel
   let observation: string | undefined
   if (wantsAuto && comm.worldSize > 1) {
-    const observed = await probeGroupTopology({ nc: input.nc, comm, cluster: input.cluster, job: input.job })
+    const observed = input.observed ?? (await probeGroupTopology({ nc: input.nc, comm, cluster: input.cluster, job: input.job }))
+    input.onObserved?.(observed)
     model = observed.model
-    observation = describeObservation(observed)
+    observation = `${describeObservation(observed)}${input.observed ? "\n(measured by an earlier group of the same nodes, reused at this regroup)" : ""}`
     // The measured links go into explain.txt with the plan; to the console only with verbose (GRADWIRE_LOG=debug).
     if (comm.rank === 0) input.log?.debug(observation)
   } else {

@@ -28,7 +28,8 @@ import * as settings from "../../../core/settings.ts"
 import type { ActorContext } from "../../runtime/actor.ts"
 import type { ActorRef, ActorSystem } from "../../runtime/system.ts"
 import { toWireFailure } from "../../runtime/envelope.ts"
-import { ControllerProtocol, type Admission, type Placement, type WorkerArgs } from "../common/train-protocol.ts"
+import { ControllerProtocol, type Admission, type LinkMeasurements, type Placement, type WorkerArgs } from "../common/train-protocol.ts"
+import type { ObservedTopology } from "../../../scheduler/topology.ts"
 import { TrainContext, type Checkpoint, type TrainContextDeps } from "./train-context.ts"
 import { GroupSession, type LiveGroup } from "./group-session.ts"
 import type { StepObserver } from "./data-parallel.ts"
@@ -67,6 +68,8 @@ type StepInfo = Parameters<NonNullable<TrainContextDeps["onStep"]>>[0]
 export class WorkerRun {
   /** This rank's group across regroups, once the first group is built (pause, snapshot and resume answer from it). */
   session: GroupSession | undefined
+  /** What this rank's last group measured of its links (a regroup of the same nodes reuses it). */
+  measured: LinkMeasurements | undefined
   readonly #ctx: ActorContext
   /** The spawn args; a standby worker's placement and join are its admission's (admit). */
   #args: WorkerArgs
@@ -163,7 +166,8 @@ export class WorkerRun {
       localWorldSize: this.#args.localWorldSize,
       nodeRank: this.#args.nodeRank,
       nodes: this.#args.nodes,
-      group: this.#args.group
+      group: this.#args.group,
+      ...(this.#args.measured ? { measured: this.#args.measured } : {})
     }
 
   #watchBus(): BusMonitor {
@@ -261,7 +265,10 @@ export class WorkerRun {
   readonly #build = async (p: Placement): Promise<{ comm: Communicator; reducer: GradientReducer }> => {
     const system = this.#system
     const args = this.#args
-    const direct = this.#direct
+    // A regroup of nodes an earlier group measured hands every member those measurements: no rank
+    // measures the direct links or probes the topology again (all of them skip, or none).
+    const reused = p.measured
+    const direct = this.#direct && reused?.minBytes !== undefined ? { ...this.#direct, minBytes: reused.minBytes } : this.#direct
     this.#deadlines.newGroup()
     const comm = await Communicator.create({
       nc: this.#dataNc,
@@ -278,13 +285,17 @@ export class WorkerRun {
     })
     try {
       // "auto": which sizes the direct links carry faster, measured by the group (collectives).
-      const measured = this.#transport === "auto" && direct ? await comm.measureTransport() : undefined
+      const measured = this.#transport === "auto" && direct && reused?.minBytes === undefined ? await comm.measureTransport() : undefined
+      const nodes = [...new Set(p.nodes)]
+      this.measured = { nodes, ...(direct ? { minBytes: comm.transport.minBytes } : {}) }
       const transportText = describeTransport(comm.transport, measured)
       // Per-worker transport detail: explain.txt has it; the console only with verbose (GRADWIRE_LOG=debug).
       if (p.rank === 0 && direct) this.#ctx.log.debug(transportText)
       const reducer = new AutoGradientReducer(comm, {
         ...(await prepareAutoCollectives({
           nc: this.#dataNc, comm, cluster: system.cluster, job: system.job, algorithm: args.collective.algorithm, compression: this.#compression, log: this.#ctx.log,
+          ...(reused?.observed !== undefined ? { observed: reused.observed as ObservedTopology } : {}),
+          onObserved: (observed) => (this.measured = { ...this.measured!, observed }),
           ...(p.rank === 0
             ? {
                 onExplain: (e, summary) =>

@@ -48,8 +48,12 @@ export const trainWorker = defineActor(
         }
         return null
       },
-      pause: (body) =>
-        worker.session ? worker.session.pause(body.attempt) : { state: "unsupported" as const, position: position(), reason: "its loop has not started" },
+      pause: async (body) => {
+        if (!worker.session) return { state: "unsupported" as const, position: position(), reason: "its loop has not started" }
+        const reply = await worker.session.pause(body.attempt)
+        const measured = worker.measured
+        return measured ? { ...reply, measured } : reply
+      },
       snapshot: async () => {
         const session = worker.session
         if (!session) throw new ConfigError({ field: "snapshot", reason: "this worker has no group yet" })
