@@ -1,5 +1,5 @@
 // `npm run bench -- chaos [--every=15] [--seed=N] [--loops=fit,step] [--strategies=allreduce,zero,ps,localsgd]
-//                         [--kinds=worker-kill,worker-stop,nats-kill] [--epochs-fit=N] [--epochs-step=N] [--bound=3] [--out=FILE]`
+//                         [--kinds=worker-kill,worker-stop,nats-kill] [--epochs-fit=N] [--epochs-step=N] [--bound=3] [--spares=0] [--out=FILE]`
 // Goodput under chaos: the same job (digits MLP, 3 workers on the embedded cluster, failureConfig
 // { maxFailures: -1 }, recoverFrom left at its default) run fault-free, then under a seeded fault
 // schedule, for a `dp.fit` loop (test/support/chaos-loop.ts) and a hand-written `dp.trainStep` loop
@@ -157,6 +157,8 @@ interface Spec {
   readonly loop: LoopShape
   readonly strategy: string
   readonly epochs: number
+  /** failureConfig.spares. */
+  readonly spares: number
   readonly chaos?: { readonly every: number; readonly rng: Rng; readonly kinds: ReadonlyArray<Kind>; readonly boundMs: number }
 }
 
@@ -279,7 +281,7 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
         name,
         storagePath: storage,
         progress: false,
-        failureConfig: { maxFailures: -1 },
+        failureConfig: { maxFailures: -1, ...(spec.spares > 0 ? { spares: spec.spares } : {}) },
         callbacks: [
           {
             onStateChange: (s) => {
@@ -390,6 +392,8 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
   const strategies = (arg("strategies") ?? "allreduce").split(",")
   const kinds = (arg("kinds") ?? KINDS.join(",")).split(",") as Kind[]
   const boundX = Number(arg("bound") ?? 3)
+  const spares = Number(arg("spares") ?? 0)
+  if (!(Number.isInteger(spares) && spares >= 0)) throw new Error(`--spares must be an integer >= 0, got ${arg("spares")}`)
   for (const l of loops) if (!(l in LOOPS)) throw new Error(`unknown loop "${l}"; known: ${Object.keys(LOOPS).join(", ")}`)
   for (const s of strategies) if (!STRATEGIES[s]) throw new Error(`unknown strategy "${s}"; known: ${Object.keys(STRATEGIES).join(", ")}`)
   for (const k of kinds) if (!KINDS.includes(k)) throw new Error(`unknown fault kind "${k}"; known: ${KINDS.join(", ")}`)
@@ -406,7 +410,7 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
     const data = { train, test }
     console.log(
       `\nchaos benchmark (${os.availableParallelism()} cores, load ${os.loadavg()[0]!.toFixed(1)}): digits MLP, ${WORKERS} workers on the embedded cluster, ` +
-        `one fault per ${every} s window (seed ${seed}), kinds ${kinds.join(", ")}`
+        `${spares > 0 ? `${spares} spare(s), ` : ""}one fault per ${every} s window (seed ${seed}), kinds ${kinds.join(", ")}`
     )
     for (const [k, why] of NOT_RUN) console.log(`  not run: ${k}: ${why}`)
     const rows: Array<{ free: RunResult; chaos: RunResult }> = []
@@ -414,11 +418,11 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
     for (const loop of loops) {
       for (const strategy of strategies) {
         console.log(`\n  ${loop} loop, ${STRATEGIES[strategy]!.label}, ${epochs[loop]} epochs`)
-        const free = await runOnce({ loop, strategy, epochs: epochs[loop] }, storage, data, i++, log)
+        const free = await runOnce({ loop, strategy, epochs: epochs[loop], spares }, storage, data, i++, log)
         console.log(`    fault-free: ${s2(free.trainMs)} s training (${s2(free.wallMs)} s wall)${free.error ? `; ${free.error}` : ""}`)
         const boundMs = Math.min(MAX_RUN_MS, boundX * free.wallMs)
         const rng = seededRng(seed * 1000 + i)
-        const chaos = await runOnce({ loop, strategy, epochs: epochs[loop], chaos: { every, rng, kinds, boundMs } }, storage, data, i++, log)
+        const chaos = await runOnce({ loop, strategy, epochs: epochs[loop], spares, chaos: { every, rng, kinds, boundMs } }, storage, data, i++, log)
         console.log(
           `    under chaos: ${s2(chaos.trainMs)} s training for ${+chaos.epochsDone.toFixed(1)}/${chaos.epochs} epochs (${s2(chaos.wallMs)} s wall), ${chaos.faults.length} faults${chaos.error ? `; ${chaos.error}` : ""}`
         )

@@ -112,7 +112,14 @@ export const FailureConfig = Schema.Struct({
    * compare a hash of their weights and optimizer state; a rank that differs takes rank 0's and the
    * repair is an event. Default 1 (every round); 0 turns it off.
    */
-  parityEvery: Schema.optional(Schema.Int.check(Schema.isGreaterThanOrEqualTo(0)))
+  parityEvery: Schema.optional(Schema.Int.check(Schema.isGreaterThanOrEqualTo(0))),
+  /**
+   * Spare workers kept ready beside the group (spawned, tfjs loaded, connected, the loop imported,
+   * in no group), each holding a worker's resources: a worker's death is made good by one at once,
+   * at the survivors' regroup, instead of by a process starting cold; a new spare then starts in
+   * the background. Default 0. Needs recovery from peers (recoverFrom "peers").
+   */
+  spares: Schema.optional(Schema.Int.check(Schema.isGreaterThanOrEqualTo(0)))
 })
 export type FailureConfig = typeof FailureConfig.Type
 

@@ -58,6 +58,20 @@ describe("config validation", () => {
     }
   })
 
+  it("failureConfig.spares: a whole number, and only where failures recover from the peers", () => {
+    const base = { trainLoopPerWorker: "./t.ts#f", scalingConfig: { numWorkers: 2 } }
+    expect(resolveTrainerOptions({ ...base, runConfig: { failureConfig: { spares: 1 } } }).spares).toBe(1)
+    expect(resolveTrainerOptions(base).spares).toBe(0)
+    expect(fails(() => resolveTrainerOptions({ ...base, runConfig: { failureConfig: { spares: -1 } } })).field).toBe("runConfig.failureConfig.spares")
+    expect(fails(() => resolveTrainerOptions({ ...base, runConfig: { failureConfig: { spares: 1.5 } } })).field).toBe("runConfig.failureConfig.spares")
+    const e = fails(() => resolveTrainerOptions({ ...base, runConfig: { failureConfig: { spares: 1, recoverFrom: "checkpoint" } } }))
+    expect(e.field).toBe("runConfig.failureConfig.spares")
+    expect(e.message).toMatch(/restarts every worker from the checkpoint.*leave spares at 0/)
+    // ZeRO's default is the checkpoint: the message says why.
+    const z = fails(() => resolveTrainerOptions({ ...base, collectiveConfig: { zeroStage: 2 }, runConfig: { failureConfig: { spares: 1 } } }))
+    expect(z.message).toMatch(/the default here: /)
+  })
+
   it("refuses a closure for the loop and shows the module form", () => {
     const e = fails(() => parseTrainLoopRef(async () => {}))
     expect(e.field).toBe("trainLoopPerWorker")

@@ -6,6 +6,7 @@
 // nats-server, real agent and worker processes.
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import * as fs from "node:fs/promises"
+import { existsSync, readFileSync, rmSync } from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { Trainer, loadDigits, trainTestSplit, type ArrayDataset, type Result } from "../index.ts"
@@ -112,6 +113,50 @@ describe("recovery from surviving peers", () => {
     // The replacement skipped epoch 1's first six steps and took the survivors' state there.
     const log = await fs.readFile(path.join(r.path, "logs", "worker_rank=2.log"), "utf8").catch(() => "")
     expect(log).toMatch(/joined the survivors after 1 report\(\) calls and 6 steps/)
+  })
+
+  it("with a spare worker kept ready, a hand-written loop's survivors are joined by it at once instead of by a process starting cold", { timeout: 150_000 }, async () => {
+    // Rank 1 is killed once the spare (started beside the first generation) is ready; until then
+    // every step is slowed (a hold for a group of 4), so that the run cannot end first.
+    const pidDir = await fs.mkdtemp(path.join(storage, "spare-"))
+    const holdFile = path.join(pidDir, "hold")
+    await fs.writeFile(holdFile, "4")
+    const eventsFile = path.join(storage, "peers-spare", "events.jsonl")
+    let killed = false
+    const r = await new Trainer({
+      trainLoopPerWorker: STEP_LOOP,
+      trainLoopConfig: { epochs: 8, pidDir, holdFile },
+      scalingConfig: { numWorkers: 3 },
+      runConfig: {
+        name: "peers-spare",
+        storagePath: storage,
+        progress: false,
+        failureConfig: { maxFailures: 1, spares: 1 },
+        callbacks: [
+          {
+            onReport: () => {
+              if (killed || !existsSync(eventsFile) || !readFileSync(eventsFile, "utf8").includes('"standby-ready"')) return
+              killed = true
+              process.kill(Number(readFileSync(path.join(pidDir, "0-1.pid"), "utf8")), "SIGKILL")
+              rmSync(holdFile, { force: true })
+            }
+          }
+        ]
+      },
+      datasets: { train, test }
+    }).fit()
+    expect(killed).toBe(true)
+    expect(r.restarts).toBe(1)
+    expect(r.metricsHistory.map((m) => m.epoch)).toEqual(Array.from({ length: 8 }, (_, i) => i))
+    expect(sameWeights(r)).toBe(true)
+    const ev = await events(r.path)
+    const at = (type: string) => ev.findIndex((e) => e.type === type)
+    // The spare was ready before the failure and was the joiner: no process started for it.
+    expect(at("standby-ready")).toBeGreaterThanOrEqual(0)
+    expect(at("standby-ready")).toBeLessThan(at("restart"))
+    expect(ev[at("restart")]).toMatchObject({ recovery: "peers", survivors: 2, joiners: 1 })
+    expect(ev.filter((e) => e.type === "standby-start").map((e) => e.for)).toEqual(expect.arrayContaining(["spare"]))
+    expect(r.resizes).toEqual([])
   })
 
   it("state parity: a rank whose weights drifted is noticed at the next report round and takes rank 0's state; without the check it stays apart", { timeout: 150_000 }, async () => {

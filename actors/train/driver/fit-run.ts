@@ -234,10 +234,10 @@ export class FitRun {
             verbose: cfg.run.verbose === true,
             output: this.#onOutput,
             cpusNeeded:
-              cfg.maxWorkers * (cfg.scaling.resourcesPerWorker?.CPU ?? (cfg.scaling.useGpu === true ? 0 : 1)) +
+              (cfg.maxWorkers + cfg.spares) * (cfg.scaling.resourcesPerWorker?.CPU ?? (cfg.scaling.useGpu === true ? 0 : 1)) +
               (cfg.collective.parameterServer ? cfg.collective.parameterServer.numServers * SERVER_CPUS : 0),
             useGpu: cfg.scaling.useGpu !== undefined && cfg.scaling.useGpu !== false,
-            gpusNeeded: cfg.maxWorkers * (cfg.scaling.resourcesPerWorker?.GPU ?? 1),
+            gpusNeeded: (cfg.maxWorkers + cfg.spares) * (cfg.scaling.resourcesPerWorker?.GPU ?? 1),
             // The embedded server keeps its JetStream data in the run directory, so a run's object
             // store checkpoints outlive it and a run with the same name resumes from them.
             ...(bucket !== undefined ? { jetstreamStoreDir: path.join(cfg.runDir, "jetstream") } : {}),
@@ -324,6 +324,8 @@ export class FitRun {
       request: this.request,
       groupArgs: () => this.#groupArgs,
       max: cfg.maxWorkers,
+      spares: cfg.spares,
+      refillable: (g) => this.#refillable === g,
       job,
       line: (text) => this.progress.line(text),
       event: (e) => this.recorder.event(e)
@@ -634,7 +636,8 @@ export class FitRun {
         latest: () => this.#store.latest()?.path ?? this.#resumePath,
         setResume: (p) => (this.#resumePath = p),
         fellBack: (reason) => (this.#fallback = reason),
-        standby: this.#refill.take(),
+        standbyReady: this.#refill.ready,
+        takeStandby: (n) => this.#refill.take(n),
         formed: (g, shortHanded) => (this.#refillable = shortHanded ? g : undefined)
       })
     )

@@ -87,6 +87,8 @@ export interface Resolved {
   readonly recoverFrom: "peers" | "checkpoint"
   /** failureConfig.parityEvery: report rounds between state-parity checks (0: none). */
   readonly parityEvery: number
+  /** failureConfig.spares: standby workers kept ready beside the group (refill.ts). */
+  readonly spares: number
   readonly seed: number
 }
 
@@ -184,6 +186,18 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
   const name = run.name ?? `gradwire_${new Date().toISOString().replace(/[-:]/g, "").replace(/\..*$/, "").replace("T", "_")}`
   const storage = path.resolve(run.storagePath ?? defaultStoragePath())
   if (options.seed !== undefined && !Number.isInteger(options.seed)) throw new ConfigError({ field: "seed", reason: `an integer, got ${String(options.seed)}` })
+  // With ZeRO no survivor holds a lost rank's optimizer shard: failures restart from the checkpoint.
+  // So do file datasets: their data position is exact at a checkpoint (a regroup in place in the
+  // middle of an epoch would fall back to it anyway, data-parallel.ts).
+  const recoverFrom = run.failureConfig?.recoverFrom ?? (peersCannot || Object.values(datasets).some(isFileDatasetSpec) ? "checkpoint" : "peers")
+  if ((run.failureConfig?.spares ?? 0) > 0 && recoverFrom === "checkpoint") {
+    throw new ConfigError({
+      field: "runConfig.failureConfig.spares",
+      reason:
+        `spare workers join the survivors of a failure, but this run restarts every worker from the checkpoint (recoverFrom "checkpoint"` +
+        `${run.failureConfig?.recoverFrom === undefined ? `, the default here: ${peersCannot ?? "a file dataset's position is exact only at a checkpoint"}` : ""}): leave spares at 0`
+    })
+  }
   return {
     loop: { module: resolveModule(ref.module), export: ref.export ?? "default" },
     loopConfig: options.trainLoopConfig ?? {},
@@ -220,11 +234,9 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
     maxWorkers: typeof scaling.numWorkers === "number" ? scaling.numWorkers : scaling.numWorkers.max,
     elasticBatch: scaling.elasticBatch ?? "keep-global",
     natsOutageTimeoutMs: run.failureConfig?.natsOutageTimeoutMs ?? NATS_OUTAGE_TIMEOUT_MS,
-    // With ZeRO no survivor holds a lost rank's optimizer shard: failures restart from the checkpoint.
-    // So do file datasets: their data position is exact at a checkpoint (a regroup in place in the
-    // middle of an epoch would fall back to it anyway, data-parallel.ts).
-    recoverFrom: run.failureConfig?.recoverFrom ?? (peersCannot || Object.values(datasets).some(isFileDatasetSpec) ? "checkpoint" : "peers"),
+    recoverFrom,
     parityEvery: run.failureConfig?.parityEvery ?? 1,
+    spares: run.failureConfig?.spares ?? 0,
     seed: options.seed ?? 0
   }
 }

@@ -27,6 +27,10 @@ export interface RefillContext {
   readonly groupArgs: () => GroupArgs
   /** The size to refill to (numWorkers; elastic: max). */
   readonly max: number
+  /** failureConfig.spares: standby workers kept ready beside a whole group. */
+  readonly spares: number
+  /** Whether a generation may run short-handed until standby workers refill it (fit-run.ts). */
+  readonly refillable: (g: Generation<CheckpointPayload>) => boolean
   readonly job: string
   /** A line on the console (the progress printer). */
   readonly line: (text: string) => void
@@ -46,29 +50,36 @@ export class Refill {
     this.#x = x
   }
 
-  /** The prepared standby workers still alive: the next regroup takes them and owns them from then on. */
-  take(): Standby[] {
-    const ready = this.#ready.filter((w) => this.#x.group.holds(w.actor))
-    this.#ready = []
-    return ready
+  /** The prepared standby workers still alive. */
+  #alive(): Standby[] {
+    return (this.#ready = this.#ready.filter((w) => this.#x.group.holds(w.actor)))
+  }
+
+  /** How many prepared standby workers are ready now. */
+  get ready(): number {
+    return this.#alive().length
+  }
+
+  /** Up to `n` prepared standby workers, for a regroup: it owns them from then on. */
+  take(n: number): Standby[] {
+    return this.#alive().splice(0, Math.max(0, n))
   }
 
   /**
-   * Watches generation `g` while it runs below the size to refill to: one a regroup left
-   * short-handed (`refillable`: a dp.fit() loop's survivors) is refilled with standby workers at
-   * once; an elastic group that started small, regrouped a hand-written loop, or recovers from the
-   * checkpoint, grows at the next report round that leaves a checkpoint (Controller.capacity).
-   * Returns what stops watching.
+   * Watches generation `g`: keeps `spares` standby workers ready beside it, and while it runs below
+   * the size to refill to: one a regroup left short-handed (`refillable`: a dp.fit() loop's
+   * survivors) is refilled with standby workers at once; an elastic group that started small,
+   * regrouped a hand-written loop, or recovers from the checkpoint, grows at the next report round
+   * that leaves a checkpoint (Controller.capacity). Returns what stops watching.
    */
   watch(g: Generation<CheckpointPayload>, refillable: boolean): () => void {
-    const { controller, cluster, max } = this.#x
-    if (g.worldSize >= max || (!refillable && !controller.elastic)) return () => {}
+    const { controller, cluster, max, spares } = this.#x
+    const short = g.worldSize < max
+    const grows = short && !refillable && controller.elastic
+    if (!(short && refillable) && !grows && spares === 0) return () => {}
     const check = (): void => {
-      if (refillable) {
-        this.check(g)
-        return
-      }
-      if (controller.state !== "running") return
+      this.check(g, refillable)
+      if (!grows || controller.state !== "running") return
       const size = growTo(this.#x.request, g.worldSize, max, releasingJob(cluster.view.alive().map((n) => n.ad), this.#x.job))
       if (size === undefined || size === controller.pendingResize?.size) return
       controller.capacity(size, `the cluster has room for ${size} workers`)
@@ -77,9 +88,9 @@ export class Refill {
     const off = cluster.view.onEvent((e) => {
       if (e.type === "node-joined" || e.type === "node-back") check()
     })
-    const timer = setInterval(check, refillable ? 500 : 2_000)
+    const timer = setInterval(check, refillable || spares > 0 ? 500 : 2_000)
     timer.unref?.()
-    if (refillable) check()
+    check()
     return () => {
       off()
       clearInterval(timer)
@@ -87,28 +98,31 @@ export class Refill {
   }
 
   /**
-   * For the running generation `g` (at its start, when a node joins, and every 500 ms): below the
-   * size to refill to, starts standby workers where there is room, or, when some are prepared,
-   * asks the controller to let them in now.
+   * For the running generation `g` (at its start, when a node joins, and every 500 ms): when it is
+   * short and `refillable` and standby workers are ready, asks the controller to let them in now;
+   * otherwise starts standby workers where there is room, up to what it lacks (when refillable)
+   * plus the spares.
    */
-  check(g: Generation<CheckpointPayload>): void {
-    const { controller, max } = this.#x
-    if (controller.state !== "running" || g.settled || controller.current !== g || g.worldSize >= max) return
-    this.#ready = this.#ready.filter((w) => this.#x.group.holds(w.actor))
-    if (this.#ready.length > 0) {
-      const size = Math.min(max, g.worldSize + this.#ready.length)
-      if (controller.refill(g, size, `${this.#ready.length} replacement worker(s) ready`)) {
-        this.#x.line(`gradwire: ${this.#ready.length} replacement worker(s) ready; growing the group from ${g.worldSize} to ${size} at the next step`)
+  check(g: Generation<CheckpointPayload>, refillable: boolean): void {
+    const { controller, max, spares } = this.#x
+    if (controller.state !== "running" || g.settled || controller.current !== g) return
+    const ready = this.#alive().length
+    const lacking = refillable ? Math.max(0, max - g.worldSize) : 0
+    if (lacking > 0 && ready > 0) {
+      const size = Math.min(max, g.worldSize + ready)
+      if (controller.refill(g, size, `${Math.min(ready, lacking)} replacement worker(s) ready`)) {
+        this.#x.line(`gradwire: ${Math.min(ready, lacking)} replacement worker(s) ready; growing the group from ${g.worldSize} to ${size} at the next step`)
       }
       return
     }
     if (this.#pending || Date.now() < this.#retryAt) return
-    this.#start(g)
+    const missing = lacking + spares - ready
+    if (missing > 0) this.#start(g, missing, lacking > 0 ? "replacement" : "spare")
   }
 
-  #start(g: Generation<CheckpointPayload>): void {
-    const { group, cluster, request, max } = this.#x
-    const planned = planLargest(request, { min: 1, max: max - g.worldSize }, cluster.view.resources())
+  #start(g: Generation<CheckpointPayload>, count: number, what: string): void {
+    const { group, cluster, request } = this.#x
+    const planned = planLargest(request, { min: 1, max: count }, cluster.view.resources())
     if (!R.isSuccess(planned)) return
     const plan = planned.success
     const running = [...group.members.entries()].sort((a, b) => a[0] - b[0]).map(([, w]) => w.node)
@@ -129,7 +143,7 @@ export class Refill {
     })
     this.#pending = true
     const t0 = performance.now()
-    this.#x.event({ type: "standby-start", attempt: g.number, workers: spawns.length, nodes: spawns.map((s) => s.nodeId) })
+    this.#x.event({ type: "standby-start", attempt: g.number, workers: spawns.length, for: what, nodes: spawns.map((s) => s.nodeId) })
     void group
       .standby(spawns, this.#x.groupArgs())
       .then((r) => {
@@ -145,7 +159,7 @@ export class Refill {
         this.#ready.push(...r)
         this.#x.event({ type: "standby-ready", attempt: g.number, workers: r.length, ms: Math.round(performance.now() - t0) })
         const current = this.#x.controller.current
-        if (current) this.check(current)
+        if (current) this.check(current, this.#x.refillable(current))
       })
       .catch(() => {
         this.#pending = false

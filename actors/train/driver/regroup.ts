@@ -69,10 +69,11 @@ export interface RegroupContext {
   /** Why the survivors could not be regrouped (the restart from the checkpoint says it). */
   readonly fellBack: (why: string) => void
   /**
-   * Workers started ahead and prepared (fit-run.ts refills a short group with them): they join
-   * this regroup first, and the regroup owns them from here (those it does not need, it kills).
+   * Workers started ahead and prepared (refill.ts: a short group's replacements, spares): how many
+   * are ready, and taking up to `n` of them; they join this regroup first, which owns them from then on.
    */
-  readonly standby: ReadonlyArray<Standby>
+  readonly standbyReady: number
+  readonly takeStandby: (n: number) => Standby[]
   /** The regrouped generation formed; `shortHanded`: it may run below its size while standby workers refill it. */
   readonly formed: (g: Generation<CheckpointPayload>, shortHanded: boolean) => void
 }
@@ -95,7 +96,7 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
     return undefined
   }
   // Growing: only if the new workers are ready or have room now (nothing is paused for a grow that cannot be).
-  if (!x.failure && x.standby.length === 0) {
+  if (!x.failure && x.standbyReady === 0) {
     const planned = planLargest(x.request, { min: 1, max: Math.max(1, x.target - x.group.members.size) }, x.cluster.view.resources())
     if (!R.isSuccess(planned)) return giveUp(`no room for new workers: ${firstLine(planned.failure.message)}`)
   }
@@ -133,8 +134,7 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   // (an elastic group's min), or for a grow that has none ready. The rest come later (fit-run.ts
   // refills a short group), so the survivors go on at once.
   const s = survivors.length
-  const ready = x.standby.slice(0, Math.max(0, x.target - s))
-  for (const extra of x.standby.slice(ready.length)) void x.group.killOne(extra.actor, "a standby worker the regroup did not need")
+  const ready = x.takeStandby(Math.max(0, x.target - s))
   // Only dp.fit() goes on short-handed: it keeps the global batch and its epochs' steps whatever
   // the group's size, so a joiner replays them as the survivors ran them. A hand-written loop
   // sizes its epochs by ctx.worldSize, so its replacements are spawned now and waited for.
