@@ -234,6 +234,10 @@ export class WorkerGroup {
           const w = await this.#spawnProcess(r, args, `w-standby${++this.#standbys}`)
           started.push(w)
           await this.#system.askPromise(w.ref(WorkerProtocol), "prepare", null, { timeoutMs: STANDBY_PREPARE_MS })
+          // One that goes down while it waits is no longer held (holds): no regroup admits it.
+          void w.down({ deadAfterMs: this.#deadAfterMs }).then(() => {
+            this.#workers = this.#workers.filter((x) => x !== w)
+          })
           return { actor: w, nodeId: r.nodeId }
         })
       )
