@@ -110,6 +110,7 @@ describe("recovery from surviving peers", () => {
     // A hand-written loop sizes its epochs by ctx.worldSize: its survivors wait for the replacement.
     expect(restart).toMatchObject({ recovery: "peers", survivors: 2, joiners: 1, position: { inFit: false, reports: 1, stepsSinceReport: 6 } })
     expect(ev.find((e) => e.type === "grow")).toBeUndefined()
+    expect(restart!.waited).toMatch(/sizes its epochs by ctx.worldSize.*spares/)
     // The replacement skipped epoch 1's first six steps and took the survivors' state there.
     const log = await fs.readFile(path.join(r.path, "logs", "worker_rank=2.log"), "utf8").catch(() => "")
     expect(log).toMatch(/joined the survivors after 1 report\(\) calls and 6 steps/)

@@ -191,9 +191,22 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
     x.failure ? "restart" : "resize",
     x.failure
       ? `${x.what}; regrouping ${s} surviving worker(s)${joiners ? ` with ${joiners} new one(s)` : ""} at the furthest survivor's position (${where}): at most the step in flight is lost` +
-        `${worldSize < x.target ? `; they go on short-handed while ${x.target - worldSize} replacement(s) start` : ""}${x.budget}`
+        `${worldSize < x.target ? `; they go on short-handed while ${x.target - worldSize} replacement(s) start` : ""}` +
+        `${joinPlan && !shortHanded ? "; they wait for the new one(s) to start (a hand-written loop is not run short-handed)" : ""}${x.budget}`
       : `${x.what}: ${joiners} new worker(s) join the ${s} running ones at ${where}`,
-    { type: x.failure ? "restart" : "grow", attempt, kind: x.failure?.kind ?? "resize", counted: x.counted, recovery: "peers", survivors: s, joiners, source: source.rank, position: pos }
+    {
+      type: x.failure ? "restart" : "grow",
+      attempt,
+      kind: x.failure?.kind ?? "resize",
+      counted: x.counted,
+      recovery: "peers",
+      survivors: s,
+      joiners,
+      source: source.rank,
+      position: pos,
+      // Why the survivors waited for a replacement to start instead of going on short-handed.
+      ...(x.failure && joinPlan && !shortHanded ? { waited: "a hand-written loop sizes its epochs by ctx.worldSize: it is not run short-handed (failureConfig.spares keeps a replacement ready)" } : {})
+    }
   )
   const watch = {
     onDown: (rank: number, down: { readonly reason: string; readonly detail: string }) => x.controller.workerDown(attempt, rank, down),
