@@ -60,10 +60,11 @@ const killedMidEpoch = async (name: string, recoverFrom: "peers" | "checkpoint",
 
 describe("recovery from surviving peers", () => {
   it("a worker killed mid-epoch costs the step in flight: the survivors go on short-handed at once, and a replacement started meanwhile joins them in place", { timeout: 150_000 }, async () => {
-    const { r, progress } = await killedMidEpoch("peers-mid-epoch", "peers")
+    // 8 epochs: the slowed short group has 5+ epochs of steps (about 15 s) for its replacement to start.
+    const { r, progress } = await killedMidEpoch("peers-mid-epoch", "peers", 8)
     expect(r.restarts).toBe(1)
     expect(r.countedFailures).toBe(1)
-    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4])
+    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4, 5, 6, 7])
     expect(sameWeights(r)).toBe(true)
     expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.9)
     const restart = (await events(r.path)).find((e) => e.type === "restart")
@@ -192,7 +193,9 @@ describe("recovery from surviving peers", () => {
     await fs.writeFile(holdFile, "3")
     const r = await new Trainer({
       trainLoopPerWorker: MISALIGNED,
-      trainLoopConfig: { epochs: 3, kill: { rank: 1, epoch: 2, step: 4 }, holdFile },
+      // 8 epochs: the slowed short group has 5+ epochs of steps (about 15 s) for its replacement to
+      // start and fail to line up; after the fallback the rest runs at full speed.
+      trainLoopConfig: { epochs: 8, kill: { rank: 1, epoch: 2, step: 4 }, holdFile },
       scalingConfig: { numWorkers: 3 },
       runConfig: { name: "misaligned", storagePath: storage, progress: false, failureConfig: { maxFailures: 1 } },
       datasets: { train }
