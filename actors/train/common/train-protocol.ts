@@ -76,7 +76,6 @@ export const PeerState = Schema.Struct({
 })
 export type PeerState = typeof PeerState.Type
 
-/** A surviving worker's new place after a regroup (see WorkerProtocol.resume). */
 /**
  * What a group measured of its links (the direct links' threshold, the probed topology), kept by
  * each member for the next regroup: a regroup whose nodes it covers hands it to every member, who
@@ -92,6 +91,7 @@ export const LinkMeasurements = Schema.Struct({
 })
 export type LinkMeasurements = typeof LinkMeasurements.Type
 
+/** A surviving worker's new place after a regroup (see WorkerProtocol.resume). */
 export const Placement = Schema.Struct({
   attempt: Schema.Number,
   rank: Schema.Number,
@@ -107,6 +107,14 @@ export const Placement = Schema.Struct({
   measured: Schema.optionalKey(LinkMeasurements)
 })
 export type Placement = typeof Placement.Type
+
+/**
+ * Where a worker joining a regrouped generation meets the survivors: it runs the loop from the
+ * checkpoint made after report number fromReports - 1 of this lineage (0: its start), skips the
+ * steps and reports the survivors made already, up to `to`.
+ */
+export const JoinPosition = Schema.Struct({ fromReports: Schema.Number, to: Position })
+export type JoinPosition = typeof JoinPosition.Type
 
 export const ControllerProtocol = defineProtocol("trainer-controller", {
   /** A rank's report number `index`; answered once the controller holds it (checkpoint bytes included). */
@@ -249,7 +257,7 @@ export const WorkerArgs = Schema.Struct({
    * the training steps and reports the survivors have already done (up to `to`), then takes the
    * survivors' state and continues with them.
    */
-  join: Schema.optionalKey(Schema.Struct({ fromReports: Schema.Number, to: Position })),
+  join: Schema.optionalKey(JoinPosition),
   /**
    * The largest world size, and what stays fixed when the size changes: elastic groups, and a
    * fixed-size group running short-handed while a replacement starts (`fixed`: not elastic).
@@ -349,7 +357,7 @@ export type ServerArgs = typeof ServerArgs.Type
  * Where a standby worker (one started ahead, while the group ran short-handed) goes when it is let
  * in: its place in the regrouped generation, and where it joins the survivors.
  */
-export const Admission = Schema.Struct({ placement: Placement, join: Schema.optionalKey(Schema.Struct({ fromReports: Schema.Number, to: Position })) })
+export const Admission = Schema.Struct({ placement: Placement, join: Schema.optionalKey(JoinPosition) })
 export type Admission = typeof Admission.Type
 
 export const WorkerProtocol = defineProtocol("trainer-worker", {

@@ -103,8 +103,6 @@ export class FitRun {
   #groupArgs!: GroupArgs
   /** Standby workers that refill a short group (refill.ts). */
   #refill!: Refill
-  /** The last regrouped generation, when it may run short-handed until standby workers refill it. */
-  #refillable: Generation<CheckpointPayload> | undefined
   #refresher: ReturnType<typeof setInterval> | undefined
   #logSub: { unsubscribe(): void } | undefined
   #tornDown: Promise<void> | undefined
@@ -325,7 +323,6 @@ export class FitRun {
       groupArgs: () => this.#groupArgs,
       max: cfg.maxWorkers,
       spares: cfg.spares,
-      refillable: (g) => this.#refillable === g,
       job,
       line: (text) => this.progress.line(text),
       event: (e) => this.recorder.event(e)
@@ -535,7 +532,7 @@ export class FitRun {
    * decides whether it was the node's loss (ranksToCheck, deathOrNodeLoss).
    */
   async watch(generation: Generation<CheckpointPayload>): Promise<Outcome> {
-    const stopWatching = this.#refill.watch(generation, this.#refillable === generation)
+    const stopWatching = this.#refill.watch(generation)
     const outcome: Outcome = await this.race(this.#nodeLossOrNot(await this.race(generation.outcome)))
     stopWatching()
     return outcome
@@ -638,7 +635,7 @@ export class FitRun {
         fellBack: (reason) => (this.#fallback = reason),
         standbyReady: this.#refill.ready,
         takeStandby: (n) => this.#refill.take(n),
-        formed: (g, shortHanded) => (this.#refillable = shortHanded ? g : undefined)
+        formed: (g, shortHanded) => this.#refill.formed(g, shortHanded)
       })
     )
   }

@@ -29,8 +29,6 @@ export interface RefillContext {
   readonly max: number
   /** failureConfig.spares: standby workers kept ready beside a whole group. */
   readonly spares: number
-  /** Whether a generation may run short-handed until standby workers refill it (fit-run.ts). */
-  readonly refillable: (g: Generation<CheckpointPayload>) => boolean
   readonly job: string
   /** A line on the console (the progress printer). */
   readonly line: (text: string) => void
@@ -45,6 +43,8 @@ export class Refill {
   /** Standby workers are being started. */
   #pending = false
   #retryAt = 0
+  /** The last regrouped generation, when it may run short-handed until standby workers refill it. */
+  #refillable: Generation<CheckpointPayload> | undefined
 
   constructor(x: RefillContext) {
     this.#x = x
@@ -60,6 +60,11 @@ export class Refill {
     return this.#alive().length
   }
 
+  /** A regroup formed `g`; `shortHanded`: it may run below its size until standby workers refill it. */
+  formed(g: Generation<CheckpointPayload>, shortHanded: boolean): void {
+    this.#refillable = shortHanded ? g : undefined
+  }
+
   /** Up to `n` prepared standby workers, for a regroup: it owns them from then on. */
   take(n: number): Standby[] {
     return this.#alive().splice(0, Math.max(0, n))
@@ -67,18 +72,19 @@ export class Refill {
 
   /**
    * Watches generation `g`: keeps `spares` standby workers ready beside it, and while it runs below
-   * the size to refill to: one a regroup left short-handed (`refillable`: a dp.fit() loop's
-   * survivors) is refilled with standby workers at once; an elastic group that started small,
+   * the size to refill to: one a regroup left short-handed (formed: a dp.fit() loop's survivors) is
+   * refilled with standby workers at once; an elastic group that started small,
    * regrouped a hand-written loop, or recovers from the checkpoint, grows at the next report round
    * that leaves a checkpoint (Controller.capacity). Returns what stops watching.
    */
-  watch(g: Generation<CheckpointPayload>, refillable: boolean): () => void {
+  watch(g: Generation<CheckpointPayload>): () => void {
     const { controller, cluster, max, spares } = this.#x
+    const refillable = this.#refillable === g
     const short = g.worldSize < max
     const grows = short && !refillable && controller.elastic
     if (!(short && refillable) && !grows && spares === 0) return () => {}
     const check = (): void => {
-      this.check(g, refillable)
+      this.check(g)
       if (!grows || controller.state !== "running") return
       const size = growTo(this.#x.request, g.worldSize, max, releasingJob(cluster.view.alive().map((n) => n.ad), this.#x.job))
       if (size === undefined || size === controller.pendingResize?.size) return
@@ -98,20 +104,20 @@ export class Refill {
   }
 
   /**
-   * For the running generation `g` (at its start, when a node joins, and every 500 ms): when it is
-   * short and `refillable` and standby workers are ready, asks the controller to let them in now;
-   * otherwise starts standby workers where there is room, up to what it lacks (when refillable)
-   * plus the spares.
+   * For the running generation `g` (at its start, when a node joins, and every 500 ms): when a
+   * regroup left it short-handed and standby workers are ready, asks the controller to let them in
+   * now; otherwise starts standby workers where there is room, up to what it lacks (when it may
+   * run short-handed) plus the spares.
    */
-  check(g: Generation<CheckpointPayload>, refillable: boolean): void {
+  check(g: Generation<CheckpointPayload>): void {
     const { controller, max, spares } = this.#x
     if (controller.state !== "running" || g.settled || controller.current !== g) return
     const ready = this.#alive().length
-    const lacking = refillable ? Math.max(0, max - g.worldSize) : 0
+    const lacking = this.#refillable === g ? Math.max(0, max - g.worldSize) : 0
     if (lacking > 0 && ready > 0) {
-      const size = Math.min(max, g.worldSize + ready)
-      if (controller.refill(g, size, `${Math.min(ready, lacking)} replacement worker(s) ready`)) {
-        this.#x.line(`gradwire: ${Math.min(ready, lacking)} replacement worker(s) ready; growing the group from ${g.worldSize} to ${size} at the next step`)
+      const joining = Math.min(ready, lacking)
+      if (controller.refill(g, g.worldSize + joining, `${joining} replacement worker(s) ready`)) {
+        this.#x.line(`gradwire: ${joining} replacement worker(s) ready; growing the group from ${g.worldSize} to ${g.worldSize + joining} at the next step`)
       }
       return
     }
@@ -159,7 +165,7 @@ export class Refill {
         this.#ready.push(...r)
         this.#x.event({ type: "standby-ready", attempt: g.number, workers: r.length, ms: Math.round(performance.now() - t0) })
         const current = this.#x.controller.current
-        if (current) this.check(current, this.#x.refillable(current))
+        if (current) this.check(current)
       })
       .catch(() => {
         this.#pending = false

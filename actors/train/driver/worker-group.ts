@@ -11,7 +11,7 @@ import { WORKER_DEAD_AFTER_MS } from "../../../core/defaults.ts"
 import { SERVER_CPUS, type PlacementPlan, type PlacementRequest } from "../../../scheduler/placement.ts"
 import type { ActorSystem } from "../../runtime/system.ts"
 import { agentRef, spawnActor, type SpawnedActor } from "../../node/spawn.ts"
-import { WorkerProtocol, type Placement, type WorkerArgs } from "../common/train-protocol.ts"
+import { WorkerProtocol, type JoinPosition, type Placement, type WorkerArgs } from "../common/train-protocol.ts"
 import { datasetModules } from "./dataset-payloads.ts"
 import type { Resolved } from "./options.ts"
 
@@ -152,20 +152,7 @@ export class WorkerGroup {
   /** One worker process, spawned with `r`'s placement (a standby's is provisional) and registered to be killed with the job. */
   async #spawnProcess(r: RankSpawn, args: GroupArgs, name: string): Promise<SpawnedActor> {
     const p = r.placement
-    const workerArgs: WorkerArgs = {
-      ...args,
-      attempt: p.attempt,
-      rank: p.rank,
-      worldSize: p.worldSize,
-      localRank: p.localRank,
-      localWorldSize: p.localWorldSize,
-      nodeRank: p.nodeRank,
-      nodes: p.nodes,
-      group: p.group,
-      ...(p.measured ? { measured: p.measured } : {}),
-      backend: r.backend,
-      ...(r.join ? { join: r.join } : {})
-    }
+    const workerArgs: WorkerArgs = { ...args, ...p, backend: r.backend, ...(r.join ? { join: r.join } : {}) }
     const w = await spawnActor(this.#system, {
       node: r.nodeId,
       name,
@@ -252,7 +239,7 @@ export class WorkerGroup {
    * Lets standby workers into the current generation at their placements (joining the survivors
    * where `join` says): they become members, are watched, and start their loops.
    */
-  async admit(entries: ReadonlyArray<{ readonly standby: Standby; readonly placement: Placement; readonly join: NonNullable<WorkerArgs["join"]> }>, watch: Watch): Promise<{ readonly tag: string; readonly message: string } | undefined> {
+  async admit(entries: ReadonlyArray<{ readonly standby: Standby; readonly placement: Placement; readonly join: JoinPosition }>, watch: Watch): Promise<{ readonly tag: string; readonly message: string } | undefined> {
     const members = new Map(entries.map((e) => [e.placement.rank, e.standby.actor] as const))
     for (const [rank, w] of members) this.#members.set(rank, w)
     this.watch(members, watch)

@@ -259,8 +259,6 @@ export class DataParallelModel implements RecoverableModel {
     if (!e || e.batch !== "keep-per-worker" || this.#lrRule) return
     const o = this.optimizer as unknown as { learningRate?: unknown; setLearningRate?: (lr: number) => void }
     if (typeof o.learningRate !== "number") {
-      // A fixed-size group at full size has nothing to rescale.
-      if (e.fixed && this.learningRateScale === 1) return
       throw new ConfigError({
         field: "scalingConfig.elasticBatch",
         reason: `"keep-per-worker" rescales the learning rate, but this optimizer has no numeric learningRate; use "keep-global"`

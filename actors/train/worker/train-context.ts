@@ -109,8 +109,8 @@ export interface TrainContextDeps {
   readonly auto?: GradientSync["auto"]
   /** collectiveConfig.strategy "local-sgd": the outer loop's settings (GradientSync.localSgd). */
   readonly localSgd?: GradientSync["localSgd"]
-  /** Elastic groups: the largest world size and what stays fixed when the size changes. */
-  readonly elastic?: { readonly maxWorkers: number; readonly batch: "keep-global" | "keep-per-worker"; readonly fixed?: boolean }
+  /** The largest world size and what stays fixed when the size changes (GradientSync.elastic). */
+  readonly elastic?: GradientSync["elastic"]
   readonly observer?: StepObserver
   /** `aux`: files of this rank that join the round's checkpoint (a pipeline stage's shard). */
   readonly sendReport: (index: number, metrics: Record<string, unknown>, checkpoint: Checkpoint | undefined, aux?: Record<string, Uint8Array>) => Promise<void>
