@@ -377,14 +377,19 @@ describe("chaos", () => {
         children.push(spawn("ip", ["netns", "exec", ns, process.execPath, ...agentArgs("cut-b")], { cwd: ROOT, env, stdio: ["ignore", logOf("cut-b"), logOf("cut-b")] }))
         await waitForNodes(url, cluster, 2)
 
-        // Epochs last at least 400 ms: the cut (10 s) spans at most 25 of them, leaving room to grow back.
-        const epochs = 34
+        // Epochs last at least 400 ms. From the cut until the group is back at 4, the shrunk group's
+        // steps are slowed (hold.ts, about 3 s an epoch): the cut (10 s) spans a few epochs, and on a
+        // loaded machine the agent's return and its standby workers' start cannot outlast the run
+        // (a CI run with 34 unslowed epochs ended at 2 workers once).
+        const epochs = 14
+        const holdFile = path.join(pidDir, "hold")
         let restored: Promise<void> | undefined
         const plan = new FaultPlan(seed + 2, [
           {
             name: "cut the second agent's link for 10 s",
             ready: (p, pl) => pl.sizeOf(p.attempt) === 4,
             fire: () => {
+              fs.writeFileSync(holdFile, "4")
               nsExec(ns, ["ip", "link", "set", nsEnd, "down"])
               restored = new Promise((resolve) =>
                 setTimeout(() => {
@@ -397,7 +402,7 @@ describe("chaos", () => {
           }
         ])
         console.log(`link-cut run: ${plan.describe()}`)
-        const r = await fitElastic({ name, pidDir, epochs, url, cluster, plan })
+        const r = await fitElastic({ name, pidDir, epochs, url, cluster, plan, holdFile }).finally(() => fs.rmSync(holdFile, { force: true }))
         await restored
         console.log(`link-cut run: fired ${JSON.stringify(plan.fired)}; resizes ${JSON.stringify(r.resizes.map((z) => [z.from, z.to]))}`)
         expect(plan.errors).toEqual([])
