@@ -3,6 +3,7 @@ import { CollectiveConfig, RunConfig, ScalingConfig, parseTrainLoopRef } from ".
 import { decodeConfig } from "../core/validate.ts"
 import { ConfigError } from "../core/errors.ts"
 import { resolveTrainerOptions } from "../actors/train/driver/trainer.ts"
+import { fromFiles } from "../core/data/file-spec.ts"
 import { allReduceAlgorithmNames, allowedAlgorithms } from "../collectives/algorithms/index.ts"
 
 const fails = (f: () => unknown): ConfigError => {
@@ -70,6 +71,10 @@ describe("config validation", () => {
     // ZeRO's default is the checkpoint: the message says why.
     const z = fails(() => resolveTrainerOptions({ ...base, collectiveConfig: { zeroStage: 2 }, runConfig: { failureConfig: { spares: 1 } } }))
     expect(z.message).toMatch(/the default here: /)
+    // A file dataset recovers from the peers (dp.fit plans its epoch again), so spares may wait beside it.
+    const files = { ...base, datasets: { train: fromFiles("/data/*.csv", { label: "y" }) }, runConfig: { failureConfig: { spares: 1 } } }
+    expect(resolveTrainerOptions(files).recoverFrom).toBe("peers")
+    expect(resolveTrainerOptions(files).spares).toBe(1)
   })
 
   it("refuses a closure for the loop and shows the module form", () => {

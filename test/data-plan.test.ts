@@ -4,7 +4,7 @@
 // for another world size hands out exactly the rows not trained yet.
 import { describe, expect, it } from "vitest"
 import fc from "fast-check"
-import { EpochOrder, freshPosition, partRows, planFor, rankIntervals, remainingIntervals, replan, rowsLeft, type DataPosition } from "../core/data/plan.ts"
+import { EpochOrder, freshPosition, partRows, planFor, rankIntervals, remainingIntervals, replan, replanRegroup, rowsLeft, type DataPosition } from "../core/data/plan.ts"
 
 const expand = (iv: ReadonlyArray<readonly [number, number]>): number[] => iv.flatMap(([a, b]) => Array.from({ length: b - a }, (_, i) => a + i))
 
@@ -107,6 +107,42 @@ describe("plans", () => {
       // The first: fewer rows than ranks after a re-plan (one row, two ranks).
       { numRuns: 150, examples: [[1, [[1, 0], [2, 0]]]] }
     )
+  })
+
+  it("re-planned after a regroup where ranks trained unequal counts (a lost rank one step short), hand out exactly the rows no rank trained", () => {
+    fc.assert(
+      fc.property(
+        fc.integer({ min: 1, max: 2000 }),
+        fc.integer({ min: 1, max: 8 }),
+        fc.integer({ min: 0, max: 300 }),
+        fc.integer({ min: 1, max: 40 }),
+        fc.array(fc.boolean(), { minLength: 8, maxLength: 8 }),
+        fc.integer({ min: 1, max: 8 }),
+        (rows, p, before, step, lost, q) => {
+          // A plan opened part-way (rows taken before it), then every rank took one more step; the
+          // lost ranks' last step did not count.
+          const opened = take(freshPosition("f", 0, rows, p), before).pos
+          const base = opened.consumed
+          const trained = Array.from({ length: p }, (_, r) => Math.min(partRows(opened), base + (lost[r] ? 0 : step)))
+          const done = new Set<number>()
+          for (let r = 0; r < p; r++) for (const x of expand(rankIntervals({ ...opened, consumed: 0 }, r)).slice(0, trained[r])) done.add(x)
+          const next = replanRegroup(opened, trained, q)
+          expect(next.worldSize).toBe(q)
+          expect(next.consumed).toBe(0)
+          const rest = expand(next.intervals)
+          // Nothing trained comes again, and every row of the old plan not trained is in the new one.
+          for (const x of rest) expect(done.has(x)).toBe(false)
+          expect(rest.length + done.size).toBe(expand(opened.intervals).length)
+          // The new plan's parts are disjoint and equal, as any plan's.
+          const parts = Array.from({ length: q }, (_, r) => expand(rankIntervals(next, r)))
+          for (const part of parts) expect(part).toHaveLength(Math.floor(rest.length / q))
+        }
+      ),
+      { numRuns: 150 }
+    )
+    // Ranks that trained their whole part (or are not named) leave nothing of it.
+    const pos = freshPosition("f", 0, 12, 3)
+    expect(expand(replanRegroup(pos, [4, 2], 2).intervals)).toEqual([6, 7])
   })
 
   it("goes on at the same size, re-plans at another, and starts over in a new epoch or on other rows", () => {

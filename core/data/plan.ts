@@ -111,6 +111,25 @@ export const replan = (pos: DataPosition, worldSize: number): DataPosition => ({
 })
 
 /**
+ * A regroup in the middle of an epoch (recovery from surviving peers): the rows no rank trained,
+ * planned for the new group of `worldSize`. `trained[r]` is how many rows of its part old rank r
+ * trained, counted from the plan's start: ranks differ here, as a lost rank's last step may not
+ * have reached the group while the survivors redo theirs. A rank missing from `trained` (or past
+ * its part) counts as having trained its whole part.
+ */
+export const replanRegroup = (pos: DataPosition, trained: ReadonlyArray<number>, worldSize: number): DataPosition => {
+  const per = partRows(pos)
+  const total = lengthOf(pos.intervals)
+  const out: Array<[number, number]> = []
+  for (let r = 0; r < pos.worldSize; r++) {
+    const done = Math.min(per, Math.max(0, trained[r] ?? per))
+    out.push(...sliceOf(pos.intervals, r * per + done, (r + 1) * per))
+  }
+  out.push(...sliceOf(pos.intervals, per * pos.worldSize, total))
+  return { ...pos, intervals: merge(out), worldSize, consumed: 0 }
+}
+
+/**
  * The plan for `epoch` at `worldSize`, given where the data stood: a new epoch starts over, the
  * same epoch at another size is planned again from what is left, the same size goes on.
  */

@@ -35,6 +35,13 @@ export interface StreamingSource {
   openEpoch(epoch: number, rank: number, worldSize: number): number
   /** Rows [from, from + n) of those openEpoch() left, as one batch. Positions are taken in order; taking one again re-reads it. */
   take(from: number, n: number): Promise<Batch>
+  /**
+   * The plan the open epoch was opened with (its `consumed`: rows of each part taken before), where
+   * the source has one (a file dataset): a regroup plans the rest of the epoch again from it.
+   */
+  openedPlan?(): DataPosition | undefined
+  /** Goes on from a plan (the next openEpoch() of its epoch reads it). */
+  restorePlan?(pos: DataPosition): void
 }
 
 export const isStreamingSource = (s: unknown): s is StreamingSource => typeof s === "object" && s !== null && (s as { streaming?: unknown }).streaming === true
@@ -174,6 +181,14 @@ export class FileStream implements StreamingSource {
   /** Where the epoch is: saved in checkpoints (TrainContext.checkpointFromModel) for a resume mid-epoch. */
   position(): DataPosition | undefined {
     return this.#pos
+  }
+
+  openedPlan(): DataPosition | undefined {
+    return this.#open?.pos
+  }
+
+  restorePlan(pos: DataPosition): void {
+    this.restore(pos)
   }
 
   /** Goes on from a saved position (the next openEpoch() of its epoch continues there, re-planned if the world size changed). */

@@ -2,10 +2,12 @@
 // (float labels) on rows whose first feature is the row's id / rows, so the loop can log which
 // rows every step trained (a map transform sees every batch). It checkpoints every few steps in the
 // middle of epochs (every rank reports; rank 0 adds the checkpoint), resumes from the latest
-// checkpoint where its data position says, and can kill itself or throw at a chosen step.
+// checkpoint where its data position says, and can kill itself or throw at a chosen step. A hold
+// file slows a short group's steps, so a replacement joins before the epochs run out.
 import * as fs from "node:fs"
 import * as path from "node:path"
 import type { FileStream, IterableStream, TrainContext } from "../../index.ts"
+import { holdStep } from "./hold.ts"
 
 export interface DataLoopConfig {
   readonly epochs: number
@@ -20,6 +22,8 @@ export interface DataLoopConfig {
   readonly fail?: { readonly how: "kill" | "throw"; readonly rank: number; readonly epoch: number; readonly step: number }
   /** After the epochs: one epoch over the dataset "aux" (a worker-side factory's tf.data rows), reported. */
   readonly aux?: boolean
+  /** A short group's steps are slowed while this file names a larger size (hold.ts). */
+  readonly holdFile?: string
 }
 
 export async function dataLoop(config: DataLoopConfig, ctx: TrainContext): Promise<void> {
@@ -50,6 +54,7 @@ export async function dataLoop(config: DataLoopConfig, ctx: TrainContext): Promi
       onStep: async ({ index, loss }) => {
         fs.appendFileSync(log, JSON.stringify({ epoch, index, ids }) + "\n")
         ids = []
+        await holdStep(config.holdFile, ctx.worldSize)
         if (fail && ctx.attempt === 0 && ctx.worldRank === fail.rank && epoch === fail.epoch && index === fail.step) {
           if (fail.how === "kill") process.kill(process.pid, "SIGKILL")
           throw new RangeError(`injected failure at epoch ${epoch} step ${index}`)

@@ -45,6 +45,24 @@ export const DatasetPayload = Schema.Union([ArrayDatasetPayload, FileDatasetPayl
 export type DatasetPayload = typeof DatasetPayload.Type
 
 /**
+ * Where a streamed epoch is (core/data/plan.ts): the plan every rank of the group opened the epoch
+ * with (`consumed`: the rows each rank had taken of its part when it was opened), and the rows a
+ * rank takes per micro-batch; the step indices of a Position count from that opening.
+ */
+export const StreamCursor = Schema.Struct({
+  plan: Schema.Struct({
+    version: Schema.Literal(1),
+    fingerprint: Schema.String,
+    epoch: Schema.Number,
+    intervals: Schema.Array(Schema.Tuple([Schema.Number, Schema.Number])),
+    worldSize: Schema.Number,
+    consumed: Schema.Number
+  }),
+  batch: Schema.Number
+})
+export type StreamCursor = typeof StreamCursor.Type
+
+/**
  * Where a rank's loop is: the group operations of the data-parallel model it completed (gradient
  * reductions, epoch metric sums, batch-size exchanges; the start-up weight broadcast does not
  * count) and the report() calls it made, both since its loop started (from a checkpoint, or from
@@ -59,7 +77,9 @@ export const Position = Schema.Struct({
   inFit: Schema.Boolean,
   epoch: Schema.Number,
   stepInEpoch: Schema.Number,
-  stepsPerEpoch: Schema.Number
+  stepsPerEpoch: Schema.Number,
+  /** dp.fit() over a stream (a file dataset): the plan its group reads the epoch from, which a regroup plans again. */
+  stream: Schema.optionalKey(StreamCursor)
 })
 export type Position = typeof Position.Type
 
@@ -104,7 +124,9 @@ export const Placement = Schema.Struct({
   /** The communicator's group name, new for every generation. */
   group: Schema.String,
   /** A regroup's: what an earlier group of these nodes measured, reused instead of measuring again. */
-  measured: Schema.optionalKey(LinkMeasurements)
+  measured: Schema.optionalKey(LinkMeasurements),
+  /** A regroup's: the rank each survivor had in the generation before (survivors take ranks 0.., joiners follow). */
+  survivorRanks: Schema.optionalKey(Schema.Array(Schema.Number))
 })
 export type Placement = typeof Placement.Type
 

@@ -187,15 +187,14 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
   const storage = path.resolve(run.storagePath ?? defaultStoragePath())
   if (options.seed !== undefined && !Number.isInteger(options.seed)) throw new ConfigError({ field: "seed", reason: `an integer, got ${String(options.seed)}` })
   // With ZeRO no survivor holds a lost rank's optimizer shard: failures restart from the checkpoint.
-  // So do file datasets: their data position is exact at a checkpoint (a regroup in place in the
-  // middle of an epoch would fall back to it anyway, data-parallel.ts).
-  const recoverFrom = run.failureConfig?.recoverFrom ?? (peersCannot || Object.values(datasets).some(isFileDatasetSpec) ? "checkpoint" : "peers")
+  // A file dataset's epoch is planned again at a regroup from what each rank trained (fit-loop.ts).
+  const recoverFrom = run.failureConfig?.recoverFrom ?? (peersCannot ? "checkpoint" : "peers")
   if ((run.failureConfig?.spares ?? 0) > 0 && recoverFrom === "checkpoint") {
     throw new ConfigError({
       field: "runConfig.failureConfig.spares",
       reason:
         `spare workers join the survivors of a failure, but this run restarts every worker from the checkpoint (recoverFrom "checkpoint"` +
-        `${run.failureConfig?.recoverFrom === undefined ? `, the default here: ${peersCannot ?? "a file dataset's position is exact only at a checkpoint"}` : ""}): leave spares at 0`
+        `${run.failureConfig?.recoverFrom === undefined ? `, the default here: ${peersCannot}` : ""}): leave spares at 0`
     })
   }
   return {

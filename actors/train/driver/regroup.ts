@@ -16,6 +16,7 @@ import type { Resolved } from "./options.ts"
 import type { Incident } from "../common/observe/report-html.ts"
 import type { ProgressPrinter } from "../common/observe/progress.ts"
 import { firstLine } from "../../../core/errors.ts"
+import { isFileDatasetSpec } from "../../../core/data/file-spec.ts"
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
 
@@ -130,6 +131,11 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   // 2. The survivor that got furthest: the others and the joiners continue from its state.
   const source = survivors.reduce((a, b) => (b.reply!.position.ops > a.reply!.position.ops ? b : a))
   const pos: Position = source.reply!.position
+  // dp.fit() plans a streamed epoch again for the new group (fit-loop.ts); a hand-written loop that
+  // reads a file dataset's stream itself keeps its old rank's part, which a regroup would change.
+  if (!pos.inFit && Object.values(x.cfg.datasets).some(isFileDatasetSpec)) {
+    return giveUp("a hand-written loop over a file dataset reads its stream by rank: its position is exact only at a checkpoint (dp.fit() plans the rest of the epoch again)")
+  }
   // 3. Joiners: the standby workers that are ready; new ones spawned now only to reach the floor
   // (an elastic group's min), or for a grow that has none ready. The rest come later (fit-run.ts
   // refills a short group), so the survivors go on at once.
@@ -168,7 +174,9 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   // group: every member reuses it instead of measuring again (worker-run.ts build).
   const measured = source.reply!.measured
   const reuse = measured && nodes.every((n) => measured.nodes.includes(n)) ? { measured } : {}
-  const placementOf = (rank: number) => ({ attempt, rank, worldSize, ...layout[rank]!, nodes, group: `g${attempt}`, ...reuse })
+  // Survivors keep their order under new ranks; a streamed epoch's plan is cut again from their old ones.
+  const survivorRanks = survivors.map((r) => r.rank)
+  const placementOf = (rank: number) => ({ attempt, rank, worldSize, ...layout[rank]!, nodes, group: `g${attempt}`, ...reuse, survivorRanks })
   // 4. The furthest survivor's state, which every member loads.
   const state = await x.system.askPromise(source.w.ref(WorkerProtocol), "snapshot", null, { timeoutMs: 60_000 }).catch(() => undefined)
   if (!state) return giveUp(`rank ${source.rank} could not hand over its state`)
@@ -203,7 +211,8 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
       survivors: s,
       joiners,
       source: source.rank,
-      position: pos,
+      // Where the furthest survivor was; a streamed epoch's plan (its intervals) stays out of the log.
+      position: { ...pos, stream: undefined },
       // Why the survivors waited for a replacement to start instead of going on short-handed.
       ...(x.failure && joinPlan && !shortHanded ? { waited: "a hand-written loop sizes its epochs by ctx.worldSize: it is not run short-handed (failureConfig.spares keeps a replacement ready)" } : {})
     }

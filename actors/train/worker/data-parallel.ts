@@ -29,7 +29,7 @@ import { decodeMessage, encodeMessage } from "../../../core/wire.ts"
 import type { LossFn, LossName } from "./model-parallel/loss.ts"
 import { GradientAccumulator, readGradients } from "./accumulation.ts"
 import { broadcastBytes, evaluateLocal, evaluateLocalAsync, labelsOf, resolveLoss, takeRankZeroValues, type PrepareOptions } from "./prepare-options.ts"
-import type { GradientSlot, GradientSync, StepObserver } from "./gradient-sync.ts"
+import { strategyOf, type GradientSlot, type GradientSync, type StepObserver } from "./gradient-sync.ts"
 import { resolveStrategy, type StrategyHost, type StrategyWorker } from "./strategies/index.ts"
 
 export type { GradientSlot, GradientSync, ParameterServers, PeerRecovery, RecoveryCursor, StepObserver } from "./gradient-sync.ts"
@@ -146,11 +146,11 @@ export class DataParallelModel implements RecoverableModel {
       observer,
       get lastComputeMs() { return dp.#lastComputeMs },
       trainStep: (x, y, o) => this.trainStep(x, y, o),
+      emptyStep: () => this.#emptyStep(),
       lossTargets: (y, n) => this.lossTargets(y, n),
       rankBatch: (bs) => this.#rankBatch(bs)
     })
-    const name = sync.strategy ?? (sync.auto ? "auto" : sync.localSgd ? "local-sgd" : sync.ps ? "parameter-server" : "allreduce")
-    this.#worker = resolveStrategy(name).create!(this.#strategyHost())
+    this.#worker = resolveStrategy(strategyOf(sync)).create!(this.#strategyHost())
   }
 
   /** What the strategy's worker side may use of this model. */
@@ -367,7 +367,8 @@ export class DataParallelModel implements RecoverableModel {
   }
 
   loopPosition(): LoopPosition {
-    return { inFit: this.#loop.inFit, epoch: this.#loop.epoch, stepInEpoch: this.#loop.stepInEpoch, stepsPerEpoch: this.#loop.stepsPerEpoch }
+    const l = this.#loop
+    return { inFit: l.inFit, epoch: l.epoch, stepInEpoch: l.stepInEpoch, stepsPerEpoch: l.stepsPerEpoch, ...(l.inFit && l.stream ? { stream: l.stream } : {}) }
   }
 
   /** A per-rank batch size as this group uses it: scaled up when an elastic group runs below its max size. */
@@ -495,6 +496,33 @@ export class DataParallelModel implements RecoverableModel {
     // On wasm, tfjs's Adam as one in-place pass per variable (bit for bit the same update); on
     // webgpu, one dispatch per variable.
     if (!fusedAdamStep(tf, this.optimizer, grads) && !fusedAdamStepWebGpu(tf, this.optimizer, grads)) this.optimizer.applyGradients(grads)
+  }
+
+  /**
+   * A step with no rows (sample weight 0): this rank takes part in the group's exchange and applies
+   * the same update as the others, adding nothing to it. A rank joining a streamed epoch does this
+   * for the step the survivors redo as it joins (their rows of it were planned before it came).
+   */
+  async #emptyStep(): Promise<void> {
+    const worker = this.#worker
+    if (worker.inPlace()) return
+    await worker.beforeStep?.()
+    const step = this.#step++
+    // Of the length readGradients gives (ZeRO stage 2 pads it to a multiple of the world size).
+    const flat = worker.gradientBuffer?.() ?? this.#ownGradientBuffer() ?? new Float32Array(this.parameterCount)
+    flat.fill(0)
+    this.#applyLearningRateRule(step, 0)
+    const exchanged = await worker.exchange(flat, {
+      step,
+      samples: 0,
+      recompute: async () => {
+        flat.fill(0)
+        return flat
+      }
+    })
+    if (!exchanged.adopted) await exchanged.apply?.()
+    if (!worker.viaServers) this.#global++
+    this.#sync.recovery?.countStep()
   }
 
   async #trainStep(x: Tensor, y: Tensor): Promise<StepResult> {

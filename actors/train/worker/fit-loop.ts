@@ -2,16 +2,19 @@
 // stream) is cut into steps (per-rank batches, slices of a global batch split by measured
 // throughput, micro-batches for gradient accumulation), each step goes through the model's
 // trainStep, and the epoch's metrics are summed over the ranks. With recovery from peers it follows
-// regroups (the epoch goes on at the furthest survivor's point, cut for the new group) and joins (a
-// joining rank skips what the survivors trained and takes their state where they are).
+// regroups (the epoch goes on at the furthest survivor's point, cut for the new group; a streamed
+// epoch's untrained rows are planned again for it) and joins (a joining rank skips what the
+// survivors trained and takes their state where they are).
 import type { Tf } from "../../../core/engine.ts"
 import { shardIndicesWeighted } from "../../../core/datasets.ts"
-import { isStreamingSource } from "../../../core/data/stream.ts"
+import { isStreamingSource, type StreamingSource } from "../../../core/data/stream.ts"
+import { replanRegroup, rowsLeft } from "../../../core/data/plan.ts"
 import { ConfigError } from "../../../core/errors.ts"
 import { batchTensors, classesOf, fitBatch, streamEpoch, type FitSource, type ShardSource } from "./batches.ts"
 import { HeteroBatcher } from "./hetero-batching.ts"
 import { PeerRecoveryMisaligned } from "./group-session.ts"
-import type { GradientSync, RecoveryCursor, StepObserver } from "./gradient-sync.ts"
+import { strategyOf, type GradientSync, type RecoveryCursor, type StepObserver } from "./gradient-sync.ts"
+import type { StreamCursor } from "../common/train-protocol.ts"
 
 type tfjs = typeof import("@tensorflow/tfjs")
 type LayersModel = import("@tensorflow/tfjs").LayersModel
@@ -95,6 +98,8 @@ export interface FitHost {
   /** Forward/backward ms of the last step (the batcher's throughput). */
   readonly lastComputeMs: number
   trainStep(x: Tensor, y: Tensor, options: TrainStepOptions): Promise<StepResult>
+  /** A step with no rows: this rank's part of the group's exchange, adding nothing (sample weight 0). */
+  emptyStep(): Promise<void>
   lossTargets(y: Tensor, numClasses: number): Tensor
   /** A per-rank batch size as this group uses it (elastic groups). */
   rankBatch(batchSize: number): number
@@ -109,6 +114,8 @@ export class FitLoop {
   stepsPerEpoch = 0
   /** The nominal global batch of an update (for the learning-rate rule). */
   fitGlobalBatch: number | undefined
+  /** A streamed epoch: the plan it was opened with and the rows per micro-batch (a regroup plans the rest again from it). */
+  stream: StreamCursor | undefined
   batcher: HeteroBatcher | undefined
   /** The recovery generation dp.fit() last saw, and the operation after which batch exchanges count again. */
   #seenGeneration = 0
@@ -147,8 +154,10 @@ export class FitLoop {
       for (let epoch = opts.initialEpoch ?? 0; epoch < opts.epochs; epoch++) {
         const started = performance.now()
         this.epoch = epoch
-        this.#streamRegroup(source, this.#observeRegroup(source, opts), epoch)
-        let { steps, rowsOf } = this.#epochRows(source, opts, epoch)
+        // A regroup noticed here, with the furthest survivor already in this epoch's first step:
+        // that step is this rank's to do too, on the plan the old group opened (#stepOfOldPlan).
+        const early = this.#observeRegroup(source, opts)
+        let { steps, rowsOf } = this.#epochRows(source, opts, epoch, this.#stepOfOldPlan(source, early, epoch, 0))
         this.stepsPerEpoch = steps
         const target = recovery?.joinTarget
         if (target && (!target.inFit || epoch > target.epoch)) {
@@ -165,16 +174,25 @@ export class FitLoop {
         // Sums over the epoch: loss * samples, correct predictions, samples.
         const totals = new Float32Array(3)
         let i = target ? stepAt(target, steps) : 0
+        // A streamed regroup's re-plan that waits for the step the group redoes (this rank does it on the old plan first).
+        let pending = early && this.#streamRegroup(source, early, epoch) ? early : undefined
         const joinHere = async (): Promise<void> => {
           await recovery!.join()
           this.#observeRegroup(source, opts, target!.ops)
           ;({ steps, rowsOf } = this.#epochRows(source, opts, epoch))
           this.stepsPerEpoch = steps
         }
-        if (target && i < steps) {
+        if (target && isStreamingSource(source) && target.stepInEpoch < target.stepsPerEpoch) {
+          // Joining a streamed epoch: the survivors' rows of the step they redo were planned
+          // without this rank, which takes part in it with none; then the rest is planned again
+          // for the new group, this rank included.
           this.#streamRegroup(source, target, epoch)
           await joinHere()
-        }
+          await this.#host.emptyStep()
+          ;({ steps, rowsOf } = this.#replanStream(source, opts, target, epoch))
+          this.stepsPerEpoch = steps
+          i = 0
+        } else if (target && i < steps) await joinHere()
         while (i < steps) {
           this.stepInEpoch = i
           // A step's micro-batches (one without accumulation): all but the last are only accumulated.
@@ -199,11 +217,20 @@ export class FitLoop {
           // A regroup during this step: the group and this rank's share changed, and the epoch goes
           // on where the furthest survivor was, cut for the new group.
           const c = this.#observeRegroup(source, opts)
-          if (c) {
-            this.#streamRegroup(source, c, epoch)
+          if (c && isStreamingSource(source)) {
+            // The furthest survivor redid step c.stepInEpoch in the new group; a rank behind it
+            // (it took that survivor's state for this step) does that step next, on the old plan.
+            if (this.#streamRegroup(source, c, epoch)) pending = c
+          } else if (c) {
             ;({ steps, rowsOf } = this.#epochRows(source, opts, epoch))
             this.stepsPerEpoch = steps
             if (c.inFit && c.epoch === epoch) i = Math.min(steps, stepAt(c, steps) + (recovery!.ops - c.ops))
+          }
+          if (pending && index >= pending.stepInEpoch && isStreamingSource(source)) {
+            ;({ steps, rowsOf } = this.#replanStream(source, opts, pending, epoch))
+            this.stepsPerEpoch = steps
+            pending = undefined
+            i = 0
           }
           // Every member's batch-size exchanges start again after the regroup's operation.
           if (!recovery || recovery.ops - 1 > this.#freshAfterOps) await this.batcher?.afterStep(stepSamples, this.#host.lastComputeMs)
@@ -228,6 +255,7 @@ export class FitLoop {
     } finally {
       this.inFit = false
       this.fitGlobalBatch = undefined
+      this.stream = undefined
     }
     return results
   }
@@ -248,15 +276,54 @@ export class FitLoop {
   }
 
   /**
-   * A streamed dataset's position is exact through a checkpoint (it is saved with it and re-planned
-   * for another world size), but a regroup in the middle of an epoch would pair the survivors' step
-   * in flight with rows of another plan: the group restarts from the latest checkpoint instead.
+   * Whether a regroup at `c` falls in the middle of this streamed epoch, where the rest of it is
+   * planned again (#replanStream). A source without a plan to cut again (a loader) throws: its
+   * position is exact only at a checkpoint, and the group restarts from the latest one instead.
    */
-  #streamRegroup(source: FitSource, c: RecoveryCursor | undefined, epoch: number): void {
-    if (!isStreamingSource(source) || !c || !c.inFit || c.epoch !== epoch || c.stepInEpoch >= c.stepsPerEpoch) return
-    throw new PeerRecoveryMisaligned({
-      reason: `the group changed at epoch ${epoch}, step ${c.stepInEpoch} of ${c.stepsPerEpoch}, of a streamed dataset, whose position is exact only at a checkpoint`
-    })
+  #streamRegroup(source: FitSource, c: RecoveryCursor | undefined, epoch: number): boolean {
+    if (!isStreamingSource(source) || !c || !c.inFit || c.epoch !== epoch || c.stepInEpoch >= c.stepsPerEpoch) return false
+    const sync = this.#host.sync
+    // One exchange a step (the all-reduce): local SGD's ranks train apart between rounds, and
+    // the servers (or auto, which may move to them) take steps that no survivor's position counts.
+    const stepSynchronous = strategyOf(sync) === "allreduce"
+    if (stepSynchronous && c.stream && source.restorePlan && sync.recovery?.survivorRanks) return true
+    const missing = !source.restorePlan
+      ? "a streamed dataset that has no plan to cut again (a loader's position is exact only at a checkpoint)"
+      : !stepSynchronous
+        ? "a streamed dataset, whose rest is planned again only where every step is one exchange of the group (the all-reduce)"
+        : !c.stream
+        ? "a streamed dataset, and the furthest survivor did not say which plan its group read"
+        : "a streamed dataset, and this rank's placement does not say which ranks survived"
+    throw new PeerRecoveryMisaligned({ reason: `the group changed at epoch ${epoch}, step ${c.stepInEpoch} of ${c.stepsPerEpoch}, of ${missing}` })
+  }
+
+  /**
+   * Where a regroup noticed at the start of a streamed epoch finds the furthest survivor in the
+   * epoch's first step: this rank does that step too, as the old group planned it (its old rank and
+   * size, the cursor's plan and batch), before the rest is planned again.
+   */
+  #stepOfOldPlan(source: FitSource, c: RecoveryCursor | undefined, epoch: number, next: number): { rank: number; cursor: StreamCursor } | undefined {
+    if (!c || !this.#streamRegroup(source, c, epoch) || next > c.stepInEpoch) return undefined
+    const rank = this.#host.sync.recovery!.survivorRanks![this.#host.sync.rank]
+    return rank === undefined ? undefined : { rank, cursor: c.stream! }
+  }
+
+  /**
+   * A regroup in the middle of a streamed epoch: the rest of it planned again for the new group,
+   * from the plan the old group read (the furthest survivor's cursor) and what each old rank trained
+   * of it: the survivors through the step the group redid (c.stepInEpoch), a lost rank through the
+   * step before (its rows of the redone step never reached the group). Every member computes the
+   * same plan; nothing is trained twice or left out (core/data/plan.ts replanRegroup).
+   */
+  #replanStream(source: StreamingSource, opts: FitOptions, c: RecoveryCursor, epoch: number): { steps: number; rowsOf: (step: number) => number[][] } {
+    const s = c.stream!
+    const k = opts.accumulationSteps ?? 1
+    const left = rowsLeft(s.plan)
+    const through = (steps: number): number => s.plan.consumed + Math.min(left, steps * k * s.batch)
+    const kept = new Set(this.#host.sync.recovery!.survivorRanks)
+    const trained = Array.from({ length: s.plan.worldSize }, (_, r) => through(kept.has(r) ? c.stepInEpoch + 1 : c.stepInEpoch))
+    source.restorePlan!(replanRegroup(s.plan, trained, this.#host.sync.worldSize))
+    return this.#epochRows(source, opts, epoch)
   }
 
   #prepareBatcher(source: ShardSource, globalBatch: number, fresh = false): void {
@@ -279,14 +346,20 @@ export class FitLoop {
   }
 
   /** An epoch's steps and each step's rows for this rank: per-rank batches, or slices of the global batch. */
-  #epochRows(source: FitSource, opts: FitOptions, epoch: number): { steps: number; rowsOf: (step: number) => number[][] } {
+  #epochRows(source: FitSource, opts: FitOptions, epoch: number, old?: { rank: number; cursor: StreamCursor }): { steps: number; rowsOf: (step: number) => number[][] } {
     const batcher = this.batcher
     const k = opts.accumulationSteps ?? 1
     if (isStreamingSource(source)) {
-      // Streamed: this rank's rows left in the epoch (its part of the plan), taken in order.
-      const bs = this.#host.rankBatch(opts.batchSize as number)
-      this.fitGlobalBatch = bs * this.#host.sync.worldSize * k
-      return streamEpoch(source.openEpoch(epoch, this.#host.sync.rank, this.#host.sync.worldSize), bs, k)
+      // Streamed: this rank's rows left in the epoch (its part of the plan), taken in order; or
+      // its rows of the old group's plan, for the step that group was in at a regroup.
+      if (old) source.restorePlan!(old.cursor.plan)
+      const bs = old ? old.cursor.batch : this.#host.rankBatch(opts.batchSize as number)
+      const p = old ? old.cursor.plan.worldSize : this.#host.sync.worldSize
+      this.fitGlobalBatch = bs * p * k
+      const left = source.openEpoch(epoch, old ? old.rank : this.#host.sync.rank, p)
+      const plan = source.openedPlan?.()
+      this.stream = plan ? { plan, batch: bs } : undefined
+      return streamEpoch(left, bs, k)
     }
     if (opts.globalBatchSize === undefined || !batcher) {
       const rows = source.rows(epoch)

@@ -4,6 +4,7 @@
 import type { FlatOptimizerSpec, FlatOptimizerState } from "../common/optim/flat-optimizers.ts"
 import type { ZeroStage } from "../common/optim/zero.ts"
 import type { LocalSgdSettings } from "../common/optim/outer-optimizer.ts"
+import type { StreamCursor } from "../common/train-protocol.ts"
 
 /** One variable's place in the flat gradient buffer. */
 export interface GradientSlot {
@@ -110,6 +111,8 @@ export interface RecoveryCursor {
   readonly epoch: number
   readonly stepInEpoch: number
   readonly stepsPerEpoch: number
+  /** A streamed epoch's plan (common/train-protocol.ts StreamCursor). */
+  readonly stream?: StreamCursor
 }
 
 /** What dp.fit() needs of the group session to skip, join and follow regroups. */
@@ -121,6 +124,8 @@ export interface PeerRecovery {
   readonly joinTarget: RecoveryCursor | undefined
   /** The joining rank reached the target: take the survivors' state. */
   join(): Promise<void>
+  /** The rank each survivor had before the last regroup (its placement's; undefined before any). */
+  readonly survivorRanks: ReadonlyArray<number> | undefined
   /** After a regroup, where the furthest survivor was (once). */
   takeCursor(): RecoveryCursor | undefined
   /** A trainStep() outside dp.fit(): a joining rank skips the survivors' steps, then joins them. */
@@ -139,3 +144,5 @@ export interface StepObserver {
   wait?(name: string, startMs: number, endMs: number): void
 }
 
+/** The registry's strategy a group's steps run: collectiveConfig.strategy, else read from what the group offers. */
+export const strategyOf = (sync: GradientSync): string => sync.strategy ?? (sync.auto ? "auto" : sync.localSgd ? "local-sgd" : sync.ps ? "parameter-server" : "allreduce")

@@ -17,7 +17,7 @@
 import { Schema } from "effect"
 import type { Communicator } from "../../../collectives/communicator.ts"
 import type { GradientReducer } from "../../../collectives/gradient-reducer.ts"
-import type { PeerState, Placement, Position } from "../common/train-protocol.ts"
+import type { PeerState, Placement, Position, StreamCursor } from "../common/train-protocol.ts"
 
 /** The joining worker's loop does not reach the survivors' position the way they did. */
 export class PeerRecoveryMisaligned extends Schema.TaggedError<PeerRecoveryMisaligned>()("PeerRecoveryMisaligned", {
@@ -37,6 +37,7 @@ export interface LoopPosition {
   readonly epoch: number
   readonly stepInEpoch: number
   readonly stepsPerEpoch: number
+  readonly stream?: StreamCursor
 }
 
 /** What a regroup needs of the prepared model (DataParallelModel implements it). */
@@ -137,6 +138,11 @@ export class GroupSession {
 
   get placement(): Placement {
     return this.#group.placement
+  }
+
+  /** The rank each survivor had before the last regroup (undefined before any). */
+  get survivorRanks(): ReadonlyArray<number> | undefined {
+    return this.#group.placement.survivorRanks
   }
 
   /** A joiner's target: the survivors' position (undefined once joined, and for every other rank). */

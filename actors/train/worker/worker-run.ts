@@ -167,7 +167,8 @@ export class WorkerRun {
       nodeRank: this.#args.nodeRank,
       nodes: this.#args.nodes,
       group: this.#args.group,
-      ...(this.#args.measured ? { measured: this.#args.measured } : {})
+      ...(this.#args.measured ? { measured: this.#args.measured } : {}),
+      ...(this.#args.survivorRanks ? { survivorRanks: this.#args.survivorRanks } : {})
     }
 
   #watchBus(): BusMonitor {
