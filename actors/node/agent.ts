@@ -105,7 +105,8 @@ export interface AgentOptions {
   readonly warmHosts?: number
   /**
    * A process stopped (SIGSTOP, SIGTSTP: state T) this long is killed: it holds its whole group
-   * up until a collective deadline (10 s at least) would fence it. Default 2000 ms; 0 never.
+   * up until a collective deadline (10 s at least) would fence it. Default 1000 ms (checked every
+   * 250 ms); 0 never.
    * Linux (/proc) only; a debugger's tracing stop (state t) is left alone.
    */
   readonly stoppedKillMs?: number
@@ -656,7 +657,7 @@ export class NodeAgent {
 
   /** Kills a process that has been stopped (state T) for options.stoppedKillMs. */
   #checkStopped(): void {
-    const limit = this.#options.stoppedKillMs ?? 2_000
+    const limit = this.#options.stoppedKillMs ?? 1_000
     if (limit <= 0 || this.#leaving) return
     const now = Date.now()
     for (const r of this.#processes.values()) {
