@@ -1,5 +1,6 @@
 // `npm run bench -- chaos [--every=15] [--seed=N] [--loops=fit,step] [--strategies=allreduce,zero,ps,localsgd]
-//                         [--kinds=worker-kill,worker-stop,nats-kill] [--epochs-fit=N] [--epochs-step=N] [--bound=3] [--spares=0] [--out=FILE]`
+//                         [--kinds=worker-kill,worker-stop,nats-kill[,agent-kill]] [--epochs-fit=N] [--epochs-step=N] [--bound=3]
+//                         [--spares=0] [--agent-restart-ms=1000] [--out=FILE]`
 // Goodput under chaos: the same job (digits MLP, 3 workers on the embedded cluster, failureConfig
 // { maxFailures: -1 }, recoverFrom left at its default) run fault-free, then under a seeded fault
 // schedule, for a `dp.fit` loop (test/support/chaos-loop.ts) and a hand-written `dp.trainStep` loop
@@ -13,12 +14,16 @@
 //                model says the hung process is killed once it is declared failed). The bench checks
 //                that it was: a victim still alive when the group resumes is SIGKILLed by the bench
 //                and the fault is flagged "not fenced";
-//   nats-kill    kill -9 of the embedded nats-server (its supervisor restarts it).
+//   nats-kill    kill -9 of the embedded nats-server (its supervisor restarts it), or of the head
+//                agent's (which restarts it) on a cluster of agents;
+//   agent-kill   kill -9 of a random agent other than the head, its workers with it; a new agent
+//                starts in its place --agent-restart-ms later, as a machine's supervisor would
+//                restart a crashed one. With this kind every run (fault-free too) is on a cluster of
+//                CLI agents on loopback, one CPU and one worker each (bench/chaos-cluster.ts).
 // A fault due while the group is still recovering from the previous one waits until the group
 // steps again (its delay is printed and the effective fault interval is what the table says).
-// Not run: kill -9 of an agent and a node's link cut in a network namespace need a cluster of
-// several agents (the embedded cluster has one, inside the driver process); bench/recovery.ts
-// (node loss) and test/chaos.test.ts (link cut) cover them without a schedule.
+// Not run: a node's link cut in a network namespace (test/chaos.test.ts cuts one for 10 s, without
+// a schedule).
 //
 // Per run: training time = the first progress message of the first generation to the report round
 // of the furthest epoch reached; goodput = (epochs / training time) under chaos over the same in
@@ -43,6 +48,7 @@ import { seededRng, type Rng } from "../core/random.ts"
 import { median } from "../scheduler/cost-model.ts"
 import { workerPids, killQuietly } from "../test/support/chaos.ts"
 import { readPositions } from "../test/support/positions.ts"
+import { startAgentCluster, type AgentCluster } from "./chaos-cluster.ts"
 
 const ROOT = fileURLToPath(new URL("../", import.meta.url))
 const LOOPS = {
@@ -58,10 +64,11 @@ const STRATEGIES: Readonly<Record<string, { readonly label: string; readonly col
   localsgd: { label: "local SGD (H=8)", collective: { strategy: "local-sgd", localSgd: { syncEvery: 8 } } }
 }
 
-const KINDS = ["worker-kill", "worker-stop", "nats-kill"] as const
+const KINDS = ["worker-kill", "worker-stop", "nats-kill", "agent-kill"] as const
 type Kind = (typeof KINDS)[number]
+/** What runs without --kinds: the embedded cluster's faults. */
+const DEFAULT_KINDS: ReadonlyArray<Kind> = ["worker-kill", "worker-stop", "nats-kill"]
 const NOT_RUN: ReadonlyArray<readonly [string, string]> = [
-  ["agent-kill", "needs several agents; the embedded cluster's one agent lives in the driver process (bench/recovery.ts 'loss' measures an agent kill -9 once)"],
   ["link-cut", "needs an agent in its own network namespace (test/chaos.test.ts cuts one for 10 s; not scheduled here)"]
 ]
 
@@ -133,11 +140,14 @@ const killLeftovers = (dir: string): number[] => {
   return killed
 }
 let trainerRunning = false
+/** The cluster of agents of a run with agent-kill faults: killed on exit too. */
+let agentCluster: AgentCluster | undefined
 /** Signals the bench raised itself to cut a run at its bound, and the Trainer's re-raise of each: ignored. */
 let ownSignals = 0
 let interrupted = false
 const onExit = (): void => {
   for (const d of pidDirs) killLeftovers(d)
+  agentCluster?.killNow()
 }
 const onSigint = (): void => {
   // The Trainer's own handler stops the group and the embedded cluster, then raises the signal
@@ -159,7 +169,7 @@ interface Spec {
   readonly epochs: number
   /** failureConfig.spares. */
   readonly spares: number
-  readonly chaos?: { readonly every: number; readonly rng: Rng; readonly kinds: ReadonlyArray<Kind>; readonly boundMs: number }
+  readonly chaos?: { readonly every: number; readonly rng: Rng; readonly kinds: ReadonlyArray<Kind>; readonly boundMs: number; readonly agentRestartMs: number }
 }
 
 const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset; test: ArrayDataset }, index: number, log: (line: string) => void): Promise<RunResult> => {
@@ -217,10 +227,16 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
     let victim: string
     let pid: number
     if (kind === "nats-kill") {
-      const pids = liveNatsServerPids()
-      if (!pids.length) return log(`    fault ${k + 1}: no nats-server pid to kill; skipped`)
-      pid = pids[0]!
+      const server = agentCluster ? agentCluster.natsServerPid() : liveNatsServerPids()[0]
+      if (server === undefined) return log(`    fault ${k + 1}: no nats-server pid to kill; skipped`)
+      pid = server
       victim = `nats-server pid ${pid}`
+    } else if (kind === "agent-kill") {
+      const agents = agentCluster!.killable()
+      if (!agents.length) return log(`    fault ${k + 1}: no live agent to kill; skipped`)
+      const a = agents[Math.floor(pick * agents.length)]!
+      pid = a.pid
+      victim = `agent ${a.node} pid ${pid}`
     } else {
       const ws = liveWorkers().sort(([a], [b]) => (a < b ? -1 : 1))
       if (!ws.length) return log(`    fault ${k + 1}: no live worker to ${kind === "worker-kill" ? "kill" : "stop"}; skipped`)
@@ -230,7 +246,10 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
     }
     const now = Date.now()
     const f: FaultRecord = { kind, at: now - start!, delayMs: Math.max(0, now - due(k)), victim, attempt: state.attempt }
-    process.kill(pid, kind === "worker-stop" ? "SIGSTOP" : "SIGKILL")
+    if (kind === "agent-kill") {
+      const replacement = agentCluster!.killAgent(victim.split(" ")[1]!, chaos!.agentRestartMs)
+      log(`    (agent ${replacement} starts in its place in ${chaos!.agentRestartMs} ms)`)
+    } else process.kill(pid, kind === "worker-stop" ? "SIGSTOP" : "SIGKILL")
     if (kind === "worker-stop") stopped.set(pid, f)
     faults.push(f)
     log(`    fault ${faults.length} at ${(f.at / 1000).toFixed(1)} s: ${kind} ${victim} (attempt ${f.attempt}${f.delayMs > 100 ? `, ${(f.delayMs / 1000).toFixed(1)} s late: the group was still recovering` : ""})`)
@@ -260,6 +279,8 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
   const cfg = { epochs: spec.epochs, pidDir, positions: true }
   const strategy = STRATEGIES[spec.strategy]!
   let error: string | undefined
+  // Every agent back (one killed in the previous run is replaced) before the group is placed.
+  await agentCluster?.waitForAgents(WORKERS)
   trainerRunning = true
   try {
     timer = setInterval(tick, 50)
@@ -309,7 +330,8 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
           }
         ]
       },
-      datasets: { train: data.train, test: data.test }
+      datasets: { train: data.train, test: data.test },
+      ...(agentCluster ? { cluster: { address: agentCluster.url, clusterName: agentCluster.clusterName } } : {})
     }).fit()
   } catch (e) {
     error = boundHit ? "bounded" : e instanceof Error ? `${e.name}: ${e.message.split("\n")[0]}` : String(e)
@@ -390,7 +412,9 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
   const seed = Number(arg("seed") ?? 1)
   const loops = (arg("loops") ?? "fit,step").split(",") as LoopShape[]
   const strategies = (arg("strategies") ?? "allreduce").split(",")
-  const kinds = (arg("kinds") ?? KINDS.join(",")).split(",") as Kind[]
+  const kinds = (arg("kinds") ?? DEFAULT_KINDS.join(",")).split(",") as Kind[]
+  const agentRestartMs = Number(arg("agent-restart-ms") ?? 1000)
+  if (!(agentRestartMs >= 0)) throw new Error(`--agent-restart-ms must be a number >= 0, got ${arg("agent-restart-ms")}`)
   const boundX = Number(arg("bound") ?? 3)
   const spares = Number(arg("spares") ?? 0)
   if (!(Number.isInteger(spares) && spares >= 0)) throw new Error(`--spares must be an integer >= 0, got ${arg("spares")}`)
@@ -408,8 +432,10 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
   try {
     const { train, test } = trainTestSplit(await loadDigits(), 0.2, 1)
     const data = { train, test }
+    if (kinds.includes("agent-kill")) agentCluster = await startAgentCluster(fs.mkdtempSync(path.join(storage, "agents-")), WORKERS)
+    const where = agentCluster ? `${WORKERS} CLI agents (one CPU each; an agent killed is replaced after ${agentRestartMs} ms)` : "the embedded cluster"
     console.log(
-      `\nchaos benchmark (${os.availableParallelism()} cores, load ${os.loadavg()[0]!.toFixed(1)}): digits MLP, ${WORKERS} workers on the embedded cluster, ` +
+      `\nchaos benchmark (${os.availableParallelism()} cores, load ${os.loadavg()[0]!.toFixed(1)}): digits MLP, ${WORKERS} workers on ${where}, ` +
         `${spares > 0 ? `${spares} spare(s), ` : ""}one fault per ${every} s window (seed ${seed}), kinds ${kinds.join(", ")}`
     )
     for (const [k, why] of NOT_RUN) console.log(`  not run: ${k}: ${why}`)
@@ -422,7 +448,7 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
         console.log(`    fault-free: ${s2(free.trainMs)} s training (${s2(free.wallMs)} s wall)${free.error ? `; ${free.error}` : ""}`)
         const boundMs = Math.min(MAX_RUN_MS, boundX * free.wallMs)
         const rng = seededRng(seed * 1000 + i)
-        const chaos = await runOnce({ loop, strategy, epochs: epochs[loop], spares, chaos: { every, rng, kinds, boundMs } }, storage, data, i++, log)
+        const chaos = await runOnce({ loop, strategy, epochs: epochs[loop], spares, chaos: { every, rng, kinds, boundMs, agentRestartMs } }, storage, data, i++, log)
         console.log(
           `    under chaos: ${s2(chaos.trainMs)} s training for ${+chaos.epochsDone.toFixed(1)}/${chaos.epochs} epochs (${s2(chaos.wallMs)} s wall), ${chaos.faults.length} faults${chaos.error ? `; ${chaos.error}` : ""}`
         )
@@ -478,6 +504,8 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
         `\nJSON: ${out}`
     )
   } finally {
+    await agentCluster?.stop()
+    agentCluster = undefined
     process.off("SIGINT", onSigint)
     if (process.env.GW_CHAOS_KEEP) console.log(`run directories kept in ${storage}`)
     else fs.rmSync(storage, { recursive: true, force: true })
