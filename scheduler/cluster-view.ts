@@ -102,6 +102,22 @@ export class ClusterView {
     return this.alive().map((n) => toNodeResources(n.ad))
   }
 
+  /**
+   * Takes a node for dead now, without waiting for its heartbeats to stop (a process of it said its
+   * agent is gone), as the sweep would: a node-dead event, and the owners of its processes told. A
+   * node that is heard again comes back as after any death.
+   */
+  markDead(nodeId: string): void {
+    const node = this.#nodes.get(nodeId)
+    if (!node || node.state !== "alive") return
+    const now = Date.now()
+    const dead: NodeStatus = { ...node, state: "dead", since: now }
+    this.#nodes.set(nodeId, dead)
+    if (this.#notifyOwners) this.#tellOwners(nodeId, node.ad.processes, now)
+    this.#emit({ type: "node-dead", node: dead, lost: node.ad.processes })
+    this.#changed()
+  }
+
   onEvent(listener: (event: ClusterEvent) => void): () => void {
     this.#listeners.add(listener)
     return () => this.#listeners.delete(listener)
@@ -132,6 +148,24 @@ export class ClusterView {
       }
       if (check()) return
       this.#changeWaiters.add(waiter)
+    })
+  }
+
+  /**
+   * Resolves at the view's next change (a node heard for the first time, or changing state, or an
+   * advertisement updated), or after `timeoutMs`: what a loop that waits for room awaits between
+   * tries (waitFor with a predicate that holds now resolves at once, without a turn of the event
+   * loop, so the messages that would change the view never arrive).
+   */
+  nextChange(timeoutMs: number): Promise<void> {
+    return new Promise((resolve) => {
+      const done = (): void => {
+        clearTimeout(timer)
+        this.#changeWaiters.delete(done)
+        resolve()
+      }
+      const timer = setTimeout(done, timeoutMs)
+      this.#changeWaiters.add(done)
     })
   }
 
@@ -210,12 +244,7 @@ export class ClusterView {
     let changed = false
     for (const [id, node] of this.#nodes) {
       if (node.state === "alive" && now - node.lastSeenAt > this.deadAfterMs) {
-        const dead: NodeStatus = { ...node, state: "dead", since: now }
-        this.#nodes.set(id, dead)
-        changed = true
-        const lost = node.ad.processes
-        if (this.#notifyOwners) this.#tellOwners(id, lost, now)
-        this.#emit({ type: "node-dead", node: dead, lost })
+        this.markDead(id)
       } else if (node.state !== "alive" && now - node.since > this.#forgetAfterMs) {
         this.#nodes.delete(id)
         changed = true

@@ -17,6 +17,7 @@ import { toWireFailure } from "../runtime/envelope.ts"
 import { decodeHostSpec, type HostSpec } from "./host-spec.ts"
 import { stderrLogger } from "../runtime/log.ts"
 import { ActorSystem } from "../runtime/system.ts"
+import { AGENT_GONE } from "../runtime/watcher.ts"
 
 /** What a warm host loads while it waits: the training worker's actor module, and with it tfjs. */
 export const WARM_PRELOAD = fileURLToPath(new URL(import.meta.url.endsWith(".ts") ? "../train/worker/worker.ts" : "../train/worker/worker.js", import.meta.url))
@@ -79,22 +80,29 @@ const main = async (): Promise<void> => {
   const log = stderrLogger(`${spec.job}/${spec.name}`)
   let handle: ActorHandle | undefined
   let conn: OpenedConnection | undefined
+  let live: ActorSystem | undefined
   let exiting = false
-  const exit = (code: number): void => {
+  const exit = (code: number, agentGone = false): void => {
     if (exiting) return
     exiting = true
     // Give the stop notice and last log lines a moment to leave, but never hang here.
     setTimeout(() => process.exit(code), 2_000).unref()
     void (async () => {
-      // No stop notice: the agent's exit notice says what happened (and why it killed us).
-      await handle?.stop({ drain: false, reason: code === 143 ? "SIGTERM" : "agent gone", timeoutMs: 1_500, announce: false }).catch(() => {})
+      // The agent's exit notice says what happened (and why it killed us), except when the agent
+      // itself is gone: then this process says so first, so whoever watches it does not wait for
+      // its heartbeats to stop (runtime/watcher.ts reads it as the node lost).
+      if (agentGone && live && handle) {
+        live.publishEvent({ type: "stopped", name: spec.name, instance: spec.instance, reason: AGENT_GONE, at: Date.now() })
+        await settleWithin(conn!.nc.flush(), 500)
+      }
+      await handle?.stop({ drain: false, reason: code === 143 ? "SIGTERM" : AGENT_GONE, timeoutMs: 1_500, announce: false }).catch(() => {})
       await conn?.close().catch(() => {})
       process.exit(code)
     })()
   }
   // The agent holds the other end of stdin: EOF means it is gone.
-  process.stdin.on("end", () => exit(1))
-  process.stdin.on("close", () => exit(1))
+  process.stdin.on("end", () => exit(1, true))
+  process.stdin.on("close", () => exit(1, true))
   process.on("SIGTERM", () => exit(143))
   process.on("SIGINT", () => exit(130))
 
@@ -110,6 +118,7 @@ const main = async (): Promise<void> => {
     node: spec.node,
     log
   })
+  live = system
   try {
     const definition = await loadDefinition(spec)
     handle = await launchActor(system, definition, { name: spec.name, instance: spec.instance, args: spec.args, heartbeatMs: spec.heartbeatMs })

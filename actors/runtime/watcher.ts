@@ -51,6 +51,9 @@ interface Seen {
 const MAX_REMEMBERED_DOWNS = 10_000
 
 /** An event turned into the ActorDown it announces, or undefined for events that are not deaths. */
+/** The stop reason of an actor process that exits because its node agent is gone (actors/node/host.ts). */
+export const AGENT_GONE = "agent gone"
+
 export const downFromEvent = (event: JobEvent): ActorDown | undefined => {
   switch (event.type) {
     case "exit": {
@@ -68,6 +71,16 @@ export const downFromEvent = (event: JobEvent): ActorDown | undefined => {
       }
     }
     case "stopped":
+      // An actor process whose agent is gone (killed, crashed) says so as it exits: its node is lost.
+      if (event.reason === AGENT_GONE && !event.failure) {
+        return {
+          name: event.name,
+          instance: event.instance,
+          reason: "node-lost",
+          detail: "its node agent is gone (killed or crashed) and the process exited with it",
+          at: event.at
+        }
+      }
       return {
         name: event.name,
         instance: event.instance,

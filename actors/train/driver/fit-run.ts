@@ -17,6 +17,7 @@ import type { ResolvedDataset } from "../../../core/data/resolve.ts"
 import { ActorSystem } from "../../runtime/system.ts"
 import { defineActor, launchActor, type ActorHandle } from "../../runtime/actor.ts"
 import type { RequestOf } from "../../runtime/protocol.ts"
+import { AGENT_GONE } from "../../runtime/watcher.ts"
 import { silentLogger, stderrLogger } from "../../runtime/log.ts"
 import { CheckpointStore, readCheckpoint, saveWithRetries, type CheckpointPolicy, type CheckpointStorage } from "./checkpoint-store.ts"
 import { ObjectCheckpointStore, isObjectCheckpointUrl, readObjectCheckpoint } from "./object-checkpoint-store.ts"
@@ -295,6 +296,12 @@ export class FitRun {
     const watcher = await this.#system.watcherReady()
     watcher.onEvent((e) => {
       if (e.type === "exit") this.#agentHeard.set(e.node, Date.now())
+      // A worker whose agent is gone says so as it exits (actors/node/host.ts): its node is lost
+      // now, not once its heartbeats are overdue, and no regroup asks the node's other workers.
+      if (e.type === "stopped" && e.reason === AGENT_GONE) {
+        const w = [...this.#group.members.values()].find((m) => m.instance === e.instance)
+        if (w) this.cluster.view.markDead(w.node)
+      }
     })
     this.record.monitor = startJobMonitor({
       cfg,

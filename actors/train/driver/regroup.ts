@@ -163,7 +163,7 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
         if (kMin > 0 || !x.failure) return giveUp(`no room for new workers: ${firstLine(planned.failure.message)}`)
         break
       }
-      await x.cluster.view.waitFor(() => true, 500).catch(() => undefined)
+      await x.cluster.view.nextChange(500)
     }
   }
   const joiners = ready.length + (joinPlan?.ranks.length ?? 0)

@@ -123,7 +123,7 @@ export class Trainer {
         noticeAt = now + PLACEMENT_NOTICE_EVERY_MS
         progress.line(`gradwire: waiting up to ${Math.ceil((deadline - now) / 1000)} s for room: ${firstLine(failure.message)}`)
       }
-      await settle(cluster.view.waitFor(() => true, Math.min(1_000, Math.max(50, deadline - now))))
+      await cluster.view.nextChange(Math.min(1_000, Math.max(50, deadline - now)))
     }
   }
 }
