@@ -112,10 +112,14 @@ const alive = (pid: number): boolean => {
   const s = processState(pid)
   return s !== undefined && s !== "Z" && s !== "X"
 }
-/** A worker process: a node process whose pid a loop wrote (pids are not reused within a run in practice; this checks anyway). */
+/**
+ * A worker process: a node process whose pid a loop wrote (pids are not reused within a run in
+ * practice; this checks anyway). One an agent started warm has retitled itself "gradwire-host ...".
+ */
 const isNode = (pid: number): boolean => {
   try {
-    return fs.readFileSync(`/proc/${pid}/cmdline`, "utf8").includes("node")
+    const cmdline = fs.readFileSync(`/proc/${pid}/cmdline`, "utf8")
+    return cmdline.includes("node") || cmdline.startsWith("gradwire-host")
   } catch {
     return false
   }
