@@ -44,13 +44,17 @@ export const startAgentCluster = async (dir: string, agents: number): Promise<Ag
     fs.closeSync(log)
     children.set(node, c)
   }
-  const stop = async (): Promise<void> => {
+  const killNow = (): void => {
     const server = readState(stateDir("head"))?.natsServer?.pid
+    for (const c of children.values()) if (alive(c)) c.kill("SIGKILL")
+    if (server !== undefined) killQuietly(server, "SIGKILL")
+  }
+  /** SIGTERM to every agent (the head stops its nats-server), then SIGKILL of what is left after 10 s. */
+  const stop = async (): Promise<void> => {
     for (const c of children.values()) if (alive(c)) c.kill("SIGTERM")
     const deadline = Date.now() + 10_000
     while ([...children.values()].some(alive) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 100))
-    for (const c of children.values()) if (alive(c)) c.kill("SIGKILL")
-    if (server !== undefined) killQuietly(server, "SIGKILL")
+    killNow()
   }
   /** Until `n` agents are alive (the head's nats-server may not listen yet: tried again), 60 s at most. */
   const waitForAgents = async (n: number): Promise<void> => {
@@ -89,10 +93,6 @@ export const startAgentCluster = async (dir: string, agents: number): Promise<Ag
     natsServerPid: () => readState(stateDir("head"))?.natsServer?.pid,
     waitForAgents,
     stop,
-    killNow: () => {
-      const server = readState(stateDir("head"))?.natsServer?.pid
-      for (const c of children.values()) if (alive(c)) c.kill("SIGKILL")
-      if (server !== undefined) killQuietly(server, "SIGKILL")
-    }
+    killNow
   }
 }

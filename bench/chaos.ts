@@ -230,6 +230,7 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
     const pick = rng()
     let victim: string
     let pid: number
+    let agentNode: string | undefined
     if (kind === "nats-kill") {
       const server = agentCluster ? agentCluster.natsServerPid() : liveNatsServerPids()[0]
       if (server === undefined) return log(`    fault ${k + 1}: no nats-server pid to kill; skipped`)
@@ -240,6 +241,7 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
       if (!agents.length) return log(`    fault ${k + 1}: no live agent to kill; skipped`)
       const a = agents[Math.floor(pick * agents.length)]!
       pid = a.pid
+      agentNode = a.node
       victim = `agent ${a.node} pid ${pid}`
     } else {
       const ws = liveWorkers().sort(([a], [b]) => (a < b ? -1 : 1))
@@ -250,8 +252,8 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
     }
     const now = Date.now()
     const f: FaultRecord = { kind, at: now - start!, delayMs: Math.max(0, now - due(k)), victim, attempt: state.attempt }
-    if (kind === "agent-kill") {
-      const replacement = agentCluster!.killAgent(victim.split(" ")[1]!, chaos!.agentRestartMs)
+    if (agentNode !== undefined) {
+      const replacement = agentCluster!.killAgent(agentNode, chaos!.agentRestartMs)
       log(`    (agent ${replacement} starts in its place in ${chaos!.agentRestartMs} ms)`)
     } else process.kill(pid, kind === "worker-stop" ? "SIGSTOP" : "SIGKILL")
     if (kind === "worker-stop") stopped.set(pid, f)

@@ -50,10 +50,10 @@ interface Seen {
 
 const MAX_REMEMBERED_DOWNS = 10_000
 
-/** An event turned into the ActorDown it announces, or undefined for events that are not deaths. */
 /** The stop reason of an actor process that exits because its node agent is gone (actors/node/host.ts). */
 export const AGENT_GONE = "agent gone"
 
+/** An event turned into the ActorDown it announces, or undefined for events that are not deaths. */
 export const downFromEvent = (event: JobEvent): ActorDown | undefined => {
   switch (event.type) {
     case "exit": {

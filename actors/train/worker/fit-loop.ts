@@ -155,9 +155,12 @@ export class FitLoop {
         const started = performance.now()
         this.epoch = epoch
         // A regroup noticed here, with the furthest survivor already in this epoch's first step:
-        // that step is this rank's to do too, on the plan the old group opened (#stepOfOldPlan).
+        // that step is this rank's to do too, on the plan the old group opened (#oldPlanOf), and
+        // the re-plan waits for it.
         const early = this.#observeRegroup(source, opts)
-        let { steps, rowsOf } = this.#epochRows(source, opts, epoch, this.#stepOfOldPlan(source, early, epoch, 0))
+        // A streamed regroup's re-plan that waits for the step the group redoes (this rank does it on the old plan first).
+        let pending = early && this.#streamRegroup(source, early, epoch) ? early : undefined
+        let { steps, rowsOf } = this.#epochRows(source, opts, epoch, pending && this.#oldPlanOf(pending))
         this.stepsPerEpoch = steps
         const target = recovery?.joinTarget
         if (target && (!target.inFit || epoch > target.epoch)) {
@@ -174,8 +177,6 @@ export class FitLoop {
         // Sums over the epoch: loss * samples, correct predictions, samples.
         const totals = new Float32Array(3)
         let i = target ? stepAt(target, steps) : 0
-        // A streamed regroup's re-plan that waits for the step the group redoes (this rank does it on the old plan first).
-        let pending = early && this.#streamRegroup(source, early, epoch) ? early : undefined
         const joinHere = async (): Promise<void> => {
           await recovery!.join()
           this.#observeRegroup(source, opts, target!.ops)
@@ -298,12 +299,11 @@ export class FitLoop {
   }
 
   /**
-   * Where a regroup noticed at the start of a streamed epoch finds the furthest survivor in the
-   * epoch's first step: this rank does that step too, as the old group planned it (its old rank and
-   * size, the cursor's plan and batch), before the rest is planned again.
+   * Where a regroup noticed at the start of a streamed epoch (#streamRegroup holds for `c`) finds
+   * the furthest survivor in the epoch's first step: this rank does that step too, as the old group
+   * planned it (its old rank and size, the cursor's plan and batch), before the rest is planned again.
    */
-  #stepOfOldPlan(source: FitSource, c: RecoveryCursor | undefined, epoch: number, next: number): { rank: number; cursor: StreamCursor } | undefined {
-    if (!c || !this.#streamRegroup(source, c, epoch) || next > c.stepInEpoch) return undefined
+  #oldPlanOf(c: RecoveryCursor): { rank: number; cursor: StreamCursor } | undefined {
     const rank = this.#host.sync.recovery!.survivorRanks![this.#host.sync.rank]
     return rank === undefined ? undefined : { rank, cursor: c.stream! }
   }
