@@ -82,8 +82,9 @@ describe("Trainer with file datasets", () => {
     const spec = fromFiles(path.join(dataDir, "*.csv"), OPTS)
     const r = await new Trainer({
       trainLoopPerWorker: LOOP,
-      // 20 steps an epoch per rank; checkpoints after steps 3, 7, 11...; rank 1 dies after step 5 of epoch 1.
-      trainLoopConfig: { epochs: 3, batchSize: BATCH, rows: ROWS, logDir, checkpointEvery: 4, holdFile, fail: { how: "kill", rank: 1, epoch: 1, step: 5 } },
+      // 20 steps an epoch per rank; a report with a checkpoint after every step (so the replacement
+      // joins at a step the others report at); rank 1 dies after step 5 of epoch 1.
+      trainLoopConfig: { epochs: 3, batchSize: BATCH, rows: ROWS, logDir, checkpointEvery: 1, holdFile, fail: { how: "kill", rank: 1, epoch: 1, step: 5 } },
       scalingConfig: { numWorkers: 3 },
       // recoverFrom "peers" is the default for file datasets too.
       runConfig: { name: "files-kill", storagePath: work, progress: false, failureConfig: { maxFailures: 1 } },

@@ -193,6 +193,9 @@ export class FitLoop {
           ;({ steps, rowsOf } = this.#replanStream(source, opts, target, epoch))
           this.stepsPerEpoch = steps
           i = 0
+          // It is this rank's step too: the loop's step callback runs as on the survivors (which
+          // may report there), with no rows (loss NaN, samples 0, as a replayed step's).
+          await opts.onStep?.({ loss: Number.NaN, samples: 0, epoch, index: target.stepInEpoch })
         } else if (target && i < steps) await joinHere()
         while (i < steps) {
           this.stepInEpoch = i
