@@ -224,7 +224,12 @@ export class FitLoop {
           if (c && isStreamingSource(source)) {
             // The furthest survivor redid step c.stepInEpoch in the new group; a rank behind it
             // (it took that survivor's state for this step) does that step next, on the old plan.
-            if (this.#streamRegroup(source, c, epoch)) pending = c
+            if (this.#streamRegroup(source, c, epoch)) {
+              pending = c
+              // Taking the survivor's state put its data position back (train-context.ts adopt),
+              // which closes the open plan: the step still to do here is read from the old one.
+              if (index < c.stepInEpoch) ({ steps, rowsOf } = this.#epochRows(source, opts, epoch, this.#oldPlanOf(c)))
+            }
           } else if (c) {
             ;({ steps, rowsOf } = this.#epochRows(source, opts, epoch))
             this.stepsPerEpoch = steps
