@@ -163,7 +163,12 @@ export const DIRECT_MIN_BYTES = 64 * 1024
 /** measureTransport's figures: per size the median all-reduce ms over each path, and the threshold chosen. */
 export interface TransportMeasurement {
   readonly minBytes: number
+  /** Transport "auto": per size of the ladder, the median over each path. */
   readonly rows: ReadonlyArray<{ readonly bytes: number; readonly natsMs: number; readonly directMs: number }>
+  /** Every timed call over the direct links (this rank's times), for the cost model's fit. */
+  readonly direct: ReadonlyArray<{ readonly bytes: number; readonly ms: number }>
+  /** The algorithm timed. */
+  readonly algorithm: string
 }
 
 /** How this rank's calls reach each peer, for explain.txt and the benchmark. */
@@ -981,35 +986,47 @@ export class Communicator {
   }
 
   /**
-   * transport "auto": times all-reduces of a ladder of sizes over NATS and over the direct links
-   * (interleaved, median of `reps`), and sends calls direct from the smallest size on which the
-   * direct path was at least as fast at that size and every larger one (never, if it lost at the
-   * largest). Every rank must call it at the same point (the calls are collectives); each keeps its
-   * own threshold, since each sender chooses the path of its own frames. Returns the figures.
+   * Times all-reduces over the direct links, for the cost model's fit of them (the timings come
+   * back as `direct`: `algorithm`, ring by default, at every size of the ladder and at `fitSizes`,
+   * extra sizes timed over the direct links only).
+   * With transport "auto" it also times the ladder over NATS (interleaved, median of `reps`) and
+   * sends calls direct from the smallest size on which the direct path was at least as fast at
+   * that size and every larger one (never, if it lost at the largest). Every rank must call it at
+   * the same point (the calls are collectives); each keeps its own threshold, since each sender
+   * chooses the path of its own frames. Returns the figures; nothing is timed without direct links.
    */
-  async measureTransport(opts: { sizes?: ReadonlyArray<number>; reps?: number; algorithm?: AllReduceAlgorithm } = {}): Promise<TransportMeasurement> {
+  async measureTransport(
+    opts: { sizes?: ReadonlyArray<number>; fitSizes?: ReadonlyArray<number>; reps?: number; algorithm?: AllReduceAlgorithm } = {}
+  ): Promise<TransportMeasurement> {
     const sizes = opts.sizes ?? [4 * 1024, 64 * 1024, 1024 * 1024]
+    const fitSizes = opts.fitSizes ?? []
     const reps = opts.reps ?? 3
+    const algorithm = opts.algorithm ?? "ring"
     const rows: Array<{ bytes: number; natsMs: number; directMs: number }> = []
-    if (this.#directPeers.size === 0 || this.#transport !== "auto") return { minBytes: this.#directMinBytes, rows }
+    const direct: Array<{ bytes: number; ms: number }> = []
+    if (this.#directPeers.size === 0 || this.#transport === "nats") return { minBytes: this.#directMinBytes, rows, direct, algorithm }
+    const auto = this.#transport === "auto"
     const med = (xs: number[]): number => [...xs].sort((a, b) => a - b)[xs.length >> 1]!
-    for (const bytes of sizes) {
+    for (const bytes of [...sizes, ...fitSizes.filter((b) => !sizes.includes(b))]) {
       const buf = new Float32Array(Math.max(1, bytes >> 2))
+      const paths = auto && sizes.includes(bytes) ? (["nats", "direct"] as const) : (["direct"] as const)
       const t: Record<"nats" | "direct", number[]> = { nats: [], direct: [] }
       for (let i = 0; i <= reps; i++) {
-        for (const transport of i % 2 === 0 ? (["nats", "direct"] as const) : (["direct", "nats"] as const)) {
+        for (const transport of i % 2 === 0 ? paths : [...paths].reverse()) {
           buf.fill(1)
           const t0 = performance.now()
-          await this.allReduce(buf, { algorithm: opts.algorithm ?? "ring", transport })
+          await this.allReduce(buf, { algorithm, transport })
           if (i > 0) t[transport].push(performance.now() - t0) // the first round warms both paths up
         }
       }
-      rows.push({ bytes, natsMs: med(t.nats), directMs: med(t.direct) })
+      for (const ms of t.direct) direct.push({ bytes, ms })
+      if (paths.length === 2) rows.push({ bytes, natsMs: med(t.nats), directMs: med(t.direct) })
     }
+    if (!auto) return { minBytes: this.#directMinBytes, rows, direct, algorithm }
     let minBytes = Number.POSITIVE_INFINITY
     for (let i = rows.length - 1; i >= 0 && rows[i]!.directMs <= rows[i]!.natsMs; i--) minBytes = i === 0 ? 0 : rows[i]!.bytes
     this.#directMinBytes = minBytes
-    return { minBytes, rows }
+    return { minBytes, rows, direct, algorithm }
   }
 
   /** How this rank's calls reach each peer. */

@@ -430,9 +430,18 @@ export class GradientReducer {
         throw new CodecContractError({ codec: c.name, reason: `aggregation "${c.aggregation}" has no per-bucket path in the gradient reducer` })
       }
     }
-    this.#opts.onBucket?.({ bucket: k, bytes, algorithm, startMs, endMs: performance.now(), encodeMs })
+    const endMs = performance.now()
+    this.noteCall(data.length * 4, algorithm, endMs - startMs)
+    this.#opts.onBucket?.({ bucket: k, bytes, algorithm, startMs, endMs, encodeMs })
     return bytes
   }
+
+  /**
+   * Called after each bucket's all-reduce with the size the algorithm was chosen for (the
+   * bucket's fp32 bytes), the algorithm and the call's time on this rank. For subclasses that
+   * learn from it (AutoGradientReducer's tuner).
+   */
+  protected noteCall(_bytes: number, _algorithm: string, _ms: number): void {}
 
   /** The binary16 message of fp16 bucket k, kept between steps. */
   #halfBuffer(k: number, n: number): Uint16Array {

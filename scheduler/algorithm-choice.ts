@@ -249,6 +249,8 @@ export interface Explanation {
     readonly schedule: CommunicationPlan["schedule"]
     readonly predictedCommMs: number
     readonly assumedLinks: Readonly<Record<string, string>>
+    /** With algorithm 'auto', once the tuner has decided: per size, each algorithm's measured ms and the pick. */
+    readonly tuned?: readonly { readonly bytes: number; readonly ms: readonly number[]; readonly picked: string; readonly modelPick: string }[]
   }
 }
 

@@ -70,6 +70,28 @@ export interface CostModel {
   readonly chunkBytes?: number
   /** How hierarchical groups ranks: per node (default) or per NATS server, as the collective is configured. */
   readonly hierarchicalGroups?: "node" | "server"
+  /**
+   * The direct data path (collectives/direct.ts), when the group has one: calls of at least
+   * `minBytes` are priced on these links instead of NATS's.
+   */
+  readonly direct?: DirectLinks
+}
+
+/**
+ * The direct data path as the model prices it. Frames go from a rank's socket straight to the
+ * peer's (a Unix socket on one node, TCP across), so a stage has no hub term: it costs its largest
+ * alpha plus the busiest rank's sent or received bytes times beta, and a fan-out is one send per
+ * receiver (the sender pays its bytes once per destination). Fitted from the group's own timed
+ * calls over those links (fitDirectLinks), every link class alike.
+ */
+export interface DirectLinks {
+  readonly links: Readonly<Record<LinkClass, AlphaBeta>>
+  /** Calls of at least this many bytes go direct (the communicator's threshold; 0: every call). */
+  readonly minBytes: number
+  /** What the links were fitted from, for explanations ("ring over the direct links at 3 sizes"). */
+  readonly source?: string
+  /** Root-mean-square relative error of the fit over its timings. */
+  readonly rmsRelativeError?: number
 }
 
 /** One probe measurement: a message of `bytes` took `ms` one way (halve a round trip). */
@@ -89,6 +111,8 @@ export interface Prediction {
   readonly bytes: number
   readonly ranks: number
   readonly ms: number
+  /** The data path the call is priced on (the direct links from the model's `direct.minBytes` on). */
+  readonly path?: "nats" | "direct"
   readonly phases: readonly PhasePrediction[]
   /** What dominates: "latency", "link" or "server <id>". */
   readonly bottleneck: string
@@ -289,8 +313,33 @@ const serverMsPerMessage = (model: CostModel, server: string): number => {
   return model.links["same-server"].alphaMs
 }
 
-/** Cost of one stage (the formula in the module comment). */
-export const stageCost = (flows: readonly Flow[], topo: Topology, model: CostModel): StageCost => {
+/**
+ * A stage over the direct links: no hub; the largest alpha plus the busiest rank's sent or received
+ * bytes times beta, a multi-destination flow being one send per receiver.
+ */
+const directStageCost = (flows: readonly Flow[], topo: Topology, links: Readonly<Record<LinkClass, AlphaBeta>>): StageCost => {
+  let latency = 0
+  const tx = new Map<number, number>()
+  const rx = new Map<number, number>()
+  const bump = (m: Map<number, number>, k: number, v: number) => m.set(k, (m.get(k) ?? 0) + v)
+  for (const f of flows) {
+    const src = topo[f.src]!
+    for (const d of f.dsts) {
+      const link = links[linkClassOf(src, topo[d]!)]
+      latency = Math.max(latency, link.alphaMs)
+      bump(tx, f.src, f.bytes * link.betaMsPerByte)
+      bump(rx, d, f.bytes * link.betaMsPerByte)
+    }
+  }
+  let linkMs = 0
+  for (const v of tx.values()) linkMs = Math.max(linkMs, v)
+  for (const v of rx.values()) linkMs = Math.max(linkMs, v)
+  return { ms: latency + linkMs, latencyMs: latency, linkMs, serverMs: 0, busiestServer: "" }
+}
+
+/** Cost of one stage (the formula in the module comment); over the model's direct links with path "direct". */
+export const stageCost = (flows: readonly Flow[], topo: Topology, model: CostModel, path: "nats" | "direct" = "nats"): StageCost => {
+  if (path === "direct" && model.direct !== undefined) return directStageCost(flows, topo, model.direct.links)
   let latency = 0
   // Sending and receiving are separate directions of a full-duplex socket: a ring rank does both
   // in every stage at full speed, a tree parent receiving two children's chunks does not.
@@ -361,7 +410,7 @@ const addStage = (ph: PhaseAcc, c: StageCost, times: number): void => {
   }
 }
 
-const finish = (algorithm: string, bytes: number, p: number, phases: PhaseAcc[]): Prediction => {
+const finish = (algorithm: string, bytes: number, p: number, phases: PhaseAcc[], path: "nats" | "direct" = "nats"): Prediction => {
   const ms = phases.reduce((s, ph) => s + ph.ms, 0)
   const lat = phases.reduce((s, ph) => s + ph.latencyMs, 0)
   const link = phases.reduce((s, ph) => s + ph.linkMs, 0)
@@ -376,6 +425,7 @@ const finish = (algorithm: string, bytes: number, p: number, phases: PhaseAcc[])
     bytes,
     ranks: p,
     ms,
+    path,
     phases: phases.filter((ph) => ph.stages > 0).map((ph) => ({ name: ph.name, stages: ph.stages, ms: ph.ms })),
     bottleneck
   }
@@ -388,14 +438,87 @@ const chunkBytesOf = (model: CostModel): number =>
 /** Predicted time of one all-reduce of `bytes` over `topo` (rank i at topo[i]) by `algorithm`. */
 export const predictAllReduce = (algorithm: AlgorithmCost, bytes: number, topo: Topology, model: CostModel): Prediction => {
   const p = topo.length
-  if (p <= 1 || bytes <= 0) return finish(algorithm.name, bytes, p, [])
+  const path = pathOf(bytes, model)
+  if (p <= 1 || bytes <= 0) return finish(algorithm.name, bytes, p, [], path)
   const input = { bytes, topology: topo, chunkBytes: chunkBytesOf(model), hierarchy: model.hierarchicalGroups ?? "node", fanout: true }
   const phases = algorithm.stages(input).map((declared) => {
     const ph = newPhase(declared.name)
-    for (const stage of declared.stages) addStage(ph, stageCost(stage.flows, topo, model), stage.times)
+    for (const stage of declared.stages) addStage(ph, stageCost(stage.flows, topo, model, path), stage.times)
     return ph
   })
-  return finish(algorithm.name, bytes, p, phases)
+  return finish(algorithm.name, bytes, p, phases, path)
+}
+
+/** The path a call of `bytes` takes: direct from the model's `direct.minBytes` on, else NATS. */
+export const pathOf = (bytes: number, model: CostModel): "nats" | "direct" =>
+  model.direct !== undefined && bytes >= model.direct.minBytes ? "direct" : "nats"
+
+/** One timed call over the direct links: the all-reduce of `bytes` took `ms` (the slowest rank's time, or one rank's). */
+export interface DirectTiming {
+  readonly bytes: number
+  readonly ms: number
+}
+
+/**
+ * Fits the direct links' alpha and beta from timed all-reduces of one algorithm over them: the
+ * algorithm's declared stages give, per size, how many alphas (a) and how many bytes' worth of
+ * beta (b) lie on its critical path when every link class has the same alpha and beta, so each
+ * timing is  ms = alpha * a + beta * b; solved by least squares weighted 1/ms^2 over the per-size
+ * lower quartiles (as fitAlphaBeta does), both clamped to >= 0. The same alpha and beta for every
+ * class: the timed calls cross all of them and are bounded by the slowest, which is what a
+ * collective over those links pays. Needs at least two sizes.
+ */
+export const fitDirectLinks = (
+  algorithm: AlgorithmCost,
+  timings: readonly DirectTiming[],
+  topo: Topology,
+  opts: { readonly chunkBytes?: number; readonly minBytes?: number; readonly hierarchicalGroups?: "node" | "server" } = {}
+): Result.Result<DirectLinks, CostModelFitError> => {
+  const unit = (alphaMs: number, betaMsPerByte: number): CostModel => {
+    const l = { alphaMs, betaMsPerByte }
+    const links = { "same-node": l, "same-server": l, "cross-server": l }
+    return { links, chunkBytes: opts.chunkBytes ?? DEFAULT_CHUNK_BYTES, ...(opts.hierarchicalGroups ? { hierarchicalGroups: opts.hierarchicalGroups } : {}), direct: { links, minBytes: 0 } }
+  }
+  const good = timings.filter((t) => Number.isFinite(t.ms) && t.ms > 0 && Number.isFinite(t.bytes) && t.bytes > 0)
+  const bySize = new Map<number, number[]>()
+  for (const t of good) bySize.set(t.bytes, [...(bySize.get(t.bytes) ?? []), t.ms])
+  if (topo.length < 2 || bySize.size < 2) {
+    return Result.fail(new CostModelFitError({ linkClass: "direct", reason: `${bySize.size} distinct size(s) timed over ${topo.length} rank(s)` }))
+  }
+  const pts = [...bySize.entries()].map(([bytes, ms]) => ({
+    a: predictAllReduce(algorithm, bytes, topo, unit(1, 0)).ms,
+    b: predictAllReduce(algorithm, bytes, topo, unit(0, 1)).ms,
+    y: lowerQuartile(ms)
+  }))
+  // weighted normal equations of y = alpha a + beta b
+  let saa = 0, sab = 0, sbb = 0, say = 0, sby = 0
+  for (const { a, b, y } of pts) {
+    const w = 1 / (y * y)
+    saa += w * a * a
+    sab += w * a * b
+    sbb += w * b * b
+    say += w * a * y
+    sby += w * b * y
+  }
+  const det = saa * sbb - sab * sab
+  let alpha = det !== 0 ? (say * sbb - sab * sby) / det : Number.NaN
+  let beta = det !== 0 ? (saa * sby - sab * say) / det : Number.NaN
+  if (!(alpha >= 0)) {
+    alpha = 0
+    beta = sbb > 0 ? sby / sbb : 0
+  }
+  if (!(beta >= 0)) {
+    beta = 0
+    alpha = saa > 0 ? say / saa : 0
+  }
+  const rel = pts.map(({ a, b, y }) => (alpha * a + beta * b - y) / y)
+  const l = { alphaMs: alpha, betaMsPerByte: beta }
+  return Result.succeed({
+    links: { "same-node": l, "same-server": l, "cross-server": l },
+    minBytes: opts.minBytes ?? 0,
+    source: `${algorithm.name} over the direct links at ${pts.length} sizes`,
+    rmsRelativeError: Math.sqrt(rel.reduce((s, r) => s + r * r, 0) / rel.length)
+  })
 }
 
 /** Every algorithm's prediction, in the order given (the registry's: its preference order). */
@@ -410,7 +533,7 @@ export const predictAllGather = (bytesPerRank: number, topo: Topology, model: Co
   const p = topo.length
   if (p <= 1 || bytesPerRank <= 0) return 0
   const flows = topo.map((_, r) => ({ src: r, dsts: topo.map((__, d) => d).filter((d) => d !== r), bytes: bytesPerRank }))
-  return stageCost(flows, topo, model).ms
+  return stageCost(flows, topo, model, pathOf(p * bytesPerRank, model)).ms
 }
 
 /** Topology of a placement plan (ranks carry nodeId and natsServer). */

@@ -21,14 +21,18 @@ import { Result } from "effect"
 import {
   defaultCostModel,
   fitCostModel,
+  fitDirectLinks,
   linkClassOf,
   linkClasses,
+  type AlgorithmCost,
   type CostModel,
+  type DirectTiming,
   type FittedCostModel,
   type LinkClass,
   type ProbeSample,
   type Topology
 } from "./cost-model.ts"
+import { formatBytes } from "./resources.ts"
 
 export interface ProbePair {
   readonly from: number
@@ -79,6 +83,12 @@ export interface ProbeOptions {
   readonly rounds?: number
   /** Stop probing new pairs once this much time has passed. Default 1500 ms. */
   readonly budgetMs?: number
+  /**
+   * Timed all-reduces over the group's direct links (Communicator.measureTransport on rank 0):
+   * rank 0 fits the model's direct links from them (fitDirectLinks), so calls from `minBytes` on
+   * are priced on the links they take.
+   */
+  readonly direct?: { readonly algorithm: AlgorithmCost; readonly timings: readonly DirectTiming[]; readonly minBytes: number }
 }
 
 export interface ObservedTopology {
@@ -166,8 +176,14 @@ export const observeTopology = async (io: TopologyProbeIO, options: ProbeOptions
       }
     }
     const fitted = fitCostModel(samples, io.chunkBytes !== undefined ? { chunkBytes: io.chunkBytes } : {})
-    const model = Result.isSuccess(fitted) ? fitted.success : unmeasured(io.chunkBytes)
+    let model = Result.isSuccess(fitted) ? fitted.success : unmeasured(io.chunkBytes)
     if (Result.isFailure(fitted)) problems.push(`fit failed (${fitted.failure.message}); using the loopback defaults`)
+    if (options.direct !== undefined && options.direct.timings.length > 0) {
+      const d = options.direct
+      const direct = fitDirectLinks(d.algorithm, d.timings, topo, { chunkBytes: model.chunkBytes ?? io.chunkBytes, minBytes: d.minBytes })
+      if (Result.isSuccess(direct)) model = { ...model, direct: direct.success }
+      else problems.push(`direct links not fitted (${direct.failure.message}); their calls priced as NATS`)
+    }
     const probeMs = performance.now() - started
     payload = encodeJson({ model, samples, probeMs, ...(problems.length > 0 ? { note: problems.join("; ") } : {}) }, WIRE_FLOATS)
     if (payload.length > WIRE_FLOATS) payload = encodeJson({ model, samples: {}, probeMs, note: "samples dropped (too large to share)" }, WIRE_FLOATS)
@@ -195,5 +211,11 @@ export const describeObservation = (o: ObservedTopology): string => {
       return `${c} ${(l.alphaMs * 1000).toFixed(0)}us ${bw}MB/s${from ? ` (from ${from})` : o.model.fits[c] ? "" : " (default)"}`
     })
     .join(", ")
-  return `topology: ${o.topology.length} ranks, ${nodes} node(s), ${servers} server(s); probed in ${o.probeMs.toFixed(0)} ms; ${links}${o.note ? `; ${o.note}` : ""}`
+  const d = o.model.direct
+  const direct =
+    d === undefined
+      ? ""
+      : `; direct links ${(d.links["same-node"].alphaMs * 1000).toFixed(0)}us ${d.links["same-node"].betaMsPerByte > 0 ? (1 / d.links["same-node"].betaMsPerByte / 1000).toFixed(0) : "inf"}MB/s ` +
+        `(${d.source ?? "fitted"}${d.rmsRelativeError !== undefined ? `, rms error ${(d.rmsRelativeError * 100).toFixed(0)}%` : ""}) for calls from ${formatBytes(d.minBytes)}`
+  return `topology: ${o.topology.length} ranks, ${nodes} node(s), ${servers} server(s); probed in ${o.probeMs.toFixed(0)} ms; ${links}${direct}${o.note ? `; ${o.note}` : ""}`
 }

@@ -108,7 +108,7 @@ describe("the direct data path", () => {
   it('"auto" measures a ladder of sizes over both paths and goes direct from the smallest size it wins at and above', async () => {
     const group = "direct-measure"
     await create(group, (r) => `n${r}`, () => ({ transport: "auto" }))
-    type M = { minBytes: number; rows: Array<{ bytes: number; natsMs: number; directMs: number }>; info: TransportInfo }
+    type M = { minBytes: number; rows: Array<{ bytes: number; natsMs: number; directMs: number }>; direct: Array<{ bytes: number; ms: number }>; algorithm: string; info: TransportInfo }
     const sizes = [4096, 65536, 262144]
     const ms = await fleet.all<M>(P, () => ({ cmd: "measureTransport", group, sizes, reps: 2 }))
     for (const m of ms) {
@@ -121,6 +121,12 @@ describe("the direct data path", () => {
       if (below && min !== Number.POSITIVE_INFINITY) expect(below.directMs).toBeGreaterThan(below.natsMs)
       if (min === Number.POSITIVE_INFINITY) expect(m.rows.at(-1)!.directMs).toBeGreaterThan(m.rows.at(-1)!.natsMs)
       expect(m.info.minBytes).toBe(m.minBytes)
+      // every timed call over the direct links comes back for the cost model's fit of them (reps per size)
+      expect(m.algorithm).toBe("ring")
+      expect(m.direct.map((d) => d.bytes)).toEqual(sizes.flatMap((b) => [b, b]))
+      expect(m.direct.every((d) => d.ms > 0)).toBe(true)
+      // the rows' direct medians are of these calls
+      for (const r of m.rows) expect(m.direct.filter((d) => d.bytes === r.bytes).map((d) => d.ms)).toContain(r.directMs)
     }
     await close(group)
   })

@@ -66,6 +66,23 @@ describe("Trainer", () => {
     expect(files).toEqual(expect.arrayContaining(["config.json", "metrics.jsonl", "metrics.csv", "checkpoint_000007"]))
     const csv = await fs.readFile(path.join(baseline.path, "metrics.csv"), "utf8")
     expect(csv.trim().split("\n")).toHaveLength(9)
+    // algorithm "auto" (the default): the calls that go direct are priced on the direct links,
+    // fitted from the group's timed calls on them, and after the first steps every bucket size
+    // runs the algorithm measured fastest on training's own calls.
+    const explain = await fs.readFile(path.join(baseline.path, "explain.txt"), "utf8")
+    expect(explain).toMatch(/direct links \d+us \d+MB\/s \(ring over the direct links at 3 sizes/)
+    expect(explain).toMatch(/measured pick \(each algorithm timed 5 times per bucket size/)
+    const json = JSON.parse(await fs.readFile(path.join(baseline.path, "explain.json"), "utf8")) as {
+      tuned?: Array<{ bytes: number; ms: number[]; picked: string; modelPick: string }>
+    }
+    expect(json.tuned?.length).toBeGreaterThan(0)
+    for (const t of json.tuned!) {
+      expect(t.ms).toHaveLength(3) // ring, tree, hierarchical
+      expect(t.ms.every((ms) => ms > 0)).toBe(true)
+      // the pick is the fastest measured
+      expect(t.ms[["ring", "tree", "hierarchical"].indexOf(t.picked)]).toBe(Math.min(...t.ms))
+      expect(explain).toContain(`-> ${t.picked}`)
+    }
   })
 
   it("recovers from kill -9 of a worker: restarts from the latest checkpoint and finishes every epoch", async () => {

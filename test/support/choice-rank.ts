@@ -2,16 +2,21 @@
 // (test/scheduler-netns.test.ts, started with `ip netns exec <ns> node ... <json>`) and the
 // `autochoice` benchmark. Joins the group through `url`, observes the topology (rank 0 probes,
 // everyone gets the model), asks the cost model which algorithm it picks for each size, then times
-// each algorithm at each size, alternating rounds. Rank 0 prints one JSON line with the results.
+// each algorithm at each size, alternating rounds. Before those rounds (with `tune`) it tunes as training does
+// (scheduler/algorithm-tuner.ts), so the measured pick is judged on later calls than it was
+// made from. With `directSecret` every call goes over the direct links, whose timed calls fit
+// the model's direct links first. Rank 0 prints one JSON line with the results.
 // Bounded: every collective has a deadline and the process exits after `deadlineMs`.
 import { connect } from "@nats-io/transport-node"
 import { installNatsPatches } from "../../core/nats-internals/index.ts"
 import { Communicator, type AllReduceAlgorithm } from "../../collectives/communicator.ts"
-import { allReduceAlgorithms } from "../../collectives/algorithms/index.ts"
+import { allReduceAlgorithms, findAllReduceAlgorithm } from "../../collectives/algorithms/index.ts"
 import { autoCandidates } from "../../collectives/compression/index.ts"
 import { probeGroupTopology } from "../../actors/train/worker/topology-probe.ts"
 import { chooseAlgorithm, explain, planCommunication } from "../../scheduler/algorithm-choice.ts"
 import { describeObservation } from "../../scheduler/topology.ts"
+import { AlgorithmTuner } from "../../scheduler/algorithm-tuner.ts"
+import { TUNE_ROUNDS } from "../../actors/train/worker/auto-config.ts"
 
 interface Args {
   readonly rank: number
@@ -22,6 +27,10 @@ interface Args {
   readonly algorithms: readonly AllReduceAlgorithm[]
   readonly reps: number
   readonly deadlineMs: number
+  /** Tune before measuring, as training does (the autochoice bench); default false. */
+  readonly tune?: boolean
+  /** Every call over the direct links (collectives/direct.ts) with this hex secret; absent: NATS. */
+  readonly directSecret?: string
 }
 
 const args = JSON.parse(process.argv[2]!) as Args
@@ -41,10 +50,19 @@ const comm = await Communicator.create({
   worldSize: args.worldSize,
   node: args.node,
   timeoutMs: 20_000,
-  createTimeoutMs: 20_000
+  createTimeoutMs: 20_000,
+  ...(args.directSecret !== undefined ? { direct: { transport: "direct" as const, secret: Buffer.from(args.directSecret, "hex") } } : {})
 })
 try {
-  const observed = await probeGroupTopology({ nc, comm, cluster: "netns", job: "sched" })
+  // Over the direct links: the timed calls that fit the model's direct links, as a worker does.
+  const ladder = args.directSecret !== undefined ? await comm.measureTransport() : undefined
+  const observed = await probeGroupTopology({
+    nc,
+    comm,
+    cluster: "netns",
+    job: "sched",
+    ...(ladder ? { direct: { algorithm: findAllReduceAlgorithm(ladder.algorithm)!, timings: ladder.direct, minBytes: 0 } } : {})
+  })
   const choices = args.sizes.map((bytes) => chooseAlgorithm(bytes, observed.topology, observed.model, allReduceAlgorithms()))
   const plan = planCommunication({
     bucketBytes: [...args.sizes],
@@ -66,6 +84,9 @@ try {
     if (buf[0] !== (args.worldSize * (args.worldSize + 1)) / 2) throw new Error(`${algorithm} gave ${buf[0]}`)
     return t[0]!
   }
+  // The measured pick as training makes it (AutoGradientReducer): each algorithm timed
+  // TUNE_ROUNDS times per size, each call's slowest rank agreed, the median of each algorithm's calls compared.
+  const tuner = new AlgorithmTuner(args.algorithms, TUNE_ROUNDS)
   for (const bytes of args.sizes) {
     const buf = new Float32Array(bytes / 4)
     const times: Record<string, number[]> = {}
@@ -73,9 +94,20 @@ try {
       times[a] = []
       await run(buf, a) // warm-up
     }
+    for (let i = 0; i < (args.tune === true ? tuner.steps : 0); i++) {
+      const a = tuner.next(bytes)
+      buf.fill(args.rank + 1)
+      await comm.barrier()
+      const t0 = performance.now()
+      await comm.allReduce(buf, { algorithm: a })
+      tuner.record(bytes, a, performance.now() - t0)
+    }
     for (let i = 0; i < args.reps; i++) for (const a of args.algorithms) times[a]!.push(await run(buf, a))
     measured[bytes] = times
   }
+  const table = tuner.table()
+  if (args.tune === true) await comm.allReduce(table, { op: "max", algorithm: "tree" })
+  const tuned = tuner.decide(table, (bytes) => choices[args.sizes.indexOf(bytes)]!.algorithm)
   if (args.rank === 0) {
     console.log(
       JSON.stringify({
@@ -84,7 +116,8 @@ try {
           bytes,
           chosen: choices[i]!.algorithm,
           predicted: Object.fromEntries(choices[i]!.predictions.map((p) => [p.algorithm, p.ms])),
-          measured: measured[bytes]
+          measured: measured[bytes],
+          tuned: tuned.find((t) => t.bytes === bytes)?.picked
         })),
         explain: explain(plan).text
       })

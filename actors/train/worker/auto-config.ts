@@ -17,7 +17,8 @@ import { autoCandidates, compressionType, type ResolvedCompressionConfig } from 
 import { chooseAlgorithm, explain, planCommunication, type CompressorProfile, type Explanation } from "../../../scheduler/algorithm-choice.ts"
 import type { CostModel, Topology } from "../../../scheduler/cost-model.ts"
 import { defaultCostModel, median } from "../../../scheduler/cost-model.ts"
-import { describeObservation, type ObservedTopology } from "../../../scheduler/topology.ts"
+import { AlgorithmTuner, type TunedSize } from "../../../scheduler/algorithm-tuner.ts"
+import { describeObservation, type ObservedTopology, type ProbeOptions } from "../../../scheduler/topology.ts"
 import { probeGroupTopology } from "./topology-probe.ts"
 
 export const DEFAULT_AUTO_WARMUP_STEPS = 3
@@ -44,31 +45,66 @@ export interface AutoReducerOptions extends Omit<GradientReducerOptions, "algori
   readonly onExplain?: (e: Explanation, summary: string) => void
 }
 
-/** A GradientReducer whose algorithm and compression the cost model picks. */
+/** Calls per candidate algorithm and size that the tuner times (AlgorithmTuner's rounds). */
+export const TUNE_ROUNDS = 5
+
+/**
+ * A GradientReducer whose algorithm and compression the cost model picks. With algorithm 'auto'
+ * the model's pick holds until the tuner has timed every candidate on this group's own calls
+ * (TUNE_ROUNDS calls each, from the call after the first that finds compression decided: the
+ * group's second, or the one after compression 'auto' decides); from then on each size runs the
+ * measured fastest.
+ */
 export class AutoGradientReducer extends GradientReducer {
   readonly #auto: AutoReducerOptions
   readonly #computeMs: number[] = []
   #explained = false
   #decided: boolean
   #chosen: string
+  #agreedComputeMs: number | undefined = undefined
+  readonly #tune: { tuner: AlgorithmTuner | undefined; calls: number; from: number | undefined; active: boolean; result: TunedSize[] | undefined }
+  readonly #modelPick: (bytes: number) => AllReduceAlgorithm
 
   constructor(comm: Communicator, opts: AutoReducerOptions) {
     const cache = new Map<number, AllReduceAlgorithm>()
+    const modelPick = (bytes: number): AllReduceAlgorithm => {
+      let a = cache.get(bytes)
+      if (a === undefined) {
+        a = chooseAlgorithm(bytes, opts.topology, opts.model, allReduceAlgorithms()).algorithm
+        cache.set(bytes, a)
+      }
+      return a
+    }
+    const names = allReduceAlgorithms().map((a) => a.name)
+    const tune = {
+      tuner: opts.algorithm === "auto" && comm.worldSize > 1 && names.length > 1 ? new AlgorithmTuner(names, TUNE_ROUNDS) : undefined,
+      calls: 0,
+      from: undefined as number | undefined,
+      active: false,
+      result: undefined as TunedSize[] | undefined
+    }
     const algorithm =
       opts.algorithm === "auto"
         ? (bytes: number): AllReduceAlgorithm => {
-            let a = cache.get(bytes)
-            if (a === undefined) {
-              a = chooseAlgorithm(bytes, opts.topology, opts.model, allReduceAlgorithms()).algorithm
-              cache.set(bytes, a)
-            }
-            return a
+            if (tune.active) return tune.tuner!.next(bytes)
+            return tune.tuner?.pick(bytes) ?? modelPick(bytes)
           }
         : (opts.algorithm as AllReduceAlgorithm)
     super(comm, { ...opts, algorithm, compression: opts.compression === "auto" ? "none" : opts.compression })
     this.#auto = opts
     this.#decided = opts.compression !== "auto"
     this.#chosen = opts.compression === "auto" ? "none" : compressionType(opts.compression)
+    this.#tune = tune
+    this.#modelPick = modelPick
+  }
+
+  /** What the tuner measured and picked per size, once it has decided. */
+  get tuned(): readonly TunedSize[] | undefined {
+    return this.#tune.result
+  }
+
+  protected override noteCall(bytes: number, algorithm: string, ms: number): void {
+    if (this.#tune.active) this.#tune.tuner!.record(bytes, algorithm, ms)
   }
 
   /** The forward + backward time of a step (the worker's observer feeds it). */
@@ -86,11 +122,30 @@ export class AutoGradientReducer extends GradientReducer {
       this.#explained = true
       this.#emit(layout, undefined)
     }
+    const t = this.#tune
+    if (t.tuner !== undefined && t.result === undefined) {
+      // Counted in this reducer's calls (every rank makes the same ones, also where a loop does
+      // not reduce every step): tuning runs from the call after the first one that finds
+      // compression decided (the group's first call warms up), for tuner.steps calls.
+      const call = t.calls++
+      if (t.from === undefined && this.#decided) t.from = call + 1
+      if (t.from !== undefined && call >= t.from + t.tuner.steps) {
+        t.active = false
+        const table = t.tuner.table()
+        if (table.length > 0) await this.comm.allReduce(table, { op: "max", algorithm: "tree" })
+        t.result = t.tuner.decide(table, this.#modelPick)
+        this.#emit(layout, this.#agreedComputeMs)
+      } else t.active = t.from !== undefined && call >= t.from
+      // A tuning call starts together on every rank, so a rank's time is the call's and not its
+      // wait for a slower rank's backward pass (a barrier costs about one small message).
+      if (t.active) await this.comm.barrier()
+    }
     if (!this.#decided && step >= warmup && this.comm.worldSize > 1) {
       this.#decided = true
       // Same step on every rank: agree on one compute time (the slowest rank's median).
       const c = Float32Array.of(median(this.#computeMs.length > 0 ? this.#computeMs : [0]))
       await this.comm.allReduce(c, { op: "max", algorithm: "tree" })
+      this.#agreedComputeMs = c[0]!
       const chosen = this.#emit(layout, c[0]!)
       const { configs } = compressorProfiles(layout)
       const cfg = configs[chosen]
@@ -117,8 +172,9 @@ export class AutoGradientReducer extends GradientReducer {
       algorithms: allReduceAlgorithms(),
       ...(fixed ? { candidates: fixed } : {})
     })
-    const e = explain(plan)
-    const algos = [...new Set(plan.schedule.map((s) => s.algorithm))].join("/")
+    const e = withTuned(explain(plan), this.#tune.result)
+    const tuned = this.#tune.result
+    const algos = [...new Set(tuned !== undefined && tuned.length > 0 ? tuned.map((x) => x.picked) : plan.schedule.map((s) => s.algorithm))].join("/") + (tuned !== undefined && tuned.length > 0 ? " (measured)" : "")
     const summary =
       `gradwire: all-reduce ${o.algorithm === "auto" ? "auto" : "fixed"}: ${algos} for ${plan.buckets.length} bucket(s), ` +
       `compression ${plan.compression.chosen}${o.compression === "auto" ? (computeMs === undefined ? " (auto: deciding after warm-up)" : " (auto)") : ""}; ` +
@@ -127,6 +183,24 @@ export class AutoGradientReducer extends GradientReducer {
     o.onExplain?.(e, summary)
     return plan.compression.chosen
   }
+}
+
+const fmtTunedBytes = (b: number): string => (b >= 1024 * 1024 ? `${(b / (1024 * 1024)).toFixed(1)} MiB` : `${(b / 1024).toFixed(1)} KiB`)
+
+/** The explanation with what the tuner measured and picked, when it has decided. */
+export const withTuned = (e: Explanation, tuned: readonly TunedSize[] | undefined): Explanation => {
+  if (tuned === undefined) return e
+  const names = allReduceAlgorithms().map((a) => a.name)
+  const lines = tuned.map(
+    (t) =>
+      `  ${fmtTunedBytes(t.bytes)}: ${t.ms.map((ms, j) => `${names[j]} ${ms.toFixed(2)}`).join(", ")} ms -> ${t.picked}` +
+      (t.picked === t.modelPick ? " (the cost model's pick too)" : ` (the cost model picked ${t.modelPick}: ${(t.ms[names.indexOf(t.modelPick)]! / Math.min(...t.ms)).toFixed(2)}x the fastest)`)
+  )
+  const text =
+    tuned.length === 0
+      ? "measured pick: no bucket size was timed with every algorithm; the cost model's picks stand"
+      : `measured pick (each algorithm timed ${TUNE_ROUNDS} times per bucket size on training's own calls, each call's slowest rank, the median of each algorithm's calls):\n${lines.join("\n")}`
+  return { ...e, text: `${e.text}\n${text}`, json: { ...e.json, tuned } }
 }
 
 export interface AutoCollectivesInput {
@@ -147,6 +221,8 @@ export interface AutoCollectivesInput {
   readonly observed?: ObservedTopology
   /** Called with what the probe observed (or the reused observation), for a later regroup. */
   readonly onObserved?: (o: ObservedTopology) => void
+  /** Timed calls over the direct links (rank 0's fit the model's direct links); see ProbeOptions.direct. */
+  readonly direct?: ProbeOptions["direct"]
 }
 
 /**
@@ -164,7 +240,7 @@ export const prepareAutoCollectives = async (
   let model: CostModel
   let observation: string | undefined
   if (wantsAuto && comm.worldSize > 1) {
-    const observed = input.observed ?? (await probeGroupTopology({ nc: input.nc, comm, cluster: input.cluster, job: input.job }))
+    const observed = input.observed ?? (await probeGroupTopology({ nc: input.nc, comm, cluster: input.cluster, job: input.job, ...(input.direct ? { direct: input.direct } : {}) }))
     input.onObserved?.(observed)
     model = observed.model
     observation = `${describeObservation(observed)}${input.observed ? "\n(measured by an earlier group of the same nodes, reused at this regroup)" : ""}`

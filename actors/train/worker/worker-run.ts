@@ -22,6 +22,7 @@ import type { GradientReducer, GradientReducerOptions } from "../../../collectiv
 import { blamedRanks } from "../../../collectives/errors.ts"
 import { MeasuredDeadlines } from "../../../collectives/deadlines.ts"
 import { parseCompressionConfig } from "../../../collectives/compression/index.ts"
+import { findAllReduceAlgorithm } from "../../../collectives/algorithms/index.ts"
 import { watchBus, type BusMonitor } from "../../../core/bus-monitor.ts"
 import { NATS_OUTAGE_TIMEOUT_MS } from "../../../core/defaults.ts"
 import * as settings from "../../../core/settings.ts"
@@ -285,8 +286,13 @@ export class WorkerRun {
       ...(direct ? { direct } : {})
     })
     try {
-      // "auto": which sizes the direct links carry faster, measured by the group (collectives).
-      const measured = this.#transport === "auto" && direct && reused?.minBytes === undefined ? await comm.measureTransport() : undefined
+      // "auto": which sizes the direct links carry faster, measured by the group (collectives); with
+      // an algorithm or compression picked by the cost model, the same timings fit the model's
+      // direct links, so the calls that go direct are priced on them.
+      const autoPick = args.collective.algorithm === "auto" || this.#compression === "auto"
+      const measure = direct !== undefined && reused?.minBytes === undefined && (this.#transport === "auto" || (this.#transport === "direct" && autoPick))
+      const measured = measure ? await comm.measureTransport() : undefined
+      const directMinBytes = comm.transport.choice === "direct" ? 0 : comm.transport.minBytes
       const nodes = [...new Set(p.nodes)]
       this.measured = { nodes, ...(direct ? { minBytes: comm.transport.minBytes } : {}) }
       const transportText = describeTransport(comm.transport, measured)
@@ -296,6 +302,9 @@ export class WorkerRun {
         ...(await prepareAutoCollectives({
           nc: this.#dataNc, comm, cluster: system.cluster, job: system.job, algorithm: args.collective.algorithm, compression: this.#compression, log: this.#ctx.log,
           ...(reused?.observed !== undefined ? { observed: reused.observed as ObservedTopology } : {}),
+          ...(measured !== undefined && measured.direct.length > 0 && Number.isFinite(directMinBytes)
+            ? { direct: { algorithm: findAllReduceAlgorithm(measured.algorithm)!, timings: measured.direct, minBytes: directMinBytes } }
+            : {}),
           onObserved: (observed) => (this.measured = { ...this.measured!, observed }),
           ...(p.rank === 0
             ? {

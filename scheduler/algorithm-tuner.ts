@@ -1,0 +1,111 @@
+// Measured algorithm choice: the cost model picks each bucket's all-reduce algorithm before a step
+// has run; the tuner then times every candidate on the calls training makes anyway and keeps the
+// fastest per message size, so the pick rests on the path, sizes and load the job really has (a
+// model of links cannot see, for instance, that four ranks on two cores run a ring's six lockstep
+// stages slower than a hierarchical reduce's three). Pure bookkeeping, no I/O: the caller times
+// the calls and agrees on the table across ranks (one small all-reduce), as below.
+//
+// Schedule. For `rounds` x candidates calls from its start, call i of a size runs candidate
+// i mod candidates, so every candidate runs `rounds` times on every size, interleaved (a burst
+// of load falls on all of them). The caller counts calls per step: every rank runs the same steps
+// with the same buckets, so the schedule is the same everywhere.
+//
+// Agreement. Each rank notes its time of every tuning call; `table()` lays them out in a fixed
+// order (sizes ascending, then candidates in order, then the calls in the order they ran), and
+// an all-reduce with "max" gives every rank each call's slowest rank (a step goes on when its last
+// rank has its result, so that is what the call cost the group). `decide(agreed)` takes, per size
+// and candidate, the median of its calls (what a step pays on average; the fastest call would
+// favour an algorithm that is sometimes fast and often stalls), and picks the fastest candidate;
+// every rank decides from the same numbers and picks the same algorithm.
+
+const median = (xs: ArrayLike<number>): number => {
+  const s = Array.from(xs).sort((a, b) => a - b)
+  const m = s.length >> 1
+  return s.length % 2 === 1 ? s[m]! : (s[m - 1]! + s[m]!) / 2
+}
+
+export interface TunedSize {
+  readonly bytes: number
+  /** Agreed time per candidate, ms, in the candidates' order. */
+  readonly ms: readonly number[]
+  readonly picked: string
+  /** What the cost model had picked for this size. */
+  readonly modelPick: string
+}
+
+export class AlgorithmTuner {
+  readonly candidates: readonly string[]
+  readonly rounds: number
+  /** Per size, per candidate, this rank's times of its calls in the order they ran. */
+  readonly #times = new Map<number, number[][]>()
+  readonly #calls = new Map<number, number>()
+  #decided: ReadonlyMap<number, string> | undefined
+
+  constructor(candidates: readonly string[], rounds = 5) {
+    if (candidates.length === 0) throw new Error("AlgorithmTuner needs at least one candidate")
+    this.candidates = [...candidates]
+    this.rounds = Math.max(1, Math.floor(rounds))
+  }
+
+  /** Steps of tuning: every candidate `rounds` times (on every size, which every step carries). */
+  get steps(): number {
+    return this.candidates.length * this.rounds
+  }
+
+  /** The candidate the next call of `bytes` runs while tuning. */
+  next(bytes: number): string {
+    const i = this.#calls.get(bytes) ?? 0
+    this.#calls.set(bytes, i + 1)
+    return this.candidates[i % this.candidates.length]!
+  }
+
+  /** Notes how long a call of `bytes` by `algorithm` took on this rank. */
+  record(bytes: number, algorithm: string, ms: number): void {
+    const j = this.candidates.indexOf(algorithm)
+    if (j < 0 || !(ms >= 0) || !Number.isFinite(ms)) return
+    let row = this.#times.get(bytes)
+    if (row === undefined) {
+      row = this.candidates.map(() => [])
+      this.#times.set(bytes, row)
+    }
+    row[j]!.push(ms)
+  }
+
+  /** Sizes timed `rounds` times with every candidate, ascending: the blocks of `table()`. */
+  get sizes(): number[] {
+    return [...this.#times.entries()].filter(([, row]) => row.every((calls) => calls.length >= this.rounds)).map(([b]) => b).sort((a, b) => a - b)
+  }
+
+  /** This rank's times of the first `rounds` calls per (size, candidate); all-reduce with "max". */
+  table(): Float32Array {
+    const sizes = this.sizes
+    const n = this.candidates.length
+    const r = this.rounds
+    const out = new Float32Array(sizes.length * n * r)
+    sizes.forEach((b, i) => this.#times.get(b)!.forEach((calls, j) => out.set(calls.slice(0, r), (i * n + j) * r)))
+    return out
+  }
+
+  /** Picks per size from the agreed table (what `table()` gave, all-reduced with "max"). */
+  decide(agreed: Float32Array, modelPick: (bytes: number) => string): TunedSize[] {
+    const sizes = this.sizes
+    const n = this.candidates.length
+    const r = this.rounds
+    if (agreed.length !== sizes.length * n * r) throw new Error(`tuner table has ${agreed.length} entries, expected ${sizes.length * n * r}`)
+    const picks = new Map<number, string>()
+    const out = sizes.map((bytes, i) => {
+      const ms = this.candidates.map((_, j) => median(agreed.subarray((i * n + j) * r, (i * n + j + 1) * r)))
+      let best = 0
+      for (let j = 1; j < n; j++) if (ms[j]! < ms[best]!) best = j
+      picks.set(bytes, this.candidates[best]!)
+      return { bytes, ms, picked: this.candidates[best]!, modelPick: modelPick(bytes) }
+    })
+    this.#decided = picks
+    return out
+  }
+
+  /** The decided pick for `bytes`, if it was timed. */
+  pick(bytes: number): string | undefined {
+    return this.#decided?.get(bytes)
+  }
+}

@@ -1,0 +1,180 @@
+// The cost model's direct links (calls priced on the path they take) and the tuner that picks
+// each size's algorithm from timed calls. Pure logic: no processes.
+import { describe, expect, it } from "vitest"
+import * as fc from "fast-check"
+import { Result } from "effect"
+import {
+  defaultCostModel,
+  fitDirectLinks,
+  pathOf,
+  predictAllGather,
+  predictAllReduce,
+  stageCost,
+  type CostModel,
+  type Topology
+} from "../scheduler/cost-model.ts"
+import { AlgorithmTuner } from "../scheduler/algorithm-tuner.ts"
+import { chooseAlgorithm } from "../scheduler/algorithm-choice.ts"
+import { allReduceAlgorithms, findAllReduceAlgorithm } from "../collectives/algorithms/index.ts"
+
+const KiB = 1024
+const MiB = 1024 * KiB
+const algo = (name: string) => findAllReduceAlgorithm(name)!
+const uniform = (p: number): Topology => Array.from({ length: p }, () => ({ nodeId: "n", server: "s" }))
+const link = (alphaMs: number, betaMsPerByte: number) => ({ alphaMs, betaMsPerByte })
+const withDirect = (alpha: number, beta: number, minBytes: number, base: CostModel = defaultCostModel()): CostModel => ({
+  ...base,
+  direct: { links: { "same-node": link(alpha, beta), "same-server": link(alpha, beta), "cross-server": link(alpha, beta) }, minBytes }
+})
+
+describe("the direct links in the cost model", () => {
+  it("prices calls from minBytes on the direct links, smaller ones on NATS", () => {
+    const base = defaultCostModel()
+    const m = withDirect(0.05, 1 / 2_000_000, 64 * KiB, base)
+    expect(pathOf(4 * KiB, m)).toBe("nats")
+    expect(pathOf(64 * KiB, m)).toBe("direct")
+    expect(pathOf(64 * KiB, base)).toBe("nats")
+    const small = predictAllReduce(algo("ring"), 4 * KiB, uniform(4), m)
+    expect(small.path).toBe("nats")
+    expect(small.ms).toBeCloseTo(predictAllReduce(algo("ring"), 4 * KiB, uniform(4), base).ms, 9)
+    const big = predictAllReduce(algo("ring"), 8 * MiB, uniform(4), m)
+    expect(big.path).toBe("direct")
+    expect(big.ms).toBeLessThan(predictAllReduce(algo("ring"), 8 * MiB, uniform(4), base).ms)
+  })
+
+  it("has no hub: concurrent flows do not queue, a fan-out costs its sender once per receiver", () => {
+    const m = withDirect(0.1, 1e-6, 0)
+    const topo = uniform(4)
+    const one = stageCost([{ src: 0, dsts: [1], bytes: MiB }], topo, m, "direct")
+    const ring = stageCost([0, 1, 2, 3].map((r) => ({ src: r, dsts: [(r + 1) % 4], bytes: MiB })), topo, m, "direct")
+    expect(one.ms).toBeCloseTo(0.1 + MiB * 1e-6, 9)
+    expect(ring.ms).toBeCloseTo(one.ms, 9)
+    expect(ring.serverMs).toBe(0)
+    const fan = stageCost([{ src: 0, dsts: [1, 2, 3], bytes: MiB }], topo, m, "direct")
+    expect(fan.ms).toBeCloseTo(0.1 + 3 * MiB * 1e-6, 9)
+    // over NATS the same fan-out is one publish the server copies
+    expect(stageCost([{ src: 0, dsts: [1, 2, 3], bytes: MiB }], topo, m).linkMs).toBeLessThan(fan.linkMs)
+  })
+
+  it("gives the textbook ring over direct links: p alpha + 2 (p-1)/p n beta with a fan-out all-gather costing (p-1)/p n beta", () => {
+    const a = 0.07
+    const b = 1 / 1_500_000
+    for (const p of [2, 3, 4, 8]) {
+      const n = 8 * MiB
+      const m: CostModel = { ...withDirect(a, b, 0), chunkBytes: 1e15 }
+      expect(predictAllReduce(algo("ring"), n, uniform(p), m).ms).toBeCloseTo(p * a + ((2 * (p - 1)) / p) * n * b, 6)
+    }
+  })
+
+  it("prices an all-gather on the path its total takes", () => {
+    const m = withDirect(0.01, 1e-7, MiB)
+    const topo = uniform(4)
+    expect(predictAllGather(64 * KiB, topo, m)).toBeCloseTo(predictAllGather(64 * KiB, topo, defaultCostModel()), 9)
+    expect(predictAllGather(MiB, topo, m)).toBeCloseTo(0.01 + 3 * MiB * 1e-7, 9)
+  })
+})
+
+describe("fitting the direct links from timed calls", () => {
+  it("recovers alpha and beta from the ring's own times, whatever p and noise-free times", () => {
+    fc.assert(
+      fc.property(
+        fc.integer({ min: 2, max: 8 }),
+        fc.double({ min: 0.005, max: 2, noNaN: true }),
+        fc.double({ min: 1e-8, max: 1e-5, noNaN: true }),
+        (p, alpha, beta) => {
+          const topo = uniform(p)
+          const truth: CostModel = { ...withDirect(alpha, beta, 0), chunkBytes: 4 * MiB }
+          const timings = [4 * KiB, 64 * KiB, MiB, 4 * MiB].flatMap((bytes) => [1, 1.3, 1.1].map((f) => ({ bytes, ms: predictAllReduce(algo("ring"), bytes, topo, truth).ms * f })))
+          const fit = fitDirectLinks(algo("ring"), timings, topo, { chunkBytes: 4 * MiB, minBytes: 64 * KiB })
+          expect(Result.isSuccess(fit)).toBe(true)
+          const d = Result.getOrThrow(fit)
+          // the lower quartile of (1, 1.1, 1.3) x is 1.05 x: both parameters come out 5% high
+          expect(d.links["same-node"].alphaMs / alpha).toBeCloseTo(1.05, 2)
+          expect(d.links["same-node"].betaMsPerByte / beta).toBeCloseTo(1.05, 2)
+          expect(d.minBytes).toBe(64 * KiB)
+          expect(d.rmsRelativeError).toBeLessThan(1e-6)
+        }
+      ),
+      { numRuns: 40 }
+    )
+  })
+
+  it("fails with a typed error below two sizes, and clamps a negative intercept to zero", () => {
+    const one = fitDirectLinks(algo("ring"), [{ bytes: MiB, ms: 3 }, { bytes: MiB, ms: 4 }], uniform(2))
+    expect(Result.isFailure(one)).toBe(true)
+    if (Result.isFailure(one)) expect(one.failure.message).toMatch(/direct.*1 distinct size/)
+    const steep = fitDirectLinks(algo("ring"), [{ bytes: KiB, ms: 0.001 }, { bytes: 8 * MiB, ms: 40 }], uniform(2))
+    const d = Result.getOrThrow(steep)
+    expect(d.links["same-node"].alphaMs).toBeGreaterThanOrEqual(0)
+    expect(d.links["same-node"].betaMsPerByte).toBeGreaterThan(0)
+  })
+
+  it("changes the pick: a model fitted on NATS prices big calls through the hub, the direct links do not", () => {
+    const topo = uniform(4)
+    const nats = defaultCostModel()
+    const direct = withDirect(0.2, 1 / 1_000_000, 64 * KiB, nats)
+    const picks = (m: CostModel) => [64 * KiB, MiB, 16 * MiB].map((b) => chooseAlgorithm(b, topo, m, allReduceAlgorithms()))
+    const over = picks(direct)
+    for (const c of over) for (const p of c.predictions) expect(p.path).toBe("direct")
+    // every prediction differs from the NATS model's (the hub is gone), so the two fits are not the same table
+    const under = picks(nats)
+    expect(over.map((c) => c.ms)).not.toEqual(under.map((c) => c.ms))
+  })
+})
+
+describe("the tuner", () => {
+  it("runs every candidate rounds times per size, interleaved", () => {
+    const t = new AlgorithmTuner(["ring", "tree", "hierarchical"], 2)
+    expect(t.steps).toBe(6)
+    const seq = Array.from({ length: 6 }, () => t.next(MiB))
+    expect(seq).toEqual(["ring", "tree", "hierarchical", "ring", "tree", "hierarchical"])
+    // each size keeps its own count
+    expect(t.next(4 * KiB)).toBe("ring")
+  })
+
+  it("agrees on each call's slowest rank, takes the median of each candidate's calls, and picks the fastest per size", () => {
+    const names = ["ring", "tree", "hierarchical"]
+    const ranks = [new AlgorithmTuner(names, 3), new AlgorithmTuner(names, 3)]
+    // a call costs the group its slowest rank: rank 1 finishes tree late at 1 MiB, so hierarchical wins there
+    const perRank: Record<string, Record<number, number>>[] = [
+      { ring: { [MiB]: 10, [4 * KiB]: 0.5 }, tree: { [MiB]: 5, [4 * KiB]: 0.3 }, hierarchical: { [MiB]: 6, [4 * KiB]: 0.4 } },
+      { ring: { [MiB]: 10, [4 * KiB]: 0.5 }, tree: { [MiB]: 12, [4 * KiB]: 0.3 }, hierarchical: { [MiB]: 7, [4 * KiB]: 0.4 } }
+    ]
+    ranks.forEach((t, r) => {
+      for (const bytes of [MiB, 4 * KiB]) {
+        for (let i = 0; i < t.steps; i++) {
+          const a = t.next(bytes)
+          // the first round is slowed (a burst of load): the median of each candidate's calls leaves it out
+          t.record(bytes, a, perRank[r]![a]![bytes]! * (i < 3 ? 1.5 : 1))
+        }
+      }
+    })
+    const tables = ranks.map((t) => t.table())
+    expect(tables[0]!.length).toBe(2 * 3 * 3)
+    const agreed = tables[0]!.map((v, i) => Math.max(v, tables[1]![i]!))
+    const decided = ranks.map((t) => t.decide(Float32Array.from(agreed), () => "ring"))
+    expect(decided[0]).toEqual(decided[1])
+    expect(decided[0]!.map((d) => [d.bytes, d.picked])).toEqual([
+      [4 * KiB, "tree"],
+      [MiB, "hierarchical"]
+    ])
+    expect(decided[0]![1]!.ms).toEqual([10, 12, 7])
+    expect(decided[0]![1]!.modelPick).toBe("ring")
+    expect(ranks[0]!.pick(MiB)).toBe("hierarchical")
+    expect(ranks[0]!.pick(64 * KiB)).toBeUndefined()
+  })
+
+  it("leaves out sizes not timed rounds times with every candidate, and refuses a table of another shape", () => {
+    const t = new AlgorithmTuner(["ring", "tree"], 1)
+    t.record(MiB, "ring", 3)
+    t.record(MiB, "tree", 2)
+    t.record(8 * MiB, "ring", 9)
+    t.record(8 * MiB, "nonsense", 1)
+    t.record(8 * MiB, "tree", Number.NaN)
+    expect(t.sizes).toEqual([MiB])
+    expect(Array.from(t.table())).toEqual([3, 2])
+    expect(() => t.decide(new Float32Array(4), () => "ring")).toThrow(/expected 2/)
+    expect(t.decide(t.table(), () => "ring")[0]!.picked).toBe("tree")
+    expect(t.pick(8 * MiB)).toBeUndefined()
+  })
+})
