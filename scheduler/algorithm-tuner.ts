@@ -15,8 +15,11 @@
 // an all-reduce with "max" gives every rank each call's slowest rank (a step goes on when its last
 // rank has its result, so that is what the call cost the group). `decide(agreed)` takes, per size
 // and candidate, the median of its calls (what a step pays on average; the fastest call would
-// favour an algorithm that is sometimes fast and often stalls), and picks the fastest candidate;
-// every rank decides from the same numbers and picks the same algorithm.
+// favour an algorithm that is sometimes fast and often stalls), and picks the fastest candidate,
+// unless the cost model's pick is not clearly slower (its median within `keepWithin`, 1.1x, of
+// the fastest's, or slower in fewer than 3 of 4 rounds): then the model's stands, so noise
+// between near-equal algorithms does not decide. Every rank decides from the same numbers
+// and picks the same algorithm.
 
 const median = (xs: ArrayLike<number>): number => {
   const s = Array.from(xs).sort((a, b) => a - b)
@@ -36,13 +39,19 @@ export interface TunedSize {
 export class AlgorithmTuner {
   readonly candidates: readonly string[]
   readonly rounds: number
+  readonly keepWithin: number
   /** Per size, per candidate, this rank's times of its calls in the order they ran. */
   readonly #times = new Map<number, number[][]>()
   readonly #calls = new Map<number, number>()
   #decided: ReadonlyMap<number, string> | undefined
 
-  constructor(candidates: readonly string[], rounds = 5) {
+  /**
+   * `keepWithin`: the model's pick stands while its measured time is within this factor of the
+   * fastest candidate's (default 1.1).
+   */
+  constructor(candidates: readonly string[], rounds = 5, keepWithin = 1.1) {
     if (candidates.length === 0) throw new Error("AlgorithmTuner needs at least one candidate")
+    this.keepWithin = keepWithin
     this.candidates = [...candidates]
     this.rounds = Math.max(1, Math.floor(rounds))
   }
@@ -97,11 +106,30 @@ export class AlgorithmTuner {
       const ms = this.candidates.map((_, j) => median(agreed.subarray((i * n + j) * r, (i * n + j + 1) * r)))
       let best = 0
       for (let j = 1; j < n; j++) if (ms[j]! < ms[best]!) best = j
-      picks.set(bytes, this.candidates[best]!)
-      return { bytes, ms, picked: this.candidates[best]!, modelPick: modelPick(bytes) }
+      // The model's pick stands unless it measured clearly slower: a few calls on a busy machine
+      // differ by this much from run to run, and switching on noise gains nothing.
+      const model = modelPick(bytes)
+      const m = this.candidates.indexOf(model)
+      const calls = (j: number) => agreed.subarray((i * n + j) * r, (i * n + j + 1) * r)
+      const picked = m >= 0 && !this.#clearlySlower(calls(m), calls(best), ms[m]!, ms[best]!) ? model : this.candidates[best]!
+      picks.set(bytes, picked)
+      return { bytes, ms, picked, modelPick: model }
     })
     this.#decided = picks
     return out
+  }
+
+  /**
+   * Whether the model's pick (calls `a`, median `ma`) is clearly slower than the fastest (`b`,
+   * `mb`): its median more than keepWithin x the fastest's, and slower in most of the rounds
+   * (round k of both ran back to back; with 5 rounds, in at least 4), so one burst of load on the
+   * machine does not decide.
+   */
+  #clearlySlower(a: Float32Array, b: Float32Array, ma: number, mb: number): boolean {
+    if (!(ma > this.keepWithin * mb)) return false
+    let slower = 0
+    for (let k = 0; k < a.length; k++) if (a[k]! > b[k]!) slower++
+    return slower >= Math.ceil(0.75 * a.length)
   }
 
   /** The decided pick for `bytes`, if it was timed. */

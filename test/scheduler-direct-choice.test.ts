@@ -164,6 +164,31 @@ describe("the tuner", () => {
     expect(ranks[0]!.pick(64 * KiB)).toBeUndefined()
   })
 
+  it("keeps the cost model's pick while it measured within 1.1x of the fastest, and overrides it beyond", () => {
+    const t = new AlgorithmTuner(["ring", "tree", "hierarchical"], 1)
+    for (const [a, ms] of [["ring", 10.5], ["tree", 10], ["hierarchical", 30]] as const) t.record(MiB, a, ms)
+    for (const [a, ms] of [["ring", 12], ["tree", 10], ["hierarchical", 30]] as const) t.record(8 * MiB, a, ms)
+    const d = t.decide(t.table(), () => "ring")
+    expect(d.map((x) => x.picked)).toEqual(["ring", "tree"])
+    expect(d.map((x) => x.modelPick)).toEqual(["ring", "ring"])
+    // with keepWithin 1 the fastest always wins
+    const strict = new AlgorithmTuner(["ring", "tree"], 1, 1)
+    strict.record(MiB, "ring", 10.5)
+    strict.record(MiB, "tree", 10)
+    expect(strict.decide(strict.table(), () => "ring")[0]!.picked).toBe("tree")
+  })
+
+  it("keeps the model's pick when it was slower in too few rounds: one burst of load does not decide", () => {
+    const t = new AlgorithmTuner(["ring", "tree"], 4)
+    // rounds 0-3: ring 10, 10, 30, 30 (median 20) against tree 12, 12, 12, 12: slower in only 2 of 4 rounds
+    for (const ms of [10, 10, 30, 30]) t.record(MiB, "ring", ms)
+    for (let k = 0; k < 4; k++) t.record(MiB, "tree", 12)
+    // at 8 MiB ring is slower in 3 of 4 rounds and by its median: overridden
+    for (const ms of [10, 30, 30, 30]) t.record(8 * MiB, "ring", ms)
+    for (let k = 0; k < 4; k++) t.record(8 * MiB, "tree", 12)
+    expect(t.decide(t.table(), () => "ring").map((d) => d.picked)).toEqual(["ring", "tree"])
+  })
+
   it("leaves out sizes not timed rounds times with every candidate, and refuses a table of another shape", () => {
     const t = new AlgorithmTuner(["ring", "tree"], 1)
     t.record(MiB, "ring", 3)

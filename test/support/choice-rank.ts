@@ -16,7 +16,7 @@ import { probeGroupTopology } from "../../actors/train/worker/topology-probe.ts"
 import { chooseAlgorithm, explain, planCommunication } from "../../scheduler/algorithm-choice.ts"
 import { describeObservation } from "../../scheduler/topology.ts"
 import { AlgorithmTuner } from "../../scheduler/algorithm-tuner.ts"
-import { TUNE_ROUNDS } from "../../actors/train/worker/auto-config.ts"
+import { TUNE_KEEP_WITHIN, TUNE_ROUNDS } from "../../actors/train/worker/auto-config.ts"
 
 interface Args {
   readonly rank: number
@@ -86,7 +86,7 @@ try {
   }
   // The measured pick as training makes it (AutoGradientReducer): each algorithm timed
   // TUNE_ROUNDS times per size, each call's slowest rank agreed, the median of each algorithm's calls compared.
-  const tuner = new AlgorithmTuner(args.algorithms, TUNE_ROUNDS)
+  const tuner = new AlgorithmTuner(args.algorithms, TUNE_ROUNDS, TUNE_KEEP_WITHIN)
   for (const bytes of args.sizes) {
     const buf = new Float32Array(bytes / 4)
     const times: Record<string, number[]> = {}

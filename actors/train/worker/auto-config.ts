@@ -47,13 +47,15 @@ export interface AutoReducerOptions extends Omit<GradientReducerOptions, "algori
 
 /** Calls per candidate algorithm and size that the tuner times (AlgorithmTuner's rounds). */
 export const TUNE_ROUNDS = 5
+/** The model's pick stands unless it measured more than this factor slower than the fastest, in most rounds (AlgorithmTuner's keepWithin). */
+export const TUNE_KEEP_WITHIN = 1.1
 
 /**
  * A GradientReducer whose algorithm and compression the cost model picks. With algorithm 'auto'
  * the model's pick holds until the tuner has timed every candidate on this group's own calls
  * (TUNE_ROUNDS calls each, from the call after the first that finds compression decided: the
  * group's second, or the one after compression 'auto' decides); from then on each size runs the
- * measured fastest.
+ * measured fastest (the model's pick kept unless it measured clearly slower: AlgorithmTuner).
  */
 export class AutoGradientReducer extends GradientReducer {
   readonly #auto: AutoReducerOptions
@@ -77,7 +79,7 @@ export class AutoGradientReducer extends GradientReducer {
     }
     const names = allReduceAlgorithms().map((a) => a.name)
     const tune = {
-      tuner: opts.algorithm === "auto" && comm.worldSize > 1 && names.length > 1 ? new AlgorithmTuner(names, TUNE_ROUNDS) : undefined,
+      tuner: opts.algorithm === "auto" && comm.worldSize > 1 && names.length > 1 ? new AlgorithmTuner(names, TUNE_ROUNDS, TUNE_KEEP_WITHIN) : undefined,
       calls: 0,
       from: undefined as number | undefined,
       active: false,
@@ -194,7 +196,11 @@ export const withTuned = (e: Explanation, tuned: readonly TunedSize[] | undefine
   const lines = tuned.map(
     (t) =>
       `  ${fmtTunedBytes(t.bytes)}: ${t.ms.map((ms, j) => `${names[j]} ${ms.toFixed(2)}`).join(", ")} ms -> ${t.picked}` +
-      (t.picked === t.modelPick ? " (the cost model's pick too)" : ` (the cost model picked ${t.modelPick}: ${(t.ms[names.indexOf(t.modelPick)]! / Math.min(...t.ms)).toFixed(2)}x the fastest)`)
+      (t.picked !== t.modelPick
+        ? ` (the cost model picked ${t.modelPick}: ${(t.ms[names.indexOf(t.modelPick)]! / Math.min(...t.ms)).toFixed(2)}x the fastest)`
+        : t.ms[names.indexOf(t.picked)]! > Math.min(...t.ms)
+          ? ` (the cost model's pick, kept: not clearly slower than the fastest, within ${TUNE_KEEP_WITHIN}x or slower in too few rounds)`
+          : " (the cost model's pick too)")
   )
   const text =
     tuned.length === 0
