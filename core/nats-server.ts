@@ -56,8 +56,13 @@ export interface NatsLeafConfig {
 export interface NatsServerOptions {
   /** Path of the nats-server binary. Default: $NATS_SERVER_BIN, else PATH, /usr/sbin, /usr/local/bin. */
   readonly binary?: string
-  /** Client port on 127.0.0.1; default a free one. */
+  /** Client port; default a free one (on 127.0.0.1). */
   readonly port?: number
+  /**
+   * Address the client port listens on. Default 127.0.0.1; "0.0.0.0" or "::" for every interface,
+   * or one address of this host (the server is then reached there only, not on loopback).
+   */
+  readonly host?: string
   /** Largest message the server accepts, in bytes (nats-server default: 1 MiB). */
   readonly maxPayload?: number
   /** JetStream with its store in the temp dir. Default true. */
@@ -80,7 +85,7 @@ export interface NatsServerOptions {
 }
 
 export interface RunningNatsServer {
-  /** nats://127.0.0.1:PORT */
+  /** nats://HOST:PORT (127.0.0.1 unless the server listens on one other address only) */
   readonly url: string
   readonly port: number
   readonly clusterPort?: number
@@ -175,6 +180,11 @@ interface ResolvedConfig {
 }
 
 const q = (s: string): string => JSON.stringify(s)
+/** The client listen address as nats-server's config wants it (an IPv6 address in brackets). */
+const listenHost = (host: string | undefined): string => (host === undefined ? "127.0.0.1" : host.includes(":") && !host.startsWith("[") ? `[${host}]` : host)
+/** Where this host reaches a server listening on `host`: loopback when it listens on every interface. */
+export const reachableHost = (host: string | undefined): string =>
+  host === undefined || host === "0.0.0.0" ? "127.0.0.1" : host === "::" || host === "[::]" ? "::1" : host.replace(/^\[|\]$/g, "")
 const withScheme = (url: string, scheme: string): string => (url.includes("://") ? url : `${scheme}://${url}`)
 
 /** Seconds a client may take to authenticate after it connects (nats-server's `authorization.timeout`). */
@@ -184,7 +194,7 @@ const renderConfig = (options: NatsServerOptions, resolved: ResolvedConfig, dir:
   const lines = [
     "# written by gradwire (core/nats-server.ts)",
     `server_name: ${q(resolved.name)}`,
-    `listen: ${q(`127.0.0.1:${resolved.port}`)}`
+    `listen: ${q(`${listenHost(options.host)}:${resolved.port}`)}`
   ]
   if (options.maxPayload !== undefined) {
     lines.push(`max_payload: ${Math.floor(options.maxPayload)}`)
@@ -400,13 +410,13 @@ const TIMED_OUT: unique symbol = Symbol("timed out")
 const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms))
 
 /**
- * One attempt to read the INFO line of a NATS server at 127.0.0.1:port. Checking server_name (and
+ * One attempt to read the INFO line of a NATS server at host:port. Checking server_name (and
  * not just that something accepts TCP) matters: when our server fails with "address in use", the
  * port does accept connections - someone else's.
  */
-const probeInfo = (port: number, timeoutMs: number): Promise<{ server_name?: string } | undefined> =>
+const probeInfo = (host: string, port: number, timeoutMs: number): Promise<{ server_name?: string } | undefined> =>
   new Promise((resolve) => {
-    const socket = net.connect({ host: "127.0.0.1", port })
+    const socket = net.connect({ host, port })
     let data = ""
     const finish = (value: { server_name?: string } | undefined): void => {
       clearTimeout(timer)
@@ -540,7 +550,8 @@ export class NatsServerProcess implements RunningNatsServer {
     this.#options = options
     this.name = resolved.name
     this.port = resolved.port
-    this.url = `nats://127.0.0.1:${resolved.port}`
+    const h = reachableHost(options.host)
+    this.url = `nats://${h.includes(":") ? `[${h}]` : h}:${resolved.port}`
     if (resolved.clusterPort !== undefined) this.clusterPort = resolved.clusterPort
     if (resolved.leafPort !== undefined) this.leafPort = resolved.leafPort
     if (resolved.monitorPort !== undefined) this.monitorPort = resolved.monitorPort
@@ -584,9 +595,10 @@ export class NatsServerProcess implements RunningNatsServer {
           throw this.#startError(`nats-server exited with status ${serverGone ?? "?"} before accepting connections`)
         }
         const left = deadline - Date.now()
-        if (left <= 0) throw this.#startError(`it did not accept connections on 127.0.0.1:${this.port} within ${timeoutMs} ms`)
+        const host = reachableHost(this.#options.host)
+        if (left <= 0) throw this.#startError(`it did not accept connections on ${host}:${this.port} within ${timeoutMs} ms`)
         // Racing the exit: a dead server's port may belong to someone who never answers.
-        const info = await Promise.race([probeInfo(this.port, Math.min(1_000, left)), guardian.serverExit.then(() => undefined)])
+        const info = await Promise.race([probeInfo(host, this.port, Math.min(1_000, left)), guardian.serverExit.then(() => undefined)])
         if (info?.server_name === this.name) break
         if (serverGone === undefined) await sleep(Math.min(50, Math.max(0, deadline - Date.now())))
       }

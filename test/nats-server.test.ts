@@ -114,6 +114,22 @@ describe("single server", () => {
     expect(server.log()).toMatch(/Server is ready/)
   })
 
+  it("listens on one given address only: starts (its readiness check asks there), its url names it, loopback refuses", async () => {
+    // 127.0.0.2 is a loopback address other than 127.0.0.1 on Linux: an address of this host
+    // that 127.0.0.1 does not reach, as a head's `--host 10.0.0.5` on a machine with several NICs.
+    const server = await nats.server({ host: "127.0.0.2", jetstream: false })
+    expect(server.url).toBe(`nats://127.0.0.2:${server.port}`)
+    const a = await nats.connect(server.url)
+    const got = await roundTrip(a, a, "gw.test.host", new TextEncoder().encode("there"))
+    expect(new TextDecoder().decode(got)).toBe("there")
+    const refused = await new Promise<boolean>((resolve) => {
+      const socket = net.connect({ host: "127.0.0.1", port: server.port })
+      socket.on("connect", () => (socket.destroy(), resolve(false)))
+      socket.on("error", () => resolve(true))
+    })
+    expect(refused).toBe(true)
+  })
+
   it("honours max_payload from its config file, and carries a message that large", async () => {
     const maxPayload = 8 * 1024 * 1024
     const server = await nats.server({ maxPayload, jetstream: false })

@@ -145,8 +145,7 @@ const startServer = async (o: StartOptions): Promise<NatsServerProcess> => {
       jetstreamStoreDir: path.join(o.stateDir, "jetstream"),
       ...(o.maxPayload !== undefined ? { maxPayload: o.maxPayload } : {}),
       ...(auth !== undefined ? { auth } : {}),
-      // nats-server takes the last "listen" line: this one widens the server's loopback default.
-      ...(host !== "127.0.0.1" ? { extraConfig: `listen: ${JSON.stringify(`${host}:${port}`)}` } : {})
+      ...(host !== "127.0.0.1" ? { host } : {})
     })
   } catch (e) {
     if (e instanceof NatsServerStartError && /address already in use/i.test(e.log)) {
