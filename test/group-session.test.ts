@@ -6,6 +6,7 @@
 import { describe, expect, it } from "vitest"
 import { GroupSession, PeerRecoveryMisaligned, type LiveGroup } from "../actors/train/worker/group-session.ts"
 import type { PeerState, Placement, Position } from "../actors/train/common/train-protocol.ts"
+import { PeerLinkLost } from "../collectives/errors.ts"
 
 const placement = { attempt: 1, rank: 2, worldSize: 3 } as unknown as Placement
 const group = { placement, comm: {}, reducer: {} } as unknown as LiveGroup
@@ -159,6 +160,79 @@ describe("a survivor behind the furthest one at a regroup", () => {
     session.reported()
     expect(session.reportMadeAlready(session.reports)).toBe(false)
     expect(logged.join("\n")).toMatch(/made report 2 already/)
+  })
+
+  it("parks again when the new group breaks while it forms (a member dies during its handshake or probe), and joins the regroup after it", async () => {
+    const closing = { comm: { close: () => Promise.resolve() }, reducer: {} }
+    const first = { placement: { attempt: 1, rank: 0, worldSize: 3 }, ...closing } as unknown as LiveGroup
+    const source: Position = { ops: 40, reports: 2, stepsSinceReport: 3, inFit: true, epoch: 2, stepInEpoch: 3, stepsPerEpoch: 10 }
+    const built: number[] = []
+    const parkedAt: number[] = []
+    let session!: GroupSession
+    session = new GroupSession(first, {
+      build: (p) => {
+        built.push(p.attempt)
+        // generation 2's probe meets a member that died: its link closed mid-call
+        if (p.attempt === 2) return Promise.reject(new PeerLinkLost({ op: "broadcast", group: "g2", rank: 0, peer: 2 }))
+        return Promise.resolve(closing as unknown as Pick<LiveGroup, "comm" | "reducer">)
+      },
+      close: () => Promise.resolve(),
+      parked: () => void parkedAt.push(session.placement.attempt),
+      fetchState: () => Promise.resolve({ files: {}, step: 40, position: source } as unknown as PeerState),
+      log: () => {}
+    })
+    const adopted: number[] = []
+    session.attach({
+      snapshot: () => Promise.reject(new Error("not asked")),
+      adopt: () => {
+        adopted.push(session.placement.attempt)
+        return Promise.resolve()
+      },
+      regrouped: () => {},
+      loopPosition: () => ({ inFit: true, epoch: 2, stepInEpoch: 3, stepsPerEpoch: 10 })
+    })
+    session.ops = 40
+    let result = ""
+    const op = session.operation(() => Promise.reject(new Error("a member died")), () => (result = "adopted"), () => (result = "again"))
+    await new Promise((r) => setTimeout(r, 10))
+    expect(await session.pause(2)).toMatchObject({ state: "parked" })
+    session.resume({ attempt: 2, rank: 0, worldSize: 3 } as unknown as Placement, source)
+    await new Promise((r) => setTimeout(r, 10))
+    // the failed formation is reported as generation 2's, and the rank waits for the next regroup
+    expect(built).toEqual([2])
+    expect(parkedAt).toEqual([1, 2])
+    expect(result).toBe("")
+    expect(await session.pause(3)).toMatchObject({ state: "parked" })
+    session.resume({ attempt: 3, rank: 0, worldSize: 2 } as unknown as Placement, source)
+    await op
+    expect(built).toEqual([2, 3])
+    expect(adopted).toEqual([3])
+    expect(session.placement.attempt).toBe(3)
+    expect(result).toBe("again")
+  })
+
+  it("does not hide a failure to form a group that is not a member lost: the loop fails with it", async () => {
+    const closing = { comm: { close: () => Promise.resolve() }, reducer: {} }
+    const first = { placement: { attempt: 1, rank: 0, worldSize: 2 }, ...closing } as unknown as LiveGroup
+    const source: Position = { ops: 5, reports: 0, stepsSinceReport: 5, inFit: false, epoch: 0, stepInEpoch: 0, stepsPerEpoch: 0 }
+    const session = new GroupSession(first, {
+      build: () => Promise.reject(new TypeError("a bug in building the group")),
+      close: () => Promise.resolve(),
+      parked: () => {},
+      fetchState: () => Promise.reject(new Error("not asked")),
+      log: () => {}
+    })
+    session.attach({
+      snapshot: () => Promise.reject(new Error("not asked")),
+      adopt: () => Promise.resolve(),
+      regrouped: () => {},
+      loopPosition: () => ({ inFit: false, epoch: 0, stepInEpoch: 0, stepsPerEpoch: 0 })
+    })
+    const op = session.operation(() => Promise.reject(new Error("a member died")), () => "adopted")
+    await new Promise((r) => setTimeout(r, 10))
+    await session.pause(2)
+    session.resume({ attempt: 2, rank: 0, worldSize: 2 } as unknown as Placement, source)
+    await expect(op).rejects.toThrow(/a bug in building the group/)
   })
 
   it("checks parity at every report when it was level with the furthest survivor", async () => {

@@ -18,6 +18,11 @@ import { Schema } from "effect"
 import type { Communicator } from "../../../collectives/communicator.ts"
 import type { GradientReducer } from "../../../collectives/gradient-reducer.ts"
 import type { PeerState, Placement, Position, StreamCursor } from "../common/train-protocol.ts"
+import { CollectiveAborted, CollectiveTimeout, CommunicatorClosed, ConnectionLost, PeerLinkLost } from "../../../collectives/errors.ts"
+
+/** A collective failed because a member died, hung or was cut off (or the controller closed the group to regroup it). */
+const groupBroke = (e: unknown): boolean =>
+  e instanceof CollectiveTimeout || e instanceof CollectiveAborted || e instanceof PeerLinkLost || e instanceof CommunicatorClosed || e instanceof ConnectionLost
 
 /** The joining worker's loop does not reach the survivors' position the way they did. */
 export class PeerRecoveryMisaligned extends Schema.TaggedError<PeerRecoveryMisaligned>()("PeerRecoveryMisaligned", {
@@ -337,6 +342,29 @@ export class GroupSession {
   }
 
   async #park(cause: unknown): Promise<void> {
+    // Parks until the controller regroups; a group that breaks while it forms (a member dies
+    // during its handshake, link measurements or probe) parks again for the next regroup.
+    for (;;) {
+      const resumed = await this.#awaitRegroup(cause)
+      const old = this.#group
+      await this.#hooks.close(old).catch(() => {})
+      // The new generation's placement from here on (what a failure while forming it names).
+      this.#group = { ...old, placement: resumed.placement }
+      try {
+        const { comm, reducer } = await this.#hooks.build(resumed.placement)
+        this.#group = { placement: resumed.placement, comm, reducer }
+      } catch (e) {
+        if (!groupBroke(e)) throw e
+        cause = e
+        continue
+      }
+      await this.#rejoin(resumed)
+      return
+    }
+  }
+
+  /** Tells the controller (unless it asked already), answers its pause, and waits for its resume. */
+  async #awaitRegroup(cause: unknown): Promise<{ placement: Placement; source: Position }> {
     if (!this.#pausing) this.#hooks.parked(cause)
     const pause = this.#pausing ?? (await within(this.#pauseRequest.promise, PARK_TIMEOUT_MS))
     if (pause === "timeout") throw cause
@@ -348,10 +376,11 @@ export class GroupSession {
     this.#pauseRequest = deferred()
     if (resumed === "timeout") throw cause ?? new Error("paused for a regroup that never came")
     this.#resumeRequest = deferred()
-    const old = this.#group
-    await this.#hooks.close(old).catch(() => {})
-    const { comm, reducer } = await this.#hooks.build(resumed.placement)
-    this.#group = { placement: resumed.placement, comm, reducer }
+    return resumed
+  }
+
+  /** In the newly formed group: takes the furthest survivor's state and where it is. */
+  async #rejoin(resumed: { placement: Placement; source: Position }): Promise<void> {
     // Every member loads the furthest survivor's state, itself included: survivors level with it
     // hold the same values already, but the optimizer rebuilds its derived state (Adam's bias
     // corrections) from what it loads, and a joiner's must match bit for bit.
