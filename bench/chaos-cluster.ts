@@ -3,7 +3,11 @@
 // child of the bench on loopback, one CPU each (one worker per agent). An agent's kill -9 takes its
 // workers with it (they exit when their agent's end of stdin closes); the bench starts a new agent
 // in its place a moment later, as a machine's supervisor (systemd) would restart a crashed one.
-// Every process it starts is stopped by stop(), on an error too.
+// With `linkCut` (root only) the head's nats-server listens on the host end of a veth pair instead
+// of loopback, and the first other agent runs in a network namespace of its own at the far end
+// (its workers with it), so its link can be cut (`ip link set ... down`) and restored; an agent
+// killed there is replaced there. Every process it starts is stopped by stop(), on an error too,
+// and the namespace is deleted.
 import { spawn, type ChildProcess } from "node:child_process"
 import * as fs from "node:fs"
 import * as path from "node:path"
@@ -11,6 +15,7 @@ import { freePort } from "../core/nats-server.ts"
 import { readState } from "../actors/node/agent-state.ts"
 import { CLI, ROOT, waitForAliveNodes } from "../test/support/actors-processes.ts"
 import { killQuietly } from "../test/support/chaos.ts"
+import { addressUp, deleteNetns, nsExec, sh } from "../test/support/netns.ts"
 
 export interface AgentCluster {
   readonly url: string
@@ -24,30 +29,72 @@ export interface AgentCluster {
   /** Resolves once `n` agents are alive (at most 60 s). */
   waitForAgents(n: number): Promise<void>
   stop(): Promise<void>
-  /** SIGKILL of every process it started, at once (the bench's exit handler). */
+  /** SIGKILL of every process it started, at once (the bench's exit handler); deletes the namespace. */
   killNow(): void
+  /** With linkCut: the agent behind the cuttable link, when it is alive. */
+  cuttable(): string | undefined
+  /** With linkCut: takes that agent's link down for `ms`, then up again. Returns what was cut. */
+  cutLink(ms: number): string
+}
+
+export interface AgentClusterOptions {
+  /** Put the first agent other than the head behind a veth link in its own network namespace. */
+  readonly linkCut?: boolean
 }
 
 const alive = (c: ChildProcess): boolean => c.exitCode === null && c.signalCode === null
 
-export const startAgentCluster = async (dir: string, agents: number): Promise<AgentCluster> => {
+export const startAgentCluster = async (dir: string, agents: number, opts: AgentClusterOptions = {}): Promise<AgentCluster> => {
   const clusterName = `chaosbench${process.pid}`
   const port = await freePort()
-  const url = `nats://127.0.0.1:${port}`
+  const tag = String(process.pid % 100000)
+  const ns = `gwB${tag}`
+  const hostEnd = `gwbr${tag}`
+  const nsEnd = `gwbn${tag}`
+  const net = `10.234.${process.pid % 250}`
+  const host = opts.linkCut ? `${net}.1` : "127.0.0.1"
+  const url = `nats://${host}:${port}`
   const children = new Map<string, ChildProcess>()
+  /** Agents (by node id) that run in the namespace. */
+  const inNs = new Set<string>()
   const stateDir = (node: string): string => path.join(dir, `agent-${node}`)
   let next = 0
-  const start = (node: string, head: boolean): void => {
+  let deleted = false
+  const deleteNs = (): void => {
+    if (!opts.linkCut || deleted) return
+    deleted = true
+    deleteNetns([ns])
+  }
+  if (opts.linkCut) {
+    deleteNetns([ns])
+    try {
+      sh("ip", ["netns", "add", ns])
+      sh("ip", ["link", "add", hostEnd, "type", "veth", "peer", "name", nsEnd, "netns", ns])
+      sh("ip", ["addr", "add", `${net}.1/24`, "dev", hostEnd])
+      sh("ip", ["link", "set", hostEnd, "up"])
+      addressUp(ns, nsEnd, `${net}.2/24`)
+    } catch (e) {
+      deleteNs()
+      throw e
+    }
+  }
+  const start = (node: string, head: boolean, netns = false): void => {
     const log = fs.openSync(path.join(dir, `${node}.log`), "a")
     const args = [CLI, "start", "--block", "--node-id", node, "--num-cpus", "1", "--backends", "wasm,cpu", "--cluster", clusterName, "--state-dir", stateDir(node)]
-    const c = spawn(process.execPath, [...args, ...(head ? ["--head", "--port", String(port)] : ["--address", url])], { cwd: ROOT, stdio: ["ignore", log, log] })
+    const role = head ? ["--head", "--port", String(port), ...(opts.linkCut ? ["--host", host, "--insecure"] : [])] : ["--address", url]
+    // `ip netns exec` execs the agent: the child's pid is the agent's.
+    const c = netns
+      ? spawn("ip", ["netns", "exec", ns, process.execPath, ...args, ...role], { cwd: ROOT, stdio: ["ignore", log, log] })
+      : spawn(process.execPath, [...args, ...role], { cwd: ROOT, stdio: ["ignore", log, log] })
     fs.closeSync(log)
     children.set(node, c)
+    if (netns) inNs.add(node)
   }
   const killNow = (): void => {
     const server = readState(stateDir("head"))?.natsServer?.pid
     for (const c of children.values()) if (alive(c)) c.kill("SIGKILL")
     if (server !== undefined) killQuietly(server, "SIGKILL")
+    deleteNs()
   }
   /** SIGTERM to every agent (the head stops its nats-server), then SIGKILL of what is left after 10 s. */
   const stop = async (): Promise<void> => {
@@ -73,7 +120,7 @@ export const startAgentCluster = async (dir: string, agents: number): Promise<Ag
   try {
     start("head", true)
     await waitForAgents(1)
-    for (let i = 1; i < agents; i++) start(`a${next++}`, false)
+    for (let i = 1; i < agents; i++) start(`a${next++}`, false, opts.linkCut === true && i === 1)
     await waitForAgents(agents)
   } catch (e) {
     await stop()
@@ -87,8 +134,17 @@ export const startAgentCluster = async (dir: string, agents: number): Promise<Ag
       const c = children.get(node)
       if (c && alive(c)) c.kill("SIGKILL")
       const id = `a${next++}`
-      setTimeout(() => start(id, false), restartMs)
+      const there = inNs.delete(node)
+      setTimeout(() => start(id, false, there), restartMs)
       return id
+    },
+    cuttable: () => [...inNs].find((node) => { const c = children.get(node); return c !== undefined && alive(c) }),
+    cutLink: (ms) => {
+      nsExec(ns, ["ip", "link", "set", nsEnd, "down"])
+      setTimeout(() => {
+        if (!deleted) nsExec(ns, ["ip", "link", "set", nsEnd, "up"])
+      }, ms).unref()
+      return `${nsEnd} down for ${(ms / 1000).toFixed(0)} s (agent ${[...inNs].join(",")})`
     },
     natsServerPid: () => readState(stateDir("head"))?.natsServer?.pid,
     waitForAgents,

@@ -1,6 +1,6 @@
 // `npm run bench -- chaos [--every=15] [--seed=N] [--loops=fit,step] [--strategies=allreduce,zero,ps,localsgd]
-//                         [--kinds=worker-kill,worker-stop,nats-kill[,agent-kill]] [--epochs-fit=N] [--epochs-step=N] [--bound=3]
-//                         [--spares=0] [--agent-restart-ms=1000] [--out=FILE]`
+//                         [--kinds=worker-kill,worker-stop,nats-kill[,agent-kill][,link-cut]] [--epochs-fit=N] [--epochs-step=N]
+//                         [--bound=3] [--spares=0] [--agent-restart-ms=1000] [--cut-ms=10000] [--out=FILE]`
 // Goodput under chaos: the same job (digits MLP, 3 workers on the embedded cluster, failureConfig
 // { maxFailures: -1 }, recoverFrom left at its default) run fault-free, then under a seeded fault
 // schedule, for a `dp.fit` loop (test/support/chaos-loop.ts) and a hand-written `dp.trainStep` loop
@@ -19,11 +19,13 @@
 //   agent-kill   kill -9 of a random agent other than the head, its workers with it; a new agent
 //                starts in its place --agent-restart-ms later, as a machine's supervisor would
 //                restart a crashed one. With this kind every run (fault-free too) is on a cluster of
-//                CLI agents on loopback, one CPU and one worker each (bench/chaos-cluster.ts).
+//                CLI agents on loopback, one CPU and one worker each (bench/chaos-cluster.ts);
+//   link-cut     (root) the link of one agent, which runs with its workers in a network namespace
+//                of its own at the far end of a veth pair, goes down for --cut-ms (10 s), then up;
+//                the cluster of agents then listens on the veth's host end instead of loopback.
+//                Without root or `ip netns` the kind is left out and the bench says why.
 // A fault due while the group is still recovering from the previous one waits until the group
 // steps again (its delay is printed and the effective fault interval is what the table says).
-// Not run: a node's link cut in a network namespace (test/chaos.test.ts cuts one for 10 s, without
-// a schedule).
 //
 // Per run: training time = the first progress message of the first generation to the report round
 // of the furthest epoch reached; goodput = (epochs / training time) under chaos over the same in
@@ -48,6 +50,7 @@ import { seededRng, type Rng } from "../core/random.ts"
 import { median } from "../scheduler/cost-model.ts"
 import { workerPids, killQuietly } from "../test/support/chaos.ts"
 import { readPositions } from "../test/support/positions.ts"
+import { netnsUnavailable } from "../test/support/netns.ts"
 import { startAgentCluster, type AgentCluster } from "./chaos-cluster.ts"
 
 const ROOT = fileURLToPath(new URL("../", import.meta.url))
@@ -64,13 +67,12 @@ const STRATEGIES: Readonly<Record<string, { readonly label: string; readonly col
   localsgd: { label: "local SGD (H=8)", collective: { strategy: "local-sgd", localSgd: { syncEvery: 8 } } }
 }
 
-const KINDS = ["worker-kill", "worker-stop", "nats-kill", "agent-kill"] as const
+const KINDS = ["worker-kill", "worker-stop", "nats-kill", "agent-kill", "link-cut"] as const
 type Kind = (typeof KINDS)[number]
 /** What runs without --kinds: the embedded cluster's faults. */
 const DEFAULT_KINDS: ReadonlyArray<Kind> = ["worker-kill", "worker-stop", "nats-kill"]
-const NOT_RUN: ReadonlyArray<readonly [string, string]> = [
-  ["link-cut", "needs an agent in its own network namespace (test/chaos.test.ts cuts one for 10 s; not scheduled here)"]
-]
+/** Kinds asked for that this machine cannot run, with why (link-cut without root or `ip netns`). */
+const NOT_RUN: Array<readonly [string, string]> = []
 
 const WORKERS = 3
 const MAX_RUN_MS = 600_000
@@ -173,7 +175,7 @@ interface Spec {
   readonly epochs: number
   /** failureConfig.spares. */
   readonly spares: number
-  readonly chaos?: { readonly every: number; readonly rng: Rng; readonly kinds: ReadonlyArray<Kind>; readonly boundMs: number; readonly agentRestartMs: number }
+  readonly chaos?: { readonly every: number; readonly rng: Rng; readonly kinds: ReadonlyArray<Kind>; readonly boundMs: number; readonly agentRestartMs: number; readonly cutMs: number }
 }
 
 const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset; test: ArrayDataset }, index: number, log: (line: string) => void): Promise<RunResult> => {
@@ -236,6 +238,11 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
       if (server === undefined) return log(`    fault ${k + 1}: no nats-server pid to kill; skipped`)
       pid = server
       victim = `nats-server pid ${pid}`
+    } else if (kind === "link-cut") {
+      const node = agentCluster!.cuttable()
+      if (node === undefined) return log(`    fault ${k + 1}: the agent behind the cuttable link is not alive; skipped`)
+      pid = -1
+      victim = `agent ${node}'s link`
     } else if (kind === "agent-kill") {
       const agents = agentCluster!.killable()
       if (!agents.length) return log(`    fault ${k + 1}: no live agent to kill; skipped`)
@@ -255,7 +262,8 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
     if (agentNode !== undefined) {
       const replacement = agentCluster!.killAgent(agentNode, chaos!.agentRestartMs)
       log(`    (agent ${replacement} starts in its place in ${chaos!.agentRestartMs} ms)`)
-    } else process.kill(pid, kind === "worker-stop" ? "SIGSTOP" : "SIGKILL")
+    } else if (kind === "link-cut") log(`    (${agentCluster!.cutLink(chaos!.cutMs)})`)
+    else process.kill(pid, kind === "worker-stop" ? "SIGSTOP" : "SIGKILL")
     if (kind === "worker-stop") stopped.set(pid, f)
     faults.push(f)
     log(`    fault ${faults.length} at ${(f.at / 1000).toFixed(1)} s: ${kind} ${victim} (attempt ${f.attempt}${f.delayMs > 100 ? `, ${(f.delayMs / 1000).toFixed(1)} s late: the group was still recovering` : ""})`)
@@ -418,8 +426,10 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
   const seed = Number(arg("seed") ?? 1)
   const loops = (arg("loops") ?? "fit,step").split(",") as LoopShape[]
   const strategies = (arg("strategies") ?? "allreduce").split(",")
-  const kinds = (arg("kinds") ?? DEFAULT_KINDS.join(",")).split(",") as Kind[]
+  let kinds = (arg("kinds") ?? DEFAULT_KINDS.join(",")).split(",") as Kind[]
   const agentRestartMs = Number(arg("agent-restart-ms") ?? 1000)
+  const cutMs = Number(arg("cut-ms") ?? 10_000)
+  if (!(cutMs > 0)) throw new Error(`--cut-ms must be a number > 0, got ${arg("cut-ms")}`)
   if (!(agentRestartMs >= 0)) throw new Error(`--agent-restart-ms must be a number >= 0, got ${arg("agent-restart-ms")}`)
   const boundX = Number(arg("bound") ?? 3)
   const spares = Number(arg("spares") ?? 0)
@@ -428,6 +438,12 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
   for (const s of strategies) if (!STRATEGIES[s]) throw new Error(`unknown strategy "${s}"; known: ${Object.keys(STRATEGIES).join(", ")}`)
   for (const k of kinds) if (!KINDS.includes(k)) throw new Error(`unknown fault kind "${k}"; known: ${KINDS.join(", ")}`)
   if (!(every > 0) || !Number.isInteger(seed)) throw new Error("--every must be > 0 seconds and --seed an integer")
+  const noNetns = kinds.includes("link-cut") ? netnsUnavailable() : undefined
+  if (noNetns !== undefined) {
+    NOT_RUN.push(["link-cut", `needs root and network namespaces here (${noNetns})`])
+    kinds = kinds.filter((k) => k !== "link-cut")
+    if (kinds.length === 0) throw new Error(`no fault kind left to run: link-cut ${NOT_RUN.at(-1)![1]}`)
+  }
   const epochs: Record<LoopShape, number> = { fit: Number(arg("epochs-fit") ?? 80), step: Number(arg("epochs-step") ?? 70) }
 
   const storage = fs.mkdtempSync(path.join(os.tmpdir(), "gw-bench-chaos-"))
@@ -438,8 +454,11 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
   try {
     const { train, test } = trainTestSplit(await loadDigits(), 0.2, 1)
     const data = { train, test }
-    if (kinds.includes("agent-kill")) agentCluster = await startAgentCluster(fs.mkdtempSync(path.join(storage, "agents-")), WORKERS)
-    const where = agentCluster ? `${WORKERS} CLI agents (one CPU each; an agent killed is replaced after ${agentRestartMs} ms)` : "the embedded cluster"
+    const linkCut = kinds.includes("link-cut")
+    if (kinds.includes("agent-kill") || linkCut) agentCluster = await startAgentCluster(fs.mkdtempSync(path.join(storage, "agents-")), WORKERS, { linkCut })
+    const where = agentCluster
+      ? `${WORKERS} CLI agents (one CPU each; an agent killed is replaced after ${agentRestartMs} ms${linkCut ? `; one behind a veth link in its own network namespace, cut for ${cutMs / 1000} s at a time` : ""})`
+      : "the embedded cluster"
     console.log(
       `\nchaos benchmark (${os.availableParallelism()} cores, load ${os.loadavg()[0]!.toFixed(1)}): digits MLP, ${WORKERS} workers on ${where}, ` +
         `${spares > 0 ? `${spares} spare(s), ` : ""}one fault per ${every} s window (seed ${seed}), kinds ${kinds.join(", ")}`
@@ -454,7 +473,7 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
         console.log(`    fault-free: ${s2(free.trainMs)} s training (${s2(free.wallMs)} s wall)${free.error ? `; ${free.error}` : ""}`)
         const boundMs = Math.min(MAX_RUN_MS, boundX * free.wallMs)
         const rng = seededRng(seed * 1000 + i)
-        const chaos = await runOnce({ loop, strategy, epochs: epochs[loop], spares, chaos: { every, rng, kinds, boundMs, agentRestartMs } }, storage, data, i++, log)
+        const chaos = await runOnce({ loop, strategy, epochs: epochs[loop], spares, chaos: { every, rng, kinds, boundMs, agentRestartMs, cutMs } }, storage, data, i++, log)
         console.log(
           `    under chaos: ${s2(chaos.trainMs)} s training for ${+chaos.epochsDone.toFixed(1)}/${chaos.epochs} epochs (${s2(chaos.wallMs)} s wall), ${chaos.faults.length} faults${chaos.error ? `; ${chaos.error}` : ""}`
         )
