@@ -15,7 +15,7 @@ import { freePort } from "../core/nats-server.ts"
 import { readState } from "../actors/node/agent-state.ts"
 import { CLI, ROOT, waitForAliveNodes } from "../test/support/actors-processes.ts"
 import { killQuietly } from "../test/support/chaos.ts"
-import { addressUp, deleteNetns, nsExec, sh } from "../test/support/netns.ts"
+import { deleteNetns, nsExec, vethNamespace } from "../test/support/netns.ts"
 
 export interface AgentCluster {
   readonly url: string
@@ -67,16 +67,7 @@ export const startAgentCluster = async (dir: string, agents: number, opts: Agent
   }
   if (opts.linkCut) {
     deleteNetns([ns])
-    try {
-      sh("ip", ["netns", "add", ns])
-      sh("ip", ["link", "add", hostEnd, "type", "veth", "peer", "name", nsEnd, "netns", ns])
-      sh("ip", ["addr", "add", `${net}.1/24`, "dev", hostEnd])
-      sh("ip", ["link", "set", hostEnd, "up"])
-      addressUp(ns, nsEnd, `${net}.2/24`)
-    } catch (e) {
-      deleteNs()
-      throw e
-    }
+    vethNamespace(ns, hostEnd, nsEnd, net)
   }
   const start = (node: string, head: boolean, netns = false): void => {
     const log = fs.openSync(path.join(dir, `${node}.log`), "a")

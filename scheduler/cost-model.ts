@@ -188,36 +188,40 @@ export const fitAlphaBeta = (samples: readonly ProbeSample[], linkClass: string 
       })
     )
   }
-  const pts = [...bySize.entries()].map(([x, ys]) => ({ x, y: lowerQuartile(ys) })).sort((a, b) => a.x - b.x)
-  let sw = 0, swx = 0, swy = 0, swxx = 0, swxy = 0
-  for (const { x, y } of pts) {
+  const pts = [...bySize.entries()].map(([x, ys]) => ({ a: 1, b: x, y: lowerQuartile(ys) }))
+  const { alpha, beta, rms } = fitTwoTerms(pts)
+  return Result.succeed({ alphaMs: alpha, betaMsPerByte: beta, sizes: pts.length, samples: good.length, rmsRelativeError: rms })
+}
+
+/**
+ * Least squares of y = alpha a + beta b, weighted 1/y^2 (relative error), both clamped to >= 0
+ * (noise that makes one negative: refit with the other alone). Returns the root-mean-square
+ * relative error too.
+ */
+const fitTwoTerms = (pts: ReadonlyArray<{ readonly a: number; readonly b: number; readonly y: number }>): { alpha: number; beta: number; rms: number } => {
+  let saa = 0, sab = 0, sbb = 0, say = 0, sby = 0
+  for (const { a, b, y } of pts) {
     const w = 1 / (y * y)
-    sw += w
-    swx += w * x
-    swy += w * y
-    swxx += w * x * x
-    swxy += w * x * y
+    saa += w * a * a
+    sab += w * a * b
+    sbb += w * b * b
+    say += w * a * y
+    sby += w * b * y
   }
-  const det = sw * swxx - swx * swx
-  let alpha = det !== 0 ? (swy * swxx - swx * swxy) / det : Number.NaN
-  let beta = det !== 0 ? (sw * swxy - swx * swy) / det : Number.NaN
+  const det = saa * sbb - sab * sab
+  let alpha = det !== 0 ? (say * sbb - sab * sby) / det : Number.NaN
+  let beta = det !== 0 ? (saa * sby - sab * say) / det : Number.NaN
   if (!(alpha >= 0)) {
     // Noise made the intercept negative: refit through the origin.
     alpha = 0
-    beta = swxx > 0 ? swxy / swxx : 0
+    beta = sbb > 0 ? sby / sbb : 0
   }
   if (!(beta >= 0)) {
     beta = 0
-    alpha = swy / sw
+    alpha = saa > 0 ? say / saa : 0
   }
-  const rel = pts.map(({ x, y }) => (alpha + beta * x - y) / y)
-  return Result.succeed({
-    alphaMs: alpha,
-    betaMsPerByte: beta,
-    sizes: pts.length,
-    samples: good.length,
-    rmsRelativeError: Math.sqrt(rel.reduce((s, r) => s + r * r, 0) / rel.length)
-  })
+  const rel = pts.map(({ a, b, y }) => (alpha * a + beta * b - y) / y)
+  return { alpha, beta, rms: Math.sqrt(rel.reduce((s, r) => s + r * r, 0) / rel.length) }
 }
 
 /**
@@ -490,34 +494,13 @@ export const fitDirectLinks = (
     b: predictAllReduce(algorithm, bytes, topo, unit(0, 1)).ms,
     y: lowerQuartile(ms)
   }))
-  // weighted normal equations of y = alpha a + beta b
-  let saa = 0, sab = 0, sbb = 0, say = 0, sby = 0
-  for (const { a, b, y } of pts) {
-    const w = 1 / (y * y)
-    saa += w * a * a
-    sab += w * a * b
-    sbb += w * b * b
-    say += w * a * y
-    sby += w * b * y
-  }
-  const det = saa * sbb - sab * sab
-  let alpha = det !== 0 ? (say * sbb - sab * sby) / det : Number.NaN
-  let beta = det !== 0 ? (saa * sby - sab * say) / det : Number.NaN
-  if (!(alpha >= 0)) {
-    alpha = 0
-    beta = sbb > 0 ? sby / sbb : 0
-  }
-  if (!(beta >= 0)) {
-    beta = 0
-    alpha = saa > 0 ? say / saa : 0
-  }
-  const rel = pts.map(({ a, b, y }) => (alpha * a + beta * b - y) / y)
+  const { alpha, beta, rms } = fitTwoTerms(pts)
   const l = { alphaMs: alpha, betaMsPerByte: beta }
   return Result.succeed({
     links: { "same-node": l, "same-server": l, "cross-server": l },
     minBytes: opts.minBytes ?? 0,
     source: `${algorithm.name} over the direct links at ${pts.length} sizes`,
-    rmsRelativeError: Math.sqrt(rel.reduce((s, r) => s + r * r, 0) / rel.length)
+    rmsRelativeError: rms
   })
 }
 

@@ -24,7 +24,7 @@ import { readCheckpoint } from "../actors/train/driver/checkpoint-store.ts"
 import type { AgentState } from "../actors/node/agent-state.ts"
 import { weightsHash } from "../examples/digits/model.ts"
 import { CLI, ROOT, eventually, waitForAliveNodes } from "./support/actors-processes.ts"
-import { addressUp, deleteNetns, netnsUnavailable, nsExec, sh } from "./support/netns.ts"
+import { deleteNetns, netnsUnavailable, nsExec, vethNamespace } from "./support/netns.ts"
 import { FaultPlan, aliveAs, chaosSeed, killQuietly, processesMentioning, workerPids, type Fired } from "./support/chaos.ts"
 
 const LOOP = path.join(ROOT, "test", "support", "chaos-loop.ts") + "#trainLoop"
@@ -346,11 +346,7 @@ describe("chaos", () => {
       const pidDir = fs.mkdtempSync(path.join(work, "pids-"))
       deleteNetns([ns])
       try {
-        sh("ip", ["netns", "add", ns])
-        sh("ip", ["link", "add", rootEnd, "type", "veth", "peer", "name", nsEnd, "netns", ns])
-        sh("ip", ["addr", "add", `${net}.1/24`, "dev", rootEnd])
-        sh("ip", ["link", "set", rootEnd, "up"])
-        addressUp(ns, nsEnd, `${net}.2/24`)
+        vethNamespace(ns, rootEnd, nsEnd, net)
 
         // A nats-server on the root end of the veth only (not loopback, not every interface).
         const conf = path.join(work, "cut-nats.conf")

@@ -63,6 +63,23 @@ export const shapeEgress = (ns: string, dev: string, rate: string, opts: { reado
   nsExec(ns, ["tc", "qdisc", "add", "dev", dev, "root", "tbf", "rate", rate, "burst", burst, "limit", limit])
 }
 
+/**
+ * A new namespace `ns` joined to this one by a veth pair: `hostEnd` here with `${net}.1/24`,
+ * `nsEnd` in the namespace with `${net}.2/24`, both up. Deletes the namespace again if a step fails.
+ */
+export const vethNamespace = (ns: string, hostEnd: string, nsEnd: string, net: string): void => {
+  try {
+    sh("ip", ["netns", "add", ns])
+    sh("ip", ["link", "add", hostEnd, "type", "veth", "peer", "name", nsEnd, "netns", ns])
+    sh("ip", ["addr", "add", `${net}.1/24`, "dev", hostEnd])
+    sh("ip", ["link", "set", hostEnd, "up"])
+    addressUp(ns, nsEnd, `${net}.2/24`)
+  } catch (e) {
+    deleteNetns([ns])
+    throw e
+  }
+}
+
 /** Brings `dev` up in `ns` with `cidr`, and the namespace's loopback. */
 export const addressUp = (ns: string, dev: string, cidr: string): void => {
   nsExec(ns, ["ip", "link", "set", "lo", "up"])
