@@ -183,7 +183,7 @@ const q = (s: string): string => JSON.stringify(s)
 /** The client listen address as nats-server's config wants it (an IPv6 address in brackets). */
 const listenHost = (host: string | undefined): string => (host === undefined ? "127.0.0.1" : host.includes(":") && !host.startsWith("[") ? `[${host}]` : host)
 /** Where this host reaches a server listening on `host`: loopback when it listens on every interface. */
-export const reachableHost = (host: string | undefined): string =>
+const reachableHost = (host: string | undefined): string =>
   host === undefined || host === "0.0.0.0" ? "127.0.0.1" : host === "::" || host === "[::]" ? "::1" : host.replace(/^\[|\]$/g, "")
 const withScheme = (url: string, scheme: string): string => (url.includes("://") ? url : `${scheme}://${url}`)
 
@@ -536,6 +536,8 @@ export class NatsServerProcess implements RunningNatsServer {
   readonly #bin: string
   readonly #confPath: string
   readonly #options: NatsServerOptions
+  /** Where this host reaches the server: its listen address, or loopback when it listens on every interface. */
+  readonly #host: string
   #guardian: Guardian | undefined
   #pid = 0
   #lastLog = ""
@@ -550,8 +552,8 @@ export class NatsServerProcess implements RunningNatsServer {
     this.#options = options
     this.name = resolved.name
     this.port = resolved.port
-    const h = reachableHost(options.host)
-    this.url = `nats://${h.includes(":") ? `[${h}]` : h}:${resolved.port}`
+    this.#host = reachableHost(options.host)
+    this.url = `nats://${this.#host.includes(":") ? `[${this.#host}]` : this.#host}:${resolved.port}`
     if (resolved.clusterPort !== undefined) this.clusterPort = resolved.clusterPort
     if (resolved.leafPort !== undefined) this.leafPort = resolved.leafPort
     if (resolved.monitorPort !== undefined) this.monitorPort = resolved.monitorPort
@@ -595,10 +597,9 @@ export class NatsServerProcess implements RunningNatsServer {
           throw this.#startError(`nats-server exited with status ${serverGone ?? "?"} before accepting connections`)
         }
         const left = deadline - Date.now()
-        const host = reachableHost(this.#options.host)
-        if (left <= 0) throw this.#startError(`it did not accept connections on ${host}:${this.port} within ${timeoutMs} ms`)
+        if (left <= 0) throw this.#startError(`it did not accept connections on ${this.#host}:${this.port} within ${timeoutMs} ms`)
         // Racing the exit: a dead server's port may belong to someone who never answers.
-        const info = await Promise.race([probeInfo(host, this.port, Math.min(1_000, left)), guardian.serverExit.then(() => undefined)])
+        const info = await Promise.race([probeInfo(this.#host, this.port, Math.min(1_000, left)), guardian.serverExit.then(() => undefined)])
         if (info?.server_name === this.name) break
         if (serverGone === undefined) await sleep(Math.min(50, Math.max(0, deadline - Date.now())))
       }

@@ -21,11 +21,7 @@
 // between near-equal algorithms does not decide. Every rank decides from the same numbers
 // and picks the same algorithm.
 
-const median = (xs: ArrayLike<number>): number => {
-  const s = Array.from(xs).sort((a, b) => a - b)
-  const m = s.length >> 1
-  return s.length % 2 === 1 ? s[m]! : (s[m - 1]! + s[m]!) / 2
-}
+import { median } from "./cost-model.ts"
 
 export interface TunedSize {
   readonly bytes: number
@@ -103,7 +99,7 @@ export class AlgorithmTuner {
     if (agreed.length !== sizes.length * n * r) throw new Error(`tuner table has ${agreed.length} entries, expected ${sizes.length * n * r}`)
     const picks = new Map<number, string>()
     const out = sizes.map((bytes, i) => {
-      const ms = this.candidates.map((_, j) => median(agreed.subarray((i * n + j) * r, (i * n + j + 1) * r)))
+      const ms = this.candidates.map((_, j) => median(Array.from(agreed.subarray((i * n + j) * r, (i * n + j + 1) * r))))
       let best = 0
       for (let j = 1; j < n; j++) if (ms[j]! < ms[best]!) best = j
       // The model's pick stands unless it measured clearly slower: a few calls on a busy machine

@@ -174,23 +174,29 @@ export interface FittedLink extends AlphaBeta {
 /** Fits alpha and beta for one link class; see the module comment for the method. */
 export const fitAlphaBeta = (samples: readonly ProbeSample[], linkClass: string = "link"): Result.Result<FittedLink, CostModelFitError> => {
   const good = samples.filter((s) => Number.isFinite(s.bytes) && s.bytes >= 0 && Number.isFinite(s.ms) && s.ms > 0)
+  const bySize = lowerQuartileBySize(good)
+  if (bySize.length < 2) {
+    return Result.fail(
+      new CostModelFitError({
+        linkClass,
+        reason: `${good.length} usable sample(s) over ${bySize.length} distinct size(s) (${samples.length - good.length} dropped as non-finite or <= 0 ms)`
+      })
+    )
+  }
+  const pts = bySize.map(([x, y]) => ({ a: 1, b: x, y }))
+  const { alpha, beta, rms } = fitTwoTerms(pts)
+  return Result.succeed({ alphaMs: alpha, betaMsPerByte: beta, sizes: pts.length, samples: good.length, rmsRelativeError: rms })
+}
+
+/** Per distinct size, the lower quartile of its times (load only ever adds time). */
+const lowerQuartileBySize = (samples: ReadonlyArray<{ readonly bytes: number; readonly ms: number }>): Array<[number, number]> => {
   const bySize = new Map<number, number[]>()
-  for (const s of good) {
+  for (const s of samples) {
     const xs = bySize.get(s.bytes)
     if (xs) xs.push(s.ms)
     else bySize.set(s.bytes, [s.ms])
   }
-  if (bySize.size < 2) {
-    return Result.fail(
-      new CostModelFitError({
-        linkClass,
-        reason: `${good.length} usable sample(s) over ${bySize.size} distinct size(s) (${samples.length - good.length} dropped as non-finite or <= 0 ms)`
-      })
-    )
-  }
-  const pts = [...bySize.entries()].map(([x, ys]) => ({ a: 1, b: x, y: lowerQuartile(ys) }))
-  const { alpha, beta, rms } = fitTwoTerms(pts)
-  return Result.succeed({ alphaMs: alpha, betaMsPerByte: beta, sizes: pts.length, samples: good.length, rmsRelativeError: rms })
+  return [...bySize].map(([bytes, ms]) => [bytes, lowerQuartile(ms)])
 }
 
 /**
@@ -483,16 +489,14 @@ export const fitDirectLinks = (
     const links = { "same-node": l, "same-server": l, "cross-server": l }
     return { links, chunkBytes: opts.chunkBytes ?? DEFAULT_CHUNK_BYTES, ...(opts.hierarchicalGroups ? { hierarchicalGroups: opts.hierarchicalGroups } : {}), direct: { links, minBytes: 0 } }
   }
-  const good = timings.filter((t) => Number.isFinite(t.ms) && t.ms > 0 && Number.isFinite(t.bytes) && t.bytes > 0)
-  const bySize = new Map<number, number[]>()
-  for (const t of good) bySize.set(t.bytes, [...(bySize.get(t.bytes) ?? []), t.ms])
-  if (topo.length < 2 || bySize.size < 2) {
-    return Result.fail(new CostModelFitError({ linkClass: "direct", reason: `${bySize.size} distinct size(s) timed over ${topo.length} rank(s)` }))
+  const bySize = lowerQuartileBySize(timings.filter((t) => Number.isFinite(t.ms) && t.ms > 0 && Number.isFinite(t.bytes) && t.bytes > 0))
+  if (topo.length < 2 || bySize.length < 2) {
+    return Result.fail(new CostModelFitError({ linkClass: "direct", reason: `${bySize.length} distinct size(s) timed over ${topo.length} rank(s)` }))
   }
-  const pts = [...bySize.entries()].map(([bytes, ms]) => ({
+  const pts = bySize.map(([bytes, y]) => ({
     a: predictAllReduce(algorithm, bytes, topo, unit(1, 0)).ms,
     b: predictAllReduce(algorithm, bytes, topo, unit(0, 1)).ms,
-    y: lowerQuartile(ms)
+    y
   }))
   const { alpha, beta, rms } = fitTwoTerms(pts)
   const l = { alphaMs: alpha, betaMsPerByte: beta }

@@ -25,6 +25,7 @@ import {
   linkClassOf,
   linkClasses,
   type AlgorithmCost,
+  type AlphaBeta,
   type CostModel,
   type DirectTiming,
   type FittedCostModel,
@@ -199,23 +200,24 @@ export const observeTopology = async (io: TopologyProbeIO, options: ProbeOptions
   }
 }
 
+/** A link's alpha (us) and bandwidth (MB/s). */
+const describeLink = (l: AlphaBeta): string => `${(l.alphaMs * 1000).toFixed(0)}us ${l.betaMsPerByte > 0 ? (1 / l.betaMsPerByte / 1000).toFixed(0) : "inf"}MB/s`
+
 /** One line for logs: the fitted alpha (us) and bandwidth (MB/s) per class. */
 export const describeObservation = (o: ObservedTopology): string => {
   const nodes = new Set(o.topology.map((t) => t.nodeId)).size
   const servers = new Set(o.topology.map((t) => t.server)).size
   const links = linkClasses
     .map((c) => {
-      const l = o.model.links[c]
-      const bw = l.betaMsPerByte > 0 ? (1 / l.betaMsPerByte / 1000).toFixed(0) : "inf"
       const from = o.model.assumed[c]
-      return `${c} ${(l.alphaMs * 1000).toFixed(0)}us ${bw}MB/s${from ? ` (from ${from})` : o.model.fits[c] ? "" : " (default)"}`
+      return `${c} ${describeLink(o.model.links[c])}${from ? ` (from ${from})` : o.model.fits[c] ? "" : " (default)"}`
     })
     .join(", ")
   const d = o.model.direct
   const direct =
     d === undefined
       ? ""
-      : `; direct links ${(d.links["same-node"].alphaMs * 1000).toFixed(0)}us ${d.links["same-node"].betaMsPerByte > 0 ? (1 / d.links["same-node"].betaMsPerByte / 1000).toFixed(0) : "inf"}MB/s ` +
+      : `; direct links ${describeLink(d.links["same-node"])} ` +
         `(${d.source ?? "fitted"}${d.rmsRelativeError !== undefined ? `, rms error ${(d.rmsRelativeError * 100).toFixed(0)}%` : ""}) for calls from ${formatBytes(d.minBytes)}`
   return `topology: ${o.topology.length} ranks, ${nodes} node(s), ${servers} server(s); probed in ${o.probeMs.toFixed(0)} ms; ${links}${direct}${o.note ? `; ${o.note}` : ""}`
 }

@@ -100,11 +100,6 @@ export class AutoGradientReducer extends GradientReducer {
     this.#modelPick = modelPick
   }
 
-  /** What the tuner measured and picked per size, once it has decided. */
-  get tuned(): readonly TunedSize[] | undefined {
-    return this.#tune.result
-  }
-
   protected override noteCall(bytes: number, algorithm: string, ms: number): void {
     if (this.#tune.active) this.#tune.tuner!.record(bytes, algorithm, ms)
   }
