@@ -4,15 +4,19 @@
 // workers. One nats-server and two CLI agents (`gradwire start ... --num-cpus 1`), each started
 // inside its own cpu cgroup: the fast one capped at one core, the slow one at 1/skew of a core
 // (cpu.cfs_quota_us / cpu.cfs_period_us; children inherit the group, so each agent's worker runs
-// under its agent's cap). Two workers placed STRICT_SPREAD, one per agent. Per skew (`--skews=2,4`):
-// the digits MLP 64-256-256-10 trained with dp.fit({ globalBatchSize }), first with an equal split
-// (adaptiveBatching off), then with throughput-proportional batches (on); same data, global batch,
-// seed and epochs. Reported: samples/s after the first (warm-up) epoch, training seconds to the
-// target validation accuracy, final accuracy, re-balances and final per-rank batches; the measured
-// straggler ratio (each worker times forward+backward passes on its own before and after training,
-// on a global batch's half, while the other does the same) and from
-// it the speed-up a perfect split would give; the measured speed-up and its fraction of perfect.
-// Options: --skews=2,4 --epochs=15 --batch=128 --target=0.9 --hidden=256,256 --period-us=10000.
+// under its agent's cap). Two workers placed STRICT_SPREAD, one per agent. Per skew (`--skews=2,4`)
+// and strategy (`--strategies=allreduce,local-sgd`: the all-reduce, and local SGD averaging every
+// `--sync-every` 8 steps): a digits model (`--model=cnn`, 3x3 convolutions of `--conv=32,64`
+// filters, dense 64 and 10; or `--model=mlp`, `--hidden=256,256`) trained with dp.fit({
+// globalBatchSize }), first with an equal split (adaptiveBatching off), then with
+// throughput-proportional batches (on); same data, global batch, seed and epochs. Every run is
+// compared with the all-reduce's equal split (what DDP does). Reported: samples/s after the first
+// (warm-up) epoch, training seconds to the target validation accuracy, final accuracy,
+// re-balances and final per-rank batches; the measured straggler ratio (each worker times
+// forward+backward passes on its own before and after training, on a global batch's half, while
+// the other does the same) and from it the speed-up a perfect split would give; the measured
+// speed-up and its fraction of perfect.
+// Options: --skews=2,4 --epochs=15 --batch=128 --target=0.9 --period-us=10000.
 //
 // sleep mode (`--mode=sleep`, and the fallback when no cgroup can be made): the earlier simulation,
 // every worker in one embedded cluster and one rank slowed by an extra delay per sample (`--workers 3
@@ -36,6 +40,13 @@ import { createCpuGroup, inGroup, type CpuGroup } from "./cgroups.ts"
 const LOOP = fileURLToPath(new URL("../test/support/hetero-loop.ts", import.meta.url)) + "#heteroLoop"
 const CLI = fileURLToPath(new URL("../bin/gradwire.js", import.meta.url))
 const SIMULATED = "simulated (sleep)"
+
+/** The strategies the cgroup mode compares, each with an equal and an adaptive split. */
+type Strategy = "allreduce" | "local-sgd"
+const STRATEGY_LABEL: Record<Strategy, (syncEvery: number) => string> = {
+  allreduce: () => "all-reduce",
+  "local-sgd": (h) => `local SGD (H = ${h})`
+}
 
 export async function run(argv: ReadonlyArray<string>): Promise<void> {
   const get = optionReader(argv)
@@ -97,7 +108,15 @@ async function runCgroup(argv: ReadonlyArray<string>, groups: { fast: CpuGroup; 
   const epochs = Number(get("--epochs", "15"))
   const batch = Number(get("--batch", "128"))
   const target = Number(get("--target", "0.9"))
+  const model = get("--model", "cnn")
+  if (model !== "cnn" && model !== "mlp") throw new RangeError(`--model must be cnn or mlp, got ${model}`)
   const hidden = get("--hidden", "256,256").split(",").map(Number)
+  const conv = model === "cnn" ? get("--conv", "32,64").split(",").map(Number) : undefined
+  for (const n of [...hidden, ...(conv ?? [])]) if (!(Number.isInteger(n) && n >= 1)) throw new RangeError(`--hidden / --conv: layer sizes must be integers >= 1, got ${n}`)
+  const strategies = get("--strategies", "allreduce,local-sgd").split(",") as Strategy[]
+  for (const st of strategies) if (!(st in STRATEGY_LABEL)) throw new RangeError(`--strategies: each must be one of ${Object.keys(STRATEGY_LABEL).join(", ")}, got ${st}`)
+  const syncEvery = Number(get("--sync-every", "8"))
+  if (!(Number.isInteger(syncEvery) && syncEvery >= 1)) throw new RangeError(`--sync-every must be an integer >= 1, got ${syncEvery}`)
   for (const s of skews) if (!(s >= 1)) throw new RangeError(`--skews: each skew must be a number >= 1, got ${s}`)
   if (!(epochs >= 2)) throw new RangeError(`--epochs must be >= 2 (the first is warm-up), got ${epochs}`)
 
@@ -171,52 +190,60 @@ async function runCgroup(argv: ReadonlyArray<string>, groups: { fast: CpuGroup; 
 
     console.log(
       `hetero: real heterogeneity (cgroup cpu quotas, period ${groups.slow.periodUs / 1000} ms): 2 agents, one worker each (STRICT_SPREAD); fast agent capped at 1 core, ` +
-        `slow at 1/skew of a core; digits MLP 64-${hidden.join("-")}-10, SGD 0.1, dp.fit global batch ${batch}, ${epochs} epochs of ` +
+        `slow at 1/skew of a core; digits ${conv ? `CNN conv ${conv.join("-")}, dense 64-10` : `MLP 64-${hidden.join("-")}-10`}, SGD 0.1, dp.fit global batch ${batch}, ${epochs} epochs of ` +
         `${Math.floor(train.size / batch)} steps, target val accuracy ${target}; load average ${os.loadavg().map((l) => l.toFixed(1)).join(" ")} on ${os.cpus().length} cores`
     )
     const rows: string[] = []
     for (const skew of skews) {
       groups.slow.setCores(1 / skew)
-      const fit = (adaptive: boolean) => fitOnce({ adaptive, skew, epochs, batch, hidden, train, test, server: server!, cluster, work, slow: groups.slow })
-      const equal = await fit(false)
-      const adaptive = await fit(true)
+      const fit = (strategy: Strategy, adaptive: boolean) =>
+        fitOnce({ adaptive, skew, epochs, batch, hidden, conv, strategy, syncEvery, train, test, server: server!, cluster, work, slow: groups.slow })
+      // The baseline: what DDP does, the all-reduce with an equal split; then every strategy's two splits.
+      const runs: Array<{ strategy: Strategy; adaptive: boolean; r: RunResult }> = []
+      for (const strategy of strategies) {
+        for (const adaptive of [false, true]) runs.push({ strategy, adaptive, r: await fit(strategy, adaptive) })
+      }
+      const base = runs.find((x) => x.strategy === "allreduce" && !x.adaptive)?.r ?? (await fit("allreduce", false))
       // Straggler ratio: the fast worker's own forward+backward samples/s over the slow one's,
-      // measured before and after training in both runs (geometric mean of the four).
-      const r = Math.sqrt(ratio(equal) * ratio(adaptive))
+      // measured before and after training in every run (geometric mean).
+      const r = Math.exp(runs.reduce((acc, x) => acc + Math.log(ratio(x.r)), 0) / runs.length)
       // Perfect split (2 workers, compute-bound): the equal split waits for the slower worker's B/2
       // samples, B / (2 t_slow); a split proportional to throughput takes B / (t_fast + t_slow).
       // (Under other load the capped "fast" worker may get less CPU than the "slow" one's cap: r < 1.)
       const perfect = (1 + Math.max(r, 1 / r)) / 2
-      const se = samplesPerS(equal, batch)
-      const sa = samplesPerS(adaptive, batch)
-      const speedup = sa / se
-      const te = secondsTo(equal, target)
-      const ta = secondsTo(adaptive, target)
+      const se = samplesPerS(base, batch)
+      const te = secondsTo(base, target)
       const fmtT = (t: number | undefined) => (t === undefined ? "not reached" : t.toFixed(1))
       const acc = (x: RunResult) => `${(x.history.at(-1)!.valAccuracy * 100).toFixed(1)}%`
       const bat = (x: RunResult) => x.batches.map((b, i) => (i === x.slowRank ? `${b}s` : String(b))).join("/")
-      rows.push(
-        `| ${skew}x | ${r.toFixed(2)}x | equal split | ${se.toFixed(0)} | 1.00 | ${fmtT(te)} | ${acc(equal)} | - | ${bat(equal)} | ${(perfect).toFixed(2)}x | - |`,
-        `| ${skew}x | ${r.toFixed(2)}x | adaptive | ${sa.toFixed(0)} | ${speedup.toFixed(2)} | ${fmtT(ta)}${te !== undefined && ta !== undefined ? ` (${(te / ta).toFixed(2)}x)` : ""} | ${acc(adaptive)} | ` +
-          `${adaptive.rebalances} | ${bat(adaptive)} | ${perfect.toFixed(2)}x | ${((speedup / perfect) * 100).toFixed(0)}% (gain ${(((speedup - 1) / (perfect - 1)) * 100).toFixed(0)}%) |`
-      )
+      for (const { strategy, adaptive, r: x } of runs) {
+        const sx = samplesPerS(x, batch)
+        const speedup = sx / se
+        const tx = secondsTo(x, target)
+        const isBase = x === base
+        rows.push(
+          `| ${skew}x | ${r.toFixed(2)}x | ${STRATEGY_LABEL[strategy](syncEvery)} | ${adaptive ? "adaptive" : "equal"} | ${sx.toFixed(0)} | ${speedup.toFixed(2)} | ` +
+            `${fmtT(tx)}${!isBase && te !== undefined && tx !== undefined ? ` (${(te / tx).toFixed(2)}x)` : ""} | ${acc(x)} | ${adaptive ? x.rebalances : "-"} | ${bat(x)} | ` +
+            `${perfect.toFixed(2)}x | ${isBase ? "-" : `${((speedup / perfect) * 100).toFixed(0)}%`} |`
+        )
+      }
       console.log(
-        `  skew ${skew}x: worker samples/s fast/slow ${fmtCalib(equal)} (equal run), ${fmtCalib(adaptive)} (adaptive run); ` +
-          `batcher stragglers: ${adaptive.stragglers}; slow cgroup throttled ${throttled(groups.slow)}`
+        `  skew ${skew}x: worker samples/s fast/slow ${runs.map((x) => `${fmtCalib(x.r)} (${x.strategy}, ${x.adaptive ? "adaptive" : "equal"})`).join(", ")}; ` +
+          `batcher stragglers: ${runs.filter((x) => x.adaptive).map((x) => `${x.r.stragglers} (${x.strategy})`).join(", ")}; slow cgroup throttled ${throttled(groups.slow)}`
       )
     }
     console.log(
       [
         "",
-        "| skew (nominal) | measured ratio fast/slow | split | samples/s | speed-up | s to target | final val acc | re-balances | final batches (s: slow) | perfect split | of perfect |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| skew (nominal) | measured ratio fast/slow | strategy | split | samples/s | x all-reduce, equal split | s to target | final val acc | re-balances | final batches (s: slow) | perfect split | of perfect |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ...rows
       ].join("\n")
     )
     console.log(
-      "samples/s: after the first epoch; s to target: seconds in training until the first epoch end at the target accuracy (in brackets: equal / adaptive); " +
+      "samples/s: after the first epoch; s to target: seconds in training until the first epoch end at the target accuracy (in brackets: the all-reduce's equal split / this run); " +
         "measured ratio r: the fast-cgroup worker's own forward+backward samples/s over the slow one's (before and after training, both runs); " +
-        "perfect split: (1 + max(r, 1/r)) / 2, communication and fixed per-step costs ignored; of perfect: speed-up / perfect (gain: (speed-up - 1) / (perfect - 1))"
+        "perfect split: (1 + max(r, 1/r)) / 2, the all-reduce's speed-up with batches proportional to r, communication and fixed per-step costs ignored; of perfect: speed-up / perfect"
     )
   } finally {
     process.off("SIGINT", onSignal)
@@ -261,6 +288,9 @@ async function fitOnce(o: {
   epochs: number
   batch: number
   hidden: number[]
+  conv: number[] | undefined
+  strategy: Strategy
+  syncEvery: number
   train: ArrayDataset
   test: ArrayDataset
   server: NatsServerProcess
@@ -273,10 +303,10 @@ async function fitOnce(o: {
   let pids: number[] = []
   const r = await new Trainer({
     trainLoopPerWorker: LOOP,
-    trainLoopConfig: { epochs: o.epochs, globalBatchSize: o.batch, hidden: o.hidden, evaluate: true, calibrateSteps: 20 },
+    trainLoopConfig: { epochs: o.epochs, globalBatchSize: o.batch, hidden: o.hidden, ...(o.conv ? { conv: o.conv } : {}), evaluate: true, calibrateSteps: 20 },
     scalingConfig: { numWorkers: 2, placementStrategy: "STRICT_SPREAD", placementTimeoutMs: 60_000 },
     runConfig: {
-      name: `skew${o.skew}-${o.adaptive ? "adaptive" : "equal"}`,
+      name: `skew${o.skew}-${o.strategy}-${o.adaptive ? "adaptive" : "equal"}`,
       storagePath: o.work,
       progress: false,
       callbacks: [
@@ -290,7 +320,7 @@ async function fitOnce(o: {
       ]
     },
     datasets: { train: o.train, test: o.test },
-    collectiveConfig: { adaptiveBatching: o.adaptive },
+    collectiveConfig: { adaptiveBatching: o.adaptive, ...(o.strategy === "local-sgd" ? { strategy: "local-sgd" as const, localSgd: { syncEvery: o.syncEvery, outerOptimizer: "average" as const } } : {}) },
     cluster: { address: o.server.url, clusterName: o.cluster }
   }).fit()
   const rounds = r.metricsPerRank

@@ -184,8 +184,17 @@ export interface BalancerOptions extends SplitOptions {
   readonly threshold?: number
   /** Steps to wait after a re-balance before the next one. Default 0. */
   readonly cooldownSteps?: number
+  /** A drift above this re-balances even within the cooldown (a worker that slowed for good). Default: none. */
+  readonly urgentDrift?: number
   /** EWMA weight of a new throughput sample. Default 0.3. */
   readonly alpha?: number
+  /**
+   * A split's predicted step time in ms, to judge a re-balance by (the threshold compares the
+   * current split's with the ideal one's). Default: the slowest rank's batch / smoothed throughput,
+   * which overstates a change where steps have a fixed cost (a small batch's step is not
+   * proportionally shorter): pass the ranks' fitted step times there.
+   */
+  readonly stepMs?: (batches: readonly number[]) => number
 }
 
 export interface BalancerState {
@@ -226,13 +235,15 @@ export const observeThroughput = (state: BalancerState, measured: readonly numbe
   const idealR = splitBatch(state.globalBatch, throughput, options)
   if (Result.isFailure(idealR)) return Result.fail(idealR.failure)
   const ideal = idealR.success
-  const tIdeal = predictedStepMs(ideal, throughput)
-  const tNow = predictedStepMs(state.batches, throughput)
+  const predict = options.stepMs ?? ((b: readonly number[]) => predictedStepMs(b, throughput))
+  const tIdeal = predict(ideal)
+  const tNow = predict(state.batches)
   const drift = tIdeal > 0 && Number.isFinite(tIdeal) ? tNow / tIdeal - 1 : tNow > tIdeal ? Number.POSITIVE_INFINITY : 0
   const threshold = options.threshold ?? 0.1
   const cooldown = options.cooldownSteps ?? 0
   const steps = state.stepsSinceRebalance + 1
-  const rebalanced = drift > threshold && steps > cooldown && ideal.some((b, i) => b !== state.batches[i])
+  const urgent = options.urgentDrift !== undefined && drift > options.urgentDrift
+  const rebalanced = drift > threshold && (steps > cooldown || urgent) && ideal.some((b, i) => b !== state.batches[i])
   return Result.succeed({
     state: {
       globalBatch: state.globalBatch,

@@ -10,7 +10,13 @@ import { HeteroBatcher, affineThroughputs, fitStepTime } from "../actors/train/w
 const time = (m: { a: number; c: number }, b: number): number => m.a + m.c * b
 
 /** Runs `steps` steps of rank 0's batcher over ranks `models`; returns its batches after each step and its rebalance count. */
-const simulate = async (models: Array<{ a: number; c: number }>, globalBatch: number, steps: number) => {
+const simulate = async (models: Array<{ a: number; c: number }>, globalBatch: number, steps: number, noise = 0) => {
+  // Deterministic multiplicative noise in [1 - noise, 1 + noise] on every measured time.
+  let seed = 12345
+  const jitter = (): number => {
+    seed = (Math.imul(seed, 1103515245) + 12345) >>> 0
+    return 1 + noise * ((seed / 2 ** 32) * 2 - 1)
+  }
   let batcher!: HeteroBatcher
   batcher = new HeteroBatcher({
     rank: 0,
@@ -18,7 +24,7 @@ const simulate = async (models: Array<{ a: number; c: number }>, globalBatch: nu
     globalBatch,
     adaptive: true,
     // Every rank's (mean batch, mean ms) since the last exchange: constant batches in between.
-    allGather: async () => Float32Array.from(models.flatMap((m, i) => [batcher.batches[i]!, time(m, batcher.batches[i]!)])),
+    allGather: async () => Float32Array.from(models.flatMap((m, i) => [batcher.batches[i]!, time(m, batcher.batches[i]!) * jitter()])),
     warmupSteps: 3,
     exchangeEvery: 5
   })
@@ -60,6 +66,48 @@ describe("heterogeneity-aware batching with a fixed cost per step", () => {
     // Settled: the second half of the run keeps one split.
     expect(new Set(trace.slice(100).map((b) => b.join("/"))).size).toBe(1)
     expect(rebalances).toBeLessThanOrEqual(6)
+  })
+
+  it("a slow rank whose fixed cost outweighs the fast rank's whole batch settles at the smallest batch despite noisy times", async () => {
+    // Rank 1 pays 30 ms a step whatever its batch (a quarter core's quota waits); rank 0 takes
+    // 2 + 0.2 b: the best split is 127/1. Times measured within +-15%: small batch changes of the
+    // slow rank (1 <-> 3) barely change the step, and are not worth a re-balance.
+    const models = [{ a: 2, c: 0.2 }, { a: 30, c: 0.3 }]
+    const { trace, rebalances } = await simulate(models, 128, 300, 0.15)
+    expect(trace.at(-1)![1]).toBeLessThanOrEqual(3)
+    // One way there (the slow rank's batch never grows back), then settled.
+    const slow = trace.map((b) => b[1]!)
+    expect(slow.every((b, i) => i === 0 || b <= slow[i - 1]!)).toBe(true)
+    expect(new Set(trace.slice(100).map((b) => b.join("/"))).size).toBe(1)
+    expect(rebalances).toBeLessThanOrEqual(6)
+  })
+
+  it("a settled split still follows a rank that slows down for good", async () => {
+    // Rank 1 at half speed: the split settles. From step 150 rank 1 runs 4x slower again, which
+    // the settled split pays over 2x for: followed within 12 exchanges.
+    let models = [{ a: 1, c: 0.1 }, { a: 2, c: 0.2 }]
+    let batcher!: HeteroBatcher
+    batcher = new HeteroBatcher({
+      rank: 0,
+      worldSize: 2,
+      globalBatch: 128,
+      adaptive: true,
+      allGather: async () => Float32Array.from(models.flatMap((m, i) => [batcher.batches[i]!, time(m, batcher.batches[i]!)])),
+      warmupSteps: 3,
+      exchangeEvery: 5
+    })
+    for (let s = 0; s < 150; s++) await batcher.afterStep(batcher.batches[0]!, 0)
+    const settled = [...batcher.batches]
+    const before = batcher.metrics()["batch/rebalances"]!
+    expect(before).toBeGreaterThanOrEqual(1)
+    // Equal times: 1 + 0.1 b = 2 + 0.2 (128 - b), b = 88.7: within the threshold (10%) of that step.
+    const stepMs = (b: number[]) => Math.max(time(models[0]!, b[0]!), time(models[1]!, b[1]!))
+    expect(stepMs(settled)).toBeLessThanOrEqual(1.1 * time(models[0]!, 88.7))
+    models = [{ a: 1, c: 0.1 }, { a: 8, c: 0.8 }]
+    for (let s = 0; s < 60; s++) await batcher.afterStep(batcher.batches[0]!, 0)
+    expect(batcher.metrics()["batch/rebalances"]!).toBeGreaterThan(before)
+    // Equal times: 1 + 0.1 b = 8 + 0.8 (128 - b): b = 121.6.
+    expect(batcher.batches[0]!).toBeGreaterThanOrEqual(110)
   })
 
   it("with no fixed cost it is the proportional split, as before", async () => {

@@ -171,6 +171,34 @@ describe("throughput smoothing and re-balancing", () => {
     expect(predictedStepMs(st.batches, [100, 40])).toBeLessThan(predictedStepMs([30, 30], [100, 40]))
   })
 
+  it("judges a re-balance by the step times it is given: a change they price under the threshold is not made", () => {
+    // 126/2 against an ideal 127/1 under the throughputs: the proportional prediction prices rank 1's
+    // 2 rows at twice its 1 (100% drift); with a fixed cost of 30 ms a step, 2 rows cost 30.6 ms
+    // against 30.3 (1%).
+    let st: BalancerState = { ...Result.getOrThrow(initialBalancer(128, 2)), batches: [126, 2] }
+    const affine = (b: readonly number[]) => Math.max(2 + 0.2 * b[0]!, b[1]! > 0 ? 30 + 0.3 * b[1]! : 0)
+    const thr = [(1000 * 127) / (2 + 0.2 * 127), 1000 / 30.3]
+    const judged = Result.getOrThrow(observeThroughput(st, thr, { stepMs: affine }))
+    expect(judged.ideal).toEqual([127, 1])
+    expect(judged.rebalanced).toBe(false)
+    expect(judged.drift).toBeLessThan(0.1)
+    st = { ...st, throughput: undefined }
+    const proportional = Result.getOrThrow(observeThroughput(st, thr))
+    expect(proportional.rebalanced).toBe(true)
+  })
+
+  it("a drift above urgentDrift re-balances within the cooldown; a smaller one waits", () => {
+    const st: BalancerState = { ...Result.getOrThrow(initialBalancer(100, 2)), stepsSinceRebalance: 0 }
+    const mild = Result.getOrThrow(observeThroughput(st, [100, 70], { cooldownSteps: 10, urgentDrift: 0.5, alpha: 1 }))
+    expect(mild.drift).toBeGreaterThan(0.1)
+    expect(mild.drift).toBeLessThan(0.5)
+    expect(mild.rebalanced).toBe(false)
+    const urgent = Result.getOrThrow(observeThroughput(st, [100, 25], { cooldownSteps: 10, urgentDrift: 0.5, alpha: 1 }))
+    expect(urgent.drift).toBeGreaterThan(0.5)
+    expect(urgent.rebalanced).toBe(true)
+    expect(urgent.state.batches).toEqual([80, 20])
+  })
+
   it("honours the cooldown", () => {
     const st = Result.getOrThrow(initialBalancer(40, 2))
     const r = Result.getOrThrow(observeThroughput(st, [300, 100], { cooldownSteps: 3 }))

@@ -23,7 +23,10 @@
 // worker in bench hetero). Once a rank has measured steps at batches at least 15% apart, a and c
 // are fitted (least squares over its last FIT_POINTS exchanges) and the split is the one that
 // equalises the fitted times (a fixed point of the proportional split with each rank's
-// throughput taken at its own batch); until then a = 0.
+// throughput taken at its own batch); until then a = 0. A re-balance is judged by those fitted
+// times (a change they price within the threshold is not made), and the k-th waits 2^(k-1) - 1
+// exchanges after the one before (at most 15), unless the split is predicted 50% off: the split
+// settles instead of following each noisy measurement, and still follows a rank that slows for good.
 import { Result } from "effect"
 import {
   detectStragglers,
@@ -53,6 +56,10 @@ export interface HeteroBatcherOptions {
 
 /** Exchanges per rank the affine step-time fit uses (the latest). */
 const FIT_POINTS = 8
+/** Exchanges the cooldown after re-balances grows to (it doubles with each). */
+const MAX_COOLDOWN = 15
+/** A predicted slow-down that re-balances within the cooldown. */
+const URGENT_DRIFT = 0.5
 /** A fit needs batches this far apart (relative to their mean). */
 const FIT_SPREAD = 0.15
 
@@ -110,6 +117,8 @@ export class HeteroBatcher {
   readonly #points: Array<Array<readonly [number, number]>> = []
   readonly #history: number[][] = []
   #stragglers: Straggler[] = []
+  /** Since a re-balance for a rank that changed speed, until every rank is fitted again. */
+  #changed = false
 
   constructor(o: HeteroBatcherOptions) {
     this.#o = o
@@ -166,15 +175,35 @@ export class HeteroBatcher {
     }
     this.#history.push(raw)
     // Each rank's fitted step time (proportional through its latest point until batches differ enough).
+    // (Proportional through the latest points' totals where they cannot tell a fixed cost.)
+    let fitted = 0
     const models = this.#points.map((pts) => {
       const fit = fitStepTime(pts)
-      if (fit) return fit
-      const [b, t] = pts.at(-1)!
-      return { a: 0, c: Math.max(t, 1e-3) / Math.max(b, 1) }
+      if (fit) {
+        fitted++
+        return fit
+      }
+      const recent = pts.slice(-3)
+      return { a: 0, c: Math.max(recent.reduce((s, p) => s + p[1], 0), 1e-3) / Math.max(recent.reduce((s, p) => s + p[0], 0), 1) }
     })
     const effective = affineThroughputs(this.#o.globalBatch, models, this.#state.batches)
-    const next = observeThroughput(this.#state, effective, { threshold: this.#o.threshold ?? 0.1 })
-    if (Result.isSuccess(next)) this.#state = next.success.state
+    // A re-balance is judged by the fitted step times: with a fixed cost per step, moving a few
+    // rows to or from a rank with a small batch changes its step little, which the proportional
+    // prediction would overstate (and re-balance on every noisy measurement).
+    const stepMs = (batches: readonly number[]): number => Math.max(...models.map((m, i) => (batches[i]! > 0 ? m.a + m.c * batches[i]! : 0)))
+    // Settling: after the k-th re-balance the next waits 2^k - 1 exchanges (at most 15), unless
+    // the current split is predicted 50% slower than the ideal one (a rank slowed down for good).
+    const cooldownSteps = Math.min(2 ** this.#state.rebalances - 1, MAX_COOLDOWN)
+    const next = observeThroughput(this.#state, effective, { threshold: this.#o.threshold ?? 0.1, stepMs, cooldownSteps, urgentDrift: URGENT_DRIFT, ...(fitted === p || this.#changed ? { alpha: 1 } : {}) })
+    if (Result.isSuccess(next)) {
+      this.#state = next.success.state
+      // A rank that changed speed for good: its earlier points describe the old speed.
+      // (And no smoothing either until every rank is fitted again.)
+      if (next.success.rebalanced && next.success.drift > URGENT_DRIFT) {
+        for (const pts of this.#points) pts.splice(0, pts.length - 1)
+        this.#changed = true
+      } else if (fitted === p) this.#changed = false
+    }
     this.#stragglers = detectStragglers(this.#history, { window: 10, minSlowSteps: 3 })
   }
 
