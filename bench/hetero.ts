@@ -5,8 +5,8 @@
 // inside its own cpu cgroup: the fast one capped at one core, the slow one at 1/skew of a core
 // (cpu.cfs_quota_us / cpu.cfs_period_us; children inherit the group, so each agent's worker runs
 // under its agent's cap). Two workers placed STRICT_SPREAD, one per agent. Per skew (`--skews=2,4`)
-// and strategy (`--strategies=allreduce,local-sgd`: the all-reduce, and local SGD averaging every
-// `--sync-every` 8 steps): a digits model (`--model=cnn`, 3x3 convolutions of `--conv=32,64`
+// and strategy (`--strategies=allreduce,local-sgd[,auto]`: the all-reduce, local SGD averaging every
+// `--sync-every` 8 steps, strategy auto with what it ended on): a digits model (`--model=cnn`, 3x3 convolutions of `--conv=32,64`
 // filters, dense 64 and 10; or `--model=mlp`, `--hidden=256,256`) trained with dp.fit({
 // globalBatchSize }), first with an equal split (adaptiveBatching off), then with
 // throughput-proportional batches (on); same data, global batch, seed and epochs. Every run is
@@ -16,7 +16,9 @@
 // forward+backward passes on its own before and after training, on a global batch's half, while
 // the other does the same) and from it the speed-up a perfect split would give; the measured
 // speed-up and its fraction of perfect.
-// Options: --skews=2,4 --epochs=15 --batch=128 --target=0.9 --period-us=10000.
+// Options: --skews=2,4 --epochs=15 --batch=128 --target=0.9 --period-us=10000. `--mix=wasm,cpu`:
+// mixed backends, the fast node's worker on wasm and the slow node's on cpu (skews default 1: both
+// capped at one core, the backends alone unequal).
 //
 // sleep mode (`--mode=sleep`, and the fallback when no cgroup can be made): the earlier simulation,
 // every worker in one embedded cluster and one rank slowed by an extra delay per sample (`--workers 3
@@ -42,10 +44,11 @@ const CLI = fileURLToPath(new URL("../bin/gradwire.js", import.meta.url))
 const SIMULATED = "simulated (sleep)"
 
 /** The strategies the cgroup mode compares, each with an equal and an adaptive split. */
-type Strategy = "allreduce" | "local-sgd"
+type Strategy = "allreduce" | "local-sgd" | "auto"
 const STRATEGY_LABEL: Record<Strategy, (syncEvery: number) => string> = {
   allreduce: () => "all-reduce",
-  "local-sgd": (h) => `local SGD (H = ${h})`
+  "local-sgd": (h) => `local SGD (H = ${h})`,
+  auto: () => "auto"
 }
 
 export async function run(argv: ReadonlyArray<string>): Promise<void> {
@@ -90,6 +93,8 @@ interface RunResult {
   readonly batches: ReadonlyArray<number>
   readonly rebalances: number
   readonly stragglers: string
+  /** Strategy "auto": the strategy it ended on. */
+  readonly picked?: string
 }
 
 const samplesPerS = (r: RunResult, batch: number): number => {
@@ -104,7 +109,11 @@ const ratio = (r: RunResult): number =>
 
 async function runCgroup(argv: ReadonlyArray<string>, groups: { fast: CpuGroup; slow: CpuGroup }): Promise<void> {
   const get = optionReader(argv)
-  const skews = get("--skews", "2,4").split(",").map(Number)
+  // Mixed backends: the "fast" node's workers on the first, the "slow" node's on the second.
+  const mixArg = get("--mix", "")
+  const mix = mixArg === "" ? undefined : (mixArg.split(",") as [string, string])
+  if (mix && (mix.length !== 2 || mix.some((b) => !["wasm", "cpu"].includes(b)))) throw new RangeError(`--mix takes two CPU backends, fast node's first: wasm,cpu; got ${mixArg}`)
+  const skews = get("--skews", mix ? "1" : "2,4").split(",").map(Number)
   const epochs = Number(get("--epochs", "15"))
   const batch = Number(get("--batch", "128"))
   const target = Number(get("--target", "0.9"))
@@ -169,9 +178,11 @@ async function runCgroup(argv: ReadonlyArray<string>, groups: { fast: CpuGroup; 
         "--node-id",
         node,
         "--num-cpus",
-        "1",
+        // Strategy auto reserves a parameter server's CPU (in case it moves there): a second
+        // slot on the fast node, inside its one-core cap, so auto gets no CPU the others lack.
+        node === "fast" && strategies.includes("auto") ? "2" : "1",
         "--backends",
-        "wasm,cpu",
+        mix ? mix[node === "fast" ? 0 : 1] : "wasm,cpu",
         "--block",
         "--state-dir",
         path.join(work, node)
@@ -189,7 +200,9 @@ async function runCgroup(argv: ReadonlyArray<string>, groups: { fast: CpuGroup; 
     }
 
     console.log(
-      `hetero: real heterogeneity (cgroup cpu quotas, period ${groups.slow.periodUs / 1000} ms): 2 agents, one worker each (STRICT_SPREAD); fast agent capped at 1 core, ` +
+      `hetero: real heterogeneity (cgroup cpu quotas, period ${groups.slow.periodUs / 1000} ms): 2 agents, one worker each (STRICT_SPREAD); ` +
+        (mix ? `mixed backends: the fast node's worker on ${mix[0]}, the slow node's on ${mix[1]}; ` : "") +
+        `fast agent capped at 1 core, ` +
         `slow at 1/skew of a core; digits ${conv ? `CNN conv ${conv.join("-")}, dense 64-10` : `MLP 64-${hidden.join("-")}-10`}, SGD 0.1, dp.fit global batch ${batch}, ${epochs} epochs of ` +
         `${Math.floor(train.size / batch)} steps, target val accuracy ${target}; load average ${os.loadavg().map((l) => l.toFixed(1)).join(" ")} on ${os.cpus().length} cores`
     )
@@ -222,7 +235,7 @@ async function runCgroup(argv: ReadonlyArray<string>, groups: { fast: CpuGroup; 
         const tx = secondsTo(x, target)
         const isBase = x === base
         rows.push(
-          `| ${skew}x | ${r.toFixed(2)}x | ${STRATEGY_LABEL[strategy](syncEvery)} | ${adaptive ? "adaptive" : "equal"} | ${sx.toFixed(0)} | ${speedup.toFixed(2)} | ` +
+          `| ${skew}x${mix ? ` (${mix.join(" / ")})` : ""} | ${r.toFixed(2)}x | ${STRATEGY_LABEL[strategy](syncEvery)}${x.picked ? ` (ended on ${x.picked})` : ""} | ${adaptive ? "adaptive" : "equal"} | ${sx.toFixed(0)} | ${speedup.toFixed(2)} | ` +
             `${fmtT(tx)}${!isBase && te !== undefined && tx !== undefined ? ` (${(te / tx).toFixed(2)}x)` : ""} | ${acc(x)} | ${adaptive ? x.rebalances : "-"} | ${bat(x)} | ` +
             `${perfect.toFixed(2)}x | ${isBase ? "-" : `${((speedup / perfect) * 100).toFixed(0)}%`} |`
         )
@@ -320,7 +333,11 @@ async function fitOnce(o: {
       ]
     },
     datasets: { train: o.train, test: o.test },
-    collectiveConfig: { adaptiveBatching: o.adaptive, ...(o.strategy === "local-sgd" ? { strategy: "local-sgd" as const, localSgd: { syncEvery: o.syncEvery, outerOptimizer: "average" as const } } : {}) },
+    collectiveConfig: {
+      adaptiveBatching: o.adaptive,
+      ...(o.strategy === "local-sgd" ? { strategy: "local-sgd" as const, localSgd: { syncEvery: o.syncEvery, outerOptimizer: "average" as const } } : {}),
+      ...(o.strategy === "auto" ? { strategy: "auto" as const } : {})
+    },
     cluster: { address: o.server.url, clusterName: o.cluster }
   }).fit()
   const rounds = r.metricsPerRank
@@ -345,7 +362,8 @@ async function fitOnce(o: {
     slowRank,
     batches,
     rebalances: Number(last["batch/rebalances"] ?? 0),
-    stragglers
+    stragglers,
+    ...(typeof last.strategy === "string" ? { picked: `${last.strategy}${last["strategy/switches"] ? `, ${String(last["strategy/switches"])} switches` : ""}` } : {})
   }
 }
 

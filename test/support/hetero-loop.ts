@@ -83,7 +83,7 @@ export async function heteroLoop(config: HeteroLoopConfig, ctx: TrainContext): P
   const xTest = test ? tf.tensor2d(test.x, [test.size, 64]) : undefined
   const yTest = test ? tf.oneHot(tf.tensor1d(test.y, "int32"), test.numClasses) : undefined
   // Local forward+backward passes, nothing applied or exchanged: this rank's own samples/s.
-  const calibrate = (): number => {
+  const calibrate = async (): Promise<number> => {
     const rows = Math.min(train.dataset.size, config.calibrateBatch ?? Math.ceil((config.globalBatchSize ?? 128) / ctx.worldSize))
     const b = gatherRows(train.dataset, Uint32Array.from({ length: rows }, (_, i) => i))
     const x = tf.tensor(b.x, [rows, ...train.dataset.featureShape])
@@ -97,12 +97,16 @@ export async function heteroLoop(config: HeteroLoopConfig, ctx: TrainContext): P
     // At least calibrateSteps passes and one second, so CPU-quota periods and noise average out.
     const t0 = performance.now()
     let n = 0
-    for (; n < config.calibrateSteps! || performance.now() - t0 < 1000; n++) pass()
+    // (The event loop's turn between passes: the worker's heartbeats go out on a slow backend.)
+    for (; n < config.calibrateSteps! || performance.now() - t0 < 1000; n++) {
+      pass()
+      await new Promise<void>((resolve) => setImmediate(resolve))
+    }
     const perS = (rows * n * 1000) / (performance.now() - t0)
     tf.dispose([x, y])
     return perS
   }
-  const calib = (config.calibrateSteps ?? 0) > 0 ? calibrate() : undefined
+  const calib = (config.calibrateSteps ?? 0) > 0 ? await calibrate() : undefined
   let trainMs = 0
   const skip = config.skipSteps ?? 6
   const stamps: number[] = []
@@ -150,7 +154,7 @@ export async function heteroLoop(config: HeteroLoopConfig, ctx: TrainContext): P
     trainMs += performance.now() - t0
     const epochSteps = stamps.length - before
     const val = xTest && yTest ? await dp.evaluateAsync(xTest, yTest) : undefined
-    const calibAfter = calib !== undefined && epoch === (config.epochs ?? 2) - 1 ? calibrate() : undefined
+    const calibAfter = calib !== undefined && epoch === (config.epochs ?? 2) - 1 ? await calibrate() : undefined
     const timed = stamps.slice(skip)
     const stepsPerS = timed.length >= 2 ? ((timed.length - 1) * 1000) / (timed.at(-1)! - timed[0]!) : 0
     const metrics = {
