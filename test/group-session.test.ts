@@ -235,6 +235,65 @@ describe("a survivor behind the furthest one at a regroup", () => {
     await expect(op).rejects.toThrow(/a bug in building the group/)
   })
 
+  it("a grow's pause for a hand-written loop below its size waits for the report() where every rank was asked; otherwise it pauses at the next operation", async () => {
+    const closed: number[] = []
+    const make = (belowSize: boolean, inFit = false) => {
+      const placement = { attempt: 1, rank: 0, worldSize: 2, ...(belowSize ? { belowSize } : {}) } as unknown as Placement
+      const built: number[] = []
+      const session = new GroupSession({ placement, comm: { close: () => (closed.push(1), Promise.resolve()) }, reducer: {} } as unknown as LiveGroup, {
+        build: (p) => {
+          built.push(p.attempt)
+          return Promise.resolve({ comm: { close: () => Promise.resolve() }, reducer: {} } as unknown as Pick<LiveGroup, "comm" | "reducer">)
+        },
+        close: () => Promise.resolve(),
+        parked: () => {},
+        fetchState: () => Promise.resolve({ files: {}, step: 9, position: at(3, 0) } as unknown as PeerState),
+        log: () => {}
+      })
+      session.attach({
+        snapshot: () => Promise.reject(new Error("not asked")),
+        adopt: () => Promise.resolve(),
+        regrouped: () => {},
+        loopPosition: () => ({ inFit, epoch: 0, stepInEpoch: 0, stepsPerEpoch: 0 })
+      })
+      return { session, built }
+    }
+    // Below its size: the pause is held; steps go on (nothing closed, the operation runs).
+    const { session, built } = make(true)
+    let answered: string | undefined
+    const paused = session.pause(2, true).then((r) => (answered = r.state))
+    expect(await session.operation(() => Promise.resolve("stepped"), () => "adopted")).toBe("stepped")
+    expect(closed).toEqual([])
+    // A report where the other rank has not been asked yet: no park.
+    let gathered: number[] = []
+    await session.reportBoundary((flag) => ((gathered = [...flag]), Promise.resolve(Float32Array.of(flag[0]!, 0))))
+    expect(gathered).toEqual([1])
+    expect(answered).toBeUndefined()
+    // The next report, every rank asked: parks there, answers the pause, joins the new generation.
+    session.reported()
+    const boundary = session.reportBoundary((flag) => Promise.resolve(Float32Array.of(flag[0]!, 1)))
+    await paused
+    expect(answered).toBe("parked")
+    expect(session.position()).toMatchObject({ stepsSinceReport: 0, reports: 1 })
+    session.resume({ attempt: 2, rank: 0, worldSize: 3 } as unknown as Placement, at(1, 0))
+    await boundary
+    expect(built).toEqual([2])
+    // Not below its size, or in dp.fit(): the same pause stops the next operation (the old group closed).
+    for (const [below, inFit] of [[false, false], [true, true]] as const) {
+      const other = make(below, inFit)
+      closed.length = 0
+      let state: string | undefined
+      void other.session.pause(2, true).then((r) => (state = r.state))
+      await new Promise((r) => setTimeout(r, 10))
+      expect(closed).toEqual([1])
+      const op = other.session.operation(() => Promise.resolve("stepped"), () => "adopted")
+      await new Promise((r) => setTimeout(r, 10))
+      expect(state).toBe("parked")
+      other.session.resume({ attempt: 2, rank: 0, worldSize: 3 } as unknown as Placement, at(0, 0))
+      expect(await op).toBe("stepped")
+    }
+  })
+
   it("checks parity at every report when it was level with the furthest survivor", async () => {
     const session = plainSession()
     for (let i = 0; i < 3; i++) {

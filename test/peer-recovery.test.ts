@@ -93,28 +93,39 @@ describe("recovery from surviving peers", () => {
     expect(after[0].step).toBeLessThan(7)
   })
 
-  it("a hand-written trainStep loop: the survivors go on from the step in flight and a replacement replays the loop to them", { timeout: 150_000 }, async () => {
+  it("a hand-written trainStep loop: the survivors go on short-handed from the step in flight, and a replacement started meanwhile joins them at a report() call", { timeout: 150_000 }, async () => {
+    // While the group is short (2 of 3) and the hold file exists, every step is slowed: the
+    // replacement (a few seconds to start) joins before the run can end.
+    const holdDir = await fs.mkdtemp(path.join(storage, "step-hold-"))
+    const holdFile = path.join(holdDir, "hold")
+    await fs.writeFile(holdFile, "3")
     const r = await new Trainer({
       trainLoopPerWorker: STEP_LOOP,
-      trainLoopConfig: { epochs: 4, kill: { rank: 1, epoch: 1, step: 5 } },
+      trainLoopConfig: { epochs: 5, kill: { rank: 1, epoch: 1, step: 5 }, holdFile },
       scalingConfig: { numWorkers: 3 },
       runConfig: { name: "peers-step-loop", storagePath: storage, progress: false, failureConfig: { maxFailures: 1 } },
       datasets: { train, test }
     }).fit()
     expect(r.restarts).toBe(1)
-    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3])
+    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4])
     expect(sameWeights(r)).toBe(true)
     expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.85)
     const ev = await events(r.path)
     const restart = ev.find((e) => e.type === "restart")
-    // Epoch 0 reported; the survivors were parked in the step after the dead rank's last (0-5 done).
-    // A hand-written loop sizes its epochs by ctx.worldSize: its survivors wait for the replacement.
-    expect(restart).toMatchObject({ recovery: "peers", survivors: 2, joiners: 1, position: { inFit: false, reports: 1, stepsSinceReport: 6 } })
-    expect(ev.find((e) => e.type === "grow")).toBeUndefined()
-    expect(restart!.waited).toMatch(/sizes its epochs by ctx.worldSize.*spares/)
-    // The replacement skipped epoch 1's first six steps and took the survivors' state there.
+    // Epoch 0 reported; the survivors were parked in the step after the dead rank's last (0-5 done),
+    // and went on as a group of 2 at once.
+    expect(restart).toMatchObject({ recovery: "peers", survivors: 2, joiners: 0, position: { inFit: false, reports: 1, stepsSinceReport: 6 } })
+    expect(await fs.readFile(path.join(r.path, "report.html"), "utf8")).toMatch(/short-handed while 1 replacement\(s\) start \(joining at a report\(\) call/)
+    // The replacement joined at a report() boundary: no step since the last report on any rank.
+    const grow = ev.find((e) => e.type === "grow")
+    expect(grow).toMatchObject({ recovery: "peers", survivors: 2, joiners: 1, position: { inFit: false, stepsSinceReport: 0 } })
+    expect((grow!.position as { reports: number }).reports).toBeGreaterThanOrEqual(2)
+    expect(r.resizes.map((z) => [z.from, z.to])).toEqual([[3, 2], [2, 3]])
+    // Every epoch after the grow was trained by 3 ranks with the same number of steps each (its
+    // rows cut for 3): the joiner took the survivors' state after the reports they had made.
     const log = await fs.readFile(path.join(r.path, "logs", "worker_rank=2.log"), "utf8").catch(() => "")
-    expect(log).toMatch(/joined the survivors after 1 report\(\) calls and 6 steps/)
+    expect(log).toMatch(/joined the survivors after \d+ report\(\) calls and 0 steps/)
+    await fs.rm(holdDir, { recursive: true, force: true })
   })
 
   it("with a spare worker kept ready, a hand-written loop's survivors are joined by it at once instead of by a process starting cold", { timeout: 150_000 }, async () => {

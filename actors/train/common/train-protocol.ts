@@ -126,7 +126,12 @@ export const Placement = Schema.Struct({
   /** A regroup's: what an earlier group of these nodes measured, reused instead of measuring again. */
   measured: Schema.optionalKey(LinkMeasurements),
   /** A regroup's: the rank each survivor had in the generation before (survivors take ranks 0.., joiners follow). */
-  survivorRanks: Schema.optionalKey(Schema.Array(Schema.Number))
+  survivorRanks: Schema.optionalKey(Schema.Array(Schema.Number)),
+  /**
+   * A regroup's: the generation runs below the size it is refilled or grown to. A hand-written
+   * loop's ranks then agree at each report() whether to park there for the grow (GroupSession).
+   */
+  belowSize: Schema.optionalKey(Schema.Boolean)
 })
 export type Placement = typeof Placement.Type
 
@@ -396,10 +401,13 @@ export const WorkerProtocol = defineProtocol("trainer-worker", {
   /**
    * Stop at the next group operation (the group is being re-formed after a failure): answered
    * once the loop waits there, with where it is; "unsupported" when this rank cannot be regrouped
-   * (no prepared model, its loop already ended, or it failed).
+   * (no prepared model, its loop already ended, or it failed). `atReport` (a grow): a hand-written
+   * loop of a generation below its size stops at the first report() call where every rank has
+   * been asked instead, so that new ranks join at a report boundary (a loop's epochs are sized
+   * by ctx.worldSize there); dp.fit() stops at its next group operation all the same.
    */
   pause: {
-    request: Schema.Struct({ attempt: Schema.Number }),
+    request: Schema.Struct({ attempt: Schema.Number, atReport: Schema.optionalKey(Schema.Boolean) }),
     reply: Schema.Struct({
       state: Schema.Literals(["parked", "unsupported"]),
       position: Position,

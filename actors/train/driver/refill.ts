@@ -4,9 +4,10 @@
 // connections open, loop imported, in no group); once they are prepared the controller ends the
 // running generation with a resize (Controller.refill) and the regroup lets them in at the
 // survivors' next group operation, with the furthest survivor's state. The survivors never wait
-// for a process to start: a refill costs a regroup, not a cold start. Groups that cannot run
-// short-handed (elastic ones that started small, hand-written loops, checkpoint recovery) grow at
-// the next report round with a checkpoint instead (watch).
+// for a process to start: a refill costs a regroup, not a cold start (a hand-written loop's ranks
+// let them in at a report() call, where the loop sizes its epochs). Groups that cannot run
+// short-handed (elastic ones that started small, checkpoint recovery) grow at the next report
+// round with a checkpoint instead (watch).
 import { Result as R } from "effect"
 import { firstLine } from "../../../core/errors.ts"
 import type { PlacementRequest } from "../../../scheduler/placement.ts"
@@ -117,7 +118,7 @@ export class Refill {
     if (lacking > 0 && ready > 0) {
       const joining = Math.min(ready, lacking)
       if (controller.refill(g, g.worldSize + joining, `${joining} replacement worker(s) ready`)) {
-        this.#x.line(`gradwire: ${joining} replacement worker(s) ready; growing the group from ${g.worldSize} to ${g.worldSize + joining} at the next step`)
+        this.#x.line(`gradwire: ${joining} replacement worker(s) ready; growing the group from ${g.worldSize} to ${g.worldSize + joining} at the next step (a hand-written loop: at its next report() call)`)
       }
       return
     }

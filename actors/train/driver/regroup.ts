@@ -30,14 +30,19 @@ const PAUSE_TIMEOUT_MS = 20_000
  */
 const REGROUP_RETRY_MS = 1_000
 
-/** `ask` again until it is answered or `totalMs` passed: its answer, or undefined. */
-const askAgain = async <A>(ask: () => Promise<A>, totalMs: number): Promise<A | undefined> => {
-  const deadline = Date.now() + totalMs
+/**
+ * A grow's pause waits for a hand-written loop's next report() call (GroupSession.reportBoundary),
+ * at most this long for the first rank to park; the others then get PAUSE_TIMEOUT_MS more.
+ */
+const GROW_PAUSE_TIMEOUT_MS = 30 * 60_000
+
+/** `ask` again until it is answered or `totalMs` passed (or `deadline()`, when given): its answer, or undefined. */
+const askAgain = async <A>(ask: () => Promise<A>, totalMs: number, deadline: () => number = () => start + totalMs, start = Date.now()): Promise<A | undefined> => {
   for (;;) {
     try {
       return await ask()
     } catch {
-      if (Date.now() >= deadline) return undefined
+      if (Date.now() >= deadline()) return undefined
       await sleep(100)
     }
   }
@@ -108,11 +113,22 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   for (const [rank, w] of x.group.members) {
     if (rank !== x.failure?.rank && !alive(w.node)) void x.group.killOne(w, "its node was lost")
   }
+  // A grow: a hand-written loop below its size parks at its next report() call (the new ranks join
+  // at that boundary), so the first answer may take up to an epoch; the rest follow at once.
+  const grow = x.failure === undefined
+  const asked = Date.now()
+  let firstAnswer: number | undefined
+  const pauseDeadline = (): number => (firstAnswer !== undefined ? firstAnswer + PAUSE_TIMEOUT_MS : asked + (grow ? GROW_PAUSE_TIMEOUT_MS : PAUSE_TIMEOUT_MS))
   const replies = await Promise.all(
     [...x.group.members]
       .filter(([rank, w]) => rank !== x.failure?.rank && alive(w.node))
       .map(async ([rank, w]) => {
-        const reply = await askAgain(() => x.system.askPromise(w.ref(WorkerProtocol), "pause", { attempt }, { timeoutMs: REGROUP_RETRY_MS }), PAUSE_TIMEOUT_MS)
+        const reply = await askAgain(
+          () => x.system.askPromise(w.ref(WorkerProtocol), "pause", { attempt, ...(grow ? { atReport: true } : {}) }, { timeoutMs: REGROUP_RETRY_MS }),
+          0,
+          pauseDeadline
+        )
+        firstAnswer ??= Date.now()
         return { rank, w, reply }
       })
   )
@@ -141,14 +157,15 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   // refills a short group), so the survivors go on at once.
   const s = survivors.length
   const ready = x.takeStandby(Math.max(0, x.target - s))
-  // Only dp.fit() goes on short-handed: it keeps the global batch and its epochs' steps whatever
-  // the group's size, so a joiner replays them as the survivors ran them. A hand-written loop
-  // sizes its epochs by ctx.worldSize, so its replacements are spawned now and waited for.
-  const shortHanded = pos.inFit
+  // The survivors go on short-handed. dp.fit() keeps the global batch and its epochs' steps
+  // whatever the group's size, so a joiner replays them as the survivors ran them and joins at a
+  // step. A hand-written loop sizes its epochs by ctx.worldSize: each survivor finishes the epoch
+  // on the rows it had (the lost rank's rest of it goes untrained), the next ones are cut for the
+  // smaller group, and replacements join at a report() boundary (GroupSession.reportBoundary).
   const kMax = x.target - s - ready.length
-  const kMin = Math.max(0, (shortHanded ? x.controller.floor : x.cfg.minWorkers) - s - ready.length)
+  const kMin = Math.max(0, x.controller.floor - s - ready.length)
   let joinPlan: PlacementPlan | undefined
-  if (kMax > 0 && (kMin > 0 || !shortHanded || (!x.failure && ready.length === 0))) {
+  if (kMax > 0 && (kMin > 0 || (!x.failure && ready.length === 0))) {
     // New workers replay the loop from the checkpoint and join where the survivors are: in
     // dp.fit() at their epoch and step, in a hand-written loop after as many report() calls and
     // steps since (group-session.ts).
@@ -176,7 +193,8 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   const reuse = measured && nodes.every((n) => measured.nodes.includes(n)) ? { measured } : {}
   // Survivors keep their order under new ranks; a streamed epoch's plan is cut again from their old ones.
   const survivorRanks = survivors.map((r) => r.rank)
-  const placementOf = (rank: number) => ({ attempt, rank, worldSize, ...layout[rank]!, nodes, group: `g${attempt}`, ...reuse, survivorRanks })
+  const belowSize = worldSize < x.target
+  const placementOf = (rank: number) => ({ attempt, rank, worldSize, ...layout[rank]!, nodes, group: `g${attempt}`, ...reuse, survivorRanks, ...(belowSize ? { belowSize } : {}) })
   // 4. The furthest survivor's state, which every member loads.
   const state = await x.system.askPromise(source.w.ref(WorkerProtocol), "snapshot", null, { timeoutMs: 60_000 }).catch(() => undefined)
   if (!state) return giveUp(`rank ${source.rank} could not hand over its state`)
@@ -190,7 +208,7 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   const from = x.latest()
   x.setResume(from)
   x.onSize(attempt, worldSize)
-  x.formed(generation, shortHanded)
+  x.formed(generation, true)
   x.progress.start(attempt, worldSize)
   const where = pos.inFit
     ? `epoch ${pos.epoch} step ${Math.min(pos.stepInEpoch, pos.stepsPerEpoch)}/${pos.stepsPerEpoch}`
@@ -199,8 +217,8 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
     x.failure ? "restart" : "resize",
     x.failure
       ? `${x.what}; regrouping ${s} surviving worker(s)${joiners ? ` with ${joiners} new one(s)` : ""} at the furthest survivor's position (${where}): at most the step in flight is lost` +
-        `${worldSize < x.target ? `; they go on short-handed while ${x.target - worldSize} replacement(s) start` : ""}` +
-        `${joinPlan && !shortHanded ? "; they wait for the new one(s) to start (a hand-written loop is not run short-handed)" : ""}${x.budget}`
+        `${worldSize < x.target ? `; they go on short-handed while ${x.target - worldSize} replacement(s) start${pos.inFit ? "" : " (joining at a report() call; the lost rank's rows of this epoch go untrained)"}` : ""}` +
+        `${x.budget}`
       : `${x.what}: ${joiners} new worker(s) join the ${s} running ones at ${where}`,
     {
       type: x.failure ? "restart" : "grow",
@@ -213,8 +231,6 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
       source: source.rank,
       // Where the furthest survivor was; a streamed epoch's plan (its intervals) stays out of the log.
       position: { ...pos, stream: undefined },
-      // Why the survivors waited for a replacement to start instead of going on short-handed.
-      ...(x.failure && joinPlan && !shortHanded ? { waited: "a hand-written loop sizes its epochs by ctx.worldSize: it is not run short-handed (failureConfig.spares keeps a replacement ready)" } : {})
     }
   )
   const watch = {

@@ -114,6 +114,8 @@ export class GroupSession {
   #join: { readonly fromReports: number; readonly to: Position } | undefined
   #pauseRequest: Deferred<Pausing> = deferred()
   #pausing: Pausing | undefined
+  /** A grow's pause for a hand-written loop: taken at the first report() where every rank has one. */
+  #atReport: Pausing | undefined
   #resumeRequest: Deferred<{ readonly placement: Placement; readonly source: Position }> = deferred()
   #cursor: Position | undefined
   #ended: string | undefined
@@ -293,8 +295,12 @@ export class GroupSession {
     }
   }
 
-  /** The controller's pause: answered once the loop waits at a group operation. */
-  pause(attempt: number): Promise<PauseReply> {
+  /**
+   * The controller's pause: answered once the loop waits at a group operation. `atReport` (a
+   * grow): a hand-written loop in a generation below its size waits at a report() boundary
+   * instead (reportBoundary), so that the ranks joining it start where the loop sizes its epochs.
+   */
+  pause(attempt: number, atReport = false): Promise<PauseReply> {
     return new Promise((resolve) => {
       const refuse = this.#ended ?? (this.#model === undefined ? "no model prepared with ctx.prepareModel()" : this.#join ? "still joining its group" : undefined)
       if (refuse !== undefined) {
@@ -306,23 +312,69 @@ export class GroupSession {
         resolve({ state: "parked", position: this.position(), reason: "" })
         return
       }
-      if (this.#pausing) {
-        const first = this.#pausing.reply
-        this.#pausing = {
-          attempt,
-          reply: (r) => {
-            first(r)
-            resolve(r)
-          }
+      const chain = (first: Pausing): Pausing => ({
+        attempt,
+        reply: (r) => {
+          first.reply(r)
+          resolve(r)
         }
+      })
+      if (this.#pausing) {
+        this.#pausing = chain(this.#pausing)
         return
       }
-      const request = { attempt, reply: resolve }
-      this.#pausing = request
-      this.#pauseRequest.resolve(request)
+      if (atReport && this.#parksAtReport()) {
+        this.#atReport = this.#atReport ? chain(this.#atReport) : { attempt, reply: resolve }
+        return
+      }
+      if (this.#atReport) {
+        // A pause for a failure while a grow waited for a report: one regroup answers both.
+        this.#pausing = chain(this.#atReport)
+        this.#atReport = undefined
+      } else this.#pausing = { attempt, reply: resolve }
+      this.#pauseRequest.resolve(this.#pausing)
       // Whatever the loop is waiting for in the old group will not come: make it fail now.
       void this.#group.comm.close().catch(() => {})
     })
+  }
+
+  /** Whether a grow's pause waits for a report() boundary: a hand-written loop of a generation below its size. */
+  #parksAtReport(): boolean {
+    return this.placement.belowSize === true && !(this.#model?.loopPosition().inFit ?? false)
+  }
+
+  /** A grow's pause waiting for a report boundary is answered now (the loop parks here for another reason). */
+  #takeAtReport(): void {
+    const p = this.#atReport
+    if (!p || this.#pausing) return
+    this.#atReport = undefined
+    this.#pausing = p
+    this.#pauseRequest.resolve(p)
+  }
+
+  /**
+   * After a report() call of a hand-written loop in a generation below its size: the ranks agree
+   * (one small all-gather, at the same report on every rank) whether every one of them has been
+   * asked to pause for a grow; if so, each parks here, and the new ranks join at this boundary.
+   * `gather`: this rank's flag in, every rank's out. Nothing to do otherwise.
+   */
+  async reportBoundary(gather: (flag: Float32Array) => Promise<Float32Array>): Promise<void> {
+    if (this.placement.belowSize !== true || this.#join || this.#ended !== undefined || this.#model === undefined) return
+    if (this.#model.loopPosition().inFit) return
+    const mine = this.#atReport ? 1 : 0
+    let all = mine
+    if (this.placement.worldSize > 1) {
+      try {
+        all = Math.min(...(await gather(Float32Array.of(mine))))
+      } catch (e) {
+        // The group broke under it: the loop's next operation parks for the regroup.
+        if (groupBroke(e)) return
+        throw e
+      }
+    }
+    if (all < 1) return
+    this.#takeAtReport()
+    await this.#park(undefined)
   }
 
   /** The controller's resume: the new placement and the position of the furthest survivor. */
@@ -336,12 +388,14 @@ export class GroupSession {
   /** The loop ended (returned or threw): a pending pause is answered, later ones refused. */
   end(reason: string): void {
     this.#ended = reason
-    const p = this.#pausing
-    if (p) p.reply({ state: "unsupported", position: this.position(), reason })
+    for (const p of [this.#pausing, this.#atReport]) p?.reply({ state: "unsupported", position: this.position(), reason })
     this.#pausing = undefined
+    this.#atReport = undefined
   }
 
   async #park(cause: unknown): Promise<void> {
+    // A grow waiting for a report boundary: this park answers it.
+    this.#takeAtReport()
     // Parks until the controller regroups; a group that breaks while it forms (a member dies
     // during its handshake, link measurements or probe) parks again for the next regroup.
     for (;;) {

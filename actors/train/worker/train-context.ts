@@ -211,9 +211,9 @@ export class TrainContext {
       const aux: Record<string, Uint8Array> = {}
       for (const [k, v] of Object.entries(c.files)) if (k.startsWith("pipeline/")) aux[k] = typeof v === "string" ? new TextEncoder().encode(v) : v
       await this.#deps.sendReport(index, metrics, undefined, aux)
-      return
-    }
-    await this.#deps.sendReport(index, metrics, options.checkpoint)
+    } else await this.#deps.sendReport(index, metrics, options.checkpoint)
+    // A hand-written loop's group below its size: new ranks join at a report boundary.
+    await session.reportBoundary((flag) => session.group.comm.allGather(flag))
   }
 
   /**

@@ -50,7 +50,7 @@ export const trainWorker = defineActor(
       },
       pause: async (body) => {
         if (!worker.session) return { state: "unsupported" as const, position: position(), reason: "its loop has not started" }
-        const reply = await worker.session.pause(body.attempt)
+        const reply = await worker.session.pause(body.attempt, body.atReport === true)
         const measured = worker.measured
         return measured ? { ...reply, measured } : reply
       },
