@@ -180,6 +180,49 @@ describe("an elastic run on two agents", () => {
     expect(events.filter((e) => e.type === "resize-requested")).toHaveLength(1)
   })
 
+  it("a hand-written trainStep loop that started small grows at a report() call, where its next epoch is cut for the grown group", { timeout: 240_000 }, async () => {
+    // One agent with room for 2 workers of max 4: the run starts at 2; after the first report a
+    // second agent brings room for 4. The running ranks park for the grow inside a report() call
+    // (their generation is below its size), so every rank cuts the next epoch for 4.
+    const cluster = "elastic-small"
+    startAgent("sa", cluster)
+    await waitForAlive(cluster, ["sa"])
+    const holdFile = path.join(work, `${cluster}.hold`)
+    writeFileSync(holdFile, "4")
+    let joined: Promise<void> | undefined
+    const r = await new Trainer({
+      trainLoopPerWorker: path.resolve("test/support/step-loop.ts") + "#stepLoop",
+      trainLoopConfig: { epochs: 12, holdFile },
+      scalingConfig: { numWorkers: { min: 2, max: 4 }, placementTimeoutMs: 30_000 },
+      runConfig: {
+        name: cluster,
+        storagePath: work,
+        progress: false,
+        callbacks: [
+          {
+            onReport: ({ index }) => {
+              if (index !== 0 || joined) return
+              startAgent("sb", cluster)
+              joined = waitForAlive(cluster, ["sa", "sb"]).catch(() => rmSync(holdFile, { force: true }))
+            }
+          }
+        ]
+      },
+      datasets: { train, test },
+      cluster: { address: server.url, clusterName: cluster }
+    })
+      .fit()
+      .finally(() => rmSync(holdFile, { force: true }))
+    await joined
+    expect(r.resizes.map((z) => [z.from, z.to])).toEqual([[2, 4]])
+    expect(r.metricsHistory.map((m) => m.epoch)).toEqual(Array.from({ length: 12 }, (_, i) => i))
+    const last = r.metricsPerRank.at(-1)!
+    expect(last).toHaveLength(4)
+    expect(new Set(last.map((m) => m.weights)).size).toBe(1)
+    const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>)
+    expect(events.find((e) => e.type === "grow")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 2, position: { inFit: false, stepsSinceReport: 0 } })
+  })
+
   it("with ZeRO stage 2, shrinks and grows through the checkpoint, re-sharding the optimizer state each time", { timeout: 240_000 }, async () => {
     const { r, events } = await shrinkAndGrow("elastic-zero", "z", { zeroStage: 2 })
     expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.9)

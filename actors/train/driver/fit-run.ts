@@ -489,7 +489,7 @@ export class FitRun {
         // The parameter servers first: the workers' args name them.
         const args = await this.#spawnServers(g, plan)
         if (!("groupArgs" in args)) return args
-        return this.#group.spawn(placementsOf(plan, g.number), args.groupArgs, {
+        return this.#group.spawn(placementsOf(plan, g.number, this.bounds.max), args.groupArgs, {
           onDown: (rank, down) => this.controller.workerDown(g.number, rank, down),
           stillMatters: (rank) => !g.settled && !g.finished.has(rank)
         })

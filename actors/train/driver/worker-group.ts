@@ -83,9 +83,13 @@ export interface Watch {
   readonly stillMatters: (rank: number) => boolean
 }
 
-/** Placements of a fresh plan (ranks, nodes, local ranks as the plan made them). */
-export const placementsOf = (plan: PlacementPlan, attempt: number): RankSpawn[] => {
+/**
+ * Placements of a fresh plan (ranks, nodes, local ranks as the plan made them); `max`: the size the
+ * group may grow to (an elastic group that starts smaller is marked below its size).
+ */
+export const placementsOf = (plan: PlacementPlan, attempt: number, max = plan.ranks.length): RankSpawn[] => {
   const nodes = plan.ranks.map((r) => r.nodeId)
+  const belowSize = plan.ranks.length < max
   return plan.ranks.map((r) => ({
     placement: {
       attempt,
@@ -95,7 +99,8 @@ export const placementsOf = (plan: PlacementPlan, attempt: number): RankSpawn[] 
       localWorldSize: r.localWorldSize,
       nodeRank: r.nodeRank,
       nodes,
-      group: `g${attempt}`
+      group: `g${attempt}`,
+      ...(belowSize ? { belowSize } : {})
     },
     nodeId: r.nodeId,
     backend: r.backend,

@@ -136,7 +136,7 @@ export class WorkerRun {
 
   /** A standby worker's place in the generation it is let into, and where it joins the survivors. */
   admit(a: Admission): void {
-    const { join: _join, ...args } = this.#args
+    const { join: _join, belowSize: _below, ...args } = this.#args
     this.#args = { ...args, ...a.placement, ...(a.join ? { join: a.join } : {}) }
   }
 
@@ -169,7 +169,8 @@ export class WorkerRun {
       nodes: this.#args.nodes,
       group: this.#args.group,
       ...(this.#args.measured ? { measured: this.#args.measured } : {}),
-      ...(this.#args.survivorRanks ? { survivorRanks: this.#args.survivorRanks } : {})
+      ...(this.#args.survivorRanks ? { survivorRanks: this.#args.survivorRanks } : {}),
+      ...(this.#args.belowSize ? { belowSize: true } : {})
     }
 
   #watchBus(): BusMonitor {
