@@ -185,8 +185,8 @@ describe("an elastic run on two agents", () => {
     // second agent brings room for 4. The running ranks park for the grow inside a report() call
     // (their generation is below its size), so every rank cuts the next epoch for 4.
     const cluster = "elastic-small"
-    startAgent("sa", cluster)
-    await waitForAlive(cluster, ["sa"])
+    startAgent("sma", cluster)
+    await waitForAlive(cluster, ["sma"])
     const holdFile = path.join(work, `${cluster}.hold`)
     writeFileSync(holdFile, "4")
     let joined: Promise<void> | undefined
@@ -202,8 +202,8 @@ describe("an elastic run on two agents", () => {
           {
             onReport: ({ index }) => {
               if (index !== 0 || joined) return
-              startAgent("sb", cluster)
-              joined = waitForAlive(cluster, ["sa", "sb"]).catch(() => rmSync(holdFile, { force: true }))
+              startAgent("smb", cluster)
+              joined = waitForAlive(cluster, ["sma", "smb"]).catch(() => rmSync(holdFile, { force: true }))
             }
           }
         ]
