@@ -237,7 +237,7 @@ describe("a survivor behind the furthest one at a regroup", () => {
 
   it("a grow's pause for a hand-written loop below its size waits for the report() where every rank was asked; otherwise it pauses at the next operation", async () => {
     const closed: number[] = []
-    const make = (belowSize: boolean, inFit = false) => {
+    const make = (belowSize: boolean, inFit = false, fitUsed = false) => {
       const placement = { attempt: 1, rank: 0, worldSize: 2, ...(belowSize ? { belowSize } : {}) } as unknown as Placement
       const built: number[] = []
       const session = new GroupSession({ placement, comm: { close: () => (closed.push(1), Promise.resolve()) }, reducer: {} } as unknown as LiveGroup, {
@@ -254,7 +254,8 @@ describe("a survivor behind the furthest one at a regroup", () => {
         snapshot: () => Promise.reject(new Error("not asked")),
         adopt: () => Promise.resolve(),
         regrouped: () => {},
-        loopPosition: () => ({ inFit, epoch: 0, stepInEpoch: 0, stepsPerEpoch: 0 })
+        loopPosition: () => ({ inFit, epoch: 0, stepInEpoch: 0, stepsPerEpoch: 0 }),
+        fitUsed: () => fitUsed
       })
       return { session, built }
     }
@@ -278,9 +279,10 @@ describe("a survivor behind the furthest one at a regroup", () => {
     session.resume({ attempt: 2, rank: 0, worldSize: 3 } as unknown as Placement, at(1, 0))
     await boundary
     expect(built).toEqual([2])
-    // Not below its size, or in dp.fit(): the same pause stops the next operation (the old group closed).
-    for (const [below, inFit] of [[false, false], [true, true]] as const) {
-      const other = make(below, inFit)
+    // Not below its size, in dp.fit(), or between a loop's dp.fit() calls: the same pause stops the
+    // next operation (the old group closed).
+    for (const [below, inFit, fitUsed] of [[false, false, false], [true, true, true], [true, false, true]] as const) {
+      const other = make(below, inFit, fitUsed)
       closed.length = 0
       let state: string | undefined
       void other.session.pause(2, true).then((r) => (state = r.state))

@@ -193,7 +193,8 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   const reuse = measured && nodes.every((n) => measured.nodes.includes(n)) ? { measured } : {}
   // Survivors keep their order under new ranks; a streamed epoch's plan is cut again from their old ones.
   const survivorRanks = survivors.map((r) => r.rank)
-  const belowSize = worldSize < x.target
+  // (A loop in dp.fit() grows at a step: only a hand-written loop's generation needs the mark.)
+  const belowSize = worldSize < x.target && !pos.inFit
   const placementOf = (rank: number) => ({ attempt, rank, worldSize, ...layout[rank]!, nodes, group: `g${attempt}`, ...reuse, survivorRanks, ...(belowSize ? { belowSize } : {}) })
   // 4. The furthest survivor's state, which every member loads.
   const state = await x.system.askPromise(source.w.ref(WorkerProtocol), "snapshot", null, { timeoutMs: 60_000 }).catch(() => undefined)

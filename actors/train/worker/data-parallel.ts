@@ -366,6 +366,11 @@ export class DataParallelModel implements RecoverableModel {
     this.#applyElasticLearningRate()
   }
 
+  /** Whether the loop has called dp.fit() (GroupSession: a grow parks such a loop at its next step, not at a report). */
+  fitUsed(): boolean {
+    return this.#loop.fitUsed
+  }
+
   loopPosition(): LoopPosition {
     const l = this.#loop
     return { inFit: l.inFit, epoch: l.epoch, stepInEpoch: l.stepInEpoch, stepsPerEpoch: l.stepsPerEpoch, ...(l.inFit && l.stream ? { stream: l.stream } : {}) }

@@ -109,6 +109,8 @@ export interface FitHost {
 export class FitLoop {
   readonly #host: FitHost
   inFit = false
+  /** dp.fit() has run on this rank (a loop of dp.fit() calls, not a hand-written one). */
+  fitUsed = false
   epoch = 0
   stepInEpoch = 0
   stepsPerEpoch = 0
@@ -150,6 +152,7 @@ export class FitLoop {
     const recovery = this.#host.sync.recovery
     const results: EpochResult[] = []
     this.inFit = true
+    this.fitUsed = true
     try {
       for (let epoch = opts.initialEpoch ?? 0; epoch < opts.epochs; epoch++) {
         const started = performance.now()

@@ -54,6 +54,8 @@ export interface RecoverableModel {
   /** The group's size or this rank's place changed: per-rank batches must be recomputed. */
   regrouped(): void
   loopPosition(): LoopPosition
+  /** Whether the loop has called dp.fit() (its grows park at a step, not at a report). */
+  fitUsed?(): boolean
 }
 
 export interface LiveGroup {
@@ -338,9 +340,14 @@ export class GroupSession {
     })
   }
 
-  /** Whether a grow's pause waits for a report() boundary: a hand-written loop of a generation below its size. */
+  /**
+   * Whether a grow's pause waits for a report() boundary: a hand-written loop (one that never
+   * called dp.fit(): every rank of a loop that did has by the time a grow comes, so all decide
+   * alike) of a generation below its size.
+   */
   #parksAtReport(): boolean {
-    return this.placement.belowSize === true && !(this.#model?.loopPosition().inFit ?? false)
+    const m = this.#model
+    return this.placement.belowSize === true && m !== undefined && !(m.fitUsed?.() ?? false) && !m.loopPosition().inFit
   }
 
   /** A grow's pause waiting for a report boundary is answered now (the loop parks here for another reason). */
@@ -359,8 +366,7 @@ export class GroupSession {
    * `gather`: this rank's flag in, every rank's out. Nothing to do otherwise.
    */
   async reportBoundary(gather: (flag: Float32Array) => Promise<Float32Array>): Promise<void> {
-    if (this.placement.belowSize !== true || this.#join || this.#ended !== undefined || this.#model === undefined) return
-    if (this.#model.loopPosition().inFit) return
+    if (this.#join || this.#ended !== undefined || !this.#parksAtReport()) return
     const mine = this.#atReport ? 1 : 0
     let all = mine
     if (this.placement.worldSize > 1) {
