@@ -642,7 +642,7 @@ export class FitRun {
         fellBack: (reason) => (this.#fallback = reason),
         standbyReady: this.#refill.ready,
         takeStandby: (n) => this.#refill.take(n),
-        formed: (g, shortHanded) => this.#refill.formed(g, shortHanded)
+        formed: (g) => this.#refill.formed(g)
       })
     )
   }

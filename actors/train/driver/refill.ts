@@ -61,9 +61,9 @@ export class Refill {
     return this.#alive().length
   }
 
-  /** A regroup formed `g`; `shortHanded`: it may run below its size until standby workers refill it. */
-  formed(g: Generation<CheckpointPayload>, shortHanded: boolean): void {
-    this.#refillable = shortHanded ? g : undefined
+  /** A regroup formed `g`: it may run below its size until standby workers refill it. */
+  formed(g: Generation<CheckpointPayload>): void {
+    this.#refillable = g
   }
 
   /** Up to `n` prepared standby workers, for a regroup: it owns them from then on. */
@@ -73,9 +73,9 @@ export class Refill {
 
   /**
    * Watches generation `g`: keeps `spares` standby workers ready beside it, and while it runs below
-   * the size to refill to: one a regroup left short-handed (formed: a dp.fit() loop's survivors) is
-   * refilled with standby workers at once; an elastic group that started small,
-   * regrouped a hand-written loop, or recovers from the checkpoint, grows at the next report round
+   * the size to refill to: one a regroup left short-handed (formed: a regrouped generation) is
+   * refilled with standby workers at once; an elastic group that started small
+   * or recovers from the checkpoint grows at the next report round
    * that leaves a checkpoint (Controller.capacity). Returns what stops watching.
    */
   watch(g: Generation<CheckpointPayload>): () => void {

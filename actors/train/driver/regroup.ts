@@ -36,8 +36,8 @@ const REGROUP_RETRY_MS = 1_000
  */
 const GROW_PAUSE_TIMEOUT_MS = 30 * 60_000
 
-/** `ask` again until it is answered or `totalMs` passed (or `deadline()`, when given): its answer, or undefined. */
-const askAgain = async <A>(ask: () => Promise<A>, totalMs: number, deadline: () => number = () => start + totalMs, start = Date.now()): Promise<A | undefined> => {
+/** `ask` again until it is answered or the time `deadline()` gives has passed: its answer, or undefined. */
+const askAgain = async <A>(ask: () => Promise<A>, deadline: () => number): Promise<A | undefined> => {
   for (;;) {
     try {
       return await ask()
@@ -80,8 +80,8 @@ export interface RegroupContext {
    */
   readonly standbyReady: number
   readonly takeStandby: (n: number) => Standby[]
-  /** The regrouped generation formed; `shortHanded`: it may run below its size while standby workers refill it. */
-  readonly formed: (g: Generation<CheckpointPayload>, shortHanded: boolean) => void
+  /** The regrouped generation formed: it may run below its size while standby workers refill it. */
+  readonly formed: (g: Generation<CheckpointPayload>) => void
 }
 
 /**
@@ -125,7 +125,6 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
       .map(async ([rank, w]) => {
         const reply = await askAgain(
           () => x.system.askPromise(w.ref(WorkerProtocol), "pause", { attempt, ...(grow ? { atReport: true } : {}) }, { timeoutMs: REGROUP_RETRY_MS }),
-          0,
           pauseDeadline
         )
         firstAnswer ??= Date.now()
@@ -209,7 +208,7 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   const from = x.latest()
   x.setResume(from)
   x.onSize(attempt, worldSize)
-  x.formed(generation, true)
+  x.formed(generation)
   x.progress.start(attempt, worldSize)
   const where = pos.inFit
     ? `epoch ${pos.epoch} step ${Math.min(pos.stepInEpoch, pos.stepsPerEpoch)}/${pos.stepsPerEpoch}`
@@ -243,7 +242,8 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   x.group.watch(members, watch)
   const resumed = Promise.all(
     survivors.map(async (r, i) => {
-      const ok = await askAgain(() => x.system.askPromise(r.w.ref(WorkerProtocol), "resume", { placement: placementOf(i), source: pos }, { timeoutMs: REGROUP_RETRY_MS }), 15_000)
+      const until = Date.now() + 15_000
+      const ok = await askAgain(() => x.system.askPromise(r.w.ref(WorkerProtocol), "resume", { placement: placementOf(i), source: pos }, { timeoutMs: REGROUP_RETRY_MS }), () => until)
       if (ok === undefined) throw new Error(`rank ${r.rank} did not answer`)
     })
   ).catch((e: unknown) => {
