@@ -1,6 +1,6 @@
 // `npm run bench -- chaos [--every=15] [--seed=N] [--loops=fit,step] [--strategies=allreduce,zero,ps,localsgd]
 //                         [--kinds=worker-kill,worker-stop,nats-kill[,agent-kill][,link-cut]] [--epochs-fit=N] [--epochs-step=N]
-//                         [--bound=3] [--spares=0] [--agent-restart-ms=1000] [--cut-ms=10000] [--out=FILE]`
+//                         [--cluster=agents|veth] [--bound=3] [--spares=0] [--agent-restart-ms=1000] [--cut-ms=10000] [--out=FILE]`
 // Goodput under chaos: the same job (digits MLP, 3 workers on the embedded cluster, failureConfig
 // { maxFailures: -1 }, recoverFrom left at its default) run fault-free, then under a seeded fault
 // schedule, for a `dp.fit` loop (test/support/chaos-loop.ts) and a hand-written `dp.trainStep` loop
@@ -454,8 +454,11 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
   try {
     const { train, test } = trainTestSplit(await loadDigits(), 0.2, 1)
     const data = { train, test }
-    const linkCut = kinds.includes("link-cut")
-    if (kinds.includes("agent-kill") || linkCut) agentCluster = await startAgentCluster(fs.mkdtempSync(path.join(storage, "agents-")), WORKERS, { linkCut })
+    // --cluster=agents (or veth: one agent behind a veth link) runs on CLI agents whatever the kinds.
+    const clusterArg = arg("cluster")
+    if (clusterArg !== undefined && clusterArg !== "agents" && clusterArg !== "veth") throw new Error(`--cluster must be agents or veth, not ${clusterArg}`)
+    const linkCut = kinds.includes("link-cut") || clusterArg === "veth"
+    if (kinds.includes("agent-kill") || linkCut || clusterArg === "agents") agentCluster = await startAgentCluster(fs.mkdtempSync(path.join(storage, "agents-")), WORKERS, { linkCut })
     const where = agentCluster
       ? `${WORKERS} CLI agents (one CPU each; an agent killed is replaced after ${agentRestartMs} ms${linkCut ? `; one behind a veth link in its own network namespace, cut for ${cutMs / 1000} s at a time` : ""})`
       : "the embedded cluster"

@@ -128,6 +128,31 @@ describe("recovery from surviving peers", () => {
     await fs.rm(holdDir, { recursive: true, force: true })
   })
 
+  it("a hand-written loop whose replacement is ready in its last epoch grows at the final report() call and ends there, every rank with the same weights", { timeout: 150_000 }, async () => {
+    // Batches of 8 (60 steps an epoch), rank 1 killed at step 2 of the last epoch: the held steps
+    // of the short group (250 ms each) leave the replacement time to be ready before the epoch
+    // ends, so the grow waits for the loop's final report() call, where no step is left to join.
+    const holdDir = await fs.mkdtemp(path.join(storage, "last-hold-"))
+    const holdFile = path.join(holdDir, "hold")
+    await fs.writeFile(holdFile, "3")
+    const r = await new Trainer({
+      trainLoopPerWorker: STEP_LOOP,
+      trainLoopConfig: { epochs: 2, batchSize: 8, kill: { rank: 1, epoch: 1, step: 2 }, holdFile },
+      scalingConfig: { numWorkers: 3 },
+      runConfig: { name: "peers-last-epoch", storagePath: storage, progress: false, failureConfig: { maxFailures: 1 } },
+      datasets: { train, test }
+    }).fit()
+    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1])
+    expect(sameWeights(r)).toBe(true)
+    const ev = await events(r.path)
+    expect(ev.find((e) => e.type === "restart")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 0, position: { inFit: false, reports: 1 } })
+    // Both report() calls made, none of the loop's steps left: the joiner replays to the loop's end.
+    expect(ev.find((e) => e.type === "grow")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 1, position: { inFit: false, reports: 2, stepsSinceReport: 0 } })
+    expect(r.resizes.map((z) => [z.from, z.to])).toEqual([[3, 2], [2, 3]])
+    expect(ev.at(-1)).toMatchObject({ type: "state", to: "finished" })
+    await fs.rm(holdDir, { recursive: true, force: true })
+  })
+
   it("with a spare worker kept ready, a hand-written loop's survivors are joined by it at once instead of by a process starting cold", { timeout: 150_000 }, async () => {
     // Rank 1 is killed once the spare (started beside the first generation) is ready; until then
     // every step is slowed (a hold for a group of 4), so that the run cannot end first.
