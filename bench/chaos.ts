@@ -1,6 +1,6 @@
 // `npm run bench -- chaos [--every=15] [--seed=N] [--loops=fit,step] [--strategies=allreduce,zero,ps,localsgd]
 //                         [--kinds=worker-kill,worker-stop,nats-kill[,agent-kill][,link-cut]] [--epochs-fit=N] [--epochs-step=N]
-//                         [--cluster=agents|veth] [--bound=3] [--spares=0] [--agent-restart-ms=1000] [--cut-ms=10000] [--out=FILE]`
+//                         [--repeat=1] [--cluster=agents|veth] [--bound=3] [--spares=0] [--agent-restart-ms=1000] [--cut-ms=10000] [--out=FILE]`
 // Goodput under chaos: the same job (digits MLP, 3 workers on the embedded cluster, failureConfig
 // { maxFailures: -1 }, recoverFrom left at its default) run fault-free, then under a seeded fault
 // schedule, for a `dp.fit` loop (test/support/chaos-loop.ts) and a hand-written `dp.trainStep` loop
@@ -36,6 +36,8 @@
 // generation redone: the furthest step any of its processes completed minus where the next
 // generation started (positions.ts), in steps; recovery = "peers" or "checkpoint" from the
 // `restart` events of events.jsonl (with the reason a checkpoint restart gives).
+// --repeat=N runs N such pairs (a new fault schedule each) and adds each pair's goodput, their
+// median and the pooled ratio: run-to-run noise on a small machine is as large as a fault's cost.
 // A run is bounded: past `bound` x the fault-free run's wall time (and at most 10 minutes) it is
 // interrupted and reports what it has. Every process it started is gone at the end (the Trainer
 // stops the embedded cluster; leftover worker pids from the pid files are killed, on Ctrl-C too).
@@ -424,6 +426,8 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
   const arg = (name: string): string | undefined => args.find((a) => a.startsWith(`--${name}=`))?.slice(name.length + 3)
   const every = Number(arg("every") ?? 15)
   const seed = Number(arg("seed") ?? 1)
+  const repeat = Number(arg("repeat") ?? 1)
+  if (!Number.isInteger(repeat) || repeat < 1) throw new Error(`--repeat must be a whole number of run pairs >= 1, got ${arg("repeat")}`)
   const loops = (arg("loops") ?? "fit,step").split(",") as LoopShape[]
   const strategies = (arg("strategies") ?? "allreduce").split(",")
   let kinds = (arg("kinds") ?? DEFAULT_KINDS.join(",")).split(",") as Kind[]
@@ -471,24 +475,27 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
     let i = 0
     for (const loop of loops) {
       for (const strategy of strategies) {
-        console.log(`\n  ${loop} loop, ${STRATEGIES[strategy]!.label}, ${epochs[loop]} epochs`)
-        const free = await runOnce({ loop, strategy, epochs: epochs[loop], spares }, storage, data, i++, log)
-        console.log(`    fault-free: ${s2(free.trainMs)} s training (${s2(free.wallMs)} s wall)${free.error ? `; ${free.error}` : ""}`)
-        const boundMs = Math.min(MAX_RUN_MS, boundX * free.wallMs)
-        const rng = seededRng(seed * 1000 + i)
-        const chaos = await runOnce({ loop, strategy, epochs: epochs[loop], spares, chaos: { every, rng, kinds, boundMs, agentRestartMs, cutMs } }, storage, data, i++, log)
-        console.log(
-          `    under chaos: ${s2(chaos.trainMs)} s training for ${+chaos.epochsDone.toFixed(1)}/${chaos.epochs} epochs (${s2(chaos.wallMs)} s wall), ${chaos.faults.length} faults${chaos.error ? `; ${chaos.error}` : ""}`
-        )
-        for (const [n, f] of chaos.faults.entries()) {
+        console.log(`\n  ${loop} loop, ${STRATEGIES[strategy]!.label}, ${epochs[loop]} epochs${repeat > 1 ? `, ${repeat} pairs of runs` : ""}`)
+        for (let pair = 0; pair < repeat; pair++) {
+          if (repeat > 1) console.log(`   pair ${pair + 1} of ${repeat}`)
+          const free = await runOnce({ loop, strategy, epochs: epochs[loop], spares }, storage, data, i++, log)
+          console.log(`    fault-free: ${s2(free.trainMs)} s training (${s2(free.wallMs)} s wall)${free.error ? `; ${free.error}` : ""}`)
+          const boundMs = Math.min(MAX_RUN_MS, boundX * free.wallMs)
+          const rng = seededRng(seed * 1000 + i)
+          const chaos = await runOnce({ loop, strategy, epochs: epochs[loop], spares, chaos: { every, rng, kinds, boundMs, agentRestartMs, cutMs } }, storage, data, i++, log)
           console.log(
-            `      ${String(n + 1).padStart(2)} ${f.kind.padEnd(11)} detect ${s2(f.detectMs)} s, resume ${s2(f.resumeMs)} s, lost ${f.lostSteps?.toFixed(1) ?? "-"} steps, from ${f.recovery ?? "-"}` +
-              `${f.reason ? ` (${f.reason})` : ""}${f.fenced === false ? ", not fenced: the bench killed it" : f.fenced ? ", fenced by gradwire" : ""}`
+            `    under chaos: ${s2(chaos.trainMs)} s training for ${+chaos.epochsDone.toFixed(1)}/${chaos.epochs} epochs (${s2(chaos.wallMs)} s wall), ${chaos.faults.length} faults${chaos.error ? `; ${chaos.error}` : ""}`
           )
+          for (const [n, f] of chaos.faults.entries()) {
+            console.log(
+              `      ${String(n + 1).padStart(2)} ${f.kind.padEnd(11)} detect ${s2(f.detectMs)} s, resume ${s2(f.resumeMs)} s, lost ${f.lostSteps?.toFixed(1) ?? "-"} steps, from ${f.recovery ?? "-"}` +
+                `${f.reason ? ` (${f.reason})` : ""}${f.fenced === false ? ", not fenced: the bench killed it" : f.fenced ? ", fenced by gradwire" : ""}`
+            )
+          }
+          rows.push({ free, chaos })
+          fs.writeFileSync(out, JSON.stringify({ every, seed, kinds, notRun: Object.fromEntries(NOT_RUN), cores: os.availableParallelism(), rows }, null, 1))
+          if (interrupted) return
         }
-        rows.push({ free, chaos })
-        fs.writeFileSync(out, JSON.stringify({ every, seed, kinds, notRun: Object.fromEntries(NOT_RUN), cores: os.availableParallelism(), rows }, null, 1))
-        if (interrupted) return
       }
     }
     const goodput = (r: { free: RunResult; chaos: RunResult }): number =>
@@ -522,6 +529,25 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
     }
     const reasons = new Set(rows.flatMap((r) => r.chaos.faults.flatMap((f) => (f.reason ? [f.reason] : []))))
     console.log(`\n${lines.join("\n")}\n\nper fault kind:\n${byKind.join("\n")}`)
+    if (repeat > 1) {
+      // One machine's run-to-run noise (the fault-free runs alone vary by 10-30% here) is as large as
+      // what a fault costs: the median of the pairs, and the pooled ratio (all epochs over all time).
+      console.log(`\nover ${repeat} pairs (fault-free, then chaos, alternating):`)
+      for (const loop of loops) {
+        for (const strategy of strategies) {
+          const rs = rows.filter((r) => r.chaos.loop === loop && r.chaos.strategy === strategy)
+          if (!rs.length) continue
+          const g = rs.map(goodput).sort((a, b) => a - b)
+          const sum = (f: (r: { free: RunResult; chaos: RunResult }) => number): number => rs.reduce((a, r) => a + f(r), 0)
+          const pooled = sum((r) => r.chaos.epochsDone) / sum((r) => r.chaos.trainMs) / (sum((r) => r.free.epochsDone) / sum((r) => r.free.trainMs))
+          const free = rs.map((r) => r.free.trainMs / 1000)
+          console.log(
+            `  ${loop === "fit" ? "dp.fit" : "dp.trainStep"}, ${STRATEGIES[strategy]!.label}: goodput median ${(100 * median(g)).toFixed(1)}% (${g.map((x) => `${(100 * x).toFixed(1)}%`).join(", ")}), ` +
+              `pooled ${(100 * pooled).toFixed(1)}%, ${sum((r) => r.chaos.faults.length)} faults; fault-free runs ${Math.min(...free).toFixed(2)}-${Math.max(...free).toFixed(2)} s`
+          )
+        }
+      }
+    }
     if (reasons.size) console.log(`\ncheckpoint restarts, why not from peers: ${[...reasons].join("; ")}`)
     const workerKills = rows.flatMap((r) => r.chaos.faults.filter((f) => f.kind === "worker-kill").map((f) => f.resumeMs)).filter((x): x is number => x !== undefined)
     console.log(
