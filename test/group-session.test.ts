@@ -2,9 +2,10 @@
 // (actors/train/worker/group-session.ts): steps the survivors made are skipped, at their position (the
 // same report() calls and steps since the last) the rank takes their state and runs the step with
 // them, and a loop that gets past that position, or is in dp.fit() where they are not, is refused.
+// A step's last operation (ZeRO's all-gather after the update) completes the step when the group breaks under it.
 // Pure logic: the group and the model are stand-ins that record what the session asked of them.
 import { describe, expect, it } from "vitest"
-import { GroupSession, PeerRecoveryMisaligned, type LiveGroup } from "../actors/train/worker/group-session.ts"
+import { GroupSession, PeerRecoveryMisaligned, type LiveGroup, type RecoverableModel } from "../actors/train/worker/group-session.ts"
 import type { PeerState, Placement, Position } from "../actors/train/common/train-protocol.ts"
 import { PeerLinkLost } from "../collectives/errors.ts"
 
@@ -115,6 +116,33 @@ describe("a joiner replaying a hand-written trainStep loop", () => {
   })
 })
 
+/**
+ * A survivor whose regroups form at once (a stand-in group), taking `state`: counts its parks and
+ * records each adopt()'s options; `model` overrides the stand-in model's parts.
+ */
+const survivor = (first: LiveGroup, state: PeerState, model: Partial<RecoverableModel> & Pick<RecoverableModel, "loopPosition">, log: (line: string) => void = () => {}) => {
+  const closing = { comm: { close: () => Promise.resolve() }, reducer: {} }
+  const adopted: Array<{ redoingStep?: boolean }> = []
+  const counts = { parked: 0 }
+  const session = new GroupSession(first, {
+    build: () => Promise.resolve(closing as unknown as Pick<LiveGroup, "comm" | "reducer">),
+    close: () => Promise.resolve(),
+    parked: () => void counts.parked++,
+    fetchState: () => Promise.resolve(state),
+    log
+  })
+  session.attach({
+    snapshot: () => Promise.reject(new Error("not asked")),
+    adopt: (_s, o) => {
+      adopted.push(o ?? {})
+      return Promise.resolve()
+    },
+    regrouped: () => {},
+    ...model
+  })
+  return { session, adopted, counts }
+}
+
 describe("a survivor behind the furthest one at a regroup", () => {
   it("takes its state at the operation the other finished, and makes the report that one made already without a parity check", async () => {
     // Rank 1 was in the epoch's metric sum when the bus went down; rank 0 had finished it, made
@@ -124,31 +152,19 @@ describe("a survivor behind the furthest one at a regroup", () => {
     const first = { placement: { attempt: 1, rank: 1, worldSize: 2 }, ...closing } as unknown as LiveGroup
     const next = { attempt: 2, rank: 1, worldSize: 2 } as unknown as Placement
     const source: Position = { ops: 41, reports: 3, stepsSinceReport: 0, inFit: true, epoch: 3, stepInEpoch: 0, stepsPerEpoch: 23 }
-    let parked = 0
-    const adopted: Array<{ redoingStep?: boolean }> = []
-    const session = new GroupSession(first, {
-      build: () => Promise.resolve(closing as unknown as Pick<LiveGroup, "comm" | "reducer">),
-      close: () => Promise.resolve(),
-      parked: () => void parked++,
-      fetchState: () => Promise.resolve({ files: {}, step: 40, position: source } as unknown as PeerState),
-      log: (line) => void logged.push(line)
-    })
-    session.attach({
-      snapshot: () => Promise.reject(new Error("not asked")),
-      adopt: (_s, o) => {
-        adopted.push(o ?? {})
-        return Promise.resolve()
-      },
-      regrouped: () => {},
-      loopPosition: () => ({ inFit: true, epoch: 2, stepInEpoch: 23, stepsPerEpoch: 23 })
-    })
+    const { session, adopted, counts } = survivor(
+      first,
+      { files: {}, step: 40, position: source } as unknown as PeerState,
+      { loopPosition: () => ({ inFit: true, epoch: 2, stepInEpoch: 23, stepsPerEpoch: 23 }) },
+      (line) => void logged.push(line)
+    )
     session.ops = 40
     session.reported()
     session.reported()
     let sum = ""
     const op = session.operation(() => Promise.reject(new Error("the bus went down")), () => (sum = "adopted"))
     await new Promise((r) => setTimeout(r, 10))
-    expect(parked).toBe(1)
+    expect(counts.parked).toBe(1)
     expect(await session.pause(2)).toMatchObject({ state: "parked", position: { ops: 40, reports: 2, epoch: 2 } })
     session.resume(next, source)
     await op
@@ -160,6 +176,46 @@ describe("a survivor behind the furthest one at a regroup", () => {
     session.reported()
     expect(session.reportMadeAlready(session.reports)).toBe(false)
     expect(logged.join("\n")).toMatch(/made report 2 already/)
+  })
+
+  it("a step's last operation (ZeRO's all-gather after the update): a pause waits for the next operation; a group broken under it counts the step as done and hands over the shards", async () => {
+    const closing = { comm: { close: () => Promise.resolve() }, reducer: {} }
+    const first = { placement: { attempt: 1, rank: 0, worldSize: 3 }, ...closing } as unknown as LiveGroup
+    const shards = { "optimizer.shard-0-of-3.msgpack": new Uint8Array([1]) }
+    const { session, adopted, counts } = survivor(first, { files: {}, step: 8, position: at(0, 0) } as unknown as PeerState, {
+      loopPosition: () => ({ inFit: true, epoch: 1, stepInEpoch: 4, stepsPerEpoch: 10 }),
+      peerFiles: () => shards
+    })
+    session.ops = 20
+    session.reported()
+    for (let i = 0; i < 4; i++) session.countStep()
+    // A grow's pause asked before the last operation: it runs (the group is whole), the next one parks.
+    const paused = session.pause(2)
+    let ran = 0
+    expect(
+      await session.operation(
+        () => Promise.resolve(++ran),
+        () => -1,
+        undefined,
+        true
+      )
+    ).toBe(1)
+    expect(counts.parked).toBe(0)
+    const next = session.operation(() => Promise.resolve("next"), () => "adopted")
+    expect(await paused).toMatchObject({ state: "parked", position: { ops: 21, stepsSinceReport: 4, stepInEpoch: 4 }, shards })
+    session.resume({ attempt: 2, rank: 0, worldSize: 3 } as unknown as Placement, { ...at(1, 4, true), ops: 21 })
+    expect(await next).toBe("next")
+
+    // The group breaks in the last operation: parked as after the step (one more operation, step and step in the epoch).
+    const last = session.operation(() => Promise.reject(new Error("a peer died")), () => false, () => true, true)
+    await new Promise((r) => setTimeout(r, 10))
+    expect(counts.parked).toBe(1)
+    expect(await session.pause(3)).toMatchObject({ state: "parked", position: { ops: 23, stepsSinceReport: 5, stepInEpoch: 5 }, shards })
+    session.resume({ attempt: 3, rank: 0, worldSize: 2 } as unknown as Placement, { ...at(1, 5, true), ops: 23 })
+    // Completed by the regroup: adopted, not redone, and the step counted once.
+    expect(await last).toBe(false)
+    expect(adopted.at(-1)).toEqual({ redoingStep: false })
+    expect(session.ops).toBe(23)
   })
 
   it("parks again when the new group breaks while it forms (a member dies during its handshake or probe), and joins the regroup after it", async () => {

@@ -1,15 +1,19 @@
 // ZeRO through the Trainer: real embedded nats-server, real worker processes, the digits example
-// unchanged (rank 0 checkpoints, every rank's optimizer shard rides on its report). A worker
-// killed mid-epoch restarts the group from the checkpoint (no survivor holds the lost shard), and
-// a run resumed with another number of workers re-shards the saved optimizer state.
+// unchanged (rank 0 checkpoints, every rank's optimizer shard rides on its report). At stage 2 a
+// worker killed mid-epoch restarts the group from the checkpoint (no survivor holds the lost
+// shard), and a run resumed with another number of workers re-shards the saved optimizer state. At
+// stage 1 the survivors regroup from their shards and the replicas of their predecessors'.
 import { describe, expect, it } from "vitest"
 import * as fs from "node:fs/promises"
+import * as os from "node:os"
 import * as path from "node:path"
 import { Trainer, type Result } from "../index.ts"
 import { ConfigError } from "../core/errors.ts"
-import { digitsTrainerRuns, sameWeights } from "./support/trainer-runs.ts"
+import { digitsTrainerRuns, readEvents, sameWeights } from "./support/trainer-runs.ts"
 
 const runs = digitsTrainerRuns("gw-zero-trainer-")
+// The digits example's loop; with `holdFile` a short group's steps are slowed until it is whole again.
+const CHAOS = path.resolve("test/support/chaos-loop.ts") + "#trainLoop"
 
 const fit = (name: string, workers: number, loopConfig: Record<string, unknown>, extra: { runConfig?: object; collectiveConfig?: object } = {}): Promise<Result> =>
   runs.fit(name, loopConfig, { zeroStage: 2, ...extra.collectiveConfig }, { workers, ...(extra.runConfig ? { runConfig: extra.runConfig } : {}) })
@@ -33,6 +37,36 @@ describe("ZeRO in the Trainer", () => {
     const acc = second.metrics!.val_accuracy as number
     expect(acc).toBeGreaterThan(0.9)
     expect(second.metrics!.loss as number).toBeLessThan(first.metrics!.loss as number)
+  })
+
+  it("stage 1 regroups from the survivors: the lost rank's optimizer shard comes from its successor's replica, the replacement re-shards it as it joins, and the checkpoints it then writes resume", async () => {
+    // A short group's steps are slowed while the hold file says 3 (hold.ts), so that the
+    // replacement joins before the run ends.
+    const pidDir = await fs.mkdtemp(path.join(os.tmpdir(), "gw-zero1-"))
+    const holdFile = path.join(pidDir, "hold")
+    await fs.writeFile(holdFile, "3")
+    const first = await new Trainer({
+      trainLoopPerWorker: CHAOS,
+      trainLoopConfig: { epochs: 4, fail: { how: "kill", rank: 1, epoch: 2, step: 3 }, pidDir, holdFile },
+      scalingConfig: { numWorkers: 3 },
+      collectiveConfig: { zeroStage: 1 },
+      runConfig: { name: "zero1", storagePath: runs.storage, progress: false, failureConfig: { maxFailures: 1 } },
+      datasets: { train: runs.train, test: runs.test }
+    }).fit()
+    await fs.rm(pidDir, { recursive: true, force: true })
+    expect(first.restarts).toBe(1)
+    expect(first.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3])
+    expect(sameWeights(first)).toBe(true)
+    const events = await readEvents(first.path)
+    expect(events.find((e) => e.type === "restart")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 0 })
+    expect(events.find((e) => e.type === "grow")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 1 })
+    expect(first.resizes.map((z) => [z.from, z.to])).toEqual([[3, 2], [2, 3]])
+    expect(await shardsIn(first.checkpoint!.path)).toEqual([0, 1, 2].map((r) => `optimizer.shard-${r}-of-3.msgpack`))
+
+    const second = await fit("zero1", 2, { epochs: 6 }, { collectiveConfig: { zeroStage: 1 } })
+    expect(second.metricsHistory.map((m) => m.epoch)).toEqual([4, 5])
+    expect(sameWeights(second)).toBe(true)
+    expect(second.metrics!.val_accuracy as number).toBeGreaterThan(0.9)
   })
 
   it("trains with heterogeneity-aware batches (unequal per-rank batches, weighted gradients) at stage 2", async () => {

@@ -77,7 +77,10 @@ const makeGroup = async (
         gradientBuffer: (n) => reducer.gradientBuffer(n),
         zeroStage: stage,
         reduceScatter: (buf, weight) => comm.reduceScatter(buf, { op: "weightedMean", weight }),
-        allGatherInto: async (segment, out) => void (await comm.allGather(segment, { out }))
+        allGatherInto: async (segment, out) => {
+          await comm.allGather(segment, { out })
+          return true
+        }
       }
       const model = buildModel(tf, "mlp", rank + 1)
       model.compile({ optimizer: optimizer(tf), loss: "categoricalCrossentropy" })

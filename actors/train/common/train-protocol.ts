@@ -256,6 +256,8 @@ export const WorkerArgs = Schema.Struct({
     adaptiveBatching: Schema.optionalKey(Schema.Boolean),
     /** collectiveConfig.zeroStage (absent: 0). */
     zeroStage: Schema.optionalKey(Schema.Literals([0, 1, 2])),
+    /** Stage 1 recovering from peers: each rank keeps a replica of its predecessor's optimizer shard. */
+    zeroReplica: Schema.optionalKey(Schema.Boolean),
     /** collectiveConfig.strategy: a registered strategy's name (strategies/registry.ts, checked by the driver). */
     strategy: Schema.optionalKey(TrainingStrategySchema),
     /** strategy "local-sgd": the outer loop (optim/outer-optimizer.ts LocalSgdSettings); its codec is `compression`. */
@@ -413,7 +415,9 @@ export const WorkerProtocol = defineProtocol("trainer-worker", {
       position: Position,
       reason: Schema.String,
       /** What this rank's last group measured of its links, if anything. */
-      measured: Schema.optionalKey(LinkMeasurements)
+      measured: Schema.optionalKey(LinkMeasurements),
+      /** ZeRO stage 1: this survivor's optimizer shard and its replica of its predecessor's (merged by the regroup). */
+      shards: Schema.optionalKey(Schema.Record(Schema.String, Bytes))
     })
   },
   /** This rank's state, for the other members of the regrouped generation (asked of one survivor). */

@@ -186,7 +186,7 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
   const name = run.name ?? `gradwire_${new Date().toISOString().replace(/[-:]/g, "").replace(/\..*$/, "").replace("T", "_")}`
   const storage = path.resolve(run.storagePath ?? defaultStoragePath())
   if (options.seed !== undefined && !Number.isInteger(options.seed)) throw new ConfigError({ field: "seed", reason: `an integer, got ${String(options.seed)}` })
-  // With ZeRO no survivor holds a lost rank's optimizer shard: failures restart from the checkpoint.
+  // With ZeRO stage 2 no survivor holds a lost rank's optimizer shard: failures restart from the checkpoint.
   // A file dataset's epoch is planned again at a regroup from what each rank trained (fit-loop.ts).
   const recoverFrom = run.failureConfig?.recoverFrom ?? (peersCannot ? "checkpoint" : "peers")
   if ((run.failureConfig?.spares ?? 0) > 0 && recoverFrom === "checkpoint") {
@@ -209,6 +209,8 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
       compression: local ? local.compression : compression,
       adaptiveBatching: coll.adaptiveBatching ?? false,
       zeroStage,
+      // Stage 1 recovering from peers keeps a replica of each rank's optimizer shard on the next rank.
+      ...(zeroStage === 1 && recoverFrom === "peers" ? { zeroReplica: true } : {}),
       strategy,
       backupWorkers,
       ...(local ? { localSgd: local.settings } : {}),

@@ -17,6 +17,7 @@ import type { Incident } from "../common/observe/report-html.ts"
 import type { ProgressPrinter } from "../common/observe/progress.ts"
 import { firstLine } from "../../../core/errors.ts"
 import { isFileDatasetSpec } from "../../../core/data/file-spec.ts"
+import { mergePeerShards } from "../common/optim/zero.ts"
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
 
@@ -137,6 +138,10 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
     return giveUp(why)
   }
   for (const r of replies) if (!survivors.includes(r)) await x.group.killOne(r.w, "left out of the regrouped generation")
+  // ZeRO stage 1: every survivor's optimizer shard and its replica of its predecessor's make the
+  // whole optimizer state again, unless neighbouring ranks were lost together.
+  const zeroShards = survivors.some((r) => r.reply!.shards !== undefined) ? mergePeerShards(survivors.map((r) => r.reply!.shards)) : undefined
+  if (zeroShards && "reason" in zeroShards) return giveUp(zeroShards.reason)
   // The failed rank may still run (hung, or its loop threw): it is not part of the new group.
   const failed = x.failure ? x.group.members.get(x.failure.rank) : undefined
   if (failed) {
@@ -196,8 +201,9 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   const belowSize = worldSize < x.target && !pos.inFit
   const placementOf = (rank: number) => ({ attempt, rank, worldSize, ...layout[rank]!, nodes, group: `g${attempt}`, ...reuse, survivorRanks, ...(belowSize ? { belowSize } : {}) })
   // 4. The furthest survivor's state, which every member loads.
-  const state = await x.system.askPromise(source.w.ref(WorkerProtocol), "snapshot", null, { timeoutMs: 60_000 }).catch(() => undefined)
-  if (!state) return giveUp(`rank ${source.rank} could not hand over its state`)
+  const snapshot = await x.system.askPromise(source.w.ref(WorkerProtocol), "snapshot", null, { timeoutMs: 60_000 }).catch(() => undefined)
+  if (!snapshot) return giveUp(`rank ${source.rank} could not hand over its state`)
+  const state = zeroShards ? { ...snapshot, files: { ...snapshot.files, ...zeroShards.files } } : snapshot
   x.peerStates.set(attempt, state)
   // 5. The regrouped generation: survivors keep their processes under new ranks, joiners start.
   // Rounds only the lost ranks had yet to report complete as it forms, and may leave a checkpoint:

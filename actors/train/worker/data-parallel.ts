@@ -281,8 +281,14 @@ export class DataParallelModel implements RecoverableModel {
       [OPTIMIZER_FILE]: await optimizerToFile(this.optimizer),
       ...own
     }
-    // Steps completed: a step in flight (this rank is parked in its reduction) does not count yet.
-    return { files, step: this.#step - (this.#inStep ? 1 : 0) }
+    // Steps completed: a step in flight (this rank is parked in its reduction) does not count yet,
+    // unless this rank has updated its state for it (ZeRO, parked in the step's last operation).
+    return { files, step: this.#step - (this.#inStep && !this.#worker.stepApplied ? 1 : 0) }
+  }
+
+  /** What a regroup merges from every survivor besides the snapshot (ZeRO stage 1's shard and replica). */
+  peerFiles(): Record<string, Uint8Array> | undefined {
+    return this.#worker.peerFiles?.()
   }
 
   /** Takes a survivor's state: the same weights, optimizer state and step counter as it. */
@@ -291,6 +297,7 @@ export class DataParallelModel implements RecoverableModel {
     const after = await this.#worker.beforeAdopt?.(state.files)
     loadWeightsInto(this.#tf as unknown as Tf, this.model, state.files)
     after?.()
+    await this.#worker.adopted?.(state.files)
     const opt = state.files[OPTIMIZER_FILE]
     if (opt) {
       // tfjs optimizers make new variables for what they load: the ones they held go.

@@ -21,6 +21,9 @@ type LayersModel = import("@tensorflow/tfjs").LayersModel
 type Tensor = import("@tensorflow/tfjs").Tensor
 
 /** Step index of a cursor's position in an epoch cut into `steps` steps (= steps at the metric sum). */
+/** Group operations of one training step: ZeRO's reduction and all-gather, or one reduction. */
+const opsPerStep = (sync: { readonly zeroStage?: number }): number => ((sync.zeroStage ?? 0) > 0 ? 2 : 1)
+
 const stepAt = (c: RecoveryCursor, steps: number): number =>
   c.stepInEpoch >= c.stepsPerEpoch ? steps : Math.min(steps, Math.round((c.stepInEpoch / Math.max(1, c.stepsPerEpoch)) * steps))
 
@@ -236,7 +239,9 @@ export class FitLoop {
           } else if (c) {
             ;({ steps, rowsOf } = this.#epochRows(source, opts, epoch))
             this.stepsPerEpoch = steps
-            if (c.inFit && c.epoch === epoch) i = Math.min(steps, stepAt(c, steps) + (recovery!.ops - c.ops))
+            // Steps this rank made in the new group since the furthest survivor's position (ZeRO
+            // makes two group operations a step: the reduction and the all-gather).
+            if (c.inFit && c.epoch === epoch) i = Math.min(steps, stepAt(c, steps) + Math.round((recovery!.ops - c.ops) / opsPerStep(this.#host.sync)))
           }
           if (pending && index >= pending.stepInEpoch && isStreamingSource(source)) {
             ;({ steps, rowsOf } = this.#replanStream(source, opts, pending, epoch))

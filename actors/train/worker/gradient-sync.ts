@@ -49,13 +49,18 @@ export interface GradientSync {
   readonly recovery?: PeerRecovery
   /** collectiveConfig.zeroStage: 1 and 2 shard the optimizer state (optim/zero.ts). Default 0. */
   readonly zeroStage?: ZeroStage
+  /** Stage 1: each rank keeps a replica of its predecessor's shard, so a regroup recovers a lost one (failures recover from peers). */
+  readonly zeroReplica?: boolean
   /**
    * Stage 2: reduces `buf` (a multiple of worldSize long) to the weighted mean over ranks and
    * returns this rank's segment of it (segment r of p equal ones), a view of `buf`.
    */
   reduceScatter?(buf: Float32Array, weight: number): Promise<Float32Array>
-  /** Every rank's `segment` (equal lengths) into `out`, in rank order. */
-  allGatherInto?(segment: Float32Array, out: Float32Array): Promise<void>
+  /**
+   * Every rank's `segment` (equal lengths) into `out`, in rank order; true when gathered, false when
+   * the group broke under it and was re-formed, with the state adopted from the survivors (nothing gathered).
+   */
+  allGatherInto?(segment: Float32Array, out: Float32Array): Promise<boolean>
   /** collectiveConfig.strategy "parameter-server" (or "auto"): the servers (ps-client.ts). */
   readonly ps?: ParameterServers
   /**

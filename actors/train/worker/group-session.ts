@@ -56,6 +56,8 @@ export interface RecoverableModel {
   loopPosition(): LoopPosition
   /** Whether the loop has called dp.fit() (its grows park at a step, not at a report). */
   fitUsed?(): boolean
+  /** What the regroup merges from every survivor (ZeRO stage 1's shard and replica), in the pause reply. */
+  peerFiles?(): Record<string, Uint8Array> | undefined
 }
 
 export interface LiveGroup {
@@ -98,7 +100,13 @@ const within = async <A>(p: Promise<A>, ms: number): Promise<A | "timeout"> => {
   }
 }
 
-export type PauseReply = { readonly state: "parked" | "unsupported"; readonly position: Position; readonly reason: string }
+export type PauseReply = {
+  readonly state: "parked" | "unsupported"
+  readonly position: Position
+  readonly reason: string
+  /** ZeRO stage 1: this survivor's shard and replica (RecoverableModel.peerFiles). */
+  readonly shards?: Record<string, Uint8Array>
+}
 
 type Pausing = { readonly attempt: number; readonly reply: (r: PauseReply) => void }
 
@@ -108,6 +116,8 @@ export class GroupSession {
   #model: RecoverableModel | undefined
   /** Group operations of the model completed in this lineage (since the loop's start). */
   ops = 0
+  /** In a step's last operation (operation()'s `last`). */
+  #inLast = false
   /** report() calls made in this lineage (a joiner counts from its checkpoint's). */
   reports = 0
   /** Training steps completed since the last report() call (a joiner's skipped ones count). */
@@ -232,9 +242,10 @@ export class GroupSession {
     })
   }
 
-  /** Where the loop is, with this rank's counts. */
+  /** Where the loop is, with this rank's counts; in a step's last operation, as after that step (operation()'s `last`). */
   position(): Position {
     const p = this.#model?.loopPosition() ?? { inFit: false, epoch: 0, stepInEpoch: 0, stepsPerEpoch: 0 }
+    if (this.#inLast) return { ops: this.ops + 1, reports: this.reports, stepsSinceReport: this.stepsSinceReport + 1, ...p, stepInEpoch: p.stepInEpoch + 1 }
     return { ops: this.ops, reports: this.reports, stepsSinceReport: this.stepsSinceReport, ...p }
   }
 
@@ -276,23 +287,30 @@ export class GroupSession {
    * this rank), parks until the controller regroups, then returns `adopted()` (the state taken from
    * the furthest survivor already contains this operation), or `again()` when given (the caller
    * redoes it: an in-place reduction leaves partial sums behind), or runs it again in the new group.
+   * `last`: the step's last operation, after this rank's update of the step (ZeRO stage 1's
+   * all-gather of the updated shards): a pause waits for the next operation, and a group that
+   * breaks under it counts the step as done (position() says so), the regroup completing it from
+   * the survivors' updated shards: it returns `adopted()`.
    */
-  async operation<T>(run: (group: LiveGroup) => Promise<T>, adopted: () => T, again?: () => T): Promise<T> {
+  async operation<T>(run: (group: LiveGroup) => Promise<T>, adopted: () => T, again?: () => T, last = false): Promise<T> {
     if (this.#join) {
       throw new PeerRecoveryMisaligned({ reason: "a group operation other than a training step before this joining rank reached the survivors" })
     }
     for (;;) {
-      if (this.#pausing) await this.#park(undefined)
+      if (this.#pausing && !last) await this.#park(undefined)
       const before = this.ops
       try {
+        this.#inLast = last
         const r = await run(this.#group)
         this.ops++
         return r
       } catch (e) {
         if (this.#model === undefined || this.#ended !== undefined) throw e
         await this.#park(e)
-        if (this.ops > before) return adopted()
+        if (this.ops > before || last) return adopted()
         if (again) return again()
+      } finally {
+        this.#inLast = false
       }
     }
   }
@@ -311,7 +329,7 @@ export class GroupSession {
       }
       // Asked again (the first request or its reply was lost while the bus came back).
       if (this.#parked) {
-        resolve({ state: "parked", position: this.position(), reason: "" })
+        resolve(this.#parkedReply())
         return
       }
       const chain = (first: Pausing): Pausing => ({
@@ -399,6 +417,12 @@ export class GroupSession {
     this.#atReport = undefined
   }
 
+  /** A parked rank's answer: where it is, and what the regroup merges of its state. */
+  #parkedReply(): PauseReply {
+    const shards = this.#model?.peerFiles?.()
+    return { state: "parked", position: this.position(), reason: "", ...(shards ? { shards } : {}) }
+  }
+
   async #park(cause: unknown): Promise<void> {
     // A grow waiting for a report boundary: this park answers it.
     this.#takeAtReport()
@@ -428,7 +452,7 @@ export class GroupSession {
     if (!this.#pausing) this.#hooks.parked(cause)
     const pause = this.#pausing ?? (await within(this.#pauseRequest.promise, PARK_TIMEOUT_MS))
     if (pause === "timeout") throw cause
-    pause.reply({ state: "parked", position: this.position(), reason: "" })
+    pause.reply(this.#parkedReply())
     this.#parked = true
     const resumed = await within(this.#resumeRequest.promise, PARK_TIMEOUT_MS)
     this.#parked = false

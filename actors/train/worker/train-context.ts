@@ -99,6 +99,8 @@ export interface TrainContextDeps {
   readonly adaptiveBatching?: boolean
   /** collectiveConfig.zeroStage. */
   readonly zeroStage?: 0 | 1 | 2
+  /** ZeRO stage 1 recovering from peers: each rank keeps its predecessor's shard too. */
+  readonly zeroReplica?: boolean
   /** collectiveConfig.strategy (GradientSync.strategy). */
   readonly strategy?: string
   /** collectiveConfig.wireDtype "float16": ZeRO stage 2's reduce-scatter sends binary16. */
@@ -414,16 +416,24 @@ export class TrainContext {
             return out
           }
         ),
-      // ZeRO (optim/zero.ts): with it the group restarts from the checkpoint after a failure, so
-      // these never see a regroup; they run through the session all the same.
+      // ZeRO (optim/zero.ts): stage 1 recovering from peers regroups from the survivors' shards
+      // and replicas; stage 2 restarts from the checkpoint after a failure.
       zeroStage: d.zeroStage ?? 0,
+      ...(d.zeroReplica ? { zeroReplica: true } : {}),
       reduceScatter: (buf, weight) =>
         session.operation((g) => g.comm.reduceScatter(buf, { op: "weightedMean", weight, wire: d.halfWire ? "f16" : "f32" }), () => buf, () => buf),
+      // The step's last operation: a regroup under it re-shards from the survivors' updated shards
+      // and loads their parameters, which completes the step (a redo would gather segments of the
+      // old layout).
       allGatherInto: (segment, out) =>
         session.operation(
-          async (g) => void (await g.comm.allGather(segment, { out })),
-          () => undefined,
-          () => undefined
+          async (g) => {
+            await g.comm.allGather(segment, { out })
+            return true
+          },
+          () => false,
+          () => false,
+          true
         ),
       adaptiveBatching: d.adaptiveBatching === true,
       ...(d.elastic ? { elastic: d.elastic } : {}),
@@ -447,6 +457,7 @@ export class TrainContext {
         await this.#restorePositions(state.files[DATA_POSITION_FILE])
       },
       regrouped: () => dp.regrouped(),
+      peerFiles: () => dp.peerFiles(),
       loopPosition: () => dp.loopPosition()
     })
     this.#prepared = dp

@@ -444,6 +444,7 @@ export class WorkerRun {
       seed: args.seed,
       adaptiveBatching: args.collective.adaptiveBatching === true,
       zeroStage: args.collective.zeroStage ?? 0,
+      ...(args.collective.zeroReplica ? { zeroReplica: true } : {}),
       ...(args.collective.strategy ? { strategy: args.collective.strategy } : {}),
       ...(ps ? { ps } : {}),
       ...(ps && args.parameterServer?.auto

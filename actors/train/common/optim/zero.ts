@@ -9,6 +9,11 @@
 //            gradient: the same bytes on the wire as one all-reduce (reduce-scatter + all-gather).
 // The state is saved per shard, one checkpoint file per rank (shardFileName), and a restore at
 // another world size re-shards it: each new rank copies the ranges of the old shards it now owns.
+// Recovery from peers (stage 1): each rank also keeps a replica of its predecessor's shard (rank
+// r - 1 mod p), updated from the same all-reduced gradient with the same code, so bit for bit the
+// same as the owner's, at no cost on the wire. A regroup collects every survivor's shard and
+// replica (mergePeerShards): one lost rank, or several that are not neighbours, leave a complete
+// set, which the new group re-shards as a restore does, its parameters included.
 import { ConfigError } from "../../../../core/errors.ts"
 import { decodeMessage, encodeMessage } from "../../../../core/wire.ts"
 import { createFlatOptimizer, flatOptimizerSlots, type FlatOptimizer, type FlatOptimizerSpec, type FlatOptimizerState } from "./flat-optimizers.ts"
@@ -48,6 +53,8 @@ export interface SavedShard {
   readonly end: number
   readonly slots: Readonly<Record<string, Float32Array>>
   readonly scalars: Readonly<Record<string, number>>
+  /** The parameters of the range (a survivor's shard in a regroup; checkpoints keep them in the model's weights). */
+  readonly params?: Float32Array
 }
 
 /** Whether a checkpoint holds sharded optimizer state. */
@@ -120,18 +127,33 @@ export class ZeroShard {
   readonly params: Float32Array
   #gathered: Float32Array | undefined
   #gradients: Float32Array | undefined
+  /** Stage 1 with `replica`: the predecessor's range, its parameters and optimizer state. */
+  readonly #replica: { readonly layout: ShardLayout; readonly params: Float32Array; readonly optimizer: FlatOptimizer } | undefined
 
-  constructor(stage: 1 | 2, spec: FlatOptimizerSpec, total: number, rank: number, worldSize: number) {
+  constructor(stage: 1 | 2, spec: FlatOptimizerSpec, total: number, rank: number, worldSize: number, options: { readonly replica?: boolean } = {}) {
     this.stage = stage
     this.layout = shardLayout(total, worldSize, rank)
     this.segment = new Float32Array(this.layout.shardSize)
     this.params = this.segment.subarray(0, this.layout.end - this.layout.start)
     this.optimizer = createFlatOptimizer(spec, this.params.length)
+    if (options.replica && worldSize > 1) {
+      if (stage !== 1) throw new ConfigError({ field: "collectiveConfig.zeroStage", reason: "a replica of the predecessor's shard needs its gradient, which only stage 1 (all-reduce) gives every rank" })
+      const layout = shardLayout(total, worldSize, (rank + worldSize - 1) % worldSize)
+      const n = layout.end - layout.start
+      this.#replica = { layout, params: new Float32Array(n), optimizer: createFlatOptimizer(spec, n) }
+    }
   }
 
-  /** Takes this rank's segment of the full flat parameters (after the start-up broadcast, or a restore). */
+  /** Whether this rank keeps its predecessor's shard too. */
+  get replicated(): boolean {
+    return this.#replica !== undefined
+  }
+
+  /** Takes this rank's segment (and its replica's) of the full flat parameters (after the start-up broadcast, or a restore). */
   loadParams(flat: Float32Array): void {
     this.params.set(flat.subarray(this.layout.start, this.layout.end))
+    const r = this.#replica
+    if (r) r.params.set(flat.subarray(r.layout.start, r.layout.end))
   }
 
   /**
@@ -155,44 +177,113 @@ export class ZeroShard {
     this.optimizer.step(this.params, grad.subarray(0, this.params.length), weightDecay)
   }
 
+  /** Stage 1: the replica's update, from the whole reduced gradient, as its owner makes it. */
+  updateReplica(full: Float32Array, learningRate: number | undefined, weightDecay: number): void {
+    const r = this.#replica
+    if (!r) return
+    if (learningRate !== undefined) r.optimizer.learningRate = learningRate
+    r.optimizer.step(r.params, full.subarray(r.layout.start, r.layout.end), weightDecay)
+  }
+
   /** This rank's checkpoint file: its range and the optimizer state of it. */
   shardFile(): { readonly name: string; readonly bytes: Uint8Array } {
-    const st = this.optimizer.state()
-    const saved: SavedShard = {
+    return { name: shardFileName(this.layout.rank, this.layout.worldSize), bytes: encodeMessage(this.#saved(this.layout, this.optimizer)) }
+  }
+
+  /** A regroup's files of this survivor: its shard and its replica, each with its parameters. */
+  peerFiles(): Record<string, Uint8Array> {
+    const own = { [shardFileName(this.layout.rank, this.layout.worldSize)]: encodeMessage(this.#saved(this.layout, this.optimizer, this.params)) }
+    const r = this.#replica
+    return r ? { ...own, [shardFileName(r.layout.rank, r.layout.worldSize)]: encodeMessage(this.#saved(r.layout, r.optimizer, r.params)) } : own
+  }
+
+  #saved(layout: ShardLayout, optimizer: FlatOptimizer, params?: Float32Array): SavedShard {
+    const st = optimizer.state()
+    return {
       format: 1,
       stage: this.stage,
       kind: st.kind,
-      total: this.layout.total,
-      worldSize: this.layout.worldSize,
-      rank: this.layout.rank,
-      start: this.layout.start,
-      end: this.layout.end,
+      total: layout.total,
+      worldSize: layout.worldSize,
+      rank: layout.rank,
+      start: layout.start,
+      end: layout.end,
       slots: st.slots,
-      scalars: st.scalars
+      scalars: st.scalars,
+      ...(params ? { params } : {})
     }
-    return { name: shardFileName(this.layout.rank, this.layout.worldSize), bytes: encodeMessage(saved) }
   }
 
-  /** Loads the state of this rank's range from a checkpoint's shards (re-sharded when their world size differs). */
+  /** Loads the state of this rank's range (and its replica's) from a checkpoint's shards (re-sharded when their world size differs). */
   loadShards(files: Readonly<Record<string, Uint8Array>>): void {
+    this.#loadFrom(readShards(files, { kind: this.optimizer.spec.kind, total: this.layout.total }))
+  }
+
+  /**
+   * A regroup's merged shards (mergePeerShards): the optimizer state and the parameters of this
+   * rank's range and its replica's, re-sharded; returns the whole parameter vector they hold.
+   */
+  loadPeerShards(files: Readonly<Record<string, Uint8Array>>): Float32Array {
     const shards = readShards(files, { kind: this.optimizer.spec.kind, total: this.layout.total })
+    const missing = shards.find((s) => !s.params)
+    if (missing) throw new ConfigError({ field: "peer state", reason: `shard ${missing.rank} of ${missing.worldSize} came without its parameters` })
+    const full = gatherRange(shards.map((s) => ({ start: s.start, end: s.end, data: s.params! })), 0, this.layout.total)
+    this.#loadFrom(shards)
+    this.loadParams(full)
+    return full
+  }
+
+  #loadFrom(shards: ReadonlyArray<SavedShard>): void {
     this.optimizer.load(reshard(shards, this.layout))
+    const r = this.#replica
+    if (r) r.optimizer.load(reshard(shards, r.layout))
   }
 
   /** Loads this rank's range of a whole flat optimizer state (converted from a stage-0 checkpoint). */
   loadWhole(state: FlatOptimizerState): void {
     const whole: SavedShard = { format: 1, stage: this.stage, kind: state.kind, total: this.layout.total, worldSize: 1, rank: 0, start: 0, end: this.layout.total, slots: state.slots, scalars: state.scalars }
-    this.optimizer.load(reshard([whole], this.layout))
+    this.#loadFrom([whole])
   }
 
   /** Bytes held across steps: optimizer state, and the buffers of the segment, the gather and (stage 2) the gradients. */
   memory(): { readonly optimizerState: number; readonly parameterBuffers: number; readonly gradientBuffers: number } {
+    const r = this.#replica
     return {
-      optimizerState: this.optimizer.stateBytes(),
-      parameterBuffers: this.segment.byteLength + (this.#gathered?.byteLength ?? 0),
+      optimizerState: this.optimizer.stateBytes() + (r?.optimizer.stateBytes() ?? 0),
+      parameterBuffers: this.segment.byteLength + (this.#gathered?.byteLength ?? 0) + (r?.params.byteLength ?? 0),
       gradientBuffers: this.#gradients?.byteLength ?? 0
     }
   }
+}
+
+/**
+ * A regroup's shards: every survivor's own shard and replica (ZeroShard.peerFiles; undefined for a
+ * survivor without), checked to make one complete set of one world size at one optimizer step.
+ * Returns the set's files, or why the survivors cannot make one (the run then restarts from the
+ * checkpoint, with that reason).
+ */
+export const mergePeerShards = (
+  perSurvivor: ReadonlyArray<Readonly<Record<string, Uint8Array>> | undefined>
+): { readonly files: Record<string, Uint8Array> } | { readonly reason: string } => {
+  const byName = new Map<string, { bytes: Uint8Array; shard: SavedShard }>()
+  for (const files of perSurvivor) {
+    if (!files) return { reason: "a survivor holds no ZeRO shard to hand over" }
+    for (const [name, bytes] of Object.entries(files)) {
+      if (!SHARD_FILE.test(name) || byName.has(name)) continue
+      byName.set(name, { bytes, shard: decodeMessage(bytes) as SavedShard })
+    }
+  }
+  const all = [...byName.values()]
+  const sizes = new Set(all.map((s) => s.shard.worldSize))
+  if (sizes.size !== 1) return { reason: `the survivors' ZeRO shards come from ${sizes.size === 0 ? "no" : "different"} world sizes` }
+  const p = [...sizes][0]!
+  const lost = Array.from({ length: p }, (_, r) => r).filter((r) => !byName.has(shardFileName(r, p)))
+  if (lost.length) {
+    return { reason: `the optimizer shard of rank(s) ${lost.join(", ")} of ${p} was lost with ${lost.length > 1 ? "them and their" : "it and its"} successor's replica (neighbouring ranks failed together)` }
+  }
+  const steps = new Set(all.map((s) => s.shard.scalars.step))
+  if (steps.size !== 1) return { reason: `the survivors' ZeRO shards are at different optimizer steps (${[...steps].join(", ")}): the group broke in the middle of one` }
+  return { files: Object.fromEntries(all.map((s, i) => [[...byName.keys()][i]!, s.bytes])) }
 }
 
 export { flatOptimizerSlots }

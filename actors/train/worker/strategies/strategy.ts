@@ -157,6 +157,12 @@ export interface StrategyWorker {
   restore?(files: Readonly<Record<string, Uint8Array>>): Promise<boolean>
   /** Files a survivor's snapshot adds (throws PeerRecoveryMisaligned where no survivor holds the whole state). */
   snapshotFiles?(inStep: boolean): Record<string, Uint8Array>
+  /** This rank's update of the step in flight is made (ZeRO stage 1, in its all-gather): a regroup completes that step. */
+  readonly stepApplied?: boolean
+  /** A regroup's state of this survivor besides its snapshot (ZeRO stage 1: its shard and replica), merged with every other survivor's. */
+  peerFiles?(): Record<string, Uint8Array>
+  /** After a survivor's files (with the merged peerFiles) are loaded: the strategy's own state of them (ZeRO re-shards). */
+  adopted?(files: Readonly<Record<string, Uint8Array>>): Promise<void>
   /** Before a survivor's files are loaded: returns what to do after (local SGD keeps its own parameters). */
   beforeAdopt?(files: Readonly<Record<string, Uint8Array>>): Promise<(() => void) | undefined>
   /** Metrics for report(). */

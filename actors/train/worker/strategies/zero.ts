@@ -3,6 +3,9 @@
 // the whole gradient and updates its segment; stage 2 reduce-scatters, so each rank receives only
 // its segment's reduced gradient. The updated segments are all-gathered into every rank's model.
 // Checkpoints carry each rank's shard in its reports; a restore re-shards for another world size.
+// Stage 1 with recovery from peers (collective zeroReplica) keeps each rank's predecessor's shard
+// too: a regroup takes every survivor's shard and replica (peerFiles, in its pause reply), and
+// every member of the new group loads its range of them with the parameters they hold (adopted).
 import { ConfigError } from "../../../../core/errors.ts"
 import { OPTIMIZER_FILE, readOptimizerFile } from "../../../../core/model-io.ts"
 import { PeerRecoveryMisaligned } from "../group-session.ts"
@@ -16,7 +19,9 @@ export class ZeroWorker implements StrategyWorker {
   readonly viaServers = false
   readonly replicated = true
   readonly #host: StrategyHost
-  readonly #zero: ZeroShard
+  #zero: ZeroShard
+  /** Between this rank's update of a step and the end of its all-gather. */
+  stepApplied = false
 
   constructor(host: StrategyHost) {
     const { sync } = host
@@ -25,7 +30,14 @@ export class ZeroWorker implements StrategyWorker {
       throw new ConfigError({ field: "collectiveConfig.zeroStage", reason: `stage ${stage} needs the group's reduce-scatter and all-gather, which this group does not offer` })
     }
     this.#host = host
-    this.#zero = new ZeroShard(stage, flatOptimizerSpecOf(host.optimizer as unknown as Parameters<typeof flatOptimizerSpecOf>[0]), host.parameterCount, sync.rank, sync.worldSize)
+    this.#zero = this.#shard()
+  }
+
+  /** This rank's shard for its group as it is now (a regroup makes a new one). */
+  #shard(): ZeroShard {
+    const { sync } = this.#host
+    const spec = flatOptimizerSpecOf(this.#host.optimizer as unknown as Parameters<typeof flatOptimizerSpecOf>[0])
+    return new ZeroShard(sync.zeroStage as 1 | 2, spec, this.#host.parameterCount, sync.rank, sync.worldSize, { replica: sync.zeroReplica === true })
   }
 
   get zeroStage(): ZeroStage {
@@ -52,18 +64,30 @@ export class ZeroWorker implements StrategyWorker {
       const segment = await this.#host.sync.reduceScatter!(flat, x.samples)
       return { apply: () => this.#applyShard(segment) }
     }
-    // Stage 1: the whole gradient is all-reduced (with any compression); this rank updates its segment.
+    // Stage 1: the whole gradient is all-reduced (with any compression); this rank updates its
+    // segment and its replica of the predecessor's (the shard of the group it applies in: a regroup
+    // during the reduction re-shards).
     const r = await reduceWithRecompute(this.#host, flat, x)
-    return { adopted: r.adopted, ...(r.sentAt !== undefined ? { sentAt: r.sentAt } : {}), apply: () => this.#applyShard(r.flat.subarray(zero.layout.start, zero.layout.end)) }
+    return { adopted: r.adopted, ...(r.sentAt !== undefined ? { sentAt: r.sentAt } : {}), apply: () => this.#applyShard(r.flat.subarray(this.#zero.layout.start, this.#zero.layout.end), r.flat) }
   }
 
-  /** This rank's segment from its reduced gradient, then every segment all-gathered into the model. */
-  async #applyShard(grad: Float32Array): Promise<void> {
+  /**
+   * This rank's segment from its reduced gradient (and the replica's, from the whole one), then
+   * every segment all-gathered into the model. A group that breaks in the all-gather is re-formed
+   * from the survivors' shards, whose parameters every member has loaded by then: nothing to assign.
+   */
+  async #applyShard(grad: Float32Array, full?: Float32Array): Promise<void> {
     const zero = this.#zero
-    zero.update(grad, this.#host.learningRate, this.#host.weightDecay)
+    const h = this.#host
+    zero.update(grad, h.learningRate, h.weightDecay)
+    if (full) zero.updateReplica(full, h.learningRate, h.weightDecay)
     const gathered = zero.gathered
-    await this.#host.sync.allGatherInto!(zero.segment, gathered)
-    this.#host.assignFlat(gathered)
+    this.stepApplied = true
+    try {
+      if (await h.sync.allGatherInto!(zero.segment, gathered)) h.assignFlat(gathered)
+    } finally {
+      this.stepApplied = false
+    }
   }
 
   /** The optimizer's state is in every rank's shard file (shardFiles), not in the model's checkpoint files. */
@@ -91,8 +115,26 @@ export class ZeroWorker implements StrategyWorker {
     return true
   }
 
+  /** A survivor's snapshot: nothing of ZeRO's own (the regroup merges every survivor's peerFiles). */
   snapshotFiles(): Record<string, Uint8Array> {
-    throw new PeerRecoveryMisaligned({ reason: "with ZeRO each rank holds only its shard of the optimizer state, so no survivor holds the whole of it" })
+    if (!this.#zero.replicated && this.#host.sync.worldSize > 1) {
+      throw new PeerRecoveryMisaligned({ reason: `with zeroStage ${this.#zero.stage} each rank holds only its shard of the optimizer state, so no survivor holds the whole of it` })
+    }
+    return {}
+  }
+
+  /** This rank's shard and its replica of its predecessor's, with their parameters, for a regroup. */
+  peerFiles(): Record<string, Uint8Array> {
+    return this.#zero.peerFiles()
+  }
+
+  /** After a regroup: this rank's range of the merged shards in the new group, and the parameters they hold. */
+  async adopted(files: Readonly<Record<string, Uint8Array>>): Promise<void> {
+    if (!hasShards(files)) return
+    const zero = this.#shard()
+    const full = zero.loadPeerShards(files)
+    this.#zero = zero
+    this.#host.assignFlat(full)
   }
 
   memoryStats(): { optimizerState: number; reducedGradient: number; gradientBuffers: number; parameterBuffers: number } {

@@ -1,0 +1,87 @@
+// ZeRO stage 1's replicas (optim/zero.ts): each rank keeps its predecessor's shard, updated from
+// the same all-reduced gradient; a regroup merges the survivors' shards and replicas into one
+// complete set and re-shards it for the new group. Pure logic, no group: p ranks' shards stepped
+// on the same gradients as one unsharded optimizer must hand over, after a rank is lost, exactly
+// (bit for bit) that optimizer's state and parameters; what cannot make a complete set says why.
+import { describe, expect, it } from "vitest"
+import { ZeroShard, mergePeerShards } from "../actors/train/common/optim/zero.ts"
+import { seededRng } from "../core/random.ts"
+import { ConfigError } from "../core/errors.ts"
+
+const N = 1000
+const ADAM = { kind: "adam" as const, learningRate: 0.01, beta1: 0.9, beta2: 0.999, epsilon: 1e-7 }
+const rng = seededRng(7)
+const random = (n: number): Float32Array => Float32Array.from({ length: n }, () => rng() * 2 - 1)
+
+/** p ranks with replicas and one unsharded reference, all from the same parameters, after `steps` common steps. */
+const trained = (p: number, steps: number) => {
+  const init = random(N)
+  const ranks = Array.from({ length: p }, (_, r) => new ZeroShard(1, ADAM, N, r, p, { replica: true }))
+  const reference = new ZeroShard(1, ADAM, N, 0, 1)
+  for (const z of [...ranks, reference]) z.loadParams(init)
+  const step = (g: Float32Array, only?: ReadonlyArray<ZeroShard>): void => {
+    for (const z of only ?? [...ranks, reference]) {
+      z.update(g.subarray(z.layout.start, z.layout.end), undefined, 0.01)
+      z.updateReplica(g, undefined, 0.01)
+    }
+  }
+  for (let s = 0; s < steps; s++) step(random(N))
+  return { ranks, reference, step }
+}
+
+describe("ZeRO stage 1 replicas", () => {
+  it("hand a lost rank's shard over from its successor: the re-sharded group holds the unsharded optimizer's state and parameters bit for bit", () => {
+    const { ranks, reference } = trained(3, 5)
+    expect(ranks.every((z) => z.replicated)).toBe(true)
+    // Rank 1 is lost: rank 2 holds its replica.
+    const merged = mergePeerShards([ranks[0]!.peerFiles(), ranks[2]!.peerFiles()])
+    if (!("files" in merged)) throw new Error(merged.reason)
+    expect(Object.keys(merged.files).sort()).toEqual(["optimizer.shard-0-of-3.msgpack", "optimizer.shard-1-of-3.msgpack", "optimizer.shard-2-of-3.msgpack"])
+    const whole = reference.optimizer.state()
+    for (const rank of [0, 1]) {
+      const z = new ZeroShard(1, ADAM, N, rank, 2, { replica: true })
+      const full = z.loadPeerShards(merged.files)
+      expect(Buffer.from(full.buffer).equals(Buffer.from(reference.params.slice().buffer))).toBe(true)
+      const st = z.optimizer.state()
+      for (const slot of ["m", "v"]) {
+        const want = whole.slots[slot]!.subarray(z.layout.start, z.layout.end)
+        expect(Buffer.from(st.slots[slot]!.slice().buffer).equals(Buffer.from(want.slice().buffer)), `rank ${rank} slot ${slot}`).toBe(true)
+      }
+      expect(st.scalars.step).toBe(whole.scalars.step)
+    }
+  })
+
+  it("the re-sharded group goes on like the unsharded optimizer, its replicas included", () => {
+    const { ranks, reference, step } = trained(3, 3)
+    const merged = mergePeerShards([ranks[1]!.peerFiles(), ranks[2]!.peerFiles()])
+    if (!("files" in merged)) throw new Error(merged.reason)
+    const next = [0, 1].map((rank) => new ZeroShard(1, ADAM, N, rank, 2, { replica: true }))
+    for (const z of next) z.loadPeerShards(merged.files)
+    for (let s = 0; s < 3; s++) step(random(N), [...next, reference])
+    // Each new rank's replica is its predecessor's shard: lose new rank 0, and rank 1 hands it over.
+    const again = mergePeerShards([next[1]!.peerFiles()])
+    if (!("files" in again)) throw new Error(again.reason)
+    const solo = new ZeroShard(1, ADAM, N, 0, 1, { replica: true })
+    expect(solo.replicated).toBe(false)
+    const full = solo.loadPeerShards(again.files)
+    expect(Buffer.from(full.buffer).equals(Buffer.from(reference.params.slice().buffer))).toBe(true)
+    expect(Buffer.from(solo.optimizer.state().slots.v!.slice().buffer).equals(Buffer.from(reference.optimizer.state().slots.v!.slice().buffer))).toBe(true)
+  })
+
+  it("says why no complete set can be made: neighbours lost together, shards of different steps, a survivor without shards", () => {
+    const { ranks, step } = trained(3, 2)
+    // Ranks 1 and 2 lost: rank 0 holds its own shard and rank 2's, rank 1's went with rank 2.
+    const lost = mergePeerShards([ranks[0]!.peerFiles()])
+    expect("reason" in lost && lost.reason).toMatch(/rank\(s\) 1 of 3 was lost with it and its successor's replica/)
+    step(random(N), [ranks[0]!])
+    const uneven = mergePeerShards([ranks[0]!.peerFiles(), ranks[2]!.peerFiles()])
+    expect("reason" in uneven && uneven.reason).toMatch(/different optimizer steps \(3, 2\)/)
+    expect("reason" in mergePeerShards([ranks[1]!.peerFiles(), undefined])).toBe(true)
+  })
+
+  it("is stage 1's only: stage 2 gives no rank its predecessor's gradient", () => {
+    expect(() => new ZeroShard(2, ADAM, N, 0, 2, { replica: true })).toThrow(ConfigError)
+    // One rank has no predecessor to keep.
+    expect(new ZeroShard(1, ADAM, N, 0, 1, { replica: true }).replicated).toBe(false)
+  })
+})
