@@ -1,4 +1,4 @@
-// `npm run bench -- chaos [--every=15] [--seed=N] [--loops=fit,step] [--strategies=allreduce,zero,ps,localsgd]
+// `npm run bench -- chaos [--every=15] [--seed=N] [--loops=fit,step] [--strategies=allreduce,zero,zero2,ps,localsgd]
 //                         [--kinds=worker-kill,worker-stop,nats-kill[,agent-kill][,link-cut]] [--epochs-fit=N] [--epochs-step=N]
 //                         [--repeat=1] [--cluster=agents|veth] [--bound=3] [--spares=0] [--agent-restart-ms=1000] [--cut-ms=10000] [--out=FILE]`
 // Goodput under chaos: the same job (digits MLP, 3 workers on the embedded cluster, failureConfig
@@ -64,7 +64,8 @@ type LoopShape = keyof typeof LOOPS
 
 const STRATEGIES: Readonly<Record<string, { readonly label: string; readonly collective: CollectiveConfig }>> = {
   allreduce: { label: "all-reduce", collective: {} },
-  zero: { label: "ZeRO-2", collective: { zeroStage: 2 } },
+  zero: { label: "ZeRO-1", collective: { zeroStage: 1 } },
+  zero2: { label: "ZeRO-2", collective: { zeroStage: 2 } },
   ps: { label: "param. servers (sync, 1)", collective: { strategy: "parameter-server", parameterServer: { mode: "sync", numServers: 1 } } },
   localsgd: { label: "local SGD (H=8)", collective: { strategy: "local-sgd", localSgd: { syncEvery: 8 } } }
 }

@@ -4,7 +4,7 @@
 // join them. The controller decides whether this is tried (controller.ts: recoveryFor); FitRun
 // (fit-run.ts) carries it out through here, and restarts from the checkpoint when it returns none.
 import { Result as R } from "effect"
-import { PLACEMENT_TIMEOUT_MS } from "../../../core/defaults.ts"
+import { PLACEMENT_TIMEOUT_MS, WORKER_DEAD_AFTER_MS } from "../../../core/defaults.ts"
 import type { PlacementPlan, PlacementRequest } from "../../../scheduler/placement.ts"
 import type { ActorSystem } from "../../runtime/system.ts"
 import { WorkerProtocol, type CheckpointPayload, type PeerState, type Position } from "../common/train-protocol.ts"
@@ -124,11 +124,20 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
     [...x.group.members]
       .filter(([rank, w]) => rank !== x.failure?.rank && alive(w.node))
       .map(async ([rank, w]) => {
-        const reply = await askAgain(
-          () => x.system.askPromise(w.ref(WorkerProtocol), "pause", { attempt, ...(grow ? { atReport: true } : {}) }, { timeoutMs: REGROUP_RETRY_MS }),
-          pauseDeadline
-        )
-        firstAnswer ??= Date.now()
+        // A member that dies (or is fenced) while asked is no survivor: not waited for.
+        let gone = false
+        const down = w.down({ deadAfterMs: WORKER_DEAD_AFTER_MS }).then(() => {
+          gone = true
+          return undefined
+        })
+        const reply = await Promise.race([
+          askAgain(
+            () => x.system.askPromise(w.ref(WorkerProtocol), "pause", { attempt, ...(grow ? { atReport: true } : {}) }, { timeoutMs: REGROUP_RETRY_MS }),
+            () => (gone ? 0 : pauseDeadline())
+          ),
+          down
+        ])
+        if (reply) firstAnswer ??= Date.now()
         return { rank, w, reply }
       })
   )
