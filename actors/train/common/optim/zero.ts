@@ -13,7 +13,9 @@
 // r - 1 mod p), updated from the same all-reduced gradient with the same code, so bit for bit the
 // same as the owner's, at no cost on the wire. A regroup collects every survivor's shard and
 // replica (mergePeerShards): one lost rank, or several that are not neighbours, leave a complete
-// set, which the new group re-shards as a restore does, its parameters included.
+// set, which the new group re-shards as a restore does, its parameters included. A group that
+// broke in a step's all-gather has survivors a step apart: those behind are brought level with the
+// step's reduced gradient a survivor that made it hands over (STEP_GRADIENT_FILE).
 import { ConfigError } from "../../../../core/errors.ts"
 import { decodeMessage, encodeMessage } from "../../../../core/wire.ts"
 import { createFlatOptimizer, flatOptimizerSlots, type FlatOptimizer, type FlatOptimizerSpec, type FlatOptimizerState } from "./flat-optimizers.ts"
@@ -39,6 +41,20 @@ export const shardLayout = (total: number, worldSize: number, rank: number): Sha
 }
 
 export const shardFileName = (rank: number, worldSize: number): string => `optimizer.shard-${rank}-of-${worldSize}.msgpack`
+
+/**
+ * A regroup's file from a survivor that had updated its shards for a step the group broke in (in
+ * the step's all-gather): that step's whole reduced gradient and rate, with which the shards of
+ * survivors that had not (still in the step's all-reduce) are brought to the same step.
+ */
+export const STEP_GRADIENT_FILE = "optimizer.step-gradient.msgpack"
+interface StepGradient {
+  /** The optimizer step the gradient makes (the updated shards' step scalar). */
+  readonly step: number
+  readonly gradient: Float32Array
+  readonly learningRate: number
+  readonly weightDecay: number
+}
 const SHARD_FILE = /^optimizer\.shard-(\d+)-of-(\d+)\.msgpack$/
 
 /** One rank's saved shard: its range of the flat vector and the optimizer state of that range. */
@@ -190,11 +206,18 @@ export class ZeroShard {
     return { name: shardFileName(this.layout.rank, this.layout.worldSize), bytes: encodeMessage(this.#saved(this.layout, this.optimizer)) }
   }
 
-  /** A regroup's files of this survivor: its shard and its replica, each with its parameters. */
-  peerFiles(): Record<string, Uint8Array> {
+  /**
+   * A regroup's files of this survivor: its shard and its replica, each with its parameters, and,
+   * when it has updated them for a step in flight (`applied`: that step's whole reduced gradient
+   * and weight decay), the gradient that brings survivors still behind it to the same step.
+   */
+  peerFiles(applied?: { readonly gradient: Float32Array; readonly weightDecay: number }): Record<string, Uint8Array> {
     const own = { [shardFileName(this.layout.rank, this.layout.worldSize)]: encodeMessage(this.#saved(this.layout, this.optimizer, this.params)) }
     const r = this.#replica
-    return r ? { ...own, [shardFileName(r.layout.rank, r.layout.worldSize)]: encodeMessage(this.#saved(r.layout, r.optimizer, r.params)) } : own
+    const files = r ? { ...own, [shardFileName(r.layout.rank, r.layout.worldSize)]: encodeMessage(this.#saved(r.layout, r.optimizer, r.params)) } : own
+    if (!applied) return files
+    const g: StepGradient = { step: this.optimizer.state().scalars.step!, gradient: applied.gradient, learningRate: this.optimizer.learningRate, weightDecay: applied.weightDecay }
+    return { ...files, [STEP_GRADIENT_FILE]: encodeMessage(g) }
   }
 
   #saved(layout: ShardLayout, optimizer: FlatOptimizer, params?: Float32Array): SavedShard {
@@ -224,13 +247,26 @@ export class ZeroShard {
    * rank's range and its replica's, re-sharded; returns the whole parameter vector they hold.
    */
   loadPeerShards(files: Readonly<Record<string, Uint8Array>>): Float32Array {
-    const shards = readShards(files, { kind: this.optimizer.spec.kind, total: this.layout.total })
+    const saved = readShards(files, { kind: this.optimizer.spec.kind, total: this.layout.total })
+    const g = files[STEP_GRADIENT_FILE] ? (decodeMessage(files[STEP_GRADIENT_FILE]!) as StepGradient) : undefined
+    // Shards one step behind: the step their owners had yet to make, made here as they would have.
+    const shards = saved.map((s) => (g && s.scalars.step === g.step - 1 && s.params ? this.#stepped(s, g) : s))
     const missing = shards.find((s) => !s.params)
     if (missing) throw new ConfigError({ field: "peer state", reason: `shard ${missing.rank} of ${missing.worldSize} came without its parameters` })
     const full = gatherRange(shards.map((s) => ({ start: s.start, end: s.end, data: s.params! })), 0, this.layout.total)
     this.#loadFrom(shards)
     this.loadParams(full)
     return full
+  }
+
+  #stepped(s: SavedShard, g: StepGradient): SavedShard {
+    const opt = createFlatOptimizer(this.optimizer.spec, s.end - s.start)
+    opt.load({ kind: s.kind as FlatOptimizerState["kind"], slots: s.slots, scalars: s.scalars })
+    opt.learningRate = g.learningRate
+    const params = s.params!.slice()
+    opt.step(params, g.gradient.subarray(s.start, s.end), g.weightDecay)
+    const st = opt.state()
+    return { ...s, slots: st.slots, scalars: st.scalars, params }
   }
 
   #loadFrom(shards: ReadonlyArray<SavedShard>): void {
@@ -266,8 +302,11 @@ export const mergePeerShards = (
   perSurvivor: ReadonlyArray<Readonly<Record<string, Uint8Array>> | undefined>
 ): { readonly files: Record<string, Uint8Array> } | { readonly reason: string } => {
   const byName = new Map<string, { bytes: Uint8Array; shard: SavedShard }>()
+  let gradient: { bytes: Uint8Array; step: number } | undefined
   for (const files of perSurvivor) {
     if (!files) return { reason: "a survivor holds no ZeRO shard to hand over" }
+    const g = files[STEP_GRADIENT_FILE]
+    if (g && !gradient) gradient = { bytes: g, step: (decodeMessage(g) as StepGradient).step }
     for (const [name, bytes] of Object.entries(files)) {
       if (!SHARD_FILE.test(name) || byName.has(name)) continue
       byName.set(name, { bytes, shard: decodeMessage(bytes) as SavedShard })
@@ -281,9 +320,13 @@ export const mergePeerShards = (
   if (lost.length) {
     return { reason: `the optimizer shard of rank(s) ${lost.join(", ")} of ${p} was lost with ${lost.length > 1 ? "them and their" : "it and its"} successor's replica (neighbouring ranks failed together)` }
   }
-  const steps = new Set(all.map((s) => s.shard.scalars.step))
-  if (steps.size !== 1) return { reason: `the survivors' ZeRO shards are at different optimizer steps (${[...steps].join(", ")}): the group broke in the middle of one` }
-  return { files: Object.fromEntries(all.map((s, i) => [[...byName.keys()][i]!, s.bytes])) }
+  // A group that broke in a step's all-gather: survivors that had not finished its all-reduce are
+  // a step behind, and one that had hands over the step's gradient to bring them level.
+  const steps = [...new Set(all.map((s) => s.shard.scalars.step!))].sort((a, b) => a - b)
+  const files: Record<string, Uint8Array> = Object.fromEntries([...byName].map(([name, s]) => [name, s.bytes]))
+  if (steps.length === 1) return { files }
+  if (steps.length === 2 && steps[1] === steps[0]! + 1 && gradient?.step === steps[1]) return { files: { ...files, [STEP_GRADIENT_FILE]: gradient.bytes } }
+  return { reason: `the survivors' ZeRO shards are at different optimizer steps (${steps.join(", ")}) and none holds the gradient to bring them level` }
 }
 
 export { flatOptimizerSlots }

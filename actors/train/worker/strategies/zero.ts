@@ -22,6 +22,8 @@ export class ZeroWorker implements StrategyWorker {
   #zero: ZeroShard
   /** Between this rank's update of a step and the end of its all-gather. */
   stepApplied = false
+  /** Meanwhile (stage 1): the step's whole reduced gradient and weight decay, for survivors a step behind (peerFiles). */
+  #applied: { readonly gradient: Float32Array; readonly weightDecay: number } | undefined
 
   constructor(host: StrategyHost) {
     const { sync } = host
@@ -83,10 +85,12 @@ export class ZeroWorker implements StrategyWorker {
     if (full) zero.updateReplica(full, h.learningRate, h.weightDecay)
     const gathered = zero.gathered
     this.stepApplied = true
+    if (full) this.#applied = { gradient: full, weightDecay: h.weightDecay }
     try {
       if (await h.sync.allGatherInto!(zero.segment, gathered)) h.assignFlat(gathered)
     } finally {
       this.stepApplied = false
+      this.#applied = undefined
     }
   }
 
@@ -125,7 +129,7 @@ export class ZeroWorker implements StrategyWorker {
 
   /** This rank's shard and its replica of its predecessor's, with their parameters, for a regroup. */
   peerFiles(): Record<string, Uint8Array> {
-    return this.#zero.peerFiles()
+    return this.#zero.peerFiles(this.#applied)
   }
 
   /** After a regroup: this rank's range of the merged shards in the new group, and the parameters they hold. */
