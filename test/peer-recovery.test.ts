@@ -12,6 +12,7 @@ import * as path from "node:path"
 import { Trainer, loadDigits, trainTestSplit, type ArrayDataset, type Result } from "../index.ts"
 import { readEvents as events, sameWeights } from "./support/trainer-runs.ts"
 import { liveNatsServerPids } from "../core/nats-server.ts"
+import { makeHold } from "./support/hold.ts"
 
 // The digits example's loop; with `holdFile` a short group's steps are slowed until it is whole again (hold.ts).
 const CHAOS = path.resolve("test/support/chaos-loop.ts") + "#trainLoop"
@@ -39,9 +40,7 @@ type Progress = { attempt: number; rank: number; epoch: number; step: number }
  */
 const killedMidEpoch = async (name: string, recoverFrom: "peers" | "checkpoint", epochs = 5): Promise<{ r: Result; progress: Progress[] }> => {
   const progress: Progress[] = []
-  const pidDir = await fs.mkdtemp(path.join(storage, `${name}-`))
-  const holdFile = path.join(pidDir, "hold")
-  await fs.writeFile(holdFile, "4")
+  const { dir: pidDir, holdFile } = await makeHold(storage, `${name}-`, 4)
   const r = await new Trainer({
     trainLoopPerWorker: CHAOS,
     trainLoopConfig: { epochs, fail: { how: "kill", rank: 2, epoch: 2, step: 6 }, pidDir, holdFile },
@@ -96,9 +95,7 @@ describe("recovery from surviving peers", () => {
   it("a hand-written trainStep loop: the survivors go on short-handed from the step in flight, and a replacement started meanwhile joins them at a report() call", { timeout: 150_000 }, async () => {
     // While the group is short (2 of 3) and the hold file exists, every step is slowed: the
     // replacement (a few seconds to start) joins before the run can end.
-    const holdDir = await fs.mkdtemp(path.join(storage, "step-hold-"))
-    const holdFile = path.join(holdDir, "hold")
-    await fs.writeFile(holdFile, "3")
+    const { dir: holdDir, holdFile } = await makeHold(storage, "step-hold-", 3)
     const r = await new Trainer({
       trainLoopPerWorker: STEP_LOOP,
       trainLoopConfig: { epochs: 5, kill: { rank: 1, epoch: 1, step: 5 }, holdFile },
@@ -132,9 +129,7 @@ describe("recovery from surviving peers", () => {
     // Batches of 8 (60 steps an epoch), rank 1 killed at step 2 of the last epoch: the held steps
     // of the short group (250 ms each) leave the replacement time to be ready before the epoch
     // ends, so the grow waits for the loop's final report() call, where no step is left to join.
-    const holdDir = await fs.mkdtemp(path.join(storage, "last-hold-"))
-    const holdFile = path.join(holdDir, "hold")
-    await fs.writeFile(holdFile, "3")
+    const { dir: holdDir, holdFile } = await makeHold(storage, "last-hold-", 3)
     const r = await new Trainer({
       trainLoopPerWorker: STEP_LOOP,
       trainLoopConfig: { epochs: 2, batchSize: 8, kill: { rank: 1, epoch: 1, step: 2 }, holdFile },
@@ -156,9 +151,7 @@ describe("recovery from surviving peers", () => {
   it("with a spare worker kept ready, a hand-written loop's survivors are joined by it at once instead of by a process starting cold", { timeout: 150_000 }, async () => {
     // Rank 1 is killed once the spare (started beside the first generation) is ready; until then
     // every step is slowed (a hold for a group of 4), so that the run cannot end first.
-    const pidDir = await fs.mkdtemp(path.join(storage, "spare-"))
-    const holdFile = path.join(pidDir, "hold")
-    await fs.writeFile(holdFile, "4")
+    const { dir: pidDir, holdFile } = await makeHold(storage, "spare-", 4)
     const eventsFile = path.join(storage, "peers-spare", "events.jsonl")
     let killed = false
     const r = await new Trainer({

@@ -10,6 +10,7 @@ import * as path from "node:path"
 import { Trainer, type Result } from "../index.ts"
 import { ConfigError } from "../core/errors.ts"
 import { digitsTrainerRuns, readEvents, sameWeights } from "./support/trainer-runs.ts"
+import { makeHold } from "./support/hold.ts"
 
 const runs = digitsTrainerRuns("gw-zero-trainer-")
 // The digits example's loop; with `holdFile` a short group's steps are slowed until it is whole again.
@@ -42,9 +43,7 @@ describe("ZeRO in the Trainer", () => {
   it("stage 1 regroups from the survivors: the lost rank's optimizer shard comes from its successor's replica, the replacement re-shards it as it joins, and the checkpoints it then writes resume", async () => {
     // A short group's steps are slowed while the hold file says 3 (hold.ts), so that the
     // replacement joins before the run ends.
-    const pidDir = await fs.mkdtemp(path.join(os.tmpdir(), "gw-zero1-"))
-    const holdFile = path.join(pidDir, "hold")
-    await fs.writeFile(holdFile, "3")
+    const { dir: pidDir, holdFile } = await makeHold(os.tmpdir(), "gw-zero1-", 3)
     const first = await new Trainer({
       trainLoopPerWorker: CHAOS,
       trainLoopConfig: { epochs: 4, fail: { how: "kill", rank: 1, epoch: 2, step: 3 }, pidDir, holdFile },

@@ -4,6 +4,8 @@
 // and the run cannot end before something slow outside it (an agent starting, a standby
 // replacement loading on a loaded machine) lets the group grow back; once it has, the brake is off.
 import { existsSync, readFileSync } from "node:fs"
+import { mkdtemp, writeFile } from "node:fs/promises"
+import * as path from "node:path"
 
 /** How long each step of a short group waits while the hold is on. */
 export const HOLD_STEP_MS = 250
@@ -18,4 +20,12 @@ export const holding = (holdFile: string | undefined, worldSize: number): boolea
 /** Waits HOLD_STEP_MS when the group is held back. */
 export const holdStep = async (holdFile: string | undefined, worldSize: number): Promise<void> => {
   if (holding(holdFile, worldSize)) await new Promise((resolve) => setTimeout(resolve, HOLD_STEP_MS))
+}
+
+/** A fresh directory under `parent` (where a test's pid files go too) holding a hold file for a group of `size`. */
+export const makeHold = async (parent: string, prefix: string, size: number): Promise<{ readonly dir: string; readonly holdFile: string }> => {
+  const dir = await mkdtemp(path.join(parent, prefix))
+  const holdFile = path.join(dir, "hold")
+  await writeFile(holdFile, String(size))
+  return { dir, holdFile }
 }

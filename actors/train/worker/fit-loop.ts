@@ -20,10 +20,10 @@ type tfjs = typeof import("@tensorflow/tfjs")
 type LayersModel = import("@tensorflow/tfjs").LayersModel
 type Tensor = import("@tensorflow/tfjs").Tensor
 
-/** Step index of a cursor's position in an epoch cut into `steps` steps (= steps at the metric sum). */
 /** Group operations of one training step: ZeRO's reduction and all-gather, or one reduction. */
 const opsPerStep = (sync: { readonly zeroStage?: number }): number => ((sync.zeroStage ?? 0) > 0 ? 2 : 1)
 
+/** Step index of a cursor's position in an epoch cut into `steps` steps (= steps at the metric sum). */
 const stepAt = (c: RecoveryCursor, steps: number): number =>
   c.stepInEpoch >= c.stepsPerEpoch ? steps : Math.min(steps, Math.round((c.stepInEpoch / Math.max(1, c.stepsPerEpoch)) * steps))
 

@@ -211,11 +211,11 @@ export class ZeroShard {
    * when it has updated them for a step in flight (`applied`: that step's whole reduced gradient
    * and weight decay), the gradient that brings survivors still behind it to the same step.
    */
-  peerFiles(applied?: { readonly gradient: Float32Array; readonly weightDecay: number }): Record<string, Uint8Array> {
+  peerFiles(applied?: { readonly gradient?: Float32Array; readonly weightDecay: number }): Record<string, Uint8Array> {
     const own = { [shardFileName(this.layout.rank, this.layout.worldSize)]: encodeMessage(this.#saved(this.layout, this.optimizer, this.params)) }
     const r = this.#replica
     const files = r ? { ...own, [shardFileName(r.layout.rank, r.layout.worldSize)]: encodeMessage(this.#saved(r.layout, r.optimizer, r.params)) } : own
-    if (!applied) return files
+    if (!applied?.gradient) return files
     const g: StepGradient = { step: this.optimizer.state().scalars.step!, gradient: applied.gradient, learningRate: this.optimizer.learningRate, weightDecay: applied.weightDecay }
     return { ...files, [STEP_GRADIENT_FILE]: encodeMessage(g) }
   }

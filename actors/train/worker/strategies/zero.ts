@@ -20,10 +20,11 @@ export class ZeroWorker implements StrategyWorker {
   readonly replicated = true
   readonly #host: StrategyHost
   #zero: ZeroShard
-  /** Between this rank's update of a step and the end of its all-gather. */
-  stepApplied = false
-  /** Meanwhile (stage 1): the step's whole reduced gradient and weight decay, for survivors a step behind (peerFiles). */
-  #applied: { readonly gradient: Float32Array; readonly weightDecay: number } | undefined
+  /**
+   * Between this rank's update of a step and the end of its all-gather: at stage 1 the step's
+   * whole reduced gradient and weight decay, for survivors a step behind (peerFiles).
+   */
+  #applied: { readonly gradient?: Float32Array; readonly weightDecay: number } | undefined
 
   constructor(host: StrategyHost) {
     const { sync } = host
@@ -84,12 +85,10 @@ export class ZeroWorker implements StrategyWorker {
     zero.update(grad, h.learningRate, h.weightDecay)
     if (full) zero.updateReplica(full, h.learningRate, h.weightDecay)
     const gathered = zero.gathered
-    this.stepApplied = true
-    if (full) this.#applied = { gradient: full, weightDecay: h.weightDecay }
+    this.#applied = { ...(full ? { gradient: full } : {}), weightDecay: h.weightDecay }
     try {
       if (await h.sync.allGatherInto!(zero.segment, gathered)) h.assignFlat(gathered)
     } finally {
-      this.stepApplied = false
       this.#applied = undefined
     }
   }
@@ -125,6 +124,11 @@ export class ZeroWorker implements StrategyWorker {
       throw new PeerRecoveryMisaligned({ reason: `with zeroStage ${this.#zero.stage} each rank holds only its shard of the optimizer state, so no survivor holds the whole of it` })
     }
     return {}
+  }
+
+  /** This rank's update of the step in flight is made (in its all-gather): a regroup completes that step. */
+  get stepApplied(): boolean {
+    return this.#applied !== undefined
   }
 
   /** This rank's shard and its replica of its predecessor's, with their parameters, for a regroup. */
