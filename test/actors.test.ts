@@ -177,6 +177,46 @@ describe("lifecycle", () => {
   })
 })
 
+/** A handler that waits for a message of its own protocol: `wait` is answered once `release` came. */
+const GateProtocol = defineProtocol("gate", {
+  wait: { request: Schema.Null, reply: Schema.String },
+  release: { request: Schema.String, immediate: true },
+  queuedRelease: { request: Schema.String }
+})
+const gateActor = defineActor(GateProtocol, () => {
+  let open: ((s: string) => void) | undefined
+  const opened = new Promise<string>((r) => (open = r))
+  return {
+    wait: () => opened,
+    release: (s) => {
+      open!(s)
+    },
+    queuedRelease: (s) => {
+      open!(s)
+    }
+  }
+})
+
+describe("immediate kinds", () => {
+  it("an immediate kind is handled while another handler runs (one that waits for it); an ordinary kind waits its turn", async () => {
+    const name = fresh("gate")
+    const h = await launchActor(a, gateActor, { name })
+    const ref = b.ref(GateProtocol, name)
+    // Through the mailbox the release would queue behind the wait it is to end: a timeout.
+    const stuck = b.askPromise(ref, "wait", null, { timeoutMs: 600 })
+    await b.tellPromise(ref, "queuedRelease", "late")
+    await expect(stuck).rejects.toBeInstanceOf(AskTimeout)
+    await h.stop({ drain: false })
+    const name2 = fresh("gate")
+    const h2 = await launchActor(a, gateActor, { name: name2 })
+    const ref2 = b.ref(GateProtocol, name2)
+    const waiting = b.askPromise(ref2, "wait", null, { timeoutMs: 5_000 })
+    await b.tellPromise(ref2, "release", "now")
+    expect(await waiting).toBe("now")
+    await h2.stop()
+  })
+})
+
 describe("liveness", () => {
   it("a watcher learns of a silent death within the dead-after time", async () => {
     // The actor lives on a connection we then close without stopping it: beats just stop.

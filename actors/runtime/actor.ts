@@ -315,6 +315,11 @@ export class ActorHandle<Spec extends ProtocolSpec = ProtocolSpec> {
     const decoded = codec.decodeRequest(envelope.body)
     if (Exit.isFailure(decoded)) return this.#reject(replyTo, kind, `body does not match the schema: ${schemaIssue(decoded)}`)
     const mail: Mail = { kind, body: decoded.value, replyTo, bytes: got.bytes, codec, abandoned: false }
+    // An immediate kind does not wait behind a running handler (which may be waiting for it).
+    if (codec.immediate && this.#handlers !== undefined && !this.#mailbox.closed) {
+      void this.#handle(mail)
+      return
+    }
     if (this.#mailbox.offer(mail)) return
     if (this.#mailbox.closed) this.#replyFailure(replyTo, { tag: "ActorStopped", message: `actor "${this.name}" is stopping`, stack: "" })
     else this.#reject(replyTo, kind, `mailbox full (${this.#mailbox.capacity} messages queued); the actor is overloaded`)

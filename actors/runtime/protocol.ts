@@ -12,6 +12,12 @@ export interface KindSpec {
   readonly request: AnySchema
   /** Absent for tell-only kinds. */
   readonly reply?: AnySchema
+  /**
+   * Handled as it arrives, outside the mailbox, even while another message's handler is running:
+   * for a message that a waiting handler depends on (an answer it awaits). The handler should be
+   * synchronous; it runs in no particular order with the mailbox's messages.
+   */
+  readonly immediate?: boolean
 }
 
 export type ProtocolSpec = { readonly [kind: string]: KindSpec }
@@ -33,6 +39,8 @@ export type AskKindOf<Spec extends ProtocolSpec> = {
 export interface KindCodec {
   readonly kind: string
   readonly hasReply: boolean
+  /** KindSpec.immediate: handled outside the mailbox. */
+  readonly immediate: boolean
   readonly encodeRequest: (value: unknown) => Exit.Exit<unknown, Schema.SchemaError>
   readonly decodeRequest: (value: unknown) => Exit.Exit<unknown, Schema.SchemaError>
   readonly encodeReply: (value: unknown) => Exit.Exit<unknown, Schema.SchemaError>
@@ -76,6 +84,7 @@ export const buildProtocol = <const Spec extends ProtocolSpec>(name: string, kin
     codecs.set(kind, {
       kind,
       hasReply: reply !== undefined,
+      immediate: spec.immediate === true,
       encodeRequest: Schema.encodeUnknownExit(spec.request),
       decodeRequest: Schema.decodeUnknownExit(spec.request),
       encodeReply: reply ? Schema.encodeUnknownExit(reply) : passThrough,
