@@ -3,8 +3,8 @@
 // all-reduce (the weighted mean gradient, one update per step); async and SSP converge and report
 // their staleness; backup workers drop gradients and still converge; int8 and top-k pushes (error
 // feedback per server range) train like uncompressed pushes with a fraction of the bytes; a killed
-// server restarts the job from the checkpoint, whose server state restores (at another number of
-// servers, too).
+// server restarts the job from the checkpoint (saying why: its shard is nowhere else), whose server
+// state restores (at another number of servers, too). A killed worker: ps-recovery.test.ts.
 import { describe, expect, it } from "vitest"
 import * as fs from "node:fs/promises"
 import { readFileSync, readdirSync } from "node:fs"
@@ -127,6 +127,8 @@ describe("parameter servers in the Trainer", () => {
     expect(r.restarts).toBe(1)
     const events = await readEvents(r.path)
     expect(events.find((e) => e.type === "failure")).toMatchObject({ failure: { tag: "ServerDown" } })
+    // Workers recover from their peers with servers (ps-recovery.test.ts), but a lost server's shard is only in the checkpoint: the restart says so.
+    expect(events.find((e) => e.type === "restart")).toMatchObject({ recovery: "checkpoint", reason: expect.stringMatching(/a parameter server was lost/) })
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1])
     // (0.942 after these 4 epochs, measured)
     const again = await fit("ps-kill", { epochs: 4 }, { strategy: "parameter-server", parameterServer: { numServers: 3 } }, { workers: 2 })

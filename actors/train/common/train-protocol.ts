@@ -322,6 +322,8 @@ export const PsParams = Schema.Struct({
   dropped: Schema.Boolean,
   /** The server process's CPU ms per push since it was initialised (strategy "auto" prices the servers by it). */
   cpuMsPerPush: Schema.optionalKey(Schema.Number),
+  /** The push's group (its generation), echoed: an answer to a push of a group left behind is not taken for a later one's. */
+  group: Schema.optionalKey(Schema.Number),
   /** Set instead of the rest when the server could not take the gradient (bad input, shutdown). */
   error: Schema.optionalKey(Schema.String)
 })
@@ -344,10 +346,19 @@ export const ServerProtocol = defineProtocol("ps-server", {
       weightDecay: Schema.Number,
       state: Schema.optionalKey(Schema.instanceOf(Uint8Array<ArrayBufferLike>)),
       /** collectiveConfig.compression (a codec the pushes can carry: ps-push-codec.ts); absent: pushes come uncompressed. */
-      compression: Schema.optionalKey(Schema.Unknown)
+      compression: Schema.optionalKey(Schema.Unknown),
+      /** The workers' group (generation): pushes of an earlier one are refused. */
+      group: Schema.optionalKey(Schema.Number)
     }),
     reply: Schema.Null
   },
+  /**
+   * The workers were regrouped (recovery from surviving peers, a grow): the shard keeps its
+   * parameters, version and optimizer state and serves `numWorkers` workers from now on, their
+   * clocks starting again (survivors are renumbered); pushes waiting are dropped (their workers
+   * were paused and push again), and pushes of an earlier group are refused.
+   */
+  regroup: { request: Schema.Struct({ numWorkers: Schema.Number, group: Schema.Number }), reply: Schema.Null },
   /** A worker's gradient of this shard (told; the parameters come back as the worker's psParams). */
   push: {
     request: Schema.Struct({
@@ -361,7 +372,9 @@ export const ServerProtocol = defineProtocol("ps-server", {
       /** collectiveConfig.compression: the gradient as the codec's message instead, error feedback on the worker (grad is then empty). */
       packed: Schema.optionalKey(Bytes),
       weight: Schema.Number,
-      learningRate: Schema.optionalKey(Schema.Number)
+      learningRate: Schema.optionalKey(Schema.Number),
+      /** The pushing worker's group (generation); absent: 0. */
+      group: Schema.optionalKey(Schema.Number)
     }),
     reply: Schema.Null
   },
@@ -370,7 +383,7 @@ export const ServerProtocol = defineProtocol("ps-server", {
   /** The shard's current parameters. */
   pull: { request: Schema.Null, reply: Schema.Struct({ params: F32, version: Schema.Number }) },
   /** A worker's loop ended: sync and ssp steps stop waiting for it. */
-  finish: { request: Schema.Struct({ worker: Schema.Number }), reply: Schema.Null },
+  finish: { request: Schema.Struct({ worker: Schema.Number, group: Schema.optionalKey(Schema.Number) }), reply: Schema.Null },
   /** Counters: updates, dropped gradients, staleness. */
   stats: { request: Schema.Null, reply: Schema.Record(Schema.String, Schema.Number) }
 })
@@ -425,6 +438,8 @@ export const WorkerProtocol = defineProtocol("trainer-worker", {
   /** Continue in the regrouped generation at `placement`, from the state of the survivor at `source` (its position). */
   resume: { request: Schema.Struct({ placement: Placement, source: Position }), reply: Schema.Null },
   /** A parameter server's answer to this rank's push (told). */
-  psParams: { request: PsParams, reply: Schema.Null }
+  // Outside the mailbox: a grow's pause (answered at the loop's next report() call) holds it while
+  // the loop's steps wait for these answers.
+  psParams: { request: PsParams, reply: Schema.Null, immediate: true }
 })
 export type WorkerProtocol = typeof WorkerProtocol

@@ -28,6 +28,7 @@ import {
   ranksToCheck,
   recoveryFor,
   restartReason,
+  SERVER_DOWN,
   startFailureKind,
   type CompletedRound,
   type Generation,
@@ -102,6 +103,16 @@ export class FitRun {
   #controllerActor: ActorHandle | undefined
   request!: Omit<PlacementRequest, "numWorkers">
   #groupArgs!: GroupArgs
+  /**
+   * The parameter servers of the running generation (started with it, kept across its regroups):
+   * the args naming them, which joiners and standby workers need too, and the generation whose
+   * failure a server's loss is.
+   */
+  #servers: { readonly spawnedFor: number; readonly groupArgs: GroupArgs; generation: Generation<CheckpointPayload> } | undefined
+  /** The workers' args: with the running generation's parameter servers, when it has them. */
+  get #liveArgs(): GroupArgs {
+    return this.#servers?.groupArgs ?? this.#groupArgs
+  }
   /** Standby workers that refill a short group (refill.ts). */
   #refill!: Refill
   #refresher: ReturnType<typeof setInterval> | undefined
@@ -327,7 +338,7 @@ export class FitRun {
       group: this.#group,
       cluster,
       request: this.request,
-      groupArgs: () => this.#groupArgs,
+      groupArgs: () => this.#liveArgs,
       max: cfg.maxWorkers,
       spares: cfg.spares,
       job,
@@ -505,28 +516,34 @@ export class FitRun {
   async #spawnServers(g: Generation<CheckpointPayload>, plan: PlacementPlan): Promise<{ readonly groupArgs: GroupArgs } | { readonly tag: string; readonly message: string }> {
     const { cfg } = this
     const ps = cfg.collective.parameterServer
+    this.#servers = undefined
     if (!ps) return { groupArgs: this.#groupArgs }
+    // A server's loss fails the generation running then: this one, or a regroup of it.
+    const mine = () => (this.#servers?.spawnedFor === g.number ? this.#servers.generation : undefined)
     try {
       const servers = await this.#group.spawnServers(
         g.number,
         ps.numServers,
         plan.servers.map((s) => s.nodeId),
-        (index, detail) => this.controller.fail(g, { kind: "died", rank: -1, tag: "ServerDown", message: detail }),
-        () => !g.settled
+        (index, detail) => {
+          const running = mine()
+          if (running) this.controller.fail(running, { kind: "died", rank: -1, tag: SERVER_DOWN, message: detail })
+        },
+        () => mine()?.settled === false
       )
-      return {
-        groupArgs: {
-          ...this.#groupArgs,
-          servers,
-          parameterServer: {
-            mode: ps.mode,
-            staleness: ps.staleness,
-            backupWorkers: cfg.collective.backupWorkers ?? 0,
-            timeoutMs: cfg.collective.timeoutMs,
-            ...(cfg.collective.strategy === "auto" ? { auto: true } : {})
-          }
+      const groupArgs: GroupArgs = {
+        ...this.#groupArgs,
+        servers,
+        parameterServer: {
+          mode: ps.mode,
+          staleness: ps.staleness,
+          backupWorkers: cfg.collective.backupWorkers ?? 0,
+          timeoutMs: cfg.collective.timeoutMs,
+          ...(cfg.collective.strategy === "auto" ? { auto: true } : {})
         }
       }
+      this.#servers = { spawnedFor: g.number, groupArgs, generation: g }
+      return { groupArgs }
     } catch (e) {
       const err = e as { message?: string; _tag?: string }
       return { tag: err._tag ?? "SpawnError", message: `a parameter server could not start: ${err.message ?? String(e)}` }
@@ -633,7 +650,7 @@ export class FitRun {
         saving: () => this.#saving,
         incident: this.record.incident,
         progress: this.progress,
-        groupArgs: this.#groupArgs,
+        groupArgs: this.#liveArgs,
         lineage: this.#lineage,
         peerStates: this.#peerStates,
         onSize: (attempt, size) => this.record.noteSize(attempt, size),
@@ -642,7 +659,10 @@ export class FitRun {
         fellBack: (reason) => (this.#fallback = reason),
         standbyReady: this.#refill.ready,
         takeStandby: (n) => this.#refill.take(n),
-        formed: (g) => this.#refill.formed(g)
+        formed: (g) => {
+          if (this.#servers) this.#servers.generation = g
+          this.#refill.formed(g)
+        }
       })
     )
   }

@@ -14,7 +14,7 @@ import type { PlacementRequest } from "../../../scheduler/placement.ts"
 import type { CheckpointPayload } from "../common/train-protocol.ts"
 import type { Controller, Generation } from "./controller.ts"
 import { growTo, planLargest, releasingJob } from "./elastic.ts"
-import { layoutOf, type GroupArgs, type Standby, type WorkerGroup } from "./worker-group.ts"
+import { joinersRequest, layoutOf, type GroupArgs, type Standby, type WorkerGroup } from "./worker-group.ts"
 import type { ClusterHandle } from "./cluster.ts"
 
 /** After standby workers could not start, the next try waits this long. */
@@ -129,7 +129,7 @@ export class Refill {
 
   #start(g: Generation<CheckpointPayload>, count: number, what: string): void {
     const { group, cluster, request } = this.#x
-    const planned = planLargest(request, { min: 1, max: count }, cluster.view.resources())
+    const planned = planLargest(joinersRequest(request), { min: 1, max: count }, cluster.view.resources())
     if (!R.isSuccess(planned)) return
     const plan = planned.success
     const running = [...group.members.entries()].sort((a, b) => a[0] - b[0]).map(([, w]) => w.node)

@@ -7,10 +7,10 @@ import { Result as R } from "effect"
 import { PLACEMENT_TIMEOUT_MS, WORKER_DEAD_AFTER_MS } from "../../../core/defaults.ts"
 import type { PlacementPlan, PlacementRequest } from "../../../scheduler/placement.ts"
 import type { ActorSystem } from "../../runtime/system.ts"
-import { WorkerProtocol, type CheckpointPayload, type PeerState, type Position } from "../common/train-protocol.ts"
+import { ServerProtocol, WorkerProtocol, type CheckpointPayload, type PeerState, type Position } from "../common/train-protocol.ts"
 import type { Controller, Generation, GroupFailure } from "./controller.ts"
 import { planLargest } from "./elastic.ts"
-import { layoutOf, type GroupArgs, type RankSpawn, type Standby, type WorkerGroup } from "./worker-group.ts"
+import { joinersRequest, layoutOf, type GroupArgs, type RankSpawn, type Standby, type WorkerGroup } from "./worker-group.ts"
 import type { ClusterHandle } from "./cluster.ts"
 import type { Resolved } from "./options.ts"
 import type { Incident } from "../common/observe/report-html.ts"
@@ -20,6 +20,9 @@ import { isFileDatasetSpec } from "../../../core/data/file-spec.ts"
 import { mergePeerShards } from "../common/optim/zero.ts"
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
+
+/** How long each parameter server gets to take a regrouped generation (it answers at once: every worker is parked). */
+const SERVER_REGROUP_TIMEOUT_MS = 5_000
 
 /** How long the survivors of a failure get to stop at a group operation and say where they are. */
 const PAUSE_TIMEOUT_MS = 20_000
@@ -104,7 +107,7 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   }
   // Growing: only if the new workers are ready or have room now (nothing is paused for a grow that cannot be).
   if (!x.failure && x.standbyReady === 0) {
-    const planned = planLargest(x.request, { min: 1, max: Math.max(1, x.target - x.group.members.size) }, x.cluster.view.resources())
+    const planned = planLargest(joinersRequest(x.request), { min: 1, max: Math.max(1, x.target - x.group.members.size) }, x.cluster.view.resources())
     if (!R.isSuccess(planned)) return giveUp(`no room for new workers: ${firstLine(planned.failure.message)}`)
   }
   // 1. Every other worker stops at its next group operation; those that park survive. Workers on
@@ -184,7 +187,7 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
     // steps since (group-session.ts).
     const deadline = Date.now() + (kMin > 0 ? (x.cfg.scaling.placementTimeoutMs ?? PLACEMENT_TIMEOUT_MS) : 1_000)
     for (;;) {
-      const planned = planLargest(x.request, { min: Math.max(1, kMin), max: kMax }, x.cluster.view.resources())
+      const planned = planLargest(joinersRequest(x.request), { min: Math.max(1, kMin), max: kMax }, x.cluster.view.resources())
       if (R.isSuccess(planned)) {
         joinPlan = planned.success
         break
@@ -213,6 +216,19 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   const snapshot = await x.system.askPromise(source.w.ref(WorkerProtocol), "snapshot", null, { timeoutMs: 60_000 }).catch(() => undefined)
   if (!snapshot) return giveUp(`rank ${source.rank} could not hand over its state`)
   const state = zeroShards ? { ...snapshot, files: { ...snapshot.files, ...zeroShards.files } } : snapshot
+  // Parameter servers keep the parameters and optimizer state: they serve the new group from
+  // here on (its size; the survivors renumbered; pushes of the old group dropped). Every worker
+  // is parked, so no push of the new group can come first.
+  const servers = x.groupArgs.servers ?? []
+  if (servers.length > 0) {
+    const regrouped = await Promise.all(
+      servers.map((name) => x.system.askPromise(x.system.ref(ServerProtocol, name), "regroup", { numWorkers: worldSize, group: attempt }, { timeoutMs: SERVER_REGROUP_TIMEOUT_MS }))
+    ).then(
+      () => undefined,
+      (e: unknown) => firstLine(e instanceof Error ? e.message : String(e))
+    )
+    if (regrouped !== undefined) return giveUp(`a parameter server did not take the new group: ${regrouped}`)
+  }
   x.peerStates.set(attempt, state)
   // 5. The regrouped generation: survivors keep their processes under new ranks, joiners start.
   // Rounds only the lost ranks had yet to report complete as it forms, and may leave a checkpoint:

@@ -40,6 +40,12 @@ export const placementRequestOf = (cfg: Resolved, job: string): Omit<PlacementRe
   ...(cfg.collective.parameterServer ? { servers: cfg.collective.parameterServer.numServers } : {})
 })
 
+/** A request for workers joining a running group: its parameter servers run already (placed with the group). */
+export const joinersRequest = (request: Omit<PlacementRequest, "numWorkers">): Omit<PlacementRequest, "numWorkers"> => {
+  const { servers: _servers, ...workers } = request
+  return workers
+}
+
 /** The run's GroupArgs, from the Trainer's options, with a fresh secret for the direct links. */
 export const groupArgsOf = (cfg: Resolved, elastic: boolean): GroupArgs => ({
   controller: "controller",

@@ -8,19 +8,28 @@
 // must wait is answered later, by a tell, so the others' pushes keep arriving. The arithmetic is
 // ps/shard.ts; a push compressed by a codec (collectiveConfig.compression) or sent as binary16 is
 // decoded into one buffer reused from push to push (ps-push-codec.ts) before it gets there.
+// When the workers are regrouped (a worker lost, the survivors going on; a replacement let in), the
+// driver tells every server the new group's size: the shard keeps its parameters, version and
+// optimizer state, and pushes of the group left behind are dropped.
 import { ConfigError } from "../../../core/errors.ts"
 import type { ResolvedCompressionConfig } from "../../../collectives/compression/config.ts"
 import { decodeMessage, encodeMessage } from "../../../core/wire.ts"
 import { defineActor } from "../../runtime/actor.ts"
 import { ServerProtocol, WorkerProtocol, type PsParams, type ServerArgs } from "../common/train-protocol.ts"
-import { ShardServer, type ShardServerState } from "./shard.ts"
+import { ShardServer, type ShardServerOptions, type ShardServerState } from "./shard.ts"
 import { PushDecoder } from "../common/ps-push-codec.ts"
 import type { FlatOptimizerSpec } from "../common/optim/flat-optimizers.ts"
 
 export const parameterServer = defineActor(ServerProtocol, (ctx) => {
   const args = ctx.args as ServerArgs
   let shard: ShardServer | undefined
+  let options: ShardServerOptions | undefined
   let decoder: PushDecoder | undefined
+  // The workers' group (generation) this server serves: a push or finish of an earlier one, sent
+  // before a regroup and arriving after it, is dropped (its worker was paused and renumbered).
+  let group = 0
+  // Shards a regroup replaced: their waiting pushes are dropped, not refused.
+  const regrouped = new WeakSet<ShardServer>()
   // The process's CPU time per push since the last init: what one push occupies a server for.
   let cpu0 = process.cpuUsage()
   let pushes = 0
@@ -36,27 +45,47 @@ export const parameterServer = defineActor(ServerProtocol, (ctx) => {
   return {
     init: (body) => {
       const nextDecoder = new PushDecoder(body.compression as ResolvedCompressionConfig | undefined, body.params.length)
-      shard?.abort("re-initialised")
-      decoder = nextDecoder
-      shard = new ShardServer(body.params, {
+      const nextOptions: ShardServerOptions = {
         mode: body.mode,
         numWorkers: body.numWorkers,
         staleness: body.staleness,
         backupWorkers: body.backupWorkers,
         spec: body.spec as unknown as FlatOptimizerSpec,
         weightDecay: body.weightDecay
-      })
-      if (body.state) shard.load(decodeMessage(body.state) as ShardServerState)
+      }
+      const next = new ShardServer(body.params, nextOptions)
+      if (body.state) next.load(decodeMessage(body.state) as ShardServerState)
+      shard?.abort("re-initialised")
+      decoder = nextDecoder
+      shard = next
+      options = nextOptions
+      group = body.group ?? 0
       cpu0 = process.cpuUsage()
       pushes = 0
       return null
     },
+    regroup: (body) => {
+      const old = need("regroup")
+      // Backup workers must be fewer than the workers: a group of n keeps at most n - 1.
+      const backupWorkers = Math.min(options!.backupWorkers, body.numWorkers - 1)
+      const next = new ShardServer(new Float32Array(old.length), { ...options!, numWorkers: body.numWorkers, backupWorkers })
+      next.load(old.state())
+      regrouped.add(old)
+      old.abort("regrouped")
+      shard = next
+      options = { ...options!, numWorkers: body.numWorkers }
+      group = body.group
+      ctx.log.info(`parameter server ${args.index + 1}/${args.numServers}: regrouped for ${body.numWorkers} worker(s) at version ${next.version} (group ${body.group})`)
+      return null
+    },
     push: (body) => {
       const s = need("push")
+      // A push sent by a worker of a group left behind (answered by nobody: its worker was paused).
+      if ((body.group ?? 0) < group) return null
       pushes++
       const worker = ctx.system.ref(WorkerProtocol, body.replyTo)
       const answer = (reply: PsParams) =>
-        void ctx.system.tellPromise(worker, "psParams", reply).catch((e: unknown) => ctx.log.warn(`could not answer rank ${body.worker}: ${String(e)}`))
+        void ctx.system.tellPromise(worker, "psParams", body.group !== undefined ? { ...reply, group: body.group } : reply).catch((e: unknown) => ctx.log.warn(`could not answer rank ${body.worker}: ${String(e)}`))
       const refuse = (e: unknown) =>
         answer({ server: args.index, step: body.step, params: new Float32Array(0), version: -1, staleness: 0, dropped: false, error: e instanceof Error ? e.message : String(e) })
       let grad: Float32Array
@@ -70,13 +99,15 @@ export const parameterServer = defineActor(ServerProtocol, (ctx) => {
       s.push(body.worker, body.step, body.basedOn, grad, body.weight, body.learningRate).then(
         (r) =>
           answer({ server: args.index, step: body.step, params: r.params, version: r.version, staleness: r.staleness, dropped: r.dropped, cpuMsPerPush: cpuMsPerPush() }),
-        refuse
+        // A push dropped by a regroup is answered by nobody: its worker was paused.
+        (e: unknown) => (regrouped.has(s) ? undefined : refuse(e))
       )
       return null
     },
     state: () => encodeMessage(need("state").state()),
     pull: () => need("pull").pull(),
     finish: (body) => {
+      if ((body.group ?? 0) < group) return null
       shard?.finish(body.worker)
       return null
     },

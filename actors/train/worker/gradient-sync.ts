@@ -64,6 +64,13 @@ export interface GradientSync {
   /** collectiveConfig.strategy "parameter-server" (or "auto"): the servers (ps-client.ts). */
   readonly ps?: ParameterServers
   /**
+   * A step's push to the servers as a group operation (recovery from peers): when the group is
+   * regrouped under it, "again" (the step is pushed again in the new group: sync mode, whose
+   * servers dropped the step's gradients) or, with `appliedOnSend` (async and SSP servers apply a
+   * gradient as it arrives), "adopted" (the step counts as done; this rank took a survivor's state).
+   */
+  serverOperation?<T>(run: () => Promise<T>, appliedOnSend: boolean): Promise<T | "adopted" | "again">
+  /**
    * collectiveConfig.strategy "auto": training starts on the all-reduce and, from measured compute
    * and communication times, moves to the servers (backup workers, or SSP) and back
    * (scheduler/strategy-choice.ts); rank 0 explains every decision.

@@ -73,6 +73,8 @@ export interface GroupSessionHooks {
   close(group: LiveGroup): Promise<void>
   /** Tells the controller the group broke under this rank and it waits to be regrouped. */
   parked(cause: unknown): void
+  /** A pause came: waits outside the communicator (the parameter servers' answers) are to fail now. */
+  interrupt?(): void
   /** The state to continue from, held by the controller for generation `attempt`. */
   fetchState(attempt: number): Promise<PeerState>
   log(line: string): void
@@ -291,23 +293,26 @@ export class GroupSession {
    * all-gather of the updated shards): a pause waits for the next operation, and a group that
    * breaks under it counts the step as done (position() says so), the regroup completing it from
    * the survivors' updated shards: it returns `adopted()`.
+   * `last: "applied"`: the operation's effect is made as it is sent (a gradient pushed to parameter
+   * servers in async or SSP mode, which apply it on arrival): a pause parks before it, as before
+   * any other, but a group that breaks under it counts the step as done, as under `last`.
    */
-  async operation<T>(run: (group: LiveGroup) => Promise<T>, adopted: () => T, again?: () => T, last = false): Promise<T> {
+  async operation<T>(run: (group: LiveGroup) => Promise<T>, adopted: () => T, again?: () => T, last: boolean | "applied" = false): Promise<T> {
     if (this.#join) {
       throw new PeerRecoveryMisaligned({ reason: "a group operation other than a training step before this joining rank reached the survivors" })
     }
     for (;;) {
-      if (this.#pausing && !last) await this.#park(undefined)
+      if (this.#pausing && last !== true) await this.#park(undefined)
       const before = this.ops
       try {
-        this.#inLast = last
+        this.#inLast = last !== false
         const r = await run(this.#group)
         this.ops++
         return r
       } catch (e) {
         if (this.#model === undefined || this.#ended !== undefined) throw e
         await this.#park(e)
-        if (this.ops > before || last) return adopted()
+        if (this.ops > before || last !== false) return adopted()
         if (again) return again()
       } finally {
         this.#inLast = false
@@ -355,6 +360,7 @@ export class GroupSession {
       this.#pauseRequest.resolve(this.#pausing)
       // Whatever the loop is waiting for in the old group will not come: make it fail now.
       void this.#group.comm.close().catch(() => {})
+      this.#hooks.interrupt?.()
     })
   }
 

@@ -62,6 +62,11 @@ interface Pending {
 
 export class PsClient {
   readonly options: PsClientOptions
+  /**
+   * The worker's group (its placement's generation), sent with every push: after a regroup the
+   * servers drop pushes of an earlier group, and answers are matched to the group that pushed.
+   */
+  group = 0
   #layouts: ShardLayout[] = []
   #versions: number[] = []
   #params: Float32Array | undefined
@@ -147,6 +152,7 @@ export class PsClient {
             backupWorkers: as?.backupWorkers ?? this.options.backupWorkers,
             weightDecay,
             ...(states ? { state: states[k]! } : {}),
+            group: this.group,
             ...(this.#encoder.codec && this.options.compression !== undefined ? { compression: this.options.compression } : {})
           },
           { timeoutMs: this.options.timeoutMs }
@@ -171,7 +177,7 @@ export class PsClient {
 
   /** A server's answer to a push (WorkerProtocol.psParams). */
   onParams(m: PsParams): void {
-    const key = `${m.server}/${m.step}`
+    const key = `${m.group ?? 0}/${m.server}/${m.step}`
     const p = this.#pending.get(key)
     if (!p) return
     this.#pending.delete(key)
@@ -188,10 +194,11 @@ export class PsClient {
     let version = Number.POSITIVE_INFINITY
     let serverMs: number | undefined
     const encoder = this.#encoder
+    const group = this.group
     const pushed = Promise.all(
       layouts.map(async (l, k) => {
         const answer = new Promise<PsParams>((resolve, reject) => {
-          const key = `${k}/${step}`
+          const key = `${group}/${k}/${step}`
           const timer = setTimeout(() => {
             this.#pending.delete(key)
             reject(new ParameterServerError(`parameter server ${k} (${this.options.servers[k]}) did not answer step ${step} within ${this.options.timeoutMs} ms`))
@@ -216,7 +223,8 @@ export class PsClient {
           // this range's next push, which comes after the server answered this one
           ...encoder.encode(k, grad.subarray(l.start, l.end), { rank: worker, step }),
           weight,
-          ...(learningRate !== undefined ? { learningRate } : {})
+          ...(learningRate !== undefined ? { learningRate } : {}),
+          group
         })
         const m = await answer
         out.set(m.params, l.start)
@@ -277,7 +285,16 @@ export class PsClient {
 
   /** This worker's loop ended: the servers stop waiting for it. */
   async finish(worker: number): Promise<void> {
-    await Promise.all(this.options.servers.map((_, k) => this.options.system.tellPromise(this.#ref(k), "finish", { worker }).catch(() => {})))
+    await Promise.all(this.options.servers.map((_, k) => this.options.system.tellPromise(this.#ref(k), "finish", { worker, group: this.group }).catch(() => {})))
+  }
+
+  /**
+   * The group is being regrouped (the worker was asked to pause): every answer awaited fails now
+   * (a sync step waiting for a lost worker's gradient would wait until its deadline). The servers
+   * drop those pushes when the driver regroups them.
+   */
+  interrupt(): void {
+    this.abort("the group is being regrouped")
   }
 
   /** Rejects every wait (shutdown). */

@@ -438,6 +438,8 @@ export class TrainContext {
       adaptiveBatching: d.adaptiveBatching === true,
       ...(d.elastic ? { elastic: d.elastic } : {}),
       ...(d.ps ? { ps: d.ps } : {}),
+      serverOperation: <T>(run: () => Promise<T>, appliedOnSend: boolean) =>
+        session.operation<T | "adopted" | "again">(run, () => "adopted", () => "again", appliedOnSend ? "applied" : false),
       ...(d.auto ? { auto: d.auto } : {}),
       ...(d.localSgd ? { localSgd: d.localSgd } : {}),
       ...(d.strategy ? { strategy: d.strategy } : {}),

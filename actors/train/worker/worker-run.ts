@@ -271,6 +271,8 @@ export class WorkerRun {
     // A regroup of nodes an earlier group measured hands every member those measurements: no rank
     // measures the direct links or probes the topology again (all of them skip, or none).
     const reused = p.measured
+    // The parameter servers take this group's pushes from here on (the driver regrouped them first).
+    if (this.#ps) this.#ps.group = p.attempt
     const direct = this.#direct && reused?.minBytes !== undefined ? { ...this.#direct, minBytes: reused.minBytes } : this.#direct
     this.#deadlines.newGroup()
     const comm = await Communicator.create({
@@ -361,6 +363,7 @@ export class WorkerRun {
             .catch(() => {})
         },
         fetchState: (attempt) => system.askPromise(this.#controller, "peerState", { attempt }, { timeoutMs: 120_000 }),
+        interrupt: () => this.#ps?.interrupt(),
         log: (line) => ctx.log.info(line)
       },
       this.#args.join

@@ -32,6 +32,8 @@ export class ParameterServerWorker implements StrategyWorker {
   readonly #staleness = { sum: 0, max: 0, steps: 0, dropped: 0 }
   /** The busiest server's CPU ms per push, as the servers last reported it (strategy "auto" prices them by it). */
   serverMs: number | undefined
+  /** An async or SSP push is in flight (stepApplied). */
+  #sending = false
 
   constructor(host: StrategyHost) {
     if ((host.sync.zeroStage ?? 0) > 0) {
@@ -46,10 +48,15 @@ export class ParameterServerWorker implements StrategyWorker {
     return true
   }
 
-  /** Rank 0 gives the servers the (broadcast) weights and the optimizer; every rank waits until they have them. */
+  /**
+   * Rank 0 gives the servers the (broadcast) weights and the optimizer; every rank waits until they
+   * have them. A rank joining a regrouped group does nothing here: the servers run already, and it
+   * takes their parameters when it joins (adopted()).
+   */
   async init(files?: Readonly<Record<string, Uint8Array>>): Promise<void> {
     const h = this.#host
     const ps = this.ps
+    if (h.sync.recovery?.joinTarget !== undefined) return
     if (h.sync.rank === 0) {
       const restored = files ? await ps.restore(files, h.parameterCount, this.spec, h.sync.worldSize, h.weightDecay) : false
       if (!restored) await ps.init(await h.readFlatParams(), this.spec, h.sync.worldSize, h.weightDecay)
@@ -72,14 +79,36 @@ export class ParameterServerWorker implements StrategyWorker {
     // Under "auto" a mode runs exactly as when chosen by hand (the same learning rate per update).
     const p = h.sync.worldSize
     const oneByOne = auto ? auto.mode === "ssp" || auto.mode === "async" : ps.mode !== "sync"
-    const r = await ps.pushPull(h.sync.rank, x.step, flat, x.samples, h.learningRate)
+    // A regroup under the push (recovery from peers): sync servers dropped the step's gradients, so
+    // it is pushed again in the new group (computed again, as the all-reduce does); async and SSP
+    // servers applied it on arrival, so the step is done and this rank took a survivor's state.
+    let grad = flat
+    let sentAt: number | undefined
+    let r: Awaited<ReturnType<ParameterServers["pushPull"]>>
+    const push = () => ps.pushPull(h.sync.rank, x.step, grad, x.samples, h.learningRate)
+    this.#sending = oneByOne
+    try {
+      for (;;) {
+        const got = h.sync.serverOperation ? await h.sync.serverOperation(push, oneByOne) : await push()
+        if (got === "adopted") return { adopted: true, onServers: true, commMs: performance.now() - t1 }
+        if (got !== "again") {
+          r = got
+          break
+        }
+        grad = await x.recompute()
+        sentAt = performance.now()
+      }
+    } finally {
+      this.#sending = false
+    }
     if (r.serverMs !== undefined) this.serverMs = r.serverMs
     // The group's progress from the servers' version; under "auto" with backup workers outside
     // dp.fit() a rank whose gradient came late goes on at the step the servers collect, not
     // behind it. Inside dp.fit() every rank pushes every step of its own (decisions come at the
     // same step count on every rank, and the fast ones wait there for a step only the slow one
     // can still complete).
-    const perUpdate = oneByOne ? 1 : p - (auto ? 1 : ps.backupWorkers)
+    // (A group regrouped below its backup workers + 1 keeps at most p - 1 of them: ps-server.ts.)
+    const perUpdate = oneByOne ? 1 : p - Math.min(p - 1, auto ? 1 : ps.backupWorkers)
     h.global = Math.max(h.global, (auto?.globalBase ?? 0) + (r.version * perUpdate) / p)
     if (auto?.mode === "backup" && !h.inFit) h.step = Math.max(h.step, auto.syncBase + r.version)
     const commMs = performance.now() - t1
@@ -88,7 +117,18 @@ export class ParameterServerWorker implements StrategyWorker {
     st.max = Math.max(st.max, r.staleness)
     st.steps++
     if (r.dropped) st.dropped++
-    return { commMs, onServers: true, apply: () => h.assignFlat(r.params) }
+    return { commMs, onServers: true, ...(sentAt !== undefined ? { sentAt } : {}), apply: () => h.assignFlat(r.params) }
+  }
+
+  /** In an async or SSP push: the servers apply the gradient as it arrives, so a regroup counts the step as done (DataParallelModel.snapshot). */
+  get stepApplied(): boolean {
+    return this.#sending
+  }
+
+  /** After a regroup: the servers' parameters, the newest there are (async servers went on applying the others' pushes). */
+  async adopted(): Promise<void> {
+    const h = this.#host
+    h.assignFlat(await this.ps.pull(h.parameterCount))
   }
 
   /** Tells the servers this rank's loop ended (sync and ssp steps stop waiting for it). */
@@ -132,8 +172,14 @@ export const checkServersConfig = ({ strategy, zeroStage, compression }: Strateg
   checkPushCompression(compression as Parameters<typeof checkPushCompression>[0], strategy)
 }
 
+/**
+ * Strategy "auto": training moves between the all-reduce and the servers at run time (the whole
+ * state handed over each way), which a regroup does not follow. The parameter-server strategy
+ * itself recovers from peers: a lost worker's survivors go on with the servers' state (a lost
+ * server's shard is only in the checkpoint: controller.ts recoveryFor).
+ */
 export const serversPeersCannot = ({ strategy }: StrategyConfigInput): string =>
-  `with strategy "${strategy}" the state lives on the parameter servers, which restart with the job from the checkpoint`
+  `with strategy "${strategy}" training may move between the all-reduce and the parameter servers at run time, which a regroup does not follow`
 
 /** The bench's configuration of the servers in one mode (ssp with staleness 2). */
 const psBench = (servers: number, mode: "sync" | "async" | "ssp", extra: Record<string, unknown> = {}): Record<string, unknown> => ({
@@ -147,7 +193,7 @@ export const parameterServer = defineStrategy({
   hint: "parameter servers hold the parameters and the optimizer; workers push gradients and pull parameters (modes sync with backup workers, async, ssp)",
   servers: true,
   validate: checkServersConfig,
-  peersCannot: serversPeersCannot,
+  peersCannot: () => undefined,
   autoCandidates: ["backup", "ssp", "async"],
   benchVariants: [
     { name: "PS sync", collective: (s) => psBench(s, "sync") },

@@ -1,0 +1,81 @@
+// Recovery from surviving peers with parameter servers (strategy "parameter-server", whose default
+// recoverFrom is "peers"): a worker killed mid-epoch costs the step in flight. The servers keep the
+// parameters and the optimizer state; the survivors go on short-handed at once (the servers serve
+// the smaller group, pushes of the old one dropped), and a replacement started meanwhile joins them
+// in place, taking the servers' parameters. A lost server's shard is only in the checkpoint: that
+// restart says why (ps-trainer.test.ts kills one). Real nats-server, agent, worker and server processes.
+import { describe, expect, it } from "vitest"
+import * as path from "node:path"
+import * as fs from "node:fs/promises"
+import { Trainer, type Result } from "../index.ts"
+import { digitsTrainerRuns, readEvents as events, sameWeights } from "./support/trainer-runs.ts"
+import { makeHold } from "./support/hold.ts"
+
+const CHAOS = path.resolve("test/support/chaos-loop.ts") + "#trainLoop"
+const STEP_LOOP = path.resolve("test/support/step-loop.ts") + "#stepLoop"
+const runs = digitsTrainerRuns("gw-ps-peers-")
+
+/** 3 workers and 2 servers in `mode`; rank 1 is killed after step 5 of epoch 1. A short group's steps are slowed until it is whole again (hold.ts). */
+const killedWorker = async (name: string, mode: "sync" | "async", epochs: number): Promise<Result> => {
+  const { dir: pidDir, holdFile } = await makeHold(runs.storage, `${name}-`, 3)
+  return new Trainer({
+    trainLoopPerWorker: CHAOS,
+    trainLoopConfig: { epochs, fail: { how: "kill", rank: 1, epoch: 1, step: 5 }, pidDir, holdFile },
+    scalingConfig: { numWorkers: 3 },
+    runConfig: { name, storagePath: runs.storage, progress: false, failureConfig: { maxFailures: 1 } },
+    collectiveConfig: { strategy: "parameter-server", parameterServer: { numServers: 2, mode } },
+    datasets: { train: runs.train, test: runs.test }
+  }).fit()
+}
+
+describe("parameter servers: recovery from surviving peers", () => {
+  it("sync servers: a worker killed mid-epoch costs the step in flight; the survivors go on with the servers' state and a replacement joins in place, with the same weights", { timeout: 150_000 }, async () => {
+    const r = await killedWorker("ps-peers-sync", "sync", 6)
+    expect(r.restarts).toBe(1)
+    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4, 5])
+    // Sync servers: every rank continues from the same parameters after each step.
+    expect(sameWeights(r)).toBe(true)
+    expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.9)
+    const ev = await events(r.path)
+    const restart = ev.find((e) => e.type === "restart")
+    // The survivors were in the step after the dead rank's last (0-5 done) and went on as 2 at once.
+    expect(restart).toMatchObject({ recovery: "peers", survivors: 2, joiners: 0, position: { inFit: true, epoch: 1, stepInEpoch: 6 } })
+    expect(ev.find((e) => e.type === "grow")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 1 })
+    expect(r.resizes.map((z) => [z.from, z.to])).toEqual([[3, 2], [2, 3]])
+    // No restart from the checkpoint: the servers of the first generation served the run to its end.
+    const ckpt = await fs.readdir(r.checkpoint!.path)
+    expect(ckpt).toEqual(expect.arrayContaining(["ps.shard-0-of-2.msgpack", "ps.shard-1-of-2.msgpack"]))
+    expect(ev.filter((e) => e.type === "restart" && e.recovery === "checkpoint")).toEqual([])
+  })
+
+  it("a hand-written trainStep loop with sync servers: the survivors go on from the step in flight, and a replacement joins at a report() call", { timeout: 150_000 }, async () => {
+    const { holdFile } = await makeHold(runs.storage, "ps-step-hold-", 3)
+    const r = await new Trainer({
+      trainLoopPerWorker: STEP_LOOP,
+      trainLoopConfig: { epochs: 5, kill: { rank: 1, epoch: 1, step: 5 }, holdFile },
+      scalingConfig: { numWorkers: 3 },
+      runConfig: { name: "ps-peers-step", storagePath: runs.storage, progress: false, failureConfig: { maxFailures: 1 } },
+      collectiveConfig: { strategy: "parameter-server", parameterServer: { numServers: 2, mode: "sync" } },
+      datasets: { train: runs.train, test: runs.test }
+    }).fit()
+    expect(r.restarts).toBe(1)
+    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4])
+    expect(sameWeights(r)).toBe(true)
+    expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.85)
+    const ev = await events(r.path)
+    expect(ev.find((e) => e.type === "restart")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 0, position: { inFit: false, reports: 1, stepsSinceReport: 6 } })
+    expect(ev.find((e) => e.type === "grow")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 1, position: { inFit: false, stepsSinceReport: 0 } })
+    expect(r.resizes.map((z) => [z.from, z.to])).toEqual([[3, 2], [2, 3]])
+  })
+
+  it("async servers: the survivors go on (the push in flight counts as applied), a replacement joins, and the run converges", { timeout: 150_000 }, async () => {
+    const r = await killedWorker("ps-peers-async", "async", 5)
+    expect(r.restarts).toBe(1)
+    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4])
+    expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.85)
+    const ev = await events(r.path)
+    expect(ev.find((e) => e.type === "restart")).toMatchObject({ recovery: "peers", survivors: 2 })
+    expect(ev.find((e) => e.type === "grow")).toMatchObject({ recovery: "peers", joiners: 1 })
+    expect(ev.filter((e) => e.type === "restart" && e.recovery === "checkpoint")).toEqual([])
+  })
+})
