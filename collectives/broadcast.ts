@@ -120,6 +120,32 @@ export const allGatherBlocks = async (op: Operation, out: Float32Array, n: numbe
   await op.until(() => recvStep === steps, waitPrev)
 }
 
+/**
+ * Each rank's `data` to the next rank (rank + 1 mod p), the previous rank's into `out` (as long as
+ * `data`): one step of the ring all-gather, f32 on the wire (the receiver holds the sender's bits).
+ */
+export const shiftBlock = async (op: Operation, data: Float32Array, out: Float32Array, p: number, C: number): Promise<void> => {
+  const me = op.rank
+  const n = data.length
+  const chunks = chunkCount(n, C)
+  const next = mod(me + 1, p)
+  const prev = mod(me - 1, p)
+  let got = 0
+  op.handler = (f: Frame): boolean => {
+    if (f.src !== prev || f.step !== 0) throw op.protocolError(f, `expected a block from rank ${prev}, got step ${f.step} from ${f.src}`)
+    const len = checkChunk(op, f, n, C, false, got, 0)
+    assign(out, f.offset, f.payload, len, false)
+    releaseReceived(f.payload)
+    got++
+    return true
+  }
+  for (let c = 0; c < chunks; c++) {
+    const off = c * C
+    await op.send(next, 0, c, off, data.subarray(off, off + chunkLength(n, C, c)))
+  }
+  await op.until(() => got === chunks, () => [prev])
+}
+
 const EMPTY = new Float32Array(0)
 
 /** Dissemination barrier: in round k, signal rank me+2^k and wait for rank me-2^k. */

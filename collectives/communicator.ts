@@ -34,7 +34,7 @@ import {
 } from "../core/defaults.ts"
 import { installNatsPatches } from "../core/nats-internals/index.ts"
 import { jobSubjects } from "../core/subjects.ts"
-import { allGatherBlocks, broadcastChunks, disseminationBarrier } from "./broadcast.ts"
+import { allGatherBlocks, broadcastChunks, disseminationBarrier, shiftBlock } from "./broadcast.ts"
 import {
   CollectiveAborted,
   CollectiveArgumentError,
@@ -270,7 +270,7 @@ const gatherCode = { fanout: 0, ring: 1 } as const
 const gatherName = ["fanout", "ring"]
 const reduceCode: Record<ReduceOp, number> = { sum: 0, mean: 1, max: 2, weightedMean: 3 }
 const reduceName = ["sum", "mean", "max", "weightedMean"]
-const opName = ["?", "barrier", "broadcast", "allGather", "reduceScatter", "allReduce"]
+const opName = ["?", "barrier", "broadcast", "allGather", "reduceScatter", "allReduce", "shift"]
 
 /** "allReduce(ring, sum, f32)": what a frame's opcode and variant say, for mismatch errors. */
 export const describeOp = (opcode: number, variant: number): string => {
@@ -281,7 +281,7 @@ export const describeOp = (opcode: number, variant: number): string => {
   const relay = variant & Variant.relay ? ", no fan-out" : ""
   if (opcode === Opcode.allReduce) return `${name}(${allReduceAlgorithmByCode(code)?.name ?? `algorithm #${code}`}${relay}, ${reduce}, ${wire})`
   if (opcode === Opcode.reduceScatter) return `${name}(${reduce}, ${wire})`
-  if (opcode === Opcode.barrier) return name
+  if (opcode === Opcode.barrier || opcode === Opcode.shift) return name
   const algo = (opcode === Opcode.broadcast ? broadcastName : gatherName)[code] ?? `#${code}`
   return `${name}(${algo}, ${wire})`
 }
@@ -1128,6 +1128,28 @@ export class Communicator {
     // The length on the wire is the total, so a rank with a different block size is caught.
     return this.#run({ name: "allGather", opcode: Opcode.allGather, variant, length: p * n, half }, opts, async (op) => {
       await allGatherBlocks(op, out, n, p, this.#chunkFor(n, 1), half, algorithm === "fanout")
+      return out
+    })
+  }
+
+  /**
+   * Every rank's `data` (same length n on all) to the next rank (rank + 1 mod p); returns the
+   * previous rank's (rank - 1 mod p), in `out` when given (n elements), bit for bit (f32 on the
+   * wire). One step of the ring all-gather: n elements sent and received per rank. With p = 1,
+   * this rank's own data.
+   */
+  async shift(data: Float32Array, opts: CallOptions & { readonly out?: Float32Array } = {}): Promise<Float32Array> {
+    this.#checkBuffer("shift", data)
+    const n = data.length
+    const out = opts.out ?? new Float32Array(n)
+    if (out.length !== n) this.#argError("shift", `out must hold data.length = ${n} elements, has ${out.length}`)
+    if (out === data) this.#argError("shift", "out must not be data itself (it is sent while the previous rank's arrives)")
+    if (this.worldSize === 1) {
+      out.set(data)
+      return out
+    }
+    return this.#run({ name: "shift", opcode: Opcode.shift, variant: 0, length: n, half: false }, opts, async (op) => {
+      await shiftBlock(op, data, out, this.worldSize, this.#chunkFor(n, 1))
       return out
     })
   }

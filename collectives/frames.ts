@@ -49,7 +49,8 @@ export const Opcode = {
   broadcast: 2,
   allGather: 3,
   reduceScatter: 4,
-  allReduce: 5
+  allReduce: 5,
+  shift: 6
 } as const
 
 /**

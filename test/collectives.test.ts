@@ -1,5 +1,5 @@
-// Collectives end to end: ranks in separate processes over a real nats-server, every operation and
-// algorithm for p = 1..8, random lengths (0, 1, < p, not divisible by p, many chunks) and values,
+// Collectives end to end: ranks in separate processes over a real nats-server, every operation (the
+// shift to the next rank too) and algorithm for p = 1..8, random lengths (0, 1, < p, not divisible by p, many chunks) and values,
 // checked against a float64 reference and for bitwise-identical results on every rank.
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { launchNatsServer, type NatsServerProcess } from "../core/nats-server.ts"
@@ -68,6 +68,7 @@ const casesFor = (p: number): Case[] => {
     for (const length of [0, 1, 600]) cases.push({ op: "allGather", algorithm, length, seed: seed() })
     cases.push({ op: "allGather", algorithm, wire: "f16", length: 300, seed: seed() })
   }
+  for (const length of [0, 1, 1700]) cases.push({ op: "shift", length, seed: seed() })
   cases.push({ op: "barrier", length: 0, seed: 0 })
   cases.push({ op: "barrier", length: 0, seed: 0 })
   // Bucketing: mixed sizes, one variable larger than a bucket (reduced in place), tiny first bucket.

@@ -6,7 +6,7 @@ import { roundToHalf } from "../../collectives/float16.ts"
 import { segmentBounds } from "../../collectives/segments.ts"
 import { seededRng } from "../../core/random.ts"
 
-export type CaseOp = "allReduce" | "reduceScatter" | "broadcast" | "allGather" | "barrier" | "buckets"
+export type CaseOp = "allReduce" | "reduceScatter" | "broadcast" | "allGather" | "shift" | "barrier" | "buckets"
 
 export interface Case {
   readonly op: CaseOp
@@ -125,7 +125,7 @@ export const sameBits = (a: Float32Array, b: Float32Array): boolean =>
 export { segmentBounds }
 
 /** Results every rank must have bit for bit (a reduce-scatter's parts differ; a barrier has none). */
-export const mustMatch = (c: Case): boolean => c.op !== "reduceScatter" && c.op !== "barrier"
+export const mustMatch = (c: Case): boolean => c.op !== "reduceScatter" && c.op !== "shift" && c.op !== "barrier"
 
 /** Each case's failures on any rank, and results that differ across ranks where they must match. */
 export const failuresOf = (cases: ReadonlyArray<Case>, results: ReadonlyArray<ReadonlyArray<CaseResult>>): string[] => {

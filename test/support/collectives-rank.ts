@@ -106,6 +106,12 @@ const runCase = async (c: Communicator, k: Case): Promise<CaseResult> => {
       const ok = sameBits(out, gathered(k, p))
       return { ok, hash: hashOf(out), maxErr: 0, detail: ok ? "" : "all-gather result differs from the inputs" }
     }
+    case "shift": {
+      // The previous rank's input, bit for bit.
+      const out = await c.shift(inputOf(k.seed, r, length))
+      const ok = sameBits(out, inputOf(k.seed, (r + p - 1) % p, length))
+      return { ok, hash: hashOf(out), maxErr: 0, detail: ok ? "" : "shift result differs from the previous rank's input" }
+    }
     case "buckets": {
       const sizes = k.sizes ?? []
       const grads = sizes.map((n, v) => inputOf(k.seed + v * 31, r, n))
