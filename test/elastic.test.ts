@@ -101,7 +101,7 @@ describe("an elastic run on two agents", () => {
    * From b's death until the group is back at 4, the shrunk group's steps are slowed (the loops'
    * `holdFile`, hold.ts): on a loaded machine an agent can take longer to start than the epochs left.
    */
-  const shrinkAndGrow = async (cluster: string, prefix: string, collectiveConfig: Record<string, unknown> = {}, steps = false) => {
+  const shrinkAndGrow = async (cluster: string, prefix: string, collectiveConfig: Record<string, unknown> = {}, steps = false, recoverFrom?: "checkpoint") => {
     startAgent(`${prefix}a`, cluster)
     startAgent(`${prefix}b`, cluster)
     await waitForAlive(cluster, [`${prefix}a`, `${prefix}b`])
@@ -120,7 +120,7 @@ describe("an elastic run on two agents", () => {
         name: cluster,
         storagePath: work,
         progress: false,
-        failureConfig: { maxFailures: 2 },
+        failureConfig: { maxFailures: 2, ...(recoverFrom ? { recoverFrom } : {}) },
         callbacks: [
           {
             onReport: ({ index, perRank }) => {
@@ -223,8 +223,8 @@ describe("an elastic run on two agents", () => {
     expect(events.find((e) => e.type === "grow")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 2, position: { inFit: false, stepsSinceReport: 0 } })
   })
 
-  it("with ZeRO stage 2, shrinks and grows through the checkpoint, re-sharding the optimizer state each time", { timeout: 240_000 }, async () => {
-    const { r, events } = await shrinkAndGrow("elastic-zero", "z", { zeroStage: 2 })
+  it("with ZeRO stage 2 and recoverFrom \"checkpoint\", shrinks and grows through the checkpoint, re-sharding the optimizer state each time", { timeout: 240_000 }, async () => {
+    const { r, events } = await shrinkAndGrow("elastic-zero", "z", { zeroStage: 2 }, false, "checkpoint")
     expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.9)
     // The last checkpoint holds the full group's four shards; both changes went through the checkpoint.
     expect((await fs.readdir(r.checkpoint!.path)).filter((f) => f.startsWith("optimizer.shard-")).sort()).toEqual([0, 1, 2, 3].map((i) => `optimizer.shard-${i}-of-4.msgpack`))

@@ -1,12 +1,11 @@
-// ZeRO stage 1's replicas (optim/zero.ts): each rank keeps its predecessor's shard, updated from
-// the same all-reduced gradient; a regroup merges the survivors' shards and replicas into one
+// ZeRO's replicas (optim/zero.ts): each rank keeps its predecessor's shard, updated from the same
+// reduced gradient (stage 1: the all-reduced whole; stage 2: the predecessor's segment); a regroup merges the survivors' shards and replicas into one
 // complete set and re-shards it for the new group. Pure logic, no group: p ranks' shards stepped
 // on the same gradients as one unsharded optimizer must hand over, after a rank is lost, exactly
 // (bit for bit) that optimizer's state and parameters; what cannot make a complete set says why.
 import { describe, expect, it } from "vitest"
 import { ZeroShard, mergePeerShards } from "../actors/train/common/optim/zero.ts"
 import { seededRng } from "../core/random.ts"
-import { ConfigError } from "../core/errors.ts"
 
 const N = 1000
 const ADAM = { kind: "adam" as const, learningRate: 0.01, beta1: 0.9, beta2: 0.999, epsilon: 1e-7 }
@@ -44,7 +43,7 @@ const expectTwoRanksHold = (files: Record<string, Uint8Array>, reference: ZeroSh
   }
 }
 
-describe("ZeRO stage 1 replicas", () => {
+describe("ZeRO replicas", () => {
   it("hand a lost rank's shard over from its successor: the re-sharded group holds the unsharded optimizer's state and parameters bit for bit", () => {
     const { ranks, reference } = trained(3, 5)
     expect(ranks.every((z) => z.replicated)).toBe(true)
@@ -95,9 +94,32 @@ describe("ZeRO stage 1 replicas", () => {
     expect("reason" in mergePeerShards([ranks[1]!.peerFiles(), undefined])).toBe(true)
   })
 
-  it("is stage 1's only: stage 2 gives no rank its predecessor's gradient", () => {
-    expect(() => new ZeroShard(2, ADAM, N, 0, 2, { replica: true })).toThrow(ConfigError)
+  it("at stage 2 a replica is stepped from the predecessor's reduced segment (sent after the reduce-scatter), bit for bit its owner's", () => {
+    const p = 3
+    const init = random(N)
+    const ranks = Array.from({ length: p }, (_, r) => new ZeroShard(2, ADAM, N, r, p, { replica: true }))
+    const reference = new ZeroShard(1, ADAM, N, 0, 1)
+    for (const z of [...ranks, reference]) z.loadParams(init)
+    expect(ranks.every((z) => z.replicated)).toBe(true)
+    const S = ranks[0]!.layout.shardSize
+    for (let s = 0; s < 4; s++) {
+      // The reduced gradient, padded to p segments of S: rank r holds segment r, and receives segment r - 1.
+      const g = new Float32Array(S * p)
+      g.set(random(N))
+      for (const z of ranks) {
+        const r = z.layout.rank
+        z.update(g.subarray(r * S, (r + 1) * S), undefined, 0.01)
+        const pred = z.predecessorGradient
+        pred.set(g.subarray(((r + p - 1) % p) * S, (((r + p - 1) % p) + 1) * S))
+        z.updateReplicaSegment(pred, undefined, 0.01)
+      }
+      reference.update(g.subarray(0, N), undefined, 0.01)
+    }
+    // Rank 1 is lost: rank 2 holds its replica; the group of 2 (at stage 2 or 1 alike) holds the unsharded state.
+    const merged = mergePeerShards([ranks[0]!.peerFiles(), ranks[2]!.peerFiles()])
+    if (!("files" in merged)) throw new Error(merged.reason)
+    expectTwoRanksHold(merged.files, reference)
     // One rank has no predecessor to keep.
-    expect(new ZeroShard(1, ADAM, N, 0, 1, { replica: true }).replicated).toBe(false)
+    expect(new ZeroShard(2, ADAM, N, 0, 1, { replica: true }).replicated).toBe(false)
   })
 })

@@ -76,7 +76,12 @@ const makeGroup = async (
         sum: (buf) => reducer.sum(buf),
         gradientBuffer: (n) => reducer.gradientBuffer(n),
         zeroStage: stage,
-        reduceScatter: (buf, weight) => comm.reduceScatter(buf, { op: "weightedMean", weight }),
+        reduceScatter: async (buffers, weight) => {
+          const { buf, shiftInto } = buffers()
+          const segment = await comm.reduceScatter(buf, { op: "weightedMean", weight })
+          if (shiftInto) await comm.shift(segment, { out: shiftInto })
+          return segment
+        },
         allGatherInto: async (segment, out) => {
           await comm.allGather(segment, { out })
           return true

@@ -177,7 +177,7 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
   if (peersCannot && run.failureConfig?.recoverFrom === "peers") {
     throw new ConfigError({
       field: "runConfig.failureConfig.recoverFrom",
-      reason: `"peers" regroups the surviving workers from their own state, but ${peersCannot}: leave recoverFrom unset (it is "checkpoint" then)${zeroStage > 0 ? " or use zeroStage 0" : ""}`
+      reason: `"peers" regroups the surviving workers from their own state, but ${peersCannot}: leave recoverFrom unset (it is "checkpoint" then)`
     })
   }
   const cluster = options.cluster === undefined ? undefined : resolveClusterConfig(options.cluster)
@@ -186,7 +186,6 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
   const name = run.name ?? `gradwire_${new Date().toISOString().replace(/[-:]/g, "").replace(/\..*$/, "").replace("T", "_")}`
   const storage = path.resolve(run.storagePath ?? defaultStoragePath())
   if (options.seed !== undefined && !Number.isInteger(options.seed)) throw new ConfigError({ field: "seed", reason: `an integer, got ${String(options.seed)}` })
-  // With ZeRO stage 2 no survivor holds a lost rank's optimizer shard: failures restart from the checkpoint.
   // A file dataset's epoch is planned again at a regroup from what each rank trained (fit-loop.ts).
   const recoverFrom = run.failureConfig?.recoverFrom ?? (peersCannot ? "checkpoint" : "peers")
   if ((run.failureConfig?.spares ?? 0) > 0 && recoverFrom === "checkpoint") {
@@ -209,8 +208,8 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
       compression: local ? local.compression : compression,
       adaptiveBatching: coll.adaptiveBatching ?? false,
       zeroStage,
-      // Stage 1 recovering from peers keeps a replica of each rank's optimizer shard on the next rank.
-      ...(zeroStage === 1 && recoverFrom === "peers" ? { zeroReplica: true } : {}),
+      // ZeRO recovering from peers keeps a replica of each rank's optimizer shard on the next rank.
+      ...(zeroStage > 0 && recoverFrom === "peers" ? { zeroReplica: true } : {}),
       strategy,
       backupWorkers,
       ...(local ? { localSgd: local.settings } : {}),

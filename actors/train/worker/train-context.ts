@@ -99,7 +99,7 @@ export interface TrainContextDeps {
   readonly adaptiveBatching?: boolean
   /** collectiveConfig.zeroStage. */
   readonly zeroStage?: 0 | 1 | 2
-  /** ZeRO stage 1 recovering from peers: each rank keeps its predecessor's shard too. */
+  /** ZeRO recovering from peers: each rank keeps its predecessor's shard too. */
   readonly zeroReplica?: boolean
   /** collectiveConfig.strategy (GradientSync.strategy). */
   readonly strategy?: string
@@ -416,12 +416,21 @@ export class TrainContext {
             return out
           }
         ),
-      // ZeRO (optim/zero.ts): stage 1 recovering from peers regroups from the survivors' shards
-      // and replicas; stage 2 restarts from the checkpoint after a failure.
+      // ZeRO (optim/zero.ts): recovering from peers regroups from the survivors' shards and
+      // replicas (stage 2 sends each rank's reduced segment to the next rank for its replica).
       zeroStage: d.zeroStage ?? 0,
       ...(d.zeroReplica ? { zeroReplica: true } : {}),
-      reduceScatter: (buf, weight) =>
-        session.operation((g) => g.comm.reduceScatter(buf, { op: "weightedMean", weight, wire: d.halfWire ? "f16" : "f32" }), () => buf, () => buf),
+      reduceScatter: (buffers, weight) =>
+        session.operation<Float32Array | "adopted" | "recompute">(
+          async (g) => {
+            const { buf, shiftInto } = buffers()
+            const segment = await g.comm.reduceScatter(buf, { op: "weightedMean", weight, wire: d.halfWire ? "f16" : "f32" })
+            if (shiftInto) await g.comm.shift(segment, { out: shiftInto })
+            return segment
+          },
+          () => "adopted",
+          () => "recompute"
+        ),
       // The step's last operation: a regroup under it re-shards from the survivors' updated shards
       // and loads their parameters, which completes the step (a redo would gather segments of the
       // old layout).

@@ -9,9 +9,11 @@
 //            gradient: the same bytes on the wire as one all-reduce (reduce-scatter + all-gather).
 // The state is saved per shard, one checkpoint file per rank (shardFileName), and a restore at
 // another world size re-shards it: each new rank copies the ranges of the old shards it now owns.
-// Recovery from peers (stage 1): each rank also keeps a replica of its predecessor's shard (rank
-// r - 1 mod p), updated from the same all-reduced gradient with the same code, so bit for bit the
-// same as the owner's, at no cost on the wire. A regroup collects every survivor's shard and
+// Recovery from peers: each rank also keeps a replica of its predecessor's shard (rank r - 1 mod p),
+// updated from the same reduced gradient with the same code, so bit for bit the same as the
+// owner's: at stage 1 from the all-reduced gradient every rank has (no cost on the wire), at stage
+// 2 from the predecessor's segment of it, which each rank sends its successor after the
+// reduce-scatter (Communicator.shift: N/p elements a rank, a step). A regroup collects every survivor's shard and
 // replica (mergePeerShards): one lost rank, or several that are not neighbours, leave a complete
 // set, which the new group re-shards as a restore does, its parameters included. A group that
 // broke in a step's all-gather has survivors a step apart: those behind are brought level with the
@@ -143,8 +145,9 @@ export class ZeroShard {
   readonly params: Float32Array
   #gathered: Float32Array | undefined
   #gradients: Float32Array | undefined
-  /** Stage 1 with `replica`: the predecessor's range, its parameters and optimizer state. */
+  /** With `replica`: the predecessor's range, its parameters and optimizer state. */
   readonly #replica: { readonly layout: ShardLayout; readonly params: Float32Array; readonly optimizer: FlatOptimizer } | undefined
+  #predecessorGradient: Float32Array | undefined
 
   constructor(stage: 1 | 2, spec: FlatOptimizerSpec, total: number, rank: number, worldSize: number, options: { readonly replica?: boolean } = {}) {
     this.stage = stage
@@ -153,7 +156,6 @@ export class ZeroShard {
     this.params = this.segment.subarray(0, this.layout.end - this.layout.start)
     this.optimizer = createFlatOptimizer(spec, this.params.length)
     if (options.replica && worldSize > 1) {
-      if (stage !== 1) throw new ConfigError({ field: "collectiveConfig.zeroStage", reason: "a replica of the predecessor's shard needs its gradient, which only stage 1 (all-reduce) gives every rank" })
       const layout = shardLayout(total, worldSize, (rank + worldSize - 1) % worldSize)
       const n = layout.end - layout.start
       this.#replica = { layout, params: new Float32Array(n), optimizer: createFlatOptimizer(spec, n) }
@@ -191,6 +193,19 @@ export class ZeroShard {
   update(grad: Float32Array, learningRate: number | undefined, weightDecay: number): void {
     if (learningRate !== undefined) this.optimizer.learningRate = learningRate
     this.optimizer.step(this.params, grad.subarray(0, this.params.length), weightDecay)
+  }
+
+  /** Stage 2 with a replica: where the predecessor's padded segment of the reduced gradient arrives (allocated once). */
+  get predecessorGradient(): Float32Array {
+    return (this.#predecessorGradient ??= new Float32Array(this.layout.shardSize))
+  }
+
+  /** Stage 2: the replica's update, from the predecessor's segment of the reduced gradient, as its owner makes it. */
+  updateReplicaSegment(segment: Float32Array, learningRate: number | undefined, weightDecay: number): void {
+    const r = this.#replica
+    if (!r) return
+    if (learningRate !== undefined) r.optimizer.learningRate = learningRate
+    r.optimizer.step(r.params, segment.subarray(0, r.params.length), weightDecay)
   }
 
   /** Stage 1: the replica's update, from the whole reduced gradient, as its owner makes it. */
@@ -287,7 +302,7 @@ export class ZeroShard {
     return {
       optimizerState: this.optimizer.stateBytes() + (r?.optimizer.stateBytes() ?? 0),
       parameterBuffers: this.segment.byteLength + (this.#gathered?.byteLength ?? 0) + (r?.params.byteLength ?? 0),
-      gradientBuffers: this.#gradients?.byteLength ?? 0
+      gradientBuffers: (this.#gradients?.byteLength ?? 0) + (this.#predecessorGradient?.byteLength ?? 0)
     }
   }
 }

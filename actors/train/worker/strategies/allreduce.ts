@@ -37,11 +37,8 @@ export const allreduce = defineStrategy({
   name: "allreduce",
   hint: "every step all-reduces the gradients and applies the same update on every rank (zeroStage 1/2 shard the optimizer state)",
   servers: false,
-  // ZeRO stage 1 keeps a replica of each rank's optimizer shard on the next rank (optim/zero.ts).
-  peersCannot: ({ zeroStage }) =>
-    zeroStage === 2
-      ? `with zeroStage 2 each rank receives only its own segment of the reduced gradient, so no other rank can keep a replica of its optimizer shard (zeroStage 1 keeps one on the next rank), and a lost rank's shard is only in the checkpoint`
-      : undefined,
+  // ZeRO keeps a replica of each rank's optimizer shard on the next rank (optim/zero.ts).
+  peersCannot: () => undefined,
   autoCandidates: ["allreduce"],
   benchVariants: [{ name: "all-reduce", collective: () => ({}) }],
   create: (host) => ((host.sync.zeroStage ?? 0) > 0 ? new ZeroWorker(host) : new AllReduceWorker(host))

@@ -3,8 +3,8 @@
 // the whole gradient and updates its segment; stage 2 reduce-scatters, so each rank receives only
 // its segment's reduced gradient. The updated segments are all-gathered into every rank's model.
 // Checkpoints carry each rank's shard in its reports; a restore re-shards for another world size.
-// Stage 1 with recovery from peers (collective zeroReplica) keeps each rank's predecessor's shard
-// too: a regroup takes every survivor's shard and replica (peerFiles, in its pause reply), and
+// With recovery from peers (collective zeroReplica) each rank keeps its predecessor's shard too
+// (stage 2: from the predecessor's reduced segment, sent after the reduce-scatter): a regroup takes every survivor's shard and replica (peerFiles, in its pause reply), and
 // every member of the new group loads its range of them with the parameters they hold (adopted).
 import { ConfigError } from "../../../../core/errors.ts"
 import { OPTIMIZER_FILE, readOptimizerFile } from "../../../../core/model-io.ts"
@@ -63,9 +63,34 @@ export class ZeroWorker implements StrategyWorker {
   async exchange(flat: Float32Array, x: StepExchange): Promise<Exchanged> {
     const zero = this.#zero
     if (zero.stage === 2) {
-      // Each rank receives only its segment of the reduced gradient.
-      const segment = await this.#host.sync.reduceScatter!(flat, x.samples)
-      return { apply: () => this.#applyShard(segment) }
+      // Each rank receives only its segment of the reduced gradient (and, keeping a replica, its
+      // predecessor's). A group that breaks under it is re-formed (the shard re-made for the new
+      // layout, adopted()) and the step done again there, into the new shard's gradient buffer.
+      // The buffers are the shard's as the operation runs: the gradient is moved into a new
+      // shard's (padded for the new world size) when a regroup made one meanwhile.
+      let gradient = flat
+      let sentAt: number | undefined
+      const n = this.#host.parameterCount
+      const buffers = () => {
+        const z = this.#zero
+        if (gradient !== z.gradients) {
+          z.gradients.set(gradient.subarray(0, n))
+          z.gradients.fill(0, n)
+          gradient = z.gradients
+        }
+        return { buf: z.gradients, ...(z.replicated ? { shiftInto: z.predecessorGradient } : {}) }
+      }
+      for (;;) {
+        const got = await this.#host.sync.reduceScatter!(buffers, x.samples)
+        if (got === "adopted") return { adopted: true }
+        if (got !== "recompute") {
+          // (The shard the operation ran with: only a regroup replaces it, and none came after it.)
+          const z = this.#zero
+          return { ...(sentAt !== undefined ? { sentAt } : {}), apply: () => this.#applyShard(got, undefined, z.replicated ? z.predecessorGradient : undefined) }
+        }
+        gradient = await x.recompute()
+        sentAt = performance.now()
+      }
     }
     // Stage 1: the whole gradient is all-reduced (with any compression); this rank updates its
     // segment and its replica of the predecessor's (the shard of the group it applies in: a regroup
@@ -75,15 +100,17 @@ export class ZeroWorker implements StrategyWorker {
   }
 
   /**
-   * This rank's segment from its reduced gradient (and the replica's, from the whole one), then
+   * This rank's segment from its reduced gradient (and the replica's, from the whole one at stage
+   * 1, from the predecessor's segment at stage 2), then
    * every segment all-gathered into the model. A group that breaks in the all-gather is re-formed
    * from the survivors' shards, whose parameters every member has loaded by then: nothing to assign.
    */
-  async #applyShard(grad: Float32Array, full?: Float32Array): Promise<void> {
+  async #applyShard(grad: Float32Array, full?: Float32Array, predecessor?: Float32Array): Promise<void> {
     const zero = this.#zero
     const h = this.#host
     zero.update(grad, h.learningRate, h.weightDecay)
     if (full) zero.updateReplica(full, h.learningRate, h.weightDecay)
+    if (predecessor) zero.updateReplicaSegment(predecessor, h.learningRate, h.weightDecay)
     const gathered = zero.gathered
     this.#applied = { ...(full ? { gradient: full } : {}), weightDecay: h.weightDecay }
     try {
