@@ -121,5 +121,27 @@ describe("ZeRO replicas", () => {
     expectTwoRanksHold(merged.files, reference)
     // One rank has no predecessor to keep.
     expect(new ZeroShard(2, ADAM, N, 0, 1, { replica: true }).replicated).toBe(false)
+
+    // Step 5 in flight: ranks 0 and 2 got their predecessors' segments and updated; rank 1 had its
+    // own segment reduced but not its predecessor's (the group broke in the shift); then rank 2
+    // died. Rank 0 holds shard 2 (its replica, updated); shard 1 is a step behind, and rank 1's
+    // reduced segment brings it level.
+    const g = new Float32Array(S * p)
+    g.set(random(N))
+    const seg = (r: number) => g.subarray(r * S, (r + 1) * S)
+    for (const r of [0, 2]) {
+      const z = ranks[r]!
+      z.update(seg(r), undefined, 0.01)
+      z.predecessorGradient.set(seg((r + p - 1) % p))
+      z.updateReplicaSegment(z.predecessorGradient, undefined, 0.01)
+    }
+    reference.update(g.subarray(0, N), undefined, 0.01)
+    const behind = mergePeerShards([ranks[0]!.peerFiles({ weightDecay: 0.01 }), ranks[1]!.peerFiles(undefined, { segment: seg(1), learningRate: undefined, weightDecay: 0.01 })])
+    if (!("files" in behind)) throw new Error(behind.reason)
+    expect(reference.optimizer.state().scalars.step).toBe(5)
+    expectTwoRanksHold(behind.files, reference)
+    // Without rank 1's reduced segment nothing brings shard 1 level.
+    const stuck = mergePeerShards([ranks[0]!.peerFiles({ weightDecay: 0.01 }), ranks[1]!.peerFiles()])
+    expect("reason" in stuck && stuck.reason).toMatch(/different optimizer steps \(4, 5\)/)
   })
 })

@@ -423,8 +423,9 @@ export class TrainContext {
       reduceScatter: (buffers, weight) =>
         session.operation<Float32Array | "adopted" | "recompute">(
           async (g) => {
-            const { buf, shiftInto } = buffers()
+            const { buf, shiftInto, reduced } = buffers()
             const segment = await g.comm.reduceScatter(buf, { op: "weightedMean", weight, wire: d.halfWire ? "f16" : "f32" })
+            reduced?.(segment)
             if (shiftInto) await g.comm.shift(segment, { out: shiftInto })
             return segment
           },

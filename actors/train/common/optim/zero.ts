@@ -50,13 +50,22 @@ export const shardFileName = (rank: number, worldSize: number): string => `optim
  * survivors that had not (still in the step's all-reduce) are brought to the same step.
  */
 export const STEP_GRADIENT_FILE = "optimizer.step-gradient.msgpack"
+/** Stage 2: one segment's reduced gradient of the step in flight, from a rank that had not applied it (its range's start in the name). */
+const segmentGradientFile = (start: number): string => `optimizer.step-gradient-${start}.msgpack`
+const STEP_GRADIENT = /^optimizer\.step-gradient(-\d+)?\.msgpack$/
 interface StepGradient {
   /** The optimizer step the gradient makes (the updated shards' step scalar). */
   readonly step: number
+  /** Where `gradient` starts in the flat vector (absent: 0, the whole vector). */
+  readonly start?: number
   readonly gradient: Float32Array
   readonly learningRate: number
   readonly weightDecay: number
 }
+
+/** The step gradient among `gradients` that covers a shard's range, if any. */
+const covering = (gradients: ReadonlyArray<StepGradient>, s: { readonly start: number; readonly end: number }): StepGradient | undefined =>
+  gradients.find((g) => (g.start ?? 0) <= s.start && (g.start ?? 0) + g.gradient.length >= s.end)
 const SHARD_FILE = /^optimizer\.shard-(\d+)-of-(\d+)\.msgpack$/
 
 /** One rank's saved shard: its range of the flat vector and the optimizer state of that range. */
@@ -226,10 +235,22 @@ export class ZeroShard {
    * when it has updated them for a step in flight (`applied`: that step's whole reduced gradient
    * and weight decay), the gradient that brings survivors still behind it to the same step.
    */
-  peerFiles(applied?: { readonly gradient?: Float32Array; readonly weightDecay: number }): Record<string, Uint8Array> {
+  peerFiles(applied?: { readonly gradient?: Float32Array; readonly weightDecay: number }, reduced?: { readonly segment: Float32Array; readonly learningRate: number | undefined; readonly weightDecay: number }): Record<string, Uint8Array> {
     const own = { [shardFileName(this.layout.rank, this.layout.worldSize)]: encodeMessage(this.#saved(this.layout, this.optimizer, this.params)) }
     const r = this.#replica
     const files = r ? { ...own, [shardFileName(r.layout.rank, r.layout.worldSize)]: encodeMessage(this.#saved(r.layout, r.optimizer, r.params)) } : own
+    if (reduced && !applied) {
+      // Stage 2, between the reduce-scatter and this rank's update: its segment's reduced gradient
+      // brings its shard level where the others made the step.
+      const g: StepGradient = {
+        step: this.optimizer.state().scalars.step! + 1,
+        start: this.layout.start,
+        gradient: reduced.segment.subarray(0, this.params.length),
+        learningRate: reduced.learningRate ?? this.optimizer.learningRate,
+        weightDecay: reduced.weightDecay
+      }
+      return { ...files, [segmentGradientFile(this.layout.start)]: encodeMessage(g) }
+    }
     if (!applied?.gradient) return files
     const g: StepGradient = { step: this.optimizer.state().scalars.step!, gradient: applied.gradient, learningRate: this.optimizer.learningRate, weightDecay: applied.weightDecay }
     return { ...files, [STEP_GRADIENT_FILE]: encodeMessage(g) }
@@ -263,9 +284,14 @@ export class ZeroShard {
    */
   loadPeerShards(files: Readonly<Record<string, Uint8Array>>): Float32Array {
     const saved = readShards(files, { kind: this.optimizer.spec.kind, total: this.layout.total })
-    const g = files[STEP_GRADIENT_FILE] ? (decodeMessage(files[STEP_GRADIENT_FILE]!) as StepGradient) : undefined
+    const gradients = Object.entries(files)
+      .filter(([name]) => STEP_GRADIENT.test(name))
+      .map(([, bytes]) => decodeMessage(bytes) as StepGradient)
     // Shards one step behind: the step their owners had yet to make, made here as they would have.
-    const shards = saved.map((s) => (g && s.scalars.step === g.step - 1 && s.params ? this.#stepped(s, g) : s))
+    const shards = saved.map((s) => {
+      const g = covering(gradients, s)
+      return g && s.scalars.step === g.step - 1 && s.params ? this.#stepped(s, g) : s
+    })
     const missing = shards.find((s) => !s.params)
     if (missing) throw new ConfigError({ field: "peer state", reason: `shard ${missing.rank} of ${missing.worldSize} came without its parameters` })
     const full = gatherRange(shards.map((s) => ({ start: s.start, end: s.end, data: s.params! })), 0, this.layout.total)
@@ -279,7 +305,8 @@ export class ZeroShard {
     opt.load({ kind: s.kind as FlatOptimizerState["kind"], slots: s.slots, scalars: s.scalars })
     opt.learningRate = g.learningRate
     const params = s.params!.slice()
-    opt.step(params, g.gradient.subarray(s.start, s.end), g.weightDecay)
+    const at = g.start ?? 0
+    opt.step(params, g.gradient.subarray(s.start - at, s.end - at), g.weightDecay)
     const st = opt.state()
     return { ...s, slots: st.slots, scalars: st.scalars, params }
   }
@@ -317,14 +344,19 @@ export const mergePeerShards = (
   perSurvivor: ReadonlyArray<Readonly<Record<string, Uint8Array>> | undefined>
 ): { readonly files: Record<string, Uint8Array> } | { readonly reason: string } => {
   const byName = new Map<string, { bytes: Uint8Array; shard: SavedShard }>()
-  let gradient: { bytes: Uint8Array; step: number } | undefined
+  const gradients = new Map<string, { bytes: Uint8Array; gradient: StepGradient }>()
   for (const files of perSurvivor) {
     if (!files) return { reason: "a survivor holds no ZeRO shard to hand over" }
-    const g = files[STEP_GRADIENT_FILE]
-    if (g && !gradient) gradient = { bytes: g, step: (decodeMessage(g) as StepGradient).step }
     for (const [name, bytes] of Object.entries(files)) {
-      if (!SHARD_FILE.test(name) || byName.has(name)) continue
-      byName.set(name, { bytes, shard: decodeMessage(bytes) as SavedShard })
+      if (STEP_GRADIENT.test(name)) {
+        if (!gradients.has(name)) gradients.set(name, { bytes, gradient: decodeMessage(bytes) as StepGradient })
+        continue
+      }
+      if (!SHARD_FILE.test(name)) continue
+      // A shard and its replica: the newer copy (its holder made the step in flight, the other not).
+      const shard = decodeMessage(bytes) as SavedShard
+      const held = byName.get(name)
+      if (!held || shard.scalars.step! > held.shard.scalars.step!) byName.set(name, { bytes, shard })
     }
   }
   const all = [...byName.values()]
@@ -335,12 +367,18 @@ export const mergePeerShards = (
   if (lost.length) {
     return { reason: `the optimizer shard of rank(s) ${lost.join(", ")} of ${p} was lost with ${lost.length > 1 ? "them and their" : "it and its"} successor's replica (neighbouring ranks failed together)` }
   }
-  // A group that broke in a step's all-gather: survivors that had not finished its all-reduce are
-  // a step behind, and one that had hands over the step's gradient to bring them level.
+  // A group that broke in a step's all-gather: survivors that had not finished its reduction are
+  // a step behind, and the step's gradient brings them level: the whole of it from a rank that
+  // made the step (stage 1), or each lagging shard's segment of it from its owner, which had it
+  // reduced but not applied (stage 2).
   const steps = [...new Set(all.map((s) => s.shard.scalars.step!))].sort((a, b) => a - b)
   const files: Record<string, Uint8Array> = Object.fromEntries([...byName].map(([name, s]) => [name, s.bytes]))
   if (steps.length === 1) return { files }
-  if (steps.length === 2 && steps[1] === steps[0]! + 1 && gradient?.step === steps[1]) return { files: { ...files, [STEP_GRADIENT_FILE]: gradient.bytes } }
+  const next = [...gradients].filter(([, g]) => g.gradient.step === steps[1])
+  const behind = all.filter((s) => s.shard.scalars.step === steps[0])
+  if (steps.length === 2 && steps[1] === steps[0]! + 1 && behind.every((s) => covering(next.map(([, g]) => g.gradient), s.shard))) {
+    return { files: { ...files, ...Object.fromEntries(next.map(([name, g]) => [name, g.bytes])) } }
+  }
   return { reason: `the survivors' ZeRO shards are at different optimizer steps (${steps.join(", ")}) and none holds the gradient to bring them level` }
 }
 

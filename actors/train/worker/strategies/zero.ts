@@ -25,6 +25,8 @@ export class ZeroWorker implements StrategyWorker {
    * whole reduced gradient and weight decay, for survivors a step behind (peerFiles).
    */
   #applied: { readonly gradient?: Float32Array; readonly weightDecay: number } | undefined
+  /** Stage 2 with a replica: this step's reduced segment, between the reduce-scatter and the update (peerFiles). */
+  #reduced: { readonly segment: Float32Array; readonly learningRate: number | undefined; readonly weightDecay: number } | undefined
 
   constructor(host: StrategyHost) {
     const { sync } = host
@@ -78,11 +80,18 @@ export class ZeroWorker implements StrategyWorker {
           z.gradients.fill(0, n)
           gradient = z.gradients
         }
-        return { buf: z.gradients, ...(z.replicated ? { shiftInto: z.predecessorGradient } : {}) }
+        // Between the reduce-scatter and the update, a regroup may bring this rank's shard level
+        // with ranks that made the step, from the segment it has reduced (peerFiles).
+        const reduced = (segment: Float32Array) => (this.#reduced = { segment, learningRate: this.#host.learningRate, weightDecay: this.#host.weightDecay })
+        return { buf: z.gradients, ...(z.replicated ? { shiftInto: z.predecessorGradient, reduced } : {}) }
       }
       for (;;) {
+        this.#reduced = undefined
         const got = await this.#host.sync.reduceScatter!(buffers, x.samples)
-        if (got === "adopted") return { adopted: true }
+        if (got === "adopted") {
+          this.#reduced = undefined
+          return { adopted: true }
+        }
         if (got !== "recompute") {
           // (The shard the operation ran with: only a regroup replaces it, and none came after it.)
           const z = this.#zero
@@ -108,6 +117,7 @@ export class ZeroWorker implements StrategyWorker {
   async #applyShard(grad: Float32Array, full?: Float32Array, predecessor?: Float32Array): Promise<void> {
     const zero = this.#zero
     const h = this.#host
+    this.#reduced = undefined
     zero.update(grad, h.learningRate, h.weightDecay)
     if (full) zero.updateReplica(full, h.learningRate, h.weightDecay)
     if (predecessor) zero.updateReplicaSegment(predecessor, h.learningRate, h.weightDecay)
@@ -160,7 +170,7 @@ export class ZeroWorker implements StrategyWorker {
 
   /** This rank's shard and its replica of its predecessor's, with their parameters, for a regroup. */
   peerFiles(): Record<string, Uint8Array> {
-    return this.#zero.peerFiles(this.#applied)
+    return this.#zero.peerFiles(this.#applied, this.#reduced)
   }
 
   /** After a regroup: this rank's range of the merged shards in the new group, and the parameters they hold. */
