@@ -122,26 +122,25 @@ describe("ZeRO replicas", () => {
     // One rank has no predecessor to keep.
     expect(new ZeroShard(2, ADAM, N, 0, 1, { replica: true }).replicated).toBe(false)
 
-    // Step 5 in flight: ranks 0 and 2 got their predecessors' segments and updated; rank 1 had its
-    // own segment reduced but not its predecessor's (the group broke in the shift); then rank 2
-    // died. Rank 0 holds shard 2 (its replica, updated); shard 1 is a step behind, and rank 1's
-    // reduced segment brings it level.
+    // Step 5 in flight: rank 1 got through the barrier after the shift and updated its shard and
+    // replica; ranks 0 and 2 had both segments (their own and their predecessor's) but not yet
+    // updated; then rank 2 died. Shard 2 survives only as rank 0's replica, a step behind: the
+    // predecessor segment rank 0 holds brings it level (and shard 0's newer copy is rank 1's replica).
     const g = new Float32Array(S * p)
     g.set(random(N))
     const seg = (r: number) => g.subarray(r * S, (r + 1) * S)
-    for (const r of [0, 2]) {
-      const z = ranks[r]!
-      z.update(seg(r), undefined, 0.01)
-      z.predecessorGradient.set(seg((r + p - 1) % p))
-      z.updateReplicaSegment(z.predecessorGradient, undefined, 0.01)
-    }
+    const z1 = ranks[1]!
+    z1.update(seg(1), undefined, 0.01)
+    z1.predecessorGradient.set(seg(0))
+    z1.updateReplicaSegment(z1.predecessorGradient, undefined, 0.01)
     reference.update(g.subarray(0, N), undefined, 0.01)
-    const behind = mergePeerShards([ranks[0]!.peerFiles({ weightDecay: 0.01 }), ranks[1]!.peerFiles(undefined, { segment: seg(1), learningRate: undefined, weightDecay: 0.01 })])
+    const held = { segment: seg(0), predecessor: seg(2), learningRate: undefined, weightDecay: 0.01 }
+    const behind = mergePeerShards([ranks[0]!.peerFiles(undefined, held), z1.peerFiles({ weightDecay: 0.01 })])
     if (!("files" in behind)) throw new Error(behind.reason)
     expect(reference.optimizer.state().scalars.step).toBe(5)
     expectTwoRanksHold(behind.files, reference)
-    // Without rank 1's reduced segment nothing brings shard 1 level.
-    const stuck = mergePeerShards([ranks[0]!.peerFiles({ weightDecay: 0.01 }), ranks[1]!.peerFiles()])
+    // Without rank 0's segments nothing brings shard 2 level.
+    const stuck = mergePeerShards([ranks[0]!.peerFiles(), z1.peerFiles({ weightDecay: 0.01 })])
     expect("reason" in stuck && stuck.reason).toMatch(/different optimizer steps \(4, 5\)/)
   })
 })

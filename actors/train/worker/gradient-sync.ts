@@ -55,15 +55,17 @@ export interface GradientSync {
    * Stage 2: reduces `buf` (a multiple of worldSize long) to the weighted mean over ranks and
    * returns this rank's segment of it (segment r of p equal ones), a view of `buf`; with
    * `shiftInto`, then sends that segment to the next rank and takes the previous rank's into
-   * `shiftInto` (a replica's gradient), in the same group operation (`reduced` is told the segment
-   * between the two). `buffers` gives them when the operation runs: a regroup before it (a grow)
+   * `shiftInto` (a replica's gradient), then waits for every rank to have done as much (a barrier),
+   * in the same group operation (`reduced` is told both segments before the barrier): a rank that
+   * got through it knows every rank holds its segment and its predecessor's, so a regroup can bring
+   * any rank that had not applied them level with those that had. `buffers` gives them when the operation runs: a regroup before it (a grow)
    * changes the world size, and so the buffers'. After
    * the group was re-formed under it: "adopted" (this rank took a survivor's state, which holds
    * this step) or "recompute" (the step is done again in the new group: `buf` holds partial sums of
    * the old one).
    */
   reduceScatter?(
-    buffers: () => { readonly buf: Float32Array; readonly shiftInto?: Float32Array; readonly reduced?: (segment: Float32Array) => void },
+    buffers: () => { readonly buf: Float32Array; readonly shiftInto?: Float32Array; readonly reduced?: (segment: Float32Array, predecessor: Float32Array) => void },
     weight: number
   ): Promise<Float32Array | "adopted" | "recompute">
   /**

@@ -425,8 +425,13 @@ export class TrainContext {
           async (g) => {
             const { buf, shiftInto, reduced } = buffers()
             const segment = await g.comm.reduceScatter(buf, { op: "weightedMean", weight, wire: d.halfWire ? "f16" : "f32" })
-            reduced?.(segment)
-            if (shiftInto) await g.comm.shift(segment, { out: shiftInto })
+            if (shiftInto) {
+              await g.comm.shift(segment, { out: shiftInto })
+              reduced?.(segment, shiftInto)
+              // No rank updates its shards before every rank holds the segments to make the same
+              // update (a regroup brings a rank that had not made it level: optim/zero.ts).
+              await g.comm.barrier()
+            }
             return segment
           },
           () => "adopted",

@@ -235,21 +235,25 @@ export class ZeroShard {
    * when it has updated them for a step in flight (`applied`: that step's whole reduced gradient
    * and weight decay), the gradient that brings survivors still behind it to the same step.
    */
-  peerFiles(applied?: { readonly gradient?: Float32Array; readonly weightDecay: number }, reduced?: { readonly segment: Float32Array; readonly learningRate: number | undefined; readonly weightDecay: number }): Record<string, Uint8Array> {
+  peerFiles(
+    applied?: { readonly gradient?: Float32Array; readonly weightDecay: number },
+    reduced?: { readonly segment: Float32Array; readonly predecessor?: Float32Array; readonly learningRate: number | undefined; readonly weightDecay: number }
+  ): Record<string, Uint8Array> {
     const own = { [shardFileName(this.layout.rank, this.layout.worldSize)]: encodeMessage(this.#saved(this.layout, this.optimizer, this.params)) }
     const r = this.#replica
     const files = r ? { ...own, [shardFileName(r.layout.rank, r.layout.worldSize)]: encodeMessage(this.#saved(r.layout, r.optimizer, r.params)) } : own
     if (reduced && !applied) {
-      // Stage 2, between the reduce-scatter and this rank's update: its segment's reduced gradient
-      // brings its shard level where the others made the step.
-      const g: StepGradient = {
-        step: this.optimizer.state().scalars.step! + 1,
-        start: this.layout.start,
-        gradient: reduced.segment.subarray(0, this.params.length),
-        learningRate: reduced.learningRate ?? this.optimizer.learningRate,
-        weightDecay: reduced.weightDecay
+      // Stage 2, between the reduction and this rank's update: its segment's and its predecessor's
+      // reduced gradient bring its shard and replica level where the others made the step.
+      const step = this.optimizer.state().scalars.step! + 1
+      const learningRate = reduced.learningRate ?? this.optimizer.learningRate
+      const segments: Array<[ShardLayout, Float32Array]> = [[this.layout, reduced.segment], ...(r && reduced.predecessor ? [[r.layout, reduced.predecessor] as [ShardLayout, Float32Array]] : [])]
+      const out: Record<string, Uint8Array> = { ...files }
+      for (const [l, seg] of segments) {
+        const g: StepGradient = { step, start: l.start, gradient: seg.subarray(0, l.end - l.start), learningRate, weightDecay: reduced.weightDecay }
+        out[segmentGradientFile(l.start)] = encodeMessage(g)
       }
-      return { ...files, [segmentGradientFile(this.layout.start)]: encodeMessage(g) }
+      return out
     }
     if (!applied?.gradient) return files
     const g: StepGradient = { step: this.optimizer.state().scalars.step!, gradient: applied.gradient, learningRate: this.optimizer.learningRate, weightDecay: applied.weightDecay }

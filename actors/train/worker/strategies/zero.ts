@@ -25,8 +25,8 @@ export class ZeroWorker implements StrategyWorker {
    * whole reduced gradient and weight decay, for survivors a step behind (peerFiles).
    */
   #applied: { readonly gradient?: Float32Array; readonly weightDecay: number } | undefined
-  /** Stage 2 with a replica: this step's reduced segment, between the reduce-scatter and the update (peerFiles). */
-  #reduced: { readonly segment: Float32Array; readonly learningRate: number | undefined; readonly weightDecay: number } | undefined
+  /** Stage 2 with a replica: this step's reduced segment and its predecessor's, between the reduction and the update (peerFiles). */
+  #reduced: { readonly segment: Float32Array; readonly predecessor: Float32Array; readonly learningRate: number | undefined; readonly weightDecay: number } | undefined
 
   constructor(host: StrategyHost) {
     const { sync } = host
@@ -80,9 +80,10 @@ export class ZeroWorker implements StrategyWorker {
           z.gradients.fill(0, n)
           gradient = z.gradients
         }
-        // Between the reduce-scatter and the update, a regroup may bring this rank's shard level
-        // with ranks that made the step, from the segment it has reduced (peerFiles).
-        const reduced = (segment: Float32Array) => (this.#reduced = { segment, learningRate: this.#host.learningRate, weightDecay: this.#host.weightDecay })
+        // Between the reduction and the update, a regroup may bring this rank's shard and replica
+        // level with ranks that made the step, from the segments it holds (peerFiles).
+        const reduced = (segment: Float32Array, predecessor: Float32Array) =>
+          (this.#reduced = { segment, predecessor, learningRate: this.#host.learningRate, weightDecay: this.#host.weightDecay })
         return { buf: z.gradients, ...(z.replicated ? { shiftInto: z.predecessorGradient, reduced } : {}) }
       }
       for (;;) {
