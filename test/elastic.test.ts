@@ -95,7 +95,7 @@ describe("an elastic run on two agents", () => {
     waitForAliveNodes(server.url, cluster, (alive) => [...alive].sort().join(",") === [...nodeIds].sort().join(","))
 
   /**
-   * Two agents of `cluster` ("<prefix>a", "<prefix>b"), a 24-epoch elastic digits run (2..4 workers):
+   * Two agents of `cluster` ("<prefix>a", "<prefix>b"), a 12-epoch elastic digits run (2..4 workers):
    * after report 1 agent b is killed (the group shrinks to 2), and once a round ran at 2 a third
    * agent starts (the group grows back to 4). Checks what every such run must show and returns it.
    * From b's death until the group is back at 4, the shrunk group's steps are slowed (the loops'
@@ -112,8 +112,9 @@ describe("an elastic run on two agents", () => {
     let phase: "full" | "shrunk" | "grown" = "full"
     const r = await new Trainer({
       trainLoopPerWorker: loop,
-      // Enough epochs that the new agent (a few seconds to start) joins while the shrunk group trains.
-      trainLoopConfig: { epochs: 24, holdFile, ...(steps ? {} : { pidDir }) },
+      // Enough epochs that the new agent (a few seconds to start) joins while the shrunk group trains:
+      // held, each of the 10 epochs after the kill takes over 5 s at 2 workers (23 steps of 250 ms).
+      trainLoopConfig: { epochs: 12, holdFile, ...(steps ? {} : { pidDir }) },
       scalingConfig: { numWorkers: { min: 2, max: 4 }, placementTimeoutMs: 30_000 },
       collectiveConfig,
       runConfig: {
@@ -152,7 +153,7 @@ describe("an elastic run on two agents", () => {
     expect(r.resizes[0].reason).toMatch(/lost a node|node-lost|died/)
     // Every epoch trained; the last round ran at full size with one set of weights.
     const epochs = r.metricsHistory.map((m) => m.epoch as number)
-    expect(new Set(epochs)).toEqual(new Set(Array.from({ length: 24 }, (_, i) => i)))
+    expect(new Set(epochs)).toEqual(new Set(Array.from({ length: 12 }, (_, i) => i)))
     const last = r.metricsPerRank.at(-1)!
     expect(last).toHaveLength(4)
     expect(new Set(last.map((m) => m.weights)).size).toBe(1)
