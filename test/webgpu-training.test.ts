@@ -76,7 +76,9 @@ describe("useGpu workers on the webgpu backend (SwiftShader)", () => {
     const data = await loadZooData(TASK_OF.cnn)
     const r = await new Trainer({
       trainLoopPerWorker: ZOO,
-      trainLoopConfig: { model: "cnn", epochs: 2, maxStepsPerEpoch: 10 },
+      // Adam at 0.01 (the zoo's default for the CNN is 0.003): 12 steps then reach what 20 did,
+      // and every step on the software adapter costs about half a second.
+      trainLoopConfig: { model: "cnn", epochs: 2, maxStepsPerEpoch: 6, learningRate: 0.01 },
       scalingConfig: { numWorkers: 2, useGpu: true, backend: "webgpu" },
       runConfig: { name: "webgpu-cnn", storagePath: storage, progress: false },
       datasets: { train: data.train, test: data.test }
@@ -84,7 +86,7 @@ describe("useGpu workers on the webgpu backend (SwiftShader)", () => {
     expect(r.metricsHistory.length).toBe(2)
     const [first, last] = [r.metricsHistory[0]!, r.metricsHistory[1]!]
     expect(Number(last.loss)).toBeLessThan(Number(first.loss))
-    // 20 steps of 2 x 32 digits: far above chance (10%).
+    // 12 steps of 2 x 32 digits: far above chance (10%).
     expect(Number(last.val_accuracy)).toBeGreaterThan(0.4)
     await expectWebGpuRanks(r)
   })
