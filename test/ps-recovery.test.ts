@@ -72,7 +72,7 @@ describe("parameter servers: recovery from surviving peers", () => {
     const r = await killedWorker("ps-peers-async", "async", 5)
     expect(r.restarts).toBe(1)
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4])
-    // (Async servers converge noisier: ps-trainer.test.ts holds async runs to the same 0.8; 0.84-0.95 seen here.)
+    // (Async servers converge noisier: ps-trainer.test.ts holds async runs to the same 0.8; one CI run here ended at 0.838.)
     expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.8)
     const ev = await events(r.path)
     expect(ev.find((e) => e.type === "restart")).toMatchObject({ recovery: "peers", survivors: 2 })
