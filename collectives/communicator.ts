@@ -386,6 +386,14 @@ export class Communicator {
   readonly #directTls: boolean
   /** Peers this rank sends to directly: they dialled it and said so (replaced, never mutated, when a link goes). */
   #directPeers: ReadonlySet<number> = new Set()
+  /**
+   * Chunks a mid-sized segment is split into. Through NATS four, so a step can start while the
+   * previous one still arrives at the server and leaves it (store and forward). In a whole-direct
+   * group one: a socket streams a frame to the peer as it is written, so smaller chunks only add
+   * per-frame costs (events, acks, wake-ups); measured on 2 cores, a 4 MiB ring all-reduce at
+   * p = 4 took 14 ms in 1 MiB chunks against 24 ms in 256 KiB ones, 1 MiB at p = 4 5 against 9.5 ms.
+   */
+  #segmentChunks = 4
   /** Why a peer gets NATS: its reason for not dialling this rank. */
   #directWhyNot = new Map<number, string>()
   /** Calls running whose frames go direct: the peers they send to directly, fixed at the call's start. */
@@ -654,6 +662,10 @@ export class Communicator {
       if (HEADER_BLOCK_BYTES + 4 * C > minPayload) mismatch(`chunk of ${C} elements does not fit max_payload ${minPayload}`)
       if (failure !== undefined) throw failure
       comm = new Communicator(opts, peers, C, W, subjects, subs, endpoint)
+      // Every rank listens on the direct path and reads every peer's link: a whole-direct group,
+      // which splits segments into fewer chunks (#chunkFor). Decided from the hellos alone, so the
+      // same on every rank.
+      comm.#segmentChunks = all.every((h) => h.direct !== undefined && (h.reads?.length ?? 0) === worldSize - 1) ? 1 : 4
       if (endpoint) {
         // Send direct to the peers that dialled this rank and said so in their ready hello.
         const direct = new Set<number>()
@@ -1044,13 +1056,13 @@ export class Communicator {
 
   /**
    * Elements per chunk for a call moving `n` elements in `parts` segments: the agreed maximum for
-   * large buffers, smaller for mid-sized ones so each segment still streams in about four chunks
-   * (a step can start while the previous one is still arriving), and never below 64 KiB, where
-   * per-message costs take over. The same on every rank: it depends only on n, p and settings.
+   * large buffers, smaller for mid-sized ones so each segment still streams in about
+   * #segmentChunks chunks, and never below 64 KiB, where per-message costs take over. The same on
+   * every rank: it depends only on n, p and settings agreed at creation.
    */
   #chunkFor(n: number, parts: number): number {
     const floor = Math.min(this.chunkElems, MIN_CHUNK_ELEMS)
-    return Math.max(floor, Math.min(this.chunkElems, Math.ceil(n / (4 * parts))))
+    return Math.max(floor, Math.min(this.chunkElems, Math.ceil(n / (this.#segmentChunks * parts))))
   }
 
   /** Rejects a bad argument the same way on this rank as a failure would: the group is aborted. */
