@@ -1,6 +1,7 @@
 // All-reduce benchmark: `npm run bench -- allreduce [--p 2,4] [--sizes 4K,256K,4M,64M] [--rounds N]
 // [--max-payload 8M] [--chunk 1M] [--window 16M] [--no-gloo] [--no-payload-sweep]
-// [--algorithms ring,ring-relay,...] [--transports nats,direct]`. The algorithms are the registered
+// [--algorithms ring,ring-relay,...] [--transports nats,direct] [--prof DIR]` (--prof: --cpu-prof
+// profiles of the rank processes, in DIR). The algorithms are the registered
 // ones (collectives/algorithms/) by default, each that can fan out also as "<name>-relay", without
 // fan-out (from p = 3 on: with two ranks a fan-out reaches one receiver, the same traffic as a relay).
 //
@@ -18,7 +19,8 @@
 //   the one the algorithm's registry entry declares for the cost model), and
 // - torch.distributed gloo all_reduce on loopback when `/usr/bin/python3 -c "import torch"` works.
 // Every rank is its own OS process. Variants (algorithms x transports, and the raw patterns) are
-// interleaved round by round, so load from other processes on the machine hits them alike; compare
+// interleaved round by round (each variant's timed calls after one untimed call of its own, as gloo's
+// loop warms up), so load from other processes on the machine hits them alike; compare
 // ratios, not absolute figures, across runs. "x raw" is a row's time over its raw NATS pattern's in
 // the same round (for a direct row too: below 1x it beats what NATS itself could move). After each
 // (p, size) block, one line: the best NATS row, the best direct row, gloo, and best / gloo.
@@ -60,6 +62,8 @@ interface Args {
   readonly payloadSweep: boolean
   readonly algorithms: string[]
   readonly transports: Transport[]
+  /** Directory for --cpu-prof profiles of the rank processes. */
+  readonly prof: string | undefined
 }
 
 /** The data paths a benchmark group can use: everything over NATS, or every call over the direct links. */
@@ -88,9 +92,24 @@ const parseArgs = (args: ReadonlyArray<string>): Args => {
     gloo: !args.includes("--no-gloo"),
     payloadSweep: !args.includes("--no-payload-sweep"),
     algorithms: get("--algorithms")?.split(",") ?? allReduceAlgorithms().flatMap((a) => (a.usesFanout ? [a.name, `${a.name}-relay`] : [a.name])),
-    transports: parseTransports(get("--transports") ?? TRANSPORTS.join(","))
+    transports: parseTransports(get("--transports") ?? TRANSPORTS.join(",")),
+    prof: get("--prof")
   }
 }
+
+/** Asks every rank to exit (each replies, then exits) and waits up to 10 s for them to be gone. */
+const exitForProfiles = async (fleet: RankFleet): Promise<void> => {
+  const gone = fleet.children.map((c) => (c.exitCode !== null || c.signalCode !== null ? Promise.resolve() : new Promise<void>((resolve) => c.once("exit", () => resolve()))))
+  await Promise.allSettled(fleet.children.map((_, r) => fleet.request(r, { cmd: "exit" }, 10_000)))
+  await Promise.race([Promise.all(gone), new Promise((resolve) => setTimeout(resolve, 10_000).unref())])
+}
+
+/**
+ * Untimed calls before each variant's timed ones in every round: a variant is timed warm, in the
+ * state a training loop's every-step call is in (buffers pooled, pages touched), not right after
+ * another variant's traffic; gloo's loop warms up with two calls and then times calls back to back.
+ */
+const WARMUP = 1
 
 /** Rounds per size (each round runs every variant once) and iterations per round. */
 const schedule = (bytes: number, rounds: number | undefined): { rounds: number; iters: number } => {
@@ -362,7 +381,7 @@ const measure = async (fleet: RankFleet, p: number, groups: ReadonlyArray<Group>
         slowest(
           await fleet.all<number[]>(p, (rank) => {
             const { flows, inbound } = patterns[rank]!
-            return { cmd: "benchRaw", group: rawGroup, flows, inbound, chunkBytes, iters: k, warmup: 0, tag: algorithm }
+            return { cmd: "benchRaw", group: rawGroup, flows, inbound, chunkBytes, iters: k, warmup: WARMUP, tag: algorithm }
           })
         )
     })
@@ -370,7 +389,7 @@ const measure = async (fleet: RankFleet, p: number, groups: ReadonlyArray<Group>
     for (const { transport, group } of groups) {
       variants.push({
         name: rowName(algorithm, transport),
-        run: async (k) => slowest(await fleet.all<number[]>(p, () => ({ cmd: "benchAllReduce", group, n, ...call, iters: k, warmup: 0 })))
+        run: async (k) => slowest(await fleet.all<number[]>(p, () => ({ cmd: "benchAllReduce", group, n, ...call, iters: k, warmup: WARMUP })))
       })
     }
   }
@@ -413,7 +432,7 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
   try {
     for (const p of a.ps) {
       const glooTimes = gloo ? await runGloo(p, a.sizes) : undefined
-      const fleet = await RankFleet.start({ size: p, server: () => server.url })
+      const fleet = await RankFleet.start({ size: p, server: () => server.url, ...(a.prof ? { execArgv: ["--cpu-prof", `--cpu-prof-dir=${a.prof}`] } : {}) })
       try {
         const groups: Group[] = a.transports.map((transport) => ({ transport, group: transport === "nats" ? `bench-p${p}` : `bench-p${p}-${transport}` }))
         let chunkBytes = 0
@@ -467,6 +486,8 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
           rows.push(...block)
         }
         for (const { group } of groups) await fleet.all(p, () => ({ cmd: "close", group }))
+        // A profiled rank writes its profile when it exits by itself (stop() kills).
+        if (a.prof) await exitForProfiles(fleet)
       } finally {
         await fleet.stop()
       }
