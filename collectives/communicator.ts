@@ -443,9 +443,10 @@ export class Communicator {
       fullFrame: full,
       // A steady ack per full chunk consumed keeps credit flowing before a sender has to ask (ackNow).
       ackEvery: full,
-      publishTo: (seq, dst, data, headers) => {
-        if (this.#directSeqs.get(seq)?.has(dst)) this.#sendDirect(seq, dst, data, headers)
-        else natsTo(seq, dst, data, headers)
+      publishTo: (seq, dst, data, headers, written) => {
+        if (this.#directSeqs.get(seq)?.has(dst)) return this.#sendDirect(seq, dst, data, headers, written)
+        natsTo(seq, dst, data, headers)
+        written?.() // the client copied it
       },
       // An ack goes back on the direct link this rank reads from the sender when it has one (its
       // reverse direction carries nothing else), else on the control connection.
@@ -453,16 +454,32 @@ export class Communicator {
         if (direct?.reads(dst) && headerBytesInto(headers, this.#ackScratch) && direct.ack(dst, this.#ackScratch)) return
         cnc.publish(subjects.collControl(group, seq, me, dst), EMPTY, { headers })
       },
-      publishFanout: (seq, target, data, headers) => {
+      publishFanout: (seq, target, data, headers, written) => {
         // A direct call's fan-out is one send per receiver, each on its link (NATS for a peer
         // without one), so all of the call's frames to a peer keep one path and their order.
         const links = this.#directSeqs.get(seq)
         if (links) {
+          // `written` once every direct send of the data is written (the count starts at one for this loop)
+          let left = 1
+          const one = written && ((): void => void (--left === 0 && written()))
           for (const dst of this.#fanoutTargets(target)) {
-            if (links.has(dst)) this.#sendDirect(seq, dst, data, headers)
-            else natsTo(seq, dst, data, headers)
+            if (!links.has(dst)) natsTo(seq, dst, data, headers)
+            else if (one === undefined) this.#sendDirect(seq, dst, data, headers)
+            else {
+              left++
+              try {
+                this.#sendDirect(seq, dst, data, headers, one)
+              } catch (e) {
+                one()
+                throw e
+              }
+            }
           }
-        } else nc.publish(target === "all" ? subjects.collFanout(group, seq, me) : subjects.collNodeFanout(group, seq, me, target), data, { headers })
+          one?.()
+        } else {
+          nc.publish(target === "all" ? subjects.collFanout(group, seq, me) : subjects.collNodeFanout(group, seq, me, target), data, { headers })
+          written?.()
+        }
       }
     }
   }
@@ -929,6 +946,8 @@ export class Communicator {
     }
     try {
       const result = await running
+      // bodies handed to the direct links are written before the caller may touch its buffer again
+      await op.written()
       this.#deadlines?.noteCollective(performance.now() - started)
       return result
     } catch (e) {
@@ -946,14 +965,14 @@ export class Communicator {
   // ------------------------------------------------------------------------------------------
   // the direct path
 
-  #sendDirect(seq: number, dst: number, data: Uint8Array, headers: MsgHdrs): void {
+  #sendDirect(seq: number, dst: number, data: Uint8Array, headers: MsgHdrs, written?: () => void): void {
     const d = this.#direct as DirectEndpoint
     if (!d.has(dst)) {
       const op = this.#ops.get(seq)
       throw new PeerLinkLost({ op: op?.sig.name ?? "collective", group: this.group, rank: this.rank, peer: dst })
     }
     headerBytesInto(headers, this.#headerScratch)
-    d.send(dst, this.#headerScratch, data)
+    d.send(dst, this.#headerScratch, data, written)
   }
 
   /** The ranks a fan-out subject reaches (every rank but this one, or one node's or server's). */

@@ -24,8 +24,13 @@
 // Wire format after the handshake: per frame the 40 header bytes of frames.ts, the payload's byte
 // count (u32 LE), the payload. A sender packs the three into one pooled buffer (one copy, one
 // write; the buffer goes back when the kernel has the bytes), because the collectives may reuse a
-// sent view at once, as they may with nats.js, which copies too. A receiver reads each payload
-// into a buffer of its own (from the receive pool from 64 KiB, so releaseReceived gives it back).
+// sent view at once, as they may with nats.js, which copies too; unless the caller hands the
+// payload over (send's `written`): then a payload from 64 KiB on goes out as it is, in one
+// gathered write after the prefix, and `written` says when the kernel has taken it. A receiver
+// reads each payload into a buffer of its own (from the receive pool from 64 KiB, so
+// releaseReceived gives it back).
+/** A handed-over payload from this size on is written without the copy (smaller ones are packed). */
+const HANDOVER_MIN = 64 * 1024
 /** Bytes per read on a receiving link (one buffer per link, reused). */
 const READ_BYTES = 1024 * 1024
 /** A payload's rest from this size on is read straight into the payload's buffer (no copy). */
@@ -472,17 +477,34 @@ export class DirectEndpoint {
     })
   }
 
-  /** Sends one frame to a peer: header, count and payload packed into one pooled buffer. Throws when the link is gone. */
-  send(peer: number, header: Uint8Array, payload: Uint8Array): void {
+  /**
+   * Sends one frame to a peer: header, count and payload packed into one pooled buffer. Throws
+   * when the link is gone. With `written` the caller hands the payload over: it leaves it as it is
+   * until `written` is called (once the kernel has every byte, or the link failed), and a large
+   * one is written from where it lies, without the copy.
+   */
+  send(peer: number, header: Uint8Array, payload: Uint8Array, written?: () => void): void {
     const out = this.#out.get(peer)
     if (!out) throw new Error(`the direct link to rank ${peer} is gone`)
     const n = PREFIX + payload.length
+    this.bytesSent += n
+    if (written !== undefined && payload.length >= HANDOVER_MIN) {
+      const prefix = Buffer.allocUnsafe(PREFIX)
+      prefix.set(header.subarray(0, HEADER_BYTES), 0)
+      prefix.writeUInt32LE(payload.length, HEADER_BYTES)
+      // corked: the prefix and the payload leave in one gathered write
+      out.socket.cork()
+      out.socket.write(prefix)
+      out.socket.write(payload, () => written())
+      out.socket.uncork()
+      return
+    }
     const buf = sendPool.take(n)
     buf.set(header.subarray(0, HEADER_BYTES), 0)
     new DataView(buf.buffer, buf.byteOffset + HEADER_BYTES, 4).setUint32(0, payload.length, true)
     buf.set(payload, PREFIX)
-    this.bytesSent += n
     out.socket.write(buf, () => sendPool.give(buf))
+    written?.()
   }
 
   /** Sends an ack (a frame header without payload) back on the link this rank reads from the peer; false when there is none. */

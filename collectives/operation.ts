@@ -21,12 +21,16 @@ export interface OperationHost {
   readonly fullFrame: number
   /** A receiver acks at least every this many consumed bytes (see flow-control.ts). */
   readonly ackEvery: number
-  /** Publishes data to one rank. */
-  publishTo(seq: number, dst: number, data: Uint8Array, headers: MsgHdrs): void
+  /**
+   * Publishes data to one rank. With `written` the data is handed over: the host calls it once
+   * when it no longer reads `data` (at once when it copied it, as NATS does; the direct path
+   * writes a large one from where it lies and calls it when the kernel has the bytes).
+   */
+  publishTo(seq: number, dst: number, data: Uint8Array, headers: MsgHdrs, written?: () => void): void
   /** Publishes an ack to one rank, on the control connection (so it does not queue behind data). */
   publishAck(seq: number, dst: number, headers: MsgHdrs): void
-  /** Publishes once to every rank of the group ("all") or of one node (its subject token). */
-  publishFanout(seq: number, target: string, data: Uint8Array, headers: MsgHdrs): void
+  /** Publishes once to every rank of the group ("all") or of one node (its subject token); `written` as for publishTo, once for all. */
+  publishFanout(seq: number, target: string, data: Uint8Array, headers: MsgHdrs, written?: () => void): void
 }
 
 /** The part of an op's identity that every rank must agree on. */
@@ -39,6 +43,18 @@ export interface OpSignature {
 }
 
 export type FrameHandler = (frame: Frame) => boolean
+
+/**
+ * A sent body handed over to the transport (sendBody's last argument): the caller leaves the memory
+ * as it is until the transport is done with it, which may let the direct path write it without a
+ * copy; `release` runs then (e.g. gives a received payload back to its pool). The operation
+ * resolves only after every handed-over body is written, so a caller may reuse its buffer once
+ * the call returns. For views of the call's own buffer only where the algorithm writes that region
+ * again no sooner than after a frame that causally follows the send (a peer's data that needed it).
+ */
+export interface Handover {
+  readonly release?: () => void
+}
 
 interface Wait {
   readonly who: () => Iterable<number>
@@ -65,6 +81,8 @@ export class Operation {
   readonly #waits = new Set<Wait>()
   #wake: Promise<void> | undefined
   #resolveWake: (() => void) | undefined
+  /** Handed-over bodies not yet written, by receiver. */
+  readonly #writing = new Map<number, number>()
 
   constructor(host: OperationHost, seq: number, sig: OpSignature, describe: (opcode: number, variant: number) => string) {
     this.host = host
@@ -107,6 +125,28 @@ export class Operation {
       this.#waits.delete(wait)
     }
     this.lastProgress = Date.now()
+  }
+
+  /** Resolves once every body handed over to the transport is written (see Handover). */
+  async written(): Promise<void> {
+    if (this.#writing.size > 0) await this.until(() => this.#writing.size === 0, () => this.#writing.keys())
+  }
+
+  /** Counts a body handed over for `dsts` until the transport calls the returned callback (once). */
+  #handedOver(dsts: ReadonlyArray<number>, handover: Handover): () => void {
+    for (const dst of dsts) this.#writing.set(dst, (this.#writing.get(dst) ?? 0) + 1)
+    let done = false
+    return () => {
+      if (done) return
+      done = true
+      for (const dst of dsts) {
+        const left = (this.#writing.get(dst) ?? 1) - 1
+        if (left > 0) this.#writing.set(dst, left)
+        else this.#writing.delete(dst)
+      }
+      handover.release?.()
+      if (this.#writing.size === 0) this.notify()
+    }
   }
 
   /** The ranks this operation is currently waiting on (for timeout errors). */
@@ -265,16 +305,16 @@ export class Operation {
   }
 
   /** Sends `data` (a view into the buffer, read now) to `dst`, once the link has credit. */
-  async send(dst: number, step: number, chunk: number, offset: number, data: Float32Array, value = 0): Promise<void> {
-    return this.sendBody(dst, step, chunk, offset, data.length, data, value)
+  async send(dst: number, step: number, chunk: number, offset: number, data: Float32Array, value = 0, handover?: Handover): Promise<void> {
+    return this.sendBody(dst, step, chunk, offset, data.length, data, value, handover)
   }
 
   /**
    * Like send, with the body given either as values or as ready wire bytes (n*4 bytes of fp32, or
    * n*2 of binary16 when the wire is fp16: e.g. a received payload reduced in place and passed on
-   * without touching the buffer).
+   * without touching the buffer). With `handover` the body is handed to the transport (Handover).
    */
-  async sendBody(dst: number, step: number, chunk: number, offset: number, n: number, body: Float32Array | Uint8Array, value = 0): Promise<void> {
+  async sendBody(dst: number, step: number, chunk: number, offset: number, n: number, body: Float32Array | Uint8Array, value = 0, handover?: Handover): Promise<void> {
     let win = this.#windows.get(dst)
     if (!win) this.#windows.set(dst, (win = new SendWindow(this.#linkWindow(this.#directFanIn))))
     const bytes = this.frameBytes(n)
@@ -287,7 +327,15 @@ export class Operation {
     win.sent += bytes
     const ackNow = win.canSend(this.host.fullFrame) ? 0 : Flag.ackNow
     const h = frameHeaders(Kind.data, (sig.half ? Flag.half : 0) | ackNow, sig.opcode, sig.variant, this.seq, this.host.rank, step, chunk, sig.length, offset, value)
-    this.host.publishTo(this.seq, dst, body instanceof Float32Array ? this.#body(body) : body, h)
+    const data = body instanceof Float32Array ? this.#body(body) : body
+    if (handover === undefined) return this.host.publishTo(this.seq, dst, data, h)
+    const written = this.#handedOver([dst], handover)
+    try {
+      this.host.publishTo(this.seq, dst, data, h, written)
+    } catch (e) {
+      written()
+      throw e
+    }
   }
 
   /**
@@ -307,7 +355,8 @@ export class Operation {
     offset: number,
     n: number,
     body: Float32Array | Uint8Array,
-    value = 0
+    value = 0,
+    handover?: Handover
   ): Promise<void> {
     if (!this.#fanout) this.#fanout = new FanoutWindow(this.#linkWindow(this.#fanoutFanIn), receivers)
     const win = this.#fanout
@@ -318,6 +367,14 @@ export class Operation {
     win.sent += bytes
     const flags = Flag.fanout | (sig.half ? Flag.half : 0) | (win.canSend(this.host.fullFrame) ? 0 : Flag.ackNow)
     const h = frameHeaders(Kind.data, flags, sig.opcode, sig.variant, this.seq, this.host.rank, step, chunk, sig.length, offset, value)
-    this.host.publishFanout(this.seq, target, body instanceof Float32Array ? this.#body(body) : body, h)
+    const data = body instanceof Float32Array ? this.#body(body) : body
+    if (handover === undefined) return this.host.publishFanout(this.seq, target, data, h)
+    const written = this.#handedOver(receivers, handover)
+    try {
+      this.host.publishFanout(this.seq, target, data, h, written)
+    } catch (e) {
+      written()
+      throw e
+    }
   }
 }

@@ -94,6 +94,24 @@ describe("the direct data path", () => {
     await close(group)
   })
 
+  it("writes large frames from the caller's buffer without a copy, and returns only once they have left it: a rank that overwrites its buffer at once changes no peer's result", async () => {
+    const group = "direct-handover"
+    // default chunks (up to 4 MiB): frames well above the size from which the ring hands its buffer over
+    await create(group, (r) => `node${r >> 1}`, () => ({ transport: "direct" }), { chunkBytes: undefined, windowBytes: undefined })
+    const length = 1_500_003
+    let seed = 500
+    const cases: Case[] = [
+      ...[true, false].map((fanout): Case => ({ op: "allReduce", algorithm: "ring", reduce: "sum", length, seed: seed++, fanout, clobber: true })),
+      { op: "allReduce", algorithm: "ring", reduce: "mean", wire: "f16", length, seed: seed++, clobber: true },
+      { op: "allReduce", algorithm: "hierarchical", reduce: "sum", length, seed: seed++, clobber: true },
+      { op: "reduceScatter", reduce: "sum", length, seed: seed++, clobber: true }
+    ]
+    expect(await run(group, cases)).toEqual([])
+    const t = await transports(group)
+    expect(t.every((x) => x.bytesSent > 4 * length)).toBe(true)
+    await close(group)
+  })
+
   it('"auto" keeps calls below minBytes on NATS and sends larger ones direct', async () => {
     const group = "direct-auto"
     await create(group, (r) => `n${r}`, () => ({ transport: "auto", minBytes: 64 * 1024 }))

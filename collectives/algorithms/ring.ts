@@ -29,7 +29,7 @@
 import { addHalfIntoHalf, decodeHalf } from "../float16.ts"
 import { accumulate, accumulateIntoHalfPayload, accumulateIntoPayload, assign } from "../kernels.ts"
 import { Flag, type Frame } from "../frames.ts"
-import type { Operation } from "../operation.ts"
+import type { Handover, Operation } from "../operation.ts"
 import { accumulateAndFinish, accumulateOp, finish, type Reduction } from "../reduction.ts"
 import { chunkCount, chunkLength, mod, segmentStart } from "../segments.ts"
 import { releaseReceived } from "../../core/nats-internals/index.ts"
@@ -77,6 +77,16 @@ export const decodeSourceBits = (src: HalfSource, dst: Float32Array): void => {
   const h = b.byteOffset & 1 ? new Uint16Array(b.slice().buffer) : new Uint16Array(b.buffer, b.byteOffset, dst.length)
   decodeHalf(h, dst)
 }
+
+/**
+ * Every send hands its body over to the transport (Handover), so the direct path writes it without
+ * a copy. Safe for views of `buf`: a region this rank has sent is written again only when a frame
+ * that needed it comes back round (the all-gather's copy of a segment whose reduce-scatter part
+ * this rank sent), by which time the peer has read it; and the call resolves only once every send
+ * is written. A received message sent on goes back to its pool when written.
+ */
+const HANDED_OVER: Handover = {}
+const released = (body: Uint8Array): Handover => ({ release: () => releaseReceived(body) })
 
 /** Runs a ring over `spec.members` on `buf` (in place). Resolves when this rank's part is done. */
 export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpec): Promise<void> => {
@@ -232,16 +242,14 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
         const weight = t === 0 ? reduce.weight : recvWeight[t - 1] + reduce.weight
         // The partial sum received as step t-1 chunk c, if it was kept as a message.
         const body = t > 0 ? take(t, c) : halfSource?.bits(off, view.length)
-        if (body) {
-          await op.sendBody(next, stepBase + t, c, off, view.length, body, weight)
-          releaseReceived(body)
-        } else await op.send(next, stepBase + t, c, off, view, weight)
+        if (body) await op.sendBody(next, stepBase + t, c, off, view.length, body, weight, released(body))
+        else await op.send(next, stepBase + t, c, off, view, weight, HANDED_OVER)
       } else {
         // the owner's own segment (first all-gather step) may go out as its finished message
         const body = t === rsSteps ? take(t, c) : undefined
-        if (fanout) await op.sendFanoutBody(gatherFanout as string, others, stepBase + t, c, off, view.length, body ?? view)
-        else await op.sendBody(next, stepBase + t, c, off, view.length, body ?? view)
-        if (body) releaseReceived(body)
+        const handover = body ? released(body) : HANDED_OVER
+        if (fanout) await op.sendFanoutBody(gatherFanout as string, others, stepBase + t, c, off, view.length, body ?? view, 0, handover)
+        else await op.sendBody(next, stepBase + t, c, off, view.length, body ?? view, 0, handover)
       }
     }
   }

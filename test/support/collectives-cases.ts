@@ -30,6 +30,12 @@ export interface Case {
    * values without them.
    */
   readonly halfInput?: boolean
+  /**
+   * allReduce and reduceScatter: the rank overwrites its buffer with NaN as soon as the call
+   * returns (its result checked from a copy taken first). Every rank's result must be unchanged:
+   * a call returns only once what it sent from the buffer has left it.
+   */
+  readonly clobber?: boolean
   /** Give ranks different lengths (rank r adds r * lengthSkew): a mismatch test. */
   readonly lengthSkew?: number
 }

@@ -84,12 +84,16 @@ const runCase = async (c: Communicator, k: Case): Promise<CaseResult> => {
         hierarchy: k.hierarchy,
         fanout: k.fanout
       })
+      const result = k.clobber ? data.slice() : data
+      if (k.clobber) data.fill(NaN)
       const { ref, scale } = reference(k, p)
-      return { ...compare(data, ref, scale, p, half), hash: hashOf(data) }
+      return { ...compare(result, ref, scale, p, half), hash: hashOf(result) }
     }
     case "reduceScatter": {
       const data = inputOf(k.seed, r, length)
-      const seg = await c.reduceScatter(data, { op: k.reduce, wire: k.wire, weight: weightOf(k.seed, r) })
+      const out = await c.reduceScatter(data, { op: k.reduce, wire: k.wire, weight: weightOf(k.seed, r) })
+      const seg = k.clobber ? out.slice() : out
+      if (k.clobber) data.fill(NaN)
       const [s, e] = segmentBounds(k.length, p, r)
       if (seg.length !== e - s) return { ok: false, hash: "", maxErr: Infinity, detail: `segment has ${seg.length} elements, want ${e - s}` }
       const { ref, scale } = reference(k, p)
