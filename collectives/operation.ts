@@ -56,6 +56,9 @@ export interface Handover {
   readonly release?: () => void
 }
 
+/** A handover with nothing to release: the body is a view the algorithm leaves alone (see Handover). */
+export const HANDED_OVER: Handover = Object.freeze({})
+
 interface Wait {
   readonly who: () => Iterable<number>
 }

@@ -9,7 +9,7 @@
 // element once and every other rank copies those bits.
 import { accumulate, assign } from "../kernels.ts"
 import { Flag, type Frame } from "../frames.ts"
-import type { Operation } from "../operation.ts"
+import { HANDED_OVER, type Operation } from "../operation.ts"
 import { accumulateOp, type Reduction } from "../reduction.ts"
 import { ringReduce, ringStages } from "./ring.ts"
 import { chunkCount, chunkLength, segmentStart } from "../segments.ts"
@@ -72,7 +72,8 @@ export const hierarchicalReduce = async (op: Operation, buf: Float32Array, spec:
     }
     for (let c = 0; c < chunks; c++) {
       const off = c * C
-      await op.send(leader, UP, c, off, buf.subarray(off, off + chunkLength(N, C, c)), reduce.weight)
+      // handed over: the region is written again only by the leader's results, which need it first
+      await op.send(leader, UP, c, off, buf.subarray(off, off + chunkLength(N, C, c)), reduce.weight, HANDED_OVER)
     }
     await op.until(() => results === expectedResults, () => [leader])
     return
@@ -132,8 +133,9 @@ export const hierarchicalReduce = async (op: Operation, buf: Float32Array, spec:
       // A region (the whole buffer when there is one leader) goes out in chunks of at most C.
       const take = Math.min(n, C)
       const view = buf.subarray(off, off + take)
-      if (useFanout) await op.sendFanout(node.fanoutToken as string, others, DOWN, c, off, view)
-      else for (const r of others) await op.send(r, DOWN, c, off, view)
+      // handed over: a finished region is not written again
+      if (useFanout) await op.sendFanoutBody(node.fanoutToken as string, others, DOWN, c, off, view.length, view, 0, HANDED_OVER)
+      else for (const r of others) await op.send(r, DOWN, c, off, view, 0, HANDED_OVER)
       if (take === n) pending.shift()
       else pending[0] = [off + take, n - take]
       c++

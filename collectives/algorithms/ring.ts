@@ -29,7 +29,7 @@
 import { addHalfIntoHalf, decodeHalf } from "../float16.ts"
 import { accumulate, accumulateIntoHalfPayload, accumulateIntoPayload, assign } from "../kernels.ts"
 import { Flag, type Frame } from "../frames.ts"
-import type { Handover, Operation } from "../operation.ts"
+import { HANDED_OVER, type Handover, type Operation } from "../operation.ts"
 import { accumulateAndFinish, accumulateOp, finish, type Reduction } from "../reduction.ts"
 import { chunkCount, chunkLength, mod, segmentStart } from "../segments.ts"
 import { releaseReceived } from "../../core/nats-internals/index.ts"
@@ -85,7 +85,6 @@ export const decodeSourceBits = (src: HalfSource, dst: Float32Array): void => {
  * this rank sent), by which time the peer has read it; and the call resolves only once every send
  * is written. A received message sent on goes back to its pool when written.
  */
-const HANDED_OVER: Handover = {}
 const released = (body: Uint8Array): Handover => ({ release: () => releaseReceived(body) })
 
 /** Runs a ring over `spec.members` on `buf` (in place). Resolves when this rank's part is done. */
