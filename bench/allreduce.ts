@@ -1,7 +1,8 @@
 // All-reduce benchmark: `npm run bench -- allreduce [--p 2,4] [--sizes 4K,256K,4M,64M] [--rounds N]
 // [--max-payload 8M] [--chunk 1M] [--window 16M] [--no-gloo] [--no-payload-sweep]
-// [--algorithms ring,ring-relay,...] [--transports nats,direct] [--prof DIR]` (--prof: --cpu-prof
-// profiles of the rank processes, in DIR). The algorithms are the registered
+// [--algorithms ring,ring-relay,...] [--transports nats,direct] [--no-raw] [--prof DIR]` (--prof: --cpu-prof
+// profiles of the rank processes, in DIR; --no-raw: no raw NATS rows, whose unthrottled
+// publishes can overrun a client at p = 8 and 64 MiB and up, which the server then disconnects). The algorithms are the registered
 // ones (collectives/algorithms/) by default, each that can fan out also as "<name>-relay", without
 // fan-out (from p = 3 on: with two ranks a fan-out reaches one receiver, the same traffic as a relay).
 //
@@ -64,6 +65,8 @@ interface Args {
   readonly transports: Transport[]
   /** Directory for --cpu-prof profiles of the rank processes. */
   readonly prof: string | undefined
+  /** Measure the raw NATS patterns (the "x raw" column). */
+  readonly raw: boolean
 }
 
 /** The data paths a benchmark group can use: everything over NATS, or every call over the direct links. */
@@ -93,7 +96,8 @@ const parseArgs = (args: ReadonlyArray<string>): Args => {
     payloadSweep: !args.includes("--no-payload-sweep"),
     algorithms: get("--algorithms")?.split(",") ?? allReduceAlgorithms().flatMap((a) => (a.usesFanout ? [a.name, `${a.name}-relay`] : [a.name])),
     transports: parseTransports(get("--transports") ?? TRANSPORTS.join(",")),
-    prof: get("--prof")
+    prof: get("--prof"),
+    raw: !args.includes("--no-raw")
   }
 }
 
@@ -368,14 +372,14 @@ interface Measured {
  * transport (named by rowName). Returns median ms per variant, and per algorithm row the paired
  * ratio to its raw pattern.
  */
-const measure = async (fleet: RankFleet, p: number, groups: ReadonlyArray<Group>, bytes: number, chunkBytes: number, algorithms: string[], rounds: number | undefined): Promise<Measured> => {
+const measure = async (fleet: RankFleet, p: number, groups: ReadonlyArray<Group>, bytes: number, chunkBytes: number, algorithms: string[], rounds: number | undefined, raw = true): Promise<Measured> => {
   const { rounds: R, iters } = schedule(bytes, rounds)
   const n = bytes / 4
   const variants: Variant[] = []
   const rawGroup = groups[0]!.group
   for (const algorithm of algorithms) {
     const patterns = rawPatterns(algorithm, p, bytes, chunkBytes)
-    variants.push({
+    if (raw) variants.push({
       name: `raw ${algorithm}`,
       run: async (k) =>
         slowest(
@@ -407,11 +411,11 @@ const measure = async (fleet: RankFleet, p: number, groups: ReadonlyArray<Group>
       samples.get(v.name)?.push(...times)
       roundMedian.set(v.name, median(times))
     }
-    for (const { algorithm, name } of rowNames) paired.get(name)?.push((roundMedian.get(name) as number) / (roundMedian.get(`raw ${algorithm}`) as number))
+    if (raw) for (const { algorithm, name } of rowNames) paired.get(name)?.push((roundMedian.get(name) as number) / (roundMedian.get(`raw ${algorithm}`) as number))
   }
   return {
     medians: new Map([...samples].map(([k, v]) => [k, median(v)])),
-    pairedRatio: new Map([...paired].map(([k, v]) => [k, median(v)]))
+    pairedRatio: new Map([...paired].filter(([, v]) => v.length > 0).map(([k, v]) => [k, median(v)]))
   }
 }
 
@@ -465,7 +469,7 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
         // With two ranks a fan-out reaches one receiver, the same traffic as a relay: "<name>" covers both.
         const algorithms = p === 2 ? a.algorithms.filter((x) => !x.endsWith(RELAY)) : a.algorithms
         for (const bytes of a.sizes) {
-          const m = await measure(fleet, p, groups, bytes, chunkBytes, algorithms, a.rounds)
+          const m = await measure(fleet, p, groups, bytes, chunkBytes, algorithms, a.rounds, a.raw)
           const g = glooTimes?.get(bytes)
           const block: Row[] = []
           const best = new Map<Transport, Row>()
@@ -479,7 +483,7 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
               if (!b || ms < b.ms) best.set(transport, row)
             }
           }
-          for (const algorithm of algorithms) block.push({ p, bytes, name: `raw NATS, ${algorithm} pattern`, ms: m.medians.get(`raw ${algorithm}`) as number })
+          if (a.raw) for (const algorithm of algorithms) block.push({ p, bytes, name: `raw NATS, ${algorithm} pattern`, ms: m.medians.get(`raw ${algorithm}`) as number })
           if (g !== undefined) block.push({ p, bytes, name: "torch gloo all_reduce", ms: g })
           printRows(block)
           console.log(summaryLine(p, bytes, best.get("nats"), best.get("direct"), g))

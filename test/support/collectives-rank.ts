@@ -194,9 +194,13 @@ const runCases = async (c: Communicator, cases: ReadonlyArray<Case>): Promise<Ar
 // ---------------------------------------------------------------------------------------------
 // benchmark commands
 
+/** The benchmark's buffer of each length, allocated once (as gloo's loop allocates its tensor once per size). */
+const benchBuffers = new Map<number, Float32Array>()
+
 /** Times `iters` all-reduces of n floats (after `warmup`), each started right after a barrier. */
 const benchAllReduce = async (c: Communicator, n: number, algorithm: AllReduceAlgorithm, iters: number, warmup: number, wire?: "f32" | "f16", fanout?: boolean): Promise<number[]> => {
-  const data = new Float32Array(n)
+  let data = benchBuffers.get(n)
+  if (!data) benchBuffers.set(n, (data = new Float32Array(n)))
   for (let i = 0; i < n; i++) data[i] = ((i * 7 + c.rank) % 13) / 13
   const times: number[] = []
   for (let it = 0; it < warmup + iters; it++) {
