@@ -185,6 +185,8 @@ export interface TransportInfo {
   readonly bytesReceived: number
   /** Inbound connections refused for failing authentication. */
   readonly rejected: number
+  /** Direct frames whose payload was read straight into the call's buffer (no copy out of a receive buffer). */
+  readonly framesInPlace: number
 }
 
 export interface PeerInfo {
@@ -533,6 +535,8 @@ export class Communicator {
         unixSocket: d.unixSocket,
         tls: d.tls,
         onFrame: (f) => (comm ? comm.#onFrame(f) : directFrames.push(f)),
+        // a running call's data frame may be read straight into its place in the call's buffer
+        place: (head, bytes) => (comm ? comm.#ops.get(head.seq)?.placement(head, bytes) : undefined),
         onLinkDown: (peer, direction, reason) => {
           if (comm) comm.#linkDown(peer, direction, reason)
         }
@@ -1070,7 +1074,7 @@ export class Communicator {
         const why = this.#directWhyNot.get(p.rank)
         return why ? { rank: p.rank, via: "nats" as const, why } : { rank: p.rank, via: "nats" as const }
       })
-    return { choice: this.#transport, ...(this.#direct ? { address: this.#direct.address } : {}), minBytes: this.#directMinBytes, tls: this.#direct !== undefined && this.#directTls, links, bytesSent: this.#direct?.bytesSent ?? 0, bytesReceived: this.#direct?.bytesReceived ?? 0, rejected: this.#direct?.rejected ?? 0 }
+    return { choice: this.#transport, ...(this.#direct ? { address: this.#direct.address } : {}), minBytes: this.#directMinBytes, tls: this.#direct !== undefined && this.#directTls, links, bytesSent: this.#direct?.bytesSent ?? 0, bytesReceived: this.#direct?.bytesReceived ?? 0, rejected: this.#direct?.rejected ?? 0, framesInPlace: this.#direct?.framesInPlace ?? 0 }
   }
 
   /**

@@ -28,7 +28,8 @@
 // payload over (send's `written`): then a payload from 64 KiB on goes out as it is, in one
 // gathered write after the prefix, and `written` says when the kernel has taken it. A receiver
 // reads each payload into a buffer of its own (from the receive pool from 64 KiB, so
-// releaseReceived gives it back).
+// releaseReceived gives it back), or where the endpoint's `place` says, once it has read the
+// frame's header: a collective that expects just that frame may have it land in its result.
 /** A handed-over payload from this size on is written without the copy (smaller ones are packed). */
 const HANDOVER_MIN = 64 * 1024
 /** Bytes per read on a receiving link (one buffer per link, reused). */
@@ -123,7 +124,9 @@ const withDeadline = <T>(p: Promise<T>, ms: number, what: string): Promise<T> =>
     )
   })
 
-/** Splits a byte stream into frames, each payload in a buffer of its own. */
+const NO_BYTES = new Uint8Array(0)
+
+/** Splits a byte stream into frames, each payload in a buffer of its own (or where `place` puts it). */
 class FrameParser {
   readonly #prefix = new Uint8Array(PREFIX)
   #have = 0
@@ -131,9 +134,11 @@ class FrameParser {
   #filled = 0
   readonly #emit: (f: Frame) => void
   readonly #fail: (reason: string) => void
-  constructor(emit: (f: Frame) => void, fail: (reason: string) => void) {
+  readonly #place: DirectEndpointOptions["place"]
+  constructor(emit: (f: Frame) => void, fail: (reason: string) => void, place?: DirectEndpointOptions["place"]) {
     this.#emit = emit
     this.#fail = fail
+    this.#place = place
   }
   push(chunk: Uint8Array): void {
     let at = 0
@@ -146,7 +151,9 @@ class FrameParser {
         if (this.#have < PREFIX) return
         const n = new DataView(this.#prefix.buffer).getUint32(HEADER_BYTES, true)
         if (n > MAX_PAYLOAD) return this.#fail(`a frame announced ${n} payload bytes (at most ${MAX_PAYLOAD})`)
-        this.#payload = n >= RECEIVE_POOL_MIN_BYTES ? takeReceiveBuffer(n) : new Uint8Array(n)
+        const head = n > 0 && this.#place !== undefined ? frameOf(this.#prefix.subarray(0, HEADER_BYTES), NO_BYTES) : undefined
+        const target = head !== undefined && head.kind === Kind.data ? this.#place?.(head, n) : undefined
+        this.#payload = target !== undefined && target.length === n ? target : n >= RECEIVE_POOL_MIN_BYTES ? takeReceiveBuffer(n) : new Uint8Array(n)
         this.#filled = 0
       }
       const p = this.#payload
@@ -196,6 +203,12 @@ export interface DirectEndpointOptions {
   readonly tls?: boolean
   /** Frames from authenticated peers. */
   readonly onFrame: (f: Frame) => void
+  /**
+   * Where a data frame's payload of `bytes` may be read, asked once its header (`head`, payload
+   * empty) has arrived: a view of exactly that many bytes, or undefined for a buffer of its own.
+   * The frame then reaches onFrame with that view as its payload.
+   */
+  readonly place?: (head: Frame, bytes: number) => Uint8Array | undefined
   /** An authenticated link closed or failed while the endpoint was open: "in" (frames from the peer) or "out" (to it). */
   readonly onLinkDown: (peer: number, direction: "in" | "out", reason: string) => void
 }
@@ -210,6 +223,8 @@ export class DirectEndpoint {
   readonly address: DirectAddress
   /** Inbound connections dropped for failing authentication (or speaking something else). */
   rejected = 0
+  /** Frames read where `place` said. */
+  framesInPlace = 0
   bytesSent = 0
   bytesReceived = 0
   readonly #opts: DirectEndpointOptions
@@ -373,7 +388,14 @@ export class DirectEndpoint {
       () => {
         broken = true
         socket.destroy()
-      }
+      },
+      this.#opts.place === undefined
+        ? undefined
+        : (head, bytes) => {
+            const at = this.#opts.place?.(head, bytes)
+            if (at !== undefined && at.length === bytes) this.framesInPlace++
+            return at
+          }
     )
     sink = (chunk) => {
       this.bytesReceived += chunk.length

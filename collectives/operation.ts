@@ -71,6 +71,13 @@ export class Operation {
   /** Set by the algorithm before its first await. Returns false to leave a frame queued for later. */
   handler: FrameHandler = () => false
   lastProgress = Date.now()
+  /**
+   * Set by an algorithm that can take a data frame straight into its result: given the frame's
+   * header (payload empty) and its payload's byte count before the payload is read, a view of
+   * exactly that many bytes where it goes, or undefined. Asked only for the frame the algorithm
+   * expects next from that sender; its handler then gets the frame with that view as payload.
+   */
+  place: ((head: Frame, bytes: number) => Uint8Array | undefined) | undefined = undefined
   /** This call's deadline when it differs from the communicator's. */
   timeoutMs: number | undefined = undefined
   failure: unknown = undefined
@@ -128,6 +135,14 @@ export class Operation {
       this.#waits.delete(wait)
     }
     this.lastProgress = Date.now()
+  }
+
+  /** Where a frame's payload may be read (see place), once it matches this call's signature. */
+  placement(head: Frame, bytes: number): Uint8Array | undefined {
+    const sig = this.sig
+    if (this.place === undefined || this.failure !== undefined || head.opcode !== sig.opcode || head.variant !== sig.variant || head.length !== sig.length) return undefined
+    if ((this.#blocked.get(head.src)?.length ?? 0) > 0) return undefined
+    return this.place(head, bytes)
   }
 
   /** Resolves once every body handed over to the transport is written (see Handover). */

@@ -94,7 +94,7 @@ describe("the direct data path", () => {
     await close(group)
   })
 
-  it("writes large frames from the caller's buffer without a copy, and returns only once they have left it: a rank that overwrites its buffer at once changes no peer's result", async () => {
+  it("writes large frames from the caller's buffer without a copy and reads all-gather frames into the result, and returns only once its frames have left the buffer: a rank that overwrites its buffer at once changes no peer's result", async () => {
     const group = "direct-handover"
     // default chunks (up to 4 MiB): frames well above the size from which the ring hands its buffer over
     await create(group, (r) => `node${r >> 1}`, () => ({ transport: "direct" }), { chunkBytes: undefined, windowBytes: undefined })
@@ -109,6 +109,8 @@ describe("the direct data path", () => {
     expect(await run(group, cases)).toEqual([])
     const t = await transports(group)
     expect(t.every((x) => x.bytesSent > 4 * length)).toBe(true)
+    // every rank took fp32 all-gather (or node result) frames straight into its buffer
+    expect(t.every((x) => x.framesInPlace > 0)).toBe(true)
     await close(group)
   })
 

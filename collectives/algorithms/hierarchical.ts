@@ -59,13 +59,21 @@ export const hierarchicalReduce = async (op: Operation, buf: Float32Array, spec:
     // The leader takes in every member's buffer at once: each gets its share of the window.
     op.setFanIn(others.length)
     let results = 0
+    // An fp32 result is read straight into its place in `buf` (on the direct links): the region's
+    // old values went to the leader, which needed them before it could send its result.
+    if (!half) {
+      op.place = (head, bytes) =>
+        head.step === DOWN && head.src === leader && useFanout === ((head.flags & Flag.fanout) !== 0) && bytes % 4 === 0 && bytes / 4 <= C && head.offset + bytes / 4 <= N
+          ? new Uint8Array(buf.buffer, buf.byteOffset + head.offset * 4, bytes)
+          : undefined
+    }
     op.handler = (f: Frame): boolean => {
       if (f.step !== DOWN || f.src !== leader || useFanout !== ((f.flags & Flag.fanout) !== 0)) {
         throw op.protocolError(f, `rank ${me} only receives results from its node leader ${leader}`)
       }
       const n = f.payload.length / elemBytes
       if (!Number.isInteger(n) || n > C || f.offset + n > N) throw op.protocolError(f, `result region ${f.offset}+${n} outside 0..${N}`)
-      assign(buf, f.offset, f.payload, n, half)
+      if (f.payload.buffer !== buf.buffer || f.payload.byteOffset !== buf.byteOffset + f.offset * 4) assign(buf, f.offset, f.payload, n, half)
       releaseReceived(f.payload)
       results++
       return true

@@ -151,12 +151,35 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
     return n
   }
 
+  /** Whether a payload is the region of `buf` at off (read there by the link: nothing to copy). */
+  const inPlace = (payload: Uint8Array, off: number): boolean => payload.buffer === buf.buffer && payload.byteOffset === buf.byteOffset + off * 4
+  /** The region of `buf` an fp32 all-gather frame goes to, when it is the one expected next and its size fits. */
+  const regionFor = (seg: number, chunk: number, offset: number, bytes: number): Uint8Array | undefined => {
+    const n = chunkLength(segLen(seg), C, chunk)
+    const off = segStart(seg) + chunk * C
+    return offset === off && bytes === n * 4 ? new Uint8Array(buf.buffer, buf.byteOffset + off * 4, bytes) : undefined
+  }
+  // An fp32 all-gather frame is read straight into its place in `buf` (on the direct links): that
+  // region's old values went out with this rank's reduce-scatter sends, which the frame's owner
+  // needed before it could finish the region, so nothing still reads them.
+  if (!half && !spec.scatterOnly) {
+    op.place = (head, bytes) => {
+      if (fanout && (head.flags & Flag.fanout) !== 0) {
+        const k = members.indexOf(head.src)
+        return k < 0 || k === i || head.chunk !== gathered[k] ? undefined : regionFor(k, head.chunk, head.offset, bytes)
+      }
+      const t = head.step - stepBase
+      if (head.src !== prev || t < rsSteps || t !== recvStep || head.chunk !== recvChunk) return undefined
+      return regionFor(recvSeg(t), head.chunk, head.offset, bytes)
+    }
+  }
+
   op.handler = (f: Frame): boolean => {
     if (fanout && (f.flags & Flag.fanout) !== 0) {
       const k = members.indexOf(f.src)
       if (k < 0 || k === i || f.chunk !== gathered[k]) throw op.protocolError(f, `unexpected all-gather chunk ${f.chunk} from ${f.src}`)
       const n = place(f, k, f.chunk)
-      assign(buf, f.offset, f.payload, n, half)
+      if (!inPlace(f.payload, f.offset)) assign(buf, f.offset, f.payload, n, half)
       releaseReceived(f.payload)
       onFinal?.(f.offset, n)
       gathered[k]++
@@ -196,7 +219,7 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
         releaseReceived(f.payload)
       }
     } else {
-      assign(buf, off, f.payload, n, half)
+      if (!inPlace(f.payload, off)) assign(buf, off, f.payload, n, half)
       releaseReceived(f.payload)
       onFinal?.(off, n)
     }
