@@ -115,6 +115,8 @@ export const assign = (dst: Float32Array, off: number, payload: Uint8Array, n: n
     decodeHalf(u16View(payload, n), dst.subarray(off, off + n))
     return
   }
+  // a payload the link read straight into its place (collectives/direct.ts `place`): nothing to copy
+  if (payload.buffer === dst.buffer && payload.byteOffset === dst.byteOffset + off * 4) return
   if ((payload.byteOffset & 3) === 0) {
     dst.set(new Float32Array(payload.buffer, payload.byteOffset, n), off)
   } else {

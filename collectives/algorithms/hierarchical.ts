@@ -73,7 +73,7 @@ export const hierarchicalReduce = async (op: Operation, buf: Float32Array, spec:
       }
       const n = f.payload.length / elemBytes
       if (!Number.isInteger(n) || n > C || f.offset + n > N) throw op.protocolError(f, `result region ${f.offset}+${n} outside 0..${N}`)
-      if (f.payload.buffer !== buf.buffer || f.payload.byteOffset !== buf.byteOffset + f.offset * 4) assign(buf, f.offset, f.payload, n, half)
+      assign(buf, f.offset, f.payload, n, half)
       releaseReceived(f.payload)
       results++
       return true

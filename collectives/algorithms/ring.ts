@@ -151,8 +151,6 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
     return n
   }
 
-  /** Whether a payload is the region of `buf` at off (read there by the link: nothing to copy). */
-  const inPlace = (payload: Uint8Array, off: number): boolean => payload.buffer === buf.buffer && payload.byteOffset === buf.byteOffset + off * 4
   /** The region of `buf` an fp32 all-gather frame goes to, when it is the one expected next and its size fits. */
   const regionFor = (seg: number, chunk: number, offset: number, bytes: number): Uint8Array | undefined => {
     const n = chunkLength(segLen(seg), C, chunk)
@@ -179,7 +177,7 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
       const k = members.indexOf(f.src)
       if (k < 0 || k === i || f.chunk !== gathered[k]) throw op.protocolError(f, `unexpected all-gather chunk ${f.chunk} from ${f.src}`)
       const n = place(f, k, f.chunk)
-      if (!inPlace(f.payload, f.offset)) assign(buf, f.offset, f.payload, n, half)
+      assign(buf, f.offset, f.payload, n, half)
       releaseReceived(f.payload)
       onFinal?.(f.offset, n)
       gathered[k]++
@@ -219,7 +217,7 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
         releaseReceived(f.payload)
       }
     } else {
-      if (!inPlace(f.payload, off)) assign(buf, off, f.payload, n, half)
+      assign(buf, off, f.payload, n, half)
       releaseReceived(f.payload)
       onFinal?.(off, n)
     }
