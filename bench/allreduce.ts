@@ -101,13 +101,6 @@ const parseArgs = (args: ReadonlyArray<string>): Args => {
   }
 }
 
-/** Asks every rank to exit (each replies, then exits) and waits up to 10 s for them to be gone. */
-const exitForProfiles = async (fleet: RankFleet): Promise<void> => {
-  const gone = fleet.children.map((c) => (c.exitCode !== null || c.signalCode !== null ? Promise.resolve() : new Promise<void>((resolve) => c.once("exit", () => resolve()))))
-  await Promise.allSettled(fleet.children.map((_, r) => fleet.request(r, { cmd: "exit" }, 10_000)))
-  await Promise.race([Promise.all(gone), new Promise((resolve) => setTimeout(resolve, 10_000).unref())])
-}
-
 /**
  * Untimed calls before each variant's timed ones in every round: a variant is timed warm, in the
  * state a training loop's every-step call is in (buffers pooled, pages touched), not right after
@@ -491,7 +484,7 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
         }
         for (const { group } of groups) await fleet.all(p, () => ({ cmd: "close", group }))
         // A profiled rank writes its profile when it exits by itself (stop() kills).
-        if (a.prof) await exitForProfiles(fleet)
+        if (a.prof) await fleet.exit()
       } finally {
         await fleet.stop()
       }

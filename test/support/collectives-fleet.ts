@@ -109,6 +109,20 @@ export class RankProcesses {
   async stop(): Promise<void> {
     await stopRanks(this.children)
   }
+
+  /** Asks every rank to exit by itself (so --cpu-prof profiles get written), then stop(). */
+  async exit(timeoutMs = 10_000): Promise<void> {
+    const gone = this.children.map(
+      (child) =>
+        new Promise<void>((resolve) => {
+          if (child.exitCode !== null || child.signalCode !== null) resolve()
+          else child.once("exit", () => resolve())
+        })
+    )
+    await Promise.allSettled(this.children.map((_, r) => this.call(r, { cmd: "exit" }, timeoutMs)))
+    await Promise.race([Promise.all(gone), new Promise((resolve) => setTimeout(resolve, timeoutMs).unref())])
+    await this.stop()
+  }
 }
 
 export class RankFleet extends RankProcesses {

@@ -28,18 +28,4 @@ export class CompressionFleet extends RankProcesses {
   all<T>(cmd: (rank: number) => Record<string, unknown>, timeoutMs?: number): Promise<T[]> {
     return Promise.all(this.children.map((_, r) => this.call<T>(r, cmd(r), timeoutMs)))
   }
-
-  /** Asks every rank to exit by itself (so --cpu-prof profiles get written), then stop(). */
-  async exit(timeoutMs = 10_000): Promise<void> {
-    const gone = this.children.map(
-      (child) =>
-        new Promise<void>((resolve) => {
-          if (child.exitCode !== null || child.signalCode !== null) resolve()
-          else child.once("exit", () => resolve())
-        })
-    )
-    await Promise.allSettled(this.children.map((_, r) => this.call(r, { cmd: "exit" }, timeoutMs)))
-    await Promise.race([Promise.all(gone), new Promise((resolve) => setTimeout(resolve, timeoutMs).unref())])
-    await this.stop()
-  }
 }
