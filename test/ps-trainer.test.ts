@@ -63,8 +63,13 @@ describe("parameter servers in the Trainer", () => {
     // and how much depends on how the machine schedules the three workers: async and SSP ended at
     // 0.83-0.95 over CI runs on 2 shared cores (chance is 0.1, sync servers about 0.95). Backup
     // workers drop a gradient per step but stay synchronous.
-    expect(lastAccuracy(asyncRun)).toBeGreaterThan(0.8)
-    expect(lastAccuracy(ssp)).toBeGreaterThan(0.8)
+    // One epoch to the next moves by up to 0.15 with async servers (ps-recovery.test.ts saw 0.94 ->
+    // 0.79 under CI load), so each run is held to its best late epoch and a floor on its last.
+    for (const r of [asyncRun, ssp]) {
+      const acc = r.metricsHistory.map((m) => m.val_accuracy as number)
+      expect(Math.max(...acc.slice(2))).toBeGreaterThan(0.85)
+      expect(lastAccuracy(r)).toBeGreaterThan(0.7)
+    }
     expect(lastAccuracy(backup)).toBeGreaterThan(0.85)
     // Three workers pushing in turn: async updates land between a worker's pull and its push.
     expect(Math.max(...asyncRun.metricsPerRank.at(-1)!.map((m) => m["ps/staleness"] as number))).toBeGreaterThan(0)
