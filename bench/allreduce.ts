@@ -1,6 +1,6 @@
 // All-reduce benchmark: `npm run bench -- allreduce [--p 2,4] [--sizes 4K,256K,4M,64M] [--rounds N]
 // [--max-payload 8M] [--chunk 1M] [--window 16M] [--no-gloo] [--no-payload-sweep]
-// [--algorithms ring,ring-relay,...] [--transports nats,direct] [--no-raw] [--prof DIR]` (--prof: --cpu-prof
+// [--algorithms ring,ring-relay,...] [--transports nats,direct] [--no-raw] [--prof DIR] [--link 1gbit]` (--prof: --cpu-prof
 // profiles of the rank processes, in DIR; --no-raw: no raw NATS rows, whose unthrottled
 // publishes can overrun a client at p = 8 and 64 MiB and up, which the server then disconnects). The algorithms are the registered
 // ones (collectives/algorithms/) by default, each that can fan out also as "<name>-relay", without
@@ -27,6 +27,14 @@
 // (p, size) block, one line: the best NATS row, the best direct row, gloo, and best / gloo.
 // A last section shows what the server's max_payload (hence the chunk size) does to throughput
 // (NATS only: the direct path does not go through the server).
+//
+// --link RATE (needs root): every rank in a network namespace of its own, joined to a switch (a
+// bridge in a hub namespace, where the nats-server runs) by a link shaped to RATE each way with tc
+// tbf, as p machines on a switched network; each rank a node of its own, the direct path over TCP
+// on those links, gloo's workers in the same namespaces. One more row per size, "raw TCP, ring
+// pattern": one plain TCP connection from each rank to the next carrying what the ring all-reduce
+// puts on a link (2(p-1)/p of the size), timed as the all-reduces are: the links' ceiling, against
+// which the summary line gives each best row's bus bandwidth. No max_payload sweep.
 import { spawn, spawnSync, type ChildProcess } from "node:child_process"
 import * as crypto from "node:crypto"
 import * as fs from "node:fs"
@@ -36,7 +44,7 @@ import { launchNatsServer, freePort } from "../core/nats-server.ts"
 import { allReduceAlgorithms, allReduceAlgorithmNames, findAllReduceAlgorithm } from "../collectives/algorithms/index.ts"
 import type { TransportInfo } from "../collectives/communicator.ts"
 import { RankFleet } from "../test/support/collectives-fleet.ts"
-import type { Star } from "../test/support/netns.ts"
+import { benchNatsServer, onStar, type Star } from "../test/support/netns.ts"
 import { median } from "../scheduler/cost-model.ts"
 
 const KiB = 1024
@@ -67,6 +75,8 @@ interface Args {
   readonly prof: string | undefined
   /** Measure the raw NATS patterns (the "x raw" column). */
   readonly raw: boolean
+  /** tc rate of each rank's link (--link), or undefined for loopback. */
+  readonly link: string | undefined
 }
 
 /** The data paths a benchmark group can use: everything over NATS, or every call over the direct links. */
@@ -97,7 +107,8 @@ const parseArgs = (args: ReadonlyArray<string>): Args => {
     algorithms: get("--algorithms")?.split(",") ?? allReduceAlgorithms().flatMap((a) => (a.usesFanout ? [a.name, `${a.name}-relay`] : [a.name])),
     transports: parseTransports(get("--transports") ?? TRANSPORTS.join(",")),
     prof: get("--prof"),
-    raw: !args.includes("--no-raw")
+    raw: !args.includes("--no-raw"),
+    link: get("--link")
   }
 }
 
@@ -121,11 +132,17 @@ interface Flow {
   readonly bytes: number
 }
 
-/** Simulated nodes of two ranks each, for hierarchical (and a Unix socket between them on the direct path). */
-const nodeOf = (rank: number): string => `node${rank >> 1}`
+/** Each rank's node name (what hierarchical groups by, and a Unix socket joins on the direct path). */
+type Nodes = (rank: number) => string
+
+/** On loopback: simulated nodes of two ranks each. */
+const pairedNodes: Nodes = (rank) => `node${rank >> 1}`
+
+/** With --link: every rank a machine of its own (its namespace on the star). */
+const ownNodes: Nodes = (rank) => `node${rank}`
 
 /** "2 nodes of 2 ranks" for p = 4, as nodeOf groups them. */
-const describeNodes = (p: number): string => {
+const describeNodes = (p: number, nodeOf: Nodes): string => {
   const counts = new Map<string, number>()
   for (let r = 0; r < p; r++) counts.set(nodeOf(r), (counts.get(nodeOf(r)) ?? 0) + 1)
   const bySize = new Map<number, number>()
@@ -162,7 +179,7 @@ const variantOf = (variant: string) => {
  * group's fan-out subject; bytes are rounded per link, and each rank's inbound is what the others
  * send it after rounding.
  */
-const rawPatterns = (variant: string, p: number, bytes: number, chunkBytes: number): Array<{ flows: Flow[]; inbound: number }> => {
+const rawPatterns = (variant: string, p: number, bytes: number, chunkBytes: number, nodeOf: Nodes): Array<{ flows: Flow[]; inbound: number }> => {
   const { entry, call } = variantOf(variant)
   const topology = Array.from({ length: p }, (_, r) => ({ nodeId: nodeOf(r), server: "s" }))
   const sends = Array.from({ length: p }, () => new Map<number | "all", number>())
@@ -186,6 +203,12 @@ interface Variant {
   readonly name: string
   readonly run: (iters: number) => Promise<number[]>
 }
+
+/** What a ring all-reduce of `bytes` puts on each link: 2(p-1)/p of it. */
+const ringBytesPerLink = (p: number, bytes: number): number => Math.round((2 * (p - 1) * bytes) / p)
+
+/** The raw TCP row's name (--link). */
+const RAW_TCP = "raw TCP, ring pattern"
 
 /** Per-iteration time of a group call: the slowest rank's. */
 const slowest = (perRank: number[][]): number[] => perRank[0].map((_, i) => Math.max(...perRank.map((t) => t[i])))
@@ -339,7 +362,7 @@ const printRows = (rows: ReadonlyArray<Row>): void => {
 }
 
 /** One line per (p, size): the best NATS and best direct rows, gloo, and each best over gloo. */
-const summaryLine = (p: number, bytes: number, nats: Row | undefined, direct: Row | undefined, glooMs: number | undefined): string => {
+const summaryLine = (p: number, bytes: number, nats: Row | undefined, direct: Row | undefined, glooMs: number | undefined, tcpMs?: number): string => {
   const part = (label: string, r: Row | undefined): string | undefined => (r ? `best ${label} ${r.name} ${fmtMs(r.ms)} ms` : undefined)
   const ratio = (label: string, r: Row | undefined): string | undefined => (r && glooMs !== undefined ? `${label}/gloo ${(r.ms / glooMs).toFixed(2)}x` : undefined)
   const parts = [
@@ -348,7 +371,10 @@ const summaryLine = (p: number, bytes: number, nats: Row | undefined, direct: Ro
     glooMs === undefined ? "gloo -" : `gloo ${fmtMs(glooMs)} ms`,
     ratio("NATS", nats),
     ratio("direct", direct),
-    nats && direct ? `direct/NATS ${(direct.ms / nats.ms).toFixed(2)}x` : undefined
+    nats && direct ? `direct/NATS ${(direct.ms / nats.ms).toFixed(2)}x` : undefined,
+    // busbw over the raw ring's per-link rate: the same bytes per link, so the ratio of times
+    tcpMs !== undefined && direct ? `direct busbw ${((100 * tcpMs) / direct.ms).toFixed(0)}% of raw TCP's` : undefined,
+    tcpMs !== undefined && glooMs !== undefined ? `gloo busbw ${((100 * tcpMs) / glooMs).toFixed(0)}% of raw TCP's` : undefined
   ]
   return `summary p=${p} ${fmtSize(bytes)}: ${parts.filter((x) => x !== undefined).join("; ")}\n`
 }
@@ -365,13 +391,28 @@ interface Measured {
  * transport (named by rowName). Returns median ms per variant, and per algorithm row the paired
  * ratio to its raw pattern.
  */
-const measure = async (fleet: RankFleet, p: number, groups: ReadonlyArray<Group>, bytes: number, chunkBytes: number, algorithms: string[], rounds: number | undefined, raw = true): Promise<Measured> => {
+const measure = async (
+  fleet: RankFleet,
+  p: number,
+  groups: ReadonlyArray<Group>,
+  bytes: number,
+  chunkBytes: number,
+  algorithms: string[],
+  rounds: number | undefined,
+  opts: { readonly raw: boolean; readonly nodeOf: Nodes; readonly tcp: boolean }
+): Promise<Measured> => {
   const { rounds: R, iters } = schedule(bytes, rounds)
   const n = bytes / 4
   const variants: Variant[] = []
   const rawGroup = groups[0]!.group
+  const raw = opts.raw
+  // Raw TCP in a ring, each link carrying what the ring all-reduce puts on it: 2(p-1)/p of the size.
+  if (opts.tcp) {
+    const perLink = ringBytesPerLink(p, bytes)
+    variants.push({ name: RAW_TCP, run: async (k) => slowest(await fleet.all<number[]>(p, () => ({ cmd: "benchTcp", group: rawGroup, bytes: perLink, iters: k, warmup: WARMUP }))) })
+  }
   for (const algorithm of algorithms) {
-    const patterns = rawPatterns(algorithm, p, bytes, chunkBytes)
+    const patterns = rawPatterns(algorithm, p, bytes, chunkBytes, opts.nodeOf)
     if (raw) variants.push({
       name: `raw ${algorithm}`,
       run: async (k) =>
@@ -414,28 +455,50 @@ const measure = async (fleet: RankFleet, p: number, groups: ReadonlyArray<Group>
 
 export async function run(args: ReadonlyArray<string>): Promise<void> {
   const a = parseArgs(args)
+  if (a.link === undefined) await runOn(a, undefined, "")
+  else await onStar(Math.max(...a.ps), a.link, (star, dir) => runOn(a, star, dir))
+}
+
+/** The benchmark on loopback, or with `star` one rank per namespace over its shaped link (--link). */
+const runOn = async (a: Args, star: Star | undefined, dir: string): Promise<void> => {
   const gloo = a.gloo && torchAvailable()
+  const nodeOf = star ? ownNodes : pairedNodes
   // One secret per run, the same on every rank (hex over IPC): peers of the direct path prove they hold it.
   const secret = crypto.randomBytes(32).toString("hex")
   console.log(`all-reduce benchmark: p ${a.ps.join(",")}, sizes ${a.sizes.map(fmtSize).join(", ")}, transports ${a.transports.join(", ")}, nats-server max_payload ${fmtSize(a.maxPayload)}, ${os.cpus().length} cores`)
   console.log(`one OS process per rank; time = slowest rank, barrier to done; median over rounds; raw = same bytes, same pattern, plain NATS publish`)
-  console.log(
-    `ranks share simulated nodes two by two (node = rank >> 1: ${a.ps.map((p) => `p=${p}: ${describeNodes(p)}`).join("; ")})` +
-      (a.transports.includes("direct") ? `; direct path: transport "direct", a Unix socket between ranks of a node, TCP on loopback across` : "")
-  )
+  if (star) {
+    console.log(
+      `every rank in a network namespace of its own, joined to a switch (a bridge in a hub namespace, where the nats-server runs) by a link shaped to ${star.rate} each way (tc tbf); ` +
+        `direct path: TCP over those links; gloo's workers in the same namespaces; "${RAW_TCP}": one TCP connection from each rank to the next, ` +
+        `each carrying what the ring all-reduce puts on a link (2(p-1)/p of the size), no framing: the links' ceiling (busbw = algbw x 2(p-1)/p is what a link carries per second)`
+    )
+  } else {
+    console.log(
+      `ranks share simulated nodes two by two (node = rank >> 1: ${a.ps.map((p) => `p=${p}: ${describeNodes(p, nodeOf)}`).join("; ")})` +
+        (a.transports.includes("direct") ? `; direct path: transport "direct", a Unix socket between ranks of a node, TCP on loopback across` : "")
+    )
+  }
   if (!gloo) console.log(a.gloo ? "torch not importable by /usr/bin/python3: no gloo baseline" : "gloo baseline skipped (--no-gloo)")
   const rows: Row[] = []
-  const server = await launchNatsServer({ jetstream: false, maxPayload: a.maxPayload })
+  const server = await benchNatsServer(a.maxPayload, star, dir)
   try {
     for (const p of a.ps) {
-      const glooTimes = gloo ? await runGloo(p, a.sizes) : undefined
-      const fleet = await RankFleet.start({ size: p, server: () => server.url, ...(a.prof ? { execArgv: ["--cpu-prof", `--cpu-prof-dir=${a.prof}`] } : {}) })
+      const glooTimes = gloo ? await runGloo(p, a.sizes, star) : undefined
+      const fleet = await RankFleet.start({
+        size: p,
+        server: () => server.url,
+        ...(a.prof ? { execArgv: ["--cpu-prof", `--cpu-prof-dir=${a.prof}`] } : {}),
+        ...(star ? { wrap: (rank: number) => ["ip", "netns", "exec", star.ranks[rank]!.ns] } : {})
+      })
       try {
         const groups: Group[] = a.transports.map((transport) => ({ transport, group: transport === "nats" ? `bench-p${p}` : `bench-p${p}-${transport}` }))
         let chunkBytes = 0
         let windowBytes = 0
         const linkLines: string[] = []
         for (const { transport, group } of groups) {
+          // With --link a rank listens on (and advertises) its namespace's address, the only one its peers reach it at.
+          const direct = (rank: number) => ({ transport: "direct", secret, ...(star ? { host: star.ranks[rank]!.ip, unixSocket: false } : {}) })
           const created = await fleet.all<{ chunkElems: number; windowBytes: number; transport: TransportInfo }>(p, (rank) => ({
             cmd: "create",
             group,
@@ -444,7 +507,7 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
             node: nodeOf(rank),
             chunkBytes: a.chunk,
             windowBytes: a.window,
-            ...(transport === "direct" ? { direct: { transport: "direct", secret } } : {})
+            ...(transport === "direct" ? { direct: direct(rank) } : {})
           }))
           // The same settings on every group (the direct path does not change chunk or window).
           chunkBytes = created[0].chunkElems * 4
@@ -457,12 +520,17 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
             }
           }
         }
-        console.log(`\np = ${p}: chunk ${fmtSize(chunkBytes)}, window ${fmtSize(windowBytes)} per link, ${describeNodes(p)}`)
+        if (star) {
+          const ports = await fleet.all<{ port: number }>(p, (rank) => ({ cmd: "tcpListen", host: star.ranks[rank]!.ip }))
+          const prev = (rank: number): number => (rank + p - 1) % p
+          await fleet.all(p, (rank) => ({ cmd: "tcpConnect", host: star.ranks[prev(rank)]!.ip, port: ports[prev(rank)]!.port }))
+        }
+        console.log(`\np = ${p}: chunk ${fmtSize(chunkBytes)}, window ${fmtSize(windowBytes)} per link, ${describeNodes(p, nodeOf)}`)
         if (linkLines.length > 0) console.log(`direct path (group bench-p${p}-direct):\n${linkLines.join("\n")}`)
         // With two ranks a fan-out reaches one receiver, the same traffic as a relay: "<name>" covers both.
         const algorithms = p === 2 ? a.algorithms.filter((x) => !x.endsWith(RELAY)) : a.algorithms
         for (const bytes of a.sizes) {
-          const m = await measure(fleet, p, groups, bytes, chunkBytes, algorithms, a.rounds, a.raw)
+          const m = await measure(fleet, p, groups, bytes, chunkBytes, algorithms, a.rounds, { raw: a.raw, nodeOf, tcp: star !== undefined })
           const g = glooTimes?.get(bytes)
           const block: Row[] = []
           const best = new Map<Transport, Row>()
@@ -477,11 +545,14 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
             }
           }
           if (a.raw) for (const algorithm of algorithms) block.push({ p, bytes, name: `raw NATS, ${algorithm} pattern`, ms: m.medians.get(`raw ${algorithm}`) as number })
+          const tcpMs = m.medians.get(RAW_TCP)
+          if (tcpMs !== undefined) block.push({ p, bytes, name: RAW_TCP, ms: tcpMs })
           if (g !== undefined) block.push({ p, bytes, name: "torch gloo all_reduce", ms: g })
           printRows(block)
-          console.log(summaryLine(p, bytes, best.get("nats"), best.get("direct"), g))
+          console.log(summaryLine(p, bytes, best.get("nats"), best.get("direct"), g, tcpMs))
           rows.push(...block)
         }
+        if (star) await fleet.all(p, () => ({ cmd: "tcpClose" }))
         for (const { group } of groups) await fleet.all(p, () => ({ cmd: "close", group }))
         // A profiled rank writes its profile when it exits by itself (stop() kills).
         if (a.prof) await fleet.exit()
@@ -493,7 +564,8 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
     await server.stop()
   }
 
-  if (a.payloadSweep) {
+  if (a.payloadSweep && star) console.log("\n(max_payload sweep left out with --link: it measures the NATS server on loopback)")
+  if (a.payloadSweep && !star) {
     console.log(`\nmax_payload and throughput: ring all-reduce and its raw pattern at ${fmtSize(64 * MiB)}, chunk = max_payload minus the 100-byte NATS header block`)
     const sweep: Row[] = []
     for (const maxPayload of [1 * MiB, 8 * MiB]) {
@@ -503,8 +575,8 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
           const fleet = await RankFleet.start({ size: p, server: () => srv.url })
           try {
             const group = `sweep-p${p}`
-            const created = await fleet.all<{ chunkElems: number }>(p, (rank) => ({ cmd: "create", group, rank, worldSize: p, node: nodeOf(rank), chunkBytes: maxPayload, windowBytes: a.window }))
-            const m = await measure(fleet, p, [{ transport: "nats", group }], 64 * MiB, created[0].chunkElems * 4, ["ring"], a.rounds ?? 3)
+            const created = await fleet.all<{ chunkElems: number }>(p, (rank) => ({ cmd: "create", group, rank, worldSize: p, node: pairedNodes(rank), chunkBytes: maxPayload, windowBytes: a.window }))
+            const m = await measure(fleet, p, [{ transport: "nats", group }], 64 * MiB, created[0].chunkElems * 4, ["ring"], a.rounds ?? 3, { raw: true, nodeOf: pairedNodes, tcp: false })
             const label = `max_payload ${fmtSize(maxPayload)}`
             sweep.push({ p, bytes: 64 * MiB, name: `ring, ${label}`, ms: m.medians.get("ring") as number, vsRaw: m.pairedRatio.get("ring") })
             sweep.push({ p, bytes: 64 * MiB, name: `raw ring pattern, ${label}`, ms: m.medians.get("raw ring") as number })

@@ -31,7 +31,6 @@
 // gloo and the nats-server are the same whatever the transport.
 import * as crypto from "node:crypto"
 import * as os from "node:os"
-import { launchNatsServer } from "../core/nats-server.ts"
 import type { ResolvedCompressionConfig } from "../collectives/compression/index.ts"
 import type { ReducerStats } from "../collectives/gradient-reducer.ts"
 import { describeTransport, type TransportInfo, type TransportMeasurement } from "../collectives/communicator.ts"
@@ -39,9 +38,7 @@ import { CompressionFleet } from "../test/support/compression-fleet.ts"
 import type { SlotSpec } from "../test/support/compression-cases.ts"
 import { benchCodecs, codecFigures, type CodecFigure } from "./compression-codecs.ts"
 import { runGloo, torchAvailable } from "./allreduce.ts"
-import { createStar, netnsUnavailable, startNatsIn, type Star } from "../test/support/netns.ts"
-import * as fs from "node:fs"
-import * as path from "node:path"
+import { benchNatsServer, onStar, type Star } from "../test/support/netns.ts"
 import { median } from "../scheduler/cost-model.ts"
 
 const MiB = 1024 * 1024
@@ -141,27 +138,10 @@ interface ReduceReply {
   readonly stats: ReducerStats
 }
 
-/** The nats-server for the ranks: on loopback, or in the star's hub namespace on its bridge address. */
-const startServer = async (a: Args, star: Star | undefined, dir: string): Promise<{ readonly url: string; stop(): Promise<void> }> => {
-  if (!star) return launchNatsServer({ jetstream: false, maxPayload: a.maxPayload })
-  const listen = `${star.hubIp}:4222`
-  return startNatsIn(star.hub, dir, "gw-bench-hub", `nats://${listen}`, [`listen: "${listen}"`, `max_payload: ${a.maxPayload}`])
-}
-
 export async function run(args: ReadonlyArray<string>): Promise<void> {
   const a = parseArgs(args)
-  if (a.link !== undefined) {
-    const why = netnsUnavailable()
-    if (why) throw new Error(`--link needs network namespaces and tc: ${why}; run as root, or leave --link out to measure on loopback`)
-    const star = createStar(a.p, a.link)
-    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "gw-bench-link-"))
-    try {
-      await measure(a, star, dir)
-    } finally {
-      star.remove()
-      fs.rmSync(dir, { recursive: true, force: true })
-    }
-  } else await measure(a, undefined, "")
+  if (a.link === undefined) await measure(a, undefined, "")
+  else await onStar(a.p, a.link, (star, dir) => measure(a, star, dir))
 }
 
 const measure = async (a: Args, star: Star | undefined, dir: string): Promise<void> => {
@@ -187,7 +167,7 @@ const measure = async (a: Args, star: Star | undefined, dir: string): Promise<vo
   const wire = new Map<string, ReducerStats>()
   /** Per codec, MiB rank 0 sent over its direct links in the whole run (warm-up and auto's measurement included). */
   let directSent: string | undefined
-  const server = await startServer(a, star, dir)
+  const server = await benchNatsServer(a.maxPayload, star, dir)
   try {
     // One fleet of rank processes per codec, all alive at once, as in training, where a process
     // runs one codec: a codec's step never pays for another's heap or caches. The rounds still

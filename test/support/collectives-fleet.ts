@@ -34,6 +34,8 @@ export interface FleetOptions {
   readonly startTimeoutMs?: number
   /** Node flags for the rank processes (e.g. --cpu-prof when profiling a benchmark). */
   readonly execArgv?: ReadonlyArray<string>
+  /** A command that execs node in its place, per rank (e.g. `ip netns exec NS`). */
+  readonly wrap?: (rank: number) => ReadonlyArray<string>
 }
 
 interface Pending {

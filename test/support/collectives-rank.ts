@@ -1,7 +1,7 @@
 // One rank process for collectives tests and benchmarks (started by collectives-fleet.ts). It
 // connects to NATS, then executes commands from its parent over IPC: create/close communicators,
 // run case lists (verifying each result against the float64 reference), and time all-reduces or
-// raw NATS traffic patterns for the benchmark, and import modules that register more all-reduce
+// raw NATS traffic patterns (or, on shaped links, raw TCP) for the benchmark, and import modules that register more all-reduce
 // algorithms (the registry proof). It exits when its parent goes away.
 import type { NatsConnection } from "@nats-io/nats-core"
 import { allReduceBuckets } from "../../collectives/bucketing.ts"
@@ -23,6 +23,7 @@ import {
 import { connectRank, errorOf, serveParent } from "./child-ready.ts"
 import { receivePoolStats, sendPoolStats } from "../../core/nats-internals/index.ts"
 import { pathToFileURL } from "node:url"
+import * as net from "node:net"
 
 const comms = new Map<string, Communicator>()
 let nc: NatsConnection
@@ -283,6 +284,98 @@ const benchRaw = async (
   return times
 }
 
+/**
+ * Raw TCP in a ring (the all-reduce bench on shaped links): one connection from each rank to the
+ * next, no framing, no reduction; the ceiling of what a ring can move over those links. `tcpIn`
+ * is the connection the previous rank opened to this one.
+ */
+let tcpServer: net.Server | undefined
+let tcpIn: net.Socket | undefined
+let tcpOut: net.Socket | undefined
+let tcpGot = 0
+let tcpWant = Infinity
+let tcpWake: (() => void) | undefined
+
+/** Listens for the next rank's connection, the one this rank sends on. */
+const tcpListen = (host: string): Promise<{ port: number }> =>
+  new Promise((resolve, reject) => {
+    const server = net.createServer((sock) => {
+      sock.setNoDelay(true)
+      sock.on("error", () => undefined)
+      tcpOut = sock
+    })
+    server.once("error", reject)
+    server.listen({ host, port: 0 }, () => resolve({ port: (server.address() as net.AddressInfo).port }))
+    tcpServer = server
+  })
+
+/**
+ * Connects to the previous rank (the connection this rank receives on, read into one reused 1 MiB
+ * buffer, as the direct links read) and waits (10 s at most) for the next rank's connection.
+ */
+const tcpConnect = async (host: string, port: number): Promise<null> => {
+  const readBuffer = Buffer.alloc(1 << 20)
+  tcpIn = await new Promise<net.Socket>((resolve, reject) => {
+    const sock = net.connect({
+      host,
+      port,
+      onread: {
+        buffer: readBuffer,
+        callback: (n: number) => {
+          tcpGot += n
+          if (tcpGot >= tcpWant) tcpWake?.()
+          return true
+        }
+      }
+    }, () => resolve(sock))
+    sock.setNoDelay(true)
+    sock.once("error", reject)
+  })
+  const until = Date.now() + 10_000
+  while (!tcpOut) {
+    if (Date.now() > until) throw new Error("no connection from the next rank within 10 s")
+    await new Promise((r) => setTimeout(r, 10))
+  }
+  return null
+}
+
+const tcpBuffers = new Map<number, Buffer>()
+
+/** Writes `buf` in one call (libuv writes what the socket takes each time it is writable, no copy); resolves once it is all handed to the kernel. */
+const writeAll = (sock: net.Socket, buf: Buffer): Promise<void> => new Promise((resolve, reject) => sock.write(buf, (e) => (e ? reject(e) : resolve())))
+
+/** Times `iters` rounds (after `warmup`) of `bytes` to the next rank while `bytes` come from the previous one. */
+const benchTcp = async (c: Communicator, bytes: number, iters: number, warmup: number): Promise<number[]> => {
+  if (!tcpOut || !tcpIn) throw new Error("benchTcp before tcpListen/tcpConnect")
+  let buf = tcpBuffers.get(bytes)
+  if (!buf) tcpBuffers.set(bytes, (buf = Buffer.alloc(bytes, 1)))
+  const out = tcpOut
+  const times: number[] = []
+  for (let it = 0; it < warmup + iters; it++) {
+    // Reset before the barrier: the previous rank sends this round's bytes only after it.
+    tcpGot = 0
+    tcpWant = bytes
+    const got = new Promise<void>((resolve) => (tcpWake = resolve))
+    await c.barrier()
+    const t0 = performance.now()
+    const written = writeAll(out, buf)
+    const timeout = new Promise<never>((_, reject) => setTimeout(() => reject(new Error(`raw TCP: got ${tcpGot} of ${bytes} bytes within 120 s`)), 120_000).unref())
+    await Promise.race([Promise.all([got, written]), timeout])
+    const dt = performance.now() - t0
+    if (it >= warmup) times.push(dt)
+  }
+  tcpWant = Infinity
+  return times
+}
+
+const tcpClose = (): null => {
+  tcpOut?.destroy()
+  tcpIn?.destroy()
+  tcpServer?.close()
+  tcpOut = tcpIn = tcpServer = undefined
+  return null
+}
+
 // ---------------------------------------------------------------------------------------------
 
 const handle = async (m: Record<string, any>): Promise<unknown> => {
@@ -336,6 +429,14 @@ const handle = async (m: Record<string, any>): Promise<unknown> => {
       return benchAllReduce(comm(m.group), m.n, m.algorithm, m.iters, m.warmup, m.wire, m.fanout)
     case "benchRaw":
       return benchRaw(comm(m.group), m.flows, m.inbound, m.chunkBytes, m.iters, m.warmup, m.tag)
+    case "tcpListen":
+      return tcpListen(m.host)
+    case "tcpConnect":
+      return tcpConnect(m.host, m.port)
+    case "benchTcp":
+      return benchTcp(comm(m.group), m.bytes, m.iters, m.warmup)
+    case "tcpClose":
+      return tcpClose()
     case "poolStats":
       // the NATS buffer pools of this process (core/nats-internals/)
       return { receive: { ...receivePoolStats }, send: { ...sendPoolStats } }

@@ -5,8 +5,9 @@
 // stop() and when this process exits.
 import { execFileSync, spawn, type ChildProcess } from "node:child_process"
 import * as fs from "node:fs"
+import * as os from "node:os"
 import * as path from "node:path"
-import { findNatsServerBinary } from "../../core/nats-server.ts"
+import { findNatsServerBinary, launchNatsServer } from "../../core/nats-server.ts"
 
 export const sh = (cmd: string, args: ReadonlyArray<string>): string =>
   execFileSync(cmd, [...args], { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"], timeout: 10_000 })
@@ -229,4 +230,32 @@ export const createStar = (size: number, rate: string): Star => {
     throw e
   }
   return { hub, hubIp: `${net}.1`, ranks, rate, remove }
+}
+
+/**
+ * A plain nats-server (no JetStream) for a benchmark's ranks: on loopback, or with `star` in its hub
+ * namespace on the bridge address (config written to `dir`).
+ */
+export const benchNatsServer = async (maxPayload: number, star: Star | undefined, dir: string): Promise<{ readonly url: string; stop(): Promise<void> }> => {
+  if (!star) return launchNatsServer({ jetstream: false, maxPayload })
+  const listen = `${star.hubIp}:4222`
+  return startNatsIn(star.hub, dir, "gw-bench-hub", `nats://${listen}`, [`listen: "${listen}"`, `max_payload: ${maxPayload}`])
+}
+
+/**
+ * Runs a benchmark on a star of `size` namespaces with links shaped to `rate` (--link), with a temp
+ * directory for its configs; both are removed afterwards, also on failure. Throws a clear error
+ * where namespaces cannot be made.
+ */
+export const onStar = async <T>(size: number, rate: string, body: (star: Star, dir: string) => Promise<T>): Promise<T> => {
+  const why = netnsUnavailable()
+  if (why) throw new Error(`--link needs network namespaces and tc: ${why}; run as root, or leave --link out to measure on loopback`)
+  const star = createStar(size, rate)
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "gw-bench-link-"))
+  try {
+    return await body(star, dir)
+  } finally {
+    star.remove()
+    fs.rmSync(dir, { recursive: true, force: true })
+  }
 }
