@@ -4,6 +4,8 @@
 // TypeScript source in a checkout (Node >= 22.18 strips types), the compiled one in an installed
 // package (which ships dist/ and not bin/main.ts; Node strips no types under node_modules anyway).
 import "./check-node.js"
+// Compiled code (and in a checkout the stripped TypeScript) kept across starts; see the file.
+import "./fast-start.js"
 import { existsSync, readFileSync } from "node:fs"
 
 const arg = process.argv[2]

@@ -172,6 +172,28 @@ export const warmHosts: Setting<number> = {
   }
 }
 
+/**
+ * Where the processes gradwire starts keep compiled code and stripped TypeScript across starts
+ * (bin/fast-start.js reads it there: it runs before any TypeScript could; this entry documents it).
+ * Outside the GRADWIRE_ prefix: it says where code is loaded from.
+ */
+export const cacheDir: Setting<string | undefined> = {
+  name: "GW_CACHE_DIR",
+  default: "$XDG_CACHE_HOME/gradwire, else ~/.cache/gradwire",
+  description:
+    "where started processes (workers, servers, agents, the CLI) keep compiled code, and in a checkout the stripped TypeScript, across starts; made with mode 0700, not used when another user could write to it; off: no cache",
+  read: () => raw("GW_CACHE_DIR") || undefined
+}
+
+/** The base of the default cache directory (XDG Base Directory). */
+export const xdgCacheHome: Setting<string | undefined> = {
+  name: "XDG_CACHE_HOME",
+  default: "~/.cache",
+  description: "the base of the default GW_CACHE_DIR",
+  standard: true,
+  read: () => raw("XDG_CACHE_HOME") || undefined
+}
+
 /** Every variable gradwire reads, in docs/environment.md's order. */
 export const SETTINGS: ReadonlyArray<Setting<unknown>> = [
   logLevel,
@@ -184,11 +206,13 @@ export const SETTINGS: ReadonlyArray<Setting<unknown>> = [
   directHost,
   webgpuSoftware,
   warmHosts,
+  cacheDir,
   natsServerBin,
   ci,
   searchPath,
   vulkanIcdFilenames,
-  vulkanDriverFiles
+  vulkanDriverFiles,
+  xdgCacheHome
 ]
 
 /** Variables gradwire sets for the worker processes it starts (a training loop may read them). */

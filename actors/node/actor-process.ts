@@ -6,6 +6,7 @@
 import { spawn, type ChildProcess } from "node:child_process"
 import { createInterface } from "node:readline"
 import { fileURLToPath } from "node:url"
+import { FAST_START_ARGS } from "../../core/fast-start.ts"
 
 export const HOST_SCRIPT = fileURLToPath(new URL(import.meta.url.endsWith(".ts") ? "./host.ts" : "./host.js", import.meta.url))
 
@@ -53,7 +54,7 @@ export class ActorProcess {
     this.#tailLines = options.tailLines ?? 30
     this.onLine = options.onLine
     this.#waiting = options.spec === undefined
-    this.child = spawn(process.execPath, options.spec === undefined ? [HOST_SCRIPT, ...WARM_ARGS] : [HOST_SCRIPT], {
+    this.child = spawn(process.execPath, [...FAST_START_ARGS, HOST_SCRIPT, ...(options.spec === undefined ? WARM_ARGS : [])], {
       cwd: options.cwd,
       env: options.env,
       stdio: ["pipe", "pipe", "pipe"]

@@ -11,6 +11,7 @@ import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { fileURLToPath } from "node:url"
+import { FAST_START_ARGS } from "../../core/fast-start.ts"
 import { vulkanDriverFiles, vulkanIcdFilenames, webgpuSoftware } from "../../core/settings.ts"
 import { NO_ADAPTER, WEBGPU_PACKAGES, adapterName, type WebGpuAdapterInfo } from "../../core/webgpu.ts"
 
@@ -99,7 +100,7 @@ const probeInChild = (backends: ReadonlyArray<BackendName>, timeoutMs: number, e
   new Promise((resolve) => {
     const results = new Map<BackendName, string | true>()
     let adapter: WebGpuAdapterInfo | undefined
-    const child = spawn(process.execPath, [PROBE_SCRIPT, ...backends], { stdio: ["ignore", "pipe", "pipe"], env })
+    const child = spawn(process.execPath, [...FAST_START_ARGS, PROBE_SCRIPT, ...backends], { stdio: ["ignore", "pipe", "pipe"], env })
     let out = ""
     let err = ""
     child.stdout.setEncoding("utf8").on("data", (c: string) => (out += c))

@@ -5,6 +5,7 @@ import { fork, type ChildProcess } from "node:child_process"
 import { connect } from "@nats-io/transport-node"
 import type { NatsConnection } from "@nats-io/nats-core"
 import { installNatsPatches } from "../../core/nats-internals/index.ts"
+import { FAST_START_ARGS } from "../../core/fast-start.ts"
 
 export const awaitChildrenReady = (children: ReadonlyArray<ChildProcess>, timeoutMs: number): Promise<void> =>
   Promise.all(
@@ -78,7 +79,7 @@ export const startRanks = async <F extends { stop(): Promise<void> }>(
     const wrap = opts.wrap?.(rank) ?? []
     const child = fork(script, [], {
       ...(wrap.length > 0 ? { execPath: wrap[0] } : {}),
-      execArgv: [...wrap.slice(1), ...(wrap.length > 0 ? [process.execPath] : []), ...(opts.execArgv ?? [])],
+      execArgv: [...wrap.slice(1), ...(wrap.length > 0 ? [process.execPath] : []), ...FAST_START_ARGS, ...(opts.execArgv ?? [])],
       env: { ...process.env, GW_RANK_SERVER: server(rank), GW_RANK_INDEX: String(rank) },
       stdio: ["ignore", "inherit", "inherit", "ipc"],
       serialization: "advanced"
