@@ -285,9 +285,10 @@ const benchRaw = async (
 }
 
 /**
- * Raw TCP in a ring (the all-reduce bench on shaped links): one connection from each rank to the
- * next, no framing, no reduction; the ceiling of what a ring can move over those links. `tcpIn`
- * is the connection the previous rank opened to this one.
+ * Raw TCP in a ring (the all-reduce bench on shaped links): data flows from each rank to the next
+ * on one connection, no framing, no reduction; the ceiling of what a ring can move over those
+ * links. Each rank dials the previous one (`tcpIn`, the receiving end, so it can read into one
+ * reused buffer) and sends on the connection the next rank dialled (`tcpOut`).
  */
 let tcpServer: net.Server | undefined
 let tcpIn: net.Socket | undefined
@@ -359,8 +360,9 @@ const benchTcp = async (c: Communicator, bytes: number, iters: number, warmup: n
     await c.barrier()
     const t0 = performance.now()
     const written = writeAll(out, buf)
-    const timeout = new Promise<never>((_, reject) => setTimeout(() => reject(new Error(`raw TCP: got ${tcpGot} of ${bytes} bytes within 120 s`)), 120_000).unref())
-    await Promise.race([Promise.all([got, written]), timeout])
+    let timer: NodeJS.Timeout | undefined
+    const timeout = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`raw TCP: got ${tcpGot} of ${bytes} bytes within 120 s`)), 120_000)))
+    await Promise.race([Promise.all([got, written]), timeout]).finally(() => clearTimeout(timer))
     const dt = performance.now() - t0
     if (it >= warmup) times.push(dt)
   }
