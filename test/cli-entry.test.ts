@@ -18,7 +18,7 @@ afterAll(() => fs.rmSync(scratch, { recursive: true, force: true }))
 const layout = (withSource: boolean, withDist: boolean): string => {
   const dir = fs.mkdtempSync(path.join(scratch, "pkg-"))
   fs.mkdirSync(path.join(dir, "bin"))
-  for (const f of ["bin/gradwire.js", "bin/check-node.js", "package.json"]) fs.copyFileSync(path.join(ROOT, f), path.join(dir, f))
+  for (const f of ["bin/gradwire.js", "bin/check-node.js", "bin/fast-start.js", "package.json"]) fs.copyFileSync(path.join(ROOT, f), path.join(dir, f))
   if (withSource) fs.writeFileSync(path.join(dir, "bin", "main.ts"), 'const from: string = "source"\nconsole.log(from, process.argv.slice(2).join(" "))\n')
   if (withDist) {
     fs.mkdirSync(path.join(dir, "dist", "bin"), { recursive: true })
