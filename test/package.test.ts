@@ -71,6 +71,8 @@ describe("the packed package", () => {
       "docs/strategies.md",
       "bin/gradwire.js",
       "bin/check-node.js",
+      "bin/fast-start.js",
+      "dist/core/fast-start.js",
       "dist/index.js",
       "dist/index.d.ts",
       "dist/core/node-version.js",
