@@ -105,12 +105,19 @@ export interface AgentOptions {
   readonly warmHosts?: number
   /**
    * A process stopped (SIGSTOP, SIGTSTP: state T) this long is killed: it holds its whole group
-   * up until a collective deadline (10 s at least) would fence it. Default 1000 ms (checked every
-   * 250 ms); 0 never.
+   * up until a collective deadline (10 s at least) would fence it. Default 500 ms (checked every
+   * 100 ms: a stopped worker costs its group about 0.6 s before its death is reported, not 1.5 s);
+   * 0 never.
    * Linux (/proc) only; a debugger's tracing stop (state t) is left alone.
    */
   readonly stoppedKillMs?: number
 }
+
+/** How long a process may be stopped (state T) before its agent kills it, by default. */
+const STOPPED_KILL_MS = 500
+
+/** How often an agent looks for stopped processes. */
+const STOPPED_CHECK_MS = 100
 
 /**
  * A warm process starts only after this long without a spawn (not beside the actors starting), and
@@ -281,9 +288,10 @@ export class NodeAgent {
     this.#timers.push(
       setInterval(() => {
         this.#checkOwners()
-        this.#checkStopped()
         this.#fillWarm()
-      }, 250)
+      }, 250),
+      // One /proc read per process: cheap enough to look for stopped ones more often.
+      setInterval(() => this.#checkStopped(), STOPPED_CHECK_MS)
     )
     this.#advertise()
     await settleWithin(this.#nc.flush(), 5_000)
@@ -657,7 +665,7 @@ export class NodeAgent {
 
   /** Kills a process that has been stopped (state T) for options.stoppedKillMs. */
   #checkStopped(): void {
-    const limit = this.#options.stoppedKillMs ?? 1_000
+    const limit = this.#options.stoppedKillMs ?? STOPPED_KILL_MS
     if (limit <= 0 || this.#leaving) return
     const now = Date.now()
     for (const r of this.#processes.values()) {
