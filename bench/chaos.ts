@@ -34,7 +34,10 @@
 // -> the first step of a later generation (its first progress message or position file, whichever
 // is seen first: in a synchronous step every member has stepped by then); lost = steps of the old
 // generation redone: the furthest step any of its processes completed minus where the next
-// generation started (positions.ts), in steps; recovery = "peers" or "checkpoint" from the
+// generation started (positions.ts), in steps: step indices when both are in the same epoch (an
+// epoch's steps change with the group's size, so a fraction of an epoch would count a short-handed
+// epoch's step 13 of 23 as behind step 13 of 15), else epochs x the old generation's steps per
+// epoch; recovery = "peers" or "checkpoint" from the
 // `restart` events of events.jsonl (with the reason a checkpoint restart gives).
 // --repeat=N runs N such pairs (a new fault schedule each) and adds each pair's goodput, their
 // median and the pooled ratio: run-to-run noise on a small machine is as large as a fault's cost.
@@ -51,7 +54,7 @@ import { processState } from "../actors/node/agent-state.ts"
 import { seededRng, type Rng } from "../core/random.ts"
 import { median } from "../scheduler/cost-model.ts"
 import { workerPids, killQuietly } from "../test/support/chaos.ts"
-import { readPositions } from "../test/support/positions.ts"
+import { compareSteps, readPositions, type StepAt } from "../test/support/positions.ts"
 import { netnsUnavailable } from "../test/support/netns.ts"
 import { startAgentCluster, type AgentCluster } from "./chaos-cluster.ts"
 
@@ -194,6 +197,10 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
   const firstStep = new Map<number, number>()
   const doneMax = new Map<number, number>()
   const firstMin = new Map<number, number>()
+  // The same as (epoch, step) points, and each attempt's steps per epoch.
+  const doneAtMax = new Map<number, StepAt>()
+  const firstAtMin = new Map<number, StepAt>()
+  const epochSteps = new Map<number, number>()
   let stepsPerEpoch = 0
   const faults: FaultRecord[] = []
   let boundHit = false
@@ -211,6 +218,11 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
       stepsPerEpoch = p.stepsPerEpoch
       doneMax.set(p.attempt, Math.max(doneMax.get(p.attempt) ?? -Infinity, p.done))
       firstMin.set(p.attempt, Math.min(firstMin.get(p.attempt) ?? Infinity, p.first))
+      const d = doneAtMax.get(p.attempt)
+      if (!d || compareSteps(p.doneAt, d) > 0) doneAtMax.set(p.attempt, p.doneAt)
+      const f = firstAtMin.get(p.attempt)
+      if (!f || compareSteps(p.firstAt, f) < 0) firstAtMin.set(p.attempt, p.firstAt)
+      epochSteps.set(p.attempt, p.stepsPerEpoch)
       if (!firstStep.has(p.attempt)) firstStep.set(p.attempt, now)
     }
   }
@@ -380,7 +392,10 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
       f.resumeMs = Math.max(0, Math.min(...[...firstStep.entries()].filter(([a]) => a > f.attempt).map(([, t]) => t)) - at)
       const done = doneMax.get(f.attempt)
       const first = firstMin.get(next[0])
-      if (done !== undefined && first !== undefined && stepsPerEpoch > 0) f.lostSteps = Math.max(0, (done - first) * stepsPerEpoch)
+      const doneAt = doneAtMax.get(f.attempt)
+      const firstAt = firstAtMin.get(next[0])
+      if (doneAt && firstAt && doneAt.epoch === firstAt.epoch) f.lostSteps = Math.max(0, doneAt.step - firstAt.step)
+      else if (done !== undefined && first !== undefined && stepsPerEpoch > 0) f.lostSteps = Math.max(0, (done - first) * (epochSteps.get(f.attempt) ?? stepsPerEpoch))
       const rs = restartEvents.filter((e) => Number(e.attempt) > f.attempt && Number(e.attempt) <= next[0])
       const ckpt = rs.find((e) => e.recovery === "checkpoint")
       f.recovery = ckpt ? "checkpoint" : rs.length ? String(rs.at(-1)!.recovery) : "?"

@@ -36,7 +36,19 @@ export interface Position {
   readonly done: number
   /** Epochs completed before the first step it trained in `attempt`. */
   readonly first: number
+  /** The same two as (epoch, steps of it): the step after the last one trained, and the first trained in `attempt`. */
+  readonly doneAt: StepAt
+  readonly firstAt: StepAt
 }
+
+/** A point in a loop: an epoch and a step index in it. */
+export interface StepAt {
+  readonly epoch: number
+  readonly step: number
+}
+
+/** Orders two points of a loop. */
+export const compareSteps = (a: StepAt, b: StepAt): number => a.epoch - b.epoch || a.step - b.step
 
 /** Every position file in `dir` (a file being rewritten at that moment is skipped). */
 export const readPositions = (dir: string): Position[] => {
@@ -53,7 +65,16 @@ export const readPositions = (dir: string): Position[] => {
     const n = text.split(" ").map(Number)
     if (n.length !== 7 || n.some((x) => !Number.isFinite(x))) continue
     const [attempt, rank, epoch, step, spe, firstEpoch, firstStep] = n as [number, number, number, number, number, number, number]
-    out.push({ pid: Number(m[1]), attempt, rank, stepsPerEpoch: spe, done: epoch + (step + 1) / spe, first: firstEpoch + firstStep / spe })
+    out.push({
+      pid: Number(m[1]),
+      attempt,
+      rank,
+      stepsPerEpoch: spe,
+      done: epoch + (step + 1) / spe,
+      first: firstEpoch + firstStep / spe,
+      doneAt: { epoch, step: step + 1 },
+      firstAt: { epoch: firstEpoch, step: firstStep }
+    })
   }
   return out
 }
