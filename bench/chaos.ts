@@ -201,7 +201,6 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
   const doneAtMax = new Map<number, StepAt>()
   const firstAtMin = new Map<number, StepAt>()
   const epochSteps = new Map<number, number>()
-  let stepsPerEpoch = 0
   const faults: FaultRecord[] = []
   let boundHit = false
   let boundAt = 0
@@ -215,7 +214,6 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
     }
     const now = Date.now()
     for (const p of positions) {
-      stepsPerEpoch = p.stepsPerEpoch
       doneMax.set(p.attempt, Math.max(doneMax.get(p.attempt) ?? -Infinity, p.done))
       firstMin.set(p.attempt, Math.min(firstMin.get(p.attempt) ?? Infinity, p.first))
       const d = doneAtMax.get(p.attempt)
@@ -395,7 +393,7 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
       const doneAt = doneAtMax.get(f.attempt)
       const firstAt = firstAtMin.get(next[0])
       if (doneAt && firstAt && doneAt.epoch === firstAt.epoch) f.lostSteps = Math.max(0, doneAt.step - firstAt.step)
-      else if (done !== undefined && first !== undefined && stepsPerEpoch > 0) f.lostSteps = Math.max(0, (done - first) * (epochSteps.get(f.attempt) ?? stepsPerEpoch))
+      else if (done !== undefined && first !== undefined) f.lostSteps = Math.max(0, (done - first) * (epochSteps.get(f.attempt) ?? 0))
       const rs = restartEvents.filter((e) => Number(e.attempt) > f.attempt && Number(e.attempt) <= next[0])
       const ckpt = rs.find((e) => e.recovery === "checkpoint")
       f.recovery = ckpt ? "checkpoint" : rs.length ? String(rs.at(-1)!.recovery) : "?"
