@@ -24,7 +24,7 @@ import { fileURLToPath } from "node:url"
 const ROOT = path.dirname(path.dirname(fileURLToPath(import.meta.url)))
 
 /** The cache directory to use, or undefined when there is none that only this user can write. */
-export const cacheDir = (env = process.env) => {
+const cacheDir = (env = process.env) => {
   const asked = env.GW_CACHE_DIR
   if (asked === "off" || asked === "0") return undefined
   const base = asked || path.join(env.XDG_CACHE_HOME || path.join(os.homedir(), ".cache"), "gradwire")
@@ -39,7 +39,7 @@ export const cacheDir = (env = process.env) => {
   }
 }
 
-/** The cached stripped source, or undefined; an entry ends with a comment holding its source's hash. */
+/** How a cache entry ends: a comment holding the hash of the source it was stripped from. */
 const TRAILER = "\n//# gradwire-source-sha256="
 
 /** Strips `source`'s types (Node's own stripper) without its one-time "experimental" warning. */
