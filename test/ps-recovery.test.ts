@@ -8,7 +8,7 @@ import { describe, expect, it } from "vitest"
 import * as path from "node:path"
 import * as fs from "node:fs/promises"
 import { Trainer, type Result } from "../index.ts"
-import { digitsTrainerRuns, readEvents as events, sameWeights } from "./support/trainer-runs.ts"
+import { digitsTrainerRuns, expectStaleConverged, readEvents as events, sameWeights } from "./support/trainer-runs.ts"
 import { makeHold } from "./support/hold.ts"
 
 const CHAOS = path.resolve("test/support/chaos-loop.ts") + "#trainLoop"
@@ -72,13 +72,10 @@ describe("parameter servers: recovery from surviving peers", () => {
     const r = await killedWorker("ps-peers-async", "async", 5)
     expect(r.restarts).toBe(1)
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4])
-    // Async servers converge noisily: from one epoch to the next val_accuracy moved by up to 0.15 in
-    // runs here (0.94 -> 0.79 in a CI run under load; 0.93 -> 0.86 alone), so the run is held to its
-    // best epoch after the recovery (0.93-0.94 alone) and to a floor on the last one (chance is 0.1;
-    // a replacement that joined with wrong parameters would pull every epoch after it down).
-    const acc = r.metricsHistory.map((m) => m.val_accuracy as number)
-    expect(Math.max(...acc.slice(2))).toBeGreaterThan(0.85)
-    expect(acc.at(-1)!).toBeGreaterThan(0.7)
+    // Async servers converge noisily (0.94 -> 0.79 from one epoch to the next in a CI run here; best
+    // epoch after the recovery 0.93-0.94 alone): a replacement that joined with wrong parameters
+    // would pull every epoch after it down.
+    expectStaleConverged(r)
     expect(Number(r.metricsHistory.at(-1)!.loss)).toBeLessThan(Number(r.metricsHistory[0]!.loss))
     const ev = await events(r.path)
     expect(ev.find((e) => e.type === "restart")).toMatchObject({ recovery: "peers", survivors: 2 })

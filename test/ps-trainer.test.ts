@@ -11,7 +11,7 @@ import { readFileSync, readdirSync } from "node:fs"
 import * as path from "node:path"
 import { Trainer, type Result } from "../index.ts"
 import { ConfigError } from "../core/errors.ts"
-import { digitsTrainerRuns, readEvents, sameWeights } from "./support/trainer-runs.ts"
+import { digitsTrainerRuns, expectStaleConverged, readEvents, sameWeights } from "./support/trainer-runs.ts"
 
 /** The pid of this machine's process running the actor named `name` (the agent sets GRADWIRE_ACTOR). */
 const pidOfActor = (name: string): number => {
@@ -63,13 +63,9 @@ describe("parameter servers in the Trainer", () => {
     // and how much depends on how the machine schedules the three workers: async and SSP ended at
     // 0.83-0.95 over CI runs on 2 shared cores (chance is 0.1, sync servers about 0.95). Backup
     // workers drop a gradient per step but stay synchronous.
-    // One epoch to the next moves by up to 0.15 with async servers (ps-recovery.test.ts saw 0.94 ->
-    // 0.79 under CI load), so each run is held to its best late epoch and a floor on its last.
-    for (const r of [asyncRun, ssp]) {
-      const acc = r.metricsHistory.map((m) => m.val_accuracy as number)
-      expect(Math.max(...acc.slice(2))).toBeGreaterThan(0.85)
-      expect(lastAccuracy(r)).toBeGreaterThan(0.7)
-    }
+    // Held to their best late epoch and a floor on the last (expectStaleConverged says why).
+    expectStaleConverged(asyncRun)
+    expectStaleConverged(ssp)
     expect(lastAccuracy(backup)).toBeGreaterThan(0.85)
     // Three workers pushing in turn: async updates land between a worker's pull and its push.
     expect(Math.max(...asyncRun.metricsPerRank.at(-1)!.map((m) => m["ps/staleness"] as number))).toBeGreaterThan(0)
