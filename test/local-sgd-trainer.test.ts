@@ -3,12 +3,16 @@
 // training (the same weights after the same steps, to float rounding); H > 1 with DiLoCo's outer
 // Nesterov and int8 deltas converges with a small fraction of the bytes and checkpoints its outer
 // state, which a resumed run goes on from; a worker killed between rounds is replaced from the
-// survivors' state (the replacement starts from the latest averaged parameters).
+// survivors' state (the replacement starts from the latest averaged parameters), with staggered
+// fragments too (the replacement joins the survivors' rounds).
 import { describe, expect, it } from "vitest"
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
-import type { Result } from "../index.ts"
+import { Trainer, type Result } from "../index.ts"
 import { digitsTrainerRuns, readEvents } from "./support/trainer-runs.ts"
+import { makeHold } from "./support/hold.ts"
+
+const CHAOS = path.resolve("test/support/chaos-loop.ts") + "#trainLoop"
 
 const runs = digitsTrainerRuns("gw-local-sgd-")
 const fit = runs.fit
@@ -92,6 +96,34 @@ describe("local SGD with DiLoCo's outer Nesterov", () => {
     // every member ends in the same round (the replacement took the survivors' clock)
     expect(new Set(last.map((x) => x["localsgd/rounds"])).size).toBe(1)
     expect(last[0]!["localsgd/rounds"]).toBe(Math.floor((last[0]!["localsgd/inner_steps"] as number) / 4))
+    expect(lastAccuracy(r)).toBeGreaterThan(0.85)
+  })
+
+  it("with staggered fragments, a killed worker's survivors go on from their own state and its replacement joins them in the same round", { timeout: 150_000 }, async () => {
+    // 4 fragments, each every 8 inner steps, 2 steps apart: a round every second step, no overlap.
+    // Rank 1 dies at step 5 of epoch 1; while the group is short its steps are slowed (hold.ts), so
+    // the replacement joins before the run ends, at whatever step it is ready (a pause for a grow
+    // parks the survivors at the start of a round, which they then make once with the joiner).
+    const { dir: pidDir, holdFile } = await makeHold(runs.storage, "lsgd-frag-kill-", 3)
+    const r = await new Trainer({
+      trainLoopPerWorker: CHAOS,
+      trainLoopConfig: { epochs: 6, fail: { how: "kill", rank: 1, epoch: 1, step: 5 }, pidDir, holdFile },
+      scalingConfig: { numWorkers: 3 },
+      collectiveConfig: { strategy: "local-sgd", localSgd: { syncEvery: 8, fragments: 4, overlap: false } },
+      runConfig: { name: "lsgd-frag-kill", storagePath: runs.storage, progress: false, failureConfig: { maxFailures: 1 } },
+      datasets: { train: runs.train, test: runs.test }
+    }).fit()
+    const events = await readEvents(r.path)
+    expect(r.restarts).toBe(1)
+    expect(events.find((e) => e.type === "restart")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 0 })
+    expect(events.find((e) => e.type === "grow")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 1 })
+    expect(r.metricsHistory.map((x) => x.epoch)).toEqual([0, 1, 2, 3, 4, 5])
+    // Every member ends on the same clock and round: the replacement took the survivors' clock and
+    // called the fragments they called (a rank calling another fragment fails the run: "rank 2
+    // called it with 64 elements, this rank with 4096").
+    const last = r.metricsPerRank.at(-1)!
+    expect(new Set(last.map((x) => x["localsgd/rounds"])).size).toBe(1)
+    expect(new Set(last.map((x) => x["localsgd/inner_steps"])).size).toBe(1)
     expect(lastAccuracy(r)).toBeGreaterThan(0.85)
   })
 

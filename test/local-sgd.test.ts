@@ -74,9 +74,9 @@ describe("collectiveConfig.localSgd", () => {
     // A fragment's round in flight cannot be picked up by a regroup: overlap recovers from the checkpoint.
     const overlapped = resolveTrainerOptions({ ...base, collectiveConfig: { strategy: "local-sgd", localSgd: { fragments: 2 } } } as never)
     expect(overlapped.recoverFrom).toBe("checkpoint")
-    // So do staggered fragments without overlap (a joining replacement's rounds do not line up yet).
+    // Staggered fragments without overlap recover from peers (local-sgd-trainer.test.ts).
     const staggered = resolveTrainerOptions({ ...base, collectiveConfig: { strategy: "local-sgd", localSgd: { fragments: 2, overlap: false } } } as never)
-    expect(staggered.recoverFrom).toBe("checkpoint")
+    expect(staggered.recoverFrom).toBe("peers")
     expect(field({ strategy: "local-sgd", localSgd: { fragments: 2 } })).toBe("accepted")
     const r = resolveTrainerOptions({ ...base, collectiveConfig: { strategy: "local-sgd", localSgd: { syncEvery: 8, compression: { type: "int8" } } } } as never)
     expect(r.collective.compression).toEqual({ type: "int8" })

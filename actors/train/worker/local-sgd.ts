@@ -113,7 +113,15 @@ export class LocalSgd {
     this.#observe(t0)
   }
 
-  /** One fragment's round, redone in a re-formed group as needed; writes the synchronised values into `params`. */
+  /**
+   * One fragment's round, redone in a re-formed group as needed; writes the synchronised values
+   * into `params`. "recompute" (the group broke under the round: the buffer holds partial sums)
+   * is the only reason to redo it. A round that returns normally was completed by the whole group
+   * that ran it, also when this rank was regrouped before it started (a pause for a grow or a
+   * failure elsewhere parks the rank at the round's start, and the round then runs in the new
+   * group: every member, a joiner too, makes it once, and a rank that made it again would call a
+   * round the others do not).
+   */
   async #reduceNow(f: Fragment, params: Float32Array): Promise<void | "adopted"> {
     const buf = this.#deltas[f.index]!
     for (;;) {
@@ -121,11 +129,10 @@ export class LocalSgd {
       const epoch = this.#epoch
       const r = await this.#host.reduce(buf, f.slots, this.#outer.samples[f.index]!, this.#outer.rounds, `frag${f.index}`)
       if (r === "adopted") return "adopted"
-      if (r === "recompute" || epoch !== this.#epoch) {
-        // The group was re-formed: this rank's parameters may be the anchor now (adopt()).
-        params.set(await this.#host.readParams())
-        continue
-      }
+      // The group was re-formed meanwhile: this rank's parameters are its own again, or the
+      // survivors' anchor when it was behind them (adopt()).
+      if (epoch !== this.#epoch) params.set(await this.#host.readParams())
+      if (r === "recompute") continue
       params.set(this.#outer.apply(f, buf), f.start)
       return
     }

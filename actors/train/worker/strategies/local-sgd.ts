@@ -109,15 +109,12 @@ export const localSgd = defineStrategy({
   name: "local-sgd",
   hint: "steps apply locally; every syncEvery steps the parameter deltas are averaged and an outer optimizer applied (Local SGD / DiLoCo)",
   servers: false,
-  // Staggered fragments: a replacement that joins took the survivors' clock, but called another
-  // fragment's round than theirs (seen with overlap off: "rank 2 called it with 640 elements, this
-  // rank with 64"); until that lines up, they recover from the checkpoint.
+  // With overlap the survivors go on with inner steps while the round in the background is parked
+  // for a regroup, so the clock a replacement would take has moved on by the time it joins.
   peersCannot: ({ localSgd }) =>
     localSgd?.overlap
       ? `with localSgd.overlap a fragment's round runs in the background of the inner steps, where a regroup cannot pick it up`
-      : (localSgd?.fragments ?? 1) > 1
-        ? `with localSgd.fragments > 1 a replacement does not yet line up with the survivors' staggered fragment rounds`
-        : undefined,
+      : undefined,
   autoCandidates: ["local-sgd"],
   create: (host) => {
     const stage = host.sync.zeroStage ?? 0
