@@ -99,33 +99,37 @@ describe("local SGD with DiLoCo's outer Nesterov", () => {
     expect(lastAccuracy(r)).toBeGreaterThan(0.85)
   })
 
-  it("with staggered fragments, a killed worker's survivors go on from their own state and its replacement joins them in the same round", { timeout: 150_000 }, async () => {
-    // 4 fragments, each every 8 inner steps, 2 steps apart: a round every second step, no overlap.
-    // Rank 1 dies at step 5 of epoch 1; while the group is short its steps are slowed (hold.ts), so
-    // the replacement joins before the run ends, at whatever step it is ready (a pause for a grow
-    // parks the survivors at the start of a round, which they then make once with the joiner).
-    const { dir: pidDir, holdFile } = await makeHold(runs.storage, "lsgd-frag-kill-", 3)
-    const r = await new Trainer({
-      trainLoopPerWorker: CHAOS,
-      trainLoopConfig: { epochs: 6, fail: { how: "kill", rank: 1, epoch: 1, step: 5 }, pidDir, holdFile },
-      scalingConfig: { numWorkers: 3 },
-      collectiveConfig: { strategy: "local-sgd", localSgd: { syncEvery: 8, fragments: 4, overlap: false } },
-      runConfig: { name: "lsgd-frag-kill", storagePath: runs.storage, progress: false, failureConfig: { maxFailures: 1 } },
-      datasets: { train: runs.train, test: runs.test }
-    }).fit()
-    const events = await readEvents(r.path)
-    expect(r.restarts).toBe(1)
-    expect(events.find((e) => e.type === "restart")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 0 })
-    expect(events.find((e) => e.type === "grow")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 1 })
-    expect(r.metricsHistory.map((x) => x.epoch)).toEqual([0, 1, 2, 3, 4, 5])
-    // Every member ends on the same clock and round: the replacement took the survivors' clock and
-    // called the fragments they called (a rank calling another fragment fails the run: "rank 2
-    // called it with 64 elements, this rank with 4096").
-    const last = r.metricsPerRank.at(-1)!
-    expect(new Set(last.map((x) => x["localsgd/rounds"])).size).toBe(1)
-    expect(new Set(last.map((x) => x["localsgd/inner_steps"])).size).toBe(1)
-    expect(lastAccuracy(r)).toBeGreaterThan(0.85)
-  })
+  for (const fragments of [1, 4]) {
+    it(`${fragments > 1 ? "with staggered fragments, " : ""}a killed worker's survivors go on from their own state and its replacement joins them in the same round`, { timeout: 150_000 }, async () => {
+      // H = 8; with 4 fragments each is due every 8 inner steps, 2 steps apart: a round every second
+      // step, no overlap. Rank 1 dies at step 5 of epoch 1; while the group is short its steps are
+      // slowed (hold.ts), so the replacement joins before the run ends, at whatever step it is ready
+      // (a pause for a grow parks the survivors at the start of a round, which they then make once,
+      // with the joiner).
+      const name = `lsgd-join-f${fragments}`
+      const { dir: pidDir, holdFile } = await makeHold(runs.storage, `${name}-`, 3)
+      const r = await new Trainer({
+        trainLoopPerWorker: CHAOS,
+        trainLoopConfig: { epochs: 6, fail: { how: "kill", rank: 1, epoch: 1, step: 5 }, pidDir, holdFile },
+        scalingConfig: { numWorkers: 3 },
+        collectiveConfig: { strategy: "local-sgd", localSgd: { syncEvery: 8, fragments, overlap: false } },
+        runConfig: { name, storagePath: runs.storage, progress: false, failureConfig: { maxFailures: 1 } },
+        datasets: { train: runs.train, test: runs.test }
+      }).fit()
+      const events = await readEvents(r.path)
+      expect(r.restarts).toBe(1)
+      expect(events.find((e) => e.type === "restart")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 0 })
+      expect(events.find((e) => e.type === "grow")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 1 })
+      expect(r.metricsHistory.map((x) => x.epoch)).toEqual([0, 1, 2, 3, 4, 5])
+      // Every member ends on the same clock and round: the replacement took the survivors' clock and
+      // called the fragments they called (a rank calling another fragment fails the run: "rank 2
+      // called it with 64 elements, this rank with 4096").
+      const last = r.metricsPerRank.at(-1)!
+      expect(new Set(last.map((x) => x["localsgd/rounds"])).size).toBe(1)
+      expect(new Set(last.map((x) => x["localsgd/inner_steps"])).size).toBe(1)
+      expect(lastAccuracy(r)).toBeGreaterThan(0.85)
+    })
+  }
 
   it("drops a late worker at the round's deadline and goes on with a replacement", async () => {
     // Rank 2 stalls (alive, heartbeats going) at the start of epoch 1; the others wait for it at
