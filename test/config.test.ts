@@ -68,9 +68,9 @@ describe("config validation", () => {
     const e = fails(() => resolveTrainerOptions({ ...base, runConfig: { failureConfig: { spares: 1, recoverFrom: "checkpoint" } } }))
     expect(e.field).toBe("runConfig.failureConfig.spares")
     expect(e.message).toMatch(/restarts every worker from the checkpoint.*leave spares at 0/)
-    // Local SGD with several fragments defaults to the checkpoint: the message says why.
-    const z = fails(() => resolveTrainerOptions({ ...base, collectiveConfig: { strategy: "local-sgd", localSgd: { fragments: 2, overlap: false } }, runConfig: { failureConfig: { spares: 1 } } }))
-    expect(z.message).toMatch(/the default here: with localSgd.fragments > 1/)
+    // Strategy auto defaults to the checkpoint: the message says why.
+    const z = fails(() => resolveTrainerOptions({ ...base, collectiveConfig: { strategy: "auto" }, runConfig: { failureConfig: { spares: 1 } } }))
+    expect(z.message).toMatch(/the default here: with strategy "auto" training may move/)
     // ZeRO (any stage) and parameter servers recover from the peers: spares may wait beside them.
     expect(resolveTrainerOptions({ ...base, collectiveConfig: { zeroStage: 2 }, runConfig: { failureConfig: { spares: 1 } } }).spares).toBe(1)
     expect(resolveTrainerOptions({ ...base, collectiveConfig: { strategy: "parameter-server" }, runConfig: { failureConfig: { spares: 1 } } }).recoverFrom).toBe("peers")
