@@ -4,7 +4,7 @@
 // Nesterov and int8 deltas converges with a small fraction of the bytes and checkpoints its outer
 // state, which a resumed run goes on from; a worker killed between rounds is replaced from the
 // survivors' state (the replacement starts from the latest averaged parameters), with staggered
-// fragments too (the replacement joins the survivors' rounds).
+// fragments too, overlapped or not (the replacement joins the survivors' rounds).
 import { describe, expect, it } from "vitest"
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
@@ -99,20 +99,26 @@ describe("local SGD with DiLoCo's outer Nesterov", () => {
     expect(lastAccuracy(r)).toBeGreaterThan(0.85)
   })
 
-  for (const fragments of [1, 4]) {
-    it(`${fragments > 1 ? "with staggered fragments, " : ""}a killed worker's survivors go on from their own state and its replacement joins them in the same round`, { timeout: 150_000 }, async () => {
+  for (const [fragments, overlap] of [
+    [1, false],
+    [4, false],
+    [4, true]
+  ] as const) {
+    it(`${fragments > 1 ? `with staggered fragments${overlap ? " overlapped with the inner steps" : ""}, ` : ""}a killed worker's survivors go on from their own state and its replacement joins them in the same round`, { timeout: 150_000 }, async () => {
       // H = 8; with 4 fragments each is due every 8 inner steps, 2 steps apart: a round every second
-      // step, no overlap. Rank 1 dies at step 5 of epoch 1; while the group is short its steps are
-      // slowed (hold.ts), so the replacement joins before the run ends, at whatever step it is ready
-      // (a pause for a grow parks the survivors at the start of a round, which they then make once,
-      // with the joiner).
-      const name = `lsgd-join-f${fragments}`
+      // step. Rank 1 dies at step 5 of epoch 1; while the group is short its steps are slowed
+      // (hold.ts), so the replacement joins before the run ends, at whatever step it is ready (a
+      // pause for a grow parks the survivors at the start of a round, which they then make once,
+      // with the joiner). With overlap the round in the background breaks instead of parking; the
+      // survivors make it again in the foreground at their next round and park there, and the
+      // joiner, told so in their state, makes that round with them before its own.
+      const name = `lsgd-join-f${fragments}${overlap ? "-overlap" : ""}`
       const { dir: pidDir, holdFile } = await makeHold(runs.storage, `${name}-`, 3)
       const r = await new Trainer({
         trainLoopPerWorker: CHAOS,
         trainLoopConfig: { epochs: 6, fail: { how: "kill", rank: 1, epoch: 1, step: 5 }, pidDir, holdFile },
         scalingConfig: { numWorkers: 3 },
-        collectiveConfig: { strategy: "local-sgd", localSgd: { syncEvery: 8, fragments, overlap: false } },
+        collectiveConfig: { strategy: "local-sgd", localSgd: { syncEvery: 8, fragments, overlap } },
         runConfig: { name, storagePath: runs.storage, progress: false, failureConfig: { maxFailures: 1 } },
         datasets: { train: runs.train, test: runs.test }
       }).fit()
@@ -172,7 +178,7 @@ describe("local SGD with DiLoCo's outer Nesterov", () => {
     console.log(`digits streaming local SGD (4 fragments, H=8, int8, overlap): val_accuracy ${lastAccuracy(r)}, ${rounds} fragment rounds over ${steps} steps`)
     for (const x of m) expect(x["localsgd/rounds"]).toBe(rounds)
     expect(lastAccuracy(r)).toBeGreaterThan(0.9)
-    // overlap runs without recovery from peers: a failure restarts from the checkpoint, which has the outer state
+    // the checkpoint has the outer state
     expect(await fs.readdir(r.checkpoint!.path)).toContain("local-sgd.msgpack")
   })
 })

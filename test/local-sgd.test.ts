@@ -71,10 +71,9 @@ describe("collectiveConfig.localSgd", () => {
     expect(field({ localSgd: { syncEvery: 4 } })).toBe("collectiveConfig.localSgd")
     expect(field({ strategy: "local-sgd", localSgd: { fragments: 2 }, zeroStage: 0 })).toBe("accepted")
     expect(field({ strategy: "local-sgd", localSgd: { fragments: 2 } })).toBe("accepted")
-    // A fragment's round in flight cannot be picked up by a regroup: overlap recovers from the checkpoint.
+    // Staggered fragments recover from peers, with overlapped rounds (the default) and without (local-sgd-trainer.test.ts).
     const overlapped = resolveTrainerOptions({ ...base, collectiveConfig: { strategy: "local-sgd", localSgd: { fragments: 2 } } } as never)
-    expect(overlapped.recoverFrom).toBe("checkpoint")
-    // Staggered fragments without overlap recover from peers (local-sgd-trainer.test.ts).
+    expect(overlapped.recoverFrom).toBe("peers")
     const staggered = resolveTrainerOptions({ ...base, collectiveConfig: { strategy: "local-sgd", localSgd: { fragments: 2, overlap: false } } } as never)
     expect(staggered.recoverFrom).toBe("peers")
     expect(field({ strategy: "local-sgd", localSgd: { fragments: 2 } })).toBe("accepted")

@@ -23,9 +23,12 @@ export interface GradientSync {
    * count). After the group was re-formed meanwhile (recovery from peers): "adopted" when this rank
    * took a survivor's state, which already contains this step (nothing is to be applied);
    * "recompute" when the step is to be done again in the new group (the buffer holds partial sums
-   * of the old one).
+   * of the old one). `background`: a reduction that runs beside the loop's steps (local SGD's
+   * overlapped rounds): where the group breaks under it or a regroup is asked for, it returns
+   * "recompute" without parking, and the loop redoes it in the foreground, where the rank parks at
+   * a point of the loop a replacement can reach.
    */
-  reduceGradients(flat: Float32Array, layout: ReadonlyArray<GradientSlot>, weight: number, step: number, scope?: string): Promise<void | "adopted" | "recompute">
+  reduceGradients(flat: Float32Array, layout: ReadonlyArray<GradientSlot>, weight: number, step: number, scope?: string, background?: boolean): Promise<void | "adopted" | "recompute">
   /** Copies rank 0's values into `buf` on every rank. */
   broadcast(buf: Float32Array): Promise<void>
   /** Element-wise sum over ranks, in place. */

@@ -296,26 +296,33 @@ export class GroupSession {
    * `last: "applied"`: the operation's effect is made as it is sent (a gradient pushed to parameter
    * servers in async or SSP mode, which apply it on arrival): a pause parks before it, as before
    * any other, but a group that breaks under it counts the step as done, as under `last`.
+   * `background` (with `again`): an operation beside the loop's steps (local SGD's overlapped
+   * rounds) never parks: where the group breaks under it or a pause is asked for, it returns
+   * `again()` and the loop redoes it in the foreground, parking there at a step a replacement can
+   * reach (the loop's clock moves on while a background operation waits).
    */
-  async operation<T>(run: (group: LiveGroup) => Promise<T>, adopted: () => T, again?: () => T, last: boolean | "applied" = false): Promise<T> {
+  async operation<T>(run: (group: LiveGroup) => Promise<T>, adopted: () => T, again?: () => T, last: boolean | "applied" = false, background = false): Promise<T> {
     if (this.#join) {
       throw new PeerRecoveryMisaligned({ reason: "a group operation other than a training step before this joining rank reached the survivors" })
     }
     for (;;) {
+      // In the background (with `again`): the loop parks where it redoes the operation instead.
+      if (this.#pausing && background && again) return again()
       if (this.#pausing && last !== true) await this.#park(undefined)
       const before = this.ops
       try {
-        this.#inLast = last !== false
+        if (!background) this.#inLast = last !== false
         const r = await run(this.#group)
         this.ops++
         return r
       } catch (e) {
         if (this.#model === undefined || this.#ended !== undefined) throw e
+        if (background && again) return again()
         await this.#park(e)
         if (this.ops > before || last !== false) return adopted()
         if (again) return again()
       } finally {
-        this.#inLast = false
+        if (!background) this.#inLast = false
       }
     }
   }

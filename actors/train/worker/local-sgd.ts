@@ -29,8 +29,10 @@ export interface LocalSgdHost {
    * The group's weighted mean of `buf` in place (GradientSync.reduceGradients), with residuals
    * keyed by `scope`; "adopted": the group was re-formed and this rank took a survivor's state that
    * contains this round; "recompute": redo it in the new group (the buffer holds partial sums).
+   * `background` (an overlapped round): "recompute" also when a regroup is asked for, without
+   * parking the rank (GradientSync.reduceGradients).
    */
-  reduce(buf: Float32Array, layout: ReadonlyArray<FlatSlot>, weight: number, round: number, scope: string): Promise<void | "adopted" | "recompute">
+  reduce(buf: Float32Array, layout: ReadonlyArray<FlatSlot>, weight: number, round: number, scope: string, background?: boolean): Promise<void | "adopted" | "recompute">
   /** Time spent on a synchronisation (the timeline's "wait" rows). */
   observe?(name: string, startMs: number, endMs: number): void
   /** The reducer's byte counts (this rank's messages so far, and the same as dense fp32). */
@@ -54,6 +56,13 @@ export class LocalSgd {
   #pending: Pending | undefined
   /** Bumped by adopt(): a round in flight across it is not applied on top of the adopted state. */
   #epoch = 0
+  /** The fragment whose overlapped round settle() is making again in the foreground (a regroup broke it). */
+  #redoing: number | undefined
+  /**
+   * A fragment round to make before anything else: the survivor this rank took its state from was
+   * making it again (#redoing) when it parked, and makes it first in the new group.
+   */
+  #redoFirst: number | undefined
   #syncMs = 0
   #lastSyncMs = 0
 
@@ -98,7 +107,7 @@ export class LocalSgd {
         fragment: f,
         sentFrom: params.slice(f.start, f.end),
         startMs: t0,
-        done: this.#host.reduce(buf, f.slots, weight, round, `frag${f.index}`)
+        done: this.#host.reduce(buf, f.slots, weight, round, `frag${f.index}`, true)
       }
       // Settled by the next fragment, or before any other group operation (settle()).
       this.#pending.done.catch(() => {})
@@ -154,6 +163,13 @@ export class LocalSgd {
    * done again, in the re-formed group, without overlap.
    */
   async settle(): Promise<void> {
+    const first = this.#redoFirst
+    if (first !== undefined) {
+      // A joiner (or a rank that took a redoing survivor's state): that round, as the survivors make it.
+      this.#redoFirst = undefined
+      const params = await this.#host.readParams()
+      if ((await this.#reduceNow(this.#outer.fragments[first]!, params)) !== "adopted") this.#host.writeParams(params)
+    }
     const p = this.#pending
     if (!p) return
     this.#pending = undefined
@@ -162,7 +178,14 @@ export class LocalSgd {
     const params = await this.#host.readParams()
     if (r === "adopted") return
     if (r === "recompute" || epoch !== this.#epoch) {
-      await this.#reduceNow(p.fragment, params)
+      // The round broke in the background (or a regroup was asked for): made again here, in the
+      // foreground, where this rank parks for the regroup with the loop at a known step.
+      this.#redoing = p.fragment.index
+      try {
+        if ((await this.#reduceNow(p.fragment, params)) === "adopted") return
+      } finally {
+        this.#redoing = undefined
+      }
       this.#host.writeParams(params)
       return
     }
@@ -187,13 +210,15 @@ export class LocalSgd {
    */
   stateFile(inStep = false): Uint8Array {
     const o = this.#outer
-    if (!inStep) return o.toBytes()
-    return encodeMessage({ ...o.save(), steps: o.steps - 1 })
+    const redo = this.#redoing !== undefined ? { redo: this.#redoing } : {}
+    if (!inStep && this.#redoing === undefined) return o.toBytes()
+    return encodeMessage({ ...o.save(), ...redo, ...(inStep ? { steps: o.steps - 1 } : {}) })
   }
 
   /** Loads a checkpoint's outer state; the model's weights are already loaded. */
   restore(bytes: Uint8Array): void {
     this.#pending = undefined
+    this.#redoFirst = undefined
     this.#outer.load(OuterState.fromBytes(bytes))
   }
 
@@ -205,6 +230,10 @@ export class LocalSgd {
   adopt(bytes: Uint8Array): "keep" | "anchor" {
     const saved: SavedOuterState = OuterState.fromBytes(bytes)
     this.#epoch++
+    // The survivor was making an overlapped round again when it parked: so does this rank, unless
+    // it is making that round again itself.
+    const redo = (saved as SavedOuterState & { readonly redo?: number }).redo
+    this.#redoFirst = redo !== undefined && this.#redoing === undefined ? redo : undefined
     const o = this.#outer
     // In the survivor's round at its step (or in that step's round, which it left out of its clock).
     const same = saved.rounds === o.rounds && o.steps - saved.steps >= 0 && o.steps - saved.steps <= 1

@@ -387,11 +387,13 @@ export class TrainContext {
       get worldSize() {
         return session.placement.worldSize
       },
-      reduceGradients: (flat, layout, weight, step, scope) =>
+      reduceGradients: (flat, layout, weight, step, scope, background) =>
         session.operation<void | "adopted" | "recompute">(
           (g) => g.reducer.reduceGradients(flat, layout, weight, step, scope),
           () => "adopted",
-          () => "recompute"
+          () => "recompute",
+          false,
+          background
         ),
       // The start-up broadcast of rank 0's weights: a joining rank takes the survivors' state instead.
       broadcast: (buf) => (session.joinTarget ? Promise.resolve() : session.group.reducer.broadcast(buf)),

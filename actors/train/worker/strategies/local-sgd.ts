@@ -34,7 +34,7 @@ export class LocalSgdWorker implements StrategyWorker {
         layout: h.layout,
         readParams: () => h.readFlatParams(),
         writeParams: (flat) => h.assignFlat(flat),
-        reduce: (buf, layout, weight, round, scope) => sync.reduceGradients(buf, layout as ReadonlyArray<GradientSlot>, weight, round, scope),
+        reduce: (buf, layout, weight, round, scope, background) => sync.reduceGradients(buf, layout as ReadonlyArray<GradientSlot>, weight, round, scope, background),
         observe: (name, start, end) => h.observer?.wait?.(name, start, end),
         ...(sync.wireStats ? { wireStats: () => sync.wireStats!() } : {})
       },
@@ -109,12 +109,7 @@ export const localSgd = defineStrategy({
   name: "local-sgd",
   hint: "steps apply locally; every syncEvery steps the parameter deltas are averaged and an outer optimizer applied (Local SGD / DiLoCo)",
   servers: false,
-  // With overlap the survivors go on with inner steps while the round in the background is parked
-  // for a regroup, so the clock a replacement would take has moved on by the time it joins.
-  peersCannot: ({ localSgd }) =>
-    localSgd?.overlap
-      ? `with localSgd.overlap a fragment's round runs in the background of the inner steps, where a regroup cannot pick it up`
-      : undefined,
+  peersCannot: () => undefined,
   autoCandidates: ["local-sgd"],
   create: (host) => {
     const stage = host.sync.zeroStage ?? 0
