@@ -1,4 +1,4 @@
-// `npm run bench -- chaos [--every=15] [--seed=N] [--loops=fit,step] [--strategies=allreduce,zero,zero2,ps,localsgd,localsgd-frag]
+// `npm run bench -- chaos [--every=15] [--seed=N] [--loops=fit,step] [--strategies=allreduce,zero,zero2,ps,localsgd,localsgd-frag,localsgd-stream]
 //                         [--kinds=worker-kill,worker-stop,nats-kill[,agent-kill][,link-cut]] [--epochs-fit=N] [--epochs-step=N]
 //                         [--repeat=1] [--cluster=agents|veth] [--bound=3] [--spares=0] [--agent-restart-ms=1000] [--cut-ms=10000] [--out=FILE]`
 // Goodput under chaos: the same job (digits MLP, 3 workers on the embedded cluster, failureConfig
@@ -71,7 +71,8 @@ const STRATEGIES: Readonly<Record<string, { readonly label: string; readonly col
   zero2: { label: "ZeRO-2", collective: { zeroStage: 2 } },
   ps: { label: "param. servers (sync, 1)", collective: { strategy: "parameter-server", parameterServer: { mode: "sync", numServers: 1 } } },
   localsgd: { label: "local SGD (H=8)", collective: { strategy: "local-sgd", localSgd: { syncEvery: 8 } } },
-  "localsgd-frag": { label: "local SGD (H=8, 4 fragments)", collective: { strategy: "local-sgd", localSgd: { syncEvery: 8, fragments: 4, overlap: false } } }
+  "localsgd-frag": { label: "local SGD (H=8, 4 fragments)", collective: { strategy: "local-sgd", localSgd: { syncEvery: 8, fragments: 4, overlap: false } } },
+  "localsgd-stream": { label: "local SGD (H=8, 4 fragments, overlap)", collective: { strategy: "local-sgd", localSgd: { syncEvery: 8, fragments: 4, overlap: true } } }
 }
 
 const KINDS = ["worker-kill", "worker-stop", "nats-kill", "agent-kill", "link-cut"] as const
