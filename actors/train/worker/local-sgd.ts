@@ -12,7 +12,10 @@
 // and with a survivor's state when a group is regrouped: a member still in the survivor's round
 // keeps its own parameters (its local progress); one that missed a round (a replacement, a rank
 // that was behind) starts from the latest synchronised parameters, the anchor, as hivemind's
-// load_state_from_peers does.
+// load_state_from_peers does. An overlapped round that the group breaks under (or that a regroup
+// interrupts) does not park the rank, whose inner steps go on: it is made again in the foreground at
+// the next round or group operation, where the rank parks, and the ranks that take this rank's state
+// make that round with it first.
 import { encodeMessage } from "../../../core/wire.ts"
 import { OuterState, type Fragment, type LocalSgdSettings, type FlatSlot, type SavedOuterState } from "../common/optim/outer-optimizer.ts"
 
@@ -232,7 +235,7 @@ export class LocalSgd {
     this.#epoch++
     // The survivor was making an overlapped round again when it parked: so does this rank, unless
     // it is making that round again itself.
-    const redo = (saved as SavedOuterState & { readonly redo?: number }).redo
+    const redo = saved.redo
     this.#redoFirst = redo !== undefined && this.#redoing === undefined ? redo : undefined
     const o = this.#outer
     // In the survivor's round at its step (or in that step's round, which it left out of its clock).

@@ -152,6 +152,11 @@ export interface SavedOuterState {
   readonly rounds: number
   /** Samples behind each fragment's pending delta on the rank that saved it. */
   readonly samples: ReadonlyArray<number>
+  /**
+   * A survivor's state for a regroup only: the fragment whose overlapped round it was making again
+   * in the foreground when it parked, which the ranks taking its state make with it first.
+   */
+  readonly redo?: number
 }
 
 /**
