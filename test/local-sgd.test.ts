@@ -292,4 +292,64 @@ describe("the outer loop's bookkeeping (LocalSgd, two ranks in one process)", ()
     expect(r2[0]!.adopt(survivor)).toBe("anchor")
     expect(Array.from(p2[0]!)).toEqual([3, 3])
   })
+
+  it("makes an overlapped round that broke again in the foreground, and a rank taking its state makes that round with it first", async () => {
+    const cfg = settings({ outerOptimizer: "average", outerLr: 1, syncEvery: 2, fragments: 2, overlap: true })
+    const l = layout([1, 1])
+    // Reductions meet in memory (the sample-weighted mean); the first background one breaks, as
+    // under a lost peer or a pause for a regroup (GroupSession.operation's `background`).
+    let waiting: { buf: Float32Array; weight: number; done: () => void } | undefined
+    let breakNext = true
+    const calls: string[] = []
+    const host = (p: Float32Array) => ({
+      layout: l,
+      readParams: async () => p.slice(),
+      writeParams: (flat: Float32Array) => p.set(flat),
+      reduce: (buf: Float32Array, _l: unknown, weight: number, _round: number, scope: string, background?: boolean): Promise<void | "recompute"> => {
+        calls.push(`${scope}${background ? " background" : ""}`)
+        if (background && breakNext) {
+          breakNext = false
+          return Promise.resolve("recompute")
+        }
+        return new Promise((resolve) => {
+          if (!waiting) {
+            waiting = { buf, weight, done: () => resolve() }
+            return
+          }
+          const o = waiting
+          waiting = undefined
+          const w = o.weight + weight
+          for (let i = 0; i < buf.length; i++) buf[i] = o.buf[i] = (o.buf[i]! * o.weight + buf[i]! * weight) / w
+          o.done()
+          resolve()
+        })
+      }
+    })
+    const survivorParams = Float32Array.of(0, 0)
+    const survivor = new LocalSgd(cfg, host(survivorParams), survivorParams.slice())
+    // Fragment 1 (phase 1) is due after step 1: its round starts in the background and breaks.
+    survivorParams.set([1, 2])
+    await survivor.afterStep(1)
+    expect(survivor.pending).toBe(true)
+    // The survivor makes it again in the foreground (where it would park); its state says so.
+    const redoing = survivor.settle()
+    await new Promise((resolve) => setImmediate(resolve))
+    const state = survivor.stateFile()
+    expect(OuterState.fromBytes(state).redo).toBe(1)
+    // A replacement takes that state (behind the survivor: it starts from the anchor) and makes
+    // fragment 1's round first, with nothing of its own in it, before anything else.
+    const joinerParams = Float32Array.of(5, 5)
+    const joiner = new LocalSgd(cfg, host(joinerParams), joinerParams.slice())
+    expect(joiner.adopt(state)).toBe("anchor")
+    expect(Array.from(joinerParams)).toEqual([0, 0])
+    await Promise.all([redoing, joiner.settle()])
+    expect(calls).toEqual(["frag1 background", "frag1", "frag1"])
+    // Both hold the survivor's fragment 1 (the only delta with weight), and one round each.
+    expect(Array.from(survivorParams)).toEqual([1, 2])
+    expect(Array.from(joinerParams)).toEqual([0, 2])
+    expect(survivor.metrics()["localsgd/rounds"]).toBe(1)
+    expect(joiner.metrics()["localsgd/rounds"]).toBe(1)
+    // Nothing is left to make again: a state taken now carries no redo.
+    expect(OuterState.fromBytes(survivor.stateFile()).redo).toBeUndefined()
+  })
 })
