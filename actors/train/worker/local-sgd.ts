@@ -150,6 +150,12 @@ export class LocalSgd {
     }
   }
 
+  /** One fragment's round now, in the foreground, on the model's parameters (left as they are when this rank adopted a survivor's state). */
+  async #roundNow(f: Fragment): Promise<void> {
+    const params = await this.#host.readParams()
+    if ((await this.#reduceNow(f, params)) !== "adopted") this.#host.writeParams(params)
+  }
+
   /** One round of every fragment now (leaving local SGD: every rank ends with the same weights). */
   async flush(): Promise<void> {
     await this.settle()
@@ -170,28 +176,26 @@ export class LocalSgd {
     if (first !== undefined) {
       // A joiner (or a rank that took a redoing survivor's state): that round, as the survivors make it.
       this.#redoFirst = undefined
-      const params = await this.#host.readParams()
-      if ((await this.#reduceNow(this.#outer.fragments[first]!, params)) !== "adopted") this.#host.writeParams(params)
+      await this.#roundNow(this.#outer.fragments[first]!)
     }
     const p = this.#pending
     if (!p) return
     this.#pending = undefined
     const epoch = this.#epoch
     const r = await p.done
-    const params = await this.#host.readParams()
     if (r === "adopted") return
     if (r === "recompute" || epoch !== this.#epoch) {
       // The round broke in the background (or a regroup was asked for): made again here, in the
       // foreground, where this rank parks for the regroup with the loop at a known step.
       this.#redoing = p.fragment.index
       try {
-        if ((await this.#reduceNow(p.fragment, params)) === "adopted") return
+        await this.#roundNow(p.fragment)
       } finally {
         this.#redoing = undefined
       }
-      this.#host.writeParams(params)
       return
     }
+    const params = await this.#host.readParams()
     const f = p.fragment
     const synced = this.#outer.apply(f, this.#deltas[f.index]!)
     for (let i = 0; i < synced.length; i++) params[f.start + i] = synced[i]! + (params[f.start + i]! - p.sentFrom[i]!)
