@@ -216,12 +216,10 @@ describe("the automatic strategy's local SGD candidate", () => {
 })
 
 describe("the outer loop's bookkeeping (LocalSgd, two ranks in one process)", () => {
-  /** Two ranks whose reductions meet in memory: the sample-weighted mean, as the reducer gives. */
-  const pair = (settings: LocalSgdSettings, sizes: number[], start: number[]) => {
-    const l = layout(sizes)
-    const params = [Float32Array.from(start), Float32Array.from(start)]
+  /** A reduction where two ranks' calls meet in memory: the sample-weighted mean, as the reducer gives. */
+  const meeting = (): ((buf: Float32Array, weight: number) => Promise<void>) => {
     let waiting: { buf: Float32Array; weight: number; done: () => void } | undefined
-    const reduce = (buf: Float32Array, weight: number): Promise<void> =>
+    return (buf, weight) =>
       new Promise((resolve) => {
         if (!waiting) {
           waiting = { buf, weight, done: resolve }
@@ -234,6 +232,13 @@ describe("the outer loop's bookkeeping (LocalSgd, two ranks in one process)", ()
         o.done()
         resolve()
       })
+  }
+
+  /** Two ranks whose reductions meet in memory. */
+  const pair = (settings: LocalSgdSettings, sizes: number[], start: number[]) => {
+    const l = layout(sizes)
+    const params = [Float32Array.from(start), Float32Array.from(start)]
+    const reduce = meeting()
     const ranks = params.map(
       (p) =>
         new LocalSgd(settings, {
@@ -298,7 +303,7 @@ describe("the outer loop's bookkeeping (LocalSgd, two ranks in one process)", ()
     const l = layout([1, 1])
     // Reductions meet in memory (the sample-weighted mean); the first background one breaks, as
     // under a lost peer or a pause for a regroup (GroupSession.operation's `background`).
-    let waiting: { buf: Float32Array; weight: number; done: () => void } | undefined
+    const meet = meeting()
     let breakNext = true
     const calls: string[] = []
     const host = (p: Float32Array) => ({
@@ -311,18 +316,7 @@ describe("the outer loop's bookkeeping (LocalSgd, two ranks in one process)", ()
           breakNext = false
           return Promise.resolve("recompute")
         }
-        return new Promise((resolve) => {
-          if (!waiting) {
-            waiting = { buf, weight, done: () => resolve() }
-            return
-          }
-          const o = waiting
-          waiting = undefined
-          const w = o.weight + weight
-          for (let i = 0; i < buf.length; i++) buf[i] = o.buf[i] = (o.buf[i]! * o.weight + buf[i]! * weight) / w
-          o.done()
-          resolve()
-        })
+        return meet(buf, weight)
       }
     })
     const survivorParams = Float32Array.of(0, 0)
