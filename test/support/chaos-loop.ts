@@ -80,5 +80,9 @@ export async function trainLoop(config: ChaosLoopConfig, ctx: TrainContext): Pro
   const stepFile = config.trackSteps && ctx.worldRank === 0 ? path.join(config.pidDir, `${ctx.attempt}.step`) : undefined
   const positions = config.positions ? new PositionFile(config.pidDir) : undefined
   const paced = config.minEpochMs || stepFile || config.holdFile || positions
-  await digitsLoop(config, paced ? instrumented(ctx, config.minEpochMs ?? 0, stepFile, config.holdFile, positions) : ctx)
+  try {
+    await digitsLoop(config, paced ? instrumented(ctx, config.minEpochMs ?? 0, stepFile, config.holdFile, positions) : ctx)
+  } finally {
+    positions?.close()
+  }
 }

@@ -6,16 +6,17 @@
 // From these the benchmark knows how far a generation got before a fault (the furthest step any
 // of its processes completed) and where the next generation started (the earliest first step of
 // its processes), whichever rank died and whoever is rank 0 now.
-import { readdirSync, readFileSync, writeFileSync } from "node:fs"
+import { closeSync, openSync, readdirSync, readFileSync, writeSync } from "node:fs"
 import * as path from "node:path"
 
 export class PositionFile {
-  readonly #file: string
+  readonly #fd: number
+  readonly #line = Buffer.alloc(LINE_BYTES)
   #attempt = -1
   #first = { epoch: 0, step: 0 }
 
   constructor(dir: string) {
-    this.#file = path.join(dir, `${process.pid}.pos`)
+    this.#fd = openSync(path.join(dir, `${process.pid}.pos`), "w")
   }
 
   step(attempt: number, rank: number, epoch: number, step: number, stepsPerEpoch: number): void {
@@ -23,9 +24,19 @@ export class PositionFile {
       this.#attempt = attempt
       this.#first = { epoch, step }
     }
-    writeFileSync(this.#file, `${attempt} ${rank} ${epoch} ${step} ${stepsPerEpoch} ${this.#first.epoch} ${this.#first.step}`)
+    const n = [attempt, rank, epoch, step, stepsPerEpoch, this.#first.epoch, this.#first.step]
+    this.#line.fill(0x20)
+    this.#line.write(`${n.join(" ")} ${n.reduce((a, b) => a + b, 0)}`)
+    writeSync(this.#fd, this.#line, 0, LINE_BYTES, 0)
+  }
+
+  close(): void {
+    closeSync(this.#fd)
   }
 }
+
+/** Seven numbers and their sum fit easily; padded with spaces. */
+const LINE_BYTES = 96
 
 export interface Position {
   readonly pid: number
@@ -62,8 +73,9 @@ export const readPositions = (dir: string): Position[] => {
     } catch {
       continue
     }
-    const n = text.split(" ").map(Number)
-    if (n.length !== 7 || n.some((x) => !Number.isFinite(x))) continue
+    const all = text.trim().split(/ +/).map(Number)
+    const n = all.slice(0, 7)
+    if (all.length !== 8 || all.some((x) => !Number.isFinite(x)) || n.reduce((a, b) => a + b, 0) !== all[7]) continue
     const [attempt, rank, epoch, step, spe, firstEpoch, firstStep] = n as [number, number, number, number, number, number, number]
     out.push({
       pid: Number(m[1]),

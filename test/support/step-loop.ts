@@ -82,4 +82,5 @@ export async function stepLoop(config: StepLoopConfig, ctx: TrainContext): Promi
     await ctx.report(metrics, ckpt ? { checkpoint: ckpt } : {})
   }
   tf.dispose([xTest, yTest])
+  positions?.close()
 }
