@@ -150,6 +150,38 @@ describe("file dataset streams", () => {
     await close(three)
   })
 
+  it("keep the plan they opened when they take a regroup's position of it (a hand-written loop's survivors), and say where an epoch is", async () => {
+    const d = await resolve(path.join(dir, "csv"))
+    const expected = await (async () => {
+      const whole = ranks(d, 4)
+      const out = await run(whole, 2, 8)
+      await close(whole)
+      return out
+    })()
+    const s = ranks(d, 4)
+    expect(s[1]!.midEpoch()).toBeUndefined()
+    const left = s[1]!.openEpoch(2, 1, 4)
+    expect(s[1]!.midEpoch()).toBe(2)
+    const a = await s[1]!.take(0, 8)
+    // The furthest survivor's position of the same plan, one step further: the open plan goes on,
+    // and the loop's next take() is the next batch of this rank's part.
+    s[1]!.restore({ ...s[1]!.position()!, consumed: 16 })
+    const b = await s[1]!.take(8, 8)
+    const rest = await s[1]!.take(16, left - 16)
+    const ids = (x: { x: Float32Array | ArrayLike<number>; n: number }) => Array.from({ length: x.n }, (_, k) => Number(x.x[k * 3]))
+    expect([...ids(a), ...ids(b), ...ids(rest)]).toEqual(expected[1])
+    expect(s[1]!.midEpoch()).toBeUndefined()
+    const ended = s[1]!.position()!
+    // A rank that opened the next epoch and then takes the end of the one before keeps its plan too.
+    s[1]!.openEpoch(3, 1, 4)
+    s[1]!.restore(ended)
+    await expect(s[1]!.take(0, 8)).resolves.toMatchObject({ n: 8 })
+    // Another plan (here: the epoch cut for another size) replaces the open one: the loop must open it.
+    s[1]!.restore({ ...ended, epoch: 3, worldSize: 3, consumed: 0 })
+    await expect(s[1]!.take(0, 8)).rejects.toThrow(/take\(\) before openEpoch\(\)/)
+    await close(s)
+  })
+
   it("apply map transforms in order, and say what is wrong with a bad position or a missing file", async () => {
     const d = await resolve(path.join(dir, "shards"))
     const [s] = ranks(d, 1)

@@ -135,6 +135,53 @@ describe("Trainer with file datasets", () => {
     }
   })
 
+  it("a hand-written trainStep loop over the stream, kill -9 of a rank mid-epoch: the survivors finish the epoch on the plan they opened, the replacement joins between epochs, no row twice", { timeout: 120_000 }, async () => {
+    const logDir = path.join(work, "logs-hand")
+    await fs.mkdir(logDir)
+    // The short group's steps are slowed, so the replacement is ready before the epoch in flight ends.
+    const holdFile = path.join(work, "hold-hand")
+    await fs.writeFile(holdFile, "3")
+    const spec = fromFiles(path.join(dataDir, "*.csv"), OPTS)
+    const r = await new Trainer({
+      trainLoopPerWorker: LOOP,
+      // 20 steps an epoch per rank at three; rank 1 dies after step 5 of epoch 1.
+      trainLoopConfig: { epochs: 4, batchSize: BATCH, rows: ROWS, logDir, checkpointEvery: 1, holdFile, handWritten: true, fail: { how: "kill", rank: 1, epoch: 1, step: 5 } },
+      scalingConfig: { numWorkers: 3 },
+      runConfig: { name: "files-hand", storagePath: work, progress: false, failureConfig: { maxFailures: 1 } },
+      datasets: { train: spec }
+    }).fit()
+    const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>)
+    // From peers, with no joiner in the middle of the epoch (before, a hand-written loop over a file
+    // dataset always went back to the checkpoint).
+    expect(events.filter((e) => e.type === "restart").map((e) => [e.recovery, e.survivors, e.joiners])).toEqual([["peers", 2, 0]])
+    expect(r.resizes.map((z) => [z.from, z.to])).toEqual([
+      [3, 2],
+      [2, 3]
+    ])
+    // The replacement joined at a report() between epochs.
+    const grew = events.find((e) => e.type === "grow") as { position: { reports: number; stepsSinceReport: number } } | undefined
+    expect(grew?.position.stepsSinceReport).toBe(0)
+    expect(sameWeights(r)).toBe(true)
+    expect(r.metricsPerRank.at(-1)).toHaveLength(3)
+    expect(Number(r.metrics!.loss)).toBeLessThan(0.5)
+    const d = await resolveFileDataset("train", spec)
+    const logs = await readLogs(logDir)
+    const first = await planned(d, 3, 0)
+    const second = await planned(d, 3, 1)
+    for (let rank = 0; rank < 3; rank++) expect(idsOf(logs.get(`a0-r${rank}-p3`), 0)).toEqual(first[rank])
+    // Epoch 1: the survivors trained their whole parts of the plan for three, after the regroup
+    // too; the lost rank its first 6 steps, the rest of its part went untrained.
+    for (const rank of [0, 2]) expect(idsOf(logs.get(`a0-r${rank}-p3`), 1)).toEqual(second[rank])
+    expect(idsOf(logs.get("a0-r1-p3"), 1)).toEqual(second[1]!.slice(0, 6 * BATCH))
+    // Every epoch: no row twice; from epoch 2 on, the whole epoch (planned for the group that read it).
+    for (let epoch = 0; epoch < 4; epoch++) {
+      const seen = new Map<number, number>()
+      for (const steps of logs.values()) for (const id of idsOf(steps, epoch)) seen.set(id, (seen.get(id) ?? 0) + 1)
+      for (const [id, n] of seen) expect(n, `row ${id} trained ${n} times in epoch ${epoch}`).toBe(1)
+      if (epoch !== 1) expect(ROWS - seen.size, `rows left out of epoch ${epoch}`).toBeLessThan(3)
+    }
+  })
+
   it("resumes a mid-epoch checkpoint with another number of workers: the epoch's rest is re-planned, no row twice, none skipped", { timeout: 120_000 }, async () => {
     const spec = fromFiles(dataDir, OPTS)
     const fit = (workers: number, logDir: string, fail?: object) =>

@@ -99,6 +99,11 @@ export class IterableStream implements StreamingSource {
     return this.#epoch < 0 ? undefined : { version: 1, kind: "iterable", epoch: this.#epoch, consumed: this.#consumed }
   }
 
+  /** The epoch this loader is in the middle of (opened, rows of it still to take), or undefined between epochs. */
+  midEpoch(): number | undefined {
+    return this.#epoch >= 0 && this.#consumed < this.size ? this.#epoch : undefined
+  }
+
   restore(pos: IterablePosition): void {
     if (pos?.kind !== "iterable" || !Number.isInteger(pos.epoch) || !Number.isInteger(pos.consumed)) {
       throw new DataPositionMismatch({ dataset: this.name, reason: "the saved position is not a loader's" })

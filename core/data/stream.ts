@@ -103,6 +103,11 @@ export const scale = (factor: number): BatchTransform => (b) => {
 const labelArray = (d: ResolvedDataset, n: number): Int32Array | Float32Array =>
   d.labelDtype === "int32" ? new Int32Array(n * prod(d.labelShape)) : new Float32Array(n * prod(d.labelShape))
 
+/** Whether two positions are of one plan (the same epoch's rows cut for the same world size). */
+const samePlan = (a: DataPosition, b: DataPosition): boolean =>
+  a.fingerprint === b.fingerprint && a.epoch === b.epoch && a.worldSize === b.worldSize && a.intervals.length === b.intervals.length &&
+  a.intervals.every(([s, e], i) => s === b.intervals[i]![0] && e === b.intervals[i]![1])
+
 /**
  * This rank's view of a file dataset. `seed` fixes every epoch's order; the position (epoch, plan,
  * rows taken) is what checkpoints keep, and restore() puts it back.
@@ -183,6 +188,15 @@ export class FileStream implements StreamingSource {
     return this.#pos
   }
 
+  /**
+   * The epoch this stream is in the middle of (opened, or restored to, with rows of this rank's
+   * part still to take), or undefined between epochs. A loop that reads the stream itself holds
+   * its plan's counts, so a regroup there must go through the checkpoint (regroup.ts).
+   */
+  midEpoch(): number | undefined {
+    return this.#pos !== undefined && rowsLeft(this.#pos) > 0 ? this.#pos.epoch : undefined
+  }
+
   openedPlan(): DataPosition | undefined {
     return this.#open?.pos
   }
@@ -197,6 +211,16 @@ export class FileStream implements StreamingSource {
     if (pos.fingerprint !== this.dataset.fingerprint) {
       throw new DataPositionMismatch({ dataset: this.name, reason: `it was saved for rows ${pos.fingerprint}, these files are ${this.dataset.fingerprint}` })
     }
+    // A regroup's survivor taking the furthest survivor's position of the plan it has open (a loop
+    // that reads the stream itself goes on with the counts it holds): it keeps reading that plan.
+    // A rank joining at the first step of an epoch it opened takes a position at the end of the
+    // epoch before: the plan it opened goes on from there, as it is.
+    const o = this.#open
+    if (o && samePlan(o.pos, pos)) {
+      this.#pos = pos
+      return
+    }
+    if (o && o.pos.fingerprint === pos.fingerprint && o.pos.epoch > pos.epoch && rowsLeft(pos) === 0) return
     this.#pos = pos
     this.#open = undefined
     this.#release(-1)

@@ -3,7 +3,8 @@
 // rows every step trained (a map transform sees every batch). It checkpoints every few steps in the
 // middle of epochs (every rank reports; rank 0 adds the checkpoint), resumes from the latest
 // checkpoint where its data position says, and can kill itself or throw at a chosen step. A hold
-// file slows a short group's steps, so a replacement joins before the epochs run out.
+// file slows a short group's steps, so a replacement joins before the epochs run out. With
+// `handWritten` the same epochs are a hand-written loop: openEpoch(), take() and dp.trainStep().
 import * as fs from "node:fs"
 import * as path from "node:path"
 import type { FileStream, IterableStream, TrainContext } from "../../index.ts"
@@ -24,6 +25,12 @@ export interface DataLoopConfig {
   readonly aux?: boolean
   /** A short group's steps are slowed while this file names a larger size (hold.ts). */
   readonly holdFile?: string
+  /**
+   * A hand-written loop instead of dp.fit(): each epoch opens the stream itself (openEpoch with
+   * this rank's place), takes its batches and trains them with dp.trainStep(); reports only at
+   * epoch ends (checkpointEvery is not used).
+   */
+  readonly handWritten?: boolean
 }
 
 export async function dataLoop(config: DataLoopConfig, ctx: TrainContext): Promise<void> {
@@ -46,7 +53,31 @@ export async function dataLoop(config: DataLoopConfig, ctx: TrainContext): Promi
   const log = path.join(config.logDir, `a${ctx.attempt}-r${ctx.worldRank}-p${ctx.worldSize}.jsonl`)
   const fail = config.fail
   const weights = () => Array.from(model.getWeights().flatMap((w) => Array.from(w.dataSync()))).map((v) => v.toFixed(6)).join(",")
-  for (let epoch = start; epoch < config.epochs; epoch++) {
+  const dies = (epoch: number, step: number): boolean => fail !== undefined && ctx.attempt === 0 && ctx.worldRank === fail.rank && epoch === fail.epoch && step === fail.step
+  for (let epoch = start; config.handWritten && epoch < config.epochs; epoch++) {
+    const left = shard.openEpoch(epoch, ctx.worldRank, ctx.worldSize)
+    let lossSum = 0
+    let samples = 0
+    for (let from = 0, index = 0; from < left; from += config.batchSize, index++) {
+      const b = await shard.take(from, Math.min(config.batchSize, left - from))
+      const x = tf.tensor2d(b.x as Float32Array, [b.n, 3])
+      const y = tf.tensor2d(b.y as Float32Array, [b.n, 1])
+      const r = await dp.trainStep(x, y)
+      tf.dispose([x, y])
+      // A step a joining rank replays (the survivors made it already) trains nothing here.
+      if (r.samples > 0) {
+        fs.appendFileSync(log, JSON.stringify({ epoch, index, ids }) + "\n")
+        lossSum += r.loss * r.samples
+        samples += r.samples
+      }
+      ids = []
+      await holdStep(config.holdFile, ctx.worldSize)
+      if (dies(epoch, index)) process.kill(process.pid, "SIGKILL")
+    }
+    const ckpt = ctx.worldRank === 0 ? await ctx.checkpointFromModel(dp, { metadata: { epoch, end: true } }) : undefined
+    await ctx.report({ epoch, loss: lossSum / Math.max(1, samples), weights: weights(), rows: shard.stats.rows }, ckpt ? { checkpoint: ckpt } : {})
+  }
+  for (let epoch = start; !config.handWritten && epoch < config.epochs; epoch++) {
     const [r] = await dp.fit(shard, {
       epochs: epoch + 1,
       initialEpoch: epoch,
@@ -55,8 +86,8 @@ export async function dataLoop(config: DataLoopConfig, ctx: TrainContext): Promi
         fs.appendFileSync(log, JSON.stringify({ epoch, index, ids }) + "\n")
         ids = []
         await holdStep(config.holdFile, ctx.worldSize)
-        if (fail && ctx.attempt === 0 && ctx.worldRank === fail.rank && epoch === fail.epoch && index === fail.step) {
-          if (fail.how === "kill") process.kill(process.pid, "SIGKILL")
+        if (dies(epoch, index)) {
+          if (fail!.how === "kill") process.kill(process.pid, "SIGKILL")
           throw new RangeError(`injected failure at epoch ${epoch} step ${index}`)
         }
         if ((index + 1) % config.checkpointEvery === 0) {

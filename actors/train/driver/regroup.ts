@@ -16,7 +16,6 @@ import type { Resolved } from "./options.ts"
 import type { Incident } from "../common/observe/report-html.ts"
 import type { ProgressPrinter } from "../common/observe/progress.ts"
 import { firstLine } from "../../../core/errors.ts"
-import { isFileDatasetSpec } from "../../../core/data/file-spec.ts"
 import { mergePeerShards } from "../common/optim/zero.ts"
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
@@ -162,17 +161,21 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   }
   // 2. The survivor that got furthest: the others and the joiners continue from its state.
   const source = survivors.reduce((a, b) => (b.reply!.position.ops > a.reply!.position.ops ? b : a))
+  const s = survivors.length
   const pos: Position = source.reply!.position
-  // dp.fit() plans a streamed epoch again for the new group (fit-loop.ts); a hand-written loop that
-  // reads a file dataset's stream itself keeps its old rank's part, which a regroup would change.
-  if (!pos.inFit && Object.values(x.cfg.datasets).some(isFileDatasetSpec)) {
-    return giveUp("a hand-written loop over a file dataset reads its stream by rank: its position is exact only at a checkpoint (dp.fit() plans the rest of the epoch again)")
-  }
+  // dp.fit() plans a streamed epoch again for the new group (fit-loop.ts), and between epochs the
+  // next one is planned for whatever group reads it. Outside dp.fit(), in the middle of an epoch,
+  // a file dataset's survivors finish it on the plan they opened and ranks join only at a report()
+  // between epochs (`joinLater`); a loader has no plan to cut again (`dataPinned`).
+  const outside = (f: (p: Position) => string | undefined): string | undefined => (pos.inFit ? undefined : survivors.map((r) => f(r.reply!.position)).find((w) => w !== undefined))
+  const pinned = outside((p) => p.dataPinned)
+  if (pinned) return giveUp(pinned)
+  const joinLater = outside((p) => p.joinLater)
+  if (joinLater && (!x.failure || x.controller.floor > s)) return giveUp(joinLater)
   // 3. Joiners: the standby workers that are ready; new ones spawned now only to reach the floor
   // (an elastic group's min), or for a grow that has none ready. The rest come later (fit-run.ts
   // refills a short group), so the survivors go on at once.
-  const s = survivors.length
-  const ready = x.takeStandby(Math.max(0, x.target - s))
+  const ready = joinLater ? [] : x.takeStandby(Math.max(0, x.target - s))
   // The survivors go on short-handed. dp.fit() keeps the global batch and its epochs' steps
   // whatever the group's size, so a joiner replays them as the survivors ran them and joins at a
   // step. A hand-written loop sizes its epochs by ctx.worldSize: each survivor finishes the epoch
@@ -181,7 +184,7 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   const kMax = x.target - s - ready.length
   const kMin = Math.max(0, x.controller.floor - s - ready.length)
   let joinPlan: PlacementPlan | undefined
-  if (kMax > 0 && (kMin > 0 || (!x.failure && ready.length === 0))) {
+  if (!joinLater && kMax > 0 && (kMin > 0 || (!x.failure && ready.length === 0))) {
     // New workers replay the loop from the checkpoint and join where the survivors are: in
     // dp.fit() at their epoch and step, in a hand-written loop after as many report() calls and
     // steps since (group-session.ts).

@@ -43,6 +43,10 @@ export interface LoopPosition {
   readonly stepInEpoch: number
   readonly stepsPerEpoch: number
   readonly stream?: StreamCursor
+  /** Outside dp.fit(): why the loop's streamed data cannot follow a regroup here (train-context.ts). */
+  readonly dataPinned?: string
+  /** Outside dp.fit(): why no rank can join here; a grow waits for a report() where this is unset (reportBoundary). */
+  readonly joinLater?: string
 }
 
 /** What a regroup needs of the prepared model (DataParallelModel implements it). */
@@ -394,10 +398,12 @@ export class GroupSession {
    * After a report() call of a hand-written loop in a generation below its size: the ranks agree
    * (one small all-gather, at the same report on every rank) whether every one of them has been
    * asked to pause for a grow; if so, each parks here, and the new ranks join at this boundary.
-   * `gather`: this rank's flag in, every rank's out. Nothing to do otherwise.
+   * `gather`: this rank's flag in, every rank's out. Nothing to do otherwise, nor at a report() in
+   * the middle of an epoch of a file dataset the loop reads itself (`joinLater`: the ranks read it
+   * in lockstep, so they all skip the same reports).
    */
   async reportBoundary(gather: (flag: Float32Array) => Promise<Float32Array>): Promise<void> {
-    if (this.#join || this.#ended !== undefined || !this.#parksAtReport()) return
+    if (this.#join || this.#ended !== undefined || !this.#parksAtReport() || this.#model!.loopPosition().joinLater !== undefined) return
     const mine = this.#atReport ? 1 : 0
     let all = mine
     if (this.placement.worldSize > 1) {

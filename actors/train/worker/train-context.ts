@@ -138,6 +138,8 @@ export class TrainContext {
   readonly #deps: TrainContextDeps
   #checkpoint: Promise<Checkpoint | undefined> | undefined
   readonly #datasets = new Map<string, Promise<ArrayDataset | FileStream | IterableStream>>()
+  /** The streams made so far, as they are made (a pause asks where they are: #dataPinned). */
+  readonly #streams: Array<FileStream | IterableStream> = []
   /** Saved positions of streams not made yet (restoreModel before getDatasetShard). */
   #pendingPositions: Record<string, unknown> = {}
   #prepared: DataParallelModel | undefined
@@ -300,6 +302,7 @@ export class TrainContext {
     if (!ds) {
       ds = this.#deps.fetchDataset(name).then(async (p) => {
         const loaded = await this.#load(name, p)
+        if (loaded instanceof FileStream || loaded instanceof IterableStream) this.#streams.push(loaded)
         const pending = this.#pendingPositions[name]
         if (pending !== undefined && !(loaded instanceof Object && "x" in loaded)) {
           if (loaded instanceof FileStream) loaded.restore(pending as DataPosition)
@@ -341,6 +344,29 @@ export class TrainContext {
       throw new ConfigError({ field: `getDataset("${name}")`, reason: "the dataset is a streamed loader, which has no whole to hand out: iterate it with getDatasetShard() and dp.fit()" })
     }
     return ds
+  }
+
+  /**
+   * Outside dp.fit(), the streams in the middle of an epoch, which the loop reads with the plan it
+   * opened (its own openEpoch() and take() counts). A file dataset's survivors go on reading theirs
+   * after a regroup (FileStream.restore keeps an open plan), as an in-memory shard's finish the
+   * epoch on their rows, but a rank joining now would read another cut of it: joiners wait for a
+   * report() between epochs, where the next one is planned for the grown group (`joinLater`). A
+   * loader was made for this rank's place and has no plan to cut again: a regroup there goes
+   * through the checkpoint (`dataPinned`). Between epochs: nothing.
+   */
+  #streamsMidEpoch(): { dataPinned?: string; joinLater?: string } {
+    const out: { dataPinned?: string; joinLater?: string } = {}
+    for (const s of this.#streams) {
+      const epoch = s.midEpoch()
+      if (epoch === undefined) continue
+      if (s instanceof IterableStream) {
+        out.dataPinned ??= `the loop is outside dp.fit() with the loader "${s.name}" in the middle of epoch ${epoch}: a loader's position is exact only at a checkpoint (dp.fit() plans the rest of a file dataset's epoch again)`
+      } else {
+        out.joinLater ??= `the loop reads the file dataset "${s.name}" itself and is in the middle of epoch ${epoch}: new ranks join at a report() between epochs`
+      }
+    }
+    return out
   }
 
   /** The positions of the streamed datasets made so far, as a checkpoint file (none: undefined). */
@@ -477,7 +503,10 @@ export class TrainContext {
       },
       regrouped: () => dp.regrouped(),
       peerFiles: () => dp.peerFiles(),
-      loopPosition: () => dp.loopPosition()
+      loopPosition: () => {
+        const p = dp.loopPosition()
+        return p.inFit ? p : { ...p, ...this.#streamsMidEpoch() }
+      }
     })
     this.#prepared = dp
     if (onStep) dp.onStep = onStep
