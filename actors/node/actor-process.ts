@@ -133,6 +133,17 @@ export class ActorProcess {
   }
 
   /** SIGTERM (and SIGCONT, for a stopped process), then SIGKILL after `graceMs`; resolves when it has exited. */
+  /**
+   * SIGKILL now, with no SIGTERM first: for a process that must not run another instruction (one
+   * found stopped: continuing it to take a SIGTERM would let a hung rank step and send again).
+   */
+  async killNow(reason: string): Promise<ProcessExit> {
+    if (this.#exit) return this.#exit
+    this.killedBy ??= reason
+    this.child.kill("SIGKILL")
+    return await this.exited
+  }
+
   async kill(reason: string, graceMs: number): Promise<ProcessExit> {
     if (this.#exit) return this.#exit
     this.killedBy ??= reason

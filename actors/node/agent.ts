@@ -104,9 +104,9 @@ export interface AgentOptions {
    */
   readonly warmHosts?: number
   /**
-   * A process stopped (SIGSTOP, SIGTSTP: state T) this long is killed: it holds its whole group
-   * up until a collective deadline (10 s at least) would fence it. Default 500 ms (checked every
-   * 100 ms: a stopped worker costs its group about 0.6 s before its death is reported, not 1.5 s);
+   * A process stopped (SIGSTOP, SIGTSTP: state T) this long is killed (SIGKILL): it holds its whole
+   * group up until a collective deadline (10 s at least) would fence it. Default 500 ms (checked
+   * every 100 ms: a stopped worker costs its group about 0.6 s before its death is reported, not 1.5 s);
    * 0 never.
    * Linux (/proc) only; a debugger's tracing stop (state t) is left alone.
    */
@@ -678,7 +678,10 @@ export class NodeAgent {
       if (now - r.stoppedSince < limit) continue
       const reason = `stopped (SIGSTOP) for ${((now - r.stoppedSince) / 1000).toFixed(1)} s: a stopped process holds its group up`
       this.#log.warn(`killing ${r.info.job}/${r.info.name} (pid ${r.proc.pid}): ${reason}`)
-      void r.proc.kill(reason, 500)
+      // SIGKILL at once: a SIGTERM would need a SIGCONT first (its handler runs only in a running
+      // process), which would let the hung rank run on for its shutdown, and its clean exit code
+      // would be given the driver's grace for orderly exits (0.3 s) on top.
+      void r.proc.killNow(reason)
     }
   }
 
