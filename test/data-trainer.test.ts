@@ -71,27 +71,37 @@ const idsOf = (steps: Step[] | undefined, epoch: number): number[] => (steps ?? 
 
 const sameWeights = (r: Result): boolean => new Set(r.metricsPerRank.at(-1)!.map((m) => m.weights)).size === 1
 
+/**
+ * Three workers train the data loop (a checkpointed report after every step) over the CSV files,
+ * rank 1 killed after step 5 of epoch 1 (attempt 0), one failure allowed; a short group's steps
+ * slowed while the group is below three. The result, its events, where the steps were logged.
+ */
+const killRun = async (name: string, loop: { readonly epochs: number; readonly handWritten?: boolean }) => {
+  const logDir = path.join(work, `logs-${name}`)
+  await fs.mkdir(logDir)
+  const holdFile = path.join(work, `hold-${name}`)
+  await fs.writeFile(holdFile, "3")
+  const spec = fromFiles(path.join(dataDir, "*.csv"), OPTS)
+  const r = await new Trainer({
+    trainLoopPerWorker: LOOP,
+    trainLoopConfig: { ...loop, batchSize: BATCH, rows: ROWS, logDir, checkpointEvery: 1, holdFile, fail: { how: "kill", rank: 1, epoch: 1, step: 5 } },
+    scalingConfig: { numWorkers: 3 },
+    runConfig: { name, storagePath: work, progress: false, failureConfig: { maxFailures: 1 } },
+    datasets: { train: spec }
+  }).fit()
+  const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>)
+  return { r, events, logDir, spec }
+}
+
 describe("Trainer with file datasets", () => {
   it("trains from CSV files; kill -9 of a rank mid-epoch: the survivor plans the epoch's rest again and goes on, its replacement joins, no row twice, none skipped", { timeout: 120_000 }, async () => {
-    const logDir = path.join(work, "logs-kill")
-    await fs.mkdir(logDir)
     // While the group is short, its steps are slowed (hold.ts), so the replacement joins mid-epoch
     // (at a step's exchange: a group of three, so the two survivors still exchange every step).
-    const holdFile = path.join(work, "hold-kill")
-    await fs.writeFile(holdFile, "3")
-    const spec = fromFiles(path.join(dataDir, "*.csv"), OPTS)
-    const r = await new Trainer({
-      trainLoopPerWorker: LOOP,
-      // 20 steps an epoch per rank; a report with a checkpoint after every step (so the replacement
-      // joins at a step the others report at); rank 1 dies after step 5 of epoch 1.
-      trainLoopConfig: { epochs: 3, batchSize: BATCH, rows: ROWS, logDir, checkpointEvery: 1, holdFile, fail: { how: "kill", rank: 1, epoch: 1, step: 5 } },
-      scalingConfig: { numWorkers: 3 },
-      // recoverFrom "peers" is the default for file datasets too.
-      runConfig: { name: "files-kill", storagePath: work, progress: false, failureConfig: { maxFailures: 1 } },
-      datasets: { train: spec }
-    }).fit()
+    // 20 steps an epoch per rank; a report with a checkpoint after every step (so the replacement
+    // joins at a step the others report at); rank 1 dies after step 5 of epoch 1. recoverFrom
+    // "peers" is the default for file datasets too.
+    const { r, events, logDir, spec } = await killRun("files-kill", { epochs: 3 })
     expect(r.countedFailures).toBe(1)
-    const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>)
     // The survivors went on at once, and the replacement joined them: no restart from the checkpoint.
     expect(events.filter((e) => e.type === "restart").map((e) => [e.recovery, e.counted])).toEqual([["peers", true]])
     expect(r.resizes.map((z) => [z.from, z.to])).toEqual([
@@ -136,21 +146,9 @@ describe("Trainer with file datasets", () => {
   })
 
   it("a hand-written trainStep loop over the stream, kill -9 of a rank mid-epoch: the survivors finish the epoch on the plan they opened, the replacement joins between epochs, no row twice", { timeout: 120_000 }, async () => {
-    const logDir = path.join(work, "logs-hand")
-    await fs.mkdir(logDir)
-    // The short group's steps are slowed, so the replacement is ready before the epoch in flight ends.
-    const holdFile = path.join(work, "hold-hand")
-    await fs.writeFile(holdFile, "3")
-    const spec = fromFiles(path.join(dataDir, "*.csv"), OPTS)
-    const r = await new Trainer({
-      trainLoopPerWorker: LOOP,
-      // 20 steps an epoch per rank at three; rank 1 dies after step 5 of epoch 1.
-      trainLoopConfig: { epochs: 4, batchSize: BATCH, rows: ROWS, logDir, checkpointEvery: 1, holdFile, handWritten: true, fail: { how: "kill", rank: 1, epoch: 1, step: 5 } },
-      scalingConfig: { numWorkers: 3 },
-      runConfig: { name: "files-hand", storagePath: work, progress: false, failureConfig: { maxFailures: 1 } },
-      datasets: { train: spec }
-    }).fit()
-    const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>)
+    // The short group's steps are slowed, so the replacement is ready before the epoch in flight
+    // ends; 20 steps an epoch per rank at three; rank 1 dies after step 5 of epoch 1.
+    const { r, events, logDir, spec } = await killRun("files-hand", { epochs: 4, handWritten: true })
     // From peers, with no joiner in the middle of the epoch (before, a hand-written loop over a file
     // dataset always went back to the checkpoint).
     expect(events.filter((e) => e.type === "restart").map((e) => [e.recovery, e.survivors, e.joiners])).toEqual([["peers", 2, 0]])
