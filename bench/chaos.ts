@@ -1,6 +1,6 @@
 // `npm run bench -- chaos [--every=15] [--seed=N] [--loops=fit,step] [--strategies=allreduce,zero,zero2,ps,localsgd,localsgd-frag,localsgd-stream]
 //                         [--kinds=worker-kill,worker-stop,nats-kill[,agent-kill][,link-cut]] [--epochs-fit=N] [--epochs-step=N]
-//                         [--repeat=1] [--cluster=agents|veth] [--bound=3] [--spares=0] [--agent-restart-ms=1000] [--cut-ms=10000] [--out=FILE]`
+//                         [--repeat=1] [--warmup=0.25] [--cluster=agents|veth] [--bound=3] [--spares=0] [--agent-restart-ms=1000] [--cut-ms=10000] [--out=FILE]`
 // Goodput under chaos: the same job (digits MLP, 3 workers on the embedded cluster, failureConfig
 // { maxFailures: -1 }, recoverFrom left at its default) run fault-free, then under a seeded fault
 // schedule, for a `dp.fit` loop (test/support/chaos-loop.ts) and a hand-written `dp.trainStep` loop
@@ -39,6 +39,10 @@
 // epoch's step 13 of 23 as behind step 13 of 15), else epochs x the old generation's steps per
 // epoch; recovery = "peers" or "checkpoint" from the
 // `restart` events of events.jsonl (with the reason a checkpoint restart gives).
+// Before the first pair, a fault-free warm-up run of the first loop and strategy (--warmup: that
+// fraction of its epochs; 0 for none), not counted: the first run of a bench process was 2-37%
+// slower than the next fault-free one in every sample on the 2-core machine, which made the first
+// pair's goodput look better than it was.
 // --repeat=N runs N such pairs (a new fault schedule each) and adds each pair's goodput, their
 // median and the pooled ratio: run-to-run noise on a small machine is as large as a fault's cost.
 // A run is bounded: past `bound` x the fault-free run's wall time (and at most 10 minutes) it is
@@ -452,6 +456,8 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
   if (!(cutMs > 0)) throw new Error(`--cut-ms must be a number > 0, got ${arg("cut-ms")}`)
   if (!(agentRestartMs >= 0)) throw new Error(`--agent-restart-ms must be a number >= 0, got ${arg("agent-restart-ms")}`)
   const boundX = Number(arg("bound") ?? 3)
+  const warmup = Number(arg("warmup") ?? 0.25)
+  if (!(warmup >= 0 && warmup <= 1)) throw new Error(`--warmup must be a fraction of the epochs from 0 to 1, got ${arg("warmup")}`)
   const spares = Number(arg("spares") ?? 0)
   if (!(Number.isInteger(spares) && spares >= 0)) throw new Error(`--spares must be an integer >= 0, got ${arg("spares")}`)
   for (const l of loops) if (!(l in LOOPS)) throw new Error(`unknown loop "${l}"; known: ${Object.keys(LOOPS).join(", ")}`)
@@ -489,6 +495,11 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
     for (const [k, why] of NOT_RUN) console.log(`  not run: ${k}: ${why}`)
     const rows: Array<{ free: RunResult; chaos: RunResult }> = []
     let i = 0
+    const warmEpochs = Math.round(warmup * epochs[loops[0]!])
+    if (warmEpochs > 0) {
+      const w = await runOnce({ loop: loops[0]!, strategy: strategies[0]!, epochs: warmEpochs, spares }, storage, data, i++, log)
+      console.log(`\n  warm-up (not counted): ${loops[0]} loop, ${warmEpochs} epochs fault-free, ${s2(w.trainMs)} s training${w.error ? `; ${w.error}` : ""}`)
+    }
     for (const loop of loops) {
       for (const strategy of strategies) {
         console.log(`\n  ${loop} loop, ${STRATEGIES[strategy]!.label}, ${epochs[loop]} epochs${repeat > 1 ? `, ${repeat} pairs of runs` : ""}`)
