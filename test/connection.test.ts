@@ -4,7 +4,7 @@
 import * as net from "node:net"
 import { Effect, Exit } from "effect"
 import { afterAll, describe, expect, it } from "vitest"
-import { Nats, NatsLayer, openNatsEffect, openNats, type NatsHandle } from "../core/connection.ts"
+import { Nats, NatsLayer, openNatsEffect, openNats, reconnectDelay, type NatsHandle } from "../core/connection.ts"
 import { NatsConnectError } from "../core/errors.ts"
 import { freePort } from "../core/nats-server.ts"
 import { eventually, natsFixtures, pidAlive } from "./support/nats.ts"
@@ -133,6 +133,29 @@ describe("openNats", () => {
     await pingUntilReceived(sub, pub, "gw.test.after", 15_000)
     expect(await reconnected).toBe(true)
     expect(sub.nc.isClosed()).toBe(false)
+  })
+})
+
+describe("reconnectDelay", () => {
+  it("tries again 50-75 ms apart for the first 2 s of an outage, then at the configured pause; a new outage starts fast again", () => {
+    let now = 1_000_000
+    const rolls = [0, 0.999, 0.5]
+    let k = 0
+    const delay = reconnectDelay(250, () => now, () => rolls[k++ % rolls.length]!)
+    const asks: number[] = []
+    // Asked on every pass of the client's dial loop while it is disconnected: here every 50 ms for 3 s.
+    for (let t = 0; t <= 3_000; t += 50, now += 50) asks.push(delay())
+    const early = asks.slice(0, 40)
+    const late = asks.slice(41)
+    expect(Math.min(...early)).toBe(50)
+    expect(Math.max(...early)).toBe(75)
+    expect(Math.min(...late)).toBe(250)
+    expect(Math.max(...late)).toBe(350)
+    // Connected for a while (no asks), then a new outage: fast again.
+    now += 60_000
+    expect(delay()).toBeLessThanOrEqual(75)
+    now += 1_500
+    expect(delay()).toBeLessThanOrEqual(75)
   })
 })
 
