@@ -138,7 +138,7 @@ export class TrainContext {
   readonly #deps: TrainContextDeps
   #checkpoint: Promise<Checkpoint | undefined> | undefined
   readonly #datasets = new Map<string, Promise<ArrayDataset | FileStream | IterableStream>>()
-  /** The streams made so far, as they are made (a pause asks where they are: #dataPinned). */
+  /** The streams made so far, as they are made (a pause asks where they are: #streamsMidEpoch). */
   readonly #streams: Array<FileStream | IterableStream> = []
   /** Saved positions of streams not made yet (restoreModel before getDatasetShard). */
   #pendingPositions: Record<string, unknown> = {}
