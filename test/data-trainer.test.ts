@@ -180,6 +180,27 @@ describe("Trainer with file datasets", () => {
     }
   })
 
+  it("a hand-written loop over a worker-side factory's loader, kill -9 mid-epoch: back to the checkpoint, saying why (the loader was made for the lost group's ranks)", { timeout: 120_000 }, async () => {
+    const logDir = path.join(work, "logs-loader")
+    await fs.mkdir(logDir)
+    const r = await new Trainer({
+      trainLoopPerWorker: LOOP,
+      // 10 steps an epoch per rank (100 rows each, batch 10); rank 1 dies after step 5 of epoch 1.
+      trainLoopConfig: { epochs: 3, batchSize: BATCH, rows: ROWS, logDir, checkpointEvery: 1, handWritten: true, trainOn: "rows", fail: { how: "kill", rank: 1, epoch: 1, step: 5 } },
+      scalingConfig: { numWorkers: 3 },
+      runConfig: { name: "loader-hand", storagePath: work, progress: false, failureConfig: { maxFailures: 1 } },
+      datasets: { train: fromFiles(path.join(dataDir, "*.csv"), OPTS), rows: datasetFactory(path.resolve("test/support/data-factory.ts") + "#makeRows", { rowsPerRank: 100 }) }
+    }).fit()
+    const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>)
+    // Before, nothing checked a loader outside dp.fit(): the survivors went on with loaders split
+    // for the old ranks, and a replacement would have read a part of the rows twice.
+    const restarts = events.filter((e) => e.type === "restart")
+    expect(restarts.map((e) => e.recovery)).toEqual(["checkpoint"])
+    expect(String(restarts[0]!.reason)).toMatch(/outside dp\.fit\(\) with the loader "rows" in the middle of epoch 1/)
+    expect(sameWeights(r)).toBe(true)
+    expect(r.metricsPerRank.at(-1)).toHaveLength(3)
+  })
+
   it("resumes a mid-epoch checkpoint with another number of workers: the epoch's rest is re-planned, no row twice, none skipped", { timeout: 120_000 }, async () => {
     const spec = fromFiles(dataDir, OPTS)
     const fit = (workers: number, logDir: string, fail?: object) =>

@@ -31,6 +31,8 @@ export interface DataLoopConfig {
    * epoch ends (checkpointEvery is not used).
    */
   readonly handWritten?: boolean
+  /** The hand-written loop trains on this dataset instead of "train" (a worker-side factory's loader). */
+  readonly trainOn?: string
 }
 
 export async function dataLoop(config: DataLoopConfig, ctx: TrainContext): Promise<void> {
@@ -54,12 +56,13 @@ export async function dataLoop(config: DataLoopConfig, ctx: TrainContext): Promi
   const fail = config.fail
   const weights = () => Array.from(model.getWeights().flatMap((w) => Array.from(w.dataSync()))).map((v) => v.toFixed(6)).join(",")
   const dies = (epoch: number, step: number): boolean => fail !== undefined && ctx.attempt === 0 && ctx.worldRank === fail.rank && epoch === fail.epoch && step === fail.step
+  const source = config.trainOn !== undefined ? await ctx.getDatasetShard<IterableStream>(config.trainOn) : shard
   for (let epoch = start; config.handWritten && epoch < config.epochs; epoch++) {
-    const left = shard.openEpoch(epoch, ctx.worldRank, ctx.worldSize)
+    const left = source.openEpoch(epoch, ctx.worldRank, ctx.worldSize)
     let lossSum = 0
     let samples = 0
     for (let from = 0, index = 0; from < left; from += config.batchSize, index++) {
-      const b = await shard.take(from, Math.min(config.batchSize, left - from))
+      const b = await source.take(from, Math.min(config.batchSize, left - from))
       const x = tf.tensor2d(b.x as Float32Array, [b.n, 3])
       const y = tf.tensor2d(b.y as Float32Array, [b.n, 1])
       const r = await dp.trainStep(x, y)
