@@ -164,7 +164,7 @@ export const openNats = async (options: NatsConnectOptions): Promise<NatsHandle 
     timeout: timeoutMs,
     reconnect: options.reconnect ?? true,
     maxReconnectAttempts: options.maxReconnectAttempts ?? DEFAULT_MAX_RECONNECT_ATTEMPTS,
-    reconnectTimeWait: options.reconnectTimeWaitMs ?? DEFAULT_RECONNECT_TIME_WAIT_MS,
+    // nats.js reads reconnectTimeWait only in its default delay handler, which this replaces.
     reconnectDelayHandler: reconnectDelay(options.reconnectTimeWaitMs ?? DEFAULT_RECONNECT_TIME_WAIT_MS),
     pingInterval: options.pingIntervalMs ?? DEFAULT_PING_INTERVAL_MS,
     maxPingOut: 3,

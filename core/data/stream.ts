@@ -191,7 +191,8 @@ export class FileStream implements StreamingSource {
   /**
    * The epoch this stream is in the middle of (opened, or restored to, with rows of this rank's
    * part still to take), or undefined between epochs. A loop that reads the stream itself holds
-   * its plan's counts, so a regroup there must go through the checkpoint (regroup.ts).
+   * its plan's counts: at a regroup there its survivors keep the plan (restore) and no rank joins
+   * until the epoch ends (train-context.ts `joinLater`, regroup.ts).
    */
   midEpoch(): number | undefined {
     return this.#pos !== undefined && rowsLeft(this.#pos) > 0 ? this.#pos.epoch : undefined
