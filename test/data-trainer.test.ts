@@ -180,26 +180,39 @@ describe("Trainer with file datasets", () => {
     }
   })
 
-  it("a hand-written loop over a worker-side factory's loader, kill -9 mid-epoch: back to the checkpoint, saying why (the loader was made for the lost group's ranks)", { timeout: 120_000 }, async () => {
-    const logDir = path.join(work, "logs-loader")
-    await fs.mkdir(logDir)
-    const r = await new Trainer({
-      trainLoopPerWorker: LOOP,
-      // 10 steps an epoch per rank (100 rows each, batch 10); rank 1 dies after step 5 of epoch 1.
-      trainLoopConfig: { epochs: 3, batchSize: BATCH, rows: ROWS, logDir, checkpointEvery: 1, handWritten: true, trainOn: "rows", fail: { how: "kill", rank: 1, epoch: 1, step: 5 } },
-      scalingConfig: { numWorkers: 3 },
-      runConfig: { name: "loader-hand", storagePath: work, progress: false, failureConfig: { maxFailures: 1 } },
-      datasets: { train: fromFiles(path.join(dataDir, "*.csv"), OPTS), rows: datasetFactory(path.resolve("test/support/data-factory.ts") + "#makeRows", { rowsPerRank: 100 }) }
-    }).fit()
-    const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>)
-    // Before, nothing checked a loader outside dp.fit(): the survivors went on with loaders split
-    // for the old ranks, and a replacement would have read a part of the rows twice.
-    const restarts = events.filter((e) => e.type === "restart")
-    expect(restarts.map((e) => e.recovery)).toEqual(["checkpoint"])
-    expect(String(restarts[0]!.reason)).toMatch(/outside dp\.fit\(\) with the loader "rows" in the middle of epoch 1/)
-    expect(sameWeights(r)).toBe(true)
-    expect(r.metricsPerRank.at(-1)).toHaveLength(3)
-  })
+  // A loader is made by its factory for the rank's place (data-factory.ts#makeRows: rank r's 100 rows
+  // are ids 100r..100r+99); after a regroup the survivors' loaders would still be split for the old
+  // ranks. A hand-written loop killed mid-epoch, and dp.fit() killed at the epoch's last step (the
+  // survivors park at the epoch's end, where the loader has no rows left): both go back to the
+  // checkpoint, where every rank makes its loader again.
+  for (const [loop, step] of [["hand-written", 5], ["dp.fit()", 9]] as const) {
+    it(`a ${loop} loop over a worker-side factory's loader, kill -9 at step ${step} of 10: back to the checkpoint, saying why, and every later epoch trains each row once`, { timeout: 120_000 }, async () => {
+      const logDir = path.join(work, `logs-loader-${step}`)
+      const handWritten = loop === "hand-written"
+      await fs.mkdir(logDir)
+      const r = await new Trainer({
+        trainLoopPerWorker: LOOP,
+        // 10 steps an epoch per rank (100 rows each, batch 10); rank 1 dies after this step of epoch 1.
+        trainLoopConfig: { epochs: 3, batchSize: BATCH, rows: ROWS, logDir, checkpointEvery: handWritten ? 1 : 100, handWritten, trainOn: "rows", fail: { how: "kill", rank: 1, epoch: 1, step } },
+        scalingConfig: { numWorkers: 3 },
+        runConfig: { name: `loader-hand-${step}`, storagePath: work, progress: false, failureConfig: { maxFailures: 1 } },
+        datasets: { train: fromFiles(path.join(dataDir, "*.csv"), OPTS), rows: datasetFactory(path.resolve("test/support/data-factory.ts") + "#makeRows", { rowsPerRank: 100 }) }
+      }).fit()
+      const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>)
+      // Before, dp.fit()'s regroup at the epoch's end went on from peers: in epoch 2 the survivors
+      // read the rows of old ranks 0 and 2, and rows 100-199 went untrained.
+      const restarts = events.filter((e) => e.type === "restart")
+      expect(restarts.map((e) => e.recovery)).toEqual(["checkpoint"])
+      expect(String(restarts[0]!.reason)).toMatch(/the loader "rows", which its factory made for rank \d of 3/)
+      expect(sameWeights(r)).toBe(true)
+      expect(r.metricsPerRank.at(-1)).toHaveLength(3)
+      const logs = await readLogs(logDir)
+      const last = [...logs.keys()].filter((k) => k.startsWith("a1-"))
+      expect(last).toHaveLength(3)
+      const epoch2 = last.flatMap((k) => idsOf(logs.get(k), 2)).sort((x, y) => x - y)
+      expect(epoch2).toEqual(Array.from({ length: 300 }, (_, i) => i))
+    })
+  }
 
   it("resumes a mid-epoch checkpoint with another number of workers: the epoch's rest is re-planned, no row twice, none skipped", { timeout: 120_000 }, async () => {
     const spec = fromFiles(dataDir, OPTS)

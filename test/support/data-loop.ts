@@ -31,7 +31,7 @@ export interface DataLoopConfig {
    * epoch ends (checkpointEvery is not used).
    */
   readonly handWritten?: boolean
-  /** The hand-written loop trains on this dataset instead of "train" (a worker-side factory's loader). */
+  /** The loop trains on this dataset instead of "train" (a worker-side factory's loader). */
   readonly trainOn?: string
 }
 
@@ -57,6 +57,13 @@ export async function dataLoop(config: DataLoopConfig, ctx: TrainContext): Promi
   const weights = () => Array.from(model.getWeights().flatMap((w) => Array.from(w.dataSync()))).map((v) => v.toFixed(6)).join(",")
   const dies = (epoch: number, step: number): boolean => fail !== undefined && ctx.attempt === 0 && ctx.worldRank === fail.rank && epoch === fail.epoch && step === fail.step
   const source = config.trainOn !== undefined ? await ctx.getDatasetShard<IterableStream>(config.trainOn) : shard
+  // A loader's rows (data-factory.ts#makeRows) carry their id * 0.01 as the first feature.
+  if (source !== shard) {
+    source.map((b) => {
+      for (let k = 0; k < b.n; k++) ids.push(Math.round(b.x[k * 3]! * 100))
+      return b
+    })
+  }
   for (let epoch = start; config.handWritten && epoch < config.epochs; epoch++) {
     const left = source.openEpoch(epoch, ctx.worldRank, ctx.worldSize)
     let lossSum = 0
@@ -81,7 +88,7 @@ export async function dataLoop(config: DataLoopConfig, ctx: TrainContext): Promi
     await ctx.report({ epoch, loss: lossSum / Math.max(1, samples), weights: weights(), rows: shard.stats.rows }, ckpt ? { checkpoint: ckpt } : {})
   }
   for (let epoch = start; !config.handWritten && epoch < config.epochs; epoch++) {
-    const [r] = await dp.fit(shard, {
+    const [r] = await dp.fit(source, {
       epochs: epoch + 1,
       initialEpoch: epoch,
       batchSize: config.batchSize,

@@ -80,7 +80,7 @@ export const Position = Schema.Struct({
   stepsPerEpoch: Schema.Number,
   /** dp.fit() over a stream (a file dataset): the plan its group reads the epoch from, which a regroup plans again. */
   stream: Schema.optionalKey(StreamCursor),
-  /** Outside dp.fit(): why this rank's streamed data cannot follow a regroup here (a loader in the middle of an epoch). */
+  /** Why this rank's streamed data cannot follow a regroup (a loader, which its factory made for this rank's place). */
   dataPinned: Schema.optionalKey(Schema.String),
   /** Outside dp.fit(): why no rank can join the group here (a file dataset in the middle of an epoch the loop reads itself). */
   joinLater: Schema.optionalKey(Schema.String)

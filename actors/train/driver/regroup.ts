@@ -163,14 +163,16 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   const source = survivors.reduce((a, b) => (b.reply!.position.ops > a.reply!.position.ops ? b : a))
   const s = survivors.length
   const pos: Position = source.reply!.position
-  // dp.fit() plans a streamed epoch again for the new group (fit-loop.ts), and between epochs the
-  // next one is planned for whatever group reads it. Outside dp.fit(), in the middle of an epoch,
-  // a file dataset's survivors finish it on the plan they opened and ranks join only at a report()
-  // between epochs (`joinLater`); a loader has no plan to cut again (`dataPinned`).
-  const outside = (f: (p: Position) => string | undefined): string | undefined => (pos.inFit ? undefined : survivors.map((r) => f(r.reply!.position)).find((w) => w !== undefined))
-  const pinned = outside((p) => p.dataPinned)
+  // A loader was made by its factory for its rank's place and has no plan to cut again: any
+  // regroup goes through the checkpoint (`dataPinned`). dp.fit() plans a file dataset's streamed
+  // epoch again for the new group (fit-loop.ts), and between epochs the next one is planned for
+  // whatever group reads it. Outside dp.fit(), in the middle of an epoch, a file dataset's
+  // survivors finish it on the plan they opened and ranks join only at a report() between epochs
+  // (`joinLater`).
+  const first = (f: (p: Position) => string | undefined): string | undefined => survivors.map((r) => f(r.reply!.position)).find((w) => w !== undefined)
+  const pinned = first((p) => p.dataPinned)
   if (pinned) return giveUp(pinned)
-  const joinLater = outside((p) => p.joinLater)
+  const joinLater = pos.inFit ? undefined : first((p) => p.joinLater)
   if (joinLater && (!x.failure || x.controller.floor > s)) return giveUp(joinLater)
   // 3. Joiners: the standby workers that are ready; new ones spawned now only to reach the floor
   // (an elastic group's min), or for a grow that has none ready. The rest come later (fit-run.ts

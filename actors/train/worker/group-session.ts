@@ -43,7 +43,7 @@ export interface LoopPosition {
   readonly stepInEpoch: number
   readonly stepsPerEpoch: number
   readonly stream?: StreamCursor
-  /** Outside dp.fit(): why the loop's streamed data cannot follow a regroup here (train-context.ts). */
+  /** Why the loop's streamed data cannot follow a regroup (a loader, made for this rank's place: train-context.ts). */
   readonly dataPinned?: string
   /** Outside dp.fit(): why no rank can join here; a grow waits for a report() where this is unset (reportBoundary). */
   readonly joinLater?: string

@@ -138,8 +138,10 @@ export class TrainContext {
   readonly #deps: TrainContextDeps
   #checkpoint: Promise<Checkpoint | undefined> | undefined
   readonly #datasets = new Map<string, Promise<ArrayDataset | FileStream | IterableStream>>()
-  /** The streams made so far, as they are made (a pause asks where they are: #streamsMidEpoch). */
+  /** The streams made so far, as they are made (a pause asks where they are: #streamsPinned). */
   readonly #streams: Array<FileStream | IterableStream> = []
+  /** The place (rank, group size) each loader's factory was called with. */
+  readonly #loaderPlace = new WeakMap<IterableStream, { readonly rank: number; readonly worldSize: number }>()
   /** Saved positions of streams not made yet (restoreModel before getDatasetShard). */
   #pendingPositions: Record<string, unknown> = {}
   #prepared: DataParallelModel | undefined
@@ -280,7 +282,9 @@ export class TrainContext {
     if (typeof fn !== "function") {
       throw new ConfigError({ field: `datasets.${name}`, reason: `export "${payload.export}" of ${payload.module} is not a function; it exports: ${Object.keys(mod).join(", ") || "nothing"}` })
     }
-    const made = (await (fn as (o: unknown, info: unknown) => unknown)(payload.options, { rank: this.worldRank, worldSize: this.worldSize, seed: d.seed, tf: this.tf })) as unknown
+    const madeFor = { rank: this.worldRank, worldSize: this.worldSize }
+    const made = (await (fn as (o: unknown, info: unknown) => unknown)(payload.options, { ...madeFor, seed: d.seed, tf: this.tf })) as unknown
+    const loader = (l: IterableStream): IterableStream => (this.#loaderPlace.set(l, madeFor), l)
     if (isFileDatasetSpec(made)) return fileStream(await resolveFileDataset(name, made, d.dataNats))
     const a = made as Partial<ArrayDataset> | undefined
     if (a && a.x instanceof Float32Array && (a.y instanceof Int32Array || a.y instanceof Float32Array) && Array.isArray(a.featureShape)) {
@@ -288,9 +292,9 @@ export class TrainContext {
     }
     const wrapped = made as { rows?: unknown; size?: number; numClasses?: number } | undefined
     if (wrapped && typeof wrapped === "object" && "rows" in wrapped && isRowSource(wrapped.rows)) {
-      return new IterableStream(name, wrapped.rows as RowSource, { ...(wrapped.size !== undefined ? { size: wrapped.size } : {}), ...(wrapped.numClasses !== undefined ? { numClasses: wrapped.numClasses } : {}) })
+      return loader(new IterableStream(name, wrapped.rows as RowSource, { ...(wrapped.size !== undefined ? { size: wrapped.size } : {}), ...(wrapped.numClasses !== undefined ? { numClasses: wrapped.numClasses } : {}) }))
     }
-    if (isRowSource(made)) return new IterableStream(name, made)
+    if (isRowSource(made)) return loader(new IterableStream(name, made))
     throw new ConfigError({
       field: `datasets.${name}`,
       reason: `the factory ${payload.module}#${payload.export} returned ${typeof made}; return makeDataset(...), fromFiles(...), a tf.data dataset of { xs, ys } rows of finite size, or { rows, size }`
@@ -347,24 +351,28 @@ export class TrainContext {
   }
 
   /**
-   * Outside dp.fit(), the streams in the middle of an epoch, which the loop reads with the plan it
-   * opened (its own openEpoch() and take() counts). A file dataset's survivors go on reading theirs
-   * after a regroup (FileStream.restore keeps an open plan), as an in-memory shard's finish the
-   * epoch on their rows, but a rank joining now would read another cut of it: joiners wait for a
-   * report() between epochs, where the next one is planned for the grown group (`joinLater`). A
-   * loader was made for this rank's place and has no plan to cut again: a regroup there goes
-   * through the checkpoint (`dataPinned`). Between epochs: nothing.
+   * Why the loop's streams cannot follow a regroup now. A loader was made by its factory for this
+   * rank's place (its rank and the group's size when it was made) and cannot be cut again for
+   * another: any regroup, in dp.fit() or not, mid-epoch or between epochs, goes through the
+   * checkpoint, where every rank makes its loader again (`dataPinned`). Outside dp.fit(), a file
+   * dataset's stream in the middle of an epoch is read with the plan the loop opened (its own
+   * openEpoch() and take() counts): its survivors go on reading it after a regroup
+   * (FileStream.restore keeps an open plan), as an in-memory shard's finish the epoch on their rows,
+   * but a rank joining now would read another cut of it: joiners wait for a report() between
+   * epochs, where the next one is planned for the grown group (`joinLater`). dp.fit() plans a file
+   * dataset's epoch again itself.
    */
-  #streamsMidEpoch(): { dataPinned?: string; joinLater?: string } {
+  #streamsPinned(inFit: boolean): { dataPinned?: string; joinLater?: string } {
     const out: { dataPinned?: string; joinLater?: string } = {}
     for (const s of this.#streams) {
-      const epoch = s.midEpoch()
-      if (epoch === undefined) continue
       if (s instanceof IterableStream) {
-        out.dataPinned ??= `the loop is outside dp.fit() with the loader "${s.name}" in the middle of epoch ${epoch}: a loader's position is exact only at a checkpoint (dp.fit() plans the rest of a file dataset's epoch again)`
-      } else {
-        out.joinLater ??= `the loop reads the file dataset "${s.name}" itself and is in the middle of epoch ${epoch}: new ranks join at a report() between epochs`
+        const at = this.#loaderPlace.get(s)
+        out.dataPinned ??= `the loop reads the loader "${s.name}", which its factory made for rank ${at?.rank ?? "?"} of ${at?.worldSize ?? "?"} (a loader cannot be cut again for another group): the group restarts from the checkpoint, where every rank makes its loader for its new place`
+        continue
       }
+      const epoch = inFit ? undefined : s.midEpoch()
+      if (epoch === undefined) continue
+      out.joinLater ??= `the loop reads the file dataset "${s.name}" itself and is in the middle of epoch ${epoch}: new ranks join at a report() between epochs`
     }
     return out
   }
@@ -505,7 +513,7 @@ export class TrainContext {
       peerFiles: () => dp.peerFiles(),
       loopPosition: () => {
         const p = dp.loopPosition()
-        return p.inFit ? p : { ...p, ...this.#streamsMidEpoch() }
+        return { ...p, ...this.#streamsPinned(p.inFit) }
       }
     })
     this.#prepared = dp
