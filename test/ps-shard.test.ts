@@ -347,6 +347,66 @@ describe("ShardServer state, abort, errors", () => {
     expect(() => three.load(saved, { workers: "continue" })).toThrow(/one clock per worker \(3\)/)
   })
 
+  it("a replica fed every update through onUpdate (encoded, as between servers) stays bit for bit its primary, in sync with backup workers and in async", async () => {
+    for (const mode of ["sync", "async"] as const) {
+      const rng = seededRng(mode === "sync" ? 31 : 32)
+      const init = values(rng)
+      const opts = { mode, numWorkers: 3, spec: ADAM, weightDecay: 0.01, ...(mode === "sync" ? { backupWorkers: 1 } : {}) } as const
+      const sent: Uint8Array[] = []
+      const primary = server(init, { ...opts, onUpdate: (grad, learningRate, step) => sent.push(encodeMessage({ grad, learningRate, step })) })
+      const replica = server(init, opts)
+      // The replica takes each update as it arrives, before the pushes it resolved are answered.
+      const replay = (): void => {
+        for (const m of sent.splice(0)) {
+          const u = decodeMessage(m) as { grad: Float32Array; learningRate: number; step: number }
+          replica.replay(u.grad, u.learningRate, u.step)
+        }
+      }
+      for (let step = 0; step < 6; step++) {
+        // (a learning rate that changes at step 3; in sync the third gradient of each step comes late)
+        const pushes = [0, 1, 2].map((w) => primary.push(w, step, primary.version, values(rng), 1 + w, step === 3 ? 0.005 : undefined))
+        replay()
+        await Promise.all(pushes)
+      }
+      const a = primary.state()
+      const b = replica.state()
+      expect(b.version).toBe(a.version)
+      expect(a.version).toBe(mode === "sync" ? 6 : 18)
+      expect(b.learningRate).toBe(a.learningRate)
+      expect(Array.from(b.params)).toEqual(Array.from(a.params))
+      for (const [k, v] of Object.entries(a.optimizer.slots)) expect(Array.from(b.optimizer.slots[k]!), k).toEqual(Array.from(v))
+      expect(b.optimizer.scalars).toEqual(a.optimizer.scalars)
+      if (mode === "sync") expect(b.lastAppliedStep).toBe(5)
+    }
+    expect(() => server(new Float32Array(N), { mode: "sync", numWorkers: 1 }).replay(new Float32Array(3), 0.1, 0)).toThrow(/this shard's 37 elements/)
+  })
+
+  it("load() of regrouped workers keeps the last sync step applied: a step pushed again is dropped there, and collected where it was not applied", async () => {
+    const g = new Float32Array(N).fill(1)
+    const ahead = server(new Float32Array(N), { mode: "sync", numWorkers: 2 })
+    const behind = server(new Float32Array(N), { mode: "sync", numWorkers: 2 })
+    await Promise.all([0, 1].map((w) => ahead.push(w, 0, 0, g, 1)))
+    await Promise.all([0, 1].map((w) => ahead.push(w, 1, 1, g, 1)))
+    await Promise.all([0, 1].map((w) => behind.push(w, 0, 0, g, 1)))
+    // Both shards regrouped; the workers push step 1 again (its answers were lost with a server).
+    const a = server(new Float32Array(N), { mode: "sync", numWorkers: 2 })
+    a.load(ahead.state(), { workers: "regrouped" })
+    const b = server(new Float32Array(N), { mode: "sync", numWorkers: 2 })
+    b.load(behind.state(), { workers: "regrouped" })
+    const ra = await Promise.all([0, 1].map((w) => a.push(w, 1, 1, g, 1)))
+    expect(ra.map((r) => [r.version, r.dropped])).toEqual([[2, true], [2, true]])
+    const rb = await Promise.all([0, 1].map((w) => b.push(w, 1, 1, g, 1)))
+    expect(rb.map((r) => [r.version, r.dropped])).toEqual([[2, false], [2, false]])
+    // Both shards at the same parameters again; the next step is collected on both.
+    expect(Array.from(b.pull().params)).toEqual(Array.from(a.pull().params))
+    const next = await Promise.all([a, b].map((s) => Promise.all([0, 1].map((w) => s.push(w, 2, 2, g, 1)))))
+    expect(next.map((r) => r[0]!.version)).toEqual([3, 3])
+    // A restarting load forgets it: the step pushed again would be applied twice.
+    const r = server(new Float32Array(N), { mode: "sync", numWorkers: 2 })
+    r.load(ahead.state())
+    expect((await Promise.all([0, 1].map((w) => r.push(w, 1, 1, g, 1))))[0]).toMatchObject({ version: 3, dropped: false })
+  })
+
   it("load() refuses a state that does not fit, or while pushes wait, changing nothing", async () => {
     const s = server(new Float32Array(N), { mode: "sync", numWorkers: 2 })
     const good = s.state()

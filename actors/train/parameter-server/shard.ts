@@ -54,6 +54,14 @@ export interface ShardServerOptions {
   readonly weightDecay?: number
   /** Milliseconds, for the wait statistics only (default performance.now()). */
   readonly now?: () => number
+  /**
+   * Called with every update as it is applied, before any push it resolves is answered: the
+   * gradient applied (sync: the step's weighted mean; async and ssp: the pushed gradient), the
+   * learning rate it was applied with and its step. A replica of the shard (replay()) that takes
+   * them in order stays bit for bit the same. The gradient is the shard's own buffer (or the
+   * caller's): copy or encode it before returning.
+   */
+  readonly onUpdate?: (grad: Float32Array, learningRate: number, step: number) => void
 }
 
 export interface PushResult {
@@ -154,6 +162,7 @@ export class ShardServer {
   private readonly weightDecay: number
   private readonly optimizer: FlatOptimizer
   private readonly now: () => number
+  private readonly onUpdate: ((grad: Float32Array, learningRate: number, step: number) => void) | undefined
   private readonly params: Float32Array
   private ver = 0
   private snap: Float32Array | null = null
@@ -225,6 +234,7 @@ export class ShardServer {
     this.length = params.length
     this.weightDecay = wd
     this.now = options.now ?? defaultNow
+    this.onUpdate = options.onUpdate
     this.params = params.slice()
     this.lastStep = new Array<number>(numWorkers).fill(-1)
     this.done = new Array<boolean>(numWorkers).fill(false)
@@ -340,11 +350,14 @@ export class ShardServer {
    *    need not match this shard's number of workers.
    *  - "continue": the same workers go on (a server replaced mid-run): the clocks and the last sync
    *    step applied are restored, so everything continues exactly as on the server that saved it.
+   *  - "regrouped": the workers were regrouped (renumbered, their clocks start again) but go on at
+   *    the steps they were at: the last sync step applied is kept, so a step pushed again that this
+   *    shard applied already is dropped (answered with the current parameters), not applied twice.
    * Every worker counts as running again either way. ConfigError, with nothing changed, when the
    * state does not fit this shard, or while pushes are waiting (abort() them, or load before the
    * workers push).
    */
-  load(state: ShardServerState, options?: { readonly workers?: "restart" | "continue" }): void {
+  load(state: ShardServerState, options?: { readonly workers?: "restart" | "continue" | "regrouped" }): void {
     if (this.pendingCount() > 0) {
       throw new ConfigError({
         field: "ps.state",
@@ -352,8 +365,8 @@ export class ShardServer {
       })
     }
     const workers = options?.workers ?? "restart"
-    if (workers !== "restart" && workers !== "continue") {
-      throw new ConfigError({ field: "ps.load.workers", reason: `must be "restart" or "continue", got ${fmt(workers)}` })
+    if (workers !== "restart" && workers !== "continue" && workers !== "regrouped") {
+      throw new ConfigError({ field: "ps.load.workers", reason: `must be "restart", "continue" or "regrouped", got ${fmt(workers)}` })
     }
     if (state === null || typeof state !== "object") {
       throw new ConfigError({ field: "ps.state", reason: `must be an object from ShardServer.state(), got ${fmt(state)}` })
@@ -378,9 +391,9 @@ export class ShardServer {
       clocks.forEach((c, i) => {
         if (!isCount(c, 0)) throw new ConfigError({ field: `ps.state.clocks[${i}]`, reason: `must be an integer >= 0, got ${fmt(c)}` })
       })
-      if (!isCount(lastAppliedStep, -1)) {
-        throw new ConfigError({ field: "ps.state.lastAppliedStep", reason: `must be an integer >= -1, got ${fmt(lastAppliedStep)}` })
-      }
+    }
+    if (workers !== "restart" && !isCount(lastAppliedStep, -1)) {
+      throw new ConfigError({ field: "ps.state.lastAppliedStep", reason: `must be an integer >= -1, got ${fmt(lastAppliedStep)}` })
     }
     this.optimizer.load(state.optimizer) // checks everything before changing anything
     this.optimizer.learningRate = learningRate
@@ -392,7 +405,24 @@ export class ShardServer {
       this.done[i] = false
     }
     this.finishedCount = 0
-    this.lastAppliedStep = workers === "continue" ? lastAppliedStep : -1
+    this.lastAppliedStep = workers === "restart" ? -1 : lastAppliedStep
+  }
+
+  /**
+   * A replica's side: applies an update its primary applied (what the primary's onUpdate was given,
+   * in the order given), so this shard's parameters, optimizer state, version and last sync step
+   * stay the primary's bit for bit. No push waits on a replica; a ConfigError when the gradient
+   * does not fit the shard.
+   */
+  replay(grad: Float32Array, learningRate: number, step: number): void {
+    if (!(grad instanceof Float32Array) || grad.length !== this.length) {
+      throw new ConfigError({ field: "ps.replica", reason: `an update must be a Float32Array of this shard's ${this.length} elements, got ${fmt(grad)}` })
+    }
+    if (typeof learningRate !== "number" || !Number.isFinite(learningRate) || !isCount(step, 0)) {
+      throw new ConfigError({ field: "ps.replica", reason: `an update needs a finite learning rate and a step >= 0, got ${fmt(learningRate)} and ${fmt(step)}` })
+    }
+    this.applyUpdate(grad, learningRate, step)
+    if (this.mode === "sync") this.lastAppliedStep = step
   }
 
   /** Counters (all numbers). */
@@ -509,12 +539,13 @@ export class ShardServer {
     this.waitsOf[w.worker]++
   }
 
-  private applyUpdate(grad: Float32Array, learningRate: number | undefined): void {
+  private applyUpdate(grad: Float32Array, learningRate: number | undefined, step: number): void {
     if (learningRate !== undefined) this.optimizer.learningRate = learningRate
     this.optimizer.step(this.params, grad, this.weightDecay)
     this.ver++
     this.updatesDone++
     this.snap = null
+    this.onUpdate?.(grad, this.optimizer.learningRate, step)
   }
 
   // ---- sync
@@ -564,7 +595,7 @@ export class ShardServer {
     const inv = 1 / c.weight
     for (let i = 0; i < this.length; i++) sum[i] *= inv
     try {
-      this.applyUpdate(sum, c.learningRate)
+      this.applyUpdate(sum, c.learningRate, c.step)
     } catch (e) {
       for (const w of c.waiters) w.reject(e)
       throw e
@@ -584,7 +615,7 @@ export class ShardServer {
 
   private pushApplied(w: Waiter, grad: Float32Array, learningRate: number | undefined): void {
     w.staleness = this.ver - w.basedOn
-    this.applyUpdate(grad, learningRate)
+    this.applyUpdate(grad, learningRate, w.step)
     this.record(w)
     if (this.mode === "async" || this.sspReady(w.step)) {
       w.resolve({ params: this.snapshot(), version: this.ver, staleness: w.staleness, dropped: false })
