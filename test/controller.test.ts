@@ -3,7 +3,7 @@
 // resizes at report boundaries, messages from old generations, and the recovery choices (peers or
 // checkpoint, a death reclassified as its node's loss).
 import { describe, expect, it } from "vitest"
-import { Controller, deathOrNodeLoss, ranksToCheck, recoveryFor, restartReason, startFailureKind, type ControllerEvent, type GroupFailure, type Outcome } from "../actors/train/driver/controller.ts"
+import { Controller, SERVER_DOWN, deathOrNodeLoss, ranksToCheck, recoveryFor, restartReason, startFailureKind, type ControllerEvent, type GroupFailure, type Outcome } from "../actors/train/driver/controller.ts"
 import { MAX_INFRA_RESTARTS_WITHOUT_PROGRESS, decide } from "../actors/train/driver/failure-policy.ts"
 
 type Ckpt = { readonly tag: string }
@@ -289,6 +289,14 @@ describe("controller: recovery choices (peers or checkpoint, a death or a lost n
     expect(recoveryFor(failure({}), "peers", false)).toEqual({ from: "peers" })
     expect(recoveryFor(failure({ kind: "node-lost" }), "peers", false)).toEqual({ from: "peers" })
     expect(recoveryFor(failure({ kind: "bus", rank: -1 }), "peers", true)).toEqual({ from: "peers" })
+  })
+
+  it("makes a lost parameter server of several again from its replica (every worker survives it); with one server, the checkpoint", () => {
+    const server = (f: Partial<GroupFailure>) => failure({ rank: -1, tag: SERVER_DOWN, message: "parameter server 1 went down", ...f })
+    expect(recoveryFor(server({ server: 1 }), "peers", false)).toEqual({ from: "peers" })
+    expect(recoveryFor(server({ server: 1, kind: "node-lost", rank: 2 }), "peers", false)).toEqual({ from: "peers" })
+    expect(recoveryFor(server({}), "peers", false)).toMatchObject({ from: "checkpoint", reason: expect.stringMatching(/with one server its shard's parameters and optimizer state are only in the checkpoint/) })
+    expect(recoveryFor(server({ server: 1 }), "checkpoint", false)).toEqual({ from: "checkpoint", reason: 'failureConfig.recoverFrom is "checkpoint"' })
   })
 
   it("restarts from the checkpoint, saying why: recoverFrom, a failed recovery, a failure that leaves no survivors", () => {

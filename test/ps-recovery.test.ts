@@ -2,8 +2,8 @@
 // recoverFrom is "peers"): a worker killed mid-epoch costs the step in flight. The servers keep the
 // parameters and the optimizer state; the survivors go on short-handed at once (the servers serve
 // the smaller group, pushes of the old one dropped), and a replacement started meanwhile joins them
-// in place, taking the servers' parameters. A lost server's shard is only in the checkpoint: that
-// restart says why (ps-trainer.test.ts kills one). Real nats-server, agent, worker and server processes.
+// in place, taking the servers' parameters. A lost server is made again from the replica the next
+// server keeps (ps-trainer.test.ts kills one). Real nats-server, agent, worker and server processes.
 import { describe, expect, it } from "vitest"
 import * as path from "node:path"
 import * as fs from "node:fs/promises"

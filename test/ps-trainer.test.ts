@@ -3,14 +3,16 @@
 // all-reduce (the weighted mean gradient, one update per step); async and SSP converge and report
 // their staleness; backup workers drop gradients and still converge; int8 and top-k pushes (error
 // feedback per server range) train like uncompressed pushes with a fraction of the bytes; a killed
-// server restarts the job from the checkpoint (saying why: its shard is nowhere else), whose server
-// state restores (at another number of servers, too). A killed worker: ps-recovery.test.ts.
+// server of two is made again from the replica the other keeps (every step applied once); the only
+// server killed restarts the job from the checkpoint (saying why: its shard is nowhere else), whose
+// server state restores (at another number of servers, too). A killed worker: ps-recovery.test.ts.
 import { describe, expect, it } from "vitest"
 import * as fs from "node:fs/promises"
 import { readFileSync, readdirSync } from "node:fs"
 import * as path from "node:path"
 import { Trainer, type Result } from "../index.ts"
 import { ConfigError } from "../core/errors.ts"
+import { decodeMessage } from "../core/wire.ts"
 import { digitsTrainerRuns, expectStaleConverged, readEvents, sameWeights } from "./support/trainer-runs.ts"
 
 /** The pid of this machine's process running the actor named `name` (the agent sets GRADWIRE_ACTOR). */
@@ -107,10 +109,13 @@ describe("parameter servers in the Trainer", () => {
     for (const [wire, dense] of bytes(topk)) expect(wire).toBeLessThan(dense / 40)
   })
 
-  it("a killed server restarts the job from the checkpoint, and its state resumes at another number of servers", async () => {
-    // kill -9 of the first generation's server 1 after the first report round.
+  it("a killed server of two is made again from the replica on the other: the workers go on from their step in flight, no update lost or applied twice", { timeout: 120_000 }, async () => {
+    const cfg = { epochs: 3, optimizer: "adam" }
+    const servers = { strategy: "parameter-server", parameterServer: { numServers: 2, mode: "sync" } }
+    const clean = await fit("ps-replica-ref", cfg, servers)
+    // kill -9 of server 1 after the first report round, with the workers in the next epoch's steps.
     let killed: number | undefined
-    const r = await fit("ps-kill", { epochs: 2 }, { strategy: "parameter-server", parameterServer: { numServers: 2 } }, {
+    const r = await fit("ps-replica", cfg, servers, {
       runConfig: {
         failureConfig: { maxFailures: 1 },
         callbacks: [
@@ -127,9 +132,46 @@ describe("parameter servers in the Trainer", () => {
     expect(killed).toBeGreaterThan(0)
     expect(r.restarts).toBe(1)
     const events = await readEvents(r.path)
+    expect(events.find((e) => e.type === "failure")).toMatchObject({ failure: { tag: "ServerDown", server: 1 } })
+    // Before, the job restarted from the checkpoint ("the servers keep no replicas").
+    expect(events.filter((e) => e.type === "restart")).toEqual([expect.objectContaining({ recovery: "peers", server: 1, survivors: 3, joiners: 0 })])
+    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2])
+    expect(sameWeights(r)).toBe(true)
+    // Every sync step applied exactly once on both shards: the versions of the fault-free run (one
+    // lost update on the new server, or the step in flight applied twice on the other, would not be).
+    const versions = async (x: Result) =>
+      Promise.all([0, 1].map(async (k) => (decodeMessage(await fs.readFile(path.join(x.checkpoint!.path, `ps.shard-${k}-of-2.msgpack`))) as { version: number }).version))
+    const want = await versions(clean)
+    expect(want[0]).toBeGreaterThan(20)
+    expect(await versions(r)).toEqual(want)
+    // The same training: the loss of the fault-free run to float noise (the step in flight is
+    // computed again on the same parameters, its gradients summed in another order).
+    expect(r.metrics!.loss as number).toBeCloseTo(clean.metrics!.loss as number, 3)
+  })
+
+  it("a killed server (the only one) restarts the job from the checkpoint, and its state resumes at another number of servers", async () => {
+    // kill -9 of the first generation's server after the first report round.
+    let killed: number | undefined
+    const r = await fit("ps-kill", { epochs: 2 }, { strategy: "parameter-server", parameterServer: { numServers: 1 } }, {
+      runConfig: {
+        failureConfig: { maxFailures: 1 },
+        callbacks: [
+          {
+            onReport: ({ index }: { index: number }) => {
+              if (index !== 0 || killed !== undefined) return
+              killed = pidOfActor("ps0-0")
+              process.kill(killed, "SIGKILL")
+            }
+          }
+        ]
+      }
+    })
+    expect(killed).toBeGreaterThan(0)
+    expect(r.restarts).toBe(1)
+    const events = await readEvents(r.path)
     expect(events.find((e) => e.type === "failure")).toMatchObject({ failure: { tag: "ServerDown" } })
-    // Workers recover from their peers with servers (ps-recovery.test.ts), but a lost server's shard is only in the checkpoint: the restart says so.
-    expect(events.find((e) => e.type === "restart")).toMatchObject({ recovery: "checkpoint", reason: expect.stringMatching(/a parameter server was lost/) })
+    // Workers recover from their peers with servers (ps-recovery.test.ts), but one server's shard is only in the checkpoint: the restart says so.
+    expect(events.find((e) => e.type === "restart")).toMatchObject({ recovery: "checkpoint", reason: expect.stringMatching(/a parameter server was lost, and with one server/) })
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1])
     // (0.942 after these 4 epochs, measured)
     const again = await fit("ps-kill", { epochs: 4 }, { strategy: "parameter-server", parameterServer: { numServers: 3 } }, { workers: 2 })

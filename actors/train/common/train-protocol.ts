@@ -129,6 +129,8 @@ export const Placement = Schema.Struct({
   group: Schema.String,
   /** A regroup's: what an earlier group of these nodes measured, reused instead of measuring again. */
   measured: Schema.optionalKey(LinkMeasurements),
+  /** A regroup's after a lost parameter server: the servers' actor names, in shard order, the replacement's among them. */
+  servers: Schema.optionalKey(Schema.Array(Schema.String)),
   /** A regroup's: the rank each survivor had in the generation before (survivors take ranks 0.., joiners follow). */
   survivorRanks: Schema.optionalKey(Schema.Array(Schema.Number)),
   /**
@@ -352,17 +354,48 @@ export const ServerProtocol = defineProtocol("ps-server", {
       /** collectiveConfig.compression (a codec the pushes can carry: ps-push-codec.ts); absent: pushes come uncompressed. */
       compression: Schema.optionalKey(Schema.Unknown),
       /** The workers' group (generation): pushes of an earlier one are refused. */
-      group: Schema.optionalKey(Schema.Number)
+      group: Schema.optionalKey(Schema.Number),
+      /** A server made from a replica after a lost one: the last sync step applied is kept (a step pushed again is dropped, not applied twice). */
+      keepApplied: Schema.optionalKey(Schema.Boolean)
     }),
     reply: Schema.Null
   },
+  /** The predecessor's whole shard (its state and options), which this server keeps a replica of from now on. */
+  replicaInit: {
+    request: Schema.Struct({
+      index: Schema.Number,
+      state: Schema.instanceOf(Uint8Array<ArrayBufferLike>),
+      spec: Schema.Record(Schema.String, Schema.Unknown),
+      numWorkers: Schema.Number,
+      mode: Schema.Literals(["sync", "async", "ssp"]),
+      staleness: Schema.Number,
+      backupWorkers: Schema.Number,
+      weightDecay: Schema.Number,
+      compression: Schema.optionalKey(Schema.Unknown)
+    }),
+    reply: Schema.Null
+  },
+  /** An update the predecessor applied (the gradient, its learning rate and step), in order: the replica replays it. */
+  replicaUpdate: { request: Schema.Struct({ index: Schema.Number, grad: F32, learningRate: Schema.Number, step: Schema.Number }), reply: Schema.Null },
+  /** The driver, after shard `index` was lost: initialise the server `to` from this server's replica of it, for `numWorkers` workers of `group`. */
+  handOver: { request: Schema.Struct({ index: Schema.Number, to: Schema.String, numWorkers: Schema.Number, group: Schema.Number }), reply: Schema.Null },
+  /** The driver, after this server's successor was replaced: send the new one (`to`) this shard, and the updates from now on. */
+  replicateTo: { request: Schema.Struct({ to: Schema.String }), reply: Schema.Null },
   /**
    * The workers were regrouped (recovery from surviving peers, a grow): the shard keeps its
    * parameters, version and optimizer state and serves `numWorkers` workers from now on, their
    * clocks starting again (survivors are renumbered); pushes waiting are dropped (their workers
    * were paused and push again), and pushes of an earlier group are refused.
    */
-  regroup: { request: Schema.Struct({ numWorkers: Schema.Number, group: Schema.Number }), reply: Schema.Null },
+  regroup: {
+    request: Schema.Struct({
+      numWorkers: Schema.Number,
+      group: Schema.Number,
+      /** After a lost server: the workers push their step in flight again, and a step applied already is dropped. */
+      keepApplied: Schema.optionalKey(Schema.Boolean)
+    }),
+    reply: Schema.Null
+  },
   /** A worker's gradient of this shard (told; the parameters come back as the worker's psParams). */
   push: {
     request: Schema.Struct({
@@ -395,7 +428,9 @@ export type ServerProtocol = typeof ServerProtocol
 
 export const ServerArgs = Schema.Struct({
   index: Schema.Number,
-  numServers: Schema.Number
+  numServers: Schema.Number,
+  /** The server that keeps a replica of this one's shard (the next one, cyclically); none with one server. */
+  successor: Schema.optionalKey(Schema.String)
 })
 export type ServerArgs = typeof ServerArgs.Type
 

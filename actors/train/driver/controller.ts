@@ -470,7 +470,7 @@ export type Recovery = { readonly from: "peers" } | { readonly from: "checkpoint
 /** Why a generation restarts: a failure, or an elastic resize (Next's restart cause). */
 export type RestartCause = Extract<Next, { readonly action: "restart" }>["cause"]
 
-/** The tag of a parameter server's loss (fit-run.ts): a failure of the whole group, whose state on that server is gone. */
+/** The tag of a parameter server's loss (fit-run.ts): recovered from the replica on the next server, or (one server) from the checkpoint. */
 export const SERVER_DOWN = "ServerDown"
 
 /** Failures the survivors can be regrouped after: a worker or a node lost, not an error of the loop. */
@@ -489,8 +489,11 @@ export const recoveryFor = (cause: RestartCause, recoverFrom: "peers" | "checkpo
   if (cause.type === "resize") return busDown ? checkpoint("the bus is down") : { from: "peers" }
   const failure = cause.failure
   if (failure.kind === "recovery") return checkpoint(`recovering from them failed: ${firstLine(failure.message)}`)
-  if (failure.tag === SERVER_DOWN) return checkpoint("a parameter server was lost, and its shard's parameters and optimizer state are only in the checkpoint (the servers keep no replicas)")
-  const peers = (PEER_RECOVERABLE.has(failure.kind) && failure.rank >= 0) || failure.kind === "bus"
+  if (failure.tag === SERVER_DOWN && failure.server === undefined) {
+    return checkpoint("a parameter server was lost, and with one server its shard's parameters and optimizer state are only in the checkpoint (with numServers >= 2 each server keeps a replica of the one before it)")
+  }
+  // (A lost server of several: every worker survives it, and its shard is on the next server.)
+  const peers = (PEER_RECOVERABLE.has(failure.kind) && (failure.rank >= 0 || failure.tag === SERVER_DOWN)) || failure.kind === "bus"
   if (!peers) return checkpoint(`a failure of kind "${failure.kind}"${failure.rank < 0 ? " of the whole group" : ""} leaves no survivors to regroup`)
   return { from: "peers" }
 }

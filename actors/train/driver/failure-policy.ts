@@ -36,6 +36,8 @@ export interface GroupFailure {
   readonly tag: string
   readonly message: string
   readonly remoteStack?: string
+  /** A lost parameter server's shard index, when another server keeps a replica of its shard (two servers or more). */
+  readonly server?: number
 }
 
 export type Decision =

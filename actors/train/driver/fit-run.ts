@@ -21,7 +21,7 @@ import { AGENT_GONE } from "../../runtime/watcher.ts"
 import { silentLogger, stderrLogger } from "../../runtime/log.ts"
 import { CheckpointStore, readCheckpoint, saveWithRetries, type CheckpointPolicy, type CheckpointStorage } from "./checkpoint-store.ts"
 import { ObjectCheckpointStore, isObjectCheckpointUrl, readObjectCheckpoint } from "./object-checkpoint-store.ts"
-import { ControllerProtocol, type CheckpointPayload, type PeerState } from "../common/train-protocol.ts"
+import { ControllerProtocol, ServerProtocol, type CheckpointPayload, type PeerState } from "../common/train-protocol.ts"
 import {
   Controller,
   deathOrNodeLoss,
@@ -51,6 +51,9 @@ import { spanEvent } from "../common/observe/timeline.ts"
 import { embeddedServerEvents, forwardJobLogs, nodeNews, startJobMonitor, startRunDashboard, watchDriverBus } from "./fit-watch.ts"
 import type { JobState } from "../common/job-telemetry.ts"
 import type { Dashboard } from "../dashboard/server.ts"
+
+/** How long a server gets to make a lost one's replacement from its replica, or to send it its shard (a few shard sizes over the bus). */
+const SERVER_HANDOVER_TIMEOUT_MS = 30_000
 
 /** Attempts at writing one checkpoint before it is given up (and recorded in Result.checkpointErrors). */
 const CHECKPOINT_WRITE_ATTEMPTS = 3
@@ -108,7 +111,16 @@ export class FitRun {
    * the args naming them, which joiners and standby workers need too, and the generation whose
    * failure a server's loss is.
    */
-  #servers: { readonly spawnedFor: number; readonly groupArgs: GroupArgs; generation: Generation<CheckpointPayload> } | undefined
+  #servers:
+    | {
+        readonly spawnedFor: number
+        groupArgs: GroupArgs
+        generation: Generation<CheckpointPayload>
+        /** How a server's loss is reported, and whether it still matters (a replacement is watched the same way). */
+        readonly onDown: (index: number, detail: string) => void
+        readonly stillMatters: () => boolean
+      }
+    | undefined
   /** The workers' args: with the running generation's parameter servers, when it has them. */
   get #liveArgs(): GroupArgs {
     return this.#servers?.groupArgs ?? this.#groupArgs
@@ -520,17 +532,14 @@ export class FitRun {
     if (!ps) return { groupArgs: this.#groupArgs }
     // A server's loss fails the generation running then: this one, or a regroup of it.
     const mine = () => (this.#servers?.spawnedFor === g.number ? this.#servers.generation : undefined)
+    // With two servers or more each shard has a replica on the next server: the regroup makes a lost one again from it.
+    const onDown = (index: number, detail: string): void => {
+      const running = mine()
+      if (running) this.controller.fail(running, { kind: "died", rank: -1, tag: SERVER_DOWN, message: detail, ...(ps.numServers > 1 ? { server: index } : {}) })
+    }
+    const stillMatters = (): boolean => mine()?.settled === false
     try {
-      const servers = await this.#group.spawnServers(
-        g.number,
-        ps.numServers,
-        plan.servers.map((s) => s.nodeId),
-        (index, detail) => {
-          const running = mine()
-          if (running) this.controller.fail(running, { kind: "died", rank: -1, tag: SERVER_DOWN, message: detail })
-        },
-        () => mine()?.settled === false
-      )
+      const servers = await this.#group.spawnServers(g.number, ps.numServers, plan.servers.map((s) => s.nodeId), onDown, stillMatters)
       const groupArgs: GroupArgs = {
         ...this.#groupArgs,
         servers,
@@ -542,12 +551,37 @@ export class FitRun {
           ...(cfg.collective.strategy === "auto" ? { auto: true } : {})
         }
       }
-      this.#servers = { spawnedFor: g.number, groupArgs, generation: g }
+      this.#servers = { spawnedFor: g.number, groupArgs, generation: g, onDown, stillMatters }
       return { groupArgs }
     } catch (e) {
       const err = e as { message?: string; _tag?: string }
       return { tag: err._tag ?? "SpawnError", message: `a parameter server could not start: ${err.message ?? String(e)}` }
     }
+  }
+
+  /**
+   * A lost parameter server's replacement (a regroup after its loss): started on the lost one's
+   * node (or a worker's), initialised by its successor from the replica kept there, and sent its
+   * predecessor's shard to keep a replica of; the workers' args name it from then on.
+   */
+  async #replaceServer(k: number, numWorkers: number, group: number): Promise<string[]> {
+    const held = this.#servers
+    const names = [...(held?.groupArgs.servers ?? [])]
+    if (!held || names.length < 2 || k >= names.length) throw new Error(`no replica of parameter server ${k} is kept (${names.length} server(s))`)
+    const count = names.length
+    const name = `ps${held.spawnedFor}-${k}-g${group}`
+    const successor = names[(k + 1) % count]!
+    const predecessor = names[(k + count - 1) % count]!
+    const fallback = [...this.#group.members.values()][0]?.node
+    if (fallback === undefined) throw new Error("no worker is left to place it by")
+    const alive = (node: string): boolean => this.cluster.view.get(node)?.state === "alive"
+    await this.#group.replaceServer(name, k, count, successor, fallback, alive, held.onDown, held.stillMatters)
+    const server = (n: string) => this.#system.ref(ServerProtocol, n)
+    await this.#system.askPromise(server(successor), "handOver", { index: k, to: name, numWorkers, group }, { timeoutMs: SERVER_HANDOVER_TIMEOUT_MS })
+    await this.#system.askPromise(server(predecessor), "replicateTo", { to: name }, { timeoutMs: SERVER_HANDOVER_TIMEOUT_MS })
+    names[k] = name
+    held.groupArgs = { ...held.groupArgs, servers: names }
+    return names
   }
 
   /**
@@ -662,7 +696,8 @@ export class FitRun {
         formed: (g) => {
           if (this.#servers) this.#servers.generation = g
           this.#refill.formed(g)
-        }
+        },
+        replaceServer: (k, numWorkers, group) => this.#replaceServer(k, numWorkers, group)
       })
     )
   }

@@ -8,7 +8,7 @@ import { PLACEMENT_TIMEOUT_MS, WORKER_DEAD_AFTER_MS } from "../../../core/defaul
 import type { PlacementPlan, PlacementRequest } from "../../../scheduler/placement.ts"
 import type { ActorSystem } from "../../runtime/system.ts"
 import { ServerProtocol, WorkerProtocol, type CheckpointPayload, type PeerState, type Position } from "../common/train-protocol.ts"
-import type { Controller, Generation, GroupFailure } from "./controller.ts"
+import { SERVER_DOWN, type Controller, type Generation, type GroupFailure } from "./controller.ts"
 import { planLargest } from "./elastic.ts"
 import { joinersRequest, layoutOf, type GroupArgs, type RankSpawn, type Standby, type WorkerGroup } from "./worker-group.ts"
 import type { ClusterHandle } from "./cluster.ts"
@@ -85,6 +85,12 @@ export interface RegroupContext {
   readonly takeStandby: (n: number) => Standby[]
   /** The regrouped generation formed: it may run below its size while standby workers refill it. */
   readonly formed: (g: Generation<CheckpointPayload>) => void
+  /**
+   * A lost parameter server's shard k made again (fit-run.ts): a new server started, initialised
+   * from the replica its successor keeps, for `numWorkers` workers of group `group`, and its
+   * predecessor replicating to it. The servers' names from then on, in shard order.
+   */
+  readonly replaceServer: (k: number, numWorkers: number, group: number) => Promise<string[]>
 }
 
 /**
@@ -216,18 +222,39 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   const survivorRanks = survivors.map((r) => r.rank)
   // (A loop in dp.fit() grows at a step: only a hand-written loop's generation needs the mark.)
   const belowSize = worldSize < x.target && !pos.inFit
-  const placementOf = (rank: number) => ({ attempt, rank, worldSize, ...layout[rank]!, nodes, group: `g${attempt}`, ...reuse, survivorRanks, ...(belowSize ? { belowSize } : {}) })
+  const placementOf = (rank: number) => ({
+    attempt,
+    rank,
+    worldSize,
+    ...layout[rank]!,
+    nodes,
+    group: `g${attempt}`,
+    ...reuse,
+    survivorRanks,
+    ...(belowSize ? { belowSize } : {}),
+    ...(lostServer !== undefined ? { servers } : {})
+  })
   // 4. The furthest survivor's state, which every member loads.
   const snapshot = await x.system.askPromise(source.w.ref(WorkerProtocol), "snapshot", null, { timeoutMs: 60_000 }).catch(() => undefined)
   if (!snapshot) return giveUp(`rank ${source.rank} could not hand over its state`)
   const state = zeroShards ? { ...snapshot, files: { ...snapshot.files, ...zeroShards.files } } : snapshot
+  // A lost parameter server: a new one, made from the replica the next server keeps of its shard
+  // (every worker is parked; the push each had in flight goes again to the new group's servers).
+  const lostServer = x.failure?.tag === SERVER_DOWN ? x.failure.server : undefined
+  let servers = x.groupArgs.servers ?? []
+  if (lostServer !== undefined) {
+    const replaced = await x.replaceServer(lostServer, worldSize, attempt).catch((e: unknown) => firstLine(e instanceof Error ? e.message : String(e)))
+    if (typeof replaced === "string") return giveUp(`parameter server ${lostServer} could not be made again from its replica: ${replaced}`)
+    servers = replaced
+  }
   // Parameter servers keep the parameters and optimizer state: they serve the new group from
   // here on (its size; the survivors renumbered; pushes of the old group dropped). Every worker
-  // is parked, so no push of the new group can come first.
-  const servers = x.groupArgs.servers ?? []
+  // is parked, so no push of the new group can come first. After a lost server the workers push
+  // their step in flight again: a server that applied it already drops it (keepApplied).
   if (servers.length > 0) {
+    const keep = lostServer !== undefined ? { keepApplied: true } : {}
     const regrouped = await Promise.all(
-      servers.map((name) => x.system.askPromise(x.system.ref(ServerProtocol, name), "regroup", { numWorkers: worldSize, group: attempt }, { timeoutMs: SERVER_REGROUP_TIMEOUT_MS }))
+      servers.map((name) => x.system.askPromise(x.system.ref(ServerProtocol, name), "regroup", { numWorkers: worldSize, group: attempt, ...keep }, { timeoutMs: SERVER_REGROUP_TIMEOUT_MS }))
     ).then(
       () => undefined,
       (e: unknown) => firstLine(e instanceof Error ? e.message : String(e))
@@ -252,7 +279,7 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   x.incident(
     x.failure ? "restart" : "resize",
     x.failure
-      ? `${x.what}; regrouping ${s} surviving worker(s)${joiners ? ` with ${joiners} new one(s)` : ""} at the furthest survivor's position (${where}): at most the step in flight is lost` +
+      ? `${x.what}; ${lostServer !== undefined ? `parameter server ${lostServer} made again from its replica on server ${(lostServer + 1) % servers.length}; ` : ""}regrouping ${s} surviving worker(s)${joiners ? ` with ${joiners} new one(s)` : ""} at the furthest survivor's position (${where}): at most the step in flight is lost` +
         `${worldSize < x.target ? `; they go on short-handed while ${x.target - worldSize} replacement(s) start${pos.inFit ? "" : " (joining at a report() call; the lost rank's rows of this epoch go untrained)"}` : ""}` +
         `${x.budget}`
       : `${x.what}: ${joiners} new worker(s) join the ${s} running ones at ${where}`,
@@ -265,6 +292,7 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
       survivors: s,
       joiners,
       source: source.rank,
+      ...(lostServer !== undefined ? { server: lostServer } : {}),
       // Where the furthest survivor was; a streamed epoch's plan (its intervals) stays out of the log.
       position: { ...pos, stream: undefined },
     }
@@ -301,7 +329,7 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
       resources: r.resources,
       join: { fromReports, to: pos }
     }))
-    const failed = await x.group.spawn(spawns, x.groupArgs, watch)
+    const failed = await x.group.spawn(spawns, lostServer !== undefined ? { ...x.groupArgs, servers } : x.groupArgs, watch)
     if (failed) x.controller.fail(generation, { kind: "recovery", rank: -1, ...failed })
   }
   await resumed

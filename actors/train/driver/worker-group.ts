@@ -146,6 +146,8 @@ export class WorkerGroup {
   readonly #system: ActorSystem
   /** Every live worker process of the job (any generation not yet killed). */
   #workers: SpawnedActor[] = []
+  /** The parameter servers of the running generation, by shard. */
+  #servers: SpawnedActor[] = []
   /** The current generation's members by rank. */
   #members = new Map<number, SpawnedActor>()
   /** Standby workers spawned so far (their actor names count up). */
@@ -278,32 +280,44 @@ export class WorkerGroup {
    * The parameter-server strategy: spawns a generation's servers, server k on the k-th of `nodes`
    * (the placement plan's, cycling), each reserving SERVER_CPUS there as a worker reserves its
    * resources, and watches them: a server that goes down is reported through `onDown` (the
-   * generation fails, as with a worker's death). Resolves with their actor names in shard order.
+   * generation fails, as with a worker's death). With two servers or more each keeps a replica of
+   * the one before it (its successor is named in its args). Resolves with their actor names in
+   * shard order.
    */
   async spawnServers(attempt: number, count: number, nodes: ReadonlyArray<string>, onDown: (index: number, detail: string) => void, stillMatters: () => boolean): Promise<string[]> {
     const names = Array.from({ length: count }, (_, k) => `ps${attempt}-${k}`)
-    const servers = await Promise.all(
-      names.map(async (name, k) => {
-        const s = await spawnActor(this.#system, {
-          node: nodes[k % nodes.length]!,
-          name,
-          module: SERVER_MODULE,
-          export: "parameterServer",
-          args: { index: k, numServers: count },
-          resources: { CPU: SERVER_CPUS },
-          logPrefix: `server ${k}`,
-          readyTimeoutMs: 60_000
-        })
-        this.#workers.push(s)
-        return s
-      })
-    )
-    servers.forEach((s, k) => {
-      void s.down({ deadAfterMs: WORKER_DEAD_AFTER_MS }).then((down) => {
-        if (stillMatters()) onDown(k, `parameter server ${k} (pid ${s.pid} on node ${s.node}) went down: ${down.detail}`)
-      })
-    })
+    this.#servers = []
+    await Promise.all(names.map((name, k) => this.#spawnServer(name, k, count, count > 1 ? names[(k + 1) % count] : undefined, nodes[k % nodes.length]!, onDown, stillMatters)))
     return names
+  }
+
+  /**
+   * A lost server's replacement, `name`, for shard k of `count`: on the lost one's node while it is
+   * alive (else on `fallback`), watched as the others are. It starts empty: its successor
+   * initialises it from its replica (regroup.ts).
+   */
+  async replaceServer(name: string, k: number, count: number, successor: string | undefined, fallback: string, alive: (node: string) => boolean, onDown: (index: number, detail: string) => void, stillMatters: () => boolean): Promise<void> {
+    const lost = this.#servers[k]
+    const node = lost && alive(lost.node) ? lost.node : fallback
+    await this.#spawnServer(name, k, count, successor, node, onDown, stillMatters)
+  }
+
+  async #spawnServer(name: string, k: number, count: number, successor: string | undefined, node: string, onDown: (index: number, detail: string) => void, stillMatters: () => boolean): Promise<void> {
+    const s = await spawnActor(this.#system, {
+      node,
+      name,
+      module: SERVER_MODULE,
+      export: "parameterServer",
+      args: { index: k, numServers: count, ...(successor !== undefined ? { successor } : {}) },
+      resources: { CPU: SERVER_CPUS },
+      logPrefix: `server ${k}`,
+      readyTimeoutMs: 60_000
+    })
+    this.#workers.push(s)
+    this.#servers[k] = s
+    void s.down({ deadAfterMs: WORKER_DEAD_AFTER_MS }).then((down) => {
+      if (stillMatters() && this.#servers[k] === s) onDown(k, `parameter server ${k} (pid ${s.pid} on node ${s.node}) went down: ${down.detail}`)
+    })
   }
 
   /** A fresh generation: forgets the old members (the caller killed them). */

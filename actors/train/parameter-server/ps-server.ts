@@ -11,6 +11,14 @@
 // When the workers are regrouped (a worker lost, the survivors going on; a replacement let in), the
 // driver tells every server the new group's size: the shard keeps its parameters, version and
 // optimizer state, and pushes of the group left behind are dropped.
+// Replicas (two servers or more): each server keeps a replica of its predecessor's shard (server
+// k - 1's, cyclically). A server sends its successor its whole state when it is initialised
+// (`replicaInit`) and then every update it applies, before it answers the pushes that update
+// resolves (`replicaUpdate`: the gradient applied, its learning rate and step; the successor
+// replays it with the same optimizer code, so the replica is the shard bit for bit). When a server
+// is lost, the driver starts a new one, its successor initialises it from the replica
+// (`handOver`: any worker that got an answer of the lost server got it after the update was on its
+// way to the replica), and its predecessor sends the new one its own replica (`replicateTo`).
 import { ConfigError } from "../../../core/errors.ts"
 import type { ResolvedCompressionConfig } from "../../../collectives/compression/config.ts"
 import { decodeMessage, encodeMessage } from "../../../core/wire.ts"
@@ -19,6 +27,27 @@ import { ServerProtocol, WorkerProtocol, type PsParams, type ServerArgs } from "
 import { ShardServer, type ShardServerOptions, type ShardServerState } from "./shard.ts"
 import { PushDecoder } from "../common/ps-push-codec.ts"
 import type { FlatOptimizerSpec } from "../common/optim/flat-optimizers.ts"
+import type { PsMode } from "../common/ps-state.ts"
+
+/** The shard options an init (or a replica's init) carries. */
+const optionsOf = (body: { mode: PsMode; numWorkers: number; staleness: number; backupWorkers: number; spec: Record<string, unknown>; weightDecay: number }): ShardServerOptions => ({
+  mode: body.mode,
+  numWorkers: body.numWorkers,
+  staleness: body.staleness,
+  backupWorkers: body.backupWorkers,
+  spec: body.spec as unknown as FlatOptimizerSpec,
+  weightDecay: body.weightDecay
+})
+
+/** optionsOf's inverse: what an init message says of the shard's options. */
+const optionsBody = (o: ShardServerOptions) => ({
+  mode: o.mode,
+  numWorkers: o.numWorkers,
+  staleness: o.staleness,
+  backupWorkers: o.backupWorkers,
+  spec: o.spec as unknown as Record<string, unknown>,
+  weightDecay: o.weightDecay ?? 0
+})
 
 export const parameterServer = defineActor(ServerProtocol, (ctx) => {
   const args = ctx.args as ServerArgs
@@ -30,6 +59,25 @@ export const parameterServer = defineActor(ServerProtocol, (ctx) => {
   let group = 0
   // Shards a regroup replaced: their waiting pushes are dropped, not refused.
   const regrouped = new WeakSet<ShardServer>()
+  // Where this server's updates go (its successor's name; none with one server). The replica this
+  // server keeps of its predecessor's shard, with what a server made from it needs.
+  let successor = args.successor
+  let replica: { readonly index: number; readonly shard: ShardServer; readonly options: ShardServerOptions; readonly compression: unknown } | undefined
+  let compression: unknown
+  const toSuccessor = () => (successor !== undefined ? ctx.system.ref(ServerProtocol, successor) : undefined)
+  const unsent = (what: string) => (e: unknown) => ctx.log.warn(`could not send ${what} to ${successor}: ${String(e)}`)
+  // An update as it is applied: to the successor before any push it resolves is answered (the
+  // tell is encoded and published at once, in order; the answers follow when the push promises settle).
+  const onUpdate = (grad: Float32Array, learningRate: number, step: number): void => {
+    const to = toSuccessor()
+    if (to) void ctx.system.tellPromise(to, "replicaUpdate", { index: args.index, grad, learningRate, step }).catch(unsent("an update"))
+  }
+  const seedReplica = (): void => {
+    const to = toSuccessor()
+    if (!to || !shard || !options) return
+    const body = { index: args.index, state: encodeMessage(shard.state()), ...optionsBody(options), ...(compression !== undefined ? { compression } : {}) }
+    void ctx.system.tellPromise(to, "replicaInit", body).catch(unsent("the shard's state"))
+  }
   // The process's CPU time per push since the last init: what one push occupies a server for.
   let cpu0 = process.cpuUsage()
   let pushes = 0
@@ -45,23 +93,58 @@ export const parameterServer = defineActor(ServerProtocol, (ctx) => {
   return {
     init: (body) => {
       const nextDecoder = new PushDecoder(body.compression as ResolvedCompressionConfig | undefined, body.params.length)
-      const nextOptions: ShardServerOptions = {
-        mode: body.mode,
-        numWorkers: body.numWorkers,
-        staleness: body.staleness,
-        backupWorkers: body.backupWorkers,
-        spec: body.spec as unknown as FlatOptimizerSpec,
-        weightDecay: body.weightDecay
-      }
+      const nextOptions: ShardServerOptions = { ...optionsOf(body), onUpdate }
       const next = new ShardServer(body.params, nextOptions)
-      if (body.state) next.load(decodeMessage(body.state) as ShardServerState)
+      // A server made from a replica goes on with the workers at their steps (a step it applied already is dropped when pushed again).
+      if (body.state) next.load(decodeMessage(body.state) as ShardServerState, { workers: body.keepApplied ? "regrouped" : "restart" })
       shard?.abort("re-initialised")
       decoder = nextDecoder
       shard = next
       options = nextOptions
+      compression = body.compression
       group = body.group ?? 0
       cpu0 = process.cpuUsage()
       pushes = 0
+      seedReplica()
+      return null
+    },
+    replicaInit: (body) => {
+      const o = optionsOf({ ...body, numWorkers: Math.max(1, body.numWorkers) })
+      const state = decodeMessage(body.state) as ShardServerState
+      const r = new ShardServer(new Float32Array(state.params.length), o)
+      r.load(state, { workers: "regrouped" })
+      replica = { index: body.index, shard: r, options: o, compression: body.compression }
+      return null
+    },
+    replicaUpdate: (body) => {
+      // Updates of another shard than the replica's (a re-seed on its way) are not this replica's.
+      if (replica?.index === body.index) replica.shard.replay(body.grad, body.learningRate, body.step)
+      return null
+    },
+    handOver: async (body) => {
+      if (!replica || replica.index !== body.index) {
+        throw new ConfigError({ field: "ps-server.handOver", reason: `server ${args.index} keeps no replica of shard ${body.index}${replica ? ` (it keeps shard ${replica.index}'s)` : ""}` })
+      }
+      const st = replica.shard.state()
+      await ctx.system.askPromise(
+        ctx.system.ref(ServerProtocol, body.to),
+        "init",
+        {
+          params: st.params,
+          ...optionsBody({ ...replica.options, numWorkers: body.numWorkers, backupWorkers: Math.min(replica.options.backupWorkers, body.numWorkers - 1) }),
+          state: encodeMessage(st),
+          keepApplied: true,
+          group: body.group,
+          ...(replica.compression !== undefined ? { compression: replica.compression } : {})
+        },
+        { timeoutMs: 30_000 }
+      )
+      ctx.log.info(`parameter server ${args.index + 1}/${args.numServers}: started ${body.to} from its replica of shard ${body.index} at version ${st.version}`)
+      return null
+    },
+    replicateTo: (body) => {
+      successor = body.to
+      seedReplica()
       return null
     },
     regroup: (body) => {
@@ -69,7 +152,8 @@ export const parameterServer = defineActor(ServerProtocol, (ctx) => {
       // Backup workers must be fewer than the workers: a group of n keeps at most n - 1.
       const backupWorkers = Math.min(options!.backupWorkers, body.numWorkers - 1)
       const next = new ShardServer(new Float32Array(old.length), { ...options!, numWorkers: body.numWorkers, backupWorkers })
-      next.load(old.state())
+      // After a lost server the workers push their step in flight again: keep what was applied.
+      next.load(old.state(), { workers: body.keepApplied ? "regrouped" : "restart" })
       regrouped.add(old)
       old.abort("regrouped")
       shard = next

@@ -72,12 +72,14 @@ export class PsClient {
   #params: Float32Array | undefined
   /** Answers awaited, by server then step. */
   readonly #pending = new Map<string, Pending>()
+  #servers: string[]
   /** Each server range's payload: the codec's message and residual, binary16 bits, or the range itself. */
   readonly #encoder: PushEncoder
 
   constructor(options: PsClientOptions) {
     if (options.servers.length < 1) throw new ConfigError({ field: "collectiveConfig.parameterServer.numServers", reason: "needs at least one server" })
     this.options = options
+    this.#servers = [...options.servers]
     this.#encoder = new PushEncoder({
       numServers: options.servers.length,
       halfWire: options.halfWire === true,
@@ -113,13 +115,26 @@ export class PsClient {
   }
 
   #ref(k: number) {
-    return this.options.system.ref(ServerProtocol, this.options.servers[k]!)
+    return this.options.system.ref(ServerProtocol, this.#servers[k]!)
+  }
+
+  /** The servers' actor names, in shard order (a lost server's replacement takes its place: useServers). */
+  get servers(): ReadonlyArray<string> {
+    return this.#servers
+  }
+
+  /** After a lost server was replaced (the regroup's placement names the servers): push to these from now on. */
+  useServers(names: ReadonlyArray<string>): void {
+    if (names.length !== this.#servers.length) {
+      throw new ConfigError({ field: "placement.servers", reason: `a regroup named ${names.length} parameter servers, this worker has ${this.#servers.length}: the number of servers stays for a run` })
+    }
+    this.#servers = [...names]
   }
 
   /** The servers' ranges of an n-element vector (every worker computes the same). */
   layout(n: number): ReadonlyArray<ShardLayout> {
     if (this.#layouts[0]?.total !== n) {
-      this.#layouts = this.options.servers.map((_, k) => shardLayout(n, this.numServers, k))
+      this.#layouts = this.#servers.map((_, k) => shardLayout(n, this.numServers, k))
       this.#versions = this.#layouts.map(() => 0)
     }
     return this.#layouts
@@ -201,7 +216,7 @@ export class PsClient {
           const key = `${group}/${k}/${step}`
           const timer = setTimeout(() => {
             this.#pending.delete(key)
-            reject(new ParameterServerError(`parameter server ${k} (${this.options.servers[k]}) did not answer step ${step} within ${this.options.timeoutMs} ms`))
+            reject(new ParameterServerError(`parameter server ${k} (${this.#servers[k]}) did not answer step ${step} within ${this.options.timeoutMs} ms`))
           }, this.options.timeoutMs)
           this.#pending.set(key, {
             resolve: (m) => {
@@ -244,7 +259,7 @@ export class PsClient {
   async stateFiles(): Promise<Record<string, Uint8Array>> {
     const files: Record<string, Uint8Array> = {}
     await Promise.all(
-      this.options.servers.map(async (_, k) => {
+      this.#servers.map(async (_, k) => {
         files[psShardFile(k, this.numServers)] = await this.options.system.askPromise(this.#ref(k), "state", null, { timeoutMs: this.options.timeoutMs })
       })
     )
@@ -285,7 +300,7 @@ export class PsClient {
 
   /** This worker's loop ended: the servers stop waiting for it. */
   async finish(worker: number): Promise<void> {
-    await Promise.all(this.options.servers.map((_, k) => this.options.system.tellPromise(this.#ref(k), "finish", { worker, group: this.group }).catch(() => {})))
+    await Promise.all(this.#servers.map((_, k) => this.options.system.tellPromise(this.#ref(k), "finish", { worker, group: this.group }).catch(() => {})))
   }
 
   /**

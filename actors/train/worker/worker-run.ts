@@ -272,7 +272,11 @@ export class WorkerRun {
     // measures the direct links or probes the topology again (all of them skip, or none).
     const reused = p.measured
     // The parameter servers take this group's pushes from here on (the driver regrouped them first).
-    if (this.#ps) this.#ps.group = p.attempt
+    if (this.#ps) {
+      this.#ps.group = p.attempt
+      // A lost server was replaced (from its replica on the next server): its successor's name.
+      if (p.servers) this.#ps.useServers(p.servers)
+    }
     const direct = this.#direct && reused?.minBytes !== undefined ? { ...this.#direct, minBytes: reused.minBytes } : this.#direct
     this.#deadlines.newGroup()
     const comm = await Communicator.create({
