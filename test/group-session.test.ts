@@ -3,8 +3,9 @@
 // same report() calls and steps since the last) the rank takes their state and runs the step with
 // them, and a loop that gets past that position, or is in dp.fit() where they are not, is refused.
 // A step's last operation (ZeRO's all-gather after the update) completes the step when the group breaks under it.
+// A request to the parameter servers beside the steps parks for a lost server's regroup and is asked again.
 // Pure logic: the group and the model are stand-ins that record what the session asked of them.
-import { describe, expect, it } from "vitest"
+import { describe, expect, it, vi } from "vitest"
 import { GroupSession, PeerRecoveryMisaligned, type LiveGroup, type RecoverableModel } from "../actors/train/worker/group-session.ts"
 import type { PeerState, Placement, Position } from "../actors/train/common/train-protocol.ts"
 import { PeerLinkLost } from "../collectives/errors.ts"
@@ -216,6 +217,47 @@ describe("a survivor behind the furthest one at a regroup", () => {
     expect(await last).toBe(false)
     expect(adopted.at(-1)).toEqual({ redoingStep: false })
     expect(session.ops).toBe(23)
+  })
+
+  it("a request to the parameter servers beside the steps (rank 0's checkpoint of their state) parks when a lost server fails it, then asks the new servers; without a pause its error is thrown", async () => {
+    const closing = { comm: { close: () => Promise.resolve() }, reducer: {} }
+    const first = { placement: { attempt: 1, rank: 0, worldSize: 3 }, ...closing } as unknown as LiveGroup
+    const source: Position = { ops: 20, reports: 2, stepsSinceReport: 0, inFit: true, epoch: 2, stepInEpoch: 0, stepsPerEpoch: 10 }
+    const { session, adopted, counts } = survivor(first, { files: {}, step: 20, position: source } as unknown as PeerState, {
+      loopPosition: () => ({ inFit: true, epoch: 2, stepInEpoch: 0, stepsPerEpoch: 10 })
+    })
+    session.ops = 20
+    const asked: string[] = []
+    let servers = "ps0-0,ps0-1"
+    // The lost server answers at once ("no responders"); the driver's pause comes a moment later.
+    const request = session.serverRequest(async () => {
+      asked.push(servers)
+      if (servers.includes("ps0-1,")) throw new Error("no responders: ps0-1")
+      if (servers === "ps0-0,ps0-1") throw new Error("503 no responders")
+      return "state"
+    })
+    await new Promise((r) => setTimeout(r, 20))
+    expect(await session.pause(2)).toMatchObject({ state: "parked", position: { ops: 20 } })
+    // (the rank did not report itself parked: the server's loss is the driver's to act on)
+    expect(counts.parked).toBe(0)
+    servers = "ps0-0,ps0-1-g2"
+    session.resume({ attempt: 2, rank: 0, worldSize: 3 } as unknown as Placement, source)
+    expect(await request).toBe("state")
+    expect(asked).toEqual(["ps0-0,ps0-1", "ps0-0,ps0-1-g2"])
+    expect(adopted).toHaveLength(1)
+    // Not a group operation: the count stays where the other ranks' is.
+    expect(session.ops).toBe(20)
+
+    vi.useFakeTimers()
+    try {
+      const alone = session.serverRequest(() => Promise.reject(new Error("the state is too large")))
+      const failed = expect(alone).rejects.toThrow(/the state is too large/)
+      await vi.advanceTimersByTimeAsync(5_000)
+      await failed
+    } finally {
+      vi.useRealTimers()
+    }
+    expect(counts.parked).toBe(0)
   })
 
   it("parks again when the new group breaks while it forms (a member dies during its handshake or probe), and joins the regroup after it", async () => {

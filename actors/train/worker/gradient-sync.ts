@@ -86,6 +86,12 @@ export interface GradientSync {
    */
   serverOperation?<T>(run: () => Promise<T>, appliedOnSend: boolean): Promise<T | "adopted" | "again">
   /**
+   * A request to the servers beside the steps (rank 0 asking their state for a checkpoint): where a
+   * server is lost under it, the rank parks there for the regroup and asks the new servers again.
+   * Not a group operation: the rank's operation count does not move.
+   */
+  serverRequest?<T>(run: () => Promise<T>): Promise<T>
+  /**
    * collectiveConfig.strategy "auto": training starts on the all-reduce and, from measured compute
    * and communication times, moves to the servers (backup workers, or SSP) and back
    * (scheduler/strategy-choice.ts); rank 0 explains every decision.

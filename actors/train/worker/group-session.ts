@@ -87,6 +87,9 @@ export interface GroupSessionHooks {
 /** How long a parked rank waits to be paused, then resumed, before its operation fails after all. */
 const PARK_TIMEOUT_MS = 5 * 60_000
 
+/** How long a request to the parameter servers that failed waits for the pause a lost server brings (serverRequest). */
+const SERVER_LOSS_PAUSE_MS = 5_000
+
 interface Deferred<A> {
   readonly promise: Promise<A>
   resolve(a: A): void
@@ -327,6 +330,27 @@ export class GroupSession {
         if (again) return again()
       } finally {
         if (!background) this.#inLast = false
+      }
+    }
+  }
+
+  /**
+   * A request to the parameter servers beside the steps (rank 0's checkpoint of their state). A
+   * server lost under it fails it (at once: no responders, or interrupted by the pause), and the
+   * driver's pause follows the server's exit notice: the rank parks here, and once regrouped runs
+   * it again, against the new servers. An error with no pause within SERVER_LOSS_PAUSE_MS is the
+   * request's own and is thrown. The operation count does not move (the other ranks make no such
+   * request).
+   */
+  async serverRequest<T>(run: () => Promise<T>): Promise<T> {
+    for (;;) {
+      if (this.#pausing) await this.#park(undefined)
+      try {
+        return await run()
+      } catch (e) {
+        if (this.#model === undefined || this.#ended !== undefined) throw e
+        if (!this.#pausing && (await within(this.#pauseRequest.promise, SERVER_LOSS_PAUSE_MS)) === "timeout") throw e
+        await this.#park(e)
       }
     }
   }

@@ -70,6 +70,8 @@ export class PsClient {
   #layouts: ShardLayout[] = []
   #versions: number[] = []
   #params: Float32Array | undefined
+  /** Requests beside the pushes in flight (stateFiles), which interrupt() fails. */
+  readonly #asks = new Set<(e: Error) => void>()
   /** Answers awaited, by server then step. */
   readonly #pending = new Map<string, Pending>()
   #servers: string[]
@@ -255,14 +257,24 @@ export class PsClient {
     return { params: out, staleness: staleness / layouts.length, dropped, version, serverMs }
   }
 
-  /** Rank 0, for a checkpoint: every server's state, one file each. */
+  /** Rank 0, for a checkpoint: every server's state, one file each (interrupt() fails it at once). */
   async stateFiles(): Promise<Record<string, Uint8Array>> {
     const files: Record<string, Uint8Array> = {}
-    await Promise.all(
-      this.#servers.map(async (_, k) => {
-        files[psShardFile(k, this.numServers)] = await this.options.system.askPromise(this.#ref(k), "state", null, { timeoutMs: this.options.timeoutMs })
-      })
-    )
+    let stop: ((e: Error) => void) | undefined
+    const interrupted = new Promise<never>((_, reject) => (stop = reject))
+    this.#asks.add(stop!)
+    try {
+      await Promise.race([
+        interrupted,
+        Promise.all(
+          this.#servers.map(async (_, k) => {
+            files[psShardFile(k, this.numServers)] = await this.options.system.askPromise(this.#ref(k), "state", null, { timeoutMs: this.options.timeoutMs })
+          })
+        )
+      ])
+    } finally {
+      this.#asks.delete(stop!)
+    }
     return files
   }
 
@@ -305,7 +317,8 @@ export class PsClient {
 
   /**
    * The group is being regrouped (the worker was asked to pause): every answer awaited fails now
-   * (a sync step waiting for a lost worker's gradient would wait until its deadline). The servers
+   * (a sync step waiting for a lost worker's gradient would wait until its deadline; a state asked
+   * of a lost server, until its ask's). The servers
    * drop those pushes when the driver regroups them.
    */
   interrupt(): void {
@@ -316,6 +329,8 @@ export class PsClient {
   abort(reason: string): void {
     for (const p of this.#pending.values()) p.reject(new ParameterServerError(reason))
     this.#pending.clear()
+    for (const stop of this.#asks) stop(new ParameterServerError(reason))
+    this.#asks.clear()
   }
 }
 

@@ -491,6 +491,7 @@ export class TrainContext {
       ...(d.ps ? { ps: d.ps } : {}),
       serverOperation: <T>(run: () => Promise<T>, appliedOnSend: boolean) =>
         session.operation<T | "adopted" | "again">(run, () => "adopted", () => "again", appliedOnSend ? "applied" : false),
+      serverRequest: <T>(run: () => Promise<T>) => session.serverRequest(run),
       ...(d.auto ? { auto: d.auto } : {}),
       ...(d.localSgd ? { localSgd: d.localSgd } : {}),
       ...(d.strategy ? { strategy: d.strategy } : {}),

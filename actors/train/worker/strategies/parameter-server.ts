@@ -136,9 +136,10 @@ export class ParameterServerWorker implements StrategyWorker {
     await this.ps.finish(this.#host.sync.rank)
   }
 
-  /** The servers hold the parameters and the optimizer state: one file per server. */
+  /** The servers hold the parameters and the optimizer state: one file per server (asked again of the new servers after a lost one). */
   async checkpointFiles(): Promise<Record<string, Uint8Array>> {
-    return this.ps.stateFiles()
+    const request = this.#host.sync.serverRequest
+    return request ? request(() => this.ps.stateFiles()) : this.ps.stateFiles()
   }
 
   /** Rank 0 sets the servers up from the checkpoint (from the restored weights when it has no server state); every rank continues from the servers' parameters. */
