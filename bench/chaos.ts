@@ -1,5 +1,5 @@
 // `npm run bench -- chaos [--every=15] [--seed=N] [--loops=fit,step] [--strategies=allreduce,zero,zero2,ps,localsgd,localsgd-frag,localsgd-stream]
-//                         [--kinds=worker-kill,worker-stop,nats-kill[,agent-kill][,link-cut]] [--epochs-fit=N] [--epochs-step=N]
+//                         [--kinds=worker-kill,worker-stop,nats-kill[,agent-kill][,link-cut][,server-kill]] [--epochs-fit=N] [--epochs-step=N]
 //                         [--repeat=1] [--warmup=0.25] [--cluster=agents|veth] [--bound=3] [--spares=0] [--agent-restart-ms=1000] [--cut-ms=10000] [--out=FILE]`
 // Goodput under chaos: the same job (digits MLP, 3 workers on the embedded cluster, failureConfig
 // { maxFailures: -1 }, recoverFrom left at its default) run fault-free, then under a seeded fault
@@ -20,6 +20,9 @@
 //                starts in its place --agent-restart-ms later, as a machine's supervisor would
 //                restart a crashed one. With this kind every run (fault-free too) is on a cluster of
 //                CLI agents on loopback, one CPU and one worker each (bench/chaos-cluster.ts);
+//   server-kill  kill -9 of a random parameter server (strategies ps and ps2; skipped in runs of
+//                the others): with two servers (ps2) the lost one is made again from the replica
+//                the other keeps, with one (ps) the job restarts from the checkpoint;
 //   link-cut     (root) the link of one agent, which runs with its workers in a network namespace
 //                of its own at the far end of a veth pair, goes down for --cut-ms (10 s), then up;
 //                the cluster of agents then listens on the veth's host end instead of loopback.
@@ -57,7 +60,7 @@ import { liveNatsServerPids } from "../core/nats-server.ts"
 import { processState } from "../actors/node/agent-state.ts"
 import { seededRng, type Rng } from "../core/random.ts"
 import { median } from "../scheduler/cost-model.ts"
-import { workerPids, killQuietly } from "../test/support/chaos.ts"
+import { actorPids, workerPids, killQuietly } from "../test/support/chaos.ts"
 import { compareSteps, readPositions, type StepAt } from "../test/support/positions.ts"
 import { netnsUnavailable } from "../test/support/netns.ts"
 import { startAgentCluster, type AgentCluster } from "./chaos-cluster.ts"
@@ -74,12 +77,13 @@ const STRATEGIES: Readonly<Record<string, { readonly label: string; readonly col
   zero: { label: "ZeRO-1", collective: { zeroStage: 1 } },
   zero2: { label: "ZeRO-2", collective: { zeroStage: 2 } },
   ps: { label: "param. servers (sync, 1)", collective: { strategy: "parameter-server", parameterServer: { mode: "sync", numServers: 1 } } },
+  ps2: { label: "param. servers (sync, 2)", collective: { strategy: "parameter-server", parameterServer: { mode: "sync", numServers: 2 } } },
   localsgd: { label: "local SGD (H=8)", collective: { strategy: "local-sgd", localSgd: { syncEvery: 8 } } },
   "localsgd-frag": { label: "local SGD (H=8, 4 fragments)", collective: { strategy: "local-sgd", localSgd: { syncEvery: 8, fragments: 4, overlap: false } } },
   "localsgd-stream": { label: "local SGD (H=8, 4 fragments, overlap)", collective: { strategy: "local-sgd", localSgd: { syncEvery: 8, fragments: 4, overlap: true } } }
 }
 
-const KINDS = ["worker-kill", "worker-stop", "nats-kill", "agent-kill", "link-cut"] as const
+const KINDS = ["worker-kill", "worker-stop", "nats-kill", "agent-kill", "link-cut", "server-kill"] as const
 type Kind = (typeof KINDS)[number]
 /** What runs without --kinds: the embedded cluster's faults. */
 const DEFAULT_KINDS: ReadonlyArray<Kind> = ["worker-kill", "worker-stop", "nats-kill"]
@@ -262,6 +266,12 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
       if (node === undefined) return log(`    fault ${k + 1}: the agent behind the cuttable link is not alive; skipped`)
       pid = -1
       victim = `agent ${node}'s link`
+    } else if (kind === "server-kill") {
+      const servers = [...actorPids("ps").entries()].filter(([, p]) => alive(p)).sort(([a], [b]) => (a < b ? -1 : 1))
+      if (!servers.length) return log(`    fault ${k + 1}: no parameter server to kill (the strategy has none); skipped`)
+      const [name, p] = servers[Math.floor(pick * servers.length)]!
+      pid = p
+      victim = `server ${name} pid ${pid}`
     } else if (kind === "agent-kill") {
       const agents = agentCluster!.killable()
       if (!agents.length) return log(`    fault ${k + 1}: no live agent to kill; skipped`)

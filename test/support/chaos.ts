@@ -153,6 +153,24 @@ export const aliveAs = (pid: number, marker: string): boolean => {
   return cmdline !== "" && (cmdline.includes(marker) || readProc(String(pid), "environ").includes(marker))
 }
 
+/**
+ * This machine's live processes running an actor whose name starts with `prefix` (the agent sets
+ * GRADWIRE_ACTOR in each one's environment), by actor name: e.g. "ps" for the parameter servers.
+ */
+export const actorPids = (prefix: string): Map<string, number> => {
+  const out = new Map<string, number>()
+  for (const d of fs.readdirSync("/proc")) {
+    if (!/^\d+$/.test(d)) continue
+    try {
+      const actor = fs.readFileSync(`/proc/${d}/environ`, "latin1").split("\0").find((v) => v.startsWith(`GRADWIRE_ACTOR=${prefix}`))
+      if (actor !== undefined) out.set(actor.slice("GRADWIRE_ACTOR=".length), Number(d))
+    } catch {
+      // gone meanwhile, or not ours
+    }
+  }
+  return out
+}
+
 export const killQuietly = (pid: number, signal: NodeJS.Signals = "SIGKILL"): void => {
   try {
     process.kill(pid, signal)
