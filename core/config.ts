@@ -217,7 +217,15 @@ export const CollectiveConfig = Schema.Struct({
       /** "sync" (default: every step waits for the workers' gradients), "async" (applied as they arrive), "ssp" (bounded staleness). */
       mode: Schema.optional(Schema.Literals(["sync", "async", "ssp"])),
       /** ssp: how many steps a worker may run ahead of the slowest. Default 2. */
-      staleness: Schema.optional(Schema.Int.check(Schema.isGreaterThanOrEqualTo(0)))
+      staleness: Schema.optional(Schema.Int.check(Schema.isGreaterThanOrEqualTo(0))),
+      /**
+       * Each server keeps a replica of the one before it (its state, then every update it applies),
+       * from which a lost server is made again while the workers go on. Default: with two servers
+       * or more when failureConfig.recoverFrom is "peers"; false saves one shard-sized message and
+       * optimizer step per update on the next server, and a lost server restarts the job from the
+       * checkpoint.
+       */
+      replicas: Schema.optional(Schema.Boolean)
     })
   ),
   /** Synchronous parameter servers: each step applies the first numWorkers - backupWorkers gradients and drops the rest (Chen et al. 2016). Default 0. */

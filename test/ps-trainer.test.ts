@@ -13,6 +13,7 @@ import * as path from "node:path"
 import { Trainer, type Result } from "../index.ts"
 import { ConfigError } from "../core/errors.ts"
 import { decodeMessage } from "../core/wire.ts"
+import { resolveTrainerOptions } from "../actors/train/driver/options.ts"
 import { digitsTrainerRuns, expectStaleConverged, readEvents, sameWeights } from "./support/trainer-runs.ts"
 
 /** The pid of this machine's process running the actor named `name` (the agent sets GRADWIRE_ACTOR). */
@@ -255,5 +256,21 @@ describe("parameter servers in the Trainer", () => {
       expect(e, JSON.stringify(c)).toBeInstanceOf(ConfigError)
       expect(String(e)).toMatch(text)
     }
+  })
+})
+
+describe("parameter servers' replicas in the options", () => {
+  it("on with two servers or more when recovering from peers; off with one server, with recoverFrom checkpoint, or when asked; refused where they cannot serve", () => {
+    const base = { trainLoopPerWorker: path.resolve("examples/digits/train.ts") + "#trainLoop", scalingConfig: { numWorkers: 2 } }
+    const replicas = (parameterServer: Record<string, unknown>, runConfig: object = {}) =>
+      resolveTrainerOptions({ ...base, runConfig, collectiveConfig: { strategy: "parameter-server", parameterServer } }).collective.parameterServer?.replicas
+    expect(replicas({ numServers: 2 })).toBe(true)
+    expect(replicas({ numServers: 1 })).toBe(false)
+    expect(replicas({ numServers: 3, replicas: false })).toBe(false)
+    expect(replicas({ numServers: 2 }, { failureConfig: { recoverFrom: "checkpoint" } })).toBe(false)
+    // Asked for where they cannot serve: a typed error saying why.
+    expect(() => replicas({ numServers: 1, replicas: true })).toThrow(ConfigError)
+    expect(() => replicas({ numServers: 1, replicas: true })).toThrow(/replicas.*numServers >= 2/)
+    expect(() => replicas({ numServers: 2, replicas: true }, { failureConfig: { recoverFrom: "checkpoint" } })).toThrow(/restarts from the checkpoint \(recoverFrom "checkpoint"\)/)
   })
 })

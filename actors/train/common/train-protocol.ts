@@ -278,7 +278,15 @@ export const WorkerArgs = Schema.Struct({
       })
     ),
     backupWorkers: Schema.optionalKey(Schema.Number),
-    parameterServer: Schema.optionalKey(Schema.Struct({ numServers: Schema.Number, mode: Schema.Literals(["sync", "async", "ssp"]), staleness: Schema.Number }))
+    parameterServer: Schema.optionalKey(
+      Schema.Struct({
+        numServers: Schema.Number,
+        mode: Schema.Literals(["sync", "async", "ssp"]),
+        staleness: Schema.Number,
+        /** Each server keeps a replica of the one before it, from which a lost server is made again (two servers or more). */
+        replicas: Schema.optionalKey(Schema.Boolean)
+      })
+    )
   }),
   seed: Schema.Number,
   timeline: Schema.Boolean,

@@ -532,14 +532,14 @@ export class FitRun {
     if (!ps) return { groupArgs: this.#groupArgs }
     // A server's loss fails the generation running then: this one, or a regroup of it.
     const mine = () => (this.#servers?.spawnedFor === g.number ? this.#servers.generation : undefined)
-    // With two servers or more each shard has a replica on the next server: the regroup makes a lost one again from it.
+    // With replicas (two servers or more, recovering from peers) each shard has one on the next server: the regroup makes a lost server again from it.
     const onDown = (index: number, detail: string): void => {
       const running = mine()
-      if (running) this.controller.fail(running, { kind: "died", rank: -1, tag: SERVER_DOWN, message: detail, ...(ps.numServers > 1 ? { server: index } : {}) })
+      if (running) this.controller.fail(running, { kind: "died", rank: -1, tag: SERVER_DOWN, message: detail, ...(ps.replicas === true ? { server: index } : {}) })
     }
     const stillMatters = (): boolean => mine()?.settled === false
     try {
-      const servers = await this.#group.spawnServers(g.number, ps.numServers, plan.servers.map((s) => s.nodeId), onDown, stillMatters)
+      const servers = await this.#group.spawnServers(g.number, ps.numServers, ps.replicas === true, plan.servers.map((s) => s.nodeId), onDown, stillMatters)
       const groupArgs: GroupArgs = {
         ...this.#groupArgs,
         servers,

@@ -158,6 +158,7 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
   const local = resolveLocalSgdOptions(coll, strategy, zeroStage, compression)
   const backupWorkers = coll.backupWorkers ?? 0
   const psMode = coll.parameterServer?.mode ?? "sync"
+  const numServers = coll.parameterServer?.numServers ?? 1
   const minWorkersAsked = typeof scaling.numWorkers === "number" ? scaling.numWorkers : scaling.numWorkers.min
   if (coll.parameterServer !== undefined && !entry.servers) {
     throw new ConfigError({ field: "collectiveConfig.parameterServer", reason: `configures the parameter servers, but strategy is "${strategy}": add strategy: "parameter-server"` })
@@ -188,6 +189,15 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
   if (options.seed !== undefined && !Number.isInteger(options.seed)) throw new ConfigError({ field: "seed", reason: `an integer, got ${String(options.seed)}` })
   // A file dataset's epoch is planned again at a regroup from what each rank trained (fit-loop.ts).
   const recoverFrom = run.failureConfig?.recoverFrom ?? (peersCannot ? "checkpoint" : "peers")
+  if (coll.parameterServer?.replicas === true && (numServers < 2 || recoverFrom === "checkpoint")) {
+    throw new ConfigError({
+      field: "collectiveConfig.parameterServer.replicas",
+      reason:
+        numServers < 2
+          ? "each server keeps its replica on another server: use numServers >= 2, or leave replicas unset"
+          : `a lost server is made again from its replica while the workers go on, but this run restarts from the checkpoint (recoverFrom "checkpoint"${run.failureConfig?.recoverFrom === undefined ? `, the default here: ${peersCannot}` : ""}): leave replicas unset`
+    })
+  }
   if ((run.failureConfig?.spares ?? 0) > 0 && recoverFrom === "checkpoint") {
     throw new ConfigError({
       field: "runConfig.failureConfig.spares",
@@ -214,7 +224,7 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
       backupWorkers,
       ...(local ? { localSgd: local.settings } : {}),
       ...(entry.servers
-        ? { parameterServer: { numServers: coll.parameterServer?.numServers ?? 1, mode: psMode, staleness: coll.parameterServer?.staleness ?? 2 } }
+        ? { parameterServer: { numServers, mode: psMode, staleness: coll.parameterServer?.staleness ?? 2, replicas: numServers > 1 && (coll.parameterServer?.replicas ?? recoverFrom === "peers") } }
         : {}),
       bucketSizeMiB: coll.bucketSizeMiB ?? BUCKET_SIZE_MIB,
       firstBucketSizeMiB: coll.firstBucketSizeMiB ?? FIRST_BUCKET_SIZE_MIB,

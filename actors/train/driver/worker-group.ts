@@ -280,14 +280,14 @@ export class WorkerGroup {
    * The parameter-server strategy: spawns a generation's servers, server k on the k-th of `nodes`
    * (the placement plan's, cycling), each reserving SERVER_CPUS there as a worker reserves its
    * resources, and watches them: a server that goes down is reported through `onDown` (the
-   * generation fails, as with a worker's death). With two servers or more each keeps a replica of
-   * the one before it (its successor is named in its args). Resolves with their actor names in
-   * shard order.
+   * generation fails, as with a worker's death). With `replicas` (two servers or more) each keeps a
+   * replica of the one before it (its successor is named in its args). Resolves with their actor
+   * names in shard order.
    */
-  async spawnServers(attempt: number, count: number, nodes: ReadonlyArray<string>, onDown: (index: number, detail: string) => void, stillMatters: () => boolean): Promise<string[]> {
+  async spawnServers(attempt: number, count: number, replicas: boolean, nodes: ReadonlyArray<string>, onDown: (index: number, detail: string) => void, stillMatters: () => boolean): Promise<string[]> {
     const names = Array.from({ length: count }, (_, k) => `ps${attempt}-${k}`)
     this.#servers = []
-    await Promise.all(names.map((name, k) => this.#spawnServer(name, k, count, count > 1 ? names[(k + 1) % count] : undefined, nodes[k % nodes.length]!, onDown, stillMatters)))
+    await Promise.all(names.map((name, k) => this.#spawnServer(name, k, count, replicas && count > 1 ? names[(k + 1) % count] : undefined, nodes[k % nodes.length]!, onDown, stillMatters)))
     return names
   }
 
