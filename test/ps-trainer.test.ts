@@ -16,17 +16,22 @@ import { decodeMessage } from "../core/wire.ts"
 import { resolveTrainerOptions } from "../actors/train/driver/options.ts"
 import { digitsTrainerRuns, expectStaleConverged, readEvents, sameWeights } from "./support/trainer-runs.ts"
 
-/** The pid of this machine's process running the actor named `name` (the agent sets GRADWIRE_ACTOR). */
-const pidOfActor = (name: string): number => {
+/**
+ * The pid of this machine's process running the actor named `name` in the run named `run` (the
+ * agent sets GRADWIRE_JOB, the run's name and an 8-character suffix, and GRADWIRE_ACTOR; a warm
+ * host shows them in its title). Other test files' runs have actors of the same names.
+ */
+const pidOfActor = (run: string, name: string): number => {
   for (const d of readdirSync("/proc")) {
     if (!/^\d+$/.test(d)) continue
     try {
-      if (readFileSync(`/proc/${d}/environ`, "latin1").split("\0").includes(`GRADWIRE_ACTOR=${name}`)) return Number(d)
+      const vars = [...readFileSync(`/proc/${d}/environ`, "latin1").split("\0"), ...readFileSync(`/proc/${d}/cmdline`, "latin1").split(/[\0 ]/)]
+      if (vars.includes(`GRADWIRE_ACTOR=${name}`) && vars.some((v) => v.startsWith(`GRADWIRE_JOB=${run}-`) && /^[A-Za-z0-9]{8}$/.test(v.slice(`GRADWIRE_JOB=${run}-`.length)))) return Number(d)
     } catch {
       // gone meanwhile, or not ours
     }
   }
-  throw new Error(`no process runs actor ${name}`)
+  throw new Error(`no process runs actor ${name} of run ${run}`)
 }
 
 const runs = digitsTrainerRuns("gw-ps-trainer-")
@@ -113,17 +118,17 @@ describe("parameter servers in the Trainer", () => {
   it("a killed server of two is made again from the replica on the other: the workers go on from their step in flight, no update lost or applied twice", { timeout: 120_000 }, async () => {
     const cfg = { epochs: 3, optimizer: "adam" }
     const servers = { strategy: "parameter-server", parameterServer: { numServers: 2, mode: "sync" } }
-    const clean = await fit("ps-replica-ref", cfg, servers)
+    const clean = await fit("ps-clean-two", cfg, servers)
     // kill -9 of server 1 after the first report round, with the workers in the next epoch's steps.
     let killed: number | undefined
-    const r = await fit("ps-replica", cfg, servers, {
+    const r = await fit("ps-kill-two", cfg, servers, {
       runConfig: {
         failureConfig: { maxFailures: 1 },
         callbacks: [
           {
             onReport: ({ index }: { index: number }) => {
               if (index !== 0 || killed !== undefined) return
-              killed = pidOfActor("ps0-1")
+              killed = pidOfActor("ps-kill-two", "ps0-1")
               process.kill(killed, "SIGKILL")
             }
           }
@@ -150,17 +155,54 @@ describe("parameter servers in the Trainer", () => {
     expect(r.metrics!.loss as number).toBeCloseTo(clean.metrics!.loss as number, 3)
   })
 
+  it("a server killed while a worker's loss is regrouped is made again from its replica too", { timeout: 120_000 }, async () => {
+    const cfg = { epochs: 3, optimizer: "adam" }
+    const servers = { strategy: "parameter-server", parameterServer: { numServers: 2, mode: "sync" } }
+    let killed = 0
+    const r = await fit("ps-kill-during", cfg, servers, {
+      runConfig: {
+        failureConfig: { maxFailures: 2 },
+        callbacks: [
+          {
+            // Worker rank 2 after the first report round; server 0 as the driver starts regrouping for it.
+            onReport: ({ index }: { index: number }) => {
+              if (index !== 0 || killed > 0) return
+              process.kill(pidOfActor("ps-kill-during", "w0-2"), "SIGKILL")
+              killed = 1
+            },
+            onRestart: () => {
+              if (killed !== 1) return
+              process.kill(pidOfActor("ps-kill-during", "ps0-0"), "SIGKILL")
+              killed = 2
+            }
+          }
+        ]
+      }
+    })
+    expect(killed).toBe(2)
+    const events = await readEvents(r.path)
+    // Before, the regroup for the worker failed on the lost server ("a parameter server did not
+    // take the new group") and the group went back to the checkpoint.
+    const restarts = events.filter((e) => e.type === "restart" || e.type === "grow")
+    expect(restarts.filter((e) => e.recovery !== "peers")).toEqual([])
+    expect(restarts.filter((e) => e.server === 0)).toHaveLength(1)
+    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2])
+    expect(sameWeights(r)).toBe(true)
+    const versions = await Promise.all([0, 1].map(async (k) => (decodeMessage(await fs.readFile(path.join(r.checkpoint!.path, `ps.shard-${k}-of-2.msgpack`))) as { version: number }).version))
+    expect(versions[1]).toBe(versions[0])
+  })
+
   it("a killed server (the only one) restarts the job from the checkpoint, and its state resumes at another number of servers", async () => {
     // kill -9 of the first generation's server after the first report round.
     let killed: number | undefined
-    const r = await fit("ps-kill", { epochs: 2 }, { strategy: "parameter-server", parameterServer: { numServers: 1 } }, {
+    const r = await fit("ps-one-kill", { epochs: 2 }, { strategy: "parameter-server", parameterServer: { numServers: 1 } }, {
       runConfig: {
         failureConfig: { maxFailures: 1 },
         callbacks: [
           {
             onReport: ({ index }: { index: number }) => {
               if (index !== 0 || killed !== undefined) return
-              killed = pidOfActor("ps0-0")
+              killed = pidOfActor("ps-one-kill", "ps0-0")
               process.kill(killed, "SIGKILL")
             }
           }
@@ -175,7 +217,7 @@ describe("parameter servers in the Trainer", () => {
     expect(events.find((e) => e.type === "restart")).toMatchObject({ recovery: "checkpoint", reason: expect.stringMatching(/a parameter server was lost, and with one server/) })
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1])
     // (0.942 after these 4 epochs, measured)
-    const again = await fit("ps-kill", { epochs: 4 }, { strategy: "parameter-server", parameterServer: { numServers: 3 } }, { workers: 2 })
+    const again = await fit("ps-one-kill", { epochs: 4 }, { strategy: "parameter-server", parameterServer: { numServers: 3 } }, { workers: 2 })
     expect(again.metricsHistory.map((m) => m.epoch)).toEqual([2, 3])
     expect(lastAccuracy(again)).toBeGreaterThan(0.9)
     expect(await fs.readdir(again.checkpoint!.path)).toEqual(expect.arrayContaining([0, 1, 2].map((k) => `ps.shard-${k}-of-3.msgpack`)))

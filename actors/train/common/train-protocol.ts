@@ -391,19 +391,12 @@ export const ServerProtocol = defineProtocol("ps-server", {
   replicateTo: { request: Schema.Struct({ to: Schema.String }), reply: Schema.Null },
   /**
    * The workers were regrouped (recovery from surviving peers, a grow): the shard keeps its
-   * parameters, version and optimizer state and serves `numWorkers` workers from now on, their
-   * clocks starting again (survivors are renumbered); pushes waiting are dropped (their workers
-   * were paused and push again), and pushes of an earlier group are refused.
+   * parameters, version, optimizer state and last sync step applied, and serves `numWorkers`
+   * workers from now on, their clocks starting again (survivors are renumbered); pushes waiting are
+   * dropped (their workers were paused and push again: a step applied already is dropped), and
+   * pushes of an earlier group are refused.
    */
-  regroup: {
-    request: Schema.Struct({
-      numWorkers: Schema.Number,
-      group: Schema.Number,
-      /** After a lost server: the workers push their step in flight again, and a step applied already is dropped. */
-      keepApplied: Schema.optionalKey(Schema.Boolean)
-    }),
-    reply: Schema.Null
-  },
+  regroup: { request: Schema.Struct({ numWorkers: Schema.Number, group: Schema.Number }), reply: Schema.Null },
   /** A worker's gradient of this shard (told; the parameters come back as the worker's psParams). */
   push: {
     request: Schema.Struct({

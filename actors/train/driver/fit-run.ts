@@ -119,6 +119,11 @@ export class FitRun {
         /** How a server's loss is reported, and whether it still matters (a replacement is watched the same way). */
         readonly onDown: (index: number, detail: string) => void
         readonly stillMatters: () => boolean
+        /**
+         * Servers lost and not made again yet, with what was seen: one lost while no generation
+         * ran (a regroup forming) fails the next as it forms, and the regroup replaces them all.
+         */
+        readonly down: Map<number, string>
       }
     | undefined
   /** The workers' args: with the running generation's parameter servers, when it has them. */
@@ -530,14 +535,18 @@ export class FitRun {
     const ps = cfg.collective.parameterServer
     this.#servers = undefined
     if (!ps) return { groupArgs: this.#groupArgs }
-    // A server's loss fails the generation running then: this one, or a regroup of it.
+    // A server's loss fails the generation running then: this one, or a regroup of it; one lost
+    // while a regroup forms fails the regrouped generation as it forms (formed()).
     const mine = () => (this.#servers?.spawnedFor === g.number ? this.#servers.generation : undefined)
+    const down = new Map<number, string>()
     // With replicas (two servers or more, recovering from peers) each shard has one on the next server: the regroup makes a lost server again from it.
     const onDown = (index: number, detail: string): void => {
+      down.set(index, detail)
       const running = mine()
-      if (running) this.controller.fail(running, { kind: "died", rank: -1, tag: SERVER_DOWN, message: detail, ...(ps.replicas === true ? { server: index } : {}) })
+      if (running && !running.settled) this.#serverLost(running, index, detail)
     }
-    const stillMatters = (): boolean => mine()?.settled === false
+    // (Until the group restarts from the checkpoint with new servers, or the run ends.)
+    const stillMatters = (): boolean => this.#servers?.spawnedFor === g.number && this.controller.state !== "finished" && this.controller.state !== "errored"
     try {
       const servers = await this.#group.spawnServers(g.number, ps.numServers, ps.replicas === true, plan.servers.map((s) => s.nodeId), onDown, stillMatters)
       const groupArgs: GroupArgs = {
@@ -551,12 +560,18 @@ export class FitRun {
           ...(cfg.collective.strategy === "auto" ? { auto: true } : {})
         }
       }
-      this.#servers = { spawnedFor: g.number, groupArgs, generation: g, onDown, stillMatters }
+      this.#servers = { spawnedFor: g.number, groupArgs, generation: g, onDown, stillMatters, down }
       return { groupArgs }
     } catch (e) {
       const err = e as { message?: string; _tag?: string }
       return { tag: err._tag ?? "SpawnError", message: `a parameter server could not start: ${err.message ?? String(e)}` }
     }
+  }
+
+  /** A parameter server's loss fails generation `g` (with replicas: naming the server, which the regroup makes again). */
+  #serverLost(g: Generation<CheckpointPayload>, index: number, detail: string): void {
+    const replicas = this.cfg.collective.parameterServer?.replicas === true
+    this.controller.fail(g, { kind: "died", rank: -1, tag: SERVER_DOWN, message: detail, ...(replicas ? { server: index } : {}) })
   }
 
   /**
@@ -581,6 +596,7 @@ export class FitRun {
     await this.#system.askPromise(server(predecessor), "replicateTo", { to: name }, { timeoutMs: SERVER_HANDOVER_TIMEOUT_MS })
     names[k] = name
     held.groupArgs = { ...held.groupArgs, servers: names }
+    held.down.delete(k)
     return names
   }
 
@@ -694,9 +710,18 @@ export class FitRun {
         standbyReady: this.#refill.ready,
         takeStandby: (n) => this.#refill.take(n),
         formed: (g) => {
-          if (this.#servers) this.#servers.generation = g
+          const servers = this.#servers
+          if (servers) {
+            servers.generation = g
+            // A server lost while the regroup formed (after it made the lost ones again): this generation fails at once.
+            const [lost] = servers.down
+            if (lost) this.#serverLost(g, lost[0], lost[1])
+          }
           this.#refill.formed(g)
         },
+        // (Without replicas a lost server fails the generation, which restarts from the checkpoint.)
+        serversDown: () => (this.cfg.collective.parameterServer?.replicas === true ? [...(this.#servers?.down.keys() ?? [])] : []),
+        serverDown: (k, ms) => this.#group.serverDown(k, ms),
         replaceServer: (k, numWorkers, group) => this.#replaceServer(k, numWorkers, group)
       })
     )

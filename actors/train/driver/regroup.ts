@@ -23,6 +23,12 @@ const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms
 /** How long each parameter server gets to take a regrouped generation (it answers at once: every worker is parked). */
 const SERVER_REGROUP_TIMEOUT_MS = 5_000
 
+/** How long a server that did not take the regrouped generation gets to be seen down (its agent's exit notice) before the regroup gives up on it. */
+const SERVER_DOWN_WAIT_MS = 2_000
+
+/** Rounds of servers made again while one regroup asks them (each round a server that died meanwhile). */
+const MAX_SERVER_ROUNDS = 2
+
 /** How long the survivors of a failure get to stop at a group operation and say where they are. */
 const PAUSE_TIMEOUT_MS = 20_000
 
@@ -91,6 +97,10 @@ export interface RegroupContext {
    * predecessor replicating to it. The servers' names from then on, in shard order.
    */
   readonly replaceServer: (k: number, numWorkers: number, group: number) => Promise<string[]>
+  /** Parameter servers lost and not made again yet (a server lost while an earlier failure was being regrouped too). */
+  readonly serversDown: () => ReadonlyArray<number>
+  /** Whether parameter server k is down, or goes down within `ms` (a server that failed to answer may be one whose exit notice is on its way). */
+  readonly serverDown: (k: number, ms: number) => Promise<boolean>
 }
 
 /**
@@ -240,27 +250,40 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   const state = zeroShards ? { ...snapshot, files: { ...snapshot.files, ...zeroShards.files } } : snapshot
   // A lost parameter server: a new one, made from the replica the next server keeps of its shard
   // (every worker is parked; the push each had in flight goes again to the new group's servers).
-  const lostServer = x.failure?.tag === SERVER_DOWN ? x.failure.server : undefined
+  // Servers lost while an earlier failure was regrouped are made again here too.
+  const lostServers = [...new Set([...(x.failure?.tag === SERVER_DOWN && x.failure.server !== undefined ? [x.failure.server] : []), ...x.serversDown()])]
   let servers = x.groupArgs.servers ?? []
-  if (lostServer !== undefined) {
-    const replaced = await x.replaceServer(lostServer, worldSize, attempt).catch((e: unknown) => firstLine(e instanceof Error ? e.message : String(e)))
-    if (typeof replaced === "string") return giveUp(`parameter server ${lostServer} could not be made again from its replica: ${replaced}`)
+  const replace = async (k: number): Promise<string | undefined> => {
+    const replaced = await x.replaceServer(k, worldSize, attempt).catch((e: unknown) => firstLine(e instanceof Error ? e.message : String(e)))
+    if (typeof replaced === "string") return `parameter server ${k} could not be made again from its replica: ${replaced}`
     servers = replaced
+    return undefined
+  }
+  for (const k of lostServers) {
+    const why = await replace(k)
+    if (why !== undefined) return giveUp(why)
   }
   // Parameter servers keep the parameters and optimizer state: they serve the new group from
   // here on (its size; the survivors renumbered; pushes of the old group dropped). Every worker
-  // is parked, so no push of the new group can come first. After a lost server the workers push
-  // their step in flight again: a server that applied it already drops it (keepApplied).
-  if (servers.length > 0) {
-    const keep = lostServer !== undefined ? { keepApplied: true } : {}
-    const regrouped = await Promise.all(
-      servers.map((name) => x.system.askPromise(x.system.ref(ServerProtocol, name), "regroup", { numWorkers: worldSize, group: attempt, ...keep }, { timeoutMs: SERVER_REGROUP_TIMEOUT_MS }))
-    ).then(
-      () => undefined,
-      (e: unknown) => firstLine(e instanceof Error ? e.message : String(e))
+  // is parked, so no push of the new group can come first. The workers push their step in flight
+  // again (sync): a server that applied it already drops it (it keeps the last step applied). A
+  // server that does not take it because it died meanwhile is made again, and all are asked again.
+  for (let round = 0; servers.length > 0; round++) {
+    const asked = await Promise.allSettled(
+      servers.map((name) => x.system.askPromise(x.system.ref(ServerProtocol, name), "regroup", { numWorkers: worldSize, group: attempt }, { timeoutMs: SERVER_REGROUP_TIMEOUT_MS }))
     )
-    if (regrouped !== undefined) return giveUp(`a parameter server did not take the new group: ${regrouped}`)
+    const failed = asked.flatMap((a, k) => (a.status === "rejected" ? [{ k, why: firstLine(a.reason instanceof Error ? a.reason.message : String(a.reason)) }] : []))
+    if (failed.length === 0) break
+    const dead = await Promise.all(failed.map((f) => x.serverDown(f.k, SERVER_DOWN_WAIT_MS)))
+    const alive = failed.find((_, i) => !dead[i])
+    if (alive || round >= MAX_SERVER_ROUNDS) return giveUp(`a parameter server did not take the new group: ${(alive ?? failed[0]!).why}`)
+    for (const f of failed) {
+      const why = await replace(f.k)
+      if (why !== undefined) return giveUp(why)
+      lostServers.push(f.k)
+    }
   }
+  const lostServer = lostServers[0]
   x.peerStates.set(attempt, state)
   // 5. The regrouped generation: survivors keep their processes under new ranks, joiners start.
   // Rounds only the lost ranks had yet to report complete as it forms, and may leave a checkpoint:
@@ -279,7 +302,7 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   x.incident(
     x.failure ? "restart" : "resize",
     x.failure
-      ? `${x.what}; ${lostServer !== undefined ? `parameter server ${lostServer} made again from its replica on server ${(lostServer + 1) % servers.length}; ` : ""}regrouping ${s} surviving worker(s)${joiners ? ` with ${joiners} new one(s)` : ""} at the furthest survivor's position (${where}): at most the step in flight is lost` +
+      ? `${x.what}; ${lostServers.map((k) => `parameter server ${k} made again from its replica on server ${(k + 1) % servers.length}; `).join("")}regrouping ${s} surviving worker(s)${joiners ? ` with ${joiners} new one(s)` : ""} at the furthest survivor's position (${where}): at most the step in flight is lost` +
         `${worldSize < x.target ? `; they go on short-handed while ${x.target - worldSize} replacement(s) start${pos.inFit ? "" : " (joining at a report() call; the lost rank's rows of this epoch go untrained)"}` : ""}` +
         `${x.budget}`
       : `${x.what}: ${joiners} new worker(s) join the ${s} running ones at ${where}`,
@@ -293,6 +316,7 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
       joiners,
       source: source.rank,
       ...(lostServer !== undefined ? { server: lostServer } : {}),
+      ...(lostServers.length > 1 ? { servers: lostServers } : {}),
       // Where the furthest survivor was; a streamed epoch's plan (its intervals) stays out of the log.
       position: { ...pos, stream: undefined },
     }

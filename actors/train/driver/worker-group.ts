@@ -146,8 +146,9 @@ export class WorkerGroup {
   readonly #system: ActorSystem
   /** Every live worker process of the job (any generation not yet killed). */
   #workers: SpawnedActor[] = []
-  /** The parameter servers of the running generation, by shard. */
+  /** The parameter servers of the running generation, by shard, and the watch of each one's end. */
   #servers: SpawnedActor[] = []
+  #serverDowns: Array<Promise<ActorDown>> = []
   /** The current generation's members by rank. */
   #members = new Map<number, SpawnedActor>()
   /** Standby workers spawned so far (their actor names count up). */
@@ -287,6 +288,7 @@ export class WorkerGroup {
   async spawnServers(attempt: number, count: number, replicas: boolean, nodes: ReadonlyArray<string>, onDown: (index: number, detail: string) => void, stillMatters: () => boolean): Promise<string[]> {
     const names = Array.from({ length: count }, (_, k) => `ps${attempt}-${k}`)
     this.#servers = []
+    this.#serverDowns = []
     await Promise.all(names.map((name, k) => this.#spawnServer(name, k, count, replicas && count > 1 ? names[(k + 1) % count] : undefined, nodes[k % nodes.length]!, onDown, stillMatters)))
     return names
   }
@@ -302,6 +304,17 @@ export class WorkerGroup {
     await this.#spawnServer(name, k, count, successor, node, onDown, stillMatters)
   }
 
+  /** Whether parameter server k is down, or goes down within `ms` (by the watch started with it). */
+  serverDown(k: number, ms: number): Promise<boolean> {
+    const down = this.#serverDowns[k]
+    if (!down) return Promise.resolve(true)
+    let timer: ReturnType<typeof setTimeout> | undefined
+    return Promise.race([
+      down.then(() => true),
+      new Promise<boolean>((resolve) => (timer = setTimeout(() => resolve(false), ms)))
+    ]).finally(() => clearTimeout(timer))
+  }
+
   async #spawnServer(name: string, k: number, count: number, successor: string | undefined, node: string, onDown: (index: number, detail: string) => void, stillMatters: () => boolean): Promise<void> {
     const s = await spawnActor(this.#system, {
       node,
@@ -315,7 +328,9 @@ export class WorkerGroup {
     })
     this.#workers.push(s)
     this.#servers[k] = s
-    void s.down({ deadAfterMs: WORKER_DEAD_AFTER_MS }).then((down) => {
+    const watched = s.down({ deadAfterMs: WORKER_DEAD_AFTER_MS })
+    this.#serverDowns[k] = watched
+    void watched.then((down) => {
       if (stillMatters() && this.#servers[k] === s) onDown(k, `parameter server ${k} (pid ${s.pid} on node ${s.node}) went down: ${down.detail}`)
     })
   }

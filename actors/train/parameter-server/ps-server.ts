@@ -152,8 +152,10 @@ export const parameterServer = defineActor(ServerProtocol, (ctx) => {
       // Backup workers must be fewer than the workers: a group of n keeps at most n - 1.
       const backupWorkers = Math.min(options!.backupWorkers, body.numWorkers - 1)
       const next = new ShardServer(new Float32Array(old.length), { ...options!, numWorkers: body.numWorkers, backupWorkers })
-      // After a lost server the workers push their step in flight again: keep what was applied.
-      next.load(old.state(), { workers: body.keepApplied ? "regrouped" : "restart" })
+      // The workers push their step in flight again (sync): a server that applied it already drops
+      // it. (A worker killed between its pushes to two servers, or a lost server, leaves a step
+      // applied on some servers only.)
+      next.load(old.state(), { workers: "regrouped" })
       regrouped.add(old)
       old.abort("regrouped")
       shard = next
