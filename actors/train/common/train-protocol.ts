@@ -344,6 +344,16 @@ export const PsParams = Schema.Struct({
 export type PsParams = typeof PsParams.Type
 
 /** A parameter server (collectiveConfig.strategy "parameter-server"): one shard of the flat parameters. */
+/** A server shard's options as an init (or a replica's init) carries them: the workers' optimizer and the mode. */
+const shardOptionFields = {
+  spec: Schema.Record(Schema.String, Schema.Unknown),
+  numWorkers: Schema.Number,
+  mode: Schema.Literals(["sync", "async", "ssp"]),
+  staleness: Schema.Number,
+  backupWorkers: Schema.Number,
+  weightDecay: Schema.Number
+}
+
 export const ServerProtocol = defineProtocol("ps-server", {
   /**
    * Takes the shard's initial values and the workers' optimizer (rank 0 sends it after the start-up
@@ -352,12 +362,7 @@ export const ServerProtocol = defineProtocol("ps-server", {
   init: {
     request: Schema.Struct({
       params: F32,
-      spec: Schema.Record(Schema.String, Schema.Unknown),
-      numWorkers: Schema.Number,
-      mode: Schema.Literals(["sync", "async", "ssp"]),
-      staleness: Schema.Number,
-      backupWorkers: Schema.Number,
-      weightDecay: Schema.Number,
+      ...shardOptionFields,
       state: Schema.optionalKey(Schema.instanceOf(Uint8Array<ArrayBufferLike>)),
       /** collectiveConfig.compression (a codec the pushes can carry: ps-push-codec.ts); absent: pushes come uncompressed. */
       compression: Schema.optionalKey(Schema.Unknown),
@@ -373,12 +378,7 @@ export const ServerProtocol = defineProtocol("ps-server", {
     request: Schema.Struct({
       index: Schema.Number,
       state: Schema.instanceOf(Uint8Array<ArrayBufferLike>),
-      spec: Schema.Record(Schema.String, Schema.Unknown),
-      numWorkers: Schema.Number,
-      mode: Schema.Literals(["sync", "async", "ssp"]),
-      staleness: Schema.Number,
-      backupWorkers: Schema.Number,
-      weightDecay: Schema.Number,
+      ...shardOptionFields,
       compression: Schema.optionalKey(Schema.Unknown)
     }),
     reply: Schema.Null
