@@ -70,7 +70,9 @@ describe("parameter servers: recovery from surviving peers", () => {
 
   it("async servers: the survivors go on (the push in flight counts as applied), a replacement joins, and the run converges", { timeout: 150_000 }, async () => {
     const r = await killedWorker("ps-peers-async", "async", 5)
-    expect(r.restarts).toBe(1)
+    // (what failed and how each was recovered, for a failure's message)
+    const said = (await events(r.path)).filter((e) => e.type === "failure" || e.type === "restart" || e.type === "grow").map((e) => JSON.stringify({ ...e, position: undefined }).slice(0, 400))
+    expect(r.restarts, said.join("\n")).toBe(1)
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4])
     // Async servers converge noisily (0.94 -> 0.79 from one epoch to the next in a CI run here; best
     // epoch after the recovery 0.93-0.94 alone): a replacement that joined with wrong parameters

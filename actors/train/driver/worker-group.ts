@@ -301,6 +301,8 @@ export class WorkerGroup {
   async replaceServer(name: string, k: number, count: number, successor: string | undefined, fallback: string, alive: (node: string) => boolean, onDown: (index: number, detail: string) => void, stillMatters: () => boolean): Promise<void> {
     const lost = this.#servers[k]
     const node = lost && alive(lost.node) ? lost.node : fallback
+    // One taken for dead that still runs (missed heartbeats on a loaded machine) is stopped: its shard is served by the new one.
+    if (lost && alive(lost.node)) void lost.kill("replaced by a new parameter server").catch(() => {})
     await this.#spawnServer(name, k, count, successor, node, onDown, stillMatters)
   }
 
