@@ -121,15 +121,15 @@ export const allGatherBlocks = async (op: Operation, out: Float32Array, n: numbe
 }
 
 /**
- * Each rank's `data` to the next rank (rank + 1 mod p), the previous rank's into `out` (as long as
- * `data`): one step of the ring all-gather, f32 on the wire (the receiver holds the sender's bits).
+ * Each rank's `data` to rank + by mod p, rank - by's into `out` (as long as `data`): with by = 1 one
+ * step of the ring all-gather, f32 on the wire (the receiver holds the sender's bits).
  */
-export const shiftBlock = async (op: Operation, data: Float32Array, out: Float32Array, p: number, C: number): Promise<void> => {
+export const shiftBlock = async (op: Operation, data: Float32Array, out: Float32Array, p: number, C: number, by = 1): Promise<void> => {
   const me = op.rank
   const n = data.length
   const chunks = chunkCount(n, C)
-  const next = mod(me + 1, p)
-  const prev = mod(me - 1, p)
+  const next = mod(me + by, p)
+  const prev = mod(me - by, p)
   let got = 0
   op.handler = (f: Frame): boolean => {
     if (f.src !== prev || f.step !== 0) throw op.protocolError(f, `expected a block from rank ${prev}, got step ${f.step} from ${f.src}`)

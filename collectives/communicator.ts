@@ -1168,23 +1168,25 @@ export class Communicator {
   }
 
   /**
-   * Every rank's `data` (same length n on all) to the next rank (rank + 1 mod p); returns the
-   * previous rank's (rank - 1 mod p), in `out` when given (n elements), bit for bit (f32 on the
-   * wire). One step of the ring all-gather: n elements sent and received per rank. With p = 1,
-   * this rank's own data.
+   * Every rank's `data` (same length n on all) to the next rank (rank + 1 mod p; rank + `by` with
+   * `by`, the same on every rank); returns the previous rank's (rank - by mod p), in `out` when
+   * given (n elements), bit for bit (f32 on the wire). With by = 1 one step of the ring all-gather:
+   * n elements sent and received per rank. With p = 1, this rank's own data.
    */
-  async shift(data: Float32Array, opts: CallOptions & { readonly out?: Float32Array } = {}): Promise<Float32Array> {
+  async shift(data: Float32Array, opts: CallOptions & { readonly out?: Float32Array; readonly by?: number } = {}): Promise<Float32Array> {
     this.#checkBuffer("shift", data)
     const n = data.length
     const out = opts.out ?? new Float32Array(n)
+    const by = opts.by ?? 1
     if (out.length !== n) this.#argError("shift", `out must hold data.length = ${n} elements, has ${out.length}`)
     if (out === data) this.#argError("shift", "out must not be data itself (it is sent while the previous rank's arrives)")
+    if (this.worldSize > 1 && (!Number.isInteger(by) || by < 1 || by >= this.worldSize)) this.#argError("shift", `by must be an integer in [1, ${this.worldSize - 1}], got ${String(by)}`)
     if (this.worldSize === 1) {
       out.set(data)
       return out
     }
     return this.#run({ name: "shift", opcode: Opcode.shift, variant: 0, length: n, half: false }, opts, async (op) => {
-      await shiftBlock(op, data, out, this.worldSize, this.#chunkFor(n, 1))
+      await shiftBlock(op, data, out, this.worldSize, this.#chunkFor(n, 1), by)
       return out
     })
   }

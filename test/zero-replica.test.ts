@@ -4,7 +4,7 @@
 // on the same gradients as one unsharded optimizer must hand over, after a rank is lost, exactly
 // (bit for bit) that optimizer's state and parameters; what cannot make a complete set says why.
 import { describe, expect, it } from "vitest"
-import { ZeroShard, mergePeerShards } from "../actors/train/common/optim/zero.ts"
+import { ZeroShard, mergePeerShards, replicaOffset } from "../actors/train/common/optim/zero.ts"
 import { seededRng } from "../core/random.ts"
 
 const N = 1000
@@ -83,11 +83,43 @@ describe("ZeRO replicas", () => {
     expectTwoRanksHold(merged.files, reference)
   })
 
+  it("on several nodes a replica is kept on another node: a lost node's ranks leave a complete set, where replicas on the next rank would not", () => {
+    // Two nodes of two ranks each (ranks 0, 1 on A): the replica distance is a node's ranks.
+    expect(replicaOffset(["A", "A", "B", "B"])).toBe(2)
+    expect(replicaOffset(["A", "A", "A", "B", "B", "B"])).toBe(3)
+    expect(replicaOffset(["A", "B", "A", "B"])).toBe(1)
+    expect(replicaOffset(["A", "A", "A"])).toBe(1)
+    expect(replicaOffset(["A"])).toBe(1)
+    // Uneven: as many replicas across nodes as any distance gives (2 of 3), the smallest distance.
+    expect(replicaOffset(["A", "A", "B"])).toBe(1)
+    const lose = (d: number) => {
+      const init = random(N)
+      const ranks = Array.from({ length: 4 }, (_, r) => new ZeroShard(1, ADAM, N, r, 4, { replica: true, replicaOffset: d }))
+      const reference = new ZeroShard(1, ADAM, N, 0, 1)
+      for (const z of [...ranks, reference]) z.loadParams(init)
+      for (let s = 0; s < 4; s++) {
+        const g = random(N)
+        for (const z of [...ranks, reference]) {
+          z.update(g.subarray(z.layout.start, z.layout.end), undefined, 0.01)
+          z.updateReplica(g, undefined, 0.01)
+        }
+      }
+      // Node A (ranks 0 and 1) is lost.
+      return { merged: mergePeerShards([ranks[2]!.peerFiles(), ranks[3]!.peerFiles()]), reference }
+    }
+    const across = lose(2)
+    if (!("files" in across.merged)) throw new Error(across.merged.reason)
+    expectTwoRanksHold(across.merged.files, across.reference)
+    const next = lose(1).merged
+    expect("reason" in next && next.reason).toMatch(/rank\(s\) 0 of 4 was lost with it and the rank that kept its replica/)
+    expect(() => new ZeroShard(1, ADAM, N, 0, 4, { replica: true, replicaOffset: 4 })).toThrow(/replicaOffset.*\[1, 3\]/)
+  })
+
   it("says why no complete set can be made: neighbours lost together, shards of different steps, a survivor without shards", () => {
     const { ranks, step } = trained(3, 2)
     // Ranks 1 and 2 lost: rank 0 holds its own shard and rank 2's, rank 1's went with rank 2.
     const lost = mergePeerShards([ranks[0]!.peerFiles()])
-    expect("reason" in lost && lost.reason).toMatch(/rank\(s\) 1 of 3 was lost with it and its successor's replica/)
+    expect("reason" in lost && lost.reason).toMatch(/rank\(s\) 1 of 3 was lost with it and the rank that kept its replica/)
     step(random(N), [ranks[0]!])
     const uneven = mergePeerShards([ranks[0]!.peerFiles(), ranks[2]!.peerFiles()])
     expect("reason" in uneven && uneven.reason).toMatch(/different optimizer steps \(2, 3\) and none holds the gradient/)

@@ -245,6 +245,25 @@ describe("ZeRO stage 1 and 2", () => {
     }
   })
 
+  it("shift by d (a ZeRO-2 replica d ranks away): each rank's data to rank + d, rank - d's back, bit for bit; a bad distance refused", async () => {
+    const p = 4
+    const group = `g${groups++}`
+    const comms = await Promise.all(
+      Array.from({ length: p }, (_, rank) => Communicator.create({ nc: conns[2 * rank]!, controlNc: conns[2 * rank + 1]!, cluster: "t", job: "zero", group, rank, worldSize: p, timeoutMs: 20_000 }))
+    )
+    try {
+      // (long enough for several chunks; each rank's values tell it apart)
+      const data = comms.map((_, r) => Float32Array.from({ length: 70_000 }, (_, i) => r * 1e6 + i + 0.25))
+      const got = await Promise.all(comms.map((c, r) => c.shift(data[r]!, { by: 2 })))
+      got.forEach((g, r) => expect(Buffer.from(g.buffer).equals(Buffer.from(data[(r + p - 2) % p]!.buffer)), `rank ${r}`).toBe(true))
+      const one = await Promise.all(comms.map((c, r) => c.shift(data[r]!)))
+      one.forEach((g, r) => expect(g[0]).toBe(data[(r + p - 1) % p]![0]))
+      await expect(comms[0]!.shift(data[0]!, { by: 4 })).rejects.toThrow(/by must be an integer in \[1, 3\], got 4/)
+    } finally {
+      await Promise.all(comms.map((c) => c.close()))
+    }
+  })
+
   it("keeps the shard layout: equal segments over the padded vector, real elements in order, none twice", () => {
     for (const [n, p] of [[4810, 3], [10, 4], [3, 4], [7, 1], [0, 2]] as const) {
       const covered: number[] = []

@@ -54,11 +54,13 @@ export interface GradientSync {
   readonly zeroStage?: ZeroStage
   /** Each rank keeps a replica of its predecessor's shard, so a regroup recovers a lost one (failures recover from peers). */
   readonly zeroReplica?: boolean
+  /** With zeroReplica: the distance to that predecessor in the current group (optim/zero.ts replicaOffset: across nodes where the layout allows). */
+  readonly zeroReplicaOffset?: number
   /**
    * Stage 2: reduces `buf` (a multiple of worldSize long) to the weighted mean over ranks and
    * returns this rank's segment of it (segment r of p equal ones), a view of `buf`; with
-   * `shiftInto`, then sends that segment to the next rank and takes the previous rank's into
-   * `shiftInto` (a replica's gradient), then waits for every rank to have done as much (a barrier),
+   * `shiftInto`, then sends that segment to rank r + shiftBy (default 1) and takes rank
+   * r - shiftBy's into `shiftInto` (a replica's gradient), then waits for every rank to have done as much (a barrier),
    * in the same group operation (`reduced` is told both segments before the barrier): a rank that
    * got through it knows every rank holds its segment and its predecessor's, so a regroup can bring
    * any rank that had not applied them level with those that had. `buffers` gives them when the operation runs: a regroup before it (a grow)
@@ -68,7 +70,7 @@ export interface GradientSync {
    * the old one).
    */
   reduceScatter?(
-    buffers: () => { readonly buf: Float32Array; readonly shiftInto?: Float32Array; readonly reduced?: (segment: Float32Array, predecessor: Float32Array) => void },
+    buffers: () => { readonly buf: Float32Array; readonly shiftInto?: Float32Array; readonly shiftBy?: number; readonly reduced?: (segment: Float32Array, predecessor: Float32Array) => void },
     weight: number
   ): Promise<Float32Array | "adopted" | "recompute">
   /**

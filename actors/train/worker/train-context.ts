@@ -13,6 +13,7 @@ import { isFileDatasetSpec } from "../../../core/data/file-spec.ts"
 import { resolveFileDataset, type ResolvedDataset } from "../../../core/data/resolve.ts"
 import type { DataPosition } from "../../../core/data/plan.ts"
 import { PARITY_METRIC, type DatasetPayload } from "../common/train-protocol.ts"
+import { replicaOffset } from "../common/optim/zero.ts"
 import { loadWeightsInto, modelToFiles } from "../../../core/model-io.ts"
 import type { Communicator } from "../../../collectives/communicator.ts"
 import type { ReducerStats } from "../../../collectives/gradient-reducer.ts"
@@ -453,16 +454,20 @@ export class TrainContext {
           }
         ),
       // ZeRO (optim/zero.ts): recovering from peers regroups from the survivors' shards and
-      // replicas (stage 2 sends each rank's reduced segment to the next rank for its replica).
+      // replicas (stage 2 sends each rank's reduced segment to the rank that keeps its replica,
+      // on another node where the layout allows).
       zeroStage: d.zeroStage ?? 0,
       ...(d.zeroReplica ? { zeroReplica: true } : {}),
+      get zeroReplicaOffset() {
+        return replicaOffset(session.placement.nodes)
+      },
       reduceScatter: (buffers, weight) =>
         session.operation<Float32Array | "adopted" | "recompute">(
           async (g) => {
-            const { buf, shiftInto, reduced } = buffers()
+            const { buf, shiftInto, shiftBy, reduced } = buffers()
             const segment = await g.comm.reduceScatter(buf, { op: "weightedMean", weight, wire: d.halfWire ? "f16" : "f32" })
             if (shiftInto) {
-              await g.comm.shift(segment, { out: shiftInto })
+              await g.comm.shift(segment, { out: shiftInto, ...(shiftBy !== undefined ? { by: shiftBy } : {}) })
               reduced?.(segment, shiftInto)
               // No rank updates its shards before every rank holds the segments to make the same
               // update (a regroup brings a rank that had not made it level: optim/zero.ts).

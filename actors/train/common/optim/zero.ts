@@ -9,13 +9,16 @@
 //            gradient: the same bytes on the wire as one all-reduce (reduce-scatter + all-gather).
 // The state is saved per shard, one checkpoint file per rank (shardFileName), and a restore at
 // another world size re-shards it: each new rank copies the ranges of the old shards it now owns.
-// Recovery from peers: each rank also keeps a replica of its predecessor's shard (rank r - 1 mod p),
+// Recovery from peers: each rank also keeps a replica of the shard of rank r - d mod p (its
+// "predecessor" at distance d, replicaOffset: 1 on one node; on several, a distance that puts every
+// replica on another node than its shard where the layout allows, so a lost node loses no shard),
 // updated from the same reduced gradient with the same code, so bit for bit the same as the
 // owner's: at stage 1 from the all-reduced gradient every rank has (no cost on the wire), at stage
-// 2 from the predecessor's segment of it, which each rank sends its successor after the
+// 2 from the predecessor's segment of it, which each rank sends to rank r + d after the
 // reduce-scatter (Communicator.shift: N/p elements a rank, a step). A regroup collects every survivor's shard and
-// replica (mergePeerShards): one lost rank, or several that are not neighbours, leave a complete
-// set, which the new group re-shards as a restore does, its parameters included. A group that
+// replica (mergePeerShards): one lost rank, or several that are not d apart (a whole node's ranks,
+// where d spans nodes), leave a complete set, which the new group re-shards as a restore does, its
+// parameters included. A group that
 // broke in a step's all-gather has survivors a step apart: those behind are brought level with the
 // step's reduced gradient a survivor that made it hands over (STEP_GRADIENT_FILE).
 import { ConfigError } from "../../../../core/errors.ts"
@@ -158,18 +161,26 @@ export class ZeroShard {
   readonly #replica: { readonly layout: ShardLayout; readonly params: Float32Array; readonly optimizer: FlatOptimizer } | undefined
   #predecessorGradient: Float32Array | undefined
 
-  constructor(stage: 1 | 2, spec: FlatOptimizerSpec, total: number, rank: number, worldSize: number, options: { readonly replica?: boolean } = {}) {
+  constructor(stage: 1 | 2, spec: FlatOptimizerSpec, total: number, rank: number, worldSize: number, options: { readonly replica?: boolean; readonly replicaOffset?: number } = {}) {
     this.stage = stage
     this.layout = shardLayout(total, worldSize, rank)
     this.segment = new Float32Array(this.layout.shardSize)
     this.params = this.segment.subarray(0, this.layout.end - this.layout.start)
     this.optimizer = createFlatOptimizer(spec, this.params.length)
     if (options.replica && worldSize > 1) {
-      const layout = shardLayout(total, worldSize, (rank + worldSize - 1) % worldSize)
+      const d = options.replicaOffset ?? 1
+      if (!Number.isInteger(d) || d < 1 || d >= worldSize) {
+        throw new ConfigError({ field: "zero.replicaOffset", reason: `must be an integer in [1, ${worldSize - 1}] (the distance to the rank whose shard this one keeps), got ${String(d)}` })
+      }
+      this.replicaOffset = d
+      const layout = shardLayout(total, worldSize, (rank + worldSize - d) % worldSize)
       const n = layout.end - layout.start
       this.#replica = { layout, params: new Float32Array(n), optimizer: createFlatOptimizer(spec, n) }
     }
   }
+
+  /** With a replica: the distance d to the rank whose shard this one keeps (r - d), and to the one that keeps this rank's (r + d). */
+  readonly replicaOffset: number = 1
 
   /** Whether this rank keeps its predecessor's shard too. */
   get replicated(): boolean {
@@ -339,6 +350,27 @@ export class ZeroShard {
 }
 
 /**
+ * The distance d at which each rank keeps a replica of rank r - d's shard, from the group's node of
+ * each rank: the d in [1, p - 1] that puts the most replicas on another node than their shards
+ * (every one, for ranks laid out in equal blocks per node: d = a node's ranks), the smallest such;
+ * 1 on one node (or p < 2).
+ */
+export const replicaOffset = (nodes: ReadonlyArray<string>): number => {
+  const p = nodes.length
+  let best = 1
+  let bestApart = -1
+  for (let d = 1; d < p; d++) {
+    let apart = 0
+    for (let r = 0; r < p; r++) if (nodes[r] !== nodes[(r + d) % p]) apart++
+    if (apart > bestApart) {
+      best = d
+      bestApart = apart
+    }
+  }
+  return best
+}
+
+/**
  * A regroup's shards: every survivor's own shard and replica (ZeroShard.peerFiles; undefined for a
  * survivor without), checked to make one complete set of one world size at one optimizer step.
  * Returns the set's files, or why the survivors cannot make one (the run then restarts from the
@@ -369,7 +401,7 @@ export const mergePeerShards = (
   const p = [...sizes][0]!
   const lost = Array.from({ length: p }, (_, r) => r).filter((r) => !byName.has(shardFileName(r, p)))
   if (lost.length) {
-    return { reason: `the optimizer shard of rank(s) ${lost.join(", ")} of ${p} was lost with ${lost.length > 1 ? "them and their" : "it and its"} successor's replica (neighbouring ranks failed together)` }
+    return { reason: `the optimizer shard of rank(s) ${lost.join(", ")} of ${p} was lost with ${lost.length > 1 ? "them and the ranks that kept their replicas" : "it and the rank that kept its replica"} (ranks that keep each other's shards failed together)` }
   }
   // A group that broke in a step's all-gather: survivors that had not finished its reduction are
   // a step behind, and the step's gradient brings them level: the whole of it from a rank that

@@ -42,7 +42,10 @@ export class ZeroWorker implements StrategyWorker {
   #shard(): ZeroShard {
     const { sync } = this.#host
     const spec = flatOptimizerSpecOf(this.#host.optimizer as unknown as Parameters<typeof flatOptimizerSpecOf>[0])
-    return new ZeroShard(sync.zeroStage as 1 | 2, spec, this.#host.parameterCount, sync.rank, sync.worldSize, { replica: sync.zeroReplica === true })
+    return new ZeroShard(sync.zeroStage as 1 | 2, spec, this.#host.parameterCount, sync.rank, sync.worldSize, {
+      replica: sync.zeroReplica === true,
+      ...(sync.zeroReplicaOffset !== undefined ? { replicaOffset: sync.zeroReplicaOffset } : {})
+    })
   }
 
   get zeroStage(): ZeroStage {
@@ -84,7 +87,7 @@ export class ZeroWorker implements StrategyWorker {
         // level with ranks that made the step, from the segments it holds (peerFiles).
         const reduced = (segment: Float32Array, predecessor: Float32Array) =>
           (this.#reduced = { segment, predecessor, learningRate: this.#host.learningRate, weightDecay: this.#host.weightDecay })
-        return { buf: z.gradients, ...(z.replicated ? { shiftInto: z.predecessorGradient, reduced } : {}) }
+        return { buf: z.gradients, ...(z.replicated ? { shiftInto: z.predecessorGradient, shiftBy: z.replicaOffset, reduced } : {}) }
       }
       for (;;) {
         this.#reduced = undefined
