@@ -6,8 +6,8 @@
 // - a `gradwire start --head` cluster of two CLI agents, elastic (min 2, max 4): kill -9 of the
 //   second agent (the group shrinks to 2), a new agent joins (it grows back to 4), then kill -9 of
 //   the head's nats-server (the head restarts it; the run goes on);
-// - ZeRO-1 on two CLI agents of two workers each: kill -9 of one agent (a node's ranks and their
-//   shards) regroups from the shards and replicas the other node keeps;
+// - ZeRO-1 and ZeRO-2 on two CLI agents of two workers each: kill -9 of one agent (a node's ranks
+//   and their shards) regroups from the shards and replicas the other node keeps;
 // - a link cut for 10 s (root only: the second agent lives in its own network namespace, joined by
 //   a veth pair, and its end goes down and up again): the node is lost, the group shrinks, and it
 //   grows back when the link and the agent return.
@@ -335,55 +335,57 @@ describe("chaos", () => {
     }
   })
 
-  it("ZeRO-1 on a `gradwire start --head` cluster of two agents, two workers each: kill -9 of an agent (a whole node's ranks) regroups from the survivors' shards and replicas, kept on the other node", { timeout: 150_000 }, async () => {
-    const cluster = `chaosz${process.pid}`
-    const name = `chaos-zero-${process.pid}`
-    const pidDir = fs.mkdtempSync(path.join(work, "pids-"))
-    const port = await freePort()
-    const url = `nats://127.0.0.1:${port}`
-    try {
-      await startAgent("zhead", ["--head", "--port", String(port), "--cluster", cluster])
-      const b = await startAgent("zb", ["--address", url, "--cluster", cluster])
-      await waitForNodes(url, cluster, 2)
-      const epochs = 6
-      const plan = new FaultPlan(seed + 2, [
-        {
-          name: "kill -9 agent zb",
-          ready: (p, pl) => pl.sizeOf(p.attempt) === 4,
-          fire: () => {
-            process.kill(b.pid, "SIGKILL")
-            return `pid ${b.pid}`
+  for (const stage of [1, 2] as const) {
+    it(`ZeRO-${stage} on a \`gradwire start --head\` cluster of two agents, two workers each: kill -9 of an agent (a whole node's ranks) regroups from the survivors' shards and replicas, kept on the other node`, { timeout: 150_000 }, async () => {
+      const cluster = `chaosz${stage}${process.pid}`
+      const name = `chaos-zero${stage}-${process.pid}`
+      const pidDir = fs.mkdtempSync(path.join(work, "pids-"))
+      const port = await freePort()
+      const url = `nats://127.0.0.1:${port}`
+      try {
+        await startAgent(`z${stage}head`, ["--head", "--port", String(port), "--cluster", cluster])
+        const b = await startAgent(`z${stage}b`, ["--address", url, "--cluster", cluster])
+        await waitForNodes(url, cluster, 2)
+        const epochs = 6
+        const plan = new FaultPlan(seed + 2, [
+          {
+            name: `kill -9 agent z${stage}b`,
+            ready: (p, pl) => pl.sizeOf(p.attempt) === 4,
+            fire: () => {
+              process.kill(b.pid, "SIGKILL")
+              return `pid ${b.pid}`
+            }
           }
-        }
-      ])
-      console.log(`zero cluster run: ${plan.describe()}`)
-      const r = await new Trainer({
-        trainLoopPerWorker: LOOP,
-        trainLoopConfig: { epochs, pidDir, minEpochMs: 400 },
-        scalingConfig: { numWorkers: { min: 2, max: 4 }, placementTimeoutMs: 30_000 },
-        runConfig: { name, storagePath: work, progress: false, failureConfig: { maxFailures: 0 }, callbacks: [{ onProgress: (p) => plan.onProgress(p) }] },
-        collectiveConfig: { zeroStage: 1 },
-        datasets: { train, test },
-        cluster: { address: url, clusterName: cluster }
-      }).fit()
-      expect(plan.errors).toEqual([])
-      expect(plan.done, `the fault did not fire (seed ${seed})`).toBe(true)
-      await checkRun(r, epochs, plan.fired)
-      expect(r.resizes.map((z) => [z.from, z.to])).toEqual([[4, 2]])
-      // Before, each rank kept the next rank's replica: the lost node's first shard went with the
-      // rank that kept it, and the group went back to the checkpoint.
-      const restarts = fs
-        .readFileSync(path.join(r.path, "events.jsonl"), "utf8")
-        .trim()
-        .split("\n")
-        .map((l) => JSON.parse(l) as Record<string, unknown>)
-        .filter((e) => e.type === "restart")
-      expect(restarts.map((e) => [e.recovery, e.survivors])).toEqual([["peers", 2]])
-      await checkWorkersGone(pidDir, work)
-    } finally {
-      await stopEverything(["zhead", "zb"], [`GRADWIRE_JOB=${name}-`, `--cluster ${cluster}`])
-    }
-  })
+        ])
+        console.log(`zero cluster run: ${plan.describe()}`)
+        const r = await new Trainer({
+          trainLoopPerWorker: LOOP,
+          trainLoopConfig: { epochs, pidDir, minEpochMs: 400 },
+          scalingConfig: { numWorkers: { min: 2, max: 4 }, placementTimeoutMs: 30_000 },
+          runConfig: { name, storagePath: work, progress: false, failureConfig: { maxFailures: 0 }, callbacks: [{ onProgress: (p) => plan.onProgress(p) }] },
+          collectiveConfig: { zeroStage: stage },
+          datasets: { train, test },
+          cluster: { address: url, clusterName: cluster }
+        }).fit()
+        expect(plan.errors).toEqual([])
+        expect(plan.done, `the fault did not fire (seed ${seed})`).toBe(true)
+        await checkRun(r, epochs, plan.fired)
+        expect(r.resizes.map((z) => [z.from, z.to])).toEqual([[4, 2]])
+        // Before, each rank kept the next rank's replica: the lost node's first shard went with the
+        // rank that kept it, and the group went back to the checkpoint.
+        const restarts = fs
+          .readFileSync(path.join(r.path, "events.jsonl"), "utf8")
+          .trim()
+          .split("\n")
+          .map((l) => JSON.parse(l) as Record<string, unknown>)
+          .filter((e) => e.type === "restart")
+        expect(restarts.map((e) => [e.recovery, e.survivors])).toEqual([["peers", 2]])
+        await checkWorkersGone(pidDir, work)
+      } finally {
+        await stopEverything([`z${stage}head`, `z${stage}b`], [`GRADWIRE_JOB=${name}-`, `--cluster ${cluster}`])
+      }
+    })
+  }
 
   const unavailable = netnsUnavailable()
   it.skipIf(unavailable !== undefined)(
