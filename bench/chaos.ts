@@ -20,9 +20,10 @@
 //                starts in its place --agent-restart-ms later, as a machine's supervisor would
 //                restart a crashed one. With this kind every run (fault-free too) is on a cluster of
 //                CLI agents on loopback, one CPU and one worker each (bench/chaos-cluster.ts);
-//   server-kill  kill -9 of a random parameter server (strategies ps and ps2; skipped in runs of
-//                the others): with two servers (ps2) the lost one is made again from the replica
-//                the other keeps, with one (ps) the job restarts from the checkpoint;
+//   server-kill  kill -9 of a random parameter server serving a shard (strategies ps and ps2;
+//                skipped in runs of the others): with two servers (ps2) a spare started ahead (or a
+//                new server) is made the lost one from the replica the other keeps, with one (ps)
+//                the job restarts from the checkpoint;
 //   link-cut     (root) the link of one agent, which runs with its workers in a network namespace
 //                of its own at the far end of a veth pair, goes down for --cut-ms (10 s), then up;
 //                the cluster of agents then listens on the veth's host end instead of loopback.
@@ -267,7 +268,8 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
       pid = -1
       victim = `agent ${node}'s link`
     } else if (kind === "server-kill") {
-      const servers = [...actorPids("ps").entries()].filter(([, p]) => alive(p)).sort(([a], [b]) => (a < b ? -1 : 1))
+      // (The serving servers: an idle spare's death costs training nothing; it is started again.)
+      const servers = [...actorPids("ps").entries()].filter(([name, p]) => alive(p) && !name.includes("spare")).sort(([a], [b]) => (a < b ? -1 : 1))
       if (!servers.length) return log(`    fault ${k + 1}: no parameter server to kill (the strategy has none); skipped`)
       const [name, p] = servers[Math.floor(pick * servers.length)]!
       pid = p

@@ -369,7 +369,10 @@ export const ServerProtocol = defineProtocol("ps-server", {
       /** The workers' group (generation): pushes of an earlier one are refused. */
       group: Schema.optionalKey(Schema.Number),
       /** A server made from a replica after a lost one: the last sync step applied is kept (a step pushed again is dropped, not applied twice). */
-      keepApplied: Schema.optionalKey(Schema.Boolean)
+      keepApplied: Schema.optionalKey(Schema.Boolean),
+      /** A spare taking a lost server's place: the shard it serves from now on, and the server keeping its replica. */
+      index: Schema.optionalKey(Schema.Number),
+      successor: Schema.optionalKey(Schema.String)
     }),
     reply: Schema.Null
   },
@@ -385,8 +388,11 @@ export const ServerProtocol = defineProtocol("ps-server", {
   },
   /** An update the predecessor applied (the gradient, its learning rate and step), in order: the replica replays it. */
   replicaUpdate: { request: Schema.Struct({ index: Schema.Number, grad: F32, learningRate: Schema.Number, step: Schema.Number }), reply: Schema.Null },
-  /** The driver, after shard `index` was lost: initialise the server `to` from this server's replica of it, for `numWorkers` workers of `group`. */
-  handOver: { request: Schema.Struct({ index: Schema.Number, to: Schema.String, numWorkers: Schema.Number, group: Schema.Number }), reply: Schema.Null },
+  /** The driver, after shard `index` was lost: initialise the server `to` (a new one, or a spare: it then serves shard `index`, replicating to `successor`) from this server's replica of it, for `numWorkers` workers of `group`. */
+  handOver: {
+    request: Schema.Struct({ index: Schema.Number, to: Schema.String, numWorkers: Schema.Number, group: Schema.Number, successor: Schema.optionalKey(Schema.String) }),
+    reply: Schema.Null
+  },
   /** The driver, after this server's successor was replaced: send the new one (`to`) this shard, and the updates from now on. */
   replicateTo: { request: Schema.Struct({ to: Schema.String }), reply: Schema.Null },
   /**

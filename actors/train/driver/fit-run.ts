@@ -584,15 +584,14 @@ export class FitRun {
     const names = [...(held?.groupArgs.servers ?? [])]
     if (!held || names.length < 2 || k >= names.length) throw new Error(`no replica of parameter server ${k} is kept (${names.length} server(s))`)
     const count = names.length
-    const name = `ps${held.spawnedFor}-${k}-g${group}`
     const successor = names[(k + 1) % count]!
     const predecessor = names[(k + count - 1) % count]!
     const fallback = [...this.#group.members.values()][0]?.node
     if (fallback === undefined) throw new Error("no worker is left to place it by")
     const alive = (node: string): boolean => this.cluster.view.get(node)?.state === "alive"
-    await this.#group.replaceServer(name, k, count, successor, fallback, alive, held.onDown, held.stillMatters)
+    const name = await this.#group.replaceServer(held.spawnedFor, k, count, successor, fallback, alive, held.onDown, held.stillMatters)
     const server = (n: string) => this.#system.ref(ServerProtocol, n)
-    await this.#system.askPromise(server(successor), "handOver", { index: k, to: name, numWorkers, group }, { timeoutMs: SERVER_HANDOVER_TIMEOUT_MS })
+    await this.#system.askPromise(server(successor), "handOver", { index: k, to: name, numWorkers, group, successor }, { timeoutMs: SERVER_HANDOVER_TIMEOUT_MS })
     await this.#system.askPromise(server(predecessor), "replicateTo", { to: name }, { timeoutMs: SERVER_HANDOVER_TIMEOUT_MS })
     names[k] = name
     held.groupArgs = { ...held.groupArgs, servers: names }

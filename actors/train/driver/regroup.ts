@@ -315,7 +315,7 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
       survivors: s,
       joiners,
       source: source.rank,
-      ...(lostServer !== undefined ? { server: lostServer } : {}),
+      ...(lostServer !== undefined ? { server: lostServer, replacement: servers[lostServer] } : {}),
       ...(lostServers.length > 1 ? { servers: lostServers } : {}),
       // Where the furthest survivor was; a streamed epoch's plan (its intervals) stays out of the log.
       position: { ...pos, stream: undefined },

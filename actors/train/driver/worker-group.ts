@@ -149,6 +149,9 @@ export class WorkerGroup {
   /** The parameter servers of the running generation, by shard, and the watch of each one's end. */
   #servers: SpawnedActor[] = []
   #serverDowns: Array<Promise<ActorDown>> = []
+  /** A spare server ready to take a lost one's place (replicas), and how many replacements and spares were named. */
+  #spare: { readonly actor: SpawnedActor; gone: boolean } | undefined
+  #replacements = 0
   /** The current generation's members by rank. */
   #members = new Map<number, SpawnedActor>()
   /** Standby workers spawned so far (their actor names count up). */
@@ -282,28 +285,53 @@ export class WorkerGroup {
    * (the placement plan's, cycling), each reserving SERVER_CPUS there as a worker reserves its
    * resources, and watches them: a server that goes down is reported through `onDown` (the
    * generation fails, as with a worker's death). With `replicas` (two servers or more) each keeps a
-   * replica of the one before it (its successor is named in its args). Resolves with their actor
-   * names in shard order.
+   * replica of the one before it (its successor is named in its args), and a spare server is
+   * started in the background, ready to take a lost one's place (replaceServer). Resolves with
+   * their actor names in shard order.
    */
   async spawnServers(attempt: number, count: number, replicas: boolean, nodes: ReadonlyArray<string>, onDown: (index: number, detail: string) => void, stillMatters: () => boolean): Promise<string[]> {
     const names = Array.from({ length: count }, (_, k) => `ps${attempt}-${k}`)
     this.#servers = []
     this.#serverDowns = []
-    await Promise.all(names.map((name, k) => this.#spawnServer(name, k, count, replicas && count > 1 ? names[(k + 1) % count] : undefined, nodes[k % nodes.length]!, onDown, stillMatters)))
+    this.#spare = undefined
+    await Promise.all(
+      names.map(async (name, k) => this.#watchServer(k, await this.#spawnServer(name, k, count, replicas && count > 1 ? names[(k + 1) % count] : undefined, nodes[k % nodes.length]!), onDown, stillMatters))
+    )
+    if (replicas && count > 1) this.#startSpare(attempt, count, nodes[count % nodes.length]!, stillMatters)
     return names
   }
 
   /**
-   * A lost server's replacement, `name`, for shard k of `count`: on the lost one's node while it is
-   * alive (else on `fallback`), watched as the others are. It starts empty: its successor
-   * initialises it from its replica (regroup.ts).
+   * A lost server's replacement for shard k of `count`: the spare when one is ready (a new spare
+   * is then started in its place), else a new server on the lost one's node while it is alive (else
+   * on `fallback`); watched as the others are. It starts empty: its successor initialises it from
+   * its replica (regroup.ts). Resolves with its actor name.
    */
-  async replaceServer(name: string, k: number, count: number, successor: string | undefined, fallback: string, alive: (node: string) => boolean, onDown: (index: number, detail: string) => void, stillMatters: () => boolean): Promise<void> {
+  async replaceServer(
+    attempt: number,
+    k: number,
+    count: number,
+    successor: string | undefined,
+    fallback: string,
+    alive: (node: string) => boolean,
+    onDown: (index: number, detail: string) => void,
+    stillMatters: () => boolean
+  ): Promise<string> {
     const lost = this.#servers[k]
     const node = lost && alive(lost.node) ? lost.node : fallback
     // One taken for dead that still runs (missed heartbeats on a loaded machine) is stopped: its shard is served by the new one.
     if (lost && alive(lost.node)) void lost.kill("replaced by a new parameter server").catch(() => {})
-    await this.#spawnServer(name, k, count, successor, node, onDown, stillMatters)
+    const spare = this.#spare
+    this.#spare = undefined
+    let s: SpawnedActor
+    if (spare && alive(spare.actor.node) && !spare.gone) {
+      s = spare.actor
+      this.#startSpare(attempt, count, node, stillMatters)
+    } else {
+      s = await this.#spawnServer(`ps${attempt}-${k}-${++this.#replacements}`, k, count, successor, node)
+    }
+    this.#watchServer(k, s, onDown, stillMatters)
+    return s.name
   }
 
   /** Whether parameter server k is down, or goes down within `ms` (by the watch started with it). */
@@ -317,18 +345,51 @@ export class WorkerGroup {
     ]).finally(() => clearTimeout(timer))
   }
 
-  async #spawnServer(name: string, k: number, count: number, successor: string | undefined, node: string, onDown: (index: number, detail: string) => void, stillMatters: () => boolean): Promise<void> {
+  /**
+   * A spare server, started in the background (its start is what a lost server's replacement would
+   * otherwise wait for); it reserves no CPU while it idles. Where it cannot start, none: a
+   * replacement is then started when needed.
+   */
+  #startSpare(attempt: number, count: number, node: string, stillMatters: () => boolean): void {
+    const name = `ps${attempt}-spare${++this.#replacements}`
+    const mine = (): boolean => stillMatters() && this.#servers[0]?.name.startsWith(`ps${attempt}-`) === true
+    void this.#spawnServer(name, -1, count, undefined, node).then(
+      (actor) => {
+        const spare = { actor, gone: false }
+        void actor.down({ deadAfterMs: WORKER_DEAD_AFTER_MS }).then(() => {
+          spare.gone = true
+          // A spare that dies idle is started again (a spare that cannot start is not retried).
+          if (this.#spare === spare && mine()) {
+            this.#spare = undefined
+            this.#startSpare(attempt, count, node, stillMatters)
+          }
+        })
+        // (A newer generation's servers, or a spare already there, win: this one is stopped.)
+        if (mine() && !this.#spare) this.#spare = spare
+        else void actor.kill("not needed").catch(() => {})
+      },
+      () => {}
+    )
+  }
+
+  async #spawnServer(name: string, k: number, count: number, successor: string | undefined, node: string): Promise<SpawnedActor> {
     const s = await spawnActor(this.#system, {
       node,
       name,
       module: SERVER_MODULE,
       export: "parameterServer",
       args: { index: k, numServers: count, ...(successor !== undefined ? { successor } : {}) },
-      resources: { CPU: SERVER_CPUS },
-      logPrefix: `server ${k}`,
+      // (A spare idles until it takes a lost server's place, whose reservation its death freed: it reserves nothing.)
+      resources: { CPU: k < 0 ? 0 : SERVER_CPUS },
+      logPrefix: k < 0 ? "spare server" : `server ${k}`,
       readyTimeoutMs: 60_000
     })
     this.#workers.push(s)
+    return s
+  }
+
+  /** Server `s` serves shard k from now on: its going down is reported (while it still serves it). */
+  #watchServer(k: number, s: SpawnedActor, onDown: (index: number, detail: string) => void, stillMatters: () => boolean): void {
     this.#servers[k] = s
     const watched = s.down({ deadAfterMs: WORKER_DEAD_AFTER_MS })
     this.#serverDowns[k] = watched

@@ -59,8 +59,11 @@ export const parameterServer = defineActor(ServerProtocol, (ctx) => {
   let group = 0
   // Shards a regroup replaced: their waiting pushes are dropped, not refused.
   const regrouped = new WeakSet<ShardServer>()
-  // Where this server's updates go (its successor's name; none with one server). The replica this
-  // server keeps of its predecessor's shard, with what a server made from it needs.
+  // This server's shard (a spare, started ahead with -1, learns it from the init that makes it a
+  // lost server's replacement), and where its updates go (its successor's name; none with one
+  // server). The replica this server keeps of its predecessor's shard, with what a server made
+  // from it needs.
+  let index = args.index
   let successor = args.successor
   let replica: { readonly index: number; readonly shard: ShardServer; readonly options: ShardServerOptions; readonly compression: unknown } | undefined
   let compression: unknown
@@ -70,12 +73,12 @@ export const parameterServer = defineActor(ServerProtocol, (ctx) => {
   // tell is encoded and published at once, in order; the answers follow when the push promises settle).
   const onUpdate = (grad: Float32Array, learningRate: number, step: number): void => {
     const to = toSuccessor()
-    if (to) void ctx.system.tellPromise(to, "replicaUpdate", { index: args.index, grad, learningRate, step }).catch(unsent("an update"))
+    if (to) void ctx.system.tellPromise(to, "replicaUpdate", { index, grad, learningRate, step }).catch(unsent("an update"))
   }
   const seedReplica = (): void => {
     const to = toSuccessor()
     if (!to || !shard || !options) return
-    const body = { index: args.index, state: encodeMessage(shard.state()), ...optionsBody(options), ...(compression !== undefined ? { compression } : {}) }
+    const body = { index, state: encodeMessage(shard.state()), ...optionsBody(options), ...(compression !== undefined ? { compression } : {}) }
     void ctx.system.tellPromise(to, "replicaInit", body).catch(unsent("the shard's state"))
   }
   // The process's CPU time per push since the last init: what one push occupies a server for.
@@ -86,10 +89,10 @@ export const parameterServer = defineActor(ServerProtocol, (ctx) => {
     return (u.user + u.system) / 1000 / Math.max(1, pushes)
   }
   const need = (what: string): ShardServer => {
-    if (!shard) throw new ConfigError({ field: `ps-server.${what}`, reason: `server ${args.index} has no parameters yet: rank 0 initialises it first` })
+    if (!shard) throw new ConfigError({ field: `ps-server.${what}`, reason: `server ${index} has no parameters yet: rank 0 initialises it first` })
     return shard
   }
-  ctx.log.info(`parameter server ${args.index + 1}/${args.numServers} ready`)
+  ctx.log.info(index < 0 ? "spare parameter server ready" : `parameter server ${index + 1}/${args.numServers} ready`)
   return {
     init: (body) => {
       const nextDecoder = new PushDecoder(body.compression as ResolvedCompressionConfig | undefined, body.params.length)
@@ -98,6 +101,8 @@ export const parameterServer = defineActor(ServerProtocol, (ctx) => {
       // A server made from a replica goes on with the workers at their steps (a step it applied already is dropped when pushed again).
       if (body.state) next.load(decodeMessage(body.state) as ShardServerState, { workers: body.keepApplied ? "regrouped" : "restart" })
       shard?.abort("re-initialised")
+      if (body.index !== undefined) index = body.index
+      if (body.successor !== undefined) successor = body.successor
       decoder = nextDecoder
       shard = next
       options = nextOptions
@@ -123,7 +128,7 @@ export const parameterServer = defineActor(ServerProtocol, (ctx) => {
     },
     handOver: async (body) => {
       if (!replica || replica.index !== body.index) {
-        throw new ConfigError({ field: "ps-server.handOver", reason: `server ${args.index} keeps no replica of shard ${body.index}${replica ? ` (it keeps shard ${replica.index}'s)` : ""}` })
+        throw new ConfigError({ field: "ps-server.handOver", reason: `server ${index} keeps no replica of shard ${body.index}${replica ? ` (it keeps shard ${replica.index}'s)` : ""}` })
       }
       const st = replica.shard.state()
       await ctx.system.askPromise(
@@ -135,11 +140,13 @@ export const parameterServer = defineActor(ServerProtocol, (ctx) => {
           state: encodeMessage(st),
           keepApplied: true,
           group: body.group,
+          index: body.index,
+          ...(body.successor !== undefined ? { successor: body.successor } : {}),
           ...(replica.compression !== undefined ? { compression: replica.compression } : {})
         },
         { timeoutMs: 30_000 }
       )
-      ctx.log.info(`parameter server ${args.index + 1}/${args.numServers}: started ${body.to} from its replica of shard ${body.index} at version ${st.version}`)
+      ctx.log.info(`parameter server ${index + 1}/${args.numServers}: started ${body.to} from its replica of shard ${body.index} at version ${st.version}`)
       return null
     },
     replicateTo: (body) => {
@@ -161,7 +168,7 @@ export const parameterServer = defineActor(ServerProtocol, (ctx) => {
       shard = next
       options = { ...options!, numWorkers: body.numWorkers }
       group = body.group
-      ctx.log.info(`parameter server ${args.index + 1}/${args.numServers}: regrouped for ${body.numWorkers} worker(s) at version ${next.version} (group ${body.group})`)
+      ctx.log.info(`parameter server ${index + 1}/${args.numServers}: regrouped for ${body.numWorkers} worker(s) at version ${next.version} (group ${body.group})`)
       return null
     },
     push: (body) => {
@@ -173,7 +180,7 @@ export const parameterServer = defineActor(ServerProtocol, (ctx) => {
       const answer = (reply: PsParams) =>
         void ctx.system.tellPromise(worker, "psParams", body.group !== undefined ? { ...reply, group: body.group } : reply).catch((e: unknown) => ctx.log.warn(`could not answer rank ${body.worker}: ${String(e)}`))
       const refuse = (e: unknown) =>
-        answer({ server: args.index, step: body.step, params: new Float32Array(0), version: -1, staleness: 0, dropped: false, error: e instanceof Error ? e.message : String(e) })
+        answer({ server: index, step: body.step, params: new Float32Array(0), version: -1, staleness: 0, dropped: false, error: e instanceof Error ? e.message : String(e) })
       let grad: Float32Array
       try {
         // The decoder's buffer: the shard adds or applies it before push() returns and keeps none of it.
@@ -184,7 +191,7 @@ export const parameterServer = defineActor(ServerProtocol, (ctx) => {
       }
       s.push(body.worker, body.step, body.basedOn, grad, body.weight, body.learningRate).then(
         (r) =>
-          answer({ server: args.index, step: body.step, params: r.params, version: r.version, staleness: r.staleness, dropped: r.dropped, cpuMsPerPush: cpuMsPerPush() }),
+          answer({ server: index, step: body.step, params: r.params, version: r.version, staleness: r.staleness, dropped: r.dropped, cpuMsPerPush: cpuMsPerPush() }),
         // A push dropped by a regroup is answered by nobody: its worker was paused.
         (e: unknown) => (regrouped.has(s) ? undefined : refuse(e))
       )
