@@ -129,7 +129,7 @@ export const Placement = Schema.Struct({
   group: Schema.String,
   /** A regroup's: what an earlier group of these nodes measured, reused instead of measuring again. */
   measured: Schema.optionalKey(LinkMeasurements),
-  /** A regroup's after a lost parameter server: the servers' actor names, in shard order, the replacement's among them. */
+  /** A regroup's, with parameter servers: their actor names now, in shard order (a lost one's replacement among them). */
   servers: Schema.optionalKey(Schema.Array(Schema.String)),
   /** A regroup's: the rank each survivor had in the generation before (survivors take ranks 0.., joiners follow). */
   survivorRanks: Schema.optionalKey(Schema.Array(Schema.Number)),

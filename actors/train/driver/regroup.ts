@@ -242,7 +242,9 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
     ...reuse,
     survivorRanks,
     ...(belowSize ? { belowSize } : {}),
-    ...(lostServer !== undefined ? { servers } : {})
+    // The parameter servers' names now: a lost one's replacement (this regroup's or an earlier
+    // one's) for every member, a standby started before it was made included.
+    ...(servers.length > 0 ? { servers } : {})
   })
   // 4. The furthest survivor's state, which every member loads.
   const snapshot = await x.system.askPromise(source.w.ref(WorkerProtocol), "snapshot", null, { timeoutMs: 60_000 }).catch(() => undefined)
@@ -353,7 +355,7 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
       resources: r.resources,
       join: { fromReports, to: pos }
     }))
-    const failed = await x.group.spawn(spawns, lostServer !== undefined ? { ...x.groupArgs, servers } : x.groupArgs, watch)
+    const failed = await x.group.spawn(spawns, servers.length > 0 ? { ...x.groupArgs, servers } : x.groupArgs, watch)
     if (failed) x.controller.fail(generation, { kind: "recovery", rank: -1, ...failed })
   }
   await resumed
