@@ -23,13 +23,17 @@ afterAll(async () => {
   expect(liveNatsServerPids()).toEqual([])
 })
 
-/** Chance level is 10% for the digits; the tagging task's most frequent tag is about 15% of the words. */
+/**
+ * Chance level is 10% for the digits; the tagging task's most frequent tag is about 15% of the words.
+ * The models start from unseeded initial weights: after 120 steps the LSTM's accuracy ranged
+ * 0.28-0.37 over five runs (a CI run failed at 0.29), after 200 steps 0.34-0.42.
+ */
 const cases: ReadonlyArray<{ model: ZooModel; epochs: number; steps?: number; above: number }> = [
   { model: "cnn", epochs: 3, above: 0.6 },
   { model: "resnet", epochs: 3, above: 0.5 },
   { model: "embedding", epochs: 3, above: 0.25 },
   { model: "transformer", epochs: 1, steps: 60, above: 0.4 },
-  { model: "lstm", epochs: 1, steps: 120, above: 0.3 }
+  { model: "lstm", epochs: 1, steps: 200, above: 0.3 }
 ]
 
 describe("the model zoo trains on 2 workers on the default backend", () => {
@@ -44,6 +48,7 @@ describe("the model zoo trains on 2 workers on the default backend", () => {
         datasets: { train: data.train, test: data.test }
       }).fit()
       expect(r.metricsHistory.length).toBe(c.epochs)
+      console.log(`zoo ${c.model}: val_accuracy ${String(r.metrics?.val_accuracy)}`)
       expect(Number(r.metrics?.val_accuracy)).toBeGreaterThan(c.above)
       expect(new Set(r.metricsPerRank.at(-1)!.map((m) => m.weights)).size).toBe(1)
       const explain = await fs.readFile(path.join(r.path, "explain.txt"), "utf8")
