@@ -34,6 +34,33 @@ const pidOfActor = (run: string, name: string): number => {
   throw new Error(`no process runs actor ${name} of run ${run}`)
 }
 
+/**
+ * A run's options (one failure allowed) that kill -9 actor `name` of run `run` once, after report
+ * round `index`; `killed()` is the pid killed (undefined if it never was).
+ */
+const killAtReport = (run: string, name: string, index: number) => {
+  let killed: number | undefined
+  const extra = {
+    runConfig: {
+      failureConfig: { maxFailures: 1 },
+      callbacks: [
+        {
+          onReport: (r: { index: number }) => {
+            if (r.index !== index || killed !== undefined) return
+            killed = pidOfActor(run, name)
+            process.kill(killed, "SIGKILL")
+          }
+        }
+      ]
+    }
+  }
+  return { extra, killed: () => killed }
+}
+
+/** The updates each of a run's two servers applied, from its last checkpoint's server files. */
+const shardVersions = (r: Result): Promise<number[]> =>
+  Promise.all([0, 1].map(async (k) => (decodeMessage(await fs.readFile(path.join(r.checkpoint!.path, `ps.shard-${k}-of-2.msgpack`))) as { version: number }).version))
+
 const runs = digitsTrainerRuns("gw-ps-trainer-")
 const fit = runs.fit
 
@@ -122,22 +149,9 @@ describe("parameter servers in the Trainer", () => {
     // kill -9 of server 1 after the second report round, with the workers in the third epoch's steps
     // (an epoch after the first gives the spare, started in the background, time to be ready on a
     // loaded machine; the last epoch, whose loss is compared, runs whole after the recovery).
-    let killed: number | undefined
-    const r = await fit("ps-kill-two", cfg, servers, {
-      runConfig: {
-        failureConfig: { maxFailures: 1 },
-        callbacks: [
-          {
-            onReport: ({ index }: { index: number }) => {
-              if (index !== 1 || killed !== undefined) return
-              killed = pidOfActor("ps-kill-two", "ps0-1")
-              process.kill(killed, "SIGKILL")
-            }
-          }
-        ]
-      }
-    })
-    expect(killed).toBeGreaterThan(0)
+    const kill = killAtReport("ps-kill-two", "ps0-1", 1)
+    const r = await fit("ps-kill-two", cfg, servers, kill.extra)
+    expect(kill.killed()).toBeGreaterThan(0)
     expect(r.restarts).toBe(1)
     const events = await readEvents(r.path)
     expect(events.find((e) => e.type === "failure")).toMatchObject({ failure: { tag: "ServerDown", server: 1 } })
@@ -148,11 +162,9 @@ describe("parameter servers in the Trainer", () => {
     expect(sameWeights(r)).toBe(true)
     // Every sync step applied exactly once on both shards: the versions of the fault-free run (one
     // lost update on the new server, or the step in flight applied twice on the other, would not be).
-    const versions = async (x: Result) =>
-      Promise.all([0, 1].map(async (k) => (decodeMessage(await fs.readFile(path.join(x.checkpoint!.path, `ps.shard-${k}-of-2.msgpack`))) as { version: number }).version))
-    const want = await versions(clean)
+    const want = await shardVersions(clean)
     expect(want[0]).toBeGreaterThan(20)
-    expect(await versions(r)).toEqual(want)
+    expect(await shardVersions(r)).toEqual(want)
     // The same training: the loss of the fault-free run to float noise (the step in flight is
     // computed again on the same parameters, its gradients summed in another order).
     expect(r.metrics!.loss as number).toBeCloseTo(clean.metrics!.loss as number, 3)
@@ -191,28 +203,15 @@ describe("parameter servers in the Trainer", () => {
     expect(restarts.filter((e) => e.server === 0)).toHaveLength(1)
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2])
     expect(sameWeights(r)).toBe(true)
-    const versions = await Promise.all([0, 1].map(async (k) => (decodeMessage(await fs.readFile(path.join(r.checkpoint!.path, `ps.shard-${k}-of-2.msgpack`))) as { version: number }).version))
+    const versions = await shardVersions(r)
     expect(versions[1]).toBe(versions[0])
   })
 
   it("a killed server (the only one) restarts the job from the checkpoint, and its state resumes at another number of servers", async () => {
     // kill -9 of the first generation's server after the first report round.
-    let killed: number | undefined
-    const r = await fit("ps-one-kill", { epochs: 2 }, { strategy: "parameter-server", parameterServer: { numServers: 1 } }, {
-      runConfig: {
-        failureConfig: { maxFailures: 1 },
-        callbacks: [
-          {
-            onReport: ({ index }: { index: number }) => {
-              if (index !== 0 || killed !== undefined) return
-              killed = pidOfActor("ps-one-kill", "ps0-0")
-              process.kill(killed, "SIGKILL")
-            }
-          }
-        ]
-      }
-    })
-    expect(killed).toBeGreaterThan(0)
+    const kill = killAtReport("ps-one-kill", "ps0-0", 0)
+    const r = await fit("ps-one-kill", { epochs: 2 }, { strategy: "parameter-server", parameterServer: { numServers: 1 } }, kill.extra)
+    expect(kill.killed()).toBeGreaterThan(0)
     expect(r.restarts).toBe(1)
     const events = await readEvents(r.path)
     expect(events.find((e) => e.type === "failure")).toMatchObject({ failure: { tag: "ServerDown" } })

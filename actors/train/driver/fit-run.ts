@@ -494,11 +494,14 @@ export class FitRun {
     void this.record.callbacks("onProgress", (cb) => cb.onProgress?.(body))
   }
 
+  /** Whether the cluster sees `node` alive. */
+  readonly #nodeAlive = (node: string): boolean => this.cluster.view.get(node)?.state === "alive"
+
   // Killing the group goes through the agents: wait for the bus first; then let the last
   // checkpoint land.
   async #stopGroup(reason: string): Promise<void> {
     await this.waitForBus()
-    await this.race(this.#group.kill(this.#job, reason, { alive: (node) => this.cluster.view.get(node)?.state === "alive" }))
+    await this.race(this.#group.kill(this.#job, reason, { alive: this.#nodeAlive }))
     await this.race(this.#saving)
   }
 
@@ -588,8 +591,7 @@ export class FitRun {
     const predecessor = names[(k + count - 1) % count]!
     const fallback = [...this.#group.members.values()][0]?.node
     if (fallback === undefined) throw new Error("no worker is left to place it by")
-    const alive = (node: string): boolean => this.cluster.view.get(node)?.state === "alive"
-    const name = await this.#group.replaceServer(held.spawnedFor, k, count, successor, fallback, alive, held.onDown, held.stillMatters)
+    const name = await this.#group.replaceServer(held.spawnedFor, k, count, successor, fallback, this.#nodeAlive, held.onDown, held.stillMatters)
     const server = (n: string) => this.#system.ref(ServerProtocol, n)
     await this.#system.askPromise(server(successor), "handOver", { index: k, to: name, numWorkers, group, successor }, { timeoutMs: SERVER_HANDOVER_TIMEOUT_MS })
     await this.#system.askPromise(server(predecessor), "replicateTo", { to: name }, { timeoutMs: SERVER_HANDOVER_TIMEOUT_MS })

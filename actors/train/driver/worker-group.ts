@@ -11,6 +11,7 @@ import { WORKER_DEAD_AFTER_MS } from "../../../core/defaults.ts"
 import { SERVER_CPUS, type PlacementPlan, type PlacementRequest } from "../../../scheduler/placement.ts"
 import type { ActorSystem } from "../../runtime/system.ts"
 import type { ActorDown } from "../../runtime/watcher.ts"
+import { TIMED_OUT, withDeadline } from "../../runtime/deadline.ts"
 import { agentRef, spawnActor, type SpawnedActor } from "../../node/spawn.ts"
 import { WorkerProtocol, type JoinPosition, type Placement, type WorkerArgs } from "../common/train-protocol.ts"
 import { datasetModules } from "./dataset-payloads.ts"
@@ -335,14 +336,9 @@ export class WorkerGroup {
   }
 
   /** Whether parameter server k is down, or goes down within `ms` (by the watch started with it). */
-  serverDown(k: number, ms: number): Promise<boolean> {
+  async serverDown(k: number, ms: number): Promise<boolean> {
     const down = this.#serverDowns[k]
-    if (!down) return Promise.resolve(true)
-    let timer: ReturnType<typeof setTimeout> | undefined
-    return Promise.race([
-      down.then(() => true),
-      new Promise<boolean>((resolve) => (timer = setTimeout(() => resolve(false), ms)))
-    ]).finally(() => clearTimeout(timer))
+    return down === undefined || (await withDeadline(down, ms)) !== TIMED_OUT
   }
 
   /**

@@ -120,11 +120,6 @@ export class PsClient {
     return this.options.system.ref(ServerProtocol, this.#servers[k]!)
   }
 
-  /** The servers' actor names, in shard order (a lost server's replacement takes its place: useServers). */
-  get servers(): ReadonlyArray<string> {
-    return this.#servers
-  }
-
   /** After a lost server was replaced (the regroup's placement names the servers): push to these from now on. */
   useServers(names: ReadonlyArray<string>): void {
     if (names.length !== this.#servers.length) {

@@ -274,7 +274,7 @@ export class WorkerRun {
     // The parameter servers take this group's pushes from here on (the driver regrouped them first).
     if (this.#ps) {
       this.#ps.group = p.attempt
-      // A lost server was replaced (from its replica on the next server): its successor's name.
+      // A regroup names the servers as they are now (a lost one replaced from its replica among them).
       if (p.servers) this.#ps.useServers(p.servers)
     }
     const direct = this.#direct && reused?.minBytes !== undefined ? { ...this.#direct, minBytes: reused.minBytes } : this.#direct
