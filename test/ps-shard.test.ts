@@ -139,6 +139,38 @@ describe("ShardServer sync", () => {
     expect(s.stats()).toMatchObject({ updates: 2, applied: 4, dropped: 2, received: 6 })
   })
 
+  it("with backup workers and unequal batches (stepWeight): the quota is also (N - b) / N of the step's samples", async () => {
+    // Two workers, one backup, a global batch of 128 split 127 / 1 (adaptive batching).
+    const rng = seededRng(12)
+    const init = values(rng)
+    const s = server(init, { mode: "sync", numWorkers: 2, backupWorkers: 1 })
+    const ref = createFlatOptimizer(SGD, N)
+    const expected = init.slice()
+    // Step 0: the one-row gradient comes first; alone it is 1 of the 64 samples the step needs.
+    const g0 = [values(rng), values(rng)]
+    const small = tracked(s.push(1, 0, 0, g0[1], 1, undefined, 128))
+    await flush()
+    expect(small.done()).toBe(false)
+    const big = s.push(0, 0, 0, g0[0], 127, undefined, 128)
+    const [rs, rb] = await Promise.all([small.promise, big])
+    ref.step(expected, weightedMean([g0[0], g0[1]], [127, 1]))
+    expect([rs.dropped, rb.dropped, rb.version]).toEqual([false, false, 1])
+    expectClose(rb.params, expected)
+    // Step 1: the large one first makes the step alone; the one-row gradient is late and dropped.
+    const g1 = [values(rng), values(rng)]
+    const r0 = await s.push(0, 1, 1, g1[0], 127, undefined, 128)
+    ref.step(expected, weightedMean([g1[0]], [127]))
+    expect(r0).toMatchObject({ dropped: false, version: 2 })
+    expectClose(r0.params, expected)
+    expect(await s.push(1, 1, 1, g1[1], 1, undefined, 128)).toMatchObject({ dropped: true, version: 2 })
+    // Equal batches: the count quota as before (the first of two makes the step).
+    const r = await s.push(1, 2, 2, values(rng), 64, undefined, 128)
+    expect(r).toMatchObject({ dropped: false, version: 3 })
+    // A step's total below the gradient's own weight is refused, and nothing changes.
+    await expect(s.push(0, 3, 3, values(rng), 64, undefined, 32)).rejects.toThrow(/ps\.stepWeight.*>= this gradient's weight/)
+    expect(s.version).toBe(3)
+  })
+
   it("a gradient of an older step than the one collecting is dropped too", async () => {
     const s = server(new Float32Array(N), { mode: "sync", numWorkers: 3, backupWorkers: 1 })
     await Promise.all([s.push(0, 0, 0, values(seededRng(3)), 1), s.push(1, 0, 0, values(seededRng(4)), 1)])

@@ -416,6 +416,8 @@ export const ServerProtocol = defineProtocol("ps-server", {
       /** collectiveConfig.compression: the gradient as the codec's message instead, error feedback on the worker (grad is then empty). */
       packed: Schema.optionalKey(Bytes),
       weight: Schema.Number,
+      /** Sync: the step's samples over every worker (dp.fit's global batch), when the worker knows them. */
+      stepWeight: Schema.optionalKey(Schema.Number),
       learningRate: Schema.optionalKey(Schema.Number),
       /** The pushing worker's group (generation); absent: 0. */
       group: Schema.optionalKey(Schema.Number)

@@ -189,7 +189,7 @@ export const parameterServer = defineActor(ServerProtocol, (ctx) => {
         refuse(e)
         return null
       }
-      s.push(body.worker, body.step, body.basedOn, grad, body.weight, body.learningRate).then(
+      s.push(body.worker, body.step, body.basedOn, grad, body.weight, body.learningRate, body.stepWeight).then(
         (r) =>
           answer({ server: index, step: body.step, params: r.params, version: r.version, staleness: r.staleness, dropped: r.dropped, cpuMsPerPush: cpuMsPerPush() }),
         // A push dropped by a regroup is answered by nobody: its worker was paused.

@@ -14,7 +14,11 @@
 //          current parameters and dropped: true. Only one step collects at a time: a worker cannot
 //          push step t + 1 while step t still waits for gradients (its own push of t would not
 //          have resolved), so a push of a later step than the collecting one is an error rather
-//          than a second barrier that could deadlock with the first.
+//          than a second barrier that could deadlock with the first. When the pushes say how many
+//          samples the whole step has (`stepWeight`: dp.fit's global batch, split unequally by
+//          adaptive batching), the quota is also in samples: the first gradients holding at least
+//          (N - b) / N of them. With equal batches that is the same quota; with unequal ones a small
+//          batch's gradient that arrives first does not make the step on its own.
 //   async  Each gradient is one optimizer step on its own (weight ignored), applied at once.
 //   ssp    As async, but the push resolves only once every running worker's clock (the steps it
 //          has pushed: its last step + 1) is >= step + 1 - s, i.e. the pusher is at most s steps
@@ -144,6 +148,8 @@ interface SyncStep {
   readonly waiters: Waiter[]
   readonly taken: boolean[]
   learningRate: number | undefined
+  /** The step's samples over every worker, when its pushes say (the quota is then in samples too). */
+  stepWeight: number | undefined
 }
 
 const fmt = (v: unknown): string => (typeof v === "string" ? JSON.stringify(v) : ArrayBuffer.isView(v) ? `${v.constructor.name}(${(v as unknown as { length: number }).length})` : String(v))
@@ -252,13 +258,15 @@ export class ShardServer {
    * it received), at its step `step` (0, 1, 2, ...; rising), weighted by `weight` (its samples;
    * used by sync only, where it must be > 0). `learningRate`, when given, becomes the optimizer's
    * learning rate from this update on (sync: the last one given among the step's gradients).
+   * `stepWeight` (sync): the step's samples over every worker, when the worker knows them; the
+   * step's quota is then also (N - b) / N of them (see the modes above).
    * Resolves when the worker may go on (see the modes above); rejects with a ConfigError for bad
    * input (nothing is changed then), or with the abort reason.
    */
-  push(worker: number, step: number, basedOn: number, grad: Float32Array, weight: number, learningRate?: number): Promise<PushResult> {
+  push(worker: number, step: number, basedOn: number, grad: Float32Array, weight: number, learningRate?: number, stepWeight?: number): Promise<PushResult> {
     if (this.aborted) return Promise.reject(this.aborted.error)
     try {
-      this.checkPush(worker, step, basedOn, grad, weight, learningRate)
+      this.checkPush(worker, step, basedOn, grad, weight, learningRate, stepWeight)
     } catch (e) {
       return Promise.reject(e)
     }
@@ -270,7 +278,7 @@ export class ShardServer {
     })
     const w = waiter!
     try {
-      if (this.mode === "sync") this.pushSync(w, grad, weight, learningRate)
+      if (this.mode === "sync") this.pushSync(w, grad, weight, learningRate, stepWeight)
       else this.pushApplied(w, grad, learningRate)
     } catch (e) {
       // Only an optimizer failure can land here (inputs were checked); pushSync has already
@@ -476,7 +484,7 @@ export class ShardServer {
     }
   }
 
-  private checkPush(worker: number, step: number, basedOn: number, grad: Float32Array, weight: number, learningRate: number | undefined): void {
+  private checkPush(worker: number, step: number, basedOn: number, grad: Float32Array, weight: number, learningRate: number | undefined, stepWeight: number | undefined): void {
     this.checkWorker(worker)
     if (this.done[worker]) {
       throw new ConfigError({ field: "ps.worker", reason: `worker ${worker} has finished (its loop ended); it cannot push again` })
@@ -511,6 +519,12 @@ export class ShardServer {
     }
     if (learningRate !== undefined && (typeof learningRate !== "number" || !Number.isFinite(learningRate) || learningRate < 0)) {
       throw new ConfigError({ field: "ps.learningRate", reason: `worker ${worker} step ${step}: must be a finite number >= 0, got ${fmt(learningRate)}` })
+    }
+    if (stepWeight !== undefined && (typeof stepWeight !== "number" || !Number.isFinite(stepWeight) || stepWeight < weight)) {
+      throw new ConfigError({
+        field: "ps.stepWeight",
+        reason: `worker ${worker} step ${step}: the step's samples over every worker must be a finite number >= this gradient's weight (${fmt(weight)}), got ${fmt(stepWeight)}`
+      })
     }
     const c = this.collecting
     if (this.mode === "sync" && c !== null && step > c.step) {
@@ -555,7 +569,7 @@ export class ShardServer {
     return this.numWorkers - this.backupWorkers
   }
 
-  private pushSync(w: Waiter, grad: Float32Array, weight: number, learningRate: number | undefined): void {
+  private pushSync(w: Waiter, grad: Float32Array, weight: number, learningRate: number | undefined, stepWeight: number | undefined): void {
     const c0 = this.collecting
     if (w.step <= this.lastAppliedStep || (c0 !== null && w.step < c0.step)) {
       // Late: its step was applied (with the first N - b), or it is older than the one collecting.
@@ -567,7 +581,7 @@ export class ShardServer {
     if (c === null) {
       const sum = this.spare ?? new Float32Array(this.length)
       this.spare = null
-      c = { step: w.step, sum, weight: 0, waiters: [], taken: new Array<boolean>(this.numWorkers).fill(false), learningRate: undefined }
+      c = { step: w.step, sum, weight: 0, waiters: [], taken: new Array<boolean>(this.numWorkers).fill(false), learningRate: undefined, stepWeight: undefined }
       this.collecting = c
     }
     const sum = c.sum
@@ -577,6 +591,7 @@ export class ShardServer {
     c.weight += weight
     c.taken[w.worker] = true
     if (learningRate !== undefined) c.learningRate = learningRate
+    if (stepWeight !== undefined) c.stepWeight = Math.max(c.stepWeight ?? 0, stepWeight)
     c.waiters.push(w)
     this.applySyncIfReady()
     if (this.collecting === c) this.markWaiting(w)
@@ -586,7 +601,10 @@ export class ShardServer {
   private applySyncIfReady(): void {
     const c = this.collecting
     if (c === null) return
-    if (c.waiters.length < this.syncQuota()) {
+    const quota = this.syncQuota()
+    // In samples too when the step's total is known (unequal batches): (N - b) / N of them.
+    const enough = c.waiters.length >= quota && (c.stepWeight === undefined || c.weight >= ((c.stepWeight * quota) / this.numWorkers) * (1 - 1e-9))
+    if (!enough) {
       for (let i = 0; i < this.numWorkers; i++) if (!this.done[i] && !c.taken[i]) return
     }
     this.collecting = null

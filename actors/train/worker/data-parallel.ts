@@ -527,6 +527,7 @@ export class DataParallelModel implements RecoverableModel {
     const exchanged = await worker.exchange(flat, {
       step,
       samples: 0,
+      ...this.#globalSamples(),
       recompute: async () => {
         flat.fill(0)
         return flat
@@ -535,6 +536,12 @@ export class DataParallelModel implements RecoverableModel {
     if (!exchanged.adopted) await exchanged.apply?.()
     if (!worker.viaServers) this.#global++
     this.#sync.recovery?.countStep()
+  }
+
+  /** The step's samples over every rank, where dp.fit() knows them (StepExchange.globalSamples). */
+  #globalSamples(): { globalSamples?: number } {
+    const g = this.#loop.inFit ? this.#loop.fitGlobalBatch : undefined
+    return g !== undefined && g > 0 ? { globalSamples: g } : {}
   }
 
   async #trainStep(x: Tensor, y: Tensor): Promise<StepResult> {
@@ -587,6 +594,7 @@ export class DataParallelModel implements RecoverableModel {
     const exchanged = await worker.exchange(flat, {
       step,
       samples,
+      ...this.#globalSamples(),
       // The group broke under the reduction and was re-formed: this rank's gradients again (the
       // weights are unchanged), with the micro-batches it accumulated before, which it kept.
       recompute: async () => {

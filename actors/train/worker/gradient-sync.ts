@@ -123,7 +123,9 @@ export interface ParameterServers {
     step: number,
     grad: Float32Array,
     weight: number,
-    learningRate: number | undefined
+    learningRate: number | undefined,
+    /** Sync: the step's samples over every worker, when known (the step's quota counts samples then). */
+    stepWeight?: number
   ): Promise<{ readonly params: Float32Array; readonly staleness: number; readonly dropped: boolean; readonly version: number; readonly serverMs: number | undefined }>
   pull(n: number): Promise<Float32Array>
   stateFiles(): Promise<Record<string, Uint8Array>>

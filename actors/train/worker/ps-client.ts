@@ -197,8 +197,11 @@ export class PsClient {
     else p.resolve(m)
   }
 
-  /** Pushes this step's flat gradient (weighted by `weight` samples) and gathers the fresh parameters. */
-  async pushPull(worker: number, step: number, grad: Float32Array, weight: number, learningRate: number | undefined): Promise<PushPull> {
+  /**
+   * Pushes this step's flat gradient (weighted by `weight` samples; `stepWeight`: the step's samples
+   * over every worker, when known) and gathers the fresh parameters.
+   */
+  async pushPull(worker: number, step: number, grad: Float32Array, weight: number, learningRate: number | undefined, stepWeight?: number): Promise<PushPull> {
     const layouts = this.layout(grad.length)
     const out = (this.#params ??= new Float32Array(grad.length))
     let staleness = 0
@@ -235,6 +238,7 @@ export class PsClient {
           // this range's next push, which comes after the server answered this one
           ...encoder.encode(k, grad.subarray(l.start, l.end), { rank: worker, step }),
           weight,
+          ...(stepWeight !== undefined ? { stepWeight } : {}),
           ...(learningRate !== undefined ? { learningRate } : {}),
           group
         })

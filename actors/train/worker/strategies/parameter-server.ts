@@ -82,10 +82,21 @@ export class ParameterServerWorker implements StrategyWorker {
     // A regroup under the push (recovery from peers): sync servers dropped the step's gradients, so
     // it is pushed again in the new group (computed again, as the all-reduce does); async and SSP
     // servers applied it on arrival, so the step is done and this rank took a survivor's state.
-    let grad = flat
+    // Async and SSP apply each push as one optimizer step of its own: a rank whose batch adaptive
+    // batching made larger or smaller than its equal share (dp.fit's global batch over the ranks)
+    // pushes its gradient scaled by that ratio, so a push moves the parameters in proportion to the
+    // samples it carries (a one-row batch's noisy gradient no longer takes a full step); with equal
+    // batches the factor is 1. Sync weights the step's mean by samples already, and its quota counts
+    // them (stepWeight).
+    const share = x.globalSamples !== undefined && oneByOne ? (x.samples * p) / x.globalSamples : 1
+    const scaled = (g: Float32Array): Float32Array => {
+      if (share !== 1) for (let i = 0; i < g.length; i++) g[i]! *= share
+      return g
+    }
+    let grad = scaled(flat)
     let sentAt: number | undefined
     let r: Awaited<ReturnType<ParameterServers["pushPull"]>>
-    const push = () => ps.pushPull(h.sync.rank, x.step, grad, x.samples, h.learningRate)
+    const push = () => ps.pushPull(h.sync.rank, x.step, grad, x.samples, h.learningRate, oneByOne ? undefined : x.globalSamples)
     this.#sending = oneByOne
     try {
       for (;;) {
@@ -95,7 +106,7 @@ export class ParameterServerWorker implements StrategyWorker {
           r = got
           break
         }
-        grad = await x.recompute()
+        grad = scaled(await x.recompute())
         sentAt = performance.now()
       }
     } finally {

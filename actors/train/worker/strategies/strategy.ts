@@ -106,6 +106,11 @@ export interface StepExchange {
   readonly step: number
   /** Sample weight of this rank's gradient (accumulated micro-batches included). */
   readonly samples: number
+  /**
+   * The step's samples over every rank, where the loop knows them (dp.fit()'s global batch, which
+   * adaptive batching splits unequally): this rank's share of the step is samples / globalSamples.
+   */
+  readonly globalSamples?: number
   /** The group was re-formed under the reduction: this rank's gradient again, for the new group. */
   recompute(): Promise<Float32Array>
 }
