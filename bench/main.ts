@@ -15,6 +15,7 @@ const benches: Record<string, { about: string; modules: ReadonlyArray<string> }>
   strategy: { about: "all-reduce vs parameter servers (sync, backup workers, async, SSP) with a straggler: steps/s, accuracy, staleness", modules: ["./strategy.ts"] },
   lowbw: { about: "local SGD / DiLoCo vs synchronous all-reduce (uncompressed, PowerSGD) on shaped 100/10 Mbit/s links: bytes/sample, steps/s, time to accuracy", modules: ["./lowbw.ts"] },
   train: { about: "the model zoo (MLP, CNNs, embedding, transformer, LSTM) at p = 1, 2, 4 vs PyTorch DDP: samples/s and the step split", modules: ["./train.ts"] },
+  overlap: { about: "the gradient all-reduce overlapped with the backward pass (split at the model's cut points) vs one whole backward then the all-reduce", modules: ["./overlap.ts"] },
   data: { about: "file datasets streamed per worker vs in-memory arrays: driver/worker RSS, time to first step, rows/s, data wait share", modules: ["./data.ts"] }
 }
 
