@@ -5,8 +5,10 @@
 // inside its own cpu cgroup: the fast one capped at one core, the slow one at 1/skew of a core
 // (cpu.cfs_quota_us / cpu.cfs_period_us; children inherit the group, so each agent's worker runs
 // under its agent's cap). Two workers placed STRICT_SPREAD, one per agent. Per skew (`--skews=2,4`)
-// and strategy (`--strategies=allreduce,local-sgd[,auto]`: the all-reduce, local SGD averaging every
-// `--sync-every` 8 steps, strategy auto with what it ended on): a digits model (`--model=cnn`, 3x3 convolutions of `--conv=32,64`
+// and strategy (`--strategies=allreduce,local-sgd[,auto,backup,ssp,async]`: the all-reduce, local SGD
+// averaging every `--sync-every` 8 steps, strategy auto with what it ended on, and one parameter
+// server in sync mode with one backup worker, in SSP (staleness 2) or async; the server, like auto's,
+// runs on the fast node inside its one-core cap): a digits model (`--model=cnn`, 3x3 convolutions of `--conv=32,64`
 // filters, dense 64 and 10; or `--model=mlp`, `--hidden=256,256`) trained with dp.fit({
 // globalBatchSize }), first with an equal split (adaptiveBatching off), then with
 // throughput-proportional batches (on); same data, global batch, seed and epochs. Every run is
@@ -44,11 +46,24 @@ const CLI = fileURLToPath(new URL("../bin/gradwire.js", import.meta.url))
 const SIMULATED = "simulated (sleep)"
 
 /** The strategies the cgroup mode compares, each with an equal and an adaptive split. */
-type Strategy = "allreduce" | "local-sgd" | "auto"
+type Strategy = "allreduce" | "local-sgd" | "auto" | "auto-local" | "backup" | "ssp" | "async"
 const STRATEGY_LABEL: Record<Strategy, (syncEvery: number) => string> = {
   allreduce: () => "all-reduce",
   "local-sgd": (h) => `local SGD (H = ${h})`,
-  auto: () => "auto"
+  auto: () => "auto",
+  "auto-local": (h) => `auto, local SGD (H = ${h}) offered`,
+  backup: () => "PS sync, 1 backup worker",
+  ssp: () => "PS SSP (s = 2)",
+  async: () => "PS async"
+}
+/** The strategies that run a parameter server (one, on the fast node, inside its one-core cap). */
+const SERVER_STRATEGIES: ReadonlyArray<Strategy> = ["auto", "auto-local", "backup", "ssp", "async"]
+/** collectiveConfig for a strategy run with one parameter server. */
+const serverConfig = (strategy: Strategy): Record<string, unknown> => {
+  if (strategy === "backup") return { strategy: "parameter-server", parameterServer: { numServers: 1, mode: "sync" }, backupWorkers: 1 }
+  if (strategy === "ssp") return { strategy: "parameter-server", parameterServer: { numServers: 1, mode: "ssp", staleness: 2 } }
+  if (strategy === "async") return { strategy: "parameter-server", parameterServer: { numServers: 1, mode: "async" } }
+  return {}
 }
 
 export async function run(argv: ReadonlyArray<string>): Promise<void> {
@@ -95,6 +110,8 @@ interface RunResult {
   readonly stragglers: string
   /** Strategy "auto": the strategy it ended on. */
   readonly picked?: string
+  /** Strategy "auto" with local SGD offered: what its last decision said of local SGD (explain.txt). */
+  readonly localWhy?: string
 }
 
 const samplesPerS = (r: RunResult, batch: number): number => {
@@ -178,9 +195,9 @@ async function runCgroup(argv: ReadonlyArray<string>, groups: { fast: CpuGroup; 
         "--node-id",
         node,
         "--num-cpus",
-        // Strategy auto reserves a parameter server's CPU (in case it moves there): a second
-        // slot on the fast node, inside its one-core cap, so auto gets no CPU the others lack.
-        node === "fast" && strategies.includes("auto") ? "2" : "1",
+        // A parameter server's CPU (strategy auto reserves one in case it moves there): a second
+        // slot on the fast node, inside its one-core cap, so the server gets no CPU the others lack.
+        node === "fast" && strategies.some((st) => SERVER_STRATEGIES.includes(st)) ? "2" : "1",
         "--backends",
         mix ? mix[node === "fast" ? 0 : 1] : "wasm,cpu",
         "--block",
@@ -244,6 +261,7 @@ async function runCgroup(argv: ReadonlyArray<string>, groups: { fast: CpuGroup; 
         `  skew ${skew}x: worker samples/s fast/slow ${runs.map((x) => `${fmtCalib(x.r)} (${x.strategy}, ${x.adaptive ? "adaptive" : "equal"})`).join(", ")}; ` +
           `batcher stragglers: ${runs.filter((x) => x.adaptive).map((x) => `${x.r.stragglers} (${x.strategy})`).join(", ")}; slow cgroup throttled ${throttled(groups.slow)}`
       )
+      for (const x of runs) if (x.r.localWhy) console.log(`  skew ${skew}x, ${STRATEGY_LABEL[x.strategy](syncEvery)}, ${x.adaptive ? "adaptive" : "equal"} split: ${x.r.localWhy}`)
     }
     console.log(
       [
@@ -274,6 +292,16 @@ async function runCgroup(argv: ReadonlyArray<string>, groups: { fast: CpuGroup; 
     process.off("exit", cleanupSync)
     await server?.stop()
     await fsp.rm(work, { recursive: true, force: true })
+  }
+}
+
+/** The last line of a run's explain.txt about local SGD (strategy auto's reason to take it or not). */
+const lastLocalSgdLine = (runPath: string): string => {
+  try {
+    const lines = fs.readFileSync(path.join(runPath, "explain.txt"), "utf8").split("\n")
+    return lines.filter((l) => l.includes("local-sgd")).at(-1)?.trim() ?? "no local-sgd line in explain.txt"
+  } catch (e) {
+    return `explain.txt unreadable (${(e as Error).message})`
   }
 }
 
@@ -336,7 +364,9 @@ async function fitOnce(o: {
     collectiveConfig: {
       adaptiveBatching: o.adaptive,
       ...(o.strategy === "local-sgd" ? { strategy: "local-sgd" as const, localSgd: { syncEvery: o.syncEvery, outerOptimizer: "average" as const } } : {}),
-      ...(o.strategy === "auto" ? { strategy: "auto" as const } : {})
+      ...(o.strategy === "auto" ? { strategy: "auto" as const } : {}),
+      ...(o.strategy === "auto-local" ? { strategy: "auto" as const, localSgd: { syncEvery: o.syncEvery, outerOptimizer: "average" as const } } : {}),
+      ...serverConfig(o.strategy)
     },
     cluster: { address: o.server.url, clusterName: o.cluster }
   }).fit()
@@ -363,7 +393,8 @@ async function fitOnce(o: {
     batches,
     rebalances: Number(last["batch/rebalances"] ?? 0),
     stragglers,
-    ...(typeof last.strategy === "string" ? { picked: `${last.strategy}${last["strategy/switches"] ? `, ${String(last["strategy/switches"])} switches` : ""}` } : {})
+    ...(typeof last.strategy === "string" ? { picked: `${last.strategy}${last["strategy/switches"] ? `, ${String(last["strategy/switches"])} switches` : ""}` } : {}),
+    ...(o.strategy === "auto-local" ? { localWhy: lastLocalSgdLine(r.path) } : {})
   }
 }
 
