@@ -133,3 +133,60 @@ export class AlgorithmTuner {
     return this.#decided?.get(bytes)
   }
 }
+
+/**
+ * Whether the calls a tuned pick was measured on have changed since (a link slowed, another job
+ * took the cores, a peer fell back to NATS): after tuning, each size's calls are timed on this
+ * rank in windows of `window` calls; the first window's median is the size's baseline, and a
+ * window whose median is more than `factor` times the baseline, or less than 1 / factor of it,
+ * `confirm` windows in a row, says the candidates should be timed again. Pure bookkeeping: the
+ * caller agrees across ranks (the max of every rank's flag, at the same call everywhere) and
+ * starts a new tuning round, then reset()s this.
+ */
+export class DriftMonitor {
+  readonly window: number
+  readonly factor: number
+  readonly confirm: number
+  readonly #sizes = new Map<number, { base: number | undefined; current: number[]; strikes: number; last: number }>()
+
+  constructor(window = 50, factor = 2, confirm = 2) {
+    if (!(Number.isInteger(window) && window >= 1)) throw new RangeError(`DriftMonitor window must be an integer >= 1, got ${window}`)
+    if (!(factor > 1)) throw new RangeError(`DriftMonitor factor must be > 1, got ${factor}`)
+    if (!(Number.isInteger(confirm) && confirm >= 1)) throw new RangeError(`DriftMonitor confirm must be an integer >= 1, got ${confirm}`)
+    this.window = window
+    this.factor = factor
+    this.confirm = confirm
+  }
+
+  /** Notes one call of `bytes` that took `ms` on this rank. */
+  record(bytes: number, ms: number): void {
+    if (!(ms >= 0) || !Number.isFinite(ms)) return
+    let s = this.#sizes.get(bytes)
+    if (s === undefined) {
+      s = { base: undefined, current: [], strikes: 0, last: 0 }
+      this.#sizes.set(bytes, s)
+    }
+    s.current.push(ms)
+    if (s.current.length < this.window) return
+    const m = median(s.current)
+    s.current = []
+    s.last = m
+    if (s.base === undefined) s.base = m
+    else if (m > this.factor * s.base || m * this.factor < s.base) s.strikes++
+    else s.strikes = 0
+  }
+
+  /** The sizes whose calls moved away from their baseline for `confirm` windows in a row: "4.0 KiB 0.31 -> 1.20 ms". */
+  drifted(): string[] {
+    const out: string[] = []
+    for (const [bytes, s] of [...this.#sizes.entries()].sort((a, b) => a[0] - b[0])) {
+      if (s.strikes >= this.confirm && s.base !== undefined) out.push(`${bytes >= 1024 * 1024 ? `${(bytes / (1024 * 1024)).toFixed(1)} MiB` : `${(bytes / 1024).toFixed(1)} KiB`} ${s.base.toFixed(2)} -> ${s.last.toFixed(2)} ms`)
+    }
+    return out
+  }
+
+  /** Forgets every baseline (after the candidates were timed again). */
+  reset(): void {
+    this.#sizes.clear()
+  }
+}

@@ -17,7 +17,7 @@ import { autoCandidates, compressionType, type ResolvedCompressionConfig } from 
 import { chooseAlgorithm, explain, planCommunication, type CompressorProfile, type Explanation } from "../../../scheduler/algorithm-choice.ts"
 import type { CostModel, Topology } from "../../../scheduler/cost-model.ts"
 import { defaultCostModel, median } from "../../../scheduler/cost-model.ts"
-import { AlgorithmTuner, type TunedSize } from "../../../scheduler/algorithm-tuner.ts"
+import { AlgorithmTuner, DriftMonitor, type TunedSize } from "../../../scheduler/algorithm-tuner.ts"
 import { describeObservation, type ObservedTopology, type ProbeOptions } from "../../../scheduler/topology.ts"
 import { probeGroupTopology } from "./topology-probe.ts"
 
@@ -49,6 +49,15 @@ export interface AutoReducerOptions extends Omit<GradientReducerOptions, "algori
 export const TUNE_ROUNDS = 5
 /** The model's pick stands unless it measured more than this factor slower than the fastest, in most rounds (AlgorithmTuner's keepWithin). */
 export const TUNE_KEEP_WITHIN = 1.1
+/**
+ * After tuning, each size's calls are timed in windows of this many (DriftMonitor); a window whose
+ * median is DRIFT_FACTOR x off the first window's, DRIFT_CONFIRM windows in a row, times every
+ * candidate again. The ranks agree every DRIFT_CHECK_EVERY calls (one one-float all-reduce).
+ */
+export const DRIFT_WINDOW = 50
+export const DRIFT_FACTOR = 2
+export const DRIFT_CONFIRM = 2
+export const DRIFT_CHECK_EVERY = 100
 
 /**
  * A GradientReducer whose algorithm and compression the cost model picks. With algorithm 'auto'
@@ -56,6 +65,8 @@ export const TUNE_KEEP_WITHIN = 1.1
  * (TUNE_ROUNDS calls each, from the call after the first that finds compression decided: the
  * group's second, or the one after compression 'auto' decides); from then on each size runs the
  * measured fastest (the model's pick kept unless it measured clearly slower: AlgorithmTuner).
+ * When the calls then move well away from what they took after tuning (a link slowed or sped up,
+ * the cores got busier, a peer fell back to NATS: DriftMonitor), every candidate is timed again.
  */
 export class AutoGradientReducer extends GradientReducer {
   readonly #auto: AutoReducerOptions
@@ -64,7 +75,19 @@ export class AutoGradientReducer extends GradientReducer {
   #decided: boolean
   #chosen: string
   #agreedComputeMs: number | undefined = undefined
-  readonly #tune: { tuner: AlgorithmTuner | undefined; calls: number; from: number | undefined; active: boolean; result: TunedSize[] | undefined }
+  readonly #tune: {
+    tuner: AlgorithmTuner | undefined
+    calls: number
+    from: number | undefined
+    active: boolean
+    result: TunedSize[] | undefined
+    /** The call at which the last tuning decided. */
+    decidedAt: number
+    /** Tunings after the first, and why the last one was made. */
+    retunes: number
+    why: string | undefined
+  }
+  readonly #drift = new DriftMonitor(DRIFT_WINDOW, DRIFT_FACTOR, DRIFT_CONFIRM)
   readonly #modelPick: (bytes: number) => AllReduceAlgorithm
 
   constructor(comm: Communicator, opts: AutoReducerOptions) {
@@ -83,7 +106,10 @@ export class AutoGradientReducer extends GradientReducer {
       calls: 0,
       from: undefined as number | undefined,
       active: false,
-      result: undefined as TunedSize[] | undefined
+      result: undefined as TunedSize[] | undefined,
+      decidedAt: 0,
+      retunes: 0,
+      why: undefined as string | undefined
     }
     const algorithm =
       opts.algorithm === "auto"
@@ -102,6 +128,12 @@ export class AutoGradientReducer extends GradientReducer {
 
   protected override noteCall(bytes: number, algorithm: string, ms: number): void {
     if (this.#tune.active) this.#tune.tuner!.record(bytes, algorithm, ms)
+    else if (this.#tune.result !== undefined) this.#drift.record(bytes, ms)
+  }
+
+  /** Times every candidate was timed again after the first tuning, and why the last time. */
+  get retuned(): { readonly times: number; readonly why: string | undefined } {
+    return { times: this.#tune.retunes, why: this.#tune.why }
   }
 
   /** The forward + backward time of a step (the worker's observer feeds it). */
@@ -120,22 +152,38 @@ export class AutoGradientReducer extends GradientReducer {
       this.#emit(layout, undefined)
     }
     const t = this.#tune
+    // Counted in this reducer's calls (every rank makes the same ones, also where a loop does
+    // not reduce every step).
+    const call = t.tuner !== undefined ? t.calls++ : 0
     if (t.tuner !== undefined && t.result === undefined) {
-      // Counted in this reducer's calls (every rank makes the same ones, also where a loop does
-      // not reduce every step): tuning runs from the call after the first one that finds
-      // compression decided (the group's first call warms up), for tuner.steps calls.
-      const call = t.calls++
+      // Tuning runs from the call after the first one that finds compression decided (the
+      // group's first call warms up), for tuner.steps calls.
       if (t.from === undefined && this.#decided) t.from = call + 1
       if (t.from !== undefined && call >= t.from + t.tuner.steps) {
         t.active = false
         const table = t.tuner.table()
         if (table.length > 0) await this.comm.allReduce(table, { op: "max", algorithm: "tree" })
         t.result = t.tuner.decide(table, this.#modelPick)
+        t.decidedAt = call
         this.#emit(layout, this.#agreedComputeMs)
       } else t.active = t.from !== undefined && call >= t.from
       // A tuning call starts together on every rank, so a rank's time is the call's and not its
       // wait for a slower rank's backward pass (a barrier costs about one small message).
       if (t.active) await this.comm.barrier()
+    } else if (t.tuner !== undefined && call > t.decidedAt && (call - t.decidedAt) % DRIFT_CHECK_EVERY === 0) {
+      // Every rank at the same call: has any rank's calls moved away from what they took after
+      // tuning? Then every candidate is timed again, from the next call.
+      const drifted = this.#drift.drifted()
+      const flag = Float32Array.of(drifted.length > 0 ? 1 : 0)
+      await this.comm.allReduce(flag, { op: "max", algorithm: "tree" })
+      if (flag[0]! > 0) {
+        t.tuner = new AlgorithmTuner(t.tuner.candidates, TUNE_ROUNDS, TUNE_KEEP_WITHIN)
+        t.result = undefined
+        t.from = call + 1
+        t.retunes++
+        t.why = drifted.length > 0 ? `rank ${this.comm.rank}'s calls moved: ${drifted.join(", ")}` : "another rank's calls moved"
+        this.#drift.reset()
+      }
     }
     if (!this.#decided && step >= warmup && this.comm.worldSize > 1) {
       this.#decided = true
@@ -169,7 +217,7 @@ export class AutoGradientReducer extends GradientReducer {
       algorithms: allReduceAlgorithms(),
       ...(fixed ? { candidates: fixed } : {})
     })
-    const e = withTuned(explain(plan), this.#tune.result)
+    const e = withTuned(explain(plan), this.#tune.result, this.#tune.retunes > 0 ? this.#tune : undefined)
     const tuned = this.#tune.result
     const algos = [...new Set(tuned !== undefined && tuned.length > 0 ? tuned.map((x) => x.picked) : plan.schedule.map((s) => s.algorithm))].join("/") + (tuned !== undefined && tuned.length > 0 ? " (measured)" : "")
     const summary =
@@ -185,7 +233,7 @@ export class AutoGradientReducer extends GradientReducer {
 const fmtTunedBytes = (b: number): string => (b >= 1024 * 1024 ? `${(b / (1024 * 1024)).toFixed(1)} MiB` : `${(b / 1024).toFixed(1)} KiB`)
 
 /** The explanation with what the tuner measured and picked, when it has decided. */
-export const withTuned = (e: Explanation, tuned: readonly TunedSize[] | undefined): Explanation => {
+export const withTuned = (e: Explanation, tuned: readonly TunedSize[] | undefined, again?: { readonly retunes: number; readonly why: string | undefined }): Explanation => {
   if (tuned === undefined) return e
   const names = allReduceAlgorithms().map((a) => a.name)
   const lines = tuned.map(
@@ -201,7 +249,8 @@ export const withTuned = (e: Explanation, tuned: readonly TunedSize[] | undefine
     tuned.length === 0
       ? "measured pick: no bucket size was timed with every algorithm; the cost model's picks stand"
       : `measured pick (each algorithm timed ${TUNE_ROUNDS} times per bucket size on training's own calls, each call's slowest rank, the median of each algorithm's calls):\n${lines.join("\n")}`
-  return { ...e, text: `${e.text}\n${text}`, json: { ...e.json, tuned } }
+  const retold = again ? `\n  timed again (${again.retunes} time${again.retunes === 1 ? "" : "s"} since the first; the last because ${again.why ?? "the calls moved"}: a window of ${DRIFT_WINDOW} calls ${DRIFT_FACTOR}x off the first after tuning, ${DRIFT_CONFIRM} windows in a row)` : ""
+  return { ...e, text: `${e.text}\n${text}${retold}`, json: { ...e.json, tuned, ...(again ? { retuned: { times: again.retunes, why: again.why } } : {}) } }
 }
 
 export interface AutoCollectivesInput {

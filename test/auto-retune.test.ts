@@ -1,0 +1,113 @@
+// Algorithm "auto" times every candidate again when the calls move away from what they took after
+// tuning (a link slowed, the cores got busier): two ranks of AutoGradientReducer over one real
+// nats-server in this process, whose call timings are fed from the test (the reducer's noteCall)
+// so the drift is exactly the one the test makes; the collectives themselves run for real.
+import { connect } from "@nats-io/transport-node"
+import type { NatsConnection } from "@nats-io/nats-core"
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { Communicator } from "../collectives/communicator.ts"
+import { launchNatsServer, type NatsServerProcess } from "../core/nats-server.ts"
+import { AutoGradientReducer, DRIFT_CHECK_EVERY, DRIFT_WINDOW } from "../actors/train/worker/auto-config.ts"
+import { defaultCostModel } from "../scheduler/cost-model.ts"
+import { DriftMonitor } from "../scheduler/algorithm-tuner.ts"
+import type { Explanation } from "../scheduler/algorithm-choice.ts"
+
+let server: NatsServerProcess
+const conns: NatsConnection[] = []
+
+beforeAll(async () => {
+  server = await launchNatsServer({ jetstream: false })
+  for (let i = 0; i < 4; i++) conns.push(await connect({ servers: server.url, noEcho: true }))
+})
+
+afterAll(async () => {
+  await Promise.all(conns.map((c) => c.close()))
+  await server?.stop()
+})
+
+/** The reducer with its calls' times set by the test instead of measured. */
+class Timed extends AutoGradientReducer {
+  callMs = 1
+  protected override noteCall(bytes: number, algorithm: string, _ms: number): void {
+    super.noteCall(bytes, algorithm, this.callMs)
+  }
+}
+
+describe("DriftMonitor", () => {
+  it("says a size moved only after `confirm` windows in a row off its first window's median, either way", () => {
+    const m = new DriftMonitor(4, 2, 2)
+    const feed = (bytes: number, ms: number, n: number) => {
+      for (let i = 0; i < n; i++) m.record(bytes, ms)
+    }
+    feed(4096, 1, 4) // baseline 1 ms
+    feed(4096, 1.9, 8) // within 2x: no strike
+    expect(m.drifted()).toEqual([])
+    feed(4096, 3, 4) // one window off
+    expect(m.drifted()).toEqual([])
+    feed(4096, 1, 4) // back: the strikes start again
+    feed(4096, 3, 4)
+    expect(m.drifted()).toEqual([])
+    feed(4096, 3, 4)
+    expect(m.drifted()).toEqual(["4.0 KiB 1.00 -> 3.00 ms"])
+    m.reset()
+    feed(1 << 20, 4, 4)
+    feed(1 << 20, 1, 8) // faster counts too
+    expect(m.drifted()).toEqual(["1.0 MiB 4.00 -> 1.00 ms"])
+    expect(() => new DriftMonitor(0)).toThrow(/window/)
+    expect(() => new DriftMonitor(4, 1)).toThrow(/factor/)
+  })
+})
+
+describe("AutoGradientReducer", () => {
+  it("times every algorithm again once a rank's calls moved for two windows, agreed by every rank, and not again while they hold", async () => {
+    const comms = await Promise.all(
+      [0, 1].map((rank) => Communicator.create({ nc: conns[2 * rank]!, controlNc: conns[2 * rank + 1]!, cluster: "t", job: "retune", group: "g", rank, worldSize: 2, timeoutMs: 10_000 }))
+    )
+    const explained: string[][] = [[], []]
+    const reducers = comms.map(
+      (comm, rank) =>
+        new Timed(comm, {
+          algorithm: "auto",
+          compression: "none",
+          topology: [
+            { nodeId: "n0", server: "s0" },
+            { nodeId: "n0", server: "s0" }
+          ],
+          model: defaultCostModel(),
+          onExplain: (e: Explanation) => void explained[rank]!.push(e.text)
+        })
+    )
+    const n = 1024
+    const layout = [{ name: "w", shape: [n], offset: 0, size: n }]
+    let step = 0
+    const calls = async (k: number) => {
+      for (let i = 0; i < k; i++, step++) {
+        const flats = [0, 1].map((rank) => Float32Array.from({ length: n }, (_, j) => rank + j))
+        await Promise.all(reducers.map((r, rank) => r.reduceGradients(flats[rank]!, layout, 1, step)))
+        // The mean of both ranks' buffers, on both.
+        for (const f of flats) expect([f[0], f[n - 1]]).toEqual([0.5, n - 0.5])
+      }
+    }
+    try {
+      // Tuning (every algorithm 5 times) and then well over two checks with steady calls: no second tuning.
+      await calls(40 + 3 * DRIFT_CHECK_EVERY)
+      expect(reducers.map((r) => r.retuned.times)).toEqual([0, 0])
+      const firstTuned = explained[0]!.filter((t) => t.includes("measured pick")).length
+      expect(firstTuned).toBe(1)
+      // Rank 1's calls take 10x as long from now on: two windows, then the next check.
+      reducers[1]!.callMs = 10
+      await calls(2 * DRIFT_WINDOW + DRIFT_CHECK_EVERY + 40)
+      expect(reducers.map((r) => r.retuned.times)).toEqual([1, 1])
+      expect(reducers[1]!.retuned.why).toMatch(/^rank 1's calls moved: 4\.0 KiB 1\.00 -> 10\.00 ms$/)
+      expect(reducers[0]!.retuned.why).toBe("another rank's calls moved")
+      // The new tuning is explained, saying why it was made.
+      expect(explained[0]!.filter((t) => t.includes("measured pick")).length).toBe(2)
+      expect(explained[0]!.at(-1)).toMatch(/timed again \(1 time since the first; the last because another rank's calls moved/)
+      // Steady at the new level: measured once, not again.
+      await calls(3 * DRIFT_CHECK_EVERY)
+      expect(reducers.map((r) => r.retuned.times)).toEqual([1, 1])
+    } finally {
+      await Promise.all(comms.map((c) => c.close()))
+    }
+  }, 120_000)
+})
