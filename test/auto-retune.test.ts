@@ -2,28 +2,15 @@
 // tuning (a link slowed, the cores got busier): two ranks of AutoGradientReducer over one real
 // nats-server in this process, whose call timings are fed from the test (the reducer's noteCall)
 // so the drift is exactly the one the test makes; the collectives themselves run for real.
-import { connect } from "@nats-io/transport-node"
-import type { NatsConnection } from "@nats-io/nats-core"
-import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { describe, expect, it } from "vitest"
 import { Communicator } from "../collectives/communicator.ts"
-import { launchNatsServer, type NatsServerProcess } from "../core/nats-server.ts"
 import { AutoGradientReducer, DRIFT_CHECK_EVERY, DRIFT_WINDOW } from "../actors/train/worker/auto-config.ts"
 import { defaultCostModel } from "../scheduler/cost-model.ts"
 import { DriftMonitor } from "../scheduler/algorithm-tuner.ts"
 import type { Explanation } from "../scheduler/algorithm-choice.ts"
+import { natsFixtures } from "./support/nats.ts"
 
-let server: NatsServerProcess
-const conns: NatsConnection[] = []
-
-beforeAll(async () => {
-  server = await launchNatsServer({ jetstream: false })
-  for (let i = 0; i < 4; i++) conns.push(await connect({ servers: server.url, noEcho: true }))
-})
-
-afterAll(async () => {
-  await Promise.all(conns.map((c) => c.close()))
-  await server?.stop()
-})
+const nats = natsFixtures()
 
 /** The reducer with its calls' times set by the test instead of measured. */
 class Timed extends AutoGradientReducer {
@@ -60,8 +47,10 @@ describe("DriftMonitor", () => {
 
 describe("AutoGradientReducer", () => {
   it("times every algorithm again once a rank's calls moved for two windows, agreed by every rank, and not again while they hold", async () => {
+    const server = await nats.server({ jetstream: false })
+    const conns = await Promise.all([0, 1, 2, 3].map(() => nats.connect(server.url, { noEcho: true })))
     const comms = await Promise.all(
-      [0, 1].map((rank) => Communicator.create({ nc: conns[2 * rank]!, controlNc: conns[2 * rank + 1]!, cluster: "t", job: "retune", group: "g", rank, worldSize: 2, timeoutMs: 10_000 }))
+      [0, 1].map((rank) => Communicator.create({ nc: conns[2 * rank]!.nc, controlNc: conns[2 * rank + 1]!.nc, cluster: "t", job: "retune", group: "g", rank, worldSize: 2, timeoutMs: 10_000 }))
     )
     const explained: string[][] = [[], []]
     const reducers = comms.map(
