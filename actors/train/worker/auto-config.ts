@@ -52,7 +52,9 @@ export const TUNE_KEEP_WITHIN = 1.1
 /**
  * After tuning, each size's calls are timed in windows of this many (DriftMonitor); a window whose
  * median is DRIFT_FACTOR x off the first window's, DRIFT_CONFIRM windows in a row, times every
- * candidate again. The ranks agree every DRIFT_CHECK_EVERY calls (one one-float all-reduce).
+ * candidate again. The ranks agree every DRIFT_CHECK_EVERY calls (one one-float all-reduce),
+ * twice as far apart after each time they measured again (at most 32x): a group whose calls keep
+ * moving (a noisy machine) is not measured over and over.
  */
 export const DRIFT_WINDOW = 50
 export const DRIFT_FACTOR = 2
@@ -170,7 +172,7 @@ export class AutoGradientReducer extends GradientReducer {
       // A tuning call starts together on every rank, so a rank's time is the call's and not its
       // wait for a slower rank's backward pass (a barrier costs about one small message).
       if (t.active) await this.comm.barrier()
-    } else if (t.tuner !== undefined && call > t.decidedAt && (call - t.decidedAt) % DRIFT_CHECK_EVERY === 0) {
+    } else if (t.tuner !== undefined && call > t.decidedAt && (call - t.decidedAt) % (DRIFT_CHECK_EVERY * 2 ** Math.min(t.retunes, 5)) === 0) {
       // Every rank at the same call: has any rank's calls moved away from what they took after
       // tuning? Then every candidate is timed again, from the next call.
       const drifted = this.#drift.drifted()
