@@ -68,6 +68,9 @@ describe("model parallelism in the Trainer", () => {
     }).fit()
     expect(r.restarts).toBe(1)
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2])
+    // The restart says why it went to the checkpoint and not to the surviving stage.
+    const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>)
+    expect(events.find((e) => e.type === "restart")).toMatchObject({ recovery: "checkpoint", reason: expect.stringMatching(/^a pipelined model \(ctx\.preparePipeline\) restarts from the checkpoint: its stages' links/) })
     // epoch 1 ran again, from epoch 0's checkpoint, in the second attempt
     expect(r.metricsHistory[1].attempt).toBe(1)
     const last = r.metrics!

@@ -140,6 +140,8 @@ export class GroupSession {
   #resumeRequest: Deferred<{ readonly placement: Placement; readonly source: Position }> = deferred()
   #cursor: Position | undefined
   #ended: string | undefined
+  /** Why this loop's model cannot be regrouped from peers although it runs (noPeerRecovery). */
+  #noPeers: string | undefined
   /** Parked and said so: waiting for resume (a pause asked again is answered at once). */
   #parked = false
   /** The last generation this rank resumed into (a resume asked again is not taken twice). */
@@ -181,6 +183,15 @@ export class GroupSession {
   /** The prepared model: regroups need it (without one a failure restarts from the checkpoint). */
   attach(model: RecoverableModel): void {
     this.#model = model
+  }
+
+  /**
+   * The loop trains a model that a regroup cannot carry over (a pipelined model): a pause is
+   * refused with `reason`, which the restart from the checkpoint reports, instead of "no model
+   * prepared".
+   */
+  noPeerRecovery(reason: string): void {
+    this.#noPeers = reason
   }
 
   /** This rank's state, for the other members of a regrouped generation (it is the furthest survivor). */
@@ -362,7 +373,7 @@ export class GroupSession {
    */
   pause(attempt: number, atReport = false): Promise<PauseReply> {
     return new Promise((resolve) => {
-      const refuse = this.#ended ?? (this.#model === undefined ? "no model prepared with ctx.prepareModel()" : this.#join ? "still joining its group" : undefined)
+      const refuse = this.#ended ?? (this.#model === undefined ? (this.#noPeers ?? "no model prepared with ctx.prepareModel()") : this.#join ? "still joining its group" : undefined)
       if (refuse !== undefined) {
         resolve({ state: "unsupported", position: this.position(), reason: refuse })
         return

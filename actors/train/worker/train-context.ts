@@ -21,6 +21,7 @@ import { DataParallelModel, type GradientSync, type ParameterServers, type Prepa
 import type { GroupSession } from "./group-session.ts"
 import { preparePipelineModel, type PipelineOptions, type PipelineSpec } from "./model-parallel/prepare.ts"
 import { PipelineModel } from "./model-parallel/pipeline-model.ts"
+import { PIPELINE_NO_PEERS } from "./strategies/model-parallel.ts"
 import { natsLinks, worldGroup, type SubgroupFactory } from "./model-parallel/transport.ts"
 import { isPipelineCheckpoint, loadPipelineCheckpointInto } from "./model-parallel/checkpoint.ts"
 
@@ -541,6 +542,8 @@ export class TrainContext {
       throw new ConfigError({ field: "preparePipeline", reason: "a pipelined model shards its weights by stage already: use it without collectiveConfig.zeroStage and without parameter servers" })
     }
     const k = this.#pipelines++
+    // A failure restarts such a run from the checkpoint; the restart says why.
+    this.#deps.session.noPeerRecovery(PIPELINE_NO_PEERS)
     return preparePipelineModel(this.tf, model, options, {
       rank: this.worldRank,
       worldSize: this.worldSize,
