@@ -47,6 +47,10 @@
 // fraction of its epochs; 0 for none), not counted: the first run of a bench process was 2-37%
 // slower than the next fault-free one in every sample on the 2-core machine, which made the first
 // pair's goodput look better than it was.
+// Cost of each fault (bench/chaos-cost.ts): the chaos run's lag behind the fault-free one, followed
+// epoch by epoch, gained across the fault (from just before it to 5 s after), less the drift the
+// lag shows away from faults (two runs of the same job differ by 10-30% on a shared machine); and
+// goodput without the drift, the fault-free time over itself plus the faults' costs.
 // --repeat=N runs N such pairs (a new fault schedule each) and adds each pair's goodput, their
 // median and the pooled ratio: run-to-run noise on a small machine is as large as a fault's cost.
 // A run is bounded: past `bound` x the fault-free run's wall time (and at most 10 minutes) it is
@@ -63,6 +67,7 @@ import { seededRng, type Rng } from "../core/random.ts"
 import { median } from "../scheduler/cost-model.ts"
 import { actorPids, workerPids, killQuietly } from "../test/support/chaos.ts"
 import { compareSteps, readPositions, type StepAt } from "../test/support/positions.ts"
+import { faultCosts } from "./chaos-cost.ts"
 import { netnsUnavailable } from "../test/support/netns.ts"
 import { startAgentCluster, type AgentCluster } from "./chaos-cluster.ts"
 
@@ -123,6 +128,8 @@ interface RunResult {
   readonly error?: string
   readonly faults: FaultRecord[]
   readonly restarts: number
+  /** ms from the first step to the first report of each epoch (by epoch). */
+  readonly epochMs: number[]
 }
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
@@ -202,6 +209,7 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
   const t0 = Date.now()
   let start: number | undefined
   let furthest = { epoch: -1, at: 0 }
+  const epochMs: number[] = []
   let state = { name: "scheduling", attempt: 0 }
   const leftRunning = new Map<number, number>()
   /** The first sign of a step per attempt (progress message or position file). */
@@ -367,6 +375,7 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
             onReport: ({ metrics }) => {
               const epoch = Number(metrics.epoch)
               if (epoch > furthest.epoch) furthest = { epoch, at: Date.now() }
+              if (start !== undefined && epochMs[epoch] === undefined) epochMs[epoch] = Date.now() - start
               if (process.env.GW_CHAOS_DEBUG) log(`      report epoch ${epoch} at ${((Date.now() - (start ?? Date.now())) / 1000).toFixed(2)} s`)
             },
             onCheckpoint: () => {
@@ -432,7 +441,8 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
     bounded: boundHit,
     ...(error !== undefined ? { error } : {}),
     faults,
-    restarts: restartEvents.length
+    restarts: restartEvents.length,
+    epochMs: Array.from(epochMs, (x) => x ?? Number.NaN)
   }
 }
 
@@ -568,6 +578,17 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
     }
     const reasons = new Set(rows.flatMap((r) => r.chaos.faults.flatMap((f) => (f.reason ? [f.reason] : []))))
     console.log(`\n${lines.join("\n")}\n\nper fault kind:\n${byKind.join("\n")}`)
+    // Each fault's own cost, apart from the two runs' drift (bench/chaos-cost.ts).
+    const costsOf = (r: { free: RunResult; chaos: RunResult }) => faultCosts(r.free.epochMs, r.chaos.epochMs, r.chaos.faults.map((f) => f.at))
+    console.log("\ncost of each fault (the chaos run's lag behind the fault-free one gained across it, less the drift the lag shows away from faults):")
+    for (const r of rows) {
+      const c = costsOf(r)
+      console.log(
+        `  ${r.chaos.loop === "fit" ? "dp.fit" : "dp.trainStep"}, ${STRATEGIES[r.chaos.strategy]!.label}: ` +
+          `${r.chaos.faults.map((f, i) => `${f.kind} ${c.costs[i] !== undefined ? `${c.costs[i]!.toFixed(2)} s` : "-"}`).join(", ") || "no faults"}; ` +
+          `drift ${(100 * c.drift).toFixed(1)}% (the chaos run's lag growing ${c.drift.toFixed(3)} s per s away from faults); goodput without the drift ${(100 * c.netGoodput).toFixed(1)}% (goodput ${(100 * goodput(r)).toFixed(1)}%)`
+      )
+    }
     if (repeat > 1) {
       // One machine's run-to-run noise (the fault-free runs alone vary by 10-30% here) is as large as
       // what a fault costs: the median of the pairs, and the pooled ratio (all epochs over all time).
@@ -580,9 +601,12 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
           const sum = (f: (r: { free: RunResult; chaos: RunResult }) => number): number => rs.reduce((a, r) => a + f(r), 0)
           const pooled = sum((r) => r.chaos.epochsDone) / sum((r) => r.chaos.trainMs) / (sum((r) => r.free.epochsDone) / sum((r) => r.free.trainMs))
           const free = rs.map((r) => r.free.trainMs / 1000)
+          const net = rs.map((r) => costsOf(r).netGoodput).sort((a, b) => a - b)
+          const perFault = rs.flatMap((r) => costsOf(r).costs.filter((c): c is number => c !== undefined))
           console.log(
             `  ${loop === "fit" ? "dp.fit" : "dp.trainStep"}, ${STRATEGIES[strategy]!.label}: goodput median ${(100 * median(g)).toFixed(1)}% (${g.map((x) => `${(100 * x).toFixed(1)}%`).join(", ")}), ` +
-              `pooled ${(100 * pooled).toFixed(1)}%, ${sum((r) => r.chaos.faults.length)} faults; fault-free runs ${Math.min(...free).toFixed(2)}-${Math.max(...free).toFixed(2)} s`
+              `pooled ${(100 * pooled).toFixed(1)}%, ${sum((r) => r.chaos.faults.length)} faults; fault-free runs ${Math.min(...free).toFixed(2)}-${Math.max(...free).toFixed(2)} s; ` +
+              `without the drift median ${(100 * median(net)).toFixed(1)}% (${net.map((x) => `${(100 * x).toFixed(1)}%`).join(", ")}), cost per fault median ${perFault.length ? median(perFault).toFixed(2) : "-"} s`
           )
         }
       }
