@@ -5,8 +5,9 @@
 // inside its own cpu cgroup: the fast one capped at one core, the slow one at 1/skew of a core
 // (cpu.cfs_quota_us / cpu.cfs_period_us; children inherit the group, so each agent's worker runs
 // under its agent's cap). Two workers placed STRICT_SPREAD, one per agent. Per skew (`--skews=2,4`)
-// and strategy (`--strategies=allreduce,local-sgd[,auto,backup,ssp,async]`: the all-reduce, local SGD
-// averaging every `--sync-every` 8 steps, strategy auto with what it ended on, and one parameter
+// and strategy (`--strategies=allreduce,local-sgd[,auto,auto-local,backup,ssp,async]`: the all-reduce,
+// local SGD averaging every `--sync-every` 8 steps, strategy auto with what it ended on (`auto-local`:
+// with local SGD offered to it, and the last thing its decisions said of local SGD), and one parameter
 // server in sync mode with one backup worker, in SSP (staleness 2) or async; the server, like auto's,
 // runs on the fast node inside its one-core cap): a digits model (`--model=cnn`, 3x3 convolutions of `--conv=32,64`
 // filters, dense 64 and 10; or `--model=mlp`, `--hidden=256,256`) trained with dp.fit({
