@@ -259,6 +259,20 @@ describe("ShardServer async", () => {
     expect(s.stats()).toMatchObject({ updates: 4, applied: 4, maxStaleness: 1, meanStaleness: 0.5, waits: 0 })
   })
 
+  for (const mode of ["async", "ssp"] as const) {
+    it(`${mode}: a step the worker pushed already is dropped (the current parameters, nothing applied), not refused`, async () => {
+      const s = server(new Float32Array(N), { mode, numWorkers: 1 })
+      const g = new Float32Array(N).fill(1)
+      expect(await s.push(0, 5, 0, g, 1)).toMatchObject({ version: 1, dropped: false })
+      const again = await s.push(0, 5, 1, g, 1)
+      expect(again).toMatchObject({ version: 1, dropped: true, staleness: 0 })
+      expect(again.params[0]).toBeCloseTo(-0.1, 6)
+      expect(await s.push(0, 3, 1, g, 1)).toMatchObject({ version: 1, dropped: true })
+      expect(await s.push(0, 6, 1, g, 1)).toMatchObject({ version: 2, dropped: false })
+      expect(s.stats()).toMatchObject({ updates: 2, dropped: 2, received: 4 })
+    })
+  }
+
   it("a push's learning rate is used from that update on", async () => {
     const s = server(new Float32Array(N), { mode: "async", numWorkers: 1 })
     const g = new Float32Array(N).fill(1)

@@ -19,7 +19,9 @@
 //          adaptive batching), the quota is also in samples: the first gradients holding at least
 //          (N - b) / N of them. With equal batches that is the same quota; with unequal ones a small
 //          batch's gradient that arrives first does not make the step on its own.
-//   async  Each gradient is one optimizer step on its own (weight ignored), applied at once.
+//   async  Each gradient is one optimizer step on its own (weight ignored), applied at once. A
+//          step the worker pushed already is dropped (answered at once, dropped: true), not
+//          refused: a push sent again (seen once in CI after a regroup) must not break the group.
 //   ssp    As async, but the push resolves only once every running worker's clock (the steps it
 //          has pushed: its last step + 1) is >= step + 1 - s, i.e. the pusher is at most s steps
 //          ahead of the slowest. Clocks only rise; finished workers are not waited for.
@@ -271,6 +273,13 @@ export class ShardServer {
       return Promise.reject(e)
     }
     this.received++
+    if (step <= this.lastStep[worker]!) {
+      // Async / ssp: a step this worker pushed already (each push was applied on arrival) is
+      // dropped, answered with the current parameters, as sync drops a late gradient: a push sent
+      // again must not break the group. Sync refuses it (checkPush).
+      this.dropped++
+      return Promise.resolve({ params: this.snapshot(), version: this.ver, staleness: this.ver - basedOn, dropped: true })
+    }
     this.lastStep[worker] = step
     let waiter: Waiter | undefined
     const promise = new Promise<PushResult>((resolve, reject) => {
@@ -491,7 +500,8 @@ export class ShardServer {
     }
     if (!isCount(step, 0)) throw new ConfigError({ field: "ps.step", reason: `worker ${worker}: must be an integer >= 0, got ${fmt(step)}` })
     const last = this.lastStep[worker]
-    if (step <= last) {
+    // (async and ssp drop such a push instead: push())
+    if (step <= last && this.mode === "sync") {
       throw new ConfigError({
         field: "ps.step",
         reason: `worker ${worker} pushed step ${step} after step ${last}: a worker's steps must rise (each step is pushed once)`
