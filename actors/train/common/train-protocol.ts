@@ -343,7 +343,6 @@ export const PsParams = Schema.Struct({
 })
 export type PsParams = typeof PsParams.Type
 
-/** A parameter server (collectiveConfig.strategy "parameter-server"): one shard of the flat parameters. */
 /** A server shard's options as an init (or a replica's init) carries them: the workers' optimizer and the mode. */
 const shardOptionFields = {
   spec: Schema.Record(Schema.String, Schema.Unknown),
@@ -354,6 +353,7 @@ const shardOptionFields = {
   weightDecay: Schema.Number
 }
 
+/** A parameter server (collectiveConfig.strategy "parameter-server"): one shard of the flat parameters. */
 export const ServerProtocol = defineProtocol("ps-server", {
   /**
    * Takes the shard's initial values and the workers' optimizer (rank 0 sends it after the start-up
