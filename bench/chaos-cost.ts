@@ -28,12 +28,13 @@ export const faultCosts = (free: ReadonlyArray<number>, chaos: ReadonlyArray<num
   const before = 500
   const sorted = [...faultsAt].sort((a, b) => a - b)
   const windows = sorted.map((f, i) => [f - before, Math.min(f + windowMs, sorted[i + 1] ?? Number.POSITIVE_INFINITY)] as const)
-  const quiet = (t: number): boolean => windows.every(([a, b]) => t < a || t > b)
+  // Between two consecutive epochs with no fault's window in reach.
+  const clear = (from: number, to: number): boolean => windows.every(([a, b]) => to < a || from > b)
   let rise = 0
   let span = 0
   for (let i = 1; i < pts.length; i++) {
     const [p, q] = [pts[i - 1]!, pts[i]!]
-    if (quiet(p.t) && quiet(q.t) && windows.every(([a, b]) => q.t < a || p.t > b)) {
+    if (clear(p.t, q.t)) {
       rise += q.lag - p.lag
       span += q.t - p.t
     }

@@ -579,10 +579,10 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
     const reasons = new Set(rows.flatMap((r) => r.chaos.faults.flatMap((f) => (f.reason ? [f.reason] : []))))
     console.log(`\n${lines.join("\n")}\n\nper fault kind:\n${byKind.join("\n")}`)
     // Each fault's own cost, apart from the two runs' drift (bench/chaos-cost.ts).
-    const costsOf = (r: { free: RunResult; chaos: RunResult }) => faultCosts(r.free.epochMs, r.chaos.epochMs, r.chaos.faults.map((f) => f.at))
+    const costs = new Map(rows.map((r) => [r, faultCosts(r.free.epochMs, r.chaos.epochMs, r.chaos.faults.map((f) => f.at))] as const))
     console.log("\ncost of each fault (the chaos run's lag behind the fault-free one gained across it, less the drift the lag shows away from faults):")
     for (const r of rows) {
-      const c = costsOf(r)
+      const c = costs.get(r)!
       console.log(
         `  ${r.chaos.loop === "fit" ? "dp.fit" : "dp.trainStep"}, ${STRATEGIES[r.chaos.strategy]!.label}: ` +
           `${r.chaos.faults.map((f, i) => `${f.kind} ${c.costs[i] !== undefined ? `${c.costs[i]!.toFixed(2)} s` : "-"}`).join(", ") || "no faults"}; ` +
@@ -601,8 +601,8 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
           const sum = (f: (r: { free: RunResult; chaos: RunResult }) => number): number => rs.reduce((a, r) => a + f(r), 0)
           const pooled = sum((r) => r.chaos.epochsDone) / sum((r) => r.chaos.trainMs) / (sum((r) => r.free.epochsDone) / sum((r) => r.free.trainMs))
           const free = rs.map((r) => r.free.trainMs / 1000)
-          const net = rs.map((r) => costsOf(r).netGoodput).sort((a, b) => a - b)
-          const perFault = rs.flatMap((r) => costsOf(r).costs.filter((c): c is number => c !== undefined))
+          const net = rs.map((r) => costs.get(r)!.netGoodput).sort((a, b) => a - b)
+          const perFault = rs.flatMap((r) => costs.get(r)!.costs.filter((c): c is number => c !== undefined))
           console.log(
             `  ${loop === "fit" ? "dp.fit" : "dp.trainStep"}, ${STRATEGIES[strategy]!.label}: goodput median ${(100 * median(g)).toFixed(1)}% (${g.map((x) => `${(100 * x).toFixed(1)}%`).join(", ")}), ` +
               `pooled ${(100 * pooled).toFixed(1)}%, ${sum((r) => r.chaos.faults.length)} faults; fault-free runs ${Math.min(...free).toFixed(2)}-${Math.max(...free).toFixed(2)} s; ` +
