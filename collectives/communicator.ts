@@ -1064,6 +1064,15 @@ export class Communicator {
     return { minBytes, rows, direct, algorithm }
   }
 
+  /**
+   * Whether every rank of the group listens on the direct path and reads every peer's link: decided
+   * at creation from the hellos alone, so the same on every rank (a link that closes later sends
+   * over NATS from then on, without changing this).
+   */
+  get wholeDirect(): boolean {
+    return this.#segmentChunks === 1
+  }
+
   /** How this rank's calls reach each peer. */
   get transport(): TransportInfo {
     const links = this.peers

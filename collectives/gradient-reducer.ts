@@ -44,9 +44,23 @@ export interface GradientSlotInfo {
   readonly size: number
 }
 
+/** How one call goes: its algorithm, and its data path (absent: the communicator's choice by size). */
+export interface Route {
+  readonly algorithm: AllReduceAlgorithm
+  readonly transport?: "nats" | "direct"
+}
+
+/** A route's name in timings and timelines: "tree", or "tree/nats" when the call names its path. */
+export const routeName = (r: Route): string => (r.transport === undefined ? r.algorithm : `${r.algorithm}/${r.transport}`)
+
 export interface GradientReducerOptions {
   /** A fixed algorithm, or a function choosing one per bucket size in bytes. */
   readonly algorithm: AllReduceAlgorithm | ((bytes: number) => AllReduceAlgorithm)
+  /**
+   * Per bucket size, the algorithm and the data path together (in place of `algorithm`): what a
+   * tuner that times both paths uses. Called once per call, so it may hand out a schedule.
+   */
+  readonly route?: (bytes: number) => Route
   readonly compression?: ResolvedCompressionConfig
   /** binary16 on the wire for uncompressed buckets. */
   readonly wire?: "f32" | "f16"
@@ -266,9 +280,10 @@ export class GradientReducer {
     return { ...this.#stats }
   }
 
-  #algorithm(bytes: number): AllReduceAlgorithm {
+  #route(bytes: number): Route {
+    if (this.#opts.route) return this.#opts.route(bytes)
     const a = this.#opts.algorithm
-    return typeof a === "function" ? a(bytes) : a
+    return { algorithm: typeof a === "function" ? a(bytes) : a }
   }
 
   #buckets(layout: ReadonlyArray<GradientSlotInfo>): Range[] {
@@ -329,13 +344,15 @@ export class GradientReducer {
 
   async #bucket(k: number, data: Float32Array, weight: number, scaleBy: number, step: number, scope?: string): Promise<number> {
     const startMs = performance.now()
-    const algorithm = this.#algorithm(data.length * 4)
+    const route = this.#route(data.length * 4)
+    const algorithm = route.algorithm
+    const via = route.transport === undefined ? {} : { transport: route.transport }
     const c = this.compressor
     let encodeMs = 0
     let bytes: number
     if (!c) {
       const f16 = this.#opts.wire === "f16"
-      await this.comm.allReduce(data, { op: "weightedMean", weight, algorithm, wire: f16 ? "f16" : "f32" })
+      await this.comm.allReduce(data, { op: "weightedMean", weight, algorithm, wire: f16 ? "f16" : "f32", ...via })
       bytes = data.length * (f16 ? 2 : 4)
     } else {
       const key = scope === undefined ? `bucket${k}` : `${scope}.bucket${k}`
@@ -354,7 +371,7 @@ export class GradientReducer {
           const src = new FeedbackHalfSource(data, e, scaleBy, this.#halfBuffer(k, data.length), fresh ? { lo: 0, hi: 0 } : known ? hint : { lo: 0, hi: data.length })
           // until this step completes, anything may be anywhere
           this.#nonzero.delete(key)
-          await this.comm.allReduce(data, { op: "sum", algorithm, wire: "f16", halfSource: src })
+          await this.comm.allReduce(data, { op: "sum", algorithm, wire: "f16", halfSource: src, ...via })
           this.#nonzero.set(key, { e, version: this.ef.version, lo: src.lo, hi: src.hi })
           encodeMs = src.encodeMs
         } else {
@@ -366,7 +383,7 @@ export class GradientReducer {
             scale(data, 0, data.length, scaleBy)
           }
           encodeMs = performance.now() - t0
-          await this.comm.allReduce(data, { op: "sum", algorithm, wire: "f16", halfInput })
+          await this.comm.allReduce(data, { op: "sum", algorithm, wire: "f16", halfInput, ...via })
         }
         bytes = data.length * 2
       } else if (c.aggregation === "linear") {
@@ -386,7 +403,7 @@ export class GradientReducer {
           c.toDomain(data, bufs.domain, ctx)
         }
         encodeMs = performance.now() - t0
-        await this.comm.allReduce(bufs.domain, { op: "sum", algorithm, wire: c.wire })
+        await this.comm.allReduce(bufs.domain, { op: "sum", algorithm, wire: c.wire, ...via })
         c.fromDomain(bufs.domain, data)
         bytes = bufs.domain.length * (c.wire === "f16" ? 2 : 4)
       } else if (c.aggregation === "allgather") {
@@ -416,7 +433,7 @@ export class GradientReducer {
         }
         if (msg.bytes.buffer !== bufs.words.buffer) out.set(msg.bytes)
         encodeMs = performance.now() - t0
-        const gathered = await this.comm.allGather(bufs.words, { algorithm: "fanout", out: bufs.gathered })
+        const gathered = await this.comm.allGather(bufs.words, { algorithm: "fanout", out: bufs.gathered, ...via })
         const stride = bufs.words.length * 4
         const all = new Uint8Array(gathered.buffer, gathered.byteOffset, gathered.byteLength)
         const msgs = Array.from({ length: this.comm.worldSize }, (_, r) => all.subarray(r * stride, r * stride + n))
@@ -431,14 +448,16 @@ export class GradientReducer {
       }
     }
     const endMs = performance.now()
-    this.noteCall(data.length * 4, algorithm, endMs - startMs)
-    this.#opts.onBucket?.({ bucket: k, bytes, algorithm, startMs, endMs, encodeMs })
+    const name = routeName(route)
+    this.noteCall(data.length * 4, name, endMs - startMs)
+    this.#opts.onBucket?.({ bucket: k, bytes, algorithm: name, startMs, endMs, encodeMs })
     return bytes
   }
 
   /**
    * Called after each bucket's all-reduce with the size the algorithm was chosen for (the
-   * bucket's fp32 bytes), the algorithm and the call's time on this rank. For subclasses that
+   * bucket's fp32 bytes), the route's name (routeName: the algorithm, with "/nats" or "/direct"
+   * where the call named its path) and the call's time on this rank. For subclasses that
    * learn from it (AutoGradientReducer's tuner).
    */
   protected noteCall(_bytes: number, _algorithm: string, _ms: number): void {}
@@ -480,9 +499,9 @@ export class GradientReducer {
     const used = new Set<string>()
     const allReduce = async (buf: Float32Array): Promise<Float32Array> => {
       wire += buf.length * 4
-      const algorithm = this.#algorithm(buf.length * 4)
-      used.add(algorithm)
-      return this.comm.allReduce(buf, { op: "sum", algorithm })
+      const route = this.#route(buf.length * 4)
+      used.add(routeName(route))
+      return this.comm.allReduce(buf, { op: "sum", algorithm: route.algorithm, ...(route.transport === undefined ? {} : { transport: route.transport }) })
     }
     // The aggregate is written straight back over the gradient (`out`): by then its values live
     // on in the residual (or, without error feedback, were last read by the second round).

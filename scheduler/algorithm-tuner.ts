@@ -25,7 +25,9 @@ import { median } from "./cost-model.ts"
 
 export interface TunedSize {
   readonly bytes: number
-  /** Agreed time per candidate, ms, in the candidates' order. */
+  /** The candidates timed on this size (all of them, or those `timedOn` allowed it), in order. */
+  readonly candidates: readonly string[]
+  /** Agreed time per candidate, ms, in `candidates`' order. */
   readonly ms: readonly number[]
   readonly picked: string
   /** What the cost model had picked for this size. */
@@ -36,6 +38,8 @@ export class AlgorithmTuner {
   readonly candidates: readonly string[]
   readonly rounds: number
   readonly keepWithin: number
+  /** Which candidates a size is timed with (default: all); the same function on every rank. */
+  readonly timedOn: ((bytes: number) => readonly string[]) | undefined
   /** Per size, per candidate, this rank's times of its calls in the order they ran. */
   readonly #times = new Map<number, number[][]>()
   readonly #calls = new Map<number, number>()
@@ -43,25 +47,37 @@ export class AlgorithmTuner {
 
   /**
    * `keepWithin`: the model's pick stands while its measured time is within this factor of the
-   * fastest candidate's (default 1.1).
+   * fastest candidate's (default 1.1). `timedOn`: the candidates a size is timed with, a subset of
+   * `candidates` decided from the size alone (so every rank lays out the same table); default all.
    */
-  constructor(candidates: readonly string[], rounds = 5, keepWithin = 1.1) {
+  constructor(candidates: readonly string[], rounds = 5, keepWithin = 1.1, timedOn?: (bytes: number) => readonly string[]) {
     if (candidates.length === 0) throw new Error("AlgorithmTuner needs at least one candidate")
     this.keepWithin = keepWithin
     this.candidates = [...candidates]
     this.rounds = Math.max(1, Math.floor(rounds))
+    this.timedOn = timedOn
   }
 
-  /** Steps of tuning: every candidate `rounds` times (on every size, which every step carries). */
+  /** Indices of the candidates `bytes` is timed with, in the candidates' order. */
+  #on(bytes: number): number[] {
+    const all = this.candidates.map((_, j) => j)
+    if (this.timedOn === undefined) return all
+    const some = new Set(this.timedOn(bytes))
+    const on = all.filter((j) => some.has(this.candidates[j]!))
+    return on.length > 0 ? on : all
+  }
+
+  /** Calls of tuning: every candidate `rounds` times (on every size, which every step carries). */
   get steps(): number {
     return this.candidates.length * this.rounds
   }
 
-  /** The candidate the next call of `bytes` runs while tuning. */
+  /** The candidate the next call of `bytes` runs while tuning (a size with fewer candidates cycles through them again). */
   next(bytes: number): string {
     const i = this.#calls.get(bytes) ?? 0
     this.#calls.set(bytes, i + 1)
-    return this.candidates[i % this.candidates.length]!
+    const on = this.#on(bytes)
+    return this.candidates[on[i % on.length]!]!
   }
 
   /** Notes how long a call of `bytes` by `algorithm` took on this rank. */
@@ -76,40 +92,51 @@ export class AlgorithmTuner {
     row[j]!.push(ms)
   }
 
-  /** Sizes timed `rounds` times with every candidate, ascending: the blocks of `table()`. */
+  /** Sizes timed `rounds` times with every candidate they are timed with, ascending: the blocks of `table()`. */
   get sizes(): number[] {
-    return [...this.#times.entries()].filter(([, row]) => row.every((calls) => calls.length >= this.rounds)).map(([b]) => b).sort((a, b) => a - b)
+    return [...this.#times.entries()]
+      .filter(([b, row]) => this.#on(b).every((j) => row[j]!.length >= this.rounds))
+      .map(([b]) => b)
+      .sort((a, b) => a - b)
   }
 
-  /** This rank's times of the first `rounds` calls per (size, candidate); all-reduce with "max". */
+  /** This rank's times of the first `rounds` calls per (size, candidate it is timed with); all-reduce with "max". */
   table(): Float32Array {
-    const sizes = this.sizes
-    const n = this.candidates.length
     const r = this.rounds
-    const out = new Float32Array(sizes.length * n * r)
-    sizes.forEach((b, i) => this.#times.get(b)!.forEach((calls, j) => out.set(calls.slice(0, r), (i * n + j) * r)))
+    const blocks = this.sizes.map((b) => ({ row: this.#times.get(b)!, on: this.#on(b) }))
+    const out = new Float32Array(blocks.reduce((n, x) => n + x.on.length * r, 0))
+    let at = 0
+    for (const { row, on } of blocks) {
+      for (const j of on) {
+        out.set(row[j]!.slice(0, r), at)
+        at += r
+      }
+    }
     return out
   }
 
   /** Picks per size from the agreed table (what `table()` gave, all-reduced with "max"). */
   decide(agreed: Float32Array, modelPick: (bytes: number) => string): TunedSize[] {
     const sizes = this.sizes
-    const n = this.candidates.length
     const r = this.rounds
-    if (agreed.length !== sizes.length * n * r) throw new Error(`tuner table has ${agreed.length} entries, expected ${sizes.length * n * r}`)
+    const expected = sizes.reduce((n, b) => n + this.#on(b).length * r, 0)
+    if (agreed.length !== expected) throw new Error(`tuner table has ${agreed.length} entries, expected ${expected}`)
     const picks = new Map<number, string>()
-    const out = sizes.map((bytes, i) => {
-      const ms = this.candidates.map((_, j) => median(Array.from(agreed.subarray((i * n + j) * r, (i * n + j + 1) * r))))
+    let at = 0
+    const out = sizes.map((bytes) => {
+      const names = this.#on(bytes).map((j) => this.candidates[j]!)
+      const calls = names.map((_, k) => agreed.subarray(at + k * r, at + (k + 1) * r))
+      at += names.length * r
+      const ms = calls.map((c) => median(Array.from(c)))
       let best = 0
-      for (let j = 1; j < n; j++) if (ms[j]! < ms[best]!) best = j
+      for (let k = 1; k < names.length; k++) if (ms[k]! < ms[best]!) best = k
       // The model's pick stands unless it measured clearly slower: a few calls on a busy machine
       // differ by this much from run to run, and switching on noise gains nothing.
       const model = modelPick(bytes)
-      const m = this.candidates.indexOf(model)
-      const calls = (j: number) => agreed.subarray((i * n + j) * r, (i * n + j + 1) * r)
-      const picked = m >= 0 && !this.#clearlySlower(calls(m), calls(best), ms[m]!, ms[best]!) ? model : this.candidates[best]!
+      const m = names.indexOf(model)
+      const picked = m >= 0 && !this.#clearlySlower(calls[m]!, calls[best]!, ms[m]!, ms[best]!) ? model : names[best]!
       picks.set(bytes, picked)
-      return { bytes, ms, picked, modelPick: model }
+      return { bytes, candidates: names, ms, picked, modelPick: model }
     })
     this.#decided = picks
     return out

@@ -68,19 +68,23 @@ describe("Trainer", () => {
     expect(csv.trim().split("\n")).toHaveLength(9)
     // algorithm "auto" (the default): the calls that go direct are priced on the direct links,
     // fitted from the group's timed calls on them, and after the first steps every bucket size
-    // runs the algorithm measured fastest on training's own calls.
+    // runs the algorithm and path measured fastest on training's own calls.
     const explain = await fs.readFile(path.join(baseline.path, "explain.txt"), "utf8")
     expect(explain).toMatch(/direct links \d+us \d+MB\/s \(ring over the direct links at 3 sizes/)
     expect(explain).toMatch(/measured pick \(each algorithm timed 5 times per bucket size/)
     const json = JSON.parse(await fs.readFile(path.join(baseline.path, "explain.json"), "utf8")) as {
-      tuned?: Array<{ bytes: number; ms: number[]; picked: string; modelPick: string }>
+      tuned?: Array<{ bytes: number; candidates: string[]; ms: number[]; picked: string; modelPick: string }>
     }
     expect(json.tuned?.length).toBeGreaterThan(0)
     for (const t of json.tuned!) {
-      expect(t.ms).toHaveLength(3) // ring, tree, hierarchical
+      // transport "auto" (the default) with a direct link between every two workers: every algorithm
+      // over both paths, the cost model's pick taken over the direct links
+      expect(t.candidates).toEqual(["ring", "tree", "hierarchical"].flatMap((a) => [`${a}/direct`, `${a}/nats`]))
+      expect(t.ms).toHaveLength(6)
       expect(t.ms.every((ms) => ms > 0)).toBe(true)
+      expect(t.modelPick).toMatch(/\/direct$/)
       // the pick is the fastest measured, or the cost model's when it did not measure clearly slower
-      if (t.picked !== t.modelPick) expect(t.ms[["ring", "tree", "hierarchical"].indexOf(t.picked)]).toBe(Math.min(...t.ms))
+      if (t.picked !== t.modelPick) expect(t.ms[t.candidates.indexOf(t.picked)]).toBe(Math.min(...t.ms))
       expect(explain).toContain(`-> ${t.picked}`)
     }
   })

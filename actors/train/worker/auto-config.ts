@@ -11,7 +11,7 @@
 import type { NatsConnection } from "@nats-io/nats-core"
 import type { Communicator } from "../../../collectives/communicator.ts"
 import { allReduceAlgorithms, type AllReduceAlgorithm } from "../../../collectives/algorithms/index.ts"
-import { GradientReducer, type GradientReducerOptions, type GradientSlotInfo } from "../../../collectives/gradient-reducer.ts"
+import { GradientReducer, routeName, type GradientReducerOptions, type GradientSlotInfo, type Route } from "../../../collectives/gradient-reducer.ts"
 import { planBuckets, DEFAULT_BUCKET_BYTES, DEFAULT_FIRST_BUCKET_BYTES } from "../../../collectives/bucketing.ts"
 import { autoCandidates, compressionType, type ResolvedCompressionConfig } from "../../../collectives/compression/index.ts"
 import { chooseAlgorithm, explain, planCommunication, type CompressorProfile, type Explanation } from "../../../scheduler/algorithm-choice.ts"
@@ -60,6 +60,27 @@ export const DRIFT_WINDOW = 50
 export const DRIFT_FACTOR = 2
 export const DRIFT_CONFIRM = 2
 export const DRIFT_CHECK_EVERY = 100
+/**
+ * With transport 'auto', sizes below this are timed over both paths (each algorithm over the
+ * direct links and over NATS); larger ones over the direct links only, where bandwidth decides
+ * and a call over NATS would cost tens of milliseconds more for every round of the measurement.
+ */
+export const PATH_TUNE_MAX_BYTES = 4 * 1024 * 1024
+const PATHS = ["direct", "nats"] as const
+
+/**
+ * Whether a group's calls can take either path: transport 'auto' (the user left the choice to
+ * gradwire) and the group formed with a direct link between every two ranks. Both are the same on
+ * every rank, so every rank times the same candidates and lays out the same table.
+ */
+export const tunesPaths = (comm: Communicator): boolean => comm.worldSize > 1 && comm.transport.choice === "auto" && comm.wholeDirect
+
+/** A tuner candidate's name back into a route ("tree/nats" -> tree over NATS; "tree" -> the communicator's path). */
+const parseRoute = (name: string): Route => {
+  const at = name.indexOf("/")
+  if (at < 0) return { algorithm: name as AllReduceAlgorithm }
+  return { algorithm: name.slice(0, at) as AllReduceAlgorithm, transport: name.slice(at + 1) as "nats" | "direct" }
+}
 
 /**
  * A GradientReducer whose algorithm and compression the cost model picks. With algorithm 'auto'
@@ -69,6 +90,9 @@ export const DRIFT_CHECK_EVERY = 100
  * measured fastest (the model's pick kept unless it measured clearly slower: AlgorithmTuner).
  * When the calls then move well away from what they took after tuning (a link slowed or sped up,
  * the cores got busier, a peer fell back to NATS: DriftMonitor), every candidate is timed again.
+ * With transport 'auto' and a direct link between every two ranks (tunesPaths), a candidate is an
+ * algorithm over a path ("tree/direct", "tree/nats"), sizes below PATH_TUNE_MAX_BYTES timed over
+ * both; with a fixed algorithm, the tuner times only its two paths.
  */
 export class AutoGradientReducer extends GradientReducer {
   readonly #auto: AutoReducerOptions
@@ -90,7 +114,8 @@ export class AutoGradientReducer extends GradientReducer {
     why: string | undefined
   }
   readonly #drift = new DriftMonitor(DRIFT_WINDOW, DRIFT_FACTOR, DRIFT_CONFIRM)
-  readonly #modelPick: (bytes: number) => AllReduceAlgorithm
+  readonly #modelPick: (bytes: number) => string
+  readonly #paths: boolean
 
   constructor(comm: Communicator, opts: AutoReducerOptions) {
     const cache = new Map<number, AllReduceAlgorithm>()
@@ -102,9 +127,17 @@ export class AutoGradientReducer extends GradientReducer {
       }
       return a
     }
-    const names = allReduceAlgorithms().map((a) => a.name)
+    const algorithmFor = (bytes: number): AllReduceAlgorithm => (opts.algorithm === "auto" ? modelPick(bytes) : (opts.algorithm as AllReduceAlgorithm))
+    const algorithms = opts.algorithm === "auto" ? allReduceAlgorithms().map((a) => a.name) : [opts.algorithm]
+    const paths = tunesPaths(comm)
+    const candidates = paths ? algorithms.flatMap((a) => PATHS.map((t) => routeName({ algorithm: a, transport: t }))) : algorithms
+    // With both paths timed, the incumbent is the direct one (faster in steady state wherever it was
+    // measured; the start-up measurement that set the communicator's threshold ran on cold
+    // processes), and from PATH_TUNE_MAX_BYTES on only the direct path is timed.
+    const modelRoute = (bytes: number): string => (paths ? routeName({ algorithm: algorithmFor(bytes), transport: "direct" }) : algorithmFor(bytes))
+    const timedOn = paths ? (bytes: number): readonly string[] => (bytes < PATH_TUNE_MAX_BYTES ? candidates : candidates.filter((c) => c.endsWith("/direct"))) : undefined
     const tune = {
-      tuner: opts.algorithm === "auto" && comm.worldSize > 1 && names.length > 1 ? new AlgorithmTuner(names, TUNE_ROUNDS, TUNE_KEEP_WITHIN) : undefined,
+      tuner: comm.worldSize > 1 && candidates.length > 1 ? new AlgorithmTuner(candidates, TUNE_ROUNDS, TUNE_KEEP_WITHIN, timedOn) : undefined,
       calls: 0,
       from: undefined as number | undefined,
       active: false,
@@ -113,19 +146,23 @@ export class AutoGradientReducer extends GradientReducer {
       retunes: 0,
       why: undefined as string | undefined
     }
-    const algorithm =
-      opts.algorithm === "auto"
-        ? (bytes: number): AllReduceAlgorithm => {
-            if (tune.active) return tune.tuner!.next(bytes)
-            return tune.tuner?.pick(bytes) ?? modelPick(bytes)
-          }
-        : (opts.algorithm as AllReduceAlgorithm)
-    super(comm, { ...opts, algorithm, compression: opts.compression === "auto" ? "none" : opts.compression })
+    const route = (bytes: number): Route => {
+      if (tune.active) return parseRoute(tune.tuner!.next(bytes))
+      const picked = tune.tuner?.pick(bytes)
+      return picked !== undefined ? parseRoute(picked) : { algorithm: algorithmFor(bytes) }
+    }
+    super(comm, { ...opts, algorithm: algorithmFor, route, compression: opts.compression === "auto" ? "none" : opts.compression })
     this.#auto = opts
     this.#decided = opts.compression !== "auto"
     this.#chosen = opts.compression === "auto" ? "none" : compressionType(opts.compression)
     this.#tune = tune
-    this.#modelPick = modelPick
+    this.#modelPick = modelRoute
+    this.#paths = paths
+  }
+
+  /** Whether the tuner times each algorithm over both paths (transport 'auto' with every peer's direct link up). */
+  get tunesPaths(): boolean {
+    return this.#paths
   }
 
   protected override noteCall(bytes: number, algorithm: string, ms: number): void {
@@ -219,9 +256,9 @@ export class AutoGradientReducer extends GradientReducer {
       algorithms: allReduceAlgorithms(),
       ...(fixed ? { candidates: fixed } : {})
     })
-    const e = withTuned(explain(plan), this.#tune.result, this.#tune.retunes > 0 ? this.#tune : undefined)
+    const e = withTuned(explain(plan), this.#tune.result, this.#tune.retunes > 0 ? this.#tune : undefined, this.#paths)
     const tuned = this.#tune.result
-    const algos = [...new Set(tuned !== undefined && tuned.length > 0 ? tuned.map((x) => x.picked) : plan.schedule.map((s) => s.algorithm))].join("/") + (tuned !== undefined && tuned.length > 0 ? " (measured)" : "")
+    const algos = [...new Set(tuned !== undefined && tuned.length > 0 ? tuned.map((x) => x.picked) : plan.schedule.map((s) => s.algorithm))].join(", ") + (tuned !== undefined && tuned.length > 0 ? " (measured)" : "")
     const summary =
       `gradwire: all-reduce ${o.algorithm === "auto" ? "auto" : "fixed"}: ${algos} for ${plan.buckets.length} bucket(s), ` +
       `compression ${plan.compression.chosen}${o.compression === "auto" ? (computeMs === undefined ? " (auto: deciding after warm-up)" : " (auto)") : ""}; ` +
@@ -234,23 +271,33 @@ export class AutoGradientReducer extends GradientReducer {
 
 const fmtTunedBytes = (b: number): string => (b >= 1024 * 1024 ? `${(b / (1024 * 1024)).toFixed(1)} MiB` : `${(b / 1024).toFixed(1)} KiB`)
 
-/** The explanation with what the tuner measured and picked, when it has decided. */
-export const withTuned = (e: Explanation, tuned: readonly TunedSize[] | undefined, again?: { readonly retunes: number; readonly why: string | undefined }): Explanation => {
+/** The explanation with what the tuner measured and picked, when it has decided (`paths`: each algorithm was timed over both paths). */
+export const withTuned = (
+  e: Explanation,
+  tuned: readonly TunedSize[] | undefined,
+  again?: { readonly retunes: number; readonly why: string | undefined },
+  paths = false
+): Explanation => {
   if (tuned === undefined) return e
-  const names = allReduceAlgorithms().map((a) => a.name)
-  const lines = tuned.map(
-    (t) =>
-      `  ${fmtTunedBytes(t.bytes)}: ${t.ms.map((ms, j) => `${names[j]} ${ms.toFixed(2)}`).join(", ")} ms -> ${t.picked}` +
+  const lines = tuned.map((t) => {
+    const of = (name: string): number => t.ms[t.candidates.indexOf(name)]!
+    const fastest = Math.min(...t.ms)
+    return (
+      `  ${fmtTunedBytes(t.bytes)}: ${t.ms.map((ms, j) => `${t.candidates[j]} ${ms.toFixed(2)}`).join(", ")} ms -> ${t.picked}` +
       (t.picked !== t.modelPick
-        ? ` (the cost model picked ${t.modelPick}: ${(t.ms[names.indexOf(t.modelPick)]! / Math.min(...t.ms)).toFixed(2)}x the fastest)`
-        : t.ms[names.indexOf(t.picked)]! > Math.min(...t.ms)
+        ? ` (the cost model picked ${t.modelPick}: ${t.candidates.includes(t.modelPick) ? `${(of(t.modelPick) / fastest).toFixed(2)}x the fastest` : "not timed"})`
+        : of(t.picked) > fastest
           ? ` (the cost model's pick, kept: not clearly slower than the fastest, within ${TUNE_KEEP_WITHIN}x or slower in too few rounds)`
           : " (the cost model's pick too)")
-  )
+    )
+  })
+  const how = paths
+    ? `each algorithm timed ${TUNE_ROUNDS} times per bucket size, over the direct links and, below ${fmtTunedBytes(PATH_TUNE_MAX_BYTES)}, over NATS (transport 'auto'; the cost model's pick taken over the direct links), on training's own calls`
+    : `each algorithm timed ${TUNE_ROUNDS} times per bucket size on training's own calls`
   const text =
     tuned.length === 0
       ? "measured pick: no bucket size was timed with every algorithm; the cost model's picks stand"
-      : `measured pick (each algorithm timed ${TUNE_ROUNDS} times per bucket size on training's own calls, each call's slowest rank, the median of each algorithm's calls):\n${lines.join("\n")}`
+      : `measured pick (${how}, each call's slowest rank, the median of each algorithm's calls):\n${lines.join("\n")}`
   const retold = again ? `\n  timed again (${again.retunes} time${again.retunes === 1 ? "" : "s"} since the first; the last because ${again.why ?? "the calls moved"}: a window of ${DRIFT_WINDOW} calls ${DRIFT_FACTOR}x off the first after tuning, ${DRIFT_CONFIRM} windows in a row)` : ""
   return { ...e, text: `${e.text}\n${text}${retold}`, json: { ...e.json, tuned, ...(again ? { retuned: { times: again.retunes, why: again.why } } : {}) } }
 }
