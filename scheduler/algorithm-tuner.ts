@@ -155,6 +155,14 @@ export class AlgorithmTuner {
     return slower >= Math.ceil(0.75 * a.length)
   }
 
+  /**
+   * Takes picks decided before (an earlier group of the same shape, same candidates) as this
+   * tuner's decision, without timing anything; a name that is not a candidate is left out.
+   */
+  adopt(picks: ReadonlyArray<{ readonly bytes: number; readonly picked: string }>): void {
+    this.#decided = new Map(picks.filter((p) => this.candidates.includes(p.picked)).map((p) => [p.bytes, p.picked]))
+  }
+
   /** The decided pick for `bytes`, if it was timed. */
   pick(bytes: number): string | undefined {
     return this.#decided?.get(bytes)
@@ -174,7 +182,9 @@ export class DriftMonitor {
   readonly window: number
   readonly factor: number
   readonly confirm: number
-  readonly #sizes = new Map<number, { base: number | undefined; current: number[]; strikes: number; last: number }>()
+  /** Calls of each size left out before its first window (the group's first, cold calls). */
+  #skip = 0
+  readonly #sizes = new Map<number, { base: number | undefined; current: number[]; strikes: number; last: number; skipped: number }>()
 
   constructor(window = 50, factor = 2, confirm = 2) {
     if (!(Number.isInteger(window) && window >= 1)) throw new RangeError(`DriftMonitor window must be an integer >= 1, got ${window}`)
@@ -190,8 +200,12 @@ export class DriftMonitor {
     if (!(ms >= 0) || !Number.isFinite(ms)) return
     let s = this.#sizes.get(bytes)
     if (s === undefined) {
-      s = { base: undefined, current: [], strikes: 0, last: 0 }
+      s = { base: undefined, current: [], strikes: 0, last: 0, skipped: 0 }
       this.#sizes.set(bytes, s)
+    }
+    if (s.skipped < this.#skip) {
+      s.skipped++
+      return
     }
     s.current.push(ms)
     if (s.current.length < this.window) return
@@ -212,8 +226,13 @@ export class DriftMonitor {
     return out
   }
 
-  /** Forgets every baseline (after the candidates were timed again). */
-  reset(): void {
+  /**
+   * Forgets every baseline (after the candidates were timed again); with `skip`, each size's next
+   * `skip` calls are left out before its first window (a group whose picks were taken from an
+   * earlier one starts timing at its first call, while a replacement that just joined is still cold).
+   */
+  reset(skip = 0): void {
     this.#sizes.clear()
+    this.#skip = skip
   }
 }

@@ -4,7 +4,8 @@
 // so the drift is exactly the one the test makes; the collectives themselves run for real.
 import { describe, expect, it } from "vitest"
 import { Communicator } from "../collectives/communicator.ts"
-import { AutoGradientReducer, DRIFT_CHECK_EVERY, DRIFT_WINDOW } from "../actors/train/worker/auto-config.ts"
+import { AutoGradientReducer, DRIFT_CHECK_EVERY, DRIFT_WINDOW, REUSED_DRIFT_SKIP, type KnownPicks } from "../actors/train/worker/auto-config.ts"
+import { rememberShape } from "../actors/train/worker/worker-run.ts"
 import { defaultCostModel } from "../scheduler/cost-model.ts"
 import { DriftMonitor } from "../scheduler/algorithm-tuner.ts"
 import type { Explanation } from "../scheduler/algorithm-choice.ts"
@@ -17,6 +18,17 @@ class Timed extends AutoGradientReducer {
   callMs = 1
   protected override noteCall(bytes: number, algorithm: string, _ms: number): void {
     super.noteCall(bytes, algorithm, this.callMs)
+  }
+}
+
+/** The reducer with each call's time set from its algorithm (hierarchical the fastest), its routes recorded. */
+class Recorded extends AutoGradientReducer {
+  readonly routes: string[] = []
+  /** Every call's time is multiplied by this (a cold process's first calls). */
+  slow = 1
+  protected override noteCall(bytes: number, route: string, _ms: number): void {
+    this.routes.push(route)
+    super.noteCall(bytes, route, (route === "hierarchical" ? 0.5 : 2) * this.slow)
   }
 }
 
@@ -40,6 +52,12 @@ describe("DriftMonitor", () => {
     feed(1 << 20, 4, 4)
     feed(1 << 20, 1, 8) // faster counts too
     expect(m.drifted()).toEqual(["1.0 MiB 4.00 -> 1.00 ms"])
+    // reset(skip): each size's next `skip` calls are left out before its first window
+    m.reset(4)
+    feed(4096, 10, 4) // left out
+    feed(4096, 1, 4) // the baseline
+    feed(4096, 1, 8)
+    expect(m.drifted()).toEqual([])
     expect(() => new DriftMonitor(0)).toThrow(/window/)
     expect(() => new DriftMonitor(4, 1)).toThrow(/factor/)
   })
@@ -99,4 +117,106 @@ describe("AutoGradientReducer", () => {
       await Promise.all(comms.map((c) => c.close()))
     }
   }, 120_000)
+})
+
+describe("AutoGradientReducer, a regroup into a shape measured before", () => {
+  it("takes the earlier group's picks without timing anything, unless its candidates differ", async () => {
+    const server = await nats.server({ jetstream: false })
+    const conns = await Promise.all([0, 1, 2, 3].map(() => nats.connect(server.url, { noEcho: true })))
+    const topology = [
+      { nodeId: "n0", server: "s0" },
+      { nodeId: "n0", server: "s0" }
+    ]
+    const n = 1024
+    const layout = [{ name: "w", shape: [n], offset: 0, size: n }]
+    /** A group of two reducers; `msOf` times each route (tree the fastest), `known` what it is handed. */
+    const group = async (name: string, known?: KnownPicks) => {
+      const comms = await Promise.all(
+        [0, 1].map((rank) => Communicator.create({ nc: conns[2 * rank]!.nc, controlNc: conns[2 * rank + 1]!.nc, cluster: "t", job: "reuse", group: name, rank, worldSize: 2, timeoutMs: 10_000 }))
+      )
+      const tuned: KnownPicks[] = []
+      const summaries: string[] = []
+      const texts: string[] = []
+      const reducers = comms.map(
+        (comm, rank) =>
+          new Recorded(comm, {
+            algorithm: "auto",
+            compression: "none",
+            topology,
+            model: defaultCostModel(),
+            ...(known ? { known } : {}),
+            ...(rank === 0
+              ? {
+                  onTuned: (k: KnownPicks) => void tuned.push(k),
+                  onExplain: (e: Explanation, summary: string) => {
+                    texts.push(e.text)
+                    summaries.push(summary)
+                  }
+                }
+              : {})
+          })
+      )
+      let step = 0
+      const calls = async (k: number) => {
+        for (let i = 0; i < k; i++, step++) {
+          const flats = [0, 1].map((rank) => Float32Array.from({ length: n }, (_, j) => rank + j))
+          await Promise.all(reducers.map((r, rank) => r.reduceGradients(flats[rank]!, layout, 1, step)))
+          for (const f of flats) expect([f[0], f[n - 1]]).toEqual([0.5, n - 0.5])
+        }
+      }
+      return { comms, reducers, tuned, summaries, texts, calls }
+    }
+    const first = await group("g1")
+    try {
+      // hierarchical measured fastest (the cost model picks tree or ring here): the first group times every algorithm
+      await first.calls(1 + 3 * 5 + 1)
+      expect(first.tuned).toHaveLength(1)
+      expect(first.tuned[0]!.sizes.map((s) => s.picked)).toEqual(["hierarchical"])
+      expect(first.summaries.at(-1)).toMatch(/hierarchical \(measured\)/)
+    } finally {
+      await Promise.all(first.comms.map((c) => c.close()))
+    }
+    // The regroup hands the same picks to every member: no call is timed, the pick runs from the first call.
+    const second = await group("g2", first.tuned[0]!)
+    try {
+      // The first 100 calls 3x slower (a replacement that just joined is cold), then steady: the
+      // cold calls are not the baseline, so the steady ones are not taken for a move (a window of
+      // 50 calls 2x off, twice in a row, would be measured again at the check of call 200).
+      for (const r of second.reducers) r.slow = 3
+      await second.calls(REUSED_DRIFT_SKIP)
+      for (const r of second.reducers) r.slow = 1
+      await second.calls(3 * DRIFT_CHECK_EVERY)
+      expect(new Set(second.reducers[0]!.routes)).toEqual(new Set(["hierarchical"]))
+      expect(second.tuned).toHaveLength(0)
+      expect(second.reducers.map((r) => r.retuned.times)).toEqual([0, 0])
+      expect(second.summaries[0]).toMatch(/hierarchical \(measured by an earlier group of this shape\)/)
+      expect(second.texts[0]).toMatch(/reused at this regroup/)
+    } finally {
+      await Promise.all(second.comms.map((c) => c.close()))
+    }
+    // Picks made among other candidates are not taken: every algorithm is timed again.
+    const third = await group("g3", { ...first.tuned[0]!, candidates: ["ring", "tree"] })
+    try {
+      await third.calls(1 + 3 * 5 + 1)
+      expect(new Set(third.reducers[0]!.routes)).toEqual(new Set(["ring", "tree", "hierarchical"]))
+      expect(third.tuned).toHaveLength(1)
+    } finally {
+      await Promise.all(third.comms.map((c) => c.close()))
+    }
+  }, 120_000)
+})
+
+describe("rememberShape", () => {
+  it("keeps one entry per node layout, the newest first, at most four", () => {
+    const shape = (nodes: string[], picked: string) => ({ nodes, candidates: ["ring", "tree"], sizes: [{ bytes: 4096, candidates: ["ring", "tree"], ms: [1, 2], picked, modelPick: "ring" }] })
+    let kept = rememberShape(undefined, shape(["a", "a"], "ring"))
+    kept = rememberShape(kept, shape(["a", "a", "a"], "tree"))
+    kept = rememberShape(kept, shape(["a", "a"], "tree"))
+    expect(kept.map((k) => [k.nodes.length, k.sizes[0]!.picked])).toEqual([
+      [2, "tree"],
+      [3, "tree"]
+    ])
+    for (const nodes of [["b"], ["c"], ["d"], ["e"]]) kept = rememberShape(kept, shape(nodes, "ring"))
+    expect(kept.map((k) => k.nodes.join(","))).toEqual(["e", "d", "c", "b"])
+  })
 })

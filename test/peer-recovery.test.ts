@@ -34,16 +34,16 @@ afterAll(async () => {
 type Progress = { attempt: number; rank: number; epoch: number; step: number }
 
 /**
- * 4 workers, `epochs` epochs of 12 steps; rank 2 is killed after step 6 of epoch 2 in the first
- * generation. Until the group is back at 4, its steps are slowed (a hold), so that the replacement,
- * started in the background, joins before the run ends however loaded the machine is.
+ * 4 workers, `epochs` epochs of 12 steps; rank 2 is killed after step 6 of epoch `killEpoch` in the
+ * first generation. Until the group is back at 4, its steps are slowed (a hold), so that the
+ * replacement, started in the background, joins before the run ends however loaded the machine is.
  */
-const killedMidEpoch = async (name: string, recoverFrom: "peers" | "checkpoint", epochs = 5): Promise<{ r: Result; progress: Progress[] }> => {
+const killedMidEpoch = async (name: string, recoverFrom: "peers" | "checkpoint", epochs = 5, killEpoch = 2): Promise<{ r: Result; progress: Progress[] }> => {
   const progress: Progress[] = []
   const { dir: pidDir, holdFile } = await makeHold(storage, `${name}-`, 4)
   const r = await new Trainer({
     trainLoopPerWorker: CHAOS,
-    trainLoopConfig: { epochs, fail: { how: "kill", rank: 2, epoch: 2, step: 6 }, pidDir, holdFile },
+    trainLoopConfig: { epochs, fail: { how: "kill", rank: 2, epoch: killEpoch, step: 6 }, pidDir, holdFile },
     scalingConfig: { numWorkers: 4 },
     runConfig: {
       name,
@@ -59,26 +59,34 @@ const killedMidEpoch = async (name: string, recoverFrom: "peers" | "checkpoint",
 
 describe("recovery from surviving peers", () => {
   it("a worker killed mid-epoch costs the step in flight: the survivors go on short-handed at once, and a replacement started meanwhile joins them in place", { timeout: 150_000 }, async () => {
-    // 8 epochs: the slowed short group has 5+ epochs of steps (about 15 s) for its replacement to start.
-    const { r, progress } = await killedMidEpoch("peers-mid-epoch", "peers", 8)
+    // 9 epochs, the kill in epoch 3: the slowed short group has 5+ epochs of steps (about 15 s) for
+    // its replacement to start, and the first group has measured its algorithm and path (the
+    // tuner's 31 calls) before the kill.
+    const { r, progress } = await killedMidEpoch("peers-mid-epoch", "peers", 9, 3)
     expect(r.restarts).toBe(1)
     expect(r.countedFailures).toBe(1)
-    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4, 5, 6, 7])
+    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4, 5, 6, 7, 8])
     expect(sameWeights(r)).toBe(true)
     expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.9)
-    const restart = (await events(r.path)).find((e) => e.type === "restart")
+    const all = await events(r.path)
+    const restart = all.find((e) => e.type === "restart")
     // The survivors go on short-handed at once; a standby replacement joins them later, in place.
-    expect(restart).toMatchObject({ recovery: "peers", survivors: 3, joiners: 0, position: { inFit: true, epoch: 2 } })
+    expect(restart).toMatchObject({ recovery: "peers", survivors: 3, joiners: 0, position: { inFit: true, epoch: 3 } })
     // The survivors were at the step after the one the dead rank finished (steps 0-6 done).
     expect((restart!.position as { stepInEpoch: number }).stepInEpoch).toBe(7)
-    const grow = (await events(r.path)).find((e) => e.type === "grow")
+    const grow = all.find((e) => e.type === "grow")
     expect(grow).toMatchObject({ recovery: "peers", survivors: 3, joiners: 1 })
     expect(r.resizes.map((z) => [z.from, z.to])).toEqual([[4, 3], [3, 4]])
-    // The regrouped generation trains on from there: its first progress is late in epoch 2.
+    // The regrouped generation trains on from there: its first progress is late in epoch 3.
     const after = progress.filter((p) => p.attempt === 1)
     expect(after.length).toBeGreaterThan(0)
-    expect(after[0]).toMatchObject({ epoch: 2 })
+    expect(after[0]).toMatchObject({ epoch: 3 })
     expect(after[0].step).toBeGreaterThanOrEqual(7)
+    // Algorithm "auto": the first group of 4 measured its picks, the short group of 3 measured its
+    // own, and the group of 4 again (survivors and the replacement) took the first group's as they were.
+    const plans = all.filter((e) => e.type === "explain" && String(e.summary).startsWith("gradwire: all-reduce auto")).map((e) => String(e.summary))
+    expect(plans.filter((s) => s.includes("(measured)")).length).toBeGreaterThanOrEqual(1)
+    expect(plans.at(-1)).toContain("(measured by an earlier group of this shape)")
   })
 
   it("for comparison, recoverFrom 'checkpoint' goes back to the start of the epoch", { timeout: 150_000 }, async () => {

@@ -111,9 +111,34 @@ export const LinkMeasurements = Schema.Struct({
   /** The direct links' threshold: calls of at least this many bytes go direct. */
   minBytes: Schema.optionalKey(Schema.Number),
   /** scheduler/topology.ts ObservedTopology. */
-  observed: Schema.optionalKey(Schema.Unknown)
+  observed: Schema.optionalKey(Schema.Unknown),
+  /**
+   * What algorithm 'auto' measured on training's own calls, per group shape (the node of each rank;
+   * the most recent first, a few kept): a regroup into a shape measured before takes its picks
+   * instead of timing every candidate again on processes a fault has just disturbed.
+   */
+  tuned: Schema.optionalKey(
+    Schema.Array(
+      Schema.Struct({
+        nodes: Schema.Array(Schema.String),
+        candidates: Schema.Array(Schema.String),
+        /** scheduler/algorithm-tuner.ts TunedSize, per bucket size. */
+        sizes: Schema.Array(
+          Schema.Struct({
+            bytes: Schema.Number,
+            candidates: Schema.Array(Schema.String),
+            ms: Schema.Array(Schema.Number),
+            picked: Schema.String,
+            modelPick: Schema.String
+          })
+        )
+      })
+    )
+  )
 })
 export type LinkMeasurements = typeof LinkMeasurements.Type
+/** One group shape's measured picks (LinkMeasurements.tuned). */
+export type TunedShape = NonNullable<LinkMeasurements["tuned"]>[number]
 
 /** A surviving worker's new place after a regroup (see WorkerProtocol.resume). */
 export const Placement = Schema.Struct({

@@ -43,6 +43,19 @@ export interface AutoReducerOptions extends Omit<GradientReducerOptions, "algori
   readonly warmupSteps?: number
   /** Called with every (re)explanation: at the first step, and when 'auto' compression is decided. */
   readonly onExplain?: (e: Explanation, summary: string) => void
+  /**
+   * What an earlier group of the same shape measured (a regroup hands the same to every member):
+   * taken instead of timing the candidates again, when its candidates are this tuner's.
+   */
+  readonly known?: KnownPicks
+  /** Called with what the tuner decided, each time it decides. */
+  readonly onTuned?: (k: KnownPicks) => void
+}
+
+/** A tuner's decision, to hand to a later group of the same shape: its candidates and per-size results. */
+export interface KnownPicks {
+  readonly candidates: readonly string[]
+  readonly sizes: readonly TunedSize[]
 }
 
 /** Calls per candidate algorithm and size that the tuner times (AlgorithmTuner's rounds). */
@@ -60,6 +73,8 @@ export const DRIFT_WINDOW = 50
 export const DRIFT_FACTOR = 2
 export const DRIFT_CONFIRM = 2
 export const DRIFT_CHECK_EVERY = 100
+/** With picks taken from an earlier group, the calls of each size left out before the drift baseline. */
+export const REUSED_DRIFT_SKIP = 2 * DRIFT_WINDOW
 /**
  * With transport 'auto', sizes below this are timed over both paths (each algorithm over the
  * direct links and over NATS); larger ones over the direct links only, where bandwidth decides
@@ -74,6 +89,8 @@ const PATHS = ["direct", "nats"] as const
  * every rank, so every rank times the same candidates and lays out the same table.
  */
 export const tunesPaths = (comm: Communicator): boolean => comm.worldSize > 1 && comm.transport.choice === "auto" && comm.wholeDirect
+
+const sameNames = (a: readonly string[], b: readonly string[]): boolean => a.length === b.length && a.every((x, i) => x === b[i])
 
 /** A tuner candidate's name back into a route ("tree/nats" -> tree over NATS; "tree" -> the communicator's path). */
 const parseRoute = (name: string): Route => {
@@ -116,6 +133,8 @@ export class AutoGradientReducer extends GradientReducer {
   readonly #drift = new DriftMonitor(DRIFT_WINDOW, DRIFT_FACTOR, DRIFT_CONFIRM)
   readonly #modelPick: (bytes: number) => string
   readonly #paths: boolean
+  /** The picks came from an earlier group of the same shape (until measured again here). */
+  #reused = false
 
   constructor(comm: Communicator, opts: AutoReducerOptions) {
     const cache = new Map<number, AllReduceAlgorithm>()
@@ -158,6 +177,15 @@ export class AutoGradientReducer extends GradientReducer {
     this.#tune = tune
     this.#modelPick = modelRoute
     this.#paths = paths
+    const known = opts.known
+    if (tune.tuner !== undefined && known !== undefined && known.sizes.length > 0 && sameNames(known.candidates, tune.tuner.candidates)) {
+      tune.tuner.adopt(known.sizes)
+      tune.result = [...known.sizes]
+      this.#reused = true
+      // The first calls of a regrouped group run while a replacement is cold (its first seconds
+      // of steps are up to 2-3x slower): not a baseline the later calls should be held to.
+      this.#drift.reset(REUSED_DRIFT_SKIP)
+    }
   }
 
   /** Whether the tuner times each algorithm over both paths (transport 'auto' with every peer's direct link up). */
@@ -204,6 +232,8 @@ export class AutoGradientReducer extends GradientReducer {
         if (table.length > 0) await this.comm.allReduce(table, { op: "max", algorithm: "tree" })
         t.result = t.tuner.decide(table, this.#modelPick)
         t.decidedAt = call
+        this.#reused = false
+        this.#auto.onTuned?.({ candidates: t.tuner.candidates, sizes: t.result })
         this.#emit(layout, this.#agreedComputeMs)
       } else t.active = t.from !== undefined && call >= t.from
       // A tuning call starts together on every rank, so a rank's time is the call's and not its
@@ -256,9 +286,9 @@ export class AutoGradientReducer extends GradientReducer {
       algorithms: allReduceAlgorithms(),
       ...(fixed ? { candidates: fixed } : {})
     })
-    const e = withTuned(explain(plan), this.#tune.result, this.#tune.retunes > 0 ? this.#tune : undefined, this.#paths)
+    const e = withTuned(explain(plan), this.#tune.result, { ...(this.#tune.retunes > 0 ? { again: this.#tune } : {}), paths: this.#paths, reused: this.#reused })
     const tuned = this.#tune.result
-    const algos = [...new Set(tuned !== undefined && tuned.length > 0 ? tuned.map((x) => x.picked) : plan.schedule.map((s) => s.algorithm))].join(", ") + (tuned !== undefined && tuned.length > 0 ? " (measured)" : "")
+    const algos = [...new Set(tuned !== undefined && tuned.length > 0 ? tuned.map((x) => x.picked) : plan.schedule.map((s) => s.algorithm))].join(", ") + (tuned !== undefined && tuned.length > 0 ? (this.#reused ? " (measured by an earlier group of this shape)" : " (measured)") : "")
     const summary =
       `gradwire: all-reduce ${o.algorithm === "auto" ? "auto" : "fixed"}: ${algos} for ${plan.buckets.length} bucket(s), ` +
       `compression ${plan.compression.chosen}${o.compression === "auto" ? (computeMs === undefined ? " (auto: deciding after warm-up)" : " (auto)") : ""}; ` +
@@ -275,10 +305,17 @@ const fmtTunedBytes = (b: number): string => (b >= 1024 * 1024 ? `${(b / (1024 *
 export const withTuned = (
   e: Explanation,
   tuned: readonly TunedSize[] | undefined,
-  again?: { readonly retunes: number; readonly why: string | undefined },
-  paths = false
+  how: {
+    /** Measured again after the first time, and why. */
+    readonly again?: { readonly retunes: number; readonly why: string | undefined }
+    /** Each algorithm was timed over both paths. */
+    readonly paths?: boolean
+    /** The picks are an earlier group's of the same shape. */
+    readonly reused?: boolean
+  } = {}
 ): Explanation => {
   if (tuned === undefined) return e
+  const { again, paths = false, reused = false } = how
   const lines = tuned.map((t) => {
     const of = (name: string): number => t.ms[t.candidates.indexOf(name)]!
     const fastest = Math.min(...t.ms)
@@ -291,13 +328,14 @@ export const withTuned = (
           : " (the cost model's pick too)")
     )
   })
-  const how = paths
+  const timed = paths
     ? `each algorithm timed ${TUNE_ROUNDS} times per bucket size, over the direct links and, below ${fmtTunedBytes(PATH_TUNE_MAX_BYTES)}, over NATS (transport 'auto'; the cost model's pick taken over the direct links), on training's own calls`
     : `each algorithm timed ${TUNE_ROUNDS} times per bucket size on training's own calls`
   const text =
     tuned.length === 0
       ? "measured pick: no bucket size was timed with every algorithm; the cost model's picks stand"
-      : `measured pick (${how}, each call's slowest rank, the median of each algorithm's calls):\n${lines.join("\n")}`
+      : `measured pick (${timed}, each call's slowest rank, the median of each algorithm's calls):\n${lines.join("\n")}` +
+        (reused ? "\n  (measured by an earlier group of the same shape, each rank on the same node, and reused at this regroup: measured again if its calls move)" : "")
   const retold = again ? `\n  timed again (${again.retunes} time${again.retunes === 1 ? "" : "s"} since the first; the last because ${again.why ?? "the calls moved"}: a window of ${DRIFT_WINDOW} calls ${DRIFT_FACTOR}x off the first after tuning, ${DRIFT_CONFIRM} windows in a row)` : ""
   return { ...e, text: `${e.text}\n${text}${retold}`, json: { ...e.json, tuned, ...(again ? { retuned: { times: again.retunes, why: again.why } } : {}) } }
 }

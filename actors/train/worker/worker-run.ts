@@ -29,7 +29,7 @@ import * as settings from "../../../core/settings.ts"
 import type { ActorContext } from "../../runtime/actor.ts"
 import type { ActorRef, ActorSystem } from "../../runtime/system.ts"
 import { toWireFailure } from "../../runtime/envelope.ts"
-import { ControllerProtocol, type Admission, type LinkMeasurements, type Placement, type WorkerArgs } from "../common/train-protocol.ts"
+import { ControllerProtocol, type Admission, type LinkMeasurements, type Placement, type TunedShape, type WorkerArgs } from "../common/train-protocol.ts"
 import type { ObservedTopology } from "../../../scheduler/topology.ts"
 import { TrainContext, type Checkpoint, type TrainContextDeps } from "./train-context.ts"
 import { GroupSession, type LiveGroup } from "./group-session.ts"
@@ -301,7 +301,11 @@ export class WorkerRun {
       const measured = measure ? await comm.measureTransport() : undefined
       const directMinBytes = comm.transport.choice === "direct" ? 0 : comm.transport.minBytes
       const nodes = [...new Set(p.nodes)]
-      this.measured = { nodes, ...(direct ? { minBytes: comm.transport.minBytes } : {}) }
+      // What algorithm 'auto' measured per group shape travels on (this rank's own history, or the
+      // one a regroup handed every member); a shape measured before is taken as it was.
+      const history = reused?.tuned ?? this.measured?.tuned
+      const known = reused?.tuned?.find((x) => sameNodes(x.nodes, p.nodes))
+      this.measured = { nodes, ...(direct ? { minBytes: comm.transport.minBytes } : {}), ...(history ? { tuned: history } : {}) }
       const transportText = describeTransport(comm.transport, measured)
       // Per-worker transport detail: explain.txt has it; the console only with verbose (GRADWIRE_LOG=debug).
       if (p.rank === 0 && direct) this.#ctx.log.debug(transportText)
@@ -322,6 +326,8 @@ export class WorkerRun {
               }
             : {})
         })),
+        ...(known ? { known: { candidates: known.candidates, sizes: known.sizes } } : {}),
+        onTuned: (k) => (this.measured = { ...this.measured!, tuned: rememberShape(this.measured?.tuned, { nodes: p.nodes, candidates: k.candidates, sizes: k.sizes }) }),
         wire: args.collective.wireDtype === "float16" ? "f16" : "f32",
         bucketBytes: args.collective.bucketSizeMiB * 1024 * 1024,
         firstBucketBytes: args.collective.firstBucketSizeMiB * 1024 * 1024,
@@ -649,3 +655,12 @@ export class WorkerRun {
     this.#ctx.stop({ drain: false, reason: "loop ended" })
   }
 }
+
+/** Shapes of groups whose measured picks a worker keeps (the most recent first). */
+const TUNED_SHAPES_KEPT = 4
+
+const sameNodes = (a: ReadonlyArray<string>, b: ReadonlyArray<string>): boolean => a.length === b.length && a.every((n, i) => n === b[i])
+
+/** `shape` first, then the other shapes kept before (one per node layout), at most TUNED_SHAPES_KEPT. */
+export const rememberShape = (kept: LinkMeasurements["tuned"], shape: TunedShape): TunedShape[] =>
+  [shape, ...(kept ?? []).filter((x) => !sameNodes(x.nodes, shape.nodes))].slice(0, TUNED_SHAPES_KEPT)
