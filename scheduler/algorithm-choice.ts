@@ -249,8 +249,12 @@ export interface Explanation {
     readonly schedule: CommunicationPlan["schedule"]
     readonly predictedCommMs: number
     readonly assumedLinks: Readonly<Record<string, string>>
-    /** With algorithm 'auto', once the tuner has decided: per size, each algorithm's measured ms and the pick. */
-    readonly tuned?: readonly { readonly bytes: number; readonly ms: readonly number[]; readonly picked: string; readonly modelPick: string }[]
+    /** With algorithm 'auto', once the tuner has decided: per size, each candidate's measured ms (in `candidates`' order) and the pick. */
+    readonly tuned?: readonly { readonly bytes: number; readonly candidates: readonly string[]; readonly ms: readonly number[]; readonly picked: string; readonly modelPick: string }[]
+    /** The tuner's picks were measured once the group's processes were warm (from its call 200 on). */
+    readonly confirmed?: boolean
+    /** Times the tuner measured again after its calls moved, and why the last time. */
+    readonly retuned?: { readonly times: number; readonly why: string | undefined }
   }
 }
 

@@ -4,7 +4,7 @@
 // so the drift is exactly the one the test makes; the collectives themselves run for real.
 import { describe, expect, it } from "vitest"
 import { Communicator } from "../collectives/communicator.ts"
-import { AutoGradientReducer, DRIFT_CHECK_EVERY, DRIFT_WINDOW, REUSED_DRIFT_SKIP, type KnownPicks } from "../actors/train/worker/auto-config.ts"
+import { AutoGradientReducer, CONFIRM_AT_CALL, DRIFT_CHECK_EVERY, DRIFT_WINDOW, REUSED_DRIFT_SKIP, type KnownPicks } from "../actors/train/worker/auto-config.ts"
 import { rememberShape } from "../actors/train/worker/worker-run.ts"
 import { defaultCostModel } from "../scheduler/cost-model.ts"
 import { DriftMonitor } from "../scheduler/algorithm-tuner.ts"
@@ -26,9 +26,11 @@ class Recorded extends AutoGradientReducer {
   readonly routes: string[] = []
   /** Every call's time is multiplied by this (a cold process's first calls). */
   slow = 1
+  /** The route that takes 0.5 ms (the others 2 ms). */
+  fast = "hierarchical"
   protected override noteCall(bytes: number, route: string, _ms: number): void {
     this.routes.push(route)
-    super.noteCall(bytes, route, (route === "hierarchical" ? 0.5 : 2) * this.slow)
+    super.noteCall(bytes, route, (route === this.fast ? 0.5 : 2) * this.slow)
   }
 }
 
@@ -96,11 +98,13 @@ describe("AutoGradientReducer", () => {
       }
     }
     try {
-      // Tuning (every algorithm 5 times) and then well over two checks with steady calls: no second tuning.
+      // Tuning (every algorithm 5 times), once more from call CONFIRM_AT_CALL on (warm processes),
+      // and then checks with steady calls: no tuning for moved calls.
       await calls(40 + 3 * DRIFT_CHECK_EVERY)
       expect(reducers.map((r) => r.retuned.times)).toEqual([0, 0])
       const firstTuned = explained[0]!.filter((t) => t.includes("measured pick")).length
-      expect(firstTuned).toBe(1)
+      expect(firstTuned).toBe(2)
+      expect(explained[0]!.at(-1)).toMatch(/measured from the group's call 200 on, once its processes were warm/)
       // Rank 1's calls take 10x as long from now on: two windows, then the next check.
       reducers[1]!.callMs = 10
       await calls(2 * DRIFT_WINDOW + DRIFT_CHECK_EVERY + 40)
@@ -108,7 +112,7 @@ describe("AutoGradientReducer", () => {
       expect(reducers[1]!.retuned.why).toMatch(/^rank 1's calls moved: 4\.0 KiB 1\.00 -> 10\.00 ms$/)
       expect(reducers[0]!.retuned.why).toBe("another rank's calls moved")
       // The new tuning is explained, saying why it was made.
-      expect(explained[0]!.filter((t) => t.includes("measured pick")).length).toBe(2)
+      expect(explained[0]!.filter((t) => t.includes("measured pick")).length).toBe(3)
       expect(explained[0]!.at(-1)).toMatch(/timed again \(1 time since the first; the last because another rank's calls moved/)
       // Steady at the new level: measured once, not again.
       await calls(3 * DRIFT_CHECK_EVERY)
@@ -176,8 +180,10 @@ describe("AutoGradientReducer, a regroup into a shape measured before", () => {
     } finally {
       await Promise.all(first.comms.map((c) => c.close()))
     }
-    // The regroup hands the same picks to every member: no call is timed, the pick runs from the first call.
-    const second = await group("g2", first.tuned[0]!)
+    expect(first.tuned[0]!.confirmed).toBe(false)
+    // The regroup hands the same picks to every member: no call is timed, the pick runs from the
+    // first call (picks measured on warm processes: not measured again at CONFIRM_AT_CALL either).
+    const second = await group("g2", { ...first.tuned[0]!, confirmed: true })
     try {
       // The first 100 calls 3x slower (a replacement that just joined is cold), then steady: the
       // cold calls are not the baseline, so the steady ones are not taken for a move (a window of
@@ -203,12 +209,78 @@ describe("AutoGradientReducer, a regroup into a shape measured before", () => {
     } finally {
       await Promise.all(third.comms.map((c) => c.close()))
     }
+    // Picks measured on a group's first calls are taken, then measured once more at CONFIRM_AT_CALL.
+    const fourth = await group("g4", first.tuned[0]!)
+    try {
+      await fourth.calls(CONFIRM_AT_CALL + 1)
+      expect(new Set(fourth.reducers[0]!.routes)).toEqual(new Set(["hierarchical"]))
+      await fourth.calls(3 * 5 + 1)
+      expect(new Set(fourth.reducers[0]!.routes.slice(CONFIRM_AT_CALL + 1))).toEqual(new Set(["ring", "tree", "hierarchical"]))
+      expect(fourth.tuned.map((k) => k.confirmed)).toEqual([true])
+    } finally {
+      await Promise.all(fourth.comms.map((c) => c.close()))
+    }
+  }, 120_000)
+
+  it("measures once more from call CONFIRM_AT_CALL on, and that decision stands: the first calls ran on processes still warming up", async () => {
+    const server = await nats.server({ jetstream: false })
+    const conns = await Promise.all([0, 1, 2, 3].map(() => nats.connect(server.url, { noEcho: true })))
+    const comms = await Promise.all(
+      [0, 1].map((rank) => Communicator.create({ nc: conns[2 * rank]!.nc, controlNc: conns[2 * rank + 1]!.nc, cluster: "t", job: "confirm", group: "g", rank, worldSize: 2, timeoutMs: 10_000 }))
+    )
+    const tuned: KnownPicks[] = []
+    const summaries: string[] = []
+    const reducers = comms.map(
+      (comm, rank) =>
+        new Recorded(comm, {
+          algorithm: "auto",
+          compression: "none",
+          topology: [
+            { nodeId: "n0", server: "s0" },
+            { nodeId: "n0", server: "s0" }
+          ],
+          model: defaultCostModel(),
+          ...(rank === 0 ? { onTuned: (k: KnownPicks) => void tuned.push(k), onExplain: (_e: Explanation, summary: string) => void summaries.push(summary) } : {})
+        })
+    )
+    const n = 256
+    const layout = [{ name: "w", shape: [n], offset: 0, size: n }]
+    let step = 0
+    const calls = async (k: number) => {
+      for (let i = 0; i < k; i++, step++) {
+        const flats = [0, 1].map(() => new Float32Array(n).fill(1))
+        await Promise.all(reducers.map((r, rank) => r.reduceGradients(flats[rank]!, layout, 1, step)))
+      }
+    }
+    try {
+      // cold: ring measures fastest
+      for (const r of reducers) r.fast = "ring"
+      await calls(1 + 3 * 5 + 1)
+      expect(tuned.map((k) => [k.sizes[0]!.picked, k.confirmed])).toEqual([["ring", false]])
+      // warm: hierarchical is the fastest; the measurement from call 200 on finds it
+      for (const r of reducers) r.fast = "hierarchical"
+      await calls(CONFIRM_AT_CALL - 17)
+      expect(reducers[0]!.routes.at(-1)).toBe("ring")
+      await calls(1 + 3 * 5 + 1)
+      expect(tuned.map((k) => [k.sizes[0]!.picked, k.confirmed])).toEqual([
+        ["ring", false],
+        ["hierarchical", true]
+      ])
+      expect(reducers[0]!.routes.at(-1)).toBe("hierarchical")
+      expect(summaries.at(-1)).toMatch(/hierarchical \(measured\)/)
+      // not measured again after that while the calls hold
+      await calls(2 * CONFIRM_AT_CALL)
+      expect(tuned).toHaveLength(2)
+      expect(reducers.map((r) => r.retuned.times)).toEqual([0, 0])
+    } finally {
+      await Promise.all(comms.map((c) => c.close()))
+    }
   }, 120_000)
 })
 
 describe("rememberShape", () => {
   it("keeps one entry per node layout, the newest first, at most four", () => {
-    const shape = (nodes: string[], picked: string) => ({ nodes, candidates: ["ring", "tree"], sizes: [{ bytes: 4096, candidates: ["ring", "tree"], ms: [1, 2], picked, modelPick: "ring" }] })
+    const shape = (nodes: string[], picked: string) => ({ nodes, candidates: ["ring", "tree"], confirmed: true, sizes: [{ bytes: 4096, candidates: ["ring", "tree"], ms: [1, 2], picked, modelPick: "ring" }] })
     let kept = rememberShape(undefined, shape(["a", "a"], "ring"))
     kept = rememberShape(kept, shape(["a", "a", "a"], "tree"))
     kept = rememberShape(kept, shape(["a", "a"], "tree"))

@@ -70,7 +70,8 @@ describe("Trainer", () => {
     // fitted from the group's timed calls on them, and after the first steps every bucket size
     // runs the algorithm and path measured fastest on training's own calls.
     const explain = await fs.readFile(path.join(baseline.path, "explain.txt"), "utf8")
-    expect(explain).toMatch(/direct links \d+us \d+MB\/s \(ring over the direct links at 3 sizes/)
+    // (a fit on a loaded machine can clamp beta to 0: "inf" MB/s)
+    expect(explain).toMatch(/direct links \d+us (\d+|inf)MB\/s \(ring over the direct links at 3 sizes/)
     expect(explain).toMatch(/measured pick \(each algorithm timed 5 times per bucket size/)
     const json = JSON.parse(await fs.readFile(path.join(baseline.path, "explain.json"), "utf8")) as {
       tuned?: Array<{ bytes: number; candidates: string[]; ms: number[]; picked: string; modelPick: string }>

@@ -122,6 +122,8 @@ export const LinkMeasurements = Schema.Struct({
       Schema.Struct({
         nodes: Schema.Array(Schema.String),
         candidates: Schema.Array(Schema.String),
+        /** Measured on warm processes (from the group's call 200 on: auto-config.ts CONFIRM_AT_CALL). */
+        confirmed: Schema.Boolean,
         /** scheduler/algorithm-tuner.ts TunedSize, per bucket size. */
         sizes: Schema.Array(
           Schema.Struct({

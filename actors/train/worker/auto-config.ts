@@ -56,6 +56,8 @@ export interface AutoReducerOptions extends Omit<GradientReducerOptions, "algori
 export interface KnownPicks {
   readonly candidates: readonly string[]
   readonly sizes: readonly TunedSize[]
+  /** Measured from CONFIRM_AT_CALL on (warm processes); otherwise the group that takes it measures once more there. */
+  readonly confirmed?: boolean
 }
 
 /** Calls per candidate algorithm and size that the tuner times (AlgorithmTuner's rounds). */
@@ -73,6 +75,13 @@ export const DRIFT_WINDOW = 50
 export const DRIFT_FACTOR = 2
 export const DRIFT_CONFIRM = 2
 export const DRIFT_CHECK_EVERY = 100
+/**
+ * A group's first measurement runs on its first calls, while its processes warm up (on a busy
+ * 2-core machine it picked a route 2-5x slower than the warm fastest in 3 of 7 runs); at this call
+ * every candidate is timed once more, and that decision stands (and is what a later group of the
+ * same shape takes).
+ */
+export const CONFIRM_AT_CALL = 200
 /** With picks taken from an earlier group, the calls of each size left out before the drift baseline. */
 export const REUSED_DRIFT_SKIP = 2 * DRIFT_WINDOW
 /**
@@ -126,9 +135,11 @@ export class AutoGradientReducer extends GradientReducer {
     result: TunedSize[] | undefined
     /** The call at which the last tuning decided. */
     decidedAt: number
-    /** Tunings after the first, and why the last one was made. */
+    /** Tunings after the first (for moved calls), and why the last one was made. */
     retunes: number
     why: string | undefined
+    /** The picks were measured from CONFIRM_AT_CALL on (on warm processes), here or by the group they came from. */
+    confirmed: boolean
   }
   readonly #drift = new DriftMonitor(DRIFT_WINDOW, DRIFT_FACTOR, DRIFT_CONFIRM)
   readonly #modelPick: (bytes: number) => string
@@ -163,7 +174,8 @@ export class AutoGradientReducer extends GradientReducer {
       result: undefined as TunedSize[] | undefined,
       decidedAt: 0,
       retunes: 0,
-      why: undefined as string | undefined
+      why: undefined as string | undefined,
+      confirmed: false
     }
     const route = (bytes: number): Route => {
       if (tune.active) return parseRoute(tune.tuner!.next(bytes))
@@ -181,6 +193,7 @@ export class AutoGradientReducer extends GradientReducer {
     if (tune.tuner !== undefined && known !== undefined && known.sizes.length > 0 && sameNames(known.candidates, tune.tuner.candidates)) {
       tune.tuner.adopt(known.sizes)
       tune.result = [...known.sizes]
+      tune.confirmed = known.confirmed === true
       this.#reused = true
       // The first calls of a regrouped group run while a replacement is cold (its first seconds
       // of steps are up to 2-3x slower): not a baseline the later calls should be held to.
@@ -232,13 +245,19 @@ export class AutoGradientReducer extends GradientReducer {
         if (table.length > 0) await this.comm.allReduce(table, { op: "max", algorithm: "tree" })
         t.result = t.tuner.decide(table, this.#modelPick)
         t.decidedAt = call
+        if (t.from > CONFIRM_AT_CALL) t.confirmed = true
         this.#reused = false
-        this.#auto.onTuned?.({ candidates: t.tuner.candidates, sizes: t.result })
+        this.#auto.onTuned?.({ candidates: t.tuner.candidates, sizes: t.result, confirmed: t.confirmed })
         this.#emit(layout, this.#agreedComputeMs)
       } else t.active = t.from !== undefined && call >= t.from
       // A tuning call starts together on every rank, so a rank's time is the call's and not its
       // wait for a slower rank's backward pass (a barrier costs about one small message).
       if (t.active) await this.comm.barrier()
+    } else if (t.tuner !== undefined && !t.confirmed && call >= CONFIRM_AT_CALL) {
+      // The first measurement ran on the group's first calls, while its processes were still
+      // warming up (and, after a fault, a replacement was cold): every rank, at the same call,
+      // times the candidates once more, and that decision stands.
+      this.#timeAgain(call)
     } else if (t.tuner !== undefined && call > t.decidedAt && (call - t.decidedAt) % (DRIFT_CHECK_EVERY * 2 ** Math.min(t.retunes, 5)) === 0) {
       // Every rank at the same call: has any rank's calls moved away from what they took after
       // tuning? Then every candidate is timed again, from the next call.
@@ -246,12 +265,9 @@ export class AutoGradientReducer extends GradientReducer {
       const flag = Float32Array.of(drifted.length > 0 ? 1 : 0)
       await this.comm.allReduce(flag, { op: "max", algorithm: "tree" })
       if (flag[0]! > 0) {
-        t.tuner = new AlgorithmTuner(t.tuner.candidates, TUNE_ROUNDS, TUNE_KEEP_WITHIN)
-        t.result = undefined
-        t.from = call + 1
+        this.#timeAgain(call)
         t.retunes++
         t.why = drifted.length > 0 ? `rank ${this.comm.rank}'s calls moved: ${drifted.join(", ")}` : "another rank's calls moved"
-        this.#drift.reset()
       }
     }
     if (!this.#decided && step >= warmup && this.comm.worldSize > 1) {
@@ -271,6 +287,17 @@ export class AutoGradientReducer extends GradientReducer {
     return super.reduceGradients(flat, layout, weight, step, scope)
   }
 
+  /** Every candidate timed again from the call after `call`; the current picks run until the new ones are decided. */
+  #timeAgain(call: number): void {
+    const t = this.#tune
+    const again = new AlgorithmTuner(t.tuner!.candidates, TUNE_ROUNDS, TUNE_KEEP_WITHIN, t.tuner!.timedOn)
+    if (t.result !== undefined) again.adopt(t.result)
+    t.tuner = again
+    t.result = undefined
+    t.from = call + 1
+    this.#drift.reset()
+  }
+
   #emit(layout: ReadonlyArray<GradientSlotInfo>, computeMs: number | undefined): string {
     const o = this.#auto
     const buckets = planBuckets(layout.map((l) => l.size), o.bucketBytes ?? DEFAULT_BUCKET_BYTES, o.firstBucketBytes ?? DEFAULT_FIRST_BUCKET_BYTES)
@@ -286,7 +313,7 @@ export class AutoGradientReducer extends GradientReducer {
       algorithms: allReduceAlgorithms(),
       ...(fixed ? { candidates: fixed } : {})
     })
-    const e = withTuned(explain(plan), this.#tune.result, { ...(this.#tune.retunes > 0 ? { again: this.#tune } : {}), paths: this.#paths, reused: this.#reused })
+    const e = withTuned(explain(plan), this.#tune.result, { ...(this.#tune.retunes > 0 ? { again: this.#tune } : {}), paths: this.#paths, reused: this.#reused, confirmed: this.#tune.confirmed })
     const tuned = this.#tune.result
     const algos = [...new Set(tuned !== undefined && tuned.length > 0 ? tuned.map((x) => x.picked) : plan.schedule.map((s) => s.algorithm))].join(", ") + (tuned !== undefined && tuned.length > 0 ? (this.#reused ? " (measured by an earlier group of this shape)" : " (measured)") : "")
     const summary =
@@ -312,10 +339,12 @@ export const withTuned = (
     readonly paths?: boolean
     /** The picks are an earlier group's of the same shape. */
     readonly reused?: boolean
+    /** Measured from CONFIRM_AT_CALL on, once the processes were warm. */
+    readonly confirmed?: boolean
   } = {}
 ): Explanation => {
   if (tuned === undefined) return e
-  const { again, paths = false, reused = false } = how
+  const { again, paths = false, reused = false, confirmed = false } = how
   const lines = tuned.map((t) => {
     const of = (name: string): number => t.ms[t.candidates.indexOf(name)]!
     const fastest = Math.min(...t.ms)
@@ -335,9 +364,12 @@ export const withTuned = (
     tuned.length === 0
       ? "measured pick: no bucket size was timed with every algorithm; the cost model's picks stand"
       : `measured pick (${timed}, each call's slowest rank, the median of each algorithm's calls):\n${lines.join("\n")}` +
+        (confirmed
+          ? `\n  (measured from the group's call ${CONFIRM_AT_CALL} on, once its processes were warm; a first measurement on its first calls decided until then)`
+          : `\n  (measured on the group's first calls; measured once more from call ${CONFIRM_AT_CALL} on, once its processes are warm)`) +
         (reused ? "\n  (measured by an earlier group of the same shape, each rank on the same node, and reused at this regroup: measured again if its calls move)" : "")
   const retold = again ? `\n  timed again (${again.retunes} time${again.retunes === 1 ? "" : "s"} since the first; the last because ${again.why ?? "the calls moved"}: a window of ${DRIFT_WINDOW} calls ${DRIFT_FACTOR}x off the first after tuning, ${DRIFT_CONFIRM} windows in a row)` : ""
-  return { ...e, text: `${e.text}\n${text}${retold}`, json: { ...e.json, tuned, ...(again ? { retuned: { times: again.retunes, why: again.why } } : {}) } }
+  return { ...e, text: `${e.text}\n${text}${retold}`, json: { ...e.json, tuned, confirmed, ...(again ? { retuned: { times: again.retunes, why: again.why } } : {}) } }
 }
 
 export interface AutoCollectivesInput {

@@ -326,8 +326,9 @@ export class WorkerRun {
               }
             : {})
         })),
-        ...(known ? { known: { candidates: known.candidates, sizes: known.sizes } } : {}),
-        onTuned: (k) => (this.measured = { ...this.measured!, tuned: rememberShape(this.measured?.tuned, { nodes: p.nodes, candidates: k.candidates, sizes: k.sizes }) }),
+        ...(known ? { known: { candidates: known.candidates, sizes: known.sizes, confirmed: known.confirmed === true } } : {}),
+        onTuned: (k) =>
+          (this.measured = { ...this.measured!, tuned: rememberShape(this.measured?.tuned, { nodes: p.nodes, candidates: k.candidates, sizes: k.sizes, confirmed: k.confirmed === true }) }),
         wire: args.collective.wireDtype === "float16" ? "f16" : "f32",
         bucketBytes: args.collective.bucketSizeMiB * 1024 * 1024,
         firstBucketBytes: args.collective.firstBucketSizeMiB * 1024 * 1024,
