@@ -12,9 +12,9 @@ import { describe, expect, it } from "vitest"
 import { Communicator } from "../collectives/communicator.ts"
 import { AutoGradientReducer, TUNE_ROUNDS } from "../actors/train/worker/auto-config.ts"
 import { AlgorithmTuner } from "../scheduler/algorithm-tuner.ts"
-import { defaultCostModel } from "../scheduler/cost-model.ts"
 import type { Explanation } from "../scheduler/algorithm-choice.ts"
 import { natsFixtures } from "./support/nats.ts"
+import { autoOptions, reducerCalls } from "./support/reducer-calls.ts"
 
 const nats = natsFixtures()
 const MiB = 1024 * 1024
@@ -83,26 +83,11 @@ describe("AutoGradientReducer with transport auto", () => {
     const reducers = comms.map(
       (comm, rank) =>
         new Timed(comm, {
-          algorithm: "auto",
-          compression: "none",
-          topology: [
-            { nodeId: "n0", server: "s0" },
-            { nodeId: "n1", server: "s0" }
-          ],
-          model: defaultCostModel(),
+          ...autoOptions(["n0", "n1"]),
           ...(rank === 0 ? { onExplain: (e: Explanation) => void explained.push(e.text) } : {})
         })
     )
-    let step = 0
-    const n = 1024
-    const layout = [{ name: "w", shape: [n], offset: 0, size: n }]
-    const calls = async (k: number): Promise<void> => {
-      for (let i = 0; i < k; i++, step++) {
-        const flats = [0, 1].map((rank) => Float32Array.from({ length: n }, (_, j) => rank + j))
-        await Promise.all(reducers.map((r, rank) => r.reduceGradients(flats[rank]!, layout, 1, step)))
-        for (const f of flats) expect([f[0], f[n - 1]]).toEqual([0.5, n - 0.5])
-      }
-    }
+    const calls = reducerCalls(reducers)
     const directBytes = (): number => comms.reduce((s, c) => s + c.transport.bytesSent, 0)
     return { comms, reducers, explained, calls, directBytes, close: () => Promise.all(comms.map((c) => c.close())) }
   }

@@ -6,10 +6,10 @@ import { describe, expect, it } from "vitest"
 import { Communicator } from "../collectives/communicator.ts"
 import { AutoGradientReducer, CONFIRM_AT_CALL, DRIFT_CHECK_EVERY, DRIFT_WINDOW, REUSED_DRIFT_SKIP, type KnownPicks } from "../actors/train/worker/auto-config.ts"
 import { rememberShape } from "../actors/train/worker/worker-run.ts"
-import { defaultCostModel } from "../scheduler/cost-model.ts"
 import { DriftMonitor } from "../scheduler/algorithm-tuner.ts"
 import type { Explanation } from "../scheduler/algorithm-choice.ts"
 import { natsFixtures } from "./support/nats.ts"
+import { autoOptions, reducerCalls } from "./support/reducer-calls.ts"
 
 const nats = natsFixtures()
 
@@ -76,27 +76,12 @@ describe("AutoGradientReducer", () => {
     const reducers = comms.map(
       (comm, rank) =>
         new Timed(comm, {
-          algorithm: "auto",
-          compression: "none",
-          topology: [
-            { nodeId: "n0", server: "s0" },
-            { nodeId: "n0", server: "s0" }
-          ],
-          model: defaultCostModel(),
+          ...autoOptions(["n0", "n0"]),
           onExplain: (e: Explanation) => void explained[rank]!.push(e.text)
         })
     )
-    const n = 1024
-    const layout = [{ name: "w", shape: [n], offset: 0, size: n }]
-    let step = 0
-    const calls = async (k: number) => {
-      for (let i = 0; i < k; i++, step++) {
-        const flats = [0, 1].map((rank) => Float32Array.from({ length: n }, (_, j) => rank + j))
-        await Promise.all(reducers.map((r, rank) => r.reduceGradients(flats[rank]!, layout, 1, step)))
-        // The mean of both ranks' buffers, on both.
-        for (const f of flats) expect([f[0], f[n - 1]]).toEqual([0.5, n - 0.5])
-      }
-    }
+    // every call checks both ranks got the mean of their buffers
+    const calls = reducerCalls(reducers)
     try {
       // Tuning (every algorithm 5 times), once more from call CONFIRM_AT_CALL on (warm processes),
       // and then checks with steady calls: no tuning for moved calls.
@@ -127,12 +112,6 @@ describe("AutoGradientReducer, a regroup into a shape measured before", () => {
   it("takes the earlier group's picks without timing anything, unless its candidates differ", async () => {
     const server = await nats.server({ jetstream: false })
     const conns = await Promise.all([0, 1, 2, 3].map(() => nats.connect(server.url, { noEcho: true })))
-    const topology = [
-      { nodeId: "n0", server: "s0" },
-      { nodeId: "n0", server: "s0" }
-    ]
-    const n = 1024
-    const layout = [{ name: "w", shape: [n], offset: 0, size: n }]
     /** A group of two reducers; `msOf` times each route (tree the fastest), `known` what it is handed. */
     const group = async (name: string, known?: KnownPicks) => {
       const comms = await Promise.all(
@@ -144,10 +123,7 @@ describe("AutoGradientReducer, a regroup into a shape measured before", () => {
       const reducers = comms.map(
         (comm, rank) =>
           new Recorded(comm, {
-            algorithm: "auto",
-            compression: "none",
-            topology,
-            model: defaultCostModel(),
+            ...autoOptions(["n0", "n0"]),
             ...(known ? { known } : {}),
             ...(rank === 0
               ? {
@@ -160,14 +136,7 @@ describe("AutoGradientReducer, a regroup into a shape measured before", () => {
               : {})
           })
       )
-      let step = 0
-      const calls = async (k: number) => {
-        for (let i = 0; i < k; i++, step++) {
-          const flats = [0, 1].map((rank) => Float32Array.from({ length: n }, (_, j) => rank + j))
-          await Promise.all(reducers.map((r, rank) => r.reduceGradients(flats[rank]!, layout, 1, step)))
-          for (const f of flats) expect([f[0], f[n - 1]]).toEqual([0.5, n - 0.5])
-        }
-      }
+      const calls = reducerCalls(reducers)
       return { comms, reducers, tuned, summaries, texts, calls }
     }
     const first = await group("g1")
@@ -233,25 +202,11 @@ describe("AutoGradientReducer, a regroup into a shape measured before", () => {
     const reducers = comms.map(
       (comm, rank) =>
         new Recorded(comm, {
-          algorithm: "auto",
-          compression: "none",
-          topology: [
-            { nodeId: "n0", server: "s0" },
-            { nodeId: "n0", server: "s0" }
-          ],
-          model: defaultCostModel(),
+          ...autoOptions(["n0", "n0"]),
           ...(rank === 0 ? { onTuned: (k: KnownPicks) => void tuned.push(k), onExplain: (_e: Explanation, summary: string) => void summaries.push(summary) } : {})
         })
     )
-    const n = 256
-    const layout = [{ name: "w", shape: [n], offset: 0, size: n }]
-    let step = 0
-    const calls = async (k: number) => {
-      for (let i = 0; i < k; i++, step++) {
-        const flats = [0, 1].map(() => new Float32Array(n).fill(1))
-        await Promise.all(reducers.map((r, rank) => r.reduceGradients(flats[rank]!, layout, 1, step)))
-      }
-    }
+    const calls = reducerCalls(reducers, 256)
     try {
       // cold: ring measures fastest
       for (const r of reducers) r.fast = "ring"
