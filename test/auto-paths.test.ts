@@ -59,7 +59,7 @@ describe("AlgorithmTuner with candidates per size", () => {
 })
 
 describe("AutoGradientReducer with transport auto", () => {
-  const group = async (job: string, transport: "auto" | "direct") => {
+  const group = async (job: string, transport: "auto" | "direct", algorithm = "auto") => {
     const server = await nats.server({ jetstream: false })
     const conns = await Promise.all([0, 1, 2, 3].map(() => nats.connect(server.url, { noEcho: true })))
     const secret = crypto.randomBytes(32)
@@ -84,6 +84,7 @@ describe("AutoGradientReducer with transport auto", () => {
       (comm, rank) =>
         new Timed(comm, {
           ...autoOptions(["n0", "n1"]),
+          algorithm,
           ...(rank === 0 ? { onExplain: (e: Explanation) => void explained.push(e.text) } : {})
         })
     )
@@ -119,6 +120,20 @@ describe("AutoGradientReducer with transport auto", () => {
       }
     }, 60_000)
   }
+
+  it("with a configured algorithm, times only its two paths", async () => {
+    const g = await group("paths-ring", "auto", "ring")
+    try {
+      for (const r of g.reducers) r.msOf = (route) => (route === "ring/nats" ? 1 : 4)
+      await g.calls(2 + 2 * TUNE_ROUNDS)
+      // the group's first call takes the communicator's path for its size; then both paths are timed
+      expect(new Set(g.reducers[0]!.routes.slice(1))).toEqual(new Set(["ring/direct", "ring/nats"]))
+      expect(g.explained.at(-1)).toMatch(/the configured algorithm taken over the direct links/)
+      expect(g.explained.at(-1)).toMatch(/-> ring\/nats \(the start-up pick was ring\/direct: 4\.00x the fastest\)/)
+    } finally {
+      await g.close()
+    }
+  }, 60_000)
 
   it("times only the algorithms when the transport is fixed", async () => {
     const g = await group("paths-fixed", "direct")

@@ -313,7 +313,7 @@ export class AutoGradientReducer extends GradientReducer {
       algorithms: allReduceAlgorithms(),
       ...(fixed ? { candidates: fixed } : {})
     })
-    const e = withTuned(explain(plan), this.#tune.result, { ...(this.#tune.retunes > 0 ? { again: this.#tune } : {}), paths: this.#paths, reused: this.#reused, confirmed: this.#tune.confirmed })
+    const e = withTuned(explain(plan), this.#tune.result, { ...(this.#tune.retunes > 0 ? { again: this.#tune } : {}), paths: this.#paths, reused: this.#reused, confirmed: this.#tune.confirmed, fixed: o.algorithm !== "auto" })
     const tuned = this.#tune.result
     const algos = [...new Set(tuned !== undefined && tuned.length > 0 ? tuned.map((x) => x.picked) : plan.schedule.map((s) => s.algorithm))].join(", ") + (tuned !== undefined && tuned.length > 0 ? (this.#reused ? " (measured by an earlier group of this shape)" : " (measured)") : "")
     const summary =
@@ -341,24 +341,28 @@ export const withTuned = (
     readonly reused?: boolean
     /** Measured from CONFIRM_AT_CALL on, once the processes were warm. */
     readonly confirmed?: boolean
+    /** A configured algorithm (only its paths were timed), not the cost model's pick. */
+    readonly fixed?: boolean
   } = {}
 ): Explanation => {
   if (tuned === undefined) return e
-  const { again, paths = false, reused = false, confirmed = false } = how
+  const { again, paths = false, reused = false, confirmed = false, fixed = false } = how
+  // What stands unless measured clearly slower: the cost model's pick, or the configured algorithm (over the direct links).
+  const who = fixed ? "the start-up pick was" : "the cost model picked"
   const lines = tuned.map((t) => {
     const of = (name: string): number => t.ms[t.candidates.indexOf(name)]!
     const fastest = Math.min(...t.ms)
     return (
       `  ${fmtTunedBytes(t.bytes)}: ${t.ms.map((ms, j) => `${t.candidates[j]} ${ms.toFixed(2)}`).join(", ")} ms -> ${t.picked}` +
       (t.picked !== t.modelPick
-        ? ` (the cost model picked ${t.modelPick}: ${t.candidates.includes(t.modelPick) ? `${(of(t.modelPick) / fastest).toFixed(2)}x the fastest` : "not timed"})`
+        ? ` (${who} ${t.modelPick}: ${t.candidates.includes(t.modelPick) ? `${(of(t.modelPick) / fastest).toFixed(2)}x the fastest` : "not timed"})`
         : of(t.picked) > fastest
-          ? ` (the cost model's pick, kept: not clearly slower than the fastest, within ${TUNE_KEEP_WITHIN}x or slower in too few rounds)`
-          : " (the cost model's pick too)")
+          ? ` (${who} ${t.picked}, kept: not clearly slower than the fastest, within ${TUNE_KEEP_WITHIN}x or slower in too few rounds)`
+          : ` (${who} ${t.picked} too)`)
     )
   })
   const timed = paths
-    ? `each algorithm timed ${TUNE_ROUNDS} times per bucket size, over the direct links and, below ${fmtTunedBytes(PATH_TUNE_MAX_BYTES)}, over NATS (transport 'auto'; the cost model's pick taken over the direct links), on training's own calls`
+    ? `each algorithm timed ${TUNE_ROUNDS} times per bucket size, over the direct links and, below ${fmtTunedBytes(PATH_TUNE_MAX_BYTES)}, over NATS (transport 'auto'; ${fixed ? "the configured algorithm" : "the cost model's pick"} taken over the direct links), on training's own calls`
     : `each algorithm timed ${TUNE_ROUNDS} times per bucket size on training's own calls`
   const text =
     tuned.length === 0
