@@ -5,7 +5,8 @@
 // time at epoch e minus the fault-free run's); away from any fault it grows at a steady rate (the
 // drift: the two runs' speed apart), and across a fault it jumps. A fault's cost is the lag gained
 // from just before it to `windowMs` after it (resume, the replacement's start and join, its first
-// slower steps), less the drift over that time.
+// slower steps), less the drift over that time. faultPhases splits that cost at the moments the
+// group stepped again and was back at its size.
 
 export interface FaultCosts {
   /** Seconds each fault cost, in the order given (undefined: the run had no epoch around it). */
@@ -52,4 +53,60 @@ export const faultCosts = (free: ReadonlyArray<number>, chaos: ReadonlyArray<num
   const freeMs = free[n - 1] ?? 0
   const total = costs.reduce<number>((s, c) => s + Math.max(0, c ?? 0), 0) * 1000
   return { costs, drift, netGoodput: freeMs > 0 ? freeMs / (freeMs + total) : Number.NaN }
+}
+
+/** Where a fault's cost went (seconds of the group's time, each less the drift over its span). */
+export interface FaultPhases {
+  /** From just before the fault to the first step of the next generation: detection, regroup, resume. */
+  readonly stall: number
+  /** From there to the group being back at its size (0 when it never ran short-handed). */
+  readonly shortHanded: number
+  /** The half second after the replacement joined (its loop's start, the group's first steps with it). */
+  readonly join: number
+  /** The rest of the fault's window (the replacement's first, slower steps). */
+  readonly after: number
+}
+
+/** When a fault's group stepped again and when it was whole again, ms from the chaos run's first step. */
+export interface FaultTimes {
+  readonly at: number
+  readonly resumeAt?: number
+  /** Absent: the group was never short of workers (as after a nats-server restart), or did not grow back in the window. */
+  readonly wholeAt?: number
+}
+
+/**
+ * The cost of each fault (faultCosts) split at the moments the group resumed and was whole again:
+ * the lag gained in each span less the drift over it, so the four add up to the fault's cost.
+ * `drift` is faultCosts's. undefined where the run has no epoch around the fault or no resume.
+ */
+export const faultPhases = (
+  free: ReadonlyArray<number>,
+  chaos: ReadonlyArray<number>,
+  faults: ReadonlyArray<FaultTimes>,
+  drift: number,
+  windowMs = 5_000
+): Array<FaultPhases | undefined> => {
+  const n = Math.min(free.length, chaos.length)
+  const pts: Array<{ t: number; lag: number }> = []
+  for (let e = 0; e < n; e++) if (Number.isFinite(free[e]) && Number.isFinite(chaos[e])) pts.push({ t: chaos[e]!, lag: chaos[e]! - free[e]! })
+  const sorted = [...faults.map((f) => f.at)].sort((a, b) => a - b)
+  const lagAt = (t: number): { t: number; lag: number } | undefined => pts.find((p) => p.t >= t) ?? pts.at(-1)
+  return faults.map((f) => {
+    const i = sorted.indexOf(f.at)
+    const end = Math.min(f.at + windowMs, sorted[i + 1] ?? Number.POSITIVE_INFINITY)
+    const start = [...pts].reverse().find((p) => p.t <= f.at - 500)
+    if (start === undefined || f.resumeAt === undefined || f.resumeAt > end) return undefined
+    const whole = f.wholeAt !== undefined && f.wholeAt >= f.resumeAt && f.wholeAt <= end ? f.wholeAt : f.resumeAt
+    const marks = [f.resumeAt, whole, Math.min(whole + 500, end), end].map(lagAt)
+    if (marks.some((m) => m === undefined)) return undefined
+    const at = [start, ...(marks as Array<{ t: number; lag: number }>)]
+    // Each span's lag gained less the drift over it; a mark that snapped past the next (epochs are
+    // discrete) leaves that span empty.
+    const span = (k: number): number => {
+      const [p, q] = [at[k]!, at[k + 1]!]
+      return q.t <= p.t ? 0 : (q.lag - p.lag - drift * (q.t - p.t)) / 1000
+    }
+    return { stall: span(0), shortHanded: span(1), join: span(2), after: span(3) }
+  })
 }

@@ -50,7 +50,10 @@
 // Cost of each fault (bench/chaos-cost.ts): the chaos run's lag behind the fault-free one, followed
 // epoch by epoch, gained across the fault (from just before it to 5 s after), less the drift the
 // lag shows away from faults (two runs of the same job differ by 10-30% on a shared machine); and
-// goodput without the drift, the fault-free time over itself plus the faults' costs.
+// goodput without the drift, the fault-free time over itself plus the faults' costs; and where each
+// cost went (faultPhases): stalled (to the first step of the next generation), short-handed (to the
+// group back at its size: a standby replacement let in), the half second after the join, and the rest
+// of the 5 s window (the replacement's first, slower steps), each less the drift, medians per pair.
 // --repeat=N runs N such pairs (a new fault schedule each) and adds each pair's goodput, their
 // median and the pooled ratio: run-to-run noise on a small machine is as large as a fault's cost.
 // A run is bounded: past `bound` x the fault-free run's wall time (and at most 10 minutes) it is
@@ -67,7 +70,7 @@ import { seededRng, type Rng } from "../core/random.ts"
 import { median } from "../scheduler/cost-model.ts"
 import { actorPids, workerPids, killQuietly } from "../test/support/chaos.ts"
 import { compareSteps, readPositions, type StepAt } from "../test/support/positions.ts"
-import { faultCosts } from "./chaos-cost.ts"
+import { faultCosts, faultPhases, type FaultPhases } from "./chaos-cost.ts"
 import { netnsUnavailable } from "../test/support/netns.ts"
 import { startAgentCluster, type AgentCluster } from "./chaos-cluster.ts"
 
@@ -109,6 +112,8 @@ interface FaultRecord {
   readonly attempt: number
   detectMs?: number
   resumeMs?: number
+  /** fault -> the group back at its size (a standby replacement let in); absent: never short of workers. */
+  wholeMs?: number
   lostSteps?: number
   recovery?: string
   reason?: string
@@ -212,6 +217,9 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
   const epochMs: number[] = []
   let state = { name: "scheduling", attempt: 0 }
   const leftRunning = new Map<number, number>()
+  /** When a resize (a replacement let in) had the group running again. */
+  const grownAt: number[] = []
+  let resizing = false
   /** The first sign of a step per attempt (progress message or position file). */
   const firstStep = new Map<number, number>()
   const doneMax = new Map<number, number>()
@@ -365,6 +373,11 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
                 leftRunning.set(s.attempt, now)
               }
               state = { name: s.to, attempt: s.attempt }
+              if (s.to === "resizing") resizing = true
+              else if (s.to === "running" && resizing) {
+                resizing = false
+                grownAt.push(now)
+              }
               if (process.env.GW_CHAOS_DEBUG) log(`      state ${s.from} -> ${s.to} (attempt ${s.attempt}) at ${((now - (start ?? now)) / 1000).toFixed(2)} s`)
             },
             onProgress: (p) => {
@@ -408,8 +421,11 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
   // Per fault: detection, resumption, steps lost, how the group recovered.
   const events = readEvents(path.join(storage, name, "events.jsonl"))
   const restartEvents = events.filter((e) => e.type === "restart")
-  for (const f of faults) {
+  for (const [i, f] of faults.entries()) {
     const at = start! + f.at
+    const nextFault = faults[i + 1] !== undefined ? start! + faults[i + 1]!.at : Number.POSITIVE_INFINITY
+    const grown = grownAt.find((t) => t >= at && t < nextFault)
+    if (grown !== undefined) f.wholeMs = grown - at
     const left = [...leftRunning.entries()].filter(([a, t]) => a >= f.attempt && t >= at).sort((x, y) => x[1] - y[1])[0]
     if (left) f.detectMs = left[1] - at
     const next = [...firstStep.entries()].filter(([a]) => a > f.attempt).sort((x, y) => x[0] - y[0])[0]
@@ -580,6 +596,26 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
     console.log(`\n${lines.join("\n")}\n\nper fault kind:\n${byKind.join("\n")}`)
     // Each fault's own cost, apart from the two runs' drift (bench/chaos-cost.ts).
     const costs = new Map(rows.map((r) => [r, faultCosts(r.free.epochMs, r.chaos.epochMs, r.chaos.faults.map((f) => f.at))] as const))
+    // Each fault's cost split at the resume and at the group being whole again (chaos-cost.ts faultPhases).
+    const phases = new Map(
+      rows.map((r) => {
+        const times = r.chaos.faults.map((f) => ({
+          at: f.at,
+          ...(f.resumeMs !== undefined ? { resumeAt: f.at + f.resumeMs } : {}),
+          ...(f.wholeMs !== undefined ? { wholeAt: f.at + f.wholeMs } : {})
+        }))
+        return [r, faultPhases(r.free.epochMs, r.chaos.epochMs, times, costs.get(r)!.drift)] as const
+      })
+    )
+    const split = (p: FaultPhases | undefined): string =>
+      p === undefined ? "-" : `${p.stall.toFixed(2)} + ${p.shortHanded.toFixed(2)} + ${p.join.toFixed(2)} + ${p.after.toFixed(2)}`
+    const phaseLine = (all: ReadonlyArray<FaultPhases | undefined>): string => {
+      const ps = all.filter((p): p is FaultPhases => p !== undefined)
+      return ps.length === 0
+        ? "no fault to split"
+        : `stalled ${median(ps.map((p) => p.stall)).toFixed(2)} s, short-handed ${median(ps.map((p) => p.shortHanded)).toFixed(2)} s, ` +
+          `the half second after the join ${median(ps.map((p) => p.join)).toFixed(2)} s, the rest of the 5 s ${median(ps.map((p) => p.after)).toFixed(2)} s (medians over ${ps.length} fault(s))`
+    }
     console.log("\ncost of each fault (the chaos run's lag behind the fault-free one gained across it, less the drift the lag shows away from faults):")
     for (const r of rows) {
       const c = costs.get(r)!
@@ -587,6 +623,10 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
         `  ${r.chaos.loop === "fit" ? "dp.fit" : "dp.trainStep"}, ${STRATEGIES[r.chaos.strategy]!.label}: ` +
           `${r.chaos.faults.map((f, i) => `${f.kind} ${c.costs[i] !== undefined ? `${c.costs[i]!.toFixed(2)} s` : "-"}`).join(", ") || "no faults"}; ` +
           `drift ${(100 * c.drift).toFixed(1)}% (the chaos run's lag growing ${c.drift.toFixed(3)} s per s away from faults); goodput without the drift ${(100 * c.netGoodput).toFixed(1)}% (goodput ${(100 * goodput(r)).toFixed(1)}%)`
+      )
+      console.log(
+        `    where each went (s: stalled + short-handed + the half second after the join + the rest): ` +
+          r.chaos.faults.map((f, i) => `${f.kind} ${split(phases.get(r)![i])}`).join(", ")
       )
     }
     if (repeat > 1) {
@@ -608,6 +648,7 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
               `pooled ${(100 * pooled).toFixed(1)}%, ${sum((r) => r.chaos.faults.length)} faults; fault-free runs ${Math.min(...free).toFixed(2)}-${Math.max(...free).toFixed(2)} s; ` +
               `without the drift median ${(100 * median(net)).toFixed(1)}% (${net.map((x) => `${(100 * x).toFixed(1)}%`).join(", ")}), cost per fault median ${perFault.length ? median(perFault).toFixed(2) : "-"} s`
           )
+          console.log(`    where it went: ${phaseLine(rs.flatMap((r) => phases.get(r)!))}`)
         }
       }
     }

@@ -2,7 +2,7 @@
 // is 5% slower throughout (the machine's drift) and stalls at two faults; the costs come out as the
 // stalls, the drift as its rate, and goodput without the drift from the stalls alone.
 import { describe, expect, it } from "vitest"
-import { faultCosts } from "../bench/chaos-cost.ts"
+import { faultCosts, faultPhases } from "../bench/chaos-cost.ts"
 
 /** Epoch report times (ms): `perEpoch` ms each, plus `stalls` ms added at the first epoch at or past each time. */
 const run = (epochs: number, perEpoch: number, stalls: ReadonlyArray<readonly [number, number]> = []): number[] => {
@@ -35,5 +35,41 @@ describe("faultCosts", () => {
     expect([same.drift, same.netGoodput]).toEqual([0, 1])
     // A fault past the last epoch has no cost to tell.
     expect(faultCosts(free, chaos, [5_000, 60_000]).costs[1]).toBeUndefined()
+  })
+})
+
+describe("faultPhases", () => {
+  it("splits a fault's cost at the resume, the group being whole again and half a second after", () => {
+    // Every epoch 50 ms; the chaos run stalls 600 ms at 10 s (resumes at 10.6 s), runs short-handed
+    // at 80% speed to 11.5 s, at 50% for the half second after the join, at 90% for the next 2 s.
+    const free = Array.from({ length: 800 }, (_, e) => 50 * (e + 1))
+    const speedAt = (t: number): number => (t < 10_000 ? 1 : t < 10_600 ? 0 : t < 11_500 ? 0.8 : t < 12_000 ? 0.5 : t < 14_000 ? 0.9 : 1)
+    const chaos: number[] = []
+    let t = 0
+    let work = 0
+    for (let e = 0; e < 800; e++) {
+      while (work < 50 * (e + 1)) {
+        work += speedAt(t)
+        t += 1
+      }
+      chaos.push(t)
+    }
+    const drift = faultCosts(free, chaos, [10_000]).drift
+    expect(Math.abs(drift)).toBeLessThan(1e-3)
+    const [p] = faultPhases(free, chaos, [{ at: 10_000, resumeAt: 10_600, wholeAt: 11_500 }], drift)
+    expect(p).toBeDefined()
+    // lag gained: 0.6 s stalled; 0.9 s at 80%: 0.18 s; 0.5 s at 50%: 0.25 s; 2 s at 90%: 0.2 s (to 5 s after the fault)
+    expect(p!.stall).toBeCloseTo(0.6, 1)
+    expect(p!.shortHanded).toBeCloseTo(0.18, 1)
+    expect(p!.join).toBeCloseTo(0.25, 1)
+    expect(p!.after).toBeCloseTo(0.2, 1)
+    // the phases add up to the fault's cost
+    const cost = faultCosts(free, chaos, [10_000]).costs[0]!
+    expect(p!.stall + p!.shortHanded + p!.join + p!.after).toBeCloseTo(cost, 2)
+    // never short-handed (a nats-server restart): nothing between the resume and the join
+    const [q] = faultPhases(free, chaos, [{ at: 10_000, resumeAt: 10_600 }], drift)
+    expect(q!.shortHanded).toBe(0)
+    // no resume: nothing to split
+    expect(faultPhases(free, chaos, [{ at: 10_000 }], drift)[0]).toBeUndefined()
   })
 })
