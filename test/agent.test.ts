@@ -105,7 +105,7 @@ describe("node agent", () => {
     await eventually("process gone", 5_000, () => !pidAlive(s.pid))
   })
 
-  it("kills a process stopped (SIGSTOP) for 0.5 s with SIGKILL, naming why; one continued sooner runs on", async () => {
+  it("kills a process stopped (SIGSTOP) for 0.25 s with SIGKILL, naming why; one continued sooner runs on", async () => {
     const sys = new ActorSystem({ nc, cluster: "test", job: fresh("frozen"), log: silentLogger })
     rig.onCleanup(() => sys.close())
     const brief = await spawnActor(sys, { node: "n1", name: "brief", module: FIXTURES, export: "echoActor" })
@@ -115,12 +115,12 @@ describe("node agent", () => {
     const stoppedAt = Date.now()
     process.kill(brief.pid, "SIGSTOP")
     process.kill(frozen.pid, "SIGSTOP")
-    await sleep(100)
+    await sleep(30)
     process.kill(brief.pid, "SIGCONT")
     const d = await down
-    expect(Date.now() - stoppedAt).toBeGreaterThanOrEqual(500)
+    expect(Date.now() - stoppedAt).toBeGreaterThanOrEqual(250)
     expect(d.reason).toBe("exited")
-    expect(d.detail).toMatch(/\(stopped \(SIGSTOP\) for 0\.[5-9] s: a stopped process holds its group up\)/)
+    expect(d.detail).toMatch(/\(stopped \(SIGSTOP\) for 0\.[2-9] s: a stopped process holds its group up\)/)
     // SIGKILL at once: not continued to run its SIGTERM handler (a hung rank must not step again).
     expect(d).toMatchObject({ signal: "SIGKILL" })
     await eventually("process gone", 5_000, () => !pidAlive(frozen.pid))

@@ -105,16 +105,16 @@ export interface AgentOptions {
   readonly warmHosts?: number
   /**
    * A process stopped (SIGSTOP, SIGTSTP: state T) this long is killed (SIGKILL): it holds its whole
-   * group up until a collective deadline (10 s at least) would fence it. Default 500 ms (checked
-   * every 100 ms: a stopped worker costs its group about 0.6 s before its death is reported, not 1.5 s);
-   * 0 never.
+   * group up until a collective deadline (10 s at least) would fence it. Default 250 ms (checked
+   * every 100 ms: a stopped worker holds its group about 0.35 s before its death is reported, 0.6 s
+   * at 500 ms, 1.5 s at the first 1 s; a job-control stop by a person is never that short); 0 never.
    * Linux (/proc) only; a debugger's tracing stop (state t) is left alone.
    */
   readonly stoppedKillMs?: number
 }
 
 /** How long a process may be stopped (state T) before its agent kills it, by default. */
-const STOPPED_KILL_MS = 500
+const STOPPED_KILL_MS = 250
 
 /** How often an agent looks for stopped processes. */
 const STOPPED_CHECK_MS = 100
