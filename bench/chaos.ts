@@ -53,7 +53,8 @@
 // goodput without the drift, the fault-free time over itself plus the faults' costs; and where each
 // cost went (faultPhases): stalled (to the first step of the next generation), short-handed (to the
 // group back at its size: a standby replacement let in), the half second after the join, and the rest
-// of the 5 s window (the replacement's first, slower steps), each less the drift, medians per pair.
+// of the 5 s window (the replacement's first, slower steps), each less the drift: per fault, and
+// medians over the repeats.
 // --repeat=N runs N such pairs (a new fault schedule each) and adds each pair's goodput, their
 // median and the pooled ratio: run-to-run noise on a small machine is as large as a fault's cost.
 // A run is bounded: past `bound` x the fault-free run's wall time (and at most 10 minutes) it is
