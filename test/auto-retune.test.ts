@@ -165,7 +165,7 @@ describe("AutoGradientReducer, a regroup into a shape measured before", () => {
       expect(second.tuned).toHaveLength(0)
       expect(second.reducers.map((r) => r.retuned.times)).toEqual([0, 0])
       expect(second.summaries[0]).toMatch(/hierarchical \(measured by an earlier group of this shape\)/)
-      expect(second.texts[0]).toMatch(/reused at this regroup/)
+      expect(second.texts[0]).toMatch(/measured by an earlier group of the same shape, each rank on the same node, from its call 200 on, once its processes were warm, and reused at this regroup/)
     } finally {
       await Promise.all(second.comms.map((c) => c.close()))
     }
@@ -183,6 +183,7 @@ describe("AutoGradientReducer, a regroup into a shape measured before", () => {
     try {
       await fourth.calls(CONFIRM_AT_CALL + 1)
       expect(new Set(fourth.reducers[0]!.routes)).toEqual(new Set(["hierarchical"]))
+      expect(fourth.texts[0]).toMatch(/on its first calls \(measured once more from this group's call 200 on\), and reused at this regroup/)
       await fourth.calls(3 * 5 + 1)
       expect(new Set(fourth.reducers[0]!.routes.slice(CONFIRM_AT_CALL + 1))).toEqual(new Set(["ring", "tree", "hierarchical"]))
       expect(fourth.tuned.map((k) => k.confirmed)).toEqual([true])

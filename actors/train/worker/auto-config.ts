@@ -368,10 +368,11 @@ export const withTuned = (
     tuned.length === 0
       ? "measured pick: no bucket size was timed with every algorithm; the cost model's picks stand"
       : `measured pick (${timed}, each call's slowest rank, the median of each algorithm's calls):\n${lines.join("\n")}` +
-        (confirmed
-          ? `\n  (measured from the group's call ${CONFIRM_AT_CALL} on, once its processes were warm; a first measurement on its first calls decided until then)`
-          : `\n  (measured on the group's first calls; measured once more from call ${CONFIRM_AT_CALL} on, once its processes are warm)`) +
-        (reused ? "\n  (measured by an earlier group of the same shape, each rank on the same node, and reused at this regroup: measured again if its calls move)" : "")
+        (reused
+          ? `\n  (measured by an earlier group of the same shape, each rank on the same node, ${confirmed ? `from its call ${CONFIRM_AT_CALL} on, once its processes were warm` : `on its first calls (measured once more from this group's call ${CONFIRM_AT_CALL} on)`}, and reused at this regroup: measured again if its calls move)`
+          : confirmed
+            ? `\n  (measured from the group's call ${CONFIRM_AT_CALL} on, once its processes were warm; a first measurement on its first calls decided until then)`
+            : `\n  (measured on the group's first calls; measured once more from call ${CONFIRM_AT_CALL} on, once its processes are warm)`)
   const retold = again ? `\n  timed again (${again.retunes} time${again.retunes === 1 ? "" : "s"} since the first; the last because ${again.why ?? "the calls moved"}: a window of ${DRIFT_WINDOW} calls ${DRIFT_FACTOR}x off the first after tuning, ${DRIFT_CONFIRM} windows in a row)` : ""
   return { ...e, text: `${e.text}\n${text}${retold}`, json: { ...e.json, tuned, confirmed, ...(again ? { retuned: { times: again.retunes, why: again.why } } : {}) } }
 }
