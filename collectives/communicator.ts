@@ -187,6 +187,8 @@ export interface TransportInfo {
   readonly rejected: number
   /** Direct frames whose payload was read straight into the call's buffer (no copy out of a receive buffer). */
   readonly framesInPlace: number
+  /** The group formed with a direct link between every two ranks (Communicator.wholeDirect). */
+  readonly wholeDirect: boolean
 }
 
 export interface PeerInfo {
@@ -1083,7 +1085,7 @@ export class Communicator {
         const why = this.#directWhyNot.get(p.rank)
         return why ? { rank: p.rank, via: "nats" as const, why } : { rank: p.rank, via: "nats" as const }
       })
-    return { choice: this.#transport, ...(this.#direct ? { address: this.#direct.address } : {}), minBytes: this.#directMinBytes, tls: this.#direct !== undefined && this.#directTls, links, bytesSent: this.#direct?.bytesSent ?? 0, bytesReceived: this.#direct?.bytesReceived ?? 0, rejected: this.#direct?.rejected ?? 0, framesInPlace: this.#direct?.framesInPlace ?? 0 }
+    return { choice: this.#transport, ...(this.#direct ? { address: this.#direct.address } : {}), minBytes: this.#directMinBytes, tls: this.#direct !== undefined && this.#directTls, links, bytesSent: this.#direct?.bytesSent ?? 0, bytesReceived: this.#direct?.bytesReceived ?? 0, rejected: this.#direct?.rejected ?? 0, framesInPlace: this.#direct?.framesInPlace ?? 0, wholeDirect: this.wholeDirect }
   }
 
   /**
