@@ -17,20 +17,49 @@ export interface FaultCosts {
   readonly netGoodput: number
 }
 
+/** How long before a fault its window opens, ms (the lag just before it is the cost's baseline). */
+const BEFORE_MS = 500
+
+interface LagPoint {
+  /** ms from the chaos run's first step to its report of an epoch. */
+  readonly t: number
+  /** The chaos run's time minus the fault-free run's at that epoch, ms. */
+  readonly lag: number
+}
+
+/** The chaos run's lag behind the fault-free one at every epoch both reported. */
+const lagSeries = (free: ReadonlyArray<number>, chaos: ReadonlyArray<number>): LagPoint[] => {
+  const pts: LagPoint[] = []
+  for (let e = 0; e < Math.min(free.length, chaos.length); e++) if (Number.isFinite(free[e]) && Number.isFinite(chaos[e])) pts.push({ t: chaos[e]!, lag: chaos[e]! - free[e]! })
+  return pts
+}
+
+/** The lag at chaos time t: the first epoch reported at or after t (the last one past the end). */
+const lagAt = (pts: ReadonlyArray<LagPoint>, t: number): LagPoint | undefined => pts.find((p) => p.t >= t) ?? pts.at(-1)
+
+/** The lag just before chaos time t: the last epoch reported at or before it. */
+const lagBefore = (pts: ReadonlyArray<LagPoint>, t: number): LagPoint | undefined => pts.findLast((p) => p.t <= t)
+
+/**
+ * The faults' windows in time order (`all`), and the window of a fault by its time (`of`): from
+ * BEFORE_MS before it to `windowMs` after it, ending at the next fault at the latest.
+ */
+const faultWindows = (faultsAt: ReadonlyArray<number>, windowMs: number): { all: Array<readonly [number, number]>; of: (f: number) => readonly [number, number] } => {
+  const sorted = [...faultsAt].sort((a, b) => a - b)
+  const all = sorted.map((f, i) => [f - BEFORE_MS, Math.min(f + windowMs, sorted[i + 1] ?? Number.POSITIVE_INFINITY)] as const)
+  return { all, of: (f) => all[sorted.indexOf(f)]! }
+}
+
 /**
  * `free[e]`, `chaos[e]`: ms from each run's first step to its report of epoch e; `faultsAt`: ms
  * from the chaos run's first step to each fault. A fault's window ends at the next fault at the
  * latest. Epochs within 0.5 s before a fault or inside its window do not count toward the drift.
  */
 export const faultCosts = (free: ReadonlyArray<number>, chaos: ReadonlyArray<number>, faultsAt: ReadonlyArray<number>, windowMs = 5_000): FaultCosts => {
-  const n = Math.min(free.length, chaos.length)
-  const pts: Array<{ t: number; lag: number }> = []
-  for (let e = 0; e < n; e++) if (Number.isFinite(free[e]) && Number.isFinite(chaos[e])) pts.push({ t: chaos[e]!, lag: chaos[e]! - free[e]! })
-  const before = 500
-  const sorted = [...faultsAt].sort((a, b) => a - b)
-  const windows = sorted.map((f, i) => [f - before, Math.min(f + windowMs, sorted[i + 1] ?? Number.POSITIVE_INFINITY)] as const)
+  const pts = lagSeries(free, chaos)
+  const windows = faultWindows(faultsAt, windowMs)
   // Between two consecutive epochs with no fault's window in reach.
-  const clear = (from: number, to: number): boolean => windows.every(([a, b]) => to < a || from > b)
+  const clear = (from: number, to: number): boolean => windows.all.every(([a, b]) => to < a || from > b)
   let rise = 0
   let span = 0
   for (let i = 1; i < pts.length; i++) {
@@ -41,16 +70,14 @@ export const faultCosts = (free: ReadonlyArray<number>, chaos: ReadonlyArray<num
     }
   }
   const drift = span > 0 ? rise / span : 0
-  // The lag at chaos time t: the first epoch reported at or after t (the last one past the end).
-  const lagAt = (t: number): { t: number; lag: number } | undefined => pts.find((p) => p.t >= t) ?? pts.at(-1)
   const costs = faultsAt.map((f) => {
-    const w = windows[sorted.indexOf(f)]!
-    const a = [...pts].reverse().find((p) => p.t <= w[0])
-    const b = lagAt(w[1])
+    const w = windows.of(f)
+    const a = lagBefore(pts, w[0])
+    const b = lagAt(pts, w[1])
     if (!a || !b || b.t <= a.t) return undefined
     return (b.lag - a.lag - drift * (b.t - a.t)) / 1000
   })
-  const freeMs = free[n - 1] ?? 0
+  const freeMs = free[Math.min(free.length, chaos.length) - 1] ?? 0
   const total = costs.reduce<number>((s, c) => s + Math.max(0, c ?? 0), 0) * 1000
   return { costs, drift, netGoodput: freeMs > 0 ? freeMs / (freeMs + total) : Number.NaN }
 }
@@ -87,20 +114,16 @@ export const faultPhases = (
   drift: number,
   windowMs = 5_000
 ): Array<FaultPhases | undefined> => {
-  const n = Math.min(free.length, chaos.length)
-  const pts: Array<{ t: number; lag: number }> = []
-  for (let e = 0; e < n; e++) if (Number.isFinite(free[e]) && Number.isFinite(chaos[e])) pts.push({ t: chaos[e]!, lag: chaos[e]! - free[e]! })
-  const sorted = [...faults.map((f) => f.at)].sort((a, b) => a - b)
-  const lagAt = (t: number): { t: number; lag: number } | undefined => pts.find((p) => p.t >= t) ?? pts.at(-1)
+  const pts = lagSeries(free, chaos)
+  const windows = faultWindows(faults.map((f) => f.at), windowMs)
   return faults.map((f) => {
-    const i = sorted.indexOf(f.at)
-    const end = Math.min(f.at + windowMs, sorted[i + 1] ?? Number.POSITIVE_INFINITY)
-    const start = [...pts].reverse().find((p) => p.t <= f.at - 500)
+    const [from, end] = windows.of(f.at)
+    const start = lagBefore(pts, from)
     if (start === undefined || f.resumeAt === undefined || f.resumeAt > end) return undefined
     const whole = f.wholeAt !== undefined && f.wholeAt >= f.resumeAt && f.wholeAt <= end ? f.wholeAt : f.resumeAt
-    const marks = [f.resumeAt, whole, Math.min(whole + 500, end), end].map(lagAt)
+    const marks = [f.resumeAt, whole, Math.min(whole + 500, end), end].map((t) => lagAt(pts, t))
     if (marks.some((m) => m === undefined)) return undefined
-    const at = [start, ...(marks as Array<{ t: number; lag: number }>)]
+    const at = [start, ...(marks as LagPoint[])]
     // Each span's lag gained less the drift over it; a mark that snapped past the next (epochs are
     // discrete) leaves that span empty.
     const span = (k: number): number => {
