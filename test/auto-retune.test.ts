@@ -4,8 +4,7 @@
 // so the drift is exactly the one the test makes; the collectives themselves run for real.
 import { describe, expect, it } from "vitest"
 import { Communicator } from "../collectives/communicator.ts"
-import { AutoGradientReducer, CONFIRM_AT_CALL, DRIFT_CHECK_EVERY, DRIFT_WINDOW, REUSED_DRIFT_SKIP, type KnownPicks } from "../actors/train/worker/auto-config.ts"
-import { rememberShape } from "../actors/train/worker/worker-run.ts"
+import { AutoGradientReducer, CONFIRM_AT_CALL, DRIFT_CHECK_EVERY, DRIFT_WINDOW, REUSED_DRIFT_SKIP, picksFor, rememberShape, type KnownPicks } from "../actors/train/worker/auto-config.ts"
 import { DriftMonitor } from "../scheduler/algorithm-tuner.ts"
 import type { Explanation } from "../scheduler/algorithm-choice.ts"
 import { natsFixtures } from "./support/nats.ts"
@@ -234,7 +233,7 @@ describe("AutoGradientReducer, a regroup into a shape measured before", () => {
   }, 120_000)
 })
 
-describe("rememberShape", () => {
+describe("rememberShape and picksFor", () => {
   it("keeps one entry per node layout, the newest first, at most four", () => {
     const shape = (nodes: string[], picked: string) => ({ nodes, candidates: ["ring", "tree"], confirmed: true, sizes: [{ bytes: 4096, candidates: ["ring", "tree"], ms: [1, 2], picked, modelPick: "ring" }] })
     let kept = rememberShape(undefined, shape(["a", "a"], "ring"))
@@ -246,5 +245,9 @@ describe("rememberShape", () => {
     ])
     for (const nodes of [["b"], ["c"], ["d"], ["e"]]) kept = rememberShape(kept, shape(nodes, "ring"))
     expect(kept.map((k) => k.nodes.join(","))).toEqual(["e", "d", "c", "b"])
+    // a regroup looks its shape up among them
+    expect(picksFor(kept, ["d"])?.nodes).toEqual(["d"])
+    expect(picksFor(kept, ["a", "a"])).toBeUndefined()
+    expect(picksFor(undefined, ["d"])).toBeUndefined()
   })
 })

@@ -20,6 +20,7 @@ import { defaultCostModel, median } from "../../../scheduler/cost-model.ts"
 import { AlgorithmTuner, DriftMonitor, type TunedSize } from "../../../scheduler/algorithm-tuner.ts"
 import { describeObservation, type ObservedTopology, type ProbeOptions } from "../../../scheduler/topology.ts"
 import { probeGroupTopology } from "./topology-probe.ts"
+import type { LinkMeasurements, TunedShape } from "../common/train-protocol.ts"
 
 export const DEFAULT_AUTO_WARMUP_STEPS = 3
 
@@ -57,8 +58,18 @@ export interface KnownPicks {
   readonly candidates: readonly string[]
   readonly sizes: readonly TunedSize[]
   /** Measured from CONFIRM_AT_CALL on (warm processes); otherwise the group that takes it measures once more there. */
-  readonly confirmed?: boolean
+  readonly confirmed: boolean
 }
+
+/** Group shapes whose measured picks a worker keeps (the most recent first). */
+const TUNED_SHAPES_KEPT = 4
+
+/** The picks measured for a group of this shape (the node of each rank), if kept. */
+export const picksFor = (kept: LinkMeasurements["tuned"], nodes: ReadonlyArray<string>): TunedShape | undefined => kept?.find((x) => sameNames(x.nodes, nodes))
+
+/** `shape` first, then the other shapes kept before (one per node layout), at most TUNED_SHAPES_KEPT. */
+export const rememberShape = (kept: LinkMeasurements["tuned"], shape: TunedShape): TunedShape[] =>
+  [shape, ...(kept ?? []).filter((x) => !sameNames(x.nodes, shape.nodes))].slice(0, TUNED_SHAPES_KEPT)
 
 /** Calls per candidate algorithm and size that the tuner times (AlgorithmTuner's rounds). */
 export const TUNE_ROUNDS = 5
@@ -99,7 +110,7 @@ const PATHS = ["direct", "nats"] as const
  */
 export const tunesPaths = (comm: Communicator): boolean => comm.worldSize > 1 && comm.transport.choice === "auto" && comm.wholeDirect
 
-const sameNames = (a: readonly string[], b: readonly string[]): boolean => a.length === b.length && a.every((x, i) => x === b[i])
+const sameNames = (a: ReadonlyArray<string>, b: ReadonlyArray<string>): boolean => a.length === b.length && a.every((x, i) => x === b[i])
 
 /** A tuner candidate's name back into a route ("tree/nats" -> tree over NATS; "tree" -> the communicator's path). */
 const parseRoute = (name: string): Route => {
@@ -193,7 +204,7 @@ export class AutoGradientReducer extends GradientReducer {
     if (tune.tuner !== undefined && known !== undefined && known.sizes.length > 0 && sameNames(known.candidates, tune.tuner.candidates)) {
       tune.tuner.adopt(known.sizes)
       tune.result = [...known.sizes]
-      tune.confirmed = known.confirmed === true
+      tune.confirmed = known.confirmed
       this.#reused = true
       // The first calls of a regrouped group run while a replacement is cold (its first seconds
       // of steps are up to 2-3x slower): not a baseline the later calls should be held to.

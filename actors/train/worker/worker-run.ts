@@ -29,13 +29,13 @@ import * as settings from "../../../core/settings.ts"
 import type { ActorContext } from "../../runtime/actor.ts"
 import type { ActorRef, ActorSystem } from "../../runtime/system.ts"
 import { toWireFailure } from "../../runtime/envelope.ts"
-import { ControllerProtocol, type Admission, type LinkMeasurements, type Placement, type TunedShape, type WorkerArgs } from "../common/train-protocol.ts"
+import { ControllerProtocol, type Admission, type LinkMeasurements, type Placement, type WorkerArgs } from "../common/train-protocol.ts"
 import type { ObservedTopology } from "../../../scheduler/topology.ts"
 import { TrainContext, type Checkpoint, type TrainContextDeps } from "./train-context.ts"
 import { GroupSession, type LiveGroup } from "./group-session.ts"
 import type { StepObserver } from "./data-parallel.ts"
 import { spanEvent, tidOfBucket, TID_STEP, TID_WAITS, type TraceEvent } from "../common/observe/timeline.ts"
-import { AutoGradientReducer, prepareAutoCollectives } from "./auto-config.ts"
+import { AutoGradientReducer, picksFor, prepareAutoCollectives, rememberShape } from "./auto-config.ts"
 import type { PsClient } from "./ps-client.ts"
 
 /** Unsubscribes the current run's notes about kernels on the cpu fallback (one run at a time per process). */
@@ -304,7 +304,7 @@ export class WorkerRun {
       // What algorithm 'auto' measured per group shape travels on (this rank's own history, or the
       // one a regroup handed every member); a shape measured before is taken as it was.
       const history = reused?.tuned ?? this.measured?.tuned
-      const known = reused?.tuned?.find((x) => sameNodes(x.nodes, p.nodes))
+      const known = picksFor(reused?.tuned, p.nodes)
       this.measured = { nodes, ...(direct ? { minBytes: comm.transport.minBytes } : {}), ...(history ? { tuned: history } : {}) }
       const transportText = describeTransport(comm.transport, measured)
       // Per-worker transport detail: explain.txt has it; the console only with verbose (GRADWIRE_LOG=debug).
@@ -326,9 +326,8 @@ export class WorkerRun {
               }
             : {})
         })),
-        ...(known ? { known: { candidates: known.candidates, sizes: known.sizes, confirmed: known.confirmed === true } } : {}),
-        onTuned: (k) =>
-          (this.measured = { ...this.measured!, tuned: rememberShape(this.measured?.tuned, { nodes: p.nodes, candidates: k.candidates, sizes: k.sizes, confirmed: k.confirmed === true }) }),
+        ...(known ? { known } : {}),
+        onTuned: (k) => (this.measured = { ...this.measured!, tuned: rememberShape(this.measured?.tuned, { nodes: p.nodes, ...k }) }),
         wire: args.collective.wireDtype === "float16" ? "f16" : "f32",
         bucketBytes: args.collective.bucketSizeMiB * 1024 * 1024,
         firstBucketBytes: args.collective.firstBucketSizeMiB * 1024 * 1024,
@@ -656,12 +655,3 @@ export class WorkerRun {
     this.#ctx.stop({ drain: false, reason: "loop ended" })
   }
 }
-
-/** Shapes of groups whose measured picks a worker keeps (the most recent first). */
-const TUNED_SHAPES_KEPT = 4
-
-const sameNodes = (a: ReadonlyArray<string>, b: ReadonlyArray<string>): boolean => a.length === b.length && a.every((n, i) => n === b[i])
-
-/** `shape` first, then the other shapes kept before (one per node layout), at most TUNED_SHAPES_KEPT. */
-export const rememberShape = (kept: LinkMeasurements["tuned"], shape: TunedShape): TunedShape[] =>
-  [shape, ...(kept ?? []).filter((x) => !sameNodes(x.nodes, shape.nodes))].slice(0, TUNED_SHAPES_KEPT)
