@@ -397,7 +397,11 @@ export class Communicator {
    * per-frame costs (events, acks, wake-ups); measured on 2 cores, a 4 MiB ring all-reduce at
    * p = 4 took 14 ms in 1 MiB chunks against 24 ms in 256 KiB ones, 1 MiB at p = 4 5 against 9.5 ms.
    */
-  #segmentChunks = 4
+  get #segmentChunks(): number {
+    return this.#wholeDirect ? 1 : 4
+  }
+  /** Every rank listens on the direct path and reads every peer's link (from the hellos at creation: the same on every rank). */
+  #wholeDirect = false
   /** Why a peer gets NATS: its reason for not dialling this rank. */
   #directWhyNot = new Map<number, string>()
   /** Calls running whose frames go direct: the peers they send to directly, fixed at the call's start. */
@@ -688,7 +692,7 @@ export class Communicator {
       // Every rank listens on the direct path and reads every peer's link: a whole-direct group,
       // which splits segments into fewer chunks (#chunkFor). Decided from the hellos alone, so the
       // same on every rank.
-      comm.#segmentChunks = all.every((h) => h.direct !== undefined && (h.reads?.length ?? 0) === worldSize - 1) ? 1 : 4
+      comm.#wholeDirect = all.every((h) => h.direct !== undefined && (h.reads?.length ?? 0) === worldSize - 1)
       if (endpoint) {
         // Send direct to the peers that dialled this rank and said so in their ready hello.
         const direct = new Set<number>()
@@ -1072,7 +1076,7 @@ export class Communicator {
    * over NATS from then on, without changing this).
    */
   get wholeDirect(): boolean {
-    return this.#segmentChunks === 1
+    return this.#wholeDirect
   }
 
   /** How this rank's calls reach each peer. */
