@@ -53,6 +53,9 @@ export interface Route {
 /** A route's name in timings and timelines: "tree", or "tree/nats" when the call names its path. */
 export const routeName = (r: Route): string => (r.transport === undefined ? r.algorithm : `${r.algorithm}/${r.transport}`)
 
+/** A route's path as a call option: none when it leaves the path to the communicator. */
+const pathOf = (r: Route): { readonly transport?: "nats" | "direct" } => (r.transport === undefined ? {} : { transport: r.transport })
+
 export interface GradientReducerOptions {
   /** A fixed algorithm, or a function choosing one per bucket size in bytes. */
   readonly algorithm: AllReduceAlgorithm | ((bytes: number) => AllReduceAlgorithm)
@@ -346,7 +349,7 @@ export class GradientReducer {
     const startMs = performance.now()
     const route = this.#route(data.length * 4)
     const algorithm = route.algorithm
-    const via = route.transport === undefined ? {} : { transport: route.transport }
+    const via = pathOf(route)
     const c = this.compressor
     let encodeMs = 0
     let bytes: number
@@ -501,7 +504,7 @@ export class GradientReducer {
       wire += buf.length * 4
       const route = this.#route(buf.length * 4)
       used.add(routeName(route))
-      return this.comm.allReduce(buf, { op: "sum", algorithm: route.algorithm, ...(route.transport === undefined ? {} : { transport: route.transport }) })
+      return this.comm.allReduce(buf, { op: "sum", algorithm: route.algorithm, ...pathOf(route) })
     }
     // The aggregate is written straight back over the gradient (`out`): by then its values live
     // on in the residual (or, without error feedback, were last read by the second round).
