@@ -9,12 +9,11 @@
 // links' byte counters).
 import * as crypto from "node:crypto"
 import { describe, expect, it } from "vitest"
-import { Communicator } from "../collectives/communicator.ts"
 import { AutoGradientReducer, TUNE_ROUNDS } from "../actors/train/worker/auto-config.ts"
 import { AlgorithmTuner } from "../scheduler/algorithm-tuner.ts"
 import type { Explanation } from "../scheduler/algorithm-choice.ts"
 import { natsFixtures } from "./support/nats.ts"
-import { autoOptions, reducerCalls } from "./support/reducer-calls.ts"
+import { autoOptions, reducerCalls, twoRankGroups } from "./support/reducer-calls.ts"
 
 const nats = natsFixtures()
 const MiB = 1024 * 1024
@@ -60,25 +59,8 @@ describe("AlgorithmTuner with candidates per size", () => {
 
 describe("AutoGradientReducer with transport auto", () => {
   const group = async (job: string, transport: "auto" | "direct", algorithm = "auto") => {
-    const server = await nats.server({ jetstream: false })
-    const conns = await Promise.all([0, 1, 2, 3].map(() => nats.connect(server.url, { noEcho: true })))
     const secret = crypto.randomBytes(32)
-    const comms = await Promise.all(
-      [0, 1].map((rank) =>
-        Communicator.create({
-          nc: conns[2 * rank]!.nc,
-          controlNc: conns[2 * rank + 1]!.nc,
-          cluster: "t",
-          job,
-          group: "g",
-          rank,
-          worldSize: 2,
-          node: `n${rank}`,
-          timeoutMs: 10_000,
-          direct: { transport, secret }
-        })
-      )
-    )
+    const comms = await (await twoRankGroups(nats))(job, "g", (rank) => ({ node: `n${rank}`, direct: { transport, secret } }))
     const explained: string[] = []
     const reducers = comms.map(
       (comm, rank) =>

@@ -3,12 +3,11 @@
 // nats-server in this process, whose call timings are fed from the test (the reducer's noteCall)
 // so the drift is exactly the one the test makes; the collectives themselves run for real.
 import { describe, expect, it } from "vitest"
-import { Communicator } from "../collectives/communicator.ts"
 import { AutoGradientReducer, CONFIRM_AT_CALL, DRIFT_CHECK_EVERY, DRIFT_WINDOW, REUSED_DRIFT_SKIP, picksFor, rememberShape, type KnownPicks } from "../actors/train/worker/auto-config.ts"
 import { DriftMonitor } from "../scheduler/algorithm-tuner.ts"
 import type { Explanation } from "../scheduler/algorithm-choice.ts"
 import { natsFixtures } from "./support/nats.ts"
-import { autoOptions, reducerCalls } from "./support/reducer-calls.ts"
+import { autoOptions, reducerCalls, twoRankGroups } from "./support/reducer-calls.ts"
 
 const nats = natsFixtures()
 
@@ -31,6 +30,31 @@ class Recorded extends AutoGradientReducer {
     this.routes.push(route)
     super.noteCall(bytes, route, (route === this.fast ? 0.5 : 2) * this.slow)
   }
+}
+
+/** A group of two Recorded reducers (hierarchical the fastest), `known` what it is handed; rank 0's decisions and explanations kept. */
+const recordedGroup = async (groups: Awaited<ReturnType<typeof twoRankGroups>>, job: string, name: string, known?: KnownPicks) => {
+  const comms = await groups(job, name)
+  const tuned: KnownPicks[] = []
+  const summaries: string[] = []
+  const texts: string[] = []
+  const reducers = comms.map(
+    (comm, rank) =>
+      new Recorded(comm, {
+        ...autoOptions(["n0", "n0"]),
+        ...(known ? { known } : {}),
+        ...(rank === 0
+          ? {
+              onTuned: (k: KnownPicks) => void tuned.push(k),
+              onExplain: (e: Explanation, summary: string) => {
+                texts.push(e.text)
+                summaries.push(summary)
+              }
+            }
+          : {})
+      })
+  )
+  return { comms, reducers, tuned, summaries, texts, calls: reducerCalls(reducers) }
 }
 
 describe("DriftMonitor", () => {
@@ -66,11 +90,7 @@ describe("DriftMonitor", () => {
 
 describe("AutoGradientReducer", () => {
   it("times every algorithm again once a rank's calls moved for two windows, agreed by every rank, and not again while they hold", async () => {
-    const server = await nats.server({ jetstream: false })
-    const conns = await Promise.all([0, 1, 2, 3].map(() => nats.connect(server.url, { noEcho: true })))
-    const comms = await Promise.all(
-      [0, 1].map((rank) => Communicator.create({ nc: conns[2 * rank]!.nc, controlNc: conns[2 * rank + 1]!.nc, cluster: "t", job: "retune", group: "g", rank, worldSize: 2, timeoutMs: 10_000 }))
-    )
+    const comms = await (await twoRankGroups(nats))("retune", "g")
     const explained: string[][] = [[], []]
     const reducers = comms.map(
       (comm, rank) =>
@@ -109,35 +129,8 @@ describe("AutoGradientReducer", () => {
 
 describe("AutoGradientReducer, a regroup into a shape measured before", () => {
   it("takes the earlier group's picks without timing anything, unless its candidates differ", async () => {
-    const server = await nats.server({ jetstream: false })
-    const conns = await Promise.all([0, 1, 2, 3].map(() => nats.connect(server.url, { noEcho: true })))
-    /** A group of two reducers; `msOf` times each route (tree the fastest), `known` what it is handed. */
-    const group = async (name: string, known?: KnownPicks) => {
-      const comms = await Promise.all(
-        [0, 1].map((rank) => Communicator.create({ nc: conns[2 * rank]!.nc, controlNc: conns[2 * rank + 1]!.nc, cluster: "t", job: "reuse", group: name, rank, worldSize: 2, timeoutMs: 10_000 }))
-      )
-      const tuned: KnownPicks[] = []
-      const summaries: string[] = []
-      const texts: string[] = []
-      const reducers = comms.map(
-        (comm, rank) =>
-          new Recorded(comm, {
-            ...autoOptions(["n0", "n0"]),
-            ...(known ? { known } : {}),
-            ...(rank === 0
-              ? {
-                  onTuned: (k: KnownPicks) => void tuned.push(k),
-                  onExplain: (e: Explanation, summary: string) => {
-                    texts.push(e.text)
-                    summaries.push(summary)
-                  }
-                }
-              : {})
-          })
-      )
-      const calls = reducerCalls(reducers)
-      return { comms, reducers, tuned, summaries, texts, calls }
-    }
+    const groups = await twoRankGroups(nats)
+    const group = (name: string, known?: KnownPicks) => recordedGroup(groups, "reuse", name, known)
     const first = await group("g1")
     try {
       // hierarchical measured fastest (the cost model picks tree or ring here): the first group times every algorithm
@@ -192,21 +185,7 @@ describe("AutoGradientReducer, a regroup into a shape measured before", () => {
   }, 120_000)
 
   it("measures once more from call CONFIRM_AT_CALL on, and that decision stands: the first calls ran on processes still warming up", async () => {
-    const server = await nats.server({ jetstream: false })
-    const conns = await Promise.all([0, 1, 2, 3].map(() => nats.connect(server.url, { noEcho: true })))
-    const comms = await Promise.all(
-      [0, 1].map((rank) => Communicator.create({ nc: conns[2 * rank]!.nc, controlNc: conns[2 * rank + 1]!.nc, cluster: "t", job: "confirm", group: "g", rank, worldSize: 2, timeoutMs: 10_000 }))
-    )
-    const tuned: KnownPicks[] = []
-    const summaries: string[] = []
-    const reducers = comms.map(
-      (comm, rank) =>
-        new Recorded(comm, {
-          ...autoOptions(["n0", "n0"]),
-          ...(rank === 0 ? { onTuned: (k: KnownPicks) => void tuned.push(k), onExplain: (_e: Explanation, summary: string) => void summaries.push(summary) } : {})
-        })
-    )
-    const calls = reducerCalls(reducers, 256)
+    const { comms, reducers, tuned, summaries, calls } = await recordedGroup(await twoRankGroups(nats), "confirm", "g")
     try {
       // cold: ring measures fastest
       for (const r of reducers) r.fast = "ring"

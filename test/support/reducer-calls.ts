@@ -5,6 +5,8 @@
 import { expect } from "vitest"
 import type { GradientReducer } from "../../collectives/gradient-reducer.ts"
 import { defaultCostModel } from "../../scheduler/cost-model.ts"
+import { Communicator, type CommunicatorOptions } from "../../collectives/communicator.ts"
+import type { NatsFixtures } from "./nats.ts"
 
 export const reducerCalls = (reducers: ReadonlyArray<GradientReducer>, n = 1024): ((k: number) => Promise<void>) => {
   const layout = [{ name: "w", shape: [n], offset: 0, size: n }]
@@ -27,3 +29,20 @@ export const autoOptions = (nodes: ReadonlyArray<string>) => ({
   topology: nodes.map((nodeId) => ({ nodeId, server: "s0" })),
   model: defaultCostModel()
 })
+
+/**
+ * A nats-server and a factory of two-rank groups on it: each rank has its own data and control
+ * connection; `more(rank)` adds options (a node, direct links). Several groups may share them.
+ */
+export const twoRankGroups = async (
+  nats: NatsFixtures
+): Promise<(job: string, group: string, more?: (rank: number) => Partial<CommunicatorOptions>) => Promise<Communicator[]>> => {
+  const server = await nats.server({ jetstream: false })
+  const conns = await Promise.all([0, 1, 2, 3].map(() => nats.connect(server.url, { noEcho: true })))
+  return (job, group, more = () => ({})) =>
+    Promise.all(
+      [0, 1].map((rank) =>
+        Communicator.create({ nc: conns[2 * rank]!.nc, controlNc: conns[2 * rank + 1]!.nc, cluster: "t", job, group, rank, worldSize: 2, timeoutMs: 10_000, ...more(rank) })
+      )
+    )
+}
