@@ -2,8 +2,9 @@
 // processes, activations and gradients between them over NATS. Each rank compares its stage with
 // the same model trained whole on one worker (4 stages cut by measured compute, data x pipeline,
 // tensor x pipeline, tensor-only); a pipelined digits run checkpoints every rank's stage, survives
-// a stage killed mid-epoch by restarting from the checkpoint at the same layout, and its checkpoint
-// merges into one model that scores what the pipeline scored.
+// a stage killed mid-epoch by restarting from the checkpoint at the same layout (one replica), and
+// its checkpoint merges into one model that scores what the pipeline scored; with two replicas the
+// survivors are regrouped in place and the replacement takes its stage from the other replica.
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import * as fs from "node:fs/promises"
 import * as os from "node:os"
@@ -68,9 +69,9 @@ describe("model parallelism in the Trainer", () => {
     }).fit()
     expect(r.restarts).toBe(1)
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2])
-    // The restart says why it went to the checkpoint and not to the surviving stage.
+    // The restart says why it went to the checkpoint and not to the surviving stage: one replica.
     const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>)
-    expect(events.find((e) => e.type === "restart")).toMatchObject({ recovery: "checkpoint", reason: expect.stringMatching(/^a pipelined model \(ctx\.preparePipeline\) restarts from the checkpoint: its stages' links/) })
+    expect(events.find((e) => e.type === "restart")).toMatchObject({ recovery: "checkpoint", reason: expect.stringMatching(/^stage 1 of the pipelined model was held only by the lost rank\(s\): with one data-parallel replica/) })
     // epoch 1 ran again, from epoch 0's checkpoint, in the second attempt
     expect(r.metricsHistory[1].attempt).toBe(1)
     const last = r.metrics!
@@ -87,6 +88,44 @@ describe("model parallelism in the Trainer", () => {
     expect(correct / test.size).toBeCloseTo(last.val_accuracy as number, 5)
   }, 90_000)
 
+  it("regroups a pipeline with two replicas from its survivors after a stage is killed: the replacement takes its stage from the other replica", async () => {
+    const r = await new Trainer({
+      trainLoopPerWorker: `${LOOPS}#fitLoop`,
+      // 2 stages x 2 replicas; rank 1 (replica 0's stage 1, the writer of stage 1's checkpoint shard) dies mid-epoch
+      trainLoopConfig: { epochs: 3, stages: 2, kill: { rank: 1, epoch: 1, step: 5 } },
+      scalingConfig: { numWorkers: 4 },
+      runConfig: { name: "pipeline-peers", storagePath: storage, progress: false, failureConfig: { maxFailures: 1 } },
+      datasets: { train, test }
+    }).fit()
+    const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>)
+    const restarts = events.filter((e) => e.type === "restart")
+    expect(restarts).toHaveLength(1)
+    expect(restarts[0]).toMatchObject({ recovery: "peers", survivors: 3, joiners: 1 })
+    expect(events.some((e) => e.type === "resize-from-checkpoint")).toBe(false)
+    // every epoch reported once, epoch 1 not run again from epoch 0's checkpoint
+    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2])
+    expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.85)
+    // The replacement (rank 1 again, stage 1 of replica 0) took its stage from rank 3 (stage 1 of
+    // replica 1): the two replicas of each stage hold the same weights and optimizer steps.
+    const ranks = r.metricsPerRank.at(-1)!
+    expect(ranks.map((m) => m.stage)).toEqual([0, 1, 0, 1])
+    expect(ranks[1].weights).toBe(ranks[3].weights)
+    expect(ranks[0].weights).toBe(ranks[2].weights)
+    expect(ranks[1].steps).toBe(ranks[3].steps)
+    expect(ranks[0].steps).toBe(ranks[2].steps)
+    expect(ranks[1].weights).not.toBe(ranks[0].weights)
+    // it writes stage 1's shard from then on: the last checkpoint is whole and loads
+    const files = await fs.readdir(path.join(r.checkpoint!.path, "pipeline"))
+    expect(files.sort()).toEqual(["layout.json", "stage-0-of-2.tp-0-of-1.msgpack", "stage-1-of-2.tp-0-of-1.msgpack"])
+    const { tf } = await loadEngine("auto")
+    const model = await loadPipelineCheckpoint(tf, r.checkpoint!.path)
+    const x = tf.tensor2d(test.x, [test.size, 64])
+    const pred = (model.predict(x) as import("@tensorflow/tfjs").Tensor).argMax(-1).dataSync()
+    let correct = 0
+    for (let i = 0; i < test.size; i++) if (pred[i] === test.y[i]) correct++
+    expect(correct / test.size).toBeCloseTo(r.metrics!.val_accuracy as number, 5)
+  }, 120_000)
+
   it("fails fast, naming the stage and rank it waited for, when a stage hangs", async () => {
     const started = Date.now()
     const err = await new Trainer({
@@ -101,8 +140,7 @@ describe("model parallelism in the Trainer", () => {
       .then(() => undefined, (e: unknown) => e)
     expect(err).toBeInstanceOf(TrainingFailed)
     const msg = (err as Error).message
-    expect(msg).toMatch(/ModelParallelLinkError/)
-    expect(msg).toMatch(/receiving gradients from stage 1 \(rank 1\)/)
+    expect(msg).toMatch(/rank 0's group broke: rank 0 failed receiving gradients from stage 1 \(rank 1\)/)
     expect(msg).toMatch(/rank\(s\) 1 answered a liveness probe but had not started this transfer/)
     // the deadline, not the hung rank's 60 s sleep, ended the run
     expect(Date.now() - started).toBeLessThan(45_000)

@@ -8,6 +8,7 @@
 // fitLoop: the digits MLP as a pipeline trained with pp.fit(), evaluated, checkpointed by every
 // rank each epoch, resumed from the checkpoint after a restart; `kill` makes a rank die mid-epoch.
 import type { TrainContext, PipelineOptions, PipelineModel } from "../../index.ts"
+import { weightsHash } from "../../examples/digits/model.ts"
 
 type Tf = TrainContext["tf"]
 type Tensor = import("@tensorflow/tfjs").Tensor
@@ -153,7 +154,9 @@ export async function fitLoop(config: FitLoopConfig, ctx: TrainContext): Promise
     })
     const val = await pp.evaluate(xTest, yTest, { rows: test.size })
     const checkpoint = await ctx.checkpointFromModel(pp, { metadata: { epoch } })
-    await ctx.report({ epoch, loss: r.loss, accuracy: r.accuracy ?? 0, val_loss: val.loss, val_accuracy: val.accuracy ?? 0, stage: pp.place.stage, attempt: ctx.attempt }, { checkpoint })
+    // (a fingerprint of this rank's stage and its optimizer steps: a stage's replicas hold the same)
+    const stageState = { weights: weightsHash(pp.variables), steps: pp.steps }
+    await ctx.report({ epoch, loss: r.loss, accuracy: r.accuracy ?? 0, val_loss: val.loss, val_accuracy: val.accuracy ?? 0, stage: pp.place.stage, attempt: ctx.attempt, ...stageState }, { checkpoint })
   }
   xTest?.dispose()
   yTest?.dispose()

@@ -83,9 +83,32 @@ export const Position = Schema.Struct({
   /** Why this rank's streamed data cannot follow a regroup (a loader, which its factory made for this rank's place). */
   dataPinned: Schema.optionalKey(Schema.String),
   /** Outside dp.fit(): why no rank can join the group here (a file dataset in the middle of an epoch the loop reads itself). */
-  joinLater: Schema.optionalKey(Schema.String)
+  joinLater: Schema.optionalKey(Schema.String),
+  /**
+   * Group operations completed since the last report() call, steps and others alike (a pipelined
+   * model's epoch sums and evaluations): where a joiner replaying such a loop takes its place.
+   */
+  opsSinceReport: Schema.optionalKey(Schema.Number),
+  /**
+   * Why the group cannot go on short-handed or renumber its ranks (a pipelined model's grid): a
+   * regroup keeps every survivor at its rank and waits for replacements at the lost ranks.
+   */
+  wholeGroup: Schema.optionalKey(Schema.String)
 })
 export type Position = typeof Position.Type
+
+/**
+ * A pipelined model's survivor hands over its stage (weights and optimizer state as checkpoint
+ * files, and the layout) with the optimizer steps it has taken, and names every stage shard the
+ * grid needs: the regroup keeps, per shard, the copy of the replica furthest on, and gives up when
+ * a shard was held only by lost ranks (actors/train/common/stage-handover.ts).
+ */
+export const StageHandover = Schema.Struct({
+  step: Schema.Number,
+  files: Schema.Record(Schema.String, Bytes),
+  needs: Schema.Array(Schema.Struct({ name: Schema.String, what: Schema.String }))
+})
+export type StageHandover = typeof StageHandover.Type
 
 /**
  * A surviving rank's training state, handed to the other members of a regrouped generation so
@@ -505,7 +528,9 @@ export const WorkerProtocol = defineProtocol("trainer-worker", {
       /** What this rank's last group measured of its links, if anything. */
       measured: Schema.optionalKey(LinkMeasurements),
       /** ZeRO stage 1: this survivor's optimizer shard and its replica of its predecessor's (merged by the regroup). */
-      shards: Schema.optionalKey(Schema.Record(Schema.String, Bytes))
+      shards: Schema.optionalKey(Schema.Record(Schema.String, Bytes)),
+      /** A pipelined model: this survivor's stage (merged by the regroup with its replicas'). */
+      stage: Schema.optionalKey(StageHandover)
     })
   },
   /** This rank's state, for the other members of the regrouped generation (asked of one survivor). */

@@ -363,7 +363,8 @@ export class Controller<C = unknown> {
           checkpointRank = to
         }
       }
-      if (count > 0) g.rounds.set(index, { metrics, checkpoint, checkpointRank, aux: {}, count })
+      // (the files other ranks add to a checkpoint, a pipeline's stage shards, stay with it)
+      if (count > 0) g.rounds.set(index, { metrics, checkpoint, checkpointRank, aux: { ...round.aux }, count })
     }
     this.#current = g
     this.#to("running")

@@ -194,6 +194,15 @@ export class FitRecord {
     })
   }
 
+  /** A report round's checkpoint left unwritten because it cannot be resumed from (`why`); the previous one stays the latest. */
+  checkpointSkipped(index: number, why: string): void {
+    this.incident("checkpoint", `the checkpoint of report round ${index} is not written: ${why}; the previous one stays the latest, and training goes on`, {
+      type: "checkpoint-skipped",
+      round: index,
+      reason: why
+    })
+  }
+
   /** A generation of another size than the last one: a resize (elastic shrink or growth). */
   noteSize(attempt: number, size: number): void {
     if (this.#lastSize !== undefined && size !== this.#lastSize) {

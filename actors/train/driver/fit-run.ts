@@ -22,6 +22,7 @@ import { silentLogger, stderrLogger } from "../../runtime/log.ts"
 import { CheckpointStore, readCheckpoint, saveWithRetries, type CheckpointPolicy, type CheckpointStorage } from "./checkpoint-store.ts"
 import { ObjectCheckpointStore, isObjectCheckpointUrl, readObjectCheckpoint } from "./object-checkpoint-store.ts"
 import { ControllerProtocol, ServerProtocol, type CheckpointPayload, type PeerState } from "../common/train-protocol.ts"
+import { missingStageShards } from "../common/stage-handover.ts"
 import {
   Controller,
   deathOrNodeLoss,
@@ -222,6 +223,12 @@ export class FitRun {
 
   async #saveCheckpoint(round: CompletedRound<CheckpointPayload>, ckpt: CheckpointPayload): Promise<void> {
     const files = { ...ckpt.files, ...round.aux }
+    // A pipeline's round that a regroup completed without a lost rank's report lacks its stage.
+    const missing = missingStageShards(files)
+    if (missing.length > 0) {
+      this.record.checkpointSkipped(round.index, `it lacks the shard of ${missing.join(", ")} (its rank was lost before it reported this round)`)
+      return
+    }
     const metadata = { ...ckpt.metadata, attempt: round.attempt, round: round.index, worldSize: round.metrics.length }
     const t0 = performance.now()
     const saved = await saveWithRetries(this.#store, { files, metadata }, round.metrics[0], CHECKPOINT_WRITE_ATTEMPTS)

@@ -17,6 +17,7 @@ import type { Incident } from "../common/observe/report-html.ts"
 import type { ProgressPrinter } from "../common/observe/progress.ts"
 import { firstLine } from "../../../core/errors.ts"
 import { mergePeerShards } from "../common/optim/zero.ts"
+import { mergeStageHandovers } from "../common/stage-handover.ts"
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
 
@@ -169,6 +170,9 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   // whole optimizer state again, unless neighbouring ranks were lost together.
   const zeroShards = survivors.some((r) => r.reply!.shards !== undefined) ? mergePeerShards(survivors.map((r) => r.reply!.shards)) : undefined
   if (zeroShards && "reason" in zeroShards) return giveUp(zeroShards.reason)
+  // A pipelined model: each stage's shard from its replica furthest on, unless a stage was lost with every rank that held it.
+  const stages = survivors.some((r) => r.reply!.stage !== undefined) ? mergeStageHandovers(survivors.map((r) => r.reply!.stage)) : undefined
+  if (stages && "reason" in stages) return giveUp(stages.reason)
   // The failed rank may still run (hung, or its loop threw): it is not part of the new group.
   const failed = x.failure ? x.group.members.get(x.failure.rank) : undefined
   if (failed) {
@@ -190,6 +194,14 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   if (pinned) return giveUp(pinned)
   const joinLater = pos.inFit ? undefined : first((p) => p.joinLater)
   if (joinLater && (!x.failure || x.controller.floor > s)) return giveUp(joinLater)
+  // A group that cannot go on short-handed nor renumber its ranks (a pipelined model's grid): the
+  // survivors keep their ranks and replacements take the lost ones, the group at its size again.
+  const whole = first((p) => p.wholeGroup)
+  if (whole !== undefined) {
+    if (!x.failure) return giveUp(`${whole}: it does not grow in place`)
+    const size = Math.max(...x.group.members.keys()) + 1
+    if (size !== x.target) return giveUp(`${whole}: the group's size would change from ${size} to ${x.target}`)
+  }
   // 3. Joiners: the standby workers that are ready; new ones spawned now only to reach the floor
   // (an elastic group's min), or for a grow that has none ready. The rest come later (fit-run.ts
   // refills a short group), so the survivors go on at once.
@@ -200,7 +212,7 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   // on the rows it had (the lost rank's rest of it goes untrained), the next ones are cut for the
   // smaller group, and replacements join at a report() boundary (GroupSession.reportBoundary).
   const kMax = x.target - s - ready.length
-  const kMin = Math.max(0, x.controller.floor - s - ready.length)
+  const kMin = whole !== undefined ? kMax : Math.max(0, x.controller.floor - s - ready.length)
   let joinPlan: PlacementPlan | undefined
   if (!joinLater && kMax > 0 && (kMin > 0 || (!x.failure && ready.length === 0))) {
     // New workers replay the loop from the checkpoint and join where the survivors are: in
@@ -222,7 +234,14 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   }
   const joiners = ready.length + (joinPlan?.ranks.length ?? 0)
   const worldSize = s + joiners
-  const nodes = [...survivors.map((r) => r.w.node), ...ready.map((w) => w.nodeId), ...(joinPlan?.ranks.map((r) => r.nodeId) ?? [])]
+  // New ranks: survivors in their order, then the joiners; or (a whole group) the survivors' own
+  // ranks, the joiners taking the lost ones.
+  const holes = whole !== undefined ? Array.from({ length: worldSize }, (_, r) => r).filter((r) => !survivors.some((v) => v.rank === r)) : []
+  const survivorRank = (i: number): number => (whole !== undefined ? survivors[i]!.rank : i)
+  const joinerRank = (j: number): number => (whole !== undefined ? holes[j]! : s + j)
+  const nodes = new Array<string>(worldSize)
+  survivors.forEach((r, i) => (nodes[survivorRank(i)] = r.w.node))
+  ;[...ready.map((w) => w.nodeId), ...(joinPlan?.ranks.map((r) => r.nodeId) ?? [])].forEach((n, j) => (nodes[joinerRank(j)] = n))
   const layout = layoutOf(nodes)
   // What the furthest survivor's group measured of its links, when it covers every node of the new
   // group: every member reuses it instead of measuring again (worker-run.ts build).
@@ -249,7 +268,8 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   // 4. The furthest survivor's state, which every member loads.
   const snapshot = await x.system.askPromise(source.w.ref(WorkerProtocol), "snapshot", null, { timeoutMs: 60_000 }).catch(() => undefined)
   if (!snapshot) return giveUp(`rank ${source.rank} could not hand over its state`)
-  const state = zeroShards ? { ...snapshot, files: { ...snapshot.files, ...zeroShards.files } } : snapshot
+  const merged = zeroShards ?? stages
+  const state = merged ? { ...snapshot, files: { ...snapshot.files, ...merged.files } } : snapshot
   // A lost parameter server: a new one, made from the replica the next server keeps of its shard
   // (every worker is parked; the push each had in flight goes again to the new group's servers).
   // Servers lost while an earlier failure was regrouped are made again here too.
@@ -291,7 +311,7 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   // Rounds only the lost ranks had yet to report complete as it forms, and may leave a checkpoint:
   // the joiners resume from the latest one once it is written (its report count in this lineage
   // tells them where they start), and are given that one even if newer ones follow.
-  const generation = x.controller.regroup({ worldSize, survivors: survivors.map((r, i) => ({ from: r.rank, to: i })), survivorsOnlyBelow: pos.reports })
+  const generation = x.controller.regroup({ worldSize, survivors: survivors.map((r, i) => ({ from: r.rank, to: survivorRank(i) })), survivorsOnlyBelow: pos.reports })
   await x.saving()
   const from = x.latest()
   x.setResume(from)
@@ -327,13 +347,13 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
     onDown: (rank: number, down: { readonly reason: string; readonly detail: string }) => x.controller.workerDown(attempt, rank, down),
     stillMatters: (rank: number) => !generation.settled && !generation.finished.has(rank)
   }
-  const members = new Map(survivors.map((r, i) => [i, r.w] as const))
+  const members = new Map(survivors.map((r, i) => [survivorRank(i), r.w] as const))
   x.group.adopt(members)
   x.group.watch(members, watch)
   const resumed = Promise.all(
     survivors.map(async (r, i) => {
       const until = Date.now() + 15_000
-      const ok = await askAgain(() => x.system.askPromise(r.w.ref(WorkerProtocol), "resume", { placement: placementOf(i), source: pos }, { timeoutMs: REGROUP_RETRY_MS }), () => until)
+      const ok = await askAgain(() => x.system.askPromise(r.w.ref(WorkerProtocol), "resume", { placement: placementOf(survivorRank(i)), source: pos }, { timeoutMs: REGROUP_RETRY_MS }), () => until)
       if (ok === undefined) throw new Error(`rank ${r.rank} did not answer`)
     })
   ).catch((e: unknown) => {
@@ -341,13 +361,13 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   })
   const fromReports = from !== undefined ? (x.lineage.get(from) ?? 0) : 0
   if (ready.length > 0) {
-    const admitted = ready.map((standby, j) => ({ standby, placement: placementOf(s + j), join: { fromReports, to: pos } }))
+    const admitted = ready.map((standby, j) => ({ standby, placement: placementOf(joinerRank(j)), join: { fromReports, to: pos } }))
     const failed = await x.group.admit(admitted, watch)
     if (failed) x.controller.fail(generation, { kind: "recovery", rank: -1, ...failed })
   }
   if (joinPlan) {
     const spawns: RankSpawn[] = joinPlan.ranks.map((r, j) => ({
-      placement: placementOf(s + ready.length + j),
+      placement: placementOf(joinerRank(ready.length + j)),
       nodeId: r.nodeId,
       backend: r.backend,
       gpuIndices: r.gpuIndices,

@@ -17,7 +17,7 @@
 import { Schema } from "effect"
 import type { Communicator } from "../../../collectives/communicator.ts"
 import type { GradientReducer } from "../../../collectives/gradient-reducer.ts"
-import type { PeerState, Placement, Position, StreamCursor } from "../common/train-protocol.ts"
+import type { PeerState, Placement, Position, StageHandover, StreamCursor } from "../common/train-protocol.ts"
 import { CollectiveAborted, CollectiveTimeout, CommunicatorClosed, ConnectionLost, PeerLinkLost } from "../../../collectives/errors.ts"
 
 /** A collective failed because a member died, hung or was cut off (or the controller closed the group to regroup it). */
@@ -47,6 +47,8 @@ export interface LoopPosition {
   readonly dataPinned?: string
   /** Outside dp.fit(): why no rank can join here; a grow waits for a report() where this is unset (reportBoundary). */
   readonly joinLater?: string
+  /** Why the group cannot go on short-handed nor renumber its ranks (a pipelined model's grid). */
+  readonly wholeGroup?: string
 }
 
 /** What a regroup needs of the prepared model (DataParallelModel implements it). */
@@ -62,6 +64,10 @@ export interface RecoverableModel {
   fitUsed?(): boolean
   /** What the regroup merges from every survivor (ZeRO stage 1's shard and replica), in the pause reply. */
   peerFiles?(): Record<string, Uint8Array> | undefined
+  /** A pipelined model's stage, which the regroup merges with its replicas' (in the pause reply). */
+  stageHandover?(): Promise<StageHandover>
+  /** A pause came: the model's own links (a pipeline's channels, outside the group's communicator) are to fail now. */
+  interrupt?(): void
 }
 
 export interface LiveGroup {
@@ -115,6 +121,8 @@ export type PauseReply = {
   readonly reason: string
   /** ZeRO stage 1: this survivor's shard and replica (RecoverableModel.peerFiles). */
   readonly shards?: Record<string, Uint8Array>
+  /** A pipelined model: this survivor's stage (RecoverableModel.stageHandover). */
+  readonly stage?: StageHandover
 }
 
 type Pausing = { readonly attempt: number; readonly reply: (r: PauseReply) => void }
@@ -148,6 +156,10 @@ export class GroupSession {
   #resumedAttempt = -1
   /** Bumped at every regroup and join: the model compares it to notice a new group or state. */
   generation = 0
+  /** Group operations completed since the last report() call (steps and others: Position.opsSinceReport). */
+  opsSinceReport = 0
+  /** A joiner's state, fetched once (before its join when the model needs it to build itself: joinState). */
+  #joinState: Promise<PeerState> | undefined
   /**
    * The furthest survivor's report() calls at the last regroup, when this rank had made fewer: it
    * took that survivor's state at the last operation before a report the survivor made already
@@ -226,6 +238,7 @@ export class GroupSession {
   reported(): void {
     this.reports++
     this.stepsSinceReport = 0
+    this.opsSinceReport = 0
   }
 
   /** A training step completed (the model calls it after each one). */
@@ -262,11 +275,45 @@ export class GroupSession {
     })
   }
 
+  /**
+   * A joiner's group operation (`step`: a training step, else an epoch sum or an evaluation) in a
+   * loop whose joiners take their place by operations (a pipelined model): "skip" one the
+   * survivors made already (nothing computed or exchanged), or, where they are (the same report()
+   * calls and operations since), take their state and "run" it with them. Every other rank runs.
+   */
+  async replayOperation(step: boolean): Promise<"skip" | "run"> {
+    const join = this.#join
+    if (!join) return "run"
+    const to = join.to
+    const target = to.opsSinceReport ?? 0
+    if (this.reports < to.reports || (this.reports === to.reports && this.opsSinceReport < target)) {
+      this.opsSinceReport++
+      if (step) this.stepsSinceReport++
+      return "skip"
+    }
+    if (this.reports === to.reports && this.opsSinceReport === target) {
+      await this.join()
+      return "run"
+    }
+    throw new PeerRecoveryMisaligned({
+      reason: `this joining rank got to ${this.reports} report() calls and ${this.opsSinceReport} group operations since the last, past the survivors' ${to.reports} and ${target}`
+    })
+  }
+
+  /**
+   * A joiner's copy of the state it will take at its join, fetched once: a pipelined model builds
+   * its stage from its layout (the cut the survivors run) before replaying to them.
+   */
+  joinState(): Promise<PeerState> | undefined {
+    if (!this.#join) return undefined
+    return (this.#joinState ??= this.#hooks.fetchState(this.placement.attempt))
+  }
+
   /** Where the loop is, with this rank's counts; in a step's last operation, as after that step (operation()'s `last`). */
   position(): Position {
     const p = this.#model?.loopPosition() ?? { inFit: false, epoch: 0, stepInEpoch: 0, stepsPerEpoch: 0 }
-    if (this.#inLast) return { ops: this.ops + 1, reports: this.reports, stepsSinceReport: this.stepsSinceReport + 1, ...p, stepInEpoch: p.stepInEpoch + 1 }
-    return { ops: this.ops, reports: this.reports, stepsSinceReport: this.stepsSinceReport, ...p }
+    if (this.#inLast) return { ops: this.ops + 1, reports: this.reports, stepsSinceReport: this.stepsSinceReport + 1, opsSinceReport: this.opsSinceReport + 1, ...p, stepInEpoch: p.stepInEpoch + 1 }
+    return { ops: this.ops, reports: this.reports, stepsSinceReport: this.stepsSinceReport, opsSinceReport: this.opsSinceReport, ...p }
   }
 
   /**
@@ -292,9 +339,11 @@ export class GroupSession {
       })
     }
     if (!this.#model) throw new PeerRecoveryMisaligned({ reason: "no model was prepared with ctx.prepareModel() before dp.fit()" })
-    const state = await this.#hooks.fetchState(this.placement.attempt)
+    const state = await (this.#joinState ?? this.#hooks.fetchState(this.placement.attempt))
+    this.#joinState = undefined
     await this.#model.adopt(state)
     this.ops = join.to.ops
+    this.opsSinceReport = join.to.opsSinceReport ?? this.opsSinceReport
     this.#join = undefined
     this.generation++
     this.#hooks.log(
@@ -332,6 +381,7 @@ export class GroupSession {
         if (!background) this.#inLast = last !== false
         const r = await run(this.#group)
         this.ops++
+        this.opsSinceReport++
         return r
       } catch (e) {
         if (this.#model === undefined || this.#ended !== undefined) throw e
@@ -373,14 +423,14 @@ export class GroupSession {
    */
   pause(attempt: number, atReport = false): Promise<PauseReply> {
     return new Promise((resolve) => {
-      const refuse = this.#ended ?? (this.#model === undefined ? (this.#noPeers ?? "no model prepared with ctx.prepareModel()") : this.#join ? "still joining its group" : undefined)
+      const refuse = this.#ended ?? this.#noPeers ?? (this.#model === undefined ? "no model prepared with ctx.prepareModel()" : this.#join ? "still joining its group" : undefined)
       if (refuse !== undefined) {
         resolve({ state: "unsupported", position: this.position(), reason: refuse })
         return
       }
       // Asked again (the first request or its reply was lost while the bus came back).
       if (this.#parked) {
-        resolve(this.#parkedReply())
+        void this.#parkedReply().then(resolve)
         return
       }
       const chain = (first: Pausing): Pausing => ({
@@ -406,6 +456,7 @@ export class GroupSession {
       this.#pauseRequest.resolve(this.#pausing)
       // Whatever the loop is waiting for in the old group will not come: make it fail now.
       void this.#group.comm.close().catch(() => {})
+      this.#model?.interrupt?.()
       this.#hooks.interrupt?.()
     })
   }
@@ -472,9 +523,10 @@ export class GroupSession {
   }
 
   /** A parked rank's answer: where it is, and what the regroup merges of its state. */
-  #parkedReply(): PauseReply {
+  async #parkedReply(): Promise<PauseReply> {
     const shards = this.#model?.peerFiles?.()
-    return { state: "parked", position: this.position(), reason: "", ...(shards ? { shards } : {}) }
+    const stage = await this.#model?.stageHandover?.()
+    return { state: "parked", position: this.position(), reason: "", ...(shards ? { shards } : {}), ...(stage ? { stage } : {}) }
   }
 
   async #park(cause: unknown): Promise<void> {
@@ -506,7 +558,7 @@ export class GroupSession {
     if (!this.#pausing) this.#hooks.parked(cause)
     const pause = this.#pausing ?? (await within(this.#pauseRequest.promise, PARK_TIMEOUT_MS))
     if (pause === "timeout") throw cause
-    pause.reply(this.#parkedReply())
+    pause.reply(await this.#parkedReply())
     this.#parked = true
     const resumed = await within(this.#resumeRequest.promise, PARK_TIMEOUT_MS)
     this.#parked = false
@@ -527,6 +579,7 @@ export class GroupSession {
     if (this.ops < resumed.source.ops) {
       this.#hooks.log(`rank ${resumed.placement.rank}: took the furthest survivor's state (${resumed.source.ops} group operations, ${this.ops} here)`)
       this.ops = resumed.source.ops
+      if (resumed.source.opsSinceReport !== undefined) this.opsSinceReport = resumed.source.opsSinceReport
     }
     if (this.reports < resumed.source.reports) {
       this.#hooks.log(`rank ${resumed.placement.rank}: the furthest survivor made report ${this.reports} already (${resumed.source.reports} report() calls, ${this.reports} here); this rank's goes without a parity check`)

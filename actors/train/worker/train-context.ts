@@ -21,9 +21,9 @@ import { DataParallelModel, type GradientSync, type ParameterServers, type Prepa
 import type { GroupSession } from "./group-session.ts"
 import { preparePipelineModel, type PipelineOptions, type PipelineSpec } from "./model-parallel/prepare.ts"
 import { PipelineModel } from "./model-parallel/pipeline-model.ts"
-import { PIPELINE_NO_PEERS } from "./strategies/model-parallel.ts"
+import { PIPELINE_NO_PEERS, PIPELINE_WHOLE_GROUP } from "./strategies/model-parallel.ts"
 import { natsLinks, worldGroup, type SubgroupFactory } from "./model-parallel/transport.ts"
-import { isPipelineCheckpoint, loadPipelineCheckpointInto } from "./model-parallel/checkpoint.ts"
+import { isPipelineCheckpoint, loadPipelineCheckpointInto, readLayout } from "./model-parallel/checkpoint.ts"
 
 type LayersModel = import("@tensorflow/tfjs").LayersModel
 
@@ -542,15 +542,33 @@ export class TrainContext {
       throw new ConfigError({ field: "preparePipeline", reason: "a pipelined model shards its weights by stage already: use it without collectiveConfig.zeroStage and without parameter servers" })
     }
     const k = this.#pipelines++
-    // A failure restarts such a run from the checkpoint; the restart says why.
-    this.#deps.session.noPeerRecovery(PIPELINE_NO_PEERS)
-    return preparePipelineModel(this.tf, model, options, {
+    const session = this.#deps.session
+    // One pipelined model, and no data-parallel one beside it, is regrouped from the survivors;
+    // with more, a failure restarts the run from the checkpoint, and the restart says why.
+    const alone = k === 0 && this.#prepared === undefined
+    if (!alone) session.noPeerRecovery(PIPELINE_NO_PEERS)
+    const joining = alone ? session.joinState() : undefined
+    const pp = await preparePipelineModel(this.tf, model, options, {
       rank: this.worldRank,
       worldSize: this.worldSize,
       seed: this.#deps.seed,
       world: worldGroup(this.communicator),
-      links: (place) => natsLinks(place, this.communicator, (name, members) => subgroup(`m${k}${name}`, members))
+      // (made again after a regroup: the group session's communicator is then the new group's)
+      links: (place) => natsLinks(place, this.communicator, (name, members) => subgroup(`m${k}${name}`, members)),
+      ...(alone ? { session } : {}),
+      ...(joining ? { joinLayout: async () => readLayout((await joining).files) } : {})
     })
+    if (alone) {
+      session.attach({
+        snapshot: async () => ({ files: (await pp.stageHandover()).files, step: pp.steps }),
+        adopt: (state) => pp.adoptStage(state.files),
+        regrouped: () => pp.regrouped(),
+        interrupt: () => pp.interrupt(),
+        loopPosition: () => ({ inFit: false, epoch: 0, stepInEpoch: 0, stepsPerEpoch: 0, wholeGroup: PIPELINE_WHOLE_GROUP }),
+        stageHandover: () => pp.stageHandover()
+      })
+    }
+    return pp
   }
 
   /** A checkpoint of a model (topology and weights) plus extra files and metadata. */

@@ -55,6 +55,8 @@ interface SavedShard {
   readonly weights: SavedWeight[]
   readonly frozen?: SavedWeight[]
   readonly optimizer: Uint8Array
+  /** Optimizer steps the stage had taken (absent in checkpoints written before it was kept). */
+  readonly step?: number
 }
 
 export const shardFileName = (stage: number, stages: number, tpRank: number, tp: number): string =>
@@ -64,7 +66,7 @@ export const isPipelineCheckpoint = (files: Readonly<Record<string, unknown>>): 
 
 const FIELD = "checkpoint"
 
-const readLayout = (files: Readonly<Record<string, Uint8Array>>): PipelineLayout => {
+export const readLayout = (files: Readonly<Record<string, Uint8Array>>): PipelineLayout => {
   const bytes = files[LAYOUT_FILE]
   if (!bytes) throw new ConfigError({ field: FIELD, reason: `not a pipeline checkpoint: it has no ${LAYOUT_FILE} (files: ${Object.keys(files).slice(0, 8).join(", ") || "none"})` })
   return JSON.parse(new TextDecoder().decode(bytes)) as PipelineLayout
@@ -79,7 +81,8 @@ export const stageShardFiles = async (
   vars: ReadonlyArray<Variable>,
   parts: ReadonlyArray<WeightPart>,
   optimizer: Optimizer,
-  frozen: ReadonlyArray<FrozenWeight> = []
+  frozen: ReadonlyArray<FrozenWeight> = [],
+  step?: number
 ): Promise<Record<string, Uint8Array>> => {
   const weights: SavedWeight[] = await Promise.all(
     vars.map(async (v, i) => ({ name: parts[i].name, ...(parts[i].slice ? { slice: parts[i].slice } : {}), shape: [...v.shape], data: (await v.data()) as Float32Array }))
@@ -88,7 +91,7 @@ export const stageShardFiles = async (
     const t = w.read()
     return { name: w.name, shape: [...t.shape], data: (await t.data()) as Float32Array }
   }))
-  const shard: SavedShard = { stage: place.stage, tpRank: place.tpRank, bounds: [...layout.bounds], weights, ...(still.length ? { frozen: still } : {}), optimizer: await optimizerToFile(optimizer) }
+  const shard: SavedShard = { stage: place.stage, tpRank: place.tpRank, bounds: [...layout.bounds], weights, ...(still.length ? { frozen: still } : {}), optimizer: await optimizerToFile(optimizer), ...(step !== undefined ? { step } : {}) }
   const files: Record<string, Uint8Array> = { [shardFileName(place.stage, place.stages, place.tpRank, place.tp)]: encodeMessage(shard) }
   if (place.rank === 0) files[LAYOUT_FILE] = new TextEncoder().encode(JSON.stringify(layout))
   return files
@@ -108,7 +111,7 @@ const readShard = (files: Readonly<Record<string, Uint8Array>>, layout: Pipeline
   return decodeMessage(bytes) as SavedShard
 }
 
-/** Loads this rank's stage from a checkpoint taken at the same layout. */
+/** Loads this rank's stage from a checkpoint taken at the same layout; returns the optimizer steps it had taken, if saved. */
 export const loadStageShard = async (
   tf: Tf,
   files: Readonly<Record<string, Uint8Array>>,
@@ -118,7 +121,7 @@ export const loadStageShard = async (
   parts: ReadonlyArray<WeightPart>,
   optimizer: Optimizer,
   frozen: ReadonlyArray<FrozenWeight> = []
-): Promise<void> => {
+): Promise<number | undefined> => {
   const saved = readLayout(files)
   if (saved.stages !== layout.stages || saved.tp !== layout.tp || saved.bounds.join() !== layout.bounds.join()) {
     throw new ConfigError({
@@ -149,6 +152,7 @@ export const loadStageShard = async (
     t.dispose()
   }
   await loadOptimizerFrom(tf, optimizer, shard.optimizer)
+  return shard.step
 }
 
 /** Concatenates equal-shaped parts along `axis` (row-major). */

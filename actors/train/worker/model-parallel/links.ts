@@ -52,3 +52,48 @@ export const soloGroup: SumGroup = {
   },
   broadcast: () => Promise.resolve()
 }
+
+/**
+ * Links whose channels and groups can be made again under the same stage (a regroup forms new
+ * communicators): the model and its tensor-parallel pairs hold `links`, which forwards every call
+ * to the links `swap` put in last.
+ */
+export const swappableLinks = (first: StageLinks): { readonly links: StageLinks; swap(next: StageLinks): StageLinks } => {
+  let cur = first
+  const group = (of: (l: StageLinks) => SumGroup): SumGroup => ({
+    get size() {
+      return of(cur).size
+    },
+    get index() {
+      return of(cur).index
+    },
+    sum: (buf) => of(cur).sum(buf),
+    weightedMean: (buf, weight) => of(cur).weightedMean(buf, weight),
+    broadcast: (buf, root) => of(cur).broadcast(buf, root)
+  })
+  const channel = (of: (l: StageLinks) => Channel | undefined): Channel | undefined =>
+    of(first) ? { send: (buf) => of(cur)!.send(buf), recv: (into) => of(cur)!.recv(into) } : undefined
+  const fromPrev = channel((l) => l.fromPrev)
+  const toPrev = channel((l) => l.toPrev)
+  const toNext = channel((l) => l.toNext)
+  const fromNext = channel((l) => l.fromNext)
+  const links: StageLinks = {
+    ...(fromPrev ? { fromPrev } : {}),
+    ...(toPrev ? { toPrev } : {}),
+    ...(toNext ? { toNext } : {}),
+    ...(fromNext ? { fromNext } : {}),
+    replicas: group((l) => l.replicas),
+    tensor: group((l) => l.tensor),
+    world: group((l) => l.world),
+    close: () => cur.close()
+  }
+  return {
+    links,
+    /** Puts `next` in place; returns the links it replaced (for the caller to close). */
+    swap: (next) => {
+      const old = cur
+      cur = next
+      return old
+    }
+  }
+}

@@ -15,6 +15,16 @@
 // sends do not wait (a stage goes on computing while its message is on the wire), receives
 // happen when the op needs them. A rank holds the stashed inputs of its blocks for the micro-batches
 // in flight (all m with GPipe, at most S - s with 1F1B): memoryStats() reports the peak.
+//
+// Recovery from surviving peers (with `recovery`, which a Trainer's worker gives it): each step,
+// epoch sum and evaluation is one group operation of the worker's group session. When a rank of
+// the grid is lost, the survivors park in theirs and hand over their stages (stageHandover); the
+// regroup keeps each survivor at its rank, places a replacement at the lost one, and every rank
+// takes its stage's state from the replica furthest on (adoptStage), its links made again for the
+// new group before its next operation. A stage none of whose replicas applied the step in flight
+// skips that step; the rest retry it. A replacement builds its stage at the survivors' cut,
+// replays the loop from the checkpoint without computing, and takes its stage's state where the
+// survivors are.
 import type { Tf } from "../../../../core/engine.ts"
 import { gatherRows, shardIndices, type ArrayDataset } from "../../../../core/datasets.ts"
 import { ConfigError } from "../../../../core/errors.ts"
@@ -22,6 +32,7 @@ import type { Batch, BatchTransform } from "../../../../core/data/stream.ts"
 import type { Block } from "./blocks.ts"
 import type { GridPlace } from "./grid.ts"
 import type { StageLinks } from "./links.ts"
+import { LAYOUT_FILE, shardFileName } from "./checkpoint.ts"
 import { labelsOf, type ResolvedLoss } from "./loss.ts"
 import { microBatchSizes, stageOps, type ScheduleName } from "./schedule.ts"
 import type { WeightPart } from "./tensor-parallel.ts"
@@ -103,6 +114,31 @@ export interface PipelineFitOptions {
 /** What pp.fit() trains from: an in-memory dataset (ctx.getDatasetShard of arrays, with its map transforms, or the dataset itself). */
 export type PipelineSource = { readonly dataset: ArrayDataset; readonly seed?: number; readonly transforms?: ReadonlyArray<BatchTransform> } | ArrayDataset
 
+/** What the worker's group session does for a pipelined model (actors/train/worker/group-session.ts). */
+export interface PipelineSession {
+  /** Set while this rank is a replacement replaying the loop to where the survivors are. */
+  readonly joinTarget: unknown
+  replayOperation(step: boolean): Promise<"skip" | "run">
+  /** Runs a group operation; parks for a regroup when the group breaks under it (see the module comment). */
+  operation<T>(run: () => Promise<T>, adopted: () => T): Promise<T>
+  countStep(): void
+}
+
+/** Recovery from surviving peers: the session, and this rank's links made again in a regrouped group. */
+export interface PipelineRecovery {
+  readonly session: PipelineSession
+  relink(): Promise<StageLinks>
+  /** Puts new links in place of the model's; returns the old ones. */
+  swap(next: StageLinks): StageLinks
+}
+
+/** A stage handed over at a regroup (actors/train/common/train-protocol.ts StageHandover). */
+export interface StageHandoverFiles {
+  readonly step: number
+  readonly files: Record<string, Uint8Array>
+  readonly needs: ReadonlyArray<{ readonly name: string; readonly what: string }>
+}
+
 export interface PipelineModelOptions {
   readonly schedule: ScheduleName
   readonly microBatches: number
@@ -111,6 +147,7 @@ export interface PipelineModelOptions {
   readonly layout: PipelineLayout
   /** Default seed of fit()'s shuffles. */
   readonly seed?: number
+  readonly recovery?: PipelineRecovery
 }
 
 const size = (shape: ReadonlyArray<number>): number => shape.reduce((a, b) => a * b, 1)
@@ -161,6 +198,11 @@ export class PipelineModel {
   #memory: PipelineMemoryStats
   #steps = 0
   #closed = false
+  /** A step failed mid-conversation: its links are given up (made again by a regroup, with recovery). */
+  #broken = false
+  readonly #recovery: PipelineRecovery | undefined
+  /** Regrouped: the links are made again before the next group operation. */
+  #stale = false
 
   /** @internal ctx.preparePipeline makes it, with the stage's links. */
   constructor(tf: Tf, place: GridPlace, stage: StageSpec, links: StageLinks, opts: PipelineModelOptions) {
@@ -174,6 +216,7 @@ export class PipelineModel {
     this.schedule = opts.schedule
     this.microBatches = opts.microBatches
     this.#seed = opts.seed ?? 0
+    this.#recovery = opts.recovery
     this.#vars = []
     this.#blockVarStart = []
     for (const b of stage.blocks) {
@@ -221,7 +264,7 @@ export class PipelineModel {
   }
 
   #check(): void {
-    if (this.#closed) throw new ConfigError({ field: "pipeline", reason: "this pipelined model was closed (its loop ended or its links failed)" })
+    if (this.#closed || (this.#broken && !this.#recovery)) throw new ConfigError({ field: "pipeline", reason: "this pipelined model was closed (its loop ended or its links failed)" })
   }
 
   /**
@@ -231,6 +274,74 @@ export class PipelineModel {
    */
   async trainStep(x: Tensor | null | undefined, y: Tensor | null | undefined, opts: { readonly batchSize?: number } = {}): Promise<PipelineStepResult> {
     this.#check()
+    const rec = this.#recovery
+    if (!rec) return this.#trainStep(x, y, opts)
+    this.#batchOf(x, y, opts)
+    // A replacement replaying the loop: the steps the survivors made already are skipped (no samples).
+    if (rec.session.joinTarget !== undefined && (await rec.session.replayOperation(true)) === "skip") return { loss: Number.NaN, samples: 0 }
+    const r = await rec.session.operation(
+      async () => {
+        await this.#fresh()
+        return this.#trainStep(x, y, opts)
+      },
+      // The step was made by the survivor furthest on; this rank took its stage's state from it.
+      () => ({ loss: Number.NaN, samples: 0 })
+    )
+    rec.session.countStep()
+    return r
+  }
+
+  /** A group operation other than a step (an epoch's sums, an evaluation), under the session with recovery. */
+  async #operation<T>(run: () => Promise<T>, skipped: () => T): Promise<T> {
+    const rec = this.#recovery
+    if (!rec) return run()
+    if (rec.session.joinTarget !== undefined && (await rec.session.replayOperation(false)) === "skip") return skipped()
+    return rec.session.operation(async () => {
+      await this.#fresh()
+      return run()
+    }, skipped)
+  }
+
+  /** After a regroup: this rank's links made again for the new group (every rank does it at its next operation). */
+  async #fresh(): Promise<void> {
+    if (!this.#stale) return
+    const rec = this.#recovery!
+    const next = await rec.relink()
+    const old = rec.swap(next)
+    await old.close().catch(() => {})
+    this.#stale = false
+    this.#broken = false
+  }
+
+  /** @internal A regroup is coming: whatever this rank waits for on its links fails now (they are made again after it). */
+  interrupt(): void {
+    this.#broken = true
+    void this.#links.close().catch(() => {})
+  }
+
+  /** @internal The group regrouped around this rank (its place in the grid is the same). */
+  regrouped(): void {
+    this.#stale = true
+  }
+
+  /** @internal This rank's stage for a regroup: its shard with the layout, its steps, and every shard the grid needs. */
+  async stageHandover(): Promise<StageHandoverFiles> {
+    const files = await stageShardFiles(this.layout, this.place, this.#vars, this.stage.parts, this.optimizer, this.stage.frozen, this.#steps)
+    files[LAYOUT_FILE] = new TextEncoder().encode(JSON.stringify(this.layout))
+    const needs: Array<{ name: string; what: string }> = []
+    for (let s = 0; s < this.place.stages; s++) {
+      for (let t = 0; t < this.place.tp; t++) needs.push({ name: shardFileName(s, this.place.stages, t, this.place.tp), what: `stage ${s}${this.place.tp > 1 ? ` (tensor rank ${t})` : ""}` })
+    }
+    return { step: this.#steps, files, needs }
+  }
+
+  /** @internal Takes this rank's stage from a regroup's merged state (the replica furthest on). */
+  async adoptStage(files: Readonly<Record<string, Uint8Array>>): Promise<void> {
+    const step = await loadStageShard(this.#tf, files, this.layout, this.place, this.#vars, this.stage.parts, this.optimizer, this.stage.frozen)
+    if (step !== undefined) this.#steps = step
+  }
+
+  async #trainStep(x: Tensor | null | undefined, y: Tensor | null | undefined, opts: { readonly batchSize?: number }): Promise<PipelineStepResult> {
     const tf = this.#tf
     const batch = this.#batchOf(x, y, opts)
     const sizes = microBatchSizes(batch, this.microBatches)
@@ -263,8 +374,9 @@ export class PipelineModel {
       }
       tf.dispose(st.acc.filter((t): t is Tensor => t !== undefined))
       // A step cut short leaves the links mid-conversation: give them up, which fails the peers'
-      // transfers in flight at once instead of at their deadline, and refuse further steps.
-      this.#closed = true
+      // transfers in flight at once instead of at their deadline, and refuse further steps (with
+      // recovery, until the regroup has made them again).
+      this.#broken = true
       void this.#links.close().catch(() => {})
       throw e
     }
@@ -275,7 +387,7 @@ export class PipelineModel {
     try {
       reduced = await this.#reduce(grads, batch)
     } catch (e) {
-      this.#closed = true
+      this.#broken = true
       void this.#links.close().catch(() => {})
       throw e
     }
@@ -497,18 +609,23 @@ export class PipelineModel {
    */
   async evaluate(x: Tensor | null | undefined, y: Tensor | null | undefined, opts: { readonly batchSize?: number; readonly rows?: number } = {}): Promise<{ loss: number; accuracy?: number }> {
     this.#check()
-    const tf = this.#tf
     const rows = x?.shape[0] ?? y?.shape[0] ?? opts.rows
     if (!(Number.isInteger(rows) && (rows as number) >= 1)) throw new ConfigError({ field: "pipeline.evaluate", reason: "needs x (first stage), y (last stage) or { rows } (stages in between)" })
     if (this.isFirstStage && !x) throw new ConfigError({ field: "pipeline.evaluate", reason: "the first stage needs x" })
     if (this.isLastStage && !y) throw new ConfigError({ field: "pipeline.evaluate", reason: "the last stage needs y" })
-    const bs = opts.batchSize ?? 256
+    // Skipped by a replacement replaying the loop, or made by the survivors without this rank: no figures.
+    const none = () => ({ loss: Number.NaN, ...(this.#loss.classification ? { accuracy: Number.NaN } : {}) })
+    return this.#operation(() => this.#evaluate(x, y, rows as number, opts.batchSize ?? 256), none)
+  }
+
+  async #evaluate(x: Tensor | null | undefined, y: Tensor | null | undefined, rows: number, bs: number): Promise<{ loss: number; accuracy?: number }> {
+    const tf = this.#tf
     let lossSum = 0
     let correct = 0
     const mine = this.place.replica === 0
     if (mine) {
-      for (let off = 0; off < (rows as number); off += bs) {
-        const n = Math.min(bs, (rows as number) - off)
+      for (let off = 0; off < rows; off += bs) {
+        const n = Math.min(bs, rows - off)
         let h: Tensor
         if (this.isFirstStage) h = tf.slice(x as Tensor, off, n)
         else {
@@ -594,9 +711,12 @@ export class PipelineModel {
         }
         try {
           const r = await this.trainStep(x, y, { batchSize: idx.length })
-          lossSum += r.loss * r.samples
-          correct += r.correct ?? 0
-          samples += r.samples
+          // (a step a replacement skips, or one made by the survivors without this rank, has no samples)
+          if (r.samples > 0) {
+            lossSum += r.loss * r.samples
+            correct += r.correct ?? 0
+            samples += r.samples
+          }
           await opts.onStep?.({ ...r, epoch, index: s })
         } finally {
           x?.dispose()
@@ -606,7 +726,7 @@ export class PipelineModel {
       // Every replica's sums; one rank per replica contributes (its stages know the same sums).
       const sums = new Float32Array(3)
       if (this.place.stage === 0 && this.place.tpRank === 0) sums.set([lossSum, correct, samples])
-      await this.#links.world.sum(sums)
+      await this.#operation(() => this.#links.world.sum(sums), () => sums.fill(0))
       const r: PipelineEpochResult = {
         epoch,
         loss: sums[2] > 0 ? sums[0] / sums[2] : Number.NaN,
@@ -624,12 +744,13 @@ export class PipelineModel {
   /** This rank's checkpoint files: its stage's weights and optimizer state (replica 0 only; the others hold copies). */
   async shardFiles(): Promise<Record<string, Uint8Array>> {
     if (this.place.replica !== 0) return {}
-    return stageShardFiles(this.layout, this.place, this.#vars, this.stage.parts, this.optimizer, this.stage.frozen)
+    return stageShardFiles(this.layout, this.place, this.#vars, this.stage.parts, this.optimizer, this.stage.frozen, this.#steps)
   }
 
   /** Loads this rank's stage from a checkpoint of the same layout (any replica loads replica 0's shard). */
   async restore(files: Readonly<Record<string, Uint8Array>>): Promise<void> {
-    await loadStageShard(this.#tf, files, this.layout, this.place, this.#vars, this.stage.parts, this.optimizer, this.stage.frozen)
+    const step = await loadStageShard(this.#tf, files, this.layout, this.place, this.#vars, this.stage.parts, this.optimizer, this.stage.frozen)
+    if (step !== undefined) this.#steps = step
   }
 
   /** Gives up this rank's links (the loop ended). */

@@ -12,10 +12,10 @@ import { LayerBlock, type Block } from "./blocks.ts"
 import type { FrozenWeight, PipelineLayout } from "./checkpoint.ts"
 import { modelGraph, runLayers, layerParamBytes, unitCount } from "./graph.ts"
 import { gridShape, placeOf, type GridPlace } from "./grid.ts"
-import type { StageLinks, SumGroup } from "./links.ts"
+import { swappableLinks, type StageLinks, type SumGroup } from "./links.ts"
 import { resolveLoss, type LossFn, type LossName } from "./loss.ts"
 import { partitionUnits, stageSpeeds, type BalanceBy, type Partition } from "./partition.ts"
-import { PipelineModel } from "./pipeline-model.ts"
+import { PipelineModel, type PipelineSession } from "./pipeline-model.ts"
 import { profileUnits } from "./profile.ts"
 import { scheduleNames, type ScheduleName } from "./schedule.ts"
 import { buildStackRange, describeStack, isLayerStack, type LayerStack, type StackLayerInfo } from "./stack.ts"
@@ -57,6 +57,10 @@ export interface PrepareDeps {
   readonly world: SumGroup
   /** This rank's links to its neighbours and groups (every rank calls it at the same point). */
   readonly links: (place: GridPlace) => Promise<StageLinks>
+  /** Recovery from surviving peers (a Trainer's worker): its group session; links are made again with `links` after a regroup. */
+  readonly session?: PipelineSession
+  /** A replacement joining survivors: the layout they run (their cut), at which it builds its stage instead of cutting again. */
+  readonly joinLayout?: () => Promise<PipelineLayout | undefined>
 }
 
 /** Weights + gradients + optimizer state per weight byte, for the memory limit. */
@@ -146,8 +150,16 @@ export const preparePipelineModel = async (tf: Tf, spec: PipelineSpec, opts: Pip
       })
     : infos!.map((l) => l.trainableBytes)
   const measure = timed ? (whole ? () => profileUnits(tf, whole, rows) : () => infos!.map((l) => l.ms)) : undefined
-  const partition = await cut(paramBytes, measure, opts, deps, stages, bytesPerParamByte(optimizer), (r) => placeOf(r, grid))
-  const bounds = partition.bounds
+  // A replacement takes the survivors' cut: theirs was measured on the group they started with,
+  // whose sums it cannot take part in now.
+  const held = await deps.joinLayout?.()
+  if (held && (held.stages !== stages || held.tp !== tp || held.units !== paramBytes.length)) {
+    throw new ConfigError({
+      field: FIELD,
+      reason: `this replacement's model is cut into ${stages} stage(s) x tensorParallel ${tp} over ${paramBytes.length} units, the survivors' into ${held.stages} x ${held.tp} over ${held.units}: every rank must call preparePipeline with the same model and options`
+    })
+  }
+  const bounds = held ? held.bounds : (await cut(paramBytes, measure, opts, deps, stages, bytesPerParamByte(optimizer), (r) => placeOf(r, grid))).bounds
   const layout: PipelineLayout = {
     format: 1,
     stages,
@@ -162,7 +174,8 @@ export const preparePipelineModel = async (tf: Tf, spec: PipelineSpec, opts: Pip
   const graph = whole ?? modelGraph(buildStackRange(tf, stack!, infos!, bounds[place.stage], bounds[place.stage + 1]))
   const firstLayer = whole ? whole.unitStart[bounds[place.stage]] : 0
   const endLayer = whole ? whole.unitStart[bounds[place.stage + 1]] : graph.layers.length
-  const links = await deps.links(place)
+  const swappable = swappableLinks(await deps.links(place))
+  const links = swappable.links
   try {
     // tensor id at the start of each layer index that is a cut point
     const cutId = new Map<number, number>()
@@ -210,8 +223,9 @@ export const preparePipelineModel = async (tf: Tf, spec: PipelineSpec, opts: Pip
       console.warn(`gradwire: stage ${place.stage} has no dense pair to split over tensorParallel ${tp} (the first layer's units must divide by ${tp}); its ${tp} tensor ranks each compute it whole`)
     }
     const vars = blocks.flatMap((b) => [...b.variables])
-    // Every replica of the stage starts from replica 0's weights (as prepareModel starts from rank 0's).
-    if (links.replicas.size > 1 && vars.length > 0) {
+    // Every replica of the stage starts from replica 0's weights (as prepareModel starts from rank 0's);
+    // a replacement takes its stage's state where it joins the survivors.
+    if (!held && links.replicas.size > 1 && vars.length > 0) {
       const flatT = tf.tidy(() => tf.concat(vars.map((v) => v.reshape([-1]))))
       const flat = (await flatT.data()) as Float32Array
       flatT.dispose()
@@ -240,7 +254,15 @@ export const preparePipelineModel = async (tf: Tf, spec: PipelineSpec, opts: Pip
         outputShape: whole ? graph.boundaries[bounds[place.stage + 1]].shape : graph.boundaries.at(-1)!.shape
       },
       links,
-      { schedule, microBatches, loss, optimizer, layout, ...(deps.seed !== undefined ? { seed: deps.seed } : {}) }
+      {
+        schedule,
+        microBatches,
+        loss,
+        optimizer,
+        layout,
+        ...(deps.seed !== undefined ? { seed: deps.seed } : {}),
+        ...(deps.session ? { recovery: { session: deps.session, relink: () => deps.links(place), swap: swappable.swap } } : {})
+      }
     )
   } catch (e) {
     await links.close().catch(() => {})

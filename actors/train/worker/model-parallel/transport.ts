@@ -34,8 +34,8 @@ export class ModelParallelLinkError extends Schema.TaggedError<ModelParallelLink
 }) {
   override get message(): string {
     return (
-      `rank ${this.rank} failed ${this.doing}: ${this.reason} (${this.causeTag}). A dead or hung stage fails its whole pipeline; ` +
-      "the trainer restarts the group from the latest checkpoint (failureConfig.maxFailures)"
+      `rank ${this.rank} failed ${this.doing}: ${this.reason} (${this.causeTag}). A dead or hung stage stops its whole pipeline; ` +
+      "within failureConfig.maxFailures the trainer regroups the survivors (a lost stage made again from another replica) or restarts the group from the latest checkpoint"
     )
   }
 }

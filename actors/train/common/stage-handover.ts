@@ -1,0 +1,69 @@
+// A pipelined model's state after a lost rank, made from its survivors (driver/regroup.ts): each
+// survivor hands over its stage's shard (checkpoint files: weights, optimizer state, the layout)
+// with the optimizer steps it has taken. A stage's replicas hold the same state, except where the
+// group broke between their updates of the step in flight: the copy furthest on is the stage's
+// state (the others take it; a stage none of whose replicas made that step skips it). A shard held
+// only by lost ranks (one data-parallel replica, or every replica of a stage lost) cannot be made
+// again: the regroup gives up, with that reason, and the group restarts from the checkpoint.
+import type { StageHandover } from "./train-protocol.ts"
+
+export type MergedStages = { readonly files: Record<string, Uint8Array>; readonly steps: Record<string, number> } | { readonly reason: string }
+
+/** Every needed shard from the survivor furthest on that holds it, or why one cannot be had. */
+export const mergeStageHandovers = (perSurvivor: ReadonlyArray<StageHandover | undefined>): MergedStages => {
+  if (perSurvivor.length === 0 || perSurvivor.some((h) => h === undefined)) return { reason: "a survivor holds no pipeline stage to hand over" }
+  const handovers = perSurvivor as ReadonlyArray<StageHandover>
+  const files: Record<string, Uint8Array> = {}
+  const steps: Record<string, number> = {}
+  for (const h of handovers) {
+    for (const [name, bytes] of Object.entries(h.files)) {
+      const held = steps[name]
+      if (held === undefined || h.step > held) {
+        files[name] = bytes
+        steps[name] = h.step
+      }
+    }
+  }
+  const needs = new Map<string, string>()
+  for (const h of handovers) for (const n of h.needs) needs.set(n.name, n.what)
+  const lost = [...needs].filter(([name]) => !(name in files)).map(([, what]) => what)
+  if (lost.length > 0) {
+    return {
+      reason:
+        `${lost.join(", ")} of the pipelined model ${lost.length > 1 ? "were" : "was"} held only by the lost rank(s): with one data-parallel replica ` +
+        "(or every replica of a stage lost) a stage's weights are only in the checkpoint. More replicas (numWorkers a multiple of stages x tensorParallel) let a lost stage be made again from another"
+    }
+  }
+  return { files, steps }
+}
+
+/** A pipeline checkpoint's stage shard: pipeline/stage-<s>-of-<S>.tp-<t>-of-<T>.msgpack (worker/model-parallel/checkpoint.ts). */
+const SHARD = /^pipeline\/stage-(\d+)-of-(\d+)\.tp-(\d+)-of-(\d+)\.msgpack$/
+const LAYOUT = "pipeline/layout.json"
+
+/**
+ * The stage shards a pipeline checkpoint's files lack (empty when complete, or when the files are
+ * not a pipeline checkpoint): a report round that a regroup completed without the lost rank's
+ * report has no shard of that rank's stage, and is no checkpoint to resume from.
+ */
+export const missingStageShards = (files: Readonly<Record<string, Uint8Array>>): string[] => {
+  const layout = files[LAYOUT]
+  if (!layout) return []
+  let shape: { stages?: unknown; tp?: unknown }
+  try {
+    shape = JSON.parse(new TextDecoder().decode(layout)) as { stages?: unknown; tp?: unknown }
+  } catch {
+    return [LAYOUT]
+  }
+  const stages = Number(shape.stages)
+  const tp = Number(shape.tp)
+  if (!(Number.isInteger(stages) && stages >= 1 && Number.isInteger(tp) && tp >= 1)) return [LAYOUT]
+  const held = new Set<string>()
+  for (const name of Object.keys(files)) {
+    const m = SHARD.exec(name)
+    if (m && Number(m[2]) === stages && Number(m[4]) === tp) held.add(`${m[1]}/${m[3]}`)
+  }
+  const missing: string[] = []
+  for (let s = 0; s < stages; s++) for (let t = 0; t < tp; t++) if (!held.has(`${s}/${t}`)) missing.push(`stage ${s}${tp > 1 ? ` (tensor rank ${t})` : ""}`)
+  return missing
+}

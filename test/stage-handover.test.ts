@@ -1,0 +1,50 @@
+// A pipelined model's state made from its survivors at a regroup (actors/train/common/stage-handover.ts):
+// each needed stage shard from the replica furthest on, a shard held only by lost ranks named, and
+// a checkpoint round that lacks a stage's shard told apart (with the worker's own shard names).
+import { describe, expect, it } from "vitest"
+import { mergeStageHandovers, missingStageShards } from "../actors/train/common/stage-handover.ts"
+import { LAYOUT_FILE, shardFileName } from "../actors/train/worker/model-parallel/checkpoint.ts"
+
+const bytes = (...v: number[]) => Uint8Array.from(v)
+const layout = (stages: number, tp: number) => new TextEncoder().encode(JSON.stringify({ format: 1, stages, tp, bounds: [], units: 0, weights: [] }))
+const needs = (stages: number, tp: number) =>
+  Array.from({ length: stages * tp }, (_, i) => ({ name: shardFileName(Math.floor(i / tp), stages, i % tp, tp), what: `stage ${Math.floor(i / tp)}` }))
+const handover = (stage: number, step: number, value: number) => ({
+  step,
+  files: { [shardFileName(stage, 2, 0, 1)]: bytes(value), [LAYOUT_FILE]: layout(2, 1) },
+  needs: needs(2, 1)
+})
+
+describe("a pipelined model's stages handed over at a regroup", () => {
+  it("takes each stage's shard from the replica furthest on, whatever the order of the survivors", () => {
+    // stage 0: replicas at steps 7 and 8 (one applied the step in flight); stage 1: one survivor at step 7
+    for (const order of [[0, 1, 2], [2, 1, 0], [1, 0, 2]]) {
+      const survivors = [handover(0, 7, 70), handover(0, 8, 80), handover(1, 7, 71)]
+      const merged = mergeStageHandovers(order.map((i) => survivors[i]!))
+      if ("reason" in merged) throw new Error(merged.reason)
+      expect([...merged.files[shardFileName(0, 2, 0, 1)]!]).toEqual([80])
+      expect([...merged.files[shardFileName(1, 2, 0, 1)]!]).toEqual([71])
+      expect(merged.steps[shardFileName(0, 2, 0, 1)]).toBe(8)
+      expect(merged.files[LAYOUT_FILE]).toBeDefined()
+    }
+  })
+
+  it("names a stage held only by lost ranks, and a survivor without a stage to hand over", () => {
+    const lost = mergeStageHandovers([handover(0, 3, 1), handover(0, 3, 1)])
+    expect(lost).toEqual({ reason: expect.stringMatching(/^stage 1 of the pipelined model was held only by the lost rank\(s\): with one data-parallel replica/) })
+    expect(mergeStageHandovers([handover(0, 3, 1), undefined])).toEqual({ reason: "a survivor holds no pipeline stage to hand over" })
+    expect(mergeStageHandovers([])).toHaveProperty("reason")
+  })
+
+  it("tells a pipeline checkpoint that lacks a stage's shard from a whole one, and leaves other checkpoints alone", () => {
+    const whole: Record<string, Uint8Array> = { [LAYOUT_FILE]: layout(2, 2) }
+    for (const n of needs(2, 2)) whole[n.name] = bytes(1)
+    expect(missingStageShards(whole)).toEqual([])
+    const { [shardFileName(1, 2, 1, 2)]: _gone, ...short } = whole
+    expect(missingStageShards(short)).toEqual(["stage 1 (tensor rank 1)"])
+    // shards of another cut do not count
+    expect(missingStageShards({ [LAYOUT_FILE]: layout(2, 1), [shardFileName(0, 3, 0, 1)]: bytes(1), [shardFileName(1, 2, 0, 1)]: bytes(1) })).toEqual(["stage 0"])
+    expect(missingStageShards({ "model.json": bytes(1), "weights.bin": bytes(2) })).toEqual([])
+    expect(missingStageShards({ [LAYOUT_FILE]: new TextEncoder().encode("{") })).toEqual([LAYOUT_FILE])
+  })
+})
