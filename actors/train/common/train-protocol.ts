@@ -214,7 +214,8 @@ export const ControllerProtocol = defineProtocol("trainer-controller", {
     reply: Schema.Null
   },
   /** The state a regrouped generation continues from (a surviving rank's, held by the controller). */
-  peerState: { request: Schema.Struct({ attempt: Schema.Number }), reply: PeerState },
+  /** The state held for a regrouped generation; with `files`, only those of its files (a pipelined model's rank needs its stage's). */
+  peerState: { request: Schema.Struct({ attempt: Schema.Number, files: Schema.optionalKey(Schema.Array(Schema.String)) }), reply: PeerState },
   /** A named dataset given to the Trainer: its rows (in memory), its files' metadata, or its factory. */
   dataset: { request: Schema.Struct({ name: Schema.String }), reply: DatasetPayload },
   /** The checkpoint to resume from, or null. */

@@ -470,7 +470,10 @@ export class FitRun {
       peerState: (body) => {
         const st = this.#peerStates.get(body.attempt)
         if (!st) throw new ConfigError({ field: "peerState", reason: `no survivor's state is held for generation ${body.attempt}` })
-        return st
+        if (body.files === undefined) return st
+        const only: Record<string, Uint8Array> = {}
+        for (const f of body.files) if (st.files[f] !== undefined) only[f] = st.files[f]
+        return { ...st, files: only }
       }
     }))
     this.#controllerActor = await launchActor(this.#system, def, { name: "controller", heartbeat: false })

@@ -68,6 +68,8 @@ export interface RecoverableModel {
   stageHandover?(): Promise<StageHandover>
   /** A pause came: the model's own links (a pipeline's channels, outside the group's communicator) are to fail now. */
   interrupt?(): void
+  /** The files of a regroup's state this rank loads, when not all (a pipelined model's stage: the others stay with the driver). */
+  stateFiles?(): ReadonlyArray<string>
 }
 
 export interface LiveGroup {
@@ -85,8 +87,8 @@ export interface GroupSessionHooks {
   parked(cause: unknown): void
   /** A pause came: waits outside the communicator (the parameter servers' answers) are to fail now. */
   interrupt?(): void
-  /** The state to continue from, held by the controller for generation `attempt`. */
-  fetchState(attempt: number): Promise<PeerState>
+  /** The state to continue from, held by the controller for generation `attempt` (with `files`: only those of its files). */
+  fetchState(attempt: number, files?: ReadonlyArray<string>): Promise<PeerState>
   log(line: string): void
 }
 
@@ -301,12 +303,13 @@ export class GroupSession {
   }
 
   /**
-   * A joiner's copy of the state it will take at its join, fetched once: a pipelined model builds
-   * its stage from its layout (the cut the survivors run) before replaying to them.
+   * A joiner's copy of the state it will take at its join (`files` of it, or all), fetched once: a
+   * pipelined model builds its stage from its layout (the cut the survivors run) before replaying
+   * to them.
    */
-  joinState(): Promise<PeerState> | undefined {
+  joinState(files?: ReadonlyArray<string>): Promise<PeerState> | undefined {
     if (!this.#join) return undefined
-    return (this.#joinState ??= this.#hooks.fetchState(this.placement.attempt))
+    return (this.#joinState ??= this.#hooks.fetchState(this.placement.attempt, files))
   }
 
   /** Where the loop is, with this rank's counts; in a step's last operation, as after that step (operation()'s `last`). */
@@ -339,7 +342,7 @@ export class GroupSession {
       })
     }
     if (!this.#model) throw new PeerRecoveryMisaligned({ reason: "no model was prepared with ctx.prepareModel() before dp.fit()" })
-    const state = await (this.#joinState ?? this.#hooks.fetchState(this.placement.attempt))
+    const state = await (this.#joinState ?? this.#hooks.fetchState(this.placement.attempt, this.#model.stateFiles?.()))
     this.#joinState = undefined
     await this.#model.adopt(state)
     this.ops = join.to.ops
@@ -574,7 +577,7 @@ export class GroupSession {
     // Every member loads the furthest survivor's state, itself included: survivors level with it
     // hold the same values already, but the optimizer rebuilds its derived state (Adam's bias
     // corrections) from what it loads, and a joiner's must match bit for bit.
-    const state = await this.#hooks.fetchState(resumed.placement.attempt)
+    const state = await this.#hooks.fetchState(resumed.placement.attempt, this.#model!.stateFiles?.())
     await this.#model!.adopt(state, { redoingStep: this.ops >= resumed.source.ops })
     if (this.ops < resumed.source.ops) {
       this.#hooks.log(`rank ${resumed.placement.rank}: took the furthest survivor's state (${resumed.source.ops} group operations, ${this.ops} here)`)

@@ -23,7 +23,8 @@ import { preparePipelineModel, type PipelineOptions, type PipelineSpec } from ".
 import { PipelineModel } from "./model-parallel/pipeline-model.ts"
 import { PIPELINE_NO_PEERS, PIPELINE_WHOLE_GROUP } from "./strategies/model-parallel.ts"
 import { natsLinks, worldGroup, type SubgroupFactory } from "./model-parallel/transport.ts"
-import { isPipelineCheckpoint, loadPipelineCheckpointInto, readLayout } from "./model-parallel/checkpoint.ts"
+import { isPipelineCheckpoint, loadPipelineCheckpointInto, readLayout, stageFilesOf } from "./model-parallel/checkpoint.ts"
+import { gridShape, placeOf } from "./model-parallel/grid.ts"
 
 type LayersModel = import("@tensorflow/tfjs").LayersModel
 
@@ -547,7 +548,8 @@ export class TrainContext {
     // with more, a failure restarts the run from the checkpoint, and the restart says why.
     const alone = k === 0 && this.#prepared === undefined
     if (!alone) session.noPeerRecovery(PIPELINE_NO_PEERS)
-    const joining = alone ? session.joinState() : undefined
+    // A replacement fetches the layout and its stage's shard of the survivors' state (not the others' stages).
+    const joining = alone && session.joinTarget !== undefined ? session.joinState(stageFilesOf(placeOf(this.worldRank, gridShape(this.worldSize, options.stages ?? 1, options.tensorParallel ?? 1)))) : undefined
     const pp = await preparePipelineModel(this.tf, model, options, {
       rank: this.worldRank,
       worldSize: this.worldSize,
@@ -564,6 +566,7 @@ export class TrainContext {
         adopt: (state) => pp.adoptStage(state.files),
         regrouped: () => pp.regrouped(),
         interrupt: () => pp.interrupt(),
+        stateFiles: () => stageFilesOf(pp.place),
         loopPosition: () => ({ inFit: false, epoch: 0, stepInEpoch: 0, stepsPerEpoch: 0, wholeGroup: PIPELINE_WHOLE_GROUP }),
         stageHandover: () => pp.stageHandover()
       })

@@ -372,7 +372,7 @@ export class WorkerRun {
             .tellPromise(this.#controller, "failed", { attempt: p.attempt, rank: p.rank, tag: f.tag, message: f.message, stack: f.stack, parked: true, ...(blamed.length ? { blamed: [...blamed] } : {}) })
             .catch(() => {})
         },
-        fetchState: (attempt) => system.askPromise(this.#controller, "peerState", { attempt }, { timeoutMs: 120_000 }),
+        fetchState: (attempt, files) => system.askPromise(this.#controller, "peerState", { attempt, ...(files ? { files: [...files] } : {}) }, { timeoutMs: 120_000 }),
         interrupt: () => this.#ps?.interrupt(),
         log: (line) => ctx.log.info(line)
       },

@@ -62,6 +62,9 @@ interface SavedShard {
 export const shardFileName = (stage: number, stages: number, tpRank: number, tp: number): string =>
   `pipeline/stage-${stage}-of-${stages}.tp-${tpRank}-of-${tp}.msgpack`
 
+/** The files of a checkpoint a rank at `place` restores from: the layout and its stage's shard. */
+export const stageFilesOf = (place: GridPlace): string[] => [LAYOUT_FILE, shardFileName(place.stage, place.stages, place.tpRank, place.tp)]
+
 export const isPipelineCheckpoint = (files: Readonly<Record<string, unknown>>): boolean => LAYOUT_FILE in files
 
 const FIELD = "checkpoint"
