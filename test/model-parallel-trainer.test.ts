@@ -3,8 +3,9 @@
 // the same model trained whole on one worker (4 stages cut by measured compute, data x pipeline,
 // tensor x pipeline, tensor-only); a pipelined digits run checkpoints every rank's stage, survives
 // a stage killed mid-epoch by restarting from the checkpoint at the same layout (one replica), and
-// its checkpoint merges into one model that scores what the pipeline scored; with two replicas the
-// survivors are regrouped in place and the replacement takes its stage from the other replica.
+// its checkpoint merges into one model that scores what the pipeline scored; with two replicas (of
+// two stages, or of a tensor-parallel pair) the survivors are regrouped in place and the
+// replacement takes its part from the other replica.
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import * as fs from "node:fs/promises"
 import * as os from "node:os"
@@ -88,13 +89,17 @@ describe("model parallelism in the Trainer", () => {
     expect(correct / test.size).toBeCloseTo(last.val_accuracy as number, 5)
   }, 90_000)
 
-  it("regroups a pipeline with two replicas from its survivors after a stage is killed: the replacement takes its stage from the other replica", async () => {
+  it.each([
+    // rank = (replica x stages + stage) x tp + tpRank: rank 1 is replica 0's stage 1 (the writer of its checkpoint shard), rank 3 its replica
+    { grid: "2 stages x 2 replicas", stages: 2, tp: 1, stage: [0, 1, 0, 1], tpRank: [0, 0, 0, 0], shards: ["stage-0-of-2.tp-0-of-1.msgpack", "stage-1-of-2.tp-0-of-1.msgpack"] },
+    // rank 1 is replica 0's second tensor slice, rank 3 its replica
+    { grid: "tensor parallel 2 x 2 replicas", stages: 1, tp: 2, stage: [0, 0, 0, 0], tpRank: [0, 1, 0, 1], shards: ["stage-0-of-1.tp-0-of-2.msgpack", "stage-0-of-1.tp-1-of-2.msgpack"] }
+  ])("regroups a $grid grid from its survivors after rank 1 is killed: its replacement takes its part from the other replica", async (c) => {
     const r = await new Trainer({
       trainLoopPerWorker: `${LOOPS}#fitLoop`,
-      // 2 stages x 2 replicas; rank 1 (replica 0's stage 1, the writer of stage 1's checkpoint shard) dies mid-epoch
-      trainLoopConfig: { epochs: 3, stages: 2, kill: { rank: 1, epoch: 1, step: 5 } },
+      trainLoopConfig: { epochs: 3, stages: c.stages, tensorParallel: c.tp, kill: { rank: 1, epoch: 1, step: 5 } },
       scalingConfig: { numWorkers: 4 },
-      runConfig: { name: "pipeline-peers", storagePath: storage, progress: false, failureConfig: { maxFailures: 1 } },
+      runConfig: { name: `pipeline-peers-${c.stages}x${c.tp}`, storagePath: storage, progress: false, failureConfig: { maxFailures: 1 } },
       datasets: { train, test }
     }).fit()
     const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>)
@@ -105,18 +110,19 @@ describe("model parallelism in the Trainer", () => {
     // every epoch reported once, epoch 1 not run again from epoch 0's checkpoint
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2])
     expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.85)
-    // The replacement (rank 1 again, stage 1 of replica 0) took its stage from rank 3 (stage 1 of
-    // replica 1): the two replicas of each stage hold the same weights and optimizer steps.
+    // The replacement (rank 1 again) took its part from rank 3, its replica: the two replicas of
+    // each part hold the same weights and optimizer steps.
     const ranks = r.metricsPerRank.at(-1)!
-    expect(ranks.map((m) => m.stage)).toEqual([0, 1, 0, 1])
+    expect(ranks.map((m) => m.stage)).toEqual(c.stage)
+    expect(ranks.map((m) => m.tp_rank)).toEqual(c.tpRank)
     expect(ranks[1].weights).toBe(ranks[3].weights)
     expect(ranks[0].weights).toBe(ranks[2].weights)
     expect(ranks[1].steps).toBe(ranks[3].steps)
     expect(ranks[0].steps).toBe(ranks[2].steps)
     expect(ranks[1].weights).not.toBe(ranks[0].weights)
-    // it writes stage 1's shard from then on: the last checkpoint is whole and loads
+    // it writes its part's shard from then on: the last checkpoint is whole and loads
     const files = await fs.readdir(path.join(r.checkpoint!.path, "pipeline"))
-    expect(files.sort()).toEqual(["layout.json", "stage-0-of-2.tp-0-of-1.msgpack", "stage-1-of-2.tp-0-of-1.msgpack"])
+    expect(files.sort()).toEqual(["layout.json", ...c.shards])
     const { tf } = await loadEngine("auto")
     const model = await loadPipelineCheckpoint(tf, r.checkpoint!.path)
     const x = tf.tensor2d(test.x, [test.size, 64])

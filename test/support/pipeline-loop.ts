@@ -112,6 +112,8 @@ export async function equivalenceLoop(config: { cases: EquivalenceCase[] }, ctx:
 export interface FitLoopConfig {
   readonly epochs: number
   readonly stages: number
+  /** Ranks each stage's dense pair (h1, h2) is split over (default 1). */
+  readonly tensorParallel?: number
   readonly schedule?: "gpipe" | "1f1b"
   readonly microBatches?: number
   /** Rank `rank` dies (kill -9) at step `step` of epoch `epoch`, in the first attempt only. */
@@ -132,7 +134,13 @@ export async function fitLoop(config: FitLoopConfig, ctx: TrainContext): Promise
     ]
   })
   model.compile({ optimizer: tf.train.adam(0.01), loss: "categoricalCrossentropy" })
-  const pp = await ctx.preparePipeline(model, { stages: config.stages, schedule: config.schedule ?? "1f1b", microBatches: config.microBatches ?? 4, balance: "memory" })
+  const pp = await ctx.preparePipeline(model, {
+    stages: config.stages,
+    ...(config.tensorParallel ? { tensorParallel: config.tensorParallel } : {}),
+    schedule: config.schedule ?? "1f1b",
+    microBatches: config.microBatches ?? 4,
+    balance: "memory"
+  })
   let start = 0
   const resume = await ctx.getCheckpoint()
   if (resume) {
@@ -155,7 +163,7 @@ export async function fitLoop(config: FitLoopConfig, ctx: TrainContext): Promise
     const val = await pp.evaluate(xTest, yTest, { rows: test.size })
     const checkpoint = await ctx.checkpointFromModel(pp, { metadata: { epoch } })
     // (a fingerprint of this rank's stage and its optimizer steps: a stage's replicas hold the same)
-    const stageState = { weights: weightsHash(pp.variables), steps: pp.steps }
+    const stageState = { weights: weightsHash(pp.variables), steps: pp.steps, tp_rank: pp.place.tpRank }
     await ctx.report({ epoch, loss: r.loss, accuracy: r.accuracy ?? 0, val_loss: val.loss, val_accuracy: val.accuracy ?? 0, stage: pp.place.stage, attempt: ctx.attempt, ...stageState }, { checkpoint })
   }
   xTest?.dispose()
