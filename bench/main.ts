@@ -11,7 +11,7 @@ const benches: Record<string, { about: string; modules: ReadonlyArray<string> }>
   hetero: { about: "heterogeneity-aware batching vs equal split", modules: ["./hetero.ts"] },
   autochoice: { about: "the cost model's algorithm pick vs the measured fastest over (size, p)", modules: ["./autochoice.ts"] },
   zero: { about: "ZeRO stage 0/1/2 at p = 1, 2, 4: optimizer state per rank, step time, bytes on the wire", modules: ["./zero.ts"] },
-  pipeline: { about: "pipeline (GPipe, 1F1B) and tensor parallelism: measured bubble vs (S-1)/(m+S-1), activation memory per stage, a model over the per-worker limit vs data parallel", modules: ["./pipeline.ts"] },
+  pipeline: { about: "pipeline (GPipe, 1F1B) and tensor parallelism: measured bubble vs (S-1)/(m+S-1), activation memory per stage, a model over the per-worker limit vs data parallel, recovery of a lost stage from its replica vs the checkpoint (--part recovery)", modules: ["./pipeline.ts"] },
   strategy: { about: "all-reduce vs parameter servers (sync, backup workers, async, SSP) with a straggler: steps/s, accuracy, staleness", modules: ["./strategy.ts"] },
   lowbw: { about: "local SGD / DiLoCo vs synchronous all-reduce (uncompressed, PowerSGD) on shaped 100/10 Mbit/s links: bytes/sample, steps/s, time to accuracy", modules: ["./lowbw.ts"] },
   train: { about: "the model zoo (MLP, CNNs, embedding, transformer, LSTM) at p = 1, 2, 4 vs PyTorch DDP: samples/s and the step split", modules: ["./train.ts"] },

@@ -1,6 +1,6 @@
-// Pipeline and tensor parallelism: `npm run bench -- pipeline [--part bubble,memory,large]
+// Pipeline and tensor parallelism: `npm run bench -- pipeline [--part bubble,memory,large,recovery]
 // [--steps 4] [--warmup 1] [--width 512] [--batch 128] [--stages 2,4] [--micro 1,2,4,8]
-// [--large-width 768] [--large-layers 8] [--large-batch 16] [--limit-mib 128]`.
+// [--large-width 768] [--large-layers 8] [--large-batch 16] [--limit-mib 128] [--runs 3]`.
 //
 // bubble: for S stages (one worker each) and m micro-batches, GPipe and 1F1B, each stage's measured
 // bubble (the share of the schedule's time it waits for a neighbour), the mean over stages, next
@@ -13,16 +13,21 @@
 // it) against pipelined and tensor-parallel grids built from layer factories (no worker ever
 // holds all of it), on the same number of workers: steps/s and the peak bytes per worker the tfjs
 // engine held (tf.profile) against a per-worker limit that data parallelism does not fit.
+// recovery: the digits MLP pipelined on a 2 stages x 2 replicas grid (4 workers, 8 epochs, a
+// checkpoint per epoch), rank 1 killed (kill -9) halfway through epoch 4: the time from the
+// group running to the end, fault-free, regrouped from the survivors (the default), and restarted
+// from the checkpoint (recoverFrom "checkpoint"); `--runs` rounds of the three, interleaved.
 import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
 import { fileURLToPath } from "node:url"
-import { Trainer } from "../index.ts"
+import { Trainer, loadDigits, trainTestSplit } from "../index.ts"
 import type { PipelineBenchConfig } from "../test/support/pipeline-bench-loop.ts"
 import { bubbleFraction, simulate } from "../actors/train/worker/model-parallel/schedule.ts"
 import { optionReader } from "./args.ts"
 
 const LOOP = fileURLToPath(new URL("../test/support/pipeline-bench-loop.ts", import.meta.url)) + "#pipelineBenchLoop"
+const FIT_LOOP = fileURLToPath(new URL("../test/support/pipeline-loop.ts", import.meta.url)) + "#fitLoop"
 
 type Metrics = Record<string, unknown>
 
@@ -43,6 +48,7 @@ export async function run(argv: ReadonlyArray<string>): Promise<void> {
   const largeLayers = Number(get("--large-layers", "8"))
   const largeBatch = Number(get("--large-batch", "16"))
   const limitMiB = Number(get("--limit-mib", "128"))
+  const rounds = Number(get("--runs", "3"))
   const started = performance.now()
   const storage = await fs.mkdtemp(path.join(os.tmpdir(), "gw-bench-pipeline-"))
   let runs = 0
@@ -121,8 +127,47 @@ export async function run(argv: ReadonlyArray<string>): Promise<void> {
         )
       }
     }
+    if (parts.includes("recovery")) await recovery(storage, rounds)
     console.log(`\n(${((performance.now() - started) / 1000).toFixed(0)} s)`)
   } finally {
     await fs.rm(storage, { recursive: true, force: true })
+  }
+}
+
+/** The recovery part (see the module comment). */
+const recovery = async (storage: string, rounds: number): Promise<void> => {
+  const { train, test } = trainTestSplit(await loadDigits(), 0.2, 5)
+  const modes = ["fault-free", "peers", "checkpoint"] as const
+  const times: Record<(typeof modes)[number], number[]> = { "fault-free": [], peers: [], checkpoint: [] }
+  console.log("\n## recovery of a pipelined model: digits MLP, 2 stages x 2 replicas, 8 epochs, rank 1 killed in epoch 4\n")
+  for (let round = 0; round < rounds; round++) {
+    for (const mode of modes) {
+      let running = 0
+      const r = await new Trainer({
+        trainLoopPerWorker: FIT_LOOP,
+        trainLoopConfig: { epochs: 8, stages: 2, ...(mode === "fault-free" ? {} : { kill: { rank: 1, epoch: 4, step: 10 } }) },
+        scalingConfig: { numWorkers: 4 },
+        runConfig: {
+          name: `pipeline-recovery-${mode}-${round}`,
+          storagePath: storage,
+          progress: false,
+          failureConfig: { maxFailures: 1, ...(mode === "checkpoint" ? { recoverFrom: "checkpoint" as const } : {}) },
+          callbacks: [{ onStateChange: (s) => void (s.to === "running" && running === 0 && (running = Date.now())) }]
+        },
+        datasets: { train, test }
+      }).fit()
+      const s = (Date.now() - running) / 1000
+      times[mode].push(s)
+      const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>)
+      const how = events.filter((e) => e.type === "restart").map((e) => String(e.recovery)).join(", ") || "none"
+      console.log(`  round ${round + 1}, ${mode}: ${s.toFixed(2)} s (restarts: ${how}; val_accuracy ${Number(r.metrics?.val_accuracy).toFixed(3)})`)
+    }
+  }
+  const med = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!
+  const free = med(times["fault-free"])
+  console.log("\n| recovery | running to end, s (median) | runs | cost of the fault, s |")
+  console.log("|---|---|---|---|")
+  for (const m of modes) {
+    console.log(`| ${m} | ${med(times[m]).toFixed(2)} | ${times[m].map((t) => t.toFixed(2)).join(", ")} | ${m === "fault-free" ? "" : (med(times[m]) - free).toFixed(2)} |`)
   }
 }
