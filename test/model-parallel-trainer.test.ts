@@ -132,6 +132,40 @@ describe("model parallelism in the Trainer", () => {
     expect(correct / test.size).toBeCloseTo(r.metrics!.val_accuracy as number, 5)
   }, 120_000)
 
+  it("a killed nats-server: every rank of a one-replica pipeline survives it and the group is regrouped in place, without the checkpoint", async () => {
+    let killed = 0
+    const r = await new Trainer({
+      trainLoopPerWorker: `${LOOPS}#fitLoop`,
+      trainLoopConfig: { epochs: 4, stages: 2 },
+      scalingConfig: { numWorkers: 2 },
+      runConfig: {
+        name: "pipeline-nats-killed",
+        storagePath: storage,
+        progress: false,
+        failureConfig: { maxFailures: 0 },
+        callbacks: [
+          {
+            onReport: ({ index }) => {
+              if (index !== 1 || killed) return
+              const pids = liveNatsServerPids()
+              expect(pids).toHaveLength(1)
+              killed = pids[0]!
+              process.kill(killed, "SIGKILL")
+            }
+          }
+        ]
+      },
+      datasets: { train, test }
+    }).fit()
+    expect(killed).toBeGreaterThan(0)
+    expect(r.natsServerRestarts).toBe(1)
+    expect(r.countedFailures).toBe(0)
+    const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>)
+    expect(events.filter((e) => e.type === "restart")).toEqual([expect.objectContaining({ recovery: "peers", survivors: 2, joiners: 0 })])
+    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3])
+    expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.85)
+  }, 120_000)
+
   it("fails fast, naming the stage and rank it waited for, when a stage hangs", async () => {
     const started = Date.now()
     const err = await new Trainer({
