@@ -506,6 +506,8 @@ export class TrainContext {
       recovery: session
     }
     const dp = await DataParallelModel.prepare(this.tf, model, sync, options, d.observer)
+    // Beside a pipelined model: a regroup would hand over one of the two (see preparePipeline).
+    if (this.#pipelines > 0) session.noPeerRecovery(PIPELINE_NO_PEERS)
     // A regroup hands the furthest survivor's data positions to every member with its weights.
     session.attach({
       snapshot: async () => {
