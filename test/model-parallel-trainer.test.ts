@@ -91,15 +91,17 @@ describe("model parallelism in the Trainer", () => {
 
   it.each([
     // rank = (replica x stages + stage) x tp + tpRank: rank 1 is replica 0's stage 1 (the writer of its checkpoint shard), rank 3 its replica
-    { grid: "2 stages x 2 replicas", stages: 2, tp: 1, stage: [0, 1, 0, 1], tpRank: [0, 0, 0, 0], shards: ["stage-0-of-2.tp-0-of-1.msgpack", "stage-1-of-2.tp-0-of-1.msgpack"] },
+    { grid: "2 stages x 2 replicas", kill: 1, stages: 2, tp: 1, stage: [0, 1, 0, 1], tpRank: [0, 0, 0, 0], shards: ["stage-0-of-2.tp-0-of-1.msgpack", "stage-1-of-2.tp-0-of-1.msgpack"] },
+    // rank 0: replica 0's first stage, the writer of the layout and the rank whose metrics make the history; rank 2 its replica
+    { grid: "2 stages x 2 replicas", kill: 0, stages: 2, tp: 1, stage: [0, 1, 0, 1], tpRank: [0, 0, 0, 0], shards: ["stage-0-of-2.tp-0-of-1.msgpack", "stage-1-of-2.tp-0-of-1.msgpack"] },
     // rank 1 is replica 0's second tensor slice, rank 3 its replica
-    { grid: "tensor parallel 2 x 2 replicas", stages: 1, tp: 2, stage: [0, 0, 0, 0], tpRank: [0, 1, 0, 1], shards: ["stage-0-of-1.tp-0-of-2.msgpack", "stage-0-of-1.tp-1-of-2.msgpack"] }
-  ])("regroups a $grid grid from its survivors after rank 1 is killed: its replacement takes its part from the other replica", async (c) => {
+    { grid: "tensor parallel 2 x 2 replicas", kill: 1, stages: 1, tp: 2, stage: [0, 0, 0, 0], tpRank: [0, 1, 0, 1], shards: ["stage-0-of-1.tp-0-of-2.msgpack", "stage-0-of-1.tp-1-of-2.msgpack"] }
+  ])("regroups a $grid grid from its survivors after rank $kill is killed: its replacement takes its part from the other replica", async (c) => {
     const r = await new Trainer({
       trainLoopPerWorker: `${LOOPS}#fitLoop`,
-      trainLoopConfig: { epochs: 3, stages: c.stages, tensorParallel: c.tp, kill: { rank: 1, epoch: 1, step: 5 } },
+      trainLoopConfig: { epochs: 3, stages: c.stages, tensorParallel: c.tp, kill: { rank: c.kill, epoch: 1, step: 5 } },
       scalingConfig: { numWorkers: 4 },
-      runConfig: { name: `pipeline-peers-${c.stages}x${c.tp}`, storagePath: storage, progress: false, failureConfig: { maxFailures: 1 } },
+      runConfig: { name: `pipeline-peers-${c.stages}x${c.tp}-${c.kill}`, storagePath: storage, progress: false, failureConfig: { maxFailures: 1 } },
       datasets: { train, test }
     }).fit()
     const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>)
@@ -110,8 +112,8 @@ describe("model parallelism in the Trainer", () => {
     // every epoch reported once, epoch 1 not run again from epoch 0's checkpoint
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2])
     expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.85)
-    // The replacement (rank 1 again) took its part from rank 3, its replica: the two replicas of
-    // each part hold the same weights and optimizer steps.
+    // The replacement (at the killed rank) took its part from that rank's replica: the two
+    // replicas of each part hold the same weights and optimizer steps.
     const ranks = r.metricsPerRank.at(-1)!
     expect(ranks.map((m) => m.stage)).toEqual(c.stage)
     expect(ranks.map((m) => m.tp_rank)).toEqual(c.tpRank)
