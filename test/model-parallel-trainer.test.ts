@@ -13,6 +13,7 @@ import * as path from "node:path"
 import { Trainer, TrainingFailed, loadDigits, loadEngine, loadPipelineCheckpoint, trainTestSplit, type ArrayDataset } from "../index.ts"
 import { liveNatsServerPids } from "../core/nats-server.ts"
 import type { EquivalenceCase } from "./support/pipeline-loop.ts"
+import { natsKillAtReport } from "./support/chaos.ts"
 
 const LOOPS = path.resolve("test/support/pipeline-loop.ts")
 let storage: string
@@ -23,6 +24,17 @@ beforeAll(async () => {
   storage = await fs.mkdtemp(path.join(os.tmpdir(), "gw-pipeline-"))
   ;({ train, test } = trainTestSplit(await loadDigits(), 0.2, 5))
 })
+/** The held-out accuracy of a pipeline checkpoint merged into one model. */
+const mergedAccuracy = async (checkpointPath: string): Promise<number> => {
+  const { tf } = await loadEngine("auto")
+  const model = await loadPipelineCheckpoint(tf, checkpointPath)
+  const x = tf.tensor2d(test.x, [test.size, 64])
+  const pred = (model.predict(x) as import("@tensorflow/tfjs").Tensor).argMax(-1).dataSync()
+  let correct = 0
+  for (let i = 0; i < test.size; i++) if (pred[i] === test.y[i]) correct++
+  return correct / test.size
+}
+
 afterAll(async () => {
   await fs.rm(storage, { recursive: true, force: true })
   expect(liveNatsServerPids()).toEqual([])
@@ -80,13 +92,7 @@ describe("model parallelism in the Trainer", () => {
     const files = await fs.readdir(path.join(r.checkpoint!.path, "pipeline"))
     expect(files.sort()).toEqual(["layout.json", "stage-0-of-2.tp-0-of-1.msgpack", "stage-1-of-2.tp-0-of-1.msgpack"])
     // the merged model scores on the held-out set what the pipeline's evaluate reported
-    const { tf } = await loadEngine("auto")
-    const model = await loadPipelineCheckpoint(tf, r.checkpoint!.path)
-    const x = tf.tensor2d(test.x, [test.size, 64])
-    const pred = (model.predict(x) as import("@tensorflow/tfjs").Tensor).argMax(-1).dataSync()
-    let correct = 0
-    for (let i = 0; i < test.size; i++) if (pred[i] === test.y[i]) correct++
-    expect(correct / test.size).toBeCloseTo(last.val_accuracy as number, 5)
+    expect(await mergedAccuracy(r.checkpoint!.path)).toBeCloseTo(last.val_accuracy as number, 5)
   }, 90_000)
 
   it.each([
@@ -125,41 +131,19 @@ describe("model parallelism in the Trainer", () => {
     // it writes its part's shard from then on: the last checkpoint is whole and loads
     const files = await fs.readdir(path.join(r.checkpoint!.path, "pipeline"))
     expect(files.sort()).toEqual(["layout.json", ...c.shards])
-    const { tf } = await loadEngine("auto")
-    const model = await loadPipelineCheckpoint(tf, r.checkpoint!.path)
-    const x = tf.tensor2d(test.x, [test.size, 64])
-    const pred = (model.predict(x) as import("@tensorflow/tfjs").Tensor).argMax(-1).dataSync()
-    let correct = 0
-    for (let i = 0; i < test.size; i++) if (pred[i] === test.y[i]) correct++
-    expect(correct / test.size).toBeCloseTo(r.metrics!.val_accuracy as number, 5)
+    expect(await mergedAccuracy(r.checkpoint!.path)).toBeCloseTo(r.metrics!.val_accuracy as number, 5)
   }, 120_000)
 
   it("a killed nats-server: every rank of a one-replica pipeline survives it and the group is regrouped in place, without the checkpoint", async () => {
-    let killed = 0
+    const kill = natsKillAtReport(1)
     const r = await new Trainer({
       trainLoopPerWorker: `${LOOPS}#fitLoop`,
       trainLoopConfig: { epochs: 4, stages: 2 },
       scalingConfig: { numWorkers: 2 },
-      runConfig: {
-        name: "pipeline-nats-killed",
-        storagePath: storage,
-        progress: false,
-        failureConfig: { maxFailures: 0 },
-        callbacks: [
-          {
-            onReport: ({ index }) => {
-              if (index !== 1 || killed) return
-              const pids = liveNatsServerPids()
-              expect(pids).toHaveLength(1)
-              killed = pids[0]!
-              process.kill(killed, "SIGKILL")
-            }
-          }
-        ]
-      },
+      runConfig: { name: "pipeline-nats-killed", storagePath: storage, progress: false, failureConfig: { maxFailures: 0 }, callbacks: [kill.callback] },
       datasets: { train, test }
     }).fit()
-    expect(killed).toBeGreaterThan(0)
+    expect(kill.killed()).toBeGreaterThan(0)
     expect(r.natsServerRestarts).toBe(1)
     expect(r.countedFailures).toBe(0)
     const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>)

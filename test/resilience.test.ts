@@ -13,6 +13,7 @@ import { NatsUnavailable } from "../core/errors.ts"
 import { readEvents as events, sameWeights } from "./support/trainer-runs.ts"
 import { launchNatsServer, liveNatsServerPids, type NatsServerProcess } from "../core/nats-server.ts"
 import { startHeadAgent } from "./support/head-agent.ts"
+import { natsKillAtReport } from "./support/chaos.ts"
 import { resultOf } from "../actors/train/driver/result.ts"
 
 const LOOP = path.resolve("examples/digits/train.ts") + "#trainLoop"
@@ -42,7 +43,7 @@ const withAgent = async <A>(server: NatsServerProcess, cluster: string, fn: () =
 
 describe("a supervised bus", () => {
   it("finishes every epoch when the embedded nats-server is killed with SIGKILL mid-run, without counting a failure", async () => {
-    let killed = 0
+    const kill = natsKillAtReport(1)
     const r = await new Trainer({
       trainLoopPerWorker: LOOP,
       trainLoopConfig: { epochs: 5 },
@@ -53,21 +54,11 @@ describe("a supervised bus", () => {
         progress: false,
         // maxFailures 0: the restart must not be counted as a failure of the job.
         failureConfig: { maxFailures: 0 },
-        callbacks: [
-          {
-            onReport: ({ index }) => {
-              if (index !== 1 || killed) return
-              const pids = liveNatsServerPids()
-              expect(pids).toHaveLength(1)
-              killed = pids[0]
-              process.kill(killed, "SIGKILL")
-            }
-          }
-        ]
+        callbacks: [kill.callback]
       },
       datasets: { train, test }
     }).fit()
-    expect(killed).toBeGreaterThan(0)
+    expect(kill.killed()).toBeGreaterThan(0)
     expect(r.natsServerRestarts).toBe(1)
     expect(r.busOutages.length).toBeGreaterThanOrEqual(1)
     expect(r.busOutages[0].serverRestarted).toBe(true)
@@ -79,7 +70,7 @@ describe("a supervised bus", () => {
     expect(epochs.at(-1)).toBe(4)
     expect(sameWeights(r)).toBe(true)
     const ev = await events(r.path)
-    expect(ev.some((e) => e.type === "nats-server-exit" && e.pid === killed)).toBe(true)
+    expect(ev.some((e) => e.type === "nats-server-exit" && e.pid === kill.killed())).toBe(true)
     expect(ev.some((e) => e.type === "nats-server-restart")).toBe(true)
     expect(ev.some((e) => e.type === "bus-down")).toBe(true)
     // Both workers waited out the outage: they are regrouped where they were, not restarted.

@@ -5,6 +5,7 @@
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { seededRng, type Rng } from "../../core/random.ts"
+import { liveNatsServerPids } from "../../core/nats-server.ts"
 
 /** The suite's seed: $GRADWIRE_CHAOS_SEED when set (to reproduce a run), else a fresh one. */
 export const chaosSeed = (): number => {
@@ -176,5 +177,25 @@ export const killQuietly = (pid: number, signal: NodeJS.Signals = "SIGKILL"): vo
     process.kill(pid, signal)
   } catch {
     // already gone
+  }
+}
+
+/**
+ * A Trainer callback that kills the embedded nats-server (SIGKILL) once, when report round `index`
+ * completes; `killed()` is its pid (0 before). There must be exactly one nats-server running.
+ */
+export const natsKillAtReport = (index: number): { readonly callback: { onReport(r: { readonly index: number }): void }; killed(): number } => {
+  let killed = 0
+  return {
+    callback: {
+      onReport: ({ index: at }) => {
+        if (at !== index || killed) return
+        const pids = liveNatsServerPids()
+        if (pids.length !== 1) throw new Error(`expected one nats-server, found pids ${pids.join(", ") || "none"}`)
+        killed = pids[0]!
+        process.kill(killed, "SIGKILL")
+      }
+    },
+    killed: () => killed
   }
 }
