@@ -5,9 +5,11 @@
 // a stage killed mid-epoch by restarting from the checkpoint at the same layout (one replica), and
 // its checkpoint merges into one model that scores what the pipeline scored; with two replicas (of
 // two stages, or of a tensor-parallel pair) the survivors are regrouped in place and the
-// replacement takes its part from the other replica.
+// replacement takes its part from the other replica, also after three kills in a row (one of a
+// replacement) and after a killed nats-server.
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import * as fs from "node:fs/promises"
+import { readFileSync, readdirSync } from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { Trainer, TrainingFailed, loadDigits, loadEngine, loadPipelineCheckpoint, trainTestSplit, type ArrayDataset } from "../index.ts"
@@ -133,6 +135,53 @@ describe("model parallelism in the Trainer", () => {
     expect(files.sort()).toEqual(["layout.json", ...c.shards])
     expect(await mergedAccuracy(r.checkpoint!.path)).toBeCloseTo(r.metrics!.val_accuracy as number, 5)
   }, 120_000)
+
+  it("three kills in a row, one of them of a replacement: every one regrouped from the replicas, at most a step lost per stage and death", async () => {
+    const pidDir = await fs.mkdtemp(path.join(storage, "pids-"))
+    // The newest pid of a rank: its replacement's once it has one (the file of the latest attempt).
+    const pidOf = (rank: number): number => {
+      const mine = readdirSync(pidDir).map((f) => /^(\d+)-(\d+)\.pid$/.exec(f)).filter((m): m is RegExpExecArray => m !== null && Number(m[2]) === rank)
+      const newest = mine.sort((a, b) => Number(b[1]) - Number(a[1]))[0]!
+      return Number(readFileSync(path.join(pidDir, newest[0]), "utf8"))
+    }
+    // After report rounds 2, 6 and 10 (each after the last replacement has joined and reported), a
+    // little into the next epoch: rank 1, rank 1 again (its replacement), rank 2.
+    const kills = new Map([[2, 1], [6, 1], [10, 2]])
+    const killed: number[] = []
+    const r = await new Trainer({
+      trainLoopPerWorker: `${LOOPS}#fitLoop`,
+      trainLoopConfig: { epochs: 14, stages: 2, pidDir },
+      scalingConfig: { numWorkers: 4 },
+      runConfig: {
+        name: "pipeline-three-kills",
+        storagePath: storage,
+        progress: false,
+        failureConfig: { maxFailures: 3 },
+        callbacks: [
+          {
+            onReport: ({ index }) => {
+              const rank = kills.get(index)
+              if (rank === undefined) return
+              const pid = pidOf(rank)
+              killed.push(pid)
+              setTimeout(() => process.kill(pid, "SIGKILL"), 100)
+            }
+          }
+        ]
+      },
+      datasets: { train, test }
+    }).fit()
+    expect(new Set(killed).size).toBe(3)
+    const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>)
+    expect(events.filter((e) => e.type === "restart")).toEqual(Array.from({ length: 3 }, () => expect.objectContaining({ recovery: "peers", survivors: 3, joiners: 1 })))
+    expect(r.metricsHistory.map((m) => m.epoch)).toEqual(Array.from({ length: 14 }, (_, e) => e))
+    const ranks = r.metricsPerRank.at(-1)!
+    expect(ranks[0].weights).toBe(ranks[2].weights)
+    expect(ranks[1].weights).toBe(ranks[3].weights)
+    // A stage none of whose replicas had applied the step in flight skips it: at most one per death.
+    expect(Math.abs((ranks[0].steps as number) - (ranks[1].steps as number))).toBeLessThanOrEqual(3)
+    expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.85)
+  }, 150_000)
 
   it("a killed nats-server: every rank of a one-replica pipeline survives it and the group is regrouped in place, without the checkpoint", async () => {
     const kill = natsKillAtReport(1)

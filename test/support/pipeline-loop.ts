@@ -8,6 +8,8 @@
 // fitLoop: the digits MLP as a pipeline trained with pp.fit(), evaluated, checkpointed by every
 // rank each epoch, resumed from the checkpoint after a restart; `kill` makes a rank die mid-epoch.
 import type { TrainContext, PipelineOptions, PipelineModel } from "../../index.ts"
+import { writeFileSync } from "node:fs"
+import * as path from "node:path"
 import { weightsHash } from "../../examples/digits/model.ts"
 
 type Tf = TrainContext["tf"]
@@ -114,6 +116,8 @@ export interface FitLoopConfig {
   readonly stages: number
   /** Ranks each stage's dense pair (h1, h2) is split over (default 1). */
   readonly tensorParallel?: number
+  /** Every rank writes its pid to <pidDir>/<attempt>-<rank>.pid as it starts (a test kills its own workers by pid). */
+  readonly pidDir?: string
   readonly schedule?: "gpipe" | "1f1b"
   readonly microBatches?: number
   /** Rank `rank` dies (kill -9) at step `step` of epoch `epoch`, in the first attempt only. */
@@ -124,6 +128,7 @@ export interface FitLoopConfig {
 
 export async function fitLoop(config: FitLoopConfig, ctx: TrainContext): Promise<void> {
   const tf = ctx.tf
+  if (config.pidDir) writeFileSync(path.join(config.pidDir, `${ctx.attempt}-${ctx.worldRank}.pid`), String(process.pid))
   const train = await ctx.getDatasetShard("train")
   const test = await ctx.getDataset("test")
   const model = tf.sequential({
