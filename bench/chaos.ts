@@ -1,10 +1,11 @@
-// `npm run bench -- chaos [--every=15] [--seed=N] [--loops=fit,step] [--strategies=allreduce,zero,zero2,ps,localsgd,localsgd-frag,localsgd-stream]
-//                         [--kinds=worker-kill,worker-stop,nats-kill[,agent-kill][,link-cut][,server-kill]] [--epochs-fit=N] [--epochs-step=N]
+// `npm run bench -- chaos [--every=15] [--seed=N] [--loops=fit,step,pipe] [--strategies=allreduce,zero,zero2,ps,localsgd,localsgd-frag,localsgd-stream]
+//                         [--kinds=worker-kill,worker-stop,nats-kill[,agent-kill][,link-cut][,server-kill]] [--epochs-fit=N] [--epochs-step=N] [--epochs-pipe=N]
 //                         [--repeat=1] [--warmup=0.25] [--cluster=agents|veth] [--bound=3] [--spares=0] [--agent-restart-ms=1000] [--cut-ms=10000] [--out=FILE]`
 // Goodput under chaos: the same job (digits MLP, 3 workers on the embedded cluster, failureConfig
 // { maxFailures: -1 }, recoverFrom left at its default) run fault-free, then under a seeded fault
 // schedule, for a `dp.fit` loop (test/support/chaos-loop.ts) and a hand-written `dp.trainStep` loop
-// (test/support/step-loop.ts), per strategy.
+// (test/support/step-loop.ts), per strategy; and (`--loops=pipe`) the digits MLP pipelined on a
+// 2 stages x 2 replicas grid of 4 workers with `pp.fit()` (test/support/pipeline-loop.ts fitLoop).
 //
 // Faults (one per `every`-second window, at a seeded random point in it; the first window opens at
 // the first checkpoint; kind and victim are seeded too):
@@ -78,9 +79,12 @@ import { startAgentCluster, type AgentCluster } from "./chaos-cluster.ts"
 const ROOT = fileURLToPath(new URL("../", import.meta.url))
 const LOOPS = {
   fit: path.join(ROOT, "test", "support", "chaos-loop.ts") + "#trainLoop",
-  step: path.join(ROOT, "test", "support", "step-loop.ts") + "#stepLoop"
+  step: path.join(ROOT, "test", "support", "step-loop.ts") + "#stepLoop",
+  // the digits MLP pipelined: 2 stages x 2 replicas, with pp.fit()
+  pipe: path.join(ROOT, "test", "support", "pipeline-loop.ts") + "#fitLoop"
 } as const
 type LoopShape = keyof typeof LOOPS
+const LOOP_LABEL: Readonly<Record<LoopShape, string>> = { fit: "dp.fit", step: "dp.trainStep", pipe: "pp.fit (2 stages x 2)" }
 
 const STRATEGIES: Readonly<Record<string, { readonly label: string; readonly collective: CollectiveConfig }>> = {
   allreduce: { label: "all-reduce", collective: {} },
@@ -101,6 +105,8 @@ const DEFAULT_KINDS: ReadonlyArray<Kind> = ["worker-kill", "worker-stop", "nats-
 const NOT_RUN: Array<readonly [string, string]> = []
 
 const WORKERS = 3
+/** Workers of a loop's group: a pipelined one is a 2 stages x 2 replicas grid. */
+const workersOf = (loop: LoopShape): number => (loop === "pipe" ? 4 : WORKERS)
 const MAX_RUN_MS = 600_000
 
 interface FaultRecord {
@@ -250,6 +256,8 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
       if (!f || compareSteps(p.firstAt, f) < 0) firstAtMin.set(p.attempt, p.firstAt)
       epochSteps.set(p.attempt, p.stepsPerEpoch)
       if (!firstStep.has(p.attempt)) firstStep.set(p.attempt, now)
+      // A pipelined model sends no progress messages: its first step comes from the position files.
+      if (spec.loop === "pipe") start ??= now
     }
   }
 
@@ -338,7 +346,7 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
   }
 
   // Both loops take the same options here (pid files, position files).
-  const cfg = { epochs: spec.epochs, pidDir, positions: true }
+  const cfg = { epochs: spec.epochs, pidDir, positions: true, ...(spec.loop === "pipe" ? { stages: 2 } : {}) }
   const strategy = STRATEGIES[spec.strategy]!
   let error: string | undefined
   // Every agent back (one killed in the previous run is replaced) before the group is placed.
@@ -358,7 +366,7 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
     await new Trainer({
       trainLoopPerWorker: LOOPS[spec.loop],
       trainLoopConfig: cfg,
-      scalingConfig: { numWorkers: WORKERS },
+      scalingConfig: { numWorkers: workersOf(spec.loop) },
       collectiveConfig: strategy.collective,
       runConfig: {
         name,
@@ -509,7 +517,7 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
     kinds = kinds.filter((k) => k !== "link-cut")
     if (kinds.length === 0) throw new Error(`no fault kind left to run: link-cut ${NOT_RUN.at(-1)![1]}`)
   }
-  const epochs: Record<LoopShape, number> = { fit: Number(arg("epochs-fit") ?? 80), step: Number(arg("epochs-step") ?? 70) }
+  const epochs: Record<LoopShape, number> = { fit: Number(arg("epochs-fit") ?? 80), step: Number(arg("epochs-step") ?? 70), pipe: Number(arg("epochs-pipe") ?? 60) }
 
   const storage = fs.mkdtempSync(path.join(os.tmpdir(), "gw-bench-chaos-"))
   const out = arg("out") ?? path.join(os.tmpdir(), `gw-bench-chaos-${new Date().toISOString().replace(/[:.]/g, "-")}.json`)
@@ -523,12 +531,15 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
     const clusterArg = arg("cluster")
     if (clusterArg !== undefined && clusterArg !== "agents" && clusterArg !== "veth") throw new Error(`--cluster must be agents or veth, not ${clusterArg}`)
     const linkCut = kinds.includes("link-cut") || clusterArg === "veth"
+    if (loops.includes("pipe") && (kinds.includes("agent-kill") || linkCut || clusterArg === "agents" || strategies.some((st) => st !== "allreduce"))) {
+      throw new Error("--loops=pipe runs on the embedded cluster with --strategies=allreduce (a pipeline's stages take no collectiveConfig strategy), without agent kills or link cuts")
+    }
     if (kinds.includes("agent-kill") || linkCut || clusterArg === "agents") agentCluster = await startAgentCluster(fs.mkdtempSync(path.join(storage, "agents-")), WORKERS, { linkCut })
     const where = agentCluster
       ? `${WORKERS} CLI agents (one CPU each; an agent killed is replaced after ${agentRestartMs} ms${linkCut ? `; one behind a veth link in its own network namespace, cut for ${cutMs / 1000} s at a time` : ""})`
       : "the embedded cluster"
     console.log(
-      `\nchaos benchmark (${os.availableParallelism()} cores, load ${os.loadavg()[0]!.toFixed(1)}): digits MLP, ${WORKERS} workers on ${where}, ` +
+      `\nchaos benchmark (${os.availableParallelism()} cores, load ${os.loadavg()[0]!.toFixed(1)}): digits MLP, ${WORKERS} workers (a pipeline: ${workersOf("pipe")}) on ${where}, ` +
         `${spares > 0 ? `${spares} spare(s), ` : ""}one fault per ${every} s window (seed ${seed}), kinds ${kinds.join(", ")}`
     )
     for (const [k, why] of NOT_RUN) console.log(`  not run: ${k}: ${why}`)
@@ -574,7 +585,7 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
       const modes = new Map<string, number>()
       for (const f of fs_) modes.set(f.recovery ?? "not resumed", (modes.get(f.recovery ?? "not resumed") ?? 0) + 1)
       lines.push(
-        `| ${r.chaos.loop === "fit" ? "dp.fit" : "dp.trainStep"} | ${STRATEGIES[r.chaos.strategy]!.label} | ${s2(r.free.trainMs)} | ${s2(r.chaos.trainMs)}${r.chaos.bounded ? " (bounded)" : ""} | ` +
+        `| ${LOOP_LABEL[r.chaos.loop]} | ${STRATEGIES[r.chaos.strategy]!.label} | ${s2(r.free.trainMs)} | ${s2(r.chaos.trainMs)}${r.chaos.bounded ? " (bounded)" : ""} | ` +
           `${+r.chaos.epochsDone.toFixed(1)}/${r.chaos.epochs} | ${fs_.length} | ${fs_.length ? (r.chaos.trainMs / 1000 / fs_.length).toFixed(1) : "-"} | ${(100 * goodput(r)).toFixed(1)}% | ` +
           `${medMax(fs_.map((f) => f.detectMs), s2)} | ${medMax(fs_.map((f) => f.resumeMs), s2)} | ${medMax(fs_.map((f) => f.lostSteps), (x) => x.toFixed(1))} | ` +
           `${[...modes].map(([m, n]) => `${m} ${n}`).join(", ")} |`
@@ -588,7 +599,7 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
         const modes = new Map<string, number>()
         for (const f of fs_) modes.set(f.recovery ?? "not resumed", (modes.get(f.recovery ?? "not resumed") ?? 0) + 1)
         byKind.push(
-          `| ${r.chaos.loop === "fit" ? "dp.fit" : "dp.trainStep"} | ${STRATEGIES[r.chaos.strategy]!.label} | ${k} | ${fs_.length} | ${medMax(fs_.map((f) => f.detectMs), s2)} | ` +
+          `| ${LOOP_LABEL[r.chaos.loop]} | ${STRATEGIES[r.chaos.strategy]!.label} | ${k} | ${fs_.length} | ${medMax(fs_.map((f) => f.detectMs), s2)} | ` +
             `${medMax(fs_.map((f) => f.resumeMs), s2)} | ${medMax(fs_.map((f) => f.lostSteps), (x) => x.toFixed(1))} | ${[...modes].map(([m, n]) => `${m} ${n}`).join(", ")}${fs_.some((f) => f.fenced === false) ? "; not fenced" : ""} |`
         )
       }
@@ -621,7 +632,7 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
     for (const r of rows) {
       const c = costs.get(r)!
       console.log(
-        `  ${r.chaos.loop === "fit" ? "dp.fit" : "dp.trainStep"}, ${STRATEGIES[r.chaos.strategy]!.label}: ` +
+        `  ${LOOP_LABEL[r.chaos.loop]}, ${STRATEGIES[r.chaos.strategy]!.label}: ` +
           `${r.chaos.faults.map((f, i) => `${f.kind} ${c.costs[i] !== undefined ? `${c.costs[i]!.toFixed(2)} s` : "-"}`).join(", ") || "no faults"}; ` +
           `drift ${(100 * c.drift).toFixed(1)}% (the chaos run's lag growing ${c.drift.toFixed(3)} s per s away from faults); goodput without the drift ${(100 * c.netGoodput).toFixed(1)}% (goodput ${(100 * goodput(r)).toFixed(1)}%)`
       )
@@ -645,7 +656,7 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
           const net = rs.map((r) => costs.get(r)!.netGoodput).sort((a, b) => a - b)
           const perFault = rs.flatMap((r) => costs.get(r)!.costs.filter((c): c is number => c !== undefined))
           console.log(
-            `  ${loop === "fit" ? "dp.fit" : "dp.trainStep"}, ${STRATEGIES[strategy]!.label}: goodput median ${(100 * median(g)).toFixed(1)}% (${g.map((x) => `${(100 * x).toFixed(1)}%`).join(", ")}), ` +
+            `  ${LOOP_LABEL[loop]}, ${STRATEGIES[strategy]!.label}: goodput median ${(100 * median(g)).toFixed(1)}% (${g.map((x) => `${(100 * x).toFixed(1)}%`).join(", ")}), ` +
               `pooled ${(100 * pooled).toFixed(1)}%, ${sum((r) => r.chaos.faults.length)} faults; fault-free runs ${Math.min(...free).toFixed(2)}-${Math.max(...free).toFixed(2)} s; ` +
               `without the drift median ${(100 * median(net)).toFixed(1)}% (${net.map((x) => `${(100 * x).toFixed(1)}%`).join(", ")}), cost per fault median ${perFault.length ? median(perFault).toFixed(2) : "-"} s`
           )

@@ -11,6 +11,7 @@ import type { TrainContext, PipelineOptions, PipelineModel } from "../../index.t
 import { writeFileSync } from "node:fs"
 import * as path from "node:path"
 import { weightsHash } from "../../examples/digits/model.ts"
+import { PositionFile } from "./positions.ts"
 
 type Tf = TrainContext["tf"]
 type Tensor = import("@tensorflow/tfjs").Tensor
@@ -118,6 +119,8 @@ export interface FitLoopConfig {
   readonly tensorParallel?: number
   /** Every rank writes its pid to <pidDir>/<attempt>-<rank>.pid as it starts (a test kills its own workers by pid). */
   readonly pidDir?: string
+  /** With pidDir: every rank records where it got after each step it trained (positions.ts), for the chaos benchmark. */
+  readonly positions?: boolean
   readonly schedule?: "gpipe" | "1f1b"
   readonly microBatches?: number
   /** Rank `rank` dies (kill -9) at step `step` of epoch `epoch`, in the first attempt only. */
@@ -129,6 +132,7 @@ export interface FitLoopConfig {
 export async function fitLoop(config: FitLoopConfig, ctx: TrainContext): Promise<void> {
   const tf = ctx.tf
   if (config.pidDir) writeFileSync(path.join(config.pidDir, `${ctx.attempt}-${ctx.worldRank}.pid`), String(process.pid))
+  const positions = config.pidDir && config.positions ? new PositionFile(config.pidDir) : undefined
   const train = await ctx.getDatasetShard("train")
   const test = await ctx.getDataset("test")
   const model = tf.sequential({
@@ -160,7 +164,8 @@ export async function fitLoop(config: FitLoopConfig, ctx: TrainContext): Promise
       epochs: epoch + 1,
       initialEpoch: epoch,
       batchSize: 32,
-      onStep: async ({ index }) => {
+      onStep: async ({ index, samples, steps }) => {
+        if (positions && samples > 0) positions.step(ctx.attempt, ctx.worldRank, epoch, index, steps)
         if (kill && ctx.attempt === 0 && kill.rank === ctx.worldRank && kill.epoch === epoch && kill.step === index) process.kill(process.pid, "SIGKILL")
         if (config.hang?.rank === ctx.worldRank && epoch === 0 && config.hang.step === index) await new Promise((r) => setTimeout(r, 60_000))
       }
@@ -173,5 +178,6 @@ export async function fitLoop(config: FitLoopConfig, ctx: TrainContext): Promise
   }
   xTest?.dispose()
   yTest?.dispose()
+  positions?.close()
   await pp.close()
 }

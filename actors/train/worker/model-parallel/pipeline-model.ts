@@ -107,7 +107,8 @@ export interface PipelineFitOptions {
   readonly initialEpoch?: number
   /** Seed of the per-epoch shuffles; default the shard's (Trainer seed). */
   readonly seed?: number
-  readonly onStep?: (r: PipelineStepResult & { epoch: number; index: number }) => void | Promise<void>
+  /** After each step: its result, the epoch, the step's index and the epoch's steps (samples 0: a step this rank did not train, replaying to its group or made by it meanwhile). */
+  readonly onStep?: (r: PipelineStepResult & { epoch: number; index: number; steps: number }) => void | Promise<void>
   readonly onEpochEnd?: (r: PipelineEpochResult) => void | Promise<void>
 }
 
@@ -717,7 +718,7 @@ export class PipelineModel {
             correct += r.correct ?? 0
             samples += r.samples
           }
-          await opts.onStep?.({ ...r, epoch, index: s })
+          await opts.onStep?.({ ...r, epoch, index: s, steps })
         } finally {
           x?.dispose()
           y?.dispose()
