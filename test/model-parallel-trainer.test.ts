@@ -105,13 +105,22 @@ describe("model parallelism in the Trainer", () => {
     // rank 1 is replica 0's second tensor slice, rank 3 its replica
     { grid: "tensor parallel 2 x 2 replicas", kill: 1, stages: 1, tp: 2, stage: [0, 0, 0, 0], tpRank: [0, 1, 0, 1], shards: ["stage-0-of-1.tp-0-of-2.msgpack", "stage-0-of-1.tp-1-of-2.msgpack"] }
   ])("regroups a $grid grid from its survivors after rank $kill is killed: its replacement takes its part from the other replica", async (c) => {
+    const progress: Array<{ attempt: number; rank: number; epoch: number; stepsPerEpoch: number }> = []
     const r = await new Trainer({
       trainLoopPerWorker: `${LOOPS}#fitLoop`,
       trainLoopConfig: { epochs: 3, stages: c.stages, tensorParallel: c.tp, kill: { rank: c.kill, epoch: 1, step: 5 } },
       scalingConfig: { numWorkers: 4 },
-      runConfig: { name: `pipeline-peers-${c.stages}x${c.tp}-${c.kill}`, storagePath: storage, progress: false, failureConfig: { maxFailures: 1 } },
+      runConfig: {
+        name: `pipeline-peers-${c.stages}x${c.tp}-${c.kill}`,
+        storagePath: storage,
+        progress: false,
+        failureConfig: { maxFailures: 1 },
+        callbacks: [{ onProgress: (p) => progress.push(p) }]
+      },
       datasets: { train, test }
     }).fit()
+    // every rank's steps come as progress messages (epochs and their steps), the replacement's in the regrouped generation
+    for (let rank = 0; rank < 4; rank++) expect(progress.some((p) => p.rank === rank && p.attempt === 1 && p.epoch === 2 && p.stepsPerEpoch > 0)).toBe(true)
     const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>)
     const restarts = events.filter((e) => e.type === "restart")
     expect(restarts).toHaveLength(1)

@@ -560,6 +560,8 @@ export class TrainContext {
       // (made again after a regroup: the group session's communicator is then the new group's)
       links: (place) => natsLinks(place, this.communicator, (name, members) => subgroup(`m${k}${name}`, members)),
       ...(alone ? { session } : {}),
+      // progress messages, as a prepared model's steps send them (the live line, the dashboard)
+      ...(this.#deps.onStep ? { progress: this.#deps.onStep } : {}),
       ...(joining ? { joinLayout: async () => readLayout((await joining).files) } : {})
     })
     if (alone) {

@@ -149,6 +149,8 @@ export interface PipelineModelOptions {
   /** Default seed of fit()'s shuffles. */
   readonly seed?: number
   readonly recovery?: PipelineRecovery
+  /** After each step this rank trained: where it is (a Trainer's worker sends it on as a progress message). */
+  readonly progress?: (info: { epoch: number; step: number; stepsPerEpoch: number; samples: number; loss: number }) => void
 }
 
 const size = (shape: ReadonlyArray<number>): number => shape.reduce((a, b) => a * b, 1)
@@ -202,6 +204,7 @@ export class PipelineModel {
   /** A step failed mid-conversation: its links are given up (made again by a regroup, with recovery). */
   #broken = false
   readonly #recovery: PipelineRecovery | undefined
+  readonly #progress: PipelineModelOptions["progress"]
   /** Regrouped: the links are made again before the next group operation. */
   #stale = false
 
@@ -218,6 +221,7 @@ export class PipelineModel {
     this.microBatches = opts.microBatches
     this.#seed = opts.seed ?? 0
     this.#recovery = opts.recovery
+    this.#progress = opts.progress
     this.#vars = []
     this.#blockVarStart = []
     for (const b of stage.blocks) {
@@ -274,6 +278,14 @@ export class PipelineModel {
    * stage does not need it with `{ batchSize }`. Every rank of the group calls it the same number of times.
    */
   async trainStep(x: Tensor | null | undefined, y: Tensor | null | undefined, opts: { readonly batchSize?: number } = {}): Promise<PipelineStepResult> {
+    const r = await this.#step(x, y, opts)
+    // (a loop of its own steps has no epochs)
+    if (r.samples > 0) this.#progress?.({ epoch: 0, step: this.#steps - 1, stepsPerEpoch: 0, samples: r.samples, loss: r.loss })
+    return r
+  }
+
+  /** One step, under the group session with recovery (trainStep's, and fit()'s for each batch). */
+  async #step(x: Tensor | null | undefined, y: Tensor | null | undefined, opts: { readonly batchSize?: number }): Promise<PipelineStepResult> {
     this.#check()
     const rec = this.#recovery
     if (!rec) return this.#trainStep(x, y, opts)
@@ -711,12 +723,13 @@ export class PipelineModel {
           })
         }
         try {
-          const r = await this.trainStep(x, y, { batchSize: idx.length })
+          const r = await this.#step(x, y, { batchSize: idx.length })
           // (a step a replacement skips, or one made by the survivors without this rank, has no samples)
           if (r.samples > 0) {
             lossSum += r.loss * r.samples
             correct += r.correct ?? 0
             samples += r.samples
+            this.#progress?.({ epoch, step: s, stepsPerEpoch: steps, samples: r.samples, loss: r.loss })
           }
           await opts.onStep?.({ ...r, epoch, index: s, steps })
         } finally {

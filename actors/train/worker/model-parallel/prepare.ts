@@ -15,7 +15,7 @@ import { gridShape, placeOf, type GridPlace } from "./grid.ts"
 import { swappableLinks, type StageLinks, type SumGroup } from "./links.ts"
 import { resolveLoss, type LossFn, type LossName } from "./loss.ts"
 import { partitionUnits, stageSpeeds, type BalanceBy, type Partition } from "./partition.ts"
-import { PipelineModel, type PipelineSession } from "./pipeline-model.ts"
+import { PipelineModel, type PipelineModelOptions, type PipelineSession } from "./pipeline-model.ts"
 import { profileUnits } from "./profile.ts"
 import { scheduleNames, type ScheduleName } from "./schedule.ts"
 import { buildStackRange, describeStack, isLayerStack, type LayerStack, type StackLayerInfo } from "./stack.ts"
@@ -61,6 +61,8 @@ export interface PrepareDeps {
   readonly session?: PipelineSession
   /** A replacement joining survivors: the layout they run (their cut), at which it builds its stage instead of cutting again. */
   readonly joinLayout?: () => Promise<PipelineLayout | undefined>
+  /** After each step the rank trained (PipelineModelOptions.progress). */
+  readonly progress?: PipelineModelOptions["progress"]
 }
 
 /** Weights + gradients + optimizer state per weight byte, for the memory limit. */
@@ -261,7 +263,8 @@ export const preparePipelineModel = async (tf: Tf, spec: PipelineSpec, opts: Pip
         optimizer,
         layout,
         ...(deps.seed !== undefined ? { seed: deps.seed } : {}),
-        ...(deps.session ? { recovery: { session: deps.session, relink: () => deps.links(place), swap: swappable.swap } } : {})
+        ...(deps.session ? { recovery: { session: deps.session, relink: () => deps.links(place), swap: swappable.swap } } : {}),
+        ...(deps.progress ? { progress: deps.progress } : {})
       }
     )
   } catch (e) {
