@@ -4,6 +4,8 @@
 // them, and a loop that gets past that position, or is in dp.fit() where they are not, is refused.
 // A step's last operation (ZeRO's all-gather after the update) completes the step when the group breaks under it.
 // A request to the parameter servers beside the steps parks for a lost server's regroup and is asked again.
+// A pipelined model's joiner is placed by group operations since the last report, and its
+// survivors hand over their stages in the pause reply and load only their own stage's files.
 // Pure logic: the group and the model are stand-ins that record what the session asked of them.
 import { describe, expect, it, vi } from "vitest"
 import { GroupSession, PeerRecoveryMisaligned, type LiveGroup, type RecoverableModel } from "../actors/train/worker/group-session.ts"
@@ -400,5 +402,115 @@ describe("a survivor behind the furthest one at a regroup", () => {
       expect(session.reportMadeAlready(session.reports)).toBe(false)
       session.reported()
     }
+  })
+})
+
+describe("a pipelined model's regroup (its joiners placed by group operations, its stage handed over)", () => {
+  it("a joiner skips the survivors' operations, steps and others alike, and takes their state (its stage's files, fetched once) at the operation they are in", async () => {
+    // The survivors are in the second operation after report 3: a step done, an epoch sum in flight.
+    const to: Position = { ...at(3, 1), opsSinceReport: 1 }
+    const fetched: Array<ReadonlyArray<string> | undefined> = []
+    const adopted: PeerState[] = []
+    const state = { files: {}, step: 17, position: to } as unknown as PeerState
+    const session = new GroupSession(
+      group,
+      {
+        build: () => Promise.reject(new Error("no regroup here")),
+        close: () => Promise.resolve(),
+        parked: () => {},
+        fetchState: (_attempt, files) => {
+          fetched.push(files)
+          return Promise.resolve(state)
+        },
+        log: () => {}
+      },
+      { fromReports: 2, to }
+    )
+    // Before its model is built: the layout and its stage's shard of the held state.
+    expect(await session.joinState(["pipeline/layout.json", "pipeline/stage-1-of-2.tp-0-of-1.msgpack"])).toBe(state)
+    session.attach({
+      snapshot: () => Promise.reject(new Error("not asked")),
+      adopt: (s) => {
+        adopted.push(s)
+        return Promise.resolve()
+      },
+      regrouped: () => {},
+      loopPosition: () => ({ inFit: false, epoch: 0, stepInEpoch: 0, stepsPerEpoch: 0 }),
+      stateFiles: () => ["not fetched again"]
+    })
+    session.resumedFromCheckpoint()
+    const calls: string[] = []
+    // the rest of the epoch after the checkpoint: 2 steps and an epoch sum, then report 2
+    for (const step of [true, true, false]) calls.push(await session.replayOperation(step))
+    session.reported()
+    // after report 3: one step (skipped), then the epoch sum the survivors are in (run)
+    calls.push(await session.replayOperation(true))
+    calls.push(await session.replayOperation(false))
+    expect(calls).toEqual(["skip", "skip", "skip", "skip", "run"])
+    expect(adopted).toEqual([state])
+    expect(fetched).toEqual([["pipeline/layout.json", "pipeline/stage-1-of-2.tp-0-of-1.msgpack"]])
+    expect(session.joinTarget).toBeUndefined()
+    expect(session.ops).toBe(40)
+    expect(session.opsSinceReport).toBe(1)
+    expect(session.stepsSinceReport).toBe(1)
+  })
+
+  it("refuses a joiner that gets past the survivors' operation", async () => {
+    const to: Position = { ...at(0, 0), opsSinceReport: 1 }
+    const { session } = joiner(0, to)
+    expect(await session.replayOperation(true)).toBe("skip")
+    session.reported()
+    await expect(session.replayOperation(true)).rejects.toBeInstanceOf(PeerRecoveryMisaligned)
+  })
+
+  it("a parked survivor hands over its stage in its pause reply, answers a pause asked again while it made it, and loads only its stage's files", async () => {
+    const closing = { comm: { close: () => Promise.resolve() }, reducer: {} }
+    const first = { placement: { attempt: 1, rank: 1, worldSize: 4 }, ...closing } as unknown as LiveGroup
+    const fetched: Array<ReadonlyArray<string> | undefined> = []
+    const source: Position = { ops: 12, reports: 1, stepsSinceReport: 2, opsSinceReport: 2, inFit: false, epoch: 0, stepInEpoch: 0, stepsPerEpoch: 0 }
+    const session = new GroupSession(first, {
+      build: () => Promise.resolve(closing as unknown as Pick<LiveGroup, "comm" | "reducer">),
+      close: () => Promise.resolve(),
+      parked: () => {},
+      fetchState: (_attempt, files) => {
+        fetched.push(files)
+        return Promise.resolve({ files: {}, step: 0, position: source } as unknown as PeerState)
+      },
+      log: () => {}
+    })
+    let handOver!: () => void
+    const handover = { step: 9, files: { "pipeline/stage-1-of-2.tp-0-of-1.msgpack": Uint8Array.of(1) }, needs: [] }
+    const interrupted: string[] = []
+    session.attach({
+      snapshot: () => Promise.reject(new Error("not asked")),
+      adopt: () => Promise.resolve(),
+      regrouped: () => void interrupted.push("regrouped"),
+      loopPosition: () => ({ inFit: false, epoch: 0, stepInEpoch: 0, stepsPerEpoch: 0, wholeGroup: "a grid" }),
+      stageHandover: () => new Promise((resolve) => (handOver = () => resolve(handover))),
+      interrupt: () => void interrupted.push("interrupted"),
+      stateFiles: () => ["pipeline/layout.json", "pipeline/stage-1-of-2.tp-0-of-1.msgpack"]
+    })
+    session.ops = 11
+    let runs = 0
+    const op = session.operation(
+      () => (++runs === 1 ? Promise.reject(new PeerLinkLost({ op: "broadcast", group: "g1", rank: 1, peer: 3 })) : Promise.resolve("stepped")),
+      () => "adopted"
+    )
+    await new Promise((r) => setTimeout(r, 10))
+    const asked = session.pause(2)
+    await new Promise((r) => setTimeout(r, 10))
+    // asked again (the first reply lost) while the stage is still being read
+    const again = session.pause(2)
+    handOver()
+    const [a, b] = await Promise.all([asked, again])
+    for (const reply of [a, b]) expect(reply).toMatchObject({ state: "parked", stage: handover, position: { wholeGroup: "a grid", opsSinceReport: 0 } })
+    expect(interrupted).toEqual(["interrupted"])
+    session.resume({ attempt: 2, rank: 1, worldSize: 4 } as unknown as Placement, source)
+    // behind the furthest survivor: the step is done (adopted), at the survivor's operations
+    expect(await op).toBe("adopted")
+    expect(fetched).toEqual([["pipeline/layout.json", "pipeline/stage-1-of-2.tp-0-of-1.msgpack"]])
+    expect(session.ops).toBe(12)
+    expect(session.opsSinceReport).toBe(2)
+    expect(interrupted).toEqual(["interrupted", "regrouped"])
   })
 })

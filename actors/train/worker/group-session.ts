@@ -561,7 +561,9 @@ export class GroupSession {
     if (!this.#pausing) this.#hooks.parked(cause)
     const pause = this.#pausing ?? (await within(this.#pauseRequest.promise, PARK_TIMEOUT_MS))
     if (pause === "timeout") throw cause
-    pause.reply(await this.#parkedReply())
+    const reply = await this.#parkedReply()
+    // (a pause asked again while the reply was made is chained onto this.#pausing: answer them all)
+    ;(this.#pausing ?? pause).reply(reply)
     this.#parked = true
     const resumed = await within(this.#resumeRequest.promise, PARK_TIMEOUT_MS)
     this.#parked = false
