@@ -16,6 +16,7 @@ import { Trainer, TrainingFailed, loadDigits, loadEngine, loadPipelineCheckpoint
 import { liveNatsServerPids } from "../core/nats-server.ts"
 import type { EquivalenceCase } from "./support/pipeline-loop.ts"
 import { natsKillAtReport } from "./support/chaos.ts"
+import { readEvents } from "./support/trainer-runs.ts"
 
 const LOOPS = path.resolve("test/support/pipeline-loop.ts")
 let storage: string
@@ -85,7 +86,7 @@ describe("model parallelism in the Trainer", () => {
     expect(r.restarts).toBe(1)
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2])
     // The restart says why it went to the checkpoint and not to the surviving stage: one replica.
-    const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>)
+    const events = await readEvents(r.path)
     expect(events.find((e) => e.type === "restart")).toMatchObject({ recovery: "checkpoint", reason: expect.stringMatching(/^stage 1 of the pipelined model was held only by the lost rank\(s\): with one data-parallel replica/) })
     // epoch 1 ran again, from epoch 0's checkpoint, in the second attempt
     expect(r.metricsHistory[1].attempt).toBe(1)
@@ -121,7 +122,7 @@ describe("model parallelism in the Trainer", () => {
     }).fit()
     // every rank's steps come as progress messages (epochs and their steps), the replacement's in the regrouped generation
     for (let rank = 0; rank < 4; rank++) expect(progress.some((p) => p.rank === rank && p.attempt === 1 && p.epoch === 2 && p.stepsPerEpoch > 0)).toBe(true)
-    const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>)
+    const events = await readEvents(r.path)
     const restarts = events.filter((e) => e.type === "restart")
     expect(restarts).toHaveLength(1)
     expect(restarts[0]).toMatchObject({ recovery: "peers", survivors: 3, joiners: 1 })
@@ -181,7 +182,7 @@ describe("model parallelism in the Trainer", () => {
       datasets: { train, test }
     }).fit()
     expect(new Set(killed).size).toBe(3)
-    const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>)
+    const events = await readEvents(r.path)
     expect(events.filter((e) => e.type === "restart")).toEqual(Array.from({ length: 3 }, () => expect.objectContaining({ recovery: "peers", survivors: 3, joiners: 1 })))
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual(Array.from({ length: 14 }, (_, e) => e))
     const ranks = r.metricsPerRank.at(-1)!
@@ -204,7 +205,7 @@ describe("model parallelism in the Trainer", () => {
     expect(kill.killed()).toBeGreaterThan(0)
     expect(r.natsServerRestarts).toBe(1)
     expect(r.countedFailures).toBe(0)
-    const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>)
+    const events = await readEvents(r.path)
     expect(events.filter((e) => e.type === "restart")).toEqual([expect.objectContaining({ recovery: "peers", survivors: 2, joiners: 0 })])
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3])
     expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.85)
