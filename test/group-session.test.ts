@@ -35,10 +35,14 @@ const plainSession = (): GroupSession =>
     log: () => {}
   })
 
-/** A joiner whose checkpoint had `fromReports` report() calls, bound for `to`, with a model that records adopt(). */
-const joiner = (fromReports: number, to: Position) => {
+/**
+ * A joiner whose checkpoint had `fromReports` report() calls, bound for `to`, with a model that
+ * records adopt() (`model` overrides its other parts); `fetched`: the files each fetch of the state asked for.
+ */
+const joiner = (fromReports: number, to: Position, model: Partial<RecoverableModel> = {}) => {
   const adopted: PeerState[] = []
   const logged: string[] = []
+  const fetched: Array<ReadonlyArray<string> | undefined> = []
   const state = { files: {}, step: 17, position: to } as unknown as PeerState
   const session = new GroupSession(
     group,
@@ -46,7 +50,10 @@ const joiner = (fromReports: number, to: Position) => {
       build: () => Promise.reject(new Error("no regroup in these tests")),
       close: () => Promise.resolve(),
       parked: () => {},
-      fetchState: () => Promise.resolve(state),
+      fetchState: (_attempt, files) => {
+        fetched.push(files)
+        return Promise.resolve(state)
+      },
       log: (line) => void logged.push(line)
     },
     { fromReports, to }
@@ -58,10 +65,11 @@ const joiner = (fromReports: number, to: Position) => {
       return Promise.resolve()
     },
     regrouped: () => {},
-    loopPosition: () => ({ inFit: false, epoch: 0, stepInEpoch: 0, stepsPerEpoch: 0 })
+    loopPosition: () => ({ inFit: false, epoch: 0, stepInEpoch: 0, stepsPerEpoch: 0 }),
+    ...model
   })
   session.resumedFromCheckpoint()
-  return { session, adopted, logged }
+  return { session, adopted, logged, fetched, state }
 }
 
 describe("a joiner replaying a hand-written trainStep loop", () => {
@@ -409,36 +417,9 @@ describe("a pipelined model's regroup (its joiners placed by group operations, i
   it("a joiner skips the survivors' operations, steps and others alike, and takes their state (its stage's files, fetched once) at the operation they are in", async () => {
     // The survivors are in the second operation after report 3: a step done, an epoch sum in flight.
     const to: Position = { ...at(3, 1), opsSinceReport: 1 }
-    const fetched: Array<ReadonlyArray<string> | undefined> = []
-    const adopted: PeerState[] = []
-    const state = { files: {}, step: 17, position: to } as unknown as PeerState
-    const session = new GroupSession(
-      group,
-      {
-        build: () => Promise.reject(new Error("no regroup here")),
-        close: () => Promise.resolve(),
-        parked: () => {},
-        fetchState: (_attempt, files) => {
-          fetched.push(files)
-          return Promise.resolve(state)
-        },
-        log: () => {}
-      },
-      { fromReports: 2, to }
-    )
-    // Before its model is built: the layout and its stage's shard of the held state.
+    const { session, adopted, fetched, state } = joiner(2, to, { stateFiles: () => ["not fetched again"] })
+    // As its loop builds its stage (before the replay): the layout and its stage's shard of the held state.
     expect(await session.joinState(["pipeline/layout.json", "pipeline/stage-1-of-2.tp-0-of-1.msgpack"])).toBe(state)
-    session.attach({
-      snapshot: () => Promise.reject(new Error("not asked")),
-      adopt: (s) => {
-        adopted.push(s)
-        return Promise.resolve()
-      },
-      regrouped: () => {},
-      loopPosition: () => ({ inFit: false, epoch: 0, stepInEpoch: 0, stepsPerEpoch: 0 }),
-      stateFiles: () => ["not fetched again"]
-    })
-    session.resumedFromCheckpoint()
     const calls: string[] = []
     // the rest of the epoch after the checkpoint: 2 steps and an epoch sum, then report 2
     for (const step of [true, true, false]) calls.push(await session.replayOperation(step))
