@@ -256,8 +256,6 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
       if (!f || compareSteps(p.firstAt, f) < 0) firstAtMin.set(p.attempt, p.firstAt)
       epochSteps.set(p.attempt, p.stepsPerEpoch)
       if (!firstStep.has(p.attempt)) firstStep.set(p.attempt, now)
-      // A pipelined model sends no progress messages: its first step comes from the position files.
-      if (spec.loop === "pipe") start ??= now
     }
   }
 
@@ -345,7 +343,7 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
     if (Date.now() >= due(k) && recovered()) fire(k)
   }
 
-  // Both loops take the same options here (pid files, position files).
+  // The loops take the same options here (pid files, position files; a pipeline its stages).
   const cfg = { epochs: spec.epochs, pidDir, positions: true, ...(spec.loop === "pipe" ? { stages: 2 } : {}) }
   const strategy = STRATEGIES[spec.strategy]!
   let error: string | undefined
