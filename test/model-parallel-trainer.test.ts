@@ -88,8 +88,11 @@ describe("model parallelism in the Trainer", () => {
     // The restart says why it went to the checkpoint and not to the surviving stage: one replica.
     const events = await readEvents(r.path)
     expect(events.find((e) => e.type === "restart")).toMatchObject({ recovery: "checkpoint", reason: expect.stringMatching(/^stage 1 of the pipelined model was held only by the lost rank\(s\): with one data-parallel replica/) })
-    // epoch 1 ran again, from epoch 0's checkpoint, in the second attempt
+    // epoch 1 ran again, from epoch 0's checkpoint, in the second attempt; each rank fetched only its own stage's shard of it
     expect(r.metricsHistory[1].attempt).toBe(1)
+    expect(r.metricsPerRank.at(-1)!.map((m) => m.resumed_shards)).toEqual(["pipeline/stage-0-of-2.tp-0-of-1.msgpack", "pipeline/stage-1-of-2.tp-0-of-1.msgpack"])
+    // loaded into the whole model, that checkpoint says what it lacks and where the whole one is
+    for (const m of r.metricsPerRank.at(-1)!) expect(m.whole_restore).toMatch(/fetched after ctx\.preparePipeline\(\), so it holds only this rank's stage, not pipeline\/stage-.*loadPipelineCheckpoint\(tf, ".*checkpoint_/)
     const last = r.metrics!
     expect(last.val_accuracy as number).toBeGreaterThan(0.85)
     const files = await fs.readdir(path.join(r.checkpoint!.path, "pipeline"))
@@ -140,6 +143,8 @@ describe("model parallelism in the Trainer", () => {
     expect(ranks[1].steps).toBe(ranks[3].steps)
     expect(ranks[0].steps).toBe(ranks[2].steps)
     expect(ranks[1].weights).not.toBe(ranks[0].weights)
+    // The replacement replayed its loop from the checkpoint and fetched only its own part's shard of it; the survivors fetched none.
+    expect(ranks.map((m) => m.resumed_shards)).toEqual(ranks.map((_, rank) => (rank === c.kill ? `pipeline/${c.shards[c.stage[rank] * c.tp + c.tpRank[rank]]}` : "")))
     // it writes its part's shard from then on: the last checkpoint is whole and loads
     const files = await fs.readdir(path.join(r.checkpoint!.path, "pipeline"))
     expect(files.sort()).toEqual(["layout.json", ...c.shards])

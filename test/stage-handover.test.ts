@@ -3,7 +3,8 @@
 // a checkpoint round that lacks a stage's shard told apart (with the worker's own shard names).
 import { describe, expect, it } from "vitest"
 import { mergeStageHandovers, missingStageShards } from "../actors/train/common/stage-handover.ts"
-import { LAYOUT_FILE, shardFileName } from "../actors/train/worker/model-parallel/checkpoint.ts"
+import { LAYOUT_FILE, otherStageFiles, shardFileName, stageFilesOf } from "../actors/train/worker/model-parallel/checkpoint.ts"
+import { gridShape, placeOf } from "../actors/train/worker/model-parallel/grid.ts"
 
 const bytes = (...v: number[]) => Uint8Array.from(v)
 const layout = (stages: number, tp: number) => new TextEncoder().encode(JSON.stringify({ format: 1, stages, tp, bounds: [], units: 0, weights: [] }))
@@ -46,5 +47,17 @@ describe("a pipelined model's stages handed over at a regroup", () => {
     expect(missingStageShards({ [LAYOUT_FILE]: layout(2, 1), [shardFileName(0, 3, 0, 1)]: bytes(1), [shardFileName(1, 2, 0, 1)]: bytes(1) })).toEqual(["stage 0"])
     expect(missingStageShards({ "model.json": bytes(1), "weights.bin": bytes(2) })).toEqual([])
     expect(missingStageShards({ [LAYOUT_FILE]: new TextEncoder().encode("{") })).toEqual([LAYOUT_FILE])
+  })
+  it("leaves out of a rank's checkpoint fetch every shard but its own: each rank's own and left-out files are the whole checkpoint", () => {
+    const all = needs(2, 2).map((n) => n.name).sort()
+    for (let rank = 0; rank < 8; rank++) {
+      const place = placeOf(rank, gridShape(8, 2, 2))
+      const left = otherStageFiles(place)
+      const own = stageFilesOf(place)
+      expect(left).toHaveLength(3)
+      expect(left).not.toContain(own[1])
+      expect([...left, own[1]].sort()).toEqual(all)
+    }
+    expect(otherStageFiles(placeOf(0, gridShape(2, 1, 1)))).toEqual([])
   })
 })

@@ -156,6 +156,10 @@ export async function fitLoop(config: FitLoopConfig, ctx: TrainContext): Promise
     await ctx.restoreModel(pp, resume)
     start = Number(resume.metadata?.epoch) + 1
   }
+  // the stage shards this rank fetched with the checkpoint it resumed from (its own only), and
+  // what loading that checkpoint into the whole model says (it lacks the other stages)
+  const resumedShards = resume ? Object.keys(resume.files).filter((f) => f.startsWith("pipeline/stage-")).sort().join(",") : ""
+  const wholeRestore = resume ? await ctx.restoreModel(model, resume).then(() => "loaded", (e: unknown) => (e instanceof Error ? e.message : String(e))) : ""
   const xTest = pp.isFirstStage ? tf.tensor2d(test.x, [test.size, 64]) : null
   const yTest = pp.isLastStage ? tf.oneHot(tf.tensor1d(test.y as Int32Array, "int32"), 10) : null
   const kill = config.kill
@@ -174,7 +178,7 @@ export async function fitLoop(config: FitLoopConfig, ctx: TrainContext): Promise
     const checkpoint = await ctx.checkpointFromModel(pp, { metadata: { epoch } })
     // (a fingerprint of this rank's stage and its optimizer steps: a stage's replicas hold the same)
     const stageState = { weights: weightsHash(pp.variables), steps: pp.steps, tp_rank: pp.place.tpRank }
-    await ctx.report({ epoch, loss: r.loss, accuracy: r.accuracy ?? 0, val_loss: val.loss, val_accuracy: val.accuracy ?? 0, stage: pp.place.stage, attempt: ctx.attempt, ...stageState }, { checkpoint })
+    await ctx.report({ epoch, loss: r.loss, accuracy: r.accuracy ?? 0, val_loss: val.loss, val_accuracy: val.accuracy ?? 0, stage: pp.place.stage, attempt: ctx.attempt, resumed_shards: resumedShards, whole_restore: wholeRestore, ...stageState }, { checkpoint })
   }
   xTest?.dispose()
   yTest?.dispose()

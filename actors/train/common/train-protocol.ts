@@ -218,9 +218,12 @@ export const ControllerProtocol = defineProtocol("trainer-controller", {
   peerState: { request: Schema.Struct({ attempt: Schema.Number, files: Schema.optionalKey(Schema.Array(Schema.String)) }), reply: PeerState },
   /** A named dataset given to the Trainer: its rows (in memory), its files' metadata, or its factory. */
   dataset: { request: Schema.Struct({ name: Schema.String }), reply: DatasetPayload },
-  /** The checkpoint to resume from, or null. */
+  /**
+   * The checkpoint to resume from, or null. With `omit`, without those of its files (a pipelined
+   * model's rank leaves out the other stages' shards: it restores only its own).
+   */
   checkpoint: {
-    request: Schema.Null,
+    request: Schema.NullOr(Schema.Struct({ omit: Schema.Array(Schema.String) })),
     reply: Schema.NullOr(Schema.Struct({ path: Schema.String, metrics: Metrics, payload: CheckpointPayload }))
   },
   /** Step progress for the live display and straggler hints. */

@@ -444,14 +444,16 @@ export class FitRun {
         }
         return d
       },
-      checkpoint: async () => {
+      checkpoint: async (body) => {
         await this.#saving
         const p = this.#resumePath
         if (!p) return null
         // The store's own checkpoints through the store (an object store reuses its open bucket); a
         // checkpoint the run was pointed at elsewhere (resumeFrom) by its kind of path.
         const c = await (this.#store.list().some((e) => e.path === p) ? this.#store.read(p) : this.#readAt(p))
-        return { path: p, metrics: c.metrics, payload: { files: c.files, metadata: c.metadata } }
+        const omit = new Set(body?.omit ?? [])
+        const files = omit.size === 0 ? c.files : Object.fromEntries(Object.entries(c.files).filter(([f]) => !omit.has(f)))
+        return { path: p, metrics: c.metrics, payload: { files, metadata: c.metadata } }
       },
       progress: (body) => this.#onProgress(body),
       trace: (body) => {

@@ -23,8 +23,8 @@ import { preparePipelineModel, type PipelineOptions, type PipelineSpec } from ".
 import { PipelineModel } from "./model-parallel/pipeline-model.ts"
 import { PIPELINE_NO_PEERS, PIPELINE_WHOLE_GROUP } from "./strategies/model-parallel.ts"
 import { natsLinks, worldGroup, type SubgroupFactory } from "./model-parallel/transport.ts"
-import { isPipelineCheckpoint, loadPipelineCheckpointInto, readLayout, stageFilesOf } from "./model-parallel/checkpoint.ts"
-import { gridShape, placeOf } from "./model-parallel/grid.ts"
+import { PIPELINE_SHARD_PREFIX, isPipelineCheckpoint, loadPipelineCheckpointInto, otherStageFiles, readLayout, stageFilesOf } from "./model-parallel/checkpoint.ts"
+import { gridShape, placeOf, type GridPlace } from "./model-parallel/grid.ts"
 
 type LayersModel = import("@tensorflow/tfjs").LayersModel
 
@@ -36,6 +36,12 @@ export interface Checkpoint {
   readonly path?: string
   /** The metrics reported with it. */
   readonly metrics?: Readonly<Record<string, unknown>>
+  /**
+   * Files of the stored checkpoint left out of `files`: asked for after ctx.preparePipeline(), a
+   * rank's checkpoint holds only its own stage's shard (and every file that is not a shard), not
+   * the other stages'. The stored checkpoint has them all (result.checkpoint, loadPipelineCheckpoint).
+   */
+  readonly omitted?: ReadonlyArray<string>
 }
 
 export interface ReportOptions {
@@ -121,7 +127,8 @@ export interface TrainContextDeps {
   readonly sendReport: (index: number, metrics: Record<string, unknown>, checkpoint: Checkpoint | undefined, aux?: Record<string, Uint8Array>) => Promise<void>
   /** Communicators over subsets of the group (ctx.preparePipeline's links and groups). */
   readonly subgroup?: SubgroupFactory
-  readonly fetchCheckpoint: () => Promise<Checkpoint | undefined>
+  /** `omit`: files of the checkpoint not to fetch (the other stages' shards of a pipelined model). */
+  readonly fetchCheckpoint: (omit?: ReadonlyArray<string>) => Promise<Checkpoint | undefined>
   readonly fetchDataset: (name: string) => Promise<DatasetPayload>
   /** A NATS connection for datasets in an object store (opened on first use). */
   readonly dataNats?: () => Promise<NatsConnection>
@@ -150,6 +157,8 @@ export class TrainContext {
   #prepared: DataParallelModel | undefined
   /** preparePipeline() calls so far (each gets sub-groups of its own). */
   #pipelines = 0
+  /** The place of the pipelined model this loop prepared (the first one). */
+  #pipelinePlace: GridPlace | undefined
 
   /** @internal The worker makes the context; a training loop receives it. */
   constructor(deps: TrainContextDeps) {
@@ -257,13 +266,31 @@ export class TrainContext {
     }
   }
 
-  /** The checkpoint this run resumes from (the latest one), or undefined on a fresh start. */
+  /**
+   * The checkpoint this run resumes from (the latest one), or undefined on a fresh start. Asked
+   * for after ctx.preparePipeline(), it holds this rank's stage shard of the pipelined model and
+   * not the other stages' (`omitted` names them): no rank fetches the whole model.
+   */
   getCheckpoint(): Promise<Checkpoint | undefined> {
-    this.#checkpoint ??= this.#deps.fetchCheckpoint().then((c) => {
+    const place = this.#pipelines === 1 ? this.#pipelinePlace : undefined
+    const omit = place ? otherStageFiles(place) : undefined
+    this.#checkpoint ??= this.#deps.fetchCheckpoint(omit).then((c) => {
       if (c) this.#deps.session.resumedFromCheckpoint()
+      if (c && !place) this.#hintWholePipeline(c)
       return c
     })
     return this.#checkpoint
+  }
+
+  /** A pipeline checkpoint fetched before its model was prepared came whole, every stage's shard: the log says how to fetch one. */
+  #hintWholePipeline(c: Checkpoint): void {
+    const shards = Object.entries(c.files).filter(([f]) => f.startsWith(PIPELINE_SHARD_PREFIX))
+    if (shards.length < 2) return
+    const bytes = shards.reduce((n, [, v]) => n + (typeof v === "string" ? v.length : v.byteLength), 0)
+    this.#deps.warn?.(
+      `rank ${this.worldRank}: fetched every stage's shard of the pipeline checkpoint (${shards.length} shards, ${(bytes / 2 ** 20).toFixed(1)} MiB); ` +
+        "call ctx.getCheckpoint() after ctx.preparePipeline() and each rank fetches only its own stage's"
+    )
   }
 
   /** Turns the driver's answer for `name` into rows or a stream (a factory runs here). */
@@ -564,6 +591,7 @@ export class TrainContext {
       ...(this.#deps.onStep ? { progress: this.#deps.onStep } : {}),
       ...(joining ? { joinLayout: async () => readLayout((await joining).files) } : {})
     })
+    if (k === 0) this.#pipelinePlace = pp.place
     if (alone) {
       session.attach({
         snapshot: async () => ({ files: (await pp.stageHandover()).files, step: pp.steps }),
@@ -606,7 +634,15 @@ export class TrainContext {
     for (const [k, v] of Object.entries(checkpoint.files)) files[k] = typeof v === "string" ? new TextEncoder().encode(v) : v
     // A pipelined model loads its stage at the same layout; a whole model takes the merged stages.
     if (model instanceof PipelineModel) return model.restore(files)
-    if (isPipelineCheckpoint(files) && !(model instanceof DataParallelModel)) return loadPipelineCheckpointInto(this.tf, model, files)
+    if (isPipelineCheckpoint(files) && !(model instanceof DataParallelModel)) {
+      if (checkpoint.omitted?.length) {
+        throw new ConfigError({
+          field: "restoreModel",
+          reason: `this checkpoint was fetched after ctx.preparePipeline(), so it holds only this rank's stage, not ${checkpoint.omitted.join(", ")}: restore the pipelined model (ctx.restoreModel(pp, checkpoint)), or load the whole model from the stored checkpoint with loadPipelineCheckpoint(tf, "${checkpoint.path ?? "<its path>"}")`
+        })
+      }
+      return loadPipelineCheckpointInto(this.tf, model, files)
+    }
     const m = model instanceof DataParallelModel ? model.model : model
     loadWeightsInto(this.tf, m, files)
     if (model instanceof DataParallelModel) await model.restoreOptimizer(files)

@@ -480,7 +480,7 @@ export class WorkerRun {
       warn: (line) => ctx.log.warn(line),
       onStep: (info) => this.#onStep(info),
       sendReport: (index, metrics, checkpoint, extra) => this.#sendReport(index, metrics, checkpoint, extra),
-      fetchCheckpoint: () => this.#fetchCheckpoint(),
+      fetchCheckpoint: (omit) => this.#fetchCheckpoint(omit),
       // ctx.preparePipeline's links and groups: communicators over some of the ranks, on this
       // rank's collective connections, named within the generation's group.
       subgroup: (name, members) => this.#subgroup(name, members),
@@ -564,10 +564,10 @@ export class WorkerRun {
   }
 
   /** The checkpoint to resume from, with this rank's compression state and push residuals restored from it. */
-  async #fetchCheckpoint(): Promise<Checkpoint | undefined> {
+  async #fetchCheckpoint(omit?: ReadonlyArray<string>): Promise<Checkpoint | undefined> {
     const ctx = this.#ctx
     const ps = this.#ps
-    const got = await this.#system.askPromise(this.#controller, "checkpoint", null, { timeoutMs: 120_000 })
+    const got = await this.#system.askPromise(this.#controller, "checkpoint", omit && omit.length > 0 ? { omit: [...omit] } : null, { timeoutMs: 120_000 })
     if (!got) return undefined
     // Error-feedback residuals belong to a rank of a group of one size: carried across
     // restarts at the same size, reset (started from zero) when the group was resized.
@@ -590,7 +590,7 @@ export class WorkerRun {
         ctx.log.warn(`rank ${p.rank}: could not restore the residuals of its pushes from the checkpoint (they start from zero): ${String(e)}`)
       }
     }
-    return { files: got.payload.files, metadata: got.payload.metadata, path: got.path, metrics: got.metrics }
+    return { files: got.payload.files, metadata: got.payload.metadata, path: got.path, metrics: got.metrics, ...(omit && omit.length > 0 ? { omitted: [...omit] } : {}) }
   }
 
   #subgroup(name: string, members: ReadonlyArray<number>): Promise<Communicator> {

@@ -59,11 +59,23 @@ interface SavedShard {
   readonly step?: number
 }
 
+/** What every stage shard's file name starts with. */
+export const PIPELINE_SHARD_PREFIX = "pipeline/stage-"
+
 export const shardFileName = (stage: number, stages: number, tpRank: number, tp: number): string =>
-  `pipeline/stage-${stage}-of-${stages}.tp-${tpRank}-of-${tp}.msgpack`
+  `${PIPELINE_SHARD_PREFIX}${stage}-of-${stages}.tp-${tpRank}-of-${tp}.msgpack`
 
 /** The files of a checkpoint a rank at `place` restores from: the layout and its stage's shard. */
 export const stageFilesOf = (place: GridPlace): string[] => [LAYOUT_FILE, shardFileName(place.stage, place.stages, place.tpRank, place.tp)]
+
+/** The shards of a checkpoint at `place`'s layout that a rank there does not restore from: every other stage's and tensor rank's. */
+export const otherStageFiles = (place: GridPlace): string[] => {
+  const out: string[] = []
+  for (let s = 0; s < place.stages; s++) {
+    for (let t = 0; t < place.tp; t++) if (s !== place.stage || t !== place.tpRank) out.push(shardFileName(s, place.stages, t, place.tp))
+  }
+  return out
+}
 
 export const isPipelineCheckpoint = (files: Readonly<Record<string, unknown>>): boolean => LAYOUT_FILE in files
 
