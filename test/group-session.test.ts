@@ -444,7 +444,7 @@ describe("a pipelined model's regroup (its joiners placed by group operations, i
     await expect(session.replayOperation(true)).rejects.toBeInstanceOf(PeerRecoveryMisaligned)
   })
 
-  it("a parked survivor hands over its stage in its pause reply, answers a pause asked again while it made it, and loads only its stage's files", async () => {
+  it("a parked survivor says what it holds of its stage in its pause reply, answers a pause asked again while it made it, and loads only its stage's files", async () => {
     const closing = { comm: { close: () => Promise.resolve() }, reducer: {} }
     const first = { placement: { attempt: 1, rank: 1, worldSize: 4 }, ...closing } as unknown as LiveGroup
     const fetched: Array<ReadonlyArray<string> | undefined> = []
@@ -460,7 +460,7 @@ describe("a pipelined model's regroup (its joiners placed by group operations, i
       log: () => {}
     })
     let handOver!: () => void
-    const handover = { step: 9, files: { "pipeline/stage-1-of-2.tp-0-of-1.msgpack": Uint8Array.of(1) }, needs: [] }
+    const handover = { step: 9, holds: ["pipeline/stage-1-of-2.tp-0-of-1.msgpack"], needs: [] }
     const interrupted: string[] = []
     session.attach({
       snapshot: () => Promise.reject(new Error("not asked")),

@@ -130,6 +130,11 @@ describe("model parallelism in the Trainer", () => {
     expect(restarts).toHaveLength(1)
     expect(restarts[0]).toMatchObject({ recovery: "peers", survivors: 3, joiners: 1 })
     expect(events.some((e) => e.type === "resize-from-checkpoint")).toBe(false)
+    // each part's shard came from one survivor that holds it (the lost part's from its other replica), not from every survivor
+    const from = restarts[0]!.stagesFrom as Record<string, number>
+    expect(Object.keys(from).sort()).toEqual(c.shards.map((f) => `pipeline/${f}`))
+    for (const [f, rank] of Object.entries(from)) expect(`pipeline/${c.shards[c.stage[rank]! * c.tp + c.tpRank[rank]!]}`).toBe(f)
+    expect(Object.values(from)).not.toContain(c.kill)
     // every epoch reported once, epoch 1 not run again from epoch 0's checkpoint
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2])
     expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.85)

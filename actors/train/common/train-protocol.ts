@@ -98,14 +98,16 @@ export const Position = Schema.Struct({
 export type Position = typeof Position.Type
 
 /**
- * A pipelined model's survivor hands over its stage (weights and optimizer state as checkpoint
- * files, and the layout) with the optimizer steps it has taken, and names every stage shard the
- * grid needs: the regroup keeps, per shard, the copy of the replica furthest on, and gives up when
- * a shard was held only by lost ranks (actors/train/common/stage-handover.ts).
+ * A pipelined model's survivor says which files of its stage it holds (its shard: weights and
+ * optimizer state; and the layout) with the optimizer steps it has taken, and names every stage
+ * shard the grid needs: the regroup picks, per shard, the replica furthest on and asks only that
+ * one for it (its snapshot), and gives up when a shard was held only by lost ranks
+ * (actors/train/common/stage-handover.ts). The bytes are not in the pause reply: a grid's every
+ * survivor would send its stage where one copy of each is needed.
  */
 export const StageHandover = Schema.Struct({
   step: Schema.Number,
-  files: Schema.Record(Schema.String, Bytes),
+  holds: Schema.Array(Schema.String),
   needs: Schema.Array(Schema.Struct({ name: Schema.String, what: Schema.String }))
 })
 export type StageHandover = typeof StageHandover.Type

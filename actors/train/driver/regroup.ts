@@ -17,7 +17,7 @@ import type { Incident } from "../common/observe/report-html.ts"
 import type { ProgressPrinter } from "../common/observe/progress.ts"
 import { firstLine } from "../../../core/errors.ts"
 import { mergePeerShards } from "../common/optim/zero.ts"
-import { mergeStageHandovers } from "../common/stage-handover.ts"
+import { mergeStageHandovers, pickStageFiles } from "../common/stage-handover.ts"
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
 
@@ -265,11 +265,22 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
     // one's) for every member, a standby started before it was made included.
     ...(servers.length > 0 ? { servers } : {})
   })
-  // 4. The furthest survivor's state, which every member loads.
-  const snapshot = await x.system.askPromise(source.w.ref(WorkerProtocol), "snapshot", null, { timeoutMs: 60_000 }).catch(() => undefined)
+  // 4. The furthest survivor's state, which every member loads. A pipelined model's stages: each
+  // from the snapshot of its replica furthest on (the source's among them), one copy of each.
+  const snapshotOf = (r: (typeof survivors)[number]) => x.system.askPromise(r.w.ref(WorkerProtocol), "snapshot", null, { timeoutMs: 60_000 }).catch(() => undefined)
+  const holders = stages ? [...new Set(Object.values(stages.from))].filter((i) => survivors[i] !== source) : []
+  const [snapshot, ...held] = await Promise.all([snapshotOf(source), ...holders.map((i) => snapshotOf(survivors[i]!))])
   if (!snapshot) return giveUp(`rank ${source.rank} could not hand over its state`)
-  const merged = zeroShards ?? stages
-  const state = merged ? { ...snapshot, files: { ...snapshot.files, ...merged.files } } : snapshot
+  const lacking = holders.findIndex((_, k) => held[k] === undefined)
+  if (lacking >= 0) return giveUp(`rank ${survivors[holders[lacking]!]!.rank} could not hand over its stage`)
+  let stageFiles: Record<string, Uint8Array> | undefined
+  if (stages) {
+    const picked = pickStageFiles(stages, (i) => (survivors[i] === source ? snapshot.files : held[holders.indexOf(i)]!.files))
+    if ("missing" in picked) return giveUp(`rank ${survivors[picked.survivor]!.rank}'s state lacks ${picked.missing}, which it said it held`)
+    stageFiles = picked.files
+  }
+  const merged = zeroShards?.files ?? stageFiles
+  const state = merged ? { ...snapshot, files: { ...snapshot.files, ...merged } } : snapshot
   // A lost parameter server: a new one, made from the replica the next server keeps of its shard
   // (every worker is parked; the push each had in flight goes again to the new group's servers).
   // Servers lost while an earlier failure was regrouped are made again here too.
@@ -337,6 +348,9 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
       survivors: s,
       joiners,
       source: source.rank,
+      // what the members load of the held state, and (a pipelined model) the survivor each stage's shard came from
+      stateBytes: Object.values(state.files).reduce((n, f) => n + f.byteLength, 0),
+      ...(stages ? { stagesFrom: Object.fromEntries(Object.entries(stages.from).filter(([f]) => f.startsWith("pipeline/stage-")).map(([f, i]) => [f, survivors[i]!.rank])) } : {}),
       ...(lostServer !== undefined ? { server: lostServer, replacement: servers[lostServer] } : {}),
       ...(lostServers.length > 1 ? { servers: lostServers } : {}),
       // Where the furthest survivor was; a streamed epoch's plan (its intervals) stays out of the log.

@@ -594,13 +594,13 @@ export class TrainContext {
     if (k === 0) this.#pipelinePlace = pp.place
     if (alone) {
       session.attach({
-        snapshot: async () => ({ files: (await pp.stageHandover()).files, step: pp.steps }),
+        snapshot: async () => ({ files: await pp.stageFiles(), step: pp.steps }),
         adopt: (state) => pp.adoptStage(state.files),
         regrouped: () => pp.regrouped(),
         interrupt: () => pp.interrupt(),
         stateFiles: () => stageFilesOf(pp.place),
         loopPosition: () => ({ inFit: false, epoch: 0, stepInEpoch: 0, stepsPerEpoch: 0, wholeGroup: PIPELINE_WHOLE_GROUP }),
-        stageHandover: () => pp.stageHandover()
+        stageHandover: () => Promise.resolve(pp.stageHandover())
       })
     }
     return pp

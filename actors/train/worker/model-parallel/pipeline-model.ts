@@ -18,9 +18,9 @@
 //
 // Recovery from surviving peers (with `recovery`, which a Trainer's worker gives it): each step,
 // epoch sum and evaluation is one group operation of the worker's group session. When a rank of
-// the grid is lost, the survivors park in theirs and hand over their stages (stageHandover); the
+// the grid is lost, the survivors park in theirs and say what they hold of their stages (stageHandover); the
 // regroup keeps each survivor at its rank, places a replacement at the lost one, and every rank
-// takes its stage's state from the replica furthest on (adoptStage), its links made again for the
+// takes its stage's state from the replica furthest on (its stageFiles through the driver; adoptStage), its links made again for the
 // new group before its next operation. A stage none of whose replicas applied the step in flight
 // skips that step; the rest retry it. A replacement builds its stage at the survivors' cut,
 // replays the loop from the checkpoint without computing, and takes its stage's state where the
@@ -32,7 +32,7 @@ import type { Batch, BatchTransform } from "../../../../core/data/stream.ts"
 import type { Block } from "./blocks.ts"
 import type { GridPlace } from "./grid.ts"
 import type { StageLinks } from "./links.ts"
-import { LAYOUT_FILE, shardFileName } from "./checkpoint.ts"
+import { LAYOUT_FILE, shardFileName, stageFilesOf } from "./checkpoint.ts"
 import { labelsOf, type ResolvedLoss } from "./loss.ts"
 import { microBatchSizes, stageOps, type ScheduleName } from "./schedule.ts"
 import type { WeightPart } from "./tensor-parallel.ts"
@@ -133,10 +133,10 @@ export interface PipelineRecovery {
   swap(next: StageLinks): StageLinks
 }
 
-/** A stage handed over at a regroup (actors/train/common/train-protocol.ts StageHandover). */
-export interface StageHandoverFiles {
+/** A stage handed over at a regroup (actors/train/common/train-protocol.ts StageHandover): the files it holds, not their bytes. */
+export interface StageHandoverSummary {
   readonly step: number
-  readonly files: Record<string, Uint8Array>
+  readonly holds: ReadonlyArray<string>
   readonly needs: ReadonlyArray<{ readonly name: string; readonly what: string }>
 }
 
@@ -337,15 +337,20 @@ export class PipelineModel {
     this.#stale = true
   }
 
-  /** @internal This rank's stage for a regroup: its shard with the layout, its steps, and every shard the grid needs. */
-  async stageHandover(): Promise<StageHandoverFiles> {
-    const files = await stageShardFiles(this.layout, this.place, this.#vars, this.stage.parts, this.optimizer, this.stage.frozen, this.#steps)
-    files[LAYOUT_FILE] = new TextEncoder().encode(JSON.stringify(this.layout))
+  /** @internal This rank's stage for a regroup: the files it holds (stageFiles), its steps, and every shard the grid needs. */
+  stageHandover(): StageHandoverSummary {
     const needs: Array<{ name: string; what: string }> = []
     for (let s = 0; s < this.place.stages; s++) {
       for (let t = 0; t < this.place.tp; t++) needs.push({ name: shardFileName(s, this.place.stages, t, this.place.tp), what: `stage ${s}${this.place.tp > 1 ? ` (tensor rank ${t})` : ""}` })
     }
-    return { step: this.#steps, files, needs }
+    return { step: this.#steps, holds: stageFilesOf(this.place), needs }
+  }
+
+  /** @internal This rank's stage as files: its shard (weights, optimizer state, steps) and the layout. */
+  async stageFiles(): Promise<Record<string, Uint8Array>> {
+    const files = await stageShardFiles(this.layout, this.place, this.#vars, this.stage.parts, this.optimizer, this.stage.frozen, this.#steps)
+    files[LAYOUT_FILE] = new TextEncoder().encode(JSON.stringify(this.layout))
+    return files
   }
 
   /** @internal Takes this rank's stage from a regroup's merged state (the replica furthest on). */
