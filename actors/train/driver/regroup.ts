@@ -348,7 +348,7 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
       survivors: s,
       joiners,
       source: source.rank,
-      // what the members load of the held state, and (a pipelined model) the survivor each stage's shard came from
+      // the state held for the members (a pipelined model's each load their stage's files of it), and where each stage's shard came from
       stateBytes: Object.values(state.files).reduce((n, f) => n + f.byteLength, 0),
       ...(stages ? { stagesFrom: Object.fromEntries(Object.entries(stages.from).filter(([f]) => f.startsWith("pipeline/stage-")).map(([f, i]) => [f, survivors[i]!.rank])) } : {}),
       ...(lostServer !== undefined ? { server: lostServer, replacement: servers[lostServer] } : {}),
