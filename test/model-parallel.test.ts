@@ -309,16 +309,16 @@ describe("a stack of layer factories: no rank holds the whole model", () => {
     ]
   })
 
-  it("describes every layer one at a time and frees it", () => {
+  it("describes every layer one at a time and frees it", async () => {
     const before = tf.memory().numTensors
-    const infos = describeStack(tf, factories(), 4)
+    const infos = await describeStack(tf, factories(), 4)
     expect(tf.memory().numTensors).toBe(before)
     expect(infos.map((l) => l.name)).toEqual(["d0", "d1", "d2", "d3", "out"])
     expect(infos[1].weights).toEqual([{ name: "d1/kernel", shape: [8, 12] }, { name: "d1/bias", shape: [12] }])
     expect(infos[4].inputShape).toEqual([6])
     expect(infos.every((l) => l.ms > 0)).toBe(true)
     // unnamed layers are named by position, the same in every process
-    const unnamed = describeStack(tf, { inputShape: [3], layers: [(t: Tf) => t.layers.dense({ units: 2 }), (t: Tf) => t.layers.dense({ units: 1 })] }, undefined)
+    const unnamed = await describeStack(tf, { inputShape: [3], layers: [(t: Tf) => t.layers.dense({ units: 2 }), (t: Tf) => t.layers.dense({ units: 1 })] }, undefined)
     expect(unnamed.map((l) => l.weights[0].name)).toEqual(["layer0/kernel", "layer1/kernel"])
   })
 

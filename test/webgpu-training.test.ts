@@ -3,7 +3,9 @@
 // swiftshader.ts) that GRADWIRE_WEBGPU_SOFTWARE=1 lets the embedded cluster's agent advertise as
 // GPUs. Through the public API on 2 workers: the zoo's CNN on the all-reduce; the digits MLP with
 // ZeRO-2, checkpointed and resumed (the optimizer state's hand-over, read asynchronously); local
-// SGD. Every rank ends with the same weights; explain.txt says each rank ran webgpu. Without the
+// SGD; pipeline and tensor parallelism (each rank's part against the whole model trained on one
+// worker, and a pipelined digits run whose merged checkpoint scores what it reported). Every
+// data-parallel rank ends with the same weights; explain.txt says each rank ran webgpu. Without the
 // opt-in, the same machine's agent refuses the software adapter and says how to accept it. And one
 // job of a webgpu worker and a wasm worker (useGpu "auto") on two CLI-started agents, one of which
 // has the (software) GPU.
@@ -12,7 +14,8 @@ import { spawn, type ChildProcess } from "node:child_process"
 import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
-import { Trainer, loadDigits, trainTestSplit, type ArrayDataset, type Result } from "../index.ts"
+import { Trainer, loadDigits, loadEngine, loadPipelineCheckpoint, trainTestSplit, type ArrayDataset, type Result } from "../index.ts"
+import type { EquivalenceCase } from "./support/pipeline-loop.ts"
 import { launchNatsServer, liveNatsServerPids } from "../core/nats-server.ts"
 import { openNats } from "../core/connection.ts"
 import { openClusterView } from "../scheduler/cluster-view.ts"
@@ -24,24 +27,28 @@ import { swiftShaderEnv } from "./support/swiftshader.ts"
 
 const ZOO = path.resolve("examples/zoo/train.ts") + "#zooLoop"
 const DIGITS = path.resolve("examples/digits/train.ts") + "#trainLoop"
+const PIPELINES = path.resolve("test/support/pipeline-loop.ts")
 let storage = ""
 let train: ArrayDataset
 let test: ArrayDataset
+/** This process's engine (wasm), which scores a merged checkpoint. */
+let tfHere: Awaited<ReturnType<typeof loadEngine>>["tf"]
 
 beforeAll(async () => {
   // Workers and the probe's children inherit this process's environment.
   Object.assign(process.env, swiftShaderEnv())
   storage = await fs.mkdtemp(path.join(os.tmpdir(), "gw-webgpu-"))
   ;({ train, test } = trainTestSplit(await loadDigits(), 0.2, 7))
+  ;({ tf: tfHere } = await loadEngine("auto"))
 })
 afterAll(async () => {
   await fs.rm(storage, { recursive: true, force: true })
   expect(liveNatsServerPids()).toEqual([])
 })
 
-/** Every rank ran its backend (webgpu by default), and ended each epoch with rank 0's weights. */
-const expectWebGpuRanks = async (r: Result, backends = ["webgpu", "webgpu"]): Promise<void> => {
-  for (const epoch of r.metricsPerRank) expect(new Set(epoch.map((m) => m.weights)).size).toBe(1)
+/** Every rank ran its backend (webgpu by default), and (data parallel: `sameWeights`) ended each epoch with rank 0's weights. */
+const expectWebGpuRanks = async (r: Result, backends = ["webgpu", "webgpu"], sameWeights = true): Promise<void> => {
+  if (sameWeights) for (const epoch of r.metricsPerRank) expect(new Set(epoch.map((m) => m.weights)).size).toBe(1)
   const explain = await fs.readFile(path.join(r.path, "explain.txt"), "utf8")
   backends.forEach((b, rank) => expect(explain).toContain(`rank ${rank}: backend ${b}`))
 }
@@ -108,6 +115,46 @@ describe("useGpu workers on the webgpu backend (SwiftShader)", () => {
     expect(r.metricsHistory.length).toBe(2)
     expect(Number(r.metrics?.val_accuracy)).toBeGreaterThan(0.8)
     await expectWebGpuRanks(r)
+  })
+
+  it("pipeline and tensor parallelism on webgpu: each rank's part trains as the whole model on one worker, and a pipelined run trains, checkpoints and merges", { timeout: 240_000 }, async () => {
+    const cases: EquivalenceCase[] = [
+      // cut by measured compute: the profile's timings read back asynchronously
+      { name: "pp2", options: { stages: 2, schedule: "1f1b", microBatches: 3, balance: "compute" }, rows: 10, steps: 3 },
+      { name: "tp2", options: { tensorParallel: 2 }, rows: 5, steps: 2 }
+    ]
+    const eq = await new Trainer({
+      trainLoopPerWorker: `${PIPELINES}#equivalenceLoop`,
+      trainLoopConfig: { cases },
+      scalingConfig: { numWorkers: 2, useGpu: true, backend: "webgpu" },
+      runConfig: { name: "webgpu-pipeline-equivalence", storagePath: storage, progress: false }
+    }).fit()
+    const ranks = eq.metricsPerRank.at(-1)!
+    for (const m of ranks) {
+      for (const c of cases) {
+        expect(m[`${c.name}/diff`], `${c.name} on rank ${String(m.rank)}`).toBeLessThan(2e-5)
+        expect(m[`${c.name}/loss`] as number).toBeCloseTo(m[`${c.name}/ref_loss`] as number, 5)
+      }
+    }
+    expect(ranks.map((m) => m["pp2/stage"])).toEqual([0, 1])
+    await expectWebGpuRanks(eq, ["webgpu", "webgpu"], false)
+    // The digits MLP as a 2-stage pipeline with pp.fit(), evaluated and checkpointed by both stages.
+    const r = await new Trainer({
+      trainLoopPerWorker: `${PIPELINES}#fitLoop`,
+      trainLoopConfig: { epochs: 1, stages: 2 },
+      scalingConfig: { numWorkers: 2, useGpu: true, backend: "webgpu" },
+      runConfig: { name: "webgpu-pipeline", storagePath: storage, progress: false },
+      datasets: { train, test }
+    }).fit()
+    const val = Number(r.metrics?.val_accuracy)
+    expect(val).toBeGreaterThan(0.85)
+    // the stage-sharded checkpoint merged into one model scores what the pipeline's evaluate reported
+    const model = await loadPipelineCheckpoint(tfHere, r.checkpoint!.path)
+    const pred = tfHere.tidy(() => (model.predict(tfHere.tensor2d(test.x, [test.size, 64])) as import("@tensorflow/tfjs").Tensor).argMax(-1).dataSync())
+    let correct = 0
+    for (let i = 0; i < test.size; i++) if (pred[i] === test.y[i]) correct++
+    expect(correct / test.size).toBeCloseTo(val, 5)
+    await expectWebGpuRanks(r, ["webgpu", "webgpu"], false)
   })
 
   it('useGpu "auto": one job of a webgpu worker (the agent with the GPU) and a wasm worker (the one without)', { timeout: 240_000 }, async () => {

@@ -55,7 +55,8 @@ export const batchOf = (tf: Tf, rows: number, seed: number): { x: Tensor; y: Ten
   return { x, y }
 }
 
-const distance = (tf: Tf, pp: PipelineModel, ref: LayersModel): number => {
+/** The largest difference between this rank's part and the whole model's weights (read asynchronously: webgpu has no synchronous read in Node). */
+const distance = async (tf: Tf, pp: PipelineModel, ref: LayersModel): Promise<number> => {
   const named = new Map(ref.weights.map((w) => [w.originalName, w.read()]))
   let worst = 0
   for (const [i, v] of pp.variables.entries()) {
@@ -67,9 +68,10 @@ const distance = (tf: Tf, pp: PipelineModel, ref: LayersModel): number => {
         const c = (whole.shape[part.slice.axis] as number) / part.slice.parts
         r = tf.slice(whole, whole.shape.map((_, k) => (k === part.slice!.axis ? part.slice!.index * c : 0)), whole.shape.map((n, k) => (k === part.slice!.axis ? c : (n as number))))
       }
-      return tf.max(tf.abs(tf.sub(v, r))).dataSync()[0]
+      return tf.max(tf.abs(tf.sub(v, r)))
     })
-    worst = Math.max(worst, d)
+    worst = Math.max(worst, (await d.data())[0]!)
+    d.dispose()
   }
   return worst
 }
@@ -97,10 +99,10 @@ export async function equivalenceLoop(config: { cases: EquivalenceCase[] }, ctx:
       const { value, grads } = opt.computeGradients(() => tf.metrics.categoricalCrossentropy(y, ref.apply(x, { training: true }) as Tensor).mean() as never)
       opt.applyGradients(grads)
       // the global batch's loss (with one replica, the batch's; with several, the mean of theirs)
-      if (s === c.steps - 1) refLoss = value.dataSync()[0]
+      if (s === c.steps - 1) refLoss = (await value.data())[0]!
       tf.dispose([value, x, y, ...Object.values(grads)])
     }
-    metrics[`${c.name}/diff`] = distance(tf, pp, ref)
+    metrics[`${c.name}/diff`] = await distance(tf, pp, ref)
     metrics[`${c.name}/loss`] = loss
     metrics[`${c.name}/ref_loss`] = refLoss
     metrics[`${c.name}/stage`] = pp.place.stage

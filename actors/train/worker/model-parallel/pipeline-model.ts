@@ -172,6 +172,9 @@ interface StepState {
   readonly stash: Map<number, StashEntry>
   readonly acc: Array<Tensor | undefined>
   readonly sends: Array<Promise<void>>
+  /** The last stage's per-micro-batch losses (each weighted by its share of the batch) and correct counts, read once the schedule has run. */
+  readonly losses: Tensor[]
+  readonly corrects: Tensor[]
   lossSum: number
   correct: number
   waitMs: number
@@ -372,6 +375,8 @@ export class PipelineModel {
       stash: new Map(),
       acc: new Array(this.#vars.length).fill(undefined),
       sends: [],
+      losses: [],
+      corrects: [],
       lossSum: 0,
       correct: 0,
       waitMs: 0,
@@ -391,6 +396,7 @@ export class PipelineModel {
         entry.out?.dispose()
       }
       tf.dispose(st.acc.filter((t): t is Tensor => t !== undefined))
+      tf.dispose([...st.losses, ...st.corrects])
       // A step cut short leaves the links mid-conversation: give them up, which fails the peers'
       // transfers in flight at once instead of at their deadline, and refuse further steps (with
       // recovery, until the regroup has made them again).
@@ -451,7 +457,8 @@ export class PipelineModel {
       else st.backwardMs += busy
     }
     // The batch's loss and correct count go back up the pipeline, behind the last gradients.
-    if (!this.isLastStage) {
+    if (this.isLastStage) await this.#readLoss(st)
+    else {
       const meta = new Float32Array(2)
       await this.#recv(st, links.fromNext, meta)
       st.lossSum = meta[0]
@@ -546,10 +553,9 @@ export class PipelineModel {
     try {
       if (lastBlock?.backwardLoss !== undefined) {
         const r = lastBlock.backwardLoss(entry.inputs[k], lossOf, k > 0 || !this.isFirstStage, this.#loss.classification)
-        st.lossSum += r.value.dataSync()[0] * st.batch
-        r.value.dispose()
+        st.losses.push(r.value)
         if (r.out) {
-          st.correct += this.#countCorrect(r.out, yi)
+          st.corrects.push(this.#countCorrect(r.out, yi))
           r.out.dispose()
         }
         this.#addGrads(st, k, r.grads)
@@ -558,9 +564,8 @@ export class PipelineModel {
       }
       const out = entry.out!
       const { value, grads } = tf.engine().gradients(() => lossOf(out), [out])
-      st.lossSum += value.dataSync()[0] * st.batch
-      value.dispose()
-      if (this.#loss.classification) st.correct += this.#countCorrect(out, yi)
+      st.losses.push(value)
+      if (this.#loss.classification) st.corrects.push(this.#countCorrect(out, yi))
       return { dy: grads[0], k }
     } finally {
       yi.dispose()
@@ -580,11 +585,31 @@ export class PipelineModel {
     }
   }
 
-  #countCorrect(out: Tensor, yi: Tensor): number {
-    const c = this.#tf.tidy(() => out.argMax(-1).equal(labelsOf(yi)).sum())
-    const v = c.dataSync()[0]
-    c.dispose()
-    return v
+  /** The rows of `out` whose arg max is the label's (a scalar, read with the losses). */
+  #countCorrect(out: Tensor, yi: Tensor): Tensor {
+    return this.#tf.tidy(() => out.argMax(-1).equal(labelsOf(yi)).sum())
+  }
+
+  /**
+   * The last stage's batch loss and correct count, read back once per step (asynchronously: a GPU
+   * backend has no synchronous read in Node, and one read of two sums waits less than one per micro-batch).
+   */
+  async #readLoss(st: StepState): Promise<void> {
+    const tf = this.#tf
+    const [loss, correct] = tf.tidy(() => [
+      st.losses.length > 0 ? tf.addN(st.losses) : tf.scalar(0),
+      st.corrects.length > 0 ? tf.addN(st.corrects.map((c) => c.toFloat())) : tf.scalar(0)
+    ])
+    tf.dispose([...st.losses, ...st.corrects])
+    st.losses.length = 0
+    st.corrects.length = 0
+    try {
+      const [l, c] = await Promise.all([loss!.data(), correct!.data()])
+      st.lossSum = l[0]! * st.batch
+      st.correct = c[0]!
+    } finally {
+      tf.dispose([loss!, correct!])
+    }
   }
 
   /** Sends on a link without waiting (the step awaits them all at its end). */
@@ -659,14 +684,13 @@ export class PipelineModel {
         if (this.isLastStage) {
           const yi = tf.slice(y as Tensor, off, n)
           const l = tf.tidy(() => this.#loss.fn(yi, h))
-          lossSum += l.dataSync()[0] * n
+          lossSum += (await l.data())[0]! * n
           l.dispose()
-          if (this.#loss.classification) correct += (() => {
-            const c = tf.tidy(() => h.argMax(-1).equal(labelsOf(yi)).sum())
-            const v = c.dataSync()[0]
+          if (this.#loss.classification) {
+            const c = this.#countCorrect(h, yi)
+            correct += (await c.data())[0]!
             c.dispose()
-            return v
-          })()
+          }
           yi.dispose()
           h.dispose()
         } else {

@@ -91,7 +91,7 @@ const FIELD = "preparePipeline"
  */
 const cut = async (
   paramBytes: ReadonlyArray<number>,
-  measure: (() => number[]) | undefined,
+  measure: (() => Promise<number[]>) | undefined,
   opts: PipelineOptions,
   deps: PrepareDeps,
   stages: number,
@@ -103,7 +103,7 @@ const cut = async (
   let computeMs = new Array<number>(U).fill(1)
   let speeds: number[] | undefined
   if (measure) {
-    const mine = measure()
+    const mine = await measure()
     const buf = new Float32Array(U + deps.worldSize)
     buf.set(mine)
     buf[U + deps.rank] = mine.reduce((a, b) => a + b, 0)
@@ -143,7 +143,7 @@ export const preparePipelineModel = async (tf: Tf, spec: PipelineSpec, opts: Pip
   const rows = opts.profileBatchSize ?? 16
   // the whole model's graph (a built model), or each layer described alone (a stack)
   const whole = model ? modelGraph(model) : undefined
-  const infos: StackLayerInfo[] | undefined = stack ? describeStack(tf, stack, timed ? rows : undefined) : undefined
+  const infos: StackLayerInfo[] | undefined = stack ? await describeStack(tf, stack, timed ? rows : undefined) : undefined
   const paramBytes = whole
     ? Array.from({ length: unitCount(whole) }, (_, u) => {
         let b = 0
@@ -151,7 +151,7 @@ export const preparePipelineModel = async (tf: Tf, spec: PipelineSpec, opts: Pip
         return b
       })
     : infos!.map((l) => l.trainableBytes)
-  const measure = timed ? (whole ? () => profileUnits(tf, whole, rows) : () => infos!.map((l) => l.ms)) : undefined
+  const measure = timed ? (whole ? () => profileUnits(tf, whole, rows) : () => Promise.resolve(infos!.map((l) => l.ms))) : undefined
   // A replacement takes the survivors' cut: theirs was measured on the group they started with,
   // whose sums it cannot take part in now.
   const held = await deps.joinLayout?.()

@@ -14,24 +14,31 @@ const median = (xs: number[]): number => {
 }
 
 /** Median ms of forward + backward of `f` (from `input`, over `vars`) after one warm-up run. */
-export const timeForwardBackward = (tf: Tf, f: () => Tensor, input: Tensor, vars: ReadonlyArray<Tensor>, reps = 3): number => {
+export const timeForwardBackward = async (tf: Tf, f: () => Tensor, input: Tensor, vars: ReadonlyArray<Tensor>, reps = 3): Promise<number> => {
   const probe = tf.tidy(f)
   const dy = tf.onesLike(probe)
   probe.dispose()
   const xs = input.dtype === "float32" ? [input, ...vars] : [...vars]
-  const once = (): number => {
+  // (reading one value waits for the work on backends that run asynchronously; read
+  // asynchronously: webgpu in Node has no synchronous read-back)
+  const once = async (): Promise<number> => {
     const t0 = performance.now()
     if (xs.length > 0) {
       const { value, grads } = tf.engine().gradients(f, xs, dy, true)
-      // reading one value waits for the work on backends that run asynchronously
-      value.dataSync()
+      await value.data()
       tf.dispose([value, ...grads.filter((g): g is Tensor => g !== null)])
-    } else tf.tidy(f).dataSync()
+    } else {
+      const out = tf.tidy(f)
+      await out.data()
+      out.dispose()
+    }
     return performance.now() - t0
   }
   try {
-    once()
-    return median(Array.from({ length: reps }, once))
+    await once()
+    const times: number[] = []
+    for (let i = 0; i < reps; i++) times.push(await once())
+    return median(times)
   } finally {
     dy.dispose()
   }
@@ -42,7 +49,7 @@ export const sampleInput = (tf: Tf, shape: ReadonlyArray<number>, rows: number, 
   dtype === "int32" ? tf.zeros([rows, ...shape], "int32") : tf.randomNormal([rows, ...shape], 0, 1, "float32", 1)
 
 /** ms per unit (forward + backward of `microBatch` rows). */
-export const profileUnits = (tf: Tf, graph: ModelGraph, microBatch: number, reps = 3): number[] => {
+export const profileUnits = async (tf: Tf, graph: ModelGraph, microBatch: number, reps = 3): Promise<number[]> => {
   let x: Tensor = sampleInput(tf, graph.boundaries[0].shape, microBatch, graph.inputDtype)
   const out: number[] = []
   try {
@@ -54,7 +61,7 @@ export const profileUnits = (tf: Tf, graph: ModelGraph, microBatch: number, reps
       const input = x
       const f = (): Tensor => runLayers(graph.layers, a, b, from, to, input, true)
       const vars: Tensor[] = graph.layers.slice(a, b).flatMap((l) => l.layer.trainableWeights.map((w) => w.read()))
-      out.push(timeForwardBackward(tf, f, input, vars, reps))
+      out.push(await timeForwardBackward(tf, f, input, vars, reps))
       x = tf.tidy(f)
       input.dispose()
     }

@@ -57,7 +57,7 @@ const perSample = (shape: ReadonlyArray<number | null> | ReadonlyArray<number | 
 }
 
 /** Every layer, made and freed one at a time: names, weights, input shapes, and (when `timeRows`) times. */
-export const describeStack = (tf: Tf, stack: LayerStack, timeRows: number | undefined): StackLayerInfo[] => {
+export const describeStack = async (tf: Tf, stack: LayerStack, timeRows: number | undefined): Promise<StackLayerInfo[]> => {
   if (stack.layers.length === 0) throw new ConfigError({ field: "preparePipeline(model).layers", reason: "the stack has no layers" })
   const out: StackLayerInfo[] = []
   let shape: number[] = [...stack.inputShape]
@@ -74,7 +74,7 @@ export const describeStack = (tf: Tf, stack: LayerStack, timeRows: number | unde
       if (timeRows !== undefined) {
         const x = sampleInput(tf, shape, timeRows, dtype)
         try {
-          ms = timeForwardBackward(tf, () => l.apply(x, { training: true }) as Tensor, x, l.trainableWeights.map((w) => w.read()))
+          ms = await timeForwardBackward(tf, () => l.apply(x, { training: true }) as Tensor, x, l.trainableWeights.map((w) => w.read()))
         } finally {
           x.dispose()
         }
