@@ -45,6 +45,8 @@ export const NodeUsageSchema = Schema.Struct({
   cpus: Schema.Number,
   memoryBytes: Schema.Number,
   gpuIndices: Schema.Array(Schema.Number),
+  /** GPUs shared by workers that asked for a fraction of one: the fraction in use, by GPU index. */
+  gpuShares: Schema.optionalKey(Schema.Record(Schema.String, Schema.Number)),
   custom: Schema.Record(Schema.String, Schema.Number)
 })
 

@@ -1,5 +1,7 @@
 // Placement: decides which node (and which GPUs) each worker rank gets, with Ray's four strategies,
-// and keeps a ledger of what running jobs hold so two jobs never share a GPU. Pure: it reads a list
+// and keeps a ledger of what running jobs hold so two jobs never take the same GPU whole (workers
+// that ask for a fraction of one, resourcesPerWorker.GPU < 1, share GPUs up to all of each, packed
+// in index order, one GPU per worker; a shared GPU is not free for a whole-GPU worker). Pure: it reads a list
 // of NodeResources and returns a plan or a typed error, so it is tested over hand-made clusters.
 //
 // Semantics (Ray placement groups, one bundle = one worker's resourcesPerWorker): the strategies
@@ -27,6 +29,7 @@ import {
   formatBytes,
   formatNumber,
   freeResources,
+  GPU_SHARE_EPS,
   type FreeResources,
   type GpuInfo,
   type NodeResources,
@@ -104,7 +107,10 @@ export interface NodeAllocation {
   readonly workers: number
   readonly cpus: number
   readonly memoryBytes: number
+  /** GPUs taken whole. */
   readonly gpuIndices: readonly number[]
+  /** GPUs shared by workers that each asked for a fraction of one: the fraction this job takes, by index. */
+  readonly gpuShares?: Readonly<Record<string, number>>
   readonly custom: Readonly<Record<string, number>>
 }
 
@@ -304,10 +310,10 @@ export const normalizeRequest = (req: PlacementRequest): Result.Result<Normalize
       `GPU is ${gpus} but useGpu is false; set useGpu: true to train on GPUs, or drop GPU from resourcesPerWorker`
     )
   }
-  if (!Number.isInteger(gpus)) {
+  if (!Number.isInteger(gpus) && !(gpus > 0 && gpus < 1)) {
     return invalid(
       "scalingConfig.resourcesPerWorker.GPU",
-      `must be a whole number of GPUs (a GPU is never shared between workers), got ${gpus}`
+      `must be whole GPUs or a fraction of one (0 < GPU < 1: workers share a GPU, as Ray's fractional GPUs), got ${gpus}`
     )
   }
   const backend = req.backend ?? "auto"
@@ -343,6 +349,8 @@ interface NodeFit {
   readonly free: FreeResources
   /** Free GPUs this request may use (after acceleratorType), ascending by index. */
   readonly gpus: readonly GpuInfo[]
+  /** The same with shared ones: every GPU not taken whole and the fraction of it free (a request for a fraction of a GPU). */
+  readonly fractions: FreeResources["gpuFractions"]
   readonly backend: TfjsBackend | undefined
   /** What one worker takes here (the request's; with useGpu "auto", the GPU or the CPU worker's). */
   readonly resources: Readonly<Record<string, number>>
@@ -360,7 +368,7 @@ const matchesAccelerator = (g: GpuInfo, acceleratorType: string): boolean =>
 
 const assessNode = (node: NodeResources, req: NormalizedRequest): NodeFit => {
   const free = freeResources(node)
-  const base = { node, free, gpus: [] as readonly GpuInfo[], backend: undefined, resources: req.resources, capacity: 0 }
+  const base = { node, free, gpus: [] as readonly GpuInfo[], fractions: [] as FreeResources["gpuFractions"], backend: undefined, resources: req.resources, capacity: 0 }
   // Backend first: it is the most common reason a GPU request lands nowhere.
   let backend: TfjsBackend | undefined
   // What the node's probe said about webgpu ("no WebGPU adapter ..."), for the exclusion reason.
@@ -391,6 +399,7 @@ const assessNode = (node: NodeResources, req: NormalizedRequest): NodeFit => {
     }
   }
   let gpus = free.gpus
+  let fractions = free.gpuFractions
   if (req.acceleratorType !== undefined) {
     const acc = req.acceleratorType
     if (!node.gpus.some((g) => matchesAccelerator(g, acc))) {
@@ -398,6 +407,7 @@ const assessNode = (node: NodeResources, req: NormalizedRequest): NodeFit => {
       return { ...base, backend, excluded: `no GPU matching "${acc}" (${names.length ? `has ${names.join(", ")}` : "has no GPUs"})` }
     }
     gpus = gpus.filter((g) => matchesAccelerator(g, acc))
+    fractions = fractions.filter((f) => matchesAccelerator(f.gpu, acc))
   }
   let capacity = Number.MAX_SAFE_INTEGER
   let limit = ""
@@ -410,11 +420,15 @@ const assessNode = (node: NodeResources, req: NormalizedRequest): NodeFit => {
     } else if (k === MEMORY) {
       have = free.memoryBytes
       fits = fitCount(have, need)
+    } else if (k === GPU && need < 1) {
+      // a fraction of a GPU: as many as fit in what each GPU has left (workers never span two)
+      have = Math.max(0, ...fractions.map((f) => f.free))
+      fits = fractions.reduce((s, f) => s + fitCount(f.free, need), 0)
     } else if (k === GPU) {
       have = gpus.length
       fits = Math.floor(have / need)
     } else {
-      if (!Object.hasOwn(node.custom, k)) return { ...base, backend, gpus, excluded: `no resource "${k}"` }
+      if (!Object.hasOwn(node.custom, k)) return { ...base, backend, gpus, fractions, excluded: `no resource "${k}"` }
       have = free.custom[k] ?? 0
       fits = fitCount(have, need)
     }
@@ -424,8 +438,8 @@ const assessNode = (node: NodeResources, req: NormalizedRequest): NodeFit => {
       limit = `${k === GPU && req.acceleratorType ? `GPU "${req.acceleratorType}"` : k}: ${shown} per worker`
     }
   }
-  if (capacity === 0) return { ...base, backend, gpus, excluded: limit }
-  return { node, free, gpus, backend, resources: req.resources, capacity, excluded: "" }
+  if (capacity === 0) return { ...base, backend, gpus, fractions, excluded: limit }
+  return { node, free, gpus, fractions, backend, resources: req.resources, capacity, excluded: "" }
 }
 
 /** Workers per node through the requested strategy, over the nodes that can take one. */
@@ -554,9 +568,18 @@ export const planPlacement = (
     const gpuPer = resources[GPU] ?? 0
     const nodeRank = allocations.length
     const gpuIndices: number[] = []
+    // A fraction of a GPU: workers packed onto the GPUs in index order, each on one GPU.
+    const shares: Record<string, number> = {}
+    const left = f.fractions.map((x) => ({ index: x.gpu.index, free: x.free }))
+    const shareOf = (): number[] => {
+      const g = left.find((x) => x.free + EPS >= gpuPer)!
+      g.free -= gpuPer
+      shares[String(g.index)] = (shares[String(g.index)] ?? 0) + gpuPer
+      return [g.index]
+    }
     for (let local = 0; local < count; local++) {
-      const mine = f.gpus.slice(local * gpuPer, (local + 1) * gpuPer).map((g) => g.index)
-      gpuIndices.push(...mine)
+      const mine = gpuPer > 0 && gpuPer < 1 ? shareOf() : f.gpus.slice(local * gpuPer, (local + 1) * gpuPer).map((g) => g.index)
+      if (!(gpuPer < 1)) gpuIndices.push(...mine)
       ranks.push({
         rank: ranks.length,
         nodeId: f.node.nodeId,
@@ -579,6 +602,7 @@ export const planPlacement = (
       cpus: (resources[CPU] ?? 0) * count,
       memoryBytes: (resources[MEMORY] ?? 0) * count,
       gpuIndices,
+      ...(Object.keys(shares).length > 0 ? { gpuShares: shares } : {}),
       custom
     })
   }
@@ -644,6 +668,7 @@ const allocationUsage = (a: NodeAllocation): ResourceUsage => ({
   cpus: a.cpus,
   memoryBytes: a.memoryBytes,
   gpuIndices: a.gpuIndices,
+  ...(a.gpuShares ? { gpuShares: a.gpuShares } : {}),
   custom: a.custom
 })
 
@@ -687,8 +712,15 @@ export class AllocationLedger {
       return Result.fail(new AllocationConflict({ jobId: plan.jobId, nodeId: "", reason: "a job with this id already holds resources" }))
     }
     for (const a of plan.nodes) {
-      const held = new Set(this.usage(a.nodeId).gpuIndices)
-      const clash = a.gpuIndices.filter((g) => held.has(g))
+      const usage = this.usage(a.nodeId)
+      const held = new Set(usage.gpuIndices)
+      const sharedHeld = usage.gpuShares ?? {}
+      const clash = [
+        ...a.gpuIndices.filter((g) => held.has(g) || (sharedHeld[String(g)] ?? 0) > 0),
+        ...Object.entries(a.gpuShares ?? {})
+          .filter(([g, v]) => held.has(Number(g)) || (sharedHeld[g] ?? 0) + v > 1 + GPU_SHARE_EPS)
+          .map(([g]) => Number(g))
+      ]
       if (clash.length > 0) {
         return Result.fail(new AllocationConflict({ jobId: plan.jobId, nodeId: a.nodeId, reason: `GPU ${clash.join(",")} already held by another job` }))
       }
@@ -702,7 +734,13 @@ export class AllocationLedger {
         const over: string[] = []
         if (a.cpus > free.cpus + EPS) over.push(`CPU ${formatNumber(a.cpus)} > ${formatNumber(free.cpus)} free`)
         if (a.memoryBytes > free.memoryBytes + EPS) over.push(`memory ${formatBytes(a.memoryBytes)} > ${formatBytes(free.memoryBytes)} free`)
-        const notFree = a.gpuIndices.filter((g) => !freeGpu.has(g))
+        const freeShare = new Map(free.gpuFractions.map((x) => [x.gpu.index, x.free]))
+        const notFree = [
+          ...a.gpuIndices.filter((g) => !freeGpu.has(g)),
+          ...Object.entries(a.gpuShares ?? {})
+            .filter(([g, v]) => v > (freeShare.get(Number(g)) ?? 0) + GPU_SHARE_EPS)
+            .map(([g]) => Number(g))
+        ]
         if (notFree.length > 0) over.push(`GPU ${notFree.join(",")} not free or not on the node`)
         for (const [k, v] of Object.entries(a.custom)) {
           if (v > (free.custom[k] ?? 0) + EPS) over.push(`${k} ${formatNumber(v)} > ${formatNumber(free.custom[k] ?? 0)} free`)

@@ -19,8 +19,13 @@ export interface GpuInfo {
 export interface ResourceUsage {
   readonly cpus: number
   readonly memoryBytes: number
-  /** GPU indices that are taken; a GPU is never shared between workers. */
+  /** GPU indices that are taken whole. */
   readonly gpuIndices: readonly number[]
+  /**
+   * GPUs shared by workers that each asked for a fraction of one (resourcesPerWorker.GPU < 1, as
+   * Ray's fractional GPUs): the fraction in use, by GPU index. Absent: none shared.
+   */
+  readonly gpuShares?: Readonly<Record<string, number>>
   readonly custom: Readonly<Record<string, number>>
 }
 
@@ -57,36 +62,75 @@ export const MEMORY = "memory"
 
 export const emptyUsage: ResourceUsage = { cpus: 0, memoryBytes: 0, gpuIndices: [], custom: {} }
 
-/** Sum of two usages (GPU indices are unioned and sorted). */
+/** Sum of two usages (GPU indices are unioned and sorted, shares of a GPU added). */
 export const addUsage = (a: ResourceUsage, b: ResourceUsage): ResourceUsage => {
   const custom: Record<string, number> = { ...a.custom }
   for (const [k, v] of Object.entries(b.custom)) custom[k] = (custom[k] ?? 0) + v
+  const shares: Record<string, number> = { ...a.gpuShares }
+  for (const [k, v] of Object.entries(b.gpuShares ?? {})) shares[k] = (shares[k] ?? 0) + v
   return {
     cpus: a.cpus + b.cpus,
     memoryBytes: a.memoryBytes + b.memoryBytes,
     gpuIndices: [...new Set([...a.gpuIndices, ...b.gpuIndices])].sort((x, y) => x - y),
+    ...(Object.keys(shares).length > 0 ? { gpuShares: shares } : {}),
     custom
   }
+}
+
+/**
+ * What a node's running processes hold (the agent's advertisement): CPU, memory and custom
+ * resources summed; the GPUs of a process given a fraction of one (resources.GPU < 1) shared,
+ * any other's taken whole.
+ */
+export const usageOfProcesses = (processes: ReadonlyArray<{ readonly resources: Readonly<Record<string, number>>; readonly gpus: ReadonlyArray<number> }>): ResourceUsage => {
+  let cpus = 0
+  let memoryBytes = 0
+  const whole = new Set<number>()
+  const shares: Record<string, number> = {}
+  const custom: Record<string, number> = {}
+  for (const p of processes) {
+    for (const [k, v] of Object.entries(p.resources)) {
+      if (k === CPU) cpus += v
+      else if (k === MEMORY) memoryBytes += v
+      else if (k !== GPU) custom[k] = (custom[k] ?? 0) + v
+    }
+    const share = p.resources[GPU]
+    if (share !== undefined && share > 0 && share < 1) for (const g of p.gpus) shares[String(g)] = (shares[String(g)] ?? 0) + share
+    else for (const g of p.gpus) whole.add(g)
+  }
+  return { cpus, memoryBytes, gpuIndices: [...whole].sort((a, b) => a - b), ...(Object.keys(shares).length > 0 ? { gpuShares: shares } : {}), custom }
 }
 
 /** What is left on a node after its usage. Negative values are clamped to 0 (over-commit by others). */
 export interface FreeResources {
   readonly cpus: number
   readonly memoryBytes: number
-  /** Free GPUs, ascending by index. */
+  /** Free GPUs (neither taken whole nor shared), ascending by index. */
   readonly gpus: readonly GpuInfo[]
+  /** Every GPU not taken whole with the fraction of it still free (1 for a free one), ascending by index. */
+  readonly gpuFractions: ReadonlyArray<{ readonly gpu: GpuInfo; readonly free: number }>
   readonly custom: Readonly<Record<string, number>>
 }
+
+/** Below this a GPU's remaining fraction counts as none (sums of fractions such as 0.1 + 0.2). */
+export const GPU_SHARE_EPS = 1e-6
 
 export const freeResources = (node: NodeResources): FreeResources => {
   const used = node.used ?? emptyUsage
   const taken = new Set(used.gpuIndices)
   const custom: Record<string, number> = {}
   for (const [k, v] of Object.entries(node.custom)) custom[k] = Math.max(0, v - (used.custom[k] ?? 0))
+  const shared = used.gpuShares ?? {}
+  const gpuFractions = node.gpus
+    .filter((g) => !taken.has(g.index))
+    .map((gpu) => ({ gpu, free: Math.max(0, 1 - (shared[String(gpu.index)] ?? 0)) }))
+    .filter((f) => f.free > GPU_SHARE_EPS)
+    .sort((a, b) => a.gpu.index - b.gpu.index)
   return {
     cpus: Math.max(0, node.cpus - used.cpus),
     memoryBytes: Math.max(0, node.memoryBytes - used.memoryBytes),
-    gpus: node.gpus.filter((g) => !taken.has(g.index)).sort((a, b) => a.index - b.index),
+    gpus: gpuFractions.filter((f) => f.free >= 1 - GPU_SHARE_EPS).map((f) => f.gpu),
+    gpuFractions,
     custom
   }
 }

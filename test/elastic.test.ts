@@ -12,7 +12,8 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { Trainer, loadDigits, trainTestSplit, type ArrayDataset } from "../index.ts"
 import { launchNatsServer, type NatsServerProcess } from "../core/nats-server.ts"
 import { growTo, idle, planLargest, releasingJob } from "../actors/train/driver/elastic.ts"
-import type { NodeAdvertisement } from "../scheduler/node-info.ts"
+import { toNodeResources, type NodeAdvertisement } from "../scheduler/node-info.ts"
+import { freeResources, usageOfProcesses } from "../scheduler/resources.ts"
 import { CLI, waitForAliveNodes } from "./support/actors-processes.ts"
 import { nodeAd } from "./support/node-ads.ts"
 
@@ -53,6 +54,22 @@ describe("elastic sizing (pure)", () => {
     expect(growTo(request, 2, 4, releasingJob(busy, "mine"))).toBeUndefined()
     // Nothing above the current size: no growth.
     expect(growTo(request, 4, 4, releasingJob(ads, "mine"))).toBeUndefined()
+  })
+
+  it("a node's processes that share a GPU: the agent's usage counts their fractions, and the job's own are released for its grow", () => {
+    const gpus = [{ index: 0, name: "H200", memoryMiB: 1 }, { index: 1, name: "H200", memoryMiB: 1 }]
+    const proc = (job: string, i: number, resources: Record<string, number>, gpu: number[]) => ({ job, name: `w${i}`, instance: `i${i}`, pid: 100 + i, owner: "d", resources, gpus: gpu, startedAt: 0 })
+    const processes = [proc("mine", 0, { CPU: 1, GPU: 0.5 }, [0]), proc("other", 1, { CPU: 1, GPU: 0.5 }, [0]), proc("other", 2, { GPU: 1 }, [1]), proc("other", 3, { CPU: 2, licence: 1 }, [])]
+    const used = usageOfProcesses(processes)
+    expect(used).toEqual({ cpus: 4, memoryBytes: 0, gpuIndices: [1], gpuShares: { "0": 1 }, custom: { licence: 1 } })
+    const a = nodeAd({ nodeId: "a", gpus, backends: ["webgpu", "wasm"], used, processes })
+    const gpuRequest = { jobId: "mine", numWorkers: 1, useGpu: true, resourcesPerWorker: { GPU: 0.5 } }
+    // as the cluster sees it, GPU 0 is full and GPU 1 taken; with our worker released, half of GPU 0 is ours again
+    expect(freeResources(toNodeResources(a)).gpuFractions).toEqual([])
+    const released = releasingJob([a], "mine")
+    expect(freeResources(released[0]!).gpuFractions).toEqual([{ gpu: gpus[0], free: 0.5 }])
+    expect(R.isSuccess(planLargest(gpuRequest, { min: 1, max: 1 }, released))).toBe(true)
+    expect(R.isFailure(planLargest(gpuRequest, { min: 2, max: 2 }, released))).toBe(true)
   })
 
   it("idle() drops usage, so a request the cluster could never hold is told apart from a busy cluster", () => {

@@ -177,7 +177,7 @@ describe("placement examples", () => {
     const cases: [PlacementRequest, string][] = [
       [{ numWorkers: 0 }, "scalingConfig.numWorkers"],
       [{ numWorkers: 1.5 }, "scalingConfig.numWorkers"],
-      [{ numWorkers: 1, useGpu: true, resourcesPerWorker: { GPU: 0.5 } }, "scalingConfig.resourcesPerWorker.GPU"],
+      [{ numWorkers: 1, useGpu: true, resourcesPerWorker: { GPU: 1.5 } }, "scalingConfig.resourcesPerWorker.GPU"],
       [{ numWorkers: 1, useGpu: true, resourcesPerWorker: { GPU: 0 } }, "scalingConfig.resourcesPerWorker.GPU"],
       [{ numWorkers: 1, resourcesPerWorker: { GPU: 1 } }, "scalingConfig.resourcesPerWorker.GPU"],
       [{ numWorkers: 1, resourcesPerWorker: { CPU: -1 } }, "scalingConfig.resourcesPerWorker.CPU"],
@@ -191,6 +191,35 @@ describe("placement examples", () => {
       if (e._tag === "ConfigError") expect(e.field).toBe(field)
     }
     expect(err(planPlacement({ numWorkers: 1 }, [node("a"), node("a")]))._tag).toBe("ConfigError")
+  })
+
+  it("a fraction of a GPU per worker packs workers onto shared GPUs, which whole-GPU requests then leave alone", () => {
+    const nodes = [node("a", { gpuNames: ["H200", "H200"] })]
+    const plan = ok(planPlacement({ numWorkers: 3, useGpu: true, resourcesPerWorker: { GPU: 0.5 } }, nodes))
+    expect(where(plan)).toEqual(["a:0", "a:0", "a:1"])
+    expect(plan.ranks.map((r) => r.gpuIndices)).toEqual([[0], [0], [1]])
+    expect(plan.nodes[0]).toMatchObject({ gpuIndices: [], gpuShares: { "0": 1, "1": 0.5 } })
+    // five halves do not fit in two GPUs; a third of a GPU takes what is left of each
+    const e = err(planPlacement({ numWorkers: 5, useGpu: true, resourcesPerWorker: { GPU: 0.5 } }, nodes))
+    expect(e._tag === "PlacementInfeasible" && e.maxPlaceable).toBe(4)
+    const half = node("a", { gpuNames: ["H200", "H200"], used: { cpus: 0, memoryBytes: 0, gpuIndices: [], gpuShares: { "1": 0.5 }, custom: {} } })
+    expect(where(ok(planPlacement({ numWorkers: 4, useGpu: true, resourcesPerWorker: { GPU: 0.3 } }, [half])))).toEqual(["a:0", "a:0", "a:0", "a:1"])
+    // a shared GPU is not free for a worker that wants a whole one
+    expect(where(ok(planPlacement({ numWorkers: 1, useGpu: true }, [half])))).toEqual(["a:0"])
+    const none = err(planPlacement({ numWorkers: 2, useGpu: true }, [half]))
+    expect(none._tag === "PlacementInfeasible" && none.maxPlaceable).toBe(1)
+    // the same through the ledger: two jobs of halves share GPU 0, then a whole-GPU job takes GPU 1
+    const ledger = new AllocationLedger()
+    expect(where(Result.getOrThrow(ledger.place({ jobId: "p", numWorkers: 1, useGpu: true, resourcesPerWorker: { GPU: 0.5 } }, nodes)))).toEqual(["a:0"])
+    expect(where(Result.getOrThrow(ledger.place({ jobId: "q", numWorkers: 1, useGpu: true, resourcesPerWorker: { GPU: 0.5 } }, nodes)))).toEqual(["a:0"])
+    expect(ledger.usage("a").gpuShares).toEqual({ "0": 1 })
+    expect(where(Result.getOrThrow(ledger.place({ jobId: "r", numWorkers: 1, useGpu: true }, nodes)))).toEqual(["a:1"])
+    const full = ledger.place({ jobId: "s", numWorkers: 1, useGpu: true, resourcesPerWorker: { GPU: 0.25 } }, nodes)
+    expect(Result.isFailure(full) && full.failure._tag).toBe("PlacementInfeasible")
+    // a plan made before the others were booked: GPU 0's share is taken
+    const stale = Result.getOrThrow(planPlacement({ jobId: "t", numWorkers: 1, useGpu: true, resourcesPerWorker: { GPU: 0.5 } }, nodes))
+    const clash = ledger.allocate(stale)
+    expect(Result.isFailure(clash) && clash.failure.message).toContain("GPU 0 already held by another job")
   })
 
   it("useGpu with only CPU in resourcesPerWorker still asks for one GPU (Ray's default)", () => {
@@ -296,6 +325,9 @@ const arbNode = (id: string) =>
       licence: fc.option(fc.integer({ min: 0, max: 3 }), { nil: undefined }),
       usedCpus: fc.constantFrom(0, 0, 1, 2.5),
       usedGpuMask: fc.oneof(fc.constant(0), fc.integer({ min: 0, max: 15 })),
+      // GPUs (not taken whole) of which another job's workers share a part
+      sharedGpuMask: fc.oneof(fc.constant(0), fc.integer({ min: 0, max: 15 })),
+      sharedPart: fc.constantFrom(0.25, 0.5, 0.7),
       server: fc.constantFrom("s1", "s2"),
       head: fc.boolean()
     })
@@ -311,7 +343,13 @@ const arbNode = (id: string) =>
         labels: r.zone ? { zone: r.zone } : {},
         custom: r.licence !== undefined ? { licence: r.licence } : {},
         isHead: r.head,
-        used: { cpus: r.usedCpus, memoryBytes: 0, gpuIndices: [0, 1, 2, 3].filter((i) => (r.usedGpuMask >> i) & 1), custom: {} }
+        used: {
+          cpus: r.usedCpus,
+          memoryBytes: 0,
+          gpuIndices: [0, 1, 2, 3].filter((i) => (r.usedGpuMask >> i) & 1),
+          gpuShares: Object.fromEntries([0, 1, 2, 3].filter((i) => (r.sharedGpuMask >> i) & 1 && !((r.usedGpuMask >> i) & 1)).map((i) => [String(i), r.sharedPart])),
+          custom: {}
+        }
       })
     )
 
@@ -329,7 +367,7 @@ const arbRequest: fc.Arbitrary<PlacementRequest> = fc
     numWorkers: fc.oneof(fc.integer({ min: 1, max: 4 }), fc.integer({ min: 1, max: 12 })),
     useGpu: fc.boolean(),
     strategy: fc.constantFrom<PlacementStrategy>(...placementStrategies),
-    shape: fc.constantFrom("default", "default", "cpu2", "halfcpu", "mem", "licence", "gpu2"),
+    shape: fc.constantFrom("default", "default", "cpu2", "halfcpu", "mem", "licence", "gpu2", "gpuhalf", "gputhird"),
     accel: fc.constantFrom(undefined, undefined, undefined, "A100", "h100"),
     zone: fc.constantFrom(undefined, undefined, "a", "!b")
   })
@@ -345,9 +383,13 @@ const arbRequest: fc.Arbitrary<PlacementRequest> = fc
               ? { CPU: 1, memory: 8 * GiB, ...(r.useGpu ? { GPU: 1 } : {}) }
               : r.shape === "licence"
                 ? { CPU: 1, licence: 1, ...(r.useGpu ? { GPU: 1 } : {}) }
-                : r.useGpu
-                  ? { GPU: 2 }
-                  : { CPU: 1 }
+                : r.shape === "gpuhalf" || r.shape === "gputhird"
+                  ? r.useGpu
+                    ? { GPU: r.shape === "gpuhalf" ? 0.5 : 0.3 }
+                    : { CPU: 1 }
+                  : r.useGpu
+                    ? { GPU: 2 }
+                    : { CPU: 1 }
     return {
       jobId: "job",
       numWorkers: r.numWorkers,
@@ -370,6 +412,13 @@ const capacityOf = (n: NodeResources, req: PlacementRequest, res: Record<string,
   const gpus = free.gpus.filter((g) => !acc || g.name.toLowerCase().includes(acc)).length
   let cap = Infinity
   for (const [k, v] of Object.entries(res)) {
+    if (k === "GPU" && v < 1) {
+      // a fraction: what each GPU not taken whole has left, workers never across two
+      const taken = new Set(n.used?.gpuIndices ?? [])
+      const left = n.gpus.filter((g) => !taken.has(g.index) && (!acc || g.name.toLowerCase().includes(acc))).map((g) => 1 - (n.used?.gpuShares?.[String(g.index)] ?? 0))
+      cap = Math.min(cap, left.reduce((s, f) => s + Math.floor(f / v + 1e-9), 0))
+      continue
+    }
     const have = k === "CPU" ? free.cpus : k === "GPU" ? gpus : k === "memory" ? free.memoryBytes : k in n.custom ? (free.custom[k] ?? 0) : -1
     cap = Math.min(cap, have < 0 ? 0 : Math.floor(have / v + 1e-9))
   }
@@ -392,11 +441,17 @@ const checkPlan = (plan: PlacementPlan, req: PlacementRequest, nodes: readonly N
     expect(new Set(a.gpuIndices).size).toBe(a.gpuIndices.length)
     const freeIdx = new Set(free.gpus.map((g) => g.index))
     for (const g of a.gpuIndices) expect(freeIdx.has(g)).toBe(true)
-    expect(a.gpuIndices.length).toBe(a.workers * gpuPer)
+    if (gpuPer > 0 && gpuPer < 1) {
+      // shared GPUs: no GPU given past what it had left, the shares adding up to the workers'
+      expect(a.gpuIndices).toEqual([])
+      const left = new Map(free.gpuFractions.map((f) => [f.gpu.index, f.free]))
+      for (const [g, v] of Object.entries(a.gpuShares ?? {})) expect(v).toBeLessThanOrEqual((left.get(Number(g)) ?? 0) + 1e-9)
+      expect(Object.values(a.gpuShares ?? {}).reduce((s, v) => s + v, 0)).toBeCloseTo(a.workers * gpuPer, 9)
+    } else expect(a.gpuIndices.length).toBe(a.workers * gpuPer)
   }
   for (const r of plan.ranks) {
     const n = byId.get(r.nodeId)!
-    expect(r.gpuIndices.length).toBe(gpuPer)
+    expect(r.gpuIndices.length).toBe(Math.ceil(gpuPer))
     expect(r.cudaVisibleDevices).toBe(r.gpuIndices.join(","))
     if (req.acceleratorType) {
       for (const g of r.gpuIndices) expect(n.gpus.find((x) => x.index === g)!.name.toLowerCase()).toContain(req.acceleratorType.toLowerCase())
@@ -434,9 +489,11 @@ const checkPlan = (plan: PlacementPlan, req: PlacementRequest, nodes: readonly N
     const mates = plan.ranks.filter((x) => x.nodeId === r.nodeId)
     expect(r.localWorldSize).toBe(mates.length)
     expect(r.localRank).toBe(mates.indexOf(r))
-    if (i > 0 && plan.ranks[i - 1]!.nodeId === r.nodeId && gpuPer > 0) {
+    if (i > 0 && plan.ranks[i - 1]!.nodeId === r.nodeId && gpuPer >= 1) {
       expect(r.gpuIndices[0]!).toBeGreaterThan(plan.ranks[i - 1]!.gpuIndices[gpuPer - 1]!)
     }
+    // workers sharing GPUs fill them in index order
+    if (i > 0 && plan.ranks[i - 1]!.nodeId === r.nodeId && gpuPer > 0 && gpuPer < 1) expect(r.gpuIndices[0]!).toBeGreaterThanOrEqual(plan.ranks[i - 1]!.gpuIndices[0]!)
   })
 }
 
@@ -493,6 +550,13 @@ describe("placement properties", () => {
             const gpus = held.flatMap((a) => a.gpuIndices)
             expect(new Set(gpus).size).toBe(gpus.length)
             for (const g of gpus) expect(n.used?.gpuIndices ?? []).not.toContain(g)
+            // a GPU is held whole by one job, or shared up to all of it, never both
+            const shared = new Map<string, number>(Object.entries(n.used?.gpuShares ?? {}))
+            for (const a of held) for (const [g, v] of Object.entries(a.gpuShares ?? {})) shared.set(g, (shared.get(g) ?? 0) + v)
+            for (const [g, v] of shared) {
+              expect(v).toBeLessThanOrEqual(1 + 1e-6)
+              if (v > 0) expect([...gpus, ...(n.used?.gpuIndices ?? [])]).not.toContain(Number(g))
+            }
             const cpus = held.reduce((s, a) => s + a.cpus, 0)
             expect(cpus).toBeLessThanOrEqual(freeResources(n).cpus + 1e-9)
           }

@@ -110,6 +110,22 @@ describe("useGpu workers on the webgpu backend (SwiftShader)", () => {
     await expectWebGpuRanks(resumed)
   })
 
+  it("two workers share one GPU with resourcesPerWorker.GPU 0.5 (the embedded cluster's agent offers one)", { timeout: 240_000 }, async () => {
+    const r = await new Trainer({
+      trainLoopPerWorker: DIGITS,
+      trainLoopConfig: { epochs: 1, batchSize: 64 },
+      scalingConfig: { numWorkers: 2, useGpu: true, backend: "webgpu", resourcesPerWorker: { GPU: 0.5 } },
+      runConfig: { name: "webgpu-shared", storagePath: storage, progress: false },
+      datasets: { train, test }
+    }).fit()
+    expect(Number(r.metrics?.val_accuracy)).toBeGreaterThan(0.8)
+    await expectWebGpuRanks(r)
+    // both ranks on GPU 0, which the node's agent had as its only GPU
+    const explain = await fs.readFile(path.join(r.path, "explain.txt"), "utf8")
+    expect(explain).toContain("rank 0: backend webgpu on GPU 0 (")
+    expect(explain).toContain("rank 1: backend webgpu on GPU 0 (")
+  })
+
   it("local SGD trains on webgpu", { timeout: 240_000 }, async () => {
     const r = await digitsRun("webgpu-local-sgd", 2, { strategy: "local-sgd", localSgd: { syncEvery: 4 } })
     expect(r.metricsHistory.length).toBe(2)

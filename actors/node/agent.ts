@@ -16,6 +16,7 @@ import { Effect, type Scope } from "effect"
 import { clusterSubjects, jobSubjects, validToken } from "../../core/subjects.ts"
 import { encodeMessage } from "../../core/wire.ts"
 import { ClusterView } from "../../scheduler/cluster-view.ts"
+import { usageOfProcesses } from "../../scheduler/resources.ts"
 import { LinkState } from "../../scheduler/link-state.ts"
 import type { NodeAdvertisement, NodeProcess, SupervisedServer } from "../../scheduler/node-info.ts"
 import { watchBus, type BusMonitor } from "../../core/bus-monitor.ts"
@@ -340,17 +341,8 @@ export class NodeAgent {
   advertisement(): NodeAdvertisement {
     const info = this.#nc.info
     const supervised = this.#options.supervisedServer?.()
-    const used = { cpus: 0, memoryBytes: 0, gpuIndices: new Set<number>(), custom: {} as Record<string, number> }
-    const processes: NodeProcess[] = []
-    for (const r of this.#processes.values()) {
-      processes.push(r.info)
-      for (const [k, v] of Object.entries(r.info.resources)) {
-        if (k === "CPU") used.cpus += v
-        else if (k === "memory") used.memoryBytes += v
-        else if (k !== "GPU") used.custom[k] = (used.custom[k] ?? 0) + v
-      }
-      for (const g of r.info.gpus) used.gpuIndices.add(g)
-    }
+    const processes: NodeProcess[] = [...this.#processes.values()].map((r) => r.info)
+    const used = usageOfProcesses(processes)
     return {
       v: 1,
       cluster: this.cluster,
@@ -376,7 +368,7 @@ export class NodeAgent {
       },
       labels: { ...this.#options.labels },
       custom: { ...this.#options.custom },
-      used: { cpus: used.cpus, memoryBytes: used.memoryBytes, gpuIndices: [...used.gpuIndices].sort((a, b) => a - b), custom: used.custom },
+      used: { ...used, gpuIndices: [...used.gpuIndices], custom: { ...used.custom } },
       processes,
       leaving: this.#leaving,
       version: AGENT_VERSION,

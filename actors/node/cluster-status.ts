@@ -57,7 +57,7 @@ const decodeView = Schema.decodeUnknownExit(Schema.Array(ViewEntry))
 
 const report = (ad: NodeAdvertisement, state: NodeState, lastSeenAt: number): NodeReport => {
   const total: Record<string, number> = { CPU: ad.cpus, GPU: ad.gpus.length, memory: ad.memoryBytes, ...ad.custom }
-  const used: Record<string, number> = { CPU: ad.used.cpus, GPU: ad.used.gpuIndices.length, memory: ad.used.memoryBytes, ...ad.used.custom }
+  const used: Record<string, number> = { CPU: ad.used.cpus, GPU: ad.used.gpuIndices.length + Object.values(ad.used.gpuShares ?? {}).reduce((a, b) => a + b, 0), memory: ad.used.memoryBytes, ...ad.used.custom }
   return {
     nodeId: ad.nodeId,
     state,

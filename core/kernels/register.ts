@@ -104,10 +104,10 @@ export const registerWasmKernels = (tf: Tf): { fast: string[]; fallback: string[
  * explain.txt's lines about this process's backend and kernels: which kernels gradwire added or
  * replaced on wasm, and which ran on the cpu fallback so far.
  */
-export const describeKernels = (backend: string, rank: number, fallbackUsed: readonly string[], choice = ""): { text: string; json: Record<string, unknown> } => {
+export const describeKernels = (backend: string, rank: number, fallbackUsed: readonly string[], choice = "", gpus = ""): { text: string; json: Record<string, unknown> } => {
   const reg = registered
-  const lines = [`rank ${rank}: backend ${backend}${choice ? ` (${choice})` : ""}`]
-  const json: Record<string, unknown> = { rank, backend, ...(choice ? { choice } : {}) }
+  const lines = [`rank ${rank}: backend ${backend}${gpus ? ` on GPU ${gpus}` : ""}${choice ? ` (${choice})` : ""}`]
+  const json: Record<string, unknown> = { rank, backend, ...(gpus ? { gpus } : {}), ...(choice ? { choice } : {}) }
   if (backend === "wasm" && reg) {
     lines.push(`  gradwire's wasm kernels: ${reg.fast.join(", ") || "none needed"}; replaced (wrong or slow in tfjs-backend-wasm): ${REPLACED_WASM_KERNELS.join(", ")}`)
     lines.push(`  cpu-backend fallback registered for: ${reg.fallback.join(", ") || "none"}`)

@@ -301,6 +301,8 @@ export const WorkerArgs = Schema.Struct({
   datasetModules: Schema.optionalKey(Schema.Array(Schema.String)),
   loopConfig: Schema.Unknown,
   backend: Schema.String,
+  /** The GPUs placed for this worker (its CUDA_VISIBLE_DEVICES; shared with others when it asked for a fraction of one). */
+  gpus: Schema.optionalKey(Schema.String),
   collective: Schema.Struct({
     algorithm: Schema.String,
     compression: Schema.Unknown,

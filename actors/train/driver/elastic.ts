@@ -9,6 +9,17 @@ import { planPlacement, type PlacementInfeasible, type PlacementPlan, type Place
 import type { NodeResources, ResourceUsage } from "../../../scheduler/resources.ts"
 import type { ConfigError } from "../../../core/errors.ts"
 
+/** GPU shares less what `mine` (processes each given a fraction of a GPU) hold of them. */
+const releasedShares = (shares: Readonly<Record<string, number>>, mine: ReadonlyArray<NodeAdvertisement["processes"][number]>): Record<string, number> => {
+  const out: Record<string, number> = { ...shares }
+  for (const p of mine) {
+    const share = p.resources.GPU
+    if (share === undefined || !(share > 0 && share < 1)) continue
+    for (const g of p.gpus) out[String(g)] = Math.max(0, (out[String(g)] ?? 0) - share)
+  }
+  return out
+}
+
 /** The nodes as the scheduler sees them, with `job`'s own processes counted as free. */
 export const releasingJob = (ads: ReadonlyArray<NodeAdvertisement>, job: string): NodeResources[] =>
   ads.map((ad) => {
@@ -19,6 +30,7 @@ export const releasingJob = (ads: ReadonlyArray<NodeAdvertisement>, job: string)
       cpus: Math.max(0, n.used.cpus - mine.reduce((s, p) => s + (p.resources.CPU ?? 0), 0)),
       memoryBytes: Math.max(0, n.used.memoryBytes - mine.reduce((s, p) => s + (p.resources.memory ?? 0), 0)),
       gpuIndices: n.used.gpuIndices.filter((g) => !mine.some((p) => p.gpus.includes(g))),
+      ...(n.used.gpuShares ? { gpuShares: releasedShares(n.used.gpuShares, mine) } : {}),
       custom: Object.fromEntries(
         Object.entries(n.used.custom).map(([k, v]) => [k, Math.max(0, v - mine.reduce((s, p) => s + (p.resources[k] ?? 0), 0))])
       )

@@ -177,7 +177,7 @@ export class WorkerGroup {
   /** One worker process, spawned with `r`'s placement (a standby's is provisional) and registered to be killed with the job. */
   async #spawnProcess(r: RankSpawn, args: GroupArgs, name: string): Promise<SpawnedActor> {
     const p = r.placement
-    const workerArgs: WorkerArgs = { ...args, ...p, backend: r.backend, ...(r.join ? { join: r.join } : {}) }
+    const workerArgs: WorkerArgs = { ...args, ...p, backend: r.backend, ...(r.cudaVisibleDevices ? { gpus: r.cudaVisibleDevices } : {}), ...(r.join ? { join: r.join } : {}) }
     const w = await spawnActor(this.#system, {
       node: r.nodeId,
       name,

@@ -14,6 +14,7 @@ import { connectionLocalAddress } from "../../../core/nats-internals/index.ts"
 import { engineChoice, loadEngine, type BackendKind, type Tf } from "../../../core/engine.ts"
 import { fallbackKernelsUsed, onFallbackKernel } from "../../../core/kernels/fallback.ts"
 import { describeKernels } from "../../../core/kernels/register.ts"
+import { isGpuBackend } from "../../../scheduler/gpu-backend.ts"
 import { ConfigError } from "../../../core/errors.ts"
 import { ModuleNotAllowed } from "../../node/errors.ts"
 import { decodeMessage, encodeMessage } from "../../../core/wire.ts"
@@ -429,7 +430,9 @@ export class WorkerRun {
   /** This rank's backend and kernels in explain.txt. */
   #explainKernels(summary: string): void {
     const p = this.place()
-    const { text, json } = describeKernels(this.#backend, p.rank, fallbackKernelsUsed(), engineChoice())
+    // (the GPUs its placement gave it, which it may share with other workers: resourcesPerWorker.GPU < 1)
+    const gpus = isGpuBackend(this.#backend) ? (this.#args.gpus ?? "") : ""
+    const { text, json } = describeKernels(this.#backend, p.rank, fallbackKernelsUsed(), engineChoice(), gpus)
     void this.#system.tellPromise(this.#controller, "explain", { attempt: p.attempt, text, json, summary, part: "kernels", rank: p.rank }).catch(() => {})
   }
 
