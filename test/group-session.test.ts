@@ -343,9 +343,11 @@ describe("a survivor behind the furthest one at a regroup", () => {
     await expect(op).rejects.toThrow(/a bug in building the group/)
   })
 
-  it("a grow's pause for a hand-written loop below its size waits for the report() where every rank was asked; otherwise it pauses at the next operation", async () => {
+  it("a grow's pause for a hand-written loop below its size waits for the report() where every rank was asked, one between dp.fit() calls for the next dp.fit() operation; otherwise it pauses at the next operation", async () => {
     const closed: number[] = []
+    const loop = { inFit: false }
     const make = (belowSize: boolean, inFit = false, fitUsed = false) => {
+      loop.inFit = inFit
       const placement = { attempt: 1, rank: 0, worldSize: 2, ...(belowSize ? { belowSize } : {}) } as unknown as Placement
       const built: number[] = []
       const session = new GroupSession({ placement, comm: { close: () => (closed.push(1), Promise.resolve()) }, reducer: {} } as unknown as LiveGroup, {
@@ -362,7 +364,7 @@ describe("a survivor behind the furthest one at a regroup", () => {
         snapshot: () => Promise.reject(new Error("not asked")),
         adopt: () => Promise.resolve(),
         regrouped: () => {},
-        loopPosition: () => ({ inFit, epoch: 0, stepInEpoch: 0, stepsPerEpoch: 0 }),
+        loopPosition: () => ({ inFit: loop.inFit, epoch: 0, stepInEpoch: 0, stepsPerEpoch: 0 }),
         fitUsed: () => fitUsed
       })
       return { session, built }
@@ -387,9 +389,27 @@ describe("a survivor behind the furthest one at a regroup", () => {
     session.resume({ attempt: 2, rank: 0, worldSize: 3 } as unknown as Placement, at(1, 0))
     await boundary
     expect(built).toEqual([2])
-    // Not below its size, in dp.fit(), or between a loop's dp.fit() calls: the same pause stops the
-    // next operation (the old group closed).
-    for (const [below, inFit, fitUsed] of [[false, false, false], [true, true, true], [true, false, true]] as const) {
+    // Between a loop's dp.fit() calls (its evaluation, its report): the pause is held, operations
+    // there run, and it parks at the first operation back in dp.fit(), where a joiner can join.
+    const between = make(true, false, true)
+    closed.length = 0
+    let held: string | undefined
+    const heldPause = between.session.pause(2, true).then((r) => (held = r.state))
+    expect(await between.session.operation(() => Promise.resolve("evaluated"), () => "adopted")).toBe("evaluated")
+    await new Promise((r) => setTimeout(r, 10))
+    expect(closed).toEqual([])
+    expect(held).toBeUndefined()
+    loop.inFit = true
+    let ran = 0
+    const inFit = between.session.operation(() => (ran++, Promise.resolve("stepped")), () => "adopted")
+    await heldPause
+    expect(held).toBe("parked")
+    expect(ran).toBe(0)
+    expect(between.session.position()).toMatchObject({ inFit: true })
+    between.session.resume({ attempt: 2, rank: 0, worldSize: 3 } as unknown as Placement, at(0, 0))
+    expect(await inFit).toBe("stepped")
+    // Not below its size, or in dp.fit(): the same pause stops the next operation (the old group closed).
+    for (const [below, inFit, fitUsed] of [[false, false, false], [true, true, true]] as const) {
       const other = make(below, inFit, fitUsed)
       closed.length = 0
       let state: string | undefined

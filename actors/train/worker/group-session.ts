@@ -375,6 +375,8 @@ export class GroupSession {
     if (this.#join) {
       throw new PeerRecoveryMisaligned({ reason: "a group operation other than a training step before this joining rank reached the survivors" })
     }
+    // A grow's pause held until the loop is back in dp.fit() (#parksInFit): this is there.
+    if (this.#atReport && !this.#pausing && !background && (this.#model?.fitUsed?.() ?? false) && this.#model!.loopPosition().inFit) this.#takeAtReport()
     for (;;) {
       // In the background (with `again`): the loop parks where it redoes the operation instead.
       if (this.#pausing && background && again) return again()
@@ -447,7 +449,7 @@ export class GroupSession {
         this.#pausing = chain(this.#pausing)
         return
       }
-      if (atReport && this.#parksAtReport()) {
+      if (atReport && (this.#parksAtReport() || this.#parksInFit())) {
         this.#atReport = this.#atReport ? chain(this.#atReport) : { attempt, reply: resolve }
         return
       }
@@ -472,6 +474,17 @@ export class GroupSession {
   #parksAtReport(): boolean {
     const m = this.#model
     return this.placement.belowSize === true && m !== undefined && !(m.fitUsed?.() ?? false) && !m.loopPosition().inFit
+  }
+
+  /**
+   * Whether a grow's pause waits for the loop's next operation in dp.fit(): a loop that uses
+   * dp.fit(), asked between two of its calls (its evaluation, its report()), parks at the next
+   * epoch's first step instead, where a joining rank can join it (a replacement joins a dp.fit()
+   * loop at a step: parked outside, the survivors would leave it nowhere to join).
+   */
+  #parksInFit(): boolean {
+    const m = this.#model
+    return m !== undefined && (m.fitUsed?.() ?? false) && !m.loopPosition().inFit
   }
 
   /** A grow's pause waiting for a report boundary is answered now (the loop parks here for another reason). */
