@@ -14,6 +14,7 @@ import { launchNatsServer, type NatsServerProcess } from "../core/nats-server.ts
 import { growTo, idle, planLargest, releasingJob } from "../actors/train/driver/elastic.ts"
 import { toNodeResources, type NodeAdvertisement } from "../scheduler/node-info.ts"
 import { freeResources, usageOfProcesses } from "../scheduler/resources.ts"
+import { formatClusterTable, report } from "../actors/node/cluster-status.ts"
 import { CLI, waitForAliveNodes } from "./support/actors-processes.ts"
 import { nodeAd } from "./support/node-ads.ts"
 
@@ -70,6 +71,12 @@ describe("elastic sizing (pure)", () => {
     expect(freeResources(released[0]!).gpuFractions).toEqual([{ gpu: gpus[0], free: 0.5 }])
     expect(R.isSuccess(planLargest(gpuRequest, { min: 1, max: 1 }, released))).toBe(true)
     expect(R.isFailure(planLargest(gpuRequest, { min: 2, max: 2 }, released))).toBe(true)
+    // `gradwire status` counts GPU 1 whole and the shares of GPU 0; fractions are shown rounded
+    expect(report(a, "alive", 0).resources.used.GPU).toBe(2)
+    const tenths = [proc("x", 4, { GPU: 0.1 }, [0]), proc("x", 5, { GPU: 0.2 }, [0])]
+    const b = nodeAd({ nodeId: "b", gpus, backends: ["webgpu", "wasm"], used: usageOfProcesses(tenths), processes: tenths })
+    const table = formatClusterTable({ cluster: "c", address: "nats://127.0.0.1:4222", source: "agents", nodes: [report(b, "alive", 0)], totals: { total: {}, used: {} } })
+    expect(table).toMatch(/ 0\.3\/2 H200 /)
   })
 
   it("idle() drops usage, so a request the cluster could never hold is told apart from a busy cluster", () => {

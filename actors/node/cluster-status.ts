@@ -55,7 +55,8 @@ export interface ClusterReport {
 const ViewEntry = Schema.Struct({ ad: NodeAdvertisementSchema, state: Schema.Literals(["alive", "dead", "left"]), lastSeenAt: Schema.Number })
 const decodeView = Schema.decodeUnknownExit(Schema.Array(ViewEntry))
 
-const report = (ad: NodeAdvertisement, state: NodeState, lastSeenAt: number): NodeReport => {
+/** A node as `gradwire status` reports it (GPUs in use: those held whole plus the fractions shared). */
+export const report = (ad: NodeAdvertisement, state: NodeState, lastSeenAt: number): NodeReport => {
   const total: Record<string, number> = { CPU: ad.cpus, GPU: ad.gpus.length, memory: ad.memoryBytes, ...ad.custom }
   const used: Record<string, number> = { CPU: ad.used.cpus, GPU: ad.used.gpuIndices.length + Object.values(ad.used.gpuShares ?? {}).reduce((a, b) => a + b, 0), memory: ad.used.memoryBytes, ...ad.used.custom }
   return {
@@ -205,7 +206,7 @@ export const formatClusterTable = (r: ClusterReport): string => {
     n.hostname,
     `${fmtAmount("CPU", n.resources.used.CPU ?? 0)}/${fmtAmount("CPU", n.resources.total.CPU ?? 0)}`,
     `${formatBytes(n.resources.used.memory ?? 0)}/${formatBytes(n.resources.total.memory ?? 0)}`,
-    `${n.resources.used.GPU ?? 0}/${n.resources.total.GPU ?? 0}${n.gpus.length ? ` ${[...new Set(n.gpus.map((g) => g.name))].join(",")}` : ""}`,
+    `${fmtAmount("GPU", n.resources.used.GPU ?? 0)}/${n.resources.total.GPU ?? 0}${n.gpus.length ? ` ${[...new Set(n.gpus.map((g) => g.name))].join(",")}` : ""}`,
     n.backendsProbed ? n.backends.join(",") || "none" : "probing…",
     n.nats.serverName || n.nats.serverId.slice(0, 8),
     String(n.processes.length),
