@@ -219,5 +219,6 @@ export const SETTINGS: ReadonlyArray<Setting<unknown>> = [
 export const WORKER_ENVIRONMENT: ReadonlyArray<{ readonly name: string; readonly description: string }> = [
   { name: "GRADWIRE_RANK", description: "the worker's rank in the group (also ctx.worldRank)" },
   { name: "GRADWIRE_WORLD_SIZE", description: "the number of workers (also ctx.worldSize)" },
-  { name: "CUDA_VISIBLE_DEVICES", description: "the GPUs placed for the worker (\"\" for a CPU worker)" }
+  { name: "CUDA_VISIBLE_DEVICES", description: "the GPUs placed for the worker (\"\" for a CPU worker)" },
+  { name: "TF_FORCE_GPU_ALLOW_GROWTH", description: "\"true\" for a worker that shares its GPU (resourcesPerWorker.GPU < 1): tfjs-node-gpu then takes GPU memory as it needs it, not all at start" }
 ]

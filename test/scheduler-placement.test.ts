@@ -15,6 +15,7 @@ import {
 } from "../scheduler/placement.ts"
 import { compareNodes, freeResources, type NodeResources, type TfjsBackend } from "../scheduler/resources.ts"
 import { findPlacementStrategy, placementStrategyEntries } from "../scheduler/placement-strategies.ts"
+import { placementsOf, workerEnv } from "../actors/train/driver/worker-group.ts"
 import { PlacementStrategy as PlacementStrategySchema, placementStrategyNames } from "../core/config.ts"
 
 const ALL: TfjsBackend[] = ["tensorflow-gpu", "tensorflow", "wasm", "cpu"]
@@ -220,6 +221,18 @@ describe("placement examples", () => {
     const stale = Result.getOrThrow(planPlacement({ jobId: "t", numWorkers: 1, useGpu: true, resourcesPerWorker: { GPU: 0.5 } }, nodes))
     const clash = ledger.allocate(stale)
     expect(Result.isFailure(clash) && clash.failure.message).toContain("GPU 0 already held by another job")
+  })
+
+  it("a worker that shares its GPU starts with TensorFlow's GPU memory growth on; one with a whole GPU or none does not", () => {
+    const nodes = [node("a", { gpuNames: ["H200", "H200"] })]
+    const envOf = (req: PlacementRequest) => placementsOf(ok(planPlacement(req, nodes)), 0).map((r) => workerEnv(r, false))
+    expect(envOf({ numWorkers: 2, useGpu: true, resourcesPerWorker: { GPU: 0.5 } })).toEqual([
+      { CUDA_VISIBLE_DEVICES: "0", GRADWIRE_RANK: "0", GRADWIRE_WORLD_SIZE: "2", TF_FORCE_GPU_ALLOW_GROWTH: "true" },
+      { CUDA_VISIBLE_DEVICES: "0", GRADWIRE_RANK: "1", GRADWIRE_WORLD_SIZE: "2", TF_FORCE_GPU_ALLOW_GROWTH: "true" }
+    ])
+    for (const req of [{ numWorkers: 2, useGpu: true }, { numWorkers: 2 }] as PlacementRequest[]) {
+      for (const env of envOf(req)) expect(env).not.toHaveProperty("TF_FORCE_GPU_ALLOW_GROWTH")
+    }
   })
 
   it("useGpu with only CPU in resourcesPerWorker still asks for one GPU (Ray's default)", () => {

@@ -143,6 +143,23 @@ export const layoutOf = (nodes: ReadonlyArray<string>): Array<{ localRank: numbe
   })
 }
 
+/** The environment a worker starts with (core/settings.ts WORKER_ENVIRONMENT). */
+export const workerEnv = (
+  r: { readonly cudaVisibleDevices: string; readonly resources: Readonly<Record<string, number>>; readonly placement: { readonly rank: number; readonly worldSize: number } },
+  verbose: boolean
+): Record<string, string> => {
+  const gpu = r.resources.GPU ?? 0
+  return {
+    CUDA_VISIBLE_DEVICES: r.cudaVisibleDevices,
+    GRADWIRE_RANK: String(r.placement.rank),
+    GRADWIRE_WORLD_SIZE: String(r.placement.worldSize),
+    // A worker sharing its GPU (a fraction of one): tfjs-node-gpu's TensorFlow would otherwise
+    // take almost all of the GPU's memory at start, and the next worker on it could allocate none.
+    ...(gpu > 0 && gpu < 1 ? { TF_FORCE_GPU_ALLOW_GROWTH: "true" } : {}),
+    ...(verbose ? { GRADWIRE_LOG: "debug" } : {})
+  }
+}
+
 export class WorkerGroup {
   readonly #system: ActorSystem
   /** Every live worker process of the job (any generation not yet killed). */
@@ -187,12 +204,7 @@ export class WorkerGroup {
       // The agent checks the loop module against its allowed roots before the worker imports it.
       imports: [args.loopModule, ...(args.datasetModules ?? [])],
       gpus: [...r.gpuIndices],
-      env: {
-        CUDA_VISIBLE_DEVICES: r.cudaVisibleDevices,
-        GRADWIRE_RANK: String(p.rank),
-        GRADWIRE_WORLD_SIZE: String(p.worldSize),
-        ...(this.#verbose ? { GRADWIRE_LOG: "debug" } : {})
-      },
+      env: workerEnv(r, this.#verbose),
       resources: r.resources,
       logPrefix: `worker rank=${p.rank}`,
       readyTimeoutMs: 60_000
