@@ -19,6 +19,12 @@ import type { ClusterHandle } from "./cluster.ts"
 
 /** After standby workers could not start, the next try waits this long. */
 const RETRY_AFTER_FAILURE_MS = 5_000
+/**
+ * Spares alone (the group at its size) start only once a generation has run this long: a spare
+ * taken by a regroup is replaced after the replacement has joined and the group steps again, not
+ * while the replacement replays and takes its state (a process start competes for the cores).
+ */
+const SPARE_TOPUP_AFTER_MS = 2_000
 
 export interface RefillContext {
   readonly controller: Controller<CheckpointPayload>
@@ -46,6 +52,8 @@ export class Refill {
   #retryAt = 0
   /** The last regrouped generation, when it may run short-handed until standby workers refill it. */
   #refillable: Generation<CheckpointPayload> | undefined
+  /** When the generation watched now started to be watched. */
+  #watchedSince = 0
 
   constructor(x: RefillContext) {
     this.#x = x
@@ -84,6 +92,7 @@ export class Refill {
     const short = g.worldSize < max
     const grows = short && !refillable && controller.elastic
     if (!(short && refillable) && !grows && spares === 0) return () => {}
+    this.#watchedSince = Date.now()
     const check = (): void => {
       this.check(g)
       if (!grows || controller.state !== "running") return
@@ -124,6 +133,7 @@ export class Refill {
     }
     if (this.#pending || Date.now() < this.#retryAt) return
     const missing = lacking + spares - ready
+    if (missing > 0 && lacking === 0 && Date.now() - this.#watchedSince < SPARE_TOPUP_AFTER_MS) return
     if (missing > 0) this.#start(g, missing, lacking > 0 ? "replacement" : "spare")
   }
 

@@ -1,0 +1,54 @@
+// Keeping spares beside a whole group (actors/train/driver/refill.ts), with a fake controller,
+// group and cluster view: spares alone start only once the watched generation has run for a
+// while, so that a spare taken by a regroup is not replaced while the replacement still replays
+// and takes its state (a process start competes for the cores); a group left short-handed gets its
+// replacement at once.
+import { afterEach, describe, expect, it, vi } from "vitest"
+import { Refill } from "../actors/train/driver/refill.ts"
+import type { NodeResources } from "../scheduler/resources.ts"
+
+const node: NodeResources = { nodeId: "local", hostname: "h", cpus: 8, memoryBytes: 8e9, gpus: [], backends: ["wasm"], natsServer: "s", labels: {}, custom: {} }
+
+const rig = (worldSize: number, max: number) => {
+  const started: string[] = []
+  const g = { number: 1, worldSize, settled: false } as never
+  const refill = new Refill({
+    controller: { state: "running", current: g, elastic: false, refill: () => false } as never,
+    group: { members: new Map(), holds: () => true, standby: () => new Promise(() => {}) } as never,
+    cluster: { view: { resources: () => [node], alive: () => [], onEvent: () => () => {} } } as never,
+    request: { jobId: "j", backend: "wasm" },
+    groupArgs: () => ({}) as never,
+    max,
+    spares: 1,
+    job: "j",
+    line: () => {},
+    event: (e) => {
+      if (e.type === "standby-start") started.push(String(e.for))
+    }
+  })
+  return { refill, g, started }
+}
+
+afterEach(() => {
+  vi.useRealTimers()
+})
+
+describe("spares beside a whole group", () => {
+  it("starts a spare only once the generation has run 2 s, and a replacement for a short group at once", () => {
+    vi.useFakeTimers()
+    const whole = rig(3, 3)
+    const stop = whole.refill.watch(whole.g)
+    expect(whole.started).toEqual([])
+    vi.advanceTimersByTime(1_500)
+    expect(whole.started).toEqual([])
+    vi.advanceTimersByTime(1_000)
+    expect(whole.started).toEqual(["spare"])
+    stop()
+    // A regrouped generation short of its size: its replacement (and the spare with it) starts at once.
+    const short = rig(2, 3)
+    short.refill.formed(short.g)
+    const stopShort = short.refill.watch(short.g)
+    expect(short.started).toEqual(["replacement"])
+    stopShort()
+  })
+})
