@@ -200,7 +200,7 @@ describe("placement examples", () => {
     expect(where(plan)).toEqual(["a:0", "a:0", "a:1"])
     expect(plan.ranks.map((r) => r.gpuIndices)).toEqual([[0], [0], [1]])
     expect(plan.nodes[0]).toMatchObject({ gpuIndices: [], gpuShares: { "0": 1, "1": 0.5 } })
-    // five halves do not fit in two GPUs; a third of a GPU takes what is left of each
+    // five halves do not fit in two GPUs; workers of 0.3 of a GPU fill what each GPU has left (3 on the free one, 1 on the half-shared one)
     const e = err(planPlacement({ numWorkers: 5, useGpu: true, resourcesPerWorker: { GPU: 0.5 } }, nodes))
     expect(e._tag === "PlacementInfeasible" && e.maxPlaceable).toBe(4)
     const half = node("a", { gpuNames: ["H200", "H200"], used: { cpus: 0, memoryBytes: 0, gpuIndices: [], gpuShares: { "1": 0.5 }, custom: {} } })
