@@ -30,6 +30,7 @@ import {
   formatNumber,
   freeResources,
   GPU_SHARE_EPS,
+  isGpuShare,
   type FreeResources,
   type GpuInfo,
   type NodeResources,
@@ -310,7 +311,7 @@ export const normalizeRequest = (req: PlacementRequest): Result.Result<Normalize
       `GPU is ${gpus} but useGpu is false; set useGpu: true to train on GPUs, or drop GPU from resourcesPerWorker`
     )
   }
-  if (!Number.isInteger(gpus) && !(gpus > 0 && gpus < 1)) {
+  if (!Number.isInteger(gpus) && !isGpuShare(gpus)) {
     return invalid(
       "scalingConfig.resourcesPerWorker.GPU",
       `must be whole GPUs or a fraction of one (0 < GPU < 1: workers share a GPU, as Ray's fractional GPUs), got ${gpus}`
@@ -420,7 +421,7 @@ const assessNode = (node: NodeResources, req: NormalizedRequest): NodeFit => {
     } else if (k === MEMORY) {
       have = free.memoryBytes
       fits = fitCount(have, need)
-    } else if (k === GPU && need < 1) {
+    } else if (k === GPU && isGpuShare(need)) {
       // a fraction of a GPU: as many as fit in what each GPU has left (workers never span two)
       have = Math.max(0, ...fractions.map((f) => f.free))
       fits = fractions.reduce((s, f) => s + fitCount(f.free, need), 0)
@@ -578,8 +579,9 @@ export const planPlacement = (
       return [g.index]
     }
     for (let local = 0; local < count; local++) {
-      const mine = gpuPer > 0 && gpuPer < 1 ? shareOf() : f.gpus.slice(local * gpuPer, (local + 1) * gpuPer).map((g) => g.index)
-      if (!(gpuPer < 1)) gpuIndices.push(...mine)
+      const shared = isGpuShare(gpuPer)
+      const mine = shared ? shareOf() : f.gpus.slice(local * gpuPer, (local + 1) * gpuPer).map((g) => g.index)
+      if (!shared) gpuIndices.push(...mine)
       ranks.push({
         rank: ranks.length,
         nodeId: f.node.nodeId,

@@ -94,11 +94,31 @@ export const usageOfProcesses = (processes: ReadonlyArray<{ readonly resources: 
       else if (k === MEMORY) memoryBytes += v
       else if (k !== GPU) custom[k] = (custom[k] ?? 0) + v
     }
-    const share = p.resources[GPU]
-    if (share !== undefined && share > 0 && share < 1) for (const g of p.gpus) shares[String(g)] = (shares[String(g)] ?? 0) + share
+    const share = p.resources[GPU] ?? 0
+    if (isGpuShare(share)) for (const g of p.gpus) shares[String(g)] = (shares[String(g)] ?? 0) + share
     else for (const g of p.gpus) whole.add(g)
   }
   return { cpus, memoryBytes, gpuIndices: [...whole].sort((a, b) => a - b), ...(Object.keys(shares).length > 0 ? { gpuShares: shares } : {}), custom }
+}
+
+/** Whether a worker's GPU request is a fraction of one (resourcesPerWorker.GPU < 1): it shares its GPU. */
+export const isGpuShare = (gpus: number): boolean => gpus > 0 && gpus < 1
+
+/**
+ * A usage less another (what a job holds of it), each amount clamped at 0: the GPUs the other
+ * holds whole are removed, its shares taken off, and only the first usage's custom resources kept.
+ */
+export const subtractUsage = (a: ResourceUsage, b: ResourceUsage): ResourceUsage => {
+  const whole = new Set(b.gpuIndices)
+  const less = (m: Readonly<Record<string, number>>, n: Readonly<Record<string, number>> | undefined) =>
+    Object.fromEntries(Object.entries(m).map(([k, v]) => [k, Math.max(0, v - (n?.[k] ?? 0))]))
+  return {
+    cpus: Math.max(0, a.cpus - b.cpus),
+    memoryBytes: Math.max(0, a.memoryBytes - b.memoryBytes),
+    gpuIndices: a.gpuIndices.filter((g) => !whole.has(g)),
+    ...(a.gpuShares ? { gpuShares: less(a.gpuShares, b.gpuShares) } : {}),
+    custom: less(a.custom, b.custom)
+  }
 }
 
 /** What is left on a node after its usage. Negative values are clamped to 0 (over-commit by others). */

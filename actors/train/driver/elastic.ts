@@ -6,19 +6,8 @@ import { Result } from "effect"
 import type { NodeAdvertisement } from "../../../scheduler/node-info.ts"
 import { toNodeResources } from "../../../scheduler/node-info.ts"
 import { planPlacement, type PlacementInfeasible, type PlacementPlan, type PlacementRequest } from "../../../scheduler/placement.ts"
-import type { NodeResources, ResourceUsage } from "../../../scheduler/resources.ts"
+import { subtractUsage, usageOfProcesses, type NodeResources } from "../../../scheduler/resources.ts"
 import type { ConfigError } from "../../../core/errors.ts"
-
-/** GPU shares less what `mine` (processes each given a fraction of a GPU) hold of them. */
-const releasedShares = (shares: Readonly<Record<string, number>>, mine: ReadonlyArray<NodeAdvertisement["processes"][number]>): Record<string, number> => {
-  const out: Record<string, number> = { ...shares }
-  for (const p of mine) {
-    const share = p.resources.GPU
-    if (share === undefined || !(share > 0 && share < 1)) continue
-    for (const g of p.gpus) out[String(g)] = Math.max(0, (out[String(g)] ?? 0) - share)
-  }
-  return out
-}
 
 /** The nodes as the scheduler sees them, with `job`'s own processes counted as free. */
 export const releasingJob = (ads: ReadonlyArray<NodeAdvertisement>, job: string): NodeResources[] =>
@@ -26,15 +15,8 @@ export const releasingJob = (ads: ReadonlyArray<NodeAdvertisement>, job: string)
     const n = toNodeResources(ad)
     const mine = ad.processes.filter((p) => p.job === job)
     if (mine.length === 0 || !n.used) return n
-    const used: ResourceUsage = {
-      cpus: Math.max(0, n.used.cpus - mine.reduce((s, p) => s + (p.resources.CPU ?? 0), 0)),
-      memoryBytes: Math.max(0, n.used.memoryBytes - mine.reduce((s, p) => s + (p.resources.memory ?? 0), 0)),
-      gpuIndices: n.used.gpuIndices.filter((g) => !mine.some((p) => p.gpus.includes(g))),
-      ...(n.used.gpuShares ? { gpuShares: releasedShares(n.used.gpuShares, mine) } : {}),
-      custom: Object.fromEntries(
-        Object.entries(n.used.custom).map(([k, v]) => [k, Math.max(0, v - mine.reduce((s, p) => s + (p.resources[k] ?? 0), 0))])
-      )
-    }
+    // (what its own processes hold, GPUs shared with others' workers included, counted as free)
+    const used = subtractUsage(n.used, usageOfProcesses(mine))
     return { ...n, used }
   })
 

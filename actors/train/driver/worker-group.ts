@@ -9,6 +9,7 @@ import { fileURLToPath } from "node:url"
 // lengthens it for workers whose steps measured long (collectives/deadlines.ts HeartbeatDeadline).
 import { WORKER_DEAD_AFTER_MS } from "../../../core/defaults.ts"
 import { SERVER_CPUS, type PlacementPlan, type PlacementRequest } from "../../../scheduler/placement.ts"
+import { isGpuShare } from "../../../scheduler/resources.ts"
 import type { ActorSystem } from "../../runtime/system.ts"
 import type { ActorDown } from "../../runtime/watcher.ts"
 import { TIMED_OUT, withDeadline } from "../../runtime/deadline.ts"
@@ -148,14 +149,13 @@ export const workerEnv = (
   r: { readonly cudaVisibleDevices: string; readonly resources: Readonly<Record<string, number>>; readonly placement: { readonly rank: number; readonly worldSize: number } },
   verbose: boolean
 ): Record<string, string> => {
-  const gpu = r.resources.GPU ?? 0
   return {
     CUDA_VISIBLE_DEVICES: r.cudaVisibleDevices,
     GRADWIRE_RANK: String(r.placement.rank),
     GRADWIRE_WORLD_SIZE: String(r.placement.worldSize),
     // A worker sharing its GPU (a fraction of one): tfjs-node-gpu's TensorFlow would otherwise
     // take almost all of the GPU's memory at start, and the next worker on it could allocate none.
-    ...(gpu > 0 && gpu < 1 ? { TF_FORCE_GPU_ALLOW_GROWTH: "true" } : {}),
+    ...(isGpuShare(r.resources.GPU ?? 0) ? { TF_FORCE_GPU_ALLOW_GROWTH: "true" } : {}),
     ...(verbose ? { GRADWIRE_LOG: "debug" } : {})
   }
 }
