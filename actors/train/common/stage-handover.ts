@@ -60,6 +60,9 @@ export const pickStageFiles = (
 const SHARD = /^pipeline\/stage-(\d+)-of-(\d+)\.tp-(\d+)-of-(\d+)\.msgpack$/
 const LAYOUT = "pipeline/layout.json"
 
+/** Whether a checkpoint file is a stage shard (not the layout, nor any other file). */
+export const isStageShard = (name: string): boolean => SHARD.test(name)
+
 /**
  * The stage shards a pipeline checkpoint's files lack (empty when complete, or when the files are
  * not a pipeline checkpoint): a report round that a regroup completed without the lost rank's

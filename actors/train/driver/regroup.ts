@@ -17,7 +17,7 @@ import type { Incident } from "../common/observe/report-html.ts"
 import type { ProgressPrinter } from "../common/observe/progress.ts"
 import { firstLine } from "../../../core/errors.ts"
 import { mergePeerShards } from "../common/optim/zero.ts"
-import { mergeStageHandovers, pickStageFiles } from "../common/stage-handover.ts"
+import { isStageShard, mergeStageHandovers, pickStageFiles } from "../common/stage-handover.ts"
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
 
@@ -273,9 +273,11 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   if (!snapshot) return giveUp(`rank ${source.rank} could not hand over its state`)
   const lacking = holders.findIndex((_, k) => held[k] === undefined)
   if (lacking >= 0) return giveUp(`rank ${survivors[holders[lacking]!]!.rank} could not hand over its stage`)
+  // survivor index -> its snapshot's files (the source's and every holder's)
+  const snapshots = new Map(holders.map((i, k) => [i, held[k]!.files]))
   let stageFiles: Record<string, Uint8Array> | undefined
   if (stages) {
-    const picked = pickStageFiles(stages, (i) => (survivors[i] === source ? snapshot.files : held[holders.indexOf(i)]!.files))
+    const picked = pickStageFiles(stages, (i) => snapshots.get(i) ?? snapshot.files)
     if ("missing" in picked) return giveUp(`rank ${survivors[picked.survivor]!.rank}'s state lacks ${picked.missing}, which it said it held`)
     stageFiles = picked.files
   }
@@ -350,7 +352,7 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
       source: source.rank,
       // the state held for the members (a pipelined model's each load their stage's files of it), and where each stage's shard came from
       stateBytes: Object.values(state.files).reduce((n, f) => n + f.byteLength, 0),
-      ...(stages ? { stagesFrom: Object.fromEntries(Object.entries(stages.from).filter(([f]) => f.startsWith("pipeline/stage-")).map(([f, i]) => [f, survivors[i]!.rank])) } : {}),
+      ...(stages ? { stagesFrom: Object.fromEntries(Object.entries(stages.from).filter(([f]) => isStageShard(f)).map(([f, i]) => [f, survivors[i]!.rank])) } : {}),
       ...(lostServer !== undefined ? { server: lostServer, replacement: servers[lostServer] } : {}),
       ...(lostServers.length > 1 ? { servers: lostServers } : {}),
       // Where the furthest survivor was; a streamed epoch's plan (its intervals) stays out of the log.
