@@ -12,11 +12,11 @@ import * as fs from "node:fs/promises"
 import { readFileSync, readdirSync } from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
-import { Trainer, TrainingFailed, loadDigits, loadEngine, loadPipelineCheckpoint, trainTestSplit, type ArrayDataset } from "../index.ts"
+import { Trainer, TrainingFailed, loadDigits, trainTestSplit, type ArrayDataset } from "../index.ts"
 import { liveNatsServerPids } from "../core/nats-server.ts"
 import type { EquivalenceCase } from "./support/pipeline-loop.ts"
 import { natsKillAtReport } from "./support/chaos.ts"
-import { readEvents } from "./support/trainer-runs.ts"
+import { mergedAccuracy, readEvents } from "./support/trainer-runs.ts"
 
 const LOOPS = path.resolve("test/support/pipeline-loop.ts")
 let storage: string
@@ -27,17 +27,6 @@ beforeAll(async () => {
   storage = await fs.mkdtemp(path.join(os.tmpdir(), "gw-pipeline-"))
   ;({ train, test } = trainTestSplit(await loadDigits(), 0.2, 5))
 })
-/** The held-out accuracy of a pipeline checkpoint merged into one model. */
-const mergedAccuracy = async (checkpointPath: string): Promise<number> => {
-  const { tf } = await loadEngine("auto")
-  const model = await loadPipelineCheckpoint(tf, checkpointPath)
-  const x = tf.tensor2d(test.x, [test.size, 64])
-  const pred = (model.predict(x) as import("@tensorflow/tfjs").Tensor).argMax(-1).dataSync()
-  let correct = 0
-  for (let i = 0; i < test.size; i++) if (pred[i] === test.y[i]) correct++
-  return correct / test.size
-}
-
 afterAll(async () => {
   await fs.rm(storage, { recursive: true, force: true })
   expect(liveNatsServerPids()).toEqual([])
@@ -98,7 +87,7 @@ describe("model parallelism in the Trainer", () => {
     const files = await fs.readdir(path.join(r.checkpoint!.path, "pipeline"))
     expect(files.sort()).toEqual(["layout.json", "stage-0-of-2.tp-0-of-1.msgpack", "stage-1-of-2.tp-0-of-1.msgpack"])
     // the merged model scores on the held-out set what the pipeline's evaluate reported
-    expect(await mergedAccuracy(r.checkpoint!.path)).toBeCloseTo(last.val_accuracy as number, 5)
+    expect(await mergedAccuracy(r.checkpoint!.path, test)).toBeCloseTo(last.val_accuracy as number, 5)
   }, 90_000)
 
   it.each([
@@ -153,7 +142,7 @@ describe("model parallelism in the Trainer", () => {
     // it writes its part's shard from then on: the last checkpoint is whole and loads
     const files = await fs.readdir(path.join(r.checkpoint!.path, "pipeline"))
     expect(files.sort()).toEqual(["layout.json", ...c.shards])
-    expect(await mergedAccuracy(r.checkpoint!.path)).toBeCloseTo(r.metrics!.val_accuracy as number, 5)
+    expect(await mergedAccuracy(r.checkpoint!.path, test)).toBeCloseTo(r.metrics!.val_accuracy as number, 5)
   }, 120_000)
 
   it("three kills in a row, one of them of a replacement: every one regrouped from the replicas, at most a step lost per stage and death", async () => {

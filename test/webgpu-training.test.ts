@@ -14,7 +14,8 @@ import { spawn, type ChildProcess } from "node:child_process"
 import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
-import { Trainer, loadDigits, loadEngine, loadPipelineCheckpoint, trainTestSplit, type ArrayDataset, type Result } from "../index.ts"
+import { Trainer, loadDigits, trainTestSplit, type ArrayDataset, type Result } from "../index.ts"
+import { mergedAccuracy } from "./support/trainer-runs.ts"
 import type { EquivalenceCase } from "./support/pipeline-loop.ts"
 import { launchNatsServer, liveNatsServerPids } from "../core/nats-server.ts"
 import { openNats } from "../core/connection.ts"
@@ -31,15 +32,12 @@ const PIPELINES = path.resolve("test/support/pipeline-loop.ts")
 let storage = ""
 let train: ArrayDataset
 let test: ArrayDataset
-/** This process's engine (wasm), which scores a merged checkpoint. */
-let tfHere: Awaited<ReturnType<typeof loadEngine>>["tf"]
 
 beforeAll(async () => {
   // Workers and the probe's children inherit this process's environment.
   Object.assign(process.env, swiftShaderEnv())
   storage = await fs.mkdtemp(path.join(os.tmpdir(), "gw-webgpu-"))
   ;({ train, test } = trainTestSplit(await loadDigits(), 0.2, 7))
-  ;({ tf: tfHere } = await loadEngine("auto"))
 })
 afterAll(async () => {
   await fs.rm(storage, { recursive: true, force: true })
@@ -165,11 +163,7 @@ describe("useGpu workers on the webgpu backend (SwiftShader)", () => {
     const val = Number(r.metrics?.val_accuracy)
     expect(val).toBeGreaterThan(0.85)
     // the stage-sharded checkpoint merged into one model scores what the pipeline's evaluate reported
-    const model = await loadPipelineCheckpoint(tfHere, r.checkpoint!.path)
-    const pred = tfHere.tidy(() => (model.predict(tfHere.tensor2d(test.x, [test.size, 64])) as import("@tensorflow/tfjs").Tensor).argMax(-1).dataSync())
-    let correct = 0
-    for (let i = 0; i < test.size; i++) if (pred[i] === test.y[i]) correct++
-    expect(correct / test.size).toBeCloseTo(val, 5)
+    expect(await mergedAccuracy(r.checkpoint!.path, test)).toBeCloseTo(val, 5)
     await expectWebGpuRanks(r, ["webgpu", "webgpu"], false)
   })
 

@@ -6,7 +6,7 @@ import { afterAll, beforeAll, expect } from "vitest"
 import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
-import { Trainer, loadDigits, trainTestSplit, type ArrayDataset, type Result } from "../../index.ts"
+import { Trainer, loadDigits, loadEngine, loadPipelineCheckpoint, trainTestSplit, type ArrayDataset, type Result } from "../../index.ts"
 import { liveNatsServerPids } from "../../core/nats-server.ts"
 
 const DIGITS_LOOP = path.resolve("examples/digits/train.ts") + "#trainLoop"
@@ -75,4 +75,17 @@ export const expectStaleConverged = (r: Result): void => {
   const acc = r.metricsHistory.map((m) => m.val_accuracy as number)
   expect(Math.max(...acc.slice(2))).toBeGreaterThan(0.85)
   expect(acc.at(-1)!).toBeGreaterThan(0.7)
+}
+
+/**
+ * The held-out accuracy of a digits pipeline checkpoint merged into one model, scored in this
+ * process (its engine: wasm), as the pipeline's evaluate scores it.
+ */
+export const mergedAccuracy = async (checkpointPath: string, test: ArrayDataset): Promise<number> => {
+  const { tf } = await loadEngine("auto")
+  const model = await loadPipelineCheckpoint(tf, checkpointPath)
+  const pred = tf.tidy(() => (model.predict(tf.tensor2d(test.x, [test.size, 64])) as import("@tensorflow/tfjs").Tensor).argMax(-1).dataSync())
+  let correct = 0
+  for (let i = 0; i < test.size; i++) if (pred[i] === test.y[i]) correct++
+  return correct / test.size
 }
