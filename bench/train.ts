@@ -9,6 +9,8 @@
 //
 //   npm run bench -- train [--models cnn,lenet,...] [--p 1,2,4] [--warmup 20] [--seconds 6] [--batch 32]
 //                          [--backend auto|wasm|cpu|webgpu] [--torch-device cpu|cuda] [--python PATH]
+//                          [--gpu-share 0.5]   (webgpu: each worker takes that fraction of a GPU, so
+//                                              p workers can share one GPU; default a whole GPU each)
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
@@ -34,13 +36,13 @@ interface Figures {
 type Backend = "auto" | "wasm" | "cpu" | "webgpu"
 const BACKENDS: ReadonlyArray<Backend> = ["auto", "wasm", "cpu", "webgpu"]
 
-const runGradwire = async (model: ZooModel, data: ZooData, p: number, batch: number, warmup: number, steps: number, storage: string, backend: Backend): Promise<Figures> => {
+const runGradwire = async (model: ZooModel, data: ZooData, p: number, batch: number, warmup: number, steps: number, storage: string, backend: Backend, gpuShare: number): Promise<Figures> => {
   const rows: number[][] = []
   const r = await new Trainer({
     trainLoopPerWorker: LOOP,
     trainLoopConfig: { model, batchSize: batch, bench: { steps, warmup }, ...(data.text ? { text: data.text } : {}) },
     // A GPU backend asked for by name means GPU workers.
-    scalingConfig: { numWorkers: p, backend, useGpu: backend === "webgpu" },
+    scalingConfig: { numWorkers: p, backend, useGpu: backend === "webgpu", ...(backend === "webgpu" ? { resourcesPerWorker: { GPU: gpuShare } } : {}) },
     runConfig: {
       name: `bench-train-${model}-${p}-${Date.now()}`,
       storagePath: storage,
@@ -110,6 +112,9 @@ export const run = async (argv: ReadonlyArray<string>): Promise<void> => {
   const backend = opt("--backend", "auto") as Backend
   const pythonArg = opt("--python", "")
   const deviceArg = opt("--torch-device", "")
+  const gpuShare = Number(opt("--gpu-share", "1"))
+  if (!(gpuShare > 0 && gpuShare <= 1)) throw new RangeError(`--gpu-share: ${gpuShare} is not a fraction of a GPU in (0, 1]`)
+  if (gpuShare !== 1 && backend !== "webgpu") throw new RangeError("--gpu-share: only GPU workers take a GPU (add --backend webgpu)")
   for (const m of models) if (!ZOO_MODELS.includes(m)) throw new RangeError(`--models: unknown model ${m} (known: ${ZOO_MODELS.join(", ")})`)
   if (!BACKENDS.includes(backend)) throw new RangeError(`--backend: unknown backend ${backend} (known: ${BACKENDS.join(", ")})`)
   if (deviceArg !== "" && deviceArg !== "cpu" && deviceArg !== "cuda") throw new RangeError(`--torch-device: ${deviceArg} is neither cpu nor cuda`)
@@ -120,7 +125,7 @@ export const run = async (argv: ReadonlyArray<string>): Promise<void> => {
   const storage = fs.mkdtempSync(path.join(os.tmpdir(), "gradwire-bench-train-"))
   console.log(`machine: ${os.cpus().length} x ${os.cpus()[0]?.model ?? "cpu"}, ${Math.round(os.totalmem() / 2 ** 30)} GiB; node ${process.version}`)
   console.log(`batch ${batch} per rank, Adam 0.003, ${warmup} warm-up steps, then about ${seconds} s of steps per run; samples/s over all ranks`)
-  console.log(`gradwire: backend ${backend}${backend === "webgpu" ? " (GPU workers)" : ""}; PyTorch: ${torch ? `${torch.python} on ${device === "cuda" ? "CUDA (DDP over NCCL at p = 1, gloo beyond: the ranks share the GPU)" : "the CPU (DDP over gloo, one thread per rank)"}` : "not measured - no python3 here imports torch (apt-get install -y python3-torch)"}`)
+  console.log(`gradwire: backend ${backend}${backend === "webgpu" ? ` (GPU workers${gpuShare < 1 ? `, ${gpuShare} of a GPU each` : ""})` : ""}; PyTorch: ${torch ? `${torch.python} on ${device === "cuda" ? "CUDA (DDP over NCCL at p = 1, gloo beyond: the ranks share the GPU)" : "the CPU (DDP over gloo, one thread per rank)"}` : "not measured - no python3 here imports torch (apt-get install -y python3-torch)"}`)
   const header = "model        p  gradwire/s    torch/s   time/sample x torch   plain tfjs/s (p=1: gradwire's overhead)   step split ms (compute / comm / apply / wait)"
   console.log(`\n${header}`)
   try {
@@ -134,7 +139,7 @@ export const run = async (argv: ReadonlyArray<string>): Promise<void> => {
         // Steps per rank for about `seconds` s, with p ranks sharing the machine's cores.
         const steps = Math.max(20, Math.round((seconds * 1000) / (GUESS_MS[model] * Math.max(1, p / os.cpus().length))))
         const t1 = performance.now()
-        const g = await runGradwire(model, data, p, batch, warmup, steps, storage, backend)
+        const g = await runGradwire(model, data, p, batch, warmup, steps, storage, backend, gpuShare)
         const t = torch ? await runTorch(torch, model, prefix, p, batch, warmup, steps, performance.now() - t1) : "not measured"
         const tps = typeof t === "string" ? undefined : t.samplesPerSec
         const plain = p === 1 ? await runPlain(model, batch, warmup, steps, backend) : undefined
