@@ -3,15 +3,21 @@
 // zooLoss) and Adam on the same backend, with the
 // kernels gradwire registers on wasm (they are tfjs's backend, not gradwire's overhead).
 //
-//   node bench/zoo-plain.ts MODEL BATCH WARMUP STEPS [BACKEND]   -> prints {"samplesPerSec": ...}
+//   node bench/zoo-plain.ts MODEL BATCH WARMUP STEPS [BACKEND] [--tfjs-upload]   -> prints {"samplesPerSec": ...}
+//
+// --tfjs-upload (webgpu): tfjs's own upload of CPU values (a new staging buffer each) instead of
+// the one gradwire installs (core/kernels/webgpu-upload.ts), to time the two against each other.
 import { loadEngine } from "../index.ts"
 import { loadZooData } from "../examples/zoo/data.ts"
 import { buildZooModel, readsTokens, TASK_OF, type ZooModel } from "../examples/zoo/models.ts"
 import { zooBatcher, zooLoss } from "../examples/zoo/train.ts"
 
-const [model, batchArg, warmupArg, stepsArg, backendArg] = process.argv.slice(2) as [ZooModel, string, string, string, string | undefined]
+const args = process.argv.slice(2)
+const [model, batchArg, warmupArg, stepsArg, backendArg] = args.filter((a) => !a.startsWith("--")) as [ZooModel, string, string, string, string | undefined]
 const batch = Number(batchArg)
 const { tf } = await loadEngine((backendArg ?? "auto") as "auto")
+// The backend's own method, from its prototype, where gradwire's sits on the instance.
+if (args.includes("--tfjs-upload")) delete (tf.backend() as { uploadToGPU?: unknown }).uploadToGPU
 const data = await loadZooData(TASK_OF[model])
 const net = buildZooModel(tf, model, data.text)
 const loss = zooLoss(tf, data.text?.tags ?? 10)

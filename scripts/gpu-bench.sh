@@ -73,6 +73,17 @@ if [ -z "${GPU_BENCH_QUICK:-}" ]; then
   bench batch256 100 --models cnn,resnet,transformer --p 1 --seconds 1.5 --batch 256 --backend webgpu
   bench share2 90 --models cnn,resnet --p 2 --seconds 1.5 --batch 256 --backend webgpu --gpu-share 0.5
   nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv >> "$out/survey.txt" 2>&1
+  # Plain tfjs steps with gradwire's webgpu upload (core/kernels/webgpu-upload.ts) and with tfjs's
+  # own, alternated twice: samples/s.
+  stamp "upload: gradwire's against tfjs's (plain tfjs, batch 32)"
+  for m in mlp:300 resnet:40; do
+    for round in 1 2; do
+      for how in gradwire --tfjs-upload; do
+        r=$(timeout -k 5 60 node bench/zoo-plain.ts "${m%%:*}" 32 10 "${m##*:}" webgpu $([ "$how" = gradwire ] || echo "$how") 2>/dev/null | tail -n 1)
+        echo "upload ${m%%:*} round $round ${how#--}: $r" | tee -a "$out/upload.txt"
+      done
+    done
+  done
   # With the time left under GPU_BENCH_BUDGET (s), the all-reduce against gloo at p = 8 on this
   # machine's cores (not a GPU figure: the 2-core machines cannot run 8 ranks).
   left=$(( ${GPU_BENCH_BUDGET:-560} - ($(date +%s) - t0) ))
