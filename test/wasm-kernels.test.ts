@@ -6,6 +6,7 @@ import { beforeAll, describe, expect, it } from "vitest"
 import { loadEngine, type Tf } from "../core/engine.ts"
 import { fallbackKernelsUsed } from "../core/kernels/fallback.ts"
 import { registerWasmKernels } from "../core/kernels/register.ts"
+import { asReducedBlock } from "../core/kernels/reduce.ts"
 import { asBlockTranspose } from "../core/kernels/transpose.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
@@ -129,6 +130,40 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
       tf.transpose(tf.greater(t([65, 3], 8), 0), [1, 0]).toFloat()
     ])
     expect(worst).toBe(0)
+  })
+
+  it("sum and mean over leading and middle blocks of axes (the rows added on the heap), batch norm's gradients, and the other reductions through the backend's own", async () => {
+    expect(asReducedBlock([32, 8, 8, 16], [0, 1, 2])).toEqual({ before: 1, reduced: 2048, after: 16 })
+    expect(asReducedBlock([32, 8, 8, 16], [2, -3])).toEqual({ before: 32, reduced: 64, after: 16 })
+    expect(asReducedBlock([5, 7], 0)).toEqual({ before: 1, reduced: 5, after: 7 })
+    expect(asReducedBlock([2, 3, 4], [2])).toBeUndefined()
+    expect(asReducedBlock([2, 3, 4], [0, 2])).toBeUndefined()
+    expect(asReducedBlock([2, 3, 4], [0, 1, 2])).toBeUndefined()
+    expect(asReducedBlock([2, 3, 4], null)).toBeUndefined()
+    // Rows not a multiple of 8, one row, one column, several slices, keepDims, negative axes.
+    const worst = await compare(() => [
+      tf.sum(t([37, 5], 1), 0),
+      tf.mean(t([37, 5], 2), 0),
+      tf.sum(t([3, 11, 7, 5], 3), [0, 1, 2]),
+      tf.mean(t([3, 11, 7, 5], 4), [0, 1, 2], true),
+      tf.sum(t([4, 9, 6, 3], 5), [1, 2]),
+      tf.mean(t([4, 9, 6, 3], 6), [-3, -2], true),
+      tf.sum(t([1, 6], 7), 0),
+      tf.sum(t([19, 1], 8), 0),
+      tf.sum(t([2, 3, 4, 5, 6], 9), [1, 2, 3]),
+      tf.sum(t([2, 3, 4], 10), [0, 2]),
+      tf.mean(t([2, 3, 4], 11), -1),
+      tf.sum(t([2, 3, 4], 12)),
+      tf.sum(tf.cast(tf.mul(t([9, 4], 13), 100), "int32"), 0).toFloat(),
+      tf.grad((x: Tensor) => {
+        const { mean, variance } = tf.moments(x, [0, 1, 2])
+        return tf.batchNorm(x, mean, variance, t([5], 14), t([5], 15), 1e-3).mul(t([3, 6, 4, 5], 16)).sum()
+      })(t([3, 6, 4, 5], 17))
+    ])
+    expect(worst).toBeLessThanOrEqual(1e-4)
+    // NaN and infinities add as they do in the backend's own sums.
+    const odd = tf.tensor2d([1, Number.NaN, Infinity, 2, 3, -Infinity, Infinity, 4, 5, 6, 7, Infinity], [4, 3])
+    expect(Array.from(await tf.sum(odd, 0).data())).toEqual([Infinity, Number.NaN, Number.NaN])
   })
 
   it("broadcasting comparisons, maximum, minimum and pow", async () => {

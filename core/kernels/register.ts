@@ -8,6 +8,7 @@ import { cpuFallback } from "./fallback.ts"
 import { registerMissingGradients } from "./gradients.ts"
 import { maxPoolGrad } from "./pool-grads.ts"
 import { unsortedSegmentSum } from "./segment-sum.ts"
+import { blockReduce } from "./reduce.ts"
 import { tile } from "./tile.ts"
 import { gatherRows } from "./gather.ts"
 import { untransposedMatMul } from "./matmul.ts"
@@ -28,9 +29,10 @@ export const FAST_WASM_KERNELS = [
  * them against finite differences), replaced: MaxPoolGrad by gradwire's own; the conv3d gradients
  * (the input's wrong at stride 1, the filter's at stride 2) by the cpu backend's. And one that is
  * right but slow: Conv2DBackpropInput (conv-grads.ts), Tile (tile.ts), GatherV2 (gather.ts), the matmuls with a transposed operand (matmul.ts),
- * Transpose (transpose.ts), and the broadcasting comparisons (broadcast.ts).
+ * Transpose (transpose.ts), the broadcasting comparisons (broadcast.ts), and Sum and Mean over a
+ * block of leading or middle axes (reduce.ts).
  */
-export const REPLACED_WASM_KERNELS = ["Conv2DBackpropInput", "MaxPoolGrad", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", "Tile", "BatchMatMul", "_FusedMatMul", "Transpose", "GatherV2", ...SLOW_BROADCAST_KERNELS] as const
+export const REPLACED_WASM_KERNELS = ["Conv2DBackpropInput", "MaxPoolGrad", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", "Tile", "BatchMatMul", "_FusedMatMul", "Transpose", "GatherV2", "Sum", "Mean", ...SLOW_BROADCAST_KERNELS] as const
 
 let registered: { fast: string[]; fallback: string[]; gradients: string[] } | undefined
 
@@ -76,6 +78,11 @@ export const registerWasmKernels = (tf: Tf): { fast: string[]; fallback: string[
   if (wasmTranspose) replace("Transpose", transposeKernel(wasmTranspose))
   const wasmGather = tf.getKernel("GatherV2", "wasm")?.kernelFunc as unknown as KernelFunc | undefined
   if (wasmGather) replace("GatherV2", gatherRows(wasmGather))
+  // Sum and Mean over leading or middle axes, summed straight from the heap (reduce.ts).
+  for (const [name, mean] of [["Sum", false], ["Mean", true]] as const) {
+    const original = tf.getKernel(name, "wasm")?.kernelFunc as unknown as KernelFunc | undefined
+    if (original) replace(name, blockReduce(original, mean))
+  }
   // Broadcasting comparisons and the like on equal shapes (broadcast.ts).
   const broadcasting: string[] = []
   for (const k of SLOW_BROADCAST_KERNELS) {
