@@ -54,7 +54,9 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     [[3, 11, 10, 2], [5, 4, 2, 4], 2, "valid"],
     [[1, 8, 8, 1], [3, 3, 1, 8], [2, 1], "same"],
     [[2, 1, 17, 4], [1, 5, 4, 6], 3, "same"],
-    [[2, 6, 5, 16], [3, 3, 16, 4], 1, "same"]
+    [[2, 6, 5, 16], [3, 3, 16, 4], 1, "same"],
+    [[2, 7, 9, 5], [3, 2, 5, 4], 1, "valid"],
+    [[3, 6, 7, 3], [2, 4, 3, 5], 1, "same"]
   ] as Array<[number[], number[], number | [number, number], "same" | "valid"]>) {
     it(`conv2d gradients, x ${x} filter ${f} strides ${strides} ${pad}`, async () => {
       const worst = await compare(() => {

@@ -1,8 +1,10 @@
-// Gradient kernels of the convolutions that tfjs-backend-wasm 4.22 lacks, computed on the wasm
-// heap without leaving it: the conv2d filter gradient as one im2col (a JS pass over a channels-first copy of the input)
-// plus the backend's own XNNPACK-era matmul, and the depthwise filter and input gradients as
-// direct loops (their work is O(input x filter), no matmul to hand them to). Shapes the fast paths
-// do not cover (channels-first data, 3-D) go to the cpu-backend fallback instead (fallback.ts).
+// Gradient kernels of the convolutions that tfjs-backend-wasm 4.22 lacks or runs slowly, computed
+// on the wasm heap without leaving it: the conv2d filter gradient as one im2col (a JS pass over a
+// channels-first copy of the input) plus the backend's own XNNPACK-era matmul; the conv2d input
+// gradient at stride 1 as the backend's forward convolution of dy with the filter turned round,
+// else a matmul and a scatter-add; the depthwise filter and input gradients as direct loops (their
+// work is O(input x filter), no matmul to hand them to). Shapes the fast paths do not cover
+// (channels-first data, 3-D) go to the cpu-backend fallback instead (fallback.ts).
 import type { Tf } from "../tf.ts"
 import { callKernel, floats, type KernelArgs, type TensorInfo } from "./wasm-heap.ts"
 
@@ -185,6 +187,34 @@ export const conv2dBackpropInput = (tf: Tf, { inputs, backend, attrs }: KernelAr
   const { filterHeight: FH, filterWidth: FW, strideHeight: SH, strideWidth: SW } = info
   const K = FH * FW * C
   const M = N * OH * OW
+  const top = info.padInfo.top
+  const left = info.padInfo.left
+  const bottom = info.padInfo.bottom
+  const right = info.padInfo.right
+  // Stride 1: dx is the forward convolution of dy, padded by what the forward pass cut, with the
+  // filter turned half a circle and its channels swapped (W'[fh, fw, o, c] = W[FH-1-fh, FW-1-fw, c, o]),
+  // so the backend's XNNPACK convolution does it instead of a matmul and a scatter-add here.
+  if (SH === 1 && SW === 1 && info.dilationHeight === 1 && info.dilationWidth === 1 && top < FH && bottom < FH && left < FW && right < FW) {
+    const flipped = backend.makeOutput([FH, FW, O, C], "float32")
+    try {
+      const w = floats(backend, filter)
+      const f = floats(backend, flipped)
+      for (let fh = 0; fh < FH; fh++) {
+        for (let fw = 0; fw < FW; fw++) {
+          const to = (fh * FW + fw) * O * C
+          const from = ((FH - 1 - fh) * FW + (FW - 1 - fw)) * C * O
+          for (let c = 0; c < C; c++) for (let o = 0; o < O; o++) f[to + o * C + c] = w[from + c * O + o]!
+        }
+      }
+      return callKernel(tf, "Conv2D", {
+        inputs: { x: dy, filter: flipped },
+        backend,
+        attrs: { strides: 1, pad: [[0, 0], [FH - 1 - top, FH - 1 - bottom], [FW - 1 - left, FW - 1 - right], [0, 0]], dataFormat: "NHWC", dilations: 1, dimRoundingMode: undefined }
+      })
+    } finally {
+      backend.disposeData(flipped.dataId)
+    }
+  }
   const col = callKernel(tf, "BatchMatMul", {
     inputs: { a: { dataId: dy.dataId, shape: [1, M, O], dtype: "float32" }, b: { dataId: filter.dataId, shape: [1, K, O], dtype: "float32" } },
     backend,
@@ -195,8 +225,6 @@ export const conv2dBackpropInput = (tf: Tf, { inputs, backend, attrs }: KernelAr
     const dcol = floats(backend, col)
     const dx = floats(backend, out)
     dx.fill(0)
-    const top = info.padInfo.top
-    const left = info.padInfo.left
     let m = 0
     for (let b = 0; b < N; b++) {
       for (let oh = 0; oh < OH; oh++) {
