@@ -168,6 +168,35 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     expect(Array.from(await tf.sum(odd, 0).data())).toEqual([Infinity, Number.NaN, Number.NaN])
   })
 
+  it("batch norm's gradient as one kernel on wasm: x, mean, variance, scale and offset as tfjs's (rank 4 against the cpu backend's own gradient; ranks 2 and 3, which tfjs's own cannot take, against the formula in plain ops)", async () => {
+    const positive = (shape: number[], seed: number) => tf.add(tf.abs(t(shape, seed)), 0.1)
+    const w = (shape: number[]) => t(shape, 99)
+    // (Always with a scale: without one, tfjs 4.22 cannot record batchNorm for a gradient at all.)
+    const grads = (shape: number[]) => () => {
+      const c = shape.at(-1)!
+      const args = [t(shape, 1), t([c], 2), positive([c], 3), t([c], 4), t([c], 5)]
+      return tf.grads((...a: Tensor[]) => tf.batchNorm(a[0]!, a[1]!, a[2]!, a[3]!, a[4]!, 1e-3).mul(w(shape)).sum())(args)
+    }
+    expect(await compare(grads([3, 5, 4, 6]))).toBeLessThanOrEqual(1e-4)
+    expect(await compare(grads([2, 3, 3, 7]))).toBeLessThanOrEqual(1e-4)
+    const prof = await tf.profile(() => tf.dispose(grads([3, 5, 4, 6])()))
+    expect(prof.kernels.map((k) => k.name)).toContain("GradwireBatchNormGrad")
+    // Ranks 2 and 3 against (x - mean) / sqrt(variance + eps) * scale + offset in plain ops, on wasm.
+    for (const shape of [[9, 5], [4, 3, 6]]) {
+      const c = shape.at(-1)!
+      const args = () => [t(shape, 11), t([c], 12), positive([c], 13), t([c], 14), t([c], 15)]
+      const fused = tf.grads((...a: Tensor[]) => tf.batchNorm(a[0]!, a[1]!, a[2]!, a[3]!, a[4]!, 1e-3).mul(w(shape)).sum())(args())
+      const plain = tf.grads((...a: Tensor[]) => a[0]!.sub(a[1]!).div(a[2]!.add(1e-3).sqrt()).mul(a[4]!).add(a[3]!).mul(w(shape)).sum())(args())
+      for (let i = 0; i < 5; i++) {
+        const [f, p] = [(await fused[i]!.data()) as Float32Array, (await plain[i]!.data()) as Float32Array]
+        let worst = 0
+        f.forEach((v, j) => (worst = Math.max(worst, Math.abs(v - p[j]!) / (1 + Math.abs(p[j]!)))))
+        expect(worst, `rank ${shape.length}, input ${i}`).toBeLessThanOrEqual(1e-4)
+      }
+      tf.dispose([...fused, ...plain])
+    }
+  })
+
   it("broadcasting comparisons, maximum, minimum and pow", async () => {
     const a = () => t([4, 1, 5], 1)
     const b = () => t([3, 1], 2)

@@ -8,6 +8,7 @@ import { cpuFallback } from "./fallback.ts"
 import { registerMissingGradients } from "./gradients.ts"
 import { maxPoolGrad } from "./pool-grads.ts"
 import { unsortedSegmentSum } from "./segment-sum.ts"
+import { BATCH_NORM_GRAD, registerBatchNormGrad } from "./batch-norm-grad.ts"
 import { blockReduce } from "./reduce.ts"
 import { tile } from "./tile.ts"
 import { gatherRows } from "./gather.ts"
@@ -103,6 +104,8 @@ export const registerWasmKernels = (tf: Tf): { fast: string[]; fallback: string[
     register(k.kernelName, cpuFallback(tf, k.kernelName))
     fallback.push(k.kernelName)
   }
+  // Batch norm's backward pass as one kernel on wasm (batch-norm-grad.ts).
+  if (registerBatchNormGrad(tf)) fast.push(BATCH_NORM_GRAD)
   registered = { fast, fallback, gradients: registerMissingGradients(tf) }
   return registered
 }
