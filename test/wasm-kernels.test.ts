@@ -212,6 +212,16 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     expect(worst).toBeLessThanOrEqual(1e-4)
   })
 
+  it("every comparison on equal shapes (run on the heap): float32 with ties, NaN and infinities, and int32", async () => {
+    const x = () => tf.tensor1d([1, 2, Number.NaN, Infinity, -Infinity, 0, -0, 3.5, 2, Number.NaN])
+    const y = () => tf.tensor1d([1, 3, Number.NaN, Infinity, 5, -0, 0, -3.5, Number.NaN, 1])
+    const xi = () => tf.tensor2d([1, -2, 3, 7, 0, 9], [2, 3], "int32")
+    const yi = () => tf.tensor2d([1, 2, -3, 7, 1, 8], [2, 3], "int32")
+    const ops = [tf.equal, tf.notEqual, tf.greater, tf.greaterEqual, tf.less, tf.lessEqual]
+    const worst = await compare(() => [...ops.map((op) => op(x(), y()).toFloat()), ...ops.map((op) => op(xi(), yi()).toFloat()), tf.equal(t([32, 56, 32], 3), t([32, 1, 32], 4).add(0)).toFloat()])
+    expect(worst).toBe(0)
+  })
+
   it("runs a kernel wasm lacks through the cpu backend, with its answer, and records it", async () => {
     expect(tf.getKernel("Einsum", "wasm")).toBeDefined()
     const worst = await compare(() => tf.einsum("ij,jk->ik", t([3, 4], 1), t([4, 2], 2)))

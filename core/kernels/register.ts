@@ -89,7 +89,7 @@ export const registerWasmKernels = (tf: Tf): { fast: string[]; fallback: string[
   for (const k of SLOW_BROADCAST_KERNELS) {
     const original = tf.getKernel(k, "wasm")?.kernelFunc as unknown as KernelFunc | undefined
     if (!original) continue
-    replace(k, broadcastFirst(tf, original))
+    replace(k, broadcastFirst(tf, original, k))
     broadcasting.push(k)
   }
   replace("Conv3DBackpropInputV2", cpuFallback(tf, "Conv3DBackpropInputV2", false))
