@@ -18,7 +18,8 @@
 // - raw NATS moving the same bytes in the same pattern (p publisher processes, the same bytes per
 //   link, no reduction, no flow control: the transport's ceiling for that algorithm; the pattern is
 //   the one the algorithm's registry entry declares for the cost model), and
-// - torch.distributed gloo all_reduce on loopback when `/usr/bin/python3 -c "import torch"` works.
+// - torch.distributed gloo all_reduce on loopback when `/usr/bin/python3 -c "import torch"` works
+//   (else the `python3` on PATH, where that one imports torch).
 // Every rank is its own OS process. Variants (algorithms x transports, and the raw patterns) are
 // interleaved round by round (each variant's timed calls after one untimed call of its own, as gloo's
 // loop warms up), so load from other processes on the machine hits them alike; compare
@@ -261,8 +262,20 @@ export const findTorch = (candidates: ReadonlyArray<string>): { python: string; 
   return undefined
 }
 
-/** Whether Debian's python3 (/usr/bin/python3, where the gloo baselines run) imports torch. */
-export const torchAvailable = (): boolean => findTorch(["/usr/bin/python3"]) !== undefined
+let torchPython: string | null | undefined
+
+/**
+ * The python that runs the gloo baselines: Debian's (/usr/bin/python3) where it imports torch, else
+ * the `python3` on PATH (a machine whose torch lives in a virtual environment); undefined when
+ * neither does.
+ */
+export const glooPython = (): string | undefined => {
+  if (torchPython === undefined) torchPython = findTorch(["/usr/bin/python3", "python3"])?.python ?? null
+  return torchPython ?? undefined
+}
+
+/** Whether a python here imports torch (glooPython). */
+export const torchAvailable = (): boolean => glooPython() !== undefined
 
 /**
  * Exit code of `child` (null when it had to be killed after `timeoutMs`). `group`: the child was
@@ -307,13 +320,13 @@ export const runGloo = async (p: number, sizes: number[], star?: Star): Promise<
       // A fresh namespace: any port is free in rank 0's.
       for (let r = 0; r < p; r++) {
         const { ns, dev } = star.ranks[r]
-        const args = ["netns", "exec", ns, "/usr/bin/python3", script, "--rank", String(r), String(p), star.ranks[0].ip, "29500", out]
+        const args = ["netns", "exec", ns, glooPython() ?? "/usr/bin/python3", script, "--rank", String(r), String(p), star.ranks[0].ip, "29500", out]
         children.push(spawn("ip", [...args, sizes.join(","), JSON.stringify(rounds)], { stdio: ["ignore", "ignore", "pipe"], env: { ...env, GLOO_SOCKET_IFNAME: dev } }))
       }
     } else {
       const port = await freePort()
       const args = [script, String(p), String(port), out, sizes.join(","), JSON.stringify(rounds)]
-      children.push(spawn("/usr/bin/python3", args, { stdio: ["ignore", "ignore", "pipe"], env: { ...env, GLOO_SOCKET_IFNAME: "lo" } }))
+      children.push(spawn(glooPython() ?? "/usr/bin/python3", args, { stdio: ["ignore", "ignore", "pipe"], env: { ...env, GLOO_SOCKET_IFNAME: "lo" } }))
     }
     for (const c of children) c.stderr!.on("data", (d) => (stderr += String(d)))
     const codes = await Promise.all(children.map((c) => exitOf(c, 300_000)))
@@ -479,7 +492,7 @@ const runOn = async (a: Args, star: Star | undefined, dir: string): Promise<void
         (a.transports.includes("direct") ? `; direct path: transport "direct", a Unix socket between ranks of a node, TCP on loopback across` : "")
     )
   }
-  if (!gloo) console.log(a.gloo ? "torch not importable by /usr/bin/python3: no gloo baseline" : "gloo baseline skipped (--no-gloo)")
+  if (!gloo) console.log(a.gloo ? "torch not importable by /usr/bin/python3 or python3: no gloo baseline" : "gloo baseline skipped (--no-gloo)")
   const rows: Row[] = []
   const server = await benchNatsServer(a.maxPayload, star, dir)
   try {

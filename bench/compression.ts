@@ -158,7 +158,7 @@ const measure = async (a: Args, star: Star | undefined, dir: string): Promise<vo
   const gloo = a.gloo && torchAvailable()
   let glooMs: number | undefined
   if (gloo) glooMs = (await runGloo(a.p, [bytes], star))?.get(bytes)
-  else console.log(a.gloo ? "torch not importable by /usr/bin/python3: no gloo baseline" : "gloo baseline skipped (--no-gloo)")
+  else console.log(a.gloo ? "torch not importable by /usr/bin/python3 or python3: no gloo baseline" : "gloo baseline skipped (--no-gloo)")
 
   const figures = new Map<string, CodecFigure>(codecFigures({ mib: a.codecMib }).map((f) => [f.name, f]))
 
