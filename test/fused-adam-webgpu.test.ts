@@ -2,10 +2,9 @@
 // weights and the optimizer state (moments, accBeta1/2, iterations) that applyGradients gives,
 // over several steps, with a read (values cached on the CPU) between them; and it declines where it
 // must not write in place. Run on the software adapter (support/swiftshader.ts) in a child process.
-import { spawn } from "node:child_process"
 import { fileURLToPath } from "node:url"
 import { beforeAll, describe, expect, it } from "vitest"
-import { swiftShaderEnv } from "./support/swiftshader.ts"
+import { runWebGpuChild } from "./support/webgpu-child.ts"
 
 const CHILD = fileURLToPath(new URL("./support/fused-adam-webgpu-child.ts", import.meta.url))
 const DEADLINE_MS = 3 * 60_000
@@ -25,21 +24,7 @@ interface Result {
 let r: Result
 
 beforeAll(async () => {
-  const env = { ...process.env, ...swiftShaderEnv() }
-  r = await new Promise<Result>((resolve, reject) => {
-    const child = spawn(process.execPath, [CHILD], { env, stdio: ["ignore", "pipe", "pipe"] })
-    let out = ""
-    let err = ""
-    child.stdout.setEncoding("utf8").on("data", (c: string) => (out += c))
-    child.stderr.setEncoding("utf8").on("data", (c: string) => (err = (err + c).slice(-3_000)))
-    const timer = setTimeout(() => child.kill("SIGKILL"), DEADLINE_MS)
-    child.on("exit", (code, signal) => {
-      clearTimeout(timer)
-      const line = out.split("\n").find((l) => l.startsWith("{"))
-      if (code === 0 && line) resolve(JSON.parse(line) as Result)
-      else reject(new Error(`the child ${signal ? `was killed (${signal})` : `exited with code ${code}`}; stderr: ${err}`))
-    })
-  })
+  r = await runWebGpuChild<Result>(CHILD, DEADLINE_MS)
 }, DEADLINE_MS + 30_000)
 
 describe("the fused Adam step on webgpu", () => {

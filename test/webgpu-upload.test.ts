@@ -4,10 +4,9 @@
 // uploaded, also where a pooled buffer is reused right after a read or while a kernel reading an
 // earlier upload is still unsubmitted; and an upload of a size the pool holds creates no GPU buffer,
 // where tfjs's own creates one each time.
-import { spawn } from "node:child_process"
 import { fileURLToPath } from "node:url"
 import { beforeAll, describe, expect, it } from "vitest"
-import { swiftShaderEnv } from "./support/swiftshader.ts"
+import { runWebGpuChild } from "./support/webgpu-child.ts"
 
 const CHILD = fileURLToPath(new URL("./support/webgpu-upload-child.ts", import.meta.url))
 const DEADLINE_MS = 2 * 60_000
@@ -23,21 +22,7 @@ interface Result {
 let r: Result
 
 beforeAll(async () => {
-  const env = { ...process.env, ...swiftShaderEnv() }
-  r = await new Promise<Result>((resolve, reject) => {
-    const child = spawn(process.execPath, [CHILD], { env, stdio: ["ignore", "pipe", "pipe"] })
-    let out = ""
-    let err = ""
-    child.stdout.setEncoding("utf8").on("data", (c: string) => (out += c))
-    child.stderr.setEncoding("utf8").on("data", (c: string) => (err = (err + c).slice(-3_000)))
-    const timer = setTimeout(() => child.kill("SIGKILL"), DEADLINE_MS)
-    child.on("exit", (code, signal) => {
-      clearTimeout(timer)
-      const line = out.split("\n").find((l) => l.startsWith("{"))
-      if (code === 0 && line) resolve(JSON.parse(line) as Result)
-      else reject(new Error(`the child ${signal ? `was killed (${signal})` : `exited with code ${code}`}; stderr: ${err}`))
-    })
-  })
+  r = await runWebGpuChild<Result>(CHILD, DEADLINE_MS)
 }, DEADLINE_MS + 30_000)
 
 describe("webgpu uploads through queue.writeBuffer", () => {
