@@ -82,6 +82,14 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
   it("max-pool gradient across a batch (tfjs-backend-wasm's own drops the first element of every image but the first)", async () => {
     const worst = await compare(() => tf.grad((a: Tensor) => (tf.maxPool(a as never, 2, 2, "valid") as unknown as Tensor).mul(t([3, 3, 3, 2], 9)).sum())(t([3, 6, 7, 2], 8)))
     expect(worst).toBeLessThanOrEqual(1e-4)
+    // Ties (values from a small set of integers: the first maximum of a window takes the gradient),
+    // overlapping 3x3 windows at stride 2 with "same" padding, and more channels.
+    const ties = () => tf.round(tf.mul(t([2, 7, 9, 5], 10), 2))
+    const tied = await compare(() => [
+      tf.grad((a: Tensor) => (tf.maxPool(a as never, 2, 2, "valid") as unknown as Tensor).mul(t([2, 3, 4, 5], 11)).sum())(ties()),
+      tf.grad((a: Tensor) => (tf.maxPool(a as never, 3, 2, "same") as unknown as Tensor).mul(t([2, 4, 5, 5], 12)).sum())(ties())
+    ])
+    expect(tied).toBeLessThanOrEqual(1e-4)
   })
 
   it("UnsortedSegmentSum (the embedding gradient), ids out of range dropped", async () => {

@@ -23,30 +23,44 @@ export const maxPoolGrad = (tf: Tf, { inputs, backend, attrs }: KernelArgs): Ten
   const dys = floats(backend, dy)
   const dx = floats(backend, out)
   dx.fill(0)
+  // Per output pixel, every channel at once: the window's taps in order, each a contiguous run of C
+  // values; the first tap in the image sets the best so far per channel, and a later one replaces it
+  // only when strictly greater (the first maximum wins; a NaN first in its window stays, as in the
+  // cpu backend's loop).
+  const best = new Float32Array(C)
+  const at = new Int32Array(C)
   for (let b = 0; b < N; b++) {
     for (let oh = 0; oh < OH; oh++) {
       const h0 = oh * SH - info.padInfo.top
       for (let ow = 0; ow < OW; ow++) {
         const w0 = ow * SW - info.padInfo.left
         const yo = ((b * OH + oh) * OW + ow) * C
-        for (let c = 0; c < C; c++) {
-          let best = -Infinity
-          let at = -1
-          for (let fh = 0; fh < FH; fh += DH) {
-            const ih = h0 + fh
-            if (ih < 0 || ih >= H) continue
-            for (let fw = 0; fw < FW; fw += DW) {
-              const iw = w0 + fw
-              if (iw < 0 || iw >= W) continue
-              const i = ((b * H + ih) * W + iw) * C + c
-              if (xs[i] > best || at < 0) {
-                best = xs[i]
-                at = i
+        let first = true
+        for (let fh = 0; fh < FH; fh += DH) {
+          const ih = h0 + fh
+          if (ih < 0 || ih >= H) continue
+          for (let fw = 0; fw < FW; fw += DW) {
+            const iw = w0 + fw
+            if (iw < 0 || iw >= W) continue
+            const base = ((b * H + ih) * W + iw) * C
+            if (first) {
+              for (let c = 0; c < C; c++) {
+                best[c] = xs[base + c]!
+                at[c] = base + c
+              }
+              first = false
+            } else {
+              for (let c = 0; c < C; c++) {
+                const v = xs[base + c]!
+                if (v > best[c]!) {
+                  best[c] = v
+                  at[c] = base + c
+                }
               }
             }
           }
-          if (at >= 0) dx[at] += dys[yo + c]
         }
+        if (!first) for (let c = 0; c < C; c++) dx[at[c]!] = dx[at[c]!]! + dys[yo + c]!
       }
     }
   }
