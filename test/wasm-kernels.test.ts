@@ -228,6 +228,15 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     const ops = [tf.equal, tf.notEqual, tf.greater, tf.greaterEqual, tf.less, tf.lessEqual]
     const worst = await compare(() => [...ops.map((op) => op(x(), y()).toFloat()), ...ops.map((op) => op(xi(), yi()).toFloat()), tf.equal(t([32, 56, 32], 3), t([32, 1, 32], 4).add(0)).toFloat()])
     expect(worst).toBe(0)
+    // Against a single number on either side (a clip's bounds), of rank 0 or with ones, and int32.
+    const withOne = await compare(() => [
+      ...ops.map((op) => op(x(), tf.scalar(2)).toFloat()),
+      ...ops.map((op) => op(tf.scalar(2), x()).toFloat()),
+      ...ops.map((op) => op(tf.tensor2d([Number.NaN], [1, 1]), x().reshape([2, 5])).toFloat()),
+      ...ops.map((op) => op(xi(), tf.scalar(3, "int32")).toFloat()),
+      tf.greaterEqual(tf.tensor2d([[0.5]]), tf.tensor1d([0.2, 0.5, 0.9])).toFloat()
+    ])
+    expect(withOne).toBe(0)
   })
 
   it("runs a kernel wasm lacks through the cpu backend, with its answer, and records it", async () => {

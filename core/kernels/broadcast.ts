@@ -57,13 +57,63 @@ export const compareInto = (op: string, a: ArrayLike<number>, b: ArrayLike<numbe
   }
 }
 
-/** A comparison of two equal-shaped numeric operands on the heap (bool output), or the backend's kernel. */
+/** out[i] = a[i] (op) y as 1 or 0: a comparison with one number (NaN compares as in JavaScript). */
+export const compareWith = (op: string, a: ArrayLike<number>, y: number, out: Uint8Array | Int32Array): void => {
+  const n = out.length
+  switch (op) {
+    case "Equal":
+      for (let i = 0; i < n; i++) out[i] = a[i] === y ? 1 : 0
+      return
+    case "NotEqual":
+      for (let i = 0; i < n; i++) out[i] = a[i] !== y ? 1 : 0
+      return
+    case "Greater":
+      for (let i = 0; i < n; i++) out[i] = a[i]! > y ? 1 : 0
+      return
+    case "GreaterEqual":
+      for (let i = 0; i < n; i++) out[i] = a[i]! >= y ? 1 : 0
+      return
+    case "Less":
+      for (let i = 0; i < n; i++) out[i] = a[i]! < y ? 1 : 0
+      return
+    case "LessEqual":
+      for (let i = 0; i < n; i++) out[i] = a[i]! <= y ? 1 : 0
+      return
+    default:
+      throw new Error(`compareWith: ${op} is not a comparison`)
+  }
+}
+
+/** x (op) y as y (mirror) x: the comparison with its operands swapped. */
+const MIRROR: Readonly<Record<string, string>> = { Equal: "Equal", NotEqual: "NotEqual", Greater: "Less", GreaterEqual: "LessEqual", Less: "Greater", LessEqual: "GreaterEqual" }
+
+const size = (t: TensorInfo): number => t.shape.reduce((p, d) => p * d, 1)
+
+/** Which operand is a single number whose broadcast leaves the other's shape as the output's, if one is. */
+const singleSide = (a: TensorInfo, b: TensorInfo): "a" | "b" | undefined =>
+  size(b) === 1 && b.shape.length <= a.shape.length ? "b" : size(a) === 1 && a.shape.length <= b.shape.length ? "a" : undefined
+
+/**
+ * A comparison on the heap (bool output) of two numeric operands of one dtype, either of one shape
+ * or one of them a single number (a clip's bounds, a threshold: the other's shape is the output's);
+ * else the backend's kernel.
+ */
 const compared = (name: string, original: KernelFunc): KernelFunc => (args: KernelArgs) => {
   const { a, b } = args.inputs
   const numeric = (t: TensorInfo | undefined) => t !== undefined && (t.dtype === "float32" || t.dtype === "int32")
-  if (!COMPARISONS.has(name) || !numeric(a) || !numeric(b) || a!.dtype !== b!.dtype || !same(a!.shape, b!.shape)) return original(args)
-  const out = args.backend.makeOutput([...a!.shape], "bool")
-  compareInto(name, args.backend.typedArrayFromHeap(a!), args.backend.typedArrayFromHeap(b!), args.backend.typedArrayFromHeap(out) as Uint8Array)
+  if (!COMPARISONS.has(name) || !numeric(a) || !numeric(b) || a!.dtype !== b!.dtype) return original(args)
+  const { backend } = args
+  if (same(a!.shape, b!.shape)) {
+    const out = backend.makeOutput([...a!.shape], "bool")
+    compareInto(name, backend.typedArrayFromHeap(a!), backend.typedArrayFromHeap(b!), backend.typedArrayFromHeap(out) as Uint8Array)
+    return out
+  }
+  // One side a single number, the other at least as many dimensions (so its shape is the output's).
+  const one = singleSide(a!, b!)
+  if (!one) return original(args)
+  const [many, single, op] = one === "b" ? [a!, b!, name] : [b!, a!, MIRROR[name]!]
+  const out = backend.makeOutput([...many.shape], "bool")
+  compareWith(op, backend.typedArrayFromHeap(many), backend.typedArrayFromHeap(single)[0]!, backend.typedArrayFromHeap(out) as Uint8Array)
   return out
 }
 
@@ -72,6 +122,8 @@ export const broadcastFirst = (tf: Tf, original: KernelFunc, name = ""): KernelF
   const { a, b } = inputs
   const run = compared(name, original)
   if (!a || !b || same(a.shape, b.shape) || a.dtype === "string" || b.dtype === "string") return run(args)
+  // A numeric comparison with a single number: no tiling.
+  if (COMPARISONS.has(name) && a.dtype === b.dtype && a.dtype !== "bool" && singleSide(a, b)) return run(args)
   const out = tf.backend_util.assertAndGetBroadcastShape(a.shape, b.shape)
   const temps: TensorInfo[] = []
   const expand = (t: TensorInfo): TensorInfo => {
