@@ -96,46 +96,52 @@ const singleSide = (a: TensorInfo, b: TensorInfo): "a" | "b" | undefined =>
 /**
  * A comparison on the heap (bool output) of two numeric operands of one dtype, either of one shape
  * or one of them a single number (a clip's bounds, a threshold: the other's shape is the output's);
- * else the backend's kernel.
+ * undefined for anything else.
  */
-const compared = (name: string, original: KernelFunc): KernelFunc => (args: KernelArgs) => {
-  const { a, b } = args.inputs
-  const numeric = (t: TensorInfo | undefined) => t !== undefined && (t.dtype === "float32" || t.dtype === "int32")
-  if (!COMPARISONS.has(name) || !numeric(a) || !numeric(b) || a!.dtype !== b!.dtype) return original(args)
-  const { backend } = args
-  if (same(a!.shape, b!.shape)) {
-    const out = backend.makeOutput([...a!.shape], "bool")
-    compareInto(name, backend.typedArrayFromHeap(a!), backend.typedArrayFromHeap(b!), backend.typedArrayFromHeap(out) as Uint8Array)
+const compareOnHeap = (name: string, { inputs, backend }: KernelArgs): TensorInfo | undefined => {
+  const { a, b } = inputs
+  const numeric = (t: TensorInfo | undefined): t is TensorInfo => t !== undefined && (t.dtype === "float32" || t.dtype === "int32")
+  if (!numeric(a) || !numeric(b) || a.dtype !== b.dtype) return undefined
+  if (same(a.shape, b.shape)) {
+    const out = backend.makeOutput([...a.shape], "bool")
+    compareInto(name, backend.typedArrayFromHeap(a), backend.typedArrayFromHeap(b), backend.typedArrayFromHeap(out) as Uint8Array)
     return out
   }
   // One side a single number, the other at least as many dimensions (so its shape is the output's).
-  const one = singleSide(a!, b!)
-  if (!one) return original(args)
-  const [many, single, op] = one === "b" ? [a!, b!, name] : [b!, a!, MIRROR[name]!]
+  const one = singleSide(a, b)
+  if (!one) return undefined
+  const [many, single, op] = one === "b" ? [a, b, name] : [b, a, MIRROR[name]!]
   const out = backend.makeOutput([...many.shape], "bool")
   compareWith(op, backend.typedArrayFromHeap(many), backend.typedArrayFromHeap(single)[0]!, backend.typedArrayFromHeap(out) as Uint8Array)
   return out
 }
 
-export const broadcastFirst = (tf: Tf, original: KernelFunc, name = ""): KernelFunc => (args: KernelArgs) => {
-  const { inputs, backend } = args
-  const { a, b } = inputs
-  const run = compared(name, original)
-  if (!a || !b || same(a.shape, b.shape) || a.dtype === "string" || b.dtype === "string") return run(args)
-  // A numeric comparison with a single number: no tiling.
-  if (COMPARISONS.has(name) && a.dtype === b.dtype && a.dtype !== "bool" && singleSide(a, b)) return run(args)
-  const out = tf.backend_util.assertAndGetBroadcastShape(a.shape, b.shape)
-  const temps: TensorInfo[] = []
-  const expand = (t: TensorInfo): TensorInfo => {
-    if (same(t.shape, out)) return t
-    const padded = [...new Array<number>(out.length - t.shape.length).fill(1), ...t.shape]
-    const full = tile({ inputs: { x: { dataId: t.dataId, shape: padded, dtype: t.dtype } }, backend, attrs: { reps: out.map((d, i) => d / padded[i]!) } })
-    temps.push(full)
-    return full
-  }
-  try {
-    return run({ ...args, inputs: { ...inputs, a: expand(a), b: expand(b) } })
-  } finally {
-    for (const t of temps) backend.disposeData(t.dataId)
+export const broadcastFirst = (tf: Tf, original: KernelFunc, name = ""): KernelFunc => {
+  // The comparisons on the heap where they apply (equal shapes, a single number, or once tiled), else `original`.
+  const comparison = COMPARISONS.has(name)
+  const run: KernelFunc = comparison ? (args) => compareOnHeap(name, args) ?? original(args) : original
+  return (args: KernelArgs) => {
+    const { inputs, backend } = args
+    const { a, b } = inputs
+    if (!a || !b || same(a.shape, b.shape) || a.dtype === "string" || b.dtype === "string") return run(args)
+    // A comparison with a single number: no tiling.
+    if (comparison) {
+      const direct = compareOnHeap(name, args)
+      if (direct) return direct
+    }
+    const out = tf.backend_util.assertAndGetBroadcastShape(a.shape, b.shape)
+    const temps: TensorInfo[] = []
+    const expand = (t: TensorInfo): TensorInfo => {
+      if (same(t.shape, out)) return t
+      const padded = [...new Array<number>(out.length - t.shape.length).fill(1), ...t.shape]
+      const full = tile({ inputs: { x: { dataId: t.dataId, shape: padded, dtype: t.dtype } }, backend, attrs: { reps: out.map((d, i) => d / padded[i]!) } })
+      temps.push(full)
+      return full
+    }
+    try {
+      return run({ ...args, inputs: { ...inputs, a: expand(a), b: expand(b) } })
+    } finally {
+      for (const t of temps) backend.disposeData(t.dataId)
+    }
   }
 }
