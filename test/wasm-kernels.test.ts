@@ -143,9 +143,9 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
   })
 
   it("sum and mean over leading and middle blocks of axes (the rows added on the heap), batch norm's gradients, and the other reductions through the backend's own", async () => {
-    expect(asReducedBlock([32, 8, 8, 16], [0, 1, 2])).toEqual({ before: 1, reduced: 2048, after: 16 })
-    expect(asReducedBlock([32, 8, 8, 16], [2, -3])).toEqual({ before: 32, reduced: 64, after: 16 })
-    expect(asReducedBlock([5, 7], 0)).toEqual({ before: 1, reduced: 5, after: 7 })
+    expect(asReducedBlock([32, 8, 8, 16], [0, 1, 2])).toEqual({ before: 1, reduced: 2048, after: 16, axes: [0, 1, 2] })
+    expect(asReducedBlock([32, 8, 8, 16], [2, -3])).toEqual({ before: 32, reduced: 64, after: 16, axes: [1, 2] })
+    expect(asReducedBlock([5, 7], 0)).toEqual({ before: 1, reduced: 5, after: 7, axes: [0] })
     expect(asReducedBlock([2, 3, 4], [2])).toBeUndefined()
     expect(asReducedBlock([2, 3, 4], [0, 2])).toBeUndefined()
     expect(asReducedBlock([2, 3, 4], [0, 1, 2])).toBeUndefined()

@@ -12,8 +12,16 @@
 // non-float32) keep the backend's kernel.
 import type { KernelArgs, KernelFunc } from "./wasm-heap.ts"
 
+/** A reduction's input as [before, reduced, after], with the reduced axes (non-negative, ascending). */
+export interface ReducedBlock {
+  readonly before: number
+  readonly reduced: number
+  readonly after: number
+  readonly axes: ReadonlyArray<number>
+}
+
 /** The input as [before, reduced, after] when `axes` are one contiguous block with axes after it; else undefined. */
-export const asReducedBlock = (shape: ReadonlyArray<number>, axis: number | ReadonlyArray<number> | null | undefined): { before: number; reduced: number; after: number } | undefined => {
+export const asReducedBlock = (shape: ReadonlyArray<number>, axis: number | ReadonlyArray<number> | null | undefined): ReducedBlock | undefined => {
   // null: every axis, which the backend reduces without a transpose.
   if (axis === null || axis === undefined) return undefined
   const rank = shape.length
@@ -24,21 +32,18 @@ export const asReducedBlock = (shape: ReadonlyArray<number>, axis: number | Read
   // Not one block, or nothing after it (the backend reduces the innermost axes without a transpose).
   if (last - first + 1 !== axes.length || last === rank - 1) return undefined
   const size = (from: number, to: number) => shape.slice(from, to).reduce((a, b) => a * b, 1)
-  return { before: size(0, first), reduced: size(first, last + 1), after: size(last + 1, rank) }
+  return { before: size(0, first), reduced: size(first, last + 1), after: size(last + 1, rank), axes }
 }
 
-/** The output shape of a reduction over `axis`, as tfjs gives it. */
-const reducedShape = (shape: ReadonlyArray<number>, axis: number | ReadonlyArray<number>, keepDims: boolean): number[] => {
-  const rank = shape.length
-  const axes = new Set((typeof axis === "number" ? [axis] : axis).map((a) => (a < 0 ? a + rank : a)))
-  return keepDims ? shape.map((d, i) => (axes.has(i) ? 1 : d)) : shape.filter((_, i) => !axes.has(i))
-}
+/** The output shape of a reduction over `axes`, as tfjs gives it. */
+const reducedShape = (shape: ReadonlyArray<number>, axes: ReadonlyArray<number>, keepDims: boolean): number[] =>
+  keepDims ? shape.map((d, i) => (axes.includes(i) ? 1 : d)) : shape.filter((_, i) => !axes.includes(i))
 
 /**
  * out[b, c] = scale x sum over r of x[b, r, c], for x laid out as [before, reduced, after]: eight
  * rows added pairwise, then into the sums.
  */
-export const sumBlock = (x: Float32Array, out: Float32Array, block: { before: number; reduced: number; after: number }, scale: number): void => {
+export const sumBlock = (x: Float32Array, out: Float32Array, block: Omit<ReducedBlock, "axes">, scale: number): void => {
   const { before: B, reduced: R, after: C } = block
   const acc = new Float32Array(C)
   for (let b = 0; b < B; b++) {
@@ -70,10 +75,9 @@ export const sumBlock = (x: Float32Array, out: Float32Array, block: { before: nu
 export const blockReduce = (original: KernelFunc, mean: boolean): KernelFunc => (args: KernelArgs) => {
   const { inputs, backend, attrs } = args
   const x = inputs.x!
-  const axis = attrs.axis as number | number[] | null
-  const block = x.dtype === "float32" ? asReducedBlock(x.shape, axis) : undefined
-  if (!block || axis === null || block.reduced === 0 || block.before * block.after === 0) return original(args)
-  const out = backend.makeOutput(reducedShape(x.shape, axis, attrs.keepDims === true), "float32")
+  const block = x.dtype === "float32" ? asReducedBlock(x.shape, attrs.axis as number | number[] | null) : undefined
+  if (!block || block.reduced === 0 || block.before * block.after === 0) return original(args)
+  const out = backend.makeOutput(reducedShape(x.shape, block.axes, attrs.keepDims === true), "float32")
   sumBlock(backend.typedArrayFromHeap(x) as Float32Array, backend.typedArrayFromHeap(out) as Float32Array, block, mean ? 1 / block.reduced : 1)
   return out
 }
