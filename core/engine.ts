@@ -9,6 +9,7 @@ import { createRequire } from "node:module"
 import { ConfigError } from "./errors.ts"
 import { registerMissingGradients } from "./kernels/gradients.ts"
 import { registerWasmKernels } from "./kernels/register.ts"
+import { installWebGpuDispatch } from "./kernels/webgpu-dispatch.ts"
 import { installWebGpuUpload } from "./kernels/webgpu-upload.ts"
 import { WEBGPU_PACKAGES, requestWebGpuAdapter, withinDeadline } from "./webgpu.ts"
 
@@ -86,6 +87,8 @@ const loadWebGpu = async (): Promise<Tf> => {
   await tf.ready()
   // Uploads through the queue into pooled buffers, not a new staging buffer each (kernels/webgpu-upload.ts).
   if (installWebGpuUpload(tf)) why.push("webgpu uploads through queue.writeBuffer into pooled buffers")
+  // Records a kernel with its uniforms and bind group reused from earlier steps (kernels/webgpu-dispatch.ts).
+  if (installWebGpuDispatch(tf)) why.push("webgpu kernels reuse their uniform buffers and bind groups across steps")
   return tf
 }
 
