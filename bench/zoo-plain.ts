@@ -3,21 +3,32 @@
 // zooLoss) and Adam on the same backend, with the
 // kernels gradwire registers on wasm (they are tfjs's backend, not gradwire's overhead).
 //
-//   node bench/zoo-plain.ts MODEL BATCH WARMUP STEPS [BACKEND] [--tfjs-upload]   -> prints {"samplesPerSec": ...}
+//   node bench/zoo-plain.ts MODEL BATCH WARMUP STEPS [BACKEND] [--tfjs-upload] [--tfjs-dispatch] [--submit N]
+//   -> prints {"samplesPerSec": ...}
 //
-// --tfjs-upload (webgpu): tfjs's own upload of CPU values (a new staging buffer each) instead of
-// the one gradwire installs (core/kernels/webgpu-upload.ts), to time the two against each other.
+// On webgpu, to time gradwire's changes to the backend against tfjs's own:
+// --tfjs-upload: tfjs's own upload of CPU values (a new staging buffer each) instead of the one
+//   gradwire installs (core/kernels/webgpu-upload.ts);
+// --tfjs-dispatch: tfjs's own recording of a kernel (a new uniform buffer write and bind group
+//   each) instead of gradwire's cached one (core/kernels/webgpu-dispatch.ts);
+// --submit N: tfjs's WEBGPU_DEFERRED_SUBMIT_BATCH_SIZE (kernels recorded per submit).
 import { loadEngine } from "../index.ts"
 import { loadZooData } from "../examples/zoo/data.ts"
 import { buildZooModel, readsTokens, TASK_OF, type ZooModel } from "../examples/zoo/models.ts"
 import { zooBatcher, zooLoss } from "../examples/zoo/train.ts"
 
 const args = process.argv.slice(2)
-const [model, batchArg, warmupArg, stepsArg, backendArg] = args.filter((a) => !a.startsWith("--")) as [ZooModel, string, string, string, string | undefined]
+const [model, batchArg, warmupArg, stepsArg, backendArg] = args.filter((a, i) => !a.startsWith("--") && args[i - 1] !== "--submit") as [ZooModel, string, string, string, string | undefined]
 const batch = Number(batchArg)
 const { tf } = await loadEngine((backendArg ?? "auto") as "auto")
 // The backend's own method, from its prototype, where gradwire's sits on the instance.
 if (args.includes("--tfjs-upload")) delete (tf.backend() as { uploadToGPU?: unknown }).uploadToGPU
+if (args.includes("--tfjs-dispatch")) {
+  delete (tf.backend() as { recordAndSubmit?: unknown }).recordAndSubmit
+  delete (tf.backend() as { submitQueue?: unknown }).submitQueue
+}
+const submit = args.indexOf("--submit")
+if (submit >= 0) tf.env().set("WEBGPU_DEFERRED_SUBMIT_BATCH_SIZE", Number(args[submit + 1]))
 const data = await loadZooData(TASK_OF[model])
 const net = buildZooModel(tf, model, data.text)
 const loss = zooLoss(tf, data.text?.tags ?? 10)

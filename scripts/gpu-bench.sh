@@ -9,6 +9,7 @@
 #                                                 # then two workers sharing the GPU ({ GPU: 0.5 })
 #   GPU_BENCH_QUICK=1 bash scripts/gpu-bench.sh   # the check alone
 #   GPU_BENCH_SHORT=1 bash scripts/gpu-bench.sh   # the zoo's cnn, mlp and resnet at batch 32 alone
+#   GPU_BENCH_RECORDING=1 bash scripts/gpu-bench.sh   # the check, bench/webgpu-recording.ts, the zoo at batch 32
 # Each benchmark runs under a deadline of its own (the whole script stays under about 10 minutes).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -57,6 +58,19 @@ bench() { # name, deadline in s, args...
   grep -E "^(machine|batch|gradwire:|model|mlp|cnn|lenet|resnet|embedding|transformer|lstm|exit)" "$out/$name.txt" || tail -n 15 "$out/$name.txt"
   return $code
 }
+recording() { # where a webgpu step's CPU time goes, and what gradwire's upload and recording save
+  stamp "webgpu recording: tfjs's upload and recording against gradwire's (deadline $1 s)"
+  timeout -k 5 "$1" node bench/webgpu-recording.ts --models mlp,cnn,resnet,lstm --rounds 2 --seconds 1.5 --breakdown > "$out/recording.txt" 2>&1
+  echo "exit $?" >> "$out/recording.txt"
+  grep -v "^Orthogonal" "$out/recording.txt"
+}
+if [ -n "${GPU_BENCH_RECORDING:-}" ]; then
+  bench quick 75 --models mlp --p 1 --seconds 0.2 --warmup 5 --backend webgpu || { stamp "the check failed: see $out/quick.txt"; exit 1; }
+  recording 150
+  bench batch32 240 --models cnn,mlp,resnet,embedding,lenet,transformer,lstm --p 1 --seconds 1 --backend webgpu
+  stamp "done"
+  exit 0
+fi
 if [ -n "${GPU_BENCH_SHORT:-}" ]; then
   bench gradwire32 240 --models cnn,mlp,resnet --p 1 --seconds 1 --backend webgpu
   stamp "done"
@@ -73,17 +87,7 @@ if [ -z "${GPU_BENCH_QUICK:-}" ]; then
   bench batch256 100 --models cnn,resnet,transformer --p 1 --seconds 1.5 --batch 256 --backend webgpu
   bench share2 90 --models cnn,resnet --p 2 --seconds 1.5 --batch 256 --backend webgpu --gpu-share 0.5
   nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv >> "$out/survey.txt" 2>&1
-  # Plain tfjs steps with gradwire's webgpu upload (core/kernels/webgpu-upload.ts) and with tfjs's
-  # own, alternated twice: samples/s.
-  stamp "upload: gradwire's against tfjs's (plain tfjs, batch 32)"
-  for m in mlp:300 resnet:40; do
-    for round in 1 2; do
-      for how in gradwire --tfjs-upload; do
-        r=$(timeout -k 5 60 node bench/zoo-plain.ts "${m%%:*}" 32 10 "${m##*:}" webgpu $([ "$how" = gradwire ] || echo "$how") 2>/dev/null | tail -n 1)
-        echo "upload ${m%%:*} round $round ${how#--}: $r" | tee -a "$out/upload.txt"
-      done
-    done
-  done
+  recording 150
   # With the time left under GPU_BENCH_BUDGET (s), the all-reduce against gloo at p = 8 on this
   # machine's cores (not a GPU figure: the 2-core machines cannot run 8 ranks).
   left=$(( ${GPU_BENCH_BUDGET:-560} - ($(date +%s) - t0) ))

@@ -1,0 +1,141 @@
+// How much of a webgpu training step is the CPU recording kernels, and what gradwire's changes to
+// tfjs's webgpu backend save: the zoo's benchmark step in plain tfjs (bench/zoo-plain.ts's loop),
+// timed in one process with each way of uploading and recording, alternated round by round so that
+// drift hits every way alike:
+//   tfjs        tfjs-backend-webgpu 4.22 as it ships (a staging buffer per upload; a uniform write
+//               and a bind group per kernel; a submit every 15 kernels)
+//   +upload     gradwire's upload into pooled buffers (core/kernels/webgpu-upload.ts)
+//   +dispatch   and gradwire's recording, uniforms and bind groups reused (core/kernels/webgpu-dispatch.ts):
+//               what gradwire's webgpu workers run
+//   +submit64   and a submit every 64 kernels (tfjs's WEBGPU_DEFERRED_SUBMIT_BATCH_SIZE)
+// Then, with --breakdown, the time of each WebGPU call per kernel with tfjs's own recording.
+//
+//   node bench/webgpu-recording.ts [--models mlp,cnn,resnet,lstm] [--batch 32] [--rounds 2] [--seconds 1] [--breakdown]
+//
+// Prints a table of ms per step (the median over rounds) and CPU ms per step. Needs the webgpu
+// backend (a GPU, or SwiftShader with GRADWIRE_WEBGPU_SOFTWARE=1, where the GPU's work is the CPU's).
+import { loadEngine } from "../index.ts"
+import { installWebGpuDispatch } from "../core/kernels/webgpu-dispatch.ts"
+import { installWebGpuUpload } from "../core/kernels/webgpu-upload.ts"
+import { loadZooData } from "../examples/zoo/data.ts"
+import { buildZooModel, readsTokens, TASK_OF, type ZooModel } from "../examples/zoo/models.ts"
+import { zooBatcher, zooLoss } from "../examples/zoo/train.ts"
+
+const args = process.argv.slice(2)
+const opt = (name: string, fallback: string): string => {
+  const i = args.indexOf(`--${name}`)
+  return i >= 0 && args[i + 1] !== undefined ? args[i + 1]! : fallback
+}
+const models = opt("models", "mlp,cnn,resnet,lstm").split(",") as ZooModel[]
+const batch = Number(opt("batch", "32"))
+const rounds = Number(opt("rounds", "2"))
+const seconds = Number(opt("seconds", "1"))
+
+const { tf } = await loadEngine("webgpu")
+type Patched = { uploadToGPU?: unknown; recordAndSubmit?: unknown; submitQueue?: unknown }
+const backend = tf.backend() as unknown as Patched & { device: object; queue: object }
+const WAYS = ["tfjs", "+upload", "+dispatch", "+submit64"] as const
+type Way = (typeof WAYS)[number]
+// Each way from a clean backend: tfjs's methods come back from the prototype once gradwire's are deleted from the instance.
+const use = (way: Way): void => {
+  delete backend.uploadToGPU
+  delete backend.recordAndSubmit
+  delete backend.submitQueue
+  tf.env().set("WEBGPU_DEFERRED_SUBMIT_BATCH_SIZE", way === "+submit64" ? 64 : 15)
+  if (way !== "tfjs") installWebGpuUpload(tf)
+  if (way === "+dispatch" || way === "+submit64") installWebGpuDispatch(tf)
+}
+
+const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!
+console.log(`webgpu recording, batch ${batch}, ${rounds} rounds of about ${seconds} s per way (ms per step; CPU ms per step)`)
+console.log(["model", ...WAYS, "tfjs / +dispatch"].join(" | "))
+for (const model of models) {
+  const data = await loadZooData(TASK_OF[model])
+  const net = buildZooModel(tf, model, data.text)
+  const loss = zooLoss(tf, data.text?.tags ?? 10)
+  const batchOf = zooBatcher(tf, data.train, batch, readsTokens(model))
+  const adam = tf.train.adam(0.003)
+  const rows = Int32Array.from({ length: data.train.size }, (_, i) => i)
+  let at = 0
+  const step = async (): Promise<void> => {
+    if (at + batch > rows.length) at = 0
+    const [x, y] = batchOf(rows, at)
+    at += batch
+    const cost = adam.minimize(() => loss(y, net.apply(x, { training: true }) as import("@tensorflow/tfjs").Tensor), true)!
+    await cost.data()
+    tf.dispose([x, y, cost])
+  }
+  // Warm every way once (shader compiles, pools), and size the runs from the slowest.
+  let slowest = 0
+  for (const way of WAYS) {
+    use(way)
+    for (let s = 0; s < 3; s++) await step()
+    const t0 = performance.now()
+    await step()
+    slowest = Math.max(slowest, performance.now() - t0)
+  }
+  const steps = Math.max(3, Math.round((seconds * 1000) / slowest))
+  const wall = new Map<Way, number[]>(WAYS.map((w) => [w, []]))
+  const cpu = new Map<Way, number[]>(WAYS.map((w) => [w, []]))
+  for (let r = 0; r < rounds; r++) {
+    for (const way of r % 2 === 0 ? WAYS : [...WAYS].reverse()) {
+      use(way)
+      await step()
+      const c0 = process.cpuUsage()
+      const t0 = performance.now()
+      for (let s = 0; s < steps; s++) await step()
+      const c = process.cpuUsage(c0)
+      wall.get(way)!.push((performance.now() - t0) / steps)
+      cpu.get(way)!.push((c.user + c.system) / 1000 / steps)
+    }
+  }
+  const cells = WAYS.map((w) => `${median(wall.get(w)!).toFixed(2)} (${median(cpu.get(w)!).toFixed(2)})`)
+  console.log([`${model} (${steps} steps)`, ...cells, `${(median(wall.get("tfjs")!) / median(wall.get("+dispatch")!)).toFixed(2)}x`].join(" | "))
+
+  if (args.includes("--breakdown")) {
+    // Where tfjs's own recording spends its time, per kernel: each WebGPU call timed.
+    use("tfjs")
+    const spent = new Map<string, number>()
+    let kernels = 0
+    const undo: Array<() => void> = []
+    const time = (obj: Record<string, unknown>, name: string, label = name): void => {
+      const own = obj[name] as (...a: unknown[]) => unknown
+      if (typeof own !== "function") return
+      obj[name] = function (this: unknown, ...a: unknown[]) {
+        const t = performance.now()
+        try {
+          return own.apply(this, a)
+        } finally {
+          spent.set(label, (spent.get(label) ?? 0) + performance.now() - t)
+        }
+      }
+      undo.push(() => void (obj[name] = own))
+    }
+    const b = backend as unknown as Record<string, unknown>
+    const recordOwn = b.recordAndSubmit as (...a: unknown[]) => unknown
+    b.recordAndSubmit = function (this: unknown, ...a: unknown[]) {
+      kernels++
+      return recordOwn.apply(this, a)
+    }
+    time(b, "recordAndSubmit", "recordAndSubmit (all of it)")
+    time(b, "makeUniforms", "makeUniforms (pool + write)")
+    time(b, "uploadToGPU")
+    time(b, "submitQueue", "submitQueue (finish + submit)")
+    time(backend.device as Record<string, unknown>, "createBindGroup")
+    time(backend.device as Record<string, unknown>, "createBuffer")
+    time(backend.queue as Record<string, unknown>, "writeBuffer")
+    for (let s = 0; s < 2; s++) await step()
+    kernels = 0
+    spent.clear()
+    const t0 = performance.now()
+    for (let s = 0; s < steps; s++) await step()
+    const total = performance.now() - t0
+    for (const u of undo.reverse()) u()
+    delete b.recordAndSubmit
+    console.log(`  ${model}: ${(kernels / steps).toFixed(0)} kernels recorded per step, ${((total / kernels) * 1000).toFixed(1)} µs of the step per kernel; per kernel:`)
+    for (const [k, t] of [...spent].sort((p, q) => q[1] - p[1])) console.log(`    ${k}: ${((t / kernels) * 1000).toFixed(1)} µs`)
+  }
+  adam.dispose()
+  net.dispose()
+}
+process.exit(0)
