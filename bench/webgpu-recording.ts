@@ -8,15 +8,14 @@
 //   +dispatch   and gradwire's recording, uniforms and bind groups reused (core/kernels/webgpu-dispatch.ts):
 //               what gradwire's webgpu workers run
 //   +submit64   and a submit every 64 kernels (tfjs's WEBGPU_DEFERRED_SUBMIT_BATCH_SIZE)
-// Then, with --breakdown, the time of each WebGPU call per kernel with tfjs's own recording.
+// Then, with --breakdown, the time of each WebGPU call per kernel with tfjs's own recording, and
+// with --profile DIR, a CPU profile of the +dispatch way's steps per model (DIR/MODEL.cpuprofile).
 //
-//   node bench/webgpu-recording.ts [--models mlp,cnn,resnet,lstm] [--batch 32] [--rounds 2] [--seconds 1] [--breakdown]
+//   node bench/webgpu-recording.ts [--models mlp,cnn,resnet,lstm] [--batch 32] [--rounds 2] [--seconds 1] [--breakdown] [--profile DIR]
 //
 // Prints a table of ms per step (the median over rounds) and CPU ms per step. Needs the webgpu
 // backend (a GPU, or SwiftShader with GRADWIRE_WEBGPU_SOFTWARE=1, where the GPU's work is the CPU's).
 import { loadEngine } from "../index.ts"
-import { installWebGpuDispatch } from "../core/kernels/webgpu-dispatch.ts"
-import { installWebGpuUpload } from "../core/kernels/webgpu-upload.ts"
 import { loadZooData } from "../examples/zoo/data.ts"
 import { buildZooModel, readsTokens, TASK_OF, type ZooModel } from "../examples/zoo/models.ts"
 import { zooBatcher, zooLoss } from "../examples/zoo/train.ts"
@@ -33,17 +32,32 @@ const seconds = Number(opt("seconds", "1"))
 
 const { tf } = await loadEngine("webgpu")
 type Patched = { uploadToGPU?: unknown; recordAndSubmit?: unknown; submitQueue?: unknown }
-const backend = tf.backend() as unknown as Patched & { device: object; queue: object }
+const backend = tf.backend() as unknown as Patched & { device: object; queue: object; bufferManager: { releaseBuffer?: unknown } }
 const WAYS = ["tfjs", "+upload", "+dispatch", "+submit64"] as const
 type Way = (typeof WAYS)[number]
-// Each way from a clean backend: tfjs's methods come back from the prototype once gradwire's are deleted from the instance.
+// gradwire's methods, as the engine installed them on the backend instance (their caches stay warm
+// from round to round, as in a long run); tfjs's come back from the prototype once these are deleted.
+const ours = {
+  upload: backend.uploadToGPU,
+  record: backend.recordAndSubmit,
+  submit: backend.submitQueue,
+  release: backend.bufferManager.releaseBuffer
+}
+if (![ours.upload, ours.record, ours.submit, ours.release].every((f) => typeof f === "function")) {
+  throw new Error("gradwire's webgpu upload and recording are not installed on this backend (core/engine.ts installs them)")
+}
 const use = (way: Way): void => {
   delete backend.uploadToGPU
   delete backend.recordAndSubmit
   delete backend.submitQueue
+  delete backend.bufferManager.releaseBuffer
   tf.env().set("WEBGPU_DEFERRED_SUBMIT_BATCH_SIZE", way === "+submit64" ? 64 : 15)
-  if (way !== "tfjs") installWebGpuUpload(tf)
-  if (way === "+dispatch" || way === "+submit64") installWebGpuDispatch(tf)
+  if (way !== "tfjs") backend.uploadToGPU = ours.upload
+  if (way === "+dispatch" || way === "+submit64") {
+    backend.recordAndSubmit = ours.record
+    backend.submitQueue = ours.submit
+    backend.bufferManager.releaseBuffer = ours.release
+  }
 }
 
 const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!
@@ -134,6 +148,22 @@ for (const model of models) {
     delete b.recordAndSubmit
     console.log(`  ${model}: ${(kernels / steps).toFixed(0)} kernels recorded per step, ${((total / kernels) * 1000).toFixed(1)} µs of the step per kernel; per kernel:`)
     for (const [k, t] of [...spent].sort((p, q) => q[1] - p[1])) console.log(`    ${k}: ${((t / kernels) * 1000).toFixed(1)} µs`)
+  }
+  const profileDir = opt("profile", "")
+  if (profileDir) {
+    use("+dispatch")
+    for (let s = 0; s < 2; s++) await step()
+    const { Session } = await import("node:inspector/promises")
+    const session = new Session()
+    session.connect()
+    await session.post("Profiler.enable")
+    await session.post("Profiler.start")
+    for (let s = 0; s < steps; s++) await step()
+    const { profile } = await session.post("Profiler.stop")
+    session.disconnect()
+    const fs = await import("node:fs")
+    fs.mkdirSync(profileDir, { recursive: true })
+    fs.writeFileSync(`${profileDir}/${model}.cpuprofile`, JSON.stringify(profile))
   }
   adam.dispose()
   net.dispose()

@@ -10,7 +10,7 @@
 // --tfjs-upload: tfjs's own upload of CPU values (a new staging buffer each) instead of the one
 //   gradwire installs (core/kernels/webgpu-upload.ts);
 // --tfjs-dispatch: tfjs's own recording of a kernel (a new uniform buffer write and bind group
-//   each) instead of gradwire's cached one (core/kernels/webgpu-dispatch.ts);
+//   each) and its own buffer pool order instead of gradwire's (core/kernels/webgpu-dispatch.ts);
 // --submit N: tfjs's WEBGPU_DEFERRED_SUBMIT_BATCH_SIZE (kernels recorded per submit).
 import { loadEngine } from "../index.ts"
 import { loadZooData } from "../examples/zoo/data.ts"
@@ -26,6 +26,7 @@ if (args.includes("--tfjs-upload")) delete (tf.backend() as { uploadToGPU?: unkn
 if (args.includes("--tfjs-dispatch")) {
   delete (tf.backend() as { recordAndSubmit?: unknown }).recordAndSubmit
   delete (tf.backend() as { submitQueue?: unknown }).submitQueue
+  delete (tf.backend() as unknown as { bufferManager: { releaseBuffer?: unknown } }).bufferManager.releaseBuffer
 }
 const submit = args.indexOf("--submit")
 if (submit >= 0) tf.env().set("WEBGPU_DEFERRED_SUBMIT_BATCH_SIZE", Number(args[submit + 1]))

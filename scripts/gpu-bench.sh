@@ -60,7 +60,7 @@ bench() { # name, deadline in s, args...
 }
 recording() { # where a webgpu step's CPU time goes, and what gradwire's upload and recording save
   stamp "webgpu recording: tfjs's upload and recording against gradwire's (deadline $1 s)"
-  timeout -k 5 "$1" node bench/webgpu-recording.ts --models mlp,cnn,resnet,lstm --rounds 2 --seconds 1.5 --breakdown > "$out/recording.txt" 2>&1
+  timeout -k 5 "$1" node bench/webgpu-recording.ts --models mlp,cnn,resnet,lstm --rounds 2 --seconds 1.5 --breakdown --profile "$out/profiles" > "$out/recording.txt" 2>&1
   echo "exit $?" >> "$out/recording.txt"
   grep -v "^Orthogonal" "$out/recording.txt"
 }

@@ -23,6 +23,7 @@ import type { Tf } from "../tf.ts"
 
 interface Buffer {
   readonly size: number
+  readonly usage: number
   destroy(): void
 }
 interface Pipeline {
@@ -67,6 +68,10 @@ interface WebGpuBackend {
   endComputePassEncoder(): void
   submitQueue: (() => void) & { [PATCHED]?: true }
   recordAndSubmit: Record
+  bufferManager?: {
+    freeBuffers: Map<string, Buffer[]>
+    releaseBuffer(buffer: Buffer, reuse?: boolean): void
+  }
   [STATS]?: DispatchStats
 }
 
@@ -253,6 +258,34 @@ export const installWebGpuDispatch = (tf: Tf, limits: { uniforms?: number; bindG
       for (const b of retired) b.destroy()
       retired = []
     }
+  }
+  // tfjs's pool hands out the buffer released last (a stack per size). Which one that is shifts
+  // from step to step with the moments tfjs submits, so the same kernel of the next step binds other
+  // buffers and its bind group misses. Kept in order of the buffers' ids instead, the pool hands out
+  // the lowest id free, and a step that frees and takes the same buffers takes them in the same
+  // places: the bind groups repeat within a few steps.
+  const pool = backend.bufferManager
+  if (pool && typeof pool.releaseBuffer === "function" && pool.freeBuffers instanceof Map && !(pool.releaseBuffer as { [PATCHED]?: true })[PATCHED]) {
+    const ownRelease = pool.releaseBuffer.bind(pool)
+    const release = (buffer: Buffer, reuse = true): void => {
+      ownRelease(buffer, reuse)
+      const free = reuse ? pool.freeBuffers.get(`${buffer.size}_${buffer.usage}`) : undefined
+      // tfjs pushed it last; acquireBuffer pops from the end, so the list runs from the highest id to the lowest.
+      if (!free || free.length < 2 || free[free.length - 1] !== buffer) return
+      const mine = id(buffer)
+      let lo = 0
+      let hi = free.length - 1
+      while (lo < hi) {
+        const mid = (lo + hi) >> 1
+        if (id(free[mid]!) > mine) lo = mid + 1
+        else hi = mid
+      }
+      if (lo < free.length - 1) {
+        free.pop()
+        free.splice(lo, 0, buffer)
+      }
+    }
+    pool.releaseBuffer = Object.assign(release, { [PATCHED]: true as const })
   }
   backend.recordAndSubmit = Object.assign(record, { [PATCHED]: true as const })
   backend.submitQueue = Object.assign(submit, { [PATCHED]: true as const })
