@@ -5,9 +5,10 @@
 //   tfjs        tfjs-backend-webgpu 4.22 as it ships (a staging buffer per upload; a uniform write
 //               and a bind group per kernel; a submit every 15 kernels)
 //   +upload     gradwire's upload into pooled buffers (core/kernels/webgpu-upload.ts)
-//   +dispatch   and gradwire's recording, uniforms and bind groups reused (core/kernels/webgpu-dispatch.ts):
-//               what gradwire's webgpu workers run
-//   +submit64   and a submit every 64 kernels (tfjs's WEBGPU_DEFERRED_SUBMIT_BATCH_SIZE)
+//   +dispatch   and gradwire's recording, uniforms and bind groups reused, the buffer pool in a
+//               fixed order (core/kernels/webgpu-dispatch.ts)
+//   +submit64   and a submit every 64 kernels (tfjs's WEBGPU_DEFERRED_SUBMIT_BATCH_SIZE): what
+//               gradwire's webgpu workers run (core/engine.ts)
 // Then, with --breakdown, the time of each WebGPU call per kernel with tfjs's own recording, and
 // with --profile DIR, a CPU profile of the +dispatch way's steps per model (DIR/MODEL.cpuprofile).
 //

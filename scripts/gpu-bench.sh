@@ -10,6 +10,7 @@
 #   GPU_BENCH_QUICK=1 bash scripts/gpu-bench.sh   # the check alone
 #   GPU_BENCH_SHORT=1 bash scripts/gpu-bench.sh   # the zoo's cnn, mlp and resnet at batch 32 alone
 #   GPU_BENCH_RECORDING=1 bash scripts/gpu-bench.sh   # the check, bench/webgpu-recording.ts, the zoo at batch 32
+#   GPU_BENCH_ZOO=1 bash scripts/gpu-bench.sh     # the zoo at batch 32, the cnn and resnet at batch 256
 # Each benchmark runs under a deadline of its own (the whole script stays under about 10 minutes).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -68,6 +69,12 @@ if [ -n "${GPU_BENCH_RECORDING:-}" ]; then
   bench quick 75 --models mlp --p 1 --seconds 0.2 --warmup 5 --backend webgpu || { stamp "the check failed: see $out/quick.txt"; exit 1; }
   recording 150
   bench batch32 240 --models cnn,mlp,resnet,embedding,lenet,transformer,lstm --p 1 --seconds 1 --backend webgpu
+  stamp "done"
+  exit 0
+fi
+if [ -n "${GPU_BENCH_ZOO:-}" ]; then
+  bench batch32 190 --models cnn,mlp,resnet,embedding,lenet,transformer,lstm --p 1 --seconds 1 --backend webgpu
+  bench batch256 60 --models cnn,resnet --p 1 --seconds 1 --batch 256 --backend webgpu
   stamp "done"
   exit 0
 fi

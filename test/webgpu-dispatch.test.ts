@@ -6,6 +6,7 @@
 // while unsubmitted commands use them) give the same bits with no WebGPU validation error.
 import { fileURLToPath } from "node:url"
 import { beforeAll, describe, expect, it } from "vitest"
+import { WEBGPU_SUBMIT_EVERY } from "../core/engine.ts"
 import { uniformLayout } from "../core/kernels/webgpu-dispatch.ts"
 import { runWebGpuChild } from "./support/webgpu-child.ts"
 
@@ -15,6 +16,7 @@ const DEADLINE_MS = 2 * 60_000
 interface Result {
   backend: string
   installed: boolean
+  submitEvery: number
   first: string[]
   repeat: string[]
   small: string[]
@@ -37,6 +39,7 @@ describe("webgpu kernels reuse their uniforms and bind groups", () => {
   it("is installed when the webgpu engine loads, and records the kernels", () => {
     expect(r.backend).toBe("webgpu")
     expect(r.installed).toBe(true)
+    expect(r.submitEvery).toBe(WEBGPU_SUBMIT_EVERY)
     expect(r.repeatKernels).toBeGreaterThan(100)
   })
 

@@ -17,6 +17,7 @@ interface ErrorScopes {
 }
 const backend = tf.backend() as unknown as { device: ErrorScopes; recordAndSubmit?: unknown; submitQueue?: unknown }
 const installed = Object.hasOwn(backend, "recordAndSubmit") && Object.hasOwn(backend, "submitQueue")
+const submitEvery = tf.env().get("WEBGPU_DEFERRED_SUBMIT_BATCH_SIZE")
 const useTfjs = () => {
   delete backend.recordAndSubmit
   delete backend.submitQueue
@@ -118,6 +119,7 @@ console.log(
   JSON.stringify({
     backend: tf.getBackend(),
     installed,
+    submitEvery,
     first: sameBits(ours1.value, reference),
     repeat: sameBits(ours2.value, reference),
     small: sameBits(small.value, [...reference, ...reference]),
