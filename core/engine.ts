@@ -8,6 +8,7 @@
 import { createRequire } from "node:module"
 import { ConfigError } from "./errors.ts"
 import { registerMissingGradients } from "./kernels/gradients.ts"
+import { installLstmCell, LSTM_CELL } from "./kernels/lstm-cell.ts"
 import { registerWasmKernels } from "./kernels/register.ts"
 import { installWebGpuDispatch } from "./kernels/webgpu-dispatch.ts"
 import { installWebGpuUpload } from "./kernels/webgpu-upload.ts"
@@ -174,6 +175,8 @@ export const loadEngine = (want: BackendKind | "auto" = "auto"): Promise<{ tf: T
   loaded = load(want).then((l) => {
     // Gradients tfjs-core lacks (comparisons, conv3dTranspose), on whichever backend runs.
     registerMissingGradients(l.tf)
+    // An LSTM step's gates as one kernel and their gradient as one more, where the backend has them (kernels/lstm-cell.ts).
+    if (installLstmCell(l.tf) && l.tf.getKernel(LSTM_CELL, l.tf.getBackend())) why.push("LSTM cells compute their gates as one kernel")
     return l
   })
   return loaded

@@ -1,0 +1,350 @@
+// An LSTM time step's gates as one kernel, and their gradient as one more. tfjs-layers' LSTMCell
+// computes a step from about 24 kernels (the gates' four slices; hardSigmoid as a multiply, an add
+// and a clip for each of three gates; two tanh; the products and the sum of the new state), and its
+// backward pass from about 50 more; an LSTM over 32 time steps is some 2300 kernels per training
+// step, and on wasm and webgpu each costs the engine and backend far more than its arithmetic.
+// Here, per time step and element, from z = x·W + h·U + b (four gate blocks: input, forget, cell,
+// output) and the previous carry c:
+//
+//   i = σ(z_i)  f = σ(z_f)  g = tanh(z_g)  o = σ(z_o)     c' = f·c + i·g     h = o·tanh(c')
+//
+// with σ the cell's recurrent activation (tfjs's hardSigmoid, clip(0.2·x + 0.5, 0, 1), whose
+// gradient is 0.2 inside [-2.5, 2.5] bounds included, as tfjs's clip gives; or the logistic
+// sigmoid). The backward pass recomputes the gates from z and c (nothing more is kept) and gives
+// dz and dc from dh and dc'. Float32 rounding follows tfjs's order of operations in the forward
+// pass; tanh and exp are JavaScript's (within a float32 ulp or two of the backends').
+//
+// LSTMCell.call (tfjs-layers) is replaced for cells with a tanh activation, a hardSigmoid or
+// sigmoid recurrent activation, no dropout while training and 2-d inputs, on a backend that has the
+// kernels (wasm, cpu and webgpu); every other cell, and every other backend, keeps tfjs-layers' own.
+// The matmuls and the bias stay tfjs's kernels. Installed once the engine's backend is up
+// (`../engine.ts`).
+import type { Tf } from "../tf.ts"
+import { floats, type KernelArgs, type TensorInfo } from "./wasm-heap.ts"
+
+type Tensor = import("@tensorflow/tfjs").Tensor
+
+/** The kernels' names in tfjs's registry (gradwire's own: no tfjs kernel has them). */
+export const LSTM_CELL = "GradwireLSTMCell"
+export const LSTM_CELL_GRAD = "GradwireLSTMCellGrad"
+
+/** The recurrent activations the kernels compute. */
+export type Recurrent = "hardSigmoid" | "sigmoid"
+
+const f32 = Math.fround
+const POINT_TWO = f32(0.2)
+
+const gate = (x: number, hard: boolean): number => {
+  if (hard) {
+    const y = f32(f32(x * POINT_TWO) + 0.5)
+    return y < 0 ? 0 : y > 1 ? 1 : y
+  }
+  return f32(1 / (1 + Math.exp(-x)))
+}
+/** dσ/dx at x, from x and σ(x). */
+const gateSlope = (x: number, s: number, hard: boolean): number => {
+  if (hard) {
+    const y = f32(f32(x * POINT_TWO) + 0.5)
+    return y >= 0 && y <= 1 ? POINT_TWO : 0
+  }
+  return s * (1 - s)
+}
+
+/** h and c' of a step: z is [B, 4H], c is [B, H]. */
+export const cellForward = (z: Float32Array, c: Float32Array, H: number, recurrent: Recurrent, h: Float32Array, cNext: Float32Array): void => {
+  const hard = recurrent === "hardSigmoid"
+  const B = c.length / H
+  for (let b = 0; b < B; b++) {
+    const zr = b * 4 * H
+    const sr = b * H
+    for (let j = 0; j < H; j++) {
+      const i = gate(z[zr + j]!, hard)
+      const f = gate(z[zr + H + j]!, hard)
+      const g = f32(Math.tanh(z[zr + 2 * H + j]!))
+      const o = gate(z[zr + 3 * H + j]!, hard)
+      const cn = f32(f32(f * c[sr + j]!) + f32(i * g))
+      cNext[sr + j] = cn
+      h[sr + j] = f32(o * f32(Math.tanh(cn)))
+    }
+  }
+}
+
+/** dz and dc of a step from dh and dc' (the gradients of its outputs h and c'). */
+export const cellBackward = (
+  dh: Float32Array,
+  dcNext: Float32Array,
+  z: Float32Array,
+  c: Float32Array,
+  H: number,
+  recurrent: Recurrent,
+  dz: Float32Array,
+  dc: Float32Array
+): void => {
+  const hard = recurrent === "hardSigmoid"
+  const B = c.length / H
+  for (let b = 0; b < B; b++) {
+    const zr = b * 4 * H
+    const sr = b * H
+    for (let j = 0; j < H; j++) {
+      const zi = z[zr + j]!
+      const zf = z[zr + H + j]!
+      const zo = z[zr + 3 * H + j]!
+      const i = gate(zi, hard)
+      const f = gate(zf, hard)
+      const g = f32(Math.tanh(z[zr + 2 * H + j]!))
+      const o = gate(zo, hard)
+      const cp = c[sr + j]!
+      const tc = Math.tanh(f32(f32(f * cp) + f32(i * g)))
+      const dhj = dh[sr + j]!
+      // All the ways c' reaches the loss: on to the next step, and through h.
+      const dct = dcNext[sr + j]! + dhj * o * (1 - tc * tc)
+      dz[zr + j] = dct * g * gateSlope(zi, i, hard)
+      dz[zr + H + j] = dct * cp * gateSlope(zf, f, hard)
+      dz[zr + 2 * H + j] = dct * i * (1 - g * g)
+      dz[zr + 3 * H + j] = dhj * tc * gateSlope(zo, o, hard)
+      dc[sr + j] = dct * f
+    }
+  }
+}
+
+const recurrentOf = (attrs: Record<string, unknown>): Recurrent => (attrs.recurrent === "sigmoid" ? "sigmoid" : "hardSigmoid")
+
+// The wasm backend: inputs and outputs on its heap.
+const wasmForward = ({ inputs, backend, attrs }: KernelArgs): TensorInfo[] => {
+  const { z, c } = inputs as { z: TensorInfo; c: TensorInfo }
+  const H = c.shape[1]!
+  const h = backend.makeOutput([...c.shape], "float32")
+  const cn = backend.makeOutput([...c.shape], "float32")
+  cellForward(floats(backend, z), floats(backend, c), H, recurrentOf(attrs), floats(backend, h), floats(backend, cn))
+  return [h, cn]
+}
+const wasmBackward = ({ inputs, backend, attrs }: KernelArgs): TensorInfo[] => {
+  const { dh, dc, z, c } = inputs as { dh: TensorInfo; dc: TensorInfo; z: TensorInfo; c: TensorInfo }
+  const H = c.shape[1]!
+  const dz = backend.makeOutput([...z.shape], "float32")
+  const dcPrev = backend.makeOutput([...c.shape], "float32")
+  cellBackward(floats(backend, dh), floats(backend, dc), floats(backend, z), floats(backend, c), H, recurrentOf(attrs), floats(backend, dz), floats(backend, dcPrev))
+  return [dz, dcPrev]
+}
+
+// The cpu backend: its values are plain typed arrays.
+interface CpuBackend {
+  data: { get(id: object): { values: unknown } | undefined }
+  makeTensorInfo(shape: number[], dtype: string, values: Float32Array): TensorInfo
+}
+const cpuValues = (backend: CpuBackend, t: TensorInfo): Float32Array => {
+  const v = backend.data.get(t.dataId)?.values
+  return v instanceof Float32Array ? v : Float32Array.from(v as ArrayLike<number>)
+}
+const cpuForward = ({ inputs, backend, attrs }: { inputs: Record<string, TensorInfo>; backend: CpuBackend; attrs: Record<string, unknown> }): TensorInfo[] => {
+  const { z, c } = inputs as { z: TensorInfo; c: TensorInfo }
+  const n = c.shape[0]! * c.shape[1]!
+  const h = new Float32Array(n)
+  const cn = new Float32Array(n)
+  cellForward(cpuValues(backend, z), cpuValues(backend, c), c.shape[1]!, recurrentOf(attrs), h, cn)
+  return [backend.makeTensorInfo([...c.shape], "float32", h), backend.makeTensorInfo([...c.shape], "float32", cn)]
+}
+const cpuBackward = ({ inputs, backend, attrs }: { inputs: Record<string, TensorInfo>; backend: CpuBackend; attrs: Record<string, unknown> }): TensorInfo[] => {
+  const { dh, dc, z, c } = inputs as { dh: TensorInfo; dc: TensorInfo; z: TensorInfo; c: TensorInfo }
+  const dz = new Float32Array(z.shape[0]! * z.shape[1]!)
+  const dcPrev = new Float32Array(c.shape[0]! * c.shape[1]!)
+  cellBackward(cpuValues(backend, dh), cpuValues(backend, dc), cpuValues(backend, z), cpuValues(backend, c), c.shape[1]!, recurrentOf(attrs), dz, dcPrev)
+  return [backend.makeTensorInfo([...z.shape], "float32", dz), backend.makeTensorInfo([...c.shape], "float32", dcPrev)]
+}
+
+// The webgpu backend: two small programs each way (one output per program), run by tfjs's own
+// runWebGPUProgram, so its recording, uploads and pools apply (webgpu-dispatch.ts, webgpu-upload.ts).
+interface WebGpuBackend {
+  runWebGPUProgram(program: object, inputs: TensorInfo[], dtype: string): TensorInfo
+}
+const WORKGROUP = 64
+/** WGSL: the recurrent activation and tanh (tfjs's overflow-safe form). */
+const wgslGates = (hard: boolean): string => `
+  fn gwGate(x : f32) -> f32 { ${hard ? "return clamp(0.2 * x + 0.5, 0.0, 1.0);" : "return 1.0 / (1.0 + exp(-x));"} }
+  fn gwGateSlope(x : f32, s : f32) -> f32 { ${hard ? "let y = 0.2 * x + 0.5; if (y >= 0.0 && y <= 1.0) { return 0.2; } return 0.0;" : "return s * (1.0 - s);"} }
+  fn gwTanh(x : f32) -> f32 { let e = exp(-2.0 * abs(x)); return sign(x) * (1.0 - e) / (1.0 + e); }
+`
+/** A program over every element of an output of `shape`; `body` sees index, b (row), j (column) and H. */
+const gpuProgram = (name: string, variableNames: string[], shape: number[], hard: boolean, hFrom: string, body: string): object => ({
+  variableNames,
+  outputShape: shape,
+  size: true,
+  workgroupSize: [WORKGROUP, 1, 1],
+  dispatchLayout: { x: shape.map((_, i) => i) },
+  dispatch: [Math.ceil((shape[0]! * shape[1]!) / WORKGROUP), 1, 1],
+  shaderKey: `gradwire_lstm_${name}_${hard ? "hard" : "sigmoid"}`,
+  getUserCode: () => `${wgslGates(hard)}
+  fn main(index : i32) {
+    if (index < uniforms.size) {
+      let H = ${hFrom};
+      let row = index / uniforms.outShape[1];
+      let col = index - row * uniforms.outShape[1];
+      ${body}
+    }
+  }`
+})
+const webgpuForward = ({ inputs, backend, attrs }: { inputs: Record<string, TensorInfo>; backend: WebGpuBackend; attrs: Record<string, unknown> }): TensorInfo[] => {
+  const { z, c } = inputs as { z: TensorInfo; c: TensorInfo }
+  const hard = recurrentOf(attrs) === "hardSigmoid"
+  const shape = [...c.shape]
+  const cNext = backend.runWebGPUProgram(
+    gpuProgram("c", ["gz", "gc"], shape, hard, "uniforms.gcShape[1]", `
+      let zr = row * 4 * H;
+      let i = gwGate(gz[zr + col]);
+      let f = gwGate(gz[zr + H + col]);
+      let g = gwTanh(gz[zr + 2 * H + col]);
+      setOutputAtIndex(index, f * gc[index] + i * g);`),
+    [z, c],
+    "float32"
+  )
+  const h = backend.runWebGPUProgram(
+    gpuProgram("h", ["gz", "gcn"], shape, hard, "uniforms.gcnShape[1]", `
+      let o = gwGate(gz[row * 4 * H + 3 * H + col]);
+      setOutputAtIndex(index, o * gwTanh(gcn[index]));`),
+    [z, cNext],
+    "float32"
+  )
+  return [h, cNext]
+}
+const webgpuBackward = ({ inputs, backend, attrs }: { inputs: Record<string, TensorInfo>; backend: WebGpuBackend; attrs: Record<string, unknown> }): TensorInfo[] => {
+  const { dh, dc, z, c } = inputs as { dh: TensorInfo; dc: TensorInfo; z: TensorInfo; c: TensorInfo }
+  const hard = recurrentOf(attrs) === "hardSigmoid"
+  // Shared by both programs: the gates of element (row, j) and the gradient reaching c' there.
+  const gates = `
+      let zr = row * 4 * H;
+      let sr = row * H + j;
+      let zi = gz[zr + j];
+      let zf = gz[zr + H + j];
+      let zo = gz[zr + 3 * H + j];
+      let i = gwGate(zi);
+      let f = gwGate(zf);
+      let g = gwTanh(gz[zr + 2 * H + j]);
+      let o = gwGate(zo);
+      let cp = gc[sr];
+      let tc = gwTanh(f * cp + i * g);
+      let dhj = gdh[sr];
+      let dct = gdc[sr] + dhj * o * (1.0 - tc * tc);`
+  const dz = backend.runWebGPUProgram(
+    gpuProgram("dz", ["gdh", "gdc", "gz", "gc"], [...z.shape], hard, "uniforms.gcShape[1]", `
+      let block = col / H;
+      let j = col - block * H;
+      ${gates}
+      var v = 0.0;
+      if (block == 0) { v = dct * g * gwGateSlope(zi, i); }
+      else if (block == 1) { v = dct * cp * gwGateSlope(zf, f); }
+      else if (block == 2) { v = dct * i * (1.0 - g * g); }
+      else { v = dhj * tc * gwGateSlope(zo, o); }
+      setOutputAtIndex(index, v);`),
+    [dh, dc, z, c],
+    "float32"
+  )
+  const dcPrev = backend.runWebGPUProgram(
+    gpuProgram("dc", ["gdh", "gdc", "gz", "gc"], [...c.shape], hard, "uniforms.gcShape[1]", `
+      let j = col;
+      ${gates}
+      setOutputAtIndex(index, dct * f);`),
+    [dh, dc, z, c],
+    "float32"
+  )
+  return [dz, dcPrev]
+}
+
+/** Backends with both kernels, and their kernel functions. */
+const KERNELS: Record<string, readonly [unknown, unknown]> = {
+  wasm: [wasmForward, wasmBackward],
+  cpu: [cpuForward, cpuBackward],
+  webgpu: [webgpuForward, webgpuBackward]
+}
+
+/** [h, c'] of a step from z ([B, 4H]) and c ([B, H]); differentiable in both. */
+export const lstmGates = (tf: Tf, z: Tensor, c: Tensor, recurrent: Recurrent): [Tensor, Tensor] =>
+  tf.engine().runKernel(LSTM_CELL, { z, c }, { recurrent }) as unknown as [Tensor, Tensor]
+
+interface Activation {
+  getClassName?(): string
+  constructor: { className?: string }
+}
+interface LstmCellLike {
+  activation: Activation
+  recurrentActivation: Activation
+  dropout: number
+  recurrentDropout: number
+  useBias: boolean
+  kernel: { read(): Tensor }
+  recurrentKernel: { read(): Tensor }
+  bias: { read(): Tensor } | null
+}
+type Call = ((this: LstmCellLike, inputs: Tensor | Tensor[], kwargs: Record<string, unknown>) => Tensor | Tensor[]) & { [PATCHED]?: true; [ORIGINAL]?: Call }
+
+const PATCHED = Symbol.for("gradwire.lstmCell")
+const ORIGINAL = Symbol.for("gradwire.lstmCell.original")
+const nameOf = (a: Activation): string | undefined => a.constructor?.className ?? a.getClassName?.()
+
+let installed = false
+
+/**
+ * Registers the kernels and their gradient, and makes tfjs-layers' LSTMCell use them where it can.
+ * Returns whether the cell is patched.
+ */
+export const installLstmCell = (tf: Tf): boolean => {
+  if (installed) return true
+  for (const [backendName, [forward, backward]] of Object.entries(KERNELS)) {
+    if (!tf.getKernel(LSTM_CELL, backendName)) tf.registerKernel({ kernelName: LSTM_CELL, backendName, kernelFunc: forward as never })
+    if (!tf.getKernel(LSTM_CELL_GRAD, backendName)) tf.registerKernel({ kernelName: LSTM_CELL_GRAD, backendName, kernelFunc: backward as never })
+  }
+  if (!tf.getGradient(LSTM_CELL)) {
+    tf.registerGradient({
+      kernelName: LSTM_CELL,
+      inputsToSave: ["z", "c"],
+      gradFunc: (dys, saved, attrs) => {
+        const [dh, dc] = dys as unknown as [Tensor, Tensor]
+        const [z, c] = saved as [Tensor, Tensor]
+        const [dz, dcPrev] = tf.engine().runKernel(LSTM_CELL_GRAD, { dh, dc, z, c }, attrs as never) as unknown as [Tensor, Tensor]
+        return { z: () => dz, c: () => dcPrev }
+      }
+    })
+  }
+  const cell = tf.layers.lstmCell({ units: 1 }) as unknown as { call: Call }
+  const proto = Object.getPrototypeOf(cell) as { call: Call }
+  if (!proto.call[PATCHED]) {
+    const own = proto.call
+    const call: Call = function (this: LstmCellLike, inputs, kwargs) {
+      const list = Array.isArray(inputs) ? inputs : [inputs]
+      const training = kwargs?.training === true
+      const recurrent = nameOf(this.recurrentActivation)
+      const fits =
+        list.length === 3 &&
+        list[0]!.rank === 2 &&
+        nameOf(this.activation) === "tanh" &&
+        (recurrent === "hardSigmoid" || recurrent === "sigmoid") &&
+        (!training || (!(this.dropout > 0 && this.dropout < 1) && !(this.recurrentDropout > 0 && this.recurrentDropout < 1))) &&
+        list.every((t) => t.dtype === "float32") &&
+        tf.getKernel(LSTM_CELL, tf.getBackend()) !== undefined
+      if (!fits) return own.call(this, inputs, kwargs)
+      return tf.tidy(() => {
+        const [x, h, c] = list as [Tensor, Tensor, Tensor]
+        let z = tf.add(tf.matMul(x, this.kernel.read()), tf.matMul(h, this.recurrentKernel.read()))
+        if (this.useBias && this.bias) z = tf.add(z, this.bias.read())
+        const [hNext, cNext] = lstmGates(tf, z, c, recurrent)
+        return [hNext, hNext, cNext]
+      })
+    }
+    proto.call = Object.assign(call, { [PATCHED]: true as const, [ORIGINAL]: own })
+  }
+  installed = true
+  return true
+}
+
+/** Runs `f` with tfjs-layers' own LSTMCell.call (for tests and benchmarks that compare the two). */
+export const withTfjsLstmCell = <T>(tf: Tf, f: () => T): T => {
+  const proto = Object.getPrototypeOf(tf.layers.lstmCell({ units: 1 })) as { call: Call }
+  const patched = proto.call
+  const own = patched[ORIGINAL]
+  if (!own) return f()
+  proto.call = own
+  try {
+    return f()
+  } finally {
+    proto.call = patched
+  }
+}
