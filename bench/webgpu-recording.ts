@@ -17,9 +17,8 @@
 // Prints a table of ms per step (the median over rounds) and CPU ms per step. Needs the webgpu
 // backend (a GPU, or SwiftShader with GRADWIRE_WEBGPU_SOFTWARE=1, where the GPU's work is the CPU's).
 import { loadEngine } from "../index.ts"
-import { loadZooData } from "../examples/zoo/data.ts"
-import { buildZooModel, readsTokens, TASK_OF, type ZooModel } from "../examples/zoo/models.ts"
-import { zooBatcher, zooLoss } from "../examples/zoo/train.ts"
+import type { ZooModel } from "../examples/zoo/models.ts"
+import { plainZooStep } from "./zoo-step.ts"
 
 const args = process.argv.slice(2)
 const opt = (name: string, fallback: string): string => {
@@ -65,21 +64,7 @@ const median = (xs: number[]): number => [...xs].sort((a, b) => a - b)[Math.floo
 console.log(`webgpu recording, batch ${batch}, ${rounds} rounds of about ${seconds} s per way (ms per step; CPU ms per step)`)
 console.log(["model", ...WAYS, "tfjs / +dispatch"].join(" | "))
 for (const model of models) {
-  const data = await loadZooData(TASK_OF[model])
-  const net = buildZooModel(tf, model, data.text)
-  const loss = zooLoss(tf, data.text?.tags ?? 10)
-  const batchOf = zooBatcher(tf, data.train, batch, readsTokens(model))
-  const adam = tf.train.adam(0.003)
-  const rows = Int32Array.from({ length: data.train.size }, (_, i) => i)
-  let at = 0
-  const step = async (): Promise<void> => {
-    if (at + batch > rows.length) at = 0
-    const [x, y] = batchOf(rows, at)
-    at += batch
-    const cost = adam.minimize(() => loss(y, net.apply(x, { training: true }) as import("@tensorflow/tfjs").Tensor), true)!
-    await cost.data()
-    tf.dispose([x, y, cost])
-  }
+  const { step, dispose } = await plainZooStep(tf, model, batch)
   // Warm every way once (shader compiles, pools), and size the runs from the slowest.
   let slowest = 0
   for (const way of WAYS) {
@@ -166,7 +151,6 @@ for (const model of models) {
     fs.mkdirSync(profileDir, { recursive: true })
     fs.writeFileSync(`${profileDir}/${model}.cpuprofile`, JSON.stringify(profile))
   }
-  adam.dispose()
-  net.dispose()
+  dispose()
 }
 process.exit(0)

@@ -1,6 +1,6 @@
 // The zoo's benchmark loop in plain tfjs, no gradwire around it (bench/train.ts runs it as a child
-// process for the p = 1 row): the same model, batches and loss (the zoo loop's own zooBatcher and
-// zooLoss) and Adam on the same backend, with the
+// process for the p = 1 row): the same model, batches and loss (zoo-step.ts) and Adam on the same
+// backend, with the
 // kernels gradwire registers on wasm (they are tfjs's backend, not gradwire's overhead).
 //
 //   node bench/zoo-plain.ts MODEL BATCH WARMUP STEPS [BACKEND] [--tfjs-upload] [--tfjs-dispatch] [--submit N]
@@ -13,9 +13,8 @@
 //   each) and its own buffer pool order instead of gradwire's (core/kernels/webgpu-dispatch.ts);
 // --submit N: tfjs's WEBGPU_DEFERRED_SUBMIT_BATCH_SIZE (kernels recorded per submit).
 import { loadEngine } from "../index.ts"
-import { loadZooData } from "../examples/zoo/data.ts"
-import { buildZooModel, readsTokens, TASK_OF, type ZooModel } from "../examples/zoo/models.ts"
-import { zooBatcher, zooLoss } from "../examples/zoo/train.ts"
+import type { ZooModel } from "../examples/zoo/models.ts"
+import { plainZooStep } from "./zoo-step.ts"
 
 const args = process.argv.slice(2)
 const [model, batchArg, warmupArg, stepsArg, backendArg] = args.filter((a, i) => !a.startsWith("--") && args[i - 1] !== "--submit") as [ZooModel, string, string, string, string | undefined]
@@ -30,21 +29,7 @@ if (args.includes("--tfjs-dispatch")) {
 }
 const submit = args.indexOf("--submit")
 if (submit >= 0) tf.env().set("WEBGPU_DEFERRED_SUBMIT_BATCH_SIZE", Number(args[submit + 1]))
-const data = await loadZooData(TASK_OF[model])
-const net = buildZooModel(tf, model, data.text)
-const loss = zooLoss(tf, data.text?.tags ?? 10)
-const batchOf = zooBatcher(tf, data.train, batch, readsTokens(model))
-const opt = tf.train.adam(0.003)
-const rows = Int32Array.from({ length: data.train.size }, (_, i) => i)
-let at = 0
-const step = async (): Promise<void> => {
-  if (at + batch > rows.length) at = 0
-  const [x, y] = batchOf(rows, at)
-  at += batch
-  const cost = opt.minimize(() => loss(y, net.apply(x, { training: true }) as import("@tensorflow/tfjs").Tensor), true)!
-  await cost.data()
-  tf.dispose([x, y, cost])
-}
+const { step } = await plainZooStep(tf, model, batch)
 for (let s = 0; s < Number(warmupArg); s++) await step()
 const t0 = performance.now()
 for (let s = 0; s < Number(stepsArg); s++) await step()

@@ -13,6 +13,7 @@
 // and when tfjs's backend lacks what it relies on (tfjs-backend-webgpu 4.x internals).
 import type { Tf } from "../tf.ts"
 import { adamToFuse } from "./fused-adam.ts"
+import type { BindGroupLayout, PassEncoder, Pipeline } from "./webgpu-types.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
 
@@ -20,17 +21,6 @@ type Tensor = import("@tensorflow/tfjs").Tensor
 interface Buffer {
   readonly size: number
   getMappedRange(): ArrayBuffer
-}
-interface BindGroupLayout {
-  readonly __brand?: "layout"
-}
-interface Pipeline {
-  getBindGroupLayout(i: number): BindGroupLayout
-}
-interface PassEncoder {
-  setPipeline(p: Pipeline): void
-  setBindGroup(i: number, g: unknown): void
-  dispatchWorkgroups(x: number, y?: number, z?: number): void
 }
 interface Device {
   createShaderModule(d: { code: string }): unknown

@@ -20,19 +20,12 @@
 // Installed on the backend instance once webgpu is up (`../engine.ts`), next to the upload
 // (`webgpu-upload.ts`); it leaves tfjs's recording in place when the backend lacks what it relies on.
 import type { Tf } from "../tf.ts"
+import type { PassEncoder, Pipeline } from "./webgpu-types.ts"
 
 interface Buffer {
   readonly size: number
   readonly usage: number
   destroy(): void
-}
-interface Pipeline {
-  getBindGroupLayout(i: number): unknown
-}
-interface PassEncoder {
-  setPipeline(p: Pipeline): void
-  setBindGroup(i: number, g: unknown): void
-  dispatchWorkgroups(x: number, y?: number, z?: number): void
 }
 interface Device {
   createBuffer(d: { size: number; usage: number }): Buffer
