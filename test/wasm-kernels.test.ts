@@ -56,7 +56,10 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     [[2, 1, 17, 4], [1, 5, 4, 6], 3, "same"],
     [[2, 6, 5, 16], [3, 3, 16, 4], 1, "same"],
     [[2, 7, 9, 5], [3, 2, 5, 4], 1, "valid"],
-    [[3, 6, 7, 3], [2, 4, 3, 5], 1, "same"]
+    [[3, 6, 7, 3], [2, 4, 3, 5], 1, "same"],
+    // 1-d (conv1d) at stride 1: the patch matrix, not the convolution by dy.
+    [[2, 1, 17, 4], [1, 5, 4, 6], 1, "same"],
+    [[3, 1, 20, 8], [1, 9, 8, 5], 1, "valid"]
   ] as Array<[number[], number[], number | [number, number], "same" | "valid"]>) {
     it(`conv2d gradients, x ${x} filter ${f} strides ${strides} ${pad}`, async () => {
       const worst = await compare(() => {
