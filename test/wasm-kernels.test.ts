@@ -115,6 +115,20 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     expect(worst).toBeLessThanOrEqual(1e-4)
   })
 
+  it("Unpack along every axis (first, middle, last, negative; runs shorter and longer than 16), int32 and bool too, and its gradient", async () => {
+    const worst = await compare(() => [
+      ...tf.unstack(t([5, 3, 40], 1), 0),
+      ...tf.unstack(t([4, 6, 3], 2), 1),
+      ...tf.unstack(t([3, 2, 7], 3), 2),
+      ...tf.unstack(t([2, 5, 20], 4), -2),
+      ...tf.unstack(tf.tensor2d([1, 2, 3, 4, 5, 6], [2, 3], "int32"), 1),
+      ...tf.unstack(tf.tensor2d([1, 0, 0, 1, 1, 0], [3, 2], "bool"), 0).map((b) => b.cast("int32")),
+      ...tf.unstack(t([7], 5)),
+      tf.grad((a: Tensor) => tf.stack(tf.unstack(a, 1).map((s, i) => s.mul(i + 1)), 0).sum())(t([3, 4, 5], 6))
+    ])
+    expect(worst).toBeLessThanOrEqual(1e-4)
+  })
+
   it("matmuls with transposed operands, batched and not", async () => {
     const worst = await compare(() => [
       tf.matMul(t([7, 5], 1), t([7, 3], 2), true, false),

@@ -11,6 +11,7 @@ import { unsortedSegmentSum } from "./segment-sum.ts"
 import { BATCH_NORM_GRAD, registerBatchNormGrad } from "./batch-norm-grad.ts"
 import { blockReduce } from "./reduce.ts"
 import { tile } from "./tile.ts"
+import { unpack } from "./unpack.ts"
 import { gatherRows } from "./gather.ts"
 import { untransposedMatMul } from "./matmul.ts"
 import { transposeKernel } from "./transpose.ts"
@@ -29,11 +30,11 @@ export const FAST_WASM_KERNELS = [
  * Kernels tfjs-backend-wasm 4.22 has but computes wrongly (test/wasm-layer-coverage.test.ts finds
  * them against finite differences), replaced: MaxPoolGrad by gradwire's own; the conv3d gradients
  * (the input's wrong at stride 1, the filter's at stride 2) by the cpu backend's. And one that is
- * right but slow: Conv2DBackpropInput (conv-grads.ts), Tile (tile.ts), GatherV2 (gather.ts), the matmuls with a transposed operand (matmul.ts),
+ * right but slow: Conv2DBackpropInput (conv-grads.ts), Tile (tile.ts), Unpack (unpack.ts), GatherV2 (gather.ts), the matmuls with a transposed operand (matmul.ts),
  * Transpose (transpose.ts), the broadcasting comparisons (broadcast.ts), and Sum and Mean over a
  * block of leading or middle axes (reduce.ts).
  */
-export const REPLACED_WASM_KERNELS = ["Conv2DBackpropInput", "MaxPoolGrad", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", "Tile", "BatchMatMul", "_FusedMatMul", "Transpose", "GatherV2", "Sum", "Mean", ...SLOW_BROADCAST_KERNELS] as const
+export const REPLACED_WASM_KERNELS = ["Conv2DBackpropInput", "MaxPoolGrad", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", "Tile", "Unpack", "BatchMatMul", "_FusedMatMul", "Transpose", "GatherV2", "Sum", "Mean", ...SLOW_BROADCAST_KERNELS] as const
 
 let registered: { fast: string[]; fallback: string[]; gradients: string[] } | undefined
 
@@ -69,6 +70,8 @@ export const registerWasmKernels = (tf: Tf): { fast: string[]; fallback: string[
   // Faster than tfjs-backend-wasm's for the numeric dtypes (tile.ts); strings keep the backend's own.
   const wasmTile = tf.getKernel("Tile", "wasm")?.kernelFunc as unknown as KernelFunc | undefined
   if (wasmTile) replace("Tile", guarded(tile, (a) => a.inputs.x.dtype !== "string", wasmTile))
+  const wasmUnpack = tf.getKernel("Unpack", "wasm")?.kernelFunc as unknown as KernelFunc | undefined
+  if (wasmUnpack) replace("Unpack", unpack(wasmUnpack))
   // The backward pass's transposed products through the backend's fast untransposed path (matmul.ts).
   for (const mm of ["BatchMatMul", "_FusedMatMul"]) {
     const original = tf.getKernel(mm, "wasm")?.kernelFunc as unknown as KernelFunc | undefined
