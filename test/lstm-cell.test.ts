@@ -56,8 +56,9 @@ const CASES: Case[] = [
 ]
 
 /** An LSTM layer's loss, and the gradients of its weights and of its input. */
+const T = 6
 const lossAndGrads = (c: Case, seed: number) => {
-  const [B, T, D, H] = [3, 6, 5, 7]
+  const [B, D, H] = [3, 5, 7]
   const layer = tf.layers.lstm({
     units: H,
     returnSequences: c.returnSequences,
@@ -98,8 +99,12 @@ describe("an LSTM cell's gates as one kernel", () => {
         expect(names).toContain(LSTM_CELL)
         expect(names).toContain(LSTM_CELL_GRAD)
         expect(tfjsNames).not.toContain(LSTM_CELL)
-        // The point of it: far fewer kernels per training step.
+        // The point of it: far fewer kernels per training step. And the layer projects every time
+        // step's input in one matmul: per step one matmul forward (h·U) and two backward, where the
+        // cell alone would take two and four (run() makes two passes: the weights' gradients, the input's).
         expect(names.length).toBeLessThan(tfjsNames.length * 0.4)
+        const matmuls = names.filter((n) => n === "BatchMatMul" || n === "_FusedMatMul").length
+        expect(matmuls).toBeLessThanOrEqual(2 * (3 * T + 4))
         tf.dispose([...fused, ...own])
         dispose()
         await tf.setBackend("wasm")
@@ -148,6 +153,23 @@ describe("an LSTM cell's gates as one kernel", () => {
     const theirs = withTfjsLstmCell(tf, () => layer.apply(x, { training: false }) as Tensor)
     expect(await worst([ours], [theirs])).toBeLessThan(1e-6)
     tf.dispose([x, ours, theirs])
+  })
+
+  it("a masked sequence (an embedding with maskZero) as tfjs-layers' own LSTM gives it", async () => {
+    const emb = tf.layers.embedding({ inputDim: 9, outputDim: 4, maskZero: true, embeddingsInitializer: tf.initializers.randomUniform({ minval: -1, maxval: 1, seed: 3 }) })
+    const lstm = tf.layers.lstm({ units: 5, returnSequences: true, kernelInitializer: tf.initializers.glorotUniform({ seed: 4 }), recurrentInitializer: tf.initializers.glorotUniform({ seed: 5 }) })
+    const model = tf.sequential({ layers: [tf.layers.inputLayer({ inputShape: [6] }), emb, lstm] })
+    // Trailing zeros: masked steps carry the state on unchanged.
+    const ids = tf.tensor2d([[1, 4, 2, 0, 0, 0], [3, 3, 8, 7, 5, 0]], [2, 6], "int32")
+    const run = (): Tensor[] => {
+      const { value, grads } = tf.variableGrads(() => (model.apply(ids, { training: true }) as Tensor).square().sum() as import("@tensorflow/tfjs").Scalar, model.trainableWeights.map((w) => (w as unknown as { val: import("@tensorflow/tfjs").Variable }).val))
+      return [value, ...Object.values(grads), model.apply(ids) as Tensor]
+    }
+    const ours = run()
+    const theirs = withTfjsLstmCell(tf, run)
+    expect(await worst(ours, theirs)).toBeLessThan(1e-4)
+    tf.dispose([ids, ...ours, ...theirs])
+    model.dispose()
   })
 
   it("leaves a cell whose activation is not tanh to tfjs-layers", async () => {

@@ -273,11 +273,15 @@ interface LstmCellLike {
   kernel: { read(): Tensor }
   recurrentKernel: { read(): Tensor }
   bias: { read(): Tensor } | null
+  /** Set by the LSTM layer while its cell runs on inputs already projected (x·W + b). */
+  [PROJECTED]?: boolean
 }
 type Call = ((this: LstmCellLike, inputs: Tensor | Tensor[], kwargs: Record<string, unknown>) => Tensor | Tensor[]) & { [PATCHED]?: true; [ORIGINAL]?: Call }
+type LayerCall = ((this: { cell: LstmCellLike }, inputs: Tensor | Tensor[], kwargs: Record<string, unknown>) => Tensor | Tensor[]) & { [PATCHED]?: true; [ORIGINAL]?: LayerCall }
 
 const PATCHED = Symbol.for("gradwire.lstmCell")
 const ORIGINAL = Symbol.for("gradwire.lstmCell.original")
+const PROJECTED = Symbol.for("gradwire.lstmCell.projected")
 const nameOf = (a: Activation): string | undefined => a.constructor?.className ?? a.getClassName?.()
 
 let installed = false
@@ -306,45 +310,81 @@ export const installLstmCell = (tf: Tf): boolean => {
   }
   const cell = tf.layers.lstmCell({ units: 1 }) as unknown as { call: Call }
   const proto = Object.getPrototypeOf(cell) as { call: Call }
+  /** The recurrent activation when the cell can take the kernels for input `x`, else undefined. */
+  const fitting = (c: LstmCellLike, x: Tensor, training: boolean): Recurrent | undefined => {
+    const recurrent = nameOf(c.recurrentActivation)
+    const ok =
+      nameOf(c.activation) === "tanh" &&
+      (recurrent === "hardSigmoid" || recurrent === "sigmoid") &&
+      (!training || (!(c.dropout > 0 && c.dropout < 1) && !(c.recurrentDropout > 0 && c.recurrentDropout < 1))) &&
+      x.dtype === "float32" &&
+      tf.getKernel(LSTM_CELL, tf.getBackend()) !== undefined
+    return ok ? (recurrent as Recurrent) : undefined
+  }
   if (!proto.call[PATCHED]) {
     const own = proto.call
     const call: Call = function (this: LstmCellLike, inputs, kwargs) {
       const list = Array.isArray(inputs) ? inputs : [inputs]
-      const training = kwargs?.training === true
-      const recurrent = nameOf(this.recurrentActivation)
-      const fits =
-        list.length === 3 &&
-        list[0]!.rank === 2 &&
-        nameOf(this.activation) === "tanh" &&
-        (recurrent === "hardSigmoid" || recurrent === "sigmoid") &&
-        (!training || (!(this.dropout > 0 && this.dropout < 1) && !(this.recurrentDropout > 0 && this.recurrentDropout < 1))) &&
-        list.every((t) => t.dtype === "float32") &&
-        tf.getKernel(LSTM_CELL, tf.getBackend()) !== undefined
-      if (!fits) return own.call(this, inputs, kwargs)
+      const projected = this[PROJECTED] === true
+      const recurrent = list.length === 3 && list[0]!.rank === 2 && list.every((t) => t.dtype === "float32") ? fitting(this, list[0]!, kwargs?.training === true) : undefined
+      if (recurrent === undefined) {
+        // The layer (below) hands a cell projected inputs only after checking the same conditions.
+        if (projected) throw new Error("gradwire's LSTM layer projected the inputs for a cell that cannot take them")
+        return own.call(this, inputs, kwargs)
+      }
       return tf.tidy(() => {
         const [x, h, c] = list as [Tensor, Tensor, Tensor]
-        let z = tf.add(tf.matMul(x, this.kernel.read()), tf.matMul(h, this.recurrentKernel.read()))
-        if (this.useBias && this.bias) z = tf.add(z, this.bias.read())
+        // Projected: x is already x·W + b (the layer's one matmul for every time step).
+        let z = projected ? x : tf.matMul(x, this.kernel.read())
+        z = tf.add(z, tf.matMul(h, this.recurrentKernel.read()))
+        if (!projected && this.useBias && this.bias) z = tf.add(z, this.bias.read())
         const [hNext, cNext] = lstmGates(tf, z, c, recurrent)
         return [hNext, hNext, cNext]
       })
     }
     proto.call = Object.assign(call, { [PATCHED]: true as const, [ORIGINAL]: own })
   }
+  // The LSTM layer: every time step's x·W + b as one matmul before the recurrence, instead of one
+  // per step (forward, and the two gradient matmuls and the sums backward), when its cell takes the
+  // kernels. The recurrence itself (masks, initial and stateful states, going backwards) stays
+  // tfjs-layers' own, on the projected inputs.
+  const layer = Object.getPrototypeOf(tf.layers.lstm({ units: 1 })) as { call: LayerCall }
+  if (!layer.call[PATCHED]) {
+    const own = layer.call
+    const call: LayerCall = function (this: { cell: LstmCellLike }, inputs, kwargs) {
+      const x = Array.isArray(inputs) ? (inputs.length === 1 ? inputs[0]! : undefined) : inputs
+      const cellCall = (Object.getPrototypeOf(this.cell) as { call?: Call }).call
+      if (!x || x.rank !== 3 || !cellCall?.[PATCHED] || fitting(this.cell, x, kwargs?.training === true) === undefined) return own.call(this, inputs, kwargs)
+      const cell = this.cell
+      const [B, T, D] = x.shape as [number, number, number]
+      const W = cell.kernel.read()
+      return tf.tidy(() => {
+        const flat = tf.reshape(x, [B * T, D])
+        const projected = cell.useBias && cell.bias ? tf.fused.matMul({ a: flat, b: W, bias: cell.bias.read() }) : tf.matMul(flat, W)
+        const xw = tf.reshape(projected, [B, T, W.shape[1]!])
+        cell[PROJECTED] = true
+        try {
+          return own.call(this, xw, kwargs)
+        } finally {
+          cell[PROJECTED] = false
+        }
+      })
+    }
+    layer.call = Object.assign(call, { [PATCHED]: true as const, [ORIGINAL]: own })
+  }
   installed = true
   return true
 }
 
-/** Runs `f` with tfjs-layers' own LSTMCell.call (for tests and benchmarks that compare the two). */
+/** Runs `f` with tfjs-layers' own LSTMCell.call and LSTM.call (for tests and benchmarks that compare them). */
 export const withTfjsLstmCell = <T>(tf: Tf, f: () => T): T => {
-  const proto = Object.getPrototypeOf(tf.layers.lstmCell({ units: 1 })) as { call: Call }
-  const patched = proto.call
-  const own = patched[ORIGINAL]
-  if (!own) return f()
-  proto.call = own
+  const protos = [Object.getPrototypeOf(tf.layers.lstmCell({ units: 1 })), Object.getPrototypeOf(tf.layers.lstm({ units: 1 }))] as Array<{ call: Call }>
+  const patched = protos.map((p) => p.call)
+  if (patched.some((c) => !c[ORIGINAL])) return f()
+  protos.forEach((p, i) => (p.call = patched[i]![ORIGINAL]!))
   try {
     return f()
   } finally {
-    proto.call = patched
+    protos.forEach((p, i) => (p.call = patched[i]!))
   }
 }
