@@ -8,6 +8,7 @@
 import { createRequire } from "node:module"
 import { ConfigError } from "./errors.ts"
 import { registerMissingGradients } from "./kernels/gradients.ts"
+import { installLayerNorm, LAYER_NORM } from "./kernels/layer-norm.ts"
 import { installLstmCell, LSTM_CELL } from "./kernels/lstm-cell.ts"
 import { registerWasmKernels } from "./kernels/register.ts"
 import { installWebGpuDispatch } from "./kernels/webgpu-dispatch.ts"
@@ -177,6 +178,8 @@ export const loadEngine = (want: BackendKind | "auto" = "auto"): Promise<{ tf: T
     registerMissingGradients(l.tf)
     // An LSTM step's gates as one kernel and their gradient as one more, where the backend has them (kernels/lstm-cell.ts).
     if (installLstmCell(l.tf) && l.tf.getKernel(LSTM_CELL, l.tf.getBackend())) why.push("LSTM cells compute their gates as one kernel")
+    // Layer normalization over the last axis as one kernel and its gradient as one more (kernels/layer-norm.ts).
+    if (installLayerNorm(l.tf) && l.tf.getKernel(LAYER_NORM, l.tf.getBackend())) why.push("layer normalization runs as one kernel")
     return l
   })
   return loaded

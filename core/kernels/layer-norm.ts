@@ -1,0 +1,324 @@
+// Layer normalization over the last axis as one kernel, and its gradient as one more. tfjs-layers'
+// LayerNormalization computes moments (mean, squared difference, mean), tiles the statistics and
+// the scale and offset to the input's whole shape and calls batchNorm with them; its backward pass
+// runs through all of that again: some 15 kernels forward and 40 backward per layer, over tensors
+// the input's size. Here, for each row x (the last axis, D values) with mean μ and population
+// variance σ² (as tf.moments gives them), r = 1 / √(σ² + ε) and x̂ = (x − μ) · r:
+//
+//   y = x̂ · γ + β                                      (γ = 1, β = 0 when the layer has none)
+//   dx = r · (g − mean(g) − x̂ · mean(g · x̂)),  g = dy · γ
+//   dγ = Σ_rows dy · x̂      dβ = Σ_rows dy
+//
+// The row statistics and sums are kept in float64 on wasm and cpu (float32 on webgpu), so results
+// differ from tfjs's own in the last bits. LayerNormalization.call is replaced for layers
+// normalizing over the last axis alone of a float32 input, on a backend that has the kernels (wasm,
+// cpu, webgpu); other layers and backends keep tfjs-layers' own. Installed once the engine's
+// backend is up (`../engine.ts`).
+import type { Tf } from "../tf.ts"
+import { floats, type KernelArgs, type TensorInfo } from "./wasm-heap.ts"
+
+type Tensor = import("@tensorflow/tfjs").Tensor
+
+/** The kernels' names in tfjs's registry (gradwire's own). */
+export const LAYER_NORM = "GradwireLayerNorm"
+export const LAYER_NORM_GRAD = "GradwireLayerNormGrad"
+
+/** y from x ([N, D]), the scale and offset ([D]) and ε. */
+export const layerNormForward = (x: Float32Array, gamma: Float32Array, beta: Float32Array, D: number, eps: number, y: Float32Array): void => {
+  const N = x.length / D
+  for (let n = 0; n < N; n++) {
+    const o = n * D
+    let sum = 0
+    for (let j = 0; j < D; j++) sum += x[o + j]!
+    const mean = sum / D
+    let sq = 0
+    for (let j = 0; j < D; j++) {
+      const d = x[o + j]! - mean
+      sq += d * d
+    }
+    const r = 1 / Math.sqrt(sq / D + eps)
+    for (let j = 0; j < D; j++) {
+      const xh = (x[o + j]! - mean) * r
+      y[o + j] = xh * gamma[j]! + beta[j]!
+    }
+  }
+}
+
+/** dx ([N, D]), dγ and dβ ([D]) from dy, x and the scale. */
+export const layerNormBackward = (
+  dy: Float32Array,
+  x: Float32Array,
+  gamma: Float32Array,
+  D: number,
+  eps: number,
+  dx: Float32Array,
+  dgamma: Float32Array,
+  dbeta: Float32Array
+): void => {
+  const N = x.length / D
+  const sg = new Float64Array(D)
+  const sb = new Float64Array(D)
+  for (let n = 0; n < N; n++) {
+    const o = n * D
+    let sum = 0
+    for (let j = 0; j < D; j++) sum += x[o + j]!
+    const mean = sum / D
+    let sq = 0
+    for (let j = 0; j < D; j++) {
+      const d = x[o + j]! - mean
+      sq += d * d
+    }
+    const r = 1 / Math.sqrt(sq / D + eps)
+    let meanG = 0
+    let meanGx = 0
+    for (let j = 0; j < D; j++) {
+      const xh = (x[o + j]! - mean) * r
+      const d = dy[o + j]!
+      const g = d * gamma[j]!
+      meanG += g
+      meanGx += g * xh
+      sg[j] = sg[j]! + d * xh
+      sb[j] = sb[j]! + d
+    }
+    meanG /= D
+    meanGx /= D
+    for (let j = 0; j < D; j++) {
+      const xh = (x[o + j]! - mean) * r
+      const g = dy[o + j]! * gamma[j]!
+      dx[o + j] = r * (g - meanG - xh * meanGx)
+    }
+  }
+  for (let j = 0; j < D; j++) {
+    dgamma[j] = sg[j]!
+    dbeta[j] = sb[j]!
+  }
+}
+
+const eps = (attrs: Record<string, unknown>): number => Number(attrs.epsilon)
+
+// wasm: inputs and outputs on its heap (outputs made first: a new output can grow the heap and
+// detach views taken before it).
+const wasmForward = ({ inputs, backend, attrs }: KernelArgs): TensorInfo => {
+  const { x, gamma, beta } = inputs as { x: TensorInfo; gamma: TensorInfo; beta: TensorInfo }
+  const y = backend.makeOutput([...x.shape], "float32")
+  layerNormForward(floats(backend, x), floats(backend, gamma), floats(backend, beta), x.shape[1]!, eps(attrs), floats(backend, y))
+  return y
+}
+const wasmBackward = ({ inputs, backend, attrs }: KernelArgs): TensorInfo[] => {
+  const { dy, x, gamma } = inputs as { dy: TensorInfo; x: TensorInfo; gamma: TensorInfo }
+  const D = x.shape[1]!
+  const dx = backend.makeOutput([...x.shape], "float32")
+  const dg = backend.makeOutput([D], "float32")
+  const db = backend.makeOutput([D], "float32")
+  layerNormBackward(floats(backend, dy), floats(backend, x), floats(backend, gamma), D, eps(attrs), floats(backend, dx), floats(backend, dg), floats(backend, db))
+  return [dx, dg, db]
+}
+
+// cpu: plain typed arrays.
+interface CpuBackend {
+  data: { get(id: object): { values: unknown } | undefined }
+  makeTensorInfo(shape: number[], dtype: string, values: Float32Array): TensorInfo
+}
+type CpuArgs = { inputs: Record<string, TensorInfo>; backend: CpuBackend; attrs: Record<string, unknown> }
+const cpuValues = (backend: CpuBackend, t: TensorInfo): Float32Array => {
+  const v = backend.data.get(t.dataId)?.values
+  return v instanceof Float32Array ? v : Float32Array.from(v as ArrayLike<number>)
+}
+const cpuForward = ({ inputs, backend, attrs }: CpuArgs): TensorInfo => {
+  const x = inputs.x!
+  const y = new Float32Array(x.shape[0]! * x.shape[1]!)
+  layerNormForward(cpuValues(backend, x), cpuValues(backend, inputs.gamma!), cpuValues(backend, inputs.beta!), x.shape[1]!, eps(attrs), y)
+  return backend.makeTensorInfo([...x.shape], "float32", y)
+}
+const cpuBackward = ({ inputs, backend, attrs }: CpuArgs): TensorInfo[] => {
+  const x = inputs.x!
+  const D = x.shape[1]!
+  const dx = new Float32Array(x.shape[0]! * D)
+  const dg = new Float32Array(D)
+  const db = new Float32Array(D)
+  layerNormBackward(cpuValues(backend, inputs.dy!), cpuValues(backend, x), cpuValues(backend, inputs.gamma!), D, eps(attrs), dx, dg, db)
+  return [backend.makeTensorInfo([...x.shape], "float32", dx), backend.makeTensorInfo([D], "float32", dg), backend.makeTensorInfo([D], "float32", db)]
+}
+
+// webgpu: a row's statistics (mean, r) once per row, then y or dx with one thread per row (D is the
+// layer's width: tens to a few thousand), and dγ and dβ with one thread per column; tfjs's
+// runWebGPUProgram records them (webgpu-dispatch.ts applies).
+interface WebGpuBackend {
+  runWebGPUProgram(program: object, inputs: TensorInfo[], dtype: string, uniforms?: Array<{ type: string; data: number[] }>): TensorInfo
+}
+type WebGpuArgs = { inputs: Record<string, TensorInfo>; backend: WebGpuBackend; attrs: Record<string, unknown> }
+const WORKGROUP = 64
+/**
+ * A program writing `shape`, one thread for each of `threads`; `body` sees t, and N and D from the
+ * first input's shape ([N, D]). Every input must be read: the pipeline's layout leaves out a binding
+ * its shader never reads, and tfjs binds every input.
+ */
+const gpuProgram = (name: string, variableNames: string[], shape: number[], threads: number, body: string): object => ({
+  variableNames,
+  outputShape: shape,
+  uniforms: "eps : f32,",
+  workgroupSize: [WORKGROUP, 1, 1],
+  dispatchLayout: { x: shape.map((_, i) => i) },
+  dispatch: [Math.ceil(threads / WORKGROUP), 1, 1],
+  shaderKey: `gradwire_layernorm_${name}`,
+  getUserCode: () => `
+  fn main(t : i32) {
+    let N = uniforms.${variableNames[0]}Shape[0];
+    let D = uniforms.${variableNames[0]}Shape[1];
+    ${body}
+  }`
+})
+const run = (backend: WebGpuBackend, attrs: Record<string, unknown>, name: string, names: string[], ins: TensorInfo[], shape: number[], threads: number, body: string): TensorInfo =>
+  backend.runWebGPUProgram(gpuProgram(name, names, shape, threads, body), ins, "float32", [{ type: "float32", data: [eps(attrs)] }])
+/** [N, 2]: each row's mean and r. */
+const rowStats = (backend: WebGpuBackend, attrs: Record<string, unknown>, x: TensorInfo): TensorInfo =>
+  run(backend, attrs, "stats", ["gx"], [x], [x.shape[0]!, 2], x.shape[0]!, `
+    let row = t;
+    if (row < N) {
+      var s = 0.0;
+      for (var j = 0; j < D; j++) { s += gx[row * D + j]; }
+      let mean = s / f32(D);
+      var q = 0.0;
+      for (var j = 0; j < D; j++) { let d = gx[row * D + j] - mean; q += d * d; }
+      setOutputAtIndex(row * 2, mean);
+      setOutputAtIndex(row * 2 + 1, inverseSqrt(q / f32(D) + uniforms.eps));
+    }`)
+const webgpuForward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo => {
+  const { x, gamma, beta } = inputs as { x: TensorInfo; gamma: TensorInfo; beta: TensorInfo }
+  const stats = rowStats(backend, attrs, x)
+  try {
+    return run(backend, attrs, "y", ["gx", "gs", "gg", "gb"], [x, stats, gamma, beta], [...x.shape], x.shape[0]!, `
+    let row = t;
+    if (row < N) {
+      let mean = gs[row * 2];
+      let r = gs[row * 2 + 1];
+      for (var j = 0; j < D; j++) { setOutputAtIndex(row * D + j, (gx[row * D + j] - mean) * r * gg[j] + gb[j]); }
+    }`)
+  } finally {
+    ;(backend as unknown as { disposeData(id: object): void }).disposeData(stats.dataId)
+  }
+}
+const webgpuBackward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo[] => {
+  const { dy, x, gamma } = inputs as { dy: TensorInfo; x: TensorInfo; gamma: TensorInfo }
+  const D = x.shape[1]!
+  const stats = rowStats(backend, attrs, x)
+  const names = ["gx", "gs", "gdy", "gg"]
+  const ins = [x, stats, dy, gamma]
+  try {
+    const dx = run(backend, attrs, "dx", names, ins, [...x.shape], x.shape[0]!, `
+    let row = t;
+    if (row < N) {
+      let mean = gs[row * 2];
+      let r = gs[row * 2 + 1];
+      var mg = 0.0;
+      var mgx = 0.0;
+      for (var j = 0; j < D; j++) { let g = gdy[row * D + j] * gg[j]; mg += g; mgx += g * (gx[row * D + j] - mean) * r; }
+      mg = mg / f32(D);
+      mgx = mgx / f32(D);
+      for (var j = 0; j < D; j++) {
+        let g = gdy[row * D + j] * gg[j];
+        setOutputAtIndex(row * D + j, r * (g - mg - (gx[row * D + j] - mean) * r * mgx));
+      }
+    }`)
+    const column = (name: string, columnNames: string[], columnInputs: TensorInfo[], term: string): TensorInfo =>
+      run(backend, attrs, name, columnNames, columnInputs, [D], D, `
+    let j = t;
+    if (j < D) {
+      var acc = 0.0;
+      for (var row = 0; row < N; row++) { acc += ${term}; }
+      setOutputAtIndex(j, acc);
+    }`)
+    return [
+      dx,
+      column("dgamma", ["gx", "gs", "gdy"], [x, stats, dy], "gdy[row * D + j] * (gx[row * D + j] - gs[row * 2]) * gs[row * 2 + 1]"),
+      column("dbeta", ["gdy"], [dy], "gdy[row * D + j]")
+    ]
+  } finally {
+    ;(backend as unknown as { disposeData(id: object): void }).disposeData(stats.dataId)
+  }
+}
+
+const KERNELS: Record<string, readonly [unknown, unknown]> = {
+  wasm: [wasmForward, wasmBackward],
+  cpu: [cpuForward, cpuBackward],
+  webgpu: [webgpuForward, webgpuBackward]
+}
+
+/** Layer normalization of x over its last axis; differentiable in x, gamma and beta. */
+export const layerNorm = (tf: Tf, x: Tensor, gamma: Tensor | null, beta: Tensor | null, epsilon: number): Tensor => {
+  const D = x.shape[x.rank - 1]!
+  const rows = tf.reshape(x, [x.size / D, D])
+  // Always both (ones and zeros for a layer without them): tfjs cannot save an absent input for the gradient.
+  const y = tf.engine().runKernel(LAYER_NORM, { x: rows, gamma: gamma ?? tf.ones([D]), beta: beta ?? tf.zeros([D]) }, { epsilon }) as unknown as Tensor
+  return tf.reshape(y, x.shape)
+}
+
+interface LayerNormLike {
+  axis: number[] | number
+  epsilon: number
+  center: boolean
+  scale: boolean
+  gamma: { read(): Tensor } | null
+  beta: { read(): Tensor } | null
+}
+type Call = ((this: LayerNormLike, inputs: Tensor | Tensor[], kwargs: Record<string, unknown>) => Tensor | Tensor[]) & { [PATCHED]?: true; [ORIGINAL]?: Call }
+const PATCHED = Symbol.for("gradwire.layerNorm")
+const ORIGINAL = Symbol.for("gradwire.layerNorm.original")
+
+let installed = false
+
+/** Registers the kernels and their gradient, and makes tfjs-layers' LayerNormalization use them where it can. */
+export const installLayerNorm = (tf: Tf): boolean => {
+  if (installed) return true
+  for (const [backendName, [forward, backward]] of Object.entries(KERNELS)) {
+    if (!tf.getKernel(LAYER_NORM, backendName)) tf.registerKernel({ kernelName: LAYER_NORM, backendName, kernelFunc: forward as never })
+    if (!tf.getKernel(LAYER_NORM_GRAD, backendName)) tf.registerKernel({ kernelName: LAYER_NORM_GRAD, backendName, kernelFunc: backward as never })
+  }
+  if (!tf.getGradient(LAYER_NORM)) {
+    tf.registerGradient({
+      kernelName: LAYER_NORM,
+      inputsToSave: ["x", "gamma"],
+      gradFunc: (dy, saved, attrs) => {
+        const [x, gamma] = saved as [Tensor, Tensor]
+        const [dx, dgamma, dbeta] = tf.engine().runKernel(LAYER_NORM_GRAD, { dy: dy as Tensor, x, gamma }, attrs as never) as unknown as [Tensor, Tensor, Tensor]
+        return { x: () => dx, gamma: () => dgamma, beta: () => dbeta }
+      }
+    })
+  }
+  const proto = Object.getPrototypeOf(tf.layers.layerNormalization({})) as { call: Call }
+  if (!proto.call[PATCHED]) {
+    const own = proto.call
+    const call: Call = function (this: LayerNormLike, inputs, kwargs) {
+      const x = Array.isArray(inputs) ? (inputs.length === 1 ? inputs[0]! : undefined) : inputs
+      const axes = typeof this.axis === "number" ? [this.axis] : this.axis
+      const fits =
+        x !== undefined &&
+        x.rank >= 2 &&
+        x.dtype === "float32" &&
+        axes.length === 1 &&
+        (axes[0] === x.rank - 1 || axes[0] === -1) &&
+        (!this.scale || this.gamma !== null) &&
+        (!this.center || this.beta !== null) &&
+        tf.getKernel(LAYER_NORM, tf.getBackend()) !== undefined
+      if (!fits) return own.call(this, inputs, kwargs)
+      return tf.tidy(() => layerNorm(tf, x!, this.scale ? this.gamma!.read() : null, this.center ? this.beta!.read() : null, this.epsilon))
+    }
+    proto.call = Object.assign(call, { [PATCHED]: true as const, [ORIGINAL]: own })
+  }
+  installed = true
+  return true
+}
+
+/** Runs `f` with tfjs-layers' own LayerNormalization.call (for tests and benchmarks that compare the two). */
+export const withTfjsLayerNorm = <T>(tf: Tf, f: () => T): T => {
+  const proto = Object.getPrototypeOf(tf.layers.layerNormalization({})) as { call: Call }
+  const patched = proto.call
+  const own = patched[ORIGINAL]
+  if (!own) return f()
+  proto.call = own
+  try {
+    return f()
+  } finally {
+    proto.call = patched
+  }
+}
