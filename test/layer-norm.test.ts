@@ -62,6 +62,14 @@ const setup = (shape: number[], options: { center?: boolean; scale?: boolean; ax
 }
 
 describe("layer normalization as one kernel", () => {
+  // First in this file: no layer made before it.
+  it("installing the LSTM and layer-norm kernels takes none of tfjs-layers' automatic layer names", () => {
+    expect(tf.getKernel(LAYER_NORM, "wasm")).toBeDefined()
+    expect(tf.layers.layerNormalization({}).name).toBe("layer_normalization_LayerNormalization1")
+    expect(tf.layers.lstmCell({ units: 1 }).name).toBe("lstm_cell_LSTMCell1")
+    expect(tf.layers.lstm({ units: 1 }).name).toBe("lstm_LSTM1")
+  })
+
   for (const backend of ["wasm", "cpu"]) {
     for (const shape of [[4, 6, 9], [5, 33]]) {
       it(`${backend}, input ${shape}: the loss and the scale's, offset's and input's gradients as tfjs-layers' own layer gives them, in a third of the kernels`, async () => {

@@ -15,6 +15,7 @@
 // cpu, webgpu); other layers and backends keep tfjs-layers' own. Installed once the engine's
 // backend is up (`../engine.ts`).
 import type { Tf } from "../tf.ts"
+import { layerPrototype } from "./layer-prototype.ts"
 import { floats, type KernelArgs, type TensorInfo } from "./wasm-heap.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
@@ -285,7 +286,8 @@ export const installLayerNorm = (tf: Tf): boolean => {
       }
     })
   }
-  const proto = Object.getPrototypeOf(tf.layers.layerNormalization({})) as { call: Call }
+  const proto = layerPrototype<{ call: Call }>(tf, "LayerNormalization")
+  if (!proto) return false
   if (!proto.call[PATCHED]) {
     const own = proto.call
     const call: Call = function (this: LayerNormLike, inputs, kwargs) {
@@ -311,10 +313,10 @@ export const installLayerNorm = (tf: Tf): boolean => {
 
 /** Runs `f` with tfjs-layers' own LayerNormalization.call (for tests and benchmarks that compare the two). */
 export const withTfjsLayerNorm = <T>(tf: Tf, f: () => T): T => {
-  const proto = Object.getPrototypeOf(tf.layers.layerNormalization({})) as { call: Call }
-  const patched = proto.call
-  const own = patched[ORIGINAL]
-  if (!own) return f()
+  const proto = layerPrototype<{ call: Call }>(tf, "LayerNormalization")
+  const patched = proto?.call
+  const own = patched?.[ORIGINAL]
+  if (!proto || !patched || !own) return f()
   proto.call = own
   try {
     return f()

@@ -20,6 +20,7 @@
 // The matmuls and the bias stay tfjs's kernels. Installed once the engine's backend is up
 // (`../engine.ts`).
 import type { Tf } from "../tf.ts"
+import { layerPrototype } from "./layer-prototype.ts"
 import { floats, type KernelArgs, type TensorInfo } from "./wasm-heap.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
@@ -308,8 +309,8 @@ export const installLstmCell = (tf: Tf): boolean => {
       }
     })
   }
-  const cell = tf.layers.lstmCell({ units: 1 }) as unknown as { call: Call }
-  const proto = Object.getPrototypeOf(cell) as { call: Call }
+  const proto = layerPrototype<{ call: Call }>(tf, "LSTMCell")
+  if (!proto) return false
   /** The recurrent activation when the cell can take the kernels for input `x`, else undefined. */
   const fitting = (c: LstmCellLike, x: Tensor, training: boolean): Recurrent | undefined => {
     const recurrent = nameOf(c.recurrentActivation)
@@ -348,8 +349,8 @@ export const installLstmCell = (tf: Tf): boolean => {
   // per step (forward, and the two gradient matmuls and the sums backward), when its cell takes the
   // kernels. The recurrence itself (masks, initial and stateful states, going backwards) stays
   // tfjs-layers' own, on the projected inputs.
-  const layer = Object.getPrototypeOf(tf.layers.lstm({ units: 1 })) as { call: LayerCall }
-  if (!layer.call[PATCHED]) {
+  const layer = layerPrototype<{ call: LayerCall }>(tf, "LSTM")
+  if (layer && !layer.call[PATCHED]) {
     const own = layer.call
     const call: LayerCall = function (this: { cell: LstmCellLike }, inputs, kwargs) {
       const x = Array.isArray(inputs) ? (inputs.length === 1 ? inputs[0]! : undefined) : inputs
@@ -378,7 +379,7 @@ export const installLstmCell = (tf: Tf): boolean => {
 
 /** Runs `f` with tfjs-layers' own LSTMCell.call and LSTM.call (for tests and benchmarks that compare them). */
 export const withTfjsLstmCell = <T>(tf: Tf, f: () => T): T => {
-  const protos = [Object.getPrototypeOf(tf.layers.lstmCell({ units: 1 })), Object.getPrototypeOf(tf.layers.lstm({ units: 1 }))] as Array<{ call: Call }>
+  const protos = [layerPrototype<{ call: Call }>(tf, "LSTMCell"), layerPrototype<{ call: Call }>(tf, "LSTM")].filter((p) => p !== undefined)
   const patched = protos.map((p) => p.call)
   if (patched.some((c) => !c[ORIGINAL])) return f()
   protos.forEach((p, i) => (p.call = patched[i]![ORIGINAL]!))
