@@ -8,6 +8,7 @@
 import { createRequire } from "node:module"
 import { ConfigError } from "./errors.ts"
 import { registerMissingGradients } from "./kernels/gradients.ts"
+import { BATCH_NORM_TRAIN, installBatchNormTrain } from "./kernels/batch-norm-train.ts"
 import { installLayerNorm, LAYER_NORM } from "./kernels/layer-norm.ts"
 import { installLstmCell, LSTM_CELL } from "./kernels/lstm-cell.ts"
 import { registerWasmKernels } from "./kernels/register.ts"
@@ -180,6 +181,8 @@ export const loadEngine = (want: BackendKind | "auto" = "auto"): Promise<{ tf: T
     if (installLstmCell(l.tf) && l.tf.getKernel(LSTM_CELL, l.tf.getBackend())) why.push("LSTM cells compute their gates as one kernel")
     // Layer normalization over the last axis as one kernel and its gradient as one more (kernels/layer-norm.ts).
     if (installLayerNorm(l.tf) && l.tf.getKernel(LAYER_NORM, l.tf.getBackend())) why.push("layer normalization runs as one kernel")
+    // Batch normalization while training as one kernel and its gradient as one more (kernels/batch-norm-train.ts).
+    if (installBatchNormTrain(l.tf) && l.tf.getKernel(BATCH_NORM_TRAIN, l.tf.getBackend())) why.push("batch normalization trains as one kernel")
     return l
   })
   return loaded

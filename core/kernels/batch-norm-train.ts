@@ -1,0 +1,359 @@
+// Batch normalization while training, over every axis but the channels (the last), as one kernel
+// forward and one backward. tfjs-layers' BatchNormalization computes the batch's moments (a mean, a
+// squared difference, another mean), normalizes with batchNorm and differentiates through all of it:
+// some 10 kernels forward and 25 backward per layer, each a pass over the activation and, on webgpu,
+// a kernel the CPU records. Here, per channel c over the M = N·H·W rows, with μ and the population
+// variance σ² (as tf.moments gives them), r = 1 / √(σ² + ε) and x̂ = (x − μ) · r:
+//
+//   y = x̂ · γ + β            (the kernel also returns μ and σ², for the moving averages)
+//   dx = r · γ · (dy − Σdy / M − x̂ · Σ(dy · x̂) / M) + dμ / M + dσ² · 2 (x − μ) / M
+//   dγ = Σ dy · x̂            dβ = Σ dy
+//
+// (dμ and dσ² are zero unless the loss uses the batch statistics themselves.) Sums are float64 on
+// wasm and cpu, float32 on webgpu. The moving mean and variance are updated exactly as tfjs-layers
+// updates them. BatchNormalization.call is replaced while training for layers over the last axis of
+// a float32 input, on a backend with the kernels (wasm, cpu, webgpu); inference, other axes and other
+// backends keep tfjs-layers' own. A layer without offset or scale trains too (tfjs-layers' own
+// cannot: it reads the missing weight). Installed once the engine's backend is up (`../engine.ts`).
+import type { Tf } from "../tf.ts"
+import { layerPrototype } from "./layer-prototype.ts"
+import { floats, type KernelArgs, type TensorInfo } from "./wasm-heap.ts"
+
+type Tensor = import("@tensorflow/tfjs").Tensor
+
+/** The kernels' names in tfjs's registry (gradwire's own). */
+export const BATCH_NORM_TRAIN = "GradwireBatchNormTrain"
+export const BATCH_NORM_TRAIN_GRAD = "GradwireBatchNormTrainGrad"
+
+/** Per channel of x ([M, C]): the mean and the population variance. */
+const moments = (x: Float32Array, C: number): { mean: Float64Array; variance: Float64Array } => {
+  const M = x.length / C
+  const mean = new Float64Array(C)
+  const variance = new Float64Array(C)
+  for (let i = 0; i < x.length; i += C) for (let c = 0; c < C; c++) mean[c] = mean[c]! + x[i + c]!
+  for (let c = 0; c < C; c++) mean[c] = mean[c]! / M
+  for (let i = 0; i < x.length; i += C) {
+    for (let c = 0; c < C; c++) {
+      const d = x[i + c]! - mean[c]!
+      variance[c] = variance[c]! + d * d
+    }
+  }
+  for (let c = 0; c < C; c++) variance[c] = variance[c]! / M
+  return { mean, variance }
+}
+
+/** y ([M, C]), and the batch's mean and variance ([C]). */
+export const batchNormTrainForward = (x: Float32Array, gamma: Float32Array, beta: Float32Array, C: number, eps: number, y: Float32Array, meanOut: Float32Array, varianceOut: Float32Array): void => {
+  const { mean, variance } = moments(x, C)
+  const scale = new Float64Array(C)
+  for (let c = 0; c < C; c++) {
+    scale[c] = gamma[c]! / Math.sqrt(variance[c]! + eps)
+    meanOut[c] = mean[c]!
+    varianceOut[c] = variance[c]!
+  }
+  for (let i = 0; i < x.length; i += C) for (let c = 0; c < C; c++) y[i + c] = (x[i + c]! - mean[c]!) * scale[c]! + beta[c]!
+}
+
+/** dx ([M, C]), dγ and dβ ([C]) from dy, x, γ and the gradients reaching the batch's mean and variance. */
+export const batchNormTrainBackward = (
+  dy: Float32Array,
+  x: Float32Array,
+  gamma: Float32Array,
+  dmean: Float32Array,
+  dvariance: Float32Array,
+  C: number,
+  eps: number,
+  dx: Float32Array,
+  dgamma: Float32Array,
+  dbeta: Float32Array
+): void => {
+  const M = x.length / C
+  const { mean, variance } = moments(x, C)
+  const r = new Float64Array(C)
+  for (let c = 0; c < C; c++) r[c] = 1 / Math.sqrt(variance[c]! + eps)
+  const sumDy = new Float64Array(C)
+  const sumDyXh = new Float64Array(C)
+  for (let i = 0; i < x.length; i += C) {
+    for (let c = 0; c < C; c++) {
+      const d = dy[i + c]!
+      sumDy[c] = sumDy[c]! + d
+      sumDyXh[c] = sumDyXh[c]! + d * (x[i + c]! - mean[c]!) * r[c]!
+    }
+  }
+  for (let i = 0; i < x.length; i += C) {
+    for (let c = 0; c < C; c++) {
+      const xm = x[i + c]! - mean[c]!
+      const xh = xm * r[c]!
+      dx[i + c] = r[c]! * gamma[c]! * (dy[i + c]! - sumDy[c]! / M - (xh * sumDyXh[c]!) / M) + dmean[c]! / M + (dvariance[c]! * 2 * xm) / M
+    }
+  }
+  for (let c = 0; c < C; c++) {
+    dgamma[c] = sumDyXh[c]!
+    dbeta[c] = sumDy[c]!
+  }
+}
+
+const eps = (attrs: Record<string, unknown>): number => Number(attrs.epsilon)
+
+// wasm: on its heap (outputs made before the views: a new output can grow the heap).
+const wasmForward = ({ inputs, backend, attrs }: KernelArgs): TensorInfo[] => {
+  const { x, gamma, beta } = inputs as { x: TensorInfo; gamma: TensorInfo; beta: TensorInfo }
+  const C = x.shape[1]!
+  const y = backend.makeOutput([...x.shape], "float32")
+  const mean = backend.makeOutput([C], "float32")
+  const variance = backend.makeOutput([C], "float32")
+  batchNormTrainForward(floats(backend, x), floats(backend, gamma), floats(backend, beta), C, eps(attrs), floats(backend, y), floats(backend, mean), floats(backend, variance))
+  return [y, mean, variance]
+}
+const wasmBackward = ({ inputs, backend, attrs }: KernelArgs): TensorInfo[] => {
+  const { dy, x, gamma, dmean, dvariance } = inputs as Record<string, TensorInfo>
+  const C = x!.shape[1]!
+  const dx = backend.makeOutput([...x!.shape], "float32")
+  const dg = backend.makeOutput([C], "float32")
+  const db = backend.makeOutput([C], "float32")
+  batchNormTrainBackward(floats(backend, dy!), floats(backend, x!), floats(backend, gamma!), floats(backend, dmean!), floats(backend, dvariance!), C, eps(attrs), floats(backend, dx), floats(backend, dg), floats(backend, db))
+  return [dx, dg, db]
+}
+
+// cpu: plain typed arrays.
+interface CpuBackend {
+  data: { get(id: object): { values: unknown } | undefined }
+  makeTensorInfo(shape: number[], dtype: string, values: Float32Array): TensorInfo
+}
+type CpuArgs = { inputs: Record<string, TensorInfo>; backend: CpuBackend; attrs: Record<string, unknown> }
+const cpuValues = (backend: CpuBackend, t: TensorInfo): Float32Array => {
+  const v = backend.data.get(t.dataId)?.values
+  return v instanceof Float32Array ? v : Float32Array.from(v as ArrayLike<number>)
+}
+const cpuForward = ({ inputs, backend, attrs }: CpuArgs): TensorInfo[] => {
+  const x = inputs.x!
+  const C = x.shape[1]!
+  const y = new Float32Array(x.shape[0]! * C)
+  const mean = new Float32Array(C)
+  const variance = new Float32Array(C)
+  batchNormTrainForward(cpuValues(backend, x), cpuValues(backend, inputs.gamma!), cpuValues(backend, inputs.beta!), C, eps(attrs), y, mean, variance)
+  return [backend.makeTensorInfo([...x.shape], "float32", y), backend.makeTensorInfo([C], "float32", mean), backend.makeTensorInfo([C], "float32", variance)]
+}
+const cpuBackward = ({ inputs, backend, attrs }: CpuArgs): TensorInfo[] => {
+  const x = inputs.x!
+  const C = x.shape[1]!
+  const dx = new Float32Array(x.shape[0]! * C)
+  const dg = new Float32Array(C)
+  const db = new Float32Array(C)
+  const v = (name: string): Float32Array => cpuValues(backend, inputs[name]!)
+  batchNormTrainBackward(v("dy"), v("x"), v("gamma"), v("dmean"), v("dvariance"), C, eps(attrs), dx, dg, db)
+  return [backend.makeTensorInfo([...x.shape], "float32", dx), backend.makeTensorInfo([C], "float32", dg), backend.makeTensorInfo([C], "float32", db)]
+}
+
+// webgpu: a channel's sums with one thread per channel looping over the rows, the elementwise parts
+// with one thread per element. Every program reads every input it is given (the pipeline's "auto"
+// layout drops a binding its shader never reads, and tfjs binds every input).
+interface WebGpuBackend {
+  runWebGPUProgram(program: object, inputs: TensorInfo[], dtype: string, uniforms?: Array<{ type: string; data: number[] }>): TensorInfo
+}
+type WebGpuArgs = { inputs: Record<string, TensorInfo>; backend: WebGpuBackend; attrs: Record<string, unknown> }
+const WORKGROUP = 64
+/** A program writing `shape` with one thread per element of it; `body` sees t, M (rows) and C (channels). */
+const gpu = (backend: WebGpuBackend, attrs: Record<string, unknown>, name: string, names: string[], ins: TensorInfo[], shape: number[], M: number, C: number, body: string): TensorInfo =>
+  backend.runWebGPUProgram(
+    {
+      variableNames: names,
+      outputShape: shape,
+      uniforms: "eps : f32, rows : i32, channels : i32,",
+      workgroupSize: [WORKGROUP, 1, 1],
+      dispatchLayout: { x: shape.map((_, i) => i) },
+      dispatch: [Math.ceil(shape.reduce((a, b) => a * b, 1) / WORKGROUP), 1, 1],
+      shaderKey: `gradwire_batchnorm_train_${name}`,
+      getUserCode: () => `
+  fn main(t : i32) {
+    let M = uniforms.rows;
+    let C = uniforms.channels;
+    ${body}
+  }`
+    },
+    ins,
+    "float32",
+    [
+      { type: "float32", data: [eps(attrs)] },
+      { type: "int32", data: [M] },
+      { type: "int32", data: [C] }
+    ]
+  )
+/** Per channel: the mean of gx. */
+const gpuMean = (backend: WebGpuBackend, attrs: Record<string, unknown>, x: TensorInfo): TensorInfo =>
+  gpu(backend, attrs, "mean", ["gx"], [x], [x.shape[1]!], x.shape[0]!, x.shape[1]!, `
+    if (t < C) {
+      var s = 0.0;
+      for (var i = 0; i < M; i++) { s += gx[i * C + t]; }
+      setOutputAtIndex(t, s / f32(M));
+    }`)
+/** Per channel: the population variance of gx about gm. */
+const gpuVariance = (backend: WebGpuBackend, attrs: Record<string, unknown>, x: TensorInfo, mean: TensorInfo): TensorInfo =>
+  gpu(backend, attrs, "variance", ["gx", "gm"], [x, mean], [x.shape[1]!], x.shape[0]!, x.shape[1]!, `
+    if (t < C) {
+      var s = 0.0;
+      for (var i = 0; i < M; i++) { let d = gx[i * C + t] - gm[t]; s += d * d; }
+      setOutputAtIndex(t, s / f32(M));
+    }`)
+const webgpuForward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo[] => {
+  const { x, gamma, beta } = inputs as { x: TensorInfo; gamma: TensorInfo; beta: TensorInfo }
+  const mean = gpuMean(backend, attrs, x)
+  const variance = gpuVariance(backend, attrs, x, mean)
+  const y = gpu(backend, attrs, "y", ["gx", "gm", "gv", "gg", "gb"], [x, mean, variance, gamma, beta], [...x.shape], x.shape[0]!, x.shape[1]!, `
+    if (t < M * C) {
+      let c = t % C;
+      setOutputAtIndex(t, (gx[t] - gm[c]) * inverseSqrt(gv[c] + uniforms.eps) * gg[c] + gb[c]);
+    }`)
+  return [y, mean, variance]
+}
+const webgpuBackward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo[] => {
+  const { dy, x, gamma, dmean, dvariance } = inputs as Record<string, TensorInfo>
+  const M = x!.shape[0]!
+  const C = x!.shape[1]!
+  const mean = gpuMean(backend, attrs, x!)
+  const variance = gpuVariance(backend, attrs, x!, mean)
+  const dispose = (t: TensorInfo): void => (backend as unknown as { disposeData(id: object): void }).disposeData(t.dataId)
+  try {
+    const dbeta = gpu(backend, attrs, "dbeta", ["gdy"], [dy!], [C], M, C, `
+    if (t < C) {
+      var s = 0.0;
+      for (var i = 0; i < M; i++) { s += gdy[i * C + t]; }
+      setOutputAtIndex(t, s);
+    }`)
+    const dgamma = gpu(backend, attrs, "dgamma", ["gx", "gdy", "gm", "gv"], [x!, dy!, mean, variance], [C], M, C, `
+    if (t < C) {
+      let r = inverseSqrt(gv[t] + uniforms.eps);
+      var s = 0.0;
+      for (var i = 0; i < M; i++) { s += gdy[i * C + t] * (gx[i * C + t] - gm[t]) * r; }
+      setOutputAtIndex(t, s);
+    }`)
+    // dx = A·dy + B·x + K per channel (A = r·γ, B = 2·dσ²/M − r²·γ·Σ(dy·x̂)/M, K = dμ/M − r·γ·Σdy/M − B·μ):
+    // the coefficients first, so that no program binds more than WebGPU's 8 storage buffers.
+    const coef = gpu(backend, attrs, "coef", ["gm", "gv", "gg", "gsb", "gsg", "gdm", "gdv"], [mean, variance, gamma!, dbeta, dgamma, dmean!, dvariance!], [3, C], M, C, `
+    if (t < C) {
+      let m = f32(M);
+      let r = inverseSqrt(gv[t] + uniforms.eps);
+      let a = r * gg[t];
+      let b = 2.0 * gdv[t] / m - r * a * gsg[t] / m;
+      setOutputAtIndex(t, a);
+      setOutputAtIndex(C + t, b);
+      setOutputAtIndex(2 * C + t, gdm[t] / m - a * gsb[t] / m - b * gm[t]);
+    }`)
+    const dx = gpu(backend, attrs, "dx", ["gx", "gdy", "gc"], [x!, dy!, coef], [...x!.shape], M, C, `
+    if (t < M * C) {
+      let c = t % C;
+      setOutputAtIndex(t, gc[c] * gdy[t] + gc[C + c] * gx[t] + gc[2 * C + c]);
+    }`)
+    dispose(coef)
+    return [dx, dgamma, dbeta]
+  } finally {
+    dispose(mean)
+    dispose(variance)
+  }
+}
+
+const KERNELS: Record<string, readonly [unknown, unknown]> = {
+  wasm: [wasmForward, wasmBackward],
+  cpu: [cpuForward, cpuBackward],
+  webgpu: [webgpuForward, webgpuBackward]
+}
+
+/** [y, the batch's mean, its variance] of x over every axis but the last; differentiable in x, gamma and beta. */
+export const batchNormTrain = (tf: Tf, x: Tensor, gamma: Tensor, beta: Tensor, epsilon: number): [Tensor, Tensor, Tensor] => {
+  const C = x.shape[x.rank - 1]!
+  const rows = tf.reshape(x, [x.size / C, C])
+  const [y, mean, variance] = tf.engine().runKernel(BATCH_NORM_TRAIN, { x: rows, gamma, beta }, { epsilon }) as unknown as [Tensor, Tensor, Tensor]
+  return [tf.reshape(y, x.shape), mean, variance]
+}
+
+interface Weight {
+  read(): Tensor
+  write(t: Tensor): void
+}
+interface BatchNormLike {
+  axis: number
+  epsilon: number
+  momentum: number
+  center: boolean
+  scale: boolean
+  gamma: Weight | null
+  beta: Weight | null
+  movingMean: Weight
+  movingVariance: Weight
+}
+type Call = ((this: BatchNormLike, inputs: Tensor | Tensor[], kwargs: Record<string, unknown>) => Tensor | Tensor[]) & { [PATCHED]?: true; [ORIGINAL]?: Call }
+const PATCHED = Symbol.for("gradwire.batchNormTrain")
+const ORIGINAL = Symbol.for("gradwire.batchNormTrain.original")
+
+let installed = false
+
+/** Registers the kernels and their gradient, and makes tfjs-layers' BatchNormalization use them while training where it can. */
+export const installBatchNormTrain = (tf: Tf): boolean => {
+  if (installed) return true
+  for (const [backendName, [forward, backward]] of Object.entries(KERNELS)) {
+    if (!tf.getKernel(BATCH_NORM_TRAIN, backendName)) tf.registerKernel({ kernelName: BATCH_NORM_TRAIN, backendName, kernelFunc: forward as never })
+    if (!tf.getKernel(BATCH_NORM_TRAIN_GRAD, backendName)) tf.registerKernel({ kernelName: BATCH_NORM_TRAIN_GRAD, backendName, kernelFunc: backward as never })
+  }
+  if (!tf.getGradient(BATCH_NORM_TRAIN)) {
+    tf.registerGradient({
+      kernelName: BATCH_NORM_TRAIN,
+      inputsToSave: ["x", "gamma"],
+      gradFunc: (dys, saved, attrs) => {
+        const [dy, dmean, dvariance] = dys as unknown as [Tensor, Tensor, Tensor]
+        const [x, gamma] = saved as [Tensor, Tensor]
+        const [dx, dgamma, dbeta] = tf.engine().runKernel(BATCH_NORM_TRAIN_GRAD, { dy, x, gamma, dmean, dvariance }, attrs as never) as unknown as [Tensor, Tensor, Tensor]
+        return { x: () => dx, gamma: () => dgamma, beta: () => dbeta }
+      }
+    })
+  }
+  const proto = layerPrototype<{ call: Call }>(tf, "BatchNormalization")
+  if (!proto) return false
+  if (!proto.call[PATCHED]) {
+    const own = proto.call
+    const call: Call = function (this: BatchNormLike, inputs, kwargs) {
+      const x = Array.isArray(inputs) ? (inputs.length === 1 ? inputs[0]! : undefined) : inputs
+      const fits =
+        kwargs?.training === true &&
+        x !== undefined &&
+        x.rank >= 2 &&
+        x.dtype === "float32" &&
+        (this.axis === -1 || this.axis === x.rank - 1) &&
+        tf.getKernel(BATCH_NORM_TRAIN, tf.getBackend()) !== undefined
+      if (!fits) return own.call(this, inputs, kwargs)
+      return tf.tidy(() => {
+        const C = x!.shape[x!.rank - 1]!
+        const gamma = this.scale && this.gamma ? this.gamma.read() : tf.ones([C])
+        const beta = this.center && this.beta ? this.beta.read() : tf.zeros([C])
+        const [y, mean, variance] = batchNormTrain(tf, x!, gamma, beta, this.epsilon)
+        // tfjs-layers' moving averages, as it computes them: v − (v − batch) · (1 − momentum).
+        for (const [moving, batch] of [
+          [this.movingMean, mean],
+          [this.movingVariance, variance]
+        ] as const) {
+          tf.tidy(() => {
+            const value = moving.read()
+            moving.write(tf.sub(value, tf.mul(tf.sub(value, batch), 1 - this.momentum)))
+          })
+        }
+        return y
+      })
+    }
+    proto.call = Object.assign(call, { [PATCHED]: true as const, [ORIGINAL]: own })
+  }
+  installed = true
+  return true
+}
+
+/** Runs `f` with tfjs-layers' own BatchNormalization.call (for tests and benchmarks that compare the two). */
+export const withTfjsBatchNorm = <T>(tf: Tf, f: () => T): T => {
+  const proto = layerPrototype<{ call: Call }>(tf, "BatchNormalization")
+  const patched = proto?.call
+  const own = patched?.[ORIGINAL]
+  if (!proto || !patched || !own) return f()
+  proto.call = own
+  try {
+    return f()
+  } finally {
+    proto.call = patched
+  }
+}
