@@ -6,6 +6,7 @@
 // uses them) against tf.moments; a layer without offset or scale, which tfjs-layers' own cannot
 // train, against the formula; and that inference stays tfjs-layers' own.
 import { beforeAll, describe, expect, it } from "vitest"
+import { kernelsOf, seeded, worst } from "./support/kernel-compare.ts"
 import { loadEngine, type Tf } from "../core/engine.ts"
 import { BATCH_NORM_TRAIN, BATCH_NORM_TRAIN_GRAD, batchNormTrain, withTfjsBatchNorm } from "../core/kernels/batch-norm-train.ts"
 
@@ -17,28 +18,6 @@ beforeAll(async () => {
   tf = (await loadEngine("wasm")).tf
 })
 
-const seeded = (n: number, seed: number, scale = 1, shift = 0): Float32Array => {
-  let s = seed >>> 0 || 1
-  return Float32Array.from({ length: n }, () => (((s = (Math.imul(s, 1103515245) + 12345) >>> 0) / 2 ** 32) * 2 - 1) * scale + shift)
-}
-const worst = async (a: Tensor[], b: Tensor[]): Promise<number> => {
-  expect(a.map((t) => t.shape)).toEqual(b.map((t) => t.shape))
-  let w = 0
-  for (let i = 0; i < a.length; i++) {
-    const x = (await a[i]!.data()) as Float32Array
-    const y = (await b[i]!.data()) as Float32Array
-    x.forEach((v, j) => (w = Math.max(w, Number.isNaN(v) ? Infinity : Math.abs(v - y[j]!) / (1 + Math.abs(y[j]!)))))
-  }
-  return w
-}
-const kernelsOf = async (f: () => Tensor[]): Promise<string[]> => {
-  const p = await tf.profile(async () => {
-    const out = f()
-    await out[0]!.data()
-    tf.dispose(out)
-  })
-  return p.kernels.map((k) => (k as unknown as { name: string }).name)
-}
 
 /** A fresh layer (the same initial weights each time), an input with a large mean, and a loss weighting each output. */
 const setup = (shape: number[], options: { center?: boolean; scale?: boolean; axis?: number } = {}) => {
@@ -77,8 +56,8 @@ describe("batch normalization while training as one kernel", () => {
         expect(await worst(a, b)).toBeLessThan(1e-4)
         // Two training calls each (the weights' pass and the input's): the moving averages moved twice, alike.
         expect(await worst(ours.moving(), theirs.moving())).toBeLessThan(1e-5)
-        const names = await kernelsOf(() => ours.run())
-        const tfjsNames = await kernelsOf(() => withTfjsBatchNorm(tf, () => theirs.run()))
+        const names = await kernelsOf(tf, () => ours.run())
+        const tfjsNames = await kernelsOf(tf, () => withTfjsBatchNorm(tf, () => theirs.run()))
         expect(names).toContain(BATCH_NORM_TRAIN)
         expect(names).toContain(BATCH_NORM_TRAIN_GRAD)
         expect(tfjsNames).not.toContain(BATCH_NORM_TRAIN)
@@ -138,7 +117,7 @@ describe("batch normalization while training as one kernel", () => {
   it("leaves inference to tfjs-layers (the moving statistics, no batch ones)", async () => {
     const inference = setup([3, 4, 5, 2])
     const x = tf.ones([3, 4, 5, 2])
-    expect(await kernelsOf(() => [inference.layer.apply(x, { training: false }) as Tensor])).not.toContain(BATCH_NORM_TRAIN)
+    expect(await kernelsOf(tf, () => [inference.layer.apply(x, { training: false }) as Tensor])).not.toContain(BATCH_NORM_TRAIN)
     x.dispose()
     inference.dispose()
   })

@@ -6,6 +6,7 @@
 // (tfjs's batchNorm gradient fails on the missing input), against the formula in tfjs ops; and the
 // layers it leaves to tfjs-layers (another axis).
 import { beforeAll, describe, expect, it } from "vitest"
+import { kernelsOf, seeded, worst } from "./support/kernel-compare.ts"
 import { loadEngine, type Tf } from "../core/engine.ts"
 import { LAYER_NORM, LAYER_NORM_GRAD, withTfjsLayerNorm } from "../core/kernels/layer-norm.ts"
 
@@ -17,28 +18,6 @@ beforeAll(async () => {
   tf = (await loadEngine("wasm")).tf
 })
 
-const seeded = (n: number, seed: number, scale = 1, shift = 0): Float32Array => {
-  let s = seed >>> 0 || 1
-  return Float32Array.from({ length: n }, () => (((s = (Math.imul(s, 1103515245) + 12345) >>> 0) / 2 ** 32) * 2 - 1) * scale + shift)
-}
-const worst = async (a: Tensor[], b: Tensor[]): Promise<number> => {
-  expect(a.map((t) => t.shape)).toEqual(b.map((t) => t.shape))
-  let w = 0
-  for (let i = 0; i < a.length; i++) {
-    const x = (await a[i]!.data()) as Float32Array
-    const y = (await b[i]!.data()) as Float32Array
-    x.forEach((v, j) => (w = Math.max(w, Number.isNaN(v) ? Infinity : Math.abs(v - y[j]!) / (1 + Math.abs(y[j]!)))))
-  }
-  return w
-}
-const kernelsOf = async (f: () => Tensor[]): Promise<string[]> => {
-  const p = await tf.profile(async () => {
-    const out = f()
-    await out[0]!.data()
-    tf.dispose(out)
-  })
-  return p.kernels.map((k) => (k as unknown as { name: string }).name)
-}
 
 /** A layer, an input (rows with a large mean, so that the variance is a difference of large numbers) and a loss weighting each output. */
 const setup = (shape: number[], options: { center?: boolean; scale?: boolean; axis?: number }) => {
@@ -79,8 +58,8 @@ describe("layer normalization as one kernel", () => {
         const ours = run()
         const theirs = withTfjsLayerNorm(tf, () => run())
         expect(await worst(ours, theirs)).toBeLessThan(1e-4)
-        const names = await kernelsOf(() => run())
-        const tfjsNames = await kernelsOf(() => withTfjsLayerNorm(tf, () => run()))
+        const names = await kernelsOf(tf, () => run())
+        const tfjsNames = await kernelsOf(tf, () => withTfjsLayerNorm(tf, () => run()))
         expect(names).toContain(LAYER_NORM)
         expect(names).toContain(LAYER_NORM_GRAD)
         expect(tfjsNames).not.toContain(LAYER_NORM)
@@ -116,7 +95,7 @@ describe("layer normalization as one kernel", () => {
 
   it("leaves a layer normalizing over another axis to tfjs-layers", async () => {
     const { run, dispose } = setup([3, 4, 5], { axis: 1 })
-    expect(await kernelsOf(() => run())).not.toContain(LAYER_NORM)
+    expect(await kernelsOf(tf, () => run())).not.toContain(LAYER_NORM)
     dispose()
   })
 })

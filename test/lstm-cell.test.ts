@@ -6,6 +6,7 @@
 // formulas written in tfjs ops, at hardSigmoid's clip bounds and where tanh saturates; and the
 // cells it must leave to tfjs (dropout while training).
 import { beforeAll, describe, expect, it } from "vitest"
+import { kernelsOf, seeded, worst } from "./support/kernel-compare.ts"
 import { loadEngine, type Tf } from "../core/engine.ts"
 import { LSTM_CELL, LSTM_CELL_GRAD, lstmGates, withTfjsLstmCell } from "../core/kernels/lstm-cell.ts"
 
@@ -16,32 +17,8 @@ beforeAll(async () => {
   tf = (await loadEngine("wasm")).tf
 })
 
-const seeded = (n: number, seed: number, scale = 1): Float32Array => {
-  let s = seed >>> 0 || 1
-  return Float32Array.from({ length: n }, () => (((s = (Math.imul(s, 1103515245) + 12345) >>> 0) / 2 ** 32) * 2 - 1) * scale)
-}
 
-/** The worst of |a - b| / (1 + |b|) over every value of every tensor. */
-const worst = async (a: Tensor[], b: Tensor[]): Promise<number> => {
-  expect(a.map((t) => t.shape)).toEqual(b.map((t) => t.shape))
-  let w = 0
-  for (let i = 0; i < a.length; i++) {
-    const x = (await a[i]!.data()) as Float32Array
-    const y = (await b[i]!.data()) as Float32Array
-    x.forEach((v, j) => (w = Math.max(w, Number.isNaN(v) ? Infinity : Math.abs(v - y[j]!) / (1 + Math.abs(y[j]!)))))
-  }
-  return w
-}
 
-/** The kernel names a run of `f` went through. */
-const kernelsOf = async (f: () => Tensor[]): Promise<string[]> => {
-  const p = await tf.profile(async () => {
-    const out = f()
-    await out[0]!.data()
-    tf.dispose(out)
-  })
-  return p.kernels.map((k) => (k as unknown as { name: string }).name)
-}
 
 interface Case {
   recurrentActivation: "hardSigmoid" | "sigmoid"
@@ -94,8 +71,8 @@ describe("an LSTM cell's gates as one kernel", () => {
         // Weights, and the input.
         expect(fused.length).toBe(layer.trainableWeights.length + 2)
         expect(await worst(fused, own)).toBeLessThan(1e-4)
-        const names = await kernelsOf(run)
-        const tfjsNames = await kernelsOf(() => withTfjsLstmCell(tf, run))
+        const names = await kernelsOf(tf, run)
+        const tfjsNames = await kernelsOf(tf, () => withTfjsLstmCell(tf, run))
         expect(names).toContain(LSTM_CELL)
         expect(names).toContain(LSTM_CELL_GRAD)
         expect(tfjsNames).not.toContain(LSTM_CELL)
@@ -145,9 +122,9 @@ describe("an LSTM cell's gates as one kernel", () => {
   it("leaves a cell with dropout to tfjs-layers while training, and computes it at inference, where dropout does nothing", async () => {
     const layer = tf.layers.lstm({ units: 4, dropout: 0.3, recurrentDropout: 0.2, returnSequences: true, kernelInitializer: tf.initializers.glorotUniform({ seed: 1 }) })
     const x = tf.tensor(seeded(2 * 3 * 5, 9), [2, 3, 5])
-    const training = await kernelsOf(() => [layer.apply(x, { training: true }) as Tensor])
+    const training = await kernelsOf(tf, () => [layer.apply(x, { training: true }) as Tensor])
     expect(training).not.toContain(LSTM_CELL)
-    const inference = await kernelsOf(() => [layer.apply(x, { training: false }) as Tensor])
+    const inference = await kernelsOf(tf, () => [layer.apply(x, { training: false }) as Tensor])
     expect(inference).toContain(LSTM_CELL)
     const ours = layer.apply(x, { training: false }) as Tensor
     const theirs = withTfjsLstmCell(tf, () => layer.apply(x, { training: false }) as Tensor)
@@ -175,7 +152,7 @@ describe("an LSTM cell's gates as one kernel", () => {
   it("leaves a cell whose activation is not tanh to tfjs-layers", async () => {
     const layer = tf.layers.lstm({ units: 4, activation: "relu", kernelInitializer: tf.initializers.glorotUniform({ seed: 1 }) })
     const x = tf.tensor(seeded(2 * 3 * 5, 9), [2, 3, 5])
-    expect(await kernelsOf(() => [layer.apply(x, { training: true }) as Tensor])).not.toContain(LSTM_CELL)
+    expect(await kernelsOf(tf, () => [layer.apply(x, { training: true }) as Tensor])).not.toContain(LSTM_CELL)
     x.dispose()
   })
 })

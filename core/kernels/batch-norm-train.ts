@@ -16,7 +16,7 @@
 // backends keep tfjs-layers' own. A layer without offset or scale trains too (tfjs-layers' own
 // cannot: it reads the missing weight). Installed once the engine's backend is up (`../engine.ts`).
 import type { Tf } from "../tf.ts"
-import { layerPrototype } from "./layer-prototype.ts"
+import { cpuValues, oneInput, patchLayerCall, registerFused, withTfjsCalls, type CpuArgs } from "./fused-layers.ts"
 import { floats, type KernelArgs, type TensorInfo } from "./wasm-heap.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
@@ -116,15 +116,6 @@ const wasmBackward = ({ inputs, backend, attrs }: KernelArgs): TensorInfo[] => {
 }
 
 // cpu: plain typed arrays.
-interface CpuBackend {
-  data: { get(id: object): { values: unknown } | undefined }
-  makeTensorInfo(shape: number[], dtype: string, values: Float32Array): TensorInfo
-}
-type CpuArgs = { inputs: Record<string, TensorInfo>; backend: CpuBackend; attrs: Record<string, unknown> }
-const cpuValues = (backend: CpuBackend, t: TensorInfo): Float32Array => {
-  const v = backend.data.get(t.dataId)?.values
-  return v instanceof Float32Array ? v : Float32Array.from(v as ArrayLike<number>)
-}
 const cpuForward = ({ inputs, backend, attrs }: CpuArgs): TensorInfo[] => {
   const x = inputs.x!
   const C = x.shape[1]!
@@ -281,37 +272,24 @@ interface BatchNormLike {
   movingMean: Weight
   movingVariance: Weight
 }
-type Call = ((this: BatchNormLike, inputs: Tensor | Tensor[], kwargs: Record<string, unknown>) => Tensor | Tensor[]) & { [PATCHED]?: true; [ORIGINAL]?: Call }
-const PATCHED = Symbol.for("gradwire.batchNormTrain")
-const ORIGINAL = Symbol.for("gradwire.batchNormTrain.original")
 
 let installed = false
 
 /** Registers the kernels and their gradient, and makes tfjs-layers' BatchNormalization use them while training where it can. */
 export const installBatchNormTrain = (tf: Tf): boolean => {
   if (installed) return true
-  for (const [backendName, [forward, backward]] of Object.entries(KERNELS)) {
-    if (!tf.getKernel(BATCH_NORM_TRAIN, backendName)) tf.registerKernel({ kernelName: BATCH_NORM_TRAIN, backendName, kernelFunc: forward as never })
-    if (!tf.getKernel(BATCH_NORM_TRAIN_GRAD, backendName)) tf.registerKernel({ kernelName: BATCH_NORM_TRAIN_GRAD, backendName, kernelFunc: backward as never })
-  }
-  if (!tf.getGradient(BATCH_NORM_TRAIN)) {
-    tf.registerGradient({
-      kernelName: BATCH_NORM_TRAIN,
-      inputsToSave: ["x", "gamma"],
-      gradFunc: (dys, saved, attrs) => {
-        const [dy, dmean, dvariance] = dys as unknown as [Tensor, Tensor, Tensor]
-        const [x, gamma] = saved as [Tensor, Tensor]
-        const [dx, dgamma, dbeta] = tf.engine().runKernel(BATCH_NORM_TRAIN_GRAD, { dy, x, gamma, dmean, dvariance }, attrs as never) as unknown as [Tensor, Tensor, Tensor]
-        return { x: () => dx, gamma: () => dgamma, beta: () => dbeta }
-      }
-    })
-  }
-  const proto = layerPrototype<{ call: Call }>(tf, "BatchNormalization")
-  if (!proto) return false
-  if (!proto.call[PATCHED]) {
-    const own = proto.call
-    const call: Call = function (this: BatchNormLike, inputs, kwargs) {
-      const x = Array.isArray(inputs) ? (inputs.length === 1 ? inputs[0]! : undefined) : inputs
+  registerFused(tf, BATCH_NORM_TRAIN, BATCH_NORM_TRAIN_GRAD, KERNELS, {
+    inputsToSave: ["x", "gamma"],
+    gradFunc: (dys, saved, attrs) => {
+      const [dy, dmean, dvariance] = dys as Tensor[]
+      const [x, gamma] = saved as [Tensor, Tensor]
+      const [dx, dgamma, dbeta] = tf.engine().runKernel(BATCH_NORM_TRAIN_GRAD, { dy: dy!, x, gamma, dmean: dmean!, dvariance: dvariance! }, attrs as never) as unknown as [Tensor, Tensor, Tensor]
+      return { x: () => dx, gamma: () => dgamma, beta: () => dbeta }
+    }
+  })
+  installed = patchLayerCall<BatchNormLike>(tf, "BatchNormalization", (own) =>
+    function (inputs, kwargs) {
+      const x = oneInput(inputs)
       const fits =
         kwargs?.training === true &&
         x !== undefined &&
@@ -321,10 +299,10 @@ export const installBatchNormTrain = (tf: Tf): boolean => {
         tf.getKernel(BATCH_NORM_TRAIN, tf.getBackend()) !== undefined
       if (!fits) return own.call(this, inputs, kwargs)
       return tf.tidy(() => {
-        const C = x!.shape[x!.rank - 1]!
+        const C = x.shape[x.rank - 1]!
         const gamma = this.scale && this.gamma ? this.gamma.read() : tf.ones([C])
         const beta = this.center && this.beta ? this.beta.read() : tf.zeros([C])
-        const [y, mean, variance] = batchNormTrain(tf, x!, gamma, beta, this.epsilon)
+        const [y, mean, variance] = batchNormTrain(tf, x, gamma, beta, this.epsilon)
         // tfjs-layers' moving averages, as it computes them: v − (v − batch) · (1 − momentum).
         for (const [moving, batch] of [
           [this.movingMean, mean],
@@ -338,22 +316,9 @@ export const installBatchNormTrain = (tf: Tf): boolean => {
         return y
       })
     }
-    proto.call = Object.assign(call, { [PATCHED]: true as const, [ORIGINAL]: own })
-  }
-  installed = true
-  return true
+  )
+  return installed
 }
 
 /** Runs `f` with tfjs-layers' own BatchNormalization.call (for tests and benchmarks that compare the two). */
-export const withTfjsBatchNorm = <T>(tf: Tf, f: () => T): T => {
-  const proto = layerPrototype<{ call: Call }>(tf, "BatchNormalization")
-  const patched = proto?.call
-  const own = patched?.[ORIGINAL]
-  if (!proto || !patched || !own) return f()
-  proto.call = own
-  try {
-    return f()
-  } finally {
-    proto.call = patched
-  }
-}
+export const withTfjsBatchNorm = <T>(tf: Tf, f: () => T): T => withTfjsCalls(tf, ["BatchNormalization"], f)

@@ -15,7 +15,7 @@
 // cpu, webgpu); other layers and backends keep tfjs-layers' own. Installed once the engine's
 // backend is up (`../engine.ts`).
 import type { Tf } from "../tf.ts"
-import { layerPrototype } from "./layer-prototype.ts"
+import { cpuValues, oneInput, patchLayerCall, registerFused, withTfjsCalls, type CpuArgs } from "./fused-layers.ts"
 import { floats, type KernelArgs, type TensorInfo } from "./wasm-heap.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
@@ -24,20 +24,29 @@ type Tensor = import("@tensorflow/tfjs").Tensor
 export const LAYER_NORM = "GradwireLayerNorm"
 export const LAYER_NORM_GRAD = "GradwireLayerNormGrad"
 
+/** The mean of x[o, o + D). */
+const rowMean = (x: Float32Array, o: number, D: number): number => {
+  let sum = 0
+  for (let j = 0; j < D; j++) sum += x[o + j]!
+  return sum / D
+}
+/** 1 / √(σ² + ε) of x[o, o + D) about its mean, σ² the population variance. */
+const rowR = (x: Float32Array, o: number, D: number, mean: number, eps: number): number => {
+  let sq = 0
+  for (let j = 0; j < D; j++) {
+    const d = x[o + j]! - mean
+    sq += d * d
+  }
+  return 1 / Math.sqrt(sq / D + eps)
+}
+
 /** y from x ([N, D]), the scale and offset ([D]) and ε. */
 export const layerNormForward = (x: Float32Array, gamma: Float32Array, beta: Float32Array, D: number, eps: number, y: Float32Array): void => {
   const N = x.length / D
   for (let n = 0; n < N; n++) {
     const o = n * D
-    let sum = 0
-    for (let j = 0; j < D; j++) sum += x[o + j]!
-    const mean = sum / D
-    let sq = 0
-    for (let j = 0; j < D; j++) {
-      const d = x[o + j]! - mean
-      sq += d * d
-    }
-    const r = 1 / Math.sqrt(sq / D + eps)
+    const mean = rowMean(x, o, D)
+    const r = rowR(x, o, D, mean, eps)
     for (let j = 0; j < D; j++) {
       const xh = (x[o + j]! - mean) * r
       y[o + j] = xh * gamma[j]! + beta[j]!
@@ -61,15 +70,8 @@ export const layerNormBackward = (
   const sb = new Float64Array(D)
   for (let n = 0; n < N; n++) {
     const o = n * D
-    let sum = 0
-    for (let j = 0; j < D; j++) sum += x[o + j]!
-    const mean = sum / D
-    let sq = 0
-    for (let j = 0; j < D; j++) {
-      const d = x[o + j]! - mean
-      sq += d * d
-    }
-    const r = 1 / Math.sqrt(sq / D + eps)
+    const mean = rowMean(x, o, D)
+    const r = rowR(x, o, D, mean, eps)
     let meanG = 0
     let meanGx = 0
     for (let j = 0; j < D; j++) {
@@ -116,15 +118,6 @@ const wasmBackward = ({ inputs, backend, attrs }: KernelArgs): TensorInfo[] => {
 }
 
 // cpu: plain typed arrays.
-interface CpuBackend {
-  data: { get(id: object): { values: unknown } | undefined }
-  makeTensorInfo(shape: number[], dtype: string, values: Float32Array): TensorInfo
-}
-type CpuArgs = { inputs: Record<string, TensorInfo>; backend: CpuBackend; attrs: Record<string, unknown> }
-const cpuValues = (backend: CpuBackend, t: TensorInfo): Float32Array => {
-  const v = backend.data.get(t.dataId)?.values
-  return v instanceof Float32Array ? v : Float32Array.from(v as ArrayLike<number>)
-}
 const cpuForward = ({ inputs, backend, attrs }: CpuArgs): TensorInfo => {
   const x = inputs.x!
   const y = new Float32Array(x.shape[0]! * x.shape[1]!)
@@ -262,36 +255,23 @@ interface LayerNormLike {
   gamma: { read(): Tensor } | null
   beta: { read(): Tensor } | null
 }
-type Call = ((this: LayerNormLike, inputs: Tensor | Tensor[], kwargs: Record<string, unknown>) => Tensor | Tensor[]) & { [PATCHED]?: true; [ORIGINAL]?: Call }
-const PATCHED = Symbol.for("gradwire.layerNorm")
-const ORIGINAL = Symbol.for("gradwire.layerNorm.original")
 
 let installed = false
 
 /** Registers the kernels and their gradient, and makes tfjs-layers' LayerNormalization use them where it can. */
 export const installLayerNorm = (tf: Tf): boolean => {
   if (installed) return true
-  for (const [backendName, [forward, backward]] of Object.entries(KERNELS)) {
-    if (!tf.getKernel(LAYER_NORM, backendName)) tf.registerKernel({ kernelName: LAYER_NORM, backendName, kernelFunc: forward as never })
-    if (!tf.getKernel(LAYER_NORM_GRAD, backendName)) tf.registerKernel({ kernelName: LAYER_NORM_GRAD, backendName, kernelFunc: backward as never })
-  }
-  if (!tf.getGradient(LAYER_NORM)) {
-    tf.registerGradient({
-      kernelName: LAYER_NORM,
-      inputsToSave: ["x", "gamma"],
-      gradFunc: (dy, saved, attrs) => {
-        const [x, gamma] = saved as [Tensor, Tensor]
-        const [dx, dgamma, dbeta] = tf.engine().runKernel(LAYER_NORM_GRAD, { dy: dy as Tensor, x, gamma }, attrs as never) as unknown as [Tensor, Tensor, Tensor]
-        return { x: () => dx, gamma: () => dgamma, beta: () => dbeta }
-      }
-    })
-  }
-  const proto = layerPrototype<{ call: Call }>(tf, "LayerNormalization")
-  if (!proto) return false
-  if (!proto.call[PATCHED]) {
-    const own = proto.call
-    const call: Call = function (this: LayerNormLike, inputs, kwargs) {
-      const x = Array.isArray(inputs) ? (inputs.length === 1 ? inputs[0]! : undefined) : inputs
+  registerFused(tf, LAYER_NORM, LAYER_NORM_GRAD, KERNELS, {
+    inputsToSave: ["x", "gamma"],
+    gradFunc: (dy, saved, attrs) => {
+      const [x, gamma] = saved as [Tensor, Tensor]
+      const [dx, dgamma, dbeta] = tf.engine().runKernel(LAYER_NORM_GRAD, { dy: dy as Tensor, x, gamma }, attrs as never) as unknown as [Tensor, Tensor, Tensor]
+      return { x: () => dx, gamma: () => dgamma, beta: () => dbeta }
+    }
+  })
+  installed = patchLayerCall<LayerNormLike>(tf, "LayerNormalization", (own) =>
+    function (inputs, kwargs) {
+      const x = oneInput(inputs)
       const axes = typeof this.axis === "number" ? [this.axis] : this.axis
       const fits =
         x !== undefined &&
@@ -303,24 +283,11 @@ export const installLayerNorm = (tf: Tf): boolean => {
         (!this.center || this.beta !== null) &&
         tf.getKernel(LAYER_NORM, tf.getBackend()) !== undefined
       if (!fits) return own.call(this, inputs, kwargs)
-      return tf.tidy(() => layerNorm(tf, x!, this.scale ? this.gamma!.read() : null, this.center ? this.beta!.read() : null, this.epsilon))
+      return tf.tidy(() => layerNorm(tf, x, this.scale ? this.gamma!.read() : null, this.center ? this.beta!.read() : null, this.epsilon))
     }
-    proto.call = Object.assign(call, { [PATCHED]: true as const, [ORIGINAL]: own })
-  }
-  installed = true
-  return true
+  )
+  return installed
 }
 
 /** Runs `f` with tfjs-layers' own LayerNormalization.call (for tests and benchmarks that compare the two). */
-export const withTfjsLayerNorm = <T>(tf: Tf, f: () => T): T => {
-  const proto = layerPrototype<{ call: Call }>(tf, "LayerNormalization")
-  const patched = proto?.call
-  const own = patched?.[ORIGINAL]
-  if (!proto || !patched || !own) return f()
-  proto.call = own
-  try {
-    return f()
-  } finally {
-    proto.call = patched
-  }
-}
+export const withTfjsLayerNorm = <T>(tf: Tf, f: () => T): T => withTfjsCalls(tf, ["LayerNormalization"], f)

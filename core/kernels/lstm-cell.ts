@@ -20,7 +20,7 @@
 // The matmuls and the bias stay tfjs's kernels. Installed once the engine's backend is up
 // (`../engine.ts`).
 import type { Tf } from "../tf.ts"
-import { layerPrototype } from "./layer-prototype.ts"
+import { cpuValues, isPatchedCall, oneInput, patchLayerCall, registerFused, withTfjsCalls, type CpuArgs } from "./fused-layers.ts"
 import { floats, type KernelArgs, type TensorInfo } from "./wasm-heap.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
@@ -129,15 +129,7 @@ const wasmBackward = ({ inputs, backend, attrs }: KernelArgs): TensorInfo[] => {
 }
 
 // The cpu backend: its values are plain typed arrays.
-interface CpuBackend {
-  data: { get(id: object): { values: unknown } | undefined }
-  makeTensorInfo(shape: number[], dtype: string, values: Float32Array): TensorInfo
-}
-const cpuValues = (backend: CpuBackend, t: TensorInfo): Float32Array => {
-  const v = backend.data.get(t.dataId)?.values
-  return v instanceof Float32Array ? v : Float32Array.from(v as ArrayLike<number>)
-}
-const cpuForward = ({ inputs, backend, attrs }: { inputs: Record<string, TensorInfo>; backend: CpuBackend; attrs: Record<string, unknown> }): TensorInfo[] => {
+const cpuForward = ({ inputs, backend, attrs }: CpuArgs): TensorInfo[] => {
   const { z, c } = inputs as { z: TensorInfo; c: TensorInfo }
   const n = c.shape[0]! * c.shape[1]!
   const h = new Float32Array(n)
@@ -145,7 +137,7 @@ const cpuForward = ({ inputs, backend, attrs }: { inputs: Record<string, TensorI
   cellForward(cpuValues(backend, z), cpuValues(backend, c), c.shape[1]!, recurrentOf(attrs), h, cn)
   return [backend.makeTensorInfo([...c.shape], "float32", h), backend.makeTensorInfo([...c.shape], "float32", cn)]
 }
-const cpuBackward = ({ inputs, backend, attrs }: { inputs: Record<string, TensorInfo>; backend: CpuBackend; attrs: Record<string, unknown> }): TensorInfo[] => {
+const cpuBackward = ({ inputs, backend, attrs }: CpuArgs): TensorInfo[] => {
   const { dh, dc, z, c } = inputs as { dh: TensorInfo; dc: TensorInfo; z: TensorInfo; c: TensorInfo }
   const dz = new Float32Array(z.shape[0]! * z.shape[1]!)
   const dcPrev = new Float32Array(c.shape[0]! * c.shape[1]!)
@@ -277,40 +269,27 @@ interface LstmCellLike {
   /** Set by the LSTM layer while its cell runs on inputs already projected (x·W + b). */
   [PROJECTED]?: boolean
 }
-type Call = ((this: LstmCellLike, inputs: Tensor | Tensor[], kwargs: Record<string, unknown>) => Tensor | Tensor[]) & { [PATCHED]?: true; [ORIGINAL]?: Call }
-type LayerCall = ((this: { cell: LstmCellLike }, inputs: Tensor | Tensor[], kwargs: Record<string, unknown>) => Tensor | Tensor[]) & { [PATCHED]?: true; [ORIGINAL]?: LayerCall }
 
-const PATCHED = Symbol.for("gradwire.lstmCell")
-const ORIGINAL = Symbol.for("gradwire.lstmCell.original")
 const PROJECTED = Symbol.for("gradwire.lstmCell.projected")
 const nameOf = (a: Activation): string | undefined => a.constructor?.className ?? a.getClassName?.()
 
 let installed = false
 
 /**
- * Registers the kernels and their gradient, and makes tfjs-layers' LSTMCell use them where it can.
- * Returns whether the cell is patched.
+ * Registers the kernels and their gradient, and makes tfjs-layers' LSTMCell (and the LSTM layer) use
+ * them where it can. Returns whether the cell is patched.
  */
 export const installLstmCell = (tf: Tf): boolean => {
   if (installed) return true
-  for (const [backendName, [forward, backward]] of Object.entries(KERNELS)) {
-    if (!tf.getKernel(LSTM_CELL, backendName)) tf.registerKernel({ kernelName: LSTM_CELL, backendName, kernelFunc: forward as never })
-    if (!tf.getKernel(LSTM_CELL_GRAD, backendName)) tf.registerKernel({ kernelName: LSTM_CELL_GRAD, backendName, kernelFunc: backward as never })
-  }
-  if (!tf.getGradient(LSTM_CELL)) {
-    tf.registerGradient({
-      kernelName: LSTM_CELL,
-      inputsToSave: ["z", "c"],
-      gradFunc: (dys, saved, attrs) => {
-        const [dh, dc] = dys as unknown as [Tensor, Tensor]
-        const [z, c] = saved as [Tensor, Tensor]
-        const [dz, dcPrev] = tf.engine().runKernel(LSTM_CELL_GRAD, { dh, dc, z, c }, attrs as never) as unknown as [Tensor, Tensor]
-        return { z: () => dz, c: () => dcPrev }
-      }
-    })
-  }
-  const proto = layerPrototype<{ call: Call }>(tf, "LSTMCell")
-  if (!proto) return false
+  registerFused(tf, LSTM_CELL, LSTM_CELL_GRAD, KERNELS, {
+    inputsToSave: ["z", "c"],
+    gradFunc: (dys, saved, attrs) => {
+      const [dh, dc] = dys as Tensor[]
+      const [z, c] = saved as [Tensor, Tensor]
+      const [dz, dcPrev] = tf.engine().runKernel(LSTM_CELL_GRAD, { dh: dh!, dc: dc!, z, c }, attrs as never) as unknown as [Tensor, Tensor]
+      return { z: () => dz, c: () => dcPrev }
+    }
+  })
   /** The recurrent activation when the cell can take the kernels for input `x`, else undefined. */
   const fitting = (c: LstmCellLike, x: Tensor, training: boolean): Recurrent | undefined => {
     const recurrent = nameOf(c.recurrentActivation)
@@ -322,9 +301,8 @@ export const installLstmCell = (tf: Tf): boolean => {
       tf.getKernel(LSTM_CELL, tf.getBackend()) !== undefined
     return ok ? (recurrent as Recurrent) : undefined
   }
-  if (!proto.call[PATCHED]) {
-    const own = proto.call
-    const call: Call = function (this: LstmCellLike, inputs, kwargs) {
+  const cellPatched = patchLayerCall<LstmCellLike>(tf, "LSTMCell", (own) =>
+    function (inputs, kwargs) {
       const list = Array.isArray(inputs) ? inputs : [inputs]
       const projected = this[PROJECTED] === true
       const recurrent = list.length === 3 && list[0]!.rank === 2 && list.every((t) => t.dtype === "float32") ? fitting(this, list[0]!, kwargs?.training === true) : undefined
@@ -343,20 +321,18 @@ export const installLstmCell = (tf: Tf): boolean => {
         return [hNext, hNext, cNext]
       })
     }
-    proto.call = Object.assign(call, { [PATCHED]: true as const, [ORIGINAL]: own })
-  }
+  )
   // The LSTM layer: every time step's x·W + b as one matmul before the recurrence, instead of one
   // per step (forward, and the two gradient matmuls and the sums backward), when its cell takes the
   // kernels. The recurrence itself (masks, initial and stateful states, going backwards) stays
   // tfjs-layers' own, on the projected inputs.
-  const layer = layerPrototype<{ call: LayerCall }>(tf, "LSTM")
-  if (layer && !layer.call[PATCHED]) {
-    const own = layer.call
-    const call: LayerCall = function (this: { cell: LstmCellLike }, inputs, kwargs) {
-      const x = Array.isArray(inputs) ? (inputs.length === 1 ? inputs[0]! : undefined) : inputs
-      const cellCall = (Object.getPrototypeOf(this.cell) as { call?: Call }).call
-      if (!x || x.rank !== 3 || !cellCall?.[PATCHED] || fitting(this.cell, x, kwargs?.training === true) === undefined) return own.call(this, inputs, kwargs)
+  patchLayerCall<{ cell: LstmCellLike }>(tf, "LSTM", (own) =>
+    function (inputs, kwargs) {
+      const x = oneInput(inputs)
       const cell = this.cell
+      if (!x || x.rank !== 3 || !isPatchedCall((Object.getPrototypeOf(cell) as { call?: unknown }).call) || fitting(cell, x, kwargs?.training === true) === undefined) {
+        return own.call(this, inputs, kwargs)
+      }
       const [B, T, D] = x.shape as [number, number, number]
       const W = cell.kernel.read()
       return tf.tidy(() => {
@@ -371,21 +347,10 @@ export const installLstmCell = (tf: Tf): boolean => {
         }
       })
     }
-    layer.call = Object.assign(call, { [PATCHED]: true as const, [ORIGINAL]: own })
-  }
-  installed = true
-  return true
+  )
+  installed = cellPatched
+  return installed
 }
 
 /** Runs `f` with tfjs-layers' own LSTMCell.call and LSTM.call (for tests and benchmarks that compare them). */
-export const withTfjsLstmCell = <T>(tf: Tf, f: () => T): T => {
-  const protos = [layerPrototype<{ call: Call }>(tf, "LSTMCell"), layerPrototype<{ call: Call }>(tf, "LSTM")].filter((p) => p !== undefined)
-  const patched = protos.map((p) => p.call)
-  if (patched.some((c) => !c[ORIGINAL])) return f()
-  protos.forEach((p, i) => (p.call = patched[i]![ORIGINAL]!))
-  try {
-    return f()
-  } finally {
-    protos.forEach((p, i) => (p.call = patched[i]!))
-  }
-}
+export const withTfjsLstmCell = <T>(tf: Tf, f: () => T): T => withTfjsCalls(tf, ["LSTMCell", "LSTM"], f)
