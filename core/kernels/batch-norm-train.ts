@@ -16,8 +16,8 @@
 // backends keep tfjs-layers' own. A layer without offset or scale trains too (tfjs-layers' own
 // cannot: it reads the missing weight). Installed once the engine's backend is up (`../engine.ts`).
 import type { Tf } from "../tf.ts"
-import { cpuValues, oneInput, patchLayerCall, registerFused, withTfjsCalls, type CpuArgs } from "./fused-layers.ts"
-import { floats, type KernelArgs, type TensorInfo } from "./wasm-heap.ts"
+import { hostKernels, oneInput, patchLayerCall, registerFused, runWgsl, withTfjsCalls, type WebGpuArgs, type WebGpuBackend } from "./fused-layers.ts"
+import type { TensorInfo } from "./wasm-heap.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
 
@@ -95,81 +95,43 @@ export const batchNormTrainBackward = (
 
 const eps = (attrs: Record<string, unknown>): number => Number(attrs.epsilon)
 
-// wasm: on its heap (outputs made before the views: a new output can grow the heap).
-const wasmForward = ({ inputs, backend, attrs }: KernelArgs): TensorInfo[] => {
-  const { x, gamma, beta } = inputs as { x: TensorInfo; gamma: TensorInfo; beta: TensorInfo }
-  const C = x.shape[1]!
-  const y = backend.makeOutput([...x.shape], "float32")
-  const mean = backend.makeOutput([C], "float32")
-  const variance = backend.makeOutput([C], "float32")
-  batchNormTrainForward(floats(backend, x), floats(backend, gamma), floats(backend, beta), C, eps(attrs), floats(backend, y), floats(backend, mean), floats(backend, variance))
-  return [y, mean, variance]
-}
-const wasmBackward = ({ inputs, backend, attrs }: KernelArgs): TensorInfo[] => {
-  const { dy, x, gamma, dmean, dvariance } = inputs as Record<string, TensorInfo>
-  const C = x!.shape[1]!
-  const dx = backend.makeOutput([...x!.shape], "float32")
-  const dg = backend.makeOutput([C], "float32")
-  const db = backend.makeOutput([C], "float32")
-  batchNormTrainBackward(floats(backend, dy!), floats(backend, x!), floats(backend, gamma!), floats(backend, dmean!), floats(backend, dvariance!), C, eps(attrs), floats(backend, dx), floats(backend, dg), floats(backend, db))
-  return [dx, dg, db]
-}
-
-// cpu: plain typed arrays.
-const cpuForward = ({ inputs, backend, attrs }: CpuArgs): TensorInfo[] => {
-  const x = inputs.x!
-  const C = x.shape[1]!
-  const y = new Float32Array(x.shape[0]! * C)
-  const mean = new Float32Array(C)
-  const variance = new Float32Array(C)
-  batchNormTrainForward(cpuValues(backend, x), cpuValues(backend, inputs.gamma!), cpuValues(backend, inputs.beta!), C, eps(attrs), y, mean, variance)
-  return [backend.makeTensorInfo([...x.shape], "float32", y), backend.makeTensorInfo([C], "float32", mean), backend.makeTensorInfo([C], "float32", variance)]
-}
-const cpuBackward = ({ inputs, backend, attrs }: CpuArgs): TensorInfo[] => {
-  const x = inputs.x!
-  const C = x.shape[1]!
-  const dx = new Float32Array(x.shape[0]! * C)
-  const dg = new Float32Array(C)
-  const db = new Float32Array(C)
-  const v = (name: string): Float32Array => cpuValues(backend, inputs[name]!)
-  batchNormTrainBackward(v("dy"), v("x"), v("gamma"), v("dmean"), v("dvariance"), C, eps(attrs), dx, dg, db)
-  return [backend.makeTensorInfo([...x.shape], "float32", dx), backend.makeTensorInfo([C], "float32", dg), backend.makeTensorInfo([C], "float32", db)]
-}
+// wasm and cpu: the functions above on the backend's arrays.
+const hostForward = hostKernels({
+  names: ["x", "gamma", "beta"],
+  shapes: ({ x }) => [[...x!.shape], [x!.shape[1]!], [x!.shape[1]!]],
+  compute: ([x, gamma, beta], [y, mean, variance], attrs, { x: xi }) => batchNormTrainForward(x!, gamma!, beta!, xi!.shape[1]!, eps(attrs), y!, mean!, variance!)
+})
+const hostBackward = hostKernels({
+  names: ["dy", "x", "gamma", "dmean", "dvariance"],
+  shapes: ({ x }) => [[...x!.shape], [x!.shape[1]!], [x!.shape[1]!]],
+  compute: ([dy, x, gamma, dmean, dvariance], [dx, dg, db], attrs, { x: xi }) => batchNormTrainBackward(dy!, x!, gamma!, dmean!, dvariance!, xi!.shape[1]!, eps(attrs), dx!, dg!, db!)
+})
 
 // webgpu: a channel's sums with one thread per channel looping over the rows, the elementwise parts
-// with one thread per element. Every program reads every input it is given (the pipeline's "auto"
-// layout drops a binding its shader never reads, and tfjs binds every input).
-interface WebGpuBackend {
-  runWebGPUProgram(program: object, inputs: TensorInfo[], dtype: string, uniforms?: Array<{ type: string; data: number[] }>): TensorInfo
-}
-type WebGpuArgs = { inputs: Record<string, TensorInfo>; backend: WebGpuBackend; attrs: Record<string, unknown> }
-const WORKGROUP = 64
+// with one thread per element.
 /** A program writing `shape` with one thread per element of it; `body` sees t, M (rows) and C (channels). */
-const gpu = (backend: WebGpuBackend, attrs: Record<string, unknown>, name: string, names: string[], ins: TensorInfo[], shape: number[], M: number, C: number, body: string): TensorInfo =>
-  backend.runWebGPUProgram(
-    {
-      variableNames: names,
-      outputShape: shape,
-      uniforms: "eps : f32, rows : i32, channels : i32,",
-      workgroupSize: [WORKGROUP, 1, 1],
-      dispatchLayout: { x: shape.map((_, i) => i) },
-      dispatch: [Math.ceil(shape.reduce((a, b) => a * b, 1) / WORKGROUP), 1, 1],
-      shaderKey: `gradwire_batchnorm_train_${name}`,
-      getUserCode: () => `
+const gpu = (backend: WebGpuBackend, attrs: Record<string, unknown>, name: string, names: string[], inputs: TensorInfo[], shape: number[], M: number, C: number, body: string): TensorInfo =>
+  runWgsl(backend, {
+    key: `gradwire_batchnorm_train_${name}`,
+    names,
+    inputs,
+    outputShape: shape,
+    threads: shape.reduce((a, b) => a * b, 1),
+    uniforms: {
+      fields: "eps : f32, rows : i32, channels : i32,",
+      values: [
+        { type: "float32", data: [eps(attrs)] },
+        { type: "int32", data: [M] },
+        { type: "int32", data: [C] }
+      ]
+    },
+    code: `
   fn main(t : i32) {
     let M = uniforms.rows;
     let C = uniforms.channels;
     ${body}
   }`
-    },
-    ins,
-    "float32",
-    [
-      { type: "float32", data: [eps(attrs)] },
-      { type: "int32", data: [M] },
-      { type: "int32", data: [C] }
-    ]
-  )
+  })
 /** Per channel: the mean of gx. */
 const gpuMean = (backend: WebGpuBackend, attrs: Record<string, unknown>, x: TensorInfo): TensorInfo =>
   gpu(backend, attrs, "mean", ["gx"], [x], [x.shape[1]!], x.shape[0]!, x.shape[1]!, `
@@ -203,7 +165,7 @@ const webgpuBackward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo[] =>
   const C = x!.shape[1]!
   const mean = gpuMean(backend, attrs, x!)
   const variance = gpuVariance(backend, attrs, x!, mean)
-  const dispose = (t: TensorInfo): void => (backend as unknown as { disposeData(id: object): void }).disposeData(t.dataId)
+  const dispose = (t: TensorInfo): void => backend.disposeData(t.dataId)
   try {
     const dbeta = gpu(backend, attrs, "dbeta", ["gdy"], [dy!], [C], M, C, `
     if (t < C) {
@@ -244,8 +206,8 @@ const webgpuBackward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo[] =>
 }
 
 const KERNELS: Record<string, readonly [unknown, unknown]> = {
-  wasm: [wasmForward, wasmBackward],
-  cpu: [cpuForward, cpuBackward],
+  wasm: [hostForward[0], hostBackward[0]],
+  cpu: [hostForward[1], hostBackward[1]],
   webgpu: [webgpuForward, webgpuBackward]
 }
 

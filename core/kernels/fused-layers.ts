@@ -1,9 +1,10 @@
 // What gradwire's fused layer kernels share (lstm-cell.ts, layer-norm.ts, batch-norm-train.ts):
-// registering a forward kernel and its gradient kernel on every backend that has them, reading the
-// cpu backend's values, and replacing a tfjs-layers class's `call` (keeping tfjs-layers' own for
-// the cases a kernel does not cover, and for tests that compare the two).
+// one host computation serving as both the wasm and the cpu kernel, running a WGSL program on the
+// webgpu backend, registering a forward kernel and its gradient kernel on every backend that has
+// them, and replacing a tfjs-layers class's `call` (keeping tfjs-layers' own for the cases a kernel
+// does not cover, and for tests that compare the two).
 import type { Tf } from "../tf.ts"
-import type { TensorInfo } from "./wasm-heap.ts"
+import { floats, type KernelArgs, type TensorInfo } from "./wasm-heap.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
 
@@ -18,17 +19,89 @@ export const layerPrototype = <T>(tf: Tf, className: string): T | undefined => {
 }
 
 /** The cpu backend, as far as the kernels use it. */
-export interface CpuBackend {
+interface CpuBackend {
   data: { get(id: object): { values: unknown } | undefined }
   makeTensorInfo(shape: number[], dtype: string, values: Float32Array): TensorInfo
 }
-export type CpuArgs = { inputs: Record<string, TensorInfo>; backend: CpuBackend; attrs: Record<string, unknown> }
+type CpuArgs = { inputs: Record<string, TensorInfo>; backend: CpuBackend; attrs: Record<string, unknown> }
 
 /** A float32 tensor's values on the cpu backend. */
-export const cpuValues = (backend: CpuBackend, t: TensorInfo): Float32Array => {
+const cpuValues = (backend: CpuBackend, t: TensorInfo): Float32Array => {
   const v = backend.data.get(t.dataId)?.values
   return v instanceof Float32Array ? v : Float32Array.from(v as ArrayLike<number>)
 }
+
+/** A float32 computation on the host: it reads the inputs `names` (in that order) and writes outputs of the shapes `shapes` gives. */
+export interface HostKernel {
+  names: string[]
+  shapes: (inputs: Record<string, TensorInfo>) => number[][]
+  compute: (ins: Float32Array[], outs: Float32Array[], attrs: Record<string, unknown>, inputs: Record<string, TensorInfo>) => void
+}
+
+/** `k` as the wasm kernel (on its heap) and as the cpu kernel; one output is returned as itself, several as a list. */
+export const hostKernels = (k: HostKernel): readonly [unknown, unknown] => {
+  const result = (outs: TensorInfo[]): TensorInfo | TensorInfo[] => (outs.length === 1 ? outs[0]! : outs)
+  const wasm = ({ inputs, backend, attrs }: KernelArgs): TensorInfo | TensorInfo[] => {
+    // Every output made before any view is taken: a new output can grow the heap and detach earlier views.
+    const outs = k.shapes(inputs).map((shape) => backend.makeOutput(shape, "float32"))
+    k.compute(
+      k.names.map((n) => floats(backend, inputs[n]!)),
+      outs.map((o) => floats(backend, o)),
+      attrs,
+      inputs
+    )
+    return result(outs)
+  }
+  const cpu = ({ inputs, backend, attrs }: CpuArgs): TensorInfo | TensorInfo[] => {
+    const shapes = k.shapes(inputs)
+    const outs = shapes.map((shape) => new Float32Array(shape.reduce((a, b) => a * b, 1)))
+    k.compute(
+      k.names.map((n) => cpuValues(backend, inputs[n]!)),
+      outs,
+      attrs,
+      inputs
+    )
+    return result(outs.map((values, i) => backend.makeTensorInfo(shapes[i]!, "float32", values)))
+  }
+  return [wasm, cpu]
+}
+
+/** The webgpu backend, as far as the kernels use it. */
+export interface WebGpuBackend {
+  runWebGPUProgram(program: object, inputs: TensorInfo[], dtype: string, uniforms?: Array<{ type: string; data: number[] }>): TensorInfo
+  disposeData(dataId: object): void
+}
+export type WebGpuArgs = { inputs: Record<string, TensorInfo>; backend: WebGpuBackend; attrs: Record<string, unknown> }
+const WORKGROUP = 64
+
+/**
+ * Runs a WGSL program through tfjs's runWebGPUProgram (so gradwire's recording, uploads and pools
+ * apply: webgpu-dispatch.ts, webgpu-upload.ts): `code` defines `fn main(t : i32)`, run by `threads`
+ * threads in workgroups of 64, reading the inputs under `names` and writing one float32 output of
+ * `outputShape`; `size` adds tfjs's `uniforms.size` (the output's length), `uniforms` the program's
+ * own fields and their values. Every input must be read: the pipeline's "auto" layout leaves out a
+ * binding its shader never reads, and tfjs binds every input.
+ */
+export const runWgsl = (
+  backend: WebGpuBackend,
+  p: { key: string; names: string[]; inputs: TensorInfo[]; outputShape: number[]; threads: number; size?: boolean; uniforms?: { fields: string; values: Array<{ type: string; data: number[] }> }; code: string }
+): TensorInfo =>
+  backend.runWebGPUProgram(
+    {
+      variableNames: p.names,
+      outputShape: p.outputShape,
+      ...(p.size ? { size: true } : {}),
+      ...(p.uniforms ? { uniforms: p.uniforms.fields } : {}),
+      workgroupSize: [WORKGROUP, 1, 1],
+      dispatchLayout: { x: p.outputShape.map((_, i) => i) },
+      dispatch: [Math.ceil(p.threads / WORKGROUP), 1, 1],
+      shaderKey: p.key,
+      getUserCode: () => p.code
+    },
+    p.inputs,
+    "float32",
+    p.uniforms?.values
+  )
 
 /** Registers `forward` and `backward` (gradwire's names) for each backend in `kernels`, where tfjs has none, and `gradient` for `forward`. */
 export const registerFused = (

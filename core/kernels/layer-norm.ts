@@ -15,8 +15,8 @@
 // cpu, webgpu); other layers and backends keep tfjs-layers' own. Installed once the engine's
 // backend is up (`../engine.ts`).
 import type { Tf } from "../tf.ts"
-import { cpuValues, oneInput, patchLayerCall, registerFused, withTfjsCalls, type CpuArgs } from "./fused-layers.ts"
-import { floats, type KernelArgs, type TensorInfo } from "./wasm-heap.ts"
+import { hostKernels, oneInput, patchLayerCall, registerFused, runWgsl, withTfjsCalls, type WebGpuArgs, type WebGpuBackend } from "./fused-layers.ts"
+import type { TensorInfo } from "./wasm-heap.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
 
@@ -99,71 +99,36 @@ export const layerNormBackward = (
 
 const eps = (attrs: Record<string, unknown>): number => Number(attrs.epsilon)
 
-// wasm: inputs and outputs on its heap (outputs made first: a new output can grow the heap and
-// detach views taken before it).
-const wasmForward = ({ inputs, backend, attrs }: KernelArgs): TensorInfo => {
-  const { x, gamma, beta } = inputs as { x: TensorInfo; gamma: TensorInfo; beta: TensorInfo }
-  const y = backend.makeOutput([...x.shape], "float32")
-  layerNormForward(floats(backend, x), floats(backend, gamma), floats(backend, beta), x.shape[1]!, eps(attrs), floats(backend, y))
-  return y
-}
-const wasmBackward = ({ inputs, backend, attrs }: KernelArgs): TensorInfo[] => {
-  const { dy, x, gamma } = inputs as { dy: TensorInfo; x: TensorInfo; gamma: TensorInfo }
-  const D = x.shape[1]!
-  const dx = backend.makeOutput([...x.shape], "float32")
-  const dg = backend.makeOutput([D], "float32")
-  const db = backend.makeOutput([D], "float32")
-  layerNormBackward(floats(backend, dy), floats(backend, x), floats(backend, gamma), D, eps(attrs), floats(backend, dx), floats(backend, dg), floats(backend, db))
-  return [dx, dg, db]
-}
-
-// cpu: plain typed arrays.
-const cpuForward = ({ inputs, backend, attrs }: CpuArgs): TensorInfo => {
-  const x = inputs.x!
-  const y = new Float32Array(x.shape[0]! * x.shape[1]!)
-  layerNormForward(cpuValues(backend, x), cpuValues(backend, inputs.gamma!), cpuValues(backend, inputs.beta!), x.shape[1]!, eps(attrs), y)
-  return backend.makeTensorInfo([...x.shape], "float32", y)
-}
-const cpuBackward = ({ inputs, backend, attrs }: CpuArgs): TensorInfo[] => {
-  const x = inputs.x!
-  const D = x.shape[1]!
-  const dx = new Float32Array(x.shape[0]! * D)
-  const dg = new Float32Array(D)
-  const db = new Float32Array(D)
-  layerNormBackward(cpuValues(backend, inputs.dy!), cpuValues(backend, x), cpuValues(backend, inputs.gamma!), D, eps(attrs), dx, dg, db)
-  return [backend.makeTensorInfo([...x.shape], "float32", dx), backend.makeTensorInfo([D], "float32", dg), backend.makeTensorInfo([D], "float32", db)]
-}
+// wasm and cpu: the functions above on the backend's arrays.
+const hostForward = hostKernels({
+  names: ["x", "gamma", "beta"],
+  shapes: ({ x }) => [[...x!.shape]],
+  compute: ([x, gamma, beta], [y], attrs, { x: xi }) => layerNormForward(x!, gamma!, beta!, xi!.shape[1]!, eps(attrs), y!)
+})
+const hostBackward = hostKernels({
+  names: ["dy", "x", "gamma"],
+  shapes: ({ x }) => [[...x!.shape], [x!.shape[1]!], [x!.shape[1]!]],
+  compute: ([dy, x, gamma], [dx, dg, db], attrs, { x: xi }) => layerNormBackward(dy!, x!, gamma!, xi!.shape[1]!, eps(attrs), dx!, dg!, db!)
+})
 
 // webgpu: a row's statistics (mean, r) once per row, then y or dx with one thread per row (D is the
-// layer's width: tens to a few thousand), and dγ and dβ with one thread per column; tfjs's
-// runWebGPUProgram records them (webgpu-dispatch.ts applies).
-interface WebGpuBackend {
-  runWebGPUProgram(program: object, inputs: TensorInfo[], dtype: string, uniforms?: Array<{ type: string; data: number[] }>): TensorInfo
-}
-type WebGpuArgs = { inputs: Record<string, TensorInfo>; backend: WebGpuBackend; attrs: Record<string, unknown> }
-const WORKGROUP = 64
-/**
- * A program writing `shape`, one thread for each of `threads`; `body` sees t, and N and D from the
- * first input's shape ([N, D]). Every input must be read: the pipeline's layout leaves out a binding
- * its shader never reads, and tfjs binds every input.
- */
-const gpuProgram = (name: string, variableNames: string[], shape: number[], threads: number, body: string): object => ({
-  variableNames,
-  outputShape: shape,
-  uniforms: "eps : f32,",
-  workgroupSize: [WORKGROUP, 1, 1],
-  dispatchLayout: { x: shape.map((_, i) => i) },
-  dispatch: [Math.ceil(threads / WORKGROUP), 1, 1],
-  shaderKey: `gradwire_layernorm_${name}`,
-  getUserCode: () => `
+// layer's width: tens to a few thousand), and dγ and dβ with one thread per column.
+/** A program writing `shape`, one thread for each of `threads`; `body` sees t, and N and D from the first input's shape ([N, D]). */
+const run = (backend: WebGpuBackend, attrs: Record<string, unknown>, name: string, names: string[], inputs: TensorInfo[], shape: number[], threads: number, body: string): TensorInfo =>
+  runWgsl(backend, {
+    key: `gradwire_layernorm_${name}`,
+    names,
+    inputs,
+    outputShape: shape,
+    threads,
+    uniforms: { fields: "eps : f32,", values: [{ type: "float32", data: [eps(attrs)] }] },
+    code: `
   fn main(t : i32) {
-    let N = uniforms.${variableNames[0]}Shape[0];
-    let D = uniforms.${variableNames[0]}Shape[1];
+    let N = uniforms.${names[0]}Shape[0];
+    let D = uniforms.${names[0]}Shape[1];
     ${body}
   }`
-})
-const run = (backend: WebGpuBackend, attrs: Record<string, unknown>, name: string, names: string[], ins: TensorInfo[], shape: number[], threads: number, body: string): TensorInfo =>
-  backend.runWebGPUProgram(gpuProgram(name, names, shape, threads, body), ins, "float32", [{ type: "float32", data: [eps(attrs)] }])
+  })
 /** [N, 2]: each row's mean and r. */
 const rowStats = (backend: WebGpuBackend, attrs: Record<string, unknown>, x: TensorInfo): TensorInfo =>
   run(backend, attrs, "stats", ["gx"], [x], [x.shape[0]!, 2], x.shape[0]!, `
@@ -189,7 +154,7 @@ const webgpuForward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo => {
       for (var j = 0; j < D; j++) { setOutputAtIndex(row * D + j, (gx[row * D + j] - mean) * r * gg[j] + gb[j]); }
     }`)
   } finally {
-    ;(backend as unknown as { disposeData(id: object): void }).disposeData(stats.dataId)
+    backend.disposeData(stats.dataId)
   }
 }
 const webgpuBackward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo[] => {
@@ -228,13 +193,13 @@ const webgpuBackward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo[] =>
       column("dbeta", ["gdy"], [dy], "gdy[row * D + j]")
     ]
   } finally {
-    ;(backend as unknown as { disposeData(id: object): void }).disposeData(stats.dataId)
+    backend.disposeData(stats.dataId)
   }
 }
 
 const KERNELS: Record<string, readonly [unknown, unknown]> = {
-  wasm: [wasmForward, wasmBackward],
-  cpu: [cpuForward, cpuBackward],
+  wasm: [hostForward[0], hostBackward[0]],
+  cpu: [hostForward[1], hostBackward[1]],
   webgpu: [webgpuForward, webgpuBackward]
 }
 

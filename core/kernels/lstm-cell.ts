@@ -20,8 +20,8 @@
 // The matmuls and the bias stay tfjs's kernels. Installed once the engine's backend is up
 // (`../engine.ts`).
 import type { Tf } from "../tf.ts"
-import { cpuValues, isPatchedCall, oneInput, patchLayerCall, registerFused, withTfjsCalls, type CpuArgs } from "./fused-layers.ts"
-import { floats, type KernelArgs, type TensorInfo } from "./wasm-heap.ts"
+import { hostKernels, isPatchedCall, oneInput, patchLayerCall, registerFused, runWgsl, withTfjsCalls, type WebGpuArgs, type WebGpuBackend } from "./fused-layers.ts"
+import type { TensorInfo } from "./wasm-heap.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
 
@@ -110,63 +110,35 @@ export const cellBackward = (
 
 const recurrentOf = (attrs: Record<string, unknown>): Recurrent => (attrs.recurrent === "sigmoid" ? "sigmoid" : "hardSigmoid")
 
-// The wasm backend: inputs and outputs on its heap.
-const wasmForward = ({ inputs, backend, attrs }: KernelArgs): TensorInfo[] => {
-  const { z, c } = inputs as { z: TensorInfo; c: TensorInfo }
-  const H = c.shape[1]!
-  const h = backend.makeOutput([...c.shape], "float32")
-  const cn = backend.makeOutput([...c.shape], "float32")
-  cellForward(floats(backend, z), floats(backend, c), H, recurrentOf(attrs), floats(backend, h), floats(backend, cn))
-  return [h, cn]
-}
-const wasmBackward = ({ inputs, backend, attrs }: KernelArgs): TensorInfo[] => {
-  const { dh, dc, z, c } = inputs as { dh: TensorInfo; dc: TensorInfo; z: TensorInfo; c: TensorInfo }
-  const H = c.shape[1]!
-  const dz = backend.makeOutput([...z.shape], "float32")
-  const dcPrev = backend.makeOutput([...c.shape], "float32")
-  cellBackward(floats(backend, dh), floats(backend, dc), floats(backend, z), floats(backend, c), H, recurrentOf(attrs), floats(backend, dz), floats(backend, dcPrev))
-  return [dz, dcPrev]
-}
+// wasm and cpu: the functions above on the backend's arrays.
+const hostForward = hostKernels({
+  names: ["z", "c"],
+  shapes: ({ c }) => [[...c!.shape], [...c!.shape]],
+  compute: ([z, c], [h, cn], attrs, { c: ci }) => cellForward(z!, c!, ci!.shape[1]!, recurrentOf(attrs), h!, cn!)
+})
+const hostBackward = hostKernels({
+  names: ["dh", "dc", "z", "c"],
+  shapes: ({ z, c }) => [[...z!.shape], [...c!.shape]],
+  compute: ([dh, dc, z, c], [dz, dcPrev], attrs, { c: ci }) => cellBackward(dh!, dc!, z!, c!, ci!.shape[1]!, recurrentOf(attrs), dz!, dcPrev!)
+})
 
-// The cpu backend: its values are plain typed arrays.
-const cpuForward = ({ inputs, backend, attrs }: CpuArgs): TensorInfo[] => {
-  const { z, c } = inputs as { z: TensorInfo; c: TensorInfo }
-  const n = c.shape[0]! * c.shape[1]!
-  const h = new Float32Array(n)
-  const cn = new Float32Array(n)
-  cellForward(cpuValues(backend, z), cpuValues(backend, c), c.shape[1]!, recurrentOf(attrs), h, cn)
-  return [backend.makeTensorInfo([...c.shape], "float32", h), backend.makeTensorInfo([...c.shape], "float32", cn)]
-}
-const cpuBackward = ({ inputs, backend, attrs }: CpuArgs): TensorInfo[] => {
-  const { dh, dc, z, c } = inputs as { dh: TensorInfo; dc: TensorInfo; z: TensorInfo; c: TensorInfo }
-  const dz = new Float32Array(z.shape[0]! * z.shape[1]!)
-  const dcPrev = new Float32Array(c.shape[0]! * c.shape[1]!)
-  cellBackward(cpuValues(backend, dh), cpuValues(backend, dc), cpuValues(backend, z), cpuValues(backend, c), c.shape[1]!, recurrentOf(attrs), dz, dcPrev)
-  return [backend.makeTensorInfo([...z.shape], "float32", dz), backend.makeTensorInfo([...c.shape], "float32", dcPrev)]
-}
-
-// The webgpu backend: two small programs each way (one output per program), run by tfjs's own
-// runWebGPUProgram, so its recording, uploads and pools apply (webgpu-dispatch.ts, webgpu-upload.ts).
-interface WebGpuBackend {
-  runWebGPUProgram(program: object, inputs: TensorInfo[], dtype: string): TensorInfo
-}
-const WORKGROUP = 64
+// webgpu: two small programs each way (one output per program).
 /** WGSL: the recurrent activation and tanh (tfjs's overflow-safe form). */
 const wgslGates = (hard: boolean): string => `
   fn gwGate(x : f32) -> f32 { ${hard ? "return clamp(0.2 * x + 0.5, 0.0, 1.0);" : "return 1.0 / (1.0 + exp(-x));"} }
   fn gwGateSlope(x : f32, s : f32) -> f32 { ${hard ? "let y = 0.2 * x + 0.5; if (y >= 0.0 && y <= 1.0) { return 0.2; } return 0.0;" : "return s * (1.0 - s);"} }
   fn gwTanh(x : f32) -> f32 { let e = exp(-2.0 * abs(x)); return sign(x) * (1.0 - e) / (1.0 + e); }
 `
-/** A program over every element of an output of `shape`; `body` sees index, b (row), j (column) and H. */
-const gpuProgram = (name: string, variableNames: string[], shape: number[], hard: boolean, hFrom: string, body: string): object => ({
-  variableNames,
-  outputShape: shape,
-  size: true,
-  workgroupSize: [WORKGROUP, 1, 1],
-  dispatchLayout: { x: shape.map((_, i) => i) },
-  dispatch: [Math.ceil((shape[0]! * shape[1]!) / WORKGROUP), 1, 1],
-  shaderKey: `gradwire_lstm_${name}_${hard ? "hard" : "sigmoid"}`,
-  getUserCode: () => `${wgslGates(hard)}
+/** A program over every element of an output of `shape`; `body` sees index, row, col and H. */
+const gpu = (backend: WebGpuBackend, name: string, names: string[], inputs: TensorInfo[], shape: number[], hard: boolean, hFrom: string, body: string): TensorInfo =>
+  runWgsl(backend, {
+    key: `gradwire_lstm_${name}_${hard ? "hard" : "sigmoid"}`,
+    names,
+    inputs,
+    outputShape: shape,
+    threads: shape[0]! * shape[1]!,
+    size: true,
+    code: `${wgslGates(hard)}
   fn main(index : i32) {
     if (index < uniforms.size) {
       let H = ${hFrom};
@@ -175,31 +147,23 @@ const gpuProgram = (name: string, variableNames: string[], shape: number[], hard
       ${body}
     }
   }`
-})
-const webgpuForward = ({ inputs, backend, attrs }: { inputs: Record<string, TensorInfo>; backend: WebGpuBackend; attrs: Record<string, unknown> }): TensorInfo[] => {
+  })
+const webgpuForward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo[] => {
   const { z, c } = inputs as { z: TensorInfo; c: TensorInfo }
   const hard = recurrentOf(attrs) === "hardSigmoid"
   const shape = [...c.shape]
-  const cNext = backend.runWebGPUProgram(
-    gpuProgram("c", ["gz", "gc"], shape, hard, "uniforms.gcShape[1]", `
+  const cNext = gpu(backend, "c", ["gz", "gc"], [z, c], shape, hard, "uniforms.gcShape[1]", `
       let zr = row * 4 * H;
       let i = gwGate(gz[zr + col]);
       let f = gwGate(gz[zr + H + col]);
       let g = gwTanh(gz[zr + 2 * H + col]);
-      setOutputAtIndex(index, f * gc[index] + i * g);`),
-    [z, c],
-    "float32"
-  )
-  const h = backend.runWebGPUProgram(
-    gpuProgram("h", ["gz", "gcn"], shape, hard, "uniforms.gcnShape[1]", `
+      setOutputAtIndex(index, f * gc[index] + i * g);`)
+  const h = gpu(backend, "h", ["gz", "gcn"], [z, cNext], shape, hard, "uniforms.gcnShape[1]", `
       let o = gwGate(gz[row * 4 * H + 3 * H + col]);
-      setOutputAtIndex(index, o * gwTanh(gcn[index]));`),
-    [z, cNext],
-    "float32"
-  )
+      setOutputAtIndex(index, o * gwTanh(gcn[index]));`)
   return [h, cNext]
 }
-const webgpuBackward = ({ inputs, backend, attrs }: { inputs: Record<string, TensorInfo>; backend: WebGpuBackend; attrs: Record<string, unknown> }): TensorInfo[] => {
+const webgpuBackward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo[] => {
   const { dh, dc, z, c } = inputs as { dh: TensorInfo; dc: TensorInfo; z: TensorInfo; c: TensorInfo }
   const hard = recurrentOf(attrs) === "hardSigmoid"
   // Shared by both programs: the gates of element (row, j) and the gradient reaching c' there.
@@ -217,8 +181,9 @@ const webgpuBackward = ({ inputs, backend, attrs }: { inputs: Record<string, Ten
       let tc = gwTanh(f * cp + i * g);
       let dhj = gdh[sr];
       let dct = gdc[sr] + dhj * o * (1.0 - tc * tc);`
-  const dz = backend.runWebGPUProgram(
-    gpuProgram("dz", ["gdh", "gdc", "gz", "gc"], [...z.shape], hard, "uniforms.gcShape[1]", `
+  const names = ["gdh", "gdc", "gz", "gc"]
+  const ins = [dh, dc, z, c]
+  const dz = gpu(backend, "dz", names, ins, [...z.shape], hard, "uniforms.gcShape[1]", `
       let block = col / H;
       let j = col - block * H;
       ${gates}
@@ -227,25 +192,18 @@ const webgpuBackward = ({ inputs, backend, attrs }: { inputs: Record<string, Ten
       else if (block == 1) { v = dct * cp * gwGateSlope(zf, f); }
       else if (block == 2) { v = dct * i * (1.0 - g * g); }
       else { v = dhj * tc * gwGateSlope(zo, o); }
-      setOutputAtIndex(index, v);`),
-    [dh, dc, z, c],
-    "float32"
-  )
-  const dcPrev = backend.runWebGPUProgram(
-    gpuProgram("dc", ["gdh", "gdc", "gz", "gc"], [...c.shape], hard, "uniforms.gcShape[1]", `
+      setOutputAtIndex(index, v);`)
+  const dcPrev = gpu(backend, "dc", names, ins, [...c.shape], hard, "uniforms.gcShape[1]", `
       let j = col;
       ${gates}
-      setOutputAtIndex(index, dct * f);`),
-    [dh, dc, z, c],
-    "float32"
-  )
+      setOutputAtIndex(index, dct * f);`)
   return [dz, dcPrev]
 }
 
 /** Backends with both kernels, and their kernel functions. */
 const KERNELS: Record<string, readonly [unknown, unknown]> = {
-  wasm: [wasmForward, wasmBackward],
-  cpu: [cpuForward, cpuBackward],
+  wasm: [hostForward[0], hostBackward[0]],
+  cpu: [hostForward[1], hostBackward[1]],
   webgpu: [webgpuForward, webgpuBackward]
 }
 
