@@ -54,11 +54,13 @@ export const batchNormTrainForward = (x: Float32Array, gamma: Float32Array, beta
   for (let i = 0; i < x.length; i += C) for (let c = 0; c < C; c++) y[i + c] = (x[i + c]! - mean[c]!) * scale[c]! + beta[c]!
 }
 
-/** dx ([M, C]), dγ and dβ ([C]) from dy, x, γ and the gradients reaching the batch's mean and variance. */
+/** dx ([M, C]), dγ and dβ ([C]) from dy, x, γ, the batch's mean and variance (the forward kernel's) and the gradients reaching them. */
 export const batchNormTrainBackward = (
   dy: Float32Array,
   x: Float32Array,
   gamma: Float32Array,
+  mean: Float32Array,
+  variance: Float32Array,
   dmean: Float32Array,
   dvariance: Float32Array,
   C: number,
@@ -68,7 +70,6 @@ export const batchNormTrainBackward = (
   dbeta: Float32Array
 ): void => {
   const M = x.length / C
-  const { mean, variance } = moments(x, C)
   const r = new Float64Array(C)
   for (let c = 0; c < C; c++) r[c] = 1 / Math.sqrt(variance[c]! + eps)
   const sumDy = new Float64Array(C)
@@ -102,9 +103,10 @@ const hostForward = hostKernels({
   compute: ([x, gamma, beta], [y, mean, variance], attrs, { x: xi }) => batchNormTrainForward(x!, gamma!, beta!, xi!.shape[1]!, eps(attrs), y!, mean!, variance!)
 })
 const hostBackward = hostKernels({
-  names: ["dy", "x", "gamma", "dmean", "dvariance"],
+  names: ["dy", "x", "gamma", "mean", "variance", "dmean", "dvariance"],
   shapes: ({ x }) => [[...x!.shape], [x!.shape[1]!], [x!.shape[1]!]],
-  compute: ([dy, x, gamma, dmean, dvariance], [dx, dg, db], attrs, { x: xi }) => batchNormTrainBackward(dy!, x!, gamma!, dmean!, dvariance!, xi!.shape[1]!, eps(attrs), dx!, dg!, db!)
+  compute: ([dy, x, gamma, mean, variance, dmean, dvariance], [dx, dg, db], attrs, { x: xi }) =>
+    batchNormTrainBackward(dy!, x!, gamma!, mean!, variance!, dmean!, dvariance!, xi!.shape[1]!, eps(attrs), dx!, dg!, db!)
 })
 
 // webgpu: a channel's sums with one thread per channel looping over the rows, the elementwise parts
@@ -160,29 +162,25 @@ const webgpuForward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo[] => 
   return [y, mean, variance]
 }
 const webgpuBackward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo[] => {
-  const { dy, x, gamma, dmean, dvariance } = inputs as Record<string, TensorInfo>
+  const { dy, x, gamma, mean, variance, dmean, dvariance } = inputs as Record<string, TensorInfo>
   const M = x!.shape[0]!
   const C = x!.shape[1]!
-  const mean = gpuMean(backend, attrs, x!)
-  const variance = gpuVariance(backend, attrs, x!, mean)
-  const dispose = (t: TensorInfo): void => backend.disposeData(t.dataId)
-  try {
-    const dbeta = gpu(backend, attrs, "dbeta", ["gdy"], [dy!], [C], M, C, `
+  const dbeta = gpu(backend, attrs, "dbeta", ["gdy"], [dy!], [C], M, C, `
     if (t < C) {
       var s = 0.0;
       for (var i = 0; i < M; i++) { s += gdy[i * C + t]; }
       setOutputAtIndex(t, s);
     }`)
-    const dgamma = gpu(backend, attrs, "dgamma", ["gx", "gdy", "gm", "gv"], [x!, dy!, mean, variance], [C], M, C, `
+  const dgamma = gpu(backend, attrs, "dgamma", ["gx", "gdy", "gm", "gv"], [x!, dy!, mean, variance], [C], M, C, `
     if (t < C) {
       let r = inverseSqrt(gv[t] + uniforms.eps);
       var s = 0.0;
       for (var i = 0; i < M; i++) { s += gdy[i * C + t] * (gx[i * C + t] - gm[t]) * r; }
       setOutputAtIndex(t, s);
     }`)
-    // dx = A·dy + B·x + K per channel (A = r·γ, B = 2·dσ²/M − r²·γ·Σ(dy·x̂)/M, K = dμ/M − r·γ·Σdy/M − B·μ):
-    // the coefficients first, so that no program binds more than WebGPU's 8 storage buffers.
-    const coef = gpu(backend, attrs, "coef", ["gm", "gv", "gg", "gsb", "gsg", "gdm", "gdv"], [mean, variance, gamma!, dbeta, dgamma, dmean!, dvariance!], [3, C], M, C, `
+  // dx = A·dy + B·x + K per channel (A = r·γ, B = 2·dσ²/M − r²·γ·Σ(dy·x̂)/M, K = dμ/M − r·γ·Σdy/M − B·μ):
+  // the coefficients first, so that no program binds more than WebGPU's 8 storage buffers.
+  const coef = gpu(backend, attrs, "coef", ["gm", "gv", "gg", "gsb", "gsg", "gdm", "gdv"], [mean, variance, gamma!, dbeta, dgamma, dmean!, dvariance!], [3, C], M, C, `
     if (t < C) {
       let m = f32(M);
       let r = inverseSqrt(gv[t] + uniforms.eps);
@@ -192,17 +190,13 @@ const webgpuBackward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo[] =>
       setOutputAtIndex(C + t, b);
       setOutputAtIndex(2 * C + t, gdm[t] / m - a * gsb[t] / m - b * gm[t]);
     }`)
-    const dx = gpu(backend, attrs, "dx", ["gx", "gdy", "gc"], [x!, dy!, coef], [...x!.shape], M, C, `
+  const dx = gpu(backend, attrs, "dx", ["gx", "gdy", "gc"], [x!, dy!, coef], [...x!.shape], M, C, `
     if (t < M * C) {
       let c = t % C;
       setOutputAtIndex(t, gc[c] * gdy[t] + gc[C + c] * gx[t] + gc[2 * C + c]);
     }`)
-    dispose(coef)
-    return [dx, dgamma, dbeta]
-  } finally {
-    dispose(mean)
-    dispose(variance)
-  }
+  backend.disposeData(coef.dataId)
+  return [dx, dgamma, dbeta]
 }
 
 const KERNELS: Record<string, readonly [unknown, unknown]> = {
@@ -242,10 +236,16 @@ export const installBatchNormTrain = (tf: Tf): boolean => {
   if (installed) return true
   registerFused(tf, BATCH_NORM_TRAIN, BATCH_NORM_TRAIN_GRAD, KERNELS, {
     inputsToSave: ["x", "gamma"],
+    // The batch's mean and variance as the forward kernel computed them, not computed again.
+    outputsToSave: [false, true, true],
     gradFunc: (dys, saved, attrs) => {
       const [dy, dmean, dvariance] = dys as Tensor[]
-      const [x, gamma] = saved as [Tensor, Tensor]
-      const [dx, dgamma, dbeta] = tf.engine().runKernel(BATCH_NORM_TRAIN_GRAD, { dy: dy!, x, gamma, dmean: dmean!, dvariance: dvariance! }, attrs as never) as unknown as [Tensor, Tensor, Tensor]
+      const [x, gamma, mean, variance] = saved as [Tensor, Tensor, Tensor, Tensor]
+      const [dx, dgamma, dbeta] = tf.engine().runKernel(BATCH_NORM_TRAIN_GRAD, { dy: dy!, x, gamma, mean, variance, dmean: dmean!, dvariance: dvariance! }, attrs as never) as unknown as [
+        Tensor,
+        Tensor,
+        Tensor
+      ]
       return { x: () => dx, gamma: () => dgamma, beta: () => dbeta }
     }
   })

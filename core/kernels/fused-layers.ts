@@ -109,13 +109,13 @@ export const registerFused = (
   forward: string,
   backward: string,
   kernels: Record<string, readonly [unknown, unknown]>,
-  gradient: { inputsToSave: string[]; gradFunc: (dy: Tensor | Tensor[], saved: Tensor[], attrs: Record<string, unknown>) => Record<string, () => Tensor> }
+  gradient: { inputsToSave: string[]; outputsToSave?: boolean[]; gradFunc: (dy: Tensor | Tensor[], saved: Tensor[], attrs: Record<string, unknown>) => Record<string, () => Tensor> }
 ): void => {
   for (const [backendName, [f, b]] of Object.entries(kernels)) {
     if (!tf.getKernel(forward, backendName)) tf.registerKernel({ kernelName: forward, backendName, kernelFunc: f as never })
     if (!tf.getKernel(backward, backendName)) tf.registerKernel({ kernelName: backward, backendName, kernelFunc: b as never })
   }
-  if (!tf.getGradient(forward)) tf.registerGradient({ kernelName: forward, inputsToSave: gradient.inputsToSave, gradFunc: gradient.gradFunc as never })
+  if (!tf.getGradient(forward)) tf.registerGradient({ kernelName: forward, ...gradient, gradFunc: gradient.gradFunc as never })
 }
 
 /** A layer's `call`, as tfjs-layers defines it. */
