@@ -76,11 +76,11 @@ export const dashboardToken: Setting<string | undefined> = {
   read: () => raw("GRADWIRE_DASHBOARD_TOKEN") || undefined
 }
 
-/** Whether the WebAssembly SIMD kernels of the data path may be used. */
+/** Whether gradwire's WebAssembly SIMD kernels (the data path's, and the wasm backend's on its heap) may be used. */
 export const simd: Setting<boolean> = {
   name: "GRADWIRE_SIMD",
   default: "1",
-  description: "0 runs the data path's scalar loops instead of the WebAssembly SIMD kernels (same bits)",
+  description: "0 runs the data path's scalar loops instead of its WebAssembly SIMD kernels (same bits), and the wasm backend's matmuls, convolution filter gradients and batch and layer norm without gradwire's SIMD kernels",
   read: () => onUnlessZero("GRADWIRE_SIMD")
 }
 

@@ -5,6 +5,7 @@
 import { beforeAll, describe, expect, it } from "vitest"
 import { loadEngine, type Tf } from "../core/engine.ts"
 import { fallbackKernelsUsed } from "../core/kernels/fallback.ts"
+import { useHeapKernels } from "../core/kernels/heap-simd.ts"
 import { registerWasmKernels } from "../core/kernels/register.ts"
 import { asReducedBlock } from "../core/kernels/reduce.ts"
 import { asBlockTranspose } from "../core/kernels/transpose.ts"
@@ -59,16 +60,27 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     [[3, 6, 7, 3], [2, 4, 3, 5], 1, "same"],
     // 1-d (conv1d) at stride 1: the patch matrix, not the convolution by dy.
     [[2, 1, 17, 4], [1, 5, 4, 6], 1, "same"],
-    [[3, 1, 20, 8], [1, 9, 8, 5], 1, "valid"]
+    [[3, 1, 20, 8], [1, 9, 8, 5], 1, "valid"],
+    // 21 output channels: the SIMD kernel's 16, 4 and 1 at a time.
+    [[2, 5, 6, 3], [3, 3, 3, 21], [1, 2], "same"],
+    [[4, 8, 8, 16], [3, 3, 16, 32], 1, "same"]
   ] as Array<[number[], number[], number | [number, number], "same" | "valid"]>) {
-    it(`conv2d gradients, x ${x} filter ${f} strides ${strides} ${pad}`, async () => {
-      const worst = await compare(() => {
-        const conv = (a: Tensor, w: Tensor): Tensor => tf.conv2d(a as never, w as never, strides, pad) as unknown as Tensor
-        const [gx, gf] = tf.grads((a: Tensor, w: Tensor) => conv(a, w).mul(t(conv(a, w).shape, 5)).sum())([t(x, 1), t(f, 2)])
-        return [gx!, gf!]
+    // The filter gradient by gradwire's SIMD kernel on the heap, and by the paths taken without it.
+    for (const simd of [true, false]) {
+      it(`conv2d gradients, x ${x} filter ${f} strides ${strides} ${pad}${simd ? "" : ", without the heap kernels"}`, async () => {
+        useHeapKernels(simd)
+        try {
+          const worst = await compare(() => {
+            const conv = (a: Tensor, w: Tensor): Tensor => tf.conv2d(a as never, w as never, strides, pad) as unknown as Tensor
+            const [gx, gf] = tf.grads((a: Tensor, w: Tensor) => conv(a, w).mul(t(conv(a, w).shape, 5)).sum())([t(x, 1), t(f, 2)])
+            return [gx!, gf!]
+          })
+          expect(worst).toBeLessThanOrEqual(1e-4)
+        } finally {
+          useHeapKernels(true)
+        }
       })
-      expect(worst).toBeLessThanOrEqual(1e-4)
-    })
+    }
   }
 
   it("depthwise conv2d gradients (multiplier 3; stride 2 same, stride 1 valid)", async () => {

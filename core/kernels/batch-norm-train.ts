@@ -100,13 +100,25 @@ const eps = (attrs: Record<string, unknown>): number => Number(attrs.epsilon)
 const hostForward = hostKernels({
   names: ["x", "gamma", "beta"],
   shapes: ({ x }) => [[...x!.shape], [x!.shape[1]!], [x!.shape[1]!]],
-  compute: ([x, gamma, beta], [y, mean, variance], attrs, { x: xi }) => batchNormTrainForward(x!, gamma!, beta!, xi!.shape[1]!, eps(attrs), y!, mean!, variance!)
+  compute: ([x, gamma, beta], [y, mean, variance], attrs, { x: xi }) => batchNormTrainForward(x!, gamma!, beta!, xi!.shape[1]!, eps(attrs), y!, mean!, variance!),
+  heap: (k, [x, gamma, beta], [y, mean, variance], attrs, { x: xi }) => {
+    const [M, C] = xi!.shape as [number, number]
+    if (C % 4 !== 0) return false
+    k.bnTrainForward(x!, gamma!, beta!, y!, mean!, variance!, M, C, eps(attrs))
+    return true
+  }
 })
 const hostBackward = hostKernels({
   names: ["dy", "x", "gamma", "mean", "variance", "dmean", "dvariance"],
   shapes: ({ x }) => [[...x!.shape], [x!.shape[1]!], [x!.shape[1]!]],
   compute: ([dy, x, gamma, mean, variance, dmean, dvariance], [dx, dg, db], attrs, { x: xi }) =>
-    batchNormTrainBackward(dy!, x!, gamma!, mean!, variance!, dmean!, dvariance!, xi!.shape[1]!, eps(attrs), dx!, dg!, db!)
+    batchNormTrainBackward(dy!, x!, gamma!, mean!, variance!, dmean!, dvariance!, xi!.shape[1]!, eps(attrs), dx!, dg!, db!),
+  heap: (k, [dy, x, gamma, mean, variance, dmean, dvariance], [dx, dg, db], attrs, { x: xi }) => {
+    const [M, C] = xi!.shape as [number, number]
+    if (C % 4 !== 0) return false
+    k.bnTrainBackward(dy!, x!, gamma!, mean!, variance!, dmean!, dvariance!, dx!, dg!, db!, M, C, eps(attrs))
+    return true
+  }
 })
 
 // webgpu: a channel's sums with one thread per channel looping over the rows, the elementwise parts

@@ -7,6 +7,7 @@
 // loops (their work is O(input x filter), no matmul to hand them to). Shapes the fast paths do not
 // cover (channels-first data, 3-D) go to the cpu-backend fallback instead (fallback.ts).
 import type { Tf } from "../tf.ts"
+import { addressOf, heapKernels } from "./heap-simd.ts"
 import { callKernel, floats, type KernelArgs, type TensorInfo } from "./wasm-heap.ts"
 
 /**
@@ -58,6 +59,14 @@ export const conv2dBackpropFilter = (tf: Tf, { inputs, backend, attrs }: KernelA
   // matrix measured 830 -> 752 µs for [32, 1, 64, 8] by 1x9x8x32 (the zoo's embedding model) and
   // 516 -> 236 for 1x5x8x16 same-padded.
   const oneDimensional = H === 1 && FH === 1
+  // gradwire's SIMD kernel on the heap (heap-simd.ts) reads x and dy in place, with no transposes and
+  // no patch matrix.
+  const kernels = info.dilationHeight === 1 && info.dilationWidth === 1 ? heapKernels(backend) : undefined
+  if (kernels) {
+    const dw = backend.makeOutput([...filterShape], "float32")
+    kernels.convFilterGrad(addressOf(backend, x), addressOf(backend, dy), addressOf(backend, dw), N, H, W, C, OH, OW, O, FH, FW, SH, SW, top, left)
+    return dw
+  }
   if (SH === 1 && SW === 1 && info.dilationHeight === 1 && info.dilationWidth === 1 && C >= 2 && C <= 32 && !oneDimensional && top >= 0 && left >= 0 && bottomPad >= 0 && rightPad >= 0) {
     const temps: TensorInfo[] = []
     try {

@@ -4,6 +4,7 @@
 // them, and replacing a tfjs-layers class's `call` (keeping tfjs-layers' own for the cases a kernel
 // does not cover, and for tests that compare the two).
 import type { Tf } from "../tf.ts"
+import { addressOf, heapKernels, type HeapKernels } from "./heap-simd.ts"
 import { floats, type KernelArgs, type TensorInfo } from "./wasm-heap.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
@@ -36,14 +37,31 @@ export interface HostKernel {
   names: string[]
   shapes: (inputs: Record<string, TensorInfo>) => number[][]
   compute: (ins: Float32Array[], outs: Float32Array[], attrs: Record<string, unknown>, inputs: Record<string, TensorInfo>) => void
+  /**
+   * The same computation by gradwire's SIMD kernels on the wasm heap (heap-simd.ts), given the
+   * inputs' and outputs' byte addresses there; false where it does not apply (then `compute` runs).
+   */
+  heap?: (kernels: HeapKernels, ins: number[], outs: number[], attrs: Record<string, unknown>, inputs: Record<string, TensorInfo>) => boolean
 }
 
-/** `k` as the wasm kernel (on its heap) and as the cpu kernel; one output is returned as itself, several as a list. */
+/** `k` as the wasm kernel (on its heap; its SIMD form where it has one) and as the cpu kernel; one output is returned as itself, several as a list. */
 export const hostKernels = (k: HostKernel): readonly [unknown, unknown] => {
   const result = (outs: TensorInfo[]): TensorInfo | TensorInfo[] => (outs.length === 1 ? outs[0]! : outs)
   const wasm = ({ inputs, backend, attrs }: KernelArgs): TensorInfo | TensorInfo[] => {
     // Every output made before any view is taken: a new output can grow the heap and detach earlier views.
     const outs = k.shapes(inputs).map((shape) => backend.makeOutput(shape, "float32"))
+    const kernels = k.heap && heapKernels(backend)
+    if (
+      kernels &&
+      k.heap!(
+        kernels,
+        k.names.map((n) => addressOf(backend, inputs[n]!)),
+        outs.map((o) => addressOf(backend, o)),
+        attrs,
+        inputs
+      )
+    )
+      return result(outs)
     k.compute(
       k.names.map((n) => floats(backend, inputs[n]!)),
       outs.map((o) => floats(backend, o)),

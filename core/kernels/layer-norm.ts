@@ -103,12 +103,24 @@ const eps = (attrs: Record<string, unknown>): number => Number(attrs.epsilon)
 const hostForward = hostKernels({
   names: ["x", "gamma", "beta"],
   shapes: ({ x }) => [[...x!.shape]],
-  compute: ([x, gamma, beta], [y], attrs, { x: xi }) => layerNormForward(x!, gamma!, beta!, xi!.shape[1]!, eps(attrs), y!)
+  compute: ([x, gamma, beta], [y], attrs, { x: xi }) => layerNormForward(x!, gamma!, beta!, xi!.shape[1]!, eps(attrs), y!),
+  heap: (k, [x, gamma, beta], [y], attrs, { x: xi }) => {
+    const [N, D] = xi!.shape as [number, number]
+    if (D % 4 !== 0) return false
+    k.lnForward(x!, gamma!, beta!, y!, N, D, eps(attrs))
+    return true
+  }
 })
 const hostBackward = hostKernels({
   names: ["dy", "x", "gamma"],
   shapes: ({ x }) => [[...x!.shape], [x!.shape[1]!], [x!.shape[1]!]],
-  compute: ([dy, x, gamma], [dx, dg, db], attrs, { x: xi }) => layerNormBackward(dy!, x!, gamma!, xi!.shape[1]!, eps(attrs), dx!, dg!, db!)
+  compute: ([dy, x, gamma], [dx, dg, db], attrs, { x: xi }) => layerNormBackward(dy!, x!, gamma!, xi!.shape[1]!, eps(attrs), dx!, dg!, db!),
+  heap: (k, [dy, x, gamma], [dx, dg, db], attrs, { x: xi }) => {
+    const [N, D] = xi!.shape as [number, number]
+    if (D % 4 !== 0) return false
+    k.lnBackward(dy!, x!, gamma!, dx!, dg!, db!, N, D, eps(attrs))
+    return true
+  }
 })
 
 // webgpu: a row's statistics (mean, r) once per row, then y or dx with one thread per row (D is the

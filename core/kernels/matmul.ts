@@ -1,9 +1,17 @@
-// BatchMatMul and _FusedMatMul with a transposed operand: tfjs-backend-wasm runs those through a
-// slow loop (0.8-3 GFLOP/s here, against 14-37 for the same product untransposed), and every dense
-// layer's backward pass asks for them (dW = xᵀ·dy, dx = dy·Wᵀ). The operand is transposed first
-// with the backend's own Transpose (O(m·k), small next to the O(m·k·n) product), then the backend's
-// fast path multiplies.
+// BatchMatMul and _FusedMatMul on wasm. tfjs-backend-wasm multiplies a transposed operand through
+// a slow loop (0.8-3 GFLOP/s here, against 14-37 for the same product untransposed), and every
+// dense layer's backward pass asks for one (dW = xᵀ·dy, dx = dy·Wᵀ): the operand is transposed
+// first with the backend's own Transpose (O(m·k), small next to the O(m·k·n) product). Its
+// batched products (more than one matrix: attention's Q·Kᵀ and weights·V) take that slow loop
+// even untransposed, 2 GFLOP/s for a transformer's [64, 32, 32]·[64, 32, 16]. BatchMatMul runs
+// them, and single products whose right operand fits the caches (k·n ≤ 32768 floats), through
+// gradwire's SIMD kernel on the heap (heap-simd.ts: 23-33 GFLOP/s on those shapes, XNNPACK's
+// 19-28 on the single ones), a transposed left operand read in place (xᵀ·dy: 16-27 GFLOP/s,
+// against 9-17 for a transpose and XNNPACK); larger single products stay with XNNPACK, which
+// blocks for the caches. Both sum each product over k in order, a multiply then an add, so the
+// results are the same bits.
 import type { Tf } from "../tf.ts"
+import { addressOf, heapKernels } from "./heap-simd.ts"
 import { callKernel, type KernelArgs, type KernelFunc, type TensorInfo } from "./wasm-heap.ts"
 
 const swapLast = (t: TensorInfo): number[] => {
@@ -13,21 +21,72 @@ const swapLast = (t: TensorInfo): number[] => {
   return perm
 }
 
-/** `original` (the backend's matmul kernel), fed untransposed operands. */
-export const untransposedMatMul = (tf: Tf, original: KernelFunc): KernelFunc => (args: KernelArgs) => {
-  const { inputs, backend, attrs } = args
-  const ta = attrs.transposeA === true
-  const tb = attrs.transposeB === true
-  if ((!ta && !tb) || inputs.a.dtype !== "float32" || inputs.b.dtype !== "float32") return original(args)
-  const temps: TensorInfo[] = []
-  const plain = (t: TensorInfo): TensorInfo => {
-    const out = callKernel(tf, "Transpose", { inputs: { x: t }, backend, attrs: { perm: swapLast(t) } })
-    temps.push(out)
-    return out
-  }
-  try {
-    return original({ inputs: { ...inputs, a: ta ? plain(inputs.a) : inputs.a, b: tb ? plain(inputs.b) : inputs.b }, backend, attrs: { ...attrs, transposeA: false, transposeB: false } })
-  } finally {
-    for (const t of temps) backend.disposeData(t.dataId)
-  }
+/** A single product's right operand that still fits the caches (floats): above it, XNNPACK's blocked kernel is faster. */
+export const SIMD_SINGLE_MAX_KN = 32768
+
+const size = (dims: readonly number[]): number => dims.reduce((x, y) => x * y, 1)
+
+/** The outer (batch) dims of a product of a and b, or undefined where the SIMD kernel does not take them (one side's must be all 1, or both the same). */
+const batchShape = (a: readonly number[], b: readonly number[]): number[] | undefined => {
+  if (size(a) === 1) return b.length >= a.length ? [...b] : [...a.slice(0, a.length - b.length).map(() => 1), ...b]
+  if (size(b) === 1) return a.length >= b.length ? [...a] : [...b.slice(0, b.length - a.length).map(() => 1), ...a]
+  return a.length === b.length && a.every((d, i) => d === b[i]) ? [...a] : undefined
 }
+
+/** Products the SIMD kernel ran in this process (for tests). */
+export const simdMatMulStats = { calls: 0 }
+
+/** a·b (aᵀ·b with `ta`) for float32 operands on the heap, b untransposed, or undefined where the SIMD kernel does not apply. */
+const simdProduct = (args: KernelArgs, a: TensorInfo, b: TensorInfo, ta: boolean): TensorInfo | undefined => {
+  const { backend } = args
+  const ra = a.shape.length
+  const rb = b.shape.length
+  if (ra < 2 || rb < 2) return undefined
+  const m = a.shape[ta ? ra - 1 : ra - 2]!
+  const k = a.shape[ta ? ra - 2 : ra - 1]!
+  const n = b.shape[rb - 1]!
+  if (b.shape[rb - 2] !== k) return undefined
+  const outer = batchShape(a.shape.slice(0, -2), b.shape.slice(0, -2))
+  if (!outer) return undefined
+  const batches = size(outer)
+  if (batches <= 1 && k * n > SIMD_SINGLE_MAX_KN) return undefined
+  const kernels = heapKernels(backend)
+  if (!kernels) return undefined
+  const out = backend.makeOutput([...outer, m, n], "float32")
+  const sa = size(a.shape.slice(0, -2)) === 1 ? 0 : m * k * 4
+  const sb = size(b.shape.slice(0, -2)) === 1 ? 0 : k * n * 4
+  simdMatMulStats.calls++
+  kernels.matmul(addressOf(backend, a), addressOf(backend, b), addressOf(backend, out), batches, m, k, n, sa, sb, ta ? 4 : 4 * k, ta ? 4 * m : 4)
+  return out
+}
+
+/**
+ * `original` (the backend's matmul kernel), fed untransposed operands; with `simd` (BatchMatMul),
+ * gradwire's SIMD kernel where it applies.
+ */
+export const untransposedMatMul =
+  (tf: Tf, original: KernelFunc, simd = false): KernelFunc =>
+  (args: KernelArgs) => {
+    const { inputs, backend, attrs } = args
+    const ta = attrs.transposeA === true
+    const tb = attrs.transposeB === true
+    if (inputs.a.dtype !== "float32" || inputs.b.dtype !== "float32") return original(args)
+    if (simd && !tb) {
+      const direct = simdProduct(args, inputs.a, inputs.b, ta)
+      if (direct) return direct
+    }
+    if (!ta && !tb) return original(args)
+    const temps: TensorInfo[] = []
+    const plain = (t: TensorInfo): TensorInfo => {
+      const out = callKernel(tf, "Transpose", { inputs: { x: t }, backend, attrs: { perm: swapLast(t) } })
+      temps.push(out)
+      return out
+    }
+    try {
+      const a = ta ? plain(inputs.a) : inputs.a
+      const b = tb ? plain(inputs.b) : inputs.b
+      return (simd && simdProduct(args, a, b, false)) || original({ inputs: { ...inputs, a, b }, backend, attrs: { ...attrs, transposeA: false, transposeB: false } })
+    } finally {
+      for (const t of temps) backend.disposeData(t.dataId)
+    }
+  }

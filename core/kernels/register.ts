@@ -72,10 +72,11 @@ export const registerWasmKernels = (tf: Tf): { fast: string[]; fallback: string[
   if (wasmTile) replace("Tile", guarded(tile, (a) => a.inputs.x.dtype !== "string", wasmTile))
   const wasmUnpack = tf.getKernel("Unpack", "wasm")?.kernelFunc as unknown as KernelFunc | undefined
   if (wasmUnpack) replace("Unpack", unpack(wasmUnpack))
-  // The backward pass's transposed products through the backend's fast untransposed path (matmul.ts).
+  // The backward pass's transposed products through the backend's fast untransposed path, and
+  // batched and cache-sized products through gradwire's SIMD kernel (matmul.ts).
   for (const mm of ["BatchMatMul", "_FusedMatMul"]) {
     const original = tf.getKernel(mm, "wasm")?.kernelFunc as unknown as KernelFunc | undefined
-    if (original) replace(mm, untransposedMatMul(tf, original))
+    if (original) replace(mm, untransposedMatMul(tf, original, mm === "BatchMatMul"))
   }
   // Transposes that move one group of axes past another, in cache-sized tiles (transpose.ts).
   const wasmTranspose = tf.getKernel("Transpose", "wasm")?.kernelFunc as unknown as KernelFunc | undefined

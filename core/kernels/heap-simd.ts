@@ -1,0 +1,70 @@
+// gradwire's SIMD kernels on tfjs-backend-wasm's heap (simd/heap-kernels.wat.mjs): one small
+// WebAssembly module instantiated with the backend's own memory as its memory, so a kernel reads
+// and writes tensors where tfjs keeps them, with no copy. The heap may grow later (the same Memory
+// object: the module sees the new size at once); addresses are taken afresh at every call.
+//
+// Undefined (the callers keep their JavaScript or tfjs path) without WebAssembly SIMD, with
+// GRADWIRE_SIMD=0, or on a backend that does not expose its memory.
+import * as settings from "../settings.ts"
+import { HEAP_KERNELS_WASM_BASE64 } from "./simd/heap-kernels-wasm.ts"
+import type { TensorInfo, WasmBackend } from "./wasm-heap.ts"
+
+declare const WebAssembly: {
+  Module: new (bytes: Uint8Array) => object
+  Instance: new (module: object, imports: object) => { readonly exports: unknown }
+}
+
+/** The kernels, as the module exports them (byte addresses on the heap). */
+export interface HeapKernels {
+  matmul(a: number, b: number, c: number, batches: number, m: number, k: number, n: number, sa: number, sb: number, ai: number, ak: number): void
+  /** Channels C a multiple of 4. */
+  bnTrainForward(x: number, gamma: number, beta: number, y: number, mean: number, variance: number, M: number, C: number, eps: number): void
+  /** Channels C a multiple of 4. */
+  bnTrainBackward(dy: number, x: number, gamma: number, mean: number, variance: number, dmean: number, dvariance: number, dx: number, dgamma: number, dbeta: number, M: number, C: number, eps: number): void
+  /** Row length D a multiple of 4. */
+  lnForward(x: number, gamma: number, beta: number, y: number, N: number, D: number, eps: number): void
+  /** Row length D a multiple of 4. */
+  lnBackward(dy: number, x: number, gamma: number, dx: number, dgamma: number, dbeta: number, N: number, D: number, eps: number): void
+  /** A channels-last 2-D convolution's filter gradient (dilation 1). */
+  convFilterGrad(x: number, dy: number, dw: number, N: number, H: number, W: number, C: number, OH: number, OW: number, O: number, FH: number, FW: number, SH: number, SW: number, top: number, left: number): void
+}
+
+let module: object | null | undefined
+const instances = new WeakMap<object, HeapKernels | null>()
+let enabled = true
+
+/** Turns the heap kernels off (their callers' other paths run) or on again: for tests and benchmarks of those paths. */
+export const useHeapKernels = (on: boolean): void => {
+  enabled = on
+}
+
+/** The kernels working on `backend`'s heap, or undefined (see above). */
+export const heapKernels = (backend: WasmBackend): HeapKernels | undefined => {
+  const memory = (backend as unknown as { wasm?: { asm?: { memory?: object } } }).wasm?.asm?.memory
+  if (!memory || !enabled) return undefined
+  const known = instances.get(memory)
+  if (known !== undefined) return known ?? undefined
+  if (module === undefined) {
+    module = null
+    if (settings.simd.read()) {
+      try {
+        module = new WebAssembly.Module(Buffer.from(HEAP_KERNELS_WASM_BASE64, "base64"))
+      } catch {
+        // no WebAssembly SIMD here: the callers' own paths do the work
+      }
+    }
+  }
+  let made: HeapKernels | null = null
+  if (module !== null) {
+    try {
+      made = new WebAssembly.Instance(module, { env: { memory } }).exports as HeapKernels
+    } catch {
+      made = null
+    }
+  }
+  instances.set(memory, made)
+  return made ?? undefined
+}
+
+/** A tensor's byte address on the heap. */
+export const addressOf = (backend: WasmBackend, t: TensorInfo): number => backend.typedArrayFromHeap(t).byteOffset

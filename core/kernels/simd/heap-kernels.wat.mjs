@@ -1,0 +1,444 @@
+// gradwire's SIMD kernels on tfjs-backend-wasm's own heap (WebAssembly 128-bit SIMD, 4 x f32 per
+// instruction), written as WebAssembly text; `node scripts/build-wasm.mjs` assembles it into
+// heap-kernels-wasm.ts. The module imports the backend's memory (env.memory), so the kernels read
+// and write tensors where tfjs keeps them: no copy in or out. Every address is a byte address on
+// that heap; every float array is 4-byte aligned (tfjs allocates them with malloc), which is all
+// v128.load and v128.store need (they take any alignment).
+//
+// The host side (../heap-simd.ts) calls a kernel only where its preconditions hold (named at each
+// kernel) and keeps its JavaScript loop otherwise.
+
+/** A counted loop: `body` runs with local $<i> from 0 while $<i> < `end` (an i32 expression). */
+const loop = (i, end, body) => `
+    (local.set $${i} (i32.const 0))
+    (block $${i}_done
+      (br_if $${i}_done (i32.ge_s (local.get $${i}) ${end}))
+      (loop $${i}_next
+        ${body}
+        (local.set $${i} (i32.add (local.get $${i}) (i32.const 1)))
+        (br_if $${i}_next (i32.lt_s (local.get $${i}) ${end}))))`
+
+const f4 = (name) => `(local $${name} v128)`
+const ZERO = "(v128.const f32x4 0 0 0 0)"
+const get = (n) => `(local.get $${n})`
+const add = (...xs) => xs.reduce((a, b) => `(i32.add ${a} ${b})`)
+const mul = (a, b) => `(i32.mul ${a} ${b})`
+const c32 = (v) => `(i32.const ${v})`
+
+/**
+ * matmul(a, b, c, batches, m, k, n, sa, sb, ai, ak): for each batch t, C_t = A_t · B_t with A_t
+ * [m, k] at a + t·sa, its element (i, kk) at i·ai + kk·ak bytes from there (row-major: ai = 4k,
+ * ak = 4; A_t stored transposed, [k, m]: ai = 4, ak = 4m), B_t [k, n] row-major at b + t·sb
+ * (byte strides; 0 repeats one matrix for every batch) and C_t [m, n] row-major at
+ * c + t·m·n·4. Columns go 16 at a time (four accumulators held across the whole k loop), then
+ * 4 at a time, then the last n mod 4 one at a time. Each product is a multiply then an
+ * add (no fused multiply-add), summed over k in order.
+ */
+const matmul = `
+  (func (export "matmul") (param $a i32) (param $b i32) (param $c i32) (param $batches i32)
+      (param $m i32) (param $k i32) (param $n i32) (param $sa i32) (param $sb i32) (param $ai i32) (param $ak i32)
+    (local $t i32) (local $i i32) (local $kk i32) (local $j i32) (local $row i32) (local $bt i32)
+    (local $ap i32) (local $bp i32) (local $cp i32) (local $nb i32)
+    (local $x f32) (local $s v128) ${f4("c0")} ${f4("c1")} ${f4("c2")} ${f4("c3")}
+    (local.set $nb ${mul(get("n"), c32(4))})
+    (local.set $cp ${get("c")})
+    ${loop(
+      "t",
+      get("batches"),
+      `(local.set $bt ${add(get("b"), mul(get("t"), get("sb")))})
+      ${loop(
+        "i",
+        get("m"),
+        `(local.set $row ${add(get("a"), mul(get("t"), get("sa")), mul(get("i"), get("ai")))})
+        (local.set $j (i32.const 0))
+        (block $wide_done
+          (br_if $wide_done (i32.gt_s (i32.add (local.get $j) (i32.const 16)) (local.get $n)))
+          (loop $wide
+            (local.set $c0 ${ZERO}) (local.set $c1 ${ZERO}) (local.set $c2 ${ZERO}) (local.set $c3 ${ZERO})
+            (local.set $ap (local.get $row))
+            (local.set $bp ${add(get("bt"), mul(get("j"), c32(4)))})
+            ${loop(
+              "kk",
+              get("k"),
+              `(local.set $s (v128.load32_splat (local.get $ap)))
+              (local.set $c0 (f32x4.add (local.get $c0) (f32x4.mul (local.get $s) (v128.load (local.get $bp)))))
+              (local.set $c1 (f32x4.add (local.get $c1) (f32x4.mul (local.get $s) (v128.load offset=16 (local.get $bp)))))
+              (local.set $c2 (f32x4.add (local.get $c2) (f32x4.mul (local.get $s) (v128.load offset=32 (local.get $bp)))))
+              (local.set $c3 (f32x4.add (local.get $c3) (f32x4.mul (local.get $s) (v128.load offset=48 (local.get $bp)))))
+              (local.set $ap (i32.add (local.get $ap) (local.get $ak)))
+              (local.set $bp (i32.add (local.get $bp) (local.get $nb)))`
+            )}
+            (v128.store (local.get $cp) (local.get $c0))
+            (v128.store offset=16 (local.get $cp) (local.get $c1))
+            (v128.store offset=32 (local.get $cp) (local.get $c2))
+            (v128.store offset=48 (local.get $cp) (local.get $c3))
+            (local.set $cp (i32.add (local.get $cp) (i32.const 64)))
+            (local.set $j (i32.add (local.get $j) (i32.const 16)))
+            (br_if $wide (i32.le_s (i32.add (local.get $j) (i32.const 16)) (local.get $n)))))
+        (block $narrow_done
+          (br_if $narrow_done (i32.gt_s (i32.add (local.get $j) (i32.const 4)) (local.get $n)))
+          (loop $narrow
+            (local.set $c0 ${ZERO})
+            (local.set $ap (local.get $row))
+            (local.set $bp ${add(get("bt"), mul(get("j"), c32(4)))})
+            ${loop(
+              "kk",
+              get("k"),
+              `(local.set $c0 (f32x4.add (local.get $c0) (f32x4.mul (v128.load32_splat (local.get $ap)) (v128.load (local.get $bp)))))
+              (local.set $ap (i32.add (local.get $ap) (local.get $ak)))
+              (local.set $bp (i32.add (local.get $bp) (local.get $nb)))`
+            )}
+            (v128.store (local.get $cp) (local.get $c0))
+            (local.set $cp (i32.add (local.get $cp) (i32.const 16)))
+            (local.set $j (i32.add (local.get $j) (i32.const 4)))
+            (br_if $narrow (i32.le_s (i32.add (local.get $j) (i32.const 4)) (local.get $n)))))
+        (block $tail_done
+          (br_if $tail_done (i32.ge_s (local.get $j) (local.get $n)))
+          (loop $tail
+            (local.set $x (f32.const 0))
+            (local.set $ap (local.get $row))
+            (local.set $bp ${add(get("bt"), mul(get("j"), c32(4)))})
+            ${loop(
+              "kk",
+              get("k"),
+              `(local.set $x (f32.add (local.get $x) (f32.mul (f32.load (local.get $ap)) (f32.load (local.get $bp)))))
+              (local.set $ap (i32.add (local.get $ap) (local.get $ak)))
+              (local.set $bp (i32.add (local.get $bp) (local.get $nb)))`
+            )}
+            (f32.store (local.get $cp) (local.get $x))
+            (local.set $cp (i32.add (local.get $cp) (i32.const 4)))
+            (local.set $j (i32.add (local.get $j) (i32.const 1)))
+            (br_if $tail (i32.lt_s (local.get $j) (local.get $n)))))`
+      )}`
+    )})`
+
+// Float64 halves of an f32x4 and back: sums over many rows are kept in float64, as the JavaScript
+// loops keep them (batch-norm-train.ts), two lanes per f64x2.
+const lo64 = (v) => `(f64x2.promote_low_f32x4 ${v})`
+const hi64 = (v) => `(f64x2.promote_low_f32x4 (i8x16.shuffle 8 9 10 11 12 13 14 15 0 1 2 3 4 5 6 7 ${v} ${v}))`
+const join32 = (lo, hi) => `(i8x16.shuffle 0 1 2 3 4 5 6 7 16 17 18 19 20 21 22 23 (f32x4.demote_f64x2_zero ${lo}) (f32x4.demote_f64x2_zero ${hi}))`
+const v = (n) => `(local $${n} v128)`
+const set = (n, e) => `(local.set $${n} ${e})`
+const vadd = (a, b) => `(f32x4.add ${a} ${b})`
+const vsub = (a, b) => `(f32x4.sub ${a} ${b})`
+const vmul = (a, b) => `(f32x4.mul ${a} ${b})`
+const dadd = (a, b) => `(f64x2.add ${a} ${b})`
+const dmul = (a, b) => `(f64x2.mul ${a} ${b})`
+const dsub = (a, b) => `(f64x2.sub ${a} ${b})`
+const ld = (p) => `(v128.load ${p})`
+const ZERO64 = "(v128.const f64x2 0 0)"
+
+/**
+ * Batch normalization while training over the last axis of x [M, C] (C a multiple of 4), four
+ * channels at a time, the rows strided by 4C bytes (batch-norm-train.ts has the formulas; these
+ * are its loops). Sums over rows in float64; the element-wise passes in float32.
+ *
+ * bnTrainForward(x, gamma, beta, y, mean, variance, M, C, eps): y, and the batch's mean and
+ * population variance per channel.
+ */
+const bnTrainForward = `
+  (func (export "bnTrainForward") (param $x i32) (param $gamma i32) (param $beta i32) (param $y i32)
+      (param $mean i32) (param $var i32) (param $M i32) (param $C i32) (param $eps f64)
+    (local $g i32) (local $i i32) (local $p i32) (local $q i32) (local $stride i32) (local $at i32)
+    ${v("slo")} ${v("shi")} ${v("mlo")} ${v("mhi")} ${v("d")} ${v("rows")} ${v("m4")} ${v("ml4")} ${v("sc")} ${v("b4")}
+    (local.set $stride (i32.mul (local.get $C) (i32.const 4)))
+    (local.set $rows (f64x2.splat (f64.convert_i32_s (local.get $M))))
+    ${loop(
+      "g",
+      "(i32.shr_s (local.get $C) (i32.const 2))",
+      `(local.set $at (i32.shl (local.get $g) (i32.const 4)))
+      ${set("slo", ZERO64)} ${set("shi", ZERO64)}
+      (local.set $p (i32.add (local.get $x) (local.get $at)))
+      ${loop(
+        "i",
+        get("M"),
+        `${set("d", ld(get("p")))}
+        ${set("slo", dadd(get("slo"), lo64(get("d"))))}
+        ${set("shi", dadd(get("shi"), hi64(get("d"))))}
+        (local.set $p (i32.add (local.get $p) (local.get $stride)))`
+      )}
+      ${set("mlo", `(f64x2.div ${get("slo")} ${get("rows")})`)}
+      ${set("mhi", `(f64x2.div ${get("shi")} ${get("rows")})`)}
+      ${set("slo", ZERO64)} ${set("shi", ZERO64)}
+      (local.set $p (i32.add (local.get $x) (local.get $at)))
+      ${loop(
+        "i",
+        get("M"),
+        `${set("d", ld(get("p")))}
+        ${set("b4", dsub(lo64(get("d")), get("mlo")))}
+        ${set("slo", dadd(get("slo"), dmul(get("b4"), get("b4"))))}
+        ${set("b4", dsub(hi64(get("d")), get("mhi")))}
+        ${set("shi", dadd(get("shi"), dmul(get("b4"), get("b4"))))}
+        (local.set $p (i32.add (local.get $p) (local.get $stride)))`
+      )}
+      ${set("slo", `(f64x2.div ${get("slo")} ${get("rows")})`)}
+      ${set("shi", `(f64x2.div ${get("shi")} ${get("rows")})`)}
+      (v128.store (i32.add (local.get $mean) (local.get $at)) ${join32(get("mlo"), get("mhi"))})
+      (v128.store (i32.add (local.get $var) (local.get $at)) ${join32(get("slo"), get("shi"))})
+      ;; scale = gamma / sqrt(variance + eps), in float64 as the JavaScript computes it
+      ${set("sc", join32(
+        `(f64x2.div ${lo64(ld(`(i32.add (local.get $gamma) (local.get $at))`))} (f64x2.sqrt (f64x2.add ${get("slo")} (f64x2.splat (local.get $eps)))))`,
+        `(f64x2.div ${hi64(ld(`(i32.add (local.get $gamma) (local.get $at))`))} (f64x2.sqrt (f64x2.add ${get("shi")} (f64x2.splat (local.get $eps)))))`
+      ))}
+      ;; the mean as a float32 and its remainder (x − mean as (x − m4) − ml4: near float64's precision
+      ;; where the mean is large next to the spread, as the JavaScript's float64 mean is)
+      ${set("m4", join32(get("mlo"), get("mhi")))}
+      ${set("ml4", join32(dsub(get("mlo"), lo64(get("m4"))), dsub(get("mhi"), hi64(get("m4")))))}
+      ${set("b4", ld(`(i32.add (local.get $beta) (local.get $at))`))}
+      (local.set $p (i32.add (local.get $x) (local.get $at)))
+      (local.set $q (i32.add (local.get $y) (local.get $at)))
+      ${loop(
+        "i",
+        get("M"),
+        `(v128.store (local.get $q) ${vadd(vmul(vsub(vsub(ld(get("p")), get("m4")), get("ml4")), get("sc")), get("b4"))})
+        (local.set $p (i32.add (local.get $p) (local.get $stride)))
+        (local.set $q (i32.add (local.get $q) (local.get $stride)))`
+      )}`
+    )})`
+
+/**
+ * bnTrainBackward(dy, x, gamma, mean, variance, dmean, dvariance, dx, dgamma, dbeta, M, C, eps):
+ * dx, dγ and dβ from the forward's mean and variance and the gradients reaching them.
+ */
+const bnTrainBackward = `
+  (func (export "bnTrainBackward") (param $dy i32) (param $x i32) (param $gamma i32) (param $mean i32)
+      (param $var i32) (param $dmean i32) (param $dvar i32) (param $dx i32) (param $dgamma i32)
+      (param $dbeta i32) (param $M i32) (param $C i32) (param $eps f64)
+    (local $g i32) (local $i i32) (local $p i32) (local $q i32) (local $o i32) (local $stride i32) (local $at i32)
+    ${v("rows")} ${v("rlo")} ${v("rhi")} ${v("r4")} ${v("m4")} ${v("dlo")} ${v("dhi")} ${v("xlo")} ${v("xhi")}
+    ${v("d")} ${v("xm")} ${v("ka")} ${v("kb")} ${v("kc")} ${v("kd")} ${v("ke")} ${v("sdy")} ${v("sxh")}
+    (local.set $stride (i32.mul (local.get $C) (i32.const 4)))
+    (local.set $rows (f64x2.splat (f64.convert_i32_s (local.get $M))))
+    ${loop(
+      "g",
+      "(i32.shr_s (local.get $C) (i32.const 2))",
+      `(local.set $at (i32.shl (local.get $g) (i32.const 4)))
+      ;; r = 1 / sqrt(variance + eps) in float64
+      ${set("rlo", `(f64x2.div (f64x2.splat (f64.const 1)) (f64x2.sqrt (f64x2.add ${lo64(ld(`(i32.add (local.get $var) (local.get $at))`))} (f64x2.splat (local.get $eps)))))`)}
+      ${set("rhi", `(f64x2.div (f64x2.splat (f64.const 1)) (f64x2.sqrt (f64x2.add ${hi64(ld(`(i32.add (local.get $var) (local.get $at))`))} (f64x2.splat (local.get $eps)))))`)}
+      ${set("m4", ld(`(i32.add (local.get $mean) (local.get $at))`))}
+      ${set("dlo", ZERO64)} ${set("dhi", ZERO64)} ${set("xlo", ZERO64)} ${set("xhi", ZERO64)}
+      (local.set $p (i32.add (local.get $x) (local.get $at)))
+      (local.set $q (i32.add (local.get $dy) (local.get $at)))
+      ;; Σ dy and Σ dy·(x − mean), in float64
+      ${loop(
+        "i",
+        get("M"),
+        `${set("d", ld(get("q")))}
+        ${set("xm", vsub(ld(get("p")), get("m4")))}
+        ${set("dlo", dadd(get("dlo"), lo64(get("d"))))}
+        ${set("dhi", dadd(get("dhi"), hi64(get("d"))))}
+        ${set("xlo", dadd(get("xlo"), dmul(lo64(get("d")), lo64(get("xm")))))}
+        ${set("xhi", dadd(get("xhi"), dmul(hi64(get("d")), hi64(get("xm")))))}
+        (local.set $p (i32.add (local.get $p) (local.get $stride)))
+        (local.set $q (i32.add (local.get $q) (local.get $stride)))`
+      )}
+      ;; Σ dy·x̂ = r · Σ dy·(x − mean)
+      ${set("xlo", dmul(get("xlo"), get("rlo")))}
+      ${set("xhi", dmul(get("xhi"), get("rhi")))}
+      ${set("sdy", join32(get("dlo"), get("dhi")))}
+      ${set("sxh", join32(get("xlo"), get("xhi")))}
+      (v128.store (i32.add (local.get $dgamma) (local.get $at)) (local.get $sxh))
+      (v128.store (i32.add (local.get $dbeta) (local.get $at)) (local.get $sdy))
+      ;; dx = r·γ·(dy − Σdy/M − x̂·Σdy·x̂/M) + dmean/M + 2·dvariance·(x − mean)/M
+      ${set("r4", join32(get("rlo"), get("rhi")))}
+      ${set("ka", vmul(get("r4"), ld(`(i32.add (local.get $gamma) (local.get $at))`)))}
+      ${set("kb", join32(`(f64x2.div ${get("dlo")} ${get("rows")})`, `(f64x2.div ${get("dhi")} ${get("rows")})`))}
+      ${set("kc", join32(`(f64x2.div ${get("xlo")} ${get("rows")})`, `(f64x2.div ${get("xhi")} ${get("rows")})`))}
+      ${set("kd", join32(`(f64x2.div ${lo64(ld(`(i32.add (local.get $dmean) (local.get $at))`))} ${get("rows")})`, `(f64x2.div ${hi64(ld(`(i32.add (local.get $dmean) (local.get $at))`))} ${get("rows")})`))}
+      ${set("ke", join32(`(f64x2.div (f64x2.mul (f64x2.splat (f64.const 2)) ${lo64(ld(`(i32.add (local.get $dvar) (local.get $at))`))}) ${get("rows")})`, `(f64x2.div (f64x2.mul (f64x2.splat (f64.const 2)) ${hi64(ld(`(i32.add (local.get $dvar) (local.get $at))`))}) ${get("rows")})`))}
+      (local.set $p (i32.add (local.get $x) (local.get $at)))
+      (local.set $q (i32.add (local.get $dy) (local.get $at)))
+      (local.set $o (i32.add (local.get $dx) (local.get $at)))
+      ${loop(
+        "i",
+        get("M"),
+        `${set("xm", vsub(ld(get("p")), get("m4")))}
+        (v128.store (local.get $o)
+          ${vadd(vadd(vmul(get("ka"), vsub(vsub(ld(get("q")), get("kb")), vmul(vmul(get("xm"), get("r4")), get("kc")))), get("kd")), vmul(get("ke"), get("xm")))})
+        (local.set $p (i32.add (local.get $p) (local.get $stride)))
+        (local.set $q (i32.add (local.get $q) (local.get $stride)))
+        (local.set $o (i32.add (local.get $o) (local.get $stride)))`
+      )}`
+    )})`
+
+/** The sum of an f32x4's lanes, ((l0 + l1) + (l2 + l3)). */
+const hsum = (e) => `(f32.add (f32.add (f32x4.extract_lane 0 ${e}) (f32x4.extract_lane 1 ${e})) (f32.add (f32x4.extract_lane 2 ${e}) (f32x4.extract_lane 3 ${e})))`
+
+/**
+ * Layer normalization over the last axis of x [N, D] (D a multiple of 4), a row at a time
+ * (layer-norm.ts has the formulas; these are its loops), in float32.
+ *
+ * lnForward(x, gamma, beta, y, N, D, eps).
+ */
+const rowStats = `
+    ;; the row's mean and r = 1 / sqrt(variance + eps), in $mean and $r (and splatted in $m4, $r4)
+    ${set("acc", ZERO)}
+    ${loop("j", get("q"), `${set("acc", vadd(get("acc"), ld(`(i32.add (local.get $row) (i32.shl (local.get $j) (i32.const 4)))`)))}`)}
+    (local.set $mean (f32.div ${hsum(get("acc"))} (local.get $fd)))
+    ${set("m4", "(f32x4.splat (local.get $mean))")}
+    ${set("acc", ZERO)}
+    ${loop("j", get("q"), `${set("d", vsub(ld(`(i32.add (local.get $row) (i32.shl (local.get $j) (i32.const 4)))`), get("m4")))}
+      ${set("acc", vadd(get("acc"), vmul(get("d"), get("d"))))}`)}
+    (local.set $r (f32.div (f32.const 1) (f32.sqrt (f32.add (f32.div ${hsum(get("acc"))} (local.get $fd)) (local.get $eps)))))
+    ${set("r4", "(f32x4.splat (local.get $r))")}`
+const lnLocals = `(local $n i32) (local $j i32) (local $q i32) (local $row i32) (local $at i32) (local $fd f32)
+    (local $mean f32) (local $r f32) ${v("acc")} ${v("m4")} ${v("r4")} ${v("d")} ${v("xh")}`
+const lnForward = `
+  (func (export "lnForward") (param $x i32) (param $gamma i32) (param $beta i32) (param $y i32)
+      (param $N i32) (param $D i32) (param $eps f32)
+    ${lnLocals}
+    (local.set $q (i32.shr_s (local.get $D) (i32.const 2)))
+    (local.set $fd (f32.convert_i32_s (local.get $D)))
+    ${loop(
+      "n",
+      get("N"),
+      `(local.set $row (i32.add (local.get $x) (i32.mul (i32.mul (local.get $n) (local.get $D)) (i32.const 4))))
+      ${rowStats}
+      ${loop(
+        "j",
+        get("q"),
+        `(local.set $at (i32.shl (local.get $j) (i32.const 4)))
+        ${set("xh", vmul(vsub(ld(`(i32.add (local.get $row) (local.get $at))`), get("m4")), get("r4")))}
+        (v128.store (i32.add (i32.sub (local.get $row) (local.get $x)) (i32.add (local.get $y) (local.get $at)))
+          ${vadd(vmul(get("xh"), ld(`(i32.add (local.get $gamma) (local.get $at))`)), ld(`(i32.add (local.get $beta) (local.get $at))`))})`
+      )}`
+    )})`
+
+/** lnBackward(dy, x, gamma, dx, dgamma, dbeta, N, D, eps): dγ and dβ summed over the rows in float32. */
+const lnBackward = `
+  (func (export "lnBackward") (param $dy i32) (param $x i32) (param $gamma i32) (param $dx i32)
+      (param $dgamma i32) (param $dbeta i32) (param $N i32) (param $D i32) (param $eps f32)
+    ${lnLocals} (local $off i32) (local $mg f32) (local $mgx f32) ${v("gg")} ${v("sg")} ${v("sgx")} ${v("dd")}
+    (local.set $q (i32.shr_s (local.get $D) (i32.const 2)))
+    (local.set $fd (f32.convert_i32_s (local.get $D)))
+    ${loop("j", get("q"), `(v128.store (i32.add (local.get $dgamma) (i32.shl (local.get $j) (i32.const 4))) ${ZERO})
+      (v128.store (i32.add (local.get $dbeta) (i32.shl (local.get $j) (i32.const 4))) ${ZERO})`)}
+    ${loop(
+      "n",
+      get("N"),
+      `(local.set $off (i32.mul (i32.mul (local.get $n) (local.get $D)) (i32.const 4)))
+      (local.set $row (i32.add (local.get $x) (local.get $off)))
+      ${rowStats}
+      ${set("sg", ZERO)} ${set("sgx", ZERO)}
+      ${loop(
+        "j",
+        get("q"),
+        `(local.set $at (i32.shl (local.get $j) (i32.const 4)))
+        ${set("xh", vmul(vsub(ld(`(i32.add (local.get $row) (local.get $at))`), get("m4")), get("r4")))}
+        ${set("dd", ld(`(i32.add (i32.add (local.get $dy) (local.get $off)) (local.get $at))`))}
+        ${set("gg", vmul(get("dd"), ld(`(i32.add (local.get $gamma) (local.get $at))`)))}
+        ${set("sg", vadd(get("sg"), get("gg")))}
+        ${set("sgx", vadd(get("sgx"), vmul(get("gg"), get("xh"))))}
+        (v128.store (i32.add (local.get $dgamma) (local.get $at)) ${vadd(ld(`(i32.add (local.get $dgamma) (local.get $at))`), vmul(get("dd"), get("xh")))})
+        (v128.store (i32.add (local.get $dbeta) (local.get $at)) ${vadd(ld(`(i32.add (local.get $dbeta) (local.get $at))`), get("dd"))})`
+      )}
+      (local.set $mg (f32.div ${hsum(get("sg"))} (local.get $fd)))
+      (local.set $mgx (f32.div ${hsum(get("sgx"))} (local.get $fd)))
+      ${loop(
+        "j",
+        get("q"),
+        `(local.set $at (i32.shl (local.get $j) (i32.const 4)))
+        ${set("xh", vmul(vsub(ld(`(i32.add (local.get $row) (local.get $at))`), get("m4")), get("r4")))}
+        ${set("gg", vmul(ld(`(i32.add (i32.add (local.get $dy) (local.get $off)) (local.get $at))`), ld(`(i32.add (local.get $gamma) (local.get $at))`)))}
+        (v128.store (i32.add (i32.add (local.get $dx) (local.get $off)) (local.get $at))
+          ${vmul(get("r4"), vsub(vsub(get("gg"), "(f32x4.splat (local.get $mg))"), vmul(get("xh"), "(f32x4.splat (local.get $mgx))")))})`
+      )}`
+    )})`
+
+
+/**
+ * convFilterGrad(x, dy, dw, N, H, W, C, OH, OW, O, FH, FW, SH, SW, top, left): a channels-last 2-D
+ * convolution's filter gradient, dW[fh, fw, c, o] = Σ_{b, oh, ow} x[b, oh·SH + fh − top,
+ * ow·SW + fw − left, c] · dy[b, oh, ow, o] (dilation 1, positions outside the image left out),
+ * without a patch matrix: for each tap and input channel, one row of dW (16 output channels at a
+ * time in four accumulators, then 4, then one) summed over every output pixel whose input is
+ * inside the image, x read in place with a stride of SW·C and dy row by row. Sums in float32, in
+ * the order b, oh, ow.
+ */
+const convFilterGrad = `
+  (func (export "convFilterGrad") (param $x i32) (param $dy i32) (param $dw i32) (param $N i32)
+      (param $H i32) (param $W i32) (param $C i32) (param $OH i32) (param $OW i32) (param $O i32)
+      (param $FH i32) (param $FW i32) (param $SH i32) (param $SW i32) (param $top i32) (param $left i32)
+    (local $fh i32) (local $fw i32) (local $ci i32) (local $j i32) (local $b i32) (local $oh i32) (local $ow i32)
+    (local $ih i32) (local $first i32) (local $end i32) (local $xp i32) (local $dp i32) (local $op i32)
+    (local $xstep i32) (local $ostep i32) (local $width i32) (local $sx f32)
+    (local $s v128) ${f4("c0")} ${f4("c1")} ${f4("c2")} ${f4("c3")}
+    (local.set $xstep (i32.mul (i32.mul (local.get $SW) (local.get $C)) (i32.const 4)))
+    (local.set $ostep (i32.mul (local.get $O) (i32.const 4)))
+    (local.set $op (local.get $dw))
+    ${loop(
+      "fh",
+      get("FH"),
+      loop(
+        "fw",
+        get("FW"),
+        `;; the output columns whose input column ow·SW + fw − left is inside the image: [first, end)
+        (local.set $first (i32.const 0))
+        (if (i32.gt_s (i32.sub (local.get $left) (local.get $fw)) (i32.const 0))
+          (then (local.set $first (i32.div_s (i32.add (i32.sub (local.get $left) (local.get $fw)) (i32.sub (local.get $SW) (i32.const 1))) (local.get $SW)))))
+        (local.set $end (i32.const 0))
+        (if (i32.ge_s (i32.sub (i32.add (local.get $W) (local.get $left)) (i32.add (local.get $fw) (i32.const 1))) (i32.const 0))
+          (then (local.set $end (i32.add (i32.div_s (i32.sub (i32.add (local.get $W) (local.get $left)) (i32.add (local.get $fw) (i32.const 1))) (local.get $SW)) (i32.const 1)))))
+        (if (i32.gt_s (local.get $end) (local.get $OW)) (then (local.set $end (local.get $OW))))
+        (if (i32.lt_s (local.get $end) (local.get $first)) (then (local.set $end (local.get $first))))
+        (local.set $width (i32.sub (local.get $end) (local.get $first)))
+        ${loop(
+          "ci",
+          get("C"),
+          `(local.set $j (i32.const 0))
+          ${["wide", "narrow", "one"].map((kind) => {
+            const lanes = kind === "wide" ? 16 : kind === "narrow" ? 4 : 1
+            const accs = kind === "wide" ? ["c0", "c1", "c2", "c3"] : ["c0"]
+            const body =
+              kind === "one"
+                ? `(local.set $sx (f32.add (local.get $sx) (f32.mul (f32.load (local.get $xp)) (f32.load (local.get $dp)))))`
+                : `(local.set $s (v128.load32_splat (local.get $xp)))
+                  ${accs.map((a, q) => `(local.set $${a} (f32x4.add (local.get $${a}) (f32x4.mul (local.get $s) (v128.load offset=${16 * q} (local.get $dp)))))`).join("\n")}`
+            return `(block $${kind}_done
+            (br_if $${kind}_done (i32.gt_s (i32.add (local.get $j) (i32.const ${lanes})) (local.get $O)))
+            (loop $${kind}
+              ${kind === "one" ? "(local.set $sx (f32.const 0))" : accs.map((a) => `(local.set $${a} ${ZERO})`).join(" ")}
+              ${loop(
+                "b",
+                get("N"),
+                loop(
+                  "oh",
+                  get("OH"),
+                  `(local.set $ih (i32.sub (i32.add (i32.mul (local.get $oh) (local.get $SH)) (local.get $fh)) (local.get $top)))
+                  (if (i32.and (i32.ge_s (local.get $ih) (i32.const 0)) (i32.lt_s (local.get $ih) (local.get $H)))
+                    (then
+                      (local.set $xp (i32.add (local.get $x) (i32.mul (i32.add (i32.mul (i32.add (i32.mul (i32.add (i32.mul (local.get $b) (local.get $H)) (local.get $ih)) (local.get $W))
+                        (i32.sub (i32.add (i32.mul (local.get $first) (local.get $SW)) (local.get $fw)) (local.get $left))) (local.get $C)) (local.get $ci)) (i32.const 4))))
+                      (local.set $dp (i32.add (local.get $dy) (i32.mul (i32.add (i32.mul (i32.add (i32.mul (i32.add (i32.mul (local.get $b) (local.get $OH)) (local.get $oh)) (local.get $OW)) (local.get $first)) (local.get $O)) (local.get $j)) (i32.const 4))))
+                      ${loop(
+                        "ow",
+                        get("width"),
+                        `${body}
+                        (local.set $xp (i32.add (local.get $xp) (local.get $xstep)))
+                        (local.set $dp (i32.add (local.get $dp) (local.get $ostep)))`
+                      )}))`
+                )
+              )}
+              ${
+                kind === "one"
+                  ? "(f32.store (local.get $op) (local.get $sx))"
+                  : accs.map((a, q) => `(v128.store offset=${16 * q} (local.get $op) (local.get $${a}))`).join("\n")
+              }
+              (local.set $op (i32.add (local.get $op) (i32.const ${4 * lanes})))
+              (local.set $j (i32.add (local.get $j) (i32.const ${lanes})))
+              (br_if $${kind} (i32.le_s (i32.add (local.get $j) (i32.const ${lanes})) (local.get $O)))))`
+          }).join("\n")}`
+        )}`
+      )
+    )})`
+
+export const wat = `(module
+  (import "env" "memory" (memory 1))
+  ${matmul}
+  ${bnTrainForward}
+  ${bnTrainBackward}
+  ${lnForward}
+  ${lnBackward}
+  ${convFilterGrad}
+)`
