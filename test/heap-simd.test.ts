@@ -8,6 +8,7 @@ import { loadEngine, type Tf } from "../core/engine.ts"
 import { batchNormTrainBackward, batchNormTrainForward } from "../core/kernels/batch-norm-train.ts"
 import { addressOf, heapKernels, type HeapKernels } from "../core/kernels/heap-simd.ts"
 import { layerNormBackward, layerNormForward } from "../core/kernels/layer-norm.ts"
+import { cellBackward, cellForward } from "../core/kernels/lstm-cell.ts"
 import { simdMatMulStats } from "../core/kernels/matmul.ts"
 import type { TensorInfo, WasmBackend } from "../core/kernels/wasm-heap.ts"
 
@@ -102,6 +103,37 @@ describe("SIMD kernels on the wasm heap", () => {
       const simd = onHeap([[dy, [N, D]], [x, [N, D]], [gamma, [D]]], [[N, D], [D], [D]], ([d, xa, g], [dx, dg, db]) => kernels.lnBackward(d!, xa!, g!, dx!, dg!, db!, N, D, 1e-3))
       expect(far(simd[0]!, js[0])).toBeLessThan(1e-4)
       for (const i of [1, 2]) expect(far(simd[i]!, js[i]!) / Math.sqrt(N)).toBeLessThan(1e-5)
+    })
+  }
+
+  for (const recurrent of ["hardSigmoid", "sigmoid"] as const) {
+    it(`an LSTM cell's gates (${recurrent}): h, c', dz and dc as the JavaScript loops give them, tanh and the sigmoid near 0, at tanh's branch point, at the clip's bounds and saturated`, () => {
+      const [B, H] = [6, 12]
+      const special = [0, 1e-7, -1e-7, 0.3, 0.6249, -0.6249, 0.625, -0.625, 0.6251, 2.5, -2.5, 9, -9, 30, -30, 100, -100, 1e-30]
+      const z = seeded(B * 4 * H, 21, 6)
+      z.set(special, 0)
+      z.set(special, 4 * H + H)
+      const c = seeded(B * H, 22, 3)
+      // Row 2: no carry, and tiny cell inputs, so c' = i·tanh(z_g) and h are tiny: relative errors show there.
+      c.fill(0, 2 * H, 3 * H)
+      const tiny = [1e-7, -1e-7, 3e-6, -1e-5, 1e-3, -0.01, 0.1, 0.3, -0.5, 0.62, -0.624, 0.626]
+      z.set(tiny, 2 * 4 * H + 2 * H)
+      const js = [new Float32Array(B * H), new Float32Array(B * H)] as const
+      cellForward(z, c, H, recurrent, ...js)
+      const hard = recurrent === "hardSigmoid" ? 1 : 0
+      const simd = onHeap([[z, [B, 4 * H]], [c, [B, H]]], [[B, H], [B, H]], ([za, ca], [h, cn]) => kernels.lstmCellForward(za!, ca!, h!, cn!, B, H, hard))
+      js.forEach((a, i) => expect(far(simd[i]!, a)).toBeLessThan(2e-7))
+      for (const i of [0, 1]) {
+        for (let j = 2 * H; j < 3 * H; j++) expect(Math.abs(simd[i]![j]! - js[i][j]!)).toBeLessThanOrEqual(1e-6 * Math.abs(js[i][j]!))
+      }
+      const dh = seeded(B * H, 23)
+      const dc = seeded(B * H, 24)
+      const jsBack = [new Float32Array(B * 4 * H), new Float32Array(B * H)] as const
+      cellBackward(dh, dc, z, c, H, recurrent, ...jsBack)
+      const simdBack = onHeap([[dh, [B, H]], [dc, [B, H]], [z, [B, 4 * H]], [c, [B, H]]], [[B, 4 * H], [B, H]], ([d, dca, za, ca], [dz, dcp]) =>
+        kernels.lstmCellBackward(d!, dca!, za!, ca!, dz!, dcp!, B, H, hard)
+      )
+      jsBack.forEach((a, i) => expect(far(simdBack[i]!, a)).toBeLessThan(1e-6))
     })
   }
 

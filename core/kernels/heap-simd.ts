@@ -26,6 +26,10 @@ export interface HeapKernels {
   /** Row length D a multiple of 4. */
   lnBackward(dy: number, x: number, gamma: number, dx: number, dgamma: number, dbeta: number, N: number, D: number, eps: number): void
   /** A channels-last 2-D convolution's filter gradient (dilation 1). */
+  /** LSTM units H a multiple of 4, more than 0; hard 1 for hardSigmoid, 0 for sigmoid. */
+  lstmCellForward(z: number, c: number, h: number, cNext: number, B: number, H: number, hard: number): void
+  /** As lstmCellForward. */
+  lstmCellBackward(dh: number, dcNext: number, z: number, c: number, dz: number, dc: number, B: number, H: number, hard: number): void
   convFilterGrad(x: number, dy: number, dw: number, N: number, H: number, W: number, C: number, OH: number, OW: number, O: number, FH: number, FW: number, SH: number, SW: number, top: number, left: number): void
 }
 

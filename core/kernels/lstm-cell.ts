@@ -12,7 +12,9 @@
 // gradient is 0.2 inside [-2.5, 2.5] bounds included, as tfjs's clip gives; or the logistic
 // sigmoid). The backward pass recomputes the gates from z and c (nothing more is kept) and gives
 // dz and dc from dh and dc'. Float32 rounding follows tfjs's order of operations in the forward
-// pass; tanh and exp are JavaScript's (within a float32 ulp or two of the backends').
+// pass; tanh and exp are JavaScript's (within a float32 ulp or two of the backends'). On wasm, where
+// H is a multiple of 4, the same loops run as gradwire's SIMD kernels on the heap (heap-simd.ts),
+// with Cephes' float32 tanh and exp (within about 2 ulp) and every product in float32.
 //
 // LSTMCell.call (tfjs-layers) is replaced for cells with a tanh activation, a hardSigmoid or
 // sigmoid recurrent activation, no dropout while training and 2-d inputs, on a backend that has the
@@ -114,12 +116,24 @@ const recurrentOf = (attrs: Record<string, unknown>): Recurrent => (attrs.recurr
 const hostForward = hostKernels({
   names: ["z", "c"],
   shapes: ({ c }) => [[...c!.shape], [...c!.shape]],
-  compute: ([z, c], [h, cn], attrs, { c: ci }) => cellForward(z!, c!, ci!.shape[1]!, recurrentOf(attrs), h!, cn!)
+  compute: ([z, c], [h, cn], attrs, { c: ci }) => cellForward(z!, c!, ci!.shape[1]!, recurrentOf(attrs), h!, cn!),
+  heap: (k, [z, c], [h, cn], attrs, { c: ci }) => {
+    const [B, H] = ci!.shape as [number, number]
+    if (H % 4 !== 0 || H === 0) return false
+    k.lstmCellForward(z!, c!, h!, cn!, B, H, recurrentOf(attrs) === "hardSigmoid" ? 1 : 0)
+    return true
+  }
 })
 const hostBackward = hostKernels({
   names: ["dh", "dc", "z", "c"],
   shapes: ({ z, c }) => [[...z!.shape], [...c!.shape]],
-  compute: ([dh, dc, z, c], [dz, dcPrev], attrs, { c: ci }) => cellBackward(dh!, dc!, z!, c!, ci!.shape[1]!, recurrentOf(attrs), dz!, dcPrev!)
+  compute: ([dh, dc, z, c], [dz, dcPrev], attrs, { c: ci }) => cellBackward(dh!, dc!, z!, c!, ci!.shape[1]!, recurrentOf(attrs), dz!, dcPrev!),
+  heap: (k, [dh, dc, z, c], [dz, dcPrev], attrs, { c: ci }) => {
+    const [B, H] = ci!.shape as [number, number]
+    if (H % 4 !== 0 || H === 0) return false
+    k.lstmCellBackward(dh!, dc!, z!, c!, dz!, dcPrev!, B, H, recurrentOf(attrs) === "hardSigmoid" ? 1 : 0)
+    return true
+  }
 })
 
 // webgpu: two small programs each way (one output per program).

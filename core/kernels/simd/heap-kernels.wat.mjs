@@ -433,6 +433,119 @@ const convFilterGrad = `
       )
     )})`
 
+const splat = (x) => `(f32x4.splat (f32.const ${x}))`
+/**
+ * Statements setting local $<dst> to e^x for the f32x4 expression `x`, Cephes' expf: x clamped to
+ * [−87.33654, 88] (so 2^n stays a normal float32), n = round(x·log2 e), r = x − n·ln 2 in two
+ * parts, a degree-6 polynomial in r, then scaled by 2^n through the exponent bits; within about 2
+ * ulp of e^x. Uses locals $ex $en $er $ep.
+ */
+const expInto = (dst, x) => `
+    (local.set $ex (f32x4.min (f32x4.max ${x} ${splat(-87.33654)}) ${splat(88)}))
+    (local.set $en (f32x4.nearest (f32x4.mul (local.get $ex) ${splat(1.44269504088896341)})))
+    (local.set $er (f32x4.sub (f32x4.sub (local.get $ex) (f32x4.mul (local.get $en) ${splat(0.693359375)})) (f32x4.mul (local.get $en) ${splat(-2.12194440e-4)})))
+    (local.set $ep ${splat(1.9875691500e-4)})
+    ${[1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1]
+      .map((c) => `(local.set $ep (f32x4.add (f32x4.mul (local.get $ep) (local.get $er)) ${splat(c)}))`)
+      .join("\n    ")}
+    (local.set $ep (f32x4.add (f32x4.add (f32x4.mul (f32x4.mul (local.get $ep) (local.get $er)) (local.get $er)) (local.get $er)) ${splat(1)}))
+    (local.set $${dst} (f32x4.mul (local.get $ep)
+      (i32x4.shl (i32x4.add (i32x4.trunc_sat_f32x4_s (local.get $en)) (i32x4.splat (i32.const 127))) (i32.const 23))))`
+/**
+ * Statements setting $<dst> to tanh of local $<x>, Cephes' tanhf: for |x| < 0.625 an odd
+ * polynomial, else 1 − 2/(e^{2|x|} + 1) with x's sign; within about 2 ulp. Uses locals $ta $tb
+ * $tz and expInto's.
+ */
+const tanhInto = (dst, x) => `
+    (local.set $ta (f32x4.abs (local.get $${x})))
+    ${expInto("tb", `(f32x4.add (local.get $ta) (local.get $ta))`)}
+    (local.set $tb (v128.or (f32x4.sub ${splat(1)} (f32x4.div ${splat(2)} (f32x4.add (local.get $tb) ${splat(1)})))
+      (v128.and (local.get $${x}) (v128.const i32x4 0x80000000 0x80000000 0x80000000 0x80000000))))
+    (local.set $tz (f32x4.mul (local.get $${x}) (local.get $${x})))
+    (local.set $ep ${splat(-5.70498872745e-3)})
+    ${[2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1, -3.33332819422e-1]
+      .map((c) => `(local.set $ep (f32x4.add (f32x4.mul (local.get $ep) (local.get $tz)) ${splat(c)}))`)
+      .join("\n    ")}
+    (local.set $ep (f32x4.add (f32x4.mul (f32x4.mul (local.get $ep) (local.get $tz)) (local.get $${x})) (local.get $${x})))
+    (local.set $${dst} (v128.bitselect (local.get $ep) (local.get $tb) (f32x4.lt (local.get $ta) ${splat(0.625)})))`
+/** Statements setting $<dst> to the recurrent activation of local $<x>: hardSigmoid (clip(0.2·x + 0.5, 0, 1), tfjs's rounding) where $hard, else the logistic sigmoid. */
+const gateInto = (dst, x) => `
+    (if (local.get $hard)
+      (then (local.set $${dst} (f32x4.min (f32x4.max (f32x4.add (f32x4.mul (local.get $${x}) ${splat(0.2)}) ${splat(0.5)}) ${splat(0)}) ${splat(1)})))
+      (else
+        ${expInto(dst, `(f32x4.neg (local.get $${x}))`)}
+        (local.set $${dst} (f32x4.div ${splat(1)} (f32x4.add (local.get $${dst}) ${splat(1)})))))`
+/** dσ/dx from x and σ(x): 0.2 where 0.2·x + 0.5 is inside [0, 1] (bounds included), else 0 (hardSigmoid); σ·(1 − σ). */
+const slope = (x, s) => `
+    (if (result v128) (local.get $hard)
+      (then (v128.and ${splat(0.2)} (v128.and
+        (f32x4.ge (f32x4.add (f32x4.mul (local.get $${x}) ${splat(0.2)}) ${splat(0.5)}) ${splat(0)})
+        (f32x4.le (f32x4.add (f32x4.mul (local.get $${x}) ${splat(0.2)}) ${splat(0.5)}) ${splat(1)}))))
+      (else (f32x4.mul (local.get $${s}) (f32x4.sub ${splat(1)} (local.get $${s})))))`
+const lstmLocals = `(local $b i32) (local $j i32) (local $zp i32) (local $sp i32) (local $hq i32)
+    ${["ex", "en", "er", "ep", "ta", "tb", "tz", "zi", "zf", "zg", "zo", "gi", "gf", "gg", "go", "cp", "cn", "tc", "dct", "dh"].map(v).join(" ")}`
+/** The gate blocks of row b, 4 units from j: $zi $zf $zg $zo; $zp and $sp the byte offsets of z's and the state's units. */
+const loadGates = `
+        (local.set $zp (i32.add (local.get $z) (i32.shl (i32.add (i32.mul (local.get $b) (i32.shl (local.get $H) (i32.const 2))) (local.get $j)) (i32.const 2))))
+        (local.set $sp (i32.shl (i32.add (i32.mul (local.get $b) (local.get $H)) (local.get $j)) (i32.const 2)))
+        (local.set $zi (v128.load (local.get $zp)))
+        (local.set $zf (v128.load (i32.add (local.get $zp) (local.get $hq))))
+        (local.set $zg (v128.load (i32.add (local.get $zp) (i32.shl (local.get $hq) (i32.const 1)))))
+        (local.set $zo (v128.load (i32.add (local.get $zp) (i32.mul (local.get $hq) (i32.const 3)))))
+        ${gateInto("gi", "zi")}
+        ${gateInto("gf", "zf")}
+        ${tanhInto("gg", "zg")}
+        ${gateInto("go", "zo")}
+        (local.set $cp (v128.load (i32.add (local.get $c) (local.get $sp))))
+        (local.set $cn (f32x4.add (f32x4.mul (local.get $gf) (local.get $cp)) (f32x4.mul (local.get $gi) (local.get $gg))))
+        ${tanhInto("tc", "cn")}`
+/**
+ * An LSTM time step's gates (lstm-cell.ts has the formulas; these are its loops, 4 units at a
+ * time): z [B, 4H] (input, forget, cell, output blocks), c [B, H]; H a multiple of 4; $hard 1 for
+ * hardSigmoid, 0 for sigmoid. lstmCellForward(z, c, h, cNext, B, H, hard).
+ */
+const lstmCellForward = `
+  (func (export "lstmCellForward") (param $z i32) (param $c i32) (param $h i32) (param $cNext i32)
+      (param $B i32) (param $H i32) (param $hard i32)
+    ${lstmLocals}
+    (local.set $hq (i32.shl (local.get $H) (i32.const 2)))
+    ${loop(
+      "b",
+      get("B"),
+      `(local.set $j (i32.const 0))
+      (loop $units
+        ${loadGates}
+        (v128.store (i32.add (local.get $cNext) (local.get $sp)) (local.get $cn))
+        (v128.store (i32.add (local.get $h) (local.get $sp)) (f32x4.mul (local.get $go) (local.get $tc)))
+        (local.set $j (i32.add (local.get $j) (i32.const 4)))
+        (br_if $units (i32.lt_s (local.get $j) (local.get $H))))`
+    )})`
+/** lstmCellBackward(dh, dcNext, z, c, dz, dc, B, H, hard): dz [B, 4H] and dc [B, H] from dh and dc'. */
+const lstmCellBackward = `
+  (func (export "lstmCellBackward") (param $dhs i32) (param $dcNext i32) (param $z i32) (param $c i32)
+      (param $dz i32) (param $dc i32) (param $B i32) (param $H i32) (param $hard i32)
+    ${lstmLocals} (local $dzp i32)
+    (local.set $hq (i32.shl (local.get $H) (i32.const 2)))
+    ${loop(
+      "b",
+      get("B"),
+      `(local.set $j (i32.const 0))
+      (loop $units
+        ${loadGates}
+        (local.set $dh (v128.load (i32.add (local.get $dhs) (local.get $sp))))
+        (local.set $dct (f32x4.add (v128.load (i32.add (local.get $dcNext) (local.get $sp)))
+          (f32x4.mul (f32x4.mul (local.get $dh) (local.get $go)) (f32x4.sub ${splat(1)} (f32x4.mul (local.get $tc) (local.get $tc))))))
+        (local.set $dzp (i32.add (local.get $dz) (i32.sub (local.get $zp) (local.get $z))))
+        (v128.store (local.get $dzp) (f32x4.mul (f32x4.mul (local.get $dct) (local.get $gg)) ${slope("zi", "gi")}))
+        (v128.store (i32.add (local.get $dzp) (local.get $hq)) (f32x4.mul (f32x4.mul (local.get $dct) (local.get $cp)) ${slope("zf", "gf")}))
+        (v128.store (i32.add (local.get $dzp) (i32.shl (local.get $hq) (i32.const 1)))
+          (f32x4.mul (f32x4.mul (local.get $dct) (local.get $gi)) (f32x4.sub ${splat(1)} (f32x4.mul (local.get $gg) (local.get $gg)))))
+        (v128.store (i32.add (local.get $dzp) (i32.mul (local.get $hq) (i32.const 3))) (f32x4.mul (f32x4.mul (local.get $dh) (local.get $tc)) ${slope("zo", "go")}))
+        (v128.store (i32.add (local.get $dc) (local.get $sp)) (f32x4.mul (local.get $dct) (local.get $gf)))
+        (local.set $j (i32.add (local.get $j) (i32.const 4)))
+        (br_if $units (i32.lt_s (local.get $j) (local.get $H))))`
+    )})`
+
 export const wat = `(module
   (import "env" "memory" (memory 1))
   ${matmul}
@@ -441,4 +554,6 @@ export const wat = `(module
   ${lnForward}
   ${lnBackward}
   ${convFilterGrad}
+  ${lstmCellForward}
+  ${lstmCellBackward}
 )`
