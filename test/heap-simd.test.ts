@@ -137,7 +137,7 @@ describe("SIMD kernels on the wasm heap", () => {
     })
   }
 
-  it("matmuls through the SIMD kernel: batched, batches broadcast, the left operand transposed in place, every column count's remainder, as the cpu backend gives them", async () => {
+  it("matmuls through the SIMD kernels: batched, batches broadcast, the left operand transposed in place, a·bᵀ as dot products, every column count's remainder, as the cpu backend gives them", async () => {
     const t = (shape: number[], seed: number): Tensor => tf.tensor(seeded(shape.reduce((a, b) => a * b, 1), seed), shape)
     const cases: Array<() => Tensor> = [
       () => tf.matMul(t([32, 2, 32, 16], 1), t([32, 2, 16, 32], 2)),
@@ -147,6 +147,10 @@ describe("SIMD kernels on the wasm heap", () => {
       () => tf.matMul(t([4, 9, 6], 9), t([4, 9, 5], 10), true, false),
       () => tf.matMul(t([4, 6, 9], 11), t([4, 5, 9], 12), false, true),
       () => tf.matMul(t([300, 24], 13), t([300, 40], 14), true, false),
+      // a·bᵀ as dot products of rows (k ≥ 32), batched, broadcast, with column counts not a multiple of 4
+      () => tf.matMul(t([5, 36], 30), t([7, 36], 31), false, true),
+      () => tf.matMul(t([3, 4, 64], 32), t([3, 6, 64], 33), false, true),
+      () => tf.matMul(t([2, 4, 32], 34), t([9, 32], 35), false, true),
       ...Array.from({ length: 21 }, (_, n) => () => tf.matMul(t([5, 11], 20 + n), t([11, n + 1], 50 + n))),
       () => tf.matMul(t([3, 0], 15), t([0, 4], 16))
     ]

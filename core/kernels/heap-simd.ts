@@ -17,6 +17,8 @@ declare const WebAssembly: {
 /** The kernels, as the module exports them (byte addresses on the heap). */
 export interface HeapKernels {
   matmul(a: number, b: number, c: number, batches: number, m: number, k: number, n: number, sa: number, sb: number, ai: number, ak: number): void
+  /** C = A·Bᵀ per batch, k a multiple of 4. */
+  matmulTB(a: number, b: number, c: number, batches: number, m: number, k: number, n: number, sa: number, sb: number): void
   /** Channels C a multiple of 4. */
   bnTrainForward(x: number, gamma: number, beta: number, y: number, mean: number, variance: number, M: number, C: number, eps: number): void
   /** Channels C a multiple of 4. */

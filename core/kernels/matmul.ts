@@ -7,9 +7,11 @@
 // them, and single products whose right operand fits the caches (k·n ≤ 32768 floats), through
 // gradwire's SIMD kernel on the heap (heap-simd.ts: 23-33 GFLOP/s on those shapes, XNNPACK's
 // 19-28 on the single ones), a transposed left operand read in place (xᵀ·dy: 16-27 GFLOP/s,
-// against 9-17 for a transpose and XNNPACK); larger single products stay with XNNPACK, which
-// blocks for the caches. Both sum each product over k in order, a multiply then an add, so the
-// results are the same bits.
+// against 9-17 for a transpose and XNNPACK), and a·bᵀ with k ≥ 32 as dot products of rows read in
+// place (dx = dy·Wᵀ, an LSTM's dh = dz·Uᵀ: 13-18 GFLOP/s against 2-5 for a transpose and the
+// product); larger single products stay with XNNPACK, which blocks for the caches. The products
+// sum over k in order, a multiply then an add, as the backend's do (the same bits); the dot
+// products in four partial sums added at the end.
 import type { Tf } from "../tf.ts"
 import { addressOf, heapKernels } from "./heap-simd.ts"
 import { callKernel, type KernelArgs, type KernelFunc, type TensorInfo } from "./wasm-heap.ts"
@@ -60,6 +62,31 @@ const simdProduct = (args: KernelArgs, a: TensorInfo, b: TensorInfo, ta: boolean
   return out
 }
 
+/** Below this inner length a·bᵀ is faster with b transposed first (the dot products' closing sums outweigh the transpose). */
+export const SIMD_TB_MIN_K = 32
+
+/** a·bᵀ for float32 operands on the heap, both untransposed in memory (b [.., n, k]), or undefined where the SIMD dot-product kernel does not apply. */
+const simdProductTB = (args: KernelArgs, a: TensorInfo, b: TensorInfo): TensorInfo | undefined => {
+  const { backend } = args
+  const ra = a.shape.length
+  const rb = b.shape.length
+  if (ra < 2 || rb < 2) return undefined
+  const m = a.shape[ra - 2]!
+  const k = a.shape[ra - 1]!
+  const n = b.shape[rb - 2]!
+  if (b.shape[rb - 1] !== k || k % 4 !== 0 || k < SIMD_TB_MIN_K) return undefined
+  const outer = batchShape(a.shape.slice(0, -2), b.shape.slice(0, -2))
+  if (!outer) return undefined
+  const kernels = heapKernels(backend)
+  if (!kernels) return undefined
+  const out = backend.makeOutput([...outer, m, n], "float32")
+  const sa = size(a.shape.slice(0, -2)) === 1 ? 0 : m * k * 4
+  const sb = size(b.shape.slice(0, -2)) === 1 ? 0 : n * k * 4
+  simdMatMulStats.calls++
+  kernels.matmulTB(addressOf(backend, a), addressOf(backend, b), addressOf(backend, out), size(outer), m, k, n, sa, sb)
+  return out
+}
+
 /**
  * `original` (the backend's matmul kernel), fed untransposed operands; with `simd` (BatchMatMul),
  * gradwire's SIMD kernel where it applies.
@@ -71,8 +98,8 @@ export const untransposedMatMul =
     const ta = attrs.transposeA === true
     const tb = attrs.transposeB === true
     if (inputs.a.dtype !== "float32" || inputs.b.dtype !== "float32") return original(args)
-    if (simd && !tb) {
-      const direct = simdProduct(args, inputs.a, inputs.b, ta)
+    if (simd) {
+      const direct = !tb ? simdProduct(args, inputs.a, inputs.b, ta) : !ta ? simdProductTB(args, inputs.a, inputs.b) : undefined
       if (direct) return direct
     }
     if (!ta && !tb) return original(args)

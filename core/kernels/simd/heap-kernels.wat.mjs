@@ -546,9 +546,75 @@ const lstmCellBackward = `
         (br_if $units (i32.lt_s (local.get $j) (local.get $H))))`
     )})`
 
+/**
+ * matmulTB(a, b, c, batches, m, k, n, sa, sb): for each batch t, C_t = A_t · B_tᵀ with A_t [m, k]
+ * at a + t·sa and B_t [n, k] at b + t·sb (byte strides; 0 repeats one matrix), both row-major,
+ * C_t [m, n] at c + t·m·n·4; k a multiple of 4. Each output is a dot product of two contiguous
+ * rows: four partial sums (lanes) over k, added ((l0 + l1) + (l2 + l3)) at the end; four columns
+ * at a time share A's loads, then the rest one at a time.
+ */
+const matmulTB = `
+  (func (export "matmulTB") (param $a i32) (param $b i32) (param $c i32) (param $batches i32)
+      (param $m i32) (param $k i32) (param $n i32) (param $sa i32) (param $sb i32)
+    (local $t i32) (local $i i32) (local $kk i32) (local $j i32) (local $row i32) (local $bt i32)
+    (local $bp i32) (local $cp i32) (local $kb i32) (local $k4 i32)
+    (local $av v128) ${f4("c0")} ${f4("c1")} ${f4("c2")} ${f4("c3")}
+    (local.set $kb (i32.mul (local.get $k) (i32.const 4)))
+    (local.set $k4 (i32.shr_s (local.get $k) (i32.const 2)))
+    (local.set $cp (local.get $c))
+    ${loop(
+      "t",
+      get("batches"),
+      `(local.set $bt ${add(get("b"), mul(get("t"), get("sb")))})
+      ${loop(
+        "i",
+        get("m"),
+        `(local.set $row ${add(get("a"), mul(get("t"), get("sa")), mul(get("i"), get("kb")))})
+        (local.set $j (i32.const 0))
+        (block $four_done
+          (br_if $four_done (i32.gt_s (i32.add (local.get $j) (i32.const 4)) (local.get $n)))
+          (loop $four
+            (local.set $c0 ${ZERO}) (local.set $c1 ${ZERO}) (local.set $c2 ${ZERO}) (local.set $c3 ${ZERO})
+            (local.set $bp (i32.add (local.get $bt) (i32.mul (local.get $j) (local.get $kb))))
+            ${loop(
+              "kk",
+              get("k4"),
+              `(local.set $av (v128.load (i32.add (local.get $row) (i32.shl (local.get $kk) (i32.const 4)))))
+              (local.set $c0 (f32x4.add (local.get $c0) (f32x4.mul (local.get $av) (v128.load (local.get $bp)))))
+              (local.set $c1 (f32x4.add (local.get $c1) (f32x4.mul (local.get $av) (v128.load (i32.add (local.get $bp) (local.get $kb))))))
+              (local.set $c2 (f32x4.add (local.get $c2) (f32x4.mul (local.get $av) (v128.load (i32.add (local.get $bp) (i32.shl (local.get $kb) (i32.const 1)))))))
+              (local.set $c3 (f32x4.add (local.get $c3) (f32x4.mul (local.get $av) (v128.load (i32.add (local.get $bp) (i32.mul (local.get $kb) (i32.const 3)))))))
+              (local.set $bp (i32.add (local.get $bp) (i32.const 16)))`
+            )}
+            (f32.store (local.get $cp) ${hsum(get("c0"))})
+            (f32.store offset=4 (local.get $cp) ${hsum(get("c1"))})
+            (f32.store offset=8 (local.get $cp) ${hsum(get("c2"))})
+            (f32.store offset=12 (local.get $cp) ${hsum(get("c3"))})
+            (local.set $cp (i32.add (local.get $cp) (i32.const 16)))
+            (local.set $j (i32.add (local.get $j) (i32.const 4)))
+            (br_if $four (i32.le_s (i32.add (local.get $j) (i32.const 4)) (local.get $n)))))
+        (block $one_done
+          (br_if $one_done (i32.ge_s (local.get $j) (local.get $n)))
+          (loop $one
+            (local.set $c0 ${ZERO})
+            (local.set $bp (i32.add (local.get $bt) (i32.mul (local.get $j) (local.get $kb))))
+            ${loop(
+              "kk",
+              get("k4"),
+              `(local.set $c0 (f32x4.add (local.get $c0) (f32x4.mul (v128.load (i32.add (local.get $row) (i32.shl (local.get $kk) (i32.const 4)))) (v128.load (local.get $bp)))))
+              (local.set $bp (i32.add (local.get $bp) (i32.const 16)))`
+            )}
+            (f32.store (local.get $cp) ${hsum(get("c0"))})
+            (local.set $cp (i32.add (local.get $cp) (i32.const 4)))
+            (local.set $j (i32.add (local.get $j) (i32.const 1)))
+            (br_if $one (i32.lt_s (local.get $j) (local.get $n)))))`
+      )}`
+    )})`
+
 export const wat = `(module
   (import "env" "memory" (memory 1))
   ${matmul}
+  ${matmulTB}
   ${bnTrainForward}
   ${bnTrainBackward}
   ${lnForward}
