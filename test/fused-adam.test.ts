@@ -60,10 +60,14 @@ describe("the fused Adam step on wasm", () => {
     const [v] = variables(5)
     const g = { [v!.name]: tf.onesLike(v!) }
     expect(fusedAdamStep(tf, tf.train.sgd(0.1), g)).toBe(false)
-    // A reshape shares the variable's buffer on wasm (clone copies it).
-    const alias = v!.reshape([-1])
-    expect(fusedAdamStep(tf, tf.train.adam(0.1), g)).toBe(false)
-    alias.dispose()
-    expect(fusedAdamStep(tf, tf.train.adam(0.1), g)).toBe(true)
+    // A reshape and a clone (Identity) share the variable's buffer on wasm.
+    for (const share of [() => v!.reshape([-1]), () => v!.clone()]) {
+      const alias = share()
+      const before = Float32Array.from(alias.dataSync())
+      expect(fusedAdamStep(tf, tf.train.adam(0.1), g)).toBe(false)
+      alias.dispose()
+      expect(fusedAdamStep(tf, tf.train.adam(0.1), g)).toBe(true)
+      expect(Array.from(v!.dataSync())).not.toEqual(Array.from(before))
+    }
   })
 })

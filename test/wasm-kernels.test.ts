@@ -268,6 +268,28 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     expect(withOne).toBe(0)
   })
 
+  it("Identity shares its input's buffer (no copy): a clone keeps its values after the original is disposed, and a variable's clone keeps the old values after an assign", async () => {
+    const backend = tf.backend() as unknown as { refCount(dataId: object): number }
+    const x = t([4, 5], 40)
+    const values = Float32Array.from((await x.data()) as Float32Array)
+    const y = tf.clone(x)
+    expect(backend.refCount(x.dataId)).toBe(2)
+    x.dispose()
+    expect(Array.from((await y.data()) as Float32Array)).toEqual(Array.from(values))
+    y.dispose()
+    const v = tf.variable(t([3, 4], 41))
+    const old = Float32Array.from((await v.data()) as Float32Array)
+    const snapshot = v.clone()
+    v.assign(t([3, 4], 42))
+    expect(Array.from((await snapshot.data()) as Float32Array)).toEqual(Array.from(old))
+    expect(Array.from((await v.data()) as Float32Array)).not.toEqual(Array.from(old))
+    tf.dispose([v, snapshot])
+    // Strings keep the backend's own.
+    const s = tf.clone(tf.tensor(["a", "b"]))
+    expect(await s.data()).toEqual(["a", "b"])
+    s.dispose()
+  })
+
   it("runs a kernel wasm lacks through the cpu backend, with its answer, and records it", async () => {
     expect(tf.getKernel("Einsum", "wasm")).toBeDefined()
     const worst = await compare(() => tf.einsum("ij,jk->ik", t([3, 4], 1), t([4, 2], 2)))

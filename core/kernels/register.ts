@@ -31,12 +31,24 @@ export const FAST_WASM_KERNELS = [
  * them against finite differences), replaced: MaxPoolGrad by gradwire's own; the conv3d gradients
  * (the input's wrong at stride 1, the filter's at stride 2) by the cpu backend's. And one that is
  * right but slow: Conv2DBackpropInput (conv-grads.ts), Tile (tile.ts), Unpack (unpack.ts), GatherV2 (gather.ts), the matmuls with a transposed operand (matmul.ts),
- * Transpose (transpose.ts), the broadcasting comparisons (broadcast.ts), and Sum and Mean over a
- * block of leading or middle axes (reduce.ts).
+ * Transpose (transpose.ts), the broadcasting comparisons (broadcast.ts), Sum and Mean over a
+ * block of leading or middle axes (reduce.ts), and Identity (shares its input's buffer, as tfjs's
+ * cpu backend and wasm's own Reshape do, where wasm's copied it: 26 copies of an activation in a
+ * residual CNN's step; gradwire's in-place writers check that a buffer is not shared first).
  */
-export const REPLACED_WASM_KERNELS = ["Conv2DBackpropInput", "MaxPoolGrad", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", "Tile", "Unpack", "BatchMatMul", "_FusedMatMul", "Transpose", "GatherV2", "Sum", "Mean", ...SLOW_BROADCAST_KERNELS] as const
+export const REPLACED_WASM_KERNELS = ["Conv2DBackpropInput", "MaxPoolGrad", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", "Tile", "Unpack", "BatchMatMul", "_FusedMatMul", "Transpose", "GatherV2", "Sum", "Mean", "Identity", ...SLOW_BROADCAST_KERNELS] as const
 
 let registered: { fast: string[]; fallback: string[]; gradients: string[] } | undefined
+
+/** Identity as a second reference to its input's buffer (strings keep the backend's own). */
+const sharedIdentity =
+  (original: KernelFunc): KernelFunc =>
+  (args) => {
+    const { x } = args.inputs
+    if (x.dtype === "string") return original(args)
+    ;(args.backend as unknown as { incRef(dataId: object): void }).incRef(x.dataId)
+    return { dataId: x.dataId, shape: [...x.shape], dtype: x.dtype }
+  }
 
 /** A fast kernel with its own preconditions; outside them, the cpu fallback. */
 const guarded = (fast: KernelFunc, ok: (a: KernelArgs) => boolean, slow: KernelFunc): KernelFunc => (args) => (ok(args) ? fast(args) : slow(args))
@@ -81,6 +93,8 @@ export const registerWasmKernels = (tf: Tf): { fast: string[]; fallback: string[
   // Transposes that move one group of axes past another, in cache-sized tiles (transpose.ts).
   const wasmTranspose = tf.getKernel("Transpose", "wasm")?.kernelFunc as unknown as KernelFunc | undefined
   if (wasmTranspose) replace("Transpose", transposeKernel(wasmTranspose))
+  const wasmIdentity = tf.getKernel("Identity", "wasm")?.kernelFunc as unknown as KernelFunc | undefined
+  if (wasmIdentity) replace("Identity", sharedIdentity(wasmIdentity))
   const wasmGather = tf.getKernel("GatherV2", "wasm")?.kernelFunc as unknown as KernelFunc | undefined
   if (wasmGather) replace("GatherV2", gatherRows(wasmGather))
   // Sum and Mean over leading or middle axes, summed straight from the heap (reduce.ts).
