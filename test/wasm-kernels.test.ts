@@ -268,6 +268,32 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     expect(withOne).toBe(0)
   })
 
+  it("max and min over leading and middle blocks of axes (the heap's SIMD kernel), and their gradients in one kernel, ties and all, as the cpu backend gives them", async () => {
+    // Columns not a multiple of 4, one row, keepDims, negative axes, innermost and every axis through the backend's own.
+    const tied = (shape: number[], seed: number): Tensor => tf.round(tf.mul(t(shape, seed), 3))
+    const worst = await compare(() => [
+      tf.max(t([32, 56, 32], 1), 1),
+      tf.min(t([32, 56, 32], 2), 1, true),
+      tf.max(t([37, 5], 3), 0),
+      tf.min(t([3, 11, 7, 6], 4), [0, 1, 2]),
+      tf.max(t([4, 9, 6, 3], 5), [-3, -2], true),
+      tf.max(t([1, 6], 6), 0),
+      tf.max(t([2, 3, 4], 7), -1),
+      tf.min(t([2, 3, 4], 8)),
+      tf.max(tied([5, 9, 7], 9), 1),
+      ...tf.grads((a: Tensor, b: Tensor) => tf.add(tf.max(a, 1).mul(t([5, 7], 10)).sum(), tf.min(b, [0, 1], true).mul(t([1, 1, 6], 11)).sum()))([tied([5, 9, 7], 12), tied([4, 3, 6], 13)]),
+      tf.grad((a: Tensor) => tf.max(a, -1).sum())(tied([4, 5], 14))
+    ])
+    expect(worst).toBe(0)
+    for (const reduce of [tf.max, tf.min]) {
+      const kernels = (await tf.profile(() => tf.grad((a: Tensor) => reduce(a, 1).sum())(t([4, 9, 8], 15)))).kernels.map((k) => (k as unknown as { name: string }).name)
+      expect(kernels).toContain("GradwireMaxMinGrad")
+      expect(kernels).not.toContain("Equal")
+    }
+    // A NaN in a column makes its max NaN, as on the cpu backend.
+    expect(Array.from(await tf.max(tf.tensor3d([1, 2, Number.NaN, 4, 5, 6, 7, 8], [1, 2, 4]), 1).data())).toEqual([5, 6, Number.NaN, 8])
+  })
+
   it("Identity shares its input's buffer (no copy): a clone keeps its values after the original is disposed, and a variable's clone keeps the old values after an assign", async () => {
     const backend = tf.backend() as unknown as { refCount(dataId: object): number }
     const x = t([4, 5], 40)

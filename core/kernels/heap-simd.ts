@@ -32,6 +32,10 @@ export interface HeapKernels {
   lstmCellForward(z: number, c: number, h: number, cNext: number, B: number, H: number, hard: number): void
   /** As lstmCellForward. */
   lstmCellBackward(dh: number, dcNext: number, z: number, c: number, dz: number, dc: number, B: number, H: number, hard: number): void
+  /** x read as [B, R, C], R ≥ 1; isMin 1 for min, 0 for max. */
+  reduceMaxMin(x: number, out: number, B: number, R: number, C: number, isMin: number): void
+  /** dx [B, R, C] of a max or min over R, from dy and y [B, C] and x. */
+  maxMinGrad(dy: number, x: number, y: number, dx: number, B: number, R: number, C: number): void
   convFilterGrad(x: number, dy: number, dw: number, N: number, H: number, W: number, C: number, OH: number, OW: number, O: number, FH: number, FW: number, SH: number, SW: number, top: number, left: number): void
 }
 

@@ -8,9 +8,12 @@
 // eight rows at a time, straight from the wasm heap: 14 and 123 µs for those two shapes. (A product
 // with a row of ones through the backend's BatchMatMul was as fast on a tensor it had seen, but
 // XNNPACK packs its right operand anew for every new tensor, which made a training step slower.)
-// Mean scales the sums by 1 / R. Other reductions (innermost axes, every axis, axes apart,
-// non-float32) keep the backend's kernel.
-import type { KernelArgs, KernelFunc } from "./wasm-heap.ts"
+// Mean scales the sums by 1 / R. Max and Min over such a block run as gradwire's SIMD kernel on
+// the heap (heap-simd.ts), and so does their gradient (a global max pool's). Other reductions
+// (innermost axes, every axis, axes apart, non-float32) keep the backend's kernel.
+import type { Tf } from "../tf.ts"
+import { addressOf, heapKernels } from "./heap-simd.ts"
+import type { KernelArgs, KernelFunc, TensorInfo } from "./wasm-heap.ts"
 
 /** A reduction's input as [before, reduced, after], with the reduced axes (non-negative, ascending). */
 export interface ReducedBlock {
@@ -80,4 +83,56 @@ export const blockReduce = (original: KernelFunc, mean: boolean): KernelFunc => 
   const out = backend.makeOutput(reducedShape(x.shape, block.axes, attrs.keepDims === true), "float32")
   sumBlock(backend.typedArrayFromHeap(x) as Float32Array, backend.typedArrayFromHeap(out) as Float32Array, block, mean ? 1 / block.reduced : 1)
   return out
+}
+
+/** `original` (the backend's Max or Min), or gradwire's SIMD kernel for a block of leading or middle axes (the backend transposed the block to the end first: 0.28 ms for a global max pool over [32, 56, 32]'s middle axis). */
+export const blockMaxMin =
+  (original: KernelFunc, min: boolean): KernelFunc =>
+  (args: KernelArgs) => {
+    const { inputs, backend, attrs } = args
+    const x = inputs.x!
+    const kernels = x.dtype === "float32" ? heapKernels(backend) : undefined
+    // Max's attribute is reductionIndices, Min's axis.
+    const block = kernels ? asReducedBlock(x.shape, (min ? attrs.axis : attrs.reductionIndices) as number | number[] | null) : undefined
+    if (!kernels || !block || block.reduced === 0 || block.before * block.after === 0) return original(args)
+    const out = backend.makeOutput(reducedShape(x.shape, block.axes, attrs.keepDims === true), "float32")
+    kernels.reduceMaxMin(addressOf(backend, x), addressOf(backend, out), block.before, block.reduced, block.after, min ? 1 : 0)
+    return out
+  }
+
+/** gradwire's kernel for the gradient of a Max or Min over a block of leading or middle axes (below). */
+export const MAX_MIN_GRAD = "GradwireMaxMinGrad"
+
+/** dx = dy · (x == y), every tie taking dy, as tfjs's gradient computes it, in one pass on the heap. */
+const maxMinGrad = ({ inputs, backend, attrs }: KernelArgs): TensorInfo => {
+  const { dy, x, y } = inputs as { dy: TensorInfo; x: TensorInfo; y: TensorInfo }
+  const block = asReducedBlock(x.shape, attrs.axes as number[])!
+  const dx = backend.makeOutput([...x.shape], "float32")
+  heapKernels(backend)!.maxMinGrad(addressOf(backend, dy), addressOf(backend, x), addressOf(backend, y), addressOf(backend, dx), block.before, block.reduced, block.after)
+  return dx
+}
+
+const WRAPPED = Symbol.for("gradwire.blockMaxMinGradient")
+
+/**
+ * On wasm, the gradients of Max and Min over a block of leading or middle axes (a global max pool)
+ * as one kernel (maxMinGrad) where tfjs's takes reshapes, a broadcasting Equal, a Cast and a
+ * broadcasting Multiply; tfjs's own gradient everywhere else (other backends, innermost axes,
+ * non-float32, without the heap kernels). Registered once, over tfjs-core's own.
+ */
+export const registerBlockMaxMinGradients = (tf: Tf): void => {
+  if (!tf.getKernel(MAX_MIN_GRAD, "wasm")) tf.registerKernel({ kernelName: MAX_MIN_GRAD, backendName: "wasm", kernelFunc: maxMinGrad as never })
+  for (const [name, axisAttr] of [["Max", "reductionIndices"], ["Min", "axis"]] as const) {
+    const own = tf.getGradient(name) as (ReturnType<Tf["getGradient"]> & { [WRAPPED]?: true }) | undefined
+    if (!own || own[WRAPPED]) continue
+    type Saved = Array<import("@tensorflow/tfjs").Tensor>
+    const gradFunc = (dy: import("@tensorflow/tfjs").Tensor, saved: Saved, attrs: Record<string, unknown>) => {
+      const [x, y] = saved as [import("@tensorflow/tfjs").Tensor, import("@tensorflow/tfjs").Tensor]
+      const axes = tf.util.parseAxisParam(attrs[axisAttr] as number | number[], x.shape)
+      const onHeap = tf.getBackend() === "wasm" && x.dtype === "float32" && dy.dtype === "float32" && heapKernels(tf.backend() as unknown as KernelArgs["backend"]) !== undefined
+      if (onHeap && asReducedBlock(x.shape, axes)) return { x: () => tf.engine().runKernel(MAX_MIN_GRAD, { dy, x, y }, { axes }) as import("@tensorflow/tfjs").Tensor }
+      return own.gradFunc(dy, saved, attrs as never)
+    }
+    tf.registerGradient({ ...own, gradFunc: gradFunc as never, [WRAPPED]: true } as never)
+  }
 }

@@ -9,7 +9,7 @@ import { registerMissingGradients } from "./gradients.ts"
 import { maxPoolGrad } from "./pool-grads.ts"
 import { unsortedSegmentSum } from "./segment-sum.ts"
 import { BATCH_NORM_GRAD, registerBatchNormGrad } from "./batch-norm-grad.ts"
-import { blockReduce } from "./reduce.ts"
+import { blockMaxMin, blockReduce, registerBlockMaxMinGradients } from "./reduce.ts"
 import { tile } from "./tile.ts"
 import { unpack } from "./unpack.ts"
 import { gatherRows } from "./gather.ts"
@@ -32,11 +32,11 @@ export const FAST_WASM_KERNELS = [
  * (the input's wrong at stride 1, the filter's at stride 2) by the cpu backend's. And one that is
  * right but slow: Conv2DBackpropInput (conv-grads.ts), Tile (tile.ts), Unpack (unpack.ts), GatherV2 (gather.ts), the matmuls with a transposed operand (matmul.ts),
  * Transpose (transpose.ts), the broadcasting comparisons (broadcast.ts), Sum and Mean over a
- * block of leading or middle axes (reduce.ts), and Identity (shares its input's buffer, as tfjs's
+ * block of leading or middle axes (reduce.ts), Max and Min there (reduce.ts), and Identity (shares its input's buffer, as tfjs's
  * cpu backend and wasm's own Reshape do, where wasm's copied it: 26 copies of an activation in a
  * residual CNN's step; gradwire's in-place writers check that a buffer is not shared first).
  */
-export const REPLACED_WASM_KERNELS = ["Conv2DBackpropInput", "MaxPoolGrad", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", "Tile", "Unpack", "BatchMatMul", "_FusedMatMul", "Transpose", "GatherV2", "Sum", "Mean", "Identity", ...SLOW_BROADCAST_KERNELS] as const
+export const REPLACED_WASM_KERNELS = ["Conv2DBackpropInput", "MaxPoolGrad", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", "Tile", "Unpack", "BatchMatMul", "_FusedMatMul", "Transpose", "GatherV2", "Sum", "Mean", "Max", "Min", "Identity", ...SLOW_BROADCAST_KERNELS] as const
 
 let registered: { fast: string[]; fallback: string[]; gradients: string[] } | undefined
 
@@ -97,11 +97,17 @@ export const registerWasmKernels = (tf: Tf): { fast: string[]; fallback: string[
   if (wasmIdentity) replace("Identity", sharedIdentity(wasmIdentity))
   const wasmGather = tf.getKernel("GatherV2", "wasm")?.kernelFunc as unknown as KernelFunc | undefined
   if (wasmGather) replace("GatherV2", gatherRows(wasmGather))
-  // Sum and Mean over leading or middle axes, summed straight from the heap (reduce.ts).
+  // Sum and Mean over leading or middle axes, summed straight from the heap; Max and Min there,
+  // and their gradient, by the heap's SIMD kernels (reduce.ts).
   for (const [name, mean] of [["Sum", false], ["Mean", true]] as const) {
     const original = tf.getKernel(name, "wasm")?.kernelFunc as unknown as KernelFunc | undefined
     if (original) replace(name, blockReduce(original, mean))
   }
+  for (const [name, min] of [["Max", false], ["Min", true]] as const) {
+    const original = tf.getKernel(name, "wasm")?.kernelFunc as unknown as KernelFunc | undefined
+    if (original) replace(name, blockMaxMin(original, min))
+  }
+  registerBlockMaxMinGradients(tf)
   // Broadcasting comparisons and the like on equal shapes (broadcast.ts).
   const broadcasting: string[] = []
   for (const k of SLOW_BROADCAST_KERNELS) {

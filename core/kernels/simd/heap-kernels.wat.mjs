@@ -611,6 +611,88 @@ const matmulTB = `
       )}`
     )})`
 
+/**
+ * Statements running `vec(p)` for each 4-float group of a row of C floats at byte offset 0 (p the
+ * group's byte offset, a local $p), then `one(p)` for the last C mod 4; uses locals $col $cv.
+ */
+const overRow = (vec, one) => `
+      (local.set $col (i32.const 0))
+      (local.set $cv (i32.and (local.get $C) (i32.const -4)))
+      (block $vec_done
+        (br_if $vec_done (i32.ge_s (local.get $col) (local.get $cv)))
+        (loop $vec
+          (local.set $p (i32.shl (local.get $col) (i32.const 2)))
+          ${vec}
+          (local.set $col (i32.add (local.get $col) (i32.const 4)))
+          (br_if $vec (i32.lt_s (local.get $col) (local.get $cv)))))
+      (block $one_done
+        (br_if $one_done (i32.ge_s (local.get $col) (local.get $C)))
+        (loop $one
+          (local.set $p (i32.shl (local.get $col) (i32.const 2)))
+          ${one}
+          (local.set $col (i32.add (local.get $col) (i32.const 1)))
+          (br_if $one (i32.lt_s (local.get $col) (local.get $C)))))`
+/**
+ * reduceMaxMin(x, out, B, R, C, isMin): out[b, c] = max (min where isMin) over r of x[b, r, c], x
+ * read as [B, R, C] (R ≥ 1): row 0 copied, then each further row folded in, 4 columns at a time.
+ * f32x4.max / f32.max: a NaN anywhere in a column makes its result NaN.
+ */
+const reduceMaxMin = `
+  (func (export "reduceMaxMin") (param $x i32) (param $out i32) (param $B i32) (param $R i32) (param $C i32) (param $isMin i32)
+    (local $b i32) (local $r i32) (local $row i32) (local $o i32) (local $p i32) (local $col i32) (local $cv i32)
+    ${loop(
+      "b",
+      get("B"),
+      `(local.set $row (i32.add (local.get $x) (i32.mul (i32.mul (local.get $b) (i32.mul (local.get $R) (local.get $C))) (i32.const 4))))
+      (local.set $o (i32.add (local.get $out) (i32.mul (i32.mul (local.get $b) (local.get $C)) (i32.const 4))))
+      ${overRow(
+        `(v128.store (i32.add (local.get $o) (local.get $p)) (v128.load (i32.add (local.get $row) (local.get $p))))`,
+        `(f32.store (i32.add (local.get $o) (local.get $p)) (f32.load (i32.add (local.get $row) (local.get $p))))`
+      )}
+      (local.set $r (i32.const 1))
+      (block $rows_done
+        (br_if $rows_done (i32.ge_s (local.get $r) (local.get $R)))
+        (loop $rows
+          (local.set $row (i32.add (local.get $row) (i32.shl (local.get $C) (i32.const 2))))
+          (if (local.get $isMin)
+            (then ${overRow(
+              `(v128.store (i32.add (local.get $o) (local.get $p)) (f32x4.min (v128.load (i32.add (local.get $o) (local.get $p))) (v128.load (i32.add (local.get $row) (local.get $p)))))`,
+              `(f32.store (i32.add (local.get $o) (local.get $p)) (f32.min (f32.load (i32.add (local.get $o) (local.get $p))) (f32.load (i32.add (local.get $row) (local.get $p)))))`
+            )})
+            (else ${overRow(
+              `(v128.store (i32.add (local.get $o) (local.get $p)) (f32x4.max (v128.load (i32.add (local.get $o) (local.get $p))) (v128.load (i32.add (local.get $row) (local.get $p)))))`,
+              `(f32.store (i32.add (local.get $o) (local.get $p)) (f32.max (f32.load (i32.add (local.get $o) (local.get $p))) (f32.load (i32.add (local.get $row) (local.get $p)))))`
+            )}))
+          (local.set $r (i32.add (local.get $r) (i32.const 1)))
+          (br_if $rows (i32.lt_s (local.get $r) (local.get $R)))))`
+    )})`
+/**
+ * maxMinGrad(dy, x, y, dx, B, R, C): the gradient of a max or min over the middle axis of x
+ * [B, R, C] as tfjs computes it, dx[b, r, c] = dy[b, c] · (x[b, r, c] == y[b, c] ? 1 : 0) (every
+ * tie gets dy; a product, so a NaN or infinite dy stays NaN where the mask is 0, as in tfjs).
+ */
+const maxMinGrad = `
+  (func (export "maxMinGrad") (param $dy i32) (param $x i32) (param $y i32) (param $dx i32) (param $B i32) (param $R i32) (param $C i32)
+    (local $b i32) (local $r i32) (local $row i32) (local $o i32) (local $d i32) (local $yy i32) (local $p i32) (local $col i32) (local $cv i32)
+    ${loop(
+      "b",
+      get("B"),
+      `(local.set $d (i32.add (local.get $dy) (i32.mul (i32.mul (local.get $b) (local.get $C)) (i32.const 4))))
+      (local.set $yy (i32.add (local.get $y) (i32.mul (i32.mul (local.get $b) (local.get $C)) (i32.const 4))))
+      ${loop(
+        "r",
+        get("R"),
+        `(local.set $row (i32.add (local.get $x) (i32.mul (i32.mul (i32.add (i32.mul (local.get $b) (local.get $R)) (local.get $r)) (local.get $C)) (i32.const 4))))
+        (local.set $o (i32.add (local.get $dx) (i32.sub (local.get $row) (local.get $x))))
+        ${overRow(
+          `(v128.store (i32.add (local.get $o) (local.get $p)) (f32x4.mul (v128.load (i32.add (local.get $d) (local.get $p)))
+            (v128.and (f32x4.eq (v128.load (i32.add (local.get $row) (local.get $p))) (v128.load (i32.add (local.get $yy) (local.get $p)))) ${splat(1)})))`,
+          `(f32.store (i32.add (local.get $o) (local.get $p)) (f32.mul (f32.load (i32.add (local.get $d) (local.get $p)))
+            (select (f32.const 1) (f32.const 0) (f32.eq (f32.load (i32.add (local.get $row) (local.get $p))) (f32.load (i32.add (local.get $yy) (local.get $p)))))))`
+        )}`
+      )}`
+    )})`
+
 export const wat = `(module
   (import "env" "memory" (memory 1))
   ${matmul}
@@ -622,4 +704,6 @@ export const wat = `(module
   ${convFilterGrad}
   ${lstmCellForward}
   ${lstmCellBackward}
+  ${reduceMaxMin}
+  ${maxMinGrad}
 )`
