@@ -158,17 +158,26 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     expect(asBlockTranspose([2, 3, 4], [1, 2, 0])).toEqual({ batch: 1, rows: 2, cols: 12, inner: 1 })
     expect(asBlockTranspose([2, 3, 4], [0, 1, 2])).toBeUndefined()
     expect(asBlockTranspose([2, 3, 4], [2, 1, 0])).toBeUndefined()
-    const worst = await compare(() => [
-      tf.transpose(t([130, 67], 1)),
-      tf.transpose(t([3, 70, 129], 2), [0, 2, 1]),
-      tf.transpose(t([2, 5, 3, 4], 3), [0, 2, 1, 3]),
-      tf.transpose(t([5, 6, 7], 4), [2, 0, 1]),
-      tf.transpose(t([5, 6, 7], 5), [1, 2, 0]),
-      tf.transpose(t([2, 3, 4, 5], 6), [3, 1, 2, 0]),
-      tf.transpose(tf.cast(tf.mul(t([9, 70], 7), 100), "int32"), [1, 0]).toFloat(),
-      tf.transpose(tf.greater(t([65, 3], 8), 0), [1, 0]).toFloat()
-    ])
-    expect(worst).toBe(0)
+    // By the heap's SIMD kernel (float32, int32; runs of 1, 5 and 16 elements), and by the JavaScript loop without it.
+    for (const simd of [true, false]) {
+      useHeapKernels(simd)
+      try {
+        const worst = await compare(() => [
+          tf.transpose(t([130, 67], 1)),
+          tf.transpose(t([3, 70, 129], 2), [0, 2, 1]),
+          tf.transpose(t([2, 5, 3, 4], 3), [0, 2, 1, 3]),
+          tf.transpose(t([5, 6, 7], 4), [2, 0, 1]),
+          tf.transpose(t([5, 6, 7], 5), [1, 2, 0]),
+          tf.transpose(t([2, 3, 4, 5], 6), [3, 1, 2, 0]),
+          tf.transpose(t([4, 2, 70, 16], 9), [0, 2, 1, 3]),
+          tf.transpose(tf.cast(tf.mul(t([9, 70], 7), 100), "int32"), [1, 0]).toFloat(),
+          tf.transpose(tf.greater(t([65, 3], 8), 0), [1, 0]).toFloat()
+        ])
+        expect(worst).toBe(0)
+      } finally {
+        useHeapKernels(true)
+      }
+    }
   })
 
   it("sum and mean over leading and middle blocks of axes (the rows added on the heap), batch norm's gradients, and the other reductions through the backend's own", async () => {

@@ -36,6 +36,8 @@ export interface HeapKernels {
   reduceMaxMin(x: number, out: number, B: number, R: number, C: number, isMin: number): void
   /** dx [B, R, C] of a max or min over R, from dy and y [B, C] and x. */
   maxMinGrad(dy: number, x: number, y: number, dx: number, B: number, R: number, C: number): void
+  /** dst[b][c][r] = src[b][r][c], runs of `inner` 4-byte elements. */
+  blockTranspose(src: number, dst: number, batch: number, rows: number, cols: number, inner: number): void
   convFilterGrad(x: number, dy: number, dw: number, N: number, H: number, W: number, C: number, OH: number, OW: number, O: number, FH: number, FW: number, SH: number, SW: number, top: number, left: number): void
 }
 

@@ -4,7 +4,10 @@
 // transposes that move one group of axes past another, with leading axes kept (a batch) and
 // trailing axes kept (a contiguous run per element): [1, 0], [0, 2, 1], [0, 2, 1, 3], [1, 0, 2],
 // [2, 0, 1]. Each is a batched R x C transpose of runs, done in 64 x 64 tiles, so reads and writes
-// both stay within a few cache lines. Anything else goes to the backend's own kernel.
+// both stay within a few cache lines: float32 and int32 by gradwire's SIMD kernel on the heap
+// (heap-simd.ts; a JavaScript copy per run cost more than the run itself for attention's 16-float
+// runs), bool by the loop below. Anything else goes to the backend's own kernel.
+import { addressOf, heapKernels } from "./heap-simd.ts"
 import type { KernelArgs, KernelFunc, TensorInfo } from "./wasm-heap.ts"
 
 const TILE = 64
@@ -72,6 +75,12 @@ export const transposeKernel =
     const plan = x.dtype === "string" || x.dtype === "complex64" ? undefined : asBlockTranspose(x.shape, perm)
     if (!plan) return original(args)
     const out = backend.makeOutput(perm.map((p) => x.shape[p]!), x.dtype)
+    // float32 and int32 by gradwire's kernel on the heap (heap-simd.ts), bool (bytes) here.
+    const kernels = x.dtype === "float32" || x.dtype === "int32" ? heapKernels(backend) : undefined
+    if (kernels) {
+      if (plan.batch * plan.rows * plan.cols * plan.inner > 0) kernels.blockTranspose(addressOf(backend, x), addressOf(backend, out), plan.batch, plan.rows, plan.cols, plan.inner)
+      return out
+    }
     blockTranspose(backend.typedArrayFromHeap(x), backend.typedArrayFromHeap(out), plan.batch, plan.rows, plan.cols, plan.inner)
     return out
   }

@@ -693,6 +693,63 @@ const maxMinGrad = `
       )}`
     )})`
 
+/**
+ * blockTranspose(src, dst, batch, rows, cols, inner): dst[b][c][r] = src[b][r][c] for runs of
+ * `inner` 4-byte elements (float32 or int32), in 64 x 64 tiles of (r, c) so that reads and writes
+ * stay within a few cache lines; a run goes 4 elements at a time (v128) while it can, then one at a
+ * time.
+ */
+const blockTranspose = `
+  (func (export "blockTranspose") (param $src i32) (param $dst i32) (param $batch i32) (param $rows i32) (param $cols i32) (param $inner i32)
+    (local $b i32) (local $r0 i32) (local $c0 i32) (local $r1 i32) (local $c1 i32) (local $r i32) (local $c i32)
+    (local $plane i32) (local $s i32) (local $d i32) (local $e i32) (local $runb i32) (local $vend i32)
+    (local.set $plane (i32.mul (i32.mul (local.get $rows) (local.get $cols)) (i32.shl (local.get $inner) (i32.const 2))))
+    (local.set $runb (i32.shl (local.get $inner) (i32.const 2)))
+    (local.set $vend (i32.and (local.get $runb) (i32.const -16)))
+    ${loop(
+      "b",
+      get("batch"),
+      `(local.set $r0 (i32.const 0))
+      (block $r0_done
+        (br_if $r0_done (i32.ge_s (local.get $r0) (local.get $rows)))
+        (loop $r0_next
+          (local.set $r1 (select (i32.add (local.get $r0) (i32.const 64)) (local.get $rows) (i32.lt_s (i32.add (local.get $r0) (i32.const 64)) (local.get $rows))))
+          (local.set $c0 (i32.const 0))
+          (block $c0_done
+            (br_if $c0_done (i32.ge_s (local.get $c0) (local.get $cols)))
+            (loop $c0_next
+              (local.set $c1 (select (i32.add (local.get $c0) (i32.const 64)) (local.get $cols) (i32.lt_s (i32.add (local.get $c0) (i32.const 64)) (local.get $cols))))
+              (local.set $c (local.get $c0))
+              (loop $c_next
+                (local.set $r (local.get $r0))
+                (loop $r_next
+                  (local.set $s (i32.add (i32.add (local.get $src) (i32.mul (local.get $b) (local.get $plane)))
+                    (i32.mul (i32.add (i32.mul (local.get $r) (local.get $cols)) (local.get $c)) (local.get $runb))))
+                  (local.set $d (i32.add (i32.add (local.get $dst) (i32.mul (local.get $b) (local.get $plane)))
+                    (i32.mul (i32.add (i32.mul (local.get $c) (local.get $rows)) (local.get $r)) (local.get $runb))))
+                  (local.set $e (i32.const 0))
+                  (block $v_done
+                    (br_if $v_done (i32.ge_s (local.get $e) (local.get $vend)))
+                    (loop $v
+                      (v128.store (i32.add (local.get $d) (local.get $e)) (v128.load (i32.add (local.get $s) (local.get $e))))
+                      (local.set $e (i32.add (local.get $e) (i32.const 16)))
+                      (br_if $v (i32.lt_s (local.get $e) (local.get $vend)))))
+                  (block $w_done
+                    (br_if $w_done (i32.ge_s (local.get $e) (local.get $runb)))
+                    (loop $w
+                      (i32.store (i32.add (local.get $d) (local.get $e)) (i32.load (i32.add (local.get $s) (local.get $e))))
+                      (local.set $e (i32.add (local.get $e) (i32.const 4)))
+                      (br_if $w (i32.lt_s (local.get $e) (local.get $runb)))))
+                  (local.set $r (i32.add (local.get $r) (i32.const 1)))
+                  (br_if $r_next (i32.lt_s (local.get $r) (local.get $r1))))
+                (local.set $c (i32.add (local.get $c) (i32.const 1)))
+                (br_if $c_next (i32.lt_s (local.get $c) (local.get $c1))))
+              (local.set $c0 (local.get $c1))
+              (br_if $c0_next (i32.lt_s (local.get $c0) (local.get $cols)))))
+          (local.set $r0 (local.get $r1))
+          (br_if $r0_next (i32.lt_s (local.get $r0) (local.get $rows)))))`
+    )})`
+
 export const wat = `(module
   (import "env" "memory" (memory 1))
   ${matmul}
@@ -706,4 +763,5 @@ export const wat = `(module
   ${lstmCellBackward}
   ${reduceMaxMin}
   ${maxMinGrad}
+  ${blockTranspose}
 )`
