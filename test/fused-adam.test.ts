@@ -1,9 +1,10 @@
 // core/kernels/fused-adam.ts: tfjs's Adam update as one in-place pass per variable on wasm is bit
 // for bit optimizer.applyGradients, weights and optimizer state (moments, accBeta1/2, iterations),
 // over several steps and shapes; and it declines where it must not write in place.
-import { beforeAll, describe, expect, it } from "vitest"
+import { beforeAll, describe, expect, it, onTestFinished } from "vitest"
 import { loadEngine, type Tf } from "../core/engine.ts"
 import { fusedAdamStep } from "../core/kernels/fused-adam.ts"
+import { useHeapKernels } from "../core/kernels/heap-simd.ts"
 
 let tf: Tf
 beforeAll(async () => {
@@ -16,7 +17,10 @@ const variables = (seed: number) =>
   SHAPES.map((s, i) => tf.tidy(() => tf.variable(tf.randomNormal(s, 0, 1, "float32", seed + i), true, `fused_adam_${made++}`)))
 
 describe("the fused Adam step on wasm", () => {
-  it("equals tfjs's applyGradients bit for bit, weights and state, over 6 steps", async () => {
+  // By the heap's SIMD kernel (four weights at a time, the rest one by one) and by the JavaScript loop.
+  for (const simd of [true, false]) it(`equals tfjs's applyGradients bit for bit, weights and state, over 6 steps${simd ? "" : ", without the heap kernels"}`, async () => {
+    useHeapKernels(simd)
+    onTestFinished(() => useHeapKernels(true))
     const a = variables(1)
     const b = variables(1)
     const oa = tf.train.adam(0.01, 0.8, 0.95, 1e-6)

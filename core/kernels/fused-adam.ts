@@ -3,9 +3,13 @@
 // transformer's). The state stays tfjs's own (the optimizer's moment variables and accBeta1/2, so
 // getWeights(), checkpoints and a switch back to applyGradients see the same optimizer), and every
 // operation is rounded to float32 in tfjs's order, so the result is bit for bit what
-// optimizer.applyGradients computes (tested). It declines (returns false) on any other backend or
-// optimizer, and when a buffer it would write is shared with another tensor (a clone).
+// optimizer.applyGradients computes (tested); four weights at a time by gradwire's SIMD kernel on
+// the heap (heap-simd.ts: the same float32 operations, so the same bits). It declines (returns
+// false) on any other backend or optimizer, and when a buffer it would write is shared with another
+// tensor (a clone).
 import type { Tf } from "../tf.ts"
+import { heapKernels } from "./heap-simd.ts"
+import type { WasmBackend } from "./wasm-heap.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
 type Variable = import("@tensorflow/tfjs").Variable
@@ -87,6 +91,7 @@ export const fusedAdamStep = (tf: Tf, optimizer: unknown, grads: Readonly<Record
   // New weights go to a fresh buffer, assigned to the variable: the wasm backend caches XNNPACK
   // operators with the weights packed, keyed by the buffer, so weights changed in place would be
   // multiplied stale. The moments and accBeta1/2 feed no such operator and are updated in place.
+  const kernels = heapKernels(backend as unknown as WasmBackend)
   const fresh = names.map((name) => (grads[name] ? backend.makeOutput([...registered[name]!.shape], "float32") : undefined))
   names.forEach((name, i) => {
     const gT = grads[name]
@@ -97,6 +102,11 @@ export const fusedAdamStep = (tf: Tf, optimizer: unknown, grads: Readonly<Record
     const m = heap(opt.accumulatedFirstMoment[i]!.variable)
     const v = heap(opt.accumulatedSecondMoment[i]!.variable)
     const g = heap(gT)
+    if (kernels) {
+      // The same float32 operations, four at a time, on the heap (heap-simd.ts): the same bits.
+      kernels.adam(p.byteOffset, q.byteOffset, m.byteOffset, v.byteOffset, g.byteOffset, p.length, b1, c1, b2, c2, d1, d2, eps, negLr)
+      return
+    }
     for (let k = 0; k < p.length; k++) {
       const gk = g[k]!
       const mk = f(f(m[k]! * b1) + f(gk * c1))

@@ -750,6 +750,50 @@ const blockTranspose = `
           (br_if $r0_next (i32.lt_s (local.get $r0) (local.get $rows)))))`
     )})`
 
+/**
+ * adam(p, q, m, v, g, n, b1, c1, b2, c2, d1, d2, eps, negLr): tfjs's Adam update of n weights p
+ * into q, the moments m and v in place, every operation a float32 one in tfjs's order (so the bits
+ * are those of fused-adam.ts's loop and of optimizer.applyGradients):
+ *   m = m·b1 + g·c1   v = v·b2 + (g·g)·c2   q = ((m / d1) / (√(v / d2) + eps))·(−lr) + p
+ * four at a time, the last n mod 4 one at a time.
+ */
+const adamStep = (w) => {
+  const op = (name) => (w === 4 ? `f32x4.${name}` : `f32.${name}`)
+  const ld1 = (a) => (w === 4 ? `(v128.load ${a})` : `(f32.load ${a})`)
+  const st = (a, e) => (w === 4 ? `(v128.store ${a} ${e})` : `(f32.store ${a} ${e})`)
+  const k = (n) => (w === 4 ? `(f32x4.splat (local.get $${n}))` : `(local.get $${n})`)
+  const at = (base) => `(i32.add (local.get $${base}) (local.get $o))`
+  return `
+        (local.set $${w === 4 ? "g4" : "g1"} ${ld1(at("g"))})
+        (local.set $${w === 4 ? "m4" : "m1"} (${op("add")} (${op("mul")} ${ld1(at("m"))} ${k("b1")}) (${op("mul")} (local.get $${w === 4 ? "g4" : "g1"}) ${k("c1")})))
+        (local.set $${w === 4 ? "v4" : "v1"} (${op("add")} (${op("mul")} ${ld1(at("v"))} ${k("b2")}) (${op("mul")} (${op("mul")} (local.get $${w === 4 ? "g4" : "g1"}) (local.get $${w === 4 ? "g4" : "g1"})) ${k("c2")})))
+        ${st(at("m"), `(local.get $${w === 4 ? "m4" : "m1"})`)}
+        ${st(at("v"), `(local.get $${w === 4 ? "v4" : "v1"})`)}
+        ${st(
+          at("q"),
+          `(${op("add")} (${op("mul")} (${op("div")} (${op("div")} (local.get $${w === 4 ? "m4" : "m1"}) ${k("d1")}) (${op("add")} (${op("sqrt")} (${op("div")} (local.get $${w === 4 ? "v4" : "v1"}) ${k("d2")})) ${k("eps")})) ${k("negLr")}) ${ld1(at("p"))})`
+        )}`
+}
+const adam = `
+  (func (export "adam") (param $p i32) (param $q i32) (param $m i32) (param $v i32) (param $g i32) (param $n i32)
+      (param $b1 f32) (param $c1 f32) (param $b2 f32) (param $c2 f32) (param $d1 f32) (param $d2 f32) (param $eps f32) (param $negLr f32)
+    (local $o i32) (local $end i32) (local $vend i32) (local $g4 v128) (local $m4 v128) (local $v4 v128) (local $g1 f32) (local $m1 f32) (local $v1 f32)
+    (local.set $end (i32.shl (local.get $n) (i32.const 2)))
+    (local.set $vend (i32.and (local.get $end) (i32.const -16)))
+    (block $v_done
+      (br_if $v_done (i32.ge_s (local.get $o) (local.get $vend)))
+      (loop $vec
+        ${adamStep(4)}
+        (local.set $o (i32.add (local.get $o) (i32.const 16)))
+        (br_if $vec (i32.lt_s (local.get $o) (local.get $vend)))))
+    (block $s_done
+      (br_if $s_done (i32.ge_s (local.get $o) (local.get $end)))
+      (loop $one
+        ${adamStep(1)}
+        (local.set $o (i32.add (local.get $o) (i32.const 4)))
+        (br_if $one (i32.lt_s (local.get $o) (local.get $end)))))
+  )`
+
 export const wat = `(module
   (import "env" "memory" (memory 1))
   ${matmul}
@@ -764,4 +808,5 @@ export const wat = `(module
   ${reduceMaxMin}
   ${maxMinGrad}
   ${blockTranspose}
+  ${adam}
 )`
