@@ -131,7 +131,8 @@ const ZERO64 = "(v128.const f64x2 0 0)"
 /**
  * Batch normalization while training over the last axis of x [M, C] (C a multiple of 4), four
  * channels at a time, the rows strided by 4C bytes (batch-norm-train.ts has the formulas; these
- * are its loops). Sums over rows in float64; the element-wise passes in float32.
+ * are its loops). Sums over rows and the element-wise passes in float64 (two lanes per f64x2), in
+ * the JavaScript's order of operations, each output rounded to float32 once: the same bits.
  *
  * bnTrainForward(x, gamma, beta, y, mean, variance, M, C, eps): y, and the batch's mean and
  * population variance per channel.
@@ -140,7 +141,7 @@ const bnTrainForward = `
   (func (export "bnTrainForward") (param $x i32) (param $gamma i32) (param $beta i32) (param $y i32)
       (param $mean i32) (param $var i32) (param $M i32) (param $C i32) (param $eps f64)
     (local $g i32) (local $i i32) (local $p i32) (local $q i32) (local $stride i32) (local $at i32)
-    ${v("slo")} ${v("shi")} ${v("mlo")} ${v("mhi")} ${v("d")} ${v("rows")} ${v("m4")} ${v("ml4")} ${v("sc")} ${v("b4")}
+    ${v("slo")} ${v("shi")} ${v("mlo")} ${v("mhi")} ${v("d")} ${v("rows")} ${v("sclo")} ${v("schi")} ${v("blo")} ${v("bhi")} ${v("b4")}
     (local.set $stride (i32.mul (local.get $C) (i32.const 4)))
     (local.set $rows (f64x2.splat (f64.convert_i32_s (local.get $M))))
     ${loop(
@@ -175,22 +176,20 @@ const bnTrainForward = `
       ${set("shi", `(f64x2.div ${get("shi")} ${get("rows")})`)}
       (v128.store (i32.add (local.get $mean) (local.get $at)) ${join32(get("mlo"), get("mhi"))})
       (v128.store (i32.add (local.get $var) (local.get $at)) ${join32(get("slo"), get("shi"))})
-      ;; scale = gamma / sqrt(variance + eps), in float64 as the JavaScript computes it
-      ${set("sc", join32(
-        `(f64x2.div ${lo64(ld(`(i32.add (local.get $gamma) (local.get $at))`))} (f64x2.sqrt (f64x2.add ${get("slo")} (f64x2.splat (local.get $eps)))))`,
-        `(f64x2.div ${hi64(ld(`(i32.add (local.get $gamma) (local.get $at))`))} (f64x2.sqrt (f64x2.add ${get("shi")} (f64x2.splat (local.get $eps)))))`
-      ))}
-      ;; the mean as a float32 and its remainder (x − mean as (x − m4) − ml4: near float64's precision
-      ;; where the mean is large next to the spread, as the JavaScript's float64 mean is)
-      ${set("m4", join32(get("mlo"), get("mhi")))}
-      ${set("ml4", join32(dsub(get("mlo"), lo64(get("m4"))), dsub(get("mhi"), hi64(get("m4")))))}
+      ;; scale = gamma / sqrt(variance + eps), and y = (x − mean)·scale + beta, in float64 as the
+      ;; JavaScript computes them, rounded to float32 once
+      ${set("sclo", `(f64x2.div ${lo64(ld(`(i32.add (local.get $gamma) (local.get $at))`))} (f64x2.sqrt (f64x2.add ${get("slo")} (f64x2.splat (local.get $eps)))))`)}
+      ${set("schi", `(f64x2.div ${hi64(ld(`(i32.add (local.get $gamma) (local.get $at))`))} (f64x2.sqrt (f64x2.add ${get("shi")} (f64x2.splat (local.get $eps)))))`)}
       ${set("b4", ld(`(i32.add (local.get $beta) (local.get $at))`))}
+      ${set("blo", lo64(get("b4")))}
+      ${set("bhi", hi64(get("b4")))}
       (local.set $p (i32.add (local.get $x) (local.get $at)))
       (local.set $q (i32.add (local.get $y) (local.get $at)))
       ${loop(
         "i",
         get("M"),
-        `(v128.store (local.get $q) ${vadd(vmul(vsub(vsub(ld(get("p")), get("m4")), get("ml4")), get("sc")), get("b4"))})
+        `${set("d", ld(get("p")))}
+        (v128.store (local.get $q) ${join32(dadd(dmul(dsub(lo64(get("d")), get("mlo")), get("sclo")), get("blo")), dadd(dmul(dsub(hi64(get("d")), get("mhi")), get("schi")), get("bhi")))})
         (local.set $p (i32.add (local.get $p) (local.get $stride)))
         (local.set $q (i32.add (local.get $q) (local.get $stride)))`
       )}`
@@ -205,8 +204,9 @@ const bnTrainBackward = `
       (param $var i32) (param $dmean i32) (param $dvar i32) (param $dx i32) (param $dgamma i32)
       (param $dbeta i32) (param $M i32) (param $C i32) (param $eps f64)
     (local $g i32) (local $i i32) (local $p i32) (local $q i32) (local $o i32) (local $stride i32) (local $at i32)
-    ${v("rows")} ${v("rlo")} ${v("rhi")} ${v("r4")} ${v("m4")} ${v("dlo")} ${v("dhi")} ${v("xlo")} ${v("xhi")}
-    ${v("d")} ${v("xm")} ${v("ka")} ${v("kb")} ${v("kc")} ${v("kd")} ${v("ke")} ${v("sdy")} ${v("sxh")}
+    ${v("rows")} ${v("rlo")} ${v("rhi")} ${v("m4")} ${v("dlo")} ${v("dhi")} ${v("xlo")} ${v("xhi")}
+    ${v("d")} ${v("xm")} ${v("sdy")} ${v("sxh")} ${v("mlo")} ${v("mhi")} ${v("xmlo")} ${v("xmhi")}
+    ${["ka", "kb", "kd", "ke"].flatMap((k) => [v(k + "lo"), v(k + "hi")]).join(" ")}
     (local.set $stride (i32.mul (local.get $C) (i32.const 4)))
     (local.set $rows (f64x2.splat (f64.convert_i32_s (local.get $M))))
     ${loop(
@@ -217,45 +217,48 @@ const bnTrainBackward = `
       ${set("rlo", `(f64x2.div (f64x2.splat (f64.const 1)) (f64x2.sqrt (f64x2.add ${lo64(ld(`(i32.add (local.get $var) (local.get $at))`))} (f64x2.splat (local.get $eps)))))`)}
       ${set("rhi", `(f64x2.div (f64x2.splat (f64.const 1)) (f64x2.sqrt (f64x2.add ${hi64(ld(`(i32.add (local.get $var) (local.get $at))`))} (f64x2.splat (local.get $eps)))))`)}
       ${set("m4", ld(`(i32.add (local.get $mean) (local.get $at))`))}
+      ${set("mlo", lo64(get("m4")))}
+      ${set("mhi", hi64(get("m4")))}
       ${set("dlo", ZERO64)} ${set("dhi", ZERO64)} ${set("xlo", ZERO64)} ${set("xhi", ZERO64)}
       (local.set $p (i32.add (local.get $x) (local.get $at)))
       (local.set $q (i32.add (local.get $dy) (local.get $at)))
-      ;; Σ dy and Σ dy·(x − mean), in float64
+      ;; Σ dy and Σ dy·x̂ = Σ dy·(x − mean)·r, in float64
       ${loop(
         "i",
         get("M"),
         `${set("d", ld(get("q")))}
-        ${set("xm", vsub(ld(get("p")), get("m4")))}
+        ${set("xm", ld(get("p")))}
         ${set("dlo", dadd(get("dlo"), lo64(get("d"))))}
         ${set("dhi", dadd(get("dhi"), hi64(get("d"))))}
-        ${set("xlo", dadd(get("xlo"), dmul(lo64(get("d")), lo64(get("xm")))))}
-        ${set("xhi", dadd(get("xhi"), dmul(hi64(get("d")), hi64(get("xm")))))}
+        ${set("xlo", dadd(get("xlo"), dmul(dmul(lo64(get("d")), dsub(lo64(get("xm")), get("mlo"))), get("rlo"))))}
+        ${set("xhi", dadd(get("xhi"), dmul(dmul(hi64(get("d")), dsub(hi64(get("xm")), get("mhi"))), get("rhi"))))}
         (local.set $p (i32.add (local.get $p) (local.get $stride)))
         (local.set $q (i32.add (local.get $q) (local.get $stride)))`
       )}
-      ;; Σ dy·x̂ = r · Σ dy·(x − mean)
-      ${set("xlo", dmul(get("xlo"), get("rlo")))}
-      ${set("xhi", dmul(get("xhi"), get("rhi")))}
       ${set("sdy", join32(get("dlo"), get("dhi")))}
       ${set("sxh", join32(get("xlo"), get("xhi")))}
       (v128.store (i32.add (local.get $dgamma) (local.get $at)) (local.get $sxh))
       (v128.store (i32.add (local.get $dbeta) (local.get $at)) (local.get $sdy))
-      ;; dx = r·γ·(dy − Σdy/M − x̂·Σdy·x̂/M) + dmean/M + 2·dvariance·(x − mean)/M
-      ${set("r4", join32(get("rlo"), get("rhi")))}
-      ${set("ka", vmul(get("r4"), ld(`(i32.add (local.get $gamma) (local.get $at))`)))}
-      ${set("kb", join32(`(f64x2.div ${get("dlo")} ${get("rows")})`, `(f64x2.div ${get("dhi")} ${get("rows")})`))}
-      ${set("kc", join32(`(f64x2.div ${get("xlo")} ${get("rows")})`, `(f64x2.div ${get("xhi")} ${get("rows")})`))}
-      ${set("kd", join32(`(f64x2.div ${lo64(ld(`(i32.add (local.get $dmean) (local.get $at))`))} ${get("rows")})`, `(f64x2.div ${hi64(ld(`(i32.add (local.get $dmean) (local.get $at))`))} ${get("rows")})`))}
-      ${set("ke", join32(`(f64x2.div (f64x2.mul (f64x2.splat (f64.const 2)) ${lo64(ld(`(i32.add (local.get $dvar) (local.get $at))`))}) ${get("rows")})`, `(f64x2.div (f64x2.mul (f64x2.splat (f64.const 2)) ${hi64(ld(`(i32.add (local.get $dvar) (local.get $at))`))}) ${get("rows")})`))}
+      ;; dx = r·γ·(dy − Σdy/M − x̂·Σdy·x̂/M) + dmean/M + 2·dvariance·(x − mean)/M, in float64 and in the
+      ;; JavaScript's order of operations, rounded to float32 once: the same bits
+      ${set("kalo", dmul(get("rlo"), lo64(ld(`(i32.add (local.get $gamma) (local.get $at))`))))}
+      ${set("kahi", dmul(get("rhi"), hi64(ld(`(i32.add (local.get $gamma) (local.get $at))`))))}
+      ${set("kblo", `(f64x2.div ${get("dlo")} ${get("rows")})`)}
+      ${set("kbhi", `(f64x2.div ${get("dhi")} ${get("rows")})`)}
+      ${set("kdlo", `(f64x2.div ${lo64(ld(`(i32.add (local.get $dmean) (local.get $at))`))} ${get("rows")})`)}
+      ${set("kdhi", `(f64x2.div ${hi64(ld(`(i32.add (local.get $dmean) (local.get $at))`))} ${get("rows")})`)}
+      ${set("kelo", `(f64x2.mul ${lo64(ld(`(i32.add (local.get $dvar) (local.get $at))`))} (f64x2.splat (f64.const 2)))`)}
+      ${set("kehi", `(f64x2.mul ${hi64(ld(`(i32.add (local.get $dvar) (local.get $at))`))} (f64x2.splat (f64.const 2)))`)}
       (local.set $p (i32.add (local.get $x) (local.get $at)))
       (local.set $q (i32.add (local.get $dy) (local.get $at)))
       (local.set $o (i32.add (local.get $dx) (local.get $at)))
       ${loop(
         "i",
         get("M"),
-        `${set("xm", vsub(ld(get("p")), get("m4")))}
-        (v128.store (local.get $o)
-          ${vadd(vadd(vmul(get("ka"), vsub(vsub(ld(get("q")), get("kb")), vmul(vmul(get("xm"), get("r4")), get("kc")))), get("kd")), vmul(get("ke"), get("xm")))})
+        `${set("d", ld(get("p")))}
+        ${set("xmlo", dsub(lo64(get("d")), get("mlo")))}
+        ${set("xmhi", dsub(hi64(get("d")), get("mhi")))}
+        (v128.store (local.get $o) ${join32(dadd(dadd(dmul(get("kalo"), dsub(dsub(lo64(ld(get("q"))), get("kblo")), `(f64x2.div ${dmul(dmul(get("xmlo"), get("rlo")), get("xlo"))} ${get("rows")})`)), get("kdlo")), `(f64x2.div ${dmul(get("kelo"), get("xmlo"))} ${get("rows")})`), dadd(dadd(dmul(get("kahi"), dsub(dsub(hi64(ld(get("q"))), get("kbhi")), `(f64x2.div ${dmul(dmul(get("xmhi"), get("rhi")), get("xhi"))} ${get("rows")})`)), get("kdhi")), `(f64x2.div ${dmul(get("kehi"), get("xmhi"))} ${get("rows")})`))})
         (local.set $p (i32.add (local.get $p) (local.get $stride)))
         (local.set $q (i32.add (local.get $q) (local.get $stride)))
         (local.set $o (i32.add (local.get $o) (local.get $stride)))`
