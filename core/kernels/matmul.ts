@@ -38,52 +38,36 @@ const batchShape = (a: readonly number[], b: readonly number[]): number[] | unde
 /** Products the SIMD kernel ran in this process (for tests). */
 export const simdMatMulStats = { calls: 0 }
 
-/** a·b (aᵀ·b with `ta`) for float32 operands on the heap, b untransposed, or undefined where the SIMD kernel does not apply. */
-const simdProduct = (args: KernelArgs, a: TensorInfo, b: TensorInfo, ta: boolean): TensorInfo | undefined => {
+/** Below this inner length a·bᵀ is faster with b transposed first (the dot products' closing sums outweigh the transpose). */
+export const SIMD_TB_MIN_K = 32
+
+/**
+ * a·b, aᵀ·b (`ta`: a read transposed in place) or a·bᵀ (`tb`: as dot products of rows) for float32
+ * operands on the heap, by the SIMD kernels, or undefined where they do not apply.
+ */
+const simdProduct = (args: KernelArgs, a: TensorInfo, b: TensorInfo, ta: boolean, tb: boolean): TensorInfo | undefined => {
   const { backend } = args
   const ra = a.shape.length
   const rb = b.shape.length
-  if (ra < 2 || rb < 2) return undefined
+  if (ra < 2 || rb < 2 || (ta && tb)) return undefined
   const m = a.shape[ta ? ra - 1 : ra - 2]!
   const k = a.shape[ta ? ra - 2 : ra - 1]!
-  const n = b.shape[rb - 1]!
-  if (b.shape[rb - 2] !== k) return undefined
+  const n = b.shape[tb ? rb - 2 : rb - 1]!
+  if (b.shape[tb ? rb - 1 : rb - 2] !== k) return undefined
+  if (tb && (k % 4 !== 0 || k < SIMD_TB_MIN_K)) return undefined
   const outer = batchShape(a.shape.slice(0, -2), b.shape.slice(0, -2))
   if (!outer) return undefined
   const batches = size(outer)
-  if (batches <= 1 && k * n > SIMD_SINGLE_MAX_KN) return undefined
+  if (!tb && batches <= 1 && k * n > SIMD_SINGLE_MAX_KN) return undefined
   const kernels = heapKernels(backend)
   if (!kernels) return undefined
   const out = backend.makeOutput([...outer, m, n], "float32")
   const sa = size(a.shape.slice(0, -2)) === 1 ? 0 : m * k * 4
   const sb = size(b.shape.slice(0, -2)) === 1 ? 0 : k * n * 4
+  const [pa, pb, pc] = [addressOf(backend, a), addressOf(backend, b), addressOf(backend, out)]
   simdMatMulStats.calls++
-  kernels.matmul(addressOf(backend, a), addressOf(backend, b), addressOf(backend, out), batches, m, k, n, sa, sb, ta ? 4 : 4 * k, ta ? 4 * m : 4)
-  return out
-}
-
-/** Below this inner length a·bᵀ is faster with b transposed first (the dot products' closing sums outweigh the transpose). */
-export const SIMD_TB_MIN_K = 32
-
-/** a·bᵀ for float32 operands on the heap, both untransposed in memory (b [.., n, k]), or undefined where the SIMD dot-product kernel does not apply. */
-const simdProductTB = (args: KernelArgs, a: TensorInfo, b: TensorInfo): TensorInfo | undefined => {
-  const { backend } = args
-  const ra = a.shape.length
-  const rb = b.shape.length
-  if (ra < 2 || rb < 2) return undefined
-  const m = a.shape[ra - 2]!
-  const k = a.shape[ra - 1]!
-  const n = b.shape[rb - 2]!
-  if (b.shape[rb - 1] !== k || k % 4 !== 0 || k < SIMD_TB_MIN_K) return undefined
-  const outer = batchShape(a.shape.slice(0, -2), b.shape.slice(0, -2))
-  if (!outer) return undefined
-  const kernels = heapKernels(backend)
-  if (!kernels) return undefined
-  const out = backend.makeOutput([...outer, m, n], "float32")
-  const sa = size(a.shape.slice(0, -2)) === 1 ? 0 : m * k * 4
-  const sb = size(b.shape.slice(0, -2)) === 1 ? 0 : n * k * 4
-  simdMatMulStats.calls++
-  kernels.matmulTB(addressOf(backend, a), addressOf(backend, b), addressOf(backend, out), size(outer), m, k, n, sa, sb)
+  if (tb) kernels.matmulTB(pa, pb, pc, batches, m, k, n, sa, sb)
+  else kernels.matmul(pa, pb, pc, batches, m, k, n, sa, sb, ta ? 4 : 4 * k, ta ? 4 * m : 4)
   return out
 }
 
@@ -99,7 +83,7 @@ export const untransposedMatMul =
     const tb = attrs.transposeB === true
     if (inputs.a.dtype !== "float32" || inputs.b.dtype !== "float32") return original(args)
     if (simd) {
-      const direct = !tb ? simdProduct(args, inputs.a, inputs.b, ta) : !ta ? simdProductTB(args, inputs.a, inputs.b) : undefined
+      const direct = simdProduct(args, inputs.a, inputs.b, ta, tb)
       if (direct) return direct
     }
     if (!ta && !tb) return original(args)
@@ -112,7 +96,7 @@ export const untransposedMatMul =
     try {
       const a = ta ? plain(inputs.a) : inputs.a
       const b = tb ? plain(inputs.b) : inputs.b
-      return (simd && simdProduct(args, a, b, false)) || original({ inputs: { ...inputs, a, b }, backend, attrs: { ...attrs, transposeA: false, transposeB: false } })
+      return (simd && simdProduct(args, a, b, false, false)) || original({ inputs: { ...inputs, a, b }, backend, attrs: { ...attrs, transposeA: false, transposeB: false } })
     } finally {
       for (const t of temps) backend.disposeData(t.dataId)
     }

@@ -26,6 +26,51 @@ const mul = (a, b) => `(i32.mul ${a} ${b})`
 const c32 = (v) => `(i32.const ${v})`
 
 /**
+ * The batch and row loops of a batched product: for each batch t ($bt = b + t·sb) and each row i
+ * of A ($row = a + t·sa + i·`rowStep`), `body`. Uses locals $t $i $bt $row.
+ */
+const perRow = (rowStep, body) =>
+  loop(
+    "t",
+    get("batches"),
+    `(local.set $bt ${add(get("b"), mul(get("t"), get("sb")))})
+      ${loop("i", get("m"), `(local.set $row ${add(get("a"), mul(get("t"), get("sa")), mul(get("i"), rowStep))})
+        ${body}`)}`
+  )
+
+/**
+ * matmul's columns `lanes` at a time from $j while they fit: 16 in four f32x4 accumulators, 4 in
+ * one, 1 as a float32; each summed over the whole k loop, A's element splatted against B's row.
+ */
+const matmulColumns = (lanes) => {
+  const accs = lanes === 16 ? ["c0", "c1", "c2", "c3"] : ["c0"]
+  const one = lanes === 1
+  const name = `cols${lanes}`
+  return `(block $${name}_done
+          (br_if $${name}_done ${one ? "(i32.ge_s (local.get $j) (local.get $n))" : `(i32.gt_s (i32.add (local.get $j) (i32.const ${lanes})) (local.get $n))`})
+          (loop $${name}
+            ${one ? "(local.set $x (f32.const 0))" : accs.map((a) => `(local.set $${a} ${ZERO})`).join(" ")}
+            (local.set $ap (local.get $row))
+            (local.set $bp ${add(get("bt"), mul(get("j"), c32(4)))})
+            ${loop(
+              "kk",
+              get("k"),
+              `${
+                one
+                  ? "(local.set $x (f32.add (local.get $x) (f32.mul (f32.load (local.get $ap)) (f32.load (local.get $bp)))))"
+                  : `(local.set $s (v128.load32_splat (local.get $ap)))
+              ${accs.map((a, q) => `(local.set $${a} (f32x4.add (local.get $${a}) (f32x4.mul (local.get $s) (v128.load offset=${16 * q} (local.get $bp)))))`).join("\n              ")}`
+              }
+              (local.set $ap (i32.add (local.get $ap) (local.get $ak)))
+              (local.set $bp (i32.add (local.get $bp) (local.get $nb)))`
+            )}
+            ${one ? "(f32.store (local.get $cp) (local.get $x))" : accs.map((a, q) => `(v128.store offset=${16 * q} (local.get $cp) (local.get $${a}))`).join("\n            ")}
+            (local.set $cp (i32.add (local.get $cp) (i32.const ${4 * lanes})))
+            (local.set $j (i32.add (local.get $j) (i32.const ${lanes})))
+            (br_if $${name} ${one ? "(i32.lt_s (local.get $j) (local.get $n))" : `(i32.le_s (i32.add (local.get $j) (i32.const ${lanes})) (local.get $n))`})))`
+}
+
+/**
  * matmul(a, b, c, batches, m, k, n, sa, sb, ai, ak): for each batch t, C_t = A_t · B_t with A_t
  * [m, k] at a + t·sa, its element (i, kk) at i·ai + kk·ak bytes from there (row-major: ai = 4k,
  * ak = 4; A_t stored transposed, [k, m]: ai = 4, ak = 4m), B_t [k, n] row-major at b + t·sb
@@ -42,74 +87,10 @@ const matmul = `
     (local $x f32) (local $s v128) ${f4("c0")} ${f4("c1")} ${f4("c2")} ${f4("c3")}
     (local.set $nb ${mul(get("n"), c32(4))})
     (local.set $cp ${get("c")})
-    ${loop(
-      "t",
-      get("batches"),
-      `(local.set $bt ${add(get("b"), mul(get("t"), get("sb")))})
-      ${loop(
-        "i",
-        get("m"),
-        `(local.set $row ${add(get("a"), mul(get("t"), get("sa")), mul(get("i"), get("ai")))})
-        (local.set $j (i32.const 0))
-        (block $wide_done
-          (br_if $wide_done (i32.gt_s (i32.add (local.get $j) (i32.const 16)) (local.get $n)))
-          (loop $wide
-            (local.set $c0 ${ZERO}) (local.set $c1 ${ZERO}) (local.set $c2 ${ZERO}) (local.set $c3 ${ZERO})
-            (local.set $ap (local.get $row))
-            (local.set $bp ${add(get("bt"), mul(get("j"), c32(4)))})
-            ${loop(
-              "kk",
-              get("k"),
-              `(local.set $s (v128.load32_splat (local.get $ap)))
-              (local.set $c0 (f32x4.add (local.get $c0) (f32x4.mul (local.get $s) (v128.load (local.get $bp)))))
-              (local.set $c1 (f32x4.add (local.get $c1) (f32x4.mul (local.get $s) (v128.load offset=16 (local.get $bp)))))
-              (local.set $c2 (f32x4.add (local.get $c2) (f32x4.mul (local.get $s) (v128.load offset=32 (local.get $bp)))))
-              (local.set $c3 (f32x4.add (local.get $c3) (f32x4.mul (local.get $s) (v128.load offset=48 (local.get $bp)))))
-              (local.set $ap (i32.add (local.get $ap) (local.get $ak)))
-              (local.set $bp (i32.add (local.get $bp) (local.get $nb)))`
-            )}
-            (v128.store (local.get $cp) (local.get $c0))
-            (v128.store offset=16 (local.get $cp) (local.get $c1))
-            (v128.store offset=32 (local.get $cp) (local.get $c2))
-            (v128.store offset=48 (local.get $cp) (local.get $c3))
-            (local.set $cp (i32.add (local.get $cp) (i32.const 64)))
-            (local.set $j (i32.add (local.get $j) (i32.const 16)))
-            (br_if $wide (i32.le_s (i32.add (local.get $j) (i32.const 16)) (local.get $n)))))
-        (block $narrow_done
-          (br_if $narrow_done (i32.gt_s (i32.add (local.get $j) (i32.const 4)) (local.get $n)))
-          (loop $narrow
-            (local.set $c0 ${ZERO})
-            (local.set $ap (local.get $row))
-            (local.set $bp ${add(get("bt"), mul(get("j"), c32(4)))})
-            ${loop(
-              "kk",
-              get("k"),
-              `(local.set $c0 (f32x4.add (local.get $c0) (f32x4.mul (v128.load32_splat (local.get $ap)) (v128.load (local.get $bp)))))
-              (local.set $ap (i32.add (local.get $ap) (local.get $ak)))
-              (local.set $bp (i32.add (local.get $bp) (local.get $nb)))`
-            )}
-            (v128.store (local.get $cp) (local.get $c0))
-            (local.set $cp (i32.add (local.get $cp) (i32.const 16)))
-            (local.set $j (i32.add (local.get $j) (i32.const 4)))
-            (br_if $narrow (i32.le_s (i32.add (local.get $j) (i32.const 4)) (local.get $n)))))
-        (block $tail_done
-          (br_if $tail_done (i32.ge_s (local.get $j) (local.get $n)))
-          (loop $tail
-            (local.set $x (f32.const 0))
-            (local.set $ap (local.get $row))
-            (local.set $bp ${add(get("bt"), mul(get("j"), c32(4)))})
-            ${loop(
-              "kk",
-              get("k"),
-              `(local.set $x (f32.add (local.get $x) (f32.mul (f32.load (local.get $ap)) (f32.load (local.get $bp)))))
-              (local.set $ap (i32.add (local.get $ap) (local.get $ak)))
-              (local.set $bp (i32.add (local.get $bp) (local.get $nb)))`
-            )}
-            (f32.store (local.get $cp) (local.get $x))
-            (local.set $cp (i32.add (local.get $cp) (i32.const 4)))
-            (local.set $j (i32.add (local.get $j) (i32.const 1)))
-            (br_if $tail (i32.lt_s (local.get $j) (local.get $n)))))`
-      )}`
+    ${perRow(
+      get("ai"),
+      `(local.set $j (i32.const 0))
+      ${[16, 4, 1].map(matmulColumns).join("\n")}`
     )})`
 
 // Float64 halves of an f32x4 and back: sums over many rows are kept in float64, as the JavaScript
@@ -128,6 +109,26 @@ const dsub = (a, b) => `(f64x2.sub ${a} ${b})`
 const ld = (p) => `(v128.load ${p})`
 const ZERO64 = "(v128.const f64x2 0 0)"
 
+/** Batch norm's loop over groups of 4 channels ($at their byte offset in a row), with $stride (a row's bytes) and $rows (M as an f64x2) set. */
+const perChannelGroup = (body) => `
+    (local.set $stride (i32.mul (local.get $C) (i32.const 4)))
+    (local.set $rows (f64x2.splat (f64.convert_i32_s (local.get $M))))
+    ${loop("g", "(i32.shr_s (local.get $C) (i32.const 2))", `(local.set $at (i32.shl (local.get $g) (i32.const 4)))
+      ${body}`)}`
+
+/** $slo, $shi: the float64 sums over the M rows of this channel group of term(lane, mean's local) for each half (lo64 / hi64 of x's 4 lanes in $d). */
+const columnSums = (term) => `
+      ${set("slo", ZERO64)} ${set("shi", ZERO64)}
+      (local.set $p (i32.add (local.get $x) (local.get $at)))
+      ${loop(
+        "i",
+        get("M"),
+        `${set("d", ld(get("p")))}
+        ${set("slo", dadd(get("slo"), term(lo64, "mlo")))}
+        ${set("shi", dadd(get("shi"), term(hi64, "mhi")))}
+        (local.set $p (i32.add (local.get $p) (local.get $stride)))`
+      )}`
+
 /**
  * Batch normalization while training over the last axis of x [M, C] (C a multiple of 4), four
  * channels at a time, the rows strided by 4C bytes (batch-norm-train.ts has the formulas; these
@@ -142,36 +143,11 @@ const bnTrainForward = `
       (param $mean i32) (param $var i32) (param $M i32) (param $C i32) (param $eps f64)
     (local $g i32) (local $i i32) (local $p i32) (local $q i32) (local $stride i32) (local $at i32)
     ${v("slo")} ${v("shi")} ${v("mlo")} ${v("mhi")} ${v("d")} ${v("rows")} ${v("sclo")} ${v("schi")} ${v("blo")} ${v("bhi")} ${v("b4")}
-    (local.set $stride (i32.mul (local.get $C) (i32.const 4)))
-    (local.set $rows (f64x2.splat (f64.convert_i32_s (local.get $M))))
-    ${loop(
-      "g",
-      "(i32.shr_s (local.get $C) (i32.const 2))",
-      `(local.set $at (i32.shl (local.get $g) (i32.const 4)))
-      ${set("slo", ZERO64)} ${set("shi", ZERO64)}
-      (local.set $p (i32.add (local.get $x) (local.get $at)))
-      ${loop(
-        "i",
-        get("M"),
-        `${set("d", ld(get("p")))}
-        ${set("slo", dadd(get("slo"), lo64(get("d"))))}
-        ${set("shi", dadd(get("shi"), hi64(get("d"))))}
-        (local.set $p (i32.add (local.get $p) (local.get $stride)))`
-      )}
+    ${perChannelGroup(`
+      ${columnSums((lane) => lane(get("d")))}
       ${set("mlo", `(f64x2.div ${get("slo")} ${get("rows")})`)}
       ${set("mhi", `(f64x2.div ${get("shi")} ${get("rows")})`)}
-      ${set("slo", ZERO64)} ${set("shi", ZERO64)}
-      (local.set $p (i32.add (local.get $x) (local.get $at)))
-      ${loop(
-        "i",
-        get("M"),
-        `${set("d", ld(get("p")))}
-        ${set("b4", dsub(lo64(get("d")), get("mlo")))}
-        ${set("slo", dadd(get("slo"), dmul(get("b4"), get("b4"))))}
-        ${set("b4", dsub(hi64(get("d")), get("mhi")))}
-        ${set("shi", dadd(get("shi"), dmul(get("b4"), get("b4"))))}
-        (local.set $p (i32.add (local.get $p) (local.get $stride)))`
-      )}
+      ${columnSums((lane, m) => dmul(dsub(lane(get("d")), get(m)), dsub(lane(get("d")), get(m))))}
       ${set("slo", `(f64x2.div ${get("slo")} ${get("rows")})`)}
       ${set("shi", `(f64x2.div ${get("shi")} ${get("rows")})`)}
       (v128.store (i32.add (local.get $mean) (local.get $at)) ${join32(get("mlo"), get("mhi"))})
@@ -192,8 +168,7 @@ const bnTrainForward = `
         (v128.store (local.get $q) ${join32(dadd(dmul(dsub(lo64(get("d")), get("mlo")), get("sclo")), get("blo")), dadd(dmul(dsub(hi64(get("d")), get("mhi")), get("schi")), get("bhi")))})
         (local.set $p (i32.add (local.get $p) (local.get $stride)))
         (local.set $q (i32.add (local.get $q) (local.get $stride)))`
-      )}`
-    )})`
+      )}`)})`
 
 /**
  * bnTrainBackward(dy, x, gamma, mean, variance, dmean, dvariance, dx, dgamma, dbeta, M, C, eps):
@@ -207,12 +182,7 @@ const bnTrainBackward = `
     ${v("rows")} ${v("rlo")} ${v("rhi")} ${v("m4")} ${v("dlo")} ${v("dhi")} ${v("xlo")} ${v("xhi")}
     ${v("d")} ${v("xm")} ${v("sdy")} ${v("sxh")} ${v("mlo")} ${v("mhi")} ${v("xmlo")} ${v("xmhi")}
     ${["ka", "kb", "kd", "ke"].flatMap((k) => [v(k + "lo"), v(k + "hi")]).join(" ")}
-    (local.set $stride (i32.mul (local.get $C) (i32.const 4)))
-    (local.set $rows (f64x2.splat (f64.convert_i32_s (local.get $M))))
-    ${loop(
-      "g",
-      "(i32.shr_s (local.get $C) (i32.const 2))",
-      `(local.set $at (i32.shl (local.get $g) (i32.const 4)))
+    ${perChannelGroup(`
       ;; r = 1 / sqrt(variance + eps) in float64
       ${set("rlo", `(f64x2.div (f64x2.splat (f64.const 1)) (f64x2.sqrt (f64x2.add ${lo64(ld(`(i32.add (local.get $var) (local.get $at))`))} (f64x2.splat (local.get $eps)))))`)}
       ${set("rhi", `(f64x2.div (f64x2.splat (f64.const 1)) (f64x2.sqrt (f64x2.add ${hi64(ld(`(i32.add (local.get $var) (local.get $at))`))} (f64x2.splat (local.get $eps)))))`)}
@@ -262,8 +232,7 @@ const bnTrainBackward = `
         (local.set $p (i32.add (local.get $p) (local.get $stride)))
         (local.set $q (i32.add (local.get $q) (local.get $stride)))
         (local.set $o (i32.add (local.get $o) (local.get $stride)))`
-      )}`
-    )})`
+      )}`)})`
 
 /** The sum of an f32x4's lanes, ((l0 + l1) + (l2 + l3)). */
 const hsum = (e) => `(f32.add (f32.add (f32x4.extract_lane 0 ${e}) (f32x4.extract_lane 1 ${e})) (f32.add (f32x4.extract_lane 2 ${e}) (f32x4.extract_lane 3 ${e})))`
@@ -502,6 +471,18 @@ const loadGates = `
         (local.set $cp (v128.load (i32.add (local.get $c) (local.get $sp))))
         (local.set $cn (f32x4.add (f32x4.mul (local.get $gf) (local.get $cp)) (f32x4.mul (local.get $gi) (local.get $gg))))
         ${tanhInto("tc", "cn")}`
+/** For each row b and each 4 units from j (a do-while: H ≥ 4): loadGates, then `body`. */
+const perUnits = (body) =>
+  loop(
+    "b",
+    get("B"),
+    `(local.set $j (i32.const 0))
+      (loop $units
+        ${loadGates}
+        ${body}
+        (local.set $j (i32.add (local.get $j) (i32.const 4)))
+        (br_if $units (i32.lt_s (local.get $j) (local.get $H))))`
+  )
 /**
  * An LSTM time step's gates (lstm-cell.ts has the formulas; these are its loops, 4 units at a
  * time): z [B, 4H] (input, forget, cell, output blocks), c [B, H]; H a multiple of 4; $hard 1 for
@@ -512,29 +493,16 @@ const lstmCellForward = `
       (param $B i32) (param $H i32) (param $hard i32)
     ${lstmLocals}
     (local.set $hq (i32.shl (local.get $H) (i32.const 2)))
-    ${loop(
-      "b",
-      get("B"),
-      `(local.set $j (i32.const 0))
-      (loop $units
-        ${loadGates}
+    ${perUnits(`
         (v128.store (i32.add (local.get $cNext) (local.get $sp)) (local.get $cn))
-        (v128.store (i32.add (local.get $h) (local.get $sp)) (f32x4.mul (local.get $go) (local.get $tc)))
-        (local.set $j (i32.add (local.get $j) (i32.const 4)))
-        (br_if $units (i32.lt_s (local.get $j) (local.get $H))))`
-    )})`
+        (v128.store (i32.add (local.get $h) (local.get $sp)) (f32x4.mul (local.get $go) (local.get $tc)))`)})`
 /** lstmCellBackward(dh, dcNext, z, c, dz, dc, B, H, hard): dz [B, 4H] and dc [B, H] from dh and dc'. */
 const lstmCellBackward = `
   (func (export "lstmCellBackward") (param $dhs i32) (param $dcNext i32) (param $z i32) (param $c i32)
       (param $dz i32) (param $dc i32) (param $B i32) (param $H i32) (param $hard i32)
     ${lstmLocals} (local $dzp i32)
     (local.set $hq (i32.shl (local.get $H) (i32.const 2)))
-    ${loop(
-      "b",
-      get("B"),
-      `(local.set $j (i32.const 0))
-      (loop $units
-        ${loadGates}
+    ${perUnits(`
         (local.set $dh (v128.load (i32.add (local.get $dhs) (local.get $sp))))
         (local.set $dct (f32x4.add (v128.load (i32.add (local.get $dcNext) (local.get $sp)))
           (f32x4.mul (f32x4.mul (local.get $dh) (local.get $go)) (f32x4.sub ${splat(1)} (f32x4.mul (local.get $tc) (local.get $tc))))))
@@ -544,10 +512,7 @@ const lstmCellBackward = `
         (v128.store (i32.add (local.get $dzp) (i32.shl (local.get $hq) (i32.const 1)))
           (f32x4.mul (f32x4.mul (local.get $dct) (local.get $gi)) (f32x4.sub ${splat(1)} (f32x4.mul (local.get $gg) (local.get $gg)))))
         (v128.store (i32.add (local.get $dzp) (i32.mul (local.get $hq) (i32.const 3))) (f32x4.mul (f32x4.mul (local.get $dh) (local.get $tc)) ${slope("zo", "go")}))
-        (v128.store (i32.add (local.get $dc) (local.get $sp)) (f32x4.mul (local.get $dct) (local.get $gf)))
-        (local.set $j (i32.add (local.get $j) (i32.const 4)))
-        (br_if $units (i32.lt_s (local.get $j) (local.get $H))))`
-    )})`
+        (v128.store (i32.add (local.get $dc) (local.get $sp)) (f32x4.mul (local.get $dct) (local.get $gf)))`)})`
 
 /**
  * matmulTB(a, b, c, batches, m, k, n, sa, sb): for each batch t, C_t = A_t · B_tᵀ with A_t [m, k]
@@ -565,15 +530,9 @@ const matmulTB = `
     (local.set $kb (i32.mul (local.get $k) (i32.const 4)))
     (local.set $k4 (i32.shr_s (local.get $k) (i32.const 2)))
     (local.set $cp (local.get $c))
-    ${loop(
-      "t",
-      get("batches"),
-      `(local.set $bt ${add(get("b"), mul(get("t"), get("sb")))})
-      ${loop(
-        "i",
-        get("m"),
-        `(local.set $row ${add(get("a"), mul(get("t"), get("sa")), mul(get("i"), get("kb")))})
-        (local.set $j (i32.const 0))
+    ${perRow(
+      get("kb"),
+      `        (local.set $j (i32.const 0))
         (block $four_done
           (br_if $four_done (i32.gt_s (i32.add (local.get $j) (i32.const 4)) (local.get $n)))
           (loop $four
@@ -611,7 +570,6 @@ const matmulTB = `
             (local.set $cp (i32.add (local.get $cp) (i32.const 4)))
             (local.set $j (i32.add (local.get $j) (i32.const 1)))
             (br_if $one (i32.lt_s (local.get $j) (local.get $n)))))`
-      )}`
     )})`
 
 /**
