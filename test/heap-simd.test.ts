@@ -6,10 +6,11 @@ import { beforeAll, describe, expect, it } from "vitest"
 import { seeded } from "./support/kernel-compare.ts"
 import { loadEngine, type Tf } from "../core/engine.ts"
 import { batchNormTrainBackward, batchNormTrainForward } from "../core/kernels/batch-norm-train.ts"
-import { addressOf, heapKernels, type HeapKernels } from "../core/kernels/heap-simd.ts"
+import { addressOf, heapKernels, heapKernelsStatus, type HeapKernels } from "../core/kernels/heap-simd.ts"
 import { layerNormBackward, layerNormForward } from "../core/kernels/layer-norm.ts"
 import { cellBackward, cellForward } from "../core/kernels/lstm-cell.ts"
 import { simdMatMulStats } from "../core/kernels/matmul.ts"
+import { describeKernels } from "../core/kernels/register.ts"
 import type { TensorInfo, WasmBackend } from "../core/kernels/wasm-heap.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
@@ -46,9 +47,12 @@ const onHeap = (ins: Array<[Float32Array, number[]]>, outShapes: number[][], run
 }
 
 describe("SIMD kernels on the wasm heap", () => {
-  it("are available on this runtime (WebAssembly SIMD, the backend's memory imported)", () => {
+  it("are available on this runtime (WebAssembly SIMD, the backend's memory imported), and explain.txt says so", () => {
     expect(kernels).toBeDefined()
     expect(heapKernels(backend)).toBe(kernels)
+    expect(heapKernelsStatus()).toBe("in use")
+    expect(describeKernels("wasm", 0, []).text).toContain("SIMD kernels on the wasm heap (matmuls, convolution filter gradients, normalization, the LSTM cell, transposes, Adam): in use")
+    expect(describeKernels("wasm", 0, []).json.heapSimd).toBe("in use")
   })
 
   for (const [M, C, shift] of [

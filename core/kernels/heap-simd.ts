@@ -52,19 +52,28 @@ export const useHeapKernels = (on: boolean): void => {
   enabled = on
 }
 
+/** Why the kernels are off, once a call found them so (explain.txt says it). */
+let offReason: string | undefined
+
+/** For explain.txt: "in use", "off: <why>", or "not asked for yet" (no wasm kernel has run in this process). */
+export const heapKernelsStatus = (): string => (module ? "in use" : offReason ? `off: ${offReason}` : "not asked for yet")
+
 /** The kernels working on `backend`'s heap, or undefined (see above). */
 export const heapKernels = (backend: WasmBackend): HeapKernels | undefined => {
   const memory = (backend as unknown as { wasm?: { asm?: { memory?: object } } }).wasm?.asm?.memory
+  if (!memory) offReason = "the wasm backend does not expose its memory"
   if (!memory || !enabled) return undefined
   const known = instances.get(memory)
   if (known !== undefined) return known ?? undefined
   if (module === undefined) {
     module = null
-    if (settings.simd.read()) {
+    if (!settings.simd.read()) offReason = "GRADWIRE_SIMD=0"
+    else {
       try {
         module = new WebAssembly.Module(Buffer.from(HEAP_KERNELS_WASM_BASE64, "base64"))
       } catch {
         // no WebAssembly SIMD here: the callers' own paths do the work
+        offReason = "this runtime has no WebAssembly SIMD"
       }
     }
   }

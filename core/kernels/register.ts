@@ -9,6 +9,7 @@ import { registerMissingGradients } from "./gradients.ts"
 import { maxPoolGrad } from "./pool-grads.ts"
 import { unsortedSegmentSum } from "./segment-sum.ts"
 import { BATCH_NORM_GRAD, registerBatchNormGrad } from "./batch-norm-grad.ts"
+import { heapKernelsStatus } from "./heap-simd.ts"
 import { blockMaxMin, blockReduce, registerBlockMaxMinGradients } from "./reduce.ts"
 import { tile } from "./tile.ts"
 import { unpack } from "./unpack.ts"
@@ -145,6 +146,8 @@ export const describeKernels = (backend: string, rank: number, fallbackUsed: rea
   if (backend === "wasm" && reg) {
     lines.push(`  gradwire's wasm kernels: ${reg.fast.join(", ") || "none needed"}; replaced (wrong or slow in tfjs-backend-wasm): ${REPLACED_WASM_KERNELS.join(", ")}`)
     lines.push(`  cpu-backend fallback registered for: ${reg.fallback.join(", ") || "none"}`)
+    lines.push(`  SIMD kernels on the wasm heap (matmuls, convolution filter gradients, normalization, the LSTM cell, transposes, Adam): ${heapKernelsStatus()}`)
+    json.heapSimd = heapKernelsStatus()
     json.fast = reg.fast
     json.replaced = [...REPLACED_WASM_KERNELS]
     json.fallbackRegistered = reg.fallback
