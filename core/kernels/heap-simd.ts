@@ -27,7 +27,6 @@ export interface HeapKernels {
   lnForward(x: number, gamma: number, beta: number, y: number, N: number, D: number, eps: number): void
   /** Row length D a multiple of 4. */
   lnBackward(dy: number, x: number, gamma: number, dx: number, dgamma: number, dbeta: number, N: number, D: number, eps: number): void
-  /** A channels-last 2-D convolution's filter gradient (dilation 1). */
   /** LSTM units H a multiple of 4, more than 0; hard 1 for hardSigmoid, 0 for sigmoid. */
   lstmCellForward(z: number, c: number, h: number, cNext: number, B: number, H: number, hard: number): void
   /** As lstmCellForward. */
@@ -40,6 +39,7 @@ export interface HeapKernels {
   blockTranspose(src: number, dst: number, batch: number, rows: number, cols: number, inner: number): void
   /** tfjs's Adam update of n weights p into q, moments m and v in place (fused-adam.ts). */
   adam(p: number, q: number, m: number, v: number, g: number, n: number, b1: number, c1: number, b2: number, c2: number, d1: number, d2: number, eps: number, negLr: number): void
+  /** A channels-last 2-D convolution's filter gradient (dilation 1). */
   convFilterGrad(x: number, dy: number, dw: number, N: number, H: number, W: number, C: number, OH: number, OW: number, O: number, FH: number, FW: number, SH: number, SW: number, top: number, left: number): void
 }
 
