@@ -320,57 +320,29 @@ const lnBackward = `
 
 
 /**
- * convFilterGrad(x, dy, dw, N, H, W, C, OH, OW, O, FH, FW, SH, SW, top, left): a channels-last 2-D
- * convolution's filter gradient, dW[fh, fw, c, o] = Σ_{b, oh, ow} x[b, oh·SH + fh − top,
- * ow·SW + fw − left, c] · dy[b, oh, ow, o] (dilation 1, positions outside the image left out),
- * without a patch matrix: for each tap and input channel, one row of dW (16 output channels at a
- * time in four accumulators, then 4, then one) summed over every output pixel whose input is
- * inside the image, x read in place with a stride of SW·C and dy row by row. Sums in float32, in
- * the order b, oh, ow.
+ * convFilterGrad's columns of one row of dW from $j while they fit: `wide` 16 in four accumulators,
+ * `pair` 16 for input channels $ci and $ci + 1 at once (eight accumulators, dy's four loads shared),
+ * `narrow` 4, `one` 1; each summed over every output pixel whose input is inside the image.
  */
-const convFilterGrad = `
-  (func (export "convFilterGrad") (param $x i32) (param $dy i32) (param $dw i32) (param $N i32)
-      (param $H i32) (param $W i32) (param $C i32) (param $OH i32) (param $OW i32) (param $O i32)
-      (param $FH i32) (param $FW i32) (param $SH i32) (param $SW i32) (param $top i32) (param $left i32)
-    (local $fh i32) (local $fw i32) (local $ci i32) (local $j i32) (local $b i32) (local $oh i32) (local $ow i32)
-    (local $ih i32) (local $first i32) (local $end i32) (local $xp i32) (local $dp i32) (local $op i32)
-    (local $xstep i32) (local $ostep i32) (local $width i32) (local $sx f32)
-    (local $s v128) ${f4("c0")} ${f4("c1")} ${f4("c2")} ${f4("c3")}
-    (local.set $xstep (i32.mul (i32.mul (local.get $SW) (local.get $C)) (i32.const 4)))
-    (local.set $ostep (i32.mul (local.get $O) (i32.const 4)))
-    (local.set $op (local.get $dw))
-    ${loop(
-      "fh",
-      get("FH"),
-      loop(
-        "fw",
-        get("FW"),
-        `;; the output columns whose input column ow·SW + fw − left is inside the image: [first, end)
-        (local.set $first (i32.const 0))
-        (if (i32.gt_s (i32.sub (local.get $left) (local.get $fw)) (i32.const 0))
-          (then (local.set $first (i32.div_s (i32.add (i32.sub (local.get $left) (local.get $fw)) (i32.sub (local.get $SW) (i32.const 1))) (local.get $SW)))))
-        (local.set $end (i32.const 0))
-        (if (i32.ge_s (i32.sub (i32.add (local.get $W) (local.get $left)) (i32.add (local.get $fw) (i32.const 1))) (i32.const 0))
-          (then (local.set $end (i32.add (i32.div_s (i32.sub (i32.add (local.get $W) (local.get $left)) (i32.add (local.get $fw) (i32.const 1))) (local.get $SW)) (i32.const 1)))))
-        (if (i32.gt_s (local.get $end) (local.get $OW)) (then (local.set $end (local.get $OW))))
-        (if (i32.lt_s (local.get $end) (local.get $first)) (then (local.set $end (local.get $first))))
-        (local.set $width (i32.sub (local.get $end) (local.get $first)))
-        ${loop(
-          "ci",
-          get("C"),
-          `(local.set $j (i32.const 0))
-          ${["wide", "narrow", "one"].map((kind) => {
-            const lanes = kind === "wide" ? 16 : kind === "narrow" ? 4 : 1
-            const accs = kind === "wide" ? ["c0", "c1", "c2", "c3"] : ["c0"]
-            const body =
-              kind === "one"
-                ? `(local.set $sx (f32.add (local.get $sx) (f32.mul (f32.load (local.get $xp)) (f32.load (local.get $dp)))))`
-                : `(local.set $s (v128.load32_splat (local.get $xp)))
+const filterGradColumns = (kind) => {
+  const lanes = kind === "narrow" ? 4 : kind === "one" ? 1 : 16
+  const accs = kind === "wide" || kind === "pair" ? ["c0", "c1", "c2", "c3"] : ["c0"]
+  const second = kind === "pair" ? ["e0", "e1", "e2", "e3"] : []
+  const body =
+    kind === "one"
+      ? `(local.set $sx (f32.add (local.get $sx) (f32.mul (f32.load (local.get $xp)) (f32.load (local.get $dp)))))`
+      : kind === "pair"
+        ? `(local.set $s (v128.load32_splat (local.get $xp)))
+                  (local.set $s2 (v128.load32_splat offset=4 (local.get $xp)))
+                  ${accs.map((_, q) => `(local.set $d${q} (v128.load offset=${16 * q} (local.get $dp)))`).join("\n")}
+                  ${accs.map((a, q) => `(local.set $${a} (f32x4.add (local.get $${a}) (f32x4.mul (local.get $s) (local.get $d${q}))))`).join("\n")}
+                  ${second.map((a, q) => `(local.set $${a} (f32x4.add (local.get $${a}) (f32x4.mul (local.get $s2) (local.get $d${q}))))`).join("\n")}`
+        : `(local.set $s (v128.load32_splat (local.get $xp)))
                   ${accs.map((a, q) => `(local.set $${a} (f32x4.add (local.get $${a}) (f32x4.mul (local.get $s) (v128.load offset=${16 * q} (local.get $dp)))))`).join("\n")}`
-            return `(block $${kind}_done
+  return `(block $${kind}_done
             (br_if $${kind}_done (i32.gt_s (i32.add (local.get $j) (i32.const ${lanes})) (local.get $O)))
             (loop $${kind}
-              ${kind === "one" ? "(local.set $sx (f32.const 0))" : accs.map((a) => `(local.set $${a} ${ZERO})`).join(" ")}
+              ${kind === "one" ? "(local.set $sx (f32.const 0))" : [...accs, ...second].map((a) => `(local.set $${a} ${ZERO})`).join(" ")}
               ${loop(
                 "b",
                 get("N"),
@@ -392,16 +364,77 @@ const convFilterGrad = `
                       )}))`
                 )
               )}
+              ;; dW[fh, fw, ci, j ..]
+              (local.set $op (i32.add (local.get $dw) (i32.shl (i32.add (i32.mul (i32.add (i32.mul (i32.add (i32.mul (local.get $fh) (local.get $FW)) (local.get $fw)) (local.get $C)) (local.get $ci)) (local.get $O)) (local.get $j)) (i32.const 2))))
               ${
                 kind === "one"
                   ? "(f32.store (local.get $op) (local.get $sx))"
                   : accs.map((a, q) => `(v128.store offset=${16 * q} (local.get $op) (local.get $${a}))`).join("\n")
               }
-              (local.set $op (i32.add (local.get $op) (i32.const ${4 * lanes})))
+              ${second.map((a, q) => `(v128.store offset=${16 * q} (i32.add (local.get $op) (local.get $ostep)) (local.get $${a}))`).join("\n")}
               (local.set $j (i32.add (local.get $j) (i32.const ${lanes})))
               (br_if $${kind} (i32.le_s (i32.add (local.get $j) (i32.const ${lanes})) (local.get $O)))))`
-          }).join("\n")}`
-        )}`
+}
+
+/**
+ * convFilterGrad(x, dy, dw, N, H, W, C, OH, OW, O, FH, FW, SH, SW, top, left): a channels-last 2-D
+ * convolution's filter gradient, dW[fh, fw, c, o] = Σ_{b, oh, ow} x[b, oh·SH + fh − top,
+ * ow·SW + fw − left, c] · dy[b, oh, ow, o] (dilation 1, positions outside the image left out),
+ * without a patch matrix: for each tap and input channel, one row of dW (16 output channels at a
+ * time in four accumulators, two input channels at once where there are two, then 4, then one)
+ * summed over every output pixel whose input is inside the image, x read in place with a stride
+ * of SW·C and dy row by row. Sums in float32, in the order b, oh, ow.
+ */
+const convFilterGrad = `
+  (func (export "convFilterGrad") (param $x i32) (param $dy i32) (param $dw i32) (param $N i32)
+      (param $H i32) (param $W i32) (param $C i32) (param $OH i32) (param $OW i32) (param $O i32)
+      (param $FH i32) (param $FW i32) (param $SH i32) (param $SW i32) (param $top i32) (param $left i32)
+    (local $fh i32) (local $fw i32) (local $ci i32) (local $j i32) (local $b i32) (local $oh i32) (local $ow i32)
+    (local $ih i32) (local $first i32) (local $end i32) (local $xp i32) (local $dp i32) (local $op i32)
+    (local $xstep i32) (local $ostep i32) (local $width i32) (local $sx f32) (local $jr i32)
+    (local $s v128) (local $s2 v128) ${["c0", "c1", "c2", "c3", "e0", "e1", "e2", "e3", "d0", "d1", "d2", "d3"].map(f4).join(" ")}
+    (local.set $xstep (i32.mul (i32.mul (local.get $SW) (local.get $C)) (i32.const 4)))
+    (local.set $ostep (i32.mul (local.get $O) (i32.const 4)))
+    ${loop(
+      "fh",
+      get("FH"),
+      loop(
+        "fw",
+        get("FW"),
+        `;; the output columns whose input column ow·SW + fw − left is inside the image: [first, end)
+        (local.set $first (i32.const 0))
+        (if (i32.gt_s (i32.sub (local.get $left) (local.get $fw)) (i32.const 0))
+          (then (local.set $first (i32.div_s (i32.add (i32.sub (local.get $left) (local.get $fw)) (i32.sub (local.get $SW) (i32.const 1))) (local.get $SW)))))
+        (local.set $end (i32.const 0))
+        (if (i32.ge_s (i32.sub (i32.add (local.get $W) (local.get $left)) (i32.add (local.get $fw) (i32.const 1))) (i32.const 0))
+          (then (local.set $end (i32.add (i32.div_s (i32.sub (i32.add (local.get $W) (local.get $left)) (i32.add (local.get $fw) (i32.const 1))) (local.get $SW)) (i32.const 1)))))
+        (if (i32.gt_s (local.get $end) (local.get $OW)) (then (local.set $end (local.get $OW))))
+        (if (i32.lt_s (local.get $end) (local.get $first)) (then (local.set $end (local.get $first))))
+        (local.set $width (i32.sub (local.get $end) (local.get $first)))
+        (local.set $ci (i32.const 0))
+        (block $ci_done
+          (br_if $ci_done (i32.ge_s (local.get $ci) (local.get $C)))
+          (loop $ci_next
+            (if (i32.lt_s (i32.add (local.get $ci) (i32.const 1)) (local.get $C))
+              (then
+                ;; two input channels at once (their rows of dW share dy's loads), 16 columns at a
+                ;; time; the rest of each row on its own
+                (local.set $j (i32.const 0))
+                ${filterGradColumns("pair")}
+                (local.set $jr (local.get $j))
+                ${filterGradColumns("narrow")}
+                ${filterGradColumns("one")}
+                (local.set $ci (i32.add (local.get $ci) (i32.const 1)))
+                (local.set $j (local.get $jr))
+                ${filterGradColumns("narrow")}
+                ${filterGradColumns("one")})
+              (else
+                (local.set $j (i32.const 0))
+                ${filterGradColumns("wide")}
+                ${filterGradColumns("narrow")}
+                ${filterGradColumns("one")}))
+            (local.set $ci (i32.add (local.get $ci) (i32.const 1)))
+            (br_if $ci_next (i32.lt_s (local.get $ci) (local.get $C)))))`
       )
     )})`
 
