@@ -7,9 +7,9 @@
 // them, and single products whose right operand fits the caches (k·n ≤ 32768 floats), through
 // gradwire's SIMD kernel on the heap (heap-simd.ts: 23-33 GFLOP/s on those shapes, XNNPACK's
 // 19-28 on the single ones), a transposed left operand read in place (xᵀ·dy: 16-27 GFLOP/s,
-// against 9-17 for a transpose and XNNPACK), and a·bᵀ with k ≥ 32 as dot products of rows read in
-// place (dx = dy·Wᵀ, an LSTM's dh = dz·Uᵀ: 13-18 GFLOP/s against 2-5 for a transpose and the
-// product); larger single products stay with XNNPACK, which blocks for the caches. The products
+// against 9-17 for a transpose and XNNPACK), and a·bᵀ with k ≥ 32 and at most 256 rows as dot
+// products of rows read in place (dx = dy·Wᵀ, an LSTM's dh = dz·Uᵀ: 13-18 GFLOP/s against 2-5 for a
+// transpose and the product); larger single products stay with XNNPACK, which blocks for the caches. The products
 // sum over k in order, a multiply then an add, as the backend's do (the same bits); the dot
 // products in four partial sums added at the end.
 import type { Tf } from "../tf.ts"
@@ -40,6 +40,12 @@ export const simdMatMulStats = { calls: 0 }
 
 /** Below this inner length a·bᵀ is faster with b transposed first (the dot products' closing sums outweigh the transpose). */
 export const SIMD_TB_MIN_K = 32
+/**
+ * Above this many rows of a, a·bᵀ is as fast or faster with b transposed once and the plain kernel
+ * (1024·64 by 128·64: 0.57-0.66 against 0.67-0.69 ms; 32·512 by 512·512: 0.70 against 1.76 the
+ * other way).
+ */
+export const SIMD_TB_MAX_M = 256
 
 /**
  * a·b, aᵀ·b (`ta`: a read transposed in place) or a·bᵀ (`tb`: as dot products of rows) for float32
@@ -54,7 +60,7 @@ const simdProduct = (args: KernelArgs, a: TensorInfo, b: TensorInfo, ta: boolean
   const k = a.shape[ta ? ra - 2 : ra - 1]!
   const n = b.shape[tb ? rb - 2 : rb - 1]!
   if (b.shape[tb ? rb - 1 : rb - 2] !== k) return undefined
-  if (tb && (k % 4 !== 0 || k < SIMD_TB_MIN_K)) return undefined
+  if (tb && (k % 4 !== 0 || k < SIMD_TB_MIN_K || m > SIMD_TB_MAX_M)) return undefined
   const outer = batchShape(a.shape.slice(0, -2), b.shape.slice(0, -2))
   if (!outer) return undefined
   const batches = size(outer)
