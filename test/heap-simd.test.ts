@@ -3,7 +3,7 @@
 // backend's matmul. Inputs far from zero (a mean of 1000 over 25088 rows) check that the sums over
 // rows keep their precision.
 import { beforeAll, describe, expect, it } from "vitest"
-import { seeded } from "./support/kernel-compare.ts"
+import { farthest as far, seeded } from "./support/kernel-compare.ts"
 import { loadEngine, type Tf } from "../core/engine.ts"
 import { batchNormTrainBackward, batchNormTrainForward } from "../core/kernels/batch-norm-train.ts"
 import { addressOf, heapKernels, heapKernelsStatus, type HeapKernels } from "../core/kernels/heap-simd.ts"
@@ -23,14 +23,6 @@ beforeAll(async () => {
   backend = tf.backend() as unknown as WasmBackend
   kernels = heapKernels(backend)!
 })
-
-/** The worst of |a − b| / (1 + |b|) (NaN counts as infinitely far). */
-const far = (a: ArrayLike<number>, b: ArrayLike<number>): number => {
-  expect(a.length).toBe(b.length)
-  let w = 0
-  for (let i = 0; i < a.length; i++) w = Math.max(w, Number.isNaN(a[i]!) ? Infinity : Math.abs(a[i]! - b[i]!) / (1 + Math.abs(b[i]!)))
-  return w
-}
 
 /** Arrays copied onto the heap as tensors, fresh outputs of `outShapes`, `run` on their addresses; the outputs' values. */
 const onHeap = (ins: Array<[Float32Array, number[]]>, outShapes: number[][], run: (ins: number[], outs: number[]) => void): Float32Array[] => {
@@ -154,6 +146,8 @@ describe("SIMD kernels on the wasm heap", () => {
       () => tf.matMul(t([5, 36], 30), t([7, 36], 31), false, true),
       () => tf.matMul(t([3, 4, 64], 32), t([3, 6, 64], 33), false, true),
       () => tf.matMul(t([2, 4, 32], 34), t([9, 32], 35), false, true),
+      // more than 256 rows: b transposed once, then the plain kernel
+      () => tf.matMul(t([300, 36], 36), t([12, 36], 37), false, true),
       ...Array.from({ length: 21 }, (_, n) => () => tf.matMul(t([5, 11], 20 + n), t([11, n + 1], 50 + n))),
       () => tf.matMul(t([3, 0], 15), t([0, 4], 16))
     ]

@@ -12,15 +12,19 @@ export const seeded = (n: number, seed: number, scale = 1, shift = 0): Float32Ar
   return Float32Array.from({ length: n }, () => (((s = (Math.imul(s, 1103515245) + 12345) >>> 0) / 2 ** 32) * 2 - 1) * scale + shift)
 }
 
-/** The worst of |a − b| / (1 + |b|) over every value of every tensor (NaN counts as infinitely far); the shapes must match. */
+/** The worst of |a − b| / (1 + |b|) over two arrays of one length (a NaN in a counts as infinitely far). */
+export const farthest = (a: ArrayLike<number>, b: ArrayLike<number>): number => {
+  expect(a.length).toBe(b.length)
+  let w = 0
+  for (let i = 0; i < a.length; i++) w = Math.max(w, Number.isNaN(a[i]!) ? Infinity : Math.abs(a[i]! - b[i]!) / (1 + Math.abs(b[i]!)))
+  return w
+}
+
+/** farthest over every value of every tensor; the shapes must match. */
 export const worst = async (a: Tensor[], b: Tensor[]): Promise<number> => {
   expect(a.map((t) => t.shape)).toEqual(b.map((t) => t.shape))
   let w = 0
-  for (let i = 0; i < a.length; i++) {
-    const x = (await a[i]!.data()) as Float32Array
-    const y = (await b[i]!.data()) as Float32Array
-    x.forEach((v, j) => (w = Math.max(w, Number.isNaN(v) ? Infinity : Math.abs(v - y[j]!) / (1 + Math.abs(y[j]!)))))
-  }
+  for (let i = 0; i < a.length; i++) w = Math.max(w, farthest((await a[i]!.data()) as Float32Array, (await b[i]!.data()) as Float32Array))
   return w
 }
 
