@@ -8,6 +8,7 @@ import { fallbackKernelsUsed } from "../core/kernels/fallback.ts"
 import { useHeapKernels } from "../core/kernels/heap-simd.ts"
 import { registerWasmKernels } from "../core/kernels/register.ts"
 import { asReducedBlock } from "../core/kernels/reduce.ts"
+import { simdConvStats } from "../core/kernels/conv2d.ts"
 import { asBlockTranspose } from "../core/kernels/transpose.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
@@ -63,17 +64,24 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     [[3, 1, 20, 8], [1, 9, 8, 5], 1, "valid"],
     // 21 output channels: the SIMD kernel's 16, 4 and 1 at a time.
     [[2, 5, 6, 3], [3, 3, 3, 21], [1, 2], "same"],
-    [[4, 8, 8, 16], [3, 3, 16, 32], 1, "same"]
+    [[4, 8, 8, 16], [3, 3, 16, 32], 1, "same"],
+    // 7 and 6 output channels: the SIMD convolution's last block stores 3 and 2 of its 4 lanes, and
+    // the filter gradient takes four taps at a time (FW 3: one pass; 5: a second with one tap).
+    [[2, 6, 6, 2], [3, 3, 2, 7], 1, "same"],
+    [[3, 12, 12, 1], [5, 5, 1, 6], 1, "same"],
+    // More taps than the SIMD convolution takes (8·9 > 576), and a 1x1 filter: the backend's own.
+    [[1, 5, 5, 72], [3, 3, 72, 8], 1, "same"],
+    [[2, 4, 4, 8], [1, 1, 8, 12], 1, "valid"]
   ] as Array<[number[], number[], number | [number, number], "same" | "valid"]>) {
     // The filter gradient by gradwire's SIMD kernel on the heap, and by the paths taken without it.
     for (const simd of [true, false]) {
-      it(`conv2d gradients, x ${x} filter ${f} strides ${strides} ${pad}${simd ? "" : ", without the heap kernels"}`, async () => {
+      it(`conv2d and its gradients, x ${x} filter ${f} strides ${strides} ${pad}${simd ? "" : ", without the heap kernels"}`, async () => {
         useHeapKernels(simd)
         try {
           const worst = await compare(() => {
             const conv = (a: Tensor, w: Tensor): Tensor => tf.conv2d(a as never, w as never, strides, pad) as unknown as Tensor
             const [gx, gf] = tf.grads((a: Tensor, w: Tensor) => conv(a, w).mul(t(conv(a, w).shape, 5)).sum())([t(x, 1), t(f, 2)])
-            return [gx!, gf!]
+            return [conv(t(x, 1), t(f, 2)), gx!, gf!]
           })
           expect(worst).toBeLessThanOrEqual(1e-4)
         } finally {
@@ -82,6 +90,49 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
       })
     }
   }
+
+  it("fused conv2d with a bias and ReLU by the SIMD convolution (a bias at every output column, negatives cut), other activations and PReLU through the backend's own, the same as the cpu backend's", async () => {
+    const before = simdConvStats.calls
+    for (const [x, f, pad, activation] of [
+      [[2, 8, 8, 3], [3, 3, 3, 16], "same", "relu"],
+      [[2, 8, 8, 3], [3, 3, 3, 6], "valid", "linear"],
+      [[2, 7, 7, 4], [3, 3, 4, 5], "same", "elu"],
+      [[2, 7, 7, 4], [3, 3, 4, 8], "same", "prelu"]
+    ] as Array<[number[], number[], "same" | "valid", "relu" | "linear" | "elu" | "prelu"]>) {
+      const O = f[3]!
+      const worst = await compare(() =>
+        tf.fused.conv2d({
+          x: t(x, 11) as never,
+          filter: t(f, 12) as never,
+          strides: 1,
+          pad,
+          bias: t([O], 13).add(0.5) as never,
+          activation,
+          ...(activation === "prelu" ? { preluActivationWeights: t([O], 14) as never } : {})
+        }) as unknown as Tensor
+      )
+      expect(worst, `${x} ${f} ${activation}`).toBeLessThanOrEqual(1e-4)
+    }
+    // relu and linear ran on the SIMD kernel; elu and prelu did not (the calls counted are the wasm runs)
+    expect(simdConvStats.calls - before).toBe(2)
+  })
+
+  it("the SIMD convolution runs for layers whose filter fits the caches, and not without the heap kernels", () => {
+    const run = (x: number[], f: number[]): number => {
+      const before = simdConvStats.calls
+      tf.tidy(() => tf.conv2d(t(x, 1) as never, t(f, 2) as never, 1, "same"))
+      return simdConvStats.calls - before
+    }
+    expect(run([2, 8, 8, 16], [3, 3, 16, 16])).toBe(1)
+    expect(run([1, 5, 5, 72], [3, 3, 72, 8])).toBe(0)
+    expect(run([2, 4, 4, 8], [1, 1, 8, 12])).toBe(0)
+    useHeapKernels(false)
+    try {
+      expect(run([2, 8, 8, 16], [3, 3, 16, 16])).toBe(0)
+    } finally {
+      useHeapKernels(true)
+    }
+  })
 
   it("depthwise conv2d gradients (multiplier 3; stride 2 same, stride 1 valid)", async () => {
     for (const [strides, pad] of [[2, "same"], [1, "valid"]] as const) {
@@ -105,6 +156,23 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
       tf.grad((a: Tensor) => (tf.maxPool(a as never, 3, 2, "same") as unknown as Tensor).mul(t([2, 4, 5, 5], 12)).sum())(ties())
     ])
     expect(tied).toBeLessThanOrEqual(1e-4)
+    // Windows that do not overlap by the heap's SIMD kernel: "same" padding cutting the last windows
+    // short, 4, 6 and 8 channels (every lane, two of a group), 3x3 at stride 3, and NaNs after the
+    // first tap of a window (never taking the gradient; a NaN first in its window would here, where
+    // the cpu backend skips it), in columns 1, 5 and 7 of every third pixel.
+    const nan = (shape: number[], seed: number) => {
+      const [, , W, C] = shape as [number, number, number, number]
+      const v = seeded(shape.reduce((a, b) => a * b, 1), seed).map((x) => Math.round(x * 2))
+      for (let i = 0; i < v.length; i += 3) if ([1, 5, 7].includes(Math.floor(i / C) % W)) v[i] = NaN
+      return tf.tensor(v, shape)
+    }
+    const windows = await compare(() => [
+      tf.grad((a: Tensor) => (tf.maxPool(a as never, 2, 2, "same") as unknown as Tensor).mul(t([2, 4, 5, 6], 13)).sum())(ties().slice([0, 0, 0, 0], [2, 7, 9, 1]).tile([1, 1, 1, 6])),
+      tf.grad((a: Tensor) => (tf.maxPool(a as never, 2, 2, "same") as unknown as Tensor).mul(t([2, 4, 5, 8], 14)).sum())(t([2, 7, 9, 8], 15)),
+      tf.grad((a: Tensor) => (tf.maxPool(a as never, 3, 3, "same") as unknown as Tensor).mul(t([2, 3, 3, 4], 16)).sum())(nan([2, 7, 9, 4], 17)),
+      tf.grad((a: Tensor) => (tf.maxPool(a as never, 2, 2, "valid") as unknown as Tensor).mul(t([2, 3, 4, 6], 18)).sum())(nan([2, 7, 9, 6], 19))
+    ])
+    expect(windows).toBeLessThanOrEqual(1e-4)
   })
 
   it("UnsortedSegmentSum (the embedding gradient), ids out of range dropped", async () => {

@@ -4,6 +4,7 @@
 // upstream value). This one routes each output's gradient to the first maximum of its window, as
 // TensorFlow and tfjs's cpu backend do.
 import type { Tf } from "../tf.ts"
+import { addressOf, heapKernels } from "./heap-simd.ts"
 import { floats, type KernelArgs, type TensorInfo } from "./wasm-heap.ts"
 
 export const maxPoolGrad = (tf: Tf, { inputs, backend, attrs }: KernelArgs): TensorInfo => {
@@ -23,10 +24,19 @@ export const maxPoolGrad = (tf: Tf, { inputs, backend, attrs }: KernelArgs): Ten
   const dys = floats(backend, dy)
   const dx = floats(backend, out)
   dx.fill(0)
+  // Windows that do not overlap (the usual 2x2 at stride 2): gradwire's SIMD kernel on the heap,
+  // four channels at a time, with no scatter (LeNet's [32, 28, 28, 6] 2x2/2: 0.99 -> 0.25 ms). With C
+  // not a multiple of 4 it reads up to 12 bytes past x's and dy's last pixel: only where the heap
+  // goes on that far.
+  const kernels = DH === 1 && DW === 1 && SH >= FH && SW >= FW && input.dtype === "float32" && dy.dtype === "float32" ? heapKernels(backend) : undefined
+  if (kernels && (C % 4 === 0 || [input, dy].every((t) => addressOf(backend, t) + 4 * t.shape.reduce((a, b) => a * b, 1) + 16 <= xs.buffer.byteLength))) {
+    kernels.maxPoolGrad(addressOf(backend, input), addressOf(backend, dy), addressOf(backend, out), N, H, W, C, OH, OW, FH, FW, SH, SW, info.padInfo.top, info.padInfo.left)
+    return out
+  }
   // Per output pixel, every channel at once: the window's taps in order, each a contiguous run of C
   // values; the first tap in the image sets the best so far per channel, and a later one replaces it
-  // only when strictly greater (the first maximum wins; a NaN first in its window stays, as in the
-  // cpu backend's loop).
+  // only when strictly greater (the first maximum wins; a NaN first in its window stays, where the
+  // cpu backend's loop skips NaNs; a later NaN never wins in either).
   const best = new Float32Array(C)
   const at = new Int32Array(C)
   for (let b = 0; b < N; b++) {

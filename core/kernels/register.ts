@@ -3,7 +3,7 @@
 // (conv-grads.ts, segment-sum.ts), and the cpu backend's implementation for every other kernel the
 // cpu backend has and wasm does not (fallback.ts). Idempotent; called once the wasm backend is up.
 import type { Tf } from "../tf.ts"
-import { channelsLast, conv2dBackpropFilter, conv2dBackpropInput, depthwiseBackpropFilter, depthwiseBackpropInput } from "./conv-grads.ts"
+import { conv2dBackpropFilter, conv2dBackpropInput, depthwiseBackpropFilter, depthwiseBackpropInput } from "./conv-grads.ts"
 import { cpuFallback } from "./fallback.ts"
 import { registerMissingGradients } from "./gradients.ts"
 import { maxPoolGrad } from "./pool-grads.ts"
@@ -15,6 +15,7 @@ import { tile } from "./tile.ts"
 import { unpack } from "./unpack.ts"
 import { gatherRows } from "./gather.ts"
 import { untransposedMatMul } from "./matmul.ts"
+import { channelsLast, conv2dKernel, fusedConv2dKernel } from "./conv2d.ts"
 import { transposeKernel } from "./transpose.ts"
 import { broadcastFirst, SLOW_BROADCAST_KERNELS } from "./broadcast.ts"
 import type { KernelArgs, KernelFunc } from "./wasm-heap.ts"
@@ -31,13 +32,13 @@ export const FAST_WASM_KERNELS = [
  * Kernels tfjs-backend-wasm 4.22 has but computes wrongly (test/wasm-layer-coverage.test.ts finds
  * them against finite differences), replaced: MaxPoolGrad by gradwire's own; the conv3d gradients
  * (the input's wrong at stride 1, the filter's at stride 2) by the cpu backend's. And one that is
- * right but slow: Conv2DBackpropInput (conv-grads.ts), Tile (tile.ts), Unpack (unpack.ts), GatherV2 (gather.ts), the matmuls with a transposed operand (matmul.ts),
+ * right but slow: Conv2D and FusedConv2D on narrow layers (conv2d.ts), Conv2DBackpropInput (conv-grads.ts), Tile (tile.ts), Unpack (unpack.ts), GatherV2 (gather.ts), the matmuls with a transposed operand (matmul.ts),
  * Transpose (transpose.ts), the broadcasting comparisons (broadcast.ts), Sum and Mean over a
  * block of leading or middle axes (reduce.ts), Max and Min there (reduce.ts), and Identity (shares its input's buffer, as tfjs's
  * cpu backend and wasm's own Reshape do, where wasm's copied it: 26 copies of an activation in a
  * residual CNN's step; gradwire's in-place writers check that a buffer is not shared first).
  */
-export const REPLACED_WASM_KERNELS = ["Conv2DBackpropInput", "MaxPoolGrad", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", "Tile", "Unpack", "BatchMatMul", "_FusedMatMul", "Transpose", "GatherV2", "Sum", "Mean", "Max", "Min", "Identity", ...SLOW_BROADCAST_KERNELS] as const
+export const REPLACED_WASM_KERNELS = ["Conv2D", "FusedConv2D", "Conv2DBackpropInput", "MaxPoolGrad", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", "Tile", "Unpack", "BatchMatMul", "_FusedMatMul", "Transpose", "GatherV2", "Sum", "Mean", "Max", "Min", "Identity", ...SLOW_BROADCAST_KERNELS] as const
 
 let registered: { fast: string[]; fallback: string[]; gradients: string[] } | undefined
 
@@ -77,6 +78,12 @@ export const registerWasmKernels = (tf: Tf): { fast: string[]; fallback: string[
     if (has(name)) tf.unregisterKernel(name, "wasm")
     register(name, f)
   }
+  // Convolutions whose filter fits the caches by gradwire's SIMD kernel, bias and ReLU in the same
+  // pass (conv2d.ts); the input gradient below is one of them at stride 1.
+  const wasmConv = tf.getKernel("Conv2D", "wasm")?.kernelFunc as unknown as KernelFunc | undefined
+  if (wasmConv) replace("Conv2D", conv2dKernel(tf, wasmConv))
+  const wasmFusedConv = tf.getKernel("FusedConv2D", "wasm")?.kernelFunc as unknown as KernelFunc | undefined
+  if (wasmFusedConv) replace("FusedConv2D", fusedConv2dKernel(tf, wasmFusedConv))
   const wasmConvInput = tf.getKernel("Conv2DBackpropInput", "wasm")?.kernelFunc as unknown as KernelFunc | undefined
   if (wasmConvInput) replace("Conv2DBackpropInput", guarded((a) => conv2dBackpropInput(tf, a), (a) => nhwc(a) && a.inputs.dy.dtype === "float32", wasmConvInput))
   replace("MaxPoolGrad", guarded((a) => maxPoolGrad(tf, a), nhwc, cpuFallback(tf, "MaxPoolGrad")))
@@ -146,7 +153,7 @@ export const describeKernels = (backend: string, rank: number, fallbackUsed: rea
   if (backend === "wasm" && reg) {
     lines.push(`  gradwire's wasm kernels: ${reg.fast.join(", ") || "none needed"}; replaced (wrong or slow in tfjs-backend-wasm): ${REPLACED_WASM_KERNELS.join(", ")}`)
     lines.push(`  cpu-backend fallback registered for: ${reg.fallback.join(", ") || "none"}`)
-    lines.push(`  SIMD kernels on the wasm heap (matmuls, convolution filter gradients, normalization, the LSTM cell, transposes, Adam): ${heapKernelsStatus()}`)
+    lines.push(`  SIMD kernels on the wasm heap (matmuls, convolutions and their filter gradients, max-pool gradients, normalization, the LSTM cell, transposes, Adam): ${heapKernelsStatus()}`)
     json.heapSimd = heapKernelsStatus()
     json.fast = reg.fast
     json.replaced = [...REPLACED_WASM_KERNELS]

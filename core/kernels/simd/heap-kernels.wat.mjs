@@ -320,6 +320,155 @@ const lnBackward = `
 
 
 /**
+ * The strides of a walk over the output pixels of a convolution through its padded input
+ * [N, HP, WP, C] (nextPixel): a row's bytes, SH rows', SW pixels', and what to skip at the end of
+ * an output row and of an image.
+ */
+const paddedWalk = `
+    (local.set $rowBytes (i32.mul (i32.mul (local.get $WP) (local.get $C)) (i32.const 4)))
+    (local.set $SHrow (i32.mul (local.get $SH) (local.get $rowBytes)))
+    (local.set $SWpix (i32.mul (i32.mul (local.get $SW) (local.get $C)) (i32.const 4)))
+    (local.set $rowSkip (i32.sub (local.get $SHrow) (i32.mul (local.get $OW) (local.get $SWpix))))
+    (local.set $imageSkip (i32.sub (i32.mul (local.get $HP) (local.get $rowBytes)) (i32.mul (local.get $OH) (local.get $SHrow))))`
+
+/** $cx to the next output pixel's first tap (row by row, image by image, through the padded input). */
+const nextPixel = `
+          (local.set $cx (i32.add (local.get $cx) (local.get $SWpix)))
+          (local.set $ow (i32.add (local.get $ow) (i32.const 1)))
+          (if (i32.eq (local.get $ow) (local.get $OW))
+            (then
+              (local.set $ow (i32.const 0))
+              (local.set $cx (i32.add (local.get $cx) (local.get $rowSkip)))
+              (local.set $oh (i32.add (local.get $oh) (i32.const 1)))
+              (if (i32.eq (local.get $oh) (local.get $OH))
+                (then
+                  (local.set $oh (i32.const 0))
+                  (local.set $cx (i32.add (local.get $cx) (local.get $imageSkip)))))))`
+
+/**
+ * Stores f32x4 `v` at `at` as output columns $j + 4q ..: all four where they are inside the O
+ * columns, else the 1-3 that are, else none.
+ */
+const storeColumns = (at, v, q) => `
+          (local.set $left (i32.sub (local.get $O) (i32.add (local.get $j) (i32.const ${4 * q}))))
+          (if (i32.ge_s (local.get $left) (i32.const 4))
+            (then (v128.store offset=${16 * q} ${at} ${v}))
+            (else
+              (if (i32.ge_s (local.get $left) (i32.const 2))
+                (then (v128.store64_lane offset=${16 * q} 0 ${at} ${v})
+                  (if (i32.eq (local.get $left) (i32.const 3)) (then (v128.store32_lane offset=${16 * q + 8} 2 ${at} ${v}))))
+                (else (if (i32.eq (local.get $left) (i32.const 1)) (then (v128.store32_lane offset=${16 * q} 0 ${at} ${v})))))))`
+
+/**
+ * One group of `pixels` output pixels (from $m, $cx at the first one's input) for the columns from
+ * $j: `vecs` f32x4 accumulators per pixel (4·vecs columns), started from the bias ($b<q>), summed
+ * over every tap row fh and, along it, every (fw, c) in order (contiguous in both the padded input
+ * and the filter), a multiply then an add; ReLU with $relu.
+ */
+const convGroup = (pixels, vecs) => {
+  const ps = [...Array(pixels).keys()]
+  const qs = [...Array(vecs).keys()]
+  const acc = (p, q) => `$a${p}_${q}`
+  return `
+          ${ps.map((p) => `(local.set $r${p} (local.get $cx)) ${p < pixels - 1 ? nextPixel : ""}`).join("\n")}
+          ${ps.flatMap((p) => qs.map((q) => `(local.set ${acc(p, q)} (local.get $b${q}))`)).join(" ")}
+          (local.set $wr (i32.add (local.get $w) (i32.shl (local.get $j) (i32.const 2))))
+          ${loop(
+            "fh",
+            get("FH"),
+            `(local.set $wp (local.get $wr))
+            ${ps.map((p) => `(local.set $q${p} (local.get $r${p}))`).join(" ")}
+            ${loop(
+              "kk",
+              get("K"),
+              `${ps.map((p) => `(local.set $s${p} (v128.load32_splat (local.get $q${p})))`).join("\n              ")}
+              ${qs
+                .map(
+                  (q) => `(local.set $wv (v128.load offset=${16 * q} (local.get $wp)))
+              ${ps.map((p) => `(local.set ${acc(p, q)} (f32x4.add (local.get ${acc(p, q)}) (f32x4.mul (local.get $s${p}) (local.get $wv))))`).join("\n              ")}`
+                )
+                .join("\n              ")}
+              ${ps.map((p) => `(local.set $q${p} (i32.add (local.get $q${p}) (i32.const 4)))`).join(" ")}
+              (local.set $wp (i32.add (local.get $wp) (local.get $wstep)))`
+            )}
+            ${ps.map((p) => `(local.set $r${p} (i32.add (local.get $r${p}) (local.get $rowBytes)))`).join(" ")}
+            (local.set $wr (i32.add (local.get $wr) (local.get $tapRow)))`
+          )}
+          ${ps
+            .flatMap((p) =>
+              qs.map((q) => {
+                const value = `(if (result v128) (local.get $relu) (then (f32x4.max (local.get ${acc(p, q)}) ${ZERO})) (else (local.get ${acc(p, q)})))`
+                const at = `(i32.add (local.get $y) (i32.shl (i32.add (i32.mul (i32.add (local.get $m) (i32.const ${p})) (local.get $O)) (local.get $j)) (i32.const 2)))`
+                return storeColumns(at, value, q)
+              })
+            )
+            .join("\n")}
+          ${nextPixel}
+          (local.set $m (i32.add (local.get $m) (i32.const ${pixels})))`
+}
+
+/**
+ * conv2d's output columns `4·vecs` at a time from $j while they fit in O rounded up to 4, each
+ * block over every output pixel, `pixels` at a time (their loads of w shared), then one at a time.
+ */
+const convColumns = (vecs, pixels) => {
+  const lanes = 4 * vecs
+  const name = `cols${lanes}`
+  const qs = [...Array(vecs).keys()]
+  const at = "(i32.add (local.get $bias) (i32.shl (local.get $j) (i32.const 2)))"
+  return `
+    (block $${name}_done
+      (br_if $${name}_done (i32.gt_s (i32.add (local.get $j) (i32.const ${lanes})) (local.get $OP)))
+      (loop $${name}
+        ${qs.map((q) => `(local.set $b${q} (if (result v128) (local.get $bias) (then (v128.load offset=${16 * q} ${at})) (else ${ZERO})))`).join(" ")}
+        (local.set $m (i32.const 0)) (local.set $oh (i32.const 0)) (local.set $ow (i32.const 0)) (local.set $cx (local.get $x))
+        (block $${name}_g_done
+          (br_if $${name}_g_done (i32.gt_u (i32.add (local.get $m) (i32.const ${pixels})) (local.get $M)))
+          (loop $${name}_g
+            ${convGroup(pixels, vecs)}
+            (br_if $${name}_g (i32.le_u (i32.add (local.get $m) (i32.const ${pixels})) (local.get $M)))))
+        (block $${name}_1_done
+          (br_if $${name}_1_done (i32.ge_u (local.get $m) (local.get $M)))
+          (loop $${name}_1
+            ${convGroup(1, vecs)}
+            (br_if $${name}_1 (i32.lt_u (local.get $m) (local.get $M)))))
+        (local.set $j (i32.add (local.get $j) (i32.const ${lanes})))
+        (br_if $${name} (i32.le_s (i32.add (local.get $j) (i32.const ${lanes})) (local.get $OP)))))`
+}
+
+/**
+ * conv2d(x, w, bias, y, N, HP, WP, C, OH, OW, O, FH, FW, SH, SW, relu): a channels-last 2-D
+ * convolution (dilation 1) of x [N, HP, WP, C], already padded (every tap of every output pixel
+ * inside it), by w [FH, FW, C, O] into y [N, OH, OW, O]: y[b, oh, ow, o] = bias[o] +
+ * Σ_{fh, fw, c} x[b, oh·SH + fh, ow·SW + fw, c] · w[fh, fw, c, o], then max(·, 0) with relu 1.
+ * bias 0 means none. Output channels 16 at a time for two pixels at once (their loads of w shared),
+ * then 8 for four pixels, then 4 for eight; sums in float32 in the order fh, fw, c. With O not a
+ * multiple of 4 the last block reads up to 12 bytes past w's rows and bias's end (lanes never
+ * stored): the caller keeps 16 bytes of memory after both.
+ */
+const conv2d = `
+  (func (export "conv2d") (param $x i32) (param $w i32) (param $bias i32) (param $y i32) (param $N i32)
+      (param $HP i32) (param $WP i32) (param $C i32) (param $OH i32) (param $OW i32) (param $O i32)
+      (param $FH i32) (param $FW i32) (param $SH i32) (param $SW i32) (param $relu i32)
+    (local $M i32) (local $m i32) (local $j i32) (local $fh i32) (local $kk i32) (local $K i32) (local $OP i32) (local $left i32)
+    (local $oh i32) (local $ow i32) (local $cx i32) (local $rowSkip i32) (local $imageSkip i32)
+    (local $rowBytes i32) (local $SHrow i32) (local $SWpix i32)
+    (local $wstep i32) (local $tapRow i32) (local $wr i32) (local $wp i32)
+    ${[...Array(8).keys()].map((p) => `(local $r${p} i32) (local $q${p} i32) (local $s${p} v128)`).join(" ")}
+    (local $wv v128) ${["b0", "b1", "b2", "b3"].map(f4).join(" ")}
+    ${[...Array(8).keys()].flatMap((p) => [0, 1, 2, 3].map((q) => f4(`a${p}_${q}`))).join(" ")}
+    (local.set $M (i32.mul (i32.mul (local.get $N) (local.get $OH)) (local.get $OW)))
+    (local.set $OP (i32.and (i32.add (local.get $O) (i32.const 3)) (i32.const -4)))
+    (local.set $K (i32.mul (local.get $FW) (local.get $C)))
+    ${paddedWalk}
+    (local.set $wstep (i32.mul (local.get $O) (i32.const 4)))
+    (local.set $tapRow (i32.mul (local.get $K) (local.get $wstep)))
+    (local.set $j (i32.const 0))
+    ${convColumns(4, 2)}
+    ${convColumns(2, 4)}
+    ${convColumns(1, 8)})`
+
+/**
  * convFilterGrad's columns of one row of dW from $j while they fit: `wide` 16 in four accumulators,
  * `pair` 16 for input channels $ci and $ci + 1 at once (eight accumulators, dy's four loads shared),
  * `narrow` 4, `one` 1; each summed over every output pixel whose input is inside the image.
@@ -435,6 +584,171 @@ const convFilterGrad = `
                 ${filterGradColumns("one")}))
             (local.set $ci (i32.add (local.get $ci) (i32.const 1)))
             (br_if $ci_next (i32.lt_s (local.get $ci) (local.get $C)))))`
+      )
+    )})`
+
+/** Filter taps along a row per pass of convFilterGradTaps. */
+const TAPS = 4
+
+/**
+ * convFilterGradTaps(x, dy, dw, N, HP, WP, C, OH, OW, O, FH, FW, SH, SW): the same filter gradient
+ * as convFilterGrad, from x [N, HP, WP, C] already padded (every tap of every output pixel inside
+ * it), for layers with few input channels (where convFilterGrad's rows, one tap and channel each,
+ * pass over dy once per output column block and tap): for each tap row fh and input channel c,
+ * four taps fw along the row at once for eight output columns (eight accumulators, dy's two loads
+ * shared by the four taps), every output pixel in order b, oh, ow; sums in float32. With O not a
+ * multiple of 8 the last block reads up to 28 bytes past a pixel's dy (lanes never stored), and taps
+ * past FW read up to 3 floats past x's rows: the caller keeps 32 bytes after dy and 16 after x.
+ */
+const convFilterGradTaps = `
+  (func (export "convFilterGradTaps") (param $x i32) (param $dy i32) (param $dw i32) (param $N i32)
+      (param $HP i32) (param $WP i32) (param $C i32) (param $OH i32) (param $OW i32) (param $O i32)
+      (param $FH i32) (param $FW i32) (param $SH i32) (param $SW i32)
+    (local $fh i32) (local $c i32) (local $fw i32) (local $j i32) (local $m i32) (local $M i32) (local $left i32)
+    (local $oh i32) (local $ow i32) (local $cx i32) (local $dp i32) (local $rowSkip i32) (local $imageSkip i32)
+    (local $rowBytes i32) (local $SHrow i32) (local $SWpix i32) (local $ostep i32) (local $at i32) (local $taps i32)
+    (local $d0 v128) (local $d1 v128) (local $s v128)
+    ${[...Array(TAPS).keys()].flatMap((f) => [f4(`t${f}_0`), f4(`t${f}_1`)]).join(" ")}
+    (local.set $M (i32.mul (i32.mul (local.get $N) (local.get $OH)) (local.get $OW)))
+    ${paddedWalk}
+    (local.set $ostep (i32.mul (local.get $O) (i32.const 4)))
+    ${loop(
+      "fh",
+      get("FH"),
+      loop(
+        "c",
+        get("C"),
+        `(local.set $fw (i32.const 0))
+        (loop $fw_next
+          (local.set $j (i32.const 0))
+          (loop $j_next
+            ${[...Array(TAPS).keys()].map((f) => `(local.set $t${f}_0 ${ZERO}) (local.set $t${f}_1 ${ZERO})`).join(" ")}
+            (local.set $oh (i32.const 0)) (local.set $ow (i32.const 0))
+            ;; x[b, oh·SH + fh, ow·SW + fw, c] for the first output pixel, dy[0, 0, 0, j]
+            (local.set $cx (i32.add (local.get $x) (i32.add (i32.mul (local.get $fh) (local.get $rowBytes))
+              (i32.shl (i32.add (i32.mul (local.get $fw) (local.get $C)) (local.get $c)) (i32.const 2)))))
+            (local.set $dp (i32.add (local.get $dy) (i32.shl (local.get $j) (i32.const 2))))
+            ${loop(
+              "m",
+              get("M"),
+              `(local.set $d0 (v128.load (local.get $dp)))
+              (local.set $d1 (v128.load offset=16 (local.get $dp)))
+              ${[...Array(TAPS).keys()]
+                .map(
+                  (f) => `(local.set $s (v128.load32_splat (i32.add (local.get $cx) (i32.mul (local.get $C) (i32.const ${4 * f})))))
+              (local.set $t${f}_0 (f32x4.add (local.get $t${f}_0) (f32x4.mul (local.get $s) (local.get $d0))))
+              (local.set $t${f}_1 (f32x4.add (local.get $t${f}_1) (f32x4.mul (local.get $s) (local.get $d1))))`
+                )
+                .join("\n              ")}
+              (local.set $dp (i32.add (local.get $dp) (local.get $ostep)))
+              ${nextPixel}`
+            )}
+            ;; dW[fh, fw + f, c, j ..] for the taps inside the filter
+            (local.set $taps (i32.sub (local.get $FW) (local.get $fw)))
+            ${[...Array(TAPS).keys()]
+              .map(
+                (f) => `(if (i32.gt_s (local.get $taps) (i32.const ${f}))
+              (then
+                (local.set $at (i32.add (local.get $dw) (i32.shl (i32.add (i32.mul (i32.add (i32.mul (i32.add (i32.mul (local.get $fh) (local.get $FW)) (i32.add (local.get $fw) (i32.const ${f}))) (local.get $C)) (local.get $c)) (local.get $O)) (local.get $j)) (i32.const 2))))
+                ${storeColumns("(local.get $at)", `(local.get $t${f}_0)`, 0)}
+                ${storeColumns("(local.get $at)", `(local.get $t${f}_1)`, 1)}))`
+              )
+              .join("\n            ")}
+            (local.set $j (i32.add (local.get $j) (i32.const 8)))
+            (br_if $j_next (i32.lt_s (local.get $j) (local.get $O))))
+          (local.set $fw (i32.add (local.get $fw) (i32.const ${TAPS})))
+          (br_if $fw_next (i32.lt_s (local.get $fw) (local.get $FW))))`
+      )
+    )})`
+
+/**
+ * maxPoolGrad(x, dy, dx, N, H, W, C, OH, OW, FH, FW, SH, SW, top, left): a channels-last max pool's
+ * gradient for windows that do not overlap (SH ≥ FH, SW ≥ FW, so each input is in one window at
+ * most): per window and four channels at a time, the maximum over the taps inside the image (a
+ * later tap replaces it only when strictly greater), then each tap's dx is dy where the tap is the
+ * first to equal that maximum (a NaN maximum: the first NaN) and 0 elsewhere. dx is written only
+ * inside windows (the caller zeroes the rest). With C not a multiple of 4 the last group reads up
+ * to 12 bytes past a pixel (lanes never stored): the caller keeps 16 bytes after x and dy.
+ */
+const maxPoolGrad = `
+  (func (export "maxPoolGrad") (param $x i32) (param $dy i32) (param $dx i32) (param $N i32) (param $H i32)
+      (param $W i32) (param $C i32) (param $OH i32) (param $OW i32) (param $FH i32) (param $FW i32)
+      (param $SH i32) (param $SW i32) (param $top i32) (param $left i32)
+    (local $b i32) (local $oh i32) (local $ow i32) (local $g i32) (local $fh i32) (local $fw i32)
+    (local $h0 i32) (local $w0 i32) (local $fhs i32) (local $fhe i32) (local $fws i32) (local $fwe i32)
+    (local $groups i32) (local $pix i32) (local $row i32) (local $at i32) (local $dp i32) (local $n i32) (local $o i32)
+    (local $best v128) (local $v v128) (local $d v128) (local $claimed v128) (local $eq v128) (local $take v128)
+    (local.set $groups (i32.shr_u (i32.add (local.get $C) (i32.const 3)) (i32.const 2)))
+    (local.set $pix (i32.shl (local.get $C) (i32.const 2)))
+    (local.set $row (i32.mul (local.get $W) (local.get $pix)))
+    (local.set $dp (local.get $dy))
+    ${loop(
+      "b",
+      get("N"),
+      loop(
+        "oh",
+        get("OH"),
+        `(local.set $h0 (i32.sub (i32.mul (local.get $oh) (local.get $SH)) (local.get $top)))
+        (local.set $fhs (select (i32.sub (i32.const 0) (local.get $h0)) (i32.const 0) (i32.lt_s (local.get $h0) (i32.const 0))))
+        (local.set $fhe (select (i32.sub (local.get $H) (local.get $h0)) (local.get $FH) (i32.lt_s (i32.sub (local.get $H) (local.get $h0)) (local.get $FH))))
+        ${loop(
+          "ow",
+          get("OW"),
+          `(local.set $w0 (i32.sub (i32.mul (local.get $ow) (local.get $SW)) (local.get $left)))
+          (local.set $fws (select (i32.sub (i32.const 0) (local.get $w0)) (i32.const 0) (i32.lt_s (local.get $w0) (i32.const 0))))
+          (local.set $fwe (select (i32.sub (local.get $W) (local.get $w0)) (local.get $FW) (i32.lt_s (i32.sub (local.get $W) (local.get $w0)) (local.get $FW))))
+          (if (i32.and (i32.lt_s (local.get $fhs) (local.get $fhe)) (i32.lt_s (local.get $fws) (local.get $fwe)))
+            (then
+              ;; the window's first tap inside the image, channel 0
+              (local.set $o (i32.add (local.get $x) (i32.add (i32.mul (i32.add (i32.mul (local.get $b) (local.get $H)) (i32.add (local.get $h0) (local.get $fhs))) (local.get $row))
+                (i32.mul (i32.add (local.get $w0) (local.get $fws)) (local.get $pix)))))
+              ${loop(
+                "g",
+                get("groups"),
+                `(local.set $best (v128.load (i32.add (local.get $o) (i32.shl (local.get $g) (i32.const 4)))))
+                (local.set $fh (local.get $fhs))
+                (loop $max_h
+                  (local.set $at (i32.add (i32.add (local.get $o) (i32.mul (i32.sub (local.get $fh) (local.get $fhs)) (local.get $row))) (i32.shl (local.get $g) (i32.const 4))))
+                  (local.set $fw (local.get $fws))
+                  (loop $max_w
+                    (local.set $v (v128.load (local.get $at)))
+                    (local.set $best (v128.bitselect (local.get $v) (local.get $best) (f32x4.gt (local.get $v) (local.get $best))))
+                    (local.set $at (i32.add (local.get $at) (local.get $pix)))
+                    (local.set $fw (i32.add (local.get $fw) (i32.const 1)))
+                    (br_if $max_w (i32.lt_s (local.get $fw) (local.get $fwe))))
+                  (local.set $fh (i32.add (local.get $fh) (i32.const 1)))
+                  (br_if $max_h (i32.lt_s (local.get $fh) (local.get $fhe))))
+                (local.set $d (v128.load (i32.add (local.get $dp) (i32.shl (local.get $g) (i32.const 4)))))
+                (local.set $claimed ${ZERO})
+                (local.set $n (i32.sub (local.get $C) (i32.shl (local.get $g) (i32.const 2))))
+                (local.set $fh (local.get $fhs))
+                (loop $put_h
+                  (local.set $at (i32.add (i32.mul (i32.sub (local.get $fh) (local.get $fhs)) (local.get $row)) (i32.shl (local.get $g) (i32.const 4))))
+                  (local.set $fw (local.get $fws))
+                  (loop $put_w
+                    (local.set $v (v128.load (i32.add (local.get $o) (local.get $at))))
+                    (local.set $eq (v128.or (f32x4.eq (local.get $v) (local.get $best))
+                      (v128.and (f32x4.ne (local.get $v) (local.get $v)) (f32x4.ne (local.get $best) (local.get $best)))))
+                    (local.set $take (v128.andnot (local.get $eq) (local.get $claimed)))
+                    (local.set $claimed (v128.or (local.get $claimed) (local.get $eq)))
+                    (local.set $v (v128.and (local.get $d) (local.get $take)))
+                    ;; dx at the same offset from dx's window as x's; all four lanes or the 1-3 inside C
+                    (if (i32.ge_s (local.get $n) (i32.const 4))
+                      (then (v128.store (i32.add (i32.add (local.get $dx) (i32.sub (local.get $o) (local.get $x))) (local.get $at)) (local.get $v)))
+                      (else
+                        (v128.store32_lane 0 (i32.add (i32.add (local.get $dx) (i32.sub (local.get $o) (local.get $x))) (local.get $at)) (local.get $v))
+                        (if (i32.ge_s (local.get $n) (i32.const 2))
+                          (then (v128.store32_lane offset=4 1 (i32.add (i32.add (local.get $dx) (i32.sub (local.get $o) (local.get $x))) (local.get $at)) (local.get $v))))
+                        (if (i32.ge_s (local.get $n) (i32.const 3))
+                          (then (v128.store32_lane offset=8 2 (i32.add (i32.add (local.get $dx) (i32.sub (local.get $o) (local.get $x))) (local.get $at)) (local.get $v))))))
+                    (local.set $at (i32.add (local.get $at) (local.get $pix)))
+                    (local.set $fw (i32.add (local.get $fw) (i32.const 1)))
+                    (br_if $put_w (i32.lt_s (local.get $fw) (local.get $fwe))))
+                  (local.set $fh (i32.add (local.get $fh) (i32.const 1)))
+                  (br_if $put_h (i32.lt_s (local.get $fh) (local.get $fhe))))`
+              )}))
+          (local.set $dp (i32.add (local.get $dp) (local.get $pix)))`
+        )}`
       )
     )})`
 
@@ -797,6 +1111,9 @@ export const wat = `(module
   ${lnForward}
   ${lnBackward}
   ${convFilterGrad}
+  ${conv2d}
+  ${convFilterGradTaps}
+  ${maxPoolGrad}
   ${lstmCellForward}
   ${lstmCellBackward}
   ${reduceMaxMin}

@@ -1,0 +1,138 @@
+// Conv2D and FusedConv2D on wasm (channels-last, dilation 1, float32) by gradwire's SIMD kernel on
+// the heap (simd/heap-kernels.wat.mjs, conv2d), with bias and ReLU in the same pass, where
+// tfjs-backend-wasm's XNNPACK convolution had run at 7-25 GFLOP/s on the zoo's narrow layers. The
+// input is copied once into a zero-padded buffer (none for "valid" padding), so that every tap of
+// every output pixel is inside it and the kernel has no bounds to test. The conv2d input gradient
+// at stride 1 (conv-grads.ts) is such a convolution too.
+//
+// Measured against the backend's Conv2D, alternated in one process (2-core EPYC, batch 32 unless
+// named), µs: [8, 8, 16] 3x3 -> 16: 412 -> 313; [8, 8, 1] 3x3 -> 16: 66 -> 48; [28, 28, 1] 5x5 -> 6:
+// 890 -> 565; [14, 14, 6] 5x5 -> 16: 612 -> 468; its input gradient [10, 10, 16] 5x5 -> 6 padded 4:
+// 1640 -> 1335; [1, 64, 8] 1x9 -> 32: 376 -> 257; [16, 16, 32] 3x3 -> 32: 5877 -> 4709; batch 8
+// [32, 32, 64] 3x3 -> 64: 22.8 -> 20.6 ms. The backend's kernel stays faster where a 16-column slab
+// of the filter outgrows the first-level cache (batch 8 [14, 14, 128] 3x3 -> 128: 17.9 against 24.2
+// ms) and for 1x1 filters (a plain matmul: [14, 14, 64] -> 256: 1.9 against 2.3 ms): those keep it.
+import type { Tf } from "../tf.ts"
+import { addressOf, heapKernels } from "./heap-simd.ts"
+import { floats, type KernelArgs, type KernelFunc, type TensorInfo } from "./wasm-heap.ts"
+
+/**
+ * tfjs's own shape arithmetic for a channels-last 2-D convolution (the filter and input gradients
+ * have no dilations attribute: 1). `depthwise` reads the filter as [fh, fw, inC, multiplier].
+ */
+export const convInfo = (tf: Tf, xShape: number[], filterShape: number[], attrs: Record<string, unknown>, depthwise: boolean) =>
+  tf.backend_util.computeConv2DInfo(
+    xShape as [number, number, number, number],
+    filterShape as [number, number, number, number],
+    attrs.strides as [number, number] | number,
+    (attrs.dilations ?? 1) as [number, number] | number,
+    attrs.pad as "same",
+    attrs.dimRoundingMode as "floor" | undefined,
+    depthwise,
+    "channelsLast"
+  )
+
+/** Whether a kernel call's data is laid out as the fast paths expect (NHWC). */
+export const channelsLast = (attrs: Record<string, unknown>): boolean => {
+  const f = attrs.dataFormat
+  return f === undefined || f === "NHWC" || f === "channelsLast"
+}
+
+/**
+ * x [N, H, W, C] copied into a zeroed [N, HP, WP, C] at row `top`, column `left` (rows and columns
+ * past HP, WP left out), with `slack` more zero floats after it for kernels that read past a row.
+ * The caller disposes of it.
+ */
+export const padImage = (backend: KernelArgs["backend"], x: TensorInfo, HP: number, WP: number, top: number, left: number, slack = 0): TensorInfo => {
+  const [N, H, W, C] = x.shape as [number, number, number, number]
+  const padded = backend.makeOutput([N * HP * WP * C + slack], "float32")
+  const from = floats(backend, x)
+  const to = floats(backend, padded)
+  to.fill(0)
+  const rows = Math.min(H, HP - top)
+  const width = Math.min(W, WP - left) * C
+  for (let b = 0; b < N; b++) {
+    for (let h = 0; h < rows; h++) {
+      const src = (b * H + h) * W * C
+      to.set(from.subarray(src, src + width), ((b * HP + h + top) * WP + left) * C)
+    }
+  }
+  return padded
+}
+
+/** The most filter taps (fh·fw·inC) the SIMD kernel takes: its 16-column slab of the filter, 36 KiB, stays in the first-level cache. */
+export const SIMD_CONV_MAX_TAPS = 576
+
+/** Convolutions the SIMD kernel ran in this process (for tests). */
+export const simdConvStats = { calls: 0 }
+
+/**
+ * y = conv2d(x, filter) (+ bias) (ReLU with `relu`) by the SIMD kernel, or undefined where it does
+ * not apply (the caller runs the backend's kernel).
+ */
+export const simdConv2d = (tf: Tf, backend: KernelArgs["backend"], x: TensorInfo, filter: TensorInfo, bias: TensorInfo | undefined, attrs: KernelArgs["attrs"], relu: boolean): TensorInfo | undefined => {
+  if (x.dtype !== "float32" || filter.dtype !== "float32" || x.shape.length !== 4 || filter.shape.length !== 4 || !channelsLast(attrs)) return undefined
+  const [FH, FW, C, O] = filter.shape as [number, number, number, number]
+  if (FH * FW < 2 || FH * FW * C > SIMD_CONV_MAX_TAPS || x.shape[3] !== C) return undefined
+  if (bias && (bias.dtype !== "float32" || bias.shape.reduce((a, b) => a * b, 1) !== O || (bias.shape.length > 0 && bias.shape[bias.shape.length - 1] !== O))) return undefined
+  const info = convInfo(tf, x.shape, filter.shape, attrs, false)
+  if (info.dilationHeight !== 1 || info.dilationWidth !== 1) return undefined
+  const { batchSize: N, inHeight: H, inWidth: W, outHeight: OH, outWidth: OW, strideHeight: SH, strideWidth: SW } = info
+  const top = info.padInfo.top
+  const left = info.padInfo.left
+  if (top < 0 || left < 0 || OH < 1 || OW < 1 || N < 1) return undefined
+  const kernels = heapKernels(backend)
+  if (!kernels) return undefined
+  // With O not a multiple of 4 the kernel reads up to 12 bytes past the filter's and the bias's
+  // ends (lanes it never stores): only where the heap goes on that far.
+  if (O % 4 !== 0) {
+    const heapBytes = floats(backend, filter).buffer.byteLength
+    const ends = [filter, ...(bias ? [bias] : [])].map((t) => addressOf(backend, t) + 4 * t.shape.reduce((a, b) => a * b, 1))
+    if (ends.some((e) => e + 16 > heapBytes)) return undefined
+  }
+  // The input as the kernel reads it: every tap of every output pixel inside, rows HP by WP.
+  const HP = (OH - 1) * SH + FH
+  const WP = (OW - 1) * SW + FW
+  const inPlace = top === 0 && left === 0 && HP <= H && WP <= W
+  const padded = inPlace ? undefined : padImage(backend, x, HP, WP, top, left)
+  try {
+    const y = backend.makeOutput([N, OH, OW, O], "float32")
+    simdConvStats.calls++
+    kernels.conv2d(
+      addressOf(backend, padded ?? x),
+      addressOf(backend, filter),
+      bias ? addressOf(backend, bias) : 0,
+      addressOf(backend, y),
+      N,
+      inPlace ? H : HP,
+      inPlace ? W : WP,
+      C,
+      OH,
+      OW,
+      O,
+      FH,
+      FW,
+      SH,
+      SW,
+      relu ? 1 : 0
+    )
+    return y
+  } finally {
+    if (padded) backend.disposeData(padded.dataId)
+  }
+}
+
+/** Conv2D: the SIMD kernel where it applies, else `original` (the backend's). */
+export const conv2dKernel =
+  (tf: Tf, original: KernelFunc): KernelFunc =>
+  (args) =>
+    simdConv2d(tf, args.backend, args.inputs.x, args.inputs.filter, undefined, args.attrs, false) ?? original(args)
+
+/** FusedConv2D with a bias or none and a linear or ReLU activation: the SIMD kernel where it applies, else `original`. */
+export const fusedConv2dKernel =
+  (tf: Tf, original: KernelFunc): KernelFunc =>
+  (args) => {
+    const activation = args.attrs.activation ?? "linear"
+    if ((activation !== "linear" && activation !== "relu") || args.inputs.preluActivationWeights) return original(args)
+    return simdConv2d(tf, args.backend, args.inputs.x, args.inputs.filter, args.inputs.bias, args.attrs, activation === "relu") ?? original(args)
+  }
