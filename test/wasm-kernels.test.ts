@@ -175,6 +175,18 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     expect(windows).toBeLessThanOrEqual(1e-4)
   })
 
+  it("GatherV2 as row copies: rows of 1, 8 (element by element) and 40 floats (one copy each), along a middle axis, int32 tables, as the cpu backend's", async () => {
+    const ids = () => tf.tensor2d([1, 4, 4, 0, 2, 4], [2, 3], "int32")
+    const worst = await compare(() => [
+      tf.gather(t([5], 20), ids()),
+      tf.gather(t([5, 8], 21), ids()),
+      tf.gather(t([5, 40], 22), ids()),
+      tf.gather(t([3, 5, 8], 23), ids(), 1),
+      tf.gather(tf.round(t([5, 8], 24).mul(100)).toInt(), ids()).toFloat()
+    ])
+    expect(worst).toBe(0)
+  })
+
   it("UnsortedSegmentSum (the embedding gradient), ids out of range dropped", async () => {
     const worst = await compare(() => [
       tf.unsortedSegmentSum(t([7, 5], 11), tf.tensor1d([3, 0, 3, 9, 1, 1, 3], "int32"), 5),
