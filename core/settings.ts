@@ -80,7 +80,7 @@ export const dashboardToken: Setting<string | undefined> = {
 export const simd: Setting<boolean> = {
   name: "GRADWIRE_SIMD",
   default: "1",
-  description: "0 runs the data path's scalar loops instead of its WebAssembly SIMD kernels (same bits), and the wasm backend's kernels without gradwire's SIMD kernels on its heap (matmuls, convolutions and their filter gradients, max-pool gradients, normalization, the LSTM cell, transposes, Adam)",
+  description: "0 runs the data path's scalar loops instead of its WebAssembly SIMD kernels (same bits), and the wasm backend's kernels without gradwire's SIMD kernels on its heap (matmuls, convolutions and their filter gradients, max-pool and ReLU gradients, normalization, the LSTM cell, transposes, Adam)",
   read: () => onUnlessZero("GRADWIRE_SIMD")
 }
 

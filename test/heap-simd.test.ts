@@ -43,7 +43,7 @@ describe("SIMD kernels on the wasm heap", () => {
     expect(kernels).toBeDefined()
     expect(heapKernels(backend)).toBe(kernels)
     expect(heapKernelsStatus()).toBe("in use")
-    expect(describeKernels("wasm", 0, []).text).toContain("SIMD kernels on the wasm heap (matmuls, convolutions and their filter gradients, max-pool gradients, normalization, the LSTM cell, transposes, Adam): in use")
+    expect(describeKernels("wasm", 0, []).text).toContain("SIMD kernels on the wasm heap (matmuls, convolutions and their filter gradients, max-pool and ReLU gradients, normalization, the LSTM cell, transposes, Adam): in use")
     expect(describeKernels("wasm", 0, []).json.heapSimd).toBe("in use")
   })
 

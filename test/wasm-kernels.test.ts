@@ -9,6 +9,7 @@ import { useHeapKernels } from "../core/kernels/heap-simd.ts"
 import { registerWasmKernels } from "../core/kernels/register.ts"
 import { asReducedBlock } from "../core/kernels/reduce.ts"
 import { simdConvStats } from "../core/kernels/conv2d.ts"
+import { reluGradStats } from "../core/kernels/relu-grad.ts"
 import { asBlockTranspose } from "../core/kernels/transpose.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
@@ -132,6 +133,37 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     } finally {
       useHeapKernels(true)
     }
+  })
+
+  it("ReLU's gradient as one kernel on wasm: the same values, bit for bit, as tfjs's dy · cast(step(x)) (zeros, negative zeros, NaNs and infinities in x and dy; lengths not a multiple of 4)", () => {
+    const grad = (x: Tensor, dy: Tensor): Float32Array => {
+      const g = tf.grad((a: Tensor) => tf.relu(a as never) as unknown as Tensor)(x, dy)
+      const v = g.dataSync() as Float32Array
+      g.dispose()
+      return v
+    }
+    const special = [-1, 0, -0, 1e-30, 2, NaN, Infinity, -Infinity, -1e-30]
+    // The third: three elements, all past the last group of four.
+    const xs = [tf.tensor(special.flatMap((a) => special.map(() => a))), t([7, 143], 31).sub(0.1), tf.tensor([NaN, -0, 3])]
+    const dys = [tf.tensor(special.flatMap(() => special)), t([7, 143], 32), tf.tensor([2, -5, Infinity])]
+    for (let i = 0; i < xs.length; i++) {
+      const before = reluGradStats.calls
+      const fused = grad(xs[i]!, dys[i]!)
+      expect(reluGradStats.calls - before).toBe(1)
+      useHeapKernels(false)
+      let own: Float32Array
+      try {
+        own = grad(xs[i]!, dys[i]!)
+      } finally {
+        useHeapKernels(true)
+      }
+      expect(reluGradStats.calls - before).toBe(1)
+      expect(fused.length).toBe(own.length)
+      // Object.is tells 0 from -0 and takes NaN as itself.
+      const differ = [...fused].findIndex((v, j) => !Object.is(v, own[j]))
+      expect(differ, `element ${differ}: ${fused[differ]} against ${own[differ]}`).toBe(-1)
+    }
+    tf.dispose([...xs, ...dys])
   })
 
   it("depthwise conv2d gradients (multiplier 3; stride 2 same, stride 1 valid)", async () => {

@@ -37,6 +37,8 @@ export interface HeapKernels {
   maxMinGrad(dy: number, x: number, y: number, dx: number, B: number, R: number, C: number): void
   /** dst[b][c][r] = src[b][r][c], runs of `inner` 4-byte elements. */
   blockTranspose(src: number, dst: number, batch: number, rows: number, cols: number, inner: number): void
+  /** tfjs's ReLU gradient dy · step(x) over n floats. */
+  reluGrad(dy: number, x: number, out: number, n: number): void
   /** tfjs's Adam update of n weights p into q, moments m and v in place (fused-adam.ts). */
   adam(p: number, q: number, m: number, v: number, g: number, n: number, b1: number, c1: number, b2: number, c2: number, d1: number, d2: number, eps: number, negLr: number): void
   /** A channels-last 2-D convolution (dilation 1) of an input padded so that every tap is inside it; bias 0 for none, relu 1 for ReLU. */

@@ -9,6 +9,7 @@ import { registerMissingGradients } from "./gradients.ts"
 import { maxPoolGrad } from "./pool-grads.ts"
 import { unsortedSegmentSum } from "./segment-sum.ts"
 import { BATCH_NORM_GRAD, registerBatchNormGrad } from "./batch-norm-grad.ts"
+import { RELU_GRAD, registerReluGrad } from "./relu-grad.ts"
 import { heapKernelsStatus } from "./heap-simd.ts"
 import { blockMaxMin, blockReduce, registerBlockMaxMinGradients } from "./reduce.ts"
 import { tile } from "./tile.ts"
@@ -138,6 +139,8 @@ export const registerWasmKernels = (tf: Tf): { fast: string[]; fallback: string[
   }
   // Batch norm's backward pass as one kernel on wasm (batch-norm-grad.ts).
   if (registerBatchNormGrad(tf)) fast.push(BATCH_NORM_GRAD)
+  // ReLU's gradient as one kernel on wasm (relu-grad.ts).
+  if (registerReluGrad(tf)) fast.push(RELU_GRAD)
   registered = { fast, fallback, gradients: registerMissingGradients(tf) }
   return registered
 }
@@ -153,7 +156,7 @@ export const describeKernels = (backend: string, rank: number, fallbackUsed: rea
   if (backend === "wasm" && reg) {
     lines.push(`  gradwire's wasm kernels: ${reg.fast.join(", ") || "none needed"}; replaced (wrong or slow in tfjs-backend-wasm): ${REPLACED_WASM_KERNELS.join(", ")}`)
     lines.push(`  cpu-backend fallback registered for: ${reg.fallback.join(", ") || "none"}`)
-    lines.push(`  SIMD kernels on the wasm heap (matmuls, convolutions and their filter gradients, max-pool gradients, normalization, the LSTM cell, transposes, Adam): ${heapKernelsStatus()}`)
+    lines.push(`  SIMD kernels on the wasm heap (matmuls, convolutions and their filter gradients, max-pool and ReLU gradients, normalization, the LSTM cell, transposes, Adam): ${heapKernelsStatus()}`)
     json.heapSimd = heapKernelsStatus()
     json.fast = reg.fast
     json.replaced = [...REPLACED_WASM_KERNELS]

@@ -1082,6 +1082,36 @@ const adamStep = (w) => {
           `(${op("add")} (${op("mul")} (${op("div")} (${op("div")} (local.get $${w === 4 ? "m4" : "m1"}) ${k("d1")}) (${op("add")} (${op("sqrt")} (${op("div")} (local.get $${w === 4 ? "v4" : "v1"}) ${k("d2")})) ${k("eps")})) ${k("negLr")}) ${ld1(at("p"))})`
         )}`
 }
+/**
+ * reluGrad(dy, x, out, n): tfjs's ReLU gradient dy · step(x) (step: 1 where x > 0, 0 elsewhere, NaN
+ * where x is NaN) in one pass, four at a time, then one at a time: the same bits as tfjs's Step,
+ * Cast and Multiply.
+ */
+const reluGrad = `
+  (func (export "reluGrad") (param $dy i32) (param $x i32) (param $out i32) (param $n i32)
+    (local $o i32) (local $vend i32) (local $end i32) (local $v v128) (local $s v128) (local $f f32) (local $t f32)
+    (local.set $end (i32.shl (local.get $n) (i32.const 2)))
+    (local.set $vend (i32.and (local.get $end) (i32.const -16)))
+    (local.set $o (i32.const 0))
+    (block $v_done
+      (br_if $v_done (i32.ge_u (local.get $o) (local.get $vend)))
+      (loop $vec
+        (local.set $v (v128.load (i32.add (local.get $x) (local.get $o))))
+        (local.set $s (v128.bitselect ${splat(1)} ${ZERO} (f32x4.gt (local.get $v) ${ZERO})))
+        (local.set $s (v128.bitselect (local.get $v) (local.get $s) (f32x4.ne (local.get $v) (local.get $v))))
+        (v128.store (i32.add (local.get $out) (local.get $o)) (f32x4.mul (v128.load (i32.add (local.get $dy) (local.get $o))) (local.get $s)))
+        (local.set $o (i32.add (local.get $o) (i32.const 16)))
+        (br_if $vec (i32.lt_u (local.get $o) (local.get $vend)))))
+    (block $s_done
+      (br_if $s_done (i32.ge_u (local.get $o) (local.get $end)))
+      (loop $one
+        (local.set $f (f32.load (i32.add (local.get $x) (local.get $o))))
+        (local.set $t (select (f32.const 1) (f32.const 0) (f32.gt (local.get $f) (f32.const 0))))
+        (local.set $t (select (local.get $f) (local.get $t) (f32.ne (local.get $f) (local.get $f))))
+        (f32.store (i32.add (local.get $out) (local.get $o)) (f32.mul (f32.load (i32.add (local.get $dy) (local.get $o))) (local.get $t)))
+        (local.set $o (i32.add (local.get $o) (i32.const 4)))
+        (br_if $one (i32.lt_u (local.get $o) (local.get $end))))))`
+
 const adam = `
   (func (export "adam") (param $p i32) (param $q i32) (param $m i32) (param $v i32) (param $g i32) (param $n i32)
       (param $b1 f32) (param $c1 f32) (param $b2 f32) (param $c2 f32) (param $d1 f32) (param $d2 f32) (param $eps f32) (param $negLr f32)
@@ -1120,4 +1150,5 @@ export const wat = `(module
   ${maxMinGrad}
   ${blockTranspose}
   ${adam}
+  ${reluGrad}
 )`
