@@ -135,6 +135,40 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     }
   })
 
+  it("sums and means over leading and middle blocks by the heap's SIMD kernel: the same bits as the JavaScript loop (odd channels, rows not a multiple of 8, one row, a mean's scale)", () => {
+    for (const [shape, axes, mean] of [
+      [[32, 28, 28, 6], [0, 1, 2], false],
+      [[3, 7, 5, 3], [1], false],
+      [[5, 13, 9], [1], true],
+      [[2, 1, 7], [1], false],
+      [[4, 9, 8, 16], [1, 2], true],
+      // Rows 1e30, 1, -1e30, 1, ...: the float64 sums' order shows in the result (((1e30 + 1) +
+      // (-1e30 + 1)) is 0, (((1e30 + 1) - 1e30) + 1) is 1), in channel pairs and the odd one.
+      [[2, 16, 5], [1], false]
+    ] as Array<[number[], number[], boolean]>) {
+      const n = shape.reduce((a, b) => a * b, 1)
+      const C = shape.at(-1)!
+      const x = shape[1] === 16 ? tf.tensor(Float32Array.from({ length: n }, (_, i) => [1e30, 1, -1e30, 1][Math.floor(i / C) % 4]!), shape) : t(shape, 40).mul(1000)
+      const run = (on: boolean): Float32Array => {
+        useHeapKernels(on)
+        try {
+          const y = mean ? tf.mean(x, axes) : tf.sum(x, axes)
+          const v = y.dataSync() as Float32Array
+          y.dispose()
+          return v
+        } finally {
+          useHeapKernels(true)
+        }
+      }
+      const simd = run(true)
+      const js = run(false)
+      expect(simd.length).toBe(js.length)
+      const differ = [...simd].findIndex((v, j) => !Object.is(v, js[j]))
+      expect(differ, `${shape} over ${axes}: element ${differ}, ${simd[differ]} against ${js[differ]}`).toBe(-1)
+      x.dispose()
+    }
+  })
+
   it("ReLU's gradient as one kernel on wasm: the same values, bit for bit, as tfjs's dy · cast(step(x)) (zeros, negative zeros, NaNs and infinities in x and dy; lengths not a multiple of 4)", () => {
     const grad = (x: Tensor, dy: Tensor): Float32Array => {
       const g = tf.grad((a: Tensor) => tf.relu(a as never) as unknown as Tensor)(x, dy)

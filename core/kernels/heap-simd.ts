@@ -37,6 +37,8 @@ export interface HeapKernels {
   maxMinGrad(dy: number, x: number, y: number, dx: number, B: number, R: number, C: number): void
   /** dst[b][c][r] = src[b][r][c], runs of `inner` 4-byte elements. */
   blockTranspose(src: number, dst: number, batch: number, rows: number, cols: number, inner: number): void
+  /** out[b, c] = scale · Σ_r x[b, r, c], as reduce.ts's sumBlock loop (the same bits). */
+  sumBlock(x: number, out: number, B: number, R: number, C: number, scale: number): void
   /** tfjs's ReLU gradient dy · step(x) over n floats. */
   reluGrad(dy: number, x: number, out: number, n: number): void
   /** tfjs's Adam update of n weights p into q, moments m and v in place (fused-adam.ts). */

@@ -1112,6 +1112,64 @@ const reluGrad = `
         (local.set $o (i32.add (local.get $o) (i32.const 4)))
         (br_if $one (i32.lt_u (local.get $o) (local.get $end))))))`
 
+/**
+ * sumBlock(x, out, B, R, C, scale): out[b, c] = Σ_r x[b, r, c] (times scale unless it is 1), the
+ * JavaScript loop of reduce.ts (sumBlock) two channels at a time in float64: eight rows summed
+ * pairwise in float64 and added to the running float32 sum (kept in out) per block of eight, the
+ * rows left one at a time, then the scale: the same bits.
+ */
+const sumRows = (n) => {
+  const row = (k) => `(f64x2.promote_low_f32x4 (v128.load64_zero (i32.add (local.get $p) (i32.mul (local.get $rowBytes) (i32.const ${k})))))`
+  const tree = n === 8 ? dadd(dadd(dadd(row(0), row(1)), dadd(row(2), row(3))), dadd(dadd(row(4), row(5)), dadd(row(6), row(7)))) : row(0)
+  const one = (k) => `(f64.promote_f32 (f32.load (i32.add (local.get $p) (i32.mul (local.get $rowBytes) (i32.const ${k})))))`
+  const treeOne = n === 8 ? `(f64.add (f64.add (f64.add ${one(0)} ${one(1)}) (f64.add ${one(2)} ${one(3)})) (f64.add (f64.add ${one(4)} ${one(5)}) (f64.add ${one(6)} ${one(7)})))` : one(0)
+  return `
+        (local.set $c (i32.const 0))
+        (block $pairs${n}_done
+          (br_if $pairs${n}_done (i32.gt_s (i32.add (local.get $c) (i32.const 2)) (local.get $C)))
+          (loop $pairs${n}
+            (local.set $p (i32.add (local.get $row) (i32.shl (local.get $c) (i32.const 2))))
+            (local.set $q (i32.add (local.get $o) (i32.shl (local.get $c) (i32.const 2))))
+            (v128.store64_lane 0 (local.get $q) (f32x4.demote_f64x2_zero ${dadd("(f64x2.promote_low_f32x4 (v128.load64_zero (local.get $q)))", tree)}))
+            (local.set $c (i32.add (local.get $c) (i32.const 2)))
+            (br_if $pairs${n} (i32.le_s (i32.add (local.get $c) (i32.const 2)) (local.get $C)))))
+        (if (i32.lt_s (local.get $c) (local.get $C))
+          (then
+            (local.set $p (i32.add (local.get $row) (i32.shl (local.get $c) (i32.const 2))))
+            (local.set $q (i32.add (local.get $o) (i32.shl (local.get $c) (i32.const 2))))
+            (f32.store (local.get $q) (f32.demote_f64 (f64.add (f64.promote_f32 (f32.load (local.get $q))) ${treeOne})))))`
+}
+const sumBlock = `
+  (func (export "sumBlock") (param $x i32) (param $out i32) (param $B i32) (param $R i32) (param $C i32) (param $scale f64)
+    (local $b i32) (local $r i32) (local $c i32) (local $p i32) (local $q i32) (local $o i32) (local $row i32) (local $rowBytes i32)
+    (local.set $rowBytes (i32.shl (local.get $C) (i32.const 2)))
+    ${loop(
+      "b",
+      get("B"),
+      `(local.set $o (i32.add (local.get $out) (i32.mul (local.get $b) (local.get $rowBytes))))
+      (memory.fill (local.get $o) (i32.const 0) (local.get $rowBytes))
+      (local.set $row (i32.add (local.get $x) (i32.mul (i32.mul (local.get $b) (local.get $R)) (local.get $rowBytes))))
+      (local.set $r (i32.const 0))
+      (block $blocks_done
+        (br_if $blocks_done (i32.gt_s (i32.add (local.get $r) (i32.const 8)) (local.get $R)))
+        (loop $blocks
+          ${sumRows(8)}
+          (local.set $row (i32.add (local.get $row) (i32.shl (local.get $rowBytes) (i32.const 3))))
+          (local.set $r (i32.add (local.get $r) (i32.const 8)))
+          (br_if $blocks (i32.le_s (i32.add (local.get $r) (i32.const 8)) (local.get $R)))))
+      (block $rest_done
+        (br_if $rest_done (i32.ge_s (local.get $r) (local.get $R)))
+        (loop $rest
+          ${sumRows(1)}
+          (local.set $row (i32.add (local.get $row) (local.get $rowBytes)))
+          (local.set $r (i32.add (local.get $r) (i32.const 1)))
+          (br_if $rest (i32.lt_s (local.get $r) (local.get $R)))))
+      (if (f64.ne (local.get $scale) (f64.const 1))
+        (then
+          ${loop("c", get("C"), `(local.set $q (i32.add (local.get $o) (i32.shl (local.get $c) (i32.const 2))))
+            (f32.store (local.get $q) (f32.demote_f64 (f64.mul (f64.promote_f32 (f32.load (local.get $q))) (local.get $scale))))`)}))`
+    )})`
+
 const adam = `
   (func (export "adam") (param $p i32) (param $q i32) (param $m i32) (param $v i32) (param $g i32) (param $n i32)
       (param $b1 f32) (param $c1 f32) (param $b2 f32) (param $c2 f32) (param $d1 f32) (param $d2 f32) (param $eps f32) (param $negLr f32)
@@ -1151,4 +1209,5 @@ export const wat = `(module
   ${blockTranspose}
   ${adam}
   ${reluGrad}
+  ${sumBlock}
 )`
