@@ -39,6 +39,8 @@ export interface HeapKernels {
   blockTranspose(src: number, dst: number, batch: number, rows: number, cols: number, inner: number): void
   /** out[b, c] = scale · Σ_r x[b, r, c], as reduce.ts's sumBlock loop (the same bits). */
   sumBlock(x: number, out: number, B: number, R: number, C: number, scale: number): void
+  /** Rows named by int32 ids (in range) copied from each of `outer` blocks of src into dst. */
+  gatherRows(src: number, dst: number, ids: number, count: number, outer: number, rowsBytes: number, rowBytes: number): void
   /** tfjs's ReLU gradient dy · step(x) over n floats. */
   reluGrad(dy: number, x: number, out: number, n: number): void
   /** tfjs's Adam update of n weights p into q, moments m and v in place (fused-adam.ts). */

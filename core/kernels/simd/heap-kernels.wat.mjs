@@ -1170,6 +1170,38 @@ const sumBlock = `
             (f32.store (local.get $q) (f32.demote_f64 (f64.mul (f64.promote_f32 (f32.load (local.get $q))) (local.get $scale))))`)}))`
     )})`
 
+/**
+ * gatherRows(src, dst, ids, count, outer, rowsBytes, rowBytes): for each of `outer` blocks of src
+ * (rowsBytes apart), the rows named by the int32 ids (count of them, each already checked to be in
+ * range) copied one after another into dst, rowBytes each (16 bytes at a time where rowBytes is a
+ * multiple of 16, else by memory.copy).
+ */
+const gatherRows = `
+  (func (export "gatherRows") (param $src i32) (param $dst i32) (param $ids i32) (param $count i32)
+      (param $outer i32) (param $rowsBytes i32) (param $rowBytes i32)
+    (local $o i32) (local $i i32) (local $base i32) (local $from i32) (local $k i32) (local $vec i32)
+    (local.set $vec (i32.and (i32.gt_u (local.get $rowBytes) (i32.const 0)) (i32.eqz (i32.and (local.get $rowBytes) (i32.const 15)))))
+    ${loop(
+      "o",
+      get("outer"),
+      `(local.set $base (i32.add (local.get $src) (i32.mul (local.get $o) (local.get $rowsBytes))))
+      ${loop(
+        "i",
+        get("count"),
+        `(local.set $from (i32.add (local.get $base) (i32.mul (i32.load (i32.add (local.get $ids) (i32.shl (local.get $i) (i32.const 2)))) (local.get $rowBytes))))
+        (if (local.get $vec)
+          (then
+            ;; rows of whole vectors: 16 bytes at a time
+            (local.set $k (i32.const 0))
+            (loop $row
+              (v128.store (i32.add (local.get $dst) (local.get $k)) (v128.load (i32.add (local.get $from) (local.get $k))))
+              (local.set $k (i32.add (local.get $k) (i32.const 16)))
+              (br_if $row (i32.lt_u (local.get $k) (local.get $rowBytes)))))
+          (else (memory.copy (local.get $dst) (local.get $from) (local.get $rowBytes))))
+        (local.set $dst (i32.add (local.get $dst) (local.get $rowBytes)))`
+      )}`
+    )})`
+
 const adam = `
   (func (export "adam") (param $p i32) (param $q i32) (param $m i32) (param $v i32) (param $g i32) (param $n i32)
       (param $b1 f32) (param $c1 f32) (param $b2 f32) (param $c2 f32) (param $d1 f32) (param $d2 f32) (param $eps f32) (param $negLr f32)
@@ -1210,4 +1242,5 @@ export const wat = `(module
   ${adam}
   ${reluGrad}
   ${sumBlock}
+  ${gatherRows}
 )`
