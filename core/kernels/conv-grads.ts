@@ -8,7 +8,7 @@
 // cover (channels-first data, 3-D) go to the cpu-backend fallback instead (fallback.ts).
 import type { Tf } from "../tf.ts"
 import { convInfo, padImage } from "./conv2d.ts"
-import { addressOf, heapKernels } from "./heap-simd.ts"
+import { addressOf, heapKernels, roomAfter } from "./heap-simd.ts"
 import { callKernel, floats, type KernelArgs, type TensorInfo } from "./wasm-heap.ts"
 
 /**
@@ -46,7 +46,7 @@ export const conv2dBackpropFilter = (tf: Tf, { inputs, backend, attrs }: KernelA
   // per leftover column: [32, 28, 28, 1] 5x5 -> 6 1699 -> 604 µs; with O a multiple of 4 the rows
   // kernel is as fast or faster (22-28 against 17-20 GFLOP/s with 6-32 input channels). The taps
   // kernel reads up to 28 bytes past dy's last pixel: only where the heap goes on that far.
-  if (kernels && O % 4 !== 0 && top >= 0 && left >= 0 && addressOf(backend, dy) + 4 * M * O + 32 <= floats(backend, dy).buffer.byteLength) {
+  if (kernels && O % 4 !== 0 && top >= 0 && left >= 0 && roomAfter(backend, dy, 32)) {
     const HP = (OH - 1) * SH + FH
     const WP = (OW - 1) * SW + FW
     const padded = padImage(backend, x, HP, WP, top, left, 4)

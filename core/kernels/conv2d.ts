@@ -13,7 +13,7 @@
 // of the filter outgrows the first-level cache (batch 8 [14, 14, 128] 3x3 -> 128: 17.9 against 24.2
 // ms) and for 1x1 filters (a plain matmul: [14, 14, 64] -> 256: 1.9 against 2.3 ms): those keep it.
 import type { Tf } from "../tf.ts"
-import { addressOf, heapKernels } from "./heap-simd.ts"
+import { addressOf, heapKernels, roomAfter } from "./heap-simd.ts"
 import { floats, type KernelArgs, type KernelFunc, type TensorInfo } from "./wasm-heap.ts"
 
 /**
@@ -85,11 +85,7 @@ export const simdConv2d = (tf: Tf, backend: KernelArgs["backend"], x: TensorInfo
   if (!kernels) return undefined
   // With O not a multiple of 4 the kernel reads up to 12 bytes past the filter's and the bias's
   // ends (lanes it never stores): only where the heap goes on that far.
-  if (O % 4 !== 0) {
-    const heapBytes = floats(backend, filter).buffer.byteLength
-    const ends = [filter, ...(bias ? [bias] : [])].map((t) => addressOf(backend, t) + 4 * t.shape.reduce((a, b) => a * b, 1))
-    if (ends.some((e) => e + 16 > heapBytes)) return undefined
-  }
+  if (O % 4 !== 0 && ![filter, ...(bias ? [bias] : [])].every((t) => roomAfter(backend, t, 16))) return undefined
   // The input as the kernel reads it: every tap of every output pixel inside, rows HP by WP.
   const HP = (OH - 1) * SH + FH
   const WP = (OW - 1) * SW + FW

@@ -4,7 +4,7 @@
 // upstream value). This one routes each output's gradient to the first maximum of its window, as
 // TensorFlow and tfjs's cpu backend do.
 import type { Tf } from "../tf.ts"
-import { addressOf, heapKernels } from "./heap-simd.ts"
+import { addressOf, heapKernels, roomAfter } from "./heap-simd.ts"
 import { floats, type KernelArgs, type TensorInfo } from "./wasm-heap.ts"
 
 export const maxPoolGrad = (tf: Tf, { inputs, backend, attrs }: KernelArgs): TensorInfo => {
@@ -29,7 +29,7 @@ export const maxPoolGrad = (tf: Tf, { inputs, backend, attrs }: KernelArgs): Ten
   // not a multiple of 4 it reads up to 12 bytes past x's and dy's last pixel: only where the heap
   // goes on that far.
   const kernels = DH === 1 && DW === 1 && SH >= FH && SW >= FW && input.dtype === "float32" && dy.dtype === "float32" ? heapKernels(backend) : undefined
-  if (kernels && (C % 4 === 0 || [input, dy].every((t) => addressOf(backend, t) + 4 * t.shape.reduce((a, b) => a * b, 1) + 16 <= xs.buffer.byteLength))) {
+  if (kernels && (C % 4 === 0 || (roomAfter(backend, input, 16) && roomAfter(backend, dy, 16)))) {
     kernels.maxPoolGrad(addressOf(backend, input), addressOf(backend, dy), addressOf(backend, out), N, H, W, C, OH, OW, FH, FW, SH, SW, info.padInfo.top, info.padInfo.left)
     return out
   }

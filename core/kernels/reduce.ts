@@ -13,7 +13,7 @@
 // the heap (heap-simd.ts), and so does their gradient (a global max pool's). Other reductions
 // (innermost axes, every axis, axes apart, non-float32) keep the backend's kernel.
 import type { Tf } from "../tf.ts"
-import { addressOf, heapKernels } from "./heap-simd.ts"
+import { addressOf, heapKernels, wrapGradientOnHeap } from "./heap-simd.ts"
 import type { KernelArgs, KernelFunc, TensorInfo } from "./wasm-heap.ts"
 
 /** A reduction's input as [before, reduced, after], with the reduced axes (non-negative, ascending). */
@@ -118,8 +118,6 @@ const maxMinGrad = ({ inputs, backend, attrs }: KernelArgs): TensorInfo => {
   return dx
 }
 
-const WRAPPED = Symbol.for("gradwire.blockMaxMinGradient")
-
 /**
  * On wasm, the gradients of Max and Min over a block of leading or middle axes (a global max pool)
  * as one kernel (maxMinGrad) where tfjs's takes reshapes, a broadcasting Equal, a Cast and a
@@ -128,17 +126,12 @@ const WRAPPED = Symbol.for("gradwire.blockMaxMinGradient")
  */
 export const registerBlockMaxMinGradients = (tf: Tf): void => {
   if (!tf.getKernel(MAX_MIN_GRAD, "wasm")) tf.registerKernel({ kernelName: MAX_MIN_GRAD, backendName: "wasm", kernelFunc: maxMinGrad as never })
+  type Tensor = import("@tensorflow/tfjs").Tensor
   for (const [name, axisAttr] of [["Max", "reductionIndices"], ["Min", "axis"]] as const) {
-    const own = tf.getGradient(name) as (ReturnType<Tf["getGradient"]> & { [WRAPPED]?: true }) | undefined
-    if (!own || own[WRAPPED]) continue
-    type Saved = Array<import("@tensorflow/tfjs").Tensor>
-    const gradFunc = (dy: import("@tensorflow/tfjs").Tensor, saved: Saved, attrs: Record<string, unknown>) => {
-      const [x, y] = saved as [import("@tensorflow/tfjs").Tensor, import("@tensorflow/tfjs").Tensor]
+    wrapGradientOnHeap(tf, name, (dy, saved, attrs) => {
+      const [x, y] = saved as [Tensor, Tensor]
       const axes = tf.util.parseAxisParam(attrs[axisAttr] as number | number[], x.shape)
-      const onHeap = tf.getBackend() === "wasm" && x.dtype === "float32" && dy.dtype === "float32" && heapKernels(tf.backend() as unknown as KernelArgs["backend"]) !== undefined
-      if (onHeap && asReducedBlock(x.shape, axes)) return { x: () => tf.engine().runKernel(MAX_MIN_GRAD, { dy, x, y }, { axes }) as import("@tensorflow/tfjs").Tensor }
-      return own.gradFunc(dy, saved, attrs as never)
-    }
-    tf.registerGradient({ ...own, gradFunc: gradFunc as never, [WRAPPED]: true } as never)
+      return asReducedBlock(x.shape, axes) ? { x: () => tf.engine().runKernel(MAX_MIN_GRAD, { dy, x, y }, { axes }) as Tensor } : undefined
+    })
   }
 }

@@ -4,13 +4,11 @@
 // the same arithmetic in one pass, the same bits (NaN where x is NaN, ±0 or NaN where x ≤ 0 as
 // dy · 0 gives). Other backends, dtypes, and wasm without the heap kernels keep tfjs's gradient.
 import type { Tf } from "../tf.ts"
-import { addressOf, heapKernels } from "./heap-simd.ts"
+import { addressOf, heapKernels, wrapGradientOnHeap } from "./heap-simd.ts"
 import type { KernelArgs, TensorInfo } from "./wasm-heap.ts"
 
 /** The kernel's name in tfjs's registry. */
 export const RELU_GRAD = "GradwireReluGrad"
-
-const WRAPPED = Symbol.for("gradwire.reluGradient")
 
 /** Kernels run in this process (for tests). */
 export const reluGradStats = { calls: 0 }
@@ -26,18 +24,10 @@ const reluGradKernel = ({ inputs, backend }: KernelArgs): TensorInfo => {
 /** Registers the wasm kernel and wraps tfjs's Relu gradient so that wasm runs it (once per process). */
 export const registerReluGrad = (tf: Tf): boolean => {
   if (!tf.getKernel(RELU_GRAD, "wasm")) tf.registerKernel({ kernelName: RELU_GRAD, backendName: "wasm", kernelFunc: reluGradKernel as never })
-  const own = tf.getGradient("Relu") as (ReturnType<Tf["getGradient"]> & { [WRAPPED]?: true }) | undefined
-  if (!own) return false
-  if (own[WRAPPED]) return true
   type Tensor = import("@tensorflow/tfjs").Tensor
-  const gradFunc = (dy: Tensor, saved: Tensor[], attrs: Record<string, unknown>) => {
+  return wrapGradientOnHeap(tf, "Relu", (dy, saved) => {
     const [x] = saved as [Tensor]
     const same = dy.shape.length === x.shape.length && dy.shape.every((d, i) => d === x.shape[i])
-    if (same && tf.getBackend() === "wasm" && x.dtype === "float32" && dy.dtype === "float32" && heapKernels(tf.backend() as unknown as KernelArgs["backend"]) !== undefined) {
-      return { x: () => tf.engine().runKernel(RELU_GRAD, { dy, x }, {}) as Tensor }
-    }
-    return own.gradFunc(dy, saved, attrs as never)
-  }
-  tf.registerGradient({ ...own, gradFunc: gradFunc as never, [WRAPPED]: true } as never)
-  return true
+    return same ? { x: () => tf.engine().runKernel(RELU_GRAD, { dy, x }, {}) as Tensor } : undefined
+  })
 }
