@@ -3,6 +3,7 @@
 //
 //   node examples/zoo/main.ts --model cnn|lenet|resnet|embedding|transformer|lstm|mlp [--workers 2]
 //                             [--epochs 5] [--batch-size 32] [--backend auto|wasm|cpu|webgpu]
+//                             [--seed N] (the same initial weights, and so the same run, for the same N)
 import * as os from "node:os"
 import * as path from "node:path"
 import { parseArgs } from "node:util"
@@ -18,12 +19,17 @@ const { values } = parseArgs({
     "batch-size": { type: "string", default: "32" },
     "learning-rate": { type: "string" },
     backend: { type: "string", default: "auto" },
+    seed: { type: "string" },
     storage: { type: "string", default: path.join(os.tmpdir(), "gradwire_results") }
   }
 })
 const model = values.model as ZooModel
 if (!ZOO_MODELS.includes(model)) {
   console.error(`--model must be one of ${ZOO_MODELS.join(", ")}, got ${JSON.stringify(values.model)}`)
+  process.exit(2)
+}
+if (values.seed !== undefined && !/^\d+$/.test(values.seed)) {
+  console.error(`--seed must be a whole number, got ${JSON.stringify(values.seed)}`)
   process.exit(2)
 }
 const data = await loadZooData(TASK_OF[model])
@@ -36,7 +42,8 @@ const result = await new Trainer({
     epochs: Number(values.epochs),
     batchSize: Number(values["batch-size"]),
     ...(values["learning-rate"] ? { learningRate: Number(values["learning-rate"]) } : {}),
-    ...(data.text ? { text: data.text } : {})
+    ...(data.text ? { text: data.text } : {}),
+    ...(values.seed !== undefined ? { seed: Number(values.seed) } : {})
   },
   // A GPU backend asked for by name means GPU workers.
   scalingConfig: {

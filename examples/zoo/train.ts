@@ -18,6 +18,12 @@ export interface ZooConfig {
   readonly bench?: { readonly steps: number; readonly warmup: number }
   /** Stop each epoch after this many steps (a quick run, as the tests take). */
   readonly maxStepsPerEpoch?: number
+  /**
+   * Seeds the model's initial weights (rank 0's, which every rank starts from), so that two runs
+   * with the same seed start alike: with the seeded shards and a fixed reduction order, a run is
+   * then repeatable, and two settings can be compared start for start. Unset: a new start each run.
+   */
+  readonly seed?: number
 }
 
 /** Adam's learning rate where the default 0.003 is not the one that trains the model well. */
@@ -25,6 +31,26 @@ const DEFAULT_LR: Partial<Record<ZooModel, number>> = { embedding: 0.01 }
 
 type Tensor = import("@tensorflow/tfjs").Tensor
 type Scalar = import("@tensorflow/tfjs").Scalar
+
+/**
+ * `build()` with tfjs's unseeded initializers drawing from `seed`: each takes the seed of its own
+ * generator from Math.random, which is swapped, while the model's weights are made, for a
+ * sequence that `seed` fixes (a linear congruential one: it only seeds tfjs's generators).
+ */
+export const withSeed = <A>(seed: number | undefined, build: () => A): A => {
+  if (seed === undefined) return build()
+  const random = Math.random
+  let state = seed >>> 0
+  Math.random = () => {
+    state = (Math.imul(state, 1664525) + 1013904223) >>> 0
+    return state / 4294967296
+  }
+  try {
+    return build()
+  } finally {
+    Math.random = random
+  }
+}
 
 /** Softmax cross-entropy on the logits (per word for the tagging task), as torch's CrossEntropyLoss. */
 export const zooLoss =
@@ -59,7 +85,7 @@ export async function zooLoop(config: ZooConfig, ctx: TrainContext): Promise<voi
   const train = await ctx.getDatasetShard("train")
   const test = await ctx.getDataset("test")
   const classes = config.text?.tags ?? 10
-  const model = buildZooModel(tf, config.model, config.text)
+  const model = withSeed(config.seed, () => buildZooModel(tf, config.model, config.text))
   const dp = await ctx.prepareModel(model, { optimizer: tf.train.adam(config.learningRate ?? DEFAULT_LR[config.model] ?? 0.003), loss: zooLoss(tf, classes) })
   if (ctx.worldRank === 0) console.log(`${config.model}: ${dp.parameterCount} parameters, backend ${ctx.backend}, ${ctx.worldSize} worker(s), batch ${batch} per worker`)
 
