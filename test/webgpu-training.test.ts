@@ -3,12 +3,12 @@
 // swiftshader.ts) that GRADWIRE_WEBGPU_SOFTWARE=1 lets the embedded cluster's agent advertise as
 // GPUs. Through the public API on 2 workers: the zoo's CNN on the all-reduce; the digits MLP with
 // ZeRO-2, checkpointed and resumed (the optimizer state's hand-over, read asynchronously); local
-// SGD; pipeline and tensor parallelism (each rank's part against the whole model trained on one
-// worker, and a pipelined digits run whose merged checkpoint scores what it reported). Every
-// data-parallel rank ends with the same weights; explain.txt says each rank ran webgpu. Without the
-// opt-in, the same machine's agent refuses the software adapter and says how to accept it. And one
-// job of a webgpu worker and a wasm worker (useGpu "auto") on two CLI-started agents, one of which
-// has the (software) GPU.
+// SGD, its two workers sharing one GPU; pipeline and tensor parallelism (each rank's part against
+// the whole model trained on one worker, and a pipelined digits run whose merged checkpoint scores
+// what it reported). Every data-parallel rank ends with the same weights; explain.txt says each rank
+// ran webgpu. Without the opt-in, the same machine's agent refuses the software adapter and says how
+// to accept it. And one job of a webgpu worker and a wasm worker (useGpu "auto") on two CLI-started
+// agents, one of which has the (software) GPU.
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { spawn, type ChildProcess } from "node:child_process"
 import * as fs from "node:fs/promises"
@@ -51,11 +51,11 @@ const expectWebGpuRanks = async (r: Result, backends = ["webgpu", "webgpu"], sam
   backends.forEach((b, rank) => expect(explain).toContain(`rank ${rank}: backend ${b}`))
 }
 
-const digitsRun = (name: string, epochs: number, collectiveConfig: Record<string, unknown>) =>
+const digitsRun = (name: string, epochs: number, collectiveConfig: Record<string, unknown>, resourcesPerWorker?: { GPU: number }) =>
   new Trainer({
     trainLoopPerWorker: DIGITS,
     trainLoopConfig: { epochs, batchSize: 64 },
-    scalingConfig: { numWorkers: 2, useGpu: true, backend: "webgpu" },
+    scalingConfig: { numWorkers: 2, useGpu: true, backend: "webgpu", ...(resourcesPerWorker ? { resourcesPerWorker } : {}) },
     collectiveConfig,
     runConfig: { name, storagePath: storage, progress: false },
     datasets: { train, test }
@@ -108,27 +108,15 @@ describe("useGpu workers on the webgpu backend (SwiftShader)", () => {
     await expectWebGpuRanks(resumed)
   })
 
-  it("two workers share one GPU with resourcesPerWorker.GPU 0.5 (the embedded cluster's agent offers one)", { timeout: 240_000 }, async () => {
-    const r = await new Trainer({
-      trainLoopPerWorker: DIGITS,
-      trainLoopConfig: { epochs: 1, batchSize: 64 },
-      scalingConfig: { numWorkers: 2, useGpu: true, backend: "webgpu", resourcesPerWorker: { GPU: 0.5 } },
-      runConfig: { name: "webgpu-shared", storagePath: storage, progress: false },
-      datasets: { train, test }
-    }).fit()
+  it("local SGD trains on webgpu, its two workers sharing one GPU with resourcesPerWorker.GPU 0.5 (the embedded cluster's agent offers one)", { timeout: 240_000 }, async () => {
+    const r = await digitsRun("webgpu-local-sgd", 2, { strategy: "local-sgd", localSgd: { syncEvery: 4 } }, { GPU: 0.5 })
+    expect(r.metricsHistory.length).toBe(2)
     expect(Number(r.metrics?.val_accuracy)).toBeGreaterThan(0.8)
     await expectWebGpuRanks(r)
     // both ranks on GPU 0, which the node's agent had as its only GPU
     const explain = await fs.readFile(path.join(r.path, "explain.txt"), "utf8")
     expect(explain).toContain("rank 0: backend webgpu on GPU 0 (")
     expect(explain).toContain("rank 1: backend webgpu on GPU 0 (")
-  })
-
-  it("local SGD trains on webgpu", { timeout: 240_000 }, async () => {
-    const r = await digitsRun("webgpu-local-sgd", 2, { strategy: "local-sgd", localSgd: { syncEvery: 4 } })
-    expect(r.metricsHistory.length).toBe(2)
-    expect(Number(r.metrics?.val_accuracy)).toBeGreaterThan(0.8)
-    await expectWebGpuRanks(r)
   })
 
   it("pipeline and tensor parallelism on webgpu: each rank's part trains as the whole model on one worker, and a pipelined run trains, checkpoints and merges", { timeout: 240_000 }, async () => {
