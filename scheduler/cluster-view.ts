@@ -42,6 +42,12 @@ export interface ClusterViewOptions {
   readonly notifyOwners?: boolean
   /** Dead and departed nodes are dropped from the view after this long. Default 10 min. */
   readonly forgetAfterMs?: number
+  /**
+   * How many agents answer the first refresh, where the caller knows (the embedded cluster: its
+   * one agent): the refresh ends at that many answers instead of waiting a quarter of a second
+   * after the last one for more. Unset: answers are awaited until they stop.
+   */
+  readonly expectNodes?: number
 }
 
 export const DEFAULT_NODE_DEAD_AFTER_MS = NODE_DEAD_AFTER_MS
@@ -169,15 +175,20 @@ export class ClusterView {
     })
   }
 
-  /** Asks every agent for its advertisement now; resolves after replies stop coming (bounded). */
-  async refresh(timeoutMs = 1_500): Promise<void> {
+  /**
+   * Asks every agent for its advertisement now; resolves after replies stop coming, or at
+   * `expectNodes` replies when the caller knows how many agents there are (bounded by `timeoutMs`).
+   */
+  async refresh(timeoutMs = 1_500, expectNodes?: number): Promise<void> {
     const subjects = clusterSubjects(this.cluster)
     try {
-      const replies = await this.#nc.requestMany(subjects.nodeQuery, new Uint8Array(0), {
-        maxWait: timeoutMs,
-        strategy: "stall",
-        stall: 250
-      })
+      const replies = await this.#nc.requestMany(
+        subjects.nodeQuery,
+        new Uint8Array(0),
+        expectNodes !== undefined && expectNodes > 0
+          ? { maxWait: timeoutMs, strategy: "count", maxMessages: expectNodes }
+          : { maxWait: timeoutMs, strategy: "stall", stall: 250 }
+      )
       for await (const msg of replies) {
         if (msg.data.length > 0) this.#onData(msg.data)
       }
@@ -281,6 +292,6 @@ export const makeClusterView = (options: ClusterViewOptions): Effect.Effect<Clus
 /** `makeClusterView` for Promise code: close it with `view.close()`. */
 export const openClusterView = async (options: ClusterViewOptions): Promise<ClusterView> => {
   const view = new ClusterView(options)
-  await view.refresh()
+  await view.refresh(undefined, options.expectNodes)
   return view
 }

@@ -120,7 +120,8 @@ export const startEmbeddedCluster = async (options: {
       warmHosts: settings.warmHosts.read(),
       output
     })
-    const view = await openClusterView({ nc: opened.nc, cluster: "local" })
+    // Its one agent answers at once: no quarter second waiting for others.
+    const view = await openClusterView({ nc: opened.nc, cluster: "local", expectNodes: 1 })
     await view.waitFor((nodes) => nodes.some((n) => n.state === "alive"), 10_000)
     const o = opened
     const a = agent
