@@ -1,6 +1,7 @@
 // Effect entry points for the collectives: the communicator as a scoped resource (closed when the
 // scope ends, also on interruption), for code that runs the worker loop as an Effect program.
-import { Effect, type Scope } from "effect"
+import * as Effect from "effect/Effect"
+import type * as Scope from "effect/Scope"
 import { NatsOperationError } from "../core/errors.ts"
 import { Communicator, type CommunicatorOptions } from "./communicator.ts"
 import type { CollectiveError } from "./errors.ts"

@@ -2,7 +2,7 @@
 // peers involved, and its message says what happened and what to do next. After any of these the
 // communicator is aborted on every rank (a collective that failed on one rank cannot be finished
 // by the others): create a new one with a fresh group name.
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 
 const list = (ranks: ReadonlyArray<number>): string => (ranks.length === 0 ? "none" : ranks.join(", "))
 

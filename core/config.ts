@@ -3,7 +3,7 @@
 // starts; see core/validate.ts for how a bad value is reported.
 import * as os from "node:os"
 import * as path from "node:path"
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import { decodeConfig } from "./validate.ts"
 import { ConfigError } from "./errors.ts"
 import { ConnectionAuth, connectionFromAddress, redactUrl, scrubSecrets, type ConnectionSpec } from "./connection-spec.ts"

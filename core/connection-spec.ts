@@ -7,7 +7,7 @@
 // agents spawn (they get the spec on stdin) and the workers' collective connections all use it.
 import type { NatsConnection } from "@nats-io/nats-core"
 import { nkeys } from "@nats-io/nats-core"
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import { ConfigError, NatsConnectError } from "./errors.ts"
 import { openNats } from "./connection.ts"
 

@@ -13,7 +13,10 @@ import {
   type NatsConnection,
   type NodeConnectionOptions
 } from "@nats-io/transport-node"
-import { Context, Effect, Layer, type Scope } from "effect"
+import * as Context from "effect/Context"
+import * as Effect from "effect/Effect"
+import * as Layer from "effect/Layer"
+import type * as Scope from "effect/Scope"
 import { installNatsPatches } from "./nats-internals/index.ts"
 import { NatsConnectError } from "./errors.ts"
 

@@ -1,6 +1,6 @@
 // Typed errors shared by every part of gradwire. Each one carries the data a caller needs to act
 // on it, and a message that says what went wrong and what to do about it.
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 
 /** An error message's first line, for one-line summaries in events, incidents and progress lines. */
 export const firstLine = (text: string): string => text.split("\n")[0] ?? ""

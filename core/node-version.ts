@@ -4,7 +4,7 @@
 // instead of failing later and obscurely (type stripping of the train loop's .ts module, the
 // worker processes). From a checkout an older Node cannot even parse the .ts sources; there the
 // npm scripts and the CLI check first with bin/check-node.js, which holds the same minimum (tested).
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 
 /** The oldest Node gradwire runs on: [major, minor] (package.json "engines"). */
 export const MIN_NODE: readonly [number, number] = [22, 19]

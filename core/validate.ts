@@ -1,6 +1,8 @@
 // Turns Schema decoding failures into ConfigError: the field path, what was wrong, what was
 // given. Every user-facing config goes through here before anything starts.
-import { Result, Schema, SchemaIssue } from "effect"
+import * as Result from "effect/Result"
+import * as Schema from "effect/Schema"
+import * as SchemaIssue from "effect/SchemaIssue"
 import { ConfigError } from "./errors.ts"
 
 const formatter = SchemaIssue.makeFormatterStandardSchemaV1()

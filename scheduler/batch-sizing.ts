@@ -15,7 +15,8 @@
 // drift is ~0, so noise of a few percent never flips batches back and forth (hysteresis).
 // Stragglers: per step, rank r is slow when median_t / t_r >= factor; flagged when slow in >= k of
 // the last n steps, with the median of its ratio over those n steps.
-import { Result, Schema } from "effect"
+import * as Result from "effect/Result"
+import * as Schema from "effect/Schema"
 
 export class BatchSizingError extends Schema.TaggedError<BatchSizingError>()("BatchSizingError", {
   field: Schema.String,

@@ -6,7 +6,9 @@
 // event. A node whose agent says it is leaving is marked "left" instead (its agent reports its own
 // processes' exits). Several views may run (each driver, the head); their notices are idempotent.
 import type { NatsConnection, Subscription } from "@nats-io/nats-core"
-import { Effect, Exit, type Scope } from "effect"
+import * as Effect from "effect/Effect"
+import * as Exit from "effect/Exit"
+import type * as Scope from "effect/Scope"
 import { NODE_DEAD_AFTER_MS } from "../core/defaults.ts"
 import { clusterSubjects, jobSubjects, validToken } from "../core/subjects.ts"
 import { decodeMessage, encodeMessage } from "../core/wire.ts"

@@ -39,7 +39,8 @@
 // stage moves n bytes through the hub, so T -> 2(p-1) * n / B. The tree: h + k stages for k chunks
 // (latency grows with log2 p, so it wins small messages; its k alphas lose large ones).
 // p = 1 costs 0 (no traffic).
-import { Result, Schema } from "effect"
+import * as Result from "effect/Result"
+import * as Schema from "effect/Schema"
 import { COST_MODEL_CHUNK_BYTES } from "../core/defaults.ts"
 import type { AlgorithmCost, Flow, RankLocation, Topology } from "../core/collective-cost.ts"
 import { formatBytes } from "./resources.ts"

@@ -3,7 +3,7 @@
 // possibly different gradwire versions: a malformed advertisement is dropped, never trusted.
 // Lives in scheduler/ because the cluster view reads it and may only import core; the agent
 // (actors/node/agent.ts) writes it.
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import type { NodeResources } from "./resources.ts"
 
 export const GpuInfoSchema = Schema.Struct({

@@ -14,7 +14,8 @@
 // GPUs are handed out). Ranks are ordered by node (head first, then nodeId), then by GPU index,
 // as Ray Train does; CPU-only workers get CUDA_VISIBLE_DEVICES="" so a GPU build of tfjs on their
 // node does not grab a GPU it was not given.
-import { Result, Schema } from "effect"
+import * as Result from "effect/Result"
+import * as Schema from "effect/Schema"
 import type { PlacementStrategy } from "../core/config.ts"
 import { ConfigError } from "../core/errors.ts"
 import { findPlacementStrategy, placementStrategyEntries, type PlacementStrategyEntry, type Selection } from "./placement-strategies.ts"

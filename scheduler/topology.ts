@@ -17,7 +17,7 @@
 // during one round does not make a link look slow). A time budget bounds the whole thing:
 // classes not reached in time borrow a measured neighbour (fitCostModel's fallback), and with no
 // sample at all the loopback defaults are used, flagged as such.
-import { Result } from "effect"
+import * as Result from "effect/Result"
 import {
   defaultCostModel,
   fitCostModel,

@@ -1,6 +1,6 @@
 // Unit tests of the pure pieces of the actor runtime: the mailbox (order, one at a time, bounds,
 // close and seal), envelopes, protocol definitions and the rate-limited log.
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import { describe, expect, it } from "vitest"
 import { readReply, readRequest, toWireFailure } from "../actors/runtime/envelope.ts"
 import { rateLimited } from "../actors/runtime/log.ts"

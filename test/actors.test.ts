@@ -3,7 +3,9 @@
 // cleanup, address conflicts, tensors (chunked above max_payload), death watching, supervision,
 // and the Effect API.
 import type { NatsConnection } from "@nats-io/nats-core"
-import { Effect, Exit, Schema } from "effect"
+import * as Effect from "effect/Effect"
+import * as Exit from "effect/Exit"
+import * as Schema from "effect/Schema"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { defineActor, launchActor, pingActor, launchActorEffect, stopRemoteActor } from "../actors/runtime/actor.ts"
 import { ActorStartError, ActorStopped, ActorUnavailable, AskTimeout, ChildEscalated, MessageRejected, RemoteFailure } from "../actors/runtime/errors.ts"

@@ -7,7 +7,7 @@
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { Objm } from "@nats-io/obj"
-import { Exit } from "effect"
+import * as Exit from "effect/Exit"
 import { afterAll, describe, expect, it } from "vitest"
 import { freePort } from "../core/nats-server.ts"
 import type { AgentState } from "../actors/node/agent-state.ts"

@@ -4,7 +4,7 @@
 import { connect } from "@nats-io/transport-node"
 import type { NatsConnection } from "@nats-io/nats-core"
 import * as tf from "@tensorflow/tfjs"
-import { Effect } from "effect"
+import * as Effect from "effect/Effect"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { Communicator } from "../collectives/communicator.ts"
 import { createCommunicatorEffect } from "../collectives/effect.ts"

@@ -1,6 +1,7 @@
 // The `compression` option: accepted forms, typed errors that name the field and the allowed
 // values, and createCompressor.
-import { Effect, Exit } from "effect"
+import * as Effect from "effect/Effect"
+import * as Exit from "effect/Exit"
 import { describe, expect, it } from "vitest"
 import { ConfigError } from "../core/errors.ts"
 import {

@@ -2,7 +2,8 @@
 // actionable connect errors (refused, no handshake, missing or wrong credentials), reconnect after
 // a server restart on the same port, and the Effect service's scoped lifetime.
 import * as net from "node:net"
-import { Effect, Exit } from "effect"
+import * as Effect from "effect/Effect"
+import * as Exit from "effect/Exit"
 import { afterAll, describe, expect, it } from "vitest"
 import { Nats, NatsLayer, openNatsEffect, openNats, reconnectDelay, type NatsHandle } from "../core/connection.ts"
 import { NatsConnectError } from "../core/errors.ts"

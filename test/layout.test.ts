@@ -79,6 +79,14 @@ describe("layout", () => {
     }
   })
 
+  it("gradwire's own code imports Effect module by module, never the barrel that loads all of it", () => {
+    // "effect" loads every one of Effect's modules: about 0.1 s of every process's start (docs/development.md).
+    const barrel = /(?:^|\n)\s*(?:import|export)\b[^;]*?\bfrom\s*"effect"/
+    const wrong = [...files, "index.ts", "effect.ts"].filter((f) => barrel.test(fs.readFileSync(path.join(ROOT, f), "utf8")))
+    expect(wrong).toEqual([])
+    expect(barrel.test('import { Schema } from "effect"\n')).toBe(true)
+  })
+
   it("examples import only the public entry points (index.ts, effect.ts) and each other", () => {
     const wrong: string[] = []
     for (const f of sourceFiles("examples")) {

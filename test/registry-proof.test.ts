@@ -18,7 +18,7 @@ import {
   parseCompressionConfig,
   registerCodec
 } from "../collectives/compression/index.ts"
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import { planCommunication, explain } from "../scheduler/algorithm-choice.ts"
 import { defaultCostModel } from "../scheduler/cost-model.ts"
 import { gatherBroadcast } from "./support/throwaway/gather-broadcast.ts"

@@ -3,7 +3,7 @@
 // flap under noise, and straggler detection (k of the last n steps).
 import { describe, expect, it } from "vitest"
 import * as fc from "fast-check"
-import { Result } from "effect"
+import * as Result from "effect/Result"
 import {
   BatchSizingError,
   detectStragglers,

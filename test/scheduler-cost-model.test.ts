@@ -3,7 +3,7 @@
 // messages, ring wins large ones, hierarchical wins over slow cross-server links, the hub term).
 import { describe, expect, it } from "vitest"
 import * as fc from "fast-check"
-import { Result } from "effect"
+import * as Result from "effect/Result"
 import {
   CostModelFitError,
   defaultCostModel,

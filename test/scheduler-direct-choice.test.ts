@@ -2,7 +2,7 @@
 // each size's algorithm from timed calls. Pure logic: no processes.
 import { describe, expect, it } from "vitest"
 import * as fc from "fast-check"
-import { Result } from "effect"
+import * as Result from "effect/Result"
 import {
   defaultCostModel,
   fitDirectLinks,

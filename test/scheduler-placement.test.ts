@@ -3,7 +3,8 @@
 // and determinism.
 import { describe, expect, it } from "vitest"
 import * as fc from "fast-check"
-import { Result, Schema } from "effect"
+import * as Result from "effect/Result"
+import * as Schema from "effect/Schema"
 import {
   AllocationLedger,
   PlacementInfeasible,

@@ -1,7 +1,7 @@
 // The node agent's protocol: what drivers (and the CLI) can ask an agent. The agent is itself an
 // actor, addressed at its node's control subject (gw.<cluster>.node.<id>.ctl), so these requests
 // get the runtime's deadlines, typed errors and validation for free.
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import { NodeAdvertisementSchema, NodeProcessSchema } from "../../scheduler/node-info.ts"
 import { defineProtocol } from "../runtime/protocol.ts"
 

@@ -6,7 +6,8 @@
 // When NATS itself cannot be reached, describeLocalAgent says what the local agent's state file
 // knows (is it running, its server's restarts, the outage it is in).
 import type { NatsConnection } from "@nats-io/nats-core"
-import { Exit, Schema } from "effect"
+import * as Exit from "effect/Exit"
+import * as Schema from "effect/Schema"
 import { clusterSubjects } from "../../core/subjects.ts"
 import { decodeMessage } from "../../core/wire.ts"
 import type { NodeState } from "../../scheduler/cluster-view.ts"

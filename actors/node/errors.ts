@@ -1,6 +1,6 @@
 // Typed errors of the node agent, the processes it spawns and the CLI that drives it. Each names
 // the node involved and says what to do.
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 
 /** The node agent could not spawn an actor process, or it died before it was ready. */
 export class SpawnError extends Schema.TaggedError<SpawnError>()("SpawnError", {

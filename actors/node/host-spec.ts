@@ -2,7 +2,8 @@
 // and with which credentials, which job and name, which module export to run, the modules it may
 // import besides, and the args. Encoded with the wire format (args may hold typed arrays or
 // tensors) and base64 so it is one line.
-import { Exit, Schema } from "effect"
+import * as Exit from "effect/Exit"
+import * as Schema from "effect/Schema"
 import { decodeMessage, encodeMessage } from "../../core/wire.ts"
 import { ConnectionSpec, scrubSecrets } from "../../core/connection-spec.ts"
 

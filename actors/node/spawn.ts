@@ -3,7 +3,7 @@
 // come from the job's events and heartbeats, so a process that crashes while starting turns into
 // a SpawnError carrying its last stderr lines instead of a wait until the deadline.
 import { nuid } from "@nats-io/nats-core"
-import { Effect } from "effect"
+import * as Effect from "effect/Effect"
 import { clusterSubjects } from "../../core/subjects.ts"
 import { AgentProtocol } from "./agent-protocol.ts"
 import { ActorUnavailable, AskTimeout, RemoteFailure } from "../runtime/errors.ts"

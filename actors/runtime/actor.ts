@@ -6,7 +6,12 @@
 // message, stack) and the actor keeps serving, as Ray actors do; an actor stops when asked to,
 // when a handler calls ctx.stop()/ctx.fail(), or when its scope closes.
 import { nuid, type Msg, type Subscription } from "@nats-io/nats-core"
-import { Cause, Effect, Exit, Fiber, Schema, Scope } from "effect"
+import * as Cause from "effect/Cause"
+import * as Effect from "effect/Effect"
+import * as Exit from "effect/Exit"
+import * as Fiber from "effect/Fiber"
+import * as Schema from "effect/Schema"
+import * as Scope from "effect/Scope"
 import { assertToken } from "../../core/subjects.ts"
 import { EnvelopeReceiver, failReply, okReply, publishEnvelope, readRequest, toWireFailure, type WireFailure } from "./envelope.ts"
 import { ActorStartError, ActorUnavailable, AskTimeout, MessageRejected } from "./errors.ts"

@@ -1,7 +1,7 @@
 // Typed errors of the actor runtime (the node agent's are in actors/node/errors.ts). Each names
 // the actor involved and says what to do, because these surface far from where the problem is (a
 // remote process, another machine).
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import type { NatsOperationError } from "../../core/errors.ts"
 
 /** An `ask` got no reply before its deadline. */

@@ -2,7 +2,8 @@
 // stopped, process exit, node lost) and about the job itself (ended). Watchers, supervisors and
 // node agents read them; each is Schema-checked because any process of the job may send them.
 import type { NatsConnection } from "@nats-io/nats-core"
-import { Exit, Schema } from "effect"
+import * as Exit from "effect/Exit"
+import * as Schema from "effect/Schema"
 import { encodeMessage, decodeMessage } from "../../core/wire.ts"
 import { NodeLostEventSchema } from "../../scheduler/node-info.ts"
 

@@ -3,7 +3,8 @@
 // declares it dead. Timings (defaults): beat every 500 ms, dead after 2000 ms of silence, checked
 // every 250 ms, so a silent death is noticed within ~2.25 s (exit notices are immediate).
 import type { NatsConnection } from "@nats-io/nats-core"
-import { Exit, Schema } from "effect"
+import * as Exit from "effect/Exit"
+import * as Schema from "effect/Schema"
 import { ACTOR_DEAD_AFTER_MS } from "../../core/defaults.ts"
 import { decodeMessage, encodeMessage } from "../../core/wire.ts"
 

@@ -2,7 +2,9 @@
 // body and (for kinds one can `ask`) for the reply. The same object is used on both ends: the actor
 // validates what arrives, the asker validates what comes back, and TypeScript infers body and reply
 // types from it.
-import { Cause, Exit, Schema } from "effect"
+import * as Cause from "effect/Cause"
+import * as Exit from "effect/Exit"
+import * as Schema from "effect/Schema"
 
 /** Any schema without services; its encoded form must be msgpack-able (tensors included). */
 // biome-ignore lint: the protocol is generic over every schema

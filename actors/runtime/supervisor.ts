@@ -3,7 +3,10 @@
 // and asks its policy what to do: restart it, stop supervising, or escalate (fail with
 // ChildEscalated so the parent's own supervisor or caller deals with it). Restarts back off
 // exponentially so a child that dies on start does not spin.
-import { Deferred, Effect, Exit, Scope } from "effect"
+import * as Deferred from "effect/Deferred"
+import * as Effect from "effect/Effect"
+import * as Exit from "effect/Exit"
+import * as Scope from "effect/Scope"
 import type { ActorDefinition, ActorExit, StartActorOptions } from "./actor.ts"
 import { launchActor } from "./actor.ts"
 import { ActorStartError, ChildEscalated } from "./errors.ts"

@@ -1,7 +1,7 @@
 // The messages every actor understands besides its own protocol, answered by the runtime itself:
 // `$ping` (liveness and identity, outside the mailbox) and `$stop` (stop, optionally draining).
 // The "$" prefix cannot clash with user kinds, which must start with a letter.
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import { buildProtocol } from "./protocol.ts"
 
 export const PingReply = Schema.Struct({

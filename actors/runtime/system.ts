@@ -6,7 +6,12 @@
 // Promise conveniences (`askPromise`, `tellPromise`) on the same object.
 import { hostname } from "node:os"
 import { nuid, type Msg, type NatsConnection, type Subscription } from "@nats-io/nats-core"
-import { Cause, Context, Effect, Exit, Layer, type Scope } from "effect"
+import * as Cause from "effect/Cause"
+import * as Context from "effect/Context"
+import * as Effect from "effect/Effect"
+import * as Exit from "effect/Exit"
+import * as Layer from "effect/Layer"
+import type * as Scope from "effect/Scope"
 import { Nats } from "../../core/connection.ts"
 import { NATS_MAX_PAYLOAD_BYTES } from "../../core/defaults.ts"
 import type { ConnectionSpec } from "../../core/connection-spec.ts"

@@ -1,7 +1,7 @@
 // Schemas for tensors inside actor messages. A tensor travels as a WireTensor (core/wire.ts:
 // dtype, shape, raw bytes, chunked when large); these schemas let a protocol say "this field is a
 // tensor" (optionally of one dtype) so that the receiving actor checks it like any other field.
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import { WireTensor, type DType } from "../../core/wire.ts"
 
 /** Any WireTensor. */

@@ -7,7 +7,7 @@
 // The built-in algorithms are registered by ./index.ts; another one is one module that defines an
 // entry (defineAllReduceAlgorithm) and one registerAllReduceAlgorithm call, made before any
 // communicator that uses it runs a call, in every process of the group.
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import type { AlgorithmCost } from "../../core/collective-cost.ts"
 import { ConfigError } from "../../core/errors.ts"
 import type { Operation } from "../operation.ts"

@@ -7,7 +7,8 @@
 //
 // errorFeedback defaults to true. 'auto' is accepted here and resolved by the scheduler (compress
 // only when measured communication dominates the step); createCompressor refuses it.
-import { Effect, Schema } from "effect"
+import * as Effect from "effect/Effect"
+import * as Schema from "effect/Schema"
 import { ConfigError } from "../../core/errors.ts"
 import { decodeConfig } from "../../core/validate.ts"
 import type { Codec } from "./codec.ts"

@@ -2,7 +2,7 @@
 // ConfigError; these cover what only compression can get wrong: state that no longer fits the
 // tensors it is applied to, a config that still says 'auto' when a concrete codec is needed, and a
 // codec entry or codec that does not fit the registry's contract.
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 
 /**
  * A residual (or PowerSGD warm-start factor) exists under `key` with a length other than the

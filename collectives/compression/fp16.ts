@@ -28,7 +28,7 @@ import {
   writeHeader
 } from "./compressor.ts"
 
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import { decodeHalf, encodeHalf, halfTable, roundToHalf } from "../float16.ts"
 import type { LinearCodec } from "./codec.ts"
 import { ErrorFeedbackOption, defineCodec } from "./registry.ts"

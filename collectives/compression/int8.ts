@@ -30,7 +30,7 @@ import {
   writeHeader,
   writeU32
 } from "./compressor.ts"
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import { WireDecodeError } from "../../core/errors.ts"
 import type { GatherCodec } from "./codec.ts"
 import { ErrorFeedbackOption, PositiveInt, SeedOption, defineCodec } from "./registry.ts"

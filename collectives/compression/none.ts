@@ -3,7 +3,7 @@
 //
 // Wire: header (8) | values: float32[n]. Total 8 + 4n bytes. Aggregation: 'none' (the gradient
 // reducer sends an uncompressed bucket with the plain fp32 weighted-mean all-reduce).
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import {
   type CompressedMessage,
   type Compressor,

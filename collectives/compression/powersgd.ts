@@ -26,7 +26,7 @@
 // Two ways to drive it: `reduce(tensors, allReduce)` with an async sum all-reduce callback, or the
 // step-by-step `begin` -> `round.second(sum1)` -> `round.finish(sum2)` for callers that run the
 // collective themselves (and for lock-step simulation in tests).
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import type { CustomCodec } from "./codec.ts"
 import { CompressionShapeError, ResidualMismatch } from "./errors.ts"
 import { ErrorFeedbackOption, NonNegativeInt, PositiveInt, SeedOption, defineCodec, type LayoutShapes } from "./registry.ts"

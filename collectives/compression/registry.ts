@@ -6,7 +6,7 @@
 //
 // The built-in codecs are registered by ./codecs.ts; another one is one module that defines an
 // entry (defineCodec) and one registerCodec call, made in every process that creates it.
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import type { Aggregation, Codec } from "./codec.ts"
 import { CodecContractError, CodecRegistrationError } from "./errors.ts"
 

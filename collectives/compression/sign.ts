@@ -10,7 +10,7 @@
 // Wire: header (8) | chunkSize: uint32 (a multiple of 8) | scales: float32[ceil(n/chunkSize)] |
 // bits: uint8[ceil(n/8)], element i at bit (i % 8) of byte i/8: the fp32 sign bit, 1 = negative
 // (so -0 decodes as -scale, +0 as +scale; with error feedback the difference is fed back anyway). Total 12 + 4·ceil(n/chunkSize) + ceil(n/8) bytes.
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import { WireDecodeError } from "../../core/errors.ts"
 import type { GatherCodec } from "./codec.ts"
 import { ErrorFeedbackOption, PositiveInt, defineCodec } from "./registry.ts"

@@ -12,7 +12,7 @@
 // Speed: for large tensors a DGC-style sampled threshold first narrows the candidates to ~2k in
 // one pass, then an exact selection runs on those only; if the sample misjudged (fewer than k or
 // too many candidates) it falls back to selection over all n. Both paths give identical output.
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import { WireDecodeError } from "../../core/errors.ts"
 import type { GatherCodec } from "./codec.ts"
 import { ErrorFeedbackOption, defineCodec } from "./registry.ts"

@@ -1,7 +1,7 @@
 // Typed errors of file-backed datasets: a file or object that is missing or unreadable, and one
 // whose contents do not match its format. Each names the source (path or nats-obj:// URL, with the
 // line or row where it helps) and what to do about it.
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 
 /** A dataset source cannot be reached or read: a missing file, an empty glob, a missing bucket or object. */
 export class DataSourceError extends Schema.TaggedError<DataSourceError>()("DataSourceError", {

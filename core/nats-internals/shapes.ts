@@ -9,7 +9,7 @@
 import * as fs from "node:fs"
 import { createRequire } from "node:module"
 import * as path from "node:path"
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 
 /** The nats.js release (@nats-io/nats-core and @nats-io/transport-node) the patches were written and measured against. */
 export const NATS_JS_MADE_FOR = "3.4.0"

@@ -1,7 +1,8 @@
 // Actors used by the actor, agent and CLI tests, and spawned by node agents in them (so each is
 // an export a child process can load): echo, a counter that keeps order, a relay that asks
 // another actor, one that fails, one that is slow, and one that crashes its process.
-import { Effect, Schema } from "effect"
+import * as Effect from "effect/Effect"
+import * as Schema from "effect/Schema"
 import { defineActor } from "../../actors/runtime/actor.ts"
 import { defineProtocol } from "../../actors/runtime/protocol.ts"
 import { WireTensorSchema } from "../../actors/runtime/tensor-schema.ts"

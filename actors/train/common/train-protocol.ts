@@ -1,7 +1,7 @@
 // What the trainer's controller (in the driver) and its workers (one process per rank) say to
 // each other. Workers ask the controller for datasets and the checkpoint to resume from, and
 // report metrics (with checkpoint bytes) as they go; the controller tells workers to run.
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import { defineProtocol } from "../../runtime/protocol.ts"
 import { TrainingStrategySchema } from "../../../core/config.ts"
 

@@ -2,7 +2,7 @@
 // bounds that the cluster can hold, either for a (re)start of the whole group or to grow a running
 // one (where the running group's own workers count as free, since it is replaced). Pure: takes the
 // nodes' advertisements and the placement request, unit-tested in test/elastic.test.ts.
-import { Result } from "effect"
+import * as Result from "effect/Result"
 import type { NodeAdvertisement } from "../../../scheduler/node-info.ts"
 import { toNodeResources } from "../../../scheduler/node-info.ts"
 import { planPlacement, type PlacementInfeasible, type PlacementPlan, type PlacementRequest } from "../../../scheduler/placement.ts"

@@ -8,7 +8,7 @@
 // let them in at a report() call, where the loop sizes its epochs). Groups that cannot run
 // short-handed (elastic ones that started small, checkpoint recovery) grow at the next report
 // round with a checkpoint instead (watch).
-import { Result as R } from "effect"
+import * as R from "effect/Result"
 import { firstLine } from "../../../core/errors.ts"
 import type { PlacementRequest } from "../../../scheduler/placement.ts"
 import type { CheckpointPayload } from "../common/train-protocol.ts"

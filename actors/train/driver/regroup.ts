@@ -3,7 +3,7 @@
 // others, replacements are placed where there is room and replay the loop from the checkpoint to
 // join them. The controller decides whether this is tried (controller.ts: recoveryFor); FitRun
 // (fit-run.ts) carries it out through here, and restarts from the checkpoint when it returns none.
-import { Result as R } from "effect"
+import * as R from "effect/Result"
 import { PLACEMENT_TIMEOUT_MS, WORKER_DEAD_AFTER_MS } from "../../../core/defaults.ts"
 import type { PlacementPlan, PlacementRequest } from "../../../scheduler/placement.ts"
 import type { ActorSystem } from "../../runtime/system.ts"

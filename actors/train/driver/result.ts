@@ -4,7 +4,7 @@
 // `error.result`: TrainingFailed for failures during training, NatsUnavailable when the bus stayed
 // away past its deadline, PlacementInfeasible when the group could not be placed in time,
 // Interrupted on Ctrl-C. Only a ConfigError thrown before anything started has no result.
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import type { GroupFailure } from "./failure-policy.ts"
 
 export interface CheckpointInfo {

@@ -7,7 +7,7 @@
 // checkpoint to resume from); checkpoint bytes travel over NATS and land under storagePath, or in
 // a JetStream object store bucket with checkpointConfig.objectStore, so workers never need a
 // shared filesystem. The run directory is written by observe/run-recorder.ts.
-import { Result as R } from "effect"
+import * as R from "effect/Result"
 import { ConfigError, firstLine } from "../../../core/errors.ts"
 import { PLACEMENT_TIMEOUT_MS } from "../../../core/defaults.ts"
 import { PlacementInfeasible, type PlacementPlan } from "../../../scheduler/placement.ts"

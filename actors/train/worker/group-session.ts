@@ -14,7 +14,7 @@
 // trainStep loop at the survivors' count of report() calls and of steps since the last one. A failure costs the step in flight, not the work since the last
 // checkpoint. Anything that does not line up throws PeerRecoveryMisaligned and the controller
 // restarts the group from the checkpoint instead.
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import type { Communicator } from "../../../collectives/communicator.ts"
 import type { GradientReducer } from "../../../collectives/gradient-reducer.ts"
 import type { PeerState, Placement, Position, StageHandover, StreamCursor } from "../common/train-protocol.ts"

@@ -27,7 +27,7 @@
 // times (a change they price within the threshold is not made), and the k-th waits 2^(k-1) - 1
 // exchanges after the one before (at most 15), unless the split is predicted 50% off: the split
 // settles instead of following each noisy measurement, and still follows a rank that slows for good.
-import { Result } from "effect"
+import * as Result from "effect/Result"
 import {
   detectStragglers,
   initialBalancer,

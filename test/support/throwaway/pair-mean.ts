@@ -4,7 +4,7 @@
 // the gradient reducer sums the sketches in the all-reduce and decodes the sum once; error feedback
 // keeps what the mean drops. test/registry-proof.test.ts runs it through the conformance suite and
 // a GradientReducer over NATS.
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import type { LinearCodec } from "../../../collectives/compression/codec.ts"
 import { ErrorFeedbackOption, defineCodec } from "../../../collectives/compression/registry.ts"
 

@@ -8,7 +8,7 @@
 // that runs ahead cannot flood its neighbour), a deadline on every wait with a liveness probe that
 // names a dead or hung peer, and an abort that fails the peer at once when this side fails.
 import type { Communicator } from "../../../../collectives/communicator.ts"
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import { rankAt, replicaGroup, tensorGroup, type GridPlace } from "./grid.ts"
 import { soloGroup, type Channel, type StageLinks, type SumGroup } from "./links.ts"
 

@@ -6,7 +6,7 @@
 // The built-in strategies are registered by ./index.ts; another one is one module that defines an
 // entry (defineStrategy) and one registerStrategy call, made in the driver and in every worker
 // (the train loop's module imports it) before the job starts.
-import { Schema } from "effect"
+import * as Schema from "effect/Schema"
 import { ConfigError } from "../../../../core/errors.ts"
 import type { BenchVariant, StrategyEntry } from "./strategy.ts"
 
