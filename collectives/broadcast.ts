@@ -146,6 +146,26 @@ export const shiftBlock = async (op: Operation, data: Float32Array, out: Float32
   await op.until(() => got === chunks, () => [prev])
 }
 
+/** Both ways with one peer: `data` to `partner` while the partner's block lands in `out` (n elements each). */
+export const exchangeBlock = async (op: Operation, data: Float32Array, out: Float32Array, partner: number, C: number): Promise<void> => {
+  const n = data.length
+  const chunks = chunkCount(n, C)
+  let got = 0
+  op.handler = (f: Frame): boolean => {
+    if (f.src !== partner || f.step !== 0) throw op.protocolError(f, `expected a block from rank ${partner}, got step ${f.step} from ${f.src}`)
+    const len = checkChunk(op, f, n, C, false, got, 0)
+    assign(out, f.offset, f.payload, len, false)
+    releaseReceived(f.payload)
+    got++
+    return true
+  }
+  for (let c = 0; c < chunks; c++) {
+    const off = c * C
+    await op.send(partner, 0, c, off, data.subarray(off, off + chunkLength(n, C, c)))
+  }
+  await op.until(() => got === chunks, () => [partner])
+}
+
 const EMPTY = new Float32Array(0)
 
 /** Dissemination barrier: in round k, signal rank me+2^k and wait for rank me-2^k. */

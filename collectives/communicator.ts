@@ -34,7 +34,7 @@ import {
 } from "../core/defaults.ts"
 import { installNatsPatches } from "../core/nats-internals/index.ts"
 import { jobSubjects } from "../core/subjects.ts"
-import { allGatherBlocks, broadcastChunks, disseminationBarrier, shiftBlock } from "./broadcast.ts"
+import { allGatherBlocks, broadcastChunks, disseminationBarrier, exchangeBlock, shiftBlock } from "./broadcast.ts"
 import {
   CollectiveAborted,
   CollectiveArgumentError,
@@ -169,6 +169,51 @@ export interface TransportMeasurement {
   readonly direct: ReadonlyArray<{ readonly bytes: number; readonly ms: number }>
   /** The algorithm timed. */
   readonly algorithm: string
+  /**
+   * A group on several nodes: exchanges between one pair of ranks per pair of nodes, timed over
+   * the direct links (pairProbeRounds), for the cost model's fit of each pair of nodes' links
+   * (scheduler/cost-model.ts fitDirectPairs). Absent on one node, where every link is alike.
+   */
+  readonly pairs?: ReadonlyArray<PairTiming>
+}
+
+/** One timed exchange over the direct links: ranks `a` and `b` sent each other `bytes` at once, in `ms` (the faster of their two times). */
+export interface PairTiming {
+  readonly a: number
+  readonly b: number
+  readonly bytes: number
+  readonly ms: number
+}
+
+/**
+ * Rounds of rank pairs that time every pair of nodes a group's ranks sit on (`nodes[rank]`) once:
+ * a node's first two ranks for its own links (where it has two), and each two nodes' first ranks
+ * for the link between them. Within a round no node takes part twice, so no two timed flows share
+ * a node's network link: first every node's own pair, then the pairs of nodes by the circle
+ * method (n - 1 rounds for n nodes, n/2 pairs each). Empty when every rank is on one node.
+ */
+export const pairProbeRounds = (nodes: ReadonlyArray<string>): Array<Array<readonly [number, number]>> => {
+  const ranksOf = new Map<string, number[]>()
+  nodes.forEach((n, r) => (ranksOf.get(n) ?? ranksOf.set(n, []).get(n)!).push(r))
+  const groups = [...ranksOf.values()]
+  if (groups.length <= 1) return []
+  const rounds: Array<Array<readonly [number, number]>> = []
+  const own = groups.filter((g) => g.length >= 2).map((g) => [g[0]!, g[1]!] as const)
+  if (own.length > 0) rounds.push(own)
+  // circle method over the nodes, a stand-in node (-1) making their number even
+  const ids = groups.map((_, i) => i)
+  if (ids.length % 2 === 1) ids.push(-1)
+  const m = ids.length
+  for (let k = 0; k < m - 1; k++) {
+    const round: Array<readonly [number, number]> = []
+    for (let i = 0; i < m / 2; i++) {
+      const x = i === 0 ? ids[m - 1]! : ids[(k + i) % (m - 1)]!
+      const y = ids[(k - i + m - 1) % (m - 1)]!
+      if (x >= 0 && y >= 0) round.push([Math.min(groups[x]![0]!, groups[y]![0]!), Math.max(groups[x]![0]!, groups[y]![0]!)] as const)
+    }
+    if (round.length > 0) rounds.push(round)
+  }
+  return rounds
 }
 
 /** How this rank's calls reach each peer, for explain.txt and the benchmark. */
@@ -285,7 +330,7 @@ export const describeOp = (opcode: number, variant: number): string => {
   const relay = variant & Variant.relay ? ", no fan-out" : ""
   if (opcode === Opcode.allReduce) return `${name}(${allReduceAlgorithmByCode(code)?.name ?? `algorithm #${code}`}${relay}, ${reduce}, ${wire})`
   if (opcode === Opcode.reduceScatter) return `${name}(${reduce}, ${wire})`
-  if (opcode === Opcode.barrier || opcode === Opcode.shift) return name
+  if (opcode === Opcode.barrier || opcode === Opcode.shift || opcode === Opcode.exchange) return name
   const algo = (opcode === Opcode.broadcast ? broadcastName : gatherName)[code] ?? `#${code}`
   return `${name}(${algo}, ${wire})`
 }
@@ -1034,10 +1079,12 @@ export class Communicator {
    * sends calls direct from the smallest size on which the direct path was at least as fast at
    * that size and every larger one (never, if it lost at the largest). Every rank must call it at
    * the same point (the calls are collectives); each keeps its own threshold, since each sender
-   * chooses the path of its own frames. Returns the figures; nothing is timed without direct links.
+   * chooses the path of its own frames. On several nodes it then times exchanges at `pairSizes`
+   * (default 4 KiB and 256 KiB) between each pair of nodes (`pairs`), for the fit of each pair's
+   * links. Returns the figures; nothing is timed without direct links.
    */
   async measureTransport(
-    opts: { sizes?: ReadonlyArray<number>; fitSizes?: ReadonlyArray<number>; reps?: number; algorithm?: AllReduceAlgorithm } = {}
+    opts: { sizes?: ReadonlyArray<number>; fitSizes?: ReadonlyArray<number>; pairSizes?: ReadonlyArray<number>; reps?: number; algorithm?: AllReduceAlgorithm } = {}
   ): Promise<TransportMeasurement> {
     const sizes = opts.sizes ?? [4 * 1024, 64 * 1024, 1024 * 1024]
     const fitSizes = opts.fitSizes ?? []
@@ -1063,11 +1110,53 @@ export class Communicator {
       for (const ms of t.direct) direct.push({ bytes, ms })
       if (paths.length === 2) rows.push({ bytes, natsMs: med(t.nats), directMs: med(t.direct) })
     }
-    if (!auto) return { minBytes: this.#directMinBytes, rows, direct, algorithm }
+    const pairs = await this.#timePairs(opts.pairSizes ?? [4 * 1024, 256 * 1024], reps)
+    if (!auto) return { minBytes: this.#directMinBytes, rows, direct, algorithm, ...(pairs ? { pairs } : {}) }
     let minBytes = Number.POSITIVE_INFINITY
     for (let i = rows.length - 1; i >= 0 && rows[i]!.directMs <= rows[i]!.natsMs; i--) minBytes = i === 0 ? 0 : rows[i]!.bytes
     this.#directMinBytes = minBytes
-    return { minBytes, rows, direct, algorithm }
+    return { minBytes, rows, direct, algorithm, ...(pairs ? { pairs } : {}) }
+  }
+
+  /**
+   * On several nodes, the exchanges of pairProbeRounds over the direct links at each size, `reps`
+   * times after a warm-up, each rank timing its own; one all-gather then gives every rank each
+   * pair's times. Undefined on one node, or where a rank lacks a direct link to a peer (what those
+   * exchanges timed would be NATS).
+   */
+  async #timePairs(sizes: ReadonlyArray<number>, reps: number): Promise<PairTiming[] | undefined> {
+    const rounds = pairProbeRounds(this.peers.map((p) => p.node))
+    // The same decision on every rank: wholeDirect is agreed from the hellos.
+    if (rounds.length === 0 || !this.#wholeDirect) return undefined
+    const plan: Array<{ round: ReadonlyArray<readonly [number, number]>; bytes: number }> = []
+    for (const round of rounds) for (const bytes of sizes) for (let i = 0; i < reps; i++) plan.push({ round, bytes })
+    const mine = new Float32Array(plan.length)
+    for (let k = 0; k < plan.length; k++) {
+      const { round, bytes } = plan[k]!
+      const pair = round.find(([a, b]) => a === this.rank || b === this.rank)
+      const partner = pair === undefined ? -1 : pair[0] === this.rank ? pair[1] : pair[0]
+      const data = new Float32Array(Math.max(1, bytes >> 2)).fill(this.rank + 1)
+      const out = new Float32Array(data.length)
+      if (k % reps === 0) await this.#exchange(data, out, partner) // a warm-up per round and size
+      const t0 = performance.now()
+      await this.#exchange(data, out, partner)
+      mine[k] = performance.now() - t0
+      if (partner >= 0 && (out[0] !== partner + 1 || out[out.length - 1] !== partner + 1)) {
+        throw new Error(`rank ${this.rank}: the timed exchange with rank ${partner} brought back ${out[0]}, not ${partner + 1}`)
+      }
+    }
+    const all = await this.allGather(mine)
+    return plan.flatMap(({ round, bytes }, k) => round.map(([a, b]) => ({ a, b, bytes, ms: Math.min(all[a * plan.length + k]!, all[b * plan.length + k]!) })))
+  }
+
+  /**
+   * Every rank calls it together: this rank and `partner` send each other `data` at once (over the
+   * direct links), the partner's landing in `out`; a rank with partner -1 only takes its turn.
+   */
+  async #exchange(data: Float32Array, out: Float32Array, partner: number): Promise<void> {
+    await this.#run({ name: "exchange", opcode: Opcode.exchange, variant: 0, length: data.length, half: false }, { transport: "direct" }, async (op) => {
+      if (partner >= 0) await exchangeBlock(op, data, out, partner, this.#chunkFor(data.length, 1))
+    })
   }
 
   /**

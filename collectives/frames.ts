@@ -50,7 +50,9 @@ export const Opcode = {
   allGather: 3,
   reduceScatter: 4,
   allReduce: 5,
-  shift: 6
+  shift: 6,
+  /** Two ranks send each other a block (the direct links' per-pair timing); the others take their turn. */
+  exchange: 7
 } as const
 
 /**

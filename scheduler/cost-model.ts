@@ -81,12 +81,20 @@ export interface CostModel {
 /**
  * The direct data path as the model prices it. Frames go from a rank's socket straight to the
  * peer's (a Unix socket on one node, TCP across), so a stage has no hub term: it costs its largest
- * alpha plus the busiest rank's sent or received bytes times beta, and a fan-out is one send per
- * receiver (the sender pays its bytes once per destination). Fitted from the group's own timed
+ * alpha plus the busiest rank's sent or received bytes times beta (or the busiest node's to and
+ * from other nodes, which its ranks share), and a fan-out is one send per receiver (the sender
+ * pays its bytes once per destination). Fitted from the group's own timed
  * calls over those links (fitDirectLinks), every link class alike.
  */
 export interface DirectLinks {
   readonly links: Readonly<Record<LinkClass, AlphaBeta>>
+  /**
+   * Each pair of nodes' links (`pairs[a][b]`, both orders, a node with itself for its ranks'
+   * links to each other), where the group spans several nodes and timed shifts between them
+   * (fitDirectPairs): a stage prices a flow on its nodes' pair, and on `links` by class where the
+   * pair is missing.
+   */
+  readonly pairs?: Readonly<Record<string, Readonly<Record<string, AlphaBeta>>>>
   /** Calls of at least this many bytes go direct (the communicator's threshold; 0: every call). */
   readonly minBytes: number
   /** What the links were fitted from, for explanations ("ring over the direct links at 3 sizes"). */
@@ -326,31 +334,40 @@ const serverMsPerMessage = (model: CostModel, server: string): number => {
 
 /**
  * A stage over the direct links: no hub; the largest alpha plus the busiest rank's sent or received
- * bytes times beta, a multi-destination flow being one send per receiver.
+ * bytes times beta, a multi-destination flow being one send per receiver, or the busiest node's
+ * bytes to or from other nodes where that is more: a node's ranks share its network link (two
+ * ranks of a node each sending to the other node take twice as long as one).
  */
-const directStageCost = (flows: readonly Flow[], topo: Topology, links: Readonly<Record<LinkClass, AlphaBeta>>): StageCost => {
+const directStageCost = (flows: readonly Flow[], topo: Topology, direct: DirectLinks): StageCost => {
+  const { links, pairs } = direct
   let latency = 0
   const tx = new Map<number, number>()
   const rx = new Map<number, number>()
-  const bump = (m: Map<number, number>, k: number, v: number) => m.set(k, (m.get(k) ?? 0) + v)
+  const nodeTx = new Map<string, number>()
+  const nodeRx = new Map<string, number>()
+  const bump = <K>(m: Map<K, number>, k: K, v: number) => m.set(k, (m.get(k) ?? 0) + v)
   for (const f of flows) {
     const src = topo[f.src]!
     for (const d of f.dsts) {
-      const link = links[linkClassOf(src, topo[d]!)]
+      const dst = topo[d]!
+      const link = pairs?.[src.nodeId]?.[dst.nodeId] ?? links[linkClassOf(src, dst)]
       latency = Math.max(latency, link.alphaMs)
       bump(tx, f.src, f.bytes * link.betaMsPerByte)
       bump(rx, d, f.bytes * link.betaMsPerByte)
+      if (src.nodeId !== dst.nodeId) {
+        bump(nodeTx, src.nodeId, f.bytes * link.betaMsPerByte)
+        bump(nodeRx, dst.nodeId, f.bytes * link.betaMsPerByte)
+      }
     }
   }
   let linkMs = 0
-  for (const v of tx.values()) linkMs = Math.max(linkMs, v)
-  for (const v of rx.values()) linkMs = Math.max(linkMs, v)
+  for (const m of [tx, rx, nodeTx, nodeRx]) for (const v of m.values()) linkMs = Math.max(linkMs, v)
   return { ms: latency + linkMs, latencyMs: latency, linkMs, serverMs: 0, busiestServer: "" }
 }
 
 /** Cost of one stage (the formula in the module comment); over the model's direct links with path "direct". */
 export const stageCost = (flows: readonly Flow[], topo: Topology, model: CostModel, path: "nats" | "direct" = "nats"): StageCost => {
-  if (path === "direct" && model.direct !== undefined) return directStageCost(flows, topo, model.direct.links)
+  if (path === "direct" && model.direct !== undefined) return directStageCost(flows, topo, model.direct)
   let latency = 0
   // Sending and receiving are separate directions of a full-duplex socket: a ring rank does both
   // in every stage at full speed, a tree parent receiving two children's chunks does not.
@@ -478,17 +495,30 @@ export interface DirectTiming {
  * lower quartiles (as fitAlphaBeta does), both clamped to >= 0. The same alpha and beta for every
  * class: the timed calls cross all of them and are bounded by the slowest, which is what a
  * collective over those links pays. Needs at least two sizes.
+ *
+ * With `pairs` (each pair of nodes' links, fitDirectPairs: a group on several nodes), the links
+ * keep the pairs' proportions instead: a and b are the critical path's alphas and bytes priced on
+ * each pair's own alpha and beta, and the fit finds the two factors that scale every pair's alpha
+ * and beta to what the timed calls took (a collective pays for its lockstep and its arithmetic,
+ * which an exchange between two ranks does not). A hierarchical all-reduce then sees that its
+ * ranks on one node talk faster than across nodes, which one alpha and beta for every link hid.
  */
 export const fitDirectLinks = (
   algorithm: AlgorithmCost,
   timings: readonly DirectTiming[],
   topo: Topology,
-  opts: { readonly chunkBytes?: number; readonly minBytes?: number; readonly hierarchicalGroups?: "node" | "server" } = {}
+  opts: { readonly chunkBytes?: number; readonly minBytes?: number; readonly hierarchicalGroups?: "node" | "server"; readonly pairs?: NodePairLinks } = {}
 ): Result.Result<DirectLinks, CostModelFitError> => {
+  const pairs = opts.pairs !== undefined && coversTopology(opts.pairs, topo) ? opts.pairs : undefined
   const unit = (alphaMs: number, betaMsPerByte: number): CostModel => {
     const l = { alphaMs, betaMsPerByte }
     const links = { "same-node": l, "same-server": l, "cross-server": l }
-    return { links, chunkBytes: opts.chunkBytes ?? DEFAULT_CHUNK_BYTES, ...(opts.hierarchicalGroups ? { hierarchicalGroups: opts.hierarchicalGroups } : {}), direct: { links, minBytes: 0 } }
+    return {
+      links,
+      chunkBytes: opts.chunkBytes ?? DEFAULT_CHUNK_BYTES,
+      ...(opts.hierarchicalGroups ? { hierarchicalGroups: opts.hierarchicalGroups } : {}),
+      direct: { links, minBytes: 0, ...(pairs ? { pairs: scalePairs(pairs, alphaMs, betaMsPerByte) } : {}) }
+    }
   }
   const bySize = lowerQuartileBySize(timings.filter((t) => Number.isFinite(t.ms) && t.ms > 0 && Number.isFinite(t.bytes) && t.bytes > 0))
   if (topo.length < 2 || bySize.length < 2) {
@@ -500,6 +530,16 @@ export const fitDirectLinks = (
     y
   }))
   const { alpha, beta, rms } = fitTwoTerms(pts)
+  if (pairs !== undefined) {
+    const scaled = scalePairs(pairs, alpha, beta)
+    return Result.succeed({
+      links: classLinksOf(scaled, topo),
+      pairs: scaled,
+      minBytes: opts.minBytes ?? 0,
+      source: `${algorithm.name} over the direct links at ${pts.length} sizes, each pair of nodes in proportion to its timed exchanges`,
+      rmsRelativeError: rms
+    })
+  }
   const l = { alphaMs: alpha, betaMsPerByte: beta }
   return Result.succeed({
     links: { "same-node": l, "same-server": l, "cross-server": l },
@@ -507,6 +547,85 @@ export const fitDirectLinks = (
     source: `${algorithm.name} over the direct links at ${pts.length} sizes`,
     rmsRelativeError: rms
   })
+}
+
+/** Whether `pairs` prices every two ranks' link of `topo` (a gap would fall back to one class's link, unscaled). */
+const coversTopology = (pairs: NodePairLinks, topo: Topology): boolean => {
+  for (let i = 0; i < topo.length; i++) {
+    for (let j = i + 1; j < topo.length; j++) if (pairs[topo[i]!.nodeId]?.[topo[j]!.nodeId] === undefined) return false
+  }
+  return true
+}
+
+/** Every pair's alpha times `ka` and beta times `kb` (plain AlphaBeta: the fits' details dropped). */
+const scalePairs = (pairs: NodePairLinks, ka: number, kb: number): NodePairLinks => {
+  const out: Record<string, Record<string, AlphaBeta>> = {}
+  for (const [a, row] of Object.entries(pairs)) {
+    out[a] = {}
+    for (const [b, l] of Object.entries(row)) out[a][b] = { alphaMs: l.alphaMs * ka, betaMsPerByte: l.betaMsPerByte * kb }
+  }
+  return out
+}
+
+/** Per class, its slowest pair's link (what a call crossing that class waits for); a class absent from `topo` takes the slowest of all. */
+const classLinksOf = (pairs: NodePairLinks, topo: Topology): Record<LinkClass, AlphaBeta> => {
+  const worst = new Map<LinkClass, AlphaBeta>()
+  let slowest: AlphaBeta = { alphaMs: 0, betaMsPerByte: 0 }
+  const slower = (x: AlphaBeta, y: AlphaBeta): AlphaBeta => ({ alphaMs: Math.max(x.alphaMs, y.alphaMs), betaMsPerByte: Math.max(x.betaMsPerByte, y.betaMsPerByte) })
+  for (let i = 0; i < topo.length; i++) {
+    for (let j = i + 1; j < topo.length; j++) {
+      const l = pairs[topo[i]!.nodeId]![topo[j]!.nodeId]!
+      const c = linkClassOf(topo[i]!, topo[j]!)
+      worst.set(c, slower(worst.get(c) ?? l, l))
+      slowest = slower(slowest, l)
+    }
+  }
+  return { "same-node": worst.get("same-node") ?? slowest, "same-server": worst.get("same-server") ?? slowest, "cross-server": worst.get("cross-server") ?? slowest }
+}
+
+/** One timed exchange between ranks `a` and `b` over the direct links (Communicator.measureTransport's `pairs`). */
+export interface DirectPairTiming {
+  readonly a: number
+  readonly b: number
+  readonly bytes: number
+  readonly ms: number
+}
+
+/** Each pair of nodes' links, `[a][b]` and `[b][a]` alike (DirectLinks.pairs). */
+export type NodePairLinks<L extends AlphaBeta = AlphaBeta> = Readonly<Record<string, Readonly<Record<string, L>>>>
+
+/**
+ * Each pair of nodes' direct links from timed exchanges between one rank of each (a node with
+ * itself: two of its ranks): per pair of nodes the lower quartile per size, then alpha and beta
+ * as fitAlphaBeta fits a probed link. Pairs of nodes no exchange reached are left out (the class
+ * links price them). Fails when no pair has two sizes.
+ */
+export const fitDirectPairs = (topo: Topology, timings: readonly DirectPairTiming[]): Result.Result<NodePairLinks<FittedLink>, CostModelFitError> => {
+  const byPair = new Map<string, { a: string; b: string; samples: ProbeSample[] }>()
+  for (const t of timings) {
+    const na = topo[t.a]?.nodeId
+    const nb = topo[t.b]?.nodeId
+    if (na === undefined || nb === undefined || t.a === t.b) continue
+    const [a, b] = na <= nb ? [na, nb] : [nb, na]
+    const key = JSON.stringify([a, b])
+    const entry = byPair.get(key) ?? byPair.set(key, { a, b, samples: [] }).get(key)!
+    entry.samples.push({ bytes: t.bytes, ms: t.ms })
+  }
+  const out: Record<string, Record<string, FittedLink>> = {}
+  const problems: string[] = []
+  for (const { a, b, samples } of byPair.values()) {
+    const fit = fitAlphaBeta(samples, `direct ${a} <-> ${b}`)
+    if (Result.isFailure(fit)) {
+      problems.push(fit.failure.reason)
+      continue
+    }
+    ;(out[a] ??= {})[b] = fit.success
+    ;(out[b] ??= {})[a] = fit.success
+  }
+  if (Object.keys(out).length === 0) {
+    return Result.fail(new CostModelFitError({ linkClass: "direct pairs", reason: byPair.size === 0 ? "no exchange between two ranks was timed" : problems.join("; ") }))
+  }
+  return Result.succeed(out)
 }
 
 /** Every algorithm's prediction, in the order given (the registry's: its preference order). */

@@ -22,11 +22,13 @@ import {
   defaultCostModel,
   fitCostModel,
   fitDirectLinks,
+  fitDirectPairs,
   linkClassOf,
   linkClasses,
   type AlgorithmCost,
   type AlphaBeta,
   type CostModel,
+  type DirectPairTiming,
   type DirectTiming,
   type FittedCostModel,
   type LinkClass,
@@ -89,7 +91,13 @@ export interface ProbeOptions {
    * rank 0 fits the model's direct links from them (fitDirectLinks), so calls from `minBytes` on
    * are priced on the links they take.
    */
-  readonly direct?: { readonly algorithm: AlgorithmCost; readonly timings: readonly DirectTiming[]; readonly minBytes: number }
+  readonly direct?: {
+    readonly algorithm: AlgorithmCost
+    readonly timings: readonly DirectTiming[]
+    readonly minBytes: number
+    /** A group on several nodes: timed exchanges between each pair of nodes (Communicator.measureTransport's `pairs`), fitted per pair (fitDirectPairs). */
+    readonly pairs?: readonly DirectPairTiming[]
+  }
 }
 
 export interface ObservedTopology {
@@ -181,9 +189,14 @@ export const observeTopology = async (io: TopologyProbeIO, options: ProbeOptions
     if (Result.isFailure(fitted)) problems.push(`fit failed (${fitted.failure.message}); using the loopback defaults`)
     if (options.direct !== undefined && options.direct.timings.length > 0) {
       const d = options.direct
-      const direct = fitDirectLinks(d.algorithm, d.timings, topo, { chunkBytes: model.chunkBytes ?? io.chunkBytes, minBytes: d.minBytes })
-      if (Result.isSuccess(direct)) model = { ...model, direct: direct.success }
-      else problems.push(`direct links not fitted (${direct.failure.message}); their calls priced as NATS`)
+      const pairs = d.pairs !== undefined && d.pairs.length > 0 ? fitDirectPairs(topo, d.pairs) : undefined
+      if (pairs !== undefined && Result.isFailure(pairs)) problems.push(`direct links' pairs of nodes not fitted (${pairs.failure.reason}); one alpha and beta for every link`)
+      const pairLinks = pairs !== undefined && Result.isSuccess(pairs) ? pairs.success : undefined
+      const direct = fitDirectLinks(d.algorithm, d.timings, topo, { chunkBytes: model.chunkBytes ?? io.chunkBytes, minBytes: d.minBytes, ...(pairLinks ? { pairs: pairLinks } : {}) })
+      if (Result.isSuccess(direct)) {
+        model = { ...model, direct: direct.success }
+        if (pairLinks !== undefined && direct.success.pairs === undefined) problems.push("direct links: not every pair of nodes was timed; one alpha and beta for every link")
+      } else problems.push(`direct links not fitted (${direct.failure.message}); their calls priced as NATS`)
     }
     const probeMs = performance.now() - started
     payload = encodeJson({ model, samples, probeMs, ...(problems.length > 0 ? { note: problems.join("; ") } : {}) }, WIRE_FLOATS)
@@ -203,6 +216,15 @@ export const observeTopology = async (io: TopologyProbeIO, options: ProbeOptions
 /** A link's alpha (us) and bandwidth (MB/s). */
 const describeLink = (l: AlphaBeta): string => `${(l.alphaMs * 1000).toFixed(0)}us ${l.betaMsPerByte > 0 ? (1 / l.betaMsPerByte / 1000).toFixed(0) : "inf"}MB/s`
 
+/** Each pair of nodes once ("a <-> b 40us 950MB/s"), in the order of the nodes' names. */
+const describePairs = (pairs: NonNullable<NonNullable<CostModel["direct"]>["pairs"]>): string => {
+  const out: string[] = []
+  for (const a of Object.keys(pairs).sort()) {
+    for (const b of Object.keys(pairs[a]!).sort()) if (a <= b) out.push(`${a} <-> ${b} ${describeLink(pairs[a]![b]!)}`)
+  }
+  return out.join(", ")
+}
+
 /** One line for logs: the fitted alpha (us) and bandwidth (MB/s) per class. */
 export const describeObservation = (o: ObservedTopology): string => {
   const nodes = new Set(o.topology.map((t) => t.nodeId)).size
@@ -214,10 +236,12 @@ export const describeObservation = (o: ObservedTopology): string => {
     })
     .join(", ")
   const d = o.model.direct
+  const fit = d === undefined ? "" : `${d.source ?? "fitted"}${d.rmsRelativeError !== undefined ? `, rms error ${(d.rmsRelativeError * 100).toFixed(0)}%` : ""}`
   const direct =
     d === undefined
       ? ""
-      : `; direct links ${describeLink(d.links["same-node"])} ` +
-        `(${d.source ?? "fitted"}${d.rmsRelativeError !== undefined ? `, rms error ${(d.rmsRelativeError * 100).toFixed(0)}%` : ""}) for calls from ${formatBytes(d.minBytes)}`
+      : d.pairs !== undefined
+        ? `; direct links ${describePairs(d.pairs)} (${fit}) for calls from ${formatBytes(d.minBytes)}`
+        : `; direct links ${describeLink(d.links["same-node"])} (${fit}) for calls from ${formatBytes(d.minBytes)}`
   return `topology: ${o.topology.length} ranks, ${nodes} node(s), ${servers} server(s); probed in ${o.probeMs.toFixed(0)} ms; ${links}${direct}${o.note ? `; ${o.note}` : ""}`
 }

@@ -128,7 +128,14 @@ describe("the direct data path", () => {
   it('"auto" measures a ladder of sizes over both paths and goes direct from the smallest size it wins at and above', async () => {
     const group = "direct-measure"
     await create(group, (r) => `n${r}`, () => ({ transport: "auto" }))
-    type M = { minBytes: number; rows: Array<{ bytes: number; natsMs: number; directMs: number }>; direct: Array<{ bytes: number; ms: number }>; algorithm: string; info: TransportInfo }
+    type M = {
+      minBytes: number
+      rows: Array<{ bytes: number; natsMs: number; directMs: number }>
+      direct: Array<{ bytes: number; ms: number }>
+      algorithm: string
+      info: TransportInfo
+      pairs?: Array<{ a: number; b: number; bytes: number; ms: number }>
+    }
     const sizes = [4096, 65536, 262144]
     const ms = await fleet.all<M>(P, () => ({ cmd: "measureTransport", group, sizes, reps: 2 }))
     for (const m of ms) {
@@ -147,8 +154,28 @@ describe("the direct data path", () => {
       expect(m.direct.every((d) => d.ms > 0)).toBe(true)
       // the rows' direct medians are of these calls
       for (const r of m.rows) expect(m.direct.filter((d) => d.bytes === r.bytes).map((d) => d.ms)).toContain(r.directMs)
+      // four nodes: every pair of them exchanged blocks at both sizes (the default 4 KiB and 256 KiB), twice, timed on every rank alike
+      expect(m.pairs!.map((t) => `${t.a}-${t.b}@${t.bytes}`).sort()).toEqual(
+        ["0-1", "0-2", "0-3", "1-2", "1-3", "2-3"].flatMap((pair) => [4096, 262144].flatMap((b) => [`${pair}@${b}`, `${pair}@${b}`])).sort()
+      )
+      expect(m.pairs!.every((t) => t.ms > 0)).toBe(true)
+      expect(m.pairs).toEqual(ms[0]!.pairs)
     }
     await close(group)
+    // two nodes of two ranks: each node's own pair and the one across; one node: nothing to tell apart
+    for (const [g, node, want] of [
+      ["direct-measure-2x2", (r: number) => `n${r >> 1}`, ["0-1", "0-2", "2-3"]],
+      ["direct-measure-1x4", () => "n", undefined]
+    ] as const) {
+      await create(g, node, () => ({ transport: "direct" }))
+      const got = await fleet.all<M & { pairs?: Array<{ a: number; b: number; bytes: number; ms: number }> }>(P, () => ({ cmd: "measureTransport", group: g, sizes: [4096, 65536], pairSizes: [1024, 65536], reps: 2 }))
+      for (const m of got) {
+        if (want === undefined) expect(m.pairs).toBeUndefined()
+        else expect([...new Set(m.pairs!.map((t) => `${t.a}-${t.b}`))].sort()).toEqual(want)
+        if (want !== undefined) expect(m.pairs!.filter((t) => t.bytes === 65536)).toHaveLength(2 * want.length)
+      }
+      await close(g)
+    }
   })
 
   it("falls back to NATS for a peer whose advertised address cannot be reached, says why, and computes the same", async () => {

@@ -1,7 +1,8 @@
 // The multi-node example end to end on one machine: 3 routed nats-servers, 3 agents started with
 // the real CLI (`gradwire start --address ... --block`), the digits job placed across them through
 // `cluster: { address, clusterName }`, per-rank logs collected by the driver from remote agents,
-// and nothing left running afterwards, after a normal run and after Ctrl-C in the middle of one.
+// the direct links' cost fitted per pair of nodes (explain.txt), and nothing left running
+// afterwards, after a normal run and after Ctrl-C in the middle of one.
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
@@ -51,6 +52,10 @@ describe("examples/multi-node/local-cluster.ts", () => {
     // Worker output of remote agents lands in the driver's run directory.
     expect(fs.readdirSync(path.join(dir!, "logs")).sort()).toEqual(["worker_rank=0.log", "worker_rank=1.log", "worker_rank=2.log"])
     expect(fs.existsSync(path.join(dir!, "report.html"))).toBe(true)
+    // the cost model's direct links fitted for each pair of nodes from timed exchanges between them
+    expect(fs.readFileSync(path.join(dir!, "explain.txt"), "utf8")).toMatch(
+      /direct links node-a <-> node-b \d+us \d+MB\/s, node-a <-> node-c \d+us \d+MB\/s, node-b <-> node-c \d+us \d+MB\/s \(ring over the direct links at 3 sizes, each pair of nodes/
+    )
     expect(r.output).toContain("torn down")
     expect(await gone(started)).toEqual([])
   })

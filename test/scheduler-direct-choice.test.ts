@@ -6,6 +6,7 @@ import * as Result from "effect/Result"
 import {
   defaultCostModel,
   fitDirectLinks,
+  fitDirectPairs,
   pathOf,
   predictAllGather,
   predictAllReduce,
@@ -16,6 +17,8 @@ import {
 import { AlgorithmTuner } from "../scheduler/algorithm-tuner.ts"
 import { chooseAlgorithm } from "../scheduler/algorithm-choice.ts"
 import { allReduceAlgorithms, findAllReduceAlgorithm } from "../collectives/algorithms/index.ts"
+import { pairProbeRounds } from "../collectives/communicator.ts"
+import { describeObservation, type ObservedTopology } from "../scheduler/topology.ts"
 
 const KiB = 1024
 const MiB = 1024 * KiB
@@ -201,5 +204,116 @@ describe("the tuner", () => {
     expect(() => t.decide(new Float32Array(4), () => "ring")).toThrow(/expected 2/)
     expect(t.decide(t.table(), () => "ring")[0]!.picked).toBe("tree")
     expect(t.pick(8 * MiB)).toBeUndefined()
+  })
+})
+
+describe("each pair of nodes' direct links", () => {
+  // Two nodes: their ranks talk over Unix sockets at 2 GB/s inside a node, over a 100 Mbit/s link across.
+  const fast = link(0.05, 1 / 2_000_000)
+  const slow = link(0.2, 1 / 12_500)
+  const nodesOf = (perNode: number, nodes = 2): Topology =>
+    Array.from({ length: perNode * nodes }, (_, r) => ({ nodeId: `n${Math.floor(r / perNode)}`, server: "s" }))
+  const truthPairs = { n0: { n0: fast, n1: slow }, n1: { n0: slow, n1: fast } }
+  const truth = (topo: Topology): CostModel => ({
+    ...defaultCostModel(),
+    chunkBytes: 4 * MiB,
+    direct: { links: { "same-node": fast, "same-server": slow, "cross-server": slow }, pairs: truthPairs, minBytes: 0 }
+  })
+  /** What the exchanges of pairProbeRounds would take on `truth`'s links: alpha + bytes * beta, x (1, 1.3, 1.1). */
+  const exchanges = (topo: Topology) =>
+    pairProbeRounds(topo.map((t) => t.nodeId)).flatMap((round) =>
+      round.flatMap(([a, b]) =>
+        [4 * KiB, 256 * KiB].flatMap((bytes) => {
+          const l = truthPairs[topo[a]!.nodeId as "n0"][topo[b]!.nodeId as "n0"]
+          return [1, 1.3, 1.1].map((f) => ({ a, b, bytes, ms: (l.alphaMs + bytes * l.betaMsPerByte) * f }))
+        })
+      )
+    )
+  const ringTimings = (topo: Topology, slowdown = 1) =>
+    [4 * KiB, 64 * KiB, MiB].map((bytes) => ({ bytes, ms: predictAllReduce(algo("ring"), bytes, topo, truth(topo)).ms * slowdown }))
+
+  it("times every pair of nodes once, a node in at most one pair a round, with ranks of those nodes", () => {
+    expect(pairProbeRounds(["a", "a", "a"])).toEqual([])
+    expect(pairProbeRounds(["a", "a", "b", "b"])).toEqual([
+      [
+        [0, 1],
+        [2, 3]
+      ],
+      [[0, 2]]
+    ])
+    fc.assert(
+      fc.property(fc.array(fc.integer({ min: 0, max: 5 }), { minLength: 2, maxLength: 12 }), (ids) => {
+        const nodes = ids.map((i) => `n${i}`)
+        const rounds = pairProbeRounds(nodes)
+        const distinct = [...new Set(nodes)]
+        if (distinct.length === 1) {
+          expect(rounds).toEqual([])
+          return
+        }
+        const seen = new Map<string, number>()
+        for (const round of rounds) {
+          const used = round.flatMap(([a, b]) => (nodes[a] === nodes[b] ? [nodes[a]!] : [nodes[a]!, nodes[b]!]))
+          expect(new Set(used).size).toBe(used.length) // no node twice in a round
+          for (const [a, b] of round) {
+            expect(a).not.toBe(b)
+            const key = [nodes[a], nodes[b]].sort().join("|")
+            seen.set(key, (seen.get(key) ?? 0) + 1)
+          }
+        }
+        const wanted = new Set<string>()
+        for (let a = 0; a < nodes.length; a++) for (let b = a + 1; b < nodes.length; b++) wanted.add([nodes[a], nodes[b]].sort().join("|"))
+        expect([...seen.keys()].sort()).toEqual([...wanted].sort())
+        expect([...seen.values()].every((n) => n === 1)).toBe(true)
+      }),
+      { numRuns: 200 }
+    )
+  })
+
+  it("fits each pair of nodes from its exchanges, and fails with a typed error on one size", () => {
+    const topo = nodesOf(2)
+    const pairs = Result.getOrThrow(fitDirectPairs(topo, exchanges(topo)))
+    // the lower quartile of (1, 1.1, 1.3) x is 1.05 x
+    expect(pairs.n0!.n1!.betaMsPerByte / slow.betaMsPerByte).toBeCloseTo(1.05, 2)
+    expect(pairs.n1!.n0!.betaMsPerByte / slow.betaMsPerByte).toBeCloseTo(1.05, 2)
+    expect(pairs.n0!.n0!.betaMsPerByte / fast.betaMsPerByte).toBeCloseTo(1.05, 2)
+    expect(pairs.n1!.n1!.alphaMs / fast.alphaMs).toBeCloseTo(1.05, 2)
+    const one = fitDirectPairs(topo, exchanges(topo).filter((t) => t.bytes === 4 * KiB))
+    expect(Result.isFailure(one)).toBe(true)
+    if (Result.isFailure(one)) expect(one.failure.message).toMatch(/direct pairs.*distinct size/)
+  })
+
+  for (const perNode of [2, 3]) {
+    it(`picks hierarchical for a big call across a slow link with ${perNode} ranks a node, where one alpha and beta for every link picked the ring`, () => {
+      const topo = nodesOf(perNode)
+      const pairs = Result.getOrThrow(fitDirectPairs(topo, exchanges(topo)))
+      // the collectives took 1.5x what the exchanges say (lockstep, arithmetic): the fit scales every pair by it
+      const perPair = Result.getOrThrow(fitDirectLinks(algo("ring"), ringTimings(topo, 1.5), topo, { chunkBytes: 4 * MiB, pairs }))
+      const flat = Result.getOrThrow(fitDirectLinks(algo("ring"), ringTimings(topo, 1.5), topo, { chunkBytes: 4 * MiB }))
+      expect(perPair.pairs).toBeDefined()
+      expect(perPair.pairs!.n0!.n1!.betaMsPerByte / slow.betaMsPerByte).toBeCloseTo(1.5, 1)
+      expect(perPair.pairs!.n0!.n0!.betaMsPerByte / fast.betaMsPerByte).toBeCloseTo(1.5, 1)
+      expect(perPair.links["same-node"].betaMsPerByte).toBeLessThan(perPair.links["same-server"].betaMsPerByte)
+      const model = (direct: NonNullable<CostModel["direct"]>): CostModel => ({ ...defaultCostModel(), chunkBytes: 4 * MiB, direct })
+      const bytes = 16 * MiB
+      expect(chooseAlgorithm(bytes, topo, truth(topo), allReduceAlgorithms()).algorithm).toBe("hierarchical")
+      expect(chooseAlgorithm(bytes, topo, model(perPair), allReduceAlgorithms()).algorithm).toBe("hierarchical")
+      expect(chooseAlgorithm(bytes, topo, model(flat), allReduceAlgorithms()).algorithm).toBe("ring")
+      // and the per-pair model's times are the truth's, 1.5x
+      for (const a of ["ring", "hierarchical", "tree"]) {
+        expect(predictAllReduce(algo(a), bytes, topo, model(perPair)).ms / predictAllReduce(algo(a), bytes, topo, truth(topo)).ms).toBeCloseTo(1.5, 1)
+      }
+    })
+  }
+
+  it("keeps one alpha and beta for every link when a pair of nodes was not timed, and says which pairs it fitted", () => {
+    const topo = nodesOf(2)
+    const partial = Result.getOrThrow(fitDirectPairs(topo, exchanges(topo).filter((t) => !(t.a === 0 && t.b === 1))))
+    expect(partial.n0?.n0).toBeUndefined()
+    const d = Result.getOrThrow(fitDirectLinks(algo("ring"), ringTimings(topo), topo, { chunkBytes: 4 * MiB, pairs: partial }))
+    expect(d.pairs).toBeUndefined()
+    expect(d.links["same-node"]).toEqual(d.links["cross-server"])
+    const full = Result.getOrThrow(fitDirectLinks(algo("ring"), ringTimings(topo), topo, { chunkBytes: 4 * MiB, pairs: Result.getOrThrow(fitDirectPairs(topo, exchanges(topo))) }))
+    const observed = { topology: topo, model: { ...defaultCostModel(), fits: {}, assumed: {}, direct: full }, pairs: [], samples: {}, probeMs: 1 } as ObservedTopology
+    expect(describeObservation(observed)).toMatch(/direct links n0 <-> n0 \d+us \d+MB\/s, n0 <-> n1 \d+us \d+MB\/s, n1 <-> n1 .*each pair of nodes in proportion/)
   })
 })

@@ -4,10 +4,14 @@
 // see two nodes on two servers, the cost model must pick hierarchical for a large all-reduce, and
 // hierarchical must be measured faster than a flat ring in the same run.
 //
+// The same over the direct links (a Unix socket inside a namespace, TCP across), where each pair of
+// nodes' links is fitted from timed exchanges.
+//
 // Needs root (network namespaces, tc). Without it the test is skipped with the reason in its name.
 // Only addresses on the test's own veth (10.231.<n>.1/.2) are used; the namespaces, and with them
 // the veth pair, the servers and the ranks, are removed after the test, also when it fails.
 import { afterAll, describe, expect, it } from "vitest"
+import * as crypto from "node:crypto"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
@@ -51,28 +55,36 @@ const startServer = async (ns: string, name: string, ownIp: string, peerIp: stri
   )
 }
 
+/**
+ * The two namespaces, the veth between them shaped to `rate` each way, and a nats-server in each
+ * clustered across it (what was there before is removed first).
+ */
+const setUp = async (rate: string): Promise<void> => {
+  await cleanup()
+  dir = fs.mkdtempSync(path.join(os.tmpdir(), "gw-netns-"))
+  sh("ip", ["netns", "add", NS_A])
+  sh("ip", ["netns", "add", NS_B])
+  sh("ip", ["link", "add", VETH_A, "netns", NS_A, "type", "veth", "peer", "name", VETH_B, "netns", NS_B])
+  for (const [ns, dev, ip] of [
+    [NS_A, VETH_A, IP_A],
+    [NS_B, VETH_B, IP_B]
+  ] as const) {
+    addressUp(ns, dev, `${ip}/24`)
+    // The slow link (loopback inside a namespace is ~GB/s): slow enough that the link, not the 2
+    // shared cores, bounds both algorithms. Over NATS (20 Mbit/s) with the fan-out all-gather a
+    // flat ring crosses it with only ~1.33x the bytes of hierarchical, so a faster link leaves
+    // the comparison to CPU noise.
+    shapeEgress(ns, dev, rate, { burst: "32kb", limit: "256kb" })
+  }
+  await startServer(NS_A, "srv-a", IP_A, IP_B)
+  await startServer(NS_B, "srv-b", IP_B, IP_A)
+}
+
 describe("scheduler over two network namespaces", () => {
   it.skipIf(unavailable !== undefined)(
     `picks hierarchical across a slow link between two clustered NATS servers, and hierarchical beats a flat ring${unavailable ? ` (skipped: ${unavailable})` : ""}`,
     async () => {
-      await cleanup()
-      dir = fs.mkdtempSync(path.join(os.tmpdir(), "gw-netns-"))
-      sh("ip", ["netns", "add", NS_A])
-      sh("ip", ["netns", "add", NS_B])
-      sh("ip", ["link", "add", VETH_A, "netns", NS_A, "type", "veth", "peer", "name", VETH_B, "netns", NS_B])
-      for (const [ns, dev, ip] of [
-        [NS_A, VETH_A, IP_A],
-        [NS_B, VETH_B, IP_B]
-      ] as const) {
-        addressUp(ns, dev, `${ip}/24`)
-        // The slow link: 20 Mbit/s each way (loopback inside a namespace is ~GB/s). Slow enough that
-        // the link, not the 2 shared cores, bounds both algorithms: with the fan-out all-gather a
-        // flat ring crosses it with only ~1.33x the bytes of hierarchical, so a faster link leaves
-        // the comparison to CPU noise.
-        shapeEgress(ns, dev, "20mbit", { burst: "32kb", limit: "256kb" })
-      }
-      await startServer(NS_A, "srv-a", IP_A, IP_B)
-      await startServer(NS_B, "srv-b", IP_B, IP_A)
+      await setUp("20mbit")
       const bytes = 4 * 1024 * 1024
       const layout = [
         { ns: NS_A, node: "node-a" },
@@ -118,6 +130,68 @@ describe("scheduler over two network namespaces", () => {
       expect(result.observation).toMatch(/2 node\(s\), 2 server\(s\)/)
       expect(result.chosen).toBe("hierarchical")
       expect(med(result.measured.hierarchical!)).toBeLessThan(med(result.measured.ring!))
+    },
+    150_000
+  )
+
+  it.skipIf(unavailable !== undefined)(
+    `over the direct links: fits each pair of nodes' links (Unix sockets inside a node, the slow link across) and picks hierarchical, which beats a flat ring${unavailable ? ` (skipped: ${unavailable})` : ""}`,
+    async () => {
+      await setUp("50mbit")
+      // Before each pair of nodes had its own fit, the direct links had one alpha and beta for
+      // every link, fitted from ring calls that the slow link bounds: the Unix sockets looked as
+      // slow as it, and the model picked the ring, which crosses the link with 1.5x the bytes.
+      const bytes = 2 * 1024 * 1024
+      const secret = crypto.randomBytes(32).toString("hex")
+      const layout = [
+        { ns: NS_A, node: "node-a", ip: IP_A },
+        { ns: NS_A, node: "node-a", ip: IP_A },
+        { ns: NS_B, node: "node-b", ip: IP_B },
+        { ns: NS_B, node: "node-b", ip: IP_B }
+      ]
+      const outs = await Promise.all(
+        layout.map((l, rank) =>
+          runIn(
+            l.ns,
+            [
+              process.execPath,
+              "test/support/choice-rank.ts",
+              JSON.stringify({
+                rank,
+                worldSize: layout.length,
+                node: l.node,
+                url: "nats://127.0.0.1:4222",
+                sizes: [bytes],
+                algorithms: ["ring", "hierarchical"],
+                reps: 5,
+                deadlineMs: 90_000,
+                directSecret: secret,
+                directHost: l.ip
+              })
+            ],
+            100_000
+          )
+        )
+      )
+      const all = JSON.parse(outs[0]!.trim().split("\n").at(-1)!) as {
+        observation: string
+        cases: Array<{ chosen: string; predicted: Record<string, number>; measured: Record<string, number[]> }>
+      }
+      const c = all.cases[0]!
+      const med = (xs: number[]) => [...xs].sort((a, b) => a - b)[xs.length >> 1]!
+      const [ring, hier] = [med(c.measured.ring!), med(c.measured.hierarchical!)]
+      console.log(
+        `${all.observation}\npredicted 2 MiB p=4: ring ${c.predicted.ring!.toFixed(1)} ms, hierarchical ${c.predicted.hierarchical!.toFixed(1)} ms; ` +
+          `measured: ring ${ring.toFixed(1)} ms, hierarchical ${hier.toFixed(1)} ms`
+      )
+      // each pair of nodes fitted: a node's own links much faster than the one across
+      const pairs = [...all.observation.matchAll(/(node-\w) <-> (node-\w) (\d+)us (\d+)MB\/s/g)].map((m) => ({ pair: `${m[1]}-${m[2]}`, mbps: Number(m[4]) }))
+      expect(pairs.map((p) => p.pair)).toEqual(["node-a-node-a", "node-a-node-b", "node-b-node-b"])
+      const across = pairs[1]!.mbps
+      expect(pairs[0]!.mbps).toBeGreaterThan(3 * across)
+      expect(pairs[2]!.mbps).toBeGreaterThan(3 * across)
+      expect(c.chosen).toBe("hierarchical")
+      expect(hier).toBeLessThan(ring)
     },
     150_000
   )

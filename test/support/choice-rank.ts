@@ -5,7 +5,7 @@
 // each algorithm at each size, alternating rounds. Before those rounds (with `tune`) it tunes as training does
 // (scheduler/algorithm-tuner.ts), so the measured pick is judged on later calls than it was
 // made from. With `directSecret` every call goes over the direct links, whose timed calls fit
-// the model's direct links first. Rank 0 prints one JSON line with the results.
+// the model's direct links first (on several nodes each pair of nodes' links, from timed exchanges). Rank 0 prints one JSON line with the results.
 // Bounded: every collective has a deadline and the process exits after `deadlineMs`.
 import { connect } from "@nats-io/transport-node"
 import { installNatsPatches } from "../../core/nats-internals/index.ts"
@@ -31,6 +31,10 @@ interface Args {
   readonly tune?: boolean
   /** Every call over the direct links (collectives/direct.ts) with this hex secret; absent: NATS. */
   readonly directSecret?: string
+  /** With `directSecret`: the address this rank's direct links listen on (default 127.0.0.1; another namespace's ranks need its own). */
+  readonly directHost?: string
+  /** With `directSecret`: fit each pair of nodes' direct links from the timed exchanges (default true; false: one alpha and beta for every link, as before). */
+  readonly pairs?: boolean
 }
 
 const args = JSON.parse(process.argv[2]!) as Args
@@ -51,7 +55,9 @@ const comm = await Communicator.create({
   node: args.node,
   timeoutMs: 20_000,
   createTimeoutMs: 20_000,
-  ...(args.directSecret !== undefined ? { direct: { transport: "direct" as const, secret: Buffer.from(args.directSecret, "hex") } } : {})
+  ...(args.directSecret !== undefined
+    ? { direct: { transport: "direct" as const, secret: Buffer.from(args.directSecret, "hex"), ...(args.directHost !== undefined ? { host: args.directHost } : {}) } }
+    : {})
 })
 try {
   // Over the direct links: the timed calls that fit the model's direct links, as a worker does.
@@ -61,7 +67,7 @@ try {
     comm,
     cluster: "netns",
     job: "sched",
-    ...(ladder ? { direct: { algorithm: findAllReduceAlgorithm(ladder.algorithm)!, timings: ladder.direct, minBytes: 0 } } : {})
+    ...(ladder ? { direct: { algorithm: findAllReduceAlgorithm(ladder.algorithm)!, timings: ladder.direct, minBytes: 0, ...(ladder.pairs && args.pairs !== false ? { pairs: ladder.pairs } : {}) } } : {})
   })
   const choices = args.sizes.map((bytes) => chooseAlgorithm(bytes, observed.topology, observed.model, allReduceAlgorithms()))
   const plan = planCommunication({

@@ -424,7 +424,7 @@ const handle = async (m: Record<string, any>): Promise<unknown> => {
       return comm(m.group).transport
     case "measureTransport": {
       // (the fleet's IPC uses advanced serialization: an Infinity threshold arrives as Infinity)
-      const r = await comm(m.group).measureTransport({ sizes: m.sizes, reps: m.reps })
+      const r = await comm(m.group).measureTransport({ sizes: m.sizes, reps: m.reps, ...(m.pairSizes ? { pairSizes: m.pairSizes } : {}) })
       return { ...r, info: comm(m.group).transport }
     }
     case "benchAllReduce":

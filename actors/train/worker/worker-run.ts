@@ -315,7 +315,7 @@ export class WorkerRun {
           nc: this.#dataNc, comm, cluster: system.cluster, job: system.job, algorithm: args.collective.algorithm, compression: this.#compression, log: this.#ctx.log,
           ...(reused?.observed !== undefined ? { observed: reused.observed as ObservedTopology } : {}),
           ...(measured !== undefined && measured.direct.length > 0 && Number.isFinite(directMinBytes)
-            ? { direct: { algorithm: findAllReduceAlgorithm(measured.algorithm)!, timings: measured.direct, minBytes: directMinBytes } }
+            ? { direct: { algorithm: findAllReduceAlgorithm(measured.algorithm)!, timings: measured.direct, minBytes: directMinBytes, ...(measured.pairs ? { pairs: measured.pairs } : {}) } }
             : {}),
           onObserved: (observed) => (this.measured = { ...this.measured!, observed }),
           ...(p.rank === 0
