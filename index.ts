@@ -102,7 +102,8 @@ export {
   type ReduceScatterOptions,
   type PeerInfo,
   type TransportInfo,
-  type TransportMeasurement
+  type TransportMeasurement,
+  type PairTiming
 } from "./collectives/communicator.ts"
 export type { WireFormat, DirectOptions } from "./collectives/communicator.ts"
 export type { ReduceOp } from "./collectives/kernels.ts"
