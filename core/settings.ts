@@ -160,6 +160,20 @@ export const webgpuSoftware: Setting<boolean> = {
   read: () => raw("GRADWIRE_WEBGPU_SOFTWARE") === "1"
 }
 
+/**
+ * Dawn's zero-filling of each compute shader's workgroup memory (core/webgpu.ts): WebGPU requires
+ * it of a browser, whose shaders come from any web page; gradwire runs only tfjs's and its own,
+ * which write their workgroup tiles before they read them. Off unless "1".
+ */
+export const webgpuZeroWorkgroup: Setting<boolean> = {
+  name: "GRADWIRE_WEBGPU_ZERO_WORKGROUP",
+  default: "0",
+  description:
+    "1: Dawn zero-fills every compute shader's workgroup memory before it runs, as WebGPU requires of a browser; 0: it does not " +
+    "(tfjs's shaders and gradwire's write their workgroup tiles before reading them; on the software adapter the filling took about half of every step)",
+  read: () => raw("GRADWIRE_WEBGPU_ZERO_WORKGROUP") === "1"
+}
+
 /** Warm actor processes a node agent keeps (actors/node/agent.ts warmHosts). */
 export const warmHosts: Setting<number> = {
   name: "GRADWIRE_WARM_HOSTS",
@@ -205,6 +219,7 @@ export const SETTINGS: ReadonlyArray<Setting<unknown>> = [
   natsReadPool,
   directHost,
   webgpuSoftware,
+  webgpuZeroWorkgroup,
   warmHosts,
   cacheDir,
   natsServerBin,

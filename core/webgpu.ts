@@ -3,7 +3,7 @@
 // @tensorflow/tfjs-backend-webgpu looks (it registers itself only if navigator.gpu exists when it
 // is imported). Dawn can block inside a broken driver, so every request to it has a deadline. A
 // machine without a GPU or a Vulkan driver gets no adapter: that is an answer, not an error.
-import { webgpuSoftware } from "./settings.ts"
+import { webgpuSoftware, webgpuZeroWorkgroup } from "./settings.ts"
 
 /** The packages the "webgpu" backend needs (both optional peers of gradwire). */
 export const WEBGPU_PACKAGES = ["webgpu", "@tensorflow/tfjs-backend-webgpu"] as const
@@ -55,6 +55,16 @@ const firstLine = (e: unknown): string => (e instanceof Error ? e.message : Stri
 let installed: GpuLike | undefined
 
 /**
+ * The flags Dawn's instance is created with: its zero-filling of workgroup memory off
+ * (GRADWIRE_WEBGPU_ZERO_WORKGROUP, core/settings.ts). A browser must zero a shader's workgroup
+ * memory because any web page may ship a shader that reads it unwritten; the shaders here are
+ * tfjs's and gradwire's, whose workgroup tiles are written before a barrier and then read. The
+ * filling costs every dispatch: on the software adapter about half of each step (the webgpu
+ * tests' CNN and pipeline runs 79 -> 44 s).
+ */
+export const dawnFlags = (zeroWorkgroup = webgpuZeroWorkgroup.read()): string[] => (zeroWorkgroup ? [] : ["enable-dawn-features=disable_workgroup_init"])
+
+/**
  * Dawn's GPU as navigator.gpu, with WebGPU's globals (GPUBufferUsage, GPUMapMode, ...), once per
  * process. Dawn keeps the process alive while navigator.gpu holds it: the processes that load it
  * (workers, the probe) end with process.exit.
@@ -63,7 +73,7 @@ export const installWebGpu = async (): Promise<GpuLike> => {
   if (installed) return installed
   const dawn = (await import("webgpu" as string)) as DawnModule
   Object.assign(globalThis, dawn.globals)
-  const gpu = dawn.create([])
+  const gpu = dawn.create(dawnFlags())
   const g = globalThis as { navigator?: object }
   if (g.navigator === undefined) g.navigator = {}
   Object.defineProperty(g.navigator, "gpu", { value: gpu, configurable: true, writable: true })

@@ -49,6 +49,8 @@ const expectWebGpuRanks = async (r: Result, backends = ["webgpu", "webgpu"], sam
   if (sameWeights) for (const epoch of r.metricsPerRank) expect(new Set(epoch.map((m) => m.weights)).size).toBe(1)
   const explain = await fs.readFile(path.join(r.path, "explain.txt"), "utf8")
   backends.forEach((b, rank) => expect(explain).toContain(`rank ${rank}: backend ${b}`))
+  // (Dawn's instance without zero-filled workgroup memory: core/webgpu.ts dawnFlags)
+  if (backends.includes("webgpu")) expect(explain).toContain("Dawn does not zero-fill workgroup memory")
 }
 
 const digitsRun = (name: string, epochs: number, collectiveConfig: Record<string, unknown>, resourcesPerWorker?: { GPU: number }) =>

@@ -11,7 +11,7 @@ import { ScalingConfig } from "../core/config.ts"
 import { vulkanDriverFiles, vulkanIcdFilenames } from "../core/settings.ts"
 import { ConfigError } from "../core/errors.ts"
 import { decodeConfig } from "../core/validate.ts"
-import { NO_ADAPTER } from "../core/webgpu.ts"
+import { NO_ADAPTER, dawnFlags } from "../core/webgpu.ts"
 import { probeBackends, probeGpus, probeWebGpu } from "../actors/node/node-probe.ts"
 import { adapterLines, type NodeReport } from "../actors/node/cluster-status.ts"
 import { GPU_BACKENDS, describeBackends, gpuBackendFor } from "../scheduler/gpu-backend.ts"
@@ -170,6 +170,23 @@ const adapter = {
   maxBufferSize: 2 ** 32,
   maxStorageBufferBindingSize: 2 ** 31
 }
+
+describe("Dawn's instance", () => {
+  it("is made without zero-filled workgroup memory unless GRADWIRE_WEBGPU_ZERO_WORKGROUP=1 asks for it", () => {
+    const was = process.env.GRADWIRE_WEBGPU_ZERO_WORKGROUP
+    try {
+      delete process.env.GRADWIRE_WEBGPU_ZERO_WORKGROUP
+      expect(dawnFlags()).toEqual(["enable-dawn-features=disable_workgroup_init"])
+      process.env.GRADWIRE_WEBGPU_ZERO_WORKGROUP = "1"
+      expect(dawnFlags()).toEqual([])
+      process.env.GRADWIRE_WEBGPU_ZERO_WORKGROUP = "0"
+      expect(dawnFlags()).toEqual(["enable-dawn-features=disable_workgroup_init"])
+    } finally {
+      if (was === undefined) delete process.env.GRADWIRE_WEBGPU_ZERO_WORKGROUP
+      else process.env.GRADWIRE_WEBGPU_ZERO_WORKGROUP = was
+    }
+  })
+})
 
 describe("the advertisement", () => {
   const ad = (webgpu: unknown): unknown =>
