@@ -83,14 +83,15 @@ export interface CostModel {
  * peer's (a Unix socket on one node, TCP across), so a stage has no hub term: it costs its largest
  * alpha plus the busiest rank's sent or received bytes times beta (or the busiest node's to and
  * from other nodes, which its ranks share), and a fan-out is one send per receiver (the sender
- * pays its bytes once per destination). Fitted from the group's own timed
- * calls over those links (fitDirectLinks), every link class alike.
+ * pays its bytes once per destination). Fitted from the group's own timed calls over those
+ * links (fitDirectLinks): on one node every link alike, on several each pair of nodes in
+ * proportion to exchanges timed between them (fitDirectPairs).
  */
 export interface DirectLinks {
   readonly links: Readonly<Record<LinkClass, AlphaBeta>>
   /**
    * Each pair of nodes' links (`pairs[a][b]`, both orders, a node with itself for its ranks'
-   * links to each other), where the group spans several nodes and timed shifts between them
+   * links to each other), where the group spans several nodes and timed exchanges between them
    * (fitDirectPairs): a stage prices a flow on its nodes' pair, and on `links` by class where the
    * pair is missing.
    */
