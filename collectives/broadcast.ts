@@ -124,12 +124,17 @@ export const allGatherBlocks = async (op: Operation, out: Float32Array, n: numbe
  * Each rank's `data` to rank + by mod p, rank - by's into `out` (as long as `data`): with by = 1 one
  * step of the ring all-gather, f32 on the wire (the receiver holds the sender's bits).
  */
-export const shiftBlock = async (op: Operation, data: Float32Array, out: Float32Array, p: number, C: number, by = 1): Promise<void> => {
-  const me = op.rank
+export const shiftBlock = (op: Operation, data: Float32Array, out: Float32Array, p: number, C: number, by = 1): Promise<void> =>
+  blockBetween(op, data, out, mod(op.rank + by, p), mod(op.rank - by, p), C)
+
+/** Both ways with one peer: `data` to `partner` while the partner's block lands in `out` (n elements each). */
+export const exchangeBlock = (op: Operation, data: Float32Array, out: Float32Array, partner: number, C: number): Promise<void> =>
+  blockBetween(op, data, out, partner, partner, C)
+
+/** `data` to rank `next` in chunks while rank `prev`'s block of as many elements lands in `out`. */
+const blockBetween = async (op: Operation, data: Float32Array, out: Float32Array, next: number, prev: number, C: number): Promise<void> => {
   const n = data.length
   const chunks = chunkCount(n, C)
-  const next = mod(me + by, p)
-  const prev = mod(me - by, p)
   let got = 0
   op.handler = (f: Frame): boolean => {
     if (f.src !== prev || f.step !== 0) throw op.protocolError(f, `expected a block from rank ${prev}, got step ${f.step} from ${f.src}`)
@@ -144,26 +149,6 @@ export const shiftBlock = async (op: Operation, data: Float32Array, out: Float32
     await op.send(next, 0, c, off, data.subarray(off, off + chunkLength(n, C, c)))
   }
   await op.until(() => got === chunks, () => [prev])
-}
-
-/** Both ways with one peer: `data` to `partner` while the partner's block lands in `out` (n elements each). */
-export const exchangeBlock = async (op: Operation, data: Float32Array, out: Float32Array, partner: number, C: number): Promise<void> => {
-  const n = data.length
-  const chunks = chunkCount(n, C)
-  let got = 0
-  op.handler = (f: Frame): boolean => {
-    if (f.src !== partner || f.step !== 0) throw op.protocolError(f, `expected a block from rank ${partner}, got step ${f.step} from ${f.src}`)
-    const len = checkChunk(op, f, n, C, false, got, 0)
-    assign(out, f.offset, f.payload, len, false)
-    releaseReceived(f.payload)
-    got++
-    return true
-  }
-  for (let c = 0; c < chunks; c++) {
-    const off = c * C
-    await op.send(partner, 0, c, off, data.subarray(off, off + chunkLength(n, C, c)))
-  }
-  await op.until(() => got === chunks, () => [partner])
 }
 
 const EMPTY = new Float32Array(0)

@@ -80,6 +80,26 @@ const setUp = async (rate: string): Promise<void> => {
   await startServer(NS_B, "srv-b", IP_B, IP_A)
 }
 
+/** test/support/choice-rank.ts as each rank of `layout` in its namespace; resolves each one's output. */
+const runRanks = <L extends { readonly ns: string; readonly node: string }>(
+  layout: ReadonlyArray<L>,
+  args: Record<string, unknown>,
+  own: (l: L) => Record<string, unknown> = () => ({})
+): Promise<string[]> =>
+  Promise.all(
+    layout.map((l, rank) =>
+      runIn(
+        l.ns,
+        [
+          process.execPath,
+          "test/support/choice-rank.ts",
+          JSON.stringify({ rank, worldSize: layout.length, node: l.node, url: "nats://127.0.0.1:4222", deadlineMs: 90_000, ...args, ...own(l) })
+        ],
+        100_000
+      )
+    )
+  )
+
 describe("scheduler over two network namespaces", () => {
   it.skipIf(unavailable !== undefined)(
     `picks hierarchical across a slow link between two clustered NATS servers, and hierarchical beats a flat ring${unavailable ? ` (skipped: ${unavailable})` : ""}`,
@@ -94,28 +114,8 @@ describe("scheduler over two network namespaces", () => {
         { ns: NS_B, node: "node-b" },
         { ns: NS_B, node: "node-b" }
       ]
-      const outs = await Promise.all(
-        layout.map((l, rank) =>
-          runIn(
-            l.ns,
-            [
-              process.execPath,
-              "test/support/choice-rank.ts",
-              JSON.stringify({
-                rank,
-                worldSize: layout.length,
-                node: l.node,
-                url: "nats://127.0.0.1:4222",
-                sizes: [bytes],
-                algorithms: ["ring", "hierarchical"],
-                reps: 5, // interleaved ring/hierarchical; the median of 5 rides out a burst of load from other test files
-                deadlineMs: 90_000
-              })
-            ],
-            100_000
-          )
-        )
-      )
+      // interleaved ring/hierarchical; the median of 5 rides out a burst of load from other test files
+      const outs = await runRanks(layout, { sizes: [bytes], algorithms: ["ring", "hierarchical"], reps: 5 })
       const all = JSON.parse(outs[0]!.trim().split("\n").at(-1)!) as {
         observation: string
         cases: Array<{ chosen: string; predicted: Record<string, number>; measured: Record<string, number[]> }>
@@ -149,30 +149,7 @@ describe("scheduler over two network namespaces", () => {
         { ns: NS_B, node: "node-b", ip: IP_B },
         { ns: NS_B, node: "node-b", ip: IP_B }
       ]
-      const outs = await Promise.all(
-        layout.map((l, rank) =>
-          runIn(
-            l.ns,
-            [
-              process.execPath,
-              "test/support/choice-rank.ts",
-              JSON.stringify({
-                rank,
-                worldSize: layout.length,
-                node: l.node,
-                url: "nats://127.0.0.1:4222",
-                sizes: [bytes],
-                algorithms: ["ring", "hierarchical"],
-                reps: 5,
-                deadlineMs: 90_000,
-                directSecret: secret,
-                directHost: l.ip
-              })
-            ],
-            100_000
-          )
-        )
-      )
+      const outs = await runRanks(layout, { sizes: [bytes], algorithms: ["ring", "hierarchical"], reps: 5, directSecret: secret }, (l) => ({ directHost: l.ip }))
       const all = JSON.parse(outs[0]!.trim().split("\n").at(-1)!) as {
         observation: string
         cases: Array<{ chosen: string; predicted: Record<string, number>; measured: Record<string, number[]> }>
