@@ -59,6 +59,12 @@ export interface AlphaBeta {
 
 export interface CostModel {
   readonly links: Readonly<Record<LinkClass, AlphaBeta>>
+  /**
+   * Each pair of nodes' links through NATS (`pairs[a][b]`, both orders, a node with itself for
+   * its ranks' links), where the probe reached them on a group of several nodes: a flow is priced
+   * on its nodes' pair, and on `links` by class where the pair is missing.
+   */
+  readonly pairs?: NodePairLinks
   /** Throughput of each NATS server in delivered bytes/ms, by server id. */
   readonly serverBytesPerMs?: Readonly<Record<string, number>>
   /** For servers not listed above; default 1 / links['same-server'].betaMsPerByte. */
@@ -384,7 +390,7 @@ export const stageCost = (flows: readonly Flow[], topo: Topology, model: CostMod
     let crosses = false
     for (const d of f.dsts) {
       const dst = topo[d]!
-      const link = model.links[linkClassOf(src, dst)]
+      const link = model.pairs?.[src.nodeId]?.[dst.nodeId] ?? model.links[linkClassOf(src, dst)]
       latency = Math.max(latency, link.alphaMs)
       sendBeta = Math.max(sendBeta, link.betaMsPerByte)
       bump(rx, d, f.bytes * link.betaMsPerByte)

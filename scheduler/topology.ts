@@ -10,7 +10,9 @@
 // every bucket: a mismatch would make ranks run different collectives and deadlock.
 //
 // Probes. One representative pair per link class present (the lowest ranks with that class,
-// preferring pairs that include rank 0), pairs one after another so they do not share a server.
+// preferring pairs that include rank 0), and on several nodes one per pair of nodes besides, pairs
+// one after another so they do not share a server; each class is fitted from its pairs' samples,
+// and each pair of nodes from its own (a flow is priced on its nodes' pair where there is one).
 // Per pair and size: one warm-up round trip, then `reps` timed ones; one-way time = RTT / 2. Two
 // sizes far apart (1 KiB pins alpha, 256 KiB pins beta). Up to `rounds` rounds over the pairs,
 // spread in time, pool their samples (the fit takes the lower quartile per size, so a burst of load
@@ -20,6 +22,7 @@
 import * as Result from "effect/Result"
 import {
   defaultCostModel,
+  fitAlphaBeta,
   fitCostModel,
   fitDirectLinks,
   fitDirectPairs,
@@ -43,7 +46,11 @@ export interface ProbePair {
   readonly linkClass: LinkClass
 }
 
-/** One pair per link class present, deterministic (same on every rank). */
+/**
+ * One pair per link class present (the lowest ranks with that class, preferring pairs that include
+ * rank 0), then, on several nodes, one per pair of nodes no pair before stands for (each node's
+ * lowest ranks; a node with itself where it has two): deterministic, the same on every rank.
+ */
 export const probePairs = (topo: Topology): ProbePair[] => {
   const out: ProbePair[] = []
   for (const c of linkClasses) {
@@ -54,8 +61,24 @@ export const probePairs = (topo: Topology): ProbePair[] => {
     }
     if (found) out.push(found)
   }
+  const ranksOf = new Map<string, number[]>()
+  topo.forEach((t, r) => (ranksOf.get(t.nodeId) ?? ranksOf.set(t.nodeId, []).get(t.nodeId)!).push(r))
+  if (ranksOf.size <= 1) return out
+  const covered = new Set(out.map((p) => nodePairKey(topo[p.from]!.nodeId, topo[p.to]!.nodeId)))
+  const nodes = [...ranksOf.keys()]
+  for (let i = 0; i < nodes.length; i++) {
+    for (let j = i; j < nodes.length; j++) {
+      const [a, b] = [ranksOf.get(nodes[i]!)!, ranksOf.get(nodes[j]!)!]
+      const pair = i === j ? (a.length >= 2 ? ([a[0]!, a[1]!] as const) : undefined) : ([Math.min(a[0]!, b[0]!), Math.max(a[0]!, b[0]!)] as const)
+      if (pair === undefined || covered.has(nodePairKey(nodes[i]!, nodes[j]!))) continue
+      out.push({ from: pair[0], to: pair[1], linkClass: linkClassOf(topo[pair[0]]!, topo[pair[1]]!) })
+    }
+  }
   return out
 }
+
+/** A pair of nodes, either order. */
+const nodePairKey = (a: string, b: string): string => JSON.stringify(a <= b ? [a, b] : [b, a])
 
 export interface TopologyProbeIO {
   readonly rank: number
@@ -154,6 +177,8 @@ export const observeTopology = async (io: TopologyProbeIO, options: ProbeOptions
     const budget = options.budgetMs ?? 1500
     const rounds = Math.max(1, options.rounds ?? 3)
     const samples: Partial<Record<LinkClass, ProbeSample[]>> = {}
+    // the same samples by pair of nodes, for the pairs' own fit on several nodes
+    const byNodes = new Map<string, { a: string; b: string; samples: ProbeSample[] }>()
     const problems: string[] = []
     const lastMs = new Map<ProbePair, number>()
     for (let round = 0; round < rounds; round++) {
@@ -173,6 +198,10 @@ export const observeTopology = async (io: TopologyProbeIO, options: ProbeOptions
             for (const ms of rtts.slice(1)) got.push({ bytes, ms: ms / 2 })
           }
           samples[pair.linkClass] = [...(samples[pair.linkClass] ?? []), ...got]
+          const [na, nb] = [topo[pair.from]!.nodeId, topo[pair.to]!.nodeId]
+          const key = nodePairKey(na, nb)
+          const entry = byNodes.get(key) ?? byNodes.set(key, { a: na, b: nb, samples: [] }).get(key)!
+          entry.samples.push(...got)
           lastMs.set(pair, performance.now() - t0)
         } catch (e) {
           lastMs.delete(pair)
@@ -187,6 +216,17 @@ export const observeTopology = async (io: TopologyProbeIO, options: ProbeOptions
     const fitted = fitCostModel(samples, io.chunkBytes !== undefined ? { chunkBytes: io.chunkBytes } : {})
     let model = Result.isSuccess(fitted) ? fitted.success : unmeasured(io.chunkBytes)
     if (Result.isFailure(fitted)) problems.push(`fit failed (${fitted.failure.message}); using the loopback defaults`)
+    else if (new Set(topo.map((t) => t.nodeId)).size > 1) {
+      const pairs: Record<string, Record<string, AlphaBeta>> = {}
+      for (const { a, b, samples: got } of byNodes.values()) {
+        const fit = fitAlphaBeta(got, `${a} <-> ${b}`)
+        if (Result.isFailure(fit)) continue // the class's fit prices it
+        const l = { alphaMs: fit.success.alphaMs, betaMsPerByte: fit.success.betaMsPerByte }
+        ;(pairs[a] ??= {})[b] = l
+        ;(pairs[b] ??= {})[a] = l
+      }
+      if (Object.keys(pairs).length > 0) model = { ...model, pairs }
+    }
     if (options.direct !== undefined && options.direct.timings.length > 0) {
       const d = options.direct
       const pairs = d.pairs !== undefined && d.pairs.length > 0 ? fitDirectPairs(topo, d.pairs) : undefined
@@ -217,7 +257,7 @@ export const observeTopology = async (io: TopologyProbeIO, options: ProbeOptions
 const describeLink = (l: AlphaBeta): string => `${(l.alphaMs * 1000).toFixed(0)}us ${l.betaMsPerByte > 0 ? (1 / l.betaMsPerByte / 1000).toFixed(0) : "inf"}MB/s`
 
 /** Each pair of nodes once ("a <-> b 40us 950MB/s"), in the order of the nodes' names. */
-const describePairs = (pairs: NonNullable<NonNullable<CostModel["direct"]>["pairs"]>): string => {
+const describePairs = (pairs: NonNullable<CostModel["pairs"]>): string => {
   const out: string[] = []
   for (const a of Object.keys(pairs).sort()) {
     for (const b of Object.keys(pairs[a]!).sort()) if (a <= b) out.push(`${a} <-> ${b} ${describeLink(pairs[a]![b]!)}`)
@@ -243,5 +283,6 @@ export const describeObservation = (o: ObservedTopology): string => {
       : d.pairs !== undefined
         ? `; direct links ${describePairs(d.pairs)} (${fit}) for calls from ${formatBytes(d.minBytes)}`
         : `; direct links ${describeLink(d.links["same-node"])} (${fit}) for calls from ${formatBytes(d.minBytes)}`
-  return `topology: ${o.topology.length} ranks, ${nodes} node(s), ${servers} server(s); probed in ${o.probeMs.toFixed(0)} ms; ${links}${direct}${o.note ? `; ${o.note}` : ""}`
+  const pairs = o.model.pairs !== undefined ? `; through NATS by pair of nodes ${describePairs(o.model.pairs)}` : ""
+  return `topology: ${o.topology.length} ranks, ${nodes} node(s), ${servers} server(s); probed in ${o.probeMs.toFixed(0)} ms; ${links}${pairs}${direct}${o.note ? `; ${o.note}` : ""}`
 }

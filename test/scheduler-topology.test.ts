@@ -10,19 +10,28 @@ import { probeGroupTopology } from "../actors/train/worker/topology-probe.ts"
 import { compressorProfiles } from "../actors/train/worker/auto-config.ts"
 import { chooseAlgorithm } from "../scheduler/algorithm-choice.ts"
 import { allReduceAlgorithms } from "../collectives/algorithms/index.ts"
-import { decodeJson, encodeJson, observeTopology, probePairs, type TopologyProbeIO } from "../scheduler/topology.ts"
-import type { LinkClass, Topology } from "../scheduler/cost-model.ts"
+import { decodeJson, describeObservation, encodeJson, observeTopology, probePairs, type TopologyProbeIO } from "../scheduler/topology.ts"
+import { predictAllReduce, type LinkClass, type Topology } from "../scheduler/cost-model.ts"
 import { natsFixtures } from "./support/nats.ts"
 
 const loc = (nodeId: string, server: string) => ({ nodeId, server })
 
 describe("probePairs", () => {
-  it("picks one pair per link class present, preferring rank 0", () => {
+  it("picks one pair per link class present, preferring rank 0, then one per pair of nodes none of those stands for", () => {
     const topo: Topology = [loc("a", "s1"), loc("a", "s1"), loc("b", "s1"), loc("c", "s2")]
     expect(probePairs(topo)).toEqual([
       { from: 0, to: 1, linkClass: "same-node" },
       { from: 0, to: 2, linkClass: "same-server" },
-      { from: 0, to: 3, linkClass: "cross-server" }
+      { from: 0, to: 3, linkClass: "cross-server" },
+      { from: 2, to: 3, linkClass: "cross-server" }
+    ])
+    // one node: its classes only
+    expect(probePairs([loc("a", "s1"), loc("a", "s1"), loc("a", "s1")])).toEqual([{ from: 0, to: 1, linkClass: "same-node" }])
+    // two nodes of two: each node's own pair and the one across
+    expect(probePairs([loc("a", "s1"), loc("a", "s1"), loc("b", "s2"), loc("b", "s2")])).toEqual([
+      { from: 0, to: 1, linkClass: "same-node" },
+      { from: 0, to: 2, linkClass: "cross-server" },
+      { from: 2, to: 3, linkClass: "same-node" }
     ])
   })
   it("falls back to pairs without rank 0 when rank 0 has no such link", () => {
@@ -84,11 +93,11 @@ describe("observeTopology", () => {
       let calls = 0
       return {
         ...io,
-        // Every same-node round trip of the first round (both sizes) takes 20x as long.
+        // Every same-node round trip of the first round (both nodes' pairs, both sizes) takes 20x as long.
         pingPong: async (from, to, bytes, reps) => {
           const rtts = await io.pingPong(from, to, bytes, reps)
           const sameNode = topo[from]!.nodeId === topo[to]!.nodeId
-          return sameNode && calls++ < 2 ? rtts.map((t) => t * 20) : rtts
+          return sameNode && calls++ < 4 ? rtts.map((t) => t * 20) : rtts
         }
       }
     }
@@ -142,6 +151,40 @@ describe("observeTopology", () => {
     const all = await Promise.all(topo.map((_, r) => observeTopology(slow(simulatedIO(topo, r, truth, shared)), { budgetMs: 20 })))
     expect(all[2]!.note).toMatch(/cross-server not probed/)
     expect(all[2]!.model.assumed["cross-server"]).toBe("same-node")
+  })
+
+  it("fits each pair of nodes on several: a node behind a slow link is priced so, though its class's representative pair is fast", async () => {
+    // three nodes on one server: every link across nodes is "same-server"; node c's is 20x slower
+    const topo: Topology = [loc("a", "s"), loc("b", "s"), loc("c", "s")]
+    const fast = { a: 0.1, b: 1 / 400_000 }
+    const slowLink = { a: 0.3, b: 1 / 20_000 }
+    const truth = { "same-node": fast, "same-server": fast, "cross-server": fast }
+    const behindC = (io: TopologyProbeIO): TopologyProbeIO => ({
+      ...io,
+      pingPong: async (from, to, bytes, reps) =>
+        topo[from]!.nodeId === "c" || topo[to]!.nodeId === "c" ? Array.from({ length: reps }, () => 2 * (slowLink.a + bytes * slowLink.b)) : io.pingPong(from, to, bytes, reps)
+    })
+    const shared = {}
+    const all = await Promise.all(topo.map((_, r) => observeTopology(behindC(simulatedIO(topo, r, truth, shared)))))
+    for (const o of all) expect(JSON.stringify(o.model)).toBe(JSON.stringify(all[0]!.model))
+    const m = all[0]!.model
+    expect(all[0]!.pairs.map((p) => `${p.from}-${p.to}`)).toEqual(["0-1", "0-2", "1-2"])
+    // the class is fitted from all three pairs' samples; each pair from its own
+    expect(m.pairs!.a!.b!.betaMsPerByte).toBeCloseTo(fast.b, 9)
+    expect(m.pairs!.a!.c!.betaMsPerByte).toBeCloseTo(slowLink.b, 9)
+    expect(m.pairs!.c!.b!.alphaMs).toBeCloseTo(slowLink.a, 6)
+    // a ring over the three crosses c's link: priced on it, not on the class's fit
+    const MiB = 1024 * 1024
+    const ring = allReduceAlgorithms().find((a) => a.name === "ring")!
+    const withPairs = predictAllReduce(ring, 4 * MiB, topo, m).ms
+    const byClass = predictAllReduce(ring, 4 * MiB, topo, { ...m, pairs: undefined }).ms
+    expect(withPairs).toBeGreaterThan(1.5 * byClass)
+    expect(describeObservation(all[0]!)).toMatch(/through NATS by pair of nodes a <-> b \d+us 400MB\/s, a <-> c \d+us 20MB\/s, b <-> c \d+us 20MB\/s/)
+    // one node: no pairs of nodes
+    const one: Topology = [loc("a", "s"), loc("a", "s")]
+    const sharedOne = {}
+    const solo = await Promise.all(one.map((_, r) => observeTopology(simulatedIO(one, r, truth, sharedOne))))
+    expect(solo[0]!.model.pairs).toBeUndefined()
   })
 })
 
