@@ -161,8 +161,20 @@ export const decodeJson = (buf: Float32Array): unknown => {
   return JSON.parse(new TextDecoder().decode(bytes))
 }
 
-/** Capacity of the broadcast: every rank must pass the same length. */
-const WIRE_FLOATS = 16 * 1024
+/**
+ * Capacity of the broadcast (bytes of JSON): every rank must pass the same length. Room for the
+ * fits of every pair of a few dozen nodes; a model that does not fit goes without its samples,
+ * then without its pairs of nodes (observeTopology).
+ */
+const WIRE_FLOATS = 64 * 1024
+
+/** The model without its pairs of nodes' fits, NATS's and the direct links' (priced by link class instead). */
+const withoutPairs = (model: FittedCostModel): FittedCostModel => {
+  const { pairs: _nats, direct, ...rest } = model
+  if (direct === undefined) return rest
+  const { pairs: _direct, ...links } = direct
+  return { ...rest, direct: links }
+}
 
 /** Rank 0 probes and fits; every rank gets the same model. All ranks must call it together. */
 export const observeTopology = async (io: TopologyProbeIO, options: ProbeOptions = {}): Promise<ObservedTopology> => {
@@ -239,8 +251,13 @@ export const observeTopology = async (io: TopologyProbeIO, options: ProbeOptions
       } else problems.push(`direct links not fitted (${direct.failure.message}); their calls priced as NATS`)
     }
     const probeMs = performance.now() - started
-    payload = encodeJson({ model, samples, probeMs, ...(problems.length > 0 ? { note: problems.join("; ") } : {}) }, WIRE_FLOATS)
-    if (payload.length > WIRE_FLOATS) payload = encodeJson({ model, samples: {}, probeMs, note: "samples dropped (too large to share)" }, WIRE_FLOATS)
+    const note = (...more: string[]) => ([...problems, ...more].length > 0 ? { note: [...problems, ...more].join("; ") } : {})
+    payload = encodeJson({ model, samples, probeMs, ...note() }, WIRE_FLOATS)
+    if (payload.length > WIRE_FLOATS) payload = encodeJson({ model, samples: {}, probeMs, ...note("samples not shared (too large)") }, WIRE_FLOATS)
+    if (payload.length > WIRE_FLOATS) {
+      const why = "samples and the pairs of nodes' fits not shared (too many nodes): links priced by class"
+      payload = encodeJson({ model: withoutPairs(model), samples: {}, probeMs, ...note(why) }, WIRE_FLOATS)
+    }
   } else payload = new Float32Array(WIRE_FLOATS)
   const shared = decodeJson(await io.broadcast(payload)) as { model: FittedCostModel; samples: ObservedTopology["samples"]; probeMs: number; note?: string }
   return {

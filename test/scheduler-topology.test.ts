@@ -180,6 +180,18 @@ describe("observeTopology", () => {
     const byClass = predictAllReduce(ring, 4 * MiB, topo, { ...m, pairs: undefined }).ms
     expect(withPairs).toBeGreaterThan(1.5 * byClass)
     expect(describeObservation(all[0]!)).toMatch(/through NATS by pair of nodes a <-> b \d+us 400MB\/s, a <-> c \d+us 20MB\/s, b <-> c \d+us 20MB\/s/)
+    // many nodes: what does not fit the broadcast is left out, said so, the same on every rank
+    const many: Topology = Array.from({ length: 40 }, (_, i) => loc(`node-${i}`, "s"))
+    const sharedMany = {}
+    const big = await Promise.all(many.map((_, r) => observeTopology(simulatedIO(many, r, truth, sharedMany), { rounds: 1 })))
+    expect(big[39]!.model.pairs).toBeUndefined()
+    expect(big[39]!.note).toMatch(/samples and the pairs of nodes' fits not shared \(too many nodes\): links priced by class/)
+    expect(big[39]!.model.links["same-server"].betaMsPerByte).toBeCloseTo(fast.b, 9)
+    const six: Topology = many.slice(0, 6)
+    const sharedSix = {}
+    const mid = await Promise.all(six.map((_, r) => observeTopology(simulatedIO(six, r, truth, sharedSix))))
+    expect(Object.keys(mid[5]!.model.pairs!)).toHaveLength(6)
+    expect(mid[5]!.note).toBeUndefined()
     // one node: no pairs of nodes
     const one: Topology = [loc("a", "s"), loc("a", "s")]
     const sharedOne = {}
