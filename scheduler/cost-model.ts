@@ -604,8 +604,9 @@ export type NodePairLinks<L extends AlphaBeta = AlphaBeta> = Readonly<Record<str
 /**
  * Each pair of nodes' direct links from timed exchanges between one rank of each (a node with
  * itself: two of its ranks): per pair of nodes the lower quartile per size, then alpha and beta
- * as fitAlphaBeta fits a probed link. Pairs of nodes no exchange reached are left out (the class
- * links price them). Fails when no pair has two sizes.
+ * as fitAlphaBeta fits a probed link (a link too fast for the sizes timed to show its bandwidth:
+ * bounded by what they do show, resolvedOrBound). Pairs of nodes no exchange reached are left out
+ * (the class links price them). Fails when no pair has two sizes.
  */
 export const fitDirectPairs = (topo: Topology, timings: readonly DirectPairTiming[]): Result.Result<NodePairLinks<FittedLink>, CostModelFitError> => {
   const byPair = new Map<string, { a: string; b: string; samples: ProbeSample[] }>()
@@ -626,13 +627,28 @@ export const fitDirectPairs = (topo: Topology, timings: readonly DirectPairTimin
       problems.push(fit.failure.reason)
       continue
     }
-    ;(out[a] ??= {})[b] = fit.success
-    ;(out[b] ??= {})[a] = fit.success
+    const link = resolvedOrBound(fit.success, samples)
+    ;(out[a] ??= {})[b] = link
+    ;(out[b] ??= {})[a] = link
   }
   if (Object.keys(out).length === 0) {
     return Result.fail(new CostModelFitError({ linkClass: "direct pairs", reason: byPair.size === 0 ? "no exchange between two ranks was timed" : problems.join("; ") }))
   }
   return Result.succeed(out)
+}
+
+/**
+ * A pair's fit where its exchanges told its bandwidth apart from its latency: the largest size's
+ * time (lower quartile) at least 1.5x the smallest's and beta above zero. A link too fast for the
+ * sizes timed (a Unix socket, loopback) is not: it gets what its exchanges do show, the smallest
+ * size's time as alpha and at most the largest size's bytes per its time as bandwidth, instead
+ * of a noise-made beta of zero (a free link) or a bandwidth no link has.
+ */
+const resolvedOrBound = (fit: FittedLink, samples: readonly ProbeSample[]): FittedLink => {
+  const bySize = lowerQuartileBySize(samples).sort((x, y) => x[0] - y[0])
+  const [small, large] = [bySize[0]!, bySize[bySize.length - 1]!]
+  if (fit.betaMsPerByte > 0 && large[1] >= 1.5 * small[1]) return fit
+  return { ...fit, alphaMs: small[1], betaMsPerByte: large[1] / large[0] }
 }
 
 /** Every algorithm's prediction, in the order given (the registry's: its preference order). */

@@ -277,6 +277,12 @@ describe("each pair of nodes' direct links", () => {
     expect(pairs.n1!.n0!.betaMsPerByte / slow.betaMsPerByte).toBeCloseTo(1.05, 2)
     expect(pairs.n0!.n0!.betaMsPerByte / fast.betaMsPerByte).toBeCloseTo(1.05, 2)
     expect(pairs.n1!.n1!.alphaMs / fast.alphaMs).toBeCloseTo(1.05, 2)
+    // a link too fast for the sizes to show its bandwidth (256 KiB in 1.1x the time of 4 KiB): bounded by what they show, not a free link
+    const blurred = exchanges(topo).map((t) => (t.a === 0 && t.b === 1 ? { ...t, ms: t.bytes === 4 * KiB ? 0.2 : 0.22 } : t))
+    const bound = Result.getOrThrow(fitDirectPairs(topo, blurred))
+    expect(bound.n0!.n0!.alphaMs).toBeCloseTo(0.2, 9)
+    expect(bound.n0!.n0!.betaMsPerByte).toBeCloseTo(0.22 / (256 * KiB), 12)
+    expect(bound.n0!.n1!.betaMsPerByte / slow.betaMsPerByte).toBeCloseTo(1.05, 2)
     const one = fitDirectPairs(topo, exchanges(topo).filter((t) => t.bytes === 4 * KiB))
     expect(Result.isFailure(one)).toBe(true)
     if (Result.isFailure(one)) expect(one.failure.message).toMatch(/direct pairs.*distinct size/)
