@@ -33,6 +33,7 @@ import {
   COLLECTIVE_WINDOW_BYTES as DEFAULT_WINDOW_BYTES
 } from "../core/defaults.ts"
 import { installNatsPatches } from "../core/nats-internals/index.ts"
+import { nodeGroups } from "../core/collective-cost.ts"
 import { jobSubjects } from "../core/subjects.ts"
 import { allGatherBlocks, broadcastChunks, disseminationBarrier, exchangeBlock, shiftBlock } from "./broadcast.ts"
 import {
@@ -193,9 +194,7 @@ export interface PairTiming {
  * method (n - 1 rounds for n nodes, n/2 pairs each). Empty when every rank is on one node.
  */
 export const pairProbeRounds = (nodes: ReadonlyArray<string>): Array<Array<readonly [number, number]>> => {
-  const ranksOf = new Map<string, number[]>()
-  nodes.forEach((n, r) => (ranksOf.get(n) ?? ranksOf.set(n, []).get(n)!).push(r))
-  const groups = [...ranksOf.values()]
+  const groups = nodeGroups(nodes.map((nodeId) => ({ nodeId, server: "" })))
   if (groups.length <= 1) return []
   const rounds: Array<Array<readonly [number, number]>> = []
   const own = groups.filter((g) => g.length >= 2).map((g) => [g[0]!, g[1]!] as const)

@@ -14,7 +14,7 @@ import { installLstmCell, LSTM_CELL } from "./kernels/lstm-cell.ts"
 import { registerWasmKernels } from "./kernels/register.ts"
 import { installWebGpuDispatch } from "./kernels/webgpu-dispatch.ts"
 import { installWebGpuUpload } from "./kernels/webgpu-upload.ts"
-import { WEBGPU_PACKAGES, dawnFlags, requestWebGpuAdapter, withinDeadline } from "./webgpu.ts"
+import { DISABLE_WORKGROUP_INIT, WEBGPU_PACKAGES, installedDawnFlags, requestWebGpuAdapter, withinDeadline } from "./webgpu.ts"
 
 import type { Tf } from "./tf.ts"
 
@@ -96,8 +96,8 @@ const loadWebGpu = async (): Promise<Tf> => {
   // training step bound by the CPU recording kernels ran 7-18% faster (bench/webgpu-recording.ts).
   tf.env().set("WEBGPU_DEFERRED_SUBMIT_BATCH_SIZE", WEBGPU_SUBMIT_EVERY)
   why.push(`webgpu submits every ${WEBGPU_SUBMIT_EVERY} kernels`)
-  // Dawn's instance as core/webgpu.ts made it (dawnFlags).
-  if (dawnFlags().length > 0) why.push("Dawn does not zero-fill workgroup memory (GRADWIRE_WEBGPU_ZERO_WORKGROUP=1 makes it)")
+  // Dawn's instance as core/webgpu.ts made it.
+  if (installedDawnFlags()?.includes(DISABLE_WORKGROUP_INIT)) why.push("Dawn does not zero-fill workgroup memory (GRADWIRE_WEBGPU_ZERO_WORKGROUP=1 makes it)")
   return tf
 }
 

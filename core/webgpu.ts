@@ -53,6 +53,14 @@ export const withinDeadline = <A>(p: Promise<A>, ms: number, what: string): Prom
 const firstLine = (e: unknown): string => (e instanceof Error ? e.message : String(e)).split("\n")[0]!
 
 let installed: GpuLike | undefined
+/** The flags the installed instance was made with (dawnFlags at installWebGpu). */
+let installedFlags: readonly string[] | undefined
+
+/** The flags Dawn's instance in this process was made with; undefined before installWebGpu. */
+export const installedDawnFlags = (): readonly string[] | undefined => installedFlags
+
+/** Dawn's flag that leaves workgroup memory unfilled. */
+export const DISABLE_WORKGROUP_INIT = "enable-dawn-features=disable_workgroup_init"
 
 /**
  * The flags Dawn's instance is created with: its zero-filling of workgroup memory off
@@ -62,7 +70,7 @@ let installed: GpuLike | undefined
  * filling costs every dispatch: on the software adapter about half of each step (the webgpu
  * tests' CNN and pipeline runs 79 -> 44 s).
  */
-export const dawnFlags = (zeroWorkgroup = webgpuZeroWorkgroup.read()): string[] => (zeroWorkgroup ? [] : ["enable-dawn-features=disable_workgroup_init"])
+export const dawnFlags = (zeroWorkgroup = webgpuZeroWorkgroup.read()): string[] => (zeroWorkgroup ? [] : [DISABLE_WORKGROUP_INIT])
 
 /**
  * Dawn's GPU as navigator.gpu, with WebGPU's globals (GPUBufferUsage, GPUMapMode, ...), once per
@@ -73,11 +81,13 @@ export const installWebGpu = async (): Promise<GpuLike> => {
   if (installed) return installed
   const dawn = (await import("webgpu" as string)) as DawnModule
   Object.assign(globalThis, dawn.globals)
-  const gpu = dawn.create(dawnFlags())
+  const flags = dawnFlags()
+  const gpu = dawn.create(flags)
   const g = globalThis as { navigator?: object }
   if (g.navigator === undefined) g.navigator = {}
   Object.defineProperty(g.navigator, "gpu", { value: gpu, configurable: true, writable: true })
   installed = gpu
+  installedFlags = flags
   return gpu
 }
 

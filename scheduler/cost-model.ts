@@ -101,7 +101,7 @@ export interface DirectLinks {
    * (fitDirectPairs): a stage prices a flow on its nodes' pair, and on `links` by class where the
    * pair is missing.
    */
-  readonly pairs?: Readonly<Record<string, Readonly<Record<string, AlphaBeta>>>>
+  readonly pairs?: NodePairLinks
   /** Calls of at least this many bytes go direct (the communicator's threshold; 0: every call). */
   readonly minBytes: number
   /** What the links were fitted from, for explanations ("ring over the direct links at 3 sizes"). */
@@ -590,51 +590,69 @@ const classLinksOf = (pairs: NodePairLinks, topo: Topology): Record<LinkClass, A
   return { "same-node": worst.get("same-node") ?? slowest, "same-server": worst.get("same-server") ?? slowest, "cross-server": worst.get("cross-server") ?? slowest }
 }
 
-/** One timed exchange between ranks `a` and `b` over the direct links (Communicator.measureTransport's `pairs`). */
-export interface DirectPairTiming {
+/** One timing between ranks `a` and `b`: `bytes` took `ms` (a NATS probe's one way, a direct exchange). */
+export interface RankPairTiming {
   readonly a: number
   readonly b: number
   readonly bytes: number
   readonly ms: number
 }
 
+/** One timed exchange between ranks `a` and `b` over the direct links (Communicator.measureTransport's `pairs`). */
+export type DirectPairTiming = RankPairTiming
+
 /** Each pair of nodes' links, `[a][b]` and `[b][a]` alike (DirectLinks.pairs). */
 export type NodePairLinks<L extends AlphaBeta = AlphaBeta> = Readonly<Record<string, Readonly<Record<string, L>>>>
 
+/** A pair of nodes, either order. */
+export const nodePairKey = (a: string, b: string): string => JSON.stringify(a <= b ? [a, b] : [b, a])
+
 /**
- * Each pair of nodes' direct links from timed exchanges between one rank of each (a node with
- * itself: two of its ranks): per pair of nodes the lower quartile per size, then alpha and beta
- * as fitAlphaBeta fits a probed link (a link too fast for the sizes timed to show its bandwidth:
- * bounded by what they do show, resolvedOrBound). Pairs of nodes no exchange reached are left out
- * (the class links price them). Fails when no pair has two sizes.
+ * Each pair of nodes fitted from the timings between their ranks (per size the lower quartile,
+ * then alpha and beta as fitAlphaBeta fits a probed link), `link` making the fit the link kept;
+ * a pair whose fit fails is left out, its reason in `problems`.
  */
-export const fitDirectPairs = (topo: Topology, timings: readonly DirectPairTiming[]): Result.Result<NodePairLinks<FittedLink>, CostModelFitError> => {
+export const fitNodePairs = <L extends AlphaBeta>(
+  topo: Topology,
+  timings: readonly RankPairTiming[],
+  link: (fit: FittedLink, samples: readonly ProbeSample[]) => L
+): { readonly pairs: NodePairLinks<L>; readonly timedPairs: number; readonly problems: readonly string[] } => {
   const byPair = new Map<string, { a: string; b: string; samples: ProbeSample[] }>()
   for (const t of timings) {
     const na = topo[t.a]?.nodeId
     const nb = topo[t.b]?.nodeId
     if (na === undefined || nb === undefined || t.a === t.b) continue
-    const [a, b] = na <= nb ? [na, nb] : [nb, na]
-    const key = JSON.stringify([a, b])
-    const entry = byPair.get(key) ?? byPair.set(key, { a, b, samples: [] }).get(key)!
+    const key = nodePairKey(na, nb)
+    const entry = byPair.get(key) ?? byPair.set(key, { a: na <= nb ? na : nb, b: na <= nb ? nb : na, samples: [] }).get(key)!
     entry.samples.push({ bytes: t.bytes, ms: t.ms })
   }
-  const out: Record<string, Record<string, FittedLink>> = {}
+  const pairs: Record<string, Record<string, L>> = {}
   const problems: string[] = []
   for (const { a, b, samples } of byPair.values()) {
-    const fit = fitAlphaBeta(samples, `direct ${a} <-> ${b}`)
+    const fit = fitAlphaBeta(samples, `${a} <-> ${b}`)
     if (Result.isFailure(fit)) {
       problems.push(fit.failure.reason)
       continue
     }
-    const link = resolvedOrBound(fit.success, samples)
-    ;(out[a] ??= {})[b] = link
-    ;(out[b] ??= {})[a] = link
+    const l = link(fit.success, samples)
+    ;(pairs[a] ??= {})[b] = l
+    ;(pairs[b] ??= {})[a] = l
   }
-  if (Object.keys(out).length === 0) {
-    return Result.fail(new CostModelFitError({ linkClass: "direct pairs", reason: byPair.size === 0 ? "no exchange between two ranks was timed" : problems.join("; ") }))
+  return { pairs, timedPairs: byPair.size, problems }
+}
+
+/**
+ * Each pair of nodes' direct links from timed exchanges between one rank of each (a node with
+ * itself: two of its ranks), by fitNodePairs (a link too fast for the sizes timed to show its
+ * bandwidth: bounded by what they do show, resolvedOrBound). Pairs of nodes no exchange reached
+ * are left out (the class links price them). Fails when no pair has two sizes.
+ */
+export const fitDirectPairs = (topo: Topology, timings: readonly DirectPairTiming[]): Result.Result<NodePairLinks<FittedLink>, CostModelFitError> => {
+  const { pairs, timedPairs, problems } = fitNodePairs(topo, timings, resolvedOrBound)
+  if (Object.keys(pairs).length === 0) {
+    return Result.fail(new CostModelFitError({ linkClass: "direct pairs", reason: timedPairs === 0 ? "no exchange between two ranks was timed" : problems.join("; ") }))
   }
-  return Result.succeed(out)
+  return Result.succeed(pairs)
 }
 
 /**

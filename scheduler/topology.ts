@@ -22,12 +22,14 @@
 import * as Result from "effect/Result"
 import {
   defaultCostModel,
-  fitAlphaBeta,
   fitCostModel,
   fitDirectLinks,
   fitDirectPairs,
+  fitNodePairs,
   linkClassOf,
   linkClasses,
+  nodeGroups,
+  nodePairKey,
   type AlgorithmCost,
   type AlphaBeta,
   type CostModel,
@@ -36,6 +38,7 @@ import {
   type FittedCostModel,
   type LinkClass,
   type ProbeSample,
+  type RankPairTiming,
   type Topology
 } from "./cost-model.ts"
 import { formatBytes } from "./resources.ts"
@@ -61,24 +64,21 @@ export const probePairs = (topo: Topology): ProbePair[] => {
     }
     if (found) out.push(found)
   }
-  const ranksOf = new Map<string, number[]>()
-  topo.forEach((t, r) => (ranksOf.get(t.nodeId) ?? ranksOf.set(t.nodeId, []).get(t.nodeId)!).push(r))
-  if (ranksOf.size <= 1) return out
-  const covered = new Set(out.map((p) => nodePairKey(topo[p.from]!.nodeId, topo[p.to]!.nodeId)))
-  const nodes = [...ranksOf.keys()]
-  for (let i = 0; i < nodes.length; i++) {
-    for (let j = i; j < nodes.length; j++) {
-      const [a, b] = [ranksOf.get(nodes[i]!)!, ranksOf.get(nodes[j]!)!]
-      const pair = i === j ? (a.length >= 2 ? ([a[0]!, a[1]!] as const) : undefined) : ([Math.min(a[0]!, b[0]!), Math.max(a[0]!, b[0]!)] as const)
-      if (pair === undefined || covered.has(nodePairKey(nodes[i]!, nodes[j]!))) continue
+  const groups = nodeGroups(topo)
+  if (groups.length <= 1) return out
+  const nodeOf = (r: number): string => topo[r]!.nodeId
+  const covered = new Set(out.map((p) => nodePairKey(nodeOf(p.from), nodeOf(p.to))))
+  for (let i = 0; i < groups.length; i++) {
+    for (let j = i; j < groups.length; j++) {
+      const [a, b] = [groups[i]!, groups[j]!]
+      // groups come in order of their lowest rank: a[0] < b[0] across nodes
+      const pair = i === j ? (a.length >= 2 ? ([a[0]!, a[1]!] as const) : undefined) : ([a[0]!, b[0]!] as const)
+      if (pair === undefined || covered.has(nodePairKey(nodeOf(a[0]!), nodeOf(b[0]!)))) continue
       out.push({ from: pair[0], to: pair[1], linkClass: linkClassOf(topo[pair[0]]!, topo[pair[1]]!) })
     }
   }
   return out
 }
-
-/** A pair of nodes, either order. */
-const nodePairKey = (a: string, b: string): string => JSON.stringify(a <= b ? [a, b] : [b, a])
 
 export interface TopologyProbeIO {
   readonly rank: number
@@ -189,8 +189,8 @@ export const observeTopology = async (io: TopologyProbeIO, options: ProbeOptions
     const budget = options.budgetMs ?? 1500
     const rounds = Math.max(1, options.rounds ?? 3)
     const samples: Partial<Record<LinkClass, ProbeSample[]>> = {}
-    // the same samples by pair of nodes, for the pairs' own fit on several nodes
-    const byNodes = new Map<string, { a: string; b: string; samples: ProbeSample[] }>()
+    // the same samples by pair of ranks, for each pair of nodes' own fit on several nodes
+    const byPair: RankPairTiming[] = []
     const problems: string[] = []
     const lastMs = new Map<ProbePair, number>()
     for (let round = 0; round < rounds; round++) {
@@ -210,10 +210,7 @@ export const observeTopology = async (io: TopologyProbeIO, options: ProbeOptions
             for (const ms of rtts.slice(1)) got.push({ bytes, ms: ms / 2 })
           }
           samples[pair.linkClass] = [...(samples[pair.linkClass] ?? []), ...got]
-          const [na, nb] = [topo[pair.from]!.nodeId, topo[pair.to]!.nodeId]
-          const key = nodePairKey(na, nb)
-          const entry = byNodes.get(key) ?? byNodes.set(key, { a: na, b: nb, samples: [] }).get(key)!
-          entry.samples.push(...got)
+          for (const g of got) byPair.push({ a: pair.from, b: pair.to, ...g })
           lastMs.set(pair, performance.now() - t0)
         } catch (e) {
           lastMs.delete(pair)
@@ -228,15 +225,9 @@ export const observeTopology = async (io: TopologyProbeIO, options: ProbeOptions
     const fitted = fitCostModel(samples, io.chunkBytes !== undefined ? { chunkBytes: io.chunkBytes } : {})
     let model = Result.isSuccess(fitted) ? fitted.success : unmeasured(io.chunkBytes)
     if (Result.isFailure(fitted)) problems.push(`fit failed (${fitted.failure.message}); using the loopback defaults`)
-    else if (new Set(topo.map((t) => t.nodeId)).size > 1) {
-      const pairs: Record<string, Record<string, AlphaBeta>> = {}
-      for (const { a, b, samples: got } of byNodes.values()) {
-        const fit = fitAlphaBeta(got, `${a} <-> ${b}`)
-        if (Result.isFailure(fit)) continue // the class's fit prices it
-        const l = { alphaMs: fit.success.alphaMs, betaMsPerByte: fit.success.betaMsPerByte }
-        ;(pairs[a] ??= {})[b] = l
-        ;(pairs[b] ??= {})[a] = l
-      }
+    else if (nodeGroups(topo).length > 1) {
+      // a pair of nodes its samples cannot fit is left to its class's fit
+      const { pairs } = fitNodePairs(topo, byPair, (f) => ({ alphaMs: f.alphaMs, betaMsPerByte: f.betaMsPerByte }))
       if (Object.keys(pairs).length > 0) model = { ...model, pairs }
     }
     if (options.direct !== undefined && options.direct.timings.length > 0) {
