@@ -11,6 +11,10 @@
 #   GPU_BENCH_SHORT=1 bash scripts/gpu-bench.sh   # the zoo's cnn, mlp and resnet at batch 32 alone
 #   GPU_BENCH_RECORDING=1 bash scripts/gpu-bench.sh   # the check, bench/webgpu-recording.ts, the zoo at batch 32
 #   GPU_BENCH_ZOO=1 bash scripts/gpu-bench.sh     # the zoo at batch 32, the cnn and resnet at batch 256
+#   GPU_BENCH_FUSED=1 bash scripts/gpu-bench.sh   # the zoo at batch 32, then its resnet, transformer and lstm
+#                                                 # (the fused kernels' models) with Dawn's workgroup zero-fill
+#                                                 # back on, the cnn and resnet at batch 256, and the all-reduce
+#                                                 # against gloo at p = 8 and 4 on the machine's cores
 # Each benchmark runs under a deadline of its own (the whole script stays under about 10 minutes).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -69,6 +73,22 @@ if [ -n "${GPU_BENCH_RECORDING:-}" ]; then
   bench quick 75 --models mlp --p 1 --seconds 0.2 --warmup 5 --backend webgpu || { stamp "the check failed: see $out/quick.txt"; exit 1; }
   recording 150
   bench batch32 240 --models cnn,mlp,resnet,embedding,lenet,transformer,lstm --p 1 --seconds 1 --backend webgpu
+  stamp "done"
+  exit 0
+fi
+if [ -n "${GPU_BENCH_FUSED:-}" ]; then
+  bench batch32 200 --models cnn,mlp,resnet,embedding,lenet,transformer,lstm --p 1 --seconds 1 --backend webgpu
+  stamp "the same with Dawn zero-filling workgroup memory (GRADWIRE_WEBGPU_ZERO_WORKGROUP=1)"
+  GRADWIRE_WEBGPU_ZERO_WORKGROUP=1 bench zerofill 110 --models resnet,transformer,lstm --p 1 --seconds 1 --backend webgpu
+  bench batch256 70 --models cnn,resnet --p 1 --seconds 1 --batch 256 --backend webgpu
+  nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv >> "$out/survey.txt" 2>&1
+  left=$(( ${GPU_BENCH_BUDGET:-520} - ($(date +%s) - t0) ))
+  if [ "$left" -gt 45 ]; then
+    stamp "bench allreduce --p 8,4 on $(nproc) cores (deadline $left s)"
+    timeout -k 5 "$left" node bench/main.ts allreduce --no-payload-sweep --p 8,4 --sizes 4K,256K,4M,64M,256M --transports direct > "$out/allreduce.txt" 2>&1
+    echo "exit $?" >> "$out/allreduce.txt"
+    grep -E "^summary|exit" "$out/allreduce.txt"
+  fi
   stamp "done"
   exit 0
 fi
