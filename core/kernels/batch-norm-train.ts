@@ -16,7 +16,7 @@
 // backends keep tfjs-layers' own. A layer without offset or scale trains too (tfjs-layers' own
 // cannot: it reads the missing weight). Installed once the engine's backend is up (`../engine.ts`).
 import type { Tf } from "../tf.ts"
-import { hostKernels, oneInput, patchLayerCall, registerFused, runWgsl, withTfjsCalls, type WebGpuArgs, type WebGpuBackend } from "./fused-layers.ts"
+import { columnSums, hostKernels, oneInput, patchLayerCall, registerFused, runWgsl, withTfjsCalls, type WebGpuArgs, type WebGpuBackend } from "./fused-layers.ts"
 import type { TensorInfo } from "./wasm-heap.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
@@ -121,8 +121,8 @@ const hostBackward = hostKernels({
   }
 })
 
-// webgpu: a channel's sums with one thread per channel looping over the rows, the elementwise parts
-// with one thread per element.
+// webgpu: a channel's sums in parallel over its rows (columnSums), the elementwise parts with one
+// thread per element.
 /** A program writing `shape` with one thread per element of it; `body` sees t, M (rows) and C (channels). */
 const gpu = (backend: WebGpuBackend, attrs: Record<string, unknown>, name: string, names: string[], inputs: TensorInfo[], shape: number[], M: number, C: number, body: string): TensorInfo =>
   runWgsl(backend, {
@@ -146,50 +146,41 @@ const gpu = (backend: WebGpuBackend, attrs: Record<string, unknown>, name: strin
     ${body}
   }`
   })
-/** Per channel: the mean of gx. */
-const gpuMean = (backend: WebGpuBackend, attrs: Record<string, unknown>, x: TensorInfo): TensorInfo =>
-  gpu(backend, attrs, "mean", ["gx"], [x], [x.shape[1]!], x.shape[0]!, x.shape[1]!, `
-    if (t < C) {
-      var s = 0.0;
-      for (var i = 0; i < M; i++) { s += gx[i * C + t]; }
-      setOutputAtIndex(t, s / f32(M));
-    }`)
-/** Per channel: the population variance of gx about gm. */
-const gpuVariance = (backend: WebGpuBackend, attrs: Record<string, unknown>, x: TensorInfo, mean: TensorInfo): TensorInfo =>
-  gpu(backend, attrs, "variance", ["gx", "gm"], [x, mean], [x.shape[1]!], x.shape[0]!, x.shape[1]!, `
-    if (t < C) {
-      var s = 0.0;
-      for (var i = 0; i < M; i++) { let d = gx[i * C + t] - gm[t]; s += d * d; }
-      setOutputAtIndex(t, s / f32(M));
-    }`)
 const webgpuForward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo[] => {
   const { x, gamma, beta } = inputs as { x: TensorInfo; gamma: TensorInfo; beta: TensorInfo }
-  const mean = gpuMean(backend, attrs, x)
-  const variance = gpuVariance(backend, attrs, x, mean)
-  const y = gpu(backend, attrs, "y", ["gx", "gm", "gv", "gg", "gb"], [x, mean, variance, gamma, beta], [...x.shape], x.shape[0]!, x.shape[1]!, `
+  const [M, C] = x.shape as [number, number]
+  const [mean] = columnSums(backend, { key: "batchnorm_mean", names: ["gx"], inputs: [x], rows: M, columns: C, terms: ["gx[i * C + c]"], scale: [1 / M] })
+  const [variance] = columnSums(backend, {
+    key: "batchnorm_variance",
+    names: ["gx", "gm"],
+    inputs: [x, mean!],
+    rows: M,
+    columns: C,
+    prelude: "let m = gm[c];",
+    terms: ["(gx[i * C + c] - m) * (gx[i * C + c] - m)"],
+    scale: [1 / M]
+  })
+  const y = gpu(backend, attrs, "y", ["gx", "gm", "gv", "gg", "gb"], [x, mean!, variance!, gamma, beta], [...x.shape], x.shape[0]!, x.shape[1]!, `
     if (t < M * C) {
       let c = t % C;
       setOutputAtIndex(t, (gx[t] - gm[c]) * inverseSqrt(gv[c] + uniforms.eps) * gg[c] + gb[c]);
     }`)
-  return [y, mean, variance]
+  return [y, mean!, variance!]
 }
 const webgpuBackward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo[] => {
   const { dy, x, gamma, mean, variance, dmean, dvariance } = inputs as Record<string, TensorInfo>
   const M = x!.shape[0]!
   const C = x!.shape[1]!
-  const dbeta = gpu(backend, attrs, "dbeta", ["gdy"], [dy!], [C], M, C, `
-    if (t < C) {
-      var s = 0.0;
-      for (var i = 0; i < M; i++) { s += gdy[i * C + t]; }
-      setOutputAtIndex(t, s);
-    }`)
-  const dgamma = gpu(backend, attrs, "dgamma", ["gx", "gdy", "gm", "gv"], [x!, dy!, mean, variance], [C], M, C, `
-    if (t < C) {
-      let r = inverseSqrt(gv[t] + uniforms.eps);
-      var s = 0.0;
-      for (var i = 0; i < M; i++) { s += gdy[i * C + t] * (gx[i * C + t] - gm[t]) * r; }
-      setOutputAtIndex(t, s);
-    }`)
+  const [dbeta, dgamma] = columnSums(backend, {
+    key: "batchnorm_grad",
+    names: ["gx", "gdy", "gm", "gv"],
+    inputs: [x!, dy!, mean!, variance!],
+    rows: M,
+    columns: C,
+    prelude: "let m = gm[c]; let r = inverseSqrt(gv[c] + uniforms.eps);",
+    terms: ["gdy[i * C + c]", "gdy[i * C + c] * (gx[i * C + c] - m) * r"],
+    uniforms: { fields: "eps : f32,", values: [{ type: "float32", data: [eps(attrs)] }] }
+  }) as [TensorInfo, TensorInfo]
   // dx = A·dy + B·x + K per channel (A = r·γ, B = 2·dσ²/M − r²·γ·Σ(dy·x̂)/M, K = dμ/M − r·γ·Σdy/M − B·μ):
   // the coefficients first, so that no program binds more than WebGPU's 8 storage buffers.
   const coef = gpu(backend, attrs, "coef", ["gm", "gv", "gg", "gsb", "gsg", "gdm", "gdv"], [mean, variance, gamma!, dbeta, dgamma, dmean!, dvariance!], [3, C], M, C, `

@@ -121,6 +121,155 @@ export const runWgsl = (
     p.uniforms?.values
   )
 
+const REDUCE_WORKGROUP = 256
+/**
+ * Elements each thread of a column sum's first level adds, at least (fewer only where the whole
+ * problem is smaller): a GPU thread adds 128 in some 10-20 µs, less than the CPU takes to record
+ * one more program, so a problem of up to 32768 elements takes one level.
+ */
+const REDUCE_PER_THREAD = 128
+const REDUCE_MAX_GROUPS = 4096
+
+interface SumLevel {
+  key: string
+  names: string[]
+  inputs: TensorInfo[]
+  rows: number
+  columns: number
+  terms: string[]
+  prelude: string
+  groups: number
+  scale: number
+  uniforms?: { fields: string; values: Array<{ type: string; data: number[] }> }
+}
+
+/** One level of columnSums: `terms` summed down each column, in `groups` chunks of rows, into [terms, groups, columns] (or [columns]). */
+const columnSumLevel = (backend: WebGpuBackend, v: SumLevel): TensorInfo => {
+  const block = Math.min(v.columns, REDUCE_WORKGROUP)
+  const acc = v.terms.map((_, j) => j)
+  const shape = v.groups === 1 && acc.length === 1 ? [v.columns] : [acc.length, v.groups, v.columns]
+  const each = (f: (j: number) => string, sep = " ") => acc.map(f).join(sep)
+  const code = `
+  ${each((j) => `var<workgroup> gwPart${j} : array<f32, ${REDUCE_WORKGROUP}>;`, "\n  ")}
+  fn main(t : i32) {
+    let M = uniforms.rows;
+    let C = uniforms.columns;
+    let block = min(C, ${REDUCE_WORKGROUP});
+    let lanes = ${REDUCE_WORKGROUP} / block;
+    let l = i32(localId.x);
+    let g = i32(workgroupId.x);
+    let c = i32(workgroupId.y) * block + l % block;
+    let lane = l / block;
+    ${each((j) => `var acc${j} = 0.0;`)}
+    if (lane < lanes && c < C) {
+      ${v.prelude}
+      let end = min(g * uniforms.chunk + uniforms.chunk, M);
+      for (var i = g * uniforms.chunk + lane; i < end; i += lanes) {
+        ${each((j) => `acc${j} += ${v.terms[j]};`, "\n        ")}
+      }
+    }
+    ${each((j) => `gwPart${j}[l] = acc${j};`)}
+    workgroupBarrier();
+    if (l < block && c < C) {
+      ${each((j) => `var s${j} = 0.0;`)}
+      for (var k = 0; k < lanes; k++) {
+        ${each((j) => `s${j} += gwPart${j}[k * block + l];`)}
+      }
+      ${each((j) => `setOutputAtIndex((${j} * uniforms.groups + g) * C + c, s${j} * uniforms.scale);`, "\n      ")}
+    }
+  }`
+  // Only the inputs the code reads (a binding the shader never reads is left out of its layout).
+  const used = v.names.map((n, i) => [n, v.inputs[i]!] as const).filter(([n]) => new RegExp(`\\b${n}\\[`).test(code))
+  return backend.runWebGPUProgram(
+    {
+      variableNames: used.map(([n]) => n),
+      outputShape: shape,
+      uniforms: `rows : i32, columns : i32, chunk : i32, groups : i32, scale : f32, ${v.uniforms?.fields ?? ""}`,
+      workgroupSize: [REDUCE_WORKGROUP, 1, 1],
+      dispatchLayout: { x: shape.map((_, i) => i) },
+      dispatch: [v.groups, Math.ceil(v.columns / block), 1],
+      shaderKey: `gradwire_colsum_${v.key}`,
+      getUserCode: () => code
+    },
+    used.map(([, t]) => t),
+    "float32",
+    [
+      { type: "int32", data: [v.rows] },
+      { type: "int32", data: [v.columns] },
+      { type: "int32", data: [Math.ceil(v.rows / v.groups)] },
+      { type: "int32", data: [v.groups] },
+      { type: "float32", data: [v.scale] },
+      ...(v.uniforms?.values ?? [])
+    ]
+  )
+}
+
+/** What columnSums adds up: see there. */
+export interface ColumnSums {
+  /** Names the program: one key per distinct `terms`, `prelude` and `uniforms` fields. */
+  key: string
+  names: string[]
+  inputs: TensorInfo[]
+  rows: number
+  columns: number
+  /** One WGSL expression per sum (one or two), of the row `i` and the column `c`, reading the inputs by `names`. */
+  terms: string[]
+  /** WGSL run once per thread before its rows, for `let`s the terms use (of `c` and the uniforms). */
+  prelude?: string
+  /** A factor per term applied to the finished sum (a mean: 1 / rows); 1 by default. */
+  scale?: number[]
+  /** The program's own uniforms, after columnSums' (rows, columns, chunk, groups, scale). */
+  uniforms?: { fields: string; values: Array<{ type: string; data: number[] }> }
+}
+
+/** How many chunks of rows a level of columnSums takes: each of a chunk's 256 threads adds about REDUCE_PER_THREAD elements. */
+export const columnSumGroups = (rows: number, columns: number): number =>
+  Math.max(1, Math.min(REDUCE_MAX_GROUPS, rows, Math.floor((rows * columns) / (REDUCE_WORKGROUP * REDUCE_PER_THREAD))))
+
+/**
+ * Per column of a [rows, columns] problem, the sums of `terms` over the rows: one [columns] tensor per
+ * term. A GPU adds a long column well only in parallel: each workgroup of 256 threads takes a chunk
+ * of the rows, its threads split the chunk's rows between them (neighbouring threads on neighbouring
+ * columns, so that reads are contiguous) and add their parts in workgroup memory; the chunks' sums
+ * (one [terms, chunks, columns] tensor) are added the same way, per term, until one chunk is left.
+ * A problem small enough for one chunk takes one program per term.
+ */
+export const columnSums = (backend: WebGpuBackend, p: ColumnSums): TensorInfo[] => {
+  const C = p.columns
+  const scale = (j: number) => p.scale?.[j] ?? 1
+  const first = columnSumGroups(p.rows, C)
+  const own = { names: p.names, inputs: p.inputs, rows: p.rows, columns: C, prelude: p.prelude ?? "", ...(p.uniforms ? { uniforms: p.uniforms } : {}) }
+  if (first === 1) return p.terms.map((term, j) => columnSumLevel(backend, { ...own, key: `${p.key}_${j}`, terms: [term], groups: 1, scale: scale(j) }))
+  const partials = columnSumLevel(backend, { ...own, key: `${p.key}_all`, terms: p.terms, groups: first, scale: 1 })
+  const sums = p.terms.map((_, j) => {
+    // Term j's chunk sums, added down again: "gp" is [terms, rows, C] (one term below the first level).
+    let input = partials
+    let rows = first
+    let offset = j
+    for (;;) {
+      const groups = columnSumGroups(rows, C)
+      const next = columnSumLevel(backend, {
+        key: `chunks_${offset}`,
+        names: ["gp"],
+        inputs: [input],
+        rows,
+        columns: C,
+        terms: [`gp[(${offset} * uniforms.rows + i) * uniforms.columns + c]`],
+        prelude: "",
+        groups,
+        scale: groups === 1 ? scale(j) : 1
+      })
+      if (input !== partials) backend.disposeData(input.dataId)
+      input = next
+      if (groups === 1) return input
+      rows = groups
+      offset = 0
+    }
+  })
+  backend.disposeData(partials.dataId)
+  return sums
+}
+
 /** Registers `forward` and `backward` (gradwire's names) for each backend in `kernels`, where tfjs has none, and `gradient` for `forward`. */
 export const registerFused = (
   tf: Tf,

@@ -15,7 +15,7 @@
 // cpu, webgpu); other layers and backends keep tfjs-layers' own. Installed once the engine's
 // backend is up (`../engine.ts`).
 import type { Tf } from "../tf.ts"
-import { hostKernels, oneInput, patchLayerCall, registerFused, runWgsl, withTfjsCalls, type WebGpuArgs, type WebGpuBackend } from "./fused-layers.ts"
+import { columnSums, hostKernels, oneInput, patchLayerCall, registerFused, runWgsl, withTfjsCalls, type WebGpuArgs, type WebGpuBackend } from "./fused-layers.ts"
 import type { TensorInfo } from "./wasm-heap.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
@@ -123,8 +123,9 @@ const hostBackward = hostKernels({
   }
 })
 
-// webgpu: a row's statistics (mean, r) once per row, then y or dx with one thread per row (D is the
-// layer's width: tens to a few thousand), and dγ and dβ with one thread per column.
+// webgpu: a row's statistics (mean, r) once per row, then y with one thread per element, dx with one
+// thread per row (D is the layer's width: tens to a few thousand), and dγ and dβ summed down the
+// rows in parallel (columnSums).
 /** A program writing `shape`, one thread for each of `threads`; `body` sees t, and N and D from the first input's shape ([N, D]). */
 const run = (backend: WebGpuBackend, attrs: Record<string, unknown>, name: string, names: string[], inputs: TensorInfo[], shape: number[], threads: number, body: string): TensorInfo =>
   runWgsl(backend, {
@@ -158,12 +159,11 @@ const webgpuForward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo => {
   const { x, gamma, beta } = inputs as { x: TensorInfo; gamma: TensorInfo; beta: TensorInfo }
   const stats = rowStats(backend, attrs, x)
   try {
-    return run(backend, attrs, "y", ["gx", "gs", "gg", "gb"], [x, stats, gamma, beta], [...x.shape], x.shape[0]!, `
-    let row = t;
-    if (row < N) {
-      let mean = gs[row * 2];
-      let r = gs[row * 2 + 1];
-      for (var j = 0; j < D; j++) { setOutputAtIndex(row * D + j, (gx[row * D + j] - mean) * r * gg[j] + gb[j]); }
+    return run(backend, attrs, "y", ["gx", "gs", "gg", "gb"], [x, stats, gamma, beta], [...x.shape], x.shape[0]! * x.shape[1]!, `
+    if (t < N * D) {
+      let row = t / D;
+      let j = t % D;
+      setOutputAtIndex(t, (gx[t] - gs[row * 2]) * gs[row * 2 + 1] * gg[j] + gb[j]);
     }`)
   } finally {
     backend.disposeData(stats.dataId)
@@ -191,19 +191,16 @@ const webgpuBackward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo[] =>
         setOutputAtIndex(row * D + j, r * (g - mg - (gx[row * D + j] - mean) * r * mgx));
       }
     }`)
-    const column = (name: string, columnNames: string[], columnInputs: TensorInfo[], term: string): TensorInfo =>
-      run(backend, attrs, name, columnNames, columnInputs, [D], D, `
-    let j = t;
-    if (j < D) {
-      var acc = 0.0;
-      for (var row = 0; row < N; row++) { acc += ${term}; }
-      setOutputAtIndex(j, acc);
-    }`)
-    return [
-      dx,
-      column("dgamma", ["gx", "gs", "gdy"], [x, stats, dy], "gdy[row * D + j] * (gx[row * D + j] - gs[row * 2]) * gs[row * 2 + 1]"),
-      column("dbeta", ["gdy"], [dy], "gdy[row * D + j]")
-    ]
+    // dγ and dβ: sums down the rows, in parallel (columnSums).
+    const [dgamma, dbeta] = columnSums(backend, {
+      key: "layernorm_grad",
+      names: ["gx", "gs", "gdy"],
+      inputs: [x, stats, dy],
+      rows: x.shape[0]!,
+      columns: D,
+      terms: ["gdy[i * C + c] * (gx[i * C + c] - gs[i * 2]) * gs[i * 2 + 1]", "gdy[i * C + c]"]
+    }) as [TensorInfo, TensorInfo]
+    return [dx, dgamma, dbeta]
   } finally {
     backend.disposeData(stats.dataId)
   }
