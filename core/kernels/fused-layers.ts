@@ -130,18 +130,8 @@ const REDUCE_WORKGROUP = 256
 const REDUCE_PER_THREAD = 128
 const REDUCE_MAX_GROUPS = 4096
 
-interface SumLevel {
-  key: string
-  names: string[]
-  inputs: TensorInfo[]
-  rows: number
-  columns: number
-  terms: string[]
-  prelude: string
-  groups: number
-  scale: number
-  uniforms?: { fields: string; values: Array<{ type: string; data: number[] }> }
-}
+/** One level of columnSums: its terms, `groups` chunks of rows, one scale for the finished sums. */
+type SumLevel = Omit<ColumnSums, "prelude" | "scale"> & { prelude: string; groups: number; scale: number }
 
 /** One level of columnSums: `terms` summed down each column, in `groups` chunks of rows, into [terms, groups, columns] (or [columns]). */
 const columnSumLevel = (backend: WebGpuBackend, v: SumLevel): TensorInfo => {
