@@ -1,4 +1,4 @@
-// Gradients tfjs-core 4.22 does not define (or defines far too slowly), on every backend: without them a model using
+// Gradients tfjs-core 4.22 does not define (or defines far too slowly, or wrongly), on every backend: without them a model using
 // thresholdedReLU (Greater), masking (Any) or conv3dTranspose (Conv3DBackpropInputV2) cannot take a
 // single step. Comparisons and boolean reductions are not differentiable: their inputs get zero
 // gradients, as TensorFlow's NotDifferentiable gives. Registered only where tfjs has none.
@@ -81,6 +81,18 @@ export const registerMissingGradients = (tf: Tf): string[] => {
     }
   })
   added.push("Tile (replaced: one reshape and sum)")
+  // tfjs's own Unpack gradient stacks the upstream gradients as a list, but the engine hands a
+  // kernel with one output a lone tensor: unstacking one slice (an RNN over one time step whose
+  // inputs depend on weights, an embedding's say) failed every step ("Argument tensors passed to
+  // stack must be a Tensor[]"). The same stack, of a list either way.
+  tf.registerGradient({
+    kernelName: "Unpack",
+    gradFunc: (dy, _saved, attrs) => {
+      const axis = (attrs as { axis: number }).axis
+      return { value: () => tf.stack(Array.isArray(dy) ? dy : [dy], axis) }
+    }
+  })
+  added.push("Unpack (replaced: one slice's gradient stacked too)")
   done = added
   return added
 }
