@@ -11,6 +11,7 @@ import { registerMissingGradients } from "./kernels/gradients.ts"
 import { BATCH_NORM_TRAIN, installBatchNormTrain } from "./kernels/batch-norm-train.ts"
 import { installLayerNorm, LAYER_NORM } from "./kernels/layer-norm.ts"
 import { installLstmCell, LSTM_CELL } from "./kernels/lstm-cell.ts"
+import { LSTM_SEQUENCE } from "./kernels/lstm-sequence.ts"
 import { registerWasmKernels } from "./kernels/register.ts"
 import { installWebGpuDispatch } from "./kernels/webgpu-dispatch.ts"
 import { installWebGpuUpload } from "./kernels/webgpu-upload.ts"
@@ -181,6 +182,8 @@ export const loadEngine = (want: BackendKind | "auto" = "auto"): Promise<{ tf: T
     registerMissingGradients(l.tf)
     // An LSTM step's gates as one kernel and their gradient as one more, where the backend has them (kernels/lstm-cell.ts).
     if (installLstmCell(l.tf) && l.tf.getKernel(LSTM_CELL, l.tf.getBackend())) why.push("LSTM cells compute their gates as one kernel")
+    // On webgpu, an LSTM layer's whole recurrence as one program each way (kernels/lstm-sequence.ts).
+    if (l.tf.getKernel(LSTM_SEQUENCE, l.tf.getBackend())) why.push("LSTM layers run their recurrence as one program each way")
     // Layer normalization over the last axis as one kernel and its gradient as one more (kernels/layer-norm.ts).
     if (installLayerNorm(l.tf) && l.tf.getKernel(LAYER_NORM, l.tf.getBackend())) why.push("layer normalization runs as one kernel")
     // Batch normalization while training as one kernel and its gradient as one more (kernels/batch-norm-train.ts).

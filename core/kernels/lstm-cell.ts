@@ -23,6 +23,7 @@
 // (`../engine.ts`).
 import type { Tf } from "../tf.ts"
 import { hostKernels, isPatchedCall, oneInput, patchLayerCall, registerFused, runWgsl, withTfjsCalls, type WebGpuArgs, type WebGpuBackend } from "./fused-layers.ts"
+import { installLstmSequence, lstmSequence, lstmSequenceFits } from "./lstm-sequence.ts"
 import type { TensorInfo } from "./wasm-heap.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
@@ -243,6 +244,13 @@ interface LstmCellLike {
 }
 
 const PROJECTED = Symbol.for("gradwire.lstmCell.projected")
+interface LstmLike {
+  cell: LstmCellLike
+  stateful: boolean
+  goBackwards: boolean
+  returnState: boolean
+  returnSequences: boolean
+}
 const nameOf = (a: Activation): string | undefined => a.constructor?.className ?? a.getClassName?.()
 
 let installed = false
@@ -298,19 +306,25 @@ export const installLstmCell = (tf: Tf): boolean => {
   // per step (forward, and the two gradient matmuls and the sums backward), when its cell takes the
   // kernels. The recurrence itself (masks, initial and stateful states, going backwards) stays
   // tfjs-layers' own, on the projected inputs.
-  patchLayerCall<{ cell: LstmCellLike }>(tf, "LSTM", (own) =>
+  installLstmSequence(tf)
+  patchLayerCall<LstmLike>(tf, "LSTM", (own) =>
     function (inputs, kwargs) {
       const x = oneInput(inputs)
       const cell = this.cell
-      if (!x || x.rank !== 3 || !isPatchedCall((Object.getPrototypeOf(cell) as { call?: unknown }).call) || fitting(cell, x, kwargs?.training === true) === undefined) {
-        return own.call(this, inputs, kwargs)
-      }
+      const recurrent = x && x.rank === 3 && isPatchedCall((Object.getPrototypeOf(cell) as { call?: unknown }).call) ? fitting(cell, x, kwargs?.training === true) : undefined
+      if (!x || recurrent === undefined) return own.call(this, inputs, kwargs)
       const [B, T, D] = x.shape as [number, number, number]
       const W = cell.kernel.read()
+      const H = W.shape[1]! / 4
+      // The whole recurrence as one program each way (lstm-sequence.ts), where nothing of the loop's
+      // own is asked for: no mask, initial state, state output, statefulness or reversed order.
+      const whole =
+        sequenceOn && kwargs?.["mask"] == null && kwargs?.["initialState"] == null && !this.stateful && !this.goBackwards && !this.returnState && T > 0 && lstmSequenceFits(tf, H)
       return tf.tidy(() => {
         const flat = tf.reshape(x, [B * T, D])
         const projected = cell.useBias && cell.bias ? tf.fused.matMul({ a: flat, b: W, bias: cell.bias.read() }) : tf.matMul(flat, W)
         const xw = tf.reshape(projected, [B, T, W.shape[1]!])
+        if (whole) return lstmSequence(tf, xw, cell.recurrentKernel.read(), recurrent, this.returnSequences)
         cell[PROJECTED] = true
         try {
           return own.call(this, xw, kwargs)
@@ -322,6 +336,18 @@ export const installLstmCell = (tf: Tf): boolean => {
   )
   installed = cellPatched
   return installed
+}
+
+let sequenceOn = true
+/** Runs `f` with the LSTM layer stepping through its loop with the fused cell, not the whole-sequence programs (for tests and benchmarks that compare them). */
+export const withoutLstmSequence = <T>(f: () => T): T => {
+  const before = sequenceOn
+  sequenceOn = false
+  try {
+    return f()
+  } finally {
+    sequenceOn = before
+  }
 }
 
 /** Runs `f` with tfjs-layers' own LSTMCell.call and LSTM.call (for tests and benchmarks that compare them). */
