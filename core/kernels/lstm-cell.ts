@@ -23,7 +23,7 @@
 // (`../engine.ts`).
 import type { Tf } from "../tf.ts"
 import { hostKernels, isPatchedCall, oneInput, patchLayerCall, registerFused, runWgsl, withTfjsCalls, type WebGpuArgs, type WebGpuBackend } from "./fused-layers.ts"
-import { installLstmSequence, lstmSequence, lstmSequenceFits } from "./lstm-sequence.ts"
+import { installLstmSequence, lstmSequence, lstmSequenceFits, type Recurrent } from "./lstm-sequence.ts"
 import type { TensorInfo } from "./wasm-heap.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
@@ -32,8 +32,7 @@ type Tensor = import("@tensorflow/tfjs").Tensor
 export const LSTM_CELL = "GradwireLSTMCell"
 export const LSTM_CELL_GRAD = "GradwireLSTMCellGrad"
 
-/** The recurrent activations the kernels compute. */
-export type Recurrent = "hardSigmoid" | "sigmoid"
+export type { Recurrent } from "./lstm-sequence.ts"
 
 const f32 = Math.fround
 const POINT_TWO = f32(0.2)

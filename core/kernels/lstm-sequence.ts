@@ -19,10 +19,12 @@
 // units (the program's workgroup memory); everywhere else the layer keeps its loop.
 import type { Tf } from "../tf.ts"
 import { registerFused, type WebGpuArgs, type WebGpuBackend } from "./fused-layers.ts"
-import type { Recurrent } from "./lstm-cell.ts"
 import type { TensorInfo } from "./wasm-heap.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
+
+/** The recurrent activations the LSTM kernels compute (these and lstm-cell.ts's). */
+export type Recurrent = "hardSigmoid" | "sigmoid"
 
 /** The kernels' names in tfjs's registry (gradwire's own). */
 export const LSTM_SEQUENCE = "GradwireLSTMSequence"
