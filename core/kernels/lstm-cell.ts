@@ -23,7 +23,7 @@
 // (`../engine.ts`).
 import type { Tf } from "../tf.ts"
 import { hostKernels, isPatchedCall, oneInput, patchLayerCall, registerFused, runWgsl, withTfjsCalls, type WebGpuArgs, type WebGpuBackend } from "./fused-layers.ts"
-import { installLstmSequence, lstmSequence, lstmSequenceFits, type Recurrent } from "./lstm-sequence.ts"
+import { installLstmSequence, lstmGatesWgsl, lstmSequence, lstmSequenceFits, type Recurrent } from "./lstm-sequence.ts"
 import type { TensorInfo } from "./wasm-heap.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
@@ -137,12 +137,6 @@ const hostBackward = hostKernels({
 })
 
 // webgpu: two small programs each way (one output per program).
-/** WGSL: the recurrent activation and tanh (tfjs's overflow-safe form). */
-const wgslGates = (hard: boolean): string => `
-  fn gwGate(x : f32) -> f32 { ${hard ? "return clamp(0.2 * x + 0.5, 0.0, 1.0);" : "return 1.0 / (1.0 + exp(-x));"} }
-  fn gwGateSlope(x : f32, s : f32) -> f32 { ${hard ? "let y = 0.2 * x + 0.5; if (y >= 0.0 && y <= 1.0) { return 0.2; } return 0.0;" : "return s * (1.0 - s);"} }
-  fn gwTanh(x : f32) -> f32 { let e = exp(-2.0 * abs(x)); return sign(x) * (1.0 - e) / (1.0 + e); }
-`
 /** A program over every element of an output of `shape`; `body` sees index, row, col and H. */
 const gpu = (backend: WebGpuBackend, name: string, names: string[], inputs: TensorInfo[], shape: number[], hard: boolean, hFrom: string, body: string): TensorInfo =>
   runWgsl(backend, {
@@ -152,7 +146,7 @@ const gpu = (backend: WebGpuBackend, name: string, names: string[], inputs: Tens
     outputShape: shape,
     threads: shape[0]! * shape[1]!,
     size: true,
-    code: `${wgslGates(hard)}
+    code: `${lstmGatesWgsl(hard)}
   fn main(index : i32) {
     if (index < uniforms.size) {
       let H = ${hFrom};

@@ -36,8 +36,8 @@ const WORKGROUP = 256
 
 const recurrentOf = (attrs: Record<string, unknown>): Recurrent => (attrs["recurrent"] === "sigmoid" ? "sigmoid" : "hardSigmoid")
 
-/** WGSL: the recurrent activation, its slope and tanh, as the cell's programs compute them. */
-const gates = (hard: boolean): string => `
+/** WGSL: the recurrent activation, its slope and tanh (tfjs's overflow-safe form), for these programs and the cell's (lstm-cell.ts). */
+export const lstmGatesWgsl = (hard: boolean): string => `
   fn gwGate(x : f32) -> f32 { ${hard ? "return clamp(0.2 * x + 0.5, 0.0, 1.0);" : "return 1.0 / (1.0 + exp(-x));"} }
   fn gwGateSlope(x : f32, s : f32) -> f32 { ${hard ? "let y = 0.2 * x + 0.5; if (y >= 0.0 && y <= 1.0) { return 0.2; } return 0.0;" : "return s * (1.0 - s);"} }
   fn gwTanh(x : f32) -> f32 { let e = exp(-2.0 * abs(x)); return sign(x) * (1.0 - e) / (1.0 + e); }
@@ -53,7 +53,7 @@ const program = (backend: WebGpuBackend, name: string, names: string[], inputs: 
       dispatchLayout: { x: shape.map((_, i) => i) },
       dispatch: [B, 1, 1],
       shaderKey: `gradwire_lstmseq_${name}_${T}_${H}_${hard ? "hard" : "sigmoid"}`,
-      getUserCode: () => `${gates(hard)}
+      getUserCode: () => `${lstmGatesWgsl(hard)}
   const gwSteps = ${T};
   const gwUnits = ${H};
   const gwGates = ${4 * H};
