@@ -297,8 +297,9 @@ export const installLstmCell = (tf: Tf): boolean => {
   )
   // The LSTM layer: every time step's x·W + b as one matmul before the recurrence, instead of one
   // per step (forward, and the two gradient matmuls and the sums backward), when its cell takes the
-  // kernels. The recurrence itself (masks, initial and stateful states, going backwards) stays
-  // tfjs-layers' own, on the projected inputs.
+  // kernels. On webgpu the recurrence is then one program each way where the layer asks nothing of
+  // the loop (lstm-sequence.ts); elsewhere, and for masks, initial and stateful states and going
+  // backwards, it stays tfjs-layers' own loop, on the projected inputs.
   installLstmSequence(tf)
   patchLayerCall<LstmLike>(tf, "LSTM", (own) =>
     function (inputs, kwargs) {
