@@ -8,7 +8,7 @@
 import { beforeAll, describe, expect, it } from "vitest"
 import { kernelsOf, seeded, worst } from "./support/kernel-compare.ts"
 import { loadEngine, type Tf } from "../core/engine.ts"
-import { BATCH_NORM_TRAIN, BATCH_NORM_TRAIN_GRAD, batchNormTrain, withTfjsBatchNorm } from "../core/kernels/batch-norm-train.ts"
+import { BATCH_NORM_TRAIN, BATCH_NORM_TRAIN_GRAD, batchNormTrain, MOVING_AVERAGE, withTfjsBatchNorm } from "../core/kernels/batch-norm-train.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
 type Variable = import("@tensorflow/tfjs").Variable
@@ -61,6 +61,7 @@ describe("batch normalization while training as one kernel", () => {
         const tfjsNames = await kernelsOf(tf, () => withTfjsBatchNorm(tf, () => theirs.run()))
         expect(names).toContain(BATCH_NORM_TRAIN)
         expect(names).toContain(BATCH_NORM_TRAIN_GRAD)
+        expect(names).toContain(MOVING_AVERAGE)
         expect(tfjsNames).not.toContain(BATCH_NORM_TRAIN)
         expect(names.length).toBeLessThan(tfjsNames.length * 0.8)
         tf.dispose([...a, ...b])

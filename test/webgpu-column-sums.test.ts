@@ -2,7 +2,8 @@
 // webgpu in parallel (chunks of rows per workgroup, then the chunks' sums), which batch and layer
 // normalization's gradients and batch statistics use; one thread per column looping over every row
 // (what they did before) left a GPU nearly idle on a long column. Checked on the software adapter in
-// a child process (support/webgpu-column-sums-child.ts) against float64 sums and the cpu backend.
+// a child process (support/webgpu-column-sums-child.ts) against float64 sums and the cpu backend;
+// also batch norm's moving statistics, updated by one program each.
 import { fileURLToPath } from "node:url"
 import { beforeAll, describe, expect, it } from "vitest"
 import { columnSumGroups } from "../core/kernels/fused-layers.ts"
@@ -18,6 +19,7 @@ interface Result {
   levels: number[]
   bnGroups: number
   lnGroups: number
+  movingKernels: number
 }
 let r: Result
 
@@ -55,5 +57,10 @@ describe("column sums on webgpu", () => {
     expect(r.failures).toEqual([])
     expect(Object.keys(r.worst).filter((k) => k.startsWith("batch norm"))).toHaveLength(6)
     expect(Object.keys(r.worst).filter((k) => k.startsWith("layer norm"))).toHaveLength(4)
+  })
+
+  it("updates the moving statistics with one program each, as the cpu backend does", () => {
+    expect(r.movingKernels).toBe(2)
+    expect(Object.keys(r.worst).filter((k) => k.startsWith("moving statistics"))).toHaveLength(2)
   })
 })

@@ -10,9 +10,10 @@
 //   dγ = Σ dy · x̂            dβ = Σ dy
 //
 // (dμ and dσ² are zero unless the loss uses the batch statistics themselves.) Sums are float64 on
-// wasm and cpu, float32 on webgpu. The moving mean and variance are updated exactly as tfjs-layers
-// updates them. BatchNormalization.call is replaced while training for layers over the last axis of
-// a float32 input, on a backend with the kernels (wasm, cpu, webgpu); inference, other axes and other
+// wasm and cpu, float32 on webgpu. The moving mean and variance are updated as tfjs-layers updates
+// them, v − (v − batch)·(1 − momentum), as one kernel per statistic instead of three.
+// BatchNormalization.call is replaced while training for layers over the last axis of a float32
+// input, on a backend with the kernels (wasm, cpu, webgpu); inference, other axes and other
 // backends keep tfjs-layers' own. A layer without offset or scale trains too (tfjs-layers' own
 // cannot: it reads the missing weight). Installed once the engine's backend is up (`../engine.ts`).
 import type { Tf } from "../tf.ts"
@@ -24,6 +25,8 @@ type Tensor = import("@tensorflow/tfjs").Tensor
 /** The kernels' names in tfjs's registry (gradwire's own). */
 export const BATCH_NORM_TRAIN = "GradwireBatchNormTrain"
 export const BATCH_NORM_TRAIN_GRAD = "GradwireBatchNormTrainGrad"
+/** A moving statistic's update, v − (v − batch) · (1 − momentum), as one kernel (gradwire's own; not differentiated). */
+export const MOVING_AVERAGE = "GradwireMovingAverage"
 
 /** Per channel of x ([M, C]): the mean and the population variance. */
 const moments = (x: Float32Array, C: number): { mean: Float64Array; variance: Float64Array } => {
@@ -202,6 +205,36 @@ const webgpuBackward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo[] =>
   return [dx, dgamma, dbeta]
 }
 
+// The moving statistics' update: tfjs-layers' three kernels (sub, mul, sub) per statistic and layer
+// as one, with the same float32 roundings on wasm and cpu.
+const movingAverage = (v: Float32Array, batch: Float32Array, keep: number, out: Float32Array): void => {
+  for (let i = 0; i < v.length; i++) out[i] = Math.fround(v[i]! - Math.fround(Math.fround(v[i]! - batch[i]!) * keep))
+}
+const keepOf = (attrs: Record<string, unknown>): number => Math.fround(1 - Number(attrs.momentum))
+const hostMoving = hostKernels({
+  names: ["value", "batch"],
+  shapes: ({ value }) => [[...value!.shape]],
+  compute: ([v, batch], [out], attrs) => movingAverage(v!, batch!, keepOf(attrs), out!)
+})
+const webgpuMoving = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo => {
+  const { value, batch } = inputs as { value: TensorInfo; batch: TensorInfo }
+  const n = value.shape.reduce((a, b) => a * b, 1)
+  return runWgsl(backend, {
+    key: "gradwire_moving_average",
+    names: ["gv", "gb"],
+    inputs: [value, batch],
+    outputShape: [...value.shape],
+    threads: n,
+    size: true,
+    uniforms: { fields: "keep : f32,", values: [{ type: "float32", data: [keepOf(attrs)] }] },
+    code: `
+  fn main(t : i32) {
+    if (t < uniforms.size) { setOutputAtIndex(t, gv[t] - (gv[t] - gb[t]) * uniforms.keep); }
+  }`
+  })
+}
+const MOVING: Record<string, unknown> = { wasm: hostMoving[0], cpu: hostMoving[1], webgpu: webgpuMoving }
+
 const KERNELS: Record<string, readonly [unknown, unknown]> = {
   wasm: [hostForward[0], hostBackward[0]],
   cpu: [hostForward[1], hostBackward[1]],
@@ -237,6 +270,8 @@ let installed = false
 /** Registers the kernels and their gradient, and makes tfjs-layers' BatchNormalization use them while training where it can. */
 export const installBatchNormTrain = (tf: Tf): boolean => {
   if (installed) return true
+  for (const [backendName, kernelFunc] of Object.entries(MOVING))
+    if (!tf.getKernel(MOVING_AVERAGE, backendName)) tf.registerKernel({ kernelName: MOVING_AVERAGE, backendName, kernelFunc: kernelFunc as never })
   registerFused(tf, BATCH_NORM_TRAIN, BATCH_NORM_TRAIN_GRAD, KERNELS, {
     inputsToSave: ["x", "gamma"],
     // The batch's mean and variance as the forward kernel computed them, not computed again.
@@ -268,14 +303,18 @@ export const installBatchNormTrain = (tf: Tf): boolean => {
         const gamma = this.scale && this.gamma ? this.gamma.read() : tf.ones([C])
         const beta = this.center && this.beta ? this.beta.read() : tf.zeros([C])
         const [y, mean, variance] = batchNormTrain(tf, x, gamma, beta, this.epsilon)
-        // tfjs-layers' moving averages, as it computes them: v − (v − batch) · (1 − momentum).
+        // tfjs-layers' moving averages, as it computes them: v − (v − batch) · (1 − momentum), one kernel each.
         for (const [moving, batch] of [
           [this.movingMean, mean],
           [this.movingVariance, variance]
         ] as const) {
           tf.tidy(() => {
             const value = moving.read()
-            moving.write(tf.sub(value, tf.mul(tf.sub(value, batch), 1 - this.momentum)))
+            moving.write(
+              tf.getKernel(MOVING_AVERAGE, tf.getBackend())
+                ? (tf.engine().runKernel(MOVING_AVERAGE, { value, batch }, { momentum: this.momentum }) as unknown as Tensor)
+                : tf.sub(value, tf.mul(tf.sub(value, batch), 1 - this.momentum))
+            )
           })
         }
         return y

@@ -117,5 +117,25 @@ const ln = (): Tensor[] =>
   })
 await both(`layer norm [${lnShape}] (y, dx, dgamma, dbeta)`, ln, 2e-3)
 
-console.log(JSON.stringify({ backend: "webgpu", failures, worst, levels: levelsSeen, bnGroups: columnSumGroups(bnSize / 12, 12), lnGroups: columnSumGroups(4096, 64) }))
+// The layer's moving statistics after a training call (one kernel per statistic: MOVING_AVERAGE).
+const moving = (): Tensor[] =>
+  tf.tidy(() => {
+    const layer = tf.layers.batchNormalization({ momentum: 0.9, movingMeanInitializer: "ones", movingVarianceInitializer: "ones" })
+    layer.apply(tf.tensor(values(bnSize, 9), bnShape), { training: true })
+    const out = layer.getWeights().slice(2).map((w) => w.clone())
+    layer.dispose()
+    return out
+  })
+await both("moving statistics (mean, variance)", moving, 1e-5)
+let movingKernels = 0
+{
+  await tf.setBackend("webgpu")
+  const b = tf.backend() as unknown as { runWebGPUProgram: (p: { shaderKey?: string }, ...a: unknown[]) => unknown }
+  const own = b.runWebGPUProgram
+  b.runWebGPUProgram = (p, ...a) => ((movingKernels += p.shaderKey?.startsWith("gradwire_moving_average") ? 1 : 0), own.call(b, p, ...a))
+  tf.dispose(moving())
+  b.runWebGPUProgram = own
+}
+
+console.log(JSON.stringify({ movingKernels, backend: "webgpu", failures, worst, levels: levelsSeen, bnGroups: columnSumGroups(bnSize / 12, 12), lnGroups: columnSumGroups(4096, 64) }))
 process.exit(0)
