@@ -23,7 +23,7 @@
 // (`../engine.ts`).
 import type { Tf } from "../tf.ts"
 import { hostKernels, isPatchedCall, oneInput, patchLayerCall, registerFused, runWgsl, withTfjsCalls, type WebGpuArgs, type WebGpuBackend } from "./fused-layers.ts"
-import { installLstmSequence, lstmGatesWgsl, lstmSequence, lstmSequenceFits, type Recurrent } from "./lstm-sequence.ts"
+import { installLstmSequence, lstmGatesWgsl, lstmSequence, lstmSequenceFits, recurrentOf, type Recurrent } from "./lstm-sequence.ts"
 import type { TensorInfo } from "./wasm-heap.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
@@ -109,8 +109,6 @@ export const cellBackward = (
     }
   }
 }
-
-const recurrentOf = (attrs: Record<string, unknown>): Recurrent => (attrs.recurrent === "sigmoid" ? "sigmoid" : "hardSigmoid")
 
 // wasm and cpu: the functions above on the backend's arrays.
 const hostForward = hostKernels({

@@ -34,7 +34,8 @@ export const LSTM_SEQUENCE_GRAD = "GradwireLSTMSequenceGrad"
 export const MAX_SEQUENCE_UNITS = 512
 const WORKGROUP = 256
 
-const recurrentOf = (attrs: Record<string, unknown>): Recurrent => (attrs["recurrent"] === "sigmoid" ? "sigmoid" : "hardSigmoid")
+/** A kernel's recurrent activation from its attributes (hardSigmoid unless "sigmoid"). */
+export const recurrentOf = (attrs: Record<string, unknown>): Recurrent => (attrs["recurrent"] === "sigmoid" ? "sigmoid" : "hardSigmoid")
 
 /** WGSL: the recurrent activation, its slope and tanh (tfjs's overflow-safe form), for these programs and the cell's (lstm-cell.ts). */
 export const lstmGatesWgsl = (hard: boolean): string => `
@@ -43,18 +44,24 @@ export const lstmGatesWgsl = (hard: boolean): string => `
   fn gwTanh(x : f32) -> f32 { let e = exp(-2.0 * abs(x)); return sign(x) * (1.0 - e) / (1.0 + e); }
 `
 
-/** One workgroup of 256 threads per batch row: `code` defines main, with T, H and 4H as the constants gwSteps, gwUnits and gwGates. */
-const program = (backend: WebGpuBackend, name: string, names: string[], inputs: TensorInfo[], shape: number[], B: number, T: number, H: number, hard: boolean, code: string): TensorInfo =>
-  backend.runWebGPUProgram(
+/**
+ * One workgroup of 256 threads per batch row of xw ([B, T, 4H]), writing [B, T, perStep·H]: `code`
+ * defines main, with H and 4H as the constants gwUnits and gwGates (the workgroup arrays' sizes) and
+ * the step count read from the output's shape (one pipeline for every sequence length).
+ */
+const program = (backend: WebGpuBackend, name: string, names: string[], inputs: TensorInfo[], xw: TensorInfo, perStep: number, attrs: Record<string, unknown>, code: string): TensorInfo => {
+  const [B, T, G] = xw.shape as [number, number, number]
+  const H = G / 4
+  const hard = recurrentOf(attrs) === "hardSigmoid"
+  return backend.runWebGPUProgram(
     {
       variableNames: names,
-      outputShape: shape,
+      outputShape: [B, T, perStep * H],
       workgroupSize: [WORKGROUP, 1, 1],
-      dispatchLayout: { x: shape.map((_, i) => i) },
+      dispatchLayout: { x: [0, 1, 2] },
       dispatch: [B, 1, 1],
-      shaderKey: `gradwire_lstmseq_${name}_${T}_${H}_${hard ? "hard" : "sigmoid"}`,
+      shaderKey: `gradwire_lstmseq_${name}_${H}_${hard ? "hard" : "sigmoid"}`,
       getUserCode: () => `${lstmGatesWgsl(hard)}
-  const gwSteps = ${T};
   const gwUnits = ${H};
   const gwGates = ${4 * H};
   ${code}`
@@ -62,19 +69,18 @@ const program = (backend: WebGpuBackend, name: string, names: string[], inputs: 
     inputs,
     "float32"
   )
+}
 
 const webgpuForward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo => {
   const { xw, u } = inputs as { xw: TensorInfo; u: TensorInfo }
-  const [B, T, G] = xw.shape as [number, number, number]
-  const H = G / 4
-  return program(backend, "forward", ["gxw", "gu"], [xw, u], [B, T, 2 * H], B, T, H, recurrentOf(attrs) === "hardSigmoid", `
+  return program(backend, "forward", ["gxw", "gu"], [xw, u], xw, 2, attrs, `
   var<workgroup> gwZ : array<f32, gwGates>;
   var<workgroup> gwH : array<f32, gwUnits>;
   var<workgroup> gwC : array<f32, gwUnits>;
   fn main(index : i32) {
     let b = i32(workgroupId.x);
-    // (Reads the uniforms, which tfjs binds: a binding the shader never reads is left out of its layout.)
-    let l = i32(localId.x) + 0 * uniforms.outShape[0];
+    let l = i32(localId.x);
+    let gwSteps = uniforms.outShape[1];
     for (var j = l; j < gwUnits; j += ${WORKGROUP}) { gwH[j] = 0.0; gwC[j] = 0.0; }
     workgroupBarrier();
     for (var s = 0; s < gwSteps; s++) {
@@ -104,17 +110,15 @@ const webgpuForward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo => {
 
 const webgpuBackward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo => {
   const { ds, xw, u, s } = inputs as { ds: TensorInfo; xw: TensorInfo; u: TensorInfo; s: TensorInfo }
-  const [B, T, G] = xw.shape as [number, number, number]
-  const H = G / 4
-  return program(backend, "backward", ["gds", "gxw", "gu", "gs"], [ds, xw, u, s], [B, T, G], B, T, H, recurrentOf(attrs) === "hardSigmoid", `
+  return program(backend, "backward", ["gds", "gxw", "gu", "gs"], [ds, xw, u, s], xw, 4, attrs, `
   var<workgroup> gwZ : array<f32, gwGates>;
   var<workgroup> gwDz : array<f32, gwGates>;
   var<workgroup> gwDh : array<f32, gwUnits>;
   var<workgroup> gwDc : array<f32, gwUnits>;
   fn main(index : i32) {
     let b = i32(workgroupId.x);
-    // (Reads the uniforms, which tfjs binds: a binding the shader never reads is left out of its layout.)
-    let l = i32(localId.x) + 0 * uniforms.outShape[0];
+    let l = i32(localId.x);
+    let gwSteps = uniforms.outShape[1];
     for (var j = l; j < gwUnits; j += ${WORKGROUP}) { gwDh[j] = 0.0; gwDc[j] = 0.0; }
     workgroupBarrier();
     for (var step = gwSteps - 1; step >= 0; step--) {
