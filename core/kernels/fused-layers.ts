@@ -139,7 +139,8 @@ const columnSumLevel = (backend: WebGpuBackend, v: SumLevel): TensorInfo => {
   const acc = v.terms.map((_, j) => j)
   const shape = v.groups === 1 && acc.length === 1 ? [v.columns] : [acc.length, v.groups, v.columns]
   const each = (f: (j: number) => string, sep = " ") => acc.map(f).join(sep)
-  const code = `
+  // Built only when tfjs compiles the program (once per shader key), not at every call.
+  const code = () => `
   ${each((j) => `var<workgroup> gwPart${j} : array<f32, ${REDUCE_WORKGROUP}>;`, "\n  ")}
   fn main(t : i32) {
     let M = uniforms.rows;
@@ -168,8 +169,10 @@ const columnSumLevel = (backend: WebGpuBackend, v: SumLevel): TensorInfo => {
       ${each((j) => `setOutputAtIndex((${j} * uniforms.groups + g) * C + c, s${j} * uniforms.scale);`, "\n      ")}
     }
   }`
-  // Only the inputs the code reads (a binding the shader never reads is left out of its layout).
-  const used = v.names.map((n, i) => [n, v.inputs[i]!] as const).filter(([n]) => new RegExp(`\\b${n}\\[`).test(code))
+  // Only the inputs the terms and prelude read, the rest of the code reading none (a binding the
+  // shader never reads is left out of its layout).
+  const reads = `${v.prelude} ${v.terms.join(" ")}`
+  const used = v.names.map((n, i) => [n, v.inputs[i]!] as const).filter(([n]) => new RegExp(`\\b${n}\\[`).test(reads))
   return backend.runWebGPUProgram(
     {
       variableNames: used.map(([n]) => n),
@@ -179,7 +182,7 @@ const columnSumLevel = (backend: WebGpuBackend, v: SumLevel): TensorInfo => {
       dispatchLayout: { x: shape.map((_, i) => i) },
       dispatch: [v.groups, Math.ceil(v.columns / block), 1],
       shaderKey: `gradwire_colsum_${v.key}`,
-      getUserCode: () => code
+      getUserCode: code
     },
     used.map(([, t]) => t),
     "float32",
