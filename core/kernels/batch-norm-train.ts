@@ -17,7 +17,7 @@
 // backends keep tfjs-layers' own. A layer without offset or scale trains too (tfjs-layers' own
 // cannot: it reads the missing weight). Installed once the engine's backend is up (`../engine.ts`).
 import type { Tf } from "../tf.ts"
-import { columnSums, hostKernels, oneInput, patchLayerCall, registerFused, runWgsl, withTfjsCalls, type WebGpuArgs, type WebGpuBackend } from "./fused-layers.ts"
+import { columnSums, hostKernels, oneInput, patchLayerCall, registerFused, registerKernels, runWgsl, withTfjsCalls, type WebGpuArgs, type WebGpuBackend } from "./fused-layers.ts"
 import type { TensorInfo } from "./wasm-heap.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
@@ -163,7 +163,7 @@ const webgpuForward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo[] => 
     terms: ["(gx[i * C + c] - m) * (gx[i * C + c] - m)"],
     scale: [1 / M]
   })
-  const y = gpu(backend, attrs, "y", ["gx", "gm", "gv", "gg", "gb"], [x, mean!, variance!, gamma, beta], [...x.shape], x.shape[0]!, x.shape[1]!, `
+  const y = gpu(backend, attrs, "y", ["gx", "gm", "gv", "gg", "gb"], [x, mean!, variance!, gamma, beta], [...x.shape], M, C, `
     if (t < M * C) {
       let c = t % C;
       setOutputAtIndex(t, (gx[t] - gm[c]) * inverseSqrt(gv[c] + uniforms.eps) * gg[c] + gb[c]);
@@ -270,8 +270,7 @@ let installed = false
 /** Registers the kernels and their gradient, and makes tfjs-layers' BatchNormalization use them while training where it can. */
 export const installBatchNormTrain = (tf: Tf): boolean => {
   if (installed) return true
-  for (const [backendName, kernelFunc] of Object.entries(MOVING))
-    if (!tf.getKernel(MOVING_AVERAGE, backendName)) tf.registerKernel({ kernelName: MOVING_AVERAGE, backendName, kernelFunc: kernelFunc as never })
+  registerKernels(tf, MOVING_AVERAGE, MOVING)
   registerFused(tf, BATCH_NORM_TRAIN, BATCH_NORM_TRAIN_GRAD, KERNELS, {
     inputsToSave: ["x", "gamma"],
     // The batch's mean and variance as the forward kernel computed them, not computed again.
@@ -310,11 +309,8 @@ export const installBatchNormTrain = (tf: Tf): boolean => {
         ] as const) {
           tf.tidy(() => {
             const value = moving.read()
-            moving.write(
-              tf.getKernel(MOVING_AVERAGE, tf.getBackend())
-                ? (tf.engine().runKernel(MOVING_AVERAGE, { value, batch }, { momentum: this.momentum }) as unknown as Tensor)
-                : tf.sub(value, tf.mul(tf.sub(value, batch), 1 - this.momentum))
-            )
+            // (registered for the same backends as the batch kernels this path requires)
+            moving.write(tf.engine().runKernel(MOVING_AVERAGE, { value, batch }, { momentum: this.momentum }) as unknown as Tensor)
           })
         }
         return y

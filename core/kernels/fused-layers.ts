@@ -263,6 +263,12 @@ export const columnSums = (backend: WebGpuBackend, p: ColumnSums): TensorInfo[] 
   return sums
 }
 
+/** Registers kernel `name` (gradwire's) with each backend's function in `byBackend`, where tfjs has none. */
+export const registerKernels = (tf: Tf, name: string, byBackend: Record<string, unknown>): void => {
+  for (const [backendName, kernelFunc] of Object.entries(byBackend))
+    if (!tf.getKernel(name, backendName)) tf.registerKernel({ kernelName: name, backendName, kernelFunc: kernelFunc as never })
+}
+
 /** Registers `forward` and `backward` (gradwire's names) for each backend in `kernels`, where tfjs has none, and `gradient` for `forward`. */
 export const registerFused = (
   tf: Tf,
@@ -271,10 +277,8 @@ export const registerFused = (
   kernels: Record<string, readonly [unknown, unknown]>,
   gradient: { inputsToSave: string[]; outputsToSave?: boolean[]; gradFunc: (dy: Tensor | Tensor[], saved: Tensor[], attrs: Record<string, unknown>) => Record<string, () => Tensor> }
 ): void => {
-  for (const [backendName, [f, b]] of Object.entries(kernels)) {
-    if (!tf.getKernel(forward, backendName)) tf.registerKernel({ kernelName: forward, backendName, kernelFunc: f as never })
-    if (!tf.getKernel(backward, backendName)) tf.registerKernel({ kernelName: backward, backendName, kernelFunc: b as never })
-  }
+  registerKernels(tf, forward, Object.fromEntries(Object.entries(kernels).map(([backendName, [f]]) => [backendName, f])))
+  registerKernels(tf, backward, Object.fromEntries(Object.entries(kernels).map(([backendName, [, b]]) => [backendName, b])))
   if (!tf.getGradient(forward)) tf.registerGradient({ kernelName: forward, ...gradient, gradFunc: gradient.gradFunc as never })
 }
 
