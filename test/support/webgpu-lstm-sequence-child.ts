@@ -45,7 +45,7 @@ const B = 6
 const run = async (c: Case, backend: string, how: (f: () => Tensor[]) => Tensor[]): Promise<{ values: Float32Array[]; programs: number }> => {
   await tf.setBackend(backend)
   const m = build(c)
-  const ids = Array.from({ length: B * c.steps }, (_, i) => (i * 7 + 3) % 29 + (c.maskZero && i % 5 === 4 ? -((i * 7 + 3) % 29) : 1))
+  const ids = Array.from({ length: B * c.steps }, (_, i) => (c.maskZero && i % 5 === 4 ? 0 : ((i * 7 + 3) % 29) + 1))
   const x = tf.tensor2d(ids, [B, c.steps], "int32")
   const labels = tf.oneHot(tf.tensor1d(Array.from({ length: c.returnSequences ? B * c.steps : B }, (_, i) => (i * 3) % 7), "int32"), 7)
   const vars = m.trainableWeights.map((w) => (w as unknown as { val: TfType.Variable }).val)
