@@ -174,6 +174,20 @@ export const webgpuZeroWorkgroup: Setting<boolean> = {
   read: () => raw("GRADWIRE_WEBGPU_ZERO_WORKGROUP") === "1"
 }
 
+/**
+ * Which program computes a convolution's filter gradient on webgpu (core/kernels/conv-grads-webgpu.ts):
+ * gradwire's, summing over the batch in parallel, unless "tfjs" (tfjs's own, one thread per filter
+ * weight), for A/B runs and for telling a numerical difference apart.
+ */
+export const webgpuConvFilter: Setting<"gradwire" | "tfjs"> = {
+  name: "GRADWIRE_WEBGPU_CONV_FILTER",
+  default: "gradwire",
+  description:
+    "tfjs: a convolution's filter gradient on webgpu runs tfjs's own program (one GPU thread per filter weight, looping over the whole batch) " +
+    "instead of gradwire's, which sums over the batch in parallel; for A/B runs",
+  read: () => (raw("GRADWIRE_WEBGPU_CONV_FILTER") === "tfjs" ? "tfjs" : "gradwire")
+}
+
 /** Warm actor processes a node agent keeps (actors/node/agent.ts warmHosts). */
 export const warmHosts: Setting<number> = {
   name: "GRADWIRE_WARM_HOSTS",
@@ -220,6 +234,7 @@ export const SETTINGS: ReadonlyArray<Setting<unknown>> = [
   directHost,
   webgpuSoftware,
   webgpuZeroWorkgroup,
+  webgpuConvFilter,
   warmHosts,
   cacheDir,
   natsServerBin,

@@ -131,16 +131,17 @@ const REDUCE_PER_THREAD = 128
 const REDUCE_MAX_GROUPS = 4096
 
 /** One level of columnSums: its terms, `groups` chunks of rows, one scale for the finished sums. */
-type SumLevel = Omit<ColumnSums, "prelude" | "scale"> & { prelude: string; groups: number; scale: number }
+type SumLevel = Omit<ColumnSums, "prelude" | "scale" | "functions"> & { prelude: string; functions: string; groups: number; scale: number }
 
 /** One level of columnSums: `terms` summed down each column, in `groups` chunks of rows, into [terms, groups, columns] (or [columns]). */
 const columnSumLevel = (backend: WebGpuBackend, v: SumLevel): TensorInfo => {
   const block = Math.min(v.columns, REDUCE_WORKGROUP)
   const acc = v.terms.map((_, j) => j)
-  const shape = v.groups === 1 && acc.length === 1 ? [v.columns] : [acc.length, v.groups, v.columns]
+  const shape = v.groups === 1 && acc.length === 1 ? (v.shape ?? [v.columns]) : [acc.length, v.groups, v.columns]
   const each = (f: (j: number) => string, sep = " ") => acc.map(f).join(sep)
   // Built only when tfjs compiles the program (once per shader key), not at every call.
   const code = () => `
+  ${v.functions}
   ${each((j) => `var<workgroup> gwPart${j} : array<f32, ${REDUCE_WORKGROUP}>;`, "\n  ")}
   fn main(t : i32) {
     let M = uniforms.rows;
@@ -171,7 +172,7 @@ const columnSumLevel = (backend: WebGpuBackend, v: SumLevel): TensorInfo => {
   }`
   // Only the inputs the terms and prelude read, the rest of the code reading none (a binding the
   // shader never reads is left out of its layout).
-  const reads = `${v.prelude} ${v.terms.join(" ")}`
+  const reads = `${v.functions} ${v.prelude} ${v.terms.join(" ")}`
   const used = v.names.map((n, i) => [n, v.inputs[i]!] as const).filter(([n]) => new RegExp(`\\b${n}\\[`).test(reads))
   return backend.runWebGPUProgram(
     {
@@ -209,6 +210,10 @@ export interface ColumnSums {
   terms: string[]
   /** WGSL run once per thread before its rows, for `let`s the terms use (of `c` and the uniforms). */
   prelude?: string
+  /** WGSL functions at the shader's top level for the terms to call (they read the inputs and the uniforms, not main's `let`s). */
+  functions?: string
+  /** The finished sums' shape where there is one term ([columns] by default; its product must be `columns`). */
+  shape?: number[]
   /** A factor per term applied to the finished sum (a mean: 1 / rows); 1 by default. */
   scale?: number[]
   /** The program's own uniforms, after columnSums' (rows, columns, chunk, groups, scale). */
@@ -231,8 +236,9 @@ export const columnSums = (backend: WebGpuBackend, p: ColumnSums): TensorInfo[] 
   const C = p.columns
   const scale = (j: number) => p.scale?.[j] ?? 1
   const first = columnSumGroups(p.rows, C)
-  const own = { names: p.names, inputs: p.inputs, rows: p.rows, columns: C, prelude: p.prelude ?? "", ...(p.uniforms ? { uniforms: p.uniforms } : {}) }
-  if (first === 1) return p.terms.map((term, j) => columnSumLevel(backend, { ...own, key: `${p.key}_${j}`, terms: [term], groups: 1, scale: scale(j) }))
+  const own = { names: p.names, inputs: p.inputs, rows: p.rows, columns: C, prelude: p.prelude ?? "", functions: p.functions ?? "", ...(p.uniforms ? { uniforms: p.uniforms } : {}) }
+  const last = p.shape && p.terms.length === 1 ? { shape: p.shape } : {}
+  if (first === 1) return p.terms.map((term, j) => columnSumLevel(backend, { ...own, ...last, key: `${p.key}_${j}`, terms: [term], groups: 1, scale: scale(j) }))
   const partials = columnSumLevel(backend, { ...own, key: `${p.key}_all`, terms: p.terms, groups: first, scale: 1 })
   const sums = p.terms.map((_, j) => {
     // Term j's chunk sums, added down again: "gp" is [terms, rows, C] (one term below the first level).
@@ -249,6 +255,8 @@ export const columnSums = (backend: WebGpuBackend, p: ColumnSums): TensorInfo[] 
         columns: C,
         terms: [`gp[(${offset} * uniforms.rows + i) * uniforms.columns + c]`],
         prelude: "",
+        functions: "",
+        ...(groups === 1 ? last : {}),
         groups,
         scale: groups === 1 ? scale(j) : 1
       })
