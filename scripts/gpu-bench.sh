@@ -15,6 +15,11 @@
 #                                                 # (the fused kernels' models) with Dawn's workgroup zero-fill
 #                                                 # back on, the cnn and resnet at batch 256, and the all-reduce
 #                                                 # against gloo at p = 8 and 4 on the machine's cores
+#   GPU_BENCH_AB=1 bash scripts/gpu-bench.sh      # the zoo at batch 32, the convolution models at batch 256, then
+#                                                 # A/B runs without PyTorch: the convolution models with tfjs's
+#                                                 # filter gradient (GRADWIRE_WEBGPU_CONV_FILTER=tfjs), and, where
+#                                                 # .gpu/old holds an earlier tree (GPU_BENCH_OLD names its commit),
+#                                                 # the same models from that tree
 # Each benchmark runs under a deadline of its own (the whole script stays under about 10 minutes).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -88,6 +93,20 @@ if [ -n "${GPU_BENCH_FUSED:-}" ]; then
     timeout -k 5 "$left" node bench/main.ts allreduce --no-payload-sweep --p 8,4 --sizes 4K,256K,4M,64M,256M --transports direct > "$out/allreduce.txt" 2>&1
     echo "exit $?" >> "$out/allreduce.txt"
     grep -E "^summary|exit" "$out/allreduce.txt"
+  fi
+  stamp "done"
+  exit 0
+fi
+if [ -n "${GPU_BENCH_AB:-}" ]; then
+  bench batch32 200 --models cnn,mlp,resnet,embedding,lenet,transformer,lstm --p 1 --seconds 1 --backend webgpu
+  bench batch256 90 --models cnn,lenet,resnet --p 1 --seconds 1 --batch 256 --backend webgpu
+  stamp "A/B: tfjs's filter gradient (GRADWIRE_WEBGPU_CONV_FILTER=tfjs), no PyTorch"
+  GRADWIRE_WEBGPU_CONV_FILTER=tfjs bench tfjsfilter32 60 --models cnn,lenet,resnet --p 1 --seconds 1 --backend webgpu --python /bin/false
+  GRADWIRE_WEBGPU_CONV_FILTER=tfjs bench tfjsfilter256 50 --models cnn,lenet,resnet --p 1 --seconds 1 --batch 256 --backend webgpu --python /bin/false
+  if [ -f .gpu/old/bench/main.ts ]; then
+    stamp "A/B: the tree at ${GPU_BENCH_OLD:-.gpu/old} (tfjs's filter gradient there too), no PyTorch"
+    ( cd .gpu/old && bench old32 70 --models resnet,transformer,lstm --p 1 --seconds 1 --backend webgpu --python /bin/false
+      bench old256 40 --models resnet --p 1 --seconds 1 --batch 256 --backend webgpu --python /bin/false )
   fi
   stamp "done"
   exit 0
