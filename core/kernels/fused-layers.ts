@@ -123,11 +123,11 @@ export const runWgsl = (
 
 const REDUCE_WORKGROUP = 256
 /**
- * Elements each thread of a column sum's first level adds, at least (fewer only where the whole
- * problem is smaller): a GPU thread adds 128 in some 10-20 µs, less than the CPU takes to record
- * one more program, so a problem of up to 32768 elements takes one level.
+ * Rows each thread of a level adds down its column, at most: a GPU thread's loop of 512 loads and
+ * adds takes a few microseconds, while one more level is one more program for the CPU to record
+ * (30-40 µs each on an H200's host), so a level splits its rows into chunks only as far as it must.
  */
-const REDUCE_PER_THREAD = 128
+const ROWS_PER_THREAD = 512
 const REDUCE_MAX_GROUPS = 4096
 
 /** One level of columnSums: its terms, `groups` chunks of rows, one scale for the finished sums. */
@@ -220,9 +220,15 @@ export interface ColumnSums {
   uniforms?: { fields: string; values: Array<{ type: string; data: number[] }> }
 }
 
-/** How many chunks of rows a level of columnSums takes: each of a chunk's 256 threads adds about REDUCE_PER_THREAD elements. */
+/** The threads of a workgroup that share a column (256 over the columns it covers). */
+const columnLanes = (columns: number): number => Math.floor(REDUCE_WORKGROUP / Math.min(columns, REDUCE_WORKGROUP))
+
+/** How many chunks of rows a level of columnSums takes: the fewest in which no thread adds more than ROWS_PER_THREAD rows. */
 export const columnSumGroups = (rows: number, columns: number): number =>
-  Math.max(1, Math.min(REDUCE_MAX_GROUPS, rows, Math.floor((rows * columns) / (REDUCE_WORKGROUP * REDUCE_PER_THREAD))))
+  Math.max(1, Math.min(REDUCE_MAX_GROUPS, Math.ceil(rows / (columnLanes(columns) * ROWS_PER_THREAD))))
+
+/** The rows each thread of a first level of columnSums adds down its column (what columnSumGroups bounds). */
+export const columnSumRowsPerThread = (rows: number, columns: number): number => Math.ceil(Math.ceil(rows / columnSumGroups(rows, columns)) / columnLanes(columns))
 
 /**
  * Per column of a [rows, columns] problem, the sums of `terms` over the rows: one [columns] tensor per

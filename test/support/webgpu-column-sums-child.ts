@@ -43,7 +43,8 @@ const shapes: Array<[number, number]> = [
   [3000, 24],
   [70_000, 16],
   [200_000, 1],
-  [10_000, 520]
+  [10_000, 520],
+  [270_000, 130]
 ]
 const levelsSeen: number[] = []
 for (const [M, C] of shapes) {

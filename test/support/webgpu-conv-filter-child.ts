@@ -64,7 +64,7 @@ const cases: Array<{ name: string; x: [number, number, number, number]; filter: 
   { name: "a residual block's layer", x: [8, 8, 8, 16], filter: [3, 3, 16, 16], strides: [1, 1], pad: "same" },
   { name: "stride 2, uneven padding", x: [2, 9, 7, 3], filter: [3, 3, 3, 5], strides: [2, 2], pad: "same" },
   { name: "a 1x1 filter", x: [2, 5, 5, 7], filter: [1, 1, 7, 3], strides: [1, 1], pad: "valid" },
-  { name: "a batch of three levels", x: [128, 32, 32, 3], filter: [3, 3, 3, 8], strides: [1, 1], pad: "same" }
+  { name: "a batch of three levels", x: [288, 32, 32, 1], filter: [3, 3, 1, 16], strides: [1, 1], pad: "same" }
 ]
 const programsPer: Record<string, number> = {}
 for (const c of cases) {
