@@ -20,6 +20,9 @@
 #                                                 # filter gradient (GRADWIRE_WEBGPU_CONV_FILTER=tfjs), and, where
 #                                                 # .gpu/old holds an earlier tree (GPU_BENCH_OLD names its commit),
 #                                                 # the same models from that tree
+#   GPU_BENCH_AB=2 bash scripts/gpu-bench.sh      # the zoo at batch 32 and the convolution models at batch 256, then
+#                                                 # the transformer alternated with the tree in .gpu/old twice, and the
+#                                                 # small CNN and LeNet alternated with tfjs's filter gradient
 # Each benchmark runs under a deadline of its own (the whole script stays under about 10 minutes).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -94,6 +97,18 @@ if [ -n "${GPU_BENCH_FUSED:-}" ]; then
     echo "exit $?" >> "$out/allreduce.txt"
     grep -E "^summary|exit" "$out/allreduce.txt"
   fi
+  stamp "done"
+  exit 0
+fi
+if [ "${GPU_BENCH_AB:-}" = 2 ]; then
+  bench batch32 200 --models cnn,mlp,resnet,embedding,lenet,transformer,lstm --p 1 --seconds 1 --backend webgpu
+  bench batch256 90 --models cnn,lenet,resnet --p 1 --seconds 1 --batch 256 --backend webgpu
+  for round in 1 2; do
+    bench "new-transformer-$round" 30 --models transformer --p 1 --seconds 1 --backend webgpu --python /bin/false
+    [ -f .gpu/old/bench/main.ts ] && ( cd .gpu/old && bench "old-transformer-$round" 30 --models transformer --p 1 --seconds 1 --backend webgpu --python /bin/false )
+  done
+  GRADWIRE_WEBGPU_CONV_FILTER=tfjs bench tfjsfilter32 40 --models cnn,lenet --p 1 --seconds 1 --backend webgpu --python /bin/false
+  bench newfilter32 40 --models cnn,lenet --p 1 --seconds 1 --backend webgpu --python /bin/false
   stamp "done"
   exit 0
 fi
