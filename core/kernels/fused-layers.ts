@@ -123,12 +123,16 @@ export const runWgsl = (
 
 const REDUCE_WORKGROUP = 256
 /**
- * Rows each thread of a level adds down its column, at most: a GPU thread's loop of 512 loads and
- * adds takes a few microseconds, while one more level is one more program for the CPU to record
- * (30-40 µs each on an H200's host), so a level splits its rows into chunks only as far as it must.
+ * Rows each thread adds down its column in one level, at most. Two costs pull apart: a GPU thread's
+ * loop is latency-bound where a sum has few threads (batch norm's 16 channels at batch 256 with 512
+ * rows a thread are 512 threads in all; in two runs on an H200 the residual CNN's step there took
+ * 10.9 ms of compute with loops of up to 512 rows, 6.9 ms with loops of up to 128), while each
+ * further level is one more program for the CPU to record (30-40 µs on that host). So a sum takes the fewest levels in
+ * which no thread adds more than this many rows, and splits its rows evenly between them.
  */
-const ROWS_PER_THREAD = 512
-const REDUCE_MAX_GROUPS = 4096
+const ROWS_PER_THREAD = 256
+/** WebGPU's least maxComputeWorkgroupsPerDimension: a level's chunks are its workgroups along x. */
+const REDUCE_MAX_GROUPS = 65_535
 
 /** One level of columnSums: its terms, `groups` chunks of rows, one scale for the finished sums. */
 type SumLevel = Omit<ColumnSums, "prelude" | "scale" | "functions"> & { prelude: string; functions: string; groups: number; scale: number }
@@ -223,9 +227,14 @@ export interface ColumnSums {
 /** The threads of a workgroup that share a column (256 over the columns it covers). */
 const columnLanes = (columns: number): number => Math.floor(REDUCE_WORKGROUP / Math.min(columns, REDUCE_WORKGROUP))
 
-/** How many chunks of rows a level of columnSums takes: the fewest in which no thread adds more than ROWS_PER_THREAD rows. */
-export const columnSumGroups = (rows: number, columns: number): number =>
-  Math.max(1, Math.min(REDUCE_MAX_GROUPS, Math.ceil(rows / (columnLanes(columns) * ROWS_PER_THREAD))))
+/** How many chunks of rows a level of columnSums takes: with L levels left (the fewest in which no thread adds more than ROWS_PER_THREAD rows), each thread adds about (rows / lanes)^(1/L). */
+export const columnSumGroups = (rows: number, columns: number): number => {
+  const perColumnThread = rows / columnLanes(columns)
+  if (perColumnThread <= ROWS_PER_THREAD) return 1
+  const levels = Math.ceil(Math.log(perColumnThread) / Math.log(ROWS_PER_THREAD) - 1e-9)
+  const each = Math.ceil(perColumnThread ** (1 / levels))
+  return Math.max(1, Math.min(REDUCE_MAX_GROUPS, Math.ceil(rows / (columnLanes(columns) * each))))
+}
 
 /** The rows each thread of a first level of columnSums adds down its column (what columnSumGroups bounds). */
 export const columnSumRowsPerThread = (rows: number, columns: number): number => Math.ceil(Math.ceil(rows / columnSumGroups(rows, columns)) / columnLanes(columns))
