@@ -68,6 +68,7 @@ export { DataSourceError, DataFormatError, DataPositionMismatch } from "./core/d
 export type { Shard } from "./actors/train/worker/train-context.ts"
 export type { Tf, BackendKind } from "./core/engine.ts"
 export { loadEngine } from "./core/engine.ts"
+export { crossEntropy } from "./core/kernels/cross-entropy.ts"
 
 // The configs (Schemas and their types: ScalingConfig, RunConfig, CheckpointConfig, FailureConfig,
 // CollectiveConfig, ClusterConfig, TrainLoopRef, ...)

@@ -3,7 +3,7 @@
 // it reports the training loss, the held-out accuracy (per word for the tagging task) and this
 // rank's samples/s. With `bench` it instead times a fixed number of steps after a warm-up and
 // reports samples/s only (bench/train.ts).
-import type { ArrayDataset, TrainContext, Tf } from "../../index.ts"
+import { crossEntropy, type ArrayDataset, type TrainContext, type Tf } from "../../index.ts"
 import { weightsHashAsync } from "../digits/model.ts"
 import { buildZooModel, readsTokens, type TextShape, type ZooModel } from "./models.ts"
 
@@ -52,11 +52,11 @@ export const withSeed = <A>(seed: number | undefined, build: () => A): A => {
   }
 }
 
-/** Softmax cross-entropy on the logits (per word for the tagging task), as torch's CrossEntropyLoss. */
+/** Softmax cross-entropy on the logits and class ids (per word for the tagging task), as torch's CrossEntropyLoss: gradwire's crossEntropy, one kernel each way. */
 export const zooLoss =
   (tf: Tf, classes: number) =>
   (y: Tensor, logits: Tensor): Scalar =>
-    tf.losses.softmaxCrossEntropy(tf.oneHot(y.reshape([-1]).toInt(), classes), logits.reshape([-1, classes])) as Scalar
+    crossEntropy(tf, logits.reshape([-1, classes]), y)
 
 /**
  * `batchOf(rows, from)`: the batch of `dataset`'s rows `rows[from .. from + batch)` as tensors (token
