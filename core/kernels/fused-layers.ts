@@ -127,8 +127,9 @@ const REDUCE_WORKGROUP = 256
  * loop is latency-bound where a sum has few threads (batch norm's 16 channels at batch 256 with 512
  * rows a thread are 512 threads in all; in two runs on an H200 the residual CNN's step there took
  * 10.9 ms of compute with loops of up to 512 rows, 6.9 ms with loops of up to 128), while each
- * further level is one more program for the CPU to record (30-40 µs on that host). So a sum takes the fewest levels in
- * which no thread adds more than this many rows, and splits its rows evenly between them.
+ * further level is one more program for the CPU to record (30-40 µs on that host). So a sum takes
+ * the fewest levels in which no thread adds more than this many rows, and splits its rows evenly
+ * between them.
  */
 const ROWS_PER_THREAD = 256
 /** WebGPU's least maxComputeWorkgroupsPerDimension: a level's chunks are its workgroups along x. */
