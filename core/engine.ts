@@ -14,6 +14,7 @@ import { installLstmCell, LSTM_CELL } from "./kernels/lstm-cell.ts"
 import { LSTM_SEQUENCE } from "./kernels/lstm-sequence.ts"
 import { registerWasmKernels } from "./kernels/register.ts"
 import { installWebGpuConvFilterGrad } from "./kernels/conv-grads-webgpu.ts"
+import { installReluGradWebGpu } from "./kernels/relu-grad.ts"
 import { installWebGpuDispatch } from "./kernels/webgpu-dispatch.ts"
 import { installWebGpuUpload } from "./kernels/webgpu-upload.ts"
 import { DISABLE_WORKGROUP_INIT, WEBGPU_PACKAGES, installedDawnFlags, requestWebGpuAdapter, withinDeadline } from "./webgpu.ts"
@@ -96,6 +97,8 @@ const loadWebGpu = async (): Promise<Tf> => {
   if (installWebGpuDispatch(tf)) why.push("webgpu kernels reuse their uniform buffers and bind groups across steps")
   // A convolution's filter gradient summed over the batch in parallel (kernels/conv-grads-webgpu.ts).
   if (installWebGpuConvFilterGrad(tf)) why.push("convolutions' filter gradients sum over the batch in parallel")
+  // ReLU's gradient as one program, where tfjs records two (kernels/relu-grad.ts).
+  if (installReluGradWebGpu(tf)) why.push("ReLU's gradient runs as one program")
   // A submit every 64 kernels, not tfjs's 15: on an H200 a submit costs the CPU about 0.5 ms, and a
   // training step bound by the CPU recording kernels ran 7-18% faster (bench/webgpu-recording.ts).
   tf.env().set("WEBGPU_DEFERRED_SUBMIT_BATCH_SIZE", WEBGPU_SUBMIT_EVERY)
