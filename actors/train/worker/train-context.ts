@@ -547,6 +547,8 @@ export class TrainContext {
         await this.#restorePositions(state.files[DATA_POSITION_FILE])
       },
       regrouped: () => dp.regrouped(),
+      // Whether the loop called dp.fit(): where a grow's pause parks (at a step in dp.fit(), not at a report()).
+      fitUsed: () => dp.fitUsed(),
       peerFiles: () => dp.peerFiles(),
       loopPosition: () => {
         const p = dp.loopPosition()
