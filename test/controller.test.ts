@@ -5,6 +5,7 @@
 import { describe, expect, it } from "vitest"
 import { Controller, SERVER_DOWN, deathOrNodeLoss, ranksToCheck, recoveryFor, restartReason, startFailureKind, type ControllerEvent, type GroupFailure, type Outcome } from "../actors/train/driver/controller.ts"
 import { MAX_INFRA_RESTARTS_WITHOUT_PROGRESS, decide } from "../actors/train/driver/failure-policy.ts"
+import { joinsAt } from "../actors/train/driver/regroup.ts"
 
 type Ckpt = { readonly tag: string }
 
@@ -355,5 +356,19 @@ describe("controller: recovery choices (peers or checkpoint, a death or a lost n
     expect(restartReason(failure({ kind: "node-lost", message: "node n1 was lost\nx" }))).toBe("lost a node: node n1 was lost")
     expect(restartReason(failure({}))).toBe("died: WorkerDied")
     expect(restartReason(resize)).toBe("room for 4 workers")
+  })
+})
+
+describe("where a grow's new workers can join (regroup.ts joinsAt)", () => {
+  const at = (inFit: boolean, fitLoop: boolean, ops: number) => ({ ops, reports: 2, stepsSinceReport: 0, inFit, epoch: 1, stepInEpoch: inFit ? 9 : 10, stepsPerEpoch: 10, ...(fitLoop ? { fitLoop: true } : {}) })
+  it("inside dp.fit(): at the furthest survivor's step", () => {
+    expect(joinsAt(at(true, true, 40), [at(true, true, 40), at(true, true, 38)])).toBe(true)
+  })
+  it("a dp.fit() loop's furthest survivor between two dp.fit() calls, another still in its epoch's last step (asynchronous ranks): not there", () => {
+    const ahead = at(false, true, 41)
+    expect(joinsAt(ahead, [at(true, true, 39), ahead])).toBe(false)
+  })
+  it("a hand-written loop outside dp.fit(): at its report() boundary, as before", () => {
+    expect(joinsAt(at(false, false, 30), [at(false, false, 30), at(false, false, 30)])).toBe(true)
   })
 })

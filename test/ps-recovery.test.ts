@@ -39,7 +39,7 @@ describe("parameter servers: recovery from surviving peers", () => {
     const ev = await events(r.path)
     const restart = ev.find((e) => e.type === "restart")
     // The survivors were in the step after the dead rank's last (0-5 done) and went on as 2 at once.
-    expect(restart).toMatchObject({ recovery: "peers", survivors: 2, joiners: 0, position: { inFit: true, epoch: 1, stepInEpoch: 6 } })
+    expect(restart).toMatchObject({ recovery: "peers", survivors: 2, joiners: 0, position: { inFit: true, fitLoop: true, epoch: 1, stepInEpoch: 6 } })
     expect(ev.find((e) => e.type === "grow")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 1 })
     expect(r.resizes.map((z) => [z.from, z.to])).toEqual([[3, 2], [2, 3]])
     // No restart from the checkpoint: the servers of the first generation served the run to its end.
@@ -64,6 +64,8 @@ describe("parameter servers: recovery from surviving peers", () => {
     expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.85)
     const ev = await events(r.path)
     expect(ev.find((e) => e.type === "restart")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 0, position: { inFit: false, reports: 1, stepsSinceReport: 6 } })
+    // A hand-written loop's position does not say dp.fit(): its joiners take their place at a report() call.
+    expect(ev.find((e) => e.type === "restart")!.position).not.toHaveProperty("fitLoop")
     expect(ev.find((e) => e.type === "grow")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 1, position: { inFit: false, stepsSinceReport: 0 } })
     expect(r.resizes.map((z) => [z.from, z.to])).toEqual([[3, 2], [2, 3]])
   })

@@ -114,6 +114,15 @@ export interface RegroupContext {
  * running generation, or undefined when the survivors cannot be regrouped (then the caller
  * restarts the group from the checkpoint).
  */
+/**
+ * Whether new workers can join a grow at the furthest survivor's position `furthest`: not where it
+ * is between two dp.fit() calls of a loop that uses dp.fit() (any survivor's `fitLoop`), since a
+ * joiner replays dp.fit() and takes its place only at a step inside it. The ranks of an
+ * asynchronous strategy are not in lockstep: one can park in its epoch's last step while another,
+ * already past it, parks where its evaluation's group operation broke.
+ */
+export const joinsAt = (furthest: Position, survivors: ReadonlyArray<Position>): boolean => furthest.inFit || !survivors.some((p) => p.fitLoop === true)
+
 export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<CheckpointPayload> | undefined> => {
   const attempt = x.controller.attempt
   const giveUp = (why: string): undefined => {
@@ -194,6 +203,9 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   if (pinned) return giveUp(pinned)
   const joinLater = pos.inFit ? undefined : first((p) => p.joinLater)
   if (joinLater && (!x.failure || x.controller.floor > s)) return giveUp(joinLater)
+  // The survivors regroup alone now where no joiner can take its place (joinsAt); the ready
+  // workers stay on standby for the next grow, which comes at once.
+  const notHere = !x.failure && !joinsAt(pos, survivors.map((r) => r.reply!.position))
   // A group that cannot go on short-handed nor renumber its ranks (a pipelined model's grid): the
   // survivors keep their ranks and replacements take the lost ones, the group at its size again.
   const whole = first((p) => p.wholeGroup)
@@ -205,7 +217,7 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   // 3. Joiners: the standby workers that are ready; new ones spawned now only to reach the floor
   // (an elastic group's min), or for a grow that has none ready. The rest come later (fit-run.ts
   // refills a short group), so the survivors go on at once.
-  const ready = joinLater ? [] : x.takeStandby(Math.max(0, x.target - s))
+  const ready = joinLater || notHere ? [] : x.takeStandby(Math.max(0, x.target - s))
   // The survivors go on short-handed. dp.fit() keeps the global batch and its epochs' steps
   // whatever the group's size, so a joiner replays them as the survivors ran them and joins at a
   // step. A hand-written loop sizes its epochs by ctx.worldSize: each survivor finishes the epoch
@@ -214,7 +226,7 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   const kMax = x.target - s - ready.length
   const kMin = whole !== undefined ? kMax : Math.max(0, x.controller.floor - s - ready.length)
   let joinPlan: PlacementPlan | undefined
-  if (!joinLater && kMax > 0 && (kMin > 0 || (!x.failure && ready.length === 0))) {
+  if (!joinLater && !notHere && kMax > 0 && (kMin > 0 || (!x.failure && ready.length === 0))) {
     // New workers replay the loop from the checkpoint and join where the survivors are: in
     // dp.fit() at their epoch and step, in a hand-written loop after as many report() calls and
     // steps since (group-session.ts).
@@ -340,7 +352,9 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
       ? `${x.what}; ${lostServers.map((k) => `parameter server ${k} made again from its replica on server ${(k + 1) % servers.length}; `).join("")}regrouping ${s} surviving worker(s)${joiners ? ` with ${joiners} new one(s)` : ""} at the furthest survivor's position (${where}): at most the step in flight is lost` +
         `${worldSize < x.target ? `; they go on short-handed while ${x.target - worldSize} replacement(s) start${pos.inFit ? "" : " (joining at a report() call; the lost rank's rows of this epoch go untrained)"}` : ""}` +
         `${x.budget}`
-      : `${x.what}: ${joiners} new worker(s) join the ${s} running ones at ${where}`,
+      : notHere
+        ? `${x.what}: the ${s} running workers regroup alone (they are between two dp.fit() calls, where a new worker cannot take its place); the ready ones join at the next grow`
+        : `${x.what}: ${joiners} new worker(s) join the ${s} running ones at ${where}`,
     {
       type: x.failure ? "restart" : "grow",
       attempt,
