@@ -96,3 +96,20 @@ export const registerMissingGradients = (tf: Tf): string[] => {
   done = added
   return added
 }
+
+/** A replacement gradient: tfjs's map of input gradients, or undefined to leave the call to the gradient it wraps. */
+export type GradientOver = (dy: T, saved: T[], attrs: Record<string, unknown>) => Record<string, () => T> | undefined
+
+/**
+ * Wraps the gradient registered for `kernelName` (tfjs-core's own, or an earlier wrap), once per
+ * process and `marker`: `over` may give the gradient; where it gives undefined, the wrapped one
+ * runs. False where there is no gradient to wrap.
+ */
+export const wrapGradient = (tf: Tf, kernelName: string, marker: symbol, over: GradientOver): boolean => {
+  const own = tf.getGradient(kernelName) as (ReturnType<Tf["getGradient"]> & { [marker]?: true }) | undefined
+  if (!own) return false
+  if (own[marker]) return true
+  const gradFunc = (dy: T, saved: T[], attrs: Record<string, unknown>) => over(dy, saved, attrs) ?? own.gradFunc(dy, saved, attrs as never)
+  tf.registerGradient({ ...own, gradFunc: gradFunc as never, [marker]: true } as never)
+  return true
+}

@@ -7,6 +7,7 @@
 // GRADWIRE_SIMD=0, or on a backend that does not expose its memory.
 import * as settings from "../settings.ts"
 import type { Tf } from "../tf.ts"
+import { wrapGradient, type GradientOver } from "./gradients.ts"
 import { HEAP_KERNELS_WASM_BASE64 } from "./simd/heap-kernels-wasm.ts"
 import type { TensorInfo, WasmBackend } from "./wasm-heap.ts"
 
@@ -114,7 +115,7 @@ export const roomAfter = (backend: WasmBackend, t: TensorInfo, bytes: number): b
 type Tensor = import("@tensorflow/tfjs").Tensor
 
 /** A gradient on the heap: tfjs's map of input gradients, or undefined to leave the call to tfjs's own gradient. */
-export type HeapGradient = (dy: Tensor, saved: Tensor[], attrs: Record<string, unknown>) => Record<string, () => Tensor> | undefined
+export type HeapGradient = GradientOver
 
 const HEAP_GRADIENT = Symbol.for("gradwire.heapGradient")
 
@@ -123,14 +124,8 @@ const HEAP_GRADIENT = Symbol.for("gradwire.heapGradient")
  * wasm with the heap kernels, for float32 dy and saved tensors, `onHeap` may give the gradient;
  * everywhere else, and where it gives undefined, tfjs's own runs. False where tfjs has none.
  */
-export const wrapGradientOnHeap = (tf: Tf, kernelName: string, onHeap: HeapGradient): boolean => {
-  const own = tf.getGradient(kernelName) as (ReturnType<Tf["getGradient"]> & { [HEAP_GRADIENT]?: true }) | undefined
-  if (!own) return false
-  if (own[HEAP_GRADIENT]) return true
-  const gradFunc = (dy: Tensor, saved: Tensor[], attrs: Record<string, unknown>) => {
+export const wrapGradientOnHeap = (tf: Tf, kernelName: string, onHeap: HeapGradient): boolean =>
+  wrapGradient(tf, kernelName, HEAP_GRADIENT, (dy, saved, attrs) => {
     const fits = tf.getBackend() === "wasm" && dy.dtype === "float32" && saved.every((t) => t.dtype === "float32") && heapKernels(tf.backend() as unknown as WasmBackend) !== undefined
-    return (fits ? onHeap(dy, saved, attrs) : undefined) ?? own.gradFunc(dy, saved, attrs as never)
-  }
-  tf.registerGradient({ ...own, gradFunc: gradFunc as never, [HEAP_GRADIENT]: true } as never)
-  return true
-}
+    return fits ? onHeap(dy, saved, attrs) : undefined
+  })

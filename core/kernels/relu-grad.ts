@@ -7,6 +7,7 @@
 import type { Tf } from "../tf.ts"
 import { addressOf, heapKernels, wrapGradientOnHeap } from "./heap-simd.ts"
 import { runWgsl, type WebGpuArgs } from "./fused-layers.ts"
+import { wrapGradient } from "./gradients.ts"
 import type { KernelArgs, TensorInfo } from "./wasm-heap.ts"
 
 /** The kernel's name in tfjs's registry. */
@@ -23,15 +24,16 @@ const reluGradKernel = ({ inputs, backend }: KernelArgs): TensorInfo => {
   return out
 }
 
+type Tensor = import("@tensorflow/tfjs").Tensor
+
+/** ReLU's gradient by RELU_GRAD where dy has x's shape; undefined (the wrapped gradient) otherwise. */
+const reluGradient = (tf: Tf, dy: Tensor, x: Tensor): Record<string, () => Tensor> | undefined =>
+  dy.shape.length === x.shape.length && dy.shape.every((d, i) => d === x.shape[i]) ? { x: () => tf.engine().runKernel(RELU_GRAD, { dy, x }, {}) as Tensor } : undefined
+
 /** Registers the wasm kernel and wraps tfjs's Relu gradient so that wasm runs it (once per process). */
 export const registerReluGrad = (tf: Tf): boolean => {
   if (!tf.getKernel(RELU_GRAD, "wasm")) tf.registerKernel({ kernelName: RELU_GRAD, backendName: "wasm", kernelFunc: reluGradKernel as never })
-  type Tensor = import("@tensorflow/tfjs").Tensor
-  return wrapGradientOnHeap(tf, "Relu", (dy, saved) => {
-    const [x] = saved as [Tensor]
-    const same = dy.shape.length === x.shape.length && dy.shape.every((d, i) => d === x.shape[i])
-    return same ? { x: () => tf.engine().runKernel(RELU_GRAD, { dy, x }, {}) as Tensor } : undefined
-  })
+  return wrapGradientOnHeap(tf, "Relu", (dy, saved) => reluGradient(tf, dy, saved[0]!))
 }
 
 // webgpu: the same gradient as one program (tfjs records Step and Multiply, two programs the CPU
@@ -60,15 +62,8 @@ const WEBGPU_WRAPPED = Symbol.for("gradwire.reluGradWebGpu")
 /** Registers the webgpu kernel and wraps Relu's gradient (whichever is registered) so that webgpu runs it; true once installed. */
 export const installReluGradWebGpu = (tf: Tf): boolean => {
   if (!tf.getKernel(RELU_GRAD, "webgpu")) tf.registerKernel({ kernelName: RELU_GRAD, backendName: "webgpu", kernelFunc: webgpuReluGrad as never })
-  type Tensor = import("@tensorflow/tfjs").Tensor
-  const own = tf.getGradient("Relu") as (ReturnType<Tf["getGradient"]> & { [WEBGPU_WRAPPED]?: true }) | undefined
-  if (!own) return false
-  if (own[WEBGPU_WRAPPED]) return true
-  const gradFunc = (dy: Tensor, saved: Tensor[], attrs: Record<string, unknown>) => {
-    const [x] = saved as [Tensor]
-    const fits = tf.getBackend() === "webgpu" && dy.dtype === "float32" && x.dtype === "float32" && dy.shape.length === x.shape.length && dy.shape.every((d, i) => d === x.shape[i])
-    return fits ? { x: () => tf.engine().runKernel(RELU_GRAD, { dy, x }, {}) as Tensor } : own.gradFunc(dy, saved, attrs as never)
-  }
-  tf.registerGradient({ ...own, gradFunc: gradFunc as never, [WEBGPU_WRAPPED]: true } as never)
-  return true
+  return wrapGradient(tf, "Relu", WEBGPU_WRAPPED, (dy, saved) => {
+    const x = saved[0]!
+    return tf.getBackend() === "webgpu" && dy.dtype === "float32" && x.dtype === "float32" ? reluGradient(tf, dy, x) : undefined
+  })
 }
