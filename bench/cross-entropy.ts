@@ -6,15 +6,13 @@
 //   node bench/cross-entropy.ts [--models mlp,lenet,transformer] [--backend wasm] [--steps 30] [--rounds 4]
 //
 // On webgpu (a GPU, or SwiftShader with GRADWIRE_WEBGPU_SOFTWARE=1) each kernel is a program the CPU records.
+import { optionReader } from "./args.ts"
 import { loadEngine, type BackendKind } from "../index.ts"
 import type { ZooModel } from "../examples/zoo/models.ts"
 import { plainZooStep, type ZooLossKind } from "./zoo-step.ts"
 
-const args = process.argv.slice(2)
-const opt = (name: string, fallback: string): string => {
-  const i = args.indexOf(`--${name}`)
-  return i >= 0 && args[i + 1] !== undefined ? args[i + 1]! : fallback
-}
+const option = optionReader(process.argv.slice(2))
+const opt = (name: string, fallback: string): string => option(`--${name}`, fallback)
 const models = opt("models", "mlp,lenet,transformer").split(",") as ZooModel[]
 const steps = Number(opt("steps", "30"))
 const rounds = Number(opt("rounds", "4"))

@@ -16,15 +16,14 @@
 //
 // Prints a table of ms per step (the median over rounds) and CPU ms per step. Needs the webgpu
 // backend (a GPU, or SwiftShader with GRADWIRE_WEBGPU_SOFTWARE=1, where the GPU's work is the CPU's).
+import { optionReader } from "./args.ts"
 import { loadEngine } from "../index.ts"
 import type { ZooModel } from "../examples/zoo/models.ts"
 import { plainZooStep } from "./zoo-step.ts"
 
 const args = process.argv.slice(2)
-const opt = (name: string, fallback: string): string => {
-  const i = args.indexOf(`--${name}`)
-  return i >= 0 && args[i + 1] !== undefined ? args[i + 1]! : fallback
-}
+const option = optionReader(args)
+const opt = (name: string, fallback: string): string => option(`--${name}`, fallback)
 const models = opt("models", "mlp,cnn,resnet,lstm").split(",") as ZooModel[]
 const batch = Number(opt("batch", "32"))
 const rounds = Number(opt("rounds", "2"))
