@@ -65,17 +65,23 @@ const hostBackward = hostKernels({
 
 // webgpu: the loss as a column sum of the rows' losses (one program for up to 65,536 rows), the
 // gradient with one thread per row (three passes over its C classes).
-const ROW_LOSS = `
-fn gwCrossEntropyRow(r : i32) -> f32 {
-  let C = uniforms.classes;
-  let o = r * C;
+/** The row of C logits at gz[o]: its maximum and Σ exp(z − max) (rowStats's WGSL twin). */
+const ROW_STATS = `
+fn gwRowStats(o : i32, C : i32) -> vec2<f32> {
   var m = gz[o];
   for (var j = 1; j < C; j++) { m = max(m, gz[o + j]); }
   var s = 0.0;
   for (var j = 0; j < C; j++) { s += exp(gz[o + j] - m); }
+  return vec2<f32>(m, s);
+}`
+const ROW_LOSS = `${ROW_STATS}
+fn gwCrossEntropyRow(r : i32) -> f32 {
+  let C = uniforms.classes;
+  let o = r * C;
+  let stats = gwRowStats(o, C);
   let id = gy[r];
   let picked = select(0.0, gz[o + clamp(id, 0, C - 1)], id >= 0 && id < C);
-  return m + log(s) - picked;
+  return stats.x + log(stats.y) - picked;
 }`
 const webgpuForward = ({ inputs, backend }: WebGpuArgs): TensorInfo => {
   const { logits, labels } = inputs as { logits: TensorInfo; labels: TensorInfo }
@@ -103,19 +109,16 @@ const webgpuBackward = ({ inputs, backend }: WebGpuArgs): TensorInfo => {
     outputShape: [N, C],
     threads: N,
     uniforms: { fields: "rows : i32, classes : i32,", values: [{ type: "int32", data: [N] }, { type: "int32", data: [C] }] },
-    code: `
+    code: `${ROW_STATS}
   fn main(t : i32) {
     let C = uniforms.classes;
     if (t < uniforms.rows) {
       let o = t * C;
-      var m = gz[o];
-      for (var j = 1; j < C; j++) { m = max(m, gz[o + j]); }
-      var s = 0.0;
-      for (var j = 0; j < C; j++) { s += exp(gz[o + j] - m); }
+      let stats = gwRowStats(o, C);
       let g = gdy[0] / f32(uniforms.rows);
       let id = gy[t];
       for (var j = 0; j < C; j++) {
-        setOutputAtIndex(o + j, g * exp(gz[o + j] - m) / s - select(0.0, g, j == id));
+        setOutputAtIndex(o + j, g * exp(gz[o + j] - stats.x) / stats.y - select(0.0, g, j == id));
       }
     }
   }`
