@@ -35,6 +35,7 @@ fn gwConvFilterTerm(i : i32, wR : i32, wC : i32, ci : i32, co : i32) -> f32 {
   return gx[((b * uniforms.inH + xR) * uniforms.inW + xC) * uniforms.inC + ci] * gdy[i * uniforms.outC + co];
 }`
 
+/** What the program reads of tfjs's Conv2DInfo. */
 type Conv2DInfo = {
   batchSize: number
   inHeight: number
@@ -43,12 +44,8 @@ type Conv2DInfo = {
   outHeight: number
   outWidth: number
   outChannels: number
-  filterHeight: number
-  filterWidth: number
   strideHeight: number
   strideWidth: number
-  dilationHeight: number
-  dilationWidth: number
   padInfo: { top: number; left: number }
 }
 
