@@ -105,6 +105,15 @@ export interface RegroupContext {
 }
 
 /**
+ * Whether new workers can join a grow at the furthest survivor's position `furthest`: not where it
+ * is between two dp.fit() calls of a loop that uses dp.fit() (any survivor's `fitLoop`), since a
+ * joiner replays dp.fit() and takes its place only at a step inside it. The ranks of an
+ * asynchronous strategy are not in lockstep: one can park in its epoch's last step while another,
+ * already past it, parks where its evaluation's group operation broke.
+ */
+export const joinsAt = (furthest: Position, survivors: ReadonlyArray<Position>): boolean => furthest.inFit || !survivors.some((p) => p.fitLoop === true)
+
+/**
  * Recovery from surviving peers after a lost worker or node, and growth in place: pauses every
  * other worker at its next group operation, regroups those that park (the survivors) with the
  * standby workers that are ready, and hands the furthest survivor's state to the others. After a
@@ -114,15 +123,6 @@ export interface RegroupContext {
  * running generation, or undefined when the survivors cannot be regrouped (then the caller
  * restarts the group from the checkpoint).
  */
-/**
- * Whether new workers can join a grow at the furthest survivor's position `furthest`: not where it
- * is between two dp.fit() calls of a loop that uses dp.fit() (any survivor's `fitLoop`), since a
- * joiner replays dp.fit() and takes its place only at a step inside it. The ranks of an
- * asynchronous strategy are not in lockstep: one can park in its epoch's last step while another,
- * already past it, parks where its evaluation's group operation broke.
- */
-export const joinsAt = (furthest: Position, survivors: ReadonlyArray<Position>): boolean => furthest.inFit || !survivors.some((p) => p.fitLoop === true)
-
 export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<CheckpointPayload> | undefined> => {
   const attempt = x.controller.attempt
   const giveUp = (why: string): undefined => {
