@@ -1,7 +1,7 @@
 // One training step of a zoo model in plain tfjs (no gradwire worker around it): the zoo loop's own
 // model, batches (zooBatcher, rows in order, wrapping round) and loss (zooLoss, or tfjs's
-// softmaxCrossEntropy for bench/cross-entropy.ts), tfjs's Adam, the loss read back each step. For the benchmarks that time tfjs itself (zoo-plain.ts,
-// webgpu-recording.ts).
+// softmaxCrossEntropy for bench/cross-entropy.ts), tfjs's Adam, the loss read back each step. For
+// the benchmarks that time tfjs itself (zoo-plain.ts, webgpu-recording.ts).
 import type { Tf } from "../core/tf.ts"
 import { loadZooData } from "../examples/zoo/data.ts"
 import { buildZooModel, readsTokens, TASK_OF, type ZooModel } from "../examples/zoo/models.ts"
@@ -12,12 +12,7 @@ export type ZooLossKind = "gradwire" | "tfjs"
 type Tensor = import("@tensorflow/tfjs").Tensor
 type Scalar = import("@tensorflow/tfjs").Scalar
 
-export const plainZooStep = async (
-  tf: Tf,
-  model: ZooModel,
-  batch: number,
-  lossKind: ZooLossKind = "gradwire"
-): Promise<{ step: (kind?: ZooLossKind) => Promise<void>; dispose: () => void }> => {
+export const plainZooStep = async (tf: Tf, model: ZooModel, batch: number): Promise<{ step: (kind?: ZooLossKind) => Promise<void>; dispose: () => void }> => {
   const data = await loadZooData(TASK_OF[model])
   const net = buildZooModel(tf, model, data.text)
   const classes = data.text?.tags ?? 10
@@ -29,7 +24,7 @@ export const plainZooStep = async (
   const adam = tf.train.adam(0.003)
   const rows = Int32Array.from({ length: data.train.size }, (_, i) => i)
   let at = 0
-  const step = async (kind: ZooLossKind = lossKind): Promise<void> => {
+  const step = async (kind: ZooLossKind = "gradwire"): Promise<void> => {
     const loss = losses[kind]
     if (at + batch > rows.length) at = 0
     const [x, y] = batchOf(rows, at)
