@@ -91,6 +91,12 @@ const runRanks = <L extends { readonly ns: string; readonly node: string }>(
       runIn(
         l.ns,
         [
+          // Ahead of other test files' processes for the CPU (the test needs root anyway): with
+          // both cores busy, a 256 KiB exchange over a Unix socket waited for a time slice and
+          // the fit saw the node's own links only 2.6x faster than the 50 Mbit/s link across.
+          "nice",
+          "-n",
+          "-10",
           process.execPath,
           "test/support/choice-rank.ts",
           JSON.stringify({ rank, worldSize: layout.length, node: l.node, url: "nats://127.0.0.1:4222", deadlineMs: 90_000, ...args, ...own(l) })
