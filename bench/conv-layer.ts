@@ -1,15 +1,15 @@
-// What skipping a first convolution layer's input gradient (core/kernels/conv-layer.ts) saves
-// against tfjs-layers' own Conv2D call, whose fused conv2d computes it: a training step (Adam,
-// softmax cross-entropy) of the zoo's residual CNN (its stem: 3x3 on [8, 8, 1], 16 filters, no
-// bias) and of a ResNet-style stem model (7x7 stride 2 on [64, 64, 3], 32 filters, no bias, batch
-// norm, ReLU, a 3x3 convolution, pooling, a dense layer; batch 16), each call alternated block by
-// block in one process, so drift hits both alike. Prints ms per step and the convolution input
-// gradients a step runs.
+// What gradwire's convolution layers while training (core/kernels/conv-layer.ts: the bias and ReLU
+// in the convolution's kernel, no gradient for the data) save against tfjs-layers' own Conv2D and
+// Conv1D calls: a plain tfjs training step (Adam) of the zoo's residual CNN, LeNet, CNN and
+// embedding model (bench/zoo-step.ts) and of a ResNet-style stem model (7x7 stride 2 on
+// [64, 64, 3], 32 filters, no bias, batch norm, ReLU, a 3x3 convolution, pooling, a dense layer;
+// batch 16), each call alternated block by block in one process, so drift hits both alike. Prints
+// the medians of ms per step and the convolution input gradients a step runs.
 //
 //   node bench/conv-layer.ts [--backend wasm] [--steps 10] [--rounds 6]
 import { optionReader } from "./args.ts"
 import { loadEngine, type BackendKind } from "../index.ts"
-import { withTfjsConvLayer } from "../core/kernels/conv-layer.ts"
+import { withTfjsConvLayers } from "../core/kernels/conv-layer.ts"
 import { plainZooStep } from "./zoo-step.ts"
 
 const option = optionReader(process.argv.slice(2))
@@ -44,12 +44,15 @@ console.log(`backend ${backend}, ${rounds} rounds of ${steps} steps per call, al
 console.log("model                  tfjs-layers' call ms/step  gradwire's ms/step   conv input gradients a step (tfjs-layers', gradwire's)")
 const models: Array<[string, () => Promise<() => Promise<void>>]> = [
   ["residual CNN, b32", async () => (await plainZooStep(tf, "resnet", 32)).step],
+  ["LeNet, b32", async () => (await plainZooStep(tf, "lenet", 32)).step],
+  ["CNN, b32", async () => (await plainZooStep(tf, "cnn", 32)).step],
+  ["embedding, b32", async () => (await plainZooStep(tf, "embedding", 32)).step],
   ["7x7/2 stem, b16", async () => stemStep()]
 ]
 for (const [name, make] of models) {
   const step = await make()
   // The model's calls run inside minimize, before its first await: the swap covers them.
-  const run = (tfjs: boolean): Promise<void> => (tfjs ? withTfjsConvLayer(tf, step) : step())
+  const run = (tfjs: boolean): Promise<void> => (tfjs ? withTfjsConvLayers(tf, step) : step())
   for (let i = 0; i < 3; i++) for (const tfjs of [true, false]) await run(tfjs)
   const inputGrads = async (tfjs: boolean): Promise<number> => (await tf.profile(() => run(tfjs))).kernels.filter((k) => k.name === "Conv2DBackpropInput").length
   const counts = [await inputGrads(true), await inputGrads(false)]

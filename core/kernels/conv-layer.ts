@@ -1,25 +1,31 @@
-// A convolution layer whose input needs no gradient computes none. tfjs-layers' Conv2D with a
-// linear activation (a ResNet's stem, every convolution followed by batch norm) runs tfjs-core's
-// fused conv2d, whose gradient is one custom function returning the input's and the filter's
-// gradients together: the input's is computed even where nothing uses it, as for a model's first
-// layer, whose input is the data (PyTorch skips it: the data does not require a gradient). The
-// residual CNN's stem spent a whole convolution a step on it (0.26 ms of about 9 on wasm).
+// Convolution layers while training as one kernel forward (the bias and ReLU in the same pass) whose
+// gradient tfjs computes per input, only where it is used.
 //
-// While a gradient is being recorded, Conv2D.call is replaced for channels-last 2-D convolutions
-// with a linear activation whose input depends on no trainable variable (nothing on the tape
-// leads from one to it): the layer runs tfjs-core's plain conv2d (and the bias as an add), whose
-// registered gradient gives each input's gradient on its own, so tfjs computes the input's only
-// where a gradient is asked of it (tf.grad of the input still gets it). Other layers, and every
-// layer outside a recorded gradient (inference, the fused kernel's single pass), keep
-// tfjs-layers' own call. Installed once the engine's backend is up (`../engine.ts`).
+// tfjs-layers' Conv2D and Conv1D call tfjs-core's fused conv2d (a linear activation) or a plain
+// conv2d, a bias add and the activation, each one kernel over the whole activation (ReLU: tfjs-core
+// fuses none of it while a gradient is recorded). The fused one's gradient is one custom function
+// returning the input's and the filter's gradients together, so the input's is computed also where
+// nothing uses it: a model's first layer, whose input is the data (PyTorch skips it: the data does
+// not require a gradient; a ResNet's stem spent a whole, strided, convolution a step on it).
+//
+// While a gradient is being recorded, Conv2D.call and Conv1D.call are replaced for channels-last
+// convolutions without dilation, with a linear or ReLU activation, by `GradwireConv2DTrain`: the
+// backend's own FusedConv2D kernel (gradwire's SIMD one on wasm) with the bias and the activation,
+// and a registered gradient giving the input's, the filter's and the bias's gradients each on its
+// own (the ReLU's mask once, by its registered gradient), so tfjs computes the input's only where a
+// gradient is asked of it (tf.grad of the data still gets it). Other layers, and every layer outside
+// a recorded gradient (inference runs tfjs-layers' own call), are unchanged. Installed once the
+// engine's backend is up (`../engine.ts`).
 import type { Tf } from "../tf.ts"
-import { oneInput, patchLayerCall, withTfjsCalls } from "./fused-layers.ts"
+import { oneInput, patchLayerCall, registerKernels, withTfjsCalls } from "./fused-layers.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
-type Tensor4D = import("@tensorflow/tfjs").Tensor4D
 
-/** What the replaced call reads of a tfjs-layers Conv2D. */
-interface Conv2DLike {
+/** The kernel's name in tfjs's registry (gradwire's own). */
+export const CONV2D_TRAIN = "GradwireConv2DTrain"
+
+/** What the replaced calls read of a tfjs-layers Conv1D or Conv2D. */
+interface ConvLike {
   readonly rank: number
   readonly dataFormat: string
   readonly padding: string
@@ -30,69 +36,97 @@ interface Conv2DLike {
   readonly bias: { read(): Tensor } | null
 }
 
-/** The engine's state, as far as the check reads it. */
-interface TapeState {
-  readonly gradientDepth: number
-  readonly activeTape?: ReadonlyArray<{ readonly inputs: Record<string, Tensor | undefined>; readonly outputs: ReadonlyArray<Tensor | undefined> }>
-}
+/** The backends whose FusedConv2D the kernel runs (looked up at each call: gradwire replaces wasm's). */
+const BACKENDS = ["wasm", "cpu", "webgpu"]
 
-/**
- * Whether `x` depends on a trainable variable through the tape being recorded: it is one, or an
- * operation recorded on the tape made it from one. A tensor no recorded operation made (the data,
- * a constant) does not.
- */
-export const dependsOnTrainable = (tf: Tf, x: Tensor): boolean => {
-  const tape = (tf.engine().state as unknown as TapeState).activeTape ?? []
-  const producer = new Map<number, number>() // tensor id -> index of the tape node that made it
-  let scanned = tape.length // tape[scanned..] are in `producer`; scanned from the end, where a layer's input was made
-  const find = (id: number): number | undefined => {
-    while (!producer.has(id) && scanned > 0) {
-      scanned--
-      for (const out of tape[scanned]!.outputs) if (out && !producer.has(out.id)) producer.set(out.id, scanned)
-    }
-    return producer.get(id)
-  }
-  const seen = new Set<number>()
-  const todo: Tensor[] = [x]
-  while (todo.length > 0) {
-    const t = todo.pop()!
-    if (seen.has(t.id)) continue
-    seen.add(t.id)
-    if (t instanceof tf.Variable && t.trainable) return true
-    const node = find(t.id)
-    if (node === undefined) continue
-    for (const input of Object.values(tape[node]!.inputs)) if (input) todo.push(input)
-  }
-  return false
+type KernelFunc = (args: { inputs: Record<string, unknown>; backend: unknown; attrs: Record<string, unknown> }) => unknown
+
+/** Attributes of the kernel, as FusedConv2D takes them. */
+interface ConvAttrs {
+  strides: [number, number]
+  pad: "same" | "valid"
+  dataFormat: "NHWC"
+  dilations: [number, number]
+  dimRoundingMode: undefined
+  activation: "linear" | "relu"
 }
 
 let installed = false
 
-/** Makes tfjs-layers' Conv2D skip its input's gradient where nothing needs it (above). Returns whether the class was found. */
+/** Registers the kernel and its gradient and replaces Conv2D's and Conv1D's calls (above). Returns whether the classes were found. */
 export const installConvLayer = (tf: Tf): boolean => {
   if (installed) return true
-  installed = patchLayerCall<Conv2DLike>(tf, "Conv2D", (own) =>
+  registerKernels(
+    tf,
+    CONV2D_TRAIN,
+    Object.fromEntries(BACKENDS.map((b) => [b, (args: Parameters<KernelFunc>[0]) => (tf.getKernel("FusedConv2D", b)!.kernelFunc as unknown as KernelFunc)(args)]))
+  )
+  if (!tf.getGradient(CONV2D_TRAIN)) {
+    tf.registerGradient({
+      kernelName: CONV2D_TRAIN,
+      inputsToSave: ["x", "filter"],
+      outputsToSave: [true],
+      gradFunc: ((dy: Tensor, saved: Tensor[], attrs: ConvAttrs) => {
+        const [x, filter, y] = saved as [Tensor, Tensor, Tensor]
+        // ReLU's mask from its output (y > 0 exactly where the pre-activation is), by Relu's registered gradient.
+        const g = attrs.activation === "relu" ? (tf.getGradient("Relu")!.gradFunc(dy, [y], {}) as Record<string, () => Tensor>).x!() : dy
+        const conv = { strides: attrs.strides, pad: attrs.pad, dataFormat: "NHWC", dimRoundingMode: undefined }
+        return {
+          x: () => tf.engine().runKernel("Conv2DBackpropInput", { dy: g, filter }, { ...conv, inputShape: x.shape } as never) as Tensor,
+          filter: () => tf.engine().runKernel("Conv2DBackpropFilter", { x, dy: g }, { ...conv, filterShape: filter.shape } as never) as Tensor,
+          bias: () => tf.sum(g, [0, 1, 2])
+        }
+      }) as never
+    })
+  }
+  /** The convolution as the kernel, or undefined where it does not apply (then tfjs-layers' own call runs). */
+  const train = (layer: ConvLike, x: Tensor | undefined, rank: 1 | 2): Tensor | undefined => {
+    const dilations = typeof layer.dilationRate === "number" ? [layer.dilationRate] : layer.dilationRate
+    const activation = layer.activation.getClassName()
+    const fits =
+      x !== undefined &&
+      tf.engine().state.gradientDepth > 0 &&
+      layer.rank === rank &&
+      x.rank === rank + 2 &&
+      x.dtype === "float32" &&
+      layer.dataFormat === "channelsLast" &&
+      (layer.padding === "same" || layer.padding === "valid") &&
+      dilations.every((d) => d === 1) &&
+      (activation === "linear" || activation === "relu") &&
+      tf.getKernel(CONV2D_TRAIN, tf.getBackend()) !== undefined &&
+      tf.getKernel("FusedConv2D", tf.getBackend()) !== undefined
+    if (!fits) return undefined
+    return tf.tidy(() => {
+      // Conv1D as tfjs-core's conv1d runs it: a 2-D convolution of one row.
+      const x4 = rank === 2 ? x : tf.expandDims(x, 1)
+      const kernel = layer.kernel.read()
+      const filter = rank === 2 ? kernel : tf.expandDims(kernel, 0)
+      const attrs: ConvAttrs = {
+        strides: rank === 2 ? (layer.strides as [number, number]) : [1, layer.strides[0]!],
+        pad: layer.padding as "same" | "valid",
+        dataFormat: "NHWC",
+        dilations: [1, 1],
+        dimRoundingMode: undefined,
+        activation: activation as "linear" | "relu"
+      }
+      const inputs: Record<string, Tensor> = layer.bias ? { x: x4, filter, bias: layer.bias.read() } : { x: x4, filter }
+      const y = tf.engine().runKernel(CONV2D_TRAIN, inputs, attrs as never) as Tensor
+      return rank === 2 ? y : tf.squeeze(y, [1])
+    })
+  }
+  const conv2d = patchLayerCall<ConvLike>(tf, "Conv2D", (own) =>
     function (inputs, kwargs) {
-      const x = oneInput(inputs)
-      const fits =
-        x !== undefined &&
-        (tf.engine().state as unknown as TapeState).gradientDepth > 0 &&
-        this.rank === 2 &&
-        x.rank === 4 &&
-        x.dtype === "float32" &&
-        this.dataFormat === "channelsLast" &&
-        (this.padding === "same" || this.padding === "valid") &&
-        this.activation.getClassName() === "linear" &&
-        !dependsOnTrainable(tf, x)
-      if (!fits) return own.call(this, inputs, kwargs)
-      return tf.tidy(() => {
-        const y = tf.conv2d(x as Tensor4D, this.kernel.read() as Tensor4D, this.strides as [number, number], this.padding as "same" | "valid", "NHWC", this.dilationRate as [number, number])
-        return this.bias ? tf.add(y, this.bias.read()) : y
-      })
+      return train(this, oneInput(inputs), 2) ?? own.call(this, inputs, kwargs)
     }
   )
+  const conv1d = patchLayerCall<ConvLike>(tf, "Conv1D", (own) =>
+    function (inputs, kwargs) {
+      return train(this, oneInput(inputs), 1) ?? own.call(this, inputs, kwargs)
+    }
+  )
+  installed = conv2d && conv1d
   return installed
 }
 
-/** Runs `f` with tfjs-layers' own Conv2D.call (for tests and benchmarks that compare the two). */
-export const withTfjsConvLayer = <T>(tf: Tf, f: () => T): T => withTfjsCalls(tf, ["Conv2D"], f)
+/** Runs `f` with tfjs-layers' own Conv2D and Conv1D calls (for tests and benchmarks that compare the two). */
+export const withTfjsConvLayers = <T>(tf: Tf, f: () => T): T => withTfjsCalls(tf, ["Conv2D", "Conv1D"], f)
