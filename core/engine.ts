@@ -9,7 +9,7 @@ import { createRequire } from "node:module"
 import { ConfigError } from "./errors.ts"
 import { registerMissingGradients } from "./kernels/gradients.ts"
 import { BATCH_NORM_TRAIN, installBatchNormTrain } from "./kernels/batch-norm-train.ts"
-import { CONV2D_TRAIN, installConvLayer } from "./kernels/conv-layer.ts"
+import { CONV2D_TRAIN, installTrainLayers } from "./kernels/train-layers.ts"
 import { installLayerNorm, LAYER_NORM } from "./kernels/layer-norm.ts"
 import { installLstmCell, LSTM_CELL } from "./kernels/lstm-cell.ts"
 import { LSTM_SEQUENCE } from "./kernels/lstm-sequence.ts"
@@ -195,8 +195,8 @@ export const loadEngine = (want: BackendKind | "auto" = "auto"): Promise<{ tf: T
     if (installLayerNorm(l.tf) && l.tf.getKernel(LAYER_NORM, l.tf.getBackend())) why.push("layer normalization runs as one kernel")
     // Batch normalization while training as one kernel and its gradient as one more (kernels/batch-norm-train.ts).
     if (installBatchNormTrain(l.tf) && l.tf.getKernel(BATCH_NORM_TRAIN, l.tf.getBackend())) why.push("batch normalization trains as one kernel")
-    // Convolution layers train as one kernel forward, their input's gradient computed only where used (kernels/conv-layer.ts).
-    if (installConvLayer(l.tf) && l.tf.getKernel(CONV2D_TRAIN, l.tf.getBackend())) why.push("convolution layers train with their bias and ReLU in one kernel, no gradient for their data")
+    // Convolution layers train as one kernel forward, their input's gradient computed only where used (kernels/train-layers.ts).
+    if (installTrainLayers(l.tf) && l.tf.getKernel(CONV2D_TRAIN, l.tf.getBackend())) why.push("convolution layers train with their bias and ReLU in one kernel, no gradient for their data")
     return l
   })
   return loaded

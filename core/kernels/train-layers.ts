@@ -14,8 +14,11 @@
 // and a registered gradient giving the input's, the filter's and the bias's gradients each on its
 // own (the ReLU's mask once, by its registered gradient), so tfjs computes the input's only where a
 // gradient is asked of it (tf.grad of the data still gets it). Other layers, and every layer outside
-// a recorded gradient (inference runs tfjs-layers' own call), are unchanged. Installed once the
-// engine's backend is up (`../engine.ts`).
+// a recorded gradient (inference runs tfjs-layers' own call), are unchanged. Dense layers keep
+// tfjs-layers' own call: the same for them (the backend's _FusedMatMul) took the zoo transformer's
+// plain step on wasm from 25.5 to 27.5 ms, XNNPACK's fused product being slower there than
+// gradwire's SIMD matmul with a separate bias add and ReLU. Installed once the engine's backend is
+// up (`../engine.ts`).
 import type { Tf } from "../tf.ts"
 import { oneInput, patchLayerCall, registerKernels, withTfjsCalls } from "./fused-layers.ts"
 
@@ -54,7 +57,7 @@ interface ConvAttrs {
 let installed = false
 
 /** Registers the kernel and its gradient and replaces Conv2D's and Conv1D's calls (above). Returns whether the classes were found. */
-export const installConvLayer = (tf: Tf): boolean => {
+export const installTrainLayers = (tf: Tf): boolean => {
   if (installed) return true
   registerKernels(
     tf,
@@ -129,4 +132,4 @@ export const installConvLayer = (tf: Tf): boolean => {
 }
 
 /** Runs `f` with tfjs-layers' own Conv2D and Conv1D calls (for tests and benchmarks that compare the two). */
-export const withTfjsConvLayers = <T>(tf: Tf, f: () => T): T => withTfjsCalls(tf, ["Conv2D", "Conv1D"], f)
+export const withTfjsTrainLayers = <T>(tf: Tf, f: () => T): T => withTfjsCalls(tf, ["Conv2D", "Conv1D"], f)

@@ -1,15 +1,15 @@
-// What gradwire's convolution layers while training (core/kernels/conv-layer.ts: the bias and ReLU
-// in the convolution's kernel, no gradient for the data) save against tfjs-layers' own Conv2D and
-// Conv1D calls: a plain tfjs training step (Adam) of the zoo's residual CNN, LeNet, CNN and
+// What gradwire's convolution layers while training (core/kernels/train-layers.ts: the bias and ReLU
+// in the convolution's kernel, no gradient for the data) save against tfjs-layers' own Conv2D
+// and Conv1D calls: a plain tfjs training step (Adam) of the zoo's residual CNN, LeNet, CNN and
 // embedding model (bench/zoo-step.ts) and of a ResNet-style stem model (7x7 stride 2 on
 // [64, 64, 3], 32 filters, no bias, batch norm, ReLU, a 3x3 convolution, pooling, a dense layer;
 // batch 16), each call alternated block by block in one process, so drift hits both alike. Prints
 // the medians of ms per step and the convolution input gradients a step runs.
 //
-//   node bench/conv-layer.ts [--backend wasm] [--steps 10] [--rounds 6]
+//   node bench/train-layers.ts [--backend wasm] [--steps 10] [--rounds 6]
 import { optionReader } from "./args.ts"
 import { loadEngine, type BackendKind } from "../index.ts"
-import { withTfjsConvLayers } from "../core/kernels/conv-layer.ts"
+import { withTfjsTrainLayers } from "../core/kernels/train-layers.ts"
 import { plainZooStep } from "./zoo-step.ts"
 
 const option = optionReader(process.argv.slice(2))
@@ -52,7 +52,7 @@ const models: Array<[string, () => Promise<() => Promise<void>>]> = [
 for (const [name, make] of models) {
   const step = await make()
   // The model's calls run inside minimize, before its first await: the swap covers them.
-  const run = (tfjs: boolean): Promise<void> => (tfjs ? withTfjsConvLayers(tf, step) : step())
+  const run = (tfjs: boolean): Promise<void> => (tfjs ? withTfjsTrainLayers(tf, step) : step())
   for (let i = 0; i < 3; i++) for (const tfjs of [true, false]) await run(tfjs)
   const inputGrads = async (tfjs: boolean): Promise<number> => (await tf.profile(() => run(tfjs))).kernels.filter((k) => k.name === "Conv2DBackpropInput").length
   const counts = [await inputGrads(true), await inputGrads(false)]

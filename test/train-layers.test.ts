@@ -1,14 +1,14 @@
-// core/kernels/conv-layer.ts: Conv2D and Conv1D layers while training as one kernel forward (bias and
-// ReLU in the same pass) whose gradient tfjs computes per input, so a model's first layer computes
-// no gradient for its data (tfjs-core's fused conv2d computed it with the filter's). Against
-// tfjs-layers' own calls (withTfjsConvLayers), on wasm and cpu: every variable's gradient, the
-// kernels run (one convolution input gradient fewer: the first layer's; no separate bias add or
-// ReLU), a gradient asked of the data itself, and inference. The webgpu backend's runs in
+// core/kernels/train-layers.ts: Conv2D and Conv1D layers while training as one kernel forward (bias
+// and ReLU in the same pass) whose gradient tfjs computes per input, so a model's first layer
+// computes no gradient for its data (tfjs-core's fused conv2d computed it with the filter's).
+// Against tfjs-layers' own calls (withTfjsTrainLayers), on wasm and cpu: every variable's gradient,
+// the kernels run (no convolution input gradient for the data, no separate ReLU), a gradient asked
+// of the data itself, and inference. The webgpu backend's runs in
 // test/webgpu-layer-coverage.test.ts (every layer's gradients against the cpu backend's).
 import { beforeAll, describe, expect, it } from "vitest"
 import { kernelsOf, seeded, worst } from "./support/kernel-compare.ts"
 import { loadEngine, type Tf } from "../core/engine.ts"
-import { CONV2D_TRAIN, withTfjsConvLayers } from "../core/kernels/conv-layer.ts"
+import { CONV2D_TRAIN, withTfjsTrainLayers } from "../core/kernels/train-layers.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
 type LayersModel = import("@tensorflow/tfjs").LayersModel
@@ -74,11 +74,11 @@ describe("convolution layers while training", () => {
         const m = model2d(c)
         const x = images()
         const ours = gradients(m, x)
-        const theirs = withTfjsConvLayers(tf, () => gradients(m, x))
+        const theirs = withTfjsTrainLayers(tf, () => gradients(m, x))
         expect(ours).toHaveLength(m.trainableWeights.length + 1)
         expect(await worst(ours, theirs)).toBeLessThan(1e-5)
         const oursRan = await kernelsOf(tf, () => gradients(m, x))
-        const theirsRan = await kernelsOf(tf, () => withTfjsConvLayers(tf, () => gradients(m, x)))
+        const theirsRan = await kernelsOf(tf, () => withTfjsTrainLayers(tf, () => gradients(m, x)))
         expect(count(oursRan, CONV2D_TRAIN)).toBe(2)
         expect(count(theirsRan, CONV2D_TRAIN)).toBe(0)
         // the second layer's input gradient in both; the first layer's in tfjs-layers' own where it
@@ -98,7 +98,7 @@ describe("convolution layers while training", () => {
         const m = model1d(strides)
         const x = tokens()
         const ours = gradients(m, x)
-        const theirs = withTfjsConvLayers(tf, () => gradients(m, x))
+        const theirs = withTfjsTrainLayers(tf, () => gradients(m, x))
         expect(await worst(ours, theirs)).toBeLessThan(1e-5)
         // the embedding's gradient flows through the conv's input gradient
         expect(Math.max(...(await ours[1]!.data()).map(Math.abs))).toBeGreaterThan(0)
@@ -117,7 +117,7 @@ describe("convolution layers while training", () => {
     const x = images()
     const dx = (): Tensor[] => [tf.grad((input: Tensor) => tf.sum(tf.square(m.apply(input, { training: true }) as Tensor)))(x)]
     const ours = dx()
-    const theirs = withTfjsConvLayers(tf, dx)
+    const theirs = withTfjsTrainLayers(tf, dx)
     expect(await worst(ours, theirs)).toBeLessThan(1e-5)
     expect(Math.max(...(await ours[0]!.data()).map(Math.abs))).toBeGreaterThan(0)
     const predicted = await kernelsOf(tf, () => [m.predict(x) as Tensor])
