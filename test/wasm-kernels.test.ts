@@ -70,6 +70,20 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     // the filter gradient takes four taps at a time (FW 3: one pass; 5: a second with one tap).
     [[2, 6, 6, 2], [3, 3, 2, 7], 1, "same"],
     [[3, 12, 12, 1], [5, 5, 1, 6], 1, "same"],
+    // Strides above 1 (the input gradient by the patch matrix): a ResNet-style 7x7 stride-2 stem, a
+    // downsampling 3x3 and 1x1, a 2x2 filter at stride 2, a 1x1 filter at stride 3, unequal
+    // strides, and filters narrower than their "same" stride along one axis with the other axis
+    // padded, which tfjs-backend-wasm's XNNPACK convolution (the run without the heap kernels, and
+    // with them a filter of more than 576 taps) got wrong while it was handed "same" as such.
+    [[2, 11, 12, 3], [3, 2, 3, 5], [3, 4], "same"],
+    [[2, 11, 12, 72], [3, 3, 72, 5], [1, 4], "same"],
+    [[2, 16, 16, 3], [7, 7, 3, 8], 2, "same"],
+    [[2, 9, 9, 8], [3, 3, 8, 16], 2, "same"],
+    [[2, 8, 8, 8], [1, 1, 8, 16], 2, "same"],
+    [[2, 8, 6, 4], [2, 2, 4, 4], 2, "valid"],
+    [[2, 10, 10, 4], [1, 1, 4, 4], 3, "valid"],
+    [[2, 11, 12, 3], [3, 4, 3, 5], [3, 4], "same"],
+    [[2, 11, 13, 3], [5, 3, 3, 5], [2, 3], "valid"],
     // More taps than the SIMD convolution takes (8·9 > 576), and a 1x1 filter: the backend's own.
     [[1, 5, 5, 72], [3, 3, 72, 8], 1, "same"],
     [[2, 4, 4, 8], [1, 1, 8, 12], 1, "valid"]
@@ -200,12 +214,12 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     tf.dispose([...xs, ...dys])
   })
 
-  it("depthwise conv2d gradients (multiplier 3; stride 2 same, stride 1 valid)", async () => {
-    for (const [strides, pad] of [[2, "same"], [1, "valid"]] as const) {
+  it("depthwise conv2d and its gradients (multiplier 3; stride 2 same, stride 1 valid, a 3x3 filter at strides [1, 4] same)", async () => {
+    for (const [strides, pad] of [[2, "same"], [1, "valid"], [[1, 4], "same"]] as const) {
       const worst = await compare(() => {
-        const f = (a: Tensor, w: Tensor): Tensor => tf.depthwiseConv2d(a as never, w as never, strides, pad) as unknown as Tensor
+        const f = (a: Tensor, w: Tensor): Tensor => tf.depthwiseConv2d(a as never, w as never, strides as never, pad) as unknown as Tensor
         const [gx, gf] = tf.grads((a: Tensor, w: Tensor) => f(a, w).mul(t(f(a, w).shape, 7)).sum())([t([2, 9, 8, 3], 3), t([3, 3, 3, 3], 4)])
-        return [gx!, gf!]
+        return [f(t([2, 9, 8, 3], 3), t([3, 3, 3, 3], 4)), gx!, gf!]
       })
       expect(worst).toBeLessThanOrEqual(1e-4)
     }

@@ -118,17 +118,30 @@ export const simdConv2d = (tf: Tf, backend: KernelArgs["backend"], x: TensorInfo
   }
 }
 
-/** Conv2D: the SIMD kernel where it applies, else `original` (the backend's). */
+/**
+ * `args` with "same" padding written out as the rows and columns it adds. tfjs-backend-wasm hands
+ * "same" to XNNPACK as its TensorFlow-SAME flag, which pads wrongly where a filter is narrower than
+ * its stride along one axis and the other axis is padded (3x3 at strides [1, 4] on [2, 11, 12, 128]:
+ * off by up to 100 against the cpu backend; its depthwise convolutions likewise); with the padding
+ * explicit it computes what tfjs does.
+ */
+export const explicitSame = (tf: Tf, args: KernelArgs, depthwise = false): KernelArgs => {
+  if (args.attrs.pad !== "same" || args.attrs.dataFormat === "NCHW") return args
+  const { top, bottom, left, right } = convInfo(tf, args.inputs.x!.shape, args.inputs.filter!.shape, args.attrs, depthwise).padInfo
+  return { ...args, attrs: { ...args.attrs, pad: [[0, 0], [top, bottom], [left, right], [0, 0]] } }
+}
+
+/** Conv2D: the SIMD kernel where it applies, else `original` (the backend's, with "same" made explicit). */
 export const conv2dKernel =
   (tf: Tf, original: KernelFunc): KernelFunc =>
   (args) =>
-    simdConv2d(tf, args.backend, args.inputs.x, args.inputs.filter, undefined, args.attrs, false) ?? original(args)
+    simdConv2d(tf, args.backend, args.inputs.x, args.inputs.filter, undefined, args.attrs, false) ?? original(explicitSame(tf, args))
 
-/** FusedConv2D with a bias or none and a linear or ReLU activation: the SIMD kernel where it applies, else `original`. */
+/** FusedConv2D with a bias or none and a linear or ReLU activation: the SIMD kernel where it applies, else `original` ("same" made explicit). */
 export const fusedConv2dKernel =
   (tf: Tf, original: KernelFunc): KernelFunc =>
   (args) => {
     const activation = args.attrs.activation ?? "linear"
-    if ((activation !== "linear" && activation !== "relu") || args.inputs.preluActivationWeights) return original(args)
-    return simdConv2d(tf, args.backend, args.inputs.x, args.inputs.filter, args.inputs.bias, args.attrs, activation === "relu") ?? original(args)
+    if ((activation !== "linear" && activation !== "relu") || args.inputs.preluActivationWeights) return original(explicitSame(tf, args))
+    return simdConv2d(tf, args.backend, args.inputs.x, args.inputs.filter, args.inputs.bias, args.attrs, activation === "relu") ?? original(explicitSame(tf, args))
   }

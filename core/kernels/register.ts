@@ -16,7 +16,7 @@ import { tile } from "./tile.ts"
 import { unpack } from "./unpack.ts"
 import { gatherRows } from "./gather.ts"
 import { untransposedMatMul } from "./matmul.ts"
-import { channelsLast, conv2dKernel, fusedConv2dKernel } from "./conv2d.ts"
+import { channelsLast, conv2dKernel, explicitSame, fusedConv2dKernel } from "./conv2d.ts"
 import { transposeKernel } from "./transpose.ts"
 import { broadcastFirst, SLOW_BROADCAST_KERNELS } from "./broadcast.ts"
 import type { KernelArgs, KernelFunc } from "./wasm-heap.ts"
@@ -32,14 +32,16 @@ export const FAST_WASM_KERNELS = [
 /**
  * Kernels tfjs-backend-wasm 4.22 has but computes wrongly (test/wasm-layer-coverage.test.ts finds
  * them against finite differences), replaced: MaxPoolGrad by gradwire's own; the conv3d gradients
- * (the input's wrong at stride 1, the filter's at stride 2) by the cpu backend's. And one that is
+ * (the input's wrong at stride 1, the filter's at stride 2) by the cpu backend's; the convolutions
+ * with "same" padding where a filter is narrower than its stride on one axis (XNNPACK's SAME flag;
+ * the backend's own kernel with the padding written out, conv2d.ts explicitSame). And one that is
  * right but slow: Conv2D and FusedConv2D on narrow layers (conv2d.ts), Conv2DBackpropInput (conv-grads.ts), Tile (tile.ts), Unpack (unpack.ts), GatherV2 (gather.ts), the matmuls with a transposed operand (matmul.ts),
  * Transpose (transpose.ts), the broadcasting comparisons (broadcast.ts), Sum and Mean over a
  * block of leading or middle axes (reduce.ts), Max and Min there (reduce.ts), and Identity (shares its input's buffer, as tfjs's
  * cpu backend and wasm's own Reshape do, where wasm's copied it: 26 copies of an activation in a
  * residual CNN's step; gradwire's in-place writers check that a buffer is not shared first).
  */
-export const REPLACED_WASM_KERNELS = ["Conv2D", "FusedConv2D", "Conv2DBackpropInput", "MaxPoolGrad", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", "Tile", "Unpack", "BatchMatMul", "_FusedMatMul", "Transpose", "GatherV2", "Sum", "Mean", "Max", "Min", "Identity", ...SLOW_BROADCAST_KERNELS] as const
+export const REPLACED_WASM_KERNELS = ["Conv2D", "FusedConv2D", "DepthwiseConv2dNative", "FusedDepthwiseConv2D", "Conv2DBackpropInput", "MaxPoolGrad", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", "Tile", "Unpack", "BatchMatMul", "_FusedMatMul", "Transpose", "GatherV2", "Sum", "Mean", "Max", "Min", "Identity", ...SLOW_BROADCAST_KERNELS] as const
 
 let registered: { fast: string[]; fallback: string[]; gradients: string[] } | undefined
 
@@ -85,6 +87,11 @@ export const registerWasmKernels = (tf: Tf): { fast: string[]; fallback: string[
   if (wasmConv) replace("Conv2D", conv2dKernel(tf, wasmConv))
   const wasmFusedConv = tf.getKernel("FusedConv2D", "wasm")?.kernelFunc as unknown as KernelFunc | undefined
   if (wasmFusedConv) replace("FusedConv2D", fusedConv2dKernel(tf, wasmFusedConv))
+  // Depthwise convolutions keep the backend's, with "same" padding written out (conv2d.ts explicitSame).
+  for (const name of ["DepthwiseConv2dNative", "FusedDepthwiseConv2D"]) {
+    const original = tf.getKernel(name, "wasm")?.kernelFunc as unknown as KernelFunc | undefined
+    if (original) replace(name, (a) => original(explicitSame(tf, a, true)))
+  }
   const wasmConvInput = tf.getKernel("Conv2DBackpropInput", "wasm")?.kernelFunc as unknown as KernelFunc | undefined
   if (wasmConvInput) replace("Conv2DBackpropInput", guarded((a) => conv2dBackpropInput(tf, a), (a) => nhwc(a) && a.inputs.dy.dtype === "float32", wasmConvInput))
   replace("MaxPoolGrad", guarded((a) => maxPoolGrad(tf, a), nhwc, cpuFallback(tf, "MaxPoolGrad")))
