@@ -10,13 +10,13 @@
 import { optionReader } from "./args.ts"
 import { loadEngine, type BackendKind } from "../index.ts"
 import { withTfjsTrainLayers } from "../core/kernels/train-layers.ts"
+import { median } from "../scheduler/cost-model.ts"
 import { plainZooStep } from "./zoo-step.ts"
 
 const option = optionReader(process.argv.slice(2))
 const steps = Number(option("--steps", "10"))
 const rounds = Number(option("--rounds", "6"))
 const { tf, backend } = await loadEngine(option("--backend", "wasm") as BackendKind)
-const median = (v: number[]): number => [...v].sort((a, b) => a - b)[Math.floor(v.length / 2)]!
 
 /** The stem model's step. */
 const stemStep = (): (() => Promise<void>) => {
