@@ -6,6 +6,7 @@ import { beforeAll, describe, expect, it } from "vitest"
 import { loadEngine, type Tf } from "../core/engine.ts"
 import { fallbackKernelsUsed } from "../core/kernels/fallback.ts"
 import { useHeapKernels } from "../core/kernels/heap-simd.ts"
+import { useFilterGradChunks } from "../core/kernels/conv-grads.ts"
 import { registerWasmKernels } from "../core/kernels/register.ts"
 import { asReducedBlock } from "../core/kernels/reduce.ts"
 import { simdConvStats } from "../core/kernels/conv2d.ts"
@@ -84,6 +85,11 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     [[2, 10, 10, 4], [1, 1, 4, 4], 3, "valid"],
     [[2, 11, 12, 3], [3, 4, 3, 5], [3, 4], "same"],
     [[2, 11, 13, 3], [5, 3, 3, 5], [2, 3], "valid"],
+    // Batches over the filter gradient's cache-sized chunk (core/kernels/conv-grads.ts): two images
+    // per chunk, then runs of rows of one image at strides 1 and 2.
+    [[12, 8, 8, 32], [3, 3, 32, 64], 1, "same"],
+    [[2, 40, 40, 16], [3, 3, 16, 16], 1, "same"],
+    [[2, 48, 45, 6], [5, 5, 6, 8], 2, "same"],
     // More taps than the SIMD convolution takes (8·9 > 576), and a 1x1 filter: the backend's own.
     [[1, 5, 5, 72], [3, 3, 72, 8], 1, "same"],
     [[2, 4, 4, 8], [1, 1, 8, 12], 1, "valid"]
@@ -130,6 +136,37 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     }
     // relu and linear ran on the SIMD kernel; elu and prelu did not (the calls counted are the wasm runs)
     expect(simdConvStats.calls - before).toBe(2)
+  })
+
+  it("the filter gradient over a batch in cache-sized chunks: the same bits as one call of the SIMD kernel over the whole batch (whole images per chunk; runs of rows at strides 1, 2 and 3, same and valid)", () => {
+    for (const [x, f, strides, pad] of [
+      [[12, 8, 8, 32], [3, 3, 32, 64], 1, "same"],
+      [[3, 40, 40, 16], [3, 3, 16, 16], 1, "same"],
+      [[2, 64, 64, 3], [7, 7, 3, 32], 2, "same"],
+      [[4, 30, 30, 16], [3, 3, 16, 16], 1, "valid"],
+      [[2, 50, 50, 32], [3, 3, 32, 32], 3, "same"]
+    ] as Array<[number[], number[], number, "same" | "valid"]>) {
+      const xs = t(x, 3)
+      const dy = t((tf.conv2d(xs as never, tf.zeros(f) as never, strides, pad) as unknown as Tensor).shape, 4)
+      const filterGrad = (chunks: boolean): Float32Array => {
+        useFilterGradChunks(chunks)
+        try {
+          const dw = tf.engine().runKernel("Conv2DBackpropFilter", { x: xs, dy }, { strides, pad, dataFormat: "NHWC", dimRoundingMode: undefined, filterShape: f } as never) as Tensor
+          const values = dw.dataSync() as Float32Array
+          dw.dispose()
+          return values
+        } finally {
+          useFilterGradChunks(true)
+        }
+      }
+      const whole = filterGrad(false)
+      const chunked = filterGrad(true)
+      let differing = 0
+      for (let i = 0; i < whole.length; i++) if (!Object.is(whole[i], chunked[i])) differing++
+      expect({ x, differing }).toEqual({ x, differing: 0 })
+      expect(Math.max(...Array.from(whole, Math.abs))).toBeGreaterThan(0)
+      tf.dispose([xs, dy])
+    }
   })
 
   it("the SIMD convolution runs for layers whose filter fits the caches, and not without the heap kernels", () => {

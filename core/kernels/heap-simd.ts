@@ -49,8 +49,8 @@ export interface HeapKernels {
   adam(p: number, q: number, m: number, v: number, g: number, n: number, b1: number, c1: number, b2: number, c2: number, d1: number, d2: number, eps: number, negLr: number): void
   /** A channels-last 2-D convolution (dilation 1) of an input padded so that every tap is inside it; bias 0 for none, relu 1 for ReLU. */
   conv2d(x: number, w: number, bias: number, y: number, N: number, HP: number, WP: number, C: number, OH: number, OW: number, O: number, FH: number, FW: number, SH: number, SW: number, relu: number): void
-  /** A channels-last 2-D convolution's filter gradient (dilation 1). */
-  convFilterGrad(x: number, dy: number, dw: number, N: number, H: number, W: number, C: number, OH: number, OW: number, O: number, FH: number, FW: number, SH: number, SW: number, top: number, left: number): void
+  /** A channels-last 2-D convolution's filter gradient (dilation 1); acc 1 adds to dW's values (the batch in chunks). */
+  convFilterGrad(x: number, dy: number, dw: number, N: number, H: number, W: number, C: number, OH: number, OW: number, O: number, FH: number, FW: number, SH: number, SW: number, top: number, left: number, acc: number): void
   /** A channels-last max pool's gradient for windows that do not overlap; dx written inside windows only; reads up to 12 bytes past x and dy. */
   maxPoolGrad(x: number, dy: number, dx: number, N: number, H: number, W: number, C: number, OH: number, OW: number, FH: number, FW: number, SH: number, SW: number, top: number, left: number): void
   /** The same from x padded as conv2d reads it, four taps of a row at a time (for few output columns); reads up to 28 bytes past dy and 12 past x. */

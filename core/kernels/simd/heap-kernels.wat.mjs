@@ -491,7 +491,16 @@ const filterGradColumns = (kind) => {
   return `(block $${kind}_done
             (br_if $${kind}_done (i32.gt_s (i32.add (local.get $j) (i32.const ${lanes})) (local.get $O)))
             (loop $${kind}
-              ${kind === "one" ? "(local.set $sx (f32.const 0))" : [...accs, ...second].map((a) => `(local.set $${a} ${ZERO})`).join(" ")}
+              ;; dW[fh, fw, ci, j ..]: the sums start from it with $acc set (a chunk of the batch after the first), else from 0
+              (local.set $op (i32.add (local.get $dw) (i32.shl (i32.add (i32.mul (i32.add (i32.mul (i32.add (i32.mul (local.get $fh) (local.get $FW)) (local.get $fw)) (local.get $C)) (local.get $ci)) (local.get $O)) (local.get $j)) (i32.const 2))))
+              ${
+                kind === "one"
+                  ? "(local.set $sx (if (result f32) (local.get $acc) (then (f32.load (local.get $op))) (else (f32.const 0))))"
+                  : [
+                      ...accs.map((a, q) => `(local.set $${a} (if (result v128) (local.get $acc) (then (v128.load offset=${16 * q} (local.get $op))) (else ${ZERO})))`),
+                      ...second.map((a, q) => `(local.set $${a} (if (result v128) (local.get $acc) (then (v128.load offset=${16 * q} (i32.add (local.get $op) (local.get $ostep)))) (else ${ZERO})))`)
+                    ].join("\n              ")
+              }
               ${loop(
                 "b",
                 get("N"),
@@ -513,8 +522,6 @@ const filterGradColumns = (kind) => {
                       )}))`
                 )
               )}
-              ;; dW[fh, fw, ci, j ..]
-              (local.set $op (i32.add (local.get $dw) (i32.shl (i32.add (i32.mul (i32.add (i32.mul (i32.add (i32.mul (local.get $fh) (local.get $FW)) (local.get $fw)) (local.get $C)) (local.get $ci)) (local.get $O)) (local.get $j)) (i32.const 2))))
               ${
                 kind === "one"
                   ? "(f32.store (local.get $op) (local.get $sx))"
@@ -526,18 +533,20 @@ const filterGradColumns = (kind) => {
 }
 
 /**
- * convFilterGrad(x, dy, dw, N, H, W, C, OH, OW, O, FH, FW, SH, SW, top, left): a channels-last 2-D
+ * convFilterGrad(x, dy, dw, N, H, W, C, OH, OW, O, FH, FW, SH, SW, top, left, acc): a channels-last 2-D
  * convolution's filter gradient, dW[fh, fw, c, o] = Σ_{b, oh, ow} x[b, oh·SH + fh − top,
  * ow·SW + fw − left, c] · dy[b, oh, ow, o] (dilation 1, positions outside the image left out),
  * without a patch matrix: for each tap and input channel, one row of dW (16 output channels at a
  * time in four accumulators, two input channels at once where there are two, then 4, then one)
  * summed over every output pixel whose input is inside the image, x read in place with a stride
- * of SW·C and dy row by row. Sums in float32, in the order b, oh, ow.
+ * of SW·C and dy row by row. Sums in float32, in the order b, oh, ow. With acc 1 each sum starts
+ * from dW's value instead of 0, so the host can go over the batch in chunks that stay in cache
+ * (the sums, and so the bits, are those of one call over the whole batch).
  */
 const convFilterGrad = `
   (func (export "convFilterGrad") (param $x i32) (param $dy i32) (param $dw i32) (param $N i32)
       (param $H i32) (param $W i32) (param $C i32) (param $OH i32) (param $OW i32) (param $O i32)
-      (param $FH i32) (param $FW i32) (param $SH i32) (param $SW i32) (param $top i32) (param $left i32)
+      (param $FH i32) (param $FW i32) (param $SH i32) (param $SW i32) (param $top i32) (param $left i32) (param $acc i32)
     (local $fh i32) (local $fw i32) (local $ci i32) (local $j i32) (local $b i32) (local $oh i32) (local $ow i32)
     (local $ih i32) (local $first i32) (local $end i32) (local $xp i32) (local $dp i32) (local $op i32)
     (local $xstep i32) (local $ostep i32) (local $width i32) (local $sx f32) (local $jr i32)
