@@ -149,6 +149,9 @@ describe("SIMD kernels on the wasm heap", () => {
       // more than 256 rows: b transposed once, then the plain kernel
       () => tf.matMul(t([300, 36], 36), t([12, 36], 37), false, true),
       ...Array.from({ length: 21 }, (_, n) => () => tf.matMul(t([5, 11], 20 + n), t([11, n + 1], 50 + n))),
+      // b packed in blocks of 16 columns first (a single product, n a multiple of 16 above 16)
+      () => tf.matMul(t([5, 11], 80), t([11, 48], 81)),
+      () => tf.matMul(t([9, 6], 82), t([9, 32], 83), true, false),
       () => tf.matMul(t([3, 0], 15), t([0, 4], 16))
     ]
     for (const f of cases) {
@@ -165,9 +168,15 @@ describe("SIMD kernels on the wasm heap", () => {
       tf.dispose([w, c])
     }
     await tf.setBackend("wasm")
-    // Beyond the SIMD kernel: a product whose right operand outgrows the caches stays with XNNPACK.
+    // A right operand that outgrows the caches: the SIMD kernel for a few rows (a training step's
+    // batch, whose weights XNNPACK would pack again every step), packed in blocks of 16 columns up
+    // to 256 rows; XNNPACK beyond (matmul.ts).
     const before = simdMatMulStats.calls
     tf.dispose(tf.matMul(t([8, 256], 17), t([256, 256], 18)))
-    expect(simdMatMulStats.calls).toBe(before)
+    tf.dispose(tf.matMul(t([200, 256], 17), t([256, 256], 18)))
+    expect(simdMatMulStats.calls).toBe(before + 2)
+    tf.dispose(tf.matMul(t([300, 256], 17), t([256, 256], 18)))
+    tf.dispose(tf.matMul(t([100, 256], 17), t([256, 250], 18)))
+    expect(simdMatMulStats.calls).toBe(before + 2)
   })
 })

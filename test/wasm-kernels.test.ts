@@ -10,6 +10,7 @@ import { useFilterGradChunks } from "../core/kernels/conv-grads.ts"
 import { registerWasmKernels } from "../core/kernels/register.ts"
 import { asReducedBlock } from "../core/kernels/reduce.ts"
 import { simdConvStats } from "../core/kernels/conv2d.ts"
+import { setConflicting, simdMatMulStats } from "../core/kernels/matmul.ts"
 import { reluGradStats } from "../core/kernels/relu-grad.ts"
 import { asBlockTranspose } from "../core/kernels/transpose.ts"
 
@@ -339,13 +340,27 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
   })
 
   it("matmuls with transposed operands, batched and not", async () => {
+    // xᵀ·dy with x's rows 4 KiB apart (1024 columns): a transposed first, where reading it in
+    // place would keep refetching one L1 set (matmul.ts's setConflicting).
+    expect([setConflicting(1024, 32), setConflicting(2048, 64), setConflicting(1024, 16), setConflicting(512, 32), setConflicting(1000, 32)]).toEqual([true, true, false, false, false])
+    const calls = simdMatMulStats.calls
     const worst = await compare(() => [
+      tf.matMul(t([32, 1024], 10), t([32, 20], 11), true, false),
+      // b packed in blocks of 16 columns first (n a multiple of 16 above 16), a read in place or not
+      tf.matMul(t([5, 40], 12), t([40, 48], 13)),
+      tf.matMul(t([40, 7], 14), t([40, 32], 15), true, false),
       tf.matMul(t([7, 5], 1), t([7, 3], 2), true, false),
       tf.matMul(t([5, 7], 3), t([3, 7], 4), false, true),
       tf.matMul(t([4, 7, 5], 5), t([4, 3, 7], 6), true, true),
       tf.fused.matMul({ a: t([6, 5], 7), b: t([4, 6], 8), transposeA: true, transposeB: true, bias: t([4], 9), activation: "relu" })
     ])
     expect(worst).toBeLessThanOrEqual(1e-4)
+    expect(simdMatMulStats.calls).toBeGreaterThan(calls)
+    // The packed single product gives the bits of the same product unpacked (a batch of two).
+    const [a, b] = [t([9, 70], 16), t([70, 64], 17)]
+    const single = tf.matMul(a, b).dataSync()
+    const batched = tf.matMul(tf.stack([a, a]), tf.stack([b, b])).dataSync().slice(0, single.length)
+    expect(Array.from(single).every((v, i) => Object.is(v, batched[i]))).toBe(true)
   })
 
   it("transposes: block transposes of every shape (tiles, runs, batches), int32 and bool, and the others through the backend's own", async () => {

@@ -6,10 +6,12 @@
 // even untransposed, 2 GFLOP/s for a transformer's [64, 32, 32]·[64, 32, 16]. BatchMatMul runs
 // them, and single products whose right operand fits the caches (k·n ≤ 32768 floats), through
 // gradwire's SIMD kernel on the heap (heap-simd.ts: 23-33 GFLOP/s on those shapes, XNNPACK's
-// 19-28 on the single ones), a transposed left operand read in place (xᵀ·dy: 16-27 GFLOP/s,
-// against 9-17 for a transpose and XNNPACK), and a·bᵀ with k ≥ 32 and at most 256 rows as dot
+// 19-28 on the single ones; any single product of at most 64 rows, whose weights XNNPACK would
+// pack again every training step), a transposed left operand read in place (xᵀ·dy: 16-27 GFLOP/s,
+// against 9-17 for a transpose and XNNPACK; transposed first where its columns would share one L1
+// cache set, 1024 or 2048 features: setConflicting), and a·bᵀ with k ≥ 32 and at most 256 rows as dot
 // products of rows read in place (dx = dy·Wᵀ, an LSTM's dh = dz·Uᵀ: 13-18 GFLOP/s against 2-5 for a
-// transpose and the product); larger single products stay with XNNPACK, which blocks for the caches. The products
+// transpose and the product); larger single products of more rows stay with XNNPACK, which blocks for the caches. The products
 // sum over k in order, a multiply then an add, as the backend's do (the same bits); the dot
 // products in four partial sums added at the end.
 import type { Tf } from "../tf.ts"
@@ -23,8 +25,24 @@ const swapLast = (t: TensorInfo): number[] => {
   return perm
 }
 
-/** A single product's right operand that still fits the caches (floats): above it, XNNPACK's blocked kernel is faster. */
+/**
+ * A single product's right operand that still fits the caches (floats): above it, with more than
+ * SIMD_SINGLE_MAX_ROWS rows, XNNPACK's blocked kernel is faster.
+ */
 export const SIMD_SINGLE_MAX_KN = 32768
+/**
+ * Up to this many rows a single product runs on the SIMD kernel at any size. XNNPACK packs b into
+ * its blocked layout once per b tensor, and a training step's weights are a new tensor every step,
+ * so a dense layer's forward pays the packing every time. Each with a fresh b, alternated in one
+ * process (ms, XNNPACK against the SIMD kernel, a 512 KiB copy making the fresh b in both):
+ * [32, 1024]·[1024, 128] 1.87 / 0.90, [32, 3136]·[3136, 128] 6.23 / 3.29, [16, 1024]·[1024, 1024]
+ * 12.5 / 6.7, [64, 1024]·[1024, 128] 2.29 / 1.66, [64, 512]·[512, 512] 4.52 / 3.46; even at 96-128
+ * rows ([96, 1024]·[1024, 128] 2.78 / 2.66, [128, 512]·[512, 256] 2.77 / 2.91), XNNPACK ahead at
+ * 256 ([256, 512]·[512, 512] 10.7 / 15.1).
+ */
+export const SIMD_SINGLE_MAX_ROWS = 64
+/** The same for a product whose b is packed first (PACK_COLUMNS): XNNPACK was ahead from 512 rows. */
+export const SIMD_PACKED_MAX_ROWS = 256
 
 const size = (dims: readonly number[]): number => dims.reduce((x, y) => x * y, 1)
 
@@ -48,6 +66,31 @@ export const SIMD_TB_MIN_K = 32
 export const SIMD_TB_MAX_M = 256
 
 /**
+ * Columns of b per block when a single product packs b first. The SIMD kernel's accumulators take
+ * 16 columns of b at a time down all k of its rows, for every row of a: with b read in place those
+ * 16 floats are one piece of each of k rows 4·n bytes apart, which an L2 of 512 KiB cannot keep for
+ * the next row of a once b outgrows it, or once n is a power of two (all of them in a few cache
+ * sets). Packed as contiguous [k, 16] blocks (one pass over b, the blocked result put back in one
+ * pass over c) each block stays in cache for every row of a. The same bits; alternated in one
+ * process, ms: [32, 1024]·[1024, 1024] 10.1 -> 5.3, [32, 784]·[784, 1024] 5.7 -> 3.7, [1024, 32]·[32,
+ * 1024] 8.1 -> 3.1, [32, 1024]·[1024, 128] 0.71 -> 0.35, [32, 256]·[256, 256] 0.29 -> 0.17, [64,
+ * 512]·[512, 512] 3.1 -> 1.5.
+ */
+const PACK_COLUMNS = 16
+
+/**
+ * Whether aᵀ·b read in place would go down columns of a whose elements all share one L1 cache set
+ * (32 KiB, 8 ways of 64-byte lines: addresses 4 KiB apart): a's rows are 4·m bytes apart, so with m
+ * a multiple of 1024 and k over the set's 8 ways each element is fetched from L2 again for every 16
+ * columns of the product. Such products take a transposed first. xᵀ·dy, the SIMD kernel reading x in
+ * place against BatchMatMul with this rule, alternated in one process (the second with the engine's
+ * call around it): x [32, 1024] by dy [32, 128] 1.01 -> 0.68 ms, [32, 2048] by [32, 128] 2.15 ->
+ * 1.38, [64, 1024] by [64, 128] 1.82 -> 1.45; not where fewer rows share a set or k is small
+ * ([32, 512] by [32, 128] 0.30 against 0.40 transposed; [16, 1024] by [16, 32] 0.12 against 0.21).
+ */
+export const setConflicting = (m: number, k: number): boolean => m % 1024 === 0 && k >= 32
+
+/**
  * a·b, aᵀ·b (`ta`: a read transposed in place) or a·bᵀ (`tb`: as dot products of rows) for float32
  * operands on the heap, by the SIMD kernels, or undefined where they do not apply.
  */
@@ -61,10 +104,12 @@ const simdProduct = (args: KernelArgs, a: TensorInfo, b: TensorInfo, ta: boolean
   const n = b.shape[tb ? rb - 2 : rb - 1]!
   if (b.shape[tb ? rb - 1 : rb - 2] !== k) return undefined
   if (tb && (k % 4 !== 0 || k < SIMD_TB_MIN_K || m > SIMD_TB_MAX_M)) return undefined
+  if (ta && setConflicting(m, k)) return undefined
   const outer = batchShape(a.shape.slice(0, -2), b.shape.slice(0, -2))
   if (!outer) return undefined
   const batches = size(outer)
-  if (!tb && batches <= 1 && k * n > SIMD_SINGLE_MAX_KN) return undefined
+  const packed = !tb && batches === 1 && n % PACK_COLUMNS === 0 && n > PACK_COLUMNS
+  if (!tb && batches <= 1 && k * n > SIMD_SINGLE_MAX_KN && m > (packed ? SIMD_PACKED_MAX_ROWS : SIMD_SINGLE_MAX_ROWS)) return undefined
   const kernels = heapKernels(backend)
   if (!kernels) return undefined
   const out = backend.makeOutput([...outer, m, n], "float32")
@@ -72,8 +117,23 @@ const simdProduct = (args: KernelArgs, a: TensorInfo, b: TensorInfo, ta: boolean
   const sb = size(b.shape.slice(0, -2)) === 1 ? 0 : k * n * 4
   const [pa, pb, pc] = [addressOf(backend, a), addressOf(backend, b), addressOf(backend, out)]
   simdMatMulStats.calls++
+  const [ai, ak] = ta ? [4, 4 * m] : [4 * k, 4]
   if (tb) kernels.matmulTB(pa, pb, pc, batches, m, k, n, sa, sb)
-  else kernels.matmul(pa, pb, pc, batches, m, k, n, sa, sb, ta ? 4 : 4 * k, ta ? 4 * m : 4)
+  else if (packed) {
+    // b as n/16 blocks of 16 columns, each k·16 floats in a row, multiplied as a batch of [m, k]·[k, 16]
+    // products by the same a, and the [n/16, m, 16] result put back as [m, n].
+    const packed = backend.makeOutput([k, n], "float32")
+    const blocks = backend.makeOutput([m, n], "float32")
+    try {
+      const [pp, pq] = [addressOf(backend, packed), addressOf(backend, blocks)]
+      kernels.blockTranspose(pb, pp, 1, k, n / PACK_COLUMNS, PACK_COLUMNS)
+      kernels.matmul(pa, pp, pq, n / PACK_COLUMNS, m, k, PACK_COLUMNS, 0, k * PACK_COLUMNS * 4, ai, ak)
+      kernels.blockTranspose(pq, pc, 1, n / PACK_COLUMNS, m, PACK_COLUMNS)
+    } finally {
+      backend.disposeData(packed.dataId)
+      backend.disposeData(blocks.dataId)
+    }
+  } else kernels.matmul(pa, pb, pc, batches, m, k, n, sa, sb, ai, ak)
   return out
 }
 
