@@ -17,9 +17,12 @@ type Tensor = import("@tensorflow/tfjs").Tensor
 let tf: Tf
 let backend: WasmBackend
 let kernels: HeapKernels
+/** What explain.txt would say right after the engine loads, before any kernel ran. */
+let statusAtLoad: string
 
 beforeAll(async () => {
   tf = (await loadEngine("wasm")).tf
+  statusAtLoad = heapKernelsStatus()
   backend = tf.backend() as unknown as WasmBackend
   kernels = heapKernels(backend)!
 })
@@ -39,7 +42,8 @@ const onHeap = (ins: Array<[Float32Array, number[]]>, outShapes: number[][], run
 }
 
 describe("SIMD kernels on the wasm heap", () => {
-  it("are available on this runtime (WebAssembly SIMD, the backend's memory imported), and explain.txt says so", () => {
+  it("are available on this runtime (WebAssembly SIMD, the backend's memory imported), and explain.txt says so, from the engine's start on", () => {
+    expect(statusAtLoad).toBe("in use")
     expect(kernels).toBeDefined()
     expect(heapKernels(backend)).toBe(kernels)
     expect(heapKernelsStatus()).toBe("in use")

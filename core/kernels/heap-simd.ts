@@ -69,7 +69,7 @@ export const useHeapKernels = (on: boolean): void => {
 /** Why the kernels are off, once a call found them so (explain.txt says it). */
 let offReason: string | undefined
 
-/** For explain.txt: "in use", "off: <why>", or "not asked for yet" (no wasm kernel has run in this process). */
+/** For explain.txt: "in use", "off: <why>", or "not asked for yet" (wasm not loaded in this process: registerWasmKernels instantiates them). */
 export const heapKernelsStatus = (): string => (module ? "in use" : offReason ? `off: ${offReason}` : "not asked for yet")
 
 /** The kernels working on `backend`'s heap, or undefined (see above). */

@@ -10,7 +10,7 @@ import { maxPoolGrad } from "./pool-grads.ts"
 import { unsortedSegmentSum } from "./segment-sum.ts"
 import { BATCH_NORM_GRAD, registerBatchNormGrad } from "./batch-norm-grad.ts"
 import { RELU_GRAD, registerReluGrad } from "./relu-grad.ts"
-import { heapKernelsStatus } from "./heap-simd.ts"
+import { heapKernels, heapKernelsStatus } from "./heap-simd.ts"
 import { blockMaxMin, blockReduce, registerBlockMaxMinGradients } from "./reduce.ts"
 import { tile } from "./tile.ts"
 import { unpack } from "./unpack.ts"
@@ -19,7 +19,7 @@ import { untransposedMatMul } from "./matmul.ts"
 import { channelsLast, conv2dKernel, explicitSame, fusedConv2dKernel } from "./conv2d.ts"
 import { transposeKernel } from "./transpose.ts"
 import { broadcastFirst, SLOW_BROADCAST_KERNELS } from "./broadcast.ts"
-import type { KernelArgs, KernelFunc } from "./wasm-heap.ts"
+import type { KernelArgs, KernelFunc, WasmBackend } from "./wasm-heap.ts"
 
 /** The kernels gradwire implements natively on the wasm heap. */
 export const FAST_WASM_KERNELS = [
@@ -149,6 +149,9 @@ export const registerWasmKernels = (tf: Tf): { fast: string[]; fallback: string[
   // ReLU's gradient as one kernel on wasm (relu-grad.ts).
   if (registerReluGrad(tf)) fast.push(RELU_GRAD)
   registered = { fast, fallback, gradients: registerMissingGradients(tf) }
+  // Instantiated now rather than at the first kernel that asks (a few ms), so that explain.txt,
+  // written before the first step, says whether they are in use and why not.
+  if (tf.getBackend() === "wasm") heapKernels(tf.backend() as unknown as WasmBackend)
   return registered
 }
 
