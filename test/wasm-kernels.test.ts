@@ -72,6 +72,8 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     // the filter gradient takes four taps at a time (FW 3: one pass; 5: a second with one tap).
     [[2, 6, 6, 2], [3, 3, 2, 7], 1, "same"],
     [[3, 12, 12, 1], [5, 5, 1, 6], 1, "same"],
+    // 12 output channels (under 16): the four-taps kernel too.
+    [[4, 9, 9, 16], [3, 3, 16, 12], 1, "same"],
     // Strides above 1 (the input gradient by the patch matrix): a ResNet-style 7x7 stride-2 stem, a
     // downsampling 3x3 and 1x1, a 2x2 filter at stride 2, a 1x1 filter at stride 3, unequal
     // strides, and filters narrower than their "same" stride along one axis with the other axis

@@ -105,12 +105,15 @@ export const conv2dBackpropFilter = (tf: Tf, { inputs, backend, attrs }: KernelA
   // gradwire's SIMD kernel on the heap (heap-simd.ts) reads x and dy in place, with no transposes and
   // no patch matrix, a cache-sized chunk of the batch per call (filterGradInChunks).
   const kernels = info.dilationHeight === 1 && info.dilationWidth === 1 ? heapKernels(backend) : undefined
-  // With O not a multiple of 4 (LeNet's 6 filters), four taps of a row at a time for eight output
-  // columns (convFilterGradTaps) from a padded copy of x, where the rows kernel went over dy once
-  // per leftover column: [32, 28, 28, 1] 5x5 -> 6 1699 -> 604 µs; with O a multiple of 4 the rows
-  // kernel is as fast or faster (22-28 against 17-20 GFLOP/s with 6-32 input channels). The taps
-  // kernel reads up to 28 bytes past dy's last pixel: only where the heap goes on that far.
-  if (kernels && O % 4 !== 0 && top >= 0 && left >= 0 && roomAfter(backend, dy, 32)) {
+  // With O not a multiple of 4 (LeNet's 6 filters) or under 16, four taps of a row at a time for
+  // eight output columns (convFilterGradTaps) from a padded copy of x, where the rows kernel, whose
+  // wide blocks take 16 output columns, went over dy once per 4 or 1 of them: [32, 28, 28, 1] 5x5
+  // -> 6 1699 -> 604 µs; 3x3 -> 8 on [32, 16, 16, 16] 3.62 -> 1.82 ms, on [32, 8, 8, 64] 4.91 ->
+  // 2.37, on [32, 16, 16, 3] 0.55 -> 0.38; -> 12 on [32, 16, 16, 16] 5.60 -> 3.07 (the same bits).
+  // From 16 output columns on the rows kernel is as fast or faster (-> 16, 32, 48, 64: 1.4-1.8x the
+  // taps kernel's speed; -> 20 0.85x, -> 24 and 40 1.17-1.27x: left with the rows). The taps kernel
+  // reads up to 28 bytes past dy's last pixel: only where the heap goes on that far.
+  if (kernels && (O % 4 !== 0 || O < 16) && top >= 0 && left >= 0 && roomAfter(backend, dy, 32)) {
     const HP = (OH - 1) * SH + FH
     const WP = (OW - 1) * SW + FW
     const padded = padImage(backend, x, HP, WP, top, left, 4)
