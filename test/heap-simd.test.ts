@@ -136,6 +136,31 @@ describe("SIMD kernels on the wasm heap", () => {
     })
   }
 
+  it("matmul: the bits of float32 sums over k in order, a multiply then an add (rows two at a time, an odd last row, 16, 4 and 1 columns at a time, a read in place or transposed)", () => {
+    for (const [m, k, n, transposed] of [
+      [5, 11, 21, false],
+      [6, 7, 35, false],
+      [7, 13, 16, true],
+      [2, 3, 1, false],
+      [9, 33, 50, true],
+      [1, 5, 20, false]
+    ] as const) {
+      const a = seeded(m * k, m + 100)
+      const b = seeded(k * n, n + 200)
+      const [c] = onHeap([[a, [transposed ? k : m, transposed ? m : k]], [b, [k, n]]], [[m, n]], ([pa, pb], [pc]) =>
+        kernels.matmul(pa!, pb!, pc!, 1, m, k, n, 0, 0, transposed ? 4 : 4 * k, transposed ? 4 * m : 4)
+      )
+      let differing = 0
+      for (let i = 0; i < m; i++)
+        for (let j = 0; j < n; j++) {
+          let sum = 0
+          for (let kk = 0; kk < k; kk++) sum = Math.fround(sum + Math.fround(a[transposed ? kk * m + i : i * k + kk]! * b[kk * n + j]!))
+          if (!Object.is(sum, c![i * n + j])) differing++
+        }
+      expect({ m, k, n, differing }).toEqual({ m, k, n, differing: 0 })
+    }
+  })
+
   it("matmuls through the SIMD kernels: batched, batches broadcast, the left operand transposed in place, a·bᵀ as dot products, every column count's remainder, as the cpu backend gives them", async () => {
     const t = (shape: number[], seed: number): Tensor => tf.tensor(seeded(shape.reduce((a, b) => a * b, 1), seed), shape)
     const cases: Array<() => Tensor> = [

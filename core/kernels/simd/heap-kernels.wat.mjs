@@ -75,22 +75,72 @@ const matmulColumns = (lanes) => {
  * [m, k] at a + t·sa, its element (i, kk) at i·ai + kk·ak bytes from there (row-major: ai = 4k,
  * ak = 4; A_t stored transposed, [k, m]: ai = 4, ak = 4m), B_t [k, n] row-major at b + t·sb
  * (byte strides; 0 repeats one matrix for every batch) and C_t [m, n] row-major at
- * c + t·m·n·4. Columns go 16 at a time (four accumulators held across the whole k loop), then
- * 4 at a time, then the last n mod 4 one at a time. Each product is a multiply then an
- * add (no fused multiply-add), summed over k in order.
+ * c + t·m·n·4. Rows go two at a time, their columns 16 at a time (eight accumulators held across
+ * the whole k loop, each load of B's 16 floats used by both rows), then each row's next 4 columns
+ * at a time, then the last n mod 4 one at a time; an odd last row on its own. Each product is a
+ * multiply then an add (no fused multiply-add), summed over k in order (the bits do not depend on
+ * the blocking).
  */
 const matmul = `
   (func (export "matmul") (param $a i32) (param $b i32) (param $c i32) (param $batches i32)
       (param $m i32) (param $k i32) (param $n i32) (param $sa i32) (param $sb i32) (param $ai i32) (param $ak i32)
     (local $t i32) (local $i i32) (local $kk i32) (local $j i32) (local $row i32) (local $bt i32)
-    (local $ap i32) (local $bp i32) (local $cp i32) (local $nb i32)
-    (local $x f32) (local $s v128) ${f4("c0")} ${f4("c1")} ${f4("c2")} ${f4("c3")}
+    (local $ap i32) (local $bp i32) (local $cp i32) (local $nb i32) (local $j0 i32)
+    (local $x f32) (local $s v128) (local $s2 v128) (local $bv v128) ${["c0", "c1", "c2", "c3", "e0", "e1", "e2", "e3"].map(f4).join(" ")}
     (local.set $nb ${mul(get("n"), c32(4))})
     (local.set $cp ${get("c")})
-    ${perRow(
-      get("ai"),
-      `(local.set $j (i32.const 0))
-      ${[16, 4, 1].map(matmulColumns).join("\n")}`
+    ${loop(
+      "t",
+      get("batches"),
+      `(local.set $bt ${add(get("b"), mul(get("t"), get("sb")))})
+      (local.set $i (i32.const 0))
+      ;; rows two at a time: each 16 columns of B loaded once for both rows' accumulators
+      (block $pairs_done
+        (br_if $pairs_done (i32.gt_s (i32.add (local.get $i) (i32.const 2)) (local.get $m)))
+        (loop $pairs
+          (local.set $row ${add(get("a"), mul(get("t"), get("sa")), mul(get("i"), get("ai")))})
+          (local.set $j (i32.const 0))
+          (block $pair16_done
+            (br_if $pair16_done (i32.gt_s (i32.add (local.get $j) (i32.const 16)) (local.get $n)))
+            (loop $pair16
+              ${["c0", "c1", "c2", "c3", "e0", "e1", "e2", "e3"].map((a) => `(local.set $${a} ${ZERO})`).join(" ")}
+              (local.set $ap (local.get $row))
+              (local.set $bp ${add(get("bt"), mul(get("j"), c32(4)))})
+              ${loop(
+                "kk",
+                get("k"),
+                `(local.set $s (v128.load32_splat (local.get $ap)))
+                (local.set $s2 (v128.load32_splat (i32.add (local.get $ap) (local.get $ai))))
+                ${[0, 1, 2, 3]
+                  .map(
+                    (q) => `(local.set $bv (v128.load offset=${16 * q} (local.get $bp)))
+                (local.set $c${q} (f32x4.add (local.get $c${q}) (f32x4.mul (local.get $s) (local.get $bv))))
+                (local.set $e${q} (f32x4.add (local.get $e${q}) (f32x4.mul (local.get $s2) (local.get $bv))))`
+                  )
+                  .join("\n                ")}
+                (local.set $ap (i32.add (local.get $ap) (local.get $ak)))
+                (local.set $bp (i32.add (local.get $bp) (local.get $nb)))`
+              )}
+              ${[0, 1, 2, 3].map((q) => `(v128.store offset=${16 * q} (local.get $cp) (local.get $c${q}))`).join(" ")}
+              ${[0, 1, 2, 3].map((q) => `(v128.store offset=${16 * q} (i32.add (local.get $cp) (local.get $nb)) (local.get $e${q}))`).join(" ")}
+              (local.set $cp (i32.add (local.get $cp) (i32.const 64)))
+              (local.set $j (i32.add (local.get $j) (i32.const 16)))
+              (br_if $pair16 (i32.le_s (i32.add (local.get $j) (i32.const 16)) (local.get $n)))))
+          ;; the rest of each of the two rows' columns on its own, 4 then 1 at a time
+          (local.set $j0 (local.get $j))
+          ${[4, 1].map(matmulColumns).join("\n")}
+          (local.set $row (i32.add (local.get $row) (local.get $ai)))
+          (local.set $cp (i32.add (local.get $cp) (i32.shl (local.get $j0) (i32.const 2))))
+          (local.set $j (local.get $j0))
+          ${[4, 1].map(matmulColumns).join("\n")}
+          (local.set $i (i32.add (local.get $i) (i32.const 2)))
+          (br_if $pairs (i32.le_s (i32.add (local.get $i) (i32.const 2)) (local.get $m)))))
+      ;; an odd last row
+      (if (i32.lt_s (local.get $i) (local.get $m))
+        (then
+          (local.set $row ${add(get("a"), mul(get("t"), get("sa")), mul(get("i"), get("ai")))})
+          (local.set $j (i32.const 0))
+          ${[16, 4, 1].map(matmulColumns).join("\n")}))`
     )})`
 
 // Float64 halves of an f32x4 and back: sums over many rows are kept in float64, as the JavaScript
