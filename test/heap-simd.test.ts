@@ -161,6 +161,28 @@ describe("SIMD kernels on the wasm heap", () => {
     }
   })
 
+  it("matmulTB: the bits of four float32 partial sums over k (lane by lane, in order), added as (l0 + l1) + (l2 + l3) (rows two at a time against four of b, an odd last row, the last columns one at a time)", () => {
+    for (const [m, k, n] of [
+      [5, 36, 7],
+      [6, 8, 13],
+      [1, 32, 9],
+      [9, 12, 4]
+    ] as const) {
+      const a = seeded(m * k, m + 300)
+      const b = seeded(n * k, n + 400)
+      const [c] = onHeap([[a, [m, k]], [b, [n, k]]], [[m, n]], ([pa, pb], [pc]) => kernels.matmulTB(pa!, pb!, pc!, 1, m, k, n, 0, 0))
+      let differing = 0
+      for (let i = 0; i < m; i++)
+        for (let j = 0; j < n; j++) {
+          const lanes = [0, 0, 0, 0]
+          for (let kk = 0; kk < k; kk++) lanes[kk % 4] = Math.fround(lanes[kk % 4]! + Math.fround(a[i * k + kk]! * b[j * k + kk]!))
+          const sum = Math.fround(Math.fround(lanes[0]! + lanes[1]!) + Math.fround(lanes[2]! + lanes[3]!))
+          if (!Object.is(sum, c![i * n + j])) differing++
+        }
+      expect({ m, k, n, differing }).toEqual({ m, k, n, differing: 0 })
+    }
+  })
+
   it("matmuls through the SIMD kernels: batched, batches broadcast, the left operand transposed in place, a·bᵀ as dot products, every column count's remainder, as the cpu backend gives them", async () => {
     const t = (shape: number[], seed: number): Tensor => tf.tensor(seeded(shape.reduce((a, b) => a * b, 1), seed), shape)
     const cases: Array<() => Tensor> = [

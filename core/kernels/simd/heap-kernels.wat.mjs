@@ -924,21 +924,88 @@ const lstmCellBackward = `
  * matmulTB(a, b, c, batches, m, k, n, sa, sb): for each batch t, C_t = A_t · B_tᵀ with A_t [m, k]
  * at a + t·sa and B_t [n, k] at b + t·sb (byte strides; 0 repeats one matrix), both row-major,
  * C_t [m, n] at c + t·m·n·4; k a multiple of 4. Each output is a dot product of two contiguous
- * rows: four partial sums (lanes) over k, added ((l0 + l1) + (l2 + l3)) at the end; four columns
- * at a time share A's loads, then the rest one at a time.
+ * rows: four partial sums (lanes) over k, added ((l0 + l1) + (l2 + l3)) at the end. Rows of A go
+ * two at a time against four rows of B (eight sums; each load of B feeds both rows), then each
+ * row's last n mod 4 columns one at a time; an odd last row against four rows of B at a time (A's
+ * loads shared), then one. The blocking leaves every output's sums as they were (the same bits).
  */
+/** matmulTB's last columns of a row ($row, from $j, output at $cp), one dot product at a time. */
+const tbOne = `
+        (block $one_done
+          (br_if $one_done (i32.ge_s (local.get $j) (local.get $n)))
+          (loop $one
+            (local.set $c0 ${ZERO})
+            (local.set $bp (i32.add (local.get $bt) (i32.mul (local.get $j) (local.get $kb))))
+            ${loop(
+              "kk",
+              get("k4"),
+              `(local.set $c0 (f32x4.add (local.get $c0) (f32x4.mul (v128.load (i32.add (local.get $row) (i32.shl (local.get $kk) (i32.const 4)))) (v128.load (local.get $bp)))))
+              (local.set $bp (i32.add (local.get $bp) (i32.const 16)))`
+            )}
+            (f32.store (local.get $cp) ${hsum(get("c0"))})
+            (local.set $cp (i32.add (local.get $cp) (i32.const 4)))
+            (local.set $j (i32.add (local.get $j) (i32.const 1)))
+            (br_if $one (i32.lt_s (local.get $j) (local.get $n)))))`
+
 const matmulTB = `
   (func (export "matmulTB") (param $a i32) (param $b i32) (param $c i32) (param $batches i32)
       (param $m i32) (param $k i32) (param $n i32) (param $sa i32) (param $sb i32)
     (local $t i32) (local $i i32) (local $kk i32) (local $j i32) (local $row i32) (local $bt i32)
-    (local $bp i32) (local $cp i32) (local $kb i32) (local $k4 i32)
-    (local $av v128) ${f4("c0")} ${f4("c1")} ${f4("c2")} ${f4("c3")}
+    (local $bp i32) (local $cp i32) (local $kb i32) (local $k4 i32) (local $nb i32) (local $j0 i32)
+    (local $av v128) (local $av2 v128) (local $bv v128) ${["c0", "c1", "c2", "c3", "e0", "e1", "e2", "e3"].map(f4).join(" ")}
     (local.set $kb (i32.mul (local.get $k) (i32.const 4)))
     (local.set $k4 (i32.shr_s (local.get $k) (i32.const 2)))
+    (local.set $nb (i32.mul (local.get $n) (i32.const 4)))
     (local.set $cp (local.get $c))
-    ${perRow(
-      get("kb"),
-      `        (local.set $j (i32.const 0))
+    ${loop(
+      "t",
+      get("batches"),
+      `(local.set $bt ${add(get("b"), mul(get("t"), get("sb")))})
+      (local.set $i (i32.const 0))
+      ;; rows of A two at a time, against four rows of B: each load of B feeds both rows' sums
+      (block $pairs_done
+        (br_if $pairs_done (i32.gt_s (i32.add (local.get $i) (i32.const 2)) (local.get $m)))
+        (loop $pairs
+          (local.set $row ${add(get("a"), mul(get("t"), get("sa")), mul(get("i"), get("kb")))})
+          (local.set $j (i32.const 0))
+          (block $pfour_done
+            (br_if $pfour_done (i32.gt_s (i32.add (local.get $j) (i32.const 4)) (local.get $n)))
+            (loop $pfour
+              ${["c0", "c1", "c2", "c3", "e0", "e1", "e2", "e3"].map((x) => `(local.set $${x} ${ZERO})`).join(" ")}
+              (local.set $bp (i32.add (local.get $bt) (i32.mul (local.get $j) (local.get $kb))))
+              ${loop(
+                "kk",
+                get("k4"),
+                `(local.set $av (v128.load (i32.add (local.get $row) (i32.shl (local.get $kk) (i32.const 4)))))
+                (local.set $av2 (v128.load (i32.add (i32.add (local.get $row) (local.get $kb)) (i32.shl (local.get $kk) (i32.const 4)))))
+                ${[0, 1, 2, 3]
+                  .map(
+                    (q) => `(local.set $bv (v128.load ${q === 0 ? "(local.get $bp)" : `(i32.add (local.get $bp) (i32.mul (local.get $kb) (i32.const ${q})))`}))
+                (local.set $c${q} (f32x4.add (local.get $c${q}) (f32x4.mul (local.get $av) (local.get $bv))))
+                (local.set $e${q} (f32x4.add (local.get $e${q}) (f32x4.mul (local.get $av2) (local.get $bv))))`
+                  )
+                  .join("\n                ")}
+                (local.set $bp (i32.add (local.get $bp) (i32.const 16)))`
+              )}
+              ${[0, 1, 2, 3].map((q) => `(f32.store offset=${4 * q} (local.get $cp) ${hsum(`(local.get $c${q})`)})`).join("\n              ")}
+              ${[0, 1, 2, 3].map((q) => `(f32.store offset=${4 * q} (i32.add (local.get $cp) (local.get $nb)) ${hsum(`(local.get $e${q})`)})`).join("\n              ")}
+              (local.set $cp (i32.add (local.get $cp) (i32.const 16)))
+              (local.set $j (i32.add (local.get $j) (i32.const 4)))
+              (br_if $pfour (i32.le_s (i32.add (local.get $j) (i32.const 4)) (local.get $n)))))
+          ;; the last n mod 4 columns of each of the two rows
+          (local.set $j0 (local.get $j))
+          ${tbOne}
+          (local.set $row (i32.add (local.get $row) (local.get $kb)))
+          (local.set $cp (i32.add (local.get $cp) (i32.shl (local.get $j0) (i32.const 2))))
+          (local.set $j (local.get $j0))
+          ${tbOne}
+          (local.set $i (i32.add (local.get $i) (i32.const 2)))
+          (br_if $pairs (i32.le_s (i32.add (local.get $i) (i32.const 2)) (local.get $m)))))
+      ;; an odd last row
+      (if (i32.lt_s (local.get $i) (local.get $m))
+        (then
+          (local.set $row ${add(get("a"), mul(get("t"), get("sa")), mul(get("i"), get("kb")))})
+                  (local.set $j (i32.const 0))
         (block $four_done
           (br_if $four_done (i32.gt_s (i32.add (local.get $j) (i32.const 4)) (local.get $n)))
           (loop $four
@@ -975,7 +1042,7 @@ const matmulTB = `
             (f32.store (local.get $cp) ${hsum(get("c0"))})
             (local.set $cp (i32.add (local.get $cp) (i32.const 4)))
             (local.set $j (i32.add (local.get $j) (i32.const 1)))
-            (br_if $one (i32.lt_s (local.get $j) (local.get $n)))))`
+            (br_if $one (i32.lt_s (local.get $j) (local.get $n)))))))`
     )})`
 
 /**
