@@ -200,9 +200,10 @@ describe("SIMD kernels on the wasm heap", () => {
       // more than 256 rows: b transposed once, then the plain kernel
       () => tf.matMul(t([300, 36], 36), t([12, 36], 37), false, true),
       ...Array.from({ length: 21 }, (_, n) => () => tf.matMul(t([5, 11], 20 + n), t([11, n + 1], 50 + n))),
-      // b packed in blocks of 16 columns first (a single product, n a multiple of 16 above 16)
-      () => tf.matMul(t([5, 11], 80), t([11, 48], 81)),
-      () => tf.matMul(t([9, 6], 82), t([9, 32], 83), true, false),
+      // b packed in blocks of 16 columns first (a single product, n a multiple of 16 above 16, b over
+      // 16384 floats or its rows 4 KiB apart)
+      () => tf.matMul(t([5, 130], 80), t([130, 144], 81)),
+      () => tf.matMul(t([9, 6], 82), t([9, 1024], 83), true, false),
       () => tf.matMul(t([3, 0], 15), t([0, 4], 16))
     ]
     for (const f of cases) {

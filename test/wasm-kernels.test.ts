@@ -348,9 +348,10 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     const calls = simdMatMulStats.calls
     const worst = await compare(() => [
       tf.matMul(t([32, 1024], 10), t([32, 20], 11), true, false),
-      // b packed in blocks of 16 columns first (n a multiple of 16 above 16), a read in place or not
-      tf.matMul(t([5, 40], 12), t([40, 48], 13)),
-      tf.matMul(t([40, 7], 14), t([40, 32], 15), true, false),
+      // b packed in blocks of 16 columns first (n a multiple of 16 above 16, b over 16384 floats or
+      // its rows 4 KiB apart), a read in place or not
+      tf.matMul(t([5, 130], 12), t([130, 144], 13)),
+      tf.matMul(t([40, 7], 14), t([40, 1024], 15), true, false),
       tf.matMul(t([7, 5], 1), t([7, 3], 2), true, false),
       tf.matMul(t([5, 7], 3), t([3, 7], 4), false, true),
       tf.matMul(t([4, 7, 5], 5), t([4, 3, 7], 6), true, true),
@@ -359,7 +360,7 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     expect(worst).toBeLessThanOrEqual(1e-4)
     expect(simdMatMulStats.calls).toBeGreaterThan(calls)
     // The packed single product gives the bits of the same product unpacked (a batch of two).
-    const [a, b] = [t([9, 70], 16), t([70, 64], 17)]
+    const [a, b] = [t([9, 130], 16), t([130, 144], 17)]
     const single = tf.matMul(a, b).dataSync()
     const batched = tf.matMul(tf.stack([a, a]), tf.stack([b, b])).dataSync().slice(0, single.length)
     expect(Array.from(single).every((v, i) => Object.is(v, batched[i]))).toBe(true)

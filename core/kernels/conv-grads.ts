@@ -49,9 +49,9 @@ interface FilterGradShape {
  * Runs a filter gradient over the batch in cache-sized chunks, in the order of the batch's pixels
  * (b, oh, ow): the whole batch where its x and dy fit FILTER_GRAD_WHOLE_BYTES, else whole images
  * where one image's fit FILTER_GRAD_CHUNK_BYTES, else runs of output rows of one image (its input
- * rows read through the shifted top padding). `call` gets the
- * chunk's x and dy addresses (byte addresses on the heap), its images, its output rows, its top
- * padding and whether to add to dW (1 for every chunk after the first).
+ * rows read through the shifted top padding). `call` gets the chunk's x and dy addresses (byte
+ * addresses on the heap), its images, its output rows, its top padding and whether to add to dW (1
+ * for every chunk after the first).
  */
 const filterGradInChunks = (
   x: number,

@@ -71,12 +71,19 @@ export const SIMD_TB_MAX_M = 256
  * 16 floats are one piece of each of k rows 4·n bytes apart, which an L2 of 512 KiB cannot keep for
  * the next row of a once b outgrows it, or once n is a power of two (all of them in a few cache
  * sets). Packed as contiguous [k, 16] blocks (one pass over b, the blocked result put back in one
- * pass over c) each block stays in cache for every row of a. The same bits; alternated in one
+ * pass over c) each block stays in cache for every row of a (for b over PACK_MIN_KN floats, or with
+ * rows 4 KiB apart: setConflicting). The same bits; alternated in one
  * process, ms: [32, 1024]·[1024, 1024] 10.1 -> 5.3, [32, 784]·[784, 1024] 5.7 -> 3.7, [1024, 32]·[32,
  * 1024] 8.1 -> 3.1, [32, 1024]·[1024, 128] 0.71 -> 0.35, [32, 256]·[256, 256] 0.29 -> 0.17, [64,
  * 512]·[512, 512] 3.1 -> 1.5.
  */
 const PACK_COLUMNS = 16
+/**
+ * Packing b takes a pass over b and one over the product: below this many floats of b (64 KiB), with
+ * b's rows not 4 KiB apart, it cost more than it saved ([1024, 32]·[32, 32] 0.094 -> 0.112 ms,
+ * [32, 128]·[128, 128] 0.051 -> 0.061; [64, 128]·[128, 256] 0.237 -> 0.223 above it).
+ */
+const PACK_MIN_KN = 16384
 
 /**
  * Whether aᵀ·b read in place would go down columns of a whose elements all share one L1 cache set
@@ -108,7 +115,7 @@ const simdProduct = (args: KernelArgs, a: TensorInfo, b: TensorInfo, ta: boolean
   const outer = batchShape(a.shape.slice(0, -2), b.shape.slice(0, -2))
   if (!outer) return undefined
   const batches = size(outer)
-  const packed = !tb && batches === 1 && n % PACK_COLUMNS === 0 && n > PACK_COLUMNS
+  const packed = !tb && batches === 1 && n % PACK_COLUMNS === 0 && n > PACK_COLUMNS && (k * n > PACK_MIN_KN || setConflicting(n, k))
   if (!tb && batches <= 1 && k * n > SIMD_SINGLE_MAX_KN && m > (packed ? SIMD_PACKED_MAX_ROWS : SIMD_SINGLE_MAX_ROWS)) return undefined
   const kernels = heapKernels(backend)
   if (!kernels) return undefined
@@ -122,15 +129,15 @@ const simdProduct = (args: KernelArgs, a: TensorInfo, b: TensorInfo, ta: boolean
   else if (packed) {
     // b as n/16 blocks of 16 columns, each k·16 floats in a row, multiplied as a batch of [m, k]·[k, 16]
     // products by the same a, and the [n/16, m, 16] result put back as [m, n].
-    const packed = backend.makeOutput([k, n], "float32")
+    const columnBlocks = backend.makeOutput([k, n], "float32")
     const blocks = backend.makeOutput([m, n], "float32")
     try {
-      const [pp, pq] = [addressOf(backend, packed), addressOf(backend, blocks)]
+      const [pp, pq] = [addressOf(backend, columnBlocks), addressOf(backend, blocks)]
       kernels.blockTranspose(pb, pp, 1, k, n / PACK_COLUMNS, PACK_COLUMNS)
       kernels.matmul(pa, pp, pq, n / PACK_COLUMNS, m, k, PACK_COLUMNS, 0, k * PACK_COLUMNS * 4, ai, ak)
       kernels.blockTranspose(pq, pc, 1, n / PACK_COLUMNS, m, PACK_COLUMNS)
     } finally {
-      backend.disposeData(packed.dataId)
+      backend.disposeData(columnBlocks.dataId)
       backend.disposeData(blocks.dataId)
     }
   } else kernels.matmul(pa, pb, pc, batches, m, k, n, sa, sb, ai, ak)
