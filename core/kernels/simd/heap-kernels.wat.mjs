@@ -920,15 +920,6 @@ const lstmCellBackward = `
         (v128.store (i32.add (local.get $dzp) (i32.mul (local.get $hq) (i32.const 3))) (f32x4.mul (f32x4.mul (local.get $dh) (local.get $tc)) ${slope("zo", "go")}))
         (v128.store (i32.add (local.get $dc) (local.get $sp)) (f32x4.mul (local.get $dct) (local.get $gf)))`)})`
 
-/**
- * matmulTB(a, b, c, batches, m, k, n, sa, sb): for each batch t, C_t = A_t · B_tᵀ with A_t [m, k]
- * at a + t·sa and B_t [n, k] at b + t·sb (byte strides; 0 repeats one matrix), both row-major,
- * C_t [m, n] at c + t·m·n·4; k a multiple of 4. Each output is a dot product of two contiguous
- * rows: four partial sums (lanes) over k, added ((l0 + l1) + (l2 + l3)) at the end. Rows of A go
- * two at a time against four rows of B (eight sums; each load of B feeds both rows), then each
- * row's last n mod 4 columns one at a time; an odd last row against four rows of B at a time (A's
- * loads shared), then one. The blocking leaves every output's sums as they were (the same bits).
- */
 /** matmulTB's last columns of a row ($row, from $j, output at $cp), one dot product at a time. */
 const tbOne = `
         (block $one_done
@@ -947,6 +938,15 @@ const tbOne = `
             (local.set $j (i32.add (local.get $j) (i32.const 1)))
             (br_if $one (i32.lt_s (local.get $j) (local.get $n)))))`
 
+/**
+ * matmulTB(a, b, c, batches, m, k, n, sa, sb): for each batch t, C_t = A_t · B_tᵀ with A_t [m, k]
+ * at a + t·sa and B_t [n, k] at b + t·sb (byte strides; 0 repeats one matrix), both row-major,
+ * C_t [m, n] at c + t·m·n·4; k a multiple of 4. Each output is a dot product of two contiguous
+ * rows: four partial sums (lanes) over k, added ((l0 + l1) + (l2 + l3)) at the end. Rows of A go
+ * two at a time against four rows of B (eight sums; each load of B feeds both rows), then each
+ * row's last n mod 4 columns one at a time; an odd last row against four rows of B at a time (A's
+ * loads shared), then one. The blocking leaves every output's sums as they were (the same bits).
+ */
 const matmulTB = `
   (func (export "matmulTB") (param $a i32) (param $b i32) (param $c i32) (param $batches i32)
       (param $m i32) (param $k i32) (param $n i32) (param $sa i32) (param $sb i32)
@@ -1028,21 +1028,8 @@ const matmulTB = `
             (local.set $cp (i32.add (local.get $cp) (i32.const 16)))
             (local.set $j (i32.add (local.get $j) (i32.const 4)))
             (br_if $four (i32.le_s (i32.add (local.get $j) (i32.const 4)) (local.get $n)))))
-        (block $one_done
-          (br_if $one_done (i32.ge_s (local.get $j) (local.get $n)))
-          (loop $one
-            (local.set $c0 ${ZERO})
-            (local.set $bp (i32.add (local.get $bt) (i32.mul (local.get $j) (local.get $kb))))
-            ${loop(
-              "kk",
-              get("k4"),
-              `(local.set $c0 (f32x4.add (local.get $c0) (f32x4.mul (v128.load (i32.add (local.get $row) (i32.shl (local.get $kk) (i32.const 4)))) (v128.load (local.get $bp)))))
-              (local.set $bp (i32.add (local.get $bp) (i32.const 16)))`
-            )}
-            (f32.store (local.get $cp) ${hsum(get("c0"))})
-            (local.set $cp (i32.add (local.get $cp) (i32.const 4)))
-            (local.set $j (i32.add (local.get $j) (i32.const 1)))
-            (br_if $one (i32.lt_s (local.get $j) (local.get $n)))))))`
+
+          ${tbOne}))`
     )})`
 
 /**
