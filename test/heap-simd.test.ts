@@ -2,11 +2,14 @@
 // JavaScript loops they stand in for (batch-norm-train.ts, layer-norm.ts) and against the cpu
 // backend's matmul. Inputs far from zero (a mean of 1000 over 25088 rows) check that the sums over
 // rows keep their precision.
+import { execFileSync } from "node:child_process"
+import { fileURLToPath } from "node:url"
 import { beforeAll, describe, expect, it } from "vitest"
 import { farthest as far, seeded } from "./support/kernel-compare.ts"
 import { loadEngine, type Tf } from "../core/engine.ts"
 import { batchNormTrainBackward, batchNormTrainForward } from "../core/kernels/batch-norm-train.ts"
-import { addressOf, heapKernels, heapKernelsStatus, type HeapKernels } from "../core/kernels/heap-simd.ts"
+import { addressOf, heapKernels, heapKernelsFused, heapKernelsStatus, type HeapKernels } from "../core/kernels/heap-simd.ts"
+import { HEAP_KERNELS_FMA_WASM_BASE64, HEAP_KERNELS_WASM_BASE64 } from "../core/kernels/simd/heap-kernels-wasm.ts"
 import { layerNormBackward, layerNormForward } from "../core/kernels/layer-norm.ts"
 import { cellBackward, cellForward } from "../core/kernels/lstm-cell.ts"
 import { simdMatMulStats } from "../core/kernels/matmul.ts"
@@ -20,12 +23,51 @@ let kernels: HeapKernels
 /** What explain.txt would say right after the engine loads, before any kernel ran. */
 let statusAtLoad: string
 
+// The few WebAssembly globals used here (the project's TypeScript lib has no DOM types).
+declare const WebAssembly: {
+  Module: { new (bytes: Uint8Array): object; exports(module: object): Array<{ name: string }> }
+  Instance: new (module: object, imports: object) => { readonly exports: unknown }
+}
+
+/** Both binaries on the backend's heap: multiply then add, and with fused multiply-adds (FUSED in heap-kernels.wat.mjs). */
+const binaries: Record<"plain" | "fused", HeapKernels> = {} as Record<"plain" | "fused", HeapKernels>
+/** Whether this CPU fuses relaxed SIMD's multiply-add (the fused binary's probe, 2⁻²⁴ against 0). */
+let cpuFuses: boolean
+
 beforeAll(async () => {
   tf = (await loadEngine("wasm")).tf
   statusAtLoad = heapKernelsStatus()
   backend = tf.backend() as unknown as WasmBackend
   kernels = heapKernels(backend)!
+  const memory = (backend as unknown as { wasm: { asm: { memory: object } } }).wasm.asm.memory
+  const load = (b64: string) => new WebAssembly.Instance(new WebAssembly.Module(Buffer.from(b64, "base64")), { env: { memory } }).exports as unknown as HeapKernels
+  binaries.plain = load(HEAP_KERNELS_WASM_BASE64)
+  binaries.fused = load(HEAP_KERNELS_FMA_WASM_BASE64)
+  cpuFuses = binaries.fused.maddProbe(1 + 2 ** -12, 1 + 2 ** -12, -(1 + 2 ** -11)) !== 0
 })
+
+const f32 = new Float32Array(1)
+const i32 = new Int32Array(f32.buffer)
+/** The float32 next to r (a float32) toward the sign of `dir`. */
+const nextFloat = (r: number, dir: number): number => {
+  if (r === 0) return Math.sign(dir) * 2 ** -149
+  f32[0] = r
+  i32[0]! += r > 0 === dir > 0 ? 1 : -1
+  return f32[0]!
+}
+/** a·b + c rounded once to float32 (a, b, c float32): the product is exact in float64, the sum's error found by TwoSum, a tie broken by it. */
+const fma32 = (a: number, b: number, c: number): number => {
+  const p = a * b
+  const s = p + c
+  const v = s - p
+  const e = p - (s - v) + (c - v)
+  const r = Math.fround(s)
+  if (e === 0 || r === s) return r
+  const other = nextFloat(r, s - r)
+  return (r + other) / 2 === s && e > 0 === other > r ? other : r
+}
+/** c + a·b as a kernel's f32x4 lanes sum it: rounded once where `fused`, else the product first. */
+const madd = (fused: boolean) => (c: number, a: number, b: number): number => (fused ? fma32(a, b, c) : Math.fround(c + Math.fround(a * b)))
 
 /** Arrays copied onto the heap as tensors, fresh outputs of `outShapes`, `run` on their addresses; the outputs' values. */
 const onHeap = (ins: Array<[Float32Array, number[]]>, outShapes: number[][], run: (ins: number[], outs: number[]) => void): Float32Array[] => {
@@ -42,13 +84,26 @@ const onHeap = (ins: Array<[Float32Array, number[]]>, outShapes: number[][], run
 }
 
 describe("SIMD kernels on the wasm heap", () => {
-  it("are available on this runtime (WebAssembly SIMD, the backend's memory imported), and explain.txt says so, from the engine's start on", () => {
-    expect(statusAtLoad).toBe("in use")
+  it("are available on this runtime (WebAssembly SIMD, the backend's memory imported), with fused multiply-adds where the CPU has them, and explain.txt says so, from the engine's start on", () => {
+    const status = `in use, ${cpuFuses ? "fused multiply-add" : "multiply, then add (this CPU has no fused multiply-add)"}`
+    expect(statusAtLoad).toBe(status)
     expect(kernels).toBeDefined()
     expect(heapKernels(backend)).toBe(kernels)
-    expect(heapKernelsStatus()).toBe("in use")
-    expect(describeKernels("wasm", 0, []).text).toContain("SIMD kernels on the wasm heap (matmuls, convolutions and their filter gradients, max-pool and ReLU gradients, normalization, the LSTM cell, transposes, Adam): in use")
-    expect(describeKernels("wasm", 0, []).json.heapSimd).toBe("in use")
+    expect(heapKernelsStatus()).toBe(status)
+    expect(heapKernelsFused()).toBe(cpuFuses)
+    // the kernels in use are the fused binary's (the plain one's probe rounds the product first)
+    expect(binaries.plain.maddProbe(1 + 2 ** -12, 1 + 2 ** -12, -(1 + 2 ** -11))).toBe(0)
+    expect(kernels.maddProbe(1 + 2 ** -12, 1 + 2 ** -12, -(1 + 2 ** -11))).toBe(cpuFuses ? 2 ** -24 : 0)
+    expect(describeKernels("wasm", 0, []).text).toContain(`SIMD kernels on the wasm heap (matmuls, convolutions and their filter gradients, max-pool and ReLU gradients, normalization, the LSTM cell, transposes, Adam): ${status}`)
+    expect(describeKernels("wasm", 0, []).json.heapSimd).toBe(status)
+  })
+
+  it("both binaries export the same kernels, and GRADWIRE_FMA=0 loads the one that multiplies, then adds", () => {
+    const names = (b64: string) => WebAssembly.Module.exports(new WebAssembly.Module(Buffer.from(b64, "base64"))).map((e) => e.name)
+    expect(names(HEAP_KERNELS_FMA_WASM_BASE64)).toEqual(names(HEAP_KERNELS_WASM_BASE64))
+    const script = `import { loadEngine } from "./core/engine.ts"; import { heapKernelsStatus, heapKernelsFused } from "./core/kernels/heap-simd.ts"; await loadEngine("wasm"); console.log(JSON.stringify([heapKernelsStatus(), heapKernelsFused()]))`
+    const out = execFileSync(process.execPath, ["--input-type=module", "-e", script], { cwd: fileURLToPath(new URL("..", import.meta.url)), env: { ...process.env, GRADWIRE_FMA: "0" }, encoding: "utf8", timeout: 60_000 })
+    expect(JSON.parse(out.trim().split("\n").pop()!)).toEqual(["in use, multiply, then add (GRADWIRE_FMA=0)", false])
   })
 
   for (const [M, C, shift] of [
@@ -87,7 +142,8 @@ describe("SIMD kernels on the wasm heap", () => {
     [1024, 32],
     [64, 1024]
   ] as const) {
-    it(`layer norm, [${N}, ${D}]: y, dx, dγ and dβ as the JavaScript loops give them`, () => {
+    for (const bin of ["plain", "fused"] as const) it(`layer norm, [${N}, ${D}] (${bin}): y, dx, dγ and dβ as the JavaScript loops give them`, () => {
+      const kernels = binaries[bin]
       const n = N * D
       const x = seeded(n, 7, 2, 5)
       const gamma = seeded(D, 8, 1, 1)
@@ -106,7 +162,8 @@ describe("SIMD kernels on the wasm heap", () => {
   }
 
   for (const recurrent of ["hardSigmoid", "sigmoid"] as const) {
-    it(`an LSTM cell's gates (${recurrent}): h, c', dz and dc as the JavaScript loops give them, tanh and the sigmoid near 0, at tanh's branch point, at the clip's bounds and saturated`, () => {
+    for (const bin of ["plain", "fused"] as const) it(`an LSTM cell's gates (${recurrent}, ${bin}): h, c', dz and dc as the JavaScript loops give them, tanh and the sigmoid near 0, at tanh's branch point, at the clip's bounds and saturated`, () => {
+      const kernels = binaries[bin]
       const [B, H] = [6, 12]
       const special = [0, 1e-7, -1e-7, 0.3, 0.6249, -0.6249, 0.625, -0.625, 0.6251, 2.5, -2.5, 9, -9, 30, -30, 100, -100, 1e-30]
       const z = seeded(B * 4 * H, 21, 6)
@@ -136,7 +193,8 @@ describe("SIMD kernels on the wasm heap", () => {
     })
   }
 
-  it("matmul: the bits of float32 sums over k in order, a multiply then an add (rows two at a time, an odd last row, 16, 4 and 1 columns at a time, a read in place or transposed)", () => {
+  for (const bin of ["plain", "fused"] as const) it(`matmul (${bin}): the bits of float32 sums over k in order, ${bin === "plain" ? "a multiply then an add" : "fused multiply-adds where the CPU has them (the last n mod 4 columns, one at a time, a multiply then an add)"} (rows two at a time, an odd last row, 16, 4 and 1 columns at a time, a read in place or transposed)`, () => {
+    const kernels = binaries[bin]
     for (const [m, k, n, transposed] of [
       [5, 11, 21, false],
       [6, 7, 35, false],
@@ -154,14 +212,17 @@ describe("SIMD kernels on the wasm heap", () => {
       for (let i = 0; i < m; i++)
         for (let j = 0; j < n; j++) {
           let sum = 0
-          for (let kk = 0; kk < k; kk++) sum = Math.fround(sum + Math.fround(a[transposed ? kk * m + i : i * k + kk]! * b[kk * n + j]!))
+          const add = madd(bin === "fused" && cpuFuses && j < n - (n % 4))
+          for (let kk = 0; kk < k; kk++) sum = add(sum, a[transposed ? kk * m + i : i * k + kk]!, b[kk * n + j]!)
           if (!Object.is(sum, c![i * n + j])) differing++
         }
       expect({ m, k, n, differing }).toEqual({ m, k, n, differing: 0 })
     }
   })
 
-  it("matmulTB: the bits of four float32 partial sums over k (lane by lane, in order), added as (l0 + l1) + (l2 + l3) (rows two at a time against four of b, an odd last row, the last columns one at a time)", () => {
+  for (const bin of ["plain", "fused"] as const) it(`matmulTB (${bin}): the bits of four float32 partial sums over k (lane by lane, in order, ${bin === "plain" ? "a multiply then an add" : "fused multiply-adds where the CPU has them"}), added as (l0 + l1) + (l2 + l3) (rows two at a time against four of b, an odd last row, the last columns one at a time)`, () => {
+    const kernels = binaries[bin]
+    const add = madd(bin === "fused" && cpuFuses)
     for (const [m, k, n] of [
       [5, 36, 7],
       [6, 8, 13],
@@ -175,7 +236,7 @@ describe("SIMD kernels on the wasm heap", () => {
       for (let i = 0; i < m; i++)
         for (let j = 0; j < n; j++) {
           const lanes = [0, 0, 0, 0]
-          for (let kk = 0; kk < k; kk++) lanes[kk % 4] = Math.fround(lanes[kk % 4]! + Math.fround(a[i * k + kk]! * b[j * k + kk]!))
+          for (let kk = 0; kk < k; kk++) lanes[kk % 4] = add(lanes[kk % 4]!, a[i * k + kk]!, b[j * k + kk]!)
           const sum = Math.fround(Math.fround(lanes[0]! + lanes[1]!) + Math.fround(lanes[2]! + lanes[3]!))
           if (!Object.is(sum, c![i * n + j])) differing++
         }

@@ -5,10 +5,16 @@
 //
 // Undefined (the callers keep their JavaScript or tfjs path) without WebAssembly SIMD, with
 // GRADWIRE_SIMD=0, or on a backend that does not expose its memory.
+//
+// Two binaries are built from the same text: one multiplies, then adds (two roundings, the same
+// bits on every CPU), the other sums the products, convolutions, normalization and LSTM cell with
+// relaxed SIMD's fused multiply-add (one instruction and one rounding where the CPU has an FMA:
+// x86 with FMA3, arm64). The fused one is used where the runtime takes relaxed SIMD, unless
+// GRADWIRE_FMA=0; the kernel maddProbe tells whether the CPU really fuses.
 import * as settings from "../settings.ts"
 import type { Tf } from "../tf.ts"
 import { wrapGradient, type GradientOver } from "./gradients.ts"
-import { HEAP_KERNELS_WASM_BASE64 } from "./simd/heap-kernels-wasm.ts"
+import { HEAP_KERNELS_FMA_WASM_BASE64, HEAP_KERNELS_WASM_BASE64 } from "./simd/heap-kernels-wasm.ts"
 import type { TensorInfo, WasmBackend } from "./wasm-heap.ts"
 
 declare const WebAssembly: {
@@ -55,6 +61,8 @@ export interface HeapKernels {
   maxPoolGrad(x: number, dy: number, dx: number, N: number, H: number, W: number, C: number, OH: number, OW: number, FH: number, FW: number, SH: number, SW: number, top: number, left: number): void
   /** The same from x padded as conv2d reads it, four taps of a row at a time (for few output columns); reads up to 28 bytes past dy and 12 past x. */
   convFilterGradTaps(x: number, dy: number, dw: number, N: number, HP: number, WP: number, C: number, OH: number, OW: number, O: number, FH: number, FW: number, SH: number, SW: number): void
+  /** Lane 0 of c + a·b as the kernels sum (fused in the FMA binary where the CPU fuses). */
+  maddProbe(a: number, b: number, c: number): number
 }
 
 let module: object | null | undefined
@@ -68,29 +76,66 @@ export const useHeapKernels = (on: boolean): void => {
 
 /** Why the kernels are off, once a call found them so (explain.txt says it). */
 let offReason: string | undefined
+/** How the loaded kernels multiply and add: "fused multiply-add", or "multiply, then add (<why>)". */
+let arithmetic = ""
 
-/** For explain.txt: "in use", "off: <why>", or "not asked for yet" (wasm not loaded in this process: registerWasmKernels instantiates them). */
-export const heapKernelsStatus = (): string => (module ? "in use" : offReason ? `off: ${offReason}` : "not asked for yet")
+/** For explain.txt: "in use, <arithmetic>", "off: <why>", or "not asked for yet" (wasm not loaded in this process: registerWasmKernels instantiates them). */
+export const heapKernelsStatus = (): string => (module ? `in use, ${arithmetic}` : offReason ? `off: ${offReason}` : "not asked for yet")
+
+/** Whether the loaded kernels' multiply-adds are fused (rounded once); undefined before they load. */
+export const heapKernelsFused = (): boolean | undefined => (module ? arithmetic === FUSED : undefined)
+
+const FUSED = "fused multiply-add"
+/** a = b = 1 + 2⁻¹², c = -(1 + 2⁻¹¹): a·b + c is 2⁻²⁴ rounded once, 0 when a·b is rounded first. */
+const PROBE = [1 + 2 ** -12, 1 + 2 ** -12, -(1 + 2 ** -11)] as const
+
+/** The module to instantiate: the fused one where it loads and is wanted, else the plain one (null without SIMD). */
+const loadModule = (): object | null => {
+  if (!settings.simd.read()) {
+    offReason = "GRADWIRE_SIMD=0"
+    return null
+  }
+  let why = "GRADWIRE_FMA=0"
+  if (settings.fma.read()) {
+    try {
+      arithmetic = FUSED
+      return new WebAssembly.Module(Buffer.from(HEAP_KERNELS_FMA_WASM_BASE64, "base64"))
+    } catch {
+      why = "this runtime has no relaxed SIMD"
+    }
+  }
+  try {
+    arithmetic = `multiply, then add (${why})`
+    return new WebAssembly.Module(Buffer.from(HEAP_KERNELS_WASM_BASE64, "base64"))
+  } catch {
+    // no WebAssembly SIMD here: the callers' own paths do the work
+    offReason = "this runtime has no WebAssembly SIMD"
+    return null
+  }
+}
+
+/** For A/B runs (bench/fma.ts): the binary that multiplies, then adds, in place of the fused one. */
+let plainOnly = false
+const plainInstances = new WeakMap<object, HeapKernels>()
+
+/** Runs the kernels from the binary that multiplies, then adds (true), or from the one chosen at load (false): for benchmarks and tests of the two. */
+export const usePlainMultiplyAdd = (on: boolean): void => {
+  plainOnly = on
+}
 
 /** The kernels working on `backend`'s heap, or undefined (see above). */
 export const heapKernels = (backend: WasmBackend): HeapKernels | undefined => {
   const memory = (backend as unknown as { wasm?: { asm?: { memory?: object } } }).wasm?.asm?.memory
   if (!memory) offReason = "the wasm backend does not expose its memory"
   if (!memory || !enabled) return undefined
+  if (plainOnly && module) {
+    let plain = plainInstances.get(memory)
+    if (!plain) plainInstances.set(memory, (plain = new WebAssembly.Instance(new WebAssembly.Module(Buffer.from(HEAP_KERNELS_WASM_BASE64, "base64")), { env: { memory } }).exports as HeapKernels))
+    return plain
+  }
   const known = instances.get(memory)
   if (known !== undefined) return known ?? undefined
-  if (module === undefined) {
-    module = null
-    if (!settings.simd.read()) offReason = "GRADWIRE_SIMD=0"
-    else {
-      try {
-        module = new WebAssembly.Module(Buffer.from(HEAP_KERNELS_WASM_BASE64, "base64"))
-      } catch {
-        // no WebAssembly SIMD here: the callers' own paths do the work
-        offReason = "this runtime has no WebAssembly SIMD"
-      }
-    }
-  }
+  if (module === undefined) module = loadModule()
   let made: HeapKernels | null = null
   if (module !== null) {
     try {
@@ -99,6 +144,8 @@ export const heapKernels = (backend: WasmBackend): HeapKernels | undefined => {
       made = null
     }
   }
+  // relaxed_madd is fused or not as the CPU has it: say which
+  if (made && arithmetic === FUSED && made.maddProbe(...PROBE) === 0) arithmetic = "multiply, then add (this CPU has no fused multiply-add)"
   instances.set(memory, made)
   return made ?? undefined
 }

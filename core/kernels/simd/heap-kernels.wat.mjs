@@ -846,10 +846,16 @@ const tanhInto = (dst, x) => `
       .join("\n    ")}
     (local.set $ep (f32x4.add (f32x4.mul (f32x4.mul (local.get $ep) (local.get $tz)) (local.get $${x})) (local.get $${x})))
     (local.set $${dst} (v128.bitselect (local.get $ep) (local.get $tb) (f32x4.lt (local.get $ta) ${splat(0.625)})))`
+/**
+ * hardSigmoid's 0.2·x + 0.5 with tfjs's two roundings: the product goes through local $lin, so the
+ * build with fused multiply-adds (FUSED below) leaves it apart from the add (fused, x = -2.5 gives
+ * -7.5e-9 instead of 0, and the clip's gradient, bounds included, 0 instead of 0.2).
+ */
+const hardLinear = (x) => `(f32x4.add (local.tee $lin (f32x4.mul (local.get $${x}) ${splat(0.2)})) ${splat(0.5)})`
 /** Statements setting $<dst> to the recurrent activation of local $<x>: hardSigmoid (clip(0.2·x + 0.5, 0, 1), tfjs's rounding) where $hard, else the logistic sigmoid. */
 const gateInto = (dst, x) => `
     (if (local.get $hard)
-      (then (local.set $${dst} (f32x4.min (f32x4.max (f32x4.add (f32x4.mul (local.get $${x}) ${splat(0.2)}) ${splat(0.5)}) ${splat(0)}) ${splat(1)})))
+      (then (local.set $${dst} (f32x4.min (f32x4.max ${hardLinear(x)} ${splat(0)}) ${splat(1)})))
       (else
         ${expInto(dst, `(f32x4.neg (local.get $${x}))`)}
         (local.set $${dst} (f32x4.div ${splat(1)} (f32x4.add (local.get $${dst}) ${splat(1)})))))`
@@ -857,11 +863,11 @@ const gateInto = (dst, x) => `
 const slope = (x, s) => `
     (if (result v128) (local.get $hard)
       (then (v128.and ${splat(0.2)} (v128.and
-        (f32x4.ge (f32x4.add (f32x4.mul (local.get $${x}) ${splat(0.2)}) ${splat(0.5)}) ${splat(0)})
-        (f32x4.le (f32x4.add (f32x4.mul (local.get $${x}) ${splat(0.2)}) ${splat(0.5)}) ${splat(1)}))))
+        (f32x4.ge (local.tee $lin ${hardLinear(x)}) ${splat(0)})
+        (f32x4.le (local.get $lin) ${splat(1)}))))
       (else (f32x4.mul (local.get $${s}) (f32x4.sub ${splat(1)} (local.get $${s})))))`
 const lstmLocals = `(local $b i32) (local $j i32) (local $zp i32) (local $sp i32) (local $hq i32)
-    ${["ex", "en", "er", "ep", "ta", "tb", "tz", "zi", "zf", "zg", "zo", "gi", "gf", "gg", "go", "cp", "cn", "tc", "dct", "dh"].map(v).join(" ")}`
+    ${["ex", "en", "er", "ep", "ta", "tb", "tz", "lin", "zi", "zf", "zg", "zo", "gi", "gf", "gg", "go", "cp", "cn", "tc", "dct", "dh"].map(v).join(" ")}`
 /** The gate blocks of row b, 4 units from j: $zi $zf $zg $zo; $zp and $sp the byte offsets of z's and the state's units. */
 const loadGates = `
         (local.set $zp (i32.add (local.get $z) (i32.shl (i32.add (i32.mul (local.get $b) (i32.shl (local.get $H) (i32.const 2))) (local.get $j)) (i32.const 2))))
@@ -1335,6 +1341,26 @@ const adam = `
         (br_if $one (i32.lt_s (local.get $o) (local.get $end)))))
   )`
 
+/**
+ * maddProbe(a, b, c): lane 0 of c + a·b in f32x4, the multiply-add shape the kernels sum with. In
+ * the binary where it fuses (FUSED below) it gives a·b + c rounded once wherever the CPU has a
+ * fused multiply-add, so the host learns which arithmetic the kernels run (../heap-simd.ts).
+ */
+const maddProbe = `
+  (func (export "maddProbe") (param $a f32) (param $b f32) (param $c f32) (result f32)
+    (f32x4.extract_lane 0 (f32x4.add (f32x4.splat (local.get $c)) (f32x4.mul (f32x4.splat (local.get $a)) (f32x4.splat (local.get $b))))))`
+
+/**
+ * The kernels whose f32x4 multiply-adds, c + a·b, may run as one fused multiply-add: the products,
+ * convolutions, normalization and LSTM kernels, whose results are compared with the cpu backend's
+ * within a tolerance anyway. scripts/build-wasm.mjs makes a second binary from this text with each
+ * such (f32x4.add c (f32x4.mul a b)) in these functions written as relaxed SIMD's
+ * (f32x4.relaxed_madd a b c): one instruction instead of two (an FMA on x86 with FMA3 and on
+ * arm64), rounded once. Adam's update is left out: its bits are tfjs's own (fused-adam.ts), and
+ * the rest have no multiply-add.
+ */
+export const FUSED = ["matmul", "matmulTB", "lnForward", "lnBackward", "convFilterGrad", "conv2d", "convFilterGradTaps", "lstmCellForward", "lstmCellBackward", "maddProbe"]
+
 export const wat = `(module
   (import "env" "memory" (memory 1))
   ${matmul}
@@ -1356,4 +1382,5 @@ export const wat = `(module
   ${reluGrad}
   ${sumBlock}
   ${gatherRows}
+  ${maddProbe}
 )`
