@@ -6,7 +6,7 @@ import { beforeAll, describe, expect, it } from "vitest"
 import { loadEngine, type Tf } from "../core/engine.ts"
 import { fallbackKernelsUsed } from "../core/kernels/fallback.ts"
 import { useHeapKernels } from "../core/kernels/heap-simd.ts"
-import { useFilterGradChunks } from "../core/kernels/conv-grads.ts"
+import { simdDepthwiseStats, useFilterGradChunks } from "../core/kernels/conv-grads.ts"
 import { registerWasmKernels } from "../core/kernels/register.ts"
 import { asReducedBlock } from "../core/kernels/reduce.ts"
 import { simdConvStats } from "../core/kernels/conv2d.ts"
@@ -262,6 +262,28 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
         return [f(t([2, 9, 8, 3], 3), t([3, 3, 3, 3], 4)), gx!, gf!]
       })
       expect(worst).toBeLessThanOrEqual(1e-4)
+    }
+  })
+
+  it("depthwise gradients with multiplier 1 by the heap's SIMD kernels (4, 8, 20 and 36 channels: 16 and 4 at a time; stride 1 and 2, same and valid, a 5x5 filter at strides [1, 3], a batch of one pixel row)", async () => {
+    for (const [x, f, strides, pad] of [
+      [[2, 9, 8, 4], [3, 3, 4, 1], 1, "same"],
+      [[3, 10, 9, 8], [3, 3, 8, 1], 2, "same"],
+      [[2, 9, 9, 20], [3, 3, 20, 1], 1, "valid"],
+      [[1, 11, 12, 36], [5, 5, 36, 1], [1, 3], "same"],
+      [[2, 7, 8, 20], [3, 3, 20, 1], 2, "valid"],
+      [[4, 1, 16, 8], [1, 5, 8, 1], 1, "same"]
+    ] as const) {
+      const before = { ...simdDepthwiseStats }
+      const worst = await compare(() => {
+        const g = (a: Tensor, w: Tensor): Tensor => tf.depthwiseConv2d(a as never, w as never, strides as never, pad) as unknown as Tensor
+        const y = g(t([...x], 5), t([...f], 6))
+        const [gx, gf] = tf.grads((a: Tensor, w: Tensor) => g(a, w).mul(t(y.shape, 7)).sum())([t([...x], 5), t([...f], 6)])
+        return [y, gx!, gf!]
+      })
+      expect(worst, JSON.stringify([x, f, strides, pad])).toBeLessThanOrEqual(1e-5)
+      // the kernels ran (once each, on wasm)
+      expect([simdDepthwiseStats.filter - before.filter, simdDepthwiseStats.input - before.input]).toEqual([1, 1])
     }
   })
 

@@ -3,8 +3,9 @@
 // as the backend's XNNPACK convolution of the transposed input by the transposed dy, else one
 // im2col (a JS pass over a channels-first copy of the input) plus the backend's own matmul; the
 // conv2d input gradient at stride 1 as the backend's forward convolution of dy with the filter
-// turned round, else a matmul and a scatter-add; the depthwise filter and input gradients as direct
-// loops (their work is O(input x filter), no matmul to hand them to). Shapes the fast paths do not
+// turned round, else a matmul and a scatter-add; the depthwise filter and input gradients as the
+// heap's SIMD kernels (channel multiplier 1, channels a multiple of 4), else direct loops (their
+// work is O(input x filter), no matmul to hand them to). Shapes the fast paths do not
 // cover (channels-first data, 3-D) go to the cpu-backend fallback instead (fallback.ts).
 import type { Tf } from "../tf.ts"
 import { convInfo, padImage } from "./conv2d.ts"
@@ -201,6 +202,19 @@ export const conv2dBackpropFilter = (tf: Tf, { inputs, backend, attrs }: KernelA
   }
 }
 
+/** Depthwise gradients the heap's SIMD kernels computed in this process (for tests). */
+export const simdDepthwiseStats = { filter: 0, input: 0 }
+
+/**
+ * The heap kernels for a depthwise gradient, where they apply: channel multiplier 1 (MobileNet's
+ * depthwise layers), C a multiple of 4, no dilation, float32. The JavaScript loops below ran at
+ * about 0.5 GFLOP/s ([32, 16, 16, 32] 3x3, filter gradient 9.5 ms, input gradient 9.4).
+ */
+const depthwiseKernels = (backend: KernelArgs["backend"], info: ReturnType<typeof convInfo>, ...tensors: TensorInfo[]) =>
+  info.outChannels === info.inChannels && info.inChannels % 4 === 0 && info.dilationHeight === 1 && info.dilationWidth === 1 && info.padInfo.top >= 0 && info.padInfo.left >= 0 && info.batchSize * info.outHeight * info.outWidth > 0 && tensors.every((t) => t.dtype === "float32")
+    ? heapKernels(backend)
+    : undefined
+
 /** dW[fh, fw, c, q] = Σ_{b, oh, ow} x[b, ih, iw, c] · dy[b, oh, ow, c·Q + q]. */
 export const depthwiseBackpropFilter = (tf: Tf, { inputs, backend, attrs }: KernelArgs): TensorInfo => {
   const { x, dy } = inputs
@@ -209,6 +223,22 @@ export const depthwiseBackpropFilter = (tf: Tf, { inputs, backend, attrs }: Kern
   const { batchSize: N, inHeight: H, inWidth: W, inChannels: C, outHeight: OH, outWidth: OW, outChannels: OC } = info
   const { filterHeight: FH, filterWidth: FW, strideHeight: SH, strideWidth: SW, dilationHeight: DH, dilationWidth: DW } = info
   const Q = OC / C
+  const kernels = depthwiseKernels(backend, info, x, dy)
+  if (kernels) {
+    // x as the kernel reads it: every tap of every output pixel inside, rows HP by WP (in place where it already is)
+    const HP = (OH - 1) * SH + FH
+    const WP = (OW - 1) * SW + FW
+    const inPlace = info.padInfo.top === 0 && info.padInfo.left === 0 && HP <= H && WP <= W
+    const padded = inPlace ? undefined : padImage(backend, x, HP, WP, info.padInfo.top, info.padInfo.left)
+    try {
+      const dw = backend.makeOutput([...filterShape], "float32")
+      simdDepthwiseStats.filter++
+      kernels.dwFilterGrad(addressOf(backend, padded ?? x), addressOf(backend, dy), addressOf(backend, dw), N, inPlace ? H : HP, inPlace ? W : WP, C, OH, OW, FH, FW, SH, SW)
+      return dw
+    } finally {
+      if (padded) backend.disposeData(padded.dataId)
+    }
+  }
   const out = backend.makeOutput([...filterShape], "float32")
   const xs = floats(backend, x)
   const dys = floats(backend, dy)
@@ -249,6 +279,13 @@ export const depthwiseBackpropInput = (tf: Tf, { inputs, backend, attrs }: Kerne
   const { filterHeight: FH, filterWidth: FW, strideHeight: SH, strideWidth: SW, dilationHeight: DH, dilationWidth: DW } = info
   const Q = OC / C
   const out = backend.makeOutput([...inputShape], "float32")
+  const kernels = depthwiseKernels(backend, info, dy, filter)
+  if (kernels) {
+    floats(backend, out).fill(0)
+    simdDepthwiseStats.input++
+    kernels.dwInputGrad(addressOf(backend, dy), addressOf(backend, filter), addressOf(backend, out), N, H, W, C, OH, OW, FH, FW, SH, SW, info.padInfo.top, info.padInfo.left)
+    return out
+  }
   const ws = floats(backend, filter)
   const dys = floats(backend, dy)
   const dx = floats(backend, out)

@@ -61,6 +61,10 @@ export interface HeapKernels {
   maxPoolGrad(x: number, dy: number, dx: number, N: number, H: number, W: number, C: number, OH: number, OW: number, FH: number, FW: number, SH: number, SW: number, top: number, left: number): void
   /** The same from x padded as conv2d reads it, four taps of a row at a time (for few output columns); reads up to 28 bytes past dy and 12 past x. */
   convFilterGradTaps(x: number, dy: number, dw: number, N: number, HP: number, WP: number, C: number, OH: number, OW: number, O: number, FH: number, FW: number, SH: number, SW: number): void
+  /** A depthwise convolution's filter gradient (multiplier 1, dilation 1) from x padded as conv2d reads it; C a multiple of 4. */
+  dwFilterGrad(x: number, dy: number, dw: number, N: number, HP: number, WP: number, C: number, OH: number, OW: number, FH: number, FW: number, SH: number, SW: number): void
+  /** A depthwise convolution's input gradient (multiplier 1, dilation 1) added into dx (zeroed by the caller); C a multiple of 4. */
+  dwInputGrad(dy: number, w: number, dx: number, N: number, H: number, W: number, C: number, OH: number, OW: number, FH: number, FW: number, SH: number, SW: number, top: number, left: number): void
   /** Lane 0 of c + a·b as the kernels sum (fused in the FMA binary where the CPU fuses). */
   maddProbe(a: number, b: number, c: number): number
 }

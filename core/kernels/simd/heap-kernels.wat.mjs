@@ -1342,6 +1342,113 @@ const adam = `
   )`
 
 /**
+ * A depthwise filter gradient's channels `4·vecs` at a time from $j while they fit in C: each block
+ * summed over every output pixel (b, oh, ow in order; $cx walks the padded input from the tap's
+ * first pixel, $dp dy's pixels), then stored at dW[fh, fw, j ..].
+ */
+const dwFilterColumns = (vecs) => {
+  const qs = [...Array(vecs).keys()]
+  const name = `dwf${4 * vecs}`
+  return `(block $${name}_done
+          (br_if $${name}_done (i32.gt_s (i32.add (local.get $j) (i32.const ${4 * vecs})) (local.get $C)))
+          (loop $${name}
+            ${qs.map((q) => `(local.set $c${q} ${ZERO})`).join(" ")}
+            (local.set $m (i32.const 0)) (local.set $oh (i32.const 0)) (local.set $ow (i32.const 0))
+            (local.set $cx (i32.add (local.get $tap) (i32.shl (local.get $j) (i32.const 2))))
+            (local.set $dp (i32.add (local.get $dy) (i32.shl (local.get $j) (i32.const 2))))
+            (loop $${name}_px
+              ${qs.map((q) => `(local.set $c${q} (f32x4.add (local.get $c${q}) (f32x4.mul (v128.load offset=${16 * q} (local.get $cx)) (v128.load offset=${16 * q} (local.get $dp)))))`).join("\n              ")}
+              (local.set $dp (i32.add (local.get $dp) (local.get $cstep)))
+              ${nextPixel}
+              (local.set $m (i32.add (local.get $m) (i32.const 1)))
+              (br_if $${name}_px (i32.lt_u (local.get $m) (local.get $M))))
+            ${qs.map((q) => `(v128.store offset=${16 * q} (i32.add (local.get $op) (i32.shl (local.get $j) (i32.const 2))) (local.get $c${q}))`).join(" ")}
+            (local.set $j (i32.add (local.get $j) (i32.const ${4 * vecs})))
+            (br_if $${name} (i32.le_s (i32.add (local.get $j) (i32.const ${4 * vecs})) (local.get $C)))))`
+}
+
+/**
+ * dwFilterGrad(x, dy, dw, N, HP, WP, C, OH, OW, FH, FW, SH, SW): a depthwise convolution's filter
+ * gradient (channel multiplier 1, dilation 1) from x [N, HP, WP, C] padded as conv2d reads it (every
+ * tap of every output pixel inside it): dW[fh, fw, c] = Σ_{b, oh, ow} x[b, oh·SH + fh, ow·SW + fw, c]
+ * · dy[b, oh, ow, c], each tap's channels 16 at a time, then 4; C a multiple of 4, N·OH·OW ≥ 1.
+ */
+const dwFilterGrad = `
+  (func (export "dwFilterGrad") (param $x i32) (param $dy i32) (param $dw i32) (param $N i32) (param $HP i32) (param $WP i32)
+      (param $C i32) (param $OH i32) (param $OW i32) (param $FH i32) (param $FW i32) (param $SH i32) (param $SW i32)
+    (local $M i32) (local $m i32) (local $oh i32) (local $ow i32) (local $cx i32) (local $dp i32) (local $j i32)
+    (local $fh i32) (local $fw i32) (local $tap i32) (local $op i32) (local $cstep i32)
+    (local $rowBytes i32) (local $SHrow i32) (local $SWpix i32) (local $rowSkip i32) (local $imageSkip i32)
+    ${["c0", "c1", "c2", "c3"].map(f4).join(" ")}
+    (local.set $M (i32.mul (i32.mul (local.get $N) (local.get $OH)) (local.get $OW)))
+    ${paddedWalk}
+    (local.set $cstep (i32.shl (local.get $C) (i32.const 2)))
+    ${loop(
+      "fh",
+      get("FH"),
+      loop(
+        "fw",
+        get("FW"),
+        `(local.set $tap (i32.add (local.get $x) (i32.add (i32.mul (local.get $fh) (local.get $rowBytes)) (i32.mul (local.get $fw) (local.get $cstep)))))
+        (local.set $op (i32.add (local.get $dw) (i32.mul (i32.add (i32.mul (local.get $fh) (local.get $FW)) (local.get $fw)) (local.get $cstep))))
+        (local.set $j (i32.const 0))
+        ${dwFilterColumns(4)}
+        ${dwFilterColumns(1)}`
+      )
+    )})`
+
+/**
+ * dwInputGrad(dy, w, dx, N, H, W, C, OH, OW, FH, FW, SH, SW, top, left): a depthwise convolution's
+ * input gradient (channel multiplier 1, dilation 1), added into dx [N, H, W, C] (the caller zeroes
+ * it): for each output pixel (b, oh, ow in order) and each tap (fh, fw) whose input pixel (oh·SH + fh
+ * − top, ow·SW + fw − left) is inside the image, dx[b, ih, iw, c] += w[fh, fw, c] · dy[b, oh, ow, c],
+ * four channels at a time; C a multiple of 4.
+ */
+const dwInputGrad = `
+  (func (export "dwInputGrad") (param $dy i32) (param $w i32) (param $dx i32) (param $N i32) (param $H i32) (param $W i32)
+      (param $C i32) (param $OH i32) (param $OW i32) (param $FH i32) (param $FW i32) (param $SH i32) (param $SW i32)
+      (param $top i32) (param $left i32)
+    (local $b i32) (local $oh i32) (local $ow i32) (local $fh i32) (local $fw i32) (local $ih i32) (local $iw i32)
+    (local $dp i32) (local $xp i32) (local $wp i32) (local $k i32) (local $cstep i32)
+    (local.set $cstep (i32.shl (local.get $C) (i32.const 2)))
+    (local.set $dp (local.get $dy))
+    ${loop(
+      "b",
+      get("N"),
+      loop(
+        "oh",
+        get("OH"),
+        loop(
+          "ow",
+          get("OW"),
+          `${loop(
+            "fh",
+            get("FH"),
+            `(local.set $ih (i32.sub (i32.add (i32.mul (local.get $oh) (local.get $SH)) (local.get $fh)) (local.get $top)))
+            (if (i32.lt_u (local.get $ih) (local.get $H))
+              (then
+                ${loop(
+                  "fw",
+                  get("FW"),
+                  `(local.set $iw (i32.sub (i32.add (i32.mul (local.get $ow) (local.get $SW)) (local.get $fw)) (local.get $left)))
+                  (if (i32.lt_u (local.get $iw) (local.get $W))
+                    (then
+                      (local.set $xp (i32.add (local.get $dx) (i32.mul (i32.add (i32.mul (i32.add (i32.mul (local.get $b) (local.get $H)) (local.get $ih)) (local.get $W)) (local.get $iw)) (local.get $cstep))))
+                      (local.set $wp (i32.add (local.get $w) (i32.mul (i32.add (i32.mul (local.get $fh) (local.get $FW)) (local.get $fw)) (local.get $cstep))))
+                      (local.set $k (i32.const 0))
+                      (loop $dwi_c
+                        (v128.store (i32.add (local.get $xp) (local.get $k))
+                          (f32x4.add (v128.load (i32.add (local.get $xp) (local.get $k))) (f32x4.mul (v128.load (i32.add (local.get $wp) (local.get $k))) (v128.load (i32.add (local.get $dp) (local.get $k))))))
+                        (local.set $k (i32.add (local.get $k) (i32.const 16)))
+                        (br_if $dwi_c (i32.lt_u (local.get $k) (local.get $cstep))))))`
+                )}))`
+          )}
+          (local.set $dp (i32.add (local.get $dp) (local.get $cstep)))`
+        )
+      )
+    )})`
+
+/**
  * maddProbe(a, b, c): lane 0 of c + a·b in f32x4, the multiply-add shape the kernels sum with. In
  * the binary where it fuses (FUSED below) it gives a·b + c rounded once wherever the CPU has a
  * fused multiply-add, so the host learns which arithmetic the kernels run (../heap-simd.ts).
@@ -1352,14 +1459,14 @@ const maddProbe = `
 
 /**
  * The kernels whose f32x4 multiply-adds, c + a·b, may run as one fused multiply-add: the products,
- * convolutions, normalization and LSTM kernels, whose results are compared with the cpu backend's
+ * convolutions (depthwise ones too), normalization and LSTM kernels, whose results are compared with the cpu backend's
  * within a tolerance anyway. scripts/build-wasm.mjs makes a second binary from this text with each
  * such (f32x4.add c (f32x4.mul a b)) in these functions written as relaxed SIMD's
  * (f32x4.relaxed_madd a b c): one instruction instead of two (an FMA on x86 with FMA3 and on
  * arm64), rounded once. Adam's update is left out: its bits are tfjs's own (fused-adam.ts), and
  * the rest have no multiply-add.
  */
-export const FUSED = ["matmul", "matmulTB", "lnForward", "lnBackward", "convFilterGrad", "conv2d", "convFilterGradTaps", "lstmCellForward", "lstmCellBackward", "maddProbe"]
+export const FUSED = ["matmul", "matmulTB", "lnForward", "lnBackward", "convFilterGrad", "conv2d", "convFilterGradTaps", "lstmCellForward", "lstmCellBackward", "dwFilterGrad", "dwInputGrad", "maddProbe"]
 
 export const wat = `(module
   (import "env" "memory" (memory 1))
@@ -1382,5 +1489,7 @@ export const wat = `(module
   ${reluGrad}
   ${sumBlock}
   ${gatherRows}
+  ${dwFilterGrad}
+  ${dwInputGrad}
   ${maddProbe}
 )`
