@@ -11,7 +11,7 @@ import { registerWasmKernels } from "../core/kernels/register.ts"
 import { asReducedBlock } from "../core/kernels/reduce.ts"
 import { simdConvStats } from "../core/kernels/conv2d.ts"
 import { setConflicting, simdMatMulStats } from "../core/kernels/matmul.ts"
-import { reluGradStats } from "../core/kernels/relu-grad.ts"
+import { clipGradStats, reluGradStats } from "../core/kernels/relu-grad.ts"
 import { asBlockTranspose } from "../core/kernels/transpose.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
@@ -262,6 +262,37 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
         return [f(t([2, 9, 8, 3], 3), t([3, 3, 3, 3], 4)), gx!, gf!]
       })
       expect(worst).toBeLessThanOrEqual(1e-4)
+    }
+  })
+
+  it("clipByValue's gradient (ReLU6) as one kernel on wasm: the same values, bit for bit, as tfjs's where(x ≥ min and x ≤ max, dy, 0) (the bounds themselves, NaNs, infinities and ±0 in x and dy, bounds that are not float32, lengths not a multiple of 4)", () => {
+    const grad = (x: Tensor, dy: Tensor, lo: number, hi: number): Float32Array => {
+      const g = tf.grad((a: Tensor) => tf.clipByValue(a as never, lo, hi) as unknown as Tensor)(x, dy)
+      const v = g.dataSync() as Float32Array
+      g.dispose()
+      return v
+    }
+    const special = [-1, 0, -0, 6, 6.000001, 5.999999, 0.1, NaN, Infinity, -Infinity, -1e-30, 1e-30, 3]
+    const cases: Array<[Tensor, Tensor, number, number]> = [
+      [tf.tensor(special.flatMap((a) => special.map(() => a))), tf.tensor(special.flatMap(() => special)), 0, 6],
+      [t([7, 143], 41).mul(2), t([7, 143], 42), -0.5, 0.1],
+      [tf.tensor([0.1, -0, 0.2]), tf.tensor([2, -0, Infinity]), 0.1, 0.2]
+    ]
+    for (const [x, dy, lo, hi] of cases) {
+      const before = clipGradStats.calls
+      const fused = grad(x, dy, lo, hi)
+      expect(clipGradStats.calls - before).toBe(1)
+      useHeapKernels(false)
+      let own: Float32Array
+      try {
+        own = grad(x, dy, lo, hi)
+      } finally {
+        useHeapKernels(true)
+      }
+      expect(clipGradStats.calls - before).toBe(1)
+      const differ = [...fused].findIndex((v, j) => !Object.is(v, own[j]))
+      expect(differ, `element ${differ}: ${fused[differ]} against ${own[differ]}`).toBe(-1)
+      tf.dispose([x, dy])
     }
   })
 

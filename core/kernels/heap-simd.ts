@@ -65,6 +65,8 @@ export interface HeapKernels {
   dwFilterGrad(x: number, dy: number, dw: number, N: number, HP: number, WP: number, C: number, OH: number, OW: number, FH: number, FW: number, SH: number, SW: number): void
   /** A depthwise convolution's input gradient (multiplier 1, dilation 1) added into dx (zeroed by the caller); C a multiple of 4. */
   dwInputGrad(dy: number, w: number, dx: number, N: number, H: number, W: number, C: number, OH: number, OW: number, FH: number, FW: number, SH: number, SW: number, top: number, left: number): void
+  /** tfjs's clipByValue gradient over n floats: dy where lo ≤ x ≤ hi, else +0. */
+  clipGrad(dy: number, x: number, out: number, n: number, lo: number, hi: number): void
   /** Lane 0 of c + a·b as the kernels sum (fused in the FMA binary where the CPU fuses). */
   maddProbe(a: number, b: number, c: number): number
 }

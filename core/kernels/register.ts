@@ -9,7 +9,7 @@ import { registerMissingGradients } from "./gradients.ts"
 import { maxPoolGrad } from "./pool-grads.ts"
 import { unsortedSegmentSum } from "./segment-sum.ts"
 import { BATCH_NORM_GRAD, registerBatchNormGrad } from "./batch-norm-grad.ts"
-import { RELU_GRAD, registerReluGrad } from "./relu-grad.ts"
+import { CLIP_GRAD, RELU_GRAD, registerClipGrad, registerReluGrad } from "./relu-grad.ts"
 import { heapKernels, heapKernelsStatus } from "./heap-simd.ts"
 import { blockMaxMin, blockReduce, registerBlockMaxMinGradients } from "./reduce.ts"
 import { tile } from "./tile.ts"
@@ -148,6 +148,8 @@ export const registerWasmKernels = (tf: Tf): { fast: string[]; fallback: string[
   if (registerBatchNormGrad(tf)) fast.push(BATCH_NORM_GRAD)
   // ReLU's gradient as one kernel on wasm (relu-grad.ts).
   if (registerReluGrad(tf)) fast.push(RELU_GRAD)
+  // clipByValue's gradient (ReLU6) as one kernel on wasm (relu-grad.ts).
+  if (registerClipGrad(tf)) fast.push(CLIP_GRAD)
   registered = { fast, fallback, gradients: registerMissingGradients(tf) }
   // Instantiated now rather than at the first kernel that asks (a few ms), so that explain.txt,
   // written before the first step, says whether they are in use and why not.

@@ -1342,6 +1342,37 @@ const adam = `
   )`
 
 /**
+ * clipGrad(dy, x, out, n, lo, hi): tfjs's clipByValue gradient, dy where lo ≤ x ≤ hi, else 0 (+0;
+ * 0 where x is NaN), in one pass, four at a time, then one at a time: the same bits as tfjs's
+ * GreaterEqual, LessEqual, LogicalAnd and Select (dy's own bits, or +0).
+ */
+const clipGrad = `
+  (func (export "clipGrad") (param $dy i32) (param $x i32) (param $out i32) (param $n i32) (param $lo f32) (param $hi f32)
+    (local $o i32) (local $vend i32) (local $end i32) (local $v v128) (local $l v128) (local $h v128) (local $f f32)
+    (local.set $end (i32.shl (local.get $n) (i32.const 2)))
+    (local.set $vend (i32.and (local.get $end) (i32.const -16)))
+    (local.set $l (f32x4.splat (local.get $lo)))
+    (local.set $h (f32x4.splat (local.get $hi)))
+    (local.set $o (i32.const 0))
+    (block $v_done
+      (br_if $v_done (i32.ge_u (local.get $o) (local.get $vend)))
+      (loop $vec
+        (local.set $v (v128.load (i32.add (local.get $x) (local.get $o))))
+        (v128.store (i32.add (local.get $out) (local.get $o))
+          (v128.and (v128.load (i32.add (local.get $dy) (local.get $o))) (v128.and (f32x4.ge (local.get $v) (local.get $l)) (f32x4.le (local.get $v) (local.get $h)))))
+        (local.set $o (i32.add (local.get $o) (i32.const 16)))
+        (br_if $vec (i32.lt_u (local.get $o) (local.get $vend)))))
+    (block $s_done
+      (br_if $s_done (i32.ge_u (local.get $o) (local.get $end)))
+      (loop $one
+        (local.set $f (f32.load (i32.add (local.get $x) (local.get $o))))
+        (f32.store (i32.add (local.get $out) (local.get $o))
+          (select (f32.load (i32.add (local.get $dy) (local.get $o))) (f32.const 0) (i32.and (f32.ge (local.get $f) (local.get $lo)) (f32.le (local.get $f) (local.get $hi)))))
+        (local.set $o (i32.add (local.get $o) (i32.const 4)))
+        (br_if $one (i32.lt_u (local.get $o) (local.get $end)))))
+  )`
+
+/**
  * A depthwise filter gradient's channels `4·vecs` at a time from $j while they fit in C: each block
  * summed over every output pixel (b, oh, ow in order; $cx walks the padded input from the tap's
  * first pixel, $dp dy's pixels), then stored at dW[fh, fw, j ..].
@@ -1491,5 +1522,6 @@ export const wat = `(module
   ${gatherRows}
   ${dwFilterGrad}
   ${dwInputGrad}
+  ${clipGrad}
   ${maddProbe}
 )`
