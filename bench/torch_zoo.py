@@ -86,6 +86,12 @@ class Tokens(nn.Module):
         return self.out(h.max(dim=2).values)
 
 
+def separable(c_in, c_out, stride):
+    # depthwise 3x3 (groups = channels) + BN + ReLU6, pointwise 1x1 + BN + ReLU6
+    return [nn.Conv2d(c_in, c_in, 3, stride=stride, padding=1, groups=c_in, bias=False), nn.BatchNorm2d(c_in), nn.ReLU6(),
+            nn.Conv2d(c_in, c_out, 1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU6()]
+
+
 def build(name, meta):
     img = lambda s: nn.Unflatten(1, (1, s, s))
     if name == "mlp":
@@ -99,6 +105,10 @@ def build(name, meta):
     if name == "resnet":
         return nn.Sequential(img(8), nn.Conv2d(1, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(), Block(), Block(),
                              nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+    if name == "mobilenet":
+        return nn.Sequential(img(28), nn.Conv2d(1, 16, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU6(),
+                             *separable(16, 32, 1), *separable(32, 64, 2), *separable(64, 64, 1),
+                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
     if name == "embedding":
         return Tokens()
     if name == "transformer":

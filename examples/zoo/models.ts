@@ -6,6 +6,9 @@
 //   cnn          digits 8x8x1: conv 3x3x8, max-pool 2, conv 3x3x16, dense 10
 //   lenet        LeNet-5 at 28x28x1 (the digits resized): conv 5x5x6, pool, conv 5x5x16, pool, 120, 84, 10
 //   resnet       digits 8x8x1: conv 3x3x16 + batch norm, two residual blocks (conv-BN-relu-conv-BN + skip), GAP, 10
+//   mobilenet    MobileNet-style at 28x28x1 (the digits resized): conv 3x3x16 stride 2 + BN + ReLU6, three
+//                depthwise-separable blocks (depthwise 3x3 + BN + ReLU6, pointwise 1x1 + BN + ReLU6) to 32,
+//                64 (stride 2) and 64 channels, GAP, 10
 //   embedding    digits as 64 pixel tokens (0..16): embedding(17, 8), conv1d 9x32, global max pool, 10
 //   transformer  Brown corpus part-of-speech tagging, 32 tokens: embedding + positions, 2 pre-norm
 //                blocks of 2-head self-attention and a 64-unit feed-forward, per-token tag logits
@@ -17,7 +20,7 @@ type Tensor = import("@tensorflow/tfjs").Tensor
 type SymbolicTensor = import("@tensorflow/tfjs").SymbolicTensor
 type LayerVariable = import("@tensorflow/tfjs").LayerVariable
 
-export const ZOO_MODELS = ["mlp", "cnn", "lenet", "resnet", "embedding", "transformer", "lstm"] as const
+export const ZOO_MODELS = ["mlp", "cnn", "lenet", "resnet", "mobilenet", "embedding", "transformer", "lstm"] as const
 export type ZooModel = (typeof ZOO_MODELS)[number]
 
 /** What a model reads and predicts. */
@@ -27,6 +30,7 @@ export const TASK_OF: Record<ZooModel, ZooTask> = {
   cnn: "digits",
   lenet: "digits28",
   resnet: "digits",
+  mobilenet: "digits28",
   embedding: "tokens",
   transformer: "pos",
   lstm: "pos"
@@ -152,6 +156,20 @@ export const buildZooModel = (tf: Tf, name: ZooModel, text?: TextShape): LayersM
       m.add(L.dense({ units: 84, activation: "relu" }))
       m.add(L.dense({ units: 10 }))
       return m
+    }
+    case "mobilenet": {
+      // torch's BatchNorm momentum, as the residual CNN's; ReLU6 is a ReLU layer with maxValue 6 (tfjs's clipByValue).
+      const bn = () => L.batchNormalization({ momentum: 0.9 })
+      const relu6 = () => L.reLU({ maxValue: 6 })
+      const x = tf.input({ shape: [784] })
+      let h = ap(L.reshape({ targetShape: [28, 28, 1] }), x)
+      h = ap(relu6(), ap(bn(), ap(L.conv2d({ filters: 16, kernelSize: 3, strides: 2, padding: "same", useBias: false }), h)))
+      for (const [filters, strides] of [[32, 1], [64, 2], [64, 1]] as const) {
+        h = ap(relu6(), ap(bn(), ap(L.depthwiseConv2d({ kernelSize: 3, strides, padding: "same", useBias: false }), h)))
+        h = ap(relu6(), ap(bn(), ap(L.conv2d({ filters, kernelSize: 1, useBias: false }), h)))
+      }
+      h = ap(L.globalAveragePooling2d({}), h)
+      return tf.model({ inputs: x, outputs: ap(L.dense({ units: 10 }), h) })
     }
     case "resnet": {
       // Moving statistics with torch's momentum (0.1 of the new batch; tfjs's default 0.99 keeps the
