@@ -9,7 +9,7 @@ import { useHeapKernels } from "../core/kernels/heap-simd.ts"
 import { simdDepthwiseStats, useFilterGradChunks } from "../core/kernels/conv-grads.ts"
 import { registerWasmKernels } from "../core/kernels/register.ts"
 import { asReducedBlock } from "../core/kernels/reduce.ts"
-import { simdConvStats } from "../core/kernels/conv2d.ts"
+import { pointwiseStats, simdConvStats } from "../core/kernels/conv2d.ts"
 import { setConflicting, simdMatMulStats } from "../core/kernels/matmul.ts"
 import { clipGradStats, reluGradStats } from "../core/kernels/relu-grad.ts"
 import { asBlockTranspose } from "../core/kernels/transpose.ts"
@@ -294,6 +294,24 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
       expect(differ, `element ${differ}: ${fused[differ]} against ${own[differ]}`).toBe(-1)
       tf.dispose([x, dy])
     }
+  })
+
+  it("1x1 convolutions at stride 1 (pointwise layers) as products: plain, with a bias and ReLU (fused), their input and filter gradients, and 1x1 at stride 2 kept as a convolution", async () => {
+    const before = pointwiseStats.calls
+    const worst = await compare(() => {
+      const x = t([3, 5, 6, 12], 51)
+      const w = t([1, 1, 12, 20], 52)
+      const b = t([20], 53)
+      const plain = (a: Tensor, f: Tensor): Tensor => tf.conv2d(a as never, f as never, 1, "same") as unknown as Tensor
+      const fused = (a: Tensor, f: Tensor, c: Tensor): Tensor => tf.fused.conv2d({ x: a as never, filter: f as never, strides: 1, pad: "valid", bias: c as never, activation: "relu" }) as unknown as Tensor
+      const strided = tf.conv2d(x as never, w as never, 2, "same") as unknown as Tensor
+      const [gx, gw] = tf.grads((a: Tensor, f: Tensor) => plain(a, f).mul(t([3, 5, 6, 20], 54)).sum())([x, w])
+      const [fx, fw, fb] = tf.grads((a: Tensor, f: Tensor, c: Tensor) => fused(a, f, c).mul(t([3, 5, 6, 20], 55)).sum())([x, w, b])
+      return [plain(x, w), fused(x, w, b), strided, gx!, gw!, fx!, fw!, fb!]
+    })
+    expect(worst).toBeLessThanOrEqual(1e-5)
+    // on wasm: the plain and fused forward passes, in the gradients too, and each input gradient's turned-round convolution
+    expect(pointwiseStats.calls - before).toBeGreaterThanOrEqual(4)
   })
 
   it("depthwise gradients with multiplier 1 by the heap's SIMD kernels (4, 8, 20 and 36 channels: 16 and 4 at a time; stride 1 and 2, same and valid, a 5x5 filter at strides [1, 3], a batch of one pixel row)", async () => {
