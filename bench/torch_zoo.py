@@ -62,6 +62,17 @@ class Lstm(nn.Module):
         return self.out(self.lstm(self.emb(x))[0])
 
 
+class Gru(nn.Module):
+    def __init__(self, vocab, tags):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, 32)
+        self.gru = nn.GRU(32, 64, batch_first=True)
+        self.out = nn.Linear(64, tags)
+
+    def forward(self, x):
+        return self.out(self.gru(self.emb(x))[0])
+
+
 class Block(nn.Module):
     def __init__(self):
         super().__init__()
@@ -115,6 +126,8 @@ def build(name, meta):
         return Transformer(meta["vocab"], meta["tags"], meta["seqLen"])
     if name == "lstm":
         return Lstm(meta["vocab"], meta["tags"])
+    if name == "gru":
+        return Gru(meta["vocab"], meta["tags"])
     raise ValueError(name)
 
 

@@ -11,6 +11,7 @@ import { registerMissingGradients } from "./kernels/gradients.ts"
 import { BATCH_NORM_TRAIN, installBatchNormTrain } from "./kernels/batch-norm-train.ts"
 import { CONV2D_TRAIN, installTrainLayers } from "./kernels/train-layers.ts"
 import { installLayerNorm, LAYER_NORM } from "./kernels/layer-norm.ts"
+import { GRU_UPDATE, installGruCell } from "./kernels/gru-cell.ts"
 import { installLstmCell, LSTM_CELL } from "./kernels/lstm-cell.ts"
 import { LSTM_SEQUENCE } from "./kernels/lstm-sequence.ts"
 import { registerWasmKernels } from "./kernels/register.ts"
@@ -189,6 +190,8 @@ export const loadEngine = (want: BackendKind | "auto" = "auto"): Promise<{ tf: T
     registerMissingGradients(l.tf)
     // An LSTM step's gates as one kernel and their gradient as one more, where the backend has them (kernels/lstm-cell.ts).
     if (installLstmCell(l.tf) && l.tf.getKernel(LSTM_CELL, l.tf.getBackend())) why.push("LSTM cells compute their gates as one kernel")
+    // A GRU step's gates as two kernels and their gradients as two more, on wasm and cpu (kernels/gru-cell.ts).
+    if (installGruCell(l.tf) && l.tf.getKernel(GRU_UPDATE, l.tf.getBackend())) why.push("GRU cells compute their gates as two kernels")
     // On webgpu, an LSTM layer's whole recurrence as one program each way (kernels/lstm-sequence.ts).
     if (l.tf.getKernel(LSTM_SEQUENCE, l.tf.getBackend())) why.push("LSTM layers run their recurrence as one program each way")
     // Layer normalization over the last axis as one kernel and its gradient as one more (kernels/layer-norm.ts).

@@ -35,7 +35,8 @@ const cases: ReadonlyArray<{ model: ZooModel; epochs: number; steps?: number; ab
   { model: "mobilenet", epochs: 3, above: 0.5 },
   { model: "embedding", epochs: 3, above: 0.25 },
   { model: "transformer", epochs: 1, steps: 60, above: 0.4 },
-  { model: "lstm", epochs: 1, steps: 300, above: 0.25 }
+  { model: "lstm", epochs: 1, steps: 300, above: 0.25 },
+  { model: "gru", epochs: 1, steps: 150, above: 0.3 }
 ]
 
 describe("the model zoo trains on 2 workers on the default backend", () => {

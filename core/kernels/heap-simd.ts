@@ -67,6 +67,14 @@ export interface HeapKernels {
   dwInputGrad(dy: number, w: number, dx: number, N: number, H: number, W: number, C: number, OH: number, OW: number, FH: number, FW: number, SH: number, SW: number, top: number, left: number): void
   /** tfjs's clipByValue gradient over n floats: dy where lo ≤ x ≤ hi, else +0. */
   clipGrad(dy: number, x: number, out: number, n: number, lo: number, hi: number): void
+  /** A GRU step's r·h (gru-cell.ts); H a multiple of 4; hard 1 for hardSigmoid, 0 for sigmoid. */
+  gruReset(mx: number, inner: number, h: number, rh: number, B: number, H: number, hard: number): void
+  /** Its gradient: dmx, dinner (0 outside the reset blocks) and dh from d(r·h). */
+  gruResetGrad(drh: number, mx: number, inner: number, h: number, dmx: number, dinner: number, dh: number, B: number, H: number, hard: number): void
+  /** A GRU step's h' from the gates' inputs and rec = (r·h)·U_h. */
+  gruUpdate(mx: number, inner: number, h: number, rec: number, hn: number, B: number, H: number, hard: number): void
+  /** Its gradient: dmx, dinner (0 in the reset blocks), dh and drec from dh'. */
+  gruUpdateGrad(dhn: number, mx: number, inner: number, h: number, rec: number, dmx: number, dinner: number, dh: number, drec: number, B: number, H: number, hard: number): void
   /** Lane 0 of c + a·b as the kernels sum (fused in the FMA binary where the CPU fuses). */
   maddProbe(a: number, b: number, c: number): number
 }

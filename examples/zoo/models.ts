@@ -13,6 +13,7 @@
 //   transformer  Brown corpus part-of-speech tagging, 32 tokens: embedding + positions, 2 pre-norm
 //                blocks of 2-head self-attention and a 64-unit feed-forward, per-token tag logits
 //   lstm         the same tagging task: embedding, LSTM(64) over the sequence, per-token tag logits
+//   gru          the same with GRU(64) (tfjs-layers' GRU: the reset gate before the recurrent product)
 import type { Tf } from "../../index.ts"
 
 type LayersModel = import("@tensorflow/tfjs").LayersModel
@@ -20,7 +21,7 @@ type Tensor = import("@tensorflow/tfjs").Tensor
 type SymbolicTensor = import("@tensorflow/tfjs").SymbolicTensor
 type LayerVariable = import("@tensorflow/tfjs").LayerVariable
 
-export const ZOO_MODELS = ["mlp", "cnn", "lenet", "resnet", "mobilenet", "embedding", "transformer", "lstm"] as const
+export const ZOO_MODELS = ["mlp", "cnn", "lenet", "resnet", "mobilenet", "embedding", "transformer", "lstm", "gru"] as const
 export type ZooModel = (typeof ZOO_MODELS)[number]
 
 /** What a model reads and predicts. */
@@ -33,7 +34,8 @@ export const TASK_OF: Record<ZooModel, ZooTask> = {
   mobilenet: "digits28",
   embedding: "tokens",
   transformer: "pos",
-  lstm: "pos"
+  lstm: "pos",
+  gru: "pos"
 }
 
 /** Whether the model reads token ids (int32 input) rather than pixel values. */
@@ -220,6 +222,14 @@ export const buildZooModel = (tf: Tf, name: ZooModel, text?: TextShape): LayersM
       m.add(L.embedding({ inputDim: text.vocab, outputDim: 32, inputLength: text.seqLen, inputShape: [text.seqLen], embeddingsInitializer: tf.initializers.randomUniform({ minval: -0.05, maxval: 0.05, seed: 41 }) }))
       m.add(L.lstm({ units: 64, returnSequences: true, kernelInitializer: tf.initializers.glorotUniform({ seed: 42 }), recurrentInitializer: tf.initializers.orthogonal({ seed: 43 }) }))
       m.add(L.dense({ units: text.tags, kernelInitializer: tf.initializers.glorotUniform({ seed: 44 }) }))
+      return m
+    }
+    case "gru": {
+      if (!text) throw new RangeError("the GRU needs the tagging task's sizes (vocab, tags, seqLen)")
+      const m = tf.sequential()
+      m.add(L.embedding({ inputDim: text.vocab, outputDim: 32, inputLength: text.seqLen, inputShape: [text.seqLen], embeddingsInitializer: tf.initializers.randomUniform({ minval: -0.05, maxval: 0.05, seed: 51 }) }))
+      m.add(L.gru({ units: 64, returnSequences: true, kernelInitializer: tf.initializers.glorotUniform({ seed: 52 }), recurrentInitializer: tf.initializers.orthogonal({ seed: 53 }) }))
+      m.add(L.dense({ units: text.tags, kernelInitializer: tf.initializers.glorotUniform({ seed: 54 }) }))
       return m
     }
   }

@@ -926,6 +926,88 @@ const lstmCellBackward = `
         (v128.store (i32.add (local.get $dzp) (i32.mul (local.get $hq) (i32.const 3))) (f32x4.mul (f32x4.mul (local.get $dh) (local.get $tc)) ${slope("zo", "go")}))
         (v128.store (i32.add (local.get $dc) (local.get $sp)) (f32x4.mul (local.get $dct) (local.get $gf)))`)})`
 
+/**
+ * The GRU kernels' loop (gru-cell.ts has the formulas): for each row b and each 4 units from j (a
+ * do-while: H ≥ 4, a multiple of 4), `body` with $mp at mx's update block ([B, 3H]: update, reset,
+ * candidate), $ip at inner's update block ([B, 2H]), $sp the byte offset of the state's units
+ * ([B, H]) and $hq H's bytes.
+ */
+const gruUnits = (body) => `
+    (local.set $hq (i32.shl (local.get $H) (i32.const 2)))
+    ${loop(
+      "b",
+      get("B"),
+      `(local.set $j (i32.const 0))
+      (loop $units
+        (local.set $sp (i32.shl (i32.add (i32.mul (local.get $b) (local.get $H)) (local.get $j)) (i32.const 2)))
+        (local.set $mp (i32.add (local.get $mx) (i32.add (i32.mul (local.get $sp) (i32.const 3)) (i32.mul (i32.sub (i32.const 0) (local.get $j)) (i32.const 8)))))
+        (local.set $ip (i32.add (local.get $inner) (i32.add (i32.shl (local.get $sp) (i32.const 1)) (i32.mul (i32.sub (i32.const 0) (local.get $j)) (i32.const 4)))))
+        ${body}
+        (local.set $j (i32.add (local.get $j) (i32.const 4)))
+        (br_if $units (i32.lt_s (local.get $j) (local.get $H))))`
+    )}`
+const gruLocals = `(local $b i32) (local $j i32) (local $sp i32) (local $mp i32) (local $ip i32) (local $hq i32)
+    ${["ex", "en", "er", "ep", "ta", "tb", "tz", "lin", "pz", "pr", "ph", "gz", "gr", "hh", "hv", "d", "t"].map(v).join(" ")}`
+/** The reset gate's input and value: $pr = mx_r + inner_r, $gr = σ($pr). */
+const gruResetGate = `
+        (local.set $pr (f32x4.add (v128.load (i32.add (local.get $mp) (local.get $hq))) (v128.load (i32.add (local.get $ip) (local.get $hq)))))
+        ${gateInto("gr", "pr")}`
+/** The update gate and the candidate: $pz, $gz = σ($pz), $ph = mx_h + rec, $hh = tanh($ph), $hv = h. */
+const gruUpdateGate = `
+        (local.set $pz (f32x4.add (v128.load (local.get $mp)) (v128.load (local.get $ip))))
+        ${gateInto("gz", "pz")}
+        (local.set $ph (f32x4.add (v128.load (i32.add (local.get $mp) (i32.shl (local.get $hq) (i32.const 1)))) (v128.load (i32.add (local.get $rec) (local.get $sp)))))
+        ${tanhInto("hh", "ph")}
+        (local.set $hv (v128.load (i32.add (local.get $h) (local.get $sp))))`
+/**
+ * A GRU time step's gates (gru-cell.ts has the formulas; these are its loops, 4 units at a time),
+ * hard 1 for hardSigmoid, 0 for the sigmoid; H a multiple of 4, B and H ≥ 1. The backward passes
+ * write 0 in the blocks of dmx and dinner their gate does not reach.
+ * gruReset(mx, inner, h, rh, B, H, hard): r·h.
+ */
+const gruReset = `
+  (func (export "gruReset") (param $mx i32) (param $inner i32) (param $h i32) (param $rh i32) (param $B i32) (param $H i32) (param $hard i32)
+    ${gruLocals}
+    ${gruUnits(`${gruResetGate}
+        (v128.store (i32.add (local.get $rh) (local.get $sp)) (f32x4.mul (local.get $gr) (v128.load (i32.add (local.get $h) (local.get $sp)))))`)})`
+/** gruResetGrad(drh, mx, inner, h, dmx, dinner, dh, B, H, hard): the reset blocks of dmx and dinner, and dh. */
+const gruResetGrad = `
+  (func (export "gruResetGrad") (param $drh i32) (param $mx i32) (param $inner i32) (param $h i32) (param $dmx i32) (param $dinner i32) (param $dh i32)
+      (param $B i32) (param $H i32) (param $hard i32)
+    ${gruLocals}
+    ${gruUnits(`${gruResetGate}
+        (local.set $d (v128.load (i32.add (local.get $drh) (local.get $sp))))
+        (local.set $t (f32x4.mul (f32x4.mul (local.get $d) (v128.load (i32.add (local.get $h) (local.get $sp)))) ${slope("pr", "gr")}))
+        (v128.store (i32.add (local.get $dmx) (i32.sub (local.get $mp) (local.get $mx))) ${ZERO})
+        (v128.store (i32.add (i32.add (local.get $dmx) (i32.sub (local.get $mp) (local.get $mx))) (local.get $hq)) (local.get $t))
+        (v128.store (i32.add (i32.add (local.get $dmx) (i32.sub (local.get $mp) (local.get $mx))) (i32.shl (local.get $hq) (i32.const 1))) ${ZERO})
+        (v128.store (i32.add (local.get $dinner) (i32.sub (local.get $ip) (local.get $inner))) ${ZERO})
+        (v128.store (i32.add (i32.add (local.get $dinner) (i32.sub (local.get $ip) (local.get $inner))) (local.get $hq)) (local.get $t))
+        (v128.store (i32.add (local.get $dh) (local.get $sp)) (f32x4.mul (local.get $d) (local.get $gr)))`)})`
+/** gruUpdate(mx, inner, h, rec, hNext, B, H, hard): h' = z·h + (1 − z)·hh. */
+const gruUpdate = `
+  (func (export "gruUpdate") (param $mx i32) (param $inner i32) (param $h i32) (param $rec i32) (param $hn i32) (param $B i32) (param $H i32) (param $hard i32)
+    ${gruLocals}
+    ${gruUnits(`${gruUpdateGate}
+        (v128.store (i32.add (local.get $hn) (local.get $sp))
+          (f32x4.add (f32x4.mul (local.get $gz) (local.get $hv)) (f32x4.mul (f32x4.sub ${splat(1)} (local.get $gz)) (local.get $hh))))`)})`
+/** gruUpdateGrad(dhn, mx, inner, h, rec, dmx, dinner, dh, drec, B, H, hard): the update and candidate blocks of dmx, the update block of dinner, dh and drec. */
+const gruUpdateGrad = `
+  (func (export "gruUpdateGrad") (param $dhn i32) (param $mx i32) (param $inner i32) (param $h i32) (param $rec i32)
+      (param $dmx i32) (param $dinner i32) (param $dh i32) (param $drec i32) (param $B i32) (param $H i32) (param $hard i32)
+    ${gruLocals}
+    ${gruUnits(`${gruUpdateGate}
+        (local.set $d (v128.load (i32.add (local.get $dhn) (local.get $sp))))
+        (local.set $t (f32x4.mul (f32x4.mul (local.get $d) (f32x4.sub (local.get $hv) (local.get $hh))) ${slope("pz", "gz")}))
+        (v128.store (i32.add (local.get $dmx) (i32.sub (local.get $mp) (local.get $mx))) (local.get $t))
+        (v128.store (i32.add (local.get $dinner) (i32.sub (local.get $ip) (local.get $inner))) (local.get $t))
+        (v128.store (i32.add (i32.add (local.get $dmx) (i32.sub (local.get $mp) (local.get $mx))) (local.get $hq)) ${ZERO})
+        (v128.store (i32.add (i32.add (local.get $dinner) (i32.sub (local.get $ip) (local.get $inner))) (local.get $hq)) ${ZERO})
+        (local.set $t (f32x4.mul (f32x4.mul (local.get $d) (f32x4.sub ${splat(1)} (local.get $gz))) (f32x4.sub ${splat(1)} (f32x4.mul (local.get $hh) (local.get $hh)))))
+        (v128.store (i32.add (i32.add (local.get $dmx) (i32.sub (local.get $mp) (local.get $mx))) (i32.shl (local.get $hq) (i32.const 1))) (local.get $t))
+        (v128.store (i32.add (local.get $drec) (local.get $sp)) (local.get $t))
+        (v128.store (i32.add (local.get $dh) (local.get $sp)) (f32x4.mul (local.get $d) (local.get $gz)))`)})`
+
 /** matmulTB's last columns of a row ($row, from $j, output at $cp), one dot product at a time. */
 const tbOne = `
         (block $one_done
@@ -1497,7 +1579,7 @@ const maddProbe = `
  * arm64), rounded once. Adam's update is left out: its bits are tfjs's own (fused-adam.ts), and
  * the rest have no multiply-add.
  */
-export const FUSED = ["matmul", "matmulTB", "lnForward", "lnBackward", "convFilterGrad", "conv2d", "convFilterGradTaps", "lstmCellForward", "lstmCellBackward", "dwFilterGrad", "dwInputGrad", "maddProbe"]
+export const FUSED = ["matmul", "matmulTB", "lnForward", "lnBackward", "convFilterGrad", "conv2d", "convFilterGradTaps", "lstmCellForward", "lstmCellBackward", "dwFilterGrad", "dwInputGrad", "gruReset", "gruResetGrad", "gruUpdate", "gruUpdateGrad", "maddProbe"]
 
 export const wat = `(module
   (import "env" "memory" (memory 1))
@@ -1523,5 +1605,9 @@ export const wat = `(module
   ${dwFilterGrad}
   ${dwInputGrad}
   ${clipGrad}
+  ${gruReset}
+  ${gruResetGrad}
+  ${gruUpdate}
+  ${gruUpdateGrad}
   ${maddProbe}
 )`
