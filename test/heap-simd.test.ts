@@ -106,11 +106,15 @@ describe("SIMD kernels on the wasm heap", () => {
     expect(JSON.parse(out.trim().split("\n").pop()!)).toEqual(["in use, multiply, then add (GRADWIRE_FMA=0)", false])
   })
 
+  // 16 channels at a time, then 4: 4 and 8 channels (only the latter), 16 and 64 (only the former), 20 and 52 (both)
   for (const [M, C, shift] of [
     [1, 4, 0],
     [7, 8, 0],
     [2048, 16, 0],
-    [25088, 8, 1000]
+    [25088, 8, 1000],
+    [37, 20, 0],
+    [300, 64, 0],
+    [9, 52, 100]
   ] as const) {
     it(`batch norm while training, [${M}, ${C}], values around ${shift}: y, the batch's mean and variance, dx, dγ and dβ bit for bit as the JavaScript loops give them`, () => {
       const n = M * C

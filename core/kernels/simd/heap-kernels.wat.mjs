@@ -159,130 +159,187 @@ const dsub = (a, b) => `(f64x2.sub ${a} ${b})`
 const ld = (p) => `(v128.load ${p})`
 const ZERO64 = "(v128.const f64x2 0 0)"
 
-/** Batch norm's loop over groups of 4 channels ($at their byte offset in a row), with $stride (a row's bytes) and $rows (M as an f64x2) set. */
+/**
+ * Batch norm's loops over groups of channels ($at their byte offset in a row), with $stride (a
+ * row's bytes) and $rows (M as an f64x2) set: `body(V)` for V f32x4 vectors of channels, 16
+ * channels at a time (V = 4) while they fit, then 4 (V = 1). A channel's sums run down the rows in
+ * order whatever the group (the same bits); sixteen channels keep eight float64 sums going at once
+ * (one alone waits on its add's latency every row) and use every byte of each cache line they load.
+ */
 const perChannelGroup = (body) => `
     (local.set $stride (i32.mul (local.get $C) (i32.const 4)))
     (local.set $rows (f64x2.splat (f64.convert_i32_s (local.get $M))))
-    ${loop("g", "(i32.shr_s (local.get $C) (i32.const 2))", `(local.set $at (i32.shl (local.get $g) (i32.const 4)))
-      ${body}`)}`
+    (local.set $at (i32.const 0))
+    (block $g16_done
+      (br_if $g16_done (i32.gt_s (i32.add (local.get $at) (i32.const 64)) (local.get $stride)))
+      (loop $g16
+        ${body(4)}
+        (local.set $at (i32.add (local.get $at) (i32.const 64)))
+        (br_if $g16 (i32.le_s (i32.add (local.get $at) (i32.const 64)) (local.get $stride)))))
+    (block $g4_done
+      (br_if $g4_done (i32.ge_s (local.get $at) (local.get $stride)))
+      (loop $g4
+        ${body(1)}
+        (local.set $at (i32.add (local.get $at) (i32.const 16)))
+        (br_if $g4 (i32.lt_s (local.get $at) (local.get $stride)))))`
 
-/** $slo, $shi: the float64 sums over the M rows of this channel group of term(lane, mean's local) for each half (lo64 / hi64 of x's 4 lanes in $d). */
-const columnSums = (term) => `
-      ${set("slo", ZERO64)} ${set("shi", ZERO64)}
+/** 0 .. V−1. */
+const quads = (V) => [...Array(V).keys()]
+/** Local `name` of vector q of a channel group. */
+const nq = (name, q) => `${name}${q}`
+/** v128 locals named `names`, one per vector of a 16-channel group. */
+const perVector = (...names) => names.flatMap((n) => quads(4).map((q) => v(nq(n, q)))).join(" ")
+/** f32x4 vector q of a channel group from row pointer `p`. */
+const ldq = (p, q) => `(v128.load offset=${16 * q} ${p})`
+/** An f32x4 per-channel array's vector q of the group ($at). */
+const atq = (base, q) => ldq(`(i32.add (local.get $${base}) (local.get $at))`, q)
+
+/**
+ * $slo<q>, $shi<q>: the float64 sums over the M rows of the group's V vectors of term(lane, x's
+ * vector, q) for each half (lo64 / hi64 of the vector's 4 lanes).
+ */
+const columnSums = (V, term) => `
+      ${quads(V).map((q) => `${set(nq("slo", q), ZERO64)} ${set(nq("shi", q), ZERO64)}`).join(" ")}
       (local.set $p (i32.add (local.get $x) (local.get $at)))
       ${loop(
         "i",
         get("M"),
-        `${set("d", ld(get("p")))}
-        ${set("slo", dadd(get("slo"), term(lo64, "mlo")))}
-        ${set("shi", dadd(get("shi"), term(hi64, "mhi")))}
+        `${quads(V)
+          .map(
+            (q) => `${set(nq("d", q), ldq(get("p"), q))}
+        ${set(nq("slo", q), dadd(get(nq("slo", q)), term(lo64, get(nq("d", q)), nq("mlo", q))))}
+        ${set(nq("shi", q), dadd(get(nq("shi", q)), term(hi64, get(nq("d", q)), nq("mhi", q))))}`
+          )
+          .join("\n        ")}
         (local.set $p (i32.add (local.get $p) (local.get $stride)))`
       )}`
 
 /**
- * Batch normalization while training over the last axis of x [M, C] (C a multiple of 4), four
- * channels at a time, the rows strided by 4C bytes (batch-norm-train.ts has the formulas; these
- * are its loops). Sums over rows and the element-wise passes in float64 (two lanes per f64x2), in
- * the JavaScript's order of operations, each output rounded to float32 once: the same bits.
+ * Batch normalization while training over the last axis of x [M, C] (C a multiple of 4), a group of
+ * channels at a time (perChannelGroup), the rows strided by 4C bytes (batch-norm-train.ts has the
+ * formulas; these are its loops). Sums over rows and the element-wise passes in float64 (two lanes
+ * per f64x2), in the JavaScript's order of operations, each output rounded to float32 once: the
+ * same bits.
  *
  * bnTrainForward(x, gamma, beta, y, mean, variance, M, C, eps): y, and the batch's mean and
  * population variance per channel.
  */
-const bnTrainForward = `
-  (func (export "bnTrainForward") (param $x i32) (param $gamma i32) (param $beta i32) (param $y i32)
-      (param $mean i32) (param $var i32) (param $M i32) (param $C i32) (param $eps f64)
-    (local $g i32) (local $i i32) (local $p i32) (local $q i32) (local $stride i32) (local $at i32)
-    ${v("slo")} ${v("shi")} ${v("mlo")} ${v("mhi")} ${v("d")} ${v("rows")} ${v("sclo")} ${v("schi")} ${v("blo")} ${v("bhi")} ${v("b4")}
-    ${perChannelGroup(`
-      ${columnSums((lane) => lane(get("d")))}
-      ${set("mlo", `(f64x2.div ${get("slo")} ${get("rows")})`)}
-      ${set("mhi", `(f64x2.div ${get("shi")} ${get("rows")})`)}
-      ${columnSums((lane, m) => dmul(dsub(lane(get("d")), get(m)), dsub(lane(get("d")), get(m))))}
-      ${set("slo", `(f64x2.div ${get("slo")} ${get("rows")})`)}
-      ${set("shi", `(f64x2.div ${get("shi")} ${get("rows")})`)}
-      (v128.store (i32.add (local.get $mean) (local.get $at)) ${join32(get("mlo"), get("mhi"))})
-      (v128.store (i32.add (local.get $var) (local.get $at)) ${join32(get("slo"), get("shi"))})
+const bnForwardGroup = (V) => `
+      ${columnSums(V, (lane, d) => lane(d))}
+      ${quads(V).map((q) => `${set(nq("mlo", q), `(f64x2.div ${get(nq("slo", q))} ${get("rows")})`)} ${set(nq("mhi", q), `(f64x2.div ${get(nq("shi", q))} ${get("rows")})`)}`).join("\n      ")}
+      ${columnSums(V, (lane, d, m) => dmul(dsub(lane(d), get(m)), dsub(lane(d), get(m))))}
+      ${quads(V)
+        .map(
+          (q) => `${set(nq("slo", q), `(f64x2.div ${get(nq("slo", q))} ${get("rows")})`)}
+      ${set(nq("shi", q), `(f64x2.div ${get(nq("shi", q))} ${get("rows")})`)}
+      (v128.store offset=${16 * q} (i32.add (local.get $mean) (local.get $at)) ${join32(get(nq("mlo", q)), get(nq("mhi", q)))})
+      (v128.store offset=${16 * q} (i32.add (local.get $var) (local.get $at)) ${join32(get(nq("slo", q)), get(nq("shi", q)))})
       ;; scale = gamma / sqrt(variance + eps), and y = (x − mean)·scale + beta, in float64 as the
       ;; JavaScript computes them, rounded to float32 once
-      ${set("sclo", `(f64x2.div ${lo64(ld(`(i32.add (local.get $gamma) (local.get $at))`))} (f64x2.sqrt (f64x2.add ${get("slo")} (f64x2.splat (local.get $eps)))))`)}
-      ${set("schi", `(f64x2.div ${hi64(ld(`(i32.add (local.get $gamma) (local.get $at))`))} (f64x2.sqrt (f64x2.add ${get("shi")} (f64x2.splat (local.get $eps)))))`)}
-      ${set("b4", ld(`(i32.add (local.get $beta) (local.get $at))`))}
+      ${set("sclo", `(f64x2.div ${lo64(atq("gamma", q))} (f64x2.sqrt (f64x2.add ${get(nq("slo", q))} (f64x2.splat (local.get $eps)))))`)}
+      ${set("schi", `(f64x2.div ${hi64(atq("gamma", q))} (f64x2.sqrt (f64x2.add ${get(nq("shi", q))} (f64x2.splat (local.get $eps)))))`)}
+      ${set("b4", atq("beta", q))}
       ${set("blo", lo64(get("b4")))}
       ${set("bhi", hi64(get("b4")))}
-      (local.set $p (i32.add (local.get $x) (local.get $at)))
-      (local.set $q (i32.add (local.get $y) (local.get $at)))
+      (local.set $p (i32.add (i32.add (local.get $x) (local.get $at)) (i32.const ${16 * q})))
+      (local.set $q (i32.add (i32.add (local.get $y) (local.get $at)) (i32.const ${16 * q})))
       ${loop(
         "i",
         get("M"),
         `${set("d", ld(get("p")))}
-        (v128.store (local.get $q) ${join32(dadd(dmul(dsub(lo64(get("d")), get("mlo")), get("sclo")), get("blo")), dadd(dmul(dsub(hi64(get("d")), get("mhi")), get("schi")), get("bhi")))})
+        (v128.store (local.get $q) ${join32(dadd(dmul(dsub(lo64(get("d")), get(nq("mlo", q))), get("sclo")), get("blo")), dadd(dmul(dsub(hi64(get("d")), get(nq("mhi", q))), get("schi")), get("bhi")))})
         (local.set $p (i32.add (local.get $p) (local.get $stride)))
         (local.set $q (i32.add (local.get $q) (local.get $stride)))`
-      )}`)})`
+      )}`
+        )
+        .join("\n      ")}`
+const bnTrainForward = `
+  (func (export "bnTrainForward") (param $x i32) (param $gamma i32) (param $beta i32) (param $y i32)
+      (param $mean i32) (param $var i32) (param $M i32) (param $C i32) (param $eps f64)
+    (local $i i32) (local $p i32) (local $q i32) (local $stride i32) (local $at i32)
+    ${v("d")} ${v("rows")} ${v("sclo")} ${v("schi")} ${v("blo")} ${v("bhi")} ${v("b4")}
+    ${perVector("slo", "shi", "mlo", "mhi", "d")}
+    ${perChannelGroup(bnForwardGroup)})`
 
 /**
  * bnTrainBackward(dy, x, gamma, mean, variance, dmean, dvariance, dx, dgamma, dbeta, M, C, eps):
  * dx, dγ and dβ from the forward's mean and variance and the gradients reaching them.
  */
-const bnTrainBackward = `
-  (func (export "bnTrainBackward") (param $dy i32) (param $x i32) (param $gamma i32) (param $mean i32)
-      (param $var i32) (param $dmean i32) (param $dvar i32) (param $dx i32) (param $dgamma i32)
-      (param $dbeta i32) (param $M i32) (param $C i32) (param $eps f64)
-    (local $g i32) (local $i i32) (local $p i32) (local $q i32) (local $o i32) (local $stride i32) (local $at i32)
-    ${v("rows")} ${v("rlo")} ${v("rhi")} ${v("m4")} ${v("dlo")} ${v("dhi")} ${v("xlo")} ${v("xhi")}
-    ${v("d")} ${v("xm")} ${v("sdy")} ${v("sxh")} ${v("mlo")} ${v("mhi")} ${v("xmlo")} ${v("xmhi")}
-    ${["ka", "kb", "kd", "ke"].flatMap((k) => [v(k + "lo"), v(k + "hi")]).join(" ")}
-    ${perChannelGroup(`
-      ;; r = 1 / sqrt(variance + eps) in float64
-      ${set("rlo", `(f64x2.div (f64x2.splat (f64.const 1)) (f64x2.sqrt (f64x2.add ${lo64(ld(`(i32.add (local.get $var) (local.get $at))`))} (f64x2.splat (local.get $eps)))))`)}
-      ${set("rhi", `(f64x2.div (f64x2.splat (f64.const 1)) (f64x2.sqrt (f64x2.add ${hi64(ld(`(i32.add (local.get $var) (local.get $at))`))} (f64x2.splat (local.get $eps)))))`)}
-      ${set("m4", ld(`(i32.add (local.get $mean) (local.get $at))`))}
-      ${set("mlo", lo64(get("m4")))}
-      ${set("mhi", hi64(get("m4")))}
-      ${set("dlo", ZERO64)} ${set("dhi", ZERO64)} ${set("xlo", ZERO64)} ${set("xhi", ZERO64)}
+const bnBackwardGroup = (V) => `
+      ${quads(V)
+        .map(
+          (q) => `;; r = 1 / sqrt(variance + eps) in float64
+      ${set(nq("rlo", q), `(f64x2.div (f64x2.splat (f64.const 1)) (f64x2.sqrt (f64x2.add ${lo64(atq("var", q))} (f64x2.splat (local.get $eps)))))`)}
+      ${set(nq("rhi", q), `(f64x2.div (f64x2.splat (f64.const 1)) (f64x2.sqrt (f64x2.add ${hi64(atq("var", q))} (f64x2.splat (local.get $eps)))))`)}
+      ${set("m4", atq("mean", q))}
+      ${set(nq("mlo", q), lo64(get("m4")))}
+      ${set(nq("mhi", q), hi64(get("m4")))}
+      ${set(nq("dlo", q), ZERO64)} ${set(nq("dhi", q), ZERO64)} ${set(nq("xlo", q), ZERO64)} ${set(nq("xhi", q), ZERO64)}`
+        )
+        .join("\n      ")}
       (local.set $p (i32.add (local.get $x) (local.get $at)))
       (local.set $q (i32.add (local.get $dy) (local.get $at)))
       ;; Σ dy and Σ dy·x̂ = Σ dy·(x − mean)·r, in float64
       ${loop(
         "i",
         get("M"),
-        `${set("d", ld(get("q")))}
-        ${set("xm", ld(get("p")))}
-        ${set("dlo", dadd(get("dlo"), lo64(get("d"))))}
-        ${set("dhi", dadd(get("dhi"), hi64(get("d"))))}
-        ${set("xlo", dadd(get("xlo"), dmul(dmul(lo64(get("d")), dsub(lo64(get("xm")), get("mlo"))), get("rlo"))))}
-        ${set("xhi", dadd(get("xhi"), dmul(dmul(hi64(get("d")), dsub(hi64(get("xm")), get("mhi"))), get("rhi"))))}
+        `${quads(V)
+          .map(
+            (q) => `${set("d", ldq(get("q"), q))}
+        ${set("xm", ldq(get("p"), q))}
+        ${set(nq("dlo", q), dadd(get(nq("dlo", q)), lo64(get("d"))))}
+        ${set(nq("dhi", q), dadd(get(nq("dhi", q)), hi64(get("d"))))}
+        ${set(nq("xlo", q), dadd(get(nq("xlo", q)), dmul(dmul(lo64(get("d")), dsub(lo64(get("xm")), get(nq("mlo", q)))), get(nq("rlo", q)))))}
+        ${set(nq("xhi", q), dadd(get(nq("xhi", q)), dmul(dmul(hi64(get("d")), dsub(hi64(get("xm")), get(nq("mhi", q)))), get(nq("rhi", q)))))}`
+          )
+          .join("\n        ")}
         (local.set $p (i32.add (local.get $p) (local.get $stride)))
         (local.set $q (i32.add (local.get $q) (local.get $stride)))`
       )}
-      ${set("sdy", join32(get("dlo"), get("dhi")))}
-      ${set("sxh", join32(get("xlo"), get("xhi")))}
-      (v128.store (i32.add (local.get $dgamma) (local.get $at)) (local.get $sxh))
-      (v128.store (i32.add (local.get $dbeta) (local.get $at)) (local.get $sdy))
-      ;; dx = r·γ·(dy − Σdy/M − x̂·Σdy·x̂/M) + dmean/M + 2·dvariance·(x − mean)/M, in float64 and in the
-      ;; JavaScript's order of operations, rounded to float32 once: the same bits
-      ${set("kalo", dmul(get("rlo"), lo64(ld(`(i32.add (local.get $gamma) (local.get $at))`))))}
-      ${set("kahi", dmul(get("rhi"), hi64(ld(`(i32.add (local.get $gamma) (local.get $at))`))))}
-      ${set("kblo", `(f64x2.div ${get("dlo")} ${get("rows")})`)}
-      ${set("kbhi", `(f64x2.div ${get("dhi")} ${get("rows")})`)}
-      ${set("kdlo", `(f64x2.div ${lo64(ld(`(i32.add (local.get $dmean) (local.get $at))`))} ${get("rows")})`)}
-      ${set("kdhi", `(f64x2.div ${hi64(ld(`(i32.add (local.get $dmean) (local.get $at))`))} ${get("rows")})`)}
-      ${set("kelo", `(f64x2.mul ${lo64(ld(`(i32.add (local.get $dvar) (local.get $at))`))} (f64x2.splat (f64.const 2)))`)}
-      ${set("kehi", `(f64x2.mul ${hi64(ld(`(i32.add (local.get $dvar) (local.get $at))`))} (f64x2.splat (f64.const 2)))`)}
-      (local.set $p (i32.add (local.get $x) (local.get $at)))
-      (local.set $q (i32.add (local.get $dy) (local.get $at)))
-      (local.set $o (i32.add (local.get $dx) (local.get $at)))
+      ${quads(V)
+        .map(
+          (q) => `(v128.store offset=${16 * q} (i32.add (local.get $dgamma) (local.get $at)) ${join32(get(nq("xlo", q)), get(nq("xhi", q)))})
+      (v128.store offset=${16 * q} (i32.add (local.get $dbeta) (local.get $at)) ${join32(get(nq("dlo", q)), get(nq("dhi", q)))})
+      ;; dx = r·γ·(dy − Σdy/M − x̂·(Σdy·x̂/M)) + dmean/M + (2·dvariance/M)·(x − mean), in float64 and in
+      ;; the JavaScript's order of operations, rounded to float32 once: the same bits (no division per row)
+      ${set("kalo", dmul(get(nq("rlo", q)), lo64(atq("gamma", q))))}
+      ${set("kahi", dmul(get(nq("rhi", q)), hi64(atq("gamma", q))))}
+      ${set("kblo", `(f64x2.div ${get(nq("dlo", q))} ${get("rows")})`)}
+      ${set("kbhi", `(f64x2.div ${get(nq("dhi", q))} ${get("rows")})`)}
+      ${set("kdlo", `(f64x2.div ${lo64(atq("dmean", q))} ${get("rows")})`)}
+      ${set("kdhi", `(f64x2.div ${hi64(atq("dmean", q))} ${get("rows")})`)}
+      ${set("kelo", `(f64x2.div (f64x2.mul ${lo64(atq("dvar", q))} (f64x2.splat (f64.const 2))) ${get("rows")})`)}
+      ${set("kehi", `(f64x2.div (f64x2.mul ${hi64(atq("dvar", q))} (f64x2.splat (f64.const 2))) ${get("rows")})`)}
+      ${set("kxlo", `(f64x2.div ${get(nq("xlo", q))} ${get("rows")})`)}
+      ${set("kxhi", `(f64x2.div ${get(nq("xhi", q))} ${get("rows")})`)}
+      (local.set $p (i32.add (i32.add (local.get $x) (local.get $at)) (i32.const ${16 * q})))
+      (local.set $q (i32.add (i32.add (local.get $dy) (local.get $at)) (i32.const ${16 * q})))
+      (local.set $o (i32.add (i32.add (local.get $dx) (local.get $at)) (i32.const ${16 * q})))
       ${loop(
         "i",
         get("M"),
         `${set("d", ld(get("p")))}
-        ${set("xmlo", dsub(lo64(get("d")), get("mlo")))}
-        ${set("xmhi", dsub(hi64(get("d")), get("mhi")))}
-        (v128.store (local.get $o) ${join32(dadd(dadd(dmul(get("kalo"), dsub(dsub(lo64(ld(get("q"))), get("kblo")), `(f64x2.div ${dmul(dmul(get("xmlo"), get("rlo")), get("xlo"))} ${get("rows")})`)), get("kdlo")), `(f64x2.div ${dmul(get("kelo"), get("xmlo"))} ${get("rows")})`), dadd(dadd(dmul(get("kahi"), dsub(dsub(hi64(ld(get("q"))), get("kbhi")), `(f64x2.div ${dmul(dmul(get("xmhi"), get("rhi")), get("xhi"))} ${get("rows")})`)), get("kdhi")), `(f64x2.div ${dmul(get("kehi"), get("xmhi"))} ${get("rows")})`))})
+        ${set("xmlo", dsub(lo64(get("d")), get(nq("mlo", q))))}
+        ${set("xmhi", dsub(hi64(get("d")), get(nq("mhi", q))))}
+        (v128.store (local.get $o) ${join32(
+          dadd(dadd(dmul(get("kalo"), dsub(dsub(lo64(ld(get("q"))), get("kblo")), dmul(dmul(get("xmlo"), get(nq("rlo", q))), get("kxlo")))), get("kdlo")), dmul(get("kelo"), get("xmlo"))),
+          dadd(dadd(dmul(get("kahi"), dsub(dsub(hi64(ld(get("q"))), get("kbhi")), dmul(dmul(get("xmhi"), get(nq("rhi", q))), get("kxhi")))), get("kdhi")), dmul(get("kehi"), get("xmhi")))
+        )})
         (local.set $p (i32.add (local.get $p) (local.get $stride)))
         (local.set $q (i32.add (local.get $q) (local.get $stride)))
         (local.set $o (i32.add (local.get $o) (local.get $stride)))`
-      )}`)})`
+      )}`
+        )
+        .join("\n      ")}`
+const bnTrainBackward = `
+  (func (export "bnTrainBackward") (param $dy i32) (param $x i32) (param $gamma i32) (param $mean i32)
+      (param $var i32) (param $dmean i32) (param $dvar i32) (param $dx i32) (param $dgamma i32)
+      (param $dbeta i32) (param $M i32) (param $C i32) (param $eps f64)
+    (local $i i32) (local $p i32) (local $q i32) (local $o i32) (local $stride i32) (local $at i32)
+    ${v("rows")} ${v("m4")} ${v("d")} ${v("xm")} ${v("xmlo")} ${v("xmhi")}
+    ${["ka", "kb", "kd", "ke", "kx"].flatMap((k) => [v(k + "lo"), v(k + "hi")]).join(" ")}
+    ${perVector("rlo", "rhi", "mlo", "mhi", "dlo", "dhi", "xlo", "xhi")}
+    ${perChannelGroup(bnBackwardGroup)})`
 
 /** The sum of an f32x4's lanes, ((l0 + l1) + (l2 + l3)). */
 const hsum = (e) => `(f32.add (f32.add (f32x4.extract_lane 0 ${e}) (f32x4.extract_lane 1 ${e})) (f32.add (f32x4.extract_lane 2 ${e}) (f32x4.extract_lane 3 ${e})))`
