@@ -190,7 +190,7 @@ export const loadEngine = (want: BackendKind | "auto" = "auto"): Promise<{ tf: T
     registerMissingGradients(l.tf)
     // An LSTM step's gates as one kernel and their gradient as one more, where the backend has them (kernels/lstm-cell.ts).
     if (installLstmCell(l.tf) && l.tf.getKernel(LSTM_CELL, l.tf.getBackend())) why.push("LSTM cells compute their gates as one kernel")
-    // A GRU step's gates as two kernels and their gradients as two more, on wasm and cpu (kernels/gru-cell.ts).
+    // A GRU step's gates as two kernels and their gradients as two more, on wasm, cpu and webgpu (kernels/gru-cell.ts).
     if (installGruCell(l.tf) && l.tf.getKernel(GRU_UPDATE, l.tf.getBackend())) why.push("GRU cells compute their gates as two kernels")
     // On webgpu, an LSTM layer's whole recurrence as one program each way (kernels/lstm-sequence.ts).
     if (l.tf.getKernel(LSTM_SEQUENCE, l.tf.getBackend())) why.push("LSTM layers run their recurrence as one program each way")

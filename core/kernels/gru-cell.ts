@@ -17,13 +17,17 @@
 // Cephes' float32 tanh and exp, as the LSTM cell's); hardSigmoid's gradient is 0.2 inside its clip, bounds
 // included, as tfjs's clipByValue gives.
 //
+// On webgpu each kernel is one program per output (two forward, seven backward a time step, where
+// tfjs-layers' cell records some 60: a 7-step tagger's training step 491 -> 206 programs).
+//
 // GRUCell.call (tfjs-layers) is replaced for cells with a tanh activation, a hardSigmoid or sigmoid
-// recurrent activation, no dropout while training and 2-d float32 inputs, on wasm and cpu; every
-// other cell, and webgpu, keeps tfjs-layers' own. Installed once the engine's backend is up
+// recurrent activation, no dropout while training and 2-d float32 inputs, on wasm, cpu and webgpu;
+// every other cell keeps tfjs-layers' own. Installed once the engine's backend is up
 // (`../engine.ts`).
 import type { Tf } from "../tf.ts"
-import { hostKernels, isPatchedCall, oneInput, patchLayerCall, registerFused, withTfjsCalls } from "./fused-layers.ts"
-import { recurrentOf, type Recurrent } from "./lstm-sequence.ts"
+import { hostKernels, isPatchedCall, oneInput, patchLayerCall, registerFused, runWgsl, withTfjsCalls, type WebGpuArgs, type WebGpuBackend } from "./fused-layers.ts"
+import { lstmGatesWgsl, recurrentOf, type Recurrent } from "./lstm-sequence.ts"
+import type { TensorInfo } from "./wasm-heap.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
 
@@ -178,6 +182,103 @@ const updateBackward = hostKernels({
     onHeap(ins) && (k.gruUpdateGrad(dhn!, mx!, inner!, h!, rec!, dmx!, dinner!, dh!, drec!, ...sizes(ins), hardOf(attrs)), true)
 })
 
+// webgpu: one program per output, one thread per element (the gates recomputed where needed), with
+// the LSTM's gate functions (lstm-sequence.ts: gwGate, gwGateSlope, gwTanh).
+/** A program over every element of an output of `shape`: `body` sees index, row, col and H (units, from h). */
+const gpu = (backend: WebGpuBackend, name: string, names: string[], inputs: TensorInfo[], shape: number[], hard: boolean, body: string): TensorInfo =>
+  runWgsl(backend, {
+    key: `gradwire_gru_${name}_${hard ? "hard" : "sigmoid"}`,
+    names,
+    inputs,
+    outputShape: shape,
+    threads: shape[0]! * shape[1]!,
+    size: true,
+    code: `${lstmGatesWgsl(hard)}
+  fn main(index : i32) {
+    if (index < uniforms.size) {
+      let H = uniforms.ghShape[1];
+      let row = index / uniforms.outShape[1];
+      let col = index - row * uniforms.outShape[1];
+      ${body}
+    }
+  }`
+  })
+/** The reset gate of unit j in `row`: pr (its input) and r. */
+const resetGateWgsl = `
+      let pr = gmx[row * 3 * H + H + j] + ginner[row * 2 * H + H + j];
+      let r = gwGate(pr);`
+/** The update gate and the candidate of unit j in `row`: pz, z, hh and hp (the old state). */
+const updateGateWgsl = `
+      let pz = gmx[row * 3 * H + j] + ginner[row * 2 * H + j];
+      let z = gwGate(pz);
+      let hh = gwTanh(gmx[row * 3 * H + 2 * H + j] + grec[row * H + j]);
+      let hp = gh[row * H + j];`
+const webgpuResetForward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo => {
+  const { mx, inner, h } = inputs as { mx: TensorInfo; inner: TensorInfo; h: TensorInfo }
+  return gpu(backend, "reset", ["gmx", "ginner", "gh"], [mx, inner, h], [...h.shape], recurrentOf(attrs) === "hardSigmoid", `
+      let j = col;
+      ${resetGateWgsl}
+      setOutputAtIndex(index, r * gh[index]);`)
+}
+const webgpuResetBackward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo[] => {
+  const { drh, mx, inner, h } = inputs as { drh: TensorInfo; mx: TensorInfo; inner: TensorInfo; h: TensorInfo }
+  const hard = recurrentOf(attrs) === "hardSigmoid"
+  const names = ["gdrh", "gmx", "ginner", "gh"]
+  const ins = [drh, mx, inner, h]
+  /** The gradient reaching the reset gate's input, for the reset block of an output (v = 0 elsewhere). */
+  const block = `
+      let block = col / H;
+      let j = col - block * H;
+      var v = 0.0;
+      if (block == 1) {
+        ${resetGateWgsl}
+        v = gdrh[row * H + j] * gh[row * H + j] * gwGateSlope(pr, r);
+      }
+      setOutputAtIndex(index, v);`
+  const dmx = gpu(backend, "reset_dmx", names, ins, [...mx.shape], hard, block)
+  const dinner = gpu(backend, "reset_dinner", names, ins, [...inner.shape], hard, block)
+  const dh = gpu(backend, "reset_dh", names, ins, [...h.shape], hard, `
+      let j = col;
+      ${resetGateWgsl}
+      _ = gh[index]; // every input read (the pipeline's layout binds only those)
+      setOutputAtIndex(index, gdrh[index] * r);`)
+  return [dmx, dinner, dh]
+}
+const webgpuUpdateForward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo => {
+  const { mx, inner, h, rec } = inputs as { mx: TensorInfo; inner: TensorInfo; h: TensorInfo; rec: TensorInfo }
+  return gpu(backend, "update", ["gmx", "ginner", "gh", "grec"], [mx, inner, h, rec], [...h.shape], recurrentOf(attrs) === "hardSigmoid", `
+      let j = col;
+      ${updateGateWgsl}
+      setOutputAtIndex(index, z * hp + (1.0 - z) * hh);`)
+}
+const webgpuUpdateBackward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo[] => {
+  const { dhn, mx, inner, h, rec } = inputs as { dhn: TensorInfo; mx: TensorInfo; inner: TensorInfo; h: TensorInfo; rec: TensorInfo }
+  const hard = recurrentOf(attrs) === "hardSigmoid"
+  const names = ["gdhn", "gmx", "ginner", "gh", "grec"]
+  const ins = [dhn, mx, inner, h, rec]
+  /** dmx (3 blocks) or dinner (2): the update gate's input's gradient in block 0, the candidate's in block 2, 0 in the reset block. */
+  const blocks = `
+      let block = col / H;
+      let j = col - block * H;
+      ${updateGateWgsl}
+      let d = gdhn[row * H + j];
+      var v = 0.0;
+      if (block == 0) { v = d * (hp - hh) * gwGateSlope(pz, z); }
+      else if (block == 2) { v = d * (1.0 - z) * (1.0 - hh * hh); }
+      setOutputAtIndex(index, v);`
+  const dmx = gpu(backend, "update_dmx", names, ins, [...mx.shape], hard, blocks)
+  const dinner = gpu(backend, "update_dinner", names, ins, [...inner.shape], hard, blocks)
+  const dh = gpu(backend, "update_dh", names, ins, [...h.shape], hard, `
+      let j = col;
+      ${updateGateWgsl}
+      setOutputAtIndex(index, gdhn[index] * z);`)
+  const drec = gpu(backend, "update_drec", names, ins, [...h.shape], hard, `
+      let j = col;
+      ${updateGateWgsl}
+      setOutputAtIndex(index, gdhn[index] * (1.0 - z) * (1.0 - hh * hh));`)
+  return [dmx, dinner, dh, drec]
+}
+
 interface Activation {
   getClassName?(): string
   constructor: { className?: string }
@@ -206,7 +307,7 @@ let installed = false
 /** Registers the kernels and their gradients, and makes tfjs-layers' GRUCell use them where it can. Returns whether the cell is patched. */
 export const installGruCell = (tf: Tf): boolean => {
   if (installed) return true
-  registerFused(tf, GRU_RESET, GRU_RESET_GRAD, { wasm: [resetForward[0], resetBackward[0]], cpu: [resetForward[1], resetBackward[1]] }, {
+  registerFused(tf, GRU_RESET, GRU_RESET_GRAD, { wasm: [resetForward[0], resetBackward[0]], cpu: [resetForward[1], resetBackward[1]], webgpu: [webgpuResetForward, webgpuResetBackward] }, {
     inputsToSave: ["mx", "inner", "h"],
     gradFunc: (dy, saved, attrs) => {
       const [mx, inner, h] = saved as [Tensor, Tensor, Tensor]
@@ -214,7 +315,7 @@ export const installGruCell = (tf: Tf): boolean => {
       return { mx: () => dmx, inner: () => dinner, h: () => dh }
     }
   })
-  registerFused(tf, GRU_UPDATE, GRU_UPDATE_GRAD, { wasm: [updateForward[0], updateBackward[0]], cpu: [updateForward[1], updateBackward[1]] }, {
+  registerFused(tf, GRU_UPDATE, GRU_UPDATE_GRAD, { wasm: [updateForward[0], updateBackward[0]], cpu: [updateForward[1], updateBackward[1]], webgpu: [webgpuUpdateForward, webgpuUpdateBackward] }, {
     inputsToSave: ["mx", "inner", "h", "rec"],
     gradFunc: (dy, saved, attrs) => {
       const [mx, inner, h, rec] = saved as [Tensor, Tensor, Tensor, Tensor]
