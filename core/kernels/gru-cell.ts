@@ -25,8 +25,9 @@
 // every other cell keeps tfjs-layers' own. Installed once the engine's backend is up
 // (`../engine.ts`).
 import type { Tf } from "../tf.ts"
-import { hostKernels, isPatchedCall, oneInput, patchLayerCall, registerFused, runWgsl, withTfjsCalls, type WebGpuArgs, type WebGpuBackend } from "./fused-layers.ts"
-import { lstmGatesWgsl, recurrentOf, type Recurrent } from "./lstm-sequence.ts"
+import { hostKernels, isPatchedCall, oneInput, patchLayerCall, registerFused, withTfjsCalls, type WebGpuArgs, type WebGpuBackend } from "./fused-layers.ts"
+import { fusedRecurrent, gate, gateProgram, gateSlope, type RecurrentCellLike } from "./lstm-cell.ts"
+import { recurrentOf, type Recurrent } from "./lstm-sequence.ts"
 import type { TensorInfo } from "./wasm-heap.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
@@ -41,24 +42,6 @@ export const GRU_UPDATE_GRAD = "GradwireGRUUpdateGrad"
 export const gruCellStats = { steps: 0, heap: 0 }
 
 const f32 = Math.fround
-const POINT_TWO = f32(0.2)
-
-/** σ(x) as tfjs computes it: hardSigmoid clip(0.2·x + 0.5, 0, 1) or the logistic sigmoid. */
-const gate = (x: number, hard: boolean): number => {
-  if (hard) {
-    const y = f32(f32(x * POINT_TWO) + 0.5)
-    return y < 0 ? 0 : y > 1 ? 1 : y
-  }
-  return f32(1 / (1 + Math.exp(-x)))
-}
-/** dσ/dx at x, from x and σ(x). */
-const gateSlope = (x: number, s: number, hard: boolean): number => {
-  if (hard) {
-    const y = f32(f32(x * POINT_TWO) + 0.5)
-    return y >= 0 && y <= 1 ? POINT_TWO : 0
-  }
-  return s * (1 - s)
-}
 
 /** r·h of a step: mx [B, 3H], inner [B, 2H], h [B, H]. */
 export const gruResetForward = (mx: Float32Array, inner: Float32Array, h: Float32Array, H: number, recurrent: Recurrent, rh: Float32Array): void => {
@@ -184,25 +167,9 @@ const updateBackward = hostKernels({
 
 // webgpu: one program per output, one thread per element (the gates recomputed where needed), with
 // the LSTM's gate functions (lstm-sequence.ts: gwGate, gwGateSlope, gwTanh).
-/** A program over every element of an output of `shape`: `body` sees index, row, col and H (units, from h). */
+/** A program over every element of an output of `shape` (gateProgram): `body` sees index, row, col and H (units, from h). */
 const gpu = (backend: WebGpuBackend, name: string, names: string[], inputs: TensorInfo[], shape: number[], hard: boolean, body: string): TensorInfo =>
-  runWgsl(backend, {
-    key: `gradwire_gru_${name}_${hard ? "hard" : "sigmoid"}`,
-    names,
-    inputs,
-    outputShape: shape,
-    threads: shape[0]! * shape[1]!,
-    size: true,
-    code: `${lstmGatesWgsl(hard)}
-  fn main(index : i32) {
-    if (index < uniforms.size) {
-      let H = uniforms.ghShape[1];
-      let row = index / uniforms.outShape[1];
-      let col = index - row * uniforms.outShape[1];
-      ${body}
-    }
-  }`
-  })
+  gateProgram(backend, `gru_${name}`, names, inputs, shape, hard, "uniforms.ghShape[1]", body)
 /** The reset gate of unit j in `row`: pr (its input) and r. */
 const resetGateWgsl = `
       let pr = gmx[row * 3 * H + H + j] + ginner[row * 2 * H + H + j];
@@ -279,16 +246,8 @@ const webgpuUpdateBackward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInf
   return [dmx, dinner, dh, drec]
 }
 
-interface Activation {
-  getClassName?(): string
-  constructor: { className?: string }
-}
-interface GruCellLike {
+interface GruCellLike extends RecurrentCellLike {
   units: number
-  activation: Activation
-  recurrentActivation: Activation
-  dropout: number
-  recurrentDropout: number
   useBias: boolean
   kernel: { read(): Tensor }
   recurrentKernel: { read(): Tensor }
@@ -300,7 +259,6 @@ const PREPARED = Symbol.for("gradwire.gruCell.prepared")
 interface GruLike {
   cell: GruCellLike
 }
-const nameOf = (a: Activation): string | undefined => a.constructor?.className ?? a.getClassName?.()
 
 let installed = false
 
@@ -323,17 +281,7 @@ export const installGruCell = (tf: Tf): boolean => {
       return { mx: () => dmx, inner: () => dinner, h: () => dh, rec: () => drec }
     }
   })
-  /** The recurrent activation when the cell can take the kernels for input `x`, else undefined. */
-  const fitting = (c: GruCellLike, x: Tensor, training: boolean): Recurrent | undefined => {
-    const recurrent = nameOf(c.recurrentActivation)
-    const ok =
-      nameOf(c.activation) === "tanh" &&
-      (recurrent === "hardSigmoid" || recurrent === "sigmoid") &&
-      (!training || (!(c.dropout > 0 && c.dropout < 1) && !(c.recurrentDropout > 0 && c.recurrentDropout < 1))) &&
-      x.dtype === "float32" &&
-      tf.getKernel(GRU_UPDATE, tf.getBackend()) !== undefined
-    return ok ? (recurrent as Recurrent) : undefined
-  }
+  const fitting = (c: GruCellLike, x: Tensor, training: boolean): Recurrent | undefined => fusedRecurrent(tf, c, x, training, GRU_UPDATE)
   installed = patchLayerCall<GruCellLike>(tf, "GRUCell", (own) =>
     function (inputs, kwargs) {
       const list = Array.isArray(inputs) ? inputs : [inputs]

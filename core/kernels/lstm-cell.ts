@@ -37,7 +37,8 @@ export type { Recurrent } from "./lstm-sequence.ts"
 const f32 = Math.fround
 const POINT_TWO = f32(0.2)
 
-const gate = (x: number, hard: boolean): number => {
+/** σ(x) as tfjs computes it: hardSigmoid clip(0.2·x + 0.5, 0, 1) (tfjs's rounding) or the logistic sigmoid. */
+export const gate = (x: number, hard: boolean): number => {
   if (hard) {
     const y = f32(f32(x * POINT_TWO) + 0.5)
     return y < 0 ? 0 : y > 1 ? 1 : y
@@ -45,7 +46,7 @@ const gate = (x: number, hard: boolean): number => {
   return f32(1 / (1 + Math.exp(-x)))
 }
 /** dσ/dx at x, from x and σ(x). */
-const gateSlope = (x: number, s: number, hard: boolean): number => {
+export const gateSlope = (x: number, s: number, hard: boolean): number => {
   if (hard) {
     const y = f32(f32(x * POINT_TWO) + 0.5)
     return y >= 0 && y <= 1 ? POINT_TWO : 0
@@ -135,10 +136,14 @@ const hostBackward = hostKernels({
 })
 
 // webgpu: two small programs each way (one output per program).
-/** A program over every element of an output of `shape`; `body` sees index, row, col and H. */
-const gpu = (backend: WebGpuBackend, name: string, names: string[], inputs: TensorInfo[], shape: number[], hard: boolean, hFrom: string, body: string): TensorInfo =>
+/**
+ * A program over every element of a 2-d output of `shape` with the gate functions (lstmGatesWgsl);
+ * `body` sees index, row, col and H (the units, from the WGSL expression `hFrom`). `name` keys the
+ * pipeline with the recurrent activation (the GRU's kernels use it too).
+ */
+export const gateProgram = (backend: WebGpuBackend, name: string, names: string[], inputs: TensorInfo[], shape: number[], hard: boolean, hFrom: string, body: string): TensorInfo =>
   runWgsl(backend, {
-    key: `gradwire_lstm_${name}_${hard ? "hard" : "sigmoid"}`,
+    key: `gradwire_${name}_${hard ? "hard" : "sigmoid"}`,
     names,
     inputs,
     outputShape: shape,
@@ -158,13 +163,13 @@ const webgpuForward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo[] => 
   const { z, c } = inputs as { z: TensorInfo; c: TensorInfo }
   const hard = recurrentOf(attrs) === "hardSigmoid"
   const shape = [...c.shape]
-  const cNext = gpu(backend, "c", ["gz", "gc"], [z, c], shape, hard, "uniforms.gcShape[1]", `
+  const cNext = gateProgram(backend, "lstm_c", ["gz", "gc"], [z, c], shape, hard, "uniforms.gcShape[1]", `
       let zr = row * 4 * H;
       let i = gwGate(gz[zr + col]);
       let f = gwGate(gz[zr + H + col]);
       let g = gwTanh(gz[zr + 2 * H + col]);
       setOutputAtIndex(index, f * gc[index] + i * g);`)
-  const h = gpu(backend, "h", ["gz", "gcn"], [z, cNext], shape, hard, "uniforms.gcnShape[1]", `
+  const h = gateProgram(backend, "lstm_h", ["gz", "gcn"], [z, cNext], shape, hard, "uniforms.gcnShape[1]", `
       let o = gwGate(gz[row * 4 * H + 3 * H + col]);
       setOutputAtIndex(index, o * gwTanh(gcn[index]));`)
   return [h, cNext]
@@ -189,7 +194,7 @@ const webgpuBackward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo[] =>
       let dct = gdc[sr] + dhj * o * (1.0 - tc * tc);`
   const names = ["gdh", "gdc", "gz", "gc"]
   const ins = [dh, dc, z, c]
-  const dz = gpu(backend, "dz", names, ins, [...z.shape], hard, "uniforms.gcShape[1]", `
+  const dz = gateProgram(backend, "lstm_dz", names, ins, [...z.shape], hard, "uniforms.gcShape[1]", `
       let block = col / H;
       let j = col - block * H;
       ${gates}
@@ -199,7 +204,7 @@ const webgpuBackward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo[] =>
       else if (block == 2) { v = dct * i * (1.0 - g * g); }
       else { v = dhj * tc * gwGateSlope(zo, o); }
       setOutputAtIndex(index, v);`)
-  const dcPrev = gpu(backend, "dc", names, ins, [...c.shape], hard, "uniforms.gcShape[1]", `
+  const dcPrev = gateProgram(backend, "lstm_dc", names, ins, [...c.shape], hard, "uniforms.gcShape[1]", `
       let j = col;
       ${gates}
       setOutputAtIndex(index, dct * f);`)
@@ -221,11 +226,14 @@ interface Activation {
   getClassName?(): string
   constructor: { className?: string }
 }
-interface LstmCellLike {
+/** What the fused cells read of a tfjs-layers recurrent cell (LSTMCell, GRUCell) to tell whether they can take it. */
+export interface RecurrentCellLike {
   activation: Activation
   recurrentActivation: Activation
   dropout: number
   recurrentDropout: number
+}
+interface LstmCellLike extends RecurrentCellLike {
   useBias: boolean
   kernel: { read(): Tensor }
   recurrentKernel: { read(): Tensor }
@@ -244,6 +252,22 @@ interface LstmLike {
 }
 const nameOf = (a: Activation): string | undefined => a.constructor?.className ?? a.getClassName?.()
 
+/**
+ * The recurrent activation when cell `c` can take fused kernels for input `x`: a tanh activation, a
+ * hardSigmoid or sigmoid recurrent one, no dropout while training, float32, and `kernel` registered
+ * on the backend that runs; else undefined (tfjs-layers' own cell).
+ */
+export const fusedRecurrent = (tf: Tf, c: RecurrentCellLike, x: Tensor, training: boolean, kernel: string): Recurrent | undefined => {
+  const recurrent = nameOf(c.recurrentActivation)
+  const ok =
+    nameOf(c.activation) === "tanh" &&
+    (recurrent === "hardSigmoid" || recurrent === "sigmoid") &&
+    (!training || (!(c.dropout > 0 && c.dropout < 1) && !(c.recurrentDropout > 0 && c.recurrentDropout < 1))) &&
+    x.dtype === "float32" &&
+    tf.getKernel(kernel, tf.getBackend()) !== undefined
+  return ok ? (recurrent as Recurrent) : undefined
+}
+
 let installed = false
 
 /**
@@ -261,17 +285,7 @@ export const installLstmCell = (tf: Tf): boolean => {
       return { z: () => dz, c: () => dcPrev }
     }
   })
-  /** The recurrent activation when the cell can take the kernels for input `x`, else undefined. */
-  const fitting = (c: LstmCellLike, x: Tensor, training: boolean): Recurrent | undefined => {
-    const recurrent = nameOf(c.recurrentActivation)
-    const ok =
-      nameOf(c.activation) === "tanh" &&
-      (recurrent === "hardSigmoid" || recurrent === "sigmoid") &&
-      (!training || (!(c.dropout > 0 && c.dropout < 1) && !(c.recurrentDropout > 0 && c.recurrentDropout < 1))) &&
-      x.dtype === "float32" &&
-      tf.getKernel(LSTM_CELL, tf.getBackend()) !== undefined
-    return ok ? (recurrent as Recurrent) : undefined
-  }
+  const fitting = (c: LstmCellLike, x: Tensor, training: boolean): Recurrent | undefined => fusedRecurrent(tf, c, x, training, LSTM_CELL)
   const cellPatched = patchLayerCall<LstmCellLike>(tf, "LSTMCell", (own) =>
     function (inputs, kwargs) {
       const list = Array.isArray(inputs) ? inputs : [inputs]
