@@ -80,7 +80,7 @@ export const dashboardToken: Setting<string | undefined> = {
 export const simd: Setting<boolean> = {
   name: "GRADWIRE_SIMD",
   default: "1",
-  description: "0 runs the data path's scalar loops instead of its WebAssembly SIMD kernels (same bits), and the wasm backend's kernels without gradwire's SIMD kernels on its heap (matmuls, convolutions and their filter gradients, max-pool and ReLU gradients, normalization, the LSTM cell, transposes, Adam)",
+  description: "0 runs the data path's scalar loops instead of its WebAssembly SIMD kernels (same bits), and the wasm backend's kernels without gradwire's SIMD kernels on its heap (matmuls, convolutions and their gradients (depthwise too), max-pool, ReLU and clip gradients, normalization, the LSTM and GRU cells, transposes, Adam)",
   read: () => onUnlessZero("GRADWIRE_SIMD")
 }
 
@@ -88,7 +88,7 @@ export const simd: Setting<boolean> = {
 export const fma: Setting<boolean> = {
   name: "GRADWIRE_FMA",
   default: "1",
-  description: "0 keeps the wasm heap kernels' multiplies and adds apart (two roundings, the same bits on every CPU) instead of relaxed SIMD's fused multiply-add in the products, convolutions, normalization and the LSTM cell (one rounding where the CPU has an FMA; zoo steps 1.01-1.20x faster)",
+  description: "0 keeps the wasm heap kernels' multiplies and adds apart (two roundings, the same bits on every CPU) instead of relaxed SIMD's fused multiply-add in the products, convolutions, layer normalization and the LSTM and GRU cells (one rounding where the CPU has an FMA; zoo steps 1.01-1.20x faster)",
   read: () => onUnlessZero("GRADWIRE_FMA")
 }
 

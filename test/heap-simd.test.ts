@@ -94,7 +94,7 @@ describe("SIMD kernels on the wasm heap", () => {
     // the kernels in use are the fused binary's (the plain one's probe rounds the product first)
     expect(binaries.plain.maddProbe(1 + 2 ** -12, 1 + 2 ** -12, -(1 + 2 ** -11))).toBe(0)
     expect(kernels.maddProbe(1 + 2 ** -12, 1 + 2 ** -12, -(1 + 2 ** -11))).toBe(cpuFuses ? 2 ** -24 : 0)
-    expect(describeKernels("wasm", 0, []).text).toContain(`SIMD kernels on the wasm heap (matmuls, convolutions and their filter gradients, max-pool and ReLU gradients, normalization, the LSTM cell, transposes, Adam): ${status}`)
+    expect(describeKernels("wasm", 0, []).text).toContain(`SIMD kernels on the wasm heap (matmuls, convolutions and their gradients (depthwise too), max-pool, ReLU and clip gradients, normalization, the LSTM and GRU cells, transposes, Adam): ${status}`)
     expect(describeKernels("wasm", 0, []).json.heapSimd).toBe(status)
   })
 

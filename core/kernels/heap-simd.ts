@@ -7,8 +7,8 @@
 // GRADWIRE_SIMD=0, or on a backend that does not expose its memory.
 //
 // Two binaries are built from the same text: one multiplies, then adds (two roundings, the same
-// bits on every CPU), the other sums the products, convolutions, normalization and LSTM cell with
-// relaxed SIMD's fused multiply-add (one instruction and one rounding where the CPU has an FMA:
+// bits on every CPU), the other sums the products, convolutions, layer normalization and the LSTM
+// and GRU cells with relaxed SIMD's fused multiply-add (one instruction and one rounding where the CPU has an FMA:
 // x86 with FMA3, arm64). The fused one is used where the runtime takes relaxed SIMD, unless
 // GRADWIRE_FMA=0; the kernel maddProbe tells whether the CPU really fuses.
 import * as settings from "../settings.ts"
@@ -97,9 +97,9 @@ let arithmetic = ""
 export const heapKernelsStatus = (): string => (module ? `in use, ${arithmetic}` : offReason ? `off: ${offReason}` : "not asked for yet")
 
 /** Whether the loaded kernels' multiply-adds are fused (rounded once); undefined before they load. */
-export const heapKernelsFused = (): boolean | undefined => (module ? arithmetic === FUSED : undefined)
+export const heapKernelsFused = (): boolean | undefined => (module ? arithmetic === FUSED_ARITHMETIC : undefined)
 
-const FUSED = "fused multiply-add"
+const FUSED_ARITHMETIC = "fused multiply-add"
 /** a = b = 1 + 2⁻¹², c = -(1 + 2⁻¹¹): a·b + c is 2⁻²⁴ rounded once, 0 when a·b is rounded first. */
 const PROBE = [1 + 2 ** -12, 1 + 2 ** -12, -(1 + 2 ** -11)] as const
 
@@ -112,7 +112,7 @@ const loadModule = (): object | null => {
   let why = "GRADWIRE_FMA=0"
   if (settings.fma.read()) {
     try {
-      arithmetic = FUSED
+      arithmetic = FUSED_ARITHMETIC
       return new WebAssembly.Module(Buffer.from(HEAP_KERNELS_FMA_WASM_BASE64, "base64"))
     } catch {
       why = "this runtime has no relaxed SIMD"
@@ -159,7 +159,7 @@ export const heapKernels = (backend: WasmBackend): HeapKernels | undefined => {
     }
   }
   // relaxed_madd is fused or not as the CPU has it: say which
-  if (made && arithmetic === FUSED && made.maddProbe(...PROBE) === 0) arithmetic = "multiply, then add (this CPU has no fused multiply-add)"
+  if (made && arithmetic === FUSED_ARITHMETIC && made.maddProbe(...PROBE) === 0) arithmetic = "multiply, then add (this CPU has no fused multiply-add)"
   instances.set(memory, made)
   return made ?? undefined
 }

@@ -168,7 +168,7 @@ export const describeKernels = (backend: string, rank: number, fallbackUsed: rea
   if (backend === "wasm" && reg) {
     lines.push(`  gradwire's wasm kernels: ${reg.fast.join(", ") || "none needed"}; replaced (wrong or slow in tfjs-backend-wasm): ${REPLACED_WASM_KERNELS.join(", ")}`)
     lines.push(`  cpu-backend fallback registered for: ${reg.fallback.join(", ") || "none"}`)
-    lines.push(`  SIMD kernels on the wasm heap (matmuls, convolutions and their filter gradients, max-pool and ReLU gradients, normalization, the LSTM cell, transposes, Adam): ${heapKernelsStatus()}`)
+    lines.push(`  SIMD kernels on the wasm heap (matmuls, convolutions and their gradients (depthwise too), max-pool, ReLU and clip gradients, normalization, the LSTM and GRU cells, transposes, Adam): ${heapKernelsStatus()}`)
     json.heapSimd = heapKernelsStatus()
     json.fast = reg.fast
     json.replaced = [...REPLACED_WASM_KERNELS]
