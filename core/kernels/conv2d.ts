@@ -11,7 +11,9 @@
 // 1640 -> 1335; [1, 64, 8] 1x9 -> 32: 376 -> 257; [16, 16, 32] 3x3 -> 32: 5877 -> 4709; batch 8
 // [32, 32, 64] 3x3 -> 64: 22.8 -> 20.6 ms. The backend's kernel stays faster where a 16-column slab
 // of the filter outgrows the first-level cache (batch 8 [14, 14, 128] 3x3 -> 128: 17.9 against 24.2
-// ms) and for 1x1 filters (a plain matmul: [14, 14, 64] -> 256: 1.9 against 2.3 ms): those keep it.
+// ms) and for 1x1 filters (a plain matmul: [14, 14, 64] -> 256: 1.9 against 2.3 ms): those keep it,
+// except 1x1 filters at stride 1 without padding, which run as gradwire's BatchMatMul instead
+// (pointwiseConv2d below: XNNPACK's convolution packs a training step's new filter on every call).
 import type { Tf } from "../tf.ts"
 import { addressOf, heapKernels, roomAfter } from "./heap-simd.ts"
 import { callKernel, floats, type KernelArgs, type KernelFunc, type TensorInfo } from "./wasm-heap.ts"

@@ -1,5 +1,5 @@
-// ReLU's and clipByValue's gradients on wasm as one kernel each. tfjs-core computes it as dy · cast(step(x)): three kernels
-// and two temporaries of the activation's size, which took 116 µs for a residual CNN's
+// ReLU's and clipByValue's gradients on wasm as one kernel each. tfjs-core computes ReLU's as
+// dy · cast(step(x)): three kernels and two temporaries of the activation's size, which took 116 µs for a residual CNN's
 // [32, 8, 8, 16] activation on wasm (Step alone 55 µs); gradwire's SIMD kernel on the heap does
 // the same arithmetic in one pass, the same bits (NaN where x is NaN, ±0 or NaN where x ≤ 0 as
 // dy · 0 gives). On webgpu the same as one program (below). Other backends, dtypes, and wasm without

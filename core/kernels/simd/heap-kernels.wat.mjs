@@ -195,8 +195,8 @@ const ldq = (p, q) => `(v128.load offset=${16 * q} ${p})`
 const atq = (base, q) => ldq(`(i32.add (local.get $${base}) (local.get $at))`, q)
 
 /**
- * $slo<q>, $shi<q>: the float64 sums over the M rows of the group's V vectors of term(lane, x's
- * vector, q) for each half (lo64 / hi64 of the vector's 4 lanes).
+ * $slo<q>, $shi<q>: the float64 sums over the M rows of the group's V vectors of term(lane, the
+ * row's vector q of x, the name of that half's mean local) for each half (lane: lo64 / hi64).
  */
 const columnSums = (V, term) => `
       ${quads(V).map((q) => `${set(nq("slo", q), ZERO64)} ${set(nq("shi", q), ZERO64)}`).join(" ")}
