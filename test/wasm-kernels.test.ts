@@ -10,7 +10,7 @@ import { simdDepthwiseStats, useFilterGradChunks } from "../core/kernels/conv-gr
 import { registerWasmKernels } from "../core/kernels/register.ts"
 import { asReducedBlock } from "../core/kernels/reduce.ts"
 import { pointwiseStats, simdConvStats } from "../core/kernels/conv2d.ts"
-import { setConflicting, simdMatMulStats } from "../core/kernels/matmul.ts"
+import { fusedMatMulStats, setConflicting, simdMatMulStats } from "../core/kernels/matmul.ts"
 import { clipGradStats, reluGradStats } from "../core/kernels/relu-grad.ts"
 import { asBlockTranspose } from "../core/kernels/transpose.ts"
 
@@ -312,6 +312,28 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     expect(worst).toBeLessThanOrEqual(1e-5)
     // on wasm: the plain and fused forward passes, in the gradients too, and each input gradient's turned-round convolution
     expect(pointwiseStats.calls - before).toBeGreaterThanOrEqual(4)
+  })
+
+  it("_FusedMatMul (a dense layer's forward) as the SIMD product, then its bias and activation: no bias, a bias, every activation it takes, a batch; both operands transposed and prelu left to the backend's kernel", async () => {
+    const before = fusedMatMulStats.calls
+    const worst = await compare(() => {
+      const a = t([32, 24], 61)
+      const b = t([24, 20], 62)
+      const bias = t([20], 63)
+      const dense = (activation: string, withBias = true, more: Record<string, unknown> = {}): Tensor =>
+        tf.fused.matMul({ a: a as never, b: b as never, ...(withBias ? { bias: bias as never } : {}), activation: activation as never, ...more }) as unknown as Tensor
+      return [
+        dense("linear", false),
+        ...["linear", "relu", "relu6", "elu", "sigmoid"].map((f) => dense(f)),
+        dense("leakyrelu", true, { leakyreluAlpha: 0.3 }),
+        tf.fused.matMul({ a: t([24, 32], 64) as never, b: t([20, 24], 65) as never, transposeA: true, transposeB: true, bias: bias as never, activation: "relu" }) as unknown as Tensor,
+        tf.fused.matMul({ a: t([3, 8, 24], 66) as never, b: t([3, 24, 20], 67) as never, bias: bias as never, activation: "relu" }) as unknown as Tensor,
+        dense("prelu", true, { preluActivationWeights: t([20], 68) })
+      ]
+    })
+    expect(worst).toBeLessThanOrEqual(1e-5)
+    // on wasm: every one but prelu and the doubly transposed product
+    expect(fusedMatMulStats.calls - before).toBe(8)
   })
 
   it("depthwise gradients with multiplier 1 by the heap's SIMD kernels (4, 8, 20 and 36 channels: 16 and 4 at a time; stride 1 and 2, same and valid, a 5x5 filter at strides [1, 3], a batch of one pixel row)", async () => {

@@ -15,7 +15,7 @@ import { blockMaxMin, blockReduce, registerBlockMaxMinGradients } from "./reduce
 import { tile } from "./tile.ts"
 import { unpack } from "./unpack.ts"
 import { gatherRows } from "./gather.ts"
-import { untransposedMatMul } from "./matmul.ts"
+import { fusedMatMulKernel, untransposedMatMul } from "./matmul.ts"
 import { channelsLast, conv2dKernel, explicitSame, fusedConv2dKernel } from "./conv2d.ts"
 import { transposeKernel } from "./transpose.ts"
 import { broadcastFirst, SLOW_BROADCAST_KERNELS } from "./broadcast.ts"
@@ -102,9 +102,10 @@ export const registerWasmKernels = (tf: Tf): { fast: string[]; fallback: string[
   if (wasmUnpack) replace("Unpack", unpack(wasmUnpack))
   // The backward pass's transposed products through the backend's fast untransposed path, and
   // batched and cache-sized products through gradwire's SIMD kernel (matmul.ts).
+  // _FusedMatMul (a dense layer's forward) as that SIMD product, then its bias and activation.
   for (const mm of ["BatchMatMul", "_FusedMatMul"]) {
     const original = tf.getKernel(mm, "wasm")?.kernelFunc as unknown as KernelFunc | undefined
-    if (original) replace(mm, untransposedMatMul(tf, original, mm === "BatchMatMul"))
+    if (original) replace(mm, mm === "BatchMatMul" ? untransposedMatMul(tf, original, true) : fusedMatMulKernel(tf, untransposedMatMul(tf, original, false)))
   }
   // Transposes that move one group of axes past another, in cache-sized tiles (transpose.ts).
   const wasmTranspose = tf.getKernel("Transpose", "wasm")?.kernelFunc as unknown as KernelFunc | undefined
