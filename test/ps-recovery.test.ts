@@ -58,11 +58,12 @@ describe("parameter servers: recovery from surviving peers", () => {
       collectiveConfig: { strategy: "parameter-server", parameterServer: { numServers: 2, mode: "sync" } },
       datasets: { train: runs.train, test: runs.test }
     }).fit()
-    expect(r.restarts).toBe(1)
+    const ev = await events(r.path)
+    // On a failure, the regroups' events say what else was taken for a failure (once seen in CI under load: 2 restarts).
+    expect(r.restarts, JSON.stringify(ev.filter((e) => e.type === "restart" || e.type === "resize" || e.type === "failure"))).toBe(1)
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4])
     expect(sameWeights(r)).toBe(true)
     expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.85)
-    const ev = await events(r.path)
     expect(ev.find((e) => e.type === "restart")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 0, position: { inFit: false, reports: 1, stepsSinceReport: 6 } })
     // A hand-written loop's position does not say dp.fit(): its joiners take their place at a report() call.
     expect(ev.find((e) => e.type === "restart")!.position).not.toHaveProperty("fitLoop")
