@@ -139,8 +139,8 @@ export const isPointwise = (info: ReturnType<typeof convInfo>): boolean =>
 
 /**
  * A 1x1 convolution at stride 1 without padding (MobileNet's pointwise layers) as the product
- * x [N·H·W, C] · W [C, O] by gradwire's BatchMatMul (its SIMD kernel where it applies, matmul.ts),
- * then the bias and ReLU as their kernels. XNNPACK's convolution packs the step's new filter on every
+ * x [N·H·W, C] · W [C, O] with its bias and ReLU by gradwire's _FusedMatMul (matmul.ts: the SIMD
+ * product where it applies, then the bias and ReLU). XNNPACK's convolution packs the step's new filter on every
  * call; the product, alternated in one process with a new filter each call: [32, 8, 8, 128] -> 128
  * 2.28 -> 1.45 ms, [32, 16, 16, 32] -> 64 1.22 -> 0.68, [32, 16, 16, 64] -> 64 2.21 -> 1.29.
  * Undefined where it does not apply (other strides, padding, a bias of another shape).
@@ -153,18 +153,15 @@ const pointwiseConv2d = (tf: Tf, backend: KernelArgs["backend"], x: TensorInfo, 
   const { batchSize: N, outHeight: OH, outWidth: OW } = info
   const M = N * OH * OW
   pointwiseStats.calls++
-  let y = callKernel(tf, "BatchMatMul", {
-    inputs: { a: { dataId: x.dataId, shape: [1, M, C], dtype: "float32" }, b: { dataId: filter.dataId, shape: [1, C, O], dtype: "float32" } },
+  const y = callKernel(tf, "_FusedMatMul", {
+    inputs: {
+      a: { dataId: x.dataId, shape: [1, M, C], dtype: "float32" },
+      b: { dataId: filter.dataId, shape: [1, C, O], dtype: "float32" },
+      ...(bias ? { bias: { dataId: bias.dataId, shape: [O], dtype: "float32" } } : {})
+    },
     backend,
-    attrs: { transposeA: false, transposeB: false }
+    attrs: { transposeA: false, transposeB: false, activation: relu ? "relu" : "linear" }
   })
-  const step = (name: string, inputs: Record<string, TensorInfo>): void => {
-    const next = callKernel(tf, name, { inputs, backend, attrs: {} })
-    backend.disposeData(y.dataId)
-    y = next
-  }
-  if (bias) step("Add", { a: y, b: { dataId: bias.dataId, shape: [O], dtype: "float32" } })
-  if (relu) step("Relu", { x: y })
   return { dataId: y.dataId, shape: [N, OH, OW, O], dtype: "float32" }
 }
 

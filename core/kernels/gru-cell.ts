@@ -25,8 +25,8 @@
 // every other cell keeps tfjs-layers' own. Installed once the engine's backend is up
 // (`../engine.ts`).
 import type { Tf } from "../tf.ts"
-import { hostKernels, isPatchedCall, oneInput, patchLayerCall, registerFused, withTfjsCalls, type WebGpuArgs, type WebGpuBackend } from "./fused-layers.ts"
-import { fusedRecurrent, gate, gateProgram, gateSlope, type RecurrentCellLike } from "./lstm-cell.ts"
+import { hostKernels, patchLayerCall, registerFused, withTfjsCalls, type WebGpuArgs, type WebGpuBackend } from "./fused-layers.ts"
+import { fusedRecurrent, gate, gateProgram, gateSlope, layerRecurrent, projectSequence, type RecurrentCellLike } from "./lstm-cell.ts"
 import { recurrentOf, type Recurrent } from "./lstm-sequence.ts"
 import type { TensorInfo } from "./wasm-heap.ts"
 
@@ -314,20 +314,16 @@ export const installGruCell = (tf: Tf): boolean => {
   // takes the kernels; the loop stays tfjs-layers' own, on the projected inputs.
   patchLayerCall<GruLike>(tf, "GRU", (own) =>
     function (inputs, kwargs) {
-      const x = oneInput(inputs)
       const cell = this.cell
-      const recurrent = x && x.rank === 3 && isPatchedCall((Object.getPrototypeOf(cell) as { call?: unknown }).call) ? fitting(cell, x, kwargs?.training === true) : undefined
-      if (!x || recurrent === undefined) return own.call(this, inputs, kwargs)
-      const [B, T, D] = x.shape as [number, number, number]
-      const W = cell.kernel.read()
+      const fits = layerRecurrent(tf, cell, inputs, kwargs, GRU_UPDATE)
+      if (!fits) return own.call(this, inputs, kwargs)
       const H = cell.units
       return tf.tidy(() => {
-        const flat = tf.reshape(x, [B * T, D])
-        const projected = cell.useBias && cell.bias ? tf.fused.matMul({ a: flat, b: W, bias: cell.bias.read() }) : tf.matMul(flat, W)
+        const projected = projectSequence(tf, fits.x, cell.kernel.read(), cell.useBias && cell.bias ? cell.bias.read() : undefined)
         const [uzr, uh] = tf.split(cell.recurrentKernel.read(), [2 * H, H], 1) as [Tensor, Tensor]
         cell[PREPARED] = { uzr, uh }
         try {
-          return own.call(this, tf.reshape(projected, [B, T, 3 * H]), kwargs)
+          return own.call(this, projected, kwargs)
         } finally {
           cell[PREPARED] = undefined
         }

@@ -253,6 +253,25 @@ interface LstmLike {
 const nameOf = (a: Activation): string | undefined => a.constructor?.className ?? a.getClassName?.()
 
 /**
+ * The recurrent activation when a recurrent layer (LSTM, GRU) over `inputs` can hand its cell, whose
+ * call gradwire has patched, projected inputs for fused kernels `kernel`: one 3-d input and a
+ * fitting cell (fusedRecurrent); else undefined (the layer's own call).
+ */
+export const layerRecurrent = (tf: Tf, cell: RecurrentCellLike, inputs: Tensor | Tensor[], kwargs: Record<string, unknown> | undefined, kernel: string): { x: Tensor; recurrent: Recurrent } | undefined => {
+  const x = oneInput(inputs)
+  if (!x || x.rank !== 3 || !isPatchedCall((Object.getPrototypeOf(cell) as { call?: unknown }).call)) return undefined
+  const recurrent = fusedRecurrent(tf, cell, x, kwargs?.training === true, kernel)
+  return recurrent === undefined ? undefined : { x, recurrent }
+}
+
+/** Every time step's x·W (+ bias) of a [B, T, D] sequence as one matmul: [B, T, W's columns]. */
+export const projectSequence = (tf: Tf, x: Tensor, W: Tensor, bias: Tensor | undefined): Tensor => {
+  const [B, T, D] = x.shape as [number, number, number]
+  const flat = tf.reshape(x, [B * T, D])
+  return tf.reshape(bias ? tf.fused.matMul({ a: flat, b: W, bias }) : tf.matMul(flat, W), [B, T, W.shape[1]!])
+}
+
+/**
  * The recurrent activation when cell `c` can take fused kernels for input `x`: a tanh activation, a
  * hardSigmoid or sigmoid recurrent one, no dropout while training, float32, and `kernel` registered
  * on the backend that runs; else undefined (tfjs-layers' own cell).
@@ -315,11 +334,11 @@ export const installLstmCell = (tf: Tf): boolean => {
   installLstmSequence(tf)
   patchLayerCall<LstmLike>(tf, "LSTM", (own) =>
     function (inputs, kwargs) {
-      const x = oneInput(inputs)
       const cell = this.cell
-      const recurrent = x && x.rank === 3 && isPatchedCall((Object.getPrototypeOf(cell) as { call?: unknown }).call) ? fitting(cell, x, kwargs?.training === true) : undefined
-      if (!x || recurrent === undefined) return own.call(this, inputs, kwargs)
-      const [B, T, D] = x.shape as [number, number, number]
+      const fits = layerRecurrent(tf, cell, inputs, kwargs, LSTM_CELL)
+      if (!fits) return own.call(this, inputs, kwargs)
+      const { x, recurrent } = fits
+      const T = x.shape[1]!
       const W = cell.kernel.read()
       const H = W.shape[1]! / 4
       // The whole recurrence as one program each way (lstm-sequence.ts), where nothing of the loop's
@@ -327,9 +346,7 @@ export const installLstmCell = (tf: Tf): boolean => {
       const whole =
         sequenceOn && kwargs?.["mask"] == null && kwargs?.["initialState"] == null && !this.stateful && !this.goBackwards && !this.returnState && T > 0 && lstmSequenceFits(tf, H)
       return tf.tidy(() => {
-        const flat = tf.reshape(x, [B * T, D])
-        const projected = cell.useBias && cell.bias ? tf.fused.matMul({ a: flat, b: W, bias: cell.bias.read() }) : tf.matMul(flat, W)
-        const xw = tf.reshape(projected, [B, T, W.shape[1]!])
+        const xw = projectSequence(tf, x, W, cell.useBias && cell.bias ? cell.bias.read() : undefined)
         if (whole) return lstmSequence(tf, xw, cell.recurrentKernel.read(), recurrent, this.returnSequences)
         cell[PROJECTED] = true
         try {
