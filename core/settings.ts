@@ -80,7 +80,7 @@ export const dashboardToken: Setting<string | undefined> = {
 export const simd: Setting<boolean> = {
   name: "GRADWIRE_SIMD",
   default: "1",
-  description: "0 runs the data path's scalar loops instead of its WebAssembly SIMD kernels (same bits), and the wasm backend's kernels without gradwire's SIMD kernels on its heap (matmuls, convolutions and their gradients (depthwise too), max-pool, ReLU and clip gradients, normalization, the LSTM and GRU cells, transposes, Adam)",
+  description: "0 runs the data path's scalar loops instead of its WebAssembly SIMD kernels (same bits), and the wasm backend's kernels without gradwire's SIMD kernels on its heap (matmuls, convolutions and their gradients (depthwise too, Winograd's for 3x3 at stride 1), max-pool, ReLU and clip gradients, normalization, the LSTM and GRU cells, transposes, Adam)",
   read: () => onUnlessZero("GRADWIRE_SIMD")
 }
 

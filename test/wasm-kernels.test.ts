@@ -9,7 +9,7 @@ import { useHeapKernels } from "../core/kernels/heap-simd.ts"
 import { simdDepthwiseStats, useFilterGradChunks } from "../core/kernels/conv-grads.ts"
 import { registerWasmKernels } from "../core/kernels/register.ts"
 import { asReducedBlock } from "../core/kernels/reduce.ts"
-import { pointwiseStats, simdConvStats } from "../core/kernels/conv2d.ts"
+import { padImage, pointwiseStats, simdConvStats, useWinograd, winogradStats } from "../core/kernels/conv2d.ts"
 import { fusedMatMulStats, setConflicting, simdMatMulStats } from "../core/kernels/matmul.ts"
 import { clipGradStats, reluGradStats } from "../core/kernels/relu-grad.ts"
 import { asBlockTranspose } from "../core/kernels/transpose.ts"
@@ -312,6 +312,110 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     expect(worst).toBeLessThanOrEqual(1e-5)
     // on wasm: the plain and fused forward passes, in the gradients too, and each input gradient's turned-round convolution
     expect(pointwiseStats.calls - before).toBeGreaterThanOrEqual(4)
+  })
+
+  it("3x3 convolutions at stride 1 as Winograd's F(4x4, 3x3): the forward pass (plain, with a bias and ReLU), the input and filter gradients as the cpu backend's (odd sizes, one pixel, explicit uneven padding, 8 to 36 channels, tiles in several blocks and an odd one out)", async () => {
+    type Pad = "same" | "valid" | number[][]
+    for (const [x, O, pad] of [
+      [[3, 5, 9, 8], 12, "same"],
+      [[1, 7, 7, 20], 36, "valid"],
+      [[2, 1, 1, 8], 4, "same"],
+      [[2, 9, 6, 16], 16, [[0, 0], [2, 0], [0, 1], [0, 0]]],
+      [[5, 4, 4, 12], 8, "same"],
+      [[40, 8, 8, 8], 8, "same"]
+    ] as Array<[number[], number, Pad]>) {
+      const f = [3, 3, x[3]!, O]
+      const before = { ...winogradStats }
+      const worst = await compare(() => {
+        const xs = t(x, 71)
+        const w = t(f, 72)
+        const b = t([O], 73)
+        const plain = (a: Tensor, k: Tensor): Tensor => tf.conv2d(a as never, k as never, 1, pad as never) as unknown as Tensor
+        const fused = (a: Tensor, k: Tensor, c: Tensor): Tensor => tf.fused.conv2d({ x: a as never, filter: k as never, strides: 1, pad: pad as never, bias: c as never, activation: "relu" }) as unknown as Tensor
+        const y = plain(xs, w)
+        const [gx, gw] = tf.grads((a: Tensor, k: Tensor) => plain(a, k).mul(t(y.shape, 74)).sum())([xs, w])
+        return [y, fused(xs, w, b), gx!, gw!]
+      })
+      expect(worst, `${x} -> ${O} ${JSON.stringify(pad)}`).toBeLessThanOrEqual(1e-4)
+      // on wasm: the plain and fused forward passes and the one in the gradient, and the input
+      // gradient's turned-round convolution where its channels fit (O at least 8); one filter gradient
+      expect({ x, calls: winogradStats.calls - before.calls, filterGrads: winogradStats.filterGrads - before.filterGrads }).toEqual({ x, calls: O >= 8 ? 4 : 3, filterGrads: 1 })
+    }
+  })
+
+  it("Winograd's convolutions agree with the direct SIMD kernels, and they run instead where they apply: not at stride 2, with 4 input channels, a 5x5 filter, more than 64 input channels, or when turned off", () => {
+    const x = t([4, 8, 8, 16], 81)
+    const w = t([3, 3, 16, 24], 82)
+    const dy = t([4, 8, 8, 24], 83)
+    const conv = { strides: 1, pad: "same", dataFormat: "NHWC", dimRoundingMode: undefined }
+    const passes = (): Float32Array[] =>
+      [
+        tf.conv2d(x as never, w as never, 1, "same") as unknown as Tensor,
+        tf.engine().runKernel("Conv2DBackpropInput", { dy, filter: w }, { ...conv, inputShape: x.shape } as never) as Tensor,
+        tf.engine().runKernel("Conv2DBackpropFilter", { x, dy }, { ...conv, filterShape: w.shape } as never) as Tensor
+      ].map((r) => {
+        const v = r.dataSync() as Float32Array
+        r.dispose()
+        return v
+      })
+    const ran = (f: () => void): number => {
+      const before = winogradStats.calls + winogradStats.filterGrads
+      f()
+      return winogradStats.calls + winogradStats.filterGrads - before
+    }
+    let fast: Float32Array[] = []
+    expect(ran(() => (fast = passes()))).toBe(3)
+    useWinograd(false)
+    let direct: Float32Array[] = []
+    try {
+      expect(ran(() => (direct = passes()))).toBe(0)
+    } finally {
+      useWinograd(true)
+    }
+    direct.forEach((d, i) => {
+      const top = Math.max(...Array.from(d, Math.abs))
+      const diff = Math.max(...Array.from(d, (v, j) => Math.abs(v - fast[i]![j]!)))
+      expect(top).toBeGreaterThan(1)
+      expect(diff / top, `pass ${i}`).toBeLessThan(2e-5)
+    })
+    const conv2d = (xs: number[], f: number[], strides: number): number => ran(() => tf.tidy(() => void tf.conv2d(t(xs, 1) as never, t(f, 2) as never, strides, "same")))
+    expect(conv2d([2, 8, 8, 16], [3, 3, 16, 16], 1)).toBe(1)
+    expect(conv2d([2, 8, 8, 16], [3, 3, 16, 16], 2)).toBe(0)
+    expect(conv2d([2, 8, 8, 4], [3, 3, 4, 16], 1)).toBe(0)
+    expect(conv2d([2, 8, 8, 16], [5, 5, 16, 16], 1)).toBe(0)
+    expect(conv2d([1, 5, 5, 72], [3, 3, 72, 8], 1)).toBe(0)
+    tf.dispose([x, w, dy])
+  })
+
+  it("an image padded by the heap's SIMD kernel: the same bits as the JavaScript loop (padding on every side, rows and columns cut off, top past the image)", () => {
+    const backend = tf.backend() as unknown as Parameters<typeof padImage>[0]
+    for (const [shape, HP, WP, top, left] of [
+      [[2, 5, 6, 4], 7, 8, 1, 1],
+      [[3, 6, 7, 8], 5, 10, 0, 2],
+      [[1, 4, 4, 12], 6, 3, 2, 0],
+      [[2, 3, 3, 4], 4, 4, 5, 1]
+    ] as Array<[number[], number, number, number, number]>) {
+      const x = t(shape, 91)
+      const info = { dataId: x.dataId, shape: x.shape, dtype: "float32" } as Parameters<typeof padImage>[1]
+      const padded = (heap: boolean): Float32Array => {
+        useHeapKernels(heap)
+        try {
+          const out = padImage(backend, info, HP, WP, top, left)
+          const values = Float32Array.from(backend.typedArrayFromHeap(out) as Float32Array)
+          backend.disposeData(out.dataId)
+          return values
+        } finally {
+          useHeapKernels(true)
+        }
+      }
+      const simd = padded(true)
+      const loop = padded(false)
+      expect(simd.length).toBe(shape[0]! * HP * WP * shape[3]!)
+      expect(Array.from(simd)).toEqual(Array.from(loop))
+      // not all zeros, where the image reaches into the padded rows
+      if (top < HP) expect(simd.some((v) => v !== 0)).toBe(true)
+      x.dispose()
+    }
   })
 
   it("_FusedMatMul (a dense layer's forward) as the SIMD product, then its bias and activation: no bias, a bias, every activation it takes, a batch; both operands transposed and prelu left to the backend's kernel", async () => {

@@ -14,8 +14,11 @@
 // ms) and for 1x1 filters (a plain matmul: [14, 14, 64] -> 256: 1.9 against 2.3 ms): those keep it,
 // except 1x1 filters at stride 1 without padding, which run as gradwire's BatchMatMul instead
 // (pointwiseConv2d below: XNNPACK's convolution packs a training step's new filter on every call).
+// A 3x3 filter at stride 1 (winogradFits) runs as Winograd's F(4x4, 3x3) (winogradConv2d below),
+// a quarter of the multiply-adds: [32, 8, 8, 16] -> 16 213 -> 132 µs, [8, 16, 16, 64] -> 64 3110 ->
+// 1119 (bench/winograd.ts).
 import type { Tf } from "../tf.ts"
-import { addressOf, heapKernels, roomAfter } from "./heap-simd.ts"
+import { addressOf, heapKernels, roomAfter, type HeapKernels } from "./heap-simd.ts"
 import { callKernel, floats, type KernelArgs, type KernelFunc, type TensorInfo } from "./wasm-heap.ts"
 
 /**
@@ -48,6 +51,11 @@ export const channelsLast = (attrs: Record<string, unknown>): boolean => {
 export const padImage = (backend: KernelArgs["backend"], x: TensorInfo, HP: number, WP: number, top: number, left: number, slack = 0): TensorInfo => {
   const [N, H, W, C] = x.shape as [number, number, number, number]
   const padded = backend.makeOutput([N * HP * WP * C + slack], "float32")
+  const kernels = C % 4 === 0 && slack === 0 ? heapKernels(backend) : undefined
+  if (kernels) {
+    kernels.padImage(addressOf(backend, x), addressOf(backend, padded), N, H, W, C, HP, WP, top, left)
+    return padded
+  }
   const from = floats(backend, x)
   const to = floats(backend, padded)
   to.fill(0)
@@ -86,6 +94,8 @@ export const simdConv2d = (tf: Tf, backend: KernelArgs["backend"], x: TensorInfo
   if (top < 0 || left < 0 || OH < 1 || OW < 1 || N < 1) return undefined
   const kernels = heapKernels(backend)
   if (!kernels) return undefined
+  const fast = winogradConv2d(backend, kernels, x, filter, bias, info, relu)
+  if (fast) return fast
   // With O not a multiple of 4 the kernel reads up to 12 bytes past the filter's and the bias's
   // ends (lanes it never stores): only where the heap goes on that far.
   if (O % 4 !== 0 && ![filter, ...(bias ? [bias] : [])].every((t) => roomAfter(backend, t, 16))) return undefined
@@ -192,3 +202,86 @@ export const fusedConv2dKernel =
     if ((activation !== "linear" && activation !== "relu") || args.inputs.preluActivationWeights) return original(explicitSame(tf, args))
     return simdConv2d(tf, args.backend, args.inputs.x, args.inputs.filter, args.inputs.bias, args.attrs, activation === "relu") ?? original(explicitSame(tf, args))
   }
+
+/** Convolutions (forward and input gradients) and filter gradients that ran as Winograd's F(4x4, 3x3) in this process (for tests). */
+export const winogradStats = { calls: 0, filterGrads: 0 }
+
+let winograd = true
+
+/** Whether 3x3 convolutions at stride 1 run as Winograd's F(4x4, 3x3) (on by default; off: the direct kernels, for A/B benches and tests). */
+export const useWinograd = (on: boolean): void => {
+  winograd = on
+}
+
+/** Outputs per tile side (F(4x4, 3x3)) and the input block a tile reads. */
+const WG_M = 4
+const WG_A = WG_M + 2
+
+/**
+ * Whether a convolution runs as Winograd's F(4x4, 3x3): a 3x3 filter at stride 1 without dilation,
+ * input and output channels multiples of 4, at least 8 in, and a filter within the direct kernel's
+ * bound (SIMD_CONV_MAX_TAPS: up to 64 input channels), where it measured 1.5-2.4x the direct SIMD
+ * kernel (bench/winograd.ts).
+ */
+export const winogradFits = (info: ReturnType<typeof convInfo>): boolean =>
+  winograd &&
+  info.filterHeight === 3 && info.filterWidth === 3 && info.strideHeight === 1 && info.strideWidth === 1 && info.dilationHeight === 1 && info.dilationWidth === 1 &&
+  info.inChannels % 4 === 0 && info.outChannels % 4 === 0 && info.inChannels >= 8 && 9 * info.inChannels <= SIMD_CONV_MAX_TAPS && info.outChannels <= 256 &&
+  info.batchSize * info.outHeight * info.outWidth > 0 && info.padInfo.top >= 0 && info.padInfo.left >= 0
+
+/** Tiles transformed together: their transformed inputs and products, a²·T·(C + O) floats, within about 64 KiB. */
+const winogradBlock = (C: number, O: number): number => Math.max(4, Math.floor(65536 / (WG_A * WG_A * 4 * (C + O))))
+
+/** x padded to whole tiles of the output: rows and columns to 4·⌈OH/4⌉ + 2 and 4·⌈OW/4⌉ + 2, zeros outside the image. */
+const tilePadded = (backend: KernelArgs["backend"], x: TensorInfo, info: ReturnType<typeof convInfo>): { padded: TensorInfo; HP: number; WP: number } => {
+  const HP = WG_M * Math.ceil(info.outHeight / WG_M) + 2
+  const WP = WG_M * Math.ceil(info.outWidth / WG_M) + 2
+  return { padded: padImage(backend, x, HP, WP, info.padInfo.top, info.padInfo.left), HP, WP }
+}
+
+/**
+ * A 3x3 convolution at stride 1 as Winograd's minimal filtering F(4x4, 3x3) (simd/heap-kernels.wat.mjs,
+ * wgConv4; Lavin and Gray 2015): the filter transformed once per call (wgFilter4), the input
+ * padded to whole tiles, a quarter of a direct convolution's multiply-adds. Agrees with the direct
+ * kernel within float32 rounding of the transforms (about 3e-6 of the outputs' scale at 16
+ * channels). Undefined where it does not apply (winogradFits).
+ */
+const winogradConv2d = (backend: KernelArgs["backend"], kernels: HeapKernels, x: TensorInfo, filter: TensorInfo, bias: TensorInfo | undefined, info: ReturnType<typeof convInfo>, relu: boolean): TensorInfo | undefined => {
+  if (!winogradFits(info)) return undefined
+  const { batchSize: N, outHeight: OH, outWidth: OW, inChannels: C, outChannels: O } = info
+  const T = winogradBlock(C, O)
+  const { padded, HP, WP } = tilePadded(backend, x, info)
+  const u = backend.makeOutput([WG_A * WG_A * C * O], "float32")
+  const scratch = backend.makeOutput([WG_A * WG_A * (T * (C + O) + 4)], "float32")
+  try {
+    kernels.wgFilter4(addressOf(backend, filter), addressOf(backend, u), C, O, addressOf(backend, scratch))
+    const y = backend.makeOutput([N, OH, OW, O], "float32")
+    winogradStats.calls++
+    simdConvStats.calls++
+    kernels.wgConv4(addressOf(backend, padded), addressOf(backend, u), bias ? addressOf(backend, bias) : 0, addressOf(backend, y), N, HP, WP, C, OH, OW, O, relu ? 1 : 0, addressOf(backend, scratch), T)
+    return y
+  } finally {
+    for (const t of [padded, u, scratch]) backend.disposeData(t.dataId)
+  }
+}
+
+/**
+ * The filter gradient of a convolution that winogradFits, by the same transforms (wgFilterGrad4):
+ * dW = Gᵀ [Σ_tiles (A dY Aᵀ) ⊙ (Bᵀ d B)] G. Undefined where it does not apply.
+ */
+export const winogradFilterGrad = (backend: KernelArgs["backend"], x: TensorInfo, dy: TensorInfo, info: ReturnType<typeof convInfo>): TensorInfo | undefined => {
+  const kernels = heapKernels(backend)
+  if (!kernels || !winogradFits(info) || x.dtype !== "float32" || dy.dtype !== "float32") return undefined
+  const { batchSize: N, outHeight: OH, outWidth: OW, inChannels: C, outChannels: O } = info
+  const T = winogradBlock(C, O)
+  const { padded, HP, WP } = tilePadded(backend, x, info)
+  const scratch = backend.makeOutput([WG_A * WG_A * (T * (C + O) + C * O + 4)], "float32")
+  try {
+    const dw = backend.makeOutput([3, 3, C, O], "float32")
+    winogradStats.filterGrads++
+    kernels.wgFilterGrad4(addressOf(backend, padded), addressOf(backend, dy), addressOf(backend, dw), N, HP, WP, C, OH, OW, O, addressOf(backend, scratch), T)
+    return dw
+  } finally {
+    for (const t of [padded, scratch]) backend.disposeData(t.dataId)
+  }
+}

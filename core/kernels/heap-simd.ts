@@ -75,6 +75,14 @@ export interface HeapKernels {
   gruUpdate(mx: number, inner: number, h: number, rec: number, hn: number, B: number, H: number, hard: number): void
   /** Its gradient: dmx, dinner (0 in the reset blocks), dh and drec from dh'. */
   gruUpdateGrad(dhn: number, mx: number, inner: number, h: number, rec: number, dmx: number, dinner: number, dh: number, drec: number, B: number, H: number, hard: number): void
+  /** x [N, H, W, C] into a zeroed [N, HP, WP, C] at row top, column left; C a multiple of 4. */
+  padImage(x: number, out: number, N: number, H: number, W: number, C: number, HP: number, WP: number, top: number, left: number): void
+  /** A 3x3 filter [3, 3, C, O] transformed for Winograd's F(4x4, 3x3) into u [36, C, O]; O a multiple of 4; tmp 576 bytes. */
+  wgFilter4(w: number, u: number, C: number, O: number, tmp: number): void
+  /** A 3x3 convolution at stride 1 by Winograd's F(4x4, 3x3) from x padded to whole tiles and u from wgFilter4; C and O multiples of 4. */
+  wgConv4(x: number, u: number, bias: number, y: number, N: number, HP: number, WP: number, C: number, OH: number, OW: number, O: number, relu: number, scratch: number, T: number): void
+  /** Its filter gradient from x padded as wgConv4 reads it and dy [N, OH, OW, O]. */
+  wgFilterGrad4(x: number, dy: number, dw: number, N: number, HP: number, WP: number, C: number, OH: number, OW: number, O: number, scratch: number, T: number): void
   /** Lane 0 of c + a·b as the kernels sum (fused in the FMA binary where the CPU fuses). */
   maddProbe(a: number, b: number, c: number): number
 }

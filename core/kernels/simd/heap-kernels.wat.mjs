@@ -1619,6 +1619,484 @@ const dwInputGrad = `
     )})`
 
 /**
+ * padImage(x, out, N, H, W, C, HP, WP, top, left): x [N, H, W, C] copied into out [N, HP, WP, C] at
+ * row `top`, column `left` (rows and columns past HP, WP left out), zeros everywhere else; C a
+ * multiple of 4, 0 ≤ top, left. For the convolutions' padded inputs (../conv2d.ts padImage).
+ */
+const padImage = `
+  (func (export "padImage") (param $x i32) (param $out i32) (param $N i32) (param $H i32) (param $W i32) (param $C i32)
+      (param $HP i32) (param $WP i32) (param $top i32) (param $left i32)
+    (local $b i32) (local $hp i32) (local $h i32) (local $o i32) (local $end i32) (local $mid i32) (local $src i32)
+    (local $rowOut i32) (local $lead i32) (local $body i32) (local $rowIn i32)
+    (local.set $rowOut (i32.mul (i32.mul (local.get $WP) (local.get $C)) (i32.const 4)))
+    (local.set $rowIn (i32.mul (i32.mul (local.get $W) (local.get $C)) (i32.const 4)))
+    (local.set $lead (i32.mul (i32.mul (local.get $left) (local.get $C)) (i32.const 4)))
+    (if (i32.gt_s (local.get $lead) (local.get $rowOut)) (then (local.set $lead (local.get $rowOut))))
+    (local.set $body (i32.sub (local.get $rowOut) (local.get $lead)))
+    (if (i32.gt_s (local.get $body) (local.get $rowIn)) (then (local.set $body (local.get $rowIn))))
+    (local.set $o (local.get $out))
+    ${loop(
+      "b",
+      get("N"),
+      loop(
+        "hp",
+        get("HP"),
+        `(local.set $h (i32.sub (local.get $hp) (local.get $top)))
+        (local.set $end (i32.add (local.get $o) (local.get $rowOut)))
+        (if (i32.and (i32.ge_s (local.get $h) (i32.const 0)) (i32.lt_s (local.get $h) (local.get $H)))
+          (then
+            (local.set $mid (i32.add (local.get $o) (local.get $lead)))
+            (block $lead_done (loop $lead_next
+              (br_if $lead_done (i32.ge_u (local.get $o) (local.get $mid)))
+              (v128.store (local.get $o) ${ZERO})
+              (local.set $o (i32.add (local.get $o) (i32.const 16)))
+              (br $lead_next)))
+            (local.set $src (i32.add (local.get $x) (i32.mul (i32.add (i32.mul (local.get $b) (local.get $H)) (local.get $h)) (local.get $rowIn))))
+            (local.set $mid (i32.add (local.get $o) (local.get $body)))
+            (block $body_done (loop $body_next
+              (br_if $body_done (i32.ge_u (local.get $o) (local.get $mid)))
+              (v128.store (local.get $o) (v128.load (local.get $src)))
+              (local.set $o (i32.add (local.get $o) (i32.const 16)))
+              (local.set $src (i32.add (local.get $src) (i32.const 16)))
+              (br $body_next)))))
+        (block $rest_done (loop $rest_next
+          (br_if $rest_done (i32.ge_u (local.get $o) (local.get $end)))
+          (v128.store (local.get $o) ${ZERO})
+          (local.set $o (i32.add (local.get $o) (i32.const 16)))
+          (br $rest_next)))`
+      )
+    )})`
+
+/**
+ * Winograd's minimal filtering for 3x3 convolutions at stride 1 (Lavin and Gray, "Fast Algorithms
+ * for Convolutional Neural Networks", 2015): F(m x m, 3 x 3) computes an m x m block of outputs
+ * from an a x a block of input (a = m + 2) as Y = Aᵀ [(G g Gᵀ) ⊙ (Bᵀ d B)] A, the products summed
+ * over input channels as a² matrix products [tiles, C]·[C, O]: (m + 2)² / (9m²) of a direct
+ * convolution's multiply-adds (F(4x4): 0.25 of them). The transforms are linear maps with small
+ * constants, applied to four channels at a time (f32x4).
+ *
+ * The matrices come from Toom-Cook at the points `points` and ∞ (toomCook below). Lavin's points 0,
+ * ±1, ±2 gave 3-6x larger float32 errors than 0, ±1, 1/2, −2 (Barabasz et al., "Error analysis and
+ * improving the accuracy of Winograd convolution", 2020, found such points too): against tfjs's cpu
+ * backend, relative to 1 + |value|, 4e-4 -> 6e-5 on a filter gradient summed over 3200 pixels, 1.2e-4
+ * -> 4e-5 on an input gradient; Bᵀ's rows scaled to a largest entry of 1 (G scaled back) measured
+ * best of the scalings tried.
+ */
+const polyMul = (p, q) => {
+  const c = Array(p.length + q.length - 1).fill(0)
+  p.forEach((x, i) => q.forEach((y, j) => (c[i + j] += x * y)))
+  return c
+}
+/**
+ * Bᵀ (n x n), G (n x r) and Aᵀ (m x n) of correlation F(m, r), y_i = Σ_k g_k d_(i+k), from the n − 1
+ * finite `points` and ∞ (n = m + r − 1): G evaluates g at each point (∞: its last coefficient), Aᵀ
+ * is the transpose of that evaluation for m coefficients, and Bᵀ the transpose of the
+ * interpolation (Lagrange's basis at the finite points, then Π (x − p)): the correlation is the
+ * transpose of the linear convolution that these evaluate, multiply and interpolate.
+ */
+const toomCook = (m, r, points) => {
+  const n = m + r - 1
+  const powers = (count) => points.map((p) => [...Array(count).keys()].map((i) => p ** i)).concat([[...Array(count).keys()].map((i) => (i === count - 1 ? 1 : 0))])
+  const interpolation = points.map((pj, j) => {
+    let poly = [1]
+    let den = 1
+    points.forEach((pl, l) => {
+      if (l !== j) {
+        poly = polyMul(poly, [-pl, 1])
+        den *= pj - pl
+      }
+    })
+    return [...poly.map((x) => x / den), ...Array(n - poly.length).fill(0)]
+  })
+  interpolation.push(points.reduce((poly, p) => polyMul(poly, [-p, 1]), [1]))
+  const G = powers(r)
+  const BT = interpolation.map((row, j) => {
+    const s = 1 / Math.max(...row.map(Math.abs))
+    G[j] = G[j].map((v) => v / s)
+    return row.map((v) => v * s)
+  })
+  const Ea = powers(m)
+  return { BT, G, AT: [...Array(m).keys()].map((i) => Ea.map((row) => row[i])) }
+}
+const WINOGRAD = { 4: toomCook(4, 3, [0, -1, 1, 1 / 2, -2]) }
+
+/** Σ_k row[k]·ins[k] as an f32x4 expression (zero terms left out, ±1 as an add or a subtract). */
+const combo = (row, ins) => {
+  let e
+  row.forEach((c, k) => {
+    if (c === 0) return
+    const t = ins[k]
+    if (e === undefined) e = c === 1 ? t : c === -1 ? `(f32x4.neg ${t})` : `(f32x4.mul ${t} ${splat(c)})`
+    else e = c === 1 ? `(f32x4.add ${e} ${t})` : c === -1 ? `(f32x4.sub ${e} ${t})` : `(f32x4.add ${e} (f32x4.mul ${t} ${splat(c)}))`
+  })
+  return e ?? ZERO
+}
+
+/** out[r] = Σ_k L[r][k]·in[k] for f32x4 locals: the matrix's rows as they stand. */
+const byRows = (L) => (ins, outs) => L.map((row, r) => `(local.set ${outs[r]} ${combo(row, ins.map((n) => `(local.get ${n})`))})`)
+
+/**
+ * Statements for out = L · X · Lᵀ (L p x n, `apply` being v ↦ L·v from n f32x4 locals to p) a
+ * column, then a row at a time, with few values live at once: column j of X loaded by `load(i, j)`
+ * into locals $wi<i>, L times it into $wo<r> and stored to the 16-byte slots of $tmp (row r, column
+ * j); then row r of that read back into $wi<j>, L times it into $wo<s>, and `store(r, s, value)`.
+ */
+const sandwich = (apply, p, n, load, store) => {
+  const P = [...Array(p).keys()]
+  const Nn = [...Array(n).keys()]
+  const wi = Nn.map((i) => `$wi${i}`)
+  const wo = P.map((r) => `$wo${r}`)
+  const cols = Nn.flatMap((j) => [
+    ...Nn.map((i) => `(local.set $wi${i} ${load(i, j)})`),
+    ...apply(wi, wo),
+    ...P.map((r) => `(v128.store offset=${16 * (r * n + j)} (local.get $tmp) (local.get $wo${r}))`)
+  ])
+  const rows = P.flatMap((r) => [
+    ...Nn.map((j) => `(local.set $wi${j} (v128.load offset=${16 * (r * n + j)} (local.get $tmp)))`),
+    ...apply(wi, wo),
+    ...P.map((s) => store(r, s, `(local.get $wo${s})`))
+  ])
+  return [...cols, ...rows].join("\n        ")
+}
+/** The locals sandwich uses for vectors of length up to n. */
+const sandwichLocals = (n) => [...Array(n).keys()].map((i) => `(local $wi${i} v128) (local $wo${i} v128)`).join(" ")
+
+/**
+ * wgFilter<m>(w, u, C, O, tmp): the filter w [3, 3, C, O] transformed, U[pos][c][o] = (G g Gᵀ)[pos]
+ * for every (c, o), pos = i·a + j; O a multiple of 4; tmp a² 16-byte slots for sandwich.
+ */
+const wgFilter = (m) => {
+  const { G } = WINOGRAD[m]
+  const a = m + 2
+  return `
+  (func (export "wgFilter${m}") (param $w i32) (param $u i32) (param $C i32) (param $O i32) (param $tmp i32)
+    (local $c i32) (local $j i32) (local $p i32) (local $q i32) (local $tap i32) (local $plane i32)
+    ${sandwichLocals(a)}
+    (local.set $tap (i32.mul (i32.mul (local.get $C) (local.get $O)) (i32.const 4)))
+    (local.set $plane (local.get $tap))
+    (local.set $p (local.get $w))
+    (local.set $q (local.get $u))
+    ${loop(
+      "c",
+      get("C"),
+      `(local.set $j (i32.const 0))
+      (loop $wgf_j
+        ${sandwich(byRows(G), a, 3, (i, j) => `(v128.load (i32.add (local.get $p) (i32.mul (local.get $tap) (i32.const ${i * 3 + j}))))`, (i, j, v) => `(v128.store (i32.add (local.get $q) (i32.mul (local.get $plane) (i32.const ${i * a + j}))) ${v})`)}
+        (local.set $p (i32.add (local.get $p) (i32.const 16)))
+        (local.set $q (i32.add (local.get $q) (i32.const 16)))
+        (local.set $j (i32.add (local.get $j) (i32.const 4)))
+        (br_if $wgf_j (i32.lt_s (local.get $j) (local.get $O))))`
+    )})`
+}
+
+/**
+ * A tile's place: $tile (0 .. N·TH·TW − 1) to $b, $th, $tw. Uses $tpi (TH·TW).
+ */
+const tilePlace = `
+        (local.set $b (i32.div_u (local.get $tile) (local.get $tpi)))
+        (local.set $th (i32.rem_u (local.get $tile) (local.get $tpi)))
+        (local.set $tw (i32.rem_u (local.get $th) (local.get $TW)))
+        (local.set $th (i32.div_u (local.get $th) (local.get $TW)))`
+
+/**
+ * The product step of wgConv: for each pos, M[pos][t][o] = Σ_c V[pos][t][c]·U[pos][c][o], output
+ * columns `4·vecs` at a time from $j while they fit in O, `tiles` tiles (2 or 1) at a time.
+ */
+const wgProduct = (vecs, tiles) => {
+  const qs = [...Array(vecs).keys()]
+  const ts = [...Array(tiles).keys()]
+  const name = `wgp${vecs}_${tiles}`
+  return `
+          (block $${name}_done
+            (br_if $${name}_done (i32.gt_s (i32.add (local.get $t) (i32.const ${tiles})) (local.get $tb)))
+            (loop $${name}
+              ${ts.flatMap((t) => qs.map((q) => `(local.set $acc${t}_${q} ${ZERO})`)).join(" ")}
+              (local.set $pv (i32.add (local.get $vp) (i32.mul (local.get $t) (local.get $cBytes))))
+              (local.set $pu (i32.add (local.get $up) (i32.shl (local.get $j) (i32.const 2))))
+              (local.set $k (i32.const 0))
+              (loop $${name}_k
+                ${ts.map((t) => `(local.set $s${t} (v128.load32_splat offset=0 (i32.add (local.get $pv) (i32.mul (local.get $cBytes) (i32.const ${t})))))`).join(" ")}
+                ${qs.map((q) => `(local.set $wv (v128.load offset=${16 * q} (local.get $pu)))
+                ${ts.map((t) => `(local.set $acc${t}_${q} (f32x4.add (local.get $acc${t}_${q}) (f32x4.mul (local.get $s${t}) (local.get $wv))))`).join(" ")}`).join("\n                ")}
+                (local.set $pv (i32.add (local.get $pv) (i32.const 4)))
+                (local.set $pu (i32.add (local.get $pu) (local.get $oBytes)))
+                (local.set $k (i32.add (local.get $k) (i32.const 1)))
+                (br_if $${name}_k (i32.lt_s (local.get $k) (local.get $C))))
+              (local.set $pm (i32.add (i32.add (local.get $mp) (i32.mul (local.get $t) (local.get $oBytes))) (i32.shl (local.get $j) (i32.const 2))))
+              ${ts.flatMap((t) => qs.map((q) => `(v128.store offset=${16 * q} (i32.add (local.get $pm) (i32.mul (local.get $oBytes) (i32.const ${t}))) (local.get $acc${t}_${q}))`)).join(" ")}
+              (local.set $t (i32.add (local.get $t) (i32.const ${tiles})))
+              (br_if $${name} (i32.le_s (i32.add (local.get $t) (i32.const ${tiles})) (local.get $tb)))))`
+}
+
+/** wgProduct's column blocks: 16 columns while they fit, then 4; tiles in pairs, then one. */
+const wgColumns = (vecs) => `
+      (block $wgc${vecs}_done
+        (br_if $wgc${vecs}_done (i32.gt_s (i32.add (local.get $j) (i32.const ${4 * vecs})) (local.get $O)))
+        (loop $wgc${vecs}
+          (local.set $t (i32.const 0))
+          ${wgProduct(vecs, 2)}
+          ${wgProduct(vecs, 1)}
+          (local.set $j (i32.add (local.get $j) (i32.const ${4 * vecs})))
+          (br_if $wgc${vecs} (i32.le_s (i32.add (local.get $j) (i32.const ${4 * vecs})) (local.get $O)))))`
+
+/**
+ * The sizes wgConv and wgFilterGrad start from: $TH x $TW tiles of m x m outputs per image ($tpi),
+ * $NT in all, a row's, an input pixel's and an output pixel's bytes, and a position's plane of V
+ * (T tiles x C) and of M or D (T tiles x O).
+ */
+const wgSizes = (m) => `
+    (local.set $TH (i32.div_u (i32.add (local.get $OH) (i32.const ${m - 1})) (i32.const ${m})))
+    (local.set $TW (i32.div_u (i32.add (local.get $OW) (i32.const ${m - 1})) (i32.const ${m})))
+    (local.set $tpi (i32.mul (local.get $TH) (local.get $TW)))
+    (local.set $NT (i32.mul (local.get $N) (local.get $tpi)))
+    (local.set $cBytes (i32.shl (local.get $C) (i32.const 2)))
+    (local.set $oBytes (i32.shl (local.get $O) (i32.const 2)))
+    (local.set $rowBytes (i32.mul (local.get $WP) (local.get $cBytes)))
+    (local.set $vPlane (i32.mul (local.get $T) (local.get $cBytes)))
+    (local.set $mPlane (i32.mul (local.get $T) (local.get $oBytes)))`
+
+/** Tile $t of the block ($b, $th, $tw placed): V[pos][t][c] = (Bᵀ d B)[pos] for its a x a block d of x, four channels at a time. */
+const wgInputTiles = (m) => {
+  const a = m + 2
+  return `(local.set $base (i32.add (local.get $x) (i32.add (i32.mul (i32.add (i32.mul (local.get $b) (local.get $HP)) (i32.mul (local.get $th) (i32.const ${m}))) (local.get $rowBytes))
+          (i32.mul (i32.mul (local.get $tw) (i32.const ${m})) (local.get $cBytes)))))
+        (local.set $vp (i32.add (local.get $scratch) (i32.mul (local.get $t) (local.get $cBytes))))
+        (local.set $cb (i32.const 0))
+        (loop $wg_in
+          ${sandwich(
+            byRows(WINOGRAD[m].BT),
+            a,
+            a,
+            (i, j) => `(v128.load (i32.add (i32.add (local.get $base) (local.get $cb)) (i32.add (i32.mul (local.get $rowBytes) (i32.const ${i})) (i32.mul (local.get $cBytes) (i32.const ${j})))))`,
+            (i, j, v) => `(v128.store (i32.add (i32.add (local.get $vp) (local.get $cb)) (i32.mul (local.get $vPlane) (i32.const ${i * a + j}))) ${v})`
+          )}
+          (local.set $cb (i32.add (local.get $cb) (i32.const 16)))
+          (br_if $wg_in (i32.lt_s (local.get $cb) (local.get $cBytes))))`
+}
+
+/**
+ * wgConv<m>(x, u, bias, y, N, HP, WP, C, OH, OW, O, relu, scratch, T): y [N, OH, OW, O] =
+ * conv2d(x, w) 3x3 at stride 1 (+ bias, ReLU with relu 1) from x padded as conv2d reads it, with
+ * HP ≥ m·⌈OH/m⌉ + 2 and WP ≥ m·⌈OW/m⌉ + 2 (zeros past the image), and U = wgFilter<m>(w). Tiles of
+ * m x m outputs T at a time: their inputs transformed into scratch (V [a², T, C]), a² products into
+ * scratch after it (M [a², T, O]), then transformed back into y (outputs past OH, OW not stored);
+ * sandwich's a² slots after M. C and O multiples of 4; bias 0 for none.
+ */
+const wgConv = (m) => {
+  const { BT, AT } = WINOGRAD[m]
+  const a = m + 2
+  const A = [...Array(a).keys()]
+  const Ms = [...Array(m).keys()]
+  return `
+  (func (export "wgConv${m}") (param $x i32) (param $u i32) (param $bias i32) (param $y i32) (param $N i32)
+      (param $HP i32) (param $WP i32) (param $C i32) (param $OH i32) (param $OW i32) (param $O i32)
+      (param $relu i32) (param $scratch i32) (param $T i32)
+    (local $TH i32) (local $TW i32) (local $tpi i32) (local $NT i32) (local $t0 i32) (local $tb i32) (local $t i32)
+    (local $tile i32) (local $b i32) (local $th i32) (local $tw i32) (local $base i32) (local $cb i32) (local $ob i32)
+    (local $rowBytes i32) (local $cBytes i32) (local $oBytes i32) (local $vPlane i32) (local $mPlane i32) (local $mBuf i32)
+    (local $pos i32) (local $vp i32) (local $up i32) (local $mp i32) (local $j i32) (local $k i32) (local $pv i32) (local $pu i32) (local $pm i32)
+    (local $oh i32) (local $ow i32) (local $at i32) (local $bv v128) (local $wv v128) (local $s0 v128) (local $s1 v128)
+    ${[0, 1].flatMap((t) => [0, 1, 2, 3].map((q) => `(local $acc${t}_${q} v128)`)).join(" ")}
+    ${sandwichLocals(a)} (local $tmp i32)
+    ${wgSizes(m)}
+    (local.set $mBuf (i32.add (local.get $scratch) (i32.mul (local.get $vPlane) (i32.const ${a * a}))))
+    (local.set $tmp (i32.add (local.get $mBuf) (i32.mul (local.get $mPlane) (i32.const ${a * a}))))
+    (local.set $t0 (i32.const 0))
+    (block $wg_done
+      (br_if $wg_done (i32.ge_s (local.get $t0) (local.get $NT)))
+      (loop $wg_block
+        (local.set $tb (i32.sub (local.get $NT) (local.get $t0)))
+        (if (i32.gt_s (local.get $tb) (local.get $T)) (then (local.set $tb (local.get $T))))
+        ;; the inputs: V[pos][t][c] = (Bᵀ d B)[pos] for each tile's a x a block d, four channels at a time
+        ${loop(
+          "t",
+          get("tb"),
+          `(local.set $tile (i32.add (local.get $t0) (local.get $t)))
+        ${tilePlace}
+        ${wgInputTiles(m)}`
+        )}
+        ;; the products, one per pos
+        ${loop(
+          "pos",
+          c32(a * a),
+          `(local.set $vp (i32.add (local.get $scratch) (i32.mul (local.get $pos) (local.get $vPlane))))
+        (local.set $up (i32.add (local.get $u) (i32.mul (local.get $pos) (i32.mul (local.get $C) (local.get $oBytes)))))
+        (local.set $mp (i32.add (local.get $mBuf) (i32.mul (local.get $pos) (local.get $mPlane))))
+        (local.set $j (i32.const 0))
+        ${wgColumns(4)}
+        ${wgColumns(1)}`
+        )}
+        ;; the outputs: y = Aᵀ M A (+ bias, ReLU) per tile, four channels at a time, inside OH x OW
+        ${loop(
+          "t",
+          get("tb"),
+          `(local.set $tile (i32.add (local.get $t0) (local.get $t)))
+        ${tilePlace}
+        (local.set $mp (i32.add (local.get $mBuf) (i32.mul (local.get $t) (local.get $oBytes))))
+        (local.set $ob (i32.const 0))
+        (loop $wg_out
+          (local.set $bv (if (result v128) (local.get $bias) (then (v128.load (i32.add (local.get $bias) (local.get $ob)))) (else ${ZERO})))
+          ${sandwich(
+            byRows(AT),
+            m,
+            a,
+            (i, j) => `(v128.load (i32.add (i32.add (local.get $mp) (local.get $ob)) (i32.mul (local.get $mPlane) (i32.const ${i * a + j}))))`,
+            (r, s, v) => `(local.set $oh (i32.add (i32.mul (local.get $th) (i32.const ${m})) (i32.const ${r})))
+          (local.set $ow (i32.add (i32.mul (local.get $tw) (i32.const ${m})) (i32.const ${s})))
+          (if (i32.and (i32.lt_u (local.get $oh) (local.get $OH)) (i32.lt_u (local.get $ow) (local.get $OW)))
+            (then
+              (local.set $wv (f32x4.add ${v} (local.get $bv)))
+              (v128.store (i32.add (i32.add (local.get $y) (local.get $ob)) (i32.mul (i32.add (i32.mul (i32.add (i32.mul (local.get $b) (local.get $OH)) (local.get $oh)) (local.get $OW)) (local.get $ow)) (local.get $oBytes)))
+                (if (result v128) (local.get $relu) (then (f32x4.max (local.get $wv) ${ZERO})) (else (local.get $wv))))))`
+          )}
+          (local.set $ob (i32.add (local.get $ob) (i32.const 16)))
+          (br_if $wg_out (i32.lt_s (local.get $ob) (local.get $oBytes))))`
+        )}
+        (local.set $t0 (i32.add (local.get $t0) (local.get $T)))
+        (br_if $wg_block (i32.lt_s (local.get $t0) (local.get $NT))))))`
+}
+/** The columns of a matrix as rows. */
+const transposed = (L) => L[0].map((_, j) => L.map((row) => row[j]))
+
+/**
+ * The filter gradient's product step: for each pos, P[pos][c][o] += Σ_t V[pos][t][c]·D[pos][t][o]
+ * over the block's tiles, input channels $c two at a time (C is a multiple of 4), output columns
+ * `4·vecs` at a time from $j.
+ */
+const wgGradProduct = (vecs) => {
+  const qs = [...Array(vecs).keys()]
+  const cs = [0, 1]
+  const name = `wgg${vecs}`
+  const at = (c, q) => `(i32.add (local.get $pp) (i32.add (i32.mul (local.get $oBytes) (i32.const ${c})) (i32.const ${16 * q})))`
+  return `
+          (block $${name}_done
+            (br_if $${name}_done (i32.gt_s (i32.add (local.get $c) (i32.const ${cs.length})) (local.get $C)))
+            (loop $${name}
+              (local.set $pp (i32.add (i32.add (local.get $up) (i32.mul (local.get $c) (local.get $oBytes))) (i32.shl (local.get $j) (i32.const 2))))
+              ${cs.flatMap((c) => qs.map((q) => `(local.set $acc${c}_${q} (v128.load ${at(c, q)}))`)).join(" ")}
+              (local.set $pv (i32.add (local.get $vp) (i32.shl (local.get $c) (i32.const 2))))
+              (local.set $pu (i32.add (local.get $mp) (i32.shl (local.get $j) (i32.const 2))))
+              (local.set $k (i32.const 0))
+              (loop $${name}_k
+                ${cs.map((c) => `(local.set $s${c} (v128.load32_splat offset=${4 * c} (local.get $pv)))`).join(" ")}
+                ${qs.map((q) => `(local.set $wv (v128.load offset=${16 * q} (local.get $pu)))
+                ${cs.map((c) => `(local.set $acc${c}_${q} (f32x4.add (local.get $acc${c}_${q}) (f32x4.mul (local.get $s${c}) (local.get $wv))))`).join(" ")}`).join("\n                ")}
+                (local.set $pv (i32.add (local.get $pv) (local.get $cBytes)))
+                (local.set $pu (i32.add (local.get $pu) (local.get $oBytes)))
+                (local.set $k (i32.add (local.get $k) (i32.const 1)))
+                (br_if $${name}_k (i32.lt_s (local.get $k) (local.get $tb))))
+              ${cs.flatMap((c) => qs.map((q) => `(v128.store ${at(c, q)} (local.get $acc${c}_${q}))`)).join(" ")}
+              (local.set $c (i32.add (local.get $c) (i32.const ${cs.length})))
+              (br_if $${name} (i32.le_s (i32.add (local.get $c) (i32.const ${cs.length})) (local.get $C)))))`
+}
+
+/** wgGradProduct's column blocks: 16 columns while they fit, then 4. */
+const wgGradColumns = (vecs) => `
+      (block $wgd${vecs}_done
+        (br_if $wgd${vecs}_done (i32.gt_s (i32.add (local.get $j) (i32.const ${4 * vecs})) (local.get $O)))
+        (loop $wgd${vecs}
+          (local.set $c (i32.const 0))
+          ${wgGradProduct(vecs)}
+          (local.set $j (i32.add (local.get $j) (i32.const ${4 * vecs})))
+          (br_if $wgd${vecs} (i32.le_s (i32.add (local.get $j) (i32.const ${4 * vecs})) (local.get $O)))))`
+
+/**
+ * wgFilterGrad4(x, dy, dw, N, HP, WP, C, OH, OW, O, scratch, T): the filter gradient of a 3x3
+ * convolution at stride 1, dW[fh, fw, c, o] = Σ x[b, oh + fh, ow + fw, c]·dy[b, oh, ow, o] from x
+ * padded as wgConv4 reads it, by the same algebra read backwards: the forward's Y = Aᵀ[(G g Gᵀ) ⊙
+ * (Bᵀ d B)]A gives dW = Gᵀ [Σ_tiles (A dY Aᵀ) ⊙ (Bᵀ d B)] G, the sum over tiles and the product over
+ * channels being a² products [C, tiles]·[tiles, O]. Tiles T at a time: V [a², T, C] and D [a², T,
+ * O] in scratch, then P [a², C, O] += Vᵀ·D after them (and sandwich's a² slots after P); dW from P
+ * at the end. dy's rows and columns past OH, OW read as zeros. C and O multiples of 4.
+ */
+const wgFilterGrad = (m) => {
+  const { BT, AT, G } = WINOGRAD[m]
+  const a = m + 2
+  return `
+  (func (export "wgFilterGrad${m}") (param $x i32) (param $dy i32) (param $dw i32) (param $N i32)
+      (param $HP i32) (param $WP i32) (param $C i32) (param $OH i32) (param $OW i32) (param $O i32)
+      (param $scratch i32) (param $T i32)
+    (local $TH i32) (local $TW i32) (local $tpi i32) (local $NT i32) (local $t0 i32) (local $tb i32) (local $t i32)
+    (local $tile i32) (local $b i32) (local $th i32) (local $tw i32) (local $base i32) (local $cb i32) (local $ob i32)
+    (local $rowBytes i32) (local $cBytes i32) (local $oBytes i32) (local $vPlane i32) (local $mPlane i32) (local $mBuf i32) (local $pBuf i32) (local $pPlane i32)
+    (local $pos i32) (local $vp i32) (local $up i32) (local $mp i32) (local $j i32) (local $k i32) (local $c i32) (local $pv i32) (local $pu i32) (local $pp i32)
+    (local $oh i32) (local $ow i32) (local $wv v128) (local $s0 v128) (local $s1 v128)
+    ${[0, 1].flatMap((t) => [0, 1, 2, 3].map((q) => `(local $acc${t}_${q} v128)`)).join(" ")}
+    ${sandwichLocals(a)} (local $tmp i32)
+    ${wgSizes(m)}
+    (local.set $pPlane (i32.mul (local.get $C) (local.get $oBytes)))
+    (local.set $mBuf (i32.add (local.get $scratch) (i32.mul (local.get $vPlane) (i32.const ${a * a}))))
+    (local.set $pBuf (i32.add (local.get $mBuf) (i32.mul (local.get $mPlane) (i32.const ${a * a}))))
+    (local.set $tmp (i32.add (local.get $pBuf) (i32.mul (local.get $pPlane) (i32.const ${a * a}))))
+    ;; P = 0
+    (local.set $pp (local.get $pBuf))
+    (block $z_done (loop $z_next
+      (br_if $z_done (i32.ge_u (local.get $pp) (local.get $tmp)))
+      (v128.store (local.get $pp) ${ZERO})
+      (local.set $pp (i32.add (local.get $pp) (i32.const 16)))
+      (br $z_next)))
+    (local.set $t0 (i32.const 0))
+    (block $wg_done
+      (br_if $wg_done (i32.ge_s (local.get $t0) (local.get $NT)))
+      (loop $wg_block
+        (local.set $tb (i32.sub (local.get $NT) (local.get $t0)))
+        (if (i32.gt_s (local.get $tb) (local.get $T)) (then (local.set $tb (local.get $T))))
+        ${loop(
+          "t",
+          get("tb"),
+          `(local.set $tile (i32.add (local.get $t0) (local.get $t)))
+        ${tilePlace}
+        ;; V[pos][t][c] = (Bᵀ d B)[pos], as wgConv's
+        ${wgInputTiles(m)}
+        ;; D[pos][t][o] = (A dY Aᵀ)[pos] for the tile's m x m block of dy (zeros past OH, OW)
+        (local.set $mp (i32.add (local.get $mBuf) (i32.mul (local.get $t) (local.get $oBytes))))
+        (local.set $ob (i32.const 0))
+        (loop $wg_dy
+          ${sandwich(
+            byRows(transposed(AT)),
+            a,
+            m,
+            (i, j) => `(if (result v128) (i32.and (i32.lt_u (i32.add (i32.mul (local.get $th) (i32.const ${m})) (i32.const ${i})) (local.get $OH)) (i32.lt_u (i32.add (i32.mul (local.get $tw) (i32.const ${m})) (i32.const ${j})) (local.get $OW)))
+            (then (v128.load (i32.add (i32.add (local.get $dy) (local.get $ob)) (i32.mul (i32.add (i32.mul (i32.add (i32.mul (local.get $b) (local.get $OH)) (i32.add (i32.mul (local.get $th) (i32.const ${m})) (i32.const ${i}))) (local.get $OW)) (i32.add (i32.mul (local.get $tw) (i32.const ${m})) (i32.const ${j}))) (local.get $oBytes)))))
+            (else ${ZERO}))`,
+            (i, j, v) => `(v128.store (i32.add (i32.add (local.get $mp) (local.get $ob)) (i32.mul (local.get $mPlane) (i32.const ${i * a + j}))) ${v})`
+          )}
+          (local.set $ob (i32.add (local.get $ob) (i32.const 16)))
+          (br_if $wg_dy (i32.lt_s (local.get $ob) (local.get $oBytes))))`
+        )}
+        ;; P[pos] += V[pos]ᵀ·D[pos]
+        ${loop(
+          "pos",
+          c32(a * a),
+          `(local.set $vp (i32.add (local.get $scratch) (i32.mul (local.get $pos) (local.get $vPlane))))
+        (local.set $mp (i32.add (local.get $mBuf) (i32.mul (local.get $pos) (local.get $mPlane))))
+        (local.set $up (i32.add (local.get $pBuf) (i32.mul (local.get $pos) (local.get $pPlane))))
+        (local.set $j (i32.const 0))
+        ${wgGradColumns(4)}
+        ${wgGradColumns(1)}`
+        )}
+        (local.set $t0 (i32.add (local.get $t0) (local.get $T)))
+        (br_if $wg_block (i32.lt_s (local.get $t0) (local.get $NT)))))
+    ;; dW[fh][fw][c][o] = (Gᵀ P[·][c][o] G)[fh][fw]
+    (local.set $c (i32.const 0))
+    (block $dw_done
+      (loop $dw_next
+        (br_if $dw_done (i32.ge_u (local.get $c) (local.get $pPlane)))
+        ${sandwich(
+          byRows(transposed(G)),
+          3,
+          a,
+          (i, j) => `(v128.load (i32.add (i32.add (local.get $pBuf) (local.get $c)) (i32.mul (local.get $pPlane) (i32.const ${i * a + j}))))`,
+          (i, j, v) => `(v128.store (i32.add (i32.add (local.get $dw) (local.get $c)) (i32.mul (local.get $pPlane) (i32.const ${i * 3 + j}))) ${v})`
+        )}
+        (local.set $c (i32.add (local.get $c) (i32.const 16)))
+        (br $dw_next))))`
+}
+const wgFilterGrad4 = wgFilterGrad(4)
+const wgFilter4 = wgFilter(4)
+const wgConv4 = wgConv(4)
+
+/**
  * maddProbe(a, b, c): lane 0 of c + a·b in f32x4, the multiply-add shape the kernels sum with. In
  * the binary where it fuses (FUSED below) it gives a·b + c rounded once wherever the CPU has a
  * fused multiply-add, so the host learns which arithmetic the kernels run (../heap-simd.ts).
@@ -1636,7 +2114,7 @@ const maddProbe = `
  * arm64), rounded once. Adam's update is left out: its bits are tfjs's own (fused-adam.ts), and
  * the rest have no multiply-add.
  */
-export const FUSED = ["matmul", "matmulTB", "lnForward", "lnBackward", "convFilterGrad", "conv2d", "convFilterGradTaps", "lstmCellForward", "lstmCellBackward", "dwFilterGrad", "dwInputGrad", "gruReset", "gruResetGrad", "gruUpdate", "gruUpdateGrad", "maddProbe"]
+export const FUSED = ["matmul", "matmulTB", "lnForward", "lnBackward", "convFilterGrad", "conv2d", "convFilterGradTaps", "lstmCellForward", "lstmCellBackward", "dwFilterGrad", "dwInputGrad", "gruReset", "gruResetGrad", "gruUpdate", "gruUpdateGrad", "wgConv4", "wgFilterGrad4", "maddProbe"]
 
 export const wat = `(module
   (import "env" "memory" (memory 1))
@@ -1666,5 +2144,9 @@ export const wat = `(module
   ${gruResetGrad}
   ${gruUpdate}
   ${gruUpdateGrad}
+  ${padImage}
+  ${wgFilter4}
+  ${wgConv4}
+  ${wgFilterGrad4}
   ${maddProbe}
 )`
