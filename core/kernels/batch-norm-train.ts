@@ -10,7 +10,8 @@
 //   dγ = Σ dy · x̂            dβ = Σ dy
 //
 // (dμ and dσ² are zero unless the loss uses the batch statistics themselves.) Sums are float64 on
-// wasm and cpu, float32 on webgpu. The moving mean and variance are updated as tfjs-layers updates
+// wasm and cpu, float32 on webgpu; the element-wise passes float32 everywhere (on wasm and cpu with
+// per-channel factors rounded to float32, below). The moving mean and variance are updated as tfjs-layers updates
 // them, v − (v − batch)·(1 − momentum), as one kernel per statistic instead of three.
 // BatchNormalization.call is replaced while training for layers over the last axis of a float32
 // input, on a backend with the kernels (wasm, cpu, webgpu); inference, other axes and other
@@ -45,19 +46,31 @@ const moments = (x: Float32Array, C: number): { mean: Float64Array; variance: Fl
   return { mean, variance }
 }
 
-/** y ([M, C]), and the batch's mean and variance ([C]). */
+const f32 = Math.fround
+
+/**
+ * y ([M, C]), and the batch's mean and variance ([C]): the statistics summed in float64, y in
+ * float32 arithmetic (the mean and the scale γ / √(σ² + ε) rounded to float32 first), as the SIMD
+ * kernel computes it (heap-kernels.wat.mjs bnTrainForward: the same bits).
+ */
 export const batchNormTrainForward = (x: Float32Array, gamma: Float32Array, beta: Float32Array, C: number, eps: number, y: Float32Array, meanOut: Float32Array, varianceOut: Float32Array): void => {
   const { mean, variance } = moments(x, C)
-  const scale = new Float64Array(C)
+  const scale = new Float32Array(C)
   for (let c = 0; c < C; c++) {
     scale[c] = gamma[c]! / Math.sqrt(variance[c]! + eps)
     meanOut[c] = mean[c]!
     varianceOut[c] = variance[c]!
   }
-  for (let i = 0; i < x.length; i += C) for (let c = 0; c < C; c++) y[i + c] = (x[i + c]! - mean[c]!) * scale[c]! + beta[c]!
+  for (let i = 0; i < x.length; i += C) for (let c = 0; c < C; c++) y[i + c] = f32(f32(x[i + c]! - meanOut[c]!) * scale[c]!) + beta[c]!
 }
 
-/** dx ([M, C]), dγ and dβ ([C]) from dy, x, γ, the batch's mean and variance (the forward kernel's) and the gradients reaching them. */
+/**
+ * dx ([M, C]), dγ and dβ ([C]) from dy, x, γ, the batch's mean and variance (the forward kernel's)
+ * and the gradients reaching them: Σdy and Σdy·(x − μ) in float64 (each product a float32 one),
+ * then dx = P·dy + Q·(x − μ) + R in float32 with per-channel P = r·γ, Q = 2·dσ²/M − P·r·(Σdy·x̂/M),
+ * R = dμ/M − P·(Σdy/M) rounded to float32 (the formula above, its terms gathered per channel), as
+ * the SIMD kernel computes it (bnTrainBackward: the same bits).
+ */
 export const batchNormTrainBackward = (
   dy: Float32Array,
   x: Float32Array,
@@ -76,31 +89,29 @@ export const batchNormTrainBackward = (
   const r = new Float64Array(C)
   for (let c = 0; c < C; c++) r[c] = 1 / Math.sqrt(variance[c]! + eps)
   const sumDy = new Float64Array(C)
-  const sumDyXh = new Float64Array(C)
+  const sumDyXm = new Float64Array(C)
   for (let i = 0; i < x.length; i += C) {
     for (let c = 0; c < C; c++) {
       const d = dy[i + c]!
       sumDy[c] = sumDy[c]! + d
-      sumDyXh[c] = sumDyXh[c]! + d * (x[i + c]! - mean[c]!) * r[c]!
+      sumDyXm[c] = sumDyXm[c]! + f32(d * f32(x[i + c]! - mean[c]!))
     }
   }
-  // Per channel, the quotients by M taken once (a division per element cost the SIMD kernel half its time)
-  const kx = new Float64Array(C)
-  const ke = new Float64Array(C)
+  // Per channel, the factors (the quotients by M taken once: a division per element cost the SIMD kernel half its time)
+  const P = new Float32Array(C)
+  const Q = new Float32Array(C)
+  const R = new Float32Array(C)
   for (let c = 0; c < C; c++) {
-    kx[c] = sumDyXh[c]! / M
-    ke[c] = (dvariance[c]! * 2) / M
+    const sumDyXh = sumDyXm[c]! * r[c]!
+    const ka = r[c]! * gamma[c]!
+    P[c] = ka
+    Q[c] = (dvariance[c]! * 2) / M - ka * r[c]! * (sumDyXh / M)
+    R[c] = dmean[c]! / M - ka * (sumDy[c]! / M)
+    dgamma[c] = sumDyXh
+    dbeta[c] = sumDy[c]!
   }
   for (let i = 0; i < x.length; i += C) {
-    for (let c = 0; c < C; c++) {
-      const xm = x[i + c]! - mean[c]!
-      const xh = xm * r[c]!
-      dx[i + c] = r[c]! * gamma[c]! * (dy[i + c]! - sumDy[c]! / M - xh * kx[c]!) + dmean[c]! / M + ke[c]! * xm
-    }
-  }
-  for (let c = 0; c < C; c++) {
-    dgamma[c] = sumDyXh[c]!
-    dbeta[c] = sumDy[c]!
+    for (let c = 0; c < C; c++) dx[i + c] = f32(f32(P[c]! * dy[i + c]!) + f32(Q[c]! * f32(x[i + c]! - mean[c]!))) + R[c]!
   }
 }
 

@@ -217,9 +217,9 @@ const columnSums = (V, term) => `
 /**
  * Batch normalization while training over the last axis of x [M, C] (C a multiple of 4), a group of
  * channels at a time (perChannelGroup), the rows strided by 4C bytes (batch-norm-train.ts has the
- * formulas; these are its loops). Sums over rows and the element-wise passes in float64 (two lanes
- * per f64x2), in the JavaScript's order of operations, each output rounded to float32 once: the
- * same bits.
+ * formulas; these are its loops). Sums over rows in float64 (two lanes per f64x2), per-channel
+ * factors in float64 rounded to float32 once, the element-wise passes in float32, all in the
+ * JavaScript's order of operations: the same bits.
  *
  * bnTrainForward(x, gamma, beta, y, mean, variance, M, C, eps): y, and the batch's mean and
  * population variance per channel.
@@ -234,20 +234,17 @@ const bnForwardGroup = (V) => `
       ${set(nq("shi", q), `(f64x2.div ${get(nq("shi", q))} ${get("rows")})`)}
       (v128.store offset=${16 * q} (i32.add (local.get $mean) (local.get $at)) ${join32(get(nq("mlo", q)), get(nq("mhi", q)))})
       (v128.store offset=${16 * q} (i32.add (local.get $var) (local.get $at)) ${join32(get(nq("slo", q)), get(nq("shi", q)))})
-      ;; scale = gamma / sqrt(variance + eps), and y = (x − mean)·scale + beta, in float64 as the
-      ;; JavaScript computes them, rounded to float32 once
-      ${set("sclo", `(f64x2.div ${lo64(atq("gamma", q))} (f64x2.sqrt (f64x2.add ${get(nq("slo", q))} (f64x2.splat (local.get $eps)))))`)}
-      ${set("schi", `(f64x2.div ${hi64(atq("gamma", q))} (f64x2.sqrt (f64x2.add ${get(nq("shi", q))} (f64x2.splat (local.get $eps)))))`)}
+      ;; scale = gamma / sqrt(variance + eps) in float64, rounded to float32, and y = (x − mean)·scale +
+      ;; beta in float32, the mean rounded to float32 (as the JavaScript computes them)
+      ${set("s4", join32(`(f64x2.div ${lo64(atq("gamma", q))} (f64x2.sqrt (f64x2.add ${get(nq("slo", q))} (f64x2.splat (local.get $eps)))))`, `(f64x2.div ${hi64(atq("gamma", q))} (f64x2.sqrt (f64x2.add ${get(nq("shi", q))} (f64x2.splat (local.get $eps)))))`))}
+      ${set("u4", join32(get(nq("mlo", q)), get(nq("mhi", q))))}
       ${set("b4", atq("beta", q))}
-      ${set("blo", lo64(get("b4")))}
-      ${set("bhi", hi64(get("b4")))}
       (local.set $p (i32.add (i32.add (local.get $x) (local.get $at)) (i32.const ${16 * q})))
       (local.set $q (i32.add (i32.add (local.get $y) (local.get $at)) (i32.const ${16 * q})))
       ${loop(
         "i",
         get("M"),
-        `${set("d", ld(get("p")))}
-        (v128.store (local.get $q) ${join32(dadd(dmul(dsub(lo64(get("d")), get(nq("mlo", q))), get("sclo")), get("blo")), dadd(dmul(dsub(hi64(get("d")), get(nq("mhi", q))), get("schi")), get("bhi")))})
+        `(v128.store (local.get $q) ${vadd(vmul(vsub(ld(get("p")), get("u4")), get("s4")), get("b4"))})
         (local.set $p (i32.add (local.get $p) (local.get $stride)))
         (local.set $q (i32.add (local.get $q) (local.get $stride)))`
       )}`
@@ -257,7 +254,7 @@ const bnTrainForward = `
   (func (export "bnTrainForward") (param $x i32) (param $gamma i32) (param $beta i32) (param $y i32)
       (param $mean i32) (param $var i32) (param $M i32) (param $C i32) (param $eps f64)
     (local $i i32) (local $p i32) (local $q i32) (local $stride i32) (local $at i32)
-    ${v("d")} ${v("rows")} ${v("sclo")} ${v("schi")} ${v("blo")} ${v("bhi")} ${v("b4")}
+    ${v("d")} ${v("rows")} ${v("s4")} ${v("u4")} ${v("b4")}
     ${perVector("slo", "shi", "mlo", "mhi", "d")}
     ${perChannelGroup(bnForwardGroup)})`
 
@@ -271,26 +268,24 @@ const bnBackwardGroup = (V) => `
           (q) => `;; r = 1 / sqrt(variance + eps) in float64
       ${set(nq("rlo", q), `(f64x2.div (f64x2.splat (f64.const 1)) (f64x2.sqrt (f64x2.add ${lo64(atq("var", q))} (f64x2.splat (local.get $eps)))))`)}
       ${set(nq("rhi", q), `(f64x2.div (f64x2.splat (f64.const 1)) (f64x2.sqrt (f64x2.add ${hi64(atq("var", q))} (f64x2.splat (local.get $eps)))))`)}
-      ${set("m4", atq("mean", q))}
-      ${set(nq("mlo", q), lo64(get("m4")))}
-      ${set(nq("mhi", q), hi64(get("m4")))}
+      ${set(nq("u", q), atq("mean", q))}
       ${set(nq("dlo", q), ZERO64)} ${set(nq("dhi", q), ZERO64)} ${set(nq("xlo", q), ZERO64)} ${set(nq("xhi", q), ZERO64)}`
         )
         .join("\n      ")}
       (local.set $p (i32.add (local.get $x) (local.get $at)))
       (local.set $q (i32.add (local.get $dy) (local.get $at)))
-      ;; Σ dy and Σ dy·x̂ = Σ dy·(x − mean)·r, in float64
+      ;; Σ dy and Σ dy·(x − mean) in float64, each dy·(x − mean) a float32 product of a float32 difference
       ${loop(
         "i",
         get("M"),
         `${quads(V)
           .map(
             (q) => `${set("d", ldq(get("q"), q))}
-        ${set("xm", ldq(get("p"), q))}
+        ${set("xm", vmul(get("d"), vsub(ldq(get("p"), q), get(nq("u", q)))))}
         ${set(nq("dlo", q), dadd(get(nq("dlo", q)), lo64(get("d"))))}
         ${set(nq("dhi", q), dadd(get(nq("dhi", q)), hi64(get("d"))))}
-        ${set(nq("xlo", q), dadd(get(nq("xlo", q)), dmul(dmul(lo64(get("d")), dsub(lo64(get("xm")), get(nq("mlo", q)))), get(nq("rlo", q)))))}
-        ${set(nq("xhi", q), dadd(get(nq("xhi", q)), dmul(dmul(hi64(get("d")), dsub(hi64(get("xm")), get(nq("mhi", q)))), get(nq("rhi", q)))))}`
+        ${set(nq("xlo", q), dadd(get(nq("xlo", q)), lo64(get("xm"))))}
+        ${set(nq("xhi", q), dadd(get(nq("xhi", q)), hi64(get("xm"))))}`
           )
           .join("\n        ")}
         (local.set $p (i32.add (local.get $p) (local.get $stride)))
@@ -298,33 +293,37 @@ const bnBackwardGroup = (V) => `
       )}
       ${quads(V)
         .map(
-          (q) => `(v128.store offset=${16 * q} (i32.add (local.get $dgamma) (local.get $at)) ${join32(get(nq("xlo", q)), get(nq("xhi", q)))})
+          (q) => `;; Σ dy·x̂ = r·Σ dy·(x − mean): dγ; Σ dy: dβ
+      ${set(nq("xlo", q), dmul(get(nq("xlo", q)), get(nq("rlo", q))))}
+      ${set(nq("xhi", q), dmul(get(nq("xhi", q)), get(nq("rhi", q))))}
+      (v128.store offset=${16 * q} (i32.add (local.get $dgamma) (local.get $at)) ${join32(get(nq("xlo", q)), get(nq("xhi", q)))})
       (v128.store offset=${16 * q} (i32.add (local.get $dbeta) (local.get $at)) ${join32(get(nq("dlo", q)), get(nq("dhi", q)))})
-      ;; dx = r·γ·(dy − Σdy/M − x̂·(Σdy·x̂/M)) + dmean/M + (2·dvariance/M)·(x − mean), in float64 and in
-      ;; the JavaScript's order of operations, rounded to float32 once: the same bits (no division per row)
+      ;; dx = P·dy + Q·(x − mean) + R per channel, P = r·γ, Q = 2·dvariance/M − P·r·(Σdy·x̂/M), R = dmean/M −
+      ;; P·(Σdy/M), each from float64 rounded to float32, then float32 arithmetic (as the JavaScript's)
       ${set("kalo", dmul(get(nq("rlo", q)), lo64(atq("gamma", q))))}
       ${set("kahi", dmul(get(nq("rhi", q)), hi64(atq("gamma", q))))}
-      ${set("kblo", `(f64x2.div ${get(nq("dlo", q))} ${get("rows")})`)}
-      ${set("kbhi", `(f64x2.div ${get(nq("dhi", q))} ${get("rows")})`)}
-      ${set("kdlo", `(f64x2.div ${lo64(atq("dmean", q))} ${get("rows")})`)}
-      ${set("kdhi", `(f64x2.div ${hi64(atq("dmean", q))} ${get("rows")})`)}
-      ${set("kelo", `(f64x2.div (f64x2.mul ${lo64(atq("dvar", q))} (f64x2.splat (f64.const 2))) ${get("rows")})`)}
-      ${set("kehi", `(f64x2.div (f64x2.mul ${hi64(atq("dvar", q))} (f64x2.splat (f64.const 2))) ${get("rows")})`)}
-      ${set("kxlo", `(f64x2.div ${get(nq("xlo", q))} ${get("rows")})`)}
-      ${set("kxhi", `(f64x2.div ${get(nq("xhi", q))} ${get("rows")})`)}
+      ${set("p4", join32(get("kalo"), get("kahi")))}
+      ${set(
+        "q4",
+        join32(
+          dsub(`(f64x2.div (f64x2.mul ${lo64(atq("dvar", q))} (f64x2.splat (f64.const 2))) ${get("rows")})`, dmul(dmul(get("kalo"), get(nq("rlo", q))), `(f64x2.div ${get(nq("xlo", q))} ${get("rows")})`)),
+          dsub(`(f64x2.div (f64x2.mul ${hi64(atq("dvar", q))} (f64x2.splat (f64.const 2))) ${get("rows")})`, dmul(dmul(get("kahi"), get(nq("rhi", q))), `(f64x2.div ${get(nq("xhi", q))} ${get("rows")})`))
+        )
+      )}
+      ${set(
+        "r4",
+        join32(
+          dsub(`(f64x2.div ${lo64(atq("dmean", q))} ${get("rows")})`, dmul(get("kalo"), `(f64x2.div ${get(nq("dlo", q))} ${get("rows")})`)),
+          dsub(`(f64x2.div ${hi64(atq("dmean", q))} ${get("rows")})`, dmul(get("kahi"), `(f64x2.div ${get(nq("dhi", q))} ${get("rows")})`))
+        )
+      )}
       (local.set $p (i32.add (i32.add (local.get $x) (local.get $at)) (i32.const ${16 * q})))
       (local.set $q (i32.add (i32.add (local.get $dy) (local.get $at)) (i32.const ${16 * q})))
       (local.set $o (i32.add (i32.add (local.get $dx) (local.get $at)) (i32.const ${16 * q})))
       ${loop(
         "i",
         get("M"),
-        `${set("d", ld(get("p")))}
-        ${set("xmlo", dsub(lo64(get("d")), get(nq("mlo", q))))}
-        ${set("xmhi", dsub(hi64(get("d")), get(nq("mhi", q))))}
-        (v128.store (local.get $o) ${join32(
-          dadd(dadd(dmul(get("kalo"), dsub(dsub(lo64(ld(get("q"))), get("kblo")), dmul(dmul(get("xmlo"), get(nq("rlo", q))), get("kxlo")))), get("kdlo")), dmul(get("kelo"), get("xmlo"))),
-          dadd(dadd(dmul(get("kahi"), dsub(dsub(hi64(ld(get("q"))), get("kbhi")), dmul(dmul(get("xmhi"), get(nq("rhi", q))), get("kxhi")))), get("kdhi")), dmul(get("kehi"), get("xmhi")))
-        )})
+        `(v128.store (local.get $o) ${vadd(vadd(vmul(get("p4"), ld(get("q"))), vmul(get("q4"), vsub(ld(get("p")), get(nq("u", q))))), get("r4"))})
         (local.set $p (i32.add (local.get $p) (local.get $stride)))
         (local.set $q (i32.add (local.get $q) (local.get $stride)))
         (local.set $o (i32.add (local.get $o) (local.get $stride)))`
@@ -336,9 +335,8 @@ const bnTrainBackward = `
       (param $var i32) (param $dmean i32) (param $dvar i32) (param $dx i32) (param $dgamma i32)
       (param $dbeta i32) (param $M i32) (param $C i32) (param $eps f64)
     (local $i i32) (local $p i32) (local $q i32) (local $o i32) (local $stride i32) (local $at i32)
-    ${v("rows")} ${v("m4")} ${v("d")} ${v("xm")} ${v("xmlo")} ${v("xmhi")}
-    ${["ka", "kb", "kd", "ke", "kx"].flatMap((k) => [v(k + "lo"), v(k + "hi")]).join(" ")}
-    ${perVector("rlo", "rhi", "mlo", "mhi", "dlo", "dhi", "xlo", "xhi")}
+    ${v("rows")} ${v("d")} ${v("xm")} ${v("kalo")} ${v("kahi")} ${v("p4")} ${v("q4")} ${v("r4")}
+    ${perVector("rlo", "rhi", "u", "dlo", "dhi", "xlo", "xhi")}
     ${perChannelGroup(bnBackwardGroup)})`
 
 /** The sum of an f32x4's lanes, ((l0 + l1) + (l2 + l3)). */
