@@ -1,8 +1,10 @@
 // What Winograd's F(4x4, 3x3) saves on 3x3 convolutions at stride 1 on wasm (core/kernels/conv2d.ts,
 // useWinograd): the forward convolution (with bias and ReLU), its input gradient and its filter
-// gradient, each against gradwire's direct SIMD kernels, alternated in rounds in one process so
-// that drift hits both alike (medians of µs per call), and the largest difference between the two
-// relative to the largest output; then the zoo's residual CNN's plain training step both ways.
+// gradient, each against what runs without it (gradwire's direct SIMD kernels up to 64 input
+// channels, XNNPACK's convolution above; the filter gradient's SIMD kernels), alternated in rounds
+// in one process so that drift hits both alike (medians of µs per call), and the largest
+// difference between the two relative to the largest output; then the zoo's residual CNN's plain
+// training step both ways.
 //
 //   node bench/winograd.ts [--rounds 6] [--calls 100]
 import { optionReader } from "./args.ts"
@@ -25,7 +27,8 @@ const shapes: Array<[number, number, number, number, number]> = [
   [32, 8, 8, 16, 32],
   [32, 14, 14, 32, 32],
   [8, 16, 16, 64, 64],
-  [8, 8, 8, 64, 128]
+  [32, 8, 8, 128, 128],
+  [8, 8, 8, 256, 256]
 ]
 for (const [N, H, W, C, O] of shapes) {
   const x = tf.randomNormal([N, H, W, C])

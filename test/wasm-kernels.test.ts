@@ -314,15 +314,16 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     expect(pointwiseStats.calls - before).toBeGreaterThanOrEqual(4)
   })
 
-  it("3x3 convolutions at stride 1 as Winograd's F(4x4, 3x3): the forward pass (plain, with a bias and ReLU), the input and filter gradients as the cpu backend's (odd sizes, one pixel, explicit uneven padding, 8 to 36 channels, tiles in several blocks and an odd one out)", async () => {
+  it("3x3 convolutions at stride 1 as Winograd's F(4x4, 3x3): the forward pass (plain, with a bias and ReLU), the input and filter gradients as the cpu backend's (odd sizes, one pixel, explicit uneven padding, 8 to 132 channels, tiles in several blocks and an odd one out)", async () => {
     type Pad = "same" | "valid" | number[][]
     for (const [x, O, pad] of [
       [[3, 5, 9, 8], 12, "same"],
-      [[1, 7, 7, 20], 36, "valid"],
-      [[2, 1, 1, 8], 4, "same"],
-      [[2, 9, 6, 16], 16, [[0, 0], [2, 0], [0, 1], [0, 0]]],
-      [[5, 4, 4, 12], 8, "same"],
-      [[40, 8, 8, 8], 8, "same"]
+      [[4, 7, 7, 20], 36, "valid"],
+      [[16, 1, 1, 8], 4, "same"],
+      [[3, 9, 6, 16], 16, [[0, 0], [2, 0], [0, 1], [0, 0]]],
+      [[17, 4, 4, 12], 8, "same"],
+      [[40, 8, 8, 8], 8, "same"],
+      [[4, 6, 5, 132], 24, "same"]
     ] as Array<[number[], number, Pad]>) {
       const f = [3, 3, x[3]!, O]
       const before = { ...winogradStats }
@@ -343,7 +344,7 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     }
   })
 
-  it("Winograd's convolutions agree with the direct SIMD kernels, and they run instead where they apply: not at stride 2, with 4 input channels, a 5x5 filter, more than 64 input channels, or when turned off", () => {
+  it("Winograd's convolutions agree with the direct SIMD kernels, and they run instead where they apply: not at stride 2, with 4 input channels, a 5x5 filter, fewer than 16 tiles, more than 256 input channels, or when turned off", () => {
     const x = t([4, 8, 8, 16], 81)
     const w = t([3, 3, 16, 24], 82)
     const dy = t([4, 8, 8, 24], 83)
@@ -379,11 +380,14 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
       expect(diff / top, `pass ${i}`).toBeLessThan(2e-5)
     })
     const conv2d = (xs: number[], f: number[], strides: number): number => ran(() => tf.tidy(() => void tf.conv2d(t(xs, 1) as never, t(f, 2) as never, strides, "same")))
-    expect(conv2d([2, 8, 8, 16], [3, 3, 16, 16], 1)).toBe(1)
-    expect(conv2d([2, 8, 8, 16], [3, 3, 16, 16], 2)).toBe(0)
-    expect(conv2d([2, 8, 8, 4], [3, 3, 4, 16], 1)).toBe(0)
-    expect(conv2d([2, 8, 8, 16], [5, 5, 16, 16], 1)).toBe(0)
-    expect(conv2d([1, 5, 5, 72], [3, 3, 72, 8], 1)).toBe(0)
+    expect(conv2d([4, 8, 8, 16], [3, 3, 16, 16], 1)).toBe(1)
+    expect(conv2d([4, 8, 8, 16], [3, 3, 16, 16], 2)).toBe(0)
+    expect(conv2d([4, 8, 8, 4], [3, 3, 4, 16], 1)).toBe(0)
+    expect(conv2d([4, 8, 8, 16], [5, 5, 16, 16], 1)).toBe(0)
+    // fewer than 16 tiles of 4x4 outputs; more than 256 input channels
+    expect(conv2d([3, 8, 8, 16], [3, 3, 16, 16], 1)).toBe(0)
+    expect(conv2d([16, 4, 4, 260], [3, 3, 260, 8], 1)).toBe(0)
+    expect(conv2d([16, 4, 4, 256], [3, 3, 256, 8], 1)).toBe(1)
     tf.dispose([x, w, dy])
   })
 

@@ -84,18 +84,18 @@ export const simdConv2d = (tf: Tf, backend: KernelArgs["backend"], x: TensorInfo
   if (x.dtype !== "float32" || filter.dtype !== "float32" || x.shape.length !== 4 || filter.shape.length !== 4 || !channelsLast(attrs)) return undefined
   const [FH, FW, C, O] = filter.shape as [number, number, number, number]
   if (FH === 1 && FW === 1 && x.shape[3] === C) return pointwiseConv2d(tf, backend, x, filter, bias, attrs, relu)
-  if (FH * FW < 2 || FH * FW * C > SIMD_CONV_MAX_TAPS || x.shape[3] !== C) return undefined
+  if (FH * FW < 2 || x.shape[3] !== C) return undefined
   if (bias && (bias.dtype !== "float32" || bias.shape.reduce((a, b) => a * b, 1) !== O || (bias.shape.length > 0 && bias.shape[bias.shape.length - 1] !== O))) return undefined
   const info = convInfo(tf, x.shape, filter.shape, attrs, false)
-  if (info.dilationHeight !== 1 || info.dilationWidth !== 1) return undefined
-  const { batchSize: N, inHeight: H, inWidth: W, outHeight: OH, outWidth: OW, strideHeight: SH, strideWidth: SW } = info
-  const top = info.padInfo.top
-  const left = info.padInfo.left
-  if (top < 0 || left < 0 || OH < 1 || OW < 1 || N < 1) return undefined
   const kernels = heapKernels(backend)
   if (!kernels) return undefined
   const fast = winogradConv2d(backend, kernels, x, filter, bias, info, relu)
   if (fast) return fast
+  if (FH * FW * C > SIMD_CONV_MAX_TAPS || info.dilationHeight !== 1 || info.dilationWidth !== 1) return undefined
+  const { batchSize: N, inHeight: H, inWidth: W, outHeight: OH, outWidth: OW, strideHeight: SH, strideWidth: SW } = info
+  const top = info.padInfo.top
+  const left = info.padInfo.left
+  if (top < 0 || left < 0 || OH < 1 || OW < 1 || N < 1) return undefined
   // With O not a multiple of 4 the kernel reads up to 12 bytes past the filter's and the bias's
   // ends (lanes it never stores): only where the heap goes on that far.
   if (O % 4 !== 0 && ![filter, ...(bias ? [bias] : [])].every((t) => roomAfter(backend, t, 16))) return undefined
@@ -217,20 +217,33 @@ export const useWinograd = (on: boolean): void => {
 const WG_M = 4
 const WG_A = WG_M + 2
 
+/** Tiles of 4x4 outputs in a convolution's output. */
+const tileCount = (info: ReturnType<typeof convInfo>): number => info.batchSize * Math.ceil(info.outHeight / WG_M) * Math.ceil(info.outWidth / WG_M)
+
 /**
  * Whether a convolution runs as Winograd's F(4x4, 3x3): a 3x3 filter at stride 1 without dilation,
- * input and output channels multiples of 4, at least 8 in, and a filter within the direct kernel's
- * bound (SIMD_CONV_MAX_TAPS: up to 64 input channels), where it measured 1.5-2.4x the direct SIMD
- * kernel (bench/winograd.ts).
+ * 8-256 input and 4-256 output channels, multiples of 4, and at least 16 tiles of 4x4 outputs (the
+ * filter's transform, 36·C·O floats, is made on every call: with 4 tiles of 512 channels it cost more
+ * than it saved). Against gradwire's direct SIMD kernel up to 64 input channels and XNNPACK's above,
+ * 1.6-3.9x each way (bench/winograd.ts).
  */
 export const winogradFits = (info: ReturnType<typeof convInfo>): boolean =>
   winograd &&
   info.filterHeight === 3 && info.filterWidth === 3 && info.strideHeight === 1 && info.strideWidth === 1 && info.dilationHeight === 1 && info.dilationWidth === 1 &&
-  info.inChannels % 4 === 0 && info.outChannels % 4 === 0 && info.inChannels >= 8 && 9 * info.inChannels <= SIMD_CONV_MAX_TAPS && info.outChannels <= 256 &&
-  info.batchSize * info.outHeight * info.outWidth > 0 && info.padInfo.top >= 0 && info.padInfo.left >= 0
+  info.inChannels % 4 === 0 && info.outChannels % 4 === 0 && info.inChannels >= 8 && info.inChannels <= 256 && info.outChannels <= 256 &&
+  tileCount(info) >= 16 && info.padInfo.top >= 0 && info.padInfo.left >= 0
 
-/** Tiles transformed together: their transformed inputs and products, a²·T·(C + O) floats, within about 64 KiB. */
-const winogradBlock = (C: number, O: number): number => Math.max(4, Math.floor(65536 / (WG_A * WG_A * 4 * (C + O))))
+/**
+ * Tiles transformed together, T: their transformed inputs and products, 36·T·(C + O) floats, within
+ * about 64 KiB, or, with many channels, T ≥ C·O / (2·(C + O)), so that reading the transformed
+ * filter's (or the filter gradient's) 36·C·O floats once per block costs at most twice what the
+ * block itself reads (256 channels each way: 1.0 -> 2.3x the filter gradient); never more than
+ * the tiles there are.
+ */
+const winogradBlock = (info: ReturnType<typeof convInfo>): number => {
+  const { inChannels: C, outChannels: O } = info
+  return Math.min(tileCount(info), Math.max(4, Math.floor(65536 / (WG_A * WG_A * 4 * (C + O))), Math.floor((C * O) / (2 * (C + O)))))
+}
 
 /** x padded to whole tiles of the output: rows and columns to 4·⌈OH/4⌉ + 2 and 4·⌈OW/4⌉ + 2, zeros outside the image. */
 const tilePadded = (backend: KernelArgs["backend"], x: TensorInfo, info: ReturnType<typeof convInfo>): { padded: TensorInfo; HP: number; WP: number } => {
@@ -249,7 +262,7 @@ const tilePadded = (backend: KernelArgs["backend"], x: TensorInfo, info: ReturnT
 const winogradConv2d = (backend: KernelArgs["backend"], kernels: HeapKernels, x: TensorInfo, filter: TensorInfo, bias: TensorInfo | undefined, info: ReturnType<typeof convInfo>, relu: boolean): TensorInfo | undefined => {
   if (!winogradFits(info)) return undefined
   const { batchSize: N, outHeight: OH, outWidth: OW, inChannels: C, outChannels: O } = info
-  const T = winogradBlock(C, O)
+  const T = winogradBlock(info)
   const { padded, HP, WP } = tilePadded(backend, x, info)
   const u = backend.makeOutput([WG_A * WG_A * C * O], "float32")
   const scratch = backend.makeOutput([WG_A * WG_A * (T * (C + O) + 4)], "float32")
@@ -273,7 +286,7 @@ export const winogradFilterGrad = (backend: KernelArgs["backend"], x: TensorInfo
   const kernels = heapKernels(backend)
   if (!kernels || !winogradFits(info) || x.dtype !== "float32" || dy.dtype !== "float32") return undefined
   const { batchSize: N, outHeight: OH, outWidth: OW, inChannels: C, outChannels: O } = info
-  const T = winogradBlock(C, O)
+  const T = winogradBlock(info)
   const { padded, HP, WP } = tilePadded(backend, x, info)
   const scratch = backend.makeOutput([WG_A * WG_A * (T * (C + O) + C * O + 4)], "float32")
   try {
