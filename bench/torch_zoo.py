@@ -74,12 +74,12 @@ class Gru(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self):
+    def __init__(self, c=16):
         super().__init__()
-        self.c1 = nn.Conv2d(16, 16, 3, padding=1, bias=False)
-        self.b1 = nn.BatchNorm2d(16)
-        self.c2 = nn.Conv2d(16, 16, 3, padding=1, bias=False)
-        self.b2 = nn.BatchNorm2d(16)
+        self.c1 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.b1 = nn.BatchNorm2d(c)
+        self.c2 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.b2 = nn.BatchNorm2d(c)
 
     def forward(self, x):
         return F.relu(x + self.b2(self.c2(F.relu(self.b1(self.c1(x))))))
@@ -116,6 +116,10 @@ def build(name, meta):
     if name == "resnet":
         return nn.Sequential(img(8), nn.Conv2d(1, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(), Block(), Block(),
                              nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+    if name == "resnet28":
+        return nn.Sequential(img(28), nn.Conv2d(1, 32, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(), Block(32), Block(32),
+                             nn.Conv2d(32, 64, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(), Block(64), Block(64),
+                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
     if name == "mobilenet":
         return nn.Sequential(img(28), nn.Conv2d(1, 16, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU6(),
                              *separable(16, 32, 1), *separable(32, 64, 2), *separable(64, 64, 1),

@@ -26,7 +26,7 @@ const LOOP = { module: new URL("../examples/zoo/train.ts", import.meta.url).href
 const TORCH_SCRIPT = new URL("./torch_zoo.py", import.meta.url).pathname
 
 /** Step time of one model on one worker, a first guess for how many steps fill the time asked (ms). */
-const GUESS_MS: Record<ZooModel, number> = { mlp: 1.5, cnn: 2.5, lenet: 13, resnet: 21, mobilenet: 40, embedding: 4.5, transformer: 40, lstm: 70, gru: 70 }
+const GUESS_MS: Record<ZooModel, number> = { mlp: 1.5, cnn: 2.5, lenet: 13, resnet: 21, resnet28: 120, mobilenet: 40, embedding: 4.5, transformer: 40, lstm: 70, gru: 70 }
 
 interface Figures {
   readonly samplesPerSec: number

@@ -92,6 +92,14 @@ export const fma: Setting<boolean> = {
   read: () => onUnlessZero("GRADWIRE_FMA")
 }
 
+/** Whether 3x3 convolutions at stride 1 on wasm run as Winograd's F(4x4, 3x3) (core/kernels/conv2d.ts). */
+export const winograd: Setting<boolean> = {
+  name: "GRADWIRE_WINOGRAD",
+  default: "1",
+  description: "0 runs 3x3 convolutions at stride 1 on wasm (and their gradients) by the direct kernels instead of Winograd's F(4x4, 3x3), which does a quarter of the multiply-adds (1.4-3.9x faster) and differs from them by float32 rounding of its transforms (about 2e-6 of the outputs' scale)",
+  read: () => onUnlessZero("GRADWIRE_WINOGRAD")
+}
+
 /** Whether plain TCP NATS connections read into pooled buffers (core/nats-internals/read.ts). */
 export const natsReadPool: Setting<boolean> = {
   name: "GRADWIRE_NATS_READ_POOL",
@@ -239,6 +247,7 @@ export const SETTINGS: ReadonlyArray<Setting<unknown>> = [
   dashboardToken,
   simd,
   fma,
+  winograd,
   natsReadPool,
   directHost,
   webgpuSoftware,

@@ -30,8 +30,8 @@ out=${OUT:-/tmp/gradwire-gpu}
 mkdir -p "$out" /tmp/gw/bin
 export PATH="$PATH:/sbin:/usr/sbin"
 t0=$(date +%s)
-# The zoo's nine models (bench/zoo-step.ts, examples/zoo/models.ts); deadlines below are sized for nine.
-zoo=cnn,mlp,resnet,mobilenet,embedding,lenet,transformer,lstm,gru
+# The zoo's ten models (bench/zoo-step.ts, examples/zoo/models.ts); deadlines below are sized for ten.
+zoo=cnn,mlp,resnet,resnet28,mobilenet,embedding,lenet,transformer,lstm,gru
 stamp() { echo "[$(( $(date +%s) - t0 )) s] $*"; }
 
 if ! command -v node >/dev/null 2>&1 || [ -n "${GPU_BENCH_PACKED:-}" ]; then
@@ -70,7 +70,7 @@ bench() { # name, deadline in s, args...
   timeout -k 5 "$deadline" node bench/main.ts train "$@" > "$out/$name.txt" 2>&1
   local code=$?
   echo "exit $code" >> "$out/$name.txt"
-  grep -E "^(machine|batch|gradwire:|model|mlp|cnn|lenet|resnet|mobilenet|embedding|transformer|lstm|gru|exit)" "$out/$name.txt" || tail -n 15 "$out/$name.txt"
+  grep -E "^(machine|batch|gradwire:|model|mlp|cnn|lenet|resnet|resnet28|mobilenet|embedding|transformer|lstm|gru|exit)" "$out/$name.txt" || tail -n 15 "$out/$name.txt"
   return $code
 }
 recording() { # where a webgpu step's CPU time goes, and what gradwire's upload and recording save
@@ -82,12 +82,12 @@ recording() { # where a webgpu step's CPU time goes, and what gradwire's upload 
 if [ -n "${GPU_BENCH_RECORDING:-}" ]; then
   bench quick 75 --models mlp --p 1 --seconds 0.2 --warmup 5 --backend webgpu || { stamp "the check failed: see $out/quick.txt"; exit 1; }
   recording 150
-  bench batch32 300 --models "$zoo" --p 1 --seconds 1 --backend webgpu
+  bench batch32 330 --models "$zoo" --p 1 --seconds 1 --backend webgpu
   stamp "done"
   exit 0
 fi
 if [ -n "${GPU_BENCH_FUSED:-}" ]; then
-  bench batch32 260 --models "$zoo" --p 1 --seconds 1 --backend webgpu
+  bench batch32 290 --models "$zoo" --p 1 --seconds 1 --backend webgpu
   stamp "the same with Dawn zero-filling workgroup memory (GRADWIRE_WEBGPU_ZERO_WORKGROUP=1)"
   GRADWIRE_WEBGPU_ZERO_WORKGROUP=1 bench zerofill 110 --models resnet,transformer,lstm --p 1 --seconds 1 --backend webgpu
   bench batch256 70 --models cnn,resnet --p 1 --seconds 1 --batch 256 --backend webgpu
@@ -103,7 +103,7 @@ if [ -n "${GPU_BENCH_FUSED:-}" ]; then
   exit 0
 fi
 if [ "${GPU_BENCH_AB:-}" = 2 ]; then
-  bench batch32 260 --models "$zoo" --p 1 --seconds 1 --backend webgpu
+  bench batch32 290 --models "$zoo" --p 1 --seconds 1 --backend webgpu
   bench batch256 110 --models cnn,lenet,resnet,mobilenet --p 1 --seconds 1 --batch 256 --backend webgpu
   for round in 1 2; do
     bench "new-transformer-$round" 30 --models transformer --p 1 --seconds 1 --backend webgpu --python /bin/false
@@ -115,7 +115,7 @@ if [ "${GPU_BENCH_AB:-}" = 2 ]; then
   exit 0
 fi
 if [ -n "${GPU_BENCH_AB:-}" ]; then
-  bench batch32 260 --models "$zoo" --p 1 --seconds 1 --backend webgpu
+  bench batch32 290 --models "$zoo" --p 1 --seconds 1 --backend webgpu
   bench batch256 110 --models cnn,lenet,resnet,mobilenet --p 1 --seconds 1 --batch 256 --backend webgpu
   stamp "A/B: tfjs's filter gradient (GRADWIRE_WEBGPU_CONV_FILTER=tfjs), no PyTorch"
   GRADWIRE_WEBGPU_CONV_FILTER=tfjs bench tfjsfilter32 60 --models cnn,lenet,resnet --p 1 --seconds 1 --backend webgpu --python /bin/false
@@ -129,7 +129,7 @@ if [ -n "${GPU_BENCH_AB:-}" ]; then
   exit 0
 fi
 if [ -n "${GPU_BENCH_ZOO:-}" ]; then
-  bench batch32 250 --models "$zoo" --p 1 --seconds 1 --backend webgpu
+  bench batch32 280 --models "$zoo" --p 1 --seconds 1 --backend webgpu
   bench batch256 80 --models cnn,resnet,mobilenet --p 1 --seconds 1 --batch 256 --backend webgpu
   stamp "done"
   exit 0
@@ -146,7 +146,7 @@ if [ -z "${GPU_BENCH_QUICK:-}" ]; then
   timeout -k 5 60 node examples/zoo/main.ts --model cnn --workers 1 --epochs 3 --backend webgpu > "$out/accuracy.txt" 2>&1
   echo "exit $?" >> "$out/accuracy.txt"
   grep -i -E "accuracy|parameters|exit" "$out/accuracy.txt" | tail -n 6
-  bench batch32 230 --models "$zoo" --p 1 --seconds 1.5 --backend webgpu
+  bench batch32 260 --models "$zoo" --p 1 --seconds 1.5 --backend webgpu
   bench batch256 100 --models cnn,resnet,transformer --p 1 --seconds 1.5 --batch 256 --backend webgpu
   bench share2 90 --models cnn,resnet --p 2 --seconds 1.5 --batch 256 --backend webgpu --gpu-share 0.5
   nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv >> "$out/survey.txt" 2>&1

@@ -3,13 +3,15 @@
 // 1e-4 * (1 + |cpu|) element-wise. And the cpu fallback: a kernel wasm has no implementation of
 // runs through the cpu backend, gives the cpu backend's answer, and is recorded.
 import { beforeAll, describe, expect, it } from "vitest"
+import { execFileSync } from "node:child_process"
+import { fileURLToPath } from "node:url"
 import { loadEngine, type Tf } from "../core/engine.ts"
 import { fallbackKernelsUsed } from "../core/kernels/fallback.ts"
 import { useHeapKernels } from "../core/kernels/heap-simd.ts"
 import { simdDepthwiseStats, useFilterGradChunks } from "../core/kernels/conv-grads.ts"
-import { registerWasmKernels } from "../core/kernels/register.ts"
+import { describeKernels, registerWasmKernels } from "../core/kernels/register.ts"
 import { asReducedBlock } from "../core/kernels/reduce.ts"
-import { padImage, pointwiseStats, simdConvStats, useWinograd, winogradStats } from "../core/kernels/conv2d.ts"
+import { padImage, pointwiseStats, simdConvStats, useWinograd, winogradStats, winogradStatus } from "../core/kernels/conv2d.ts"
 import { fusedMatMulStats, setConflicting, simdMatMulStats } from "../core/kernels/matmul.ts"
 import { clipGradStats, reluGradStats } from "../core/kernels/relu-grad.ts"
 import { asBlockTranspose } from "../core/kernels/transpose.ts"
@@ -389,6 +391,20 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     expect(conv2d([16, 4, 4, 260], [3, 3, 260, 8], 1)).toBe(0)
     expect(conv2d([16, 4, 4, 256], [3, 3, 256, 8], 1)).toBe(1)
     tf.dispose([x, w, dy])
+  })
+
+  it("GRADWIRE_WINOGRAD=0 runs 3x3 convolutions by the direct kernels, and explain.txt says which run", () => {
+    const script = `import { loadEngine } from "./core/engine.ts"; import { winogradStats } from "./core/kernels/conv2d.ts"; import { describeKernels } from "./core/kernels/register.ts"; const { tf } = await loadEngine("wasm"); tf.tidy(() => tf.conv2d(tf.ones([4, 8, 8, 16]), tf.ones([3, 3, 16, 16]), 1, "same").dataSync()); console.log(JSON.stringify([winogradStats.calls, describeKernels("wasm", 0, []).json.winograd]))`
+    const run = (value: string): [number, string] => {
+      const out = execFileSync(process.execPath, ["--input-type=module", "-e", script], { cwd: fileURLToPath(new URL("..", import.meta.url)), env: { ...process.env, GRADWIRE_WINOGRAD: value }, encoding: "utf8", timeout: 60_000 })
+      return JSON.parse(out.trim().split("\n").pop()!) as [number, string]
+    }
+    const [onCalls, onSays] = run("1")
+    const [offCalls, offSays] = run("0")
+    expect([onCalls, offCalls]).toEqual([1, 0])
+    expect(onSays).toContain("Winograd's F(4x4, 3x3)")
+    expect(offSays).toContain("the direct kernels")
+    expect(describeKernels("wasm", 0, []).text).toContain(`3x3 convolutions at stride 1 (8-256 input channels): ${winogradStatus()}`)
   })
 
   it("an image padded by the heap's SIMD kernel: the same bits as the JavaScript loop (padding on every side, rows and columns cut off, top past the image)", () => {

@@ -32,6 +32,7 @@ afterAll(async () => {
 const cases: ReadonlyArray<{ model: ZooModel; epochs: number; steps?: number; above: number }> = [
   { model: "cnn", epochs: 3, above: 0.6 },
   { model: "resnet", epochs: 3, above: 0.5 },
+  { model: "resnet28", epochs: 3, above: 0.5 },
   { model: "mobilenet", epochs: 3, above: 0.5 },
   { model: "embedding", epochs: 3, above: 0.25 },
   { model: "transformer", epochs: 1, steps: 60, above: 0.4 },

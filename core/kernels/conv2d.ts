@@ -17,6 +17,7 @@
 // A 3x3 filter at stride 1 (winogradFits) runs as Winograd's F(4x4, 3x3) (winogradConv2d below),
 // a quarter of the multiply-adds: [32, 8, 8, 16] -> 16 213 -> 132 µs, [8, 16, 16, 64] -> 64 3110 ->
 // 1119 (bench/winograd.ts).
+import * as settings from "../settings.ts"
 import type { Tf } from "../tf.ts"
 import { addressOf, heapKernels, roomAfter, type HeapKernels } from "./heap-simd.ts"
 import { callKernel, floats, type KernelArgs, type KernelFunc, type TensorInfo } from "./wasm-heap.ts"
@@ -206,12 +207,16 @@ export const fusedConv2dKernel =
 /** Convolutions (forward and input gradients) and filter gradients that ran as Winograd's F(4x4, 3x3) in this process (for tests). */
 export const winogradStats = { calls: 0, filterGrads: 0 }
 
-let winograd = true
+let winograd = settings.winograd.read()
 
-/** Whether 3x3 convolutions at stride 1 run as Winograd's F(4x4, 3x3) (on by default; off: the direct kernels, for A/B benches and tests). */
+/** Whether 3x3 convolutions at stride 1 run as Winograd's F(4x4, 3x3) (on unless GRADWIRE_WINOGRAD=0; off: the direct kernels, for A/B benches and tests). */
 export const useWinograd = (on: boolean): void => {
   winograd = on
 }
+
+/** For explain.txt: whether 3x3 convolutions at stride 1 run as Winograd's. */
+export const winogradStatus = (): string =>
+  winograd ? "Winograd's F(4x4, 3x3) (a quarter of the multiply-adds; GRADWIRE_WINOGRAD=0 for the direct kernels)" : "the direct kernels (GRADWIRE_WINOGRAD=0 or turned off)"
 
 /** Outputs per tile side (F(4x4, 3x3)) and the input block a tile reads. */
 const WG_M = 4
@@ -234,15 +239,18 @@ export const winogradFits = (info: ReturnType<typeof convInfo>): boolean =>
   tileCount(info) >= 16 && info.padInfo.top >= 0 && info.padInfo.left >= 0
 
 /**
- * Tiles transformed together, T: their transformed inputs and products, 36·T·(C + O) floats, within
- * about 64 KiB, or, with many channels, T ≥ C·O / (2·(C + O)), so that reading the transformed
- * filter's (or the filter gradient's) 36·C·O floats once per block costs at most twice what the
- * block itself reads (256 channels each way: 1.0 -> 2.3x the filter gradient); never more than
- * the tiles there are.
+ * Tiles transformed together, T. The forward pass's transformed inputs and products, 36·T·(C + O)
+ * floats, are best kept small (T = 4: [32, 7, 7, 64] -> 64 1.44 -> 1.21 ms, [32, 14, 14, 32] -> 32
+ * 1.60 -> 1.12 against T = 16) while the transformed filter, 36·C·O floats read once per block,
+ * stays within the second-level cache; above 64 x 64 channels it dominates, and T ≥ C·O / (2·(C +
+ * O)) keeps its reads at most twice the block's own (256 each way: 10.2 -> 7.2 ms). The filter
+ * gradient adds every block into its 36·C·O sums: at least 16 tiles a block (at 256 channels each
+ * way T = 4 made it 1.0x the direct kernels', T = 64 2.3x). Never more than the tiles there are.
  */
-const winogradBlock = (info: ReturnType<typeof convInfo>): number => {
+const winogradBlock = (info: ReturnType<typeof convInfo>, filterGrad: boolean): number => {
   const { inChannels: C, outChannels: O } = info
-  return Math.min(tileCount(info), Math.max(4, Math.floor(65536 / (WG_A * WG_A * 4 * (C + O))), Math.floor((C * O) / (2 * (C + O)))))
+  const wide = Math.floor((C * O) / (2 * (C + O)))
+  return Math.min(tileCount(info), filterGrad ? Math.max(16, wide) : C * O <= 4096 ? 4 : Math.max(4, wide))
 }
 
 /** x padded to whole tiles of the output: rows and columns to 4·⌈OH/4⌉ + 2 and 4·⌈OW/4⌉ + 2, zeros outside the image. */
@@ -262,7 +270,7 @@ const tilePadded = (backend: KernelArgs["backend"], x: TensorInfo, info: ReturnT
 const winogradConv2d = (backend: KernelArgs["backend"], kernels: HeapKernels, x: TensorInfo, filter: TensorInfo, bias: TensorInfo | undefined, info: ReturnType<typeof convInfo>, relu: boolean): TensorInfo | undefined => {
   if (!winogradFits(info)) return undefined
   const { batchSize: N, outHeight: OH, outWidth: OW, inChannels: C, outChannels: O } = info
-  const T = winogradBlock(info)
+  const T = winogradBlock(info, false)
   const { padded, HP, WP } = tilePadded(backend, x, info)
   const u = backend.makeOutput([WG_A * WG_A * C * O], "float32")
   const scratch = backend.makeOutput([WG_A * WG_A * (T * (C + O) + 4)], "float32")
@@ -286,7 +294,7 @@ export const winogradFilterGrad = (backend: KernelArgs["backend"], x: TensorInfo
   const kernels = heapKernels(backend)
   if (!kernels || !winogradFits(info) || x.dtype !== "float32" || dy.dtype !== "float32") return undefined
   const { batchSize: N, outHeight: OH, outWidth: OW, inChannels: C, outChannels: O } = info
-  const T = winogradBlock(info)
+  const T = winogradBlock(info, true)
   const { padded, HP, WP } = tilePadded(backend, x, info)
   const scratch = backend.makeOutput([WG_A * WG_A * (T * (C + O) + C * O + 4)], "float32")
   try {

@@ -16,7 +16,7 @@ import { tile } from "./tile.ts"
 import { unpack } from "./unpack.ts"
 import { gatherRows } from "./gather.ts"
 import { fusedMatMulKernel, untransposedMatMul } from "./matmul.ts"
-import { channelsLast, conv2dKernel, explicitSame, fusedConv2dKernel } from "./conv2d.ts"
+import { channelsLast, conv2dKernel, explicitSame, fusedConv2dKernel, winogradStatus } from "./conv2d.ts"
 import { transposeKernel } from "./transpose.ts"
 import { broadcastFirst, SLOW_BROADCAST_KERNELS } from "./broadcast.ts"
 import type { KernelArgs, KernelFunc, WasmBackend } from "./wasm-heap.ts"
@@ -170,7 +170,9 @@ export const describeKernels = (backend: string, rank: number, fallbackUsed: rea
     lines.push(`  gradwire's wasm kernels: ${reg.fast.join(", ") || "none needed"}; replaced (wrong or slow in tfjs-backend-wasm): ${REPLACED_WASM_KERNELS.join(", ")}`)
     lines.push(`  cpu-backend fallback registered for: ${reg.fallback.join(", ") || "none"}`)
     lines.push(`  SIMD kernels on the wasm heap (matmuls, convolutions and their gradients (depthwise too), max-pool, ReLU and clip gradients, normalization, the LSTM and GRU cells, transposes, Adam): ${heapKernelsStatus()}`)
+    lines.push(`  3x3 convolutions at stride 1 (8-256 input channels): ${winogradStatus()}`)
     json.heapSimd = heapKernelsStatus()
+    json.winograd = winogradStatus()
     json.fast = reg.fast
     json.replaced = [...REPLACED_WASM_KERNELS]
     json.fallbackRegistered = reg.fallback

@@ -6,6 +6,9 @@
 //   cnn          digits 8x8x1: conv 3x3x8, max-pool 2, conv 3x3x16, dense 10
 //   lenet        LeNet-5 at 28x28x1 (the digits resized): conv 5x5x6, pool, conv 5x5x16, pool, 120, 84, 10
 //   resnet       digits 8x8x1: conv 3x3x16 + batch norm, two residual blocks (conv-BN-relu-conv-BN + skip), GAP, 10
+//   resnet28     a residual CNN of a CIFAR ResNet's widths at 28x28x1 (the digits resized): conv 3x3x32
+//                stride 2 + BN, two residual blocks of 32 channels at 14x14, conv 3x3x64 stride 2 + BN,
+//                two blocks of 64 at 7x7, GAP, 10
 //   mobilenet    MobileNet-style at 28x28x1 (the digits resized): conv 3x3x16 stride 2 + BN + ReLU6, three
 //                depthwise-separable blocks (depthwise 3x3 + BN + ReLU6, pointwise 1x1 + BN + ReLU6) to 32,
 //                64 (stride 2) and 64 channels, GAP, 10
@@ -21,7 +24,7 @@ type Tensor = import("@tensorflow/tfjs").Tensor
 type SymbolicTensor = import("@tensorflow/tfjs").SymbolicTensor
 type LayerVariable = import("@tensorflow/tfjs").LayerVariable
 
-export const ZOO_MODELS = ["mlp", "cnn", "lenet", "resnet", "mobilenet", "embedding", "transformer", "lstm", "gru"] as const
+export const ZOO_MODELS = ["mlp", "cnn", "lenet", "resnet", "resnet28", "mobilenet", "embedding", "transformer", "lstm", "gru"] as const
 export type ZooModel = (typeof ZOO_MODELS)[number]
 
 /** What a model reads and predicts. */
@@ -31,6 +34,7 @@ export const TASK_OF: Record<ZooModel, ZooTask> = {
   cnn: "digits",
   lenet: "digits28",
   resnet: "digits",
+  resnet28: "digits28",
   mobilenet: "digits28",
   embedding: "tokens",
   transformer: "pos",
@@ -170,6 +174,23 @@ export const buildZooModel = (tf: Tf, name: ZooModel, text?: TextShape): LayersM
         h = ap(relu6(), ap(bn(), ap(L.depthwiseConv2d({ kernelSize: 3, strides, padding: "same", useBias: false }), h)))
         h = ap(relu6(), ap(bn(), ap(L.conv2d({ filters, kernelSize: 1, useBias: false }), h)))
       }
+      h = ap(L.globalAveragePooling2d({}), h)
+      return tf.model({ inputs: x, outputs: ap(L.dense({ units: 10 }), h) })
+    }
+    case "resnet28": {
+      const bn = () => L.batchNormalization({ momentum: 0.9 })
+      const relu = (t: SymbolicTensor): SymbolicTensor => ap(L.activation({ activation: "relu" }), t)
+      const conv = (filters: number, strides = 1) => L.conv2d({ filters, kernelSize: 3, strides, padding: "same", useBias: false })
+      const block = (t: SymbolicTensor, filters: number): SymbolicTensor => {
+        const r = ap(bn(), ap(conv(filters), relu(ap(bn(), ap(conv(filters), t)))))
+        return relu(ap(L.add(), [t, r]))
+      }
+      const x = tf.input({ shape: [784] })
+      let h = ap(L.reshape({ targetShape: [28, 28, 1] }), x)
+      h = relu(ap(bn(), ap(conv(32, 2), h)))
+      h = block(block(h, 32), 32)
+      h = relu(ap(bn(), ap(conv(64, 2), h)))
+      h = block(block(h, 64), 64)
       h = ap(L.globalAveragePooling2d({}), h)
       return tf.model({ inputs: x, outputs: ap(L.dense({ units: 10 }), h) })
     }
