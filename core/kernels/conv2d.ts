@@ -273,7 +273,7 @@ const winogradConv2d = (backend: KernelArgs["backend"], kernels: HeapKernels, x:
   const T = winogradBlock(info, false)
   const { padded, HP, WP } = tilePadded(backend, x, info)
   const u = backend.makeOutput([WG_A * WG_A * C * O], "float32")
-  const scratch = backend.makeOutput([WG_A * WG_A * (T * (C + O) + 4)], "float32")
+  const scratch = backend.makeOutput([WG_A * WG_A * (T * (C + O) + 2 * 16 + 4)], "float32")
   try {
     kernels.wgFilter4(addressOf(backend, filter), addressOf(backend, u), C, O, addressOf(backend, scratch))
     const y = backend.makeOutput([N, OH, OW, O], "float32")
@@ -296,7 +296,7 @@ export const winogradFilterGrad = (backend: KernelArgs["backend"], x: TensorInfo
   const { batchSize: N, outHeight: OH, outWidth: OW, inChannels: C, outChannels: O } = info
   const T = winogradBlock(info, true)
   const { padded, HP, WP } = tilePadded(backend, x, info)
-  const scratch = backend.makeOutput([WG_A * WG_A * (T * (C + O) + C * O + 4)], "float32")
+  const scratch = backend.makeOutput([WG_A * WG_A * (T * (C + O) + 2 * 16 + C * O + 4)], "float32")
   try {
     const dw = backend.makeOutput([3, 3, C, O], "float32")
     winogradStats.filterGrads++
