@@ -96,7 +96,7 @@ export const fma: Setting<boolean> = {
 export const winograd: Setting<boolean> = {
   name: "GRADWIRE_WINOGRAD",
   default: "1",
-  description: "0 runs 3x3 convolutions at stride 1 on wasm (and their gradients) by the direct kernels instead of Winograd's F(4x4, 3x3), which does a quarter of the multiply-adds (1.4-3.9x faster) and differs from them by float32 rounding of its transforms (about 2e-6 of the outputs' scale)",
+  description: "0 runs 3x3 convolutions at stride 1 on wasm (and their gradients) by the direct kernels instead of Winograd's F(4x4, 3x3), which does a quarter of the multiply-adds (1.3-4.9x faster) and differs from them by float32 rounding of its transforms (about 2e-6 of the outputs' scale)",
   read: () => onUnlessZero("GRADWIRE_WINOGRAD")
 }
 

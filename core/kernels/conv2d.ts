@@ -230,7 +230,7 @@ const tileCount = (info: ReturnType<typeof convInfo>): number => info.batchSize 
  * 8-256 input and 4-256 output channels, multiples of 4, and at least 16 tiles of 4x4 outputs (the
  * filter's transform, 36·C·O floats, is made on every call: with 4 tiles of 512 channels it cost more
  * than it saved). Against gradwire's direct SIMD kernel up to 64 input channels and XNNPACK's above,
- * 1.6-3.9x each way (bench/winograd.ts).
+ * 1.3-4.9x each way (bench/winograd.ts).
  */
 export const winogradFits = (info: ReturnType<typeof convInfo>): boolean =>
   winograd &&
