@@ -1673,12 +1673,13 @@ const padImage = `
  * convolution's multiply-adds (F(4x4): 0.25 of them). The transforms are linear maps with small
  * constants, applied to four channels at a time (f32x4).
  *
- * The matrices come from Toom-Cook at the points `points` and ∞ (toomCook below). Lavin's points 0,
- * ±1, ±2 gave 3-6x larger float32 errors than 0, ±1, 1/2, −2 (Barabasz et al., "Error analysis and
- * improving the accuracy of Winograd convolution", 2020, found such points too): against tfjs's cpu
- * backend, relative to 1 + |value|, 4e-4 -> 6e-5 on a filter gradient summed over 3200 pixels, 1.2e-4
- * -> 4e-5 on an input gradient; Bᵀ's rows scaled to a largest entry of 1 (G scaled back) measured
- * best of the scalings tried.
+ * The matrices come from Toom-Cook at finite points and ∞ (toomCook below); which points changes
+ * the float32 error (Barabasz et al., "Error analysis and improving the accuracy of Winograd
+ * convolution for deep neural networks", 2020, study the choice). Of the sets tried here, 0, ±1,
+ * 1/2, −2 gave errors 3-6x smaller than Lavin's 0, ±1, ±2: against tfjs's cpu backend, relative to
+ * 1 + |value|, 4e-4 -> 6e-5 on a filter gradient summed over 3200 pixels, 1.2e-4 -> 4e-5 on an input
+ * gradient; Bᵀ's rows scaled to a largest entry of 1 (G scaled back) measured best of the scalings
+ * tried.
  */
 const polyMul = (p, q) => {
   const c = Array(p.length + q.length - 1).fill(0)
