@@ -8,7 +8,7 @@
 import { beforeAll, describe, expect, it } from "vitest"
 import { kernelsOf, seeded, worst } from "./support/kernel-compare.ts"
 import { loadEngine, type Tf } from "../core/engine.ts"
-import { BATCH_NORM_TRAIN, BATCH_NORM_TRAIN_GRAD, batchNormTrain, MOVING_AVERAGE, withTfjsBatchNorm } from "../core/kernels/batch-norm-train.ts"
+import { BATCH_NORM_TRAIN, BATCH_NORM_TRAIN_GRAD, batchNormTrain, batchNormTrainForward, MOVING_AVERAGE, withTfjsBatchNorm } from "../core/kernels/batch-norm-train.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
 type Variable = import("@tensorflow/tfjs").Variable
@@ -115,6 +115,27 @@ describe("batch normalization while training as one kernel", () => {
       })
     }
   }
+
+  it("keeps y's precision where the mean is large next to the spread (values 1000 ± 1): within float32 rounding of the float64 formula, where the mean rounded to float32 alone would be 5e-5 off", () => {
+    const M = 4096
+    const C = 4
+    const x = Float32Array.from(seeded(M * C, 7), (v) => 1000 + v)
+    const y = new Float32Array(M * C)
+    const mean = new Float32Array(C)
+    const variance = new Float32Array(C)
+    batchNormTrainForward(x, new Float32Array(C).fill(1), new Float32Array(C), C, 1e-3, y, mean, variance)
+    let off = 0
+    for (let c = 0; c < C; c++) {
+      let mu = 0
+      for (let i = 0; i < M; i++) mu += x[i * C + c]!
+      mu /= M
+      let v = 0
+      for (let i = 0; i < M; i++) v += (x[i * C + c]! - mu) ** 2
+      const scale = 1 / Math.sqrt(v / M + 1e-3)
+      for (let i = 0; i < M; i++) off = Math.max(off, Math.abs(y[i * C + c]! - (x[i * C + c]! - mu) * scale))
+    }
+    expect(off).toBeLessThan(1e-6)
+  })
 
   it("leaves inference to tfjs-layers (the moving statistics, no batch ones)", async () => {
     const inference = setup([3, 4, 5, 2])

@@ -50,18 +50,22 @@ const f32 = Math.fround
 
 /**
  * y ([M, C]), and the batch's mean and variance ([C]): the statistics summed in float64, y in
- * float32 arithmetic (the mean and the scale γ / √(σ² + ε) rounded to float32 first), as the SIMD
- * kernel computes it (heap-kernels.wat.mjs bnTrainForward: the same bits).
+ * float32 arithmetic as ((x − μ) − μ')·s + β, μ the float64 mean rounded to float32 and μ' what
+ * that rounding left (x − μ keeps its precision where the mean is large next to the spread), s =
+ * γ / √(σ² + ε) rounded to float32, as the SIMD kernel computes it (heap-kernels.wat.mjs
+ * bnTrainForward: the same bits).
  */
 export const batchNormTrainForward = (x: Float32Array, gamma: Float32Array, beta: Float32Array, C: number, eps: number, y: Float32Array, meanOut: Float32Array, varianceOut: Float32Array): void => {
   const { mean, variance } = moments(x, C)
   const scale = new Float32Array(C)
+  const rest = new Float32Array(C)
   for (let c = 0; c < C; c++) {
     scale[c] = gamma[c]! / Math.sqrt(variance[c]! + eps)
     meanOut[c] = mean[c]!
+    rest[c] = mean[c]! - meanOut[c]!
     varianceOut[c] = variance[c]!
   }
-  for (let i = 0; i < x.length; i += C) for (let c = 0; c < C; c++) y[i + c] = f32(f32(x[i + c]! - meanOut[c]!) * scale[c]!) + beta[c]!
+  for (let i = 0; i < x.length; i += C) for (let c = 0; c < C; c++) y[i + c] = f32(f32(f32(x[i + c]! - meanOut[c]!) - rest[c]!) * scale[c]!) + beta[c]!
 }
 
 /**

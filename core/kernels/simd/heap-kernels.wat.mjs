@@ -234,17 +234,19 @@ const bnForwardGroup = (V) => `
       ${set(nq("shi", q), `(f64x2.div ${get(nq("shi", q))} ${get("rows")})`)}
       (v128.store offset=${16 * q} (i32.add (local.get $mean) (local.get $at)) ${join32(get(nq("mlo", q)), get(nq("mhi", q)))})
       (v128.store offset=${16 * q} (i32.add (local.get $var) (local.get $at)) ${join32(get(nq("slo", q)), get(nq("shi", q)))})
-      ;; scale = gamma / sqrt(variance + eps) in float64, rounded to float32, and y = (x − mean)·scale +
-      ;; beta in float32, the mean rounded to float32 (as the JavaScript computes them)
+      ;; scale = gamma / sqrt(variance + eps) in float64, rounded to float32, and y = ((x − mean) − rest)·scale
+      ;; + beta in float32, mean the float64 mean rounded to float32 and rest what that rounding left
+      ;; (so x − mean keeps its precision where the mean is large next to the spread), as the JavaScript
       ${set("s4", join32(`(f64x2.div ${lo64(atq("gamma", q))} (f64x2.sqrt (f64x2.add ${get(nq("slo", q))} (f64x2.splat (local.get $eps)))))`, `(f64x2.div ${hi64(atq("gamma", q))} (f64x2.sqrt (f64x2.add ${get(nq("shi", q))} (f64x2.splat (local.get $eps)))))`))}
       ${set("u4", join32(get(nq("mlo", q)), get(nq("mhi", q))))}
+      ${set("r4", join32(dsub(get(nq("mlo", q)), lo64(get("u4"))), dsub(get(nq("mhi", q)), hi64(get("u4")))))}
       ${set("b4", atq("beta", q))}
       (local.set $p (i32.add (i32.add (local.get $x) (local.get $at)) (i32.const ${16 * q})))
       (local.set $q (i32.add (i32.add (local.get $y) (local.get $at)) (i32.const ${16 * q})))
       ${loop(
         "i",
         get("M"),
-        `(v128.store (local.get $q) ${vadd(vmul(vsub(ld(get("p")), get("u4")), get("s4")), get("b4"))})
+        `(v128.store (local.get $q) ${vadd(vmul(vsub(vsub(ld(get("p")), get("u4")), get("r4")), get("s4")), get("b4"))})
         (local.set $p (i32.add (local.get $p) (local.get $stride)))
         (local.set $q (i32.add (local.get $q) (local.get $stride)))`
       )}`
@@ -254,7 +256,7 @@ const bnTrainForward = `
   (func (export "bnTrainForward") (param $x i32) (param $gamma i32) (param $beta i32) (param $y i32)
       (param $mean i32) (param $var i32) (param $M i32) (param $C i32) (param $eps f64)
     (local $i i32) (local $p i32) (local $q i32) (local $stride i32) (local $at i32)
-    ${v("d")} ${v("rows")} ${v("s4")} ${v("u4")} ${v("b4")}
+    ${v("d")} ${v("rows")} ${v("s4")} ${v("u4")} ${v("r4")} ${v("b4")}
     ${perVector("slo", "shi", "mlo", "mhi", "d")}
     ${perChannelGroup(bnForwardGroup)})`
 
