@@ -106,6 +106,38 @@ describe("SIMD kernels on the wasm heap", () => {
     expect(JSON.parse(out.trim().split("\n").pop()!)).toEqual(["in use, multiply, then add (GRADWIRE_FMA=0)", false])
   })
 
+  it("col2im (a strided convolution's input gradient): patch gradients added back where their patches were read, bit for bit as the JavaScript loop adds them (stride 2 same, stride 3 valid, a 5x3 filter at strides [2, 1] padded, taps off the image left out)", () => {
+    for (const [N, H, W, C, FH, FW, SH, SW, top, left] of [
+      [2, 9, 9, 8, 3, 3, 2, 2, 1, 1],
+      [1, 10, 11, 4, 3, 3, 3, 3, 0, 0],
+      [3, 7, 6, 12, 5, 3, 2, 1, 2, 1]
+    ] as const) {
+      const OH = Math.floor((H + 2 * top - FH) / SH) + 1
+      const OW = Math.floor((W + 2 * left - FW) / SW) + 1
+      const K = FH * FW * C
+      const dcol = seeded(N * OH * OW * K, 41)
+      const js = new Float32Array(N * H * W * C)
+      let m = 0
+      for (let b = 0; b < N; b++)
+        for (let oh = 0; oh < OH; oh++)
+          for (let ow = 0; ow < OW; ow++, m++)
+            for (let fh = 0; fh < FH; fh++)
+              for (let fw = 0; fw < FW; fw++) {
+                const ih = oh * SH + fh - top
+                const iw = ow * SW + fw - left
+                if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue
+                for (let c = 0; c < C; c++) js[((b * H + ih) * W + iw) * C + c] += dcol[m * K + (fh * FW + fw) * C + c]!
+              }
+      const src = tf.tensor(dcol, [N * OH * OW, K])
+      const dx = tf.zeros([N, H, W, C])
+      kernels.col2im(addressOf(backend, src as unknown as TensorInfo), addressOf(backend, dx as unknown as TensorInfo), N, H, W, C, OH, OW, FH, FW, SH, SW, top, left)
+      const simd = dx.dataSync() as Float32Array
+      expect(Array.from(simd)).toEqual(Array.from(js))
+      expect(simd.some((v) => v !== 0)).toBe(true)
+      tf.dispose([src, dx])
+    }
+  })
+
   // 16 channels at a time, then 4: 4 and 8 channels (only the latter), 16 and 64 (only the former), 20 and 52 (both)
   for (const [M, C, shift] of [
     [1, 4, 0],

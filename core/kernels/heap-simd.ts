@@ -75,6 +75,8 @@ export interface HeapKernels {
   gruUpdate(mx: number, inner: number, h: number, rec: number, hn: number, B: number, H: number, hard: number): void
   /** Its gradient: dmx, dinner (0 in the reset blocks), dh and drec from dh'. */
   gruUpdateGrad(dhn: number, mx: number, inner: number, h: number, rec: number, dmx: number, dinner: number, dh: number, drec: number, B: number, H: number, hard: number): void
+  /** Patch gradients dcol [N·OH·OW, FH·FW·C] added into dx [N, H, W, C] where their patches were read; C a multiple of 4. */
+  col2im(dcol: number, dx: number, N: number, H: number, W: number, C: number, OH: number, OW: number, FH: number, FW: number, SH: number, SW: number, top: number, left: number): void
   /** x [N, H, W, C] into a zeroed [N, HP, WP, C] at row top, column left; C a multiple of 4. */
   padImage(x: number, out: number, N: number, H: number, W: number, C: number, HP: number, WP: number, top: number, left: number): void
   /** A 3x3 filter [3, 3, C, O] transformed for Winograd's F(4x4, 3x3) into u [36, C, O]; O a multiple of 4; tmp 576 bytes. */

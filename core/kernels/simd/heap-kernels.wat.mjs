@@ -1619,6 +1619,54 @@ const dwInputGrad = `
     )})`
 
 /**
+ * col2im(dcol, dx, N, H, W, C, OH, OW, FH, FW, SH, SW, top, left): each output pixel's patch
+ * gradient dcol [N·OH·OW, FH·FW·C] added back into dx [N, H, W, C] (zeroed by the caller) where its
+ * patch was read, taps outside the image left out; pixels in order, then taps, four channels at a
+ * time (C a multiple of 4): the JavaScript loop's order, the same bits. conv2d's input gradient at
+ * strides above 1 (../conv-grads.ts), after the product dcol = dy·Wᵀ.
+ */
+const col2im = `
+  (func (export "col2im") (param $dcol i32) (param $dx i32) (param $N i32) (param $H i32) (param $W i32)
+      (param $C i32) (param $OH i32) (param $OW i32) (param $FH i32) (param $FW i32) (param $SH i32) (param $SW i32)
+      (param $top i32) (param $left i32)
+    (local $b i32) (local $oh i32) (local $ow i32) (local $fh i32) (local $fw i32) (local $ih i32) (local $iw i32)
+    (local $sp i32) (local $xp i32) (local $k i32) (local $cstep i32)
+    (local.set $cstep (i32.shl (local.get $C) (i32.const 2)))
+    (local.set $sp (local.get $dcol))
+    ${loop(
+      "b",
+      get("N"),
+      loop(
+        "oh",
+        get("OH"),
+        loop(
+          "ow",
+          get("OW"),
+          loop(
+            "fh",
+            get("FH"),
+            `(local.set $ih (i32.sub (i32.add (i32.mul (local.get $oh) (local.get $SH)) (local.get $fh)) (local.get $top)))
+            ${loop(
+              "fw",
+              get("FW"),
+              `(local.set $iw (i32.sub (i32.add (i32.mul (local.get $ow) (local.get $SW)) (local.get $fw)) (local.get $left)))
+              (if (i32.and (i32.lt_u (local.get $ih) (local.get $H)) (i32.lt_u (local.get $iw) (local.get $W)))
+                (then
+                  (local.set $xp (i32.add (local.get $dx) (i32.mul (i32.add (i32.mul (i32.add (i32.mul (local.get $b) (local.get $H)) (local.get $ih)) (local.get $W)) (local.get $iw)) (local.get $cstep))))
+                  (local.set $k (i32.const 0))
+                  (loop $c2i_c
+                    (v128.store (i32.add (local.get $xp) (local.get $k))
+                      (f32x4.add (v128.load (i32.add (local.get $xp) (local.get $k))) (v128.load (i32.add (local.get $sp) (local.get $k)))))
+                    (local.set $k (i32.add (local.get $k) (i32.const 16)))
+                    (br_if $c2i_c (i32.lt_u (local.get $k) (local.get $cstep))))))
+              (local.set $sp (i32.add (local.get $sp) (local.get $cstep)))`
+            )}`
+          )
+        )
+      )
+    )})`
+
+/**
  * padImage(x, out, N, H, W, C, HP, WP, top, left): x [N, H, W, C] copied into out [N, HP, WP, C] at
  * row `top`, column `left` (rows and columns past HP, WP left out), zeros everywhere else; C a
  * multiple of 4, 0 ≤ top, left. For the convolutions' padded inputs (../conv2d.ts padImage).
@@ -2147,6 +2195,7 @@ export const wat = `(module
   ${gruResetGrad}
   ${gruUpdate}
   ${gruUpdateGrad}
+  ${col2im}
   ${padImage}
   ${wgFilter4}
   ${wgConv4}
