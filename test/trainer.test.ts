@@ -70,8 +70,12 @@ describe("Trainer", () => {
     // fitted from the group's timed calls on them, and after the first steps every bucket size
     // runs the algorithm and path measured fastest on training's own calls.
     const explain = await fs.readFile(path.join(baseline.path, "explain.txt"), "utf8")
-    // (a fit on a loaded machine can clamp beta to 0: "inf" MB/s)
-    expect(explain).toMatch(/direct links \d+us (\d+|inf)MB\/s \(ring over the direct links at 3 sizes/)
+    // (a fit on a loaded machine can clamp beta to 0: "inf" MB/s). Transport "auto" times both paths
+    // at the group's start; where a loaded machine made the direct links measure slower at the
+    // largest size (a CI run: 1 MiB 20.52 against 20.05 ms), every call starts on NATS and no
+    // direct-link fit is printed: either outcome of that timing is the design's.
+    if (explain.includes("every call over NATS (the direct path measured slower)")) expect(explain).not.toMatch(/; direct links /)
+    else expect(explain).toMatch(/direct links \d+us (\d+|inf)MB\/s \(ring over the direct links at 3 sizes/)
     expect(explain).toMatch(/measured pick \(each algorithm timed 5 times per bucket size/)
     const json = JSON.parse(await fs.readFile(path.join(baseline.path, "explain.json"), "utf8")) as {
       tuned?: Array<{ bytes: number; candidates: string[]; ms: number[]; picked: string; modelPick: string }>
