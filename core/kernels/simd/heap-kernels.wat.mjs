@@ -1574,6 +1574,49 @@ const dwFilterGrad = `
  * − top, ow·SW + fw − left) is inside the image, dx[b, ih, iw, c] += w[fh, fw, c] · dy[b, oh, ow, c],
  * four channels at a time; C a multiple of 4.
  */
+/**
+ * The walk dwInputGrad and col2im share: every output pixel (b, oh, ow, in order) and each of its
+ * taps (fh, fw, in order); where the tap's input pixel (ih, iw) = (oh·SH + fh − top, ow·SW + fw −
+ * left) is inside the image, `atTap` (statements), then dx at that pixel ($xp) += `term` (an f32x4
+ * expression of $k, the byte offset in the pixel's channels), four channels at a time; `afterTap`
+ * after every tap, inside or not, and `afterPixel` after every output pixel. Uses locals $b $oh
+ * $ow $fh $fw $ih $iw $xp $k $cstep (C·4).
+ */
+const scatterTaps = (label, { atTap = "", term, afterTap = "", afterPixel = "" }) =>
+  loop(
+    "b",
+    get("N"),
+    loop(
+      "oh",
+      get("OH"),
+      loop(
+        "ow",
+        get("OW"),
+        `${loop(
+          "fh",
+          get("FH"),
+          `(local.set $ih (i32.sub (i32.add (i32.mul (local.get $oh) (local.get $SH)) (local.get $fh)) (local.get $top)))
+          ${loop(
+            "fw",
+            get("FW"),
+            `(local.set $iw (i32.sub (i32.add (i32.mul (local.get $ow) (local.get $SW)) (local.get $fw)) (local.get $left)))
+            (if (i32.and (i32.lt_u (local.get $ih) (local.get $H)) (i32.lt_u (local.get $iw) (local.get $W)))
+              (then
+                (local.set $xp (i32.add (local.get $dx) (i32.mul (i32.add (i32.mul (i32.add (i32.mul (local.get $b) (local.get $H)) (local.get $ih)) (local.get $W)) (local.get $iw)) (local.get $cstep))))
+                ${atTap}
+                (local.set $k (i32.const 0))
+                (loop $${label}_c
+                  (v128.store (i32.add (local.get $xp) (local.get $k)) (f32x4.add (v128.load (i32.add (local.get $xp) (local.get $k))) ${term}))
+                  (local.set $k (i32.add (local.get $k) (i32.const 16)))
+                  (br_if $${label}_c (i32.lt_u (local.get $k) (local.get $cstep))))))
+            ${afterTap}`
+          )}`
+        )}
+        ${afterPixel}`
+      )
+    )
+  )
+
 const dwInputGrad = `
   (func (export "dwInputGrad") (param $dy i32) (param $w i32) (param $dx i32) (param $N i32) (param $H i32) (param $W i32)
       (param $C i32) (param $OH i32) (param $OW i32) (param $FH i32) (param $FW i32) (param $SH i32) (param $SW i32)
@@ -1582,41 +1625,11 @@ const dwInputGrad = `
     (local $dp i32) (local $xp i32) (local $wp i32) (local $k i32) (local $cstep i32)
     (local.set $cstep (i32.shl (local.get $C) (i32.const 2)))
     (local.set $dp (local.get $dy))
-    ${loop(
-      "b",
-      get("N"),
-      loop(
-        "oh",
-        get("OH"),
-        loop(
-          "ow",
-          get("OW"),
-          `${loop(
-            "fh",
-            get("FH"),
-            `(local.set $ih (i32.sub (i32.add (i32.mul (local.get $oh) (local.get $SH)) (local.get $fh)) (local.get $top)))
-            (if (i32.lt_u (local.get $ih) (local.get $H))
-              (then
-                ${loop(
-                  "fw",
-                  get("FW"),
-                  `(local.set $iw (i32.sub (i32.add (i32.mul (local.get $ow) (local.get $SW)) (local.get $fw)) (local.get $left)))
-                  (if (i32.lt_u (local.get $iw) (local.get $W))
-                    (then
-                      (local.set $xp (i32.add (local.get $dx) (i32.mul (i32.add (i32.mul (i32.add (i32.mul (local.get $b) (local.get $H)) (local.get $ih)) (local.get $W)) (local.get $iw)) (local.get $cstep))))
-                      (local.set $wp (i32.add (local.get $w) (i32.mul (i32.add (i32.mul (local.get $fh) (local.get $FW)) (local.get $fw)) (local.get $cstep))))
-                      (local.set $k (i32.const 0))
-                      (loop $dwi_c
-                        (v128.store (i32.add (local.get $xp) (local.get $k))
-                          (f32x4.add (v128.load (i32.add (local.get $xp) (local.get $k))) (f32x4.mul (v128.load (i32.add (local.get $wp) (local.get $k))) (v128.load (i32.add (local.get $dp) (local.get $k))))))
-                        (local.set $k (i32.add (local.get $k) (i32.const 16)))
-                        (br_if $dwi_c (i32.lt_u (local.get $k) (local.get $cstep))))))`
-                )}))`
-          )}
-          (local.set $dp (i32.add (local.get $dp) (local.get $cstep)))`
-        )
-      )
-    )})`
+    ${scatterTaps("dwi", {
+      atTap: "(local.set $wp (i32.add (local.get $w) (i32.mul (i32.add (i32.mul (local.get $fh) (local.get $FW)) (local.get $fw)) (local.get $cstep))))",
+      term: "(f32x4.mul (v128.load (i32.add (local.get $wp) (local.get $k))) (v128.load (i32.add (local.get $dp) (local.get $k))))",
+      afterPixel: "(local.set $dp (i32.add (local.get $dp) (local.get $cstep)))"
+    })})`
 
 /**
  * col2im(dcol, dx, N, H, W, C, OH, OW, FH, FW, SH, SW, top, left): each output pixel's patch
@@ -1633,38 +1646,10 @@ const col2im = `
     (local $sp i32) (local $xp i32) (local $k i32) (local $cstep i32)
     (local.set $cstep (i32.shl (local.get $C) (i32.const 2)))
     (local.set $sp (local.get $dcol))
-    ${loop(
-      "b",
-      get("N"),
-      loop(
-        "oh",
-        get("OH"),
-        loop(
-          "ow",
-          get("OW"),
-          loop(
-            "fh",
-            get("FH"),
-            `(local.set $ih (i32.sub (i32.add (i32.mul (local.get $oh) (local.get $SH)) (local.get $fh)) (local.get $top)))
-            ${loop(
-              "fw",
-              get("FW"),
-              `(local.set $iw (i32.sub (i32.add (i32.mul (local.get $ow) (local.get $SW)) (local.get $fw)) (local.get $left)))
-              (if (i32.and (i32.lt_u (local.get $ih) (local.get $H)) (i32.lt_u (local.get $iw) (local.get $W)))
-                (then
-                  (local.set $xp (i32.add (local.get $dx) (i32.mul (i32.add (i32.mul (i32.add (i32.mul (local.get $b) (local.get $H)) (local.get $ih)) (local.get $W)) (local.get $iw)) (local.get $cstep))))
-                  (local.set $k (i32.const 0))
-                  (loop $c2i_c
-                    (v128.store (i32.add (local.get $xp) (local.get $k))
-                      (f32x4.add (v128.load (i32.add (local.get $xp) (local.get $k))) (v128.load (i32.add (local.get $sp) (local.get $k)))))
-                    (local.set $k (i32.add (local.get $k) (i32.const 16)))
-                    (br_if $c2i_c (i32.lt_u (local.get $k) (local.get $cstep))))))
-              (local.set $sp (i32.add (local.get $sp) (local.get $cstep)))`
-            )}`
-          )
-        )
-      )
-    )})`
+    ${scatterTaps("c2i", {
+      term: "(v128.load (i32.add (local.get $sp) (local.get $k)))",
+      afterTap: "(local.set $sp (i32.add (local.get $sp) (local.get $cstep)))"
+    })})`
 
 /**
  * padImage(x, out, N, H, W, C, HP, WP, top, left): x [N, H, W, C] copied into out [N, HP, WP, C] at
