@@ -272,7 +272,8 @@ const winogradConv2d = (backend: KernelArgs["backend"], kernels: HeapKernels, x:
   const { batchSize: N, outHeight: OH, outWidth: OW, inChannels: C, outChannels: O } = info
   const T = winogradBlock(info, false)
   const { padded, HP, WP } = tilePadded(backend, x, info)
-  const u = backend.makeOutput([WG_A * WG_A * C * O], "float32")
+  // the transformed filter: a² planes of C·O floats, each a cache line (16 floats) longer (wgFilter4)
+  const u = backend.makeOutput([WG_A * WG_A * (C * O + 16)], "float32")
   const scratch = backend.makeOutput([WG_A * WG_A * (T * (C + O) + 2 * 16 + 4)], "float32")
   try {
     kernels.wgFilter4(addressOf(backend, filter), addressOf(backend, u), C, O, addressOf(backend, scratch))
@@ -296,7 +297,8 @@ export const winogradFilterGrad = (backend: KernelArgs["backend"], x: TensorInfo
   const { batchSize: N, outHeight: OH, outWidth: OW, inChannels: C, outChannels: O } = info
   const T = winogradBlock(info, true)
   const { padded, HP, WP } = tilePadded(backend, x, info)
-  const scratch = backend.makeOutput([WG_A * WG_A * (T * (C + O) + 2 * 16 + C * O + 4)], "float32")
+  // V, D and P's a² planes (each a cache line longer) and sandwich's a² slots of 4 floats
+  const scratch = backend.makeOutput([WG_A * WG_A * (T * (C + O) + 3 * 16 + C * O + 4)], "float32")
   try {
     const dw = backend.makeOutput([3, 3, C, O], "float32")
     winogradStats.filterGrads++
