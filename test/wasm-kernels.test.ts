@@ -590,7 +590,9 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     expect(asBlockTranspose([2, 3, 4], [1, 2, 0])).toEqual({ batch: 1, rows: 2, cols: 12, inner: 1 })
     expect(asBlockTranspose([2, 3, 4], [0, 1, 2])).toBeUndefined()
     expect(asBlockTranspose([2, 3, 4], [2, 1, 0])).toBeUndefined()
-    // By the heap's SIMD kernel (float32, int32; runs of 1, 5 and 16 elements), and by the JavaScript loop without it.
+    // By the heap's SIMD kernel (float32, int32; runs of 1, 5 and 16 elements; single elements with
+    // rows and columns multiples of 4 as 4 x 4 blocks, across 64 x 64 tiles and a batch), and by
+    // the JavaScript loop without it.
     for (const simd of [true, false]) {
       useHeapKernels(simd)
       try {
@@ -602,6 +604,9 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
           tf.transpose(t([5, 6, 7], 5), [1, 2, 0]),
           tf.transpose(t([2, 3, 4, 5], 6), [3, 1, 2, 0]),
           tf.transpose(t([4, 2, 70, 16], 9), [0, 2, 1, 3]),
+          tf.transpose(t([8, 4], 10)),
+          tf.transpose(t([3, 68, 132], 11), [0, 2, 1]),
+          tf.transpose(tf.cast(tf.mul(t([12, 20], 12), 100), "int32"), [1, 0]).toFloat(),
           tf.transpose(tf.cast(tf.mul(t([9, 70], 7), 100), "int32"), [1, 0]).toFloat(),
           tf.transpose(tf.greater(t([65, 3], 8), 0), [1, 0]).toFloat()
         ])

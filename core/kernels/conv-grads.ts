@@ -362,7 +362,8 @@ export const conv2dBackpropInput = (tf: Tf, { inputs, backend, attrs }: KernelAr
     const flipped = backend.makeOutput([FH, FW, O, C], "float32")
     try {
       // Each tap's [C, O] block transposed into the turned-round tap's place: by the heap's block
-      // transpose where it is loaded (64 x 64 channels: 49 µs in the loop), else the loop.
+      // transpose where it is loaded (64 x 64 channels: 5.6 µs in 4 x 4 blocks, 49 µs in the
+      // loop), else the loop.
       const kernels = heapKernels(backend)
       if (kernels) {
         const w = addressOf(backend, filter)
