@@ -7,7 +7,7 @@
 // sees a GPU (`--torch-device` overrides); PyTorch comes from /usr/bin/python3, else from the
 // `python3` on PATH, whichever imports torch (`--python` names another).
 //
-//   npm run bench -- train [--models cnn,lenet,...] [--p 1,2,4] [--warmup 20] [--seconds 6] [--batch 32]
+//   npm run bench -- train [--models cnn,lenet,...] [--p 1,2,4] [--warmup 20] [--seconds 6] [--batch 32] [--repeat 1]
 //                          [--backend auto|wasm|cpu|webgpu] [--torch-device cpu|cuda] [--python PATH]
 //                          [--gpu-share 0.5]   (webgpu: each worker takes that fraction of a GPU, so
 //                                              p workers can share one GPU; default a whole GPU each)
@@ -113,6 +113,8 @@ export const run = async (argv: ReadonlyArray<string>): Promise<void> => {
   const pythonArg = opt("--python", "")
   const deviceArg = opt("--torch-device", "")
   const gpuShare = Number(opt("--gpu-share", "1"))
+  const repeat = Number(opt("--repeat", "1"))
+  if (!(Number.isInteger(repeat) && repeat >= 1)) throw new RangeError(`--repeat: ${opt("--repeat", "1")} is not a whole number of rounds (1 or more)`)
   if (!(gpuShare > 0 && gpuShare <= 1)) throw new RangeError(`--gpu-share: ${gpuShare} is not a fraction of a GPU in (0, 1]`)
   if (gpuShare !== 1 && backend !== "webgpu") throw new RangeError("--gpu-share: only GPU workers take a GPU (add --backend webgpu)")
   for (const m of models) if (!ZOO_MODELS.includes(m)) throw new RangeError(`--models: unknown model ${m} (known: ${ZOO_MODELS.join(", ")})`)
@@ -124,7 +126,7 @@ export const run = async (argv: ReadonlyArray<string>): Promise<void> => {
   const torch: TorchRun | undefined = found ? { python: found.python, device } : undefined
   const storage = fs.mkdtempSync(path.join(os.tmpdir(), "gradwire-bench-train-"))
   console.log(`machine: ${os.cpus().length} x ${os.cpus()[0]?.model ?? "cpu"}, ${Math.round(os.totalmem() / 2 ** 30)} GiB; node ${process.version}`)
-  console.log(`batch ${batch} per rank, Adam 0.003, ${warmup} warm-up steps, then about ${seconds} s of steps per run; samples/s over all ranks`)
+  console.log(`batch ${batch} per rank, Adam 0.003, ${warmup} warm-up steps, then about ${seconds} s of steps per run; samples/s over all ranks${repeat > 1 ? `; medians of ${repeat} rounds, gradwire and PyTorch in turn (the ratio's range in brackets)` : ""}`)
   console.log(`gradwire: backend ${backend}${backend === "webgpu" ? ` (GPU workers${gpuShare < 1 ? `, ${gpuShare} of a GPU each` : ""})` : ""}; PyTorch: ${torch ? `${torch.python} on ${device === "cuda" ? "CUDA (DDP over NCCL at p = 1, gloo beyond: the ranks share the GPU)" : "the CPU (DDP over gloo, one thread per rank)"}` : "not measured - no python3 here imports torch (apt-get install -y python3-torch)"}`)
   const header = "model        p  gradwire/s    torch/s   time/sample x torch   plain tfjs/s (p=1: gradwire's overhead)   step split ms (compute / comm / apply / wait)"
   console.log(`\n${header}`)
@@ -138,19 +140,47 @@ export const run = async (argv: ReadonlyArray<string>): Promise<void> => {
       for (const p of ps) {
         // Steps per rank for about `seconds` s, with p ranks sharing the machine's cores.
         const steps = Math.max(20, Math.round((seconds * 1000) / (GUESS_MS[model] * Math.max(1, p / os.cpus().length))))
-        const t1 = performance.now()
-        const g = await runGradwire(model, data, p, batch, warmup, steps, storage, backend, gpuShare)
-        const t = torch ? await runTorch(torch, model, prefix, p, batch, warmup, steps, performance.now() - t1) : "not measured"
-        const tps = typeof t === "string" ? undefined : t.samplesPerSec
+        // --repeat N: N rounds, gradwire and PyTorch in turn, which of them goes first alternating
+        // (a slower spell of a shared machine then falls on both alike); medians, and the ratio's
+        // range over the rounds.
+        const gs: Figures[] = []
+        const ts: number[] = []
+        const ratios: number[] = []
+        let failed: string | undefined
+        let gradwireMs = (warmup + steps) * GUESS_MS[model] * 3
+        const runG = async (): Promise<Figures> => {
+          const t1 = performance.now()
+          const g = await runGradwire(model, data, p, batch, warmup, steps, storage, backend, gpuShare)
+          gradwireMs = performance.now() - t1
+          return g
+        }
+        for (let round = 0; round < repeat; round++) {
+          let g: Figures
+          let t: Figures | string
+          if (round % 2 === 0 || !torch) {
+            g = await runG()
+            t = torch ? await runTorch(torch, model, prefix, p, batch, warmup, steps, gradwireMs) : "not measured"
+          } else {
+            t = await runTorch(torch, model, prefix, p, batch, warmup, steps, gradwireMs)
+            g = await runG()
+          }
+          gs.push(g)
+          if (typeof t === "string") failed = t
+          else (ts.push(t.samplesPerSec), ratios.push(t.samplesPerSec / g.samplesPerSec))
+        }
+        const gps = median(gs.map((g) => g.samplesPerSec))
+        const tps = ts.length > 0 ? median(ts) : undefined
         const plain = p === 1 ? await runPlain(model, batch, warmup, steps, backend) : undefined
-        const plainText = plain === undefined ? "" : typeof plain === "string" ? plain : `${plain.toFixed(0)} (${((plain / g.samplesPerSec - 1) * 100).toFixed(1)}%)`
-        const s = g.split
+        const plainText = plain === undefined ? "" : typeof plain === "string" ? plain : `${plain.toFixed(0)} (${((plain / gps - 1) * 100).toFixed(1)}%)`
+        const splits = gs.flatMap((g) => (g.split ? [g.split] : []))
+        const s = splits.length > 0 ? { compute: median(splits.map((x) => x.compute)), comm: median(splits.map((x) => x.comm)), apply: median(splits.map((x) => x.apply)), wait: median(splits.map((x) => x.wait)) } : undefined
+        const ratio = ratios.length === 0 ? "-" : `${median(ratios).toFixed(2)}x` + (ratios.length > 1 ? ` (${Math.min(...ratios).toFixed(2)}-${Math.max(...ratios).toFixed(2)})` : "")
         console.log(
-          `${model.padEnd(12)} ${String(p).padStart(1)} ${g.samplesPerSec.toFixed(0).padStart(11)} ${(tps === undefined ? "-" : tps.toFixed(0)).padStart(10)} ` +
-            `${(tps === undefined ? "-" : (tps / g.samplesPerSec).toFixed(2) + "x").padStart(21)}   ` +
+          `${model.padEnd(12)} ${String(p).padStart(1)} ${gps.toFixed(0).padStart(11)} ${(tps === undefined ? "-" : tps.toFixed(0)).padStart(10)} ` +
+            `${ratio.padStart(21)}   ` +
             `${plainText.padEnd(40)}` +
             (s ? `${s.compute.toFixed(2)} / ${s.comm.toFixed(2)} / ${s.apply.toFixed(2)} / ${s.wait.toFixed(2)}` : "-") +
-            (typeof t === "string" && torch ? `   (${t})` : "")
+            (failed !== undefined && torch ? `   (${failed})` : "")
         )
       }
     }
