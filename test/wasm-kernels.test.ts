@@ -762,6 +762,25 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     s.dispose()
   })
 
+  it("a Cast to the dtype a tensor has shares its buffer (Identity's gradient casts dy so); casts to another dtype convert", async () => {
+    const backend = tf.backend() as unknown as { refCount(dataId: object): number }
+    const x = t([4, 5], 43)
+    const values = Array.from((await x.data()) as Float32Array)
+    const y = tf.cast(x, "float32")
+    expect(backend.refCount(x.dataId)).toBe(2)
+    x.dispose()
+    expect(Array.from((await y.data()) as Float32Array)).toEqual(values)
+    const i = tf.cast(tf.mul(y, 10), "int32")
+    expect(i.dtype).toBe("int32")
+    expect(Array.from((await i.data()) as Int32Array)).toEqual(values.map((v) => Math.trunc(Math.fround(v * 10))))
+    const b = tf.cast(tf.tensor([0, 2, -1], [3], "int32"), "bool")
+    expect(Array.from((await b.data()) as Uint8Array)).toEqual([0, 1, 1])
+    // The gradient through a clone (Identity) is dy's values.
+    const g = tf.grad((a: Tensor) => tf.clone(a).mul(3).sum())(t([3], 44))
+    expect(Array.from((await g.data()) as Float32Array)).toEqual([3, 3, 3])
+    tf.dispose([y, i, b, g])
+  })
+
   it("runs a kernel wasm lacks through the cpu backend, with its answer, and records it", async () => {
     expect(tf.getKernel("Einsum", "wasm")).toBeDefined()
     const worst = await compare(() => tf.einsum("ij,jk->ik", t([3, 4], 1), t([4, 2], 2)))

@@ -37,11 +37,12 @@ export const FAST_WASM_KERNELS = [
  * the backend's own kernel with the padding written out, conv2d.ts explicitSame). And one that is
  * right but slow: Conv2D and FusedConv2D on narrow layers (conv2d.ts), Conv2DBackpropInput (conv-grads.ts), Tile (tile.ts), Unpack (unpack.ts), GatherV2 (gather.ts), the matmuls with a transposed operand (matmul.ts),
  * Transpose (transpose.ts), the broadcasting comparisons (broadcast.ts), Sum and Mean over a
- * block of leading or middle axes (reduce.ts), Max and Min there (reduce.ts), and Identity (shares its input's buffer, as tfjs's
- * cpu backend and wasm's own Reshape do, where wasm's copied it: 26 copies of an activation in a
- * residual CNN's step; gradwire's in-place writers check that a buffer is not shared first).
+ * block of leading or middle axes (reduce.ts), Max and Min there (reduce.ts), and Identity and a Cast to
+ * the dtype a tensor has (each shares its input's buffer, as tfjs's cpu backend and wasm's own
+ * Reshape do, where wasm's copied it: 26 copies of an activation in a residual CNN's step;
+ * gradwire's in-place writers check that a buffer is not shared first).
  */
-export const REPLACED_WASM_KERNELS = ["Conv2D", "FusedConv2D", "DepthwiseConv2dNative", "FusedDepthwiseConv2D", "Conv2DBackpropInput", "MaxPoolGrad", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", "Tile", "Unpack", "BatchMatMul", "_FusedMatMul", "Transpose", "GatherV2", "Sum", "Mean", "Max", "Min", "Identity", ...SLOW_BROADCAST_KERNELS] as const
+export const REPLACED_WASM_KERNELS = ["Conv2D", "FusedConv2D", "DepthwiseConv2dNative", "FusedDepthwiseConv2D", "Conv2DBackpropInput", "MaxPoolGrad", "Conv3DBackpropInputV2", "Conv3DBackpropFilterV2", "Tile", "Unpack", "BatchMatMul", "_FusedMatMul", "Transpose", "GatherV2", "Sum", "Mean", "Max", "Min", "Identity", "Cast", ...SLOW_BROADCAST_KERNELS] as const
 
 let registered: { fast: string[]; fallback: string[]; gradients: string[] } | undefined
 
@@ -51,6 +52,30 @@ const sharedIdentity =
   (args) => {
     const { x } = args.inputs
     if (x.dtype === "string") return original(args)
+    ;(args.backend as unknown as { incRef(dataId: object): void }).incRef(x.dataId)
+    return { dataId: x.dataId, shape: [...x.shape], dtype: x.dtype }
+  }
+
+/**
+ * Cast to the dtype a tensor already has as a second reference to its buffer, as tfjs's cpu backend
+ * does (wasm's copied it: Identity's gradient casts dy to float32, two copies of a residual sum
+ * a block in a ResNet's backward pass); a numeric tensor to bool as x ≠ 0 (wasm's stored the
+ * number's low byte: 2 stayed 2, −1 became 255); other casts are the backend's.
+ */
+const sharedCast =
+  (original: KernelFunc): KernelFunc =>
+  (args) => {
+    const { x } = args.inputs
+    const dtype = args.attrs.dtype
+    if (x.dtype === "string") return original(args)
+    if (dtype === "bool" && x.dtype !== "bool") {
+      const out = args.backend.makeOutput([...x.shape], "bool")
+      const from = args.backend.typedArrayFromHeap(x)
+      const to = args.backend.typedArrayFromHeap(out)
+      for (let i = 0; i < from.length; i++) to[i] = from[i] !== 0 ? 1 : 0
+      return out
+    }
+    if (x.dtype !== dtype) return original(args)
     ;(args.backend as unknown as { incRef(dataId: object): void }).incRef(x.dataId)
     return { dataId: x.dataId, shape: [...x.shape], dtype: x.dtype }
   }
@@ -112,6 +137,8 @@ export const registerWasmKernels = (tf: Tf): { fast: string[]; fallback: string[
   if (wasmTranspose) replace("Transpose", transposeKernel(wasmTranspose))
   const wasmIdentity = tf.getKernel("Identity", "wasm")?.kernelFunc as unknown as KernelFunc | undefined
   if (wasmIdentity) replace("Identity", sharedIdentity(wasmIdentity))
+  const wasmCast = tf.getKernel("Cast", "wasm")?.kernelFunc as unknown as KernelFunc | undefined
+  if (wasmCast) replace("Cast", sharedCast(wasmCast))
   const wasmGather = tf.getKernel("GatherV2", "wasm")?.kernelFunc as unknown as KernelFunc | undefined
   if (wasmGather) replace("GatherV2", gatherRows(wasmGather))
   // Sum and Mean over leading or middle axes, summed straight from the heap; Max and Min there,
