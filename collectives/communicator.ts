@@ -1009,8 +1009,10 @@ export class Communicator {
     }
     try {
       const result = await running
-      // bodies handed to the direct links are written before the caller may touch its buffer again
+      // bodies handed to the direct links are written before the caller may touch its buffer again,
+      // and every frame it sent there is in the kernel before this rank goes on (Operation.flushing)
       await op.written()
+      await op.flushed()
       this.#deadlines?.noteCollective(performance.now() - started)
       return result
     } catch (e) {
@@ -1035,7 +1037,7 @@ export class Communicator {
       throw new PeerLinkLost({ op: op?.sig.name ?? "collective", group: this.group, rank: this.rank, peer: dst })
     }
     headerBytesInto(headers, this.#headerScratch)
-    d.send(dst, this.#headerScratch, data, written)
+    d.send(dst, this.#headerScratch, data, written, this.#ops.get(seq)?.flushing(dst))
   }
 
   /** The ranks a fan-out subject reaches (every rank but this one, or one node's or server's). */

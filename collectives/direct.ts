@@ -503,9 +503,11 @@ export class DirectEndpoint {
    * Sends one frame to a peer: header, count and payload packed into one pooled buffer. Throws
    * when the link is gone. With `written` the caller hands the payload over: it leaves it as it is
    * until `written` is called (once the kernel has every byte, or the link failed), and a large
-   * one is written from where it lies, without the copy.
+   * one is written from where it lies, without the copy. `flushed`, when given, is called once the
+   * kernel has the whole frame (or the link failed): what a socket's buffer could not take at once
+   * stays in this process and moves only when its event loop runs.
    */
-  send(peer: number, header: Uint8Array, payload: Uint8Array, written?: () => void): void {
+  send(peer: number, header: Uint8Array, payload: Uint8Array, written?: () => void, flushed?: () => void): void {
     const out = this.#out.get(peer)
     if (!out) throw new Error(`the direct link to rank ${peer} is gone`)
     const n = PREFIX + payload.length
@@ -517,7 +519,7 @@ export class DirectEndpoint {
       // corked: the prefix and the payload leave in one gathered write
       out.socket.cork()
       out.socket.write(prefix)
-      out.socket.write(payload, () => written())
+      out.socket.write(payload, () => (written(), flushed?.()))
       out.socket.uncork()
       return
     }
@@ -525,7 +527,7 @@ export class DirectEndpoint {
     buf.set(header.subarray(0, HEADER_BYTES), 0)
     new DataView(buf.buffer, buf.byteOffset + HEADER_BYTES, 4).setUint32(0, payload.length, true)
     buf.set(payload, PREFIX)
-    out.socket.write(buf, () => sendPool.give(buf))
+    out.socket.write(buf, () => (sendPool.give(buf), flushed?.()))
     written?.()
   }
 

@@ -145,6 +145,36 @@ export class Operation {
     return this.place(head, bytes)
   }
 
+  /** Per peer, frames this call sent it on a direct link that are not yet in the kernel (see flushing). */
+  readonly #unflushed = new Map<number, number>()
+
+  /**
+   * Counts a frame sent on a direct link until the returned callback says the kernel has it. A
+   * call waits for none to be left before it returns (Communicator): bytes still in this process
+   * move only when its event loop runs, so a rank that went on to a long computation held a
+   * peer's last frames back until it was done (a tree root's 400 KiB result chunk reached the
+   * other rank of a 2-rank group a backward pass, about 45 ms, late on every step).
+   */
+  flushing(dst: number): () => void {
+    this.#unflushed.set(dst, (this.#unflushed.get(dst) ?? 0) + 1)
+    let done = false
+    return () => {
+      if (done) return
+      done = true
+      const left = this.#unflushed.get(dst)! - 1
+      if (left > 0) this.#unflushed.set(dst, left)
+      else {
+        this.#unflushed.delete(dst)
+        if (this.#unflushed.size === 0) this.notify()
+      }
+    }
+  }
+
+  /** Resolves once every frame counted by flushing is in the kernel; rejects when the operation fails. */
+  async flushed(): Promise<void> {
+    if (this.#unflushed.size > 0) await this.until(() => this.#unflushed.size === 0, () => this.#unflushed.keys())
+  }
+
   /** Resolves once every body handed over to the transport is written (see Handover). */
   async written(): Promise<void> {
     if (this.#writing.size > 0) await this.until(() => this.#writing.size === 0, () => this.#writing.keys())

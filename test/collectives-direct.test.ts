@@ -114,6 +114,23 @@ describe("the direct data path", () => {
     await close(group)
   })
 
+  it("a call returns only once its frames are in the kernel: a rank that goes on to a long computation holds no peer's result back (a tree root's result chunk, bigger than a Unix socket's buffer)", async () => {
+    const group = "direct-flushed"
+    // two ranks of one node (a Unix socket), default chunks: one 800 KB chunk each way
+    const made = await fleet.all<Created>(2, (rank) => ({ cmd: "create", group, rank, worldSize: 2, node: "node0", timeoutMs: 20_000, direct: { secret: SECRET, transport: "direct" } }))
+    expect(made.map((m) => [m.transport.choice, m.transport.links.map((l) => l.via).join()])).toEqual([["direct", "unix"], ["direct", "unix"]])
+    const cases: Case[] = [0, 1].flatMap((root) => ["tree", "ring"].map((algorithm, k): Case => ({ op: "allReduce", algorithm, reduce: "sum", length: 200_000, seed: 700 + 2 * root + k, busy: { rank: root, ms: 1500 } })))
+    const results = await fleet.all<CaseResult[]>(2, () => ({ cmd: "run", group, cases }))
+    expect(failuresOf(cases, results)).toEqual([])
+    cases.forEach((c, i) => {
+      const busy = results[c.busy!.rank]![i]!
+      const other = results[1 - c.busy!.rank]![i]!
+      // the other rank had its result while the busy rank's event loop was held
+      expect({ case: i, algorithm: c.algorithm, beforeBusyEnded: other.returnedAt! < busy.busyUntil! }).toEqual({ case: i, algorithm: c.algorithm, beforeBusyEnded: true })
+    })
+    await fleet.all(2, () => ({ cmd: "close", group }))
+  })
+
   it('"auto" keeps calls below minBytes on NATS and sends larger ones direct', async () => {
     const group = "direct-auto"
     await create(group, (r) => `n${r}`, () => ({ transport: "auto", minBytes: 64 * 1024 }))

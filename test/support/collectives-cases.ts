@@ -38,9 +38,17 @@ export interface Case {
   readonly clobber?: boolean
   /** Give ranks different lengths (rank r adds r * lengthSkew): a mismatch test. */
   readonly lengthSkew?: number
+  /**
+   * allReduce: as soon as the call returns, rank `busy.rank` keeps its event loop busy for
+   * `busy.ms` (a long computation, as a backward pass), and each rank's result says when its call
+   * returned (`returnedAt`) and when the busy spell ended (`busyUntil`), both Date.now().
+   */
+  readonly busy?: { readonly rank: number; readonly ms: number }
 }
 
 export interface CaseResult {
+  readonly returnedAt?: number
+  readonly busyUntil?: number
   readonly ok: boolean
   /** sha1 of the result bytes: equal on every rank for results that must be identical. */
   readonly hash: string

@@ -85,10 +85,19 @@ const runCase = async (c: Communicator, k: Case): Promise<CaseResult> => {
         hierarchy: k.hierarchy,
         fanout: k.fanout
       })
+      const returnedAt = Date.now()
+      let busyUntil: number | undefined
+      if (k.busy?.rank === r) {
+        while (Date.now() - returnedAt < k.busy.ms) {
+          // the event loop held, as by a long synchronous computation
+        }
+        busyUntil = Date.now()
+      }
+      const timing = k.busy ? { returnedAt, ...(busyUntil !== undefined ? { busyUntil } : {}) } : {}
       const result = k.clobber ? data.slice() : data
       if (k.clobber) data.fill(NaN)
       const { ref, scale } = reference(k, p)
-      return { ...compare(result, ref, scale, p, half), hash: hashOf(result) }
+      return { ...compare(result, ref, scale, p, half), hash: hashOf(result), ...timing }
     }
     case "reduceScatter": {
       const data = inputOf(k.seed, r, length)
