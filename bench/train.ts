@@ -5,9 +5,11 @@
 // (the all-reduce), apply (the optimizer) and waiting (between steps: batching, the loop).
 // With `--backend webgpu` the workers are GPU workers (`useGpu`) and PyTorch runs on CUDA when it
 // sees a GPU (`--torch-device` overrides); PyTorch comes from /usr/bin/python3, else from the
-// `python3` on PATH, whichever imports torch (`--python` names another).
+// `python3` on PATH, whichever imports torch (`--python` names another). `--algorithm` fixes
+// gradwire's all-reduce algorithm (collectiveConfig.algorithm; default auto: the cost model's pick,
+// then measured on the job's own calls), `--transport` its data path (auto, direct or nats).
 //
-//   npm run bench -- train [--models cnn,lenet,...] [--p 1,2,4] [--warmup 20] [--seconds 6] [--batch 32] [--repeat 1]
+//   npm run bench -- train [--models cnn,lenet,...] [--p 1,2,4] [--warmup 20] [--seconds 6] [--batch 32] [--repeat 1] [--algorithm auto] [--transport auto]
 //                          [--backend auto|wasm|cpu|webgpu] [--torch-device cpu|cuda] [--python PATH]
 //                          [--gpu-share 0.5]   (webgpu: each worker takes that fraction of a GPU, so
 //                                              p workers can share one GPU; default a whole GPU each)
@@ -21,6 +23,7 @@ import { readsTokens, TASK_OF, ZOO_MODELS, type ZooModel } from "../examples/zoo
 import { exitOf, findTorch } from "./allreduce.ts"
 import { optionReader } from "./args.ts"
 import { median } from "../scheduler/cost-model.ts"
+import { allReduceAlgorithms } from "../collectives/algorithms/index.ts"
 
 const LOOP = { module: new URL("../examples/zoo/train.ts", import.meta.url).href, export: "zooLoop" }
 const TORCH_SCRIPT = new URL("./torch_zoo.py", import.meta.url).pathname
@@ -36,13 +39,14 @@ interface Figures {
 type Backend = "auto" | "wasm" | "cpu" | "webgpu"
 const BACKENDS: ReadonlyArray<Backend> = ["auto", "wasm", "cpu", "webgpu"]
 
-const runGradwire = async (model: ZooModel, data: ZooData, p: number, batch: number, warmup: number, steps: number, storage: string, backend: Backend, gpuShare: number): Promise<Figures> => {
+const runGradwire = async (model: ZooModel, data: ZooData, p: number, batch: number, warmup: number, steps: number, storage: string, backend: Backend, gpuShare: number, algorithm: string, transport: string): Promise<Figures> => {
   const rows: number[][] = []
   const r = await new Trainer({
     trainLoopPerWorker: LOOP,
     trainLoopConfig: { model, batchSize: batch, bench: { steps, warmup }, ...(data.text ? { text: data.text } : {}) },
     // A GPU backend asked for by name means GPU workers.
     scalingConfig: { numWorkers: p, backend, useGpu: backend === "webgpu", ...(backend === "webgpu" ? { resourcesPerWorker: { GPU: gpuShare } } : {}) },
+    ...(algorithm !== "auto" || transport !== "auto" ? { collectiveConfig: { algorithm: algorithm as "ring", transport: transport as "auto" } } : {}),
     runConfig: {
       name: `bench-train-${model}-${p}-${Date.now()}`,
       storagePath: storage,
@@ -113,6 +117,11 @@ export const run = async (argv: ReadonlyArray<string>): Promise<void> => {
   const pythonArg = opt("--python", "")
   const deviceArg = opt("--torch-device", "")
   const gpuShare = Number(opt("--gpu-share", "1"))
+  const algorithm = opt("--algorithm", "auto")
+  const algorithms = ["auto", ...allReduceAlgorithms().map((a) => a.name)]
+  if (!algorithms.includes(algorithm)) throw new RangeError(`--algorithm: unknown all-reduce algorithm ${algorithm} (known: ${algorithms.join(", ")})`)
+  const transport = opt("--transport", "auto")
+  if (!["auto", "direct", "nats"].includes(transport)) throw new RangeError(`--transport: ${transport} is none of auto, direct, nats`)
   const repeat = Number(opt("--repeat", "1"))
   if (!(Number.isInteger(repeat) && repeat >= 1)) throw new RangeError(`--repeat: ${opt("--repeat", "1")} is not a whole number of rounds (1 or more)`)
   if (!(gpuShare > 0 && gpuShare <= 1)) throw new RangeError(`--gpu-share: ${gpuShare} is not a fraction of a GPU in (0, 1]`)
@@ -127,7 +136,7 @@ export const run = async (argv: ReadonlyArray<string>): Promise<void> => {
   const storage = fs.mkdtempSync(path.join(os.tmpdir(), "gradwire-bench-train-"))
   console.log(`machine: ${os.cpus().length} x ${os.cpus()[0]?.model ?? "cpu"}, ${Math.round(os.totalmem() / 2 ** 30)} GiB; node ${process.version}`)
   console.log(`batch ${batch} per rank, Adam 0.003, ${warmup} warm-up steps, then about ${seconds} s of steps per run; samples/s over all ranks${repeat > 1 ? `; medians of ${repeat} rounds, gradwire and PyTorch in turn (the ratio's range in brackets)` : ""}`)
-  console.log(`gradwire: backend ${backend}${backend === "webgpu" ? ` (GPU workers${gpuShare < 1 ? `, ${gpuShare} of a GPU each` : ""})` : ""}; PyTorch: ${torch ? `${torch.python} on ${device === "cuda" ? "CUDA (DDP over NCCL at p = 1, gloo beyond: the ranks share the GPU)" : "the CPU (DDP over gloo, one thread per rank)"}` : "not measured - no python3 here imports torch (apt-get install -y python3-torch)"}`)
+  console.log(`gradwire: backend ${backend}${algorithm !== "auto" ? `, all-reduce ${algorithm}` : ""}${transport !== "auto" ? `, transport ${transport}` : ""}${backend === "webgpu" ? ` (GPU workers${gpuShare < 1 ? `, ${gpuShare} of a GPU each` : ""})` : ""}; PyTorch: ${torch ? `${torch.python} on ${device === "cuda" ? "CUDA (DDP over NCCL at p = 1, gloo beyond: the ranks share the GPU)" : "the CPU (DDP over gloo, one thread per rank)"}` : "not measured - no python3 here imports torch (apt-get install -y python3-torch)"}`)
   const header = "model        p  gradwire/s    torch/s   time/sample x torch   plain tfjs/s (p=1: gradwire's overhead)   step split ms (compute / comm / apply / wait)"
   console.log(`\n${header}`)
   try {
@@ -150,7 +159,7 @@ export const run = async (argv: ReadonlyArray<string>): Promise<void> => {
         let gradwireMs = (warmup + steps) * GUESS_MS[model] * 3
         const runG = async (): Promise<Figures> => {
           const t1 = performance.now()
-          const g = await runGradwire(model, data, p, batch, warmup, steps, storage, backend, gpuShare)
+          const g = await runGradwire(model, data, p, batch, warmup, steps, storage, backend, gpuShare, algorithm, transport)
           gradwireMs = performance.now() - t1
           return g
         }
