@@ -19,7 +19,7 @@ import { fusedMatMulKernel, untransposedMatMul } from "./matmul.ts"
 import { channelsLast, conv2dKernel, explicitSame, fusedConv2dKernel, winogradStatus } from "./conv2d.ts"
 import { transposeKernel } from "./transpose.ts"
 import { broadcastFirst, SLOW_BROADCAST_KERNELS } from "./broadcast.ts"
-import type { KernelArgs, KernelFunc, WasmBackend } from "./wasm-heap.ts"
+import type { KernelArgs, KernelFunc, TensorInfo, WasmBackend } from "./wasm-heap.ts"
 
 /** The kernels gradwire implements natively on the wasm heap. */
 export const FAST_WASM_KERNELS = [
@@ -46,14 +46,18 @@ export const REPLACED_WASM_KERNELS = ["Conv2D", "FusedConv2D", "DepthwiseConv2dN
 
 let registered: { fast: string[]; fallback: string[]; gradients: string[] } | undefined
 
+/** A second reference to x's buffer (the backend frees it when the last one is disposed). */
+const secondReference = (args: KernelArgs, x: TensorInfo): TensorInfo => {
+  ;(args.backend as unknown as { incRef(dataId: object): void }).incRef(x.dataId)
+  return { dataId: x.dataId, shape: [...x.shape], dtype: x.dtype }
+}
+
 /** Identity as a second reference to its input's buffer (strings keep the backend's own). */
 const sharedIdentity =
   (original: KernelFunc): KernelFunc =>
   (args) => {
     const { x } = args.inputs
-    if (x.dtype === "string") return original(args)
-    ;(args.backend as unknown as { incRef(dataId: object): void }).incRef(x.dataId)
-    return { dataId: x.dataId, shape: [...x.shape], dtype: x.dtype }
+    return x.dtype === "string" ? original(args) : secondReference(args, x)
   }
 
 /**
@@ -75,9 +79,7 @@ const sharedCast =
       for (let i = 0; i < from.length; i++) to[i] = from[i] !== 0 ? 1 : 0
       return out
     }
-    if (x.dtype !== dtype) return original(args)
-    ;(args.backend as unknown as { incRef(dataId: object): void }).incRef(x.dataId)
-    return { dataId: x.dataId, shape: [...x.shape], dtype: x.dtype }
+    return x.dtype === dtype ? secondReference(args, x) : original(args)
   }
 
 /** A fast kernel with its own preconditions; outside them, the cpu fallback. */
