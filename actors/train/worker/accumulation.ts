@@ -16,11 +16,23 @@ interface Slot {
  * This step's gradients as one flat array in layout order, in `own` when given: ZeRO stage 2's
  * padded buffer, or the group's (GradientSync.gradientBuffer: compression kernels work on it in
  * place), which the caller passes on backends that keep tensors in host memory (cpu, wasm); then
- * each variable's gradient is read into it: one copy per element, as many as the concat-and-read
- * path makes. The tensorflow backend concatenates on the device and downloads once.
+ * each variable's gradient is read into it: on wasm straight from its place on the heap (one copy
+ * per element; tensor.data() there copies the heap's bytes out first), elsewhere through data().
+ * The tensorflow backend concatenates on the device and downloads once.
  */
 export const readGradients = async (tf: tfjs, vars: ReadonlyArray<Variable>, layout: ReadonlyArray<Slot>, grads: Record<string, Tensor>, own: Float32Array | undefined): Promise<Float32Array> => {
   const device = tf.getBackend() === "tensorflow"
+  if (own && tf.getBackend() === "wasm") {
+    const heap = tf.backend() as unknown as { typedArrayFromHeap(t: Tensor): Float32Array }
+    layout.forEach((s, i) => {
+      const g = grads[vars[i]!.name]
+      // a view of the heap, read at once (a later allocation may move the heap)
+      if (g?.dtype === "float32") own.set(heap.typedArrayFromHeap(g), s.offset)
+      else if (g) own.set(g.dataSync(), s.offset)
+      else own.fill(0, s.offset, s.offset + s.size)
+    })
+    return own
+  }
   if (own && !device) {
     const parts = await Promise.all(vars.map((v) => grads[v.name]?.data() as Promise<Float32Array> | undefined))
     layout.forEach((s, i) => {
