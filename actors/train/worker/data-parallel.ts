@@ -216,9 +216,17 @@ export class DataParallelModel implements RecoverableModel {
     return this.#worker.name
   }
 
-  /** The trainable weights as one flat vector, read asynchronously (what a GPU backend needs). */
+  /**
+   * The trainable weights as one flat vector in layout order: on wasm each straight from its place
+   * on the heap (readGradients' path), elsewhere concatenated on the engine and read once,
+   * asynchronously (what a GPU backend needs).
+   */
   async #readFlatParams(): Promise<Float32Array> {
     const tf = this.#tf
+    if (tf.getBackend() === "wasm") {
+      const total = this.layout.reduce((n, s) => n + s.size, 0)
+      return readGradients(tf, this.#vars, this.layout, Object.fromEntries(this.#vars.map((v) => [v.name, v])), new Float32Array(total))
+    }
     const flatT = tf.tidy(() => tf.concat(this.#vars.map((v) => v.reshape([-1]))))
     const flat = (await flatT.data()) as Float32Array
     flatT.dispose()
