@@ -121,13 +121,19 @@ export const batchNormTrainBackward = (
 
 const eps = (attrs: Record<string, unknown>): number => Number(attrs.epsilon)
 
+/** x of any rank as [M, C]: the channels its last axis, every other axis a row (no reshape kernel needed). */
+const rowsOf = (shape: readonly number[]): [number, number] => {
+  const C = shape[shape.length - 1]!
+  return [shape.reduce((a, b) => a * b, 1) / C, C]
+}
+
 // wasm and cpu: the functions above on the backend's arrays.
 const hostForward = hostKernels({
   names: ["x", "gamma", "beta"],
-  shapes: ({ x }) => [[...x!.shape], [x!.shape[1]!], [x!.shape[1]!]],
-  compute: ([x, gamma, beta], [y, mean, variance], attrs, { x: xi }) => batchNormTrainForward(x!, gamma!, beta!, xi!.shape[1]!, eps(attrs), y!, mean!, variance!),
+  shapes: ({ x }) => [[...x!.shape], [rowsOf(x!.shape)[1]], [rowsOf(x!.shape)[1]]],
+  compute: ([x, gamma, beta], [y, mean, variance], attrs, { x: xi }) => batchNormTrainForward(x!, gamma!, beta!, rowsOf(xi!.shape)[1], eps(attrs), y!, mean!, variance!),
   heap: (k, [x, gamma, beta], [y, mean, variance], attrs, { x: xi }) => {
-    const [M, C] = xi!.shape as [number, number]
+    const [M, C] = rowsOf(xi!.shape)
     if (C % 4 !== 0) return false
     k.bnTrainForward(x!, gamma!, beta!, y!, mean!, variance!, M, C, eps(attrs))
     return true
@@ -135,11 +141,11 @@ const hostForward = hostKernels({
 })
 const hostBackward = hostKernels({
   names: ["dy", "x", "gamma", "mean", "variance", "dmean", "dvariance"],
-  shapes: ({ x }) => [[...x!.shape], [x!.shape[1]!], [x!.shape[1]!]],
+  shapes: ({ x }) => [[...x!.shape], [rowsOf(x!.shape)[1]], [rowsOf(x!.shape)[1]]],
   compute: ([dy, x, gamma, mean, variance, dmean, dvariance], [dx, dg, db], attrs, { x: xi }) =>
-    batchNormTrainBackward(dy!, x!, gamma!, mean!, variance!, dmean!, dvariance!, xi!.shape[1]!, eps(attrs), dx!, dg!, db!),
+    batchNormTrainBackward(dy!, x!, gamma!, mean!, variance!, dmean!, dvariance!, rowsOf(xi!.shape)[1], eps(attrs), dx!, dg!, db!),
   heap: (k, [dy, x, gamma, mean, variance, dmean, dvariance], [dx, dg, db], attrs, { x: xi }) => {
-    const [M, C] = xi!.shape as [number, number]
+    const [M, C] = rowsOf(xi!.shape)
     if (C % 4 !== 0) return false
     k.bnTrainBackward(dy!, x!, gamma!, mean!, variance!, dmean!, dvariance!, dx!, dg!, db!, M, C, eps(attrs))
     return true
@@ -173,7 +179,7 @@ const gpu = (backend: WebGpuBackend, attrs: Record<string, unknown>, name: strin
   })
 const webgpuForward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo[] => {
   const { x, gamma, beta } = inputs as { x: TensorInfo; gamma: TensorInfo; beta: TensorInfo }
-  const [M, C] = x.shape as [number, number]
+  const [M, C] = rowsOf(x.shape)
   const [mean] = columnSums(backend, { key: "batchnorm_mean", names: ["gx"], inputs: [x], rows: M, columns: C, terms: ["gx[i * C + c]"], scale: [1 / M] })
   const [variance] = columnSums(backend, {
     key: "batchnorm_variance",
@@ -194,8 +200,7 @@ const webgpuForward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo[] => 
 }
 const webgpuBackward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo[] => {
   const { dy, x, gamma, mean, variance, dmean, dvariance } = inputs as Record<string, TensorInfo>
-  const M = x!.shape[0]!
-  const C = x!.shape[1]!
+  const [M, C] = rowsOf(x!.shape)
   const [dbeta, dgamma] = columnSums(backend, {
     key: "batchnorm_grad",
     names: ["gx", "gdy", "gm", "gv"],
@@ -264,12 +269,10 @@ const KERNELS: Record<string, readonly [unknown, unknown]> = {
 }
 
 /** [y, the batch's mean, its variance] of x over every axis but the last; differentiable in x, gamma and beta. */
-export const batchNormTrain = (tf: Tf, x: Tensor, gamma: Tensor, beta: Tensor, epsilon: number): [Tensor, Tensor, Tensor] => {
-  const C = x.shape[x.rank - 1]!
-  const rows = tf.reshape(x, [x.size / C, C])
-  const [y, mean, variance] = tf.engine().runKernel(BATCH_NORM_TRAIN, { x: rows, gamma, beta }, { epsilon }) as unknown as [Tensor, Tensor, Tensor]
-  return [tf.reshape(y, x.shape), mean, variance]
-}
+export const batchNormTrain = (tf: Tf, x: Tensor, gamma: Tensor, beta: Tensor, epsilon: number): [Tensor, Tensor, Tensor] =>
+  // x as it is: the kernels read any rank as [M, C] (rowsOf), where a reshape each way, and two
+  // more in the gradient, had cost four kernels of tfjs's bookkeeping per layer and step
+  tf.engine().runKernel(BATCH_NORM_TRAIN, { x, gamma, beta }, { epsilon }) as unknown as [Tensor, Tensor, Tensor]
 
 interface Weight {
   read(): Tensor
