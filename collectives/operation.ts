@@ -156,45 +156,47 @@ export class Operation {
    * other rank of a 2-rank group a backward pass, about 45 ms, late on every step).
    */
   flushing(dst: number): () => void {
-    this.#unflushed.set(dst, (this.#unflushed.get(dst) ?? 0) + 1)
-    let done = false
-    return () => {
-      if (done) return
-      done = true
-      const left = this.#unflushed.get(dst)! - 1
-      if (left > 0) this.#unflushed.set(dst, left)
-      else {
-        this.#unflushed.delete(dst)
-        if (this.#unflushed.size === 0) this.notify()
-      }
-    }
+    return this.#counted(this.#unflushed, [dst])
   }
 
   /** Resolves once every frame counted by flushing is in the kernel; rejects when the operation fails. */
   async flushed(): Promise<void> {
-    if (this.#unflushed.size > 0) await this.until(() => this.#unflushed.size === 0, () => this.#unflushed.keys())
+    await this.#emptied(this.#unflushed)
   }
 
   /** Resolves once every body handed over to the transport is written (see Handover). */
   async written(): Promise<void> {
-    if (this.#writing.size > 0) await this.until(() => this.#writing.size === 0, () => this.#writing.keys())
+    await this.#emptied(this.#writing)
   }
 
   /** Counts a body handed over for `dsts` until the transport calls the returned callback (once). */
   #handedOver(dsts: ReadonlyArray<number>, handover: Handover): () => void {
-    for (const dst of dsts) this.#writing.set(dst, (this.#writing.get(dst) ?? 0) + 1)
+    return this.#counted(this.#writing, dsts, () => handover.release?.())
+  }
+
+  /**
+   * Counts one item for each of `dsts` in `pending` (per peer) until the returned callback is called
+   * (once; later calls do nothing): then `then`, and every `until` re-checks once none is left.
+   */
+  #counted(pending: Map<number, number>, dsts: ReadonlyArray<number>, then?: () => void): () => void {
+    for (const dst of dsts) pending.set(dst, (pending.get(dst) ?? 0) + 1)
     let done = false
     return () => {
       if (done) return
       done = true
       for (const dst of dsts) {
-        const left = (this.#writing.get(dst) ?? 1) - 1
-        if (left > 0) this.#writing.set(dst, left)
-        else this.#writing.delete(dst)
+        const left = (pending.get(dst) ?? 1) - 1
+        if (left > 0) pending.set(dst, left)
+        else pending.delete(dst)
       }
-      handover.release?.()
-      if (this.#writing.size === 0) this.notify()
+      then?.()
+      if (pending.size === 0) this.notify()
     }
+  }
+
+  /** Resolves once `pending` holds no peer (waiting on the peers it holds); rejects when the operation fails. */
+  async #emptied(pending: Map<number, number>): Promise<void> {
+    if (pending.size > 0) await this.until(() => pending.size === 0, () => pending.keys())
   }
 
   /** The ranks this operation is currently waiting on (for timeout errors). */
