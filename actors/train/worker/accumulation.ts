@@ -22,17 +22,7 @@ interface Slot {
  */
 export const readGradients = async (tf: tfjs, vars: ReadonlyArray<Variable>, layout: ReadonlyArray<Slot>, grads: Record<string, Tensor>, own: Float32Array | undefined): Promise<Float32Array> => {
   const device = tf.getBackend() === "tensorflow"
-  if (own && tf.getBackend() === "wasm") {
-    const heap = tf.backend() as unknown as { typedArrayFromHeap(t: Tensor): Float32Array }
-    layout.forEach((s, i) => {
-      const g = grads[vars[i]!.name]
-      // a view of the heap, read at once (a later allocation may move the heap)
-      if (g?.dtype === "float32") own.set(heap.typedArrayFromHeap(g), s.offset)
-      else if (g) own.set(g.dataSync(), s.offset)
-      else own.fill(0, s.offset, s.offset + s.size)
-    })
-    return own
-  }
+  if (own && tf.getBackend() === "wasm") return readFromHeap(tf, vars.map((v) => grads[v.name]), layout, own)
   if (own && !device) {
     const parts = await Promise.all(vars.map((v) => grads[v.name]?.data() as Promise<Float32Array> | undefined))
     layout.forEach((s, i) => {
@@ -47,6 +37,22 @@ export const readGradients = async (tf: tfjs, vars: ReadonlyArray<Variable>, lay
   flatT.dispose()
   if (own) own.set(flat)
   return own ?? flat
+}
+
+/**
+ * On wasm: slot i of `own` (layout order) from tensors[i] straight from its place on the heap (one
+ * copy; tensor.data() there copies the heap's bytes out first), zeros where a tensor is missing.
+ */
+export const readFromHeap = (tf: tfjs, tensors: ReadonlyArray<Tensor | undefined>, layout: ReadonlyArray<Slot>, own: Float32Array): Float32Array => {
+  const heap = tf.backend() as unknown as { typedArrayFromHeap(t: Tensor): Float32Array }
+  layout.forEach((s, i) => {
+    const t = tensors[i]
+    // a view of the heap, read at once (a later allocation may move the heap)
+    if (t?.dtype === "float32") own.set(heap.typedArrayFromHeap(t), s.offset)
+    else if (t) own.set(t.dataSync(), s.offset)
+    else own.fill(0, s.offset, s.offset + s.size)
+  })
+  return own
 }
 
 export class GradientAccumulator {

@@ -27,7 +27,7 @@ import { tfjsWeightsFromFlat, writeTfjsOptimizerWeights } from "../common/optim/
 import { settlingSync } from "./local-sgd.ts"
 import { decodeMessage, encodeMessage } from "../../../core/wire.ts"
 import type { LossFn, LossName } from "./model-parallel/loss.ts"
-import { GradientAccumulator, readGradients } from "./accumulation.ts"
+import { GradientAccumulator, readFromHeap, readGradients } from "./accumulation.ts"
 import { broadcastBytes, evaluateLocal, evaluateLocalAsync, labelsOf, resolveLoss, takeRankZeroValues, type PrepareOptions } from "./prepare-options.ts"
 import { strategyOf, type GradientSlot, type GradientSync, type StepObserver } from "./gradient-sync.ts"
 import { resolveStrategy, type StrategyHost, type StrategyWorker } from "./strategies/index.ts"
@@ -218,15 +218,12 @@ export class DataParallelModel implements RecoverableModel {
 
   /**
    * The trainable weights as one flat vector in layout order: on wasm each straight from its place
-   * on the heap (readGradients' path), elsewhere concatenated on the engine and read once,
+   * on the heap (readFromHeap), elsewhere concatenated on the engine and read once,
    * asynchronously (what a GPU backend needs).
    */
   async #readFlatParams(): Promise<Float32Array> {
     const tf = this.#tf
-    if (tf.getBackend() === "wasm") {
-      const total = this.layout.reduce((n, s) => n + s.size, 0)
-      return readGradients(tf, this.#vars, this.layout, Object.fromEntries(this.#vars.map((v) => [v.name, v])), new Float32Array(total))
-    }
+    if (tf.getBackend() === "wasm") return readFromHeap(tf, this.#vars, this.layout, new Float32Array(this.parameterCount))
     const flatT = tf.tidy(() => tf.concat(this.#vars.map((v) => v.reshape([-1]))))
     const flat = (await flatT.data()) as Float32Array
     flatT.dispose()
