@@ -221,6 +221,8 @@ export const winogradStatus = (): string =>
 /** Outputs per tile side (F(4x4, 3x3)) and the input block a tile reads. */
 const WG_M = 4
 const WG_A = WG_M + 2
+/** Floats each plane of the Winograd kernels' buffers is longer than its contents (simd/heap-kernels.wat.mjs PLANE_PAD: one cache line). */
+const WG_PLANE_PAD = 16
 
 /** Tiles of 4x4 outputs in a convolution's output. */
 const tileCount = (info: ReturnType<typeof convInfo>): number => info.batchSize * Math.ceil(info.outHeight / WG_M) * Math.ceil(info.outWidth / WG_M)
@@ -272,9 +274,9 @@ const winogradConv2d = (backend: KernelArgs["backend"], kernels: HeapKernels, x:
   const { batchSize: N, outHeight: OH, outWidth: OW, inChannels: C, outChannels: O } = info
   const T = winogradBlock(info, false)
   const { padded, HP, WP } = tilePadded(backend, x, info)
-  // the transformed filter: a² planes of C·O floats, each a cache line (16 floats) longer (wgFilter4)
-  const u = backend.makeOutput([WG_A * WG_A * (C * O + 16)], "float32")
-  const scratch = backend.makeOutput([WG_A * WG_A * (T * (C + O) + 2 * 16 + 4)], "float32")
+  // the transformed filter: a² planes of C·O floats (wgFilter4); V's and M's a² planes and sandwich's a² slots of 4 floats
+  const u = backend.makeOutput([WG_A * WG_A * (C * O + WG_PLANE_PAD)], "float32")
+  const scratch = backend.makeOutput([WG_A * WG_A * (T * (C + O) + 2 * WG_PLANE_PAD + 4)], "float32")
   try {
     kernels.wgFilter4(addressOf(backend, filter), addressOf(backend, u), C, O, addressOf(backend, scratch))
     const y = backend.makeOutput([N, OH, OW, O], "float32")
@@ -297,8 +299,8 @@ export const winogradFilterGrad = (backend: KernelArgs["backend"], x: TensorInfo
   const { batchSize: N, outHeight: OH, outWidth: OW, inChannels: C, outChannels: O } = info
   const T = winogradBlock(info, true)
   const { padded, HP, WP } = tilePadded(backend, x, info)
-  // V, D and P's a² planes (each a cache line longer) and sandwich's a² slots of 4 floats
-  const scratch = backend.makeOutput([WG_A * WG_A * (T * (C + O) + 3 * 16 + C * O + 4)], "float32")
+  // V's, D's and P's a² planes and sandwich's a² slots of 4 floats
+  const scratch = backend.makeOutput([WG_A * WG_A * (T * (C + O) + C * O + 3 * WG_PLANE_PAD + 4)], "float32")
   try {
     const dw = backend.makeOutput([3, 3, C, O], "float32")
     winogradStats.filterGrads++

@@ -79,7 +79,7 @@ export interface HeapKernels {
   col2im(dcol: number, dx: number, N: number, H: number, W: number, C: number, OH: number, OW: number, FH: number, FW: number, SH: number, SW: number, top: number, left: number): void
   /** x [N, H, W, C] into a zeroed [N, HP, WP, C] at row top, column left; C a multiple of 4. */
   padImage(x: number, out: number, N: number, H: number, W: number, C: number, HP: number, WP: number, top: number, left: number): void
-  /** A 3x3 filter [3, 3, C, O] transformed for Winograd's F(4x4, 3x3) into u [36, C, O]; O a multiple of 4; tmp 576 bytes. */
+  /** A 3x3 filter [3, 3, C, O] transformed for Winograd's F(4x4, 3x3) into u: 36 planes of [C, O], each a cache line (64 bytes) longer; O a multiple of 4; tmp 576 bytes. */
   wgFilter4(w: number, u: number, C: number, O: number, tmp: number): void
   /** A 3x3 convolution at stride 1 by Winograd's F(4x4, 3x3) from x padded to whole tiles and u from wgFilter4; C and O multiples of 4. */
   wgConv4(x: number, u: number, bias: number, y: number, N: number, HP: number, WP: number, C: number, OH: number, OW: number, O: number, relu: number, scratch: number, T: number): void

@@ -1259,72 +1259,17 @@ const maxMinGrad = `
       )}`
     )})`
 
-/**
- * blockTranspose(src, dst, batch, rows, cols, inner): dst[b][c][r] = src[b][r][c] for runs of
- * `inner` 4-byte elements (float32 or int32), in 64 x 64 tiles of (r, c) so that reads and writes
- * stay within a few cache lines; a run goes 4 elements at a time (v128) while it can, then one at a
- * time. Single elements (inner 1) with rows and columns multiples of 4 go as 4 x 4 blocks, four
- * loads, eight shuffles and four stores each (a 3x3 filter's taps, 64 x 64 channels: 61 -> 5.6 µs).
- */
 /** The i8x16.shuffle bytes that take 32-bit lanes `lanes` (0-3 of the first operand, 4-7 of the second). */
 const lanes32 = (...lanes) => lanes.flatMap((l) => [0, 1, 2, 3].map((k) => 4 * l + k)).join(" ")
-const blockTranspose = `
-  (func (export "blockTranspose") (param $src i32) (param $dst i32) (param $batch i32) (param $rows i32) (param $cols i32) (param $inner i32)
-    (local $b i32) (local $r0 i32) (local $c0 i32) (local $r1 i32) (local $c1 i32) (local $r i32) (local $c i32)
-    (local $plane i32) (local $s i32) (local $d i32) (local $e i32) (local $runb i32) (local $vend i32)
-    (local $srow i32) (local $drow i32) (local $q0 v128) (local $q1 v128) (local $q2 v128) (local $q3 v128)
-    (local.set $plane (i32.mul (i32.mul (local.get $rows) (local.get $cols)) (i32.shl (local.get $inner) (i32.const 2))))
-    (local.set $runb (i32.shl (local.get $inner) (i32.const 2)))
-    (local.set $vend (i32.and (local.get $runb) (i32.const -16)))
-    (if (i32.and (i32.and (i32.eq (local.get $inner) (i32.const 1)) (i32.eqz (i32.and (i32.or (local.get $rows) (local.get $cols)) (i32.const 3))))
-          (i32.and (i32.gt_s (local.get $rows) (i32.const 0)) (i32.gt_s (local.get $cols) (i32.const 0))))
-      (then
-        (local.set $srow (i32.shl (local.get $cols) (i32.const 2)))
-        (local.set $drow (i32.shl (local.get $rows) (i32.const 2)))
-        ${loop(
-          "b",
-          get("batch"),
-          `(local.set $r0 (i32.const 0))
-          (loop $q_r0
-            (local.set $r1 (select (i32.add (local.get $r0) (i32.const 64)) (local.get $rows) (i32.lt_s (i32.add (local.get $r0) (i32.const 64)) (local.get $rows))))
-            (local.set $c0 (i32.const 0))
-            (loop $q_c0
-              (local.set $c1 (select (i32.add (local.get $c0) (i32.const 64)) (local.get $cols) (i32.lt_s (i32.add (local.get $c0) (i32.const 64)) (local.get $cols))))
-              (local.set $c (local.get $c0))
-              (loop $q_c
-                (local.set $r (local.get $r0))
-                (loop $q_r
-                  (local.set $s (i32.add (i32.add (local.get $src) (i32.mul (local.get $b) (local.get $plane))) (i32.shl (i32.add (i32.mul (local.get $r) (local.get $cols)) (local.get $c)) (i32.const 2))))
-                  (local.set $d (i32.add (i32.add (local.get $dst) (i32.mul (local.get $b) (local.get $plane))) (i32.shl (i32.add (i32.mul (local.get $c) (local.get $rows)) (local.get $r)) (i32.const 2))))
-                  ;; rows r..r+3 = a, b, c, d: q0 = a0 a1 b0 b1, q1 = a2 a3 b2 b3, q2 = c0 c1 d0 d1, q3 = c2 c3 d2 d3
-                  (local.set $e (i32.add (local.get $s) (local.get $srow)))
-                  (local.set $q0 (v128.load (local.get $s)))
-                  (local.set $q1 (v128.load (local.get $e)))
-                  (local.set $q2 (i8x16.shuffle ${lanes32(0, 1, 4, 5)} (local.get $q0) (local.get $q1)))
-                  (local.set $q3 (i8x16.shuffle ${lanes32(2, 3, 6, 7)} (local.get $q0) (local.get $q1)))
-                  (local.set $e (i32.add (local.get $e) (local.get $srow)))
-                  (local.set $q0 (v128.load (local.get $e)))
-                  (local.set $q1 (v128.load (i32.add (local.get $e) (local.get $srow))))
-                  (local.set $e (i32.add (local.get $d) (local.get $drow)))
-                  (v128.store (local.get $d) (i8x16.shuffle ${lanes32(0, 2, 4, 6)} (local.get $q2) (i8x16.shuffle ${lanes32(0, 1, 4, 5)} (local.get $q0) (local.get $q1))))
-                  (v128.store (local.get $e) (i8x16.shuffle ${lanes32(1, 3, 5, 7)} (local.get $q2) (i8x16.shuffle ${lanes32(0, 1, 4, 5)} (local.get $q0) (local.get $q1))))
-                  (local.set $e (i32.add (local.get $e) (local.get $drow)))
-                  (v128.store (local.get $e) (i8x16.shuffle ${lanes32(0, 2, 4, 6)} (local.get $q3) (i8x16.shuffle ${lanes32(2, 3, 6, 7)} (local.get $q0) (local.get $q1))))
-                  (v128.store (i32.add (local.get $e) (local.get $drow)) (i8x16.shuffle ${lanes32(1, 3, 5, 7)} (local.get $q3) (i8x16.shuffle ${lanes32(2, 3, 6, 7)} (local.get $q0) (local.get $q1))))
-                  (local.set $r (i32.add (local.get $r) (i32.const 4)))
-                  (br_if $q_r (i32.lt_s (local.get $r) (local.get $r1))))
-                (local.set $c (i32.add (local.get $c) (i32.const 4)))
-                (br_if $q_c (i32.lt_s (local.get $c) (local.get $c1))))
-              (local.set $c0 (local.get $c1))
-              (br_if $q_c0 (i32.lt_s (local.get $c0) (local.get $cols))))
-            (local.set $r0 (local.get $r1))
-            (br_if $q_r0 (i32.lt_s (local.get $r0) (local.get $rows))))`
-        )}
-        (return)))
-    ${loop(
-      "b",
-      get("batch"),
-      `(local.set $r0 (i32.const 0))
+/**
+ * blockTranspose's walk: per batch, the (r, c) plane in 64 x 64 tiles, within a tile c and then r
+ * in steps of `step`; `body` with $s at run (r, c) of src and $d at run (c, r) of dst.
+ */
+const transposeTiles = (step, body) =>
+  loop(
+    "b",
+    get("batch"),
+    `(local.set $r0 (i32.const 0))
       (block $r0_done
         (br_if $r0_done (i32.ge_s (local.get $r0) (local.get $rows)))
         (loop $r0_next
@@ -1342,7 +1287,57 @@ const blockTranspose = `
                     (i32.mul (i32.add (i32.mul (local.get $r) (local.get $cols)) (local.get $c)) (local.get $runb))))
                   (local.set $d (i32.add (i32.add (local.get $dst) (i32.mul (local.get $b) (local.get $plane)))
                     (i32.mul (i32.add (i32.mul (local.get $c) (local.get $rows)) (local.get $r)) (local.get $runb))))
-                  (local.set $e (i32.const 0))
+                  ${body}
+                  (local.set $r (i32.add (local.get $r) (i32.const ${step})))
+                  (br_if $r_next (i32.lt_s (local.get $r) (local.get $r1))))
+                (local.set $c (i32.add (local.get $c) (i32.const ${step})))
+                (br_if $c_next (i32.lt_s (local.get $c) (local.get $c1))))
+              (local.set $c0 (local.get $c1))
+              (br_if $c0_next (i32.lt_s (local.get $c0) (local.get $cols)))))
+          (local.set $r0 (local.get $r1))
+          (br_if $r0_next (i32.lt_s (local.get $r0) (local.get $rows)))))`
+  )
+/**
+ * blockTranspose(src, dst, batch, rows, cols, inner): dst[b][c][r] = src[b][r][c] for runs of
+ * `inner` 4-byte elements (float32 or int32), in 64 x 64 tiles of (r, c) so that reads and writes
+ * stay within a few cache lines; a run goes 4 elements at a time (v128) while it can, then one at a
+ * time. Single elements (inner 1) with rows and columns multiples of 4 go as 4 x 4 blocks, four
+ * loads, eight shuffles and four stores each (a 3x3 filter's taps, 64 x 64 channels: 61 -> 5.6 µs).
+ */
+const blockTranspose = `
+  (func (export "blockTranspose") (param $src i32) (param $dst i32) (param $batch i32) (param $rows i32) (param $cols i32) (param $inner i32)
+    (local $b i32) (local $r0 i32) (local $c0 i32) (local $r1 i32) (local $c1 i32) (local $r i32) (local $c i32)
+    (local $plane i32) (local $s i32) (local $d i32) (local $e i32) (local $runb i32) (local $vend i32)
+    (local $srow i32) (local $drow i32) (local $q0 v128) (local $q1 v128) (local $q2 v128) (local $q3 v128)
+    (local.set $plane (i32.mul (i32.mul (local.get $rows) (local.get $cols)) (i32.shl (local.get $inner) (i32.const 2))))
+    (local.set $runb (i32.shl (local.get $inner) (i32.const 2)))
+    (local.set $vend (i32.and (local.get $runb) (i32.const -16)))
+    (if (i32.and (i32.eq (local.get $inner) (i32.const 1)) (i32.eqz (i32.and (i32.or (local.get $rows) (local.get $cols)) (i32.const 3))))
+      (then
+        (local.set $srow (i32.shl (local.get $cols) (i32.const 2)))
+        (local.set $drow (i32.shl (local.get $rows) (i32.const 2)))
+        ${transposeTiles(
+          4,
+          `;; rows r..r+3 = a, b, c, d: q0 = a0 a1 b0 b1, q1 = a2 a3 b2 b3, q2 = c0 c1 d0 d1, q3 = c2 c3 d2 d3
+                  (local.set $e (i32.add (local.get $s) (local.get $srow)))
+                  (local.set $q0 (v128.load (local.get $s)))
+                  (local.set $q1 (v128.load (local.get $e)))
+                  (local.set $q2 (i8x16.shuffle ${lanes32(0, 1, 4, 5)} (local.get $q0) (local.get $q1)))
+                  (local.set $q3 (i8x16.shuffle ${lanes32(2, 3, 6, 7)} (local.get $q0) (local.get $q1)))
+                  (local.set $e (i32.add (local.get $e) (local.get $srow)))
+                  (local.set $q0 (v128.load (local.get $e)))
+                  (local.set $q1 (v128.load (i32.add (local.get $e) (local.get $srow))))
+                  (local.set $e (i32.add (local.get $d) (local.get $drow)))
+                  (v128.store (local.get $d) (i8x16.shuffle ${lanes32(0, 2, 4, 6)} (local.get $q2) (i8x16.shuffle ${lanes32(0, 1, 4, 5)} (local.get $q0) (local.get $q1))))
+                  (v128.store (local.get $e) (i8x16.shuffle ${lanes32(1, 3, 5, 7)} (local.get $q2) (i8x16.shuffle ${lanes32(0, 1, 4, 5)} (local.get $q0) (local.get $q1))))
+                  (local.set $e (i32.add (local.get $e) (local.get $drow)))
+                  (v128.store (local.get $e) (i8x16.shuffle ${lanes32(0, 2, 4, 6)} (local.get $q3) (i8x16.shuffle ${lanes32(2, 3, 6, 7)} (local.get $q0) (local.get $q1))))
+                  (v128.store (i32.add (local.get $e) (local.get $drow)) (i8x16.shuffle ${lanes32(1, 3, 5, 7)} (local.get $q3) (i8x16.shuffle ${lanes32(2, 3, 6, 7)} (local.get $q0) (local.get $q1))))`
+        )}
+        (return)))
+    ${transposeTiles(
+      1,
+      `(local.set $e (i32.const 0))
                   (block $v_done
                     (br_if $v_done (i32.ge_s (local.get $e) (local.get $vend)))
                     (loop $v
@@ -1354,15 +1349,7 @@ const blockTranspose = `
                     (loop $w
                       (i32.store (i32.add (local.get $d) (local.get $e)) (i32.load (i32.add (local.get $s) (local.get $e))))
                       (local.set $e (i32.add (local.get $e) (i32.const 4)))
-                      (br_if $w (i32.lt_s (local.get $e) (local.get $runb)))))
-                  (local.set $r (i32.add (local.get $r) (i32.const 1)))
-                  (br_if $r_next (i32.lt_s (local.get $r) (local.get $r1))))
-                (local.set $c (i32.add (local.get $c) (i32.const 1)))
-                (br_if $c_next (i32.lt_s (local.get $c) (local.get $c1))))
-              (local.set $c0 (local.get $c1))
-              (br_if $c0_next (i32.lt_s (local.get $c0) (local.get $cols)))))
-          (local.set $r0 (local.get $r1))
-          (br_if $r0_next (i32.lt_s (local.get $r0) (local.get $rows)))))`
+                      (br_if $w (i32.lt_s (local.get $e) (local.get $runb)))))`
     )})`
 
 /**
@@ -1845,6 +1832,13 @@ const sandwich = (apply, p, n, load, store) => {
 const sandwichLocals = (n) => [...Array(n).keys()].map((i) => `(local $wi${i} v128) (local $wo${i} v128)`).join(" ")
 
 /**
+ * Bytes each plane of the Winograd kernels' transforms (a position's [tiles, channels] or [C, O]
+ * block) is longer than its contents: one cache line, so that planes are never a power of two
+ * apart (conv2d.ts allocates for it: WG_PLANE_PAD floats a plane).
+ */
+const PLANE_PAD = 64
+
+/**
  * wgFilter<m>(w, u, C, O, tmp): the filter w [3, 3, C, O] transformed, U[pos][c][o] = (G g Gᵀ)[pos]
  * for every (c, o), pos = i·a + j, each pos's plane C·O·4 + 64 bytes after the last (a² planes of
  * u); O a multiple of 4; tmp a² 16-byte slots for sandwich. Planes a power of two apart put the a²
@@ -1858,7 +1852,7 @@ const wgFilter = (m) => {
     (local $c i32) (local $j i32) (local $p i32) (local $q i32) (local $tap i32) (local $plane i32)
     ${sandwichLocals(a)}
     (local.set $tap (i32.mul (i32.mul (local.get $C) (local.get $O)) (i32.const 4)))
-    (local.set $plane (i32.add (local.get $tap) (i32.const 64)))
+    (local.set $plane (i32.add (local.get $tap) (i32.const ${PLANE_PAD})))
     (local.set $p (local.get $w))
     (local.set $q (local.get $u))
     ${loop(
@@ -1943,7 +1937,8 @@ const wgColumns = (vecs) => `
 /**
  * The sizes wgConv and wgFilterGrad start from: $TH x $TW tiles of m x m outputs per image ($tpi),
  * $NT in all, a row's, an input pixel's and an output pixel's bytes, and a position's plane of V
- * (T tiles x C) and of M or D (T tiles x O), each one cache line longer: planes a power of two
+ * (T tiles x C), of M or D (T tiles x O) and of the transformed filter or the filter gradient's sums
+ * (C x O, $cPlane), each PLANE_PAD longer: planes a power of two
  * apart (16 tiles of 16 channels: 1 KiB) put the 36 a transform writes in the same few cache sets
  * ([32, 8, 8, 16] -> 16's filter gradient 157 -> 113 µs).
  */
@@ -1955,8 +1950,9 @@ const wgSizes = (m) => `
     (local.set $cBytes (i32.shl (local.get $C) (i32.const 2)))
     (local.set $oBytes (i32.shl (local.get $O) (i32.const 2)))
     (local.set $rowBytes (i32.mul (local.get $WP) (local.get $cBytes)))
-    (local.set $vPlane (i32.add (i32.mul (local.get $T) (local.get $cBytes)) (i32.const 64)))
-    (local.set $mPlane (i32.add (i32.mul (local.get $T) (local.get $oBytes)) (i32.const 64)))`
+    (local.set $vPlane (i32.add (i32.mul (local.get $T) (local.get $cBytes)) (i32.const ${PLANE_PAD})))
+    (local.set $mPlane (i32.add (i32.mul (local.get $T) (local.get $oBytes)) (i32.const ${PLANE_PAD})))
+    (local.set $cPlane (i32.add (i32.mul (local.get $C) (local.get $oBytes)) (i32.const ${PLANE_PAD})))`
 
 /** Tile $t of the block ($b, $th, $tw placed): V[pos][t][c] = (Bᵀ d B)[pos] for its a x a block d of x, four channels at a time. */
 const wgInputTiles = (m) => {
@@ -1996,7 +1992,7 @@ const wgConv = (m) => {
       (param $relu i32) (param $scratch i32) (param $T i32)
     (local $TH i32) (local $TW i32) (local $tpi i32) (local $NT i32) (local $t0 i32) (local $tb i32) (local $t i32)
     (local $tile i32) (local $b i32) (local $th i32) (local $tw i32) (local $base i32) (local $cb i32) (local $ob i32)
-    (local $rowBytes i32) (local $cBytes i32) (local $oBytes i32) (local $vPlane i32) (local $mPlane i32) (local $mBuf i32)
+    (local $rowBytes i32) (local $cBytes i32) (local $oBytes i32) (local $vPlane i32) (local $mPlane i32) (local $cPlane i32) (local $mBuf i32)
     (local $pos i32) (local $vp i32) (local $up i32) (local $mp i32) (local $j i32) (local $k i32) (local $pv i32) (local $pu i32) (local $pm i32)
     (local $rows i32) (local $cols i32) (local $full i32) (local $rowOut i32) (local $at i32) (local $bv v128) (local $lo v128) (local $wv v128) (local $s0 v128) (local $s1 v128)
     ${[0, 1].flatMap((t) => [0, 1, 2, 3].map((q) => `(local $acc${t}_${q} v128)`)).join(" ")}
@@ -2026,7 +2022,7 @@ const wgConv = (m) => {
           "pos",
           c32(a * a),
           `(local.set $vp (i32.add (local.get $scratch) (i32.mul (local.get $pos) (local.get $vPlane))))
-        (local.set $up (i32.add (local.get $u) (i32.mul (local.get $pos) (i32.add (i32.mul (local.get $C) (local.get $oBytes)) (i32.const 64)))))
+        (local.set $up (i32.add (local.get $u) (i32.mul (local.get $pos) (local.get $cPlane))))
         (local.set $mp (i32.add (local.get $mBuf) (i32.mul (local.get $pos) (local.get $mPlane))))
         (local.set $j (i32.const 0))
         ${wgColumns(4)}
@@ -2120,7 +2116,7 @@ const wgFilterGrad = (m) => {
       (param $scratch i32) (param $T i32)
     (local $TH i32) (local $TW i32) (local $tpi i32) (local $NT i32) (local $t0 i32) (local $tb i32) (local $t i32)
     (local $tile i32) (local $b i32) (local $th i32) (local $tw i32) (local $base i32) (local $cb i32) (local $ob i32)
-    (local $rowBytes i32) (local $cBytes i32) (local $oBytes i32) (local $vPlane i32) (local $mPlane i32) (local $mBuf i32) (local $pBuf i32) (local $pPlane i32) (local $tapBytes i32)
+    (local $rowBytes i32) (local $cBytes i32) (local $oBytes i32) (local $vPlane i32) (local $mPlane i32) (local $mBuf i32) (local $pBuf i32) (local $cPlane i32) (local $tapBytes i32)
     (local $pos i32) (local $vp i32) (local $up i32) (local $mp i32) (local $j i32) (local $k i32) (local $c i32) (local $pv i32) (local $pu i32) (local $pp i32)
     (local $rows i32) (local $cols i32) (local $full i32) (local $rowOut i32) (local $at i32) (local $wv v128) (local $s0 v128) (local $s1 v128)
     ${[0, 1].flatMap((t) => [0, 1, 2, 3].map((q) => `(local $acc${t}_${q} v128)`)).join(" ")}
@@ -2128,10 +2124,9 @@ const wgFilterGrad = (m) => {
     ${wgSizes(m)}
     (local.set $rowOut (i32.mul (local.get $OW) (local.get $oBytes)))
     (local.set $tapBytes (i32.mul (local.get $C) (local.get $oBytes)))
-    (local.set $pPlane (i32.add (local.get $tapBytes) (i32.const 64)))
     (local.set $mBuf (i32.add (local.get $scratch) (i32.mul (local.get $vPlane) (i32.const ${a * a}))))
     (local.set $pBuf (i32.add (local.get $mBuf) (i32.mul (local.get $mPlane) (i32.const ${a * a}))))
-    (local.set $tmp (i32.add (local.get $pBuf) (i32.mul (local.get $pPlane) (i32.const ${a * a}))))
+    (local.set $tmp (i32.add (local.get $pBuf) (i32.mul (local.get $cPlane) (i32.const ${a * a}))))
     ;; P = 0
     (local.set $pp (local.get $pBuf))
     (block $z_done (loop $z_next
@@ -2173,7 +2168,7 @@ const wgFilterGrad = (m) => {
           c32(a * a),
           `(local.set $vp (i32.add (local.get $scratch) (i32.mul (local.get $pos) (local.get $vPlane))))
         (local.set $mp (i32.add (local.get $mBuf) (i32.mul (local.get $pos) (local.get $mPlane))))
-        (local.set $up (i32.add (local.get $pBuf) (i32.mul (local.get $pos) (local.get $pPlane))))
+        (local.set $up (i32.add (local.get $pBuf) (i32.mul (local.get $pos) (local.get $cPlane))))
         (local.set $j (i32.const 0))
         ${wgGradColumns(4)}
         ${wgGradColumns(1)}`
@@ -2189,7 +2184,7 @@ const wgFilterGrad = (m) => {
           byRows(transposed(G)),
           3,
           a,
-          (i, j) => `(v128.load (i32.add (i32.add (local.get $pBuf) (local.get $c)) (i32.mul (local.get $pPlane) (i32.const ${i * a + j}))))`,
+          (i, j) => `(v128.load (i32.add (i32.add (local.get $pBuf) (local.get $c)) (i32.mul (local.get $cPlane) (i32.const ${i * a + j}))))`,
           (i, j, v) => `(v128.store (i32.add (i32.add (local.get $dw) (local.get $c)) (i32.mul (local.get $tapBytes) (i32.const ${i * 3 + j}))) ${v})`
         )}
         (local.set $c (i32.add (local.get $c) (i32.const 16)))
