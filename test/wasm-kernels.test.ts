@@ -11,7 +11,7 @@ import { useHeapKernels } from "../core/kernels/heap-simd.ts"
 import { simdDepthwiseStats, useFilterGradChunks } from "../core/kernels/conv-grads.ts"
 import { describeKernels, registerWasmKernels } from "../core/kernels/register.ts"
 import { asReducedBlock } from "../core/kernels/reduce.ts"
-import { padImage, pointwiseStats, simdConvStats, useWinograd, winogradStats, winogradStatus } from "../core/kernels/conv2d.ts"
+import { padImage, pointwiseStats, simdConvStats, useWinograd, useWinogradEdgeTiles, winogradPlan, winogradStats, winogradStatus } from "../core/kernels/conv2d.ts"
 import { fusedMatMulStats, setConflicting, simdMatMulStats } from "../core/kernels/matmul.ts"
 import { clipGradStats, reluGradStats } from "../core/kernels/relu-grad.ts"
 import { asBlockTranspose } from "../core/kernels/transpose.ts"
@@ -346,41 +346,79 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     }
   })
 
-  it("Winograd's convolutions agree with the direct SIMD kernels, and they run instead where they apply: not at stride 2, with 4 input channels, a 5x5 filter, fewer than 16 tiles, more than 256 input channels, or when turned off", () => {
-    const x = t([4, 8, 8, 16], 81)
-    const w = t([3, 3, 16, 24], 82)
-    const dy = t([4, 8, 8, 24], 83)
-    const conv = { strides: 1, pad: "same", dataFormat: "NHWC", dimRoundingMode: undefined }
-    const passes = (): Float32Array[] =>
-      [
-        tf.conv2d(x as never, w as never, 1, "same") as unknown as Tensor,
-        tf.engine().runKernel("Conv2DBackpropInput", { dy, filter: w }, { ...conv, inputShape: x.shape } as never) as Tensor,
-        tf.engine().runKernel("Conv2DBackpropFilter", { x, dy }, { ...conv, filterShape: w.shape } as never) as Tensor
-      ].map((r) => {
-        const v = r.dataSync() as Float32Array
-        r.dispose()
-        return v
-      })
+  it("Winograd's tiles cut each side into tiles of 4 outputs, ending in one of 2 or 3 (or 3 and 2) where the side is not a multiple of 4: every output in exactly one tile, none past the side but at 1", () => {
+    for (let L = 1; L <= 41; L++) {
+      const runs = winogradPlan(L)
+      let at = 0
+      let tiles = 0
+      for (const run of runs) {
+        expect(run.start, `L ${L}`).toBe(at)
+        expect([2, 3, 4], `L ${L}`).toContain(run.m)
+        expect(run.size, `L ${L}`).toBe(Math.min(run.m * run.count, L - run.start))
+        at += run.m * run.count
+        tiles += run.count
+      }
+      // as many tiles as 4x4 tiles alone take, and only L = 1 computes an output past the side
+      expect(tiles, `L ${L}`).toBe(Math.ceil(L / 4))
+      expect(at, `L ${L}`).toBe(L === 1 ? 2 : L)
+      expect(runs.filter((r) => r.m !== 4).length, `L ${L}`).toBe(L % 4 === 0 ? 0 : L % 4 === 1 && L > 1 ? 2 : 1)
+    }
+    expect(winogradPlan(14)).toEqual([{ start: 0, m: 4, count: 3, size: 12 }, { start: 12, m: 2, count: 1, size: 2 }])
+    expect(winogradPlan(13)).toEqual([{ start: 0, m: 4, count: 2, size: 8 }, { start: 8, m: 3, count: 1, size: 3 }, { start: 11, m: 2, count: 1, size: 2 }])
+  })
+
+  it("Winograd's convolutions agree with the direct SIMD kernels, with tiles of 2 and 3 at the sides' ends or 4x4 tiles past them, and they run instead where they apply: not at stride 2, with 4 input channels, a 5x5 filter, fewer than 16 tiles, more than 256 input channels, or when turned off", () => {
     const ran = (f: () => void): number => {
       const before = winogradStats.calls + winogradStats.filterGrads
       f()
       return winogradStats.calls + winogradStats.filterGrads - before
     }
-    let fast: Float32Array[] = []
-    expect(ran(() => (fast = passes()))).toBe(3)
-    useWinograd(false)
-    let direct: Float32Array[] = []
-    try {
-      expect(ran(() => (direct = passes()))).toBe(0)
-    } finally {
-      useWinograd(true)
+    // 8: 4x4 tiles only; 14: 4 + 4 + 4 + 2 a side; 13 x 7: 4 + 4 + 3 + 2 by 4 + 3
+    for (const [shape, O] of [
+      [[4, 8, 8, 16], 24],
+      [[3, 14, 14, 16], 24],
+      [[4, 13, 7, 20], 12]
+    ] as Array<[number[], number]>) {
+      const x = t(shape, 81)
+      const w = t([3, 3, shape[3]!, O], 82)
+      const dy = t([...shape.slice(0, 3), O], 83)
+      const conv = { strides: 1, pad: "same", dataFormat: "NHWC", dimRoundingMode: undefined }
+      const passes = (): Float32Array[] =>
+        [
+          tf.conv2d(x as never, w as never, 1, "same") as unknown as Tensor,
+          tf.engine().runKernel("Conv2DBackpropInput", { dy, filter: w }, { ...conv, inputShape: x.shape } as never) as Tensor,
+          tf.engine().runKernel("Conv2DBackpropFilter", { x, dy }, { ...conv, filterShape: w.shape } as never) as Tensor
+        ].map((r) => {
+          const v = r.dataSync() as Float32Array
+          r.dispose()
+          return v
+        })
+      let fast: Float32Array[] = []
+      let fours: Float32Array[] = []
+      expect(ran(() => (fast = passes()))).toBe(3)
+      useWinogradEdgeTiles(false)
+      try {
+        expect(ran(() => (fours = passes()))).toBe(3)
+      } finally {
+        useWinogradEdgeTiles(true)
+      }
+      useWinograd(false)
+      let direct: Float32Array[] = []
+      try {
+        expect(ran(() => (direct = passes()))).toBe(0)
+      } finally {
+        useWinograd(true)
+      }
+      direct.forEach((d, i) => {
+        const top = Math.max(...Array.from(d, Math.abs))
+        expect(top).toBeGreaterThan(1)
+        for (const [name, run] of [["edge tiles", fast], ["4x4 tiles", fours]] as const) {
+          const diff = Math.max(...Array.from(d, (v, j) => Math.abs(v - run[i]![j]!)))
+          expect(diff / top, `${shape} pass ${i}, ${name}`).toBeLessThan(2e-5)
+        }
+      })
+      tf.dispose([x, w, dy])
     }
-    direct.forEach((d, i) => {
-      const top = Math.max(...Array.from(d, Math.abs))
-      const diff = Math.max(...Array.from(d, (v, j) => Math.abs(v - fast[i]![j]!)))
-      expect(top).toBeGreaterThan(1)
-      expect(diff / top, `pass ${i}`).toBeLessThan(2e-5)
-    })
     const conv2d = (xs: number[], f: number[], strides: number): number => ran(() => tf.tidy(() => void tf.conv2d(t(xs, 1) as never, t(f, 2) as never, strides, "same")))
     expect(conv2d([4, 8, 8, 16], [3, 3, 16, 16], 1)).toBe(1)
     expect(conv2d([4, 8, 8, 16], [3, 3, 16, 16], 2)).toBe(0)
@@ -390,7 +428,6 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     expect(conv2d([3, 8, 8, 16], [3, 3, 16, 16], 1)).toBe(0)
     expect(conv2d([16, 4, 4, 260], [3, 3, 260, 8], 1)).toBe(0)
     expect(conv2d([16, 4, 4, 256], [3, 3, 256, 8], 1)).toBe(1)
-    tf.dispose([x, w, dy])
   })
 
   it("GRADWIRE_WINOGRAD=0 runs 3x3 convolutions by the direct kernels, and explain.txt says which run", () => {

@@ -15,11 +15,12 @@
 // except 1x1 filters at stride 1 without padding, which run as gradwire's BatchMatMul instead
 // (pointwiseConv2d below: XNNPACK's convolution packs a training step's new filter on every call).
 // A 3x3 filter at stride 1 (winogradFits) runs as Winograd's F(4x4, 3x3) (winogradConv2d below),
-// a quarter of the multiply-adds: [32, 8, 8, 16] -> 16 213 -> 132 µs, [8, 16, 16, 64] -> 64 3110 ->
-// 1119 (bench/winograd.ts).
+// with tiles of 2 or 3 outputs at the end of a side that is not a multiple of 4, a quarter of the
+// multiply-adds: [32, 8, 8, 16] -> 16 213 -> 132 µs, [8, 16, 16, 64] -> 64 3110 -> 1119
+// (bench/winograd.ts).
 import * as settings from "../settings.ts"
 import type { Tf } from "../tf.ts"
-import { addressOf, heapKernels, roomAfter, type HeapKernels } from "./heap-simd.ts"
+import { addressOf, heapKernels, roomAfter, type HeapKernels, type WinogradSide } from "./heap-simd.ts"
 import { callKernel, floats, type KernelArgs, type KernelFunc, type TensorInfo } from "./wasm-heap.ts"
 
 /**
@@ -218,14 +219,53 @@ export const useWinograd = (on: boolean): void => {
 export const winogradStatus = (): string =>
   winograd ? "Winograd's F(4x4, 3x3) (a quarter of the multiply-adds; GRADWIRE_WINOGRAD=0 for the direct kernels)" : "the direct kernels (GRADWIRE_WINOGRAD=0 or turned off)"
 
-/** Outputs per tile side (F(4x4, 3x3)) and the input block a tile reads. */
-const WG_M = 4
-const WG_A = WG_M + 2
 /** Floats each plane of the Winograd kernels' buffers is longer than its contents (simd/heap-kernels.wat.mjs PLANE_PAD: one cache line). */
 const WG_PLANE_PAD = 16
+/** The most planes a tile's transforms have: (4 + 2)² for tiles of 4 x 4 outputs. */
+const WG_MAX_PLANES = 36
 
-/** Tiles of 4x4 outputs in a convolution's output. */
-const tileCount = (info: ReturnType<typeof convInfo>): number => info.batchSize * Math.ceil(info.outHeight / WG_M) * Math.ceil(info.outWidth / WG_M)
+let edgeTiles = true
+
+/** Whether a side that is not a multiple of 4 ends in Winograd tiles of 2 or 3 outputs (on by default; off: tiles of 4 past the image's end, as before, for A/B benches). */
+export const useWinogradEdgeTiles = (on: boolean): void => {
+  edgeTiles = on
+}
+
+/** A run of Winograd tiles along one side of an output: `count` tiles of `m` outputs from output `start`, `size` of them inside the output. */
+export interface WinogradRun {
+  readonly start: number
+  readonly m: WinogradSide
+  readonly count: number
+  readonly size: number
+}
+
+/**
+ * How a side of L outputs is cut into Winograd tiles: 4 outputs a tile, and where L is not a
+ * multiple of 4 its end as one tile of 2 or 3 (L ≡ 2 or 3 mod 4), or of 3 and 2 (L ≡ 1 mod 4 from 5
+ * on), so that no tile computes outputs past the image; L = 1 as a tile of 2. Tiles of 4 alone
+ * compute a 14-wide side as 16 and a 7-wide one as 8: 1.31x the products over a 14 x 14 or 7 x 7
+ * image, where these tiles take 484 / 576 and 121 / 144 of them. Every plan has ⌈L/4⌉ tiles.
+ */
+export const winogradPlan = (L: number): WinogradRun[] => {
+  if (!edgeTiles) return [{ start: 0, m: 4, count: Math.ceil(L / 4), size: L }]
+  const fours = L % 4 === 1 && L > 1 ? Math.floor(L / 4) - 1 : Math.floor(L / 4)
+  const runs: WinogradRun[] = fours > 0 ? [{ start: 0, m: 4, count: fours, size: 4 * fours }] : []
+  const rest = L - 4 * fours
+  const tail: WinogradSide[] = rest === 5 ? [3, 2] : rest === 1 ? [2] : rest === 2 || rest === 3 ? [rest] : []
+  let at = 4 * fours
+  for (const m of tail) {
+    runs.push({ start: at, m, count: 1, size: Math.min(m, L - at) })
+    at += m
+  }
+  return runs
+}
+
+/** The regions of an OH x OW output, one per pair of runs along its rows and columns, each with its tile shape. */
+const winogradRegions = (OH: number, OW: number): Array<{ rows: WinogradRun; cols: WinogradRun; shape: `${WinogradSide}${WinogradSide}` }> =>
+  winogradPlan(OH).flatMap((rows) => winogradPlan(OW).map((cols) => ({ rows, cols, shape: `${rows.m}${cols.m}` as const })))
+
+/** Winograd tiles in a convolution's output (⌈OH/4⌉·⌈OW/4⌉ an image, winogradPlan). */
+const tileCount = (info: ReturnType<typeof convInfo>): number => info.batchSize * Math.ceil(info.outHeight / 4) * Math.ceil(info.outWidth / 4)
 
 /**
  * Whether a convolution runs as Winograd's F(4x4, 3x3): a 3x3 filter at stride 1 without dilation,
@@ -255,34 +295,43 @@ const winogradBlock = (info: ReturnType<typeof convInfo>, filterGrad: boolean): 
   return Math.min(tileCount(info), filterGrad ? Math.max(16, wide) : C * O <= 4096 ? 4 : Math.max(4, wide))
 }
 
-/** x padded to whole tiles of the output: rows and columns to 4·⌈OH/4⌉ + 2 and 4·⌈OW/4⌉ + 2, zeros outside the image. */
+/** x padded to the tiles of the output (winogradPlan): rows and columns to the last tile's end + 2, zeros outside the image. */
 const tilePadded = (backend: KernelArgs["backend"], x: TensorInfo, info: ReturnType<typeof convInfo>): { padded: TensorInfo; HP: number; WP: number } => {
-  const HP = WG_M * Math.ceil(info.outHeight / WG_M) + 2
-  const WP = WG_M * Math.ceil(info.outWidth / WG_M) + 2
+  const end = (L: number): number => Math.max(...winogradPlan(L).map((r) => r.start + r.m * r.count))
+  const HP = end(info.outHeight) + 2
+  const WP = end(info.outWidth) + 2
   return { padded: padImage(backend, x, HP, WP, info.padInfo.top, info.padInfo.left), HP, WP }
 }
 
 /**
- * A 3x3 convolution at stride 1 as Winograd's minimal filtering F(4x4, 3x3) (simd/heap-kernels.wat.mjs,
- * wgConv4; Lavin and Gray 2015): the filter transformed once per call (wgFilter4), the input
- * padded to whole tiles, a quarter of a direct convolution's multiply-adds. Agrees with the direct
- * kernel within float32 rounding of the transforms (about 3e-6 of the outputs' scale at 16
- * channels). Undefined where it does not apply (winogradFits).
+ * A 3x3 convolution at stride 1 as Winograd's minimal filtering (simd/heap-kernels.wat.mjs, wgConv;
+ * Lavin and Gray 2015) in tiles of 4 x 4 outputs, and of 4 x 2, 3 x 4, ... at the image's last rows
+ * and columns where its sides are not multiples of 4 (winogradPlan), one call per region of one
+ * tile shape: the filter transformed once per call (wgFilter4: F(4x4, 3x3)'s planes, of which every
+ * tile shape reads its own), the input padded to the tiles, a quarter of a direct convolution's
+ * multiply-adds in the 4 x 4 tiles. Agrees with the direct kernel within float32 rounding of the
+ * transforms (about 3e-6 of the outputs' scale at 16 channels). Undefined where it does not apply
+ * (winogradFits). The tiles at a side's end, against tiles of 4 past it, µs (bench/winograd.ts
+ * --only edge): [32, 14, 14, 32] -> 32 forward 1368 -> 1187, filter gradient 1136 -> 978; [32, 7,
+ * 7, 64] -> 64 998 -> 853 and 1072 -> 923; [8, 13, 13, 64] -> 64 982 -> 752.
  */
 const winogradConv2d = (backend: KernelArgs["backend"], kernels: HeapKernels, x: TensorInfo, filter: TensorInfo, bias: TensorInfo | undefined, info: ReturnType<typeof convInfo>, relu: boolean): TensorInfo | undefined => {
   if (!winogradFits(info)) return undefined
   const { batchSize: N, outHeight: OH, outWidth: OW, inChannels: C, outChannels: O } = info
   const T = winogradBlock(info, false)
   const { padded, HP, WP } = tilePadded(backend, x, info)
-  // the transformed filter: a² planes of C·O floats (wgFilter4); V's and M's a² planes and sandwich's a² slots of 4 floats
-  const u = backend.makeOutput([WG_A * WG_A * (C * O + WG_PLANE_PAD)], "float32")
-  const scratch = backend.makeOutput([WG_A * WG_A * (T * (C + O) + 2 * WG_PLANE_PAD + 4)], "float32")
+  // the transformed filter: 36 planes of C·O floats (wgFilter4), which every tile shape reads; V's and M's planes and sandwich's slots of 4 floats
+  const u = backend.makeOutput([WG_MAX_PLANES * (C * O + WG_PLANE_PAD)], "float32")
+  const scratch = backend.makeOutput([WG_MAX_PLANES * (T * (C + O) + 2 * WG_PLANE_PAD + 4)], "float32")
   try {
-    kernels.wgFilter4(addressOf(backend, filter), addressOf(backend, u), C, O, addressOf(backend, scratch))
+    const [uAt, scratchAt] = [addressOf(backend, u), addressOf(backend, scratch)]
+    kernels.wgFilter4(addressOf(backend, filter), uAt, C, O, scratchAt)
     const y = backend.makeOutput([N, OH, OW, O], "float32")
     winogradStats.calls++
     simdConvStats.calls++
-    kernels.wgConv4(addressOf(backend, padded), addressOf(backend, u), bias ? addressOf(backend, bias) : 0, addressOf(backend, y), N, HP, WP, C, OH, OW, O, relu ? 1 : 0, addressOf(backend, scratch), T)
+    const [xAt, yAt, biasAt] = [addressOf(backend, padded), addressOf(backend, y), bias ? addressOf(backend, bias) : 0]
+    for (const { rows, cols, shape } of winogradRegions(OH, OW))
+      kernels[`wgConv${shape}`](xAt, uAt, biasAt, yAt, N, HP, WP, C, OH, OW, O, relu ? 1 : 0, scratchAt, T, rows.start, cols.start, rows.size, cols.size)
     return y
   } finally {
     for (const t of [padded, u, scratch]) backend.disposeData(t.dataId)
@@ -290,8 +339,9 @@ const winogradConv2d = (backend: KernelArgs["backend"], kernels: HeapKernels, x:
 }
 
 /**
- * The filter gradient of a convolution that winogradFits, by the same transforms (wgFilterGrad4):
- * dW = Gᵀ [Σ_tiles (A dY Aᵀ) ⊙ (Bᵀ d B)] G. Undefined where it does not apply.
+ * The filter gradient of a convolution that winogradFits, by the same transforms and tiles
+ * (wgFilterGrad, one call per region, all adding into one set of F(4x4, 3x3)'s 36 sums): dW = Gᵀ
+ * [Σ_tiles (Ah dY Awᵀ) ⊙ (Bhᵀ d Bw)] G. Undefined where it does not apply.
  */
 export const winogradFilterGrad = (backend: KernelArgs["backend"], x: TensorInfo, dy: TensorInfo, info: ReturnType<typeof convInfo>): TensorInfo | undefined => {
   const kernels = heapKernels(backend)
@@ -299,12 +349,16 @@ export const winogradFilterGrad = (backend: KernelArgs["backend"], x: TensorInfo
   const { batchSize: N, outHeight: OH, outWidth: OW, inChannels: C, outChannels: O } = info
   const T = winogradBlock(info, true)
   const { padded, HP, WP } = tilePadded(backend, x, info)
-  // V's, D's and P's a² planes and sandwich's a² slots of 4 floats
-  const scratch = backend.makeOutput([WG_A * WG_A * (T * (C + O) + C * O + 3 * WG_PLANE_PAD + 4)], "float32")
+  // V's, D's and P's planes and sandwich's slots of 4 floats
+  const scratch = backend.makeOutput([WG_MAX_PLANES * (T * (C + O) + C * O + 3 * WG_PLANE_PAD + 4)], "float32")
   try {
     const dw = backend.makeOutput([3, 3, C, O], "float32")
     winogradStats.filterGrads++
-    kernels.wgFilterGrad4(addressOf(backend, padded), addressOf(backend, dy), addressOf(backend, dw), N, HP, WP, C, OH, OW, O, addressOf(backend, scratch), T)
+    const [xAt, dyAt, dwAt, scratchAt] = [addressOf(backend, padded), addressOf(backend, dy), addressOf(backend, dw), addressOf(backend, scratch)]
+    const regions = winogradRegions(OH, OW)
+    regions.forEach(({ rows, cols, shape }, i) =>
+      kernels[`wgFilterGrad${shape}`](xAt, dyAt, dwAt, N, HP, WP, C, OH, OW, O, scratchAt, T, rows.start, cols.start, rows.size, cols.size, i === 0 ? 1 : 0, i === regions.length - 1 ? 1 : 0)
+    )
     return dw
   } finally {
     for (const t of [padded, scratch]) backend.disposeData(t.dataId)

@@ -23,7 +23,20 @@ declare const WebAssembly: {
 }
 
 /** The kernels, as the module exports them (byte addresses on the heap). */
-export interface HeapKernels {
+/** A side of a Winograd tile in outputs: F(4, 3), F(3, 3) or F(2, 3) (wgPlan in conv2d.ts). */
+export type WinogradSide = 2 | 3 | 4
+type WinogradShape = `${WinogradSide}${WinogradSide}`
+
+/** The Winograd kernels, one of each for every tile shape mh x mw (wgFilter44, wgConv42, ...). */
+type WinogradKernels = {
+  /** The outputs in rows R0 .. R0 + RH − 1 and columns C0 .. C0 + RW − 1 of each image of a 3x3 convolution at stride 1, from x padded past those tiles and u from wgFilter4; C and O multiples of 4. */
+  [S in WinogradShape as `wgConv${S}`]: (x: number, u: number, bias: number, y: number, N: number, HP: number, WP: number, C: number, OH: number, OW: number, O: number, relu: number, scratch: number, T: number, R0: number, C0: number, RH: number, RW: number) => void
+} & {
+  /** Its filter gradient's sums over those outputs, from x padded as wgConv reads it and dy [N, OH, OW, O], added into sums in scratch that every shape shares (zeroed with first 1; dw from them with last 1; the same T in every call). */
+  [S in WinogradShape as `wgFilterGrad${S}`]: (x: number, dy: number, dw: number, N: number, HP: number, WP: number, C: number, OH: number, OW: number, O: number, scratch: number, T: number, R0: number, C0: number, RH: number, RW: number, first: number, last: number) => void
+}
+
+export interface HeapKernels extends WinogradKernels {
   matmul(a: number, b: number, c: number, batches: number, m: number, k: number, n: number, sa: number, sb: number, ai: number, ak: number): void
   /** C = A·Bᵀ per batch, k a multiple of 4. */
   matmulTB(a: number, b: number, c: number, batches: number, m: number, k: number, n: number, sa: number, sb: number): void
@@ -79,12 +92,8 @@ export interface HeapKernels {
   col2im(dcol: number, dx: number, N: number, H: number, W: number, C: number, OH: number, OW: number, FH: number, FW: number, SH: number, SW: number, top: number, left: number): void
   /** x [N, H, W, C] into a zeroed [N, HP, WP, C] at row top, column left; C a multiple of 4. */
   padImage(x: number, out: number, N: number, H: number, W: number, C: number, HP: number, WP: number, top: number, left: number): void
-  /** A 3x3 filter [3, 3, C, O] transformed for Winograd's F(4x4, 3x3) into u: 36 planes of [C, O], each a cache line (64 bytes) longer; O a multiple of 4; tmp 576 bytes. */
+  /** A 3x3 filter [3, 3, C, O] transformed for Winograd's F(4x4, 3x3) into u: 36 planes of [C, O], each a cache line (64 bytes) longer, which every tile shape's wgConv reads; O a multiple of 4; tmp 288 bytes. */
   wgFilter4(w: number, u: number, C: number, O: number, tmp: number): void
-  /** A 3x3 convolution at stride 1 by Winograd's F(4x4, 3x3) from x padded to whole tiles and u from wgFilter4; C and O multiples of 4. */
-  wgConv4(x: number, u: number, bias: number, y: number, N: number, HP: number, WP: number, C: number, OH: number, OW: number, O: number, relu: number, scratch: number, T: number): void
-  /** Its filter gradient from x padded as wgConv4 reads it and dy [N, OH, OW, O]. */
-  wgFilterGrad4(x: number, dy: number, dw: number, N: number, HP: number, WP: number, C: number, OH: number, OW: number, O: number, scratch: number, T: number): void
   /** Lane 0 of c + a·b as the kernels sum (fused in the FMA binary where the CPU fuses). */
   maddProbe(a: number, b: number, c: number): number
 }

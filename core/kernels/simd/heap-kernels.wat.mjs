@@ -1762,9 +1762,11 @@ const polyMul = (p, q) => {
  * finite `points` and ∞ (n = m + r − 1): G evaluates g at each point (∞: its last coefficient), Aᵀ
  * is the transpose of that evaluation for m coefficients, and Bᵀ the transpose of the
  * interpolation (Lagrange's basis at the finite points, then Π (x − p)): the correlation is the
- * transpose of the linear convolution that these evaluate, multiply and interpolate.
+ * transpose of the linear convolution that these evaluate, multiply and interpolate. Each point's
+ * row of Bᵀ is multiplied by a scale and its row of G divided by it (`scales`, one per point and ∞,
+ * or where left out the scale that makes the row of Bᵀ's largest entry 1); `scales` in the result.
  */
-const toomCook = (m, r, points) => {
+const toomCook = (m, r, points, scales) => {
   const n = m + r - 1
   const powers = (count) => points.map((p) => [...Array(count).keys()].map((i) => p ** i)).concat([[...Array(count).keys()].map((i) => (i === count - 1 ? 1 : 0))])
   const interpolation = points.map((pj, j) => {
@@ -1780,15 +1782,30 @@ const toomCook = (m, r, points) => {
   })
   interpolation.push(points.reduce((poly, p) => polyMul(poly, [-p, 1]), [1]))
   const G = powers(r)
+  const used = []
   const BT = interpolation.map((row, j) => {
-    const s = 1 / Math.max(...row.map(Math.abs))
+    const s = scales?.[j] ?? 1 / Math.max(...row.map(Math.abs))
+    used.push(s)
     G[j] = G[j].map((v) => v / s)
     return row.map((v) => v * s)
   })
   const Ea = powers(m)
-  return { BT, G, AT: [...Array(m).keys()].map((i) => Ea.map((row) => row[i])) }
+  return { BT, G, AT: [...Array(m).keys()].map((i) => Ea.map((row) => row[i])), scales: used }
 }
-const WINOGRAD = { 4: toomCook(4, 3, [0, -1, 1, 1 / 2, -2]) }
+/**
+ * Tiles of 4 outputs a side, and of 3 and 2 where a side is not a multiple of 4 (winogradPlan in
+ * ../conv2d.ts): a 14-wide output as 4 + 4 + 4 + 2 instead of four 4-wide tiles, 16 outputs
+ * computed for 14. F(3, 3) and F(2, 3) take a prefix of F(4, 3)'s points (0, ±1, 1/2, then 0, ±1)
+ * and ∞, with F(4, 3)'s scaling of each point's row of G (Bᵀ's rows scaled to match), so that each
+ * of their transformed filter's planes is one of F(4x4, 3x3)'s: one transformed filter (wgFilter4)
+ * and one set of filter-gradient sums serve every tile shape (wgPlanePos).
+ */
+const F4 = toomCook(4, 3, [0, -1, 1, 1 / 2, -2])
+const WINOGRAD = {
+  2: toomCook(2, 3, [0, -1, 1], [...F4.scales.slice(0, 3), F4.scales[5]]),
+  3: toomCook(3, 3, [0, -1, 1, 1 / 2], [...F4.scales.slice(0, 4), F4.scales[5]]),
+  4: F4
+}
 
 /** Σ_k row[k]·ins[k] as an f32x4 expression (zero terms left out, ±1 as an add or a subtract). */
 const combo = (row, ins) => {
@@ -1806,28 +1823,27 @@ const combo = (row, ins) => {
 const byRows = (L) => (ins, outs) => L.map((row, r) => `(local.set ${outs[r]} ${combo(row, ins.map((n) => `(local.get ${n})`))})`)
 
 /**
- * Statements for out = L · X · Lᵀ (L p x n, `apply` being v ↦ L·v from n f32x4 locals to p) a
- * column, then a row at a time, with few values live at once: column j of X loaded by `load(i, j)`
- * into locals $wi<i>, L times it into $wo<r> and stored to the 16-byte slots of $tmp (row r, column
- * j); then row r of that read back into $wi<j>, L times it into $wo<s>, and `store(r, s, value)`.
+ * Statements for out = L · X · Rᵀ (L p x n and R q x k, `left` being v ↦ L·v from n f32x4 locals
+ * to p and `right` v ↦ R·v from k to q; X n x k) a column, then a row at a time, with few values
+ * live at once: column j of X loaded by `load(i, j)` into locals $wi<i>, L times it into $wo<r> and
+ * stored to the 16-byte slots of $tmp (row r, column j); then row r of that read back into $wi<j>,
+ * R times it into $wo<s>, and `store(r, s, value)`. `right` defaults to `left` (L X Lᵀ).
  */
-const sandwich = (apply, p, n, load, store) => {
-  const P = [...Array(p).keys()]
-  const Nn = [...Array(n).keys()]
-  const wi = Nn.map((i) => `$wi${i}`)
-  const wo = P.map((r) => `$wo${r}`)
-  const cols = Nn.flatMap((j) => [
-    ...Nn.map((i) => `(local.set $wi${i} ${load(i, j)})`),
-    ...apply(wi, wo),
-    ...P.map((r) => `(v128.store offset=${16 * (r * n + j)} (local.get $tmp) (local.get $wo${r}))`)
+const sandwich = (left, p, n, load, store, right = left, q = p, k = n) => {
+  const cols = [...Array(k).keys()].flatMap((j) => [
+    ...[...Array(n).keys()].map((i) => `(local.set $wi${i} ${load(i, j)})`),
+    ...left(locals("wi", n), locals("wo", p)),
+    ...[...Array(p).keys()].map((r) => `(v128.store offset=${16 * (r * k + j)} (local.get $tmp) (local.get $wo${r}))`)
   ])
-  const rows = P.flatMap((r) => [
-    ...Nn.map((j) => `(local.set $wi${j} (v128.load offset=${16 * (r * n + j)} (local.get $tmp)))`),
-    ...apply(wi, wo),
-    ...P.map((s) => store(r, s, `(local.get $wo${s})`))
+  const rows = [...Array(p).keys()].flatMap((r) => [
+    ...[...Array(k).keys()].map((j) => `(local.set $wi${j} (v128.load offset=${16 * (r * k + j)} (local.get $tmp)))`),
+    ...right(locals("wi", k), locals("wo", q)),
+    ...[...Array(q).keys()].map((s) => store(r, s, `(local.get $wo${s})`))
   ])
   return [...cols, ...rows].join("\n        ")
 }
+/** $<name>0 .. $<name><count − 1>. */
+const locals = (name, count) => [...Array(count).keys()].map((i) => `$${name}${i}`)
 /** The locals sandwich uses for vectors of length up to n. */
 const sandwichLocals = (n) => [...Array(n).keys()].map((i) => `(local $wi${i} v128) (local $wo${i} v128)`).join(" ")
 
@@ -1839,18 +1855,16 @@ const sandwichLocals = (n) => [...Array(n).keys()].map((i) => `(local $wi${i} v1
 const PLANE_PAD = 64
 
 /**
- * wgFilter<m>(w, u, C, O, tmp): the filter w [3, 3, C, O] transformed, U[pos][c][o] = (G g Gᵀ)[pos]
- * for every (c, o), pos = i·a + j, each pos's plane C·O·4 + 64 bytes after the last (a² planes of
- * u); O a multiple of 4; tmp a² 16-byte slots for sandwich. Planes a power of two apart put the a²
- * stores of each step in one cache set: 64 x 64 channels took 105 µs, 22 µs with the line between.
+ * wgFilter4(w, u, C, O, tmp): the filter w [3, 3, C, O] transformed, U[pos][c][o] = (G g Gᵀ)[pos]
+ * for every (c, o), pos = i·6 + j, F(4x4, 3x3)'s G, each pos's plane C·O·4 + 64 bytes after the
+ * last (36 planes of u), which every tile shape's products read (wgPlanePos); O a multiple of 4;
+ * tmp 18 16-byte slots for sandwich. Planes a power of two apart put the 36 stores of each step in
+ * one cache set: 64 x 64 channels took 105 µs, 22 µs with the line between.
  */
-const wgFilter = (m) => {
-  const { G } = WINOGRAD[m]
-  const a = m + 2
-  return `
-  (func (export "wgFilter${m}") (param $w i32) (param $u i32) (param $C i32) (param $O i32) (param $tmp i32)
+const wgFilter4 = `
+  (func (export "wgFilter4") (param $w i32) (param $u i32) (param $C i32) (param $O i32) (param $tmp i32)
     (local $c i32) (local $j i32) (local $p i32) (local $q i32) (local $tap i32) (local $plane i32)
-    ${sandwichLocals(a)}
+    ${sandwichLocals(6)}
     (local.set $tap (i32.mul (i32.mul (local.get $C) (local.get $O)) (i32.const 4)))
     (local.set $plane (i32.add (local.get $tap) (i32.const ${PLANE_PAD})))
     (local.set $p (local.get $w))
@@ -1860,12 +1874,22 @@ const wgFilter = (m) => {
       get("C"),
       `(local.set $j (i32.const 0))
       (loop $wgf_j
-        ${sandwich(byRows(G), a, 3, (i, j) => `(v128.load (i32.add (local.get $p) (i32.mul (local.get $tap) (i32.const ${i * 3 + j}))))`, (i, j, v) => `(v128.store (i32.add (local.get $q) (i32.mul (local.get $plane) (i32.const ${i * a + j}))) ${v})`)}
+        ${sandwich(byRows(F4.G), 6, 3, (i, j) => `(v128.load (i32.add (local.get $p) (i32.mul (local.get $tap) (i32.const ${i * 3 + j}))))`, (i, j, v) => `(v128.store (i32.add (local.get $q) (i32.mul (local.get $plane) (i32.const ${i * 6 + j}))) ${v})`)}
         (local.set $p (i32.add (local.get $p) (i32.const 16)))
         (local.set $q (i32.add (local.get $q) (i32.const 16)))
         (local.set $j (i32.add (local.get $j) (i32.const 4)))
         (br_if $wgf_j (i32.lt_s (local.get $j) (local.get $O))))`
     )})`
+
+/**
+ * The plane of F(4x4, 3x3)'s transformed filter (and of the filter gradient's sums) that position
+ * $pos of an ah x aw tile's transforms uses: row i and column j of the tile's points are F(4, 3)'s
+ * own, the last (∞) F(4, 3)'s last; an i32 expression.
+ */
+const wgPlanePos = (ah, aw) => {
+  if (ah === 6 && aw === 6) return get("pos")
+  const side = (index, a) => (a === 6 ? index : `(select (i32.const 5) ${index} (i32.eq ${index} (i32.const ${a - 1})))`)
+  return `(i32.add (i32.mul ${side(`(i32.div_u (local.get $pos) (i32.const ${aw}))`, ah)} (i32.const 6)) ${side(`(i32.rem_u (local.get $pos) (i32.const ${aw}))`, aw)})`
 }
 
 /**
@@ -1878,16 +1902,17 @@ const tilePlace = `
         (local.set $th (i32.div_u (local.get $th) (local.get $TW)))`
 
 /**
- * Where tile ($b, $th, $tw) starts in an [N, OH, OW, O] image from `image` ($at), how many of its
- * rows and columns lie inside it ($rows, $cols), and whether all m x m do ($full: the one test most
- * tiles need). Uses $rowOut (OW·O·4 bytes).
+ * Where tile ($b, $th, $tw) of the region ($R0, $C0, $RH x $RW outputs) starts in an [N, OH, OW,
+ * O] image from `image` ($at), how many of its rows and columns lie inside the region ($rows,
+ * $cols), and whether all mh x mw do ($full: the one test most tiles need). Uses $rowOut (OW·O·4
+ * bytes).
  */
-const tileInImage = (m, image) => `
-        (local.set $rows (i32.sub (local.get $OH) (i32.mul (local.get $th) (i32.const ${m}))))
-        (local.set $cols (i32.sub (local.get $OW) (i32.mul (local.get $tw) (i32.const ${m}))))
-        (local.set $full (i32.and (i32.ge_s (local.get $rows) (i32.const ${m})) (i32.ge_s (local.get $cols) (i32.const ${m}))))
-        (local.set $at (i32.add ${image} (i32.add (i32.mul (i32.add (i32.mul (local.get $b) (local.get $OH)) (i32.mul (local.get $th) (i32.const ${m}))) (local.get $rowOut))
-          (i32.mul (i32.mul (local.get $tw) (i32.const ${m})) (local.get $oBytes)))))`
+const tileInImage = (mh, mw, image) => `
+        (local.set $rows (i32.sub (local.get $RH) (i32.mul (local.get $th) (i32.const ${mh}))))
+        (local.set $cols (i32.sub (local.get $RW) (i32.mul (local.get $tw) (i32.const ${mw}))))
+        (local.set $full (i32.and (i32.ge_s (local.get $rows) (i32.const ${mh})) (i32.ge_s (local.get $cols) (i32.const ${mw}))))
+        (local.set $at (i32.add ${image} (i32.add (i32.mul (i32.add (i32.add (i32.mul (local.get $b) (local.get $OH)) (local.get $R0)) (i32.mul (local.get $th) (i32.const ${mh}))) (local.get $rowOut))
+          (i32.mul (i32.add (local.get $C0) (i32.mul (local.get $tw) (i32.const ${mw}))) (local.get $oBytes)))))`
 /** Whether output (r, s) of the tile placed by tileInImage is inside the image. */
 const insideTile = (r, s) => `(i32.or (local.get $full) (i32.and (i32.lt_s (i32.const ${r}) (local.get $rows)) (i32.lt_s (i32.const ${s}) (local.get $cols))))`
 /** The address of output (r, s) of that tile, channel bytes $ob. */
@@ -1935,16 +1960,17 @@ const wgColumns = (vecs) => `
           (br_if $wgc${vecs} (i32.le_s (i32.add (local.get $j) (i32.const ${4 * vecs})) (local.get $O)))))`
 
 /**
- * The sizes wgConv and wgFilterGrad start from: $TH x $TW tiles of m x m outputs per image ($tpi),
+ * The sizes wgConv and wgFilterGrad start from: $TH x $TW tiles of mh x mw outputs in each image's
+ * region ($RH x $RW outputs from row $R0, column $C0) ($tpi),
  * $NT in all, a row's, an input pixel's and an output pixel's bytes, and a position's plane of V
  * (T tiles x C), of M or D (T tiles x O) and of the transformed filter or the filter gradient's sums
  * (C x O, $cPlane), each PLANE_PAD longer: planes a power of two
  * apart (16 tiles of 16 channels: 1 KiB) put the 36 a transform writes in the same few cache sets
  * ([32, 8, 8, 16] -> 16's filter gradient 157 -> 113 µs).
  */
-const wgSizes = (m) => `
-    (local.set $TH (i32.div_u (i32.add (local.get $OH) (i32.const ${m - 1})) (i32.const ${m})))
-    (local.set $TW (i32.div_u (i32.add (local.get $OW) (i32.const ${m - 1})) (i32.const ${m})))
+const wgSizes = (mh, mw) => `
+    (local.set $TH (i32.div_u (i32.add (local.get $RH) (i32.const ${mh - 1})) (i32.const ${mh})))
+    (local.set $TW (i32.div_u (i32.add (local.get $RW) (i32.const ${mw - 1})) (i32.const ${mw})))
     (local.set $tpi (i32.mul (local.get $TH) (local.get $TW)))
     (local.set $NT (i32.mul (local.get $N) (local.get $tpi)))
     (local.set $cBytes (i32.shl (local.get $C) (i32.const 2)))
@@ -1954,98 +1980,105 @@ const wgSizes = (m) => `
     (local.set $mPlane (i32.add (i32.mul (local.get $T) (local.get $oBytes)) (i32.const ${PLANE_PAD})))
     (local.set $cPlane (i32.add (i32.mul (local.get $C) (local.get $oBytes)) (i32.const ${PLANE_PAD})))`
 
-/** Tile $t of the block ($b, $th, $tw placed): V[pos][t][c] = (Bᵀ d B)[pos] for its a x a block d of x, four channels at a time. */
-const wgInputTiles = (m) => {
-  const a = m + 2
-  return `(local.set $base (i32.add (local.get $x) (i32.add (i32.mul (i32.add (i32.mul (local.get $b) (local.get $HP)) (i32.mul (local.get $th) (i32.const ${m}))) (local.get $rowBytes))
-          (i32.mul (i32.mul (local.get $tw) (i32.const ${m})) (local.get $cBytes)))))
+/** Tile $t of the block ($b, $th, $tw placed): V[pos][t][c] = (Bhᵀ d Bw)[pos] for its ah x aw block d of x, four channels at a time. */
+const wgInputTiles = (mh, mw) => {
+  const ah = mh + 2
+  const aw = mw + 2
+  return `(local.set $base (i32.add (local.get $x) (i32.add (i32.mul (i32.add (i32.add (i32.mul (local.get $b) (local.get $HP)) (local.get $R0)) (i32.mul (local.get $th) (i32.const ${mh}))) (local.get $rowBytes))
+          (i32.mul (i32.add (local.get $C0) (i32.mul (local.get $tw) (i32.const ${mw}))) (local.get $cBytes)))))
         (local.set $vp (i32.add (local.get $scratch) (i32.mul (local.get $t) (local.get $cBytes))))
         (local.set $cb (i32.const 0))
         (loop $wg_in
           ${sandwich(
-            byRows(WINOGRAD[m].BT),
-            a,
-            a,
+            byRows(WINOGRAD[mh].BT),
+            ah,
+            ah,
             (i, j) => `(v128.load (i32.add (i32.add (local.get $base) (local.get $cb)) (i32.add (i32.mul (local.get $rowBytes) (i32.const ${i})) (i32.mul (local.get $cBytes) (i32.const ${j})))))`,
-            (i, j, v) => `(v128.store (i32.add (i32.add (local.get $vp) (local.get $cb)) (i32.mul (local.get $vPlane) (i32.const ${i * a + j}))) ${v})`
+            (i, j, v) => `(v128.store (i32.add (i32.add (local.get $vp) (local.get $cb)) (i32.mul (local.get $vPlane) (i32.const ${i * aw + j}))) ${v})`,
+            byRows(WINOGRAD[mw].BT),
+            aw,
+            aw
           )}
           (local.set $cb (i32.add (local.get $cb) (i32.const 16)))
           (br_if $wg_in (i32.lt_s (local.get $cb) (local.get $cBytes))))`
 }
 
 /**
- * wgConv<m>(x, u, bias, y, N, HP, WP, C, OH, OW, O, relu, scratch, T): y [N, OH, OW, O] =
- * conv2d(x, w) 3x3 at stride 1 (+ bias, ReLU with relu 1) from x padded as conv2d reads it, with
- * HP ≥ m·⌈OH/m⌉ + 2 and WP ≥ m·⌈OW/m⌉ + 2 (zeros past the image), and U = wgFilter<m>(w). Tiles of
- * m x m outputs T at a time: their inputs transformed into scratch (V [a², T, C], wgSizes' planes), a² products into
- * scratch after it (M [a², T, O]), then transformed back into y (outputs past OH, OW not stored);
- * sandwich's a² slots after M. C and O multiples of 4; bias 0 for none.
+ * wgConv<mh><mw>(x, u, bias, y, N, HP, WP, C, OH, OW, O, relu, scratch, T, R0, C0, RH, RW): the
+ * outputs of y [N, OH, OW, O] = conv2d(x, w) 3x3 at stride 1 (+ bias, ReLU with relu 1) in the
+ * region of RH x RW from row R0, column C0 of each image, from x padded as conv2d reads it with HP ≥
+ * R0 + mh·⌈RH/mh⌉ + 2 and WP ≥ C0 + mw·⌈RW/mw⌉ + 2 (zeros past the image), and U =
+ * wgFilter4(w). Tiles of mh x mw outputs T at a time: their inputs transformed into scratch
+ * (V [ah·aw, T, C], wgSizes' planes), ah·aw products into scratch after it (M [ah·aw, T, O]), then
+ * transformed back into y (outputs past the region not stored); sandwich's ah·aw slots after M. U
+ * is F(4x4, 3x3)'s for every tile shape (wgPlanePos). C and O multiples of 4; bias 0 for none.
  */
-const wgConv = (m) => {
-  const { BT, AT } = WINOGRAD[m]
-  const a = m + 2
-  const A = [...Array(a).keys()]
-  const Ms = [...Array(m).keys()]
+const wgConv = (mh, mw) => {
+  const ah = mh + 2
+  const aw = mw + 2
   return `
-  (func (export "wgConv${m}") (param $x i32) (param $u i32) (param $bias i32) (param $y i32) (param $N i32)
+  (func (export "wgConv${mh}${mw}") (param $x i32) (param $u i32) (param $bias i32) (param $y i32) (param $N i32)
       (param $HP i32) (param $WP i32) (param $C i32) (param $OH i32) (param $OW i32) (param $O i32)
-      (param $relu i32) (param $scratch i32) (param $T i32)
+      (param $relu i32) (param $scratch i32) (param $T i32) (param $R0 i32) (param $C0 i32) (param $RH i32) (param $RW i32)
     (local $TH i32) (local $TW i32) (local $tpi i32) (local $NT i32) (local $t0 i32) (local $tb i32) (local $t i32)
     (local $tile i32) (local $b i32) (local $th i32) (local $tw i32) (local $base i32) (local $cb i32) (local $ob i32)
     (local $rowBytes i32) (local $cBytes i32) (local $oBytes i32) (local $vPlane i32) (local $mPlane i32) (local $cPlane i32) (local $mBuf i32)
     (local $pos i32) (local $vp i32) (local $up i32) (local $mp i32) (local $j i32) (local $k i32) (local $pv i32) (local $pu i32) (local $pm i32)
     (local $rows i32) (local $cols i32) (local $full i32) (local $rowOut i32) (local $at i32) (local $bv v128) (local $lo v128) (local $wv v128) (local $s0 v128) (local $s1 v128)
     ${[0, 1].flatMap((t) => [0, 1, 2, 3].map((q) => `(local $acc${t}_${q} v128)`)).join(" ")}
-    ${sandwichLocals(a)} (local $tmp i32)
-    ${wgSizes(m)}
+    ${sandwichLocals(Math.max(ah, aw))} (local $tmp i32)
+    ${wgSizes(mh, mw)}
     (local.set $rowOut (i32.mul (local.get $OW) (local.get $oBytes)))
     ;; ReLU as a max with 0; without it, a max with −∞ (every value, NaN too, as it stands)
     (local.set $lo (if (result v128) (local.get $relu) (then ${ZERO}) (else ${splat("-inf")})))
-    (local.set $mBuf (i32.add (local.get $scratch) (i32.mul (local.get $vPlane) (i32.const ${a * a}))))
-    (local.set $tmp (i32.add (local.get $mBuf) (i32.mul (local.get $mPlane) (i32.const ${a * a}))))
+    (local.set $mBuf (i32.add (local.get $scratch) (i32.mul (local.get $vPlane) (i32.const ${ah * aw}))))
+    (local.set $tmp (i32.add (local.get $mBuf) (i32.mul (local.get $mPlane) (i32.const ${ah * aw}))))
     (local.set $t0 (i32.const 0))
     (block $wg_done
       (br_if $wg_done (i32.ge_s (local.get $t0) (local.get $NT)))
       (loop $wg_block
         (local.set $tb (i32.sub (local.get $NT) (local.get $t0)))
         (if (i32.gt_s (local.get $tb) (local.get $T)) (then (local.set $tb (local.get $T))))
-        ;; the inputs: V[pos][t][c] = (Bᵀ d B)[pos] for each tile's a x a block d, four channels at a time
+        ;; the inputs: V[pos][t][c] = (Bhᵀ d Bw)[pos] for each tile's ah x aw block d, four channels at a time
         ${loop(
           "t",
           get("tb"),
           `(local.set $tile (i32.add (local.get $t0) (local.get $t)))
         ${tilePlace}
-        ${wgInputTiles(m)}`
+        ${wgInputTiles(mh, mw)}`
         )}
         ;; the products, one per pos
         ${loop(
           "pos",
-          c32(a * a),
+          c32(ah * aw),
           `(local.set $vp (i32.add (local.get $scratch) (i32.mul (local.get $pos) (local.get $vPlane))))
-        (local.set $up (i32.add (local.get $u) (i32.mul (local.get $pos) (local.get $cPlane))))
+        (local.set $up (i32.add (local.get $u) (i32.mul ${wgPlanePos(ah, aw)} (local.get $cPlane))))
         (local.set $mp (i32.add (local.get $mBuf) (i32.mul (local.get $pos) (local.get $mPlane))))
         (local.set $j (i32.const 0))
         ${wgColumns(4)}
         ${wgColumns(1)}`
         )}
-        ;; the outputs: y = Aᵀ M A (+ bias, ReLU) per tile, four channels at a time, inside OH x OW
+        ;; the outputs: y = Ahᵀ M Aw (+ bias, ReLU) per tile, four channels at a time, inside the region
         ${loop(
           "t",
           get("tb"),
           `(local.set $tile (i32.add (local.get $t0) (local.get $t)))
         ${tilePlace}
         (local.set $mp (i32.add (local.get $mBuf) (i32.mul (local.get $t) (local.get $oBytes))))
-        ${tileInImage(m, "(local.get $y)")}
+        ${tileInImage(mh, mw, "(local.get $y)")}
         (local.set $ob (i32.const 0))
         (loop $wg_out
           (local.set $bv (if (result v128) (local.get $bias) (then (v128.load (i32.add (local.get $bias) (local.get $ob)))) (else ${ZERO})))
           ${sandwich(
-            byRows(AT),
-            m,
-            a,
-            (i, j) => `(v128.load (i32.add (i32.add (local.get $mp) (local.get $ob)) (i32.mul (local.get $mPlane) (i32.const ${i * a + j}))))`,
+            byRows(WINOGRAD[mh].AT),
+            mh,
+            ah,
+            (i, j) => `(v128.load (i32.add (i32.add (local.get $mp) (local.get $ob)) (i32.mul (local.get $mPlane) (i32.const ${i * aw + j}))))`,
             (r, s, v) => `(if ${insideTile(r, s)}
-            (then (v128.store ${tileAddress(r, s)} (f32x4.max (f32x4.add ${v} (local.get $bv)) (local.get $lo)))))`
+            (then (v128.store ${tileAddress(r, s)} (f32x4.max (f32x4.add ${v} (local.get $bv)) (local.get $lo)))))`,
+            byRows(WINOGRAD[mw].AT),
+            mw,
+            aw
           )}
           (local.set $ob (i32.add (local.get $ob) (i32.const 16)))
           (br_if $wg_out (i32.lt_s (local.get $ob) (local.get $oBytes))))`
@@ -2099,41 +2132,47 @@ const wgGradColumns = (vecs) => `
           (br_if $wgd${vecs} (i32.le_s (i32.add (local.get $j) (i32.const ${4 * vecs})) (local.get $O)))))`
 
 /**
- * wgFilterGrad4(x, dy, dw, N, HP, WP, C, OH, OW, O, scratch, T): the filter gradient of a 3x3
- * convolution at stride 1, dW[fh, fw, c, o] = Σ x[b, oh + fh, ow + fw, c]·dy[b, oh, ow, o] from x
- * padded as wgConv4 reads it, by the same algebra read backwards: the forward's Y = Aᵀ[(G g Gᵀ) ⊙
- * (Bᵀ d B)]A gives dW = Gᵀ [Σ_tiles (A dY Aᵀ) ⊙ (Bᵀ d B)] G, the sum over tiles and the product over
- * channels being a² products [C, tiles]·[tiles, O]. Tiles T at a time: V [a², T, C] and D [a², T,
- * O] in scratch, then P [a², C, O] += Vᵀ·D after them (planes a cache line longer, as wgFilter's;
- * sandwich's a² slots after P); dW from P at the end. dy's rows and columns past OH, OW read as zeros. C and O multiples of 4.
+ * wgFilterGrad<mh><mw>(x, dy, dw, N, HP, WP, C, OH, OW, O, scratch, T, R0, C0, RH, RW, first, last):
+ * the filter gradient of a 3x3 convolution at stride 1, dW[fh, fw, c, o] = Σ x[b, oh + fh, ow + fw,
+ * c]·dy[b, oh, ow, o], from x padded as wgConv reads it, summed over the outputs of one region (as
+ * wgConv's) by the same algebra read backwards: the forward's Y = Ahᵀ[(Gh g Gwᵀ) ⊙ (Bhᵀ d Bw)]Aw
+ * gives dW = Ghᵀ [Σ_tiles (Ah dY Awᵀ) ⊙ (Bhᵀ d Bw)] Gw, the sum over tiles and the product over
+ * channels being ah·aw products [C, tiles]·[tiles, O]. Tiles T at a time: V [ah·aw, T, C] and D
+ * [ah·aw, T, O] in scratch, then P [36, C, O] += Vᵀ·D after room for 36 planes of each: each
+ * position into F(4x4, 3x3)'s plane (wgPlanePos), whose rows of G every tile shape's are, so the
+ * regions of one output add into the same sums (planes a cache line longer, as wgFilter4's;
+ * sandwich's 36 slots after P). P zeroed first with first 1; dW = Gᵀ P G (F(4x4, 3x3)'s G) at the
+ * end with last 1. dy's rows and columns past the region read as zeros. C and O multiples of 4.
  */
-const wgFilterGrad = (m) => {
-  const { BT, AT, G } = WINOGRAD[m]
-  const a = m + 2
+const wgFilterGrad = (mh, mw) => {
+  const ah = mh + 2
+  const aw = mw + 2
+  const [H, Wd] = [WINOGRAD[mh], WINOGRAD[mw]]
   return `
-  (func (export "wgFilterGrad${m}") (param $x i32) (param $dy i32) (param $dw i32) (param $N i32)
+  (func (export "wgFilterGrad${mh}${mw}") (param $x i32) (param $dy i32) (param $dw i32) (param $N i32)
       (param $HP i32) (param $WP i32) (param $C i32) (param $OH i32) (param $OW i32) (param $O i32)
-      (param $scratch i32) (param $T i32)
+      (param $scratch i32) (param $T i32) (param $R0 i32) (param $C0 i32) (param $RH i32) (param $RW i32) (param $first i32) (param $last i32)
     (local $TH i32) (local $TW i32) (local $tpi i32) (local $NT i32) (local $t0 i32) (local $tb i32) (local $t i32)
     (local $tile i32) (local $b i32) (local $th i32) (local $tw i32) (local $base i32) (local $cb i32) (local $ob i32)
     (local $rowBytes i32) (local $cBytes i32) (local $oBytes i32) (local $vPlane i32) (local $mPlane i32) (local $mBuf i32) (local $pBuf i32) (local $cPlane i32) (local $tapBytes i32)
     (local $pos i32) (local $vp i32) (local $up i32) (local $mp i32) (local $j i32) (local $k i32) (local $c i32) (local $pv i32) (local $pu i32) (local $pp i32)
     (local $rows i32) (local $cols i32) (local $full i32) (local $rowOut i32) (local $at i32) (local $wv v128) (local $s0 v128) (local $s1 v128)
     ${[0, 1].flatMap((t) => [0, 1, 2, 3].map((q) => `(local $acc${t}_${q} v128)`)).join(" ")}
-    ${sandwichLocals(a)} (local $tmp i32)
-    ${wgSizes(m)}
+    ${sandwichLocals(6)} (local $tmp i32)
+    ${wgSizes(mh, mw)}
     (local.set $rowOut (i32.mul (local.get $OW) (local.get $oBytes)))
     (local.set $tapBytes (i32.mul (local.get $C) (local.get $oBytes)))
-    (local.set $mBuf (i32.add (local.get $scratch) (i32.mul (local.get $vPlane) (i32.const ${a * a}))))
-    (local.set $pBuf (i32.add (local.get $mBuf) (i32.mul (local.get $mPlane) (i32.const ${a * a}))))
-    (local.set $tmp (i32.add (local.get $pBuf) (i32.mul (local.get $cPlane) (i32.const ${a * a}))))
-    ;; P = 0
-    (local.set $pp (local.get $pBuf))
-    (block $z_done (loop $z_next
-      (br_if $z_done (i32.ge_u (local.get $pp) (local.get $tmp)))
-      (v128.store (local.get $pp) ${ZERO})
-      (local.set $pp (i32.add (local.get $pp) (i32.const 16)))
-      (br $z_next)))
+    (local.set $mBuf (i32.add (local.get $scratch) (i32.mul (local.get $vPlane) (i32.const 36))))
+    (local.set $pBuf (i32.add (local.get $mBuf) (i32.mul (local.get $mPlane) (i32.const 36))))
+    (local.set $tmp (i32.add (local.get $pBuf) (i32.mul (local.get $cPlane) (i32.const 36))))
+    ;; P = 0 for the first region
+    (if (local.get $first) (then
+      (local.set $pp (local.get $pBuf))
+      (block $z_done (loop $z_next
+        (br_if $z_done (i32.ge_u (local.get $pp) (local.get $tmp)))
+        (v128.store (local.get $pp) ${ZERO})
+        (local.set $pp (i32.add (local.get $pp) (i32.const 16)))
+        (br $z_next)))))
     (local.set $t0 (i32.const 0))
     (block $wg_done
       (br_if $wg_done (i32.ge_s (local.get $t0) (local.get $NT)))
@@ -2145,19 +2184,22 @@ const wgFilterGrad = (m) => {
           get("tb"),
           `(local.set $tile (i32.add (local.get $t0) (local.get $t)))
         ${tilePlace}
-        ;; V[pos][t][c] = (Bᵀ d B)[pos], as wgConv's
-        ${wgInputTiles(m)}
-        ;; D[pos][t][o] = (A dY Aᵀ)[pos] for the tile's m x m block of dy (zeros past OH, OW)
+        ;; V[pos][t][c] = (Bhᵀ d Bw)[pos], as wgConv's
+        ${wgInputTiles(mh, mw)}
+        ;; D[pos][t][o] = (Ah dY Awᵀ)[pos] for the tile's mh x mw block of dy (zeros past the region)
         (local.set $mp (i32.add (local.get $mBuf) (i32.mul (local.get $t) (local.get $oBytes))))
-        ${tileInImage(m, "(local.get $dy)")}
+        ${tileInImage(mh, mw, "(local.get $dy)")}
         (local.set $ob (i32.const 0))
         (loop $wg_dy
           ${sandwich(
-            byRows(transposed(AT)),
-            a,
-            m,
+            byRows(transposed(H.AT)),
+            ah,
+            mh,
             (i, j) => `(if (result v128) ${insideTile(i, j)} (then (v128.load ${tileAddress(i, j)})) (else ${ZERO}))`,
-            (i, j, v) => `(v128.store (i32.add (i32.add (local.get $mp) (local.get $ob)) (i32.mul (local.get $mPlane) (i32.const ${i * a + j}))) ${v})`
+            (i, j, v) => `(v128.store (i32.add (i32.add (local.get $mp) (local.get $ob)) (i32.mul (local.get $mPlane) (i32.const ${i * aw + j}))) ${v})`,
+            byRows(transposed(Wd.AT)),
+            aw,
+            mw
           )}
           (local.set $ob (i32.add (local.get $ob) (i32.const 16)))
           (br_if $wg_dy (i32.lt_s (local.get $ob) (local.get $oBytes))))`
@@ -2165,34 +2207,37 @@ const wgFilterGrad = (m) => {
         ;; P[pos] += V[pos]ᵀ·D[pos]
         ${loop(
           "pos",
-          c32(a * a),
+          c32(ah * aw),
           `(local.set $vp (i32.add (local.get $scratch) (i32.mul (local.get $pos) (local.get $vPlane))))
         (local.set $mp (i32.add (local.get $mBuf) (i32.mul (local.get $pos) (local.get $mPlane))))
-        (local.set $up (i32.add (local.get $pBuf) (i32.mul (local.get $pos) (local.get $cPlane))))
+        (local.set $up (i32.add (local.get $pBuf) (i32.mul ${wgPlanePos(ah, aw)} (local.get $cPlane))))
         (local.set $j (i32.const 0))
         ${wgGradColumns(4)}
         ${wgGradColumns(1)}`
         )}
         (local.set $t0 (i32.add (local.get $t0) (local.get $T)))
         (br_if $wg_block (i32.lt_s (local.get $t0) (local.get $NT)))))
-    ;; dW[fh][fw][c][o] = (Gᵀ P[·][c][o] G)[fh][fw]
-    (local.set $c (i32.const 0))
-    (block $dw_done
-      (loop $dw_next
-        (br_if $dw_done (i32.ge_u (local.get $c) (local.get $tapBytes)))
-        ${sandwich(
-          byRows(transposed(G)),
-          3,
-          a,
-          (i, j) => `(v128.load (i32.add (i32.add (local.get $pBuf) (local.get $c)) (i32.mul (local.get $cPlane) (i32.const ${i * a + j}))))`,
-          (i, j, v) => `(v128.store (i32.add (i32.add (local.get $dw) (local.get $c)) (i32.mul (local.get $tapBytes) (i32.const ${i * 3 + j}))) ${v})`
-        )}
-        (local.set $c (i32.add (local.get $c) (i32.const 16)))
-        (br $dw_next))))`
+    ;; dW[fh][fw][c][o] = (Gᵀ P[·][c][o] G)[fh][fw] after the last region
+    (if (local.get $last) (then
+      (local.set $c (i32.const 0))
+      (block $dw_done
+        (loop $dw_next
+          (br_if $dw_done (i32.ge_u (local.get $c) (local.get $tapBytes)))
+          ${sandwich(
+            byRows(transposed(F4.G)),
+            3,
+            6,
+            (i, j) => `(v128.load (i32.add (i32.add (local.get $pBuf) (local.get $c)) (i32.mul (local.get $cPlane) (i32.const ${i * 6 + j}))))`,
+            (i, j, v) => `(v128.store (i32.add (i32.add (local.get $dw) (local.get $c)) (i32.mul (local.get $tapBytes) (i32.const ${i * 3 + j}))) ${v})`
+          )}
+          (local.set $c (i32.add (local.get $c) (i32.const 16)))
+          (br $dw_next))))))`
 }
-const wgFilterGrad4 = wgFilterGrad(4)
-const wgFilter4 = wgFilter(4)
-const wgConv4 = wgConv(4)
+
+/** The tile shapes the Winograd kernels are built for: sides of 4, 3 and 2 outputs (wgPlan in ../conv2d.ts). */
+const WG_SIDES = [4, 3, 2]
+const WG_SHAPES = WG_SIDES.flatMap((mh) => WG_SIDES.map((mw) => [mh, mw]))
+const winogradKernels = [wgFilter4, ...WG_SHAPES.flatMap(([mh, mw]) => [wgConv(mh, mw), wgFilterGrad(mh, mw)])].join("\n")
 
 /**
  * maddProbe(a, b, c): lane 0 of c + a·b in f32x4, the multiply-add shape the kernels sum with. In
@@ -2212,7 +2257,7 @@ const maddProbe = `
  * arm64), rounded once. Adam's update is left out: its bits are tfjs's own (fused-adam.ts), and
  * the rest have no multiply-add.
  */
-export const FUSED = ["matmul", "matmulTB", "lnForward", "lnBackward", "convFilterGrad", "conv2d", "convFilterGradTaps", "lstmCellForward", "lstmCellBackward", "dwFilterGrad", "dwInputGrad", "gruReset", "gruResetGrad", "gruUpdate", "gruUpdateGrad", "wgConv4", "wgFilterGrad4", "maddProbe"]
+export const FUSED = ["matmul", "matmulTB", "lnForward", "lnBackward", "convFilterGrad", "conv2d", "convFilterGradTaps", "lstmCellForward", "lstmCellBackward", "dwFilterGrad", "dwInputGrad", "gruReset", "gruResetGrad", "gruUpdate", "gruUpdateGrad", ...WG_SHAPES.flatMap(([mh, mw]) => [`wgConv${mh}${mw}`, `wgFilterGrad${mh}${mw}`]), "maddProbe"]
 
 export const wat = `(module
   (import "env" "memory" (memory 1))
@@ -2244,8 +2289,6 @@ export const wat = `(module
   ${gruUpdateGrad}
   ${col2im}
   ${padImage}
-  ${wgFilter4}
-  ${wgConv4}
-  ${wgFilterGrad4}
+  ${winogradKernels}
   ${maddProbe}
 )`
