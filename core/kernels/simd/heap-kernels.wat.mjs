@@ -219,7 +219,9 @@ const columnSums = (V, term) => `
  * channels at a time (perChannelGroup), the rows strided by 4C bytes (batch-norm-train.ts has the
  * formulas; these are its loops). Sums over rows in float64 (two lanes per f64x2), per-channel
  * factors in float64 rounded to float32 once, the element-wise passes in float32, all in the
- * JavaScript's order of operations: the same bits.
+ * JavaScript's order of operations: the same bits. The element-wise pass takes a group's vectors of
+ * a row together (a pass per vector had read each row's cache line once per vector: [25088, 32],
+ * resnet28's 14 x 14 layers at batch 128, forward 1.04 -> 0.65 ms, backward 1.38 -> 0.85 ms).
  *
  * bnTrainForward(x, gamma, beta, y, mean, variance, M, C, eps): y, and the batch's mean and
  * population variance per channel.
@@ -237,27 +239,30 @@ const bnForwardGroup = (V) => `
       ;; scale = gamma / sqrt(variance + eps) in float64, rounded to float32, and y = ((x − mean) − rest)·scale
       ;; + beta in float32, mean the float64 mean rounded to float32 and rest what that rounding left
       ;; (so x − mean keeps its precision where the mean is large next to the spread), as the JavaScript
-      ${set("s4", join32(`(f64x2.div ${lo64(atq("gamma", q))} (f64x2.sqrt (f64x2.add ${get(nq("slo", q))} (f64x2.splat (local.get $eps)))))`, `(f64x2.div ${hi64(atq("gamma", q))} (f64x2.sqrt (f64x2.add ${get(nq("shi", q))} (f64x2.splat (local.get $eps)))))`))}
-      ${set("u4", join32(get(nq("mlo", q)), get(nq("mhi", q))))}
-      ${set("r4", join32(dsub(get(nq("mlo", q)), lo64(get("u4"))), dsub(get(nq("mhi", q)), hi64(get("u4")))))}
-      ${set("b4", atq("beta", q))}
-      (local.set $p (i32.add (i32.add (local.get $x) (local.get $at)) (i32.const ${16 * q})))
-      (local.set $q (i32.add (i32.add (local.get $y) (local.get $at)) (i32.const ${16 * q})))
+      ${set(nq("s", q), join32(`(f64x2.div ${lo64(atq("gamma", q))} (f64x2.sqrt (f64x2.add ${get(nq("slo", q))} (f64x2.splat (local.get $eps)))))`, `(f64x2.div ${hi64(atq("gamma", q))} (f64x2.sqrt (f64x2.add ${get(nq("shi", q))} (f64x2.splat (local.get $eps)))))`))}
+      ${set(nq("u", q), join32(get(nq("mlo", q)), get(nq("mhi", q))))}
+      ${set(nq("r", q), join32(dsub(get(nq("mlo", q)), lo64(get(nq("u", q)))), dsub(get(nq("mhi", q)), hi64(get(nq("u", q))))))}
+      ${set(nq("b", q), atq("beta", q))}`
+        )
+        .join("\n      ")}
+      ;; the group's vectors of a row together: each row's cache line read once
+      (local.set $p (i32.add (local.get $x) (local.get $at)))
+      (local.set $q (i32.add (local.get $y) (local.get $at)))
       ${loop(
         "i",
         get("M"),
-        `(v128.store (local.get $q) ${vadd(vmul(vsub(vsub(ld(get("p")), get("u4")), get("r4")), get("s4")), get("b4"))})
+        `${quads(V)
+          .map((q) => `(v128.store offset=${16 * q} (local.get $q) ${vadd(vmul(vsub(vsub(ldq(get("p"), q), get(nq("u", q))), get(nq("r", q))), get(nq("s", q))), get(nq("b", q)))})`)
+          .join("\n        ")}
         (local.set $p (i32.add (local.get $p) (local.get $stride)))
         (local.set $q (i32.add (local.get $q) (local.get $stride)))`
       )}`
-        )
-        .join("\n      ")}`
 const bnTrainForward = `
   (func (export "bnTrainForward") (param $x i32) (param $gamma i32) (param $beta i32) (param $y i32)
       (param $mean i32) (param $var i32) (param $M i32) (param $C i32) (param $eps f64)
     (local $i i32) (local $p i32) (local $q i32) (local $stride i32) (local $at i32)
-    ${v("d")} ${v("rows")} ${v("s4")} ${v("u4")} ${v("r4")} ${v("b4")}
-    ${perVector("slo", "shi", "mlo", "mhi", "d")}
+    ${v("d")} ${v("rows")}
+    ${perVector("slo", "shi", "mlo", "mhi", "d", "s", "u", "r", "b")}
     ${perChannelGroup(bnForwardGroup)})`
 
 /**
@@ -304,41 +309,45 @@ const bnBackwardGroup = (V) => `
       ;; P·(Σdy/M), each from float64 rounded to float32, then float32 arithmetic (as the JavaScript's)
       ${set("kalo", dmul(get(nq("rlo", q)), lo64(atq("gamma", q))))}
       ${set("kahi", dmul(get(nq("rhi", q)), hi64(atq("gamma", q))))}
-      ${set("p4", join32(get("kalo"), get("kahi")))}
+      ${set(nq("pf", q), join32(get("kalo"), get("kahi")))}
       ${set(
-        "q4",
+        nq("qf", q),
         join32(
           dsub(`(f64x2.div (f64x2.mul ${lo64(atq("dvar", q))} (f64x2.splat (f64.const 2))) ${get("rows")})`, dmul(dmul(get("kalo"), get(nq("rlo", q))), `(f64x2.div ${get(nq("xlo", q))} ${get("rows")})`)),
           dsub(`(f64x2.div (f64x2.mul ${hi64(atq("dvar", q))} (f64x2.splat (f64.const 2))) ${get("rows")})`, dmul(dmul(get("kahi"), get(nq("rhi", q))), `(f64x2.div ${get(nq("xhi", q))} ${get("rows")})`))
         )
       )}
       ${set(
-        "r4",
+        nq("rf", q),
         join32(
           dsub(`(f64x2.div ${lo64(atq("dmean", q))} ${get("rows")})`, dmul(get("kalo"), `(f64x2.div ${get(nq("dlo", q))} ${get("rows")})`)),
           dsub(`(f64x2.div ${hi64(atq("dmean", q))} ${get("rows")})`, dmul(get("kahi"), `(f64x2.div ${get(nq("dhi", q))} ${get("rows")})`))
         )
       )}
-      (local.set $p (i32.add (i32.add (local.get $x) (local.get $at)) (i32.const ${16 * q})))
-      (local.set $q (i32.add (i32.add (local.get $dy) (local.get $at)) (i32.const ${16 * q})))
-      (local.set $o (i32.add (i32.add (local.get $dx) (local.get $at)) (i32.const ${16 * q})))
+`
+        )
+        .join("\n      ")}
+      ;; the group's vectors of a row together: each row's cache lines read once
+      (local.set $p (i32.add (local.get $x) (local.get $at)))
+      (local.set $q (i32.add (local.get $dy) (local.get $at)))
+      (local.set $o (i32.add (local.get $dx) (local.get $at)))
       ${loop(
         "i",
         get("M"),
-        `(v128.store (local.get $o) ${vadd(vadd(vmul(get("p4"), ld(get("q"))), vmul(get("q4"), vsub(ld(get("p")), get(nq("u", q))))), get("r4"))})
+        `${quads(V)
+          .map((q) => `(v128.store offset=${16 * q} (local.get $o) ${vadd(vadd(vmul(get(nq("pf", q)), ldq(get("q"), q)), vmul(get(nq("qf", q)), vsub(ldq(get("p"), q), get(nq("u", q))))), get(nq("rf", q)))})`)
+          .join("\n        ")}
         (local.set $p (i32.add (local.get $p) (local.get $stride)))
         (local.set $q (i32.add (local.get $q) (local.get $stride)))
         (local.set $o (i32.add (local.get $o) (local.get $stride)))`
       )}`
-        )
-        .join("\n      ")}`
 const bnTrainBackward = `
   (func (export "bnTrainBackward") (param $dy i32) (param $x i32) (param $gamma i32) (param $mean i32)
       (param $var i32) (param $dmean i32) (param $dvar i32) (param $dx i32) (param $dgamma i32)
       (param $dbeta i32) (param $M i32) (param $C i32) (param $eps f64)
     (local $i i32) (local $p i32) (local $q i32) (local $o i32) (local $stride i32) (local $at i32)
-    ${v("rows")} ${v("d")} ${v("xm")} ${v("kalo")} ${v("kahi")} ${v("p4")} ${v("q4")} ${v("r4")}
-    ${perVector("rlo", "rhi", "u", "dlo", "dhi", "xlo", "xhi")}
+    ${v("rows")} ${v("d")} ${v("xm")} ${v("kalo")} ${v("kahi")}
+    ${perVector("rlo", "rhi", "u", "dlo", "dhi", "xlo", "xhi", "pf", "qf", "rf")}
     ${perChannelGroup(bnBackwardGroup)})`
 
 /** The sum of an f32x4's lanes, ((l0 + l1) + (l2 + l3)). */
