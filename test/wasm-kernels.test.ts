@@ -316,7 +316,7 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     expect(pointwiseStats.calls - before).toBeGreaterThanOrEqual(4)
   })
 
-  it("3x3 convolutions at stride 1 as Winograd's F(4x4, 3x3): the forward pass (plain, with a bias and ReLU), the input and filter gradients as the cpu backend's (odd sizes, one pixel, explicit uneven padding, 8 to 132 channels, tiles in several blocks and an odd one out)", async () => {
+  it("3x3 convolutions at stride 1 as Winograd's F(4x4, 3x3): the forward pass (plain, with a bias and ReLU), the input and filter gradients as the cpu backend's (odd sizes, one pixel, explicit uneven padding, 8 to 300 channels, tiles in several blocks and an odd one out)", async () => {
     type Pad = "same" | "valid" | number[][]
     for (const [x, O, pad] of [
       [[3, 5, 9, 8], 12, "same"],
@@ -325,7 +325,8 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
       [[3, 9, 6, 16], 16, [[0, 0], [2, 0], [0, 1], [0, 0]]],
       [[17, 4, 4, 12], 8, "same"],
       [[40, 8, 8, 8], 8, "same"],
-      [[4, 6, 5, 132], 24, "same"]
+      [[4, 6, 5, 132], 24, "same"],
+      [[8, 4, 4, 300], 20, "same"]
     ] as Array<[number[], number, Pad]>) {
       const f = [3, 3, x[3]!, O]
       const before = { ...winogradStats }
@@ -339,7 +340,8 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
         const [gx, gw] = tf.grads((a: Tensor, k: Tensor) => plain(a, k).mul(t(y.shape, 74)).sum())([xs, w])
         return [y, fused(xs, w, b), gx!, gw!]
       })
-      expect(worst, `${x} -> ${O} ${JSON.stringify(pad)}`).toBeLessThanOrEqual(1e-4)
+      // 300 channels: sums of 2700 unscaled products (values up to about ±40), whose float32 rounding grows with their length
+      expect(worst, `${x} -> ${O} ${JSON.stringify(pad)}`).toBeLessThanOrEqual(x[3]! > 256 ? 2e-4 : 1e-4)
       // on wasm: the plain and fused forward passes and the one in the gradient, and the input
       // gradient's turned-round convolution where its channels fit (O at least 8); one filter gradient
       expect({ x, calls: winogradStats.calls - before.calls, filterGrads: winogradStats.filterGrads - before.filterGrads }).toEqual({ x, calls: O >= 8 ? 4 : 3, filterGrads: 1 })
@@ -367,7 +369,7 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     expect(winogradPlan(13)).toEqual([{ start: 0, m: 4, count: 2, size: 8 }, { start: 8, m: 3, count: 1, size: 3 }, { start: 11, m: 2, count: 1, size: 2 }])
   })
 
-  it("Winograd's convolutions agree with the direct SIMD kernels, with tiles of 2 and 3 at the sides' ends or 4x4 tiles past them, and they run instead where they apply: not at stride 2, with 4 input channels, a 5x5 filter, fewer than 16 tiles, more than 256 input channels, or when turned off", () => {
+  it("Winograd's convolutions agree with the direct SIMD kernels, with tiles of 2 and 3 at the sides' ends or 4x4 tiles past them, and they run instead where they apply: not at stride 2, with 4 input channels, a 5x5 filter, fewer than 8 tiles, more than 512 input channels, or when turned off", () => {
     const ran = (f: () => void): number => {
       const before = winogradStats.calls + winogradStats.filterGrads
       f()
@@ -424,10 +426,11 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     expect(conv2d([4, 8, 8, 16], [3, 3, 16, 16], 2)).toBe(0)
     expect(conv2d([4, 8, 8, 4], [3, 3, 4, 16], 1)).toBe(0)
     expect(conv2d([4, 8, 8, 16], [5, 5, 16, 16], 1)).toBe(0)
-    // fewer than 16 tiles of 4x4 outputs; more than 256 input channels
-    expect(conv2d([3, 8, 8, 16], [3, 3, 16, 16], 1)).toBe(0)
-    expect(conv2d([16, 4, 4, 260], [3, 3, 260, 8], 1)).toBe(0)
-    expect(conv2d([16, 4, 4, 256], [3, 3, 256, 8], 1)).toBe(1)
+    // fewer than 8 tiles of 4x4 outputs (8 run); more than 512 input channels
+    expect(conv2d([1, 8, 8, 16], [3, 3, 16, 16], 1)).toBe(0)
+    expect(conv2d([2, 8, 8, 16], [3, 3, 16, 16], 1)).toBe(1)
+    expect(conv2d([8, 4, 4, 516], [3, 3, 516, 8], 1)).toBe(0)
+    expect(conv2d([8, 4, 4, 512], [3, 3, 512, 8], 1)).toBe(1)
   })
 
   it("GRADWIRE_WINOGRAD=0 runs 3x3 convolutions by the direct kernels, and explain.txt says which run", () => {
@@ -441,7 +444,7 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     expect([onCalls, offCalls]).toEqual([1, 0])
     expect(onSays).toContain("Winograd's F(4x4, 3x3)")
     expect(offSays).toContain("the direct kernels")
-    expect(describeKernels("wasm", 0, []).text).toContain(`3x3 convolutions at stride 1 (8-256 input channels): ${winogradStatus()}`)
+    expect(describeKernels("wasm", 0, []).text).toContain(`3x3 convolutions at stride 1 (8-512 input channels): ${winogradStatus()}`)
   })
 
   it("an image padded by the heap's SIMD kernel: the same bits as the JavaScript loop (padding on every side, rows and columns cut off, top past the image)", () => {

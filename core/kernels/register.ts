@@ -199,7 +199,7 @@ export const describeKernels = (backend: string, rank: number, fallbackUsed: rea
     lines.push(`  gradwire's wasm kernels: ${reg.fast.join(", ") || "none needed"}; replaced (wrong or slow in tfjs-backend-wasm): ${REPLACED_WASM_KERNELS.join(", ")}`)
     lines.push(`  cpu-backend fallback registered for: ${reg.fallback.join(", ") || "none"}`)
     lines.push(`  SIMD kernels on the wasm heap (matmuls, convolutions and their gradients (depthwise too), max-pool, ReLU and clip gradients, normalization, the LSTM and GRU cells, transposes, Adam): ${heapKernelsStatus()}`)
-    lines.push(`  3x3 convolutions at stride 1 (8-256 input channels): ${winogradStatus()}`)
+    lines.push(`  3x3 convolutions at stride 1 (8-512 input channels): ${winogradStatus()}`)
     json.heapSimd = heapKernelsStatus()
     json.winograd = winogradStatus()
     json.fast = reg.fast
