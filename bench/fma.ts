@@ -8,12 +8,12 @@
 import { optionReader } from "./args.ts"
 import { loadEngine } from "../index.ts"
 import { heapKernelsStatus, usePlainMultiplyAdd } from "../core/kernels/heap-simd.ts"
-import { ZOO_MODELS, type ZooModel } from "../examples/zoo/models.ts"
+import { DEFAULT_ZOO_MODELS, type ZooModel } from "../examples/zoo/models.ts"
 import { median } from "../scheduler/cost-model.ts"
 import { plainZooStep } from "./zoo-step.ts"
 
 const option = optionReader(process.argv.slice(2))
-const models = option("--models", ZOO_MODELS.join(",")).split(",") as ZooModel[]
+const models = option("--models", DEFAULT_ZOO_MODELS.join(",")).split(",") as ZooModel[]
 const rounds = Number(option("--rounds", "12"))
 const steps = Number(option("--steps", "20"))
 const batch = Number(option("--batch", "32"))

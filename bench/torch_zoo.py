@@ -97,6 +97,20 @@ class Tokens(nn.Module):
         return self.out(h.max(dim=2).values)
 
 
+class Basic(nn.Module):
+    """ResNet's basic block: conv 3x3 (stride) + BN + ReLU, conv 3x3 + BN, plus the input or its 1x1 projection + BN."""
+    def __init__(self, c_in, c_out, stride):
+        super().__init__()
+        self.c1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
+        self.b1 = nn.BatchNorm2d(c_out)
+        self.c2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
+        self.b2 = nn.BatchNorm2d(c_out)
+        self.short = nn.Identity() if stride == 1 and c_in == c_out else nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False), nn.BatchNorm2d(c_out))
+
+    def forward(self, x):
+        return F.relu(self.short(x) + self.b2(self.c2(F.relu(self.b1(self.c1(x))))))
+
+
 def separable(c_in, c_out, stride):
     # depthwise 3x3 (groups = channels) + BN + ReLU6, pointwise 1x1 + BN + ReLU6
     return [nn.Conv2d(c_in, c_in, 3, stride=stride, padding=1, groups=c_in, bias=False), nn.BatchNorm2d(c_in), nn.ReLU6(),
@@ -120,6 +134,10 @@ def build(name, meta):
         return nn.Sequential(img(28), nn.Conv2d(1, 32, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(), Block(32), Block(32),
                              nn.Conv2d(32, 64, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(), Block(64), Block(64),
                              nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
+    if name == "resnet18":
+        stages = [(64, 64, 1), (64, 64, 1), (64, 128, 2), (128, 128, 1), (128, 256, 2), (256, 256, 1), (256, 512, 2), (512, 512, 1)]
+        return nn.Sequential(img(32), nn.Conv2d(1, 64, 3, padding=1, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+                             *[Basic(i, o, s) for i, o, s in stages], nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, 10))
     if name == "mobilenet":
         return nn.Sequential(img(28), nn.Conv2d(1, 16, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU6(),
                              *separable(16, 32, 1), *separable(32, 64, 2), *separable(64, 64, 1),

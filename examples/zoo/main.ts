@@ -1,7 +1,7 @@
 // The model zoo on the embedded cluster: trains one model of the zoo (models.ts) data-parallel on
 // the default backend and prints the held-out accuracy per epoch.
 //
-//   node examples/zoo/main.ts --model mlp|cnn|lenet|resnet|resnet28|mobilenet|embedding|transformer|lstm|gru [--workers 2]
+//   node examples/zoo/main.ts --model mlp|cnn|lenet|resnet|resnet28|resnet18|mobilenet|embedding|transformer|lstm|gru [--workers 2]
 //                             [--epochs 5] [--batch-size 32] [--backend auto|wasm|cpu|webgpu]
 //                             [--seed N] (the same initial weights, and so the same run, for the same N)
 import * as os from "node:os"

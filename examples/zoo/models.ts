@@ -9,6 +9,9 @@
 //   resnet28     a residual CNN of a CIFAR ResNet's widths at 28x28x1 (the digits resized): conv 3x3x32
 //                stride 2 + BN, two residual blocks of 32 channels at 14x14, conv 3x3x64 stride 2 + BN,
 //                two blocks of 64 at 7x7, GAP, 10
+//   resnet18     ResNet-18 as for CIFAR at 32x32x1 (the digits resized): conv 3x3x64 + BN, four stages of
+//                two basic blocks, 64, 128, 256 and 512 channels at 32, 16, 8 and 4 pixels (a stage's first
+//                block at stride 2 with a 1x1 stride-2 shortcut + BN), GAP, 10: 11.2 M parameters
 //   mobilenet    MobileNet-style at 28x28x1 (the digits resized): conv 3x3x16 stride 2 + BN + ReLU6, three
 //                depthwise-separable blocks (depthwise 3x3 + BN + ReLU6, pointwise 1x1 + BN + ReLU6) to 32,
 //                64 (stride 2) and 64 channels, GAP, 10
@@ -24,17 +27,20 @@ type Tensor = import("@tensorflow/tfjs").Tensor
 type SymbolicTensor = import("@tensorflow/tfjs").SymbolicTensor
 type LayerVariable = import("@tensorflow/tfjs").LayerVariable
 
-export const ZOO_MODELS = ["mlp", "cnn", "lenet", "resnet", "resnet28", "mobilenet", "embedding", "transformer", "lstm", "gru"] as const
+export const ZOO_MODELS = ["mlp", "cnn", "lenet", "resnet", "resnet28", "resnet18", "mobilenet", "embedding", "transformer", "lstm", "gru"] as const
 export type ZooModel = (typeof ZOO_MODELS)[number]
+/** The models `bench -- train` and its kin run unless told: all but resnet18, whose steps take about a second each on one core (name it with --models). */
+export const DEFAULT_ZOO_MODELS: readonly ZooModel[] = ZOO_MODELS.filter((m) => m !== "resnet18")
 
 /** What a model reads and predicts. */
-export type ZooTask = "digits" | "digits28" | "tokens" | "pos"
+export type ZooTask = "digits" | "digits28" | "digits32" | "tokens" | "pos"
 export const TASK_OF: Record<ZooModel, ZooTask> = {
   mlp: "digits",
   cnn: "digits",
   lenet: "digits28",
   resnet: "digits",
   resnet28: "digits28",
+  resnet18: "digits32",
   mobilenet: "digits28",
   embedding: "tokens",
   transformer: "pos",
@@ -191,6 +197,22 @@ export const buildZooModel = (tf: Tf, name: ZooModel, text?: TextShape): LayersM
       h = block(block(h, 32), 32)
       h = relu(ap(bn(), ap(conv(64, 2), h)))
       h = block(block(h, 64), 64)
+      h = ap(L.globalAveragePooling2d({}), h)
+      return tf.model({ inputs: x, outputs: ap(L.dense({ units: 10 }), h) })
+    }
+    case "resnet18": {
+      const bn = () => L.batchNormalization({ momentum: 0.9 })
+      const relu = (t: SymbolicTensor): SymbolicTensor => ap(L.activation({ activation: "relu" }), t)
+      const conv = (filters: number, kernelSize: number, strides: number) => L.conv2d({ filters, kernelSize, strides, padding: "same", useBias: false })
+      const block = (t: SymbolicTensor, filters: number, strides: number): SymbolicTensor => {
+        const r = ap(bn(), ap(conv(filters, 3, 1), relu(ap(bn(), ap(conv(filters, 3, strides), t)))))
+        const shortcut = strides === 1 && t.shape[3] === filters ? t : ap(bn(), ap(conv(filters, 1, strides), t))
+        return relu(ap(L.add(), [shortcut, r]))
+      }
+      const x = tf.input({ shape: [1024] })
+      let h = ap(L.reshape({ targetShape: [32, 32, 1] }), x)
+      h = relu(ap(bn(), ap(conv(64, 3, 1), h)))
+      for (const [filters, strides] of [[64, 1], [64, 1], [128, 2], [128, 1], [256, 2], [256, 1], [512, 2], [512, 1]] as const) h = block(h, filters, strides)
       h = ap(L.globalAveragePooling2d({}), h)
       return tf.model({ inputs: x, outputs: ap(L.dense({ units: 10 }), h) })
     }
