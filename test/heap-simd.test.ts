@@ -301,6 +301,9 @@ describe("SIMD kernels on the wasm heap", () => {
       // 16384 floats or its rows 4 KiB apart)
       () => tf.matMul(t([5, 130], 80), t([130, 144], 81)),
       () => tf.matMul(t([9, 6], 82), t([9, 1024], 83), true, false),
+      // ... and a's rows in blocks of 256 KiB: 108 rows of 600 floats, three blocks, a read in place or transposed
+      () => tf.matMul(t([300, 600], 84), t([600, 32], 85)),
+      () => tf.matMul(t([600, 300], 86), t([600, 32], 87), true, false),
       () => tf.matMul(t([3, 0], 15), t([0, 4], 16))
     ]
     for (const f of cases) {
@@ -318,14 +321,14 @@ describe("SIMD kernels on the wasm heap", () => {
     }
     await tf.setBackend("wasm")
     // A right operand that outgrows the caches: the SIMD kernel for a few rows (a training step's
-    // batch, whose weights XNNPACK would pack again every step), packed in blocks of 16 columns up
-    // to 256 rows; XNNPACK beyond (matmul.ts).
+    // batch, whose weights XNNPACK would pack again every step), and packed in blocks of 16 columns
+    // at any number of rows; XNNPACK for more than 64 rows where b cannot be packed (matmul.ts).
     const before = simdMatMulStats.calls
     tf.dispose(tf.matMul(t([8, 256], 17), t([256, 256], 18)))
     tf.dispose(tf.matMul(t([200, 256], 17), t([256, 256], 18)))
-    expect(simdMatMulStats.calls).toBe(before + 2)
-    tf.dispose(tf.matMul(t([300, 256], 17), t([256, 256], 18)))
+    tf.dispose(tf.matMul(t([3000, 256], 17), t([256, 256], 18)))
+    expect(simdMatMulStats.calls).toBe(before + 3)
     tf.dispose(tf.matMul(t([100, 256], 17), t([256, 250], 18)))
-    expect(simdMatMulStats.calls).toBe(before + 2)
+    expect(simdMatMulStats.calls).toBe(before + 3)
   })
 })

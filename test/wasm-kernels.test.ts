@@ -616,11 +616,16 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     ])
     expect(worst).toBeLessThanOrEqual(1e-4)
     expect(simdMatMulStats.calls).toBeGreaterThan(calls)
-    // The packed single product gives the bits of the same product unpacked (a batch of two).
-    const [a, b] = [t([9, 130], 16), t([130, 144], 17)]
-    const single = tf.matMul(a, b).dataSync()
-    const batched = tf.matMul(tf.stack([a, a]), tf.stack([b, b])).dataSync().slice(0, single.length)
-    expect(Array.from(single).every((v, i) => Object.is(v, batched[i]))).toBe(true)
+    // The packed single product gives the bits of the same product unpacked (a batch of two), its
+    // rows in one block and in three (108 rows of 600 floats a block).
+    for (const [a, b] of [
+      [t([9, 130], 16), t([130, 144], 17)],
+      [t([300, 600], 18), t([600, 32], 19)]
+    ]) {
+      const single = tf.matMul(a!, b!).dataSync()
+      const batched = tf.matMul(tf.stack([a!, a!]), tf.stack([b!, b!])).dataSync().slice(0, single.length)
+      expect(Array.from(single).every((v, i) => Object.is(v, batched[i]))).toBe(true)
+    }
   })
 
   it("transposes: block transposes of every shape (tiles, runs, batches), int32 and bool, and the others through the backend's own", async () => {

@@ -11,7 +11,12 @@
 // against 9-17 for a transpose and XNNPACK; transposed first where its columns would share one L1
 // cache set, 1024 or 2048 features: setConflicting), and a·bᵀ with k ≥ 32 and at most 256 rows as dot
 // products of rows read in place (dx = dy·Wᵀ, an LSTM's dh = dz·Uᵀ: 13-18 GFLOP/s against 2-5 for a
-// transpose and the product); larger single products of more rows stay with XNNPACK, which blocks for the caches. The products
+// transpose and the product); larger single products run on it with b packed in blocks of 16
+// columns and a's rows in cache-sized blocks where n is a multiple of 16 (46-50 GFLOP/s from 512
+// rows on, against XNNPACK's 25-32, which had kept every product of more than 256 rows: [1024,
+// 512]·[512, 512] 18.4 -> 11.2 ms, [512, 1024]·[1024, 1024] 40.0 -> 22.7, [4096, 256]·[256, 256]
+// 18.2 -> 11.4, [8192, 576]·[576, 128] 38.7 -> 26.0, each with a fresh b), and the others of more
+// rows stay with XNNPACK, which blocks for the caches. The products
 // sum over k in order (with fused multiply-adds where the CPU has them, heap-simd.ts); the dot
 // products in four partial sums added at the end. _FusedMatMul (a dense layer's forward: the
 // product, its bias and activation) takes the same SIMD product where it applies, then the bias and
@@ -29,7 +34,7 @@ const swapLast = (t: TensorInfo): number[] => {
 
 /**
  * A single product's right operand that still fits the caches (floats): above it, with more than
- * SIMD_SINGLE_MAX_ROWS rows, XNNPACK's blocked kernel is faster.
+ * SIMD_SINGLE_MAX_ROWS rows and b not packed (PACK_COLUMNS), XNNPACK's blocked kernel is faster.
  */
 export const SIMD_SINGLE_MAX_KN = 32768
 /**
@@ -43,8 +48,6 @@ export const SIMD_SINGLE_MAX_KN = 32768
  * 256 ([256, 512]·[512, 512] 10.7 / 15.1).
  */
 export const SIMD_SINGLE_MAX_ROWS = 64
-/** The same for a product whose b is packed first (PACK_COLUMNS): XNNPACK was ahead from 512 rows. */
-export const SIMD_PACKED_MAX_ROWS = 256
 
 const size = (dims: readonly number[]): number => dims.reduce((x, y) => x * y, 1)
 
@@ -80,6 +83,15 @@ export const SIMD_TB_MAX_M = 256
  * 512]·[512, 512] 3.1 -> 1.5.
  */
 const PACK_COLUMNS = 16
+/**
+ * Bytes of a's rows a packed product takes at a time (an even count of rows, at least 32): the
+ * kernel goes over every block of b's columns for each of its pairs of rows, so a's rows are read
+ * once per 16 columns of the product; in blocks that stay in the second-level cache they come from
+ * memory once, and b's blocks once per block of rows instead. [8192, 576]·[576, 128] (a's 18.9 MB
+ * read 8 times) 34.5 -> 26.0 ms, the square products unchanged (46-50 GFLOP/s either way); 128 and
+ * 256 KiB measured alike, 512 KiB lost on the smaller ones.
+ */
+const PACK_ROW_BLOCK_BYTES = 256 * 1024
 /**
  * Packing b takes a pass over b and one over the product: below this many floats of b (64 KiB), with
  * b's rows not 4 KiB apart, it cost more than it saved ([1024, 32]·[32, 32] 0.094 -> 0.112 ms,
@@ -118,7 +130,7 @@ const simdProduct = (args: KernelArgs, a: TensorInfo, b: TensorInfo, ta: boolean
   if (!outer) return undefined
   const batches = size(outer)
   const packed = !tb && batches === 1 && n % PACK_COLUMNS === 0 && n > PACK_COLUMNS && (k * n > PACK_MIN_KN || setConflicting(n, k))
-  if (!tb && batches <= 1 && k * n > SIMD_SINGLE_MAX_KN && m > (packed ? SIMD_PACKED_MAX_ROWS : SIMD_SINGLE_MAX_ROWS)) return undefined
+  if (!tb && batches <= 1 && !packed && k * n > SIMD_SINGLE_MAX_KN && m > SIMD_SINGLE_MAX_ROWS) return undefined
   const kernels = heapKernels(backend)
   if (!kernels) return undefined
   const out = backend.makeOutput([...outer, m, n], "float32")
@@ -129,15 +141,20 @@ const simdProduct = (args: KernelArgs, a: TensorInfo, b: TensorInfo, ta: boolean
   const [ai, ak] = ta ? [4, 4 * m] : [4 * k, 4]
   if (tb) kernels.matmulTB(pa, pb, pc, batches, m, k, n, sa, sb)
   else if (packed) {
-    // b as n/16 blocks of 16 columns, each k·16 floats in a row, multiplied as a batch of [m, k]·[k, 16]
-    // products by the same a, and the [n/16, m, 16] result put back as [m, n].
+    // b as n/16 blocks of 16 columns, each k·16 floats in a row, multiplied as a batch of [rows, k]·[k,
+    // 16] products by the same rows of a (PACK_ROW_BLOCK_BYTES of them at a time), and each block's
+    // [n/16, rows, 16] result put back as its rows of [m, n].
+    const rowsPerBlock = Math.min(m, Math.max(32, 2 * Math.floor(PACK_ROW_BLOCK_BYTES / (8 * k))))
     const columnBlocks = backend.makeOutput([k, n], "float32")
-    const blocks = backend.makeOutput([m, n], "float32")
+    const blocks = backend.makeOutput([rowsPerBlock, n], "float32")
     try {
       const [pp, pq] = [addressOf(backend, columnBlocks), addressOf(backend, blocks)]
       kernels.blockTranspose(pb, pp, 1, k, n / PACK_COLUMNS, PACK_COLUMNS)
-      kernels.matmul(pa, pp, pq, n / PACK_COLUMNS, m, k, PACK_COLUMNS, 0, k * PACK_COLUMNS * 4, ai, ak)
-      kernels.blockTranspose(pq, pc, 1, n / PACK_COLUMNS, m, PACK_COLUMNS)
+      for (let r0 = 0; r0 < m; r0 += rowsPerBlock) {
+        const rows = Math.min(rowsPerBlock, m - r0)
+        kernels.matmul(pa + r0 * ai, pp, pq, n / PACK_COLUMNS, rows, k, PACK_COLUMNS, 0, k * PACK_COLUMNS * 4, ai, ak)
+        kernels.blockTranspose(pq, pc + r0 * n * 4, 1, n / PACK_COLUMNS, rows, PACK_COLUMNS)
+      }
     } finally {
       backend.disposeData(columnBlocks.dataId)
       backend.disposeData(blocks.dataId)
