@@ -11,7 +11,7 @@ import { useHeapKernels } from "../core/kernels/heap-simd.ts"
 import { simdDepthwiseStats, useFilterGradChunks } from "../core/kernels/conv-grads.ts"
 import { describeKernels, registerWasmKernels } from "../core/kernels/register.ts"
 import { asReducedBlock } from "../core/kernels/reduce.ts"
-import { padImage, pointwiseStats, simdConvStats, useWinograd, useWinogradEdgeTiles, winogradPlan, winogradStats, winogradStatus } from "../core/kernels/conv2d.ts"
+import { padImage, patchStats, pointwiseStats, simdConvStats, useWinograd, useWinogradEdgeTiles, winogradPlan, winogradStats, winogradStatus } from "../core/kernels/conv2d.ts"
 import { fusedMatMulStats, setConflicting, simdMatMulStats } from "../core/kernels/matmul.ts"
 import { clipGradStats, reluGradStats } from "../core/kernels/relu-grad.ts"
 import { asBlockTranspose } from "../core/kernels/transpose.ts"
@@ -97,6 +97,12 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     [[2, 48, 45, 6], [5, 5, 6, 8], 2, "same"],
     // More taps than the SIMD convolution takes (8·9 > 576), and a 1x1 filter: the backend's own.
     [[1, 5, 5, 72], [3, 3, 72, 8], 1, "same"],
+    // The patch matrix and the product (conv2d.ts patchConv2d): over 576 taps with 16 output
+    // channels (strided, and 5x5 at stride 1), a filter of 73728 floats (valid padding, odd sizes);
+    // strided filter gradients likewise (conv-grads.ts).
+    [[2, 9, 9, 68], [3, 3, 68, 16], 2, "same"],
+    [[3, 7, 6, 64], [3, 3, 64, 128], 2, "valid"],
+    [[2, 6, 6, 32], [5, 5, 32, 16], 1, "same"],
     [[2, 4, 4, 8], [1, 1, 8, 12], 1, "valid"]
   ] as Array<[number[], number[], number | [number, number], "same" | "valid"]>) {
     // The filter gradient by gradwire's SIMD kernel on the heap, and by the paths taken without it.
@@ -143,13 +149,34 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     expect(simdConvStats.calls - before).toBe(2)
   })
 
+  it("convolutions whose filter the direct kernel cannot hold (over 576 taps, or 73728 floats and more) run as their patch matrix and the product, output channels a multiple of 16; strided filter gradients likewise", () => {
+    const ran = (f: () => void): { calls: number; filterGrads: number } => {
+      const before = { ...patchStats }
+      tf.tidy(f)
+      return { calls: patchStats.calls - before.calls, filterGrads: patchStats.filterGrads - before.filterGrads }
+    }
+    const conv2d = (x: number[], f: number[], strides: number) => () => void (tf.conv2d(t(x, 1) as never, t(f, 2) as never, strides, "same") as unknown as Tensor).dataSync()
+    const filterGrad = (x: number[], f: number[], strides: number) => () => {
+      const dy = t((tf.conv2d(t(x, 1) as never, tf.zeros(f) as never, strides, "same") as unknown as Tensor).shape, 3)
+      ;(tf.engine().runKernel("Conv2DBackpropFilter", { x: t(x, 1), dy }, { strides, pad: "same", dataFormat: "NHWC", dimRoundingMode: undefined, filterShape: f } as never) as Tensor).dataSync()
+    }
+    expect(ran(conv2d([2, 9, 9, 68], [3, 3, 68, 16], 2))).toEqual({ calls: 1, filterGrads: 0 })
+    expect(ran(conv2d([2, 9, 9, 64], [3, 3, 64, 128], 2))).toEqual({ calls: 1, filterGrads: 0 })
+    expect(ran(conv2d([2, 9, 9, 64], [3, 3, 64, 64], 2))).toEqual({ calls: 0, filterGrads: 0 })
+    expect(ran(conv2d([2, 9, 9, 68], [3, 3, 68, 20], 2))).toEqual({ calls: 0, filterGrads: 0 })
+    expect(ran(filterGrad([2, 9, 9, 8], [3, 3, 8, 16], 2))).toEqual({ calls: 0, filterGrads: 1 })
+    expect(ran(filterGrad([2, 9, 9, 8], [5, 5, 8, 16], 1))).toEqual({ calls: 0, filterGrads: 0 })
+    expect(ran(filterGrad([2, 9, 9, 6], [3, 3, 6, 16], 2))).toEqual({ calls: 0, filterGrads: 0 })
+  })
+
   it("the filter gradient over a batch in cache-sized chunks: the same bits as one call of the SIMD kernel over the whole batch (whole images per chunk; runs of rows at strides 1, 2 and 3, same and valid)", () => {
     for (const [x, f, strides, pad] of [
       [[12, 8, 8, 32], [3, 3, 32, 64], 1, "same"],
       [[3, 40, 40, 16], [3, 3, 16, 16], 1, "same"],
       [[2, 64, 64, 3], [7, 7, 3, 32], 2, "same"],
       [[4, 30, 30, 16], [3, 3, 16, 16], 1, "valid"],
-      [[2, 50, 50, 32], [3, 3, 32, 32], 3, "same"]
+      // 24 output channels: not a multiple of 16, so not the patch matrix at stride 3
+      [[2, 50, 50, 32], [3, 3, 32, 24], 3, "same"]
     ] as Array<[number[], number[], number, "same" | "valid"]>) {
       const xs = t(x, 3)
       const dy = t((tf.conv2d(xs as never, tf.zeros(f) as never, strides, pad) as unknown as Tensor).shape, 4)

@@ -90,6 +90,8 @@ export interface HeapKernels extends WinogradKernels {
   gruUpdateGrad(dhn: number, mx: number, inner: number, h: number, rec: number, dmx: number, dinner: number, dh: number, drec: number, B: number, H: number, hard: number): void
   /** Patch gradients dcol [N·OH·OW, FH·FW·C] added into dx [N, H, W, C] where their patches were read; C a multiple of 4. */
   col2im(dcol: number, dx: number, N: number, H: number, W: number, C: number, OH: number, OW: number, FH: number, FW: number, SH: number, SW: number, top: number, left: number): void
+  /** The patch matrix [N·OH·OW, FH·FW·C] of x padded as conv2d reads it; C a multiple of 4. */
+  im2col(x: number, col: number, N: number, HP: number, WP: number, C: number, OH: number, OW: number, FH: number, FW: number, SH: number, SW: number): void
   /** x [N, H, W, C] into a zeroed [N, HP, WP, C] at row top, column left; C a multiple of 4. */
   padImage(x: number, out: number, N: number, H: number, W: number, C: number, HP: number, WP: number, top: number, left: number): void
   /** A 3x3 filter [3, 3, C, O] transformed for Winograd's F(4x4, 3x3) into u: 36 planes of [C, O], each a cache line (64 bytes) longer, which every tile shape's wgConv reads; O a multiple of 4; tmp 288 bytes. */

@@ -1697,6 +1697,50 @@ const col2im = `
     })})`
 
 /**
+ * im2col(x, col, N, HP, WP, C, OH, OW, FH, FW, SH, SW): the patch matrix col [N·OH·OW, FH·FW·C] of
+ * x padded as conv2d reads it ([N, HP, WP, C], every tap of every output pixel inside): output pixel
+ * (b, oh, ow)'s row holds, for each filter row fh, the FW·C floats from x[b, oh·SH + fh, ow·SW], one
+ * contiguous run. C a multiple of 4.
+ */
+const im2col = `
+  (func (export "im2col") (param $x i32) (param $col i32) (param $N i32) (param $HP i32) (param $WP i32) (param $C i32)
+      (param $OH i32) (param $OW i32) (param $FH i32) (param $FW i32) (param $SH i32) (param $SW i32)
+    (local $b i32) (local $oh i32) (local $ow i32) (local $fh i32) (local $src i32) (local $end i32) (local $o i32)
+    (local $pixel i32) (local $rowBytes i32) (local $run i32) (local $image i32) (local $stepH i32) (local $stepW i32)
+    (local.set $pixel (i32.shl (local.get $C) (i32.const 2)))
+    (local.set $rowBytes (i32.mul (local.get $WP) (local.get $pixel)))
+    (local.set $run (i32.mul (local.get $FW) (local.get $pixel)))
+    (local.set $image (i32.mul (local.get $HP) (local.get $rowBytes)))
+    (local.set $stepH (i32.mul (local.get $SH) (local.get $rowBytes)))
+    (local.set $stepW (i32.mul (local.get $SW) (local.get $pixel)))
+    (local.set $o (local.get $col))
+    ${loop(
+      "b",
+      get("N"),
+      loop(
+        "oh",
+        get("OH"),
+        loop(
+          "ow",
+          get("OW"),
+          `(local.set $src (i32.add (i32.add (local.get $x) (i32.mul (local.get $b) (local.get $image)))
+            (i32.add (i32.mul (local.get $oh) (local.get $stepH)) (i32.mul (local.get $ow) (local.get $stepW)))))
+          ${loop(
+            "fh",
+            get("FH"),
+            `(local.set $end (i32.add (local.get $o) (local.get $run)))
+            (loop $copy
+              (v128.store (local.get $o) (v128.load (local.get $src)))
+              (local.set $o (i32.add (local.get $o) (i32.const 16)))
+              (local.set $src (i32.add (local.get $src) (i32.const 16)))
+              (br_if $copy (i32.lt_u (local.get $o) (local.get $end))))
+            (local.set $src (i32.add (local.get $src) (i32.sub (local.get $rowBytes) (local.get $run))))`
+          )}`
+        )
+      )
+    )})`
+
+/**
  * padImage(x, out, N, H, W, C, HP, WP, top, left): x [N, H, W, C] copied into out [N, HP, WP, C] at
  * row `top`, column `left` (rows and columns past HP, WP left out), zeros everywhere else; C a
  * multiple of 4, 0 ≤ top, left. For the convolutions' padded inputs (../conv2d.ts padImage).
@@ -2297,6 +2341,7 @@ export const wat = `(module
   ${gruUpdate}
   ${gruUpdateGrad}
   ${col2im}
+  ${im2col}
   ${padImage}
   ${winogradKernels}
   ${maddProbe}
