@@ -149,7 +149,7 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     expect(simdConvStats.calls - before).toBe(2)
   })
 
-  it("convolutions whose filter the direct kernel cannot hold (over 576 taps, or 73728 floats and more) run as their patch matrix and the product, output channels a multiple of 16; strided filter gradients likewise", () => {
+  it("convolutions whose filter the direct kernel cannot hold (over 576 taps, or 73728 floats and more) and strided 1x1 ones run as their patch matrix and the product, output channels a multiple of 16; strided filter gradients likewise", () => {
     const ran = (f: () => void): { calls: number; filterGrads: number } => {
       const before = { ...patchStats }
       tf.tidy(f)
@@ -164,6 +164,9 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     expect(ran(conv2d([2, 9, 9, 64], [3, 3, 64, 128], 2))).toEqual({ calls: 1, filterGrads: 0 })
     expect(ran(conv2d([2, 9, 9, 64], [3, 3, 64, 64], 2))).toEqual({ calls: 0, filterGrads: 0 })
     expect(ran(conv2d([2, 9, 9, 68], [3, 3, 68, 20], 2))).toEqual({ calls: 0, filterGrads: 0 })
+    // a 1x1 filter at stride 2 (a projection shortcut) too; at stride 1 it is a product of x as it is
+    expect(ran(conv2d([2, 8, 8, 8], [1, 1, 8, 16], 2))).toEqual({ calls: 1, filterGrads: 0 })
+    expect(ran(conv2d([2, 8, 8, 8], [1, 1, 8, 16], 1))).toEqual({ calls: 0, filterGrads: 0 })
     expect(ran(filterGrad([2, 9, 9, 8], [3, 3, 8, 16], 2))).toEqual({ calls: 0, filterGrads: 1 })
     expect(ran(filterGrad([2, 9, 9, 8], [5, 5, 8, 16], 1))).toEqual({ calls: 0, filterGrads: 0 })
     expect(ran(filterGrad([2, 9, 9, 6], [3, 3, 6, 16], 2))).toEqual({ calls: 0, filterGrads: 0 })
