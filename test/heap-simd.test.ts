@@ -155,7 +155,8 @@ describe("SIMD kernels on the wasm heap", () => {
       const beta = seeded(C, 3)
       const js = [new Float32Array(n), new Float32Array(C), new Float32Array(C)] as const
       batchNormTrainForward(x, gamma, beta, C, 1e-3, ...js)
-      const simd = onHeap([[x, [M, C]], [gamma, [C]], [beta, [C]]], [[M, C], [C], [C]], ([xa, g, b], [y, m, v]) => kernels.bnTrainForward(xa!, g!, b!, y!, m!, v!, M, C, 1e-3))
+      // (the sums go over blocks of 4096 / C rows: one block for [9, 52], several with a part one for [300, 64] and [25088, 8])
+      const simd = onHeap([[x, [M, C]], [gamma, [C]], [beta, [C]]], [[M, C], [C], [C], [8 * C]], ([xa, g, b], [y, m, v, scratch]) => kernels.bnTrainForward(xa!, g!, b!, y!, m!, v!, M, C, 1e-3, scratch!))
       // float64 in the JavaScript's order of operations: the same bits.
       js.forEach((a, i) => expect(Array.from(simd[i]!)).toEqual(Array.from(a)))
       const dy = seeded(n, 4)
@@ -165,8 +166,8 @@ describe("SIMD kernels on the wasm heap", () => {
       batchNormTrainBackward(dy, x, gamma, js[1], js[2], dmean, dvar, C, 1e-3, ...jsBack)
       const simdBack = onHeap(
         [[dy, [M, C]], [x, [M, C]], [gamma, [C]], [js[1], [C]], [js[2], [C]], [dmean, [C]], [dvar, [C]]],
-        [[M, C], [C], [C]],
-        ([d, xa, g, m, v, dm, dv], [dx, dg, db]) => kernels.bnTrainBackward(d!, xa!, g!, m!, v!, dm!, dv!, dx!, dg!, db!, M, C, 1e-3)
+        [[M, C], [C], [C], [8 * C]],
+        ([d, xa, g, m, v, dm, dv], [dx, dg, db, scratch]) => kernels.bnTrainBackward(d!, xa!, g!, m!, v!, dm!, dv!, dx!, dg!, db!, M, C, 1e-3, scratch!)
       )
       jsBack.forEach((a, i) => expect(Array.from(simdBack[i]!)).toEqual(Array.from(a)))
     })

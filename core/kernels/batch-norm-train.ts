@@ -132,24 +132,26 @@ const hostForward = hostKernels({
   names: ["x", "gamma", "beta"],
   shapes: ({ x }) => [[...x!.shape], [rowsOf(x!.shape)[1]], [rowsOf(x!.shape)[1]]],
   compute: ([x, gamma, beta], [y, mean, variance], attrs, { x: xi }) => batchNormTrainForward(x!, gamma!, beta!, rowsOf(xi!.shape)[1], eps(attrs), y!, mean!, variance!),
-  heap: (k, [x, gamma, beta], [y, mean, variance], attrs, { x: xi }) => {
+  heap: (k, [x, gamma, beta], [y, mean, variance], attrs, { x: xi }, scratch) => {
     const [M, C] = rowsOf(xi!.shape)
     if (C % 4 !== 0) return false
-    k.bnTrainForward(x!, gamma!, beta!, y!, mean!, variance!, M, C, eps(attrs))
+    k.bnTrainForward(x!, gamma!, beta!, y!, mean!, variance!, M, C, eps(attrs), scratch)
     return true
-  }
+  },
+  scratch: ({ x }) => 8 * rowsOf(x!.shape)[1]
 })
 const hostBackward = hostKernels({
   names: ["dy", "x", "gamma", "mean", "variance", "dmean", "dvariance"],
   shapes: ({ x }) => [[...x!.shape], [rowsOf(x!.shape)[1]], [rowsOf(x!.shape)[1]]],
   compute: ([dy, x, gamma, mean, variance, dmean, dvariance], [dx, dg, db], attrs, { x: xi }) =>
     batchNormTrainBackward(dy!, x!, gamma!, mean!, variance!, dmean!, dvariance!, rowsOf(xi!.shape)[1], eps(attrs), dx!, dg!, db!),
-  heap: (k, [dy, x, gamma, mean, variance, dmean, dvariance], [dx, dg, db], attrs, { x: xi }) => {
+  heap: (k, [dy, x, gamma, mean, variance, dmean, dvariance], [dx, dg, db], attrs, { x: xi }, scratch) => {
     const [M, C] = rowsOf(xi!.shape)
     if (C % 4 !== 0) return false
-    k.bnTrainBackward(dy!, x!, gamma!, mean!, variance!, dmean!, dvariance!, dx!, dg!, db!, M, C, eps(attrs))
+    k.bnTrainBackward(dy!, x!, gamma!, mean!, variance!, dmean!, dvariance!, dx!, dg!, db!, M, C, eps(attrs), scratch)
     return true
-  }
+  },
+  scratch: ({ x }) => 8 * rowsOf(x!.shape)[1]
 })
 
 // webgpu: a channel's sums in parallel over its rows (columnSums), the elementwise parts with one

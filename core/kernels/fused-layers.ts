@@ -41,7 +41,9 @@ export interface HostKernel {
    * The same computation by gradwire's SIMD kernels on the wasm heap (heap-simd.ts), given the
    * inputs' and outputs' byte addresses there; false where it does not apply (then `compute` runs).
    */
-  heap?: (kernels: HeapKernels, ins: number[], outs: number[], attrs: Record<string, unknown>, inputs: Record<string, TensorInfo>) => boolean
+  heap?: (kernels: HeapKernels, ins: number[], outs: number[], attrs: Record<string, unknown>, inputs: Record<string, TensorInfo>, scratch: number) => boolean
+  /** Floats of scratch the heap kernel wants (its address the last argument of `heap`; freed after the call). */
+  scratch?: (inputs: Record<string, TensorInfo>) => number
 }
 
 /** `k` as the wasm kernel (on its heap; its SIMD form where it has one) and as the cpu kernel; one output is returned as itself, several as a list. */
@@ -51,17 +53,24 @@ export const hostKernels = (k: HostKernel): readonly [unknown, unknown] => {
     // Every output made before any view is taken: a new output can grow the heap and detach earlier views.
     const outs = k.shapes(inputs).map((shape) => backend.makeOutput(shape, "float32"))
     const kernels = k.heap && heapKernels(backend)
-    if (
-      kernels &&
-      k.heap!(
-        kernels,
-        k.names.map((n) => addressOf(backend, inputs[n]!)),
-        outs.map((o) => addressOf(backend, o)),
-        attrs,
-        inputs
-      )
-    )
-      return result(outs)
+    if (kernels) {
+      const scratch = k.scratch ? backend.makeOutput([k.scratch(inputs)], "float32") : undefined
+      try {
+        if (
+          k.heap!(
+            kernels,
+            k.names.map((n) => addressOf(backend, inputs[n]!)),
+            outs.map((o) => addressOf(backend, o)),
+            attrs,
+            inputs,
+            scratch ? addressOf(backend, scratch) : 0
+          )
+        )
+          return result(outs)
+      } finally {
+        if (scratch) backend.disposeData(scratch.dataId)
+      }
+    }
     k.compute(
       k.names.map((n) => floats(backend, inputs[n]!)),
       outs.map((o) => floats(backend, o)),

@@ -41,9 +41,9 @@ export interface HeapKernels extends WinogradKernels {
   /** C = A·Bᵀ per batch, k a multiple of 4. */
   matmulTB(a: number, b: number, c: number, batches: number, m: number, k: number, n: number, sa: number, sb: number): void
   /** Channels C a multiple of 4. */
-  bnTrainForward(x: number, gamma: number, beta: number, y: number, mean: number, variance: number, M: number, C: number, eps: number): void
+  bnTrainForward(x: number, gamma: number, beta: number, y: number, mean: number, variance: number, M: number, C: number, eps: number, scratch: number): void
   /** Channels C a multiple of 4. */
-  bnTrainBackward(dy: number, x: number, gamma: number, mean: number, variance: number, dmean: number, dvariance: number, dx: number, dgamma: number, dbeta: number, M: number, C: number, eps: number): void
+  bnTrainBackward(dy: number, x: number, gamma: number, mean: number, variance: number, dmean: number, dvariance: number, dx: number, dgamma: number, dbeta: number, M: number, C: number, eps: number, scratch: number): void
   /** Row length D a multiple of 4. */
   lnForward(x: number, gamma: number, beta: number, y: number, N: number, D: number, eps: number): void
   /** Row length D a multiple of 4. */

@@ -195,15 +195,57 @@ const ldq = (p, q) => `(v128.load offset=${16 * q} ${p})`
 const atq = (base, q) => ldq(`(i32.add (local.get $${base}) (local.get $at))`, q)
 
 /**
- * $slo<q>, $shi<q>: the float64 sums over the M rows of the group's V vectors of term(lane, the
- * row's vector q of x, the name of that half's mean local) for each half (lane: lo64 / hi64).
+ * Batch norm's passes go over the rows in blocks of about 8 KiB ($R rows, set by sumBlocks), every
+ * channel group over one block before the next: each block comes from memory once and stays in the
+ * first-level cache for the groups after the first. A group's float64 sums live in registers over
+ * a block and in the kernel's scratch between blocks ($acc: one float64 per channel, `which`
+ * selecting a second set C floats64 on), so a channel's sum still runs down the rows in order (the
+ * same bits). `body(V)` sums the block's rows ($p the group's first, $n of them) for V vectors.
  */
-const columnSums = (V, term) => `
-      ${quads(V).map((q) => `${set(nq("slo", q), ZERO64)} ${set(nq("shi", q), ZERO64)}`).join(" ")}
-      (local.set $p (i32.add (local.get $x) (local.get $at)))
+const sumBlocks = (body) => `
+    (local.set $R (i32.div_u (i32.const 2048) (local.get $C)))
+    (if (i32.eqz (local.get $R)) (then (local.set $R (i32.const 1))))
+    (local.set $r0 (i32.const 0))
+    (block $blocks_done
+      (br_if $blocks_done (i32.ge_s (local.get $r0) (local.get $M)))
+      (loop $blocks
+        (local.set $n (i32.sub (local.get $M) (local.get $r0)))
+        (if (i32.gt_s (local.get $n) (local.get $R)) (then (local.set $n (local.get $R))))
+        ${perChannelGroup(body)}
+        (local.set $r0 (i32.add (local.get $r0) (local.get $R)))
+        (br_if $blocks (i32.lt_s (local.get $r0) (local.get $M)))))`
+
+/** The scratch's float64 sums: set 0 from $acc, set 1 C float64s on. */
+const accBase = (which) => (which ? `(i32.add (local.get $acc) (i32.shl (local.get $C) (i32.const 3)))` : `(local.get $acc)`)
+/** Loads (`load`) or stores the group's sums of set `which` into / from $<lo><q>, $<hi><q>. */
+const accMove = (V, which, lo, hi, load) =>
+  quads(V)
+    .map((q) => {
+      const at = `(i32.add ${accBase(which)} (i32.add (i32.shl (local.get $at) (i32.const 1)) (i32.const ${32 * q})))`
+      return load
+        ? `${set(nq(lo, q), `(v128.load ${at})`)} ${set(nq(hi, q), `(v128.load offset=16 ${at})`)}`
+        : `(v128.store ${at} ${get(nq(lo, q))}) (v128.store offset=16 ${at} ${get(nq(hi, q))})`
+    })
+    .join(" ")
+/** $acc's float64s [0, count·C) set to 0. */
+const accZero = (count) => `
+    (local.set $p (local.get $acc))
+    (local.set $q (i32.add (local.get $acc) (i32.shl (local.get $C) (i32.const ${count === 2 ? 4 : 3}))))
+    (block $z_done (loop $z_next
+      (br_if $z_done (i32.ge_u (local.get $p) (local.get $q)))
+      (v128.store (local.get $p) ${ZERO64})
+      (local.set $p (i32.add (local.get $p) (i32.const 16)))
+      (br $z_next)))`
+
+/**
+ * A block's rows for V vectors of a channel group: $slo<q>, $shi<q> += term(lane, the row's vector
+ * q of x, the name of that half's mean local) for each half (lane: lo64 / hi64).
+ */
+const blockSums = (V, term) => `
+      (local.set $p (i32.add (i32.add (local.get $x) (i32.mul (local.get $r0) (local.get $stride))) (local.get $at)))
       ${loop(
         "i",
-        get("M"),
+        get("n"),
         `${quads(V)
           .map(
             (q) => `${set(nq("d", q), ldq(get("p"), q))}
@@ -217,74 +259,111 @@ const columnSums = (V, term) => `
 /**
  * Batch normalization while training over the last axis of x [M, C] (C a multiple of 4), a group of
  * channels at a time (perChannelGroup), the rows strided by 4C bytes (batch-norm-train.ts has the
- * formulas; these are its loops). Sums over rows in float64 (two lanes per f64x2), per-channel
- * factors in float64 rounded to float32 once, the element-wise passes in float32, all in the
- * JavaScript's order of operations: the same bits. The element-wise pass takes a group's vectors of
- * a row together (a pass per vector had read each row's cache line once per vector: [25088, 32],
- * resnet28's 14 x 14 layers at batch 128, forward 1.04 -> 0.65 ms, backward 1.38 -> 0.85 ms).
+ * formulas; these are its loops). Sums over rows in float64 (two lanes per f64x2) in blocks of rows
+ * (sumBlocks), per-channel factors in float64 rounded to float32 once, the element-wise passes in
+ * float32 a row at a time over every channel (the factors read from the scratch), all in the
+ * JavaScript's order of operations: the same bits. Passes over all the rows for each channel group
+ * had read every row's cache lines once per group (per vector before 56b60f6), from memory once x
+ * outgrew the caches; in three alternated pairs, ms: [32768, 64] (resnet18's first stage at batch
+ * 32) forward 2.87-4.05 -> 1.71-1.97, backward 5.00-5.32 -> 2.85-3.23; [8192, 128] 0.82-0.95 ->
+ * 0.69-0.83 and 1.23-1.63 -> 0.91-1.02; resnet28's [25088, 32] (batch 128) and [6272, 32] 0.9-1.0x
+ * the time. Blocks of 8 KiB measured best of 4, 8 and 16 (16: x, dy and dx of a block outgrew the
+ * first-level cache in the backward pass).
  *
- * bnTrainForward(x, gamma, beta, y, mean, variance, M, C, eps): y, and the batch's mean and
- * population variance per channel.
+ * bnTrainForward(x, gamma, beta, y, mean, variance, M, C, eps, scratch): y, and the batch's mean
+ * and population variance per channel; scratch 32·C bytes (the sums and the means in float64, then
+ * the factors s, u, r, b in float32).
  */
-const bnForwardGroup = (V) => `
-      ${columnSums(V, (lane, d) => lane(d))}
-      ${quads(V).map((q) => `${set(nq("mlo", q), `(f64x2.div ${get(nq("slo", q))} ${get("rows")})`)} ${set(nq("mhi", q), `(f64x2.div ${get(nq("shi", q))} ${get("rows")})`)}`).join("\n      ")}
-      ${columnSums(V, (lane, d, m) => dmul(dsub(lane(d), get(m)), dsub(lane(d), get(m))))}
+const bnForwardMeans = (V) => `
+      ${accMove(V, 0, "slo", "shi", true)}
+      ${blockSums(V, (lane, d) => lane(d))}
+      ${accMove(V, 0, "slo", "shi", false)}`
+const bnForwardSquares = (V) => `
+      ${accMove(V, 1, "mlo", "mhi", true)}
+      ${accMove(V, 0, "slo", "shi", true)}
+      ${blockSums(V, (lane, d, m) => dmul(dsub(lane(d), get(m)), dsub(lane(d), get(m))))}
+      ${accMove(V, 0, "slo", "shi", false)}`
+/** The factors' f32x4 vector q of a group in the scratch: f = 0 .. 3 for s, u, r, b (P, Q, R, u backward). */
+const factorAt = (f, q) => `(i32.add (i32.add (local.get $acc) (i32.shl (local.get $C) (i32.const 4))) (i32.add (i32.mul (local.get $C) (i32.const ${4 * f})) (i32.add (local.get $at) (i32.const ${16 * q}))))`
+const bnForwardFactors = (V) => `
+      ${accMove(V, 0, "slo", "shi", true)}
+      ${accMove(V, 1, "mlo", "mhi", true)}
       ${quads(V)
         .map(
           (q) => `${set(nq("slo", q), `(f64x2.div ${get(nq("slo", q))} ${get("rows")})`)}
       ${set(nq("shi", q), `(f64x2.div ${get(nq("shi", q))} ${get("rows")})`)}
-      (v128.store offset=${16 * q} (i32.add (local.get $mean) (local.get $at)) ${join32(get(nq("mlo", q)), get(nq("mhi", q)))})
       (v128.store offset=${16 * q} (i32.add (local.get $var) (local.get $at)) ${join32(get(nq("slo", q)), get(nq("shi", q)))})
       ;; scale = gamma / sqrt(variance + eps) in float64, rounded to float32, and y = ((x − mean) − rest)·scale
       ;; + beta in float32, mean the float64 mean rounded to float32 and rest what that rounding left
       ;; (so x − mean keeps its precision where the mean is large next to the spread), as the JavaScript
-      ${set(nq("s", q), join32(`(f64x2.div ${lo64(atq("gamma", q))} (f64x2.sqrt (f64x2.add ${get(nq("slo", q))} (f64x2.splat (local.get $eps)))))`, `(f64x2.div ${hi64(atq("gamma", q))} (f64x2.sqrt (f64x2.add ${get(nq("shi", q))} (f64x2.splat (local.get $eps)))))`))}
-      ${set(nq("u", q), join32(get(nq("mlo", q)), get(nq("mhi", q))))}
-      ${set(nq("r", q), join32(dsub(get(nq("mlo", q)), lo64(get(nq("u", q)))), dsub(get(nq("mhi", q)), hi64(get(nq("u", q))))))}
-      ${set(nq("b", q), atq("beta", q))}`
+      (v128.store ${factorAt(0, q)} ${join32(`(f64x2.div ${lo64(atq("gamma", q))} (f64x2.sqrt (f64x2.add ${get(nq("slo", q))} (f64x2.splat (local.get $eps)))))`, `(f64x2.div ${hi64(atq("gamma", q))} (f64x2.sqrt (f64x2.add ${get(nq("shi", q))} (f64x2.splat (local.get $eps)))))`)})
+      ${set("u4", join32(get(nq("mlo", q)), get(nq("mhi", q))))}
+      (v128.store ${factorAt(1, q)} ${get("u4")})
+      (v128.store ${factorAt(2, q)} ${join32(dsub(get(nq("mlo", q)), lo64(get("u4"))), dsub(get(nq("mhi", q)), hi64(get("u4"))))})
+      (v128.store ${factorAt(3, q)} ${atq("beta", q)})`
         )
-        .join("\n      ")}
-      ;; the group's vectors of a row together: each row's cache line read once
-      (local.set $p (i32.add (local.get $x) (local.get $at)))
-      (local.set $q (i32.add (local.get $y) (local.get $at)))
+        .join("\n      ")}`
+/**
+ * An element-wise pass in the sums' blocks of rows (sumBlocks), a channel group at a time: its
+ * factors (`factors`: names of v128 locals, f the factor's index in the scratch) loaded once per
+ * block, then `body(q)` for vector q of the group on each of the block's rows ($p, $q, $o that row's
+ * group in three arrays at `arrays`).
+ */
+const elementBlocks = (arrays, factors, body) =>
+  sumBlocks(
+    (V) => `${quads(V)
+      .map((q) => factors.map((name, f) => set(nq(name, q), ld(factorAt(f, q)))).join(" "))
+      .join("\n      ")}
+      (local.set $p (i32.add (i32.add ${arrays[0]} (i32.mul (local.get $r0) (local.get $stride))) (local.get $at)))
+      (local.set $q (i32.add (i32.add ${arrays[1]} (i32.mul (local.get $r0) (local.get $stride))) (local.get $at)))
+      (local.set $o (i32.add (i32.add ${arrays[2]} (i32.mul (local.get $r0) (local.get $stride))) (local.get $at)))
       ${loop(
         "i",
-        get("M"),
-        `${quads(V)
-          .map((q) => `(v128.store offset=${16 * q} (local.get $q) ${vadd(vmul(vsub(vsub(ldq(get("p"), q), get(nq("u", q))), get(nq("r", q))), get(nq("s", q))), get(nq("b", q)))})`)
-          .join("\n        ")}
+        get("n"),
+        `${quads(V).map(body).join("\n        ")}
         (local.set $p (i32.add (local.get $p) (local.get $stride)))
-        (local.set $q (i32.add (local.get $q) (local.get $stride)))`
+        (local.set $q (i32.add (local.get $q) (local.get $stride)))
+        (local.set $o (i32.add (local.get $o) (local.get $stride)))`
       )}`
+  )
 const bnTrainForward = `
   (func (export "bnTrainForward") (param $x i32) (param $gamma i32) (param $beta i32) (param $y i32)
-      (param $mean i32) (param $var i32) (param $M i32) (param $C i32) (param $eps f64)
-    (local $i i32) (local $p i32) (local $q i32) (local $stride i32) (local $at i32)
-    ${v("d")} ${v("rows")}
-    ${perVector("slo", "shi", "mlo", "mhi", "d", "s", "u", "r", "b")}
-    ${perChannelGroup(bnForwardGroup)})`
+      (param $mean i32) (param $var i32) (param $M i32) (param $C i32) (param $eps f64) (param $acc i32)
+    (local $i i32) (local $p i32) (local $q i32) (local $o i32) (local $stride i32) (local $at i32) (local $R i32) (local $r0 i32) (local $n i32)
+    ${v("rows")} ${v("u4")}
+    ${perVector("slo", "shi", "mlo", "mhi", "d", "fs", "fu", "fr", "fb")}
+    ;; the sums of x, then the means in float64 (set 1) and float32 (the mean output)
+    ${accZero(1)}
+    ${sumBlocks(bnForwardMeans)}
+    ${perChannelGroup(
+      (V) => `${accMove(V, 0, "slo", "shi", true)}
+      ${quads(V).map((q) => `${set(nq("mlo", q), `(f64x2.div ${get(nq("slo", q))} ${get("rows")})`)} ${set(nq("mhi", q), `(f64x2.div ${get(nq("shi", q))} ${get("rows")})`)}`).join("\n      ")}
+      ${accMove(V, 1, "mlo", "mhi", false)}
+      ${quads(V).map((q) => `(v128.store offset=${16 * q} (i32.add (local.get $mean) (local.get $at)) ${join32(get(nq("mlo", q)), get(nq("mhi", q)))})`).join("\n      ")}`
+    )}
+    ;; the sums of (x − mean)², then the variances and the factors
+    ${accZero(1)}
+    ${sumBlocks(bnForwardSquares)}
+    ${perChannelGroup(bnForwardFactors)}
+    ;; y = ((x − u) − r)·s + b
+    ${elementBlocks(["(local.get $x)", "(local.get $x)", "(local.get $y)"], ["fs", "fu", "fr", "fb"], (q) => `(v128.store offset=${16 * q} (local.get $o) ${vadd(vmul(vsub(vsub(ldq(get("p"), q), get(nq("fu", q))), get(nq("fr", q))), get(nq("fs", q))), get(nq("fb", q)))})`)})`
 
 /**
- * bnTrainBackward(dy, x, gamma, mean, variance, dmean, dvariance, dx, dgamma, dbeta, M, C, eps):
- * dx, dγ and dβ from the forward's mean and variance and the gradients reaching them.
+ * bnTrainBackward(dy, x, gamma, mean, variance, dmean, dvariance, dx, dgamma, dbeta, M, C, eps,
+ * scratch): dx, dγ and dβ from the forward's mean and variance and the gradients reaching them;
+ * scratch 32·C bytes (Σ dy and Σ dy·(x − mean) in float64, then the factors P, Q, R and the mean in
+ * float32).
  */
-const bnBackwardGroup = (V) => `
-      ${quads(V)
-        .map(
-          (q) => `;; r = 1 / sqrt(variance + eps) in float64
-      ${set(nq("rlo", q), `(f64x2.div (f64x2.splat (f64.const 1)) (f64x2.sqrt (f64x2.add ${lo64(atq("var", q))} (f64x2.splat (local.get $eps)))))`)}
-      ${set(nq("rhi", q), `(f64x2.div (f64x2.splat (f64.const 1)) (f64x2.sqrt (f64x2.add ${hi64(atq("var", q))} (f64x2.splat (local.get $eps)))))`)}
-      ${set(nq("u", q), atq("mean", q))}
-      ${set(nq("dlo", q), ZERO64)} ${set(nq("dhi", q), ZERO64)} ${set(nq("xlo", q), ZERO64)} ${set(nq("xhi", q), ZERO64)}`
-        )
-        .join("\n      ")}
-      (local.set $p (i32.add (local.get $x) (local.get $at)))
-      (local.set $q (i32.add (local.get $dy) (local.get $at)))
+const bnBackwardSums = (V) => `
+      ${quads(V).map((q) => set(nq("u", q), atq("mean", q))).join(" ")}
+      ${accMove(V, 0, "dlo", "dhi", true)}
+      ${accMove(V, 1, "xlo", "xhi", true)}
+      (local.set $p (i32.add (i32.add (local.get $x) (i32.mul (local.get $r0) (local.get $stride))) (local.get $at)))
+      (local.set $q (i32.add (i32.add (local.get $dy) (i32.mul (local.get $r0) (local.get $stride))) (local.get $at)))
       ;; Σ dy and Σ dy·(x − mean) in float64, each dy·(x − mean) a float32 product of a float32 difference
       ${loop(
         "i",
-        get("M"),
+        get("n"),
         `${quads(V)
           .map(
             (q) => `${set("d", ldq(get("q"), q))}
@@ -298,9 +377,17 @@ const bnBackwardGroup = (V) => `
         (local.set $p (i32.add (local.get $p) (local.get $stride)))
         (local.set $q (i32.add (local.get $q) (local.get $stride)))`
       )}
+      ${accMove(V, 0, "dlo", "dhi", false)}
+      ${accMove(V, 1, "xlo", "xhi", false)}`
+const bnBackwardFactors = (V) => `
+      ${accMove(V, 0, "dlo", "dhi", true)}
+      ${accMove(V, 1, "xlo", "xhi", true)}
       ${quads(V)
         .map(
-          (q) => `;; Σ dy·x̂ = r·Σ dy·(x − mean): dγ; Σ dy: dβ
+          (q) => `;; r = 1 / sqrt(variance + eps) in float64
+      ${set(nq("rlo", q), `(f64x2.div (f64x2.splat (f64.const 1)) (f64x2.sqrt (f64x2.add ${lo64(atq("var", q))} (f64x2.splat (local.get $eps)))))`)}
+      ${set(nq("rhi", q), `(f64x2.div (f64x2.splat (f64.const 1)) (f64x2.sqrt (f64x2.add ${hi64(atq("var", q))} (f64x2.splat (local.get $eps)))))`)}
+      ;; Σ dy·x̂ = r·Σ dy·(x − mean): dγ; Σ dy: dβ
       ${set(nq("xlo", q), dmul(get(nq("xlo", q)), get(nq("rlo", q))))}
       ${set(nq("xhi", q), dmul(get(nq("xhi", q)), get(nq("rhi", q))))}
       (v128.store offset=${16 * q} (i32.add (local.get $dgamma) (local.get $at)) ${join32(get(nq("xlo", q)), get(nq("xhi", q)))})
@@ -309,46 +396,36 @@ const bnBackwardGroup = (V) => `
       ;; P·(Σdy/M), each from float64 rounded to float32, then float32 arithmetic (as the JavaScript's)
       ${set("kalo", dmul(get(nq("rlo", q)), lo64(atq("gamma", q))))}
       ${set("kahi", dmul(get(nq("rhi", q)), hi64(atq("gamma", q))))}
-      ${set(nq("pf", q), join32(get("kalo"), get("kahi")))}
-      ${set(
-        nq("qf", q),
-        join32(
-          dsub(`(f64x2.div (f64x2.mul ${lo64(atq("dvar", q))} (f64x2.splat (f64.const 2))) ${get("rows")})`, dmul(dmul(get("kalo"), get(nq("rlo", q))), `(f64x2.div ${get(nq("xlo", q))} ${get("rows")})`)),
-          dsub(`(f64x2.div (f64x2.mul ${hi64(atq("dvar", q))} (f64x2.splat (f64.const 2))) ${get("rows")})`, dmul(dmul(get("kahi"), get(nq("rhi", q))), `(f64x2.div ${get(nq("xhi", q))} ${get("rows")})`))
+      (v128.store ${factorAt(0, q)} ${join32(get("kalo"), get("kahi"))})
+      (v128.store ${factorAt(
+        1,
+        q
+      )} ${join32(
+        dsub(`(f64x2.div (f64x2.mul ${lo64(atq("dvar", q))} (f64x2.splat (f64.const 2))) ${get("rows")})`, dmul(dmul(get("kalo"), get(nq("rlo", q))), `(f64x2.div ${get(nq("xlo", q))} ${get("rows")})`)),
+        dsub(`(f64x2.div (f64x2.mul ${hi64(atq("dvar", q))} (f64x2.splat (f64.const 2))) ${get("rows")})`, dmul(dmul(get("kahi"), get(nq("rhi", q))), `(f64x2.div ${get(nq("xhi", q))} ${get("rows")})`))
+      )})
+      (v128.store ${factorAt(
+        2,
+        q
+      )} ${join32(
+        dsub(`(f64x2.div ${lo64(atq("dmean", q))} ${get("rows")})`, dmul(get("kalo"), `(f64x2.div ${get(nq("dlo", q))} ${get("rows")})`)),
+        dsub(`(f64x2.div ${hi64(atq("dmean", q))} ${get("rows")})`, dmul(get("kahi"), `(f64x2.div ${get(nq("dhi", q))} ${get("rows")})`))
+      )})
+      (v128.store ${factorAt(3, q)} ${atq("mean", q)})`
         )
-      )}
-      ${set(
-        nq("rf", q),
-        join32(
-          dsub(`(f64x2.div ${lo64(atq("dmean", q))} ${get("rows")})`, dmul(get("kalo"), `(f64x2.div ${get(nq("dlo", q))} ${get("rows")})`)),
-          dsub(`(f64x2.div ${hi64(atq("dmean", q))} ${get("rows")})`, dmul(get("kahi"), `(f64x2.div ${get(nq("dhi", q))} ${get("rows")})`))
-        )
-      )}
-`
-        )
-        .join("\n      ")}
-      ;; the group's vectors of a row together: each row's cache lines read once
-      (local.set $p (i32.add (local.get $x) (local.get $at)))
-      (local.set $q (i32.add (local.get $dy) (local.get $at)))
-      (local.set $o (i32.add (local.get $dx) (local.get $at)))
-      ${loop(
-        "i",
-        get("M"),
-        `${quads(V)
-          .map((q) => `(v128.store offset=${16 * q} (local.get $o) ${vadd(vadd(vmul(get(nq("pf", q)), ldq(get("q"), q)), vmul(get(nq("qf", q)), vsub(ldq(get("p"), q), get(nq("u", q))))), get(nq("rf", q)))})`)
-          .join("\n        ")}
-        (local.set $p (i32.add (local.get $p) (local.get $stride)))
-        (local.set $q (i32.add (local.get $q) (local.get $stride)))
-        (local.set $o (i32.add (local.get $o) (local.get $stride)))`
-      )}`
+        .join("\n      ")}`
 const bnTrainBackward = `
   (func (export "bnTrainBackward") (param $dy i32) (param $x i32) (param $gamma i32) (param $mean i32)
       (param $var i32) (param $dmean i32) (param $dvar i32) (param $dx i32) (param $dgamma i32)
-      (param $dbeta i32) (param $M i32) (param $C i32) (param $eps f64)
-    (local $i i32) (local $p i32) (local $q i32) (local $o i32) (local $stride i32) (local $at i32)
+      (param $dbeta i32) (param $M i32) (param $C i32) (param $eps f64) (param $acc i32)
+    (local $i i32) (local $p i32) (local $q i32) (local $o i32) (local $stride i32) (local $at i32) (local $R i32) (local $r0 i32) (local $n i32)
     ${v("rows")} ${v("d")} ${v("xm")} ${v("kalo")} ${v("kahi")}
     ${perVector("rlo", "rhi", "u", "dlo", "dhi", "xlo", "xhi", "pf", "qf", "rf")}
-    ${perChannelGroup(bnBackwardGroup)})`
+    ${accZero(2)}
+    ${sumBlocks(bnBackwardSums)}
+    ${perChannelGroup(bnBackwardFactors)}
+    ;; dx = P·dy + Q·(x − mean) + R
+    ${elementBlocks(["(local.get $x)", "(local.get $dy)", "(local.get $dx)"], ["pf", "qf", "rf", "u"], (q) => `(v128.store offset=${16 * q} (local.get $o) ${vadd(vadd(vmul(get(nq("pf", q)), ldq(get("q"), q)), vmul(get(nq("qf", q)), vsub(ldq(get("p"), q), get(nq("u", q))))), get(nq("rf", q)))})`)})`
 
 /** The sum of an f32x4's lanes, ((l0 + l1) + (l2 + l3)). */
 const hsum = (e) => `(f32.add (f32.add (f32x4.extract_lane 0 ${e}) (f32x4.extract_lane 1 ${e})) (f32.add (f32x4.extract_lane 2 ${e}) (f32x4.extract_lane 3 ${e})))`
