@@ -11,7 +11,7 @@ import { useHeapKernels } from "../core/kernels/heap-simd.ts"
 import { simdDepthwiseStats, useFilterGradChunks } from "../core/kernels/conv-grads.ts"
 import { describeKernels, registerWasmKernels } from "../core/kernels/register.ts"
 import { asReducedBlock } from "../core/kernels/reduce.ts"
-import { padImage, patchStats, pointwiseStats, simdConvStats, useWinograd, useWinogradEdgeTiles, winogradPlan, winogradStats, winogradStatus } from "../core/kernels/conv2d.ts"
+import { padImage, patchStats, pointwiseStats, setPatchChunkBytes, simdConvStats, useWinograd, useWinogradEdgeTiles, winogradPlan, winogradStats, winogradStatus } from "../core/kernels/conv2d.ts"
 import { fusedMatMulStats, setConflicting, simdMatMulStats } from "../core/kernels/matmul.ts"
 import { clipGradStats, reluGradStats } from "../core/kernels/relu-grad.ts"
 import { asBlockTranspose } from "../core/kernels/transpose.ts"
@@ -170,6 +170,38 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     expect(ran(filterGrad([2, 9, 9, 8], [3, 3, 8, 16], 2))).toEqual({ calls: 0, filterGrads: 1 })
     expect(ran(filterGrad([2, 9, 9, 8], [5, 5, 8, 16], 1))).toEqual({ calls: 0, filterGrads: 0 })
     expect(ran(filterGrad([2, 9, 9, 6], [3, 3, 6, 16], 2))).toEqual({ calls: 0, filterGrads: 0 })
+  })
+
+  it("a patch matrix over its chunk size goes in chunks of images: the convolution the same bits, the strided filter gradient the same sums added up", () => {
+    for (const [x, f] of [
+      [[5, 9, 9, 68], [3, 3, 68, 16]],
+      [[3, 7, 6, 8], [3, 3, 8, 32]]
+    ]) {
+      const xs = t(x!, 31)
+      const w = t(f!, 32)
+      const dy = t((tf.conv2d(xs as never, w as never, 2, "same") as unknown as Tensor).shape, 33)
+      const passes = (): Float32Array[] => {
+        const before = { ...patchStats }
+        const y = (tf.conv2d(xs as never, w as never, 2, "same") as unknown as Tensor).dataSync() as Float32Array
+        const dw = (tf.engine().runKernel("Conv2DBackpropFilter", { x: xs, dy }, { strides: 2, pad: "same", dataFormat: "NHWC", dimRoundingMode: undefined, filterShape: f } as never) as Tensor).dataSync() as Float32Array
+        // the filter gradient by the patch matrix in both runs (and the 612-tap convolution)
+        expect(patchStats.filterGrads - before.filterGrads).toBe(1)
+        return [y, dw]
+      }
+      const whole = passes()
+      setPatchChunkBytes(1)
+      let chunked: Float32Array[]
+      try {
+        chunked = passes()
+      } finally {
+        setPatchChunkBytes(32 * 1024 * 1024)
+      }
+      expect(Array.from(chunked[0]!)).toEqual(Array.from(whole[0]!))
+      const top = Math.max(...Array.from(whole[1]!, Math.abs))
+      expect(Math.max(...Array.from(whole[1]!, (v, i) => Math.abs(v - chunked[1]![i]!))) / top).toBeLessThan(1e-5)
+      expect(Array.from(chunked[1]!)).not.toEqual(Array.from(new Float32Array(chunked[1]!.length)))
+      tf.dispose([xs, w, dy])
+    }
   })
 
   it("the filter gradient over a batch in cache-sized chunks: the same bits as one call of the SIMD kernel over the whole batch (whole images per chunk; runs of rows at strides 1, 2 and 3, same and valid)", () => {

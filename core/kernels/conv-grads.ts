@@ -8,7 +8,7 @@
 // work is O(input x filter), no matmul to hand them to). Shapes the fast paths do not
 // cover (channels-first data, 3-D) go to the cpu-backend fallback instead (fallback.ts).
 import type { Tf } from "../tf.ts"
-import { convInfo, isPointwise, padImage, patchesFit, patchMatrix, patchStats, winogradFilterGrad } from "./conv2d.ts"
+import { convInfo, eachPatchMatrix, isPointwise, padImage, patchesFit, patchStats, winogradFilterGrad } from "./conv2d.ts"
 import { addressOf, heapKernels, roomAfter } from "./heap-simd.ts"
 import { callKernel, floats, type KernelArgs, type TensorInfo } from "./wasm-heap.ts"
 
@@ -130,23 +130,41 @@ export const conv2dBackpropFilter = (tf: Tf, { inputs, backend, attrs }: KernelA
   // the SIMD kernels below, alternated in one process, ms: 3x3 stride 2 [32, 8, 8, 256] -> 512 44.1
   // -> 26.6, [32, 16, 16, 128] -> 256 35.4 -> 26.4, [32, 14, 14, 32] -> 64 1.95 -> 1.41, [32, 32, 32,
   // 64] -> 128 30.4 -> 30.8; at stride 1 those kernels stay ([8, 16, 16, 64] 5x5 -> 64 8.8 against 12.0).
+  // In chunks of images (eachPatchMatrix), their products added up.
   const heap = heapKernels(backend)
   if (heap && (SH > 1 || SW > 1) && patchesFit(info) && x.dtype === "float32" && dy.dtype === "float32") {
-    const col = patchMatrix(backend, heap, x, info)
-    let colT: TensorInfo | undefined
-    try {
-      colT = callKernel(tf, "Transpose", { inputs: { x: { dataId: col.dataId, shape: [M, K], dtype: "float32" } }, backend, attrs: { perm: [1, 0] } })
-      patchStats.filterGrads++
-      const dw = callKernel(tf, "BatchMatMul", {
-        inputs: { a: { dataId: colT.dataId, shape: [1, K, M], dtype: "float32" }, b: { dataId: dy.dataId, shape: [1, M, O], dtype: "float32" } },
-        backend,
-        attrs: { transposeA: false, transposeB: false }
-      })
-      return { dataId: dw.dataId, shape: [...filterShape], dtype: "float32" }
-    } finally {
-      backend.disposeData(col.dataId)
-      if (colT) backend.disposeData(colT.dataId)
-    }
+    patchStats.filterGrads++
+    let dw: TensorInfo | undefined
+    eachPatchMatrix(backend, heap, x, info, (col, b0, nb) => {
+      const rows = nb * OH * OW
+      const temps: TensorInfo[] = []
+      try {
+        const colT = callKernel(tf, "Transpose", { inputs: { x: { dataId: col.dataId, shape: [rows, K], dtype: "float32" } }, backend, attrs: { perm: [1, 0] } })
+        temps.push(colT)
+        // this chunk's rows of dy: dy itself for one chunk, else a copy of them
+        let dyRows = dy
+        if (nb < N) {
+          dyRows = backend.makeOutput([rows, O], "float32")
+          temps.push(dyRows)
+          floats(backend, dyRows).set(floats(backend, dy).subarray(b0 * OH * OW * O, (b0 + nb) * OH * OW * O))
+        }
+        const part = callKernel(tf, "BatchMatMul", {
+          inputs: { a: { dataId: colT.dataId, shape: [1, K, rows], dtype: "float32" }, b: { dataId: dyRows.dataId, shape: [1, rows, O], dtype: "float32" } },
+          backend,
+          attrs: { transposeA: false, transposeB: false }
+        })
+        if (!dw) dw = part
+        else {
+          temps.push(part)
+          const sum = floats(backend, dw)
+          const add = floats(backend, part)
+          for (let i = 0; i < sum.length; i++) sum[i] = sum[i]! + add[i]!
+        }
+      } finally {
+        for (const t of temps) backend.disposeData(t.dataId)
+      }
+    })
+    return { dataId: dw!.dataId, shape: [...filterShape], dtype: "float32" }
   }
   // gradwire's SIMD kernel on the heap (heap-simd.ts) reads x and dy in place, with no transposes and
   // no patch matrix, a cache-sized chunk of the batch per call (filterGradInChunks).

@@ -157,20 +157,43 @@ export const patchesFit = (info: ReturnType<typeof convInfo>): boolean =>
   info.inChannels % 4 === 0 && info.outChannels % 16 === 0 && info.dilationHeight === 1 && info.dilationWidth === 1 && info.padInfo.top >= 0 && info.padInfo.left >= 0 && info.batchSize * info.outHeight * info.outWidth > 0
 
 /**
- * The patch matrix [N·OH·OW, FH·FW·C] of x for a convolution (im2col on the heap, from x padded as
- * conv2d reads it). The caller disposes of it.
+ * Bytes of patch matrix made at a time (images taken together up to it, at least one): the matrix
+ * holds FH·FW copies of the input, 75 MB for [128, 32, 32, 64] 3x3 at stride 2, which the wasm heap
+ * would have to hold on top of everything else.
  */
-export const patchMatrix = (backend: KernelArgs["backend"], kernels: HeapKernels, x: TensorInfo, info: ReturnType<typeof convInfo>): TensorInfo => {
+let patchChunkBytes = 32 * 1024 * 1024
+
+/** The bytes of patch matrix made at a time (tests make it small to run several chunks). */
+export const setPatchChunkBytes = (bytes: number): void => {
+  patchChunkBytes = bytes
+}
+
+/**
+ * The patch matrix [nb·OH·OW, FH·FW·C] of x's images b0 .. b0 + nb − 1 for a convolution (im2col
+ * on the heap, from x padded once as conv2d reads it), for images in chunks of at most
+ * patchChunkBytes of it: `each(col, b0, nb)`; each chunk's matrix freed after its call.
+ */
+export const eachPatchMatrix = (backend: KernelArgs["backend"], kernels: HeapKernels, x: TensorInfo, info: ReturnType<typeof convInfo>, each: (col: TensorInfo, b0: number, nb: number) => void): void => {
   const { batchSize: N, inHeight: H, inWidth: W, inChannels: C, outHeight: OH, outWidth: OW, filterHeight: FH, filterWidth: FW, strideHeight: SH, strideWidth: SW } = info
   const { top, left } = info.padInfo
   const HP = (OH - 1) * SH + FH
   const WP = (OW - 1) * SW + FW
   const inPlace = top === 0 && left === 0 && HP <= H && WP <= W
   const padded = inPlace ? undefined : padImage(backend, x, HP, WP, top, left)
+  const [rows, cols] = inPlace ? [H, W] : [HP, WP]
+  const imageBytes = rows * cols * C * 4
+  const perChunk = Math.max(1, Math.min(N, Math.floor(patchChunkBytes / (OH * OW * FH * FW * C * 4))))
   try {
-    const col = backend.makeOutput([N * OH * OW, FH * FW * C], "float32")
-    kernels.im2col(addressOf(backend, padded ?? x), addressOf(backend, col), N, inPlace ? H : HP, inPlace ? W : WP, C, OH, OW, FH, FW, SH, SW)
-    return col
+    for (let b0 = 0; b0 < N; b0 += perChunk) {
+      const nb = Math.min(perChunk, N - b0)
+      const col = backend.makeOutput([nb * OH * OW, FH * FW * C], "float32")
+      try {
+        kernels.im2col(addressOf(backend, padded ?? x) + b0 * imageBytes, addressOf(backend, col), nb, rows, cols, C, OH, OW, FH, FW, SH, SW)
+        each(col, b0, nb)
+      } finally {
+        backend.disposeData(col.dataId)
+      }
+    }
   } finally {
     if (padded) backend.disposeData(padded.dataId)
   }
@@ -189,22 +212,32 @@ const patchConv2d = (tf: Tf, backend: KernelArgs["backend"], kernels: HeapKernel
   if (!patchesFit(info) || (bias && (bias.dtype !== "float32" || bias.shape.reduce((a, b) => a * b, 1) !== info.outChannels))) return undefined
   const { batchSize: N, outHeight: OH, outWidth: OW, outChannels: O } = info
   const K = info.filterHeight * info.filterWidth * info.inChannels
-  const col = patchMatrix(backend, kernels, x, info)
-  try {
-    patchStats.calls++
-    const y = callKernel(tf, "_FusedMatMul", {
+  patchStats.calls++
+  const product = (col: TensorInfo, rows: number): TensorInfo =>
+    callKernel(tf, "_FusedMatMul", {
       inputs: {
-        a: { dataId: col.dataId, shape: [1, N * OH * OW, K], dtype: "float32" },
+        a: { dataId: col.dataId, shape: [1, rows, K], dtype: "float32" },
         b: { dataId: filter.dataId, shape: [1, K, O], dtype: "float32" },
         ...(bias ? { bias: { dataId: bias.dataId, shape: [O], dtype: "float32" } } : {})
       },
       backend,
       attrs: { transposeA: false, transposeB: false, activation: relu ? "relu" : "linear" }
     })
-    return { dataId: y.dataId, shape: [N, OH, OW, O], dtype: "float32" }
-  } finally {
-    backend.disposeData(col.dataId)
-  }
+  let whole: TensorInfo | undefined
+  let y: TensorInfo | undefined
+  eachPatchMatrix(backend, kernels, x, info, (col, b0, nb) => {
+    if (nb === N) {
+      whole = product(col, N * OH * OW)
+      return
+    }
+    // several chunks: each one's rows of y
+    y ??= backend.makeOutput([N, OH, OW, O], "float32")
+    const part = product(col, nb * OH * OW)
+    floats(backend, y).set(floats(backend, part), b0 * OH * OW * O)
+    backend.disposeData(part.dataId)
+  })
+  const out = whole ?? y!
+  return { dataId: out.dataId, shape: [N, OH, OW, O], dtype: "float32" }
 }
 
 /** Pointwise (1x1) convolutions run as products in this process (for tests). */
