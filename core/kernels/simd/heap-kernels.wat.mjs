@@ -26,19 +26,6 @@ const mul = (a, b) => `(i32.mul ${a} ${b})`
 const c32 = (v) => `(i32.const ${v})`
 
 /**
- * The batch and row loops of a batched product: for each batch t ($bt = b + t·sb) and each row i
- * of A ($row = a + t·sa + i·`rowStep`), `body`. Uses locals $t $i $bt $row.
- */
-const perRow = (rowStep, body) =>
-  loop(
-    "t",
-    get("batches"),
-    `(local.set $bt ${add(get("b"), mul(get("t"), get("sb")))})
-      ${loop("i", get("m"), `(local.set $row ${add(get("a"), mul(get("t"), get("sa")), mul(get("i"), rowStep))})
-        ${body}`)}`
-  )
-
-/**
  * matmul's columns `lanes` at a time from $j while they fit: 16 in four f32x4 accumulators, 4 in
  * one, 1 as a float32; each summed over the whole k loop, A's element splatted against B's row.
  */
