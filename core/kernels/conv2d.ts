@@ -213,16 +213,7 @@ const patchConv2d = (tf: Tf, backend: KernelArgs["backend"], kernels: HeapKernel
   const { batchSize: N, outHeight: OH, outWidth: OW, outChannels: O } = info
   const K = info.filterHeight * info.filterWidth * info.inChannels
   patchStats.calls++
-  const product = (col: TensorInfo, rows: number): TensorInfo =>
-    callKernel(tf, "_FusedMatMul", {
-      inputs: {
-        a: { dataId: col.dataId, shape: [1, rows, K], dtype: "float32" },
-        b: { dataId: filter.dataId, shape: [1, K, O], dtype: "float32" },
-        ...(bias ? { bias: { dataId: bias.dataId, shape: [O], dtype: "float32" } } : {})
-      },
-      backend,
-      attrs: { transposeA: false, transposeB: false, activation: relu ? "relu" : "linear" }
-    })
+  const product = (col: TensorInfo, rows: number): TensorInfo => timesFilter(tf, backend, col, rows, K, filter, bias, relu)
   let whole: TensorInfo | undefined
   let y: TensorInfo | undefined
   eachPatchMatrix(backend, kernels, x, info, (col, b0, nb) => {
@@ -238,6 +229,23 @@ const patchConv2d = (tf: Tf, backend: KernelArgs["backend"], kernels: HeapKernel
   })
   const out = whole ?? y!
   return { dataId: out.dataId, shape: [N, OH, OW, O], dtype: "float32" }
+}
+
+/**
+ * a's data read as [rows, K] times the filter's as [K, O] (its last axis O), with the bias and ReLU,
+ * by gradwire's _FusedMatMul (matmul.ts: the SIMD product, then the bias and activation).
+ */
+const timesFilter = (tf: Tf, backend: KernelArgs["backend"], a: TensorInfo, rows: number, K: number, filter: TensorInfo, bias: TensorInfo | undefined, relu: boolean): TensorInfo => {
+  const O = filter.shape[filter.shape.length - 1]!
+  return callKernel(tf, "_FusedMatMul", {
+    inputs: {
+      a: { dataId: a.dataId, shape: [1, rows, K], dtype: "float32" },
+      b: { dataId: filter.dataId, shape: [1, K, O], dtype: "float32" },
+      ...(bias ? { bias: { dataId: bias.dataId, shape: [O], dtype: "float32" } } : {})
+    },
+    backend,
+    attrs: { transposeA: false, transposeB: false, activation: relu ? "relu" : "linear" }
+  })
 }
 
 /** Pointwise (1x1) convolutions run as products in this process (for tests). */
@@ -272,15 +280,7 @@ const pointwiseConv2d = (tf: Tf, backend: KernelArgs["backend"], x: TensorInfo, 
   const { batchSize: N, outHeight: OH, outWidth: OW } = info
   const M = N * OH * OW
   pointwiseStats.calls++
-  const y = callKernel(tf, "_FusedMatMul", {
-    inputs: {
-      a: { dataId: x.dataId, shape: [1, M, C], dtype: "float32" },
-      b: { dataId: filter.dataId, shape: [1, C, O], dtype: "float32" },
-      ...(bias ? { bias: { dataId: bias.dataId, shape: [O], dtype: "float32" } } : {})
-    },
-    backend,
-    attrs: { transposeA: false, transposeB: false, activation: relu ? "relu" : "linear" }
-  })
+  const y = timesFilter(tf, backend, x, M, C, filter, bias, relu)
   return { dataId: y.dataId, shape: [N, OH, OW, O], dtype: "float32" }
 }
 
