@@ -186,7 +186,7 @@ const atq = (base, q) => ldq(`(i32.add (local.get $${base}) (local.get $at))`, q
  * channel group over one block before the next: each block comes from memory once and stays in the
  * first-level cache for the groups after the first. A group's float64 sums live in registers over
  * a block and in the kernel's scratch between blocks ($acc: one float64 per channel, `which`
- * selecting a second set C floats64 on), so a channel's sum still runs down the rows in order (the
+ * selecting a second set, C float64s on), so a channel's sum still runs down the rows in order (the
  * same bits). `body(V)` sums the block's rows ($p the group's first, $n of them) for V vectors.
  */
 const sumBlocks = (body) => `
@@ -248,8 +248,8 @@ const blockSums = (V, term) => `
  * channels at a time (perChannelGroup), the rows strided by 4C bytes (batch-norm-train.ts has the
  * formulas; these are its loops). Sums over rows in float64 (two lanes per f64x2) in blocks of rows
  * (sumBlocks), per-channel factors in float64 rounded to float32 once, the element-wise passes in
- * float32 a row at a time over every channel (the factors read from the scratch), all in the
- * JavaScript's order of operations: the same bits. Passes over all the rows for each channel group
+ * float32 in the same blocks (a group's factors loaded from the scratch once per block,
+ * elementBlocks), all in the JavaScript's order of operations: the same bits. Passes over all the rows for each channel group
  * had read every row's cache lines once per group (per vector before 56b60f6), from memory once x
  * outgrew the caches; in three alternated pairs, ms: [32768, 64] (resnet18's first stage at batch
  * 32) forward 2.87-4.05 -> 1.71-1.97, backward 5.00-5.32 -> 2.85-3.23; [8192, 128] 0.82-0.95 ->
