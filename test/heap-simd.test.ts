@@ -155,7 +155,7 @@ describe("SIMD kernels on the wasm heap", () => {
       const beta = seeded(C, 3)
       const js = [new Float32Array(n), new Float32Array(C), new Float32Array(C)] as const
       batchNormTrainForward(x, gamma, beta, C, 1e-3, ...js)
-      // (the sums go over blocks of 4096 / C rows: one block for [9, 52], several with a part one for [300, 64] and [25088, 8])
+      // (the passes go over blocks of 2048 / C rows: one block for [9, 52], several for [25088, 8], and with a part one for [300, 64])
       const simd = onHeap([[x, [M, C]], [gamma, [C]], [beta, [C]]], [[M, C], [C], [C], [8 * C]], ([xa, g, b], [y, m, v, scratch]) => kernels.bnTrainForward(xa!, g!, b!, y!, m!, v!, M, C, 1e-3, scratch!))
       // float64 in the JavaScript's order of operations: the same bits.
       js.forEach((a, i) => expect(Array.from(simd[i]!)).toEqual(Array.from(a)))
