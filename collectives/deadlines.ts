@@ -15,7 +15,8 @@ import {
   DEADLINE_FACTOR,
   DEADLINE_WARMUP_STEPS,
   DEADLINE_WINDOW,
-  WORKER_DEAD_AFTER_MS
+  WORKER_DEAD_AFTER_MS,
+  WORKER_START_DEAD_AFTER_MS
 } from "../core/defaults.ts"
 
 export interface DeadlineSettings {
@@ -163,15 +164,18 @@ export class MeasuredDeadlines {
  * the deadline is DEADLINE_FACTOR x the longest computation of the latest steps, never less
  * than WORKER_DEAD_AFTER_MS: it only grows for steps too long for the fixed 10 s, and a hung worker
  * is named sooner by the collective deadline (MeasuredDeadlines) than by its heartbeats anyway.
+ * Before any step is measured it is WORKER_START_DEAD_AFTER_MS (or the floor, if longer).
  */
 export class HeartbeatDeadline {
   readonly floorMs: number
+  readonly startMs: number
   readonly factor: number
   readonly window: number
   readonly #computeMs: number[] = []
 
-  constructor(settings: { readonly floorMs?: number; readonly factor?: number; readonly window?: number } = {}) {
+  constructor(settings: { readonly floorMs?: number; readonly startMs?: number; readonly factor?: number; readonly window?: number } = {}) {
     this.floorMs = settings.floorMs ?? WORKER_DEAD_AFTER_MS
+    this.startMs = Math.max(this.floorMs, settings.startMs ?? WORKER_START_DEAD_AFTER_MS)
     this.factor = settings.factor ?? DEADLINE_FACTOR
     this.window = settings.window ?? DEADLINE_WINDOW
   }
@@ -188,7 +192,7 @@ export class HeartbeatDeadline {
   }
 
   current(): Deadline {
-    if (this.#computeMs.length === 0) return { ms: this.floorMs, measured: false, why: `the floor ${seconds(this.floorMs)}, no step measured yet` }
+    if (this.#computeMs.length === 0) return { ms: this.startMs, measured: false, why: `${seconds(this.startMs)} until a step is measured, then at least the floor ${seconds(this.floorMs)}` }
     const longest = Math.max(...this.#computeMs)
     const derived = Math.ceil(this.factor * longest)
     const formula = `${this.factor} x longest step computation ${seconds(longest)}`

@@ -90,6 +90,15 @@ export const COST_MODEL_CHUNK_BYTES = Math.min(COLLECTIVE_CHUNK_BYTES, NATS_MAX_
 export const WORKER_DEAD_AFTER_MS = 10_000
 /** The same for a job with GPU workers (webgpu compiles kernels on first use, holding the event loop). */
 export const GPU_WORKER_DEAD_AFTER_MS = 30_000
+/**
+ * The same before any step is measured: a worker's first computations (its dry step in
+ * prepareModel, its first training step, every kernel compiled on first use) hold its event loop
+ * for as long as a step of its model, unknown until one is reported. A ResNet-18 step takes about
+ * a second alone on a core and its first ones took over 10 s on a loaded 2-core machine, where the
+ * fixed 10 s counted the worker as dead. A hang before the first step is found this much later;
+ * a crash or kill at once, as ever (its agent reports the exit).
+ */
+export const WORKER_START_DEAD_AFTER_MS = 60_000
 
 /** Silence after which a node (its agent beats every 500 ms) is dead in the cluster view. */
 export const NODE_DEAD_AFTER_MS = 2_500

@@ -4,7 +4,7 @@
 // driver's heartbeat deadline, which only grows for steps whose computation holds a worker longer.
 import { describe, expect, it } from "vitest"
 import { HeartbeatDeadline, MeasuredDeadlines, seconds } from "../collectives/deadlines.ts"
-import { COLLECTIVE_DEADLINE_FLOOR_MS, COLLECTIVE_TIMEOUT_MS, DEADLINE_FACTOR, DEADLINE_WARMUP_STEPS, WORKER_DEAD_AFTER_MS } from "../core/defaults.ts"
+import { COLLECTIVE_DEADLINE_FLOOR_MS, COLLECTIVE_TIMEOUT_MS, DEADLINE_FACTOR, DEADLINE_WARMUP_STEPS, WORKER_DEAD_AFTER_MS, WORKER_START_DEAD_AFTER_MS } from "../core/defaults.ts"
 
 const steps = (d: MeasuredDeadlines, ms: number, n: number): void => {
   for (let i = 0; i < n; i++) d.noteStep(ms)
@@ -127,9 +127,14 @@ describe("measured collective deadlines", () => {
 })
 
 describe("the heartbeat deadline of a worker process", () => {
-  it("is the fixed 10 s until steps are measured and while they are short", () => {
+  it("is 60 s until a step is measured (a big model's first steps hold the worker as long), then the fixed 10 s while steps are short", () => {
     const h = new HeartbeatDeadline()
-    expect(h.current()).toMatchObject({ ms: WORKER_DEAD_AFTER_MS, measured: false })
+    expect(h.current()).toEqual({ ms: WORKER_START_DEAD_AFTER_MS, measured: false, why: "60 s until a step is measured, then at least the floor 10 s" })
+    expect(WORKER_START_DEAD_AFTER_MS).toBe(60_000)
+    // a floor above it (GPU workers') is kept from the start
+    expect(new HeartbeatDeadline({ floorMs: 90_000 }).current().ms).toBe(90_000)
+    h.noteCompute(300)
+    expect(h.current().ms).toBe(WORKER_DEAD_AFTER_MS)
     for (let i = 0; i < 10; i++) h.noteCompute(300)
     expect(h.current()).toEqual({ ms: 10_000, measured: true, why: "the floor 10 s, above 2 x longest step computation 0.3 s" })
   })
