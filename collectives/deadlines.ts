@@ -172,6 +172,8 @@ export class HeartbeatDeadline {
   readonly factor: number
   readonly window: number
   readonly #computeMs: number[] = []
+  /** The workers (their instances) that have reported a step: until one has, it gets startMs. */
+  readonly #measured = new Set<string>()
 
   constructor(settings: { readonly floorMs?: number; readonly startMs?: number; readonly factor?: number; readonly window?: number } = {}) {
     this.floorMs = settings.floorMs ?? WORKER_DEAD_AFTER_MS
@@ -180,10 +182,11 @@ export class HeartbeatDeadline {
     this.window = settings.window ?? DEADLINE_WINDOW
   }
 
-  /** One step's computation on some worker (forward/backward and the update: what holds its event loop). */
-  noteCompute(ms: number): void {
+  /** One step's computation on some worker (forward/backward and the update: what holds its event loop), `who` its instance. */
+  noteCompute(ms: number, who?: string): void {
     if (!(ms >= 0) || !Number.isFinite(ms)) return
     push(this.#computeMs, ms, this.window)
+    if (who !== undefined) this.#measured.add(who)
   }
 
   /** Steps noted (within the window). */
@@ -191,7 +194,14 @@ export class HeartbeatDeadline {
     return this.#computeMs.length
   }
 
-  current(): Deadline {
+  /**
+   * The deadline; for worker `who`, startMs until it has reported a step itself (a worker that
+   * started later, or a replacement, is still in its first computations when the others' steps
+   * bring the deadline down: in CI one was counted dead in its dry step that way).
+   */
+  current(who?: string): Deadline {
+    if (who !== undefined && !this.#measured.has(who) && this.#computeMs.length > 0)
+      return { ms: this.startMs, measured: false, why: `${seconds(this.startMs)} until this worker's first step is measured` }
     if (this.#computeMs.length === 0) return { ms: this.startMs, measured: false, why: `${seconds(this.startMs)} until a step is measured, then at least the floor ${seconds(this.floorMs)}` }
     const longest = Math.max(...this.#computeMs)
     const derived = Math.ceil(this.factor * longest)

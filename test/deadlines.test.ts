@@ -139,6 +139,17 @@ describe("the heartbeat deadline of a worker process", () => {
     expect(h.current()).toEqual({ ms: 10_000, measured: true, why: "the floor 10 s, above 2 x longest step computation 0.3 s" })
   })
 
+  it("stays at 60 s for a worker that has not reported a step itself while the others' bring it down (a later starter, a replacement)", () => {
+    const h = new HeartbeatDeadline()
+    h.noteCompute(300, "w-a")
+    expect(h.current("w-a").ms).toBe(WORKER_DEAD_AFTER_MS)
+    expect(h.current("w-b")).toEqual({ ms: WORKER_START_DEAD_AFTER_MS, measured: false, why: "60 s until this worker's first step is measured" })
+    h.noteCompute(400, "w-b")
+    expect(h.current("w-b").ms).toBe(WORKER_DEAD_AFTER_MS)
+    // without a worker named: the job's deadline, as explain.txt gives it
+    expect(h.current().ms).toBe(WORKER_DEAD_AFTER_MS)
+  })
+
   it("grows to twice the longest step computation, which holds the worker's event loop and its beats", () => {
     const h = new HeartbeatDeadline()
     for (let i = 0; i < 10; i++) h.noteCompute(1_000)

@@ -121,12 +121,16 @@ export async function zooLoop(config: ZooConfig, ctx: TrainContext): Promise<voi
     return
   }
 
+  const EVAL_BATCH = 64
   const xTest = text ? tf.tensor(Int32Array.from(test.x), [test.size, ...test.featureShape], "int32") : tf.tensor(test.x, [test.size, ...test.featureShape])
   const yTest = Int32Array.from(test.y)
+  // Held-out batches of 64: one predict call holds the worker's event loop, and its heartbeats, for
+  // its whole length; 256 images of resnet18 took over 12 s on a loaded 2-core machine, past the
+  // deadline of twice its longest training step (docs/failure-model.md).
   const heldOut = async (): Promise<number> => {
     let correct = 0
-    for (let from = 0; from < test.size; from += 256) {
-      const n = Math.min(256, test.size - from)
+    for (let from = 0; from < test.size; from += EVAL_BATCH) {
+      const n = Math.min(EVAL_BATCH, test.size - from)
       const pred = tf.tidy(() => (model.apply(xTest.slice(from, n), { training: false }) as Tensor).argMax(-1))
       const p = (await pred.data()) as Int32Array
       pred.dispose()

@@ -326,7 +326,7 @@ export class FitRun {
     // workers get a longer floor: webgpu compiles each kernel's pipeline on its first use, holding
     // the worker's event loop (seconds a kernel on a software adapter), before any step is reported.
     const heartbeats = (this.#heartbeats = new HeartbeatDeadline(cfg.scaling.useGpu !== undefined && cfg.scaling.useGpu !== false ? { floorMs: GPU_WORKER_DEAD_AFTER_MS } : {}))
-    this.#group = new WorkerGroup(this.#system, () => heartbeats.current().ms, verbose)
+    this.#group = new WorkerGroup(this.#system, (instance) => heartbeats.current(instance).ms, verbose)
     // An agent that sends a process's exit notice is alive: its node needs no heartbeat awaited (#nodeLossOrNot).
     const watcher = await this.#system.watcherReady()
     watcher.onEvent((e) => {
@@ -491,7 +491,8 @@ export class FitRun {
     if (body.stepTimes) {
       const heartbeats = this.#heartbeats
       // [step, forward/backward, all-reduce, apply, wait]: the parts that hold the event loop.
-      for (const s of body.stepTimes) heartbeats.noteCompute((s[1] ?? 0) + (s[3] ?? 0))
+      const who = this.#group.members.get(body.rank)?.instance
+      for (const s of body.stepTimes) heartbeats.noteCompute((s[1] ?? 0) + (s[3] ?? 0), who)
       // Said once measured, and again whenever it moves (only steps too long for the floor move it).
       const now = heartbeats.current()
       if (heartbeats.measured >= DEADLINE_WARMUP_STEPS && now.ms !== this.#heartbeatSaid) {

@@ -175,12 +175,12 @@ export class WorkerGroup {
   /** Standby workers spawned so far (their actor names count up). */
   #standbys = 0
 
-  /** Silence after which a worker counts as dead, read at every check (the driver derives it from measured steps). */
-  readonly #deadAfterMs: () => number
+  /** Silence after which a worker (by its instance) counts as dead, read at every check (the driver derives it from measured steps). */
+  readonly #deadAfterMs: (instance: string) => number
   /** runConfig.verbose: workers log at debug level (their transport, topology and deadlines too). */
   readonly #verbose: boolean
 
-  constructor(system: ActorSystem, deadAfterMs: () => number = () => WORKER_DEAD_AFTER_MS, verbose = false) {
+  constructor(system: ActorSystem, deadAfterMs: (instance: string) => number = () => WORKER_DEAD_AFTER_MS, verbose = false) {
     this.#system = system
     this.#deadAfterMs = deadAfterMs
     this.#verbose = verbose
@@ -259,7 +259,7 @@ export class WorkerGroup {
           started.push(w)
           await this.#system.askPromise(w.ref(WorkerProtocol), "prepare", null, { timeoutMs: STANDBY_PREPARE_MS })
           // One that goes down while it waits is no longer held (holds): no regroup admits it.
-          void w.down({ deadAfterMs: this.#deadAfterMs }).then(() => {
+          void w.down({ deadAfterMs: () => this.#deadAfterMs(w.instance) }).then(() => {
             this.#workers = this.#workers.filter((x) => x !== w)
           })
           return { actor: w, nodeId: r.nodeId }
@@ -419,7 +419,7 @@ export class WorkerGroup {
   /** Reports each member's death to `watch` (by its rank in the current generation). */
   watch(members: ReadonlyMap<number, SpawnedActor>, watch: Watch): void {
     for (const [rank, w] of members) {
-      void w.down({ deadAfterMs: this.#deadAfterMs }).then((down) => {
+      void w.down({ deadAfterMs: () => this.#deadAfterMs(w.instance) }).then((down) => {
         if (!watch.stillMatters(rank)) return
         const report = (): void => {
           if (watch.stillMatters(rank)) watch.onDown(rank, { reason: down.reason, detail: `worker process (pid ${w.pid} on node ${w.node}) went down: ${down.detail}` })
