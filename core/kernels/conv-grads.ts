@@ -168,7 +168,7 @@ export const conv2dBackpropFilter = (tf: Tf, { inputs, backend, attrs }: KernelA
   }
   // gradwire's SIMD kernel on the heap (heap-simd.ts) reads x and dy in place, with no transposes and
   // no patch matrix, a cache-sized chunk of the batch per call (filterGradInChunks).
-  const kernels = info.dilationHeight === 1 && info.dilationWidth === 1 ? heapKernels(backend) : undefined
+  const kernels = info.dilationHeight === 1 && info.dilationWidth === 1 ? heap : undefined
   // With O not a multiple of 4 (LeNet's 6 filters) or under 16, four taps of a row at a time for
   // eight output columns (convFilterGradTaps) from a padded copy of x, where the rows kernel, whose
   // wide blocks take 16 output columns, went over dy once per 4 or 1 of them: [32, 28, 28, 1] 5x5
