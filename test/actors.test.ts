@@ -16,6 +16,7 @@ import { wireTensor, WireTensor } from "../core/wire.ts"
 import { CounterProtocol, EchoProtocol, brokenActor, counterActor, echoActor } from "./support/actors-fixtures.ts"
 import { TestRig, eventually } from "./support/actors-processes.ts"
 import { silentLogger } from "../actors/runtime/log.ts"
+import { beatTemplate, readBeat, withHeld } from "../actors/runtime/heartbeat.ts"
 
 const rig = new TestRig()
 let url: string
@@ -233,6 +234,55 @@ describe("liveness", () => {
     const d = await down
     expect(d.reason).toBe("missed-heartbeats")
     expect(Date.now() - closedAt).toBeLessThan(3_000)
+  })
+
+  it("a beat thread's beat: the template's last 8 bytes take the held time, and the beat decodes with it", () => {
+    const beat = { name: "w", instance: "i1", pid: 42, node: "n1", intervalMs: 500 }
+    const template = beatTemplate({ ...beat, heldMs: 7 })!
+    expect(template).toBeDefined()
+    for (const held of [0, 1234, 86_400_000.5]) expect(readBeat(withHeld(template, held))).toEqual({ ...beat, heldMs: held })
+    // the template itself is left as it was
+    expect(readBeat(template)?.heldMs).toBe(0.1)
+  })
+
+  it("beats with a held time: silence counts after silentAfterMs, a held event loop after heldAfterMs, each named", async () => {
+    const template = (name: string) => beatTemplate({ name, instance: "i1", pid: 1, node: "n", intervalMs: 100 })!
+    const beatFor = (name: string, heldMs: () => number) => {
+      const t = template(name)
+      const timer = setInterval(() => ncA.publish(a.subjects.heartbeat(name), withHeld(t, heldMs())), 100)
+      return () => clearInterval(timer)
+    }
+    // held: the beats go on, the held time grows past 1.2 s; silence alone (deadAfterMs) would never count
+    const heldName = fresh("held")
+    const heldSince = Date.now()
+    const stopHeld = beatFor(heldName, () => Date.now() - heldSince)
+    const heldDown = b.watchPromise(heldName, { deadAfterMs: 500, silentAfterMs: 30_000, heldAfterMs: 1_200 })
+    // silent: the beats stop while the event loop was fine; the long deadAfterMs must not apply
+    const silentName = fresh("silent")
+    const stopSilent = beatFor(silentName, () => 0)
+    const silentDown = b.watchPromise(silentName, { deadAfterMs: 30_000, silentAfterMs: 600 })
+    // alive: beats with a short held time go on past both deadlines
+    const aliveName = fresh("alive")
+    const stopAlive = beatFor(aliveName, () => 50)
+    let aliveDown: unknown
+    void b.watchPromise(aliveName, { deadAfterMs: 500, silentAfterMs: 500, heldAfterMs: 500 }).then((d) => (aliveDown = d))
+    try {
+      await new Promise((r) => setTimeout(r, 400))
+      const stoppedAt = Date.now()
+      stopSilent()
+      const s = await silentDown
+      expect(s.reason).toBe("missed-heartbeats")
+      expect(s.detail).toMatch(/^no heartbeat for \d+ ms \(dead after 600 ms of silence\)$/)
+      expect(Date.now() - stoppedAt).toBeLessThan(5_000)
+      const h = await heldDown
+      expect(h.detail).toMatch(/^its event loop has been held for \d+ ms \(taken for hung after 1200 ms\)/)
+      expect(Date.now() - heldSince).toBeGreaterThanOrEqual(1_200)
+      expect(aliveDown).toBeUndefined()
+    } finally {
+      stopHeld()
+      stopSilent()
+      stopAlive()
+    }
   })
 
   it("ctx.fail stops the actor as failed and the watcher sees the error", async () => {

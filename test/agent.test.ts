@@ -9,6 +9,7 @@ import { AgentUnreachable, SpawnError } from "../actors/node/errors.ts"
 import { silentLogger } from "../actors/runtime/log.ts"
 import { spawnActor, spawnedChild } from "../actors/node/spawn.ts"
 import { launchSupervisor, restartOnFailure } from "../actors/runtime/supervisor.ts"
+import type { ActorDown } from "../actors/runtime/watcher.ts"
 import { ActorSystem } from "../actors/runtime/system.ts"
 import { openClusterView, type ClusterView } from "../scheduler/cluster-view.ts"
 import { clusterSubjects, jobSubjects } from "../core/subjects.ts"
@@ -128,6 +129,33 @@ describe("node agent", () => {
     expect(pidAlive(brief.pid)).toBe(true)
     expect((await sys.askPromise(brief.ref(EchoProtocol), "whoami", null)).pid).toBe(brief.pid)
     expect(await brief.kill()).toBe(true)
+  })
+
+  it("a spawned actor beats from a thread: its event loop held past the silence deadline is not its death, held past heldAfterMs it is taken for hung", async () => {
+    const sys = new ActorSystem({ nc, cluster: "test", job: fresh("held"), log: silentLogger })
+    rig.onCleanup(() => sys.close())
+    const s = await spawnActor(sys, { node: "n1", name: "w", module: FIXTURES, export: "echoActor" })
+    rig.onCleanup(() => void s.kill().catch(() => false))
+    // Its thread is up once a beat says how long the event loop has been held.
+    const held: number[] = []
+    const sub = nc.subscribe(sys.subjects.heartbeat("w"), { callback: (_e, m) => void held.push((decodeMessage(m.data) as { heldMs?: number }).heldMs ?? -1) })
+    rig.onCleanup(() => sub.unsubscribe())
+    await eventually("a beat from the beat thread", 10_000, () => held.some((h) => h >= 0))
+    let down: ActorDown | undefined
+    void s.down({ deadAfterMs: 1_000, heldAfterMs: 4_000 }).then((d) => (down = d))
+    // 2.5 s held: silent for a timer's beats (dead after 1 s), alive by its thread's
+    held.length = 0
+    expect(await sys.askPromise(s.ref(EchoProtocol), "hold", 2_500, { timeoutMs: 10_000 })).toBe(2_500)
+    await sleep(300)
+    expect(down).toBeUndefined()
+    expect(Math.max(...held)).toBeGreaterThanOrEqual(1_500)
+    // held past heldAfterMs: taken for hung, named as such, while its process still runs
+    void sys.askPromise(s.ref(EchoProtocol), "hold", 5_500, { timeoutMs: 15_000 }).catch(() => undefined)
+    const d = await eventually("taken for hung", 10_000, () => down)
+    expect(d.reason).toBe("missed-heartbeats")
+    expect(d.detail).toMatch(/^its event loop has been held for \d+ ms \(taken for hung after 4000 ms\)/)
+    expect(pidAlive(s.pid)).toBe(true)
+    expect(await s.kill()).toBe(true)
   })
 
   it("kills a process when its owner stops heartbeating", async () => {

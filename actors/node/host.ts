@@ -1,5 +1,6 @@
 // Entry point of an actor process started by a node agent. Reads its spec from stdin, connects to
-// NATS, loads the module export holding the ActorDefinition, starts the actor (which heartbeats and
+// NATS, loads the module export holding the ActorDefinition, starts the actor (which heartbeats, from
+// a thread with a connection of its own so that its computations do not silence it, and
 // announces itself ready) and exits when the actor stops: 0 when it was asked to stop, 1 when it
 // failed, 143 on SIGTERM (the agent killing it). When stdin closes the agent is gone (crashed,
 // killed): the process exits too, so no actor outlives the agent that owns it.
@@ -121,7 +122,7 @@ const main = async (): Promise<void> => {
   live = system
   try {
     const definition = await loadDefinition(spec)
-    handle = await launchActor(system, definition, { name: spec.name, instance: spec.instance, args: spec.args, heartbeatMs: spec.heartbeatMs })
+    handle = await launchActor(system, definition, { name: spec.name, instance: spec.instance, args: spec.args, heartbeatMs: spec.heartbeatMs, beatThread: true })
   } catch (e) {
     const failure = toWireFailure(e)
     log.error(`cannot start: ${failure.message}`)

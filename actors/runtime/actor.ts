@@ -15,7 +15,7 @@ import * as Scope from "effect/Scope"
 import { assertToken } from "../../core/subjects.ts"
 import { EnvelopeReceiver, failReply, okReply, publishEnvelope, readRequest, toWireFailure, type WireFailure } from "./envelope.ts"
 import { ActorStartError, ActorUnavailable, AskTimeout, MessageRejected } from "./errors.ts"
-import { DEFAULT_HEARTBEAT_MS, startBeating, type Beating } from "./heartbeat.ts"
+import { DEFAULT_HEARTBEAT_MS, startBeating, startThreadBeating, type Beating } from "./heartbeat.ts"
 import { rateLimited, type ActorLogger } from "./log.ts"
 import { Mailbox } from "./mailbox.ts"
 import { TIMED_OUT, settleWithin, withDeadline } from "./deadline.ts"
@@ -124,6 +124,12 @@ export interface StartActorOptions<Args = unknown> {
   readonly maxMessageBytes?: number
   readonly heartbeat?: boolean
   readonly heartbeatMs?: number
+  /**
+   * Beat from a thread with a connection of its own (heartbeat.ts startThreadBeating), each beat
+   * saying how long the main thread's event loop has been held, when the system knows its
+   * connection (actor processes a node agent spawns). Default false: beats from a timer.
+   */
+  readonly beatThread?: boolean
   /** Refuse to start when another actor already answers at the address (default true). */
   readonly checkAddress?: boolean
   /** Deadline for the definition's setup (default 120 s). */
@@ -165,6 +171,7 @@ export class ActorHandle<Spec extends ProtocolSpec = ProtocolSpec> {
   readonly #cleanups: Cleanup[] = []
   readonly #heartbeat: boolean
   readonly #heartbeatMs: number
+  readonly #beatThread: boolean
   readonly #setupTimeoutMs: number
   #handlers: AnyHandlers | undefined
   #sub: Subscription | undefined
@@ -194,6 +201,7 @@ export class ActorHandle<Spec extends ProtocolSpec = ProtocolSpec> {
     this.#scope = Scope.makeUnsafe()
     this.#heartbeat = options.heartbeat ?? true
     this.#heartbeatMs = options.heartbeatMs ?? DEFAULT_HEARTBEAT_MS
+    this.#beatThread = options.beatThread ?? false
     this.#setupTimeoutMs = options.setupTimeoutMs ?? 120_000
   }
 
@@ -274,13 +282,12 @@ export class ActorHandle<Spec extends ProtocolSpec = ProtocolSpec> {
     }
     await this.#claimAddress()
     if (this.#heartbeat) {
-      this.#beating = startBeating(system.nc, system.subjects.heartbeat(this.name), {
-        name: this.name,
-        instance: this.instance,
-        pid: process.pid,
-        node: system.node,
-        intervalMs: this.#heartbeatMs
-      })
+      const subject = system.subjects.heartbeat(this.name)
+      const beat = { name: this.name, instance: this.instance, pid: process.pid, node: system.node, intervalMs: this.#heartbeatMs }
+      this.#beating =
+        this.#beatThread && system.connection
+          ? startThreadBeating(system.nc, subject, beat, system.connection, `gradwire ${system.job}/${this.name}`)
+          : startBeating(system.nc, subject, beat)
     }
     system.publishEvent({ type: "ready", name: this.name, instance: this.instance, pid: process.pid, node: system.node, at: Date.now() })
   }

@@ -2,9 +2,18 @@
 // its heartbeat subject at a fixed interval; a watcher that hears nothing for `deadAfterMs`
 // declares it dead. Timings (defaults): beat every 500 ms, dead after 2000 ms of silence, checked
 // every 250 ms, so a silent death is noticed within ~2.25 s (exit notices are immediate).
+//
+// A beat from a timer on the event loop is late by the longest synchronous stretch of the main
+// thread (a training step, an evaluation). Actor processes a node agent spawns beat instead from a
+// thread with a connection of its own (startThreadBeating, beat-thread.ts): beats that say how long
+// the main thread's event loop has been held (`heldMs`), so a watcher can give a busy process the
+// time its computation takes and still find a stopped or cut-off one within its silence deadline.
 import type { NatsConnection } from "@nats-io/nats-core"
+import { fileURLToPath } from "node:url"
+import { Worker } from "node:worker_threads"
 import * as Exit from "effect/Exit"
 import * as Schema from "effect/Schema"
+import { SPAWNED_CONNECT_TIMEOUT_MS, type ConnectionSpec } from "../../core/connection-spec.ts"
 import { ACTOR_DEAD_AFTER_MS } from "../../core/defaults.ts"
 import { decodeMessage, encodeMessage } from "../../core/wire.ts"
 
@@ -16,7 +25,9 @@ export const BeatSchema = Schema.Struct({
   instance: Schema.String,
   pid: Schema.Number,
   node: Schema.String,
-  intervalMs: Schema.Number
+  intervalMs: Schema.Number,
+  /** Beats from a beat thread: how long the main thread's event loop has gone without a tick (ms). */
+  heldMs: Schema.optionalKey(Schema.Number)
 })
 export type Beat = typeof BeatSchema.Type
 
@@ -45,6 +56,117 @@ export const startBeating = (nc: NatsConnection, subject: string, beat: Beat): B
   const timer = setInterval(send, beat.intervalMs)
   timer.unref()
   return { stop: () => clearInterval(timer) }
+}
+
+/** What a beat thread gets (beat-thread.ts). */
+export interface BeatThreadData {
+  readonly connection: ConnectionSpec
+  readonly connectionName: string
+  readonly connectTimeoutMs: number
+  readonly subject: string
+  readonly intervalMs: number
+  /** The beat, encoded, `heldMs` last: the thread writes the held time into its final 8 bytes. */
+  readonly template: Uint8Array
+  /** One BigInt64: when the main thread's event loop last ticked (ms since epoch). */
+  readonly ticks: SharedArrayBuffer
+}
+
+const BEAT_THREAD = fileURLToPath(new URL(import.meta.url.endsWith(".ts") ? "./beat-thread.ts" : "./beat-thread.js", import.meta.url))
+
+/** How often the main thread stores its tick: the resolution of `heldMs`. */
+export const TICK_MS = 100
+
+/** Not a float32: msgpack keeps it as a float64 (0xcb and 8 big-endian bytes), which a thread can overwrite. */
+const HELD_PLACEHOLDER = 0.1
+
+/**
+ * `beat` encoded with `heldMs` as its last field, a msgpack float64: a beat thread writes the held
+ * time into the last 8 bytes (big-endian) and sends it without an encoder of its own. Undefined if
+ * the encoding does not end so (then the main thread beats).
+ */
+export const beatTemplate = (beat: Beat): Uint8Array | undefined => {
+  const { heldMs: _, ...rest } = beat
+  const bytes = encodeMessage({ ...rest, heldMs: HELD_PLACEHOLDER })
+  const n = bytes.byteLength
+  if (n < 9 || bytes[n - 9] !== 0xcb) return undefined
+  if (new DataView(bytes.buffer, bytes.byteOffset, n).getFloat64(n - 8) !== HELD_PLACEHOLDER) return undefined
+  return Uint8Array.from(bytes)
+}
+
+/** A beat template with `heldMs` written in, as the thread writes it. */
+export const withHeld = (template: Uint8Array, heldMs: number): Uint8Array => {
+  const bytes = Uint8Array.from(template)
+  new DataView(bytes.buffer).setFloat64(bytes.byteLength - 8, heldMs)
+  return bytes
+}
+
+/**
+ * Beats `beat` on `subject` from a worker thread with its own connection (`connection`, as this
+ * process's), each beat saying how long the main thread's event loop has been held. Until the
+ * thread's first beat is out (loading nats.js, connecting: about 0.1-0.5 s), and again should it
+ * fail, the main thread beats as startBeating does, with no `heldMs`. Nothing here keeps the
+ * process alive.
+ */
+export const startThreadBeating = (
+  nc: NatsConnection,
+  subject: string,
+  beat: Beat,
+  connection: ConnectionSpec,
+  connectionName: string,
+  connectTimeoutMs = SPAWNED_CONNECT_TIMEOUT_MS
+): Beating => {
+  let fallback: Beating | undefined = startBeating(nc, subject, beat)
+  const template = beatTemplate(beat)
+  if (!template) return fallback
+  let stopped = false
+  const ticks = new BigInt64Array(new SharedArrayBuffer(8))
+  const tick = (): void => {
+    Atomics.store(ticks, 0, BigInt(Date.now()))
+  }
+  tick()
+  const ticker = setInterval(tick, TICK_MS)
+  ticker.unref()
+  const data: BeatThreadData = {
+    connection,
+    connectionName,
+    connectTimeoutMs,
+    subject,
+    intervalMs: beat.intervalMs,
+    template,
+    ticks: ticks.buffer as SharedArrayBuffer
+  }
+  let thread: Worker | undefined
+  const beatHere = (): void => {
+    if (!stopped && !fallback) fallback = startBeating(nc, subject, beat)
+  }
+  try {
+    thread = new Worker(BEAT_THREAD, { workerData: data, stdout: false, stderr: false })
+    thread.unref()
+    thread.on("message", (m: unknown) => {
+      if (m === "up") {
+        fallback?.stop()
+        fallback = undefined
+      } else beatHere()
+    })
+    thread.on("error", beatHere)
+    thread.on("exit", beatHere)
+  } catch {
+    // no thread (none allowed, or out of memory): the main thread goes on beating
+  }
+  return {
+    stop: () => {
+      if (stopped) return
+      stopped = true
+      clearInterval(ticker)
+      fallback?.stop()
+      fallback = undefined
+      if (thread) {
+        const t = thread
+        t.postMessage("stop")
+        setTimeout(() => void t.terminate(), 1_000).unref()
+      }
+    }
+  }
 }
 
 /** Decodes a beat; undefined for anything malformed. */

@@ -1,7 +1,11 @@
 // Learns of actor deaths within a job: listens to the job's heartbeats and events and tells each
 // waiter when the actor it watches is down: an exit or stop notice (immediate), a node-lost notice
 // from a cluster view, or no heartbeat for `deadAfterMs` (checked every 50 ms while anyone
-// watches). One watcher per actor system; created on first use.
+// watches). An actor that beats from a thread (heartbeat.ts startThreadBeating) is judged on two
+// clocks instead: silence (its process stopped, killed without notice, cut off) after
+// `silentAfterMs`, and its main thread's event loop held (a hang, or a computation longer than
+// any expected) after `heldAfterMs`; both default to `deadAfterMs`. One watcher per actor system;
+// created on first use.
 import type { NatsConnection, Subscription } from "@nats-io/nats-core"
 import type { JobSubjects } from "../../core/subjects.ts"
 import { LinkState } from "../../scheduler/link-state.ts"
@@ -33,20 +37,32 @@ export interface WatchOptions {
   readonly instance?: string
   /** Silence after which the actor is declared dead, or where to read it at every check (a deadline from measurements). Default 2000 ms. */
   readonly deadAfterMs?: number | (() => number)
+  /** For an actor beating from a thread: silence after which it is dead. Default deadAfterMs. */
+  readonly silentAfterMs?: number | (() => number)
+  /** For an actor beating from a thread: how long its event loop may be held before it is taken for hung. Default deadAfterMs. */
+  readonly heldAfterMs?: number | (() => number)
 }
+
+type Limit = number | (() => number)
 
 interface Waiter {
   readonly name: string
   readonly instance: string | undefined
   since: number
-  readonly deadAfterMs: number | (() => number)
+  readonly deadAfterMs: Limit
+  readonly silentAfterMs: Limit | undefined
+  readonly heldAfterMs: Limit | undefined
   readonly resolve: (down: ActorDown) => void
 }
 
 interface Seen {
   readonly instance: string
   readonly at: number
+  /** From a beat thread's beat: how long the event loop had been held when it was sent. */
+  readonly heldMs?: number
 }
+
+const limit = (l: Limit): number => (typeof l === "function" ? l() : l)
 
 const MAX_REMEMBERED_DOWNS = 10_000
 
@@ -128,7 +144,7 @@ export class Watcher {
         callback: (_err, msg) => {
           const beat = readBeat(msg.data)
           const name = msg.subject.slice(hbPrefix.length)
-          if (beat && beat.name === name) this.#saw(name, beat.instance)
+          if (beat && beat.name === name) this.#saw(name, beat.instance, beat.heldMs)
         }
       }),
       nc.subscribe(subjects.events, {
@@ -173,6 +189,8 @@ export class Watcher {
       instance: options.instance,
       since: Date.now(),
       deadAfterMs: options.deadAfterMs ?? DEFAULT_DEAD_AFTER_MS,
+      silentAfterMs: options.silentAfterMs,
+      heldAfterMs: options.heldAfterMs,
       resolve: (down) => {
         if (done) return
         done = true
@@ -209,8 +227,8 @@ export class Watcher {
     this.#waiters.clear()
   }
 
-  #saw(name: string, instance: string): void {
-    this.#seen.set(name, { instance, at: Date.now() })
+  #saw(name: string, instance: string, heldMs?: number): void {
+    this.#seen.set(name, heldMs === undefined ? { instance, at: Date.now() } : { instance, at: Date.now(), heldMs })
     const down = this.#downs.get(name)
     // A beat from a newer incarnation means the recorded death is history.
     if (down && down.instance !== instance) this.#downs.delete(name)
@@ -255,20 +273,30 @@ export class Watcher {
     const now = Date.now()
     for (const w of [...this.#waiters]) {
       const seen = this.#seen.get(w.name)
-      const heard = seen && (w.instance === undefined || seen.instance === w.instance) ? seen.at : 0
+      const ours = seen && (w.instance === undefined || seen.instance === w.instance)
+      const heard = ours ? seen.at : 0
       const last = Math.max(w.since, heard)
-      const deadAfterMs = typeof w.deadAfterMs === "function" ? w.deadAfterMs() : w.deadAfterMs
+      // The latest beat came from a beat thread: the process runs; its event loop is judged apart.
+      const threaded = ours && seen.heldMs !== undefined
+      const deadAfterMs = limit(threaded ? (w.silentAfterMs ?? w.deadAfterMs) : w.deadAfterMs)
+      const down = (detail: string): ActorDown => ({ name: w.name, instance: w.instance ?? seen?.instance ?? "", reason: "missed-heartbeats", detail, at: now })
       if (now - last > deadAfterMs) {
-        const down: ActorDown = {
-          name: w.name,
-          instance: w.instance ?? seen?.instance ?? "",
-          reason: "missed-heartbeats",
-          detail: heard
-            ? `no heartbeat for ${now - heard} ms (dead after ${deadAfterMs} ms of silence)`
-            : `never heard from within ${deadAfterMs} ms`,
-          at: now
-        }
-        this.#declare(down)
+        this.#declare(
+          down(heard ? `no heartbeat for ${now - heard} ms (dead after ${deadAfterMs} ms of silence)` : `never heard from within ${deadAfterMs} ms`)
+        )
+        continue
+      }
+      if (!threaded) continue
+      // When its event loop last ran, by the latest beat (and not before this watch began).
+      const held = now - Math.max(w.since, heard - seen.heldMs!)
+      const heldAfterMs = limit(w.heldAfterMs ?? w.deadAfterMs)
+      if (held > heldAfterMs) {
+        this.#declare(
+          down(
+            `its event loop has been held for ${held} ms (taken for hung after ${heldAfterMs} ms): one synchronous computation ` +
+              `that never returns, or runs longer than any expected; its process still beats`
+          )
+        )
       }
     }
   }

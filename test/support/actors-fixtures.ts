@@ -1,6 +1,6 @@
 // Actors used by the actor, agent and CLI tests, and spawned by node agents in them (so each is
 // an export a child process can load): echo, a counter that keeps order, a relay that asks
-// another actor, one that fails, one that is slow, and one that crashes its process.
+// another actor, one that fails, one that is slow or holds its event loop, and one that crashes its process.
 import * as Effect from "effect/Effect"
 import * as Schema from "effect/Schema"
 import { defineActor } from "../../actors/runtime/actor.ts"
@@ -16,6 +16,8 @@ export const EchoProtocol = defineProtocol("echo", {
   fail: { request: Schema.String, reply: Schema.Null },
   crash: { request: Schema.Number, reply: Schema.Null },
   sleep: { request: Schema.Number, reply: Schema.Number },
+  /** Holds the event loop this long (a busy wait), as one long synchronous computation does. */
+  hold: { request: Schema.Number, reply: Schema.Number },
   log: { request: Schema.String, reply: Schema.Null }
 })
 
@@ -44,6 +46,13 @@ export const echoActor = defineActor(EchoProtocol, (ctx) => ({
     return null
   },
   sleep: (ms) => Effect.as(Effect.sleep(ms), ms),
+  hold: (ms) => {
+    const until = Date.now() + ms
+    while (Date.now() < until) {
+      // held
+    }
+    return ms
+  },
   log: (line) => {
     console.log(line)
     console.error(`err:${line}`)
