@@ -16,6 +16,7 @@ import {
   DEADLINE_WARMUP_STEPS,
   DEADLINE_WINDOW,
   WORKER_DEAD_AFTER_MS,
+  WORKER_HELD_DEAD_AFTER_MS,
   WORKER_START_DEAD_AFTER_MS
 } from "../core/defaults.ts"
 
@@ -159,12 +160,17 @@ export class MeasuredDeadlines {
 
 /**
  * A worker process's heartbeat deadline, as the driver keeps it from the step times the workers
- * report. A worker beats from a timer on its event loop, which a step's computation holds (tfjs
- * runs kernels synchronously): a beat is late by the longest such stretch, not the typical one. So
- * the deadline is DEADLINE_FACTOR x the longest computation of the latest steps, never less
- * than WORKER_DEAD_AFTER_MS: it only grows for steps too long for the fixed 10 s, and a hung worker
- * is named sooner by the collective deadline (MeasuredDeadlines) than by its heartbeats anyway.
+ * report. A beat from a timer on the worker's event loop is late by the longest computation that
+ * holds the loop (tfjs runs kernels synchronously), not the typical one. So the deadline is
+ * DEADLINE_FACTOR x the longest computation of the latest steps, never less than
+ * WORKER_DEAD_AFTER_MS: it only grows for steps too long for the fixed 10 s, and a hung worker is
+ * named sooner by the collective deadline (MeasuredDeadlines) than by its heartbeats anyway.
  * Before any step is measured it is WORKER_START_DEAD_AFTER_MS (or the floor, if longer).
+ *
+ * Worker processes beat from a thread (actors/runtime/heartbeat.ts startThreadBeating), so this
+ * deadline applies as such only to beats from the main thread (while the thread starts, or where
+ * none could); a beating thread's silence counts after the floor (`silentMs`), and its event loop
+ * held counts after `heldMs`: this deadline or WORKER_HELD_DEAD_AFTER_MS, whichever is longer.
  */
 export class HeartbeatDeadline {
   readonly floorMs: number
@@ -210,12 +216,26 @@ export class HeartbeatDeadline {
     return { ms: derived, measured: true, why: formula }
   }
 
+  /** Silence after which a worker beating from its thread is dead (its process stopped or cut off). */
+  get silentMs(): number {
+    return this.floorMs
+  }
+
+  /** How long a worker's event loop may be held (its thread still beating) before it is taken for hung. */
+  heldMs(who?: string): number {
+    return Math.max(WORKER_HELD_DEAD_AFTER_MS, this.current(who).ms)
+  }
+
   /** For explain.txt and the start-up line. */
   describe(): { readonly text: string; readonly json: Record<string, unknown>; readonly summary: string } {
     const d = this.current()
     return {
-      text: `heartbeat deadline: ${seconds(d.ms)} (${d.why}). A worker process not heard from for this long is counted as dead.`,
-      json: { heartbeatDeadlineMs: d.ms, measured: d.measured, why: d.why, factor: this.factor, floorMs: this.floorMs },
+      text:
+        `heartbeat deadline: ${seconds(d.ms)} (${d.why}). Workers beat from a thread of their own: one not heard from for ` +
+        `${seconds(this.silentMs)} is counted as dead (its process stopped or cut off), one whose event loop is held for ` +
+        `${seconds(this.heldMs())} by one computation is taken for hung; beats from a worker's event loop (while its thread starts) ` +
+        `count as silent after the deadline.`,
+      json: { heartbeatDeadlineMs: d.ms, measured: d.measured, why: d.why, factor: this.factor, floorMs: this.floorMs, silentMs: this.silentMs, heldMs: this.heldMs() },
       summary: `gradwire: heartbeat deadline ${seconds(d.ms)} (${d.why})`
     }
   }

@@ -100,6 +100,17 @@ export const GPU_WORKER_DEAD_AFTER_MS = 30_000
  */
 export const WORKER_START_DEAD_AFTER_MS = 60_000
 
+/**
+ * A worker process beats from a thread of its own (actors/runtime/heartbeat.ts), so a long
+ * computation on its main thread no longer silences it: silence means the process is stopped or
+ * cut off, and counts after the heartbeat deadline's floor. Its event loop, held by one
+ * synchronous stretch (a step, an evaluation whose awaits resolve at once: a 64-image resnet18
+ * evaluation loop held one for 18 s on a loaded 2-core machine), is taken for hung only after
+ * this long, or the heartbeat deadline if longer. A hang inside a collective is named sooner, by
+ * the peers' collective deadline.
+ */
+export const WORKER_HELD_DEAD_AFTER_MS = 120_000
+
 /** Silence after which a node (its agent beats every 500 ms) is dead in the cluster view. */
 export const NODE_DEAD_AFTER_MS = 2_500
 

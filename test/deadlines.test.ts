@@ -4,7 +4,15 @@
 // driver's heartbeat deadline, which only grows for steps whose computation holds a worker longer.
 import { describe, expect, it } from "vitest"
 import { HeartbeatDeadline, MeasuredDeadlines, seconds } from "../collectives/deadlines.ts"
-import { COLLECTIVE_DEADLINE_FLOOR_MS, COLLECTIVE_TIMEOUT_MS, DEADLINE_FACTOR, DEADLINE_WARMUP_STEPS, WORKER_DEAD_AFTER_MS, WORKER_START_DEAD_AFTER_MS } from "../core/defaults.ts"
+import {
+  COLLECTIVE_DEADLINE_FLOOR_MS,
+  COLLECTIVE_TIMEOUT_MS,
+  DEADLINE_FACTOR,
+  DEADLINE_WARMUP_STEPS,
+  WORKER_DEAD_AFTER_MS,
+  WORKER_HELD_DEAD_AFTER_MS,
+  WORKER_START_DEAD_AFTER_MS
+} from "../core/defaults.ts"
 
 const steps = (d: MeasuredDeadlines, ms: number, n: number): void => {
   for (let i = 0; i < n; i++) d.noteStep(ms)
@@ -168,6 +176,22 @@ describe("the heartbeat deadline of a worker process", () => {
     const h = new HeartbeatDeadline()
     h.noteCompute(6_000)
     expect(h.describe().summary).toBe("gradwire: heartbeat deadline 12 s (2 x longest step computation 6 s)")
-    expect(h.describe().text).toMatch(/^heartbeat deadline: 12 s \(2 x longest step computation 6 s\)\. A worker process not heard from/)
+    expect(h.describe().text).toMatch(/^heartbeat deadline: 12 s \(2 x longest step computation 6 s\)\. Workers beat from a thread of their own: one not heard from for 10 s is counted as dead .*, one whose event loop is held for 120 s by one computation is taken for hung/)
+    expect(h.describe().json).toMatchObject({ heartbeatDeadlineMs: 12_000, silentMs: 10_000, heldMs: 120_000 })
+  })
+
+  it("judges a worker beating from its thread by silence after the floor and by its held event loop after 120 s, or the deadline if longer", () => {
+    expect(WORKER_HELD_DEAD_AFTER_MS).toBe(120_000)
+    const h = new HeartbeatDeadline()
+    // before any step: silence still counts after the floor (the thread beats through the dry step)
+    expect(h.silentMs).toBe(WORKER_DEAD_AFTER_MS)
+    expect(h.heldMs()).toBe(WORKER_HELD_DEAD_AFTER_MS)
+    for (let i = 0; i < 10; i++) h.noteCompute(7_000, "w-a")
+    expect(h.silentMs).toBe(WORKER_DEAD_AFTER_MS)
+    expect(h.heldMs("w-a")).toBe(WORKER_HELD_DEAD_AFTER_MS)
+    h.noteCompute(80_000, "w-a")
+    expect(h.heldMs("w-a")).toBe(160_000)
+    // a GPU job's floor is its silence deadline
+    expect(new HeartbeatDeadline({ floorMs: 30_000 }).silentMs).toBe(30_000)
   })
 })

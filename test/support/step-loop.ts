@@ -9,7 +9,9 @@
 // peers replays this loop on a replacement (test/peer-recovery.test.ts, test/elastic.test.ts).
 // With `pidDir` every rank first writes its pid to <pidDir>/<attempt>-<rank>.pid, as chaos-loop.ts
 // does, and with `positions` too it records where it got after each step it trained
-// (positions.ts), for the chaos benchmark.
+// (positions.ts), for the chaos benchmark. With `busyMs`, every rank holds its event loop that long
+// in one synchronous stretch after epoch 0's report (as an evaluation whose awaits resolve at once
+// does): its beats must come from its beat thread for it to count as alive.
 import { writeFileSync } from "node:fs"
 import * as path from "node:path"
 import type { TrainContext } from "../../index.ts"
@@ -26,6 +28,8 @@ export interface StepLoopConfig {
   readonly pidDir?: string
   /** Needs pidDir (the position files go there). */
   readonly positions?: boolean
+  /** After epoch 0's report, hold the event loop this long (a busy wait). */
+  readonly busyMs?: number
 }
 
 export async function stepLoop(config: StepLoopConfig, ctx: TrainContext): Promise<void> {
@@ -80,6 +84,12 @@ export async function stepLoop(config: StepLoopConfig, ctx: TrainContext): Promi
     const metrics = { epoch, loss: lossSum / Math.max(1, samples), val_accuracy: val.accuracy ?? 0, weights: await weightsHashAsync(model.getWeights()) }
     const ckpt = ctx.worldRank === 0 ? await ctx.checkpointFromModel(dp, { metadata: { epoch } }) : undefined
     await ctx.report(metrics, ckpt ? { checkpoint: ckpt } : {})
+    if (config.busyMs !== undefined && epoch === 0) {
+      const until = Date.now() + config.busyMs
+      while (Date.now() < until) {
+        // held
+      }
+    }
   }
   tf.dispose([xTest, yTest])
   positions?.close()

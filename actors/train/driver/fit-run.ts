@@ -326,7 +326,10 @@ export class FitRun {
     // workers get a longer floor: webgpu compiles each kernel's pipeline on its first use, holding
     // the worker's event loop (seconds a kernel on a software adapter), before any step is reported.
     const heartbeats = (this.#heartbeats = new HeartbeatDeadline(cfg.scaling.useGpu !== undefined && cfg.scaling.useGpu !== false ? { floorMs: GPU_WORKER_DEAD_AFTER_MS } : {}))
-    this.#group = new WorkerGroup(this.#system, (instance) => heartbeats.current(instance).ms, verbose)
+    this.#group = new WorkerGroup(this.#system, (instance) => heartbeats.current(instance).ms, verbose, {
+      silentAfterMs: () => heartbeats.silentMs,
+      heldAfterMs: (instance) => heartbeats.heldMs(instance)
+    })
     // An agent that sends a process's exit notice is alive: its node needs no heartbeat awaited (#nodeLossOrNot).
     const watcher = await this.#system.watcherReady()
     watcher.onEvent((e) => {

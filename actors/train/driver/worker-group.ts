@@ -11,7 +11,7 @@ import { WORKER_DEAD_AFTER_MS } from "../../../core/defaults.ts"
 import { SERVER_CPUS, type PlacementPlan, type PlacementRequest } from "../../../scheduler/placement.ts"
 import { isGpuShare } from "../../../scheduler/resources.ts"
 import type { ActorSystem } from "../../runtime/system.ts"
-import type { ActorDown } from "../../runtime/watcher.ts"
+import type { ActorDown, WatchOptions } from "../../runtime/watcher.ts"
 import { TIMED_OUT, withDeadline } from "../../runtime/deadline.ts"
 import { agentRef, spawnActor, type SpawnedActor } from "../../node/spawn.ts"
 import { WorkerProtocol, type JoinPosition, type Placement, type WorkerArgs } from "../common/train-protocol.ts"
@@ -180,10 +180,28 @@ export class WorkerGroup {
   /** runConfig.verbose: workers log at debug level (their transport, topology and deadlines too). */
   readonly #verbose: boolean
 
-  constructor(system: ActorSystem, deadAfterMs: (instance: string) => number = () => WORKER_DEAD_AFTER_MS, verbose = false) {
+  /** A worker beating from its thread: silence after which it is dead, and how long its event loop may be held (collectives/deadlines.ts). */
+  readonly #threaded: { readonly silentAfterMs: () => number; readonly heldAfterMs: (instance: string) => number } | undefined
+
+  constructor(
+    system: ActorSystem,
+    deadAfterMs: (instance: string) => number = () => WORKER_DEAD_AFTER_MS,
+    verbose = false,
+    threaded?: { readonly silentAfterMs: () => number; readonly heldAfterMs: (instance: string) => number }
+  ) {
     this.#system = system
     this.#deadAfterMs = deadAfterMs
     this.#verbose = verbose
+    this.#threaded = threaded
+  }
+
+  /** How a member is watched: its heartbeat deadline, and for beats from its thread the silence and held-loop ones. */
+  #liveness(w: SpawnedActor): Omit<WatchOptions, "instance"> {
+    const t = this.#threaded
+    return {
+      deadAfterMs: () => this.#deadAfterMs(w.instance),
+      ...(t ? { silentAfterMs: t.silentAfterMs, heldAfterMs: () => t.heldAfterMs(w.instance) } : {})
+    }
   }
 
   /** The current generation's members, by rank. */
@@ -259,7 +277,7 @@ export class WorkerGroup {
           started.push(w)
           await this.#system.askPromise(w.ref(WorkerProtocol), "prepare", null, { timeoutMs: STANDBY_PREPARE_MS })
           // One that goes down while it waits is no longer held (holds): no regroup admits it.
-          void w.down({ deadAfterMs: () => this.#deadAfterMs(w.instance) }).then(() => {
+          void w.down(this.#liveness(w)).then(() => {
             this.#workers = this.#workers.filter((x) => x !== w)
           })
           return { actor: w, nodeId: r.nodeId }
@@ -419,7 +437,7 @@ export class WorkerGroup {
   /** Reports each member's death to `watch` (by its rank in the current generation). */
   watch(members: ReadonlyMap<number, SpawnedActor>, watch: Watch): void {
     for (const [rank, w] of members) {
-      void w.down({ deadAfterMs: () => this.#deadAfterMs(w.instance) }).then((down) => {
+      void w.down(this.#liveness(w)).then((down) => {
         if (!watch.stillMatters(rank)) return
         const report = (): void => {
           if (watch.stillMatters(rank)) watch.onDown(rank, { reason: down.reason, detail: `worker process (pid ${w.pid} on node ${w.node}) went down: ${down.detail}` })

@@ -1,0 +1,46 @@
+// A worker whose event loop one long synchronous computation holds (an evaluation loop whose awaits
+// resolve at once, a step of a big model on a loaded machine) is alive: its beats come from a thread
+// of its own (actors/runtime/heartbeat.ts), so the run goes on, where beats from its event loop
+// would have gone silent past the 10 s heartbeat deadline and the worker been counted dead. Real
+// nats-server, real agent and worker processes.
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import * as fs from "node:fs/promises"
+import * as os from "node:os"
+import * as path from "node:path"
+import { Trainer, loadDigits, trainTestSplit, type ArrayDataset } from "../index.ts"
+import { readEvents } from "./support/trainer-runs.ts"
+import { liveNatsServerPids } from "../core/nats-server.ts"
+import { WORKER_DEAD_AFTER_MS } from "../core/defaults.ts"
+
+const STEP_LOOP = path.resolve("test/support/step-loop.ts") + "#stepLoop"
+let storage: string
+let train: ArrayDataset
+let test: ArrayDataset
+
+beforeAll(async () => {
+  storage = await fs.mkdtemp(path.join(os.tmpdir(), "gw-busy-"))
+  ;({ train, test } = trainTestSplit(await loadDigits(), 0.2, 7))
+})
+afterAll(async () => {
+  await fs.rm(storage, { recursive: true, force: true })
+  expect(liveNatsServerPids()).toEqual([])
+})
+
+describe("a worker busy past the heartbeat deadline", () => {
+  it("holds its event loop 1.3 x the heartbeat deadline between epochs, and the run finishes with no failure", { timeout: 120_000 }, async () => {
+    const busyMs = Math.round(1.3 * WORKER_DEAD_AFTER_MS)
+    const r = await new Trainer({
+      trainLoopPerWorker: STEP_LOOP,
+      trainLoopConfig: { epochs: 2, batchSize: 64, busyMs },
+      scalingConfig: { numWorkers: 2 },
+      runConfig: { name: "busy", storagePath: storage, progress: false },
+      datasets: { train, test }
+    }).fit()
+    expect(r.metricsHistory.length).toBe(2)
+    expect(new Set(r.metricsPerRank.at(-1)!.map((m) => m.weights)).size).toBe(1)
+    const events = await readEvents(r.path)
+    expect(events.filter((e) => e.type === "failure")).toEqual([])
+    const explain = await fs.readFile(path.join(r.path, "explain.txt"), "utf8")
+    expect(explain).toMatch(/Workers beat from a thread of their own/)
+  })
+})
