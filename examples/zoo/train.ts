@@ -124,9 +124,11 @@ export async function zooLoop(config: ZooConfig, ctx: TrainContext): Promise<voi
   const EVAL_BATCH = 64
   const xTest = text ? tf.tensor(Int32Array.from(test.x), [test.size, ...test.featureShape], "int32") : tf.tensor(test.x, [test.size, ...test.featureShape])
   const yTest = Int32Array.from(test.y)
-  // Held-out batches of 64: one predict call holds the worker's event loop, and its heartbeats, for
-  // its whole length; 256 images of resnet18 took over 12 s on a loaded 2-core machine, past the
-  // deadline of twice its longest training step (docs/failure-model.md).
+  // Held-out batches of 64, with a turn of the event loop between them: on the wasm backend
+  // `await pred.data()` resolves at once, so without one the whole evaluation is a single
+  // synchronous stretch (18 s for resnet18 on a loaded 2-core machine), in which nothing else in the
+  // worker runs: NATS pings, the answers to its peers' probes. Its heartbeats come from a thread of
+  // their own and go on regardless (docs/failure-model.md).
   const heldOut = async (): Promise<number> => {
     let correct = 0
     for (let from = 0; from < test.size; from += EVAL_BATCH) {
@@ -135,6 +137,7 @@ export async function zooLoop(config: ZooConfig, ctx: TrainContext): Promise<voi
       const p = (await pred.data()) as Int32Array
       pred.dispose()
       for (let i = 0; i < p.length; i++) if (p[i] === yTest[from * perLabel + i]) correct++
+      await new Promise((resolve) => setImmediate(resolve))
     }
     return correct / yTest.length
   }
