@@ -15,6 +15,7 @@ import { ActorSystem, makeActorSystemEffect } from "../actors/runtime/system.ts"
 import { wireTensor, WireTensor } from "../core/wire.ts"
 import { CounterProtocol, EchoProtocol, brokenActor, counterActor, echoActor } from "./support/actors-fixtures.ts"
 import { TestRig, eventually } from "./support/actors-processes.ts"
+import { freePort } from "../core/nats-server.ts"
 import { silentLogger } from "../actors/runtime/log.ts"
 import { beatTemplate, readBeat, withHeld } from "../actors/runtime/heartbeat.ts"
 
@@ -282,6 +283,40 @@ describe("liveness", () => {
       stopHeld()
       stopSilent()
       stopAlive()
+    }
+  })
+
+  it("an actor beating from a thread: beats say how long its event loop is held; a thread that cannot connect leaves the beats to the event loop, saying why", async () => {
+    // every beat heard, by actor name: its held time, or -1 for a beat without one
+    const beats = new Map<string, number[]>()
+    const sub = ncB.subscribe(b.subjects.heartbeats, {
+      callback: (_e, m) => {
+        const beat = readBeat(m.data)
+        if (beat) beats.set(beat.name, [...(beats.get(beat.name) ?? []), beat.heldMs ?? -1])
+      }
+    })
+    const warnings: string[] = []
+    const log = { ...silentLogger, warn: (m: string) => void warnings.push(m) }
+    const up = new ActorSystem({ nc: ncA, cluster: "t", job: "j", log: silentLogger, connection: { servers: [url] } })
+    const down = new ActorSystem({ nc: ncA, cluster: "t", job: "j", log: silentLogger, connection: { servers: [`nats://127.0.0.1:${await freePort()}`] } })
+    const [upName, downName] = [fresh("threaded"), fresh("unthreaded")]
+    const hUp = await launchActor(up, echoActor, { name: upName, beatThread: true, heartbeatMs: 100, log })
+    const hDown = await launchActor(down, echoActor, { name: downName, beatThread: true, heartbeatMs: 100, log })
+    try {
+      await eventually("a beat from the beat thread", 10_000, () => beats.get(upName)?.some((h) => h >= 0))
+      await eventually("the warning", 10_000, () => warnings.length > 0)
+      // its beats go on from the event loop, without a held time
+      const before = beats.get(downName)?.length ?? 0
+      await eventually("beats after the warning", 5_000, () => (beats.get(downName)?.length ?? 0) >= before + 3)
+      expect(beats.get(downName)!.every((h) => h === -1)).toBe(true)
+      expect(warnings).toHaveLength(1)
+      expect(warnings[0]).toMatch(new RegExp(`^actor "${downName}" beats from its event loop \\(a long computation there silences it\\): its beat thread it failed: `))
+    } finally {
+      sub.unsubscribe()
+      await hUp.stop()
+      await hDown.stop()
+      up.close()
+      down.close()
     }
   })
 

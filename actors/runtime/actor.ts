@@ -286,7 +286,9 @@ export class ActorHandle<Spec extends ProtocolSpec = ProtocolSpec> {
       const beat = { name: this.name, instance: this.instance, pid: process.pid, node: system.node, intervalMs: this.#heartbeatMs }
       this.#beating =
         this.#beatThread && system.connection
-          ? startThreadBeating(system.nc, subject, beat, system.connection, `gradwire ${system.job}/${this.name}`)
+          ? startThreadBeating(system.nc, subject, beat, system.connection, `gradwire ${system.job}/${this.name}`, undefined, (why) =>
+              this.#log.warn(`actor "${this.name}" beats from its event loop (a long computation there silences it): its beat thread ${why}`)
+            )
           : startBeating(system.nc, subject, beat)
     }
     system.publishEvent({ type: "ready", name: this.name, instance: this.instance, pid: process.pid, node: system.node, at: Date.now() })

@@ -104,8 +104,8 @@ export const withHeld = (template: Uint8Array, heldMs: number): Uint8Array => {
  * Beats `beat` on `subject` from a worker thread with its own connection (`connection`, as this
  * process's), each beat saying how long the main thread's event loop has been held. Until the
  * thread's first beat is out (loading nats.js, connecting: about 0.1-0.5 s), and again should it
- * fail, the main thread beats as startBeating does, with no `heldMs`. Nothing here keeps the
- * process alive.
+ * fail (`onFallback` says why), the main thread beats as startBeating does, with no `heldMs`.
+ * Nothing here keeps the process alive.
  */
 export const startThreadBeating = (
   nc: NatsConnection,
@@ -113,7 +113,8 @@ export const startThreadBeating = (
   beat: Beat,
   connection: ConnectionSpec,
   connectionName: string,
-  connectTimeoutMs = SPAWNED_CONNECT_TIMEOUT_MS
+  connectTimeoutMs = SPAWNED_CONNECT_TIMEOUT_MS,
+  onFallback: (reason: string) => void = () => {}
 ): Beating => {
   let fallback: Beating | undefined = startBeating(nc, subject, beat)
   const template = beatTemplate(beat)
@@ -136,8 +137,12 @@ export const startThreadBeating = (
     ticks: ticks.buffer as SharedArrayBuffer
   }
   let thread: Worker | undefined
-  const beatHere = (): void => {
-    if (!stopped && !fallback) fallback = startBeating(nc, subject, beat)
+  let told = false
+  const beatHere = (reason: string): void => {
+    if (stopped) return
+    if (!told) onFallback(reason)
+    told = true
+    if (!fallback) fallback = startBeating(nc, subject, beat)
   }
   try {
     thread = new Worker(BEAT_THREAD, { workerData: data, stdout: false, stderr: false })
@@ -146,12 +151,13 @@ export const startThreadBeating = (
       if (m === "up") {
         fallback?.stop()
         fallback = undefined
-      } else beatHere()
+      } else beatHere(`it failed: ${String((m as { failed?: unknown }).failed)}`)
     })
-    thread.on("error", beatHere)
-    thread.on("exit", beatHere)
-  } catch {
+    thread.on("error", (e) => beatHere(`it failed: ${e.message}`))
+    thread.on("exit", (code) => beatHere(`it exited (code ${code})`))
+  } catch (e) {
     // no thread (none allowed, or out of memory): the main thread goes on beating
+    onFallback(`no thread: ${e instanceof Error ? e.message : String(e)}`)
   }
   return {
     stop: () => {
