@@ -1973,14 +1973,14 @@ const PLANE_PAD = 64
 
 /**
  * Where U[pos][c][o .. o + 3] lies in a plane of the transformed filter (bytes from the plane's
- * start; o a multiple of 4): its columns in panels of C rows, as wgProduct reads them, row after
- * row: of 16 columns while they fit in O ($O16: O rounded down to 16), then of 4, a panel starting
+ * start; o a multiple of 4; rowsBytes the rows' count x 4, C by default: wgFilterGrad's D has T
+ * rows): its columns in panels of C rows, as wgProduct reads them, row after row: of 16 columns while they fit in O ($O16: O rounded down to 16), then of 4, a panel starting
  * at o·C·4 either way. Read in rows O·4 bytes apart, each 16 columns down all C rows again for
  * every pair of tiles, the products had taken 1.1-1.2x as long at 256 and 512 channels.
  */
-const wgPanelAt = (c, o) => `(if (result i32) (i32.lt_s ${o} (local.get $O16))
-      (then (i32.add (i32.mul (i32.and ${o} (i32.const -16)) (local.get $cBytes)) (i32.add (i32.shl ${c} (i32.const 6)) (i32.shl (i32.and ${o} (i32.const 15)) (i32.const 2)))))
-      (else (i32.add (i32.mul ${o} (local.get $cBytes)) (i32.shl ${c} (i32.const 4)))))`
+const wgPanelAt = (c, o, rowsBytes = get("cBytes")) => `(if (result i32) (i32.lt_s ${o} (local.get $O16))
+      (then (i32.add (i32.mul (i32.and ${o} (i32.const -16)) ${rowsBytes}) (i32.add (i32.shl ${c} (i32.const 6)) (i32.shl (i32.and ${o} (i32.const 15)) (i32.const 2)))))
+      (else (i32.add (i32.mul ${o} ${rowsBytes}) (i32.shl ${c} (i32.const 4)))))`
 
 /**
  * wgFilter4(w, u, C, O, tmp): the filter w [3, 3, C, O] transformed, U[pos][c][o] = (G g Gᵀ)[pos]
@@ -2230,7 +2230,8 @@ const transposed = (L) => L[0].map((_, j) => L.map((row) => row[j]))
 /**
  * The filter gradient's product step: for each pos, P[pos][c][o] += Σ_t V[pos][t][c]·D[pos][t][o]
  * over the block's tiles (P[pos][c][o] = with $fresh: the sums' first block), input channels $c
- * two at a time (C is a multiple of 4), output columns `4·vecs` at a time from $j.
+ * two at a time (C is a multiple of 4), output columns `4·vecs` at a time from $j, D's columns
+ * read from their panel of T rows (wgPanelAt), row after row, with $dPanels (else rows O·4 bytes apart).
  */
 const wgGradProduct = (vecs) => {
   const qs = [...Array(vecs).keys()]
@@ -2246,14 +2247,15 @@ const wgGradProduct = (vecs) => {
                 (then ${cs.flatMap((c) => qs.map((q) => `(local.set $acc${c}_${q} ${ZERO})`)).join(" ")})
                 (else ${cs.flatMap((c) => qs.map((q) => `(local.set $acc${c}_${q} (v128.load ${at(c, q)}))`)).join(" ")}))
               (local.set $pv (i32.add (local.get $vp) (i32.shl (local.get $c) (i32.const 2))))
-              (local.set $pu (i32.add (local.get $mp) (i32.shl (local.get $j) (i32.const 2))))
+              (local.set $pu (i32.add (local.get $mp) (i32.mul (local.get $j) (select (local.get $tBytes) (i32.const 4) (local.get $dPanels)))))
+              (local.set $dStep (select (i32.const ${16 * vecs}) (local.get $oBytes) (local.get $dPanels)))
               (local.set $k (i32.const 0))
               (loop $${name}_k
                 ${cs.map((c) => `(local.set $s${c} (v128.load32_splat offset=${4 * c} (local.get $pv)))`).join(" ")}
                 ${qs.map((q) => `(local.set $wv (v128.load offset=${16 * q} (local.get $pu)))
                 ${cs.map((c) => `(local.set $acc${c}_${q} (f32x4.add (local.get $acc${c}_${q}) (f32x4.mul (local.get $s${c}) (local.get $wv))))`).join(" ")}`).join("\n                ")}
                 (local.set $pv (i32.add (local.get $pv) (local.get $cBytes)))
-                (local.set $pu (i32.add (local.get $pu) (local.get $oBytes)))
+                (local.set $pu (i32.add (local.get $pu) (local.get $dStep)))
                 (local.set $k (i32.add (local.get $k) (i32.const 1)))
                 (br_if $${name}_k (i32.lt_s (local.get $k) (local.get $tb))))
               ${cs.flatMap((c) => qs.map((q) => `(v128.store ${at(c, q)} (local.get $acc${c}_${q}))`)).join(" ")}
@@ -2295,13 +2297,20 @@ const wgFilterGrad = (mh, mw) => {
     (local $fresh i32) (local $TH i32) (local $TW i32) (local $tpi i32) (local $NT i32) (local $t0 i32) (local $tb i32) (local $t i32)
     (local $tile i32) (local $b i32) (local $th i32) (local $tw i32) (local $base i32) (local $cb i32) (local $ob i32)
     (local $rowBytes i32) (local $cBytes i32) (local $oBytes i32) (local $vPlane i32) (local $mPlane i32) (local $mBuf i32) (local $pBuf i32) (local $cPlane i32) (local $tapBytes i32)
-    (local $pos i32) (local $vp i32) (local $up i32) (local $mp i32) (local $j i32) (local $k i32) (local $c i32) (local $pv i32) (local $pu i32) (local $pp i32)
+    (local $pos i32) (local $vp i32) (local $up i32) (local $mp i32) (local $j i32) (local $k i32) (local $c i32) (local $pv i32) (local $pu i32) (local $pp i32) (local $O16 i32) (local $tBytes i32) (local $dq i32) (local $dPanels i32) (local $dStep i32)
     (local $rows i32) (local $cols i32) (local $full i32) (local $rowOut i32) (local $at i32) (local $wv v128) (local $s0 v128) (local $s1 v128)
     ${[0, 1].flatMap((t) => [0, 1, 2, 3].map((q) => `(local $acc${t}_${q} v128)`)).join(" ")}
     ${sandwichLocals(6)} (local $tmp i32)
     ${wgSizes(mh, mw)}
     (local.set $rowOut (i32.mul (local.get $OW) (local.get $oBytes)))
     (local.set $tapBytes (i32.mul (local.get $C) (local.get $oBytes)))
+    ;; D's planes in panels of T rows (wgPanelAt) from 256 output channels: [32, 8, 8, 256] -> 256
+    ;; 25-30 -> 17-19 ms, [32, 4, 4, 512] -> 512 33-39 -> 24-33 ms, where the product read each 16
+    ;; columns down the block's rows O·4 bytes apart for every pair of input channels; at 16-128
+    ;; rows as before, panels having cost 1.0-1.5x the time
+    (local.set $dPanels (i32.ge_s (local.get $O) (i32.const 256)))
+    (local.set $O16 (i32.and (local.get $O) (i32.const -16)))
+    (local.set $tBytes (i32.shl (local.get $T) (i32.const 2)))
     (local.set $mBuf (i32.add (local.get $scratch) (i32.mul (local.get $vPlane) (i32.const 36))))
     (local.set $pBuf (i32.add (local.get $mBuf) (i32.mul (local.get $mPlane) (i32.const 36))))
     (local.set $tmp (i32.add (local.get $pBuf) (i32.mul (local.get $cPlane) (i32.const 36))))
@@ -2331,17 +2340,19 @@ const wgFilterGrad = (mh, mw) => {
         ${tilePlace}
         ;; V[pos][t][c] = (Bhᵀ d Bw)[pos], as wgConv's
         ${wgInputTiles(mh, mw)}
-        ;; D[pos][t][o] = (Ah dY Awᵀ)[pos] for the tile's mh x mw block of dy (zeros past the region)
-        (local.set $mp (i32.add (local.get $mBuf) (i32.mul (local.get $t) (local.get $oBytes))))
+        ;; D[pos][t][o] = (Ah dY Awᵀ)[pos] for the tile's mh x mw block of dy (zeros past the region), in panels or rows
         ${tileInImage(mh, mw, "(local.get $dy)")}
         (local.set $ob (i32.const 0))
         (loop $wg_dy
+          (local.set $dq (i32.add (local.get $mBuf) (if (result i32) (local.get $dPanels)
+            (then ${wgPanelAt(get("t"), "(i32.shr_u (local.get $ob) (i32.const 2))", get("tBytes"))})
+            (else (i32.add (i32.mul (local.get $t) (local.get $oBytes)) (local.get $ob))))))
           ${sandwich(
             byRows(transposed(H.AT)),
             ah,
             mh,
             (i, j) => `(if (result v128) ${insideTile(i, j)} (then (v128.load ${tileAddress(i, j)})) (else ${ZERO}))`,
-            (i, j, v) => `(v128.store (i32.add (i32.add (local.get $mp) (local.get $ob)) (i32.mul (local.get $mPlane) (i32.const ${i * aw + j}))) ${v})`,
+            (i, j, v) => `(v128.store (i32.add (local.get $dq) (i32.mul (local.get $mPlane) (i32.const ${i * aw + j}))) ${v})`,
             byRows(transposed(Wd.AT)),
             aw,
             mw
