@@ -16,8 +16,7 @@ import type { BeatThreadData } from "./heartbeat.ts"
 
 const data = workerData as BeatThreadData
 const ticks = new BigInt64Array(data.ticks)
-const bytes = new Uint8Array(data.template)
-const view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength)
+const template = data.template
 
 /** The process's connection spec as nats.js options, as core/connection-spec.ts openConnection makes them. */
 const options = (): NodeConnectionOptions => {
@@ -44,7 +43,9 @@ const run = async (): Promise<void> => {
   const nc = await connect(options())
   const send = (): void => {
     if (nc.isClosed() || nc.isDraining()) return
-    view.setFloat64(bytes.byteLength - 8, Math.max(0, Date.now() - Number(Atomics.load(ticks, 0))))
+    // a copy a beat: the client may hold a payload until it flushes (all of an outage)
+    const bytes = template.slice()
+    new DataView(bytes.buffer).setFloat64(bytes.byteLength - 8, Math.max(0, Date.now() - Number(Atomics.load(ticks, 0))))
     try {
       nc.publish(data.subject, bytes)
     } catch {
