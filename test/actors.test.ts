@@ -257,7 +257,8 @@ describe("liveness", () => {
     const heldName = fresh("held")
     const heldSince = Date.now()
     const stopHeld = beatFor(heldName, () => Date.now() - heldSince)
-    const heldDown = b.watchPromise(heldName, { deadAfterMs: 500, silentAfterMs: 30_000, heldAfterMs: 1_200 })
+    const told: number[] = []
+    const heldDown = b.watchPromise(heldName, { deadAfterMs: 500, silentAfterMs: 30_000, heldAfterMs: 1_200, onHeld: { afterMs: 600, call: (ms) => void told.push(ms) } })
     // silent: the beats stop while the event loop was fine; the long deadAfterMs must not apply
     const silentName = fresh("silent")
     const stopSilent = beatFor(silentName, () => 0)
@@ -266,7 +267,8 @@ describe("liveness", () => {
     const aliveName = fresh("alive")
     const stopAlive = beatFor(aliveName, () => 50)
     let aliveDown: unknown
-    void b.watchPromise(aliveName, { deadAfterMs: 500, silentAfterMs: 500, heldAfterMs: 500 }).then((d) => (aliveDown = d))
+    let aliveTold = 0
+    void b.watchPromise(aliveName, { deadAfterMs: 500, silentAfterMs: 500, heldAfterMs: 500, onHeld: { afterMs: 400, call: () => void aliveTold++ } }).then((d) => (aliveDown = d))
     try {
       await new Promise((r) => setTimeout(r, 400))
       const stoppedAt = Date.now()
@@ -277,8 +279,13 @@ describe("liveness", () => {
       expect(Date.now() - stoppedAt).toBeLessThan(5_000)
       const h = await heldDown
       expect(h.detail).toMatch(/^its event loop has been held for \d+ ms \(taken for hung after 1200 ms\)/)
+      // told once, past 600 ms and before it was taken for hung
+      expect(told).toHaveLength(1)
+      expect(told[0]).toBeGreaterThan(600)
+      expect(told[0]).toBeLessThanOrEqual(1_200)
       expect(Date.now() - heldSince).toBeGreaterThanOrEqual(1_200)
       expect(aliveDown).toBeUndefined()
+      expect(aliveTold).toBe(0)
     } finally {
       stopHeld()
       stopSilent()

@@ -10,7 +10,7 @@ import * as path from "node:path"
 import { Trainer, loadDigits, trainTestSplit, type ArrayDataset } from "../index.ts"
 import { readEvents } from "./support/trainer-runs.ts"
 import { liveNatsServerPids } from "../core/nats-server.ts"
-import { WORKER_DEAD_AFTER_MS } from "../core/defaults.ts"
+import { WORKER_DEAD_AFTER_MS, WORKER_HELD_DEAD_AFTER_MS } from "../core/defaults.ts"
 
 const STEP_LOOP = path.resolve("test/support/step-loop.ts") + "#stepLoop"
 let storage: string
@@ -27,7 +27,7 @@ afterAll(async () => {
 })
 
 describe("a worker busy past the heartbeat deadline", () => {
-  it("holds its event loop 1.3 x the heartbeat deadline between epochs, and the run finishes with no failure", { timeout: 120_000 }, async () => {
+  it("holds its event loop 1.3 x the heartbeat deadline between epochs: the run finishes with no failure, and says so of each rank once", { timeout: 120_000 }, async () => {
     const busyMs = Math.round(1.3 * WORKER_DEAD_AFTER_MS)
     const r = await new Trainer({
       trainLoopPerWorker: STEP_LOOP,
@@ -40,6 +40,13 @@ describe("a worker busy past the heartbeat deadline", () => {
     expect(new Set(r.metricsPerRank.at(-1)!.map((m) => m.weights)).size).toBe(1)
     const events = await readEvents(r.path)
     expect(events.filter((e) => e.type === "failure")).toEqual([])
+    // each rank's long stretch said once, past the heartbeat deadline, with when it would be taken for hung
+    const held = events.filter((e) => e.type === "held")
+    expect(held.map((e) => e.rank).sort()).toEqual([0, 1])
+    for (const e of held) {
+      expect(e.heldMs as number).toBeGreaterThan(WORKER_DEAD_AFTER_MS)
+      expect(e.hungAfterMs).toBe(WORKER_HELD_DEAD_AFTER_MS)
+    }
     const explain = await fs.readFile(path.join(r.path, "explain.txt"), "utf8")
     expect(explain).toMatch(/Workers beat from a thread of their own/)
   })

@@ -41,6 +41,8 @@ export interface WatchOptions {
   readonly silentAfterMs?: number | (() => number)
   /** For an actor beating from a thread: how long its event loop may be held before it is taken for hung. Default deadAfterMs. */
   readonly heldAfterMs?: number | (() => number)
+  /** For an actor beating from a thread: called once a stretch when its event loop has been held past `afterMs` (and not yet taken for hung). */
+  readonly onHeld?: { readonly afterMs: number | (() => number); readonly call: (heldMs: number) => void }
 }
 
 type Limit = number | (() => number)
@@ -52,6 +54,9 @@ interface Waiter {
   readonly deadAfterMs: Limit
   readonly silentAfterMs: Limit | undefined
   readonly heldAfterMs: Limit | undefined
+  readonly onHeld: WatchOptions["onHeld"]
+  /** onHeld was called for the stretch in progress. */
+  heldTold: boolean
   readonly resolve: (down: ActorDown) => void
 }
 
@@ -191,6 +196,8 @@ export class Watcher {
       deadAfterMs: options.deadAfterMs ?? DEFAULT_DEAD_AFTER_MS,
       silentAfterMs: options.silentAfterMs,
       heldAfterMs: options.heldAfterMs,
+      onHeld: options.onHeld,
+      heldTold: false,
       resolve: (down) => {
         if (done) return
         done = true
@@ -297,6 +304,15 @@ export class Watcher {
               `that never returns, or runs longer than any expected; its process still beats`
           )
         )
+        continue
+      }
+      if (w.onHeld) {
+        // once a stretch: told past afterMs, told again only after the loop ran (held under half of it)
+        const afterMs = limit(w.onHeld.afterMs)
+        if (held > afterMs && !w.heldTold) {
+          w.heldTold = true
+          w.onHeld.call(held)
+        } else if (held < afterMs / 2) w.heldTold = false
       }
     }
   }

@@ -9,7 +9,7 @@ import * as path from "node:path"
 import { nuid } from "@nats-io/nats-core"
 import { ConfigError, NatsUnavailable, firstLine } from "../../../core/errors.ts"
 import { DEADLINE_WARMUP_STEPS, GPU_WORKER_DEAD_AFTER_MS } from "../../../core/defaults.ts"
-import { HeartbeatDeadline } from "../../../collectives/deadlines.ts"
+import { HeartbeatDeadline, seconds } from "../../../collectives/deadlines.ts"
 import type { BusMonitor } from "../../../core/bus-monitor.ts"
 import { describeConnection, redactConnection } from "../../../core/connection-spec.ts"
 import { SERVER_CPUS, type PlacementPlan, type PlacementRequest } from "../../../scheduler/placement.ts"
@@ -328,7 +328,15 @@ export class FitRun {
     const heartbeats = (this.#heartbeats = new HeartbeatDeadline(cfg.scaling.useGpu !== undefined && cfg.scaling.useGpu !== false ? { floorMs: GPU_WORKER_DEAD_AFTER_MS } : {}))
     this.#group = new WorkerGroup(this.#system, (instance) => heartbeats.current(instance).ms, verbose, {
       silentAfterMs: () => heartbeats.silentMs,
-      heldAfterMs: (instance) => heartbeats.heldMs(instance)
+      heldAfterMs: (instance) => heartbeats.heldMs(instance),
+      // Said once a stretch: a long synchronous computation keeps the worker from its peers' collectives and probes too.
+      onHeld: (rank, heldMs, hungAfterMs) => {
+        this.progress.line(
+          `gradwire: rank ${rank}'s event loop has been held ${seconds(heldMs)} by one synchronous computation (an evaluation loop ` +
+            `whose awaits resolve at once? yield between its batches); it is taken for hung after ${seconds(hungAfterMs)}`
+        )
+        this.recorder.event({ type: "held", rank, heldMs, hungAfterMs })
+      }
     })
     // An agent that sends a process's exit notice is alive: its node needs no heartbeat awaited (#nodeLossOrNot).
     const watcher = await this.#system.watcherReady()

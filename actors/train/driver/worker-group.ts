@@ -25,6 +25,14 @@ import type { Resolved } from "./options.ts"
  * they count at once: the grace was 0.3 s of every worker kill's 0.43 s pause.
  */
 const DOWN_GRACE_MS = 300
+/** How workers that beat from their thread are judged (collectives/deadlines.ts HeartbeatDeadline), and who hears of a long-held event loop. */
+export interface ThreadedLiveness {
+  readonly silentAfterMs: () => number
+  readonly heldAfterMs: (instance: string) => number
+  /** A member's event loop held past its heartbeat deadline (once a stretch), and when it would be taken for hung. */
+  readonly onHeld?: (rank: number, heldMs: number, hungAfterMs: number) => void
+}
+
 const graceFor = (down: ActorDown): number => ((down.reason === "exited" && down.signal) || down.reason === "node-lost" || down.reason === "missed-heartbeats" ? 0 : DOWN_GRACE_MS)
 
 /** How long kill() keeps asking an agent that does not answer. */
@@ -181,26 +189,31 @@ export class WorkerGroup {
   readonly #verbose: boolean
 
   /** A worker beating from its thread: silence after which it is dead, and how long its event loop may be held (collectives/deadlines.ts). */
-  readonly #threaded: { readonly silentAfterMs: () => number; readonly heldAfterMs: (instance: string) => number } | undefined
+  readonly #threaded: ThreadedLiveness | undefined
 
-  constructor(
-    system: ActorSystem,
-    deadAfterMs: (instance: string) => number = () => WORKER_DEAD_AFTER_MS,
-    verbose = false,
-    threaded?: { readonly silentAfterMs: () => number; readonly heldAfterMs: (instance: string) => number }
-  ) {
+  constructor(system: ActorSystem, deadAfterMs: (instance: string) => number = () => WORKER_DEAD_AFTER_MS, verbose = false, threaded?: ThreadedLiveness) {
     this.#system = system
     this.#deadAfterMs = deadAfterMs
     this.#verbose = verbose
     this.#threaded = threaded
   }
 
-  /** How a member is watched: its heartbeat deadline, and for beats from its thread the silence and held-loop ones. */
-  #liveness(w: SpawnedActor): Omit<WatchOptions, "instance"> {
+  /**
+   * How a member is watched: its heartbeat deadline, and for beats from its thread the silence and
+   * held-loop ones, `rank`'s event loop held past the heartbeat deadline told to onHeld.
+   */
+  #liveness(w: SpawnedActor, rank?: number): Omit<WatchOptions, "instance"> {
     const t = this.#threaded
+    const deadAfterMs = (): number => this.#deadAfterMs(w.instance)
     return {
-      deadAfterMs: () => this.#deadAfterMs(w.instance),
-      ...(t ? { silentAfterMs: t.silentAfterMs, heldAfterMs: () => t.heldAfterMs(w.instance) } : {})
+      deadAfterMs,
+      ...(t
+        ? {
+            silentAfterMs: t.silentAfterMs,
+            heldAfterMs: () => t.heldAfterMs(w.instance),
+            ...(t.onHeld && rank !== undefined ? { onHeld: { afterMs: deadAfterMs, call: (heldMs: number) => t.onHeld!(rank, heldMs, t.heldAfterMs(w.instance)) } } : {})
+          }
+        : {})
     }
   }
 
@@ -437,7 +450,7 @@ export class WorkerGroup {
   /** Reports each member's death to `watch` (by its rank in the current generation). */
   watch(members: ReadonlyMap<number, SpawnedActor>, watch: Watch): void {
     for (const [rank, w] of members) {
-      void w.down(this.#liveness(w)).then((down) => {
+      void w.down(this.#liveness(w, rank)).then((down) => {
         if (!watch.stillMatters(rank)) return
         const report = (): void => {
           if (watch.stillMatters(rank)) watch.onDown(rank, { reason: down.reason, detail: `worker process (pid ${w.pid} on node ${w.node}) went down: ${down.detail}` })
