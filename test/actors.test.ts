@@ -268,7 +268,8 @@ describe("liveness", () => {
     const stopAlive = beatFor(aliveName, () => 50)
     let aliveDown: unknown
     let aliveTold = 0
-    void b.watchPromise(aliveName, { deadAfterMs: 500, silentAfterMs: 500, heldAfterMs: 500, onHeld: { afterMs: 400, call: () => void aliveTold++ } }).then((d) => (aliveDown = d))
+    // (deadlines of 2 s: this process both beats and watches, and a loaded machine can stall it for a while)
+    void b.watchPromise(aliveName, { deadAfterMs: 2_000, silentAfterMs: 2_000, heldAfterMs: 2_000, onHeld: { afterMs: 1_500, call: () => void aliveTold++ } }).then((d) => (aliveDown = d))
     try {
       await new Promise((r) => setTimeout(r, 400))
       const stoppedAt = Date.now()
