@@ -8,10 +8,12 @@
 //
 // It loads nats.js alone (about 19 MB a thread, against 55 MB with gradwire's connection and wire
 // modules and the Effect schemas they bring): the beat comes encoded from the main thread, with
-// `heldMs` last as a msgpack float64 whose 8 bytes it overwrites (heartbeat.ts beatTemplate).
+// `heldMs` last as a msgpack float64 whose 8 bytes it overwrites (heartbeat.ts beatTemplate,
+// beat-bytes.ts withHeld).
 import * as fs from "node:fs"
 import { parentPort, workerData } from "node:worker_threads"
 import { connect, credsAuthenticator, nkeyAuthenticator, type NodeConnectionOptions } from "@nats-io/transport-node"
+import { withHeld } from "./beat-bytes.ts"
 import type { BeatThreadData } from "./heartbeat.ts"
 
 const data = workerData as BeatThreadData
@@ -44,8 +46,7 @@ const run = async (): Promise<void> => {
   const send = (): void => {
     if (nc.isClosed() || nc.isDraining()) return
     // a copy a beat: the client may hold a payload until it flushes (all of an outage)
-    const bytes = template.slice()
-    new DataView(bytes.buffer).setFloat64(bytes.byteLength - 8, Math.max(0, Date.now() - Number(Atomics.load(ticks, 0))))
+    const bytes = withHeld(template, Math.max(0, Date.now() - Number(Atomics.load(ticks, 0))))
     try {
       nc.publish(data.subject, bytes)
     } catch {

@@ -81,8 +81,8 @@ const HELD_PLACEHOLDER = 0.1
 
 /**
  * `beat` encoded with `heldMs` as its last field, a msgpack float64: a beat thread writes the held
- * time into the last 8 bytes (big-endian) and sends it without an encoder of its own. Undefined if
- * the encoding does not end so (then the main thread beats).
+ * time into the last 8 bytes (big-endian: withHeld, beat-bytes.ts) and sends it without an encoder
+ * of its own. Undefined if the encoding does not end so (then the main thread beats).
  */
 export const beatTemplate = (beat: Beat): Uint8Array | undefined => {
   const { heldMs: _, ...rest } = beat
@@ -94,11 +94,7 @@ export const beatTemplate = (beat: Beat): Uint8Array | undefined => {
 }
 
 /** A beat template with `heldMs` written in, as the thread writes it. */
-export const withHeld = (template: Uint8Array, heldMs: number): Uint8Array => {
-  const bytes = Uint8Array.from(template)
-  new DataView(bytes.buffer).setFloat64(bytes.byteLength - 8, heldMs)
-  return bytes
-}
+export { withHeld } from "./beat-bytes.ts"
 
 /**
  * Beats `beat` on `subject` from a worker thread with its own connection (`connection`, as this
