@@ -1974,9 +1974,10 @@ const PLANE_PAD = 64
 /**
  * Where U[pos][c][o .. o + 3] lies in a plane of the transformed filter (bytes from the plane's
  * start; o a multiple of 4; rowsBytes the rows' count x 4, C by default: wgFilterGrad's D has T
- * rows): its columns in panels of C rows, as wgProduct reads them, row after row: of 16 columns while they fit in O ($O16: O rounded down to 16), then of 4, a panel starting
- * at o·C·4 either way. Read in rows O·4 bytes apart, each 16 columns down all C rows again for
- * every pair of tiles, the products had taken 1.1-1.2x as long at 256 and 512 channels.
+ * rows): its columns in panels of C rows, as wgProduct reads them, row after row, of 16 columns
+ * while they fit in O ($O16: O rounded down to 16), then of 4, a panel starting at o·C·4 either
+ * way. Read in rows O·4 bytes apart, each 16 columns down all C rows again for every pair of
+ * tiles, the products had taken 1.1-1.2x as long at 256 and 512 channels.
  */
 const wgPanelAt = (c, o, rowsBytes = get("cBytes")) => `(if (result i32) (i32.lt_s ${o} (local.get $O16))
       (then (i32.add (i32.mul (i32.and ${o} (i32.const -16)) ${rowsBytes}) (i32.add (i32.shl ${c} (i32.const 6)) (i32.shl (i32.and ${o} (i32.const 15)) (i32.const 2)))))
@@ -1988,7 +1989,7 @@ const wgPanelAt = (c, o, rowsBytes = get("cBytes")) => `(if (result i32) (i32.lt
  * plane C·O·4 + 64 bytes after the last (36 planes of u), which every tile shape's products read
  * (wgPlanePos); O a multiple of 4; tmp 18 16-byte slots for sandwich. Panel by panel, so that each
  * plane's stores run on in order (row by row and panel by panel they went to 36 x O / 16 places at
- * once: 512 x 512 channels 9.2 ms, 7.7 ms this way, 4.3 ms into rows O·4 bytes apart). Planes a
+ * once: 512 x 512 channels 9.2 ms, 5.4-7.7 ms this way, 4.3 ms into rows O·4 bytes apart). Planes a
  * power of two apart put the 36 stores of each step in one cache set: 64 x 64 channels took 105 µs,
  * 22 µs with the line between.
  */
