@@ -108,7 +108,32 @@ export interface CommunicatorOptions {
    * of through nats-server. Absent, or transport "nats": everything goes over NATS.
    */
   readonly direct?: DirectOptions
+  /**
+   * Asked when a wait passed its deadline and peers did not answer the liveness probe: which of
+   * them are known alive with their event loop held by one long synchronous computation (a worker
+   * beating from a thread, actors/runtime/heartbeat.ts, as its driver hears it). A call without an
+   * explicit deadline goes on waiting for such peers, asking again at each deadline, until they
+   * join it, stop beating or are taken for hung; any other silent peer fails the call as before.
+   * Absent: a peer that does not answer the probe is taken for gone.
+   */
+  readonly peerLiveness?: (ranks: ReadonlyArray<number>) => Promise<ReadonlyArray<PeerLiveness>>
 }
+
+/** What the owner knows of a peer that did not answer a liveness probe (CommunicatorOptions.peerLiveness). */
+export interface PeerLiveness {
+  readonly rank: number
+  /** How long ago its process last beat (ms). */
+  readonly heardAgoMs: number
+  /** How long its event loop has gone without a turn, as of that beat and since (ms). */
+  readonly heldMs: number
+  /** Held this long, it is taken for hung (ms). */
+  readonly hungAfterMs: number
+}
+
+/** A peer heard from within this long is alive (beats come every 500 ms). */
+const PEER_HEARD_WITHIN_MS = 2_000
+/** The most a wait asks the owner about its silent peers before taking them for gone. */
+const PEER_LIVENESS_ASK_MS = 2_000
 
 export interface DirectOptions {
   /**
@@ -432,6 +457,12 @@ export class Communicator {
   #closed: unknown = undefined
   #watchdog: ReturnType<typeof setInterval> | undefined
   #probe: { nonce: string; answered: Set<number>; behind: Set<number>; seq: number } | undefined
+  readonly #peerLiveness: CommunicatorOptions["peerLiveness"]
+  /** Calls waiting on peers whose event loops are held: when their deadline was last re-armed, by seq. */
+  readonly #heldWaits = new Map<number, number>()
+  /** When the watchdog last ran (a late run means this rank's own event loop was held). */
+  #lastCheck = 0
+  #checkEvery = 0
   /** Answers late hellos once the group is formed. */
   #hello: Hello | undefined
   readonly #statusIters: Array<{ stop?: () => void }> = []
@@ -480,6 +511,7 @@ export class Communicator {
     this.windowBytes = windowBytes
     this.timeoutMs = opts.timeoutMs ?? DEFAULT_TIMEOUT_MS
     this.#deadlines = opts.deadlines
+    this.#peerLiveness = opts.peerLiveness
     this.#earlyLimit = opts.earlyLimitBytes ?? DEFAULT_EARLY_LIMIT
     this.#nc = opts.worldSize > 1 ? opts.nc : undefined
     this.#cnc = opts.worldSize > 1 ? (opts.controlNc ?? opts.nc) : undefined
@@ -897,6 +929,8 @@ export class Communicator {
   #ensureWatchdog(): void {
     if (this.#watchdog) return
     const every = Math.max(20, Math.min(1_000, Math.floor(this.#deadline().ms / 8)))
+    this.#checkEvery = every
+    this.#lastCheck = Date.now()
     this.#watchdog = setInterval(() => this.#checkDeadlines(), every)
     this.#watchdog.unref()
   }
@@ -909,9 +943,15 @@ export class Communicator {
     }
     if (this.#probe) return
     const now = Date.now()
+    // This rank's own event loop was held (the check ran late): frames may be waiting unread, so
+    // the silence is not the peers'. Let them in before judging.
+    const late = now - this.#lastCheck > Math.max(1_000, 4 * this.#checkEvery)
+    this.#lastCheck = now
+    if (late) return
     for (const op of this.#ops.values()) {
       const limit = this.#deadlineOf(op)
-      if (op.failure === undefined && op.waiting && now - op.lastProgress > limit.ms) {
+      const since = Math.max(op.lastProgress, this.#heldWaits.get(op.seq) ?? 0)
+      if (op.failure === undefined && op.waiting && now - since > limit.ms) {
         void this.#timeOut(op, limit)
         return
       }
@@ -933,11 +973,12 @@ export class Communicator {
   async #timeOut(op: Operation, deadline: Deadline, onlyIfGone?: number): Promise<void> {
     const timeoutMs = deadline.ms
     const waitingFor = op.waitingFor()
+    const progress = op.lastProgress
     const probe = { nonce: Math.random().toString(36).slice(2, 12), answered: new Set<number>(), behind: new Set<number>(), seq: op.seq }
     this.#probe = probe
+    const probeMs = Math.max(200, Math.min(2_000, Math.floor(timeoutMs / 4)))
     try {
       if (this.#cnc) publishControl(this.#cnc, this.#subjects.collControl(this.group, 0, this.rank), Kind.ping, this.rank, { nonce: probe.nonce })
-      const probeMs = Math.max(200, Math.min(2_000, Math.floor(timeoutMs / 4)))
       const until = Date.now() + probeMs
       while (Date.now() < until && probe.answered.size < this.worldSize - 1 && op.failure === undefined) await sleep(20)
     } finally {
@@ -949,8 +990,19 @@ export class Communicator {
       if (!probe.answered.has(onlyIfGone)) this.#abort(new PeerLinkLost({ op: op.sig.name, group: this.group, rank: this.rank, peer: onlyIfGone }))
       return
     }
+    // Frames came while the probe ran, or the call finished: it is moving after all.
+    if (!this.#ops.has(op.seq) || op.lastProgress !== progress) return
     const unresponsive: number[] = []
     for (let r = 0; r < this.worldSize; r++) if (r !== this.rank && !probe.answered.has(r)) unresponsive.push(r)
+    // Silent peers that still beat, their event loop held by one long computation (an evaluation on
+    // one rank, a step of a big model): alive, so wait on, as DDP would, and ask again next deadline.
+    // An explicit deadline is kept as given.
+    const explicit = op.timeoutMs !== undefined || this.#deadlines?.fixedMs !== undefined || this.#deadlines === undefined
+    if (unresponsive.length > 0 && this.#peerLiveness && !explicit && (await this.#allHeld(unresponsive, probeMs))) {
+      if (op.failure === undefined && this.#ops.has(op.seq)) this.#heldWaits.set(op.seq, Date.now())
+      return
+    }
+    if (op.failure !== undefined || !this.#ops.has(op.seq)) return
     this.#abort(
       new CollectiveTimeout({
         op: op.sig.name,
@@ -965,6 +1017,29 @@ export class Communicator {
         deadline: deadline.why
       })
     )
+  }
+
+  /**
+   * Whether every one of `ranks` is known alive with its event loop held since before the probe
+   * (so it could not answer) and not yet taken for hung. No answer in time: no.
+   */
+  async #allHeld(ranks: ReadonlyArray<number>, probeMs: number): Promise<boolean> {
+    let timer: ReturnType<typeof setTimeout> | undefined
+    try {
+      const known = await Promise.race([
+        this.#peerLiveness!(ranks),
+        new Promise<undefined>((resolve) => (timer = setTimeout(() => resolve(undefined), PEER_LIVENESS_ASK_MS)))
+      ])
+      if (known === undefined) return false
+      return ranks.every((r) => {
+        const k = known.find((x) => x.rank === r)
+        return k !== undefined && k.heardAgoMs <= PEER_HEARD_WITHIN_MS && k.heldMs >= probeMs && k.heldMs < k.hungAfterMs
+      })
+    } catch {
+      return false
+    } finally {
+      clearTimeout(timer)
+    }
   }
 
   // ------------------------------------------------------------------------------------------
@@ -1023,6 +1098,7 @@ export class Communicator {
     } finally {
       this.#ops.delete(seq)
       this.#opDeadlines.delete(seq)
+      this.#heldWaits.delete(seq)
       this.#directSeqs.delete(seq)
     }
   }

@@ -10,6 +10,7 @@ export {
   type BroadcastOptions,
   type CommunicatorOptions,
   type PeerInfo,
+  type PeerLiveness,
   type ReduceOp,
   type ReduceScatterOptions,
   type WireFormat

@@ -117,6 +117,36 @@ describe("collectives failure handling", () => {
     await Promise.all(procs.map((proc) => fleet.call(proc, { cmd: "close", group })))
   })
 
+  it("a silent rank its owner knows alive, its event loop held, is waited for past the deadline; one not heard from, or held past its limit, is not", async () => {
+    // SIGSTOP stands in for a rank whose event loop one long computation holds: it answers no probe.
+    // The others' owner (the driver, in a training run) says whether it still beats from its thread.
+    const held = { ranks: [1], heardAgoMs: 300, heldMs: 5_000, hungAfterMs: 120_000 }
+    const stopFor = async (group: string, vouch: typeof held, ms: number): Promise<Outcome[]> => {
+      const procs = [0, 1, 2, 3]
+      await create(group, procs, { heldPeers: vouch })
+      const run = await startEach(group, procs, long("ring"))
+      await new Promise((r) => setTimeout(r, 100))
+      fleet.kill(1, "SIGSTOP")
+      try {
+        // past the deadline (1.5 s, then the probe) twice for the first case, once for the others
+        await new Promise((r) => setTimeout(r, ms))
+      } finally {
+        fleet.kill(1, "SIGCONT")
+      }
+      const outcomes = await run.settle(procs)
+      await Promise.all(procs.map((proc) => fleet.call(proc, { cmd: "close", group })))
+      return outcomes
+    }
+    // alive and held: every rank finishes the call once the held one goes on
+    const waited = await stopFor("held", held, 4_500)
+    for (const o of waited) expect(o, JSON.stringify(o)).toMatchObject({ ok: true })
+    expect(Math.min(...waited.map((o) => o.ms))).toBeGreaterThan(2 * TIMEOUT_MS)
+    // its last beat too old (a process stopped or cut off): taken for gone, as without an owner
+    for (const o of (await stopFor("unheard", { ...held, heardAgoMs: 5_000 }, 3_000)).filter((_, proc) => proc !== 1)) expectFailureNaming(o, 1)
+    // held longer than it may be: taken for hung
+    for (const o of (await stopFor("hung", { ...held, hungAfterMs: 4_000 }, 3_000)).filter((_, proc) => proc !== 1)) expectFailureNaming(o, 1)
+  })
+
   it("a rank closing mid-operation aborts the others at once", async () => {
     const group = "closing"
     const procs = [0, 1, 2, 3]

@@ -5,7 +5,8 @@
 // algorithms (the registry proof). It exits when its parent goes away.
 import type { NatsConnection } from "@nats-io/nats-core"
 import { allReduceBuckets } from "../../collectives/bucketing.ts"
-import { Communicator, type AllReduceAlgorithm } from "../../collectives/communicator.ts"
+import { Communicator, type AllReduceAlgorithm, type PeerLiveness } from "../../collectives/communicator.ts"
+import { MeasuredDeadlines } from "../../collectives/deadlines.ts"
 import { decodeHalf, encodeHalf } from "../../collectives/float16.ts"
 import {
   broadcasted,
@@ -405,6 +406,16 @@ const handle = async (m: Record<string, any>): Promise<unknown> => {
         createTimeoutMs: m.createTimeoutMs,
         chunkBytes: m.chunkBytes,
         windowBytes: m.windowBytes,
+        // Deadlines derived (not explicit), capped at timeoutMs, and an owner that vouches for the
+        // ranks in heldPeers: beating from their thread, their event loop held (a stand-in for the
+        // driver's answer, actors/train/worker/worker-run.ts).
+        ...(m.heldPeers
+          ? {
+              deadlines: new MeasuredDeadlines({ capMs: m.timeoutMs }),
+              peerLiveness: async (ranks: ReadonlyArray<number>): Promise<PeerLiveness[]> =>
+                ranks.filter((r) => m.heldPeers.ranks.includes(r)).map((rank) => ({ rank, heardAgoMs: m.heldPeers.heardAgoMs, heldMs: m.heldPeers.heldMs, hungAfterMs: m.heldPeers.hungAfterMs }))
+            }
+          : {}),
         // The direct path: the secret travels as hex over IPC (a test may hand one rank another).
         ...(m.direct ? { direct: { ...m.direct, secret: Buffer.from(m.direct.secret, "hex") } } : {})
       })
