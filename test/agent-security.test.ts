@@ -156,6 +156,7 @@ describe("module roots", () => {
           report: unexpected("report"),
           dataset: unexpected("dataset"),
           peerState: unexpected("peerState"),
+          liveness: unexpected("liveness"),
           checkpoint: unexpected("checkpoint"),
           progress: unexpected("progress"),
           explain: unexpected("explain"),

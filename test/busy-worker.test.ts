@@ -10,7 +10,7 @@ import * as path from "node:path"
 import { Trainer, loadDigits, trainTestSplit, type ArrayDataset } from "../index.ts"
 import { readEvents } from "./support/trainer-runs.ts"
 import { liveNatsServerPids } from "../core/nats-server.ts"
-import { WORKER_DEAD_AFTER_MS, WORKER_HELD_DEAD_AFTER_MS } from "../core/defaults.ts"
+import { COLLECTIVE_DEADLINE_FLOOR_MS, WORKER_DEAD_AFTER_MS, WORKER_HELD_DEAD_AFTER_MS } from "../core/defaults.ts"
 
 const STEP_LOOP = path.resolve("test/support/step-loop.ts") + "#stepLoop"
 let storage: string
@@ -49,5 +49,23 @@ describe("a worker busy past the heartbeat deadline", () => {
     }
     const explain = await fs.readFile(path.join(r.path, "explain.txt"), "utf8")
     expect(explain).toMatch(/Workers beat from a thread of their own/)
+  })
+
+  it("holds one rank's event loop 1.5 x the collective deadline while the other waits for it in its next collective: the waiting rank asks the driver, hears it is alive and held, and waits on", { timeout: 120_000 }, async () => {
+    // (an evaluation on rank 0 alone, as many DDP loops do: its peer is in the next step's all-reduce)
+    const busyMs = Math.round(1.5 * COLLECTIVE_DEADLINE_FLOOR_MS)
+    const r = await new Trainer({
+      trainLoopPerWorker: STEP_LOOP,
+      trainLoopConfig: { epochs: 2, batchSize: 64, busyMs, busyRank: 0 },
+      scalingConfig: { numWorkers: 2 },
+      runConfig: { name: "busy-one", storagePath: storage, progress: false },
+      datasets: { train, test }
+    }).fit()
+    expect(r.metricsHistory.length).toBe(2)
+    expect(r.restarts).toBe(0)
+    expect(new Set(r.metricsPerRank.at(-1)!.map((m) => m.weights)).size).toBe(1)
+    const events = await readEvents(r.path)
+    expect(events.filter((e) => e.type === "failure" || e.type === "restart")).toEqual([])
+    expect(events.filter((e) => e.type === "held").map((e) => e.rank)).toEqual([0])
   })
 })

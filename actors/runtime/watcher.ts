@@ -179,6 +179,18 @@ export class Watcher {
   }
 
   /**
+   * An actor beating from a thread, as its latest beat says and as of now: how long ago it was
+   * heard, and how long its event loop has been held (assuming it still is). Undefined when it was
+   * never heard from, its latest beat came from its event loop, or it was of another incarnation.
+   */
+  heldState(name: string, instance?: string): { readonly heardAgoMs: number; readonly heldMs: number } | undefined {
+    const seen = this.#seen.get(name)
+    if (seen === undefined || seen.heldMs === undefined || (instance !== undefined && seen.instance !== instance)) return undefined
+    const now = Date.now()
+    return { heardAgoMs: now - seen.at, heldMs: now - seen.at + seen.heldMs }
+  }
+
+  /**
    * Calls `resolve` once when the actor is down; returns a cancel function. The silence clock
    * starts now, so an actor never heard from is declared dead after `deadAfterMs` too.
    */

@@ -30,6 +30,8 @@ export interface StepLoopConfig {
   readonly positions?: boolean
   /** After epoch 0's report, hold the event loop this long (a busy wait). */
   readonly busyMs?: number
+  /** With busyMs: only this rank holds its loop (the others wait for it in their next collective). */
+  readonly busyRank?: number
 }
 
 export async function stepLoop(config: StepLoopConfig, ctx: TrainContext): Promise<void> {
@@ -84,7 +86,7 @@ export async function stepLoop(config: StepLoopConfig, ctx: TrainContext): Promi
     const metrics = { epoch, loss: lossSum / Math.max(1, samples), val_accuracy: val.accuracy ?? 0, weights: await weightsHashAsync(model.getWeights()) }
     const ckpt = ctx.worldRank === 0 ? await ctx.checkpointFromModel(dp, { metadata: { epoch } }) : undefined
     await ctx.report(metrics, ckpt ? { checkpoint: ckpt } : {})
-    if (config.busyMs !== undefined && epoch === 0) {
+    if (config.busyMs !== undefined && epoch === 0 && (config.busyRank === undefined || config.busyRank === ctx.worldRank)) {
       const until = Date.now() + config.busyMs
       while (Date.now() < until) {
         // held

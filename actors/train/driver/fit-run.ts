@@ -333,7 +333,7 @@ export class FitRun {
       onHeld: (rank, heldMs, hungAfterMs) => {
         this.progress.line(
           `gradwire: rank ${rank}'s event loop has been held ${seconds(heldMs)} by one synchronous computation (an evaluation loop ` +
-            `whose awaits resolve at once? yield between its batches); it is taken for hung after ${seconds(hungAfterMs)}`
+            `whose awaits resolve at once? yield between its batches); its peers wait for it, and it is taken for hung after ${seconds(hungAfterMs)}`
         )
         this.recorder.event({ type: "held", rank, heldMs, hungAfterMs })
       }
@@ -477,6 +477,17 @@ export class FitRun {
         if (body.part !== "kernels" && body.part !== "deadlines") this.record.planSummaries[part] = body.summary
         this.record.monitor?.changed()
         this.#saving = this.#saving.then(write).catch(() => {})
+      },
+      liveness: (body) => {
+        if (!this.#isCurrent(body.attempt)) return []
+        const watcher = this.#system.watcher()
+        const known: Array<{ rank: number; heardAgoMs: number; heldMs: number; hungAfterMs: number }> = []
+        for (const rank of body.ranks) {
+          const w = this.#group.members.get(rank)
+          const state = w && watcher.heldState(w.name, w.instance)
+          if (w && state) known.push({ rank, ...state, hungAfterMs: this.#heartbeats.heldMs(w.instance) })
+        }
+        return known
       },
       finished: (body) => controller.finished(body),
       failed: (body) => controller.failed(body),

@@ -291,6 +291,8 @@ export class WorkerRun {
       node: p.nodes[p.rank],
       timeoutMs: args.collective.timeoutMs,
       deadlines: this.#deadlines,
+      // A silent peer the driver hears beating from its thread, its event loop held, is waited for.
+      peerLiveness: (ranks) => system.askPromise(this.#controller, "liveness", { attempt: p.attempt, ranks: [...ranks] }, { timeoutMs: 2_000 }),
       ...(direct ? { direct } : {})
     })
     try {
