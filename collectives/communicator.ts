@@ -109,12 +109,15 @@ export interface CommunicatorOptions {
    */
   readonly direct?: DirectOptions
   /**
-   * Asked when a wait passed its deadline and peers did not answer the liveness probe: which of
-   * them are known alive with their event loop held by one long synchronous computation (a worker
-   * beating from a thread, actors/runtime/heartbeat.ts, as its driver hears it). A call without an
-   * explicit deadline goes on waiting for such peers, asking again at each deadline, until they
-   * join it, stop beating or are taken for hung; any other silent peer fails the call as before.
-   * Absent: a peer that does not answer the probe is taken for gone.
+   * Asked when a wait passed its deadline and peers did not answer the liveness probe, or answered
+   * but had not started the call: what the owner knows of them (a worker beating from a thread,
+   * actors/runtime/heartbeat.ts, as its driver hears it). A call without an explicit deadline goes
+   * on waiting, asking again at each deadline, for silent peers whose event loop one long
+   * synchronous computation holds, and for peers behind it that are working (their process uses
+   * at least BUSY_CORES of a core: an evaluation on one rank that awaits between its batches), until
+   * they join it, stop beating or pass their hung limit. A silent peer not known so is taken for
+   * gone, a peer behind that is idle for hung (waiting on something that never comes), as before.
+   * Absent: no peer is waited for past the deadline.
    */
   readonly peerLiveness?: (ranks: ReadonlyArray<number>) => Promise<ReadonlyArray<PeerLiveness>>
 }
@@ -126,9 +129,14 @@ export interface PeerLiveness {
   readonly heardAgoMs: number
   /** How long its event loop has gone without a turn, as of that beat and since (ms). */
   readonly heldMs: number
-  /** Held this long, it is taken for hung (ms). */
+  /** The cores its process used over its latest beats (every thread's CPU time over wall time), if known. */
+  readonly cpu?: number
+  /** Held this long, or behind a call this long while working, it is taken for hung (ms). */
   readonly hungAfterMs: number
 }
+
+/** A peer behind a call whose process uses at least this much of a core is working, not hung (an idle worker uses about 0.01). */
+export const BUSY_CORES = 0.25
 
 /** A peer heard from within this long is alive (beats come every 500 ms). */
 const PEER_HEARD_WITHIN_MS = 2_000
@@ -994,11 +1002,14 @@ export class Communicator {
     if (!this.#ops.has(op.seq) || op.lastProgress !== progress) return
     const unresponsive: number[] = []
     for (let r = 0; r < this.worldSize; r++) if (r !== this.rank && !probe.answered.has(r)) unresponsive.push(r)
+    const behind = [...probe.behind].sort((a, b) => a - b)
     // Silent peers that still beat, their event loop held by one long computation (an evaluation on
-    // one rank, a step of a big model): alive, so wait on, as DDP would, and ask again next deadline.
-    // An explicit deadline is kept as given.
+    // one rank, a step of a big model), or peers behind this call that are working outside the
+    // collectives: alive, so wait on, as DDP would, and ask again at the next deadline. An explicit
+    // deadline is kept as given.
     const explicit = op.timeoutMs !== undefined || this.#deadlines?.fixedMs !== undefined || this.#deadlines === undefined
-    if (unresponsive.length > 0 && this.#peerLiveness && !explicit && (await this.#allHeld(unresponsive, probeMs))) {
+    const asked = unresponsive.length > 0 ? unresponsive : behind
+    if (asked.length > 0 && this.#peerLiveness && !explicit && (await this.#stillWorking(asked, unresponsive.length > 0, probeMs, Date.now() - op.lastProgress))) {
       if (op.failure === undefined && this.#ops.has(op.seq)) this.#heldWaits.set(op.seq, Date.now())
       return
     }
@@ -1011,7 +1022,7 @@ export class Communicator {
         seq: op.seq,
         waitingFor,
         unresponsive,
-        behind: [...probe.behind].sort((a, b) => a - b),
+        behind,
         timeoutMs,
         silentMs: Date.now() - op.lastProgress,
         deadline: deadline.why
@@ -1020,10 +1031,12 @@ export class Communicator {
   }
 
   /**
-   * Whether every one of `ranks` is known alive with its event loop held since before the probe
-   * (so it could not answer) and not yet taken for hung. No answer in time: no.
+   * Whether every one of `ranks` is known alive and at work: `silent` ones (no answer to the
+   * probe) with their event loop held since before the probe and not yet for their hung limit,
+   * the others (behind the call) using at least BUSY_CORES while this call waited `waitedMs`, less
+   * than their hung limit. No answer in time: no.
    */
-  async #allHeld(ranks: ReadonlyArray<number>, probeMs: number): Promise<boolean> {
+  async #stillWorking(ranks: ReadonlyArray<number>, silent: boolean, probeMs: number, waitedMs: number): Promise<boolean> {
     let timer: ReturnType<typeof setTimeout> | undefined
     try {
       const known = await Promise.race([
@@ -1033,7 +1046,8 @@ export class Communicator {
       if (known === undefined) return false
       return ranks.every((r) => {
         const k = known.find((x) => x.rank === r)
-        return k !== undefined && k.heardAgoMs <= PEER_HEARD_WITHIN_MS && k.heldMs >= probeMs && k.heldMs < k.hungAfterMs
+        if (k === undefined || k.heardAgoMs > PEER_HEARD_WITHIN_MS) return false
+        return silent ? k.heldMs >= probeMs && k.heldMs < k.hungAfterMs : (k.cpu ?? 0) >= BUSY_CORES && waitedMs < k.hungAfterMs
       })
     } catch {
       return false

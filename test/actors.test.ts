@@ -237,13 +237,15 @@ describe("liveness", () => {
     expect(Date.now() - closedAt).toBeLessThan(3_000)
   })
 
-  it("a beat thread's beat: the template's last 8 bytes take the held time, and the beat decodes with it", () => {
+  it("a beat thread's beat: the template's last 8 bytes take the held time, the 8 before its key the CPU time, and the beat decodes with them", () => {
     const beat = { name: "w", instance: "i1", pid: 42, node: "n1", intervalMs: 500 }
-    const template = beatTemplate({ ...beat, heldMs: 7 })!
+    const template = beatTemplate({ ...beat, heldMs: 7, cpuMs: 9 })!
     expect(template).toBeDefined()
-    for (const held of [0, 1234, 86_400_000.5]) expect(readBeat(withHeld(template, held))).toEqual({ ...beat, heldMs: held })
+    for (const held of [0, 1234, 86_400_000.5]) {
+      for (const cpuMs of [0, 52.5, 3_600_000]) expect(readBeat(withHeld(template, held, cpuMs))).toEqual({ ...beat, cpuMs, heldMs: held })
+    }
     // the template itself is left as it was
-    expect(readBeat(template)?.heldMs).toBe(0.1)
+    expect(readBeat(template)).toMatchObject({ heldMs: 0.1, cpuMs: 0.2 })
   })
 
   it("beats with a held time: silence counts after silentAfterMs, a held event loop after heldAfterMs, each named", async () => {

@@ -4,12 +4,14 @@
 // step, an evaluation loop whose awaits resolve at once). Each beat carries `heldMs`, how long ago
 // the main thread's event loop last ticked (a shared clock it stores into every TICK_MS), so its
 // watcher still tells a busy process from a hung one, and a stopped or partitioned process (no
-// beat at all) from both. Posts "up" once its first beat is out; exits on "stop".
+// beat at all) from both; and `cpuMs`, the process's CPU time so far (every thread's), so a
+// process that works outside its collectives (its loop free) is told from one waiting on nothing.
+// Posts "up" once its first beat is out; exits on "stop".
 //
 // It loads nats.js alone (about 19 MB a thread, against 55 MB with gradwire's connection and wire
 // modules and the Effect schemas they bring): the beat comes encoded from the main thread, with
-// `heldMs` last as a msgpack float64 whose 8 bytes it overwrites (heartbeat.ts beatTemplate,
-// beat-bytes.ts withHeld).
+// `cpuMs` and `heldMs` last as msgpack float64s whose 8 bytes it overwrites (heartbeat.ts
+// beatTemplate, beat-bytes.ts withHeld).
 import * as fs from "node:fs"
 import { parentPort, workerData } from "node:worker_threads"
 import { connect, credsAuthenticator, nkeyAuthenticator, type NodeConnectionOptions } from "@nats-io/transport-node"
@@ -46,7 +48,8 @@ const run = async (): Promise<void> => {
   const send = (): void => {
     if (nc.isClosed() || nc.isDraining()) return
     // a copy a beat: the client may hold a payload until it flushes (all of an outage)
-    const bytes = withHeld(template, Math.max(0, Date.now() - Number(Atomics.load(ticks, 0))))
+    const cpu = process.cpuUsage()
+    const bytes = withHeld(template, Math.max(0, Date.now() - Number(Atomics.load(ticks, 0))), (cpu.user + cpu.system) / 1000)
     try {
       nc.publish(data.subject, bytes)
     } catch {

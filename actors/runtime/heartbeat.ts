@@ -16,6 +16,7 @@ import * as Schema from "effect/Schema"
 import { SPAWNED_CONNECT_TIMEOUT_MS, type ConnectionSpec } from "../../core/connection-spec.ts"
 import { ACTOR_DEAD_AFTER_MS } from "../../core/defaults.ts"
 import { decodeMessage, encodeMessage } from "../../core/wire.ts"
+import { CPU_FROM_END } from "./beat-bytes.ts"
 
 export const DEFAULT_HEARTBEAT_MS = 500
 export const DEFAULT_DEAD_AFTER_MS = ACTOR_DEAD_AFTER_MS
@@ -26,6 +27,8 @@ export const BeatSchema = Schema.Struct({
   pid: Schema.Number,
   node: Schema.String,
   intervalMs: Schema.Number,
+  /** Beats from a beat thread: the process's CPU time so far, user and system, every thread (ms). */
+  cpuMs: Schema.optionalKey(Schema.Number),
   /** Beats from a beat thread: how long the main thread's event loop has gone without a tick (ms). */
   heldMs: Schema.optionalKey(Schema.Number)
 })
@@ -65,7 +68,7 @@ export interface BeatThreadData {
   readonly connectTimeoutMs: number
   readonly subject: string
   readonly intervalMs: number
-  /** The beat, encoded, `heldMs` last: the thread writes the held time into its final 8 bytes. */
+  /** The beat, encoded, `cpuMs` and `heldMs` last: the thread writes the CPU and held times into their 8 bytes. */
   readonly template: Uint8Array
   /** One BigInt64: when the main thread's event loop last ticked (ms since epoch). */
   readonly ticks: SharedArrayBuffer
@@ -78,18 +81,21 @@ export const TICK_MS = 100
 
 /** Not a float32: msgpack keeps it as a float64 (0xcb and 8 big-endian bytes), which a thread can overwrite. */
 const HELD_PLACEHOLDER = 0.1
+const CPU_PLACEHOLDER = 0.2
 
 /**
- * `beat` encoded with `heldMs` as its last field, a msgpack float64: a beat thread writes the held
- * time into the last 8 bytes (big-endian: withHeld, beat-bytes.ts) and sends it without an encoder
- * of its own. Undefined if the encoding does not end so (then the main thread beats).
+ * `beat` encoded with `cpuMs` and then `heldMs` as its last fields, each a msgpack float64: a beat
+ * thread writes the process's CPU time and the held time into their 8 bytes (big-endian: withHeld,
+ * beat-bytes.ts) and sends it without an encoder of its own. Undefined if the encoding does not
+ * end so (then the main thread beats).
  */
 export const beatTemplate = (beat: Beat): Uint8Array | undefined => {
-  const { heldMs: _, ...rest } = beat
-  const bytes = encodeMessage({ ...rest, heldMs: HELD_PLACEHOLDER })
+  const { heldMs: _h, cpuMs: _c, ...rest } = beat
+  const bytes = encodeMessage({ ...rest, cpuMs: CPU_PLACEHOLDER, heldMs: HELD_PLACEHOLDER })
   const n = bytes.byteLength
-  if (n < 9 || bytes[n - 9] !== 0xcb) return undefined
-  if (new DataView(bytes.buffer, bytes.byteOffset, n).getFloat64(n - 8) !== HELD_PLACEHOLDER) return undefined
+  if (n < CPU_FROM_END + 1 || bytes[n - 9] !== 0xcb || bytes[n - CPU_FROM_END - 1] !== 0xcb) return undefined
+  const view = new DataView(bytes.buffer, bytes.byteOffset, n)
+  if (view.getFloat64(n - 8) !== HELD_PLACEHOLDER || view.getFloat64(n - CPU_FROM_END) !== CPU_PLACEHOLDER) return undefined
   return Uint8Array.from(bytes)
 }
 

@@ -65,7 +65,12 @@ interface Seen {
   readonly at: number
   /** From a beat thread's beat: how long the event loop had been held when it was sent. */
   readonly heldMs?: number
+  /** From beat threads' beats of this incarnation: [when heard, the process's CPU ms], the latest CPU_SAMPLES, oldest first. */
+  readonly cpu?: ReadonlyArray<readonly [number, number]>
 }
+
+/** Beats kept to tell how busy a process is: 8 at 500 ms apart, the latest 3.5 s. */
+const CPU_SAMPLES = 8
 
 const limit = (l: Limit): number => (typeof l === "function" ? l() : l)
 
@@ -149,7 +154,7 @@ export class Watcher {
         callback: (_err, msg) => {
           const beat = readBeat(msg.data)
           const name = msg.subject.slice(hbPrefix.length)
-          if (beat && beat.name === name) this.#saw(name, beat.instance, beat.heldMs)
+          if (beat && beat.name === name) this.#saw(name, beat.instance, beat.heldMs, beat.cpuMs)
         }
       }),
       nc.subscribe(subjects.events, {
@@ -183,11 +188,15 @@ export class Watcher {
    * heard, and how long its event loop has been held (assuming it still is). Undefined when it was
    * never heard from, its latest beat came from its event loop, or it was of another incarnation.
    */
-  heldState(name: string, instance?: string): { readonly heardAgoMs: number; readonly heldMs: number } | undefined {
+  heldState(name: string, instance?: string): { readonly heardAgoMs: number; readonly heldMs: number; readonly cpu?: number } | undefined {
     const seen = this.#seen.get(name)
     if (seen === undefined || seen.heldMs === undefined || (instance !== undefined && seen.instance !== instance)) return undefined
     const now = Date.now()
-    return { heardAgoMs: now - seen.at, heldMs: now - seen.at + seen.heldMs }
+    // the cores its process used over its latest beats (every thread's CPU time over the wall time)
+    const first = seen.cpu?.[0]
+    const last = seen.cpu?.at(-1)
+    const cpu = first && last && last[0] - first[0] >= 400 ? Math.max(0, (last[1] - first[1]) / (last[0] - first[0])) : undefined
+    return { heardAgoMs: now - seen.at, heldMs: now - seen.at + seen.heldMs, ...(cpu !== undefined ? { cpu } : {}) }
   }
 
   /**
@@ -246,8 +255,12 @@ export class Watcher {
     this.#waiters.clear()
   }
 
-  #saw(name: string, instance: string, heldMs?: number): void {
-    this.#seen.set(name, heldMs === undefined ? { instance, at: Date.now() } : { instance, at: Date.now(), heldMs })
+  #saw(name: string, instance: string, heldMs?: number, cpuMs?: number): void {
+    const now = Date.now()
+    const before = this.#seen.get(name)
+    const kept = before?.instance === instance ? before.cpu : undefined
+    const cpu = cpuMs === undefined ? kept : [...(kept ?? []).slice(1 - CPU_SAMPLES), [now, cpuMs] as const]
+    this.#seen.set(name, { instance, at: now, ...(heldMs !== undefined ? { heldMs } : {}), ...(cpu !== undefined ? { cpu } : {}) })
     const down = this.#downs.get(name)
     // A beat from a newer incarnation means the recorded death is history.
     if (down && down.instance !== instance) this.#downs.delete(name)

@@ -407,13 +407,15 @@ const handle = async (m: Record<string, any>): Promise<unknown> => {
         chunkBytes: m.chunkBytes,
         windowBytes: m.windowBytes,
         // Deadlines derived (not explicit), capped at timeoutMs, and an owner that vouches for the
-        // ranks in heldPeers: beating from their thread, their event loop held (a stand-in for the
-        // driver's answer, actors/train/worker/worker-run.ts).
+        // ranks in heldPeers: beating from their thread, their event loop held so long, their
+        // process using `cpu` cores (a stand-in for the driver's answer, actors/train/worker/worker-run.ts).
         ...(m.heldPeers
           ? {
               deadlines: new MeasuredDeadlines({ capMs: m.timeoutMs }),
               peerLiveness: async (ranks: ReadonlyArray<number>): Promise<PeerLiveness[]> =>
-                ranks.filter((r) => m.heldPeers.ranks.includes(r)).map((rank) => ({ rank, heardAgoMs: m.heldPeers.heardAgoMs, heldMs: m.heldPeers.heldMs, hungAfterMs: m.heldPeers.hungAfterMs }))
+                ranks
+                  .filter((r) => m.heldPeers.ranks.includes(r))
+                  .map((rank) => ({ rank, heardAgoMs: m.heldPeers.heardAgoMs, heldMs: m.heldPeers.heldMs, hungAfterMs: m.heldPeers.hungAfterMs, ...(m.heldPeers.cpu !== undefined ? { cpu: m.heldPeers.cpu } : {}) }))
             }
           : {}),
         // The direct path: the secret travels as hex over IPC (a test may hand one rank another).
