@@ -1,8 +1,10 @@
 // A worker whose event loop one long synchronous computation holds (an evaluation loop whose awaits
 // resolve at once, a step of a big model on a loaded machine) is alive: its beats come from a thread
 // of its own (actors/runtime/heartbeat.ts), so the run goes on, where beats from its event loop
-// would have gone silent past the 10 s heartbeat deadline and the worker been counted dead. Real
-// nats-server, real agent and worker processes.
+// would have gone silent past the 10 s heartbeat deadline and the worker been counted dead. Its
+// peers, waiting for it in a collective past their deadline, ask the driver and wait on for a rank
+// held so, or one behind the call whose process works (collectives/communicator.ts peerLiveness).
+// Real nats-server, real agent and worker processes.
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import * as fs from "node:fs/promises"
 import * as os from "node:os"
@@ -67,5 +69,22 @@ describe("a worker busy past the heartbeat deadline", () => {
     const events = await readEvents(r.path)
     expect(events.filter((e) => e.type === "failure" || e.type === "restart")).toEqual([])
     expect(events.filter((e) => e.type === "held").map((e) => e.rank)).toEqual([0])
+  })
+
+  it("works on one rank 1.5 x the collective deadline with turns of its event loop (it answers probes, but is behind the call): its busy process is waited for", { timeout: 120_000 }, async () => {
+    // (a rank-0 evaluation that awaits between its batches; a rank idle as long is named hung: test/trainer.test.ts)
+    const busyMs = Math.round(1.5 * COLLECTIVE_DEADLINE_FLOOR_MS)
+    const r = await new Trainer({
+      trainLoopPerWorker: STEP_LOOP,
+      trainLoopConfig: { epochs: 2, batchSize: 64, busyMs, busyRank: 0, busyYields: true },
+      scalingConfig: { numWorkers: 2 },
+      runConfig: { name: "busy-yields", storagePath: storage, progress: false },
+      datasets: { train, test }
+    }).fit()
+    expect(r.metricsHistory.length).toBe(2)
+    expect(r.restarts).toBe(0)
+    expect(new Set(r.metricsPerRank.at(-1)!.map((m) => m.weights)).size).toBe(1)
+    const events = await readEvents(r.path)
+    expect(events.filter((e) => e.type === "failure" || e.type === "restart" || e.type === "held")).toEqual([])
   })
 })

@@ -9,9 +9,11 @@
 // peers replays this loop on a replacement (test/peer-recovery.test.ts, test/elastic.test.ts).
 // With `pidDir` every rank first writes its pid to <pidDir>/<attempt>-<rank>.pid, as chaos-loop.ts
 // does, and with `positions` too it records where it got after each step it trained
-// (positions.ts), for the chaos benchmark. With `busyMs`, every rank holds its event loop that long
-// in one synchronous stretch after epoch 0's report (as an evaluation whose awaits resolve at once
-// does): its beats must come from its beat thread for it to count as alive.
+// (positions.ts), for the chaos benchmark. With `busyMs`, every rank (or `busyRank`) holds its event
+// loop that long in one synchronous stretch after epoch 0's report (as an evaluation whose awaits
+// resolve at once does): its beats must come from its beat thread for it to count as alive; with
+// `busyYields` it works as long with turns of its event loop (an evaluation that awaits between
+// batches).
 import { writeFileSync } from "node:fs"
 import * as path from "node:path"
 import type { TrainContext } from "../../index.ts"
@@ -32,6 +34,8 @@ export interface StepLoopConfig {
   readonly busyMs?: number
   /** With busyMs: only this rank holds its loop (the others wait for it in their next collective). */
   readonly busyRank?: number
+  /** With busyMs: work in 20 ms stretches with a turn of the event loop between them (an evaluation that awaits between its batches). */
+  readonly busyYields?: boolean
 }
 
 export async function stepLoop(config: StepLoopConfig, ctx: TrainContext): Promise<void> {
@@ -88,8 +92,13 @@ export async function stepLoop(config: StepLoopConfig, ctx: TrainContext): Promi
     await ctx.report(metrics, ckpt ? { checkpoint: ckpt } : {})
     if (config.busyMs !== undefined && epoch === 0 && (config.busyRank === undefined || config.busyRank === ctx.worldRank)) {
       const until = Date.now() + config.busyMs
+      let turn = Date.now() + 20
       while (Date.now() < until) {
-        // held
+        // held (for 20 ms at a time with busyYields)
+        if (config.busyYields && Date.now() >= turn) {
+          await new Promise((resolve) => setImmediate(resolve))
+          turn = Date.now() + 20
+        }
       }
     }
   }

@@ -221,14 +221,17 @@ export const ControllerProtocol = defineProtocol("trainer-controller", {
   /** The state held for a regrouped generation; with `files`, only those of its files (a pipelined model's rank needs its stage's). */
   peerState: { request: Schema.Struct({ attempt: Schema.Number, files: Schema.optionalKey(Schema.Array(Schema.String)) }), reply: PeerState },
   /**
-   * A rank's collective wait passed its deadline and `ranks` did not answer its liveness probe:
-   * those the driver hears beating from their thread, with how long each one's event loop has been
-   * held (one long synchronous computation) and when it would be taken for hung. A rank missing
-   * from the reply is not known alive (collectives/communicator.ts CommunicatorOptions.peerLiveness).
+   * A rank's collective wait passed its deadline and `ranks` did not answer its liveness probe, or
+   * answered but had not started the call: those the driver hears beating from their thread, with
+   * how long each one's event loop has been held (one long synchronous computation), the cores its
+   * process used lately, and when it would be taken for hung. A rank missing from the reply is not
+   * known alive (collectives/communicator.ts CommunicatorOptions.peerLiveness).
    */
   liveness: {
     request: Schema.Struct({ attempt: Schema.Number, ranks: Schema.Array(Schema.Number) }),
-    reply: Schema.Array(Schema.Struct({ rank: Schema.Number, heardAgoMs: Schema.Number, heldMs: Schema.Number, hungAfterMs: Schema.Number }))
+    reply: Schema.Array(
+      Schema.Struct({ rank: Schema.Number, heardAgoMs: Schema.Number, heldMs: Schema.Number, cpu: Schema.optionalKey(Schema.Number), hungAfterMs: Schema.Number })
+    )
   },
   /** A named dataset given to the Trainer: its rows (in memory), its files' metadata, or its factory. */
   dataset: { request: Schema.Struct({ name: Schema.String }), reply: DatasetPayload },

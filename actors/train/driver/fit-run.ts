@@ -481,7 +481,7 @@ export class FitRun {
       liveness: (body) => {
         if (!this.#isCurrent(body.attempt)) return []
         const watcher = this.#system.watcher()
-        const known: Array<{ rank: number; heardAgoMs: number; heldMs: number; hungAfterMs: number }> = []
+        const known: Array<{ rank: number; heardAgoMs: number; heldMs: number; cpu?: number; hungAfterMs: number }> = []
         for (const rank of body.ranks) {
           const w = this.#group.members.get(rank)
           const state = w && watcher.heldState(w.name, w.instance)
