@@ -120,6 +120,20 @@ export interface CommunicatorOptions {
    * Absent: no peer is waited for past the deadline.
    */
   readonly peerLiveness?: (ranks: ReadonlyArray<number>) => Promise<ReadonlyArray<PeerLiveness>>
+  /** Told once a call when it first waits on past its deadline for peers peerLiveness says are working (a stall warning, as Horovod's). */
+  readonly onWaitOn?: (wait: WaitOn) => void
+}
+
+/** A call waiting on past its deadline (CommunicatorOptions.onWaitOn). */
+export interface WaitOn {
+  readonly op: string
+  readonly seq: number
+  /** The peers waited for, and what they are doing: their event loop held, or working outside the collectives. */
+  readonly ranks: ReadonlyArray<number>
+  readonly doing: "held" | "busy"
+  readonly waitedMs: number
+  /** Still at it after this long (ms since the call last moved), they are taken for hung. */
+  readonly hungAfterMs: number
 }
 
 /** What the owner knows of a peer that did not answer a liveness probe (CommunicatorOptions.peerLiveness). */
@@ -466,6 +480,7 @@ export class Communicator {
   #watchdog: ReturnType<typeof setInterval> | undefined
   #probe: { nonce: string; answered: Set<number>; behind: Set<number>; seq: number } | undefined
   readonly #peerLiveness: CommunicatorOptions["peerLiveness"]
+  readonly #onWaitOn: CommunicatorOptions["onWaitOn"]
   /** Calls waiting on peers whose event loops are held: when their deadline was last re-armed, by seq. */
   readonly #heldWaits = new Map<number, number>()
   /** When the watchdog last ran (a late run means this rank's own event loop was held). */
@@ -520,6 +535,7 @@ export class Communicator {
     this.timeoutMs = opts.timeoutMs ?? DEFAULT_TIMEOUT_MS
     this.#deadlines = opts.deadlines
     this.#peerLiveness = opts.peerLiveness
+    this.#onWaitOn = opts.onWaitOn
     this.#earlyLimit = opts.earlyLimitBytes ?? DEFAULT_EARLY_LIMIT
     this.#nc = opts.worldSize > 1 ? opts.nc : undefined
     this.#cnc = opts.worldSize > 1 ? (opts.controlNc ?? opts.nc) : undefined
@@ -1009,8 +1025,18 @@ export class Communicator {
     // deadline is kept as given.
     const explicit = op.timeoutMs !== undefined || this.#deadlines?.fixedMs !== undefined || this.#deadlines === undefined
     const asked = unresponsive.length > 0 ? unresponsive : behind
-    if (asked.length > 0 && this.#peerLiveness && !explicit && (await this.#stillWorking(asked, unresponsive.length > 0, probeMs, Date.now() - op.lastProgress))) {
-      if (op.failure === undefined && this.#ops.has(op.seq)) this.#heldWaits.set(op.seq, Date.now())
+    const waitedMs = Date.now() - op.lastProgress
+    const hungAfterMs = asked.length > 0 && this.#peerLiveness && !explicit ? await this.#stillWorking(asked, unresponsive.length > 0, probeMs, waitedMs) : undefined
+    if (hungAfterMs !== undefined) {
+      if (op.failure !== undefined || !this.#ops.has(op.seq)) return
+      if (!this.#heldWaits.has(op.seq)) {
+        try {
+          this.#onWaitOn?.({ op: op.sig.name, seq: op.seq, ranks: asked, doing: unresponsive.length > 0 ? "held" : "busy", waitedMs, hungAfterMs })
+        } catch {
+          // a warning only
+        }
+      }
+      this.#heldWaits.set(op.seq, Date.now())
       return
     }
     if (op.failure !== undefined || !this.#ops.has(op.seq)) return
@@ -1034,23 +1060,27 @@ export class Communicator {
    * Whether every one of `ranks` is known alive and at work: `silent` ones (no answer to the
    * probe) with their event loop held since before the probe and not yet for their hung limit,
    * the others (behind the call) using at least BUSY_CORES while this call waited `waitedMs`, less
-   * than their hung limit. No answer in time: no.
+   * than their hung limit. No answer in time: no. Yes: the least of their hung limits.
    */
-  async #stillWorking(ranks: ReadonlyArray<number>, silent: boolean, probeMs: number, waitedMs: number): Promise<boolean> {
+  async #stillWorking(ranks: ReadonlyArray<number>, silent: boolean, probeMs: number, waitedMs: number): Promise<number | undefined> {
     let timer: ReturnType<typeof setTimeout> | undefined
     try {
       const known = await Promise.race([
         this.#peerLiveness!(ranks),
         new Promise<undefined>((resolve) => (timer = setTimeout(() => resolve(undefined), PEER_LIVENESS_ASK_MS)))
       ])
-      if (known === undefined) return false
-      return ranks.every((r) => {
+      if (known === undefined) return undefined
+      let hungAfterMs = Infinity
+      for (const r of ranks) {
         const k = known.find((x) => x.rank === r)
-        if (k === undefined || k.heardAgoMs > PEER_HEARD_WITHIN_MS) return false
-        return silent ? k.heldMs >= probeMs && k.heldMs < k.hungAfterMs : (k.cpu ?? 0) >= BUSY_CORES && waitedMs < k.hungAfterMs
-      })
+        if (k === undefined || k.heardAgoMs > PEER_HEARD_WITHIN_MS) return undefined
+        const working = silent ? k.heldMs >= probeMs && k.heldMs < k.hungAfterMs : (k.cpu ?? 0) >= BUSY_CORES && waitedMs < k.hungAfterMs
+        if (!working) return undefined
+        hungAfterMs = Math.min(hungAfterMs, k.hungAfterMs)
+      }
+      return hungAfterMs
     } catch {
-      return false
+      return undefined
     } finally {
       clearTimeout(timer)
     }

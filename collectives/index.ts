@@ -11,6 +11,7 @@ export {
   type CommunicatorOptions,
   type PeerInfo,
   type PeerLiveness,
+  type WaitOn,
   type ReduceOp,
   type ReduceScatterOptions,
   type WireFormat

@@ -69,6 +69,8 @@ describe("a worker busy past the heartbeat deadline", () => {
     const events = await readEvents(r.path)
     expect(events.filter((e) => e.type === "failure" || e.type === "restart")).toEqual([])
     expect(events.filter((e) => e.type === "held").map((e) => e.rank)).toEqual([0])
+    const log = await fs.readFile(path.join(r.path, "logs", "worker_rank=1.log"), "utf8")
+    expect(log).toMatch(/rank 1: \w+ waits past its deadline \([\d.]+ s so far\) for rank\(s\) 0, alive and in one long synchronous computation; taken for hung after 120 s/)
   })
 
   it("works on one rank 1.5 x the collective deadline with turns of its event loop (it answers probes, but is behind the call): its busy process is waited for", { timeout: 120_000 }, async () => {
@@ -86,5 +88,9 @@ describe("a worker busy past the heartbeat deadline", () => {
     expect(new Set(r.metricsPerRank.at(-1)!.map((m) => m.weights)).size).toBe(1)
     const events = await readEvents(r.path)
     expect(events.filter((e) => e.type === "failure" || e.type === "restart" || e.type === "held")).toEqual([])
+    // the waiting rank said once why it waits on, as Horovod's stall warning does
+    const log = await fs.readFile(path.join(r.path, "logs", "worker_rank=1.log"), "utf8")
+    expect(log.match(/waits past its deadline/g), log).toHaveLength(1)
+    expect(log).toMatch(/rank 1: \w+ waits past its deadline \([\d.]+ s so far\) for rank\(s\) 0, alive and working outside the collectives; taken for hung after 120 s/)
   })
 })

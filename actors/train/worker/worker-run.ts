@@ -21,7 +21,7 @@ import { decodeMessage, encodeMessage } from "../../../core/wire.ts"
 import { Communicator, describeTransport, type DirectOptions } from "../../../collectives/communicator.ts"
 import type { GradientReducer, GradientReducerOptions } from "../../../collectives/gradient-reducer.ts"
 import { blamedRanks } from "../../../collectives/errors.ts"
-import { MeasuredDeadlines } from "../../../collectives/deadlines.ts"
+import { MeasuredDeadlines, seconds } from "../../../collectives/deadlines.ts"
 import { parseCompressionConfig } from "../../../collectives/compression/index.ts"
 import { findAllReduceAlgorithm } from "../../../collectives/algorithms/index.ts"
 import { watchBus, type BusMonitor } from "../../../core/bus-monitor.ts"
@@ -293,6 +293,11 @@ export class WorkerRun {
       deadlines: this.#deadlines,
       // A silent peer the driver hears beating from its thread, its event loop held, is waited for.
       peerLiveness: (ranks) => system.askPromise(this.#controller, "liveness", { attempt: p.attempt, ranks: [...ranks] }, { timeoutMs: 2_000 }),
+      onWaitOn: (w) =>
+        this.#ctx.log.warn(
+          `rank ${p.rank}: ${w.op} waits past its deadline (${seconds(w.waitedMs)} so far) for rank(s) ${w.ranks.join(", ")}, alive and ` +
+            `${w.doing === "held" ? "in one long synchronous computation" : "working outside the collectives"}; taken for hung after ${seconds(w.hungAfterMs)}`
+        ),
       ...(direct ? { direct } : {})
     })
     try {
