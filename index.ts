@@ -102,6 +102,8 @@ export {
   type BroadcastOptions,
   type ReduceScatterOptions,
   type PeerInfo,
+  type PeerLiveness,
+  type WaitOn,
   type TransportInfo,
   type TransportMeasurement,
   type PairTiming
