@@ -149,7 +149,7 @@ export interface PeerLiveness {
   readonly hungAfterMs: number
 }
 
-/** A peer behind a call whose process uses at least this much of a core is working, not hung (an idle worker uses about 0.01). */
+/** A peer behind a call whose process uses at least this much of a core is working, not hung (measured: 1.0 evaluating, 0.003 idle in an await). */
 export const BUSY_CORES = 0.25
 
 /** A peer heard from within this long is alive (beats come every 500 ms). */
@@ -479,9 +479,11 @@ export class Communicator {
   #closed: unknown = undefined
   #watchdog: ReturnType<typeof setInterval> | undefined
   #probe: { nonce: string; answered: Set<number>; behind: Set<number>; seq: number } | undefined
+  /** A timed-out call is being judged (#timeOut). */
+  #judging = false
   readonly #peerLiveness: CommunicatorOptions["peerLiveness"]
   readonly #onWaitOn: CommunicatorOptions["onWaitOn"]
-  /** Calls waiting on peers whose event loops are held: when their deadline was last re-armed, by seq. */
+  /** Calls waiting on past their deadline for peers still working: when their deadline was last re-armed, by seq. */
   readonly #heldWaits = new Map<number, number>()
   /** When the watchdog last ran (a late run means this rank's own event loop was held). */
   #lastCheck = 0
@@ -965,7 +967,7 @@ export class Communicator {
       this.#watchdog = undefined
       return
     }
-    if (this.#probe) return
+    if (this.#judging) return
     const now = Date.now()
     // This rank's own event loop was held (the check ran late): frames may be waiting unread, so
     // the silence is not the peers'. Let them in before judging.
@@ -993,8 +995,19 @@ export class Communicator {
     return this.#opDeadlines.get(op.seq) ?? this.#deadline()
   }
 
-  /** The deadline passed: find out which peers are gone, then fail and abort the group. */
+  /** The deadline passed: find out which peers are gone, then fail and abort the group (or wait on for peers still working). */
   async #timeOut(op: Operation, deadline: Deadline, onlyIfGone?: number): Promise<void> {
+    // one judgement at a time: the watchdog waits for this one (its probe, its question to the owner)
+    if (this.#judging) return
+    this.#judging = true
+    try {
+      await this.#judge(op, deadline, onlyIfGone)
+    } finally {
+      this.#judging = false
+    }
+  }
+
+  async #judge(op: Operation, deadline: Deadline, onlyIfGone?: number): Promise<void> {
     const timeoutMs = deadline.ms
     const waitingFor = op.waitingFor()
     const progress = op.lastProgress

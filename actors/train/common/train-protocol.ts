@@ -225,13 +225,15 @@ export const ControllerProtocol = defineProtocol("trainer-controller", {
    * answered but had not started the call: those the driver hears beating from their thread, with
    * how long each one's event loop has been held (one long synchronous computation), the cores its
    * process used lately, and when it would be taken for hung. A rank missing from the reply is not
-   * known alive (collectives/communicator.ts CommunicatorOptions.peerLiveness).
+   * known alive (collectives/communicator.ts CommunicatorOptions.peerLiveness). Answered as it
+   * arrives, not behind a running handler (a checkpoint being saved).
    */
   liveness: {
     request: Schema.Struct({ attempt: Schema.Number, ranks: Schema.Array(Schema.Number) }),
     reply: Schema.Array(
       Schema.Struct({ rank: Schema.Number, heardAgoMs: Schema.Number, heldMs: Schema.Number, cpu: Schema.optionalKey(Schema.Number), hungAfterMs: Schema.Number })
-    )
+    ),
+    immediate: true
   },
   /** A named dataset given to the Trainer: its rows (in memory), its files' metadata, or its factory. */
   dataset: { request: Schema.Struct({ name: Schema.String }), reply: DatasetPayload },

@@ -291,7 +291,7 @@ export class WorkerRun {
       node: p.nodes[p.rank],
       timeoutMs: args.collective.timeoutMs,
       deadlines: this.#deadlines,
-      // A silent peer the driver hears beating from its thread, its event loop held, is waited for.
+      // A peer the driver hears beating from its thread, its event loop held or its process busy, is waited for.
       peerLiveness: (ranks) => system.askPromise(this.#controller, "liveness", { attempt: p.attempt, ranks: [...ranks] }, { timeoutMs: 2_000 }),
       onWaitOn: (w) =>
         this.#ctx.log.warn(
