@@ -1071,7 +1071,8 @@ export class Communicator {
 
   /**
    * Whether every one of `ranks` is known alive and at work: `silent` ones (no answer to the
-   * probe) with their event loop held since before the probe and not yet for their hung limit,
+   * probe) with their event loop held since before the probe (by their latest beat, which says it
+   * held longer than the silence since) and not yet for their hung limit,
    * the others (behind the call) using at least BUSY_CORES while this call waited `waitedMs`, less
    * than their hung limit. No answer in time: no. Yes: the least of their hung limits.
    */
@@ -1087,7 +1088,12 @@ export class Communicator {
       for (const r of ranks) {
         const k = known.find((x) => x.rank === r)
         if (k === undefined || k.heardAgoMs > PEER_HEARD_WITHIN_MS) return undefined
-        const working = silent ? k.heldMs >= probeMs && k.heldMs < k.hungAfterMs : (k.cpu ?? 0) >= BUSY_CORES && waitedMs < k.hungAfterMs
+        // held since before the probe, by its latest beat, and held longer at that beat than it has
+        // been silent since (a process stopped or cut off after a free turn of its loop is not held)
+        const atBeat = k.heldMs - k.heardAgoMs
+        const working = silent
+          ? atBeat >= Math.max(probeMs - k.heardAgoMs, k.heardAgoMs) && k.heldMs < k.hungAfterMs
+          : (k.cpu ?? 0) >= BUSY_CORES && waitedMs < k.hungAfterMs
         if (!working) return undefined
         hungAfterMs = Math.min(hungAfterMs, k.hungAfterMs)
       }

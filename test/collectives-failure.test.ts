@@ -117,7 +117,7 @@ describe("collectives failure handling", () => {
     await Promise.all(procs.map((proc) => fleet.call(proc, { cmd: "close", group })))
   })
 
-  it("a silent rank its owner knows alive, its event loop held, is waited for past the deadline; one not heard from, or held past its limit, is not", async () => {
+  it("a silent rank its owner knows alive, its event loop held, is waited for past the deadline; one not heard from, stopped after a free turn of its loop, or held past its limit, is not", async () => {
     // SIGSTOP stands in for a rank whose event loop one long computation holds: it answers no probe.
     // The others' owner (the driver, in a training run) says whether it still beats from its thread.
     const held = { ranks: [1], heardAgoMs: 300, heldMs: 5_000, hungAfterMs: 120_000 }
@@ -143,6 +143,8 @@ describe("collectives failure handling", () => {
     expect(Math.min(...waited.map((o) => o.ms))).toBeGreaterThan(2 * TIMEOUT_MS)
     // its last beat too old (a process stopped or cut off): taken for gone, as without an owner
     for (const o of (await stopFor("unheard", { ...held, heardAgoMs: 5_000 }, 3_000)).filter((_, proc) => proc !== 1)) expectFailureNaming(o, 1)
+    // heard lately, but its last beat saw a free event loop (stopped since): taken for gone
+    for (const o of (await stopFor("stopped", { ...held, heardAgoMs: 1_000, heldMs: 1_100 }, 3_000)).filter((_, proc) => proc !== 1)) expectFailureNaming(o, 1)
     // held longer than it may be: taken for hung
     for (const o of (await stopFor("hung", { ...held, hungAfterMs: 4_000 }, 3_000)).filter((_, proc) => proc !== 1)) expectFailureNaming(o, 1)
   })
