@@ -26,6 +26,7 @@
 import os from "node:os"
 import type { Msg, MsgHdrs, NatsConnection, Subscription } from "@nats-io/nats-core"
 import {
+  BUSY_PEER_WAIT_MS,
   COLLECTIVE_CHUNK_BYTES as DEFAULT_CHUNK_BYTES,
   COLLECTIVE_CREATE_TIMEOUT_MS as DEFAULT_CREATE_TIMEOUT_MS,
   COLLECTIVE_EARLY_LIMIT_BYTES as DEFAULT_EARLY_LIMIT,
@@ -115,11 +116,13 @@ export interface CommunicatorOptions {
    * on waiting, asking again at each deadline, for silent peers whose event loop one long
    * synchronous computation holds, and for peers behind it that are working (their process uses
    * at least BUSY_CORES of a core: an evaluation on one rank that awaits between its batches), until
-   * they join it, stop beating or pass their hung limit. A silent peer not known so is taken for
+   * they join it, stop beating, go idle, or pass their hung limit (held) or busyPeerWaitMs (busy). A silent peer not known so is taken for
    * gone, a peer behind that is idle for hung (waiting on something that never comes), as before.
    * Absent: no peer is waited for past the deadline.
    */
   readonly peerLiveness?: (ranks: ReadonlyArray<number>) => Promise<ReadonlyArray<PeerLiveness>>
+  /** How long a call waits for a peer behind it whose process works (ms since the call last moved). Default BUSY_PEER_WAIT_MS, 30 min. */
+  readonly busyPeerWaitMs?: number
   /** Told once a call when it first waits on past its deadline for peers peerLiveness says are working (a stall warning, as Horovod's). */
   readonly onWaitOn?: (wait: WaitOn) => void
 }
@@ -132,7 +135,7 @@ export interface WaitOn {
   readonly ranks: ReadonlyArray<number>
   readonly doing: "held" | "busy"
   readonly waitedMs: number
-  /** Still at it after this long (ms since the call last moved), they are taken for hung. */
+  /** Still at it after this long (ms since the call last moved for busy peers; held for held ones), they are taken for hung. */
   readonly hungAfterMs: number
 }
 
@@ -145,7 +148,7 @@ export interface PeerLiveness {
   readonly heldMs: number
   /** The cores its process used over its latest beats (every thread's CPU time over wall time), if known. */
   readonly cpu?: number
-  /** Held this long, or behind a call this long while working, it is taken for hung (ms). */
+  /** Its event loop held this long, it is taken for hung (ms). */
   readonly hungAfterMs: number
 }
 
@@ -483,6 +486,7 @@ export class Communicator {
   #judging = false
   readonly #peerLiveness: CommunicatorOptions["peerLiveness"]
   readonly #onWaitOn: CommunicatorOptions["onWaitOn"]
+  readonly #busyPeerWaitMs: number
   /** Calls waiting on past their deadline for peers still working: when their deadline was last re-armed, by seq. */
   readonly #heldWaits = new Map<number, number>()
   /** When the watchdog last ran (a late run means this rank's own event loop was held). */
@@ -538,6 +542,7 @@ export class Communicator {
     this.#deadlines = opts.deadlines
     this.#peerLiveness = opts.peerLiveness
     this.#onWaitOn = opts.onWaitOn
+    this.#busyPeerWaitMs = opts.busyPeerWaitMs ?? BUSY_PEER_WAIT_MS
     this.#earlyLimit = opts.earlyLimitBytes ?? DEFAULT_EARLY_LIMIT
     this.#nc = opts.worldSize > 1 ? opts.nc : undefined
     this.#cnc = opts.worldSize > 1 ? (opts.controlNc ?? opts.nc) : undefined
@@ -1074,7 +1079,7 @@ export class Communicator {
    * probe) with their event loop held since before the probe (by their latest beat, which says it
    * held longer than the silence since) and not yet for their hung limit,
    * the others (behind the call) using at least BUSY_CORES while this call waited `waitedMs`, less
-   * than their hung limit. No answer in time: no. Yes: the least of their hung limits.
+   * than busyPeerWaitMs. No answer in time: no. Yes: the least of their limits.
    */
   async #stillWorking(ranks: ReadonlyArray<number>, silent: boolean, probeMs: number, waitedMs: number): Promise<number | undefined> {
     let timer: ReturnType<typeof setTimeout> | undefined
@@ -1093,9 +1098,9 @@ export class Communicator {
         const atBeat = k.heldMs - k.heardAgoMs
         const working = silent
           ? atBeat >= Math.max(probeMs - k.heardAgoMs, k.heardAgoMs) && k.heldMs < k.hungAfterMs
-          : (k.cpu ?? 0) >= BUSY_CORES && waitedMs < k.hungAfterMs
+          : (k.cpu ?? 0) >= BUSY_CORES && waitedMs < this.#busyPeerWaitMs
         if (!working) return undefined
-        hungAfterMs = Math.min(hungAfterMs, k.hungAfterMs)
+        hungAfterMs = Math.min(hungAfterMs, silent ? k.hungAfterMs : this.#busyPeerWaitMs)
       }
       return hungAfterMs
     } catch {

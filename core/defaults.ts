@@ -106,10 +106,19 @@ export const WORKER_START_DEAD_AFTER_MS = 60_000
  * cut off, and counts after the heartbeat deadline's floor. Its event loop, held by one
  * synchronous stretch (a step, an evaluation whose awaits resolve at once: a 64-image resnet18
  * evaluation loop held one for 18 s on a loaded 2-core machine), is taken for hung only after
- * this long, or the heartbeat deadline if longer. A hang inside a collective is named sooner, by
- * the peers' collective deadline.
+ * this long, or the heartbeat deadline if longer; its peers wait for it that long in their
+ * collectives (collectives/communicator.ts peerLiveness). Not much longer: nats-server drops a
+ * client that leaves two of its pings (2 min apart) unanswered.
  */
 export const WORKER_HELD_DEAD_AFTER_MS = 120_000
+
+/**
+ * How long a collective waits past its deadline for a peer that is behind the call while its
+ * process works (its event loop free, at least a quarter of a core: an evaluation on one rank that
+ * awaits between its batches), as DDP waits out its process group's timeout: 30 min, Ray Train's
+ * and PyTorch's gloo default. A peer behind and idle is named at the deadline.
+ */
+export const BUSY_PEER_WAIT_MS = 1_800_000
 
 /** Silence after which a node (its agent beats every 500 ms) is dead in the cluster view. */
 export const NODE_DEAD_AFTER_MS = 2_500

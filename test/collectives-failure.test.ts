@@ -149,12 +149,12 @@ describe("collectives failure handling", () => {
     for (const o of (await stopFor("hung", { ...held, hungAfterMs: 4_000 }, 3_000)).filter((_, proc) => proc !== 1)) expectFailureNaming(o, 1)
   })
 
-  it("a rank behind the call whose process works (its loop free) is waited for past the deadline; one idle, or behind past its hung limit, is named", async () => {
+  it("a rank behind the call whose process works (its loop free) is waited for past the deadline; one idle, or behind past busyPeerWaitMs, is named", async () => {
     // Rank 1 starts the call late, as a rank evaluating alone between steps does: it answers the
     // probe, but has not started the call. The owner says how busy its process is.
     const working = { ranks: [1], heardAgoMs: 300, heldMs: 0, cpu: 0.9, hungAfterMs: 120_000 }
-    const lateBy = async (group: string, vouch: typeof working, ms: number): Promise<Outcome[]> => {
-      await create(group, [0, 1, 2, 3], { heldPeers: vouch })
+    const lateBy = async (group: string, vouch: typeof working, ms: number, busyPeerWaitMs?: number): Promise<Outcome[]> => {
+      await create(group, [0, 1, 2, 3], { heldPeers: vouch, ...(busyPeerWaitMs !== undefined ? { busyPeerWaitMs } : {}) })
       const others = await startEach(group, [0, 2, 3], long("ring"))
       await new Promise((r) => setTimeout(r, ms))
       const one = await startEach(group, [1], long("ring"))
@@ -171,8 +171,8 @@ describe("collectives failure handling", () => {
     }
     // idle (waiting on something that never comes): hung, named at the deadline
     for (const o of (await lateBy("idle", { ...working, cpu: 0.01 }, 3_000)).slice(0, 3)) named(o)
-    // working, but behind for longer than its hung limit
-    for (const o of (await lateBy("too-long", { ...working, hungAfterMs: 1_000 }, 3_000)).slice(0, 3)) named(o)
+    // working, but behind for longer than busyPeerWaitMs
+    for (const o of (await lateBy("too-long", working, 3_000, 1_000)).slice(0, 3)) named(o)
   })
 
   it("a rank closing mid-operation aborts the others at once", async () => {

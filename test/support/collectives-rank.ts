@@ -412,6 +412,7 @@ const handle = async (m: Record<string, any>): Promise<unknown> => {
         ...(m.heldPeers
           ? {
               deadlines: new MeasuredDeadlines({ capMs: m.timeoutMs }),
+              ...(m.busyPeerWaitMs !== undefined ? { busyPeerWaitMs: m.busyPeerWaitMs } : {}),
               peerLiveness: async (ranks: ReadonlyArray<number>): Promise<PeerLiveness[]> =>
                 ranks
                   .filter((r) => m.heldPeers.ranks.includes(r))

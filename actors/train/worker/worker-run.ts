@@ -296,7 +296,8 @@ export class WorkerRun {
       onWaitOn: (w) =>
         this.#ctx.log.warn(
           `rank ${p.rank}: ${w.op} waits past its deadline (${seconds(w.waitedMs)} so far) for rank(s) ${w.ranks.join(", ")}, alive and ` +
-            `${w.doing === "held" ? "in one long synchronous computation" : "working outside the collectives"}; taken for hung after ${seconds(w.hungAfterMs)}`
+            `${w.doing === "held" ? "in one long synchronous computation" : "working outside the collectives"}; taken for hung after ` +
+            `${w.hungAfterMs >= 600_000 ? `${Math.round(w.hungAfterMs / 60_000)} min` : seconds(w.hungAfterMs)}`
         ),
       ...(direct ? { direct } : {})
     })
