@@ -10,6 +10,7 @@
 // (a long checkpoint write between collectives), and lower it for fast detection, as with Ray's
 // and Horovod's timeouts. Pure bookkeeping: the communicator asks, the training loop tells.
 import {
+  BUSY_PEER_WAIT_MS,
   COLLECTIVE_DEADLINE_FLOOR_MS,
   COLLECTIVE_TIMEOUT_MS,
   DEADLINE_FACTOR,
@@ -140,7 +141,11 @@ export class MeasuredDeadlines {
     const text =
       `collective deadline: ${seconds(d.ms)} (${d.why})` +
       (figures.length ? `; measured ${figures.join(", ")}` : "") +
-      `. A collective wait with no frame for this long probes the peers and names the rank holding the group up.`
+      `. A collective wait with no frame for this long probes the peers and names the rank holding the group up` +
+      (this.fixedMs === undefined
+        ? `, unless its owner (a training run's driver) knows it is still working: its event loop held by one computation ` +
+          `(waited for up to ${seconds(WORKER_HELD_DEAD_AFTER_MS)}) or its process busy outside the collectives (up to ${Math.round(BUSY_PEER_WAIT_MS / 60_000)} min).`
+        : ".")
     return {
       text,
       json: {
@@ -151,7 +156,8 @@ export class MeasuredDeadlines {
         ...(coll !== undefined ? { medianCollectiveMs: coll } : {}),
         factor: this.factor,
         floorMs: this.floorMs,
-        capMs: this.fixedMs ?? this.capMs
+        capMs: this.fixedMs ?? this.capMs,
+        ...(this.fixedMs === undefined ? { heldPeerWaitMs: WORKER_HELD_DEAD_AFTER_MS, busyPeerWaitMs: BUSY_PEER_WAIT_MS } : {})
       },
       summary: `gradwire: collective deadline ${seconds(d.ms)} (${d.why})`
     }

@@ -123,6 +123,12 @@ describe("measured collective deadlines", () => {
     expect(summary).toBe("gradwire: collective deadline 10 s (2 x median step 0.12 s + floor 10 s)")
     expect(text).toMatch(/^collective deadline: 10 s \(2 x median step 0\.12 s \+ floor 10 s\); measured median step 0\.12 s over the latest 8 steps, median collective 0\.03 s\./)
     expect(json).toMatchObject({ collectiveDeadlineMs: 10_240, measured: true, medianStepMs: 120, medianCollectiveMs: 30, factor: 2, floorMs: 10_000, capMs: 30_000 })
+    // ranks still working are waited for past it, up to their limits; with an explicit timeoutMs, not
+    expect(text).toMatch(/its event loop held by one computation \(waited for up to 120 s\) or its process busy outside the collectives \(up to 30 min\)\.$/)
+    expect(json).toMatchObject({ heldPeerWaitMs: 120_000, busyPeerWaitMs: 1_800_000 })
+    const fixed = new MeasuredDeadlines({ fixedMs: 3_000 }).describe()
+    expect(fixed.text).toMatch(/names the rank holding the group up\.$/)
+    expect(fixed.json.busyPeerWaitMs).toBeUndefined()
   })
 
   it("writes seconds short", () => {
