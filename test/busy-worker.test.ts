@@ -53,14 +53,13 @@ describe("a worker busy past the heartbeat deadline", () => {
     expect(explain).toMatch(/Workers beat from a thread of their own/)
   })
 
-  it("holds one rank's event loop 1.5 x the collective deadline while the other waits for it in its next collective: the waiting rank asks the driver, hears it is alive and held, and waits on", { timeout: 120_000 }, async () => {
-    // (an evaluation on rank 0 alone, as many DDP loops do: its peer is in the next step's all-reduce)
-    const busyMs = Math.round(1.5 * COLLECTIVE_DEADLINE_FLOOR_MS)
+  /** Rank 0 alone works 1.5 x the collective deadline after epoch 0 (held, or with turns of its loop) while rank 1 waits in its next collective. */
+  const oneRankWorks = async (name: string, busyYields: boolean) => {
     const r = await new Trainer({
       trainLoopPerWorker: STEP_LOOP,
-      trainLoopConfig: { epochs: 2, batchSize: 64, busyMs, busyRank: 0 },
+      trainLoopConfig: { epochs: 2, batchSize: 64, busyMs: Math.round(1.5 * COLLECTIVE_DEADLINE_FLOOR_MS), busyRank: 0, busyYields },
       scalingConfig: { numWorkers: 2 },
-      runConfig: { name: "busy-one", storagePath: storage, progress: false },
+      runConfig: { name, storagePath: storage, progress: false },
       datasets: { train, test }
     }).fit()
     expect(r.metricsHistory.length).toBe(2)
@@ -68,30 +67,24 @@ describe("a worker busy past the heartbeat deadline", () => {
     expect(new Set(r.metricsPerRank.at(-1)!.map((m) => m.weights)).size).toBe(1)
     const events = await readEvents(r.path)
     expect(events.filter((e) => e.type === "failure" || e.type === "restart")).toEqual([])
-    expect(events.filter((e) => e.type === "held").map((e) => e.rank)).toEqual([0])
+    // the waiting rank says once why it waits on, as Horovod's stall warning does
     const log = await fs.readFile(path.join(r.path, "logs", "worker_rank=1.log"), "utf8")
+    expect(log.match(/waits past its deadline/g), log).toHaveLength(1)
+    return { events, log }
+  }
+
+  it("holds one rank's event loop 1.5 x the collective deadline while the other waits for it in its next collective: the waiting rank asks the driver, hears it is alive and held, and waits on", { timeout: 120_000 }, async () => {
+    // (an evaluation on rank 0 alone, as many DDP loops do: its peer is in the next step's all-reduce)
+    const { events, log } = await oneRankWorks("busy-one", false)
+    expect(events.filter((e) => e.type === "held").map((e) => e.rank)).toEqual([0])
     expect(log).toMatch(/rank 1: \w+ waits past its deadline \([\d.]+ s so far\) for rank\(s\) 0, alive and in one long synchronous computation; taken for hung after 120 s/)
   })
 
   it("works on one rank 1.5 x the collective deadline with turns of its event loop (it answers probes, but is behind the call): its busy process is waited for", { timeout: 120_000 }, async () => {
     // (a rank-0 evaluation that awaits between its batches; a rank idle as long is named hung: test/trainer.test.ts)
     expect(BUSY_PEER_WAIT_MS).toBe(30 * 60_000)
-    const busyMs = Math.round(1.5 * COLLECTIVE_DEADLINE_FLOOR_MS)
-    const r = await new Trainer({
-      trainLoopPerWorker: STEP_LOOP,
-      trainLoopConfig: { epochs: 2, batchSize: 64, busyMs, busyRank: 0, busyYields: true },
-      scalingConfig: { numWorkers: 2 },
-      runConfig: { name: "busy-yields", storagePath: storage, progress: false },
-      datasets: { train, test }
-    }).fit()
-    expect(r.metricsHistory.length).toBe(2)
-    expect(r.restarts).toBe(0)
-    expect(new Set(r.metricsPerRank.at(-1)!.map((m) => m.weights)).size).toBe(1)
-    const events = await readEvents(r.path)
-    expect(events.filter((e) => e.type === "failure" || e.type === "restart" || e.type === "held")).toEqual([])
-    // the waiting rank said once why it waits on, as Horovod's stall warning does
-    const log = await fs.readFile(path.join(r.path, "logs", "worker_rank=1.log"), "utf8")
-    expect(log.match(/waits past its deadline/g), log).toHaveLength(1)
+    const { events, log } = await oneRankWorks("busy-yields", true)
+    expect(events.filter((e) => e.type === "held")).toEqual([])
     expect(log).toMatch(/rank 1: \w+ waits past its deadline \([\d.]+ s so far\) for rank\(s\) 0, alive and working outside the collectives; taken for hung after 30 min/)
   })
 })
