@@ -65,6 +65,8 @@ export const jobSubjects = (cluster: string, job: string) => {
     /** Liveness beats of the job's actor processes. */
     heartbeat: (actor: string) => `${root}.hb.${actor}`,
     heartbeats: `${root}.hb.*`,
+    /** Asks an actor process's beat thread for its main thread's JavaScript stack (a request; the reply is JSON: actors/runtime/beat-thread.ts). */
+    stack: (actor: string) => `${root}.stack.${actor}`,
     /** Job-level events (exits, deaths). */
     events: `${root}.events`,
     /** Collective traffic: coll.<group>.<seq>.<src>.<dst>. */

@@ -48,6 +48,8 @@ describe("a worker busy past the heartbeat deadline", () => {
     for (const e of held) {
       expect(e.heldMs as number).toBeGreaterThan(WORKER_DEAD_AFTER_MS)
       expect(e.hungAfterMs).toBe(WORKER_HELD_DEAD_AFTER_MS)
+      // where: the main thread's stack, which the beat thread took while the loop was held
+      expect((e.stack as string[])[0], JSON.stringify(e)).toMatch(/^stepLoop \(test\/support\/step-loop\.ts:\d+:\d+\)$/)
     }
     const explain = await fs.readFile(path.join(r.path, "explain.txt"), "utf8")
     expect(explain).toMatch(/Workers beat from a thread of their own/)

@@ -286,8 +286,15 @@ export class ActorHandle<Spec extends ProtocolSpec = ProtocolSpec> {
       const beat = { name: this.name, instance: this.instance, pid: process.pid, node: system.node, intervalMs: this.#heartbeatMs }
       this.#beating =
         this.#beatThread && system.connection
-          ? startThreadBeating(system.nc, subject, beat, system.connection, `gradwire ${system.job}/${this.name}`, undefined, (why) =>
-              this.#log.warn(`actor "${this.name}" beats from its event loop (a long computation there silences it): its beat thread ${why}`)
+          ? startThreadBeating(
+              system.nc,
+              subject,
+              beat,
+              system.connection,
+              `gradwire ${system.job}/${this.name}`,
+              undefined,
+              (why) => this.#log.warn(`actor "${this.name}" beats from its event loop (a long computation there silences it): its beat thread ${why}`),
+              system.subjects.stack(this.name)
             )
           : startBeating(system.nc, subject, beat)
     }

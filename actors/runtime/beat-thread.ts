@@ -6,13 +6,16 @@
 // watcher still tells a busy process from a hung one, and a stopped or partitioned process (no
 // beat at all) from both; and `cpuMs`, the process's CPU time so far (every thread's), so a
 // process that works outside its collectives (its loop free) is told from one waiting on nothing.
-// Posts "up" once its first beat is out; exits on "stop".
+// On `stackSubject` it answers with the main thread's JavaScript stack, taken through the inspector
+// (a pause at the main thread's next interrupt check, inside a long loop too, then a resume): where
+// a held event loop is held. Posts "up" once its first beat is out; exits on "stop".
 //
 // It loads nats.js alone (about 19 MB a thread, against 55 MB with gradwire's connection and wire
 // modules and the Effect schemas they bring): the beat comes encoded from the main thread, with
 // `cpuMs` and `heldMs` last as msgpack float64s whose 8 bytes it overwrites (heartbeat.ts
 // beatTemplate, beat-bytes.ts withHeld).
 import * as fs from "node:fs"
+import * as path from "node:path"
 import { parentPort, workerData } from "node:worker_threads"
 import { connect, credsAuthenticator, nkeyAuthenticator, type NodeConnectionOptions } from "@nats-io/transport-node"
 import { withHeld } from "./beat-bytes.ts"
@@ -43,6 +46,55 @@ const options = (): NodeConnectionOptions => {
   }
 }
 
+/** How long a stack request may take (connect, pause, resume). */
+const STACK_TIMEOUT_MS = 2_000
+/** Frames kept from the innermost. */
+const STACK_FRAMES = 32
+
+interface CallFrame {
+  readonly functionName: string
+  readonly url: string
+  readonly location: { readonly scriptId: string; readonly lineNumber: number; readonly columnNumber?: number }
+}
+
+const frameText = (f: CallFrame, urls: ReadonlyMap<string, string>): string => {
+  // a module's frames may leave the url to the script's scriptParsed notice
+  const url = f.url || urls.get(f.location.scriptId) || ""
+  let where = url.startsWith("file://") ? decodeURIComponent(url.slice("file://".length)) : url
+  if (where.startsWith(process.cwd() + path.sep)) where = path.relative(process.cwd(), where)
+  return `${f.functionName || "<anonymous>"} (${where}:${f.location.lineNumber + 1}:${(f.location.columnNumber ?? 0) + 1})`
+}
+
+/** The main thread's stack: the inspector pauses it where it runs (a held loop at its next interrupt check), reads the frames, resumes it. */
+const mainStack = async (): Promise<{ frames?: string[]; error?: string }> => {
+  const inspector = await import("node:inspector")
+  const session = new inspector.Session()
+  session.connectToMainThread()
+  const post = (method: string): Promise<void> => new Promise((resolve, reject) => session.post(method, (err) => (err ? reject(err) : resolve())))
+  let timer: ReturnType<typeof setTimeout> | undefined
+  const urls = new Map<string, string>()
+  session.on("Debugger.scriptParsed", (m: { params: { scriptId: string; url: string } }) => {
+    if (m.params.url) urls.set(m.params.scriptId, m.params.url)
+  })
+  try {
+    const paused = new Promise<string[]>((resolve) =>
+      session.once("Debugger.paused", (m: { params: { callFrames: CallFrame[] } }) => {
+        resolve(m.params.callFrames.slice(0, STACK_FRAMES).map((f) => frameText(f, urls)))
+        post("Debugger.resume").catch(() => {})
+      })
+    )
+    const late = new Promise<undefined>((resolve) => (timer = setTimeout(() => resolve(undefined), STACK_TIMEOUT_MS)))
+    const frames = await Promise.race([(async () => (await post("Debugger.enable"), await post("Debugger.pause"), await paused))(), late])
+    return frames ? { frames } : { error: `the main thread did not pause within ${STACK_TIMEOUT_MS} ms` }
+  } catch (e) {
+    return { error: e instanceof Error ? e.message : String(e) }
+  } finally {
+    clearTimeout(timer)
+    // a paused main thread is resumed by the disconnect too
+    session.disconnect()
+  }
+}
+
 const run = async (): Promise<void> => {
   const nc = await connect(options())
   const send = (): void => {
@@ -58,6 +110,22 @@ const run = async (): Promise<void> => {
   }
   send()
   const timer = setInterval(send, data.intervalMs)
+  if (data.stackSubject !== undefined) {
+    let taking: Promise<unknown> = Promise.resolve()
+    nc.subscribe(data.stackSubject, {
+      callback: (_err, msg) => {
+        // one at a time: a second request waits for the first's pause to end
+        taking = taking.then(async () => {
+          const reply = await mainStack().catch((e: unknown) => ({ error: String(e) }))
+          try {
+            msg.respond(new TextEncoder().encode(JSON.stringify(reply)))
+          } catch {
+            // the connection closed meanwhile
+          }
+        })
+      }
+    })
+  }
   parentPort!.on("message", (m: unknown) => {
     if (m !== "stop") return
     clearInterval(timer)

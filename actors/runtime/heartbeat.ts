@@ -72,6 +72,29 @@ export interface BeatThreadData {
   readonly template: Uint8Array
   /** One BigInt64: when the main thread's event loop last ticked (ms since epoch). */
   readonly ticks: SharedArrayBuffer
+  /** Where the thread answers requests for the main thread's stack (mainThreadStack), if anywhere. */
+  readonly stackSubject?: string
+}
+
+/** A beat thread's answer to a stack request: the main thread's frames, innermost first, or why there are none. */
+export interface StackReply {
+  readonly frames?: ReadonlyArray<string>
+  readonly error?: string
+}
+
+/**
+ * The JavaScript stack of an actor process's main thread, as its beat thread takes it (the
+ * inspector, pausing the main thread for a moment, even inside a long synchronous computation),
+ * on `subject` (JobSubjects.stack). Undefined when nothing answered within `timeoutMs`.
+ */
+export const mainThreadStack = async (nc: NatsConnection, subject: string, timeoutMs = 3_000): Promise<StackReply | undefined> => {
+  try {
+    const msg = await nc.request(subject, new Uint8Array(0), { timeout: timeoutMs })
+    const reply = JSON.parse(new TextDecoder().decode(msg.data)) as StackReply
+    return Array.isArray(reply.frames) ? { frames: reply.frames.map(String) } : { error: String(reply.error ?? "no frames") }
+  } catch {
+    return undefined
+  }
 }
 
 const BEAT_THREAD = fileURLToPath(new URL(import.meta.url.endsWith(".ts") ? "./beat-thread.ts" : "./beat-thread.js", import.meta.url))
@@ -107,7 +130,8 @@ export { withHeld } from "./beat-bytes.ts"
  * process's), each beat saying how long the main thread's event loop has been held. Until the
  * thread's first beat is out (loading nats.js, connecting: about 0.1-0.5 s), and again should it
  * fail (`onFallback` says why), the main thread beats as startBeating does, with no `heldMs`.
- * Nothing here keeps the process alive.
+ * With `stackSubject` the thread also answers requests there for the main thread's stack
+ * (mainThreadStack). Nothing here keeps the process alive.
  */
 export const startThreadBeating = (
   nc: NatsConnection,
@@ -116,7 +140,8 @@ export const startThreadBeating = (
   connection: ConnectionSpec,
   connectionName: string,
   connectTimeoutMs = SPAWNED_CONNECT_TIMEOUT_MS,
-  onFallback: (reason: string) => void = () => {}
+  onFallback: (reason: string) => void = () => {},
+  stackSubject?: string
 ): Beating => {
   let fallback: Beating | undefined = startBeating(nc, subject, beat)
   const template = beatTemplate(beat)
@@ -136,7 +161,8 @@ export const startThreadBeating = (
     subject,
     intervalMs: beat.intervalMs,
     template,
-    ticks: ticks.buffer as SharedArrayBuffer
+    ticks: ticks.buffer as SharedArrayBuffer,
+    ...(stackSubject !== undefined ? { stackSubject } : {})
   }
   let thread: Worker | undefined
   let told = false

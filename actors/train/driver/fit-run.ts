@@ -18,6 +18,7 @@ import { ActorSystem } from "../../runtime/system.ts"
 import { defineActor, launchActor, type ActorHandle } from "../../runtime/actor.ts"
 import type { RequestOf } from "../../runtime/protocol.ts"
 import { AGENT_GONE } from "../../runtime/watcher.ts"
+import { mainThreadStack } from "../../runtime/heartbeat.ts"
 import { silentLogger, stderrLogger } from "../../runtime/log.ts"
 import { CheckpointStore, readCheckpoint, saveWithRetries, type CheckpointPolicy, type CheckpointStorage } from "./checkpoint-store.ts"
 import { ObjectCheckpointStore, isObjectCheckpointUrl, readObjectCheckpoint } from "./object-checkpoint-store.ts"
@@ -329,14 +330,17 @@ export class FitRun {
     this.#group = new WorkerGroup(this.#system, (instance) => heartbeats.current(instance).ms, verbose, {
       silentAfterMs: () => heartbeats.silentMs,
       heldAfterMs: (instance) => heartbeats.heldMs(instance),
-      // Said once a stretch: a long synchronous computation keeps the worker from its peers' collectives and probes too.
-      onHeld: (rank, heldMs, hungAfterMs) => {
-        this.progress.line(
-          `gradwire: rank ${rank}'s event loop has been held ${seconds(heldMs)} by one synchronous computation (an evaluation loop ` +
-            `whose awaits resolve at once? yield between its batches); its peers wait for it, and it is taken for hung after ${seconds(hungAfterMs)}`
-        )
-        this.recorder.event({ type: "held", rank, heldMs, hungAfterMs })
-      }
+      // Said once a stretch, with where: its beat thread takes the main thread's stack (a moment's pause there).
+      onHeld: (rank, heldMs, hungAfterMs, name) =>
+        void mainThreadStack(this.#system.nc, this.#system.subjects.stack(name)).then((stack) => {
+          const frames = stack?.frames ?? []
+          this.progress.line(
+            `gradwire: rank ${rank}'s event loop has been held ${seconds(heldMs)} by one synchronous computation` +
+              (frames.length > 0 ? ` at ${frames.slice(0, 3).join(" < ")}` : "") +
+              ` (an evaluation loop whose awaits resolve at once? yield between its batches); its peers wait for it, and it is taken for hung after ${seconds(hungAfterMs)}`
+          )
+          this.recorder.event({ type: "held", rank, heldMs, hungAfterMs, ...(frames.length > 0 ? { stack: frames } : stack?.error ? { stackError: stack.error } : {}) })
+        })
     })
     // An agent that sends a process's exit notice is alive: its node needs no heartbeat awaited (#nodeLossOrNot).
     const watcher = await this.#system.watcherReady()

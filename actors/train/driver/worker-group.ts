@@ -29,8 +29,8 @@ const DOWN_GRACE_MS = 300
 export interface ThreadedLiveness {
   readonly silentAfterMs: () => number
   readonly heldAfterMs: (instance: string) => number
-  /** A member's event loop held past its heartbeat deadline (once a stretch), and when it would be taken for hung. */
-  readonly onHeld?: (rank: number, heldMs: number, hungAfterMs: number) => void
+  /** A member's event loop held past its heartbeat deadline (once a stretch), and when it would be taken for hung; `name` is its actor's. */
+  readonly onHeld?: (rank: number, heldMs: number, hungAfterMs: number, name: string) => void
 }
 
 const graceFor = (down: ActorDown): number => ((down.reason === "exited" && down.signal) || down.reason === "node-lost" || down.reason === "missed-heartbeats" ? 0 : DOWN_GRACE_MS)
@@ -211,7 +211,7 @@ export class WorkerGroup {
         ? {
             silentAfterMs: t.silentAfterMs,
             heldAfterMs: () => t.heldAfterMs(w.instance),
-            ...(t.onHeld && rank !== undefined ? { onHeld: { afterMs: deadAfterMs, call: (heldMs: number) => t.onHeld!(rank, heldMs, t.heldAfterMs(w.instance)) } } : {})
+            ...(t.onHeld && rank !== undefined ? { onHeld: { afterMs: deadAfterMs, call: (heldMs: number) => t.onHeld!(rank, heldMs, t.heldAfterMs(w.instance), w.name) } } : {})
           }
         : {})
     }
