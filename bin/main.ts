@@ -10,7 +10,8 @@ import { ConfigError } from "../core/errors.ts"
 import { defaultStateDir, describeStarted, explainConnectError, runAgent, startInBackground, stopAgent, type StartOptions } from "../actors/node/daemon.ts"
 import { readState, stateFile } from "../actors/node/agent-state.ts"
 import { ALL_BACKENDS, type BackendName } from "../actors/node/node-probe.ts"
-import { validToken } from "../core/subjects.ts"
+import { jobSubjects, validToken } from "../core/subjects.ts"
+import { mainThreadStack } from "../actors/runtime/heartbeat.ts"
 import * as settings from "../core/settings.ts"
 import { listUploaded, putFiles } from "../core/data/object-data.ts"
 import type { FileFormat } from "../core/data/file-spec.ts"
@@ -34,6 +35,9 @@ commands:
   jobs [--json]                running and recent jobs: state, attempt, workers, restarts, progress
   logs JOB [--rank R] [--follow] [--json]
                                the job's worker output (JOB: its id or name), streamed from the nodes that run it
+  stack JOB [--rank R] [--json]
+                               where each worker's main thread is now: its JavaScript stack, taken by the worker's
+                               beat thread (a hung or slow rank, inside a long computation too)
   train FILE#EXPORT --workers N [--address URL]
                                run a train loop on N workers (an embedded cluster without --address), no driver to write
   demo                         train the digits example on 4 workers of an embedded cluster, with the dashboard
@@ -157,6 +161,7 @@ const COMMAND_OPTIONS: Readonly<Record<string, ReadonlyArray<OptionName>>> = {
   dashboard: ["address", "cluster", ...CREDENTIALS, "state-dir", "port", "host", "help"],
   jobs: ["address", "cluster", "json", ...CREDENTIALS, "state-dir", "help"],
   logs: ["address", "cluster", "json", ...CREDENTIALS, "state-dir", "rank", "follow", "tail", "help"],
+  stack: ["address", "cluster", "json", ...CREDENTIALS, "state-dir", "rank", "help"],
   train: [
     "address", "cluster", ...CREDENTIALS, "state-dir", "workers", "config", "name", "storage-path", "max-failures", "dashboard", "port", "host",
     "gpu", "timeline", "dataset", "help"
@@ -165,7 +170,7 @@ const COMMAND_OPTIONS: Readonly<Record<string, ReadonlyArray<OptionName>>> = {
 }
 
 /** Commands that take arguments besides options. */
-const WITH_ARGUMENTS: ReadonlySet<string> = new Set(["data", "logs", "train"])
+const WITH_ARGUMENTS: ReadonlySet<string> = new Set(["data", "logs", "stack", "train"])
 
 const HIDDEN: ReadonlySet<OptionName> = new Set(["auth-stdin"])
 
@@ -555,6 +560,42 @@ const logs = async (flags: Flags, args: string[]): Promise<number> => {
   }
 }
 
+/** How long `gradwire stack` waits for each worker's answer. */
+const STACK_WAIT_MS = 5_000
+
+const stack = async (flags: Flags, args: string[]): Promise<number> => {
+  const [query, ...more] = args
+  if (query === undefined || more.length > 0) throw new UsageError(`gradwire stack takes one job (its id or name; "gradwire jobs" lists them), got ${args.length} arguments`)
+  const rank = number("rank", flags.rank, 0)
+  const cluster = clusterName(flags)
+  const c = await openCluster(flags, "gradwire stack")
+  try {
+    const job = findJob(await listJobs(c.nc, cluster), query)
+    if (!job) throw new Error(`no job "${query}" in cluster "${cluster}" at ${c.shown}: "gradwire jobs" lists the running and recent ones`)
+    if (!job.live || ENDED_STATES.has(job.state)) throw new Error(`job ${job.job} is ${job.lost ? "lost (no driver answers)" : job.state}: only a running job's workers have a stack to show`)
+    const ranks = job.ranks.filter((r) => r.actor !== undefined && (rank === undefined || r.rank === rank))
+    if (ranks.length === 0) throw new Error(`job ${job.job} has ${rank === undefined ? "no worker its driver knows yet" : `no rank ${rank} (ranks 0-${job.worldSize - 1})`}`)
+    const subjects = jobSubjects(cluster, job.job)
+    const stacks = await Promise.all(ranks.map(async (r) => ({ r, got: await mainThreadStack(c.nc, subjects.stack(r.actor!), STACK_WAIT_MS) })))
+    if (flags.json) {
+      const out = stacks.map(({ r, got }) => ({ rank: r.rank, actor: r.actor, pid: r.pid, node: r.node, ...(got ?? { error: `no answer within ${STACK_WAIT_MS} ms` }) }))
+      console.log(JSON.stringify(out, null, 2))
+    } else {
+      for (const { r, got } of stacks) {
+        console.log(`rank ${r.rank} (${r.actor}, pid ${r.pid ?? "?"}, node ${r.node ?? "?"}):`)
+        if (got?.frames && got.frames.length > 0) for (const f of got.frames) console.log(`    at ${f}`)
+        else
+          console.log(
+            `    ${got === undefined ? `no answer within ${STACK_WAIT_MS / 1000} s (its process stopped or cut off, or it beats from its event loop)` : `no stack: ${got.error ?? "no frames"}`}`
+          )
+      }
+    }
+    return stacks.every(({ got }) => got?.frames !== undefined) ? 0 : 1
+  } finally {
+    await c.close()
+  }
+}
+
 /** --config JSON, or @FILE holding it. */
 const loopConfig = (raw: string | undefined): unknown => {
   if (raw === undefined) return {}
@@ -686,6 +727,8 @@ const main = async (): Promise<number> => {
       return jobs(flags)
     case "logs":
       return logs(flags, positionals)
+    case "stack":
+      return stack(flags, positionals)
     case "train":
       return train(flags, positionals)
     case "demo":

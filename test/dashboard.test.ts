@@ -268,6 +268,16 @@ describe("dashboard", () => {
           onOutput: (all, kill) => void ((all.match(/\(worker rank=0 [^)]*\) rank 0: epoch/g) ?? []).length >= 2 && kill("SIGINT"))
         })
         expect(follow.output).toMatch(/\(worker rank=0 pid=\d+ node=local\) rank 0: epoch \d+ loss/)
+        // `gradwire stack`: rank 1's main thread, as its beat thread took it through the inspector
+        const stackRun = await runScript(CLI, ["stack", "live", "--rank", "1", "--json", ...cluster], { timeoutMs: 30_000 })
+        expect(stackRun.code, stackRun.output).toBe(0)
+        const [st] = JSON.parse(stackRun.output) as Array<{ rank: number; node: string; pid: number; frames: string[] }>
+        expect(st).toMatchObject({ rank: 1, node: "local", pid: state.job.ranks.find((r) => r.rank === 1)!.pid })
+        expect(st!.frames.length, stackRun.output).toBeGreaterThan(0)
+        for (const f of st!.frames) expect(f).toMatch(/^\S.* \(.*:\d+:\d+\)$/)
+        const noJob = await runScript(CLI, ["stack", "no-such-job", ...cluster], { timeoutMs: 30_000 })
+        expect(noJob.code).not.toBe(0)
+        expect(noJob.output).toMatch(/no job "no-such-job" in cluster "local"/)
 
         // `gradwire dashboard` in a process of its own: the running job with its curves so far (from its driver).
         const cliPort = await freePort()
