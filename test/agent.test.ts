@@ -154,6 +154,9 @@ describe("node agent", () => {
     const d = await eventually("taken for hung", 12_000, () => down)
     expect(d.reason).toBe("missed-heartbeats")
     expect(d.detail).toMatch(/^its event loop has been held for \d+ ms \(taken for hung after 4000 ms\)/)
+    // where: the holding handler's loop, as the beat thread took it
+    expect(d.detail, d.detail).toMatch(/; its main thread is at hold \(test\/support\/actors-fixtures\.ts:\d+:\d+\)/)
+    expect(d.stack?.[0]).toMatch(/^hold \(/)
     expect(pidAlive(s.pid)).toBe(true)
     expect(await s.kill()).toBe(true)
   })

@@ -11,7 +11,7 @@ import type { JobSubjects } from "../../core/subjects.ts"
 import { LinkState } from "../../scheduler/link-state.ts"
 import type { WireFailure } from "./envelope.ts"
 import { readJobEvent, type JobEvent } from "./events.ts"
-import { DEFAULT_DEAD_AFTER_MS, readBeat } from "./heartbeat.ts"
+import { DEFAULT_DEAD_AFTER_MS, mainThreadStack, readBeat } from "./heartbeat.ts"
 
 export type DownReason = "missed-heartbeats" | "exited" | "stopped" | "failed" | "node-lost"
 
@@ -29,6 +29,8 @@ export interface ActorDown {
   readonly node?: string
   /** One line for humans: what happened, with the stderr tail for crashed processes. */
   readonly detail: string
+  /** Taken for hung with its event loop held: where its main thread was then (innermost first), as its beat thread took it. */
+  readonly stack?: ReadonlyArray<string>
   readonly at: number
 }
 
@@ -57,6 +59,8 @@ interface Waiter {
   readonly onHeld: WatchOptions["onHeld"]
   /** onHeld was called for the stretch in progress. */
   heldTold: boolean
+  /** Taken for hung: its stack is being fetched before it is declared. */
+  declaring: boolean
   readonly resolve: (down: ActorDown) => void
 }
 
@@ -68,6 +72,9 @@ interface Seen {
   /** From beat threads' beats of this incarnation: [when heard, the process's CPU ms], the latest CPU_SAMPLES, oldest first. */
   readonly cpu?: ReadonlyArray<readonly [number, number]>
 }
+
+/** How long a hung actor's stack is waited for before it is declared without one. */
+const STACK_WAIT_MS = 3_000
 
 /** Beats kept to tell how busy a process is: 8 at 500 ms apart, the latest 3.5 s. */
 const CPU_SAMPLES = 8
@@ -141,7 +148,12 @@ export class Watcher {
   #timer: ReturnType<typeof setInterval> | undefined
   #closed = false
 
+  readonly #nc: NatsConnection
+  readonly #subjects: JobSubjects
+
   constructor(nc: NatsConnection, subjects: JobSubjects) {
+    this.#nc = nc
+    this.#subjects = subjects
     this.#link = new LinkState(nc)
     // Our own outage is not their death: restart every silence clock after a reconnect.
     this.#link.onResume(() => {
@@ -219,6 +231,7 @@ export class Watcher {
       heldAfterMs: options.heldAfterMs,
       onHeld: options.onHeld,
       heldTold: false,
+      declaring: false,
       resolve: (down) => {
         if (done) return
         done = true
@@ -304,6 +317,7 @@ export class Watcher {
     if (!this.#link.up) return
     const now = Date.now()
     for (const w of [...this.#waiters]) {
+      if (w.declaring) continue
       const seen = this.#seen.get(w.name)
       const ours = seen && (w.instance === undefined || seen.instance === w.instance)
       const heard = ours ? seen.at : 0
@@ -323,12 +337,17 @@ export class Watcher {
       const held = now - Math.max(w.since, heard - seen.heldMs!)
       const heldAfterMs = limit(w.heldAfterMs ?? w.deadAfterMs)
       if (held > heldAfterMs) {
-        this.#declare(
-          down(
-            `its event loop has been held for ${held} ms (taken for hung after ${heldAfterMs} ms): one synchronous computation ` +
-              `that never returns, or runs longer than any expected; its process still beats`
-          )
+        // where it is held, from its beat thread (a moment's pause of its main thread), then declared
+        w.declaring = true
+        const hung = down(
+          `its event loop has been held for ${held} ms (taken for hung after ${heldAfterMs} ms): one synchronous computation ` +
+            `that never returns, or runs longer than any expected; its process still beats`
         )
+        void mainThreadStack(this.#nc, this.#subjects.stack(w.name), STACK_WAIT_MS).then((stack) => {
+          const frames = stack?.frames ?? []
+          if (this.#closed) return
+          this.#declare(frames.length > 0 ? { ...hung, detail: `${hung.detail}; its main thread is at ${frames.slice(0, 5).join(" < ")}`, stack: frames } : hung)
+        })
         continue
       }
       if (w.onHeld) {
