@@ -10,6 +10,7 @@ import { silentLogger } from "../actors/runtime/log.ts"
 import { spawnActor, spawnedChild } from "../actors/node/spawn.ts"
 import { launchSupervisor, restartOnFailure } from "../actors/runtime/supervisor.ts"
 import type { ActorDown } from "../actors/runtime/watcher.ts"
+import { mainThreadStack } from "../actors/runtime/heartbeat.ts"
 import { ActorSystem } from "../actors/runtime/system.ts"
 import { openClusterView, type ClusterView } from "../scheduler/cluster-view.ts"
 import { clusterSubjects, jobSubjects } from "../core/subjects.ts"
@@ -143,9 +144,16 @@ describe("node agent", () => {
     await eventually("a beat from the beat thread", 10_000, () => held.some((h) => h >= 0))
     let down: ActorDown | undefined
     void s.down({ deadAfterMs: 1_000, silentAfterMs: 3_000, heldAfterMs: 4_000 }).then((d) => (down = d))
+    // Its stack, asked of its beat thread: idle (its loop free) says so, instead of a frame of whatever runs next
+    expect(await eventually("an idle answer", 5_000, async () => (await mainThreadStack(nc, sys.subjects.stack("w")))?.idle)).toBe(true)
     // 2.5 s held: silent for a timer's beats (dead after 1 s), alive by its thread's (3 s of silence allowed: a loaded machine)
     held.length = 0
-    expect(await sys.askPromise(s.ref(EchoProtocol), "hold", 2_500, { timeoutMs: 10_000 })).toBe(2_500)
+    const holding = sys.askPromise(s.ref(EchoProtocol), "hold", 2_500, { timeoutMs: 10_000 })
+    await sleep(700)
+    // ... and held, where: the handler's loop, inside the computation
+    const st = await mainThreadStack(nc, sys.subjects.stack("w"))
+    expect(st?.frames?.[0], JSON.stringify(st)).toMatch(/^hold \(test\/support\/actors-fixtures\.ts:\d+:\d+\)$/)
+    expect(await holding).toBe(2_500)
     await sleep(300)
     expect(down).toBeUndefined()
     expect(Math.max(...held)).toBeGreaterThanOrEqual(1_500)

@@ -65,8 +65,16 @@ const frameText = (f: CallFrame, urls: ReadonlyMap<string, string>): string => {
   return `${f.functionName || "<anonymous>"} (${where}:${f.location.lineNumber + 1}:${(f.location.columnNumber ?? 0) + 1})`
 }
 
-/** The main thread's stack: the inspector pauses it where it runs (a held loop at its next interrupt check), reads the frames, resumes it. */
-const mainStack = async (): Promise<{ frames?: string[]; error?: string }> => {
+/** A main thread whose loop ticked this recently is idle: a pause would only land in whatever runs next (a timer). */
+const IDLE_HELD_MS = 300
+
+/**
+ * The main thread's stack: the inspector pauses it where it runs (a held loop at its next interrupt
+ * check), reads the frames, resumes it. An idle main thread (its loop free: waiting on I/O, a timer
+ * or a promise) is said to be so instead.
+ */
+const mainStack = async (): Promise<{ frames?: string[]; idle?: boolean; error?: string }> => {
+  if (Date.now() - Number(Atomics.load(ticks, 0)) < IDLE_HELD_MS) return { idle: true }
   const inspector = await import("node:inspector")
   const session = new inspector.Session()
   session.connectToMainThread()

@@ -76,9 +76,11 @@ export interface BeatThreadData {
   readonly stackSubject?: string
 }
 
-/** A beat thread's answer to a stack request: the main thread's frames, innermost first, or why there are none. */
+/** A beat thread's answer to a stack request: the main thread's frames, innermost first, that it is idle, or why there are none. */
 export interface StackReply {
   readonly frames?: ReadonlyArray<string>
+  /** Its event loop is free (it ticked within 0.3 s): waiting on I/O, a timer or a promise, not computing. */
+  readonly idle?: boolean
   readonly error?: string
 }
 
@@ -91,6 +93,7 @@ export const mainThreadStack = async (nc: NatsConnection, subject: string, timeo
   try {
     const msg = await nc.request(subject, new Uint8Array(0), { timeout: timeoutMs })
     const reply = JSON.parse(new TextDecoder().decode(msg.data)) as StackReply
+    if (reply.idle === true) return { idle: true }
     return Array.isArray(reply.frames) ? { frames: reply.frames.map(String) } : { error: String(reply.error ?? "no frames") }
   } catch {
     return undefined
