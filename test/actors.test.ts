@@ -17,7 +17,7 @@ import { CounterProtocol, EchoProtocol, brokenActor, counterActor, echoActor } f
 import { TestRig, eventually } from "./support/actors-processes.ts"
 import { freePort } from "../core/nats-server.ts"
 import { silentLogger } from "../actors/runtime/log.ts"
-import { beatTemplate, readBeat, withHeld } from "../actors/runtime/heartbeat.ts"
+import { beatTemplate, describeStack, readBeat, withHeld } from "../actors/runtime/heartbeat.ts"
 
 const rig = new TestRig()
 let url: string
@@ -246,6 +246,29 @@ describe("liveness", () => {
     }
     // the template itself is left as it was
     expect(readBeat(template)).toMatchObject({ heldMs: 0.1, cpuMs: 0.2 })
+  })
+
+  it("a held stack in one phrase: where it runs and the first frame of the user's own code below it", () => {
+    // a synchronous model.evaluate on rank 0, as the beat thread took it (frames innermost first)
+    const evaluate = [
+      "$conv2d (wasm://wasm/000c155a:1:22192)",
+      "simdConv2d (core/kernels/conv2d.ts:118:13)",
+      "<anonymous> (core/kernels/conv2d.ts:312:12)",
+      "kernelFunc (node_modules/@tensorflow/tfjs-core/dist/tf-core.node.js:4707:32)",
+      "LayersModel.evaluate (node_modules/@tensorflow/tfjs-layers/dist/tf-layers.node.js:24152:33)",
+      "rank0EvalLoop (/home/me/project/train.ts:37:25)",
+      "processTicksAndRejections (node:internal/process/task_queues:103:5)"
+    ]
+    expect(describeStack(evaluate)).toBe("in rank0EvalLoop (/home/me/project/train.ts:37:25), at $conv2d (wasm://wasm/000c155a:1:22192)")
+    // installed gradwire is not the user's code either
+    expect(describeStack(["f (node_modules/gradwire/dist/core/x.js:1:2)", "loop (train.ts:3:4)"])).toBe("in loop (train.ts:3:4), at f (node_modules/gradwire/dist/core/x.js:1:2)")
+    // the user's own loop innermost: just where
+    expect(describeStack(["stepLoop (test/support/step-loop.ts:96:7)"])).toBe("at stepLoop (test/support/step-loop.ts:96:7)")
+    // none of it the user's: the innermost three
+    expect(describeStack(["a (node_modules/x.js:1:1)", "b (core/y.ts:2:2)", "c (node:internal/z:3:3)", "d (actors/w.ts:4:4)"])).toBe(
+      "at a (node_modules/x.js:1:1) < b (core/y.ts:2:2) < c (node:internal/z:3:3)"
+    )
+    expect(describeStack([])).toBe("")
   })
 
   it("beats with a held time: silence counts after silentAfterMs, a held event loop after heldAfterMs, each named", async () => {

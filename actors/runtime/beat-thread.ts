@@ -48,8 +48,8 @@ const options = (): NodeConnectionOptions => {
 
 /** How long a stack request may take (connect, pause, resume). */
 const STACK_TIMEOUT_MS = 2_000
-/** Frames kept from the innermost. */
-const STACK_FRAMES = 32
+/** Frames kept from the innermost (a tfjs kernel's stack down to the loop that called it runs to 30 and more). */
+const STACK_FRAMES = 64
 
 interface CallFrame {
   readonly functionName: string

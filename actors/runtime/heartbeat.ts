@@ -84,6 +84,19 @@ export interface StackReply {
   readonly error?: string
 }
 
+/** gradwire's own source and Node's, and what is installed: frames that are not the user's code. */
+const NOT_USER_CODE = /(^|\()(node:|wasm:\/\/|(core|actors|collectives|scheduler)\/)|node_modules\//
+
+/**
+ * A stack in one phrase: where it runs and, further down, the first frame of the user's own code
+ * (outside node_modules, gradwire and Node): "in rank0EvalLoop (train.ts:37:25), at $conv2d (wasm...)".
+ */
+export const describeStack = (frames: ReadonlyArray<string>): string => {
+  if (frames.length === 0) return ""
+  const user = frames.find((f) => !NOT_USER_CODE.test(f.slice(f.indexOf(" (") + 1)))
+  return user === undefined || user === frames[0] ? `at ${frames.slice(0, 3).join(" < ")}` : `in ${user}, at ${frames[0]}`
+}
+
 /**
  * The JavaScript stack of an actor process's main thread, as its beat thread takes it (the
  * inspector, pausing the main thread for a moment, even inside a long synchronous computation),

@@ -11,7 +11,7 @@ import type { JobSubjects } from "../../core/subjects.ts"
 import { LinkState } from "../../scheduler/link-state.ts"
 import type { WireFailure } from "./envelope.ts"
 import { readJobEvent, type JobEvent } from "./events.ts"
-import { DEFAULT_DEAD_AFTER_MS, mainThreadStack, readBeat } from "./heartbeat.ts"
+import { DEFAULT_DEAD_AFTER_MS, describeStack, mainThreadStack, readBeat } from "./heartbeat.ts"
 
 export type DownReason = "missed-heartbeats" | "exited" | "stopped" | "failed" | "node-lost"
 
@@ -346,7 +346,7 @@ export class Watcher {
         void mainThreadStack(this.#nc, this.#subjects.stack(w.name), STACK_WAIT_MS).then((stack) => {
           const frames = stack?.frames ?? []
           if (this.#closed) return
-          this.#declare(frames.length > 0 ? { ...hung, detail: `${hung.detail}; its main thread is at ${frames.slice(0, 5).join(" < ")}`, stack: frames } : hung)
+          this.#declare(frames.length > 0 ? { ...hung, detail: `${hung.detail}; its main thread is ${describeStack(frames)}`, stack: frames } : hung)
         })
         continue
       }

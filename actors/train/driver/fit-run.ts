@@ -18,7 +18,7 @@ import { ActorSystem } from "../../runtime/system.ts"
 import { defineActor, launchActor, type ActorHandle } from "../../runtime/actor.ts"
 import type { RequestOf } from "../../runtime/protocol.ts"
 import { AGENT_GONE } from "../../runtime/watcher.ts"
-import { mainThreadStack } from "../../runtime/heartbeat.ts"
+import { describeStack, mainThreadStack } from "../../runtime/heartbeat.ts"
 import { silentLogger, stderrLogger } from "../../runtime/log.ts"
 import { CheckpointStore, readCheckpoint, saveWithRetries, type CheckpointPolicy, type CheckpointStorage } from "./checkpoint-store.ts"
 import { ObjectCheckpointStore, isObjectCheckpointUrl, readObjectCheckpoint } from "./object-checkpoint-store.ts"
@@ -336,7 +336,7 @@ export class FitRun {
           const frames = stack?.frames ?? []
           this.progress.line(
             `gradwire: rank ${rank}'s event loop has been held ${seconds(heldMs)} by one synchronous computation` +
-              (frames.length > 0 ? ` at ${frames.slice(0, 3).join(" < ")}` : "") +
+              (frames.length > 0 ? ` ${describeStack(frames)}` : "") +
               ` (an evaluation loop whose awaits resolve at once? yield between its batches); its peers wait for it, and it is taken for hung after ${seconds(hungAfterMs)}`
           )
           this.recorder.event({ type: "held", rank, heldMs, hungAfterMs, ...(frames.length > 0 ? { stack: frames } : stack?.error ? { stackError: stack.error } : {}) })
