@@ -1122,7 +1122,9 @@ export class Communicator {
       throw new CollectiveAborted({ op: sig.name, group: this.group, rank: this.rank, by: a.by, failedRanks: [...a.failedRanks], causeTag: a.causeTag, reason: a.reason })
     }
     if (this.#closed !== undefined) {
-      throw new CommunicatorClosed({ op: sig.name, group: this.group, rank: this.rank, reason: messageOf(this.#closed) })
+      // the culprit of what closed it travels on (a later call is often the one a loop reports)
+      const blamed = blamedRanks(this.#closed)
+      throw new CommunicatorClosed({ op: sig.name, group: this.group, rank: this.rank, reason: messageOf(this.#closed), ...(blamed.length > 0 ? { failedRanks: [...blamed] } : {}) })
     }
     const seq = this.#nextSeq++
     const op = new Operation(this.#host, seq, sig, describeOp)

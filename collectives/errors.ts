@@ -174,7 +174,9 @@ export class CommunicatorClosed extends Schema.TaggedError<CommunicatorClosed>()
   op: Schema.String,
   group: Schema.String,
   rank: Schema.Number,
-  reason: Schema.String
+  reason: Schema.String,
+  /** The ranks the failure that closed it blamed (a timeout on this rank naming a dead or hung peer), if any. */
+  failedRanks: Schema.optionalKey(Schema.Array(Schema.Number))
 }) {
   override get message(): string {
     return `${this.op} on rank ${this.rank}: communicator of group "${this.group}" is closed (${this.reason}); create a new one.`
@@ -237,5 +239,6 @@ export const blamedRanks = (e: unknown): ReadonlyArray<number> => {
     return e.failedRanks
   }
   if (e instanceof CollectiveAborted) return e.failedRanks
+  if (e instanceof CommunicatorClosed) return e.failedRanks ?? []
   return []
 }

@@ -114,6 +114,14 @@ describe("collectives failure handling", () => {
     // The stopped rank, once resumed, fails too instead of hanging (aborted by its peers, or its own deadline).
     const [resumed] = await run.settle([1])
     expect(resumed.ok).toBe(false)
+    // A later call on the others names the culprit too (CommunicatorClosed on a rank whose own
+    // deadline closed it, CollectiveAborted on the rest): a loop often reports that call, not the first.
+    const late = await runEach(group, [0, 2, 3], () => ({ op: "allReduce", algorithm: "ring", reduce: "sum", length: 10, seed: 1 }))
+    for (const r of late) {
+      expect(r.ok).toBe(false)
+      if (!r.ok) expect(r.error.fields.failedRanks, JSON.stringify(r.error)).toEqual(expect.arrayContaining([1]))
+    }
+    expect(late.some((r) => !r.ok && r.error.tag === "CommunicatorClosed"), JSON.stringify(late)).toBe(true)
     await Promise.all(procs.map((proc) => fleet.call(proc, { cmd: "close", group })))
   })
 

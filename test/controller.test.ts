@@ -6,6 +6,7 @@ import { describe, expect, it } from "vitest"
 import { Controller, SERVER_DOWN, deathOrNodeLoss, ranksToCheck, recoveryFor, restartReason, startFailureKind, type ControllerEvent, type GroupFailure, type Outcome } from "../actors/train/driver/controller.ts"
 import { MAX_INFRA_RESTARTS_WITHOUT_PROGRESS, decide } from "../actors/train/driver/failure-policy.ts"
 import { joinsAt } from "../actors/train/driver/regroup.ts"
+import { TrainingFailed } from "../actors/train/driver/result.ts"
 
 type Ckpt = { readonly tag: string }
 
@@ -276,6 +277,11 @@ describe("controller: regroup from surviving peers", () => {
     const g = c.begin(2)
     c.failed({ attempt: 0, rank: 0, tag: "CollectiveTimeout", message: "no frame", stack: "", parked: true })
     expect(await g.outcome).toMatchObject({ type: "failed", failure: { kind: "died", rank: -1 } })
+    // given up on, the failure names no rank rather than "rank -1"
+    const failure = ((await g.outcome) as Extract<Outcome, { type: "failed" }>).failure
+    const e = new TrainingFailed(failure, 1, "failureConfig.maxFailures is 0")
+    expect(e.message).toMatch(/^training failed \(died\): rank 0's group broke: no frame; giving up: failureConfig\.maxFailures is 0$/)
+    expect(new TrainingFailed({ ...failure, rank: 2 }, 1, "x").message).toMatch(/^training failed on rank 2 \(died\): /)
   })
 })
 

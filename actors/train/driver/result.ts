@@ -79,7 +79,7 @@ export class TrainingFailed extends Error {
   /** @internal The trainer makes it when its failure policy gives up. */
   constructor(failure: GroupFailure, attempts: number, decision: string) {
     super(
-      `training failed on rank ${failure.rank} (${failure.kind === "loop-error" ? `${failure.tag} in the training loop` : failure.kind}): ` +
+      `training failed${failure.rank >= 0 ? ` on rank ${failure.rank}` : ""} (${failure.kind === "loop-error" ? `${failure.tag} in the training loop` : failure.kind}): ` +
         `${failure.message}; giving up: ${decision}`
     )
     this.name = "TrainingFailed"
