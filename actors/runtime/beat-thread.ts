@@ -123,14 +123,13 @@ const run = async (): Promise<void> => {
     nc.subscribe(data.stackSubject, {
       callback: (_err, msg) => {
         // one at a time: a second request waits for the first's pause to end
-        taking = taking.then(async () => {
-          const reply = await mainStack().catch((e: unknown) => ({ error: String(e) }))
-          try {
+        taking = taking
+          .then(async () => {
+            const reply = await mainStack().catch((e: unknown) => ({ error: String(e) }))
             msg.respond(new TextEncoder().encode(JSON.stringify(reply)))
-          } catch {
-            // the connection closed meanwhile
-          }
-        })
+          })
+          // (the connection closed meanwhile: the next request still gets its turn)
+          .catch(() => {})
       }
     })
   }
