@@ -345,7 +345,8 @@ export class Watcher {
         )
         void mainThreadStack(this.#nc, this.#subjects.stack(w.name), STACK_WAIT_MS).then((stack) => {
           const frames = stack?.frames ?? []
-          if (this.#closed) return
+          // meanwhile closed, or its end came another way (an exit notice): told already
+          if (this.#closed || !this.#waiters.has(w)) return
           this.#declare(frames.length > 0 ? { ...hung, detail: `${hung.detail}; its main thread is ${describeStack(frames)}`, stack: frames } : hung)
         })
         continue
