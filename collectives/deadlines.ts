@@ -47,6 +47,9 @@ export const seconds = (ms: number): string => {
   return `${s >= 10 ? Math.round(s) : s >= 1 ? Number(s.toFixed(1)) : Number(s.toPrecision(2))} s`
 }
 
+/** A limit, short: in seconds (as `seconds`) below 10 min, whole minutes from there: 120 s, 30 min. */
+export const limitText = (ms: number): string => (ms >= 600_000 ? `${Math.round(ms / 60_000)} min` : seconds(ms))
+
 /** The median of the latest `n` values (their lower middle when even, so one spike never moves it up). */
 const median = (xs: ReadonlyArray<number>): number => {
   const sorted = [...xs].sort((a, b) => a - b)
@@ -144,7 +147,7 @@ export class MeasuredDeadlines {
       `. A collective wait with no frame for this long probes the peers and names the rank holding the group up` +
       (this.fixedMs === undefined
         ? `, unless its owner (a training run's driver) knows it is still working: its event loop held by one computation ` +
-          `(waited for up to ${seconds(WORKER_HELD_DEAD_AFTER_MS)}) or its process busy outside the collectives (up to ${Math.round(BUSY_PEER_WAIT_MS / 60_000)} min).`
+          `(waited for up to ${seconds(WORKER_HELD_DEAD_AFTER_MS)}) or its process busy outside the collectives (up to ${limitText(BUSY_PEER_WAIT_MS)}).`
         : ".")
     return {
       text,

@@ -3,7 +3,7 @@
 // as given; spikes that a median ignores; and the deadline a hung rank is named within. And the
 // driver's heartbeat deadline, which only grows for steps whose computation holds a worker longer.
 import { describe, expect, it } from "vitest"
-import { HeartbeatDeadline, MeasuredDeadlines, seconds } from "../collectives/deadlines.ts"
+import { HeartbeatDeadline, MeasuredDeadlines, limitText, seconds } from "../collectives/deadlines.ts"
 import {
   COLLECTIVE_DEADLINE_FLOOR_MS,
   COLLECTIVE_TIMEOUT_MS,
@@ -137,6 +137,9 @@ describe("measured collective deadlines", () => {
     expect(seconds(1_100)).toBe("1.1 s")
     expect(seconds(5_000)).toBe("5 s")
     expect(seconds(12_345)).toBe("12 s")
+    // limits: seconds below 10 min, minutes from there
+    expect(limitText(120_000)).toBe("120 s")
+    expect(limitText(1_800_000)).toBe("30 min")
   })
 })
 

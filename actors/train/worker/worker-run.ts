@@ -21,7 +21,7 @@ import { decodeMessage, encodeMessage } from "../../../core/wire.ts"
 import { Communicator, describeTransport, type DirectOptions } from "../../../collectives/communicator.ts"
 import type { GradientReducer, GradientReducerOptions } from "../../../collectives/gradient-reducer.ts"
 import { blamedRanks } from "../../../collectives/errors.ts"
-import { MeasuredDeadlines, seconds } from "../../../collectives/deadlines.ts"
+import { MeasuredDeadlines, limitText, seconds } from "../../../collectives/deadlines.ts"
 import { parseCompressionConfig } from "../../../collectives/compression/index.ts"
 import { findAllReduceAlgorithm } from "../../../collectives/algorithms/index.ts"
 import { watchBus, type BusMonitor } from "../../../core/bus-monitor.ts"
@@ -297,7 +297,7 @@ export class WorkerRun {
         this.#ctx.log.warn(
           `rank ${p.rank}: ${w.op} waits past its deadline (${seconds(w.waitedMs)} so far) for rank(s) ${w.ranks.join(", ")}, alive and ` +
             `${w.doing === "held" ? "in one long synchronous computation" : "working outside the collectives"}; taken for hung after ` +
-            `${w.hungAfterMs >= 600_000 ? `${Math.round(w.hungAfterMs / 60_000)} min` : seconds(w.hungAfterMs)}`
+            limitText(w.hungAfterMs)
         ),
       ...(direct ? { direct } : {})
     })
