@@ -135,6 +135,30 @@ describe("data-parallel wrapper", () => {
     expect(weightsOf(dps[0].model)).toEqual(weightsOf(dps[1].model))
   })
 
+  it("refuses the model's own training calls once prepared (they would train one rank alone), and keeps evaluate and predict", async () => {
+    const { tf } = await loadEngine("auto")
+    const syncs = localGroup(2)
+    const models = [makeModel(tf, 11), makeModel(tf, 12)]
+    const x = tf.randomNormal([4, 4], 0, 1, "float32", 7)
+    const y = tf.oneHot(tf.tensor1d([0, 1, 2, 0], "int32"), 3)
+    // before prepareModel the model is the user's own: its fit trains it
+    const before = weightsOf(models[0])
+    await models[0].fit(x, y, { epochs: 1, verbose: 0 })
+    expect(weightsOf(models[0])).not.toEqual(before)
+    await Promise.all(models.map((m, r) => DataParallelModel.prepare(tf, m, syncs[r])))
+    const prepared = weightsOf(models[1])
+    for (const call of [() => models[1].fit(x, y, { epochs: 1 }), () => models[1].trainOnBatch(x, y), () => models[1].fitDataset(tf.data.array([]), { epochs: 1 })]) {
+      const e = await call().then(() => undefined, (err: unknown) => err)
+      expect(e).toBeInstanceOf(ConfigError)
+      expect((e as ConfigError).message).toMatch(/would train rank 1 alone.*dp\.fit\(shard.*dp\.trainStep\(x, y\)/)
+    }
+    expect((await models[1].fit(x, y).catch((err: ConfigError) => err.field))).toBe("model.fit")
+    expect(weightsOf(models[1])).toEqual(prepared)
+    // inference and evaluation are the model's own still
+    expect((models[1].predict(x) as import("@tensorflow/tfjs").Tensor).shape).toEqual([4, 3])
+    expect(Number.isFinite((models[1].evaluate(x, y) as import("@tensorflow/tfjs").Scalar).dataSync()[0])).toBe(true)
+  })
+
   it("refuses a model without optimizer or loss", async () => {
     const { tf } = await loadEngine("auto")
     const m = tf.sequential()

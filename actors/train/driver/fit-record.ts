@@ -173,7 +173,7 @@ export class FitRecord {
     const repaired = metrics[0]?.[PARITY_METRIC]
     if (typeof repaired === "number" && repaired > 0) {
       const ranks = String(metrics[0]?.[`${PARITY_METRIC}_ranks`] ?? "").split(" ").map(Number)
-      this.incident("parity", `report round ${index}: the weights or optimizer state of rank(s) ${ranks.join(", ")} differed from rank 0's; they took rank 0's`, {
+      this.incident("parity", `report round ${index}: the weights or optimizer state of rank(s) ${ranks.join(", ")} differed from rank 0's; they took rank 0's (a bit flip, or the loop changing weights outside dp.trainStep / dp.fit on some ranks: optimizer.minimize, setWeights or assign)`, {
         type: "parity-repair",
         attempt: round.attempt,
         round: index,

@@ -54,6 +54,31 @@ export type { PrepareOptions } from "./prepare-options.ts"
 export type { EpochResult, FitCommonOptions, FitOptions, StepResult, TrainStepOptions } from "./fit-loop.ts"
 export type { FitSource, ShardSource } from "./batches.ts"
 
+/**
+ * The model's own training calls (tfjs-layers' fit, fitDataset, trainOnBatch) on a prepared model
+ * would train this rank alone, its gradients never all-reduced: its weights drift from the other
+ * ranks' (a report round's parity check then takes rank 0's, and this rank's steps are lost). They
+ * fail at once with a ConfigError that names what to call instead; evaluate and predict stay.
+ */
+function refuseLocalTraining(model: LayersModel, sync: GradientSync): void {
+  for (const name of ["fit", "fitDataset", "trainOnBatch"] as const) {
+    Object.defineProperty(model, name, {
+      configurable: true,
+      writable: true,
+      value: () =>
+        Promise.reject(
+          new ConfigError({
+            field: `model.${name}`,
+            reason:
+              `model.${name}() on a model passed to ctx.prepareModel() would train rank ${sync.rank} alone (its gradients not all-reduced, ` +
+              `its weights drifting from the other ranks'): train with the prepared model instead, dp.fit(shard, { epochs, batchSize }) ` +
+              `over ctx.getDatasetShard(name), or dp.trainStep(x, y) on batches you build (dp.evaluateAsync(x, y) to evaluate)`
+          })
+        )
+    })
+  }
+}
+
 export class DataParallelModel implements RecoverableModel {
   readonly model: LayersModel
   readonly optimizer: Optimizer
@@ -189,6 +214,7 @@ export class DataParallelModel implements RecoverableModel {
    */
   static async prepare(tf: Tf, model: LayersModel, sync: GradientSync, opts: PrepareOptions = {}, observer?: StepObserver): Promise<DataParallelModel> {
     const dp = new DataParallelModel(tf, model, sync, opts, observer)
+    refuseLocalTraining(model, sync)
     dp.#applyElasticLearningRate()
     await dp.syncWeights()
     await dp.#worker.init?.()
