@@ -1124,7 +1124,16 @@ export class Communicator {
     if (this.#closed !== undefined) {
       // the culprit of what closed it travels on (a later call is often the one a loop reports)
       const blamed = blamedRanks(this.#closed)
-      throw new CommunicatorClosed({ op: sig.name, group: this.group, rank: this.rank, reason: messageOf(this.#closed), ...(blamed.length > 0 ? { failedRanks: [...blamed] } : {}) })
+      const closed = this.#closed
+      const causeTag = closed instanceof CommunicatorClosed ? closed.causeTag : closed instanceof CollectiveAborted ? closed.causeTag : tagOf(closed)
+      throw new CommunicatorClosed({
+        op: sig.name,
+        group: this.group,
+        rank: this.rank,
+        reason: messageOf(closed),
+        ...(blamed.length > 0 ? { failedRanks: [...blamed] } : {}),
+        ...(causeTag !== undefined ? { causeTag } : {})
+      })
     }
     const seq = this.#nextSeq++
     const op = new Operation(this.#host, seq, sig, describeOp)

@@ -176,7 +176,9 @@ export class CommunicatorClosed extends Schema.TaggedError<CommunicatorClosed>()
   rank: Schema.Number,
   reason: Schema.String,
   /** The ranks the failure that closed it blamed (a timeout on this rank naming a dead or hung peer), if any. */
-  failedRanks: Schema.optionalKey(Schema.Array(Schema.Number))
+  failedRanks: Schema.optionalKey(Schema.Array(Schema.Number)),
+  /** The tag of the failure that closed it (e.g. "OpMismatch"), if one did. */
+  causeTag: Schema.optionalKey(Schema.String)
 }) {
   override get message(): string {
     return `${this.op} on rank ${this.rank}: communicator of group "${this.group}" is closed (${this.reason}); create a new one.`
@@ -232,6 +234,20 @@ export type CollectiveError =
   | CommunicatorClosed
   | ConnectionLost
   | PeerLinkLost
+
+const MISMATCH_TAGS: ReadonlySet<string> = new Set(["OpMismatch", "LengthMismatch"])
+
+/**
+ * Whether the group broke because its ranks called different collectives, or the same one with
+ * different lengths (here, or on the peer that aborted or closed the group): a fault of the
+ * programs the ranks run, not of a rank's process.
+ */
+export const isCallMismatch = (e: unknown): boolean => {
+  if (e instanceof OpMismatch || e instanceof LengthMismatch) return true
+  if (e instanceof CollectiveAborted) return MISMATCH_TAGS.has(e.causeTag)
+  if (e instanceof CommunicatorClosed) return e.causeTag !== undefined && MISMATCH_TAGS.has(e.causeTag)
+  return false
+}
 
 /** The ranks an error blames, for the abort message that tells the other ranks. */
 export const blamedRanks = (e: unknown): ReadonlyArray<number> => {

@@ -3,7 +3,7 @@
 // resizes at report boundaries, messages from old generations, and the recovery choices (peers or
 // checkpoint, a death reclassified as its node's loss).
 import { describe, expect, it } from "vitest"
-import { Controller, SERVER_DOWN, deathOrNodeLoss, ranksToCheck, recoveryFor, restartReason, startFailureKind, type ControllerEvent, type GroupFailure, type Outcome } from "../actors/train/driver/controller.ts"
+import { Controller, MISMATCH_GATHER_MS, SERVER_DOWN, deathOrNodeLoss, ranksToCheck, recoveryFor, restartReason, startFailureKind, type ControllerEvent, type GroupFailure, type Outcome } from "../actors/train/driver/controller.ts"
 import { MAX_INFRA_RESTARTS_WITHOUT_PROGRESS, decide } from "../actors/train/driver/failure-policy.ts"
 import { joinsAt } from "../actors/train/driver/regroup.ts"
 import { TrainingFailed } from "../actors/train/driver/result.ts"
@@ -84,6 +84,60 @@ describe("controller: report rounds", () => {
     b.c.finished({ attempt: 0, rank: 0, reports: 2 })
     const o2 = await h.outcome
     expect(o2.type === "failed" && o2.failure.message).toMatch(/rank 0 finished after 2 report\(\) calls but rank 1 made 1/)
+  })
+})
+
+describe("controller: ranks whose calls mismatch", () => {
+  const said = (attempt: number, rank: number, where: string) => ({
+    attempt,
+    rank,
+    tag: "OpMismatch",
+    message: `collective #9: rank ${rank} called barrier but rank ${1 - rank} called allGather\nstack`,
+    stack: "s",
+    blamed: [1 - rank],
+    parked: true,
+    mismatch: where
+  })
+
+  it("fail a fresh generation as a call-mismatch that names every rank's place, not retryable even with no failure limit", async () => {
+    const { c } = make({ maxFailures: -1 })
+    const g = c.begin(2)
+    c.failed(said(0, 1, "in training step 6 since report() call 1"))
+    // the other rank's word is waited for (not the death of the rank the first one blamed)
+    expect(await settled(g.outcome)).toBe("pending")
+    c.failed(said(0, 0, "in report() call 2, after 5 training step(s) since report() call 1"))
+    const o = await g.outcome
+    expect(o).toMatchObject({ type: "failed", failure: { kind: "call-mismatch", rank: 0, tag: "OpMismatch" } })
+    const failure = (o as { failure: GroupFailure }).failure
+    expect(failure.message).toContain("(rank 0 in report() call 2, after 5 training step(s) since report() call 1; rank 1 in training step 6 since report() call 1)")
+    expect(failure.message).toContain("collective #9: rank 0 called barrier")
+    expect(failure.message).not.toContain("stack")
+    expect(c.next(o)).toMatchObject({ action: "fail", reason: "not retryable (call-mismatch)" })
+  })
+
+  it("conclude with the places heard when a rank does not say (it died meanwhile)", async () => {
+    const { c } = make({ min: 3 })
+    const g = c.begin(3)
+    const t0 = Date.now()
+    c.failed(said(0, 1, "in training step 2 since the loop's start"))
+    const o = await g.outcome
+    expect(Date.now() - t0).toBeGreaterThanOrEqual(MISMATCH_GATHER_MS - 50)
+    expect(o).toMatchObject({ type: "failed", failure: { kind: "call-mismatch", rank: 1 } })
+    expect((o as { failure: GroupFailure }).failure.message).toContain("(rank 1 in training step 2 since the loop's start)")
+  })
+
+  it("in a regrouped generation, restart from the checkpoint: survivors and joiners did not line up", async () => {
+    const { c } = make({ min: 2, maxFailures: 5 })
+    c.begin(2)
+    c.next({ type: "failed", failure: { kind: "died", rank: 1, tag: "exited", message: "x" } })
+    const g = c.regroup({ worldSize: 2, survivors: [{ from: 0, to: 0 }], survivorsOnlyBelow: 0 })
+    c.failed(said(g.number, 0, "in training step 1 since report() call 3"))
+    c.failed(said(g.number, 1, "in report() call 3, after 0 training step(s) since report() call 2"))
+    const o = await g.outcome
+    expect(o).toMatchObject({ type: "failed", failure: { kind: "recovery", rank: -1 } })
+    expect((o as { failure: GroupFailure }).failure.message).toMatch(/^the regrouped ranks' loops did not line up \(rank 0 in training step 1/)
+    expect(recoveryFor({ type: "failure", failure: (o as { failure: GroupFailure }).failure }, "peers", false)).toMatchObject({ from: "checkpoint" })
+    expect(c.next(o)).toMatchObject({ action: "restart", counted: false })
   })
 })
 

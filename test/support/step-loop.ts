@@ -13,7 +13,8 @@
 // loop that long in one synchronous stretch after epoch 0's report (as an evaluation whose awaits
 // resolve at once does): its beats must come from its beat thread for it to count as alive; with
 // `busyYields` it works as long with turns of its event loop (an evaluation that awaits between
-// batches).
+// batches). With `extraStep`, rank `extraStep.rank` takes one step more than the others at the end
+// of epoch `extraStep.epoch` (uneven shards cut without care): the ranks' collectives then mismatch.
 import { writeFileSync } from "node:fs"
 import * as path from "node:path"
 import type { TrainContext } from "../../index.ts"
@@ -36,6 +37,8 @@ export interface StepLoopConfig {
   readonly busyRank?: number
   /** With busyMs: work in 20 ms stretches with a turn of the event loop between them (an evaluation that awaits between its batches). */
   readonly busyYields?: boolean
+  /** This rank takes one more step (its epoch's first batch again) at the end of this epoch. */
+  readonly extraStep?: { readonly rank: number; readonly epoch: number }
 }
 
 export async function stepLoop(config: StepLoopConfig, ctx: TrainContext): Promise<void> {
@@ -79,6 +82,13 @@ export async function stepLoop(config: StepLoopConfig, ctx: TrainContext): Promi
         positions?.step(ctx.attempt, ctx.worldRank, epoch, step, stepsPerEpoch)
       }
       if (dies && epoch === config.kill!.epoch && step === config.kill!.step) process.kill(process.pid, "SIGKILL")
+    }
+    if (config.extraStep?.rank === ctx.worldRank && config.extraStep.epoch === epoch) {
+      const batch = Array.from(rows.subarray(0, batchSize))
+      const x = tf.tensor2d(Float32Array.from(batch.flatMap((r) => Array.from(X.subarray(r * 64, r * 64 + 64)))), [batch.length, 64])
+      const y = tf.oneHot(tf.tensor1d(Int32Array.from(batch, (r) => Y[r]!), "int32"), 10)
+      await dp.trainStep(x, y)
+      tf.dispose([x, y])
     }
     if (config.corrupt && config.corrupt.rank === ctx.worldRank && config.corrupt.epoch === epoch) {
       const [w0, ...rest] = model.getWeights()

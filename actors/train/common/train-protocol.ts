@@ -302,7 +302,12 @@ export const ControllerProtocol = defineProtocol("trainer-controller", {
        * The rank is alive and waiting (its group broke under it): the controller may regroup it
        * with the other survivors (WorkerProtocol.pause / resume) instead of restarting it.
        */
-      parked: Schema.optionalKey(Schema.Boolean)
+      parked: Schema.optionalKey(Schema.Boolean),
+      /**
+       * The group broke because the ranks called different collectives (or with different lengths):
+       * where this rank's loop was (GroupSession.where), which the controller puts beside the others'.
+       */
+      mismatch: Schema.optionalKey(Schema.String)
     })
   }
 })

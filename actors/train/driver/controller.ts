@@ -76,6 +76,9 @@ export interface ReportMessage<C> {
 }
 
 /** One generation of the worker group (an "attempt"): its size, its report rounds, its outcome. */
+/** How long the controller waits for every rank's word on where its loop was, once one said its calls mismatched. */
+export const MISMATCH_GATHER_MS = 1_000
+
 export class Generation<C> {
   readonly number: number
   readonly worldSize: number
@@ -94,6 +97,9 @@ export class Generation<C> {
   /** Rounds completed (a report of one sent again after a lost reply is not a new round). */
   readonly completed = new Set<number>()
   settled = false
+  /** Ranks that said the group broke on mismatched calls, with where their loop was (Controller.failed). */
+  readonly mismatches = new Map<number, { readonly where: string; readonly tag: string; readonly message: string; readonly stack: string }>()
+  mismatchTimer: ReturnType<typeof setTimeout> | undefined
   readonly outcome: Promise<Outcome>
   #resolve!: (o: Outcome) => void
 
@@ -114,6 +120,7 @@ export class Generation<C> {
   settle(o: Outcome): void {
     if (this.settled) return
     this.settled = true
+    clearTimeout(this.mismatchTimer)
     this.#resolve(o)
   }
 }
@@ -287,9 +294,15 @@ export class Controller<C = unknown> {
     readonly blamed?: ReadonlyArray<number>
     /** The rank is alive and waits to be regrouped (its group broke under it). */
     readonly parked?: boolean
+    /** The group broke on mismatched calls: where this rank's loop was. */
+    readonly mismatch?: string
   }): void {
     const g = this.#live(msg.attempt)
     if (!g) return
+    if (msg.mismatch !== undefined) {
+      this.#mismatched(g, msg.rank, { where: msg.mismatch, tag: msg.tag, message: msg.message, stack: msg.stack })
+      return
+    }
     const blamed = msg.blamed?.[0]
     if (msg.parked && blamed === undefined) {
       // The group broke under this rank without naming a culprit: not this rank's loop failing.
@@ -308,6 +321,45 @@ export class Controller<C = unknown> {
     }
     const kind = msg.tag === "ConfigError" ? "config" : msg.tag === "PeerRecoveryMisaligned" ? "recovery" : "loop-error"
     this.fail(g, { kind, rank: msg.rank, tag: msg.tag, message: msg.message, remoteStack: msg.stack })
+  }
+
+  /**
+   * The ranks called different collectives (or with different lengths): no process failed, their
+   * loops disagree. The other ranks' word on where they were is waited for (MISMATCH_GATHER_MS at
+   * most), then the failure names each rank's place. In a generation that started afresh (every rank
+   * from the same start or checkpoint) it is the loop's own doing, which a restart would repeat:
+   * "call-mismatch", not retryable. In a regrouped one, the survivors and joiners did not line up:
+   * "recovery", a restart from the checkpoint.
+   */
+  #mismatched(g: Generation<C>, rank: number, said: { readonly where: string; readonly tag: string; readonly message: string; readonly stack: string }): void {
+    if (g.settled) return
+    g.mismatches.set(rank, said)
+    const conclude = () => {
+      const ranks = [...g.mismatches.keys()].sort((a, b) => a - b)
+      const first = g.mismatches.get(ranks[0]!)!
+      const places = ranks.map((r) => `rank ${r} ${g.mismatches.get(r)!.where}`).join("; ")
+      const detail = first.message.split("\n")[0]
+      this.fail(
+        g,
+        g.survivors.size > 0
+          ? { kind: "recovery", rank: -1, tag: first.tag, message: `the regrouped ranks' loops did not line up (${places}): ${detail}`, remoteStack: first.stack }
+          : {
+              kind: "call-mismatch",
+              rank: ranks[0]!,
+              tag: first.tag,
+              message:
+                `the ranks' loops made different collective calls (${places}). Every rank must make the same calls in the same ` +
+                `order: the same number of dp.trainStep() calls between two report() calls (with shards of unequal size, take ` +
+                `the same number of batches on every rank, as dp.fit() does), and the same collectives of its own. ${detail}`,
+              remoteStack: first.stack
+            }
+      )
+    }
+    if (g.mismatches.size >= g.worldSize) conclude()
+    else if (g.mismatchTimer === undefined) {
+      g.mismatchTimer = setTimeout(conclude, MISMATCH_GATHER_MS)
+      g.mismatchTimer.unref?.()
+    }
   }
 
   /**

@@ -26,6 +26,8 @@ export type FailureKind =
   | "loop-error"
   /** Ranks called report() a different number of times: restarting would do the same again. */
   | "report-mismatch"
+  /** Ranks called different collectives at the same point (uneven steps between reports): restarting would do the same again. */
+  | "call-mismatch"
   /** The loop cannot start at all (bad module, bad export, invalid config): not retryable. */
   | "config"
 

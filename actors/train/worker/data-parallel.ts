@@ -221,6 +221,11 @@ export class DataParallelModel implements RecoverableModel {
     return dp
   }
 
+  /** @internal whether a training step is running (RecoverableModel: where a broken group found this rank) */
+  inStep(): boolean {
+    return this.#inStep
+  }
+
   /** @internal whether steps go through the parameter servers now (ctx.communicationStats() reads it) */
   get viaServers(): boolean {
     return this.#worker.viaServers

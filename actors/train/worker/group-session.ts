@@ -62,6 +62,8 @@ export interface RecoverableModel {
   loopPosition(): LoopPosition
   /** Whether the loop has called dp.fit() (its grows park at a step, not at a report). */
   fitUsed?(): boolean
+  /** Whether a training step (dp.trainStep, also inside dp.fit) is running. */
+  inStep?(): boolean
   /** What the regroup merges from every survivor (ZeRO stage 1's shard and replica), in the pause reply. */
   peerFiles?(): Record<string, Uint8Array> | undefined
   /** A pipelined model's stage, which the regroup merges with its replicas' (in the pause reply). */
@@ -238,9 +240,36 @@ export class GroupSession {
 
   /** A report() call: steps count from here. */
   reported(): void {
+    this.#stepsBeforeReport = this.stepsSinceReport
     this.reports++
     this.stepsSinceReport = 0
     this.opsSinceReport = 0
+  }
+
+  /** Inside a report() call (TrainContext.report: from reported() to its return). */
+  inReport = false
+  #stepsBeforeReport = 0
+  /** Where the group broke on mismatched calls, noted where the break was caught and the loop went on (the parity check). */
+  #brokeAt: string | undefined
+
+  /** The group broke here (on mismatched calls) though the loop goes on: where() says this place. */
+  noteWhere(): void {
+    this.#brokeAt ??= this.where()
+  }
+
+  /**
+   * Where this rank's loop is, in its user's terms, for a group that broke on mismatched calls:
+   * "in report() call 2, after 5 training steps since report() call 1", "in training step 6 since
+   * the loop's start", "in dp.fit(), epoch 3 step 4 of 12".
+   */
+  where(): string {
+    if (this.#brokeAt !== undefined) return this.#brokeAt
+    const since = (n: number) => (n > 0 ? `report() call ${n}` : "the loop's start")
+    if (this.inReport) return `in report() call ${this.reports}, after ${this.#stepsBeforeReport} training step(s) since ${since(this.reports - 1)}`
+    const p = this.#model?.loopPosition()
+    if (p?.inFit) return `in dp.fit(), epoch ${p.epoch} step ${p.stepInEpoch + 1} of ${p.stepsPerEpoch}`
+    if (this.#model?.inStep?.()) return `in training step ${this.stepsSinceReport + 1} since ${since(this.reports)}`
+    return `outside a training step (a collective of its own, or an evaluation), after ${this.stepsSinceReport} training step(s) since ${since(this.reports)}`
   }
 
   /** A training step completed (the model calls it after each one). */
@@ -349,6 +378,7 @@ export class GroupSession {
     this.opsSinceReport = join.to.opsSinceReport ?? this.opsSinceReport
     this.#join = undefined
     this.generation++
+    this.#brokeAt = undefined
     this.#hooks.log(
       `rank ${this.placement.rank}: joined the survivors ${join.to.inFit ? `at epoch ${join.to.epoch}, step ${join.to.stepInEpoch} of ${join.to.stepsPerEpoch}` : `after ${join.to.reports} report() calls and ${join.to.stepsSinceReport} steps`}`
     )
@@ -605,6 +635,7 @@ export class GroupSession {
     }
     this.#cursor = resumed.source
     this.generation++
+    this.#brokeAt = undefined
     this.#model?.regrouped()
   }
 }

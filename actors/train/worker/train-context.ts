@@ -16,6 +16,7 @@ import { PARITY_METRIC, type DatasetPayload } from "../common/train-protocol.ts"
 import { replicaOffset } from "../common/optim/zero.ts"
 import { loadWeightsInto, modelToFiles } from "../../../core/model-io.ts"
 import type { Communicator } from "../../../collectives/communicator.ts"
+import { isCallMismatch } from "../../../collectives/errors.ts"
 import type { ReducerStats } from "../../../collectives/gradient-reducer.ts"
 import { DataParallelModel, type GradientSync, type ParameterServers, type PrepareOptions, type ShardSource, type StepObserver } from "./data-parallel.ts"
 import type { GroupSession } from "./group-session.ts"
@@ -216,22 +217,27 @@ export class TrainContext {
     const session = this.#deps.session
     const index = session.reports
     session.reported()
-    // A rank joining a regrouped generation replays the loop: the survivors made these already.
-    if (session.skipReport(index)) return
-    // A report the furthest survivor of a regroup made already (this rank took its state just
-    // before it): the survivor is past it, so no parity check here.
-    const parity = session.reportMadeAlready(index) ? undefined : await this.#parity(index)
-    if (parity !== undefined && parity.length > 0) metrics = { ...metrics, [PARITY_METRIC]: parity.length, [`${PARITY_METRIC}_ranks`]: parity.join(" ") }
-    // A pipeline's checkpoint is every rank's: rank 0's carries the layout and metadata, the other
-    // ranks' stage shards join it as files of their own.
-    const c = options.checkpoint
-    if (c && this.worldRank !== 0 && Object.keys(c.files).some((f) => f.startsWith("pipeline/"))) {
-      const aux: Record<string, Uint8Array> = {}
-      for (const [k, v] of Object.entries(c.files)) if (k.startsWith("pipeline/")) aux[k] = typeof v === "string" ? new TextEncoder().encode(v) : v
-      await this.#deps.sendReport(index, metrics, undefined, aux)
-    } else await this.#deps.sendReport(index, metrics, options.checkpoint)
-    // A hand-written loop's group below its size: new ranks join at a report boundary.
-    await session.reportBoundary((flag) => session.group.comm.allGather(flag))
+    session.inReport = true
+    try {
+      // A rank joining a regrouped generation replays the loop: the survivors made these already.
+      if (session.skipReport(index)) return
+      // A report the furthest survivor of a regroup made already (this rank took its state just
+      // before it): the survivor is past it, so no parity check here.
+      const parity = session.reportMadeAlready(index) ? undefined : await this.#parity(index)
+      if (parity !== undefined && parity.length > 0) metrics = { ...metrics, [PARITY_METRIC]: parity.length, [`${PARITY_METRIC}_ranks`]: parity.join(" ") }
+      // A pipeline's checkpoint is every rank's: rank 0's carries the layout and metadata, the other
+      // ranks' stage shards join it as files of their own.
+      const c = options.checkpoint
+      if (c && this.worldRank !== 0 && Object.keys(c.files).some((f) => f.startsWith("pipeline/"))) {
+        const aux: Record<string, Uint8Array> = {}
+        for (const [k, v] of Object.entries(c.files)) if (k.startsWith("pipeline/")) aux[k] = typeof v === "string" ? new TextEncoder().encode(v) : v
+        await this.#deps.sendReport(index, metrics, undefined, aux)
+      } else await this.#deps.sendReport(index, metrics, options.checkpoint)
+      // A hand-written loop's group below its size: new ranks join at a report boundary.
+      await session.reportBoundary((flag) => session.group.comm.allGather(flag))
+    } finally {
+      session.inReport = false
+    }
   }
 
   /**
@@ -261,6 +267,8 @@ export class TrainContext {
       await dp.takeRankZeroState((buf) => group.reducer.broadcast(buf))
       return differ
     } catch (e) {
+      // the group broke on mismatched calls here: where this rank was is here, not at its next call
+      if (isCallMismatch(e)) session.noteWhere()
       this.#deps.warn?.(`rank ${session.placement.rank}: state parity check of report ${index} skipped: ${e instanceof Error ? e.message.split("\n")[0] : String(e)}`)
       return undefined
     }
@@ -547,6 +555,7 @@ export class TrainContext {
         await this.#restorePositions(state.files[DATA_POSITION_FILE])
       },
       regrouped: () => dp.regrouped(),
+      inStep: () => dp.inStep(),
       // Whether the loop called dp.fit(): where a grow's pause parks (at a step in dp.fit(), not at a report()).
       fitUsed: () => dp.fitUsed(),
       peerFiles: () => dp.peerFiles(),

@@ -20,7 +20,7 @@ import { ModuleNotAllowed } from "../../node/errors.ts"
 import { decodeMessage, encodeMessage } from "../../../core/wire.ts"
 import { Communicator, describeTransport, type DirectOptions } from "../../../collectives/communicator.ts"
 import type { GradientReducer, GradientReducerOptions } from "../../../collectives/gradient-reducer.ts"
-import { blamedRanks } from "../../../collectives/errors.ts"
+import { blamedRanks, isCallMismatch } from "../../../collectives/errors.ts"
 import { MeasuredDeadlines, limitText, seconds } from "../../../collectives/deadlines.ts"
 import { parseCompressionConfig } from "../../../collectives/compression/index.ts"
 import { findAllReduceAlgorithm } from "../../../collectives/algorithms/index.ts"
@@ -377,8 +377,18 @@ export class WorkerRun {
           const p = this.place()
           const blamed = blamedRanks(cause).filter((r) => r !== p.rank)
           ctx.log.warn(`rank ${p.rank}: the group broke (${f.tag}: ${f.message.split("\n")[0]}); waiting to be regrouped`)
+          const mismatch = isCallMismatch(cause) ? this.session?.where() : undefined
           void system
-            .tellPromise(this.#controller, "failed", { attempt: p.attempt, rank: p.rank, tag: f.tag, message: f.message, stack: f.stack, parked: true, ...(blamed.length ? { blamed: [...blamed] } : {}) })
+            .tellPromise(this.#controller, "failed", {
+              attempt: p.attempt,
+              rank: p.rank,
+              tag: f.tag,
+              message: f.message,
+              stack: f.stack,
+              parked: true,
+              ...(blamed.length ? { blamed: [...blamed] } : {}),
+              ...(mismatch !== undefined ? { mismatch } : {})
+            })
             .catch(() => {})
         },
         fetchState: (attempt, files) => system.askPromise(this.#controller, "peerState", { attempt, ...(files ? { files: [...files] } : {}) }, { timeoutMs: 120_000 }),
@@ -643,13 +653,22 @@ export class WorkerRun {
 
   /** The loop (or anything before it) failed: the controller hears it, with the ranks the error blames. */
   async #failed(e: unknown): Promise<void> {
+    const mismatch = isCallMismatch(e) ? this.session?.where() : undefined
     this.session?.end("its loop failed")
     const f = toWireFailure(e)
     const p = this.place()
     this.#ctx.log.error(`rank ${p.rank}: the training loop failed: ${f.tag}: ${f.message}`)
     const blamed = blamedRanks(e).filter((r) => r !== p.rank)
     await this.#system
-      .tellPromise(this.#controller, "failed", { attempt: p.attempt, rank: p.rank, tag: f.tag, message: f.message, stack: f.stack, ...(blamed.length ? { blamed: [...blamed] } : {}) })
+      .tellPromise(this.#controller, "failed", {
+        attempt: p.attempt,
+        rank: p.rank,
+        tag: f.tag,
+        message: f.message,
+        stack: f.stack,
+        ...(blamed.length ? { blamed: [...blamed] } : {}),
+        ...(mismatch !== undefined ? { mismatch } : {})
+      })
       .catch(() => {})
   }
 
