@@ -208,15 +208,38 @@ export class TrainContext {
   /**
    * Reports metrics (every rank calls it the same number of times; rank 0's metrics make the
    * history, every rank's are kept per rank) and optionally a checkpoint. Resolves once the
-   * trainer holds the checkpoint's bytes: writing it to storage happens in the background.
+   * trainer holds the checkpoint's bytes: writing it to storage happens in the background. A
+   * metric that is a tensor of one element (a tf.Scalar loss) is reported as its number. A report
+   * the loop does not await is still sent before the rank's loop counts as finished.
    */
-  async report(metrics: Record<string, unknown>, options: ReportOptions = {}): Promise<void> {
+  report(metrics: Record<string, unknown>, options: ReportOptions = {}): Promise<void> {
     if (typeof metrics !== "object" || metrics === null || Array.isArray(metrics)) {
-      throw new ConfigError({ field: "report(metrics)", reason: "metrics must be a plain object such as { loss: 0.1, epoch: 2 }" })
+      return Promise.reject(new ConfigError({ field: "report(metrics)", reason: "metrics must be a plain object such as { loss: 0.1, epoch: 2 }" }))
     }
     const session = this.#deps.session
     const index = session.reports
+    // Counted now, where the loop called it (its next steps count from here), awaited or not.
     session.reported()
+    const done = this.#report(session, index, metrics, options)
+    // A report the loop did not await still reaches the driver before the rank says it finished
+    // (reportsSent), and its failure is raised there rather than as an unhandled rejection.
+    done.catch(() => {})
+    this.#inFlight.add(done)
+    const forget = () => void this.#inFlight.delete(done)
+    done.then(forget, forget)
+    return done
+  }
+
+  /** report() calls still on their way (the loop may not have awaited them). */
+  readonly #inFlight = new Set<Promise<void>>()
+
+  /** Waits for every report() call made so far; rejects with the first one's failure. The worker calls it when the loop returns. */
+  async reportsSent(): Promise<void> {
+    while (this.#inFlight.size > 0) await Promise.all([...this.#inFlight])
+  }
+
+  async #report(session: GroupSession, index: number, metrics: Record<string, unknown>, options: ReportOptions): Promise<void> {
+    metrics = await metricValues(metrics)
     session.inReport = true
     try {
       // A rank joining a regrouped generation replays the loop: the survivors made these already.
@@ -689,3 +712,28 @@ export class TrainContext {
 
 /** The function each worker runs (trainLoopPerWorker): the loop's config and this worker's context. */
 export type TrainLoop<C = unknown> = (config: C, ctx: TrainContext) => unknown | Promise<unknown>
+
+const isTensor = (v: unknown): v is { readonly shape: number[]; readonly size: number; data(): Promise<ArrayLike<number>> } =>
+  typeof v === "object" && v !== null && Array.isArray((v as { shape?: unknown }).shape) && typeof (v as { data?: unknown }).data === "function" && "dataId" in v
+
+/**
+ * A report's metrics with each tensor of one element read as its number (a loss the loop kept as a
+ * tf.Scalar): the driver holds numbers, which a tensor's object would not serialize to. A tensor of
+ * more elements is a ConfigError that says how to report it.
+ */
+const metricValues = async (metrics: Record<string, unknown>): Promise<Record<string, unknown>> => {
+  const tensors = Object.entries(metrics).filter(([, v]) => isTensor(v))
+  if (tensors.length === 0) return metrics
+  const out = { ...metrics }
+  for (const [k, v] of tensors) {
+    const t = v as { readonly shape: number[]; readonly size: number; data(): Promise<ArrayLike<number>> }
+    if (t.size !== 1) {
+      throw new ConfigError({
+        field: `report(metrics).${k}`,
+        reason: `is a tensor of shape [${t.shape.join(", ")}]; a metric is a number (a tensor of one element is read as one): reduce it first (e.g. tf.mean(t)), or report Array.from(await t.data())`
+      })
+    }
+    out[k] = (await t.data())[0]
+  }
+  return out
+}

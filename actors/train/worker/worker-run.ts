@@ -644,6 +644,8 @@ export class WorkerRun {
       })
     }
     await (fn as (config: unknown, ctx: TrainContext) => unknown)(args.loopConfig, context)
+    // reports the loop did not await reach the driver before this rank says it finished
+    await context.reportsSent()
     await context.prepared?.finish()
     this.#live.end("its loop returned")
     this.#flushTrace()

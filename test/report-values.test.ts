@@ -1,0 +1,53 @@
+// What report() makes of the ways a new user calls it: a metric kept as a tensor of one element is
+// its number (it used to arrive as the tensor object's fields), a larger tensor is a ConfigError
+// that says what to report instead, and a report the loop does not await still counts (the last one
+// was lost when the loop returned before it was sent). Real nats-server and worker processes.
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import * as fs from "node:fs/promises"
+import * as os from "node:os"
+import * as path from "node:path"
+import { Trainer, TrainingFailed } from "../index.ts"
+import { liveNatsServerPids } from "../core/nats-server.ts"
+
+const LOOP = path.resolve("test/support/report-loop.ts") + "#reportLoop"
+let storage: string
+
+beforeAll(async () => {
+  storage = await fs.mkdtemp(path.join(os.tmpdir(), "gw-report-values-"))
+})
+afterAll(async () => {
+  await fs.rm(storage, { recursive: true, force: true })
+  expect(liveNatsServerPids()).toEqual([])
+})
+
+const fit = (mode: string, epochs: number) =>
+  new Trainer({
+    trainLoopPerWorker: LOOP,
+    trainLoopConfig: { mode, epochs },
+    scalingConfig: { numWorkers: 2 },
+    runConfig: { name: `report-${mode}`, storagePath: storage, progress: false }
+  }).fit()
+
+describe("report()", () => {
+  it("reads a metric that is a tensor of one element as its number, on every rank", { timeout: 60_000 }, async () => {
+    const r = await fit("scalar", 2)
+    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1])
+    for (const round of r.metricsPerRank) for (const m of round) expect(typeof m.loss === "number" && Number.isFinite(m.loss), JSON.stringify(m)).toBe(true)
+  })
+
+  it("refuses a metric that is a tensor of several elements with a ConfigError naming it", { timeout: 60_000 }, async () => {
+    const e = await fit("vector", 2).then(
+      () => new Error("fit() resolved"),
+      (err: unknown) => err
+    )
+    expect(e).toBeInstanceOf(TrainingFailed)
+    expect((e as TrainingFailed).kind).toBe("config")
+    expect((e as TrainingFailed).message).toMatch(/report\(metrics\)\.losses.*is a tensor of shape \[3\]/)
+  })
+
+  it("sends the reports the loop did not await before the rank counts as finished", { timeout: 60_000 }, async () => {
+    const r = await fit("unawaited", 3)
+    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2])
+    expect(r.metricsPerRank.every((round) => round.length === 2)).toBe(true)
+  })
+})

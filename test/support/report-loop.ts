@@ -1,0 +1,19 @@
+// A loop that reports the ways a new user does: a metric kept as a tensor (`mode: "scalar"`, a
+// tf.Scalar loss; `"vector"`, a tensor of 3 elements), or report() calls it does not await
+// (`"unawaited"`, the last one still on its way when the loop returns).
+import type { TrainContext } from "../../index.ts"
+
+export async function reportLoop(config: { mode: "scalar" | "vector" | "unawaited"; epochs: number }, ctx: TrainContext): Promise<void> {
+  const tf = ctx.tf
+  const model = tf.sequential({ layers: [tf.layers.dense({ units: 3, inputShape: [4], activation: "softmax" })] })
+  model.compile({ optimizer: tf.train.sgd(0.1), loss: "sparseCategoricalCrossentropy" })
+  const dp = await ctx.prepareModel(model)
+  const x = tf.tensor2d([1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0], [3, 4])
+  const y = tf.tensor1d([0, 1, 2])
+  for (let epoch = 0; epoch < config.epochs; epoch++) {
+    const { loss } = await dp.trainStep(x, y)
+    if (config.mode === "scalar") await ctx.report({ epoch, loss: tf.scalar(loss) })
+    else if (config.mode === "vector") await ctx.report({ epoch, losses: tf.tensor1d([loss, loss, loss]) })
+    else void ctx.report({ epoch, loss })
+  }
+}
