@@ -135,28 +135,70 @@ describe("data-parallel wrapper", () => {
     expect(weightsOf(dps[0].model)).toEqual(weightsOf(dps[1].model))
   })
 
-  it("refuses the model's own training calls once prepared (they would train one rank alone), and keeps evaluate and predict", async () => {
+  it("routes the model's own fit and trainOnBatch through the group once prepared (each trained one rank alone), refuses fitDataset, keeps evaluate and predict", async () => {
     const { tf } = await loadEngine("auto")
     const syncs = localGroup(2)
     const models = [makeModel(tf, 11), makeModel(tf, 12)]
-    const x = tf.randomNormal([4, 4], 0, 1, "float32", 7)
-    const y = tf.oneHot(tf.tensor1d([0, 1, 2, 0], "int32"), 3)
-    // before prepareModel the model is the user's own: its fit trains it
+    const n = 48
+    const x = tf.randomNormal([n, 4], 0, 1, "float32", 7)
+    // the class: which of the first three features is largest
+    const ids = tf.tidy(() => x.slice([0, 0], [n, 3]).argMax(-1))
+    const y = tf.oneHot(ids as import("@tensorflow/tfjs").Tensor1D, 3)
+    // before prepareModel the model is the user's own: its fit trains it alone
     const before = weightsOf(models[0])
     await models[0].fit(x, y, { epochs: 1, verbose: 0 })
     expect(weightsOf(models[0])).not.toEqual(before)
     await Promise.all(models.map((m, r) => DataParallelModel.prepare(tf, m, syncs[r])))
-    const prepared = weightsOf(models[1])
-    for (const call of [() => models[1].fit(x, y, { epochs: 1 }), () => models[1].trainOnBatch(x, y), () => models[1].fitDataset(tf.data.array([]), { epochs: 1 })]) {
-      const e = await call().then(() => undefined, (err: unknown) => err)
-      expect(e).toBeInstanceOf(ConfigError)
-      expect((e as ConfigError).message).toMatch(/would train rank 1 alone.*dp\.fit\(shard.*dp\.trainStep\(x, y\)/)
+    // model.fit: every rank the whole data, the global batch split, the group's metrics; callbacks per epoch
+    const seen: number[][] = [[], []]
+    const histories = await Promise.all(
+      models.map((m, r) => m.fit(x, y, { epochs: 12, batchSize: 8, validationSplit: 0.25, callbacks: { onEpochEnd: async (e) => void seen[r].push(e) } }))
+    )
+    expect(weightsOf(models[1])).toEqual(weightsOf(models[0]))
+    for (const h of histories) {
+      expect(h.epoch).toEqual([...Array(12).keys()])
+      expect(Object.keys(h.history).sort()).toEqual(["acc", "loss", "val_acc", "val_loss"])
+      expect(h.history.loss.at(-1)).toBeLessThan(h.history.loss[0])
     }
-    expect((await models[1].fit(x, y).catch((err: ConfigError) => err.field))).toBe("model.fit")
-    expect(weightsOf(models[1])).toEqual(prepared)
+    expect(histories[1].history).toEqual(histories[0].history)
+    expect(seen).toEqual([[...Array(12).keys()], [...Array(12).keys()]])
+    // model.trainOnBatch: one step on each rank's own batch, all-reduced
+    const w = weightsOf(models[0])
+    const losses = await Promise.all(models.map((m, r) => m.trainOnBatch(x.slice(r * 8, 8), y.slice(r * 8, 8))))
+    expect(losses.every((l) => typeof l === "number" && Number.isFinite(l))).toBe(true)
+    expect(weightsOf(models[1])).toEqual(weightsOf(models[0]))
+    expect(weightsOf(models[0])).not.toEqual(w)
+    // fitDataset: refused, naming what to call
+    const e = await models[1].fitDataset(tf.data.array([]), { epochs: 1 }).then(() => undefined, (err: unknown) => err)
+    expect(e).toBeInstanceOf(ConfigError)
+    expect((e as ConfigError).message).toMatch(/would train rank 1 alone.*model\.fit\(x, y.*dp\.trainStep\(x, y\)/)
+    // arguments it does not take are refused, not ignored
+    await expect(models[0].fit(x, y, { sampleWeight: tf.ones([n]) })).rejects.toThrow(/model\.fit\(sampleWeight\).*is not taken/)
     // inference and evaluation are the model's own still
-    expect((models[1].predict(x) as import("@tensorflow/tfjs").Tensor).shape).toEqual([4, 3])
+    expect((models[1].predict(x) as import("@tensorflow/tfjs").Tensor).shape).toEqual([n, 3])
     expect(Number.isFinite((models[1].evaluate(x, y) as import("@tensorflow/tfjs").Scalar).dataSync()[0])).toBe(true)
+  })
+
+  it("model.fit on a prepared model: class ids, float targets and tf.callbacks.earlyStopping", async () => {
+    const { tf } = await loadEngine("auto")
+    const m = tf.sequential()
+    m.add(tf.layers.dense({ units: 3, inputShape: [4], activation: "softmax" }))
+    m.compile({ optimizer: tf.train.sgd(0.5), loss: "sparseCategoricalCrossentropy" })
+    await DataParallelModel.prepare(tf, m, localGroup(1)[0])
+    const x = tf.randomNormal([40, 4], 0, 1, "float32", 3)
+    const ids = tf.tidy(() => x.slice([0, 0], [40, 3]).argMax(-1).cast("float32"))
+    const h = await m.fit(x, ids, { epochs: 30, batchSize: 10, validationData: [x, ids], callbacks: [tf.callbacks.earlyStopping({ monitor: "val_loss", patience: 0, minDelta: 10 })] })
+    // minDelta 10: no epoch improves on the first by that much, so it stops after patience + 1 more
+    expect(h.epoch).toEqual([0, 1])
+    expect(h.history.val_acc).toHaveLength(2)
+    const r = tf.sequential()
+    r.add(tf.layers.dense({ units: 2, inputShape: [4] }))
+    r.compile({ optimizer: tf.train.sgd(0.05), loss: "meanSquaredError" })
+    await DataParallelModel.prepare(tf, r, localGroup(1)[0])
+    const target = tf.tidy(() => x.slice([0, 0], [40, 2]).mul(2))
+    const hr = await r.fit(x, target, { epochs: 20, batchSize: 8 })
+    expect(hr.history.acc).toBeUndefined()
+    expect(hr.history.loss.at(-1)).toBeLessThan(hr.history.loss[0] / 2)
   })
 
   it("refuses a model without optimizer or loss", async () => {

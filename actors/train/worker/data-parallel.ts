@@ -28,6 +28,7 @@ import { settlingSync } from "./local-sgd.ts"
 import { decodeMessage, encodeMessage } from "../../../core/wire.ts"
 import type { LossFn, LossName } from "./model-parallel/loss.ts"
 import { GradientAccumulator, readFromHeap, readGradients } from "./accumulation.ts"
+import { kerasFit, kerasTrainOnBatch, type KerasFitHost } from "./keras-fit.ts"
 import { broadcastBytes, evaluateLocal, evaluateLocalAsync, labelsOf, resolveLoss, takeRankZeroValues, type PrepareOptions } from "./prepare-options.ts"
 import { strategyOf, type GradientSlot, type GradientSync, type StepObserver } from "./gradient-sync.ts"
 import { resolveStrategy, type StrategyHost, type StrategyWorker } from "./strategies/index.ts"
@@ -53,31 +54,6 @@ export type { LossFn, LossName }
 export type { PrepareOptions } from "./prepare-options.ts"
 export type { EpochResult, FitCommonOptions, FitOptions, StepResult, TrainStepOptions } from "./fit-loop.ts"
 export type { FitSource, ShardSource } from "./batches.ts"
-
-/**
- * The model's own training calls (tfjs-layers' fit, fitDataset, trainOnBatch) on a prepared model
- * would train this rank alone, its gradients never all-reduced: its weights drift from the other
- * ranks' (a report round's parity check then takes rank 0's, and this rank's steps are lost). They
- * fail at once with a ConfigError that names what to call instead; evaluate and predict stay.
- */
-function refuseLocalTraining(model: LayersModel, sync: GradientSync): void {
-  for (const name of ["fit", "fitDataset", "trainOnBatch"] as const) {
-    Object.defineProperty(model, name, {
-      configurable: true,
-      writable: true,
-      value: () =>
-        Promise.reject(
-          new ConfigError({
-            field: `model.${name}`,
-            reason:
-              `model.${name}() on a model passed to ctx.prepareModel() would train rank ${sync.rank} alone (its gradients not all-reduced, ` +
-              `its weights drifting from the other ranks'): train with the prepared model instead, dp.fit(shard, { epochs, batchSize }) ` +
-              `over ctx.getDatasetShard(name), or dp.trainStep(x, y) on batches you build (dp.evaluateAsync(x, y) to evaluate)`
-          })
-        )
-    })
-  }
-}
 
 export class DataParallelModel implements RecoverableModel {
   readonly model: LayersModel
@@ -214,11 +190,49 @@ export class DataParallelModel implements RecoverableModel {
    */
   static async prepare(tf: Tf, model: LayersModel, sync: GradientSync, opts: PrepareOptions = {}, observer?: StepObserver): Promise<DataParallelModel> {
     const dp = new DataParallelModel(tf, model, sync, opts, observer)
-    refuseLocalTraining(model, sync)
+    dp.#routeModelTraining()
     dp.#applyElasticLearningRate()
     await dp.syncWeights()
     await dp.#worker.init?.()
     return dp
+  }
+
+  /**
+   * The model's own training calls, which would train this rank alone (its gradients never
+   * all-reduced, its weights drifting from the other ranks'), train the group instead (keras-fit.ts):
+   * `model.fit(x, y, args)` as dp.fit over the whole dataset every rank passes, `model.trainOnBatch`
+   * as dp.trainStep; `model.fitDataset` fails with a ConfigError naming these. predict and evaluate
+   * stay the model's own.
+   */
+  #routeModelTraining(): void {
+    const dp = this
+    const sync = this.#sync
+    const host: KerasFitHost = {
+      tf: this.#tf,
+      model: this.model,
+      classification: this.#classification,
+      sparse: this.#sparse,
+      get rank() { return sync.rank },
+      get worldSize() { return sync.worldSize },
+      fit: (source, opts) => dp.fit(source, opts),
+      trainStep: (x, y) => dp.trainStep(x, y),
+      evaluateAsync: (x, y) => dp.evaluateAsync(x, y),
+      ...(sync.allGather ? { allGather: (buf: Float32Array) => sync.allGather!(buf) } : {})
+    }
+    const define = (name: string, value: (...args: never[]) => unknown) => Object.defineProperty(this.model, name, { configurable: true, writable: true, value })
+    define("fit", (x: unknown, y: unknown, args?: Parameters<typeof kerasFit>[3]) => kerasFit(host, x, y, args))
+    define("trainOnBatch", (x: unknown, y: unknown) => kerasTrainOnBatch(host, x, y))
+    define("fitDataset", () =>
+      Promise.reject(
+        new ConfigError({
+          field: "model.fitDataset",
+          reason:
+            `on a model passed to ctx.prepareModel() it would train rank ${sync.rank} alone (its gradients not all-reduced): train with ` +
+            `model.fit(x, y, { epochs, batchSize }) on the whole dataset (every rank the same), dp.fit(ctx.getDatasetShard(name), { epochs, batchSize }), ` +
+            `or dp.trainStep(x, y) on batches you build`
+        })
+      )
+    )
   }
 
   /** @internal whether a training step is running (RecoverableModel: where a broken group found this rank) */

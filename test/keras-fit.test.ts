@@ -1,0 +1,59 @@
+// tfjs code as it is written, model.fit on the whole dataset, trains data-parallel once the model
+// is prepared (actors/train/worker/keras-fit.ts): the same weights on every rank, no parity repair,
+// the group's metrics; a rank that passes other data fails the run with a ConfigError that says
+// so. Before, model.fit trained each rank alone and the report round's parity check overwrote
+// rank 1's weights with rank 0's. Real nats-server and worker processes.
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import * as fs from "node:fs/promises"
+import * as os from "node:os"
+import * as path from "node:path"
+import { Trainer, TrainingFailed, loadDigits, type ArrayDataset } from "../index.ts"
+import { liveNatsServerPids } from "../core/nats-server.ts"
+
+const LOOP = path.resolve("test/support/keras-fit-loop.ts") + "#kerasFitLoop"
+let storage: string
+let train: ArrayDataset
+
+beforeAll(async () => {
+  storage = await fs.mkdtemp(path.join(os.tmpdir(), "gw-keras-fit-"))
+  train = await loadDigits()
+})
+afterAll(async () => {
+  await fs.rm(storage, { recursive: true, force: true })
+  expect(liveNatsServerPids()).toEqual([])
+})
+
+const fit = (name: string, differ: boolean) =>
+  new Trainer({
+    trainLoopPerWorker: LOOP,
+    trainLoopConfig: { epochs: 6, differ },
+    scalingConfig: { numWorkers: 2 },
+    runConfig: { name, storagePath: storage, progress: false },
+    datasets: { train }
+  }).fit()
+
+describe("model.fit on a prepared model", () => {
+  it("trains the group: the same weights on every rank, the group's metrics, no parity repair", { timeout: 90_000 }, async () => {
+    const r = await fit("keras-fit", false)
+    const [m0, m1] = r.metricsPerRank.at(-1)!
+    expect(m0!.weights).toBe(m1!.weights)
+    expect(m0!["gradwire/parity_repaired"]).toBeUndefined()
+    expect(m1!.loss).toBe(m0!.loss)
+    expect(m0!.epochsSeen).toBe("0,1,2,3,4,5")
+    expect(m0!.loss as number).toBeLessThan((m0!.firstLoss as number) / 2)
+    expect(m0!.valAcc as number).toBeGreaterThan(0.8)
+    // the global batch of 64 split over the two ranks
+    expect(m0!["batch/rank0"]).toBe(32)
+    expect(m0!["batch/rank1"]).toBe(32)
+  })
+
+  it("refuses other data on another rank with a ConfigError, not retried", { timeout: 90_000 }, async () => {
+    const e = await fit("keras-fit-differ", true).then(
+      () => new Error("fit() resolved"),
+      (err: unknown) => err
+    )
+    expect(e).toBeInstanceOf(TrainingFailed)
+    expect((e as TrainingFailed).kind).toBe("config")
+    expect((e as TrainingFailed).message).toMatch(/same whole dataset on every rank.*rank\(s\) 1 passed other data than rank 0/)
+  })
+})

@@ -1,0 +1,28 @@
+// A loop written as tfjs code already is: the whole dataset as tensors, then model.fit(x, y, {
+// epochs, batchSize, validationSplit, callbacks }) on the prepared model (keras-fit.ts). With
+// `differ`, rank 1 leaves out the last row (other data than rank 0's).
+import type { TrainContext } from "../../index.ts"
+import { weightsHashAsync } from "../../examples/digits/model.ts"
+
+export async function kerasFitLoop(config: { epochs: number; differ?: boolean }, ctx: TrainContext): Promise<void> {
+  const tf = ctx.tf
+  const data = await ctx.getDataset("train")
+  const model = tf.sequential({
+    layers: [tf.layers.dense({ units: 32, inputShape: [64], activation: "relu" }), tf.layers.dense({ units: 10, activation: "softmax" })]
+  })
+  model.compile({ optimizer: tf.train.adam(0.01), loss: "categoricalCrossentropy", metrics: ["accuracy"] })
+  await ctx.prepareModel(model)
+  const n = config.differ && ctx.worldRank === 1 ? data.size - 1 : data.size
+  const x = tf.tensor2d(data.x.subarray(0, n * 64), [n, 64])
+  const y = tf.oneHot(tf.tensor1d(data.y.subarray(0, n), "int32"), 10)
+  const epochsSeen: number[] = []
+  const h = await model.fit(x, y, { epochs: config.epochs, batchSize: 64, validationSplit: 0.2, callbacks: { onEpochEnd: async (epoch) => void epochsSeen.push(epoch) } })
+  await ctx.report({
+    loss: h.history.loss.at(-1)!,
+    firstLoss: h.history.loss[0]!,
+    acc: h.history.acc!.at(-1)!,
+    valAcc: h.history.val_acc!.at(-1)!,
+    epochsSeen: epochsSeen.join(","),
+    weights: await weightsHashAsync(model.getWeights())
+  })
+}
