@@ -158,7 +158,7 @@ describe("data-parallel wrapper", () => {
     for (const h of histories) {
       expect(h.epoch).toEqual([...Array(12).keys()])
       expect(Object.keys(h.history).sort()).toEqual(["acc", "loss", "val_acc", "val_loss"])
-      expect(h.history.loss.at(-1)).toBeLessThan(h.history.loss[0])
+      expect(h.history.loss.at(-1) as number).toBeLessThan(h.history.loss[0] as number)
     }
     expect(histories[1].history).toEqual(histories[0].history)
     expect(seen).toEqual([[...Array(12).keys()], [...Array(12).keys()]])
@@ -198,7 +198,7 @@ describe("data-parallel wrapper", () => {
     const target = tf.tidy(() => x.slice([0, 0], [40, 2]).mul(2))
     const hr = await r.fit(x, target, { epochs: 20, batchSize: 8 })
     expect(hr.history.acc).toBeUndefined()
-    expect(hr.history.loss.at(-1)).toBeLessThan(hr.history.loss[0] / 2)
+    expect(hr.history.loss.at(-1) as number).toBeLessThan((hr.history.loss[0] as number) / 2)
   })
 
   it("refuses a model without optimizer or loss", async () => {
