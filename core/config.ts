@@ -277,7 +277,7 @@ export type TrainLoopRef = typeof TrainLoopRef.Type
 export const defaultStoragePath = (): string => path.join(os.homedir(), "gradwire_results")
 
 const closureHint =
-  'trainLoopPerWorker must name a module, not a function: workers are separate processes (possibly on ' +
+  'trainLoopPerWorker must name a module here (Trainer.fit() finds the module that exports a loop function; resolving the options alone does not): workers are separate processes (possibly on ' +
   "other machines), so a closure cannot be shipped to them. Put the loop in a module and export it:\n" +
   "  // train.ts\n  export async function trainLoop(config, ctx) { ... }\n" +
   '  new Trainer({ trainLoopPerWorker: { module: new URL("./train.ts", import.meta.url).href, export: "trainLoop" }, ... })\n' +

@@ -17,3 +17,6 @@ export async function reportLoop(config: { mode: "scalar" | "vector" | "unawaite
     else void ctx.report({ epoch, loss })
   }
 }
+
+/** A loop made by a function (a closure): no module exports it, so it cannot be passed as trainLoopPerWorker. */
+export const makeLoop = (): ((config: unknown, ctx: TrainContext) => Promise<void>) => async () => {}

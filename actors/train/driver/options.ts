@@ -45,7 +45,7 @@ export interface TrainerCallbacks {
 }
 
 export interface TrainerOptions {
-  /** The loop each worker runs: "./train.ts#trainLoop", a URL, or { module, export }. Not a closure. */
+  /** The loop each worker runs: "./train.ts#trainLoop", a URL, { module, export }, or the function itself when a module exports it (not a closure, not in the driver's own script). */
   readonly trainLoopPerWorker: string | URL | TrainLoopRef | AnyTrainLoop
   readonly trainLoopConfig?: unknown
   readonly scalingConfig: ScalingConfig

@@ -18,6 +18,7 @@ import { idle, planLargest } from "./elastic.ts"
 import { resolveTrainerOptions, type TrainerOptions } from "./options.ts"
 import type { Result } from "./result.ts"
 import { FitRun } from "./fit-run.ts"
+import { locateLoopFunction } from "./loop-function.ts"
 
 export type { TrainerCallbacks, TrainerOptions } from "./options.ts"
 export { resolveTrainerOptions } from "./options.ts"
@@ -44,7 +45,10 @@ export class Trainer {
    * scalingConfig.placementTimeoutMs), Interrupted (SIGINT/SIGTERM).
    */
   async fit(): Promise<Result> {
-    const run = await FitRun.open(resolveTrainerOptions(this.options))
+    // A loop given as the function itself (as Ray Train's): the module that exports it.
+    const loop = (this.options as { trainLoopPerWorker?: unknown } | undefined)?.trainLoopPerWorker
+    const options = typeof loop === "function" ? { ...this.options, trainLoopPerWorker: await locateLoopFunction(loop as (...args: never[]) => unknown) } : this.options
+    const run = await FitRun.open(resolveTrainerOptions(options))
     try {
       await run.launch()
       // The survivors of the last generation and their replacements, when they run already.
