@@ -4,7 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
-import { Trainer, TrainingFailed, loadDigits, resultOf, trainTestSplit, type ArrayDataset, type Result } from "../index.ts"
+import { Trainer, TrainingFailed, loadCheckpointModel, loadDigits, loadEngine, resultOf, trainTestSplit, type ArrayDataset, type Result } from "../index.ts"
 import { ConfigError } from "../core/errors.ts"
 import { PlacementInfeasible } from "../scheduler/placement.ts"
 import { liveNatsServerPids } from "../core/nats-server.ts"
@@ -95,6 +95,19 @@ describe("Trainer", () => {
       if (t.picked !== t.modelPick) expect(t.ms[t.candidates.indexOf(t.picked)]).toBe(Math.min(...t.ms))
       expect(explain).toContain(`-> ${t.picked}`)
     }
+  })
+
+  it("loads the run's last checkpoint in the driver as the trained model (loadCheckpointModel), as accurate as the run reported", async () => {
+    const { tf } = await loadEngine("cpu")
+    const model = await loadCheckpointModel(tf, baseline.checkpoint!)
+    const pred = tf.tidy(() => (model.predict(tf.tensor2d(test.x, [test.size, 64])) as import("@tensorflow/tfjs").Tensor).argMax(-1))
+    const p = (await pred.data()) as Int32Array
+    pred.dispose()
+    const acc = p.filter((c, i) => c === test.y[i]).length / test.size
+    // the report's figure came from the same weights on rank 0 (a backend's rounding apart)
+    expect(acc).toBeCloseTo(baseline.metrics!.val_accuracy as number, 2)
+    // a directory without a model's files says so
+    await expect(loadCheckpointModel(tf, baseline.path)).rejects.toThrow(/has no model\.json and weights\.bin.*checkpointFromModel/)
   })
 
   it("recovers from kill -9 of a worker: restarts from the latest checkpoint and finishes every epoch", async () => {

@@ -275,6 +275,37 @@ const readCheckpointDir = async (dir: string): Promise<Record<string, Uint8Array
 }
 
 /**
+ * A run's checkpoint as the tfjs model it holds, with its trained weights, for inference or export
+ * (model.save) in the driver, as Ray's result.checkpoint: `checkpoint` is result.checkpoint (or one
+ * of result.bestCheckpoints), its directory, or its files; a pipelined run's stage shards are merged
+ * into one model. Plain tfjs has no file loader in Node (tf.loadLayersModel("file://...") needs
+ * tfjs-node); this reads the directory itself. A checkpoint kept in an object store
+ * (checkpointConfig.objectStore) is passed as its files.
+ */
+export const loadCheckpointModel = async (tf: Tf, checkpoint: string | { readonly path: string } | Readonly<Record<string, Uint8Array>>): Promise<LayersModel> => {
+  const where = typeof checkpoint === "object" && checkpoint !== null && typeof (checkpoint as { path?: unknown }).path === "string" ? (checkpoint as { path: string }).path : checkpoint
+  if (typeof where === "string" && where.startsWith("nats-obj://")) {
+    throw new ConfigError({ field: "loadCheckpointModel", reason: `${where} is in an object store: fetch its files and pass them instead of the path` })
+  }
+  let files: Readonly<Record<string, Uint8Array>>
+  if (typeof where === "string") {
+    try {
+      files = await readCheckpointDir(where)
+    } catch (e) {
+      throw new ConfigError({ field: "loadCheckpointModel", reason: `cannot read the checkpoint directory ${where}: ${e instanceof Error ? e.message : String(e)}` })
+    }
+  } else files = where as Readonly<Record<string, Uint8Array>>
+  if (isPipelineCheckpoint(files)) return modelFromFiles(tf, mergePipelineCheckpoint(files))
+  if (!(MODEL_JSON in files) || !(WEIGHTS_BIN in files)) {
+    throw new ConfigError({
+      field: "loadCheckpointModel",
+      reason: `the checkpoint has no ${MODEL_JSON} and ${WEIGHTS_BIN} (its files: ${Object.keys(files).slice(0, 8).join(", ") || "none"}): it was not made by ctx.checkpointFromModel(model)`
+    })
+  }
+  return modelFromFiles(tf, files)
+}
+
+/**
  * A pipelined run's checkpoint (a directory, as result.checkpoint.path, or its files) as one tfjs
  * model with the trained weights: for inference or export (model.save) in the driver.
  */
