@@ -2,7 +2,7 @@
 // rendezvous (the network path is covered by the trainer's integration tests).
 import { describe, expect, it } from "vitest"
 import { loadEngine, type Tf } from "../core/engine.ts"
-import { DataParallelModel, type GradientSync } from "../actors/train/worker/data-parallel.ts"
+import { DataParallelModel, clipFlat, type GradientSync } from "../actors/train/worker/data-parallel.ts"
 import { ConfigError } from "../core/errors.ts"
 
 /**
@@ -199,6 +199,67 @@ describe("data-parallel wrapper", () => {
     const hr = await r.fit(x, target, { epochs: 20, batchSize: 8 })
     expect(hr.history.acc).toBeUndefined()
     expect(hr.history.loss.at(-1) as number).toBeLessThan((hr.history.loss[0] as number) / 2)
+  })
+
+  it("clips the reduced gradient by its global norm or by value (prepareModel clipNorm / clipValue), exchanged or in place", async () => {
+    const { tf } = await loadEngine("auto")
+    const sgd = (seed: number) => {
+      const m = makeModel(tf, seed)
+      m.compile({ optimizer: tf.train.sgd(1), loss: "categoricalCrossentropy" })
+      return m
+    }
+    const flatOf = (m: ReturnType<typeof sgd>) => weightsOf(m).flat()
+    const delta = (a: number[], b: number[]) => a.map((v, i) => v - b[i]!)
+    const l2 = (d: number[]) => Math.sqrt(d.reduce((a, v) => a + v * v, 0))
+    const x = tf.randomNormal([6, 4], 0, 3, "float32", 9)
+    const y = tf.oneHot(tf.tensor1d([0, 1, 2, 2, 1, 0], "int32"), 3)
+    // two ranks: the step moves the weights by lr x clipNorm exactly (the gradient is far longer), the same on both
+    const syncs = localGroup(2)
+    const pair = [sgd(21), sgd(22)]
+    await Promise.all(pair.map((m, r) => DataParallelModel.prepare(tf, m, syncs[r], { clipNorm: 1e-3 })))
+    const w0 = flatOf(pair[0])
+    await Promise.all(pair.map((m) => m.trainOnBatch(x, y)))
+    expect(flatOf(pair[1])).toEqual(flatOf(pair[0]))
+    expect(l2(delta(flatOf(pair[0]), w0))).toBeCloseTo(1e-3, 6)
+    // one rank (gradients applied where they are): the same
+    const one = sgd(23)
+    await DataParallelModel.prepare(tf, one, localGroup(1)[0], { clipNorm: 1e-3 })
+    const w1 = flatOf(one)
+    await one.trainOnBatch(x, y)
+    expect(l2(delta(flatOf(one), w1))).toBeCloseTo(1e-3, 6)
+    // by value: no weight moves by more than lr x clipValue, and some by exactly that
+    for (const sync of [localGroup(1)[0], undefined]) {
+      const m = sgd(24)
+      const syncs2 = localGroup(2)
+      const other = sgd(25)
+      if (sync) await DataParallelModel.prepare(tf, m, sync, { clipValue: 1e-4 })
+      else await Promise.all([m, other].map((mm, r) => DataParallelModel.prepare(tf, mm, syncs2[r], { clipValue: 1e-4 })))
+      const before = flatOf(m)
+      await Promise.all(sync ? [m.trainOnBatch(x, y)] : [m.trainOnBatch(x, y), other.trainOnBatch(x, y)])
+      const d = delta(flatOf(m), before).map(Math.abs)
+      expect(Math.max(...d)).toBeLessThanOrEqual(1e-4 * 1.002) // (the weights are float32: their differences round)
+      expect(Math.max(...d)).toBeGreaterThan(0.998e-4)
+    }
+    // without clipping the same step moves the weights far more
+    const free = sgd(23)
+    await DataParallelModel.prepare(tf, free, localGroup(1)[0])
+    const wf = flatOf(free)
+    await free.trainOnBatch(x, y)
+    expect(l2(delta(flatOf(free), wf))).toBeGreaterThan(0.01)
+    // refused: not a positive number, or a strategy that has no whole reduced gradient on each rank
+    await expect(DataParallelModel.prepare(tf, sgd(26), localGroup(1)[0], { clipNorm: 0 })).rejects.toThrow(/prepareModel\.clipNorm.*must be a number > 0/)
+    await expect(DataParallelModel.prepare(tf, sgd(27), { ...localGroup(1)[0], zeroStage: 1 }, { clipValue: 1 })).rejects.toThrow(/prepareModel\.clipValue.*zeroStage 1/)
+  })
+
+  it("clipFlat: clamps, then scales to the norm only when longer, and returns the norm before", () => {
+    const f = Float32Array.from([3, -4, 0])
+    expect(clipFlat(f, undefined, 10)).toBeCloseTo(5, 6)
+    expect(Array.from(f)).toEqual([3, -4, 0])
+    expect(clipFlat(f, undefined, 1)).toBeCloseTo(5, 6)
+    expect(Array.from(f).map((v) => Number(v.toFixed(6)))).toEqual([0.6, -0.8, 0])
+    const g = Float32Array.from([3, -4, 0.5])
+    clipFlat(g, 1, undefined)
+    expect(Array.from(g)).toEqual([1, -1, 0.5])
   })
 
   it("refuses a model without optimizer or loss", async () => {

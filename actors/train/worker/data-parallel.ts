@@ -55,6 +55,24 @@ export type { PrepareOptions } from "./prepare-options.ts"
 export type { EpochResult, FitCommonOptions, FitOptions, StepResult, TrainStepOptions } from "./fit-loop.ts"
 export type { FitSource, ShardSource } from "./batches.ts"
 
+/**
+ * Gradient clipping on a flat gradient, in place: every element clamped to [-value, value], then
+ * the whole scaled to `norm` when its L2 norm is larger (PrepareOptions.clipValue / clipNorm).
+ * Returns the norm before the scaling.
+ */
+export const clipFlat = (flat: Float32Array, value: number | undefined, norm: number | undefined): number => {
+  if (value !== undefined) for (let i = 0; i < flat.length; i++) flat[i] = Math.min(value, Math.max(-value, flat[i]!))
+  if (norm === undefined) return Number.NaN
+  let sq = 0
+  for (let i = 0; i < flat.length; i++) sq += flat[i]! * flat[i]!
+  const l2 = Math.sqrt(sq)
+  if (l2 > norm) {
+    const scale = norm / l2
+    for (let i = 0; i < flat.length; i++) flat[i]! *= scale
+  }
+  return l2
+}
+
 export class DataParallelModel implements RecoverableModel {
   readonly model: LayersModel
   readonly optimizer: Optimizer
@@ -75,6 +93,9 @@ export class DataParallelModel implements RecoverableModel {
   #lrRule: LrRule | undefined
   #lastLearningRate: number | undefined
   #weightDecay = 0
+  /** prepareModel's gradient clipping (PrepareOptions.clipNorm / clipValue). */
+  #clipNorm: number | undefined
+  #clipValue: number | undefined
   /** Gradient accumulation: sample-weighted sums of the micro-batches' gradients since the last exchange. */
   readonly #acc: GradientAccumulator
   /**
@@ -129,6 +150,20 @@ export class DataParallelModel implements RecoverableModel {
     const wd = opts.weightDecay ?? 0
     if (!Number.isFinite(wd) || wd < 0) throw new ConfigError({ field: "prepareModel.weightDecay", reason: `must be a number >= 0, got ${String(opts.weightDecay)}` })
     this.#weightDecay = wd
+    for (const field of ["clipNorm", "clipValue"] as const) {
+      const v = opts[field]
+      if (v === undefined) continue
+      if (typeof v !== "number" || !Number.isFinite(v) || v <= 0) throw new ConfigError({ field: `prepareModel.${field}`, reason: `must be a number > 0, got ${String(v)}` })
+      const strategy = strategyOf(sync)
+      if ((strategy !== "allreduce" && strategy !== "local-sgd") || (sync.zeroStage ?? 0) > 0) {
+        throw new ConfigError({
+          field: `prepareModel.${field}`,
+          reason: `clips the whole reduced gradient on every rank, which strategy "${strategy}"${(sync.zeroStage ?? 0) > 0 ? ` with zeroStage ${sync.zeroStage} (each rank holds a segment of it)` : " (the servers apply the updates)"} does not have: use strategy "allreduce" without ZeRO, or "local-sgd"`
+        })
+      }
+    }
+    this.#clipNorm = opts.clipNorm
+    this.#clipValue = opts.clipValue
     if ((this.#lrRule || wd > 0) && typeof (optimizer as unknown as { learningRate?: unknown }).learningRate !== "number") {
       throw new ConfigError({
         field: this.#lrRule ? "prepareModel.lrScaling" : "prepareModel.weightDecay",
@@ -174,6 +209,7 @@ export class DataParallelModel implements RecoverableModel {
       readFlatParams: () => this.#readFlatParams(),
       assignFlat: (flat) => this.#assignFlat(flat),
       applyFlat: (flat) => {
+        clipFlat(flat, this.#clipValue, this.#clipNorm)
         const tf = this.#tf
         const named: Record<string, Tensor> = {}
         for (const s of this.layout) named[s.name] = tf.tensor(flat.subarray(s.offset, s.offset + s.size), s.shape as number[], "float32")
@@ -543,6 +579,32 @@ export class DataParallelModel implements RecoverableModel {
     return typeof lr === "number" ? lr : undefined
   }
 
+  /** Clips gradients that stayed on the engine (a step with nobody to exchange with), in place in `grads`: as clipFlat. */
+  async #clipTensors(grads: Record<string, Tensor>): Promise<void> {
+    const tf = this.#tf
+    const names = Object.keys(grads)
+    const value = this.#clipValue
+    if (value !== undefined) {
+      for (const k of names) {
+        const c = tf.clipByValue(grads[k]!, -value, value)
+        grads[k]!.dispose()
+        grads[k] = c
+      }
+    }
+    const max = this.#clipNorm
+    if (max === undefined || names.length === 0) return
+    const normT = tf.tidy(() => tf.sqrt(tf.addN(names.map((k) => tf.sum(tf.square(grads[k]!))))))
+    const norm = (await normT.data())[0]!
+    normT.dispose()
+    if (!(norm > max)) return
+    const scale = max / norm
+    for (const k of names) {
+      const c = tf.mul(grads[k]!, scale)
+      grads[k]!.dispose()
+      grads[k] = c
+    }
+  }
+
   /** Stage 0's update: decoupled weight decay, then the optimizer on the reduced gradients. */
   #applyWhole(grads: Record<string, Tensor>): void {
     const tf = this.#tf
@@ -622,6 +684,7 @@ export class DataParallelModel implements RecoverableModel {
       this.#acc.clear()
       this.#observer?.phase?.("forward_backward", t0, t1, step)
       worker.computed?.(this.#lastComputeMs, step, true)
+      if (this.#clipNorm !== undefined || this.#clipValue !== undefined) await this.#clipTensors(grads)
       this.#applyWhole(grads)
       tf.dispose(Object.values(grads))
       const t2 = performance.now()

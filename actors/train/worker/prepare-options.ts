@@ -21,6 +21,19 @@ export interface PrepareOptions extends LrRuleOptions {
   /** Default: the model's compile() loss. */
   readonly loss?: LossName | LossFn
   /**
+   * Gradient clipping by the global norm: the reduced gradient (every rank's, all-reduced) is
+   * scaled down to this L2 norm over all weights when it is longer, before the optimizer's update,
+   * as torch.nn.utils.clip_grad_norm_ after DDP's backward, or Keras's global_clipnorm. Strategies
+   * "allreduce" (without ZeRO) and "local-sgd" (its inner steps). Default: none.
+   */
+  readonly clipNorm?: number
+  /**
+   * Gradient clipping by value: every element of the reduced gradient is clamped to
+   * [-clipValue, clipValue] (torch.nn.utils.clip_grad_value_), before clipNorm when both are given.
+   * The same strategies as clipNorm. Default: none.
+   */
+  readonly clipValue?: number
+  /**
    * Simulated heterogeneity (tests, benchmarks): this rank sleeps this many ms per sample after
    * forward/backward, inside the measured compute time, like a slower device. Default 0.
    */
