@@ -20,12 +20,12 @@ afterAll(async () => {
   expect(liveNatsServerPids()).toEqual([])
 })
 
-const fit = (mode: string, epochs: number) =>
+const fit = (mode: string, epochs: number, maxFailures = 0) =>
   new Trainer({
     trainLoopPerWorker: LOOP,
     trainLoopConfig: { mode, epochs },
     scalingConfig: { numWorkers: 2 },
-    runConfig: { name: `report-${mode}`, storagePath: storage, progress: false }
+    runConfig: { name: `report-${mode}`, storagePath: storage, progress: false, failureConfig: { maxFailures } }
   }).fit()
 
 describe("report()", () => {
@@ -43,6 +43,18 @@ describe("report()", () => {
     expect(e).toBeInstanceOf(TrainingFailed)
     expect((e as TrainingFailed).kind).toBe("config")
     expect((e as TrainingFailed).message).toMatch(/report\(metrics\)\.losses.*is a tensor of shape \[3\]/)
+  })
+
+  it("a dataset the Trainer was not given fails the run as a ConfigError at once, not retried as a loop error", { timeout: 60_000 }, async () => {
+    const e = await fit("no-dataset", 1, 2).then(
+      () => new Error("fit() resolved"),
+      (err: unknown) => err
+    )
+    expect(e).toBeInstanceOf(TrainingFailed)
+    const failed = e as TrainingFailed
+    expect(failed.kind).toBe("config")
+    expect(failed.message).toMatch(/no dataset "train" was given to the Trainer.*not retryable/)
+    expect(failed.result.restarts).toBe(0)
   })
 
   it("sends the reports the loop did not await before the rank counts as finished", { timeout: 60_000 }, async () => {

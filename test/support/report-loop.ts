@@ -1,10 +1,12 @@
 // A loop that reports the ways a new user does: a metric kept as a tensor (`mode: "scalar"`, a
 // tf.Scalar loss; `"vector"`, a tensor of 3 elements), or report() calls it does not await
-// (`"unawaited"`, the last one still on its way when the loop returns).
+// (`"unawaited"`, the last one still on its way when the loop returns). `"no-dataset"` asks for a
+// dataset the Trainer was not given.
 import type { TrainContext } from "../../index.ts"
 
-export async function reportLoop(config: { mode: "scalar" | "vector" | "unawaited"; epochs: number }, ctx: TrainContext): Promise<void> {
+export async function reportLoop(config: { mode: "scalar" | "vector" | "unawaited" | "no-dataset"; epochs: number }, ctx: TrainContext): Promise<void> {
   const tf = ctx.tf
+  if (config.mode === "no-dataset") await ctx.getDatasetShard("train")
   const model = tf.sequential({ layers: [tf.layers.dense({ units: 3, inputShape: [4], activation: "softmax" })] })
   model.compile({ optimizer: tf.train.sgd(0.1), loss: "sparseCategoricalCrossentropy" })
   const dp = await ctx.prepareModel(model)

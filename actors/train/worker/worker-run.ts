@@ -30,6 +30,7 @@ import * as settings from "../../../core/settings.ts"
 import type { ActorContext } from "../../runtime/actor.ts"
 import type { ActorRef, ActorSystem } from "../../runtime/system.ts"
 import { toWireFailure } from "../../runtime/envelope.ts"
+import { RemoteFailure } from "../../runtime/errors.ts"
 import { ControllerProtocol, type Admission, type LinkMeasurements, type Placement, type WorkerArgs } from "../common/train-protocol.ts"
 import type { ObservedTopology } from "../../../scheduler/topology.ts"
 import { TrainContext, type Checkpoint, type TrainContextDeps } from "./train-context.ts"
@@ -657,7 +658,9 @@ export class WorkerRun {
   async #failed(e: unknown): Promise<void> {
     const mismatch = isCallMismatch(e) ? this.session?.where() : undefined
     this.session?.end("its loop failed")
-    const f = toWireFailure(e)
+    // A ConfigError the driver answered the loop's ask with (a dataset it was not given) is the
+    // loop's ConfigError: not retried, where a RemoteFailure would be restarted as a loop error.
+    const f = e instanceof RemoteFailure && e.tag === "ConfigError" ? { tag: e.tag, message: e.remoteMessage, stack: e.remoteStack } : toWireFailure(e)
     const p = this.place()
     this.#ctx.log.error(`rank ${p.rank}: the training loop failed: ${f.tag}: ${f.message}`)
     const blamed = blamedRanks(e).filter((r) => r !== p.rank)
