@@ -30,7 +30,8 @@ export {
   type FitCommonOptions,
   type GradientSlot,
   type LossName,
-  type LossFn
+  type LossFn,
+  type ModelInput
 } from "./actors/train/worker/data-parallel.ts"
 export type { ShardSource, FitSource } from "./actors/train/worker/batches.ts"
 export type { RecoverableModel, LoopPosition } from "./actors/train/worker/group-session.ts"

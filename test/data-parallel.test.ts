@@ -262,6 +262,39 @@ describe("data-parallel wrapper", () => {
     expect(Array.from(g)).toEqual([1, -1, 0.5])
   })
 
+  it("trains a model of several inputs, given as an array or by input name, the same way", async () => {
+    const { tf } = await loadEngine("auto")
+    const twoInputs = (seed: number) => {
+      const a = tf.input({ shape: [3], name: "wide" })
+      const b = tf.input({ shape: [2], name: "deep" })
+      const h = tf.layers.concatenate().apply([a, b]) as import("@tensorflow/tfjs").SymbolicTensor
+      const out = tf.layers.dense({ units: 2, activation: "softmax", kernelInitializer: tf.initializers.glorotUniform({ seed }) }).apply(h) as import("@tensorflow/tfjs").SymbolicTensor
+      const m = tf.model({ inputs: [a, b], outputs: out })
+      m.compile({ optimizer: tf.train.sgd(0.5), loss: "sparseCategoricalCrossentropy" })
+      return m
+    }
+    const wide = tf.randomNormal([4, 3], 0, 1, "float32", 1)
+    const deep = tf.randomNormal([4, 2], 0, 1, "float32", 2)
+    const y = tf.tensor1d([0, 1, 1, 0])
+    const byArray = [twoInputs(31), twoInputs(32)]
+    const byName = [twoInputs(33), twoInputs(34)]
+    const a = localGroup(2)
+    const b = localGroup(2)
+    const dpA = await Promise.all(byArray.map((m, r) => DataParallelModel.prepare(tf, m, a[r])))
+    const dpB = await Promise.all(byName.map((m, r) => DataParallelModel.prepare(tf, m, b[r])))
+    // the same starting weights for both pairs (rank 0's of each), then the same steps
+    byName.forEach((m) => m.setWeights(byArray[0].getWeights()))
+    const before = weightsOf(byArray[0])
+    const results = await Promise.all(dpA.map((dp) => dp.trainStep([wide, deep], y)))
+    await Promise.all(dpB.map((dp) => dp.trainStep({ deep, wide }, y)))
+    expect(results[0].samples).toBe(4)
+    expect(weightsOf(byArray[1])).toEqual(weightsOf(byArray[0]))
+    expect(weightsOf(byArray[0])).not.toEqual(before)
+    expect(weightsOf(byName[0])).toEqual(weightsOf(byArray[0]))
+    expect(Number.isFinite((await dpA[0].evaluateAsync([wide, deep], y)).loss)).toBe(true)
+    await expect(dpA[0].trainStep({ wide }, y)).rejects.toThrow(/trainStep\(x\).*lack deep/)
+  })
+
   it("refuses a model without optimizer or loss", async () => {
     const { tf } = await loadEngine("auto")
     const m = tf.sequential()

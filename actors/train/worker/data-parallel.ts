@@ -73,6 +73,26 @@ export const clipFlat = (flat: Float32Array, value: number | undefined, norm: nu
   return l2
 }
 
+/** A model's input: one tensor, or for a model of several inputs an array of them (in its input order) or a map by input name. */
+export type ModelInput = import("@tensorflow/tfjs").Tensor | import("@tensorflow/tfjs").Tensor[] | { readonly [name: string]: import("@tensorflow/tfjs").Tensor }
+
+const isTensorLike = (v: unknown): v is Tensor => typeof v === "object" && v !== null && Array.isArray((v as { shape?: unknown }).shape) && "dataId" in v
+
+/** The input as model.apply takes it: a map by input name becomes an array in the model's input order. */
+export const inputsOf = (model: LayersModel, x: ModelInput): Tensor | Tensor[] => {
+  if (isTensorLike(x) || Array.isArray(x)) return x
+  const names = model.inputNames
+  const missing = names.filter((n) => !(n in x))
+  if (missing.length > 0) throw new ConfigError({ field: "trainStep(x)", reason: `the inputs by name lack ${missing.join(", ")}; the model's inputs are ${names.join(", ")}` })
+  return names.map((n) => x[n]!)
+}
+
+/** The batch's rows: the first axis of its (first) input. */
+export const rowsOf = (x: ModelInput): number => {
+  const first = isTensorLike(x) ? x : Array.isArray(x) ? x[0] : Object.values(x)[0]
+  return first?.shape[0] ?? 0
+}
+
 export class DataParallelModel implements RecoverableModel {
   readonly model: LayersModel
   readonly optimizer: Optimizer
@@ -495,9 +515,10 @@ export class DataParallelModel implements RecoverableModel {
    * One synchronous data-parallel step on this rank's batch (y in the loss's target form: one-hot
    * for categoricalCrossentropy, class ids for sparseCategoricalCrossentropy); returns this rank's
    * loss and, for classification, its correct predictions. With { accumulate: true } the batch's
-   * gradients are only added up locally (see TrainStepOptions).
+   * gradients are only added up locally (see TrainStepOptions). A model of several inputs takes
+   * them as an array (in the model's input order) or by input name.
    */
-  async trainStep(x: Tensor, y: Tensor, options: TrainStepOptions = {}): Promise<StepResult> {
+  async trainStep(x: ModelInput, y: Tensor, options: TrainStepOptions = {}): Promise<StepResult> {
     await this.#letTimersRun()
     const recovery = this.#sync.recovery
     // A rank joining survivors replays a hand-written loop from the checkpoint: the steps they made
@@ -528,11 +549,12 @@ export class DataParallelModel implements RecoverableModel {
   }
 
   /** Loss, gradients and (classification) correct predictions of a batch. */
-  #forward(x: Tensor, y: Tensor): { value: Scalar; grads: Record<string, Tensor>; correct: Tensor | undefined } {
+  #forward(x: ModelInput, y: Tensor): { value: Scalar; grads: Record<string, Tensor>; correct: Tensor | undefined } {
     const tf = this.#tf
     let pred: Tensor | undefined
+    const input = inputsOf(this.model, x)
     const { value, grads } = this.optimizer.computeGradients(() => {
-      const out = this.model.apply(x, { training: true }) as Tensor
+      const out = this.model.apply(input, { training: true }) as Tensor
       if (this.#classification) pred = tf.keep(out)
       return this.#loss(y, out)
     }, this.#vars)
@@ -541,9 +563,9 @@ export class DataParallelModel implements RecoverableModel {
     return { value, grads: grads as Record<string, Tensor>, correct }
   }
 
-  async #accumulateStep(x: Tensor, y: Tensor): Promise<StepResult> {
+  async #accumulateStep(x: ModelInput, y: Tensor): Promise<StepResult> {
     const tf = this.#tf
-    const samples = x.shape[0] ?? 0
+    const samples = rowsOf(x)
     const t0 = performance.now()
     const { value, grads, correct } = this.#forward(x, y)
     this.#acc.add(grads, samples)
@@ -656,15 +678,15 @@ export class DataParallelModel implements RecoverableModel {
     return g !== undefined && g > 0 ? { globalSamples: g } : {}
   }
 
-  async #trainStep(x: Tensor, y: Tensor): Promise<StepResult> {
+  async #trainStep(x: ModelInput, y: Tensor): Promise<StepResult> {
     const tf = this.#tf
     const worker = this.#worker
     await worker.beforeStep?.()
     const step = this.#step++
     const t0 = performance.now()
     const fwd = this.#forward(x, y)
-    const { grads, samples } = this.#acc.withAccumulated(fwd.grads, x.shape[0] ?? 0)
-    const own = x.shape[0] ?? 0
+    const own = rowsOf(x)
+    const { grads, samples } = this.#acc.withAccumulated(fwd.grads, own)
     const value = fwd.value
     const correctT = fwd.correct
     this.#applyLearningRateRule(step, samples)
@@ -738,13 +760,13 @@ export class DataParallelModel implements RecoverableModel {
    * Loss and accuracy of this rank's model on (x, y), computed locally, read asynchronously: the
    * form a GPU backend needs (webgpu has no synchronous read in Node).
    */
-  evaluateAsync(x: Tensor, y: Tensor): Promise<{ loss: number; accuracy?: number }> {
-    return evaluateLocalAsync(this.#tf, this.model, this.#loss, this.#classification, x, y)
+  evaluateAsync(x: ModelInput, y: Tensor): Promise<{ loss: number; accuracy?: number }> {
+    return evaluateLocalAsync(this.#tf, this.model, this.#loss, this.#classification, inputsOf(this.model, x), y)
   }
 
   /** Loss and accuracy of this rank's model on (x, y), computed locally (synchronous reads: cpu, wasm, tensorflow; on webgpu use evaluateAsync). */
-  evaluate(x: Tensor, y: Tensor): { loss: number; accuracy?: number } {
-    return evaluateLocal(this.#tf, this.model, this.#loss, this.#classification, x, y)
+  evaluate(x: ModelInput, y: Tensor): { loss: number; accuracy?: number } {
+    return evaluateLocal(this.#tf, this.model, this.#loss, this.#classification, inputsOf(this.model, x), y)
   }
 
   /**

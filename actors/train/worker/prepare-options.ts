@@ -86,7 +86,7 @@ export const broadcastBytes = async (bytes: Uint8Array | undefined, broadcast: (
 export const labelsOf = (y: Tensor): Tensor => (y.rank > 1 && (y.shape[y.rank - 1] ?? 1) > 1 ? y.argMax(-1) : y.flatten().toInt())
 
 /** Loss and accuracy of `model` on (x, y), read asynchronously (the form a GPU backend needs). */
-export const evaluateLocalAsync = async (tf: tfjs, model: LayersModel, lossFn: LossFn, classification: boolean, x: Tensor, y: Tensor): Promise<{ loss: number; accuracy?: number }> => {
+export const evaluateLocalAsync = async (tf: tfjs, model: LayersModel, lossFn: LossFn, classification: boolean, x: Tensor | Tensor[], y: Tensor): Promise<{ loss: number; accuracy?: number }> => {
   const [lossT, accT] = tf.tidy(() => {
     const pred = model.predict(x) as Tensor
     const loss = lossFn(y, pred)
@@ -98,7 +98,7 @@ export const evaluateLocalAsync = async (tf: tfjs, model: LayersModel, lossFn: L
 }
 
 /** Loss and accuracy of `model` on (x, y) with synchronous reads (cpu, wasm, tensorflow; not webgpu). */
-export const evaluateLocal = (tf: tfjs, model: LayersModel, lossFn: LossFn, classification: boolean, x: Tensor, y: Tensor): { loss: number; accuracy?: number } => {
+export const evaluateLocal = (tf: tfjs, model: LayersModel, lossFn: LossFn, classification: boolean, x: Tensor | Tensor[], y: Tensor): { loss: number; accuracy?: number } => {
   if (tf.getBackend() === "webgpu") {
     throw new ConfigError({ field: "dp.evaluate", reason: "the webgpu backend cannot read tensors synchronously in Node: use await dp.evaluateAsync(x, y)" })
   }
