@@ -292,6 +292,10 @@ describe("data-parallel wrapper", () => {
     expect(weightsOf(byArray[0])).not.toEqual(before)
     expect(weightsOf(byName[0])).toEqual(weightsOf(byArray[0]))
     expect(Number.isFinite((await dpA[0].evaluateAsync([wide, deep], y)).loss)).toBe(true)
+    // the model's own trainOnBatch too (routed to dp.trainStep)
+    const losses = await Promise.all(byArray.map((m) => m.trainOnBatch([wide, deep], y)))
+    expect(losses.every((l) => Number.isFinite(l as number))).toBe(true)
+    expect(weightsOf(byArray[1])).toEqual(weightsOf(byArray[0]))
     await expect(dpA[0].trainStep({ wide }, y)).rejects.toThrow(/trainStep\(x\).*lack deep/)
   })
 

@@ -11,6 +11,7 @@ import { makeDataset, type ArrayDataset } from "../../../core/datasets.ts"
 import { ConfigError } from "../../../core/errors.ts"
 import type { EpochResult, FitOptions, StepResult } from "./fit-loop.ts"
 import type { FitSource } from "./batches.ts"
+import type { ModelInput } from "./data-parallel.ts"
 
 type tfjs = typeof import("@tensorflow/tfjs")
 type Tensor = import("@tensorflow/tfjs").Tensor
@@ -27,7 +28,7 @@ export interface KerasFitHost {
   readonly rank: number
   readonly worldSize: number
   fit(source: FitSource, opts: FitOptions): Promise<EpochResult[]>
-  trainStep(x: Tensor, y: Tensor): Promise<StepResult>
+  trainStep(x: ModelInput, y: Tensor): Promise<StepResult>
   evaluateAsync(x: Tensor, y: Tensor): Promise<{ loss: number; accuracy?: number }>
   /** Every rank's copy of `buf`, concatenated in rank order (one group operation); absent, the data is not compared. */
   readonly allGather?: (buf: Float32Array) => Promise<Float32Array>
@@ -240,6 +241,6 @@ export const kerasFit = async (host: KerasFitHost, xIn: unknown, yIn: unknown, a
   return { epoch: epochList, history, params }
 }
 
-/** model.trainOnBatch(x, y) on a prepared model: one data-parallel step on this rank's batch; its loss. */
+/** model.trainOnBatch(x, y) on a prepared model: one data-parallel step on this rank's batch (several inputs as dp.trainStep takes them); its loss. */
 export const kerasTrainOnBatch = async (host: Pick<KerasFitHost, "trainStep">, x: unknown, y: unknown): Promise<number> =>
-  (await host.trainStep(single("x", x), single("y", y))).loss
+  (await host.trainStep(Array.isArray(x) || (typeof x === "object" && x !== null && !("shape" in x)) ? (x as ModelInput) : single("x", x), single("y", y))).loss
