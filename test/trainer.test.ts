@@ -191,7 +191,8 @@ describe("Trainer", () => {
 
   it("rejects bad configs before starting anything", async () => {
     const bad = (opts: Record<string, unknown>) => new Trainer(opts as never).fit()
-    await expect(bad({ trainLoopPerWorker: async () => {}, scalingConfig: { numWorkers: 1 } })).rejects.toThrow(/closure cannot be shipped/)
+    // a closure no module exports: where it is, and the module form (a loop function a module exports is taken: test/function-loop.test.ts)
+    await expect(bad({ trainLoopPerWorker: async () => {}, scalingConfig: { numWorkers: 1 } })).rejects.toThrow(/\(test\/trainer\.test\.ts:\d+\) is not exported by its module: workers are separate processes.*export async function trainLoop/)
     await expect(bad({ trainLoopPerWorker: LOOP, scalingConfig: { numWorkers: 0 } })).rejects.toMatchObject({ _tag: "ConfigError", field: "scalingConfig.numWorkers" })
     await expect(bad({ trainLoopPerWorker: LOOP, scalingConfig: { numWorkers: 1 }, runConfig: { checkpointConfig: { scoreOrder: "best" } } })).rejects.toMatchObject({
       field: "runConfig.checkpointConfig.scoreOrder"

@@ -29,6 +29,8 @@ import { decodeMessage, encodeMessage } from "../../../core/wire.ts"
 import type { LossFn, LossName } from "./model-parallel/loss.ts"
 import { GradientAccumulator, readFromHeap, readGradients } from "./accumulation.ts"
 import { kerasFit, kerasTrainOnBatch, type KerasFitHost } from "./keras-fit.ts"
+import { inputsOf, rowsOf, type ModelInput } from "./model-input.ts"
+export type { ModelInput }
 import { broadcastBytes, evaluateLocal, evaluateLocalAsync, labelsOf, resolveLoss, takeRankZeroValues, type PrepareOptions } from "./prepare-options.ts"
 import { strategyOf, type GradientSlot, type GradientSync, type StepObserver } from "./gradient-sync.ts"
 import { resolveStrategy, type StrategyHost, type StrategyWorker } from "./strategies/index.ts"
@@ -71,26 +73,6 @@ export const clipFlat = (flat: Float32Array, value: number | undefined, norm: nu
     for (let i = 0; i < flat.length; i++) flat[i]! *= scale
   }
   return l2
-}
-
-/** A model's input: one tensor, or for a model of several inputs an array of them (in its input order) or a map by input name. */
-export type ModelInput = import("@tensorflow/tfjs").Tensor | import("@tensorflow/tfjs").Tensor[] | { readonly [name: string]: import("@tensorflow/tfjs").Tensor }
-
-const isTensorLike = (v: unknown): v is Tensor => typeof v === "object" && v !== null && Array.isArray((v as { shape?: unknown }).shape) && "dataId" in v
-
-/** The input as model.apply takes it: a map by input name becomes an array in the model's input order. */
-export const inputsOf = (model: LayersModel, x: ModelInput): Tensor | Tensor[] => {
-  if (isTensorLike(x) || Array.isArray(x)) return x
-  const names = model.inputNames
-  const missing = names.filter((n) => !(n in x))
-  if (missing.length > 0) throw new ConfigError({ field: "trainStep(x)", reason: `the inputs by name lack ${missing.join(", ")}; the model's inputs are ${names.join(", ")}` })
-  return names.map((n) => x[n]!)
-}
-
-/** The batch's rows: the first axis of its (first) input. */
-export const rowsOf = (x: ModelInput): number => {
-  const first = isTensorLike(x) ? x : Array.isArray(x) ? x[0] : Object.values(x)[0]
-  return first?.shape[0] ?? 0
 }
 
 export class DataParallelModel implements RecoverableModel {

@@ -11,7 +11,7 @@ import { makeDataset, type ArrayDataset } from "../../../core/datasets.ts"
 import { ConfigError } from "../../../core/errors.ts"
 import type { EpochResult, FitOptions, StepResult } from "./fit-loop.ts"
 import type { FitSource } from "./batches.ts"
-import type { ModelInput } from "./data-parallel.ts"
+import type { ModelInput } from "./model-input.ts"
 
 type tfjs = typeof import("@tensorflow/tfjs")
 type Tensor = import("@tensorflow/tfjs").Tensor
