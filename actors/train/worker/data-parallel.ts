@@ -63,14 +63,37 @@ export type { FitSource, ShardSource } from "./batches.ts"
  * Returns the norm before the scaling.
  */
 export const clipFlat = (flat: Float32Array, value: number | undefined, norm: number | undefined): number => {
-  if (value !== undefined) for (let i = 0; i < flat.length; i++) flat[i] = Math.min(value, Math.max(-value, flat[i]!))
+  const n = flat.length
+  if (value !== undefined) {
+    const lo = -value
+    for (let i = 0; i < n; i++) {
+      const v = flat[i]!
+      if (v > value) flat[i] = value
+      else if (v < lo) flat[i] = lo
+    }
+  }
   if (norm === undefined) return Number.NaN
-  let sq = 0
-  for (let i = 0; i < flat.length; i++) sq += flat[i]! * flat[i]!
-  const l2 = Math.sqrt(sq)
+  // four sums, so that consecutive multiply-adds do not wait for each other
+  let s0 = 0
+  let s1 = 0
+  let s2 = 0
+  let s3 = 0
+  const n4 = n - (n % 4)
+  for (let i = 0; i < n4; i += 4) {
+    const a = flat[i]!
+    const b = flat[i + 1]!
+    const c = flat[i + 2]!
+    const d = flat[i + 3]!
+    s0 += a * a
+    s1 += b * b
+    s2 += c * c
+    s3 += d * d
+  }
+  for (let i = n4; i < n; i++) s0 += flat[i]! * flat[i]!
+  const l2 = Math.sqrt(s0 + s1 + s2 + s3)
   if (l2 > norm) {
     const scale = norm / l2
-    for (let i = 0; i < flat.length; i++) flat[i]! *= scale
+    for (let i = 0; i < n; i++) flat[i]! *= scale
   }
   return l2
 }
