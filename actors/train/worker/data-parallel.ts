@@ -139,6 +139,8 @@ export class DataParallelModel implements RecoverableModel {
    * path's cost; a single worker otherwise applies its gradients in place).
    */
   exchangeAlone = false
+  /** @internal report() calls still on their way, which a step waits for (TrainContext.report); undefined when none. */
+  awaitReports: (() => Promise<void> | undefined) | undefined
   /** Called after every step (live progress). */
   onStep: ((info: { epoch: number; step: number; stepsPerEpoch: number; samples: number; loss: number }) => void) | undefined
 
@@ -524,6 +526,8 @@ export class DataParallelModel implements RecoverableModel {
    * them as an array (in the model's input order) or by input name.
    */
   async trainStep(x: ModelInput, y: Tensor, options: TrainStepOptions = {}): Promise<StepResult> {
+    const reports = this.awaitReports?.()
+    if (reports) await reports
     await this.#letTimersRun()
     const recovery = this.#sync.recovery
     // A rank joining survivors replays a hand-written loop from the checkpoint: the steps they made

@@ -210,7 +210,8 @@ export class TrainContext {
    * history, every rank's are kept per rank) and optionally a checkpoint. Resolves once the
    * trainer holds the checkpoint's bytes: writing it to storage happens in the background. A
    * metric that is a tensor of one element (a tf.Scalar loss) is reported as its number. A report
-   * the loop does not await is still sent before the rank's loop counts as finished.
+   * the loop does not await still comes before the loop's next training step (which waits for it)
+   * and is sent before the rank's loop counts as finished.
    */
   report(metrics: Record<string, unknown>, options: ReportOptions = {}): Promise<void> {
     if (typeof metrics !== "object" || metrics === null || Array.isArray(metrics)) {
@@ -220,9 +221,13 @@ export class TrainContext {
     const index = session.reports
     // Counted now, where the loop called it (its next steps count from here), awaited or not.
     session.reported()
-    const done = this.#report(session, index, metrics, options)
-    // A report the loop did not await still reaches the driver before the rank says it finished
-    // (reportsSent), and its failure is raised there rather than as an unhandled rejection.
+    // A report the loop did not await still runs its collectives in the loop's order: after the
+    // reports before it, and before the loop's next training step (dp.trainStep waits for it,
+    // awaitReports), as on every rank; else the ranks' calls could interleave differently.
+    const before = this.#inFlight.size > 0 ? Promise.allSettled([...this.#inFlight]) : undefined
+    const done = before ? before.then(() => this.#report(session, index, metrics, options)) : this.#report(session, index, metrics, options)
+    // It reaches the driver before the rank says it finished (reportsSent), and its failure is
+    // raised there (or at the next step) rather than as an unhandled rejection.
     done.catch(() => {})
     this.#inFlight.add(done)
     const forget = () => void this.#inFlight.delete(done)
@@ -588,6 +593,7 @@ export class TrainContext {
       }
     })
     this.#prepared = dp
+    dp.awaitReports = () => (this.#inFlight.size > 0 ? this.reportsSent() : undefined)
     if (onStep) dp.onStep = onStep
     return dp
   }
