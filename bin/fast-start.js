@@ -90,8 +90,10 @@ const start = () => {
   } catch {
     // no compile cache: slower, not wrong
   }
-  // Only where Node strips types itself (a checkout) and can let a hook do it instead.
+  // Only where Node strips types itself (a checkout) and can let a hook do it instead; not where
+  // the process transforms TypeScript (enums, namespaces), which stripping does not cover.
   if (typeof module.registerHooks !== "function" || typeof module.stripTypeScriptTypes !== "function") return
+  if (process.execArgv.includes("--experimental-transform-types") || (process.env.NODE_OPTIONS ?? "").includes("--experimental-transform-types")) return
   if (!fs.existsSync(path.join(ROOT, "index.ts"))) return
   const ts = path.join(dir, `ts-${process.versions.node}`)
   try {

@@ -36,6 +36,15 @@ export interface ActorProcessOptions {
  */
 const WARM_ARGS = ["--warm", `--title-room=${".".repeat(160)}`]
 
+/**
+ * How this process runs TypeScript, which the actor processes it starts run the same way: a driver
+ * started with --experimental-transform-types (enums, namespaces) has workers (of its embedded
+ * cluster's agent) that import the loop's module with it too.
+ */
+const TYPESCRIPT_FLAGS: ReadonlyArray<string> = [...new Set([...process.execArgv, ...(process.env.NODE_OPTIONS ?? "").split(/\s+/)])].filter(
+  (a) => a === "--experimental-transform-types" || a === "--no-experimental-strip-types"
+)
+
 export class ActorProcess {
   readonly child: ChildProcess
   readonly pid: number
@@ -54,7 +63,7 @@ export class ActorProcess {
     this.#tailLines = options.tailLines ?? 30
     this.onLine = options.onLine
     this.#waiting = options.spec === undefined
-    this.child = spawn(process.execPath, [...FAST_START_ARGS, HOST_SCRIPT, ...(options.spec === undefined ? WARM_ARGS : [])], {
+    this.child = spawn(process.execPath, [...FAST_START_ARGS, ...TYPESCRIPT_FLAGS, HOST_SCRIPT, ...(options.spec === undefined ? WARM_ARGS : [])], {
       cwd: options.cwd,
       env: options.env,
       stdio: ["pipe", "pipe", "pipe"]

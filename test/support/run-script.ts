@@ -12,10 +12,10 @@ export interface ScriptRun {
 export const runScript = (
   script: string,
   args: ReadonlyArray<string>,
-  opts: { timeoutMs?: number; env?: Record<string, string>; onOutput?: (all: string, kill: (s: NodeJS.Signals) => void) => void } = {}
+  opts: { timeoutMs?: number; env?: Record<string, string>; nodeArgs?: ReadonlyArray<string>; onOutput?: (all: string, kill: (s: NodeJS.Signals) => void) => void } = {}
 ): Promise<ScriptRun> =>
   new Promise((resolve, reject) => {
-    const child = spawn(process.execPath, [script, ...args], {
+    const child = spawn(process.execPath, [...(opts.nodeArgs ?? []), script, ...args], {
       detached: true,
       stdio: ["ignore", "pipe", "pipe"],
       env: { ...process.env, CI: "true", ...opts.env }

@@ -68,6 +68,21 @@ const toBytes = (files: Readonly<Record<string, Uint8Array | string>>): Record<s
 type BucketInfo = Parameters<NonNullable<GradientReducerOptions["onBucket"]>>[0]
 type StepInfo = Parameters<NonNullable<TrainContextDeps["onStep"]>>[0]
 
+/** The loop's module; where Node's type stripping cannot run it, a SyntaxError that says what to do. */
+const importLoop = (module: string): Promise<Record<string, unknown>> =>
+  (import(moduleUrl(module)) as Promise<Record<string, unknown>>).catch((e: unknown) => {
+    if ((e as { code?: unknown })?.code === "ERR_UNSUPPORTED_TYPESCRIPT_SYNTAX") {
+      const err = new SyntaxError(
+        `${(e as Error).message} (in ${module} or a module it imports): Node runs TypeScript by stripping its types, which leaves out ` +
+          "enums, namespaces and constructor parameter properties: write those as plain objects and fields, compile the loop to JavaScript, " +
+          "or start the driver (or the node's agent) with node --experimental-transform-types, which its workers then run with too"
+      )
+      err.stack = (e as Error).stack ?? err.stack
+      throw err
+    }
+    throw e
+  })
+
 export class WorkerRun {
   /** This rank's group across regroups, once the first group is built (pause, snapshot and resume answer from it). */
   session: GroupSession | undefined
@@ -132,7 +147,7 @@ export class WorkerRun {
   prepare(): Promise<void> {
     return (this.#prepared ??= (async () => {
       await this.#connect()
-      await import(moduleUrl(this.#args.loopModule))
+      await importLoop(this.#args.loopModule)
     })())
   }
 
@@ -635,7 +650,7 @@ export class WorkerRun {
   async #runLoop(): Promise<void> {
     const args = this.#args
     const context = this.#context
-    const mod = (await import(moduleUrl(args.loopModule))) as Record<string, unknown>
+    const mod = await importLoop(args.loopModule)
     const fn = mod[args.loopExport]
     if (typeof fn !== "function") {
       const fns = Object.keys(mod).filter((k) => typeof mod[k] === "function")
