@@ -238,6 +238,16 @@ export const xdgCacheHome: Setting<string | undefined> = {
   read: () => raw("XDG_CACHE_HOME") || undefined
 }
 
+/** Node's own options variable: the TypeScript flags in it reach the processes an agent starts. */
+export const nodeOptions: Setting<string[]> = {
+  name: "NODE_OPTIONS",
+  default: "unset",
+  description:
+    "Node's options; with --experimental-transform-types (or --no-experimental-strip-types) in it, or on node's command line, the processes a node agent starts (workers, warm processes) get the same flag",
+  standard: true,
+  read: () => (raw("NODE_OPTIONS") ?? "").split(/\s+/).filter((a) => a.length > 0)
+}
+
 /** Every variable gradwire reads, in docs/environment.md's order. */
 export const SETTINGS: ReadonlyArray<Setting<unknown>> = [
   logLevel,
@@ -260,7 +270,8 @@ export const SETTINGS: ReadonlyArray<Setting<unknown>> = [
   searchPath,
   vulkanIcdFilenames,
   vulkanDriverFiles,
-  xdgCacheHome
+  xdgCacheHome,
+  nodeOptions
 ]
 
 /** Variables gradwire sets for the worker processes it starts (a training loop may read them). */

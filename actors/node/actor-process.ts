@@ -7,6 +7,7 @@ import { spawn, type ChildProcess } from "node:child_process"
 import { createInterface } from "node:readline"
 import { fileURLToPath } from "node:url"
 import { FAST_START_ARGS } from "../../core/fast-start.ts"
+import { nodeOptions } from "../../core/settings.ts"
 
 export const HOST_SCRIPT = fileURLToPath(new URL(import.meta.url.endsWith(".ts") ? "./host.ts" : "./host.js", import.meta.url))
 
@@ -41,7 +42,7 @@ const WARM_ARGS = ["--warm", `--title-room=${".".repeat(160)}`]
  * started with --experimental-transform-types (enums, namespaces) has workers (of its embedded
  * cluster's agent) that import the loop's module with it too.
  */
-const TYPESCRIPT_FLAGS: ReadonlyArray<string> = [...new Set([...process.execArgv, ...(process.env.NODE_OPTIONS ?? "").split(/\s+/)])].filter(
+const TYPESCRIPT_FLAGS: ReadonlyArray<string> = [...new Set([...process.execArgv, ...nodeOptions.read()])].filter(
   (a) => a === "--experimental-transform-types" || a === "--no-experimental-strip-types"
 )
 

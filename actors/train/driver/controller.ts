@@ -75,10 +75,10 @@ export interface ReportMessage<C> {
   readonly aux?: Readonly<Record<string, Uint8Array>>
 }
 
-/** One generation of the worker group (an "attempt"): its size, its report rounds, its outcome. */
 /** How long the controller waits for every rank's word on where its loop was, once one said its calls mismatched. */
 export const MISMATCH_GATHER_MS = 1_000
 
+/** One generation of the worker group (an "attempt"): its size, its report rounds, its outcome. */
 export class Generation<C> {
   readonly number: number
   readonly worldSize: number
