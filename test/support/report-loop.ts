@@ -1,6 +1,7 @@
 // A loop that reports the ways a new user does: a metric kept as a tensor (`mode: "scalar"`, a
 // tf.Scalar loss; `"vector"`, a tensor of 3 elements), or report() calls it does not await
-// (`"unawaited"`, the last one still on its way when the loop returns). `"no-dataset"` asks for a
+// (`"unawaited"`, two an epoch, their scalar disposed at once, the last one still on its way when the
+// loop returns). `"no-dataset"` asks for a
 // dataset the Trainer was not given.
 import type { TrainContext } from "../../index.ts"
 
@@ -16,7 +17,13 @@ export async function reportLoop(config: { mode: "scalar" | "vector" | "unawaite
     const { loss } = await dp.trainStep(x, y)
     if (config.mode === "scalar") await ctx.report({ epoch, loss: tf.scalar(loss) })
     else if (config.mode === "vector") await ctx.report({ epoch, losses: tf.tensor1d([loss, loss, loss]) })
-    else void ctx.report({ epoch, loss })
+    else {
+      // two reports, not awaited (the second waits for the first), their tensors disposed at once
+      const l = tf.scalar(loss)
+      void ctx.report({ epoch, loss: l })
+      void ctx.report({ epoch, loss: l })
+      l.dispose()
+    }
   }
 }
 

@@ -225,7 +225,8 @@ export class TrainContext {
     // reports before it, and before the loop's next training step (dp.trainStep waits for it,
     // awaitReports), as on every rank; else the ranks' calls could interleave differently.
     const before = this.#inFlight.size > 0 ? Promise.allSettled([...this.#inFlight]) : undefined
-    const done = before ? before.then(() => this.#report(session, index, metrics, options)) : this.#report(session, index, metrics, options)
+    const held = heldMetrics(metrics)
+    const done = before ? before.then(() => this.#report(session, index, held, options)) : this.#report(session, index, held, options)
     // It reaches the driver before the rank says it finished (reportsSent), and its failure is
     // raised there (or at the next step) rather than as an unhandled rejection.
     done.catch(() => {})
@@ -731,15 +732,29 @@ const metricValues = async (metrics: Record<string, unknown>): Promise<Record<st
   const tensors = Object.entries(metrics).filter(([, v]) => isTensor(v))
   if (tensors.length === 0) return metrics
   const out = { ...metrics }
-  for (const [k, v] of tensors) {
-    const t = v as { readonly shape: number[]; readonly size: number; data(): Promise<ArrayLike<number>> }
-    if (t.size !== 1) {
-      throw new ConfigError({
-        field: `report(metrics).${k}`,
-        reason: `is a tensor of shape [${t.shape.join(", ")}]; a metric is a number (a tensor of one element is read as one): reduce it first (e.g. tf.mean(t)), or report Array.from(await t.data())`
-      })
+  try {
+    for (const [k, v] of tensors) {
+      const t = v as { readonly shape: number[]; readonly size: number; data(): Promise<ArrayLike<number>> }
+      if (t.size !== 1) {
+        throw new ConfigError({
+          field: `report(metrics).${k}`,
+          reason: `is a tensor of shape [${t.shape.join(", ")}]; a metric is a number (a tensor of one element is read as one): reduce it first (e.g. tf.mean(t)), or report Array.from(await t.data())`
+        })
+      }
+      out[k] = (await t.data())[0]
     }
-    out[k] = (await t.data())[0]
+  } finally {
+    for (const [, v] of tensors) (v as { dispose(): void }).dispose()
   }
   return out
+}
+
+/**
+ * The metrics with each tensor replaced by a clone of it (sharing its data), taken when report() is
+ * called: the loop may dispose its own tensor before a report it did not await reads it.
+ * metricValues reads and disposes the clones.
+ */
+const heldMetrics = (metrics: Record<string, unknown>): Record<string, unknown> => {
+  if (!Object.values(metrics).some(isTensor)) return metrics
+  return Object.fromEntries(Object.entries(metrics).map(([k, v]) => [k, isTensor(v) ? (v as unknown as { clone(): unknown }).clone() : v]))
 }
