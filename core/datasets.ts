@@ -83,6 +83,13 @@ export const gatherRows = <Y extends Int32Array | Float32Array>(
   return { x, y }
 }
 
+/** Rows [from, to) of a dataset as one of its own: views of its arrays, no copy. */
+export const rowRange = (ds: ArrayDataset, from: number, to: number): ArrayDataset => {
+  const r = rowSize(ds)
+  const l = labelSize(ds)
+  return { ...ds, size: to - from, x: ds.x.subarray(from * r, to * r), y: ds.y.subarray(from * l, to * l) }
+}
+
 /** A seeded split into train and held-out rows. */
 export const trainTestSplit = (
   ds: ArrayDataset,

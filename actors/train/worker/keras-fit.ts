@@ -7,11 +7,11 @@
 // this, each call trained its rank alone: its gradients never all-reduced, its weights drifting
 // from the other ranks' (which the report rounds' parity check then overwrote with rank 0's).
 import { createHash } from "node:crypto"
-import { makeDataset, type ArrayDataset } from "../../../core/datasets.ts"
+import { makeDataset, rowRange, type ArrayDataset } from "../../../core/datasets.ts"
 import { ConfigError } from "../../../core/errors.ts"
 import type { EpochResult, FitOptions, StepResult } from "./fit-loop.ts"
 import type { FitSource } from "./batches.ts"
-import type { ModelInput } from "./model-input.ts"
+import { isTensor, type ModelInput } from "./model-input.ts"
 
 type tfjs = typeof import("@tensorflow/tfjs")
 type Tensor = import("@tensorflow/tfjs").Tensor
@@ -75,10 +75,10 @@ const refusal = (field: string, reason: string) => new ConfigError({ field: `mod
 
 /** One tensor (not an array or map of them: models of several inputs train with dp.trainStep). */
 const single = (what: string, v: unknown): Tensor => {
-  if (v === null || typeof v !== "object" || !Array.isArray((v as { shape?: unknown }).shape) || typeof (v as { data?: unknown }).data !== "function") {
+  if (!isTensor(v)) {
     throw refusal(what, `on a prepared model takes one tensor (models of several inputs or outputs train with dp.trainStep(x, y) on batches you build), got ${Array.isArray(v) ? "an array" : typeof v}`)
   }
-  return v as Tensor
+  return v
 }
 
 /**
@@ -130,13 +130,6 @@ const digestOf = (ds: ArrayDataset): Float32Array => {
   h.update(new Uint8Array(ds.y.buffer, ds.y.byteOffset, ds.y.byteLength))
   const d = h.digest()
   return Float32Array.from({ length: 8 }, (_, i) => d.readUInt16LE(2 * i))
-}
-
-/** Rows [from, to) of a dataset, as one of its own. */
-const rowsOf = (ds: ArrayDataset, from: number, to: number): ArrayDataset => {
-  const fx = ds.featureShape.reduce((a, b) => a * b, 1)
-  const fy = (ds.labelShape ?? []).reduce((a, b) => a * b, 1)
-  return { ...ds, size: to - from, x: ds.x.subarray(from * fx, to * fx), y: ds.y.subarray(from * fy, to * fy) }
 }
 
 const asList = (callbacks: unknown): Callbacks[] => (callbacks === undefined || callbacks === null ? [] : Array.isArray(callbacks) ? callbacks : [callbacks]) as Callbacks[]
@@ -194,7 +187,7 @@ export const kerasFit = async (host: KerasFitHost, xIn: unknown, yIn: unknown, a
     const n = all.size
     validation = [x.slice(keep, n - keep), y.slice(keep, n - keep)] as [Tensor, Tensor]
     owned.push(...validation)
-    all = rowsOf(all, 0, keep)
+    all = rowRange(all, 0, keep)
   }
   if (all.size < batch) throw refusal("batchSize", `${batch} (the global batch) is larger than the ${all.size} rows to train on`)
 

@@ -17,6 +17,7 @@ import { replicaOffset } from "../common/optim/zero.ts"
 import { loadWeightsInto, modelToFiles } from "../../../core/model-io.ts"
 import type { Communicator } from "../../../collectives/communicator.ts"
 import { isCallMismatch } from "../../../collectives/errors.ts"
+import { isTensor } from "./model-input.ts"
 import type { ReducerStats } from "../../../collectives/gradient-reducer.ts"
 import { DataParallelModel, type GradientSync, type ParameterServers, type PrepareOptions, type ShardSource, type StepObserver } from "./data-parallel.ts"
 import type { GroupSession } from "./group-session.ts"
@@ -720,8 +721,6 @@ export class TrainContext {
 /** The function each worker runs (trainLoopPerWorker): the loop's config and this worker's context. */
 export type TrainLoop<C = unknown> = (config: C, ctx: TrainContext) => unknown | Promise<unknown>
 
-const isTensor = (v: unknown): v is { readonly shape: number[]; readonly size: number; data(): Promise<ArrayLike<number>> } =>
-  typeof v === "object" && v !== null && Array.isArray((v as { shape?: unknown }).shape) && typeof (v as { data?: unknown }).data === "function" && "dataId" in v
 
 /**
  * A report's metrics with each tensor of one element read as its number (a loss the loop kept as a
@@ -729,12 +728,11 @@ const isTensor = (v: unknown): v is { readonly shape: number[]; readonly size: n
  * more elements is a ConfigError that says how to report it.
  */
 const metricValues = async (metrics: Record<string, unknown>): Promise<Record<string, unknown>> => {
-  const tensors = Object.entries(metrics).filter(([, v]) => isTensor(v))
+  const tensors = Object.entries(metrics).filter((e): e is [string, import("@tensorflow/tfjs").Tensor] => isTensor(e[1]))
   if (tensors.length === 0) return metrics
   const out = { ...metrics }
   try {
-    for (const [k, v] of tensors) {
-      const t = v as { readonly shape: number[]; readonly size: number; data(): Promise<ArrayLike<number>> }
+    for (const [k, t] of tensors) {
       if (t.size !== 1) {
         throw new ConfigError({
           field: `report(metrics).${k}`,
@@ -744,7 +742,7 @@ const metricValues = async (metrics: Record<string, unknown>): Promise<Record<st
       out[k] = (await t.data())[0]
     }
   } finally {
-    for (const [, v] of tensors) (v as { dispose(): void }).dispose()
+    for (const [, t] of tensors) t.dispose()
   }
   return out
 }
@@ -756,5 +754,5 @@ const metricValues = async (metrics: Record<string, unknown>): Promise<Record<st
  */
 const heldMetrics = (metrics: Record<string, unknown>): Record<string, unknown> => {
   if (!Object.values(metrics).some(isTensor)) return metrics
-  return Object.fromEntries(Object.entries(metrics).map(([k, v]) => [k, isTensor(v) ? (v as unknown as { clone(): unknown }).clone() : v]))
+  return Object.fromEntries(Object.entries(metrics).map(([k, v]) => [k, isTensor(v) ? v.clone() : v]))
 }

@@ -390,22 +390,8 @@ export class WorkerRun {
         close: (g: LiveGroup) => g.comm.close(),
         parked: (cause) => {
           const f = toWireFailure(cause)
-          const p = this.place()
-          const blamed = blamedRanks(cause).filter((r) => r !== p.rank)
-          ctx.log.warn(`rank ${p.rank}: the group broke (${f.tag}: ${f.message.split("\n")[0]}); waiting to be regrouped`)
-          const mismatch = isCallMismatch(cause) ? this.session?.where() : undefined
-          void system
-            .tellPromise(this.#controller, "failed", {
-              attempt: p.attempt,
-              rank: p.rank,
-              tag: f.tag,
-              message: f.message,
-              stack: f.stack,
-              parked: true,
-              ...(blamed.length ? { blamed: [...blamed] } : {}),
-              ...(mismatch !== undefined ? { mismatch } : {})
-            })
-            .catch(() => {})
+          ctx.log.warn(`rank ${this.place().rank}: the group broke (${f.tag}: ${f.message.split("\n")[0]}); waiting to be regrouped`)
+          void this.#tellFailed(cause, f, true)
         },
         fetchState: (attempt, files) => system.askPromise(this.#controller, "peerState", { attempt, ...(files ? { files: [...files] } : {}) }, { timeoutMs: 120_000 }),
         interrupt: () => this.#ps?.interrupt(),
@@ -671,21 +657,30 @@ export class WorkerRun {
 
   /** The loop (or anything before it) failed: the controller hears it, with the ranks the error blames. */
   async #failed(e: unknown): Promise<void> {
-    const mismatch = isCallMismatch(e) ? this.session?.where() : undefined
     this.session?.end("its loop failed")
     // A ConfigError the driver answered the loop's ask with (a dataset it was not given) is the
     // loop's ConfigError: not retried, where a RemoteFailure would be restarted as a loop error.
     const f = e instanceof RemoteFailure && e.tag === "ConfigError" ? { tag: e.tag, message: e.remoteMessage, stack: e.remoteStack } : toWireFailure(e)
+    this.#ctx.log.error(`rank ${this.place().rank}: the training loop failed: ${f.tag}: ${f.message}`)
+    await this.#tellFailed(e, f, false)
+  }
+
+  /**
+   * Tells the controller this rank failed (`parked`: its group broke under it and it waits to be
+   * regrouped), with the ranks `cause` blames and, for calls that mismatched, where its loop was.
+   */
+  #tellFailed(cause: unknown, f: { readonly tag: string; readonly message: string; readonly stack: string }, parked: boolean): Promise<void> {
     const p = this.place()
-    this.#ctx.log.error(`rank ${p.rank}: the training loop failed: ${f.tag}: ${f.message}`)
-    const blamed = blamedRanks(e).filter((r) => r !== p.rank)
-    await this.#system
+    const blamed = blamedRanks(cause).filter((r) => r !== p.rank)
+    const mismatch = isCallMismatch(cause) ? this.session?.where() : undefined
+    return this.#system
       .tellPromise(this.#controller, "failed", {
         attempt: p.attempt,
         rank: p.rank,
         tag: f.tag,
         message: f.message,
         stack: f.stack,
+        ...(parked ? { parked: true } : {}),
         ...(blamed.length ? { blamed: [...blamed] } : {}),
         ...(mismatch !== undefined ? { mismatch } : {})
       })
