@@ -21,12 +21,8 @@ type LayersModel = import("@tensorflow/tfjs").LayersModel
 export interface KerasFitHost {
   readonly tf: tfjs
   readonly model: LayersModel
-  /** The loss is a classification loss (class ids or one-hot targets); sparse: it takes class ids. */
+  /** The loss is a classification loss (class ids or one-hot targets). */
   readonly classification: boolean
-  readonly sparse: boolean
-  /** This rank's place in the group now (a regroup may change it). */
-  readonly rank: number
-  readonly worldSize: number
   fit(source: FitSource, opts: FitOptions): Promise<EpochResult[]>
   trainStep(x: ModelInput, y: Tensor): Promise<StepResult>
   evaluateAsync(x: Tensor, y: Tensor): Promise<{ loss: number; accuracy?: number }>
