@@ -85,7 +85,8 @@ logs options:   --rank R (one rank), --follow (-f: stream until the job ends), -
                 --json (one object per line), --address URL, --cluster NAME, credentials, --state-dir DIR
 train options:  --workers N (default 1), --config JSON (the loop's config; @FILE reads it from a file), --name NAME,
                 --storage-path DIR, --max-failures N, --gpu, --timeline, --dashboard [--port N --host ADDR],
-                --dataset NAME=FILES (repeatable: fromFiles, each worker streams its rows), --address URL,
+                --dataset NAME=FILES or NAME='{"files": FILES, ...fromFiles options}' (repeatable: each
+                worker streams its rows; .gz files too), --address URL,
                 --cluster NAME, credentials
 demo options:   --workers N (default 4), --epochs N (default 20), --port N (dashboard, default 8265; 0: any free one),
                 --host ADDR, --storage-path DIR, --name NAME
@@ -622,6 +623,25 @@ const runTrainer = async (options: Record<string, unknown>): Promise<number> => 
   }
 }
 
+/**
+ * One --dataset's files: a path, glob or nats-obj:// location, or a JSON object of `files` (one
+ * or several) and fromFiles' options (`{"files": "rows.csv.gz", "header": false, "label": 64}`).
+ */
+const datasetFlag = (name: string, value: string, fromFiles: typeof import("../core/data/file-spec.ts").fromFiles): ReturnType<typeof fromFiles> => {
+  if (!value.trimStart().startsWith("{")) return fromFiles(value)
+  let spec: unknown
+  try {
+    spec = JSON.parse(value)
+  } catch (e) {
+    throw new UsageError(`--dataset ${name}: ${value} is not JSON (${(e as Error).message}); write NAME={"files": "data.csv", "header": false}, quoted for the shell`)
+  }
+  const { files, ...options } = spec as { files?: unknown }
+  if (typeof files !== "string" && !(Array.isArray(files) && files.length > 0 && files.every((f) => typeof f === "string"))) {
+    throw new UsageError(`--dataset ${name}: the JSON form needs "files", a path, glob or nats-obj:// location or a list of them, got ${JSON.stringify(files)}`)
+  }
+  return fromFiles(files as string | string[], options)
+}
+
 const train = async (flags: Flags, args: string[]): Promise<number> => {
   const [loop, ...more] = args
   if (loop === undefined || more.length > 0 || !/#[A-Za-z_$][\w$]*$/.test(loop)) {
@@ -638,8 +658,8 @@ const train = async (flags: Flags, args: string[]): Promise<number> => {
     const { fromFiles } = await import("../core/data/file-spec.ts")
     for (const d of flags.dataset) {
       const eq = d.indexOf("=")
-      if (eq <= 0) throw new UsageError(`--dataset wants NAME=FILES (a path, glob or nats-obj:// location), got "${d}"`)
-      datasets[d.slice(0, eq)] = fromFiles(d.slice(eq + 1))
+      if (eq <= 0) throw new UsageError(`--dataset wants NAME=FILES (a path, glob or nats-obj:// location) or NAME={"files": ..., options}, got "${d}"`)
+      datasets[d.slice(0, eq)] = datasetFlag(d.slice(0, eq), d.slice(eq + 1), fromFiles)
     }
   }
   let cluster: Record<string, unknown> | undefined

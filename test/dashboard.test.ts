@@ -29,6 +29,7 @@ import { natsFixtures } from "./support/nats.ts"
 import { startHeadAgent } from "./support/head-agent.ts"
 import { openLivePage, type LivePage } from "./support/cdp.ts"
 import { alive, runScript } from "./support/run-script.ts"
+import { plainFile } from "../core/data/plain-file.ts"
 
 const ROOT = fileURLToPath(new URL("../", import.meta.url))
 const CLI = path.join(ROOT, "bin", "gradwire.js")
@@ -523,6 +524,31 @@ describe("the launcher", () => {
     const bad = await runScript(CLI, ["train", "test/support/launch-loop.ts", "--workers", "2"], { timeoutMs: 30_000 })
     expect(bad.code).toBe(2)
     expect(bad.output).toContain("FILE#EXPORT")
+  })
+
+  it("gradwire train --dataset streams files, a gzip CSV without a header through the JSON form's options", { timeout: 90_000 }, async () => {
+    const digits = path.resolve("examples/data/digits.csv.gz")
+    try {
+      const r = await runScript(
+        CLI,
+        [
+          "train", "test/support/launch-loop.ts#launchLoop", "--workers", "3", "--config", JSON.stringify({ epochs: 1, tag: "data", data: "digits" }),
+          "--dataset", `digits=${JSON.stringify({ files: digits, header: false, numClasses: 10 })}`, "--name", "files", "--storage-path", path.join(dir, "launched")
+        ],
+        { timeoutMs: 75_000 }
+      )
+      expect(r.code, r.output).toBe(0)
+      // 1797 rows, none taken for a header: 599 a rank (a header would leave 598); the 64 pixels as features, the last column the label.
+      expect(r.output).toMatch(/report 1: rows=599 {2}features=64 {2}classes=10 {2}loss=\d/)
+      const bad = await runScript(CLI, ["train", "test/support/launch-loop.ts#launchLoop", "--dataset", `digits={"files": "${digits}", "hedaer": false}`], { timeoutMs: 30_000 })
+      expect(bad.code).toBe(1)
+      expect(bad.output).toMatch(/fromFiles\.hedaer": unknown option; allowed: format, header/)
+      const notJson = await runScript(CLI, ["train", "test/support/launch-loop.ts#launchLoop", "--dataset", "digits={files: 1}"], { timeoutMs: 30_000 })
+      expect(notJson.code).toBe(2)
+      expect(notJson.output).toMatch(/--dataset digits: \{files: 1\} is not JSON/)
+    } finally {
+      await fs.promises.rm(await plainFile(digits), { force: true })
+    }
   })
 
   it("gradwire demo trains the digits example with the dashboard on", { timeout: 90_000 }, async () => {

@@ -7,12 +7,14 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
+import * as zlib from "node:zlib"
 import { fromFiles, type FromFilesOptions } from "../core/data/file-spec.ts"
 import { resolveFileDataset, type ResolvedDataset } from "../core/data/resolve.ts"
 import { FileStream, normalize, oneHot } from "../core/data/stream.ts"
 import { writeShards } from "../core/data/shard-format.ts"
 import { putFiles, listUploaded } from "../core/data/object-data.ts"
-import { DataPositionMismatch, DataSourceError } from "../core/data/errors.ts"
+import { DataFormatError, DataPositionMismatch, DataSourceError } from "../core/data/errors.ts"
+import { plainCacheDir, plainFile } from "../core/data/plain-file.ts"
 import { natsFixtures } from "./support/nats.ts"
 import { runScript } from "./support/run-script.ts"
 import type { DataPosition } from "../core/data/plan.ts"
@@ -200,6 +202,52 @@ describe("file dataset streams", () => {
     await expect(resolve(path.join(dir, "nope.csv"))).rejects.toThrow(/no such file/)
   })
 
+  it("read gzip-compressed files (.csv.gz, .jsonl.gz, .gwshard.gz) as the plain ones, from one decompressed copy per node; a damaged one is named", async () => {
+    const copies: string[] = []
+    try {
+      for (const sub of ["csv", "jsonl", "shards"]) {
+        const plain = await resolve(path.join(dir, sub))
+        const gz = path.join(dir, `${sub}-gz`)
+        await fs.mkdir(gz, { recursive: true })
+        for (const f of await fs.readdir(path.join(dir, sub))) {
+          await fs.writeFile(path.join(gz, `${f}.gz`), zlib.gzipSync(await fs.readFile(path.join(dir, sub, f))))
+        }
+        // A directory of .gz files, as a directory of plain ones.
+        const d = await resolve(gz)
+        expect(d.rows).toBe(ROWS)
+        expect(d.files.map((f) => path.basename(f.source))).toEqual(plain.files.map((f) => `${path.basename(f.source)}.gz`))
+        // The same data: the same chunks, the same fingerprint (a position saved on the plain files resumes here), the same order.
+        expect(d.fingerprint).toBe(plain.fingerprint)
+        const [a, b] = [ranks(plain, 3), ranks(d, 3)]
+        expect(await run(b, 0, 10)).toEqual(await run(a, 0, 10))
+        await close([...a, ...b])
+        // One copy per file, made once: asked again, the same path, not rewritten.
+        for (const f of d.files) {
+          const copy = await plainFile(f.source)
+          expect(path.dirname(copy)).toBe(plainCacheDir())
+          const before = (await fs.stat(copy)).mtimeMs
+          copies.push(copy)
+          expect(await fs.readFile(copy)).toEqual(await fs.readFile(path.join(dir, sub, path.basename(f.source, ".gz"))))
+          expect(await plainFile(f.source)).toBe(copy)
+          expect((await fs.stat(copy)).mtimeMs).toBe(before)
+        }
+      }
+      // Not gzip data, or cut short: a DataFormatError naming the file, no copy left behind.
+      const bad = path.join(dir, "bad.csv.gz")
+      await fs.writeFile(bad, "id,label\n1,2\n")
+      await expect(resolve(bad)).rejects.toThrow(DataFormatError)
+      await expect(resolve(bad)).rejects.toThrow(/bad\.csv\.gz: it is named \.gz but is not complete gzip data/)
+      const cut = path.join(dir, "cut.csv.gz")
+      const whole = zlib.gzipSync(await fs.readFile(path.join(dir, "csv", "part-1.csv")))
+      await fs.writeFile(cut, whole.subarray(0, whole.length >> 1))
+      await expect(resolve(cut)).rejects.toThrow(/cut\.csv\.gz: it is named \.gz but is not complete gzip data/)
+      expect((await fs.readdir(plainCacheDir())).filter((f) => f.endsWith("-cut.csv") || f.endsWith("-bad.csv") || f.includes(".part"))).toEqual([])
+      await expect(resolve(path.join(dir, "missing.csv.gz"))).rejects.toThrow(DataSourceError)
+    } finally {
+      for (const c of copies) await fs.rm(c, { force: true })
+    }
+  })
+
   it("read files uploaded to a real JetStream object store in the same order as the local files", async () => {
     const server = await nats.server({ maxPayload: 8 * 1024 * 1024 })
     const conn = await nats.connect(server.url)
@@ -248,6 +296,13 @@ describe("file dataset streams", () => {
     const bad = await runScript(cli, ["data", "put", "nats-obj://cli/rows", "--address", server.url], { timeoutMs: 30_000 })
     expect(bad.code).toBe(2)
     expect(bad.output).toMatch(/name the files to upload/)
+    // A gzip file goes up decompressed, under its name without the .gz.
+    const gz = path.join(dir, "upload-0.csv.gz")
+    await fs.writeFile(gz, zlib.gzipSync(await fs.readFile(path.join(dir, "csv", "part-0.csv"))))
+    const putGz = await runScript(cli, ["data", "put", gz, "nats-obj://cli/gz", "--address", server.url], { timeoutMs: 30_000 })
+    expect(putGz.code).toBe(0)
+    expect(putGz.output).toMatch(/upload-0\.csv\.gz -> nats-obj:\/\/cli\/gz\/upload-0\.csv: 401 rows/)
+    await fs.rm(await plainFile(gz), { force: true })
     const missing = await runScript(cli, ["data", "put", path.join(dir, "none.csv"), "nats-obj://cli/rows", "--address", server.url], { timeoutMs: 30_000 })
     expect(missing.code).toBe(1)
     expect(missing.output).toMatch(/none\.csv: no such file/)

@@ -1,13 +1,14 @@
 // Reads rows of one chunk of a resolved file dataset into a worker's window buffers: a local shard
 // file with two positioned reads straight into the typed arrays, a local text file by reading the
-// chunk's byte range and parsing it in place, an uploaded file by fetching the part (one object)
+// chunk's byte range and parsing it in place (a .gz file from its decompressed copy on this node), an uploaded file by fetching the part (one object)
 // and copying or parsing its rows. Open files and the last parts fetched are kept for the next
 // windows, which often continue where the last one stopped.
 import * as fs from "node:fs/promises"
 import type { NatsConnection } from "@nats-io/nats-core"
 import type { ObjectStore } from "@nats-io/obj"
-import { DataSourceError } from "./errors.ts"
+import { DataFormatError, DataSourceError } from "./errors.ts"
 import { openDataBucket, readPart } from "./object-data.ts"
+import { plainFile } from "./plain-file.ts"
 import type { ResolvedDataset, ResolvedFile } from "./resolve.ts"
 import { decodeShard, prod, readShardRows, type ShardHeader } from "./shard-format.ts"
 import { parseTextRows } from "./text-formats.ts"
@@ -60,8 +61,9 @@ export const openChunkReader = (
       return h
     }
     const f = d.files[i]!
-    h = fs.open(f.source, "r").catch((e: NodeJS.ErrnoException) => {
+    h = plainFile(f.source).then((p) => fs.open(p, "r")).catch((e: NodeJS.ErrnoException) => {
       files.delete(i)
+      if (e instanceof DataSourceError || e instanceof DataFormatError) throw e
       throw new DataSourceError({ source: f.source, reason: `cannot open it on this node (${e.code ?? e.message}): a local path must exist on every node that trains; for machines without a shared filesystem upload the files with gradwire data put` })
     })
     files.set(i, h)

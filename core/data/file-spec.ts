@@ -13,7 +13,7 @@ export const DATA_OBJECT_PREFIX = "nats-obj://"
 export type FileFormat = "csv" | "jsonl" | "shards"
 
 export interface FromFilesOptions extends LabelOptions {
-  /** Default: from the extension (.csv, .jsonl / .ndjson, .gwshard). */
+  /** Default: from the extension (.csv / .tsv, .jsonl / .ndjson, .gwshard; each may end in .gz: see plain-file.ts). */
   readonly format?: FileFormat
   /** CSV: the first line names the columns (default true). */
   readonly header?: boolean
@@ -153,9 +153,9 @@ export const isFileDatasetSpec = (v: unknown): v is FileDatasetSpec =>
 export const isDatasetFactorySpec = (v: unknown): v is DatasetFactorySpec =>
   typeof v === "object" && v !== null && (v as { kind?: unknown }).kind === "factory" && typeof (v as { module?: unknown }).module === "string"
 
-/** The format of a file by its name (undefined when the extension says nothing). */
+/** The format of a file by its name, a `.gz` after it allowed (undefined when the extension says nothing). */
 export const formatOfName = (name: string): FileFormat | undefined => {
-  const n = name.toLowerCase()
+  const n = name.toLowerCase().replace(/\.gz$/, "")
   if (n.endsWith(".csv") || n.endsWith(".tsv")) return "csv"
   if (n.endsWith(".jsonl") || n.endsWith(".ndjson")) return "jsonl"
   if (n.endsWith(".gwshard")) return "shards"

@@ -2,7 +2,8 @@
 // (`gradwire data put <files> nats-obj://bucket/prefix`, putFiles() in the API). The object store
 // reads an object whole, so a file is uploaded as parts of whole rows (a few MiB each; a shard
 // file's parts are shards themselves) that a worker fetches one at a time, plus a small manifest
-// object under the file's own name that lists them with their row counts. The manifest is written
+// object under the file's own name that lists them with their row counts. A gzip file (.csv.gz, ...)
+// is uploaded decompressed, under its name without the .gz. The manifest is written
 // last, so a listed file is a complete upload; the driver reads only manifests.
 //
 //   <prefix>/<file name>                  manifest (JSON; object metadata gradwire-data=manifest)
@@ -14,6 +15,7 @@ import { Objm, setSha256Backend, type ObjectStore } from "@nats-io/obj"
 import { ConfigError } from "../errors.ts"
 import { DataFormatError, DataSourceError } from "./errors.ts"
 import { DATA_OBJECT_PREFIX, formatOfName, globToRegExp, hasGlob, parseObjectUrl, type FileFormat } from "./file-spec.ts"
+import { plainFile, withoutGz } from "./plain-file.ts"
 import { encodeShard, prod, readShardHeader, readShardRows, type LabelDtype } from "./shard-format.ts"
 
 // node:crypto's SHA-256 is about 4x faster than the client's pure-JS one (every chunk is hashed).
@@ -234,20 +236,21 @@ export const putFiles = async (
       const st = await fs.stat(file).catch(() => undefined)
       if (!st?.isFile()) throw new DataSourceError({ source: file, reason: "no such file" })
       const format = options.format ?? formatOfName(file)
-      if (!format) throw new DataSourceError({ source: file, reason: "cannot tell its format from the name: use .csv, .jsonl or .gwshard, or give the format (--format csv|jsonl|shards)" })
-      return { file, format }
+      if (!format) throw new DataSourceError({ source: file, reason: "cannot tell its format from the name: use .csv, .tsv, .jsonl, .ndjson or .gwshard (each may end in .gz), or give the format (--format csv|jsonl|shards)" })
+      return { file, format, name: path.basename(withoutGz(file)) }
     })
   )
   const names = new Set<string>()
-  for (const { file } of plan) {
-    const n = path.basename(file)
+  for (const { name: n } of plan) {
     if (names.has(n)) throw new ConfigError({ field: "data put", reason: `two files are named ${n}: objects are named by the file name, so upload them under different prefixes` })
     names.add(n)
   }
   const os = await createBucket(nc, bucket)
   const out: DataManifest[] = []
-  for (const { file, format } of plan) {
-    const name = prefix ? `${prefix}/${path.basename(file)}` : path.basename(file)
+  for (const { file, format, name: base } of plan) {
+    const name = prefix ? `${prefix}/${base}` : base
+    // A .gz file is uploaded decompressed (workers read parts of rows).
+    const read = await plainFile(file)
     const parts: Array<{ object: string; rows: number; bytes: number }> = []
     const put = async (bytes: Uint8Array, rows: number): Promise<void> => {
       const object = `${name}.parts/${String(parts.length).padStart(6, "0")}`
@@ -256,7 +259,7 @@ export const putFiles = async (
     }
     let manifest: DataManifest
     if (format === "shards") {
-      const fh = await fs.open(file, "r")
+      const fh = await fs.open(read, "r")
       try {
         const h = await readShardHeader(fh, file)
         const xs = prod(h.featureShape)
@@ -275,7 +278,7 @@ export const putFiles = async (
         const bytes = (await fh.stat()).size
         manifest = {
           version: 1,
-          name: path.basename(file),
+          name: base,
           format,
           bytes,
           rows: h.rows,
@@ -288,8 +291,8 @@ export const putFiles = async (
     } else {
       // Lines as they are (a CSV header stays the first line of part 0: whether it is one is the
       // dataset's option, header); the manifest counts lines and keeps the first one for the schema.
-      const t = await textParts(file, partBytes, put)
-      manifest = { version: 1, name: path.basename(file), format, bytes: t.bytes, rows: t.rows, schemaLine: t.firstLine, parts }
+      const t = await textParts(read, partBytes, put)
+      manifest = { version: 1, name: base, format, bytes: t.bytes, rows: t.rows, schemaLine: t.firstLine, parts }
     }
     await os.putBlob(manifestMeta(name), new TextEncoder().encode(JSON.stringify(manifest)))
     // Parts of an earlier, longer upload of the same name.

@@ -10,12 +10,13 @@ import { ConfigError } from "../errors.ts"
 import { DataFormatError, DataSourceError } from "./errors.ts"
 import { csvOptionsOf, formatOfName, hasGlob, isObjectUrl, parseObjectUrl, DATA_OBJECT_PREFIX, type FileDatasetSpec, type FileFormat } from "./file-spec.ts"
 import { listDataFiles, openDataBucket } from "./object-data.ts"
+import { plainFile, withoutGz } from "./plain-file.ts"
 import { prod, shardFileHeader, type LabelDtype } from "./shard-format.ts"
 import { csvSchema, jsonlSchema, type TextSchema } from "./text-formats.ts"
 import { mixSeed } from "../random.ts"
 
 export interface ResolvedFile {
-  /** Absolute path, or nats-obj://bucket/<object> of the manifest. */
+  /** Absolute path (a .gz file is read from its decompressed copy: plain-file.ts), or nats-obj://bucket/<object> of the manifest. */
   readonly source: string
   readonly rows: number
   readonly bytes: number
@@ -47,11 +48,16 @@ export interface ResolvedDataset {
   readonly fingerprint: string
 }
 
+/** What a file of an unknown extension is told (the Trainer's option and the CLI's). */
+export const UNKNOWN_FORMAT =
+  "cannot tell its format from the name: name it .csv, .tsv, .jsonl, .ndjson or .gwshard (each may end in .gz), " +
+  'or give the format: fromFiles(files, { format: "csv" | "jsonl" | "shards" }), on the command line --dataset \'NAME={"files": "...", "format": "csv"}\''
+
 const DEFAULT_WINDOW_ROWS = 16384
 const DEFAULT_WINDOW_BYTES = 32 * 1024 * 1024
 const SCAN_BYTES = 4 * 1024 * 1024
 
-const KNOWN = [".csv", ".tsv", ".jsonl", ".ndjson", ".gwshard"]
+const KNOWN = [".csv", ".tsv", ".jsonl", ".ndjson", ".gwshard"].flatMap((x) => [x, `${x}.gz`])
 
 /** Local paths: a file, a directory (its dataset files), or a glob. Sorted, so every run sees one order. */
 const expandLocal = async (source: string): Promise<string[]> => {
@@ -215,8 +221,8 @@ export const resolveFileDataset = async (
     } else {
       for (const f of await expandLocal(s)) {
         const format = o.format ?? formatOfName(f)
-        if (!format) throw new DataSourceError({ source: f, reason: "cannot tell its format from the name: give format: \"csv\" | \"jsonl\" | \"shards\"" })
-        entries.push({ source: f, format, local: f })
+        if (!format) throw new DataSourceError({ source: f, reason: UNKNOWN_FORMAT })
+        entries.push({ source: f, format, local: await plainFile(f) })
       }
     }
   }
@@ -280,11 +286,11 @@ export const resolveFileDataset = async (
       if (e.local) {
         const h = firstShards!.get(e.local) ?? (await shardFileHeader(e.local))
         if (prod(h.featureShape) !== prod(featureShape) || JSON.stringify(h.labelShape) !== JSON.stringify(labelShape) || h.labelDtype !== labelDtype) {
-          throw new DataFormatError({ source: e.local, reason: `its rows (features ${JSON.stringify(h.featureShape)}, labels ${JSON.stringify(h.labelShape)} ${h.labelDtype}) differ from ${entries[0]!.source}'s` })
+          throw new DataFormatError({ source: e.source, reason: `its rows (features ${JSON.stringify(h.featureShape)}, labels ${JSON.stringify(h.labelShape)} ${h.labelDtype}) differ from ${entries[0]!.source}'s` })
         }
         if (o.numClasses === undefined) numClasses = Math.max(numClasses, h.numClasses)
         const bytes = (await fs.stat(e.local)).size
-        files.push({ source: e.local, rows: h.rows, bytes, shard: { xOffset: h.xOffset, yOffset: h.yOffset } })
+        files.push({ source: e.source, rows: h.rows, bytes, shard: { xOffset: h.xOffset, yOffset: h.yOffset } })
       } else {
         const m = e.object!.manifest
         if (!m.shard || prod(m.shard.featureShape) !== prod(featureShape) || JSON.stringify(m.shard.labelShape) !== JSON.stringify(labelShape) || m.shard.labelDtype !== labelDtype) {
@@ -297,9 +303,9 @@ export const resolveFileDataset = async (
     }
     if (e.local) {
       const scan = await scanTextFile(e.local, chunkRows, header)
-      const s = schemaOf(format, scan.firstLine, spec, e.local)
-      if (!sameSchema(s, schema!)) throw new DataFormatError({ source: e.local, reason: `its columns differ from ${entries[0]!.source}'s (first line ${JSON.stringify(scan.firstLine.slice(0, 80))})` })
-      files.push({ source: e.local, rows: scan.rows, bytes: scan.bytes, offsets: scan.offsets })
+      const s = schemaOf(format, scan.firstLine, spec, e.source)
+      if (!sameSchema(s, schema!)) throw new DataFormatError({ source: e.source, reason: `its columns differ from ${entries[0]!.source}'s (first line ${JSON.stringify(scan.firstLine.slice(0, 80))})` })
+      files.push({ source: e.source, rows: scan.rows, bytes: scan.bytes, offsets: scan.offsets })
     } else {
       const m = e.object!.manifest
       const s = schemaOf(format, m.schemaLine ?? "", spec, e.source)
@@ -319,9 +325,10 @@ export const resolveFileDataset = async (
   const shape = { files, chunkRows, format }
   const sizes = chunkSizes(shape)
   let h = mixSeed(rows, sizes.rows.length, chunkRows)
-  // File names, not paths: the same files moved elsewhere (another mount, a resume elsewhere) are the same data.
+  // File names, not paths: the same files moved elsewhere (another mount, a resume elsewhere), or
+  // compressed since, are the same data.
   for (const f of files) {
-    const base = path.basename(f.source)
+    const base = path.basename(withoutGz(f.source))
     for (let i = 0; i < base.length; i++) h = mixSeed(h, base.charCodeAt(i))
   }
   for (let i = 0; i < sizes.rows.length; i++) h = mixSeed(h, sizes.rows[i]!)
