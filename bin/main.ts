@@ -193,7 +193,26 @@ const parseAll = (args: string[]) => parseArgs({ args, options, allowPositionals
  * Parses `args` for `command`: an option another command takes, or none takes, is an error that
  * names the command and lists the options it does take.
  */
-const parseCommand = (command: string, args: string[]): { values: Flags; tokens: ReturnType<typeof parseAll>["tokens"]; positionals: string[] } => {
+/**
+ * `--max-failures -1` as `--max-failures=-1`: node's parser takes a value that starts with a dash
+ * for an option, and "-1 for no limit" is what the docs say to give.
+ */
+const joinNegativeNumbers = (args: string[]): string[] => {
+  const out: string[] = []
+  for (let i = 0; i < args.length; i++) {
+    const a = args[i]!
+    const name = /^--([\w-]+)$/.exec(a)?.[1]
+    const next = args[i + 1]
+    if (name !== undefined && (options as Record<string, { type: string } | undefined>)[name]?.type === "string" && next !== undefined && /^-\d+(\.\d+)?$/.test(next)) {
+      out.push(`${a}=${next}`)
+      i++
+    } else out.push(a)
+  }
+  return out
+}
+
+const parseCommand = (command: string, given: string[]): { values: Flags; tokens: ReturnType<typeof parseAll>["tokens"]; positionals: string[] } => {
+  const args = joinNegativeNumbers(given)
   const allowed = COMMAND_OPTIONS[command]
   if (allowed === undefined) throw new UsageError(`unknown command "${command}"; commands: ${Object.keys(COMMAND_OPTIONS).join(", ")}`)
   const takes = `gradwire ${command} takes: ${allowed.filter((o) => !HIDDEN.has(o)).map(describeOption).join(", ")}`
