@@ -679,7 +679,9 @@ export class NodeAgent {
   }
 
   #advertise(): void {
-    if (this.#nc.isClosed()) return
+    // Not before the control actor serves: a driver may place a worker here on the first
+    // advertisement it hears (the backends probe, cached, resolves before the actor has started).
+    if (this.#nc.isClosed() || this.#control === undefined) return
     try {
       this.#nc.publish(clusterSubjects(this.cluster).nodeHeartbeat(this.nodeId), encodeMessage(this.advertisement()))
     } catch {

@@ -179,7 +179,7 @@ export interface ProbeBackendsOptions {
   readonly gpus: ReadonlyArray<GpuInfo>
 }
 
-const cacheKey = (gpus: ReadonlyArray<GpuInfo>): string =>
+export const cacheKey = (gpus: ReadonlyArray<GpuInfo>): string =>
   [
     process.version,
     os.platform(),
