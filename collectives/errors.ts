@@ -249,6 +249,10 @@ export const isCallMismatch = (e: unknown): boolean => {
   return false
 }
 
+/** A collective failed because a member died, hung or was cut off (or the group was closed to regroup it). */
+export const groupBroke = (e: unknown): boolean =>
+  e instanceof CollectiveTimeout || e instanceof CollectiveAborted || e instanceof PeerLinkLost || e instanceof CommunicatorClosed || e instanceof ConnectionLost
+
 /** The ranks an error blames, for the abort message that tells the other ranks. */
 export const blamedRanks = (e: unknown): ReadonlyArray<number> => {
   if (e instanceof CollectiveTimeout || e instanceof LengthMismatch || e instanceof OpMismatch || e instanceof CollectiveProtocolError || e instanceof PeerLinkLost) {

@@ -18,11 +18,7 @@ import * as Schema from "effect/Schema"
 import type { Communicator } from "../../../collectives/communicator.ts"
 import type { GradientReducer } from "../../../collectives/gradient-reducer.ts"
 import type { PeerState, Placement, Position, StageHandover, StreamCursor } from "../common/train-protocol.ts"
-import { CollectiveAborted, CollectiveTimeout, CommunicatorClosed, ConnectionLost, PeerLinkLost } from "../../../collectives/errors.ts"
-
-/** A collective failed because a member died, hung or was cut off (or the controller closed the group to regroup it). */
-const groupBroke = (e: unknown): boolean =>
-  e instanceof CollectiveTimeout || e instanceof CollectiveAborted || e instanceof PeerLinkLost || e instanceof CommunicatorClosed || e instanceof ConnectionLost
+import { groupBroke } from "../../../collectives/errors.ts"
 
 /** The joining worker's loop does not reach the survivors' position the way they did. */
 export class PeerRecoveryMisaligned extends Schema.TaggedError<PeerRecoveryMisaligned>()("PeerRecoveryMisaligned", {

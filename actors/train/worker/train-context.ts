@@ -16,7 +16,7 @@ import { PARITY_METRIC, type DatasetPayload } from "../common/train-protocol.ts"
 import { replicaOffset } from "../common/optim/zero.ts"
 import { loadWeightsInto, modelToFiles } from "../../../core/model-io.ts"
 import type { Communicator } from "../../../collectives/communicator.ts"
-import { isCallMismatch } from "../../../collectives/errors.ts"
+import { groupBroke, isCallMismatch } from "../../../collectives/errors.ts"
 import { isTensor } from "./model-input.ts"
 import type { ReducerStats } from "../../../collectives/gradient-reducer.ts"
 import { DataParallelModel, type GradientSync, type ParameterServers, type PrepareOptions, type ShardSource, type StepObserver } from "./data-parallel.ts"
@@ -299,6 +299,9 @@ export class TrainContext {
     } catch (e) {
       // the group broke on mismatched calls here: where this rank was is here, not at its next call
       if (isCallMismatch(e)) session.noteWhere()
+      // A group that broke under the check (a lost peer, the bus, a regroup closing it) regroups
+      // next, which the driver reports; only another failure is worth a line of its own.
+      if (groupBroke(e)) return undefined
       this.#deps.warn?.(`rank ${session.placement.rank}: state parity check of report ${index} skipped: ${e instanceof Error ? e.message.split("\n")[0] : String(e)}`)
       return undefined
     }
