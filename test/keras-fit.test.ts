@@ -47,6 +47,29 @@ describe("model.fit on a prepared model", () => {
     expect(m0!["batch/rank1"]).toBe(32)
   })
 
+  it("recovers from the surviving peers when a rank dies in the middle of model.fit: a replacement replays to them and joins", { timeout: 90_000 }, async () => {
+    const r = await new Trainer({
+      trainLoopPerWorker: LOOP,
+      trainLoopConfig: { epochs: 14, kill: { rank: 1, epoch: 2 }, epochMs: 400 },
+      scalingConfig: { numWorkers: 2 },
+      runConfig: { name: "keras-fit-kill", storagePath: storage, progress: false, failureConfig: { maxFailures: 1 } },
+      datasets: { train }
+    }).fit()
+    const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>)
+    const restarts = events.filter((e) => e.type === "restart" || e.type === "grow")
+    // The survivor goes on short-handed, then the replacement joins it; neither from the checkpoint
+    // (before, the replacement's model.fit compared the data with the survivor, which was past that
+    // call: "a group operation other than a training step", and the group restarted from scratch).
+    expect(restarts.map((e) => [e.type, e.recovery, e.survivors, e.joiners]), JSON.stringify(events.filter((e) => e.type !== "report"))).toEqual([
+      ["restart", "peers", 1, 0],
+      ["grow", "peers", 1, 1]
+    ])
+    const [m0, m1] = r.metricsPerRank.at(-1)!
+    expect(m1!.weights).toBe(m0!.weights)
+    expect(m0!.epochsSeen).toBe(Array.from({ length: 14 }, (_, i) => i).join(","))
+    expect(m0!.valAcc as number).toBeGreaterThan(0.8)
+  })
+
   it("refuses other data on another rank with a ConfigError, not retried", { timeout: 90_000 }, async () => {
     const e = await fit("keras-fit-differ", true).then(
       () => new Error("fit() resolved"),

@@ -1,10 +1,15 @@
 // A loop written as tfjs code already is: the whole dataset as tensors, then model.fit(x, y, {
 // epochs, batchSize, validationSplit, callbacks }) on the prepared model (keras-fit.ts). With
-// `differ`, rank 1 leaves out the last row (other data than rank 0's).
+// `differ`, rank 1 leaves out the last row (other data than rank 0's). With `kill`, that rank of the
+// first attempt dies (kill -9) at the end of that epoch; `epochMs` makes every epoch last at least so
+// long (a replacement then joins before the run ends).
 import type { TrainContext } from "../../index.ts"
 import { weightsHashAsync } from "../../examples/digits/model.ts"
 
-export async function kerasFitLoop(config: { epochs: number; differ?: boolean }, ctx: TrainContext): Promise<void> {
+export async function kerasFitLoop(
+  config: { epochs: number; differ?: boolean; kill?: { readonly rank: number; readonly epoch: number }; epochMs?: number },
+  ctx: TrainContext
+): Promise<void> {
   const tf = ctx.tf
   const data = await ctx.getDataset("train")
   const model = tf.sequential({
@@ -16,7 +21,21 @@ export async function kerasFitLoop(config: { epochs: number; differ?: boolean },
   const x = tf.tensor2d(data.x.subarray(0, n * 64), [n, 64])
   const y = tf.oneHot(tf.tensor1d(data.y.subarray(0, n), "int32"), 10)
   const epochsSeen: number[] = []
-  const h = await model.fit(x, y, { epochs: config.epochs, batchSize: 64, validationSplit: 0.2, callbacks: { onEpochEnd: async (epoch) => void epochsSeen.push(epoch) } })
+  let began = 0
+  const h = await model.fit(x, y, {
+    epochs: config.epochs,
+    batchSize: 64,
+    validationSplit: 0.2,
+    callbacks: {
+      onEpochBegin: async () => void (began = performance.now()),
+      onEpochEnd: async (epoch) => {
+        epochsSeen.push(epoch)
+        if (config.kill && ctx.attempt === 0 && ctx.worldRank === config.kill.rank && epoch === config.kill.epoch) process.kill(process.pid, "SIGKILL")
+        const left = (config.epochMs ?? 0) - (performance.now() - began)
+        if (left > 0) await new Promise((r) => setTimeout(r, left))
+      }
+    }
+  })
   await ctx.report({
     loss: h.history.loss.at(-1)!,
     firstLoss: h.history.loss[0]!,

@@ -277,7 +277,9 @@ export class DataParallelModel implements RecoverableModel {
       fit: (source, opts) => dp.fit(source, opts),
       trainStep: (x, y) => dp.trainStep(x, y),
       evaluateAsync: (x, y) => dp.evaluateAsync(x, y),
-      ...(sync.allGather ? { allGather: (buf: Float32Array) => sync.allGather!(buf) } : {})
+      // A replacement replaying the loop to the survivors' position makes no group operation
+      // before it joins them (they compared their data at this call already).
+      ...(sync.allGather ? { allGather: (buf: Float32Array) => (sync.recovery?.joinTarget !== undefined ? Promise.resolve(undefined) : sync.allGather!(buf)) } : {})
     }
     const define = (name: string, value: (...args: never[]) => unknown) => Object.defineProperty(this.model, name, { configurable: true, writable: true, value })
     define("fit", (x: unknown, y: unknown, args?: Parameters<typeof kerasFit>[3]) => kerasFit(host, x, y, args))

@@ -26,8 +26,12 @@ export interface KerasFitHost {
   fit(source: FitSource, opts: FitOptions): Promise<EpochResult[]>
   trainStep(x: ModelInput, y: Tensor): Promise<StepResult>
   evaluateAsync(x: Tensor, y: Tensor): Promise<{ loss: number; accuracy?: number }>
-  /** Every rank's copy of `buf`, concatenated in rank order (one group operation); absent, the data is not compared. */
-  readonly allGather?: (buf: Float32Array) => Promise<Float32Array>
+  /**
+   * Every rank's copy of `buf`, concatenated in rank order (one group operation); absent, or
+   * undefined for this call (a replacement replaying the loop to where the survivors are, which
+   * compared their data when they were here), the data is not compared.
+   */
+  readonly allGather?: (buf: Float32Array) => Promise<Float32Array | undefined>
 }
 
 /** The arguments of tfjs's model.fit that model.fit() on a prepared model takes (ModelFitArgs). */
