@@ -604,7 +604,7 @@ const stack = async (flags: Flags, args: string[]): Promise<number> => {
       for (const { r, got } of stacks) {
         console.log(`rank ${r.rank} (${r.actor}, pid ${r.pid ?? "?"}, node ${r.node ?? "?"}):`)
         if (got?.frames && got.frames.length > 0) for (const f of got.frames) console.log(`    at ${f}`)
-        else if (got?.idle) console.log("    idle: its event loop is free (waiting on I/O, a timer or a promise), not computing")
+        else if (got?.idle) console.log(`    idle: its event loop is free (waiting on I/O, a timer or a promise), not computing${got.where !== undefined ? `; its loop is ${got.where}` : ""}`)
         else
           console.log(
             `    ${got === undefined ? `no answer within ${STACK_WAIT_MS / 1000} s (its process stopped or cut off, or it beats from its event loop)` : `no stack: ${got.error ?? "no frames"}`}`

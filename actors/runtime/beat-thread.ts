@@ -8,7 +8,9 @@
 // process that works outside its collectives (its loop free) is told from one waiting on nothing.
 // On `stackSubject` it answers with the main thread's JavaScript stack, taken through the inspector
 // (a pause at the main thread's next interrupt check, inside a long loop too, then a resume): where
-// a held event loop is held. Posts "up" once its first beat is out; exits on "stop".
+// a held event loop is held; an idle one (nothing to pause) is asked where it is instead (a message
+// to the main thread, which its free event loop answers). Posts "up" once its first beat is out;
+// exits on "stop".
 //
 // It loads nats.js alone (about 19 MB a thread, against 55 MB with gradwire's connection and wire
 // modules and the Effect schemas they bring): the beat comes encoded from the main thread, with
@@ -67,14 +69,38 @@ const frameText = (f: CallFrame, urls: ReadonlyMap<string, string>): string => {
 
 /** A main thread whose loop ticked this recently is idle: a pause would only land in whatever runs next (a timer). */
 const IDLE_HELD_MS = 300
+/** How long an idle main thread may take to say where it is. */
+const PLACE_TIMEOUT_MS = 500
+
+let placeAsked = 0
+const placeAnswers = new Map<number, (where: string | undefined) => void>()
+
+/** Where the idle main thread says it is (heartbeat.ts setIdlePlace), if it says so in time. */
+const idlePlace = (): Promise<string | undefined> =>
+  new Promise((resolve) => {
+    const id = ++placeAsked
+    const timer = setTimeout(() => {
+      placeAnswers.delete(id)
+      resolve(undefined)
+    }, PLACE_TIMEOUT_MS)
+    placeAnswers.set(id, (where) => {
+      clearTimeout(timer)
+      placeAnswers.delete(id)
+      resolve(where)
+    })
+    parentPort!.postMessage({ place: id })
+  })
 
 /**
  * The main thread's stack: the inspector pauses it where it runs (a held loop at its next interrupt
  * check), reads the frames, resumes it. An idle main thread (its loop free: waiting on I/O, a timer
  * or a promise) is said to be so instead.
  */
-const mainStack = async (): Promise<{ frames?: string[]; idle?: boolean; error?: string }> => {
-  if (Date.now() - Number(Atomics.load(ticks, 0)) < IDLE_HELD_MS) return { idle: true }
+const mainStack = async (): Promise<{ frames?: string[]; idle?: boolean; where?: string; error?: string }> => {
+  if (Date.now() - Number(Atomics.load(ticks, 0)) < IDLE_HELD_MS) {
+    const where = await idlePlace()
+    return { idle: true, ...(where !== undefined ? { where } : {}) }
+  }
   const inspector = await import("node:inspector")
   const session = new inspector.Session()
   session.connectToMainThread()
@@ -134,6 +160,11 @@ const run = async (): Promise<void> => {
     })
   }
   parentPort!.on("message", (m: unknown) => {
+    if (typeof m === "object" && m !== null && "place" in m) {
+      const { place, where } = m as { place: number; where?: unknown }
+      placeAnswers.get(place)?.(typeof where === "string" ? where : undefined)
+      return
+    }
     if (m !== "stop") return
     clearInterval(timer)
     void nc.close().finally(() => parentPort!.close())

@@ -81,7 +81,30 @@ export interface StackReply {
   readonly frames?: ReadonlyArray<string>
   /** Its event loop is free (it ticked within 0.3 s): waiting on I/O, a timer or a promise, not computing. */
   readonly idle?: boolean
+  /** With `idle`: where the process says it is (setIdlePlace: a train worker's loop, in its user's terms). */
+  readonly where?: string
   readonly error?: string
+}
+
+let idlePlace: (() => string | undefined) | undefined
+
+/**
+ * What this process says of itself when its stack is asked for while its event loop is free (an
+ * idle main thread has no stack to show: it waits on a promise): a train worker names where its
+ * loop is ("outside any training step, after 0 training steps since report() call 2"), so a rank
+ * whose loop awaits something that never settles is found as a held one is by its stack.
+ */
+export const setIdlePlace = (place: (() => string | undefined) | undefined): void => {
+  idlePlace = place
+}
+
+/** The idle place, never throwing. */
+const idlePlaceNow = (): string | undefined => {
+  try {
+    return idlePlace?.()
+  } catch {
+    return undefined
+  }
 }
 
 /** gradwire's own source and Node's, and what is installed: frames that are not the user's code. */
@@ -106,7 +129,7 @@ export const mainThreadStack = async (nc: NatsConnection, subject: string, timeo
   try {
     const msg = await nc.request(subject, new Uint8Array(0), { timeout: timeoutMs })
     const reply = JSON.parse(new TextDecoder().decode(msg.data)) as StackReply
-    if (reply.idle === true) return { idle: true }
+    if (reply.idle === true) return { idle: true, ...(typeof reply.where === "string" ? { where: reply.where } : {}) }
     return Array.isArray(reply.frames) ? { frames: reply.frames.map(String) } : { error: String(reply.error ?? "no frames") }
   } catch {
     return undefined
@@ -195,6 +218,10 @@ export const startThreadBeating = (
       if (m === "up") {
         fallback?.stop()
         fallback = undefined
+      } else if (typeof m === "object" && m !== null && "place" in m) {
+        // the thread asks where this idle main thread is (its event loop is free to answer)
+        const where = idlePlaceNow()
+        thread?.postMessage({ place: (m as { place: unknown }).place, ...(where !== undefined ? { where } : {}) })
       } else beatHere(`it failed: ${String((m as { failed?: unknown }).failed)}`)
     })
     thread.on("error", (e) => beatHere(`it failed: ${e.message}`))

@@ -296,6 +296,8 @@ export class Controller<C = unknown> {
     readonly parked?: boolean
     /** The group broke on mismatched calls: where this rank's loop was. */
     readonly mismatch?: string
+    /** What the first blamed rank was doing, asked of it (an idle loop's place, a held main thread's stack). */
+    readonly blamedState?: string
   }): void {
     const g = this.#live(msg.attempt)
     if (!g) return
@@ -314,7 +316,7 @@ export class Controller<C = unknown> {
         kind: "died",
         rank: blamed,
         tag: msg.tag,
-        message: `rank ${blamed} stopped taking part in collectives (reported by rank ${msg.rank}: ${msg.message})`,
+        message: `rank ${blamed} stopped taking part in collectives${msg.blamedState !== undefined ? `: ${msg.blamedState}` : ""} (reported by rank ${msg.rank}: ${msg.message})`,
         remoteStack: msg.stack
       })
       return

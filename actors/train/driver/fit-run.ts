@@ -57,6 +57,8 @@ import type { Dashboard } from "../dashboard/server.ts"
 /** How long a server gets to make a lost one's replacement from its replica, or to send it its shard (a few shard sizes over the bus). */
 const SERVER_HANDOVER_TIMEOUT_MS = 30_000
 
+/** How long a failure blaming a rank waits for that rank's stack or idle place. */
+const BLAMED_STACK_MS = 2_500
 /** Attempts at writing one checkpoint before it is given up (and recorded in Result.checkpointErrors). */
 const CHECKPOINT_WRITE_ATTEMPTS = 3
 
@@ -81,6 +83,8 @@ export class FitRun {
 
   #resumePath: string | undefined
   #saving: Promise<unknown> = Promise.resolve()
+  // Workers' failure messages, one at a time (#withBlamedState may ask a rank first).
+  #failing: Promise<void> = Promise.resolve()
   // Assigned once the cluster is up; nothing that reads it runs before that.
   #store!: CheckpointStorage
   // The lineage: checkpoints saved since the group last started afresh, with the number of
@@ -440,6 +444,25 @@ export class FitRun {
     return this.controller.current?.number === attempt && this.controller.state === "running"
   }
 
+  /**
+   * A worker's failure that blames a rank for a collective's timeout, with what that rank is doing,
+   * asked of its beat thread (BLAMED_STACK_MS at most): where its idle loop waits, or its held main
+   * thread's stack. The rank lives (it answered the liveness probe), so it is found as DDP's
+   * timeouts never say: "its event loop is idle, its loop outside gradwire's calls, after 0
+   * training steps since report() call 2".
+   */
+  async #withBlamedState<B extends { readonly attempt: number; readonly tag: string; readonly blamed?: ReadonlyArray<number> }>(body: B): Promise<B & { blamedState?: string }> {
+    const blamed = body.blamed?.[0]
+    const w = blamed === undefined ? undefined : this.#group.members.get(blamed)
+    if (!w || (body.tag !== "CollectiveTimeout" && body.tag !== "CollectiveAborted") || !this.#isCurrent(body.attempt)) return body
+    const st = await mainThreadStack(this.#system.nc, this.#system.subjects.stack(w.name), BLAMED_STACK_MS)
+    if (st?.idle) {
+      return { ...body, blamedState: `its event loop is idle${st.where !== undefined ? `, the loop ${st.where}` : ""} (an await that has not settled?)` }
+    }
+    if (st?.frames && st.frames.length > 0) return { ...body, blamedState: `its main thread is ${describeStack(st.frames)}` }
+    return body
+  }
+
   /** The controller actor: what the workers report to, and ask for (datasets, the checkpoint, a survivor's state). */
   async launch(): Promise<void> {
     const datasetPayload = datasetPayloads(this.cfg.datasets, this.#resolvedData)
@@ -494,7 +517,11 @@ export class FitRun {
         return known
       },
       finished: (body) => controller.finished(body),
-      failed: (body) => controller.failed(body),
+      // In arrival order; one that blames a rank for a collective's timeout waits while that rank
+      // is asked where it is (its process lives: it answered the liveness probe).
+      failed: (body) => {
+        this.#failing = this.#failing.then(async () => controller.failed(await this.#withBlamedState(body))).catch(() => {})
+      },
       peerState: (body) => {
         const st = this.#peerStates.get(body.attempt)
         if (!st) throw new ConfigError({ field: "peerState", reason: `no survivor's state is held for generation ${body.attempt}` })

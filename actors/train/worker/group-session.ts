@@ -256,15 +256,17 @@ export class GroupSession {
   /**
    * Where this rank's loop is, in its user's terms, for a group that broke on mismatched calls:
    * "in report() call 2, after 5 training steps since report() call 1", "in training step 6 since
-   * the loop's start", "in dp.fit(), epoch 3 step 4 of 12".
+   * the loop's start", "in dp.fit(), epoch 3 step 4 of 12". `idle`: for a rank whose event loop is
+   * free while its peers wait for it (its loop awaits something that has not settled).
    */
-  where(): string {
-    if (this.#brokeAt !== undefined) return this.#brokeAt
+  where(opts: { readonly idle?: boolean } = {}): string {
+    if (this.#brokeAt !== undefined && !opts.idle) return this.#brokeAt
     const since = (n: number) => (n > 0 ? `report() call ${n}` : "the loop's start")
     if (this.inReport) return `in report() call ${this.reports}, after ${this.#stepsBeforeReport} training step(s) since ${since(this.reports - 1)}`
     const p = this.#model?.loopPosition()
     if (p?.inFit) return `in dp.fit(), epoch ${p.epoch} step ${p.stepInEpoch + 1} of ${p.stepsPerEpoch}`
     if (this.#model?.inStep?.()) return `in training step ${this.stepsSinceReport + 1} since ${since(this.reports)}`
+    if (opts.idle) return `outside gradwire's calls (no training step, report() or collective), after ${this.stepsSinceReport} training step(s) since ${since(this.reports)}`
     return `outside a training step (a collective of its own, or an evaluation), after ${this.stepsSinceReport} training step(s) since ${since(this.reports)}`
   }
 

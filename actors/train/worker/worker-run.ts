@@ -30,6 +30,7 @@ import * as settings from "../../../core/settings.ts"
 import type { ActorContext } from "../../runtime/actor.ts"
 import type { ActorRef, ActorSystem } from "../../runtime/system.ts"
 import { toWireFailure } from "../../runtime/envelope.ts"
+import { setIdlePlace } from "../../runtime/heartbeat.ts"
 import { RemoteFailure } from "../../runtime/errors.ts"
 import { ControllerProtocol, type Admission, type LinkMeasurements, type Placement, type WorkerArgs } from "../common/train-protocol.ts"
 import type { ObservedTopology } from "../../../scheduler/topology.ts"
@@ -400,6 +401,8 @@ export class WorkerRun {
       this.#args.join
     )
     this.session = live
+    // An idle rank asked for its stack (a peer's collective timed out waiting for it, gradwire stack) says where its loop is.
+    setIdlePlace(() => this.session?.where({ idle: true }))
   }
 
   /** The session, once started (everything after startSession runs with one). */
