@@ -454,7 +454,9 @@ export class FitRun {
   async #withBlamedState<B extends { readonly attempt: number; readonly tag: string; readonly blamed?: ReadonlyArray<number> }>(body: B): Promise<B & { blamedState?: string }> {
     const blamed = body.blamed?.[0]
     const w = blamed === undefined ? undefined : this.#group.members.get(blamed)
-    if (!w || (body.tag !== "CollectiveTimeout" && body.tag !== "CollectiveAborted") || !this.#isCurrent(body.attempt)) return body
+    // (a timeout: the rank that timed out probed the blamed one and found it alive; an abort or a
+    // lost link blames a rank that may be dead or stopped, which would only make the regroup wait)
+    if (!w || body.tag !== "CollectiveTimeout" || !this.#isCurrent(body.attempt)) return body
     const st = await mainThreadStack(this.#system.nc, this.#system.subjects.stack(w.name), BLAMED_STACK_MS)
     if (st?.idle) {
       return { ...body, blamedState: `its event loop is idle${st.where !== undefined ? `, the loop ${st.where}` : ""} (an await that has not settled?)` }
