@@ -150,7 +150,7 @@ describe("Trainer", () => {
     expect(e.rank).toBe(2)
     expect(e.message).toMatch(/rank 2 stopped taking part in collectives/)
     // Where it is: its loop awaits a timer before its epoch 1, after report() call 1 (asked of it).
-    expect(e.message).toContain(
+    expect(e.message, e.message).toContain(
       "rank 2 stopped taking part in collectives: its event loop is idle, the loop outside gradwire's calls (no training step, report() or collective), after 0 training step(s) since report() call 1 (an await that has not settled?)"
     )
     // An explicit timeoutMs is used as given, not derived.

@@ -59,6 +59,8 @@ const SERVER_HANDOVER_TIMEOUT_MS = 30_000
 
 /** How long a failure blaming a rank waits for that rank's stack or idle place. */
 const BLAMED_STACK_MS = 2_500
+/** A blamed rank heard from this recently is asked (its beat thread answers). */
+const BLAMED_HEARD_MS = 1_500
 /** Attempts at writing one checkpoint before it is given up (and recorded in Result.checkpointErrors). */
 const CHECKPOINT_WRITE_ATTEMPTS = 3
 
@@ -454,9 +456,11 @@ export class FitRun {
   async #withBlamedState<B extends { readonly attempt: number; readonly tag: string; readonly blamed?: ReadonlyArray<number> }>(body: B): Promise<B & { blamedState?: string }> {
     const blamed = body.blamed?.[0]
     const w = blamed === undefined ? undefined : this.#group.members.get(blamed)
-    // (a timeout: the rank that timed out probed the blamed one and found it alive; an abort or a
-    // lost link blames a rank that may be dead or stopped, which would only make the regroup wait)
-    if (!w || body.tag !== "CollectiveTimeout" || !this.#isCurrent(body.attempt)) return body
+    if (!w || (body.tag !== "CollectiveTimeout" && body.tag !== "CollectiveAborted") || !this.#isCurrent(body.attempt)) return body
+    // Only a rank whose beats still come (an abort can blame a dead or stopped rank, which would
+    // only make the regroup wait for an answer that cannot come).
+    const heard = this.#system.watcher().heldState(w.name, w.instance)
+    if (heard === undefined || heard.heardAgoMs > BLAMED_HEARD_MS) return body
     const st = await mainThreadStack(this.#system.nc, this.#system.subjects.stack(w.name), BLAMED_STACK_MS)
     if (st?.idle) {
       return { ...body, blamedState: `its event loop is idle${st.where !== undefined ? `, the loop ${st.where}` : ""} (an await that has not settled?)` }
