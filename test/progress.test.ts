@@ -18,6 +18,16 @@ describe("progress lines", () => {
     expect(lines.at(-1)).toMatch(/^epoch 2 +10\/10 100% .*loss 0\.5000 +ETA 0\.0s\n$/)
   })
 
+  it("the run's first step has no ETA yet (no step timed), not a bogus 0 s", () => {
+    const { p, lines } = printer()
+    p.step({ rank: 0, epoch: 0, step: 0, stepsPerEpoch: 200, samples: 32, loss: 2.3, computeMs: 3 })
+    expect(lines.at(-1)).toMatch(/^epoch 1 +1\/200 +1% .*ETA -\n$/)
+    const start = performance.now()
+    while (performance.now() - start < 5);
+    p.step({ rank: 0, epoch: 0, step: 199, stepsPerEpoch: 200, samples: 6400, loss: 0.4, computeMs: 3 })
+    expect(lines.at(-1)).toMatch(/ETA 0\.0s\n$/)
+  })
+
   it("a trainStep loop's line counts steps, with no epoch length, percentage or ETA", () => {
     const { p, lines } = printer()
     p.step({ rank: 0, epoch: 0, step: 13, stepsPerEpoch: 0, samples: 448, loss: 1.25, computeMs: 3 })

@@ -60,14 +60,16 @@ export class ProgressPrinter {
     if (!this.#epochStart.has(p.epoch)) this.#epochStart.set(p.epoch, now)
     if (p.rank !== 0) return
     const pct = p.stepsPerEpoch > 0 ? (p.step + 1) / p.stepsPerEpoch : 0
-    const eta = secPerStep * Math.max(0, p.stepsPerEpoch - p.step - 1)
+    const left = Math.max(0, p.stepsPerEpoch - p.step - 1)
+    // (no step timed yet, the run's first: an ETA of 0 s would be a guess)
+    const eta = left === 0 ? "0.0s" : secPerStep > 0 ? `${(secPerStep * left).toFixed(1)}s` : "-"
     const hint = this.stragglers()
     const rate = `${this.#rate > 0 ? `${Math.round(this.#rate)} samples/s  ` : ""}loss ${fmt(p.loss)}`
     // A hand-written trainStep loop has no epoch length (nor epochs): its steps are counted, no bar or ETA.
     const text =
       (p.stepsPerEpoch > 0
         ? `epoch ${p.epoch + 1} ${this.mode === "bar" ? `[${"#".repeat(Math.round(pct * 24)).padEnd(24, ".")}] ` : ""}` +
-          `${String(p.step + 1).padStart(4)}/${p.stepsPerEpoch} ${(pct * 100).toFixed(0).padStart(3)}%  ${rate}  ETA ${eta.toFixed(1)}s`
+          `${String(p.step + 1).padStart(4)}/${p.stepsPerEpoch} ${(pct * 100).toFixed(0).padStart(3)}%  ${rate}  ETA ${eta}`
         : `step ${String(p.step + 1).padStart(5)}  ${rate}`) + (hint ? `  | ${hint}` : "")
     if (this.mode === "bar") {
       this.#out.write(`\r\x1b[2K${text}`)
