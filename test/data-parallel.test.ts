@@ -248,7 +248,7 @@ describe("data-parallel wrapper", () => {
     expect(l2(delta(flatOf(free), wf))).toBeGreaterThan(0.01)
     // refused: not a positive number, or a strategy that has no whole reduced gradient on each rank
     await expect(DataParallelModel.prepare(tf, sgd(26), localGroup(1)[0], { clipNorm: 0 })).rejects.toThrow(/prepareModel\.clipNorm.*must be a number > 0/)
-    await expect(DataParallelModel.prepare(tf, sgd(27), { ...localGroup(1)[0], zeroStage: 1 }, { clipValue: 1 })).rejects.toThrow(/prepareModel\.clipValue.*zeroStage 1/)
+    await expect(DataParallelModel.prepare(tf, sgd(27), { ...localGroup(1)[0], zeroStage: 2 }, { clipNorm: 1 })).rejects.toThrow(/prepareModel\.clipNorm.*zeroStage 2 each rank holds only its segment.*use zeroStage 1/)
   })
 
   it("clipFlat: clamps, then scales to the norm only when longer, and returns the norm before", () => {

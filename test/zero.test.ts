@@ -245,6 +245,31 @@ describe("ZeRO stage 1 and 2", () => {
     }
   })
 
+  it("clips as stage 0 does: clipNorm at stage 1 (the whole gradient on every rank), clipValue at stages 1 and 2; clipNorm at stage 2 refused", async () => {
+    const run = async (stage: 0 | 1 | 2, prepare: PrepareOptions) => {
+      const ranks = await makeGroup(3, stage, OPTIMIZERS.adam!, prepare)
+      try {
+        await train(ranks, 5)
+        const w = flatWeights(ranks[0]!.model)
+        for (const r of ranks.slice(1)) expect(maxDiff(flatWeights(r.model), w)).toBe(0)
+        return w
+      } finally {
+        await closeGroup(ranks)
+      }
+    }
+    const free = await run(0, {})
+    for (const clip of [{ clipNorm: 0.05 }, { clipValue: 0.002 }, { clipValue: 0.002, clipNorm: 0.05 }] as const) {
+      const base = await run(0, clip)
+      // the clipping bites: the same steps without it end elsewhere
+      expect(maxDiff(base, free), JSON.stringify(clip)).toBeGreaterThan(1e-3)
+      for (const stage of clip.clipNorm === undefined ? ([1, 2] as const) : ([1] as const)) {
+        const d = maxDiff(await run(stage, clip), base)
+        expect(d, `stage ${stage} ${JSON.stringify(clip)}: max diff ${d}`).toBeLessThan(2e-5)
+      }
+    }
+    // (clipNorm at stage 2 is refused: data-parallel.test.ts)
+  })
+
   it("shift by d (a ZeRO-2 replica d ranks away): each rank's data to rank + d, rank - d's back, bit for bit; a bad distance refused", async () => {
     const p = 4
     const group = `g${groups++}`

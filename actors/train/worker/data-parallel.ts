@@ -182,10 +182,16 @@ export class DataParallelModel implements RecoverableModel {
       if (v === undefined) continue
       if (typeof v !== "number" || !Number.isFinite(v) || v <= 0) throw new ConfigError({ field: `prepareModel.${field}`, reason: `must be a number > 0, got ${String(v)}` })
       const strategy = strategyOf(sync)
-      if ((strategy !== "allreduce" && strategy !== "local-sgd") || (sync.zeroStage ?? 0) > 0) {
+      if (strategy !== "allreduce" && strategy !== "local-sgd") {
         throw new ConfigError({
           field: `prepareModel.${field}`,
-          reason: `clips the whole reduced gradient on every rank, which strategy "${strategy}"${(sync.zeroStage ?? 0) > 0 ? ` with zeroStage ${sync.zeroStage} (each rank holds a segment of it)` : " (the servers apply the updates)"} does not have: use strategy "allreduce" without ZeRO, or "local-sgd"`
+          reason: `clips the reduced gradient on every rank, which strategy "${strategy}" does not have (the servers apply the updates): use strategy "allreduce" (ZeRO too) or "local-sgd"`
+        })
+      }
+      if (field === "clipNorm" && sync.zeroStage === 2) {
+        throw new ConfigError({
+          field: "prepareModel.clipNorm",
+          reason: "needs the whole reduced gradient's norm, and with zeroStage 2 each rank holds only its segment of it: use zeroStage 1 (the whole gradient is all-reduced; each rank still keeps only its segment of the optimizer state), or clipValue"
         })
       }
     }
@@ -243,7 +249,10 @@ export class DataParallelModel implements RecoverableModel {
         this.#applyWhole(named)
         tf.dispose(Object.values(named))
       },
-      loadTfjsOptimizer: (spec, state) => this.#loadTfjsOptimizer(spec, state)
+      loadTfjsOptimizer: (spec, state) => this.#loadTfjsOptimizer(spec, state),
+      clip: (flat, whole) => {
+        if (this.#clipValue !== undefined || (whole && this.#clipNorm !== undefined)) clipFlat(flat, this.#clipValue, whole ? this.#clipNorm : undefined)
+      }
     }
   }
 

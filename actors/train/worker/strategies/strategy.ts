@@ -97,6 +97,12 @@ export interface StrategyHost {
   assignFlat(flat: Float32Array): void
   /** The plain update from a reduced flat gradient: weight decay, then the optimizer. */
   applyFlat(flat: Float32Array): void
+  /**
+   * prepareModel's clipping (clipValue, then clipNorm) on a reduced gradient, in place, before a
+   * strategy's own update: `whole` the whole gradient (every element), else a segment of it, which
+   * only clipValue applies to (a norm needs the whole).
+   */
+  clip(flat: Float32Array, whole: boolean): void
   /** Hands a whole flat optimizer state (shards, the servers) to tfjs's optimizer. */
   loadTfjsOptimizer(spec: FlatOptimizerSpec, state: FlatOptimizerState): Promise<void>
 }

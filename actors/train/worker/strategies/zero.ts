@@ -99,7 +99,15 @@ export class ZeroWorker implements StrategyWorker {
         if (got !== "recompute") {
           // (The shard the operation ran with: only a regroup replaces it, and none came after it.)
           const z = this.#zero
-          return { ...(sentAt !== undefined ? { sentAt } : {}), apply: () => this.#applyShard(got, undefined, z.replicated ? z.predecessorGradient : undefined) }
+          return {
+            ...(sentAt !== undefined ? { sentAt } : {}),
+            apply: () => {
+              // clipValue on the segments (clipNorm is refused at stage 2: the norm needs the whole)
+              this.#host.clip(got, false)
+              if (z.replicated) this.#host.clip(z.predecessorGradient, false)
+              return this.#applyShard(got, undefined, z.replicated ? z.predecessorGradient : undefined)
+            }
+          }
         }
         gradient = await x.recompute()
         sentAt = performance.now()
@@ -109,7 +117,15 @@ export class ZeroWorker implements StrategyWorker {
     // segment and its replica of the predecessor's (the shard of the group it applies in: a regroup
     // during the reduction re-shards).
     const r = await reduceWithRecompute(this.#host, flat, x)
-    return { adopted: r.adopted, ...(r.sentAt !== undefined ? { sentAt: r.sentAt } : {}), apply: () => this.#applyShard(r.flat.subarray(this.#zero.layout.start, this.#zero.layout.end), r.flat) }
+    return {
+      adopted: r.adopted,
+      ...(r.sentAt !== undefined ? { sentAt: r.sentAt } : {}),
+      apply: () => {
+        // every rank the same whole gradient, so the same clipping (and the replica's update with it)
+        this.#host.clip(r.flat, true)
+        return this.#applyShard(r.flat.subarray(this.#zero.layout.start, this.#zero.layout.end), r.flat)
+      }
+    }
   }
 
   /**
