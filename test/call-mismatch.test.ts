@@ -60,4 +60,28 @@ describe("ranks whose loops call different collectives", () => {
     expect(events.filter((x) => x.type === "restart" || x.type === "resize")).toEqual([])
     expect(events.filter((x) => x.type === "failure").map((x) => [(x.failure as { kind: string }).kind, (x.decision as { action: string }).action])).toEqual([["call-mismatch", "fail"]])
   })
+
+  it("a rank whose loop returns before the others' fails the run as a call-mismatch, not as a death, with no restart under maxFailures -1", { timeout: 120_000 }, async () => {
+    const e = await new Trainer({
+      trainLoopPerWorker: STEP_LOOP,
+      trainLoopConfig: { epochs: 4, batchSize: 64, returnEarly: { rank: 1, epochs: 2 } },
+      scalingConfig: { numWorkers: 3 },
+      runConfig: { name: "returns-early", storagePath: storage, progress: false, failureConfig: { maxFailures: -1 } },
+      datasets: { train, test }
+    })
+      .fit()
+      .then(
+        () => new Error("fit() resolved, but rank 1's loop ended early"),
+        (err: unknown) => err
+      )
+    expect(e).toBeInstanceOf(TrainingFailed)
+    const failed = e as TrainingFailed
+    // Before: "rank 1 stopped taking part in collectives" (died), and the group went on without it.
+    expect(failed.kind, failed.message).toBe("call-mismatch")
+    expect(failed.message).toMatch(/rank 1's loop returned \(after 2 report\(\) call\(s\)\) while rank [02]'s went on making collective calls \(rank [02] in training step 1 since report\(\) call 2\)/)
+    expect(failed.result.restarts).toBe(0)
+    expect(failed.result.metricsHistory.map((m) => m.epoch)).toEqual([0, 1])
+    const events = await readEvents(failed.result.path)
+    expect(events.filter((x) => x.type === "restart" || x.type === "resize")).toEqual([])
+  })
 })

@@ -15,6 +15,7 @@
 // `busyYields` it works as long with turns of its event loop (an evaluation that awaits between
 // batches). With `extraStep`, rank `extraStep.rank` takes one step more than the others at the end
 // of epoch `extraStep.epoch` (uneven shards cut without care): the ranks' collectives then mismatch.
+// With `returnEarly`, one rank's loop ends epochs before the others'.
 import { writeFileSync } from "node:fs"
 import * as path from "node:path"
 import type { TrainContext } from "../../index.ts"
@@ -39,6 +40,8 @@ export interface StepLoopConfig {
   readonly busyYields?: boolean
   /** This rank takes one more step (its epoch's first batch again) at the end of this epoch. */
   readonly extraStep?: { readonly rank: number; readonly epoch: number }
+  /** Rank `rank`'s loop returns after `epochs` epochs (a loop whose length depends on the rank). */
+  readonly returnEarly?: { readonly rank: number; readonly epochs: number }
 }
 
 export async function stepLoop(config: StepLoopConfig, ctx: TrainContext): Promise<void> {
@@ -61,7 +64,8 @@ export async function stepLoop(config: StepLoopConfig, ctx: TrainContext): Promi
   const yTest = tf.oneHot(tf.tensor1d(test.y, "int32"), 10)
   const { x: X, y: Y } = train.dataset
   const dies = config.kill !== undefined && ctx.worldRank === config.kill.rank && ctx.attempt === 0
-  for (let epoch = start; epoch < config.epochs; epoch++) {
+  const epochs = config.returnEarly?.rank === ctx.worldRank ? config.returnEarly.epochs : config.epochs
+  for (let epoch = start; epoch < epochs; epoch++) {
     const rows = train.rows(epoch)
     let lossSum = 0
     let samples = 0

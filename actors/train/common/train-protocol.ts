@@ -307,7 +307,9 @@ export const ControllerProtocol = defineProtocol("trainer-controller", {
        * The group broke because the ranks called different collectives (or with different lengths):
        * where this rank's loop was (GroupSession.where), which the controller puts beside the others'.
        */
-      mismatch: Schema.optionalKey(Schema.String)
+      mismatch: Schema.optionalKey(Schema.String),
+      /** Where this rank's loop was (GroupSession.where), when it had started its group. */
+      where: Schema.optionalKey(Schema.String)
     })
   }
 })

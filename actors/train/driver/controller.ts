@@ -298,6 +298,8 @@ export class Controller<C = unknown> {
     readonly mismatch?: string
     /** What the first blamed rank was doing, asked of it (an idle loop's place, a held main thread's stack). */
     readonly blamedState?: string
+    /** Where this rank's loop was. */
+    readonly where?: string
   }): void {
     const g = this.#live(msg.attempt)
     if (!g) return
@@ -309,6 +311,23 @@ export class Controller<C = unknown> {
     if (msg.parked && blamed === undefined) {
       // The group broke under this rank without naming a culprit: not this rank's loop failing.
       this.fail(g, { kind: "died", rank: -1, tag: msg.tag, message: `rank ${msg.rank}'s group broke: ${msg.message}`, remoteStack: msg.stack })
+      return
+    }
+    const returned = blamed === undefined ? undefined : g.finished.get(blamed)
+    if (blamed !== undefined && returned !== undefined) {
+      // The rank it waited for had returned from its loop: not a death, the loops ran different
+      // lengths (a rank-dependent epoch count, an early return), which a restart would repeat.
+      this.fail(g, {
+        kind: "call-mismatch",
+        rank: blamed,
+        tag: "LoopReturnedEarly",
+        message:
+          `rank ${blamed}'s loop returned (after ${returned} report() call(s)) while rank ${msg.rank}'s went on making collective calls` +
+          `${msg.where !== undefined ? ` (rank ${msg.rank} ${msg.where})` : ""}: every rank must run the same epochs and steps; ` +
+          `a rank whose loop returns early leaves the others waiting for it (for work on rank 0 alone, keep the other ranks in the loop ` +
+          "and skip the work there, with no collective in it)",
+        remoteStack: msg.stack
+      })
       return
     }
     if (blamed !== undefined) {

@@ -675,7 +675,8 @@ export class WorkerRun {
   #tellFailed(cause: unknown, f: { readonly tag: string; readonly message: string; readonly stack: string }, parked: boolean): Promise<void> {
     const p = this.place()
     const blamed = blamedRanks(cause).filter((r) => r !== p.rank)
-    const mismatch = isCallMismatch(cause) ? this.session?.where() : undefined
+    const where = this.session?.where()
+    const mismatch = isCallMismatch(cause) ? where : undefined
     return this.#system
       .tellPromise(this.#controller, "failed", {
         attempt: p.attempt,
@@ -685,7 +686,8 @@ export class WorkerRun {
         stack: f.stack,
         ...(parked ? { parked: true } : {}),
         ...(blamed.length ? { blamed: [...blamed] } : {}),
-        ...(mismatch !== undefined ? { mismatch } : {})
+        ...(mismatch !== undefined ? { mismatch } : {}),
+        ...(where !== undefined ? { where } : {})
       })
       .catch(() => {})
   }
