@@ -23,6 +23,7 @@ export { TrainContext, DatasetShard, type Checkpoint, type ReportOptions } from 
 export {
   DataParallelModel,
   type PrepareOptions,
+  type EvaluateOptions,
   type FitOptions,
   type TrainStepOptions,
   type StepResult,

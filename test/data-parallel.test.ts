@@ -299,6 +299,28 @@ describe("data-parallel wrapper", () => {
     await expect(dpA[0].trainStep({ wide }, y)).rejects.toThrow(/trainStep\(x\).*lack deep/)
   })
 
+  it("evaluateAsync({ distributed: true }): each rank its part of the rows, the whole set's figures on every rank", async () => {
+    const { tf } = await loadEngine("auto")
+    for (const [p, n] of [[3, 10], [2, 7], [4, 3]] as const) {
+      const syncs = localGroup(p)
+      const models = Array.from({ length: p }, (_, r) => makeModel(tf, 5 + r))
+      const dps = await Promise.all(models.map((m, r) => DataParallelModel.prepare(tf, m, syncs[r])))
+      const x = tf.randomNormal([n, 4], 0, 1, "float32", 3)
+      const y = tf.oneHot(tf.tensor1d(Array.from({ length: n }, (_, i) => i % 3), "int32"), 3)
+      const whole = await dps[0]!.evaluateAsync(x, y)
+      const before = tf.memory().numTensors
+      const parts = await Promise.all(dps.map((dp) => dp.evaluateAsync(x, y, { distributed: true })))
+      expect(tf.memory().numTensors).toBe(before)
+      for (const r of parts) {
+        expect(r.loss, `p=${p} n=${n}`).toBeCloseTo(whole.loss, 5)
+        expect(r.accuracy).toBeCloseTo(whole.accuracy!, 6)
+      }
+      // each rank's own part differs from the whole (it is a part): the sums made the figures
+      if (n >= p) expect(await dps[0]!.evaluateAsync(x.slice(0, Math.floor(n / p)), y.slice(0, Math.floor(n / p)))).not.toEqual(whole)
+      tf.dispose([x, y])
+    }
+  })
+
   it("refuses a model without optimizer or loss", async () => {
     const { tf } = await loadEngine("auto")
     const m = tf.sequential()

@@ -31,7 +31,7 @@ import { GradientAccumulator, readFromHeap, readGradients } from "./accumulation
 import { kerasFit, kerasTrainOnBatch, type KerasFitHost } from "./keras-fit.ts"
 import { inputsOf, rowsOf, type ModelInput } from "./model-input.ts"
 export type { ModelInput }
-import { broadcastBytes, evaluateLocal, evaluateLocalAsync, labelsOf, resolveLoss, takeRankZeroValues, type PrepareOptions } from "./prepare-options.ts"
+import { broadcastBytes, evaluateLocal, evaluateLocalAsync, labelsOf, resolveLoss, takeRankZeroValues, type EvaluateOptions, type PrepareOptions } from "./prepare-options.ts"
 import { strategyOf, type GradientSlot, type GradientSync, type StepObserver } from "./gradient-sync.ts"
 import { resolveStrategy, type StrategyHost, type StrategyWorker } from "./strategies/index.ts"
 
@@ -53,7 +53,7 @@ type Variable = import("@tensorflow/tfjs").Variable
 // The same loss names and functions as the pipeline's last stage takes; a source of rows per epoch
 // (in memory, or streamed: batches.ts).
 export type { LossFn, LossName }
-export type { PrepareOptions } from "./prepare-options.ts"
+export type { EvaluateOptions, PrepareOptions } from "./prepare-options.ts"
 export type { EpochResult, FitCommonOptions, FitOptions, StepResult, TrainStepOptions } from "./fit-loop.ts"
 export type { FitSource, ShardSource } from "./batches.ts"
 
@@ -285,7 +285,7 @@ export class DataParallelModel implements RecoverableModel {
       classification: this.#classification,
       fit: (source, opts) => dp.fit(source, opts),
       trainStep: (x, y) => dp.trainStep(x, y),
-      evaluateAsync: (x, y) => dp.evaluateAsync(x, y),
+      evaluateAsync: (x, y, o) => dp.evaluateAsync(x, y, o),
       // A replacement replaying the loop to the survivors' position makes no group operation
       // before it joins them (they compared their data at this call already).
       ...(sync.allGather ? { allGather: (buf: Float32Array) => (sync.recovery?.joinTarget !== undefined ? Promise.resolve(undefined) : sync.allGather!(buf)) } : {})
@@ -774,11 +774,38 @@ export class DataParallelModel implements RecoverableModel {
   }
 
   /**
-   * Loss and accuracy of this rank's model on (x, y), computed locally, read asynchronously: the
-   * form a GPU backend needs (webgpu has no synchronous read in Node).
+   * Loss and accuracy of this rank's model on (x, y), read asynchronously: the form a GPU backend
+   * needs (webgpu has no synchronous read in Node). Computed locally on all the rows, or with
+   * `{ distributed: true }` each rank on its 1/p of them and the sums all-reduced (every rank must
+   * call it then, with the same rows), as DDP's evaluation over a DistributedSampler does.
    */
-  evaluateAsync(x: ModelInput, y: Tensor): Promise<{ loss: number; accuracy?: number }> {
-    return evaluateLocalAsync(this.#tf, this.model, this.#loss, this.#classification, inputsOf(this.model, x), y)
+  async evaluateAsync(x: ModelInput, y: Tensor, options: EvaluateOptions = {}): Promise<{ loss: number; accuracy?: number }> {
+    const inputs = inputsOf(this.model, x)
+    const { rank, worldSize } = this.#sync
+    if (!options.distributed || worldSize === 1) return evaluateLocalAsync(this.#tf, this.model, this.#loss, this.#classification, inputs, y)
+    // This rank's contiguous part of the rows, then one all-reduce of the sums: the whole set's
+    // figures on every rank (the same weights everywhere) at 1/p of the computation.
+    const n = y.shape[0] ?? 0
+    const lo = Math.floor((rank * n) / worldSize)
+    const hi = Math.floor(((rank + 1) * n) / worldSize)
+    const totals = new Float32Array(3)
+    if (hi > lo) {
+      const tf = this.#tf
+      const part = (t: Tensor) => t.slice(lo, hi - lo)
+      const xs = Array.isArray(inputs) ? inputs.map(part) : part(inputs)
+      const ys = part(y)
+      try {
+        const r = await evaluateLocalAsync(tf, this.model, this.#loss, this.#classification, xs, ys)
+        totals.set([r.loss * (hi - lo), (r.accuracy ?? 0) * (hi - lo), hi - lo])
+      } finally {
+        tf.dispose([ys, ...(Array.isArray(xs) ? xs : [xs])])
+      }
+    }
+    // (a replacement replaying the loop to the survivors makes no group operation before it joins
+    // them: its figures are its own part's, and its reports are not sent until then)
+    if (this.#sync.recovery?.joinTarget === undefined) await this.#sync.sum(totals)
+    const count = Math.max(1, totals[2]!)
+    return { loss: totals[0]! / count, ...(this.#classification ? { accuracy: totals[1]! / count } : {}) }
   }
 
   /** Loss and accuracy of this rank's model on (x, y), computed locally (synchronous reads: cpu, wasm, tensorflow; on webgpu use evaluateAsync). */

@@ -25,7 +25,7 @@ export interface KerasFitHost {
   readonly classification: boolean
   fit(source: FitSource, opts: FitOptions): Promise<EpochResult[]>
   trainStep(x: ModelInput, y: Tensor): Promise<StepResult>
-  evaluateAsync(x: Tensor, y: Tensor): Promise<{ loss: number; accuracy?: number }>
+  evaluateAsync(x: Tensor, y: Tensor, options?: { readonly distributed?: boolean }): Promise<{ loss: number; accuracy?: number }>
   /**
    * Every rank's copy of `buf`, concatenated in rank order (one group operation); absent, or
    * undefined for this call (a replacement replaying the loop to where the survivors are, which
@@ -138,8 +138,8 @@ const asList = (callbacks: unknown): Callbacks[] => (callbacks === undefined || 
  * model.fit(x, y, args) on a prepared model: every rank passes the same whole dataset (checked: a
  * digest of it is compared across the ranks), `batchSize` is the global batch (default 32), each
  * epoch is a dp.fit() over the rows (every rank its share of one shuffle), and `validationData` /
- * `validationSplit` are evaluated after each epoch (the same weights on every rank, so the same
- * figures). tfjs's callbacks are called (onTrainBegin/End, onEpochBegin/End, onBatchEnd) with the
+ * `validationSplit` are evaluated after each epoch (each rank its part of the rows, the sums
+ * all-reduced: the same figures on every rank). tfjs's callbacks are called (onTrainBegin/End, onEpochBegin/End, onBatchEnd) with the
  * group's metrics, and `model.stopTraining` (tf.callbacks.earlyStopping sets it) ends the run.
  */
 export const kerasFit = async (host: KerasFitHost, xIn: unknown, yIn: unknown, args: FitArgs = {}): Promise<FitHistory> => {
@@ -219,7 +219,8 @@ export const kerasFit = async (host: KerasFitHost, xIn: unknown, yIn: unknown, a
       const logs: Record<string, number> = { loss: r!.loss }
       if (r!.accuracy !== undefined) logs.acc = r!.accuracy
       if (validation) {
-        const v = await host.evaluateAsync(validation[0], validation[1])
+        // each rank its part of the validation rows, the sums all-reduced (as tf.distribute does)
+        const v = await host.evaluateAsync(validation[0], validation[1], { distributed: true })
         logs.val_loss = v.loss
         if (v.accuracy !== undefined) logs.val_acc = v.accuracy
       }

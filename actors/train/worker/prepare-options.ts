@@ -86,6 +86,16 @@ export const broadcastBytes = async (bytes: Uint8Array | undefined, broadcast: (
 /** Class ids of targets: one-hot rows' argmax, or the ids themselves. */
 export const labelsOf = (y: Tensor): Tensor => (y.rank > 1 && (y.shape[y.rank - 1] ?? 1) > 1 ? y.argMax(-1) : y.flatten().toInt())
 
+/** dp.evaluateAsync's options. */
+export interface EvaluateOptions {
+  /**
+   * Each rank evaluates its contiguous 1/p of the rows and the sums are all-reduced: the whole
+   * set's loss and accuracy on every rank at 1/p of the computation. Every rank must call it, with
+   * the same rows. Default false: every rank evaluates all of them.
+   */
+  readonly distributed?: boolean
+}
+
 /** Loss and accuracy of `model` on (x, y), read asynchronously (the form a GPU backend needs). */
 export const evaluateLocalAsync = async (tf: tfjs, model: LayersModel, lossFn: LossFn, classification: boolean, x: Tensor | Tensor[], y: Tensor): Promise<{ loss: number; accuracy?: number }> => {
   const [lossT, accT] = tf.tidy(() => {
