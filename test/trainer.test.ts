@@ -197,6 +197,10 @@ describe("Trainer", () => {
     const bad = (opts: Record<string, unknown>) => new Trainer(opts as never).fit()
     // a closure no module exports: where it is, and the module form (a loop function a module exports is taken: test/function-loop.test.ts)
     await expect(bad({ trainLoopPerWorker: async () => {}, scalingConfig: { numWorkers: 1 } })).rejects.toThrow(/\(test\/trainer\.test\.ts:\d+\) is not exported by its module: workers are separate processes.*export async function trainLoop/)
+    // a loop module that is not there (a relative path is the current directory's, not the driver's)
+    await expect(bad({ trainLoopPerWorker: "./no-such-dir/train.ts#trainLoop", scalingConfig: { numWorkers: 1 } })).rejects.toThrow(
+      /no-such-dir\/train\.ts does not exist \(a relative path is taken from the current directory, .*new URL\("\.\/no-such-dir\/train\.ts", import\.meta\.url\)/
+    )
     await expect(bad({ trainLoopPerWorker: LOOP, scalingConfig: { numWorkers: 0 } })).rejects.toMatchObject({ _tag: "ConfigError", field: "scalingConfig.numWorkers" })
     await expect(bad({ trainLoopPerWorker: LOOP, scalingConfig: { numWorkers: 1 }, runConfig: { checkpointConfig: { scoreOrder: "best" } } })).rejects.toMatchObject({
       field: "runConfig.checkpointConfig.scoreOrder"
@@ -204,6 +208,15 @@ describe("Trainer", () => {
     await expect(bad({ trainLoopPerWorker: LOOP, scalingConfig: { numWorkers: 1 }, collectiveConfig: { compression: "zip" } })).rejects.toBeInstanceOf(ConfigError)
     await expect(bad({ trainLoopPerWorker: LOOP, scalingConfig: { numWorkers: 1 }, scaling: {} })).rejects.toMatchObject({ field: "scaling" })
     await expect(bad({ trainLoopPerWorker: LOOP, scalingConfig: { numWorkers: 1 }, cluster: { address: "http://localhost:4222" } })).rejects.toMatchObject({ field: "cluster.address" })
+  })
+
+  it("a loop module whose import fails on the workers (a package it imports is missing) is a config error, not retried", async () => {
+    const module = path.join(storage, "imports-missing.ts")
+    await fs.writeFile(module, 'import "gradwire-no-such-package"\nexport async function trainLoop(): Promise<void> {}\n')
+    const e = await fitFails("imports-missing", {}, { trainLoopPerWorker: `${module}#trainLoop`, scalingConfig: { numWorkers: 2 }, runConfig: { failureConfig: { maxFailures: 2 } } })
+    expect(e.kind, e.message).toBe("config")
+    expect(e.message).toMatch(/imports-missing\.ts cannot be imported on node \S+: Cannot find package 'gradwire-no-such-package'/)
+    expect(e.result.restarts).toBe(0)
   })
 
   it("fails fast on a placement that cannot be satisfied, listing what was asked and what exists", async () => {

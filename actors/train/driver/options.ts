@@ -1,7 +1,8 @@
 // The Trainer's options as users give them, and their resolution: every config validated (a bad
 // value is a ConfigError naming the field) and defaulted before anything starts.
 import * as path from "node:path"
-import { pathToFileURL } from "node:url"
+import { fileURLToPath, pathToFileURL } from "node:url"
+import { existsSync } from "node:fs"
 import {
   CollectiveConfig,
   RunConfig,
@@ -110,6 +111,28 @@ const resolveModule = (module: string): string => {
   return module
 }
 
+/**
+ * The loop's module, resolved; on the embedded cluster (workers on this machine) a local file that
+ * does not exist is a ConfigError now, before any worker starts and fails to import it.
+ */
+const loopModule = (module: string, embedded: boolean): string => {
+  const resolved = resolveModule(module)
+  if (embedded && resolved.startsWith("file:")) {
+    const file = fileURLToPath(resolved)
+    if (!existsSync(file)) {
+      throw new ConfigError({
+        field: "trainLoopPerWorker",
+        reason:
+          `${file} does not exist` +
+          (module.startsWith(".")
+            ? ` (a relative path is taken from the current directory, ${process.cwd()}, not from the driver's file; for a module beside the driver write { module: new URL("${module}", import.meta.url).href, export: ... })`
+            : "")
+      })
+    }
+  }
+  return resolved
+}
+
 const checkDataset = (name: string, ds: unknown): DatasetInput => {
   if (isFileDatasetSpec(ds) || isDatasetFactorySpec(ds)) return ds
   const d = ds as Partial<ArrayDataset> | undefined
@@ -207,7 +230,7 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
     })
   }
   return {
-    loop: { module: resolveModule(ref.module), export: ref.export ?? "default" },
+    loop: { module: loopModule(ref.module, options.cluster === undefined), export: ref.export ?? "default" },
     loopConfig: options.trainLoopConfig ?? {},
     scaling,
     run,

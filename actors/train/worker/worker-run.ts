@@ -8,7 +8,7 @@
 // the probe's collectives at the same points.
 import type { NatsConnection } from "@nats-io/nats-core"
 import { openConnection, SPAWNED_CONNECT_TIMEOUT_MS, type ConnectionSpec, type OpenedConnection } from "../../../core/connection-spec.ts"
-import { pathToFileURL } from "node:url"
+import { fileURLToPath, pathToFileURL } from "node:url"
 import * as path from "node:path"
 import { connectionLocalAddress } from "../../../core/nats-internals/index.ts"
 import { engineChoice, loadEngine, type BackendKind, type Tf } from "../../../core/engine.ts"
@@ -70,8 +70,20 @@ type BucketInfo = Parameters<NonNullable<GradientReducerOptions["onBucket"]>>[0]
 type StepInfo = Parameters<NonNullable<TrainContextDeps["onStep"]>>[0]
 
 /** The loop's module; where Node's type stripping cannot run it, a SyntaxError that says what to do. */
-const importLoop = (module: string): Promise<Record<string, unknown>> =>
+const importLoop = (module: string, node: string): Promise<Record<string, unknown>> =>
   (import(moduleUrl(module)) as Promise<Record<string, unknown>>).catch((e: unknown) => {
+    if ((e as { code?: unknown })?.code === "ERR_MODULE_NOT_FOUND") {
+      // Not a failure a restart mends: the file (or a package it imports) is not on this node.
+      const missing = /Cannot find (?:module|package) '([^']+)'/.exec((e as Error).message)?.[1]
+      const loopPath = module.startsWith("file:") ? fileURLToPath(module) : module
+      throw new ConfigError({
+        field: "trainLoopPerWorker",
+        reason:
+          missing === loopPath || missing === module
+            ? `${loopPath} does not exist on node ${node}: every node that runs workers needs the loop module at this path (a shared filesystem, or the same checkout on each)`
+            : `${loopPath} cannot be imported on node ${node}: ${(e as Error).message.split("\n")[0]} (install the package, or put the file, on every node that runs workers)`
+      })
+    }
     if ((e as { code?: unknown })?.code === "ERR_UNSUPPORTED_TYPESCRIPT_SYNTAX") {
       const err = new SyntaxError(
         `${(e as Error).message} (in ${module} or a module it imports): Node runs TypeScript by stripping its types, which leaves out ` +
@@ -148,7 +160,7 @@ export class WorkerRun {
   prepare(): Promise<void> {
     return (this.#prepared ??= (async () => {
       await this.#connect()
-      await importLoop(this.#args.loopModule)
+      await importLoop(this.#args.loopModule, this.#system.node)
     })())
   }
 
@@ -639,7 +651,7 @@ export class WorkerRun {
   async #runLoop(): Promise<void> {
     const args = this.#args
     const context = this.#context
-    const mod = await importLoop(args.loopModule)
+    const mod = await importLoop(args.loopModule, this.#system.node)
     const fn = mod[args.loopExport]
     if (typeof fn !== "function") {
       const fns = Object.keys(mod).filter((k) => typeof mod[k] === "function")
