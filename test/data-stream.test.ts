@@ -197,6 +197,8 @@ describe("file dataset streams", () => {
       expect([...b.y.subarray(k * 5, k * 5 + 5)].indexOf(1)).toBe(id % 5)
     }
     expect(() => s!.restore({ ...s!.position()!, fingerprint: "other" })).toThrow(DataPositionMismatch)
+    // a loop written for an in-memory shard (rows of an epoch), given a stream: what to call instead
+    expect(() => s!.rows(0)).toThrow(/getDatasetShard\("train"\)\.rows.*is a stream .* dp\.fit\(shard, .*openEpoch\(epoch, ctx\.worldRank, ctx\.worldSize\)/)
     await s!.close()
     await expect(resolve(path.join(dir, "nope", "*.csv"))).rejects.toThrow(DataSourceError)
     await expect(resolve(path.join(dir, "nope.csv"))).rejects.toThrow(/no such file/)

@@ -6,7 +6,7 @@
 // owns its sharding: it is called with the rank and world size it starts with.
 import { ConfigError } from "../errors.ts"
 import { DataFormatError, DataPositionMismatch } from "./errors.ts"
-import type { Batch, BatchTransform, StreamingSource } from "./stream.ts"
+import { STREAM_NOT_ROWS, type Batch, type BatchTransform, type StreamingSource } from "./stream.ts"
 import { prod } from "./shard-format.ts"
 
 /** Where an iterable loader's epoch is. */
@@ -88,6 +88,11 @@ export class IterableStream implements StreamingSource {
 
   get featureShape(): ReadonlyArray<number> {
     return this.#featureShape ?? []
+  }
+
+  /** An in-memory shard's call, on a stream: a ConfigError that says how a stream is read. */
+  rows(_epoch?: number): never {
+    throw new ConfigError({ field: `getDatasetShard("${this.name}").rows`, reason: STREAM_NOT_ROWS })
   }
 
   map(fn: BatchTransform): this {

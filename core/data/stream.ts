@@ -112,6 +112,12 @@ const samePlan = (a: DataPosition, b: DataPosition): boolean =>
  * This rank's view of a file dataset. `seed` fixes every epoch's order; the position (epoch, plan,
  * rows taken) is what checkpoints keep, and restore() puts it back.
  */
+/** What a loop that indexes rows is told when its dataset is a stream. */
+export const STREAM_NOT_ROWS =
+  "the dataset is a stream (files, or a worker-side loader), which hands out batches, not row indices: train on it with " +
+  "dp.fit(shard, { epochs, batchSize }), or read it by hand with shard.openEpoch(epoch, ctx.worldRank, ctx.worldSize) and " +
+  "await shard.take(from, n) (a batch's x, y and n); ctx.getDataset(name) reads a file dataset whole into memory"
+
 export class FileStream implements StreamingSource {
   readonly streaming = true as const
   readonly name: string
@@ -177,6 +183,14 @@ export class FileStream implements StreamingSource {
   }
 
   /** Adds a map transform (applied to every batch, in the order added). Returns this stream. */
+  /**
+   * An in-memory shard's call, on a stream: a ConfigError that says how a stream is read (a loop
+   * written for makeDataset / loadDigits, given a file dataset).
+   */
+  rows(_epoch?: number): never {
+    throw new ConfigError({ field: `getDatasetShard("${this.name}").rows`, reason: STREAM_NOT_ROWS })
+  }
+
   map(fn: BatchTransform): this {
     if (typeof fn !== "function") throw new ConfigError({ field: `${this.name}.map`, reason: "takes a function (batch) => batch" })
     this.#transforms.push(fn)
