@@ -112,25 +112,24 @@ const resolveModule = (module: string): string => {
 }
 
 /**
- * The loop's module, resolved; on the embedded cluster (workers on this machine) a local file that
- * does not exist is a ConfigError now, before any worker starts and fails to import it.
+ * On the embedded cluster (workers on this machine), a loop module that is a local file must exist:
+ * a ConfigError before anything starts, instead of every worker failing to import it. Trainer.fit
+ * calls it (resolving the options alone touches no file).
  */
-const loopModule = (module: string, embedded: boolean): string => {
-  const resolved = resolveModule(module)
-  if (embedded && resolved.startsWith("file:")) {
-    const file = fileURLToPath(resolved)
-    if (!existsSync(file)) {
-      throw new ConfigError({
-        field: "trainLoopPerWorker",
-        reason:
-          `${file} does not exist` +
-          (module.startsWith(".")
-            ? ` (a relative path is taken from the current directory, ${process.cwd()}, not from the driver's file; for a module beside the driver write { module: new URL("${module}", import.meta.url).href, export: ... })`
-            : "")
-      })
-    }
-  }
-  return resolved
+export const checkLoopModule = (options: TrainerOptions, resolved: Resolved): void => {
+  const module = resolved.loop.module
+  if (options.cluster !== undefined || !module.startsWith("file:")) return
+  const file = fileURLToPath(module)
+  if (existsSync(file)) return
+  const given = parseTrainLoopRef(options.trainLoopPerWorker).module
+  throw new ConfigError({
+    field: "trainLoopPerWorker",
+    reason:
+      `${file} does not exist` +
+      (given.startsWith(".")
+        ? ` (a relative path is taken from the current directory, ${process.cwd()}, not from the driver's file; for a module beside the driver write { module: new URL("${given}", import.meta.url).href, export: ... })`
+        : "")
+  })
 }
 
 const checkDataset = (name: string, ds: unknown): DatasetInput => {
@@ -230,7 +229,7 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
     })
   }
   return {
-    loop: { module: loopModule(ref.module, options.cluster === undefined), export: ref.export ?? "default" },
+    loop: { module: resolveModule(ref.module), export: ref.export ?? "default" },
     loopConfig: options.trainLoopConfig ?? {},
     scaling,
     run,

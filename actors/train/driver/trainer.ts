@@ -15,7 +15,7 @@ import { describeBackends } from "../../../scheduler/gpu-backend.ts"
 import type { CheckpointPayload } from "../common/train-protocol.ts"
 import type { Generation } from "./controller.ts"
 import { idle, planLargest } from "./elastic.ts"
-import { resolveTrainerOptions, type TrainerOptions } from "./options.ts"
+import { checkLoopModule, resolveTrainerOptions, type TrainerOptions } from "./options.ts"
 import type { Result } from "./result.ts"
 import { FitRun } from "./fit-run.ts"
 import { locateLoopFunction } from "./loop-function.ts"
@@ -48,7 +48,9 @@ export class Trainer {
     // A loop given as the function itself (as Ray Train's): the module that exports it.
     const loop = (this.options as { trainLoopPerWorker?: unknown } | undefined)?.trainLoopPerWorker
     const options = typeof loop === "function" ? { ...this.options, trainLoopPerWorker: await locateLoopFunction(loop as (...args: never[]) => unknown) } : this.options
-    const run = await FitRun.open(resolveTrainerOptions(options))
+    const resolved = resolveTrainerOptions(options)
+    checkLoopModule(options, resolved)
+    const run = await FitRun.open(resolved)
     try {
       await run.launch()
       // The survivors of the last generation and their replacements, when they run already.
