@@ -526,7 +526,8 @@ export class FitRun {
       // In arrival order; one that blames a rank for a collective's timeout waits while that rank
       // is asked where it is (its process lives: it answered the liveness probe).
       failed: (body) => {
-        this.#failing = this.#failing.then(async () => controller.failed(await this.#withBlamedState(body))).catch(() => {})
+        // (asking can fail, the failure must still be told: without it the generation never ends)
+        this.#failing = this.#failing.then(async () => controller.failed(await this.#withBlamedState(body).catch(() => body))).catch(() => {})
       },
       peerState: (body) => {
         const st = this.#peerStates.get(body.attempt)
