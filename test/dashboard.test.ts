@@ -272,11 +272,13 @@ describe("dashboard", () => {
         // `gradwire stack`: rank 1's main thread, as its beat thread took it through the inspector
         const stackRun = await runScript(CLI, ["stack", "live", "--rank", "1", "--json", ...cluster], { timeoutMs: 30_000 })
         expect(stackRun.code, stackRun.output).toBe(0)
-        const [st] = JSON.parse(stackRun.output) as Array<{ rank: number; node: string; pid: number; frames?: string[]; idle?: boolean }>
+        const [st] = JSON.parse(stackRun.output) as Array<{ rank: number; node: string; pid: number; frames?: string[]; idle?: boolean; where?: string }>
         expect(st).toMatchObject({ rank: 1, node: "local", pid: state.job.ranks.find((r) => r.rank === 1)!.pid })
-        // (computing: its frames; between steps: idle)
-        if (st!.idle) expect(st!.frames).toBeUndefined()
-        else {
+        // (computing: its frames; between steps: idle, with where its loop is)
+        if (st!.idle) {
+          expect(st!.frames).toBeUndefined()
+          expect(st!.where, stackRun.output).toMatch(/^(in dp\.fit\(\), epoch \d+ step \d+ of \d+|in report\(\) call \d+|in training step \d+|outside gradwire's calls)/)
+        } else {
           expect(st!.frames!.length, stackRun.output).toBeGreaterThan(0)
           for (const f of st!.frames!) expect(f).toMatch(/^\S.* \(.*:\d+:\d+\)$/)
         }
