@@ -304,7 +304,8 @@ describe("file dataset streams", () => {
     const putGz = await runScript(cli, ["data", "put", gz, "nats-obj://cli/gz", "--address", server.url], { timeoutMs: 30_000 })
     expect(putGz.code).toBe(0)
     expect(putGz.output).toMatch(/upload-0\.csv\.gz -> nats-obj:\/\/cli\/gz\/upload-0\.csv: 401 rows/)
-    await fs.rm(await plainFile(gz), { force: true })
+    // its decompressed copy was for the upload only: gone again
+    expect((await fs.readdir(plainCacheDir()).catch(() => [])).filter((f) => f.endsWith("-upload-0.csv"))).toEqual([])
     const missing = await runScript(cli, ["data", "put", path.join(dir, "none.csv"), "nats-obj://cli/rows", "--address", server.url], { timeoutMs: 30_000 })
     expect(missing.code).toBe(1)
     expect(missing.output).toMatch(/none\.csv: no such file/)

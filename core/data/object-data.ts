@@ -15,7 +15,7 @@ import { Objm, setSha256Backend, type ObjectStore } from "@nats-io/obj"
 import { ConfigError } from "../errors.ts"
 import { DataFormatError, DataSourceError } from "./errors.ts"
 import { DATA_OBJECT_PREFIX, formatOfName, globToRegExp, hasGlob, parseObjectUrl, type FileFormat } from "./file-spec.ts"
-import { plainFile, withoutGz } from "./plain-file.ts"
+import { plainFileOnce, withoutGz } from "./plain-file.ts"
 import { encodeShard, prod, readShardHeader, readShardRows, type LabelDtype } from "./shard-format.ts"
 
 // node:crypto's SHA-256 is about 4x faster than the client's pure-JS one (every chunk is hashed).
@@ -249,8 +249,9 @@ export const putFiles = async (
   const out: DataManifest[] = []
   for (const { file, format, name: base } of plan) {
     const name = prefix ? `${prefix}/${base}` : base
-    // A .gz file is uploaded decompressed (workers read parts of rows).
-    const read = await plainFile(file)
+    // A .gz file is uploaded decompressed (workers read parts of rows), from a copy removed after.
+    const plain = await plainFileOnce(file)
+    const read = plain.path
     const parts: Array<{ object: string; rows: number; bytes: number }> = []
     const put = async (bytes: Uint8Array, rows: number): Promise<void> => {
       const object = `${name}.parts/${String(parts.length).padStart(6, "0")}`
@@ -258,41 +259,45 @@ export const putFiles = async (
       parts.push({ object, rows, bytes: bytes.length })
     }
     let manifest: DataManifest
-    if (format === "shards") {
-      const fh = await fs.open(read, "r")
-      try {
-        const h = await readShardHeader(fh, file)
-        const xs = prod(h.featureShape)
-        const ys = prod(h.labelShape)
-        const per = Math.max(1, Math.floor(partBytes / ((xs + ys) * 4)))
-        const x = new Float32Array(per * xs)
-        const y = h.labelDtype === "int32" ? new Int32Array(per * ys) : new Float32Array(per * ys)
-        for (let r = 0; r < h.rows; r += per) {
-          const n = Math.min(per, h.rows - r)
-          await readShardRows(fh, h, r, r + n, x, y, 0, file)
-          await put(
-            encodeShard({ x: x.subarray(0, n * xs), y: y.subarray(0, n * ys), featureShape: h.featureShape, labelShape: h.labelShape, numClasses: h.numClasses }),
-            n
-          )
+    try {
+      if (format === "shards") {
+        const fh = await fs.open(read, "r")
+        try {
+          const h = await readShardHeader(fh, file)
+          const xs = prod(h.featureShape)
+          const ys = prod(h.labelShape)
+          const per = Math.max(1, Math.floor(partBytes / ((xs + ys) * 4)))
+          const x = new Float32Array(per * xs)
+          const y = h.labelDtype === "int32" ? new Int32Array(per * ys) : new Float32Array(per * ys)
+          for (let r = 0; r < h.rows; r += per) {
+            const n = Math.min(per, h.rows - r)
+            await readShardRows(fh, h, r, r + n, x, y, 0, file)
+            await put(
+              encodeShard({ x: x.subarray(0, n * xs), y: y.subarray(0, n * ys), featureShape: h.featureShape, labelShape: h.labelShape, numClasses: h.numClasses }),
+              n
+            )
+          }
+          const bytes = (await fh.stat()).size
+          manifest = {
+            version: 1,
+            name: base,
+            format,
+            bytes,
+            rows: h.rows,
+            shard: { featureShape: h.featureShape, labelShape: h.labelShape, labelDtype: h.labelDtype, numClasses: h.numClasses },
+            parts
+          }
+        } finally {
+          await fh.close()
         }
-        const bytes = (await fh.stat()).size
-        manifest = {
-          version: 1,
-          name: base,
-          format,
-          bytes,
-          rows: h.rows,
-          shard: { featureShape: h.featureShape, labelShape: h.labelShape, labelDtype: h.labelDtype, numClasses: h.numClasses },
-          parts
-        }
-      } finally {
-        await fh.close()
+      } else {
+        // Lines as they are (a CSV header stays the first line of part 0: whether it is one is the
+        // dataset's option, header); the manifest counts lines and keeps the first one for the schema.
+        const t = await textParts(read, partBytes, put)
+        manifest = { version: 1, name: base, format, bytes: t.bytes, rows: t.rows, schemaLine: t.firstLine, parts }
       }
-    } else {
-      // Lines as they are (a CSV header stays the first line of part 0: whether it is one is the
-      // dataset's option, header); the manifest counts lines and keeps the first one for the schema.
-      const t = await textParts(read, partBytes, put)
-      manifest = { version: 1, name: base, format, bytes: t.bytes, rows: t.rows, schemaLine: t.firstLine, parts }
+    } finally {
+      await plain.done()
     }
     await os.putBlob(manifestMeta(name), new TextEncoder().encode(JSON.stringify(manifest)))
     // Parts of an earlier, longer upload of the same name.

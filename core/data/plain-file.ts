@@ -24,6 +24,15 @@ export const plainCacheDir = (): string => path.join(os.tmpdir(), "gradwire-data
 
 const pending = new Map<string, Promise<string>>()
 
+/** Where a .gz file's decompressed copy is kept on this node. */
+const copyPath = async (file: string): Promise<string> => {
+  const st = await fs.stat(file).catch((e: NodeJS.ErrnoException) => {
+    throw new DataSourceError({ source: file, reason: `cannot read it on this node (${e.code ?? e.message}): a local path must exist on every node that trains; for machines without a shared filesystem upload the files with gradwire data put` })
+  })
+  const key = crypto.createHash("sha256").update(`${path.resolve(file)}\0${st.size}\0${st.mtimeMs}`).digest("hex").slice(0, 20)
+  return path.join(plainCacheDir(), `${key}-${path.basename(withoutGz(file))}`)
+}
+
 /**
  * The path to read `file` from: the file itself, or for a `.gz` file its decompressed copy on this
  * node (made on the first call). Throws DataSourceError when the file cannot be read and
@@ -31,11 +40,7 @@ const pending = new Map<string, Promise<string>>()
  */
 export const plainFile = async (file: string): Promise<string> => {
   if (!isGzipName(file)) return file
-  const st = await fs.stat(file).catch((e: NodeJS.ErrnoException) => {
-    throw new DataSourceError({ source: file, reason: `cannot read it on this node (${e.code ?? e.message}): a local path must exist on every node that trains; for machines without a shared filesystem upload the files with gradwire data put` })
-  })
-  const key = crypto.createHash("sha256").update(`${path.resolve(file)}\0${st.size}\0${st.mtimeMs}`).digest("hex").slice(0, 20)
-  const out = path.join(plainCacheDir(), `${key}-${path.basename(withoutGz(file))}`)
+  const out = await copyPath(file)
   let p = pending.get(out)
   if (!p) {
     p = decompress(file, out)
@@ -64,4 +69,22 @@ const decompress = async (file: string, out: string): Promise<string> => {
     throw new DataSourceError({ source: file, reason: `cannot decompress it (${err.code ?? err.message})` })
   }
   return out
+}
+
+/**
+ * plainFile for a one-off read (an upload): `done()` removes the decompressed copy again unless it
+ * was there before (a training run's, which the next run uses).
+ */
+export const plainFileOnce = async (file: string): Promise<{ readonly path: string; done(): Promise<void> }> => {
+  if (!isGzipName(file)) return { path: file, done: async () => {} }
+  const had = await fs.stat(await copyPath(file)).then((s) => s.isFile(), () => false)
+  const copy = await plainFile(file)
+  return {
+    path: copy,
+    done: async () => {
+      if (had) return
+      pending.delete(copy)
+      await fs.rm(copy, { force: true })
+    }
+  }
 }
