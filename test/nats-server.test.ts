@@ -282,6 +282,9 @@ describe("cluster and leaf nodes", () => {
       await onLeaf.nc.flush()
       await new Promise((r) => setTimeout(r, 100))
       return got
+    }).catch((e: unknown) => {
+      // (it failed once in a dozen fresh-clone runs, after 15 s, and passes in 0.35 s otherwise: the servers' logs say why next time)
+      throw new Error(`${(e as Error).message}\n--- hub (leaf port ${hub.leafPort}) ---\n${hub.log().slice(-2_000)}\n--- leaf ---\n${leaf.log().slice(-2_000)}`)
     })
     sub.unsubscribe()
     await reader
