@@ -190,10 +190,6 @@ type Flags = ReturnType<typeof parseAll>["values"]
 const parseAll = (args: string[]) => parseArgs({ args, options, allowPositionals: true, strict: true, tokens: true })
 
 /**
- * Parses `args` for `command`: an option another command takes, or none takes, is an error that
- * names the command and lists the options it does take.
- */
-/**
  * `--max-failures -1` as `--max-failures=-1`: node's parser takes a value that starts with a dash
  * for an option, and "-1 for no limit" is what the docs say to give.
  */
@@ -211,6 +207,10 @@ const joinNegativeNumbers = (args: string[]): string[] => {
   return out
 }
 
+/**
+ * Parses `args` for `command`: an option another command takes, or none takes, is an error that
+ * names the command and lists the options it does take.
+ */
 const parseCommand = (command: string, given: string[]): { values: Flags; tokens: ReturnType<typeof parseAll>["tokens"]; positionals: string[] } => {
   const args = joinNegativeNumbers(given)
   const allowed = COMMAND_OPTIONS[command]

@@ -724,7 +724,6 @@ export class TrainContext {
 /** The function each worker runs (trainLoopPerWorker): the loop's config and this worker's context. */
 export type TrainLoop<C = unknown> = (config: C, ctx: TrainContext) => unknown | Promise<unknown>
 
-
 /**
  * A report's metrics with each tensor of one element read as its number (a loss the loop kept as a
  * tf.Scalar): the driver holds numbers, which a tensor's object would not serialize to. A tensor of
