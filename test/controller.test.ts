@@ -96,7 +96,8 @@ describe("controller: ranks whose calls mismatch", () => {
     stack: "s",
     blamed: [1 - rank],
     parked: true,
-    mismatch: where
+    mismatch: true,
+    where
   })
 
   it("fail a fresh generation as a call-mismatch that names every rank's place, not retryable even with no failure limit", async () => {

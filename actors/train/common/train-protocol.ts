@@ -305,9 +305,9 @@ export const ControllerProtocol = defineProtocol("trainer-controller", {
       parked: Schema.optionalKey(Schema.Boolean),
       /**
        * The group broke because the ranks called different collectives (or with different lengths):
-       * where this rank's loop was (GroupSession.where), which the controller puts beside the others'.
+       * the controller puts this rank's `where` beside the others'.
        */
-      mismatch: Schema.optionalKey(Schema.String),
+      mismatch: Schema.optionalKey(Schema.Boolean),
       /** Where this rank's loop was (GroupSession.where), when it had started its group. */
       where: Schema.optionalKey(Schema.String)
     })

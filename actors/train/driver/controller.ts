@@ -294,8 +294,8 @@ export class Controller<C = unknown> {
     readonly blamed?: ReadonlyArray<number>
     /** The rank is alive and waits to be regrouped (its group broke under it). */
     readonly parked?: boolean
-    /** The group broke on mismatched calls: where this rank's loop was. */
-    readonly mismatch?: string
+    /** The group broke on mismatched calls (`where` says this rank's place). */
+    readonly mismatch?: boolean
     /** What the first blamed rank was doing, asked of it (an idle loop's place, a held main thread's stack). */
     readonly blamedState?: string
     /** Where this rank's loop was. */
@@ -303,8 +303,8 @@ export class Controller<C = unknown> {
   }): void {
     const g = this.#live(msg.attempt)
     if (!g) return
-    if (msg.mismatch !== undefined) {
-      this.#mismatched(g, msg.rank, { where: msg.mismatch, tag: msg.tag, message: msg.message, stack: msg.stack })
+    if (msg.mismatch === true) {
+      this.#mismatched(g, msg.rank, { where: msg.where ?? "(its place unknown)", tag: msg.tag, message: msg.message, stack: msg.stack })
       return
     }
     const blamed = msg.blamed?.[0]

@@ -682,13 +682,12 @@ export class WorkerRun {
 
   /**
    * Tells the controller this rank failed (`parked`: its group broke under it and it waits to be
-   * regrouped), with the ranks `cause` blames and, for calls that mismatched, where its loop was.
+   * regrouped), with the ranks `cause` blames, where its loop was, and whether its calls mismatched the others'.
    */
   #tellFailed(cause: unknown, f: { readonly tag: string; readonly message: string; readonly stack: string }, parked: boolean): Promise<void> {
     const p = this.place()
     const blamed = blamedRanks(cause).filter((r) => r !== p.rank)
     const where = this.session?.where()
-    const mismatch = isCallMismatch(cause) ? where : undefined
     return this.#system
       .tellPromise(this.#controller, "failed", {
         attempt: p.attempt,
@@ -698,7 +697,7 @@ export class WorkerRun {
         stack: f.stack,
         ...(parked ? { parked: true } : {}),
         ...(blamed.length ? { blamed: [...blamed] } : {}),
-        ...(mismatch !== undefined ? { mismatch } : {}),
+        ...(isCallMismatch(cause) ? { mismatch: true } : {}),
         ...(where !== undefined ? { where } : {})
       })
       .catch(() => {})
