@@ -26,22 +26,27 @@ afterAll(async () => {
   expect(liveNatsServerPids()).toEqual([])
 })
 
+/** The step loop run with `loopConfig` on `workers` workers under maxFailures -1, which must fail: its TrainingFailed. */
+const failsWithNoLimit = async (name: string, loopConfig: Record<string, unknown>, workers: number): Promise<TrainingFailed> => {
+  const e = await new Trainer({
+    trainLoopPerWorker: STEP_LOOP,
+    trainLoopConfig: loopConfig,
+    scalingConfig: { numWorkers: workers },
+    runConfig: { name, storagePath: storage, progress: false, failureConfig: { maxFailures: -1 } },
+    datasets: { train, test }
+  })
+    .fit()
+    .then(
+      () => new Error(`fit() resolved, but run "${name}" was to fail`),
+      (err: unknown) => err
+    )
+  expect(e).toBeInstanceOf(TrainingFailed)
+  return e as TrainingFailed
+}
+
 describe("ranks whose loops call different collectives", () => {
   it("fail the run as a call-mismatch naming each rank's place, with no restart under maxFailures -1", { timeout: 120_000 }, async () => {
-    const e = await new Trainer({
-      trainLoopPerWorker: STEP_LOOP,
-      trainLoopConfig: { epochs: 3, batchSize: 64, extraStep: { rank: 1, epoch: 1 } },
-      scalingConfig: { numWorkers: 2 },
-      runConfig: { name: "mismatch", storagePath: storage, progress: false, failureConfig: { maxFailures: -1 } },
-      datasets: { train, test }
-    })
-      .fit()
-      .then(
-        () => new Error("fit() resolved, but its ranks' loops mismatch"),
-        (err: unknown) => err
-      )
-    expect(e).toBeInstanceOf(TrainingFailed)
-    const failed = e as TrainingFailed
+    const failed = await failsWithNoLimit("mismatch", { epochs: 3, batchSize: 64, extraStep: { rank: 1, epoch: 1 } }, 2)
     expect(failed.kind, failed.message).toBe("call-mismatch")
     expect(failed.message).toMatch(/not retryable/)
     // rank 1 in its extra step, one past the epoch's steps; rank 0 in the next report, after those steps
@@ -62,20 +67,7 @@ describe("ranks whose loops call different collectives", () => {
   })
 
   it("a rank whose loop returns before the others' fails the run as a call-mismatch, not as a death, with no restart under maxFailures -1", { timeout: 120_000 }, async () => {
-    const e = await new Trainer({
-      trainLoopPerWorker: STEP_LOOP,
-      trainLoopConfig: { epochs: 4, batchSize: 64, returnEarly: { rank: 1, epochs: 2 } },
-      scalingConfig: { numWorkers: 3 },
-      runConfig: { name: "returns-early", storagePath: storage, progress: false, failureConfig: { maxFailures: -1 } },
-      datasets: { train, test }
-    })
-      .fit()
-      .then(
-        () => new Error("fit() resolved, but rank 1's loop ended early"),
-        (err: unknown) => err
-      )
-    expect(e).toBeInstanceOf(TrainingFailed)
-    const failed = e as TrainingFailed
+    const failed = await failsWithNoLimit("returns-early", { epochs: 4, batchSize: 64, returnEarly: { rank: 1, epochs: 2 } }, 3)
     // Before: "rank 1 stopped taking part in collectives" (died), and the group went on without it.
     expect(failed.kind, failed.message).toBe("call-mismatch")
     expect(failed.message).toMatch(/rank 1's loop returned \(after 2 report\(\) call\(s\)\) while rank [02]'s went on making collective calls \(rank [02] in training step 1 since report\(\) call 2\)/)

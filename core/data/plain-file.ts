@@ -38,9 +38,10 @@ const copyPath = async (file: string): Promise<string> => {
  * node (made on the first call). Throws DataSourceError when the file cannot be read and
  * DataFormatError when it is not gzip data.
  */
-export const plainFile = async (file: string): Promise<string> => {
-  if (!isGzipName(file)) return file
-  const out = await copyPath(file)
+export const plainFile = async (file: string): Promise<string> => (isGzipName(file) ? copyAt(file, await copyPath(file)) : file)
+
+/** The copy of `file` at `out`, made once in this process (and by no one else before it). */
+const copyAt = (file: string, out: string): Promise<string> => {
   let p = pending.get(out)
   if (!p) {
     p = decompress(file, out)
@@ -77,8 +78,9 @@ const decompress = async (file: string, out: string): Promise<string> => {
  */
 export const plainFileOnce = async (file: string): Promise<{ readonly path: string; done(): Promise<void> }> => {
   if (!isGzipName(file)) return { path: file, done: async () => {} }
-  const had = await fs.stat(await copyPath(file)).then((s) => s.isFile(), () => false)
-  const copy = await plainFile(file)
+  const out = await copyPath(file)
+  const had = await fs.stat(out).then((s) => s.isFile(), () => false)
+  const copy = await copyAt(file, out)
   return {
     path: copy,
     done: async () => {
