@@ -9,8 +9,9 @@ import * as os from "node:os"
 import * as path from "node:path"
 import { DataFormatError } from "../core/data/errors.ts"
 import { decodeShard, encodeShard, readShardHeader, readShardRows, shardFileHeader, writeShardFile, writeShards } from "../core/data/shard-format.ts"
-import { csvSchema, jsonlSchema, parseCsvRows, parseJsonlRows } from "../core/data/text-formats.ts"
-import { scanTextFile } from "../core/data/resolve.ts"
+import { classIdReader, csvSchema, jsonlSchema, parseCsvRows, parseJsonlRows } from "../core/data/text-formats.ts"
+import { resolveFileDataset, scanTextFile } from "../core/data/resolve.ts"
+import { fromFiles } from "../core/data/file-spec.ts"
 
 let dir: string
 beforeAll(async () => {
@@ -196,4 +197,77 @@ describe("the driver's scan of a text file", () => {
     await fs.writeFile(f2, "1,2\n3,4\n5,6")
     expect(await scanTextFile(f2, 2, false)).toMatchObject({ rows: 3, offsets: [0, 8, 11] })
   })
+
+  it("finds the largest class id on the way, for a row spanning two reads too, so numClasses is known before any worker reads", async () => {
+    // The one row with class 41 straddles the scan's 4 MiB read boundary.
+    const boundary = 4 * 1024 * 1024
+    const head = "a,b,label\n"
+    const lines: string[] = []
+    let bytes = head.length
+    const filler = "1.5,2.5,3\n"
+    while (bytes + filler.length < boundary - 4) {
+      lines.push(filler)
+      bytes += filler.length
+    }
+    const pad = boundary - 4 - bytes
+    lines.push(`${"9".repeat(Math.max(0, pad))},1,41\n`.slice(Math.max(0, -pad)))
+    for (let i = 0; i < 1000; i++) lines.push(`0,0,${i % 7}\n`)
+    const file = path.join(dir, "classes.csv")
+    await fs.writeFile(file, head + lines.join(""))
+    const schema = csvSchema("a,b,label", {}, file)
+    const scan = await scanTextFile(file, 1000, true, classIdReader(schema))
+    expect(scan.maxClass).toBe(41)
+    // Without the row across the boundary the largest is 6.
+    const f2 = path.join(dir, "classes2.csv")
+    await fs.writeFile(f2, head + lines.filter((l) => !l.endsWith(",41\n")).join(""))
+    expect((await scanTextFile(f2, 1000, true, classIdReader(schema))).maxClass).toBe(6)
+    // The last row without a newline.
+    const f3 = path.join(dir, "classes3.csv")
+    await fs.writeFile(f3, "x,label\n1,2\n3,12")
+    expect((await scanTextFile(f3, 10, true, classIdReader(csvSchema("x,label", {}, f3)))).maxClass).toBe(12)
+
+    // Through resolveFileDataset: the count is the largest id + 1; a count given, or class names, win.
+    expect((await resolveFileDataset("t", fromFiles(file))).numClasses).toBe(42)
+    expect((await resolveFileDataset("t", fromFiles(file, { numClasses: 50 }))).numClasses).toBe(50)
+    expect((await resolveFileDataset("t", fromFiles(file, { labelType: "float" }))).numClasses).toBe(0)
+    const jl = path.join(dir, "classes.jsonl")
+    await fs.writeFile(jl, ['{"x": [1, 2], "y": 3}', '{"x": [1, 2], "y": 9, "z": {"y": 77}}', '{"x": [0, 0], "y": 0}'].join("\n"))
+    expect((await resolveFileDataset("t", fromFiles(jl))).numClasses).toBe(10)
+    const named = path.join(dir, "named.csv")
+    await fs.writeFile(named, "f,kind\n1,cat\n2,dog\n")
+    expect((await resolveFileDataset("t", fromFiles(named, { classes: ["cat", "dog", "fox"] }))).numClasses).toBe(3)
+  })
+
+  it("reads a class id from a CSV line as the full parse does: any column, quotes, spaces, CR, and -1 for what is not an id", () => {
+    const cell = fc.oneof(
+      fc.integer({ min: 0, max: 999_999 }).map(String),
+      fc.constantFrom("1.5", "-3", "", "abc", " 7 ", "\"4\"", "\"a,b\"", "1e3", "0x1")
+    )
+    fc.assert(
+      fc.property(fc.integer({ min: 2, max: 7 }), fc.nat(), fc.array(cell, { minLength: 7, maxLength: 7 }), fc.boolean(), (columns, which, cells, cr) => {
+        const labelColumn = which % columns
+        const names = Array.from({ length: columns }, (_, i) => `c${i}`)
+        const schema = csvSchema(names.join(","), { label: labelColumn }, "p.csv")
+        const row = cells.slice(0, columns)
+        const line = row.join(",") + (cr ? "\r" : "")
+        const got = classIdReader(schema)!(enc.encode(line))
+        // The reference: the cell as splitCsv would give it, an id when it is digits alone.
+        const split: string[] = []
+        let cur = ""
+        let quoted = false
+        for (const ch of row.join(",")) {
+          if (ch === '"') quoted = !quoted
+          else if (ch === "," && !quoted) {
+            split.push(cur)
+            cur = ""
+          } else cur += ch
+        }
+        split.push(cur)
+        const v = split.length === columns ? split[labelColumn]!.trim() : ""
+        expect(got).toBe(/^\d{1,9}$/.test(v) ? Number(v) : -1)
+      }),
+      { numRuns: 500 }
+    )
+  })
 })
+

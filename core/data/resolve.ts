@@ -12,7 +12,7 @@ import { csvOptionsOf, formatOfName, hasGlob, isObjectUrl, parseObjectUrl, DATA_
 import { listDataFiles, openDataBucket } from "./object-data.ts"
 import { plainFile, withoutGz } from "./plain-file.ts"
 import { prod, shardFileHeader, type LabelDtype } from "./shard-format.ts"
-import { csvSchema, jsonlSchema, type TextSchema } from "./text-formats.ts"
+import { classIdReader, csvSchema, jsonlSchema, type TextSchema } from "./text-formats.ts"
 import { mixSeed } from "../random.ts"
 
 export interface ResolvedFile {
@@ -83,13 +83,15 @@ const expandLocal = async (source: string): Promise<string[]> => {
 
 /**
  * One pass over a text file: rows (non-blank lines, minus a header), the byte offset of every
- * chunkRows-th row, and the first non-blank line (the schema's source).
+ * chunkRows-th row, and the first non-blank line (the schema's source). With `classId`, also the
+ * largest class id of its rows (-1 for none).
  */
 export const scanTextFile = async (
   file: string,
   chunkRows: number,
-  header: boolean
-): Promise<{ rows: number; offsets: number[]; firstLine: string; bytes: number }> => {
+  header: boolean,
+  classId?: (line: Uint8Array) => number
+): Promise<{ rows: number; offsets: number[]; firstLine: string; bytes: number; maxClass: number }> => {
   const fh = await fs.open(file, "r")
   try {
     const size = (await fh.stat()).size
@@ -102,6 +104,9 @@ export const scanTextFile = async (
     let firstBytes: Uint8Array[] = []
     let headerSeen = !header
     let pos = 0
+    let maxClass = -1
+    // The bytes of a row that spans reads (with classId only).
+    let carry: Uint8Array[] = []
     const line = (start: number, end: number, bytesInBuf: (a: number, b: number) => Uint8Array | undefined): void => {
       // [start, end) absolute; blank (or just "\r") lines are not rows.
       const len = end - start
@@ -129,29 +134,49 @@ export const scanTextFile = async (
       }
       if (rows % chunkRows === 0) offsets.push(start)
       rows++
+      if (classId) {
+        let bytes = bytesInBuf(start, end)
+        if (!bytes) {
+          // It began in an earlier read: its first bytes were kept, the rest is this read's start.
+          const rest = bytesInBuf(end, end) ? headOfRead(end) : undefined
+          const parts = rest ? [...carry, rest] : carry
+          bytes = new Uint8Array(parts.reduce((n, p) => n + p.length, 0))
+          let o = 0
+          for (const p of parts) {
+            bytes.set(p, o)
+            o += p.length
+          }
+        }
+        const c = classId(bytes)
+        if (c > maxClass) maxClass = c
+      }
     }
+    let headOfRead: (end: number) => Uint8Array = () => new Uint8Array(0)
     while (pos < size) {
       const { bytesRead } = await fh.read(buf, 0, buf.length, pos)
       if (bytesRead === 0) break
       const data = buf.subarray(0, bytesRead)
       const base = pos
       const inBuf = (a: number, b: number): Uint8Array | undefined => (a >= base ? data.subarray(a - base, b - base) : undefined)
+      headOfRead = (end) => data.subarray(0, end - base)
       let from = 0
       for (;;) {
         const nl = data.indexOf(10, from)
         if (nl < 0) break
         line(lineStart, base + nl, inBuf)
+        if (carry.length > 0) carry = []
         lineStart = base + nl + 1
         from = nl + 1
       }
       // The first line may span reads: keep its bytes until it ends.
       if (firstLine === undefined && lineStart < base + bytesRead) firstBytes.push(data.slice(Math.max(0, lineStart - base)))
+      if (classId && lineStart < base + bytesRead) carry.push(data.slice(Math.max(0, lineStart - base)))
       prevLast = data[bytesRead - 1]!
       pos += bytesRead
     }
     if (lineStart < size) line(lineStart, size, () => undefined)
     offsets.push(size)
-    return { rows, offsets, firstLine: firstLine ?? "", bytes: size }
+    return { rows, offsets, firstLine: firstLine ?? "", bytes: size, maxClass }
   } finally {
     await fh.close()
   }
@@ -281,6 +306,11 @@ export const resolveFileDataset = async (
   const shuffleBuffer = o.shuffleBuffer ?? Math.max(1, Math.min(DEFAULT_WINDOW_ROWS, Math.floor(DEFAULT_WINDOW_BYTES / rowBytes)))
   const chunkRows = o.chunkRows ?? Math.max(1, Math.ceil(shuffleBuffer / 16))
 
+  // Class ids with no count given: the scan of local files finds the largest (an uploaded file's
+  // parts are not read here: give numClasses).
+  const classId = schema && o.numClasses === undefined && schema.classes === undefined ? classIdReader(schema) : undefined
+  let maxClass = -1
+  let classesKnown = classId !== undefined
   for (const e of entries) {
     if (format === "shards") {
       if (e.local) {
@@ -302,12 +332,14 @@ export const resolveFileDataset = async (
       continue
     }
     if (e.local) {
-      const scan = await scanTextFile(e.local, chunkRows, header)
+      const scan = await scanTextFile(e.local, chunkRows, header, classId)
+      maxClass = Math.max(maxClass, scan.maxClass)
       const s = schemaOf(format, scan.firstLine, spec, e.source)
       if (!sameSchema(s, schema!)) throw new DataFormatError({ source: e.source, reason: `its columns differ from ${entries[0]!.source}'s (first line ${JSON.stringify(scan.firstLine.slice(0, 80))})` })
       files.push({ source: e.source, rows: scan.rows, bytes: scan.bytes, offsets: scan.offsets })
     } else {
       const m = e.object!.manifest
+      classesKnown = false
       const s = schemaOf(format, m.schemaLine ?? "", spec, e.source)
       if (!sameSchema(s, schema!)) throw new DataFormatError({ source: e.source, reason: `its columns differ from ${entries[0]!.source}'s` })
       files.push({
@@ -320,6 +352,7 @@ export const resolveFileDataset = async (
       })
     }
   }
+  if (classesKnown && maxClass >= 0) numClasses = maxClass + 1
   const rows = files.reduce((n, f) => n + f.rows, 0)
   if (rows === 0) throw new DataSourceError({ source: spec.sources.join(", "), reason: "the files hold no rows" })
   const shape = { files, chunkRows, format }

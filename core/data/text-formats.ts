@@ -36,7 +36,7 @@ export interface LabelOptions {
   readonly labelType?: "class" | "float"
   /** Class names: a label equal to classes[i] is class i (labels that are strings). */
   readonly classes?: ReadonlyArray<string>
-  /** Number of classes (class labels); default: classes.length, else the model's output width. */
+  /** Number of classes (class labels); default: classes.length, else one more than the largest class id in local files (the driver's scan; give it for uploaded files). */
   readonly numClasses?: number
   /** Shape of one row's features (its product must equal the feature count). Default [count]. */
   readonly featureShape?: ReadonlyArray<number>
@@ -459,3 +459,84 @@ export const parseTextRows = (
   firstLineNo = 1
 ): number =>
   s.format === "csv" ? parseCsvRows(s, bytes, xOut, yOut, at, maxRows, source, firstLineNo) : parseJsonlRows(s, bytes, xOut, yOut, at, maxRows, source, firstLineNo)
+
+// ------------------------------------------------------------------------------------------------
+// Class ids at the driver's scan
+
+/**
+ * Reads one row's class id from its line's bytes, for a schema with one class-id label and no
+ * class names (the ids themselves): the driver's scan takes the largest, so a dataset's numClasses
+ * is known before any worker reads it. -1 for a line whose label is not a plain id (the workers'
+ * parse reports it, with its line). Undefined when the schema's labels are not such ids.
+ */
+export const classIdReader = (s: TextSchema): ((line: Uint8Array) => number) | undefined => {
+  if (s.labelDtype !== "int32" || s.classes !== undefined || prod(s.labelShape) !== 1) return undefined
+  const decoder = new TextDecoder()
+  const plainId = (v: string): number => {
+    const t = v.trim()
+    return /^\d+$/.test(t) ? Number(t) : -1
+  }
+  if (s.format === "jsonl") {
+    const key = s.labelKeys?.[0]
+    if (key === undefined) return undefined
+    return (line) => {
+      let rec: unknown
+      try {
+        rec = JSON.parse(decoder.decode(line))
+      } catch {
+        return -1
+      }
+      const v = (rec as Record<string, unknown> | null)?.[key]
+      return typeof v === "number" && Number.isInteger(v) && v >= 0 ? v : -1
+    }
+  }
+  const delimiter = s.delimiter ?? ","
+  const column = s.labelColumns?.[0]
+  const columns = s.columns
+  if (column === undefined || columns === undefined) return undefined
+  const single = delimiter.length === 1 && delimiter.charCodeAt(0) < 128 ? delimiter.charCodeAt(0) : -1
+  return (line) => {
+    let end = line.length
+    if (end > 0 && line[end - 1] === 13) end--
+    if (single < 0 || line.indexOf(34) >= 0) {
+      const cells = splitCsv(decoder.decode(line.subarray(0, end)), delimiter)
+      return cells.length === columns ? plainId(cells[column]!) : -1
+    }
+    // The label's cell found by counting delimiters from the nearer end of the line.
+    let a = 0
+    let b = end
+    if (column < columns / 2) {
+      let seen = 0
+      let i = 0
+      for (; i < end && seen < column; i++) if (line[i] === single) seen++
+      if (seen < column) return -1
+      a = i
+      b = line.indexOf(single, a)
+      if (b < 0 || b > end) b = end
+    } else {
+      let seen = 0
+      const want = columns - 1 - column
+      let i = end - 1
+      for (; i >= 0 && seen < want; i--) if (line[i] === single) seen++
+      if (seen < want) return -1
+      b = want === 0 ? end : i + 1
+      a = line.lastIndexOf(single, b - 1) + 1
+    }
+    let n = 0
+    let digits = 0
+    for (let i = a; i < b; i++) {
+      const c = line[i]!
+      if (c >= 48 && c <= 57) {
+        n = n * 10 + (c - 48)
+        digits++
+        if (digits > 9) return -1
+      } else if (c === 32 || c === 9) {
+        if (digits > 0) {
+          for (let j = i; j < b; j++) if (line[j] !== 32 && line[j] !== 9) return -1
+          break
+        }
+      } else return -1
+    }
+    return digits > 0 ? n : -1
+  }
+}
