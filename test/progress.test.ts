@@ -34,4 +34,12 @@ describe("progress lines", () => {
     expect(lines.at(-1)).toMatch(/^step +14 +loss 1\.250\n$/)
     expect(lines.join("")).not.toMatch(/\/0|ETA|%/)
   })
+
+  it("shows the epoch's mean loss when the rank sends it (as Keras's bar), not the last batch's", () => {
+    const { p, lines } = printer()
+    p.step({ rank: 0, epoch: 0, step: 14, stepsPerEpoch: 15, samples: 453, loss: 2.285, meanLoss: 0.7547, computeMs: 3 })
+    expect(lines.at(-1)).toMatch(/loss 0\.7547 /)
+    expect(lines.at(-1)).not.toContain("2.285")
+  })
 })
+

@@ -56,8 +56,26 @@ describe("Trainer", () => {
   let baseline: Result
 
   it("trains the digits MLP on 4 workers to >= 90% held-out accuracy with identical weights on every rank", async () => {
-    baseline = await fit("baseline", { epochs: 8 })
+    // Each rank's progress message at an epoch's last step (always sent) carries its mean loss over
+    // the epoch (what the progress line shows, as Keras's bar); cumulative samples give its weight.
+    const ends: Array<{ rank: number; epoch: number; samples: number; meanLoss?: number }> = []
+    const onProgress = (b: { rank: number; epoch: number; step: number; stepsPerEpoch: number; samples: number; meanLoss?: number }): void => {
+      if (b.stepsPerEpoch > 0 && b.step + 1 === b.stepsPerEpoch) ends.push(b)
+    }
+    baseline = await fit("baseline", { epochs: 8 }, { runConfig: { callbacks: [{ onProgress }] } })
     expect(baseline.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4, 5, 6, 7])
+    // The ranks' means, weighted by their samples, are the epoch's loss over every rank's samples.
+    for (const epoch of [1, 4, 7]) {
+      let sum = 0
+      let n = 0
+      for (let rank = 0; rank < 4; rank++) {
+        const at = ends.find((e) => e.rank === rank && e.epoch === epoch)!
+        const before = ends.find((e) => e.rank === rank && e.epoch === epoch - 1)!
+        sum += at.meanLoss! * (at.samples - before.samples)
+        n += at.samples - before.samples
+      }
+      expect(sum / n).toBeCloseTo(baseline.metricsHistory[epoch]!.loss as number, 5)
+    }
     expect(baseline.metrics!.val_accuracy as number).toBeGreaterThanOrEqual(0.9)
     expect(baseline.metricsPerRank.every((round) => round.length === 4)).toBe(true)
     expect(sameWeights(baseline)).toBe(true)

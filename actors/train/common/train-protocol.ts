@@ -256,6 +256,8 @@ export const ControllerProtocol = defineProtocol("trainer-controller", {
       /** Samples this rank has trained on so far in this attempt. */
       samples: Schema.Number,
       loss: Schema.Number,
+      /** The mean of this rank's step losses (weighted by samples) over the epoch so far, or since the last report() call in a loop without epochs: what the progress line shows, as Keras's bar does. */
+      meanLoss: Schema.optionalKey(Schema.Number),
       computeMs: Schema.Number,
       commMs: Schema.Number,
       /** Every step since the last progress message: [step, forward/backward ms, all-reduce ms, apply ms, ms waited since the previous step]. */

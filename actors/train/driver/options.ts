@@ -41,8 +41,8 @@ export interface TrainerCallbacks {
   onCheckpoint?(info: { path: string; metrics: Record<string, unknown> }): void | Promise<void>
   onRestart?(info: { attempt: number; failure: GroupFailure }): void | Promise<void>
   onStateChange?(info: { from: TrainerState; to: TrainerState; attempt: number }): void
-  /** Step progress of a rank (rate-limited by the workers to a few per second, plus each epoch's last step). */
-  onProgress?(info: { attempt: number; rank: number; epoch: number; step: number; stepsPerEpoch: number; samples: number; loss: number }): void
+  /** Step progress of a rank (rate-limited by the workers to a few per second, plus each epoch's last step): `loss` is the step's, `meanLoss` the mean over the epoch so far (or, without epochs, since the last report), `samples` this rank's since the attempt began. */
+  onProgress?(info: { attempt: number; rank: number; epoch: number; step: number; stepsPerEpoch: number; samples: number; loss: number; meanLoss?: number }): void
 }
 
 export interface TrainerOptions {

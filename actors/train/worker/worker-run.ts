@@ -136,6 +136,7 @@ export class WorkerRun {
   // What the progress messages carry (onStep) and the observer measures.
   #lastProgress = 0
   #processed = 0
+  readonly #meanLoss = { epoch: -1, step: -1, sum: 0, samples: 0 }
   #computeMs = 0
   #commMs = 0
   #applyMs = 0
@@ -537,6 +538,17 @@ export class WorkerRun {
   /** A progress message to the controller, throttled, except at an epoch's last step (a loop of its own trainStep calls has no epochs). */
   #onStep(info: StepInfo): void {
     this.#processed += info.samples
+    // The running mean a progress line shows: over the epoch so far (a new epoch, or its steps
+    // counted again, starts it afresh), or, without epochs, since the last report() call. A step
+    // replayed by a joining rank (no samples) is not one of its steps; a NaN loss is shown.
+    const m = this.#meanLoss
+    if (info.stepsPerEpoch > 0 && (info.epoch !== m.epoch || info.step < m.step)) m.sum = m.samples = 0
+    m.epoch = info.epoch
+    m.step = info.step
+    if (info.samples > 0) {
+      m.sum += info.loss * info.samples
+      m.samples += info.samples
+    }
     const now = performance.now()
     if (now - this.#lastProgress < PROGRESS_EVERY_MS && (info.stepsPerEpoch === 0 || info.step + 1 < info.stepsPerEpoch)) return
     this.#lastProgress = now
@@ -548,7 +560,7 @@ export class WorkerRun {
     const bytesReceived = traffic.reduce((n, t) => n + t.inBytes, 0)
     void this.#system
       .tellPromise(this.#controller, "progress", {
-        attempt: p.attempt, rank: p.rank, ...info, samples: this.#processed, computeMs: this.#computeMs, commMs: this.#commMs, stepTimes: steps, bytesSent, bytesReceived
+        attempt: p.attempt, rank: p.rank, ...info, samples: this.#processed, ...(m.samples > 0 ? { meanLoss: m.sum / m.samples } : {}), computeMs: this.#computeMs, commMs: this.#commMs, stepTimes: steps, bytesSent, bytesReceived
       })
       .catch(() => {})
     this.#flushTrace()
@@ -556,6 +568,8 @@ export class WorkerRun {
 
   /** A report() call's message: the metrics, the checkpoint, this rank's compression state and shards; answered once the controller holds it. */
   async #sendReport(index: number, metrics: Record<string, unknown>, checkpoint: Checkpoint | undefined, extra?: Record<string, Uint8Array>): Promise<void> {
+    // A loop without epochs: its progress line's mean loss starts again after each report.
+    this.#meanLoss.sum = this.#meanLoss.samples = 0
     const context = this.#context
     const p = this.place()
     const state = this.#live.group.reducer.state()

@@ -45,7 +45,8 @@ export class ProgressPrinter {
     if (attempt > 0) this.line(`gradwire: attempt ${attempt + 1} with ${worldSize} workers`)
   }
 
-  step(p: { rank: number; epoch: number; step: number; stepsPerEpoch: number; samples: number; loss: number; computeMs: number }): void {
+  /** A rank's progress; `meanLoss` (the mean over its epoch so far) is shown when given, else the step's `loss`. */
+  step(p: { rank: number; epoch: number; step: number; stepsPerEpoch: number; samples: number; loss: number; meanLoss?: number; computeMs: number }): void {
     if (this.mode === "off") return
     const now = performance.now()
     const prev = this.#ranks.get(p.rank)
@@ -64,7 +65,7 @@ export class ProgressPrinter {
     // (no step timed yet, the run's first: an ETA of 0 s would be a guess)
     const eta = left === 0 ? "0.0s" : secPerStep > 0 ? `${(secPerStep * left).toFixed(1)}s` : "-"
     const hint = this.stragglers()
-    const rate = `${this.#rate > 0 ? `${Math.round(this.#rate)} samples/s  ` : ""}loss ${fmt(p.loss)}`
+    const rate = `${this.#rate > 0 ? `${Math.round(this.#rate)} samples/s  ` : ""}loss ${fmt(p.meanLoss ?? p.loss)}`
     // A hand-written trainStep loop has no epoch length (nor epochs): its steps are counted, no bar or ETA.
     const text =
       (p.stepsPerEpoch > 0
