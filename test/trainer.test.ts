@@ -126,6 +126,13 @@ describe("Trainer", () => {
     expect(acc).toBeCloseTo(baseline.metrics!.val_accuracy as number, 2)
     // a directory without a model's files says so
     await expect(loadCheckpointModel(tf, baseline.path)).rejects.toThrow(/has no model\.json and weights\.bin.*checkpointFromModel/)
+    // tfjs left out: gradwire's engine (this process's), the same weights
+    const again = await loadCheckpointModel(baseline.checkpoint!)
+    const flat = (m: typeof model): number[] => m.getWeights().flatMap((w) => [...(w.dataSync() as Float32Array)])
+    expect(flat(again)).toEqual(flat(model))
+    // a run that saved no checkpoint has result.checkpoint undefined: said so, not a TypeError
+    await expect(loadCheckpointModel(tf, undefined as never)).rejects.toThrow(/result\.checkpoint is undefined when the run saved none/)
+    await expect(loadCheckpointModel(undefined as never)).rejects.toThrow(/saved none/)
   })
 
   it("recovers from kill -9 of a worker: restarts from the latest checkpoint and finishes every epoch", async () => {
