@@ -496,6 +496,15 @@ const hintFor = (req: NormalizedRequest, fits: readonly NodeFit[], sel: { maxPla
             `${gpuWanted === "auto" ? ", or webgpu and @tensorflow/tfjs-backend-webgpu (with a Vulkan driver)," : ""} on a GPU node and restart its agent`
     )
   }
+  const backend = req.backend
+  if (!req.useGpu && backend !== "auto" && !fits.some((f) => f.node.backends.includes(backend))) {
+    const loads = [...new Set(fits.flatMap((f) => f.node.backends))]
+    hints.push(
+      (req.backend === "tensorflow"
+        ? "no node loads the 'tensorflow' backend: it needs @tensorflow/tfjs-node installed where the agent runs (npm runs its install script, which downloads libtensorflow, only when allowed), then the agent restarted; "
+        : `no node loads the '${backend}' backend; `) + `use backend "auto" (each node's fastest that loads: here ${loads.join(", ") || "none"})`
+    )
+  }
   if (req.acceleratorType !== undefined && !fits.some((f) => f.node.gpus.some((g) => matchesAccelerator(g, req.acceleratorType!)))) {
     const names = [...new Set(fits.flatMap((f) => f.node.gpus.map((g) => g.name)))]
     hints.push(`drop acceleratorType or use one the cluster has${names.length ? ` (${names.join(", ")})` : " (it has no GPUs)"}`)

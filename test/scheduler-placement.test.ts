@@ -94,6 +94,15 @@ describe("placement examples", () => {
     expect(e.message).toContain("lower numWorkers to 1")
   })
 
+  it("a CPU backend no node loads says how to get it, and what 'auto' would pick", () => {
+    const nodes = [node("a", { cpus: 2, backends: ["wasm", "cpu"] })]
+    const e = err(planPlacement({ numWorkers: 2, backend: "tensorflow" }, nodes))
+    expect(e).toBeInstanceOf(PlacementInfeasible)
+    expect(e.message).toMatch(/needs @tensorflow\/tfjs-node installed where the agent runs.*use backend "auto" \(each node's fastest that loads: here wasm, cpu\)/)
+    // a backend some node loads: no such hint
+    expect(err(planPlacement({ numWorkers: 3, backend: "wasm" }, nodes)).message).not.toContain("no node loads")
+  })
+
   it("says to set useGpu:false when no node can run GPU workers", () => {
     const e = err(planPlacement({ numWorkers: 2, useGpu: true }, [node("a"), node("b")]))
     expect(e._tag).toBe("PlacementInfeasible")
