@@ -269,5 +269,23 @@ describe("the driver's scan of a text file", () => {
       { numRuns: 500 }
     )
   })
+
+  it("takes a first line of numbers alone for a row (a headerless file) unless header is given, for every file of the dataset", async () => {
+    expect(csvSchema("0,0,5.5,13,-1e-3,7", {}, "d.csv").headerLine).toBeUndefined()
+    expect(csvSchema("0,0,5.5,13,-1e-3,7", {}, "d.csv").columns).toBe(6)
+    expect(csvSchema("a,b,label", {}, "d.csv").headerLine).toBe("a,b,label")
+    expect(csvSchema("1,2,label", {}, "d.csv").headerLine).toBe("1,2,label")
+    expect(csvSchema("1,2,3", { header: true }, "d.csv").headerLine).toBe("1,2,3")
+    const a = path.join(dir, "headless-a.csv")
+    const b = path.join(dir, "headless-b.csv")
+    await fs.writeFile(a, "0.5,1,2\n0.25,3,1\n")
+    await fs.writeFile(b, "9,9,0\n")
+    const d = await resolveFileDataset("t", fromFiles([a, b]))
+    expect(d.rows).toBe(3)
+    expect(d.featureShape).toEqual([2])
+    expect(d.numClasses).toBe(3)
+    // said: the first line is a header even when it is numbers
+    expect((await resolveFileDataset("t", fromFiles([a, b], { header: true }))).rows).toBe(1)
+  })
 })
 

@@ -261,7 +261,6 @@ export const resolveFileDataset = async (
   let labelDtype: LabelDtype
   let numClasses = o.numClasses ?? 0
   const files: ResolvedFile[] = []
-  const header = format === "csv" && (o.header ?? true)
 
   // The shapes first (they size the shuffle window, which sizes a text file's chunks).
   let rowBytes: number
@@ -297,11 +296,14 @@ export const resolveFileDataset = async (
       }
     } else first = e0.object!.manifest.schemaLine ?? ""
     schema = schemaOf(format, first, spec, e0.source)
+    // (the first file's header, given or found, holds for every file of the dataset)
+    if (format === "csv" && o.header === undefined) spec = { ...spec, options: { ...spec.options, header: schema.headerLine !== undefined } }
     featureShape = schema.featureShape
     labelShape = schema.labelShape
     labelDtype = schema.labelDtype
     numClasses = schema.numClasses
   }
+  const header = format === "csv" && schema?.headerLine !== undefined
   rowBytes = (prod(featureShape) + prod(labelShape)) * 4
   const shuffleBuffer = o.shuffleBuffer ?? Math.max(1, Math.min(DEFAULT_WINDOW_ROWS, Math.floor(DEFAULT_WINDOW_BYTES / rowBytes)))
   const chunkRows = o.chunkRows ?? Math.max(1, Math.ceil(shuffleBuffer / 16))

@@ -12,7 +12,7 @@ export type TextFormat = "csv" | "jsonl"
 
 /** Options of a CSV dataset (fromFiles(..., { format: "csv", ... })). */
 export interface CsvOptions {
-  /** The first line names the columns (default true); without one, columns are 0, 1, ... */
+  /** The first line names the columns; without one, columns are 0, 1, ... Default: true, unless every cell of the first line is a number (a headerless file). */
   readonly header?: boolean
   /** Default ",". */
   readonly delimiter?: string
@@ -116,9 +116,10 @@ const splitCsv = (line: string, delimiter: string): string[] => {
 export const csvSchema = (firstLine: string, o: CsvOptions & LabelOptions, source: string): TextSchema => {
   const delimiter = o.delimiter ?? ","
   if (delimiter.length === 0) fail(source, "delimiter must not be empty")
-  const header = o.header ?? true
   const line = firstLine.replace(/\r$/, "")
   const cells = splitCsv(line, delimiter).map((c) => c.trim())
+  // Not said: a first line of numbers alone is a row (a headerless file), any other the header.
+  const header = o.header ?? !cells.every((c) => c !== "" && Number.isFinite(Number(c)))
   const names = header ? cells : cells.map((_, i) => String(i))
   const col = (c: string | number, what: string): number => {
     const i = typeof c === "number" ? c : names.indexOf(c)
