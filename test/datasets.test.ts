@@ -62,3 +62,35 @@ describe("datasets", () => {
     expect(() => makeDataset(new Float32Array(5), new Int32Array(2), [2])).toThrow(ConfigError)
   })
 })
+
+describe("a shard's shape, whatever it holds", () => {
+  it("an in-memory shard and a file dataset's stream answer featureShape, numClasses and size alike (and their dataset its size)", async () => {
+    const { DatasetShard } = await import("../actors/train/worker/train-context.ts")
+    const { FileStream } = await import("../core/data/stream.ts")
+    const { resolveFileDataset } = await import("../core/data/resolve.ts")
+    const { fromFiles } = await import("../core/data/file-spec.ts")
+    const fs = await import("node:fs/promises")
+    const os = await import("node:os")
+    const path = await import("node:path")
+    const dir = await fs.mkdtemp(path.join(os.tmpdir(), "gw-shard-shape-"))
+    try {
+      const x = Float32Array.from({ length: 10 * 3 }, (_, i) => i)
+      const y = Int32Array.from({ length: 10 }, (_, i) => i % 4)
+      const mem = new DatasetShard(makeDataset(x, y, [3]), 1, 2, 0)
+      const file = path.join(dir, "rows.csv")
+      await fs.writeFile(file, ["a,b,c,label", ...Array.from({ length: 10 }, (_, r) => `${x[r * 3]},${x[r * 3 + 1]},${x[r * 3 + 2]},${y[r]}`)].join("\n"))
+      const resolved = await resolveFileDataset("rows", fromFiles(file))
+      const stream = new FileStream("rows", resolved, 0, () => ({ rank: 1, worldSize: 2 }))
+      for (const s of [mem, stream]) {
+        expect(s.featureShape).toEqual([3])
+        expect(s.labelShape).toEqual([])
+        expect(s.numClasses).toBe(4)
+        expect(s.size).toBe(5)
+        expect(s.dataset.size).toBe(10)
+      }
+      await stream.close?.()
+    } finally {
+      await fs.rm(dir, { recursive: true, force: true })
+    }
+  })
+})

@@ -40,6 +40,8 @@ export interface ResolvedDataset {
   readonly numClasses: number
   readonly files: ReadonlyArray<ResolvedFile>
   readonly rows: number
+  /** The same as rows: the whole dataset's, as an in-memory dataset's size. */
+  readonly size: number
   readonly chunkRows: number
   readonly shuffleBuffer: number
   readonly prefetch: number
@@ -376,6 +378,7 @@ export const resolveFileDataset = async (
     numClasses,
     files,
     rows,
+    size: rows,
     chunkRows,
     shuffleBuffer,
     prefetch: o.prefetch ?? 2,

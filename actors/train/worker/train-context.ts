@@ -89,6 +89,19 @@ export class DatasetShard implements ShardSource {
     return Math.floor(this.dataset.size / this.worldSize)
   }
 
+  /** One row's feature shape, the labels' shape per row, and the class count: as a stream's, so a loop reads them the same way from any shard. */
+  get featureShape(): ReadonlyArray<number> {
+    return this.dataset.featureShape
+  }
+
+  get labelShape(): ReadonlyArray<number> {
+    return this.dataset.labelShape ?? []
+  }
+
+  get numClasses(): number {
+    return this.dataset.numClasses
+  }
+
   /** Map transforms dp.fit() applies to every batch, in order (as FileStream.map). */
   readonly transforms: BatchTransform[] = []
 
