@@ -1,5 +1,5 @@
 // What report() makes of the ways a new user calls it: a metric kept as a tensor of one element is
-// its number (it used to arrive as the tensor object's fields), a larger tensor is a ConfigError
+// its number (it used to arrive as the tensor object's fields), a bigint or a Date what JSON can hold, a larger tensor is a ConfigError
 // that says what to report instead, and a report the loop does not await still counts (the last one
 // was lost when the loop returned before it was sent). Real nats-server and worker processes.
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
@@ -33,6 +33,12 @@ describe("report()", () => {
     const r = await fit("scalar", 2)
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1])
     for (const round of r.metricsPerRank) for (const m of round) expect(typeof m.loss === "number" && Number.isFinite(m.loss), JSON.stringify(m)).toBe(true)
+    // a bigint is its number (a string past 2^53), a Date its ISO string, undefined left out; the
+    // run's files hold them (a bigint had crashed the driver writing metrics.jsonl)
+    expect(r.metrics).toMatchObject({ epoch: 1, steps: 2, huge: "1180591620717411303424", at: "2026-01-01T00:00:00.000Z" })
+    expect("gone" in r.metrics!).toBe(false)
+    const lines = (await fs.readFile(path.join(r.path, "metrics.jsonl"), "utf8")).trim().split("\n")
+    expect(JSON.parse(lines.at(-1)!)).toMatchObject({ steps: 2, huge: "1180591620717411303424" })
   })
 
   it("refuses a metric that is a tensor of several elements with a ConfigError naming it", { timeout: 60_000 }, async () => {

@@ -1,5 +1,5 @@
 // A loop that reports the ways a new user does: a metric kept as a tensor (`mode: "scalar"`, a
-// tf.Scalar loss; `"vector"`, a tensor of 3 elements), or report() calls it does not await
+// tf.Scalar loss, beside a bigint, a Date and an undefined value; `"vector"`, a tensor of 3 elements), or report() calls it does not await
 // (`"unawaited"`, two an epoch, their scalar disposed at once, the last one still on its way when the
 // loop returns). `"no-dataset"` asks for a
 // dataset the Trainer was not given.
@@ -15,7 +15,8 @@ export async function reportLoop(config: { mode: "scalar" | "vector" | "unawaite
   const y = tf.tensor1d([0, 1, 2])
   for (let epoch = 0; epoch < config.epochs; epoch++) {
     const { loss } = await dp.trainStep(x, y)
-    if (config.mode === "scalar") await ctx.report({ epoch, loss: tf.scalar(loss) })
+    // with values JSON has no form for (a bigint, one past 2^53, a Date) and one left undefined
+    if (config.mode === "scalar") await ctx.report({ epoch, loss: tf.scalar(loss), steps: BigInt(epoch + 1), huge: 2n ** 70n, at: new Date(Date.UTC(2026, 0, 1)), gone: undefined })
     else if (config.mode === "vector") await ctx.report({ epoch, losses: tf.tensor1d([loss, loss, loss]) })
     else {
       // two reports, not awaited (the second waits for the first), their tensors disposed at once

@@ -738,23 +738,36 @@ export class TrainContext {
 export type TrainLoop<C = unknown> = (config: C, ctx: TrainContext) => unknown | Promise<unknown>
 
 /**
- * A report's metrics with each tensor of one element read as its number (a loss the loop kept as a
- * tf.Scalar): the driver holds numbers, which a tensor's object would not serialize to. A tensor of
- * more elements is a ConfigError that says how to report it.
+ * A report's metrics as the driver keeps them (metrics.jsonl, metrics.csv, TensorBoard, the
+ * dashboard): each tensor of one element read as its number (a loss the loop kept as a tf.Scalar),
+ * a bigint as a number (as a string past 2^53), a Date as its ISO string, an undefined value left
+ * out. A tensor of more elements, a function or a symbol is a ConfigError that says how to report it.
  */
 const metricValues = async (metrics: Record<string, unknown>): Promise<Record<string, unknown>> => {
+  if (typeof metrics !== "object" || metrics === null || Array.isArray(metrics)) {
+    throw new ConfigError({ field: "report(metrics)", reason: `takes an object of named values ({ loss, accuracy, epoch }), got ${Array.isArray(metrics) ? "an array" : String(metrics)}` })
+  }
   const tensors = Object.entries(metrics).filter((e): e is [string, import("@tensorflow/tfjs").Tensor] => isTensor(e[1]))
-  if (tensors.length === 0) return metrics
-  const out = { ...metrics }
+  const odd = Object.entries(metrics).some(([, v]) => v === undefined || typeof v === "bigint" || typeof v === "function" || typeof v === "symbol" || v instanceof Date)
+  if (tensors.length === 0 && !odd) return metrics
+  const out: Record<string, unknown> = {}
   try {
-    for (const [k, t] of tensors) {
-      if (t.size !== 1) {
-        throw new ConfigError({
-          field: `report(metrics).${k}`,
-          reason: `is a tensor of shape [${t.shape.join(", ")}]; a metric is a number (a tensor of one element is read as one): reduce it first (e.g. tf.mean(t)), or report Array.from(await t.data())`
-        })
+    for (const [k, v] of Object.entries(metrics)) {
+      if (v === undefined) continue
+      if (typeof v === "function" || typeof v === "symbol") {
+        throw new ConfigError({ field: `report(metrics).${k}`, reason: `is a ${typeof v}; a metric is a number, a string, or an array or object of them` })
       }
-      out[k] = (await t.data())[0]
+      if (typeof v === "bigint") out[k] = v >= BigInt(Number.MIN_SAFE_INTEGER) && v <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(v) : v.toString()
+      else if (v instanceof Date) out[k] = v.toISOString()
+      else if (isTensor(v)) {
+        if (v.size !== 1) {
+          throw new ConfigError({
+            field: `report(metrics).${k}`,
+            reason: `is a tensor of shape [${v.shape.join(", ")}]; a metric is a number (a tensor of one element is read as one): reduce it first (e.g. tf.mean(t)), or report Array.from(await t.data())`
+          })
+        }
+        out[k] = (await v.data())[0]
+      } else out[k] = v
     }
   } finally {
     for (const [, t] of tensors) t.dispose()
