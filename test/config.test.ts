@@ -23,6 +23,38 @@ describe("config validation", () => {
     expect(c.placementStrategy).toBe("SPREAD")
   })
 
+  it("refuses a trainLoopConfig the workers would not get as given: a function, a class instance, a Map, a tensor, a cycle", () => {
+    const base = { trainLoopPerWorker: "./t.ts#f", scalingConfig: { numWorkers: 1 } }
+    const at = (trainLoopConfig: unknown) => fails(() => resolveTrainerOptions({ ...base, trainLoopConfig }))
+    expect(at({ lr: 0.1, schedule: (e: number) => e * 2 })).toMatchObject({ field: "trainLoopConfig.schedule" })
+    expect(at({ lr: 0.1, schedule: (e: number) => e * 2 }).message).toMatch(/is a function: .*make it in the loop/)
+    class Hp {
+      lr = 0.1
+      get double(): number {
+        return this.lr * 2
+      }
+    }
+    const hp = at({ nested: [{ hp: new Hp() }] })
+    expect(hp.field).toBe("trainLoopConfig.nested[0].hp")
+    expect(hp.message).toMatch(/is a Hp instance: the workers would get its fields alone/)
+    expect(at({ m: new Map([[1, 2]]) }).message).toMatch(/is a Map/)
+    class Tensor {
+      readonly shape = [2]
+      dataSync(): Float32Array {
+        return new Float32Array(2)
+      }
+    }
+    expect(at({ w: new Tensor() }).message).toMatch(/is a tensor: pass its values/)
+    const cyclic: Record<string, unknown> = { a: 1 }
+    cyclic.self = { back: cyclic }
+    expect(at(cyclic)).toMatchObject({ field: "trainLoopConfig.self.back" })
+    // what msgpack carries as it is: numbers, strings, nested plain data, typed arrays, Dates,
+    // RegExps, Sets, bigints, an object met twice (not a cycle), null and undefined
+    const shared = { k: 1 }
+    const ok = { a: [1, "x", null, undefined, true], t: new Float32Array(2), d: new Date(0), r: /x/, s: new Set([1]), b: 5n, one: shared, two: shared, o: Object.create(null) }
+    expect(resolveTrainerOptions({ ...base, trainLoopConfig: ok }).loopConfig).toBe(ok)
+  })
+
   it("names the field and the allowed values", () => {
     const e = fails(() => decodeConfig(ScalingConfig, { numWorkers: 2, placementStrategy: "EVERYWHERE" }, "scalingConfig"))
     expect(e.field).toBe("scalingConfig.placementStrategy")

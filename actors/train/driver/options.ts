@@ -132,6 +132,46 @@ export const checkLoopModule = (options: TrainerOptions, resolved: Resolved): vo
   })
 }
 
+/**
+ * trainLoopConfig goes to every worker process as data (msgpack): what would not arrive as it was
+ * given is a ConfigError naming its place, instead of a loop that finds a field missing (a function,
+ * dropped) or changed (a class instance, which arrives as its fields; a Map, as an object).
+ */
+export const checkLoopConfig = (value: unknown, at = "trainLoopConfig", seen = new Set<object>()): void => {
+  const fail = (reason: string): never => {
+    throw new ConfigError({ field: at, reason })
+  }
+  if (typeof value === "function") {
+    fail(
+      "is a function: the config goes to the workers, separate processes, as data, and a function cannot go with it; " +
+        "pass what it is made from (numbers, strings) and make it in the loop, or export it from a module the loop imports"
+    )
+  }
+  if (typeof value === "symbol") fail("is a symbol, which cannot go to the workers: pass a string")
+  if (typeof value !== "object" || value === null) return
+  if (ArrayBuffer.isView(value) || value instanceof ArrayBuffer || value instanceof Date || value instanceof RegExp) return
+  if (seen.has(value)) fail("refers back to itself (a cycle): the config goes to the workers as a tree of data")
+  seen.add(value)
+  if (value instanceof Map) fail("is a Map, which the workers would get as a plain object: pass an object, or an array of [key, value] pairs")
+  if (value instanceof Set) {
+    for (const v of value) checkLoopConfig(v, `${at}[]`, seen)
+  } else if (Array.isArray(value)) {
+    value.forEach((v, i) => checkLoopConfig(v, `${at}[${i}]`, seen))
+  } else {
+    const proto = Object.getPrototypeOf(value)
+    if (proto !== Object.prototype && proto !== null) {
+      const name = (value as { constructor?: { name?: string } }).constructor?.name || "a class"
+      fail(
+        (typeof (value as { dataSync?: unknown }).dataSync === "function"
+          ? "is a tensor: pass its values (await t.array()) and make the tensor in the loop"
+          : `is a ${name} instance: the workers would get its fields alone, without its class (methods, getters); pass plain data and make the ${name} in the loop`)
+      )
+    }
+    for (const [k, v] of Object.entries(value)) checkLoopConfig(v, `${at}.${k}`, seen)
+  }
+  seen.delete(value)
+}
+
 const checkDataset = (name: string, ds: unknown): DatasetInput => {
   if (isFileDatasetSpec(ds) || isDatasetFactorySpec(ds)) return ds
   const d = ds as Partial<ArrayDataset> | undefined
@@ -228,6 +268,7 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
         `${run.failureConfig?.recoverFrom === undefined ? `, the default here: ${peersCannot}` : ""}): leave spares at 0`
     })
   }
+  checkLoopConfig(options.trainLoopConfig ?? {})
   return {
     loop: { module: resolveModule(ref.module), export: ref.export ?? "default" },
     loopConfig: options.trainLoopConfig ?? {},

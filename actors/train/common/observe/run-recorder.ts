@@ -73,7 +73,8 @@ export class RunRecorder {
 
   static async open(dir: string, config: unknown, timeline: boolean): Promise<RunRecorder> {
     await fsp.mkdir(path.join(dir, "logs"), { recursive: true })
-    await writeFileAtomic(path.join(dir, "config.json"), JSON.stringify(config, null, 2))
+    // (a bigint in trainLoopConfig, which the workers get as one, is written as its digits)
+    await writeFileAtomic(path.join(dir, "config.json"), JSON.stringify(config, (_k, v: unknown) => (typeof v === "bigint" ? v.toString() : v), 2))
     return new RunRecorder(dir, timeline)
   }
 
