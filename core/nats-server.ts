@@ -23,6 +23,7 @@ import { isMainThread } from "node:worker_threads"
 import * as Effect from "effect/Effect"
 import type * as Scope from "effect/Scope"
 import { NatsServerNotFound, NatsServerStartError } from "./errors.ts"
+import { ownSignalListener, programListens } from "./signals.ts"
 import * as settings from "./settings.ts"
 
 // ---------------------------------------------------------------------------------------------
@@ -473,12 +474,13 @@ const onSignal = (signal: NodeJS.Signals): void => {
 const reraise = (signal: NodeJS.Signals): void => {
   uninstallHandlers()
   // With no listener left the default action applies: the process dies of the signal, so the
-  // parent sees the usual status (130 for SIGINT, 143 for SIGTERM).
-  process.kill(process.pid, signal)
+  // parent sees the usual status (130 for SIGINT, 143 for SIGTERM). A program listening for it
+  // itself has taken the signal over (core/signals.ts).
+  if (!programListens(signal)) process.kill(process.pid, signal)
 }
 
-const onSigint = (): void => onSignal("SIGINT")
-const onSigterm = (): void => onSignal("SIGTERM")
+const onSigint = ownSignalListener((): void => onSignal("SIGINT"))
+const onSigterm = ownSignalListener((): void => onSignal("SIGTERM"))
 
 const installHandlers = (): void => {
   if (handlersInstalled) return

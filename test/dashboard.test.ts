@@ -619,4 +619,34 @@ describe("the run directory", () => {
       for (const pid of pids) if (alive(pid)) process.kill(pid, "SIGKILL")
     }
   })
+
+  it("a program that listens for SIGINT itself goes on after Ctrl-C, its listener called once: fit() rejects with Interrupted for its catch", { timeout: 90_000 }, async () => {
+    const storagePath = path.join(dir, "interrupted-caught")
+    const pids = new Set<number>()
+    let sent = false
+    const run = await runScript(path.join(ROOT, "test/support/interrupt-driver.ts"), [storagePath, "ctrl-c-caught", path.join(dir, "stop-never"), "catch"], {
+      timeoutMs: 75_000,
+      onOutput: (all, kill) => {
+        for (const m of all.matchAll(/\(worker rank=\d+ pid=(\d+)/g)) pids.add(Number(m[1]))
+        if (!sent && (all.match(/^REPORT \d+$/gm) ?? []).length >= 1) {
+          sent = true
+          kill("SIGINT")
+        }
+      }
+    })
+    try {
+      // it ended on its own, after its catch ran; its listener heard the one Ctrl-C once (the
+      // Trainer and the embedded server raised the signal again after their clean-up, calling it
+      // two more times: a program counting Ctrl-Cs to force its way out would have left at once)
+      expect(run.signal, run.output).toBeNull()
+      expect(run.code, run.output).toBe(0)
+      expect(run.output.match(/^PROGRAM SIGINT$/gm), run.output).toHaveLength(1)
+      expect(run.output).toMatch(/^CAUGHT Interrupted interrupted$/m)
+      expect(run.output).toMatch(/^AFTER$/m)
+      expect(pids.size).toBe(2)
+      await until("the workers to exit", () => ([...pids].some(alive) ? undefined : true), 15_000)
+    } finally {
+      for (const pid of pids) if (alive(pid)) process.kill(pid, "SIGKILL")
+    }
+  })
 })

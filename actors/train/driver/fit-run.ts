@@ -52,6 +52,7 @@ import { RunRecorder } from "../common/observe/run-recorder.ts"
 import { spanEvent } from "../common/observe/timeline.ts"
 import { embeddedServerEvents, forwardJobLogs, nodeNews, startJobMonitor, startRunDashboard, watchDriverBus } from "./fit-watch.ts"
 import type { JobState } from "../common/job-telemetry.ts"
+import { ownSignalListener, programListens } from "../../../core/signals.ts"
 import type { Dashboard } from "../dashboard/server.ts"
 
 /** How long a server gets to make a lost one's replacement from its replica, or to send it its shard (a few shard sizes over the bus). */
@@ -402,7 +403,7 @@ export class FitRun {
     if (r !== "up") await this.#aborted
   }
 
-  readonly #onSignal = (signal: NodeJS.Signals): void => {
+  readonly #onSignal = ownSignalListener((signal: NodeJS.Signals): void => {
     this.#abort(new Interrupted({ signal }))
     // The run stops where it is; its directory is completed (report.html, metrics.csv,
     // summary.json) before the signal takes the process, within a deadline.
@@ -412,9 +413,11 @@ export class FitRun {
       clearTimeout(timer)
       process.removeListener("SIGINT", this.#onSignal)
       process.removeListener("SIGTERM", this.#onSignal)
-      process.kill(process.pid, signal)
+      // The process ends of the signal, as by default, unless the program listens for it itself:
+      // then it goes on, and fit() rejects with Interrupted (core/signals.ts).
+      if (!programListens(signal)) process.kill(process.pid, signal)
     })
-  }
+  })
 
   #teardown(): Promise<void> {
     return (this.#tornDown ??= (async () => {
