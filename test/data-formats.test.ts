@@ -276,6 +276,8 @@ describe("the driver's scan of a text file", () => {
     expect(csvSchema("a,b,label", {}, "d.csv").headerLine).toBe("a,b,label")
     expect(csvSchema("1,2,label", {}, "d.csv").headerLine).toBe("1,2,label")
     expect(csvSchema("1,2,3", { header: true }, "d.csv").headerLine).toBe("1,2,3")
+    // a label named in such a file says how it was read
+    expect(() => csvSchema("1,2,3", { label: "y" }, "d.csv")).toThrow(/label column "y" is not among its 3 columns: its first line is numbers alone.*give header: true/)
     const a = path.join(dir, "headless-a.csv")
     const b = path.join(dir, "headless-b.csv")
     await fs.writeFile(a, "0.5,1,2\n0.25,3,1\n")

@@ -124,7 +124,8 @@ export const csvSchema = (firstLine: string, o: CsvOptions & LabelOptions, sourc
   const col = (c: string | number, what: string): number => {
     const i = typeof c === "number" ? c : names.indexOf(c)
     if (!Number.isInteger(i) || i < 0 || i >= names.length) {
-      fail(source, `${what} column ${JSON.stringify(c)} is not among its ${names.length} columns${header ? ` (${names.slice(0, 12).join(", ")}${names.length > 12 ? ", ..." : ""})` : ""}`)
+      const found = o.header === undefined && !header ? ": its first line is numbers alone, so it was read as a row of a file without a header (give header: true if it is the header), its columns 0, 1, ..." : ""
+      fail(source, `${what} column ${JSON.stringify(c)} is not among its ${names.length} columns${header ? ` (${names.slice(0, 12).join(", ")}${names.length > 12 ? ", ..." : ""})` : found}`)
     }
     return i
   }
