@@ -201,6 +201,49 @@ describe("data-parallel wrapper", () => {
     expect(hr.history.loss.at(-1) as number).toBeLessThan((hr.history.loss[0] as number) / 2)
   })
 
+  it("fit's and model.fit's classWeight scale each row's loss by its class's weight (as Keras's class_weight)", async () => {
+    const { tf } = await loadEngine("auto")
+    const n = 96
+    const x = new Float32Array(n * 4).map((_, i) => Math.sin(i * 7.31) * 0.7)
+    const y = new Int32Array(n).map((_, i) => (x[i * 4]! > 0.2 ? 0 : x[i * 4 + 1]! > 0 ? 1 : 2))
+    const dataset = { x, y, size: n, featureShape: [4], numClasses: 3 }
+    const source = { dataset, rows: () => Array.from({ length: n }, (_, i) => i) }
+    // the same model and optimizer, sparse or one-hot targets: only its loss and classWeight differ
+    const fitted = async (loss: string, lr: number, classWeight?: Record<number, number> | number[]): Promise<number[][]> => {
+      const m = makeModel(tf, 11)
+      m.compile({ optimizer: tf.train.sgd(lr), loss })
+      const dp = await DataParallelModel.prepare(tf, m, localGroup(1)[0])
+      await dp.fit(source, { epochs: 2, batchSize: 16, ...(classWeight ? { classWeight } : {}) })
+      return weightsOf(m)
+    }
+    const close = (a: number[][], b: number[][]): number => Math.max(...a.flatMap((w, i) => w.map((v, j) => Math.abs(v - b[i]![j]!))))
+    for (const loss of ["sparseCategoricalCrossentropy", "categoricalCrossentropy"]) {
+      // every class weighing 2 is twice the gradient: SGD at twice the rate
+      expect(close(await fitted(loss, 0.2, { 0: 2, 1: 2, 2: 2 }), await fitted(loss, 0.4))).toBeLessThan(1e-5)
+      // a class not named weighs 1
+      expect(close(await fitted(loss, 0.2, { 1: 1 }), await fitted(loss, 0.2))).toBeLessThan(1e-6)
+    }
+    // weights by class as an array; every class at 0: nothing moves
+    const start = weightsOf(makeModel(tf, 11))
+    expect(close(await fitted("sparseCategoricalCrossentropy", 0.2, [0, 0, 0]), start)).toBe(0)
+    // class 0 alone weighed differs from the unweighted run
+    expect(close(await fitted("sparseCategoricalCrossentropy", 0.2, { 0: 5 }), await fitted("sparseCategoricalCrossentropy", 0.2))).toBeGreaterThan(1e-3)
+    // bad weights, and a loss with no classes
+    await expect(fitted("sparseCategoricalCrossentropy", 0.2, { 3: 1 })).rejects.toThrow(/names class "3", and the model's classes are 0\.\.2/)
+    await expect(fitted("sparseCategoricalCrossentropy", 0.2, { 1: -1 })).rejects.toThrow(/class 1's weight must be a number >= 0/)
+    await expect(fitted("meanSquaredError", 0.2, { 1: 2 })).rejects.toThrow(/needs a classification loss named in compile\(\)/)
+    // model.fit takes it (tfjs's form too: a list of one map), where it was refused
+    const m = makeModel(tf, 11)
+    m.compile({ optimizer: tf.train.sgd(0.2), loss: "sparseCategoricalCrossentropy" })
+    await DataParallelModel.prepare(tf, m, localGroup(1)[0])
+    const xt = tf.tensor2d(x, [n, 4])
+    const yt = tf.tensor1d(y, "float32")
+    const h = await m.fit(xt, yt, { epochs: 1, batchSize: 16, shuffle: false, classWeight: [{ 0: 0, 1: 0, 2: 0 }] })
+    expect(h.history.loss[0]).toBe(0)
+    expect(close(weightsOf(m), start)).toBe(0)
+    tf.dispose([xt, yt])
+  })
+
   it("clips the reduced gradient by its global norm or by value (prepareModel clipNorm / clipValue), exchanged or in place", async () => {
     const { tf } = await loadEngine("auto")
     const sgd = (seed: number) => {

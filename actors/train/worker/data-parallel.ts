@@ -106,6 +106,10 @@ export class DataParallelModel implements RecoverableModel {
   #tf: tfjs
   #sync: GradientSync
   #loss: LossFn
+  /** Each row's loss (the named losses), which fit's classWeight scales. */
+  #perSample: ((yTrue: Tensor, yPred: Tensor) => Tensor) | undefined
+  /** fit's classWeight while a fit() runs: each class's weight, a [classes] tensor. */
+  #classWeight: Tensor | undefined
   #classification: boolean
   #sparse: boolean
   #vars: Variable[]
@@ -159,6 +163,7 @@ export class DataParallelModel implements RecoverableModel {
     this.optimizer = optimizer
     const loss = resolveLoss(tf, model, opts.loss)
     this.#loss = loss.fn
+    this.#perSample = loss.perSample
     this.#classification = loss.classification
     this.#sparse = loss.sparse
     this.#vars = model.trainableWeights.map((w) => w.read() as Variable)
@@ -573,6 +578,9 @@ export class DataParallelModel implements RecoverableModel {
     const { value, grads } = this.optimizer.computeGradients(() => {
       const out = this.model.apply(input, { training: true }) as Tensor
       if (this.#classification) pred = tf.keep(out)
+      const w = this.#classWeight
+      // classWeight: each row's loss times its class's weight, their mean (as Keras's).
+      if (w && this.#perSample) return tf.mul(this.#perSample(y, out), tf.gather(w, labelsOf(y))).mean() as Scalar
       return this.#loss(y, out)
     }, this.#vars)
     const correct = pred ? tf.tidy(() => pred!.argMax(-1).equal(labelsOf(y)).sum()) : undefined
@@ -818,9 +826,43 @@ export class DataParallelModel implements RecoverableModel {
    * (fit-loop.ts: in-memory rows or a stream, global batches split by throughput, accumulation,
    * regroups and joins with recovery from peers).
    */
-  fit(source: FitSource, opts: FitOptions): Promise<EpochResult[]> {
-    return this.#loop.fit(source, opts)
+  async fit(source: FitSource, opts: FitOptions): Promise<EpochResult[]> {
+    if (opts.classWeight === undefined) return this.#loop.fit(source, opts)
+    if (this.#classWeight) throw new ConfigError({ field: "fit(classWeight)", reason: "a fit() with classWeight is running already on this model" })
+    this.#classWeight = this.#tf.tensor1d(this.#classWeightsOf(opts.classWeight), "float32")
+    try {
+      return await this.#loop.fit(source, opts)
+    } finally {
+      this.#classWeight.dispose()
+      this.#classWeight = undefined
+    }
   }
+
+  /** fit's classWeight ({ class: weight }, or an array by class) as a weight per class: 1 for a class not named (as Keras). */
+  #classWeightsOf(given: NonNullable<FitOptions["classWeight"]>): Float32Array {
+    const field = "fit(classWeight)"
+    if (!this.#perSample) {
+      throw new ConfigError({
+        field,
+        reason: "weights each row's loss by its class, which needs a classification loss named in compile() (sparseCategoricalCrossentropy, categoricalCrossentropy or binaryCrossentropy), not a loss function or a regression loss"
+      })
+    }
+    const width = this.model.outputs[0]?.shape.at(-1) ?? 1
+    const classes = Math.max(2, width)
+    const out = new Float32Array(classes).fill(1)
+    const entries: Array<[string, unknown]> = Array.isArray(given) ? given.map((v, i) => [String(i), v]) : typeof given === "object" && given !== null ? Object.entries(given) : []
+    if (entries.length === 0 && !(Array.isArray(given) || (typeof given === "object" && given !== null))) {
+      throw new ConfigError({ field, reason: `takes { [classId]: weight } or an array of weights by class, got ${String(given)}` })
+    }
+    for (const [k, v] of entries) {
+      const c = Number(k)
+      if (!Number.isInteger(c) || c < 0 || c >= classes) throw new ConfigError({ field, reason: `names class ${JSON.stringify(k)}, and the model's classes are 0..${classes - 1}` })
+      if (typeof v !== "number" || !Number.isFinite(v) || v < 0) throw new ConfigError({ field, reason: `class ${c}'s weight must be a number >= 0, got ${String(v)}` })
+      out[c] = v
+    }
+    return out
+  }
+
 
   /** Heterogeneity-aware batching state for report(): per-rank batches, re-balances, stragglers. */
   batchingMetrics(): Record<string, number | string> {

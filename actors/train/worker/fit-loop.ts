@@ -80,6 +80,12 @@ export interface FitCommonOptions {
    * update as a k-times larger batch. Default 1.
    */
   readonly accumulationSteps?: number
+  /**
+   * A weight per class for the training loss, as Keras's class_weight: `{ [classId]: weight }` or an
+   * array by class; a class not named weighs 1. Each row's loss is multiplied by its class's weight
+   * and the batch's mean taken. Needs a classification loss named in compile().
+   */
+  readonly classWeight?: Readonly<Record<number, number>> | ReadonlyArray<number>
 }
 
 export interface TrainStepOptions {

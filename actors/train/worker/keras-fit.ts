@@ -44,7 +44,7 @@ interface FitArgs {
   readonly shuffle?: boolean
   readonly verbose?: number
   readonly callbacks?: unknown
-  readonly classWeight?: unknown
+  readonly classWeight?: Readonly<Record<number, number>> | ReadonlyArray<number>
   readonly sampleWeight?: unknown
   readonly stepsPerEpoch?: number
   readonly validationSteps?: number
@@ -69,7 +69,7 @@ export interface FitHistory {
   readonly params: Record<string, unknown>
 }
 
-const SUPPORTED = new Set(["epochs", "batchSize", "initialEpoch", "validationData", "validationSplit", "shuffle", "verbose", "callbacks"])
+const SUPPORTED = new Set(["epochs", "batchSize", "initialEpoch", "validationData", "validationSplit", "shuffle", "verbose", "callbacks", "classWeight"])
 
 const refusal = (field: string, reason: string) => new ConfigError({ field: `model.fit(${field})`, reason })
 
@@ -162,6 +162,14 @@ export const kerasFit = async (host: KerasFitHost, xIn: unknown, yIn: unknown, a
     throw refusal("validationData", "takes [x, y] (sample weights are not taken)")
   }
 
+  // tfjs's form for a model of one output, a list of one map, is that map.
+  let classWeight = args.classWeight
+  const listed = classWeight as ReadonlyArray<unknown> | undefined
+  if (Array.isArray(listed) && listed.some((w) => typeof w === "object" && w !== null)) {
+    if (listed.length !== 1) throw refusal("classWeight", "takes one map of class weights (a model of one output)")
+    classWeight = listed[0] as Record<number, number>
+  }
+
   const tf = host.tf
   let all = await datasetOf(host, x, y)
   // Every rank must hold the same rows: each trains on its share of them.
@@ -211,6 +219,7 @@ export const kerasFit = async (host: KerasFitHost, xIn: unknown, yIn: unknown, a
         initialEpoch: epoch,
         globalBatchSize: batch,
         seed: 0,
+        ...(classWeight !== undefined ? { classWeight } : {}),
         onStep: async (s) => {
           const logs: Record<string, number> = { batch: s.index, size: s.samples, loss: s.loss }
           for (const cb of callbacks) await cb.onBatchEnd?.(s.index, logs)

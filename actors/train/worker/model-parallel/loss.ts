@@ -16,23 +16,33 @@ export interface ResolvedLoss {
   readonly classification: boolean
   /** Targets are class ids (no one-hot). */
   readonly sparse: boolean
+  /** Each row's loss, a [rows] tensor (the named losses): what class weights scale (fit's classWeight). */
+  readonly perSample?: (yTrue: Tensor, yPred: Tensor) => Tensor
 }
 
 export const resolveLoss = (tf: Tf, loss: unknown, field: string): ResolvedLoss => {
   if (typeof loss === "function") return { fn: loss as LossFn, classification: false, sparse: false }
   switch (loss) {
     case "categoricalCrossentropy":
-      return { fn: (yt, yp) => tf.metrics.categoricalCrossentropy(yt, yp).mean() as Scalar, classification: true, sparse: false }
-    case "sparseCategoricalCrossentropy":
       return {
-        fn: (yt, yp) => tf.tidy(() => tf.metrics.categoricalCrossentropy(tf.oneHot(yt.flatten().toInt(), yp.shape[yp.shape.length - 1] as number), yp).mean() as Scalar),
+        fn: (yt, yp) => tf.metrics.categoricalCrossentropy(yt, yp).mean() as Scalar,
         classification: true,
-        sparse: true
+        sparse: false,
+        perSample: (yt, yp) => tf.metrics.categoricalCrossentropy(yt, yp)
       }
+    case "sparseCategoricalCrossentropy": {
+      const perSample = (yt: Tensor, yp: Tensor): Tensor => tf.tidy(() => tf.metrics.categoricalCrossentropy(tf.oneHot(yt.flatten().toInt(), yp.shape[yp.shape.length - 1] as number), yp))
+      return { fn: (yt, yp) => tf.tidy(() => perSample(yt, yp).mean() as Scalar), classification: true, sparse: true, perSample }
+    }
     case "meanSquaredError":
       return { fn: (yt, yp) => tf.losses.meanSquaredError(yt, yp) as Scalar, classification: false, sparse: false }
     case "binaryCrossentropy":
-      return { fn: (yt, yp) => tf.metrics.binaryCrossentropy(yt, yp).mean() as Scalar, classification: false, sparse: false }
+      return {
+        fn: (yt, yp) => tf.metrics.binaryCrossentropy(yt, yp).mean() as Scalar,
+        classification: false,
+        sparse: false,
+        perSample: (yt, yp) => tf.tidy(() => tf.metrics.binaryCrossentropy(yt, yp).reshape([yp.shape[0] as number, -1]).mean(1))
+      }
     default:
       throw new ConfigError({
         field,
