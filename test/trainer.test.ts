@@ -218,6 +218,34 @@ describe("Trainer", () => {
     expect(second.checkpoint?.path).toMatch(/checkpoint_000002$/)
   })
 
+  it("gives two fits started together a directory each: by default a name of its own, a name given held by one fit at a time", async () => {
+    const one = (name: string | undefined, epochs = 1): Promise<Result> =>
+      new Trainer({
+        trainLoopPerWorker: LOOP,
+        trainLoopConfig: { epochs },
+        scalingConfig: { numWorkers: 1 },
+        runConfig: { ...(name ? { name } : {}), storagePath: path.join(storage, "together"), progress: false },
+        datasets: { train, test }
+      }).fit()
+    // named by default within the same second (a sweep's Promise.all): they had shared a directory
+    const [a, b] = await Promise.all([one(undefined), one(undefined)])
+    expect(a.path).not.toBe(b.path)
+    expect(path.basename(b.path).replace(/_2$/, "")).toBe(path.basename(a.path).replace(/_2$/, ""))
+    for (const r of [a, b]) expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0])
+    // one name: the second fit to start is refused while the first holds it, and nothing of it is touched
+    const [held, refused] = await Promise.allSettled([one("shared", 2), new Promise((r) => setTimeout(r, 50)).then(() => one("shared", 2))])
+    expect(held.status).toBe("fulfilled")
+    expect(refused.status).toBe("rejected")
+    expect((refused as PromiseRejectedResult).reason).toBeInstanceOf(ConfigError)
+    expect(String((refused as PromiseRejectedResult).reason)).toMatch(/run directory .*shared is in use by a fit\(\) running in this process: .*give this one another name than "shared"/)
+    expect((held as PromiseFulfilledResult<Result>).value.metricsHistory.map((m) => m.epoch)).toEqual([0, 1])
+    // the lock goes with the fit; one left by a driver that was killed (its process gone) is taken over
+    const dir = path.join(storage, "together", "shared")
+    expect(await fs.readdir(dir)).not.toContain(".fit-lock")
+    await fs.writeFile(path.join(dir, ".fit-lock"), JSON.stringify({ pid: 2 ** 22 + 12345, since: "then" }))
+    expect((await one("shared", 3)).metricsHistory.map((m) => m.epoch)).toEqual([2])
+  })
+
   it("rejects bad configs before starting anything", async () => {
     const bad = (opts: Record<string, unknown>) => new Trainer(opts as never).fit()
     // a closure no module exports: where it is, and the module form (a loop function a module exports is taken: test/function-loop.test.ts)

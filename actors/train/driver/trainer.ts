@@ -18,6 +18,7 @@ import { idle, planLargest } from "./elastic.ts"
 import { checkLoopModule, resolveTrainerOptions, type TrainerOptions } from "./options.ts"
 import type { Result } from "./result.ts"
 import { FitRun } from "./fit-run.ts"
+import { claimRunDir } from "./run-dir.ts"
 import { locateLoopFunction } from "./loop-function.ts"
 
 export type { TrainerCallbacks, TrainerOptions } from "./options.ts"
@@ -50,7 +51,14 @@ export class Trainer {
     const options = typeof loop === "function" ? { ...this.options, trainLoopPerWorker: await locateLoopFunction(loop as (...args: never[]) => unknown) } : this.options
     const resolved = resolveTrainerOptions(options)
     checkLoopModule(options, resolved)
-    const run = await FitRun.open(resolved)
+    const claim = await claimRunDir(resolved, (options as TrainerOptions).runConfig?.name !== undefined)
+    let run: FitRun
+    try {
+      run = await FitRun.open(claim.cfg)
+    } catch (e) {
+      await claim.release()
+      throw e
+    }
     try {
       await run.launch()
       // The survivors of the last generation and their replacements, when they run already.
@@ -72,7 +80,11 @@ export class Trainer {
     } catch (e) {
       run.failed(e as Error)
     } finally {
-      await run.close()
+      try {
+        await run.close()
+      } finally {
+        await claim.release()
+      }
     }
     return run.result()
   }

@@ -1,0 +1,83 @@
+// A run directory takes one fit() at a time. A run named by default (gradwire_<date>_<time>) gets a
+// directory of its own: two fits started in the same second (a sweep's Promise.all, or quick runs
+// one after another) had shared one, the second resuming the first's checkpoints and both writing
+// its files. A named run keeps its directory across fits (the same name resumes), and while a fit
+// holds it (a lock file with its process id) another fit of that name, in this process or another,
+// is a ConfigError; a lock whose process is gone (a driver killed) is taken over.
+import * as fs from "node:fs/promises"
+import * as path from "node:path"
+import { ConfigError } from "../../../core/errors.ts"
+import type { Resolved } from "./options.ts"
+
+const LOCK = ".fit-lock"
+const held = new Set<string>()
+
+const alive = (pid: number): boolean => {
+  try {
+    process.kill(pid, 0)
+    return true
+  } catch (e) {
+    return (e as NodeJS.ErrnoException).code === "EPERM"
+  }
+}
+
+/** Takes the run directory's lock, or says who holds it. */
+const lock = async (dir: string, name: string): Promise<void> => {
+  const file = path.join(dir, LOCK)
+  const inUse = (by: string): ConfigError =>
+    new ConfigError({
+      field: "runConfig.name",
+      reason: `the run directory ${dir} is in use by a fit() ${by}: a run's directory takes one fit() at a time (the same name resumes it once that one ends); give this one another name than "${name}"`
+    })
+  if (held.has(dir)) throw inUse("running in this process")
+  for (let attempt = 0; attempt < 3; attempt++) {
+    try {
+      await fs.writeFile(file, JSON.stringify({ pid: process.pid, since: new Date().toISOString() }), { flag: "wx" })
+      held.add(dir)
+      return
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code !== "EEXIST") throw e
+    }
+    let owner: { pid?: unknown; since?: unknown } = {}
+    try {
+      owner = JSON.parse(await fs.readFile(file, "utf8")) as typeof owner
+    } catch {
+      // unreadable or half written: taken for stale below
+    }
+    if (typeof owner.pid === "number" && owner.pid !== process.pid && alive(owner.pid)) throw inUse(`in process ${owner.pid} (since ${String(owner.since)})`)
+    // Its process is gone (or is this one, which holds no fit of it): stale.
+    await fs.rm(file, { force: true })
+  }
+  throw inUse("starting at the same moment")
+}
+
+/**
+ * The run directory for this fit(), taken: `cfg` as resolved, or for a run named by default with
+ * a suffix (_2, _3, ...) when that directory exists already. `release` gives it back.
+ */
+export const claimRunDir = async (cfg: Resolved, named: boolean): Promise<{ cfg: Resolved; release: () => Promise<void> }> => {
+  let claimed = cfg
+  if (!named) {
+    await fs.mkdir(path.dirname(cfg.runDir), { recursive: true })
+    for (let n = 1; ; n++) {
+      const name = n === 1 ? cfg.name : `${cfg.name}_${n}`
+      const runDir = path.join(path.dirname(cfg.runDir), name)
+      try {
+        await fs.mkdir(runDir)
+        claimed = { ...cfg, name, runDir }
+        break
+      } catch (e) {
+        if ((e as NodeJS.ErrnoException).code !== "EEXIST" || n >= 1000) throw e
+      }
+    }
+  } else await fs.mkdir(cfg.runDir, { recursive: true })
+  await lock(claimed.runDir, claimed.name)
+  const dir = claimed.runDir
+  return {
+    cfg: claimed,
+    release: async () => {
+      held.delete(dir)
+      await fs.rm(path.join(dir, LOCK), { force: true })
+    }
+  }
+}
