@@ -3,8 +3,10 @@
 // one after another) had shared one, the second resuming the first's checkpoints and both writing
 // its files. A named run keeps its directory across fits (the same name resumes), and while a fit
 // holds it (a lock file with its process id) another fit of that name, in this process or another,
-// is a ConfigError; a lock whose process is gone (a driver killed) is taken over.
+// is a ConfigError; a lock whose process is gone (a driver killed) is taken over, one from another
+// machine (a shared filesystem) only by hand.
 import * as fs from "node:fs/promises"
+import * as os from "node:os"
 import * as path from "node:path"
 import { ConfigError } from "../../../core/errors.ts"
 import type { Resolved } from "./options.ts"
@@ -32,17 +34,21 @@ const lock = async (dir: string, name: string): Promise<void> => {
   if (held.has(dir)) throw inUse("running in this process")
   for (let attempt = 0; attempt < 3; attempt++) {
     try {
-      await fs.writeFile(file, JSON.stringify({ pid: process.pid, since: new Date().toISOString() }), { flag: "wx" })
+      await fs.writeFile(file, JSON.stringify({ pid: process.pid, host: os.hostname(), since: new Date().toISOString() }), { flag: "wx" })
       held.add(dir)
       return
     } catch (e) {
       if ((e as NodeJS.ErrnoException).code !== "EEXIST") throw e
     }
-    let owner: { pid?: unknown; since?: unknown } = {}
+    let owner: { pid?: unknown; host?: unknown; since?: unknown } = {}
     try {
       owner = JSON.parse(await fs.readFile(file, "utf8")) as typeof owner
     } catch {
       // unreadable or half written: taken for stale below
+    }
+    // A fit on another machine (a shared filesystem): whether it still runs cannot be seen from here.
+    if (typeof owner.host === "string" && owner.host !== os.hostname()) {
+      throw inUse(`on ${owner.host} (process ${String(owner.pid)}, since ${String(owner.since)}; if that driver is gone, delete ${file})`)
     }
     if (typeof owner.pid === "number" && owner.pid !== process.pid && alive(owner.pid)) throw inUse(`in process ${owner.pid} (since ${String(owner.since)})`)
     // Its process is gone (or is this one, which holds no fit of it): stale.
