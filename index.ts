@@ -53,7 +53,7 @@ export {
 export type { PipelineOptions, PipelineSpec, LayerStack } from "./actors/train/worker/model-parallel/prepare.ts"
 export type { ScheduleName } from "./actors/train/worker/model-parallel/schedule.ts"
 export type { BalanceBy } from "./actors/train/worker/model-parallel/partition.ts"
-export { loadCheckpointModel, loadPipelineCheckpoint, mergePipelineCheckpoint, type PipelineLayout } from "./actors/train/worker/model-parallel/checkpoint.ts"
+export { loadCheckpointModel, loadPipelineCheckpoint, mergePipelineCheckpoint, type PipelineLayout, type CheckpointArg } from "./actors/train/worker/model-parallel/checkpoint.ts"
 export type { GridPlace } from "./actors/train/worker/model-parallel/grid.ts"
 export type { PipelineSource } from "./actors/train/worker/model-parallel/pipeline-model.ts"
 export { ModelParallelLinkError } from "./actors/train/worker/model-parallel/transport.ts"

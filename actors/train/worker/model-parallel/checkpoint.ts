@@ -274,7 +274,8 @@ const readCheckpointDir = async (dir: string): Promise<Record<string, Uint8Array
   return out
 }
 
-type CheckpointArg = string | { readonly path: string } | Readonly<Record<string, Uint8Array>>
+/** What loadCheckpointModel takes: result.checkpoint (or one of result.bestCheckpoints), its directory, or its files. */
+export type CheckpointArg = string | { readonly path: string } | Readonly<Record<string, Uint8Array>>
 
 const isTf = (v: unknown): v is Tf =>
   typeof v === "object" && v !== null && typeof (v as { tensor?: unknown }).tensor === "function" && typeof (v as { sequential?: unknown }).sequential === "function"
