@@ -40,7 +40,7 @@ const rankRanges = (ranks: readonly number[]): string => {
  * "auto"'s order), with a note when a GPU is a software adapter. Pure.
  */
 export const describeBackends = (
-  ranks: ReadonlyArray<{ readonly rank: number; readonly nodeId: string; readonly backend: string; readonly gpuIndices: readonly number[] }>,
+  ranks: ReadonlyArray<{ readonly rank: number; readonly nodeId: string; readonly backend: string; readonly gpuIndices: readonly number[]; readonly resources?: Readonly<Record<string, number>> }>,
   asked: string,
   useGpu: boolean | "auto",
   nodes: ReadonlyArray<NodeGpus> = []
@@ -62,8 +62,13 @@ export const describeBackends = (
         }`
       : `backend "${asked}"`
   const software = ranks.some((r) => nodes.find((n) => n.nodeId === r.nodeId)?.gpus.some((g) => g.software && r.gpuIndices.includes(g.index)))
+  // wasm and cpu compute on one thread: cores reserved past one sit idle (libtensorflow's threads use them).
+  const idle = Math.max(0, ...ranks.filter((r) => r.backend === "wasm" || r.backend === "cpu").map((r) => r.resources?.CPU ?? 1))
   return (
     `workers: ${where} (${why})` +
-    (software ? "; their GPU is a software adapter (GRADWIRE_WEBGPU_SOFTWARE=1): this tests the GPU code path, not its speed" : "")
+    (software ? "; their GPU is a software adapter (GRADWIRE_WEBGPU_SOFTWARE=1): this tests the GPU code path, not its speed" : "") +
+    (idle > 1
+      ? `; a wasm or cpu worker computes on one core, so resourcesPerWorker CPU ${idle} reserves ${idle} cores for each and it uses one: for more cores, run more workers of one CPU each`
+      : "")
   )
 }

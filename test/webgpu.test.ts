@@ -70,6 +70,13 @@ describe("GPU backend choice", () => {
     expect(describeBackends([r(0, "g", "tensorflow-gpu", [0])], "auto", true, real)).toBe(
       'workers: tensorflow-gpu on g (rank 0) (backend "auto": each node\'s fastest that loads there, tensorflow-gpu, then webgpu)'
     )
+    // more than one CPU for a worker that computes on one thread: said, with what to do instead
+    const cpus = (rank: number, backend: string, CPU: number) => ({ ...r(rank, "a", backend), resources: { CPU } })
+    expect(describeBackends([cpus(0, "wasm", 4), cpus(1, "wasm", 4)], "auto", false)).toMatch(
+      /; a wasm or cpu worker computes on one core, so resourcesPerWorker CPU 4 reserves 4 cores for each and it uses one: for more cores, run more workers of one CPU each$/
+    )
+    expect(describeBackends([cpus(0, "tensorflow", 4)], "auto", false)).not.toContain("one core")
+    expect(describeBackends([cpus(0, "wasm", 1)], "auto", false)).not.toContain("one core")
   })
 
   it("prefers tensorflow-gpu, then webgpu, whatever order the node lists them in", () => {
