@@ -786,7 +786,7 @@ export class FitRun {
         fellBack: (reason) => (this.#fallback = reason),
         standbyReady: this.#refill.ready,
         takeStandby: (n) => this.#refill.take(n),
-        formed: (g) => {
+        formed: (g, joinsAtReport) => {
           const servers = this.#servers
           if (servers) {
             servers.generation = g
@@ -794,7 +794,7 @@ export class FitRun {
             const [lost] = servers.down
             if (lost) this.#serverLost(g, lost[0], lost[1])
           }
-          this.#refill.formed(g)
+          this.#refill.formed(g, joinsAtReport)
         },
         // (Without replicas a lost server fails the generation, which restarts from the checkpoint.)
         serversDown: () => (this.cfg.collective.parameterServer?.replicas === true ? [...(this.#servers?.down.keys() ?? [])] : []),

@@ -52,6 +52,7 @@ export class Refill {
   #retryAt = 0
   /** The last regrouped generation, when it may run short-handed until standby workers refill it. */
   #refillable: Generation<CheckpointPayload> | undefined
+  #joinsAtReport = false
   /** When the generation watched now started to be watched. */
   #watchedSince = 0
 
@@ -69,9 +70,10 @@ export class Refill {
     return this.#alive().length
   }
 
-  /** A regroup formed `g`: it may run below its size until standby workers refill it. */
-  formed(g: Generation<CheckpointPayload>): void {
+  /** A regroup formed `g`: it may run below its size until standby workers refill it, at a step (or, a hand-written loop's, at a report() call). */
+  formed(g: Generation<CheckpointPayload>, joinsAtReport = false): void {
     this.#refillable = g
+    this.#joinsAtReport = joinsAtReport
   }
 
   /** Up to `n` prepared standby workers, for a regroup: it owns them from then on. */
@@ -127,7 +129,7 @@ export class Refill {
     if (lacking > 0 && ready > 0) {
       const joining = Math.min(ready, lacking)
       if (controller.refill(g, g.worldSize + joining, `${joining} replacement worker(s) ready`)) {
-        this.#x.line(`gradwire: ${joining} replacement worker(s) ready; growing the group from ${g.worldSize} to ${g.worldSize + joining} at the next step (a hand-written loop: at its next report() call)`)
+        this.#x.line(`gradwire: ${joining} replacement worker(s) ready; growing the group from ${g.worldSize} to ${g.worldSize + joining} ${this.#joinsAtReport ? "at the loop's next report() call" : "at the next step"}`)
       }
       return
     }

@@ -90,8 +90,8 @@ export interface RegroupContext {
    */
   readonly standbyReady: number
   readonly takeStandby: (n: number) => Standby[]
-  /** The regrouped generation formed: it may run below its size while standby workers refill it. */
-  readonly formed: (g: Generation<CheckpointPayload>) => void
+  /** The regrouped generation formed: it may run below its size while standby workers refill it (at a step, or in a hand-written loop at a report() call). */
+  readonly formed: (g: Generation<CheckpointPayload>, joinsAtReport: boolean) => void
   /**
    * A lost parameter server's shard k made again (fit-run.ts): a new server started, initialised
    * from the replica its successor keeps, for `numWorkers` workers of group `group`, and its
@@ -341,7 +341,7 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   const from = x.latest()
   x.setResume(from)
   x.onSize(attempt, worldSize)
-  x.formed(generation)
+  x.formed(generation, !pos.inFit)
   x.progress.start(attempt, worldSize)
   const where = pos.inFit
     ? `epoch ${pos.epoch} step ${Math.min(pos.stepInEpoch, pos.stepsPerEpoch)}/${pos.stepsPerEpoch}`
