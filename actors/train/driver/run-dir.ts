@@ -31,30 +31,41 @@ const lock = async (dir: string, name: string): Promise<void> => {
       field: "runConfig.name",
       reason: `the run directory ${dir} is in use by a fit() ${by}: a run's directory takes one fit() at a time (the same name resumes it once that one ends); give this one another name than "${name}"`
     })
+  // Claimed in this process first, at once: two fits of one name started together here.
   if (held.has(dir)) throw inUse("running in this process")
-  for (let attempt = 0; attempt < 3; attempt++) {
-    try {
-      await fs.writeFile(file, JSON.stringify({ pid: process.pid, host: os.hostname(), since: new Date().toISOString() }), { flag: "wx" })
-      held.add(dir)
-      return
-    } catch (e) {
-      if ((e as NodeJS.ErrnoException).code !== "EEXIST") throw e
+  held.add(dir)
+  try {
+    let unreadable = 0
+    for (let attempt = 0; attempt < 5; attempt++) {
+      try {
+        await fs.writeFile(file, JSON.stringify({ pid: process.pid, host: os.hostname(), since: new Date().toISOString() }), { flag: "wx" })
+        return
+      } catch (e) {
+        if ((e as NodeJS.ErrnoException).code !== "EEXIST") throw e
+      }
+      let owner: { pid?: unknown; host?: unknown; since?: unknown } | undefined
+      try {
+        owner = JSON.parse(await fs.readFile(file, "utf8")) as typeof owner
+      } catch {
+        // being written by a fit taking it this moment: read again; unreadable twice, stale
+        if (++unreadable < 2) {
+          await new Promise((resolve) => setTimeout(resolve, 100))
+          continue
+        }
+      }
+      // A fit on another machine (a shared filesystem): whether it still runs cannot be seen from here.
+      if (typeof owner?.host === "string" && owner.host !== os.hostname()) {
+        throw inUse(`on ${owner.host} (process ${String(owner.pid)}, since ${String(owner.since)}; if that driver is gone, delete ${file})`)
+      }
+      if (typeof owner?.pid === "number" && owner.pid !== process.pid && alive(owner.pid)) throw inUse(`in process ${owner.pid} (since ${String(owner.since)})`)
+      // Its process is gone (or is this one, which held no fit of it): stale.
+      await fs.rm(file, { force: true })
     }
-    let owner: { pid?: unknown; host?: unknown; since?: unknown } = {}
-    try {
-      owner = JSON.parse(await fs.readFile(file, "utf8")) as typeof owner
-    } catch {
-      // unreadable or half written: taken for stale below
-    }
-    // A fit on another machine (a shared filesystem): whether it still runs cannot be seen from here.
-    if (typeof owner.host === "string" && owner.host !== os.hostname()) {
-      throw inUse(`on ${owner.host} (process ${String(owner.pid)}, since ${String(owner.since)}; if that driver is gone, delete ${file})`)
-    }
-    if (typeof owner.pid === "number" && owner.pid !== process.pid && alive(owner.pid)) throw inUse(`in process ${owner.pid} (since ${String(owner.since)})`)
-    // Its process is gone (or is this one, which holds no fit of it): stale.
-    await fs.rm(file, { force: true })
+    throw inUse("starting at the same moment")
+  } catch (e) {
+    held.delete(dir)
+    throw e
   }
-  throw inUse("starting at the same moment")
 }
 
 /**
@@ -82,8 +93,8 @@ export const claimRunDir = async (cfg: Resolved, named: boolean): Promise<{ cfg:
   return {
     cfg: claimed,
     release: async () => {
-      held.delete(dir)
       await fs.rm(path.join(dir, LOCK), { force: true })
+      held.delete(dir)
     }
   }
 }

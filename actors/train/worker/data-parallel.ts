@@ -849,11 +849,9 @@ export class DataParallelModel implements RecoverableModel {
     }
     const width = this.model.outputs[0]?.shape.at(-1) ?? 1
     const classes = Math.max(2, width)
+    if (typeof given !== "object" || given === null) throw new ConfigError({ field, reason: `takes { [classId]: weight } or an array of weights by class, got ${String(given)}` })
     const out = new Float32Array(classes).fill(1)
-    const entries: Array<[string, unknown]> = Array.isArray(given) ? given.map((v, i) => [String(i), v]) : typeof given === "object" && given !== null ? Object.entries(given) : []
-    if (entries.length === 0 && !(Array.isArray(given) || (typeof given === "object" && given !== null))) {
-      throw new ConfigError({ field, reason: `takes { [classId]: weight } or an array of weights by class, got ${String(given)}` })
-    }
+    const entries: Array<[string, unknown]> = Array.isArray(given) ? given.map((v, i) => [String(i), v]) : Object.entries(given)
     for (const [k, v] of entries) {
       const c = Number(k)
       if (!Number.isInteger(c) || c < 0 || c >= classes) throw new ConfigError({ field, reason: `names class ${JSON.stringify(k)}, and the model's classes are 0..${classes - 1}` })
@@ -862,7 +860,6 @@ export class DataParallelModel implements RecoverableModel {
     }
     return out
   }
-
 
   /** Heterogeneity-aware batching state for report(): per-rank batches, re-balances, stragglers. */
   batchingMetrics(): Record<string, number | string> {
