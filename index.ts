@@ -19,6 +19,7 @@ export {
   type TrainerCallbacks
 } from "./actors/train/driver/trainer.ts"
 export type { Resize, CheckpointError, BusOutage } from "./actors/train/driver/result.ts"
+export { loadResult } from "./actors/train/driver/result-files.ts"
 export { TrainContext, DatasetShard, type Checkpoint, type ReportOptions } from "./actors/train/worker/train-context.ts"
 export {
   DataParallelModel,

@@ -4,7 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
-import { Trainer, TrainingFailed, loadCheckpointModel, loadDigits, loadEngine, resultOf, trainTestSplit, type ArrayDataset, type Result } from "../index.ts"
+import { Trainer, TrainingFailed, loadCheckpointModel, loadDigits, loadEngine, loadResult, resultOf, trainTestSplit, type ArrayDataset, type Result } from "../index.ts"
 import { ConfigError } from "../core/errors.ts"
 import { PlacementInfeasible } from "../scheduler/placement.ts"
 import { liveNatsServerPids } from "../core/nats-server.ts"
@@ -144,6 +144,8 @@ describe("Trainer", () => {
     expect(Math.abs((r.metrics!.val_accuracy as number) - (baseline.metrics!.val_accuracy as number))).toBeLessThanOrEqual(0.02)
     const events = await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")
     expect(events).toContain('"to":"restarting"')
+    // its restart read back from the directory as fit() counted it
+    expect(await loadResult(r.path)).toMatchObject({ restarts: r.restarts, countedFailures: r.countedFailures, metricsHistory: r.metricsHistory })
   })
 
   it("gives up past maxFailures and says which rank failed and why", async () => {
@@ -216,6 +218,17 @@ describe("Trainer", () => {
     const second = await fit("resumable", { epochs: 3 }, two)
     expect(second.metricsHistory.map((m) => m.epoch)).toEqual([1, 2])
     expect(second.checkpoint?.path).toMatch(/checkpoint_000002$/)
+    // read back from the directory (as Ray's Result.from_path): both fits' rounds, as fit() gave them
+    const back = await loadResult(second.path)
+    expect(back.metricsHistory).toEqual([...first.metricsHistory, ...second.metricsHistory])
+    expect(back.metricsPerRank).toEqual([...first.metricsPerRank, ...second.metricsPerRank])
+    expect(back.metrics).toEqual(second.metrics)
+    expect(back.checkpoint).toEqual(second.checkpoint)
+    expect(back.bestCheckpoints).toEqual(second.bestCheckpoints)
+    expect(back.restarts).toBe(0)
+    // the baseline run's too; and a directory that is not a run's says so
+    expect(await loadResult(baseline.path)).toMatchObject({ metricsHistory: baseline.metricsHistory, checkpoint: baseline.checkpoint, path: baseline.path })
+    await expect(loadResult(storage)).rejects.toThrow(/is not a run directory \(no config\.json\)/)
   })
 
   it("gives two fits started together a directory each: by default a name of its own, a name given held by one fit at a time", async () => {

@@ -1,0 +1,93 @@
+// A run's Result read back from its directory after the fact, as Ray's Result.from_path: for an
+// inference script or a notebook in another process than the one that called fit(). The run
+// directory holds everything a Result says: metrics.jsonl (rank 0's rounds), metrics_per_rank.jsonl,
+// checkpoints.json (the kept checkpoints and their metrics; config.json's checkpointConfig orders
+// them), events.jsonl (restarts, resizes, checkpoint errors, outages). A run resumed under the same
+// name appends to the same files, so this is the whole run, every fit() of it.
+import * as fs from "node:fs/promises"
+import * as path from "node:path"
+import { ConfigError } from "../../../core/errors.ts"
+import { bestOf, latestOf, type CheckpointEntry } from "./checkpoint-store.ts"
+import type { BusOutage, CheckpointError, CheckpointInfo, Resize, Result } from "./result.ts"
+
+const lines = async (file: string): Promise<Array<Record<string, unknown>>> => {
+  let text: string
+  try {
+    text = await fs.readFile(file, "utf8")
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === "ENOENT") return []
+    throw e
+  }
+  const out: Array<Record<string, unknown>> = []
+  for (const line of text.split("\n")) {
+    if (line.trim() === "") continue
+    try {
+      out.push(JSON.parse(line) as Record<string, unknown>)
+    } catch {
+      // a line cut short by a driver killed while writing it
+    }
+  }
+  return out
+}
+
+const json = async <T>(file: string): Promise<T | undefined> => {
+  try {
+    return JSON.parse(await fs.readFile(file, "utf8")) as T
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === "ENOENT" || e instanceof SyntaxError) return undefined
+    throw e
+  }
+}
+
+/**
+ * The Result of the run whose directory is `dir` (result.path, or storagePath/name), read from its
+ * files: every round of every fit() of it (each row without the report index and time the recorder
+ * adds), its kept checkpoints (best first by checkpointConfig's scoreAttribute), and its restarts,
+ * resizes, checkpoint errors and NATS outages. Checkpoints kept in an object store
+ * (checkpointConfig.objectStore) are not in the directory: `checkpoint` is then undefined.
+ */
+export const loadResult = async (dir: string): Promise<Result> => {
+  const runDir = path.resolve(dir)
+  const config = await json<{ runConfig?: { checkpointConfig?: { scoreAttribute?: string; scoreOrder?: "min" | "max" } } }>(path.join(runDir, "config.json"))
+  if (!config) {
+    throw new ConfigError({
+      field: "loadResult",
+      reason: `${runDir} is not a run directory (no config.json): pass result.path, or storagePath joined with the run's name`
+    })
+  }
+  const rows = await lines(path.join(runDir, "metrics.jsonl"))
+  const metricsHistory = rows.map(({ report: _report, time: _time, ...m }) => m)
+  const metricsPerRank = (await lines(path.join(runDir, "metrics_per_rank.jsonl"))).map((r) => (Array.isArray(r.ranks) ? (r.ranks as Array<Record<string, unknown>>) : []))
+  const index = await json<{ entries?: Array<Omit<CheckpointEntry, "path">> }>(path.join(runDir, "checkpoints.json"))
+  const entries: CheckpointEntry[] = []
+  for (const e of index?.entries ?? []) {
+    const p = path.join(runDir, e.name)
+    if (await fs.stat(p).then(() => true, () => false)) entries.push({ ...e, path: p })
+  }
+  const info = (e: CheckpointEntry): CheckpointInfo => ({ path: e.path, metrics: e.metrics })
+  const latest = latestOf(entries)
+  const policy = config.runConfig?.checkpointConfig ?? {}
+  const events = await lines(path.join(runDir, "events.jsonl"))
+  const of = (type: string) => events.filter((e) => e.type === type)
+  const restarts = of("restart")
+  const serverRestarts = of("nats-server-restart").map((e) => Date.parse(String(e.time)))
+  const outages: BusOutage[] = [...of("bus-up"), ...of("bus-expired")].map((e) => {
+    const end = Date.parse(String(e.time))
+    const ms = Number(e.ms) || 0
+    return { time: new Date(end - ms).toISOString(), server: String(e.server ?? ""), ms, serverRestarted: serverRestarts.some((t) => t >= end - ms && t <= end) }
+  })
+  return {
+    metrics: metricsHistory.at(-1),
+    metricsHistory,
+    metricsPerRank,
+    checkpoint: latest ? info(latest) : undefined,
+    bestCheckpoints: bestOf(entries, policy).map(info),
+    path: runDir,
+    restarts: restarts.length,
+    countedFailures: restarts.filter((e) => e.counted === true).length,
+    resizes: of("resize").map((e) => ({ time: String(e.time), attempt: Number(e.attempt), from: Number(e.from), to: Number(e.to), reason: String(e.reason) }) satisfies Resize),
+    checkpointErrors: of("checkpoint-error").map((e) => ({ time: String(e.time), round: Number(e.round), message: String(e.message), attempts: Number(e.attempts) }) satisfies CheckpointError),
+    busOutages: outages,
+    natsServerRestarts: serverRestarts.length
+  }
+}
