@@ -41,5 +41,15 @@ describe("progress lines", () => {
     expect(lines.at(-1)).toMatch(/loss 0\.7547 /)
     expect(lines.at(-1)).not.toContain("2.285")
   })
+
+  it("a run that finished without a report() call says that its Result has no metrics and no checkpoint", () => {
+    const { p, lines } = printer()
+    p.summary("/tmp/run", undefined, undefined)
+    expect(lines.join("")).toMatch(/finished, with no report\(\) call from the loop: the Result has no metrics and no checkpoint/)
+    const other = printer()
+    other.p.summary("/tmp/run", { loss: 1 }, undefined)
+    expect(other.lines.join("")).toContain("last metrics: loss=1")
+    expect(other.lines.join("")).not.toContain("no report()")
+  })
 })
 

@@ -112,6 +112,7 @@ export class ProgressPrinter {
     if (this.mode === "off") return
     if (error) this.line(`gradwire: run failed: ${error.message}`)
     else if (last) this.line(`gradwire: finished. last metrics: ${Object.entries(last).map(([k, v]) => `${k}=${fmt(v)}`).join("  ")}`)
+    else this.line("gradwire: finished, with no report() call from the loop: the Result has no metrics and no checkpoint (a loop keeps them with ctx.report(metrics, { checkpoint }))")
     this.line(`gradwire: run directory: ${dir}`)
     void this.#worldSize
   }
