@@ -276,6 +276,9 @@ export type TrainLoopRef = typeof TrainLoopRef.Type
 
 export const defaultStoragePath = (): string => path.join(os.homedir(), "gradwire_results")
 
+/** A path with "~" (alone, or before a slash) read as the home directory, as a shell and Ray's storage_path take it; path.resolve would make it a folder named "~". */
+export const expandHome = (p: string): string => (/^~(?=$|[\\/])/.test(p) ? path.join(os.homedir(), p.slice(1)) : p)
+
 const closureHint =
   'trainLoopPerWorker must name a module here (Trainer.fit() finds the module that exports a loop function; resolving the options alone does not): workers are separate processes (possibly on ' +
   "other machines), so a closure cannot be shipped to them. Put the loop in a module and export it:\n" +

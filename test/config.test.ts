@@ -1,4 +1,6 @@
 import { describe, expect, it } from "vitest"
+import * as os from "node:os"
+import * as path from "node:path"
 import { CollectiveConfig, RunConfig, ScalingConfig, parseTrainLoopRef } from "../core/config.ts"
 import { decodeConfig } from "../core/validate.ts"
 import { ConfigError } from "../core/errors.ts"
@@ -53,6 +55,16 @@ describe("config validation", () => {
     const shared = { k: 1 }
     const ok = { a: [1, "x", null, undefined, true], t: new Float32Array(2), d: new Date(0), r: /x/, s: new Set([1]), b: 5n, one: shared, two: shared, o: Object.create(null) }
     expect(resolveTrainerOptions({ ...base, trainLoopConfig: ok }).loopConfig).toBe(ok)
+  })
+
+  it("takes ~ in storagePath for the home directory, as a shell would", () => {
+    const base = { trainLoopPerWorker: "./t.ts#f", scalingConfig: { numWorkers: 1 } }
+    const dir = (storagePath: string) => resolveTrainerOptions({ ...base, runConfig: { name: "n", storagePath } }).runDir
+    expect(dir("~/results")).toBe(path.join(os.homedir(), "results", "n"))
+    expect(dir("~")).toBe(path.join(os.homedir(), "n"))
+    // not a user's home (~other), nor a ~ inside a path
+    expect(dir("~other/r")).toBe(path.resolve("~other/r", "n"))
+    expect(dir("/tmp/~/r")).toBe(path.join("/tmp/~/r", "n"))
   })
 
   it("names the field and the allowed values", () => {

@@ -286,6 +286,15 @@ describe("the driver's scan of a text file", () => {
     expect(d.rows).toBe(3)
     expect(d.featureShape).toEqual([2])
     expect(d.numClasses).toBe(3)
+    // "~/..." is under the home directory, as in a shell
+    const home = await fs.mkdtemp(path.join(os.homedir(), ".gw-tilde-"))
+    try {
+      await fs.copyFile(a, path.join(home, "rows.csv"))
+      expect((await resolveFileDataset("t", fromFiles(`~/${path.basename(home)}/rows.csv`))).rows).toBe(2)
+      expect((await resolveFileDataset("t", fromFiles(`~/${path.basename(home)}/*.csv`))).rows).toBe(2)
+    } finally {
+      await fs.rm(home, { recursive: true, force: true })
+    }
     // said: the first line is a header even when it is numbers
     expect((await resolveFileDataset("t", fromFiles([a, b], { header: true }))).rows).toBe(1)
   })

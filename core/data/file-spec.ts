@@ -6,6 +6,7 @@
 import * as path from "node:path"
 import { fileURLToPath, pathToFileURL } from "node:url"
 import { ConfigError } from "../errors.ts"
+import { expandHome } from "../config.ts"
 import type { CsvOptions, LabelOptions } from "./text-formats.ts"
 
 export const DATA_OBJECT_PREFIX = "nats-obj://"
@@ -64,7 +65,7 @@ const positiveInt = (field: string, v: unknown, min = 1): void => {
 export const isObjectUrl = (s: string): boolean => s.startsWith(DATA_OBJECT_PREFIX)
 
 /** A local source as an absolute path (relative ones against the driver's current directory). */
-const absolute = (s: string): string => (s.startsWith("file:") ? fileURLToPath(s) : path.resolve(s))
+const absolute = (s: string): string => (s.startsWith("file:") ? fileURLToPath(s) : path.resolve(expandHome(s)))
 
 /** Splits nats-obj://bucket/prefix into the bucket and the object name prefix (maybe with a glob). */
 export const parseObjectUrl = (url: string, field = "fromFiles"): { bucket: string; prefix: string } => {

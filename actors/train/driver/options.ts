@@ -8,6 +8,7 @@ import {
   RunConfig,
   ScalingConfig,
   defaultStoragePath,
+  expandHome,
   parseTrainLoopRef,
   resolveClusterConfig,
   type ClusterConfig,
@@ -107,6 +108,7 @@ const TOP_LEVEL = new Set([
 
 const resolveModule = (module: string): string => {
   if (/^[a-z]+:/.test(module)) return module
+  if (/^~(?=$|\/)/.test(module)) return pathToFileURL(expandHome(module)).href
   if (path.isAbsolute(module) || module.startsWith(".")) return pathToFileURL(path.resolve(module)).href
   return module
 }
@@ -247,7 +249,7 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
   const datasets: Record<string, DatasetInput> = {}
   for (const [k, v] of Object.entries(options.datasets ?? {})) datasets[k] = checkDataset(k, v)
   const name = run.name ?? `gradwire_${new Date().toISOString().replace(/[-:]/g, "").replace(/\..*$/, "").replace("T", "_")}`
-  const storage = path.resolve(run.storagePath ?? defaultStoragePath())
+  const storage = path.resolve(run.storagePath !== undefined ? expandHome(run.storagePath) : defaultStoragePath())
   if (options.seed !== undefined && !Number.isInteger(options.seed)) throw new ConfigError({ field: "seed", reason: `an integer, got ${String(options.seed)}` })
   // A file dataset's epoch is planned again at a regroup from what each rank trained (fit-loop.ts).
   const recoverFrom = run.failureConfig?.recoverFrom ?? (peersCannot ? "checkpoint" : "peers")
