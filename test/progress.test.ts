@@ -3,6 +3,7 @@
 // "/0 0% ETA 0.0s".
 import { describe, expect, it } from "vitest"
 import { ProgressPrinter } from "../actors/train/common/observe/progress.ts"
+import { sharedCoresLine } from "../actors/train/driver/cluster.ts"
 
 const printer = (): { p: ProgressPrinter; lines: string[] } => {
   const lines: string[] = []
@@ -50,6 +51,14 @@ describe("progress lines", () => {
     other.p.summary("/tmp/run", { loss: 1 }, undefined)
     expect(other.lines.join("")).toContain("last metrics: loss=1")
     expect(other.lines.join("")).not.toContain("no report()")
+  })
+
+  it("says when the embedded cluster runs more CPU workers than the machine has cores", () => {
+    expect(sharedCoresLine(4, 2)).toBe(
+      "gradwire: 4 workers on this machine's 2 cores (the embedded cluster is sized to the job): they share the cores, and a step waits for every rank: more workers than cores rarely train faster"
+    )
+    expect(sharedCoresLine(2, 2)).toBeUndefined()
+    expect(sharedCoresLine(0, 2)).toBeUndefined()
   })
 })
 

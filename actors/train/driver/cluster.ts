@@ -69,6 +69,12 @@ const localBackends = async (useGpu: boolean): Promise<{ backends: BackendName[]
 /** The file in the embedded nats-server's temp dir that holds the run's nkey seed (mode 0600). */
 export const EMBEDDED_SEED_FILE = "client.nk"
 
+/** What the run says when the embedded node, sized to the job, runs more CPU workers than the machine has cores; undefined when it does not. */
+export const sharedCoresLine = (cpuWorkers: number, cores: number): string | undefined =>
+  cpuWorkers > cores
+    ? `gradwire: ${cpuWorkers} workers on this machine's ${cores} cores (the embedded cluster is sized to the job): they share the cores, and a step waits for every rank: more workers than cores rarely train faster`
+    : undefined
+
 /**
  * The embedded cluster sizes its one node to the job, the way `ray.init(num_cpus=...)` would: a
  * 2-core laptop can still run 4 CPU workers (they share the cores). GPUs are never invented (a software WebGPU adapter stands in only with GRADWIRE_WEBGPU_SOFTWARE=1).

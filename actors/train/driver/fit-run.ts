@@ -5,6 +5,7 @@
 // the controller decides (controller.ts: next, recoveryFor). open() brings up the cluster and what
 // watches the run (the job monitor, the dashboard, the bus, signals); close() and result() end it.
 import * as fs from "node:fs/promises"
+import * as os from "node:os"
 import * as path from "node:path"
 import { nuid } from "@nats-io/nats-core"
 import { ConfigError, NatsUnavailable, firstLine } from "../../../core/errors.ts"
@@ -40,7 +41,7 @@ import {
   type Recovery
 } from "./controller.ts"
 import { WorkerGroup, groupArgsOf, placementRequestOf, placementsOf, type GroupArgs } from "./worker-group.ts"
-import { joinCluster, startEmbeddedCluster, type ClusterHandle } from "./cluster.ts"
+import { joinCluster, sharedCoresLine, startEmbeddedCluster, type ClusterHandle } from "./cluster.ts"
 import type { Resolved } from "./options.ts"
 import { datasetPayloads, describeDatasets, resolveDatasets } from "./dataset-payloads.ts"
 import { regroupSurvivors, type RegroupContext } from "./regroup.ts"
@@ -293,6 +294,10 @@ export class FitRun {
       throw withResult(e as Error, emptyResult(cfg.runDir))
     }
     const cluster = this.cluster
+    if (!cfg.cluster) {
+      const line = sharedCoresLine(cfg.scaling.useGpu === true ? 0 : cfg.maxWorkers, os.availableParallelism())
+      if (line) this.progress.line(line)
+    }
     try {
       this.#store =
         this.#localStore ??
