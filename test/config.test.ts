@@ -67,6 +67,19 @@ describe("config validation", () => {
     expect(dir("/tmp/~/r")).toBe(path.join("/tmp/~/r", "n"))
   })
 
+  it("takes resumeFromCheckpoint as a result's checkpoint, a directory (~ for home) or a URL, and says what it takes otherwise", () => {
+    const base = { trainLoopPerWorker: "./t.ts#f", scalingConfig: { numWorkers: 1 } }
+    const from = (resumeFromCheckpoint: unknown) => resolveTrainerOptions({ ...base, resumeFromCheckpoint } as never).resumeFrom
+    expect(from({ path: "/runs/a/checkpoint_000003", metrics: {} })).toBe("/runs/a/checkpoint_000003")
+    expect(from("~/runs/a/checkpoint_000003")).toBe(path.join(os.homedir(), "runs/a/checkpoint_000003"))
+    expect(from("runs/c")).toBe(path.resolve("runs/c"))
+    expect(from("file:///runs/b/checkpoint_000001")).toBe("/runs/b/checkpoint_000001")
+    expect(from("nats-obj://ckpts/run/checkpoint_000002")).toBe("nats-obj://ckpts/run/checkpoint_000002")
+    expect(from(undefined)).toBeUndefined()
+    expect(fails(() => from({ metrics: {} })).message).toMatch(/resumeFromCheckpoint.*takes a checkpoint: another run's result\.checkpoint.*got an object without a path/)
+    expect(fails(() => from(3)).field).toBe("resumeFromCheckpoint")
+  })
+
   it("names the field and the allowed values", () => {
     const e = fails(() => decodeConfig(ScalingConfig, { numWorkers: 2, placementStrategy: "EVERYWHERE" }, "scalingConfig"))
     expect(e.field).toBe("scalingConfig.placementStrategy")

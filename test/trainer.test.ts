@@ -218,6 +218,10 @@ describe("Trainer", () => {
     const second = await fit("resumable", { epochs: 3 }, two)
     expect(second.metricsHistory.map((m) => m.epoch)).toEqual([1, 2])
     expect(second.checkpoint?.path).toMatch(/checkpoint_000002$/)
+    // another run started from this one's checkpoint (as Ray's resume_from_checkpoint): result.checkpoint itself
+    const warm = await fit("warm-started", { epochs: 5 }, { ...two, resumeFromCheckpoint: second.checkpoint })
+    expect(warm.metricsHistory.map((m) => m.epoch)).toEqual([3, 4])
+    expect(warm.path).not.toBe(second.path)
     // read back from the directory (as Ray's Result.from_path): both fits' rounds, as fit() gave them
     const back = await loadResult(second.path)
     expect(back.metricsHistory).toEqual([...first.metricsHistory, ...second.metricsHistory])

@@ -61,8 +61,8 @@ export interface TrainerOptions {
   readonly collectiveConfig?: CollectiveConfig
   /** Omitted: an embedded local cluster. { address }: a cluster started with `gradwire start`. */
   readonly cluster?: ClusterConfig
-  /** A checkpoint directory or nats-obj:// checkpoint to start from (default: the run's latest, when the run exists). */
-  readonly resumeFromCheckpoint?: string
+  /** A checkpoint to start from, as Ray's resume_from_checkpoint: another run's result.checkpoint (or one of its bestCheckpoints), a checkpoint directory, or a nats-obj:// checkpoint (default: this run's latest, when the run exists). */
+  readonly resumeFromCheckpoint?: string | { readonly path: string }
   /** Seed of the data shuffles. */
   readonly seed?: number
 }
@@ -172,6 +172,20 @@ export const checkLoopConfig = (value: unknown, at = "trainLoopConfig", seen = n
     for (const [k, v] of Object.entries(value)) checkLoopConfig(v, `${at}.${k}`, seen)
   }
   seen.delete(value)
+}
+
+/** resumeFromCheckpoint as a path: a CheckpointInfo's, or the string (a directory, "~" for home; or a nats-obj:// URL). */
+const resumeFromOf = (given: unknown): string | undefined => {
+  if (given === undefined) return undefined
+  const p = typeof given === "string" ? given : typeof given === "object" && given !== null && typeof (given as { path?: unknown }).path === "string" ? (given as { path: string }).path : undefined
+  if (p === undefined || p === "") {
+    throw new ConfigError({
+      field: "resumeFromCheckpoint",
+      reason: `takes a checkpoint: another run's result.checkpoint (or one of its bestCheckpoints), a checkpoint directory, or a nats-obj:// checkpoint; got ${given === null ? "null" : typeof given === "object" ? "an object without a path" : JSON.stringify(given)}`
+    })
+  }
+  if (p.startsWith("file:")) return fileURLToPath(p)
+  return /^[a-z][a-z0-9+.-]*:\/\//i.test(p) ? p : path.resolve(expandHome(p))
 }
 
 const checkDataset = (name: string, ds: unknown): DatasetInput => {
@@ -303,7 +317,7 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
     datasets,
     name,
     runDir: path.join(storage, name),
-    resumeFrom: options.resumeFromCheckpoint,
+    resumeFrom: resumeFromOf(options.resumeFromCheckpoint),
     maxFailures: run.failureConfig?.maxFailures ?? 0,
     minWorkers: typeof scaling.numWorkers === "number" ? scaling.numWorkers : scaling.numWorkers.min,
     maxWorkers: typeof scaling.numWorkers === "number" ? scaling.numWorkers : scaling.numWorkers.max,
