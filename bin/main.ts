@@ -84,7 +84,8 @@ jobs options:   --address URL, --cluster NAME, --json, credentials, --state-dir 
 logs options:   --rank R (one rank), --follow (-f: stream until the job ends), --tail N (lines of the tail, default 200),
                 --json (one object per line), --address URL, --cluster NAME, credentials, --state-dir DIR
 train options:  --workers N (default 1), --config JSON (the loop's config; @FILE reads it from a file), --name NAME,
-                --storage-path DIR, --max-failures N, --gpu, --timeline, --dashboard [--port N --host ADDR],
+                --storage-path DIR, --max-failures N, --resume-from CHECKPOINT (a checkpoint directory, or a
+                run directory: its latest checkpoint), --gpu, --timeline, --dashboard [--port N --host ADDR],
                 --dataset NAME=FILES or NAME='{"files": FILES, ...fromFiles options}' (repeatable: each
                 worker streams its rows; .gz files too), --address URL,
                 --cluster NAME, credentials
@@ -139,6 +140,7 @@ const options = {
   name: { type: "string" },
   "storage-path": { type: "string" },
   "max-failures": { type: "string" },
+  "resume-from": { type: "string" },
   dashboard: { type: "boolean" },
   gpu: { type: "boolean" },
   timeline: { type: "boolean" },
@@ -164,7 +166,7 @@ const COMMAND_OPTIONS: Readonly<Record<string, ReadonlyArray<OptionName>>> = {
   logs: ["address", "cluster", "json", ...CREDENTIALS, "state-dir", "rank", "follow", "tail", "help"],
   stack: ["address", "cluster", "json", ...CREDENTIALS, "state-dir", "rank", "help"],
   train: [
-    "address", "cluster", ...CREDENTIALS, "state-dir", "workers", "config", "name", "storage-path", "max-failures", "dashboard", "port", "host",
+    "address", "cluster", ...CREDENTIALS, "state-dir", "workers", "config", "name", "storage-path", "max-failures", "resume-from", "dashboard", "port", "host",
     "gpu", "timeline", "dataset", "help"
   ],
   demo: ["workers", "epochs", "storage-path", "name", "port", "host", "help"]
@@ -180,7 +182,7 @@ const VALUE_NAMES: Partial<Record<OptionName, string>> = {
   "num-cpus": "N", "num-gpus": "N", resources: "name=n,...", backends: "a,b", user: "U", password: "P", token: "T", nkey: "FILE",
   creds: "FILE", tlsca: "FILE", tlscert: "FILE", tlskey: "FILE", "allow-module-root": "DIR", "state-dir": "DIR",
   "owner-timeout-ms": "MS", "warm-hosts": "N", timeout: "SECONDS", "part-mib": "N", format: "csv|jsonl|shards", rank: "R", tail: "N", workers: "N",
-  epochs: "N", config: "JSON", name: "NAME", "storage-path": "DIR", "max-failures": "N", dataset: "NAME=FILES"
+  epochs: "N", config: "JSON", name: "NAME", "storage-path": "DIR", "max-failures": "N", "resume-from": "CHECKPOINT", dataset: "NAME=FILES"
 }
 
 const describeOption = (name: OptionName): string => `--${name}${options[name].type === "string" ? ` ${VALUE_NAMES[name] ?? "VALUE"}` : ""}`
@@ -702,8 +704,18 @@ const train = async (flags: Flags, args: string[]): Promise<number> => {
         : {})
     },
     ...(Object.keys(datasets).length ? { datasets } : {}),
-    ...(cluster ? { cluster } : {})
+    ...(cluster ? { cluster } : {}),
+    ...(flags["resume-from"] !== undefined ? { resumeFromCheckpoint: await resumeFromFlag(flags["resume-from"]) } : {})
   })
+}
+
+/** --resume-from: a checkpoint directory or URL as given, or a run directory (its config.json): the run's latest checkpoint. */
+const resumeFromFlag = async (given: string): Promise<string> => {
+  if (given.includes("://") || !fs.existsSync(path.join(given, "config.json"))) return given
+  const { loadResult } = await import("../actors/train/driver/result-files.ts")
+  const r = await loadResult(given)
+  if (!r.checkpoint) throw new UsageError(`--resume-from ${given}: that run directory holds no checkpoint`)
+  return r.checkpoint.path
 }
 
 const demo = async (flags: Flags): Promise<number> => {

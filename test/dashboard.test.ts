@@ -523,6 +523,15 @@ describe("the launcher", () => {
     expect(r.output).toContain("launched hello: rank 1 of 2")
     expect(r.output).toMatch(/gradwire: done: 3 report rounds, 0 restart\(s\); run directory .*launched/)
     expect(fs.existsSync(path.join(storage, "launched", "report.html"))).toBe(true)
+    // another run started from that one (--resume-from its run directory: its latest checkpoint)
+    const next = await runScript(
+      CLI,
+      ["train", "test/support/launch-loop.ts#launchLoop", "--workers", "2", "--config", JSON.stringify({ epochs: 5, tag: "again" }), "--name", "launched-next", "--storage-path", storage, "--resume-from", path.join(storage, "launched")],
+      { timeoutMs: 75_000 }
+    )
+    expect(next.code, next.output).toBe(0)
+    expect(next.output).toContain("launched again: resumed after epoch 2")
+    expect(next.output).toMatch(/gradwire: done: 2 report rounds, 0 restart\(s\); run directory .*launched-next/)
     const bad = await runScript(CLI, ["train", "test/support/launch-loop.ts", "--workers", "2"], { timeoutMs: 30_000 })
     expect(bad.code).toBe(2)
     expect(bad.output).toContain("FILE#EXPORT")
@@ -535,12 +544,13 @@ describe("the launcher", () => {
         CLI,
         [
           "train", "test/support/launch-loop.ts#launchLoop", "--workers", "3", "--config", JSON.stringify({ epochs: 1, tag: "data", data: "digits" }),
-          "--dataset", `digits=${JSON.stringify({ files: digits, header: false, numClasses: 10 })}`, "--name", "files", "--storage-path", path.join(dir, "launched")
+          "--dataset", `digits=${JSON.stringify({ files: digits, header: false })}`, "--name", "files", "--storage-path", path.join(dir, "launched")
         ],
         { timeoutMs: 75_000 }
       )
       expect(r.code, r.output).toBe(0)
-      // 1797 rows, none taken for a header: 599 a rank (a header would leave 598); the 64 pixels as features, the last column the label.
+      // 1797 rows, none taken for a header: 599 a rank (a header would leave 598); the 64 pixels as
+      // features, the last column the label; its 10 classes found by the driver's scan (none given).
       expect(r.output).toMatch(/report 1: rows=599 {2}features=64 {2}classes=10 {2}loss=\d/)
       const bad = await runScript(CLI, ["train", "test/support/launch-loop.ts#launchLoop", "--dataset", `digits={"files": "${digits}", "hedaer": false}`], { timeoutMs: 30_000 })
       expect(bad.code).toBe(1)

@@ -1,6 +1,7 @@
 // A loop for `gradwire train` (the launcher): it makes its own data (launched loops bring their
 // own, no driver hands them any), fits y = 2x + 1 with one dense unit for `epochs` steps, prints
-// a line with `tag` on every rank and reports the loss. With `data`, it trains instead one epoch
+// a line with `tag` on every rank and reports the loss with a checkpoint (rank 0's), going on after
+// the epoch of the checkpoint it starts from when there is one. With `data`, it trains instead one epoch
 // of a softmax classifier on that dataset (a --dataset of the command line) and reports the rows
 // its rank read and their feature count.
 import type { FileStream, TrainContext } from "../../index.ts"
@@ -28,8 +29,17 @@ export async function launchLoop(config: { readonly epochs: number; readonly tag
   const model = tf.sequential({ layers: [tf.layers.dense({ units: 1, inputShape: [1] })] })
   model.compile({ optimizer: tf.train.sgd(0.5), loss: "meanSquaredError" })
   const dp = await ctx.prepareModel(model)
-  for (let epoch = 0; epoch < config.epochs; epoch++) {
+  // started from a checkpoint (--resume-from): from the epoch after it
+  const from = await ctx.getCheckpoint()
+  let start = 0
+  if (from) {
+    await ctx.restoreModel(dp, from)
+    start = Number(from.metadata?.epoch) + 1
+    if (ctx.worldRank === 0) console.log(`launched ${config.tag}: resumed after epoch ${start - 1}`)
+  }
+  for (let epoch = start; epoch < config.epochs; epoch++) {
     const r = await dp.trainStep(x, y)
-    await ctx.report({ epoch, loss: r.loss })
+    const checkpoint = ctx.worldRank === 0 ? await ctx.checkpointFromModel(dp, { metadata: { epoch } }) : undefined
+    await ctx.report({ epoch, loss: r.loss }, { checkpoint })
   }
 }
