@@ -9,19 +9,11 @@ import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
 import { ConfigError } from "../../../core/errors.ts"
+import { pidAlive } from "../../node/agent-state.ts"
 import type { Resolved } from "./options.ts"
 
 const LOCK = ".fit-lock"
 const held = new Set<string>()
-
-const alive = (pid: number): boolean => {
-  try {
-    process.kill(pid, 0)
-    return true
-  } catch (e) {
-    return (e as NodeJS.ErrnoException).code === "EPERM"
-  }
-}
 
 /** Takes the run directory's lock, or says who holds it. */
 const lock = async (dir: string, name: string): Promise<void> => {
@@ -57,7 +49,7 @@ const lock = async (dir: string, name: string): Promise<void> => {
       if (typeof owner?.host === "string" && owner.host !== os.hostname()) {
         throw inUse(`on ${owner.host} (process ${String(owner.pid)}, since ${String(owner.since)}; if that driver is gone, delete ${file})`)
       }
-      if (typeof owner?.pid === "number" && owner.pid !== process.pid && alive(owner.pid)) throw inUse(`in process ${owner.pid} (since ${String(owner.since)})`)
+      if (typeof owner?.pid === "number" && owner.pid !== process.pid && pidAlive(owner.pid)) throw inUse(`in process ${owner.pid} (since ${String(owner.since)})`)
       // Its process is gone (or is this one, which held no fit of it): stale.
       await fs.rm(file, { force: true })
     }
