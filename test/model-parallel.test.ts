@@ -349,6 +349,15 @@ describe("a stack of layer factories: no rank holds the whole model", () => {
       for (const pp of pps) expect(maxDiff(pp, whole)).toBe(0)
     }
   })
+
+  it("pp.fit refuses dp.fit's options (classWeight, accumulationSteps, globalBatchSize) instead of ignoring them", async () => {
+    const fabric = localFabric(1)
+    const pp = await preparePipelineModel(tf, factories(), { stages: 1, optimizer: tf.train.sgd(0.3), loss: "categoricalCrossentropy" }, { rank: 0, worldSize: 1, world: fabric.world(0), links: fabric.links })
+    const ds = { x: new Float32Array(8 * 4), y: new Int32Array(8), size: 8, featureShape: [4], numClasses: 3 }
+    for (const extra of [{ classWeight: { 0: 2 } }, { accumulationSteps: 2 }, { globalBatchSize: 8 }]) {
+      await expect(pp.fit(ds, { epochs: 1, batchSize: 4, ...extra } as never)).rejects.toThrow(new RegExp(`pipeline\\.fit\\.${Object.keys(extra)[0]}.*is dp\\.fit's`))
+    }
+  })
 })
 
 describe("checkpoints of a stage-sharded model", () => {

@@ -722,6 +722,12 @@ export class PipelineModel {
       throw new ConfigError({ field: "pipeline.fit", reason: "takes an in-memory dataset (ctx.getDatasetShard of arrays, or makeDataset(...)); with streamed data call pp.trainStep() per batch" })
     }
     if (!(Number.isInteger(opts.batchSize) && opts.batchSize >= 1)) throw new ConfigError({ field: "pipeline.fit.batchSize", reason: `must be an integer >= 1, got ${opts.batchSize}` })
+    // dp.fit's options a pipeline does not take: refused, not ignored
+    for (const k of ["classWeight", "accumulationSteps", "globalBatchSize"]) {
+      if ((opts as unknown as Record<string, unknown>)[k] !== undefined) {
+        throw new ConfigError({ field: `pipeline.fit.${k}`, reason: `is dp.fit's; a pipelined model's fit takes epochs, batchSize (each replica's), initialEpoch, seed, onStep and onEpochEnd` })
+      }
+    }
     const numClasses = ds.numClasses || (this.stage.outputShape.at(-1) ?? 1)
     const transforms = "dataset" in source ? (source.transforms ?? []) : []
     const out: PipelineEpochResult[] = []
