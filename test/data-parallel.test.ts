@@ -173,7 +173,7 @@ describe("data-parallel wrapper", () => {
     expect(e).toBeInstanceOf(ConfigError)
     expect((e as ConfigError).message).toMatch(/would train rank 1 alone.*model\.fit\(x, y.*dp\.trainStep\(x, y\)/)
     // arguments it does not take are refused, not ignored
-    await expect(models[0].fit(x, y, { sampleWeight: tf.ones([n]) })).rejects.toThrow(/model\.fit\(sampleWeight\).*is not taken/)
+    await expect(models[0].fit(x, y, { stepsPerEpoch: 3 })).rejects.toThrow(/model\.fit\(stepsPerEpoch\).*is not taken/)
     // inference and evaluation are the model's own still
     expect((models[1].predict(x) as import("@tensorflow/tfjs").Tensor).shape).toEqual([n, 3])
     expect(Number.isFinite((models[1].evaluate(x, y) as import("@tensorflow/tfjs").Scalar).dataSync()[0])).toBe(true)
@@ -242,6 +242,55 @@ describe("data-parallel wrapper", () => {
     expect(h.history.loss[0]).toBe(0)
     expect(close(weightsOf(m), start)).toBe(0)
     tf.dispose([xt, yt])
+  })
+
+  it("sampleWeight (dp.trainStep's, model.fit's) scales each row's loss by its own weight, as Keras's sample_weight", async () => {
+    const { tf } = await loadEngine("auto")
+    const n = 48
+    const x = new Float32Array(n * 4).map((_, i) => Math.cos(i * 3.17) * 0.8)
+    const y = new Int32Array(n).map((_, i) => (x[i * 4]! > 0.3 ? 0 : x[i * 4 + 1]! > 0 ? 1 : 2))
+    const close = (a: number[][], b: number[][]): number => Math.max(...a.flatMap((w, i) => w.map((v, j) => Math.abs(v - b[i]![j]!))))
+    const prepared = async (loss: string, lr: number) => {
+      const m = makeModel(tf, 21)
+      m.compile({ optimizer: tf.train.sgd(lr), loss })
+      return { m, dp: await DataParallelModel.prepare(tf, m, localGroup(1)[0]) }
+    }
+    const xt = tf.tensor2d(x, [n, 4])
+    const ids = tf.tensor1d(y, "float32")
+    const targets = tf.tidy(() => tf.oneHot(tf.tensor1d(y, "int32"), 3).toFloat())
+    // one step: every row weighing 2 is twice the gradient (a cross-entropy and meanSquaredError; numbers or a tensor)
+    for (const [loss, yt] of [["sparseCategoricalCrossentropy", ids], ["meanSquaredError", targets]] as const) {
+      const a = await prepared(loss, 0.1)
+      await a.dp.trainStep(xt, yt, { sampleWeight: new Array(n).fill(2) })
+      const b = await prepared(loss, 0.2)
+      await b.dp.trainStep(xt, yt)
+      expect(close(weightsOf(a.m), weightsOf(b.m))).toBeLessThan(1e-5)
+      const c = await prepared(loss, 0.1)
+      const w = tf.fill([n], 2)
+      await c.dp.trainStep(xt, yt, { sampleWeight: w })
+      expect(w.isDisposed).toBe(false)
+      w.dispose()
+      expect(close(weightsOf(c.m), weightsOf(a.m))).toBe(0)
+    }
+    const bad = await prepared("sparseCategoricalCrossentropy", 0.1)
+    await expect(bad.dp.trainStep(xt, ids, { sampleWeight: [1, 2] })).rejects.toThrow(/holds 2 weights for a batch of 48 rows/)
+    // model.fit: a row's weight its class's is classWeight; every row at 0 moves nothing
+    const classW = [0.5, 3, 1]
+    const byRow = Array.from(y, (c) => classW[c]!)
+    const viaRows = await prepared("sparseCategoricalCrossentropy", 0.2)
+    await viaRows.m.fit(xt, ids, { epochs: 2, batchSize: 16, sampleWeight: tf.tensor1d(byRow) } as never)
+    const viaClasses = await prepared("sparseCategoricalCrossentropy", 0.2)
+    await viaClasses.m.fit(xt, ids, { epochs: 2, batchSize: 16, classWeight: classW } as never)
+    expect(close(weightsOf(viaRows.m), weightsOf(viaClasses.m))).toBeLessThan(1e-6)
+    const unweighted = await prepared("sparseCategoricalCrossentropy", 0.2)
+    await unweighted.m.fit(xt, ids, { epochs: 2, batchSize: 16 })
+    expect(close(weightsOf(viaRows.m), weightsOf(unweighted.m))).toBeGreaterThan(1e-3)
+    const zero = await prepared("sparseCategoricalCrossentropy", 0.2)
+    const start = weightsOf(zero.m)
+    await zero.m.fit(xt, ids, { epochs: 1, batchSize: 16, sampleWeight: new Array(n).fill(0) } as never)
+    expect(close(weightsOf(zero.m), start)).toBe(0)
+    await expect(zero.m.fit(xt, ids, { epochs: 1, batchSize: 16, sampleWeight: [1] } as never)).rejects.toThrow(/sampleWeight.*holds 1 weights for 48 rows/)
+    tf.dispose([xt, ids, targets])
   })
 
   it("clips the reduced gradient by its global norm or by value (prepareModel clipNorm / clipValue), exchanged or in place", async () => {

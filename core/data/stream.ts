@@ -20,6 +20,8 @@ export interface Batch {
   readonly n: number
   readonly featureShape: ReadonlyArray<number>
   readonly labelShape: ReadonlyArray<number>
+  /** A weight per row (a prepared model's model.fit with sampleWeight), when the rows have them. */
+  readonly w?: Float32Array
 }
 
 /** A map transform: gets a batch, returns it (changed in place or new; it may change shapes, e.g. one-hot labels). */

@@ -15,6 +15,8 @@ export interface ShardSource {
   rows(epoch: number): ArrayLike<number>
   /** Map transforms applied to every batch (DatasetShard.map). */
   readonly transforms?: ReadonlyArray<BatchTransform>
+  /** A weight per row of the dataset (model.fit's sampleWeight): each batch carries its rows'. */
+  readonly weights?: Float32Array
 }
 
 /** What dp.fit() trains from. */
@@ -42,7 +44,15 @@ export const fitBatch = async (source: FitSource, rows: ReadonlyArray<number>): 
   if (isStreamingSource(source)) return source.take(rows[0] ?? 0, rows.length)
   const ds = source.dataset
   const g = gatherRows(ds, rows)
-  let b: Batch = { x: g.x, y: g.y, n: rows.length, featureShape: ds.featureShape, labelShape: ds.labelShape ?? [] }
+  const weights = source.weights
+  let b: Batch = {
+    x: g.x,
+    y: g.y,
+    n: rows.length,
+    featureShape: ds.featureShape,
+    labelShape: ds.labelShape ?? [],
+    ...(weights ? { w: Float32Array.from(rows, (r) => weights[r]!) } : {})
+  }
   for (const t of source.transforms ?? []) b = t(b)
   return b
 }

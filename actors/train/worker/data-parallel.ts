@@ -29,7 +29,7 @@ import { decodeMessage, encodeMessage } from "../../../core/wire.ts"
 import type { LossFn, LossName } from "./model-parallel/loss.ts"
 import { GradientAccumulator, readFromHeap, readGradients } from "./accumulation.ts"
 import { kerasFit, kerasTrainOnBatch, type KerasFitHost } from "./keras-fit.ts"
-import { inputsOf, rowsOf, type ModelInput } from "./model-input.ts"
+import { inputsOf, isTensor, rowsOf, type ModelInput } from "./model-input.ts"
 export type { ModelInput }
 import { broadcastBytes, evaluateLocal, evaluateLocalAsync, labelsOf, resolveLoss, takeRankZeroValues, type EvaluateOptions, type PrepareOptions } from "./prepare-options.ts"
 import { strategyOf, type GradientSlot, type GradientSync, type StepObserver } from "./gradient-sync.ts"
@@ -110,6 +110,10 @@ export class DataParallelModel implements RecoverableModel {
   #perSample: ((yTrue: Tensor, yPred: Tensor) => Tensor) | undefined
   /** fit's classWeight while a fit() runs: each class's weight, a [classes] tensor. */
   #classWeight: Tensor | undefined
+  /** Class weights apply to the loss (a cross-entropy). */
+  #perClass = false
+  /** The step in flight's sample weights (trainStep's sampleWeight), a [rows] tensor. */
+  #stepWeights: Tensor | undefined
   #classification: boolean
   #sparse: boolean
   #vars: Variable[]
@@ -164,6 +168,7 @@ export class DataParallelModel implements RecoverableModel {
     const loss = resolveLoss(tf, model, opts.loss)
     this.#loss = loss.fn
     this.#perSample = loss.perSample
+    this.#perClass = loss.perClass === true
     this.#classification = loss.classification
     this.#sparse = loss.sparse
     this.#vars = model.trainableWeights.map((w) => w.read() as Variable)
@@ -546,15 +551,39 @@ export class DataParallelModel implements RecoverableModel {
     // A rank joining survivors replays a hand-written loop from the checkpoint: the steps they made
     // already are skipped (loss NaN, no samples), and at their position it takes their state.
     if (recovery?.joinTarget && !this.#loop.inFit && (options.accumulate || (await recovery.replayStep()) === "skip")) return { loss: Number.NaN, samples: 0 }
-    if (options.accumulate) return this.#accumulateStep(x, y)
-    this.#inStep = true
+    const weights = options.sampleWeight === undefined ? undefined : this.#sampleWeightsOf(options.sampleWeight, rowsOf(x))
+    this.#stepWeights = weights
     try {
-      const r = await this.#trainStep(x, y)
-      recovery?.countStep()
-      return r
+      if (options.accumulate) return await this.#accumulateStep(x, y)
+      this.#inStep = true
+      try {
+        const r = await this.#trainStep(x, y)
+        recovery?.countStep()
+        return r
+      } finally {
+        this.#inStep = false
+      }
     } finally {
-      this.#inStep = false
+      this.#stepWeights = undefined
+      if (weights && weights !== options.sampleWeight) weights.dispose()
     }
+  }
+
+  /** trainStep's sampleWeight as a [rows] float32 tensor (the caller's own when it is one of that shape). */
+  #sampleWeightsOf(given: NonNullable<TrainStepOptions["sampleWeight"]>, rows: number): Tensor {
+    const field = "trainStep(sampleWeight)"
+    if (!this.#perSample) {
+      throw new ConfigError({ field, reason: "weights each row's loss, which needs a loss named in compile() (a cross-entropy or meanSquaredError), not a loss function" })
+    }
+    const tf = this.#tf
+    if (isTensor(given)) {
+      if (given.size !== rows) throw new ConfigError({ field, reason: `holds ${given.size} weights for a batch of ${rows} rows: one per row` })
+      return given.rank === 1 && given.dtype === "float32" ? given : tf.tidy(() => given.reshape([rows]).toFloat())
+    }
+    const values = Float32Array.from(given as ArrayLike<number>)
+    if (values.length !== rows) throw new ConfigError({ field, reason: `holds ${values.length} weights for a batch of ${rows} rows: one per row` })
+    if (values.some((v) => !Number.isFinite(v) || v < 0)) throw new ConfigError({ field, reason: "weights must be numbers >= 0" })
+    return tf.tensor1d(values, "float32")
   }
 
   /**
@@ -578,9 +607,13 @@ export class DataParallelModel implements RecoverableModel {
     const { value, grads } = this.optimizer.computeGradients(() => {
       const out = this.model.apply(input, { training: true }) as Tensor
       if (this.#classification) pred = tf.keep(out)
-      const w = this.#classWeight
-      // classWeight: each row's loss times its class's weight, their mean (as Keras's).
-      if (w && this.#perSample) return tf.mul(this.#perSample(y, out), tf.gather(w, labelsOf(y))).mean() as Scalar
+      // classWeight, sampleWeight: each row's loss times its class's and its own weight, their mean (as Keras's).
+      const byClass = this.#classWeight ? tf.gather(this.#classWeight, labelsOf(y)) : undefined
+      const byRow = this.#stepWeights
+      if ((byClass || byRow) && this.#perSample) {
+        const w = byClass && byRow ? tf.mul(byClass, byRow) : (byClass ?? byRow)!
+        return tf.mul(this.#perSample(y, out), w).mean() as Scalar
+      }
       return this.#loss(y, out)
     }, this.#vars)
     const correct = pred ? tf.tidy(() => pred!.argMax(-1).equal(labelsOf(y)).sum()) : undefined
@@ -841,7 +874,7 @@ export class DataParallelModel implements RecoverableModel {
   /** fit's classWeight ({ class: weight }, or an array by class) as a weight per class: 1 for a class not named (as Keras). */
   #classWeightsOf(given: NonNullable<FitOptions["classWeight"]>): Float32Array {
     const field = "fit(classWeight)"
-    if (!this.#perSample) {
+    if (!this.#perSample || !this.#perClass) {
       throw new ConfigError({
         field,
         reason: "weights each row's loss by its class, which needs a classification loss named in compile() (sparseCategoricalCrossentropy, categoricalCrossentropy or binaryCrossentropy), not a loss function or a regression loss"

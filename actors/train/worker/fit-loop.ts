@@ -90,6 +90,11 @@ export interface FitCommonOptions {
 
 export interface TrainStepOptions {
   /**
+   * A weight per row of the batch (a tensor or numbers, as Keras's sample_weight): the loss is the
+   * mean of each row's loss times its weight. Needs a loss named in compile().
+   */
+  readonly sampleWeight?: import("@tensorflow/tfjs").Tensor | ArrayLike<number>
+  /**
    * Compute this batch's gradients and add them up locally, without exchanging or applying them
    * (no communication): the next trainStep() without it exchanges the sum of all accumulated
    * batches and updates once, as if they had been one batch (weighted by their sample counts).
@@ -220,7 +225,7 @@ export class FitLoop {
             const batch = await fitBatch(source, batchRows)
             const { x, y, yLoss } = batchTensors(this.#host.tf as unknown as Tf, batch, this.#host.classification, (t) => this.#host.lossTargets(t, numClasses))
             try {
-              r = await this.#host.trainStep(x, yLoss, { accumulate: j < micro.length - 1 })
+              r = await this.#host.trainStep(x, yLoss, { accumulate: j < micro.length - 1, ...(batch.w ? { sampleWeight: batch.w } : {}) })
             } finally {
               tf.dispose([x, y, yLoss])
             }

@@ -45,7 +45,7 @@ interface FitArgs {
   readonly verbose?: number
   readonly callbacks?: unknown
   readonly classWeight?: Readonly<Record<number, number>> | ReadonlyArray<number>
-  readonly sampleWeight?: unknown
+  readonly sampleWeight?: Tensor | ArrayLike<number>
   readonly stepsPerEpoch?: number
   readonly validationSteps?: number
   readonly yieldEvery?: unknown
@@ -69,7 +69,7 @@ export interface FitHistory {
   readonly params: Record<string, unknown>
 }
 
-const SUPPORTED = new Set(["epochs", "batchSize", "initialEpoch", "validationData", "validationSplit", "shuffle", "verbose", "callbacks", "classWeight"])
+const SUPPORTED = new Set(["epochs", "batchSize", "initialEpoch", "validationData", "validationSplit", "shuffle", "verbose", "callbacks", "classWeight", "sampleWeight"])
 
 const refusal = (field: string, reason: string) => new ConfigError({ field: `model.fit(${field})`, reason })
 
@@ -122,12 +122,13 @@ export const datasetOf = async (host: Pick<KerasFitHost, "classification" | "mod
   return makeDataset(features, Float32Array.from(yd), x.shape.slice(1), { numClasses: 0, labelShape: y.shape.slice(1) })
 }
 
-/** A digest of the dataset, as small whole numbers (exact in float32, equal only for equal data). */
-const digestOf = (ds: ArrayDataset): Float32Array => {
+/** A digest of the dataset (and its rows' weights), as small whole numbers (exact in float32, equal only for equal data). */
+const digestOf = (ds: ArrayDataset, weights?: Float32Array): Float32Array => {
   const h = createHash("sha256")
-  h.update(JSON.stringify([ds.size, ds.featureShape, ds.labelShape ?? [], ds.y instanceof Int32Array ? "ids" : "floats"]))
+  h.update(JSON.stringify([ds.size, ds.featureShape, ds.labelShape ?? [], ds.y instanceof Int32Array ? "ids" : "floats", weights ? "weighted" : "unweighted"]))
   h.update(new Uint8Array(ds.x.buffer, ds.x.byteOffset, ds.x.byteLength))
   h.update(new Uint8Array(ds.y.buffer, ds.y.byteOffset, ds.y.byteLength))
+  if (weights) h.update(new Uint8Array(weights.buffer, weights.byteOffset, weights.byteLength))
   const d = h.digest()
   return Float32Array.from({ length: 8 }, (_, i) => d.readUInt16LE(2 * i))
 }
@@ -172,8 +173,17 @@ export const kerasFit = async (host: KerasFitHost, xIn: unknown, yIn: unknown, a
 
   const tf = host.tf
   let all = await datasetOf(host, x, y)
+  // sampleWeight: a weight per row (a tensor or numbers), as Keras's
+  let weights: Float32Array | undefined
+  if (args.sampleWeight !== undefined && args.sampleWeight !== null) {
+    const w = args.sampleWeight
+    weights = isTensor(w) ? Float32Array.from((await w.data()) as ArrayLike<number>) : ArrayBuffer.isView(w) || Array.isArray(w) ? Float32Array.from(w as ArrayLike<number>) : undefined
+    if (!weights) throw refusal("sampleWeight", `takes a weight per row (a tensor or an array of numbers), got ${typeof w}`)
+    if (weights.length !== all.size) throw refusal("sampleWeight", `holds ${weights.length} weights for ${all.size} rows: one per row`)
+    if (weights.some((v) => !Number.isFinite(v) || v < 0)) throw refusal("sampleWeight", "weights must be numbers >= 0")
+  }
   // Every rank must hold the same rows: each trains on its share of them.
-  const mine = digestOf(all)
+  const mine = digestOf(all, weights)
   const digests = (await host.allGather?.(mine)) ?? mine
   const differ: number[] = []
   for (let r = 1; r * mine.length < digests.length; r++) if (mine.some((_, i) => digests[r * mine.length + i] !== digests[i])) differ.push(r)
@@ -196,6 +206,7 @@ export const kerasFit = async (host: KerasFitHost, xIn: unknown, yIn: unknown, a
     validation = [x.slice(keep, n - keep), y.slice(keep, n - keep)] as [Tensor, Tensor]
     owned.push(...validation)
     all = rowRange(all, 0, keep)
+    weights = weights?.subarray(0, keep)
   }
   if (all.size < batch) throw refusal("batchSize", `${batch} (the global batch) is larger than the ${all.size} rows to train on`)
 
@@ -208,7 +219,7 @@ export const kerasFit = async (host: KerasFitHost, xIn: unknown, yIn: unknown, a
   }
   const history: Record<string, number[]> = {}
   const epochList: number[] = []
-  const source: FitSource = { dataset: all, rows: () => Int32Array.from({ length: all.size }, (_, i) => i) }
+  const source: FitSource = { dataset: all, rows: () => Int32Array.from({ length: all.size }, (_, i) => i), ...(weights ? { weights } : {}) }
   model.stopTraining = false
   try {
     for (const cb of callbacks) await cb.onTrainBegin?.({})

@@ -16,8 +16,10 @@ export interface ResolvedLoss {
   readonly classification: boolean
   /** Targets are class ids (no one-hot). */
   readonly sparse: boolean
-  /** Each row's loss, a [rows] tensor (the named losses): what class weights scale (fit's classWeight). */
+  /** Each row's loss, a [rows] tensor (the named losses): what sample and class weights scale. */
   readonly perSample?: (yTrue: Tensor, yPred: Tensor) => Tensor
+  /** Class weights apply (the cross-entropies: targets are classes). */
+  readonly perClass?: boolean
 }
 
 export const resolveLoss = (tf: Tf, loss: unknown, field: string): ResolvedLoss => {
@@ -28,20 +30,27 @@ export const resolveLoss = (tf: Tf, loss: unknown, field: string): ResolvedLoss 
         fn: (yt, yp) => tf.metrics.categoricalCrossentropy(yt, yp).mean() as Scalar,
         classification: true,
         sparse: false,
-        perSample: (yt, yp) => tf.metrics.categoricalCrossentropy(yt, yp)
+        perSample: (yt, yp) => tf.metrics.categoricalCrossentropy(yt, yp),
+        perClass: true
       }
     case "sparseCategoricalCrossentropy": {
       const perSample = (yt: Tensor, yp: Tensor): Tensor => tf.tidy(() => tf.metrics.categoricalCrossentropy(tf.oneHot(yt.flatten().toInt(), yp.shape[yp.shape.length - 1] as number), yp))
-      return { fn: (yt, yp) => tf.tidy(() => perSample(yt, yp).mean() as Scalar), classification: true, sparse: true, perSample }
+      return { fn: (yt, yp) => tf.tidy(() => perSample(yt, yp).mean() as Scalar), classification: true, sparse: true, perSample, perClass: true }
     }
     case "meanSquaredError":
-      return { fn: (yt, yp) => tf.losses.meanSquaredError(yt, yp) as Scalar, classification: false, sparse: false }
+      return {
+        fn: (yt, yp) => tf.losses.meanSquaredError(yt, yp) as Scalar,
+        classification: false,
+        sparse: false,
+        perSample: (yt, yp) => tf.tidy(() => tf.squaredDifference(yt, yp).reshape([yp.shape[0] as number, -1]).mean(1))
+      }
     case "binaryCrossentropy":
       return {
         fn: (yt, yp) => tf.metrics.binaryCrossentropy(yt, yp).mean() as Scalar,
         classification: false,
         sparse: false,
-        perSample: (yt, yp) => tf.tidy(() => tf.metrics.binaryCrossentropy(yt, yp).reshape([yp.shape[0] as number, -1]).mean(1))
+        perSample: (yt, yp) => tf.tidy(() => tf.metrics.binaryCrossentropy(yt, yp).reshape([yp.shape[0] as number, -1]).mean(1)),
+        perClass: true
       }
     default:
       throw new ConfigError({
