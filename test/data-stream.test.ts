@@ -358,5 +358,11 @@ describe("worker-side loaders and in-memory batches", () => {
     const c = batchTensors(tf as never, await fitBatch({ dataset: ids, rows: () => [] }, [0, 1]), true, (v) => tf.oneHot(v, 3))
     expect(c.yLoss.shape).toEqual([2, 3])
     tf.dispose([c.x, c.y, c.yLoss])
+    // rows' weights (model.fit's sampleWeight) travel with their batch, also through a transform that builds a new batch
+    const weights = Float32Array.of(0.5, 1, 2, 4)
+    const rebuilt = { dataset: ds, rows: () => [], weights, transforms: [(bb: typeof b) => ({ x: bb.x, y: bb.y, n: bb.n, featureShape: bb.featureShape, labelShape: bb.labelShape })] }
+    expect([...(await fitBatch(rebuilt, [3, 1])).w!]).toEqual([4, 1])
+    expect([...(await fitBatch({ dataset: ds, rows: () => [], weights }, [2, 0])).w!]).toEqual([2, 0.5])
+    expect((await fitBatch({ dataset: ds, rows: () => [] }, [2, 0])).w).toBeUndefined()
   })
 })

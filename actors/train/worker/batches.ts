@@ -54,6 +54,8 @@ export const fitBatch = async (source: FitSource, rows: ReadonlyArray<number>): 
     ...(weights ? { w: Float32Array.from(rows, (r) => weights[r]!) } : {})
   }
   for (const t of source.transforms ?? []) b = t(b)
+  // (a transform that built its batch anew kept the rows, not their weights)
+  if (b.w === undefined && weights && b.n === rows.length) b = { ...b, w: Float32Array.from(rows, (r) => weights[r]!) }
   return b
 }
 
