@@ -108,6 +108,27 @@ export const safeFileName = (name: string): string => {
   return norm
 }
 
+/**
+ * A run directory's kept checkpoints, as its index lists them, without changing anything: only those
+ * whose directory exists (the index is rewritten after each rename, so a crash between the two can
+ * leave one extra directory but never a ghost). None when there is no index yet.
+ */
+export const readCheckpointIndex = async (dir: string): Promise<CheckpointEntry[]> => {
+  let index: { entries?: ReadonlyArray<Omit<CheckpointEntry, "path">> }
+  try {
+    index = JSON.parse(await fs.readFile(path.join(dir, INDEX), "utf8")) as typeof index
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === "ENOENT" || e instanceof SyntaxError) return []
+    throw e
+  }
+  const entries: CheckpointEntry[] = []
+  for (const e of index.entries ?? []) {
+    const p = path.join(dir, e.name)
+    if (await fs.stat(p).then(() => true, () => false)) entries.push({ ...e, path: p })
+  }
+  return entries
+}
+
 export class CheckpointStore implements CheckpointStorage {
   readonly dir: string
   readonly policy: CheckpointPolicy
@@ -126,17 +147,8 @@ export class CheckpointStore implements CheckpointStorage {
     for (const name of await fs.readdir(dir)) {
       if (name.startsWith(".tmp-checkpoint")) await fs.rm(path.join(dir, name), { recursive: true, force: true })
     }
-    try {
-      const index = JSON.parse(await fs.readFile(path.join(dir, INDEX), "utf8")) as { entries: CheckpointEntry[] }
-      // Trust the index only for checkpoints whose directory exists: the index is rewritten after
-      // each rename, so a crash between the two can leave one extra directory but never a ghost.
-      for (const e of index.entries) {
-        const p = path.join(dir, e.name)
-        if (await fs.stat(p).then(() => true, () => false)) store.entries.push({ ...e, path: p })
-      }
-    } catch {
-      // No index yet: a fresh run.
-    }
+    // No index yet (or one unreadable): a fresh run.
+    store.entries = await readCheckpointIndex(dir).catch(() => [])
     store.nextIndex = store.entries.reduce((m, e) => Math.max(m, e.index + 1), 0)
     return store
   }

@@ -7,7 +7,7 @@
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
 import { ConfigError } from "../../../core/errors.ts"
-import { bestOf, latestOf, type CheckpointEntry } from "./checkpoint-store.ts"
+import { bestOf, latestOf, readCheckpointIndex, type CheckpointEntry } from "./checkpoint-store.ts"
 import type { BusOutage, CheckpointError, CheckpointInfo, Resize, Result } from "./result.ts"
 
 const lines = async (file: string): Promise<Array<Record<string, unknown>>> => {
@@ -58,12 +58,7 @@ export const loadResult = async (dir: string): Promise<Result> => {
   const rows = await lines(path.join(runDir, "metrics.jsonl"))
   const metricsHistory = rows.map(({ report: _report, time: _time, ...m }) => m)
   const metricsPerRank = (await lines(path.join(runDir, "metrics_per_rank.jsonl"))).map((r) => (Array.isArray(r.ranks) ? (r.ranks as Array<Record<string, unknown>>) : []))
-  const index = await json<{ entries?: Array<Omit<CheckpointEntry, "path">> }>(path.join(runDir, "checkpoints.json"))
-  const entries: CheckpointEntry[] = []
-  for (const e of index?.entries ?? []) {
-    const p = path.join(runDir, e.name)
-    if (await fs.stat(p).then(() => true, () => false)) entries.push({ ...e, path: p })
-  }
+  const entries = await readCheckpointIndex(runDir)
   const info = (e: CheckpointEntry): CheckpointInfo => ({ path: e.path, metrics: e.metrics })
   const latest = latestOf(entries)
   const policy = config.runConfig?.checkpointConfig ?? {}
