@@ -108,8 +108,8 @@ const TOP_LEVEL = new Set([
 
 const resolveModule = (module: string): string => {
   if (/^[a-z]+:/.test(module)) return module
-  if (/^~(?=$|\/)/.test(module)) return pathToFileURL(expandHome(module)).href
-  if (path.isAbsolute(module) || module.startsWith(".")) return pathToFileURL(path.resolve(module)).href
+  const file = expandHome(module)
+  if (path.isAbsolute(file) || file.startsWith(".")) return pathToFileURL(path.resolve(file)).href
   return module
 }
 
