@@ -744,12 +744,8 @@ export type TrainLoop<C = unknown> = (config: C, ctx: TrainContext) => unknown |
  * out. A tensor of more elements, a function or a symbol is a ConfigError that says how to report it.
  */
 const metricValues = async (metrics: Record<string, unknown>): Promise<Record<string, unknown>> => {
-  if (typeof metrics !== "object" || metrics === null || Array.isArray(metrics)) {
-    throw new ConfigError({ field: "report(metrics)", reason: `takes an object of named values ({ loss, accuracy, epoch }), got ${Array.isArray(metrics) ? "an array" : String(metrics)}` })
-  }
+  // (report() checked that metrics is a plain object)
   const tensors = Object.entries(metrics).filter((e): e is [string, import("@tensorflow/tfjs").Tensor] => isTensor(e[1]))
-  const odd = Object.entries(metrics).some(([, v]) => v === undefined || typeof v === "bigint" || typeof v === "function" || typeof v === "symbol" || v instanceof Date)
-  if (tensors.length === 0 && !odd) return metrics
   const out: Record<string, unknown> = {}
   try {
     for (const [k, v] of Object.entries(metrics)) {
