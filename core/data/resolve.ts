@@ -101,35 +101,34 @@ export const scanTextFile = async (
     const offsets: number[] = []
     let rows = 0
     let lineStart = 0
-    let prevLast = -1
     let firstLine: string | undefined
-    let firstBytes: Uint8Array[] = []
     let headerSeen = !header
-    let pos = 0
     let maxClass = -1
-    // The bytes of a row that spans reads (with classId only).
-    let carry: Uint8Array[] = []
-    const line = (start: number, end: number, bytesInBuf: (a: number, b: number) => Uint8Array | undefined): void => {
+    // The read in hand (its bytes and their offset in the file), the byte before it, and the bytes of
+    // the line in progress from earlier reads (kept while a line's bytes are wanted: the first line's,
+    // or every row's for its class id).
+    let data = buf.subarray(0, 0)
+    let base = 0
+    let prevLast = -1
+    let spill: Uint8Array[] = []
+    /** Line [start, end)'s bytes; `final`: the last line, with no newline, all of it spilled. */
+    const lineBytes = (start: number, end: number, final: boolean): Uint8Array => {
+      if (!final && start >= base) return data.subarray(start - base, end - base)
+      const parts = final ? spill : [...spill, data.subarray(0, end - base)]
+      const all = new Uint8Array(parts.reduce((n, p) => n + p.length, 0))
+      let o = 0
+      for (const p of parts) {
+        all.set(p, o)
+        o += p.length
+      }
+      return all
+    }
+    const line = (start: number, end: number, final: boolean): void => {
       // [start, end) absolute; blank (or just "\r") lines are not rows.
       const len = end - start
       if (len === 0) return
-      if (len === 1) {
-        const only = bytesInBuf(end - 1, end)
-        const b = only ? only[0] : prevLast
-        if (b === 13) return
-      }
-      if (firstLine === undefined) {
-        const inBuf = bytesInBuf(start, end)
-        const parts = inBuf ? [...firstBytes, inBuf] : firstBytes
-        const all = new Uint8Array(parts.reduce((n, p) => n + p.length, 0))
-        let o = 0
-        for (const p of parts) {
-          all.set(p, o)
-          o += p.length
-        }
-        firstLine = new TextDecoder().decode(all).replace(/\r$/, "")
-        firstBytes = []
-      }
+      if (len === 1 && (!final && end - 1 >= base ? data[end - 1 - base] : prevLast) === 13) return
+      if (firstLine === undefined) firstLine = new TextDecoder().decode(lineBytes(start, end, final)).replace(/\r$/, "")
       if (!headerSeen) {
         headerSeen = true
         return
@@ -137,46 +136,30 @@ export const scanTextFile = async (
       if (rows % chunkRows === 0) offsets.push(start)
       rows++
       if (classId) {
-        let bytes = bytesInBuf(start, end)
-        if (!bytes) {
-          // It began in an earlier read: its first bytes were kept, the rest is this read's start.
-          const rest = bytesInBuf(end, end) ? headOfRead(end) : undefined
-          const parts = rest ? [...carry, rest] : carry
-          bytes = new Uint8Array(parts.reduce((n, p) => n + p.length, 0))
-          let o = 0
-          for (const p of parts) {
-            bytes.set(p, o)
-            o += p.length
-          }
-        }
-        const c = classId(bytes)
+        const c = classId(lineBytes(start, end, final))
         if (c > maxClass) maxClass = c
       }
     }
-    let headOfRead: (end: number) => Uint8Array = () => new Uint8Array(0)
-    while (pos < size) {
+    for (let pos = 0; pos < size; ) {
       const { bytesRead } = await fh.read(buf, 0, buf.length, pos)
       if (bytesRead === 0) break
-      const data = buf.subarray(0, bytesRead)
-      const base = pos
-      const inBuf = (a: number, b: number): Uint8Array | undefined => (a >= base ? data.subarray(a - base, b - base) : undefined)
-      headOfRead = (end) => data.subarray(0, end - base)
+      data = buf.subarray(0, bytesRead)
+      base = pos
       let from = 0
       for (;;) {
         const nl = data.indexOf(10, from)
         if (nl < 0) break
-        line(lineStart, base + nl, inBuf)
-        if (carry.length > 0) carry = []
+        line(lineStart, base + nl, false)
+        spill = []
         lineStart = base + nl + 1
         from = nl + 1
       }
-      // The first line may span reads: keep its bytes until it ends.
-      if (firstLine === undefined && lineStart < base + bytesRead) firstBytes.push(data.slice(Math.max(0, lineStart - base)))
-      if (classId && lineStart < base + bytesRead) carry.push(data.slice(Math.max(0, lineStart - base)))
+      // A line that goes on in the next read: keep its bytes here while they are wanted.
+      if ((firstLine === undefined || classId) && lineStart < base + bytesRead) spill.push(data.slice(Math.max(0, lineStart - base)))
       prevLast = data[bytesRead - 1]!
       pos += bytesRead
     }
-    if (lineStart < size) line(lineStart, size, () => undefined)
+    if (lineStart < size) line(lineStart, size, true)
     offsets.push(size)
     return { rows, offsets, firstLine: firstLine ?? "", bytes: size, maxClass }
   } finally {
