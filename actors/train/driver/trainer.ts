@@ -52,41 +52,36 @@ export class Trainer {
     const resolved = resolveTrainerOptions(options)
     checkLoopModule(options, resolved)
     const claim = await claimRunDir(resolved, (options as TrainerOptions).runConfig?.name !== undefined)
-    let run: FitRun
+    // The run directory is this fit's until its last file is written (result() writes the summary).
     try {
-      run = await FitRun.open(claim.cfg)
-    } catch (e) {
-      await claim.release()
-      throw e
-    }
-    try {
-      await run.launch()
-      // The survivors of the last generation and their replacements, when they run already.
-      let regrouped: Generation<CheckpointPayload> | undefined
-      for (let first = true; ; first = false) {
-        const generation = regrouped ?? (await run.start(await this.#place(run, first)))
-        regrouped = undefined
-        const outcome = await run.watch(generation)
-        // The controller decides: finish, fail, or restart (from the surviving peers or the checkpoint).
-        const next = run.controller.next(outcome)
-        if (next.action !== "restart") {
-          await run.finish(next, generation.number)
-          break
-        }
-        const recovery = await run.restarting(next, generation.number)
-        if (recovery.from === "peers") regrouped = await run.regroup(next)
-        if (!regrouped) await run.restart(next, generation.number)
-      }
-    } catch (e) {
-      run.failed(e as Error)
-    } finally {
+      const run = await FitRun.open(claim.cfg)
       try {
-        await run.close()
+        await run.launch()
+        // The survivors of the last generation and their replacements, when they run already.
+        let regrouped: Generation<CheckpointPayload> | undefined
+        for (let first = true; ; first = false) {
+          const generation = regrouped ?? (await run.start(await this.#place(run, first)))
+          regrouped = undefined
+          const outcome = await run.watch(generation)
+          // The controller decides: finish, fail, or restart (from the surviving peers or the checkpoint).
+          const next = run.controller.next(outcome)
+          if (next.action !== "restart") {
+            await run.finish(next, generation.number)
+            break
+          }
+          const recovery = await run.restarting(next, generation.number)
+          if (recovery.from === "peers") regrouped = await run.regroup(next)
+          if (!regrouped) await run.restart(next, generation.number)
+        }
+      } catch (e) {
+        run.failed(e as Error)
       } finally {
-        await claim.release()
+        await run.close()
       }
+      return await run.result()
+    } finally {
+      await claim.release()
     }
-    return run.result()
   }
 
   /**
