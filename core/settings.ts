@@ -217,6 +217,34 @@ export const warmHosts: Setting<number> = {
 }
 
 /**
+ * How much lower (nice steps) a standby worker's process runs until it is let into its group
+ * (actors/train/driver/worker-group.ts); read by the driver, which passes it to the standby's
+ * process as GRADWIRE_START_NICE.
+ */
+export const standbyNice: Setting<number> = {
+  name: "GRADWIRE_STANDBY_NICE",
+  default: "19",
+  description:
+    "nice steps a standby worker (a replacement started while its group runs short-handed, or a spare) runs lower while it loads its engine and imports the loop (15 s at most), so that on cores the running workers share it takes what they leave idle; it is raised back as it joins. Only where it can be raised back (root, CAP_SYS_NICE or RLIMIT_NICE; Linux); 0: not lowered",
+  read: () => {
+    const n = Number(raw("GRADWIRE_STANDBY_NICE") ?? "19")
+    return Number.isFinite(n) && n >= 0 ? Math.min(19, Math.round(n)) : 19
+  }
+}
+
+/** Set by the driver for a standby worker's process (standbyNice): what its host lowers itself by at start. */
+export const startNice: Setting<number> = {
+  name: "GRADWIRE_START_NICE",
+  default: "0",
+  description:
+    "set by the driver in a standby worker's environment (from GRADWIRE_STANDBY_NICE): the nice steps its process runs lower until it joins a group; not meant to be set by hand",
+  read: () => {
+    const n = Number(raw("GRADWIRE_START_NICE") ?? "0")
+    return Number.isFinite(n) && n > 0 ? Math.min(19, Math.round(n)) : 0
+  }
+}
+
+/**
  * Where the processes gradwire starts keep compiled code and stripped TypeScript across starts
  * (bin/fast-start.js reads it there: it runs before any TypeScript could; this entry documents it).
  * Outside the GRADWIRE_ prefix: it says where code is loaded from.
@@ -264,6 +292,8 @@ export const SETTINGS: ReadonlyArray<Setting<unknown>> = [
   webgpuZeroWorkgroup,
   webgpuConvFilter,
   warmHosts,
+  standbyNice,
+  startNice,
   cacheDir,
   natsServerBin,
   ci,

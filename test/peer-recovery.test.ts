@@ -6,13 +6,14 @@
 // nats-server, real agent and worker processes.
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import * as fs from "node:fs/promises"
-import { existsSync, readFileSync, rmSync } from "node:fs"
+import { existsSync, readdirSync, readFileSync, rmSync } from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { Trainer, loadDigits, trainTestSplit, type ArrayDataset, type Result } from "../index.ts"
 import { readEvents as events, sameWeights } from "./support/trainer-runs.ts"
 import { liveNatsServerPids } from "../core/nats-server.ts"
 import { makeHold } from "./support/hold.ts"
+import { mayRaiseTo } from "../core/priority.ts"
 
 // The digits example's loop; with `holdFile` a short group's steps are slowed until it is whole again (hold.ts).
 const CHAOS = path.resolve("test/support/chaos-loop.ts") + "#trainLoop"
@@ -38,12 +39,17 @@ type Progress = { attempt: number; rank: number; epoch: number; step: number }
  * first generation. Until the group is back at 4, its steps are slowed (a hold), so that the
  * replacement, started in the background, joins before the run ends however loaded the machine is.
  */
-const killedMidEpoch = async (name: string, recoverFrom: "peers" | "checkpoint", epochs = 5, killEpoch = 2): Promise<{ r: Result; progress: Progress[] }> => {
+const killedMidEpoch = async (
+  name: string,
+  recoverFrom: "peers" | "checkpoint",
+  epochs = 5,
+  killEpoch = 2
+): Promise<{ r: Result; progress: Progress[]; nice: Map<string, number[]> }> => {
   const progress: Progress[] = []
   const { dir: pidDir, holdFile } = await makeHold(storage, `${name}-`, 4)
   const r = await new Trainer({
     trainLoopPerWorker: CHAOS,
-    trainLoopConfig: { epochs, fail: { how: "kill", rank: 2, epoch: killEpoch, step: 6 }, pidDir, holdFile },
+    trainLoopConfig: { epochs, fail: { how: "kill", rank: 2, epoch: killEpoch, step: 6 }, pidDir, holdFile, recordNice: true },
     scalingConfig: { numWorkers: 4 },
     runConfig: {
       name,
@@ -54,7 +60,10 @@ const killedMidEpoch = async (name: string, recoverFrom: "peers" | "checkpoint",
     },
     datasets: { train, test }
   }).fit()
-  return { r, progress }
+  // What each rank's process ran at (chaos-loop.ts recordNice): "<attempt>-<rank>" -> [at import, at the loop's start].
+  const nice = new Map<string, number[]>()
+  for (const f of readdirSync(pidDir).filter((f) => f.endsWith(".nice"))) nice.set(f.slice(0, -5), readFileSync(path.join(pidDir, f), "utf8").split(" ").map(Number))
+  return { r, progress, nice }
 }
 
 describe("recovery from surviving peers", () => {
@@ -62,7 +71,7 @@ describe("recovery from surviving peers", () => {
     // 9 epochs, the kill in epoch 3: the slowed short group has 5+ epochs of steps (about 15 s) for
     // its replacement to start, and the first group has measured its algorithm and path (the
     // tuner's 31 calls) before the kill.
-    const { r, progress } = await killedMidEpoch("peers-mid-epoch", "peers", 9, 3)
+    const { r, progress, nice } = await killedMidEpoch("peers-mid-epoch", "peers", 9, 3)
     expect(r.restarts).toBe(1)
     expect(r.countedFailures).toBe(1)
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4, 5, 6, 7, 8])
@@ -87,6 +96,14 @@ describe("recovery from surviving peers", () => {
     const plans = all.filter((e) => e.type === "explain" && String(e.summary).startsWith("gradwire: all-reduce auto")).map((e) => String(e.summary))
     expect(plans.filter((s) => s.includes("(measured)")).length).toBeGreaterThanOrEqual(1)
     expect(plans.at(-1)).toContain("(measured by an earlier group of this shape)")
+    // The replacement prepared at a lower CPU priority (GRADWIRE_STANDBY_NICE, 19 by default)
+    // where it could take its own back, and ran its loop at the group's; the first group at theirs.
+    const base = os.getPriority()
+    const lowered = mayRaiseTo(base) ? 19 : base
+    expect([...nice].filter(([k]) => k.startsWith("0-")).map(([, v]) => v)).toEqual([[base, base], [base, base], [base, base], [base, base]])
+    const joined = [...nice].filter(([k]) => !k.startsWith("0-"))
+    expect(joined.length).toBe(1)
+    expect(joined[0]![1]).toEqual([lowered, base])
   })
 
   it("for comparison, recoverFrom 'checkpoint' goes back to the start of the epoch", { timeout: 150_000 }, async () => {

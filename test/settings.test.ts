@@ -95,5 +95,12 @@ describe("environment variables", () => {
     }
     setEnv("PATH", ["/a", "", "/b"].join(path.delimiter))
     expect(settings.searchPath.read()).toEqual(["/a", "/b"])
+
+    for (const [v, standby, start] of [[undefined, 19, 0], ["0", 0, 0], ["4", 4, 4], ["25", 19, 19], ["-2", 19, 0], ["x", 19, 0]] as const) {
+      setEnv("GRADWIRE_STANDBY_NICE", v)
+      setEnv("GRADWIRE_START_NICE", v)
+      expect(settings.standbyNice.read(), `GRADWIRE_STANDBY_NICE=${v}`).toBe(standby)
+      expect(settings.startNice.read(), `GRADWIRE_START_NICE=${v}`).toBe(start)
+    }
   })
 })

@@ -7,6 +7,7 @@ import { spawn, type ChildProcess } from "node:child_process"
 import { createInterface } from "node:readline"
 import { fileURLToPath } from "node:url"
 import { FAST_START_ARGS } from "../../core/fast-start.ts"
+import { lowerChild } from "../../core/priority.ts"
 import { nodeOptions } from "../../core/settings.ts"
 
 export const HOST_SCRIPT = fileURLToPath(new URL(import.meta.url.endsWith(".ts") ? "./host.ts" : "./host.js", import.meta.url))
@@ -72,6 +73,10 @@ export class ActorProcess {
     // EPIPE when the child is already gone is not our problem.
     this.child.stdin!.on("error", () => {})
     this.pid = this.child.pid ?? -1
+    // A standby worker starts lowered (core/priority.ts): its main thread now, before node starts
+    // its other threads; its host lowers the rest and raises them all back as it joins.
+    const startNice = Number(options.env.GRADWIRE_START_NICE ?? "0")
+    if (options.spec !== undefined && startNice > 0 && this.pid > 0) lowerChild(this.pid, startNice)
     this.exited = new Promise((resolve) => {
       let streams = 2
       let exit: ProcessExit | undefined

@@ -19,6 +19,8 @@ import { decodeHostSpec, type HostSpec } from "./host-spec.ts"
 import { stderrLogger } from "../runtime/log.ts"
 import { ActorSystem } from "../runtime/system.ts"
 import { AGENT_GONE } from "../runtime/watcher.ts"
+import { backgroundPriority } from "../../core/priority.ts"
+import { startNice } from "../../core/settings.ts"
 
 /** What a warm host loads while it waits: the training worker's actor module, and with it tfjs. */
 export const WARM_PRELOAD = fileURLToPath(new URL(import.meta.url.endsWith(".ts") ? "../train/worker/worker.ts" : "../train/worker/worker.js", import.meta.url))
@@ -68,11 +70,15 @@ const loadDefinition = async (spec: HostSpec) => {
 }
 
 const main = async (): Promise<void> => {
+  // A standby worker (GRADWIRE_START_NICE, set by the driver) runs lowered until it joins: every
+  // thread, V8's compilers among them (the agent lowered the main thread at spawn already).
+  if (!warm) backgroundPriority(startNice.read())
   // Loaded in the background; a failure here shows again, with its context, when the actor loads it.
   const preloading = warm ? import(pathToFileURL(WARM_PRELOAD).href).then(() => undefined, () => undefined) : undefined
   const spec = decodeHostSpec(await readSpecLine(warm ? undefined : 10_000))
   if (warm) {
     if (spec.env) Object.assign(process.env, spec.env)
+    backgroundPriority(startNice.read())
     if (spec.cwd !== undefined) process.chdir(spec.cwd)
     // What a cold start shows in its environment, for ps and /proc/<pid>/cmdline (argv made room).
     process.title = `gradwire-host GRADWIRE_JOB=${spec.job} GRADWIRE_ACTOR=${spec.name}`

@@ -10,16 +10,30 @@
 // a test holds a short group back while something slow happens outside it (an agent starting, a
 // standby replacement loading on a loaded machine), so the run cannot end before the group grows
 // back, whatever the load. With `positions`
-// every rank records where it got after each step (positions.ts) for the chaos benchmark.
-import { writeFileSync } from "node:fs"
+// every rank records where it got after each step (positions.ts) for the chaos benchmark. With
+// `recordNice` every rank writes <pidDir>/<attempt>-<rank>.nice: the highest nice value among its
+// threads when this module was imported (a standby worker imports it while it prepares) and when
+// its loop started (after it joined).
+import { readdirSync, readFileSync, writeFileSync } from "node:fs"
 import * as path from "node:path"
 import type { TrainContext } from "../../index.ts"
 import { trainLoop as digitsLoop, type DigitsConfig } from "../../examples/digits/train.ts"
 import { PositionFile } from "./positions.ts"
 import { holdStep } from "./hold.ts"
 
+/** The highest nice value among this process's threads (Linux; 0 elsewhere). */
+export const highestNice = (): number => {
+  try {
+    return Math.max(...readdirSync("/proc/self/task").map((t) => Number(readFileSync(`/proc/self/task/${t}/stat`, "utf8").split(") ")[1]!.split(" ")[16])))
+  } catch {
+    return 0
+  }
+}
+const niceAtImport = highestNice()
+
 export interface ChaosLoopConfig extends DigitsConfig {
   readonly pidDir: string
+  readonly recordNice?: boolean
   readonly minEpochMs?: number
   readonly trackSteps?: boolean
   readonly holdFile?: string
@@ -77,6 +91,7 @@ const instrumented = (ctx: TrainContext, minMs: number, stepFile: string | undef
 
 export async function trainLoop(config: ChaosLoopConfig, ctx: TrainContext): Promise<void> {
   writeFileSync(path.join(config.pidDir, `${ctx.attempt}-${ctx.worldRank}.pid`), String(process.pid))
+  if (config.recordNice) writeFileSync(path.join(config.pidDir, `${ctx.attempt}-${ctx.worldRank}.nice`), `${niceAtImport} ${highestNice()}`)
   const stepFile = config.trackSteps && ctx.worldRank === 0 ? path.join(config.pidDir, `${ctx.attempt}.step`) : undefined
   const positions = config.positions ? new PositionFile(config.pidDir) : undefined
   const paced = config.minEpochMs || stepFile || config.holdFile || positions

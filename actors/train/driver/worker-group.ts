@@ -8,6 +8,7 @@ import { fileURLToPath } from "node:url"
 // Silence after which a worker counts as dead (core/defaults.ts says why it is 10 s); the driver
 // lengthens it for workers whose steps measured long (collectives/deadlines.ts HeartbeatDeadline).
 import { WORKER_DEAD_AFTER_MS } from "../../../core/defaults.ts"
+import { standbyNice } from "../../../core/settings.ts"
 import { SERVER_CPUS, type PlacementPlan, type PlacementRequest } from "../../../scheduler/placement.ts"
 import { isGpuShare } from "../../../scheduler/resources.ts"
 import type { ActorSystem } from "../../runtime/system.ts"
@@ -223,7 +224,7 @@ export class WorkerGroup {
   }
 
   /** One worker process, spawned with `r`'s placement (a standby's is provisional) and registered to be killed with the job. */
-  async #spawnProcess(r: RankSpawn, args: GroupArgs, name: string): Promise<SpawnedActor> {
+  async #spawnProcess(r: RankSpawn, args: GroupArgs, name: string, standby = false): Promise<SpawnedActor> {
     const p = r.placement
     const workerArgs: WorkerArgs = { ...args, ...p, backend: r.backend, ...(r.cudaVisibleDevices ? { gpus: r.cudaVisibleDevices } : {}), ...(r.join ? { join: r.join } : {}) }
     const w = await spawnActor(this.#system, {
@@ -235,7 +236,8 @@ export class WorkerGroup {
       // The agent checks the loop module against its allowed roots before the worker imports it.
       imports: [args.loopModule, ...(args.datasetModules ?? [])],
       gpus: [...r.gpuIndices],
-      env: workerEnv(r, this.#verbose),
+      // A standby starts at a lower priority and takes its own back as it is admitted (core/priority.ts).
+      env: { ...workerEnv(r, this.#verbose), ...(standby && standbyNice.read() > 0 ? { GRADWIRE_START_NICE: String(standbyNice.read()) } : {}) },
       resources: r.resources,
       logPrefix: `worker rank=${p.rank}`,
       readyTimeoutMs: 60_000
@@ -286,7 +288,7 @@ export class WorkerGroup {
     try {
       return await Promise.all(
         ranks.map(async (r) => {
-          const w = await this.#spawnProcess(r, args, `w-standby${++this.#standbys}`)
+          const w = await this.#spawnProcess(r, args, `w-standby${++this.#standbys}`, true)
           started.push(w)
           await this.#system.askPromise(w.ref(WorkerProtocol), "prepare", null, { timeoutMs: STANDBY_PREPARE_MS })
           // One that goes down while it waits is no longer held (holds): no regroup admits it.

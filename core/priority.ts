@@ -1,0 +1,132 @@
+// A process's CPU priority (its nice value), lowered while it starts in the background and given
+// back when it is needed: a standby worker (one started while its group runs short-handed, or a
+// spare) loads its engine and imports the loop at a lower priority, so that on cores the running
+// workers share it takes only what they leave idle, and joins at the priority it started with.
+//
+// Linux keeps a nice value per thread (setpriority on a thread id sets that thread's alone), and
+// V8's compiler threads start with the process: lowering or restoring goes over every thread in
+// /proc/self/task, and threads started later inherit the main thread's value. Lowering is only
+// done where it can be undone: raising a priority back needs CAP_SYS_NICE (root has it) or an
+// RLIMIT_NICE that allows the value; without either a process that lowered itself would stay
+// slower than its group for good (a straggler every step waits for), so it does not lower at all.
+import * as fs from "node:fs"
+import * as os from "node:os"
+
+/** CAP_SYS_NICE's bit in /proc/<pid>/status's capability masks. */
+const CAP_SYS_NICE = 23n
+
+/** Whether this process may set its threads' nice value down to `nice` again (Linux; false elsewhere). */
+export const mayRaiseTo = (nice: number): boolean => {
+  if (process.platform !== "linux") return false
+  try {
+    const status = fs.readFileSync("/proc/self/status", "utf8")
+    const capEff = /^CapEff:\s*([0-9a-f]+)/m.exec(status)?.[1]
+    if (capEff !== undefined && ((BigInt(`0x${capEff}`) >> CAP_SYS_NICE) & 1n) === 1n) return true
+    // RLIMIT_NICE r allows nice values down to 20 - r.
+    const limits = fs.readFileSync("/proc/self/limits", "utf8")
+    const soft = /^Max nice priority\s+(\S+)/m.exec(limits)?.[1]
+    if (soft === undefined) return false
+    const r = soft === "unlimited" ? 40 : Number(soft)
+    return Number.isFinite(r) && 20 - r <= nice
+  } catch {
+    return false
+  }
+}
+
+/** This process's thread ids (the process id alone where /proc is not there). */
+const threadIds = (): number[] => {
+  try {
+    return fs
+      .readdirSync("/proc/self/task")
+      .map(Number)
+      .filter((t) => Number.isInteger(t) && t > 0)
+  } catch {
+    return [process.pid]
+  }
+}
+
+/** Sets every thread's nice value; false when any could not be set (threads that ended meanwhile aside). */
+const setAll = (nice: number): boolean => {
+  let ok = true
+  for (const tid of threadIds()) {
+    try {
+      os.setPriority(tid, nice)
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code !== "ESRCH") ok = false
+    }
+  }
+  return ok
+}
+
+/** The parent process's nice value, if it can be read. */
+const parentNice = (): number | undefined => {
+  try {
+    return process.ppid > 1 ? os.getPriority(process.ppid) : undefined
+  } catch {
+    return undefined
+  }
+}
+
+/**
+ * Lowers a child process just spawned by `by` nice steps (its main thread, before it starts
+ * others, which inherit it), where its priority can be given back; the child's own
+ * backgroundPriority then lowers the threads started before this and raises all of them back.
+ */
+export const lowerChild = (pid: number, by: number): void => {
+  if (!(by > 0) || process.platform !== "linux") return
+  try {
+    const base = os.getPriority()
+    if (mayRaiseTo(base)) os.setPriority(pid, Math.min(19, base + Math.round(by)))
+  } catch {
+    // The child is gone already, or not ours to lower: it runs at its inherited priority.
+  }
+}
+
+/** The nice value the process had before backgroundPriority lowered it, while it is lowered. */
+let foregroundNice: number | undefined
+/** Gives the priority back after backgroundPriority's limit. */
+let limit: ReturnType<typeof setTimeout> | undefined
+
+/**
+ * How long a process stays lowered at most: a standby worker prepares in 1.5-2.5 s on two busy
+ * cores lowered by 19 (GRADWIRE_STANDBY_NICE) or not; where the running workers leave no core idle
+ * it is back at its own priority after this.
+ */
+export const BACKGROUND_LIMIT_MS = 15_000
+
+/**
+ * Lowers this process's priority by `by` nice steps (at most to 19), where it can be given back
+ * (mayRaiseTo), for at most `limitMs`: then it is given back whatever happened (a process lowered
+ * on cores that never idle would otherwise take minutes over what takes seconds). Returns the
+ * nice value it runs at now, or undefined when nothing changed (`by` 0, not Linux, no way back,
+ * already lowered).
+ */
+export const backgroundPriority = (by: number, limitMs = BACKGROUND_LIMIT_MS): number | undefined => {
+  if (!(by > 0) || foregroundNice !== undefined || process.platform !== "linux") return undefined
+  // The value to come back to: the parent's (the agent lowered this process's main thread right
+  // after spawning it, lowerChild), or this one's where that is lower.
+  const base = Math.min(os.getPriority(), parentNice() ?? Infinity)
+  const target = Math.min(19, base + Math.round(by))
+  if (target <= base || !mayRaiseTo(base)) return undefined
+  foregroundNice = base
+  setAll(target)
+  limit = setTimeout(() => void foregroundPriority(), limitMs)
+  limit.unref()
+  return target
+}
+
+/**
+ * Gives back the priority backgroundPriority took: every thread at the nice value the process
+ * started with. Returns false when a thread could not be raised (the process then runs lowered;
+ * callers say so), true when it is back or was never lowered.
+ */
+export const foregroundPriority = (): boolean => {
+  const base = foregroundNice
+  if (base === undefined) return true
+  foregroundNice = undefined
+  clearTimeout(limit)
+  return setAll(base)
+}
+
+/** Whether backgroundPriority lowered this process and foregroundPriority has not given it back. */
+export const inBackground = (): boolean => foregroundNice !== undefined

@@ -1,0 +1,107 @@
+// A standby worker's lowered CPU priority (core/priority.ts), in child processes so that the test
+// runner's own threads keep theirs: every thread is lowered (V8's among them), given back to the
+// value the process started with, and nothing is lowered where it could not be given back.
+import { describe, expect, it } from "vitest"
+import { execFileSync, spawn } from "node:child_process"
+import * as os from "node:os"
+import * as path from "node:path"
+import { lowerChild, mayRaiseTo } from "../core/priority.ts"
+import { highestNice } from "./support/chaos-loop.ts"
+
+const PRIORITY = path.resolve("core/priority.ts")
+
+/** Runs `body` in a fresh node process with core/priority.ts imported as `p`; its JSON output. */
+const inChild = (body: string, env: NodeJS.ProcessEnv = process.env): unknown => {
+  const script = `
+    import * as p from ${JSON.stringify(PRIORITY)}
+    import * as fs from "node:fs"
+    const nices = () => fs.readdirSync("/proc/self/task").map((t) => Number(fs.readFileSync("/proc/self/task/" + t + "/stat", "utf8").split(") ")[1].split(" ")[16]))
+    ${body}`
+  return JSON.parse(execFileSync(process.execPath, ["--input-type=module", "-e", script], { env, encoding: "utf8", timeout: 20_000 }))
+}
+
+describe.runIf(process.platform === "linux")("a standby's CPU priority", () => {
+  const base = os.getPriority()
+  const may = mayRaiseTo(base)
+
+  it("lowers every thread and gives all of them back; a second lowering while lowered does nothing", () => {
+    const out = inChild(`
+      const before = nices()
+      const lowered = p.backgroundPriority(7)
+      const during = nices()
+      const again = p.backgroundPriority(3)
+      const inBackground = p.inBackground()
+      const back = p.foregroundPriority()
+      console.log(JSON.stringify({ before, lowered, during, again, inBackground, back, after: nices(), inBackgroundAfter: p.inBackground() }))`) as Record<string, unknown>
+    const threads = (out.before as number[]).length
+    expect(threads).toBeGreaterThan(1)
+    expect(out.before).toEqual(Array(threads).fill(base))
+    if (may) {
+      expect(out.lowered).toBe(Math.min(19, base + 7))
+      expect(out.during).toEqual(Array((out.during as number[]).length).fill(Math.min(19, base + 7)))
+      expect(out.inBackground).toBe(true)
+    } else {
+      // No way back (not root, no CAP_SYS_NICE, RLIMIT_NICE 0): nothing is lowered.
+      expect(out.lowered).toBeUndefined()
+      expect(out.during).toEqual(Array((out.during as number[]).length).fill(base))
+      expect(out.inBackground).toBe(false)
+    }
+    expect(out.again).toBeUndefined()
+    expect(out.back).toBe(true)
+    expect(out.after).toEqual(Array((out.after as number[]).length).fill(base))
+    expect(out.inBackgroundAfter).toBe(false)
+  })
+
+  it("lowers nothing for 0 or a negative step, and giving back without lowering is a no-op", () => {
+    const out = inChild(`console.log(JSON.stringify({ zero: p.backgroundPriority(0) ?? null, neg: p.backgroundPriority(-3) ?? null, back: p.foregroundPriority(), now: nices() }))`) as Record<string, unknown>
+    expect(out).toEqual({ zero: null, neg: null, back: true, now: Array((out.now as number[]).length).fill(base) })
+  })
+
+  it("gives the priority back by itself after its limit, in case nothing asks for it", () => {
+    const out = inChild(`
+      const lowered = p.backgroundPriority(6, 200)
+      const during = nices()
+      await new Promise((r) => setTimeout(r, 600))
+      console.log(JSON.stringify({ lowered: lowered ?? null, during, after: nices(), inBackground: p.inBackground() }))`) as Record<string, unknown>
+    expect(out.lowered).toBe(may ? Math.min(19, base + 6) : null)
+    expect(Math.max(...(out.during as number[]))).toBe(may ? Math.min(19, base + 6) : base)
+    expect(out.after).toEqual(Array((out.after as number[]).length).fill(base))
+    expect(out.inBackground).toBe(false)
+  })
+
+  it("a child lowered at spawn comes back to its parent's value, not the lowered one it started with", async () => {
+    const child = spawn(
+      process.execPath,
+      [
+        "--input-type=module",
+        "-e",
+        `import * as p from ${JSON.stringify(PRIORITY)}
+         import * as os from "node:os"
+         await new Promise((r) => process.stdin.once("data", r))
+         const started = os.getPriority()
+         p.backgroundPriority(5)
+         p.foregroundPriority()
+         console.log(JSON.stringify({ started, back: os.getPriority() }))
+         process.exit(0)`
+      ],
+      { stdio: ["pipe", "pipe", "inherit"] }
+    )
+    try {
+      lowerChild(child.pid!, 5)
+      let out = ""
+      child.stdout!.on("data", (d: Buffer) => (out += d.toString()))
+      const exited = new Promise((resolve) => child.once("exit", resolve))
+      child.stdin!.end("go\n")
+      await exited
+      const { started, back } = JSON.parse(out) as { started: number; back: number }
+      expect(started).toBe(may ? Math.min(19, base + 5) : base)
+      expect(back).toBe(base)
+    } finally {
+      child.kill("SIGKILL")
+    }
+  })
+
+  it("reads the nice value of a process's threads as the tests do", () => {
+    expect(highestNice()).toBe(base)
+  })
+})
