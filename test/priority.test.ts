@@ -6,7 +6,7 @@ import { execFileSync, spawn } from "node:child_process"
 import * as os from "node:os"
 import * as path from "node:path"
 import { lowerChild, mayRaiseTo } from "../core/priority.ts"
-import { highestNice } from "./support/chaos-loop.ts"
+import { highestNice } from "./support/nice.ts"
 
 const PRIORITY = path.resolve("core/priority.ts")
 

@@ -6,6 +6,7 @@
 // --warm-hosts 0 nothing waits; stopping the agent leaves no warm process behind. Real CLI agents,
 // real nats-server, real processes.
 import * as fs from "node:fs"
+import * as os from "node:os"
 import type { NatsConnection } from "@nats-io/nats-core"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { spawnActor } from "../actors/node/spawn.ts"
@@ -13,6 +14,8 @@ import { silentLogger } from "../actors/runtime/log.ts"
 import { ActorSystem } from "../actors/runtime/system.ts"
 import { EchoProtocol } from "./support/actors-fixtures.ts"
 import { FIXTURES, TestRig, eventually, pidAlive, sleep, type AgentProc } from "./support/actors-processes.ts"
+import { mayRaiseTo } from "../core/priority.ts"
+import { threadNices } from "./support/nice.ts"
 
 const rig = new TestRig()
 afterAll(() => rig.cleanup())
@@ -37,6 +40,9 @@ const warmChildren = (agentPid: number): number[] =>
       const ppid = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1])
       return ppid === agentPid && read(pid, "cmdline").includes(" --warm ")
     })
+
+/** The nice values of a process's threads, distinct and sorted. */
+const niceValues = (pid: number): number[] => [...new Set(threadNices(pid))].sort((a, b) => a - b)
 
 describe("warm actor processes", () => {
   let url: string
@@ -76,6 +82,33 @@ describe("warm actor processes", () => {
     agent.child.kill("SIGTERM")
     await agent.exited
     await eventually("the warm process to exit with its agent", 15_000, () => !pidAlive(third))
+  })
+
+  it("on a node whose cores are all reserved the waiting process is lowered, and runs at its own priority once taken (a standby's stays lowered)", { timeout: 90_000 }, async () => {
+    const agent: AgentProc = await rig.agent("full", ["--address", url, "--warm-hosts", "1", "--num-cpus", "1"], { cluster: "full" })
+    const driver = driverFor("full")
+    const base = os.getPriority()
+    // One actor holds the node's one core.
+    const busy = await spawnActor(driver, { node: "full", name: "busy", module: FIXTURES, export: "echoActor", resources: { CPU: 1 } })
+    if (!mayRaiseTo(base)) {
+      // Lowered or not at all: without a way back to its priority no process waits on a full node.
+      await sleep(5_000)
+      expect(warmChildren(agent.pid).filter((p) => p !== busy.pid)).toEqual([])
+      expect(await busy.kill()).toBe(true)
+      return
+    }
+    const first = await eventually("a lowered warm process", 30_000, () => warmChildren(agent.pid).find((p) => p !== busy.pid && niceValues(p).length > 0))
+    expect(niceValues(first)).toEqual([19])
+    const a = await spawnActor(driver, { node: "full", name: "a", module: FIXTURES, export: "echoActor" })
+    expect(a.pid).toBe(first)
+    expect(niceValues(first)).toEqual([base])
+    // The next one, taken by a standby worker's spawn, stays lowered (until its worker joins).
+    const second = await eventually("the pool to fill again", 30_000, () => warmChildren(agent.pid).find((p) => p !== first && p !== busy.pid && niceValues(p).length > 0))
+    expect(niceValues(second)).toEqual([19])
+    const b = await spawnActor(driver, { node: "full", name: "b", module: FIXTURES, export: "echoActor", env: { GRADWIRE_START_NICE: "19" } })
+    expect(b.pid).toBe(second)
+    expect(niceValues(second)).toEqual([19])
+    for (const x of [busy, a, b]) expect(await x.kill()).toBe(true)
   })
 
   it("with --warm-hosts 0 no process waits and a spawn starts cold", { timeout: 60_000 }, async () => {

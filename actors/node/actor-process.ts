@@ -73,10 +73,11 @@ export class ActorProcess {
     // EPIPE when the child is already gone is not our problem.
     this.child.stdin!.on("error", () => {})
     this.pid = this.child.pid ?? -1
-    // A standby worker starts lowered (core/priority.ts): its main thread now, before node starts
-    // its other threads; its host lowers the rest and raises them all back as it joins.
+    // A standby worker, or a warm process on a fully used node, starts lowered (core/priority.ts):
+    // its main thread now, before node starts its other threads; its host lowers the rest and
+    // raises them all back when it is needed.
     const startNice = Number(options.env.GRADWIRE_START_NICE ?? "0")
-    if (options.spec !== undefined && startNice > 0 && this.pid > 0) lowerChild(this.pid, startNice)
+    if (startNice > 0 && this.pid > 0) lowerChild(this.pid, startNice)
     this.exited = new Promise((resolve) => {
       let streams = 2
       let exit: ProcessExit | undefined

@@ -9,7 +9,7 @@
 // it lasts and when it ends, and advertised (count, last length) once the bus is back.
 // The agent's control interface is an actor (AgentProtocol) at gw.<cluster>.node.<id>.ctl.
 import * as fs from "node:fs"
-import { hostname } from "node:os"
+import { getPriority, hostname } from "node:os"
 import * as path from "node:path"
 import { nuid, type NatsConnection, type Subscription } from "@nats-io/nats-core"
 import * as Effect from "effect/Effect"
@@ -37,6 +37,8 @@ import { probeBackends, probeHardware, softwareGpus, type BackendName, type GpuI
 import type { WebGpuAdapterInfo } from "../../core/webgpu.ts"
 import { ActorSystem } from "../runtime/system.ts"
 import { processState } from "./agent-state.ts"
+import { mayRaiseTo } from "../../core/priority.ts"
+import { standbyNice } from "../../core/settings.ts"
 
 export const AGENT_VERSION = "0.1.0"
 
@@ -101,8 +103,11 @@ export interface AgentOptions {
   /**
    * Actor processes kept started ahead of requests, with gradwire's worker modules and tfjs loaded
    * (host.ts): a spawn takes one instead of starting cold, which is most of a replacement worker's
-   * start. One starts after 3 s without a spawn, while a core is spare (the node's CPUs beyond what
-   * its processes reserve). Default 1; 0 starts every process cold.
+   * start. One starts after 3 s without a spawn; where no core is spare (the node's CPUs beyond
+   * what its processes reserve) it starts at a lower CPU priority (GRADWIRE_STANDBY_NICE, where it
+   * can be raised back), so that its load takes only what the running processes leave idle, and
+   * runs at its own once a spawn takes it (a standby worker's: once it joins its group); without a
+   * way back it does not start there. Default 1; 0 starts every process cold.
    */
   readonly warmHosts?: number
   /**
@@ -123,8 +128,8 @@ const STOPPED_CHECK_MS = 100
 
 /**
  * A warm process starts only after this long without a spawn (not beside the actors starting), and
- * only while a core is spare: loading tfjs takes a core for seconds, which running workers on a
- * fully used node would lose.
+ * on a fully used node only lowered: loading tfjs takes a core for seconds, which running workers
+ * there would lose.
  */
 const WARM_FILL_QUIET_MS = 3_000
 /** After a warm process died while it waited, the next one waits this much longer. */
@@ -300,8 +305,9 @@ export class NodeAgent {
   }
 
   /**
-   * Starts a warm process when fewer than options.warmHosts wait, nothing was spawned for
-   * WARM_FILL_QUIET_MS, and a core is spare (the node's CPUs beyond what its processes reserve).
+   * Starts a warm process when fewer than options.warmHosts wait and nothing was spawned for
+   * WARM_FILL_QUIET_MS: at its own priority while a core is spare (the node's CPUs beyond what its
+   * processes reserve), else lowered where that can be undone (core/priority.ts), else not.
    */
   #fillWarm(): void {
     const want = this.#options.warmHosts ?? 1
@@ -310,11 +316,14 @@ export class NodeAgent {
     const cores = Math.min(this.#options.numCpus ?? this.#hardware.cpus, this.#hardware.cpus || Infinity)
     let reserved = 0
     for (const r of this.#processes.values()) reserved += r.info.resources.CPU ?? 0
-    if (reserved + 1 > cores) return
+    const lowered = reserved + 1 > cores ? standbyNice.read() : 0
+    if (reserved + 1 > cores && !(lowered > 0 && mayRaiseTo(getPriority()))) return
     const env: NodeJS.ProcessEnv = { ...process.env, GRADWIRE_CLUSTER: this.cluster, GRADWIRE_NODE_ID: this.nodeId }
     delete env.GRADWIRE_ADDRESS
     delete env.GRADWIRE_JOB
     delete env.GRADWIRE_ACTOR
+    delete env.GRADWIRE_START_NICE
+    if (lowered > 0) env.GRADWIRE_START_NICE = String(lowered)
     const proc = new ActorProcess({ cwd: process.cwd(), env, onLine: (stream, line) => this.#log.debug(`(warm pid=${proc.pid}) ${stream}: ${line}`) })
     this.#lastSpawnAt = Date.now()
     if (proc.pid < 0) return

@@ -19,7 +19,7 @@ import { decodeHostSpec, type HostSpec } from "./host-spec.ts"
 import { stderrLogger } from "../runtime/log.ts"
 import { ActorSystem } from "../runtime/system.ts"
 import { AGENT_GONE } from "../runtime/watcher.ts"
-import { backgroundPriority } from "../../core/priority.ts"
+import { backgroundPriority, foregroundPriority } from "../../core/priority.ts"
 import { startNice } from "../../core/settings.ts"
 
 /** What a warm host loads while it waits: the training worker's actor module, and with it tfjs. */
@@ -70,15 +70,18 @@ const loadDefinition = async (spec: HostSpec) => {
 }
 
 const main = async (): Promise<void> => {
-  // A standby worker (GRADWIRE_START_NICE, set by the driver) runs lowered until it joins: every
+  // A standby worker (GRADWIRE_START_NICE, set by the driver) runs lowered until it joins, and so
+  // does a warm process an agent starts on a fully used node until a spawn takes it: every
   // thread, V8's compilers among them (the agent lowered the main thread at spawn already).
-  if (!warm) backgroundPriority(startNice.read())
+  backgroundPriority(startNice.read())
   // Loaded in the background; a failure here shows again, with its context, when the actor loads it.
   const preloading = warm ? import(pathToFileURL(WARM_PRELOAD).href).then(() => undefined, () => undefined) : undefined
   const spec = decodeHostSpec(await readSpecLine(warm ? undefined : 10_000))
   if (warm) {
     if (spec.env) Object.assign(process.env, spec.env)
-    backgroundPriority(startNice.read())
+    // Taken: a standby stays lowered (for a new limit), any other actor runs at its own priority.
+    foregroundPriority()
+    if (spec.env?.GRADWIRE_START_NICE !== undefined) backgroundPriority(startNice.read())
     if (spec.cwd !== undefined) process.chdir(spec.cwd)
     // What a cold start shows in its environment, for ps and /proc/<pid>/cmdline (argv made room).
     process.title = `gradwire-host GRADWIRE_JOB=${spec.job} GRADWIRE_ACTOR=${spec.name}`

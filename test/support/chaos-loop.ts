@@ -14,21 +14,14 @@
 // `recordNice` every rank writes <pidDir>/<attempt>-<rank>.nice: the highest nice value among its
 // threads when this module was imported (a standby worker imports it while it prepares) and when
 // its loop started (after it joined).
-import { readdirSync, readFileSync, writeFileSync } from "node:fs"
+import { writeFileSync } from "node:fs"
 import * as path from "node:path"
 import type { TrainContext } from "../../index.ts"
 import { trainLoop as digitsLoop, type DigitsConfig } from "../../examples/digits/train.ts"
 import { PositionFile } from "./positions.ts"
 import { holdStep } from "./hold.ts"
+import { highestNice } from "./nice.ts"
 
-/** The highest nice value among this process's threads (Linux; 0 elsewhere). */
-export const highestNice = (): number => {
-  try {
-    return Math.max(...readdirSync("/proc/self/task").map((t) => Number(readFileSync(`/proc/self/task/${t}/stat`, "utf8").split(") ")[1]!.split(" ")[16])))
-  } catch {
-    return 0
-  }
-}
 const niceAtImport = highestNice()
 
 export interface ChaosLoopConfig extends DigitsConfig {
