@@ -104,10 +104,11 @@ export interface AgentOptions {
    * Actor processes kept started ahead of requests, with gradwire's worker modules and tfjs loaded
    * (host.ts): a spawn takes one instead of starting cold, which is most of a replacement worker's
    * start. One starts after 3 s without a spawn; where no core is spare (the node's CPUs beyond
-   * what its processes reserve) it starts at a lower CPU priority (GRADWIRE_STANDBY_NICE, where it
-   * can be raised back), so that its load takes only what the running processes leave idle, and
-   * runs at its own once a spawn takes it (a standby worker's: once it joins its group); without a
-   * way back it does not start there. Default 1; 0 starts every process cold.
+   * what its processes reserve) only once a standby worker was asked of this agent (a job here
+   * lost a worker), and at a lower CPU priority (GRADWIRE_STANDBY_NICE, where it can be raised
+   * back), so that its load takes only what the running processes leave idle; it runs at its own
+   * once a spawn takes it (a standby worker's: once it joins its group). Without a way back it
+   * does not start there. Default 1; 0 starts every process cold.
    */
   readonly warmHosts?: number
   /**
@@ -175,6 +176,12 @@ export class NodeAgent {
   readonly #warm: ActorProcess[] = []
   /** When the last spawn (the agent's start, a warm process's start) was: warm processes wait for quiet (WARM_FILL_QUIET_MS). */
   #lastSpawnAt = Date.now()
+  /**
+   * Whether a standby worker (a replacement, a spare) was asked of this agent: from then on it keeps
+   * a warm process on a fully used node too, lowered (#fillWarm). Before it, a fully used node's
+   * jobs are spared the CPU that loading one takes (short jobs paid 10-15% for it).
+   */
+  #standbySeen = false
   readonly #owners = new Map<string, Tracked>()
   readonly #jobs = new Map<string, Tracked>()
   readonly #heartbeatMs: number
@@ -307,7 +314,8 @@ export class NodeAgent {
   /**
    * Starts a warm process when fewer than options.warmHosts wait and nothing was spawned for
    * WARM_FILL_QUIET_MS: at its own priority while a core is spare (the node's CPUs beyond what its
-   * processes reserve), else lowered where that can be undone (core/priority.ts), else not.
+   * processes reserve), else, once a standby was asked of this agent, lowered where that can be
+   * undone (core/priority.ts), else not.
    */
   #fillWarm(): void {
     const want = this.#options.warmHosts ?? 1
@@ -317,7 +325,7 @@ export class NodeAgent {
     let reserved = 0
     for (const r of this.#processes.values()) reserved += r.info.resources.CPU ?? 0
     const lowered = reserved + 1 > cores ? standbyNice.read() : 0
-    if (reserved + 1 > cores && !(lowered > 0 && mayRaiseTo(getPriority()))) return
+    if (reserved + 1 > cores && !(this.#standbySeen && lowered > 0 && mayRaiseTo(getPriority()))) return
     const env: NodeJS.ProcessEnv = { ...process.env, GRADWIRE_CLUSTER: this.cluster, GRADWIRE_NODE_ID: this.nodeId }
     delete env.GRADWIRE_ADDRESS
     delete env.GRADWIRE_JOB
@@ -494,6 +502,7 @@ export class NodeAgent {
       throw new SpawnError({ node: this.nodeId, actor: request.name, reason })
     }
     if (this.#leaving) fail("the agent is stopping")
+    if (request.env.GRADWIRE_START_NICE !== undefined) this.#standbySeen = true
     for (const [field, value] of [
       ["job", request.job],
       ["name", request.name],
