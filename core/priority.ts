@@ -88,16 +88,18 @@ let foregroundNice: number | undefined
 let limit: ReturnType<typeof setTimeout> | undefined
 
 /**
- * How long a process stays lowered at most: a standby worker prepares in 1.5-2.5 s on two busy
- * cores lowered by 19 (GRADWIRE_STANDBY_NICE) or not; where the running workers leave no core idle
- * it is back at its own priority after this.
+ * How long a process stays lowered at most: a standby worker prepares in 1.9-2.2 s at nice 19 on
+ * two cores its three workers share (1.5-1.7 s at its own priority); where the cores are never
+ * idle (other jobs on them) a lowered process gets almost nothing, and its group would run
+ * short-handed the longer, so it is back at its own priority after this.
  */
-export const BACKGROUND_LIMIT_MS = 15_000
+export const BACKGROUND_LIMIT_MS = 3_000
 
 /**
  * Lowers this process's priority by `by` nice steps (at most to 19), where it can be given back
- * (mayRaiseTo), for at most `limitMs`: then it is given back whatever happened (a process lowered
- * on cores that never idle would otherwise take minutes over what takes seconds). Returns the
+ * (mayRaiseTo), for at most `limitMs` (Infinity: until foregroundPriority): then it is given back
+ * whatever happened (a process lowered on cores that never idle would otherwise take minutes over
+ * what takes seconds). Returns the
  * nice value it runs at now, or undefined when nothing changed (`by` 0, not Linux, no way back,
  * already lowered).
  */
@@ -110,8 +112,10 @@ export const backgroundPriority = (by: number, limitMs = BACKGROUND_LIMIT_MS): n
   if (target <= base || !mayRaiseTo(base)) return undefined
   foregroundNice = base
   setAll(target)
-  limit = setTimeout(() => void foregroundPriority(), limitMs)
-  limit.unref()
+  if (Number.isFinite(limitMs)) {
+    limit = setTimeout(() => void foregroundPriority(), limitMs)
+    limit.unref()
+  }
   return target
 }
 

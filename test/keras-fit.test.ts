@@ -50,7 +50,9 @@ describe("model.fit on a prepared model", () => {
   it("recovers from the surviving peers when a rank dies in the middle of model.fit: a replacement replays to them and joins", { timeout: 90_000 }, async () => {
     const r = await new Trainer({
       trainLoopPerWorker: LOOP,
-      trainLoopConfig: { epochs: 14, kill: { rank: 1, epoch: 2 }, epochMs: 400 },
+      // 22 epochs of 0.4 s at least: 8 s after the kill for the replacement to start (a standby
+      // prepares lowered, and on a loaded machine up to 3 s later) and join.
+      trainLoopConfig: { epochs: 22, kill: { rank: 1, epoch: 2 }, epochMs: 400 },
       scalingConfig: { numWorkers: 2 },
       runConfig: { name: "keras-fit-kill", storagePath: storage, progress: false, failureConfig: { maxFailures: 1 } },
       datasets: { train }
@@ -66,7 +68,7 @@ describe("model.fit on a prepared model", () => {
     ])
     const [m0, m1] = r.metricsPerRank.at(-1)!
     expect(m1!.weights).toBe(m0!.weights)
-    expect(m0!.epochsSeen).toBe(Array.from({ length: 14 }, (_, i) => i).join(","))
+    expect(m0!.epochsSeen).toBe(Array.from({ length: 22 }, (_, i) => i).join(","))
     expect(m0!.valAcc as number).toBeGreaterThan(0.8)
   })
 

@@ -73,7 +73,8 @@ const main = async (): Promise<void> => {
   // A standby worker (GRADWIRE_START_NICE, set by the driver) runs lowered until it joins, and so
   // does a warm process an agent starts on a fully used node until a spawn takes it: every
   // thread, V8's compilers among them (the agent lowered the main thread at spawn already).
-  backgroundPriority(startNice.read())
+  // A warm process keeps no limit: nothing waits for it, and a spawn that takes it raises it.
+  backgroundPriority(startNice.read(), warm ? Infinity : undefined)
   // Loaded in the background; a failure here shows again, with its context, when the actor loads it.
   const preloading = warm ? import(pathToFileURL(WARM_PRELOAD).href).then(() => undefined, () => undefined) : undefined
   const spec = decodeHostSpec(await readSpecLine(warm ? undefined : 10_000))
