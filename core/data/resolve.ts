@@ -114,14 +114,7 @@ export const scanTextFile = async (
     /** Line [start, end)'s bytes; `final`: the last line, with no newline, all of it spilled. */
     const lineBytes = (start: number, end: number, final: boolean): Uint8Array => {
       if (!final && start >= base) return data.subarray(start - base, end - base)
-      const parts = final ? spill : [...spill, data.subarray(0, end - base)]
-      const all = new Uint8Array(parts.reduce((n, p) => n + p.length, 0))
-      let o = 0
-      for (const p of parts) {
-        all.set(p, o)
-        o += p.length
-      }
-      return all
+      return Buffer.concat(final ? spill : [...spill, data.subarray(0, end - base)])
     }
     const line = (start: number, end: number, final: boolean): void => {
       // [start, end) absolute; blank (or just "\r") lines are not rows.
