@@ -169,6 +169,12 @@ export const workerEnv = (
   }
 }
 
+/** A standby's GRADWIRE_START_NICE (core/settings.ts standbyNice), none when it is 0. */
+const startNiceEnv = (): Record<string, string> => {
+  const nice = standbyNice.read()
+  return nice > 0 ? { GRADWIRE_START_NICE: String(nice) } : {}
+}
+
 export class WorkerGroup {
   readonly #system: ActorSystem
   /** Every live worker process of the job (any generation not yet killed). */
@@ -237,7 +243,7 @@ export class WorkerGroup {
       imports: [args.loopModule, ...(args.datasetModules ?? [])],
       gpus: [...r.gpuIndices],
       // A standby starts at a lower priority and takes its own back as it is admitted (core/priority.ts).
-      env: { ...workerEnv(r, this.#verbose), ...(standby && standbyNice.read() > 0 ? { GRADWIRE_START_NICE: String(standbyNice.read()) } : {}) },
+      env: { ...workerEnv(r, this.#verbose), ...(standby ? startNiceEnv() : {}) },
       resources: r.resources,
       logPrefix: `worker rank=${p.rank}`,
       readyTimeoutMs: 60_000
