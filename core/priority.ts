@@ -86,6 +86,8 @@ export const lowerChild = (pid: number, by: number): void => {
 let foregroundNice: number | undefined
 /** Gives the priority back after backgroundPriority's limit. */
 let limit: ReturnType<typeof setTimeout> | undefined
+/** The nice value backgroundPriority last lowered this process to. */
+let lastLowered: number | undefined
 
 /**
  * How long a process stays lowered at most: a standby worker prepares in 1.9-2.2 s at nice 19 on
@@ -111,6 +113,7 @@ export const backgroundPriority = (by: number, limitMs = BACKGROUND_LIMIT_MS): n
   const target = Math.min(19, base + Math.round(by))
   if (target <= base || !mayRaiseTo(base)) return undefined
   foregroundNice = base
+  lastLowered = target
   setAll(target)
   if (Number.isFinite(limitMs)) {
     limit = setTimeout(() => void foregroundPriority(), limitMs)
@@ -131,6 +134,12 @@ export const foregroundPriority = (): boolean => {
   clearTimeout(limit)
   return setAll(base)
 }
+
+/**
+ * The nice value backgroundPriority last lowered this process to, also after it was given back
+ * (how a worker prepared, whatever its limit did since); undefined when it never lowered it.
+ */
+export const backgroundNice = (): number | undefined => lastLowered
 
 /** Whether backgroundPriority lowered this process and foregroundPriority has not given it back. */
 export const inBackground = (): boolean => foregroundNice !== undefined

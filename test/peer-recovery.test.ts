@@ -44,7 +44,7 @@ const killedMidEpoch = async (
   recoverFrom: "peers" | "checkpoint",
   epochs = 5,
   killEpoch = 2
-): Promise<{ r: Result; progress: Progress[]; nice: Map<string, number[]> }> => {
+): Promise<{ r: Result; progress: Progress[]; nice: Map<string, Nice> }> => {
   const progress: Progress[] = []
   const { dir: pidDir, holdFile } = await makeHold(storage, `${name}-`, 4)
   const r = await new Trainer({
@@ -60,11 +60,14 @@ const killedMidEpoch = async (
     },
     datasets: { train, test }
   }).fit()
-  // What each rank's process ran at (chaos-loop.ts recordNice): "<attempt>-<rank>" -> [at import, at the loop's start].
-  const nice = new Map<string, number[]>()
-  for (const f of readdirSync(pidDir).filter((f) => f.endsWith(".nice"))) nice.set(f.slice(0, -5), readFileSync(path.join(pidDir, f), "utf8").split(" ").map(Number))
+  // What each rank's process ran at (chaos-loop.ts recordNice), by "<attempt>-<rank>".
+  const nice = new Map<string, Nice>()
+  for (const f of readdirSync(pidDir).filter((f) => f.endsWith(".nice"))) nice.set(f.slice(0, -5), JSON.parse(readFileSync(path.join(pidDir, f), "utf8")) as Nice)
   return { r, progress, nice }
 }
+
+/** What a rank's process ran at (chaos-loop.ts recordNice). */
+type Nice = { readonly lowered: number | null; readonly atImport: number; readonly atStart: number }
 
 describe("recovery from surviving peers", () => {
   it("a worker killed mid-epoch costs the step in flight: the survivors go on short-handed at once, and a replacement started meanwhile joins them in place", { timeout: 150_000 }, async () => {
@@ -98,12 +101,14 @@ describe("recovery from surviving peers", () => {
     expect(plans.at(-1)).toContain("(measured by an earlier group of this shape)")
     // The replacement prepared at a lower CPU priority (GRADWIRE_STANDBY_NICE, 19 by default)
     // where it could take its own back, and ran its loop at the group's; the first group at theirs.
+    // (Whether it was still lowered when it imported the loop depends on the load: its host gives
+    // the priority back after BACKGROUND_LIMIT_MS whatever happened.)
     const base = os.getPriority()
-    const lowered = mayRaiseTo(base) ? 19 : base
-    expect([...nice].filter(([k]) => k.startsWith("0-")).map(([, v]) => v)).toEqual([[base, base], [base, base], [base, base], [base, base]])
+    const first = { lowered: null, atImport: base, atStart: base }
+    expect([...nice].filter(([k]) => k.startsWith("0-")).map(([, v]) => v)).toEqual([first, first, first, first])
     const joined = [...nice].filter(([k]) => !k.startsWith("0-"))
     expect(joined.length).toBe(1)
-    expect(joined[0]![1]).toEqual([lowered, base])
+    expect(joined[0]![1]).toMatchObject({ lowered: mayRaiseTo(base) ? 19 : null, atStart: base })
   })
 
   it("for comparison, recoverFrom 'checkpoint' goes back to the start of the epoch", { timeout: 150_000 }, async () => {

@@ -11,9 +11,11 @@
 // standby replacement loading on a loaded machine), so the run cannot end before the group grows
 // back, whatever the load. With `positions`
 // every rank records where it got after each step (positions.ts) for the chaos benchmark. With
-// `recordNice` every rank writes <pidDir>/<attempt>-<rank>.nice: the highest nice value among its
-// threads when this module was imported (a standby worker imports it while it prepares) and when
-// its loop started (after it joined).
+// `recordNice` every rank writes <pidDir>/<attempt>-<rank>.nice, a JSON object: `lowered`, the nice
+// value the worker's host lowered it to while it prepared (core/priority.ts backgroundNice; null
+// when it never lowered it), `atImport` and `atStart`, the highest nice value among its threads
+// when this module was imported (a standby imports it while it prepares, lowered unless its limit
+// gave its priority back already) and when its loop started (after it joined).
 import { writeFileSync } from "node:fs"
 import * as path from "node:path"
 import type { TrainContext } from "../../index.ts"
@@ -21,6 +23,7 @@ import { trainLoop as digitsLoop, type DigitsConfig } from "../../examples/digit
 import { PositionFile } from "./positions.ts"
 import { holdStep } from "./hold.ts"
 import { highestNice } from "./nice.ts"
+import { backgroundNice } from "../../core/priority.ts"
 
 const niceAtImport = highestNice()
 
@@ -84,7 +87,7 @@ const instrumented = (ctx: TrainContext, minMs: number, stepFile: string | undef
 
 export async function trainLoop(config: ChaosLoopConfig, ctx: TrainContext): Promise<void> {
   writeFileSync(path.join(config.pidDir, `${ctx.attempt}-${ctx.worldRank}.pid`), String(process.pid))
-  if (config.recordNice) writeFileSync(path.join(config.pidDir, `${ctx.attempt}-${ctx.worldRank}.nice`), `${niceAtImport} ${highestNice()}`)
+  if (config.recordNice) writeFileSync(path.join(config.pidDir, `${ctx.attempt}-${ctx.worldRank}.nice`), JSON.stringify({ lowered: backgroundNice() ?? null, atImport: niceAtImport, atStart: highestNice() }))
   const stepFile = config.trackSteps && ctx.worldRank === 0 ? path.join(config.pidDir, `${ctx.attempt}.step`) : undefined
   const positions = config.positions ? new PositionFile(config.pidDir) : undefined
   const paced = config.minEpochMs || stepFile || config.holdFile || positions
