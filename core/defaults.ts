@@ -135,6 +135,14 @@ export const ACTOR_DEAD_AFTER_MS = 2_000
 export const NATS_OUTAGE_TIMEOUT_MS = 60_000
 
 /**
+ * How long a joiner's checkpoint request waits for the survivors' last reports before the
+ * regroup (fit-run.ts #joinCheckpoint): they come as soon as the survivors are regrouped; past
+ * this the joiner starts from the latest checkpoint there is, and one that cannot meet the
+ * survivors from there makes the group restart from the checkpoint, saying why.
+ */
+export const JOIN_CHECKPOINT_WAIT_MS = 10_000
+
+/**
  * How long a group waits for room before PlacementInfeasible (scalingConfig.placementTimeoutMs):
  * after a lost node, the time a spot machine takes to be replaced or an agent to restart.
  */

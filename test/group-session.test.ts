@@ -11,6 +11,7 @@ import { describe, expect, it, vi } from "vitest"
 import { GroupSession, PeerRecoveryMisaligned, type LiveGroup, type RecoverableModel } from "../actors/train/worker/group-session.ts"
 import type { PeerState, Placement, Position } from "../actors/train/common/train-protocol.ts"
 import { PeerLinkLost } from "../collectives/errors.ts"
+import { latestAtOrBefore } from "../actors/train/driver/regroup.ts"
 
 const placement = { attempt: 1, rank: 2, worldSize: 3 } as unknown as Placement
 const group = { placement, comm: {}, reducer: {} } as unknown as LiveGroup
@@ -94,6 +95,33 @@ describe("a joiner replaying a hand-written trainStep loop", () => {
     expect(logged.join("\n")).toMatch(/joined the survivors after 3 report\(\) calls and 4 steps/)
     // Joined: its reports count again.
     expect(session.skipReport(session.reports)).toBe(false)
+  })
+
+  it("counts from the checkpoint its request was given, where that is newer than the regroup's (a survivor's last report came after the regroup formed)", async () => {
+    // The regroup chose the checkpoint after report 2; the survivors had made 3 and 1 step since.
+    const { session, adopted } = joiner(2, at(3, 1))
+    // Its checkpoint request says where the survivors are...
+    expect(session.joinAt()).toEqual({ attempt: 1, reports: 3 })
+    // ...and is given the checkpoint after report 3 (latestAtOrBefore): it counts from there.
+    session.resumedFromCheckpoint(3)
+    expect(await session.replayStep()).toBe("skip")
+    expect(await session.replayStep()).toBe("run")
+    expect(adopted).toHaveLength(1)
+    expect(session.joinAt()).toBeUndefined()
+  })
+
+  it("a joiner's checkpoint: the latest of the lineage at or before the survivors' report() calls", () => {
+    const lineage = new Map([
+      ["start", 0],
+      ["ckpt-1", 2],
+      ["ckpt-3", 5],
+      ["ckpt-2", 3]
+    ])
+    expect(latestAtOrBefore(lineage, 4)).toEqual({ path: "ckpt-2", reports: 3 })
+    expect(latestAtOrBefore(lineage, 5)).toEqual({ path: "ckpt-3", reports: 5 })
+    expect(latestAtOrBefore(lineage, 9)).toEqual({ path: "ckpt-3", reports: 5 })
+    expect(latestAtOrBefore(lineage, 1)).toEqual({ path: "start", reports: 0 })
+    expect(latestAtOrBefore(new Map([["ckpt-1", 2]]), 1)).toBeUndefined()
   })
 
   it("joins at once when the survivors are where its checkpoint is", async () => {

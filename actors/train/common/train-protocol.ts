@@ -197,8 +197,9 @@ export type Placement = typeof Placement.Type
 
 /**
  * Where a worker joining a regrouped generation meets the survivors: it runs the loop from the
- * checkpoint made after report number fromReports - 1 of this lineage (0: its start), skips the
- * steps and reports the survivors made already, up to `to`.
+ * checkpoint made after report number fromReports - 1 of this lineage (0: its start), or from the
+ * one its checkpoint request is given with its own count (`reports`), skips the steps and reports
+ * the survivors made already, up to `to`.
  */
 export const JoinPosition = Schema.Struct({ fromReports: Schema.Number, to: Position })
 export type JoinPosition = typeof JoinPosition.Type
@@ -239,11 +240,20 @@ export const ControllerProtocol = defineProtocol("trainer-controller", {
   dataset: { request: Schema.Struct({ name: Schema.String }), reply: DatasetPayload },
   /**
    * The checkpoint to resume from, or null. With `omit`, without those of its files (a pipelined
-   * model's rank leaves out the other stages' shards: it restores only its own).
+   * model's rank leaves out the other stages' shards: it restores only its own). With `joinAt`, a
+   * rank joining generation `attempt` where the survivors had made `reports` report() calls: the
+   * latest checkpoint of the lineage made at or before that report, once the survivors' reports
+   * before it are in (bounded), with its count of report() calls made before it (`reports`), from
+   * which the joiner counts its own.
    */
   checkpoint: {
-    request: Schema.NullOr(Schema.Struct({ omit: Schema.Array(Schema.String) })),
-    reply: Schema.NullOr(Schema.Struct({ path: Schema.String, metrics: Metrics, payload: CheckpointPayload }))
+    request: Schema.NullOr(
+      Schema.Struct({
+        omit: Schema.optionalKey(Schema.Array(Schema.String)),
+        joinAt: Schema.optionalKey(Schema.Struct({ attempt: Schema.Number, reports: Schema.Number }))
+      })
+    ),
+    reply: Schema.NullOr(Schema.Struct({ path: Schema.String, metrics: Metrics, payload: CheckpointPayload, reports: Schema.optionalKey(Schema.Number) }))
   },
   /** Step progress for the live display and straggler hints. */
   progress: {

@@ -9,7 +9,7 @@ import * as os from "node:os"
 import * as path from "node:path"
 import { nuid } from "@nats-io/nats-core"
 import { ConfigError, NatsUnavailable, firstLine } from "../../../core/errors.ts"
-import { DEADLINE_WARMUP_STEPS, GPU_WORKER_DEAD_AFTER_MS } from "../../../core/defaults.ts"
+import { DEADLINE_WARMUP_STEPS, GPU_WORKER_DEAD_AFTER_MS, JOIN_CHECKPOINT_WAIT_MS } from "../../../core/defaults.ts"
 import { HeartbeatDeadline, seconds } from "../../../collectives/deadlines.ts"
 import type { BusMonitor } from "../../../core/bus-monitor.ts"
 import { describeConnection, redactConnection } from "../../../core/connection-spec.ts"
@@ -44,7 +44,7 @@ import { WorkerGroup, groupArgsOf, placementRequestOf, placementsOf, type GroupA
 import { joinCluster, sharedCoresLine, startEmbeddedCluster, type ClusterHandle } from "./cluster.ts"
 import type { Resolved } from "./options.ts"
 import { datasetPayloads, describeDatasets, resolveDatasets } from "./dataset-payloads.ts"
-import { regroupSurvivors, type RegroupContext } from "./regroup.ts"
+import { latestAtOrBefore, regroupSurvivors, type RegroupContext } from "./regroup.ts"
 import { Refill } from "./refill.ts"
 import { FitRecord, emptyResult } from "./fit-record.ts"
 import { Interrupted, TrainingFailed, withResult, type Result } from "./result.ts"
@@ -250,6 +250,27 @@ export class FitRun {
     this.recorder.trace({ ...spanEvent("checkpoint save", t0, performance.now(), "checkpoints", { path: entry.path, round: round.index }, "checkpoint"), pid: "driver" })
     this.record.monitor?.changed()
     await this.record.callbacks("onCheckpoint", (cb) => cb.onCheckpoint?.({ path: entry.path, metrics: entry.metrics }))
+  }
+
+  /**
+   * The checkpoint a rank joining generation `attempt` resumes from, where the survivors had made
+   * `reports` report() calls, with the report() calls made before it (the joiner counts on from
+   * there). A survivor that parked one step behind the furthest (the pause closed the group under
+   * its step's exchange) makes that step's report only once regrouped, so the round of report
+   * `reports` may complete, and its checkpoint be saved, after the regroup formed: that checkpoint
+   * is the one to join from (an older one would leave the joiner short of the report made in a
+   * step it skips). Waits for that round (at most JOIN_CHECKPOINT_WAIT_MS), then takes the latest
+   * checkpoint of the lineage made at or before it; undefined when the lineage has none.
+   */
+  async #joinCheckpoint(joinAt: { readonly attempt: number; readonly reports: number }): Promise<{ path: string; reports: number } | undefined> {
+    const deadline = Date.now() + JOIN_CHECKPOINT_WAIT_MS
+    for (;;) {
+      const g = this.controller.current
+      if (!g || g.number !== joinAt.attempt || joinAt.reports <= 0 || g.completed.has(joinAt.reports - 1) || Date.now() >= deadline) break
+      await new Promise((resolve) => setTimeout(resolve, 20))
+    }
+    await this.#saving
+    return latestAtOrBefore(this.#lineage, joinAt.reports)
   }
 
   #completeRound(round: CompletedRound<CheckpointPayload>): void {
@@ -498,14 +519,15 @@ export class FitRun {
       },
       checkpoint: async (body) => {
         await this.#saving
-        const p = this.#resumePath
+        const joined = body?.joinAt ? await this.#joinCheckpoint(body.joinAt) : undefined
+        const p = joined?.path ?? this.#resumePath
         if (!p) return null
         // The store's own checkpoints through the store (an object store reuses its open bucket); a
         // checkpoint the run was pointed at elsewhere (resumeFrom) by its kind of path.
         const c = await (this.#store.list().some((e) => e.path === p) ? this.#store.read(p) : this.#readAt(p))
         const omit = new Set(body?.omit ?? [])
         const files = omit.size === 0 ? c.files : Object.fromEntries(Object.entries(c.files).filter(([f]) => !omit.has(f)))
-        return { path: p, metrics: c.metrics, payload: { files, metadata: c.metadata } }
+        return { path: p, metrics: c.metrics, payload: { files, metadata: c.metadata }, ...(joined ? { reports: joined.reports } : {}) }
       },
       progress: (body) => this.#onProgress(body),
       trace: (body) => {

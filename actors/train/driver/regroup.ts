@@ -58,6 +58,17 @@ const askAgain = async <A>(ask: () => Promise<A>, deadline: () => number): Promi
   }
 }
 
+/**
+ * The checkpoint of a lineage (path -> report() calls made before it) that a rank joining
+ * survivors who made `reports` report() calls resumes from: the latest made at or before that
+ * report (a newer one is past the survivors' position), with its count; undefined when there is none.
+ */
+export const latestAtOrBefore = (lineage: ReadonlyMap<string, number>, reports: number): { path: string; reports: number } | undefined => {
+  let best: { path: string; reports: number } | undefined
+  for (const [path, n] of lineage) if (n <= reports && (best === undefined || n >= best.reports)) best = { path, reports: n }
+  return best
+}
+
 /** What a regroup (recovery from peers, growth in place) works with. */
 export interface RegroupContext {
   readonly cfg: Resolved
@@ -335,7 +346,9 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   // 5. The regrouped generation: survivors keep their processes under new ranks, joiners start.
   // Rounds only the lost ranks had yet to report complete as it forms, and may leave a checkpoint:
   // the joiners resume from the latest one once it is written (its report count in this lineage
-  // tells them where they start), and are given that one even if newer ones follow.
+  // tells them where they start). A survivor one step behind the furthest makes its last reports
+  // only once regrouped: a joiner's checkpoint request waits for those, and is given the latest
+  // checkpoint at or before the survivors' position (fit-run.ts #joinCheckpoint, latestAtOrBefore).
   const generation = x.controller.regroup({ worldSize, survivors: survivors.map((r, i) => ({ from: r.rank, to: survivorRank(i) })), survivorsOnlyBelow: pos.reports })
   await x.saving()
   const from = x.latest()

@@ -212,9 +212,18 @@ export class GroupSession {
     return { ...(await this.#model.snapshot()), position: this.position() }
   }
 
-  /** The loop resumed from the checkpoint the controller gave it: a joiner counts reports from its position. */
-  resumedFromCheckpoint(): void {
-    if (this.#join) this.reports = this.#join.fromReports
+  /**
+   * The loop resumed from the checkpoint the controller gave it: a joiner counts reports from its
+   * position, `reports` (the report() calls made before the checkpoint it was given) or, where the
+   * controller did not say, the one the regroup chose.
+   */
+  resumedFromCheckpoint(reports?: number): void {
+    if (this.#join) this.reports = reports ?? this.#join.fromReports
+  }
+
+  /** A joiner's checkpoint request: where the survivors are (their generation, their report() calls), for the checkpoint to join from. */
+  joinAt(): { attempt: number; reports: number } | undefined {
+    return this.#join ? { attempt: this.placement.attempt, reports: this.#join.to.reports } : undefined
   }
 
   /**

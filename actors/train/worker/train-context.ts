@@ -142,7 +142,7 @@ export interface TrainContextDeps {
   readonly sendReport: (index: number, metrics: Record<string, unknown>, checkpoint: Checkpoint | undefined, aux?: Record<string, Uint8Array>) => Promise<void>
   /** Communicators over subsets of the group (ctx.preparePipeline's links and groups). */
   readonly subgroup?: SubgroupFactory
-  /** `omit`: files of the checkpoint not to fetch (the other stages' shards of a pipelined model). */
+  /** `omit`: files of the checkpoint not to fetch (the other stages' shards of a pipelined model). A joiner counts its report() calls from the checkpoint it is given (set here). */
   readonly fetchCheckpoint: (omit?: ReadonlyArray<string>) => Promise<Checkpoint | undefined>
   readonly fetchDataset: (name: string) => Promise<DatasetPayload>
   /** A NATS connection for datasets in an object store (opened on first use). */
@@ -329,7 +329,6 @@ export class TrainContext {
     const place = this.#pipelines === 1 ? this.#pipelinePlace : undefined
     const omit = place ? otherStageFiles(place) : undefined
     this.#checkpoint ??= this.#deps.fetchCheckpoint(omit).then((c) => {
-      if (c) this.#deps.session.resumedFromCheckpoint()
       if (c && !place) this.#hintWholePipeline(c)
       return c
     })

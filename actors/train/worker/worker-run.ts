@@ -619,8 +619,13 @@ export class WorkerRun {
   async #fetchCheckpoint(omit?: ReadonlyArray<string>): Promise<Checkpoint | undefined> {
     const ctx = this.#ctx
     const ps = this.#ps
-    const got = await this.#system.askPromise(this.#controller, "checkpoint", omit && omit.length > 0 ? { omit: [...omit] } : null, { timeoutMs: 120_000 })
+    // A joiner says where the survivors are: it is given the checkpoint to meet them from.
+    const joinAt = this.session?.joinAt()
+    const request = omit && omit.length > 0 ? { omit: [...omit], ...(joinAt ? { joinAt } : {}) } : joinAt ? { joinAt } : null
+    const got = await this.#system.askPromise(this.#controller, "checkpoint", request, { timeoutMs: 120_000 })
     if (!got) return undefined
+    // A joiner counts its report() calls from the checkpoint's.
+    this.session?.resumedFromCheckpoint(got.reports)
     // Error-feedback residuals belong to a rank of a group of one size: carried across
     // restarts at the same size, reset (started from zero) when the group was resized.
     const p = this.place()
