@@ -120,8 +120,10 @@ describe("a 3-server NATS cluster with an agent on each server", () => {
     const dead = events.find((e) => e.type === "node-dead")
     expect(dead?.type === "node-dead" && dead.node.ad.nodeId).toBe("n1")
     expect(dead?.type === "node-dead" && dead.lost.map((p) => p.name)).toEqual(["w-n1"])
-    await eventually("node-lost notice to the owner", 5_000, () => told.length > 0)
-    expect(told[0]).toMatchObject({ type: "node-lost", node: "n1", name: "w-n1", owner: driver.identity })
+    // (n1's notice: under a loaded machine another node may be taken for dead a moment, and its
+    // notice come too, as a CI run saw for n2 after its server's restart above.)
+    await eventually("node-lost notice to the owner", 5_000, () => told.some((e) => e.type === "node-lost" && e.node === "n1"))
+    expect(told.find((e) => e.type === "node-lost" && e.node === "n1")).toMatchObject({ type: "node-lost", node: "n1", name: "w-n1", owner: driver.identity })
     // The orphaned actor process exits on its own (its agent's pipe closed).
     await eventually("orphaned actor process to exit", 10_000, () => !pidAlive(actorPid))
     // The other nodes carry on.
