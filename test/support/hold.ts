@@ -1,5 +1,5 @@
 // A test's brake on a short group: while `holdFile` exists and holds a size larger than the
-// group's, every training step first waits HOLD_STEP_MS. The group keeps training (slowly), so a
+// group's, every training step first waits HOLD_STEP_MS (longer once held a while). The group keeps training (slowly), so a
 // regroup can pause it at its next step (a rank asleep outside a step would stall the regroup),
 // and the run cannot end before something slow outside it (an agent starting, a standby
 // replacement loading on a loaded machine) lets the group grow back; once it has, the brake is off.
@@ -7,8 +7,19 @@ import { existsSync, readFileSync } from "node:fs"
 import { mkdtemp, writeFile } from "node:fs/promises"
 import * as path from "node:path"
 
-/** How long each step of a short group waits while the hold is on. */
+/** How long each step of a short group waits while the hold is on (its first HOLD_PATIENCE_MS). */
 export const HOLD_STEP_MS = 250
+
+/**
+ * After this long held, each step waits HOLD_LONG_STEP_MS instead: on a machine loaded enough (two
+ * test files' workers on two cores) that the replacement or agent is not there by then, the steps
+ * left give it four times the time; where it comes in time, the run is as long as before.
+ */
+export const HOLD_PATIENCE_MS = 5_000
+export const HOLD_LONG_STEP_MS = 1_000
+
+/** When this process's group was first held back, while it still is. */
+let heldSince: number | undefined
 
 /** Whether a group of `worldSize` is held back by `holdFile`. */
 export const holding = (holdFile: string | undefined, worldSize: number): boolean => {
@@ -17,9 +28,15 @@ export const holding = (holdFile: string | undefined, worldSize: number): boolea
   return Number.isFinite(size) && worldSize < size
 }
 
-/** Waits HOLD_STEP_MS when the group is held back. */
+/** Waits HOLD_STEP_MS when the group is held back, HOLD_LONG_STEP_MS once it has been for HOLD_PATIENCE_MS. */
 export const holdStep = async (holdFile: string | undefined, worldSize: number): Promise<void> => {
-  if (holding(holdFile, worldSize)) await new Promise((resolve) => setTimeout(resolve, HOLD_STEP_MS))
+  if (!holding(holdFile, worldSize)) {
+    heldSince = undefined
+    return
+  }
+  heldSince ??= Date.now()
+  const ms = Date.now() - heldSince < HOLD_PATIENCE_MS ? HOLD_STEP_MS : HOLD_LONG_STEP_MS
+  await new Promise((resolve) => setTimeout(resolve, ms))
 }
 
 /** A fresh directory under `parent` (where a test's pid files go too) holding a hold file for a group of `size`. */
