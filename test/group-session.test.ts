@@ -37,7 +37,7 @@ const plainSession = (): GroupSession =>
   })
 
 /**
- * A joiner whose checkpoint had `fromReports` report() calls, bound for `to`, with a model that
+ * A joiner given a checkpoint made after `fromReports` report() calls, bound for `to`, with a model that
  * records adopt() (`model` overrides its other parts); `fetched`: the files each fetch of the state asked for.
  */
 const joiner = (fromReports: number, to: Position, model: Partial<RecoverableModel> = {}) => {
@@ -57,7 +57,7 @@ const joiner = (fromReports: number, to: Position, model: Partial<RecoverableMod
       },
       log: (line) => void logged.push(line)
     },
-    { fromReports, to }
+    { to }
   )
   session.attach({
     snapshot: () => Promise.reject(new Error("not asked")),
@@ -69,7 +69,7 @@ const joiner = (fromReports: number, to: Position, model: Partial<RecoverableMod
     loopPosition: () => ({ inFit: false, epoch: 0, stepInEpoch: 0, stepsPerEpoch: 0 }),
     ...model
   })
-  session.resumedFromCheckpoint()
+  session.resumedFromCheckpoint(fromReports)
   return { session, adopted, logged, fetched, state }
 }
 

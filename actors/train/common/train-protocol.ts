@@ -197,11 +197,11 @@ export type Placement = typeof Placement.Type
 
 /**
  * Where a worker joining a regrouped generation meets the survivors: it runs the loop from the
- * checkpoint made after report number fromReports - 1 of this lineage (0: its start), or from the
- * one its checkpoint request is given with its own count (`reports`), skips the steps and reports
- * the survivors made already, up to `to`.
+ * checkpoint its checkpoint request is given (the latest of the lineage at or before the
+ * survivors' report() calls, with its own count: `reports`), skips the steps and reports the
+ * survivors made already, up to `to`.
  */
-export const JoinPosition = Schema.Struct({ fromReports: Schema.Number, to: Position })
+export const JoinPosition = Schema.Struct({ to: Position })
 export type JoinPosition = typeof JoinPosition.Type
 
 export const ControllerProtocol = defineProtocol("trainer-controller", {
@@ -390,7 +390,7 @@ export const WorkerArgs = Schema.Struct({
   parityEvery: Schema.optionalKey(Schema.Number),
   /**
    * A worker joining a regrouped generation: it runs the loop from the checkpoint the controller
-   * gives it (made after report number fromReports - 1 of this lineage, or 0 for its start), skips
+   * gives it (the latest at or before the survivors' report() calls, with its count), skips
    * the training steps and reports the survivors have already done (up to `to`), then takes the
    * survivors' state and continues with them.
    */

@@ -805,7 +805,6 @@ export class FitRun {
         incident: this.record.incident,
         progress: this.progress,
         groupArgs: this.#liveArgs,
-        lineage: this.#lineage,
         peerStates: this.#peerStates,
         onSize: (attempt, size) => this.record.noteSize(attempt, size),
         latest: () => this.#store.latest()?.path ?? this.#resumePath,

@@ -88,7 +88,6 @@ export interface RegroupContext {
   readonly incident: (kind: Incident["kind"], text: string, event: Record<string, unknown>) => void
   readonly progress: ProgressPrinter
   readonly groupArgs: GroupArgs
-  readonly lineage: ReadonlyMap<string, number>
   readonly peerStates: Map<number, PeerState>
   readonly onSize: (attempt: number, size: number) => void
   readonly latest: () => string | undefined
@@ -344,11 +343,11 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   const lostServer = lostServers[0]
   x.peerStates.set(attempt, state)
   // 5. The regrouped generation: survivors keep their processes under new ranks, joiners start.
-  // Rounds only the lost ranks had yet to report complete as it forms, and may leave a checkpoint:
-  // the joiners resume from the latest one once it is written (its report count in this lineage
-  // tells them where they start). A survivor one step behind the furthest makes its last reports
-  // only once regrouped: a joiner's checkpoint request waits for those, and is given the latest
-  // checkpoint at or before the survivors' position (fit-run.ts #joinCheckpoint, latestAtOrBefore).
+  // Rounds only the lost ranks had yet to report complete as it forms, and may leave a checkpoint.
+  // A survivor one step behind the furthest makes its last reports only once regrouped: a joiner's
+  // checkpoint request waits for those, and is given the latest checkpoint of the lineage at or
+  // before the survivors' position with its report count, from which the joiner counts (fit-run.ts
+  // #joinCheckpoint, latestAtOrBefore).
   const generation = x.controller.regroup({ worldSize, survivors: survivors.map((r, i) => ({ from: r.rank, to: survivorRank(i) })), survivorsOnlyBelow: pos.reports })
   await x.saving()
   const from = x.latest()
@@ -402,9 +401,8 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   ).catch((e: unknown) => {
     x.controller.fail(generation, { kind: "recovery", rank: -1, tag: "RegroupError", message: `a survivor did not take its new place: ${String(e)}` })
   })
-  const fromReports = from !== undefined ? (x.lineage.get(from) ?? 0) : 0
   if (ready.length > 0) {
-    const admitted = ready.map((standby, j) => ({ standby, placement: placementOf(joinerRank(j)), join: { fromReports, to: pos } }))
+    const admitted = ready.map((standby, j) => ({ standby, placement: placementOf(joinerRank(j)), join: { to: pos } }))
     const failed = await x.group.admit(admitted, watch)
     if (failed) x.controller.fail(generation, { kind: "recovery", rank: -1, ...failed })
   }
@@ -416,7 +414,7 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
       gpuIndices: r.gpuIndices,
       cudaVisibleDevices: r.cudaVisibleDevices,
       resources: r.resources,
-      join: { fromReports, to: pos }
+      join: { to: pos }
     }))
     const failed = await x.group.spawn(spawns, servers.length > 0 ? { ...x.groupArgs, servers } : x.groupArgs, watch)
     if (failed) x.controller.fail(generation, { kind: "recovery", rank: -1, ...failed })

@@ -139,8 +139,8 @@ export class GroupSession {
   reports = 0
   /** Training steps completed since the last report() call (a joiner's skipped ones count). */
   stepsSinceReport = 0
-  /** A joiner: the report count of its checkpoint and the survivors' position it must reach. */
-  #join: { readonly fromReports: number; readonly to: Position } | undefined
+  /** A joiner: the survivors' position it must reach. */
+  #join: { readonly to: Position } | undefined
   #pauseRequest: Deferred<Pausing> = deferred()
   #pausing: Pausing | undefined
   /** A grow's pause for a hand-written loop: taken at the first report() where every rank has one. */
@@ -168,7 +168,7 @@ export class GroupSession {
    */
   #sourceReports = 0
 
-  constructor(group: LiveGroup, hooks: GroupSessionHooks, join?: { readonly fromReports: number; readonly to: Position }) {
+  constructor(group: LiveGroup, hooks: GroupSessionHooks, join?: { readonly to: Position }) {
     this.#group = group
     this.#hooks = hooks
     this.#join = join
@@ -214,11 +214,10 @@ export class GroupSession {
 
   /**
    * The loop resumed from the checkpoint the controller gave it: a joiner counts reports from its
-   * position, `reports` (the report() calls made before the checkpoint it was given) or, where the
-   * controller did not say, the one the regroup chose.
+   * position, `reports` (the report() calls made before that checkpoint).
    */
-  resumedFromCheckpoint(reports?: number): void {
-    if (this.#join) this.reports = reports ?? this.#join.fromReports
+  resumedFromCheckpoint(reports: number): void {
+    if (this.#join) this.reports = reports
   }
 
   /** A joiner's checkpoint request: where the survivors are (their generation, their report() calls), for the checkpoint to join from. */

@@ -624,8 +624,8 @@ export class WorkerRun {
     const request = omit && omit.length > 0 ? { omit: [...omit], ...(joinAt ? { joinAt } : {}) } : joinAt ? { joinAt } : null
     const got = await this.#system.askPromise(this.#controller, "checkpoint", request, { timeoutMs: 120_000 })
     if (!got) return undefined
-    // A joiner counts its report() calls from the checkpoint's.
-    this.session?.resumedFromCheckpoint(got.reports)
+    // A joiner counts its report() calls from the checkpoint's (the reply to its joinAt says).
+    if (got.reports !== undefined) this.session?.resumedFromCheckpoint(got.reports)
     // Error-feedback residuals belong to a rank of a group of one size: carried across
     // restarts at the same size, reset (started from zero) when the group was resized.
     const p = this.place()
