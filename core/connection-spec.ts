@@ -6,10 +6,10 @@
 // The driver (Trainer `cluster`), the node agents (`gradwire start`), the actor processes the
 // agents spawn (they get the spec on stdin) and the workers' collective connections all use it.
 import type { NatsConnection } from "@nats-io/nats-core"
-import { nkeys } from "@nats-io/nats-core"
 import * as Schema from "effect/Schema"
 import { ConfigError, NatsConnectError } from "./errors.ts"
 import { openNats } from "./connection.ts"
+import { publicNkey } from "./nkey.ts"
 
 /** Client-side TLS files (paths on the machine that connects). Any of them, or a tls:// server, makes TLS required. */
 export const TlsFiles = Schema.Struct({
@@ -57,14 +57,7 @@ export const redactUrl = (text: string): string =>
     return colon >= 0 ? `${scheme}${info.slice(0, colon)}:${MASK}@` : `${scheme}${MASK}@`
   })
 
-/** The public key ("U…") of an nkey seed; undefined when it is not a valid seed. */
-export const publicNkey = (seed: string): string | undefined => {
-  try {
-    return nkeys.fromSeed(new TextEncoder().encode(seed)).getPublicKey()
-  } catch {
-    return undefined
-  }
-}
+export { publicNkey }
 
 /**
  * The spec as it may be shown: servers, user name, creds file path and TLS files as they are; the

@@ -9,7 +9,6 @@ import {
   TimeoutError,
   connect,
   credsAuthenticator,
-  nkeyAuthenticator,
   type NatsConnection,
   type NodeConnectionOptions
 } from "@nats-io/transport-node"
@@ -18,6 +17,7 @@ import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
 import type * as Scope from "effect/Scope"
 import { installNatsPatches } from "./nats-internals/index.ts"
+import { nkeyAuthenticator } from "./nkey.ts"
 import { NatsConnectError } from "./errors.ts"
 
 export interface NatsTlsOptions {
@@ -160,7 +160,7 @@ export const openNats = async (options: NatsConnectOptions): Promise<NatsHandle 
     }
     authenticators.push(credsAuthenticator(bytes))
   }
-  if (options.nkey !== undefined) authenticators.push(nkeyAuthenticator(new TextEncoder().encode(options.nkey)))
+  if (options.nkey !== undefined) authenticators.push(nkeyAuthenticator(options.nkey))
 
   const connectOptions: NodeConnectionOptions = {
     servers,

@@ -19,7 +19,8 @@
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { parentPort, workerData } from "node:worker_threads"
-import { connect, credsAuthenticator, nkeyAuthenticator, type NodeConnectionOptions } from "@nats-io/transport-node"
+import { connect, credsAuthenticator, type NodeConnectionOptions } from "@nats-io/transport-node"
+import { nkeyAuthenticator } from "../../core/nkey.ts"
 import { withHeld } from "./beat-bytes.ts"
 import type { BeatThreadData } from "./heartbeat.ts"
 
@@ -32,7 +33,7 @@ const options = (): NodeConnectionOptions => {
   const c = data.connection
   const authenticator = [
     ...(c.credsFile !== undefined ? [credsAuthenticator(fs.readFileSync(c.credsFile))] : []),
-    ...(c.nkeySeed !== undefined ? [nkeyAuthenticator(new TextEncoder().encode(c.nkeySeed))] : [])
+    ...(c.nkeySeed !== undefined ? [nkeyAuthenticator(c.nkeySeed)] : [])
   ]
   return {
     servers: [...c.servers],
