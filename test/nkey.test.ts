@@ -6,6 +6,31 @@ import { nkeys, nkeyAuthenticator as natsNkeyAuthenticator } from "@nats-io/nats
 import { nkeyAuthenticator, publicNkey } from "../core/nkey.ts"
 
 const te = new TextEncoder()
+const ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
+
+/** base32 and CRC-16/XMODEM, written out here as the test's own reading of nkeys's format. */
+const toBase32 = (bytes: Uint8Array): string => {
+  const bits = [...bytes].map((b) => b.toString(2).padStart(8, "0")).join("")
+  return Array.from({ length: Math.ceil(bits.length / 5) }, (_, i) => ALPHABET[parseInt(bits.slice(i * 5, i * 5 + 5).padEnd(5, "0"), 2)]).join("")
+}
+const fromBase32 = (text: string): Uint8Array => {
+  const bits = [...text].map((c) => ALPHABET.indexOf(c).toString(2).padStart(5, "0")).join("")
+  return Uint8Array.from({ length: Math.floor(bits.length / 8) }, (_, i) => parseInt(bits.slice(i * 8, i * 8 + 8), 2))
+}
+const xmodem = (bytes: Uint8Array): number => {
+  let crc = 0
+  for (const b of bytes) for (let i = 7; i >= 0; i--) crc = ((crc << 1) ^ ((((crc >> 15) ^ (b >> i)) & 1) * 0x1021)) & 0xffff
+  return crc
+}
+/** `seed` with its first byte's prefix bits set to `prefix` and the checksum made right again. */
+const withPrefix = (seed: string, prefix: number): string => {
+  const b = fromBase32(seed)
+  b[0] = prefix | (b[0]! & 7)
+  const crc = xmodem(b.subarray(0, 34))
+  b[34] = crc & 0xff
+  b[35] = crc >> 8
+  return toBase32(b)
+}
 const seedOf = (kp: { getSeed(): Uint8Array }): string => new TextDecoder().decode(kp.getSeed())
 
 describe("nkey authentication with Node's Ed25519", () => {
@@ -37,10 +62,12 @@ describe("nkey authentication with Node's Ed25519", () => {
     expect(nkeyAuthenticator(seed)()).toEqual({ nkey: pairs[0]!.getPublicKey(), sig: "" })
   })
 
-  it("refuses what is not a seed: a public key, a changed character, a cut one, a character outside base32", () => {
+  it("refuses what is not a seed: a public key, a changed character, a cut one, a character outside base32, a key of seed length with another prefix", () => {
     const seed = seedOf(pairs[0]!)
+    // The test's own encoding is nkeys's: the seed re-encoded as it is still is one.
+    expect(withPrefix(seed, 144)).toBe(seed)
     const flip = (s: string, at: number): string => s.slice(0, at) + (s[at] === "A" ? "B" : "A") + s.slice(at + 1)
-    for (const bad of [pairs[0]!.getPublicKey(), flip(seed, 20), flip(seed, seed.length - 1), seed.slice(0, -1), seed.slice(0, -1) + "1", "", "SU"]) {
+    for (const bad of [pairs[0]!.getPublicKey(), flip(seed, 20), flip(seed, seed.length - 1), seed.slice(0, -1), seed.slice(0, -1) + "1", "", "SU", withPrefix(seed, 120)]) {
       expect(publicNkey(bad), bad).toBeUndefined()
       expect(() => nkeyAuthenticator(bad)("nonce"), bad).toThrow(/not an nkey seed/)
     }
