@@ -9,6 +9,7 @@ import * as os from "node:os"
 import * as path from "node:path"
 import { Trainer, TrainingFailed, loadDigits, type ArrayDataset } from "../index.ts"
 import { liveNatsServerPids } from "../core/nats-server.ts"
+import { makeHold } from "./support/hold.ts"
 
 const LOOP = path.resolve("test/support/keras-fit-loop.ts") + "#kerasFitLoop"
 let storage: string
@@ -48,11 +49,13 @@ describe("model.fit on a prepared model", () => {
   })
 
   it("recovers from the surviving peers when a rank dies in the middle of model.fit: a replacement replays to them and joins", { timeout: 90_000 }, async () => {
+    // 22 epochs of 0.4 s at least: 8 s after the kill for the replacement to start (a standby
+    // prepares lowered, and on a loaded machine up to 3 s later) and join; and the survivor alone
+    // is held back at every step until it has (a CI run's standby was not ready in 7.5 s).
+    const { holdFile } = await makeHold(storage, "hold-", 2)
     const r = await new Trainer({
       trainLoopPerWorker: LOOP,
-      // 22 epochs of 0.4 s at least: 8 s after the kill for the replacement to start (a standby
-      // prepares lowered, and on a loaded machine up to 3 s later) and join.
-      trainLoopConfig: { epochs: 22, kill: { rank: 1, epoch: 2 }, epochMs: 400 },
+      trainLoopConfig: { epochs: 22, kill: { rank: 1, epoch: 2 }, epochMs: 400, holdFile },
       scalingConfig: { numWorkers: 2 },
       runConfig: { name: "keras-fit-kill", storagePath: storage, progress: false, failureConfig: { maxFailures: 1 } },
       datasets: { train }

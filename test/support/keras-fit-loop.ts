@@ -2,12 +2,14 @@
 // epochs, batchSize, validationSplit, callbacks }) on the prepared model (keras-fit.ts). With
 // `differ`, rank 1 leaves out the last row (other data than rank 0's). With `kill`, that rank of the
 // first attempt dies (kill -9) at the end of that epoch; `epochMs` makes every epoch last at least so
-// long (a replacement then joins before the run ends).
+// long, and `holdFile` slows each step of a group smaller than the size it holds (hold.ts): a
+// replacement then joins before the run ends, however long it takes to start on a loaded machine.
 import type { TrainContext } from "../../index.ts"
 import { weightsHashAsync } from "../../examples/digits/model.ts"
+import { holdStep } from "./hold.ts"
 
 export async function kerasFitLoop(
-  config: { epochs: number; differ?: boolean; kill?: { readonly rank: number; readonly epoch: number }; epochMs?: number },
+  config: { epochs: number; differ?: boolean; kill?: { readonly rank: number; readonly epoch: number }; epochMs?: number; holdFile?: string },
   ctx: TrainContext
 ): Promise<void> {
   const tf = ctx.tf
@@ -28,6 +30,7 @@ export async function kerasFitLoop(
     validationSplit: 0.2,
     callbacks: {
       onEpochBegin: async () => void (began = performance.now()),
+      onBatchEnd: async () => holdStep(config.holdFile, ctx.worldSize),
       onEpochEnd: async (epoch) => {
         epochsSeen.push(epoch)
         if (config.kill && ctx.attempt === 0 && ctx.worldRank === config.kill.rank && epoch === config.kill.epoch) process.kill(process.pid, "SIGKILL")
