@@ -51,7 +51,7 @@ const startServer = async (ns: string, name: string, ownIp: string, peerIp: stri
       `  listen: "${ownIp}:6222"`,
       `  routes: ["nats-route://${peerIp}:6222"]`,
       `}`
-    ])
+    ], { nice: -10 })
   )
 }
 

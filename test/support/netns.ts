@@ -152,11 +152,14 @@ export interface NetnsNatsServer {
 /**
  * A nats-server in `ns` with the config `lines` (listen, cluster, ...) written to `dir`/`name`.conf;
  * resolves once it logs that it is ready (within 10 s; else it is killed and the promise rejects).
+ * `options.nice`: the nice value it runs at (root for a negative one).
  */
-export const startNatsIn = (ns: string, dir: string, name: string, url: string, lines: ReadonlyArray<string>): Promise<NetnsNatsServer> => {
+export const startNatsIn = (ns: string, dir: string, name: string, url: string, lines: ReadonlyArray<string>, options: { readonly nice?: number } = {}): Promise<NetnsNatsServer> => {
   const conf = path.join(dir, `${name}.conf`)
   fs.writeFileSync(conf, [`server_name: ${name}`, ...lines].join("\n") + "\n")
-  const child = track(spawn("ip", ["netns", "exec", ns, findNatsServerBinary(), "-c", conf], { stdio: ["ignore", "ignore", "pipe"] }))
+  // `nice` (root): the server ahead of other processes for the CPU, as a test's ranks may be.
+  const command = [...(options.nice !== undefined ? ["nice", "-n", String(options.nice)] : []), findNatsServerBinary(), "-c", conf]
+  const child = track(spawn("ip", ["netns", "exec", ns, ...command], { stdio: ["ignore", "ignore", "pipe"] }))
   const server: NetnsNatsServer = { url, child, stop: () => killChild(child, "SIGTERM").then(() => killChild(child)) }
   return new Promise((resolve, reject) => {
     let log = ""
