@@ -8,7 +8,6 @@ import {
   ConnectionError,
   TimeoutError,
   connect,
-  credsAuthenticator,
   type NatsConnection,
   type NodeConnectionOptions
 } from "@nats-io/transport-node"
@@ -17,7 +16,7 @@ import * as Effect from "effect/Effect"
 import * as Layer from "effect/Layer"
 import type * as Scope from "effect/Scope"
 import { installNatsPatches } from "./nats-internals/index.ts"
-import { nkeyAuthenticator } from "./nkey.ts"
+import { credsAuthenticator, nkeyAuthenticator } from "./nkey.ts"
 import { NatsConnectError } from "./errors.ts"
 
 export interface NatsTlsOptions {

@@ -7,7 +7,7 @@
 // profile of a replacement worker's start, whose CPU on shared cores comes out of the running
 // workers' time. Seeds and public keys are read and written here as nkeys does (base32, a
 // prefix byte, a CRC-16 checksum): a test compares the two, and checks the signatures with nkeys's
-// verify.
+// verify. Clusters joined with a creds file sign the same way (credsAuthenticator).
 import * as crypto from "node:crypto"
 
 /** What a CONNECT carries for nkey authentication (nats.js's NKeyAuth). */
@@ -131,3 +131,32 @@ export const nkeyAuthenticator =
     const key = nativeKey(seed)
     return { nkey: key.publicKey, sig: nonce ? crypto.sign(null, Buffer.from(nonce, "utf8"), key.privateKey).toString("base64") : "" }
   }
+
+/** What a CONNECT carries for a creds file (nats.js's JwtAuth): the user JWT, with the nkey auth. */
+export interface CredsAuth extends NkeyAuth {
+  readonly jwt: string
+}
+
+/**
+ * nats.js's credsAuthenticator(creds), natively: the JWT and the seed read from a creds file's
+ * contents as nats.js reads them (the first two blocks between `-----...-----` lines), the nonce
+ * signed as nkeyAuthenticator signs it. Contents that hold no such blocks throw "unable to parse
+ * credentials" when a connection asks, as nats.js's does.
+ */
+export const credsAuthenticator = (creds: Uint8Array) => {
+  let parsed: { jwt: string; seed: string } | undefined
+  const parse = (): { jwt: string; seed: string } => {
+    if (parsed) return parsed
+    const blocks = /\s*(?:(?:[-]{3,}[^\n]*[-]{3,}\n)(.+)(?:\n\s*[-]{3,}[^\n]*[-]{3,}\n))/gi
+    const text = new TextDecoder().decode(creds)
+    const jwt = blocks.exec(text)
+    const seed = jwt ? blocks.exec(text) : null
+    if (!jwt || !seed) throw new Error("unable to parse credentials")
+    parsed = { jwt: jwt[1]!.trim(), seed: seed[1]!.trim() }
+    return parsed
+  }
+  return (nonce?: string): CredsAuth => {
+    const { jwt, seed } = parse()
+    return { jwt, ...nkeyAuthenticator(seed)(nonce) }
+  }
+}

@@ -2,8 +2,8 @@
 // same public keys, the same signatures (Ed25519 signs deterministically), nkeys's verify accepts
 // them, and what is not a seed is refused.
 import { describe, expect, it } from "vitest"
-import { nkeys, nkeyAuthenticator as natsNkeyAuthenticator } from "@nats-io/nats-core"
-import { nkeyAuthenticator, publicNkey } from "../core/nkey.ts"
+import { credsAuthenticator as natsCredsAuthenticator, nkeys, nkeyAuthenticator as natsNkeyAuthenticator } from "@nats-io/nats-core"
+import { credsAuthenticator, nkeyAuthenticator, publicNkey } from "../core/nkey.ts"
 
 const te = new TextEncoder()
 const ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"
@@ -70,6 +70,49 @@ describe("nkey authentication with Node's Ed25519", () => {
     for (const bad of [pairs[0]!.getPublicKey(), flip(seed, 20), flip(seed, seed.length - 1), seed.slice(0, -1), seed.slice(0, -1) + "1", "", "SU", withPrefix(seed, 120)]) {
       expect(publicNkey(bad), bad).toBeUndefined()
       expect(() => nkeyAuthenticator(bad)("nonce"), bad).toThrow(/not an nkey seed/)
+    }
+  })
+})
+
+describe("creds file authentication with Node's Ed25519", () => {
+  const kp = nkeys.createUser()
+  const jwt = "eyJ0eXAiOiJKV1QiLCJhbGciOiJlZDI1NTE5LW5rZXkifQ.eyJqdGkiOiJ0ZXN0In0.c2lnbmF0dXJl"
+  const creds = (): Uint8Array =>
+    te.encode(
+      [
+        "-----BEGIN NATS USER JWT-----",
+        jwt,
+        "------END NATS USER JWT------",
+        "",
+        "************************* IMPORTANT *************************",
+        "NKEY Seed printed below can be used to sign and prove identity.",
+        "",
+        "-----BEGIN USER NKEY SEED-----",
+        seedOf(kp),
+        "------END USER NKEY SEED------",
+        "",
+        "*************************************************************",
+        ""
+      ].join("\n")
+    )
+
+  it("gives the file's JWT, the seed's public key and the signature nats.js's credsAuthenticator gives", () => {
+    const auth = credsAuthenticator(creds())
+    for (const nonce of ["a-nonce", "another"]) {
+      const ours = auth(nonce)
+      expect(ours).toEqual(natsCredsAuthenticator(creds())(nonce))
+      expect(ours.jwt).toBe(jwt)
+      expect(ours.nkey).toBe(kp.getPublicKey())
+      expect(nkeys.fromPublic(ours.nkey).verify(te.encode(nonce), Uint8Array.from(Buffer.from(ours.sig, "base64")))).toBe(true)
+    }
+  })
+
+  it("refuses contents that are not a creds file when a connection asks, as nats.js does", () => {
+    const jwtOnly = te.encode(`-----BEGIN NATS USER JWT-----\n${jwt}\n------END NATS USER JWT------\n`)
+    for (const bad of [te.encode(""), te.encode(seedOf(kp)), jwtOnly]) {
+      expect(() => natsCredsAuthenticator(bad)("n")).toThrow(/unable to parse credentials/)
+      const auth = credsAuthenticator(bad)
+      expect(() => auth("n")).toThrow(/unable to parse credentials/)
     }
   })
 })

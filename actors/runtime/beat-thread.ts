@@ -19,8 +19,8 @@
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { parentPort, workerData } from "node:worker_threads"
-import { connect, credsAuthenticator, type NodeConnectionOptions } from "@nats-io/transport-node"
-import { nkeyAuthenticator } from "../../core/nkey.ts"
+import { connect, type NodeConnectionOptions } from "@nats-io/transport-node"
+import { credsAuthenticator, nkeyAuthenticator } from "../../core/nkey.ts"
 import { withHeld } from "./beat-bytes.ts"
 import type { BeatThreadData } from "./heartbeat.ts"
 
