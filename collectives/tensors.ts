@@ -1,15 +1,16 @@
 // Thin tfjs adapter over the communicator: all-reduce and broadcast tf.Tensors. The collectives
 // core works on Float32Arrays and never loads tfjs (it takes seconds to import); this module
-// imports `@tensorflow/tfjs` only when first called, and gets the same module instance (and so the
-// same backend) as the application.
+// loads `@tensorflow/tfjs` only when first called (with `require`, as core/engine.ts does), and
+// gets the same module instance (and so the same backend) as the application.
+import { createRequire } from "node:module"
 import type { Tensor } from "@tensorflow/tfjs"
 import { allReduceBuckets, type BucketOptions } from "./bucketing.ts"
 import type { AllReduceOptions, BroadcastOptions, Communicator } from "./communicator.ts"
 import { CollectiveArgumentError } from "./errors.ts"
 
 type Tf = typeof import("@tensorflow/tfjs")
-let tfModule: Promise<Tf> | undefined
-const tf = (): Promise<Tf> => (tfModule ??= import("@tensorflow/tfjs"))
+let tfModule: Tf | undefined
+const tf = (): Tf => (tfModule ??= createRequire(import.meta.url)("@tensorflow/tfjs") as Tf)
 
 /** The values of a float32 tensor as a Float32Array this module may overwrite (tensor.data() is a copy). */
 const valuesOf = async (t: Tensor, op: string): Promise<Float32Array> => {
@@ -21,7 +22,7 @@ const valuesOf = async (t: Tensor, op: string): Promise<Float32Array> => {
 export const allReduceTensor = async (comm: Communicator, t: Tensor, opts?: AllReduceOptions): Promise<Tensor> => {
   const values = await valuesOf(t, "allReduceTensor")
   await comm.allReduce(values, opts)
-  return (await tf()).tensor(values, t.shape, "float32")
+  return tf().tensor(values, t.shape, "float32")
 }
 
 /**
@@ -31,7 +32,7 @@ export const allReduceTensor = async (comm: Communicator, t: Tensor, opts?: AllR
 export const allReduceTensors = async (comm: Communicator, ts: ReadonlyArray<Tensor>, opts?: BucketOptions): Promise<Tensor[]> => {
   const values = await Promise.all(ts.map((t) => valuesOf(t, "allReduceTensors")))
   const reduced = await allReduceBuckets(comm, values, opts)
-  const lib = await tf()
+  const lib = tf()
   return reduced.map((v, i) => lib.tensor(v, ts[i].shape, "float32"))
 }
 
@@ -47,7 +48,7 @@ export const broadcastTensors = async (comm: Communicator, ts: ReadonlyArray<Ten
     off += v.length
   }
   await comm.broadcast(packed, root, opts)
-  const lib = await tf()
+  const lib = tf()
   off = 0
   return values.map((v, i) => {
     const out = lib.tensor(packed.subarray(off, off + v.length), ts[i].shape, "float32")

@@ -4,7 +4,12 @@
 // pure-JS cpu backend. The "webgpu" backend (Dawn through the optional `webgpu` peer, see
 // webgpu.ts) loads only when asked for by name: "auto" never tries it, so a machine without a GPU
 // runs as it would without the package. Loaded lazily: importing tfjs costs hundreds of
-// milliseconds, and most of gradwire (NATS, collectives, the CLI) never needs it.
+// milliseconds, and most of gradwire (NATS, collectives, the CLI) never needs it. The tfjs
+// packages are CommonJS, and are loaded with `require` (loadPackage): an `import` of them makes
+// Node scan their sources for named exports first (cjs-module-lexer over 6 MB of bundles, which
+// the compile cache does not keep), 187 against 50 ms of CPU for tfjs and its wasm backend in a
+// fresh process, paid by every worker at its start. The module is the same either way: a loop
+// that imports tfjs itself gets the instance the engine set up.
 import { createRequire } from "node:module"
 import { ConfigError } from "./errors.ts"
 import { registerMissingGradients } from "./kernels/gradients.ts"
@@ -27,6 +32,9 @@ export type { Tf }
 export type BackendKind = "tensorflow-gpu" | "webgpu" | "tensorflow" | "wasm" | "cpu"
 
 const require = createRequire(import.meta.url)
+
+/** A CommonJS package (tfjs and its backends), by `require`: see the top of this file. */
+export const loadPackage = <T = unknown>(pkg: string): T => require(pkg) as T
 
 /** Whether a package can be resolved from here (without loading it). */
 export const resolvable = (pkg: string): boolean => {
@@ -52,7 +60,7 @@ const tryNative = async (pkg: string): Promise<Tf | undefined> => {
     return undefined
   }
   try {
-    return (await import(pkg)) as Tf
+    return loadPackage<Tf>(pkg)
   } catch (e) {
     why.push(`${pkg} does not load (${String(e).split("\n")[0]})`)
     return undefined
@@ -80,9 +88,9 @@ const loadWebGpu = async (): Promise<Tf> => {
         '(Mesa\'s lavapipe lacks features Dawn needs); use backend "auto" or "tensorflow-gpu" on this node'
     })
   }
-  const tf = (await import("@tensorflow/tfjs")) as Tf
+  const tf = loadPackage<Tf>("@tensorflow/tfjs")
   // Registers the backend now that navigator.gpu is there; its factory asks Dawn for the adapter again.
-  await import("@tensorflow/tfjs-backend-webgpu" as string)
+  loadPackage("@tensorflow/tfjs-backend-webgpu")
   const ok = await withinDeadline(tf.setBackend("webgpu"), WEBGPU_DEADLINE_MS, "tfjs's webgpu backend").catch((e: unknown) => {
     throw new ConfigError({ field: "scalingConfig.backend", reason: `the "webgpu" backend failed to start: ${String(e)}` })
   })
@@ -147,10 +155,10 @@ const loadAny = async (want: BackendKind | "auto"): Promise<{ tf: Tf; backend: B
       })
     }
   }
-  const tf = (await import("@tensorflow/tfjs")) as Tf
+  const tf = loadPackage<Tf>("@tensorflow/tfjs")
   if (want === "wasm" || want === "auto") {
     try {
-      await import("@tensorflow/tfjs-backend-wasm")
+      loadPackage("@tensorflow/tfjs-backend-wasm")
       if (await tf.setBackend("wasm")) {
         await tf.ready()
         // tfjs-backend-wasm lacks the convolution and gather gradients (and a few rarer kernels).

@@ -2,7 +2,11 @@
 // named on the command line, runs one tiny op on it, and prints one JSON line per backend. Runs
 // apart from the agent so a native module that crashes or hangs takes only this process down.
 // For "webgpu" it first asks Dawn for an adapter (with a deadline) and reports it, found or not.
+import { createRequire } from "node:module"
 import { requestWebGpuAdapter, withinDeadline, type WebGpuAdapterInfo } from "../../core/webgpu.ts"
+
+/** tfjs's packages are CommonJS: `require`d, as core/engine.ts loads them (no scan for named exports). */
+const loadPackage = createRequire(import.meta.url) as <T = typeof import("@tensorflow/tfjs")>(pkg: string) => T
 
 const tryBackend = async (backend: string): Promise<void> => {
   let adapter: WebGpuAdapterInfo | undefined
@@ -12,13 +16,13 @@ const tryBackend = async (backend: string): Promise<void> => {
       const found = await requestWebGpuAdapter()
       adapter = found.adapter
       if (!found.ok) throw new Error(found.reason)
-      tf = await import("@tensorflow/tfjs")
-      await import("@tensorflow/tfjs-backend-webgpu" as string)
-    } else if (backend === "tensorflow-gpu") tf = (await import("@tensorflow/tfjs-node-gpu" as string)) as typeof import("@tensorflow/tfjs")
-    else if (backend === "tensorflow") tf = (await import("@tensorflow/tfjs-node" as string)) as typeof import("@tensorflow/tfjs")
+      tf = loadPackage("@tensorflow/tfjs")
+      loadPackage("@tensorflow/tfjs-backend-webgpu")
+    } else if (backend === "tensorflow-gpu") tf = loadPackage("@tensorflow/tfjs-node-gpu")
+    else if (backend === "tensorflow") tf = loadPackage("@tensorflow/tfjs-node")
     else {
-      tf = await import("@tensorflow/tfjs")
-      if (backend === "wasm") await import("@tensorflow/tfjs-backend-wasm")
+      tf = loadPackage("@tensorflow/tfjs")
+      if (backend === "wasm") loadPackage("@tensorflow/tfjs-backend-wasm")
     }
     const name = backend === "tensorflow-gpu" ? "tensorflow" : backend
     // Dawn may block inside a driver: a deadline of its own, so the reason says where it hung.
