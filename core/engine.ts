@@ -34,7 +34,7 @@ export type BackendKind = "tensorflow-gpu" | "webgpu" | "tensorflow" | "wasm" | 
 const require = createRequire(import.meta.url)
 
 /** A CommonJS package (tfjs and its backends), by `require`: see the top of this file. */
-export const loadPackage = <T = unknown>(pkg: string): T => require(pkg) as T
+const loadPackage = <T = unknown>(pkg: string): T => require(pkg) as T
 
 /** Whether a package can be resolved from here (without loading it). */
 export const resolvable = (pkg: string): boolean => {
