@@ -511,6 +511,12 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     expect(describeKernels("wasm", 0, []).text).toContain(`3x3 convolutions at stride 1 (8-512 input channels): ${winogradStatus()}`)
   })
 
+  it("the engine's tfjs (loaded with require) is the instance a loop's own import of tfjs gets: one backend, one tensor class", () => {
+    const script = `import { loadEngine } from "./core/engine.ts"; const { tf } = await loadEngine("wasm"); const esm = await import("@tensorflow/tfjs"); const t = esm.tensor([1, 2]); console.log(JSON.stringify([esm.getBackend(), esm.Tensor === tf.Tensor, t instanceof tf.Tensor, esm.engine() === tf.engine(), tf.memory().numTensors]))`
+    const out = execFileSync(process.execPath, ["--input-type=module", "-e", script], { cwd: fileURLToPath(new URL("..", import.meta.url)), encoding: "utf8", timeout: 60_000 })
+    expect(JSON.parse(out.trim().split("\n").pop()!)).toEqual(["wasm", true, true, true, 1])
+  })
+
   it("an image padded by the heap's SIMD kernel: the same bits as the JavaScript loop (padding on every side, rows and columns cut off, top past the image)", () => {
     const backend = tf.backend() as unknown as Parameters<typeof padImage>[0]
     for (const [shape, HP, WP, top, left] of [
