@@ -7,7 +7,6 @@ import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { FAST_START_ARGS } from "../core/fast-start.ts"
-import { TIER_UP_ARGS } from "../actors/node/actor-process.ts"
 
 const ROOT = path.resolve(".")
 const work = fs.mkdtempSync(path.join(os.tmpdir(), "gw-fast-start-"))
@@ -85,23 +84,5 @@ describe("fast start: compiled code and stripped TypeScript kept across starts",
       if (saved !== undefined) process.env.GW_CACHE_DIR = saved
     }
     expect(entries(path.join(xdg, "gradwire"))).toHaveLength(1)
-  })
-})
-
-describe("actor processes' V8 tier-up (actors/node/actor-process.ts TIER_UP_ARGS)", () => {
-  // V8's optimisation status of a function called 500 times: with V8's default thresholds it is
-  // still interpreted, with the actor processes' it has been queued for (or got) optimised code.
-  const status = (args: ReadonlyArray<string>): number => {
-    const script = "function f(x) { return x * 2 + 1 }\nfor (let i = 0; i < 500; i++) f(i)\nconsole.log(%GetOptimizationStatus(f))"
-    const r = spawnSync(process.execPath, ["--allow-natives-syntax", ...args, "-e", script], { encoding: "utf8", timeout: 30_000 })
-    expect(r.status, r.stderr).toBe(0)
-    return Number(r.stdout.trim())
-  }
-  // V8's status bits: optimised (16), Maglev (32), TurboFan (64), marked (256, 512), optimising concurrently (1024).
-  const QUEUED_OR_OPTIMISED = 16 | 32 | 64 | 256 | 512 | 1024
-
-  it("a function called a few hundred times is optimised in an actor process, not with V8's defaults", () => {
-    expect(status([]) & QUEUED_OR_OPTIMISED).toBe(0)
-    expect(status(TIER_UP_ARGS) & QUEUED_OR_OPTIMISED).not.toBe(0)
   })
 })

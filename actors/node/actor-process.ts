@@ -47,17 +47,6 @@ const TYPESCRIPT_FLAGS: ReadonlyArray<string> = [...new Set([...process.execArgv
   (a) => a === "--experimental-transform-types" || a === "--no-experimental-strip-types"
 )
 
-/**
- * V8 tier-up thresholds for actor processes (workers, servers): a function is optimised by Maglev
- * after 40 calls and by TurboFan after 300, where V8's defaults are 400 and 3000. A training loop's
- * per-epoch paths (the report round, evaluation, a checkpoint) run a few times a second, so with the
- * defaults a fresh worker got faster for 10-30 s, and the whole group, which steps at its slowest
- * member's pace, with it: a fault-free 3-worker digits run's epochs 49 -> 27 ms over 15 s, and a
- * replacement started that climb again after every fault. With these the climb ends within about
- * 6 s (docs/benchmarks.md).
- */
-export const TIER_UP_ARGS: ReadonlyArray<string> = ["--invocation-count-for-maglev=40", "--invocation-count-for-turbofan=300"]
-
 export class ActorProcess {
   readonly child: ChildProcess
   readonly pid: number
@@ -76,7 +65,7 @@ export class ActorProcess {
     this.#tailLines = options.tailLines ?? 30
     this.onLine = options.onLine
     this.#waiting = options.spec === undefined
-    this.child = spawn(process.execPath, [...FAST_START_ARGS, ...TIER_UP_ARGS, ...TYPESCRIPT_FLAGS, HOST_SCRIPT, ...(options.spec === undefined ? WARM_ARGS : [])], {
+    this.child = spawn(process.execPath, [...FAST_START_ARGS, ...TYPESCRIPT_FLAGS, HOST_SCRIPT, ...(options.spec === undefined ? WARM_ARGS : [])], {
       cwd: options.cwd,
       env: options.env,
       stdio: ["pipe", "pipe", "pipe"]
