@@ -232,6 +232,18 @@ export const standbyNice: Setting<number> = {
   }
 }
 
+/** How long a standby worker warms its training paths before it says it is ready (actors/train/worker/warm-up.ts). */
+export const standbyWarmUpMs: Setting<number> = {
+  name: "GRADWIRE_STANDBY_WARM_UP_MS",
+  default: "2000",
+  description:
+    "milliseconds a standby worker (a replacement, or a spare) on the wasm or cpu backend trains a small model of its own (at most 5000 steps) after it loaded its engine and before it says it is ready: a fresh process runs a training step's code slowly for its first seconds, and a group steps at its slowest member's pace; read in the worker's process; 0: no warm-up",
+  read: () => {
+    const n = Number(raw("GRADWIRE_STANDBY_WARM_UP_MS") ?? "2000")
+    return Number.isFinite(n) && n >= 0 ? Math.min(60_000, Math.round(n)) : 2000
+  }
+}
+
 /** Set by the driver for a standby worker's process (standbyNice): what its host lowers itself by at start. */
 export const startNice: Setting<number> = {
   name: "GRADWIRE_START_NICE",
@@ -293,6 +305,7 @@ export const SETTINGS: ReadonlyArray<Setting<unknown>> = [
   webgpuConvFilter,
   warmHosts,
   standbyNice,
+  standbyWarmUpMs,
   startNice,
   cacheDir,
   natsServerBin,

@@ -111,6 +111,12 @@ describe("recovery from surviving peers", () => {
     const joined = [...nice].filter(([k]) => !k.startsWith("0-"))
     expect(joined.length).toBe(1)
     expect(joined[0]![1]).toMatchObject({ lowered: mayRaiseTo(base) ? 19 : null, atStart: base })
+    // Before it said it was ready, the replacement (and only it) warmed its training paths up
+    // (actors/train/worker/warm-up.ts), and the group's weights stayed the same on every rank (above).
+    const logs = path.join(r.path, "logs")
+    const warmUps = readdirSync(logs).flatMap((f) => [...readFileSync(path.join(logs, f), "utf8").matchAll(/standby warm-up: (\d+) training steps/g)].map((m) => Number(m[1])))
+    expect(warmUps).toHaveLength(1)
+    expect(warmUps[0]).toBeGreaterThan(0)
   })
 
   it("for comparison, recoverFrom 'checkpoint' goes back to the start of the epoch", { timeout: 150_000 }, async () => {

@@ -15,6 +15,7 @@ import { engineChoice, loadEngine, type BackendKind, type Tf } from "../../../co
 import { fallbackKernelsUsed, onFallbackKernel } from "../../../core/kernels/fallback.ts"
 import { describeKernels } from "../../../core/kernels/register.ts"
 import { isGpuBackend } from "../../../scheduler/gpu-backend.ts"
+import { warmUpTraining } from "./warm-up.ts"
 import { ConfigError } from "../../../core/errors.ts"
 import { ModuleNotAllowed } from "../../node/errors.ts"
 import { decodeMessage, encodeMessage } from "../../../core/wire.ts"
@@ -45,6 +46,8 @@ import type { PsClient } from "./ps-client.ts"
 let stopFallbackNotes: (() => void) | undefined
 
 const PROGRESS_EVERY_MS = 250
+/** A standby's warm-up stops after this many steps, if its time (GRADWIRE_STANDBY_WARM_UP_MS) has not run out first. */
+const WARM_UP_MAX_STEPS = 5_000
 
 const residualFile = (rank: number) => `gradwire/rank-${rank}/reducer-state.msgpack`
 /** A rank's error-feedback residuals of its compressed pushes to the parameter servers, per server range. */
@@ -162,7 +165,19 @@ export class WorkerRun {
     return (this.#prepared ??= (async () => {
       await this.#connect()
       await importLoop(this.#args.loopModule, this.#system.node)
+      if (this.#args.group === "standby") await this.#warmUp()
     })())
+  }
+
+  /**
+   * A standby's warm-up on a host backend (warm-up.ts): the group it joins waits for its slowest
+   * member, and a fresh process's first seconds of training steps are its slowest.
+   */
+  async #warmUp(): Promise<void> {
+    const maxMs = settings.standbyWarmUpMs.read()
+    if (maxMs <= 0 || (this.#backend !== "wasm" && this.#backend !== "cpu")) return
+    const r = await warmUpTraining(this.#tf, { maxMs, maxSteps: WARM_UP_MAX_STEPS })
+    this.#ctx.log.info(`standby warm-up: ${r.steps} training steps of a small model in ${Math.round(r.ms)} ms`)
   }
 
   /** A standby worker's place in the generation it is let into, and where it joins the survivors. */
