@@ -16,6 +16,7 @@ import { fallbackKernelsUsed, onFallbackKernel } from "../../../core/kernels/fal
 import { describeKernels } from "../../../core/kernels/register.ts"
 import { isGpuBackend } from "../../../scheduler/gpu-backend.ts"
 import { warmUpTraining } from "./warm-up.ts"
+import { backgroundPriority, foregroundPriority } from "../../../core/priority.ts"
 import { ConfigError } from "../../../core/errors.ts"
 import { ModuleNotAllowed } from "../../node/errors.ts"
 import { decodeMessage, encodeMessage } from "../../../core/wire.ts"
@@ -176,6 +177,14 @@ export class WorkerRun {
   async #warmUp(): Promise<void> {
     const maxMs = settings.standbyWarmUpMs.read()
     if (maxMs <= 0 || (this.#backend !== "wasm" && this.#backend !== "cpu")) return
+    // Lowered throughout (its host's limit may have given the priority back while it prepared): on
+    // cores the short group shares, it takes what the survivors leave idle. Starved, it only does
+    // fewer steps in its time; admitted (worker.ts run), it takes its own priority back.
+    const nice = settings.startNice.read()
+    if (nice > 0) {
+      foregroundPriority()
+      backgroundPriority(nice, maxMs + 1_000)
+    }
     const r = await warmUpTraining(this.#tf, { maxMs, maxSteps: WARM_UP_MAX_STEPS })
     this.#ctx.log.info(`standby warm-up: ${r.steps} training steps of a small model in ${Math.round(r.ms)} ms`)
   }
