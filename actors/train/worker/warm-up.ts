@@ -9,7 +9,8 @@
 //
 // It leaves nothing behind: its layers and variables are named under its own prefix (so a model the
 // loop builds later gets the same layer and weight names as in a fresh process), and every tensor
-// and variable it made is disposed. Its data are made up (no random generator is touched).
+// and variable it made is disposed. Its data are made up and its initial weights seeded, so no
+// unseeded random generator (Math.random, which tfjs's unseeded initializers draw on) is used.
 import { batchTensors, fitBatch, type ShardSource } from "./batches.ts"
 import { fusedAdamStep } from "../../../core/kernels/fused-adam.ts"
 import type { Tf } from "../../../core/engine.ts"
@@ -54,8 +55,8 @@ export const warmUpTraining = async (tf: Tf, options: WarmUpOptions): Promise<Wa
   const model = t.sequential({
     name: WARM_UP_PREFIX,
     layers: [
-      t.layers.dense({ name: `${WARM_UP_PREFIX}_hidden`, units: 64, activation: "relu", inputShape: [FEATURES] }),
-      t.layers.dense({ name: `${WARM_UP_PREFIX}_output`, units: CLASSES, activation: "softmax" })
+      t.layers.dense({ name: `${WARM_UP_PREFIX}_hidden`, units: 64, activation: "relu", inputShape: [FEATURES], kernelInitializer: t.initializers.glorotUniform({ seed: 1 }) }),
+      t.layers.dense({ name: `${WARM_UP_PREFIX}_output`, units: CLASSES, activation: "softmax", kernelInitializer: t.initializers.glorotUniform({ seed: 2 }) })
     ]
   })
   const optimizer = t.train.adam(0.001)

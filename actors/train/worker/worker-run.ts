@@ -185,8 +185,13 @@ export class WorkerRun {
       foregroundPriority()
       backgroundPriority(nice, maxMs + 1_000)
     }
-    const r = await warmUpTraining(this.#tf, { maxMs, maxSteps: WARM_UP_MAX_STEPS })
-    this.#ctx.log.info(`standby warm-up: ${r.steps} training steps of a small model in ${Math.round(r.ms)} ms`)
+    try {
+      const r = await warmUpTraining(this.#tf, { maxMs, maxSteps: WARM_UP_MAX_STEPS })
+      this.#ctx.log.info(`standby warm-up: ${r.steps} training steps of a small model in ${Math.round(r.ms)} ms`)
+    } catch (e) {
+      // Only a head start: a standby that could not warm up joins cold, as it did before.
+      this.#ctx.log.warn(`standby warm-up failed, joining without it: ${String(e).split("\n")[0]}`)
+    }
   }
 
   /** A standby worker's place in the generation it is let into, and where it joins the survivors. */
