@@ -117,6 +117,9 @@ describe("recovery from surviving peers", () => {
     const warmUps = readdirSync(logs).flatMap((f) => [...readFileSync(path.join(logs, f), "utf8").matchAll(/standby warm-up: (\d+) training steps/g)].map((m) => Number(m[1])))
     expect(warmUps).toHaveLength(1)
     expect(warmUps[0]).toBeGreaterThan(0)
+    // events.jsonl says so too, with the standby's readiness.
+    const ready = all.filter((e) => e.type === "standby-ready")
+    expect(ready.map((e) => e.warmUp)).toEqual([[{ steps: warmUps[0], ms: expect.any(Number) }]])
   })
 
   it("for comparison, recoverFrom 'checkpoint' goes back to the start of the epoch", { timeout: 150_000 }, async () => {

@@ -547,9 +547,10 @@ export type Admission = typeof Admission.Type
 export const WorkerProtocol = defineProtocol("trainer-worker", {
   /**
    * Load the engine, open the collective connections and import the loop module, without joining
-   * a group (a standby worker): answered when done. `run` does the same first when it was not asked.
+   * a group (a standby worker), then warm up (warm-up.ts): answered when done, with the warm-up's
+   * steps and time (null when it did none). `run` does the same first when it was not asked.
    */
-  prepare: { request: Schema.Null, reply: Schema.Null },
+  prepare: { request: Schema.Null, reply: Schema.NullOr(Schema.Struct({ warmUpSteps: Schema.Number, warmUpMs: Schema.Number })) },
   /**
    * Start the user's loop (answered at once; the loop runs in the background). A standby worker is
    * given its admission here: the placement and join it runs with instead of its spawn args'.

@@ -176,7 +176,15 @@ export class Refill {
           return
         }
         this.#ready.push(...r)
-        this.#x.event({ type: "standby-ready", attempt: g.number, workers: r.length, ms: Math.round(performance.now() - t0) })
+        const warmed = r.flatMap((w) => (w.warmUp ? [w.warmUp] : []))
+        this.#x.event({
+          type: "standby-ready",
+          attempt: g.number,
+          workers: r.length,
+          ms: Math.round(performance.now() - t0),
+          // Each one's warm-up (steps, ms) within that time, where it did one (GRADWIRE_STANDBY_WARM_UP_MS).
+          ...(warmed.length ? { warmUp: warmed.map((w) => ({ steps: w.steps, ms: w.ms })) } : {})
+        })
         const current = this.#x.controller.current
         if (current) this.check(current)
       })

@@ -88,6 +88,8 @@ const STANDBY_PREPARE_MS = 120_000
 export interface Standby {
   readonly actor: SpawnedActor
   readonly nodeId: string
+  /** Its warm-up before it said it was ready (actors/train/worker/warm-up.ts), when it did one. */
+  readonly warmUp?: { readonly steps: number; readonly ms: number }
 }
 
 /** One rank to spawn: where, with what. */
@@ -285,8 +287,8 @@ export class WorkerGroup {
 
   /**
    * Standby workers: processes started ahead of a regroup (while the group runs short-handed, or
-   * before an elastic group grows), each loading its engine, opening its connections and importing
-   * the loop (`prepare`) without joining any group. Resolves once every one is prepared, or with
+   * before an elastic group grows), each loading its engine, opening its connections, importing
+   * the loop and warming up (`prepare`) without joining any group. Resolves once every one is prepared, or with
    * what failed (then those that started are killed). Not members, not watched, until admitted.
    */
   async standby(ranks: ReadonlyArray<Omit<RankSpawn, "join">>, args: GroupArgs): Promise<Standby[] | { readonly tag: string; readonly message: string }> {
@@ -296,12 +298,12 @@ export class WorkerGroup {
         ranks.map(async (r) => {
           const w = await this.#spawnProcess(r, args, `w-standby${++this.#standbys}`, true)
           started.push(w)
-          await this.#system.askPromise(w.ref(WorkerProtocol), "prepare", null, { timeoutMs: STANDBY_PREPARE_MS })
+          const warmUp = await this.#system.askPromise(w.ref(WorkerProtocol), "prepare", null, { timeoutMs: STANDBY_PREPARE_MS })
           // One that goes down while it waits is no longer held (holds): no regroup admits it.
           void w.down(this.#liveness(w)).then(() => {
             this.#workers = this.#workers.filter((x) => x !== w)
           })
-          return { actor: w, nodeId: r.nodeId }
+          return { actor: w, nodeId: r.nodeId, ...(warmUp ? { warmUp: { steps: warmUp.warmUpSteps, ms: warmUp.warmUpMs } } : {}) }
         })
       )
     } catch (e) {

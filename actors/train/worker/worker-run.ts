@@ -15,7 +15,7 @@ import { engineChoice, loadEngine, type BackendKind, type Tf } from "../../../co
 import { fallbackKernelsUsed, onFallbackKernel } from "../../../core/kernels/fallback.ts"
 import { describeKernels } from "../../../core/kernels/register.ts"
 import { isGpuBackend } from "../../../scheduler/gpu-backend.ts"
-import { warmUpTraining } from "./warm-up.ts"
+import { warmUpTraining, type WarmUpResult } from "./warm-up.ts"
 import { backgroundPriority, foregroundPriority } from "../../../core/priority.ts"
 import { ConfigError } from "../../../core/errors.ts"
 import { ModuleNotAllowed } from "../../node/errors.ts"
@@ -109,7 +109,7 @@ export class WorkerRun {
   /** The spawn args; a standby worker's placement and join are its admission's (admit). */
   #args: WorkerArgs
   /** The engine loaded, the connections open, the loop module imported (prepare). */
-  #prepared: Promise<void> | undefined
+  #prepared: Promise<WarmUpResult | undefined> | undefined
   /** The parameter-server strategy's client (the servers this rank pushes to), if any. */
   readonly #ps: PsClient | undefined
   readonly #system: ActorSystem
@@ -162,11 +162,11 @@ export class WorkerRun {
    * module imported. A standby worker does it while the group runs short-handed, so that when it
    * is let in (admit, then run) only the group and the loop's replay are left. Done once.
    */
-  prepare(): Promise<void> {
+  prepare(): Promise<WarmUpResult | undefined> {
     return (this.#prepared ??= (async () => {
       await this.#connect()
       await importLoop(this.#args.loopModule, this.#system.node)
-      if (this.#args.group === "standby") await this.#warmUp()
+      return this.#args.group === "standby" ? await this.#warmUp() : undefined
     })())
   }
 
@@ -174,9 +174,9 @@ export class WorkerRun {
    * A standby's warm-up on a host backend (warm-up.ts): the group it joins waits for its slowest
    * member, and a fresh process's first seconds of training steps are its slowest.
    */
-  async #warmUp(): Promise<void> {
+  async #warmUp(): Promise<WarmUpResult | undefined> {
     const maxMs = settings.standbyWarmUpMs.read()
-    if (maxMs <= 0 || (this.#backend !== "wasm" && this.#backend !== "cpu")) return
+    if (maxMs <= 0 || (this.#backend !== "wasm" && this.#backend !== "cpu")) return undefined
     // Lowered throughout (its host's limit may have given the priority back while it prepared): on
     // cores the short group shares, it takes what the survivors leave idle. Starved, it only does
     // fewer steps in its time; admitted (worker.ts run), it takes its own priority back.
@@ -188,9 +188,11 @@ export class WorkerRun {
     try {
       const r = await warmUpTraining(this.#tf, { maxMs, maxSteps: WARM_UP_MAX_STEPS })
       this.#ctx.log.info(`standby warm-up: ${r.steps} training steps of a small model in ${Math.round(r.ms)} ms`)
+      return r
     } catch (e) {
       // Only a head start: a standby that could not warm up joins cold, as it did before.
       this.#ctx.log.warn(`standby warm-up failed, joining without it: ${String(e).split("\n")[0]}`)
+      return undefined
     }
   }
 

@@ -38,8 +38,8 @@ export const trainWorker = defineActor(
     const position = () => ({ ops: 0, reports: 0, stepsSinceReport: 0, inFit: false, epoch: 0, stepInEpoch: 0, stepsPerEpoch: 0 })
     return {
       prepare: async () => {
-        await worker.prepare()
-        return null
+        const warmUp = await worker.prepare()
+        return warmUp ? { warmUpSteps: warmUp.steps, warmUpMs: Math.round(warmUp.ms) } : null
       },
       run: (admission) => {
         if (!started) {
