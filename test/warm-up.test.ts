@@ -15,6 +15,8 @@ interface Outcome {
   readonly draws: number
   readonly names: ReadonlyArray<string>
   readonly optimizerNames: ReadonlyArray<string>
+  /** The name tfjs gives a variable made without one after all that. */
+  readonly unnamed: string
 }
 
 /** In a fresh process on `backend`: the warm-up with each of `bounds`, then the digits MLP built, compiled and trained one batch. */
@@ -35,7 +37,8 @@ const run = (backend: string, bounds: ReadonlyArray<{ maxMs: number; maxSteps: n
     model.compile({ optimizer: tf.train.adam(0.01), loss: "categoricalCrossentropy" })
     await model.trainOnBatch(tf.zeros([4, 64]), tf.oneHot(tf.tensor1d([0, 1, 2, 3], "int32"), 10))
     const optimizerNames = (await model.optimizer.getWeights()).map((w) => w.name)
-    console.log(JSON.stringify({ runs, left, draws, names: model.weights.map((w) => w.name), optimizerNames }))`
+    const unnamed = tf.variable(tf.zeros([2])).name
+    console.log(JSON.stringify({ runs, left, draws, names: model.weights.map((w) => w.name), optimizerNames, unnamed }))`
   const out = execFileSync(process.execPath, ["--input-type=module", "-e", script], { cwd: ROOT, encoding: "utf8", timeout: 90_000 })
   return JSON.parse(out.trim().split("\n").pop()!) as Outcome
 }
@@ -61,6 +64,7 @@ describe("a standby worker's warm-up", () => {
     expect(warmed.names).toEqual(fresh.names)
     expect(fresh.optimizerNames.length).toBeGreaterThan(fresh.names.length)
     expect(warmed.optimizerNames).toEqual(fresh.optimizerNames)
+    expect(warmed.unnamed).toEqual(fresh.unnamed)
   })
 
   it("on the cpu backend too (tfjs's own Adam there)", { timeout: 120_000 }, () => {
@@ -70,5 +74,6 @@ describe("a standby worker's warm-up", () => {
     expect(warmed.left).toEqual({ tensors: 0, variables: 0 })
     expect(warmed.names).toEqual(fresh.names)
     expect(warmed.optimizerNames).toEqual(fresh.optimizerNames)
+    expect(warmed.unnamed).toEqual(fresh.unnamed)
   })
 })

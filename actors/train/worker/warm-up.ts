@@ -8,8 +8,9 @@
 // (docs/benchmarks.md). The warm-up makes that wait happen while the group runs short-handed.
 //
 // It leaves nothing behind: its layers and variables are named under its own prefix (so a model the
-// loop builds later gets the same layer and weight names as in a fresh process), and every tensor
-// and variable it made is disposed. Its data are made up and its initial weights seeded, so no
+// loop builds later gets the same layer and weight names as in a fresh process), every tensor and
+// variable it made is disposed, and the numbers tfjs gave its optimizer's unnamed variables are
+// given back. Its data are made up and its initial weights seeded, so no
 // unseeded random generator (Math.random, which tfjs's unseeded initializers draw on) is used.
 import { batchTensors, fitBatch, type ShardSource } from "./batches.ts"
 import { fusedAdamStep } from "../../../core/kernels/fused-adam.ts"
@@ -47,6 +48,7 @@ export const warmUpTraining = async (tf: Tf, options: WarmUpOptions): Promise<Wa
   const t0 = performance.now()
   if (!(options.maxMs > 0) || !(options.maxSteps > 0)) return { steps: 0, ms: 0 }
   const t = tf as unknown as typeof import("@tensorflow/tfjs")
+  const firstVariableId = (tf.engine() as unknown as { constructor: { nextVariableId?: number } }).constructor.nextVariableId ?? 0
   const x = new Float32Array(ROWS * FEATURES)
   for (let i = 0; i < x.length; i++) x[i] = Math.sin(i * 0.37) * 0.5
   const y = new Int32Array(ROWS)
@@ -94,6 +96,15 @@ export const warmUpTraining = async (tf: Tf, options: WarmUpOptions): Promise<Wa
   } finally {
     optimizer.dispose()
     model.dispose()
+    // Adam's slots are variables without a name, numbered by tfjs's engine: the numbers the
+    // warm-up took are given back, so that a loop's own unnamed variables get the numbers they get
+    // in its peers' processes. (Only when none of those numbers is still in use.)
+    const engine = tf.engine() as unknown as { registeredVariables: Record<string, unknown>; constructor: { nextVariableId?: number } }
+    const counter = engine.constructor
+    if (typeof counter.nextVariableId === "number" && counter.nextVariableId > firstVariableId) {
+      const taken = Object.keys(engine.registeredVariables).some((name) => /^\d+$/.test(name) && Number(name) >= firstVariableId)
+      if (!taken) counter.nextVariableId = firstVariableId
+    }
   }
   return { steps, ms: performance.now() - t0 }
 }
