@@ -2,7 +2,7 @@ import { afterEach, describe, expect, it } from "vitest"
 import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
-import { CheckpointStore, readCheckpoint } from "../actors/train/driver/checkpoint-store.ts"
+import { CheckpointStore, indexJson, readCheckpoint } from "../actors/train/driver/checkpoint-store.ts"
 import { ConfigError } from "../core/errors.ts"
 
 const dirs: string[] = []
@@ -31,6 +31,24 @@ describe("checkpoint store", () => {
     expect(reopened.latest()?.name).toBe("checkpoint_000000")
     const e2 = await reopened.save({ files: {}, metadata: {} }, {})
     expect(e2.index).toBe(1)
+  })
+
+  it("writes its index with one entry per line, each as it was saved, pruned ones gone", async () => {
+    const dir = await tmp()
+    // The best two by score and the latest are kept.
+    const store = await CheckpointStore.open(dir, { numToKeep: 2, scoreAttribute: "acc", scoreOrder: "max" })
+    for (const acc of [0.5, 0.9, 0.7, 0.8, 0.6]) await store.save({ files: {}, metadata: {} }, { acc, note: `acc ${acc}` })
+    const text = await fs.readFile(path.join(dir, "checkpoints.json"), "utf8")
+    const parsed = JSON.parse(text) as { entries: Array<Record<string, unknown>> }
+    expect(parsed.entries).toEqual(store.list().map(({ path: _p, ...rest }) => rest))
+    expect(parsed.entries.map((e) => (e.metrics as { acc: number }).acc)).toEqual([0.9, 0.8, 0.6])
+    const lines = text.split("\n").filter((l) => l.trim().startsWith("{\"name\""))
+    expect(lines).toHaveLength(3)
+    // Read back by a new store (and an empty one written) as before.
+    expect((await CheckpointStore.open(dir)).list().map((e) => e.index)).toEqual(store.list().map((e) => e.index))
+    const empty = await tmp()
+    await fs.writeFile(path.join(empty, "checkpoints.json"), indexJson([]))
+    expect(JSON.parse(await fs.readFile(path.join(empty, "checkpoints.json"), "utf8"))).toEqual({ entries: [] })
   })
 
   it("keeps the best numToKeep by score, and always the latest", async () => {
