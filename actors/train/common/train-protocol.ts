@@ -544,13 +544,17 @@ export type ServerArgs = typeof ServerArgs.Type
 export const Admission = Schema.Struct({ placement: Placement, join: Schema.optionalKey(JoinPosition) })
 export type Admission = typeof Admission.Type
 
+/** A standby worker's warm-up before it said it was ready (actors/train/worker/warm-up.ts): training steps, whole ms. */
+export const WarmUp = Schema.Struct({ steps: Schema.Number, ms: Schema.Number })
+export type WarmUp = typeof WarmUp.Type
+
 export const WorkerProtocol = defineProtocol("trainer-worker", {
   /**
    * Load the engine, open the collective connections and import the loop module, without joining
    * a group (a standby worker), then warm up (warm-up.ts): answered when done, with the warm-up's
    * steps and time (null when it did none). `run` does the same first when it was not asked.
    */
-  prepare: { request: Schema.Null, reply: Schema.NullOr(Schema.Struct({ warmUpSteps: Schema.Number, warmUpMs: Schema.Number })) },
+  prepare: { request: Schema.Null, reply: Schema.NullOr(WarmUp) },
   /**
    * Start the user's loop (answered at once; the loop runs in the background). A standby worker is
    * given its admission here: the placement and join it runs with instead of its spawn args'.

@@ -183,7 +183,7 @@ export class Refill {
           workers: r.length,
           ms: Math.round(performance.now() - t0),
           // Each one's warm-up (steps, ms) within that time, where it did one (GRADWIRE_STANDBY_WARM_UP_MS).
-          ...(warmed.length ? { warmUp: warmed.map((w) => ({ steps: w.steps, ms: w.ms })) } : {})
+          ...(warmed.length ? { warmUp: warmed } : {})
         })
         const current = this.#x.controller.current
         if (current) this.check(current)

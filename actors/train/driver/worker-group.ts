@@ -15,7 +15,7 @@ import type { ActorSystem } from "../../runtime/system.ts"
 import type { ActorDown, WatchOptions } from "../../runtime/watcher.ts"
 import { TIMED_OUT, withDeadline } from "../../runtime/deadline.ts"
 import { agentRef, spawnActor, type SpawnedActor } from "../../node/spawn.ts"
-import { WorkerProtocol, type JoinPosition, type Placement, type WorkerArgs } from "../common/train-protocol.ts"
+import { WorkerProtocol, type JoinPosition, type Placement, type WarmUp, type WorkerArgs } from "../common/train-protocol.ts"
 import { datasetModules } from "./dataset-payloads.ts"
 import type { Resolved } from "./options.ts"
 
@@ -88,8 +88,8 @@ const STANDBY_PREPARE_MS = 120_000
 export interface Standby {
   readonly actor: SpawnedActor
   readonly nodeId: string
-  /** Its warm-up before it said it was ready (actors/train/worker/warm-up.ts), when it did one. */
-  readonly warmUp?: { readonly steps: number; readonly ms: number }
+  /** Its warm-up before it said it was ready, when it did one. */
+  readonly warmUp?: WarmUp
 }
 
 /** One rank to spawn: where, with what. */
@@ -303,7 +303,7 @@ export class WorkerGroup {
           void w.down(this.#liveness(w)).then(() => {
             this.#workers = this.#workers.filter((x) => x !== w)
           })
-          return { actor: w, nodeId: r.nodeId, ...(warmUp ? { warmUp: { steps: warmUp.warmUpSteps, ms: warmUp.warmUpMs } } : {}) }
+          return { actor: w, nodeId: r.nodeId, ...(warmUp ? { warmUp } : {}) }
         })
       )
     } catch (e) {

@@ -39,7 +39,7 @@ export const trainWorker = defineActor(
     return {
       prepare: async () => {
         const warmUp = await worker.prepare()
-        return warmUp ? { warmUpSteps: warmUp.steps, warmUpMs: Math.round(warmUp.ms) } : null
+        return warmUp ? { steps: warmUp.steps, ms: Math.round(warmUp.ms) } : null
       },
       run: (admission) => {
         if (!started) {
