@@ -48,7 +48,9 @@ export const warmUpTraining = async (tf: Tf, options: WarmUpOptions): Promise<Wa
   const t0 = performance.now()
   if (!(options.maxMs > 0) || !(options.maxSteps > 0)) return { steps: 0, ms: 0 }
   const t = tf as unknown as typeof import("@tensorflow/tfjs")
-  const firstVariableId = (tf.engine() as unknown as { constructor: { nextVariableId?: number } }).constructor.nextVariableId ?? 0
+  // tfjs's engine: its registered variables, and (on its class) the counter that numbers variables made without a name.
+  const engine = tf.engine() as unknown as { registeredVariables: Record<string, unknown>; constructor: { nextVariableId?: number } }
+  const firstVariableId = engine.constructor.nextVariableId ?? 0
   const x = new Float32Array(ROWS * FEATURES)
   for (let i = 0; i < x.length; i++) x[i] = Math.sin(i * 0.37) * 0.5
   const y = new Int32Array(ROWS)
@@ -99,7 +101,6 @@ export const warmUpTraining = async (tf: Tf, options: WarmUpOptions): Promise<Wa
     // Adam's slots are variables without a name, numbered by tfjs's engine: the numbers the
     // warm-up took are given back, so that a loop's own unnamed variables get the numbers they get
     // in its peers' processes. (Only when none of those numbers is still in use.)
-    const engine = tf.engine() as unknown as { registeredVariables: Record<string, unknown>; constructor: { nextVariableId?: number } }
     const counter = engine.constructor
     if (typeof counter.nextVariableId === "number" && counter.nextVariableId > firstVariableId) {
       const taken = Object.keys(engine.registeredVariables).some((name) => /^\d+$/.test(name) && Number(name) >= firstVariableId)
