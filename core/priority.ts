@@ -9,8 +9,17 @@
 // done where it can be undone: raising a priority back needs CAP_SYS_NICE (root has it) or an
 // RLIMIT_NICE that allows the value; without either a process that lowered itself would stay
 // slower than its group for good (a straggler every step waits for), so it does not lower at all.
+//
+// Where it is lowered, its threads also take Linux's SCHED_IDLE scheduling policy (through
+// util-linux's chrt; a nice value alone where chrt is missing or fails). A nice-19 thread still
+// runs out its time slice when a worker wakes on its core (EEVDF protects the slice): two processes
+// exchanging a message after each 0.3 ms of work, the all-reduce's pattern, took 1.8x as long per
+// round beside one busy nice-19 process (which got 0.98 of a core), 1.3x beside a SCHED_IDLE one
+// (0.55 of a core), on this project's 2-core machine. A SCHED_IDLE thread gives way at once.
+import { spawnSync } from "node:child_process"
 import * as fs from "node:fs"
 import * as os from "node:os"
+import { standbySchedIdle } from "./settings.ts"
 
 /** CAP_SYS_NICE's bit in /proc/<pid>/status's capability masks. */
 const CAP_SYS_NICE = 23n
@@ -58,6 +67,30 @@ const setAll = (nice: number): boolean => {
   return ok
 }
 
+/** SCHED_IDLE, as /proc/<pid>/task/<tid>/stat's policy field (the 41st) says it. */
+export const SCHED_IDLE = 5
+
+/** The scheduling policy of each of a process's threads (Linux; none where /proc cannot be read). */
+export const threadPolicies = (pid: number | "self" = "self"): number[] => {
+  try {
+    // Field 41 of a thread's stat line, the 39th after its parenthesised name.
+    return fs.readdirSync(`/proc/${pid}/task`).map((t) => Number(fs.readFileSync(`/proc/${pid}/task/${t}/stat`, "utf8").split(") ")[1]!.split(" ")[38]))
+  } catch {
+    return []
+  }
+}
+
+/**
+ * Sets every thread of this process to SCHED_IDLE (`idle`) or back to the normal policy, with
+ * chrt (threads started later inherit the main thread's). False when chrt is missing, fails, or
+ * takes over 3 s (a process being put back runs SCHED_IDLE until then, and so does chrt, which it
+ * starts: on cores that never idle that could take long).
+ */
+const setPolicy = (idle: boolean): boolean => {
+  const r = spawnSync("chrt", [idle ? "--idle" : "--other", "--all-tasks", "--pid", "0", String(process.pid)], { stdio: "ignore", timeout: 3_000 })
+  return r.status === 0
+}
+
 /** The parent process's nice value, if it can be read. */
 const parentNice = (): number | undefined => {
   try {
@@ -88,6 +121,10 @@ let foregroundNice: number | undefined
 let limit: ReturnType<typeof setTimeout> | undefined
 /** The nice value backgroundPriority last lowered this process to. */
 let lastLowered: number | undefined
+/** Whether backgroundPriority put this process's threads on SCHED_IDLE (until foregroundPriority). */
+let idled = false
+/** Whether backgroundPriority's last lowering put this process on SCHED_IDLE. */
+let lastIdled: boolean | undefined
 
 /**
  * How long a process stays lowered at most: a standby worker prepares in 1.9-2.2 s at nice 19 on
@@ -101,11 +138,11 @@ export const BACKGROUND_LIMIT_MS = 3_000
  * Lowers this process's priority by `by` nice steps (at most to 19), where it can be given back
  * (mayRaiseTo), for at most `limitMs` (Infinity: until foregroundPriority): then it is given back
  * whatever happened (a process lowered on cores that never idle would otherwise take minutes over
- * what takes seconds). Returns the
- * nice value it runs at now, or undefined when nothing changed (`by` 0, not Linux, no way back,
- * already lowered).
+ * what takes seconds). With `idle` (by default, GRADWIRE_STANDBY_SCHED_IDLE) its threads run
+ * SCHED_IDLE besides. Returns the nice value it runs at now, or undefined when nothing changed
+ * (`by` 0, not Linux, no way back, already lowered).
  */
-export const backgroundPriority = (by: number, limitMs = BACKGROUND_LIMIT_MS): number | undefined => {
+export const backgroundPriority = (by: number, limitMs = BACKGROUND_LIMIT_MS, idle = standbySchedIdle.read()): number | undefined => {
   if (!(by > 0) || foregroundNice !== undefined || process.platform !== "linux") return undefined
   // The value to come back to: the parent's (the agent lowered this process's main thread right
   // after spawning it, lowerChild), or this one's where that is lower.
@@ -115,6 +152,8 @@ export const backgroundPriority = (by: number, limitMs = BACKGROUND_LIMIT_MS): n
   foregroundNice = base
   lastLowered = target
   setAll(target)
+  idled = idle && setPolicy(true)
+  lastIdled = idled
   if (Number.isFinite(limitMs)) {
     limit = setTimeout(() => void foregroundPriority(), limitMs)
     limit.unref()
@@ -132,7 +171,11 @@ export const foregroundPriority = (): boolean => {
   if (base === undefined) return true
   foregroundNice = undefined
   clearTimeout(limit)
-  return setAll(base)
+  // The nice value first: leaving SCHED_IDLE needs the right to run at the nice value it has then.
+  const niced = setAll(base)
+  if (!idled) return niced
+  idled = false
+  return setPolicy(false) && niced
 }
 
 /**
@@ -143,3 +186,12 @@ export const backgroundNice = (): number | undefined => lastLowered
 
 /** Whether backgroundPriority lowered this process and foregroundPriority has not given it back. */
 export const inBackground = (): boolean => foregroundNice !== undefined
+
+/** Whether backgroundPriority put this process on SCHED_IDLE and foregroundPriority has not taken it off. */
+export const onIdlePolicy = (): boolean => idled
+
+/**
+ * Whether backgroundPriority's last lowering also put this process on SCHED_IDLE, also after it was
+ * given back; undefined when it never lowered it.
+ */
+export const backgroundSchedIdle = (): boolean | undefined => lastIdled

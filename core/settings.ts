@@ -232,6 +232,15 @@ export const standbyNice: Setting<number> = {
   }
 }
 
+/** Whether a lowered process (standbyNice) also runs on Linux's SCHED_IDLE policy (core/priority.ts). */
+export const standbySchedIdle: Setting<boolean> = {
+  name: "GRADWIRE_STANDBY_SCHED_IDLE",
+  default: "1",
+  description:
+    "whether a process lowered by GRADWIRE_STANDBY_NICE also runs on Linux's SCHED_IDLE scheduling policy while lowered (set with util-linux's chrt; the nice value alone without it): a nice-19 process still runs out its time slice when a worker wakes on its core, a SCHED_IDLE one gives way at once; read in the lowered process (a worker inherits its node agent's environment); 0: the nice value alone",
+  read: () => raw("GRADWIRE_STANDBY_SCHED_IDLE") !== "0"
+}
+
 /** How long a standby worker warms its training paths before it says it is ready (actors/train/worker/warm-up.ts). */
 export const standbyWarmUpMs: Setting<number> = {
   name: "GRADWIRE_STANDBY_WARM_UP_MS",
@@ -305,6 +314,7 @@ export const SETTINGS: ReadonlyArray<Setting<unknown>> = [
   webgpuConvFilter,
   warmHosts,
   standbyNice,
+  standbySchedIdle,
   standbyWarmUpMs,
   startNice,
   cacheDir,

@@ -14,6 +14,7 @@ import { readEvents as events, sameWeights } from "./support/trainer-runs.ts"
 import { liveNatsServerPids } from "../core/nats-server.ts"
 import { makeHold } from "./support/hold.ts"
 import { mayRaiseTo } from "../core/priority.ts"
+import { chrtRuns } from "./support/nice.ts"
 
 // The digits example's loop; with `holdFile` a short group's steps are slowed until it is whole again (hold.ts).
 const CHAOS = path.resolve("test/support/chaos-loop.ts") + "#trainLoop"
@@ -67,7 +68,7 @@ const killedMidEpoch = async (
 }
 
 /** What a rank's process ran at (chaos-loop.ts recordNice). */
-type Nice = { readonly lowered: number | null; readonly atImport: number; readonly atStart: number }
+type Nice = { readonly lowered: number | null; readonly atImport: number; readonly atStart: number; readonly schedIdle: boolean | null; readonly idleAtStart: boolean }
 
 describe("recovery from surviving peers", () => {
   it("a worker killed mid-epoch costs the step in flight: the survivors go on short-handed at once, and a replacement started meanwhile joins them in place", { timeout: 150_000 }, async () => {
@@ -101,16 +102,17 @@ describe("recovery from surviving peers", () => {
     const plans = all.filter((e) => e.type === "explain" && String(e.summary).startsWith("gradwire: all-reduce auto")).map((e) => String(e.summary))
     expect(plans.filter((s) => s.includes("(measured)")).length).toBeGreaterThanOrEqual(1)
     expect(plans.at(-1)).toContain("(measured by an earlier group of this shape)")
-    // The replacement prepared at a lower CPU priority (GRADWIRE_STANDBY_NICE, 19 by default)
-    // where it could take its own back, and ran its loop at the group's; the first group at theirs.
+    // The replacement prepared at a lower CPU priority (GRADWIRE_STANDBY_NICE, 19 by default, and
+    // SCHED_IDLE where chrt is there) where it could take its own back, and ran its loop at the
+    // group's, on the normal policy; the first group at theirs.
     // (Whether it was still lowered when it imported the loop depends on the load: its host gives
     // the priority back after BACKGROUND_LIMIT_MS whatever happened.)
     const base = os.getPriority()
-    const first = { lowered: null, atImport: base, atStart: base }
+    const first = { lowered: null, atImport: base, atStart: base, schedIdle: null, idleAtStart: false }
     expect([...nice].filter(([k]) => k.startsWith("0-")).map(([, v]) => v)).toEqual([first, first, first, first])
     const joined = [...nice].filter(([k]) => !k.startsWith("0-"))
     expect(joined.length).toBe(1)
-    expect(joined[0]![1]).toMatchObject({ lowered: mayRaiseTo(base) ? 19 : null, atStart: base })
+    expect(joined[0]![1]).toMatchObject({ lowered: mayRaiseTo(base) ? 19 : null, atStart: base, schedIdle: mayRaiseTo(base) ? chrtRuns() : null, idleAtStart: false })
     // Before it said it was ready, the replacement (and only it) warmed its training paths up
     // (actors/train/worker/warm-up.ts), and the group's weights stayed the same on every rank (above).
     const logs = path.join(r.path, "logs")

@@ -5,8 +5,8 @@ import { describe, expect, it } from "vitest"
 import { execFileSync, spawn } from "node:child_process"
 import * as os from "node:os"
 import * as path from "node:path"
-import { lowerChild, mayRaiseTo } from "../core/priority.ts"
-import { highestNice } from "./support/nice.ts"
+import { lowerChild, mayRaiseTo, SCHED_IDLE } from "../core/priority.ts"
+import { chrtRuns, highestNice } from "./support/nice.ts"
 
 const PRIORITY = path.resolve("core/priority.ts")
 
@@ -16,6 +16,7 @@ const inChild = (body: string, env: NodeJS.ProcessEnv = process.env): unknown =>
     import * as p from ${JSON.stringify(PRIORITY)}
     import * as fs from "node:fs"
     const nices = () => fs.readdirSync("/proc/self/task").map((t) => Number(fs.readFileSync("/proc/self/task/" + t + "/stat", "utf8").split(") ")[1].split(" ")[16]))
+    const policies = () => [...new Set(p.threadPolicies())]
     ${body}`
   return JSON.parse(execFileSync(process.execPath, ["--input-type=module", "-e", script], { env, encoding: "utf8", timeout: 20_000 }))
 }
@@ -23,16 +24,20 @@ const inChild = (body: string, env: NodeJS.ProcessEnv = process.env): unknown =>
 describe.runIf(process.platform === "linux")("a standby's CPU priority", () => {
   const base = os.getPriority()
   const may = mayRaiseTo(base)
+  const idle = may && chrtRuns()
 
   it("lowers every thread and gives all of them back; a second lowering while lowered does nothing", () => {
     const out = inChild(`
       const before = nices()
+      const policyBefore = policies()
       const lowered = p.backgroundPriority(7)
       const during = nices()
+      const policyDuring = policies()
+      const onIdle = p.onIdlePolicy()
       const again = p.backgroundPriority(3)
       const inBackground = p.inBackground()
       const back = p.foregroundPriority()
-      console.log(JSON.stringify({ before, lowered, during, again, inBackground, back, after: nices(), inBackgroundAfter: p.inBackground() }))`) as Record<string, unknown>
+      console.log(JSON.stringify({ before, policyBefore, lowered, during, policyDuring, onIdle, again, inBackground, back, after: nices(), policyAfter: policies(), onIdleAfter: p.onIdlePolicy(), schedIdle: p.backgroundSchedIdle() ?? null, inBackgroundAfter: p.inBackground() }))`) as Record<string, unknown>
     const threads = (out.before as number[]).length
     expect(threads).toBeGreaterThan(1)
     expect(out.before).toEqual(Array(threads).fill(base))
@@ -46,10 +51,33 @@ describe.runIf(process.platform === "linux")("a standby's CPU priority", () => {
       expect(out.during).toEqual(Array((out.during as number[]).length).fill(base))
       expect(out.inBackground).toBe(false)
     }
+    // Lowered, every thread also ran on SCHED_IDLE (with chrt; GRADWIRE_STANDBY_SCHED_IDLE is on by
+    // default), and all of them are back on the normal policy (0) after.
+    expect(out.policyBefore).toEqual([0])
+    expect(out.policyDuring).toEqual([idle ? SCHED_IDLE : 0])
+    expect(out.onIdle).toBe(idle)
+    expect(out.schedIdle).toBe(may ? idle : null)
     expect(out.again).toBeUndefined()
     expect(out.back).toBe(true)
     expect(out.after).toEqual(Array((out.after as number[]).length).fill(base))
+    expect(out.policyAfter).toEqual([0])
+    expect(out.onIdleAfter).toBe(false)
     expect(out.inBackgroundAfter).toBe(false)
+  })
+
+  it("with GRADWIRE_STANDBY_SCHED_IDLE=0 lowers the nice value alone", () => {
+    const out = inChild(
+      `const lowered = p.backgroundPriority(4)
+       const during = { nice: Math.max(...nices()), policy: policies(), schedIdle: p.backgroundSchedIdle() ?? null }
+       p.foregroundPriority()
+       console.log(JSON.stringify({ lowered: lowered ?? null, during, after: { nice: Math.max(...nices()), policy: policies() } }))`,
+      { ...process.env, GRADWIRE_STANDBY_SCHED_IDLE: "0" }
+    )
+    expect(out).toEqual({
+      lowered: may ? Math.min(19, base + 4) : null,
+      during: { nice: may ? Math.min(19, base + 4) : base, policy: [0], schedIdle: may ? false : null },
+      after: { nice: base, policy: [0] }
+    })
   })
 
   it("lowers nothing for 0 or a negative step, and giving back without lowering is a no-op", () => {
@@ -61,11 +89,14 @@ describe.runIf(process.platform === "linux")("a standby's CPU priority", () => {
     const out = inChild(`
       const lowered = p.backgroundPriority(6, 200)
       const during = nices()
+      const policyDuring = policies()
       await new Promise((r) => setTimeout(r, 600))
-      console.log(JSON.stringify({ lowered: lowered ?? null, during, after: nices(), inBackground: p.inBackground() }))`) as Record<string, unknown>
+      console.log(JSON.stringify({ lowered: lowered ?? null, during, policyDuring, after: nices(), policyAfter: policies(), inBackground: p.inBackground() }))`) as Record<string, unknown>
     expect(out.lowered).toBe(may ? Math.min(19, base + 6) : null)
     expect(Math.max(...(out.during as number[]))).toBe(may ? Math.min(19, base + 6) : base)
+    expect(out.policyDuring).toEqual([idle ? SCHED_IDLE : 0])
     expect(out.after).toEqual(Array((out.after as number[]).length).fill(base))
+    expect(out.policyAfter).toEqual([0])
     expect(out.inBackground).toBe(false)
   })
 

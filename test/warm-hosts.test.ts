@@ -14,8 +14,8 @@ import { silentLogger } from "../actors/runtime/log.ts"
 import { ActorSystem } from "../actors/runtime/system.ts"
 import { EchoProtocol } from "./support/actors-fixtures.ts"
 import { FIXTURES, TestRig, eventually, pidAlive, sleep, type AgentProc } from "./support/actors-processes.ts"
-import { mayRaiseTo } from "../core/priority.ts"
-import { threadNices } from "./support/nice.ts"
+import { mayRaiseTo, SCHED_IDLE, threadPolicies } from "../core/priority.ts"
+import { chrtRuns, threadNices } from "./support/nice.ts"
 
 const rig = new TestRig()
 afterAll(() => rig.cleanup())
@@ -43,6 +43,8 @@ const warmChildren = (agentPid: number): number[] =>
 
 /** The nice values of a process's threads, distinct and sorted. */
 const niceValues = (pid: number): number[] => [...new Set(threadNices(pid))].sort((a, b) => a - b)
+/** The scheduling policies of a process's threads, distinct and sorted (0 normal, 5 SCHED_IDLE). */
+const policies = (pid: number): number[] => [...new Set(threadPolicies(pid))].sort((a, b) => a - b)
 
 describe("warm actor processes", () => {
   let url: string
@@ -102,17 +104,20 @@ describe("warm actor processes", () => {
     expect(warmChildren(agent.pid).filter((p) => p !== busy.pid)).toEqual([])
     const standby = await spawnActor(driver, { node: "full", name: "standby", module: FIXTURES, export: "echoActor", env: { GRADWIRE_START_NICE: "19" } })
     // Lowered on every thread (the agent lowers its main thread just after the fork: read before
-    // that, a process shows its inherited value for a moment).
-    const lowered = (p: number): boolean => niceValues(p).join() === "19"
+    // that, a process shows its inherited value for a moment), and on SCHED_IDLE where chrt runs.
+    const idle = chrtRuns() ? SCHED_IDLE : 0
+    const lowered = (p: number): boolean => niceValues(p).join() === "19" && policies(p).join() === String(idle)
     const first = await eventually("a lowered warm process", 30_000, () => warmChildren(agent.pid).find((p) => p !== busy.pid && lowered(p)))
     const a = await spawnActor(driver, { node: "full", name: "a", module: FIXTURES, export: "echoActor" })
     expect(a.pid).toBe(first)
     expect(niceValues(first)).toEqual([base])
+    expect(policies(first)).toEqual([0])
     // The next one, taken by a standby worker's spawn, stays lowered (until its worker joins).
     const second = await eventually("the pool to fill again, lowered", 30_000, () => warmChildren(agent.pid).find((p) => p !== first && p !== busy.pid && lowered(p)))
     const b = await spawnActor(driver, { node: "full", name: "b", module: FIXTURES, export: "echoActor", env: { GRADWIRE_START_NICE: "19" } })
     expect(b.pid).toBe(second)
     expect(niceValues(second)).toEqual([19])
+    expect(policies(second)).toEqual([idle])
     for (const x of [busy, standby, a, b]) expect(await x.kill()).toBe(true)
   })
 

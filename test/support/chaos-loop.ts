@@ -15,7 +15,9 @@
 // value the worker's host lowered it to while it prepared (core/priority.ts backgroundNice; null
 // when it never lowered it), `atImport` and `atStart`, the highest nice value among its threads
 // when this module was imported (a standby imports it while it prepares, lowered unless its limit
-// gave its priority back already) and when its loop started (after it joined).
+// gave its priority back already) and when its loop started (after it joined); `schedIdle`, whether
+// its host's lowering also put it on SCHED_IDLE (backgroundSchedIdle), and `idleAtStart`, whether
+// any of its threads was still on SCHED_IDLE when its loop started.
 import { writeFileSync } from "node:fs"
 import * as path from "node:path"
 import type { TrainContext } from "../../index.ts"
@@ -23,7 +25,7 @@ import { trainLoop as digitsLoop, type DigitsConfig } from "../../examples/digit
 import { PositionFile } from "./positions.ts"
 import { holdStep } from "./hold.ts"
 import { highestNice } from "./nice.ts"
-import { backgroundNice } from "../../core/priority.ts"
+import { backgroundNice, backgroundSchedIdle, SCHED_IDLE, threadPolicies } from "../../core/priority.ts"
 
 const niceAtImport = highestNice()
 
@@ -87,7 +89,7 @@ const instrumented = (ctx: TrainContext, minMs: number, stepFile: string | undef
 
 export async function trainLoop(config: ChaosLoopConfig, ctx: TrainContext): Promise<void> {
   writeFileSync(path.join(config.pidDir, `${ctx.attempt}-${ctx.worldRank}.pid`), String(process.pid))
-  if (config.recordNice) writeFileSync(path.join(config.pidDir, `${ctx.attempt}-${ctx.worldRank}.nice`), JSON.stringify({ lowered: backgroundNice() ?? null, atImport: niceAtImport, atStart: highestNice() }))
+  if (config.recordNice) writeFileSync(path.join(config.pidDir, `${ctx.attempt}-${ctx.worldRank}.nice`), JSON.stringify({ lowered: backgroundNice() ?? null, atImport: niceAtImport, atStart: highestNice(), schedIdle: backgroundSchedIdle() ?? null, idleAtStart: threadPolicies().includes(SCHED_IDLE) }))
   const stepFile = config.trackSteps && ctx.worldRank === 0 ? path.join(config.pidDir, `${ctx.attempt}.step`) : undefined
   const positions = config.positions ? new PositionFile(config.pidDir) : undefined
   const paced = config.minEpochMs || stepFile || config.holdFile || positions

@@ -1,5 +1,6 @@
 // A process's threads' nice values, as the tests of lowered standby workers and warm processes
 // read them (core/priority.ts sets them): /proc/<pid>/task/<tid>/stat.
+import { spawnSync } from "node:child_process"
 import { readdirSync, readFileSync } from "node:fs"
 
 /** The nice values of a process's threads (Linux; none elsewhere, or when it is gone). */
@@ -14,3 +15,6 @@ export const threadNices = (pid: number | "self" = "self"): number[] => {
 
 /** The highest nice value among this process's threads (0 where they cannot be read). */
 export const highestNice = (): number => Math.max(0, ...threadNices())
+
+/** Whether util-linux's chrt runs here (core/priority.ts sets SCHED_IDLE with it). */
+export const chrtRuns = (): boolean => spawnSync("chrt", ["--version"], { stdio: "ignore" }).status === 0
