@@ -15,6 +15,7 @@ import { liveNatsServerPids } from "../core/nats-server.ts"
 import { makeHold } from "./support/hold.ts"
 import { mayRaiseTo } from "../core/priority.ts"
 import { chrtRuns } from "./support/nice.ts"
+import { standbySchedIdle } from "../core/settings.ts"
 
 // The digits example's loop; with `holdFile` a short group's steps are slowed until it is whole again (hold.ts).
 const CHAOS = path.resolve("test/support/chaos-loop.ts") + "#trainLoop"
@@ -112,7 +113,7 @@ describe("recovery from surviving peers", () => {
     expect([...nice].filter(([k]) => k.startsWith("0-")).map(([, v]) => v)).toEqual([first, first, first, first])
     const joined = [...nice].filter(([k]) => !k.startsWith("0-"))
     expect(joined.length).toBe(1)
-    expect(joined[0]![1]).toMatchObject({ lowered: mayRaiseTo(base) ? 19 : null, atStart: base, schedIdle: mayRaiseTo(base) ? chrtRuns() : null, idleAtStart: false })
+    expect(joined[0]![1]).toMatchObject({ lowered: mayRaiseTo(base) ? 19 : null, atStart: base, schedIdle: mayRaiseTo(base) ? chrtRuns() && standbySchedIdle.read() : null, idleAtStart: false })
     // Before it said it was ready, the replacement (and only it) warmed its training paths up
     // (actors/train/worker/warm-up.ts), and the group's weights stayed the same on every rank (above).
     const logs = path.join(r.path, "logs")

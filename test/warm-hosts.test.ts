@@ -16,6 +16,7 @@ import { EchoProtocol } from "./support/actors-fixtures.ts"
 import { FIXTURES, TestRig, eventually, pidAlive, sleep, type AgentProc } from "./support/actors-processes.ts"
 import { mayRaiseTo, SCHED_IDLE, threadPolicies } from "../core/priority.ts"
 import { chrtRuns, threadNices } from "./support/nice.ts"
+import { standbySchedIdle } from "../core/settings.ts"
 
 const rig = new TestRig()
 afterAll(() => rig.cleanup())
@@ -105,7 +106,7 @@ describe("warm actor processes", () => {
     const standby = await spawnActor(driver, { node: "full", name: "standby", module: FIXTURES, export: "echoActor", env: { GRADWIRE_START_NICE: "19" } })
     // Lowered on every thread (the agent lowers its main thread just after the fork: read before
     // that, a process shows its inherited value for a moment), and on SCHED_IDLE where chrt runs.
-    const idle = chrtRuns() ? SCHED_IDLE : 0
+    const idle = chrtRuns() && standbySchedIdle.read() ? SCHED_IDLE : 0
     const lowered = (p: number): boolean => niceValues(p).join() === "19" && policies(p).join() === String(idle)
     const first = await eventually("a lowered warm process", 30_000, () => warmChildren(agent.pid).find((p) => p !== busy.pid && lowered(p)))
     const a = await spawnActor(driver, { node: "full", name: "a", module: FIXTURES, export: "echoActor" })
