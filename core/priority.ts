@@ -67,19 +67,6 @@ const setAll = (nice: number): boolean => {
   return ok
 }
 
-/** SCHED_IDLE, as /proc/<pid>/task/<tid>/stat's policy field (the 41st) says it. */
-export const SCHED_IDLE = 5
-
-/** The scheduling policy of each of a process's threads (Linux; none where /proc cannot be read). */
-export const threadPolicies = (pid: number | "self" = "self"): number[] => {
-  try {
-    // Field 41 of a thread's stat line, the 39th after its parenthesised name.
-    return fs.readdirSync(`/proc/${pid}/task`).map((t) => Number(fs.readFileSync(`/proc/${pid}/task/${t}/stat`, "utf8").split(") ")[1]!.split(" ")[38]))
-  } catch {
-    return []
-  }
-}
-
 /**
  * Sets every thread of this process to SCHED_IDLE (`idle`) or back to the normal policy, with
  * chrt (threads started later inherit the main thread's). False when chrt is missing, fails, or
@@ -159,6 +146,19 @@ export const backgroundPriority = (by: number, limitMs = BACKGROUND_LIMIT_MS, id
     limit.unref()
   }
   return target
+}
+
+/**
+ * Keeps this process lowered for `limitMs` from now: where backgroundPriority lowered it and has
+ * not given it back, only its limit is set anew (no thread changes); else it is lowered by `by`
+ * as backgroundPriority does. Returns the nice value it runs at, or undefined when not lowered.
+ */
+export const keepInBackground = (by: number, limitMs: number): number | undefined => {
+  if (foregroundNice === undefined) return backgroundPriority(by, limitMs)
+  clearTimeout(limit)
+  limit = setTimeout(() => void foregroundPriority(), limitMs)
+  limit.unref()
+  return lastLowered
 }
 
 /**

@@ -5,19 +5,19 @@ import { describe, expect, it } from "vitest"
 import { execFileSync, spawn } from "node:child_process"
 import * as os from "node:os"
 import * as path from "node:path"
-import { lowerChild, mayRaiseTo, SCHED_IDLE } from "../core/priority.ts"
-import { chrtRuns, highestNice } from "./support/nice.ts"
+import { lowerChild, mayRaiseTo } from "../core/priority.ts"
+import { chrtRuns, highestNice, SCHED_IDLE } from "./support/nice.ts"
 import { standbySchedIdle } from "../core/settings.ts"
 
 const PRIORITY = path.resolve("core/priority.ts")
+const NICE = path.resolve("test/support/nice.ts")
 
-/** Runs `body` in a fresh node process with core/priority.ts imported as `p`; its JSON output. */
+/** Runs `body` in a fresh node process with core/priority.ts imported as `p` (and `nices`, `policies` of its threads); its JSON output. */
 const inChild = (body: string, env: NodeJS.ProcessEnv = process.env): unknown => {
   const script = `
     import * as p from ${JSON.stringify(PRIORITY)}
-    import * as fs from "node:fs"
-    const nices = () => fs.readdirSync("/proc/self/task").map((t) => Number(fs.readFileSync("/proc/self/task/" + t + "/stat", "utf8").split(") ")[1].split(" ")[16]))
-    const policies = () => [...new Set(p.threadPolicies())]
+    import { threadNices as nices, threadPolicies } from ${JSON.stringify(NICE)}
+    const policies = () => [...new Set(threadPolicies())]
     ${body}`
   return JSON.parse(execFileSync(process.execPath, ["--input-type=module", "-e", script], { env, encoding: "utf8", timeout: 20_000 }))
 }
@@ -100,6 +100,30 @@ describe.runIf(process.platform === "linux")("a standby's CPU priority", () => {
     expect(out.after).toEqual(Array((out.after as number[]).length).fill(base))
     expect(out.policyAfter).toEqual([0])
     expect(out.inBackground).toBe(false)
+  })
+
+  it("keeping a lowered process lowered sets a new limit without giving its priority back meanwhile; an unlowered one is lowered", () => {
+    const out = inChild(`
+      const lowered = p.backgroundPriority(6, 300)
+      const kept = p.keepInBackground(6, 900)
+      await new Promise((r) => setTimeout(r, 600))
+      const during = { nice: Math.max(...nices()), policy: policies(), inBackground: p.inBackground() }
+      await new Promise((r) => setTimeout(r, 600))
+      const after = { nice: Math.max(...nices()), policy: policies(), inBackground: p.inBackground() }
+      const again = p.keepInBackground(5, 60_000)
+      const againDuring = { nice: Math.max(...nices()), inBackground: p.inBackground() }
+      p.foregroundPriority()
+      console.log(JSON.stringify({ lowered: lowered ?? null, kept: kept ?? null, during, after, again: again ?? null, againDuring }))`) as Record<string, unknown>
+    const low = Math.min(19, base + 6)
+    expect(out).toEqual({
+      lowered: may ? low : null,
+      kept: may ? low : null,
+      // 600 ms in, past the first limit (300 ms) but inside the new one (900 ms): still lowered.
+      during: { nice: may ? low : base, policy: [idle ? SCHED_IDLE : 0], inBackground: may },
+      after: { nice: base, policy: [0], inBackground: false },
+      again: may ? Math.min(19, base + 5) : null,
+      againDuring: { nice: may ? Math.min(19, base + 5) : base, inBackground: may }
+    })
   })
 
   it("a child lowered at spawn comes back to its parent's value, not the lowered one it started with", async () => {

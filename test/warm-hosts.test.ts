@@ -14,8 +14,8 @@ import { silentLogger } from "../actors/runtime/log.ts"
 import { ActorSystem } from "../actors/runtime/system.ts"
 import { EchoProtocol } from "./support/actors-fixtures.ts"
 import { FIXTURES, TestRig, eventually, pidAlive, sleep, type AgentProc } from "./support/actors-processes.ts"
-import { mayRaiseTo, SCHED_IDLE, threadPolicies } from "../core/priority.ts"
-import { chrtRuns, threadNices } from "./support/nice.ts"
+import { mayRaiseTo } from "../core/priority.ts"
+import { chrtRuns, SCHED_IDLE, threadNices, threadPolicies } from "./support/nice.ts"
 import { standbySchedIdle } from "../core/settings.ts"
 
 const rig = new TestRig()

@@ -24,8 +24,8 @@ import type { TrainContext } from "../../index.ts"
 import { trainLoop as digitsLoop, type DigitsConfig } from "../../examples/digits/train.ts"
 import { PositionFile } from "./positions.ts"
 import { holdStep } from "./hold.ts"
-import { highestNice } from "./nice.ts"
-import { backgroundNice, backgroundSchedIdle, SCHED_IDLE, threadPolicies } from "../../core/priority.ts"
+import { highestNice, SCHED_IDLE, threadPolicies } from "./nice.ts"
+import { backgroundNice, backgroundSchedIdle } from "../../core/priority.ts"
 
 const niceAtImport = highestNice()
 

@@ -16,7 +16,7 @@ import { fallbackKernelsUsed, onFallbackKernel } from "../../../core/kernels/fal
 import { describeKernels } from "../../../core/kernels/register.ts"
 import { isGpuBackend } from "../../../scheduler/gpu-backend.ts"
 import { warmUpTraining, type WarmUpResult } from "./warm-up.ts"
-import { backgroundPriority, foregroundPriority } from "../../../core/priority.ts"
+import { keepInBackground } from "../../../core/priority.ts"
 import { ConfigError } from "../../../core/errors.ts"
 import { ModuleNotAllowed } from "../../node/errors.ts"
 import { decodeMessage, encodeMessage } from "../../../core/wire.ts"
@@ -181,10 +181,7 @@ export class WorkerRun {
     // cores the short group shares, it takes what the survivors leave idle. Starved, it only does
     // fewer steps in its time; admitted (worker.ts run), it takes its own priority back.
     const nice = settings.startNice.read()
-    if (nice > 0) {
-      foregroundPriority()
-      backgroundPriority(nice, maxMs + 1_000)
-    }
+    if (nice > 0) keepInBackground(nice, maxMs + 1_000)
     try {
       const r = await warmUpTraining(this.#tf, { maxMs, maxSteps: WARM_UP_MAX_STEPS })
       this.#ctx.log.info(`standby warm-up: ${r.steps} training steps of a small model in ${Math.round(r.ms)} ms`)
