@@ -19,7 +19,8 @@
 import { spawnSync } from "node:child_process"
 import * as fs from "node:fs"
 import * as os from "node:os"
-import { standbySchedIdle } from "./settings.ts"
+import * as path from "node:path"
+import { searchPath, standbySchedIdle } from "./settings.ts"
 
 /** CAP_SYS_NICE's bit in /proc/<pid>/status's capability masks. */
 const CAP_SYS_NICE = 23n
@@ -78,6 +79,18 @@ const setPolicy = (idle: boolean): boolean => {
   return r.status === 0
 }
 
+/** SCHED_IDLE's number in Linux's sched.h (a thread's stat line's policy field). */
+const SCHED_IDLE = 5
+
+/** Whether this process's main thread runs on SCHED_IDLE (the policy field of /proc/self/stat). */
+const mainThreadIdle = (): boolean => {
+  try {
+    return Number(fs.readFileSync("/proc/self/stat", "utf8").split(") ")[1]!.split(" ")[38]) === SCHED_IDLE
+  } catch {
+    return false
+  }
+}
+
 /** The parent process's nice value, if it can be read. */
 const parentNice = (): number | undefined => {
   try {
@@ -100,6 +113,53 @@ export const lowerChild = (pid: number, by: number): void => {
   } catch {
     // The child is gone already, or not ours to lower: it runs at its inherited priority.
   }
+}
+
+/**
+ * Where this process's PATH has util-linux's chrt, if a command started through `chrt --idle 0`
+ * runs here (looked up and checked once, with chrt's own `--version` run so: a child started
+ * through a chrt that cannot set the policy would not start at all); null otherwise. An absolute
+ * path: a child's own environment need not have a PATH.
+ */
+let idleChrt: string | null | undefined
+const chrtStartingIdle = (): string | null => {
+  if (idleChrt !== undefined) return idleChrt
+  idleChrt = null
+  for (const dir of searchPath.read()) {
+    if (!path.isAbsolute(dir)) continue
+    const chrt = path.join(dir, "chrt")
+    try {
+      fs.accessSync(chrt, fs.constants.X_OK)
+    } catch {
+      continue
+    }
+    if (spawnSync(chrt, ["--idle", "0", chrt, "--version"], { stdio: "ignore", timeout: 3_000 }).status === 0) idleChrt = chrt
+    break
+  }
+  return idleChrt
+}
+
+/**
+ * How to start a child that lowerChild will lower by `by` so that it also runs on SCHED_IDLE from
+ * its first instruction: the command to put before its own (`chrt --idle 0`, which execs it, so
+ * its pid and every thread node starts inherit the policy), or none. Its host's backgroundPriority
+ * then finds it lowered and takes it off SCHED_IDLE when it gives the priority back; so the prefix
+ * is given only where that call will run the same way: on Linux, with chrt, where lowerChild
+ * lowers (this process below nice 19 and able to come back to its value) and the child's
+ * environment asks for SCHED_IDLE (`GRADWIRE_STANDBY_SCHED_IDLE`, read in the lowered process).
+ * Node's start and the host's imports took 0.35-0.45 s and 0.55-0.64 s of CPU on the 2-core
+ * machine before the host lowered its threads itself, at nice 19 only until then.
+ */
+export const idleStartPrefix = (by: number, childEnv: NodeJS.ProcessEnv): ReadonlyArray<string> => {
+  if (!(by > 0) || process.platform !== "linux" || childEnv[standbySchedIdle.name] === "0") return []
+  try {
+    const base = os.getPriority()
+    if (base >= 19 || !mayRaiseTo(base)) return []
+  } catch {
+    return []
+  }
+  const chrt = chrtStartingIdle()
+  return chrt === null ? [] : [chrt, "--idle", "0"]
 }
 
 /** The nice value the process had before backgroundPriority lowered it, while it is lowered. */
@@ -139,7 +199,9 @@ export const backgroundPriority = (by: number, limitMs = BACKGROUND_LIMIT_MS, id
   foregroundNice = base
   lastLowered = target
   setAll(target)
-  idled = idle && setPolicy(true)
+  // Started on SCHED_IDLE (idleStartPrefix), it is on it whatever this chrt does: where that
+  // failed (no chrt on this process's own PATH), foregroundPriority must still try to take it off.
+  idled = idle && (setPolicy(true) || mainThreadIdle())
   lastIdled = idled
   if (Number.isFinite(limitMs)) {
     limit = setTimeout(() => void foregroundPriority(), limitMs)

@@ -140,7 +140,7 @@ export const ci: Setting<boolean> = {
 export const searchPath: Setting<string[]> = {
   name: "PATH",
   default: "the system's",
-  description: "searched for nats-server (then /usr/sbin, /usr/local/bin, /opt/homebrew/bin, /usr/bin) when NATS_SERVER_BIN is unset",
+  description: "searched for nats-server (then /usr/sbin, /usr/local/bin, /opt/homebrew/bin, /usr/bin) when NATS_SERVER_BIN is unset, and by a node agent for util-linux's chrt (a lowered process starts on SCHED_IDLE through it)",
   standard: true,
   read: () => (raw("PATH") ?? "").split(path.delimiter).filter(Boolean)
 }
@@ -237,7 +237,7 @@ export const standbySchedIdle: Setting<boolean> = {
   name: "GRADWIRE_STANDBY_SCHED_IDLE",
   default: "1",
   description:
-    "whether a process lowered by GRADWIRE_STANDBY_NICE also runs on Linux's SCHED_IDLE scheduling policy while lowered (set with util-linux's chrt; the nice value alone without it): a nice-19 process still runs out its time slice when a worker wakes on its core, a SCHED_IDLE one gives way at once; read in the lowered process (a worker inherits its node agent's environment); 0: the nice value alone",
+    "whether a process lowered by GRADWIRE_STANDBY_NICE also runs on Linux's SCHED_IDLE scheduling policy while lowered (set with util-linux's chrt; the nice value alone without it): a nice-19 process still runs out its time slice when a worker wakes on its core, a SCHED_IDLE one gives way at once; read from the lowered process's environment (a worker inherits its node agent's), where the agent that starts it already reads it to start it on SCHED_IDLE; 0: the nice value alone",
   read: () => raw("GRADWIRE_STANDBY_SCHED_IDLE") !== "0"
 }
 

@@ -5,7 +5,7 @@ import { describe, expect, it } from "vitest"
 import { execFileSync, spawn } from "node:child_process"
 import * as os from "node:os"
 import * as path from "node:path"
-import { lowerChild, mayRaiseTo } from "../core/priority.ts"
+import { idleStartPrefix, lowerChild, mayRaiseTo } from "../core/priority.ts"
 import { chrtRuns, highestNice, SCHED_IDLE } from "./support/nice.ts"
 import { standbySchedIdle } from "../core/settings.ts"
 
@@ -156,6 +156,62 @@ describe.runIf(process.platform === "linux")("a standby's CPU priority", () => {
     } finally {
       child.kill("SIGKILL")
     }
+  })
+
+  /** Starts `body` as an agent starts a lowered host (idleStartPrefix, then lowerChild by 5); its JSON output and the prefix used. */
+  const startedLowered = async (body: string, env: NodeJS.ProcessEnv): Promise<{ prefix: ReadonlyArray<string>; out: Record<string, unknown> }> => {
+    const prefix = idleStartPrefix(5, env)
+    const script = `
+      import { threadPolicies } from ${JSON.stringify(NICE)}
+      const policies = () => [...new Set(threadPolicies())]
+      const started = policies()
+      const p = await import(${JSON.stringify(PRIORITY)})
+      ${body}`
+    const [command, ...args] = [...prefix, process.execPath, "--input-type=module", "-e", script]
+    const child = spawn(command!, args, { env, stdio: ["ignore", "pipe", "inherit"] })
+    try {
+      lowerChild(child.pid!, 5)
+      let out = ""
+      child.stdout!.on("data", (d: Buffer) => (out += d.toString()))
+      await new Promise((resolve) => child.once("close", resolve))
+      return { prefix, out: JSON.parse(out) as Record<string, unknown> }
+    } finally {
+      child.kill("SIGKILL")
+    }
+  }
+
+  it("a child the agent starts lowered runs on SCHED_IDLE from its first line, and on the normal policy once its priority is given back", async () => {
+    const { prefix, out } = await startedLowered(
+      `const lowered = p.backgroundPriority(5)
+       const during = policies()
+       const back = p.foregroundPriority()
+       console.log(JSON.stringify({ started, lowered, during, back, after: policies() }))`,
+      process.env
+    )
+    expect(prefix.length > 0).toBe(idle)
+    expect(out).toEqual({
+      // Every thread node had started by the script's first line, on SCHED_IDLE already.
+      started: [idle ? SCHED_IDLE : 0],
+      lowered: may ? Math.min(19, base + 5) : undefined,
+      during: [idle ? SCHED_IDLE : 0],
+      back: true,
+      after: [0]
+    })
+    // Where the child's environment asks for the nice value alone, or nothing is lowered, no prefix.
+    expect(idleStartPrefix(5, { ...process.env, GRADWIRE_STANDBY_SCHED_IDLE: "0" })).toEqual([])
+    expect(idleStartPrefix(0, process.env)).toEqual([])
+  })
+
+  it("a child started on SCHED_IDLE without chrt on its own PATH still counts itself on it, and says it could not leave it", async () => {
+    const { out } = await startedLowered(
+      `p.backgroundPriority(5)
+       const onIdle = p.onIdlePolicy()
+       const back = p.foregroundPriority()
+       console.log(JSON.stringify({ started, onIdle, back, after: policies() }))`,
+      { ...process.env, PATH: "" }
+    )
+    // (Where nothing starts on SCHED_IDLE here, nothing is on it either.)
+    expect(out).toEqual(idle ? { started: [SCHED_IDLE], onIdle: true, back: false, after: [SCHED_IDLE] } : { started: [0], onIdle: false, back: true, after: [0] })
   })
 
   it("reads the nice value of a process's threads as the tests do", () => {

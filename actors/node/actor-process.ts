@@ -7,7 +7,7 @@ import { spawn, type ChildProcess } from "node:child_process"
 import { createInterface } from "node:readline"
 import { fileURLToPath } from "node:url"
 import { FAST_START_ARGS } from "../../core/fast-start.ts"
-import { lowerChild } from "../../core/priority.ts"
+import { idleStartPrefix, lowerChild } from "../../core/priority.ts"
 import { nodeOptions } from "../../core/settings.ts"
 
 export const HOST_SCRIPT = fileURLToPath(new URL(import.meta.url.endsWith(".ts") ? "./host.ts" : "./host.js", import.meta.url))
@@ -65,7 +65,13 @@ export class ActorProcess {
     this.#tailLines = options.tailLines ?? 30
     this.onLine = options.onLine
     this.#waiting = options.spec === undefined
-    this.child = spawn(process.execPath, [...FAST_START_ARGS, ...TYPESCRIPT_FLAGS, HOST_SCRIPT, ...(options.spec === undefined ? WARM_ARGS : [])], {
+    // A standby worker, or a warm process on a fully used node, starts lowered (core/priority.ts):
+    // on SCHED_IDLE from its first instruction where that applies (started through chrt, which
+    // execs node), its main thread's nice value right after the spawn, before node starts its
+    // other threads; its host lowers the rest and raises them all back when it is needed.
+    const startNice = Number(options.env.GRADWIRE_START_NICE ?? "0")
+    const [command, ...prefix] = [...idleStartPrefix(startNice, options.env), process.execPath]
+    this.child = spawn(command!, [...prefix, ...FAST_START_ARGS, ...TYPESCRIPT_FLAGS, HOST_SCRIPT, ...(options.spec === undefined ? WARM_ARGS : [])], {
       cwd: options.cwd,
       env: options.env,
       stdio: ["pipe", "pipe", "pipe"]
@@ -73,10 +79,6 @@ export class ActorProcess {
     // EPIPE when the child is already gone is not our problem.
     this.child.stdin!.on("error", () => {})
     this.pid = this.child.pid ?? -1
-    // A standby worker, or a warm process on a fully used node, starts lowered (core/priority.ts):
-    // its main thread now, before node starts its other threads; its host lowers the rest and
-    // raises them all back when it is needed.
-    const startNice = Number(options.env.GRADWIRE_START_NICE ?? "0")
     if (startNice > 0 && this.pid > 0) lowerChild(this.pid, startNice)
     this.exited = new Promise((resolve) => {
       let streams = 2

@@ -1,0 +1,122 @@
+// What a lowered process's start costs two busy ranks beside it: two processes each doing 0.3 ms
+// of work, then exchanging 64 bytes over a Unix socket (the all-reduce's pattern), while a node
+// agent's way of starting a standby (ActorProcess with GRADWIRE_START_NICE=19: a warm host, which
+// loads gradwire's worker modules and tfjs) begins 1.5 s in. Arms, alternated: the host at nice 19
+// alone (GRADWIRE_STANDBY_SCHED_IDLE=0) and on SCHED_IDLE as well (the default: from its first
+// instruction where chrt runs, core/priority.ts idleStartPrefix). Printed: the pair's rounds a
+// second before the start and over windows after it (medians over the pairs of runs), and when
+// the host's threads were first seen on SCHED_IDLE.
+//
+//   node bench/standby-start.ts [--pairs 4] [--seconds 5]
+import { spawn, type ChildProcess } from "node:child_process"
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs"
+import * as os from "node:os"
+import * as path from "node:path"
+import { optionReader } from "./args.ts"
+import { ActorProcess } from "../actors/node/actor-process.ts"
+import { median } from "../scheduler/cost-model.ts"
+
+const option = optionReader(process.argv.slice(2))
+const pairs = Number(option("--pairs", "4"))
+const seconds = Number(option("--seconds", "5"))
+const START_AT_MS = 1_500
+const SCHED_IDLE = 5
+
+// One rank of the pair: work, send, wait for the other's message; the times of its rounds on stdout.
+const RANK = `
+  import * as net from "node:net"
+  const [role, sock, secs] = process.argv.slice(1)
+  const end = Date.now() + Number(secs) * 1000
+  const times = []
+  let done = false
+  const run = (s) => {
+    s.setNoDelay(true)
+    const buf = Buffer.alloc(64)
+    let pending = 0
+    const step = () => {
+      if (done) return
+      if (Date.now() > end) { done = true; s.end(); process.stdout.write(JSON.stringify(times)); return }
+      const until = performance.now() + 0.3
+      while (performance.now() < until);
+      s.write(buf)
+    }
+    s.on("data", (d) => { pending += d.length; while (pending >= 64) { pending -= 64; times.push(performance.timeOrigin + performance.now()); step() } })
+    s.on("end", () => { if (!done) { done = true; process.stdout.write(JSON.stringify(times)) } })
+    step()
+  }
+  if (role === "a") { const srv = net.createServer((s) => { srv.close(); run(s) }); srv.listen(sock, () => console.error("listening")) }
+  else { const s = net.connect(sock, () => run(s)) }`
+
+/** The policy of each of a process's threads (/proc/<pid>/task/<tid>/stat). */
+const policies = (pid: number): number[] => {
+  try {
+    return readdirSync(`/proc/${pid}/task`).map((t) => Number(readFileSync(`/proc/${pid}/task/${t}/stat`, "utf8").split(") ")[1]!.split(" ")[38]))
+  } catch {
+    return []
+  }
+}
+
+interface Arm {
+  readonly before: number
+  readonly first: number
+  readonly second: number
+  readonly rest: number
+  readonly idleAtMs: number | undefined
+}
+
+const once = async (schedIdle: boolean, dir: string, n: number): Promise<Arm> => {
+  const sock = path.join(dir, `pair-${n}.sock`)
+  const children: ChildProcess[] = []
+  let host: ActorProcess | undefined
+  try {
+    const a = spawn(process.execPath, ["--input-type=module", "-e", RANK, "a", sock, String(seconds)], { stdio: ["ignore", "pipe", "pipe"] })
+    children.push(a)
+    await new Promise((resolve) => a.stderr!.once("data", resolve))
+    children.push(spawn(process.execPath, ["--input-type=module", "-e", RANK, "b", sock, String(seconds)], { stdio: ["ignore", "ignore", "inherit"] }))
+    const rounds = new Promise<number[]>((resolve) => {
+      let out = ""
+      a.stdout!.on("data", (d: Buffer) => (out += d.toString()))
+      a.once("close", () => resolve(out ? (JSON.parse(out) as number[]) : []))
+    })
+    await new Promise((resolve) => setTimeout(resolve, START_AT_MS))
+    const at = performance.timeOrigin + performance.now()
+    host = new ActorProcess({ env: { ...process.env, GRADWIRE_START_NICE: "19", GRADWIRE_STANDBY_SCHED_IDLE: schedIdle ? "1" : "0" }, onLine: () => {} })
+    let idleAtMs: number | undefined
+    const poll = setInterval(() => {
+      if (idleAtMs === undefined && policies(host!.pid).includes(SCHED_IDLE)) idleAtMs = performance.timeOrigin + performance.now() - at
+    }, 5)
+    const times = await rounds
+    clearInterval(poll)
+    const rate = (from: number, to: number): number => (times.filter((t) => t >= at + from && t < at + to).length * 1000) / (to - from)
+    return { before: rate(-1_000, 0), first: rate(0, 500), second: rate(500, 1_000), rest: rate(1_000, seconds * 1000 - START_AT_MS - 200), idleAtMs }
+  } finally {
+    host?.child.kill("SIGKILL")
+    for (const c of children) c.kill("SIGKILL")
+  }
+}
+
+if (process.platform !== "linux") {
+  console.log("nice values and SCHED_IDLE as gradwire sets them are Linux's; nothing to compare here")
+  process.exit(0)
+}
+const dir = mkdtempSync(path.join(os.tmpdir(), "gradwire-standby-start-"))
+try {
+  const arms: Record<"nice" | "idle", Arm[]> = { nice: [], idle: [] }
+  for (let i = 0; i < pairs; i++) {
+    for (const schedIdle of i % 2 ? [true, false] : [false, true]) arms[schedIdle ? "idle" : "nice"].push(await once(schedIdle, dir, i * 2 + Number(schedIdle)))
+  }
+  console.log(`${os.cpus().length} CPUs, ${pairs} alternated pairs; the pair's rounds a second (median), and the share of its rate before the start`)
+  console.log("\nstandby                 before   0-0.5 s after     0.5-1 s after     1 s on            on SCHED_IDLE after (ms)")
+  for (const [name, label] of [["nice", "nice 19 alone"], ["idle", "nice 19 + SCHED_IDLE"]] as const) {
+    const runs = arms[name]
+    const before = median(runs.map((r) => r.before))
+    const cell = (key: "first" | "second" | "rest"): string => {
+      const v = median(runs.map((r) => r[key]))
+      return `${v.toFixed(0)} (${((100 * v) / before).toFixed(0)}%)`.padEnd(18)
+    }
+    const idle = runs.map((r) => (r.idleAtMs === undefined ? "-" : r.idleAtMs.toFixed(0))).join(", ")
+    console.log(`${label.padEnd(22)}  ${before.toFixed(0).padEnd(7)}  ${cell("first")}${cell("second")}${cell("rest")}${idle}`)
+  }
+} finally {
+  rmSync(dir, { recursive: true, force: true })
+}
