@@ -4,7 +4,7 @@
 // re-balancing, instead of starving the rank with the fixed cost. Pure logic: the all-gather is
 // computed from the simulated ranks.
 import { describe, expect, it } from "vitest"
-import { HeteroBatcher, affineThroughputs, fitStepTime } from "../actors/train/worker/hetero-batching.ts"
+import { HeteroBatcher, ZERO_RECHECK, affineThroughputs, fitStepTime } from "../actors/train/worker/hetero-batching.ts"
 
 /** Step time in ms of a rank with fixed cost a and per-sample cost c at batch b. */
 const time = (m: { a: number; c: number }, b: number): number => m.a + m.c * b
@@ -24,7 +24,7 @@ const simulate = async (models: Array<{ a: number; c: number }>, globalBatch: nu
     globalBatch,
     adaptive: true,
     // Every rank's (mean batch, mean ms) since the last exchange: constant batches in between.
-    allGather: async () => Float32Array.from(models.flatMap((m, i) => [batcher.batches[i]!, time(m, batcher.batches[i]!) * jitter()])),
+    allGather: async () => Float32Array.from(models.flatMap((m, i) => [batcher.batches[i]!, time(m, batcher.batches[i]!) * jitter(), Number.NaN])),
     warmupSteps: 3,
     exchangeEvery: 5
   })
@@ -92,7 +92,7 @@ describe("heterogeneity-aware batching with a fixed cost per step", () => {
       worldSize: 2,
       globalBatch: 128,
       adaptive: true,
-      allGather: async () => Float32Array.from(models.flatMap((m, i) => [batcher.batches[i]!, time(m, batcher.batches[i]!)])),
+      allGather: async () => Float32Array.from(models.flatMap((m, i) => [batcher.batches[i]!, time(m, batcher.batches[i]!), Number.NaN])),
       warmupSteps: 3,
       exchangeEvery: 5
     })
@@ -115,5 +115,59 @@ describe("heterogeneity-aware batching with a fixed cost per step", () => {
     const { trace } = await simulate(models, 100, 100)
     // 4x the throughput: 80 / 20.
     expect(trace.at(-1)).toEqual([80, 20])
+  })
+
+  /**
+   * Ranks with forward+backward a + c b and `o` ms a step of other work (the exchange's and
+   * update's share a quarter core waits its quota for): the group's step is its slowest rank's
+   * o + (a + c b), a rank without rows taking o alone. Runs `steps` steps of rank 0's batcher.
+   */
+  const simulateWhole = async (models: Array<{ a: number; c: number; o: number }>, steps: number, allowZero = true) => {
+    const wall = (b: readonly number[]): number => Math.max(...models.map((m, i) => m.o + (b[i]! > 0 ? time(m, b[i]!) : 0)))
+    let batcher!: HeteroBatcher
+    batcher = new HeteroBatcher({
+      rank: 0,
+      worldSize: models.length,
+      globalBatch: 128,
+      adaptive: true,
+      allowZero,
+      allGather: async () => Float32Array.from(models.flatMap((m, i) => [batcher.batches[i]!, batcher.batches[i]! > 0 ? time(m, batcher.batches[i]!) : 0, wall(batcher.batches)])),
+      warmupSteps: 3,
+      exchangeEvery: 5
+    })
+    const trace: number[][] = []
+    for (let s = 0; s < steps; s++) {
+      await batcher.afterStep(batcher.batches[0]!, time(models[0]!, batcher.batches[0]!), wall(batcher.batches))
+      trace.push([...batcher.batches])
+    }
+    return trace
+  }
+
+  it("a rank whose one row still holds every step back is left without rows, and stays so when one row again is no faster", async () => {
+    // The slow rank at one row: max(1 + 2 + 6.35, 6 + 30.3) = 36.3 ms a step; without rows 9.4 ms.
+    const models = [{ a: 2, c: 0.05, o: 1 }, { a: 30, c: 0.3, o: 6 }]
+    const steps = 5 * (3 * ZERO_RECHECK) + 100
+    const trace = await simulateWhole(models, steps)
+    expect(trace.at(-1)).toEqual([128, 0])
+    // Settled without rows: after the way there, one row again only in the trials every ZERO_RECHECK exchanges (5 steps each).
+    const later = trace.slice(200)
+    expect(later.filter((b) => b[1] === 0).length).toBeGreaterThanOrEqual(later.length - 5 * 3)
+    expect(later.every((b) => b[0]! + b[1]! === 128)).toBe(true)
+    // Not without allowZero (a strategy whose ranks without rows would fall behind): the one-row floor.
+    const floor = await simulateWhole(models, 400, false)
+    expect(floor.every((b) => b[1]! >= 1)).toBe(true)
+    expect(floor.at(-1)).toEqual([127, 1])
+  })
+
+  it("a rank whose step without rows would be no faster keeps its row (a trial, then back)", async () => {
+    // The slow rank's other work alone takes 100 ms: at one row (where its forward+backward puts it)
+    // max(9.35, 100 + 10.3) = 110.3 ms, without rows 100 ms (under 10% faster).
+    const models = [{ a: 2, c: 0.05, o: 1 }, { a: 10, c: 0.3, o: 100 }]
+    const trace = await simulateWhole(models, 5 * (2 * ZERO_RECHECK) + 100)
+    expect(trace.at(-1)).toEqual([127, 1])
+    const zeroSteps = trace.filter((b) => b[1] === 0).length
+    // Tried, once at the start and once per ZERO_RECHECK exchanges after: a few windows of 5 steps.
+    expect(zeroSteps).toBeGreaterThan(0)
+    expect(zeroSteps).toBeLessThanOrEqual(5 * 3)
   })
 })

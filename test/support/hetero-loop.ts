@@ -13,6 +13,8 @@ export interface HeteroLoopConfig {
   readonly globalBatchSize?: number
   /** Extra ms per sample by rank, e.g. { "1": 0.5 }. */
   readonly slowdown?: Readonly<Record<string, number>>
+  /** Extra ms per step with rows by rank (a device's fixed cost per step), e.g. { "1": 40 }. */
+  readonly stepDelay?: Readonly<Record<string, number>>
   /** Steps ignored when measuring steps/s (warm-up and first re-balances). Default 6. */
   readonly skipSteps?: number
   /** Rank 0 checkpoints after every epoch, and a run resumes from the latest checkpoint. Default false. */
@@ -78,7 +80,10 @@ export async function heteroLoop(config: HeteroLoopConfig, ctx: TrainContext): P
   const model = config.conv ? buildCnn(tf, config.conv) : config.hidden ? buildMlp(tf, config.hidden) : buildModel(tf, "mlp")
   const lr = config.learningRate ?? (config.optimizer === "adam" ? 0.01 : 0.1)
   model.compile({ optimizer: config.optimizer === "adam" ? tf.train.adam(lr) : tf.train.sgd(lr), loss: "categoricalCrossentropy" })
-  const dp = await ctx.prepareModel(model, { simulatedDelayMsPerSample: config.slowdown?.[String(ctx.worldRank)] ?? 0 })
+  const dp = await ctx.prepareModel(model, {
+    simulatedDelayMsPerSample: config.slowdown?.[String(ctx.worldRank)] ?? 0,
+    simulatedDelayMsPerStep: config.stepDelay?.[String(ctx.worldRank)] ?? 0
+  })
   const test = config.evaluate ? await ctx.getDataset("test") : undefined
   const xTest = test ? tf.tensor2d(test.x, [test.size, 64]) : undefined
   const yTest = test ? tf.oneHot(tf.tensor1d(test.y, "int32"), test.numClasses) : undefined

@@ -119,6 +119,7 @@ export class DataParallelModel implements RecoverableModel {
   #vars: Variable[]
   #observer: StepObserver | undefined
   #delayMsPerSample = 0
+  #delayMsPerStep = 0
   #lastComputeMs = 0
   #step = 0
   #inStep = false
@@ -183,6 +184,7 @@ export class DataParallelModel implements RecoverableModel {
     this.parameterCount = offset
     this.#observer = observer
     this.#delayMsPerSample = opts.simulatedDelayMsPerSample ?? 0
+    this.#delayMsPerStep = opts.simulatedDelayMsPerStep ?? 0
     this.#lrRule = lrRuleOf(opts)
     const wd = opts.weightDecay ?? 0
     if (!Number.isFinite(wd) || wd < 0) throw new ConfigError({ field: "prepareModel.weightDecay", reason: `must be a number >= 0, got ${String(opts.weightDecay)}` })
@@ -629,7 +631,7 @@ export class DataParallelModel implements RecoverableModel {
     this.#acc.add(grads, samples)
     const [lossArr, correctArr] = await Promise.all([value.data(), correct?.data()])
     tf.dispose([value, ...(correct ? [correct] : [])])
-    if (this.#delayMsPerSample > 0) await new Promise((r) => setTimeout(r, this.#delayMsPerSample * samples))
+    await this.#simulatedDelay(samples)
     this.#acc.computeMs += performance.now() - t0
     return { loss: lossArr[0], samples, ...(correctArr ? { correct: correctArr[0] } : {}) }
   }
@@ -707,6 +709,12 @@ export class DataParallelModel implements RecoverableModel {
    * the same update as the others, adding nothing to it. A rank joining a streamed epoch does this
    * for the step the survivors redo as it joins (their rows of it were planned before it came).
    */
+  /** Simulated heterogeneity (prepare options): the sleep of a slower device's forward+backward over `rows` rows. */
+  async #simulatedDelay(rows: number): Promise<void> {
+    const ms = this.#delayMsPerSample * rows + (rows > 0 ? this.#delayMsPerStep : 0)
+    if (ms > 0) await new Promise((r) => setTimeout(r, ms))
+  }
+
   async #emptyStep(): Promise<void> {
     const worker = this.#worker
     if (worker.inPlace()) return
@@ -758,7 +766,7 @@ export class DataParallelModel implements RecoverableModel {
       // without the round trip out of the engine and back.
       const [lossArr, correctArr] = await Promise.all([value.data(), correctT?.data()])
       tf.dispose([value, ...(correctT ? [correctT] : [])])
-      if (this.#delayMsPerSample > 0) await new Promise((r) => setTimeout(r, this.#delayMsPerSample * own))
+      await this.#simulatedDelay(own)
       const t1 = performance.now()
       this.#lastComputeMs = t1 - t0 + this.#acc.computeMs
       this.#acc.clear()
@@ -779,7 +787,7 @@ export class DataParallelModel implements RecoverableModel {
     let [flat, lossArr, correctArr] = await Promise.all([readGradients(this.#tf, this.#vars, this.layout, grads, worker.gradientBuffer?.() ?? this.#ownGradientBuffer()), value.data(), correctT?.data()])
     tf.dispose([value, ...(correctT ? [correctT] : [])])
     tf.dispose(Object.values(grads))
-    if (this.#delayMsPerSample > 0) await new Promise((r) => setTimeout(r, this.#delayMsPerSample * own))
+    await this.#simulatedDelay(own)
     const t1 = performance.now()
     this.#lastComputeMs = t1 - t0 + this.#acc.computeMs
     this.#observer?.phase?.("forward_backward", t0, t1, step)

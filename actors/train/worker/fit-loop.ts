@@ -214,13 +214,23 @@ export class FitLoop {
           // may report there), with no rows (loss NaN, samples 0, as a replayed step's).
           await opts.onStep?.({ loss: Number.NaN, samples: 0, epoch, index: target.stepInEpoch })
         } else if (target && i < steps) await joinHere()
+        // When this rank's previous step (its batcher's measurement included) ended; none at an
+        // epoch's start (the epoch's end, its metrics and callbacks, are not a step's work).
+        let lastStepEnd: number | undefined
         while (i < steps) {
           this.stepInEpoch = i
           // A step's micro-batches (one without accumulation): all but the last are only accumulated.
           const micro = rowsOf(i)
           let r: StepResult = { loss: 0, samples: 0 }
           let stepSamples = 0
-          for (let j = 0; j < micro.length; j++) {
+          // Given no rows (the batcher left this rank out: hetero-batching.ts allowZero): its part
+          // of the step's exchange, adding nothing, and the same update as every rank.
+          const idle = micro.length > 0 && micro.every((m) => m.length === 0)
+          if (idle) {
+            await this.#host.emptyStep()
+            r = { loss: Number.NaN, samples: 0 }
+          }
+          for (let j = 0; j < (idle ? 0 : micro.length); j++) {
             const batchRows = micro[j]!
             const batch = await fitBatch(source, batchRows)
             const { x, y, yLoss } = batchTensors(this.#host.tf as unknown as Tf, batch, this.#host.classification, (t) => this.#host.lossTargets(t, numClasses))
@@ -261,7 +271,11 @@ export class FitLoop {
             i = 0
           }
           // Every member's batch-size exchanges start again after the regroup's operation.
-          if (!recovery || recovery.ops - 1 > this.#freshAfterOps) await this.batcher?.afterStep(stepSamples, this.#host.lastComputeMs)
+          // The step's whole time on this rank (its exchange and update, the batch's preparation,
+          // the step callback), which the batcher compares splits by where its model cannot tell.
+          const wallMs = lastStepEnd === undefined || c ? Number.NaN : performance.now() - lastStepEnd
+          if (!recovery || recovery.ops - 1 > this.#freshAfterOps) await this.batcher?.afterStep(stepSamples, idle ? 0 : this.#host.lastComputeMs, wallMs)
+          lastStepEnd = performance.now()
           await opts.onStep?.({ ...r, epoch, index })
         }
         this.stepInEpoch = steps
@@ -368,6 +382,9 @@ export class FitLoop {
       worldSize: p,
       globalBatch,
       adaptive: this.#host.sync.adaptiveBatching === true && allGather !== undefined,
+      // The all-reduce applies the same update on every rank whatever its rows; local SGD's and a
+      // server's steps would leave a rank without rows behind.
+      allowZero: strategyOf(this.#host.sync) === "allreduce" && !this.#host.sync.localSgd,
       allGather: allGather ?? (async (b) => b)
     })
   }

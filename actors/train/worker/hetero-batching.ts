@@ -10,8 +10,8 @@
 // shardIndicesWeighted cuts an epoch, but re-cut per step so a re-balance can happen mid-epoch.
 // Every rank runs floor(N / B) steps per epoch (the remainder is dropped), so ranks stay in step.
 //
-// Agreement. Each rank's mean batch and mean forward+backward milliseconds per step are exchanged
-// with an all-gather of two floats per rank at the same steps on every rank: every step during
+// Agreement. Each rank's mean batch, mean forward+backward milliseconds and mean whole milliseconds
+// per step are exchanged with an all-gather of three floats per rank at the same steps on every rank: every step during
 // warm-up, then every `exchangeEvery` steps (the means over the steps since the last exchange).
 // Every rank then runs the same deterministic computation on the same bits, so all hold the same
 // split. Stragglers: detectStragglers over the exchanged throughputs (batch / time).
@@ -27,6 +27,16 @@
 // times (a change they price within the threshold is not made), and the k-th waits 2^(k-1) - 1
 // exchanges after the one before (at most 15), unless the split is predicted 50% off: the split
 // settles instead of following each noisy measurement, and still follows a rank that slows for good.
+//
+// No rows. A rank at one row can still hold every step back: on a quarter core its share of the
+// exchange and the update waits for its quota, and its one row's forward+backward eats that quota
+// (bench hetero at 4x: 127/1 ran 5916 samples/s, 128/0 7752). Costs outside forward+backward are
+// not in the fit, so where a rank sits at one row the batcher tries it with none (allowZero: the
+// all-reduce, whose update every rank applies alike; the rank then takes part in the exchange with
+// nothing, sample weight 0), compares the group's whole step time (each rank's wall time per step,
+// the slowest, exchanged with the rest) over the next exchange's steps against the one before, and
+// keeps it only 10% faster, else goes back and tries again after ZERO_RECHECK exchanges. A rank
+// left without rows is tried with one again after as many, kept where that is 10% faster.
 import * as Result from "effect/Result"
 import {
   detectStragglers,
@@ -44,7 +54,7 @@ export interface HeteroBatcherOptions {
   readonly globalBatch: number
   /** false: an equal split, never re-balanced (the baseline). */
   readonly adaptive: boolean
-  /** Two floats per rank (mean batch, mean ms per step), gathered in rank order on every rank. */
+  /** Three floats per rank (mean batch, mean forward+backward ms and mean whole ms per step), gathered in rank order on every rank. */
   readonly allGather: (buf: Float32Array) => Promise<Float32Array>
   /** Steps that exchange throughput every step. Default 3. */
   readonly warmupSteps?: number
@@ -52,6 +62,8 @@ export interface HeteroBatcherOptions {
   readonly exchangeEvery?: number
   /** Re-balance when the predicted step time is this fraction above the ideal split's. Default 0.1. */
   readonly threshold?: number
+  /** Whether a rank may be given no rows (see the header); false by default. */
+  readonly allowZero?: boolean
 }
 
 /** Exchanges per rank the affine step-time fit uses (the latest). */
@@ -62,6 +74,10 @@ const MAX_COOLDOWN = 15
 const URGENT_DRIFT = 0.5
 /** A fit needs batches this far apart (relative to their mean). */
 const FIT_SPREAD = 0.15
+/** How much faster (whole step time) a trial of a rank with no rows, or with one again, must be to stay. */
+const ZERO_MARGIN = 0.1
+/** Exchanges until a rank whose trial without rows lost is tried again, and a rank without rows is tried with one. */
+export const ZERO_RECHECK = 64
 
 /** A rank's step time t(b) = a + c b, in ms, from its (batch, ms) points; undefined when they cannot tell. */
 export const fitStepTime = (points: ReadonlyArray<readonly [number, number]>): { readonly a: number; readonly c: number } | undefined => {
@@ -112,7 +128,16 @@ export class HeteroBatcher {
   #steps = 0
   #samples = 0
   #ms = 0
+  #wallMs = 0
+  #wallSteps = 0
   #stepsSinceExchange = 0
+  #exchanges = 0
+  /** Ranks given no rows, with the exchange from which each is tried with one row again. */
+  readonly #zeroed = new Map<number, number>()
+  /** Ranks whose trial without rows lost, with the exchange from which they may be tried again. */
+  readonly #zeroLost = new Map<number, number>()
+  /** A trial under way: a rank given no rows (or one again), and the split and step time before it. */
+  #trial: { readonly rank: number; readonly toZero: boolean; readonly previous: readonly number[]; readonly beforeMs: number } | undefined
   /** Per rank: (mean batch, mean ms per step) of its latest exchanges. */
   readonly #points: Array<Array<readonly [number, number]>> = []
   readonly #history: number[][] = []
@@ -147,33 +172,59 @@ export class HeteroBatcher {
     return this.#stragglers
   }
 
-  /** After every step, on every rank (same steps): feeds the measurement, maybe re-balances. */
-  async afterStep(samples: number, computeMs: number): Promise<void> {
+  /**
+   * After every step, on every rank (same steps): feeds the measurement, maybe re-balances.
+   * `computeMs` is the step's forward+backward, `wallMs` the whole step's time on this rank (NaN
+   * where it is not known, as at an epoch's first step).
+   */
+  async afterStep(samples: number, computeMs: number, wallMs = Number.NaN): Promise<void> {
     this.#steps++
     this.#samples += samples
     this.#ms += Math.max(computeMs, 1e-3)
+    if (Number.isFinite(wallMs) && wallMs > 0) {
+      this.#wallMs += wallMs
+      this.#wallSteps++
+    }
     this.#stepsSinceExchange++
     if (!this.#o.adaptive || this.#o.worldSize <= 1) return
     const warm = this.#o.warmupSteps ?? 3
     const every = Math.max(1, this.#o.exchangeEvery ?? 5)
     if (this.#steps > warm && (this.#steps - warm) % every !== 0) return
     const n = this.#stepsSinceExchange
-    const mine = Float32Array.of(this.#samples / n, this.#ms / n)
+    const mine = Float32Array.of(this.#samples / n, this.#ms / n, this.#wallSteps > 0 ? this.#wallMs / this.#wallSteps : Number.NaN)
     this.#samples = 0
     this.#ms = 0
+    this.#wallMs = 0
+    this.#wallSteps = 0
     this.#stepsSinceExchange = 0
+    this.#exchanges++
     const gathered = await this.#o.allGather(mine)
     const p = this.#o.worldSize
     const raw: number[] = []
+    // The group's step time over these steps: its slowest rank's wall time (NaN where none knows it).
+    let groupMs = Number.NaN
     for (let i = 0; i < p; i++) {
-      const b = gathered[2 * i]!
-      const t = gathered[2 * i + 1]!
-      raw.push((1000 * b) / Math.max(t, 1e-3))
+      const b = gathered[3 * i]!
+      const t = gathered[3 * i + 1]!
+      const wall = gathered[3 * i + 2]!
+      if (Number.isFinite(wall) && !(wall <= groupMs)) groupMs = wall
       const pts = (this.#points[i] ??= [])
+      // A rank given no rows measured no forward+backward: its fit stays what it was, and it counts
+      // (for the stragglers) at the throughput it had when it last had rows.
+      if (!(b > 0)) {
+        raw.push(this.#history.findLast((h) => Number.isFinite(h[i]))?.[i] ?? Number.NaN)
+        continue
+      }
+      raw.push((1000 * b) / Math.max(t, 1e-3))
       pts.push([b, t])
       if (pts.length > FIT_POINTS) pts.shift()
     }
     this.#history.push(raw)
+    if (this.#trial) {
+      if (Number.isFinite(groupMs)) this.#endTrial(groupMs)
+      this.#stragglers = detectStragglers(this.#history, { window: 10, minSlowSteps: 3 })
+      return
+    }
     // Each rank's fitted step time (proportional through its latest point until batches differ enough).
     // (Proportional through the latest points' totals where they cannot tell a fixed cost.)
     let fitted = 0
@@ -186,7 +237,8 @@ export class HeteroBatcher {
       const recent = pts.slice(-3)
       return { a: 0, c: Math.max(recent.reduce((s, p) => s + p[1], 0), 1e-3) / Math.max(recent.reduce((s, p) => s + p[0], 0), 1) }
     })
-    const effective = affineThroughputs(this.#o.globalBatch, models, this.#state.batches)
+    // Ranks without rows keep none: 0 throughput, and a split that may give 0.
+    const effective = affineThroughputs(this.#o.globalBatch, models, this.#state.batches.map((b) => Math.max(b, 1))).map((t, i) => (this.#zeroed.has(i) ? 0 : t))
     // A re-balance is judged by the fitted step times: with a fixed cost per step, moving a few
     // rows to or from a rank with a small batch changes its step little, which the proportional
     // prediction would overstate (and re-balance on every noisy measurement).
@@ -194,7 +246,14 @@ export class HeteroBatcher {
     // Settling: after the k-th re-balance the next waits 2^k - 1 exchanges (at most 15), unless
     // the current split is predicted 50% slower than the ideal one (a rank slowed down for good).
     const cooldownSteps = Math.min(2 ** this.#state.rebalances - 1, MAX_COOLDOWN)
-    const next = observeThroughput(this.#state, effective, { threshold: this.#o.threshold ?? 0.1, stepMs, cooldownSteps, urgentDrift: URGENT_DRIFT, ...(fitted === p || this.#changed ? { alpha: 1 } : {}) })
+    const next = observeThroughput(this.#state, effective, {
+      threshold: this.#o.threshold ?? 0.1,
+      stepMs,
+      cooldownSteps,
+      urgentDrift: URGENT_DRIFT,
+      ...(this.#zeroed.size > 0 ? { minPerWorker: 0 } : {}),
+      ...(fitted === p || this.#changed || this.#zeroed.size > 0 ? { alpha: 1 } : {})
+    })
     if (Result.isSuccess(next)) {
       this.#state = next.success.state
       // A rank that changed speed for good: its earlier points describe the old speed.
@@ -203,8 +262,47 @@ export class HeteroBatcher {
         for (const pts of this.#points) pts.splice(0, pts.length - 1)
         this.#changed = true
       } else if (fitted === p) this.#changed = false
+      // The steps just measured ran the split as it still is: a trial may start from it.
+      if (this.#o.allowZero && !next.success.rebalanced && Number.isFinite(groupMs)) this.#maybeTry(groupMs)
     }
     this.#stragglers = detectStragglers(this.#history, { window: 10, minSlowSteps: 3 })
+  }
+
+  /** Sets the split (a trial's, or the one before it), counted as a re-balance. */
+  #setBatches(batches: readonly number[]): void {
+    this.#state = { ...this.#state, batches: [...batches], stepsSinceRebalance: 0, rebalances: this.#state.rebalances + 1 }
+  }
+
+  /** Starts a trial: a rank at one row given none, or a rank without rows given one again, its row to or from the largest batch. */
+  #maybeTry(groupMs: number): void {
+    const batches = this.#state.batches
+    const largest = batches.indexOf(Math.max(...batches))
+    for (let r = 0; r < batches.length; r++) {
+      if (r === largest) continue
+      const zeroedUntil = this.#zeroed.get(r)
+      const toZero = zeroedUntil === undefined
+      if (toZero ? batches[r] !== 1 || (this.#zeroLost.get(r) ?? 0) > this.#exchanges : batches[r] !== 0 || zeroedUntil > this.#exchanges) continue
+      const next = [...batches]
+      next[r] = toZero ? 0 : 1
+      next[largest]! += toZero ? 1 : -1
+      this.#trial = { rank: r, toZero, previous: batches, beforeMs: groupMs }
+      this.#setBatches(next)
+      return
+    }
+  }
+
+  /** Ends the trial under way by the group's step time with it: kept where 10% faster, else the split before it again. */
+  #endTrial(groupMs: number): void {
+    const { rank, toZero, previous, beforeMs } = this.#trial!
+    this.#trial = undefined
+    const kept = groupMs < beforeMs * (1 - ZERO_MARGIN)
+    if (toZero && kept) this.#zeroed.set(rank, this.#exchanges + ZERO_RECHECK)
+    else if (!toZero && kept) this.#zeroed.delete(rank)
+    else {
+      if (toZero) this.#zeroLost.set(rank, this.#exchanges + ZERO_RECHECK)
+      else this.#zeroed.set(rank, this.#exchanges + ZERO_RECHECK)
+      this.#setBatches(previous)
+    }
   }
 
   /** For report(): each rank's batch, re-balances, stragglers ("straggler/rank3": ratio). */

@@ -39,6 +39,11 @@ export interface PrepareOptions extends LrRuleOptions {
    * forward/backward, inside the measured compute time, like a slower device. Default 0.
    */
   readonly simulatedDelayMsPerSample?: number
+  /**
+   * Simulated heterogeneity (tests): this rank sleeps this many ms per step that has rows, inside the
+   * measured compute time, like a device's fixed cost per step (kernel launches). Default 0.
+   */
+  readonly simulatedDelayMsPerStep?: number
 }
 
 /** The loss prepareModel trains on: `loss`, else the compiled model's (model-parallel/loss.ts: the same choices a pipeline's last stage makes). */
