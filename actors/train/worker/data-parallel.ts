@@ -704,17 +704,18 @@ export class DataParallelModel implements RecoverableModel {
     if (!fusedAdamStep(tf, this.optimizer, grads) && !fusedAdamStepWebGpu(tf, this.optimizer, grads)) this.optimizer.applyGradients(grads)
   }
 
-  /**
-   * A step with no rows (sample weight 0): this rank takes part in the group's exchange and applies
-   * the same update as the others, adding nothing to it. A rank joining a streamed epoch does this
-   * for the step the survivors redo as it joins (their rows of it were planned before it came).
-   */
   /** Simulated heterogeneity (prepare options): the sleep of a slower device's forward+backward over `rows` rows. */
   async #simulatedDelay(rows: number): Promise<void> {
     const ms = this.#delayMsPerSample * rows + (rows > 0 ? this.#delayMsPerStep : 0)
     if (ms > 0) await new Promise((r) => setTimeout(r, ms))
   }
 
+  /**
+   * A step with no rows (sample weight 0): this rank takes part in the group's exchange and applies
+   * the same update as the others, adding nothing to it. A rank joining a streamed epoch does this
+   * for the step the survivors redo as it joins (their rows of it were planned before it came), and
+   * a rank the heterogeneity-aware batcher left without rows for each of its steps.
+   */
   async #emptyStep(): Promise<void> {
     const worker = this.#worker
     if (worker.inPlace()) return

@@ -11,8 +11,9 @@
 // Every rank runs floor(N / B) steps per epoch (the remainder is dropped), so ranks stay in step.
 //
 // Agreement. Each rank's mean batch, mean forward+backward milliseconds and mean whole milliseconds
-// per step are exchanged with an all-gather of three floats per rank at the same steps on every rank: every step during
-// warm-up, then every `exchangeEvery` steps (the means over the steps since the last exchange).
+// per step are exchanged with an all-gather of three floats per rank at the same steps on every
+// rank: every step during warm-up, then every `exchangeEvery` steps (the means over the steps since
+// the last exchange).
 // Every rank then runs the same deterministic computation on the same bits, so all hold the same
 // split. Stragglers: detectStragglers over the exchanged throughputs (batch / time).
 //
