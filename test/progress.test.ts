@@ -43,6 +43,14 @@ describe("progress lines", () => {
     expect(lines.at(-1)).not.toContain("2.285")
   })
 
+  it("rank 0 without rows (no loss of its own) shows another rank's mean loss of the epoch, not NaN", () => {
+    const { p, lines } = printer()
+    p.step({ rank: 1, epoch: 2, step: 13, stepsPerEpoch: 15, samples: 900, loss: 0.31, meanLoss: 0.4125, computeMs: 3 })
+    p.step({ rank: 0, epoch: 2, step: 14, stepsPerEpoch: 15, samples: 0, loss: Number.NaN, computeMs: 0 })
+    expect(lines.at(-1)).toMatch(/loss 0\.4125 /)
+    expect(lines.join("")).not.toContain("NaN")
+  })
+
   it("a run that finished without a report() call says that its Result has no metrics and no checkpoint", () => {
     const { p, lines } = printer()
     p.summary("/tmp/run", undefined, undefined)

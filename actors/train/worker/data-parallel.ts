@@ -737,6 +737,8 @@ export class DataParallelModel implements RecoverableModel {
     if (!exchanged.adopted) await exchanged.apply?.()
     if (!worker.viaServers) this.#global++
     this.#sync.recovery?.countStep()
+    // The rank's progress goes on (a step with no samples; its loss is not counted).
+    this.onStep?.({ epoch: this.#loop.epoch, step: this.#loop.stepInEpoch, stepsPerEpoch: this.#loop.stepsPerEpoch, samples: 0, loss: Number.NaN })
   }
 
   /** The step's samples over every rank, where dp.fit() knows them (StepExchange.globalSamples). */

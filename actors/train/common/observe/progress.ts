@@ -9,6 +9,8 @@ interface RankProgress {
   stepsPerEpoch: number
   samples: number
   loss: number
+  /** The rank's mean loss over its epoch so far, where it had samples. */
+  meanLoss?: number
   computeMs: number
   at: number
   /** Smoothed seconds per step. */
@@ -65,7 +67,9 @@ export class ProgressPrinter {
     // (no step timed yet, the run's first: an ETA of 0 s would be a guess)
     const eta = left === 0 ? "0.0s" : secPerStep > 0 ? `${(secPerStep * left).toFixed(1)}s` : "-"
     const hint = this.stragglers()
-    const rate = `${this.#rate > 0 ? `${Math.round(this.#rate)} samples/s  ` : ""}loss ${fmt(p.meanLoss ?? p.loss)}`
+    // Rank 0 without rows (the heterogeneity-aware batcher left it out) has no loss of its own: another rank's.
+    const loss = p.meanLoss ?? (Number.isNaN(p.loss) ? [...this.#ranks.values()].find((r) => r.meanLoss !== undefined && r.epoch === p.epoch)?.meanLoss : undefined) ?? p.loss
+    const rate = `${this.#rate > 0 ? `${Math.round(this.#rate)} samples/s  ` : ""}loss ${fmt(loss)}`
     // A hand-written trainStep loop has no epoch length (nor epochs): its steps are counted, no bar or ETA.
     const text =
       (p.stepsPerEpoch > 0
