@@ -63,17 +63,18 @@ describe("heterogeneity-aware batching and automatic choice in a Trainer run", (
   }, 180_000)
 
   it.each([
-    { slow: 1, fast: 0, zeroStage: 0 as const },
-    { slow: 0, fast: 1, zeroStage: 2 as const }
-  ])("leaves rank $slow without rows where its one row still holds every step back, and the group trains on with the same weights everywhere (ZeRO stage $zeroStage)", async ({ slow, fast, zeroStage }) => {
+    { slow: 1, fast: 0, zeroStage: 0 as const, accumulationSteps: 1 },
+    { slow: 0, fast: 1, zeroStage: 2 as const, accumulationSteps: 1 },
+    { slow: 1, fast: 0, zeroStage: 1 as const, accumulationSteps: 2 }
+  ])("leaves rank $slow without rows where its one row still holds every step back, and the group trains on with the same weights everywhere (ZeRO stage $zeroStage, $accumulationSteps micro-batch(es) a step)", async ({ slow, fast, zeroStage, accumulationSteps }) => {
     // The slow rank takes 40 ms more for any step with rows (a device's fixed cost per step): at
     // one row it still doubles the group's step, without rows it only takes part in the exchange.
-    const epochs = 6
+    const epochs = 6 * accumulationSteps
     const r = await new Trainer({
       trainLoopPerWorker: LOOP,
-      trainLoopConfig: { epochs, globalBatchSize: 64, stepDelay: { [String(slow)]: 40 } },
+      trainLoopConfig: { epochs, globalBatchSize: 64, accumulationSteps, stepDelay: { [String(slow)]: 40 } },
       scalingConfig: { numWorkers: 2 },
-      runConfig: { name: `hetero-zero-${zeroStage}`, storagePath: storage, progress: false },
+      runConfig: { name: `hetero-zero-${zeroStage}-${accumulationSteps}`, storagePath: storage, progress: false },
       datasets: { train },
       collectiveConfig: { adaptiveBatching: true, zeroStage }
     }).fit()
@@ -87,7 +88,7 @@ describe("heterogeneity-aware batching and automatic choice in a Trainer run", (
     expect(m[`straggler/rank${fast}`]).toBeUndefined()
     // Every rank ran every step (the one without rows in the exchange with nothing), and training went on.
     expect(new Set(last.map((x) => x.steps)).size).toBe(1)
-    expect(last[0].steps).toBe(epochs * Math.floor(train.size / 64))
+    expect(last[0].steps).toBe(epochs * Math.floor(train.size / (64 * accumulationSteps)))
     expect(Number.isFinite(last[0].loss as number)).toBe(true)
     expect(last[0].loss as number).toBeLessThan(r.metricsPerRank[0]![0]!.loss as number)
   }, 180_000)

@@ -13,6 +13,8 @@ export interface HeteroLoopConfig {
   readonly globalBatchSize?: number
   /** Extra ms per sample by rank, e.g. { "1": 0.5 }. */
   readonly slowdown?: Readonly<Record<string, number>>
+  /** dp.fit's accumulationSteps (micro-batches of globalBatchSize rows per update). Default 1. */
+  readonly accumulationSteps?: number
   /** Extra ms per step with rows by rank (a device's fixed cost per step), e.g. { "1": 40 }. */
   readonly stepDelay?: Readonly<Record<string, number>>
   /** Steps ignored when measuring steps/s (warm-up and first re-balances). Default 6. */
@@ -154,6 +156,7 @@ export async function heteroLoop(config: HeteroLoopConfig, ctx: TrainContext): P
       epochs: epoch + 1,
       initialEpoch: epoch,
       globalBatchSize: config.globalBatchSize ?? 128,
+      ...(config.accumulationSteps !== undefined ? { accumulationSteps: config.accumulationSteps } : {}),
       onStep: () => void stamps.push(performance.now())
     })
     trainMs += performance.now() - t0
