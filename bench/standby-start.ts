@@ -9,18 +9,18 @@
 //
 //   node bench/standby-start.ts [--pairs 4] [--seconds 5]
 import { spawn, type ChildProcess } from "node:child_process"
-import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs"
+import { mkdtempSync, rmSync } from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { optionReader } from "./args.ts"
 import { ActorProcess } from "../actors/node/actor-process.ts"
 import { median } from "../scheduler/cost-model.ts"
+import { SCHED_IDLE, threadPolicies } from "../test/support/nice.ts"
 
 const option = optionReader(process.argv.slice(2))
 const pairs = Number(option("--pairs", "4"))
 const seconds = Number(option("--seconds", "5"))
 const START_AT_MS = 1_500
-const SCHED_IDLE = 5
 
 // One rank of the pair: work, send, wait for the other's message; the times of its rounds on stdout.
 const RANK = `
@@ -46,15 +46,6 @@ const RANK = `
   }
   if (role === "a") { const srv = net.createServer((s) => { srv.close(); run(s) }); srv.listen(sock, () => console.error("listening")) }
   else { const s = net.connect(sock, () => run(s)) }`
-
-/** The policy of each of a process's threads (/proc/<pid>/task/<tid>/stat). */
-const policies = (pid: number): number[] => {
-  try {
-    return readdirSync(`/proc/${pid}/task`).map((t) => Number(readFileSync(`/proc/${pid}/task/${t}/stat`, "utf8").split(") ")[1]!.split(" ")[38]))
-  } catch {
-    return []
-  }
-}
 
 interface Arm {
   readonly before: number
@@ -83,7 +74,7 @@ const once = async (schedIdle: boolean, dir: string, n: number): Promise<Arm> =>
     host = new ActorProcess({ env: { ...process.env, GRADWIRE_START_NICE: "19", GRADWIRE_STANDBY_SCHED_IDLE: schedIdle ? "1" : "0" }, onLine: () => {} })
     let idleAtMs: number | undefined
     const poll = setInterval(() => {
-      if (idleAtMs === undefined && policies(host!.pid).includes(SCHED_IDLE)) idleAtMs = performance.timeOrigin + performance.now() - at
+      if (idleAtMs === undefined && threadPolicies(host!.pid).includes(SCHED_IDLE)) idleAtMs = performance.timeOrigin + performance.now() - at
     }, 5)
     const times = await rounds
     clearInterval(poll)

@@ -79,8 +79,8 @@ const setPolicy = (idle: boolean): boolean => {
   return r.status === 0
 }
 
-/** SCHED_IDLE's number in Linux's sched.h (a thread's stat line's policy field). */
-const SCHED_IDLE = 5
+/** SCHED_IDLE's number in Linux's sched.h (a thread's stat line's policy field; 0: the normal policy). */
+export const SCHED_IDLE = 5
 
 /** Whether this process's main thread runs on SCHED_IDLE (the policy field of /proc/self/stat). */
 const mainThreadIdle = (): boolean => {

@@ -4,7 +4,7 @@ import { spawnSync } from "node:child_process"
 import { readdirSync, readFileSync } from "node:fs"
 
 /** SCHED_IDLE, as a thread's stat line's policy field says it (0: the normal policy). */
-export const SCHED_IDLE = 5
+export { SCHED_IDLE } from "../../core/priority.ts"
 
 /** One field of each of a process's threads' stat lines, `after` places past its parenthesised name (Linux; none elsewhere, or when it is gone). */
 const threadStatField = (pid: number | "self", after: number): number[] => {

@@ -221,9 +221,9 @@ export class HeteroBatcher {
       if (pts.length > FIT_POINTS) pts.shift()
     }
     this.#history.push(raw)
+    this.#stragglers = detectStragglers(this.#history, { window: 10, minSlowSteps: 3 })
     if (this.#trial) {
       if (Number.isFinite(groupMs)) this.#endTrial(groupMs)
-      this.#stragglers = detectStragglers(this.#history, { window: 10, minSlowSteps: 3 })
       return
     }
     // Each rank's fitted step time (proportional through its latest point until batches differ enough).
@@ -266,7 +266,6 @@ export class HeteroBatcher {
       // The steps just measured ran the split as it still is: a trial may start from it.
       if (this.#o.allowZero && !next.success.rebalanced && Number.isFinite(groupMs)) this.#maybeTry(groupMs)
     }
-    this.#stragglers = detectStragglers(this.#history, { window: 10, minSlowSteps: 3 })
   }
 
   /** Sets the split (a trial's, or the one before it), counted as a re-balance. */
