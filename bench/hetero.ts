@@ -113,6 +113,8 @@ interface RunResult {
   readonly picked?: string
   /** Strategy "auto" with local SGD offered: what its last decision said of local SGD (explain.txt). */
   readonly localWhy?: string
+  /** Strategy "auto": the first line of its last decision (explain.txt). */
+  readonly autoWhy?: string
 }
 
 const samplesPerS = (r: RunResult, batch: number): number => {
@@ -262,6 +264,7 @@ async function runCgroup(argv: ReadonlyArray<string>, groups: { fast: CpuGroup; 
         `  skew ${skew}x: worker samples/s fast/slow ${runs.map((x) => `${fmtCalib(x.r)} (${x.strategy}, ${x.adaptive ? "adaptive" : "equal"})`).join(", ")}; ` +
           `batcher stragglers: ${runs.filter((x) => x.adaptive).map((x) => `${x.r.stragglers} (${x.strategy})`).join(", ")}; slow cgroup throttled ${throttled(groups.slow)}`
       )
+      for (const x of runs) if (x.r.autoWhy) console.log(`  skew ${skew}x, ${STRATEGY_LABEL[x.strategy](syncEvery)}, ${x.adaptive ? "adaptive" : "equal"} split, last decision: ${x.r.autoWhy}`)
       for (const x of runs) if (x.r.localWhy) console.log(`  skew ${skew}x, ${STRATEGY_LABEL[x.strategy](syncEvery)}, ${x.adaptive ? "adaptive" : "equal"} split: ${x.r.localWhy}`)
     }
     console.log(
@@ -296,11 +299,11 @@ async function runCgroup(argv: ReadonlyArray<string>, groups: { fast: CpuGroup; 
   }
 }
 
-/** The last line of a run's explain.txt about local SGD (strategy auto's reason to take it or not). */
-const lastLocalSgdLine = (runPath: string): string => {
+/** The last line of a run's explain.txt that `pick` finds (strategy auto's reasons). */
+const lastExplainLine = (runPath: string, pick: (line: string) => boolean, what: string): string => {
   try {
     const lines = fs.readFileSync(path.join(runPath, "explain.txt"), "utf8").split("\n")
-    return lines.filter((l) => l.includes("local-sgd")).at(-1)?.trim() ?? "no local-sgd line in explain.txt"
+    return lines.filter(pick).at(-1)?.trim() ?? `no ${what} line in explain.txt`
   } catch (e) {
     return `explain.txt unreadable (${(e as Error).message})`
   }
@@ -395,7 +398,8 @@ async function fitOnce(o: {
     rebalances: Number(last["batch/rebalances"] ?? 0),
     stragglers,
     ...(typeof last.strategy === "string" ? { picked: `${last.strategy}${last["strategy/switches"] ? `, ${String(last["strategy/switches"])} switches` : ""}` } : {}),
-    ...(o.strategy === "auto-local" ? { localWhy: lastLocalSgdLine(r.path) } : {})
+    ...(o.strategy === "auto" || o.strategy === "auto-local" ? { autoWhy: lastExplainLine(r.path, (l) => l.startsWith("strategy:"), "strategy") } : {}),
+    ...(o.strategy === "auto-local" ? { localWhy: lastExplainLine(r.path, (l) => l.includes("local-sgd"), "local-sgd") } : {})
   }
 }
 

@@ -4,7 +4,7 @@
 // re-balancing, instead of starving the rank with the fixed cost. Pure logic: the all-gather is
 // computed from the simulated ranks.
 import { describe, expect, it } from "vitest"
-import { HeteroBatcher, ZERO_RECHECK, affineThroughputs, fitStepTime } from "../actors/train/worker/hetero-batching.ts"
+import { HeteroBatcher, TRIAL_EXCHANGES, ZERO_RECHECK, affineThroughputs, fitStepTime } from "../actors/train/worker/hetero-batching.ts"
 
 /** Step time in ms of a rank with fixed cost a and per-sample cost c at batch b. */
 const time = (m: { a: number; c: number }, b: number): number => m.a + m.c * b
@@ -122,8 +122,9 @@ describe("heterogeneity-aware batching with a fixed cost per step", () => {
    * update's share a quarter core waits its quota for): the group's step is its slowest rank's
    * o + (a + c b), a rank without rows taking o alone. Runs `steps` steps of rank 0's batcher.
    */
-  const simulateWhole = async (models: Array<{ a: number; c: number; o: number }>, steps: number, allowZero = true) => {
+  const simulateWhole = async (models: Array<{ a: number; c: number; o: number }>, steps: number, allowZero: boolean | (() => boolean) = true, burst = (_exchange: number) => 1) => {
     const wall = (b: readonly number[]): number => Math.max(...models.map((m, i) => m.o + (b[i]! > 0 ? time(m, b[i]!) : 0)))
+    let exchanges = 0
     let batcher!: HeteroBatcher
     batcher = new HeteroBatcher({
       rank: 0,
@@ -131,7 +132,10 @@ describe("heterogeneity-aware batching with a fixed cost per step", () => {
       globalBatch: 128,
       adaptive: true,
       allowZero,
-      allGather: async () => Float32Array.from(models.flatMap((m, i) => [batcher.batches[i]!, batcher.batches[i]! > 0 ? time(m, batcher.batches[i]!) : 0, wall(batcher.batches)])),
+      allGather: async () => {
+        const f = burst(++exchanges)
+        return Float32Array.from(models.flatMap((m, i) => [batcher.batches[i]!, batcher.batches[i]! > 0 ? time(m, batcher.batches[i]!) : 0, f * wall(batcher.batches)]))
+      },
       warmupSteps: 3,
       exchangeEvery: 5
     })
@@ -149,14 +153,38 @@ describe("heterogeneity-aware batching with a fixed cost per step", () => {
     const steps = 5 * (3 * ZERO_RECHECK) + 100
     const trace = await simulateWhole(models, steps)
     expect(trace.at(-1)).toEqual([128, 0])
-    // Settled without rows: after the way there, one row again only in the trials every ZERO_RECHECK exchanges (5 steps each).
+    // Settled without rows: after the way there, one row again only in the trials every ZERO_RECHECK
+    // exchanges (TRIAL_EXCHANGES exchanges of 5 steps each).
     const later = trace.slice(200)
-    expect(later.filter((b) => b[1] === 0).length).toBeGreaterThanOrEqual(later.length - 5 * 3)
+    expect(later.filter((b) => b[1] === 0).length).toBeGreaterThanOrEqual(later.length - 3 * 5 * TRIAL_EXCHANGES)
     expect(later.every((b) => b[0]! + b[1]! === 128)).toBe(true)
     // Not without allowZero (a strategy whose ranks without rows would fall behind): the one-row floor.
     const floor = await simulateWhole(models, 400, false)
     expect(floor.every((b) => b[1]! >= 1)).toBe(true)
     expect(floor.at(-1)).toEqual([127, 1])
+  })
+
+  it("one exchange's steps slowed by a burst (a CPU quota's) does not decide a trial: a rank whose one row holds every step back is still left without rows", async () => {
+    // Every third exchange's steps take 4x as long: a single window of the trial may be the one.
+    const models = [{ a: 2, c: 0.05, o: 1 }, { a: 30, c: 0.3, o: 6 }]
+    for (const phase of [0, 1, 2]) {
+      const trace = await simulateWhole(models, 400, true, (x) => ((x + phase) % 3 === 0 ? 4 : 1))
+      // Its first trial kept (a few exchanges in), until the first check with one row again.
+      expect(trace.slice(30, 5 * ZERO_RECHECK).every((b) => b[1] === 0)).toBe(true)
+      expect(trace.at(-1)).toEqual([128, 0])
+    }
+  })
+
+  it("a rank without rows gets one back once allowZero says no (strategy auto leaving the all-reduce), and is not tried without rows again while it says no", async () => {
+    const models = [{ a: 2, c: 0.05, o: 1 }, { a: 30, c: 0.3, o: 6 }]
+    let asked = 0
+    const trace = await simulateWhole(models, 600, () => ++asked < 60)
+    // Asked at every exchange (the 3 warm-up steps', then every 5th step's): the 60th, which says
+    // no, ends step 3 + 5 * 57; without rows before it, one row for good from it on.
+    const cut = 3 + 5 * 57
+    expect(trace.slice(200, cut - 1).some((b) => b[1] === 0)).toBe(true)
+    expect(trace.slice(cut - 1).every((b) => b[1]! >= 1 && b[0]! + b[1]! === 128)).toBe(true)
+    expect(trace.at(-1)).toEqual([127, 1])
   })
 
   it("a rank whose step without rows would be no faster keeps its row (a trial, then back)", async () => {
@@ -165,9 +193,13 @@ describe("heterogeneity-aware batching with a fixed cost per step", () => {
     const models = [{ a: 2, c: 0.05, o: 1 }, { a: 10, c: 0.3, o: 100 }]
     const trace = await simulateWhole(models, 5 * (2 * ZERO_RECHECK) + 100)
     expect(trace.at(-1)).toEqual([127, 1])
-    const zeroSteps = trace.filter((b) => b[1] === 0).length
-    // Tried, once at the start and once per ZERO_RECHECK exchanges after: a few windows of 5 steps.
-    expect(zeroSteps).toBeGreaterThan(0)
-    expect(zeroSteps).toBeLessThanOrEqual(5 * 3)
+    // Tried at the start, then again after 8, 16, 32 and 64 exchanges (each trial TRIAL_EXCHANGES
+    // exchanges of 5 steps): the trials' starts further and further apart.
+    const starts = trace.flatMap((b, i) => (b[1] === 0 && trace[i - 1]?.[1] !== 0 ? [i] : []))
+    expect(starts.length).toBeGreaterThanOrEqual(4)
+    expect(starts.length).toBeLessThanOrEqual(6)
+    const gaps = starts.slice(1).map((s, i) => s - starts[i]!)
+    for (let i = 1; i < gaps.length; i++) expect(gaps[i]!).toBeGreaterThan(gaps[i - 1]!)
+    expect(trace.filter((b) => b[1] === 0).length).toBeLessThanOrEqual(starts.length * 5 * TRIAL_EXCHANGES)
   })
 })

@@ -63,10 +63,11 @@ describe("heterogeneity-aware batching and automatic choice in a Trainer run", (
   }, 180_000)
 
   it.each([
-    { slow: 1, fast: 0, zeroStage: 0 as const, accumulationSteps: 1 },
-    { slow: 0, fast: 1, zeroStage: 2 as const, accumulationSteps: 1 },
-    { slow: 1, fast: 0, zeroStage: 1 as const, accumulationSteps: 2 }
-  ])("leaves rank $slow without rows where its one row still holds every step back, and the group trains on with the same weights everywhere (ZeRO stage $zeroStage, $accumulationSteps micro-batch(es) a step)", async ({ slow, fast, zeroStage, accumulationSteps }) => {
+    { slow: 1, fast: 0, zeroStage: 0 as const, accumulationSteps: 1, strategy: "allreduce" as const },
+    { slow: 0, fast: 1, zeroStage: 2 as const, accumulationSteps: 1, strategy: "allreduce" as const },
+    { slow: 1, fast: 0, zeroStage: 1 as const, accumulationSteps: 2, strategy: "allreduce" as const },
+    { slow: 1, fast: 0, zeroStage: 0 as const, accumulationSteps: 1, strategy: "auto" as const }
+  ])("leaves rank $slow without rows where its one row still holds every step back, and the group trains on with the same weights everywhere (ZeRO stage $zeroStage, $accumulationSteps micro-batch(es) a step, strategy $strategy)", async ({ slow, fast, zeroStage, accumulationSteps, strategy }) => {
     // The slow rank takes 40 ms more for any step with rows (a device's fixed cost per step): at
     // one row it still doubles the group's step, without rows it only takes part in the exchange.
     const epochs = 6 * accumulationSteps
@@ -74,9 +75,9 @@ describe("heterogeneity-aware batching and automatic choice in a Trainer run", (
       trainLoopPerWorker: LOOP,
       trainLoopConfig: { epochs, globalBatchSize: 64, accumulationSteps, stepDelay: { [String(slow)]: 40 } },
       scalingConfig: { numWorkers: 2 },
-      runConfig: { name: `hetero-zero-${zeroStage}-${accumulationSteps}`, storagePath: storage, progress: false },
+      runConfig: { name: `hetero-zero-${zeroStage}-${accumulationSteps}-${strategy}`, storagePath: storage, progress: false },
       datasets: { train },
-      collectiveConfig: { adaptiveBatching: true, zeroStage }
+      collectiveConfig: { adaptiveBatching: true, zeroStage, strategy }
     }).fit()
     const last = r.metricsPerRank.at(-1)!
     expect(new Set(last.map((m) => m.weights)).size).toBe(1)
@@ -91,5 +92,11 @@ describe("heterogeneity-aware batching and automatic choice in a Trainer run", (
     expect(last[0].steps).toBe(epochs * Math.floor(train.size / (64 * accumulationSteps)))
     expect(Number.isFinite(last[0].loss as number)).toBe(true)
     expect(last[0].loss as number).toBeLessThan(r.metricsPerRank[0]![0]!.loss as number)
+    if (strategy === "auto") {
+      // Strategy "auto" stays on the all-reduce while a rank has no rows, and says why.
+      expect(m.strategy).toBe("allreduce")
+      expect(m["strategy/switches"]).toBe(0)
+      expect(await fs.readFile(path.join(r.path, "explain.txt"), "utf8")).toMatch(/strategy: allreduce \(kept\); adaptive batching gives rank 1 no rows/)
+    }
   }, 180_000)
 })

@@ -229,7 +229,8 @@ export class DataParallelModel implements RecoverableModel {
       trainStep: (x, y, o) => this.trainStep(x, y, o),
       emptyStep: () => this.#emptyStep(),
       lossTargets: (y, n) => this.lossTargets(y, n),
-      rankBatch: (bs) => this.#rankBatch(bs)
+      rankBatch: (bs) => this.#rankBatch(bs),
+      get strategyNow() { return dp.#worker.name }
     })
     this.#worker = resolveStrategy(strategyOf(sync)).create!(this.#strategyHost())
   }
@@ -246,6 +247,7 @@ export class DataParallelModel implements RecoverableModel {
       observer: this.#observer,
       get learningRate() { return dp.learningRate },
       get inFit() { return dp.#loop.inFit },
+      get ranksWithoutRows() { return (dp.#loop.batcher?.batches ?? []).flatMap((b, r) => (b === 0 ? [r] : [])) },
       get exchangeAlone() { return dp.exchangeAlone },
       get step() { return dp.#step },
       set step(v: number) { dp.#step = v },

@@ -117,6 +117,8 @@ export interface FitHost {
   lossTargets(y: Tensor, numClasses: number): Tensor
   /** A per-rank batch size as this group uses it (elastic groups). */
   rankBatch(batchSize: number): number
+  /** The strategy running now (strategy "auto": the one it moved to; ZeRO runs as "allreduce"). */
+  readonly strategyNow: string
 }
 
 /** The loop's position and batching, which the model reads (steps, the learning-rate rule, regroups, metrics). */
@@ -383,8 +385,10 @@ export class FitLoop {
       globalBatch,
       adaptive: this.#host.sync.adaptiveBatching === true && allGather !== undefined,
       // The all-reduce applies the same update on every rank whatever its rows; local SGD's and a
-      // server's steps would leave a rank without rows behind.
-      allowZero: strategyOf(this.#host.sync) === "allreduce" && !this.#host.sync.localSgd,
+      // server's steps would leave a rank without rows behind. Asked at every exchange: strategy
+      // "auto" may run the all-reduce now and something else later (it does not move while a rank
+      // has no rows: strategies/auto.ts).
+      allowZero: () => this.#host.strategyNow === "allreduce",
       allGather: allGather ?? (async (b) => b)
     })
   }

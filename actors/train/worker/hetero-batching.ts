@@ -35,9 +35,13 @@
 // not in the fit, so where a rank sits at one row the batcher tries it with none (allowZero: the
 // all-reduce, whose update every rank applies alike; the rank then takes part in the exchange with
 // nothing, sample weight 0), compares the group's whole step time (each rank's wall time per step,
-// the slowest, exchanged with the rest) over the next exchange's steps against the one before, and
-// keeps it only 10% faster, else goes back and tries again after ZERO_RECHECK exchanges. A rank
-// left without rows is tried with one again after as many, kept where that is 10% faster.
+// the slowest, exchanged with the rest) over the next TRIAL_EXCHANGES exchanges against as many
+// before (medians: on a CPU quota one exchange's steps move 2x and more), and keeps it only 10%
+// faster, else goes back and tries again after 8 exchanges, then 16, 32, up to ZERO_RECHECK. A
+// rank left without rows is tried with one again every ZERO_RECHECK exchanges, kept where that is
+// 10% faster. Strategy
+// "auto" allows it while it runs the all-reduce (allowZero asked at every exchange); should it stop
+// allowing it, every rank without rows gets one back at the next exchange.
 import * as Result from "effect/Result"
 import {
   detectStragglers,
@@ -63,8 +67,12 @@ export interface HeteroBatcherOptions {
   readonly exchangeEvery?: number
   /** Re-balance when the predicted step time is this fraction above the ideal split's. Default 0.1. */
   readonly threshold?: number
-  /** Whether a rank may be given no rows (see the header); false by default. */
-  readonly allowZero?: boolean
+  /**
+   * Whether a rank may be given no rows (see the header); false by default. A function is asked at
+   * every exchange (it must answer the same on every rank there): where it says no, a rank without
+   * rows gets one back.
+   */
+  readonly allowZero?: boolean | (() => boolean)
 }
 
 /** Exchanges per rank the affine step-time fit uses (the latest). */
@@ -77,8 +85,12 @@ const URGENT_DRIFT = 0.5
 const FIT_SPREAD = 0.15
 /** How much faster (whole step time) a trial of a rank with no rows, or with one again, must be to stay. */
 const ZERO_MARGIN = 0.1
-/** Exchanges until a rank whose trial without rows lost is tried again, and a rank without rows is tried with one. */
+/** Exchanges until a rank without rows is tried with one, and the most a rank whose trial without rows lost waits to be tried again. */
 export const ZERO_RECHECK = 64
+/** Exchanges a trial runs, and the exchanges at the split before it that it is compared with (their medians). */
+export const TRIAL_EXCHANGES = 3
+/** Exchanges until a rank whose first trial without rows lost is tried again (doubling after each loss, up to ZERO_RECHECK). */
+const ZERO_RETRY = 8
 
 /** A rank's step time t(b) = a + c b, in ms, from its (batch, ms) points; undefined when they cannot tell. */
 export const fitStepTime = (points: ReadonlyArray<readonly [number, number]>): { readonly a: number; readonly c: number } | undefined => {
@@ -121,6 +133,12 @@ export const affineThroughputs = (
   return thr
 }
 
+const median = (xs: readonly number[]): number => {
+  const s = [...xs].sort((a, b) => a - b)
+  const m = s.length >> 1
+  return s.length % 2 === 1 ? s[m]! : (s[m - 1]! + s[m]!) / 2
+}
+
 const throughputAt = (m: { readonly a: number; readonly c: number }, b: number): number => (1000 * Math.max(b, 1)) / (m.a + m.c * Math.max(b, 1))
 
 export class HeteroBatcher {
@@ -135,10 +153,12 @@ export class HeteroBatcher {
   #exchanges = 0
   /** Ranks given no rows, with the exchange from which each is tried with one row again. */
   readonly #zeroed = new Map<number, number>()
-  /** Ranks whose trial without rows lost, with the exchange from which they may be tried again. */
-  readonly #zeroLost = new Map<number, number>()
-  /** A trial under way: a rank given no rows (or one again), and the split and step time before it. */
-  #trial: { readonly rank: number; readonly toZero: boolean; readonly previous: readonly number[]; readonly beforeMs: number } | undefined
+  /** Ranks whose trial without rows lost, with the exchange from which they may be tried again and how many lost. */
+  readonly #zeroLost = new Map<number, { readonly from: number; readonly losses: number }>()
+  /** A trial under way: a rank given no rows (or one again), the split and step time before it, the step times with it. */
+  #trial: { readonly rank: number; readonly toZero: boolean; readonly previous: readonly number[]; readonly beforeMs: number; readonly walls: number[]; exchanges: number } | undefined
+  /** The group's step time at each exchange since the split was last set. */
+  #splitWalls: number[] = []
   /** Per rank: (mean batch, mean ms per step) of its latest exchanges. */
   readonly #points: Array<Array<readonly [number, number]>> = []
   readonly #history: number[][] = []
@@ -222,8 +242,15 @@ export class HeteroBatcher {
     }
     this.#history.push(raw)
     this.#stragglers = detectStragglers(this.#history, { window: 10, minSlowSteps: 3 })
+    const allowZero = typeof this.#o.allowZero === "function" ? this.#o.allowZero() : this.#o.allowZero === true
+    if (!allowZero && this.#state.batches.includes(0)) {
+      this.#rowsBack()
+      return
+    }
     if (this.#trial) {
-      if (Number.isFinite(groupMs)) this.#endTrial(groupMs)
+      if (Number.isFinite(groupMs)) this.#trial.walls.push(groupMs)
+      // (Ended after twice its exchanges whatever it measured: no step time, no change kept.)
+      if (this.#trial.walls.length >= TRIAL_EXCHANGES || ++this.#trial.exchanges >= 2 * TRIAL_EXCHANGES) this.#endTrial()
       return
     }
     // Each rank's fitted step time (proportional through its latest point until batches differ enough).
@@ -257,6 +284,8 @@ export class HeteroBatcher {
     })
     if (Result.isSuccess(next)) {
       this.#state = next.success.state
+      if (next.success.rebalanced) this.#splitWalls = []
+      else if (Number.isFinite(groupMs)) this.#splitWalls.push(groupMs)
       // A rank that changed speed for good: its earlier points describe the old speed.
       // (And no smoothing either until every rank is fitted again.)
       if (next.success.rebalanced && next.success.drift > URGENT_DRIFT) {
@@ -264,13 +293,28 @@ export class HeteroBatcher {
         this.#changed = true
       } else if (fitted === p) this.#changed = false
       // The steps just measured ran the split as it still is: a trial may start from it.
-      if (this.#o.allowZero && !next.success.rebalanced && Number.isFinite(groupMs)) this.#maybeTry(groupMs)
+      if (allowZero && this.#splitWalls.length >= TRIAL_EXCHANGES) this.#maybeTry(median(this.#splitWalls.slice(-TRIAL_EXCHANGES)))
     }
   }
 
   /** Sets the split (a trial's, or the one before it), counted as a re-balance. */
   #setBatches(batches: readonly number[]): void {
     this.#state = { ...this.#state, batches: [...batches], stepsSinceRebalance: 0, rebalances: this.#state.rebalances + 1 }
+    this.#splitWalls = []
+  }
+
+  /** No rank may be left without rows any more (allowZero says no): each gets one row back from the largest batch, trials and records of them dropped. */
+  #rowsBack(): void {
+    const next = [...this.#state.batches]
+    for (let r = 0; r < next.length; r++) {
+      if (next[r] !== 0) continue
+      next[next.indexOf(Math.max(...next))]! -= 1
+      next[r] = 1
+    }
+    this.#trial = undefined
+    this.#zeroed.clear()
+    this.#zeroLost.clear()
+    this.#setBatches(next)
   }
 
   /** Starts a trial: a rank at one row given none, or a rank without rows given one again, its row to or from the largest batch. */
@@ -281,26 +325,30 @@ export class HeteroBatcher {
       if (r === largest) continue
       const zeroedUntil = this.#zeroed.get(r)
       const toZero = zeroedUntil === undefined
-      if (toZero ? batches[r] !== 1 || (this.#zeroLost.get(r) ?? 0) > this.#exchanges : batches[r] !== 0 || zeroedUntil > this.#exchanges) continue
+      if (toZero ? batches[r] !== 1 || (this.#zeroLost.get(r)?.from ?? 0) > this.#exchanges : batches[r] !== 0 || zeroedUntil > this.#exchanges) continue
       const next = [...batches]
       next[r] = toZero ? 0 : 1
       next[largest]! += toZero ? 1 : -1
-      this.#trial = { rank: r, toZero, previous: batches, beforeMs: groupMs }
+      this.#trial = { rank: r, toZero, previous: batches, beforeMs: groupMs, walls: [], exchanges: 0 }
       this.#setBatches(next)
       return
     }
   }
 
   /** Ends the trial under way by the group's step time with it: kept where 10% faster, else the split before it again. */
-  #endTrial(groupMs: number): void {
-    const { rank, toZero, previous, beforeMs } = this.#trial!
+  #endTrial(): void {
+    const { rank, toZero, previous, beforeMs, walls } = this.#trial!
     this.#trial = undefined
-    const kept = groupMs < beforeMs * (1 - ZERO_MARGIN)
-    if (toZero && kept) this.#zeroed.set(rank, this.#exchanges + ZERO_RECHECK)
-    else if (!toZero && kept) this.#zeroed.delete(rank)
+    const kept = walls.length > 0 && median(walls) < beforeMs * (1 - ZERO_MARGIN)
+    if (toZero && kept) {
+      this.#zeroed.set(rank, this.#exchanges + ZERO_RECHECK)
+      this.#zeroLost.delete(rank)
+    } else if (!toZero && kept) this.#zeroed.delete(rank)
     else {
-      if (toZero) this.#zeroLost.set(rank, this.#exchanges + ZERO_RECHECK)
-      else this.#zeroed.set(rank, this.#exchanges + ZERO_RECHECK)
+      if (toZero) {
+        const losses = (this.#zeroLost.get(rank)?.losses ?? 0) + 1
+        this.#zeroLost.set(rank, { from: this.#exchanges + Math.min(ZERO_RETRY * 2 ** (losses - 1), ZERO_RECHECK), losses })
+      } else this.#zeroed.set(rank, this.#exchanges + ZERO_RECHECK)
       this.#setBatches(previous)
     }
   }

@@ -85,6 +85,8 @@ export interface StrategyHost {
   readonly learningRate: number | undefined
   /** Inside dp.fit() (every rank takes the same steps). */
   readonly inFit: boolean
+  /** The ranks dp.fit()'s heterogeneity-aware batcher gives no rows now (the same on every rank at a step). */
+  readonly ranksWithoutRows: readonly number[]
   /** Take the exchange path even with one worker (benchmarks). */
   readonly exchangeAlone: boolean
   /** The update counter (the step numbers the group's exchanges are keyed by). */
