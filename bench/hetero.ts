@@ -14,7 +14,10 @@
 // globalBatchSize }), first with an equal split (adaptiveBatching off), then with
 // throughput-proportional batches (on); same data, global batch, seed and epochs. Every run is
 // compared with the all-reduce's equal split (what DDP does). Reported: samples/s after the first
-// (warm-up) epoch, training seconds to the target validation accuracy, final accuracy,
+// (warm-up) epoch, training seconds to the target validation accuracy (both over the epochs' steps:
+// each epoch from its first step's end to its last's, times n / (n - 1), so the loop's epoch-end
+// evaluation and report, and a rank's wait in the next epoch's first exchange for another still in
+// its own, are not counted: a strategy with a cheaper report showed that wait as slower steps), final accuracy,
 // re-balances and final per-rank batches; the measured straggler ratio (each worker times
 // forward+backward passes on its own before and after training, on a global batch's half, while
 // the other does the same) and from it the speed-up a perfect split would give; the measured
@@ -276,7 +279,7 @@ async function runCgroup(argv: ReadonlyArray<string>, groups: { fast: CpuGroup; 
       ].join("\n")
     )
     console.log(
-      "samples/s: after the first epoch; s to target: seconds in training until the first epoch end at the target accuracy (in brackets: the all-reduce's equal split / this run); " +
+      "samples/s: after the first epoch, over the epochs' steps (first step's end to last's, times n / (n - 1): epoch-end evaluation and reports not counted); s to target: seconds of steps until the first epoch end at the target accuracy (in brackets: the all-reduce's equal split / this run); " +
         "measured ratio r: the fast-cgroup worker's own forward+backward samples/s over the slow one's (before and after training, both runs); " +
         "perfect split: (1 + max(r, 1/r)) / 2, the all-reduce's speed-up with batches proportional to r, communication and fixed per-step costs ignored; of perfect: speed-up / perfect"
     )
@@ -387,7 +390,7 @@ async function fitOnce(o: {
   return {
     history: rounds.map((perRank) => ({
       epoch: Number(perRank[0]!.epoch),
-      trainS: Math.max(...perRank.map((m) => Number(m.train_s))),
+      trainS: Math.max(...perRank.map((m) => Number(m.step_s))),
       steps: Number(perRank[0]!.epoch_steps),
       valAccuracy: Number(perRank[0]!.val_accuracy)
     })),
@@ -398,7 +401,9 @@ async function fitOnce(o: {
     rebalances: Number(last["batch/rebalances"] ?? 0),
     stragglers,
     ...(typeof last.strategy === "string" ? { picked: `${last.strategy}${last["strategy/switches"] ? `, ${String(last["strategy/switches"])} switches` : ""}` } : {}),
-    ...(o.strategy === "auto" || o.strategy === "auto-local" ? { autoWhy: lastExplainLine(r.path, (l) => l.startsWith("strategy:"), "strategy") } : {}),
+    ...(o.strategy === "auto" || o.strategy === "auto-local"
+      ? { autoWhy: [lastExplainLine(r.path, (l) => l.startsWith("strategy:"), "strategy"), lastExplainLine(r.path, (l) => l.endsWith("<- picked"), "picked")].filter((l) => !l.startsWith("no picked")).join(" / ") }
+      : {}),
     ...(o.strategy === "auto-local" ? { localWhy: lastExplainLine(r.path, (l) => l.includes("local-sgd"), "local-sgd") } : {})
   }
 }
