@@ -227,7 +227,7 @@ export class DataParallelModel implements RecoverableModel {
       observer,
       get lastComputeMs() { return dp.#lastComputeMs },
       trainStep: (x, y, o) => this.trainStep(x, y, o),
-      emptyStep: () => this.#emptyStep(),
+      emptyStep: (idle) => this.#emptyStep(idle),
       lossTargets: (y, n) => this.lossTargets(y, n),
       rankBatch: (bs) => this.#rankBatch(bs),
       get strategyNow() { return dp.#worker.name }
@@ -247,7 +247,8 @@ export class DataParallelModel implements RecoverableModel {
       observer: this.#observer,
       get learningRate() { return dp.learningRate },
       get inFit() { return dp.#loop.inFit },
-      get ranksWithoutRows() { return (dp.#loop.batcher?.batches ?? []).flatMap((b, r) => (b === 0 ? [r] : [])) },
+      // (Inside dp.fit() only: a hand-written loop after it gives every rank its own rows.)
+      get ranksWithoutRows() { return dp.#loop.inFit ? (dp.#loop.batcher?.batches ?? []).flatMap((b, r) => (b === 0 ? [r] : [])) : [] },
       get exchangeAlone() { return dp.exchangeAlone },
       get step() { return dp.#step },
       set step(v: number) { dp.#step = v },
@@ -715,18 +716,36 @@ export class DataParallelModel implements RecoverableModel {
   /**
    * A step with no rows (sample weight 0): this rank takes part in the group's exchange and applies
    * the same update as the others, adding nothing to it. A rank joining a streamed epoch does this
-   * for the step the survivors redo as it joins (their rows of it were planned before it came), and
-   * a rank the heterogeneity-aware batcher left without rows for each of its steps.
+   * for the step the survivors redo as it joins (their rows of it were planned before it came;
+   * under local SGD it does nothing there), and a rank the heterogeneity-aware batcher left without
+   * rows (`idle`) for each of its steps: under local SGD an inner step with nothing to apply, its
+   * outer rounds coming due with every rank's, its delta weighted by the 0 samples behind it.
    */
-  async #emptyStep(): Promise<void> {
+  async #emptyStep(idle: boolean): Promise<void> {
     const worker = this.#worker
-    if (worker.inPlace()) return
-    await worker.beforeStep?.()
-    const step = this.#step++
+    if (worker.inPlace() && !idle) return
+    this.#inStep = true
+    try {
+      await worker.beforeStep?.()
+      const step = this.#step++
+      this.#applyLearningRateRule(step, 0)
+      // (Asked after beforeStep: strategy auto may have moved there.)
+      if (worker.inPlace()) await worker.afterInPlace?.(0)
+      else await this.#emptyExchange(worker, step)
+      if (!worker.viaServers) this.#global++
+      this.#sync.recovery?.countStep()
+    } finally {
+      this.#inStep = false
+    }
+    // The rank's progress goes on (a step with no samples; its loss is not counted).
+    this.onStep?.({ epoch: this.#loop.epoch, step: this.#loop.stepInEpoch, stepsPerEpoch: this.#loop.stepsPerEpoch, samples: 0, loss: Number.NaN })
+  }
+
+  /** An empty step's exchange: a zero gradient of sample weight 0, and the group's update applied. */
+  async #emptyExchange(worker: StrategyWorker, step: number): Promise<void> {
     // Of the length readGradients gives (ZeRO stage 2 pads it to a multiple of the world size).
     const flat = worker.gradientBuffer?.() ?? this.#ownGradientBuffer() ?? new Float32Array(this.parameterCount)
     flat.fill(0)
-    this.#applyLearningRateRule(step, 0)
     const exchanged = await worker.exchange(flat, {
       step,
       samples: 0,
@@ -737,10 +756,6 @@ export class DataParallelModel implements RecoverableModel {
       }
     })
     if (!exchanged.adopted) await exchanged.apply?.()
-    if (!worker.viaServers) this.#global++
-    this.#sync.recovery?.countStep()
-    // The rank's progress goes on (a step with no samples; its loss is not counted).
-    this.onStep?.({ epoch: this.#loop.epoch, step: this.#loop.stepInEpoch, stepsPerEpoch: this.#loop.stepsPerEpoch, samples: 0, loss: Number.NaN })
   }
 
   /** The step's samples over every rank, where dp.fit() knows them (StepExchange.globalSamples). */

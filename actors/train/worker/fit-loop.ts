@@ -20,6 +20,9 @@ type tfjs = typeof import("@tensorflow/tfjs")
 type LayersModel = import("@tensorflow/tfjs").LayersModel
 type Tensor = import("@tensorflow/tfjs").Tensor
 
+/** The strategies under which dp.fit()'s batcher may leave a rank without rows (hetero-batching.ts allowZero). */
+const ROWS_FREE: ReadonlySet<string> = new Set(["allreduce", "local-sgd"])
+
 /** Group operations of one training step: ZeRO's reduction and all-gather, or one reduction. */
 const opsPerStep = (sync: { readonly zeroStage?: number }): number => ((sync.zeroStage ?? 0) > 0 ? 2 : 1)
 
@@ -112,8 +115,12 @@ export interface FitHost {
   /** Forward/backward ms of the last step (the batcher's throughput). */
   readonly lastComputeMs: number
   trainStep(x: Tensor, y: Tensor, options: TrainStepOptions): Promise<StepResult>
-  /** A step with no rows: this rank's part of the group's exchange, adding nothing (sample weight 0). */
-  emptyStep(): Promise<void>
+  /**
+   * A step with no rows: this rank's part of the group's exchange, adding nothing (sample weight 0).
+   * `idle`: the batcher gave it no rows (under local SGD an inner step with nothing to apply); else
+   * a joiner's part in the step the survivors redo (nothing under local SGD).
+   */
+  emptyStep(idle: boolean): Promise<void>
   lossTargets(y: Tensor, numClasses: number): Tensor
   /** A per-rank batch size as this group uses it (elastic groups). */
   rankBatch(batchSize: number): number
@@ -208,7 +215,7 @@ export class FitLoop {
           // for the new group, this rank included.
           this.#streamRegroup(source, target, epoch)
           await joinHere()
-          await this.#host.emptyStep()
+          await this.#host.emptyStep(false)
           ;({ steps, rowsOf } = this.#replanStream(source, opts, target, epoch))
           this.stepsPerEpoch = steps
           i = 0
@@ -229,7 +236,7 @@ export class FitLoop {
           // of the step's exchange, adding nothing, and the same update as every rank.
           const idle = micro.length > 0 && micro.every((m) => m.length === 0)
           if (idle) {
-            await this.#host.emptyStep()
+            await this.#host.emptyStep(true)
             r = { loss: Number.NaN, samples: 0 }
           }
           for (let j = 0; j < (idle ? 0 : micro.length); j++) {
@@ -384,11 +391,12 @@ export class FitLoop {
       worldSize: p,
       globalBatch,
       adaptive: this.#host.sync.adaptiveBatching === true && allGather !== undefined,
-      // The all-reduce applies the same update on every rank whatever its rows; local SGD's and a
+      // The all-reduce applies the same update on every rank whatever its rows, and local SGD's
+      // rounds weight each rank's delta by its samples (a rank without rows takes the others'); a
       // server's steps would leave a rank without rows behind. Asked at every exchange: strategy
-      // "auto" may run the all-reduce now and something else later (it does not move while a rank
+      // "auto" may run one of them now and something else later (it does not move while a rank
       // has no rows: strategies/auto.ts).
-      allowZero: () => this.#host.strategyNow === "allreduce",
+      allowZero: () => ROWS_FREE.has(this.#host.strategyNow),
       allGather: allGather ?? (async (b) => b)
     })
   }

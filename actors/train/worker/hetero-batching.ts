@@ -39,9 +39,8 @@
 // before (medians: on a CPU quota one exchange's steps move 2x and more), and keeps it only 10%
 // faster, else goes back and tries again after 8 exchanges, then 16, 32, up to ZERO_RECHECK. A
 // rank left without rows is tried with one again every ZERO_RECHECK exchanges, kept where that is
-// 10% faster. Strategy
-// "auto" allows it while it runs the all-reduce (allowZero asked at every exchange); should it stop
-// allowing it, every rank without rows gets one back at the next exchange.
+// 10% faster. Strategy "auto" allows it while it runs the all-reduce (allowZero asked at every
+// exchange); should it stop allowing it, every rank without rows gets one back at the next exchange.
 import * as Result from "effect/Result"
 import {
   detectStragglers,

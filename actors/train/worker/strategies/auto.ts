@@ -295,17 +295,18 @@ export class AutoWorker implements StrategyWorker {
     if (this.#rounds === 1) return
     if (anyFinishing) return
     // dp.fit()'s batcher left a rank without rows (hetero-batching.ts: where that made the group's
-    // steps faster): only the all-reduce applies the same update on such a rank, and the others are
-    // priced from every rank's compute, which such a rank no longer measures. The all-reduce stays
-    // until the batcher gives it rows again (it tries that every ZERO_RECHECK exchanges).
+    // steps faster): only the all-reduce and local SGD go on with such a rank (the same update on
+    // it; local SGD's rounds weighted by samples), and the candidates are priced from every rank's
+    // compute, which such a rank no longer measures. The strategy stays until the batcher gives it
+    // rows again (it tries that every ZERO_RECHECK exchanges).
     const idle = this.#host.ranksWithoutRows
-    if (this.#current === "allreduce" && idle.length > 0) {
+    if ((this.#current === "allreduce" || this.#current === "local-sgd") && idle.length > 0) {
       if (this.#host.sync.rank === 0) {
         const ranks = `rank${idle.length > 1 ? "s" : ""} ${idle.join(", ")}`
         auto.explain(
-          `strategy: allreduce (kept); adaptive batching gives ${ranks} no rows: the all-reduce is the one strategy that applies the same update on a rank without rows, and the others are priced from every rank's compute; they are weighed again once every rank has rows`,
-          { step, pick: "allreduce", previous: "allreduce", changed: false, ranksWithoutRows: idle },
-          `gradwire: strategy allreduce at step ${step}: kept, ${ranks} without rows`
+          `strategy: ${this.#current} (kept); adaptive batching gives ${ranks} no rows: only the all-reduce and local SGD go on with a rank without rows, and the candidates are priced from every rank's compute; they are weighed again once every rank has rows`,
+          { step, pick: this.#current, previous: this.#current, changed: false, ranksWithoutRows: idle },
+          `gradwire: strategy ${this.#current} at step ${step}: kept, ${ranks} without rows`
         )
       }
       return

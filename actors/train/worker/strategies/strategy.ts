@@ -85,7 +85,7 @@ export interface StrategyHost {
   readonly learningRate: number | undefined
   /** Inside dp.fit() (every rank takes the same steps). */
   readonly inFit: boolean
-  /** The ranks dp.fit()'s heterogeneity-aware batcher gives no rows now (the same on every rank at a step). */
+  /** The ranks dp.fit()'s heterogeneity-aware batcher gives no rows now (the same on every rank at a step; none outside dp.fit()). */
   readonly ranksWithoutRows: readonly number[]
   /** Take the exchange path even with one worker (benchmarks). */
   readonly exchangeAlone: boolean
