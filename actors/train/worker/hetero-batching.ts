@@ -33,13 +33,14 @@
 // exchange and the update waits for its quota, and its one row's forward+backward eats that quota
 // (bench hetero at 4x: 127/1 ran 5916 samples/s, 128/0 7752). Costs outside forward+backward are
 // not in the fit, so where a rank sits at one row the batcher tries it with none (allowZero: the
-// all-reduce, whose update every rank applies alike; the rank then takes part in the exchange with
-// nothing, sample weight 0), compares the group's whole step time (each rank's wall time per step,
+// all-reduce, whose update every rank applies alike, the rank taking part in the exchange with
+// nothing, sample weight 0; local SGD, whose rounds weight each rank's delta by its samples),
+// compares the group's whole step time (each rank's wall time per step,
 // the slowest, exchanged with the rest) over the next TRIAL_EXCHANGES exchanges against as many
 // before (medians: on a CPU quota one exchange's steps move 2x and more), and keeps it only 10%
 // faster, else goes back and tries again after 8 exchanges, then 16, 32, up to ZERO_RECHECK. A
 // rank left without rows is tried with one again every ZERO_RECHECK exchanges, kept where that is
-// 10% faster. Strategy "auto" allows it while it runs the all-reduce (allowZero asked at every
+// 10% faster. Strategy "auto" allows it while it runs one of those two (allowZero asked at every
 // exchange); should it stop allowing it, every rank without rows gets one back at the next exchange.
 import * as Result from "effect/Result"
 import {
