@@ -14,14 +14,14 @@
 // globalBatchSize }), first with an equal split (adaptiveBatching off), then with
 // throughput-proportional batches (on); same data, global batch, seed and epochs. Every run is
 // compared with the all-reduce's equal split (what DDP does). Reported: samples/s after the first
-// (warm-up) epoch, training seconds to the target validation accuracy (both over the epochs' steps:
-// each epoch from its first step's end to its last's, times n / (n - 1), so the loop's epoch-end
-// evaluation and report, and a rank's wait in the next epoch's first exchange for another still in
-// its own, are not counted: a strategy with a cheaper report showed that wait as slower steps), final accuracy,
-// re-balances and final per-rank batches; the measured straggler ratio (each worker times
-// forward+backward passes on its own before and after training, on a global batch's half, while
-// the other does the same) and from it the speed-up a perfect split would give; the measured
-// speed-up and its fraction of perfect.
+// (warm-up) epoch, training seconds to the target validation accuracy (both over the epochs'
+// steps: each epoch from its first step's end to its last's, times n / (n - 1), so the loop's
+// epoch-end evaluation and report, and a rank's wait in the next epoch's first exchange for
+// another still in its own, are not counted: a strategy with a cheaper report showed that wait as
+// slower steps), final accuracy, re-balances and final per-rank batches; the measured straggler
+// ratio (each worker times forward+backward passes on its own before and after training, on a
+// global batch's half, while the other does the same) and from it the speed-up a perfect split
+// would give; the measured speed-up and its fraction of perfect.
 // Options: --skews=2,4 --epochs=15 --batch=128 --target=0.9 --period-us=10000. `--mix=wasm,cpu`:
 // mixed backends, the fast node's worker on wasm and the slow node's on cpu (skews default 1: both
 // capped at one core, the backends alone unequal).
@@ -116,7 +116,7 @@ interface RunResult {
   readonly picked?: string
   /** Strategy "auto" with local SGD offered: what its last decision said of local SGD (explain.txt). */
   readonly localWhy?: string
-  /** Strategy "auto": the first line of its last decision (explain.txt). */
+  /** Strategy "auto": its last decision's first line and the line of the strategy it picked (explain.txt). */
   readonly autoWhy?: string
 }
 

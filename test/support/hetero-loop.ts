@@ -116,8 +116,9 @@ export async function heteroLoop(config: HeteroLoopConfig, ctx: TrainContext): P
   const calib = (config.calibrateSteps ?? 0) > 0 ? await calibrate() : undefined
   let trainMs = 0
   // The epochs' steps alone: from each epoch's first step's end to its last's, scaled by n / (n - 1)
-  // for the first step. A rank's epoch-end work (evaluation, report) that another rank waits for in
-  // the next epoch's first exchange counts in trainMs, which a cheaper report shifts there.
+  // for the first step. trainMs (each dp.fit call whole) also holds the wait in an epoch's first
+  // exchange for a slower rank still in its epoch-end work (evaluation, report): how much of it
+  // depends on how long this rank's own report took (bench hetero).
   let stepMs = 0
   const skip = config.skipSteps ?? 6
   const stamps: number[] = []
