@@ -302,13 +302,23 @@ async function runCgroup(argv: ReadonlyArray<string>, groups: { fast: CpuGroup; 
   }
 }
 
-/** The last line of a run's explain.txt that `pick` finds (strategy auto's reasons). */
-const lastExplainLine = (runPath: string, pick: (line: string) => boolean, what: string): string => {
+/**
+ * Strategy auto's reasons in a run's explain.txt, read once: its last decision's first line and the
+ * line of the strategy it picked, and (local SGD offered) the last line about local SGD.
+ */
+const autoReasons = (runPath: string, localSgd: boolean): { autoWhy: string; localWhy?: string } => {
+  let lines: string[]
   try {
-    const lines = fs.readFileSync(path.join(runPath, "explain.txt"), "utf8").split("\n")
-    return lines.filter(pick).at(-1)?.trim() ?? `no ${what} line in explain.txt`
+    lines = fs.readFileSync(path.join(runPath, "explain.txt"), "utf8").split("\n")
   } catch (e) {
-    return `explain.txt unreadable (${(e as Error).message})`
+    const why = `explain.txt unreadable (${(e as Error).message})`
+    return { autoWhy: why, ...(localSgd ? { localWhy: why } : {}) }
+  }
+  const last = (pick: (line: string) => boolean): string | undefined => lines.filter(pick).at(-1)?.trim()
+  const picked = last((l) => l.endsWith("<- picked"))
+  return {
+    autoWhy: [last((l) => l.startsWith("strategy:")) ?? "no strategy line in explain.txt", ...(picked !== undefined ? [picked] : [])].join(" / "),
+    ...(localSgd ? { localWhy: last((l) => l.includes("local-sgd")) ?? "no local-sgd line in explain.txt" } : {})
   }
 }
 
@@ -401,10 +411,7 @@ async function fitOnce(o: {
     rebalances: Number(last["batch/rebalances"] ?? 0),
     stragglers,
     ...(typeof last.strategy === "string" ? { picked: `${last.strategy}${last["strategy/switches"] ? `, ${String(last["strategy/switches"])} switches` : ""}` } : {}),
-    ...(o.strategy === "auto" || o.strategy === "auto-local"
-      ? { autoWhy: [lastExplainLine(r.path, (l) => l.startsWith("strategy:"), "strategy"), lastExplainLine(r.path, (l) => l.endsWith("<- picked"), "picked")].filter((l) => !l.startsWith("no picked")).join(" / ") }
-      : {}),
-    ...(o.strategy === "auto-local" ? { localWhy: lastExplainLine(r.path, (l) => l.includes("local-sgd"), "local-sgd") } : {})
+    ...(o.strategy === "auto" || o.strategy === "auto-local" ? autoReasons(r.path, o.strategy === "auto-local") : {})
   }
 }
 

@@ -35,13 +35,13 @@
 // not in the fit, so where a rank sits at one row the batcher tries it with none (allowZero: the
 // all-reduce, whose update every rank applies alike, the rank taking part in the exchange with
 // nothing, sample weight 0; local SGD, whose rounds weight each rank's delta by its samples),
-// compares the group's whole step time (each rank's wall time per step,
-// the slowest, exchanged with the rest) over the next TRIAL_EXCHANGES exchanges against as many
-// before (medians: on a CPU quota one exchange's steps move 2x and more), and keeps it only 10%
-// faster, else goes back and tries again after 8 exchanges, then 16, 32, up to ZERO_RECHECK. A
-// rank left without rows is tried with one again every ZERO_RECHECK exchanges, kept where that is
-// 10% faster. Strategy "auto" allows it while it runs one of those two (allowZero asked at every
-// exchange); should it stop allowing it, every rank without rows gets one back at the next exchange.
+// compares the group's whole step time (each rank's wall time per step, the slowest, exchanged
+// with the rest) over the next TRIAL_EXCHANGES exchanges against as many before (medians: on a CPU
+// quota one exchange's steps move 2x and more), and keeps it only 10% faster, else goes back and
+// tries again after 8 exchanges, then 16, 32, up to ZERO_RECHECK. A rank left without rows is
+// tried with one again every ZERO_RECHECK exchanges, kept where that is 10% faster. Strategy
+// "auto" allows it while it runs one of those two (allowZero asked at every exchange); should it
+// stop allowing it, every rank without rows gets one back at the next exchange.
 import * as Result from "effect/Result"
 import {
   detectStragglers,
@@ -52,6 +52,7 @@ import {
   type BalancerState,
   type Straggler
 } from "../../../scheduler/batch-sizing.ts"
+import { median } from "../../../scheduler/cost-model.ts"
 
 export interface HeteroBatcherOptions {
   readonly rank: number
@@ -131,12 +132,6 @@ export const affineThroughputs = (
     thr = models.map((m, i) => throughputAt(m, batches[i]!))
   }
   return thr
-}
-
-const median = (xs: readonly number[]): number => {
-  const s = [...xs].sort((a, b) => a - b)
-  const m = s.length >> 1
-  return s.length % 2 === 1 ? s[m]! : (s[m - 1]! + s[m]!) / 2
 }
 
 const throughputAt = (m: { readonly a: number; readonly c: number }, b: number): number => (1000 * Math.max(b, 1)) / (m.a + m.c * Math.max(b, 1))
