@@ -204,6 +204,19 @@ export const webgpuConvFilter: Setting<"gradwire" | "tfjs"> = {
   read: () => (raw("GRADWIRE_WEBGPU_CONV_FILTER") === "tfjs" ? "tfjs" : "gradwire")
 }
 
+/** Strategy auto's moves at its decision rounds, given instead of its cost model's (actors/train/worker/strategies/auto.ts). */
+export const autoPlan: Setting<string[]> = {
+  name: "GRADWIRE_AUTO_PLAN",
+  default: "unset (the cost model's choice)",
+  description:
+    "strategy `auto`'s choice at its decision rounds, one name per round, comma-separated (e.g. local-sgd,allreduce), instead of its cost model's (which it still explains beside it); after the list, its own: to reproduce a run's moves, or to time one strategy against another in the same job. Read in the worker processes (set it alike on every node); a name `auto` cannot move to fails the run with a ConfigError",
+  read: () =>
+    (raw("GRADWIRE_AUTO_PLAN") ?? "")
+      .split(",")
+      .map((x) => x.trim())
+      .filter((x) => x.length > 0)
+}
+
 /** Warm actor processes a node agent keeps (actors/node/agent.ts warmHosts). */
 export const warmHosts: Setting<number> = {
   name: "GRADWIRE_WARM_HOSTS",
@@ -312,6 +325,7 @@ export const SETTINGS: ReadonlyArray<Setting<unknown>> = [
   webgpuSoftware,
   webgpuZeroWorkgroup,
   webgpuConvFilter,
+  autoPlan,
   warmHosts,
   standbyNice,
   standbySchedIdle,

@@ -168,6 +168,37 @@ describe("local SGD with DiLoCo's outer Nesterov", () => {
     expect(lastAccuracy(r)).toBeGreaterThan(0.5)
   })
 
+  it("auto moved to local SGD and back (GRADWIRE_AUTO_PLAN): every rank takes rank 0's inner optimizer state, and the all-reduce's ranks stay alike with no parity repair", async () => {
+    // Decision rounds in dp.fit at steps 12 (measures only), 24 and 72; 7 epochs of about 15
+    // steps, so the reports of epochs 5 and 6 are on the all-reduce after local SGD (Adam's
+    // moments were each rank's own there).
+    process.env.GRADWIRE_AUTO_PLAN = "local-sgd,allreduce"
+    let r: Result
+    try {
+      r = await fit("lsgd-auto-back", { epochs: 7 }, { strategy: "auto", localSgd: { syncEvery: 4 } })
+    } finally {
+      delete process.env.GRADWIRE_AUTO_PLAN
+    }
+    // explain.txt holds the last decision, the cost model's choice beside the plan's.
+    expect(await fs.readFile(path.join(r.path, "explain.txt"), "utf8")).toMatch(/strategy: allreduce \(was local-sgd\), planned by GRADWIRE_AUTO_PLAN; the cost model's choice: /)
+    expect(r.metricsHistory.map((m) => m.strategy)).toEqual(["allreduce", "local-sgd", "local-sgd", "local-sgd", "allreduce", "allreduce", "allreduce"])
+    const last = r.metricsPerRank.at(-1)!
+    for (const m of last) expect(m).toMatchObject({ strategy: "allreduce", "strategy/switches": 2 })
+    expect((await readEvents(r.path)).filter((e) => e.type === "parity-repair")).toEqual([])
+    for (const m of r.metricsHistory) expect(m["gradwire/parity_repaired"]).toBeUndefined()
+    expect(new Set(last.map((m) => m.weights)).size).toBe(1)
+    expect(lastAccuracy(r)).toBeGreaterThan(0.85)
+  })
+
+  it("a GRADWIRE_AUTO_PLAN entry auto cannot move to fails the run with a ConfigError naming what it can", async () => {
+    process.env.GRADWIRE_AUTO_PLAN = "local-sgd"
+    try {
+      await expect(fit("lsgd-auto-badplan", { epochs: 3 }, { strategy: "auto" })).rejects.toThrow(/GRADWIRE_AUTO_PLAN.*entry 1 is "local-sgd".*local-sgd needs collectiveConfig.localSgd/)
+    } finally {
+      delete process.env.GRADWIRE_AUTO_PLAN
+    }
+  })
+
   it("streams fragments at staggered steps with their rounds overlapped with the next inner steps, and converges", async () => {
     // 4 fragments of the MLP's 4 variables, each every 8 steps, 2 steps apart; int8 with residuals per fragment.
     const r = await fit("lsgd-stream", { epochs: 4 }, { strategy: "local-sgd", localSgd: { syncEvery: 8, fragments: 4, compression: { type: "int8" } } })

@@ -83,6 +83,9 @@ describe("heterogeneity-aware batching and automatic choice in a Trainer run", (
     }).fit()
     const last = r.metricsPerRank.at(-1)!
     expect(new Set(last.map((m) => m.weights)).size).toBe(1)
+    // Alike by construction: the report rounds' state-parity checks (on the all-reduce, ZeRO's and
+    // auto's) found nothing to repair.
+    for (const h of r.metricsHistory) expect(h["gradwire/parity_repaired"]).toBeUndefined()
     const m = r.metrics!
     expect(m[`batch/rank${fast}`]).toBe(64)
     expect(m[`batch/rank${slow}`]).toBe(0)

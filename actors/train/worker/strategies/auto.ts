@@ -15,6 +15,7 @@ import { ParameterServerWorker, checkServersConfig, serversPeersCannot, type Aut
 import { strategies } from "./registry.ts"
 import { defineStrategy, type Exchanged, type StepExchange, type StrategyHost, type StrategyWorker } from "./strategy.ts"
 import { ConfigError } from "../../../../core/errors.ts"
+import { autoPlan } from "../../../../core/settings.ts"
 import { OPTIMIZER_FILE } from "../../../../core/model-io.ts"
 
 /** The CPU ms this machine's cores have been busy (everything but idle and iowait) since boot. */
@@ -40,7 +41,8 @@ const AUTO_REMEMBER = 4
 export const autoCandidates = (): ReadonlySet<StrategyName> => new Set(strategies().flatMap((e) => e.autoCandidates ?? []))
 
 export class AutoWorker implements StrategyWorker {
-  readonly replicated = false
+  /** What runs now may change between report rounds: the ranks agree before a state-parity check. */
+  readonly replicatedChanges = true
   readonly #host: StrategyHost
   readonly #allreduce: AllReduceWorker
   readonly #servers: ParameterServerWorker
@@ -58,6 +60,8 @@ export class AutoWorker implements StrategyWorker {
   /** The group's measured price of one push-pull. */
   #pushPullMs: number | undefined
   #switches = 0
+  /** Decision rounds that made a choice (GRADWIRE_AUTO_PLAN's entries are taken in this order). */
+  #choices = 0
   /**
    * The decision clock's next point (the same on every rank). Inside dp.fit() the clock is this
    * rank's trainStep calls (dp.fit gives every rank the same steps); outside it, the group step,
@@ -86,6 +90,11 @@ export class AutoWorker implements StrategyWorker {
 
   get viaServers(): boolean {
     return onServers(this.#current)
+  }
+
+  /** On the all-reduce every rank holds the same state between steps (the move there makes it so). */
+  get replicated(): boolean {
+    return this.#current === "allreduce" && !this.#local
   }
 
   get #active(): StrategyWorker {
@@ -329,15 +338,60 @@ export class AutoWorker implements StrategyWorker {
       },
       this.#current
     )
+    // GRADWIRE_AUTO_PLAN: this round's move is given (the same list on every rank); the cost
+    // model's choice is explained beside it.
+    const planned = this.#planned(this.#choices++)
+    const pick = planned ?? choice.pick
+    const changed = pick !== this.#current
     if (this.#host.sync.rank === 0) {
       const best = choice.predictions.find((x) => x.name === choice.pick)
-      auto.explain(choice.text, { step, ...choice.json }, `gradwire: strategy ${choice.pick}${choice.changed ? ` (was ${this.#current})` : ""} at step ${step}: predicted ${best?.stepsPerSec.toFixed(1)} gradient steps/s`)
+      if (planned !== undefined) {
+        auto.explain(
+          `strategy: ${planned}${changed ? ` (was ${this.#current})` : " (kept)"}, planned by GRADWIRE_AUTO_PLAN; the cost model's choice: ${choice.pick}\n${choice.text}`,
+          { step, ...choice.json, pick: planned, changed, planned: true, modelPick: choice.pick },
+          `gradwire: strategy ${planned}${changed ? ` (was ${this.#current})` : ""} at step ${step}: planned (GRADWIRE_AUTO_PLAN; the cost model's choice ${choice.pick})`
+        )
+      } else auto.explain(choice.text, { step, ...choice.json }, `gradwire: strategy ${choice.pick}${choice.changed ? ` (was ${this.#current})` : ""} at step ${step}: predicted ${best?.stepsPerSec.toFixed(1)} gradient steps/s`)
     }
-    if (choice.changed) {
+    if (changed) {
       // The next strategy starts every rank at the same step (the all-reduce and sync steps are numbered by it).
       this.#host.step = steps
-      await this.#switchStrategy(choice.pick)
+      await this.#switchStrategy(pick)
     }
+  }
+
+  /**
+   * GRADWIRE_AUTO_PLAN's entry for the choice-th choice, or undefined past its end. A name auto
+   * cannot move to here is a ConfigError (every rank reads the same list and throws alike).
+   */
+  #planned(choice: number): StrategyName | undefined {
+    const name = autoPlan.read()[choice]
+    if (name === undefined) return undefined
+    const can = ["allreduce", ...[...autoCandidates()].filter((c) => c !== "local-sgd" || this.#host.sync.localSgd !== undefined)]
+    if (!can.includes(name)) {
+      throw new ConfigError({
+        field: "GRADWIRE_AUTO_PLAN",
+        reason: `entry ${choice + 1} is "${name}"; strategy auto can move to ${can.join(", ")} in this job${autoCandidates().has("local-sgd") && !this.#host.sync.localSgd ? " (local-sgd needs collectiveConfig.localSgd)" : ""}`
+      })
+    }
+    return name as StrategyName
+  }
+
+  /** Every rank takes rank 0's optimizer state (all ranks call it). */
+  async #takeRankZeroOptimizer(): Promise<void> {
+    const spec = this.#servers.spec
+    const weights = await readTfjsOptimizerWeights(this.#host.optimizer as unknown as Parameters<typeof readTfjsOptimizerWeights>[0])
+    // Whole slots on every rank, so the broadcast's length matches (flatStateFromTfjs fills a
+    // variable a rank never updated with the slot's initial value).
+    const mine = flatStateFromTfjs(spec, this.#host.layout, this.#host.parameterCount, weights)
+    const names = Object.keys(mine.slots).sort()
+    const n = this.#host.parameterCount
+    const buf = new Float32Array(1 + names.length * n)
+    buf[0] = mine.scalars["step"] ?? 0
+    names.forEach((k, i) => buf.set(mine.slots[k]!, 1 + i * n))
+    await this.#host.sync.broadcast(buf)
+    const slots = Object.fromEntries(names.map((k, i) => [k, buf.subarray(1 + i * n, 1 + (i + 1) * n)]))
+    await this.#host.loadTfjsOptimizer(spec, { kind: mine.kind, slots, scalars: { step: buf[0]! } })
   }
 
   /** Moves training between the all-reduce and the servers, carrying the parameters and the optimizer state. */
@@ -348,6 +402,9 @@ export class AutoWorker implements StrategyWorker {
       // Leaving local SGD: one last round of every fragment, so every rank holds the same weights.
       await this.#local.flush()
       this.#local = undefined
+      // Each rank's inner optimizer state (Adam's moments) is its own: for the all-reduce, whose
+      // ranks apply the same gradient, every rank takes rank 0's (the servers take rank 0's below).
+      if (!onServers(target)) await this.#takeRankZeroOptimizer()
     }
     if (onServers(this.#current)) {
       // Leaving the servers: every rank takes their whole state (they are idle: every rank is here).

@@ -142,6 +142,12 @@ export interface StrategyWorker {
   readonly viaServers: boolean
   /** The ranks hold the same state between steps (state parity checks it). */
   readonly replicated: boolean
+  /**
+   * `replicated` may change while training runs (strategy auto moves between strategies): before
+   * a state-parity check the ranks agree that every one of them is replicated (in a hand-written
+   * loop on the servers, ranks may reach a report on either side of a move).
+   */
+  readonly replicatedChanges?: boolean
   /** ZeRO: each rank holds only its shard of the optimizer state. */
   readonly zeroStage?: ZeroStage
   /** After the start-up weight broadcast: the strategy's own state. */
