@@ -128,6 +128,10 @@ describe("config validation", () => {
     // Strategy auto defaults to the checkpoint: the message says why.
     const z = fails(() => resolveTrainerOptions({ ...base, collectiveConfig: { strategy: "auto" }, runConfig: { failureConfig: { spares: 1 } } }))
     expect(z.message).toMatch(/the default here: with strategy "auto" training may move/)
+    // ... and so does each restart of such a run (controller.ts recoveryFor); not where the run asked for it.
+    expect(resolveTrainerOptions({ ...base, collectiveConfig: { strategy: "auto" } })).toMatchObject({ recoverFrom: "checkpoint", recoverFromWhy: expect.stringMatching(/^with strategy "auto" training may move/) })
+    expect(resolveTrainerOptions({ ...base, collectiveConfig: { strategy: "auto" }, runConfig: { failureConfig: { recoverFrom: "checkpoint" } } }).recoverFromWhy).toBeUndefined()
+    expect(resolveTrainerOptions(base).recoverFromWhy).toBeUndefined()
     // ZeRO (any stage) and parameter servers recover from the peers: spares may wait beside them.
     expect(resolveTrainerOptions({ ...base, collectiveConfig: { zeroStage: 2 }, runConfig: { failureConfig: { spares: 1 } } }).spares).toBe(1)
     expect(resolveTrainerOptions({ ...base, collectiveConfig: { strategy: "parameter-server" }, runConfig: { failureConfig: { spares: 1 } } }).recoverFrom).toBe("peers")

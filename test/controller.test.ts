@@ -364,6 +364,11 @@ describe("controller: recovery choices (peers or checkpoint, a death or a lost n
 
   it("restarts from the checkpoint, saying why: recoverFrom, a failed recovery, a failure that leaves no survivors", () => {
     expect(recoveryFor(failure({}), "checkpoint", false)).toEqual({ from: "checkpoint", reason: 'failureConfig.recoverFrom is "checkpoint"' })
+    // Where the strategy made the checkpoint the default, the restart says why.
+    expect(recoveryFor(failure({}), "checkpoint", false, "with strategy \"auto\" training may move")).toEqual({
+      from: "checkpoint",
+      reason: 'failureConfig.recoverFrom is "checkpoint" (the default here: with strategy "auto" training may move)'
+    })
     expect(recoveryFor(failure({ kind: "recovery", rank: -1, message: "a survivor did not answer\nstack" }), "peers", false)).toEqual({
       from: "checkpoint",
       reason: "recovering from them failed: a survivor did not answer"

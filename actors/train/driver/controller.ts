@@ -555,11 +555,11 @@ const PEER_RECOVERABLE: ReadonlySet<GroupFailure["kind"]> = new Set(["died", "no
  * every worker may have survived it (they wait out natsOutageTimeoutMs), so all are asked once the
  * bus is back; a failed recovery, an error of the loop or of the whole group goes to the checkpoint.
  * A resize grows in place unless the bus is down. failureConfig.recoverFrom "checkpoint" always
- * restarts from the checkpoint.
+ * restarts from the checkpoint (`recoverFromWhy`: the strategy's reason, where that is the default).
  */
-export const recoveryFor = (cause: RestartCause, recoverFrom: "peers" | "checkpoint", busDown: boolean): Recovery => {
+export const recoveryFor = (cause: RestartCause, recoverFrom: "peers" | "checkpoint", busDown: boolean, recoverFromWhy?: string): Recovery => {
   const checkpoint = (reason: string): Recovery => ({ from: "checkpoint", reason })
-  if (recoverFrom !== "peers") return checkpoint(`failureConfig.recoverFrom is "${recoverFrom}"`)
+  if (recoverFrom !== "peers") return checkpoint(`failureConfig.recoverFrom is "${recoverFrom}"${recoverFromWhy !== undefined ? ` (the default here: ${recoverFromWhy})` : ""}`)
   if (cause.type === "resize") return busDown ? checkpoint("the bus is down") : { from: "peers" }
   const failure = cause.failure
   if (failure.kind === "recovery") return checkpoint(`recovering from them failed: ${firstLine(failure.message)}`)

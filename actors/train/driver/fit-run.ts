@@ -750,7 +750,7 @@ export class FitRun {
     if (next.cause.type === "failure") this.record.restarts++
     this.bounds = next.size
     this.record.lastCause = restartReason(next.cause)
-    const recovery = recoveryFor(next.cause, this.cfg.recoverFrom, this.#bus.outage !== undefined)
+    const recovery = recoveryFor(next.cause, this.cfg.recoverFrom, this.#bus.outage !== undefined, this.cfg.recoverFromWhy)
     this.#fallback = recovery.from === "checkpoint" ? recovery.reason : undefined
     if (next.cause.type === "failure") {
       const failure = next.cause.failure

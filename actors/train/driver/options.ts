@@ -87,6 +87,8 @@ export interface Resolved {
   readonly elasticBatch: "keep-global" | "keep-per-worker"
   readonly natsOutageTimeoutMs: number
   readonly recoverFrom: "peers" | "checkpoint"
+  /** Why recoverFrom is "checkpoint" where the run left it unset (no survivor holds the whole state: the strategy's reason). */
+  readonly recoverFromWhy?: string
   /** failureConfig.parityEvery: report rounds between state-parity checks (0: none). */
   readonly parityEvery: number
   /** failureConfig.spares: standby workers kept ready beside the group (refill.ts). */
@@ -324,6 +326,7 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
     elasticBatch: scaling.elasticBatch ?? "keep-global",
     natsOutageTimeoutMs: run.failureConfig?.natsOutageTimeoutMs ?? NATS_OUTAGE_TIMEOUT_MS,
     recoverFrom,
+    ...(run.failureConfig?.recoverFrom === undefined && peersCannot ? { recoverFromWhy: peersCannot } : {}),
     parityEvery: run.failureConfig?.parityEvery ?? 1,
     spares: run.failureConfig?.spares ?? 0,
     seed: options.seed ?? 0
