@@ -7,6 +7,8 @@ import { ConfigError } from "../core/errors.ts"
 import { resolveTrainerOptions } from "../actors/train/driver/trainer.ts"
 import { fromFiles } from "../core/data/file-spec.ts"
 import { allReduceAlgorithmNames, allowedAlgorithms } from "../collectives/algorithms/index.ts"
+import { registerStrategy } from "../actors/train/worker/strategies/index.ts"
+import { sumMean } from "./support/throwaway/sum-mean.ts"
 
 const fails = (f: () => unknown): ConfigError => {
   try {
@@ -125,13 +127,17 @@ describe("config validation", () => {
     const e = fails(() => resolveTrainerOptions({ ...base, runConfig: { failureConfig: { spares: 1, recoverFrom: "checkpoint" } } }))
     expect(e.field).toBe("runConfig.failureConfig.spares")
     expect(e.message).toMatch(/restarts every worker from the checkpoint.*leave spares at 0/)
-    // Strategy auto defaults to the checkpoint: the message says why.
-    const z = fails(() => resolveTrainerOptions({ ...base, collectiveConfig: { strategy: "auto" }, runConfig: { failureConfig: { spares: 1 } } }))
-    expect(z.message).toMatch(/the default here: with strategy "auto" training may move/)
+    // A strategy whose state no survivor holds defaults to the checkpoint: the message says why.
+    registerStrategy({ ...sumMean, name: "rank-own-state", peersCannot: () => "each rank's state is its own" })
+    const z = fails(() => resolveTrainerOptions({ ...base, collectiveConfig: { strategy: "rank-own-state" }, runConfig: { failureConfig: { spares: 1 } } }))
+    expect(z.message).toMatch(/the default here: each rank's state is its own/)
     // ... and so does each restart of such a run (controller.ts recoveryFor); not where the run asked for it.
-    expect(resolveTrainerOptions({ ...base, collectiveConfig: { strategy: "auto" } })).toMatchObject({ recoverFrom: "checkpoint", recoverFromWhy: expect.stringMatching(/^with strategy "auto" training may move/) })
-    expect(resolveTrainerOptions({ ...base, collectiveConfig: { strategy: "auto" }, runConfig: { failureConfig: { recoverFrom: "checkpoint" } } }).recoverFromWhy).toBeUndefined()
+    expect(resolveTrainerOptions({ ...base, collectiveConfig: { strategy: "rank-own-state" } })).toMatchObject({ recoverFrom: "checkpoint", recoverFromWhy: "each rank's state is its own" })
+    expect(resolveTrainerOptions({ ...base, collectiveConfig: { strategy: "rank-own-state" }, runConfig: { failureConfig: { recoverFrom: "checkpoint" } } }).recoverFromWhy).toBeUndefined()
     expect(resolveTrainerOptions(base).recoverFromWhy).toBeUndefined()
+    // Strategy auto recovers from the peers (on the all-reduce and local SGD; on the servers a
+    // regroup falls back to the checkpoint at run time): spares may wait beside it.
+    expect(resolveTrainerOptions({ ...base, collectiveConfig: { strategy: "auto" }, runConfig: { failureConfig: { spares: 1 } } })).toMatchObject({ recoverFrom: "peers", spares: 1 })
     // ZeRO (any stage) and parameter servers recover from the peers: spares may wait beside them.
     expect(resolveTrainerOptions({ ...base, collectiveConfig: { zeroStage: 2 }, runConfig: { failureConfig: { spares: 1 } } }).spares).toBe(1)
     expect(resolveTrainerOptions({ ...base, collectiveConfig: { strategy: "parameter-server" }, runConfig: { failureConfig: { spares: 1 } } }).recoverFrom).toBe("peers")

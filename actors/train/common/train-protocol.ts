@@ -82,6 +82,8 @@ export const Position = Schema.Struct({
   stream: Schema.optionalKey(StreamCursor),
   /** Why this rank's streamed data cannot follow a regroup (a loader, which its factory made for this rank's place). */
   dataPinned: Schema.optionalKey(Schema.String),
+  /** Why this rank's strategy state cannot follow a regroup now (strategy auto on the parameter servers, or moving between strategies). */
+  strategyPinned: Schema.optionalKey(Schema.String),
   /** The loop has called dp.fit(): a joiner replays it and takes its place only at a step inside dp.fit(). */
   fitLoop: Schema.optionalKey(Schema.Boolean),
   /** Outside dp.fit(): why no rank can join the group here (a file dataset in the middle of an epoch the loop reads itself). */

@@ -207,9 +207,10 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   // epoch again for the new group (fit-loop.ts), and between epochs the next one is planned for
   // whatever group reads it. Outside dp.fit(), in the middle of an epoch, a file dataset's
   // survivors finish it on the plan they opened and ranks join only at a report() between epochs
-  // (`joinLater`).
+  // (`joinLater`). Strategy auto on the parameter servers, or moving between strategies, has
+  // state a regroup does not carry (`strategyPinned`).
   const first = (f: (p: Position) => string | undefined): string | undefined => survivors.map((r) => f(r.reply!.position)).find((w) => w !== undefined)
-  const pinned = first((p) => p.dataPinned)
+  const pinned = first((p) => p.dataPinned ?? p.strategyPinned)
   if (pinned) return giveUp(pinned)
   const joinLater = pos.inFit ? undefined : first((p) => p.joinLater)
   if (joinLater && (!x.failure || x.controller.floor > s)) return giveUp(joinLater)

@@ -155,6 +155,12 @@ export const parameterServer = defineActor(ServerProtocol, (ctx) => {
       return null
     },
     regroup: (body) => {
+      // Strategy auto's servers before it first moved to them: nothing to regroup (its move gives
+      // them the group's size with the state).
+      if (!shard) {
+        group = body.group
+        return null
+      }
       const old = need("regroup")
       // Backup workers must be fewer than the workers: a group of n keeps at most n - 1.
       const backupWorkers = Math.min(options!.backupWorkers, body.numWorkers - 1)

@@ -123,6 +123,12 @@ export class DataParallelModel implements RecoverableModel {
   #lastComputeMs = 0
   #step = 0
   #inStep = false
+  /**
+   * The running step has its number (its strategy's beforeStep returned): before that, a regroup
+   * that parks this rank in beforeStep's own group operation (strategy auto's decision round)
+   * finds the step not begun, so it neither counts as in flight nor is redone with a new number.
+   */
+  #stepNumbered = false
   #baseLearningRate: number | undefined
   #lrRule: LrRule | undefined
   #lastLearningRate: number | undefined
@@ -411,7 +417,7 @@ export class DataParallelModel implements RecoverableModel {
 
   /** The state other members of a regrouped generation take: weights, optimizer state, step counter. */
   async snapshot(): Promise<Omit<PeerState, "position">> {
-    const own = this.#worker.snapshotFiles?.(this.#inStep)
+    const own = this.#worker.snapshotFiles?.(this.#inStep && this.#stepNumbered)
     const files = {
       ...(await modelToFiles(this.#tf as unknown as Tf, this.model)),
       [OPTIMIZER_FILE]: await optimizerToFile(this.optimizer),
@@ -419,7 +425,7 @@ export class DataParallelModel implements RecoverableModel {
     }
     // Steps completed: a step in flight (this rank is parked in its reduction) does not count yet,
     // unless this rank has updated its state for it (ZeRO, parked in the step's last operation).
-    return { files, step: this.#step - (this.#inStep && !this.#worker.stepApplied ? 1 : 0) }
+    return { files, step: this.#step - (this.#inStep && this.#stepNumbered && !this.#worker.stepApplied ? 1 : 0) }
   }
 
   /** What a regroup merges from every survivor besides the snapshot (ZeRO stage 1's shard and replica). */
@@ -433,7 +439,7 @@ export class DataParallelModel implements RecoverableModel {
     const after = await this.#worker.beforeAdopt?.(state.files)
     loadWeightsInto(this.#tf as unknown as Tf, this.model, state.files)
     after?.()
-    await this.#worker.adopted?.(state.files)
+    await this.#worker.adopted?.(state.files, { inStep: this.#inStep && this.#stepNumbered, redoingStep: options.redoingStep === true })
     const opt = state.files[OPTIMIZER_FILE]
     if (opt) {
       // tfjs optimizers make new variables for what they load: the ones they held go.
@@ -445,7 +451,7 @@ export class DataParallelModel implements RecoverableModel {
       for (const t of [...held, ...now.filter((w) => w.name === "iter").map((w) => w.tensor)]) if (!kept.has(t) && !t.isDisposed) t.dispose()
     }
     // A step this rank is in and will redo in the new group keeps its number; the next one follows.
-    this.#step = state.step + (this.#inStep && options.redoingStep ? 1 : 0)
+    this.#step = state.step + (this.#inStep && this.#stepNumbered && options.redoingStep ? 1 : 0)
     this.#global = this.#step
   }
 
@@ -524,7 +530,15 @@ export class DataParallelModel implements RecoverableModel {
 
   loopPosition(): LoopPosition {
     const l = this.#loop
-    return { inFit: l.inFit, epoch: l.epoch, stepInEpoch: l.stepInEpoch, stepsPerEpoch: l.stepsPerEpoch, ...(l.inFit && l.stream ? { stream: l.stream } : {}) }
+    const pinned = this.#worker.peersCannotNow?.()
+    return {
+      inFit: l.inFit,
+      epoch: l.epoch,
+      stepInEpoch: l.stepInEpoch,
+      stepsPerEpoch: l.stepsPerEpoch,
+      ...(l.inFit && l.stream ? { stream: l.stream } : {}),
+      ...(pinned !== undefined ? { strategyPinned: pinned } : {})
+    }
   }
 
   /** A per-rank batch size as this group uses it: scaled up when an elastic group runs below its max size. */
@@ -569,6 +583,7 @@ export class DataParallelModel implements RecoverableModel {
     try {
       if (options.accumulate) return await this.#accumulateStep(x, y)
       this.#inStep = true
+      this.#stepNumbered = false
       try {
         const r = await this.#trainStep(x, y)
         recovery?.countStep()
@@ -733,9 +748,11 @@ export class DataParallelModel implements RecoverableModel {
     const worker = this.#worker
     if (worker.inPlace() && !idle) return
     this.#inStep = true
+    this.#stepNumbered = false
     try {
       await worker.beforeStep?.()
       const step = this.#step++
+      this.#stepNumbered = true
       this.#applyLearningRateRule(step, 0)
       // (Asked after beforeStep: strategy auto may have moved there.)
       if (worker.inPlace()) await worker.afterInPlace?.(0)
@@ -777,6 +794,7 @@ export class DataParallelModel implements RecoverableModel {
     const worker = this.#worker
     await worker.beforeStep?.()
     const step = this.#step++
+    this.#stepNumbered = true
     const t0 = performance.now()
     const fwd = this.#forward(x, y)
     const own = rowsOf(x)

@@ -41,6 +41,8 @@ export interface LoopPosition {
   readonly stream?: StreamCursor
   /** Why the loop's streamed data cannot follow a regroup (a loader, made for this rank's place: train-context.ts). */
   readonly dataPinned?: string
+  /** Why the strategy's state cannot follow a regroup now (StrategyWorker.peersCannotNow: strategy auto on the servers or moving). */
+  readonly strategyPinned?: string
   /** Outside dp.fit(): why no rank can join here; a grow waits for a report() where this is unset (reportBoundary). */
   readonly joinLater?: string
   /** Why the group cannot go on short-handed nor renumber its ranks (a pipelined model's grid). */

@@ -3,7 +3,8 @@
 // collectiveConfig.localSgd offers it, and back (scheduler/strategy-choice.ts prices the candidates
 // the registered strategies declare). Every rank takes part in the same decision rounds, computes
 // the same choice, and a change moves the parameters and the optimizer state; rank 0 explains every
-// decision.
+// decision. On the all-reduce and local SGD a regroup carries what runs and the decision clock to
+// every member (AUTO_FILE); on the servers, or in a move, the group restarts from the checkpoint.
 import * as os from "node:os"
 import { createHash } from "node:crypto"
 import { chooseStrategy, onServers, type StrategyName } from "../../../../scheduler/strategy-choice.ts"
@@ -11,12 +12,13 @@ import { hasPsFiles, psWholeState } from "../ps-client.ts"
 import { flatStateFromTfjs, readTfjsOptimizerWeights } from "../../common/optim/tfjs-state.ts"
 import { AllReduceWorker } from "./allreduce.ts"
 import { LocalSgdWorker, localSgd } from "./local-sgd.ts"
-import { ParameterServerWorker, checkServersConfig, serversPeersCannot, type AutoMode } from "./parameter-server.ts"
+import { ParameterServerWorker, checkServersConfig, type AutoMode } from "./parameter-server.ts"
 import { strategies } from "./registry.ts"
 import { defineStrategy, type Exchanged, type StepExchange, type StrategyHost, type StrategyWorker } from "./strategy.ts"
 import { ConfigError } from "../../../../core/errors.ts"
 import { autoPlan } from "../../../../core/settings.ts"
 import { OPTIMIZER_FILE } from "../../../../core/model-io.ts"
+import { decodeMessage, encodeMessage } from "../../../../core/wire.ts"
 
 /** The CPU ms this machine's cores have been busy (everything but idle and iowait) since boot. */
 const machineBusyMs = (): number => {
@@ -36,6 +38,34 @@ const AUTO_WINDOW = 10
 const AUTO_EVERY = 48
 /** Rounds a strategy's measured rate stands in for its prediction. */
 const AUTO_REMEMBER = 4
+
+/** What one decision round gathered, as every rank computes it. */
+interface DecisionRound {
+  readonly computeMs: number[][]
+  readonly steps: number
+  readonly step: number
+  readonly anyFinishing: boolean
+  readonly allFinishing: boolean
+  readonly cpu: { busyCores: number[]; stepsPerSec: number[]; cores: number[]; host: number[]; ownCores: number[] }
+}
+
+/** A survivor's snapshot file of auto's state: what runs, its decision clock and what it measured (the same on every rank). */
+export const AUTO_FILE = "auto.msgpack"
+
+interface AutoState {
+  readonly current: StrategyName
+  /** beforeStep calls completed before the step in flight. */
+  readonly calls: number
+  readonly nextDecision: number
+  readonly rounds: number
+  readonly choices: number
+  readonly switches: number
+  readonly measured: ReadonlyArray<readonly [StrategyName, number, number]>
+  readonly allReduceMs?: number
+  readonly pushPullMs?: number
+  /** The group step the measuring window began at (none before the second step). */
+  readonly markGlobal?: number
+}
 
 /** The candidates auto may move to: the cost-model entries the registered strategies declare. */
 export const autoCandidates = (): ReadonlySet<StrategyName> => new Set(strategies().flatMap((e) => e.autoCandidates ?? []))
@@ -62,6 +92,15 @@ export class AutoWorker implements StrategyWorker {
   #switches = 0
   /** Decision rounds that made a choice (GRADWIRE_AUTO_PLAN's entries are taken in this order). */
   #choices = 0
+  /**
+   * Recovery from peers: this rank is in beforeStep (its decision round may park it there), a move
+   * between strategies is under way (no regroup carries its state: peersCannotNow), and how many
+   * survivors' states it took (a decision round whose gather a regroup completed for it then
+   * leaves the outcome to the state it took).
+   */
+  #inBeforeStep = false
+  #moving: { readonly from: StrategyName; readonly to: StrategyName } | undefined
+  #adoptions = 0
   /**
    * The decision clock's next point (the same on every rank). Inside dp.fit() the clock is this
    * rank's trainStep calls (dp.fit gives every rank the same steps); outside it, the group step,
@@ -102,7 +141,12 @@ export class AutoWorker implements StrategyWorker {
   }
 
   async beforeStep(): Promise<void> {
-    if (this.#decisionClock() >= this.#nextDecision) await this.#decideStrategy()
+    this.#inBeforeStep = true
+    try {
+      if (this.#decisionClock() >= this.#nextDecision) await this.#decideStrategy()
+    } finally {
+      this.#inBeforeStep = false
+    }
     this.#calls++
     if (this.#calls === 2 && !this.#mark) this.#mark = { at: performance.now(), global: this.#host.global }
   }
@@ -142,7 +186,7 @@ export class AutoWorker implements StrategyWorker {
   async finish(): Promise<void> {
     await this.settle()
     await this.#servers.finish()
-    if (onServers(this.#current)) while (!(await this.#decisionRound(true)).allFinishing);
+    if (onServers(this.#current)) while ((await this.#decisionRound(true))?.allFinishing === false);
   }
 
   async checkpointFiles(optimizerFile: () => Promise<Uint8Array>): Promise<Record<string, Uint8Array>> {
@@ -164,12 +208,67 @@ export class AutoWorker implements StrategyWorker {
     return true
   }
 
+  /**
+   * Recovery from peers: what runs now and the decision clock go to every member (a replacement
+   * starts on the all-reduce with a clock at 0), with local SGD's outer state while it runs. On the
+   * parameter servers, or while moving, a regroup does not follow (peersCannotNow).
+   */
   snapshotFiles(inStep: boolean): Record<string, Uint8Array> {
-    return this.#local?.snapshotFiles(inStep) ?? {}
+    const state: AutoState = {
+      current: this.#current,
+      // The step in flight (this rank is past its beforeStep) is not counted: a member takes it
+      // up from the step before, as the step counter (data-parallel.ts snapshot).
+      calls: this.#calls - (inStep ? 1 : 0),
+      nextDecision: this.#nextDecision,
+      rounds: this.#rounds,
+      choices: this.#choices,
+      switches: this.#switches,
+      measured: [...this.#measured].map(([name, m]) => [name, m.rate, m.round] as const),
+      ...(this.#allReduceMs !== undefined ? { allReduceMs: this.#allReduceMs } : {}),
+      ...(this.#pushPullMs !== undefined ? { pushPullMs: this.#pushPullMs } : {}),
+      ...(this.#mark ? { markGlobal: this.#mark.global } : {})
+    }
+    return { ...this.#local?.snapshotFiles(inStep), [AUTO_FILE]: encodeMessage(state) }
   }
 
+  peersCannotNow(): string | undefined {
+    if (this.#moving) return `strategy auto was moving from ${this.#moving.from} to ${this.#moving.to} (parameters and optimizer state on their way), which a regroup does not follow`
+    if (onServers(this.#current)) return `strategy auto runs on the parameter servers (${this.#current}), whose run-time mode a regroup does not carry`
+    return undefined
+  }
+
+  /** A survivor's state: its strategy (local SGD's outer loop made here first where it runs that), then local SGD's own adoption. */
   async beforeAdopt(files: Readonly<Record<string, Uint8Array>>): Promise<(() => void) | undefined> {
+    const s = this.#stateIn(files)
+    if (s && s.current === "local-sgd" && !this.#local) {
+      this.#local = new LocalSgdWorker(this.#host)
+      await this.#local.init()
+    } else if (s && s.current !== "local-sgd") this.#local = undefined
     return this.#local?.beforeAdopt(files)
+  }
+
+  async adopted(files: Readonly<Record<string, Uint8Array>>, at: { readonly inStep: boolean; readonly redoingStep: boolean }): Promise<void> {
+    const s = this.#stateIn(files)
+    if (!s) return
+    this.#current = s.current
+    this.#servers.auto = undefined
+    // A rank redoing its step in flight has made that step's beforeStep call.
+    this.#calls = s.calls + (at.inStep && at.redoingStep ? 1 : 0)
+    this.#nextDecision = s.nextDecision
+    this.#rounds = s.rounds
+    this.#choices = s.choices
+    this.#switches = s.switches
+    this.#measured = new Map(s.measured.map(([name, rate, round]) => [name, { rate, round }]))
+    this.#allReduceMs = s.allReduceMs
+    this.#pushPullMs = s.pushPullMs
+    // The window's group step as every rank holds it (the rates every rank computes from it must agree).
+    this.#mark = s.markGlobal !== undefined ? { at: this.#mark?.at ?? performance.now(), global: s.markGlobal } : undefined
+    this.#adoptions++
+  }
+
+  #stateIn(files: Readonly<Record<string, Uint8Array>>): AutoState | undefined {
+    const f = files[AUTO_FILE]
+    return f ? (decodeMessage(f) as AutoState) : undefined
   }
 
   metrics(): Record<string, number | string> {
@@ -185,16 +284,7 @@ export class AutoWorker implements StrategyWorker {
    * all-reduce and push-pull times, its group step, step counter, decision clock and whether it has
    * finished are gathered; every rank leaves with the same group step and next decision point.
    */
-  async #decisionRound(
-    finishing: boolean
-  ): Promise<{
-    computeMs: number[][]
-    steps: number
-    step: number
-    anyFinishing: boolean
-    allFinishing: boolean
-    cpu: { busyCores: number[]; stepsPerSec: number[]; cores: number[]; host: number[]; ownCores: number[] }
-  }> {
+  async #decisionRound(finishing: boolean): Promise<DecisionRound | undefined> {
     const k = AUTO_WINDOW
     const w = 3 * k + 11
     // This rank's last k compute, all-reduce and push-pull times (-1: not measured), then the rest.
@@ -228,7 +318,11 @@ export class AutoWorker implements StrategyWorker {
     this.#computeLog = []
     this.#commLog = []
     this.#psLog = []
+    const adoptions = this.#adoptions
     const all = await this.#host.sync.allGather!(mine)
+    // A regroup completed this round for this rank with a survivor's state, which holds its
+    // outcome (the gather's answer is a stand-in then).
+    if (this.#adoptions !== adoptions) return undefined
     const p = this.#host.sync.worldSize
     let global = 0
     let steps = 0
@@ -298,7 +392,9 @@ export class AutoWorker implements StrategyWorker {
   async #decideStrategy(): Promise<void> {
     const auto = this.#host.sync.auto!
     if (!this.#host.sync.allGather) return
-    const { computeMs, steps, step, anyFinishing, cpu } = await this.#decisionRound(false)
+    const round = await this.#decisionRound(false)
+    if (!round) return
+    const { computeMs, steps, step, anyFinishing, cpu } = round
     // The first round (warm-up) only measures: its compute times' jitter and its rate are the
     // first steps', and the machine's busy cores have no window yet.
     if (this.#rounds === 1) return
@@ -396,6 +492,15 @@ export class AutoWorker implements StrategyWorker {
 
   /** Moves training between the all-reduce and the servers, carrying the parameters and the optimizer state. */
   async #switchStrategy(target: StrategyName): Promise<void> {
+    this.#moving = { from: this.#current, to: target }
+    try {
+      await this.#move(target)
+    } finally {
+      this.#moving = undefined
+    }
+  }
+
+  async #move(target: StrategyName): Promise<void> {
     const ps = this.#servers.ps
     const spec = this.#servers.spec
     if (this.#local) {
@@ -446,7 +551,9 @@ export const auto = defineStrategy({
     }
     checkServersConfig(input)
   },
-  peersCannot: (input) => localSgd.peersCannot(input) ?? serversPeersCannot(input),
+  // A regroup follows it on the all-reduce and local SGD; on the servers, or while moving, the
+  // group restarts from the checkpoint (peersCannotNow says why).
+  peersCannot: (input) => localSgd.peersCannot(input),
   benchVariants: [{ name: "auto", collective: (s) => ({ strategy: "auto", parameterServer: { numServers: s } }), optIn: "--with-auto" }],
   create: (host) => new AutoWorker(host)
 })

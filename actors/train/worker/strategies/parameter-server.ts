@@ -190,9 +190,6 @@ export const checkServersConfig = ({ strategy, zeroStage, compression }: Strateg
  * itself recovers from peers: a lost worker's survivors go on with the servers' state (a lost
  * server's shard is only in the checkpoint: controller.ts recoveryFor).
  */
-export const serversPeersCannot = ({ strategy }: StrategyConfigInput): string =>
-  `with strategy "${strategy}" training may move between the all-reduce and the parameter servers at run time, which a regroup does not follow`
-
 /** The bench's configuration of the servers in one mode (ssp with staleness 2). */
 const psBench = (servers: number, mode: "sync" | "async" | "ssp", extra: Record<string, unknown> = {}): Record<string, unknown> => ({
   strategy: "parameter-server",

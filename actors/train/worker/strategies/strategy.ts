@@ -174,14 +174,26 @@ export interface StrategyWorker {
   shardFiles?(): Record<string, Uint8Array>
   /** Loads a checkpoint's strategy state; true when done, false when the optimizer's whole state is still to load. */
   restore?(files: Readonly<Record<string, Uint8Array>>): Promise<boolean>
-  /** Files a survivor's snapshot adds (throws PeerRecoveryMisaligned where no survivor holds the whole state). */
+  /**
+   * Files a survivor's snapshot adds (throws PeerRecoveryMisaligned where no survivor holds the
+   * whole state); `inStep`: the snapshot is taken in a numbered step (past beforeStep).
+   */
   snapshotFiles?(inStep: boolean): Record<string, Uint8Array>
   /** This rank's update of the step in flight is made (ZeRO stage 1, in its all-gather): a regroup completes that step. */
   readonly stepApplied?: boolean
   /** A regroup's state of this survivor besides its snapshot (ZeRO stage 1: its shard and replica), merged with every other survivor's. */
   peerFiles?(): Record<string, Uint8Array>
-  /** After a survivor's files (with the merged peerFiles) are loaded: the strategy's own state of them (ZeRO re-shards). */
-  adopted?(files: Readonly<Record<string, Uint8Array>>): Promise<void>
+  /**
+   * After a survivor's files (with the merged peerFiles) are loaded: the strategy's own state of
+   * them (ZeRO re-shards). `inStep`: this rank is in a numbered step (past beforeStep);
+   * `redoingStep`: it redoes that step in the new group.
+   */
+  adopted?(files: Readonly<Record<string, Uint8Array>>, at: { readonly inStep: boolean; readonly redoingStep: boolean }): Promise<void>
+  /**
+   * Why a regroup cannot take this rank's state now (strategy auto on the parameter servers, or in
+   * the middle of a move), or undefined: the group then restarts from the checkpoint, saying why.
+   */
+  peersCannotNow?(): string | undefined
   /** Before a survivor's files are loaded: returns what to do after (local SGD keeps its own parameters). */
   beforeAdopt?(files: Readonly<Record<string, Uint8Array>>): Promise<(() => void) | undefined>
   /** Metrics for report(). */

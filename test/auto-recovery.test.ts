@@ -1,0 +1,100 @@
+// Strategy "auto" recovers from surviving peers while it runs the all-reduce or local SGD: a
+// survivor's snapshot carries what runs and auto's decision clock (actors/train/worker/strategies/
+// auto.ts AUTO_FILE), so a replacement that starts on the all-reduce with its clock at 0 takes
+// the group's, and the decision rounds after the join line up on every rank. On the parameter
+// servers (or in the middle of a move) the group restarts from the checkpoint and says why.
+// GRADWIRE_AUTO_PLAN gives auto's moves (its cost model's choice on two cores is not steady).
+// Real embedded nats-server and worker processes, the digits example's loop.
+import { describe, expect, it } from "vitest"
+import * as path from "node:path"
+import { Trainer, type Result } from "../index.ts"
+import { digitsTrainerRuns, readEvents, sameWeights } from "./support/trainer-runs.ts"
+import { makeHold } from "./support/hold.ts"
+
+const CHAOS = path.resolve("test/support/chaos-loop.ts") + "#trainLoop"
+const runs = digitsTrainerRuns("gw-auto-recovery-")
+
+/** A run of `plan` (GRADWIRE_AUTO_PLAN, read by the workers the embedded cluster starts). */
+const planned = async (plan: string, run: () => Promise<Result>): Promise<Result> => {
+  process.env.GRADWIRE_AUTO_PLAN = plan
+  try {
+    return await run()
+  } finally {
+    delete process.env.GRADWIRE_AUTO_PLAN
+  }
+}
+
+const chaosRun = async (name: string, epochs: number, fail: Record<string, unknown>, collectiveConfig: Record<string, unknown>): Promise<Result> => {
+  const { dir: pidDir, holdFile } = await makeHold(runs.storage, `${name}-`, 3)
+  return new Trainer({
+    trainLoopPerWorker: CHAOS,
+    trainLoopConfig: { epochs, fail, pidDir, holdFile },
+    scalingConfig: { numWorkers: 3 },
+    collectiveConfig,
+    runConfig: { name, storagePath: runs.storage, progress: false, failureConfig: { maxFailures: 1 } },
+    datasets: { train: runs.train, test: runs.test }
+  }).fit()
+}
+
+describe("strategy auto and recovery from peers", () => {
+  it("on the all-reduce: a killed worker's survivors go on, its replacement joins them, and every rank ends with the same weights, no parity repair", { timeout: 150_000 }, async () => {
+    const r = await planned(Array.from({ length: 8 }, () => "allreduce").join(","), () =>
+      chaosRun("auto-peers-allreduce", 5, { how: "kill", rank: 1, epoch: 1, step: 5 }, { strategy: "auto" })
+    )
+    const events = await readEvents(r.path)
+    expect(r.restarts).toBe(1)
+    expect(events.find((e) => e.type === "restart")).toMatchObject({ recovery: "peers", survivors: 2 })
+    expect(events.find((e) => e.type === "grow")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 1 })
+    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4])
+    const last = r.metricsPerRank.at(-1)!
+    expect(last).toHaveLength(3)
+    for (const m of last) expect(m).toMatchObject({ strategy: "allreduce", "strategy/switches": 0 })
+    expect(sameWeights(r)).toBe(true)
+    expect(events.filter((e) => e.type === "parity-repair")).toEqual([])
+  })
+
+  it("on local SGD, then back on the all-reduce: the replacement takes the survivors' strategy and decision clock, and moves back with them", { timeout: 180_000 }, async () => {
+    // Decision rounds at steps 24 (to local SGD) and 72 (back); rank 1 dies at step 5 of epoch 2
+    // (local SGD, H = 4) and its replacement joins while the short group is held back, before 72.
+    const r = await planned("local-sgd,allreduce", () =>
+      chaosRun("auto-peers-local", 8, { how: "kill", rank: 1, epoch: 2, step: 5 }, { strategy: "auto", localSgd: { syncEvery: 4 } })
+    )
+    const events = await readEvents(r.path)
+    expect(r.restarts).toBe(1)
+    expect(events.find((e) => e.type === "restart")).toMatchObject({ recovery: "peers", survivors: 2 })
+    const grow = events.find((e) => e.type === "grow")
+    expect(grow).toMatchObject({ recovery: "peers", survivors: 2, joiners: 1 })
+    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4, 5, 6, 7])
+    const last = r.metricsPerRank.at(-1)!
+    expect(last).toHaveLength(3)
+    // The joiner moved back with the survivors (a rank on another strategy, or another clock, fails the run).
+    for (const m of last) expect(m).toMatchObject({ strategy: "allreduce", "strategy/switches": 2 })
+    expect(r.metricsHistory.some((m) => m.strategy === "local-sgd")).toBe(true)
+    expect(sameWeights(r)).toBe(true)
+    expect(events.filter((e) => e.type === "parity-repair")).toEqual([])
+    expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.85)
+  })
+
+  it("a worker lost right before a decision round: the survivors, parked in it before their step, make it in the new group and move together", { timeout: 150_000 }, async () => {
+    // Rank 1 dies after its 24th step (epoch 1, step index 8): the survivors' next group operation
+    // is the decision round at the start of the 25th, which moves to local SGD.
+    const r = await planned("local-sgd", () => chaosRun("auto-peers-decision", 4, { how: "kill", rank: 1, epoch: 1, step: 8 }, { strategy: "auto", localSgd: { syncEvery: 4 } }))
+    const events = await readEvents(r.path)
+    expect(r.restarts).toBe(1)
+    expect(events.find((e) => e.type === "restart")).toMatchObject({ recovery: "peers", survivors: 2, position: { epoch: 1, stepInEpoch: 9 } })
+    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3])
+    const last = r.metricsPerRank.at(-1)!
+    for (const m of last) expect(m).toMatchObject({ strategy: "local-sgd", "strategy/switches": 1 })
+    // every member on the same round and inner step (a joiner took the survivors' outer loop)
+    expect(new Set(last.map((m) => `${m["localsgd/rounds"]} ${m["localsgd/inner_steps"]}`)).size).toBe(1)
+    expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.8)
+  })
+
+  it("on the parameter servers: the group restarts from the checkpoint and says why", { timeout: 150_000 }, async () => {
+    const r = await planned("ssp,ssp,ssp,ssp", () => chaosRun("auto-peers-servers", 4, { how: "kill", rank: 1, epoch: 2, step: 5 }, { strategy: "auto" }))
+    const events = await readEvents(r.path)
+    expect(r.restarts).toBe(1)
+    expect(events.find((e) => e.type === "restart")).toMatchObject({ recovery: "checkpoint", reason: expect.stringMatching(/strategy auto runs on the parameter servers \(ssp\)/) })
+    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3])
+  })
+})
