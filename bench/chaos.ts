@@ -1,4 +1,4 @@
-// `npm run bench -- chaos [--every=15] [--seed=N] [--loops=fit,step,pipe] [--strategies=allreduce,zero,zero2,ps,localsgd,localsgd-frag,localsgd-stream]
+// `npm run bench -- chaos [--every=15] [--seed=N] [--loops=fit,step,pipe] [--strategies=allreduce,zero,zero2,ps,localsgd,localsgd-frag,localsgd-stream,auto]
 //                         [--kinds=worker-kill,worker-stop,nats-kill[,agent-kill][,link-cut][,server-kill]] [--epochs-fit=N] [--epochs-step=N] [--epochs-pipe=N]
 //                         [--repeat=1] [--warmup=0.25] [--cluster=agents|veth] [--bound=3] [--spares=0] [--agent-restart-ms=1000] [--cut-ms=10000] [--out=FILE]`
 // Goodput under chaos: the same job (digits MLP, 3 workers on the embedded cluster, failureConfig
@@ -94,7 +94,10 @@ const STRATEGIES: Readonly<Record<string, { readonly label: string; readonly col
   ps2: { label: "param. servers (sync, 2)", collective: { strategy: "parameter-server", parameterServer: { mode: "sync", numServers: 2 } } },
   localsgd: { label: "local SGD (H=8)", collective: { strategy: "local-sgd", localSgd: { syncEvery: 8 } } },
   "localsgd-frag": { label: "local SGD (H=8, 4 fragments)", collective: { strategy: "local-sgd", localSgd: { syncEvery: 8, fragments: 4, overlap: false } } },
-  "localsgd-stream": { label: "local SGD (H=8, 4 fragments, overlap)", collective: { strategy: "local-sgd", localSgd: { syncEvery: 8, fragments: 4, overlap: true } } }
+  "localsgd-stream": { label: "local SGD (H=8, 4 fragments, overlap)", collective: { strategy: "local-sgd", localSgd: { syncEvery: 8, fragments: 4, overlap: true } } },
+  // Strategy auto with local SGD offered: it recovers from the peers on the all-reduce and local
+  // SGD, from the checkpoint on the servers (GRADWIRE_AUTO_PLAN fixes its moves for an A/B).
+  auto: { label: "auto", collective: { strategy: "auto", localSgd: { syncEvery: 8 } } }
 }
 
 const KINDS = ["worker-kill", "worker-stop", "nats-kill", "agent-kill", "link-cut", "server-kill"] as const
