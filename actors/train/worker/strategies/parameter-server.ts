@@ -184,12 +184,6 @@ export const checkServersConfig = ({ strategy, zeroStage, compression }: Strateg
   checkPushCompression(compression as Parameters<typeof checkPushCompression>[0], strategy)
 }
 
-/**
- * Strategy "auto": training moves between the all-reduce and the servers at run time (the whole
- * state handed over each way), which a regroup does not follow. The parameter-server strategy
- * itself recovers from peers: a lost worker's survivors go on with the servers' state (a lost
- * server's shard is only in the checkpoint: controller.ts recoveryFor).
- */
 /** The bench's configuration of the servers in one mode (ssp with staleness 2). */
 const psBench = (servers: number, mode: "sync" | "async" | "ssp", extra: Record<string, unknown> = {}): Record<string, unknown> => ({
   strategy: "parameter-server",
