@@ -475,9 +475,9 @@ export class DataParallelModel implements RecoverableModel {
    * A digest of the state every rank of a synchronous group holds alike: trainable weights,
    * optimizer state and step counter; with ZeRO the weights only (each rank holds its own optimizer
    * shard). Four 16-bit numbers of a SHA-256: integers, exact in float32, and no NaN bit patterns for
-   * a copy to canonicalise. Undefined where ranks
-   * legitimately differ: local SGD between rounds, parameter servers (async, SSP), strategy auto
-   * while it runs either (on the all-reduce it has one: parityAgreed). Non-trainable weights (batch-norm statistics, computed on each rank's own
+   * a copy to canonicalise. Undefined where ranks legitimately differ: local SGD between rounds,
+   * parameter servers (async, SSP), strategy auto while it runs either (on the all-reduce it has
+   * one: parityAgreed). Non-trainable weights (batch-norm statistics, computed on each rank's own
    * batches) are not in it: syncBuffers() gives every rank rank 0's.
    */
   async stateDigest(): Promise<Float32Array | undefined> {

@@ -93,12 +93,10 @@ export class AutoWorker implements StrategyWorker {
   /** Decision rounds that made a choice (GRADWIRE_AUTO_PLAN's entries are taken in this order). */
   #choices = 0
   /**
-   * Recovery from peers: this rank is in beforeStep (its decision round may park it there), a move
-   * between strategies is under way (no regroup carries its state: peersCannotNow), and how many
-   * survivors' states it took (a decision round whose gather a regroup completed for it then
-   * leaves the outcome to the state it took).
+   * Recovery from peers: a move between strategies under way (no regroup carries its state:
+   * peersCannotNow), and how many survivors' states this rank took (a decision round whose gather
+   * a regroup completed for it then leaves the outcome to the state it took).
    */
-  #inBeforeStep = false
   #moving: { readonly from: StrategyName; readonly to: StrategyName } | undefined
   #adoptions = 0
   /**
@@ -141,12 +139,7 @@ export class AutoWorker implements StrategyWorker {
   }
 
   async beforeStep(): Promise<void> {
-    this.#inBeforeStep = true
-    try {
-      if (this.#decisionClock() >= this.#nextDecision) await this.#decideStrategy()
-    } finally {
-      this.#inBeforeStep = false
-    }
+    if (this.#decisionClock() >= this.#nextDecision) await this.#decideStrategy()
     this.#calls++
     if (this.#calls === 2 && !this.#mark) this.#mark = { at: performance.now(), global: this.#host.global }
   }
