@@ -253,6 +253,7 @@ export class DataParallelModel implements RecoverableModel {
       observer: this.#observer,
       get learningRate() { return dp.learningRate },
       get inFit() { return dp.#loop.inFit },
+      get fitUsed() { return dp.#loop.fitUsed },
       // (Inside dp.fit() only: a hand-written loop after it gives every rank its own rows.)
       get ranksWithoutRows() { return dp.#loop.inFit ? (dp.#loop.batcher?.batches ?? []).flatMap((b, r) => (b === 0 ? [r] : [])) : [] },
       get exchangeAlone() { return dp.exchangeAlone },
@@ -464,20 +465,12 @@ export class DataParallelModel implements RecoverableModel {
   }
 
   /**
-   * Whether the ranks must agree before a state-parity check: the strategy may not hold the same
-   * state on every rank all the time (auto), so a rank without a digest still takes part.
-   */
-  get parityAgreed(): boolean {
-    return this.#worker.replicatedChanges === true
-  }
-
-  /**
    * A digest of the state every rank of a synchronous group holds alike: trainable weights,
    * optimizer state and step counter; with ZeRO the weights only (each rank holds its own optimizer
    * shard). Four 16-bit numbers of a SHA-256: integers, exact in float32, and no NaN bit patterns for
    * a copy to canonicalise. Undefined where ranks legitimately differ: local SGD between rounds,
    * parameter servers (async, SSP), strategy auto while it runs either (on the all-reduce it has
-   * one: parityAgreed). Non-trainable weights (batch-norm statistics, computed on each rank's own
+   * one: AutoWorker.replicated). Non-trainable weights (batch-norm statistics, computed on each rank's own
    * batches) are not in it: syncBuffers() gives every rank rank 0's.
    */
   async stateDigest(): Promise<Float32Array | undefined> {

@@ -30,9 +30,6 @@ import { gridShape, placeOf, type GridPlace } from "./model-parallel/grid.ts"
 
 type LayersModel = import("@tensorflow/tfjs").LayersModel
 
-/** What a rank without a state digest sends in a state-parity exchange (digests are 16-bit integers >= 0). */
-const NO_DIGEST = Float32Array.from([-1, -1, -1, -1])
-
 /** A checkpoint as the loop sees it: named files (bytes or text) and metadata. */
 export interface Checkpoint {
   readonly files: Readonly<Record<string, Uint8Array | string>>
@@ -287,11 +284,10 @@ export class TrainContext {
   }
 
   /**
-   * State parity at report round `index` (every failureConfig.parityEvery rounds): the ranks
-   * exchange a digest of their state (stateDigest; under strategy auto a rank without one, off the
-   * all-reduce, says so and nothing is compared), every rank takes rank 0's non-trainable weights
-   * (batch-norm statistics, DataParallelModel.syncBuffers) and, when any digest differs from rank
-   * 0's, every rank takes rank 0's state. Returns the ranks that differed, or undefined when
+   * State parity at report round `index` (every failureConfig.parityEvery rounds): every rank takes
+   * rank 0's non-trainable weights (batch-norm statistics, DataParallelModel.syncBuffers), the
+   * ranks exchange a digest of their state (stateDigest) and, when any differs from rank 0's, every
+   * rank takes rank 0's state. Returns the ranks that differed, or undefined when
    * nothing was compared. Outside the group session's count of operations: a group that breaks
    * under it skips the check (the regroup hands every member the furthest survivor's state anyway).
    */
@@ -302,14 +298,11 @@ export class TrainContext {
     const world = session.placement.worldSize
     if (every <= 0 || !dp || world < 2 || (index + 1) % every !== 0) return undefined
     const digest = await dp.stateDigest()
-    // A strategy that is replicated only at times (auto): every rank gathers, and a rank that has
-    // no digest now sends NO_DIGEST, so no rank compares or syncs unless all have one.
-    if (!digest && !dp.parityAgreed) return undefined
+    if (!digest) return undefined
     const group = session.group
     try {
-      const all = await group.comm.allGather(digest ?? NO_DIGEST)
-      if (!digest || all.some((v) => v === NO_DIGEST[0])) return undefined
       await dp.syncBuffers((buf) => group.reducer.broadcast(buf))
+      const all = await group.comm.allGather(digest)
       const differ: number[] = []
       for (let r = 1; r < world; r++) if (digest.some((_, i) => all[r * digest.length + i] !== all[i])) differ.push(r)
       if (differ.length === 0) return []

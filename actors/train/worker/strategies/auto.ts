@@ -65,14 +65,14 @@ interface AutoState {
   readonly pushPullMs?: number
   /** The group step the measuring window began at (none before the second step). */
   readonly markGlobal?: number
+  /** Training has run on the servers (AutoWorker.replicated). */
+  readonly wasOnServers: boolean
 }
 
 /** The candidates auto may move to: the cost-model entries the registered strategies declare. */
 export const autoCandidates = (): ReadonlySet<StrategyName> => new Set(strategies().flatMap((e) => e.autoCandidates ?? []))
 
 export class AutoWorker implements StrategyWorker {
-  /** What runs now may change between report rounds: the ranks agree before a state-parity check. */
-  readonly replicatedChanges = true
   readonly #host: StrategyHost
   readonly #allreduce: AllReduceWorker
   readonly #servers: ParameterServerWorker
@@ -90,6 +90,8 @@ export class AutoWorker implements StrategyWorker {
   /** The group's measured price of one push-pull. */
   #pushPullMs: number | undefined
   #switches = 0
+  /** Training has run on the servers in this process (replicated). */
+  #wasOnServers = false
   /** Decision rounds that made a choice (GRADWIRE_AUTO_PLAN's entries are taken in this order). */
   #choices = 0
   /**
@@ -129,9 +131,16 @@ export class AutoWorker implements StrategyWorker {
     return onServers(this.#current)
   }
 
-  /** On the all-reduce every rank holds the same state between steps (the move there makes it so). */
+  /**
+   * On the all-reduce every rank holds the same state between steps (the move there makes it so),
+   * which the report rounds' state parity checks, each rank deciding for itself: ranks at the same
+   * report() call must be on the same strategy. In a dp.fit() loop they are (decisions come at the
+   * same step count on every rank, reports too); a hand-written loop's ranks take their own steps
+   * on the servers and may meet a move back to the all-reduce on either side of a report() call,
+   * so after the servers no parity is checked there.
+   */
   get replicated(): boolean {
-    return this.#current === "allreduce" && !this.#local
+    return this.#current === "allreduce" && !this.#local && (this.#host.fitUsed || !this.#wasOnServers)
   }
 
   get #active(): StrategyWorker {
@@ -219,7 +228,8 @@ export class AutoWorker implements StrategyWorker {
       measured: [...this.#measured].map(([name, m]) => [name, m.rate, m.round] as const),
       ...(this.#allReduceMs !== undefined ? { allReduceMs: this.#allReduceMs } : {}),
       ...(this.#pushPullMs !== undefined ? { pushPullMs: this.#pushPullMs } : {}),
-      ...(this.#mark ? { markGlobal: this.#mark.global } : {})
+      ...(this.#mark ? { markGlobal: this.#mark.global } : {}),
+      wasOnServers: this.#wasOnServers
     }
     return { ...this.#local?.snapshotFiles(inStep), [AUTO_FILE]: encodeMessage(state) }
   }
@@ -251,6 +261,7 @@ export class AutoWorker implements StrategyWorker {
     this.#rounds = s.rounds
     this.#choices = s.choices
     this.#switches = s.switches
+    this.#wasOnServers = s.wasOnServers
     this.#measured = new Map(s.measured.map(([name, rate, round]) => [name, { rate, round }]))
     this.#allReduceMs = s.allReduceMs
     this.#pushPullMs = s.pushPullMs
@@ -522,6 +533,7 @@ export class AutoWorker implements StrategyWorker {
     // The servers' version starts again at 0: the group step and step counter it is counted from.
     this.#servers.auto = onServers(target) ? { mode: target as AutoMode["mode"], globalBase: this.#host.global, syncBase: this.#host.step } : undefined
     this.#current = target
+    if (onServers(target)) this.#wasOnServers = true
     // Local SGD's outer loop starts at the weights every rank holds now.
     if (target === "local-sgd") {
       this.#local = new LocalSgdWorker(this.#host)

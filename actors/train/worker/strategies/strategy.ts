@@ -85,6 +85,8 @@ export interface StrategyHost {
   readonly learningRate: number | undefined
   /** Inside dp.fit() (every rank takes the same steps). */
   readonly inFit: boolean
+  /** The loop trains with dp.fit() (has called it). */
+  readonly fitUsed: boolean
   /** The ranks dp.fit()'s heterogeneity-aware batcher gives no rows now (the same on every rank at a step; none outside dp.fit()). */
   readonly ranksWithoutRows: readonly number[]
   /** Take the exchange path even with one worker (benchmarks). */
@@ -140,14 +142,11 @@ export interface StrategyWorker {
   readonly name: string
   /** Steps go through the parameter servers now. */
   readonly viaServers: boolean
-  /** The ranks hold the same state between steps (state parity checks it). */
-  readonly replicated: boolean
   /**
-   * `replicated` may change while training runs (strategy auto moves between strategies): before
-   * a state-parity check the ranks agree that every one of them is replicated (in a hand-written
-   * loop on the servers, ranks may reach a report on either side of a move).
+   * The ranks hold the same state between steps (state parity checks it). Asked by each rank at
+   * each report() call: it must answer the same on every rank at the same call (strategy auto).
    */
-  readonly replicatedChanges?: boolean
+  readonly replicated: boolean
   /** ZeRO: each rank holds only its shard of the optimizer state. */
   readonly zeroStage?: ZeroStage
   /** After the start-up weight broadcast: the strategy's own state. */
