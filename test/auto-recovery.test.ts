@@ -1,8 +1,9 @@
-// Strategy "auto" recovers from surviving peers while it runs the all-reduce or local SGD: a
-// survivor's snapshot carries what runs and auto's decision clock (actors/train/worker/strategies/
-// auto.ts AUTO_FILE), so a replacement that starts on the all-reduce with its clock at 0 takes
-// the group's, and the decision rounds after the join line up on every rank. On the parameter
-// servers (or in the middle of a move) the group restarts from the checkpoint and says why.
+// Strategy "auto" recovers from surviving peers: a survivor's snapshot carries what runs and
+// auto's decision clock (actors/train/worker/strategies/auto.ts AUTO_FILE), so a replacement that
+// starts on the all-reduce with its clock at 0 takes the group's strategy (on the parameter
+// servers their mode, going on from their parameters), and the decision rounds after the join line
+// up on every rank. In a move, or on the servers in a hand-written loop, the group restarts from
+// the checkpoint and says why.
 // GRADWIRE_AUTO_PLAN gives auto's moves (its cost model's choice on two cores is not steady).
 // Real embedded nats-server and worker processes, the digits example's loop.
 import { describe, expect, it } from "vitest"
@@ -12,6 +13,7 @@ import { digitsTrainerRuns, readEvents, sameWeights } from "./support/trainer-ru
 import { makeHold } from "./support/hold.ts"
 
 const CHAOS = path.resolve("test/support/chaos-loop.ts") + "#trainLoop"
+const STEP_LOOP = path.resolve("test/support/step-loop.ts") + "#stepLoop"
 const runs = digitsTrainerRuns("gw-auto-recovery-")
 
 /** A run of `plan` (GRADWIRE_AUTO_PLAN, read by the workers the embedded cluster starts). */
@@ -90,11 +92,36 @@ describe("strategy auto and recovery from peers", () => {
     expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.8)
   })
 
-  it("on the parameter servers: the group restarts from the checkpoint and says why", { timeout: 150_000 }, async () => {
-    const r = await planned("ssp,ssp,ssp,ssp", () => chaosRun("auto-peers-servers", 4, { how: "kill", rank: 1, epoch: 2, step: 5 }, { strategy: "auto" }))
+  it("on the parameter servers (SSP), then back on the all-reduce: the replacement takes auto's mode and clock, goes on from the servers' parameters and moves back with the survivors", { timeout: 180_000 }, async () => {
+    // Decision rounds at steps 24 (to SSP) and 72 (back); rank 1 dies at step 5 of epoch 2.
+    const r = await planned("ssp,allreduce", () => chaosRun("auto-peers-servers", 8, { how: "kill", rank: 1, epoch: 2, step: 5 }, { strategy: "auto" }))
     const events = await readEvents(r.path)
     expect(r.restarts).toBe(1)
-    expect(events.find((e) => e.type === "restart")).toMatchObject({ recovery: "checkpoint", reason: expect.stringMatching(/strategy auto runs on the parameter servers \(ssp\)/) })
-    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3])
+    expect(events.find((e) => e.type === "restart")).toMatchObject({ recovery: "peers", survivors: 2 })
+    expect(events.find((e) => e.type === "grow")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 1 })
+    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4, 5, 6, 7])
+    expect(r.metricsHistory.some((m) => m.strategy === "ssp")).toBe(true)
+    const last = r.metricsPerRank.at(-1)!
+    expect(last).toHaveLength(3)
+    for (const m of last) expect(m).toMatchObject({ strategy: "allreduce", "strategy/switches": 2 })
+    expect(sameWeights(r)).toBe(true)
+    expect(events.filter((e) => e.type === "parity-repair")).toEqual([])
+  })
+
+  it("on the parameter servers in a hand-written trainStep loop: the group restarts from the checkpoint and says why", { timeout: 150_000 }, async () => {
+    const r = await planned("ssp,ssp,ssp,ssp", () =>
+      new Trainer({
+        trainLoopPerWorker: STEP_LOOP,
+        trainLoopConfig: { epochs: 5, kill: { rank: 1, epoch: 2, step: 3 } },
+        scalingConfig: { numWorkers: 3 },
+        collectiveConfig: { strategy: "auto" },
+        runConfig: { name: "auto-peers-step", storagePath: runs.storage, progress: false, failureConfig: { maxFailures: 1 } },
+        datasets: { train: runs.train, test: runs.test }
+      }).fit()
+    )
+    const events = await readEvents(r.path)
+    expect(r.restarts).toBe(1)
+    expect(events.find((e) => e.type === "restart")).toMatchObject({ recovery: "checkpoint", reason: expect.stringMatching(/strategy auto runs on the parameter servers \(ssp\) in a hand-written loop/) })
+    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4])
   })
 })

@@ -3,8 +3,8 @@
 // collectiveConfig.localSgd offers it, and back (scheduler/strategy-choice.ts prices the candidates
 // the registered strategies declare). Every rank takes part in the same decision rounds, computes
 // the same choice, and a change moves the parameters and the optimizer state; rank 0 explains every
-// decision. On the all-reduce and local SGD a regroup carries what runs and the decision clock to
-// every member (AUTO_FILE); on the servers, or in a move, the group restarts from the checkpoint.
+// decision. A regroup carries what runs and the decision clock to every member (AUTO_FILE); in a
+// move, or on the servers in a hand-written loop, the group restarts from the checkpoint.
 import * as os from "node:os"
 import { createHash } from "node:crypto"
 import { chooseStrategy, onServers, type StrategyName } from "../../../../scheduler/strategy-choice.ts"
@@ -67,6 +67,8 @@ interface AutoState {
   readonly markGlobal?: number
   /** Training has run on the servers (AutoWorker.replicated). */
   readonly wasOnServers: boolean
+  /** On the servers: the mode and where its version counts from. */
+  readonly servers?: AutoMode
 }
 
 /** The candidates auto may move to: the cost-model entries the registered strategies declare. */
@@ -212,8 +214,9 @@ export class AutoWorker implements StrategyWorker {
 
   /**
    * Recovery from peers: what runs now and the decision clock go to every member (a replacement
-   * starts on the all-reduce with a clock at 0), with local SGD's outer state while it runs. On the
-   * parameter servers, or while moving, a regroup does not follow (peersCannotNow).
+   * starts on the all-reduce with a clock at 0), with local SGD's outer state while it runs, the
+   * servers' mode while on them. While moving, or on the servers in a hand-written loop, a regroup
+   * does not follow (peersCannotNow).
    */
   snapshotFiles(inStep: boolean): Record<string, Uint8Array> {
     const state: AutoState = {
@@ -229,15 +232,24 @@ export class AutoWorker implements StrategyWorker {
       ...(this.#allReduceMs !== undefined ? { allReduceMs: this.#allReduceMs } : {}),
       ...(this.#pushPullMs !== undefined ? { pushPullMs: this.#pushPullMs } : {}),
       ...(this.#mark ? { markGlobal: this.#mark.global } : {}),
-      wasOnServers: this.#wasOnServers
+      wasOnServers: this.#wasOnServers,
+      ...(this.#servers.auto ? { servers: this.#servers.auto } : {})
     }
     return { ...this.#local?.snapshotFiles(inStep), [AUTO_FILE]: encodeMessage(state) }
   }
 
   peersCannotNow(): string | undefined {
     if (this.#moving) return `strategy auto was moving from ${this.#moving.from} to ${this.#moving.to} (parameters and optimizer state on their way), which a regroup does not follow`
-    if (onServers(this.#current)) return `strategy auto runs on the parameter servers (${this.#current}), whose run-time mode a regroup does not carry`
+    // In a hand-written loop on the servers each rank takes its own steps and auto's clock is the
+    // group step: a replacement did not line up with the survivors' decision rounds there (a run
+    // ended with it making calls the others no longer made). dp.fit() counts steps alike.
+    if (onServers(this.#current) && !this.#host.fitUsed) return `strategy auto runs on the parameter servers (${this.#current}) in a hand-written loop, where a replacement does not line up with the survivors' decision rounds`
     return undefined
+  }
+
+  /** On the servers, an async or SSP push in flight is applied as it arrives (ParameterServerWorker.stepApplied). */
+  get stepApplied(): boolean {
+    return onServers(this.#current) && this.#servers.stepApplied
   }
 
   /** A survivor's state: its strategy (local SGD's outer loop made here first where it runs that), then local SGD's own adoption. */
@@ -254,7 +266,7 @@ export class AutoWorker implements StrategyWorker {
     const s = this.#stateIn(files)
     if (!s) return
     this.#current = s.current
-    this.#servers.auto = undefined
+    this.#servers.auto = s.servers
     // A rank redoing its step in flight has made that step's beforeStep call.
     this.#calls = s.calls + (at.inStep && at.redoingStep ? 1 : 0)
     this.#nextDecision = s.nextDecision
@@ -268,6 +280,8 @@ export class AutoWorker implements StrategyWorker {
     // The window's group step as every rank holds it (the rates every rank computes from it must agree).
     this.#mark = s.markGlobal !== undefined ? { at: this.#mark?.at ?? performance.now(), global: s.markGlobal } : undefined
     this.#adoptions++
+    // On the servers every member goes on from their parameters, the newest there are.
+    if (onServers(this.#current)) await this.#servers.adopted()
   }
 
   #stateIn(files: Readonly<Record<string, Uint8Array>>): AutoState | undefined {
@@ -556,8 +570,8 @@ export const auto = defineStrategy({
     }
     checkServersConfig(input)
   },
-  // A regroup follows it on the all-reduce and local SGD; on the servers, or while moving, the
-  // group restarts from the checkpoint (peersCannotNow says why).
+  // A regroup follows it (but in a move, or on the servers in a hand-written loop: the checkpoint
+  // then, peersCannotNow says why).
   peersCannot: (input) => localSgd.peersCannot(input),
   benchVariants: [{ name: "auto", collective: (s) => ({ strategy: "auto", parameterServer: { numServers: s } }), optIn: "--with-auto" }],
   create: (host) => new AutoWorker(host)
