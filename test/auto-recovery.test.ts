@@ -38,21 +38,32 @@ const chaosRun = async (name: string, epochs: number, fail: Record<string, unkno
   }).fit()
 }
 
+/**
+ * What every recovery from peers here ends in: one restart from the two survivors, the replacement
+ * grown in, every epoch reported, three ranks on the all-reduce with `switches` moves behind them,
+ * the same weights everywhere and no parity repair. Returns the run's events.
+ */
+const expectRegroupedAlike = async (r: Result, epochs: number, switches: number) => {
+  const events = await readEvents(r.path)
+  expect(r.restarts).toBe(1)
+  expect(events.find((e) => e.type === "restart")).toMatchObject({ recovery: "peers", survivors: 2 })
+  expect(events.find((e) => e.type === "grow")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 1 })
+  expect(r.metricsHistory.map((m) => m.epoch)).toEqual(Array.from({ length: epochs }, (_, i) => i))
+  const last = r.metricsPerRank.at(-1)!
+  expect(last).toHaveLength(3)
+  // A joiner on another strategy, or another decision clock, fails the run or ends elsewhere.
+  for (const m of last) expect(m).toMatchObject({ strategy: "allreduce", "strategy/switches": switches })
+  expect(sameWeights(r)).toBe(true)
+  expect(events.filter((e) => e.type === "parity-repair")).toEqual([])
+  return events
+}
+
 describe("strategy auto and recovery from peers", () => {
   it("on the all-reduce: a killed worker's survivors go on, its replacement joins them, and every rank ends with the same weights, no parity repair", { timeout: 150_000 }, async () => {
     const r = await planned(Array.from({ length: 8 }, () => "allreduce").join(","), () =>
       chaosRun("auto-peers-allreduce", 5, { how: "kill", rank: 1, epoch: 1, step: 5 }, { strategy: "auto" })
     )
-    const events = await readEvents(r.path)
-    expect(r.restarts).toBe(1)
-    expect(events.find((e) => e.type === "restart")).toMatchObject({ recovery: "peers", survivors: 2 })
-    expect(events.find((e) => e.type === "grow")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 1 })
-    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4])
-    const last = r.metricsPerRank.at(-1)!
-    expect(last).toHaveLength(3)
-    for (const m of last) expect(m).toMatchObject({ strategy: "allreduce", "strategy/switches": 0 })
-    expect(sameWeights(r)).toBe(true)
-    expect(events.filter((e) => e.type === "parity-repair")).toEqual([])
+    await expectRegroupedAlike(r, 5, 0)
   })
 
   it("on local SGD, then back on the all-reduce: the replacement takes the survivors' strategy and decision clock, and moves back with them", { timeout: 180_000 }, async () => {
@@ -61,19 +72,9 @@ describe("strategy auto and recovery from peers", () => {
     const r = await planned("local-sgd,allreduce", () =>
       chaosRun("auto-peers-local", 8, { how: "kill", rank: 1, epoch: 2, step: 5 }, { strategy: "auto", localSgd: { syncEvery: 4 } })
     )
-    const events = await readEvents(r.path)
-    expect(r.restarts).toBe(1)
-    expect(events.find((e) => e.type === "restart")).toMatchObject({ recovery: "peers", survivors: 2 })
-    const grow = events.find((e) => e.type === "grow")
-    expect(grow).toMatchObject({ recovery: "peers", survivors: 2, joiners: 1 })
-    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4, 5, 6, 7])
-    const last = r.metricsPerRank.at(-1)!
-    expect(last).toHaveLength(3)
-    // The joiner moved back with the survivors (a rank on another strategy, or another clock, fails the run).
-    for (const m of last) expect(m).toMatchObject({ strategy: "allreduce", "strategy/switches": 2 })
+    // The joiner moved back with the survivors.
+    await expectRegroupedAlike(r, 8, 2)
     expect(r.metricsHistory.some((m) => m.strategy === "local-sgd")).toBe(true)
-    expect(sameWeights(r)).toBe(true)
-    expect(events.filter((e) => e.type === "parity-repair")).toEqual([])
     expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.85)
   })
 
@@ -95,17 +96,8 @@ describe("strategy auto and recovery from peers", () => {
   it("on the parameter servers (SSP), then back on the all-reduce: the replacement takes auto's mode and clock, goes on from the servers' parameters and moves back with the survivors", { timeout: 180_000 }, async () => {
     // Decision rounds at steps 24 (to SSP) and 72 (back); rank 1 dies at step 5 of epoch 2.
     const r = await planned("ssp,allreduce", () => chaosRun("auto-peers-servers", 8, { how: "kill", rank: 1, epoch: 2, step: 5 }, { strategy: "auto" }))
-    const events = await readEvents(r.path)
-    expect(r.restarts).toBe(1)
-    expect(events.find((e) => e.type === "restart")).toMatchObject({ recovery: "peers", survivors: 2 })
-    expect(events.find((e) => e.type === "grow")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 1 })
-    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4, 5, 6, 7])
+    await expectRegroupedAlike(r, 8, 2)
     expect(r.metricsHistory.some((m) => m.strategy === "ssp")).toBe(true)
-    const last = r.metricsPerRank.at(-1)!
-    expect(last).toHaveLength(3)
-    for (const m of last) expect(m).toMatchObject({ strategy: "allreduce", "strategy/switches": 2 })
-    expect(sameWeights(r)).toBe(true)
-    expect(events.filter((e) => e.type === "parity-repair")).toEqual([])
   })
 
   it("on the parameter servers in a hand-written trainStep loop: the group restarts from the checkpoint and says why", { timeout: 150_000 }, async () => {
