@@ -21,7 +21,8 @@
 // slower steps), final accuracy, re-balances and final per-rank batches; the measured straggler
 // ratio (each worker times forward+backward passes on its own before and after training, on a
 // global batch's half, while the other does the same) and from it the speed-up a perfect split
-// would give; the measured speed-up and its fraction of perfect.
+// would give; the measured speed-up and its fraction of perfect; strategy auto against the fastest
+// strategy it could run in the same skew and split (bench/auto-check.ts).
 // Options: --skews=2,4 --epochs=15 --batch=128 --target=0.9 --period-us=10000. `--mix=wasm,cpu`:
 // mixed backends, the fast node's worker on wasm and the slow node's on cpu (skews default 1: both
 // capped at one core, the backends alone unequal).
@@ -44,6 +45,7 @@ import { openNats } from "../core/connection.ts"
 import { openClusterView } from "../scheduler/cluster-view.ts"
 import { optionReader } from "./args.ts"
 import { createCpuGroup, inGroup, type CpuGroup } from "./cgroups.ts"
+import { autoAgainstBest, formatAutoCheck, type AutoCheck } from "./auto-check.ts"
 
 const LOOP = fileURLToPath(new URL("../test/support/hetero-loop.ts", import.meta.url)) + "#heteroLoop"
 const CLI = fileURLToPath(new URL("../bin/gradwire.js", import.meta.url))
@@ -112,8 +114,10 @@ interface RunResult {
   readonly batches: ReadonlyArray<number>
   readonly rebalances: number
   readonly stragglers: string
-  /** Strategy "auto": the strategy it ended on. */
+  /** Strategy "auto": the strategy it ended on, with its switches. */
   readonly picked?: string
+  /** Strategy "auto": the strategy it ended on. */
+  readonly endedOn?: string
   /** Strategy "auto" with local SGD offered: what its last decision said of local SGD (explain.txt). */
   readonly localWhy?: string
   /** Strategy "auto": its last decision's first line and the line of the strategy it picked (explain.txt). */
@@ -230,6 +234,7 @@ async function runCgroup(argv: ReadonlyArray<string>, groups: { fast: CpuGroup; 
         `${Math.floor(train.size / batch)} steps, target val accuracy ${target}; load average ${os.loadavg().map((l) => l.toFixed(1)).join(" ")} on ${os.cpus().length} cores`
     )
     const rows: string[] = []
+    const checks: AutoCheck[] = []
     for (const skew of skews) {
       groups.slow.setCores(1 / skew)
       const fit = (strategy: Strategy, adaptive: boolean) =>
@@ -269,6 +274,11 @@ async function runCgroup(argv: ReadonlyArray<string>, groups: { fast: CpuGroup; 
       )
       for (const x of runs) if (x.r.autoWhy) console.log(`  skew ${skew}x, ${STRATEGY_LABEL[x.strategy](syncEvery)}, ${x.adaptive ? "adaptive" : "equal"} split, last decision: ${x.r.autoWhy}`)
       for (const x of runs) if (x.r.localWhy) console.log(`  skew ${skew}x, ${STRATEGY_LABEL[x.strategy](syncEvery)}, ${x.adaptive ? "adaptive" : "equal"} split: ${x.r.localWhy}`)
+      // auto against the fastest strategy it could have run, measured in this skew with the same split.
+      for (const c of autoAgainstBest(runs.map((x) => ({ strategy: x.strategy, adaptive: x.adaptive, samplesPerS: samplesPerS(x.r, batch), ...(x.r.endedOn !== undefined ? { endedOn: x.r.endedOn } : {}) })))) {
+        console.log(`  skew ${skew}x, ${formatAutoCheck(c)}`)
+        checks.push(c)
+      }
     }
     console.log(
       [
@@ -283,6 +293,13 @@ async function runCgroup(argv: ReadonlyArray<string>, groups: { fast: CpuGroup; 
         "measured ratio r: the fast-cgroup worker's own forward+backward samples/s over the slow one's (before and after training, both runs); " +
         "perfect split: (1 + max(r, 1/r)) / 2, the all-reduce's speed-up with batches proportional to r, communication and fixed per-step costs ignored; of perfect: speed-up / perfect"
     )
+    if (checks.length > 0) {
+      const at = checks.filter((c) => c.atBest).length
+      console.log(
+        `strategy auto against the fastest strategy it could run, measured in the same skew and split: within 1.1x in ${at} of ${checks.length} ` +
+          `(${checks.map((c) => `${c.ofBest.toFixed(2)}x`).join(", ")}), ending on it in ${checks.filter((c) => c.endedOnBest).length}`
+      )
+    }
   } finally {
     process.off("SIGINT", onSignal)
     process.off("SIGTERM", onSignal)
@@ -410,7 +427,7 @@ async function fitOnce(o: {
     batches,
     rebalances: Number(last["batch/rebalances"] ?? 0),
     stragglers,
-    ...(typeof last.strategy === "string" ? { picked: `${last.strategy}${last["strategy/switches"] ? `, ${String(last["strategy/switches"])} switches` : ""}` } : {}),
+    ...(typeof last.strategy === "string" ? { picked: `${last.strategy}${last["strategy/switches"] ? `, ${String(last["strategy/switches"])} switches` : ""}`, endedOn: last.strategy } : {}),
     ...(o.strategy === "auto" || o.strategy === "auto-local" ? autoReasons(r.path, o.strategy === "auto-local") : {})
   }
 }
