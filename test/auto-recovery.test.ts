@@ -45,7 +45,9 @@ const chaosRun = async (name: string, epochs: number, fail: Record<string, unkno
  */
 const expectRegroupedAlike = async (r: Result, epochs: number, switches: number) => {
   const events = await readEvents(r.path)
-  expect(r.restarts).toBe(1)
+  // (A failure names each restart's recovery and reason.)
+  const restarts = events.filter((e) => e.type === "restart").map((e) => JSON.stringify({ recovery: e.recovery, reason: e.reason, survivors: e.survivors }))
+  expect(r.restarts, restarts.join("; ")).toBe(1)
   expect(events.find((e) => e.type === "restart")).toMatchObject({ recovery: "peers", survivors: 2 })
   expect(events.find((e) => e.type === "grow")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 1 })
   expect(r.metricsHistory.map((m) => m.epoch)).toEqual(Array.from({ length: epochs }, (_, i) => i))

@@ -254,6 +254,7 @@ export class DataParallelModel implements RecoverableModel {
       get learningRate() { return dp.learningRate },
       get inFit() { return dp.#loop.inFit },
       get fitUsed() { return dp.#loop.fitUsed },
+      get reports() { return dp.#sync.recovery?.reports },
       // (Inside dp.fit() only: a hand-written loop after it gives every rank its own rows.)
       get ranksWithoutRows() { return dp.#loop.inFit ? (dp.#loop.batcher?.batches ?? []).flatMap((b, r) => (b === 0 ? [r] : [])) : [] },
       get exchangeAlone() { return dp.exchangeAlone },
@@ -458,6 +459,11 @@ export class DataParallelModel implements RecoverableModel {
 
   // --------------------------------------------------------------------------------------------
   // State parity (failureConfig.parityEvery; train-context.ts runs the exchange at report rounds)
+
+  /** At report() call `index` on every rank (train-context.ts), before its parity check: the strategy's work there (StrategyWorker.atReport). */
+  async atReport(index: number): Promise<void> {
+    await this.#worker.atReport?.(index)
+  }
 
   /** Whether the ranks of this group hold the same state between steps (what stateDigest covers). */
   get #replicated(): boolean {

@@ -169,6 +169,8 @@ export interface PeerRecovery {
   replayStep(): Promise<"skip" | "run">
   /** A training step completed. */
   countStep(): void
+  /** The report() calls this rank's loop has made (a joiner counts from its checkpoint's). */
+  readonly reports: number
 }
 
 /**

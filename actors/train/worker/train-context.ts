@@ -266,7 +266,11 @@ export class TrainContext {
       if (session.skipReport(index)) return
       // A report the furthest survivor of a regroup made already (this rank took its state just
       // before it): the survivor is past it, so no parity check here.
-      const parity = session.reportMadeAlready(index) ? undefined : await this.#parity(index)
+      // The strategy's work at a report (auto's move that waits for every rank's loop to get here),
+      // then the parity check, unless the furthest survivor of a regroup made this report already.
+      const madeAlready = session.reportMadeAlready(index)
+      if (!madeAlready) await this.#prepared?.atReport(index)
+      const parity = madeAlready ? undefined : await this.#parity(index)
       if (parity !== undefined && parity.length > 0) metrics = { ...metrics, [PARITY_METRIC]: parity.length, [`${PARITY_METRIC}_ranks`]: parity.join(" ") }
       // A pipeline's checkpoint is every rank's: rank 0's carries the layout and metadata, the other
       // ranks' stage shards join it as files of their own.

@@ -39,6 +39,14 @@ const AUTO_EVERY = 48
 /** Rounds a strategy's measured rate stands in for its prediction. */
 const AUTO_REMEMBER = 4
 
+/** The decision point after clock `clock` (every rank computes it from the same clock). */
+const nextDecisionAfter = (clock: number): number => {
+  const after = Math.floor(clock + 1e-9)
+  if (after < AUTO_FIRST_DECISION) return AUTO_FIRST_DECISION
+  if (after < AUTO_FIRST_CHOICE) return AUTO_FIRST_CHOICE
+  return AUTO_FIRST_CHOICE + AUTO_EVERY * (Math.floor((after - AUTO_FIRST_CHOICE) / AUTO_EVERY) + 1)
+}
+
 /** What one decision round gathered, as every rank computes it. */
 interface DecisionRound {
   readonly computeMs: number[][]
@@ -46,6 +54,8 @@ interface DecisionRound {
   readonly step: number
   readonly anyFinishing: boolean
   readonly allFinishing: boolean
+  /** The most report() calls any rank had made (-1: a rank outside a Trainer's worker, which has no count). */
+  readonly reports: number
   readonly cpu: { busyCores: number[]; stepsPerSec: number[]; cores: number[]; host: number[]; ownCores: number[] }
 }
 
@@ -69,6 +79,8 @@ interface AutoState {
   readonly wasOnServers: boolean
   /** On the servers: the mode and where its version counts from. */
   readonly servers?: AutoMode
+  /** A move from the servers waiting for a report() call (AutoWorker.#pending). */
+  readonly pending?: { readonly to: StrategyName; readonly atReport: number }
 }
 
 /** The candidates auto may move to: the cost-model entries the registered strategies declare. */
@@ -103,6 +115,14 @@ export class AutoWorker implements StrategyWorker {
    */
   #moving: { readonly from: StrategyName; readonly to: StrategyName } | undefined
   #adoptions = 0
+  /**
+   * A move off the servers decided in a hand-written loop, made at report() call `atReport` (0-based)
+   * on every rank. There each rank takes its own steps, so at the decision the ranks stand at
+   * different steps of their loops, and the all-reduce (or local SGD) would then see a rank's loop
+   * end while another still steps (a fixed number of steps each: call-mismatch); every rank makes the
+   * same report() calls, which line them up. Until then no decision round is held.
+   */
+  #pending: { readonly to: StrategyName; readonly atReport: number } | undefined
   /**
    * The decision clock's next point (the same on every rank). Inside dp.fit() the clock is this
    * rank's trainStep calls (dp.fit gives every rank the same steps); outside it, the group step,
@@ -190,7 +210,31 @@ export class AutoWorker implements StrategyWorker {
   async finish(): Promise<void> {
     await this.settle()
     await this.#servers.finish()
-    if (onServers(this.#current)) while ((await this.#decisionRound(true))?.allFinishing === false);
+    // (With a move pending, no rank holds rounds: every rank's loop ended before the report() call
+    // it waited for, the same call on every rank.)
+    if (onServers(this.#current) && !this.#pending) while ((await this.#decisionRound(true))?.allFinishing === false);
+  }
+
+  /**
+   * A move off the servers decided in a hand-written loop (#pending) is made at its report() call,
+   * where every rank's loop stands at the same place: the group step and the step counter, each
+   * rank's own on the servers, are agreed first (the greatest), and decision rounds go on after it.
+   */
+  async atReport(index: number): Promise<void> {
+    const pending = this.#pending
+    if (!pending || index < pending.atReport) return
+    const all = await this.#host.sync.allGather!(Float32Array.of(this.#host.global, this.#host.step))
+    let global = 0
+    let steps = 0
+    for (let r = 0; r < all.length / 2; r++) {
+      global = Math.max(global, all[2 * r]!)
+      steps = Math.max(steps, all[2 * r + 1]!)
+    }
+    this.#host.global = global
+    this.#host.step = steps
+    this.#pending = undefined
+    await this.#switchStrategy(pending.to)
+    this.#nextDecision = nextDecisionAfter(this.#decisionClock())
   }
 
   async checkpointFiles(optimizerFile: () => Promise<Uint8Array>): Promise<Record<string, Uint8Array>> {
@@ -204,6 +248,7 @@ export class AutoWorker implements StrategyWorker {
   async restore(files: Readonly<Record<string, Uint8Array>>): Promise<boolean> {
     if (this.#local) await this.#local.restore(files)
     this.#current = "allreduce"
+    this.#pending = undefined
     this.#servers.auto = undefined
     if (!hasPsFiles(files)) return false
     const whole = psWholeState(files, this.#host.parameterCount)
@@ -233,7 +278,8 @@ export class AutoWorker implements StrategyWorker {
       ...(this.#pushPullMs !== undefined ? { pushPullMs: this.#pushPullMs } : {}),
       ...(this.#mark ? { markGlobal: this.#mark.global } : {}),
       wasOnServers: this.#wasOnServers,
-      ...(this.#servers.auto ? { servers: this.#servers.auto } : {})
+      ...(this.#servers.auto ? { servers: this.#servers.auto } : {}),
+      ...(this.#pending ? { pending: this.#pending } : {})
     }
     return { ...this.#local?.snapshotFiles(inStep), [AUTO_FILE]: encodeMessage(state) }
   }
@@ -274,6 +320,7 @@ export class AutoWorker implements StrategyWorker {
     this.#choices = s.choices
     this.#switches = s.switches
     this.#wasOnServers = s.wasOnServers
+    this.#pending = s.pending
     this.#measured = new Map(s.measured.map(([name, rate, round]) => [name, { rate, round }]))
     this.#allReduceMs = s.allReduceMs
     this.#pushPullMs = s.pushPullMs
@@ -304,7 +351,7 @@ export class AutoWorker implements StrategyWorker {
    */
   async #decisionRound(finishing: boolean): Promise<DecisionRound | undefined> {
     const k = AUTO_WINDOW
-    const w = 3 * k + 11
+    const w = 3 * k + 12
     // This rank's last k compute, all-reduce and push-pull times (-1: not measured), then the rest.
     const mine = new Float32Array(w).fill(-1)
     const c = this.#computeLog.slice(-k)
@@ -333,6 +380,7 @@ export class AutoWorker implements StrategyWorker {
     this.#cpuMark = now
     mine[3 * k + 8] = os.availableParallelism()
     mine[3 * k + 9] = hostHash
+    mine[3 * k + 11] = this.#host.reports ?? -1
     this.#computeLog = []
     this.#commLog = []
     this.#psLog = []
@@ -348,7 +396,10 @@ export class AutoWorker implements StrategyWorker {
     let done = 0
     let serverMs = -1
     let elapsed = -1
+    let reports = 0
     for (let r = 0; r < p; r++) {
+      const made = all[r * w + 3 * k + 11]!
+      reports = reports < 0 || made < 0 ? -1 : Math.max(reports, made)
       global = Math.max(global, all[r * w + 3 * k]!)
       steps = Math.max(steps, all[r * w + 3 * k + 1]!)
       clock = Math.max(clock, all[r * w + 3 * k + 2]!)
@@ -367,13 +418,7 @@ export class AutoWorker implements StrategyWorker {
     for (const [name, m] of this.#measured) if (this.#rounds - m.round > AUTO_REMEMBER) this.#measured.delete(name)
     this.#mark = { at: performance.now(), global }
     this.#host.global = global
-    const after = Math.floor(clock + 1e-9)
-    this.#nextDecision =
-      after < AUTO_FIRST_DECISION
-        ? AUTO_FIRST_DECISION
-        : after < AUTO_FIRST_CHOICE
-          ? AUTO_FIRST_CHOICE
-          : AUTO_FIRST_CHOICE + AUTO_EVERY * (Math.floor((after - AUTO_FIRST_CHOICE) / AUTO_EVERY) + 1)
+    this.#nextDecision = nextDecisionAfter(clock)
     // Per step, the least any rank spent exchanging (the last to arrive waited for nobody), averaged:
     // rates follow the mean time, and a rank throttled in bursts has many quick steps and a few slow ones.
     const leastPerStep = (part: number): number | undefined => {
@@ -395,7 +440,7 @@ export class AutoWorker implements StrategyWorker {
     for (let r = 0; r < p; r++) computeMs.push(Array.from(all.subarray(r * w, r * w + k)).filter((v) => v >= 0))
     const field = (i: number): number[] => Array.from({ length: p }, (_, r) => all[r * w + 3 * k + i]!)
     const cpu = { busyCores: field(6), stepsPerSec: field(7), cores: field(8), host: field(9), ownCores: field(10) }
-    return { computeMs, steps, step: Math.floor(global + 1e-9), anyFinishing: done > 0, allFinishing: done >= p, cpu }
+    return { computeMs, steps, step: Math.floor(global + 1e-9), anyFinishing: done > 0, allFinishing: done >= p, reports, cpu }
   }
 
   /**
@@ -412,7 +457,7 @@ export class AutoWorker implements StrategyWorker {
     if (!this.#host.sync.allGather) return
     const round = await this.#decisionRound(false)
     if (!round) return
-    const { computeMs, steps, step, anyFinishing, cpu } = round
+    const { computeMs, steps, step, anyFinishing, reports, cpu } = round
     // The first round (warm-up) only measures: its compute times' jitter and its rate are the
     // first steps', and the machine's busy cores have no window yet.
     if (this.#rounds === 1) return
@@ -457,15 +502,23 @@ export class AutoWorker implements StrategyWorker {
     const planned = this.#planned(this.#choices++)
     const pick = planned ?? choice.pick
     const changed = pick !== this.#current
+    // Off the servers in a hand-written loop: at the first report() call no rank has made yet.
+    const atReport = changed && onServers(this.#current) && !onServers(pick) && !this.#host.inFit && reports >= 0 ? reports : undefined
+    const when = atReport === undefined ? "" : ` from every rank's report() call ${atReport + 1} (each rank takes its own steps on the servers; its report() calls line the ranks up)`
     if (this.#host.sync.rank === 0) {
       const best = choice.predictions.find((x) => x.name === choice.pick)
       if (planned !== undefined) {
         auto.explain(
-          `strategy: ${planned}${changed ? ` (was ${this.#current})` : " (kept)"}, planned by GRADWIRE_AUTO_PLAN; the cost model's choice: ${choice.pick}\n${choice.text}`,
+          `strategy: ${planned}${changed ? ` (was ${this.#current})` : " (kept)"}${when}, planned by GRADWIRE_AUTO_PLAN; the cost model's choice: ${choice.pick}\n${choice.text}`,
           { step, ...choice.json, pick: planned, changed, planned: true, modelPick: choice.pick },
-          `gradwire: strategy ${planned}${changed ? ` (was ${this.#current})` : ""} at step ${step}: planned (GRADWIRE_AUTO_PLAN; the cost model's choice ${choice.pick})`
+          `gradwire: strategy ${planned}${changed ? ` (was ${this.#current})` : ""} at step ${step}${when}: planned (GRADWIRE_AUTO_PLAN; the cost model's choice ${choice.pick})`
         )
-      } else auto.explain(choice.text, { step, ...choice.json }, `gradwire: strategy ${choice.pick}${choice.changed ? ` (was ${this.#current})` : ""} at step ${step}: predicted ${best?.stepsPerSec.toFixed(1)} gradient steps/s`)
+      } else auto.explain(when ? `${choice.text}\n(the move${when})` : choice.text, { step, ...choice.json, ...(atReport !== undefined ? { atReport } : {}) }, `gradwire: strategy ${choice.pick}${choice.changed ? ` (was ${this.#current})` : ""} at step ${step}${when}: predicted ${best?.stepsPerSec.toFixed(1)} gradient steps/s`)
+    }
+    if (atReport !== undefined) {
+      this.#pending = { to: pick, atReport }
+      this.#nextDecision = Number.POSITIVE_INFINITY
+      return
     }
     if (changed) {
       // The next strategy starts every rank at the same step (the all-reduce and sync steps are numbered by it).

@@ -87,6 +87,8 @@ export interface StrategyHost {
   readonly inFit: boolean
   /** The loop trains with dp.fit() (has called it). */
   readonly fitUsed: boolean
+  /** The report() calls this rank's loop has made; undefined outside a Trainer's worker (no group session). */
+  readonly reports: number | undefined
   /** The ranks dp.fit()'s heterogeneity-aware batcher gives no rows now (the same on every rank at a step; none outside dp.fit()). */
   readonly ranksWithoutRows: readonly number[]
   /** Take the exchange path even with one worker (benchmarks). */
@@ -167,6 +169,11 @@ export interface StrategyWorker {
   settle?(): Promise<void>
   /** This rank's loop ended. */
   finish?(): Promise<void>
+  /**
+   * At report() call `index` (0-based), before its parity check, on every rank at the same call:
+   * strategy auto makes a move there that needs the ranks at the same place in their loops.
+   */
+  atReport?(index: number): Promise<void>
   /** Checkpoint files besides the update counter (`optimizerFile`: tfjs's optimizer's whole state); absent: that file alone. */
   checkpointFiles?(optimizerFile: () => Promise<Uint8Array>): Promise<Record<string, Uint8Array>>
   /** This rank's own files for its reports (ZeRO's shard). */
