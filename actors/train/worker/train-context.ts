@@ -269,7 +269,8 @@ export class TrainContext {
       // The strategy's work at a report (auto's move that waits for every rank's loop to get here),
       // then the parity check, unless the furthest survivor of a regroup made this report already.
       const madeAlready = session.reportMadeAlready(index)
-      if (!madeAlready) await this.#prepared?.atReport(index)
+      const atReport = madeAlready ? undefined : this.#prepared?.atReport(index)
+      if (atReport) await atReport
       const parity = madeAlready ? undefined : await this.#parity(index)
       if (parity !== undefined && parity.length > 0) metrics = { ...metrics, [PARITY_METRIC]: parity.length, [`${PARITY_METRIC}_ranks`]: parity.join(" ") }
       // A pipeline's checkpoint is every rank's: rank 0's carries the layout and metadata, the other
