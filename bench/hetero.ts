@@ -23,7 +23,8 @@
 // global batch's half, while the other does the same) and from it the speed-up a perfect split
 // would give; the measured speed-up and its fraction of perfect; strategy auto against the fastest
 // strategy it could run in the same skew and split (bench/auto-check.ts).
-// Options: --skews=2,4 --epochs=15 --batch=128 --target=0.9 --period-us=10000. `--mix=wasm,cpu`:
+// Options: --skews=2,4 --epochs=15 --batch=128 --target=0.9 --period-us=10000 --repeat=1 (N: the
+// strategies N times, every other time in reverse order; per repeat and medians). `--mix=wasm,cpu`:
 // mixed backends, the fast node's worker on wasm and the slow node's on cpu (skews default 1: both
 // capped at one core, the backends alone unequal).
 //
@@ -46,6 +47,7 @@ import { openClusterView } from "../scheduler/cluster-view.ts"
 import { optionReader } from "./args.ts"
 import { createCpuGroup, inGroup, type CpuGroup } from "./cgroups.ts"
 import { autoAgainstBest, formatAutoCheck, type AutoCheck } from "./auto-check.ts"
+import { median } from "../scheduler/cost-model.ts"
 
 const LOOP = fileURLToPath(new URL("../test/support/hetero-loop.ts", import.meta.url)) + "#heteroLoop"
 const CLI = fileURLToPath(new URL("../bin/gradwire.js", import.meta.url))
@@ -151,6 +153,11 @@ async function runCgroup(argv: ReadonlyArray<string>, groups: { fast: CpuGroup; 
   for (const n of [...hidden, ...(conv ?? [])]) if (!(Number.isInteger(n) && n >= 1)) throw new RangeError(`--hidden / --conv: layer sizes must be integers >= 1, got ${n}`)
   const strategies = get("--strategies", "allreduce,local-sgd").split(",") as Strategy[]
   for (const st of strategies) if (!(st in STRATEGY_LABEL)) throw new RangeError(`--strategies: each must be one of ${Object.keys(STRATEGY_LABEL).join(", ")}, got ${st}`)
+  // Within one bench run the configuration run first tended to be the faster (docs/benchmarks.md):
+  // --repeat runs the strategies again, every other time in the reverse order, and each figure is
+  // given per repeat and as the median over the repeats.
+  const repeat = Number(get("--repeat", "1"))
+  if (!(Number.isInteger(repeat) && repeat >= 1)) throw new RangeError(`--repeat must be an integer >= 1, got ${get("--repeat", "1")}`)
   const syncEvery = Number(get("--sync-every", "8"))
   if (!(Number.isInteger(syncEvery) && syncEvery >= 1)) throw new RangeError(`--sync-every must be an integer >= 1, got ${syncEvery}`)
   for (const s of skews) if (!(s >= 1)) throw new RangeError(`--skews: each skew must be a number >= 1, got ${s}`)
@@ -240,11 +247,14 @@ async function runCgroup(argv: ReadonlyArray<string>, groups: { fast: CpuGroup; 
       const fit = (strategy: Strategy, adaptive: boolean) =>
         fitOnce({ adaptive, skew, epochs, batch, hidden, conv, strategy, syncEvery, train, test, server: server!, cluster, work, slow: groups.slow })
       // The baseline: what DDP does, the all-reduce with an equal split; then every strategy's two splits.
-      const runs: Array<{ strategy: Strategy; adaptive: boolean; r: RunResult }> = []
-      for (const strategy of strategies) {
-        for (const adaptive of [false, true]) runs.push({ strategy, adaptive, r: await fit(strategy, adaptive) })
+      const runs: Array<{ strategy: Strategy; adaptive: boolean; rep: number; r: RunResult }> = []
+      const bases: RunResult[] = []
+      for (let rep = 0; rep < repeat; rep++) {
+        for (const strategy of rep % 2 === 0 ? strategies : [...strategies].reverse()) {
+          for (const adaptive of [false, true]) runs.push({ strategy, adaptive, rep, r: await fit(strategy, adaptive) })
+        }
+        bases.push(runs.find((x) => x.rep === rep && x.strategy === "allreduce" && !x.adaptive)?.r ?? (await fit("allreduce", false)))
       }
-      const base = runs.find((x) => x.strategy === "allreduce" && !x.adaptive)?.r ?? (await fit("allreduce", false))
       // Straggler ratio: the fast worker's own forward+backward samples/s over the slow one's,
       // measured before and after training in every run (geometric mean).
       const r = Math.exp(runs.reduce((acc, x) => acc + Math.log(ratio(x.r)), 0) / runs.length)
@@ -252,18 +262,23 @@ async function runCgroup(argv: ReadonlyArray<string>, groups: { fast: CpuGroup; 
       // samples, B / (2 t_slow); a split proportional to throughput takes B / (t_fast + t_slow).
       // (Under other load the capped "fast" worker may get less CPU than the "slow" one's cap: r < 1.)
       const perfect = (1 + Math.max(r, 1 / r)) / 2
-      const se = samplesPerS(base, batch)
-      const te = secondsTo(base, target)
       const fmtT = (t: number | undefined) => (t === undefined ? "not reached" : t.toFixed(1))
       const acc = (x: RunResult) => `${(x.history.at(-1)!.valAccuracy * 100).toFixed(1)}%`
       const bat = (x: RunResult) => x.batches.map((b, i) => (i === x.slowRank ? `${b}s` : String(b))).join("/")
-      for (const { strategy, adaptive, r: x } of runs) {
+      // Each run against its own repeat's all-reduce with the equal split.
+      const speedups = new Map<string, number[]>()
+      for (const { strategy, adaptive, rep, r: x } of runs) {
+        const base = bases[rep]!
+        const se = samplesPerS(base, batch)
+        const te = secondsTo(base, target)
         const sx = samplesPerS(x, batch)
         const speedup = sx / se
         const tx = secondsTo(x, target)
         const isBase = x === base
+        const key = `${STRATEGY_LABEL[strategy](syncEvery)}, ${adaptive ? "adaptive" : "equal"} split`
+        if (!isBase) speedups.set(key, [...(speedups.get(key) ?? []), speedup])
         rows.push(
-          `| ${skew}x${mix ? ` (${mix.join(" / ")})` : ""} | ${r.toFixed(2)}x | ${STRATEGY_LABEL[strategy](syncEvery)}${x.picked ? ` (ended on ${x.picked})` : ""} | ${adaptive ? "adaptive" : "equal"} | ${sx.toFixed(0)} | ${speedup.toFixed(2)} | ` +
+          `| ${skew}x${mix ? ` (${mix.join(" / ")})` : ""}${repeat > 1 ? ` (${rep + 1})` : ""} | ${r.toFixed(2)}x | ${STRATEGY_LABEL[strategy](syncEvery)}${x.picked ? ` (ended on ${x.picked})` : ""} | ${adaptive ? "adaptive" : "equal"} | ${sx.toFixed(0)} | ${speedup.toFixed(2)} | ` +
             `${fmtT(tx)}${!isBase && te !== undefined && tx !== undefined ? ` (${(te / tx).toFixed(2)}x)` : ""} | ${acc(x)} | ${adaptive ? x.rebalances : "-"} | ${bat(x)} | ` +
             `${perfect.toFixed(2)}x | ${isBase ? "-" : `${((speedup / perfect) * 100).toFixed(0)}%`} |`
         )
@@ -274,10 +289,18 @@ async function runCgroup(argv: ReadonlyArray<string>, groups: { fast: CpuGroup; 
       )
       for (const x of runs) if (x.r.autoWhy) console.log(`  skew ${skew}x, ${STRATEGY_LABEL[x.strategy](syncEvery)}, ${x.adaptive ? "adaptive" : "equal"} split, last decision: ${x.r.autoWhy}`)
       for (const x of runs) if (x.r.localWhy) console.log(`  skew ${skew}x, ${STRATEGY_LABEL[x.strategy](syncEvery)}, ${x.adaptive ? "adaptive" : "equal"} split: ${x.r.localWhy}`)
-      // auto against the fastest strategy it could have run, measured in this skew with the same split.
-      for (const c of autoAgainstBest(runs.map((x) => ({ strategy: x.strategy, adaptive: x.adaptive, samplesPerS: samplesPerS(x.r, batch), ...(x.r.endedOn !== undefined ? { endedOn: x.r.endedOn } : {}) })))) {
-        console.log(`  skew ${skew}x, ${formatAutoCheck(c)}`)
-        checks.push(c)
+      // auto against the fastest strategy it could have run, measured in this skew and repeat with the same split.
+      for (let rep = 0; rep < repeat; rep++) {
+        const these = runs.filter((x) => x.rep === rep)
+        for (const c of autoAgainstBest(these.map((x) => ({ strategy: x.strategy, adaptive: x.adaptive, samplesPerS: samplesPerS(x.r, batch), ...(x.r.endedOn !== undefined ? { endedOn: x.r.endedOn } : {}) })))) {
+          console.log(`  skew ${skew}x${repeat > 1 ? ` (repeat ${rep + 1})` : ""}, ${formatAutoCheck(c)}`)
+          checks.push(c)
+        }
+      }
+      if (repeat > 1) {
+        for (const [key, xs] of speedups) {
+          console.log(`  skew ${skew}x, ${key}: median over ${xs.length} repeats ${median(xs).toFixed(2)}x the all-reduce's equal split (${xs.map((v) => v.toFixed(2)).join(", ")}), ${((median(xs) / perfect) * 100).toFixed(0)}% of the perfect split's`)
+        }
       }
     }
     console.log(
