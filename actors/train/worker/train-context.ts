@@ -264,10 +264,9 @@ export class TrainContext {
     try {
       // A rank joining a regrouped generation replays the loop: the survivors made these already.
       if (session.skipReport(index)) return
-      // A report the furthest survivor of a regroup made already (this rank took its state just
-      // before it): the survivor is past it, so no parity check here.
       // The strategy's work at a report (auto's move that waits for every rank's loop to get here),
-      // then the parity check, unless the furthest survivor of a regroup made this report already.
+      // then the parity check; neither where the furthest survivor of a regroup made this report
+      // already (this rank took its state just before it, and the survivor is past it).
       const madeAlready = session.reportMadeAlready(index)
       const atReport = madeAlready ? undefined : this.#prepared?.atReport(index)
       if (atReport) await atReport

@@ -3,7 +3,8 @@
 // collectiveConfig.localSgd offers it, and back (scheduler/strategy-choice.ts prices the candidates
 // the registered strategies declare). Every rank takes part in the same decision rounds, computes
 // the same choice, and a change moves the parameters and the optimizer state; rank 0 explains every
-// decision. A regroup carries what runs and the decision clock to every member (AUTO_FILE); in a
+// decision; in a hand-written loop a move off the servers waits for a report() call of every rank
+// (#pending). A regroup carries what runs and the decision clock to every member (AUTO_FILE); in a
 // move, or on the servers in a hand-written loop, the group restarts from the checkpoint.
 import * as os from "node:os"
 import { createHash } from "node:crypto"
