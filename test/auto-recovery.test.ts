@@ -11,6 +11,7 @@ import * as path from "node:path"
 import { Trainer, type Result } from "../index.ts"
 import { digitsTrainerRuns, readEvents, sameWeights } from "./support/trainer-runs.ts"
 import { makeHold } from "./support/hold.ts"
+import { stepLog } from "./support/chaos-loop.ts"
 
 const CHAOS = path.resolve("test/support/chaos-loop.ts") + "#trainLoop"
 const STEP_LOOP = path.resolve("test/support/step-loop.ts") + "#stepLoop"
@@ -26,16 +27,18 @@ const planned = async (plan: string, run: () => Promise<Result>): Promise<Result
   }
 }
 
-const chaosRun = async (name: string, epochs: number, fail: Record<string, unknown>, collectiveConfig: Record<string, unknown>): Promise<Result> => {
+const chaosRun = async (name: string, epochs: number, fail: Record<string, unknown>, collectiveConfig: Record<string, unknown>, steps?: (pidDir: string) => void): Promise<Result> => {
   const { dir: pidDir, holdFile } = await makeHold(runs.storage, `${name}-`, 3)
-  return new Trainer({
+  const r = await new Trainer({
     trainLoopPerWorker: CHAOS,
-    trainLoopConfig: { epochs, fail, pidDir, holdFile },
+    trainLoopConfig: { epochs, fail, pidDir, holdFile, stepLog: steps !== undefined },
     scalingConfig: { numWorkers: 3 },
     collectiveConfig,
     runConfig: { name, storagePath: runs.storage, progress: false, failureConfig: { maxFailures: 1 } },
     datasets: { train: runs.train, test: runs.test }
   }).fit()
+  steps?.(pidDir)
+  return r
 }
 
 /**
@@ -83,7 +86,18 @@ describe("strategy auto and recovery from peers", () => {
   it("a worker lost right before a decision round: the survivors, parked in it before their step, make it in the new group and move together", { timeout: 150_000 }, async () => {
     // Rank 1 dies after its 24th step (epoch 1, step index 8): the survivors' next group operation
     // is the decision round at the start of the 25th, which moves to local SGD.
-    const r = await planned("local-sgd", () => chaosRun("auto-peers-decision", 4, { how: "kill", rank: 1, epoch: 1, step: 8 }, { strategy: "auto", localSgd: { syncEvery: 4 } }))
+    // Every process trains each step of an epoch once, in order: the survivors' redone decision
+    // round is not a step (counting it as one, they had skipped step 10 of epoch 1).
+    const inOrder = (pidDir: string) => {
+      for (const [pid, trained] of stepLog(pidDir)) {
+        for (let k = 1; k < trained.length; k++) {
+          const [, epoch, step] = trained[k]!
+          const [, before, last] = trained[k - 1]!
+          if (epoch === before) expect(step, `process ${pid}: epoch ${epoch}, step ${step} after step ${last}`).toBe(last + 1)
+        }
+      }
+    }
+    const r = await planned("local-sgd", () => chaosRun("auto-peers-decision", 4, { how: "kill", rank: 1, epoch: 1, step: 8 }, { strategy: "auto", localSgd: { syncEvery: 4 } }, inOrder))
     const events = await readEvents(r.path)
     expect(r.restarts).toBe(1)
     expect(events.find((e) => e.type === "restart")).toMatchObject({ recovery: "peers", survivors: 2, position: { epoch: 1, stepInEpoch: 9 } })

@@ -17,8 +17,10 @@
 // when this module was imported (a standby imports it while it prepares, lowered unless its limit
 // gave its priority back already) and when its loop started (after it joined); `schedIdle`, whether
 // its host's lowering also put it on SCHED_IDLE (backgroundSchedIdle), and `idleAtStart`, whether
-// any of its threads was still on SCHED_IDLE when its loop started.
-import { writeFileSync } from "node:fs"
+// any of its threads was still on SCHED_IDLE when its loop started. With `stepLog` every process
+// appends "<attempt> <epoch> <step>" to <pidDir>/<pid>.steps for each step it trains (stepLog()
+// reads them back), so a test can tell a step skipped or trained twice.
+import { appendFileSync, readdirSync, readFileSync, writeFileSync } from "node:fs"
 import * as path from "node:path"
 import type { TrainContext } from "../../index.ts"
 import { trainLoop as digitsLoop, type DigitsConfig } from "../../examples/digits/train.ts"
@@ -36,10 +38,11 @@ export interface ChaosLoopConfig extends DigitsConfig {
   readonly trackSteps?: boolean
   readonly holdFile?: string
   readonly positions?: boolean
+  readonly stepLog?: boolean
 }
 
 /** `ctx` with report() paced (`minMs`) and prepareModel() wrapped to record steps (`stepFile`). */
-const instrumented = (ctx: TrainContext, minMs: number, stepFile: string | undefined, holdFile: string | undefined, positions: PositionFile | undefined): TrainContext => {
+const instrumented = (ctx: TrainContext, minMs: number, stepFile: string | undefined, holdFile: string | undefined, positions: PositionFile | undefined, stepLog: string | undefined): TrainContext => {
   let last = Date.now()
   const report: TrainContext["report"] = async (metrics, options) => {
     const wait = last + minMs - Date.now()
@@ -64,6 +67,13 @@ const instrumented = (ctx: TrainContext, minMs: number, stepFile: string | undef
       const progress = dp.onStep
       dp.onStep = (info) => {
         writeFileSync(stepFile, `${info.epoch} ${info.step} ${info.stepsPerEpoch}`)
+        progress?.(info)
+      }
+    }
+    if (stepLog !== undefined) {
+      const progress = dp.onStep
+      dp.onStep = (info) => {
+        if (info.samples > 0) appendFileSync(stepLog, `${ctx.attempt} ${info.epoch} ${info.step}\n`)
         progress?.(info)
       }
     }
@@ -92,10 +102,22 @@ export async function trainLoop(config: ChaosLoopConfig, ctx: TrainContext): Pro
   if (config.recordNice) writeFileSync(path.join(config.pidDir, `${ctx.attempt}-${ctx.worldRank}.nice`), JSON.stringify({ lowered: backgroundNice() ?? null, atImport: niceAtImport, atStart: highestNice(), schedIdle: backgroundSchedIdle() ?? null, idleAtStart: threadPolicies().includes(SCHED_IDLE) }))
   const stepFile = config.trackSteps && ctx.worldRank === 0 ? path.join(config.pidDir, `${ctx.attempt}.step`) : undefined
   const positions = config.positions ? new PositionFile(config.pidDir) : undefined
-  const paced = config.minEpochMs || stepFile || config.holdFile || positions
+  const stepLog = config.stepLog ? path.join(config.pidDir, `${process.pid}.steps`) : undefined
+  const paced = config.minEpochMs || stepFile || config.holdFile || positions || stepLog
   try {
-    await digitsLoop(config, paced ? instrumented(ctx, config.minEpochMs ?? 0, stepFile, config.holdFile, positions) : ctx)
+    await digitsLoop(config, paced ? instrumented(ctx, config.minEpochMs ?? 0, stepFile, config.holdFile, positions, stepLog) : ctx)
   } finally {
     positions?.close()
   }
+}
+
+/** The steps each process of a run with `stepLog` trained, in order: [attempt, epoch, step] per step, by pid. */
+export const stepLog = (pidDir: string): Map<number, Array<readonly [number, number, number]>> => {
+  const out = new Map<number, Array<readonly [number, number, number]>>()
+  for (const f of readdirSync(pidDir)) {
+    if (!f.endsWith(".steps")) continue
+    const lines = readFileSync(path.join(pidDir, f), "utf8").trim().split("\n").filter((l) => l !== "")
+    out.set(Number(f.slice(0, -".steps".length)), lines.map((l) => l.split(" ").map(Number) as unknown as readonly [number, number, number]))
+  }
+  return out
 }

@@ -269,9 +269,13 @@ export class FitLoop {
           } else if (c) {
             ;({ steps, rowsOf } = this.#epochRows(source, opts, epoch))
             this.stepsPerEpoch = steps
-            // Steps this rank made in the new group since the furthest survivor's position (ZeRO
-            // makes two group operations a step: the reduction and the all-gather).
-            if (c.inFit && c.epoch === epoch) i = Math.min(steps, stepAt(c, steps) + Math.round((recovery!.ops - c.ops) / opsPerStep(this.#host.sync)))
+            // Steps this rank made in the new group since the furthest survivor's position: this one
+            // where it redid it there, none where that survivor's state held it (ZeRO makes two
+            // group operations a step: the reduction and the all-gather). At most this step: the
+            // regroup came in it, and strategy auto's decision round, a group operation before the
+            // step, is not one (survivors parked in it that counted it skipped a step of the epoch,
+            // and a rank that joined there did not: their loops then broke apart).
+            if (c.inFit && c.epoch === epoch) i = Math.min(steps, stepAt(c, steps) + Math.min(1, Math.round((recovery!.ops - c.ops) / opsPerStep(this.#host.sync))))
           }
           if (pending && index >= pending.stepInEpoch && isStreamingSource(source)) {
             ;({ steps, rowsOf } = this.#replanStream(source, opts, pending, epoch))
