@@ -461,8 +461,8 @@ export class DataParallelModel implements RecoverableModel {
   // State parity (failureConfig.parityEvery; train-context.ts runs the exchange at report rounds)
 
   /** At report() call `index` on every rank (train-context.ts), before its parity check: the strategy's work there (StrategyWorker.atReport). */
-  atReport(index: number): Promise<void> | undefined {
-    return this.#worker.atReport?.(index)
+  async atReport(index: number): Promise<void> {
+    await this.#worker.atReport?.(index)
   }
 
   /** Whether the ranks of this group hold the same state between steps (what stateDigest covers). */

@@ -267,10 +267,11 @@ export class TrainContext {
       // The strategy's work at a report (auto's move that waits for every rank's loop to get here),
       // then the parity check; neither where the furthest survivor of a regroup made this report
       // already (this rank took its state just before it, and the survivor is past it).
-      const madeAlready = session.reportMadeAlready(index)
-      const atReport = madeAlready ? undefined : this.#prepared?.atReport(index)
-      if (atReport) await atReport
-      const parity = madeAlready ? undefined : await this.#parity(index)
+      let parity: number[] | undefined
+      if (!session.reportMadeAlready(index)) {
+        await this.#prepared?.atReport(index)
+        parity = await this.#parity(index)
+      }
       if (parity !== undefined && parity.length > 0) metrics = { ...metrics, [PARITY_METRIC]: parity.length, [`${PARITY_METRIC}_ranks`]: parity.join(" ") }
       // A pipeline's checkpoint is every rank's: rank 0's carries the layout and metadata, the other
       // ranks' stage shards join it as files of their own.

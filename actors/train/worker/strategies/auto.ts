@@ -221,12 +221,9 @@ export class AutoWorker implements StrategyWorker {
    * where every rank's loop stands at the same place: the group step and the step counter, each
    * rank's own on the servers, are agreed first (the greatest), and decision rounds go on after it.
    */
-  atReport(index: number): Promise<void> | undefined {
+  async atReport(index: number): Promise<void> {
     const pending = this.#pending
-    return pending && index >= pending.atReport ? this.#movePending(pending.to) : undefined
-  }
-
-  async #movePending(to: StrategyName): Promise<void> {
+    if (!pending || index < pending.atReport) return
     const all = await this.#host.sync.allGather!(Float32Array.of(this.#host.global, this.#host.step))
     let global = 0
     let steps = 0
@@ -237,7 +234,7 @@ export class AutoWorker implements StrategyWorker {
     this.#host.global = global
     this.#host.step = steps
     this.#pending = undefined
-    await this.#switchStrategy(to)
+    await this.#switchStrategy(pending.to)
     this.#nextDecision = nextDecisionAfter(this.#decisionClock())
   }
 

@@ -172,9 +172,8 @@ export interface StrategyWorker {
   /**
    * At report() call `index` (0-based), before its parity check, on every rank at the same call:
    * strategy auto makes a move there that needs the ranks at the same place in their loops.
-   * Undefined: nothing to do at this call.
    */
-  atReport?(index: number): Promise<void> | undefined
+  atReport?(index: number): Promise<void>
   /** Checkpoint files besides the update counter (`optimizerFile`: tfjs's optimizer's whole state); absent: that file alone. */
   checkpointFiles?(optimizerFile: () => Promise<Uint8Array>): Promise<Record<string, Uint8Array>>
   /** This rank's own files for its reports (ZeRO's shard). */
