@@ -35,6 +35,7 @@ import {
 } from "../core/defaults.ts"
 import { installNatsPatches } from "../core/nats-internals/index.ts"
 import { nodeGroups } from "../core/collective-cost.ts"
+import { HeldClock } from "../core/held-clock.ts"
 import { jobSubjects } from "../core/subjects.ts"
 import { allGatherBlocks, broadcastChunks, disseminationBarrier, exchangeBlock, shiftBlock } from "./broadcast.ts"
 import {
@@ -489,9 +490,8 @@ export class Communicator {
   readonly #busyPeerWaitMs: number
   /** Calls waiting on past their deadline for peers still working: when their deadline was last re-armed, by seq. */
   readonly #heldWaits = new Map<number, number>()
-  /** When the watchdog last ran (a late run means this rank's own event loop was held). */
-  #lastCheck = 0
-  #checkEvery = 0
+  /** The watchdog's lateness (a late run means this rank's own event loop was held). */
+  readonly #watchdogClock = new HeldClock(1_000)
   /** Answers late hellos once the group is formed. */
   #hello: Hello | undefined
   readonly #statusIters: Array<{ stop?: () => void }> = []
@@ -960,8 +960,7 @@ export class Communicator {
   #ensureWatchdog(): void {
     if (this.#watchdog) return
     const every = Math.max(20, Math.min(1_000, Math.floor(this.#deadline().ms / 8)))
-    this.#checkEvery = every
-    this.#lastCheck = Date.now()
+    this.#watchdogClock.reset(Date.now(), every)
     this.#watchdog = setInterval(() => this.#checkDeadlines(), every)
     this.#watchdog.unref()
   }
@@ -976,9 +975,7 @@ export class Communicator {
     const now = Date.now()
     // This rank's own event loop was held (the check ran late): frames may be waiting unread, so
     // the silence is not the peers'. Let them in before judging.
-    const late = now - this.#lastCheck > Math.max(1_000, 4 * this.#checkEvery)
-    this.#lastCheck = now
-    if (late) return
+    if (this.#watchdogClock.held(now) > 0) return
     for (const op of this.#ops.values()) {
       const limit = this.#deadlineOf(op)
       const since = Math.max(op.lastProgress, this.#heldWaits.get(op.seq) ?? 0)

@@ -10,6 +10,7 @@ import * as Effect from "effect/Effect"
 import * as Exit from "effect/Exit"
 import type * as Scope from "effect/Scope"
 import { NODE_DEAD_AFTER_MS } from "../core/defaults.ts"
+import { HeldClock } from "../core/held-clock.ts"
 import { clusterSubjects, jobSubjects, validToken } from "../core/subjects.ts"
 import { decodeMessage, encodeMessage } from "../core/wire.ts"
 import { LinkState } from "./link-state.ts"
@@ -70,6 +71,10 @@ export class ClusterView {
   readonly #notifyOwners: boolean
   readonly #forgetAfterMs: number
   readonly #link: LinkState
+  /** This process's own holds (core/held-clock.ts), so they do not count as the nodes' silence. */
+  readonly #clock: HeldClock
+  /** Per node, where its silence is counted from after a hold of ours (when later than its last advertisement). */
+  readonly #silentFrom = new Map<string, number>()
   #closed = false
 
   constructor(options: ClusterViewOptions) {
@@ -80,7 +85,9 @@ export class ClusterView {
     this.#forgetAfterMs = options.forgetAfterMs ?? 600_000
     const subjects = clusterSubjects(options.cluster)
     this.#sub = options.nc.subscribe(subjects.nodeHeartbeats, { callback: (_err, msg) => this.#onData(msg.data) })
-    this.#timer = setInterval(() => this.#sweep(), options.sweepMs ?? 100)
+    const sweepMs = options.sweepMs ?? 100
+    this.#clock = new HeldClock(sweepMs)
+    this.#timer = setInterval(() => this.#sweep(), sweepMs)
     this.#timer.unref()
     this.#link = new LinkState(options.nc)
     // Back from our own outage: give every live node a fresh deadline instead of declaring it dead.
@@ -252,18 +259,32 @@ export class ClusterView {
   }
 
   #sweep(): void {
-    if (!this.#link.up) return
     const now = Date.now()
+    const held = this.#clock.held(now)
+    if (!this.#link.up) return
+    if (held > 0) {
+      // Our own process was held: each live node's silence goes on from where it stood before.
+      for (const [id, node] of this.#nodes) {
+        if (node.state === "alive") this.#silentFrom.set(id, now - Math.max(0, now - held - this.#silenceBase(id, node)))
+      }
+      return
+    }
     let changed = false
     for (const [id, node] of this.#nodes) {
-      if (node.state === "alive" && now - node.lastSeenAt > this.deadAfterMs) {
+      if (node.state === "alive" && now - this.#silenceBase(id, node) > this.deadAfterMs) {
         this.markDead(id)
       } else if (node.state !== "alive" && now - node.since > this.#forgetAfterMs) {
         this.#nodes.delete(id)
+        this.#silentFrom.delete(id)
         changed = true
       }
     }
     if (changed) this.#changed()
+  }
+
+  /** Where a node's silence is counted from: its last advertisement, or later after a hold of ours. */
+  #silenceBase(id: string, node: NodeStatus): number {
+    return Math.max(node.lastSeenAt, this.#silentFrom.get(id) ?? 0)
   }
 
   #tellOwners(nodeId: string, lost: ReadonlyArray<NodeProcess>, now: number): void {

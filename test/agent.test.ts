@@ -5,6 +5,7 @@
 import type { NatsConnection } from "@nats-io/nats-core"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { ChildEscalated } from "../actors/runtime/errors.ts"
+import { launchAgent } from "../actors/node/agent.ts"
 import { AgentUnreachable, SpawnError } from "../actors/node/errors.ts"
 import { silentLogger } from "../actors/runtime/log.ts"
 import { spawnActor, spawnedChild } from "../actors/node/spawn.ts"
@@ -12,7 +13,7 @@ import { launchSupervisor, restartOnFailure } from "../actors/runtime/supervisor
 import type { ActorDown } from "../actors/runtime/watcher.ts"
 import { mainThreadStack } from "../actors/runtime/heartbeat.ts"
 import { ActorSystem } from "../actors/runtime/system.ts"
-import { openClusterView, type ClusterView } from "../scheduler/cluster-view.ts"
+import { openClusterView, type ClusterView, type NodeStatus } from "../scheduler/cluster-view.ts"
 import { clusterSubjects, jobSubjects } from "../core/subjects.ts"
 import { decodeMessage } from "../core/wire.ts"
 import { EchoProtocol } from "./support/actors-fixtures.ts"
@@ -184,6 +185,74 @@ describe("node agent", () => {
     expect(d.reason).toBe("exited")
     expect(d.detail).toMatch(/owner "drv-[^"]+" stopped heartbeating/)
     await eventually("process gone", 5_000, () => !pidAlive(s.pid))
+  })
+
+  it("a hold of the watching process itself (its event loop blocked past every deadline) is not taken for the silence of the nodes and actors it watches", async () => {
+    // The embedded cluster's driver holds the view, the death watcher and the agent in one process:
+    // a long synchronous stretch or a starved CPU there stops the beats being read (or sent), and
+    // after it Node runs the due timers before it reads the socket.
+    // Here: an agent in this process (as the embedded cluster's), and one in its own (n1).
+    const job = fresh("held")
+    const system = new ActorSystem({ nc, cluster: "test", job, log: silentLogger })
+    const inner = await launchAgent({ nc: (await rig.connect(url)), connection: { servers: [url] }, cluster: "test", nodeId: "n-in", log: silentLogger, output: () => {} })
+    const strict = await openClusterView({ nc, cluster: "test", deadAfterMs: 800 })
+    rig.onCleanup(async () => {
+      strict.close()
+      system.close()
+      await inner.stop("test finished").catch(() => {})
+    })
+    const bothAlive = (nodes: ReadonlyArray<NodeStatus>): boolean => ["n1", "n-in"].every((id) => nodes.some((x) => x.ad.nodeId === id && x.state === "alive"))
+    await strict.waitFor(bothAlive, 10_000)
+    const dead: string[] = []
+    strict.onEvent((e) => {
+      if (e.type === "node-dead") dead.push(e.node.ad.nodeId)
+    })
+    await system.watcherReady()
+    const s = await spawnActor(system, { node: "n1", name: "w", module: FIXTURES, export: "echoActor" })
+    let down: ActorDown | undefined
+    void system.watchPromise("w", { instance: s.instance, deadAfterMs: 800 }).then((d) => (down = d))
+    await sleep(300)
+    const until = Date.now() + 2_000
+    while (Date.now() < until) {
+      // held: nothing else runs in this process
+    }
+    await sleep(1_000)
+    expect(dead).toEqual([])
+    expect(bothAlive(strict.nodes())).toBe(true)
+    expect(down).toBeUndefined()
+    // A node that really goes silent is still found: the view's deadline is unchanged.
+    process.kill(agent.pid, "SIGSTOP")
+    try {
+      await eventually("n1 taken for dead", 5_000, () => dead.includes("n1"))
+    } finally {
+      process.kill(agent.pid, "SIGCONT")
+    }
+    await strict.waitFor(bothAlive, 10_000)
+    expect(await s.kill()).toBe(true)
+    // (this view's short deadline would take the next test's held agent for dead)
+    strict.close()
+    await inner.stop("test finished")
+  })
+
+  it("an agent held (SIGSTOP) past an owner's timeout does not kill the owner's processes: the owner's beats wait in its socket", async () => {
+    const job = fresh("agent-held")
+    const owner = new ActorSystem({ nc, cluster: "test", job, heartbeatMs: 100, log: silentLogger })
+    rig.onCleanup(() => owner.close())
+    await owner.watcherReady()
+    const s = await spawnActor(owner, { node: "n1", name: "w", module: FIXTURES, export: "echoActor", ownerTimeoutMs: 800 })
+    let down: ActorDown | undefined
+    void owner.watchPromise("w", { instance: s.instance, deadAfterMs: 30_000 }).then((d) => (down = d))
+    process.kill(agent.pid, "SIGSTOP")
+    try {
+      await sleep(2_000)
+    } finally {
+      process.kill(agent.pid, "SIGCONT")
+    }
+    await sleep(1_500)
+    expect(down, JSON.stringify(down)).toBeUndefined()
+    expect(pidAlive(s.pid)).toBe(true)
+    expect(await owner.askPromise(owner.ref(EchoProtocol, "w"), "echo", { back: 1 })).toEqual({ back: 1 })
+    expect(await s.kill()).toBe(true)
   })
 
   it("supervises a spawned child: restarts it after abnormal exits, then escalates", async () => {

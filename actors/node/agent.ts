@@ -16,6 +16,7 @@ import * as Effect from "effect/Effect"
 import type * as Scope from "effect/Scope"
 import { clusterSubjects, jobSubjects, validToken } from "../../core/subjects.ts"
 import { encodeMessage } from "../../core/wire.ts"
+import { HeldClock } from "../../core/held-clock.ts"
 import { ClusterView } from "../../scheduler/cluster-view.ts"
 import { usageOfProcesses } from "../../scheduler/resources.ts"
 import { LinkState } from "../../scheduler/link-state.ts"
@@ -126,6 +127,8 @@ const STOPPED_KILL_MS = 250
 
 /** How often an agent looks for stopped processes. */
 const STOPPED_CHECK_MS = 100
+/** How often the owners' heartbeats are checked (and warm hosts topped up). */
+const OWNER_CHECK_MS = 250
 
 /**
  * A warm process starts only after this long without a spawn (not beside the actors starting), and
@@ -196,6 +199,7 @@ export class NodeAgent {
   #control: Pick<ActorHandle, "stop"> | undefined
   #subs: Subscription[] = []
   #timers: Array<ReturnType<typeof setInterval>> = []
+  readonly #ownerClock = new HeldClock(OWNER_CHECK_MS)
   #view: ClusterView | undefined
   #link: LinkState | undefined
   #bus: BusMonitor | undefined
@@ -299,11 +303,12 @@ export class NodeAgent {
     })
     this.#watchNats()
     this.#timers.push(setInterval(() => this.#advertise(), this.#heartbeatMs))
+    this.#ownerClock.reset()
     this.#timers.push(
       setInterval(() => {
-        this.#checkOwners()
+        this.#checkOwners(this.#ownerClock.held())
         this.#fillWarm()
-      }, 250),
+      }, OWNER_CHECK_MS),
       // One /proc read per process: cheap enough to look for stopped ones more often.
       setInterval(() => this.#checkStopped(), STOPPED_CHECK_MS)
     )
@@ -660,9 +665,16 @@ export class NodeAgent {
     }
   }
 
-  #checkOwners(): void {
-    if (this.#leaving || this.#nc.isClosed() || this.#link?.up === false) return
+  /** `held`: how long this process was itself held before this check (core/held-clock.ts). */
+  #checkOwners(held: number): void {
     const now = Date.now()
+    if (held > 0) {
+      // Our own process was held (the embedded cluster's agent shares the driver's): the owners'
+      // silence goes on from where it stood before, instead of counting the hold against them.
+      for (const t of this.#owners.values()) t.lastSeen = now - Math.max(0, now - held - t.lastSeen)
+      return
+    }
+    if (this.#leaving || this.#nc.isClosed() || this.#link?.up === false) return
     for (const r of this.#processes.values()) {
       if (r.ownerTimeoutMs <= 0 || !r.proc.running || r.proc.killedBy) continue
       const owner = this.#owners.get(`${r.info.job}|${r.info.owner}`)

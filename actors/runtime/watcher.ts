@@ -7,6 +7,7 @@
 // any expected) after `heldAfterMs`; both default to `deadAfterMs`. One watcher per actor system;
 // created on first use.
 import type { NatsConnection, Subscription } from "@nats-io/nats-core"
+import { HeldClock } from "../../core/held-clock.ts"
 import type { JobSubjects } from "../../core/subjects.ts"
 import { LinkState } from "../../scheduler/link-state.ts"
 import type { WireFailure } from "./envelope.ts"
@@ -83,6 +84,9 @@ const limit = (l: Limit): number => (typeof l === "function" ? l() : l)
 
 const MAX_REMEMBERED_DOWNS = 10_000
 
+/** How often the silences are checked while anyone watches. */
+const SWEEP_MS = 50
+
 /** The stop reason of an actor process that exits because its node agent is gone (actors/node/host.ts). */
 export const AGENT_GONE = "agent gone"
 
@@ -146,6 +150,8 @@ export class Watcher {
   readonly #subs: Subscription[]
   readonly #link: LinkState
   #timer: ReturnType<typeof setInterval> | undefined
+  /** This process's own holds (core/held-clock.ts), so they do not count as the actors' silence. */
+  readonly #clock = new HeldClock(SWEEP_MS)
   #closed = false
 
   readonly #nc: NatsConnection
@@ -268,6 +274,12 @@ export class Watcher {
     this.#waiters.clear()
   }
 
+  /** When the actor a waiter watches was last heard from (0 if never, or only a previous instance). */
+  #heardFrom(w: Waiter): number {
+    const seen = this.#seen.get(w.name)
+    return seen && (w.instance === undefined || seen.instance === w.instance) ? seen.at : 0
+  }
+
   #saw(name: string, instance: string, heldMs?: number, cpuMs?: number): void {
     const now = Date.now()
     const before = this.#seen.get(name)
@@ -304,7 +316,8 @@ export class Watcher {
 
   #ensureTimer(): void {
     if (this.#timer || this.#closed) return
-    this.#timer = setInterval(() => this.#sweep(), 50)
+    this.#clock.reset()
+    this.#timer = setInterval(() => this.#sweep(), SWEEP_MS)
     this.#timer.unref()
   }
 
@@ -314,13 +327,19 @@ export class Watcher {
       this.#timer = undefined
       return
     }
-    if (!this.#link.up) return
     const now = Date.now()
+    const held = this.#clock.held(now)
+    if (!this.#link.up) return
+    if (held > 0) {
+      // Our own process was held: each silence goes on from where it stood before.
+      for (const w of this.#waiters) w.since = now - Math.max(0, now - held - Math.max(w.since, this.#heardFrom(w)))
+      return
+    }
     for (const w of [...this.#waiters]) {
       if (w.declaring) continue
       const seen = this.#seen.get(w.name)
       const ours = seen && (w.instance === undefined || seen.instance === w.instance)
-      const heard = ours ? seen.at : 0
+      const heard = this.#heardFrom(w)
       const last = Math.max(w.since, heard)
       // The latest beat came from a beat thread: the process runs; its event loop is judged apart.
       const threaded = ours && seen.heldMs !== undefined
