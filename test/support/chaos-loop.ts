@@ -19,7 +19,8 @@
 // its host's lowering also put it on SCHED_IDLE (backgroundSchedIdle), and `idleAtStart`, whether
 // any of its threads was still on SCHED_IDLE when its loop started. With `stepLog` every process
 // appends "<attempt> <epoch> <step>" to <pidDir>/<pid>.steps for each step it trains (stepLog()
-// reads them back), so a test can tell a step skipped or trained twice.
+// reads them back), so a test can tell a step skipped or trained twice. With `lagRank` one rank of
+// the first group waits a while after each step, so on the parameter servers it falls behind.
 import { appendFileSync, readdirSync, readFileSync, writeFileSync } from "node:fs"
 import * as path from "node:path"
 import type { TrainContext } from "../../index.ts"
@@ -39,10 +40,12 @@ export interface ChaosLoopConfig extends DigitsConfig {
   readonly holdFile?: string
   readonly positions?: boolean
   readonly stepLog?: boolean
+  /** Rank `rank` of the first group waits `ms` after each step: on the parameter servers it falls behind the others. */
+  readonly lagRank?: { readonly rank: number; readonly ms: number }
 }
 
 /** `ctx` with report() paced (`minMs`) and prepareModel() wrapped to record steps (`stepFile`). */
-const instrumented = (ctx: TrainContext, minMs: number, stepFile: string | undefined, holdFile: string | undefined, positions: PositionFile | undefined, stepLog: string | undefined): TrainContext => {
+const instrumented = (ctx: TrainContext, minMs: number, stepFile: string | undefined, holdFile: string | undefined, positions: PositionFile | undefined, stepLog: string | undefined, lag: ChaosLoopConfig["lagRank"]): TrainContext => {
   let last = Date.now()
   const report: TrainContext["report"] = async (metrics, options) => {
     const wait = last + minMs - Date.now()
@@ -52,6 +55,17 @@ const instrumented = (ctx: TrainContext, minMs: number, stepFile: string | undef
   }
   const prepareModel: TrainContext["prepareModel"] = async (...args) => {
     const dp = await ctx.prepareModel(...args)
+    if (lag !== undefined && ctx.attempt === 0 && ctx.worldRank === lag.rank) {
+      const fit = dp.fit.bind(dp)
+      dp.fit = (source, opts) =>
+        fit(source, {
+          ...opts,
+          onStep: async (s) => {
+            await opts.onStep?.(s)
+            await new Promise((resolve) => setTimeout(resolve, lag.ms))
+          }
+        })
+    }
     if (holdFile !== undefined) {
       const fit = dp.fit.bind(dp)
       dp.fit = (source, opts) =>
@@ -103,9 +117,9 @@ export async function trainLoop(config: ChaosLoopConfig, ctx: TrainContext): Pro
   const stepFile = config.trackSteps && ctx.worldRank === 0 ? path.join(config.pidDir, `${ctx.attempt}.step`) : undefined
   const positions = config.positions ? new PositionFile(config.pidDir) : undefined
   const stepLog = config.stepLog ? path.join(config.pidDir, `${process.pid}.steps`) : undefined
-  const paced = config.minEpochMs || stepFile || config.holdFile || positions || stepLog
+  const paced = config.minEpochMs || stepFile || config.holdFile || positions || stepLog || config.lagRank
   try {
-    await digitsLoop(config, paced ? instrumented(ctx, config.minEpochMs ?? 0, stepFile, config.holdFile, positions, stepLog) : ctx)
+    await digitsLoop(config, paced ? instrumented(ctx, config.minEpochMs ?? 0, stepFile, config.holdFile, positions, stepLog, config.lagRank) : ctx)
   } finally {
     positions?.close()
   }

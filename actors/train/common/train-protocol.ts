@@ -97,7 +97,13 @@ export const Position = Schema.Struct({
    * Why the group cannot go on short-handed or renumber its ranks (a pipelined model's grid): a
    * regroup keeps every survivor at its rank and waits for replacements at the lost ranks.
    */
-  wholeGroup: Schema.optionalKey(Schema.String)
+  wholeGroup: Schema.optionalKey(Schema.String),
+  /**
+   * The rank was in its step's last operation, or one applied as sent (a push to the parameter
+   * servers), and the position counts that step as made: a rank behind it, parked before its own
+   * applied operation, takes its state with the step made and does not send its own.
+   */
+  stepMade: Schema.optionalKey(Schema.Boolean)
 })
 export type Position = typeof Position.Type
 

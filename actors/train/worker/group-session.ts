@@ -137,6 +137,10 @@ export class GroupSession {
   ops = 0
   /** In a step's last operation (operation()'s `last`). */
   #inLast = false
+  /** Parked before a push applied as it is sent (operation()'s `last: "applied"`), for #rejoin. */
+  #parkedBeforeApplied = false
+  /** #rejoin took this rank's step in flight as made by the furthest survivor: its push is not sent. */
+  #pushDropped = false
   /** report() calls made in this lineage (a joiner counts from its checkpoint's). */
   reports = 0
   /** Training steps completed since the last report() call (a joiner's skipped ones count). */
@@ -352,7 +356,7 @@ export class GroupSession {
   /** Where the loop is, with this rank's counts; in a step's last operation, as after that step (operation()'s `last`). */
   position(): Position {
     const p = { ...(this.#model?.loopPosition() ?? { inFit: false, epoch: 0, stepInEpoch: 0, stepsPerEpoch: 0 }), ...(this.#model?.fitUsed?.() ? { fitLoop: true } : {}) }
-    if (this.#inLast) return { ops: this.ops + 1, reports: this.reports, stepsSinceReport: this.stepsSinceReport + 1, opsSinceReport: this.opsSinceReport + 1, ...p, stepInEpoch: p.stepInEpoch + 1 }
+    if (this.#inLast) return { ops: this.ops + 1, reports: this.reports, stepsSinceReport: this.stepsSinceReport + 1, opsSinceReport: this.opsSinceReport + 1, ...p, stepInEpoch: p.stepInEpoch + 1, stepMade: true }
     return { ops: this.ops, reports: this.reports, stepsSinceReport: this.stepsSinceReport, opsSinceReport: this.opsSinceReport, ...p }
   }
 
@@ -418,7 +422,19 @@ export class GroupSession {
     for (;;) {
       // In the background (with `again`): the loop parks where it redoes the operation instead.
       if (this.#pausing && background && again) return again()
-      if (this.#pausing && last !== true) await this.#park(undefined)
+      if (this.#pausing && last !== true) {
+        this.#parkedBeforeApplied = last === "applied" && !background
+        try {
+          await this.#park(undefined)
+        } finally {
+          this.#parkedBeforeApplied = false
+        }
+        // (#rejoin: the push this rank had not sent is dropped, its step made as the furthest survivor's)
+        if (this.#pushDropped) {
+          this.#pushDropped = false
+          return adopted()
+        }
+      }
       const before = this.ops
       try {
         if (!background) this.#inLast = last !== false
@@ -631,7 +647,18 @@ export class GroupSession {
     // hold the same values already, but the optimizer rebuilds its derived state (Adam's bias
     // corrections) from what it loads, and a joiner's must match bit for bit.
     const state = await this.#hooks.fetchState(resumed.placement.attempt, this.#model!.stateFiles?.())
-    await this.#model!.adopt(state, { redoingStep: this.ops >= resumed.source.ops })
+    // Whether this rank makes its step in flight in the new group, which its step counter and
+    // strategy auto's decision clock count. In a group operation every survivor stands at the same
+    // one, and the furthest's position says whether it is redone. On the parameter servers each rank
+    // is at its own step: one parked before its push goes on to send it in the new group, as the
+    // furthest survivor does where that survivor was parked before its own push too; where the
+    // furthest was in its push, which its position counts as made, a rank behind it takes its state
+    // with that step made and drops its own push (sending it would put its loop a step past that
+    // survivor's, and the two a step apart at a later move to the all-reduce).
+    const behind = this.ops < resumed.source.ops
+    this.#pushDropped = this.#parkedBeforeApplied && behind && resumed.source.stepMade === true
+    const redoing = this.#parkedBeforeApplied ? !this.#pushDropped : !behind
+    await this.#model!.adopt(state, { redoingStep: redoing })
     if (this.ops < resumed.source.ops) {
       this.#hooks.log(`rank ${resumed.placement.rank}: took the furthest survivor's state (${resumed.source.ops} group operations, ${this.ops} here)`)
       this.ops = resumed.source.ops

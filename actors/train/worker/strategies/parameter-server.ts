@@ -96,8 +96,16 @@ export class ParameterServerWorker implements StrategyWorker {
     let grad = scaled(flat)
     let sentAt: number | undefined
     let r: Awaited<ReturnType<ParameterServers["pushPull"]>>
-    const push = () => ps.pushPull(h.sync.rank, x.step, grad, x.samples, h.learningRate, oneByOne ? undefined : x.globalSamples)
-    this.#sending = oneByOne
+    // The push is numbered when it is sent: a regroup that parked this rank before it may have
+    // moved its step counter (it took the furthest survivor's state, and sends this push as that
+    // survivor's step in flight: group-session.ts #rejoin), and the servers' SSP bound compares it
+    // with the others' numbers.
+    const numberedAt = h.step
+    const push = () => {
+      // In flight from here: a regroup now finds the step made (applied as the servers receive it).
+      this.#sending = oneByOne
+      return ps.pushPull(h.sync.rank, x.step + (h.step - numberedAt), grad, x.samples, h.learningRate, oneByOne ? undefined : x.globalSamples)
+    }
     try {
       for (;;) {
         const got = h.sync.serverOperation ? await h.sync.serverOperation(push, oneByOne) : await push()
