@@ -55,28 +55,20 @@ const instrumented = (ctx: TrainContext, minMs: number, stepFile: string | undef
   }
   const prepareModel: TrainContext["prepareModel"] = async (...args) => {
     const dp = await ctx.prepareModel(...args)
-    if (lag !== undefined && ctx.attempt === 0 && ctx.worldRank === lag.rank) {
+    // dp.fit's step callback, then `after` (awaited: the next step waits for it)
+    const afterFitStep = (after: () => Promise<void>): void => {
       const fit = dp.fit.bind(dp)
       dp.fit = (source, opts) =>
         fit(source, {
           ...opts,
           onStep: async (s) => {
             await opts.onStep?.(s)
-            await new Promise((resolve) => setTimeout(resolve, lag.ms))
+            await after()
           }
         })
     }
-    if (holdFile !== undefined) {
-      const fit = dp.fit.bind(dp)
-      dp.fit = (source, opts) =>
-        fit(source, {
-          ...opts,
-          onStep: async (s) => {
-            await opts.onStep?.(s)
-            await holdStep(holdFile, ctx.worldSize)
-          }
-        })
-    }
+    if (lag !== undefined && ctx.attempt === 0 && ctx.worldRank === lag.rank) afterFitStep(() => new Promise((resolve) => setTimeout(resolve, lag.ms)))
+    if (holdFile !== undefined) afterFitStep(() => holdStep(holdFile, ctx.worldSize))
     if (stepFile !== undefined) {
       const progress = dp.onStep
       dp.onStep = (info) => {
