@@ -103,7 +103,9 @@ export const Position = Schema.Struct({
    * servers), and the position counts that step as made: a rank behind it, parked before its own
    * applied operation, takes its state with the step made and does not send its own.
    */
-  stepMade: Schema.optionalKey(Schema.Boolean)
+  stepMade: Schema.optionalKey(Schema.Boolean),
+  /** The rank was parked before its step's push applied as sent: it sends that push in the new group, and a rank behind it sends one as that step. */
+  pushPending: Schema.optionalKey(Schema.Boolean)
 })
 export type Position = typeof Position.Type
 

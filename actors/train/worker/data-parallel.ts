@@ -255,6 +255,7 @@ export class DataParallelModel implements RecoverableModel {
       get inFit() { return dp.#loop.inFit },
       get fitUsed() { return dp.#loop.fitUsed },
       get reports() { return dp.#sync.recovery?.reports },
+      get reportsExchange() { return dp.#sync.recovery?.reportsExchange ?? false },
       // (Inside dp.fit() only: a hand-written loop after it gives every rank its own rows.)
       get ranksWithoutRows() { return dp.#loop.inFit ? (dp.#loop.batcher?.batches ?? []).flatMap((b, r) => (b === 0 ? [r] : [])) : [] },
       get exchangeAlone() { return dp.exchangeAlone },

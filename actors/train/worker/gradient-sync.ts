@@ -171,6 +171,11 @@ export interface PeerRecovery {
   countStep(): void
   /** The report() calls this rank's loop has made (a joiner counts from its checkpoint's). */
   readonly reports: number
+  /**
+   * Every report() call is a group operation now (a hand-written loop's group below its size, where
+   * replacements join at a report() boundary: GroupSession.reportBoundary).
+   */
+  readonly reportsExchange: boolean
 }
 
 /**

@@ -137,10 +137,10 @@ export class GroupSession {
   ops = 0
   /** In a step's last operation (operation()'s `last`). */
   #inLast = false
-  /** Parked before a push applied as it is sent (operation()'s `last: "applied"`), for #rejoin. */
-  #parkedBeforeApplied = false
-  /** #rejoin took this rank's step in flight as made by the furthest survivor: its push is not sent. */
-  #pushDropped = false
+  /** Parked before or under a push applied as it is sent (operation()'s `last: "applied"`), for #rejoin. */
+  #appliedPark: "before" | "under" | undefined
+  /** What #rejoin made of that push: the step made as the furthest survivor's ("made"), or this rank sends it as that survivor's step ("send"). */
+  #appliedAfter: "made" | "send" | undefined
   /** report() calls made in this lineage (a joiner counts from its checkpoint's). */
   reports = 0
   /** Training steps completed since the last report() call (a joiner's skipped ones count). */
@@ -357,7 +357,7 @@ export class GroupSession {
   position(): Position {
     const p = { ...(this.#model?.loopPosition() ?? { inFit: false, epoch: 0, stepInEpoch: 0, stepsPerEpoch: 0 }), ...(this.#model?.fitUsed?.() ? { fitLoop: true } : {}) }
     if (this.#inLast) return { ops: this.ops + 1, reports: this.reports, stepsSinceReport: this.stepsSinceReport + 1, opsSinceReport: this.opsSinceReport + 1, ...p, stepInEpoch: p.stepInEpoch + 1, stepMade: true }
-    return { ops: this.ops, reports: this.reports, stepsSinceReport: this.stepsSinceReport, opsSinceReport: this.opsSinceReport, ...p }
+    return { ops: this.ops, reports: this.reports, stepsSinceReport: this.stepsSinceReport, opsSinceReport: this.opsSinceReport, ...p, ...(this.#appliedPark === "before" ? { pushPending: true } : {}) }
   }
 
   /**
@@ -423,17 +423,8 @@ export class GroupSession {
       // In the background (with `again`): the loop parks where it redoes the operation instead.
       if (this.#pausing && background && again) return again()
       if (this.#pausing && last !== true) {
-        this.#parkedBeforeApplied = last === "applied" && !background
-        try {
-          await this.#park(undefined)
-        } finally {
-          this.#parkedBeforeApplied = false
-        }
-        // (#rejoin: the push this rank had not sent is dropped, its step made as the furthest survivor's)
-        if (this.#pushDropped) {
-          this.#pushDropped = false
-          return adopted()
-        }
+        // (#rejoin: a push this rank had not sent is dropped where the furthest survivor made its step)
+        if ((await this.#parkAt(last === "applied" && !background ? "before" : undefined, undefined)) === "made") return adopted()
       }
       const before = this.ops
       try {
@@ -445,7 +436,10 @@ export class GroupSession {
       } catch (e) {
         if (this.#model === undefined || this.#ended !== undefined) throw e
         if (background && again) return again()
-        await this.#park(e)
+        // (#rejoin: a push this rank sent is sent again, as the furthest survivor's step, where that
+        // survivor was parked before its own and sends it in the new group)
+        const applied = await this.#parkAt(last === "applied" ? "under" : undefined, e)
+        if (applied === "send" && again) return again()
         if (this.ops > before || last !== false) return adopted()
         if (again) return again()
       } finally {
@@ -525,6 +519,11 @@ export class GroupSession {
    * called dp.fit(): every rank of a loop that did has by the time a grow comes, so all decide
    * alike) of a generation below its size.
    */
+  /** Every report() call is a group operation now (reportBoundary's exchange): PeerRecovery.reportsExchange. */
+  get reportsExchange(): boolean {
+    return this.#join === undefined && this.#ended === undefined && this.#parksAtReport() && this.#model?.loopPosition().joinLater === undefined
+  }
+
   #parksAtReport(): boolean {
     const m = this.#model
     return this.placement.belowSize === true && m !== undefined && !(m.fitUsed?.() ?? false) && !m.loopPosition().inFit
@@ -559,7 +558,7 @@ export class GroupSession {
    * in lockstep, so they all skip the same reports).
    */
   async reportBoundary(gather: (flag: Float32Array) => Promise<Float32Array>): Promise<void> {
-    if (this.#join || this.#ended !== undefined || !this.#parksAtReport() || this.#model!.loopPosition().joinLater !== undefined) return
+    if (!this.reportsExchange) return
     const mine = this.#atReport ? 1 : 0
     let all = mine
     if (this.placement.worldSize > 1) {
@@ -597,6 +596,19 @@ export class GroupSession {
     const shards = this.#model?.peerFiles?.()
     const stage = await this.#model?.stageHandover?.()
     return { state: "parked", position: this.position(), reason: "", ...(shards ? { shards } : {}), ...(stage ? { stage } : {}) }
+  }
+
+  /** #park, telling #rejoin where this rank stands in a push applied as it is sent; returns what #rejoin made of that push. */
+  async #parkAt(applied: "before" | "under" | undefined, cause: unknown): Promise<"made" | "send" | undefined> {
+    this.#appliedPark = applied
+    this.#appliedAfter = undefined
+    try {
+      await this.#park(cause)
+      return this.#appliedAfter
+    } finally {
+      this.#appliedPark = undefined
+      this.#appliedAfter = undefined
+    }
   }
 
   async #park(cause: unknown): Promise<void> {
@@ -649,15 +661,22 @@ export class GroupSession {
     const state = await this.#hooks.fetchState(resumed.placement.attempt, this.#model!.stateFiles?.())
     // Whether this rank makes its step in flight in the new group, which its step counter and
     // strategy auto's decision clock count. In a group operation every survivor stands at the same
-    // one, and the furthest's position says whether it is redone. On the parameter servers each rank
-    // is at its own step: one parked before its push goes on to send it in the new group, as the
-    // furthest survivor does where that survivor was parked before its own push too; where the
-    // furthest was in its push, which its position counts as made, a rank behind it takes its state
-    // with that step made and drops its own push (sending it would put its loop a step past that
-    // survivor's, and the two a step apart at a later move to the all-reduce).
+    // one, and the furthest's position says whether it is redone. On the parameter servers (async,
+    // SSP) each rank is at its own step, and a rank behind the furthest survivor does as that
+    // survivor: where it was parked before its push, which it sends in the new group, the rank
+    // behind sends one as that step (the push it had not sent, or the one it had, again); where it
+    // was in its push (its position counts the step made) or in another group operation (auto's
+    // decision round before its step), the rank behind takes its state and place, and a push it had
+    // not sent is dropped. Otherwise their loops, step counters and decision clocks stand a step
+    // apart, which a later move to the all-reduce finds, or a push waits on the servers' SSP bound
+    // for ranks that wait in a decision round for it.
     const behind = this.ops < resumed.source.ops
-    this.#pushDropped = this.#parkedBeforeApplied && behind && resumed.source.stepMade === true
-    const redoing = this.#parkedBeforeApplied ? !this.#pushDropped : !behind
+    let redoing = !behind
+    if (this.#appliedPark !== undefined) {
+      const sends = behind ? resumed.source.pushPending === true : this.#appliedPark === "before"
+      this.#appliedAfter = sends ? "send" : "made"
+      redoing = sends
+    }
     await this.#model!.adopt(state, { redoingStep: redoing })
     if (this.ops < resumed.source.ops) {
       this.#hooks.log(`rank ${resumed.placement.rank}: took the furthest survivor's state (${resumed.source.ops} group operations, ${this.ops} here)`)

@@ -5,7 +5,7 @@
 // the same choice, and a change moves the parameters and the optimizer state; rank 0 explains every
 // decision; in a hand-written loop a move off the servers waits for a report() call of every rank
 // (#pending). A regroup carries what runs and the decision clock to every member (AUTO_FILE); in a
-// move, or on the servers in a hand-written loop, the group restarts from the checkpoint.
+// move, or on the servers in a hand-written loop other than on SSP, the group restarts from the checkpoint.
 import * as os from "node:os"
 import { createHash } from "node:crypto"
 import { chooseStrategy, onServers, type StrategyName } from "../../../../scheduler/strategy-choice.ts"
@@ -171,7 +171,12 @@ export class AutoWorker implements StrategyWorker {
   }
 
   async beforeStep(): Promise<void> {
-    if (this.#decisionClock() >= this.#nextDecision) await this.#decideStrategy()
+    // In a hand-written loop on the servers each rank meets the decision point at its own place in
+    // its loop, which the round lines up as long as the ranks' report() calls exchange nothing; a
+    // group below its size exchanges at each of them (its replacements join there), and a round
+    // one rank holds in a step would meet another's report(): the decision waits for the group to
+    // be whole again.
+    if (this.#decisionClock() >= this.#nextDecision && !(onServers(this.#current) && !this.#host.fitUsed && this.#host.reportsExchange)) await this.#decideStrategy()
     this.#calls++
     if (this.#calls === 2 && !this.#mark) this.#mark = { at: performance.now(), global: this.#host.global }
   }
@@ -261,8 +266,8 @@ export class AutoWorker implements StrategyWorker {
   /**
    * Recovery from peers: what runs now and the decision clock go to every member (a replacement
    * starts on the all-reduce with a clock at 0), with local SGD's outer state while it runs, the
-   * servers' mode while on them. While moving, or on the servers in a hand-written loop, a regroup
-   * does not follow (peersCannotNow).
+   * servers' mode while on them. While moving, or on the servers other than SSP in a hand-written
+   * loop, a regroup does not follow (peersCannotNow).
    */
   snapshotFiles(inStep: boolean): Record<string, Uint8Array> {
     const state: AutoState = {
@@ -288,9 +293,12 @@ export class AutoWorker implements StrategyWorker {
   peersCannotNow(): string | undefined {
     if (this.#moving) return `strategy auto was moving from ${this.#moving.from} to ${this.#moving.to} (parameters and optimizer state on their way), which a regroup does not follow`
     // In a hand-written loop on the servers each rank takes its own steps and auto's clock is the
-    // group step: a replacement did not line up with the survivors' decision rounds there (a run
-    // ended with it making calls the others no longer made). dp.fit() counts steps alike.
-    if (onServers(this.#current) && !this.#host.fitUsed) return `strategy auto runs on the parameter servers (${this.#current}) in a hand-written loop, where a replacement does not line up with the survivors' decision rounds`
+    // group step. On SSP the decision rounds line up once a short group's report() exchanges hold
+    // none back (beforeStep). With backup workers (sync steps) a rank in a decision round left
+    // another waiting on the servers for its gradient (a regrouped run stalled there), and async
+    // has not been seen through a regroup and a move: those still go through the checkpoint.
+    // dp.fit() counts steps alike on every rank.
+    if (onServers(this.#current) && this.#current !== "ssp" && !this.#host.fitUsed) return `strategy auto runs on the parameter servers (${this.#current}) in a hand-written loop, where a replacement does not line up with the survivors' decision rounds`
     return undefined
   }
 
@@ -386,10 +394,14 @@ export class AutoWorker implements StrategyWorker {
     this.#commLog = []
     this.#psLog = []
     const adoptions = this.#adoptions
+    const rounds = this.#rounds
     const all = await this.#host.sync.allGather!(mine)
-    // A regroup completed this round for this rank with a survivor's state, which holds its
-    // outcome (the gather's answer is a stand-in then).
-    if (this.#adoptions !== adoptions) return undefined
+    // A regroup completed this round for this rank with the state of a survivor that had made it,
+    // which holds its outcome (the gather's answer is a stand-in then). Where that survivor was in
+    // this round too (its state counts no more rounds), the round was made again in the new group
+    // and its answer stands (taken for a stand-in, the survivor held a round of its own at its
+    // next step while the others moved on).
+    if (this.#adoptions !== adoptions && this.#rounds > rounds) return undefined
     const p = this.#host.sync.worldSize
     let global = 0
     let steps = 0

@@ -89,6 +89,8 @@ export interface StrategyHost {
   readonly fitUsed: boolean
   /** The report() calls this rank's loop has made; undefined outside a Trainer's worker (no group session). */
   readonly reports: number | undefined
+  /** Every report() call is a group operation now (a hand-written loop's group below its size): PeerRecovery.reportsExchange. */
+  readonly reportsExchange: boolean
   /** The ranks dp.fit()'s heterogeneity-aware batcher gives no rows now (the same on every rank at a step; none outside dp.fit()). */
   readonly ranksWithoutRows: readonly number[]
   /** Take the exchange path even with one worker (benchmarks). */
