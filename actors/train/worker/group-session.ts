@@ -514,16 +514,16 @@ export class GroupSession {
     })
   }
 
-  /**
-   * Whether a grow's pause waits for a report() boundary: a hand-written loop (one that never
-   * called dp.fit(): every rank of a loop that did has by the time a grow comes, so all decide
-   * alike) of a generation below its size.
-   */
   /** Every report() call is a group operation now (reportBoundary's exchange): PeerRecovery.reportsExchange. */
   get reportsExchange(): boolean {
     return this.#join === undefined && this.#ended === undefined && this.#parksAtReport() && this.#model?.loopPosition().joinLater === undefined
   }
 
+  /**
+   * Whether a grow's pause waits for a report() boundary: a hand-written loop (one that never
+   * called dp.fit(): every rank of a loop that did has by the time a grow comes, so all decide
+   * alike) of a generation below its size.
+   */
   #parksAtReport(): boolean {
     const m = this.#model
     return this.placement.belowSize === true && m !== undefined && !(m.fitUsed?.() ?? false) && !m.loopPosition().inFit
