@@ -31,13 +31,15 @@ afterAll(async () => {
  * Chance level is 10% for the digits; the tagging task's most frequent tag is about 15% of the words.
  * The models start from unseeded initial weights, except the LSTM's: unseeded, its accuracy after
  * 300 steps ranged 0.23-0.42 over CI runs (one failed at 0.228); seeded, three runs here ended at
- * 0.413. It is held to 0.25, still 10 points over the most frequent tag.
+ * 0.413. It is held to 0.25, still 10 points over the most frequent tag. MobileNet's start is seeded
+ * too (the zoo loop's `seed`): unseeded, it ended 3 epochs at 0.80-0.82 in two CI runs and at 0.496
+ * in a third; seeds 1-3 gave 0.805, 0.877 and 0.755, and seed 2 gave 0.877 again (a seeded run repeats).
  */
-const cases: ReadonlyArray<{ model: ZooModel; epochs: number; steps?: number; above: number }> = [
+const cases: ReadonlyArray<{ model: ZooModel; epochs: number; steps?: number; above: number; seed?: number }> = [
   { model: "cnn", epochs: 3, above: 0.6 },
   { model: "resnet", epochs: 3, above: 0.5 },
   { model: "resnet28", epochs: 3, above: 0.5 },
-  { model: "mobilenet", epochs: 3, above: 0.5 },
+  { model: "mobilenet", epochs: 3, above: 0.5, seed: 2 },
   { model: "embedding", epochs: 3, above: 0.25 },
   { model: "transformer", epochs: 1, steps: 60, above: 0.4 },
   { model: "lstm", epochs: 1, steps: 300, above: 0.25 },
@@ -50,7 +52,7 @@ describe("the model zoo trains on 2 workers on the default backend", () => {
       const data = await loadZooData(TASK_OF[c.model], { files: 60 })
       const r = await new Trainer({
         trainLoopPerWorker: LOOP,
-        trainLoopConfig: { model: c.model, epochs: c.epochs, ...(c.steps ? { maxStepsPerEpoch: c.steps } : {}), ...(data.text ? { text: data.text } : {}) },
+        trainLoopConfig: { model: c.model, epochs: c.epochs, ...(c.steps ? { maxStepsPerEpoch: c.steps } : {}), ...(data.text ? { text: data.text } : {}), ...(c.seed !== undefined ? { seed: c.seed } : {}) },
         scalingConfig: { numWorkers: 2 },
         runConfig: { name: `zoo-${c.model}`, storagePath: storage, progress: false },
         datasets: { train: data.train, test: data.test }
