@@ -98,12 +98,6 @@ export const Position = Schema.Struct({
    * regroup keeps every survivor at its rank and waits for replacements at the lost ranks.
    */
   wholeGroup: Schema.optionalKey(Schema.String),
-  /**
-   * The rank was in its step's last operation, or one applied as sent (a push to the parameter
-   * servers), and the position counts that step as made: a rank behind it, parked before its own
-   * applied operation, takes its state with the step made and does not send its own.
-   */
-  stepMade: Schema.optionalKey(Schema.Boolean),
   /** The rank was parked before its step's push applied as sent: it sends that push in the new group, and a rank behind it sends one as that step. */
   pushPending: Schema.optionalKey(Schema.Boolean)
 })

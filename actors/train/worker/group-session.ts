@@ -356,7 +356,7 @@ export class GroupSession {
   /** Where the loop is, with this rank's counts; in a step's last operation, as after that step (operation()'s `last`). */
   position(): Position {
     const p = { ...(this.#model?.loopPosition() ?? { inFit: false, epoch: 0, stepInEpoch: 0, stepsPerEpoch: 0 }), ...(this.#model?.fitUsed?.() ? { fitLoop: true } : {}) }
-    if (this.#inLast) return { ops: this.ops + 1, reports: this.reports, stepsSinceReport: this.stepsSinceReport + 1, opsSinceReport: this.opsSinceReport + 1, ...p, stepInEpoch: p.stepInEpoch + 1, stepMade: true }
+    if (this.#inLast) return { ops: this.ops + 1, reports: this.reports, stepsSinceReport: this.stepsSinceReport + 1, opsSinceReport: this.opsSinceReport + 1, ...p, stepInEpoch: p.stepInEpoch + 1 }
     return { ops: this.ops, reports: this.reports, stepsSinceReport: this.stepsSinceReport, opsSinceReport: this.opsSinceReport, ...p, ...(this.#appliedPark === "before" ? { pushPending: true } : {}) }
   }
 
