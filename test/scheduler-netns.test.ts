@@ -171,13 +171,16 @@ describe("scheduler over two network namespaces", () => {
         `${all.observation}\npredicted 2 MiB p=4: ring ${c.predicted.ring!.toFixed(1)} ms, hierarchical ${c.predicted.hierarchical!.toFixed(1)} ms; ` +
           `measured: ring ${ring.toFixed(1)} ms, hierarchical ${hier.toFixed(1)} ms`
       )
-      // each pair of nodes fitted: a node's own links much faster than the one across
+      // each pair of nodes fitted: a node's own links faster than the one across (one alpha and
+      // beta for every link would price them alike). Alone, the Unix sockets fitted at 12x and 40x the
+      // 50 Mbit/s link; with another test file busy on both cores, the 256 KiB exchanges a node's
+      // pair is fitted from waited for a core, and one CI run fitted node-a's at 17 MB/s, 2.8x.
       const directPart = all.observation.slice(all.observation.indexOf("direct links"))
       const pairs = [...directPart.matchAll(/(node-\w) <-> (node-\w) (\d+)us (\d+)MB\/s/g)].map((m) => ({ pair: `${m[1]}-${m[2]}`, mbps: Number(m[4]) }))
       expect(pairs.map((p) => p.pair)).toEqual(["node-a-node-a", "node-a-node-b", "node-b-node-b"])
       const across = pairs[1]!.mbps
-      expect(pairs[0]!.mbps).toBeGreaterThan(3 * across)
-      expect(pairs[2]!.mbps).toBeGreaterThan(3 * across)
+      expect(pairs[0]!.mbps).toBeGreaterThan(2 * across)
+      expect(pairs[2]!.mbps).toBeGreaterThan(2 * across)
       expect(c.chosen).toBe("hierarchical")
       expect(hier).toBeLessThan(ring)
     },
