@@ -119,7 +119,7 @@ describe("an elastic run on two agents", () => {
     waitForAliveNodes(server.url, cluster, (alive) => [...alive].sort().join(",") === [...nodeIds].sort().join(","))
 
   /**
-   * Two agents of `cluster` ("<prefix>a", "<prefix>b"), a 12-epoch elastic digits run (2..4 workers):
+   * Two agents of `cluster` ("<prefix>a", "<prefix>b"), a 7-epoch elastic digits run (2..4 workers):
    * after report 1 agent b is killed (the group shrinks to 2), and once a round ran at 2 a third
    * agent starts (the group grows back to 4). Checks what every such run must show and returns it.
    * From b's death until the group is back at 4, the shrunk group's steps are slowed (the loops'
@@ -136,9 +136,12 @@ describe("an elastic run on two agents", () => {
     let phase: "full" | "shrunk" | "grown" = "full"
     const r = await new Trainer({
       trainLoopPerWorker: loop,
-      // Enough epochs that the new agent (a few seconds to start) joins while the shrunk group trains:
-      // held, each of the 10 epochs after the kill takes over 5 s at 2 workers (23 steps of 250 ms).
-      trainLoopConfig: { epochs: 12, holdFile, ...(steps ? {} : { pidDir }) },
+      // The new agent (a few seconds to start) joins while the shrunk group trains: held, each of
+      // the epochs after the kill takes over 5 s at 2 workers (23 steps of 250 ms, 1 s once held
+      // 5 s), and two epochs at 4 are left after it.
+      // A hand-written loop grows at report() calls: batches of 96 (8 steps an epoch at 2 workers)
+      // end a held epoch, where it can, within about 8 s of the joiners being ready.
+      trainLoopConfig: { epochs: 7, holdFile, ...(steps ? { batchSize: 96 } : { pidDir }) },
       scalingConfig: { numWorkers: { min: 2, max: 4 }, placementTimeoutMs: 30_000 },
       collectiveConfig,
       runConfig: {
@@ -177,7 +180,7 @@ describe("an elastic run on two agents", () => {
     expect(r.resizes[0].reason).toMatch(/lost a node|node-lost|died/)
     // Every epoch trained; the last round ran at full size with one set of weights.
     const epochs = r.metricsHistory.map((m) => m.epoch as number)
-    expect(new Set(epochs)).toEqual(new Set(Array.from({ length: 12 }, (_, i) => i)))
+    expect(new Set(epochs)).toEqual(new Set(Array.from({ length: 7 }, (_, i) => i)))
     const last = r.metricsPerRank.at(-1)!
     expect(last).toHaveLength(4)
     expect(new Set(last.map((m) => m.weights)).size).toBe(1)
@@ -207,17 +210,19 @@ describe("an elastic run on two agents", () => {
 
   it("a hand-written trainStep loop that started small grows at a report() call, where its next epoch is cut for the grown group", { timeout: 240_000 }, async () => {
     // One agent with room for 2 workers of max 4: the run starts at 2; after the first report a
-    // second agent brings room for 4. The running ranks park for the grow inside a report() call
-    // (their generation is below its size), so every rank cuts the next epoch for 4.
+    // second agent brings room for 4 and the group is held (hold.ts) until it has grown. The
+    // running ranks park for the grow inside a report() call (their generation is below its size),
+    // so every rank cuts the next epoch for 4.
     const cluster = "elastic-small"
     startAgent("sma", cluster)
     await waitForAlive(cluster, ["sma"])
     const holdFile = path.join(work, `${cluster}.hold`)
-    writeFileSync(holdFile, "4")
     let joined: Promise<void> | undefined
     const r = await new Trainer({
       trainLoopPerWorker: path.resolve("test/support/step-loop.ts") + "#stepLoop",
-      trainLoopConfig: { epochs: 12, holdFile },
+      // Batches of 96 (8 steps an epoch at 2 workers): a held epoch ends, and the group can grow
+      // at its report() call, within about 8 s of the joiners being ready (23 s with 32).
+      trainLoopConfig: { epochs: 5, holdFile, batchSize: 96 },
       scalingConfig: { numWorkers: { min: 2, max: 4 }, placementTimeoutMs: 30_000 },
       runConfig: {
         name: cluster,
@@ -227,6 +232,7 @@ describe("an elastic run on two agents", () => {
           {
             onReport: ({ index }) => {
               if (index !== 0 || joined) return
+              writeFileSync(holdFile, "4")
               startAgent("smb", cluster)
               joined = waitForAlive(cluster, ["sma", "smb"]).catch(() => rmSync(holdFile, { force: true }))
             }
@@ -240,7 +246,7 @@ describe("an elastic run on two agents", () => {
       .finally(() => rmSync(holdFile, { force: true }))
     await joined
     expect(r.resizes.map((z) => [z.from, z.to])).toEqual([[2, 4]])
-    expect(r.metricsHistory.map((m) => m.epoch)).toEqual(Array.from({ length: 12 }, (_, i) => i))
+    expect(r.metricsHistory.map((m) => m.epoch)).toEqual(Array.from({ length: 5 }, (_, i) => i))
     const last = r.metricsPerRank.at(-1)!
     expect(last).toHaveLength(4)
     expect(new Set(last.map((m) => m.weights)).size).toBe(1)
