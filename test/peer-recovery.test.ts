@@ -12,7 +12,7 @@ import * as path from "node:path"
 import { Trainer, loadDigits, trainTestSplit, type ArrayDataset, type Result } from "../index.ts"
 import { readEvents as events, sameWeights } from "./support/trainer-runs.ts"
 import { liveNatsServerPids } from "../core/nats-server.ts"
-import { makeHold } from "./support/hold.ts"
+import { makeHold, releaseWhenStandbyReady } from "./support/hold.ts"
 import { mayRaiseTo } from "../core/priority.ts"
 import { chrtRuns } from "./support/nice.ts"
 import { standbySchedIdle } from "../core/settings.ts"
@@ -139,10 +139,12 @@ describe("recovery from surviving peers", () => {
   it("a hand-written trainStep loop: the survivors go on short-handed from the step in flight, and a replacement started meanwhile joins them at a report() call", { timeout: 150_000 }, async () => {
     // While the group is short (2 of 3) and the hold file exists, every step is slowed: the
     // replacement (a few seconds to start) joins before the run can end.
+    // Batches of 96 (5 steps an epoch at 3 workers, 8 at 2): the held group reaches a report() call every
+    // 2-8 s, where the replacement joins once ready.
     const { dir: holdDir, holdFile } = await makeHold(storage, "step-hold-", 3)
     const r = await new Trainer({
       trainLoopPerWorker: STEP_LOOP,
-      trainLoopConfig: { epochs: 5, kill: { rank: 1, epoch: 1, step: 5 }, holdFile },
+      trainLoopConfig: { epochs: 5, batchSize: 96, kill: { rank: 1, epoch: 1, step: 3 }, holdFile },
       scalingConfig: { numWorkers: 3 },
       runConfig: { name: "peers-step-loop", storagePath: storage, progress: false, failureConfig: { maxFailures: 1 } },
       datasets: { train, test }
@@ -153,9 +155,9 @@ describe("recovery from surviving peers", () => {
     expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.85)
     const ev = await events(r.path)
     const restart = ev.find((e) => e.type === "restart")
-    // Epoch 0 reported; the survivors were parked in the step after the dead rank's last (0-5 done),
+    // Epoch 0 reported; the survivors were parked in the step after the dead rank's last (0-3 done),
     // and went on as a group of 2 at once.
-    expect(restart).toMatchObject({ recovery: "peers", survivors: 2, joiners: 0, position: { inFit: false, reports: 1, stepsSinceReport: 6 } })
+    expect(restart).toMatchObject({ recovery: "peers", survivors: 2, joiners: 0, position: { inFit: false, reports: 1, stepsSinceReport: 4 } })
     expect(await fs.readFile(path.join(r.path, "report.html"), "utf8")).toMatch(/short-handed while 1 replacement\(s\) start \(joining at a report\(\) call/)
     // The replacement joined at a report() boundary: no step since the last report on any rank.
     const grow = ev.find((e) => e.type === "grow")
@@ -170,17 +172,21 @@ describe("recovery from surviving peers", () => {
   })
 
   it("a hand-written loop whose replacement is ready in its last epoch grows at the final report() call and ends there, every rank with the same weights", { timeout: 150_000 }, async () => {
-    // Batches of 8 (60 steps an epoch), rank 1 killed at step 2 of the last epoch: the held steps
-    // of the short group (250 ms each) leave the replacement time to be ready before the epoch
-    // ends, so the grow waits for the loop's final report() call, where no step is left to join.
+    // Batches of 8 (60 steps an epoch), rank 1 killed at step 2 of the last epoch: the short
+    // group's steps are held until the replacement is ready (then at full speed), so it is ready
+    // before the epoch ends and the grow waits for the loop's final report() call, where no step
+    // is left to join.
     const { dir: holdDir, holdFile } = await makeHold(storage, "last-hold-", 3)
+    const release = releaseWhenStandbyReady(holdFile, path.join(storage, "peers-last-epoch", "events.jsonl"))
     const r = await new Trainer({
       trainLoopPerWorker: STEP_LOOP,
       trainLoopConfig: { epochs: 2, batchSize: 8, kill: { rank: 1, epoch: 1, step: 2 }, holdFile },
       scalingConfig: { numWorkers: 3 },
       runConfig: { name: "peers-last-epoch", storagePath: storage, progress: false, failureConfig: { maxFailures: 1 } },
       datasets: { train, test }
-    }).fit()
+    })
+      .fit()
+      .finally(release)
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1])
     expect(sameWeights(r)).toBe(true)
     const ev = await events(r.path)
@@ -200,7 +206,9 @@ describe("recovery from surviving peers", () => {
     let killed = false
     const r = await new Trainer({
       trainLoopPerWorker: STEP_LOOP,
-      trainLoopConfig: { epochs: 8, pidDir, holdFile },
+      // Batches of 96 (5 steps an epoch): the held group reports every 1-5 s, where the test looks
+      // for the spare.
+      trainLoopConfig: { epochs: 8, batchSize: 96, pidDir, holdFile },
       scalingConfig: { numWorkers: 3 },
       runConfig: {
         name: "peers-spare",

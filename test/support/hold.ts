@@ -3,7 +3,7 @@
 // regroup can pause it at its next step (a rank asleep outside a step would stall the regroup),
 // and the run cannot end before something slow outside it (an agent starting, a standby
 // replacement loading on a loaded machine) lets the group grow back; once it has, the brake is off.
-import { existsSync, readFileSync } from "node:fs"
+import { existsSync, readFileSync, rmSync } from "node:fs"
 import { mkdtemp, writeFile } from "node:fs/promises"
 import * as path from "node:path"
 
@@ -45,4 +45,19 @@ export const makeHold = async (parent: string, prefix: string, size: number): Pr
   const holdFile = path.join(dir, "hold")
   await writeFile(holdFile, String(size))
   return { dir, holdFile }
+}
+
+/**
+ * Takes the brake off once `eventsFile` (a run's events.jsonl) records a standby worker ready (the
+ * replacement the held group waits for), polling every 100 ms; call the result to stop polling
+ * (the run has ended). From then on the short group trains at full speed, and the replacement
+ * joins it at its next step or report() call.
+ */
+export const releaseWhenStandbyReady = (holdFile: string, eventsFile: string): (() => void) => {
+  const timer = setInterval(() => {
+    if (!existsSync(eventsFile) || !readFileSync(eventsFile, "utf8").includes('"standby-ready"')) return
+    rmSync(holdFile, { force: true })
+    clearInterval(timer)
+  }, 100)
+  return () => clearInterval(timer)
 }
