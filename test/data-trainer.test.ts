@@ -14,6 +14,7 @@ import { resolveFileDataset, type ResolvedDataset } from "../core/data/resolve.t
 import { FileStream } from "../core/data/stream.ts"
 import { launchNatsServer, liveNatsServerPids, type NatsServerProcess } from "../core/nats-server.ts"
 import { startHeadAgent, type HeadAgent } from "./support/head-agent.ts"
+import { releaseWhenStandbyReady } from "./support/hold.ts"
 import type { NatsConnection } from "@nats-io/nats-core"
 
 const LOOP = path.resolve("test/support/data-loop.ts") + "#dataLoop"
@@ -82,13 +83,18 @@ const killRun = async (name: string, loop: { readonly epochs: number; readonly h
   const holdFile = path.join(work, `hold-${name}`)
   await fs.writeFile(holdFile, "3")
   const spec = fromFiles(path.join(dataDir, "*.csv"), OPTS)
+  // A hand-written loop's replacement joins at a report() call: its group is held only until the
+  // replacement is ready (then it goes on at full speed to the next one).
+  const release = loop.handWritten ? releaseWhenStandbyReady(holdFile, path.join(work, name, "events.jsonl")) : () => {}
   const r = await new Trainer({
     trainLoopPerWorker: LOOP,
     trainLoopConfig: { ...loop, batchSize: BATCH, rows: ROWS, logDir, checkpointEvery: 1, holdFile, fail: { how: "kill", rank: 1, epoch: 1, step: 5 } },
     scalingConfig: { numWorkers: 3 },
     runConfig: { name, storagePath: work, progress: false, failureConfig: { maxFailures: 1 } },
     datasets: { train: spec }
-  }).fit()
+  })
+    .fit()
+    .finally(release)
   const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>)
   return { r, events, logDir, spec }
 }
@@ -148,8 +154,8 @@ describe("Trainer with file datasets", () => {
   })
 
   it("a hand-written trainStep loop over the stream, kill -9 of a rank mid-epoch: the survivors finish the epoch on the plan they opened, the replacement joins between epochs, no row twice", { timeout: 120_000 }, async () => {
-    // The short group's steps are slowed, so the replacement is ready before the epoch in flight
-    // ends; 20 steps an epoch per rank at three; rank 1 dies after step 5 of epoch 1.
+    // The short group's steps are slowed until the replacement is ready, so it is ready before the
+    // epoch in flight ends; 20 steps an epoch per rank at three; rank 1 dies after step 5 of epoch 1.
     const { r, events, logDir, spec } = await killRun("files-hand", { epochs: 4, handWritten: true })
     // From peers, with no joiner in the middle of the epoch (before, a hand-written loop over a file
     // dataset always went back to the checkpoint).
