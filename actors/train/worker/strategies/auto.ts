@@ -5,7 +5,7 @@
 // the same choice, and a change moves the parameters and the optimizer state; rank 0 explains every
 // decision; in a hand-written loop a move off the servers waits for a report() call of every rank
 // (#pending). A regroup carries what runs and the decision clock to every member (AUTO_FILE); in a
-// move, or on the servers in a hand-written loop other than on SSP, the group restarts from the checkpoint.
+// move, or on asynchronous servers in a hand-written loop, the group restarts from the checkpoint.
 import * as os from "node:os"
 import { createHash } from "node:crypto"
 import { chooseStrategy, onServers, type StrategyName } from "../../../../scheduler/strategy-choice.ts"
@@ -229,6 +229,9 @@ export class AutoWorker implements StrategyWorker {
   async atReport(index: number): Promise<void> {
     const pending = this.#pending
     if (!pending || index < pending.atReport) return
+    // This rank pushes no more: a rank still behind in its loop (with backup workers its pushes
+    // wait for a quota of the group's) takes its last steps without the ones waiting here.
+    await this.#servers.finish()
     const all = await this.#host.sync.allGather!(Float32Array.of(this.#host.global, this.#host.step))
     let global = 0
     let steps = 0
@@ -266,8 +269,8 @@ export class AutoWorker implements StrategyWorker {
   /**
    * Recovery from peers: what runs now and the decision clock go to every member (a replacement
    * starts on the all-reduce with a clock at 0), with local SGD's outer state while it runs, the
-   * servers' mode while on them. While moving, or on the servers other than SSP in a hand-written
-   * loop, a regroup does not follow (peersCannotNow).
+   * servers' mode while on them. While moving, or on asynchronous servers in a hand-written loop, a
+   * regroup does not follow (peersCannotNow).
    */
   snapshotFiles(inStep: boolean): Record<string, Uint8Array> {
     const state: AutoState = {
@@ -293,12 +296,11 @@ export class AutoWorker implements StrategyWorker {
   peersCannotNow(): string | undefined {
     if (this.#moving) return `strategy auto was moving from ${this.#moving.from} to ${this.#moving.to} (parameters and optimizer state on their way), which a regroup does not follow`
     // In a hand-written loop on the servers each rank takes its own steps and auto's clock is the
-    // group step. On SSP the decision rounds line up once a short group's report() exchanges hold
-    // none back (beforeStep). With backup workers (sync steps) a rank in a decision round left
-    // another waiting on the servers for its gradient (a regrouped run stalled there), and async
-    // has not been seen through a regroup and a move: those still go through the checkpoint.
-    // dp.fit() counts steps alike on every rank.
-    if (onServers(this.#current) && this.#current !== "ssp" && !this.#host.fitUsed) return `strategy auto runs on the parameter servers (${this.#current}) in a hand-written loop, where a replacement does not line up with the survivors' decision rounds`
+    // group step. On SSP and with backup workers the decision rounds line up once a short group's
+    // report() exchanges hold none back (beforeStep), and a rank still behind at a move back takes
+    // its last steps alone (atReport). Async has not been seen through a regroup and a move: it
+    // still goes through the checkpoint. dp.fit() counts steps alike on every rank.
+    if (onServers(this.#current) && this.#current === "async" && !this.#host.fitUsed) return `strategy auto runs on the parameter servers (${this.#current}) in a hand-written loop, where a replacement does not line up with the survivors' decision rounds`
     return undefined
   }
 
@@ -636,8 +638,8 @@ export const auto = defineStrategy({
     }
     checkServersConfig(input)
   },
-  // A regroup follows it (but in a move, or on the servers in a hand-written loop: the checkpoint
-  // then, peersCannotNow says why).
+  // A regroup follows it (but in a move, or on asynchronous servers in a hand-written loop: the
+  // checkpoint then, peersCannotNow says why).
   peersCannot: (input) => localSgd.peersCannot(input),
   benchVariants: [{ name: "auto", collective: (s) => ({ strategy: "auto", parameterServer: { numServers: s } }), optIn: "--with-auto" }],
   create: (host) => new AutoWorker(host)
