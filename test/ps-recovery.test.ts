@@ -72,6 +72,34 @@ describe("parameter servers: recovery from surviving peers", () => {
     expect(r.resizes.map((z) => [z.from, z.to])).toEqual([[3, 2], [2, 3]])
   })
 
+  it("async servers in a hand-written loop: dp.globalStep goes on at the group's pace through a shrink and a grow, neither jumping nor standing still", { timeout: 150_000 }, async () => {
+    // Each version counts 1/p of a group step at the size p it was made at. Before, every version
+    // was counted at the group's size of the moment: the shrunk group's globalStep jumped ahead by
+    // a sixth of the versions made so far, and once it grew back stood still until the versions
+    // caught up (a loop that ends on dp.globalStep, as TF's parameter-server loops do, ended early;
+    // strategy auto's decision clock stopped, and a loop could end before its decision round).
+    // Batches of 32: 15-16 steps an epoch per rank at 3 workers, 22-23 at 2; rank 1 dies at epoch 3.
+    const { holdFile } = await makeHold(runs.storage, "ps-async-global-", 3)
+    const r = await new Trainer({
+      trainLoopPerWorker: STEP_LOOP,
+      trainLoopConfig: { epochs: 7, kill: { rank: 1, epoch: 3, step: 3 }, holdFile, globalStep: true },
+      scalingConfig: { numWorkers: 3 },
+      runConfig: { name: "ps-async-global", storagePath: runs.storage, progress: false, failureConfig: { maxFailures: 1 } },
+      collectiveConfig: { strategy: "parameter-server", parameterServer: { numServers: 1, mode: "async" } },
+      datasets: { train: runs.train, test: runs.test }
+    }).fit()
+    const ev = await events(r.path)
+    expect(ev.find((e) => e.type === "restart")).toMatchObject({ recovery: "peers", survivors: 2 })
+    expect(ev.find((e) => e.type === "grow")).toMatchObject({ recovery: "peers", joiners: 1 })
+    // Rank 0's count at each report: an epoch adds about one rank's steps at the group's size (15-16
+    // at 3, 22-23 at 2), give or take the steps the other ranks were ahead of rank 0 at its report
+    // (26 once with two test files running). Counted at the size of the moment, the shrunk group
+    // jumped 40+ (58, 84, 127) and the grown one went back (127, 113).
+    const counts = r.metricsPerRank.map((round) => Number(round[0]!.global_step))
+    const gains = counts.slice(1).map((c, i) => c - counts[i]!)
+    expect(gains.every((g) => g >= 5 && g <= 32), `global_step at each report: ${counts.join(", ")}`).toBe(true)
+  })
+
   it("async servers: the survivors go on (the push in flight counts as applied), a replacement joins, and the run converges", { timeout: 150_000 }, async () => {
     const r = await killedWorker("ps-peers-async", "async", 5)
     // (what failed and how each was recovered, for a failure's message)

@@ -15,7 +15,8 @@
 // `busyYields` it works as long with turns of its event loop (an evaluation that awaits between
 // batches). With `extraStep`, rank `extraStep.rank` takes one step more than the others at the end
 // of epoch `extraStep.epoch` (uneven shards cut without care): the ranks' collectives then mismatch.
-// With `returnEarly`, one rank's loop ends epochs before the others'.
+// With `returnEarly`, one rank's loop ends epochs before the others'. With `globalStep`, each report
+// says dp.globalStep. With `lag`, one rank waits before each of its steps.
 import { writeFileSync } from "node:fs"
 import * as path from "node:path"
 import type { TrainContext } from "../../index.ts"
@@ -42,6 +43,10 @@ export interface StepLoopConfig {
   readonly extraStep?: { readonly rank: number; readonly epoch: number }
   /** Rank `rank`'s loop returns after `epochs` epochs (a loop whose length depends on the rank). */
   readonly returnEarly?: { readonly rank: number; readonly epochs: number }
+  /** Each report also says dp.globalStep (`global_step`). */
+  readonly globalStep?: boolean
+  /** Rank `rank` waits `ms` before each of its steps (a straggler). */
+  readonly lag?: { readonly rank: number; readonly ms: number }
 }
 
 export async function stepLoop(config: StepLoopConfig, ctx: TrainContext): Promise<void> {
@@ -77,6 +82,7 @@ export async function stepLoop(config: StepLoopConfig, ctx: TrainContext): Promi
       const x = tf.tensor2d(xs, [batch.length, 64])
       const y = tf.oneHot(tf.tensor1d(Int32Array.from(batch, (r) => Y[r]!), "int32"), 10)
       await holdStep(config.holdFile, ctx.worldSize)
+      if (config.lag?.rank === ctx.worldRank) await new Promise((resolve) => setTimeout(resolve, config.lag!.ms))
       const r = await dp.trainStep(x, y)
       tf.dispose([x, y])
       // A replayed step (a replacement catching up with the survivors) has no samples.
@@ -101,7 +107,13 @@ export async function stepLoop(config: StepLoopConfig, ctx: TrainContext): Promi
       bumped.dispose()
     }
     const val = await dp.evaluateAsync(xTest, yTest)
-    const metrics = { epoch, loss: lossSum / Math.max(1, samples), val_accuracy: val.accuracy ?? 0, weights: await weightsHashAsync(model.getWeights()) }
+    const metrics = {
+      epoch,
+      loss: lossSum / Math.max(1, samples),
+      val_accuracy: val.accuracy ?? 0,
+      weights: await weightsHashAsync(model.getWeights()),
+      ...(config.globalStep ? { global_step: dp.globalStep } : {})
+    }
     const ckpt = ctx.worldRank === 0 ? await ctx.checkpointFromModel(dp, { metadata: { epoch } }) : undefined
     await ctx.report(metrics, ckpt ? { checkpoint: ckpt } : {})
     if (config.busyMs !== undefined && epoch === 0 && (config.busyRank === undefined || config.busyRank === ctx.worldRank)) {

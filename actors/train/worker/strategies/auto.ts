@@ -5,7 +5,7 @@
 // the same choice, and a change moves the parameters and the optimizer state; rank 0 explains every
 // decision; in a hand-written loop a move off the servers waits for a report() call of every rank
 // (#pending). A regroup carries what runs and the decision clock to every member (AUTO_FILE); in a
-// move, or on asynchronous servers in a hand-written loop, the group restarts from the checkpoint.
+// move, or with backup workers in a hand-written loop, the group restarts from the checkpoint.
 import * as os from "node:os"
 import { createHash } from "node:crypto"
 import { chooseStrategy, onServers, type StrategyName } from "../../../../scheduler/strategy-choice.ts"
@@ -269,7 +269,7 @@ export class AutoWorker implements StrategyWorker {
   /**
    * Recovery from peers: what runs now and the decision clock go to every member (a replacement
    * starts on the all-reduce with a clock at 0), with local SGD's outer state while it runs, the
-   * servers' mode while on them. While moving, or on asynchronous servers in a hand-written loop, a
+   * servers' mode while on them. While moving, or with backup workers in a hand-written loop, a
    * regroup does not follow (peersCannotNow).
    */
   snapshotFiles(inStep: boolean): Record<string, Uint8Array> {
@@ -296,11 +296,14 @@ export class AutoWorker implements StrategyWorker {
   peersCannotNow(): string | undefined {
     if (this.#moving) return `strategy auto was moving from ${this.#moving.from} to ${this.#moving.to} (parameters and optimizer state on their way), which a regroup does not follow`
     // In a hand-written loop on the servers each rank takes its own steps and auto's clock is the
-    // group step. On SSP and with backup workers the decision rounds line up once a short group's
-    // report() exchanges hold none back (beforeStep), and a rank still behind at a move back takes
-    // its last steps alone (atReport). Async has not been seen through a regroup and a move: it
-    // still goes through the checkpoint. dp.fit() counts steps alike on every rank.
-    if (onServers(this.#current) && this.#current === "async" && !this.#host.fitUsed) return `strategy auto runs on the parameter servers (${this.#current}) in a hand-written loop, where a replacement does not line up with the survivors' decision rounds`
+    // group step (counted on from a regroup at the new size: ParameterServerWorker.exchange): on
+    // SSP and async the decision rounds line up once a short group's report() exchanges hold none
+    // back (beforeStep), and a rank still behind at a move back takes its last steps alone
+    // (atReport). With backup workers a step needs all ranks' gradients but one: a replacement
+    // behind the survivors waited on the servers for a second gradient while they waited for it in
+    // a decision round (once in a CI-like run of two test files): that still goes through the
+    // checkpoint. dp.fit() counts steps alike on every rank.
+    if (this.#current === "backup" && !this.#host.fitUsed) return `strategy auto runs on the parameter servers with backup workers in a hand-written loop, where a replacement behind the survivors can wait on the servers for a gradient of theirs while they wait for it in a decision round`
     return undefined
   }
 
@@ -638,7 +641,7 @@ export const auto = defineStrategy({
     }
     checkServersConfig(input)
   },
-  // A regroup follows it (but in a move, or on asynchronous servers in a hand-written loop: the
+  // A regroup follows it (but in a move, or with backup workers in a hand-written loop: the
   // checkpoint then, peersCannotNow says why).
   peersCannot: (input) => localSgd.peersCannot(input),
   benchVariants: [{ name: "auto", collective: (s) => ({ strategy: "auto", parameterServer: { numServers: s } }), optIn: "--with-auto" }],

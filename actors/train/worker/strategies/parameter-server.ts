@@ -127,8 +127,18 @@ export class ParameterServerWorker implements StrategyWorker {
     // same step count on every rank, and the fast ones wait there for a step only the slow one
     // can still complete).
     // (A group regrouped below its backup workers + 1 keeps at most p - 1 of them: ps-server.ts.)
+    // A version counts perUpdate / p of a group step at the group's size when it was made: after a
+    // regroup (another p) the count goes on from this rank's group step at its first answer, where
+    // counting every version at the new size had put a shrunk group's ranks ahead of the versions
+    // made once it grew back (auto's decision clock then stood still until the versions caught up,
+    // and a loop could end before its decision round).
     const perUpdate = oneByOne ? 1 : p - Math.min(p - 1, auto ? 1 : ps.backupWorkers)
-    h.global = Math.max(h.global, (auto?.globalBase ?? 0) + (r.version * perUpdate) / p)
+    if (this.#countPending) {
+      this.#countFrom = { auto, version: r.version, global: h.global }
+      this.#countPending = false
+    }
+    const from = this.#countFrom?.auto === auto ? this.#countFrom : undefined
+    h.global = Math.max(h.global, from ? from.global + ((r.version - from.version) * perUpdate) / p : (auto?.globalBase ?? 0) + (r.version * perUpdate) / p)
     if (auto?.mode === "backup" && !h.inFit) h.step = Math.max(h.step, auto.syncBase + r.version)
     const commMs = performance.now() - t1
     const st = this.#staleness
@@ -148,7 +158,13 @@ export class ParameterServerWorker implements StrategyWorker {
   async adopted(): Promise<void> {
     const h = this.#host
     h.assignFlat(await this.ps.pull(h.parameterCount))
+    this.#countPending = true
   }
+
+  /** Where the group step is counted from since the last regroup (exchange), for the mode `auto` (the object: a move starts anew). */
+  #countFrom: { readonly auto: AutoMode | undefined; readonly version: number; readonly global: number } | undefined
+  /** A regroup was adopted: the next answer starts #countFrom. */
+  #countPending = false
 
   /** Tells the servers this rank's loop ended (sync and ssp steps stop waiting for it). */
   async finish(): Promise<void> {
