@@ -139,12 +139,10 @@ describe("recovery from surviving peers", () => {
   it("a hand-written trainStep loop: the survivors go on short-handed from the step in flight, and a replacement started meanwhile joins them at a report() call", { timeout: 150_000 }, async () => {
     // While the group is short (2 of 3) and the hold file exists, every step is slowed: the
     // replacement (a few seconds to start) joins before the run can end.
-    // Batches of 96 (5 steps an epoch at 3 workers, 8 at 2): the held group reaches a report() call every
-    // 2-8 s, where the replacement joins once ready.
     const { dir: holdDir, holdFile } = await makeHold(storage, "step-hold-", 3)
     const r = await new Trainer({
       trainLoopPerWorker: STEP_LOOP,
-      trainLoopConfig: { epochs: 5, batchSize: 96, kill: { rank: 1, epoch: 1, step: 3 }, holdFile },
+      trainLoopConfig: { epochs: 5, kill: { rank: 1, epoch: 1, step: 5 }, holdFile },
       scalingConfig: { numWorkers: 3 },
       runConfig: { name: "peers-step-loop", storagePath: storage, progress: false, failureConfig: { maxFailures: 1 } },
       datasets: { train, test }
@@ -155,9 +153,9 @@ describe("recovery from surviving peers", () => {
     expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.85)
     const ev = await events(r.path)
     const restart = ev.find((e) => e.type === "restart")
-    // Epoch 0 reported; the survivors were parked in the step after the dead rank's last (0-3 done),
+    // Epoch 0 reported; the survivors were parked in the step after the dead rank's last (0-5 done),
     // and went on as a group of 2 at once.
-    expect(restart).toMatchObject({ recovery: "peers", survivors: 2, joiners: 0, position: { inFit: false, reports: 1, stepsSinceReport: 4 } })
+    expect(restart).toMatchObject({ recovery: "peers", survivors: 2, joiners: 0, position: { inFit: false, reports: 1, stepsSinceReport: 6 } })
     expect(await fs.readFile(path.join(r.path, "report.html"), "utf8")).toMatch(/short-handed while 1 replacement\(s\) start \(joining at a report\(\) call/)
     // The replacement joined at a report() boundary: no step since the last report on any rank.
     const grow = ev.find((e) => e.type === "grow")

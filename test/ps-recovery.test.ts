@@ -52,8 +52,7 @@ describe("parameter servers: recovery from surviving peers", () => {
     const { holdFile } = await makeHold(runs.storage, "ps-step-hold-", 3)
     const r = await new Trainer({
       trainLoopPerWorker: STEP_LOOP,
-      // Batches of 96: the held group reaches a report() call, where the replacement joins, every 2-8 s.
-      trainLoopConfig: { epochs: 5, batchSize: 96, kill: { rank: 1, epoch: 1, step: 3 }, holdFile },
+      trainLoopConfig: { epochs: 5, kill: { rank: 1, epoch: 1, step: 5 }, holdFile },
       scalingConfig: { numWorkers: 3 },
       runConfig: { name: "ps-peers-step", storagePath: runs.storage, progress: false, failureConfig: { maxFailures: 1 } },
       collectiveConfig: { strategy: "parameter-server", parameterServer: { numServers: 2, mode: "sync" } },
@@ -65,7 +64,7 @@ describe("parameter servers: recovery from surviving peers", () => {
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4])
     expect(sameWeights(r)).toBe(true)
     expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.85)
-    expect(ev.find((e) => e.type === "restart")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 0, position: { inFit: false, reports: 1, stepsSinceReport: 4 } })
+    expect(ev.find((e) => e.type === "restart")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 0, position: { inFit: false, reports: 1, stepsSinceReport: 6 } })
     // A hand-written loop's position does not say dp.fit(): its joiners take their place at a report() call.
     expect(ev.find((e) => e.type === "restart")!.position).not.toHaveProperty("fitLoop")
     expect(ev.find((e) => e.type === "grow")).toMatchObject({ recovery: "peers", survivors: 2, joiners: 1, position: { inFit: false, stepsSinceReport: 0 } })
