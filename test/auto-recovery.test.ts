@@ -17,7 +17,11 @@ const CHAOS = path.resolve("test/support/chaos-loop.ts") + "#trainLoop"
 const STEP_LOOP = path.resolve("test/support/step-loop.ts") + "#stepLoop"
 const runs = digitsTrainerRuns("gw-auto-recovery-")
 
-/** A run of `plan` (GRADWIRE_AUTO_PLAN, read by the workers the embedded cluster starts). */
+/**
+ * A run of `plan` (GRADWIRE_AUTO_PLAN, read by the workers the embedded cluster starts). A plan
+ * names every decision a run reaches: past its end the cost model picks (a CI run's third decision,
+ * at step 120 of an 8-epoch SSP run, moved it to async).
+ */
 const planned = async (plan: string, run: () => Promise<Result>): Promise<Result> => {
   process.env.GRADWIRE_AUTO_PLAN = plan
   try {
@@ -149,7 +153,7 @@ describe("strategy auto and recovery from peers", () => {
     // for a stand-in and held another at its next step, while the others moved on.
     // (Under load the replacement may join so late that it has no step times of its own at step
     // 72: that round decides nothing on any rank, and the move back comes at the next, step 120.)
-    const r = await planned("ssp,allreduce", () =>
+    const r = await planned("ssp,allreduce,allreduce,allreduce", () =>
       chaosRun("auto-peers-behind", 10, { how: "kill", rank: 1, epoch: 4, step: 3 }, { strategy: "auto" }, undefined, { lagRank: { rank: 2, ms: 150 } })
     )
     await expectRegroupedAlike(r, 10, 2)
@@ -162,7 +166,7 @@ describe("strategy auto and recovery from peers", () => {
     // a step (its group step past 72) had met the other's report(): that survivor's loop failed
     // (LengthMismatch), the grow left it out, and the group ended back at a checkpoint's state.
     const { holdFile } = await makeHold(runs.storage, "auto-peers-step-ssp-", 3)
-    const r = await planned("ssp,allreduce", () =>
+    const r = await planned("ssp,allreduce,allreduce,allreduce", () =>
       new Trainer({
         trainLoopPerWorker: STEP_LOOP,
         trainLoopConfig: { epochs: 8, kill: { rank: 1, epoch: 2, step: 3 }, holdFile },
