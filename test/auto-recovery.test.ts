@@ -192,7 +192,7 @@ describe("strategy auto and recovery from peers", () => {
         // The group step on backup workers is 2/3 of a step a version: the move comes at about
         // step 108 of the fast ranks' loops (epoch 7, later under load), and the epochs after it
         // run on the all-reduce.
-        trainLoopConfig: { epochs: 12, lag: { rank: 2, ms: 60 } },
+        trainLoopConfig: { epochs: 12, lagRank: { rank: 2, ms: 60 } },
         scalingConfig: { numWorkers: 3 },
         collectiveConfig: { strategy: "auto" },
         runConfig: { name: "auto-backup-straggler", storagePath: runs.storage, progress: false },

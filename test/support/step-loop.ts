@@ -16,7 +16,7 @@
 // batches). With `extraStep`, rank `extraStep.rank` takes one step more than the others at the end
 // of epoch `extraStep.epoch` (uneven shards cut without care): the ranks' collectives then mismatch.
 // With `returnEarly`, one rank's loop ends epochs before the others'. With `globalStep`, each report
-// says dp.globalStep. With `lag`, one rank waits before each of its steps.
+// says dp.globalStep. With `lagRank`, one rank waits before each of its steps (as chaos-loop.ts's).
 import { writeFileSync } from "node:fs"
 import * as path from "node:path"
 import type { TrainContext } from "../../index.ts"
@@ -46,7 +46,7 @@ export interface StepLoopConfig {
   /** Each report also says dp.globalStep (`global_step`). */
   readonly globalStep?: boolean
   /** Rank `rank` waits `ms` before each of its steps (a straggler). */
-  readonly lag?: { readonly rank: number; readonly ms: number }
+  readonly lagRank?: { readonly rank: number; readonly ms: number }
 }
 
 export async function stepLoop(config: StepLoopConfig, ctx: TrainContext): Promise<void> {
@@ -82,7 +82,7 @@ export async function stepLoop(config: StepLoopConfig, ctx: TrainContext): Promi
       const x = tf.tensor2d(xs, [batch.length, 64])
       const y = tf.oneHot(tf.tensor1d(Int32Array.from(batch, (r) => Y[r]!), "int32"), 10)
       await holdStep(config.holdFile, ctx.worldSize)
-      if (config.lag?.rank === ctx.worldRank) await new Promise((resolve) => setTimeout(resolve, config.lag!.ms))
+      if (config.lagRank?.rank === ctx.worldRank) await new Promise((resolve) => setTimeout(resolve, config.lagRank!.ms))
       const r = await dp.trainStep(x, y)
       tf.dispose([x, y])
       // A replayed step (a replacement catching up with the survivors) has no samples.

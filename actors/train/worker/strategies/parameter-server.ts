@@ -137,8 +137,9 @@ export class ParameterServerWorker implements StrategyWorker {
       this.#countFrom = { auto, version: r.version, global: h.global }
       this.#countPending = false
     }
-    const from = this.#countFrom?.auto === auto ? this.#countFrom : undefined
-    h.global = Math.max(h.global, from ? from.global + ((r.version - from.version) * perUpdate) / p : (auto?.globalBase ?? 0) + (r.version * perUpdate) / p)
+    // Without a regroup since the servers started (or auto moved there), from their version 0.
+    const from = this.#countFrom !== undefined && this.#countFrom.auto === auto ? this.#countFrom : { version: 0, global: auto?.globalBase ?? 0 }
+    h.global = Math.max(h.global, from.global + ((r.version - from.version) * perUpdate) / p)
     if (auto?.mode === "backup" && !h.inFit) h.step = Math.max(h.step, auto.syncBase + r.version)
     const commMs = performance.now() - t1
     const st = this.#staleness
