@@ -9,6 +9,7 @@
 #                                                 # then two workers sharing the GPU ({ GPU: 0.5 })
 #   GPU_BENCH_QUICK=1 bash scripts/gpu-bench.sh   # the check alone
 #   GPU_BENCH_SHORT=1 bash scripts/gpu-bench.sh   # the zoo's cnn, mlp and resnet at batch 32 alone
+#   GPU_BENCH_SHORT=1 GPU_BENCH_MODELS=gru,lstm bash scripts/gpu-bench.sh   # the named models at batch 32 alone
 #   GPU_BENCH_RECORDING=1 bash scripts/gpu-bench.sh   # the check, bench/webgpu-recording.ts, the zoo at batch 32
 #   GPU_BENCH_ZOO=1 bash scripts/gpu-bench.sh     # the zoo at batch 32, the cnn, resnet and mobilenet at batch 256
 #   GPU_BENCH_FUSED=1 bash scripts/gpu-bench.sh   # the zoo at batch 32, then its resnet, transformer and lstm
@@ -135,7 +136,7 @@ if [ -n "${GPU_BENCH_ZOO:-}" ]; then
   exit 0
 fi
 if [ -n "${GPU_BENCH_SHORT:-}" ]; then
-  bench gradwire32 240 --models cnn,mlp,resnet --p 1 --seconds 1 --backend webgpu
+  bench gradwire32 240 --models "${GPU_BENCH_MODELS:-cnn,mlp,resnet}" --p 1 --seconds 1 --backend webgpu
   stamp "done"
   exit 0
 fi

@@ -1,8 +1,9 @@
 // core/kernels/gru-cell.ts on webgpu: a GRU step's gates as two programs and their gradients as
-// seven more, instead of tfjs-layers' cell's dozens a time step. Checked on the software adapter in
-// a child process (support/webgpu-gru-child.ts): the loss and every gradient of a small tagger
-// against tfjs-layers' own GRU cell on webgpu and on the cpu backend, and the programs a training
-// step records each way.
+// seven more, instead of tfjs-layers' cell's dozens a time step; and core/kernels/gru-sequence.ts:
+// the GRU layer's whole recurrence as one program forward and one backward. Checked on the software
+// adapter in a child process (support/webgpu-gru-child.ts): the loss and every gradient of a small
+// tagger against tfjs-layers' own GRU cell on webgpu and on the cpu backend, the programs a training
+// step records each way and at two sequence lengths, and the layers the loop keeps.
 import { fileURLToPath } from "node:url"
 import { beforeAll, describe, expect, it } from "vitest"
 import { runWebGpuChild } from "./support/webgpu-child.ts"
@@ -13,6 +14,11 @@ const DEADLINE_MS = 3 * 60_000
 interface Result {
   backend: string
   results: Array<{ name: string; fused: boolean; tfjsFused: boolean; againstTfjs: number; againstTfjsCpu: number; programs: number; tfjsPrograms: number }>
+  sequence: Array<{ name: string; ran: boolean; loopRan: boolean; againstLoop: number; againstTfjsCpu: number; programs: number; loopPrograms: number }>
+  lengths: { short: number; long: number }
+  masked: { short: number; long: number }
+  backwards: { short: number; long: number }
+  backwardsAgainstTfjsCpu: number
 }
 let r: Result
 
@@ -34,5 +40,29 @@ describe("a GRU cell's gates as webgpu programs", () => {
 
   it("record fewer than half the programs a training step of tfjs-layers' own cell records", () => {
     for (const c of r.results) expect(c.programs, c.name).toBeLessThan(c.tfjsPrograms * 0.5)
+  })
+})
+
+describe("a GRU's whole recurrence as one webgpu program each way", () => {
+  it("gives the loss and every gradient the loop and tfjs-layers' own GRU give: every step's outputs or the last, both recurrent activations, 144 units, one step", () => {
+    expect(r.sequence.map((c) => c.name)).toHaveLength(4)
+    for (const c of r.sequence) {
+      expect(c.ran, c.name).toBe(true)
+      expect(c.loopRan, c.name).toBe(false)
+      expect(c.againstLoop, c.name).toBeLessThan(1e-4)
+      expect(c.againstTfjsCpu, c.name).toBeLessThan(1e-4)
+      // Fewer programs than the loop records, for the same step.
+      expect(c.programs, c.name).toBeLessThan(c.loopPrograms)
+    }
+  })
+
+  it("records as many programs a training step for 32 time steps as for 8", () => {
+    expect(r.lengths.long).toBe(r.lengths.short)
+  })
+
+  it("leaves a masked sequence and one going backwards to the loop (their programs grow with the length), with the same values", () => {
+    expect(r.masked.long).toBeGreaterThan(r.masked.short + 100)
+    expect(r.backwards.long).toBeGreaterThan(r.backwards.short + 100)
+    expect(r.backwardsAgainstTfjsCpu).toBeLessThan(1e-4)
   })
 })

@@ -18,7 +18,8 @@
 // included, as tfjs's clipByValue gives.
 //
 // On webgpu each kernel is one program per output (two forward, seven backward a time step, where
-// tfjs-layers' cell records some 60: a 7-step tagger's training step 491 -> 206 programs).
+// tfjs-layers' cell records some 60: a 7-step tagger's training step 491 -> 206 programs), and the
+// GRU layer runs its whole recurrence as one program each way where it can (gru-sequence.ts).
 //
 // GRUCell.call (tfjs-layers) is replaced for cells with a tanh activation, a hardSigmoid or sigmoid
 // recurrent activation, no dropout while training and 2-d float32 inputs, on wasm, cpu and webgpu;
@@ -27,6 +28,7 @@
 import type { Tf } from "../tf.ts"
 import { hostKernels, patchLayerCall, registerFused, withTfjsCalls, type WebGpuArgs, type WebGpuBackend } from "./fused-layers.ts"
 import { fusedRecurrent, gate, gateProgram, gateSlope, layerRecurrent, projectSequence, type RecurrentCellLike } from "./lstm-cell.ts"
+import { gruSequence, gruSequenceFits, installGruSequence } from "./gru-sequence.ts"
 import { recurrentOf, type Recurrent } from "./lstm-sequence.ts"
 import type { TensorInfo } from "./wasm-heap.ts"
 
@@ -258,6 +260,10 @@ interface GruCellLike extends RecurrentCellLike {
 const PREPARED = Symbol.for("gradwire.gruCell.prepared")
 interface GruLike {
   cell: GruCellLike
+  stateful: boolean
+  goBackwards: boolean
+  returnState: boolean
+  returnSequences: boolean
 }
 
 let installed = false
@@ -311,15 +317,22 @@ export const installGruCell = (tf: Tf): boolean => {
   )
   // The GRU layer: every time step's x·W + b as one matmul before the recurrence, and the recurrent
   // kernel split once, instead of per step (forward, and their gradients backward), when its cell
-  // takes the kernels; the loop stays tfjs-layers' own, on the projected inputs.
+  // takes the kernels. On webgpu the recurrence is then one program each way where the layer asks
+  // nothing of the loop (gru-sequence.ts); elsewhere, and for masks, initial and stateful states and
+  // going backwards, the loop stays tfjs-layers' own, on the projected inputs.
+  installGruSequence(tf)
   patchLayerCall<GruLike>(tf, "GRU", (own) =>
     function (inputs, kwargs) {
       const cell = this.cell
       const fits = layerRecurrent(tf, cell, inputs, kwargs, GRU_UPDATE)
       if (!fits) return own.call(this, inputs, kwargs)
       const H = cell.units
+      const T = fits.x.shape[1]!
+      const whole =
+        sequenceOn && kwargs?.["mask"] == null && kwargs?.["initialState"] == null && !this.stateful && !this.goBackwards && !this.returnState && T > 0 && gruSequenceFits(tf, H)
       return tf.tidy(() => {
         const projected = projectSequence(tf, fits.x, cell.kernel.read(), cell.useBias && cell.bias ? cell.bias.read() : undefined)
+        if (whole) return gruSequence(tf, projected, cell.recurrentKernel.read(), fits.recurrent, this.returnSequences)
         const [uzr, uh] = tf.split(cell.recurrentKernel.read(), [2 * H, H], 1) as [Tensor, Tensor]
         cell[PREPARED] = { uzr, uh }
         try {
@@ -331,6 +344,18 @@ export const installGruCell = (tf: Tf): boolean => {
     }
   )
   return installed
+}
+
+let sequenceOn = true
+/** Runs `f` with the GRU layer stepping through its loop with the fused cell, not the whole-sequence programs (for tests and benchmarks that compare them). */
+export const withoutGruSequence = <T>(f: () => T): T => {
+  const before = sequenceOn
+  sequenceOn = false
+  try {
+    return f()
+  } finally {
+    sequenceOn = before
+  }
 }
 
 /** Runs `f` with tfjs-layers' own GRUCell.call (for tests and benchmarks that compare the two). */
