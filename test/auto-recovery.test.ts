@@ -62,6 +62,22 @@ const chaosRun = async (
 }
 
 /**
+ * A run of the hand-written `dp.trainStep` loop (support/step-loop.ts) on strategy auto under
+ * `plan`, three workers, one failure allowed (the kill, if `loop` names one).
+ */
+const stepRun = (name: string, plan: string, loop: Record<string, unknown>): Promise<Result> =>
+  planned(plan, () =>
+    new Trainer({
+      trainLoopPerWorker: STEP_LOOP,
+      trainLoopConfig: loop,
+      scalingConfig: { numWorkers: 3 },
+      collectiveConfig: { strategy: "auto" },
+      runConfig: { name, storagePath: runs.storage, progress: false, failureConfig: { maxFailures: 1 } },
+      datasets: { train: runs.train, test: runs.test }
+    }).fit()
+  )
+
+/**
  * What every recovery from peers here ends in: one restart from the two survivors, the replacement
  * grown in, every epoch reported, three ranks on the all-reduce with `switches` moves behind them,
  * the same weights everywhere and no parity repair. Returns the run's events.
@@ -166,16 +182,7 @@ describe("strategy auto and recovery from peers", () => {
     // a step (its group step past 72) had met the other's report(): that survivor's loop failed
     // (LengthMismatch), the grow left it out, and the group ended back at a checkpoint's state.
     const { holdFile } = await makeHold(runs.storage, "auto-peers-step-ssp-", 3)
-    const r = await planned("ssp,allreduce,allreduce,allreduce", () =>
-      new Trainer({
-        trainLoopPerWorker: STEP_LOOP,
-        trainLoopConfig: { epochs: 8, kill: { rank: 1, epoch: 2, step: 3 }, holdFile },
-        scalingConfig: { numWorkers: 3 },
-        collectiveConfig: { strategy: "auto" },
-        runConfig: { name: "auto-peers-step-ssp", storagePath: runs.storage, progress: false, failureConfig: { maxFailures: 1 } },
-        datasets: { train: runs.train, test: runs.test }
-      }).fit()
-    )
+    const r = await stepRun("auto-peers-step-ssp", "ssp,allreduce,allreduce,allreduce", { epochs: 8, kill: { rank: 1, epoch: 2, step: 3 }, holdFile })
     await expectRegroupedAlike(r, 8, 2)
     expect(r.metricsHistory.some((m) => m.strategy === "ssp")).toBe(true)
     expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.85)
@@ -186,19 +193,11 @@ describe("strategy auto and recovery from peers", () => {
     // ranks 0 and 1 go on without it and reach the move back's report() call while it is still in
     // its epoch. Before, its next push waited on the servers for a second gradient while they
     // waited for it at the move (a collective timeout; so too without the wait, a few steps behind).
-    const r = await planned("backup,allreduce,allreduce,allreduce", () =>
-      new Trainer({
-        trainLoopPerWorker: STEP_LOOP,
-        // The group step on backup workers is 2/3 of a step a version: the move comes at about
-        // step 108 of the fast ranks' loops (epoch 7, later under load), and the epochs after it
-        // run on the all-reduce.
-        trainLoopConfig: { epochs: 12, lagRank: { rank: 2, ms: 60 } },
-        scalingConfig: { numWorkers: 3 },
-        collectiveConfig: { strategy: "auto" },
-        runConfig: { name: "auto-backup-straggler", storagePath: runs.storage, progress: false },
-        datasets: { train: runs.train, test: runs.test }
-      }).fit()
-    )
+    // The group step on backup workers is 2/3 of a step a version: the move comes at about step
+    // 108 of the fast ranks' loops (epoch 7, later under load), and the epochs after it run on the
+    // all-reduce. No failure here: the run must not restart.
+    const r = await stepRun("auto-backup-straggler", "backup,allreduce,allreduce,allreduce", { epochs: 12, lagRank: { rank: 2, ms: 60 } })
+    expect(r.restarts).toBe(0)
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual(Array.from({ length: 12 }, (_, i) => i))
     expect(r.metricsHistory.some((m) => m.strategy === "backup")).toBe(true)
     for (const m of r.metricsPerRank.at(-1)!) expect(m).toMatchObject({ strategy: "allreduce", "strategy/switches": 2 })
@@ -206,16 +205,7 @@ describe("strategy auto and recovery from peers", () => {
   })
 
   it("with backup workers in a hand-written trainStep loop: the group restarts from the checkpoint and says why", { timeout: 150_000 }, async () => {
-    const r = await planned("backup,backup,backup,backup", () =>
-      new Trainer({
-        trainLoopPerWorker: STEP_LOOP,
-        trainLoopConfig: { epochs: 5, kill: { rank: 1, epoch: 2, step: 3 } },
-        scalingConfig: { numWorkers: 3 },
-        collectiveConfig: { strategy: "auto" },
-        runConfig: { name: "auto-peers-step", storagePath: runs.storage, progress: false, failureConfig: { maxFailures: 1 } },
-        datasets: { train: runs.train, test: runs.test }
-      }).fit()
-    )
+    const r = await stepRun("auto-peers-step", "backup,backup,backup,backup", { epochs: 5, kill: { rank: 1, epoch: 2, step: 3 } })
     const events = await readEvents(r.path)
     expect(r.restarts).toBe(1)
     expect(events.find((e) => e.type === "restart")).toMatchObject({ recovery: "checkpoint", reason: expect.stringMatching(/strategy auto runs on the parameter servers with backup workers in a hand-written loop/) })
@@ -228,16 +218,7 @@ describe("strategy auto and recovery from peers", () => {
     // The decision at step 72 waits for the group to be whole: 10 epochs leave room after a
     // replacement that the machine's load holds up (once not ready in 60 s, grown at report 6).
     const { holdFile } = await makeHold(runs.storage, "auto-peers-step-async-", 3)
-    const r = await planned("async,allreduce,allreduce,allreduce", () =>
-      new Trainer({
-        trainLoopPerWorker: STEP_LOOP,
-        trainLoopConfig: { epochs: 10, kill: { rank: 1, epoch: 2, step: 3 }, holdFile },
-        scalingConfig: { numWorkers: 3 },
-        collectiveConfig: { strategy: "auto" },
-        runConfig: { name: "auto-peers-step-async", storagePath: runs.storage, progress: false, failureConfig: { maxFailures: 1 } },
-        datasets: { train: runs.train, test: runs.test }
-      }).fit()
-    )
+    const r = await stepRun("auto-peers-step-async", "async,allreduce,allreduce,allreduce", { epochs: 10, kill: { rank: 1, epoch: 2, step: 3 }, holdFile })
     await expectRegroupedAlike(r, 10, 2)
     expect(r.metricsHistory.some((m) => m.strategy === "async")).toBe(true)
     expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.85)
