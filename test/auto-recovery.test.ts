@@ -10,7 +10,7 @@ import { describe, expect, it } from "vitest"
 import * as path from "node:path"
 import { Trainer, type Result } from "../index.ts"
 import { digitsTrainerRuns, readEvents, sameWeights } from "./support/trainer-runs.ts"
-import { makeHold } from "./support/hold.ts"
+import { makeHold, releaseWhenStandbyReady } from "./support/hold.ts"
 import { stepLog } from "./support/chaos-loop.ts"
 
 const CHAOS = path.resolve("test/support/chaos-loop.ts") + "#trainLoop"
@@ -63,10 +63,13 @@ const chaosRun = async (
 
 /**
  * A run of the hand-written `dp.trainStep` loop (support/step-loop.ts) on strategy auto under
- * `plan`, three workers, one failure allowed (the kill, if `loop` names one).
+ * `plan`, three workers, one failure allowed (the kill, if `loop` names one). A short group held by
+ * `loop.holdFile` is held only until its replacement is ready, then trains at full speed: the
+ * replacement joins at its next report() call either way.
  */
-const stepRun = (name: string, plan: string, loop: Record<string, unknown>): Promise<Result> =>
-  planned(plan, () =>
+const stepRun = (name: string, plan: string, loop: Record<string, unknown>): Promise<Result> => {
+  const release = typeof loop.holdFile === "string" ? releaseWhenStandbyReady(loop.holdFile, path.join(runs.storage, name, "events.jsonl")) : () => {}
+  return planned(plan, () =>
     new Trainer({
       trainLoopPerWorker: STEP_LOOP,
       trainLoopConfig: loop,
@@ -75,7 +78,8 @@ const stepRun = (name: string, plan: string, loop: Record<string, unknown>): Pro
       runConfig: { name, storagePath: runs.storage, progress: false, failureConfig: { maxFailures: 1 } },
       datasets: { train: runs.train, test: runs.test }
     }).fit()
-  )
+  ).finally(release)
+}
 
 /**
  * What every recovery from peers here ends in: one restart from the two survivors, the replacement

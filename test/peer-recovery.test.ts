@@ -137,16 +137,19 @@ describe("recovery from surviving peers", () => {
   })
 
   it("a hand-written trainStep loop: the survivors go on short-handed from the step in flight, and a replacement started meanwhile joins them at a report() call", { timeout: 150_000 }, async () => {
-    // While the group is short (2 of 3) and the hold file exists, every step is slowed: the
-    // replacement (a few seconds to start) joins before the run can end.
+    // While the group is short (2 of 3) and its replacement (a few seconds to start) is not ready,
+    // every step is slowed, so it joins before the run can end; once ready, full speed to the next report().
     const { dir: holdDir, holdFile } = await makeHold(storage, "step-hold-", 3)
+    const release = releaseWhenStandbyReady(holdFile, path.join(storage, "peers-step-loop", "events.jsonl"))
     const r = await new Trainer({
       trainLoopPerWorker: STEP_LOOP,
       trainLoopConfig: { epochs: 5, kill: { rank: 1, epoch: 1, step: 5 }, holdFile },
       scalingConfig: { numWorkers: 3 },
       runConfig: { name: "peers-step-loop", storagePath: storage, progress: false, failureConfig: { maxFailures: 1 } },
       datasets: { train, test }
-    }).fit()
+    })
+      .fit()
+      .finally(release)
     expect(r.restarts).toBe(1)
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4])
     expect(sameWeights(r)).toBe(true)
