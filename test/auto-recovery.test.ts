@@ -2,8 +2,7 @@
 // auto's decision clock (actors/train/worker/strategies/auto.ts AUTO_FILE), so a replacement that
 // starts on the all-reduce with its clock at 0 takes the group's strategy (on the parameter
 // servers their mode, going on from their parameters), and the decision rounds after the join line
-// up on every rank. In a move, or with backup workers in a hand-written loop, the group restarts
-// from the checkpoint and says why.
+// up on every rank. In a move the group restarts from the checkpoint and says why.
 // GRADWIRE_AUTO_PLAN gives auto's moves (its cost model's choice on two cores is not steady).
 // Real embedded nats-server and worker processes, the digits example's loop.
 import { describe, expect, it } from "vitest"
@@ -208,12 +207,18 @@ describe("strategy auto and recovery from peers", () => {
     expect(sameWeights(r)).toBe(true)
   })
 
-  it("with backup workers in a hand-written trainStep loop: the group restarts from the checkpoint and says why", { timeout: 150_000 }, async () => {
-    const r = await stepRun("auto-peers-step", "backup,backup,backup,backup", { epochs: 5, kill: { rank: 1, epoch: 2, step: 3 } })
-    const events = await readEvents(r.path)
-    expect(r.restarts).toBe(1)
-    expect(events.find((e) => e.type === "restart")).toMatchObject({ recovery: "checkpoint", reason: expect.stringMatching(/strategy auto runs on the parameter servers with backup workers in a hand-written loop/) })
-    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4])
+  it("with backup workers in a hand-written trainStep loop, then back on the all-reduce: the survivors go on, the replacement joins, and a rank behind in a decision round's step is not waited for on the servers", { timeout: 180_000 }, async () => {
+    // Backup workers: a step needs 2 of the 3 gradients. The replacement counts its group step from
+    // its join and may meet the decision round at 72 (the move back; about epoch 7, the group step
+    // being 2/3 of a step a version) after the survivors: they wait for it there, away for the
+    // servers (shard away()), so its pushes meanwhile make steps on their own. Before, it waited on
+    // the servers for a second gradient while they waited for it (a collective timeout, once in a
+    // CI-like run of two test files), and this case went to the checkpoint.
+    const { holdFile } = await makeHold(runs.storage, "auto-peers-step-backup-", 3)
+    const r = await stepRun("auto-peers-step-backup", "backup,allreduce,allreduce,allreduce", { epochs: 12, kill: { rank: 1, epoch: 2, step: 3 }, holdFile })
+    await expectRegroupedAlike(r, 12, 2)
+    expect(r.metricsHistory.some((m) => m.strategy === "backup")).toBe(true)
+    expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.85)
   })
 
   it("on asynchronous servers in a hand-written trainStep loop, then back on the all-reduce: the decision clock goes on at the group's pace through the shrink and the grow, and the group moves back together", { timeout: 180_000 }, async () => {

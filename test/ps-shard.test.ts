@@ -224,6 +224,32 @@ describe("ShardServer sync", () => {
     expect(r.version).toBe(1)
     expect(r.params[0]).toBeCloseTo(-0.2, 6)
   })
+
+  it("with backup workers, away() of the others releases a step below its quota, and an away worker counts again from its next push", async () => {
+    // Three workers, one backup: a step needs two gradients. Workers 0 and 2 are away (in a
+    // decision round outside the servers) while worker 1, behind them, pushes step 4 alone.
+    const s = server(new Float32Array(N), { mode: "sync", numWorkers: 3, backupWorkers: 1 })
+    for (let step = 0; step < 4; step++) await Promise.all([s.push(0, step, step, new Float32Array(N).fill(1), 1), s.push(2, step, step, new Float32Array(N).fill(1), 1)])
+    s.away(0)
+    const late = tracked(s.push(1, 4, 4, new Float32Array(N).fill(2), 1))
+    await flush()
+    expect(late.done()).toBe(false)
+    s.away(2)
+    s.away(2) // idempotent
+    const r = await late.promise
+    expect(r).toMatchObject({ version: 5, dropped: false })
+    // SGD 0.1: four steps on 1, then one on worker 1's 2 alone.
+    expect(r.params[0]).toBeCloseTo(-0.6, 6)
+    // Worker 0 is back (its push clears the mark): step 5 waits for a second gradient again.
+    const back = tracked(s.push(0, 5, 5, new Float32Array(N).fill(1), 1))
+    await flush()
+    expect(back.done()).toBe(false)
+    const r1 = await s.push(1, 5, 5, new Float32Array(N).fill(3), 1)
+    expect(r1.version).toBe(6)
+    expect((await back.promise).params[0]).toBeCloseTo(-0.8, 6)
+    // Worker 2, still away, is not waited for but its late gradient of an applied step is dropped.
+    expect((await s.push(2, 5, 5, new Float32Array(N).fill(1), 1)).dropped).toBe(true)
+  })
 })
 
 describe("ShardServer async", () => {

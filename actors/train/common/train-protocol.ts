@@ -528,6 +528,8 @@ export const ServerProtocol = defineProtocol("ps-server", {
   pull: { request: Schema.Null, reply: Schema.Struct({ params: F32, version: Schema.Number }) },
   /** A worker's loop ended: sync and ssp steps stop waiting for it. */
   finish: { request: Schema.Struct({ worker: Schema.Number, group: Schema.optionalKey(Schema.Number) }), reply: Schema.Null },
+  /** A worker is away until its next push (in a collective outside the servers): sync steps do not wait for it meanwhile. */
+  away: { request: Schema.Struct({ worker: Schema.Number, group: Schema.optionalKey(Schema.Number) }), reply: Schema.Null },
   /** Counters: updates, dropped gradients, staleness. */
   stats: { request: Schema.Null, reply: Schema.Record(Schema.String, Schema.Number) }
 })

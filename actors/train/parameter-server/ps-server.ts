@@ -210,6 +210,11 @@ export const parameterServer = defineActor(ServerProtocol, (ctx) => {
       shard?.finish(body.worker)
       return null
     },
+    away: (body) => {
+      if ((body.group ?? 0) < group) return null
+      shard?.away(body.worker)
+      return null
+    },
     stats: () => ({ ...(shard?.stats() ?? {}) }) as Record<string, number>
   }
 })

@@ -26,8 +26,13 @@
 //          has pushed: its last step + 1) is >= step + 1 - s, i.e. the pusher is at most s steps
 //          ahead of the slowest. Clocks only rise; finished workers are not waited for.
 //
-// Nothing waits forever: each waiting push resolves when its condition is met (finish() re-checks
-// the conditions, since a finished worker no longer counts), or is rejected by abort(), after which
+// A worker may also be away for a while (away(): in a collective of its group outside the servers,
+// such as strategy auto's decision rounds): until its next push a sync step does not wait for it,
+// as for a finished one, so a worker still pushing does not wait for gradients that come only once
+// it has joined that collective itself.
+//
+// Nothing waits forever: each waiting push resolves when its condition is met (finish() and away()
+// re-check the conditions, since a finished or away worker no longer counts), or is rejected by abort(), after which
 // every push is rejected at once.
 //
 // Copies: a pushed gradient is never kept (sync adds it into the step's buffer during push(); async
@@ -177,6 +182,8 @@ export class ShardServer {
   /** Per worker: the last step pushed (-1: none). */
   private readonly lastStep: number[]
   private readonly done: boolean[]
+  /** Per worker: away (away()) until its next push. */
+  private readonly gone: boolean[]
   private finishedCount = 0
   // sync
   private lastAppliedStep = -1
@@ -246,6 +253,7 @@ export class ShardServer {
     this.params = params.slice()
     this.lastStep = new Array<number>(numWorkers).fill(-1)
     this.done = new Array<boolean>(numWorkers).fill(false)
+    this.gone = new Array<boolean>(numWorkers).fill(false)
     this.waitsOf = new Array<number>(numWorkers).fill(0)
     this.waitMsOf = new Array<number>(numWorkers).fill(0)
   }
@@ -273,6 +281,7 @@ export class ShardServer {
       return Promise.reject(e)
     }
     this.received++
+    this.gone[worker] = false
     if (step <= this.lastStep[worker]!) {
       // Async / ssp: a step this worker pushed already (each push was applied on arrival) is
       // dropped, answered with the current parameters, as sync drops a late gradient: a push sent
@@ -315,6 +324,19 @@ export class ShardServer {
     if (this.aborted) return
     if (this.mode === "sync") this.applySyncIfReady()
     else if (this.mode === "ssp") this.releaseSsp()
+  }
+
+  /**
+   * Worker `worker` is away until its next push (in a collective of its group outside the servers):
+   * a sync step collecting now, or later, does not wait for its gradient, as for a finished worker's,
+   * once every other worker still running has pushed it (pending pushes whose condition now holds
+   * resolve). Async and ssp are not changed (ssp still bounds by its clock). Idempotent.
+   */
+  away(worker: number): void {
+    this.checkWorker(worker)
+    if (this.done[worker] || this.gone[worker]) return
+    this.gone[worker] = true
+    if (!this.aborted && this.mode === "sync") this.applySyncIfReady()
   }
 
   /**
@@ -420,6 +442,7 @@ export class ShardServer {
     for (let i = 0; i < this.numWorkers; i++) {
       this.lastStep[i] = workers === "continue" ? clocks[i] - 1 : -1
       this.done[i] = false
+      this.gone[i] = false
     }
     this.finishedCount = 0
     this.lastAppliedStep = workers === "restart" ? -1 : lastAppliedStep
@@ -615,7 +638,7 @@ export class ShardServer {
     // In samples too when the step's total is known (unequal batches): (N - b) / N of them.
     const enough = c.waiters.length >= quota && (c.stepWeight === undefined || c.weight >= ((c.stepWeight * quota) / this.numWorkers) * (1 - 1e-9))
     if (!enough) {
-      for (let i = 0; i < this.numWorkers; i++) if (!this.done[i] && !c.taken[i]) return
+      for (let i = 0; i < this.numWorkers; i++) if (!this.done[i] && !this.gone[i] && !c.taken[i]) return
     }
     this.collecting = null
     const before = this.ver

@@ -132,6 +132,8 @@ export interface ParameterServers {
   /** Re-initialises the servers from a checkpoint's parameter-server files; false when it has none. */
   restore(files: Readonly<Record<string, Uint8Array>>, n: number, spec: FlatOptimizerSpec, numWorkers: number, weightDecay: number): Promise<boolean>
   finish(worker: number): Promise<void>
+  /** This worker is away until its next push (in a collective outside the servers): sync steps do not wait for it meanwhile. */
+  away(worker: number): Promise<void>
   /** The mode the servers were configured with, and their backup workers (sync). */
   readonly mode: "sync" | "async" | "ssp"
   readonly backupWorkers: number

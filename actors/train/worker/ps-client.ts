@@ -314,6 +314,11 @@ export class PsClient {
     await Promise.all(this.#servers.map((_, k) => this.options.system.tellPromise(this.#ref(k), "finish", { worker, group: this.group }).catch(() => {})))
   }
 
+  /** This worker is away until its next push (in a collective outside the servers): sync steps do not wait for it meanwhile. */
+  async away(worker: number): Promise<void> {
+    await Promise.all(this.#servers.map((_, k) => this.options.system.tellPromise(this.#ref(k), "away", { worker, group: this.group }).catch(() => {})))
+  }
+
   /**
    * The group is being regrouped (the worker was asked to pause): every answer awaited fails now
    * (a sync step waiting for a lost worker's gradient would wait until its deadline; a state asked

@@ -5,7 +5,7 @@
 // the same choice, and a change moves the parameters and the optimizer state; rank 0 explains every
 // decision; in a hand-written loop a move off the servers waits for a report() call of every rank
 // (#pending). A regroup carries what runs and the decision clock to every member (AUTO_FILE); in a
-// move, or with backup workers in a hand-written loop, the group restarts from the checkpoint.
+// move the group restarts from the checkpoint.
 import * as os from "node:os"
 import { createHash } from "node:crypto"
 import { chooseStrategy, onServers, type StrategyName } from "../../../../scheduler/strategy-choice.ts"
@@ -269,8 +269,7 @@ export class AutoWorker implements StrategyWorker {
   /**
    * Recovery from peers: what runs now and the decision clock go to every member (a replacement
    * starts on the all-reduce with a clock at 0), with local SGD's outer state while it runs, the
-   * servers' mode while on them. While moving, or with backup workers in a hand-written loop, a
-   * regroup does not follow (peersCannotNow).
+   * servers' mode while on them. While moving, a regroup does not follow (peersCannotNow).
    */
   snapshotFiles(inStep: boolean): Record<string, Uint8Array> {
     const state: AutoState = {
@@ -300,10 +299,9 @@ export class AutoWorker implements StrategyWorker {
     // SSP and async the decision rounds line up once a short group's report() exchanges hold none
     // back (beforeStep), and a rank still behind at a move back takes its last steps alone
     // (atReport). With backup workers a step needs all ranks' gradients but one: a replacement
-    // behind the survivors waited on the servers for a second gradient while they waited for it in
-    // a decision round (once in a CI-like run of two test files): that still goes through the
-    // checkpoint. dp.fit() counts steps alike on every rank.
-    if (this.#current === "backup" && !this.#host.fitUsed) return `strategy auto runs on the parameter servers with backup workers in a hand-written loop, where a replacement behind the survivors can wait on the servers for a gradient of theirs while they wait for it in a decision round`
+    // behind the survivors would wait on the servers for a second gradient while they wait for it
+    // in a decision round, so a rank in a round is away for the servers until its next push
+    // (#decisionRound). dp.fit() counts steps alike on every rank.
     return undefined
   }
 
@@ -364,6 +362,11 @@ export class AutoWorker implements StrategyWorker {
    * finished are gathered; every rank leaves with the same group step and next decision point.
    */
   async #decisionRound(finishing: boolean): Promise<DecisionRound | undefined> {
+    // With backup workers in a hand-written loop the ranks meet the round at their own steps: one
+    // still pushing would wait on the servers for a second gradient while the others wait for it
+    // here (a replacement counting from its join, behind the survivors). Away until its next push,
+    // this rank does not count for the servers' steps meanwhile.
+    if (this.#current === "backup" && !this.#host.fitUsed && !finishing) await this.#servers.away()
     const k = AUTO_WINDOW
     const w = 3 * k + 12
     // This rank's last k compute, all-reduce and push-pull times (-1: not measured), then the rest.
@@ -641,8 +644,7 @@ export const auto = defineStrategy({
     }
     checkServersConfig(input)
   },
-  // A regroup follows it (but in a move, or with backup workers in a hand-written loop: the
-  // checkpoint then, peersCannotNow says why).
+  // A regroup follows it (but in a move: the checkpoint then, peersCannotNow says why).
   peersCannot: (input) => localSgd.peersCannot(input),
   benchVariants: [{ name: "auto", collective: (s) => ({ strategy: "auto", parameterServer: { numServers: s } }), optIn: "--with-auto" }],
   create: (host) => new AutoWorker(host)

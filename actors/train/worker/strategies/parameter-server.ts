@@ -172,6 +172,11 @@ export class ParameterServerWorker implements StrategyWorker {
     await this.ps.finish(this.#host.sync.rank)
   }
 
+  /** Tells the servers this rank is away until its next push (sync steps do not wait for it meanwhile). */
+  async away(): Promise<void> {
+    await this.ps.away(this.#host.sync.rank)
+  }
+
   /** The servers hold the parameters and the optimizer state: one file per server (asked again of the new servers after a lost one). */
   async checkpointFiles(): Promise<Record<string, Uint8Array>> {
     const request = this.#host.sync.serverRequest
