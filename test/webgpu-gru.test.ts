@@ -7,6 +7,7 @@
 import { fileURLToPath } from "node:url"
 import { beforeAll, describe, expect, it } from "vitest"
 import { runWebGpuChild } from "./support/webgpu-child.ts"
+import { wholeSequenceTests } from "./support/webgpu-sequence.ts"
 
 const CHILD = fileURLToPath(new URL("./support/webgpu-gru-child.ts", import.meta.url))
 const DEADLINE_MS = 3 * 60_000
@@ -44,25 +45,5 @@ describe("a GRU cell's gates as webgpu programs", () => {
 })
 
 describe("a GRU's whole recurrence as one webgpu program each way", () => {
-  it("gives the loss and every gradient the loop and tfjs-layers' own GRU give: every step's outputs or the last, both recurrent activations, 144 units, one step", () => {
-    expect(r.sequence.map((c) => c.name)).toHaveLength(4)
-    for (const c of r.sequence) {
-      expect(c.ran, c.name).toBe(true)
-      expect(c.loopRan, c.name).toBe(false)
-      expect(c.againstLoop, c.name).toBeLessThan(1e-4)
-      expect(c.againstTfjsCpu, c.name).toBeLessThan(1e-4)
-      // Fewer programs than the loop records, for the same step.
-      expect(c.programs, c.name).toBeLessThan(c.loopPrograms)
-    }
-  })
-
-  it("records as many programs a training step for 32 time steps as for 8", () => {
-    expect(r.lengths.long).toBe(r.lengths.short)
-  })
-
-  it("leaves a masked sequence and one going backwards to the loop (their programs grow with the length), with the same values", () => {
-    expect(r.masked.long).toBeGreaterThan(r.masked.short + 100)
-    expect(r.backwards.long).toBeGreaterThan(r.backwards.short + 100)
-    expect(r.backwardsAgainstTfjsCpu).toBeLessThan(1e-4)
-  })
+  wholeSequenceTests("GRU", "every step's outputs or the last, both recurrent activations, 144 units, one step", () => ({ ...r, cases: r.sequence }))
 })

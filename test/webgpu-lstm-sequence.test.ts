@@ -5,8 +5,9 @@
 // loop with the fused cell and against tfjs-layers' own LSTM on the cpu backend; the programs a
 // training step records at two sequence lengths; the layers the loop keeps.
 import { fileURLToPath } from "node:url"
-import { beforeAll, describe, expect, it } from "vitest"
+import { beforeAll, describe } from "vitest"
 import { runWebGpuChild } from "./support/webgpu-child.ts"
+import { wholeSequenceTests } from "./support/webgpu-sequence.ts"
 
 const CHILD = fileURLToPath(new URL("./support/webgpu-lstm-sequence-child.ts", import.meta.url))
 const DEADLINE_MS = 3 * 60_000
@@ -26,24 +27,5 @@ beforeAll(async () => {
 }, DEADLINE_MS + 30_000)
 
 describe("an LSTM's whole recurrence as one webgpu program each way", () => {
-  it("gives the loss and every gradient the loop and tfjs-layers' own LSTM give: every step's outputs or the last, both recurrent activations, 80 units, one step", () => {
-    expect(r.backend).toBe("webgpu")
-    expect(r.results.map((c) => c.name)).toHaveLength(4)
-    for (const c of r.results) {
-      expect(c.againstLoop, c.name).toBeLessThan(1e-4)
-      expect(c.againstTfjsCpu, c.name).toBeLessThan(1e-4)
-      // Fewer programs than the loop records, for the same step.
-      expect(c.programs, c.name).toBeLessThan(c.loopPrograms)
-    }
-  })
-
-  it("records as many programs a training step for 32 time steps as for 8", () => {
-    expect(r.lengths.long).toBe(r.lengths.short)
-  })
-
-  it("leaves a masked sequence and one going backwards to the loop (their programs grow with the length), with the same values", () => {
-    expect(r.masked.long).toBeGreaterThan(r.masked.short + 100)
-    expect(r.backwards.long).toBeGreaterThan(r.backwards.short + 100)
-    expect(r.backwardsAgainstTfjsCpu).toBeLessThan(1e-4)
-  })
+  wholeSequenceTests("LSTM", "every step's outputs or the last, both recurrent activations, 80 units, one step", () => ({ ...r, cases: r.results }))
 })

@@ -29,7 +29,7 @@ import type { Tf } from "../tf.ts"
 import { hostKernels, patchLayerCall, registerFused, withTfjsCalls, type WebGpuArgs, type WebGpuBackend } from "./fused-layers.ts"
 import { fusedRecurrent, gate, gateProgram, gateSlope, layerRecurrent, projectSequence, type RecurrentCellLike } from "./lstm-cell.ts"
 import { gruSequence, gruSequenceFits, installGruSequence } from "./gru-sequence.ts"
-import { recurrentOf, type Recurrent } from "./lstm-sequence.ts"
+import { recurrentOf, sequenceSwitch, type Recurrent } from "./lstm-sequence.ts"
 import type { TensorInfo } from "./wasm-heap.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
@@ -329,7 +329,7 @@ export const installGruCell = (tf: Tf): boolean => {
       const H = cell.units
       const T = fits.x.shape[1]!
       const whole =
-        sequenceOn && kwargs?.["mask"] == null && kwargs?.["initialState"] == null && !this.stateful && !this.goBackwards && !this.returnState && T > 0 && gruSequenceFits(tf, H)
+        sequence.on && kwargs?.["mask"] == null && kwargs?.["initialState"] == null && !this.stateful && !this.goBackwards && !this.returnState && T > 0 && gruSequenceFits(tf, H)
       return tf.tidy(() => {
         const projected = projectSequence(tf, fits.x, cell.kernel.read(), cell.useBias && cell.bias ? cell.bias.read() : undefined)
         if (whole) return gruSequence(tf, projected, cell.recurrentKernel.read(), fits.recurrent, this.returnSequences)
@@ -346,17 +346,9 @@ export const installGruCell = (tf: Tf): boolean => {
   return installed
 }
 
-let sequenceOn = true
+const sequence = sequenceSwitch()
 /** Runs `f` with the GRU layer stepping through its loop with the fused cell, not the whole-sequence programs (for tests and benchmarks that compare them). */
-export const withoutGruSequence = <T>(f: () => T): T => {
-  const before = sequenceOn
-  sequenceOn = false
-  try {
-    return f()
-  } finally {
-    sequenceOn = before
-  }
-}
+export const withoutGruSequence = <T>(f: () => T): T => sequence.off(f)
 
 /** Runs `f` with tfjs-layers' own GRUCell.call (for tests and benchmarks that compare the two). */
 export const withTfjsGruCell = <T>(tf: Tf, f: () => T): T => withTfjsCalls(tf, ["GRUCell", "GRU"], f)

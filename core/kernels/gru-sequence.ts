@@ -24,7 +24,7 @@
 // limit of 16 KiB); everywhere else the layer keeps its loop.
 import type { Tf } from "../tf.ts"
 import { registerFused, type WebGpuArgs, type WebGpuBackend } from "./fused-layers.ts"
-import { lstmGatesWgsl, recurrentOf, type Recurrent } from "./lstm-sequence.ts"
+import { recurrentOf, rowProgram, SEQUENCE_WORKGROUP, type Recurrent } from "./lstm-sequence.ts"
 import type { TensorInfo } from "./wasm-heap.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
@@ -35,34 +35,15 @@ export const GRU_SEQUENCE_GRAD = "GradwireGRUSequenceGrad"
 
 /** The most units the programs take (workgroup memory, above). */
 export const MAX_GRU_SEQUENCE_UNITS = 256
-const WORKGROUP = 256
+const WORKGROUP = SEQUENCE_WORKGROUP
 
-/**
- * One workgroup of 256 threads per batch row of mx ([B, T, 3H]), writing [B, T, perStep·H]: `code`
- * defines main, with H, 2H and 3H as the constants gwUnits, gwTwo and gwThree, and the step count
- * read from the output's shape (one pipeline for every sequence length).
- */
+/** One of the GRU's programs over mx ([B, T, 3H]), writing [B, T, perStep·H], with H, 2H and 3H as the constants gwUnits, gwTwo and gwThree. */
 const program = (backend: WebGpuBackend, name: string, names: string[], inputs: TensorInfo[], mx: TensorInfo, perStep: number, attrs: Record<string, unknown>, code: string): TensorInfo => {
   const [B, T, G] = mx.shape as [number, number, number]
   const H = G / 3
-  const hard = recurrentOf(attrs) === "hardSigmoid"
-  return backend.runWebGPUProgram(
-    {
-      variableNames: names,
-      outputShape: [B, T, perStep * H],
-      workgroupSize: [WORKGROUP, 1, 1],
-      dispatchLayout: { x: [0, 1, 2] },
-      dispatch: [B, 1, 1],
-      shaderKey: `gradwire_gruseq_${name}_${H}_${hard ? "hard" : "sigmoid"}`,
-      getUserCode: () => `${lstmGatesWgsl(hard)}
-  const gwUnits = ${H};
+  return rowProgram(backend, `gradwire_gruseq_${name}_${H}`, names, inputs, [B, T], perStep * H, recurrentOf(attrs) === "hardSigmoid", `const gwUnits = ${H};
   const gwTwo = ${2 * H};
-  const gwThree = ${3 * H};
-  ${code}`
-    },
-    inputs,
-    "float32"
-  )
+  const gwThree = ${3 * H};`, code)
 }
 
 const webgpuForward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo => {

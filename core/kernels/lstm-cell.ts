@@ -23,7 +23,7 @@
 // (`../engine.ts`).
 import type { Tf } from "../tf.ts"
 import { hostKernels, isPatchedCall, oneInput, patchLayerCall, registerFused, runWgsl, withTfjsCalls, type WebGpuArgs, type WebGpuBackend } from "./fused-layers.ts"
-import { installLstmSequence, lstmGatesWgsl, lstmSequence, lstmSequenceFits, recurrentOf, type Recurrent } from "./lstm-sequence.ts"
+import { installLstmSequence, lstmGatesWgsl, lstmSequence, lstmSequenceFits, recurrentOf, sequenceSwitch, type Recurrent } from "./lstm-sequence.ts"
 import type { TensorInfo } from "./wasm-heap.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
@@ -344,7 +344,7 @@ export const installLstmCell = (tf: Tf): boolean => {
       // The whole recurrence as one program each way (lstm-sequence.ts), where nothing of the loop's
       // own is asked for: no mask, initial state, state output, statefulness or reversed order.
       const whole =
-        sequenceOn && kwargs?.["mask"] == null && kwargs?.["initialState"] == null && !this.stateful && !this.goBackwards && !this.returnState && T > 0 && lstmSequenceFits(tf, H)
+        sequence.on && kwargs?.["mask"] == null && kwargs?.["initialState"] == null && !this.stateful && !this.goBackwards && !this.returnState && T > 0 && lstmSequenceFits(tf, H)
       return tf.tidy(() => {
         const xw = projectSequence(tf, x, W, cell.useBias && cell.bias ? cell.bias.read() : undefined)
         if (whole) return lstmSequence(tf, xw, cell.recurrentKernel.read(), recurrent, this.returnSequences)
@@ -361,17 +361,9 @@ export const installLstmCell = (tf: Tf): boolean => {
   return installed
 }
 
-let sequenceOn = true
+const sequence = sequenceSwitch()
 /** Runs `f` with the LSTM layer stepping through its loop with the fused cell, not the whole-sequence programs (for tests and benchmarks that compare them). */
-export const withoutLstmSequence = <T>(f: () => T): T => {
-  const before = sequenceOn
-  sequenceOn = false
-  try {
-    return f()
-  } finally {
-    sequenceOn = before
-  }
-}
+export const withoutLstmSequence = <T>(f: () => T): T => sequence.off(f)
 
 /** Runs `f` with tfjs-layers' own LSTMCell.call and LSTM.call (for tests and benchmarks that compare them). */
 export const withTfjsLstmCell = <T>(tf: Tf, f: () => T): T => withTfjsCalls(tf, ["LSTMCell", "LSTM"], f)

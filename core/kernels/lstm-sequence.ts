@@ -23,6 +23,25 @@ import type { TensorInfo } from "./wasm-heap.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
 
+/** A switch, on unless inside `off(f)`, which runs f with it off (the layers' whole-sequence programs, for tests and benchmarks that compare them with the loop). */
+export const sequenceSwitch = (): { readonly on: boolean; off<T>(f: () => T): T } => {
+  let on = true
+  return {
+    get on() {
+      return on
+    },
+    off<T>(f: () => T): T {
+      const before = on
+      on = false
+      try {
+        return f()
+      } finally {
+        on = before
+      }
+    }
+  }
+}
+
 /** The recurrent activations the LSTM kernels compute (these and lstm-cell.ts's). */
 export type Recurrent = "hardSigmoid" | "sigmoid"
 
@@ -32,7 +51,9 @@ export const LSTM_SEQUENCE_GRAD = "GradwireLSTMSequenceGrad"
 
 /** The most units the programs take: 6 of 4-byte values per unit in workgroup memory (WebGPU's least limit is 16 KiB). */
 export const MAX_SEQUENCE_UNITS = 512
-const WORKGROUP = 256
+/** Threads per workgroup of the sequence programs (one workgroup per batch row). */
+export const SEQUENCE_WORKGROUP = 256
+const WORKGROUP = SEQUENCE_WORKGROUP
 
 /** A kernel's recurrent activation from its attributes (hardSigmoid unless "sigmoid"). */
 export const recurrentOf = (attrs: Record<string, unknown>): Recurrent => (attrs["recurrent"] === "sigmoid" ? "sigmoid" : "hardSigmoid")
@@ -45,30 +66,34 @@ export const lstmGatesWgsl = (hard: boolean): string => `
 `
 
 /**
- * One workgroup of 256 threads per batch row of xw ([B, T, 4H]), writing [B, T, perStep·H]: `code`
- * defines main, with H and 4H as the constants gwUnits and gwGates (the workgroup arrays' sizes) and
- * the step count read from the output's shape (one pipeline for every sequence length).
+ * One workgroup of SEQUENCE_WORKGROUP threads per batch row of a recurrence's projected inputs
+ * ([B, T, ...]), writing [B, T, perStep]: `code` defines main, after the gate functions and
+ * `constants` (the workgroup arrays' sizes); the step count is read from the output's shape (one
+ * pipeline for every sequence length). The LSTM's programs and the GRU's (gru-sequence.ts).
  */
-const program = (backend: WebGpuBackend, name: string, names: string[], inputs: TensorInfo[], xw: TensorInfo, perStep: number, attrs: Record<string, unknown>, code: string): TensorInfo => {
-  const [B, T, G] = xw.shape as [number, number, number]
-  const H = G / 4
-  const hard = recurrentOf(attrs) === "hardSigmoid"
-  return backend.runWebGPUProgram(
+export const rowProgram = (backend: WebGpuBackend, key: string, names: string[], inputs: TensorInfo[], rows: readonly [number, number], perStep: number, hard: boolean, constants: string, code: string): TensorInfo =>
+  backend.runWebGPUProgram(
     {
       variableNames: names,
-      outputShape: [B, T, perStep * H],
-      workgroupSize: [WORKGROUP, 1, 1],
+      outputShape: [rows[0], rows[1], perStep],
+      workgroupSize: [SEQUENCE_WORKGROUP, 1, 1],
       dispatchLayout: { x: [0, 1, 2] },
-      dispatch: [B, 1, 1],
-      shaderKey: `gradwire_lstmseq_${name}_${H}_${hard ? "hard" : "sigmoid"}`,
+      dispatch: [rows[0], 1, 1],
+      shaderKey: `${key}_${hard ? "hard" : "sigmoid"}`,
       getUserCode: () => `${lstmGatesWgsl(hard)}
-  const gwUnits = ${H};
-  const gwGates = ${4 * H};
+  ${constants}
   ${code}`
     },
     inputs,
     "float32"
   )
+
+/** One of the LSTM's programs over xw ([B, T, 4H]), writing [B, T, perStep·H], with H and 4H as the constants gwUnits and gwGates. */
+const program = (backend: WebGpuBackend, name: string, names: string[], inputs: TensorInfo[], xw: TensorInfo, perStep: number, attrs: Record<string, unknown>, code: string): TensorInfo => {
+  const [B, T, G] = xw.shape as [number, number, number]
+  const H = G / 4
+  return rowProgram(backend, `gradwire_lstmseq_${name}_${H}`, names, inputs, [B, T], perStep * H, recurrentOf(attrs) === "hardSigmoid", `const gwUnits = ${H};
+  const gwGates = ${4 * H};`, code)
 }
 
 const webgpuForward = ({ inputs, backend, attrs }: WebGpuArgs): TensorInfo => {
