@@ -57,6 +57,8 @@ interface DecisionRound {
   readonly allFinishing: boolean
   /** The most report() calls any rank had made (-1: a rank outside a Trainer's worker, which has no count). */
   readonly reports: number
+  /** The group's decision clock at the round (the greatest of the ranks'). */
+  readonly clock: number
   readonly cpu: { busyCores: number[]; stepsPerSec: number[]; cores: number[]; host: number[]; ownCores: number[] }
 }
 
@@ -461,7 +463,7 @@ export class AutoWorker implements StrategyWorker {
     for (let r = 0; r < p; r++) computeMs.push(Array.from(all.subarray(r * w, r * w + k)).filter((v) => v >= 0))
     const field = (i: number): number[] => Array.from({ length: p }, (_, r) => all[r * w + 3 * k + i]!)
     const cpu = { busyCores: field(6), stepsPerSec: field(7), cores: field(8), host: field(9), ownCores: field(10) }
-    return { computeMs, steps, step: Math.floor(global + 1e-9), anyFinishing: done > 0, allFinishing: done >= p, reports, cpu }
+    return { computeMs, steps, step: Math.floor(global + 1e-9), anyFinishing: done > 0, allFinishing: done >= p, reports, clock, cpu }
   }
 
   /**
@@ -500,7 +502,16 @@ export class AutoWorker implements StrategyWorker {
       }
       return
     }
-    if (this.#allReduceMs === undefined || computeMs.some((r) => r.length === 0)) return
+    if (this.#allReduceMs === undefined) return
+    if (computeMs.some((r) => r.length === 0)) {
+      // A rank without compute times yet where others have them: a replacement let in at this
+      // round (the survivors' next group operation), whose log starts with its first step here. The
+      // choice is made once it has some, a window later, not at the next point: a CI run whose replacement, held up by
+      // the machine's load, joined at the round at step 168 ended its 13 epochs before 216, where
+      // GRADWIRE_AUTO_PLAN's move back to the all-reduce came next.
+      if (computeMs.some((r) => r.length > 0)) this.#nextDecision = Math.min(this.#nextDecision, round.clock + AUTO_WINDOW)
+      return
+    }
     const choice = chooseStrategy(
       {
         computeMs,
