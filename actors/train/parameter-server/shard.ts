@@ -32,8 +32,8 @@
 // it has joined that collective itself.
 //
 // Nothing waits forever: each waiting push resolves when its condition is met (finish() and away()
-// re-check the conditions, since a finished or away worker no longer counts), or is rejected by abort(), after which
-// every push is rejected at once.
+// re-check the conditions, since a finished or away worker no longer counts), or is rejected by
+// abort(), after which every push is rejected at once.
 //
 // Copies: a pushed gradient is never kept (sync adds it into the step's buffer during push(); async
 // and ssp step with it in place), so the caller may reuse it, or pass a view into a received

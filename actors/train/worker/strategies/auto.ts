@@ -505,10 +505,10 @@ export class AutoWorker implements StrategyWorker {
     if (this.#allReduceMs === undefined) return
     if (computeMs.some((r) => r.length === 0)) {
       // A rank without compute times yet where others have them: a replacement let in at this
-      // round (the survivors' next group operation), whose log starts with its first step here. The
-      // choice is made once it has some, a window later, not at the next point: a CI run whose replacement, held up by
-      // the machine's load, joined at the round at step 168 ended its 13 epochs before 216, where
-      // GRADWIRE_AUTO_PLAN's move back to the all-reduce came next.
+      // round (the survivors' next group operation), whose log starts with its first step here.
+      // The choice is made once it has some, a window later, not at the next point: a CI run whose
+      // replacement, held up by the machine's load, joined at the round at step 168 ended its 13
+      // epochs before 216, where GRADWIRE_AUTO_PLAN's move back to the all-reduce came next.
       if (computeMs.some((r) => r.length > 0)) this.#nextDecision = Math.min(this.#nextDecision, round.clock + AUTO_WINDOW)
       return
     }
