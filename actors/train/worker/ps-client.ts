@@ -310,13 +310,18 @@ export class PsClient {
   }
 
   /** This worker's loop ended: the servers stop waiting for it. */
-  async finish(worker: number): Promise<void> {
-    await Promise.all(this.#servers.map((_, k) => this.options.system.tellPromise(this.#ref(k), "finish", { worker, group: this.group }).catch(() => {})))
+  finish(worker: number): Promise<void> {
+    return this.#tellEvery("finish", worker)
   }
 
   /** This worker is away until its next push (in a collective outside the servers): sync steps do not wait for it meanwhile. */
-  async away(worker: number): Promise<void> {
-    await Promise.all(this.#servers.map((_, k) => this.options.system.tellPromise(this.#ref(k), "away", { worker, group: this.group }).catch(() => {})))
+  away(worker: number): Promise<void> {
+    return this.#tellEvery("away", worker)
+  }
+
+  /** Tells every server `what` of this worker in this group (a server that does not answer is passed over). */
+  async #tellEvery(what: "finish" | "away", worker: number): Promise<void> {
+    await Promise.all(this.#servers.map((_, k) => this.options.system.tellPromise(this.#ref(k), what, { worker, group: this.group }).catch(() => {})))
   }
 
   /**
