@@ -9,7 +9,7 @@ import { describe, expect, it } from "vitest"
 import * as path from "node:path"
 import { Trainer, type Result } from "../index.ts"
 import { digitsTrainerRuns, readEvents, sameWeights } from "./support/trainer-runs.ts"
-import { makeHold, releaseWhenStandbyReady } from "./support/hold.ts"
+import { fitReleasingHold, makeHold } from "./support/hold.ts"
 import { stepLog } from "./support/chaos-loop.ts"
 
 const CHAOS = path.resolve("test/support/chaos-loop.ts") + "#trainLoop"
@@ -66,19 +66,20 @@ const chaosRun = async (
  * `loop.holdFile` is held only until its replacement is ready, then trains at full speed: the
  * replacement joins at its next report() call either way.
  */
-const stepRun = (name: string, plan: string, loop: Record<string, unknown>): Promise<Result> => {
-  const release = typeof loop.holdFile === "string" ? releaseWhenStandbyReady(loop.holdFile, path.join(runs.storage, name, "events.jsonl")) : () => {}
-  return planned(plan, () =>
-    new Trainer({
-      trainLoopPerWorker: STEP_LOOP,
-      trainLoopConfig: loop,
-      scalingConfig: { numWorkers: 3 },
-      collectiveConfig: { strategy: "auto" },
-      runConfig: { name, storagePath: runs.storage, progress: false, failureConfig: { maxFailures: 1 } },
-      datasets: { train: runs.train, test: runs.test }
-    }).fit()
-  ).finally(release)
-}
+const stepRun = (name: string, plan: string, loop: Record<string, unknown>): Promise<Result> =>
+  planned(plan, () =>
+    fitReleasingHold(
+      {
+        trainLoopPerWorker: STEP_LOOP,
+        trainLoopConfig: loop,
+        scalingConfig: { numWorkers: 3 },
+        collectiveConfig: { strategy: "auto" },
+        runConfig: { name, storagePath: runs.storage, progress: false, failureConfig: { maxFailures: 1 } },
+        datasets: { train: runs.train, test: runs.test }
+      },
+      typeof loop.holdFile === "string" ? loop.holdFile : undefined
+    )
+  )
 
 /**
  * What every recovery from peers here ends in: one restart from the two survivors, the replacement

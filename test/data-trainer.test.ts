@@ -14,7 +14,7 @@ import { resolveFileDataset, type ResolvedDataset } from "../core/data/resolve.t
 import { FileStream } from "../core/data/stream.ts"
 import { launchNatsServer, liveNatsServerPids, type NatsServerProcess } from "../core/nats-server.ts"
 import { startHeadAgent, type HeadAgent } from "./support/head-agent.ts"
-import { releaseWhenStandbyReady } from "./support/hold.ts"
+import { fitReleasingHold } from "./support/hold.ts"
 import type { NatsConnection } from "@nats-io/nats-core"
 
 const LOOP = path.resolve("test/support/data-loop.ts") + "#dataLoop"
@@ -85,16 +85,16 @@ const killRun = async (name: string, loop: { readonly epochs: number; readonly h
   const spec = fromFiles(path.join(dataDir, "*.csv"), OPTS)
   // A hand-written loop's replacement joins at a report() call: its group is held only until the
   // replacement is ready (then it goes on at full speed to the next one).
-  const release = loop.handWritten ? releaseWhenStandbyReady(holdFile, path.join(work, name, "events.jsonl")) : () => {}
-  const r = await new Trainer({
-    trainLoopPerWorker: LOOP,
-    trainLoopConfig: { ...loop, batchSize: BATCH, rows: ROWS, logDir, checkpointEvery: 1, holdFile, fail: { how: "kill", rank: 1, epoch: 1, step: 5 } },
-    scalingConfig: { numWorkers: 3 },
-    runConfig: { name, storagePath: work, progress: false, failureConfig: { maxFailures: 1 } },
-    datasets: { train: spec }
-  })
-    .fit()
-    .finally(release)
+  const r = await fitReleasingHold(
+    {
+      trainLoopPerWorker: LOOP,
+      trainLoopConfig: { ...loop, batchSize: BATCH, rows: ROWS, logDir, checkpointEvery: 1, holdFile, fail: { how: "kill", rank: 1, epoch: 1, step: 5 } },
+      scalingConfig: { numWorkers: 3 },
+      runConfig: { name, storagePath: work, progress: false, failureConfig: { maxFailures: 1 } },
+      datasets: { train: spec }
+    },
+    loop.handWritten ? holdFile : undefined
+  )
   const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>)
   return { r, events, logDir, spec }
 }

@@ -12,7 +12,7 @@ import * as path from "node:path"
 import { Trainer, loadDigits, trainTestSplit, type ArrayDataset, type Result } from "../index.ts"
 import { readEvents as events, sameWeights } from "./support/trainer-runs.ts"
 import { liveNatsServerPids } from "../core/nats-server.ts"
-import { makeHold, releaseWhenStandbyReady } from "./support/hold.ts"
+import { fitReleasingHold, makeHold } from "./support/hold.ts"
 import { mayRaiseTo } from "../core/priority.ts"
 import { chrtRuns } from "./support/nice.ts"
 import { standbySchedIdle } from "../core/settings.ts"
@@ -140,16 +140,16 @@ describe("recovery from surviving peers", () => {
     // While the group is short (2 of 3) and its replacement (a few seconds to start) is not ready,
     // every step is slowed, so it joins before the run can end; once ready, full speed to the next report().
     const { dir: holdDir, holdFile } = await makeHold(storage, "step-hold-", 3)
-    const release = releaseWhenStandbyReady(holdFile, path.join(storage, "peers-step-loop", "events.jsonl"))
-    const r = await new Trainer({
-      trainLoopPerWorker: STEP_LOOP,
-      trainLoopConfig: { epochs: 5, kill: { rank: 1, epoch: 1, step: 5 }, holdFile },
-      scalingConfig: { numWorkers: 3 },
-      runConfig: { name: "peers-step-loop", storagePath: storage, progress: false, failureConfig: { maxFailures: 1 } },
-      datasets: { train, test }
-    })
-      .fit()
-      .finally(release)
+    const r = await fitReleasingHold(
+      {
+        trainLoopPerWorker: STEP_LOOP,
+        trainLoopConfig: { epochs: 5, kill: { rank: 1, epoch: 1, step: 5 }, holdFile },
+        scalingConfig: { numWorkers: 3 },
+        runConfig: { name: "peers-step-loop", storagePath: storage, progress: false, failureConfig: { maxFailures: 1 } },
+        datasets: { train, test }
+      },
+      holdFile
+    )
     expect(r.restarts).toBe(1)
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4])
     expect(sameWeights(r)).toBe(true)
@@ -178,16 +178,16 @@ describe("recovery from surviving peers", () => {
     // before the epoch ends and the grow waits for the loop's final report() call, where no step
     // is left to join.
     const { dir: holdDir, holdFile } = await makeHold(storage, "last-hold-", 3)
-    const release = releaseWhenStandbyReady(holdFile, path.join(storage, "peers-last-epoch", "events.jsonl"))
-    const r = await new Trainer({
-      trainLoopPerWorker: STEP_LOOP,
-      trainLoopConfig: { epochs: 2, batchSize: 8, kill: { rank: 1, epoch: 1, step: 2 }, holdFile },
-      scalingConfig: { numWorkers: 3 },
-      runConfig: { name: "peers-last-epoch", storagePath: storage, progress: false, failureConfig: { maxFailures: 1 } },
-      datasets: { train, test }
-    })
-      .fit()
-      .finally(release)
+    const r = await fitReleasingHold(
+      {
+        trainLoopPerWorker: STEP_LOOP,
+        trainLoopConfig: { epochs: 2, batchSize: 8, kill: { rank: 1, epoch: 1, step: 2 }, holdFile },
+        scalingConfig: { numWorkers: 3 },
+        runConfig: { name: "peers-last-epoch", storagePath: storage, progress: false, failureConfig: { maxFailures: 1 } },
+        datasets: { train, test }
+      },
+      holdFile
+    )
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1])
     expect(sameWeights(r)).toBe(true)
     const ev = await events(r.path)

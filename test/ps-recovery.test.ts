@@ -9,7 +9,7 @@ import * as path from "node:path"
 import * as fs from "node:fs/promises"
 import { Trainer, type Result } from "../index.ts"
 import { digitsTrainerRuns, expectStaleConverged, readEvents as events, sameWeights } from "./support/trainer-runs.ts"
-import { makeHold, releaseWhenStandbyReady } from "./support/hold.ts"
+import { fitReleasingHold, makeHold } from "./support/hold.ts"
 
 const CHAOS = path.resolve("test/support/chaos-loop.ts") + "#trainLoop"
 const STEP_LOOP = path.resolve("test/support/step-loop.ts") + "#stepLoop"
@@ -51,17 +51,17 @@ describe("parameter servers: recovery from surviving peers", () => {
   it("a hand-written trainStep loop with sync servers: the survivors go on from the step in flight, and a replacement joins at a report() call", { timeout: 150_000 }, async () => {
     // The short group is held until its replacement is ready, then trains at full speed: it joins at the next report() call.
     const { holdFile } = await makeHold(runs.storage, "ps-step-hold-", 3)
-    const release = releaseWhenStandbyReady(holdFile, path.join(runs.storage, "ps-peers-step", "events.jsonl"))
-    const r = await new Trainer({
-      trainLoopPerWorker: STEP_LOOP,
-      trainLoopConfig: { epochs: 5, kill: { rank: 1, epoch: 1, step: 5 }, holdFile },
-      scalingConfig: { numWorkers: 3 },
-      runConfig: { name: "ps-peers-step", storagePath: runs.storage, progress: false, failureConfig: { maxFailures: 1 } },
-      collectiveConfig: { strategy: "parameter-server", parameterServer: { numServers: 2, mode: "sync" } },
-      datasets: { train: runs.train, test: runs.test }
-    })
-      .fit()
-      .finally(release)
+    const r = await fitReleasingHold(
+      {
+        trainLoopPerWorker: STEP_LOOP,
+        trainLoopConfig: { epochs: 5, kill: { rank: 1, epoch: 1, step: 5 }, holdFile },
+        scalingConfig: { numWorkers: 3 },
+        runConfig: { name: "ps-peers-step", storagePath: runs.storage, progress: false, failureConfig: { maxFailures: 1 } },
+        collectiveConfig: { strategy: "parameter-server", parameterServer: { numServers: 2, mode: "sync" } },
+        datasets: { train: runs.train, test: runs.test }
+      },
+      holdFile
+    )
     const ev = await events(r.path)
     // On a failure, the regroups' events say what else was taken for a failure (once seen in CI under load: 2 restarts).
     expect(r.restarts, JSON.stringify(ev.filter((e) => e.type === "restart" || e.type === "resize" || e.type === "failure"))).toBe(1)
@@ -83,17 +83,17 @@ describe("parameter servers: recovery from surviving peers", () => {
     // strategy auto's decision clock stopped, and a loop could end before its decision round).
     // Batches of 32: 15-16 steps an epoch per rank at 3 workers, 22-23 at 2; rank 1 dies at epoch 3.
     const { holdFile } = await makeHold(runs.storage, "ps-async-global-", 3)
-    const release = releaseWhenStandbyReady(holdFile, path.join(runs.storage, "ps-async-global", "events.jsonl"))
-    const r = await new Trainer({
-      trainLoopPerWorker: STEP_LOOP,
-      trainLoopConfig: { epochs: 7, kill: { rank: 1, epoch: 3, step: 3 }, holdFile, globalStep: true },
-      scalingConfig: { numWorkers: 3 },
-      runConfig: { name: "ps-async-global", storagePath: runs.storage, progress: false, failureConfig: { maxFailures: 1 } },
-      collectiveConfig: { strategy: "parameter-server", parameterServer: { numServers: 1, mode: "async" } },
-      datasets: { train: runs.train, test: runs.test }
-    })
-      .fit()
-      .finally(release)
+    const r = await fitReleasingHold(
+      {
+        trainLoopPerWorker: STEP_LOOP,
+        trainLoopConfig: { epochs: 7, kill: { rank: 1, epoch: 3, step: 3 }, holdFile, globalStep: true },
+        scalingConfig: { numWorkers: 3 },
+        runConfig: { name: "ps-async-global", storagePath: runs.storage, progress: false, failureConfig: { maxFailures: 1 } },
+        collectiveConfig: { strategy: "parameter-server", parameterServer: { numServers: 1, mode: "async" } },
+        datasets: { train: runs.train, test: runs.test }
+      },
+      holdFile
+    )
     const ev = await events(r.path)
     expect(ev.find((e) => e.type === "restart")).toMatchObject({ recovery: "peers", survivors: 2 })
     expect(ev.find((e) => e.type === "grow")).toMatchObject({ recovery: "peers", joiners: 1 })

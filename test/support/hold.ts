@@ -6,6 +6,7 @@
 import { existsSync, readFileSync, rmSync } from "node:fs"
 import { mkdtemp, writeFile } from "node:fs/promises"
 import * as path from "node:path"
+import { Trainer, type Result, type TrainerOptions } from "../../index.ts"
 
 /** How long each step of a short group waits while the hold is on (its first HOLD_PATIENCE_MS). */
 export const HOLD_STEP_MS = 250
@@ -60,4 +61,17 @@ export const releaseWhenStandbyReady = (holdFile: string, eventsFile: string): (
     clearInterval(timer)
   }, 100)
   return () => clearInterval(timer)
+}
+
+/**
+ * `new Trainer(options).fit()`, with the short group's hold file `holdFile` taken off once the run's
+ * events.jsonl (under runConfig's storagePath and name) records its replacement ready
+ * (releaseWhenStandbyReady); without `holdFile`, the plain run.
+ */
+export const fitReleasingHold = (options: TrainerOptions, holdFile: string | undefined): Promise<Result> => {
+  if (holdFile === undefined) return new Trainer(options).fit()
+  const run = options.runConfig
+  if (run?.storagePath === undefined || run.name === undefined) throw new Error("fitReleasingHold: runConfig needs storagePath and name (where the run's events.jsonl is)")
+  const release = releaseWhenStandbyReady(holdFile, path.join(run.storagePath, run.name, "events.jsonl"))
+  return new Trainer(options).fit().finally(release)
 }
