@@ -216,6 +216,11 @@ export const describeTransport = (t: TransportInfo, m?: TransportMeasurement): s
  * faster at 4 and 64 KiB) had put every call on NATS.
  */
 export const DIRECT_TIE = 1.1
+
+/** measureTransport's exchanges inside a node (its ranks' own links): this many times the reps of the pairs across nodes. */
+export const OWN_NODE_REPS = 3
+/** ... and at this many times the largest of the pair sizes as well (2 MiB by default). */
+export const OWN_NODE_SIZE = 8
 export const directHolds = (row: { natsMs: number; directMs: number }): boolean => row.directMs <= row.natsMs * DIRECT_TIE
 
 /** "auto" sends calls of at least this many bytes direct. */
@@ -1243,7 +1248,7 @@ export class Communicator {
    * the same point (the calls are collectives); each keeps its own threshold, since each sender
    * chooses the path of its own frames. On several nodes it then times exchanges at `pairSizes`
    * (default 4 KiB and 256 KiB) between each pair of nodes (`pairs`), for the fit of each pair's
-   * links. Returns the figures; nothing is timed without direct links.
+   * links; a node's own pair OWN_NODE_REPS times as often, and at OWN_NODE_SIZE times the largest too. Returns the figures; nothing is timed without direct links.
    */
   async measureTransport(
     opts: { sizes?: ReadonlyArray<number>; fitSizes?: ReadonlyArray<number>; pairSizes?: ReadonlyArray<number>; reps?: number; algorithm?: AllReduceAlgorithm } = {}
@@ -1287,11 +1292,21 @@ export class Communicator {
    * exchanges timed would be NATS).
    */
   async #timePairs(sizes: ReadonlyArray<number>, reps: number): Promise<PairTiming[] | undefined> {
-    const rounds = pairProbeRounds(this.peers.map((p) => p.node))
+    const nodes = this.peers.map((p) => p.node)
+    const rounds = pairProbeRounds(nodes)
     // The same decision on every rank: wholeDirect is agreed from the hellos.
     if (rounds.length === 0 || !this.#wholeDirect) return undefined
     const plan: Array<{ round: ReadonlyArray<readonly [number, number]>; bytes: number }> = []
-    for (const round of rounds) for (const bytes of sizes) for (let i = 0; i < reps; i++) plan.push({ round, bytes })
+    for (const round of rounds) {
+      // A node's own links (a Unix socket) move 256 KiB in about a millisecond, which one time
+      // slice lost to another process multiplies several times over (a loaded 2-core machine
+      // timed 1.6, 8.2 and 12.9 ms, and the fit priced the node's links at 4x the slow link across
+      // instead of 35x). Their round is cheap, so it is timed OWN_NODE_REPS times as often and at
+      // OWN_NODE_SIZE times the largest size too, where the link's own time shows through the noise.
+      const own = round.every(([a, b]) => nodes[a] === nodes[b])
+      const roundSizes = own ? [...sizes, OWN_NODE_SIZE * Math.max(...sizes)] : sizes
+      for (const bytes of roundSizes) for (let i = 0; i < (own ? OWN_NODE_REPS * reps : reps); i++) plan.push({ round, bytes })
+    }
     const mine = new Float32Array(plan.length)
     for (let k = 0; k < plan.length; k++) {
       const { round, bytes } = plan[k]!
@@ -1299,7 +1314,7 @@ export class Communicator {
       const partner = pair === undefined ? -1 : pair[0] === this.rank ? pair[1] : pair[0]
       const data = new Float32Array(Math.max(1, bytes >> 2)).fill(this.rank + 1)
       const out = new Float32Array(data.length)
-      if (k % reps === 0) await this.#exchange(data, out, partner) // a warm-up per round and size
+      if (k === 0 || plan[k - 1]!.round !== round || plan[k - 1]!.bytes !== bytes) await this.#exchange(data, out, partner) // a warm-up per round and size
       const t0 = performance.now()
       await this.#exchange(data, out, partner)
       mine[k] = performance.now() - t0

@@ -8,7 +8,7 @@ import * as crypto from "node:crypto"
 import * as net from "node:net"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { allReduceAlgorithms } from "../collectives/algorithms/index.ts"
-import { DIRECT_TIE, directHolds, type TransportInfo } from "../collectives/communicator.ts"
+import { DIRECT_TIE, OWN_NODE_REPS, OWN_NODE_SIZE, directHolds, type TransportInfo } from "../collectives/communicator.ts"
 import { launchNatsServer, type NatsServerProcess } from "../core/nats-server.ts"
 import { failuresOf, type Case, type CaseResult } from "./support/collectives-cases.ts"
 import { RankFleet, type RankError } from "./support/collectives-fleet.ts"
@@ -199,7 +199,16 @@ describe("the direct data path", () => {
       for (const m of got) {
         if (want === undefined) expect(m.pairs).toBeUndefined()
         else expect([...new Set(m.pairs!.map((t) => `${t.a}-${t.b}`))].sort()).toEqual(want)
-        if (want !== undefined) expect(m.pairs!.filter((t) => t.bytes === 65536)).toHaveLength(2 * want.length)
+        // a node's own pair (0-1, 2-3) OWN_NODE_REPS times as often as the pair across, and at OWN_NODE_SIZE x 64 KiB too
+        if (want !== undefined) {
+          const count = (pair: string, bytes: number) => m.pairs!.filter((t) => `${t.a}-${t.b}` === pair && t.bytes === bytes).length
+          for (const pair of want) {
+            const own = pair !== "0-2"
+            expect(count(pair, 1024)).toBe(own ? 2 * OWN_NODE_REPS : 2)
+            expect(count(pair, 65536)).toBe(own ? 2 * OWN_NODE_REPS : 2)
+            expect(count(pair, OWN_NODE_SIZE * 65536)).toBe(own ? 2 * OWN_NODE_REPS : 0)
+          }
+        }
       }
       await close(g)
     }
