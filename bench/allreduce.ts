@@ -1,7 +1,9 @@
 // All-reduce benchmark: `npm run bench -- allreduce [--p 2,4] [--sizes 4K,256K,4M,64M] [--rounds N]
 // [--max-payload 8M] [--chunk 1M] [--window 16M] [--no-gloo] [--no-payload-sweep]
-// [--algorithms ring,ring-relay,...] [--transports nats,direct] [--no-raw] [--prof DIR] [--link 1gbit]` (--prof: --cpu-prof
-// profiles of the rank processes, in DIR; --no-raw: no raw NATS rows, whose unthrottled
+// [--algorithms ring,ring-relay,...] [--transports nats,direct] [--no-raw] [--prof DIR] [--link 1gbit] [--cpu]` (--prof: --cpu-prof
+// profiles of the rank processes, in DIR; --cpu: two more columns, the CPU ms a call of each rank's
+// busiest thread and of all its threads (mean over ranks; gloo's too: is a rank's time one busy
+// thread, its work spread over several, or waiting; bench/thread-cpu.ts); --no-raw: no raw NATS rows, whose unthrottled
 // publishes can overrun a client at p = 8 and 64 MiB and up, which the server then disconnects). The algorithms are the registered
 // ones (collectives/algorithms/) by default, each that can fan out also as "<name>-relay", without
 // fan-out (from p = 3 on: with two ranks a fan-out reaches one receiver, the same traffic as a relay).
@@ -47,6 +49,7 @@ import type { TransportInfo } from "../collectives/communicator.ts"
 import { RankFleet } from "../test/support/collectives-fleet.ts"
 import { benchNatsServer, onStar, type Star } from "../test/support/netns.ts"
 import { median } from "../scheduler/cost-model.ts"
+import { cpuBetween, threadTimes, type CpuSpent } from "./thread-cpu.ts"
 
 const KiB = 1024
 const MiB = 1024 * KiB
@@ -78,6 +81,8 @@ interface Args {
   readonly raw: boolean
   /** tc rate of each rank's link (--link), or undefined for loopback. */
   readonly link: string | undefined
+  /** Each rank's CPU a call, its busiest thread and all its threads (--cpu). */
+  readonly cpu: boolean
 }
 
 /** The data paths a benchmark group can use: everything over NATS, or every call over the direct links. */
@@ -109,7 +114,8 @@ const parseArgs = (args: ReadonlyArray<string>): Args => {
     transports: parseTransports(get("--transports") ?? TRANSPORTS.join(",")),
     prof: get("--prof"),
     raw: !args.includes("--no-raw"),
-    link: get("--link")
+    link: get("--link"),
+    cpu: args.includes("--cpu")
   }
 }
 
@@ -220,6 +226,16 @@ const GLOO_SCRIPT = `
 import json, os, sys, time, statistics
 import torch, torch.distributed as dist, torch.multiprocessing as mp
 
+def thread_cpu():
+    # CPU ms so far of each of this process's threads (gloo's worker threads among them), by thread id
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f: out[tid] = int(f.read().split()[0]) / 1e6
+        except OSError:
+            pass
+    return out
+
 def worker(rank, p, master, port, sizes, rounds, out):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://{master}:{port}", rank=rank, world_size=p)
@@ -229,7 +245,9 @@ def worker(rank, p, master, port, sizes, rounds, out):
         x = torch.ones(n, dtype=torch.float32)
         iters = rounds[str(size)]
         times = []
+        c0 = None
         for i in range(iters + 2):
+            if i == 2 and os.path.isdir("/proc/self/task"): c0 = thread_cpu()
             dist.barrier()
             t0 = time.perf_counter()
             dist.all_reduce(x)
@@ -238,6 +256,12 @@ def worker(rank, p, master, port, sizes, rounds, out):
         t = torch.tensor(times, dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         res[str(size)] = statistics.median(t.tolist())
+        if c0 is not None:
+            c1 = thread_cpu()
+            spent = [max(0.0, ms - c0.get(tid, 0.0)) for tid, ms in c1.items()]
+            cpu = torch.tensor([max(spent) / iters, sum(spent) / iters], dtype=torch.float64)
+            dist.all_reduce(cpu)
+            res["cpu " + str(size)] = [v / p for v in cpu.tolist()]
     if rank == 0:
         with open(out, "w") as f: json.dump(res, f)
     dist.destroy_process_group()
@@ -304,7 +328,10 @@ export const exitOf = (child: ChildProcess, timeoutMs: number, group = false): P
  * one worker in each of its rank namespaces (rank 0's address is the rendezvous), over the star's
  * shaped links.
  */
-export const runGloo = async (p: number, sizes: number[], star?: Star): Promise<Map<number, number> | undefined> => {
+export const runGloo = async (p: number, sizes: number[], star?: Star): Promise<Map<number, number> | undefined> => (await runGlooMeasured(p, sizes, star))?.ms
+
+/** runGloo's medians, and per size each rank's CPU a call (mean over ranks; on Linux). */
+const runGlooMeasured = async (p: number, sizes: number[], star?: Star): Promise<{ ms: Map<number, number>; cpu: Map<number, CpuSpent> } | undefined> => {
   if (star && star.ranks.length < p) throw new RangeError(`the star has ${star.ranks.length} namespaces, gloo needs ${p}`)
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "gradwire-gloo-"))
   const script = path.join(dir, "gloo.py")
@@ -335,8 +362,14 @@ export const runGloo = async (p: number, sizes: number[], star?: Star): Promise<
       console.log(`  (gloo p=${p} failed: exit ${code}; ${stderr.trim().split("\n").slice(-2).join(" / ")})`)
       return undefined
     }
-    const res = JSON.parse(fs.readFileSync(out, "utf8")) as Record<string, number>
-    return new Map(Object.entries(res).map(([k, v]) => [Number(k), v]))
+    const res = JSON.parse(fs.readFileSync(out, "utf8")) as Record<string, number | [number, number]>
+    const ms = new Map<number, number>()
+    const cpu = new Map<number, CpuSpent>()
+    for (const [k, v] of Object.entries(res)) {
+      if (k.startsWith("cpu ")) cpu.set(Number(k.slice(4)), { busiestMs: (v as [number, number])[0], totalMs: (v as [number, number])[1] })
+      else ms.set(Number(k), v as number)
+    }
+    return { ms, cpu }
   } finally {
     for (const c of children) if (c.exitCode === null && c.signalCode === null) c.kill("SIGKILL")
     fs.rmSync(dir, { recursive: true, force: true })
@@ -350,10 +383,13 @@ interface Row {
   readonly ms: number
   readonly vsRaw?: number
   readonly vsGloo?: number
+  /** CPU ms a call of a rank (mean over ranks), its busiest thread and all its threads (--cpu). */
+  readonly cpu?: CpuSpent
 }
 
 const printRows = (rows: ReadonlyArray<Row>): void => {
-  const header = ["p", "size", "variant", "median ms", "algbw GB/s", "busbw GB/s", "x raw", "x gloo"]
+  const cpu = rows.some((r) => r.cpu !== undefined)
+  const header = ["p", "size", "variant", "median ms", "algbw GB/s", "busbw GB/s", "x raw", "x gloo", ...(cpu ? ["cpu busiest ms", "cpu all ms"] : [])]
   const lines = rows.map((r) => {
     const algbw = r.bytes / (r.ms / 1000) / 1e9
     const busbw = (algbw * 2 * (r.p - 1)) / r.p
@@ -365,7 +401,8 @@ const printRows = (rows: ReadonlyArray<Row>): void => {
       algbw.toFixed(3),
       busbw.toFixed(3),
       r.vsRaw === undefined ? "" : `${r.vsRaw.toFixed(2)}x`,
-      r.vsGloo === undefined ? "" : `${r.vsGloo.toFixed(2)}x`
+      r.vsGloo === undefined ? "" : `${r.vsGloo.toFixed(2)}x`,
+      ...(cpu ? [r.cpu ? fmtMs(r.cpu.busiestMs) : "", r.cpu ? fmtMs(r.cpu.totalMs) : ""] : [])
     ]
   })
   const widths = header.map((h, i) => Math.max(h.length, ...lines.map((l) => l[i].length)))
@@ -396,6 +433,8 @@ interface Measured {
   readonly medians: Map<string, number>
   /** Median over rounds of (algorithm time / its raw pattern's time in the same round). */
   readonly pairedRatio: Map<string, number>
+  /** With `pids` (--cpu): per variant, CPU ms a call of a rank over its timed calls (mean over ranks). */
+  readonly cpu: Map<string, CpuSpent>
 }
 
 /**
@@ -412,7 +451,7 @@ const measure = async (
   chunkBytes: number,
   algorithms: string[],
   rounds: number | undefined,
-  opts: { readonly raw: boolean; readonly nodeOf: Nodes; readonly tcp: boolean }
+  opts: { readonly raw: boolean; readonly nodeOf: Nodes; readonly tcp: boolean; readonly pids?: ReadonlyArray<number> }
 ): Promise<Measured> => {
   const { rounds: R, iters } = schedule(bytes, rounds)
   const n = bytes / 4
@@ -449,12 +488,28 @@ const measure = async (
   for (const v of variants) await v.run(1)
   const samples = new Map<string, number[]>(variants.map((v) => [v.name, []]))
   const paired = new Map<string, number[]>(rowNames.map((x) => [x.name, []]))
+  // --cpu: every rank's threads read around each timed run (one variant runs at a time)
+  const pids = opts.pids
+  const cpuSum = new Map<string, { busiestMs: number; totalMs: number; calls: number }>()
   for (let r = 0; r < R; r++) {
     const roundMedian = new Map<string, number>()
     // Rotate the order so no variant always runs first after a pause.
     for (let j = 0; j < variants.length; j++) {
       const v = variants[(j + r) % variants.length]
+      const before = pids?.map(threadTimes)
       const times = await v.run(iters)
+      if (pids && before) {
+        const after = pids.map(threadTimes)
+        const acc = cpuSum.get(v.name) ?? { busiestMs: 0, totalMs: 0, calls: 0 }
+        for (const [i, b] of before.entries()) {
+          const c = cpuBetween(b, after[i])
+          acc.busiestMs += c.busiestMs
+          acc.totalMs += c.totalMs
+        }
+        // a run makes WARMUP untimed calls before its timed ones
+        acc.calls += (iters + WARMUP) * pids.length
+        cpuSum.set(v.name, acc)
+      }
       samples.get(v.name)?.push(...times)
       roundMedian.set(v.name, median(times))
     }
@@ -462,7 +517,8 @@ const measure = async (
   }
   return {
     medians: new Map([...samples].map(([k, v]) => [k, median(v)])),
-    pairedRatio: new Map([...paired].filter(([, v]) => v.length > 0).map(([k, v]) => [k, median(v)]))
+    pairedRatio: new Map([...paired].filter(([, v]) => v.length > 0).map(([k, v]) => [k, median(v)])),
+    cpu: new Map([...cpuSum].map(([k, c]) => [k, { busiestMs: c.busiestMs / c.calls, totalMs: c.totalMs / c.calls }]))
   }
 }
 
@@ -497,7 +553,8 @@ const runOn = async (a: Args, star: Star | undefined, dir: string): Promise<void
   const server = await benchNatsServer(a.maxPayload, star, dir)
   try {
     for (const p of a.ps) {
-      const glooTimes = gloo ? await runGloo(p, a.sizes, star) : undefined
+      const glooRun = gloo ? await runGlooMeasured(p, a.sizes, star) : undefined
+      const glooTimes = glooRun?.ms
       const fleet = await RankFleet.start({
         size: p,
         server: () => server.url,
@@ -543,7 +600,8 @@ const runOn = async (a: Args, star: Star | undefined, dir: string): Promise<void
         // With two ranks a fan-out reaches one receiver, the same traffic as a relay: "<name>" covers both.
         const algorithms = p === 2 ? a.algorithms.filter((x) => !x.endsWith(RELAY)) : a.algorithms
         for (const bytes of a.sizes) {
-          const m = await measure(fleet, p, groups, bytes, chunkBytes, algorithms, a.rounds, { raw: a.raw, nodeOf, tcp: star !== undefined })
+          const pids = a.cpu ? fleet.children.map((c) => c.pid!) : undefined
+          const m = await measure(fleet, p, groups, bytes, chunkBytes, algorithms, a.rounds, { raw: a.raw, nodeOf, tcp: star !== undefined, ...(pids ? { pids } : {}) })
           const g = glooTimes?.get(bytes)
           const block: Row[] = []
           const best = new Map<Transport, Row>()
@@ -551,7 +609,8 @@ const runOn = async (a: Args, star: Star | undefined, dir: string): Promise<void
             for (const { transport } of groups) {
               const name = rowName(algorithm, transport)
               const ms = m.medians.get(name) as number
-              const row: Row = { p, bytes, name, ms, vsRaw: m.pairedRatio.get(name), vsGloo: g === undefined ? undefined : ms / g }
+              const cpu = m.cpu.get(name)
+              const row: Row = { p, bytes, name, ms, vsRaw: m.pairedRatio.get(name), vsGloo: g === undefined ? undefined : ms / g, ...(cpu ? { cpu } : {}) }
               block.push(row)
               const b = best.get(transport)
               if (!b || ms < b.ms) best.set(transport, row)
@@ -560,7 +619,8 @@ const runOn = async (a: Args, star: Star | undefined, dir: string): Promise<void
           if (a.raw) for (const algorithm of algorithms) block.push({ p, bytes, name: `raw NATS, ${algorithm} pattern`, ms: m.medians.get(`raw ${algorithm}`) as number })
           const tcpMs = m.medians.get(RAW_TCP)
           if (tcpMs !== undefined) block.push({ p, bytes, name: RAW_TCP, ms: tcpMs })
-          if (g !== undefined) block.push({ p, bytes, name: "torch gloo all_reduce", ms: g })
+          const gCpu = a.cpu ? glooRun?.cpu.get(bytes) : undefined
+          if (g !== undefined) block.push({ p, bytes, name: "torch gloo all_reduce", ms: g, ...(gCpu ? { cpu: gCpu } : {}) })
           printRows(block)
           console.log(summaryLine(p, bytes, best.get("nats"), best.get("direct"), g, tcpMs))
           rows.push(...block)

@@ -24,6 +24,9 @@
 #   GPU_BENCH_AB=2 bash scripts/gpu-bench.sh      # the zoo at batch 32 and the convolution models at batch 256, then
 #                                                 # the transformer alternated with the tree in .gpu/old twice, and the
 #                                                 # small CNN and LeNet alternated with tfjs's filter gradient
+#   GPU_BENCH_ALLREDUCE=1 bash scripts/gpu-bench.sh   # no GPU: the all-reduce over the direct links against gloo
+#                                                 # at p = 8, 4 and 2 on the machine's cores, with each rank's CPU a
+#                                                 # call (its busiest thread, all its threads: --cpu)
 # Each benchmark runs under a deadline of its own (the whole script stays under about 10 minutes).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -61,6 +64,18 @@ egl=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
 [ -f "$egl" ] && export __EGL_VENDOR_LIBRARY_FILENAMES="$egl"
 stamp "node $(node --version), nats-server $(nats-server --version 2>&1 | head -n 1), VK_DRIVER_FILES=${VK_DRIVER_FILES:-unset}"
 
+if [ -n "${GPU_BENCH_ALLREDUCE:-}" ]; then
+  # Where the direct path is behind gloo on many cores (1.6-2.1x at p = 8 and 4 from 4 MiB on a 16-core
+  # machine): is each rank one busy thread the whole call (then threads would help), or waiting.
+  for p in 8 4 2; do
+    stamp "bench allreduce --p $p --cpu (deadline 170 s)"
+    timeout -k 5 170 node bench/main.ts allreduce --no-payload-sweep --no-raw --p "$p" --sizes 4M,64M --transports direct --algorithms ring,tree,hierarchical --cpu > "$out/allreduce-p$p.txt" 2>&1
+    echo "exit $?" >> "$out/allreduce-p$p.txt"
+    grep -E "^[0-9]|^p  |^summary|^exit" "$out/allreduce-p$p.txt"
+  done
+  stamp "done"
+  exit 0
+fi
 bash scripts/gpu-survey.sh > "$out/survey.txt" 2>&1
 grep -A1 "== Dawn" "$out/survey.txt"
 stamp "survey done"
