@@ -1,9 +1,11 @@
 // All-reduce benchmark: `npm run bench -- allreduce [--p 2,4] [--sizes 4K,256K,4M,64M] [--rounds N]
 // [--max-payload 8M] [--chunk 1M] [--window 16M] [--no-gloo] [--no-payload-sweep]
-// [--algorithms ring,ring-relay,...] [--transports nats,direct] [--no-raw] [--prof DIR] [--link 1gbit] [--cpu]` (--prof: --cpu-prof
+// [--algorithms ring,ring-relay,...] [--transports nats,direct] [--no-raw] [--prof DIR] [--link 1gbit] [--cpu] [--nodes paired|one|own]` (--prof: --cpu-prof
 // profiles of the rank processes, in DIR; --cpu: two more columns, the CPU ms a call of each rank's
 // busiest thread and of all its threads (mean over ranks; gloo's too: is a rank's time one busy
-// thread, its work spread over several, or waiting; bench/thread-cpu.ts); --no-raw: no raw NATS rows, whose unthrottled
+// thread, its work spread over several, or waiting; bench/thread-cpu.ts); --nodes: the simulated
+// nodes on loopback, two ranks each (default), all on one (Unix sockets only on the direct path) or
+// one each (TCP only); --no-raw: no raw NATS rows, whose unthrottled
 // publishes can overrun a client at p = 8 and 64 MiB and up, which the server then disconnects). The algorithms are the registered
 // ones (collectives/algorithms/) by default, each that can fan out also as "<name>-relay", without
 // fan-out (from p = 3 on: with two ranks a fan-out reaches one receiver, the same traffic as a relay).
@@ -49,7 +51,7 @@ import type { TransportInfo } from "../collectives/communicator.ts"
 import { RankFleet } from "../test/support/collectives-fleet.ts"
 import { benchNatsServer, onStar, type Star } from "../test/support/netns.ts"
 import { median } from "../scheduler/cost-model.ts"
-import { cpuBetween, threadTimes, type CpuSpent } from "./thread-cpu.ts"
+import type { CpuSpent } from "./thread-cpu.ts"
 
 const KiB = 1024
 const MiB = 1024 * KiB
@@ -83,6 +85,8 @@ interface Args {
   readonly link: string | undefined
   /** Each rank's CPU a call, its busiest thread and all its threads (--cpu). */
   readonly cpu: boolean
+  /** On loopback, the ranks' simulated nodes (--nodes). */
+  readonly nodes: "paired" | "one" | "own"
 }
 
 /** The data paths a benchmark group can use: everything over NATS, or every call over the direct links. */
@@ -94,6 +98,11 @@ const parseTransports = (s: string): Transport[] => {
   for (const t of ts) if (!TRANSPORTS.includes(t as Transport)) throw new Error(`unknown transport "${t}" in --transports (use ${TRANSPORTS.join(", ")})`)
   if (ts.length === 0) throw new Error("--transports needs at least one of nats, direct")
   return ts as Transport[]
+}
+
+const parseNodes = (s: string): Args["nodes"] => {
+  if (s === "paired" || s === "one" || s === "own") return s
+  throw new Error(`unknown --nodes "${s}" (use paired: two ranks a node, one: every rank on one node, own: a node each)`)
 }
 
 const parseArgs = (args: ReadonlyArray<string>): Args => {
@@ -115,7 +124,8 @@ const parseArgs = (args: ReadonlyArray<string>): Args => {
     prof: get("--prof"),
     raw: !args.includes("--no-raw"),
     link: get("--link"),
-    cpu: args.includes("--cpu")
+    cpu: args.includes("--cpu"),
+    nodes: parseNodes(get("--nodes") ?? "paired")
   }
 }
 
@@ -144,6 +154,9 @@ type Nodes = (rank: number) => string
 
 /** On loopback: simulated nodes of two ranks each. */
 const pairedNodes: Nodes = (rank) => `node${rank >> 1}`
+
+/** --nodes one: every rank on one node. */
+const oneNode: Nodes = () => "node0"
 
 /** With --link: every rank a machine of its own (its namespace on the star). */
 const ownNodes: Nodes = (rank) => `node${rank}`
@@ -433,7 +446,7 @@ interface Measured {
   readonly medians: Map<string, number>
   /** Median over rounds of (algorithm time / its raw pattern's time in the same round). */
   readonly pairedRatio: Map<string, number>
-  /** With `pids` (--cpu): per variant, CPU ms a call of a rank over its timed calls (mean over ranks). */
+  /** With --cpu: per algorithm row, CPU ms a timed call of a rank (mean over ranks and rounds). */
   readonly cpu: Map<string, CpuSpent>
 }
 
@@ -451,12 +464,15 @@ const measure = async (
   chunkBytes: number,
   algorithms: string[],
   rounds: number | undefined,
-  opts: { readonly raw: boolean; readonly nodeOf: Nodes; readonly tcp: boolean; readonly pids?: ReadonlyArray<number> }
+  opts: { readonly raw: boolean; readonly nodeOf: Nodes; readonly tcp: boolean; readonly cpu?: boolean }
 ): Promise<Measured> => {
   const { rounds: R, iters } = schedule(bytes, rounds)
   const n = bytes / 4
   const variants: Variant[] = []
   const rawGroup = groups[0]!.group
+  // --cpu: each rank reads its own threads around its timed calls (after the warm-up pass below)
+  const cpuSum = new Map<string, { busiestMs: number; totalMs: number; runs: number }>()
+  let counting = false
   const raw = opts.raw
   // Raw TCP in a ring, each link carrying what the ring all-reduce puts on it: 2(p-1)/p of the size.
   if (opts.tcp) {
@@ -479,37 +495,36 @@ const measure = async (
     for (const { transport, group } of groups) {
       variants.push({
         name: rowName(algorithm, transport),
-        run: async (k) => slowest(await fleet.all<number[]>(p, () => ({ cmd: "benchAllReduce", group, n, ...call, iters: k, warmup: WARMUP })))
+        run: async (k) => {
+          const name = rowName(algorithm, transport)
+          const got = await fleet.all<number[] | { times: number[]; cpu: CpuSpent }>(p, () => ({ cmd: "benchAllReduce", group, n, ...call, iters: k, warmup: WARMUP, cpu: opts.cpu === true }))
+          if (counting) {
+            const acc = cpuSum.get(name) ?? { busiestMs: 0, totalMs: 0, runs: 0 }
+            for (const g of got) {
+              if (Array.isArray(g)) continue
+              acc.busiestMs += g.cpu.busiestMs
+              acc.totalMs += g.cpu.totalMs
+              acc.runs++
+            }
+            if (acc.runs > 0) cpuSum.set(name, acc)
+          }
+          return slowest(got.map((g) => (Array.isArray(g) ? g : g.times)))
+        }
       })
     }
   }
   const rowNames = algorithms.flatMap((a) => groups.map((g) => ({ algorithm: a, name: rowName(a, g.transport) })))
   // Warm-up: one iteration of each (JIT, buffers, subscriptions).
   for (const v of variants) await v.run(1)
+  counting = true
   const samples = new Map<string, number[]>(variants.map((v) => [v.name, []]))
   const paired = new Map<string, number[]>(rowNames.map((x) => [x.name, []]))
-  // --cpu: every rank's threads read around each timed run (one variant runs at a time)
-  const pids = opts.pids
-  const cpuSum = new Map<string, { busiestMs: number; totalMs: number; calls: number }>()
   for (let r = 0; r < R; r++) {
     const roundMedian = new Map<string, number>()
     // Rotate the order so no variant always runs first after a pause.
     for (let j = 0; j < variants.length; j++) {
       const v = variants[(j + r) % variants.length]
-      const before = pids?.map(threadTimes)
       const times = await v.run(iters)
-      if (pids && before) {
-        const after = pids.map(threadTimes)
-        const acc = cpuSum.get(v.name) ?? { busiestMs: 0, totalMs: 0, calls: 0 }
-        for (const [i, b] of before.entries()) {
-          const c = cpuBetween(b, after[i])
-          acc.busiestMs += c.busiestMs
-          acc.totalMs += c.totalMs
-        }
-        // a run makes WARMUP untimed calls before its timed ones
-        acc.calls += (iters + WARMUP) * pids.length
-        cpuSum.set(v.name, acc)
-      }
       samples.get(v.name)?.push(...times)
       roundMedian.set(v.name, median(times))
     }
@@ -518,7 +533,7 @@ const measure = async (
   return {
     medians: new Map([...samples].map(([k, v]) => [k, median(v)])),
     pairedRatio: new Map([...paired].filter(([, v]) => v.length > 0).map(([k, v]) => [k, median(v)])),
-    cpu: new Map([...cpuSum].map(([k, c]) => [k, { busiestMs: c.busiestMs / c.calls, totalMs: c.totalMs / c.calls }]))
+    cpu: new Map([...cpuSum].map(([k, c]) => [k, { busiestMs: c.busiestMs / c.runs, totalMs: c.totalMs / c.runs }]))
   }
 }
 
@@ -531,7 +546,7 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
 /** The benchmark on loopback, or with `star` one rank per namespace over its shaped link (--link). */
 const runOn = async (a: Args, star: Star | undefined, dir: string): Promise<void> => {
   const gloo = a.gloo && torchAvailable()
-  const nodeOf = star ? ownNodes : pairedNodes
+  const nodeOf = star || a.nodes === "own" ? ownNodes : a.nodes === "one" ? oneNode : pairedNodes
   // One secret per run, the same on every rank (hex over IPC): peers of the direct path prove they hold it.
   const secret = crypto.randomBytes(32).toString("hex")
   console.log(`all-reduce benchmark: p ${a.ps.join(",")}, sizes ${a.sizes.map(fmtSize).join(", ")}, transports ${a.transports.join(", ")}, nats-server max_payload ${fmtSize(a.maxPayload)}, ${os.cpus().length} cores`)
@@ -544,7 +559,7 @@ const runOn = async (a: Args, star: Star | undefined, dir: string): Promise<void
     )
   } else {
     console.log(
-      `ranks share simulated nodes two by two (node = rank >> 1: ${a.ps.map((p) => `p=${p}: ${describeNodes(p, nodeOf)}`).join("; ")})` +
+      `ranks on simulated nodes (--nodes ${a.nodes}: ${a.ps.map((p) => `p=${p}: ${describeNodes(p, nodeOf)}`).join("; ")})` +
         (a.transports.includes("direct") ? `; direct path: transport "direct", a Unix socket between ranks of a node, TCP on loopback across` : "")
     )
   }
@@ -600,8 +615,7 @@ const runOn = async (a: Args, star: Star | undefined, dir: string): Promise<void
         // With two ranks a fan-out reaches one receiver, the same traffic as a relay: "<name>" covers both.
         const algorithms = p === 2 ? a.algorithms.filter((x) => !x.endsWith(RELAY)) : a.algorithms
         for (const bytes of a.sizes) {
-          const pids = a.cpu ? fleet.children.map((c) => c.pid!) : undefined
-          const m = await measure(fleet, p, groups, bytes, chunkBytes, algorithms, a.rounds, { raw: a.raw, nodeOf, tcp: star !== undefined, ...(pids ? { pids } : {}) })
+          const m = await measure(fleet, p, groups, bytes, chunkBytes, algorithms, a.rounds, { raw: a.raw, nodeOf, tcp: star !== undefined, cpu: a.cpu })
           const g = glooTimes?.get(bytes)
           const block: Row[] = []
           const best = new Map<Transport, Row>()

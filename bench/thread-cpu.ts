@@ -1,7 +1,8 @@
 // CPU time of a process's threads, from Linux's /proc/<pid>/task/<tid>/schedstat (nanoseconds on a
-// CPU; /proc/<pid>/task/<tid>/stat's ticks where schedstat is missing). The all-reduce benchmark's
-// `--cpu` reads it around each variant's timed calls in every rank process, and gloo's script the
-// same way in its own: a rank's busiest thread against all its threads tells whether its time a
+// CPU; /proc/<pid>/task/<tid>/stat's ticks where schedstat is missing). With the all-reduce
+// benchmark's `--cpu` each rank process reads its own around its timed calls
+// (test/support/collectives-rank.ts), and gloo's script the same way: a rank's busiest thread
+// against all its threads tells whether its time a
 // call is one thread's work (then work spread over threads, as gloo spreads its own over its
 // worker threads, is what more cores per rank would buy) or waiting (lockstep, the links).
 import * as fs from "node:fs"

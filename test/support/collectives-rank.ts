@@ -25,6 +25,7 @@ import { connectRank, errorOf, serveParent } from "./child-ready.ts"
 import { receivePoolStats, sendPoolStats } from "../../core/nats-internals/index.ts"
 import { pathToFileURL } from "node:url"
 import * as net from "node:net"
+import { cpuBetween, threadTimes, type CpuSpent, type ThreadTimes } from "../../bench/thread-cpu.ts"
 
 const comms = new Map<string, Communicator>()
 let nc: NatsConnection
@@ -208,20 +209,37 @@ const runCases = async (c: Communicator, cases: ReadonlyArray<Case>): Promise<Ar
 /** The benchmark's buffer of each length, allocated once (as gloo's loop allocates its tensor once per size). */
 const benchBuffers = new Map<number, Float32Array>()
 
-/** Times `iters` all-reduces of n floats (after `warmup`), each started right after a barrier. */
-const benchAllReduce = async (c: Communicator, n: number, algorithm: AllReduceAlgorithm, iters: number, warmup: number, wire?: "f32" | "f16", fanout?: boolean): Promise<number[]> => {
+/**
+ * Times `iters` all-reduces of n floats (after `warmup`), each started right after a barrier. With
+ * `cpu`, also this process's CPU a timed call (its busiest thread, all its threads; barriers
+ * included, as gloo's loop counts them: bench/allreduce.ts --cpu).
+ */
+const benchAllReduce = async (
+  c: Communicator,
+  n: number,
+  algorithm: AllReduceAlgorithm,
+  iters: number,
+  warmup: number,
+  wire?: "f32" | "f16",
+  fanout?: boolean,
+  cpu?: boolean
+): Promise<number[] | { times: number[]; cpu: CpuSpent }> => {
   let data = benchBuffers.get(n)
   if (!data) benchBuffers.set(n, (data = new Float32Array(n)))
   for (let i = 0; i < n; i++) data[i] = ((i * 7 + c.rank) % 13) / 13
   const times: number[] = []
+  let before: ThreadTimes | undefined
   for (let it = 0; it < warmup + iters; it++) {
+    if (cpu === true && it === warmup) before = threadTimes(process.pid)
     await c.barrier()
     const t0 = performance.now()
     await c.allReduce(data, { algorithm, wire, op: "sum", fanout })
     const dt = performance.now() - t0
     if (it >= warmup) times.push(dt)
   }
-  return times
+  if (cpu !== true) return times
+  const spent = cpuBetween(before, threadTimes(process.pid))
+  return { times, cpu: { busiestMs: spent.busiestMs / iters, totalMs: spent.totalMs / iters } }
 }
 
 /**
@@ -451,7 +469,7 @@ const handle = async (m: Record<string, any>): Promise<unknown> => {
       return { ...r, info: comm(m.group).transport }
     }
     case "benchAllReduce":
-      return benchAllReduce(comm(m.group), m.n, m.algorithm, m.iters, m.warmup, m.wire, m.fanout)
+      return benchAllReduce(comm(m.group), m.n, m.algorithm, m.iters, m.warmup, m.wire, m.fanout, m.cpu)
     case "benchRaw":
       return benchRaw(comm(m.group), m.flows, m.inbound, m.chunkBytes, m.iters, m.warmup, m.tag)
     case "tcpListen":
