@@ -1,13 +1,13 @@
 // All-reduce benchmark: `npm run bench -- allreduce [--p 2,4] [--sizes 4K,256K,4M,64M] [--rounds N]
 // [--max-payload 8M] [--chunk 1M] [--window 16M] [--no-gloo] [--no-payload-sweep]
-// [--algorithms ring,ring-relay,...] [--transports nats,direct] [--no-raw] [--prof DIR] [--link 1gbit] [--cpu] [--nodes paired|one|own]` (--prof: --cpu-prof
-// profiles of the rank processes, in DIR; --cpu: two more columns, the CPU ms a call of each rank's
-// busiest thread and of all its threads (mean over ranks; gloo's too: is a rank's time one busy
-// thread, its work spread over several, or waiting; bench/thread-cpu.ts); --nodes: the simulated
-// nodes on loopback, two ranks each (default), all on one (Unix sockets only on the direct path) or
-// one each (TCP only); --no-raw: no raw NATS rows, whose unthrottled
-// publishes can overrun a client at p = 8 and 64 MiB and up, which the server then disconnects). The algorithms are the registered
-// ones (collectives/algorithms/) by default, each that can fan out also as "<name>-relay", without
+// [--algorithms ring,ring-relay,...] [--transports nats,direct] [--no-raw] [--prof DIR] [--link 1gbit]
+// [--cpu] [--nodes paired|one|own]` (--prof: --cpu-prof profiles of the rank processes, in DIR;
+// --cpu: two more columns, the CPU ms a call of each rank's busiest thread and of all its threads
+// (mean over ranks; gloo's too: is a rank's time one busy thread, its work spread over several, or
+// waiting; bench/thread-cpu.ts); --nodes: the simulated nodes on loopback, two ranks each
+// (default), all on one (Unix sockets only on the direct path) or one each (TCP only); --no-raw: no
+// raw NATS rows, whose unthrottled publishes can overrun a client at p = 8 and 64 MiB and up, which
+// the server then disconnects). The algorithms are the registered ones (collectives/algorithms/) by default, each that can fan out also as "<name>-relay", without
 // fan-out (from p = 3 on: with two ranks a fan-out reaches one receiver, the same traffic as a relay).
 //
 // --transports (default: nats,direct): the data paths to measure every algorithm on. For each p the
@@ -493,22 +493,22 @@ const measure = async (
     })
     const { call } = variantOf(algorithm)
     for (const { transport, group } of groups) {
+      const name = rowName(algorithm, transport)
       variants.push({
-        name: rowName(algorithm, transport),
+        name,
         run: async (k) => {
-          const name = rowName(algorithm, transport)
-          const got = await fleet.all<number[] | { times: number[]; cpu: CpuSpent }>(p, () => ({ cmd: "benchAllReduce", group, n, ...call, iters: k, warmup: WARMUP, cpu: opts.cpu === true }))
+          const got = await fleet.all<{ times: number[]; cpu?: CpuSpent }>(p, () => ({ cmd: "benchAllReduce", group, n, ...call, iters: k, warmup: WARMUP, cpu: opts.cpu === true }))
           if (counting) {
             const acc = cpuSum.get(name) ?? { busiestMs: 0, totalMs: 0, runs: 0 }
-            for (const g of got) {
-              if (Array.isArray(g)) continue
-              acc.busiestMs += g.cpu.busiestMs
-              acc.totalMs += g.cpu.totalMs
+            for (const { cpu } of got) {
+              if (cpu === undefined) continue
+              acc.busiestMs += cpu.busiestMs
+              acc.totalMs += cpu.totalMs
               acc.runs++
             }
             if (acc.runs > 0) cpuSum.set(name, acc)
           }
-          return slowest(got.map((g) => (Array.isArray(g) ? g : g.times)))
+          return slowest(got.map((g) => g.times))
         }
       })
     }

@@ -2,9 +2,9 @@
 // CPU; /proc/<pid>/task/<tid>/stat's ticks where schedstat is missing). With the all-reduce
 // benchmark's `--cpu` each rank process reads its own around its timed calls
 // (test/support/collectives-rank.ts), and gloo's script the same way: a rank's busiest thread
-// against all its threads tells whether its time a
-// call is one thread's work (then work spread over threads, as gloo spreads its own over its
-// worker threads, is what more cores per rank would buy) or waiting (lockstep, the links).
+// against all its threads tells whether its time a call is one thread's work (then work spread over
+// threads, as gloo spreads its own over its worker threads, is what more cores per rank would buy)
+// or waiting (lockstep, the links).
 import * as fs from "node:fs"
 
 /** CPU ms so far of each thread of a process, by thread id. */

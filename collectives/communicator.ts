@@ -216,12 +216,12 @@ export const describeTransport = (t: TransportInfo, m?: TransportMeasurement): s
  * faster at 4 and 64 KiB) had put every call on NATS.
  */
 export const DIRECT_TIE = 1.1
+export const directHolds = (row: { natsMs: number; directMs: number }): boolean => row.directMs <= row.natsMs * DIRECT_TIE
 
 /** measureTransport's exchanges inside a node (its ranks' own links): this many times the reps of the pairs across nodes. */
 export const OWN_NODE_REPS = 3
 /** ... and at this many times the largest of the pair sizes as well (2 MiB by default). */
 export const OWN_NODE_SIZE = 8
-export const directHolds = (row: { natsMs: number; directMs: number }): boolean => row.directMs <= row.natsMs * DIRECT_TIE
 
 /** "auto" sends calls of at least this many bytes direct. */
 export const DIRECT_MIN_BYTES = 64 * 1024
@@ -1248,7 +1248,8 @@ export class Communicator {
    * the same point (the calls are collectives); each keeps its own threshold, since each sender
    * chooses the path of its own frames. On several nodes it then times exchanges at `pairSizes`
    * (default 4 KiB and 256 KiB) between each pair of nodes (`pairs`), for the fit of each pair's
-   * links; a node's own pair OWN_NODE_REPS times as often, and at OWN_NODE_SIZE times the largest too. Returns the figures; nothing is timed without direct links.
+   * links; a node's own pair OWN_NODE_REPS times as often, and at OWN_NODE_SIZE times the largest
+   * too. Returns the figures; nothing is timed without direct links.
    */
   async measureTransport(
     opts: { sizes?: ReadonlyArray<number>; fitSizes?: ReadonlyArray<number>; pairSizes?: ReadonlyArray<number>; reps?: number; algorithm?: AllReduceAlgorithm } = {}

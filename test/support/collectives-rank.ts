@@ -223,7 +223,7 @@ const benchAllReduce = async (
   wire?: "f32" | "f16",
   fanout?: boolean,
   cpu?: boolean
-): Promise<number[] | { times: number[]; cpu: CpuSpent }> => {
+): Promise<{ times: number[]; cpu?: CpuSpent }> => {
   let data = benchBuffers.get(n)
   if (!data) benchBuffers.set(n, (data = new Float32Array(n)))
   for (let i = 0; i < n; i++) data[i] = ((i * 7 + c.rank) % 13) / 13
@@ -237,7 +237,7 @@ const benchAllReduce = async (
     const dt = performance.now() - t0
     if (it >= warmup) times.push(dt)
   }
-  if (cpu !== true) return times
+  if (cpu !== true) return { times }
   const spent = cpuBetween(before, threadTimes(process.pid))
   return { times, cpu: { busiestMs: spent.busiestMs / iters, totalMs: spent.totalMs / iters } }
 }
