@@ -114,6 +114,36 @@ describe("the direct data path", () => {
     await close(group)
   })
 
+  it("a buffer from allocate() takes the ring's reduce-scatter frames into payload slots of its own memory (sums in place): the same bits as an ordinary buffer, every slot back after the call", async () => {
+    const group = "direct-allocated"
+    await create(group, (r) => `node${r >> 1}`, () => ({ transport: "direct" }), { chunkBytes: undefined, windowBytes: undefined })
+    const length = 1_500_003
+    const pairs: Array<[Case, Case]> = [
+      ...[true, false].map((fanout, k): [Case, Case] => {
+        const c: Case = { op: "allReduce", algorithm: "ring", reduce: "sum", length, seed: 900 + k, fanout }
+        return [c, { ...c, allocated: true }]
+      }),
+      ...(["mean", "max"] as const).map((reduce, k): [Case, Case] => {
+        const c: Case = { op: "allReduce", algorithm: "ring", reduce, length, seed: 910 + k }
+        return [c, { ...c, allocated: true }]
+      })
+    ]
+    const cases = pairs.flat()
+    const results = await fleet.all<CaseResult[]>(P, () => ({ cmd: "run", group, cases }))
+    expect(failuresOf(cases, results)).toEqual([])
+    for (const rank of results) {
+      pairs.forEach((_, k) => {
+        const [plain, allocated] = [rank[2 * k]!, rank[2 * k + 1]!]
+        expect(allocated.hash).toBe(plain.hash)
+        expect(plain.slots).toBeUndefined()
+        // every rank received reduce-scatter frames into slots, and all came back
+        expect(allocated.slots?.taken).toBeGreaterThan(0)
+        expect(allocated.slots?.free).toBe(allocated.slots?.count)
+      })
+    }
+    await close(group)
+  })
+
   it("a call returns only once its frames are in the kernel: a rank that goes on to a long computation holds no peer's result back (a tree root's result chunk, bigger than a Unix socket's buffer)", async () => {
     const group = "direct-flushed"
     // two ranks of one node (a Unix socket), default chunks: one 800 KB chunk each way

@@ -33,6 +33,7 @@ import { HANDED_OVER, type Handover, type Operation } from "../operation.ts"
 import { accumulateAndFinish, accumulateOp, finish, type Reduction } from "../reduction.ts"
 import { chunkCount, chunkLength, mod, segmentStart } from "../segments.ts"
 import { releaseReceived } from "../../core/nats-internals/index.ts"
+import { spaceSlots } from "../simd.ts"
 import type { CostStage } from "../../core/collective-cost.ts"
 import { defineAllReduceAlgorithm, type HalfSource } from "./registry.ts"
 
@@ -85,7 +86,12 @@ export const decodeSourceBits = (src: HalfSource, dst: Float32Array): void => {
  * this rank sent), by which time the peer has read it; and the call resolves only once every send
  * is written. A received message sent on goes back to its pool when written.
  */
-const released = (body: Uint8Array): Handover => ({ release: () => releaseReceived(body) })
+const released = (body: Uint8Array): Handover => ({ release: () => releasePayload(body) })
+
+/** Gives a received payload back: to the slots of the space it was read into, or to the receive pool. */
+const releasePayload = (payload: Uint8Array): void => {
+  if (spaceSlots(payload)?.give(payload) !== true) releaseReceived(payload)
+}
 
 /** Runs a ring over `spec.members` on `buf` (in place). Resolves when this rank's part is done. */
 export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpec): Promise<void> => {
@@ -159,7 +165,10 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
   }
   // An fp32 all-gather frame is read straight into its place in `buf` (on the direct links): that
   // region's old values went out with this rank's reduce-scatter sends, which the frame's owner
-  // needed before it could finish the region, so nothing still reads them.
+  // needed before it could finish the region, so nothing still reads them. A reduce-scatter frame
+  // goes into a slot of `buf`'s space when it has them (simdSpaceWithSlots: the communicator's
+  // allocate), so its sum with `buf` runs in place.
+  const slots = spaceSlots(buf)
   if (!half && !spec.scatterOnly) {
     op.place = (head, bytes) => {
       if (fanout && (head.flags & Flag.fanout) !== 0) {
@@ -167,7 +176,9 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
         return k < 0 || k === i || head.chunk !== gathered[k] ? undefined : regionFor(k, head.chunk, head.offset, bytes)
       }
       const t = head.step - stepBase
-      if (head.src !== prev || t < rsSteps || t !== recvStep || head.chunk !== recvChunk) return undefined
+      if (head.src !== prev) return undefined
+      if (t >= 0 && t < rsSteps) return slots?.take(bytes)
+      if (t !== recvStep || head.chunk !== recvChunk) return undefined
       return regionFor(recvSeg(t), head.chunk, head.offset, bytes)
     }
   }
@@ -178,7 +189,7 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
       if (k < 0 || k === i || f.chunk !== gathered[k]) throw op.protocolError(f, `unexpected all-gather chunk ${f.chunk} from ${f.src}`)
       const n = place(f, k, f.chunk)
       assign(buf, f.offset, f.payload, n, half)
-      releaseReceived(f.payload)
+      releasePayload(f.payload)
       onFinal?.(f.offset, n)
       gathered[k]++
       gatherLeft--
@@ -204,7 +215,7 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
         } else {
           loadOwn(off, n)
           accumulateAndFinish(buf, off, f.payload, n, reduce, f.value + reduce.weight)
-          releaseReceived(f.payload)
+          releasePayload(f.payload)
         }
         onFinal?.(off, n)
       } else if (keep) {
@@ -214,11 +225,11 @@ export const ringReduce = async (op: Operation, buf: Float32Array, spec: RingSpe
       } else {
         loadOwn(off, n)
         accumulate(buf, off, f.payload, n, half, accOp)
-        releaseReceived(f.payload)
+        releasePayload(f.payload)
       }
     } else {
       assign(buf, off, f.payload, n, half)
-      releaseReceived(f.payload)
+      releasePayload(f.payload)
       onFinal?.(off, n)
     }
     if (++recvChunk === chunkCount(segLen(seg), C)) {

@@ -44,6 +44,11 @@ export interface Case {
    * returned (`returnedAt`) and when the busy spell ended (`busyUntil`), both Date.now().
    */
   readonly busy?: { readonly rank: number; readonly ms: number }
+  /**
+   * allReduce on a buffer from Communicator.allocate (its sums in place): the result says how its
+   * payload slots were used (`slots`), read once the call's sends have gone.
+   */
+  readonly allocated?: boolean
 }
 
 export interface CaseResult {
@@ -54,6 +59,8 @@ export interface CaseResult {
   readonly hash: string
   readonly maxErr: number
   readonly detail: string
+  /** An `allocated` case's payload slots: taken during the call, free after it, how many there are (none without SIMD). */
+  readonly slots?: { readonly taken: number; readonly free: number; readonly count: number }
 }
 
 /** mulberry32: a small, fast, seedable PRNG (the library's own). */

@@ -23,6 +23,7 @@ import {
 } from "./collectives-cases.ts"
 import { connectRank, errorOf, serveParent } from "./child-ready.ts"
 import { receivePoolStats, sendPoolStats } from "../../core/nats-internals/index.ts"
+import { spaceSlots } from "../../collectives/simd.ts"
 import { pathToFileURL } from "node:url"
 import * as net from "node:net"
 import { cpuBetween, threadTimes, type CpuSpent, type ThreadTimes } from "../../bench/thread-cpu.ts"
@@ -64,6 +65,14 @@ const halfInputCase = async (c: Communicator, k: Case, length: number): Promise<
   }
 }
 
+/** The payload slots of an allocated buffer, once the tasks that give them back have run. */
+const slotsAfter = async (data: Float32Array): Promise<CaseResult["slots"]> => {
+  const slots = spaceSlots(data)
+  if (!slots) return undefined
+  for (let i = 0; i < 3; i++) await new Promise((resolve) => setImmediate(resolve))
+  return { taken: slots.taken, free: slots.free, count: slots.count }
+}
+
 /** Runs one case on this rank and checks it. */
 const runCase = async (c: Communicator, k: Case): Promise<CaseResult> => {
   const p = c.worldSize
@@ -78,7 +87,8 @@ const runCase = async (c: Communicator, k: Case): Promise<CaseResult> => {
     }
     case "allReduce": {
       if (k.halfInput) return halfInputCase(c, k, length)
-      const data = inputOf(k.seed, r, length)
+      const data = k.allocated ? c.allocate(length) : inputOf(k.seed, r, length)
+      if (k.allocated) data.set(inputOf(k.seed, r, length))
       await c.allReduce(data, {
         op: k.reduce,
         algorithm: k.algorithm as AllReduceAlgorithm,
@@ -99,7 +109,8 @@ const runCase = async (c: Communicator, k: Case): Promise<CaseResult> => {
       const result = k.clobber ? data.slice() : data
       if (k.clobber) data.fill(NaN)
       const { ref, scale } = reference(k, p)
-      return { ...compare(result, ref, scale, p, half), hash: hashOf(result), ...timing }
+      const slots = k.allocated ? await slotsAfter(data) : undefined
+      return { ...compare(result, ref, scale, p, half), hash: hashOf(result), ...timing, ...(slots ? { slots } : {}) }
     }
     case "reduceScatter": {
       const data = inputOf(k.seed, r, length)
@@ -206,7 +217,10 @@ const runCases = async (c: Communicator, cases: ReadonlyArray<Case>): Promise<Ar
 // ---------------------------------------------------------------------------------------------
 // benchmark commands
 
-/** The benchmark's buffer of each length, allocated once (as gloo's loop allocates its tensor once per size). */
+/**
+ * The benchmark's buffer of each length, allocated once (as gloo's loop allocates its tensor once
+ * per size), by the communicator (Communicator.allocate: its sums run in place), as a user keeps one.
+ */
 const benchBuffers = new Map<number, Float32Array>()
 
 /**
@@ -225,7 +239,7 @@ const benchAllReduce = async (
   cpu?: boolean
 ): Promise<{ times: number[]; cpu?: CpuSpent }> => {
   let data = benchBuffers.get(n)
-  if (!data) benchBuffers.set(n, (data = new Float32Array(n)))
+  if (!data) benchBuffers.set(n, (data = process.env.GRADWIRE_BENCH_PLAIN_BUFFER === "1" ? new Float32Array(n) : c.allocate(n)))
   for (let i = 0; i < n; i++) data[i] = ((i * 7 + c.rank) % 13) / 13
   const times: number[] = []
   let before: ThreadTimes | undefined
