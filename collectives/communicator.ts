@@ -1497,9 +1497,9 @@ export class Communicator {
    * A zeroed array of `n` floats for allReduce whose sums run in place: it lives in WebAssembly
    * memory (collectives/simd.ts) beside slots that the direct path reads the ring's received
    * reduce-scatter frames into, so neither operand of a sum is copied through the kernels' scratch
-   * blocks (a 64 MiB ring all-reduce at p = 4 on 2 cores: 6-9 ms of CPU a call less). Make it once
-   * and reuse it, as one keeps a tensor. An ordinary Float32Array where WebAssembly SIMD is off or
-   * `n` is too large; allReduce takes any Float32Array.
+   * blocks (a 64 MiB ring all-reduce at p = 4 and 8 on 2 cores: 4-10 ms of CPU a call less). Make
+   * it once and reuse it, as one keeps a tensor. An ordinary Float32Array where WebAssembly SIMD is
+   * off or `n` is too large; allReduce takes any Float32Array.
    */
   allocate(n: number): Float32Array {
     if (!Number.isSafeInteger(n) || n < 0) this.#argError("allocate", `expects a count of floats (a whole number >= 0), got ${n}`)

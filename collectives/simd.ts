@@ -151,8 +151,9 @@ export const inSimdSpace = (x: ArrayBufferView): boolean => home(x) !== undefine
 /**
  * Fixed-size regions of a space's memory that received payloads are read into (the direct path,
  * through a collective's placement), so that a sum of a payload and an array of the same space
- * runs in place: no block copy of either (a 64 MiB ring all-reduce at p = 4 on 2 cores: 6-9 ms of
- * CPU a call less, docs/benchmarks.md). A slot goes back to its space after the current task.
+ * runs in place: no block copy of either (a 64 MiB ring all-reduce at p = 4 and 8 on 2 cores:
+ * 4-10 ms of CPU a call less, docs/benchmarks.md). A slot goes back to its space after the
+ * current task.
  */
 export interface SpaceSlots {
   readonly slotBytes: number
