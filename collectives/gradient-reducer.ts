@@ -27,7 +27,7 @@ import { addScaledIntoHalf, halfFeedbackBits, roundToHalf } from "./float16.ts"
 import { scale } from "./kernels.ts"
 import type { HalfSource } from "./algorithms/ring.ts"
 import { findAllReduceAlgorithm } from "./algorithms/registry.ts"
-import { simdSpace } from "./simd.ts"
+import { inSimdSpace, simdSpace } from "./simd.ts"
 import {
   CodecContractError,
   createCompressor,
@@ -209,6 +209,7 @@ export class GradientReducer {
   /** fp16 buckets' residuals: where they may be nonzero (FeedbackHalfSource). */
   readonly #nonzero = new Map<string, NonzeroHint>()
   #space: GradientSpace | undefined
+  #plain: Float32Array | undefined
   #stats = { wireBytes: 0, denseBytes: 0, steps: 0, totalWireBytes: 0, totalDenseBytes: 0 }
 
   constructor(comm: Communicator, opts: GradientReducerOptions) {
@@ -224,13 +225,16 @@ export class GradientReducer {
    * shares a SIMD space with the residuals and fp16 messages, so error feedback reads the gradient
    * and writes the aggregate without copying them through scratch blocks (PowerSGD rank 4 on
    * 4 x [4096 x 1024], one process, with its correction paid in the next pass: 42 -> 33 ms per
-   * step). Undefined when nothing would gain:
-   * no compressor with error feedback, a small gradient, or no SIMD. The same buffer comes back on
-   * every call with the same n; reduceGradients accepts any other Float32Array too.
+   * step). Uncompressed, on a group with direct links, it comes from Communicator.allocate: the
+   * ring reads its received frames into slots beside it and sums them in place. Undefined when
+   * nothing would gain: a compressor without error feedback, uncompressed without a direct link,
+   * a small gradient, or no SIMD. The same buffer comes back on every call with the same n;
+   * reduceGradients accepts any other Float32Array too.
    */
   gradientBuffer(n: number): Float32Array | undefined {
     if (this.#space?.flat.length === n) return this.#space.flat
     const c = this.compressor
+    if (c === undefined) return this.#plainBuffer(n)
     if (c === undefined || !c.errorFeedback || n < GRADIENT_SPACE_MIN_ELEMENTS || this.#space !== undefined) return undefined
     // residuals of at most n floats in all (one per bucket or per variable), the fp16 bits of
     // every bucket (n/2 floats), and 16-byte alignment for each region
@@ -241,6 +245,17 @@ export class GradientReducer {
     if (this.ef.size > 0) this.ef.restore(this.ef.state())
     this.#half.clear()
     return made[0]
+  }
+
+  /** The uncompressed gradient's buffer (gradientBuffer), made once per length. */
+  #plainBuffer(n: number): Float32Array | undefined {
+    if (this.#plain?.length === n) return this.#plain
+    const comm = this.comm as Communicator | undefined
+    if (comm === undefined || n < GRADIENT_SPACE_MIN_ELEMENTS || !comm.transport.links.some((l) => l.via !== "nats")) return undefined
+    const made = comm.allocate(n)
+    if (!inSimdSpace(made)) return undefined
+    this.#plain = made
+    return made
   }
 
   /** A zeroed region of the gradient space's arena for `key`, or undefined when it is full. */

@@ -3,6 +3,7 @@
 // the same scaled per-rank gradients, bucket by bucket, with one error-feedback store per rank),
 // is bitwise identical on every rank, and the error-feedback state survives state() -> checkpoint
 // encoding -> restore() into a fresh reducer, which then continues exactly like the original.
+import { randomBytes } from "node:crypto"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { launchNatsServer, type NatsServerProcess } from "../core/nats-server.ts"
 import { decodeMessage, encodeMessage } from "../core/wire.ts"
@@ -36,6 +37,8 @@ interface ReduceReply {
   readonly stats: ReducerStats
   /** Whether the rank's gradient lived in the reducer's own space (gradientBuffer). */
   readonly inSpace: boolean
+  /** Received frames read into that space's payload slots (Communicator.allocate), since it was made. */
+  readonly slotsTaken: number
   /** Sizes in bytes the reducer chose an algorithm for (algorithm "by-size"). */
   readonly asked: number[]
   readonly data: Float32Array
@@ -64,7 +67,13 @@ afterAll(async () => {
  */
 const createGroup = async (
   compression: ResolvedCompressionConfig | ((rank: number) => ResolvedCompressionConfig),
-  options: { readonly timeoutMs?: number; readonly chunkBytes?: number; readonly windowBytes?: number; readonly algorithm?: string } = { timeoutMs: 20_000, chunkBytes: 4096 }
+  options: {
+    readonly timeoutMs?: number
+    readonly chunkBytes?: number
+    readonly windowBytes?: number
+    readonly algorithm?: string
+    readonly direct?: { readonly secret: string; readonly transport: "direct" }
+  } = { timeoutMs: 20_000, chunkBytes: 4096 }
 ): Promise<string> => {
   const name = `g${groups++}`
   await fleet.all((rank) => ({
@@ -102,7 +111,7 @@ const CODECS: Array<[string, ResolvedCompressionConfig]> = [
 ]
 const STEPS = 3
 
-describe("GradientReducer over NATS, 4 rank processes", () => {
+describe("GradientReducer over NATS (and the direct links where a case says so), 4 rank processes", () => {
   for (const [label, config] of CODECS) {
     it(`${label}: ${STEPS} steps equal the simulation, bitwise identical on every rank; residuals round-trip`, async () => {
       const name = await createGroup(config)
@@ -221,6 +230,24 @@ describe("GradientReducer over NATS, 4 rank processes", () => {
     const want = (await reduceStep(ring, 7, 0))[0].data
     expect(maxDiff(replies[0].data, want)).toBeLessThanOrEqual(tolerance(config) * maxAbs(want))
     for (const n of [name, ring]) await fleet.all(() => ({ cmd: "close", name: n }))
+  })
+
+  it("uncompressed over the direct links: the gradient buffer comes from Communicator.allocate, the ring's received frames land in its slots, and each step has the bits of the same ring over NATS", async () => {
+    const name = await createGroup("none", { timeoutMs: 20_000, chunkBytes: 4096, direct: { secret: randomBytes(32).toString("hex"), transport: "direct" } })
+    const overNats = await createGroup("none")
+    for (let step = 0; step < 2; step++) {
+      const seed = 300 + step
+      const replies = await reduceStep(name, seed, step)
+      expectIdenticalOnAllRanks(replies)
+      const want = (await reduceStep(overNats, seed, step))[0]
+      expect(want.inSpace).toBe(false)
+      expect(sameBits(replies[0].data, want.data), `step ${step}`).toBe(true)
+      for (const r of replies) {
+        expect(r.inSpace).toBe(simdAvailable())
+        if (simdAvailable()) expect(r.slotsTaken).toBeGreaterThan(0)
+      }
+    }
+    for (const n of [name, overNats]) await fleet.all(() => ({ cmd: "close", name: n }))
   })
 
   it("a config the ranks disagree on is a typed error on every rank, not a hang", async () => {

@@ -9,7 +9,7 @@ import type { NatsConnection } from "@nats-io/nats-core"
 import { Communicator, type AllReduceAlgorithm } from "../../collectives/communicator.ts"
 import { GradientReducer } from "../../collectives/gradient-reducer.ts"
 import type { ResolvedCompressionConfig } from "../../collectives/compression/index.ts"
-import { inSimdSpace } from "../../collectives/simd.ts"
+import { inSimdSpace, spaceSlots } from "../../collectives/simd.ts"
 import { fillGradient, layoutOf, type SlotSpec } from "./compression-cases.ts"
 import { connectRank, errorOf, serveParent } from "./child-ready.ts"
 import { pathToFileURL } from "node:url"
@@ -66,7 +66,7 @@ const reduce = async (m: ReduceCmd) => {
     const c1 = process.cpuUsage(c0)
     cpuMs.push((c1.user + c1.system) / 1000)
   }
-  return { times, cpuMs, hash: hashOf(flat), stats: e.reducer.stats, inSpace: inSimdSpace(flat), asked: e.asked.splice(0), data: m.returnData ? flat.slice() : undefined }
+  return { times, cpuMs, hash: hashOf(flat), stats: e.reducer.stats, inSpace: inSimdSpace(flat), slotsTaken: spaceSlots(flat)?.taken ?? 0, asked: e.asked.splice(0), data: m.returnData ? flat.slice() : undefined }
 }
 
 const handle = async (m: Record<string, any>): Promise<unknown> => {
