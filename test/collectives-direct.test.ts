@@ -114,7 +114,7 @@ describe("the direct data path", () => {
     await close(group)
   })
 
-  it("a buffer from allocate() takes the ring's reduce-scatter frames into payload slots of its own memory (sums in place): the same bits as an ordinary buffer, every slot back after the call", async () => {
+  it("a buffer from allocate() takes the ring's reduce-scatter frames and a node leader's member chunks into payload slots of its own memory (sums in place): the same bits as an ordinary buffer, every slot back after the call", async () => {
     const group = "direct-allocated"
     await create(group, (r) => `node${r >> 1}`, () => ({ transport: "direct" }), { chunkBytes: undefined, windowBytes: undefined })
     const length = 1_500_003
@@ -126,21 +126,26 @@ describe("the direct data path", () => {
       ...(["mean", "max"] as const).map((reduce, k): [Case, Case] => {
         const c: Case = { op: "allReduce", algorithm: "ring", reduce, length, seed: 910 + k }
         return [c, { ...c, allocated: true }]
+      }),
+      ...(["sum", "mean"] as const).map((reduce, k): [Case, Case] => {
+        const c: Case = { op: "allReduce", algorithm: "hierarchical", reduce, length, seed: 920 + k }
+        return [c, { ...c, allocated: true }]
       })
     ]
     const cases = pairs.flat()
     const results = await fleet.all<CaseResult[]>(P, () => ({ cmd: "run", group, cases }))
     expect(failuresOf(cases, results)).toEqual([])
-    for (const rank of results) {
-      pairs.forEach((_, k) => {
+    results.forEach((rank, r) => {
+      pairs.forEach(([c], k) => {
         const [plain, allocated] = [rank[2 * k]!, rank[2 * k + 1]!]
         expect(allocated.hash).toBe(plain.hash)
         expect(plain.slots).toBeUndefined()
-        // every rank received reduce-scatter frames into slots, and all came back
-        expect(allocated.slots?.taken).toBeGreaterThan(0)
+        // the ring's ranks, and hierarchical's node leaders (ranks 0 and 2: their members' chunks
+        // and the leaders' ring), received frames into slots; all came back
+        if (c.algorithm === "ring" || r % 2 === 0) expect(allocated.slots?.taken, `rank ${r} case ${k}`).toBeGreaterThan(0)
         expect(allocated.slots?.free).toBe(allocated.slots?.count)
       })
-    }
+    })
     await close(group)
   })
 

@@ -11,9 +11,10 @@ import { accumulate, assign } from "../kernels.ts"
 import { Flag, type Frame } from "../frames.ts"
 import { HANDED_OVER, type Operation } from "../operation.ts"
 import { accumulateOp, type Reduction } from "../reduction.ts"
-import { ringReduce, ringStages } from "./ring.ts"
+import { releasePayload, ringReduce, ringStages } from "./ring.ts"
 import { chunkCount, chunkLength, segmentStart } from "../segments.ts"
 import { releaseReceived } from "../../core/nats-internals/index.ts"
+import { spaceSlots } from "../simd.ts"
 import { chunking, nodeGroups } from "../../core/collective-cost.ts"
 import { defineAllReduceAlgorithm, type NodeGroup } from "./registry.ts"
 
@@ -88,8 +89,12 @@ export const hierarchicalReduce = async (op: Operation, buf: Float32Array, spec:
   }
 
   // Leader: collect the node's contributions, in rank order per chunk. Its sends go to the next
-  // leader (who may also hold early frames) and to members (one inbound link each).
+  // leader (who may also hold early frames) and to members (one inbound link each). A member's
+  // fp32 chunk goes into a slot of `buf`'s space when it has them (Communicator.allocate), so its
+  // sum with `buf` runs in place; the leaders' ring then places its own frames.
   op.setFanIn(2, 1)
+  const slots = half ? undefined : spaceSlots(buf)
+  if (slots) op.place = (head, bytes) => (head.step === UP && others.includes(head.src) ? slots.take(bytes) : undefined)
   const upDone = others.map(() => 0)
   const memberWeight = others.map(() => 0)
   op.handler = (f: Frame): boolean => {
@@ -102,7 +107,7 @@ export const hierarchicalReduce = async (op: Operation, buf: Float32Array, spec:
     const n = chunkLength(N, C, f.chunk)
     if (f.offset !== f.chunk * C || f.payload.length !== n * elemBytes) throw op.protocolError(f, `chunk ${f.chunk} has the wrong size or offset`)
     accumulate(buf, f.offset, f.payload, n, half, accOp)
-    releaseReceived(f.payload)
+    releasePayload(f.payload)
     if (f.chunk === 0) memberWeight[k] = f.value
     upDone[k]++
     return true

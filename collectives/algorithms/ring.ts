@@ -89,7 +89,7 @@ export const decodeSourceBits = (src: HalfSource, dst: Float32Array): void => {
 const released = (body: Uint8Array): Handover => ({ release: () => releasePayload(body) })
 
 /** Gives a received payload back: to the slots of the space it was read into, or to the receive pool. */
-const releasePayload = (payload: Uint8Array): void => {
+export const releasePayload = (payload: Uint8Array): void => {
   if (spaceSlots(payload)?.give(payload) !== true) releaseReceived(payload)
 }
 
