@@ -153,7 +153,8 @@ export const inSimdSpace = (x: ArrayBufferView): boolean => home(x) !== undefine
  * through a collective's placement), so that a sum of a payload and an array of the same space
  * runs in place: no block copy of either (a 64 MiB ring all-reduce at p = 4 and 8 on 2 cores:
  * 4-10 ms of CPU a call less, docs/benchmarks.md). A slot goes back to its space after the
- * current task.
+ * current task. One a failed call never gave back stays taken; with none free, payloads go to the
+ * receive pool as before.
  */
 export interface SpaceSlots {
   readonly slotBytes: number
