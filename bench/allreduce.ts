@@ -24,7 +24,9 @@
 //   the one the algorithm's registry entry declares for the cost model), and
 // - torch.distributed gloo all_reduce on loopback when `/usr/bin/python3 -c "import torch"` works
 //   (else the `python3` on PATH, where that one imports torch).
-// Every rank is its own OS process. Variants (algorithms x transports, and the raw patterns) are
+// Every rank is its own OS process, and reduces a buffer made once per size by its communicator
+// (Communicator.allocate, whose sums run in place, as gloo's loop reduces a tensor made by torch;
+// GRADWIRE_BENCH_PLAIN_BUFFER=1: an ordinary Float32Array). Variants (algorithms x transports, and the raw patterns) are
 // interleaved round by round (each variant's timed calls after one untimed call of its own, as gloo's
 // loop warms up), so load from other processes on the machine hits them alike; compare
 // ratios, not absolute figures, across runs. "x raw" is a row's time over its raw NATS pattern's in
