@@ -235,7 +235,7 @@ export class GradientReducer {
     if (this.#space?.flat.length === n) return this.#space.flat
     const c = this.compressor
     if (c === undefined) return this.#plainBuffer(n)
-    if (c === undefined || !c.errorFeedback || n < GRADIENT_SPACE_MIN_ELEMENTS || this.#space !== undefined) return undefined
+    if (!c.errorFeedback || n < GRADIENT_SPACE_MIN_ELEMENTS || this.#space !== undefined) return undefined
     // residuals of at most n floats in all (one per bucket or per variable), the fp16 bits of
     // every bucket (n/2 floats), and 16-byte alignment for each region
     const made = simdSpace([n, n + Math.ceil(n / 2) + 4096])
