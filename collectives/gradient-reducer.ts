@@ -209,7 +209,8 @@ export class GradientReducer {
   /** fp16 buckets' residuals: where they may be nonzero (FeedbackHalfSource). */
   readonly #nonzero = new Map<string, NonzeroHint>()
   #space: GradientSpace | undefined
-  #plain: Float32Array | undefined
+  /** gradientBuffer's answer for an uncompressed gradient of n floats, decided once per n. */
+  #plain: { n: number; buf: Float32Array | undefined } | undefined
   #stats = { wireBytes: 0, denseBytes: 0, steps: 0, totalWireBytes: 0, totalDenseBytes: 0 }
 
   constructor(comm: Communicator, opts: GradientReducerOptions) {
@@ -247,15 +248,21 @@ export class GradientReducer {
     return made[0]
   }
 
-  /** The uncompressed gradient's buffer (gradientBuffer), made once per length. */
+  /**
+   * The uncompressed gradient's buffer (gradientBuffer), decided once per length: the worker asks
+   * on every step, and neither the links' survey nor a dropped allocation belongs in each one.
+   */
   #plainBuffer(n: number): Float32Array | undefined {
-    if (this.#plain?.length === n) return this.#plain
+    if (this.#plain?.n === n) return this.#plain.buf
+    this.#plain = { n, buf: this.#makePlainBuffer(n) }
+    return this.#plain.buf
+  }
+
+  #makePlainBuffer(n: number): Float32Array | undefined {
     const comm = this.comm as Communicator | undefined
     if (comm === undefined || n < GRADIENT_SPACE_MIN_ELEMENTS || !comm.transport.links.some((l) => l.via !== "nats")) return undefined
     const made = comm.allocate(n)
-    if (!inSimdSpace(made)) return undefined
-    this.#plain = made
-    return made
+    return inSimdSpace(made) ? made : undefined
   }
 
   /** A zeroed region of the gradient space's arena for `key`, or undefined when it is full. */

@@ -1,12 +1,13 @@
 // GradientReducer.gradientBuffer: the flat gradient buffer the reducer hands out shares one SIMD
 // space with the error-feedback residuals and fp16 messages (so the kernels read and write them in
 // place). Which reducers get one, where residuals go, and that moving them there keeps their
-// values. (The buffer and the residual store never touch the communicator, so none is made; the
-// reductions themselves run over NATS in compression-network.test.ts, which uses this buffer.)
+// values. (The compressed buffer and the residual store never touch the communicator, so none is
+// made; the uncompressed buffer's test stands in for the two members it reads. The reductions
+// themselves run over NATS and the direct links in compression-network.test.ts.)
 import { describe, expect, it } from "vitest"
 import { GradientReducer } from "../collectives/gradient-reducer.ts"
 import type { ResolvedCompressionConfig } from "../collectives/compression/index.ts"
-import { inSimdSpace } from "../collectives/simd.ts"
+import { inSimdSpace, simdAvailable, simdSpace } from "../collectives/simd.ts"
 
 const reducer = (compression: ResolvedCompressionConfig) => new GradientReducer(undefined as never, { algorithm: "ring", compression })
 const N = 1 << 16
@@ -23,6 +24,37 @@ describe("GradientReducer.gradientBuffer", () => {
     expect(r.gradientBuffer(N)).toBe(flat)
     // one space per reducer: another length gets none (the caller passes its own array)
     expect(r.gradientBuffer(N + 4)).toBeUndefined()
+  })
+
+  it("uncompressed, asks the communicator once per length: its allocated buffer with a direct link, nothing without, each step after the first answered from memory", () => {
+    // A stand-in for the communicator's two members gradientBuffer reads (the real ones run in
+    // compression-network.test.ts), counting how often the reducer asks.
+    const group = (via: "nats" | "tcp") => {
+      const asked = { transport: 0, allocate: 0 }
+      const comm = {
+        get transport() {
+          asked.transport++
+          return { links: [{ peer: 1, via }] }
+        },
+        allocate: (n: number) => {
+          asked.allocate++
+          return simdSpace([n])?.[0] ?? new Float32Array(n)
+        }
+      }
+      return { r: new GradientReducer(comm as never, { algorithm: "ring", compression: "none" }), asked }
+    }
+    const direct = group("tcp")
+    const flat = direct.r.gradientBuffer(N)
+    if (simdAvailable()) expect(inSimdSpace(flat!)).toBe(true)
+    else expect(flat).toBeUndefined()
+    for (let step = 0; step < 5; step++) expect(direct.r.gradientBuffer(N)).toBe(flat)
+    expect(direct.asked).toEqual({ transport: 1, allocate: 1 })
+    const nats = group("nats")
+    for (let step = 0; step < 5; step++) expect(nats.r.gradientBuffer(N)).toBeUndefined()
+    expect(nats.asked).toEqual({ transport: 1, allocate: 0 })
+    // another length is decided afresh
+    nats.r.gradientBuffer(N + 4)
+    expect(nats.asked.transport).toBe(2)
   })
 
   it("residuals made afterwards live in the same space, zeroed, apart from the gradient and each other", () => {
