@@ -26,9 +26,10 @@
 //   (else the `python3` on PATH, where that one imports torch).
 // Every rank is its own OS process, and reduces a buffer made once per size by its communicator
 // (Communicator.allocate, whose sums run in place, as gloo's loop reduces a tensor made by torch;
-// GRADWIRE_BENCH_PLAIN_BUFFER=1: an ordinary Float32Array). Variants (algorithms x transports, and the raw patterns) are
-// interleaved round by round (each variant's timed calls after one untimed call of its own, as gloo's
-// loop warms up), so load from other processes on the machine hits them alike; compare
+// GRADWIRE_BENCH_PLAIN_BUFFER=1: an ordinary Float32Array). Variants (algorithms x transports,
+// and the raw patterns) are interleaved round by round (each variant's timed calls after one
+// untimed call of its own, as gloo's loop warms up), so load from other processes on the machine
+// hits them alike; compare
 // ratios, not absolute figures, across runs. "x raw" is a row's time over its raw NATS pattern's in
 // the same round (for a direct row too: below 1x it beats what NATS itself could move). After each
 // (p, size) block, one line: the best NATS row, the best direct row, gloo, and best / gloo.

@@ -157,7 +157,6 @@ export const inSimdSpace = (x: ArrayBufferView): boolean => home(x) !== undefine
  * receive pool as before.
  */
 export interface SpaceSlots {
-  readonly slotBytes: number
   readonly count: number
   /** Slots free now (tests). */
   readonly free: number
@@ -185,7 +184,6 @@ export const simdSpaceWithSlots = (lengths: ReadonlyArray<number>, slotBytes: nu
   const lent = new Set<number>()
   let taken = 0
   const slots: SpaceSlots = {
-    slotBytes: slot,
     count,
     get free() {
       return free.length
