@@ -1,5 +1,5 @@
 // All-reduce benchmark: `npm run bench -- allreduce [--p 2,4] [--sizes 4K,256K,4M,64M] [--rounds N]
-// [--max-payload 8M] [--chunk 1M] [--window 16M] [--no-gloo] [--no-payload-sweep]
+// [--max-payload 8M] [--chunk 1M] [--direct-chunk 8M] [--window 16M] [--no-gloo] [--no-payload-sweep]
 // [--algorithms ring,ring-relay,...] [--transports nats,direct] [--no-raw] [--prof DIR] [--link 1gbit]
 // [--cpu] [--nodes paired|one|own]` (--prof: --cpu-prof profiles of the rank processes, in DIR;
 // --cpu: two more columns, the CPU ms a call of each rank's busiest thread and of all its threads
@@ -51,6 +51,7 @@ import * as path from "node:path"
 import { launchNatsServer, freePort } from "../core/nats-server.ts"
 import { allReduceAlgorithms, allReduceAlgorithmNames, findAllReduceAlgorithm } from "../collectives/algorithms/index.ts"
 import type { TransportInfo } from "../collectives/communicator.ts"
+import { HEADER_BLOCK_BYTES } from "../collectives/frames.ts"
 import { RankFleet } from "../test/support/collectives-fleet.ts"
 import { benchNatsServer, onStar, type Star } from "../test/support/netns.ts"
 import { median } from "../scheduler/cost-model.ts"
@@ -66,7 +67,7 @@ const parseSize = (s: string): number => {
   return Math.round(Number(m[1]) * unit)
 }
 
-const fmtSize = (b: number): string => (b >= MiB ? `${b / MiB} MiB` : `${b / KiB} KiB`)
+const fmtSize = (b: number): string => (b >= MiB ? `${+(b / MiB).toFixed(2)} MiB` : `${+(b / KiB).toFixed(2)} KiB`)
 const fmtMs = (ms: number): string => (ms >= 100 ? ms.toFixed(0) : ms >= 10 ? ms.toFixed(1) : ms.toFixed(2))
 
 interface Args {
@@ -75,6 +76,7 @@ interface Args {
   readonly rounds: number | undefined
   readonly maxPayload: number
   readonly chunk: number | undefined
+  readonly directChunk: number | undefined
   readonly window: number | undefined
   readonly gloo: boolean
   readonly payloadSweep: boolean
@@ -119,6 +121,7 @@ const parseArgs = (args: ReadonlyArray<string>): Args => {
     rounds: get("--rounds") ? Number(get("--rounds")) : undefined,
     maxPayload: parseSize(get("--max-payload") ?? "8M"),
     chunk: get("--chunk") ? parseSize(get("--chunk") as string) : undefined,
+    directChunk: get("--direct-chunk") ? parseSize(get("--direct-chunk") as string) : undefined,
     window: get("--window") ? parseSize(get("--window") as string) : undefined,
     gloo: !args.includes("--no-gloo"),
     payloadSweep: !args.includes("--no-payload-sweep"),
@@ -582,11 +585,17 @@ const runOn = async (a: Args, star: Star | undefined, dir: string): Promise<void
       try {
         const groups: Group[] = a.transports.map((transport) => ({ transport, group: transport === "nats" ? `bench-p${p}` : `bench-p${p}-${transport}` }))
         let chunkBytes = 0
+        let directChunkBytes = 0
         let windowBytes = 0
         const linkLines: string[] = []
         for (const { transport, group } of groups) {
           // With --link a rank listens on (and advertises) its namespace's address, the only one its peers reach it at.
-          const direct = (rank: number) => ({ transport: "direct", secret, ...(star ? { host: star.ranks[rank]!.ip, unixSocket: false } : {}) })
+          const direct = (rank: number) => ({
+            transport: "direct",
+            secret,
+            ...(a.directChunk !== undefined ? { chunkBytes: a.directChunk } : {}),
+            ...(star ? { host: star.ranks[rank]!.ip, unixSocket: false } : {})
+          })
           const created = await fleet.all<{ chunkElems: number; windowBytes: number; transport: TransportInfo }>(p, (rank) => ({
             cmd: "create",
             group,
@@ -597,8 +606,10 @@ const runOn = async (a: Args, star: Star | undefined, dir: string): Promise<void
             windowBytes: a.window,
             ...(transport === "direct" ? { direct: direct(rank) } : {})
           }))
-          // The same settings on every group (the direct path does not change chunk or window).
-          chunkBytes = created[0].chunkElems * 4
+          // The NATS chunk for the raw patterns (a whole-direct group's frames are the direct
+          // links' size, which NATS carries only split); the window is the same on every group.
+          if (transport === "nats" || chunkBytes === 0) chunkBytes = Math.min(created[0].chunkElems * 4, a.maxPayload - HEADER_BLOCK_BYTES)
+          if (transport === "direct") directChunkBytes = created[0].chunkElems * 4
           windowBytes = created[0].windowBytes
           if (transport === "direct") {
             for (const [rank, c] of created.entries()) {
@@ -613,7 +624,8 @@ const runOn = async (a: Args, star: Star | undefined, dir: string): Promise<void
           const prev = (rank: number): number => (rank + p - 1) % p
           await fleet.all(p, (rank) => ({ cmd: "tcpConnect", host: star.ranks[prev(rank)]!.ip, port: ports[prev(rank)]!.port }))
         }
-        console.log(`\np = ${p}: chunk ${fmtSize(chunkBytes)}, window ${fmtSize(windowBytes)} per link, ${describeNodes(p, nodeOf)}`)
+        const chunks = [a.transports.includes("nats") ? `chunk ${fmtSize(chunkBytes)} over NATS` : "", directChunkBytes > 0 ? `${fmtSize(directChunkBytes)} direct` : ""]
+        console.log(`\np = ${p}: ${chunks.filter((c) => c !== "").join(", ")}, window ${fmtSize(windowBytes)} per link, ${describeNodes(p, nodeOf)}`)
         if (linkLines.length > 0) console.log(`direct path (group bench-p${p}-direct):\n${linkLines.join("\n")}`)
         // With two ranks a fan-out reaches one receiver, the same traffic as a relay: "<name>" covers both.
         const algorithms = p === 2 ? a.algorithms.filter((x) => !x.endsWith(RELAY)) : a.algorithms

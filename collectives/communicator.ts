@@ -29,11 +29,12 @@ import {
   BUSY_PEER_WAIT_MS,
   COLLECTIVE_CHUNK_BYTES as DEFAULT_CHUNK_BYTES,
   COLLECTIVE_CREATE_TIMEOUT_MS as DEFAULT_CREATE_TIMEOUT_MS,
+  COLLECTIVE_DIRECT_CHUNK_BYTES as DEFAULT_DIRECT_CHUNK_BYTES,
   COLLECTIVE_EARLY_LIMIT_BYTES as DEFAULT_EARLY_LIMIT,
   COLLECTIVE_TIMEOUT_MS as DEFAULT_TIMEOUT_MS,
   COLLECTIVE_WINDOW_BYTES as DEFAULT_WINDOW_BYTES
 } from "../core/defaults.ts"
-import { installNatsPatches } from "../core/nats-internals/index.ts"
+import { installNatsPatches, releaseReceived, takeReceiveBuffer } from "../core/nats-internals/index.ts"
 import { nodeGroups } from "../core/collective-cost.ts"
 import { HeldClock } from "../core/held-clock.ts"
 import { jobSubjects } from "../core/subjects.ts"
@@ -52,7 +53,7 @@ import {
 import { roundToHalf } from "./float16.ts"
 import { DirectEndpoint, type DirectAddress, type TransportChoice } from "./direct.ts"
 import { seconds, type Deadline, type MeasuredDeadlines } from "./deadlines.ts"
-import { HEADER_BLOCK_BYTES, HEADER_BYTES, Kind, Opcode, Variant, controlBody, controlMessage, headerBytesInto, readFrame, variantOf, type Frame } from "./frames.ts"
+import { FrameAssembler, HEADER_BLOCK_BYTES, HEADER_BYTES, Kind, Opcode, Variant, controlBody, controlMessage, headerBytesInto, readFrame, splitFrame, variantOf, type Frame } from "./frames.ts"
 import { allReduceAlgorithmByCode, allowedAlgorithms, findAllReduceAlgorithm, type AllReduceAlgorithm, type AllReduceCall } from "./algorithms/index.ts"
 import type { NodeGroup } from "./algorithms/hierarchical.ts"
 import { decodeSourceBits, halfBitsSource, ringReduce, type HalfSource } from "./algorithms/ring.ts"
@@ -183,6 +184,13 @@ export interface DirectOptions {
   readonly unixSocket?: boolean
   /** Deadline of connecting and authenticating to one peer; past it the peer gets NATS. Default 3 s. */
   readonly connectTimeoutMs?: number
+  /**
+   * Largest data payload per frame where every rank reads every peer's link (the smallest any rank
+   * asks for, at most half of windowBytes, never below the NATS chunk). Default 8 MiB: fewer
+   * frames cost less CPU (COLLECTIVE_DIRECT_CHUNK_BYTES). A frame that later has to go through
+   * NATS (its link closed) is split into messages that fit max_payload.
+   */
+  readonly chunkBytes?: number
 }
 
 const fmtBytes = (b: number): string => (b >= 1024 * 1024 ? `${b / (1024 * 1024)} MiB` : b >= 1024 ? `${b / 1024} KiB` : `${b} B`)
@@ -374,8 +382,9 @@ export interface AllGatherOptions extends CallOptions {
 }
 
 const MIN_CHUNK_ELEMS = (64 << 10) / 4
-// 2: the variant's algorithm field is a whole byte (frames.ts)
-const PROTOCOL_VERSION = 2
+// 2: the variant's algorithm field is a whole byte (frames.ts); 3: frames split over NATS
+// (splitFrame) and the direct links' frame size in the hello
+const PROTOCOL_VERSION = 3
 
 /** Broadcast and all-gather have their own small sets of algorithms (their opcode tells them apart). */
 const broadcastCode = { fanout: 0, tree: 1 } as const
@@ -427,6 +436,8 @@ interface Hello {
   readonly readFailures?: Readonly<Record<string, string>>
   readonly maxPayload: number
   readonly chunkBytes: number
+  /** With a direct address: the frame size this rank asks for on the direct links. */
+  readonly directChunkBytes?: number
   readonly windowBytes: number
   readonly ready: boolean
 }
@@ -468,8 +479,17 @@ export class Communicator {
   readonly group: string
   /** Every rank's node and server, by rank (known after the handshake). */
   readonly peers: ReadonlyArray<PeerInfo>
-  /** Elements per data frame (fp32 or fp16), agreed by all ranks. */
+  /**
+   * Elements per data frame at most (fp32 or fp16), agreed by all ranks: in a group whose every
+   * rank reads every peer's direct link the direct links' frame (DirectOptions.chunkBytes), else
+   * what max_payload and chunkBytes allow.
+   */
   readonly chunkElems: number
+  /** Largest message body NATS carries here (the smallest max_payload, less the header block); larger frames are split (splitFrame). */
+  readonly #natsMaxBody: number
+  /** Split frames received over NATS, put together again. */
+  readonly #assembler = new FrameAssembler(takeReceiveBuffer, releaseReceived)
+  #splitSent = 0
   readonly windowBytes: number
   readonly timeoutMs: number
   readonly #deadlines: MeasuredDeadlines | undefined
@@ -536,8 +556,10 @@ export class Communicator {
     windowBytes: number,
     subjects: ReturnType<typeof jobSubjects>,
     subs: Subscription[],
+    natsMaxBody: number,
     direct?: DirectEndpoint
   ) {
+    this.#natsMaxBody = natsMaxBody
     this.rank = opts.rank
     this.worldSize = opts.worldSize
     this.group = opts.group
@@ -564,7 +586,7 @@ export class Communicator {
     this.#transport = direct ? (opts.direct?.transport ?? "auto") : "nats"
     this.#directMinBytes = opts.direct?.minBytes ?? DIRECT_MIN_BYTES
     this.#directTls = opts.direct?.tls === true
-    const natsTo = (seq: number, dst: number, data: Uint8Array, headers: MsgHdrs): void => nc.publish(subjects.coll(group, seq, me, dst), data, { headers })
+    const natsTo = (seq: number, dst: number, data: Uint8Array, headers: MsgHdrs): void => this.#publishData(subjects.coll(group, seq, me, dst), data, headers)
     this.#host = {
       group,
       rank: me,
@@ -607,7 +629,7 @@ export class Communicator {
           }
           one?.()
         } else {
-          nc.publish(target === "all" ? subjects.collFanout(group, seq, me) : subjects.collNodeFanout(group, seq, me, target), data, { headers })
+          this.#publishData(target === "all" ? subjects.collFanout(group, seq, me) : subjects.collNodeFanout(group, seq, me, target), data, headers)
           written?.()
         }
       }
@@ -643,9 +665,11 @@ export class Communicator {
     const nodeToken = nodeTokenFor(node)
     const serverToken = serverTokenFor(server)
     const self: PeerInfo = { rank, node, server, serverName }
+    const directChunkBytes = opts.direct?.chunkBytes ?? DEFAULT_DIRECT_CHUNK_BYTES
+    if (!(directChunkBytes >= 64)) throw new CollectiveArgumentError({ op: "create", reason: `direct.chunkBytes (${directChunkBytes}) must be >= 64` })
     if (worldSize === 1) {
       const C = Math.floor(Math.min(chunkBytes, maxPayload - HEADER_BLOCK_BYTES) / 4)
-      return new Communicator(opts, [self], C, windowBytes, subjects, [])
+      return new Communicator(opts, [self], C, windowBytes, subjects, [], maxPayload - HEADER_BLOCK_BYTES)
     }
 
     // The direct path's listener is up before the first hello advertises it.
@@ -722,7 +746,7 @@ export class Communicator {
       node,
       server,
       serverName,
-      ...(endpoint ? { direct: endpoint.address } : {}),
+      ...(endpoint ? { direct: endpoint.address, directChunkBytes } : {}),
       ...(endpoint && ready ? { reads: [...reads].sort((a, b) => a - b), readFailures } : {}),
       maxPayload,
       chunkBytes,
@@ -810,11 +834,14 @@ export class Communicator {
       const W = Math.min(...all.map((h) => h.windowBytes))
       if (HEADER_BLOCK_BYTES + 4 * C > minPayload) mismatch(`chunk of ${C} elements does not fit max_payload ${minPayload}`)
       if (failure !== undefined) throw failure
-      comm = new Communicator(opts, peers, C, W, subjects, subs, endpoint)
       // Every rank listens on the direct path and reads every peer's link: a whole-direct group,
-      // which splits segments into fewer chunks (#chunkFor). Decided from the hellos alone, so the
-      // same on every rank.
-      comm.#wholeDirect = all.every((h) => h.direct !== undefined && (h.reads?.length ?? 0) === worldSize - 1)
+      // which splits segments into fewer chunks (#chunkFor), and larger ones (its frames are the
+      // direct links' size, a frame that falls back to NATS split in pieces). Decided from the
+      // hellos alone, so the same on every rank.
+      const wholeDirect = all.every((h) => h.direct !== undefined && (h.reads?.length ?? 0) === worldSize - 1)
+      const D = wholeDirect ? Math.floor(Math.min(W / 2, ...all.map((h) => h.directChunkBytes ?? 0)) / 4) : 0
+      comm = new Communicator(opts, peers, Math.max(C, D), W, subjects, subs, minPayload - HEADER_BLOCK_BYTES, endpoint)
+      comm.#wholeDirect = wholeDirect
       if (endpoint) {
         // Send direct to the peers that dialled this rank and said so in their ready hello.
         const direct = new Set<number>()
@@ -861,7 +888,19 @@ export class Communicator {
 
   #onMessage(msg: Msg): void {
     const f = readFrame(msg)
-    if (f) this.#onFrame(f)
+    if (!f) return
+    if (f.pieces === 0) return this.#onFrame(f)
+    const whole = f.kind === Kind.data ? this.#assembler.add(f) : undefined
+    if (whole) this.#onFrame(whole)
+  }
+
+  /** A data frame through NATS: as one message, or in pieces where it exceeds max_payload (splitFrame). */
+  #publishData(subject: string, data: Uint8Array, headers: MsgHdrs): void {
+    const nc = this.#nc as NatsConnection
+    const pieces = splitFrame(headers, data, this.#natsMaxBody)
+    if (!pieces) return nc.publish(subject, data, { headers })
+    this.#splitSent++
+    for (const p of pieces) nc.publish(subject, p.data, { headers: p.headers })
   }
 
   #onFrame(f: Frame): void {
@@ -1182,6 +1221,7 @@ export class Communicator {
       this.#opDeadlines.delete(seq)
       this.#heldWaits.delete(seq)
       this.#directSeqs.delete(seq)
+      if (this.#assembler.open > 0) this.#assembler.drop(seq)
     }
   }
 
@@ -1578,6 +1618,11 @@ export class Communicator {
       .sort((a, b) => a.ranks[0] - b.ranks[0])
   }
 
+  /** Frames this rank sent through NATS in pieces (over max_payload: splitFrame), and split frames it put together again. */
+  get splitFrames(): { readonly sent: number; readonly assembled: number } {
+    return { sent: this.#splitSent, assembled: this.#assembler.assembled }
+  }
+
   /** True once the group is aborted or closed. */
   get closed(): boolean {
     return this.#closed !== undefined
@@ -1599,6 +1644,7 @@ export class Communicator {
     for (const s of this.#subs) s.unsubscribe()
     this.#subs.length = 0
     this.#clearEarly()
+    this.#assembler.clear()
     if (this.#nc && !this.#nc.isClosed()) await this.#nc.flush().catch(() => {})
     if (this.#cnc && this.#cnc !== this.#nc && !this.#cnc.isClosed()) await this.#cnc.flush().catch(() => {})
     await this.#direct?.close()

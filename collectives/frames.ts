@@ -11,7 +11,9 @@
 //
 //   0 u8  magic 0x67         1 u8 kind            2 u8 flags        3 u8 opcode
 //   4 u16 variant: low byte the algorithm's code (an all-reduce's registry code, or a broadcast's
-//         or all-gather's own), high byte the call's options (Variant below)      6..7 reserved
+//         or all-gather's own), high byte the call's options (Variant below)
+//   6 u16 pieces: 0, or the number of NATS messages a data frame larger than max_payload was
+//         split into (every piece carries the frame's header; Flag.more on all but the last)
 //   8 u32 seq               12 u32 src           16 u32 step       20 u32 chunk
 //  24 u32 length (elements of the whole buffer)  28 u32 offset (element offset of the payload)
 //  32 f64 value
@@ -40,7 +42,9 @@ export const Flag = {
   /** Data frame published to a fan-out subject; its ack is for the sender's fan-out window. */
   fanout: 2,
   /** The sender's window is (nearly) full after this frame: acknowledge it as soon as it is consumed. */
-  ackNow: 4
+  ackNow: 4,
+  /** A piece of a frame split over several NATS messages, with more of it to follow (splitFrame). */
+  more: 8
 } as const
 
 /** Which collective a data frame belongs to. */
@@ -84,6 +88,8 @@ export interface Frame {
   readonly length: number
   readonly offset: number
   readonly value: number
+  /** 0, or how many messages the frame was split into (this is one piece of it: splitFrame). */
+  readonly pieces: number
   /** The message body (a view into the received bytes). */
   readonly payload: Uint8Array
   /** What the frame counts against its link's credits: header + payload. */
@@ -149,6 +155,7 @@ export const frameOf = (bytes: Uint8Array, payload: Uint8Array): Frame | undefin
     length: v.getUint32(24, true),
     offset: v.getUint32(28, true),
     value: v.getFloat64(32, true),
+    pieces: v.getUint16(6, true),
     payload,
     wireBytes: HEADER_BYTES + payload.length
   }
@@ -159,6 +166,91 @@ export const headerBytesInto = (h: MsgHdrs, out: Uint8Array): boolean => {
   const value = h.get(HEADER_KEY)
   if (!value || value.length !== PAD.length + 2 * HEADER_BYTES) return false
   return Buffer.from(out.buffer, out.byteOffset, HEADER_BYTES).write(value.slice(PAD.length), "hex") === HEADER_BYTES
+}
+
+/**
+ * A data frame's payload cut into pieces of at most `maxBody` bytes (a multiple of 4), each with
+ * the frame's header plus its piece count and, on all but the last, Flag.more: for a frame that
+ * must go through NATS but exceeds its max_payload (the direct links carry larger frames). The
+ * receiver puts them together again (FrameAssembler). Undefined when the payload fits as it is.
+ */
+export const splitFrame = (h: MsgHdrs, payload: Uint8Array, maxBody: number): Array<{ headers: MsgHdrs; data: Uint8Array }> | undefined => {
+  if (payload.length <= maxBody) return undefined
+  const piece = Math.max(4, maxBody - (maxBody % 4))
+  const count = Math.ceil(payload.length / piece)
+  if (count > 0xffff || !headerBytesInto(h, scratch)) return undefined
+  const out: Array<{ headers: MsgHdrs; data: Uint8Array }> = []
+  const flags = view.getUint8(2)
+  view.setUint16(6, count, true)
+  for (let i = 0; i < count; i++) {
+    view.setUint8(2, i < count - 1 ? flags | Flag.more : flags & ~Flag.more)
+    const ph = headers()
+    ph.set(HEADER_KEY, PAD + Buffer.from(scratch.buffer, 0, HEADER_BYTES).toString("hex"))
+    out.push({ headers: ph, data: payload.subarray(i * piece, Math.min(payload.length, (i + 1) * piece)) })
+  }
+  return out
+}
+
+/**
+ * Puts split frames (splitFrame) together again. Pieces of one frame come from one sender on one
+ * subject, so in order; each is copied into a buffer from `take` (sized for the piece count) and
+ * handed to `release`, and the last one yields the whole frame, with the wire bytes the sender
+ * counted for it. A piece that does not fit what the first announced drops the frame (its call
+ * then fails at its deadline, naming the sender).
+ */
+export class FrameAssembler {
+  readonly #open = new Map<string, { buf: Uint8Array; at: number }>()
+  readonly #take: (bytes: number) => Uint8Array
+  readonly #release: (payload: Uint8Array) => void
+  constructor(take: (bytes: number) => Uint8Array, release: (payload: Uint8Array) => void) {
+    this.#take = take
+    this.#release = release
+  }
+
+  /** Frames being put together now. */
+  get open(): number {
+    return this.#open.size
+  }
+
+  /** Frames put together so far. */
+  assembled = 0
+
+  /** The whole frame once `f` was its last piece; undefined while pieces are missing (or it was dropped). */
+  add(f: Frame): Frame | undefined {
+    const key = `${f.src}/${f.seq}/${f.step}/${f.chunk}/${f.offset}/${f.flags & Flag.fanout}`
+    let o = this.#open.get(key)
+    if (!o) {
+      // a frame's first piece opens it (one whose first piece was dropped is dropped whole)
+      if (f.pieces < 2 || !(f.flags & Flag.more)) {
+        this.#release(f.payload)
+        return undefined
+      }
+      o = { buf: this.#take(f.pieces * f.payload.length), at: 0 }
+      this.#open.set(key, o)
+    }
+    if (o.at + f.payload.length > o.buf.length) {
+      this.#open.delete(key)
+      this.#release(f.payload)
+      return undefined
+    }
+    o.buf.set(f.payload, o.at)
+    o.at += f.payload.length
+    this.#release(f.payload)
+    if (f.flags & Flag.more) return undefined
+    this.#open.delete(key)
+    this.assembled++
+    const payload = o.buf.subarray(0, o.at)
+    return { ...f, flags: f.flags & ~Flag.more, pieces: 0, payload, wireBytes: HEADER_BYTES + payload.length }
+  }
+
+  /** Drops the pieces of call `seq` (it ended: one that failed halfway may leave some). */
+  drop(seq: number): void {
+    for (const k of this.#open.keys()) if (Number(k.split("/")[1]) === seq) this.#open.delete(k)
+  }
+
+  clear(): void {
+    this.#open.clear()
+  }
 }
 
 /** A control message (hello, ping, pong, abort): header plus a JSON body. */

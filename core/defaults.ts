@@ -50,6 +50,15 @@ export const COLLECTIVE_CREATE_TIMEOUT_MS = 60_000
  */
 export const COLLECTIVE_CHUNK_BYTES = 4 * MiB
 
+/**
+ * Largest data payload per frame in a group whose every rank reads every peer's direct link (at
+ * most half the window): a frame costs 0.1-0.2 ms of CPU on 2 cores however large, and a 64 MiB
+ * ring all-reduce at p = 8 took 0.98-1.01x gloo's time in 8 MiB frames against 1.07-1.32x in
+ * 4 MiB ones (docs/benchmarks.md). A frame that must go through NATS instead (its link closed) is
+ * split into messages that fit max_payload.
+ */
+export const COLLECTIVE_DIRECT_CHUNK_BYTES = 8 * MiB
+
 /** Credits per call: unacknowledged bytes a rank lets its senders have (well under nats-server's 64 MiB max_pending). */
 export const COLLECTIVE_WINDOW_BYTES = 16 * MiB
 

@@ -166,6 +166,42 @@ describe("the direct data path", () => {
     await fleet.all(2, () => ({ cmd: "close", group }))
   })
 
+  it("a group whose every rank reads every link sends the direct links' larger frames; through NATS (here every call, by minBytes) they go split to fit max_payload and are put together again: the same results", async () => {
+    const group = "direct-split"
+    // NATS carries at most 64 KiB here (the communicator is told so), the direct links 256 KiB.
+    const created = await fleet.all<{ chunkElems: number }>(P, (rank) => ({
+      cmd: "create",
+      group,
+      rank,
+      worldSize: P,
+      node: `n${rank >> 1}`,
+      timeoutMs: 20_000,
+      chunkBytes: CHUNK_BYTES,
+      windowBytes: 1024 * 1024,
+      maxPayload: 64 * 1024,
+      direct: { secret: SECRET, transport: "auto", minBytes: 2 ** 30, chunkBytes: 256 * 1024 }
+    }))
+    for (const c of created) expect(c.chunkElems * 4).toBe(256 * 1024)
+    for (const t of await transports(group)) expect(t.links.every((l) => l.via !== "nats")).toBe(true)
+    const cases: Case[] = []
+    let seed = 900
+    for (const a of allReduceAlgorithms()) cases.push({ op: "allReduce", algorithm: a.name, reduce: "sum", length: 300_000, seed: seed++ })
+    cases.push({ op: "allReduce", algorithm: "ring", reduce: "mean", wire: "f16", length: 600_001, seed: seed++ })
+    cases.push({ op: "allReduce", algorithm: "ring", reduce: "sum", length: 200_000, seed: seed++, concurrent: 2 })
+    cases.push({ op: "reduceScatter", reduce: "sum", length: 400_000, seed: seed++ })
+    cases.push({ op: "broadcast", length: 200_000, root: 1, seed: seed++ })
+    cases.push({ op: "allGather", length: 100_000, seed: seed++ })
+    expect(await run(group, cases)).toEqual([])
+    const split = await fleet.all<{ sent: number; assembled: number }>(P, () => ({ cmd: "splitFrames", group }))
+    for (const s of split) {
+      expect(s.sent).toBeGreaterThan(0)
+      expect(s.assembled).toBeGreaterThan(0)
+    }
+    // every frame split was put together by its receiver
+    expect(split.reduce((n, s) => n + s.assembled, 0)).toBeGreaterThanOrEqual(split.reduce((n, s) => n + s.sent, 0))
+    await close(group)
+  })
+
   it('"auto" keeps calls below minBytes on NATS and sends larger ones direct', async () => {
     const group = "direct-auto"
     await create(group, (r) => `n${r}`, () => ({ transport: "auto", minBytes: 64 * 1024 }))

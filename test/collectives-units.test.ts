@@ -5,7 +5,7 @@ import { describe, expect, it } from "vitest"
 import { planBuckets } from "../collectives/bucketing.ts"
 import { AckLedger, FanoutWindow, SendWindow } from "../collectives/flow-control.ts"
 import { decodeHalf, encodeHalf, halfTable, roundToHalf } from "../collectives/float16.ts"
-import { Flag, Kind, Opcode, Variant, frameHeaders, readFrame, variantOf } from "../collectives/frames.ts"
+import { Flag, FrameAssembler, Kind, Opcode, Variant, frameHeaders, readFrame, splitFrame, variantOf, type Frame } from "../collectives/frames.ts"
 import { describeOp } from "../collectives/communicator.ts"
 import { chunkCount, chunkLength, segmentBounds } from "../collectives/segments.ts"
 import { prng } from "./support/collectives-cases.ts"
@@ -146,6 +146,44 @@ describe("frames", () => {
     expect(f).toMatchObject({ kind: Kind.data, flags: Flag.fanout | Flag.half, opcode: 5, variant: 17, seq: 123456, src: 7, step: 3, chunk: 99, length: 1_000_001, offset: 5000, value: 2.5, wireBytes: 48 })
     expect(readFrame({ headers: headers(), data } as unknown as Msg)).toBeUndefined()
     expect(readFrame({ headers: undefined, data } as unknown as Msg)).toBeUndefined()
+  })
+
+  it("too large for max_payload, split in pieces that carry the frame's header and are put together again; a stray or oversized piece drops the frame", () => {
+    const body = new Uint8Array(10_003).map((_, i) => (i * 7) & 0xff)
+    const h = frameHeaders(Kind.data, Flag.fanout, 5, 17, 9, 2, 3, 4, 1_000_000, 800, 1.5)
+    expect(splitFrame(h, body, 10_003)).toBeUndefined()
+    const pieces = splitFrame(h, body, 4099)!
+    // pieces of a multiple of 4 bytes (4096), Flag.more on all but the last
+    expect(pieces.map((p) => p.data.length)).toEqual([4096, 4096, 1811])
+    const frames = pieces.map((p) => readFrame(p as unknown as Msg)!)
+    expect(frames.map((f) => [f.pieces, f.flags])).toEqual([
+      [3, Flag.fanout | Flag.more],
+      [3, Flag.fanout | Flag.more],
+      [3, Flag.fanout]
+    ])
+    const released: Uint8Array[] = []
+    const asm = new FrameAssembler((n) => new Uint8Array(n), (p) => void released.push(p))
+    expect(asm.add(frames[0]!)).toBeUndefined()
+    expect(asm.add(frames[1]!)).toBeUndefined()
+    const whole = asm.add(frames[2]!) as Frame
+    expect(whole).toMatchObject({ kind: Kind.data, flags: Flag.fanout, seq: 9, src: 2, step: 3, chunk: 4, length: 1_000_000, offset: 800, value: 1.5, pieces: 0, wireBytes: 40 + 10_003 })
+    expect(whole.payload).toEqual(body)
+    expect(released).toEqual(frames.map((f) => f.payload))
+    expect([asm.open, asm.assembled]).toEqual([0, 1])
+    // a last piece with no first one before it, and a piece past what the first announced: dropped
+    expect(asm.add(frames[2]!)).toBeUndefined()
+    asm.add(frames[0]!)
+    asm.add({ ...frames[1]!, payload: new Uint8Array(4096) })
+    asm.add({ ...frames[1]!, payload: new Uint8Array(4100) })
+    expect(asm.open).toBe(0)
+    expect(asm.add(frames[2]!)).toBeUndefined()
+    // a call that ended leaves no pieces behind
+    asm.add(frames[0]!)
+    expect(asm.open).toBe(1)
+    asm.drop(8)
+    expect(asm.open).toBe(1)
+    asm.drop(9)
+    expect(asm.open).toBe(0)
   })
 
   it("carry the algorithm's code in a whole byte of the variant, next to the call's options", () => {

@@ -438,6 +438,7 @@ const handle = async (m: Record<string, any>): Promise<unknown> => {
         createTimeoutMs: m.createTimeoutMs,
         chunkBytes: m.chunkBytes,
         windowBytes: m.windowBytes,
+        ...(m.maxPayload !== undefined ? { maxPayload: m.maxPayload } : {}),
         // Deadlines derived (not explicit), capped at timeoutMs, and an owner that vouches for the
         // ranks in heldPeers: beating from their thread, their event loop held so long, their
         // process using `cpu` cores (a stand-in for the driver's answer, actors/train/worker/worker-run.ts).
@@ -475,6 +476,8 @@ const handle = async (m: Record<string, any>): Promise<unknown> => {
     }
     case "result":
       return pendingCall ?? null
+    case "splitFrames":
+      return (comms.get(m.group) as Communicator).splitFrames
     case "transport":
       return comm(m.group).transport
     case "measureTransport": {
