@@ -85,6 +85,22 @@ describe("BufferPool", () => {
     pool.give(big) // above maxIdleBytes: dropped
     expect(pool.idle).toBe(2)
   })
+
+  it("when full, keeps the buffers given back last: a larger size in use now replaces the longest idle ones", () => {
+    const pool = new BufferPool({ maxIdleBuffers: 8, maxIdleBytes: 4000 })
+    const small = Array.from({ length: 4 }, () => pool.take(1000))
+    for (const b of small) pool.give(b)
+    expect(pool.idleBytes).toBe(4000)
+    // a call with larger frames: its buffers come back, and are there for its next frames
+    const large = pool.take(2000)
+    pool.give(large)
+    expect([pool.idle, pool.idleBytes]).toEqual([3, 4000])
+    expect(pool.take(2000).buffer).toBe(large.buffer)
+    // the small buffers kept are the ones given back last
+    expect(pool.take(1000).buffer).toBe(small[2]!.buffer)
+    expect(pool.take(1000).buffer).toBe(small[3]!.buffer)
+    expect(pool.stats.reused).toBe(3)
+  })
 })
 
 describe("encodeFrames / splitMessage into a pool", () => {
