@@ -126,6 +126,11 @@ export const frameHeaders = (
   view.setUint32(24, length, true)
   view.setUint32(28, offset, true)
   view.setFloat64(32, value, true)
+  return scratchHeaders()
+}
+
+/** The NATS header block for the 40 bytes in `scratch`. */
+const scratchHeaders = (): MsgHdrs => {
   const h = headers()
   h.set(HEADER_KEY, PAD + Buffer.from(scratch.buffer, 0, HEADER_BYTES).toString("hex"))
   return h
@@ -184,9 +189,7 @@ export const splitFrame = (h: MsgHdrs, payload: Uint8Array, maxBody: number): Ar
   view.setUint16(6, count, true)
   for (let i = 0; i < count; i++) {
     view.setUint8(2, i < count - 1 ? flags | Flag.more : flags & ~Flag.more)
-    const ph = headers()
-    ph.set(HEADER_KEY, PAD + Buffer.from(scratch.buffer, 0, HEADER_BYTES).toString("hex"))
-    out.push({ headers: ph, data: payload.subarray(i * piece, Math.min(payload.length, (i + 1) * piece)) })
+    out.push({ headers: scratchHeaders(), data: payload.subarray(i * piece, Math.min(payload.length, (i + 1) * piece)) })
   }
   return out
 }
@@ -199,7 +202,7 @@ export const splitFrame = (h: MsgHdrs, payload: Uint8Array, maxBody: number): Ar
  * then fails at its deadline, naming the sender).
  */
 export class FrameAssembler {
-  readonly #open = new Map<string, { buf: Uint8Array; at: number }>()
+  readonly #open = new Map<string, { seq: number; buf: Uint8Array; at: number }>()
   readonly #take: (bytes: number) => Uint8Array
   readonly #release: (payload: Uint8Array) => void
   constructor(take: (bytes: number) => Uint8Array, release: (payload: Uint8Array) => void) {
@@ -225,7 +228,7 @@ export class FrameAssembler {
         this.#release(f.payload)
         return undefined
       }
-      o = { buf: this.#take(f.pieces * f.payload.length), at: 0 }
+      o = { seq: f.seq, buf: this.#take(f.pieces * f.payload.length), at: 0 }
       this.#open.set(key, o)
     }
     if (o.at + f.payload.length > o.buf.length) {
@@ -245,7 +248,7 @@ export class FrameAssembler {
 
   /** Drops the pieces of call `seq` (it ended: one that failed halfway may leave some). */
   drop(seq: number): void {
-    for (const k of this.#open.keys()) if (Number(k.split("/")[1]) === seq) this.#open.delete(k)
+    for (const [k, o] of this.#open) if (o.seq === seq) this.#open.delete(k)
   }
 
   clear(): void {
