@@ -16,8 +16,10 @@
 // batches). With `extraStep`, rank `extraStep.rank` takes one step more than the others at the end
 // of epoch `extraStep.epoch` (uneven shards cut without care): the ranks' collectives then mismatch.
 // With `returnEarly`, one rank's loop ends epochs before the others'. With `globalStep`, each report
-// says dp.globalStep. With `lagRank`, one rank waits before each of its steps (as chaos-loop.ts's).
-import { writeFileSync } from "node:fs"
+// says dp.globalStep; with `stepsFile` too, every process appends its group's size to that file for
+// each step it trains (a group step is p such steps at size p), and each report also says the group
+// steps the file holds (all processes', to the step). With `lagRank`, one rank waits before each of its steps (as chaos-loop.ts's).
+import { appendFileSync, existsSync, readFileSync, writeFileSync } from "node:fs"
 import * as path from "node:path"
 import type { TrainContext } from "../../index.ts"
 import { buildModel, weightsHashAsync } from "../../examples/digits/model.ts"
@@ -45,8 +47,18 @@ export interface StepLoopConfig {
   readonly returnEarly?: { readonly rank: number; readonly epochs: number }
   /** Each report also says dp.globalStep (`global_step`). */
   readonly globalStep?: boolean
+  /** With globalStep: the file every process appends its group's size to for each step it trains; each report also says the group steps made (`group_steps_made`, 1/p for each size p in it). */
+  readonly stepsFile?: string
   /** Rank `rank` waits `ms` before each of its steps (a straggler). */
   readonly lagRank?: { readonly rank: number; readonly ms: number }
+}
+
+/** The group steps a stepsFile holds: 1/p for each group size p in it (one character a step). */
+const groupStepsIn = (file: string): number => {
+  if (!existsSync(file)) return 0
+  let made = 0
+  for (const c of readFileSync(file, "latin1")) made += 1 / Number(c)
+  return made
 }
 
 export async function stepLoop(config: StepLoopConfig, ctx: TrainContext): Promise<void> {
@@ -82,11 +94,13 @@ export async function stepLoop(config: StepLoopConfig, ctx: TrainContext): Promi
       const x = tf.tensor2d(xs, [batch.length, 64])
       const y = tf.oneHot(tf.tensor1d(Int32Array.from(batch, (r) => Y[r]!), "int32"), 10)
       await holdStep(config.holdFile, ctx.worldSize)
+      const size = ctx.worldSize
       if (config.lagRank?.rank === ctx.worldRank) await new Promise((resolve) => setTimeout(resolve, config.lagRank!.ms))
       const r = await dp.trainStep(x, y)
       tf.dispose([x, y])
       // A replayed step (a replacement catching up with the survivors) has no samples.
       if (r.samples > 0) {
+        if (config.stepsFile !== undefined) appendFileSync(config.stepsFile, String(size))
         lossSum += r.loss * r.samples
         samples += r.samples
         positions?.step(ctx.attempt, ctx.worldRank, epoch, step, stepsPerEpoch)
@@ -112,7 +126,8 @@ export async function stepLoop(config: StepLoopConfig, ctx: TrainContext): Promi
       loss: lossSum / Math.max(1, samples),
       val_accuracy: val.accuracy ?? 0,
       weights: await weightsHashAsync(model.getWeights()),
-      ...(config.globalStep ? { global_step: dp.globalStep } : {})
+      ...(config.globalStep ? { global_step: dp.globalStep } : {}),
+      ...(config.globalStep && config.stepsFile !== undefined ? { group_steps_made: groupStepsIn(config.stepsFile) } : {})
     }
     const ckpt = ctx.worldRank === 0 ? await ctx.checkpointFromModel(dp, { metadata: { epoch } }) : undefined
     await ctx.report(metrics, ckpt ? { checkpoint: ckpt } : {})

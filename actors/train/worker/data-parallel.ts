@@ -442,6 +442,11 @@ export class DataParallelModel implements RecoverableModel {
     const after = await this.#worker.beforeAdopt?.(state.files)
     loadWeightsInto(this.#tf as unknown as Tf, this.model, state.files)
     after?.()
+    // A step this rank is in and will redo in the new group keeps its number; the next one follows.
+    // The group step goes on from the taken state's step counter, or from where the strategy counts
+    // it (the servers' version: ParameterServerWorker.adopted).
+    const step = state.step + (this.#inStep && this.#stepNumbered && options.redoingStep ? 1 : 0)
+    this.#global = step
     await this.#worker.adopted?.(state.files, { inStep: this.#inStep && this.#stepNumbered, redoingStep: options.redoingStep === true })
     const opt = state.files[OPTIMIZER_FILE]
     if (opt) {
@@ -453,9 +458,7 @@ export class DataParallelModel implements RecoverableModel {
       // getWeights() makes a fresh step-count scalar each time ("iter"): those go too.
       for (const t of [...held, ...now.filter((w) => w.name === "iter").map((w) => w.tensor)]) if (!kept.has(t) && !t.isDisposed) t.dispose()
     }
-    // A step this rank is in and will redo in the new group keeps its number; the next one follows.
-    this.#step = state.step + (this.#inStep && this.#stepNumbered && options.redoingStep ? 1 : 0)
-    this.#global = this.#step
+    this.#step = step
   }
 
   // --------------------------------------------------------------------------------------------

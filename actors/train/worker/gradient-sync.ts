@@ -117,6 +117,8 @@ export interface GradientSync {
 /** What the data-parallel model needs of the parameter servers (PsClient implements it, ps-client.ts). */
 export interface ParameterServers {
   readonly numServers: number
+  /** The servers' version at this rank's last pull or push answer (the least over the servers). */
+  readonly version: number
   init(flat: Float32Array, spec: FlatOptimizerSpec, numWorkers: number, weightDecay: number): Promise<void>
   pushPull(
     worker: number,

@@ -104,6 +104,11 @@ export class PsClient {
     return this.#encoder.restore(state)
   }
 
+  /** The servers' version at this rank's last pull or push answer, the least over the servers (0 before either). */
+  get version(): number {
+    return this.#versions.length === 0 ? 0 : Math.min(...this.#versions)
+  }
+
   get numServers(): number {
     return this.options.servers.length
   }

@@ -291,7 +291,7 @@ export class AutoWorker implements StrategyWorker {
       ...(this.#servers.auto ? { servers: this.#servers.auto } : {}),
       ...(this.#pending ? { pending: this.#pending } : {})
     }
-    return { ...this.#local?.snapshotFiles(inStep), [AUTO_FILE]: encodeMessage(state) }
+    return { ...this.#local?.snapshotFiles(inStep), ...(onServers(this.#current) ? this.#servers.snapshotFiles() : {}), [AUTO_FILE]: encodeMessage(state) }
   }
 
   peersCannotNow(): string | undefined {
@@ -342,7 +342,7 @@ export class AutoWorker implements StrategyWorker {
     this.#mark = s.markGlobal !== undefined ? { at: this.#mark?.at ?? performance.now(), global: s.markGlobal } : undefined
     this.#adoptions++
     // On the servers every member goes on from their parameters, the newest there are.
-    if (onServers(this.#current)) await this.#servers.adopted()
+    if (onServers(this.#current)) await this.#servers.adopted(files)
   }
 
   #stateIn(files: Readonly<Record<string, Uint8Array>>): AutoState | undefined {

@@ -4,6 +4,7 @@
 // the slowest gradients of a step are dropped), "async" or "ssp" (bounded staleness). Strategy
 // "auto" runs the same worker side in the mode it moves to (backup, ssp, async).
 import { ConfigError } from "../../../../core/errors.ts"
+import { decodeMessage, encodeMessage } from "../../../../core/wire.ts"
 import type { StrategyName } from "../../../../scheduler/strategy-choice.ts"
 import type { ParameterServers } from "../gradient-sync.ts"
 import { flatOptimizerSpecOf, type FlatOptimizerSpec } from "../../common/optim/flat-optimizers.ts"
@@ -18,6 +19,28 @@ export interface AutoMode {
   readonly mode: Extract<StrategyName, "backup" | "ssp" | "async">
   readonly globalBase: number
   readonly syncBase: number
+}
+
+/** A survivor's group-step count in its state (a joiner goes on from it: ParameterServerWorker.adopted). */
+export const PS_COUNT_FILE = "ps-count.msgpack"
+
+/** A rank's last answer from the servers: their version, the group step it made, and how each version counted then (perUpdate / p of a group step). */
+interface Seen {
+  readonly auto: AutoMode | undefined
+  readonly version: number
+  readonly global: number
+  readonly perUpdate: number
+  readonly p: number
+}
+
+/** Seen as a survivor's state carries it: strategy auto's mode and base say which count it is. */
+interface SeenState {
+  readonly version: number
+  readonly global: number
+  readonly perUpdate: number
+  readonly p: number
+  readonly mode: AutoMode["mode"] | undefined
+  readonly base: number | undefined
 }
 
 export class ParameterServerWorker implements StrategyWorker {
@@ -132,7 +155,7 @@ export class ParameterServerWorker implements StrategyWorker {
     // counting every version at the new size had put a shrunk group's ranks ahead of the versions
     // made once it grew back (auto's decision clock then stood still until the versions caught up,
     // and a loop could end before its decision round).
-    const perUpdate = oneByOne ? 1 : p - Math.min(p - 1, auto ? 1 : ps.backupWorkers)
+    const perUpdate = this.#perUpdate(p)
     if (this.#countPending) {
       this.#countFrom = { auto, version: r.version, global: h.global }
       this.#countPending = false
@@ -140,6 +163,7 @@ export class ParameterServerWorker implements StrategyWorker {
     // Without a regroup since the servers started (or auto moved there), from their version 0.
     const from = this.#countFrom !== undefined && this.#countFrom.auto === auto ? this.#countFrom : { version: 0, global: auto?.globalBase ?? 0 }
     h.global = Math.max(h.global, from.global + ((r.version - from.version) * perUpdate) / p)
+    this.#seen = { auto, version: r.version, global: h.global, perUpdate, p }
     if (auto?.mode === "backup" && !h.inFit) h.step = Math.max(h.step, auto.syncBase + r.version)
     const commMs = performance.now() - t1
     const st = this.#staleness
@@ -155,17 +179,60 @@ export class ParameterServerWorker implements StrategyWorker {
     return this.#sending
   }
 
-  /** After a regroup: the servers' parameters, the newest there are (async servers went on applying the others' pushes). */
-  async adopted(): Promise<void> {
+  /** After a regroup: the servers' parameters, the newest there are (async servers went on applying the others' pushes), and the group step at their version. */
+  async adopted(files?: Readonly<Record<string, Uint8Array>>): Promise<void> {
     const h = this.#host
     h.assignFlat(await this.ps.pull(h.parameterCount))
-    this.#countPending = true
+    // The group step at the servers' version now. A survivor goes on from its last answer: the
+    // versions since then were made by the old group and count at its size. The taken state's step
+    // counter alone (DataParallelModel.adopt) is the furthest survivor's own steps: a survivor that
+    // ran ahead of the others (async ranks part by up to an epoch) put every rank's count ahead,
+    // which then stood still until the versions caught up (a rank's count gained 2 over an epoch of
+    // 15 steps at 3 workers). A joiner goes on from the count in the state it took (snapshotFiles),
+    // made when the survivors stopped for the regroup: the versions since then (the new group's,
+    // made while the joiner caught up) count at the new size; from that state's step counter it
+    // had lost them (9 group steps behind the survivors).
+    const version = this.ps.version
+    const own = this.#seen?.auto === this.auto ? this.#seen : undefined
+    const taken = own === undefined ? this.#seenIn(files) : undefined
+    const p = h.sync.worldSize
+    const from = own ?? (taken ? { ...taken, perUpdate: this.#perUpdate(p), p } : undefined)
+    if (from !== undefined && version >= from.version) {
+      h.global = from.global + ((version - from.version) * from.perUpdate) / from.p
+      this.#countFrom = { auto: this.auto, version, global: h.global }
+      this.#countPending = false
+    } else this.#countPending = true
+  }
+
+  /** How many gradients a version of the servers holds in a group of `p` (a version counts perUpdate / p of a group step). */
+  #perUpdate(p: number): number {
+    const auto = this.auto
+    const oneByOne = auto ? auto.mode === "ssp" || auto.mode === "async" : this.ps.mode !== "sync"
+    return oneByOne ? 1 : p - Math.min(p - 1, auto ? 1 : this.ps.backupWorkers)
+  }
+
+  /** What a survivor's state says of its count (snapshotFiles), where it counted in this rank's mode. */
+  #seenIn(files: Readonly<Record<string, Uint8Array>> | undefined): Seen | undefined {
+    const f = files?.[PS_COUNT_FILE]
+    if (f === undefined) return undefined
+    const c = decodeMessage(f) as SeenState
+    return c.mode === this.auto?.mode && c.base === this.auto?.globalBase ? { auto: this.auto, version: c.version, global: c.global, perUpdate: c.perUpdate, p: c.p } : undefined
+  }
+
+  /** A survivor's count, for a joiner taking its state (adopted). */
+  snapshotFiles(): Record<string, Uint8Array> {
+    const seen = this.#seen
+    if (seen === undefined || seen.auto !== this.auto) return {}
+    const state: SeenState = { version: seen.version, global: seen.global, perUpdate: seen.perUpdate, p: seen.p, mode: seen.auto?.mode, base: seen.auto?.globalBase }
+    return { [PS_COUNT_FILE]: encodeMessage(state) }
   }
 
   /** Where the group step is counted from since the last regroup (exchange), for the mode `auto` (the object: a move starts anew). */
   #countFrom: { readonly auto: AutoMode | undefined; readonly version: number; readonly global: number } | undefined
   /** A regroup was adopted: the next answer starts #countFrom. */
   #countPending = false
+  /** This rank's last answer: the servers' version, the group step it made, and how each version counted then (exchange). */
+  #seen: Seen | undefined
 
   /** Tells the servers this rank's loop ended (sync and ssp steps stop waiting for it). */
   async finish(): Promise<void> {
