@@ -163,20 +163,22 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
       .filter(([rank, w]) => rank !== x.failure?.rank && alive(w.node))
       .map(async ([rank, w]) => {
         // A member that dies (or is fenced) while asked is no survivor: not waited for.
-        let gone = false
-        const down = w.down({ deadAfterMs: WORKER_DEAD_AFTER_MS }).then(() => {
-          gone = true
+        let gone: string | undefined
+        const down = w.down({ deadAfterMs: WORKER_DEAD_AFTER_MS }).then((d) => {
+          gone = `seen down while asked to pause: ${d.reason}, ${d.detail} (${Date.now() - d.at} ms ago, instance ${d.instance} of ${w.instance})`
           return undefined
         })
         const reply = await Promise.race([
           askAgain(
             () => x.system.askPromise(w.ref(WorkerProtocol), "pause", { attempt, ...(grow ? { atReport: true } : {}) }, { timeoutMs: REGROUP_RETRY_MS }),
-            () => (gone ? 0 : pauseDeadline())
+            () => (gone !== undefined ? 0 : pauseDeadline())
           ),
           down
         ])
         if (reply) firstAnswer ??= Date.now()
-        return { rank, w, reply }
+        // Why a member is no survivor: its answer's reason, or how it was lost.
+        const why = reply === undefined ? (gone ?? "no answer to the pause by its deadline") : reply.state === "parked" ? undefined : reply.reason
+        return { rank, w, reply, why }
       })
   )
   const survivors = replies.filter((r) => r.reply?.state === "parked").sort((a, b) => a.rank - b.rank)
@@ -184,7 +186,9 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
     const why = replies.map((r) => r.reply?.reason).find((w) => w) ?? "no worker survived"
     return giveUp(why)
   }
-  for (const r of replies) if (!survivors.includes(r)) await x.group.killOne(r.w, "left out of the regrouped generation")
+  // The members left out (stopped) and why: in the regroup's event, for a group that comes back smaller than expected.
+  const leftOut = replies.filter((r) => !survivors.includes(r)).map((r) => ({ rank: r.rank, reason: r.why ?? "not parked" }))
+  for (const r of replies) if (!survivors.includes(r)) await x.group.killOne(r.w, `left out of the regrouped generation: ${r.why ?? "not parked"}`)
   // ZeRO stage 1: every survivor's optimizer shard and its replica of its predecessor's make the
   // whole optimizer state again, unless neighbouring ranks were lost together.
   const zeroShards = survivors.some((r) => r.reply!.shards !== undefined) ? mergePeerShards(survivors.map((r) => r.reply!.shards)) : undefined
@@ -361,13 +365,14 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
     : `${pos.reports} report() calls and ${pos.stepsSinceReport} steps since the last`
   x.incident(
     x.failure ? "restart" : "resize",
-    x.failure
+    (x.failure
       ? `${x.what}; ${lostServers.map((k) => `parameter server ${k} made again from its replica on server ${(k + 1) % servers.length}; `).join("")}regrouping ${s} surviving worker(s)${joiners ? ` with ${joiners} new one(s)` : ""} at the furthest survivor's position (${where}): at most the step in flight is lost` +
         `${worldSize < x.target ? `; they go on short-handed while ${x.target - worldSize} replacement(s) start${pos.inFit ? "" : " (joining at a report() call; the lost rank's rows of this epoch go untrained)"}` : ""}` +
         `${x.budget}`
       : notHere
         ? `${x.what}: the ${s} running workers regroup alone (they are between two dp.fit() calls, where a new worker cannot take its place); the ready ones join at the next grow`
-        : `${x.what}: ${joiners} new worker(s) join the ${s} running ones at ${where}`,
+        : `${x.what}: ${joiners} new worker(s) join the ${s} running ones at ${where}`) +
+      leftOut.map((l) => `; rank ${l.rank} left out (${l.reason})`).join(""),
     {
       type: x.failure ? "restart" : "grow",
       attempt,
@@ -376,6 +381,7 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
       recovery: "peers",
       survivors: s,
       joiners,
+      ...(leftOut.length > 0 ? { leftOut } : {}),
       source: source.rank,
       // the state held for the members (a pipelined model's each load their stage's files of it), and where each stage's shard came from
       stateBytes: Object.values(state.files).reduce((n, f) => n + f.byteLength, 0),
