@@ -4,8 +4,9 @@
 // from the count in the survivor's state it took (the versions since then are the new group's).
 // Before, both took the furthest survivor's own step counter (DataParallelModel.adopt), which ran
 // ahead of the group by what that survivor was ahead of the others, or, for a joiner, behind it by
-// the versions made while it caught up. The exchange runs against a stand-in for the servers whose
-// version the test sets (the servers' side is ps-shard's).
+// the versions made while it caught up. A restart from a checkpoint goes on from the checkpoint's
+// count at the servers' version (counted from version 0, it stood still). The exchange runs
+// against a stand-in for the servers whose version the test sets (the servers' side is ps-shard's).
 import * as tf from "@tensorflow/tfjs"
 import { describe, expect, it } from "vitest"
 import { ParameterServerWorker } from "../actors/train/worker/strategies/parameter-server.ts"
@@ -33,8 +34,10 @@ const workerOn = (worldSize: number, mode: "async" | "sync" = "async") => {
       return new Float32Array(N)
     }
   }
+  const rank = 1
   const host = {
-    sync: { zeroStage: 0, ps, worldSize, rank: 0 },
+    // (rank 1: rank 0 would set the servers up in a restore)
+    sync: { zeroStage: 0, ps, worldSize, rank, sum: async () => {} },
     optimizer: tf.train.sgd(0.1),
     learningRate: 0.1,
     parameterCount: N,
@@ -56,7 +59,7 @@ const workerOn = (worldSize: number, mode: "async" | "sync" = "async") => {
     servers.version = v
     await worker.adopted(files)
   }
-  return { worker, host, stepAt, regroup }
+  return { worker, host, servers, stepAt, regroup }
 }
 
 describe("the group step a parameter-server worker counts across a regroup", () => {
@@ -97,6 +100,22 @@ describe("the group step a parameter-server worker counts across a regroup", () 
     expect(a.host.global).toBe(7)
     await a.stepAt(8)
     expect(a.host.global).toBe(8)
+  })
+
+  it("a restart from a checkpoint goes on from its group step at the servers' version, whatever that version is", async () => {
+    // Servers set up fresh from the weights (a checkpoint without their state): version 0.
+    const fresh = workerOn(3)
+    fresh.host.global = 100
+    await fresh.worker.restore({})
+    await fresh.stepAt(3)
+    expect(fresh.host.global).toBeCloseTo(101, 9)
+    // Servers restored at version 240, made at another size: the count goes on from the checkpoint's.
+    const restored = workerOn(3)
+    restored.host.global = 100
+    restored.servers.version = 240
+    await restored.worker.restore({})
+    await restored.stepAt(246)
+    expect(restored.host.global).toBeCloseTo(102, 9)
   })
 
   it("a joiner without a survivor's count (a state from before any answer) goes on from the step counter it took, counting from its first answer", async () => {

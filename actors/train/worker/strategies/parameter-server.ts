@@ -253,6 +253,11 @@ export class ParameterServerWorker implements StrategyWorker {
   /** Rank 0 sets the servers up from the checkpoint (from the restored weights when it has no server state); every rank continues from the servers' parameters. */
   async restore(files: Readonly<Record<string, Uint8Array>>): Promise<boolean> {
     await this.init(files)
+    // The group step goes on from the checkpoint's (DataParallelModel.restoreOptimizer set it) at the
+    // servers' version now: counted from version 0 instead, it stood still until the versions caught
+    // up with it (every version again on servers set up fresh from the weights, at version 0).
+    this.#countFrom = { auto: this.auto, version: this.ps.version, global: this.#host.global }
+    this.#countPending = false
     return true
   }
 
