@@ -1,9 +1,10 @@
 // A test's brake on a short group: while `holdFile` exists and holds a size larger than the
-// group's, every training step first waits HOLD_STEP_MS (longer once held a while). The group keeps training (slowly), so a
-// regroup can pause it at its next step (a rank asleep outside a step would stall the regroup),
-// and the run cannot end before something slow outside it (an agent starting, a standby
-// replacement loading on a loaded machine) lets the group grow back; once it has, the brake is off.
-import { existsSync, readFileSync, rmSync } from "node:fs"
+// group's, every training step first waits HOLD_STEP_MS (longer once held a while, shorter once
+// its replacement is ready). The group keeps training (slowly), so a regroup can pause it at its
+// next step (a rank asleep outside a step would stall the regroup), and the run cannot end before
+// something slow outside it (an agent starting, a standby replacement loading on a loaded machine)
+// lets the group grow back; once it has, the brake is off.
+import { existsSync, readFileSync, writeFileSync } from "node:fs"
 import { mkdtemp, writeFile } from "node:fs/promises"
 import * as path from "node:path"
 import { Trainer, type Result, type TrainerOptions } from "../../index.ts"
@@ -19,24 +20,41 @@ export const HOLD_STEP_MS = 250
 export const HOLD_PATIENCE_MS = 5_000
 export const HOLD_LONG_STEP_MS = 1_000
 
+/**
+ * Once the replacement is ready (releaseWhenStandbyReady), each step of the short group waits this
+ * long until the group is whole again: it reaches its next step or report() call in a second or two
+ * (where the replacement joins), and cannot run to its end first. Taken off then, a short group of
+ * async servers ran its last epochs in under a second each and ended before the grow (seen in CI).
+ */
+export const HOLD_EASED_STEP_MS = 100
+
+/** What releaseWhenStandbyReady adds to the hold file: the brake eases to HOLD_EASED_STEP_MS. */
+const EASED = "eased"
+
 /** When this process's group was first held back, while it still is. */
 let heldSince: number | undefined
 
 /** Whether a group of `worldSize` is held back by `holdFile`. */
-export const holding = (holdFile: string | undefined, worldSize: number): boolean => {
-  if (holdFile === undefined || !existsSync(holdFile)) return false
-  const size = Number(readFileSync(holdFile, "utf8").trim())
-  return Number.isFinite(size) && worldSize < size
+export const holding = (holdFile: string | undefined, worldSize: number): boolean => holdOf(holdFile, worldSize) !== undefined
+
+/** The hold on a group of `worldSize`: none, on, or eased (its replacement is ready). */
+const holdOf = (holdFile: string | undefined, worldSize: number): "on" | "eased" | undefined => {
+  if (holdFile === undefined || !existsSync(holdFile)) return undefined
+  const [first, mode] = readFileSync(holdFile, "utf8").trim().split(/\s+/)
+  const size = Number(first)
+  if (!Number.isFinite(size) || worldSize >= size) return undefined
+  return mode === EASED ? "eased" : "on"
 }
 
-/** Waits HOLD_STEP_MS when the group is held back, HOLD_LONG_STEP_MS once it has been for HOLD_PATIENCE_MS. */
+/** Waits HOLD_STEP_MS when the group is held back, HOLD_LONG_STEP_MS once it has been for HOLD_PATIENCE_MS, HOLD_EASED_STEP_MS once eased. */
 export const holdStep = async (holdFile: string | undefined, worldSize: number): Promise<void> => {
-  if (!holding(holdFile, worldSize)) {
+  const hold = holdOf(holdFile, worldSize)
+  if (hold === undefined) {
     heldSince = undefined
     return
   }
   heldSince ??= Date.now()
-  const ms = Date.now() - heldSince < HOLD_PATIENCE_MS ? HOLD_STEP_MS : HOLD_LONG_STEP_MS
+  const ms = hold === "eased" ? HOLD_EASED_STEP_MS : Date.now() - heldSince < HOLD_PATIENCE_MS ? HOLD_STEP_MS : HOLD_LONG_STEP_MS
   await new Promise((resolve) => setTimeout(resolve, ms))
 }
 
@@ -49,22 +67,22 @@ export const makeHold = async (parent: string, prefix: string, size: number): Pr
 }
 
 /**
- * Takes the brake off once `eventsFile` (a run's events.jsonl) records a standby worker ready (the
+ * Eases the brake once `eventsFile` (a run's events.jsonl) records a standby worker ready (the
  * replacement the held group waits for), polling every 100 ms; call the result to stop polling
- * (the run has ended). From then on the short group trains at full speed, and the replacement
- * joins it at its next step or report() call.
+ * (the run has ended). From then on the short group steps every HOLD_EASED_STEP_MS, and the
+ * replacement joins it at its next step or report() call; once whole it trains at full speed.
  */
 export const releaseWhenStandbyReady = (holdFile: string, eventsFile: string): (() => void) => {
   const timer = setInterval(() => {
     if (!existsSync(eventsFile) || !readFileSync(eventsFile, "utf8").includes('"standby-ready"')) return
-    rmSync(holdFile, { force: true })
+    if (existsSync(holdFile)) writeFileSync(holdFile, `${readFileSync(holdFile, "utf8").trim().split(/\s+/)[0]} ${EASED}`)
     clearInterval(timer)
   }, 100)
   return () => clearInterval(timer)
 }
 
 /**
- * `new Trainer(options).fit()`, with the short group's hold file `holdFile` taken off once the run's
+ * `new Trainer(options).fit()`, with the short group's hold file `holdFile` eased once the run's
  * events.jsonl (under runConfig's storagePath and name) records its replacement ready
  * (releaseWhenStandbyReady); without `holdFile`, the plain run.
  */
