@@ -516,6 +516,8 @@ export class Communicator {
   readonly #busyPeerWaitMs: number
   /** Calls waiting on past their deadline for peers still working: when their deadline was last re-armed, by seq. */
   readonly #heldWaits = new Map<number, number>()
+  /** Calls that waited on held peers and were given one more deadline when every peer answered again (#judge). */
+  readonly #resumedWaits = new Set<number>()
   /** The watchdog's lateness (a late run means this rank's own event loop was held). */
   readonly #watchdogClock = new HeldClock(1_000)
   /** Answers late hellos once the group is formed. */
@@ -1100,6 +1102,16 @@ export class Communicator {
       return
     }
     if (op.failure !== undefined || !this.#ops.has(op.seq)) return
+    // A call that waited on held peers finds every peer answering now: the held one just went on,
+    // and its frames are on their way through the ranks between it and this one (a ring's next
+    // rank waits on it, this one on that rank). One more deadline, from now: if nothing moves by
+    // then, it is judged as any other. Before, a probe answered right after the held rank resumed
+    // aborted the group, blaming the rank in between (seen in CI under load).
+    if (asked.length === 0 && this.#heldWaits.has(op.seq) && !this.#resumedWaits.has(op.seq)) {
+      this.#resumedWaits.add(op.seq)
+      this.#heldWaits.set(op.seq, Date.now())
+      return
+    }
     this.#abort(
       new CollectiveTimeout({
         op: op.sig.name,
@@ -1220,6 +1232,7 @@ export class Communicator {
       this.#ops.delete(seq)
       this.#opDeadlines.delete(seq)
       this.#heldWaits.delete(seq)
+      this.#resumedWaits.delete(seq)
       this.#directSeqs.delete(seq)
       if (this.#assembler.open > 0) this.#assembler.drop(seq)
     }
