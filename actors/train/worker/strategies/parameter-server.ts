@@ -101,7 +101,7 @@ export class ParameterServerWorker implements StrategyWorker {
     const t1 = performance.now()
     // Under "auto" a mode runs exactly as when chosen by hand (the same learning rate per update).
     const p = h.sync.worldSize
-    const oneByOne = auto ? auto.mode === "ssp" || auto.mode === "async" : ps.mode !== "sync"
+    const oneByOne = this.#oneByOne
     // A regroup under the push (recovery from peers): sync servers dropped the step's gradients, so
     // it is pushed again in the new group (computed again, as the all-reduce does); async and SSP
     // servers applied it on arrival, so the step is done and this rank took a survivor's state.
@@ -206,9 +206,13 @@ export class ParameterServerWorker implements StrategyWorker {
 
   /** How many gradients a version of the servers holds in a group of `p` (a version counts perUpdate / p of a group step). */
   #perUpdate(p: number): number {
+    return this.#oneByOne ? 1 : p - Math.min(p - 1, this.auto ? 1 : this.ps.backupWorkers)
+  }
+
+  /** Whether the servers apply each push on arrival (async, SSP) rather than a step's quota of them (sync). */
+  get #oneByOne(): boolean {
     const auto = this.auto
-    const oneByOne = auto ? auto.mode === "ssp" || auto.mode === "async" : this.ps.mode !== "sync"
-    return oneByOne ? 1 : p - Math.min(p - 1, auto ? 1 : this.ps.backupWorkers)
+    return auto ? auto.mode === "ssp" || auto.mode === "async" : this.ps.mode !== "sync"
   }
 
   /** What a survivor's state says of its count (snapshotFiles), where it counted in this rank's mode. */
