@@ -37,13 +37,19 @@ let heldSince: number | undefined
 /** Whether a group of `worldSize` is held back by `holdFile`. */
 export const holding = (holdFile: string | undefined, worldSize: number): boolean => holdOf(holdFile, worldSize) !== undefined
 
+/** What a hold file says: the group size held to, and whether the brake has eased. */
+const readHold = (holdFile: string): { readonly size: string; readonly eased: boolean } => {
+  const [size = "", mode] = readFileSync(holdFile, "utf8").trim().split(/\s+/)
+  return { size, eased: mode === EASED }
+}
+
 /** The hold on a group of `worldSize`: none, on, or eased (its replacement is ready). */
 const holdOf = (holdFile: string | undefined, worldSize: number): "on" | "eased" | undefined => {
   if (holdFile === undefined || !existsSync(holdFile)) return undefined
-  const [first, mode] = readFileSync(holdFile, "utf8").trim().split(/\s+/)
-  const size = Number(first)
+  const hold = readHold(holdFile)
+  const size = Number(hold.size)
   if (!Number.isFinite(size) || worldSize >= size) return undefined
-  return mode === EASED ? "eased" : "on"
+  return hold.eased ? "eased" : "on"
 }
 
 /** Waits HOLD_STEP_MS when the group is held back, HOLD_LONG_STEP_MS once it has been for HOLD_PATIENCE_MS, HOLD_EASED_STEP_MS once eased. */
@@ -75,7 +81,7 @@ export const makeHold = async (parent: string, prefix: string, size: number): Pr
 export const releaseWhenStandbyReady = (holdFile: string, eventsFile: string): (() => void) => {
   const timer = setInterval(() => {
     if (!existsSync(eventsFile) || !readFileSync(eventsFile, "utf8").includes('"standby-ready"')) return
-    if (existsSync(holdFile)) writeFileSync(holdFile, `${readFileSync(holdFile, "utf8").trim().split(/\s+/)[0]} ${EASED}`)
+    if (existsSync(holdFile)) writeFileSync(holdFile, `${readHold(holdFile).size} ${EASED}`)
     clearInterval(timer)
   }, 100)
   return () => clearInterval(timer)
