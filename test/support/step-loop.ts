@@ -2,23 +2,23 @@
 // digits dataset: it resumes from the latest checkpoint, reports and checkpoints after every epoch,
 // and with `kill` rank `kill.rank` of the first generation dies by kill -9 after step `kill.step`
 // of epoch `kill.epoch`. With `holdFile`, a group smaller than the number written in that file
-// slows each step while the file exists (hold.ts), as in chaos-loop.ts: the run cannot end before
-// a short group grows back. With `corrupt`, rank
-// `corrupt.rank` adds 0.001 to its first weight before the report of epoch `corrupt.epoch` (the
-// state-parity check must notice and repair it). Recovery from surviving
-// peers replays this loop on a replacement (test/peer-recovery.test.ts, test/elastic.test.ts).
-// With `pidDir` every rank first writes its pid to <pidDir>/<attempt>-<rank>.pid, as chaos-loop.ts
-// does, and with `positions` too it records where it got after each step it trained
-// (positions.ts), for the chaos benchmark. With `busyMs`, every rank (or `busyRank`) holds its event
-// loop that long in one synchronous stretch after epoch 0's report (as an evaluation whose awaits
-// resolve at once does): its beats must come from its beat thread for it to count as alive; with
-// `busyYields` it works as long with turns of its event loop (an evaluation that awaits between
-// batches). With `extraStep`, rank `extraStep.rank` takes one step more than the others at the end
-// of epoch `extraStep.epoch` (uneven shards cut without care): the ranks' collectives then mismatch.
-// With `returnEarly`, one rank's loop ends epochs before the others'. With `globalStep`, each report
-// says dp.globalStep; with `stepsFile` too, every process appends its group's size to that file for
-// each step it trains (a group step is p such steps at size p), and each report also says the group
-// steps the file holds (all processes', to the step). With `lagRank`, one rank waits before each of its steps (as chaos-loop.ts's).
+// slows each step while the file exists (hold.ts), as in chaos-loop.ts: the run cannot end before a
+// short group grows back. With `corrupt`, rank `corrupt.rank` adds 0.001 to its first weight before
+// the report of epoch `corrupt.epoch` (the state-parity check must notice and repair it). Recovery
+// from surviving peers replays this loop on a replacement (test/peer-recovery.test.ts,
+// test/elastic.test.ts). With `pidDir` every rank first writes its pid to
+// <pidDir>/<attempt>-<rank>.pid, as chaos-loop.ts does, and with `positions` too it records where
+// it got after each step it trained (positions.ts), for the chaos benchmark. With `busyMs`, every
+// rank (or `busyRank`) holds its event loop that long in one synchronous stretch after epoch 0's
+// report (as an evaluation whose awaits resolve at once does): its beats must come from its beat
+// thread for it to count as alive; with `busyYields` it works as long with turns of its event loop
+// (an evaluation that awaits between batches). With `extraStep`, rank `extraStep.rank` takes one
+// step more than the others at the end of epoch `extraStep.epoch` (uneven shards cut without care):
+// the ranks' collectives then mismatch. With `returnEarly`, one rank's loop ends epochs before the
+// others'. With `globalStep`, each report says dp.globalStep; with `stepsFile` too, every process
+// appends its group's size to that file for each step it trains (a group step is p such steps at
+// size p), and each report also says the group steps the file holds (all processes', to the step).
+// With `lagRank`, one rank waits before each of its steps (as chaos-loop.ts's).
 import { appendFileSync, existsSync, readFileSync, writeFileSync } from "node:fs"
 import * as path from "node:path"
 import type { TrainContext } from "../../index.ts"
