@@ -5,8 +5,15 @@ import * as path from "node:path"
 import { defineConfig } from "vitest/config"
 import { BaseSequencer, type TestSpecification } from "vitest/node"
 
-/** Seconds each test file took in a CI run (.ci/durations.mjs writes it from a report). */
-const durations: Record<string, number> = JSON.parse(fs.readFileSync(new URL("./.ci/durations.json", import.meta.url), "utf8"))
+/** Seconds each test file took in a CI run, and of those its tests tagged "faults" (.ci/durations.mjs writes it from a report). */
+const durations: Record<string, { readonly seconds: number; readonly faults: number }> = JSON.parse(fs.readFileSync(new URL("./.ci/durations.json", import.meta.url), "utf8"))
+
+/** The tags filter this run was given (`npm test`: "!faults", `npm run test:faults`: "faults"), if any. */
+const tagsFilter = process.argv.find((a) => a.startsWith("--tags-filter="))?.slice("--tags-filter=".length)
+
+/** A file's seconds in this run: without its fault scenarios under `npm test`, only those under `npm run test:faults`. */
+const secondsHere = (d: { readonly seconds: number; readonly faults: number }): number =>
+  tagsFilter === "!faults" ? d.seconds - d.faults : tagsFilter === "faults" ? d.faults : d.seconds
 
 /** Longest file first, from .ci/durations.json rather than vitest's cache of earlier runs (which a
  * fresh CI machine does not have, and then vitest orders by file size: several of the longest
@@ -14,7 +21,10 @@ const durations: Record<string, number> = JSON.parse(fs.readFileSync(new URL("./
  * other has nothing left). A file the table does not know yet starts first, as vitest does. */
 class LongestFirst extends BaseSequencer {
   override async sort(files: TestSpecification[]): Promise<TestSpecification[]> {
-    const seconds = (f: TestSpecification): number => durations[path.relative(f.project.config.root, f.moduleId).split(path.sep).join("/")] ?? Infinity
+    const seconds = (f: TestSpecification): number => {
+      const d = durations[path.relative(f.project.config.root, f.moduleId).split(path.sep).join("/")]
+      return d === undefined ? Infinity : secondsHere(d)
+    }
     return [...files].sort((a, b) => seconds(b) - seconds(a))
   }
 }
@@ -26,6 +36,15 @@ export default defineConfig({
     // running more than two files at once only adds contention.
     maxWorkers: 2,
     sequence: { sequencer: LongestFirst },
+    // `npm test` leaves out the tests tagged "faults" (`npm run test:faults` runs them alone);
+    // `npm run test:all` and .ci/run run every test.
+    tags: [
+      {
+        name: "faults",
+        description:
+          "fault scenarios over real processes: kill -9, SIGSTOP, hung or held ranks, link cuts and outages, recovery, elastic resizes (about 40% of the suite's time on 2 cores)"
+      }
+    ],
     testTimeout: 60_000,
     hookTimeout: 60_000,
     teardownTimeout: 20_000,

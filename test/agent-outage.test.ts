@@ -4,6 +4,7 @@
 // loses its server logs the outage at once, every 10 s while it lasts and when it ends, never gives
 // up, and `gradwire status` shows the outage from the advertisement once NATS is back, or from the
 // local agent's state file while NATS cannot be reached.
+// @module-tag faults (nats-server kills and outages: `npm run test:faults`, not `npm test`)
 import * as fs from "node:fs"
 import * as path from "node:path"
 import { Objm } from "@nats-io/obj"

@@ -5,6 +5,7 @@
 // up on every rank. In a move the group restarts from the checkpoint and says why.
 // GRADWIRE_AUTO_PLAN gives auto's moves (its cost model's choice on two cores is not steady).
 // Real embedded nats-server and worker processes, the digits example's loop.
+// @module-tag faults (kills under strategy auto: `npm run test:faults`, not `npm test`)
 import { describe, expect, it } from "vitest"
 import * as path from "node:path"
 import { Trainer, type Result } from "../index.ts"

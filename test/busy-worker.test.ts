@@ -5,6 +5,7 @@
 // peers, waiting for it in a collective past their deadline, ask the driver and wait on for a rank
 // held so, or one behind the call whose process works (collectives/communicator.ts peerLiveness).
 // Real nats-server, real agent and worker processes.
+// @module-tag faults (held and busy ranks: `npm run test:faults`, not `npm test`)
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import * as fs from "node:fs/promises"
 import * as os from "node:os"

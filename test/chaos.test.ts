@@ -13,6 +13,7 @@
 //   grows back when the link and the agent return.
 // The seed is printed; GRADWIRE_CHAOS_SEED=<seed> replays the same fault schedule, and
 // GRADWIRE_CHAOS_KEEP=1 keeps the temp dir (run directories, events.jsonl, agent logs).
+// @module-tag faults (kills, outages and link cuts: `npm run test:faults`, not `npm test`)
 import { spawn, type ChildProcess } from "node:child_process"
 import * as fs from "node:fs"
 import * as path from "node:path"

@@ -1,6 +1,7 @@
 // Collectives under failure: a rank that stalls (SIGSTOP) or dies (SIGKILL) mid-operation, ranks
 // that disagree on lengths or on the collective, a rank that closes mid-call, a group that never
 // forms. Every rank must end with a typed error naming the culprit, within the deadline: no hang.
+// @module-tag faults (stopped, killed and held ranks: `npm run test:faults`, not `npm test`)
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { launchNatsServer, type NatsServerProcess } from "../core/nats-server.ts"
 import type { Case } from "./support/collectives-cases.ts"

@@ -100,7 +100,7 @@ const killRun = async (name: string, loop: { readonly epochs: number; readonly h
 }
 
 describe("Trainer with file datasets", () => {
-  it("trains from CSV files; kill -9 of a rank mid-epoch: the survivor plans the epoch's rest again and goes on, its replacement joins, no row twice, none skipped", { timeout: 120_000 }, async () => {
+  it("trains from CSV files; kill -9 of a rank mid-epoch: the survivor plans the epoch's rest again and goes on, its replacement joins, no row twice, none skipped", { tags: ["faults"], timeout: 120_000 }, async () => {
     // While the group is short, its steps are slowed (hold.ts), so the replacement joins mid-epoch
     // (at a step's exchange: a group of three, so the two survivors still exchange every step).
     // 20 steps an epoch per rank; a report with a checkpoint after every step (so the replacement
@@ -153,7 +153,7 @@ describe("Trainer with file datasets", () => {
     }
   })
 
-  it("a hand-written trainStep loop over the stream, kill -9 of a rank mid-epoch: the survivors finish the epoch on the plan they opened, the replacement joins between epochs, no row twice", { timeout: 120_000 }, async () => {
+  it("a hand-written trainStep loop over the stream, kill -9 of a rank mid-epoch: the survivors finish the epoch on the plan they opened, the replacement joins between epochs, no row twice", { tags: ["faults"], timeout: 120_000 }, async () => {
     // The short group's steps are slowed until the replacement is ready, so it is ready before the
     // epoch in flight ends; 20 steps an epoch per rank at three; rank 1 dies after step 5 of epoch 1.
     const { r, events, logDir, spec } = await killRun("files-hand", { epochs: 4, handWritten: true })
@@ -194,7 +194,7 @@ describe("Trainer with file datasets", () => {
   // survivors park at the epoch's end, where the loader has no rows left): both go back to the
   // checkpoint, where every rank makes its loader again.
   for (const [loop, step] of [["hand-written", 5], ["dp.fit()", 9]] as const) {
-    it(`a ${loop} loop over a worker-side factory's loader, kill -9 at step ${step} of 10: back to the checkpoint, saying why, and every later epoch trains each row once`, { timeout: 120_000 }, async () => {
+    it(`a ${loop} loop over a worker-side factory's loader, kill -9 at step ${step} of 10: back to the checkpoint, saying why, and every later epoch trains each row once`, { tags: ["faults"], timeout: 120_000 }, async () => {
       const logDir = path.join(work, `logs-loader-${step}`)
       const handWritten = loop === "hand-written"
       await fs.mkdir(logDir)

@@ -86,7 +86,7 @@ describe("elastic sizing (pure)", () => {
   })
 })
 
-describe("an elastic run on two agents", () => {
+describe("an elastic run on two agents", { tags: ["faults"] }, () => {
   let server: NatsServerProcess
   let work: string
   let train: ArrayDataset

@@ -77,7 +77,7 @@ describe("local SGD with DiLoCo's outer Nesterov", () => {
     expect(lastAccuracy(again)).toBeGreaterThan(0.9)
   })
 
-  it("replaces a worker killed between rounds from the survivors' state, and the group trains on", async () => {
+  it("replaces a worker killed between rounds from the survivors' state, and the group trains on", { tags: ["faults"] }, async () => {
     // 15 steps an epoch per rank; rank 1 dies at step 3 of epoch 1 (inner step 19), between the rounds after steps 16 and 20.
     const r = await fit("lsgd-kill", { epochs: 3, fail: { how: "kill", rank: 1, epoch: 1, step: 3 } }, { strategy: "local-sgd", localSgd: { syncEvery: 4 } }, {
       runConfig: { failureConfig: { maxFailures: 1 } }
@@ -104,7 +104,7 @@ describe("local SGD with DiLoCo's outer Nesterov", () => {
     [4, false],
     [4, true]
   ] as const) {
-    it(`${fragments > 1 ? `with staggered fragments${overlap ? " overlapped with the inner steps" : ""}, ` : ""}a killed worker's survivors go on from their own state and its replacement joins them in the same round`, { timeout: 150_000 }, async () => {
+    it(`${fragments > 1 ? `with staggered fragments${overlap ? " overlapped with the inner steps" : ""}, ` : ""}a killed worker's survivors go on from their own state and its replacement joins them in the same round`, { tags: ["faults"], timeout: 150_000 }, async () => {
       // H = 8; with 4 fragments each is due every 8 inner steps, 2 steps apart: a round every second
       // step. Rank 1 dies at step 5 of epoch 1; while the group is short its steps are slowed
       // (hold.ts), so the replacement joins before the run ends, at whatever step it is ready (a
@@ -137,7 +137,7 @@ describe("local SGD with DiLoCo's outer Nesterov", () => {
     })
   }
 
-  it("drops a late worker at the round's deadline and goes on with a replacement", async () => {
+  it("drops a late worker at the round's deadline and goes on with a replacement", { tags: ["faults"] }, async () => {
     // Rank 2 stalls (alive, heartbeats going) at the start of epoch 1; the others wait for it at
     // most the collective deadline in their next round, which names it.
     const r = await fit("lsgd-late", { epochs: 3, fail: { how: "hang", rank: 2, epoch: 1 } }, { strategy: "local-sgd", localSgd: { syncEvery: 4 }, timeoutMs: 3_000 }, {

@@ -64,7 +64,7 @@ describe("model parallelism in the Trainer", () => {
     for (const m of ranks) expect(m["tp4/params"]).toBe(129)
   }, 90_000)
 
-  it("checkpoints every stage, restarts a pipeline from it after a stage is killed, and merges it into one model", async () => {
+  it("checkpoints every stage, restarts a pipeline from it after a stage is killed, and merges it into one model", { tags: ["faults"], timeout: 90_000 }, async () => {
     const r = await new Trainer({
       trainLoopPerWorker: `${LOOPS}#fitLoop`,
       trainLoopConfig: { epochs: 3, stages: 2, kill: { rank: 1, epoch: 1, step: 5 } },
@@ -88,7 +88,7 @@ describe("model parallelism in the Trainer", () => {
     expect(files.sort()).toEqual(["layout.json", "stage-0-of-2.tp-0-of-1.msgpack", "stage-1-of-2.tp-0-of-1.msgpack"])
     // the merged model scores on the held-out set what the pipeline's evaluate reported
     expect(await mergedAccuracy(r.checkpoint!.path, test)).toBeCloseTo(last.val_accuracy as number, 5)
-  }, 90_000)
+  })
 
   it.each([
     // rank = (replica x stages + stage) x tp + tpRank: rank 1 is replica 0's stage 1 (the writer of its checkpoint shard), rank 3 its replica
@@ -97,7 +97,7 @@ describe("model parallelism in the Trainer", () => {
     { grid: "2 stages x 2 replicas", kill: 0, stages: 2, tp: 1, stage: [0, 1, 0, 1], tpRank: [0, 0, 0, 0], shards: ["stage-0-of-2.tp-0-of-1.msgpack", "stage-1-of-2.tp-0-of-1.msgpack"] },
     // rank 1 is replica 0's second tensor slice, rank 3 its replica
     { grid: "tensor parallel 2 x 2 replicas", kill: 1, stages: 1, tp: 2, stage: [0, 0, 0, 0], tpRank: [0, 1, 0, 1], shards: ["stage-0-of-1.tp-0-of-2.msgpack", "stage-0-of-1.tp-1-of-2.msgpack"] }
-  ])("regroups a $grid grid from its survivors after rank $kill is killed: its replacement takes its part from the other replica", async (c) => {
+  ])("regroups a $grid grid from its survivors after rank $kill is killed: its replacement takes its part from the other replica", { tags: ["faults"], timeout: 120_000 }, async (c) => {
     const progress: Array<{ attempt: number; rank: number; epoch: number; stepsPerEpoch: number }> = []
     const r = await new Trainer({
       trainLoopPerWorker: `${LOOPS}#fitLoop`,
@@ -143,9 +143,9 @@ describe("model parallelism in the Trainer", () => {
     const files = await fs.readdir(path.join(r.checkpoint!.path, "pipeline"))
     expect(files.sort()).toEqual(["layout.json", ...c.shards])
     expect(await mergedAccuracy(r.checkpoint!.path, test)).toBeCloseTo(r.metrics!.val_accuracy as number, 5)
-  }, 120_000)
+  })
 
-  it("three kills in a row, one of them of a replacement: every one regrouped from the replicas, at most a step lost per stage and death", async () => {
+  it("three kills in a row, one of them of a replacement: every one regrouped from the replicas, at most a step lost per stage and death", { tags: ["faults"], timeout: 150_000 }, async () => {
     const pidDir = await fs.mkdtemp(path.join(storage, "pids-"))
     // The newest pid of a rank: its replacement's once it has one (the file of the latest attempt).
     const pidOf = (rank: number): number => {
@@ -190,9 +190,9 @@ describe("model parallelism in the Trainer", () => {
     // A stage none of whose replicas had applied the step in flight skips it: at most one per death.
     expect(Math.abs((ranks[0].steps as number) - (ranks[1].steps as number))).toBeLessThanOrEqual(3)
     expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.85)
-  }, 150_000)
+  })
 
-  it("a killed nats-server: every rank of a one-replica pipeline survives it and the group is regrouped in place, without the checkpoint", async () => {
+  it("a killed nats-server: every rank of a one-replica pipeline survives it and the group is regrouped in place, without the checkpoint", { tags: ["faults"], timeout: 120_000 }, async () => {
     const kill = natsKillAtReport(1)
     const r = await new Trainer({
       trainLoopPerWorker: `${LOOPS}#fitLoop`,
@@ -208,9 +208,9 @@ describe("model parallelism in the Trainer", () => {
     expect(events.filter((e) => e.type === "restart")).toEqual([expect.objectContaining({ recovery: "peers", survivors: 2, joiners: 0 })])
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3])
     expect(r.metrics!.val_accuracy as number).toBeGreaterThan(0.85)
-  }, 120_000)
+  })
 
-  it("fails fast, naming the stage and rank it waited for, when a stage hangs", async () => {
+  it("fails fast, naming the stage and rank it waited for, when a stage hangs", { tags: ["faults"], timeout: 60_000 }, async () => {
     const started = Date.now()
     const err = await new Trainer({
       trainLoopPerWorker: `${LOOPS}#fitLoop`,
@@ -228,5 +228,5 @@ describe("model parallelism in the Trainer", () => {
     expect(msg).toMatch(/rank\(s\) 1 answered a liveness probe but had not started this transfer/)
     // the deadline, not the hung rank's 60 s sleep, ended the run
     expect(Date.now() - started).toBeLessThan(45_000)
-  }, 60_000)
+  })
 })

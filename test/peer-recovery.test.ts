@@ -4,6 +4,7 @@
 // with the same weights. The checkpoint path, for comparison, goes back to the epoch's start. A
 // loop that cannot be replayed to the survivors' position falls back to the checkpoint. Real
 // nats-server, real agent and worker processes.
+// @module-tag faults (kills and recovery from peers: `npm run test:faults`, not `npm test`)
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import * as fs from "node:fs/promises"
 import { existsSync, readdirSync, readFileSync, rmSync } from "node:fs"

@@ -4,6 +4,7 @@
 // the smaller group, pushes of the old one dropped), and a replacement started meanwhile joins them
 // in place, taking the servers' parameters. A lost server is made again from the replica the next
 // server keeps (ps-trainer.test.ts kills one). Real nats-server, agent, worker and server processes.
+// @module-tag faults (kills on the parameter servers: `npm run test:faults`, not `npm test`)
 import { describe, expect, it } from "vitest"
 import * as path from "node:path"
 import * as fs from "node:fs/promises"

@@ -142,7 +142,7 @@ describe("parameter servers in the Trainer", () => {
     for (const [wire, dense] of bytes(topk)) expect(wire).toBeLessThan(dense / 40)
   })
 
-  it("a killed server of two is made again from the replica on the other: the workers go on from their step in flight, no update lost or applied twice", { timeout: 120_000 }, async () => {
+  it("a killed server of two is made again from the replica on the other: the workers go on from their step in flight, no update lost or applied twice", { tags: ["faults"], timeout: 120_000 }, async () => {
     const cfg = { epochs: 4, optimizer: "adam" }
     const servers = { strategy: "parameter-server", parameterServer: { numServers: 2, mode: "sync" } }
     const clean = await fit("ps-clean-two", cfg, servers)
@@ -170,7 +170,7 @@ describe("parameter servers in the Trainer", () => {
     expect(r.metrics!.loss as number).toBeCloseTo(clean.metrics!.loss as number, 3)
   })
 
-  it("a server killed while a worker's loss is regrouped is made again from its replica too", { timeout: 120_000 }, async () => {
+  it("a server killed while a worker's loss is regrouped is made again from its replica too", { tags: ["faults"], timeout: 120_000 }, async () => {
     const cfg = { epochs: 3, optimizer: "adam" }
     const servers = { strategy: "parameter-server", parameterServer: { numServers: 2, mode: "sync" } }
     let killed = 0
@@ -207,7 +207,7 @@ describe("parameter servers in the Trainer", () => {
     expect(versions[1]).toBe(versions[0])
   })
 
-  it("a killed server (the only one) restarts the job from the checkpoint, and its state resumes at another number of servers", async () => {
+  it("a killed server (the only one) restarts the job from the checkpoint, and its state resumes at another number of servers", { tags: ["faults"] }, async () => {
     // kill -9 of the first generation's server after the first report round.
     const kill = killAtReport("ps-one-kill", "ps0-0", 0)
     const r = await fit("ps-one-kill", { epochs: 2 }, { strategy: "parameter-server", parameterServer: { numServers: 1 } }, kill.extra)

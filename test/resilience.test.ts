@@ -4,6 +4,7 @@
 // written (a full JetStream store) is retried, recorded in Result.checkpointErrors and
 // events.jsonl, and training goes on; a callback that throws is recorded, not fatal. Real
 // nats-server processes, real agents and worker processes.
+// @module-tag faults (a killed nats-server and outages: `npm run test:faults`, not `npm test`)
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import * as fs from "node:fs/promises"
 import * as os from "node:os"

@@ -135,7 +135,7 @@ describe("Trainer", () => {
     await expect(loadCheckpointModel(undefined as never)).rejects.toThrow(/saved none/)
   })
 
-  it("recovers from kill -9 of a worker: restarts from the latest checkpoint and finishes every epoch", async () => {
+  it("recovers from kill -9 of a worker: restarts from the latest checkpoint and finishes every epoch", { tags: ["faults"] }, async () => {
     const r = await fit("killed", { epochs: 8, fail: { how: "kill", rank: 2, epoch: 4 } }, { runConfig: { failureConfig: { maxFailures: 2 } } })
     expect(r.restarts).toBe(1)
     // Rounds 0-3 from the first attempt, then 4-7 after resuming from checkpoint 3.
@@ -148,7 +148,7 @@ describe("Trainer", () => {
     expect(await loadResult(r.path)).toMatchObject({ restarts: r.restarts, countedFailures: r.countedFailures, metricsHistory: r.metricsHistory })
   })
 
-  it("gives up past maxFailures and says which rank failed and why", async () => {
+  it("gives up past maxFailures and says which rank failed and why", { tags: ["faults"] }, async () => {
     // (2 epochs: every attempt dies in the second)
     const e = await fitFails("always-dies", { epochs: 2, fail: { how: "kill", rank: 1, epoch: 1, attempt: -1 } }, {
       runConfig: { failureConfig: { maxFailures: 1, recoverFrom: "checkpoint" } },
@@ -172,7 +172,7 @@ describe("Trainer", () => {
     expect(e.remoteStack).toContain("examples/digits/train.ts")
   })
 
-  it("names a stalled rank when the others' collectives time out waiting for it", async () => {
+  it("names a stalled rank when the others' collectives time out waiting for it", { tags: ["faults"] }, async () => {
     const e = await fitFails("stalls", { epochs: 2, fail: { how: "hang", rank: 2, epoch: 1 } }, { collectiveConfig: { timeoutMs: 3_000 }, scalingConfig: { numWorkers: 3 } })
     expect(e.rank).toBe(2)
     expect(e.message).toMatch(/rank 2 stopped taking part in collectives/)
@@ -184,7 +184,7 @@ describe("Trainer", () => {
     expect(e.message).toMatch(/\(deadline 3000 ms = timeoutMs 3 s, set explicitly\)/)
   })
 
-  it("names a hung rank within the collective deadline derived from the measured steps, not the fixed default", async () => {
+  it("names a hung rank within the collective deadline derived from the measured steps, not the fixed default", { tags: ["faults"] }, async () => {
     // No collectiveConfig.timeoutMs: after the warm-up steps of epoch 0 the deadline is 2 x the
     // median step + the floor. Rank 2 then stays alive (heartbeating) but out of the collectives.
     const e = await fitFails("hangs", { epochs: 2, fail: { how: "hang", rank: 2, epoch: 1 } }, { scalingConfig: { numWorkers: 3 } })

@@ -22,7 +22,7 @@ const fit = (name: string, workers: number, loopConfig: Record<string, unknown>,
 const shardsIn = async (dir: string): Promise<string[]> => (await fs.readdir(dir)).filter((f) => f.startsWith("optimizer.shard-")).sort()
 
 describe("ZeRO in the Trainer", () => {
-  it("survives a killed worker through the checkpoint (recoverFrom \"checkpoint\") and resumes at another world size, re-sharding the optimizer state", async () => {
+  it("survives a killed worker through the checkpoint (recoverFrom \"checkpoint\") and resumes at another world size, re-sharding the optimizer state", { tags: ["faults"] }, async () => {
     const first = await fit("zero", 3, { epochs: 3, fail: { how: "kill", rank: 1, epoch: 2, step: 3 } }, { runConfig: { failureConfig: { maxFailures: 1, recoverFrom: "checkpoint" } } })
     expect(first.restarts).toBe(1)
     expect((await readEvents(first.path)).find((e) => e.type === "restart")).toMatchObject({ recovery: "checkpoint" })
@@ -42,7 +42,7 @@ describe("ZeRO in the Trainer", () => {
   })
 
   for (const stage of [1, 2] as const) {
-    it(`stage ${stage} regroups from the survivors: the lost rank's optimizer shard comes from its successor's replica${stage === 2 ? " (stepped from the reduced segment its predecessor sends it)" : ""}, the replacement re-shards it as it joins, and the checkpoints it then writes resume`, async () => {
+    it(`stage ${stage} regroups from the survivors: the lost rank's optimizer shard comes from its successor's replica${stage === 2 ? " (stepped from the reduced segment its predecessor sends it)" : ""}, the replacement re-shards it as it joins, and the checkpoints it then writes resume`, { tags: ["faults"] }, async () => {
       // A short group's steps are slowed while the hold file says 3 (hold.ts), so that the
       // replacement joins before the run ends: the kill in epoch 2 of 6 leaves 56 held steps
       // (14 s) for it to start, where another test file's workers load the cores (4 epochs left
