@@ -42,7 +42,7 @@ export default defineConfig({
       {
         name: "faults",
         description:
-          "fault scenarios over real processes: kill -9, SIGSTOP, hung or held ranks, link cuts and outages, recovery, elastic resizes (about 40% of the suite's time on 2 cores)"
+          "fault scenarios over real processes: kill -9, SIGSTOP, hung or held ranks, link cuts and outages, recovery, elastic resizes (about half of the suite's test time, a third of its CPU time, on 2 cores)"
       }
     ],
     testTimeout: 60_000,
