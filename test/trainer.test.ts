@@ -53,11 +53,10 @@ const fitFails = async (name: string, loopConfig: Record<string, unknown>, extra
 const sameWeights = (r: Result): boolean => new Set(r.metricsPerRank.at(-1)!.map((m) => m.weights)).size === 1
 
 describe("Trainer", () => {
-  let baseline: Result
   type EpochEnd = { rank: number; epoch: number; samples: number; meanLoss?: number }
   let baselineRun: Promise<{ result: Result; ends: EpochEnd[] }> | undefined
-  /** The fault-free 8-epoch run, made once: by the first test, or by a test that compares with it
-   * when it runs without that one (`npm run test:faults` runs the tests tagged "faults" alone). */
+  /** The fault-free 8-epoch run, made once, by whichever test reads it first: the tests that compare
+   * with it also run without the first test (`npm run test:faults`, or one test by name). */
   const baselineFit = (): Promise<{ result: Result; ends: EpochEnd[] }> =>
     (baselineRun ??= (async () => {
       // Each rank's progress message at an epoch's last step (always sent) carries its mean loss
@@ -71,8 +70,7 @@ describe("Trainer", () => {
     })())
 
   it("trains the digits MLP on 4 workers to >= 90% held-out accuracy with identical weights on every rank", async () => {
-    const { result, ends } = await baselineFit()
-    baseline = result
+    const { result: baseline, ends } = await baselineFit()
     expect(baseline.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4, 5, 6, 7])
     // The ranks' means, weighted by their samples, are the epoch's loss over every rank's samples.
     for (const epoch of [1, 4, 7]) {
@@ -126,6 +124,7 @@ describe("Trainer", () => {
   })
 
   it("loads the run's last checkpoint in the driver as the trained model (loadCheckpointModel), as accurate as the run reported", async () => {
+    const { result: baseline } = await baselineFit()
     const { tf } = await loadEngine("cpu")
     const model = await loadCheckpointModel(tf, baseline.checkpoint!)
     const pred = tf.tidy(() => (model.predict(tf.tensor2d(test.x, [test.size, 64])) as import("@tensorflow/tfjs").Tensor).argMax(-1))
@@ -151,8 +150,8 @@ describe("Trainer", () => {
     // Rounds 0-3 from the first attempt, then 4-7 after resuming from checkpoint 3.
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4, 5, 6, 7])
     expect(sameWeights(r)).toBe(true)
-    const { result: base } = await baselineFit()
-    expect(Math.abs((r.metrics!.val_accuracy as number) - (base.metrics!.val_accuracy as number))).toBeLessThanOrEqual(0.02)
+    const { result: baseline } = await baselineFit()
+    expect(Math.abs((r.metrics!.val_accuracy as number) - (baseline.metrics!.val_accuracy as number))).toBeLessThanOrEqual(0.02)
     const events = await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")
     expect(events).toContain('"to":"restarting"')
     // its restart read back from the directory as fit() counted it
@@ -242,6 +241,7 @@ describe("Trainer", () => {
     expect(back.bestCheckpoints).toEqual(second.bestCheckpoints)
     expect(back.restarts).toBe(0)
     // the baseline run's too; and a directory that is not a run's says so
+    const { result: baseline } = await baselineFit()
     expect(await loadResult(baseline.path)).toMatchObject({ metricsHistory: baseline.metricsHistory, checkpoint: baseline.checkpoint, path: baseline.path })
     await expect(loadResult(storage)).rejects.toThrow(/is not a run directory \(no config\.json\)/)
   })
