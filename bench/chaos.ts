@@ -1,6 +1,6 @@
 // `npm run bench -- chaos [--every=15] [--seed=N] [--loops=fit,step,pipe] [--strategies=allreduce,zero,zero2,ps,localsgd,localsgd-frag,localsgd-stream,auto]
 //                         [--kinds=worker-kill,worker-stop,nats-kill[,agent-kill][,link-cut][,server-kill]] [--epochs-fit=N] [--epochs-step=N] [--epochs-pipe=N]
-//                         [--repeat=1] [--warmup=0.25] [--cluster=agents|veth] [--bound=3] [--spares=0] [--agent-restart-ms=1000] [--cut-ms=10000] [--out=FILE]`
+//                         [--repeat=1] [--order=alternate|fixed] [--warmup=0.25] [--cluster=agents|veth] [--bound=3] [--spares=0] [--agent-restart-ms=1000] [--cut-ms=10000] [--out=FILE]`
 // Goodput under chaos: the same job (digits MLP, 3 workers on the embedded cluster, failureConfig
 // { maxFailures: -1 }, recoverFrom left at its default) run fault-free, then under a seeded fault
 // schedule, for a `dp.fit` loop (test/support/chaos-loop.ts) and a hand-written `dp.trainStep` loop
@@ -58,6 +58,10 @@
 // medians over the repeats.
 // --repeat=N runs N such pairs (a new fault schedule each) and adds each pair's goodput, their
 // median and the pooled ratio: run-to-run noise on a small machine is as large as a fault's cost.
+// Every other pair runs its chaos run first (--order=alternate, the default; --order=fixed runs
+// the fault-free run first in every pair), and the summary gives each order's median: in a control
+// with no faults (--every=1000: no fault falls in a run) the second run of a pair was the faster
+// by 6-10% in every pair.
 // A run is bounded: past `bound` x the fault-free run's wall time (and at most 10 minutes) it is
 // interrupted and reports what it has. Every process it started is gone at the end (the Trainer
 // stops the embedded cluster; leftover worker pids from the pid files are killed, on Ctrl-C too).
@@ -508,6 +512,8 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
   if (!(warmup >= 0 && warmup <= 1)) throw new Error(`--warmup must be a fraction of the epochs from 0 to 1, got ${arg("warmup")}`)
   const spares = Number(arg("spares") ?? 0)
   if (!(Number.isInteger(spares) && spares >= 0)) throw new Error(`--spares must be an integer >= 0, got ${arg("spares")}`)
+  const order = arg("order") ?? "alternate"
+  if (order !== "alternate" && order !== "fixed") throw new Error(`--order must be "alternate" or "fixed", got ${order}`)
   for (const l of loops) if (!(l in LOOPS)) throw new Error(`unknown loop "${l}"; known: ${Object.keys(LOOPS).join(", ")}`)
   for (const s of strategies) if (!STRATEGIES[s]) throw new Error(`unknown strategy "${s}"; known: ${Object.keys(STRATEGIES).join(", ")}`)
   for (const k of kinds) if (!KINDS.includes(k)) throw new Error(`unknown fault kind "${k}"; known: ${KINDS.join(", ")}`)
@@ -544,7 +550,7 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
         `${spares > 0 ? `${spares} spare(s), ` : ""}one fault per ${every} s window (seed ${seed}), kinds ${kinds.join(", ")}`
     )
     for (const [k, why] of NOT_RUN) console.log(`  not run: ${k}: ${why}`)
-    const rows: Array<{ free: RunResult; chaos: RunResult }> = []
+    const rows: Array<{ free: RunResult; chaos: RunResult; chaosFirst: boolean }> = []
     let i = 0
     const warmEpochs = Math.round(warmup * epochs[loops[0]!])
     if (warmEpochs > 0) {
@@ -554,11 +560,22 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
     for (const loop of loops) {
       for (const strategy of strategies) {
         console.log(`\n  ${loop} loop, ${STRATEGIES[strategy]!.label}, ${epochs[loop]} epochs${repeat > 1 ? `, ${repeat} pairs of runs` : ""}`)
+        let lastFreeWallMs: number | undefined
         for (let pair = 0; pair < repeat; pair++) {
-          if (repeat > 1) console.log(`   pair ${pair + 1} of ${repeat}`)
-          const free = await runOnce({ loop, strategy, epochs: epochs[loop], spares }, storage, data, i++, log)
-          console.log(`    fault-free: ${s2(free.trainMs)} s training (${s2(free.wallMs)} s wall)${free.error ? `; ${free.error}` : ""}`)
-          const boundMs = Math.min(MAX_RUN_MS, boundX * free.wallMs)
+          // Every other pair runs its chaos run first (fault-free, chaos | chaos, fault-free | ...):
+          // the second run of a pair was the faster in every pair of a control with no faults
+          // (docs/benchmarks.md), and alternating cancels such an order effect in the median.
+          const chaosFirst = order === "alternate" && pair % 2 === 1
+          if (repeat > 1) console.log(`   pair ${pair + 1} of ${repeat}${chaosFirst ? " (the chaos run first)" : ""}`)
+          const runFree = async (): Promise<RunResult> => {
+            const r = await runOnce({ loop, strategy, epochs: epochs[loop], spares }, storage, data, i++, log)
+            console.log(`    fault-free: ${s2(r.trainMs)} s training (${s2(r.wallMs)} s wall)${r.error ? `; ${r.error}` : ""}`)
+            lastFreeWallMs = r.wallMs
+            return r
+          }
+          const before = chaosFirst ? undefined : await runFree()
+          // The bound comes from the pair's fault-free run, or the last one before it.
+          const boundMs = Math.min(MAX_RUN_MS, boundX * (before?.wallMs ?? lastFreeWallMs ?? MAX_RUN_MS))
           const rng = seededRng(seed * 1000 + i)
           const chaos = await runOnce({ loop, strategy, epochs: epochs[loop], spares, chaos: { every, rng, kinds, boundMs, agentRestartMs, cutMs } }, storage, data, i++, log)
           console.log(
@@ -570,7 +587,9 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
                 `${f.reason ? ` (${f.reason})` : ""}${f.fenced === false ? ", not fenced: the bench killed it" : f.fenced ? ", fenced by gradwire" : ""}`
             )
           }
-          rows.push({ free, chaos })
+          const free = before ?? (interrupted ? undefined : await runFree())
+          if (free === undefined) return
+          rows.push({ free, chaos, chaosFirst })
           fs.writeFileSync(out, JSON.stringify({ every, seed, kinds, notRun: Object.fromEntries(NOT_RUN), cores: os.availableParallelism(), rows }, null, 1))
           if (interrupted) return
         }
@@ -645,12 +664,17 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
     if (repeat > 1) {
       // One machine's run-to-run noise (the fault-free runs alone vary by 10-30% here) is as large as
       // what a fault costs: the median of the pairs, and the pooled ratio (all epochs over all time).
-      console.log(`\nover ${repeat} pairs (fault-free, then chaos, alternating):`)
+      console.log(`\nover ${repeat} pairs (${order === "alternate" ? "fault-free then chaos, and chaos then fault-free, every other pair" : "fault-free, then chaos, each pair"}):`)
       for (const loop of loops) {
         for (const strategy of strategies) {
           const rs = rows.filter((r) => r.chaos.loop === loop && r.chaos.strategy === strategy)
           if (!rs.length) continue
           const g = rs.map(goodput).sort((a, b) => a - b)
+          // Each order's median apart: where they differ beyond the pairs' spread, the order matters.
+          const byOrder = (first: boolean): string => {
+            const x = rs.filter((r) => r.chaosFirst === first).map(goodput)
+            return x.length ? `${(100 * median(x)).toFixed(1)}% (${x.length})` : "-"
+          }
           const sum = (f: (r: { free: RunResult; chaos: RunResult }) => number): number => rs.reduce((a, r) => a + f(r), 0)
           const pooled = sum((r) => r.chaos.epochsDone) / sum((r) => r.chaos.trainMs) / (sum((r) => r.free.epochsDone) / sum((r) => r.free.trainMs))
           const free = rs.map((r) => r.free.trainMs / 1000)
@@ -661,6 +685,7 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
               `pooled ${(100 * pooled).toFixed(1)}%, ${sum((r) => r.chaos.faults.length)} faults; fault-free runs ${Math.min(...free).toFixed(2)}-${Math.max(...free).toFixed(2)} s; ` +
               `without the drift median ${(100 * median(net)).toFixed(1)}% (${net.map((x) => `${(100 * x).toFixed(1)}%`).join(", ")}), cost per fault median ${perFault.length ? median(perFault).toFixed(2) : "-"} s`
           )
+          if (order === "alternate" && rs.length > 1) console.log(`    goodput by order, median (pairs): the fault-free run first ${byOrder(false)}, the chaos run first ${byOrder(true)}`)
           console.log(`    where it went: ${phaseLine(rs.flatMap((r) => phases.get(r)!))}`)
         }
       }
