@@ -59,9 +59,9 @@
 // --repeat=N runs N such pairs (a new fault schedule each) and adds each pair's goodput, their
 // median and the pooled ratio: run-to-run noise on a small machine is as large as a fault's cost.
 // Every other pair runs its chaos run first (--order=alternate, the default; --order=fixed runs
-// the fault-free run first in every pair), and the summary gives each order's median: in a control
+// the fault-free run first in every pair), and the summary gives each order's median: in controls
 // with no faults (--every=1000: no fault falls in a run) the second run of a pair was the faster
-// by 6-10% in every pair.
+// in 8 of 10 pairs, by up to 14%.
 // A run is bounded: past `bound` x the fault-free run's wall time (and at most 10 minutes) it is
 // interrupted and reports what it has. Every process it started is gone at the end (the Trainer
 // stops the embedded cluster; leftover worker pids from the pid files are killed, on Ctrl-C too).
@@ -563,7 +563,7 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
         let lastFreeWallMs: number | undefined
         for (let pair = 0; pair < repeat; pair++) {
           // Every other pair runs its chaos run first (fault-free, chaos | chaos, fault-free | ...):
-          // the second run of a pair was the faster in every pair of a control with no faults
+          // the second run of a pair was the faster in 8 of 10 pairs of controls with no faults
           // (docs/benchmarks.md), and alternating cancels such an order effect in the median.
           const chaosFirst = order === "alternate" && pair % 2 === 1
           if (repeat > 1) console.log(`   pair ${pair + 1} of ${repeat}${chaosFirst ? " (the chaos run first)" : ""}`)
