@@ -574,8 +574,8 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
             return r
           }
           const before = chaosFirst ? undefined : await runFree()
-          // The bound comes from the pair's fault-free run, or the last one before it.
-          const boundMs = Math.min(MAX_RUN_MS, boundX * (before?.wallMs ?? lastFreeWallMs ?? MAX_RUN_MS))
+          // The bound comes from the latest fault-free run: this pair's, or with the chaos run first the last pair's.
+          const boundMs = Math.min(MAX_RUN_MS, boundX * (lastFreeWallMs ?? MAX_RUN_MS))
           const rng = seededRng(seed * 1000 + i)
           const chaos = await runOnce({ loop, strategy, epochs: epochs[loop], spares, chaos: { every, rng, kinds, boundMs, agentRestartMs, cutMs } }, storage, data, i++, log)
           console.log(
