@@ -7,6 +7,7 @@ import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { ChildEscalated } from "../actors/runtime/errors.ts"
 import { launchAgent } from "../actors/node/agent.ts"
 import { AgentUnreachable, SpawnError } from "../actors/node/errors.ts"
+import { agentsInThisProcess } from "../actors/node/agent-protocol.ts"
 import { silentLogger } from "../actors/runtime/log.ts"
 import { spawnActor, spawnedChild } from "../actors/node/spawn.ts"
 import { launchSupervisor, restartOnFailure } from "../actors/runtime/supervisor.ts"
@@ -269,6 +270,15 @@ describe("node agent", () => {
     expect(e).toBeInstanceOf(ChildEscalated)
     expect(decisions).toEqual(["exited:2:restart", "exited:2:escalate"])
     await sup.close()
+  })
+
+  it("knows an agent that runs in this process (the embedded cluster's) while it runs, so that its silence is told apart from an agent elsewhere", async () => {
+    const inner = await launchAgent({ nc: await rig.connect(url), connection: { servers: [url] }, cluster: "test", nodeId: "n-here", log: silentLogger, output: () => {} })
+    rig.onCleanup(() => inner.stop("test finished").catch(() => {}))
+    expect(agentsInThisProcess.has("test/n-here")).toBe(true)
+    expect(agentsInThisProcess.has("test/n1")).toBe(false)
+    await inner.stop("test finished")
+    expect(agentsInThisProcess.has("test/n-here")).toBe(false)
   })
 
   it("says why a spawn fails", async () => {

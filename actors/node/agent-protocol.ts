@@ -54,3 +54,10 @@ export const AgentProtocol = defineProtocol("agent", {
   shutdown: { request: Schema.Struct({ reason: Schema.String }), reply: Schema.Null }
 })
 export type AgentProtocol = typeof AgentProtocol
+
+/**
+ * The agents running in this very process (the embedded cluster's, actors/train/driver/cluster.ts),
+ * as "cluster/node": one of them that does not answer is running but starved of CPU, which
+ * spawn.ts says instead of pointing at `gradwire status`, which cannot see it.
+ */
+export const agentsInThisProcess = new Set<string>()

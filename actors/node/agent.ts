@@ -24,7 +24,7 @@ import type { NodeAdvertisement, NodeProcess, SupervisedServer } from "../../sch
 import { watchBus, type BusMonitor } from "../../core/bus-monitor.ts"
 import { defineActor, launchActor, type ActorHandle } from "../runtime/actor.ts"
 import { ActorProcess } from "./actor-process.ts"
-import { AgentProtocol, type SpawnRequest } from "./agent-protocol.ts"
+import { AgentProtocol, agentsInThisProcess, type SpawnRequest } from "./agent-protocol.ts"
 import { normalizeConnection, redactUrl, type ConnectionSpec } from "../../core/connection-spec.ts"
 import { AgentError, EnvNotAllowed, ModuleNotAllowed, SpawnError } from "./errors.ts"
 import { SPAWN_ENV_ALLOWED, refusedSpawnEnv } from "./env-policy.ts"
@@ -241,6 +241,7 @@ export class NodeAgent {
 
   /** @internal */
   async start(): Promise<void> {
+    agentsInThisProcess.add(`${this.cluster}/${this.nodeId}`)
     const hw = await probeHardware()
     this.#hardware = hw
     this.#gpus = limitGpus(hw.gpus, this.#options.numGpus)
@@ -454,6 +455,7 @@ export class NodeAgent {
   stop(reason = "agent stopping"): Promise<void> {
     this.#stopping ??= (async () => {
       this.#leaving = true
+      agentsInThisProcess.delete(`${this.cluster}/${this.nodeId}`)
       this.#advertise()
       const grace = this.#options.killGraceMs ?? 3_000
       const warm = this.#warm.splice(0)

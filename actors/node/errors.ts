@@ -16,10 +16,14 @@ export class SpawnError extends Schema.TaggedError<SpawnError>()("SpawnError", {
 /** The node agent does not answer. */
 export class AgentUnreachable extends Schema.TaggedError<AgentUnreachable>()("AgentUnreachable", {
   node: Schema.String,
-  reason: Schema.String
+  reason: Schema.String,
+  /** The embedded cluster's agent, which runs in the asking process: it is running, and "gradwire status" cannot see it. */
+  embedded: Schema.optionalKey(Schema.Boolean)
 }) {
   override get message(): string {
-    return `node agent ${this.node} does not answer: ${this.reason}; is it running ("gradwire status")?`
+    return this.embedded
+      ? `the embedded cluster's node agent (in this process) does not answer: ${this.reason}; this machine's cores were too busy for it (fewer workers, or fewer other busy processes, would let it answer)`
+      : `node agent ${this.node} does not answer: ${this.reason}; is it running ("gradwire status")?`
   }
 }
 

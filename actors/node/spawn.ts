@@ -5,7 +5,7 @@
 import { nuid } from "@nats-io/nats-core"
 import * as Effect from "effect/Effect"
 import { clusterSubjects } from "../../core/subjects.ts"
-import { AgentProtocol } from "./agent-protocol.ts"
+import { AgentProtocol, agentsInThisProcess } from "./agent-protocol.ts"
 import { ActorUnavailable, AskTimeout, RemoteFailure } from "../runtime/errors.ts"
 import { AgentUnreachable, EnvNotAllowed, ModuleNotAllowed, SpawnError } from "./errors.ts"
 import { SPAWN_ENV_ALLOWED } from "./env-policy.ts"
@@ -76,7 +76,8 @@ const toAgentError = (node: string, name: string, cluster: string, e: unknown): 
     return new EnvNotAllowed({ node, actor: name, variables: m ? m[1].split(", ") : ["(unknown)"], allowed: m ? m[2].split(", ") : [...SPAWN_ENV_ALLOWED] })
   }
   if (e instanceof ActorUnavailable) return new AgentUnreachable({ node, reason: `no agent runs for node "${node}" in cluster "${cluster}"` })
-  if (e instanceof AskTimeout) return new AgentUnreachable({ node, reason: `no answer within ${e.timeoutMs} ms` })
+  if (e instanceof AskTimeout)
+    return new AgentUnreachable({ node, reason: `no answer within ${e.timeoutMs} ms`, ...(agentsInThisProcess.has(`${cluster}/${node}`) ? { embedded: true } : {}) })
   if (e instanceof RemoteFailure && e.tag === "SpawnError") return new SpawnError({ node, actor: name, reason: e.remoteMessage.replace(/^spawning actor "[^"]*" on node \S+ failed: /, "") })
   return new SpawnError({ node, actor: name, reason: e instanceof Error ? e.message : String(e) })
 }

@@ -41,6 +41,7 @@ import {
   type Recovery
 } from "./controller.ts"
 import { WorkerGroup, groupArgsOf, placementRequestOf, placementsOf, type GroupArgs } from "./worker-group.ts"
+import { startsAtOnce } from "./start-pacer.ts"
 import { joinCluster, sharedCoresLine, startEmbeddedCluster, type ClusterHandle } from "./cluster.ts"
 import type { Resolved } from "./options.ts"
 import { datasetPayloads, describeDatasets, resolveDatasets } from "./dataset-payloads.ts"
@@ -374,7 +375,10 @@ export class FitRun {
           )
           this.recorder.event({ type: "held", rank, heldMs, hungAfterMs, ...(frames.length > 0 ? { stack: frames } : stack?.error ? { stackError: stack.error } : {}) })
         })
-    })
+    }, (node) =>
+      // The embedded node is this machine, sized to the job (cluster.ts): its cores are the real bound.
+      startsAtOnce(cluster.embedded ? os.availableParallelism() : this.cluster.view.get(node)?.ad.cpus)
+    )
     // An agent that sends a process's exit notice is alive: its node needs no heartbeat awaited (#nodeLossOrNot).
     const watcher = await this.#system.watcherReady()
     watcher.onEvent((e) => {

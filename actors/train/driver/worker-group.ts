@@ -15,6 +15,7 @@ import type { ActorSystem } from "../../runtime/system.ts"
 import type { ActorDown, WatchOptions } from "../../runtime/watcher.ts"
 import { TIMED_OUT, withDeadline } from "../../runtime/deadline.ts"
 import { agentRef, spawnActor, type SpawnedActor } from "../../node/spawn.ts"
+import { StartPacer } from "./start-pacer.ts"
 import { WorkerProtocol, type JoinPosition, type Placement, type WarmUp, type WorkerArgs } from "../common/train-protocol.ts"
 import { datasetModules } from "./dataset-payloads.ts"
 import type { Resolved } from "./options.ts"
@@ -200,11 +201,22 @@ export class WorkerGroup {
   /** A worker beating from its thread: silence after which it is dead, and how long its event loop may be held (collectives/deadlines.ts). */
   readonly #threaded: ThreadedLiveness | undefined
 
-  constructor(system: ActorSystem, deadAfterMs: (instance: string) => number = () => WORKER_DEAD_AFTER_MS, verbose = false, threaded?: ThreadedLiveness) {
+  /** Process starts on each node, at most a few more than its cores at once (start-pacer.ts). */
+  readonly #starts: StartPacer
+
+  /** `startLimit(node)`: how many of the job's processes may be starting on `node` at once (default: no bound). */
+  constructor(
+    system: ActorSystem,
+    deadAfterMs: (instance: string) => number = () => WORKER_DEAD_AFTER_MS,
+    verbose = false,
+    threaded?: ThreadedLiveness,
+    startLimit: (node: string) => number = () => Infinity
+  ) {
     this.#system = system
     this.#deadAfterMs = deadAfterMs
     this.#verbose = verbose
     this.#threaded = threaded
+    this.#starts = new StartPacer(startLimit)
   }
 
   /**
@@ -235,7 +247,7 @@ export class WorkerGroup {
   async #spawnProcess(r: RankSpawn, args: GroupArgs, name: string, standby = false): Promise<SpawnedActor> {
     const p = r.placement
     const workerArgs: WorkerArgs = { ...args, ...p, backend: r.backend, ...(r.cudaVisibleDevices ? { gpus: r.cudaVisibleDevices } : {}), ...(r.join ? { join: r.join } : {}) }
-    const w = await spawnActor(this.#system, {
+    const w = await this.#starts.run(r.nodeId, () => spawnActor(this.#system, {
       node: r.nodeId,
       name,
       module: WORKER_MODULE,
@@ -249,7 +261,7 @@ export class WorkerGroup {
       resources: r.resources,
       logPrefix: `worker rank=${p.rank}`,
       readyTimeoutMs: 60_000
-    })
+    }))
     this.#workers.push(w)
     return w
   }
@@ -422,7 +434,7 @@ export class WorkerGroup {
   }
 
   async #spawnServer(name: string, k: number, count: number, successor: string | undefined, node: string): Promise<SpawnedActor> {
-    const s = await spawnActor(this.#system, {
+    const s = await this.#starts.run(node, () => spawnActor(this.#system, {
       node,
       name,
       module: SERVER_MODULE,
@@ -432,7 +444,7 @@ export class WorkerGroup {
       resources: { CPU: k < 0 ? 0 : SERVER_CPUS },
       logPrefix: k < 0 ? "spare server" : `server ${k}`,
       readyTimeoutMs: 60_000
-    })
+    }))
     this.#workers.push(s)
     return s
   }
