@@ -266,6 +266,18 @@ export const standbyWarmUpMs: Setting<number> = {
   }
 }
 
+/** Invocations after which V8 optimizes a function in the processes a node agent starts (core/tier-up.ts). */
+export const turbofanAfter: Setting<number> = {
+  name: "GRADWIRE_TURBOFAN_AFTER",
+  default: "500",
+  description:
+    "invocations after which V8 optimizes a function with TurboFan in the processes a node agent starts (workers, parameter servers; V8's --invocation-count-for-turbofan, 3000 of its own): a training step's own functions run once a step, so with V8's count a fresh worker reaches full speed only after some 3000 steps (20-40 s of a small model's, and a replacement joining a group slows it that long); read in the actor's process; 0: V8's own",
+  read: () => {
+    const n = Number(raw("GRADWIRE_TURBOFAN_AFTER") ?? "500")
+    return Number.isInteger(n) && n >= 0 ? Math.min(1_000_000, n) : 500
+  }
+}
+
 /** Set by the driver for a standby worker's process (standbyNice): what its host lowers itself by at start. */
 export const startNice: Setting<number> = {
   name: "GRADWIRE_START_NICE",
@@ -330,6 +342,7 @@ export const SETTINGS: ReadonlyArray<Setting<unknown>> = [
   standbyNice,
   standbySchedIdle,
   standbyWarmUpMs,
+  turbofanAfter,
   startNice,
   cacheDir,
   natsServerBin,
