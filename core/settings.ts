@@ -266,12 +266,12 @@ export const standbyWarmUpMs: Setting<number> = {
   }
 }
 
-/** Invocations after which V8 optimizes a function in the processes a node agent starts (core/tier-up.ts). */
+/** Invocations after which V8 optimizes a function in a worker joining a running group (core/tier-up.ts). */
 export const turbofanAfter: Setting<number> = {
   name: "GRADWIRE_TURBOFAN_AFTER",
   default: "500",
   description:
-    "invocations after which V8 optimizes a function with TurboFan in the processes a node agent starts (workers, parameter servers; V8's --invocation-count-for-turbofan, 3000 of its own): a training step's own functions run once a step, so with V8's count a fresh worker reaches full speed only after some 3000 steps (20-40 s of a small model's, and a replacement joining a group slows it that long); read in the actor's process; 0: V8's own",
+    "invocations after which V8 optimizes a function with TurboFan in a worker that joins a running group (a standby or a replacement; V8's --invocation-count-for-turbofan, 3000 of its own), from when its loop is imported: a training step's own functions run once a step, so at V8's count a replacement reaches full speed only after some 3000 steps (20-40 s of a small model's) and holds its warm peers to its pace meanwhile; a group that starts together keeps V8's count; read in the worker's process; 0: V8's own",
   read: () => {
     const n = Number(raw("GRADWIRE_TURBOFAN_AFTER") ?? "500")
     return Number.isInteger(n) && n >= 0 ? Math.min(1_000_000, n) : 500

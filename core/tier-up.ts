@@ -1,4 +1,4 @@
-// How soon V8 optimizes the code of a process gradwire starts (workers, parameter servers).
+// How soon V8 optimizes the code of a worker that joins a running group (a standby, a replacement).
 //
 // V8 runs a function in its interpreter, then its baseline compiler's code, and optimizes it with
 // TurboFan once it has used a budget of about --invocation-count-for-turbofan calls (3000 in Node
@@ -6,14 +6,16 @@
 // training step's own functions (the step, the batch, the gradient reduction, the optimizer's
 // update, the collectives' framing) run once a step: a fresh worker reached them only after some
 // 3000 steps. On the digits MLP with 3 workers (2 cores) the last of them were optimized some
-// 400 epochs (25-30 s) into the run, and a rank's epoch took 100 ms at the start and about 40 ms
-// once they were (`--trace-opt`); a replacement that joined a group held its warm peers to its
-// pace for as long. At 500 the same job reached 40-45 ms an epoch by epoch 150-250 instead of
-// 400-550, and finished 13% sooner (median of three alternated pairs; docs/benchmarks.md).
+// 400 epochs (25-30 s) into the run (`--trace-opt`), a rank's epoch falling from about 100 to 40 ms
+// over that time, and a replacement that joined a warm group held it to its own pace as long.
 //
-// Set through v8.setFlagsFromString as the process starts (host.ts), before its code gets hot:
-// the count is read whenever a function's budget is set, so it applies to everything that runs
-// afterwards. GRADWIRE_TURBOFAN_AFTER=0 leaves V8's own.
+// The count is read when a function's budget is set, at its first calls, so setting it as the
+// loop is imported (worker-run.ts prepare) applies to the step's functions and leaves the
+// start-up's, already called, at V8's own. Only a joining worker sets it: for a group that starts
+// together the sooner compiles cost about what they save, and a short job more than that (the
+// demo, 4 workers for a few seconds, took 9.8-10.3 s wall with every worker at 500 against
+// 7.9-9.4 s at V8's count, three runs each, alternated).
+// GRADWIRE_TURBOFAN_AFTER=0 leaves V8's own count everywhere.
 import * as v8 from "node:v8"
 import { turbofanAfter } from "./settings.ts"
 

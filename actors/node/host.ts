@@ -21,7 +21,6 @@ import { ActorSystem } from "../runtime/system.ts"
 import { AGENT_GONE } from "../runtime/watcher.ts"
 import { backgroundPriority, foregroundPriority } from "../../core/priority.ts"
 import { startNice } from "../../core/settings.ts"
-import { tierUpSooner } from "../../core/tier-up.ts"
 
 /** What a warm host loads while it waits: the training worker's actor module, and with it tfjs. */
 export const WARM_PRELOAD = fileURLToPath(new URL(import.meta.url.endsWith(".ts") ? "../train/worker/worker.ts" : "../train/worker/worker.js", import.meta.url))
@@ -71,9 +70,6 @@ const loadDefinition = async (spec: HostSpec) => {
 }
 
 const main = async (): Promise<void> => {
-  // Before anything gets hot: a step's own functions are optimized after GRADWIRE_TURBOFAN_AFTER
-  // calls, not V8's 3000 (core/tier-up.ts).
-  tierUpSooner()
   // A standby worker (GRADWIRE_START_NICE, set by the driver) runs lowered until it joins, and so
   // does a warm process an agent starts on a fully used node until a spawn takes it: every
   // thread, V8's compilers among them (the agent lowered the main thread at spawn already).

@@ -16,6 +16,7 @@ import { fallbackKernelsUsed, onFallbackKernel } from "../../../core/kernels/fal
 import { describeKernels } from "../../../core/kernels/register.ts"
 import { isGpuBackend } from "../../../scheduler/gpu-backend.ts"
 import { warmUpTraining, type WarmUpResult } from "./warm-up.ts"
+import { tierUpSooner } from "../../../core/tier-up.ts"
 import { keepInBackground } from "../../../core/priority.ts"
 import { ConfigError } from "../../../core/errors.ts"
 import { ModuleNotAllowed } from "../../node/errors.ts"
@@ -166,6 +167,12 @@ export class WorkerRun {
     return (this.#prepared ??= (async () => {
       await this.#connect()
       await importLoop(this.#args.loopModule, this.#system.node)
+      // A process joining a running group (a standby, a replacement) holds its warm peers to its
+      // pace until its step's functions are optimized: from here on, before they are first called
+      // (its warm-up included), V8 optimizes a function after GRADWIRE_TURBOFAN_AFTER calls, not
+      // its own 3000 (core/tier-up.ts). A group that starts together keeps V8's count: there the
+      // sooner compiles cost what they save (a short job's workers more).
+      if (this.#args.group === "standby" || this.#args.join !== undefined) tierUpSooner()
       return this.#args.group === "standby" ? await this.#warmUp() : undefined
     })())
   }
