@@ -241,7 +241,6 @@ export class NodeAgent {
 
   /** @internal */
   async start(): Promise<void> {
-    agentsInThisProcess.add(`${this.cluster}/${this.nodeId}`)
     const hw = await probeHardware()
     this.#hardware = hw
     this.#gpus = limitGpus(hw.gpus, this.#options.numGpus)
@@ -277,6 +276,9 @@ export class NodeAgent {
           : `cannot start the agent's control actor: ${(e as Error).message}`
       })
     })
+    // Known as this process's own once it serves (a start that failed, say to another agent of this
+    // node id elsewhere, must not make that one's silence read as this process being busy).
+    agentsInThisProcess.add(`${this.cluster}/${this.nodeId}`)
     this.#subs.push(
       this.#nc.subscribe(subjects.nodeQuery, {
         callback: (_e, msg) => {
