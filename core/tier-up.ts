@@ -15,6 +15,9 @@
 // together the sooner compiles cost about what they save, and a short job more than that (the
 // demo, 4 workers for a few seconds, took 9.8-10.3 s wall with every worker at 500 against
 // 7.9-9.4 s at V8's count, three runs each, alternated).
+// A parameter server that takes a lost server's place (a spare started ahead, or a replacement)
+// sets it at its start (ps-server.ts): its push path runs a few times a step and would otherwise
+// stay unoptimized as long, where the other servers' is warm.
 // GRADWIRE_TURBOFAN_AFTER=0 leaves V8's own count everywhere.
 import * as v8 from "node:v8"
 import { turbofanAfter } from "./settings.ts"

@@ -539,7 +539,9 @@ export const ServerArgs = Schema.Struct({
   index: Schema.Number,
   numServers: Schema.Number,
   /** The server that keeps a replica of this one's shard (the next one, cyclically); none with one server. */
-  successor: Schema.optionalKey(Schema.String)
+  successor: Schema.optionalKey(Schema.String),
+  /** A lost server's replacement, started while the workers run (a spare has index -1): it optimizes its hot code sooner (core/tier-up.ts). */
+  joining: Schema.optionalKey(Schema.Boolean)
 })
 export type ServerArgs = typeof ServerArgs.Type
 

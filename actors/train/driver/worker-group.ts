@@ -394,7 +394,7 @@ export class WorkerGroup {
       s = spare.actor
       this.#startSpare(attempt, count, node, stillMatters)
     } else {
-      s = await this.#spawnServer(`ps${attempt}-${k}-${++this.#replacements}`, k, count, successor, node)
+      s = await this.#spawnServer(`ps${attempt}-${k}-${++this.#replacements}`, k, count, successor, node, true)
     }
     this.#watchServer(k, s, onDown, stillMatters)
     return s.name
@@ -433,13 +433,13 @@ export class WorkerGroup {
     )
   }
 
-  async #spawnServer(name: string, k: number, count: number, successor: string | undefined, node: string): Promise<SpawnedActor> {
+  async #spawnServer(name: string, k: number, count: number, successor: string | undefined, node: string, joining = false): Promise<SpawnedActor> {
     const s = await this.#starts.run(node, () => spawnActor(this.#system, {
       node,
       name,
       module: SERVER_MODULE,
       export: "parameterServer",
-      args: { index: k, numServers: count, ...(successor !== undefined ? { successor } : {}) },
+      args: { index: k, numServers: count, ...(successor !== undefined ? { successor } : {}), ...(joining ? { joining } : {}) },
       // (A spare idles until it takes a lost server's place, whose reservation its death freed: it reserves nothing.)
       resources: { CPU: k < 0 ? 0 : SERVER_CPUS },
       logPrefix: k < 0 ? "spare server" : `server ${k}`,

@@ -26,6 +26,7 @@ import { defineActor } from "../../runtime/actor.ts"
 import { ServerProtocol, WorkerProtocol, type PsParams, type ServerArgs } from "../common/train-protocol.ts"
 import { ShardServer, type ShardServerOptions, type ShardServerState } from "./shard.ts"
 import { PushDecoder } from "../common/ps-push-codec.ts"
+import { tierUpSooner } from "../../../core/tier-up.ts"
 import type { FlatOptimizerSpec } from "../common/optim/flat-optimizers.ts"
 import type { PsMode } from "../common/ps-state.ts"
 
@@ -92,7 +93,11 @@ export const parameterServer = defineActor(ServerProtocol, (ctx) => {
     if (!shard) throw new ConfigError({ field: `ps-server.${what}`, reason: `server ${index} has no parameters yet: rank 0 initialises it first` })
     return shard
   }
-  ctx.log.info(index < 0 ? "spare parameter server ready" : `parameter server ${index + 1}/${args.numServers} ready`)
+  // A server that takes a lost one's place (a spare, or a replacement started then) joins workers
+  // whose code is optimized: its push path gets there sooner too, as a joining worker's step does.
+  const tierUp = index < 0 || args.joining === true ? tierUpSooner() : undefined
+  const optimizing = tierUp !== undefined ? ` (V8 optimizes after ${tierUp} calls)` : ""
+  ctx.log.info(index < 0 ? `spare parameter server ready${optimizing}` : `parameter server ${index + 1}/${args.numServers} ready${optimizing}`)
   return {
     init: (body) => {
       const nextDecoder = new PushDecoder(body.compression as ResolvedCompressionConfig | undefined, body.params.length)
