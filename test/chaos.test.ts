@@ -123,7 +123,7 @@ const stopEverything = async (agentNames: ReadonlyArray<string>, markers: Readon
 
 /** The run's incidents from events.jsonl, one line each, for the test log (what happened, when). */
 const incidents = (r: Result): string => {
-  const boring = new Set(["metrics", "state", "explain", "checkpoint"])
+  const boring = new Set(["metrics", "state", "explain", "checkpoint", "process-start"])
   return fs
     .readFileSync(path.join(r.path, "events.jsonl"), "utf8")
     .trim()

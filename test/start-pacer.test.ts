@@ -1,10 +1,18 @@
 // The pacing of process starts per node (actors/train/driver/start-pacer.ts): at most a node's
 // limit under way at once, the rest in the order asked, a failed start giving its place back, nodes
 // independent; the limit a node's cores give; and what a spawn says when the agent that does not
-// answer is the embedded one, in the asking process (actors/node/errors.ts).
-import { describe, expect, it } from "vitest"
+// answer is the embedded one, in the asking process (actors/node/errors.ts). And a real job on the
+// embedded cluster with two more workers than that limit: its process starts, as events.jsonl
+// records them, never overlap past the limit, and some waited for a place (real nats-server and
+// worker processes).
+import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import * as fs from "node:fs/promises"
+import * as os from "node:os"
+import * as path from "node:path"
 import { StartPacer, startsAtOnce } from "../actors/train/driver/start-pacer.ts"
 import { AgentUnreachable } from "../actors/node/errors.ts"
+import { Trainer } from "../index.ts"
+import { liveNatsServerPids } from "../core/nats-server.ts"
 
 /** A start that settles when told to. */
 const gate = () => {
@@ -114,5 +122,46 @@ describe("AgentUnreachable", () => {
     expect(here.message).toContain("the embedded cluster's node agent (in this process) does not answer: no answer within 10000 ms")
     expect(here.message).toContain("too busy")
     expect(here.message).not.toContain("gradwire status")
+  })
+})
+
+describe("a job with more workers than its node starts at once", () => {
+  let storage: string
+  beforeAll(async () => {
+    storage = await fs.mkdtemp(path.join(os.tmpdir(), "gw-start-pacer-"))
+  })
+  afterAll(async () => {
+    await fs.rm(storage, { recursive: true, force: true })
+    expect(liveNatsServerPids()).toEqual([])
+  })
+
+  it("starts them at most the node's cores + 1 at a time, the rest waiting for a place, each start in events.jsonl", { timeout: 180_000 }, async () => {
+    const limit = startsAtOnce(os.availableParallelism())
+    const numWorkers = limit + 2
+    const r = await new Trainer({
+      trainLoopPerWorker: path.resolve("test/support/report-loop.ts") + "#reportLoop",
+      trainLoopConfig: { mode: "scalar", epochs: 1 },
+      scalingConfig: { numWorkers },
+      runConfig: { name: "paced", storagePath: storage, progress: false, failureConfig: { maxFailures: 0 } }
+    }).fit()
+    expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0])
+    const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>)
+    const starts = events.filter((e) => e.type === "process-start") as Array<{ time: string; name: string; node: string; pid: number; queuedMs: number; readyMs: number }>
+    expect(starts).toHaveLength(numWorkers)
+    expect(new Set(starts.map((s) => s.pid)).size).toBe(numWorkers)
+    for (const s of starts) expect(s).toMatchObject({ node: "local", name: expect.stringMatching(/^w0-\d+$/) })
+    // Each start held its place from its spawn request to its ready notice (recorded then): at no
+    // moment more than `limit` of those spans at once (10 ms off each end for the clock's rounding).
+    const spans = starts.map((s) => {
+      const end = Date.parse(s.time)
+      return [end - s.readyMs + 10, end - 10] as const
+    })
+    const most = Math.max(...spans.map(([t]) => spans.filter(([a, b]) => a <= t && t < b).length))
+    expect(most, JSON.stringify(starts)).toBeLessThanOrEqual(limit)
+    // The two past the limit waited for a place: a start's time at least (before, all were asked of
+    // the agent at once, which on a 2-core machine left it unable to answer a 50-worker job).
+    const waited = starts.filter((s) => s.queuedMs > 0).sort((a, b) => b.queuedMs - a.queuedMs)
+    expect(waited.length, JSON.stringify(starts)).toBeGreaterThanOrEqual(2)
+    expect(waited[1]!.queuedMs).toBeGreaterThanOrEqual(Math.min(...starts.map((s) => s.readyMs)) - 20)
   })
 })

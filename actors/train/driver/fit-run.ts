@@ -377,7 +377,8 @@ export class FitRun {
         })
     }, (node) =>
       // The embedded node is this machine, sized to the job (cluster.ts): its cores are the real bound.
-      startsAtOnce(cluster.embedded ? os.availableParallelism() : this.cluster.view.get(node)?.ad.cpus)
+      startsAtOnce(cluster.embedded ? os.availableParallelism() : this.cluster.view.get(node)?.ad.cpus),
+      (s) => this.recorder.event({ type: "process-start", ...s })
     )
     // An agent that sends a process's exit notice is alive: its node needs no heartbeat awaited (#nodeLossOrNot).
     const watcher = await this.#system.watcherReady()

@@ -44,6 +44,17 @@ const WORKER_MODULE = fileURLToPath(new URL(import.meta.url.endsWith(".ts") ? ".
 const SERVER_MODULE = fileURLToPath(new URL(import.meta.url.endsWith(".ts") ? "../parameter-server/ps-server.ts" : "../parameter-server/ps-server.js", import.meta.url))
 
 /** What every rank's WorkerArgs share in a generation. */
+/** A process of the job started (a worker, a standby, a parameter server, a spare): events.jsonl's process-start. */
+export interface ProcessStart {
+  readonly name: string
+  readonly node: string
+  readonly pid: number
+  /** ms it waited for a place among its node's starts (start-pacer.ts). */
+  readonly queuedMs: number
+  /** ms from the spawn request to the process's ready notice. */
+  readonly readyMs: number
+}
+
 export type GroupArgs = Omit<WorkerArgs, "attempt" | "rank" | "worldSize" | "localRank" | "localWorldSize" | "nodeRank" | "nodes" | "group" | "measured" | "backend" | "join">
 
 /** What the run asks the scheduler to place, from the Trainer's options (the world size apart). */
@@ -204,19 +215,43 @@ export class WorkerGroup {
   /** Process starts on each node, at most a few more than its cores at once (start-pacer.ts). */
   readonly #starts: StartPacer
 
-  /** `startLimit(node)`: how many of the job's processes may be starting on `node` at once (default: no bound). */
+  /** Told of each process started, once it is ready (events.jsonl's process-start). */
+  readonly #onStarted: ((s: ProcessStart) => void) | undefined
+
+  /**
+   * `startLimit(node)`: how many of the job's processes may be starting on `node` at once (default:
+   * no bound); `onStarted`: told of each one as it is ready, with how long it waited for a place.
+   */
   constructor(
     system: ActorSystem,
     deadAfterMs: (instance: string) => number = () => WORKER_DEAD_AFTER_MS,
     verbose = false,
     threaded?: ThreadedLiveness,
-    startLimit: (node: string) => number = () => Infinity
+    startLimit: (node: string) => number = () => Infinity,
+    onStarted?: (s: ProcessStart) => void
   ) {
     this.#system = system
     this.#deadAfterMs = deadAfterMs
     this.#verbose = verbose
     this.#threaded = threaded
     this.#starts = new StartPacer(startLimit)
+    this.#onStarted = onStarted
+  }
+
+  /** `spawn` once the node has a place for one more start (start-pacer.ts); onStarted is told once it is ready. */
+  async #paced(node: string, spawn: () => Promise<SpawnedActor>): Promise<SpawnedActor> {
+    const asked = performance.now()
+    let queuedMs = 0
+    const s = await this.#starts.run(node, () => {
+      queuedMs = performance.now() - asked
+      return spawn()
+    })
+    try {
+      this.#onStarted?.({ name: s.name, node: s.node, pid: s.pid, queuedMs: Math.round(queuedMs), readyMs: Math.round(s.readyMs) })
+    } catch {
+      // a record only
+    }
+    return s
   }
 
   /**
@@ -247,7 +282,7 @@ export class WorkerGroup {
   async #spawnProcess(r: RankSpawn, args: GroupArgs, name: string, standby = false): Promise<SpawnedActor> {
     const p = r.placement
     const workerArgs: WorkerArgs = { ...args, ...p, backend: r.backend, ...(r.cudaVisibleDevices ? { gpus: r.cudaVisibleDevices } : {}), ...(r.join ? { join: r.join } : {}) }
-    const w = await this.#starts.run(r.nodeId, () => spawnActor(this.#system, {
+    const w = await this.#paced(r.nodeId, () => spawnActor(this.#system, {
       node: r.nodeId,
       name,
       module: WORKER_MODULE,
@@ -434,7 +469,7 @@ export class WorkerGroup {
   }
 
   async #spawnServer(name: string, k: number, count: number, successor: string | undefined, node: string, joining = false): Promise<SpawnedActor> {
-    const s = await this.#starts.run(node, () => spawnActor(this.#system, {
+    const s = await this.#paced(node, () => spawnActor(this.#system, {
       node,
       name,
       module: SERVER_MODULE,
