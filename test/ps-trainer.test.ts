@@ -158,6 +158,10 @@ describe("parameter servers in the Trainer", () => {
     // Before, the job restarted from the checkpoint ("the servers keep no replicas").
     // (its replacement: the spare server started ahead, ready by then)
     expect(events.filter((e) => e.type === "restart")).toEqual([expect.objectContaining({ recovery: "peers", server: 1, survivors: 3, joiners: 0, replacement: expect.stringMatching(/^ps0-spare\d+$/) })])
+    // The spare optimizes its push path sooner than the warm servers' V8 count (core/tier-up.ts); they keep V8's own.
+    const logs = path.join(r.path, "logs")
+    expect(await fs.readFile(path.join(logs, "spare_server.log"), "utf8")).toContain("spare parameter server ready (V8 optimizes after 500 calls)")
+    expect(await fs.readFile(path.join(logs, "server_0.log"), "utf8")).toMatch(/parameter server 1\/2 ready\n/)
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3])
     expect(sameWeights(r)).toBe(true)
     // Every sync step applied exactly once on both shards: the versions of the fault-free run (one
