@@ -43,7 +43,6 @@ const KILL_TIMEOUT_MS = 20_000
 const WORKER_MODULE = fileURLToPath(new URL(import.meta.url.endsWith(".ts") ? "../worker/worker.ts" : "../worker/worker.js", import.meta.url))
 const SERVER_MODULE = fileURLToPath(new URL(import.meta.url.endsWith(".ts") ? "../parameter-server/ps-server.ts" : "../parameter-server/ps-server.js", import.meta.url))
 
-/** What every rank's WorkerArgs share in a generation. */
 /** A process of the job started (a worker, a standby, a parameter server, a spare): events.jsonl's process-start. */
 export interface ProcessStart {
   readonly name: string
@@ -55,6 +54,7 @@ export interface ProcessStart {
   readonly readyMs: number
 }
 
+/** What every rank's WorkerArgs share in a generation. */
 export type GroupArgs = Omit<WorkerArgs, "attempt" | "rank" | "worldSize" | "localRank" | "localWorldSize" | "nodeRank" | "nodes" | "group" | "measured" | "backend" | "join">
 
 /** What the run asks the scheduler to place, from the Trainer's options (the world size apart). */
