@@ -161,9 +161,10 @@ describe("collectives failure handling", () => {
   it("a rank behind the call whose process works (its loop free) is waited for past the deadline; one idle, or behind past busyPeerWaitMs, is named", async () => {
     // Rank 1 starts the call late, as a rank evaluating alone between steps does: it answers the
     // probe, but has not started the call. The owner says how busy its process is.
-    // (A longer deadline than the other tests': its probe, a quarter of it, is answered by rank 1
-    // over the bus within 625 ms on a loaded machine, and rank 1 starts late by 1.4 s more than
-    // the others take to name it, where a 375 ms probe and a 1.1 s margin failed once in CI.)
+    // (A longer deadline than the other tests': its probe, a quarter of it, gives rank 1 625 ms to
+    // answer over the bus on a loaded machine, and rank 1 starts 1.4 s after the others would name
+    // it. With a 375 ms probe and a 1.1 s margin the test failed once in a loaded CI run, which
+    // did not record the failing assertion; it passed under a 2-core load loop before and after.)
     const timeoutMs = 2_500
     const working = { ranks: [1], heardAgoMs: 300, heldMs: 0, cpu: 0.9, hungAfterMs: 120_000 }
     const lateBy = async (group: string, vouch: typeof working, ms: number, busyPeerWaitMs?: number): Promise<Outcome[]> => {
