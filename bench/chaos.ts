@@ -303,8 +303,15 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
       pid = -1
       victim = `agent ${node}'s link`
     } else if (kind === "server-kill") {
-      // (The serving servers: an idle spare's death costs training nothing; it is started again.)
-      const servers = [...actorPids("ps").entries()].filter(([name, p]) => alive(p) && !name.includes("spare")).sort(([a], [b]) => (a < b ? -1 : 1))
+      // The serving servers: an idle spare's death costs training nothing (it is started again). A
+      // spare that took a lost server's place serves; the idle one is the newest spare, there while
+      // more servers live than the job has shards (by name alone, once both first servers had been
+      // replaced by spares, no server was left to kill).
+      const live = [...actorPids("ps").entries()].filter(([, p]) => alive(p))
+      const shards = STRATEGIES[spec.strategy]!.collective.parameterServer?.numServers ?? 1
+      const spareNo = (name: string): number => Number(/spare(\d+)$/.exec(name)?.[1] ?? -1)
+      const idle = live.length > shards ? live.filter(([name]) => spareNo(name) >= 0).sort(([a], [b]) => spareNo(b) - spareNo(a))[0]?.[0] : undefined
+      const servers = live.filter(([name]) => name !== idle).sort(([a], [b]) => (a < b ? -1 : 1))
       if (!servers.length) return log(`    fault ${k + 1}: no parameter server to kill (the strategy has none); skipped`)
       const [name, p] = servers[Math.floor(pick * servers.length)]!
       pid = p
