@@ -79,11 +79,11 @@ import { median } from "../scheduler/cost-model.ts"
 import { actorPids, workerPids, killQuietly } from "../test/support/chaos.ts"
 import { compareSteps, readPositions, type StepAt } from "../test/support/positions.ts"
 import { faultCosts, faultPhases, type FaultPhases } from "./chaos-cost.ts"
+import { netnsUnavailable } from "../test/support/netns.ts"
+import { startAgentCluster, type AgentCluster } from "./chaos-cluster.ts"
 
 /** The wider window of a fault's cost the bench also prints (the 5 s one can miss a slower stretch after a join). */
 const WIDE_WINDOW_MS = 15_000
-import { netnsUnavailable } from "../test/support/netns.ts"
-import { startAgentCluster, type AgentCluster } from "./chaos-cluster.ts"
 
 const ROOT = fileURLToPath(new URL("../", import.meta.url))
 const LOOPS = {
@@ -673,8 +673,8 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
           r.chaos.faults.map((f, i) => `${f.kind} ${split(phases.get(r)![i])}`).join(", ")
       )
       // A slower stretch after a join can outlast the 5 s window: what it missed would count as drift.
-      const wide = faultCosts(r.free.epochMs, r.chaos.epochMs, r.chaos.faults.map((f) => f.at), WIDE_WINDOW_MS)
       if (r.chaos.faults.length > 0) {
+        const wide = faultCosts(r.free.epochMs, r.chaos.epochMs, r.chaos.faults.map((f) => f.at), WIDE_WINDOW_MS)
         console.log(
           `    over ${WIDE_WINDOW_MS / 1000} s after each fault (or to the next): ${wide.costs.map((x) => (x !== undefined ? `${x.toFixed(2)} s` : "-")).join(", ")}; ` +
             `drift ${(100 * wide.drift).toFixed(1)}%; goodput without the drift ${(100 * wide.netGoodput).toFixed(1)}%`

@@ -271,7 +271,7 @@ export const turbofanAfter: Setting<number> = {
   name: "GRADWIRE_TURBOFAN_AFTER",
   default: "500",
   description:
-    "invocations after which V8 optimizes a function with TurboFan in a worker that joins a running group (a standby or a replacement) and in a parameter server that takes a lost one's place (V8's --invocation-count-for-turbofan, 3000 of its own), from when its loop is imported: a training step's own functions run once a step, so at V8's count a replacement reaches full speed only after some 3000 steps (20-40 s of a small model's) and holds its warm peers to its pace meanwhile; a group that starts together keeps V8's count; read in the worker's or server's process; 0: V8's own",
+    "invocations after which V8 optimizes a function with TurboFan in a worker that joins a running group (a standby or a replacement) and in a parameter server that takes a lost one's place (V8's --invocation-count-for-turbofan, 3000 of its own), from when its loop is imported (a server: from its start): a training step's own functions run once a step, so at V8's count a replacement reaches full speed only after some 3000 steps (20-40 s of a small model's) and holds its warm peers to its pace meanwhile; a group that starts together keeps V8's count; read in the worker's or server's process; 0: V8's own",
   read: () => {
     const n = Number(raw("GRADWIRE_TURBOFAN_AFTER") ?? "500")
     return Number.isInteger(n) && n >= 0 ? Math.min(1_000_000, n) : 500

@@ -13,6 +13,7 @@ import { StartPacer, startsAtOnce } from "../actors/train/driver/start-pacer.ts"
 import { AgentUnreachable } from "../actors/node/errors.ts"
 import { Trainer } from "../index.ts"
 import { liveNatsServerPids } from "../core/nats-server.ts"
+import { readEvents } from "./support/trainer-runs.ts"
 
 /** A start that settles when told to. */
 const gate = () => {
@@ -145,8 +146,7 @@ describe("a job with more workers than its node starts at once", () => {
       runConfig: { name: "paced", storagePath: storage, progress: false, failureConfig: { maxFailures: 0 } }
     }).fit()
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0])
-    const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>)
-    const starts = events.filter((e) => e.type === "process-start") as Array<{ time: string; name: string; node: string; pid: number; queuedMs: number; readyMs: number }>
+    const starts = (await readEvents(r.path)).filter((e) => e.type === "process-start") as Array<{ time: string; name: string; node: string; pid: number; queuedMs: number; readyMs: number }>
     expect(starts).toHaveLength(numWorkers)
     expect(new Set(starts.map((s) => s.pid)).size).toBe(numWorkers)
     for (const s of starts) expect(s).toMatchObject({ node: "local", name: expect.stringMatching(/^w0-\d+$/) })
