@@ -95,6 +95,12 @@ export interface CommunicatorOptions {
   readonly deadlines?: MeasuredDeadlines
   /** Deadline of the start-up handshake. Default 60 s. */
   readonly createTimeoutMs?: number
+  /**
+   * Gives up the start-up handshake once aborted (CommunicatorClosed, with the signal's reason): a
+   * group being formed that its owner no longer wants (a member died during the handshake, and the
+   * driver regroups again) would otherwise wait for the dead rank until createTimeoutMs.
+   */
+  readonly signal?: AbortSignal
   /** Largest data payload per message. Default 4 MiB, and never more than the smallest max_payload of the ranks' servers allows (1 MiB on a default nats-server). Larger chunks cost less per byte. */
   readonly chunkBytes?: number
   /**
@@ -791,6 +797,10 @@ export class Communicator {
       for (;;) {
         while (pending.length > 0) take(pending.shift() as Msg)
         if (failure !== undefined) throw failure
+        if (opts.signal?.aborted) {
+          const why = opts.signal.reason instanceof Error ? opts.signal.reason.message : String(opts.signal.reason ?? "aborted")
+          throw new CommunicatorClosed({ op: "create", group, rank, reason: `given up during the start-up handshake: ${why}` })
+        }
         const heardAll = hellos.size === worldSize - 1
         if (heardAll) startDials()
         const meReady = heardAll && dialsDone

@@ -244,6 +244,63 @@ describe("recovery from surviving peers", () => {
     expect(r.resizes).toEqual([])
   })
 
+  it("a survivor killed as its group grows back (the replacement still forming the group with it) is regrouped from the peers at once, not from the checkpoint", { timeout: 150_000 }, async () => {
+    // Rank 2 dies mid-epoch; its replacement joins the two survivors in a grow. Rank 1 is killed as
+    // that grow resumes the group (the state change to running that follows the resize), so rank 0
+    // and the replacement are forming a group with a dead member. The regroup that follows must
+    // not wait out the forming group's handshake for it: before, rank 0 answered the pause only when
+    // that handshake gave up (60 s), after the regroup's 20 s deadline, and the group restarted from
+    // the checkpoint ("its loop has not started", the replacement's answer).
+    const { dir: pidDir, holdFile } = await makeHold(storage, "grow-kill-", 3)
+    let resized = false
+    let killed = false
+    // The replacements load at the group's priority: this test is about the regroup, and on cores
+    // that other test files keep busy a lowered (SCHED_IDLE) standby can wait past the run's end.
+    const nice = process.env.GRADWIRE_STANDBY_NICE
+    process.env.GRADWIRE_STANDBY_NICE = "0"
+    const r = await fitReleasingHold(
+      {
+        trainLoopPerWorker: CHAOS,
+        trainLoopConfig: { epochs: 8, fail: { how: "kill", rank: 2, epoch: 2, step: 6 }, pidDir, holdFile },
+        scalingConfig: { numWorkers: 3 },
+        runConfig: {
+          name: "peers-grow-kill",
+          storagePath: storage,
+          progress: false,
+          failureConfig: { maxFailures: 2 },
+          callbacks: [
+            {
+              onStateChange: ({ from, to }) => {
+                if (from === "resizing") resized = true
+                if (!resized || killed || to !== "running") return
+                killed = true
+                process.kill(Number(readFileSync(path.join(pidDir, "0-1.pid"), "utf8")), "SIGKILL")
+              }
+            }
+          ]
+        },
+        datasets: { train, test }
+      },
+      holdFile
+    ).finally(() => {
+      if (nice === undefined) delete process.env.GRADWIRE_STANDBY_NICE
+      else process.env.GRADWIRE_STANDBY_NICE = nice
+    })
+    const ev = await events(r.path)
+    expect(killed, `no grow to kill in: ${ev.map((e) => String(e.type)).join(", ")}`).toBe(true)
+    expect(r.metricsHistory.map((m) => m.epoch)).toEqual(Array.from({ length: 8 }, (_, i) => i))
+    expect(sameWeights(r)).toBe(true)
+    const restarts = ev.filter((e) => e.type === "restart")
+    expect(restarts.length).toBe(2)
+    // Both failures regrouped from the peers; the second kept rank 0 (the replacement, still forming
+    // its first group, is left out with its reason where it had not formed it yet).
+    for (const e of restarts) expect(e, JSON.stringify(e)).toMatchObject({ recovery: "peers" })
+    expect(restarts[1]!.survivors).toBeGreaterThanOrEqual(1)
+    // The group grew back to 3 after each.
+    expect(r.resizes.at(-1)!.to).toBe(3)
+    expect(ev.filter((e) => e.type === "grow").length).toBe(2)
+  })
+
   it("state parity: a rank whose weights drifted is noticed at the next report round and takes rank 0's state; without the check it stays apart", { timeout: 150_000 }, async () => {
     const run = (name: string, parityEvery?: number, collectiveConfig?: { zeroStage: 2 } | { strategy: "auto" }) =>
       new Trainer({

@@ -79,8 +79,11 @@ export interface LiveGroup {
 }
 
 export interface GroupSessionHooks {
-  /** Forms the group of a placement: its communicator and reducer (every member calls it). */
-  build(placement: Placement): Promise<{ readonly comm: Communicator; readonly reducer: GradientReducer }>
+  /**
+   * Forms the group of a placement: its communicator and reducer (every member calls it). Once
+   * `signal` is aborted the group is not wanted any more: the build fails as a broken group would.
+   */
+  build(placement: Placement, signal?: AbortSignal): Promise<{ readonly comm: Communicator; readonly reducer: GradientReducer }>
   /** Closes a group that is left behind. */
   close(group: LiveGroup): Promise<void>
   /** Tells the controller the group broke under this rank and it waits to be regrouped. */
@@ -158,6 +161,8 @@ export class GroupSession {
   #noPeers: string | undefined
   /** Parked and said so: waiting for resume (a pause asked again is answered at once). */
   #parked = false
+  /** The group a regroup resumed this rank into, while it forms (#park): a pause meanwhile gives it up. */
+  #forming: AbortController | undefined
   /** The last generation this rank resumed into (a resume asked again is not taken twice). */
   #resumedAttempt = -1
   /** Bumped at every regroup and join: the model compares it to notice a new group or state. */
@@ -507,8 +512,11 @@ export class GroupSession {
         this.#atReport = undefined
       } else this.#pausing = { attempt, reply: resolve }
       this.#pauseRequest.resolve(this.#pausing)
-      // Whatever the loop is waiting for in the old group will not come: make it fail now.
+      // Whatever the loop is waiting for in the old group will not come: make it fail now. A group
+      // still forming (a member died during its handshake) is given up too, so this rank parks at
+      // once instead of waiting out the handshake's deadline for the dead member.
       void this.#group.comm.close().catch(() => {})
+      this.#forming?.abort(new Error(`paused for regroup ${attempt}`))
       this.#model?.interrupt?.()
       this.#hooks.interrupt?.()
     })
@@ -622,13 +630,16 @@ export class GroupSession {
       await this.#hooks.close(old).catch(() => {})
       // The new generation's placement from here on (what a failure while forming it names).
       this.#group = { ...old, placement: resumed.placement }
+      const forming = (this.#forming = new AbortController())
       try {
-        const { comm, reducer } = await this.#hooks.build(resumed.placement)
+        const { comm, reducer } = await this.#hooks.build(resumed.placement, forming.signal)
         this.#group = { placement: resumed.placement, comm, reducer }
       } catch (e) {
         if (!groupBroke(e)) throw e
         cause = e
         continue
+      } finally {
+        this.#forming = undefined
       }
       await this.#rejoin(resumed)
       return

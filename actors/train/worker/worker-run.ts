@@ -331,7 +331,12 @@ export class WorkerRun {
    * bucket from the probed links ('auto', auto-config.ts). Every member of a generation builds
    * it at the same point (start-up, or a regroup), so the probe's collectives line up.
    */
-  readonly #build = async (p: Placement): Promise<{ comm: Communicator; reducer: GradientReducer }> => {
+  /**
+   * `signal`: the group is no longer wanted once aborted (a pause for another regroup while it
+   * forms): its handshake gives up, or once formed its communicator is closed, failing the link
+   * measurements and probe under way.
+   */
+  readonly #build = async (p: Placement, signal?: AbortSignal): Promise<{ comm: Communicator; reducer: GradientReducer }> => {
     const system = this.#system
     const args = this.#args
     // A regroup of nodes an earlier group measured hands every member those measurements: no rank
@@ -364,9 +369,13 @@ export class WorkerRun {
             `${w.doing === "held" ? "in one long synchronous computation" : "working outside the collectives"}; taken for hung after ` +
             limitText(w.hungAfterMs)
         ),
-      ...(direct ? { direct } : {})
+      ...(direct ? { direct } : {}),
+      ...(signal ? { signal } : {})
     })
+    const abandon = (): void => void comm.close().catch(() => {})
+    signal?.addEventListener("abort", abandon, { once: true })
     try {
+      if (signal?.aborted) abandon()
       // "auto": which sizes the direct links carry faster, measured by the group (collectives); with
       // an algorithm or compression picked by the cost model, the same timings fit the model's
       // direct links, so the calls that go direct are priced on them.
@@ -411,6 +420,8 @@ export class WorkerRun {
     } catch (e) {
       await comm.close().catch(() => {})
       throw e
+    } finally {
+      signal?.removeEventListener("abort", abandon)
     }
   }
 

@@ -52,7 +52,9 @@ export const trainWorker = defineActor(
         return null
       },
       pause: async (body) => {
-        if (!worker.session) return { state: "unsupported" as const, position: position(), reason: "its loop has not started" }
+        // Not regrouped: a replacement let in that has not formed its first group yet is left out
+        // (stopped) and made again, the survivors regrouped without it.
+        if (!worker.session) return { state: "unsupported" as const, position: position(), reason: started ? "it was let in and had not formed its first group yet" : "its loop has not started" }
         const reply = await worker.session.pause(body.attempt, body.atReport === true)
         const measured = worker.measured
         return measured ? { ...reply, measured } : reply
