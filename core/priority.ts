@@ -16,7 +16,7 @@
 // exchanging a message after each 0.3 ms of work, the all-reduce's pattern, took 1.8x as long per
 // round beside one busy nice-19 process (which got 0.98 of a core), 1.3x beside a SCHED_IDLE one
 // (0.55 of a core), on this project's 2-core machine. A SCHED_IDLE thread gives way at once.
-import { spawnSync } from "node:child_process"
+import { spawn, spawnSync } from "node:child_process"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
@@ -112,6 +112,46 @@ export const lowerChild = (pid: number, by: number): void => {
     if (mayRaiseTo(base)) os.setPriority(pid, Math.min(19, base + Math.round(by)))
   } catch {
     // The child is gone already, or not ours to lower: it runs at its inherited priority.
+  }
+}
+
+/**
+ * Raises a child this process lowered (lowerChild, a start on SCHED_IDLE) back to this process's
+ * own priority from here: every thread's nice value, and the normal policy through a chrt this
+ * process starts (at its own priority; not waited for). A lowered child on cores that other work
+ * keeps busy gets next to nothing, so it cannot be relied on to raise itself in time: its own
+ * timer and the chrt it would start run as starved as it does. No-op where it was never lowered
+ * or cannot be raised (not Linux, no right to the value).
+ */
+export const raiseChild = (pid: number): void => {
+  if (process.platform !== "linux" || !(pid > 0)) return
+  let base: number
+  try {
+    base = os.getPriority()
+    if (!mayRaiseTo(base)) return
+  } catch {
+    return
+  }
+  let idle = false
+  let tids: number[]
+  try {
+    tids = fs.readdirSync(`/proc/${pid}/task`).map(Number).filter((t) => Number.isInteger(t) && t > 0)
+  } catch {
+    return
+  }
+  for (const tid of tids) {
+    try {
+      if (os.getPriority(tid) > base) os.setPriority(tid, base)
+      idle ||= Number(fs.readFileSync(`/proc/${pid}/task/${tid}/stat`, "utf8").split(") ")[1]!.split(" ")[38]) === SCHED_IDLE
+    } catch {
+      // A thread that ended meanwhile.
+    }
+  }
+  const chrt = idle ? chrtStartingIdle() : null
+  if (chrt !== null) {
+    const c = spawn(chrt, ["--other", "--all-tasks", "--pid", "0", String(pid)], { stdio: "ignore" })
+    c.on("error", () => {})
+    c.unref()
   }
 }
 

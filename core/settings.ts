@@ -238,7 +238,7 @@ export const standbyNice: Setting<number> = {
   name: "GRADWIRE_STANDBY_NICE",
   default: "19",
   description:
-    "nice steps a standby worker (a replacement started while its group runs short-handed, or a spare) runs lower while it loads its engine and imports the loop (3 s at most), and so does a node agent's warm process on a node whose cores its processes reserve (kept there once a standby has started on it), so that on cores the running workers share they take what the workers leave idle; raised back as the standby joins, or as a spawn takes the warm process. Only where it can be raised back (root, CAP_SYS_NICE or RLIMIT_NICE; Linux); 0: not lowered",
+    "nice steps a standby worker (a replacement started while its group runs short-handed, or a spare) runs lower while it loads its engine and imports the loop (3 s at most), and so does a node agent's warm process on a node whose cores its processes reserve (kept there once a standby has started on it), so that on cores the running workers share they take what the workers leave idle; raised back as the standby joins, or as a spawn takes the warm process; after a standby that did not start in time lowered (cores other work keeps busy), the job's later standbys start unlowered. Only where it can be raised back (root, CAP_SYS_NICE or RLIMIT_NICE; Linux); 0: not lowered",
   read: () => {
     const n = Number(raw("GRADWIRE_STANDBY_NICE") ?? "19")
     return Number.isFinite(n) && n >= 0 ? Math.min(19, Math.round(n)) : 19

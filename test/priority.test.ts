@@ -5,8 +5,8 @@ import { describe, expect, it } from "vitest"
 import { execFileSync, spawn } from "node:child_process"
 import * as os from "node:os"
 import * as path from "node:path"
-import { idleStartPrefix, lowerChild, mayRaiseTo } from "../core/priority.ts"
-import { chrtRuns, highestNice, SCHED_IDLE } from "./support/nice.ts"
+import { idleStartPrefix, lowerChild, mayRaiseTo, raiseChild } from "../core/priority.ts"
+import { chrtRuns, highestNice, SCHED_IDLE, threadNices, threadPolicies } from "./support/nice.ts"
 import { standbySchedIdle } from "../core/settings.ts"
 
 const PRIORITY = path.resolve("core/priority.ts")
@@ -212,6 +212,37 @@ describe.runIf(process.platform === "linux")("a standby's CPU priority", () => {
     )
     // (Where nothing starts on SCHED_IDLE here, nothing is on it either.)
     expect(out).toEqual(idle ? { started: [SCHED_IDLE], onIdle: true, back: false, after: [SCHED_IDLE] } : { started: [0], onIdle: false, back: true, after: [0] })
+  })
+
+  it("a lowered child is raised from its parent (raiseChild): every thread back at the parent's value, on the normal policy", async () => {
+    // The child lowers itself for good (no limit) and waits; the parent raises it from outside,
+    // as an agent does with a lowered warm process a spawn at its own priority takes.
+    const prefix = idleStartPrefix(5, process.env)
+    const script = `
+      const p = await import(${JSON.stringify(PRIORITY)})
+      p.backgroundPriority(5, Infinity)
+      console.log("lowered")
+      setInterval(() => {}, 1000)`
+    const [command, ...args] = [...prefix, process.execPath, "--input-type=module", "-e", script]
+    const child = spawn(command!, args, { env: process.env, stdio: ["ignore", "pipe", "inherit"] })
+    try {
+      lowerChild(child.pid!, 5)
+      await new Promise<void>((resolve) => child.stdout!.on("data", (d: Buffer) => d.toString().includes("lowered") && resolve()))
+      const lowered = { nices: [...new Set(threadNices(child.pid!))], policies: [...new Set(threadPolicies(child.pid!))] }
+      expect(lowered).toEqual({ nices: [may ? Math.min(19, base + 5) : base], policies: [idle ? SCHED_IDLE : 0] })
+      raiseChild(child.pid!)
+      // The nice values are set at once; the policy by a chrt the call started (not waited for).
+      const deadline = Date.now() + 10_000
+      let now = lowered
+      while (Date.now() < deadline) {
+        now = { nices: [...new Set(threadNices(child.pid!))], policies: [...new Set(threadPolicies(child.pid!))] }
+        if (now.policies.every((x) => x === 0)) break
+        await new Promise((r) => setTimeout(r, 50))
+      }
+      expect(now).toEqual({ nices: [base], policies: [0] })
+    } finally {
+      child.kill("SIGKILL")
+    }
   })
 
   it("reads the nice value of a process's threads as the tests do", () => {

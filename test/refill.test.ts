@@ -52,3 +52,53 @@ describe("spares beside a whole group", () => {
     stopShort()
   })
 })
+
+describe("a standby that cannot start at the lowest CPU priority", () => {
+  /** A short group whose standby starts fail as `failures` say, in turn; the `lowered` each start was asked with. */
+  const failing = (failures: ReadonlyArray<{ tag: string; message: string } | undefined>) => {
+    const asked: boolean[] = []
+    const events: Array<Record<string, unknown>> = []
+    const g = { number: 1, worldSize: 2, settled: false } as never
+    const refill = new Refill({
+      controller: { state: "running", current: g, elastic: false, refill: () => false } as never,
+      group: {
+        members: new Map(),
+        holds: () => true,
+        standby: (_spawns: unknown, _args: unknown, lowered: boolean) => {
+          asked.push(lowered)
+          const f = failures[asked.length - 1]
+          return f ? Promise.resolve(f) : new Promise(() => {})
+        }
+      } as never,
+      cluster: { view: { resources: () => [node], alive: () => [], onEvent: () => () => {} } } as never,
+      request: { jobId: "j", backend: "wasm" },
+      groupArgs: () => ({}) as never,
+      max: 3,
+      spares: 0,
+      job: "j",
+      line: () => {},
+      event: (e) => void events.push(e)
+    })
+    refill.formed(g)
+    return { refill, g, asked, events }
+  }
+
+  it("after a lowered start timed out, the next replacements start at the workers' priority; another failure keeps them lowered", async () => {
+    vi.useFakeTimers()
+    const timedOut = { tag: "SpawnError", message: 'spawning actor "w-standby1" on node local failed: not ready within 60000 ms (pid 7); it was killed' }
+    const t = failing([timedOut, timedOut])
+    const stop = t.refill.watch(t.g)
+    await vi.advanceTimersByTimeAsync(6_000)
+    await vi.advanceTimersByTimeAsync(6_000)
+    stop()
+    expect(t.asked).toEqual([true, false, false])
+    expect(t.events.filter((e) => e.type === "standby-failed").map((e) => e.next)).toEqual(["not lowered", undefined])
+    expect(t.events.filter((e) => e.type === "standby-start").map((e) => e.lowered)).toEqual([undefined, false, false])
+    // A failure that is no timeout (a module the node refuses, say) says nothing of the cores.
+    const other = failing([{ tag: "ModuleNotAllowed", message: "module /x.ts is not under an allowed root" }])
+    const stopOther = other.refill.watch(other.g)
+    await vi.advanceTimersByTimeAsync(6_000)
+    stopOther()
+    expect(other.asked).toEqual([true, true])
+  })
+})

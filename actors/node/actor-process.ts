@@ -7,7 +7,7 @@ import { spawn, type ChildProcess } from "node:child_process"
 import { createInterface } from "node:readline"
 import { fileURLToPath } from "node:url"
 import { FAST_START_ARGS } from "../../core/fast-start.ts"
-import { idleStartPrefix, lowerChild } from "../../core/priority.ts"
+import { idleStartPrefix, lowerChild, raiseChild } from "../../core/priority.ts"
 import { nodeOptions } from "../../core/settings.ts"
 
 export const HOST_SCRIPT = fileURLToPath(new URL(import.meta.url.endsWith(".ts") ? "./host.ts" : "./host.js", import.meta.url))
@@ -60,6 +60,8 @@ export class ActorProcess {
   onLine: (stream: "stdout" | "stderr", line: string) => void
   /** Whether the process started warm and still waits for its spec. */
   #waiting: boolean
+  /** Whether it was started lowered (GRADWIRE_START_NICE). */
+  readonly #startedLowered: boolean
 
   constructor(options: ActorProcessOptions) {
     this.#tailLines = options.tailLines ?? 30
@@ -70,6 +72,7 @@ export class ActorProcess {
     // execs node), its main thread's nice value right after the spawn, before node starts its
     // other threads; its host lowers the rest and raises them all back when it is needed.
     const startNice = Number(options.env.GRADWIRE_START_NICE ?? "0")
+    this.#startedLowered = startNice > 0
     const [command, ...prefix] = [...idleStartPrefix(startNice, options.env), process.execPath]
     this.child = spawn(command!, [...prefix, ...FAST_START_ARGS, ...TYPESCRIPT_FLAGS, HOST_SCRIPT, ...(options.spec === undefined ? WARM_ARGS : [])], {
       cwd: options.cwd,
@@ -133,9 +136,15 @@ export class ActorProcess {
     return this.#waiting && this.running
   }
 
-  /** Hands a warm process its spec (which carries the environment it takes, host-spec.ts); once. */
-  assign(spec: string, onLine: (stream: "stdout" | "stderr", line: string) => void): void {
+  /**
+   * Hands a warm process its spec (which carries the environment it takes, host-spec.ts); once.
+   * `lowered`: whether the actor it becomes starts lowered (a standby); where it does not and this
+   * warm process was started lowered, it is raised from here first (core/priority.ts raiseChild):
+   * on cores that other work keeps busy it could not raise itself in time.
+   */
+  assign(spec: string, onLine: (stream: "stdout" | "stderr", line: string) => void, lowered = false): void {
     if (!this.#waiting) throw new Error(`process ${this.pid} is not a warm one waiting for its spec`)
+    if (this.#startedLowered && !lowered) raiseChild(this.pid)
     this.#waiting = false
     this.#tail.length = 0
     this.onLine = onLine

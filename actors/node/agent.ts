@@ -584,7 +584,7 @@ export class NodeAgent {
     let proc: ActorProcess
     if (warm) {
       proc = warm
-      warm.assign(spec, onLine)
+      warm.assign(spec, onLine, Number(request.env.GRADWIRE_START_NICE ?? "0") > 0)
     } else {
       proc = new ActorProcess({ cwd, env, spec, onLine })
     }

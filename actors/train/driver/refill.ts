@@ -19,6 +19,15 @@ import type { ClusterHandle } from "./cluster.ts"
 
 /** After standby workers could not start, the next try waits this long. */
 const RETRY_AFTER_FAILURE_MS = 5_000
+
+/**
+ * Whether a standby's failure was a start that did not finish in time (the agent's readiness
+ * deadline, or its prepare's): on cores that other work keeps busy at the normal priority, a
+ * process on SCHED_IDLE gets next to nothing, its own timer that would give its priority back
+ * included, and every replacement started so would time out in turn.
+ */
+export const startTimedOut = (failure: { readonly tag: string; readonly message: string }): boolean =>
+  /not ready within|timed? ?out/i.test(failure.message) || /timeout/i.test(failure.tag)
 /**
  * Spares alone (the group at its size) start only once a generation has run this long: a spare
  * taken by a regroup is replaced after the replacement has joined and the group steps again, not
@@ -50,6 +59,11 @@ export class Refill {
   /** Standby workers are being started. */
   #pending = false
   #retryAt = 0
+  /**
+   * Whether standby workers start lowered (core/priority.ts: the lowest CPU priority while they
+   * prepare). Off for the rest of the job once one timed out so (startTimedOut).
+   */
+  #lowered = true
   /** The last regrouped generation, when it may run short-handed until standby workers refill it. */
   #refillable: Generation<CheckpointPayload> | undefined
   #joinsAtReport = false
@@ -162,17 +176,25 @@ export class Refill {
     })
     this.#pending = true
     const t0 = performance.now()
-    this.#x.event({ type: "standby-start", attempt: g.number, workers: spawns.length, for: what, nodes: spawns.map((s) => s.nodeId) })
+    const lowered = this.#lowered
+    this.#x.event({ type: "standby-start", attempt: g.number, workers: spawns.length, for: what, nodes: spawns.map((s) => s.nodeId), ...(lowered ? {} : { lowered: false }) })
     void group
-      .standby(spawns, this.#x.groupArgs())
+      .standby(spawns, this.#x.groupArgs(), lowered)
       .then((r) => {
         this.#pending = false
         const state = this.#x.controller.state
         if (state === "finished" || state === "errored") return
         if ("tag" in r) {
           this.#retryAt = Date.now() + RETRY_AFTER_FAILURE_MS
-          this.#x.line(`gradwire: standby worker(s) could not start (${r.tag}: ${firstLine(r.message)}); trying again in ${RETRY_AFTER_FAILURE_MS / 1000} s`)
-          this.#x.event({ type: "standby-failed", attempt: g.number, tag: r.tag, message: r.message })
+          // Lowered, it did not start in time: the cores are not idle enough for a lowered start,
+          // and the group would stay short-handed. The next ones start at the workers' priority.
+          const raise = lowered && startTimedOut(r)
+          if (raise) this.#lowered = false
+          this.#x.line(
+            `gradwire: standby worker(s) could not start (${r.tag}: ${firstLine(r.message)}); trying again in ${RETRY_AFTER_FAILURE_MS / 1000} s` +
+              (raise ? ", at the workers' CPU priority (the cores were too busy for a start at the lowest one)" : "")
+          )
+          this.#x.event({ type: "standby-failed", attempt: g.number, tag: r.tag, message: r.message, ...(raise ? { next: "not lowered" } : {}) })
           return
         }
         this.#ready.push(...r)

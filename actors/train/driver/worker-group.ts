@@ -279,7 +279,7 @@ export class WorkerGroup {
   }
 
   /** One worker process, spawned with `r`'s placement (a standby's is provisional) and registered to be killed with the job. */
-  async #spawnProcess(r: RankSpawn, args: GroupArgs, name: string, standby = false): Promise<SpawnedActor> {
+  async #spawnProcess(r: RankSpawn, args: GroupArgs, name: string, standby = false, lowered = true): Promise<SpawnedActor> {
     const p = r.placement
     const workerArgs: WorkerArgs = { ...args, ...p, backend: r.backend, ...(r.cudaVisibleDevices ? { gpus: r.cudaVisibleDevices } : {}), ...(r.join ? { join: r.join } : {}) }
     const w = await this.#paced(r.nodeId, () => spawnActor(this.#system, {
@@ -292,7 +292,7 @@ export class WorkerGroup {
       imports: [args.loopModule, ...(args.datasetModules ?? [])],
       gpus: [...r.gpuIndices],
       // A standby starts at a lower priority and takes its own back as it is admitted (core/priority.ts).
-      env: { ...workerEnv(r, this.#verbose), ...(standby ? startNiceEnv() : {}) },
+      env: { ...workerEnv(r, this.#verbose), ...(standby && lowered ? startNiceEnv() : {}) },
       resources: r.resources,
       logPrefix: `worker rank=${p.rank}`,
       readyTimeoutMs: 60_000
@@ -337,13 +337,14 @@ export class WorkerGroup {
    * before an elastic group grows), each loading its engine, opening its connections, importing
    * the loop and warming up (`prepare`) without joining any group. Resolves once every one is prepared, or with
    * what failed (then those that started are killed). Not members, not watched, until admitted.
+   * `lowered` false: they start at the workers' priority (refill.ts, after a lowered one timed out).
    */
-  async standby(ranks: ReadonlyArray<Omit<RankSpawn, "join">>, args: GroupArgs): Promise<Standby[] | { readonly tag: string; readonly message: string }> {
+  async standby(ranks: ReadonlyArray<Omit<RankSpawn, "join">>, args: GroupArgs, lowered = true): Promise<Standby[] | { readonly tag: string; readonly message: string }> {
     const started: SpawnedActor[] = []
     try {
       return await Promise.all(
         ranks.map(async (r) => {
-          const w = await this.#spawnProcess(r, args, `w-standby${++this.#standbys}`, true)
+          const w = await this.#spawnProcess(r, args, `w-standby${++this.#standbys}`, true, lowered)
           started.push(w)
           const warmUp = await this.#system.askPromise(w.ref(WorkerProtocol), "prepare", null, { timeoutMs: STANDBY_PREPARE_MS })
           // One that goes down while it waits is no longer held (holds): no regroup admits it.
