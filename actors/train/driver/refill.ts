@@ -23,11 +23,13 @@ const RETRY_AFTER_FAILURE_MS = 5_000
 /**
  * Whether a standby's failure was a start that did not finish in time (the agent's readiness
  * deadline, or its prepare's): on cores that other work keeps busy at the normal priority, a
- * process on SCHED_IDLE gets next to nothing, its own timer that would give its priority back
- * included, and every replacement started so would time out in turn.
+ * process on SCHED_IDLE gets next to nothing, and the 3 s limit it keeps on its own lowering does
+ * not bound that (beside two busy loops on two cores none was ready within 60 s): every
+ * replacement started so would time out in turn.
  */
 export const startTimedOut = (failure: { readonly tag: string; readonly message: string }): boolean =>
   /not ready within|timed? ?out/i.test(failure.message) || /timeout/i.test(failure.tag)
+
 /**
  * Spares alone (the group at its size) start only once a generation has run this long: a spare
  * taken by a regroup is replaced after the replacement has joined and the group steps again, not

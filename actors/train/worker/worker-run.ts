@@ -330,8 +330,6 @@ export class WorkerRun {
    * The group of a placement: its communicator, and the reducer that picks the algorithm per
    * bucket from the probed links ('auto', auto-config.ts). Every member of a generation builds
    * it at the same point (start-up, or a regroup), so the probe's collectives line up.
-   */
-  /**
    * `signal`: the group is no longer wanted once aborted (a pause for another regroup while it
    * forms): its handshake gives up, or once formed its communicator is closed, failing the link
    * measurements and probe under way.
