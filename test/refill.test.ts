@@ -51,6 +51,43 @@ describe("spares beside a whole group", () => {
     expect(short.started).toEqual(["replacement"])
     stopShort()
   })
+
+  it("a second failure while a replacement starts starts the one it adds at once, not after the first is ready", () => {
+    vi.useFakeTimers()
+    const starts: number[] = []
+    let current = { number: 1, worldSize: 2, settled: false }
+    const refill = new Refill({
+      controller: { state: "running", get current() { return current }, elastic: false, refill: () => false } as never,
+      // Every start stays in flight (its promise never settles): the first replacement is still starting.
+      group: { members: new Map(), holds: () => true, standby: () => new Promise(() => {}) } as never,
+      cluster: { view: { resources: () => [node], alive: () => [], onEvent: () => () => {} } } as never,
+      request: { jobId: "j", backend: "wasm" },
+      groupArgs: () => ({}) as never,
+      max: 3,
+      spares: 0,
+      job: "j",
+      line: () => {},
+      event: (e) => {
+        if (e.type === "standby-start") starts.push(e.workers as number)
+      }
+    })
+    // A group of 3 lost one: its replacement starts.
+    refill.formed(current as never)
+    const stop1 = refill.watch(current as never)
+    expect(starts).toEqual([1])
+    // Checked again while it starts: nothing more is started.
+    vi.advanceTimersByTime(2_000)
+    expect(starts).toEqual([1])
+    stop1()
+    // Then the next regroup lost another, the first replacement still starting: one more starts, at once.
+    current = { number: 2, worldSize: 1, settled: false }
+    refill.formed(current as never)
+    const stop2 = refill.watch(current as never)
+    expect(starts).toEqual([1, 1])
+    vi.advanceTimersByTime(2_000)
+    expect(starts).toEqual([1, 1])
+    stop2()
+  })
 })
 
 describe("a standby that cannot start at the lowest CPU priority", () => {

@@ -58,8 +58,11 @@ export class Refill {
   readonly #x: RefillContext
   /** Prepared standby workers not yet let in. */
   #ready: Standby[] = []
-  /** Standby workers are being started. */
-  #pending = false
+  /**
+   * Standby workers being started, not yet ready: counted as on their way, so that a second failure
+   * while they start starts the worker it adds at once instead of after them.
+   */
+  #starting = 0
   #retryAt = 0
   /**
    * Whether standby workers start lowered (core/priority.ts: the lowest CPU priority while they
@@ -149,8 +152,8 @@ export class Refill {
       }
       return
     }
-    if (this.#pending || Date.now() < this.#retryAt) return
-    const missing = lacking + spares - ready
+    if (Date.now() < this.#retryAt) return
+    const missing = lacking + spares - ready - this.#starting
     if (missing > 0 && lacking === 0 && Date.now() - this.#watchedSince < SPARE_TOPUP_AFTER_MS) return
     if (missing > 0) this.#start(g, missing, lacking > 0 ? "replacement" : "spare")
   }
@@ -176,14 +179,14 @@ export class Refill {
         resources: r.resources
       }
     })
-    this.#pending = true
+    this.#starting += spawns.length
     const t0 = performance.now()
     const lowered = this.#lowered
     this.#x.event({ type: "standby-start", attempt: g.number, workers: spawns.length, for: what, nodes: spawns.map((s) => s.nodeId), ...(lowered ? {} : { lowered: false }) })
     void group
       .standby(spawns, this.#x.groupArgs(), lowered)
       .then((r) => {
-        this.#pending = false
+        this.#starting -= spawns.length
         const state = this.#x.controller.state
         if (state === "finished" || state === "errored") return
         if ("tag" in r) {
@@ -206,14 +209,14 @@ export class Refill {
           attempt: g.number,
           workers: r.length,
           ms: Math.round(performance.now() - t0),
-          // Each one's warm-up (steps, ms) within that time, where it did one (GRADWIRE_STANDBY_WARM_UP_MS).
+          // Each one's warm-up (steps, ms) within that time, where it did one (GRADWIRE_STANDBY_WARM_UP_STEPS, GRADWIRE_STANDBY_WARM_UP_MS).
           ...(warmed.length ? { warmUp: warmed } : {})
         })
         const current = this.#x.controller.current
         if (current) this.check(current)
       })
       .catch(() => {
-        this.#pending = false
+        this.#starting -= spawns.length
         this.#retryAt = Date.now() + RETRY_AFTER_FAILURE_MS
       })
   }
