@@ -16,6 +16,7 @@ import { readState } from "../actors/node/agent-state.ts"
 import { CLI, ROOT, waitForAliveNodes } from "../test/support/actors-processes.ts"
 import { killQuietly } from "../test/support/chaos.ts"
 import { deleteNetns, nsExec, vethNamespace } from "../test/support/netns.ts"
+import { createCpuGroup, inGroup, type CpuGroup } from "./cgroups.ts"
 
 export interface AgentCluster {
   readonly url: string
@@ -40,6 +41,12 @@ export interface AgentCluster {
 export interface AgentClusterOptions {
   /** Put the first agent other than the head behind a veth link in its own network namespace. */
   readonly linkCut?: boolean
+  /**
+   * Cap each agent, with all it starts (its workers, the head's nats-server too), at this much CPU
+   * time through a cgroup of its own (bench/cgroups.ts; root): 0.6 gives three agents 1.8 of two
+   * cores, so that a group short of a worker steps slower, as where each worker has a core.
+   */
+  readonly coresPerAgent?: number
 }
 
 const alive = (c: ChildProcess): boolean => c.exitCode === null && c.signalCode === null
@@ -69,14 +76,32 @@ export const startAgentCluster = async (dir: string, agents: number, opts: Agent
     deleteNetns([ns])
     vethNamespace(ns, hostEnd, nsEnd, net)
   }
+  /** Each capped agent's cgroup (coresPerAgent), by node id. */
+  const groups = new Map<string, CpuGroup>()
+  const removeGroups = (): void => {
+    for (const g of groups.values()) {
+      try {
+        g.removeSync()
+      } catch {
+        // a process that would not die: left for the machine's owner, named by the error's dir
+      }
+    }
+    groups.clear()
+  }
   const start = (node: string, head: boolean, netns = false): void => {
     const log = fs.openSync(path.join(dir, `${node}.log`), "a")
     const args = [CLI, "start", "--block", "--node-id", node, "--num-cpus", "1", "--backends", "wasm,cpu", "--cluster", clusterName, "--state-dir", stateDir(node)]
     const role = head ? ["--head", "--port", String(port), ...(opts.linkCut ? ["--host", host, "--insecure"] : [])] : ["--address", url]
-    // `ip netns exec` execs the agent: the child's pid is the agent's.
-    const c = netns
-      ? spawn("ip", ["netns", "exec", ns, process.execPath, ...args, ...role], { cwd: ROOT, stdio: ["ignore", log, log] })
-      : spawn(process.execPath, [...args, ...role], { cwd: ROOT, stdio: ["ignore", log, log] })
+    let argv = [...(netns ? ["ip", "netns", "exec", ns] : []), process.execPath, ...args, ...role]
+    if (opts.coresPerAgent !== undefined) {
+      // A 10 ms period, as the hetero bench's: a capped worker waits at most a few ms when throttled.
+      const g = createCpuGroup(`gwchaos${process.pid}-${node}`, 10_000)
+      g.setCores(opts.coresPerAgent)
+      groups.set(node, g)
+      argv = inGroup(g, argv).flat()
+    }
+    // `ip netns exec` and the cgroup's shell exec the agent: the child's pid is the agent's.
+    const c = spawn(argv[0]!, argv.slice(1), { cwd: ROOT, stdio: ["ignore", log, log] })
     fs.closeSync(log)
     children.set(node, c)
     if (netns) inNs.add(node)
@@ -86,6 +111,7 @@ export const startAgentCluster = async (dir: string, agents: number, opts: Agent
     for (const c of children.values()) if (alive(c)) c.kill("SIGKILL")
     if (server !== undefined) killQuietly(server, "SIGKILL")
     deleteNs()
+    removeGroups()
   }
   /** SIGTERM to every agent (the head stops its nats-server), then SIGKILL of what is left after 10 s. */
   const stop = async (): Promise<void> => {

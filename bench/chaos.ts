@@ -1,6 +1,6 @@
 // `npm run bench -- chaos [--every=15] [--seed=N] [--loops=fit,step,pipe] [--strategies=allreduce,zero,zero2,ps,localsgd,localsgd-frag,localsgd-stream,auto]
 //                         [--kinds=worker-kill,worker-stop,nats-kill[,agent-kill][,link-cut][,server-kill]] [--epochs-fit=N] [--epochs-step=N] [--epochs-pipe=N]
-//                         [--repeat=1] [--order=alternate|fixed] [--warmup=0.25] [--cluster=agents|veth] [--bound=3] [--spares=0] [--agent-restart-ms=1000] [--cut-ms=10000] [--out=FILE]`
+//                         [--repeat=1] [--order=alternate|fixed] [--warmup=0.25] [--cluster=agents|veth] [--cores-per-agent=X] [--bound=3] [--spares=0] [--agent-restart-ms=1000] [--cut-ms=10000] [--out=FILE]`
 // Goodput under chaos: the same job (digits MLP, 3 workers on the embedded cluster, failureConfig
 // { maxFailures: -1 }, recoverFrom left at its default) run fault-free, then under a seeded fault
 // schedule, for a `dp.fit` loop (test/support/chaos-loop.ts) and a hand-written `dp.trainStep` loop
@@ -29,6 +29,12 @@
 //                of its own at the far end of a veth pair, goes down for --cut-ms (10 s), then up;
 //                the cluster of agents then listens on the veth's host end instead of loopback.
 //                Without root or `ip netns` the kind is left out and the bench says why.
+// --cores-per-agent=X (root, with --cluster=agents or a kind that runs on agents) caps each agent, with
+// every process it starts, at X cores of CPU time (a cgroup v1 cpu quota each, bench/cgroups.ts;
+// the head's nats-server shares the head's): three uncapped workers on two cores step about as fast
+// as two, so a short-handed group costs next to nothing there and goodput came out above 100%; at
+// 0.6 a group short of a worker has 2/3 of the CPU, as where each worker has a core of its own.
+// Where no cgroup can be made the bench says so and runs uncapped.
 // A fault due while the group is still recovering from the previous one waits until the group
 // steps again (its delay is printed and the effective fault interval is what the table says).
 //
@@ -80,6 +86,7 @@ import { actorPids, workerPids, killQuietly } from "../test/support/chaos.ts"
 import { compareSteps, readPositions, type StepAt } from "../test/support/positions.ts"
 import { faultCosts, faultPhases, type FaultPhases } from "./chaos-cost.ts"
 import { netnsUnavailable } from "../test/support/netns.ts"
+import { createCpuGroup } from "./cgroups.ts"
 import { startAgentCluster, type AgentCluster } from "./chaos-cluster.ts"
 
 /** The wider window of a fault's cost the bench also prints (the 5 s one can miss a slower stretch after a join). */
@@ -500,6 +507,16 @@ const readEvents = (file: string): Array<Record<string, unknown>> => {
   }
 }
 
+/** Why no cpu cgroup can be made here (not root, no cpu controller), or undefined: one is made and removed. */
+const cgroupsUnavailable = (): string | undefined => {
+  try {
+    createCpuGroup(`gwchaos${process.pid}-probe`).removeSync()
+    return undefined
+  } catch (e) {
+    return (e as Error).message
+  }
+}
+
 const s2 = (ms: number | undefined): string => (ms !== undefined && Number.isFinite(ms) ? (ms / 1000).toFixed(2) : "-")
 const medMax = (xs: ReadonlyArray<number | undefined>, f: (x: number) => string): string => {
   const v = xs.filter((x): x is number => x !== undefined && Number.isFinite(x))
@@ -553,9 +570,20 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
     if (loops.includes("pipe") && (kinds.includes("agent-kill") || linkCut || clusterArg === "agents" || strategies.some((st) => st !== "allreduce"))) {
       throw new Error("--loops=pipe runs on the embedded cluster with --strategies=allreduce (a pipeline's stages take no collectiveConfig strategy), without agent kills or link cuts")
     }
-    if (kinds.includes("agent-kill") || linkCut || clusterArg === "agents") agentCluster = await startAgentCluster(fs.mkdtempSync(path.join(storage, "agents-")), WORKERS, { linkCut })
+    // --cores-per-agent=X: each agent and what it starts capped at X cores of CPU time (a cgroup each, root).
+    let coresPerAgent = arg("cores-per-agent") === undefined ? undefined : Number(arg("cores-per-agent"))
+    if (coresPerAgent !== undefined) {
+      if (!(coresPerAgent > 0)) throw new Error(`--cores-per-agent must be a number of cores > 0, got ${arg("cores-per-agent")}`)
+      if (!(kinds.includes("agent-kill") || linkCut || clusterArg === "agents")) throw new Error("--cores-per-agent caps CLI agents: add --cluster=agents (or a kind that runs on them: agent-kill, link-cut)")
+      const why = cgroupsUnavailable()
+      if (why !== undefined) {
+        NOT_RUN.push(["--cores-per-agent", `agents run uncapped: ${why}`])
+        coresPerAgent = undefined
+      }
+    }
+    if (kinds.includes("agent-kill") || linkCut || clusterArg === "agents") agentCluster = await startAgentCluster(fs.mkdtempSync(path.join(storage, "agents-")), WORKERS, { linkCut, ...(coresPerAgent !== undefined ? { coresPerAgent } : {}) })
     const where = agentCluster
-      ? `${WORKERS} CLI agents (one CPU each; an agent killed is replaced after ${agentRestartMs} ms${linkCut ? `; one behind a veth link in its own network namespace, cut for ${cutMs / 1000} s at a time` : ""})`
+      ? `${WORKERS} CLI agents (one CPU each${coresPerAgent !== undefined ? `, each agent and all it starts capped at ${coresPerAgent} cores of CPU time` : ""}; an agent killed is replaced after ${agentRestartMs} ms${linkCut ? `; one behind a veth link in its own network namespace, cut for ${cutMs / 1000} s at a time` : ""})`
       : "the embedded cluster"
     console.log(
       `\nchaos benchmark (${os.availableParallelism()} cores, load ${os.loadavg()[0]!.toFixed(1)}): digits MLP, ${WORKERS} workers (a pipeline: ${workersOf("pipe")}) on ${where}, ` +
