@@ -254,15 +254,27 @@ export const standbySchedIdle: Setting<boolean> = {
   read: () => raw("GRADWIRE_STANDBY_SCHED_IDLE") !== "0"
 }
 
-/** How long a standby worker warms its training paths before it says it is ready (actors/train/worker/warm-up.ts). */
+/** How long at most a standby worker warms its training paths before it says it is ready (actors/train/worker/warm-up.ts). */
 export const standbyWarmUpMs: Setting<number> = {
   name: "GRADWIRE_STANDBY_WARM_UP_MS",
-  default: "2000",
+  default: "10000",
   description:
-    "milliseconds a standby worker (a replacement, or a spare) on the wasm or cpu backend trains a small model of its own (at most 5000 steps) after it loaded its engine and before it says it is ready: a fresh process runs a training step's code slowly for its first seconds, and a group steps at its slowest member's pace; read in the worker's process; 0: no warm-up",
+    "milliseconds at most a standby worker (a replacement, or a spare) on the wasm or cpu backend trains a small model of its own after it loaded its engine and before it says it is ready, stopping sooner once it has made GRADWIRE_STANDBY_WARM_UP_STEPS steps: a fresh process runs a training step's code slowly until V8 has optimized it (GRADWIRE_TURBOFAN_AFTER calls), and a group steps at its slowest member's pace; on an idle core 600 steps take under a second, where the running workers keep the cores busy the lowered standby gets little of them and takes longer; read in the worker's process; 0: no warm-up",
   read: () => {
-    const n = Number(raw("GRADWIRE_STANDBY_WARM_UP_MS") ?? "2000")
-    return Number.isFinite(n) && n >= 0 ? Math.min(60_000, Math.round(n)) : 2000
+    const n = Number(raw("GRADWIRE_STANDBY_WARM_UP_MS") ?? "10000")
+    return Number.isFinite(n) && n >= 0 ? Math.min(60_000, Math.round(n)) : 10_000
+  }
+}
+
+/** The training steps after which a standby worker's warm-up stops, its time not yet out (standbyWarmUpMs). */
+export const standbyWarmUpSteps: Setting<number> = {
+  name: "GRADWIRE_STANDBY_WARM_UP_STEPS",
+  default: "600",
+  description:
+    "training steps after which a standby worker's warm-up (GRADWIRE_STANDBY_WARM_UP_MS) stops and it says it is ready: a step's own functions run once a step and V8 optimizes them after GRADWIRE_TURBOFAN_AFTER calls (500), so 600 leaves them optimized or compiling; read in the worker's process; at most 100000",
+  read: () => {
+    const n = Number(raw("GRADWIRE_STANDBY_WARM_UP_STEPS") ?? "600")
+    return Number.isInteger(n) && n > 0 ? Math.min(100_000, n) : 600
   }
 }
 
@@ -342,6 +354,7 @@ export const SETTINGS: ReadonlyArray<Setting<unknown>> = [
   standbyNice,
   standbySchedIdle,
   standbyWarmUpMs,
+  standbyWarmUpSteps,
   turbofanAfter,
   startNice,
   cacheDir,

@@ -22,7 +22,8 @@ type Scalar = import("@tensorflow/tfjs").Scalar
 /** Layer, weight and model names of the warm-up's model start with this. */
 export const WARM_UP_PREFIX = "gradwire_warm_up"
 
-const FEATURES = 32
+const DEFAULT_FEATURES = 32
+const DEFAULT_HIDDEN = 64
 const CLASSES = 10
 const ROWS = 256
 const BATCH = 32
@@ -36,6 +37,9 @@ export interface WarmUpOptions {
   readonly maxMs: number
   /** Stop after this many training steps. */
   readonly maxSteps: number
+  /** Input features and hidden units of its model (32 and 64): another size runs the same code (bench/warm-up-steps.ts). */
+  readonly features?: number
+  readonly hidden?: number
 }
 
 export interface WarmUpResult {
@@ -47,19 +51,21 @@ export interface WarmUpResult {
 export const warmUpTraining = async (tf: Tf, options: WarmUpOptions): Promise<WarmUpResult> => {
   const t0 = performance.now()
   if (!(options.maxMs > 0) || !(options.maxSteps > 0)) return { steps: 0, ms: 0 }
+  const features = options.features ?? DEFAULT_FEATURES
+  const hidden = options.hidden ?? DEFAULT_HIDDEN
   const t = tf as unknown as typeof import("@tensorflow/tfjs")
   // tfjs's engine: its registered variables, and (on its class) the counter that numbers variables made without a name.
   const engine = tf.engine() as unknown as { registeredVariables: Record<string, unknown>; constructor: { nextVariableId?: number } }
   const firstVariableId = engine.constructor.nextVariableId ?? 0
-  const x = new Float32Array(ROWS * FEATURES)
+  const x = new Float32Array(ROWS * features)
   for (let i = 0; i < x.length; i++) x[i] = Math.sin(i * 0.37) * 0.5
   const y = new Int32Array(ROWS)
   for (let i = 0; i < ROWS; i++) y[i] = (i * 7) % CLASSES
-  const source: ShardSource = { dataset: { x, y, size: ROWS, featureShape: [FEATURES], numClasses: CLASSES }, rows: () => [] }
+  const source: ShardSource = { dataset: { x, y, size: ROWS, featureShape: [features], numClasses: CLASSES }, rows: () => [] }
   const model = t.sequential({
     name: WARM_UP_PREFIX,
     layers: [
-      t.layers.dense({ name: `${WARM_UP_PREFIX}_hidden`, units: 64, activation: "relu", inputShape: [FEATURES], kernelInitializer: t.initializers.glorotUniform({ seed: 1 }) }),
+      t.layers.dense({ name: `${WARM_UP_PREFIX}_hidden`, units: hidden, activation: "relu", inputShape: [features], kernelInitializer: t.initializers.glorotUniform({ seed: 1 }) }),
       t.layers.dense({ name: `${WARM_UP_PREFIX}_output`, units: CLASSES, activation: "softmax", kernelInitializer: t.initializers.glorotUniform({ seed: 2 }) })
     ]
   })
@@ -86,7 +92,7 @@ export const warmUpTraining = async (tf: Tf, options: WarmUpOptions): Promise<Wa
       t.dispose([value, correct, xs, ys, yLoss, ...Object.values(grads)])
       steps++
       if (steps % EVALUATE_EVERY === 0) {
-        const loss = t.tidy(() => t.metrics.categoricalCrossentropy(t.oneHot(t.tensor1d(y.subarray(0, BATCH), "int32"), CLASSES), model.apply(t.tensor2d(x.subarray(0, BATCH * FEATURES), [BATCH, FEATURES]), { training: false }) as Tensor).mean())
+        const loss = t.tidy(() => t.metrics.categoricalCrossentropy(t.oneHot(t.tensor1d(y.subarray(0, BATCH), "int32"), CLASSES), model.apply(t.tensor2d(x.subarray(0, BATCH * features), [BATCH, features]), { training: false }) as Tensor).mean())
         await loss.data()
         loss.dispose()
       }

@@ -48,8 +48,6 @@ import type { PsClient } from "./ps-client.ts"
 let stopFallbackNotes: (() => void) | undefined
 
 const PROGRESS_EVERY_MS = 250
-/** A standby's warm-up stops after this many steps, if its time (GRADWIRE_STANDBY_WARM_UP_MS) has not run out first. */
-const WARM_UP_MAX_STEPS = 5_000
 
 const residualFile = (rank: number) => `gradwire/rank-${rank}/reducer-state.msgpack`
 /** A rank's error-feedback residuals of its compressed pushes to the parameter servers, per server range. */
@@ -185,12 +183,13 @@ export class WorkerRun {
     const maxMs = settings.standbyWarmUpMs.read()
     if (maxMs <= 0 || (this.#backend !== "wasm" && this.#backend !== "cpu")) return undefined
     // Lowered throughout (its host's limit may have given the priority back while it prepared): on
-    // cores the short group shares, it takes what the survivors leave idle. Starved, it only does
-    // fewer steps in its time; admitted (worker.ts run), it takes its own priority back.
+    // cores the short group shares, it takes what the survivors leave idle. Starved, it takes
+    // longer to make its steps (the short group runs meanwhile), up to its time; admitted
+    // (worker.ts run), it takes its own priority back.
     const nice = settings.startNice.read()
     if (nice > 0) keepInBackground(nice, maxMs + 1_000)
     try {
-      const r = await warmUpTraining(this.#tf, { maxMs, maxSteps: WARM_UP_MAX_STEPS })
+      const r = await warmUpTraining(this.#tf, { maxMs, maxSteps: settings.standbyWarmUpSteps.read() })
       this.#ctx.log.info(`standby warm-up: ${r.steps} training steps of a small model in ${Math.round(r.ms)} ms`)
       return r
     } catch (e) {
