@@ -9,23 +9,34 @@ import type { NodeResources } from "../scheduler/resources.ts"
 
 const node: NodeResources = { nodeId: "local", hostname: "h", cpus: 8, memoryBytes: 8e9, gpus: [], backends: ["wasm"], natsServer: "s", labels: {}, custom: {} }
 
-const rig = (worldSize: number, max: number) => {
-  const started: string[] = []
-  const g = { number: 1, worldSize, settled: false } as never
-  const refill = new Refill({
-    controller: { state: "running", current: g, elastic: false, refill: () => false } as never,
-    group: { members: new Map(), holds: () => true, standby: () => new Promise(() => {}) } as never,
+/** A Refill over a fake controller (its generation `current()`), group (`standby` starts) and cluster view. */
+const refillOver = (o: {
+  current: () => unknown
+  standby: (spawns: unknown, args: unknown, lowered: boolean) => Promise<unknown>
+  max: number
+  spares: number
+  event: (e: Record<string, unknown>) => void
+}): Refill =>
+  new Refill({
+    controller: { state: "running", get current() { return o.current() }, elastic: false, refill: () => false } as never,
+    group: { members: new Map(), holds: () => true, standby: o.standby } as never,
     cluster: { view: { resources: () => [node], alive: () => [], onEvent: () => () => {} } } as never,
     request: { jobId: "j", backend: "wasm" },
     groupArgs: () => ({}) as never,
-    max,
-    spares: 1,
+    max: o.max,
+    spares: o.spares,
     job: "j",
     line: () => {},
-    event: (e) => {
-      if (e.type === "standby-start") started.push(String(e.for))
-    }
+    event: o.event
   })
+
+/** Starts that never settle: a standby still starting. */
+const starting = (): Promise<unknown> => new Promise(() => {})
+
+const rig = (worldSize: number, max: number) => {
+  const started: string[] = []
+  const g = { number: 1, worldSize, settled: false } as never
+  const refill = refillOver({ current: () => g, standby: starting, max, spares: 1, event: (e) => void (e.type === "standby-start" && started.push(String(e.for))) })
   return { refill, g, started }
 }
 
@@ -56,21 +67,7 @@ describe("spares beside a whole group", () => {
     vi.useFakeTimers()
     const starts: number[] = []
     let current = { number: 1, worldSize: 2, settled: false }
-    const refill = new Refill({
-      controller: { state: "running", get current() { return current }, elastic: false, refill: () => false } as never,
-      // Every start stays in flight (its promise never settles): the first replacement is still starting.
-      group: { members: new Map(), holds: () => true, standby: () => new Promise(() => {}) } as never,
-      cluster: { view: { resources: () => [node], alive: () => [], onEvent: () => () => {} } } as never,
-      request: { jobId: "j", backend: "wasm" },
-      groupArgs: () => ({}) as never,
-      max: 3,
-      spares: 0,
-      job: "j",
-      line: () => {},
-      event: (e) => {
-        if (e.type === "standby-start") starts.push(e.workers as number)
-      }
-    })
+    const refill = refillOver({ current: () => current, standby: starting, max: 3, spares: 0, event: (e) => void (e.type === "standby-start" && starts.push(e.workers as number)) })
     // A group of 3 lost one: its replacement starts.
     refill.formed(current as never)
     const stop1 = refill.watch(current as never)
@@ -96,24 +93,15 @@ describe("a standby that cannot start at the lowest CPU priority", () => {
     const asked: boolean[] = []
     const events: Array<Record<string, unknown>> = []
     const g = { number: 1, worldSize: 2, settled: false } as never
-    const refill = new Refill({
-      controller: { state: "running", current: g, elastic: false, refill: () => false } as never,
-      group: {
-        members: new Map(),
-        holds: () => true,
-        standby: (_spawns: unknown, _args: unknown, lowered: boolean) => {
-          asked.push(lowered)
-          const f = failures[asked.length - 1]
-          return f ? Promise.resolve(f) : new Promise(() => {})
-        }
-      } as never,
-      cluster: { view: { resources: () => [node], alive: () => [], onEvent: () => () => {} } } as never,
-      request: { jobId: "j", backend: "wasm" },
-      groupArgs: () => ({}) as never,
+    const refill = refillOver({
+      current: () => g,
+      standby: (_spawns, _args, lowered) => {
+        asked.push(lowered)
+        const f = failures[asked.length - 1]
+        return f ? Promise.resolve(f) : starting()
+      },
       max: 3,
       spares: 0,
-      job: "j",
-      line: () => {},
       event: (e) => void events.push(e)
     })
     refill.formed(g)
