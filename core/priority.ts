@@ -43,15 +43,15 @@ export const mayRaiseTo = (nice: number): boolean => {
   }
 }
 
-/** This process's thread ids (the process id alone where /proc is not there). */
-const threadIds = (): number[] => {
+/** The thread ids of process `pid` (this one by default); the process id alone where /proc is not there or it is gone. */
+const threadIds = (pid = process.pid): number[] => {
   try {
     return fs
-      .readdirSync("/proc/self/task")
+      .readdirSync(`/proc/${pid}/task`)
       .map(Number)
       .filter((t) => Number.isInteger(t) && t > 0)
   } catch {
-    return [process.pid]
+    return [pid]
   }
 }
 
@@ -68,6 +68,9 @@ const setAll = (nice: number): boolean => {
   return ok
 }
 
+/** chrt's arguments that put every thread of process `pid` on SCHED_IDLE (`idle`) or back on the normal policy. */
+const policyArgs = (idle: boolean, pid: number): string[] => [idle ? "--idle" : "--other", "--all-tasks", "--pid", "0", String(pid)]
+
 /**
  * Sets every thread of this process to SCHED_IDLE (`idle`) or back to the normal policy, with
  * chrt (threads started later inherit the main thread's). False when chrt is missing, fails, or
@@ -75,17 +78,20 @@ const setAll = (nice: number): boolean => {
  * starts; beside six busy nice-0 processes on two cores the way back took 23-138 ms).
  */
 const setPolicy = (idle: boolean): boolean => {
-  const r = spawnSync("chrt", [idle ? "--idle" : "--other", "--all-tasks", "--pid", "0", String(process.pid)], { stdio: "ignore", timeout: 3_000 })
+  const r = spawnSync("chrt", policyArgs(idle, process.pid), { stdio: "ignore", timeout: 3_000 })
   return r.status === 0
 }
 
 /** SCHED_IDLE's number in Linux's sched.h (a thread's stat line's policy field; 0: the normal policy). */
 export const SCHED_IDLE = 5
 
+/** Whether the thread whose /proc stat file is `statFile` runs on SCHED_IDLE (its policy field); throws where it cannot be read. */
+const statIdle = (statFile: string): boolean => Number(fs.readFileSync(statFile, "utf8").split(") ")[1]!.split(" ")[38]) === SCHED_IDLE
+
 /** Whether this process's main thread runs on SCHED_IDLE (the policy field of /proc/self/stat). */
 const mainThreadIdle = (): boolean => {
   try {
-    return Number(fs.readFileSync("/proc/self/stat", "utf8").split(") ")[1]!.split(" ")[38]) === SCHED_IDLE
+    return statIdle("/proc/self/stat")
   } catch {
     return false
   }
@@ -133,23 +139,17 @@ export const raiseChild = (pid: number): void => {
     return
   }
   let idle = false
-  let tids: number[]
-  try {
-    tids = fs.readdirSync(`/proc/${pid}/task`).map(Number).filter((t) => Number.isInteger(t) && t > 0)
-  } catch {
-    return
-  }
-  for (const tid of tids) {
+  for (const tid of threadIds(pid)) {
     try {
       if (os.getPriority(tid) > base) os.setPriority(tid, base)
-      idle ||= Number(fs.readFileSync(`/proc/${pid}/task/${tid}/stat`, "utf8").split(") ")[1]!.split(" ")[38]) === SCHED_IDLE
+      idle ||= statIdle(`/proc/${pid}/task/${tid}/stat`)
     } catch {
       // A thread that ended meanwhile.
     }
   }
   const chrt = idle ? chrtStartingIdle() : null
   if (chrt !== null) {
-    const c = spawn(chrt, ["--other", "--all-tasks", "--pid", "0", String(pid)], { stdio: "ignore" })
+    const c = spawn(chrt, policyArgs(false, pid), { stdio: "ignore" })
     c.on("error", () => {})
     c.unref()
   }
