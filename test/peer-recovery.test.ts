@@ -69,6 +69,18 @@ const killedMidEpoch = async (
   return { r, progress, nice }
 }
 
+/** Runs `f` with environment variable `name` set to `value` (read by the processes the run starts), then puts it back as it was. */
+const withEnv = async <T>(name: string, value: string, f: () => Promise<T>): Promise<T> => {
+  const before = process.env[name]
+  process.env[name] = value
+  try {
+    return await f()
+  } finally {
+    if (before === undefined) delete process.env[name]
+    else process.env[name] = before
+  }
+}
+
 /** What a rank's process ran at (chaos-loop.ts recordNice). */
 type Nice = { readonly lowered: number | null; readonly atImport: number; readonly atStart: number; readonly schedIdle: boolean | null; readonly idleAtStart: boolean }
 
@@ -79,16 +91,7 @@ describe("recovery from surviving peers", () => {
     // tuner's 31 calls) before the kill.
     // The replacement's warm-up made the steps set for it (GRADWIRE_STANDBY_WARM_UP_STEPS, read in
     // its process: the embedded cluster's agent passes the driver's environment on), its time far off.
-    const warmUpSteps = process.env.GRADWIRE_STANDBY_WARM_UP_STEPS
-    process.env.GRADWIRE_STANDBY_WARM_UP_STEPS = "40"
-    let run: Awaited<ReturnType<typeof killedMidEpoch>>
-    try {
-      run = await killedMidEpoch("peers-mid-epoch", "peers", 9, 3)
-    } finally {
-      if (warmUpSteps === undefined) delete process.env.GRADWIRE_STANDBY_WARM_UP_STEPS
-      else process.env.GRADWIRE_STANDBY_WARM_UP_STEPS = warmUpSteps
-    }
-    const { r, progress, nice } = run
+    const { r, progress, nice } = await withEnv("GRADWIRE_STANDBY_WARM_UP_STEPS", "40", () => killedMidEpoch("peers-mid-epoch", "peers", 9, 3))
     expect(r.restarts).toBe(1)
     expect(r.countedFailures).toBe(1)
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4, 5, 6, 7, 8])
@@ -266,9 +269,7 @@ describe("recovery from surviving peers", () => {
     let killed = false
     // The replacements load at the group's priority: this test is about the regroup, and on cores
     // that other test files keep busy a lowered (SCHED_IDLE) standby can wait past the run's end.
-    const nice = process.env.GRADWIRE_STANDBY_NICE
-    process.env.GRADWIRE_STANDBY_NICE = "0"
-    const r = await fitReleasingHold(
+    const r = await withEnv("GRADWIRE_STANDBY_NICE", "0", () => fitReleasingHold(
       {
         trainLoopPerWorker: CHAOS,
         trainLoopConfig: { epochs: 8, fail: { how: "kill", rank: 2, epoch: 2, step: 6 }, pidDir, holdFile },
@@ -292,10 +293,7 @@ describe("recovery from surviving peers", () => {
         datasets: { train, test }
       },
       holdFile
-    ).finally(() => {
-      if (nice === undefined) delete process.env.GRADWIRE_STANDBY_NICE
-      else process.env.GRADWIRE_STANDBY_NICE = nice
-    })
+    ))
     const ev = await events(r.path)
     expect(killed, `no grow to kill in: ${ev.map((e) => String(e.type)).join(", ")}`).toBe(true)
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual(Array.from({ length: 8 }, (_, i) => i))

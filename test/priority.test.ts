@@ -228,14 +228,16 @@ describe.runIf(process.platform === "linux")("a standby's CPU priority", () => {
     try {
       lowerChild(child.pid!, 5)
       await new Promise<void>((resolve) => child.stdout!.on("data", (d: Buffer) => d.toString().includes("lowered") && resolve()))
-      const lowered = { nices: [...new Set(threadNices(child.pid!))], policies: [...new Set(threadPolicies(child.pid!))] }
+      /** The child's threads' distinct nice values and policies. */
+      const state = () => ({ nices: [...new Set(threadNices(child.pid!))], policies: [...new Set(threadPolicies(child.pid!))] })
+      const lowered = state()
       expect(lowered).toEqual({ nices: [may ? Math.min(19, base + 5) : base], policies: [idle ? SCHED_IDLE : 0] })
       raiseChild(child.pid!)
       // The nice values are set at once; the policy by a chrt the call started (not waited for).
       const deadline = Date.now() + 10_000
       let now = lowered
       while (Date.now() < deadline) {
-        now = { nices: [...new Set(threadNices(child.pid!))], policies: [...new Set(threadPolicies(child.pid!))] }
+        now = state()
         if (now.policies.every((x) => x === 0)) break
         await new Promise((r) => setTimeout(r, 50))
       }
