@@ -3,6 +3,7 @@
 // nats-server in this process, whose call timings are fed from the test (the reducer's noteCall)
 // so the drift is exactly the one the test makes; the collectives themselves run for real.
 import { describe, expect, it } from "vitest"
+import { measurementsCover, measurementsHandedOn } from "../actors/train/common/train-protocol.ts"
 import { AutoGradientReducer, CONFIRM_AT_CALL, DRIFT_CHECK_EVERY, DRIFT_WINDOW, REUSED_DRIFT_SKIP, picksFor, rememberShape, type KnownPicks } from "../actors/train/worker/auto-config.ts"
 import { DriftMonitor } from "../scheduler/algorithm-tuner.ts"
 import type { Explanation } from "../scheduler/algorithm-choice.ts"
@@ -229,4 +230,53 @@ describe("rememberShape and picksFor", () => {
     expect(picksFor(kept, ["a", "a"])).toBeUndefined()
     expect(picksFor(undefined, ["d"])).toBeUndefined()
   })
+
+  it("takes a shape of the same nodes with its ranks renumbered as unconfirmed picks, measured again at CONFIRM_AT_CALL", () => {
+    const shape = (nodes: string[], picked: string) => ({ nodes, candidates: ["ring", "tree"], confirmed: true, sizes: [{ bytes: 4096, candidates: ["ring", "tree"], ms: [1, 2], picked, modelPick: "ring" }] })
+    const kept = rememberShape(rememberShape(undefined, shape(["n0", "n1", "n2"], "tree")), shape(["n0", "n2"], "ring"))
+    // a group that lost rank 1 and grew back: the replacement on n1 comes after the survivors
+    const renumbered = picksFor(kept, ["n0", "n2", "n1"])
+    expect(renumbered).toMatchObject({ nodes: ["n0", "n2", "n1"], confirmed: false, sizes: [{ picked: "tree" }] })
+    // the exact order is taken as it was measured, confirmed
+    expect(picksFor(kept, ["n0", "n1", "n2"])).toMatchObject({ nodes: ["n0", "n1", "n2"], confirmed: true })
+    expect(picksFor(kept, ["n2", "n0"])).toMatchObject({ confirmed: false, sizes: [{ picked: "ring" }] })
+    // other nodes, or as many ranks on them in other numbers, are another shape
+    expect(picksFor(kept, ["n0", "n1", "n3"])).toBeUndefined()
+    expect(picksFor(kept, ["n0", "n0", "n2"])).toBeUndefined()
+    expect(picksFor(kept, ["n0", "n1", "n2", "n2"])).toBeUndefined()
+    // what was kept is not changed
+    expect(kept.map((k) => k.confirmed)).toEqual([true, true])
+  })
 })
+
+describe("link measurements handed on at regroups", () => {
+  const observed = { topology: [], note: "probed by the group of a, b, c" }
+  it("a group that reused them keeps every node they cover, so the group that grows back reuses them too", () => {
+    // the first group measured its links for itself
+    const first = measurementsHandedOn(undefined, ["a", "b", "c"], 4096, undefined)
+    const full = { ...first, observed }
+    expect(full.nodes).toEqual(["a", "b", "c"])
+    // b is lost: the survivors on a and c reuse them, and still cover b
+    expect(measurementsCover(full, ["a", "c"])).toBe(true)
+    const short = measurementsHandedOn(full, ["a", "c"], 4096, undefined)
+    expect(short).toMatchObject({ nodes: ["a", "b", "c"], minBytes: 4096, observed })
+    // the replacement on b joins after the survivors
+    expect(measurementsCover(short, ["a", "c", "b"])).toBe(true)
+    // down to one rank, which measures nothing: handed on as given
+    const one = measurementsHandedOn(short, ["c"], 4096, undefined)
+    expect(one).toMatchObject({ nodes: ["a", "b", "c"], observed })
+    expect(measurementsCover(one, ["c", "a", "b"])).toBe(true)
+    // a node none of them measured is not covered
+    expect(measurementsCover(one, ["a", "d"])).toBe(false)
+    expect(measurementsCover(undefined, ["a"])).toBe(false)
+  })
+
+  it("a group that measured for itself covers its own nodes only, and keeps the picks it was given", () => {
+    const tuned = [{ nodes: ["a", "b"], candidates: ["ring", "tree"], confirmed: true, sizes: [] }]
+    const own = measurementsHandedOn({ nodes: ["a", "b", "c"], minBytes: 4096 }, ["a", "b"], 8192, tuned)
+    expect(own).toEqual({ nodes: ["a", "b"], minBytes: 8192, tuned })
+    expect(measurementsCover(own, ["a", "b", "c"])).toBe(false)
+    expect(measurementsHandedOn(undefined, ["a", "a"], undefined, undefined)).toEqual({ nodes: ["a"] })
+  })
+})
+

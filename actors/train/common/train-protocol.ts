@@ -170,6 +170,32 @@ export const LinkMeasurements = Schema.Struct({
   )
 })
 export type LinkMeasurements = typeof LinkMeasurements.Type
+
+/** Whether measurements cover a group on `nodes` (every one of them among the nodes they were measured on): a regroup hands them on then. */
+export const measurementsCover = (m: LinkMeasurements | undefined, nodes: ReadonlyArray<string>): m is LinkMeasurements => m !== undefined && nodes.every((n) => m.nodes.includes(n))
+
+/**
+ * What a group on `nodes` keeps of its links for the next regroup. Measurements it reused from an
+ * earlier group (the topology observation among them) cover that group's nodes as well as its own:
+ * kept so, a short group that grows back onto one of them (a replacement on the lost worker's node)
+ * reuses them too instead of measuring and probing again, and a group of one rank, which measures
+ * nothing, hands on what it was given. A group that measured for itself covers its own nodes.
+ * `observed` comes later (the probe's, or the reused one, once prepared).
+ */
+export const measurementsHandedOn = (
+  reused: LinkMeasurements | undefined,
+  nodes: ReadonlyArray<string>,
+  minBytes: number | undefined,
+  tuned: LinkMeasurements["tuned"]
+): LinkMeasurements => {
+  const carried = reused?.observed !== undefined
+  return {
+    nodes: [...new Set(carried ? [...reused.nodes, ...nodes] : nodes)],
+    ...(minBytes !== undefined ? { minBytes } : {}),
+    ...(carried ? { observed: reused.observed } : {}),
+    ...(tuned ? { tuned } : {})
+  }
+}
 /** One group shape's measured picks (LinkMeasurements.tuned). */
 export type TunedShape = NonNullable<LinkMeasurements["tuned"]>[number]
 

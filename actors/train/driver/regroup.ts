@@ -7,7 +7,7 @@ import * as R from "effect/Result"
 import { PLACEMENT_TIMEOUT_MS, WORKER_DEAD_AFTER_MS } from "../../../core/defaults.ts"
 import type { PlacementPlan, PlacementRequest } from "../../../scheduler/placement.ts"
 import type { ActorSystem } from "../../runtime/system.ts"
-import { ServerProtocol, WorkerProtocol, type CheckpointPayload, type PeerState, type Position } from "../common/train-protocol.ts"
+import { ServerProtocol, WorkerProtocol, measurementsCover, type CheckpointPayload, type PeerState, type Position } from "../common/train-protocol.ts"
 import { SERVER_DOWN, type Controller, type Generation, type GroupFailure } from "./controller.ts"
 import { planLargest } from "./elastic.ts"
 import { joinersRequest, layoutOf, type GroupArgs, type RankSpawn, type Standby, type WorkerGroup } from "./worker-group.ts"
@@ -278,7 +278,7 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   // What the furthest survivor's group measured of its links, when it covers every node of the new
   // group: every member reuses it instead of measuring again (worker-run.ts build).
   const measured = source.reply!.measured
-  const reuse = measured && nodes.every((n) => measured.nodes.includes(n)) ? { measured } : {}
+  const reuse = measurementsCover(measured, nodes) ? { measured } : {}
   // Survivors keep their order under new ranks; a streamed epoch's plan is cut again from their old ones.
   const survivorRanks = survivors.map((r) => r.rank)
   // (A loop in dp.fit() grows at a step: only a hand-written loop's generation needs the mark.)

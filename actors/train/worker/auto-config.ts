@@ -64,8 +64,20 @@ export interface KnownPicks {
 /** Group shapes whose measured picks a worker keeps (the most recent first). */
 const TUNED_SHAPES_KEPT = 4
 
-/** The picks measured for a group of this shape (the node of each rank), if kept. */
-export const picksFor = (kept: LinkMeasurements["tuned"], nodes: ReadonlyArray<string>): TunedShape | undefined => kept?.find((x) => sameNames(x.nodes, nodes))
+/**
+ * The picks measured for a group of this shape (the node of each rank), if kept. Failing that, those
+ * of a group on the same nodes with its ranks in another order (a replacement joins after the
+ * survivors, so a group that lost a rank and grew back has the ranks it had, renumbered): taken as
+ * not confirmed, so that the group times every candidate again at CONFIRM_AT_CALL, on warm processes
+ * and in its own order, instead of on its first calls while the replacement is cold.
+ */
+export const picksFor = (kept: LinkMeasurements["tuned"], nodes: ReadonlyArray<string>): TunedShape | undefined => {
+  const exact = kept?.find((x) => sameNames(x.nodes, nodes))
+  if (exact !== undefined) return exact
+  const sorted = [...nodes].sort()
+  const renumbered = kept?.find((x) => sameNames([...x.nodes].sort(), sorted))
+  return renumbered === undefined ? undefined : { ...renumbered, nodes: [...nodes], confirmed: false }
+}
 
 /** `shape` first, then the other shapes kept before (one per node layout), at most TUNED_SHAPES_KEPT. */
 export const rememberShape = (kept: LinkMeasurements["tuned"], shape: TunedShape): TunedShape[] =>

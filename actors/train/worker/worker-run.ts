@@ -35,7 +35,7 @@ import type { ActorRef, ActorSystem } from "../../runtime/system.ts"
 import { toWireFailure } from "../../runtime/envelope.ts"
 import { setIdlePlace } from "../../runtime/heartbeat.ts"
 import { RemoteFailure } from "../../runtime/errors.ts"
-import { ControllerProtocol, type Admission, type LinkMeasurements, type Placement, type WorkerArgs } from "../common/train-protocol.ts"
+import { ControllerProtocol, measurementsHandedOn, type Admission, type LinkMeasurements, type Placement, type WorkerArgs } from "../common/train-protocol.ts"
 import type { ObservedTopology } from "../../../scheduler/topology.ts"
 import { TrainContext, type Checkpoint, type TrainContextDeps } from "./train-context.ts"
 import { GroupSession, type LiveGroup } from "./group-session.ts"
@@ -380,12 +380,13 @@ export class WorkerRun {
       const measure = direct !== undefined && reused?.minBytes === undefined && (this.#transport === "auto" || (this.#transport === "direct" && autoPick))
       const measured = measure ? await comm.measureTransport() : undefined
       const directMinBytes = comm.transport.choice === "direct" ? 0 : comm.transport.minBytes
-      const nodes = [...new Set(p.nodes)]
       // What algorithm 'auto' measured per group shape travels on (this rank's own history, or the
-      // one a regroup handed every member); a shape measured before is taken as it was.
+      // one a regroup handed every member); a shape measured before is taken as it was, the same
+      // nodes in another rank order as a first measurement (picksFor).
       const history = reused?.tuned ?? this.measured?.tuned
       const known = picksFor(reused?.tuned, p.nodes)
-      this.measured = { nodes, ...(direct ? { minBytes: comm.transport.minBytes } : {}), ...(history ? { tuned: history } : {}) }
+      // What the next regroup is handed (with the nodes the reused measurements cover).
+      this.measured = measurementsHandedOn(reused, p.nodes, direct ? comm.transport.minBytes : undefined, history)
       const transportText = describeTransport(comm.transport, measured)
       // Per-worker transport detail: explain.txt has it; the console only with verbose (GRADWIRE_LOG=debug).
       if (p.rank === 0 && direct) this.#ctx.log.debug(transportText)
