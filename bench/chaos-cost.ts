@@ -133,3 +133,21 @@ export const faultPhases = (
     return { stall: span(0), shortHanded: span(1), join: span(2), after: span(3) }
   })
 }
+
+/**
+ * What each grow back to the group's size stalled the group (a replacement's admission: the
+ * survivors pause, the group forms again with it, it replays the loop to their step): the epoch in
+ * which it came took this many seconds longer than the run's median epoch. `chaos[e]`: ms from the
+ * run's first step to its report of epoch e; `growsAt`: ms from there to each grow. undefined where
+ * no epoch was reported after the grow or before it.
+ */
+export const growStalls = (chaos: ReadonlyArray<number>, growsAt: ReadonlyArray<number>): Array<number | undefined> => {
+  const epochs = chaos.map((t, e) => [t, e > 0 ? t - chaos[e - 1]! : Number.NaN] as const).filter(([t, d]) => Number.isFinite(t) && Number.isFinite(d))
+  if (epochs.length === 0) return growsAt.map(() => undefined)
+  const sorted = epochs.map(([, d]) => d).sort((a, b) => a - b)
+  const median = sorted[Math.floor(sorted.length / 2)]!
+  return growsAt.map((g) => {
+    const next = epochs.find(([t, d]) => t >= g && t - d <= g)
+    return next === undefined ? undefined : (next[1] - median) / 1000
+  })
+}

@@ -84,7 +84,7 @@ import { seededRng, type Rng } from "../core/random.ts"
 import { median } from "../scheduler/cost-model.ts"
 import { actorPids, workerPids, killQuietly } from "../test/support/chaos.ts"
 import { compareSteps, readPositions, type StepAt } from "../test/support/positions.ts"
-import { faultCosts, faultPhases, type FaultPhases } from "./chaos-cost.ts"
+import { faultCosts, faultPhases, growStalls, type FaultPhases } from "./chaos-cost.ts"
 import { netnsUnavailable } from "../test/support/netns.ts"
 import { createCpuGroup } from "./cgroups.ts"
 import { startAgentCluster, type AgentCluster } from "./chaos-cluster.ts"
@@ -700,6 +700,12 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
         `    where each went (s: stalled + short-handed + the half second after the join + the rest): ` +
           r.chaos.faults.map((f, i) => `${f.kind} ${split(phases.get(r)![i])}`).join(", ")
       )
+      // A grow back to the group's size pauses the survivors while the replacement forms the group with them and replays to their step.
+      const grows = r.chaos.faults.flatMap((f) => (f.wholeMs !== undefined ? [f.at + f.wholeMs] : []))
+      if (grows.length > 0) {
+        const stalls = growStalls(r.chaos.epochMs, grows)
+        console.log(`    the first grow after each fault, its epoch's time past the median epoch: ${stalls.map((x) => (x !== undefined ? `${x.toFixed(2)} s` : "-")).join(", ")}`)
+      }
       // A slower stretch after a join can outlast the 5 s window: what it missed would count as drift.
       if (r.chaos.faults.length > 0) {
         const wide = faultCosts(r.free.epochMs, r.chaos.epochMs, r.chaos.faults.map((f) => f.at), WIDE_WINDOW_MS)

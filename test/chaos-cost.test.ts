@@ -2,7 +2,7 @@
 // is 5% slower throughout (the machine's drift) and stalls at two faults; the costs come out as the
 // stalls, the drift as its rate, and goodput without the drift from the stalls alone.
 import { describe, expect, it } from "vitest"
-import { faultCosts, faultPhases } from "../bench/chaos-cost.ts"
+import { faultCosts, faultPhases, growStalls } from "../bench/chaos-cost.ts"
 
 /** Epoch report times (ms): `perEpoch` ms each, plus `stalls` ms added at the first epoch at or past each time. */
 const run = (epochs: number, perEpoch: number, stalls: ReadonlyArray<readonly [number, number]> = []): number[] => {
@@ -71,5 +71,23 @@ describe("faultPhases", () => {
     expect(q!.shortHanded).toBe(0)
     // no resume: nothing to split
     expect(faultPhases(free, chaos, [{ at: 10_000 }], drift)[0]).toBeUndefined()
+  })
+})
+
+describe("growStalls", () => {
+  it("gives the epoch a grow came in its time past the median epoch", () => {
+    // 50 ms epochs; a 600 ms stall at the first epoch at or past 2 s, 300 ms at 4 s
+    const chaos = run(200, 50, [
+      [2_000, 600],
+      [4_000, 300]
+    ])
+    const stalls = growStalls(chaos, [1_990, 4_030, 60_000])
+    expect(stalls[0]).toBeCloseTo(0.6, 3)
+    expect(stalls[1]).toBeCloseTo(0.3, 3)
+    // past the last report: no epoch to say
+    expect(stalls[2]).toBeUndefined()
+    // a grow in a steady stretch costs nothing
+    expect(growStalls(chaos, [7_000])[0]).toBeCloseTo(0, 3)
+    expect(growStalls([], [100])).toEqual([undefined])
   })
 })
