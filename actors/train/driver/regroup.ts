@@ -188,11 +188,7 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   }
   // The members left out (stopped) and why: in the regroup's event, for a group that comes back smaller than expected.
   const leftOut = replies.filter((r) => !survivors.includes(r)).map((r) => ({ rank: r.rank, reason: r.why ?? "not parked" }))
-  // The members left out and the failed rank are stopped beside the regroup: the survivors do not
-  // wait for a process to exit (a replacement still starting may take its kill grace to). What is
-  // placed here (new workers, a lost parameter server) waits for them: their resources come free then.
-  const stopping = replies.filter((r) => !survivors.includes(r)).map((r) => x.group.killOne(r.w, `left out of the regrouped generation: ${r.why ?? "not parked"}`))
-  const stopped = (): Promise<unknown> => Promise.all(stopping)
+  for (const r of replies) if (!survivors.includes(r)) await x.group.killOne(r.w, `left out of the regrouped generation: ${r.why ?? "not parked"}`)
   // ZeRO stage 1: every survivor's optimizer shard and its replica of its predecessor's make the
   // whole optimizer state again, unless neighbouring ranks were lost together.
   const zeroShards = survivors.some((r) => r.reply!.shards !== undefined) ? mergePeerShards(survivors.map((r) => r.reply!.shards)) : undefined
@@ -204,7 +200,7 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   const failed = x.failure ? x.group.members.get(x.failure.rank) : undefined
   if (failed) {
     const killing = x.group.killOne(failed, "it failed")
-    if (alive(failed.node)) stopping.push(killing)
+    if (alive(failed.node)) await killing
   }
   // 2. The survivor that got furthest: the others and the joiners continue from its state.
   const source = survivors.reduce((a, b) => (b.reply!.position.ops > a.reply!.position.ops ? b : a))
@@ -249,7 +245,6 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
     // New workers replay the loop from the checkpoint and join where the survivors are: in
     // dp.fit() at their epoch and step, in a hand-written loop after as many report() calls and
     // steps since (group-session.ts).
-    await stopped()
     const deadline = Date.now() + (kMin > 0 ? (x.cfg.scaling.placementTimeoutMs ?? PLACEMENT_TIMEOUT_MS) : 1_000)
     for (;;) {
       const planned = planLargest(joinersRequest(x.request), { min: Math.max(1, kMin), max: kMax }, x.cluster.view.resources())
@@ -321,7 +316,6 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   const lostServers = [...new Set([...(x.failure?.tag === SERVER_DOWN && x.failure.server !== undefined ? [x.failure.server] : []), ...x.serversDown()])]
   let servers = x.groupArgs.servers ?? []
   const replace = async (k: number): Promise<string | undefined> => {
-    await stopped()
     const replaced = await x.replaceServer(k, worldSize, attempt).catch((e: unknown) => firstLine(e instanceof Error ? e.message : String(e)))
     if (typeof replaced === "string") return `parameter server ${k} could not be made again from its replica: ${replaced}`
     servers = replaced
