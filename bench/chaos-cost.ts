@@ -8,6 +8,8 @@
 // slower steps), less the drift over that time. faultPhases splits that cost at the moments the
 // group stepped again and was back at its size.
 
+import { median } from "../scheduler/cost-model.ts"
+
 export interface FaultCosts {
   /** Seconds each fault cost, in the order given (undefined: the run had no epoch around it). */
   readonly costs: ReadonlyArray<number | undefined>
@@ -144,10 +146,9 @@ export const faultPhases = (
 export const growStalls = (chaos: ReadonlyArray<number>, growsAt: ReadonlyArray<number>): Array<number | undefined> => {
   const epochs = chaos.map((t, e) => [t, e > 0 ? t - chaos[e - 1]! : Number.NaN] as const).filter(([t, d]) => Number.isFinite(t) && Number.isFinite(d))
   if (epochs.length === 0) return growsAt.map(() => undefined)
-  const sorted = epochs.map(([, d]) => d).sort((a, b) => a - b)
-  const median = sorted[Math.floor(sorted.length / 2)]!
+  const typical = median(epochs.map(([, d]) => d))
   return growsAt.map((g) => {
     const next = epochs.find(([t, d]) => t >= g && t - d <= g)
-    return next === undefined ? undefined : (next[1] - median) / 1000
+    return next === undefined ? undefined : (next[1] - typical) / 1000
   })
 }
