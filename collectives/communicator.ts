@@ -161,8 +161,13 @@ export interface PeerLiveness {
   readonly hungAfterMs: number
 }
 
-/** A peer behind a call whose process uses at least this much of a core is working, not hung (measured: 1.0 evaluating, 0.003 idle in an await). */
-export const BUSY_CORES = 0.25
+/**
+ * A peer behind a call whose process uses at least this much of a core is working, not hung
+ * (measured: 1.0 evaluating, 0.003 idle in an await). Not a quarter: a busy process on a loaded
+ * 2-core machine (two test files with their workers and standbys, seven busy processes) gets about
+ * 0.28 of a core, and at 0.25 one was taken for idle and its group aborted in CI.
+ */
+export const BUSY_CORES = 0.1
 
 /** A peer heard from within this long is alive (beats come every 500 ms). */
 const PEER_HEARD_WITHIN_MS = 2_000
@@ -1098,7 +1103,8 @@ export class Communicator {
     const explicit = op.timeoutMs !== undefined || this.#deadlines?.fixedMs !== undefined || this.#deadlines === undefined
     const asked = unresponsive.length > 0 ? unresponsive : behind
     const waitedMs = Date.now() - op.lastProgress
-    const hungAfterMs = asked.length > 0 && this.#peerLiveness && !explicit ? await this.#stillWorking(asked, unresponsive.length > 0, probeMs, waitedMs) : undefined
+    const still = asked.length > 0 && this.#peerLiveness && !explicit ? await this.#stillWorking(asked, unresponsive.length > 0, probeMs, waitedMs) : undefined
+    const hungAfterMs = still !== undefined && "hungAfterMs" in still ? still.hungAfterMs : undefined
     if (hungAfterMs !== undefined) {
       if (op.failure !== undefined || !this.#ops.has(op.seq)) return
       if (!this.#heldWaits.has(op.seq)) {
@@ -1133,7 +1139,8 @@ export class Communicator {
         behind,
         timeoutMs,
         silentMs: Date.now() - op.lastProgress,
-        deadline: deadline.why
+        deadline: deadline.why,
+        ...(still !== undefined && "why" in still ? { notWaitedOn: still.why } : {})
       })
     )
   }
@@ -1145,30 +1152,35 @@ export class Communicator {
    * the others (behind the call) using at least BUSY_CORES while this call waited `waitedMs`, less
    * than busyPeerWaitMs. No answer in time: no. Yes: the least of their limits.
    */
-  async #stillWorking(ranks: ReadonlyArray<number>, silent: boolean, probeMs: number, waitedMs: number): Promise<number | undefined> {
+  async #stillWorking(ranks: ReadonlyArray<number>, silent: boolean, probeMs: number, waitedMs: number): Promise<{ readonly hungAfterMs: number } | { readonly why: string }> {
     let timer: ReturnType<typeof setTimeout> | undefined
     try {
       const known = await Promise.race([
         this.#peerLiveness!(ranks),
         new Promise<undefined>((resolve) => (timer = setTimeout(() => resolve(undefined), PEER_LIVENESS_ASK_MS)))
       ])
-      if (known === undefined) return undefined
+      if (known === undefined) return { why: `the owner did not say within ${seconds(PEER_LIVENESS_ASK_MS)} whether they still work` }
       let hungAfterMs = Infinity
       for (const r of ranks) {
         const k = known.find((x) => x.rank === r)
-        if (k === undefined || k.heardAgoMs > PEER_HEARD_WITHIN_MS) return undefined
-        // held since before the probe, by its latest beat, and held longer at that beat than it has
-        // been silent since (a process stopped or cut off after a free turn of its loop is not held)
-        const atBeat = k.heldMs - k.heardAgoMs
-        const working = silent
-          ? atBeat >= Math.max(probeMs - k.heardAgoMs, k.heardAgoMs) && k.heldMs < k.hungAfterMs
-          : (k.cpu ?? 0) >= BUSY_CORES && waitedMs < this.#busyPeerWaitMs
-        if (!working) return undefined
+        if (k === undefined) return { why: `the owner knows nothing of rank ${r}'s process` }
+        if (k.heardAgoMs > PEER_HEARD_WITHIN_MS) return { why: `rank ${r}'s process was last heard ${seconds(k.heardAgoMs)} ago` }
+        if (silent) {
+          // held since before the probe, by its latest beat, and held longer at that beat than it
+          // has been silent since (a process stopped or cut off after a free turn of its loop is not held)
+          const atBeat = k.heldMs - k.heardAgoMs
+          if (atBeat < Math.max(probeMs - k.heardAgoMs, k.heardAgoMs)) return { why: `rank ${r}'s event loop was not held (its beats say ${seconds(Math.max(0, atBeat))})` }
+          if (k.heldMs >= k.hungAfterMs) return { why: `rank ${r}'s event loop was held ${seconds(k.heldMs)}, past its hung limit ${seconds(k.hungAfterMs)}` }
+        } else {
+          if (k.cpu === undefined) return { why: `rank ${r}'s CPU use was not known yet` }
+          if (k.cpu < BUSY_CORES) return { why: `rank ${r}'s process used ${k.cpu.toFixed(2)} of a core (a peer at work uses at least ${BUSY_CORES})` }
+          if (waitedMs >= this.#busyPeerWaitMs) return { why: `they worked past the ${seconds(this.#busyPeerWaitMs)} a busy peer is waited for` }
+        }
         hungAfterMs = Math.min(hungAfterMs, silent ? k.hungAfterMs : this.#busyPeerWaitMs)
       }
-      return hungAfterMs
-    } catch {
-      return undefined
+      return { hungAfterMs }
+    } catch (e) {
+      return { why: `asking the owner failed: ${messageOf(e)}` }
     } finally {
       clearTimeout(timer)
     }

@@ -24,7 +24,9 @@ export class CollectiveTimeout extends Schema.TaggedError<CollectiveTimeout>()("
   /** How long nothing had arrived when the rank gave up: the deadline, then the liveness probe. */
   silentMs: Schema.optionalKey(Schema.Number),
   /** How the deadline came about (deadlines.ts), e.g. "2 x median step 0.11 s + floor 10 s". */
-  deadline: Schema.optionalKey(Schema.String)
+  deadline: Schema.optionalKey(Schema.String),
+  /** Why the peers waited for were not waited for past the deadline (what the owner said of them), where it was asked. */
+  notWaitedOn: Schema.optionalKey(Schema.String)
 }) {
   /** The ranks most likely at fault: the unresponsive ones, else the ones that never joined this call, else the ones waited on. */
   get failedRanks(): ReadonlyArray<number> {
@@ -42,7 +44,7 @@ export class CollectiveTimeout extends Schema.TaggedError<CollectiveTimeout>()("
     return (
       `${this.op} (group "${this.group}", seq ${this.seq}) on rank ${this.rank}: nothing arrived for ${this.silentMs ?? this.timeoutMs} ms ` +
       `(deadline ${this.timeoutMs} ms${this.deadline ? ` = ${this.deadline}` : ""}) ` +
-      `while waiting for rank(s) ${list(this.waitingFor)}; ${who}. The group is aborted: restart the failed rank(s) ` +
+      `while waiting for rank(s) ${list(this.waitingFor)}; ${who}${this.notWaitedOn ? ` (not waited on: ${this.notWaitedOn})` : ""}. The group is aborted: restart the failed rank(s) ` +
       `and create a new communicator, or raise timeoutMs if ranks legitimately take longer between collectives.`
     )
   }
