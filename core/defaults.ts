@@ -144,6 +144,14 @@ export const ACTOR_DEAD_AFTER_MS = 2_000
 export const NATS_OUTAGE_TIMEOUT_MS = 60_000
 
 /**
+ * How long a worker asks its driver's controller again when nobody subscribes to it (the server's
+ * "no responders") before its report(), dataset or checkpoint call fails: after a NATS outage a
+ * worker's connection can come back before the driver's has resubscribed (the client waits up to
+ * its reconnect interval between tries), and a report sent then found nobody and failed the loop.
+ */
+export const CONTROLLER_UNAVAILABLE_MS = 15_000
+
+/**
  * How long a joiner's checkpoint request waits for the survivors' last reports before the
  * regroup (fit-run.ts #joinCheckpoint): they come as soon as the survivors are regrouped; past
  * this the joiner starts from the latest checkpoint there is, and one that cannot meet the

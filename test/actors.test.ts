@@ -91,6 +91,24 @@ describe("tell and ask", () => {
     expect(Date.now() - started).toBeLessThan(5_000)
   })
 
+  it("with unavailableForMs, asks an address nobody holds again until its actor subscribes (a driver resubscribing after a reconnect), and gives up with ActorUnavailable after that long", async () => {
+    const name = fresh("echo")
+    const ref = b.ref(EchoProtocol, name)
+    // the actor starts 600 ms after the ask went out: the server said "no responders" meanwhile
+    let h: Awaited<ReturnType<typeof launchActor>> | undefined
+    const late = new Promise<void>((resolve) => setTimeout(() => void launchActor(a, echoActor, { name }).then((x) => ((h = x), resolve())), 600))
+    const got = await b.askPromise(ref, "echo", 41, { timeoutMs: 10_000, unavailableForMs: 5_000 })
+    await late
+    expect(got).toBe(41)
+    await h!.stop()
+    // nobody comes: ActorUnavailable once unavailableForMs has passed, not the ask's timeout
+    const started = Date.now()
+    const e = await b.askPromise(b.ref(EchoProtocol, "still-nobody"), "echo", 1, { timeoutMs: 20_000, unavailableForMs: 800 }).catch((x: unknown) => x)
+    expect(e).toBeInstanceOf(ActorUnavailable)
+    expect(Date.now() - started).toBeGreaterThanOrEqual(600)
+    expect(Date.now() - started).toBeLessThan(15_000)
+  })
+
   it("refuses a body that violates the schema before sending it", async () => {
     const e = await b.askPromise(b.ref(CounterProtocol, "whoever"), "add", { n: "one" } as never).catch((x: unknown) => x)
     expect(e).toBeInstanceOf(MessageRejected)

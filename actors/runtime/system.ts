@@ -78,7 +78,17 @@ export interface ActorRef<Spec extends ProtocolSpec = ProtocolSpec> {
 export interface AskOptions {
   /** Deadline for the reply, in ms (default the system's askTimeoutMs, 30 s). */
   readonly timeoutMs?: number
+  /**
+   * An actor nobody subscribes to (the server's "no responders") is asked again every
+   * UNAVAILABLE_RETRY_MS for this long, within timeoutMs, before ActorUnavailable: an actor whose
+   * subscription is not back yet after a reconnect (a worker's connection can come back before
+   * its driver's), or that is about to start. Only for asks that may be sent twice.
+   */
+  readonly unavailableForMs?: number
 }
+
+/** How often an ask with unavailableForMs is sent again to an actor nobody subscribes to. */
+export const UNAVAILABLE_RETRY_MS = 200
 
 interface Pending {
   readonly actor: string
@@ -86,6 +96,8 @@ interface Pending {
   readonly subject: string
   readonly codec: KindCodec
   timer: ReturnType<typeof setTimeout> | undefined
+  /** Sends the ask again (unavailableForMs), until this time; undefined: ActorUnavailable at once. */
+  readonly again?: { readonly until: number; readonly send: () => void }
   readonly done: (exit: Exit.Exit<unknown, AskError>) => void
 }
 
@@ -184,7 +196,7 @@ export class ActorSystem {
     options?: AskOptions
   ): Effect.Effect<ReplyOf<Spec, K>, AskError> {
     return Effect.callback<ReplyOf<Spec, K>, AskError>((resume) => {
-      const cancel = this.#ask(ref, kind, body, options?.timeoutMs, (exit) => resume(exit as Exit.Exit<ReplyOf<Spec, K>, AskError>))
+      const cancel = this.#ask(ref, kind, body, options, (exit) => resume(exit as Exit.Exit<ReplyOf<Spec, K>, AskError>))
       return Effect.sync(cancel)
     })
   }
@@ -197,7 +209,7 @@ export class ActorSystem {
     options?: AskOptions
   ): Promise<ReplyOf<Spec, K>> {
     return new Promise((resolve, reject) => {
-      this.#ask(ref, kind, body, options?.timeoutMs, (exit) => {
+      this.#ask(ref, kind, body, options, (exit) => {
         if (Exit.isSuccess(exit)) resolve(exit.value as ReplyOf<Spec, K>)
         else reject(Cause.squash(exit.cause))
       })
@@ -313,7 +325,7 @@ export class ActorSystem {
     return this.#publish(ref.subject, envelope)
   }
 
-  #ask(ref: ActorRef, kind: string, body: unknown, timeoutMs: number | undefined, done: (exit: Exit.Exit<unknown, AskError>) => void): () => void {
+  #ask(ref: ActorRef, kind: string, body: unknown, options: AskOptions | undefined, done: (exit: Exit.Exit<unknown, AskError>) => void): () => void {
     if (this.#closed) {
       done(Exit.fail(new ActorStopped({ actor: ref.name, reason: "this actor system is closed" })))
       return () => {}
@@ -329,28 +341,48 @@ export class ActorSystem {
       return () => {}
     }
     const seq = ++this.#seq
-    const ms = timeoutMs ?? this.askTimeoutMs
+    const ms = options?.timeoutMs ?? this.askTimeoutMs
+    const replyTo = this.subjects.reply(this.identity, seq)
+    let retry: ReturnType<typeof setTimeout> | undefined
+    const send = (): void => {
+      const error = this.#publish(ref.subject, envelope, replyTo)
+      if (error) pending.done(Exit.fail(error))
+    }
+    const unavailableForMs = Math.min(options?.unavailableForMs ?? 0, ms)
     const pending: Pending = {
       actor: ref.name,
       kind,
       subject: ref.subject,
       codec,
       timer: undefined,
+      ...(unavailableForMs > 0
+        ? {
+            again: {
+              until: Date.now() + unavailableForMs,
+              send: () => {
+                retry = setTimeout(() => {
+                  if (this.#pending.get(seq) === pending) send()
+                }, UNAVAILABLE_RETRY_MS)
+              }
+            }
+          }
+        : {}),
       done: (exit) => {
         if (this.#pending.get(seq) !== pending) return
         this.#pending.delete(seq)
         clearTimeout(pending.timer)
+        clearTimeout(retry)
         done(exit)
       }
     }
     this.#pending.set(seq, pending)
     pending.timer = setTimeout(() => pending.done(Exit.fail(new AskTimeout({ actor: ref.name, kind, timeoutMs: ms }))), ms)
-    const error = this.#publish(ref.subject, envelope, this.subjects.reply(this.identity, seq))
-    if (error) pending.done(Exit.fail(error))
+    send()
     return () => {
       if (this.#pending.get(seq) === pending) {
         this.#pending.delete(seq)
         clearTimeout(pending.timer)
+        clearTimeout(retry)
       }
     }
   }
@@ -362,7 +394,10 @@ export class ActorSystem {
     const data = msg.data
     if (data.length === 0) {
       // The server answers a request nobody subscribes to with an empty 503 status message.
-      if (msg.headers?.code === 503) p.done(Exit.fail(new ActorUnavailable({ actor: p.actor, kind: p.kind, subject: p.subject })))
+      if (msg.headers?.code === 503) {
+        if (p.again !== undefined && Date.now() + UNAVAILABLE_RETRY_MS < p.again.until) p.again.send()
+        else p.done(Exit.fail(new ActorUnavailable({ actor: p.actor, kind: p.kind, subject: p.subject })))
+      }
       else p.done(Exit.fail(this.#rejectedReply(p, "empty reply")))
       return
     }

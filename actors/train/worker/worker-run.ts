@@ -28,7 +28,7 @@ import { MeasuredDeadlines, limitText, seconds } from "../../../collectives/dead
 import { parseCompressionConfig } from "../../../collectives/compression/index.ts"
 import { findAllReduceAlgorithm } from "../../../collectives/algorithms/index.ts"
 import { watchBus, type BusMonitor } from "../../../core/bus-monitor.ts"
-import { NATS_OUTAGE_TIMEOUT_MS } from "../../../core/defaults.ts"
+import { CONTROLLER_UNAVAILABLE_MS, NATS_OUTAGE_TIMEOUT_MS } from "../../../core/defaults.ts"
 import * as settings from "../../../core/settings.ts"
 import type { ActorContext } from "../../runtime/actor.ts"
 import type { ActorRef, ActorSystem } from "../../runtime/system.ts"
@@ -451,7 +451,7 @@ export class WorkerRun {
           ctx.log.warn(`rank ${this.place().rank}: the group broke (${f.tag}: ${f.message.split("\n")[0]}); waiting to be regrouped`)
           void this.#tellFailed(cause, f, true)
         },
-        fetchState: (attempt, files) => system.askPromise(this.#controller, "peerState", { attempt, ...(files ? { files: [...files] } : {}) }, { timeoutMs: 120_000 }),
+        fetchState: (attempt, files) => system.askPromise(this.#controller, "peerState", { attempt, ...(files ? { files: [...files] } : {}) }, { timeoutMs: 120_000, unavailableForMs: CONTROLLER_UNAVAILABLE_MS }),
         interrupt: () => this.#ps?.interrupt(),
         log: (line) => ctx.log.info(line)
       },
@@ -567,7 +567,7 @@ export class WorkerRun {
       // ctx.preparePipeline's links and groups: communicators over some of the ranks, on this
       // rank's collective connections, named within the generation's group.
       subgroup: (name, members) => this.#subgroup(name, members),
-      fetchDataset: (name) => system.askPromise(this.#controller, "dataset", { name }, { timeoutMs: 120_000 }),
+      fetchDataset: (name) => system.askPromise(this.#controller, "dataset", { name }, { timeoutMs: 120_000, unavailableForMs: CONTROLLER_UNAVAILABLE_MS }),
       // Object store datasets read over a connection of their own: parts are megabytes, which
       // must not queue in front of the collectives' or the control traffic.
       dataNats: () =>
@@ -638,7 +638,7 @@ export class WorkerRun {
       ...(checkpoint ? { checkpoint: { files: toBytes(checkpoint.files), metadata: { ...checkpoint.metadata } } } : {}),
       ...(hasState || shards ? { aux: { ...(hasState ? { [residualFile(p.rank)]: encodeMessage(state) } : {}), ...shards } } : {})
     }
-    const send = () => this.#system.askPromise(this.#controller, "report", body, { timeoutMs: 120_000 })
+    const send = () => this.#system.askPromise(this.#controller, "report", body, { timeoutMs: 120_000, unavailableForMs: CONTROLLER_UNAVAILABLE_MS })
     // A reply lost with the connection would leave report() waiting out its deadline: once
     // the connection dropped and came back meanwhile, the report goes again every second
     // until one is answered (the controller counts a rank's report of a round once; right
@@ -666,7 +666,7 @@ export class WorkerRun {
     // A joiner says where the survivors are: it is given the checkpoint to meet them from.
     const joinAt = this.session?.joinAt()
     const request = omit && omit.length > 0 ? { omit: [...omit], ...(joinAt ? { joinAt } : {}) } : joinAt ? { joinAt } : null
-    const got = await this.#system.askPromise(this.#controller, "checkpoint", request, { timeoutMs: 120_000 })
+    const got = await this.#system.askPromise(this.#controller, "checkpoint", request, { timeoutMs: 120_000, unavailableForMs: CONTROLLER_UNAVAILABLE_MS })
     if (!got) return undefined
     // A joiner counts its report() calls from the checkpoint's (the reply to its joinAt says).
     if (got.reports !== undefined) this.session?.resumedFromCheckpoint(got.reports)
@@ -735,10 +735,11 @@ export class WorkerRun {
 
   /** The loop (or anything before it) failed: the controller hears it, with the ranks the error blames. */
   async #failed(e: unknown): Promise<void> {
-    this.session?.end("its loop failed")
     // A ConfigError the driver answered the loop's ask with (a dataset it was not given) is the
     // loop's ConfigError: not retried, where a RemoteFailure would be restarted as a loop error.
     const f = e instanceof RemoteFailure && e.tag === "ConfigError" ? { tag: e.tag, message: e.remoteMessage, stack: e.remoteStack } : toWireFailure(e)
+    // (the why goes into a regroup's event, where this rank is left out)
+    this.session?.end(`its loop failed: ${f.tag}: ${f.message.split("\n")[0].slice(0, 300)}`)
     this.#ctx.log.error(`rank ${this.place().rank}: the training loop failed: ${f.tag}: ${f.message}`)
     await this.#tellFailed(e, f, false)
   }
