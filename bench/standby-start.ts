@@ -7,7 +7,13 @@
 // second before the start and over windows after it (medians over the pairs of runs), and when
 // the host's threads were first seen on SCHED_IDLE.
 //
-//   node bench/standby-start.ts [--pairs 4] [--seconds 5]
+// With --cap X (root, cgroup v1's cpu controller) each rank of the pair runs in a cgroup of its own
+// capped at X cores (as a node agent and what it starts are under a container's CPU limit, or the
+// chaos bench's --cores-per-agent), and the arms are where the host (on SCHED_IDLE) loads: outside
+// any quota, or inside rank a's (an agent's warm process, or a standby, in its worker's cgroup).
+// SCHED_IDLE gives way on a core, but the CPU time it takes is spent from the quota all the same.
+//
+//   node bench/standby-start.ts [--pairs 4] [--seconds 5] [--cap 0.6]
 import { spawn, type ChildProcess } from "node:child_process"
 import { mkdtempSync, rmSync } from "node:fs"
 import * as os from "node:os"
@@ -16,10 +22,14 @@ import { optionReader } from "./args.ts"
 import { ActorProcess } from "../actors/node/actor-process.ts"
 import { median } from "../scheduler/cost-model.ts"
 import { SCHED_IDLE, threadPolicies } from "../test/support/nice.ts"
+import { createCpuGroup, inGroup, type CpuGroup } from "./cgroups.ts"
+import { writeFileSync } from "node:fs"
 
 const option = optionReader(process.argv.slice(2))
 const pairs = Number(option("--pairs", "4"))
 const seconds = Number(option("--seconds", "5"))
+const cap = option("--cap", "") === "" ? undefined : Number(option("--cap", ""))
+if (cap !== undefined && !(cap > 0)) throw new Error(`--cap must be a number of cores > 0, got ${option("--cap", "")}`)
 const START_AT_MS = 1_500
 
 // One rank of the pair: work, send, wait for the other's message; the times of its rounds on stdout.
@@ -55,15 +65,30 @@ interface Arm {
   readonly idleAtMs: number | undefined
 }
 
-const once = async (schedIdle: boolean, dir: string, n: number): Promise<Arm> => {
+/** With --cap: the pair's two cgroups, capped; the host goes into the first (`inQuota`) or none. */
+const capped = (n: number): CpuGroup[] =>
+  cap === undefined
+    ? []
+    : ["a", "b"].map((r) => {
+        const g = createCpuGroup(`gradwire-standby-start-${process.pid}-${n}-${r}`)
+        g.setCores(cap)
+        return g
+      })
+
+const once = async (schedIdle: boolean, dir: string, n: number, inQuota = false): Promise<Arm> => {
   const sock = path.join(dir, `pair-${n}.sock`)
   const children: ChildProcess[] = []
   let host: ActorProcess | undefined
+  const groups = capped(n)
+  const rank = (r: "a" | "b"): [string, string[]] => {
+    const argv = [process.execPath, "--input-type=module", "-e", RANK, r, sock, String(seconds)]
+    return groups.length > 0 ? inGroup(groups[r === "a" ? 0 : 1]!, argv) : [argv[0]!, argv.slice(1)]
+  }
   try {
-    const a = spawn(process.execPath, ["--input-type=module", "-e", RANK, "a", sock, String(seconds)], { stdio: ["ignore", "pipe", "pipe"] })
+    const a = spawn(...rank("a"), { stdio: ["ignore", "pipe", "pipe"] })
     children.push(a)
     await new Promise((resolve) => a.stderr!.once("data", resolve))
-    children.push(spawn(process.execPath, ["--input-type=module", "-e", RANK, "b", sock, String(seconds)], { stdio: ["ignore", "ignore", "inherit"] }))
+    children.push(spawn(...rank("b"), { stdio: ["ignore", "ignore", "inherit"] }))
     const rounds = new Promise<number[]>((resolve) => {
       let out = ""
       a.stdout!.on("data", (d: Buffer) => (out += d.toString()))
@@ -72,6 +97,8 @@ const once = async (schedIdle: boolean, dir: string, n: number): Promise<Arm> =>
     await new Promise((resolve) => setTimeout(resolve, START_AT_MS))
     const at = performance.timeOrigin + performance.now()
     host = new ActorProcess({ env: { ...process.env, GRADWIRE_START_NICE: "19", GRADWIRE_STANDBY_SCHED_IDLE: schedIdle ? "1" : "0" }, onLine: () => {} })
+    // (moved in right after its start: what it starts later stays in the group)
+    if (inQuota) writeFileSync(path.join(groups[0]!.dir, "cgroup.procs"), String(host.pid))
     let idleAtMs: number | undefined
     const poll = setInterval(() => {
       if (idleAtMs === undefined && threadPolicies(host!.pid).includes(SCHED_IDLE)) idleAtMs = performance.timeOrigin + performance.now() - at
@@ -83,6 +110,7 @@ const once = async (schedIdle: boolean, dir: string, n: number): Promise<Arm> =>
   } finally {
     host?.child.kill("SIGKILL")
     for (const c of children) c.kill("SIGKILL")
+    for (const g of groups) g.removeSync()
   }
 }
 
@@ -91,6 +119,28 @@ if (process.platform !== "linux") {
   process.exit(0)
 }
 const dir = mkdtempSync(path.join(os.tmpdir(), "gradwire-standby-start-"))
+if (cap !== undefined) {
+  try {
+    const arms: Record<"outside" | "inside", Arm[]> = { outside: [], inside: [] }
+    for (let i = 0; i < pairs; i++) {
+      for (const inside of i % 2 ? [true, false] : [false, true]) arms[inside ? "inside" : "outside"].push(await once(true, dir, i * 2 + Number(inside), inside))
+    }
+    console.log(`${os.cpus().length} CPUs, each rank of the pair capped at ${cap} cores, ${pairs} alternated pairs; the pair's rounds a second (median), and the share of its rate before the host's start`)
+    console.log("\nthe host (SCHED_IDLE) loads   before   0-0.5 s after     0.5-1 s after     1 s on")
+    for (const [name, label] of [["outside", "outside any quota"], ["inside", "in rank a's quota"]] as const) {
+      const runs = arms[name]
+      const before = median(runs.map((r) => r.before))
+      const cell = (key: "first" | "second" | "rest"): string => {
+        const v = median(runs.map((r) => r[key]))
+        return `${v.toFixed(0)} (${((100 * v) / before).toFixed(0)}%)`.padEnd(18)
+      }
+      console.log(`${label.padEnd(28)}  ${before.toFixed(0).padEnd(7)}  ${cell("first")}${cell("second")}${cell("rest")}`)
+    }
+  } finally {
+    rmSync(dir, { recursive: true, force: true })
+  }
+  process.exit(0)
+}
 try {
   const arms: Record<"nice" | "idle", Arm[]> = { nice: [], idle: [] }
   for (let i = 0; i < pairs; i++) {
