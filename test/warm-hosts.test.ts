@@ -119,6 +119,14 @@ describe("warm actor processes", () => {
     expect(b.pid).toBe(second)
     expect(niceValues(second)).toEqual([19])
     expect(policies(second)).toEqual([idle])
+    // The pool fills again beside the standby's start (the lost worker's CPU is free then), not
+    // after the spawn's quiet time, when the standby may have joined its group; after the plain
+    // spawn it waited for that time.
+    const third = await eventually("the pool to fill beside the standby", 30_000, () => warmChildren(agent.pid).find((p) => ![first, second, busy.pid].includes(p)))
+    const started = (pid: number): string | undefined => agent.lines.find((l) => l.includes(`warm process ${pid} started`))
+    expect(started(third)).toContain("beside a standby worker's start")
+    expect(started(second)).toBeDefined()
+    expect(started(second)).not.toContain("beside a standby worker's start")
     for (const x of [busy, standby, a, b]) expect(await x.kill()).toBe(true)
   })
 

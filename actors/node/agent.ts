@@ -104,9 +104,10 @@ export interface AgentOptions {
   /**
    * Actor processes kept started ahead of requests, with gradwire's worker modules and tfjs loaded
    * (host.ts): a spawn takes one instead of starting cold, which is most of a replacement worker's
-   * start. One starts after 3 s without a spawn; where no core is spare (the node's CPUs beyond
-   * what its processes reserve) only once a standby worker was asked of this agent (a job here
-   * lost a worker), and at a lower CPU priority (GRADWIRE_STANDBY_NICE, where it can be raised
+   * start. One starts after 3 s without a spawn, or at once beside a standby worker's spawn (while
+   * its group runs short-handed, on the lost worker's CPU, rather than after it joined); where no
+   * core is spare (the node's CPUs beyond what its processes reserve) only once a standby worker
+   * was asked of this agent (a job here lost a worker), and at a lower CPU priority (GRADWIRE_STANDBY_NICE, where it can be raised
    * back), so that its load takes only what the running processes leave idle; it runs at its own
    * once a spawn takes it (a standby worker's: once it joins its group). Without a way back it
    * does not start there. Default 1; 0 starts every process cold.
@@ -185,6 +186,8 @@ export class NodeAgent {
    * jobs are spared the CPU that loading one takes (short jobs paid 10-15% for it).
    */
   #standbySeen = false
+  /** A standby worker was just spawned: the pool fills again at once, not after WARM_FILL_QUIET_MS (#fillWarm). */
+  #fillBesideStandby = false
   readonly #owners = new Map<string, Tracked>()
   readonly #jobs = new Map<string, Tracked>()
   readonly #heartbeatMs: number
@@ -328,7 +331,14 @@ export class NodeAgent {
   #fillWarm(): void {
     const want = this.#options.warmHosts ?? 1
     // A dead one leaves #warm through its exit handler (with the back-off), a taken one through #takeWarm.
-    if (this.#leaving || this.#warm.length >= want || Date.now() - this.#lastSpawnAt < WARM_FILL_QUIET_MS) return
+    // Beside a standby worker's start the pool fills at once: the lost worker's CPU is free while its
+    // group runs short-handed, and where the node's processes share a CPU quota (a cgroup, a
+    // container's limit) a warm process loading tfjs after the standby joined would take the quota
+    // its group's workers leave while they wait in collectives, and they would be throttled at their
+    // next step (SCHED_IDLE does not stop that: the quota is spent all the same).
+    const besideStandby = this.#fillBesideStandby
+    this.#fillBesideStandby = false
+    if (this.#leaving || this.#warm.length >= want || (!besideStandby && Date.now() - this.#lastSpawnAt < WARM_FILL_QUIET_MS)) return
     const cores = Math.min(this.#options.numCpus ?? this.#hardware.cpus, this.#hardware.cpus || Infinity)
     let reserved = 0
     for (const r of this.#processes.values()) reserved += r.info.resources.CPU ?? 0
@@ -343,6 +353,7 @@ export class NodeAgent {
     const proc = new ActorProcess({ cwd: process.cwd(), env, onLine: (stream, line) => this.#log.debug(`(warm pid=${proc.pid}) ${stream}: ${line}`) })
     this.#lastSpawnAt = Date.now()
     if (proc.pid < 0) return
+    this.#log.info(`warm process ${proc.pid} started${lowered > 0 ? ` (lowered, nice ${lowered})` : ""}${besideStandby ? " beside a standby worker's start" : ""}`)
     this.#warm.push(proc)
     void proc.exited.then((exit) => {
       const i = this.#warm.indexOf(proc)
@@ -554,6 +565,7 @@ export class NodeAgent {
     delete env.GRADWIRE_ADDRESS
     // A warm process (started with the agent's environment) takes what this request adds to it.
     const warm = this.#takeWarm()
+    if (request.env.GRADWIRE_START_NICE !== undefined) this.#fillBesideStandby = true
     const spec = encodeHostSpec({
       ...(warm ? { env: added, cwd } : {}),
       connection: normalizeConnection(this.#options.connection),
