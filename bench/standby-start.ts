@@ -118,45 +118,40 @@ if (process.platform !== "linux") {
   console.log("nice values and SCHED_IDLE as gradwire sets them are Linux's; nothing to compare here")
   process.exit(0)
 }
+/** One printed row: an arm's rate before the start, then over each window after it with its share of that. */
+const row = (label: string, width: number, runs: ReadonlyArray<Arm>, tail = ""): string => {
+  const before = median(runs.map((r) => r.before))
+  const cell = (key: "first" | "second" | "rest"): string => {
+    const v = median(runs.map((r) => r[key]))
+    return `${v.toFixed(0)} (${((100 * v) / before).toFixed(0)}%)`.padEnd(18)
+  }
+  return `${label.padEnd(width)}  ${before.toFixed(0).padEnd(7)}  ${cell("first")}${cell("second")}${cell("rest")}${tail}`
+}
+
+/** Runs `pairs` alternated pairs of the two arms (`false` first in even pairs), each run by `run(arm, n)`. */
+const alternated = async (run: (arm: boolean, n: number) => Promise<Arm>): Promise<{ readonly off: Arm[]; readonly on: Arm[] }> => {
+  const out = { off: [] as Arm[], on: [] as Arm[] }
+  for (let i = 0; i < pairs; i++) {
+    for (const arm of i % 2 ? [true, false] : [false, true]) out[arm ? "on" : "off"].push(await run(arm, i * 2 + Number(arm)))
+  }
+  return out
+}
+
 const dir = mkdtempSync(path.join(os.tmpdir(), "gradwire-standby-start-"))
-if (cap !== undefined) {
-  try {
-    const arms: Record<"outside" | "inside", Arm[]> = { outside: [], inside: [] }
-    for (let i = 0; i < pairs; i++) {
-      for (const inside of i % 2 ? [true, false] : [false, true]) arms[inside ? "inside" : "outside"].push(await once(true, dir, i * 2 + Number(inside), inside))
-    }
+try {
+  if (cap !== undefined) {
+    const arms = await alternated((inside, n) => once(true, dir, n, inside))
     console.log(`${os.cpus().length} CPUs, each rank of the pair capped at ${cap} cores, ${pairs} alternated pairs; the pair's rounds a second (median), and the share of its rate before the host's start`)
     console.log("\nthe host (SCHED_IDLE) loads   before   0-0.5 s after     0.5-1 s after     1 s on")
-    for (const [name, label] of [["outside", "outside any quota"], ["inside", "in rank a's quota"]] as const) {
-      const runs = arms[name]
-      const before = median(runs.map((r) => r.before))
-      const cell = (key: "first" | "second" | "rest"): string => {
-        const v = median(runs.map((r) => r[key]))
-        return `${v.toFixed(0)} (${((100 * v) / before).toFixed(0)}%)`.padEnd(18)
-      }
-      console.log(`${label.padEnd(28)}  ${before.toFixed(0).padEnd(7)}  ${cell("first")}${cell("second")}${cell("rest")}`)
-    }
-  } finally {
-    rmSync(dir, { recursive: true, force: true })
-  }
-  process.exit(0)
-}
-try {
-  const arms: Record<"nice" | "idle", Arm[]> = { nice: [], idle: [] }
-  for (let i = 0; i < pairs; i++) {
-    for (const schedIdle of i % 2 ? [true, false] : [false, true]) arms[schedIdle ? "idle" : "nice"].push(await once(schedIdle, dir, i * 2 + Number(schedIdle)))
-  }
-  console.log(`${os.cpus().length} CPUs, ${pairs} alternated pairs; the pair's rounds a second (median), and the share of its rate before the start`)
-  console.log("\nstandby                 before   0-0.5 s after     0.5-1 s after     1 s on            on SCHED_IDLE after (ms)")
-  for (const [name, label] of [["nice", "nice 19 alone"], ["idle", "nice 19 + SCHED_IDLE"]] as const) {
-    const runs = arms[name]
-    const before = median(runs.map((r) => r.before))
-    const cell = (key: "first" | "second" | "rest"): string => {
-      const v = median(runs.map((r) => r[key]))
-      return `${v.toFixed(0)} (${((100 * v) / before).toFixed(0)}%)`.padEnd(18)
-    }
-    const idle = runs.map((r) => (r.idleAtMs === undefined ? "-" : r.idleAtMs.toFixed(0))).join(", ")
-    console.log(`${label.padEnd(22)}  ${before.toFixed(0).padEnd(7)}  ${cell("first")}${cell("second")}${cell("rest")}${idle}`)
+    console.log(row("outside any quota", 28, arms.off))
+    console.log(row("in rank a's quota", 28, arms.on))
+  } else {
+    const arms = await alternated((schedIdle, n) => once(schedIdle, dir, n))
+    console.log(`${os.cpus().length} CPUs, ${pairs} alternated pairs; the pair's rounds a second (median), and the share of its rate before the start`)
+    console.log("\nstandby                 before   0-0.5 s after     0.5-1 s after     1 s on            on SCHED_IDLE after (ms)")
+    const idle = (runs: ReadonlyArray<Arm>): string => runs.map((r) => (r.idleAtMs === undefined ? "-" : r.idleAtMs.toFixed(0))).join(", ")
+    console.log(row("nice 19 alone", 22, arms.off, idle(arms.off)))
+    console.log(row("nice 19 + SCHED_IDLE", 22, arms.on, idle(arms.on)))
   }
 } finally {
   rmSync(dir, { recursive: true, force: true })

@@ -105,7 +105,7 @@ export interface AgentOptions {
    * Actor processes kept started ahead of requests, with gradwire's worker modules and tfjs loaded
    * (host.ts): a spawn takes one instead of starting cold, which is most of a replacement worker's
    * start. One starts after 3 s without a spawn, or at once beside a standby worker's spawn (while
-   * its group runs short-handed, on the lost worker's CPU, rather than after it joined); where no
+   * its group runs short-handed, on the lost worker's CPU, rather than as it joins); where no
    * core is spare (the node's CPUs beyond what its processes reserve) only once a standby worker
    * was asked of this agent (a job here lost a worker), and at a lower CPU priority (GRADWIRE_STANDBY_NICE, where it can be raised
    * back), so that its load takes only what the running processes leave idle; it runs at its own
@@ -333,9 +333,9 @@ export class NodeAgent {
     // A dead one leaves #warm through its exit handler (with the back-off), a taken one through #takeWarm.
     // Beside a standby worker's start the pool fills at once: the lost worker's CPU is free while its
     // group runs short-handed, and where the node's processes share a CPU quota (a cgroup, a
-    // container's limit) a warm process loading tfjs after the standby joined would take the quota
-    // its group's workers leave while they wait in collectives, and they would be throttled at their
-    // next step (SCHED_IDLE does not stop that: the quota is spent all the same).
+    // container's limit) a warm process loading tfjs once the standby has joined takes the quota
+    // its group's worker leaves while it waits in collectives, and it is throttled at its next step
+    // (SCHED_IDLE does not stop that: the quota is spent all the same).
     const besideStandby = this.#fillBesideStandby
     this.#fillBesideStandby = false
     if (this.#leaving || this.#warm.length >= want || (!besideStandby && Date.now() - this.#lastSpawnAt < WARM_FILL_QUIET_MS)) return
