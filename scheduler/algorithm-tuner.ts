@@ -32,6 +32,8 @@ export interface TunedSize {
   readonly picked: string
   /** What the cost model had picked for this size. */
   readonly modelPick: string
+  /** Each candidate's agreed time in each round, ms, in `candidates`' order (round k of all ran back to back): what `picked` was decided on. */
+  readonly rounds?: readonly (readonly number[])[]
 }
 
 export class AlgorithmTuner {
@@ -136,7 +138,7 @@ export class AlgorithmTuner {
       const m = names.indexOf(model)
       const picked = m >= 0 && !this.#clearlySlower(calls[m]!, calls[best]!, ms[m]!, ms[best]!) ? model : names[best]!
       picks.set(bytes, picked)
-      return { bytes, candidates: names, ms, picked, modelPick: model }
+      return { bytes, candidates: names, ms, picked, modelPick: model, rounds: calls.map((c) => Array.from(c, (v) => Math.round(v * 1000) / 1000)) }
     })
     this.#decided = picks
     return out

@@ -15,7 +15,8 @@ import {
   type Topology
 } from "../scheduler/cost-model.ts"
 import { AlgorithmTuner } from "../scheduler/algorithm-tuner.ts"
-import { chooseAlgorithm } from "../scheduler/algorithm-choice.ts"
+import { chooseAlgorithm, type Explanation } from "../scheduler/algorithm-choice.ts"
+import { withTuned } from "../actors/train/worker/auto-config.ts"
 import { allReduceAlgorithms, findAllReduceAlgorithm } from "../collectives/algorithms/index.ts"
 import { pairProbeRounds } from "../collectives/communicator.ts"
 import { describeObservation, type ObservedTopology } from "../scheduler/topology.ts"
@@ -189,7 +190,15 @@ describe("the tuner", () => {
     // at 8 MiB ring is slower in 3 of 4 rounds and by its median: overridden
     for (const ms of [10, 30, 30, 30]) t.record(8 * MiB, "ring", ms)
     for (let k = 0; k < 4; k++) t.record(8 * MiB, "tree", 12)
-    expect(t.decide(t.table(), () => "ring").map((d) => d.picked)).toEqual(["ring", "tree"])
+    const decided = t.decide(t.table(), () => "ring")
+    expect(decided.map((d) => d.picked)).toEqual(["ring", "tree"])
+    // the rounds it was decided on go with the decision (explain.json), and explain.txt says why the pick was kept
+    expect(decided[0]!.rounds).toEqual([
+      [10, 10, 30, 30],
+      [12, 12, 12, 12]
+    ])
+    const e = withTuned({ text: "", json: {} } as unknown as Explanation, decided)
+    expect(e.text).toContain("1.0 MiB: ring 20.00, tree 12.00 ms -> ring (the cost model picked ring, kept: not clearly slower than the fastest, 1.67x, but slower in 2 of 4 rounds (3 needed): 10.00, 10.00, 30.00, 30.00 against 12.00, 12.00, 12.00, 12.00 ms)")
   })
 
   it("leaves out sizes not timed rounds times with every candidate, and refuses a table of another shape", () => {

@@ -352,6 +352,19 @@ export class AutoGradientReducer extends GradientReducer {
 const fmtTunedBytes = (b: number): string => (b >= 1024 * 1024 ? `${(b / (1024 * 1024)).toFixed(1)} MiB` : `${(b / 1024).toFixed(1)} KiB`)
 
 /** The explanation with what the tuner measured and picked, when it has decided (`paths`: each algorithm was timed over both paths). */
+/**
+ * Why a kept pick slower than the fastest was not overridden: within TUNE_KEEP_WITHIN x of it, or
+ * slower than it in too few of the rounds (AlgorithmTuner's rule: in at least 3 of every 4).
+ */
+const keptBy = (t: TunedSize, fastest: number): string => {
+  const mine = t.rounds?.[t.candidates.indexOf(t.picked)]
+  const best = t.rounds?.[t.ms.indexOf(fastest)]
+  const ratio = t.ms[t.candidates.indexOf(t.picked)]! / fastest
+  if (ratio <= TUNE_KEEP_WITHIN || mine === undefined || best === undefined) return `within ${TUNE_KEEP_WITHIN}x or slower in too few rounds`
+  const slower = mine.filter((v, k) => v > best[k]!).length
+  return `${ratio.toFixed(2)}x, but slower in ${slower} of ${mine.length} rounds (${Math.ceil(0.75 * mine.length)} needed): ${mine.map((v) => v.toFixed(2)).join(", ")} against ${best.map((v) => v.toFixed(2)).join(", ")} ms`
+}
+
 export const withTuned = (
   e: Explanation,
   tuned: readonly TunedSize[] | undefined,
@@ -380,7 +393,7 @@ export const withTuned = (
       (t.picked !== t.modelPick
         ? ` (${who} ${t.modelPick}: ${t.candidates.includes(t.modelPick) ? `${(of(t.modelPick) / fastest).toFixed(2)}x the fastest` : "not timed"})`
         : of(t.picked) > fastest
-          ? ` (${who} ${t.picked}, kept: not clearly slower than the fastest, within ${TUNE_KEEP_WITHIN}x or slower in too few rounds)`
+          ? ` (${who} ${t.picked}, kept: not clearly slower than the fastest, ${keptBy(t, fastest)})`
           : ` (${who} ${t.picked} too)`)
     )
   })
