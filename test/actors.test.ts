@@ -101,6 +101,19 @@ describe("tell and ask", () => {
     await late
     expect(got).toBe(41)
     await h!.stop()
+    // a request in frames (above max_payload: a report with a checkpoint) is answered "no
+    // responders" once per frame, and still sent again once per attempt, not once per answer
+    const big = fresh("echo")
+    let hb: Awaited<ReturnType<typeof launchActor>> | undefined
+    const lateBig = new Promise<void>((resolve) => setTimeout(() => void launchActor(a, echoActor, { name: big }).then((x) => ((hb = x), resolve())), 700))
+    const data = new Float32Array(250_000).fill(1) // 1 MB: 16 frames of 64 KiB
+    const sentBefore = b.nc.stats().outMsgs
+    const reply = await b.askPromise(b.ref(EchoProtocol, big), "tensor", { t: wireTensor("float32", [250_000], data) }, { timeoutMs: 10_000, unavailableForMs: 5_000 })
+    await lateBig
+    expect(reply.sum).toBe(250_000)
+    // about 700 / 200 attempts of 16 frames; one attempt per answer would have been 16, 256, 4096... frames
+    expect(b.nc.stats().outMsgs - sentBefore).toBeLessThan(16 * 12)
+    await hb!.stop()
     // nobody comes: ActorUnavailable once unavailableForMs has passed, not the ask's timeout
     const started = Date.now()
     const e = await b.askPromise(b.ref(EchoProtocol, "still-nobody"), "echo", 1, { timeoutMs: 20_000, unavailableForMs: 800 }).catch((x: unknown) => x)

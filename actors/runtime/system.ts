@@ -360,7 +360,11 @@ export class ActorSystem {
             again: {
               until: Date.now() + unavailableForMs,
               send: () => {
+                // once per attempt: a request sent in frames (above max_payload) is answered "no
+                // responders" once per frame
+                if (retry !== undefined) return
                 retry = setTimeout(() => {
+                  retry = undefined
                   if (this.#pending.get(seq) === pending) send()
                 }, UNAVAILABLE_RETRY_MS)
               }
