@@ -48,13 +48,13 @@ const startEach = async (group: string, procs: number[], c: Case): Promise<{ set
   }
 }
 
-const expectFailureNaming = (outcome: Outcome, culprit: number): void => {
+const expectFailureNaming = (outcome: Outcome, culprit: number, withinMs = FAIL_WITHIN_MS): void => {
   expect(outcome.ok).toBe(false)
   if (outcome.ok) return
   const { tag, fields } = outcome.error
   expect(["CollectiveTimeout", "CollectiveAborted"]).toContain(tag)
   expect(fields.failedRanks as number[]).toContain(culprit)
-  expect(outcome.ms).toBeLessThan(FAIL_WITHIN_MS)
+  expect(outcome.ms).toBeLessThan(withinMs)
 }
 
 /** A collective large enough (with small chunks and windows) to be mid-flight for a while. */
@@ -183,8 +183,11 @@ describe("collectives failure handling", () => {
     const waited = await lateBy("busy", { ...working, cpu: 0.2 }, 2.4 * timeoutMs)
     for (const o of waited) expect(o, JSON.stringify(o)).toMatchObject({ ok: true })
     expect(Math.min(...waited.slice(0, 3).map((o) => o.ms))).toBeGreaterThan(2 * timeoutMs)
+    // Named before rank 1 comes (7.5 s late), so not waited for: at the deadline and its probe
+    // (about 3.1 s), which a loaded CI run stretched past the other tests' bound (4.6 s against
+    // 4.4 s; a waited-for rank's call would have finished, not failed, once it came).
     const named = (o: Outcome): void => {
-      expectFailureNaming(o, 1)
+      expectFailureNaming(o, 1, 7_000)
       if (!o.ok && o.error.tag === "CollectiveTimeout") expect(o.error.fields.behind).toEqual([1])
     }
     // idle (waiting on something that never comes): hung, named at the deadline
