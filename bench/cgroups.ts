@@ -32,6 +32,11 @@ export class CpuGroup {
     return Number(fs.readFileSync(path.join(this.dir, "cpu.cfs_quota_us"), "utf8").trim())
   }
 
+  /** Moves process `pid` (every thread of it) into the group; what it starts from then on stays in it. */
+  add(pid: number): void {
+    fs.writeFileSync(path.join(this.dir, "cgroup.procs"), String(pid))
+  }
+
   /** The pids in the group now. */
   pids(): number[] {
     try {

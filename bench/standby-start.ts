@@ -23,7 +23,6 @@ import { ActorProcess } from "../actors/node/actor-process.ts"
 import { median } from "../scheduler/cost-model.ts"
 import { SCHED_IDLE, threadPolicies } from "../test/support/nice.ts"
 import { createCpuGroup, inGroup, type CpuGroup } from "./cgroups.ts"
-import { writeFileSync } from "node:fs"
 
 const option = optionReader(process.argv.slice(2))
 const pairs = Number(option("--pairs", "4"))
@@ -98,7 +97,7 @@ const once = async (schedIdle: boolean, dir: string, n: number, inQuota = false)
     const at = performance.timeOrigin + performance.now()
     host = new ActorProcess({ env: { ...process.env, GRADWIRE_START_NICE: "19", GRADWIRE_STANDBY_SCHED_IDLE: schedIdle ? "1" : "0" }, onLine: () => {} })
     // (moved in right after its start: what it starts later stays in the group)
-    if (inQuota) writeFileSync(path.join(groups[0]!.dir, "cgroup.procs"), String(host.pid))
+    if (inQuota) groups[0]!.add(host.pid)
     let idleAtMs: number | undefined
     const poll = setInterval(() => {
       if (idleAtMs === undefined && threadPolicies(host!.pid).includes(SCHED_IDLE)) idleAtMs = performance.timeOrigin + performance.now() - at

@@ -23,6 +23,16 @@
 
 import { median } from "./cost-model.ts"
 
+/** In how many rounds `a` took longer than `b` (round k of both ran back to back). */
+export const roundsSlower = (a: ArrayLike<number>, b: ArrayLike<number>): number => {
+  let slower = 0
+  for (let k = 0; k < a.length; k++) if (a[k]! > b[k]!) slower++
+  return slower
+}
+
+/** Of `rounds`, in how many the model's pick must be slower for the tuner to override it (3 of every 4). */
+export const roundsToOverride = (rounds: number): number => Math.ceil(0.75 * rounds)
+
 export interface TunedSize {
   readonly bytes: number
   /** The candidates timed on this size (all of them, or those `timedOn` allowed it), in order. */
@@ -152,9 +162,7 @@ export class AlgorithmTuner {
    */
   #clearlySlower(a: Float32Array, b: Float32Array, ma: number, mb: number): boolean {
     if (!(ma > this.keepWithin * mb)) return false
-    let slower = 0
-    for (let k = 0; k < a.length; k++) if (a[k]! > b[k]!) slower++
-    return slower >= Math.ceil(0.75 * a.length)
+    return roundsSlower(a, b) >= roundsToOverride(a.length)
   }
 
   /**

@@ -17,7 +17,7 @@ import { autoCandidates, compressionType, type ResolvedCompressionConfig } from 
 import { chooseAlgorithm, explain, planCommunication, type CompressorProfile, type Explanation } from "../../../scheduler/algorithm-choice.ts"
 import type { CostModel, Topology } from "../../../scheduler/cost-model.ts"
 import { defaultCostModel, median } from "../../../scheduler/cost-model.ts"
-import { AlgorithmTuner, DriftMonitor, type TunedSize } from "../../../scheduler/algorithm-tuner.ts"
+import { AlgorithmTuner, DriftMonitor, roundsSlower, roundsToOverride, type TunedSize } from "../../../scheduler/algorithm-tuner.ts"
 import { describeObservation, type ObservedTopology, type ProbeOptions } from "../../../scheduler/topology.ts"
 import { probeGroupTopology } from "./topology-probe.ts"
 import type { LinkMeasurements, TunedShape } from "../common/train-protocol.ts"
@@ -361,8 +361,7 @@ const keptBy = (t: TunedSize, fastest: number): string => {
   const best = t.rounds?.[t.ms.indexOf(fastest)]
   const ratio = t.ms[t.candidates.indexOf(t.picked)]! / fastest
   if (ratio <= TUNE_KEEP_WITHIN || mine === undefined || best === undefined) return `within ${TUNE_KEEP_WITHIN}x or slower in too few rounds`
-  const slower = mine.filter((v, k) => v > best[k]!).length
-  return `${ratio.toFixed(2)}x, but slower in ${slower} of ${mine.length} rounds (${Math.ceil(0.75 * mine.length)} needed): ${mine.map((v) => v.toFixed(2)).join(", ")} against ${best.map((v) => v.toFixed(2)).join(", ")} ms`
+  return `${ratio.toFixed(2)}x, but slower in ${roundsSlower(mine, best)} of ${mine.length} rounds (${roundsToOverride(mine.length)} needed): ${mine.map((v) => v.toFixed(2)).join(", ")} against ${best.map((v) => v.toFixed(2)).join(", ")} ms`
 }
 
 export const withTuned = (
