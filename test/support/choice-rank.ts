@@ -15,7 +15,7 @@ import { autoCandidates } from "../../collectives/compression/index.ts"
 import { probeGroupTopology } from "../../actors/train/worker/topology-probe.ts"
 import { chooseAlgorithm, explain, planCommunication } from "../../scheduler/algorithm-choice.ts"
 import { describeObservation } from "../../scheduler/topology.ts"
-import { AlgorithmTuner } from "../../scheduler/algorithm-tuner.ts"
+import { AlgorithmTuner, type TunedSize } from "../../scheduler/algorithm-tuner.ts"
 import { TUNE_KEEP_WITHIN, TUNE_ROUNDS } from "../../actors/train/worker/auto-config.ts"
 
 interface Args {
@@ -35,6 +35,12 @@ interface Args {
   readonly directHost?: string
   /** With `directSecret`: fit each pair of nodes' direct links from the timed exchanges (default true; false: one alpha and beta for every link, as before). */
   readonly pairs?: boolean
+  /** With `tune`: independent tunings per size (each its own tuner and agreed table; the first is `tuned`); default 1. */
+  readonly tunings?: number
+  /** CPU work (ms, a busy loop) before every timed call, as a step's forward and backward pass comes before its all-reduce; default 0. */
+  readonly computeMs?: number
+  /** Also time each algorithm as training runs it: blocks of steps (the CPU work, then the call) without a barrier; default false. */
+  readonly steady?: boolean
 }
 
 const args = JSON.parse(process.argv[2]!) as Args
@@ -79,8 +85,16 @@ try {
     compression: "none"
   })
   const measured: Record<string, Record<string, number[]>> = {}
+  // A step's CPU work before its call (under a CPU quota it spends the quota the call then runs on).
+  const compute = (): void => {
+    const until = performance.now() + (args.computeMs ?? 0)
+    let x = 0
+    while (performance.now() < until) for (let i = 0; i < 1000; i++) x += Math.sqrt(i + x)
+    if (x < 0) console.log(x)
+  }
   const run = async (buf: Float32Array, algorithm: AllReduceAlgorithm): Promise<number> => {
     buf.fill(args.rank + 1)
+    compute()
     await comm.barrier()
     const t0 = performance.now()
     await comm.allReduce(buf, { algorithm })
@@ -91,8 +105,12 @@ try {
     return t[0]!
   }
   // The measured pick as training makes it (AutoGradientReducer): each algorithm timed
-  // TUNE_ROUNDS times per size, each call's slowest rank agreed, the median of each algorithm's calls compared.
-  const tuner = new AlgorithmTuner(args.algorithms, TUNE_ROUNDS, TUNE_KEEP_WITHIN)
+  // TUNE_ROUNDS times per size, each call's slowest rank agreed, the median of each algorithm's
+  // calls compared; `tunings` times per size, each with a tuner of its own.
+  const modelPick = (bytes: number): string => choices[args.sizes.indexOf(bytes)]!.algorithm
+  const tunings: Record<string, TunedSize[]> = {}
+  const steady: Record<string, Record<string, number[]>> = {}
+  const STEADY_BLOCK = 10
   for (const bytes of args.sizes) {
     const buf = new Float32Array(bytes / 4)
     const times: Record<string, number[]> = {}
@@ -100,20 +118,46 @@ try {
       times[a] = []
       await run(buf, a) // warm-up
     }
-    for (let i = 0; i < (args.tune === true ? tuner.steps : 0); i++) {
-      const a = tuner.next(bytes)
-      buf.fill(args.rank + 1)
-      await comm.barrier()
-      const t0 = performance.now()
-      await comm.allReduce(buf, { algorithm: a })
-      tuner.record(bytes, a, performance.now() - t0)
+    tunings[bytes] = []
+    for (let n = 0; n < (args.tune === true ? Math.max(1, args.tunings ?? 1) : 0); n++) {
+      const tuner = new AlgorithmTuner(args.algorithms, TUNE_ROUNDS, TUNE_KEEP_WITHIN)
+      for (let i = 0; i < tuner.steps; i++) {
+        const a = tuner.next(bytes)
+        buf.fill(args.rank + 1)
+        compute()
+        await comm.barrier()
+        const t0 = performance.now()
+        await comm.allReduce(buf, { algorithm: a })
+        tuner.record(bytes, a, performance.now() - t0)
+      }
+      const table = tuner.table()
+      await comm.allReduce(table, { op: "max", algorithm: "tree" })
+      tunings[bytes]!.push(...tuner.decide(table, modelPick))
     }
     for (let i = 0; i < args.reps; i++) for (const a of args.algorithms) times[a]!.push(await run(buf, a))
     measured[bytes] = times
+    // As training runs: blocks of STEADY_BLOCK steps (the CPU work, then the call, no barrier
+    // between), one algorithm per block, blocks interleaved; a block's time per step on its slowest rank.
+    if (args.steady === true) {
+      const per: Record<string, number[]> = {}
+      for (const a of args.algorithms) per[a] = []
+      for (let i = 0; i < args.reps; i++) {
+        for (const a of args.algorithms) {
+          await comm.barrier()
+          const t0 = performance.now()
+          for (let k = 0; k < STEADY_BLOCK; k++) {
+            buf.fill(args.rank + 1)
+            compute()
+            await comm.allReduce(buf, { algorithm: a })
+          }
+          const t = Float32Array.of((performance.now() - t0) / STEADY_BLOCK)
+          await comm.allReduce(t, { op: "max", algorithm: "tree" })
+          per[a]!.push(t[0]!)
+        }
+      }
+      steady[bytes] = per
+    }
   }
-  const table = tuner.table()
-  if (args.tune === true) await comm.allReduce(table, { op: "max", algorithm: "tree" })
-  const tuned = tuner.decide(table, (bytes) => choices[args.sizes.indexOf(bytes)]!.algorithm)
   if (args.rank === 0) {
     console.log(
       JSON.stringify({
@@ -123,7 +167,9 @@ try {
           chosen: choices[i]!.algorithm,
           predicted: Object.fromEntries(choices[i]!.predictions.map((p) => [p.algorithm, p.ms])),
           measured: measured[bytes],
-          tuned: tuned.find((t) => t.bytes === bytes)?.picked
+          tuned: tunings[bytes]![0]?.picked,
+          tunings: tunings[bytes],
+          ...(args.steady === true ? { steady: steady[bytes] } : {})
         })),
         explain: explain(plan).text
       })
