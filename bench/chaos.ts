@@ -1,6 +1,6 @@
 // `npm run bench -- chaos [--every=15] [--seed=N] [--loops=fit,step,pipe] [--strategies=allreduce,zero,zero2,ps,localsgd,localsgd-frag,localsgd-stream,auto]
 //                         [--kinds=worker-kill,worker-stop,nats-kill[,agent-kill][,link-cut][,server-kill]] [--epochs-fit=N] [--epochs-step=N] [--epochs-pipe=N]
-//                         [--repeat=1] [--order=alternate|fixed] [--warmup=0.25] [--cluster=agents|veth] [--cores-per-agent=X] [--bound=3] [--spares=0] [--agent-restart-ms=1000] [--cut-ms=10000] [--out=FILE]`
+//                         [--repeat=1] [--order=alternate|fixed] [--warmup=0.25] [--cluster=agents|veth] [--cores-per-agent=X] [--agents=3] [--bound=3] [--spares=0] [--agent-restart-ms=1000] [--cut-ms=10000] [--out=FILE]`
 // Goodput under chaos: the same job (digits MLP, 3 workers on the embedded cluster, failureConfig
 // { maxFailures: -1 }, recoverFrom left at its default) run fault-free, then under a seeded fault
 // schedule, for a `dp.fit` loop (test/support/chaos-loop.ts) and a hand-written `dp.trainStep` loop
@@ -35,6 +35,8 @@
 // as two, so a short-handed group costs next to nothing there and goodput came out above 100%; at
 // 0.6 a group short of a worker has 2/3 of the CPU, as where each worker has a core of its own.
 // Where no cgroup can be made the bench says so and runs uncapped.
+// --agents=N (with a cluster of agents; default: one per worker) starts N agents, so that N minus the
+// workers have room for spares (--spares) or replacements beside the running group's agents.
 // A fault due while the group is still recovering from the previous one waits until the group
 // steps again (its delay is printed and the effective fault interval is what the table says).
 //
@@ -124,6 +126,8 @@ const DEFAULT_KINDS: ReadonlyArray<Kind> = ["worker-kill", "worker-stop", "nats-
 const NOT_RUN: Array<readonly [string, string]> = []
 
 const WORKERS = 3
+/** Agents in the cluster of agents (--agents; one per worker by default). */
+let agentTotal = WORKERS
 /** Workers of a loop's group: a pipelined one is a 2 stages x 2 replicas grid. */
 const workersOf = (loop: LoopShape): number => (loop === "pipe" ? 4 : WORKERS)
 const MAX_RUN_MS = 600_000
@@ -374,7 +378,7 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
   const strategy = STRATEGIES[spec.strategy]!
   let error: string | undefined
   // Every agent back (one killed in the previous run is replaced) before the group is placed.
-  await agentCluster?.waitForAgents(WORKERS)
+  await agentCluster?.waitForAgents(agentTotal)
   trainerRunning = true
   try {
     timer = setInterval(tick, 50)
@@ -581,9 +585,14 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
         coresPerAgent = undefined
       }
     }
-    if (kinds.includes("agent-kill") || linkCut || clusterArg === "agents") agentCluster = await startAgentCluster(fs.mkdtempSync(path.join(storage, "agents-")), WORKERS, { linkCut, ...(coresPerAgent !== undefined ? { coresPerAgent } : {}) })
+    const onAgents = kinds.includes("agent-kill") || linkCut || clusterArg === "agents"
+    const agentCount = Number(arg("agents") ?? WORKERS)
+    if (arg("agents") !== undefined && !onAgents) throw new Error("--agents sizes a cluster of CLI agents: add --cluster=agents (or a kind that runs on them: agent-kill, link-cut)")
+    if (!(Number.isInteger(agentCount) && agentCount >= WORKERS)) throw new Error(`--agents must be a whole number >= ${WORKERS} (one per worker), got ${arg("agents")}`)
+    agentTotal = agentCount
+    if (onAgents) agentCluster = await startAgentCluster(fs.mkdtempSync(path.join(storage, "agents-")), agentCount, { linkCut, ...(coresPerAgent !== undefined ? { coresPerAgent } : {}) })
     const where = agentCluster
-      ? `${WORKERS} CLI agents (one CPU each${coresPerAgent !== undefined ? `, each agent and all it starts capped at ${coresPerAgent} cores of CPU time` : ""}; an agent killed is replaced after ${agentRestartMs} ms${linkCut ? `; one behind a veth link in its own network namespace, cut for ${cutMs / 1000} s at a time` : ""})`
+      ? `${agentCount} CLI agents (one CPU each${coresPerAgent !== undefined ? `, each agent and all it starts capped at ${coresPerAgent} cores of CPU time` : ""}; an agent killed is replaced after ${agentRestartMs} ms${linkCut ? `; one behind a veth link in its own network namespace, cut for ${cutMs / 1000} s at a time` : ""})`
       : "the embedded cluster"
     console.log(
       `\nchaos benchmark (${os.availableParallelism()} cores, load ${os.loadavg()[0]!.toFixed(1)}): digits MLP, ${WORKERS} workers (a pipeline: ${workersOf("pipe")}) on ${where}, ` +

@@ -3,7 +3,7 @@
 // nats-server in this process, whose call timings are fed from the test (the reducer's noteCall)
 // so the drift is exactly the one the test makes; the collectives themselves run for real.
 import { describe, expect, it } from "vitest"
-import { measurementsCover, measurementsHandedOn } from "../actors/train/common/train-protocol.ts"
+import { measurementsCover, measurementsHandedOn, measurementsServe, observedNodes } from "../actors/train/common/train-protocol.ts"
 import { AutoGradientReducer, CONFIRM_AT_CALL, DRIFT_CHECK_EVERY, DRIFT_WINDOW, REUSED_DRIFT_SKIP, picksFor, rememberShape, type KnownPicks } from "../actors/train/worker/auto-config.ts"
 import { DriftMonitor } from "../scheduler/algorithm-tuner.ts"
 import type { Explanation } from "../scheduler/algorithm-choice.ts"
@@ -240,11 +240,26 @@ describe("rememberShape and picksFor", () => {
     // the exact order is taken as it was measured, confirmed
     expect(picksFor(kept, ["n0", "n1", "n2"])).toMatchObject({ nodes: ["n0", "n1", "n2"], confirmed: true })
     expect(picksFor(kept, ["n2", "n0"])).toMatchObject({ confirmed: false, sizes: [{ picked: "ring" }] })
-    // other nodes, or as many ranks on them in other numbers, are another shape
-    expect(picksFor(kept, ["n0", "n1", "n3"])).toBeUndefined()
+    // as many ranks on them in other numbers are another shape
     expect(picksFor(kept, ["n0", "n0", "n2"])).toBeUndefined()
     expect(picksFor(kept, ["n0", "n1", "n2", "n2"])).toBeUndefined()
     // what was kept is not changed
+    expect(kept.map((k) => k.confirmed)).toEqual([true, true])
+  })
+
+  it("takes a shape laid out alike on other nodes (a spare on a node no group ran on) as unconfirmed picks", () => {
+    const shape = (nodes: string[], picked: string) => ({ nodes, candidates: ["ring", "tree"], confirmed: true, sizes: [{ bytes: 4096, candidates: ["ring", "tree"], ms: [1, 2], picked, modelPick: "ring" }] })
+    const kept = rememberShape(rememberShape(undefined, shape(["n0", "n1", "n2"], "tree")), shape(["a", "a", "b", "b"], "ring"))
+    // rank 1's node lost, a spare on n3 in its place
+    expect(picksFor(kept, ["n0", "n2", "n3"])).toMatchObject({ nodes: ["n0", "n2", "n3"], confirmed: false, sizes: [{ picked: "tree" }] })
+    // two ranks on each of two nodes, on other nodes
+    expect(picksFor(kept, ["c", "c", "d", "d"])).toMatchObject({ nodes: ["c", "c", "d", "d"], confirmed: false, sizes: [{ picked: "ring" }] })
+    // the same nodes renumbered come first: an exact or renumbered shape is preferred to a relabelled one
+    expect(picksFor(kept, ["n2", "n1", "n0"])).toMatchObject({ confirmed: false, sizes: [{ picked: "tree" }] })
+    // four ranks laid out otherwise (ranks 0 and 2 sharing a node) are another shape
+    expect(picksFor(kept, ["c", "d", "c", "d"])).toBeUndefined()
+    expect(picksFor(kept, ["c", "c", "c", "d"])).toBeUndefined()
+    expect(picksFor(kept, ["n0", "n1"])).toBeUndefined()
     expect(kept.map((k) => k.confirmed)).toEqual([true, true])
   })
 })
@@ -269,6 +284,29 @@ describe("link measurements handed on at regroups", () => {
     // a node none of them measured is not covered
     expect(measurementsCover(one, ["a", "d"])).toBe(false)
     expect(measurementsCover(undefined, ["a"])).toBe(false)
+  })
+
+  it("a regroup onto a node no group measured reuses them when they were taken across nodes and cover most of the group", () => {
+    const across = { topology: [{ nodeId: "a", server: 0 }, { nodeId: "b", server: 0 }, { nodeId: "c", server: 0 }] }
+    const m = { nodes: ["a", "b", "c"], minBytes: 4096, observed: across }
+    expect(observedNodes(across)).toEqual(new Set(["a", "b", "c"]))
+    // a spare on d takes b's place: a and c measured, d priced by its link class
+    expect(measurementsCover(m, ["a", "c", "d"])).toBe(false)
+    expect(measurementsServe(m, ["a", "c", "d"])).toBe(true)
+    // handed on, they serve d from then on
+    expect(measurementsServe(measurementsHandedOn(m, ["a", "c", "d"], 4096, undefined), ["c", "d", "b"])).toBe(true)
+    // as many new nodes as measured ones: measured again
+    expect(measurementsServe(m, ["a", "d", "e", "e"])).toBe(false)
+    expect(measurementsServe(m, ["d", "e"])).toBe(false)
+    // an observation taken on one node measured no link between nodes: a new node is measured
+    const oneNode = { nodes: ["a"], minBytes: 4096, observed: { topology: [{ nodeId: "a", server: 0 }, { nodeId: "a", server: 0 }] } }
+    expect(measurementsServe(oneNode, ["a", "a", "b"])).toBe(false)
+    // without an observation (a group that had not probed yet) only full cover serves
+    expect(measurementsServe({ nodes: ["a", "b", "c"], minBytes: 4096 }, ["a", "b", "d"])).toBe(false)
+    expect(measurementsServe({ nodes: ["a", "b", "c"], minBytes: 4096 }, ["a", "b"])).toBe(true)
+    expect(measurementsServe(undefined, ["a"])).toBe(false)
+    expect(observedNodes(undefined).size).toBe(0)
+    expect(observedNodes({ topology: "x" }).size).toBe(0)
   })
 
   it("a group that measured for itself covers its own nodes only, and keeps the picks it was given", () => {

@@ -171,8 +171,31 @@ export const LinkMeasurements = Schema.Struct({
 })
 export type LinkMeasurements = typeof LinkMeasurements.Type
 
-/** Whether measurements cover a group on `nodes` (every one of them among the nodes they were measured on): a regroup hands them on then. */
+/** Whether measurements cover a group on `nodes` (every one of them among the nodes they were measured on). */
 export const measurementsCover = (m: LinkMeasurements | undefined, nodes: ReadonlyArray<string>): m is LinkMeasurements => m !== undefined && nodes.every((n) => m.nodes.includes(n))
+
+/**
+ * Whether a regroup onto `nodes` hands the members these measurements instead of having them
+ * measure their links and probe the topology again: when they cover every node, or when they
+ * hold a topology observation taken across two nodes or more and cover most of the new group's
+ * nodes (more covered than not). A replacement or spare on a node no group measured yet then
+ * joins without stalling the survivors for the measurement (under a CPU quota it took the group
+ * 1.5-2.8 s): the new node's links are priced by their link class, whose links between nodes
+ * were measured, and algorithm 'auto' times every candidate on the new group's own calls anyway.
+ */
+export const measurementsServe = (m: LinkMeasurements | undefined, nodes: ReadonlyArray<string>): m is LinkMeasurements => {
+  if (m === undefined) return false
+  const distinct = [...new Set(nodes)]
+  const covered = distinct.filter((n) => m.nodes.includes(n)).length
+  if (covered === distinct.length) return true
+  return observedNodes(m.observed).size >= 2 && covered > distinct.length - covered
+}
+
+/** The nodes a topology observation (scheduler/topology.ts ObservedTopology, carried untyped) was taken on. */
+export const observedNodes = (observed: unknown): Set<string> => {
+  const topology = (observed as { topology?: unknown } | undefined)?.topology
+  return new Set(Array.isArray(topology) ? topology.flatMap((r) => (typeof (r as { nodeId?: unknown })?.nodeId === "string" ? [(r as { nodeId: string }).nodeId] : [])) : [])
+}
 
 /**
  * What a group on `nodes` keeps of its links for the next regroup. Measurements it reused from an

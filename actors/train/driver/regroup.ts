@@ -7,7 +7,7 @@ import * as R from "effect/Result"
 import { PLACEMENT_TIMEOUT_MS, WORKER_DEAD_AFTER_MS } from "../../../core/defaults.ts"
 import type { PlacementPlan, PlacementRequest } from "../../../scheduler/placement.ts"
 import type { ActorSystem } from "../../runtime/system.ts"
-import { ServerProtocol, WorkerProtocol, measurementsCover, type CheckpointPayload, type PeerState, type Position } from "../common/train-protocol.ts"
+import { ServerProtocol, WorkerProtocol, measurementsServe, type CheckpointPayload, type PeerState, type Position } from "../common/train-protocol.ts"
 import { SERVER_DOWN, type Controller, type Generation, type GroupFailure } from "./controller.ts"
 import { planLargest } from "./elastic.ts"
 import { joinersRequest, layoutOf, type GroupArgs, type RankSpawn, type Standby, type WorkerGroup } from "./worker-group.ts"
@@ -271,9 +271,10 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
   ;[...ready.map((w) => w.nodeId), ...(joinPlan?.ranks.map((r) => r.nodeId) ?? [])].forEach((n, j) => (nodes[joinerRank(j)] = n))
   const layout = layoutOf(nodes)
   // What the furthest survivor's group measured of its links, when it covers every node of the new
-  // group: every member reuses it instead of measuring again (worker-run.ts build).
+  // group or most of them (measurementsServe): every member reuses it instead of measuring again
+  // (worker-run.ts build).
   const measured = source.reply!.measured
-  const reuse = measurementsCover(measured, nodes) ? { measured } : {}
+  const reuse = measurementsServe(measured, nodes) ? { measured } : {}
   // Survivors keep their order under new ranks; a streamed epoch's plan is cut again from their old ones.
   const survivorRanks = survivors.map((r) => r.rank)
   // (A loop in dp.fit() grows at a step: only a hand-written loop's generation needs the mark.)

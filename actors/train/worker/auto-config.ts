@@ -64,19 +64,27 @@ export interface KnownPicks {
 /** Group shapes whose measured picks a worker keeps (the most recent first). */
 const TUNED_SHAPES_KEPT = 4
 
+/** Each rank's node as the first rank on that node ([a, a, b] and [c, c, d] both [0, 0, 2]): the layout, whatever the nodes are called. */
+const layoutKey = (nodes: ReadonlyArray<string>): string[] => nodes.map((n) => String(nodes.indexOf(n)))
+
 /**
  * The picks measured for a group of this shape (the node of each rank), if kept. Failing that, those
  * of a group on the same nodes with its ranks in another order (a replacement joins after the
- * survivors, so a group that lost a rank and grew back has the ranks it had, renumbered): taken as
- * not confirmed, so that the group times every candidate again at CONFIRM_AT_CALL, on warm processes
- * and in its own order, instead of on its first calls while the replacement is cold.
+ * survivors, so a group that lost a rank and grew back has the ranks it had, renumbered), and failing
+ * that, those of a group laid out alike on other nodes (as many ranks, the same ranks sharing a node:
+ * a spare or a replacement on a node no group of this job ran on yet). Both are taken as not
+ * confirmed, so that the group times every candidate again at CONFIRM_AT_CALL, on warm processes
+ * and in its own order, instead of on its first calls while the joiner is cold (under a CPU quota
+ * those 30 timed calls held a group that a spare had just joined at 4-10x its step time for about
+ * a second).
  */
 export const picksFor = (kept: LinkMeasurements["tuned"], nodes: ReadonlyArray<string>): TunedShape | undefined => {
   const exact = kept?.find((x) => sameNames(x.nodes, nodes))
   if (exact !== undefined) return exact
   const sorted = [...nodes].sort()
-  const renumbered = kept?.find((x) => sameNames([...x.nodes].sort(), sorted))
-  return renumbered === undefined ? undefined : { ...renumbered, nodes: [...nodes], confirmed: false }
+  const layout = layoutKey(nodes)
+  const similar = kept?.find((x) => sameNames([...x.nodes].sort(), sorted)) ?? kept?.find((x) => sameNames(layoutKey(x.nodes), layout))
+  return similar === undefined ? undefined : { ...similar, nodes: [...nodes], confirmed: false }
 }
 
 /** `shape` first, then the other shapes kept before (one per node layout), at most TUNED_SHAPES_KEPT. */
@@ -452,7 +460,13 @@ export const prepareAutoCollectives = async (
     const observed = input.observed ?? (await probeGroupTopology({ nc: input.nc, comm, cluster: input.cluster, job: input.job, ...(input.direct ? { direct: input.direct } : {}) }))
     input.onObserved?.(observed)
     model = observed.model
-    observation = `${describeObservation(observed)}${input.observed ? "\n(measured by an earlier group of the same nodes, reused at this regroup)" : ""}`
+    // Reused at a regroup: nodes the observation was not taken on (a replacement's or spare's) are priced by their link class.
+    const seen = new Set(observed.topology.map((r) => r.nodeId))
+    const unseen = [...new Set(topology.map((r) => r.nodeId))].filter((n) => !seen.has(n))
+    const reusedNote = unseen.length > 0
+      ? `\n(measured by an earlier group, reused at this regroup; not measured: the links of node${unseen.length === 1 ? "" : "s"} ${unseen.join(", ")}, priced by their link class)`
+      : "\n(measured by an earlier group of the same nodes, reused at this regroup)"
+    observation = `${describeObservation(observed)}${input.observed ? reusedNote : ""}`
     // The measured links go into explain.txt with the plan; to the console only with verbose (GRADWIRE_LOG=debug).
     if (comm.rank === 0) input.log?.debug(observation)
   } else {
