@@ -28,6 +28,7 @@ import type { AgentState } from "../actors/node/agent-state.ts"
 import { weightsHash } from "../examples/digits/model.ts"
 import { CLI, ROOT, eventually, waitForAliveNodes } from "./support/actors-processes.ts"
 import { deleteNetns, netnsUnavailable, nsExec, vethNamespace } from "./support/netns.ts"
+import { makeHold } from "./support/hold.ts"
 import { FaultPlan, aliveAs, chaosSeed, killQuietly, processesMentioning, workerPids, type Fired } from "./support/chaos.ts"
 
 const LOOP = path.join(ROOT, "test", "support", "chaos-loop.ts") + "#trainLoop"
@@ -89,10 +90,10 @@ const cli = (args: ReadonlyArray<string>, env: NodeJS.ProcessEnv = {}): Promise<
   })
 
 /** `gradwire start` in the background with its own state dir; resolves with its state file. */
-const startAgent = async (name: string, args: ReadonlyArray<string>): Promise<AgentState> => {
+const startAgent = async (name: string, args: ReadonlyArray<string>, cpus = 2): Promise<AgentState> => {
   const dir = path.join(work, `agent-${name}`)
   stateDirs.push(dir)
-  const r = await cli(["start", "--node-id", name, "--num-cpus", "2", "--backends", "wasm,cpu", ...args], { GRADWIRE_STATE_DIR: dir })
+  const r = await cli(["start", "--node-id", name, "--num-cpus", String(cpus), "--backends", "wasm,cpu", ...args], { GRADWIRE_STATE_DIR: dir })
   if (r.code !== 0) throw new Error(`gradwire start (${name}) exited ${r.code}: ${r.stderr}`)
   return readState(dir)!
 }
@@ -387,6 +388,68 @@ describe("chaos", () => {
       }
     })
   }
+
+  it("a spare on a node of its own takes a killed worker's place without the group measuring its links again", { timeout: 150_000 }, async () => {
+    // Three workers packed on two agents (2 + 1 CPUs), the spare on a third: the group it joins has a
+    // node no group measured. The survivors' measurements (taken across two nodes) are reused, the
+    // spare's node priced by its link class, instead of every member measuring and probing again.
+    const cluster = `chaossp${process.pid}`
+    const name = `chaos-spare-${process.pid}`
+    const { dir: pidDir, holdFile } = await makeHold(work, "spare-", 4)
+    const port = await freePort()
+    const url = `nats://127.0.0.1:${port}`
+    try {
+      await startAgent("sphead", ["--head", "--port", String(port), "--cluster", cluster], 2)
+      await startAgent("spb", ["--address", url, "--cluster", cluster], 1)
+      await startAgent("spc", ["--address", url, "--cluster", cluster], 1)
+      await waitForNodes(url, cluster, 3)
+      const epochs = 6
+      const eventsFile = path.join(work, name, "events.jsonl")
+      let killed: number | undefined
+      const r = await new Trainer({
+        trainLoopPerWorker: LOOP,
+        // Every step slowed while the hold is on (a group of 3 under a hold of 4), until the spare is
+        // ready and rank 1 is killed: the run cannot end first.
+        trainLoopConfig: { epochs, pidDir, holdFile },
+        scalingConfig: { numWorkers: 3, placementStrategy: "PACK", placementTimeoutMs: 30_000 },
+        runConfig: {
+          name,
+          storagePath: work,
+          progress: false,
+          failureConfig: { maxFailures: 1, spares: 1 },
+          callbacks: [
+            {
+              onReport: () => {
+                if (killed !== undefined || !fs.existsSync(eventsFile) || !fs.readFileSync(eventsFile, "utf8").includes('"standby-ready"')) return
+                killed = Number(fs.readFileSync(path.join(pidDir, "0-1.pid"), "utf8"))
+                process.kill(killed, "SIGKILL")
+                fs.rmSync(holdFile, { force: true })
+              }
+            }
+          ]
+        },
+        datasets: { train, test },
+        cluster: { address: url, clusterName: cluster }
+      }).fit()
+      expect(killed).toBeDefined()
+      await checkRun(r, epochs, [])
+      const ev = fs
+        .readFileSync(path.join(r.path, "events.jsonl"), "utf8")
+        .trim()
+        .split("\n")
+        .map((l) => JSON.parse(l) as Record<string, unknown>)
+      // The spare started on the third agent, beside none of the group's workers, and joined at the regroup.
+      expect(ev.find((e) => e.type === "standby-start")).toMatchObject({ for: "spare", nodes: ["spc"] })
+      expect(ev.filter((e) => e.type === "restart").map((e) => [e.recovery, e.survivors, e.joiners])).toEqual([["peers", 2, 1]])
+      // Its group took the measurements handed on, and says which node's links it priced by class.
+      const explain = fs.readFileSync(path.join(r.path, "explain.txt"), "utf8")
+      expect(explain).toContain("reused at this regroup; not measured: the links of node spc, priced by their link class")
+      expect(r.resizes).toEqual([])
+      await checkWorkersGone(pidDir, work)
+    } finally {
+      await stopEverything(["sphead", "spb", "spc"], [`GRADWIRE_JOB=${name}-`, `--cluster ${cluster}`])
+    }
+  })
 
   const unavailable = netnsUnavailable()
   it.skipIf(unavailable !== undefined)(
