@@ -179,8 +179,8 @@ export const measurementsCover = (m: LinkMeasurements | undefined, nodes: Readon
  * measure their links and probe the topology again: when they cover every node, or when they
  * hold a topology observation taken across two nodes or more and cover most of the new group's
  * nodes (more covered than not). A replacement or spare on a node no group measured yet then
- * joins without stalling the survivors for the measurement (under a CPU quota it took the group
- * 1.5-2.8 s): the new node's links are priced by their link class, whose links between nodes
+ * joins without stalling the survivors for the measurement (under a 0.6-core quota the
+ * group stalled 1.1-2.9 s): the new node's links are priced by their link class, whose links between nodes
  * were measured, and algorithm 'auto' times every candidate on the new group's own calls anyway.
  */
 export const measurementsServe = (m: LinkMeasurements | undefined, nodes: ReadonlyArray<string>): m is LinkMeasurements => {

@@ -74,9 +74,8 @@ const layoutKey = (nodes: ReadonlyArray<string>): string[] => nodes.map((n) => S
  * that, those of a group laid out alike on other nodes (as many ranks, the same ranks sharing a node:
  * a spare or a replacement on a node no group of this job ran on yet). Both are taken as not
  * confirmed, so that the group times every candidate again at CONFIRM_AT_CALL, on warm processes
- * and in its own order, instead of on its first calls while the joiner is cold (under a CPU quota
- * those 30 timed calls held a group that a spare had just joined at 4-10x its step time for about
- * a second).
+ * and in its own order, instead of on its first calls while the joiner is cold (each candidate
+ * five times, over both paths: 30 calls after a barrier each, while the survivors wait).
  */
 export const picksFor = (kept: LinkMeasurements["tuned"], nodes: ReadonlyArray<string>): TunedShape | undefined => {
   const exact = kept?.find((x) => sameNames(x.nodes, nodes))
