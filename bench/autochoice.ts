@@ -23,7 +23,8 @@ import { fileURLToPath } from "node:url"
 import { launchNatsServer } from "../core/nats-server.ts"
 import { allReduceAlgorithmNames } from "../collectives/algorithms/index.ts"
 import { median } from "../scheduler/cost-model.ts"
-import { roundsSlower, roundsToOverride, type TunedSize } from "../scheduler/algorithm-tuner.ts"
+import { clearlySlower, roundsSlower, roundsToOverride, type TunedSize } from "../scheduler/algorithm-tuner.ts"
+import { TUNE_KEEP_WITHIN } from "../actors/train/worker/auto-config.ts"
 import { createCpuGroup, inGroup, type CpuGroup } from "./cgroups.ts"
 
 /**
@@ -31,14 +32,14 @@ import { createCpuGroup, inGroup, type CpuGroup } from "./cgroups.ts"
  * clearly slower than the fastest candidate (`b`, `mb`), scored side by side on the same rounds.
  */
 const KEEP_RULES: Record<string, (a: readonly number[], b: readonly number[], ma: number, mb: number) => boolean> = {
-  // the tuner's: median over 1.1x, and slower in 3 of every 4 rounds
-  now: (a, b, ma, mb) => ma > 1.1 * mb && roundsSlower(a, b) >= roundsToOverride(a.length),
+  // the tuner's own: median over 1.1x, and slower in 3 of every 4 rounds
+  now: (a, b, ma, mb) => clearlySlower(a, b, ma, mb, TUNE_KEEP_WITHIN),
   // the median alone
-  median: (_a, _b, ma, mb) => ma > 1.1 * mb,
+  median: (_a, _b, ma, mb) => ma > TUNE_KEEP_WITHIN * mb,
   // over 1.5x by the median: slower in most rounds is enough
-  graded: (a, b, ma, mb) => ma > 1.1 * mb && roundsSlower(a, b) >= (ma > 1.5 * mb ? Math.floor(a.length / 2) + 1 : roundsToOverride(a.length)),
+  graded: (a, b, ma, mb) => ma > TUNE_KEEP_WITHIN * mb && roundsSlower(a, b) >= (ma > 1.5 * mb ? Math.floor(a.length / 2) + 1 : roundsToOverride(a.length)),
   // unpaired: the model's pick's second-fastest call slower than the fastest's median (4 of its 5 calls)
-  quartile: (a, _b, ma, mb) => ma > 1.1 * mb && [...a].sort((x, y) => x - y)[Math.floor(a.length / 4)]! > mb
+  quartile: (a, _b, ma, mb) => ma > TUNE_KEEP_WITHIN * mb && [...a].sort((x, y) => x - y)[Math.floor(a.length / 4)]! > mb
 }
 const rulePick = (t: TunedSize, rule: (typeof KEEP_RULES)[string]): string => {
   const r = t.rounds!
@@ -103,7 +104,7 @@ export async function run(argv: ReadonlyArray<string>): Promise<void> {
   }
   process.once("exit", dropGroups)
   if (cores !== undefined) {
-    for (let r = 0; r < Math.max(...(get("--p") ?? "2,3,4").split(",").map(Number)); r++) {
+    for (let r = 0; r < Math.max(...ps); r++) {
       const g = createCpuGroup(`gwchoice${process.pid}-${r}`, 10_000)
       g.setCores(cores)
       groups.push(g)

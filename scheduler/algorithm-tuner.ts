@@ -33,6 +33,15 @@ export const roundsSlower = (a: ArrayLike<number>, b: ArrayLike<number>): number
 /** Of `rounds`, in how many the model's pick must be slower for the tuner to override it (3 of every 4). */
 export const roundsToOverride = (rounds: number): number => Math.ceil(0.75 * rounds)
 
+/**
+ * The tuner's rule: whether the model's pick (calls `a`, median `ma`) is clearly slower than the
+ * fastest (`b`, `mb`): its median more than `keepWithin` x the fastest's, and slower in most of the
+ * rounds (round k of both ran back to back; with 5 rounds, in at least 4), so one burst of load on
+ * the machine does not decide.
+ */
+export const clearlySlower = (a: ArrayLike<number>, b: ArrayLike<number>, ma: number, mb: number, keepWithin: number): boolean =>
+  ma > keepWithin * mb && roundsSlower(a, b) >= roundsToOverride(a.length)
+
 export interface TunedSize {
   readonly bytes: number
   /** The candidates timed on this size (all of them, or those `timedOn` allowed it), in order. */
@@ -146,23 +155,12 @@ export class AlgorithmTuner {
       // differ by this much from run to run, and switching on noise gains nothing.
       const model = modelPick(bytes)
       const m = names.indexOf(model)
-      const picked = m >= 0 && !this.#clearlySlower(calls[m]!, calls[best]!, ms[m]!, ms[best]!) ? model : names[best]!
+      const picked = m >= 0 && !clearlySlower(calls[m]!, calls[best]!, ms[m]!, ms[best]!, this.keepWithin) ? model : names[best]!
       picks.set(bytes, picked)
       return { bytes, candidates: names, ms, picked, modelPick: model, rounds: calls.map((c) => Array.from(c, (v) => Math.round(v * 1000) / 1000)) }
     })
     this.#decided = picks
     return out
-  }
-
-  /**
-   * Whether the model's pick (calls `a`, median `ma`) is clearly slower than the fastest (`b`,
-   * `mb`): its median more than keepWithin x the fastest's, and slower in most of the rounds
-   * (round k of both ran back to back; with 5 rounds, in at least 4), so one burst of load on the
-   * machine does not decide.
-   */
-  #clearlySlower(a: Float32Array, b: Float32Array, ma: number, mb: number): boolean {
-    if (!(ma > this.keepWithin * mb)) return false
-    return roundsSlower(a, b) >= roundsToOverride(a.length)
   }
 
   /**

@@ -20,7 +20,7 @@ import { defaultCostModel, median } from "../../../scheduler/cost-model.ts"
 import { AlgorithmTuner, DriftMonitor, roundsSlower, roundsToOverride, type TunedSize } from "../../../scheduler/algorithm-tuner.ts"
 import { describeObservation, type ObservedTopology, type ProbeOptions } from "../../../scheduler/topology.ts"
 import { probeGroupTopology } from "./topology-probe.ts"
-import type { LinkMeasurements, TunedShape } from "../common/train-protocol.ts"
+import { observedNodes, type LinkMeasurements, type TunedShape } from "../common/train-protocol.ts"
 
 export const DEFAULT_AUTO_WARMUP_STEPS = 3
 
@@ -460,7 +460,7 @@ export const prepareAutoCollectives = async (
     input.onObserved?.(observed)
     model = observed.model
     // Reused at a regroup: nodes the observation was not taken on (a replacement's or spare's) are priced by their link class.
-    const seen = new Set(observed.topology.map((r) => r.nodeId))
+    const seen = observedNodes(observed)
     const unseen = [...new Set(topology.map((r) => r.nodeId))].filter((n) => !seen.has(n))
     const reusedNote = unseen.length > 0
       ? `\n(measured by an earlier group, reused at this regroup; not measured: the links of node${unseen.length === 1 ? "" : "s"} ${unseen.join(", ")}, priced by their link class)`
