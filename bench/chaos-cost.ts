@@ -152,3 +152,60 @@ export const growStalls = (chaos: ReadonlyArray<number>, growsAt: ReadonlyArray<
     return next === undefined ? undefined : (next[1] - typical) / 1000
   })
 }
+
+/** A joined worker's CPU over its first seconds in the group, beside the survivors' (joinCpu). */
+export interface JoinCpu {
+  /** The attempt (group generation) it joined. */
+  readonly attempt: number
+  /** Cores the joined worker used (its process, compiler threads included). */
+  readonly joiner: number
+  /** Cores each survivor used over the same time, their mean. */
+  readonly survivors: number
+  /** Seconds measured: `windowMs`, or less where the next attempt began sooner. */
+  readonly seconds: number
+}
+
+/** Cores used by a process between t1 and t2 from its cumulative CPU samples ([ms since epoch, CPU ms]); undefined unless the samples span [t1, t2]. */
+const coresBetween = (samples: ReadonlyArray<readonly [number, number]>, t1: number, t2: number): number | undefined => {
+  if (samples.length < 2 || samples[0]![0] > t1 || samples.at(-1)![0] < t2) return undefined
+  const at = (t: number): number => {
+    let i = 1
+    while (i < samples.length - 1 && samples[i]![0] < t) i++
+    const [ta, ca] = samples[i - 1]!
+    const [tb, cb] = samples[i]!
+    return tb === ta ? cb : ca + ((cb - ca) * (t - ta)) / (tb - ta)
+  }
+  return (at(t2) - at(t1)) / (t2 - t1)
+}
+
+/**
+ * Whether a worker that joins a running group comes in slower than the survivors: in a data-parallel
+ * group every rank runs the same steps, so their CPU over the same seconds compares their CPU per
+ * step (a capped rank that needs more shows as its cap, and the group waits for it). `cpu`: per
+ * process, its cumulative CPU samples; `firstAttempt`: per process, the attempt it started the
+ * loop at (a joiner: the attempt it joined); `startAt`: per attempt, when its first step was seen.
+ * For each attempt a worker joined, over `windowMs` from that first step (or to the next attempt).
+ */
+export const joinCpu = (
+  cpu: ReadonlyMap<number, ReadonlyArray<readonly [number, number]>>,
+  firstAttempt: ReadonlyMap<number, number>,
+  startAt: ReadonlyMap<number, number>,
+  windowMs = 5_000
+): JoinCpu[] => {
+  const attempts = [...startAt.keys()].sort((a, b) => a - b)
+  const out: JoinCpu[] = []
+  for (const [i, a] of attempts.entries()) {
+    if (a === 0) continue
+    const t1 = startAt.get(a)!
+    const next = attempts[i + 1] !== undefined ? startAt.get(attempts[i + 1]!)! : Number.POSITIVE_INFINITY
+    const t2 = Math.min(t1 + windowMs, next)
+    if (t2 - t1 < 1_000) continue
+    const used = (pids: number[]): number[] => pids.flatMap((p) => { const c = coresBetween(cpu.get(p) ?? [], t1, t2); return c === undefined ? [] : [c] })
+    const pids = [...firstAttempt.entries()]
+    const joiners = used(pids.filter(([, f]) => f === a).map(([p]) => p))
+    const survivors = used(pids.filter(([, f]) => f < a).map(([p]) => p))
+    if (joiners.length === 0 || survivors.length === 0) continue
+    out.push({ attempt: a, joiner: joiners.reduce((s, x) => s + x, 0) / joiners.length, survivors: survivors.reduce((s, x) => s + x, 0) / survivors.length, seconds: (t2 - t1) / 1000 })
+  }
+  return out
+}

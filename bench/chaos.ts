@@ -66,6 +66,9 @@
 // medians over the repeats. Each run's costs over 15 s after each fault (to the next at the latest)
 // too: the slower stretch after a join lasted past 5 s in some runs, and what the 5 s window
 // missed was counted as drift (docs/benchmarks.md).
+// For each join, the joined worker's CPU over its first 5 s in the group beside the survivors'
+// (chaos-cost.ts joinCpu, from /proc every 250 ms): every rank runs the same steps, so a joiner that
+// needs more CPU per step shows as a higher figure, or as its cap, and the group waits for it.
 // --repeat=N runs N such pairs (a new fault schedule each) and adds each pair's goodput, their
 // median and the pooled ratio: run-to-run noise on a small machine is as large as a fault's cost.
 // Every other pair runs its chaos run first (--order=alternate, the default; --order=fixed runs
@@ -86,7 +89,7 @@ import { seededRng, type Rng } from "../core/random.ts"
 import { median } from "../scheduler/cost-model.ts"
 import { actorPids, workerPids, killQuietly } from "../test/support/chaos.ts"
 import { compareSteps, readPositions, type StepAt } from "../test/support/positions.ts"
-import { faultCosts, faultPhases, growStalls, type FaultPhases } from "./chaos-cost.ts"
+import { faultCosts, faultPhases, growStalls, joinCpu, type FaultPhases, type JoinCpu } from "./chaos-cost.ts"
 import { netnsUnavailable } from "../test/support/netns.ts"
 import { createCpuGroup } from "./cgroups.ts"
 import { startAgentCluster, type AgentCluster } from "./chaos-cluster.ts"
@@ -165,7 +168,25 @@ interface RunResult {
   readonly restarts: number
   /** ms from the first step to the first report of each epoch (by epoch). */
   readonly epochMs: number[]
+  /** Each join's CPU, the joined worker's beside the survivors' (chaos-cost.ts joinCpu). */
+  readonly joins: JoinCpu[]
 }
+
+/** Clock ticks per second of /proc/<pid>/stat's CPU times (Linux's USER_HZ: 100 on every architecture it runs on here). */
+const USER_HZ = 100
+/** A process's user + system CPU so far, ms (undefined: gone, or not Linux). */
+const cpuMsOf = (pid: number): number | undefined => {
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8")
+    const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ")
+    return ((Number(f[11]) + Number(f[12])) * 1000) / USER_HZ
+  } catch {
+    return undefined
+  }
+}
+/** How often the workers' CPU is read, and at most how many reads a process keeps (an hour's). */
+const CPU_SAMPLE_MS = 250
+const CPU_SAMPLES_MAX = 14_400
 
 const sleep = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms))
 
@@ -352,8 +373,26 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
     faults.push(f)
     log(`    fault ${faults.length} at ${(f.at / 1000).toFixed(1)} s: ${kind} ${victim} (attempt ${f.attempt}${f.delayMs > 100 ? `, ${(f.delayMs / 1000).toFixed(1)} s late: the group was still recovering` : ""})`)
   }
+  // Every worker's CPU (joinCpu): by pid, its samples, and the attempt its pid file names.
+  const cpu = new Map<number, Array<readonly [number, number]>>()
+  const firstAttempt = new Map<number, number>()
+  let lastCpuRead = 0
+  const readCpu = (): void => {
+    const now = Date.now()
+    if (now - lastCpuRead < CPU_SAMPLE_MS) return
+    lastCpuRead = now
+    for (const [key, pid] of workerPids(pidDir)) {
+      const ms = cpuMsOf(pid)
+      if (ms === undefined) continue
+      if (!firstAttempt.has(pid)) firstAttempt.set(pid, Number(key.split("-")[0]))
+      const series = cpu.get(pid) ?? []
+      if (series.length < CPU_SAMPLES_MAX) series.push([now, ms])
+      cpu.set(pid, series)
+    }
+  }
   const tick = (): void => {
     snapshot()
+    readCpu()
     if (!chaos || scheduleFrom === undefined) return
     // Fence check: a stopped victim still alive once the group stepped again.
     for (const [pid, f] of stopped) {
@@ -495,7 +534,8 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
     ...(error !== undefined ? { error } : {}),
     faults,
     restarts: restartEvents.length,
-    epochMs: Array.from(epochMs, (x) => x ?? Number.NaN)
+    epochMs: Array.from(epochMs, (x) => x ?? Number.NaN),
+    joins: joinCpu(cpu, firstAttempt, firstStep)
   }
 }
 
@@ -714,6 +754,14 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
       if (grows.length > 0) {
         const stalls = growStalls(r.chaos.epochMs, grows)
         console.log(`    the first grow after each fault, its epoch's time past the median epoch: ${stalls.map((x) => (x !== undefined ? `${x.toFixed(2)} s` : "-")).join(", ")}`)
+      }
+      // Whether the joined worker came in slower than the survivors (its CPU per step over its first seconds).
+      if (r.chaos.joins.length > 0) {
+        const j = r.chaos.joins
+        console.log(
+          `    each joined worker's CPU over its first ${Math.max(...j.map((x) => x.seconds)).toFixed(0)} s beside the survivors' (cores, joiner / survivors' mean): ` +
+            `${j.map((x) => `${x.joiner.toFixed(2)} / ${x.survivors.toFixed(2)}`).join(", ")}; ratio median ${median(j.map((x) => x.joiner / x.survivors)).toFixed(2)}x`
+        )
       }
       // A slower stretch after a join can outlast the 5 s window: what it missed would count as drift.
       if (r.chaos.faults.length > 0) {

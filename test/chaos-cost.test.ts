@@ -2,7 +2,7 @@
 // is 5% slower throughout (the machine's drift) and stalls at two faults; the costs come out as the
 // stalls, the drift as its rate, and goodput without the drift from the stalls alone.
 import { describe, expect, it } from "vitest"
-import { faultCosts, faultPhases, growStalls } from "../bench/chaos-cost.ts"
+import { faultCosts, faultPhases, growStalls, joinCpu } from "../bench/chaos-cost.ts"
 
 /** Epoch report times (ms): `perEpoch` ms each, plus `stalls` ms added at the first epoch at or past each time. */
 const run = (epochs: number, perEpoch: number, stalls: ReadonlyArray<readonly [number, number]> = []): number[] => {
@@ -89,5 +89,66 @@ describe("growStalls", () => {
     // a grow in a steady stretch costs nothing
     expect(growStalls(chaos, [7_000])[0]).toBeCloseTo(0, 3)
     expect(growStalls([], [100])).toEqual([undefined])
+  })
+})
+
+describe("joinCpu", () => {
+  /** Cumulative CPU samples every 250 ms from `from` to `to` (ms) of a process using `cores(t)`. */
+  const samples = (from: number, to: number, cores: (t: number) => number): Array<readonly [number, number]> => {
+    const out: Array<readonly [number, number]> = []
+    let used = 0
+    for (let t = from; t <= to; t += 250) {
+      out.push([t, used])
+      used += 250 * cores(t)
+    }
+    return out
+  }
+
+  it("compares a joiner's CPU over its first seconds with the survivors', leaving out the dead and the attempts nobody joined", () => {
+    // Attempt 0 from t=0: pids 1, 2, 3. Pid 3 dies at 10 s; attempt 1 (pid 4 joined) steps from
+    // 10.5 s; attempt 2 (a regroup nobody joined) from 30 s.
+    const cpu = new Map([
+      [1, samples(0, 40_000, () => 0.3)],
+      [2, samples(0, 40_000, (t) => (t < 12_000 ? 0.3 : 0.2))],
+      [3, samples(0, 10_000, () => 0.3)],
+      [4, samples(9_000, 40_000, (t) => (t < 15_500 ? 0.45 : 0.3))]
+    ])
+    const first = new Map([
+      [1, 0],
+      [2, 0],
+      [3, 0],
+      [4, 1]
+    ])
+    const starts = new Map([
+      [0, 0],
+      [1, 10_500],
+      [2, 30_000]
+    ])
+    const r = joinCpu(cpu, first, starts)
+    expect(r.map((j) => j.attempt)).toEqual([1])
+    expect(r[0]!.seconds).toBe(5)
+    expect(r[0]!.joiner).toBeCloseTo(0.45, 2)
+    // Pid 2 used 0.3 for 1.5 s and 0.2 for 3.5 s of the window; pid 1 0.3 throughout.
+    expect(r[0]!.survivors).toBeCloseTo((0.3 + (0.3 * 1.5 + 0.2 * 3.5) / 5) / 2, 2)
+  })
+
+  it("cuts the window at the next attempt and skips a join whose samples do not span it", () => {
+    const cpu = new Map([
+      [1, samples(0, 20_000, () => 0.3)],
+      [2, samples(4_000, 20_000, () => 0.4)],
+      [3, samples(10_000, 11_000, () => 0.4)]
+    ])
+    const first = new Map([
+      [1, 0],
+      [2, 1],
+      [3, 2]
+    ])
+    // Attempt 1 (pid 2 joined) from 5 s, attempt 2 (pid 3, gone at 11 s) from 7 s.
+    const r = joinCpu(cpu, first, new Map([[0, 0], [1, 5_000], [2, 7_000]]))
+    expect(r).toHaveLength(1)
+    expect(r[0]!.attempt).toBe(1)
+    expect(r[0]!.seconds).toBe(2)
+    expect(r[0]!.joiner).toBeCloseTo(0.4, 2)
+    expect(r[0]!.survivors).toBeCloseTo(0.3, 2)
   })
 })
