@@ -193,6 +193,7 @@ export const joinCpu = (
   windowMs = 5_000
 ): JoinCpu[] => {
   const attempts = [...startAt.keys()].sort((a, b) => a - b)
+  const pids = [...firstAttempt.entries()]
   const out: JoinCpu[] = []
   for (const [i, a] of attempts.entries()) {
     if (a === 0) continue
@@ -201,7 +202,6 @@ export const joinCpu = (
     const t2 = Math.min(t1 + windowMs, next)
     if (t2 - t1 < 1_000) continue
     const used = (pids: number[]): number[] => pids.flatMap((p) => { const c = coresBetween(cpu.get(p) ?? [], t1, t2); return c === undefined ? [] : [c] })
-    const pids = [...firstAttempt.entries()]
     const joiners = used(pids.filter(([, f]) => f === a).map(([p]) => p))
     const survivors = used(pids.filter(([, f]) => f < a).map(([p]) => p))
     if (joiners.length === 0 || survivors.length === 0) continue

@@ -93,6 +93,7 @@ import { faultCosts, faultPhases, growStalls, joinCpu, type FaultPhases, type Jo
 import { netnsUnavailable } from "../test/support/netns.ts"
 import { createCpuGroup } from "./cgroups.ts"
 import { startAgentCluster, type AgentCluster } from "./chaos-cluster.ts"
+import { processStat } from "./thread-cpu.ts"
 
 /** The wider window of a fault's cost the bench also prints (the 5 s one can miss a slower stretch after a join). */
 const WIDE_WINDOW_MS = 15_000
@@ -172,18 +173,6 @@ interface RunResult {
   readonly joins: JoinCpu[]
 }
 
-/** Clock ticks per second of /proc/<pid>/stat's CPU times (Linux's USER_HZ: 100 on every architecture it runs on here). */
-const USER_HZ = 100
-/** A process's user + system CPU so far, ms (undefined: gone, or not Linux). */
-const cpuMsOf = (pid: number): number | undefined => {
-  try {
-    const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8")
-    const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ")
-    return ((Number(f[11]) + Number(f[12])) * 1000) / USER_HZ
-  } catch {
-    return undefined
-  }
-}
 /** How often the workers' CPU is read, and at most how many reads a process keeps (an hour's). */
 const CPU_SAMPLE_MS = 250
 const CPU_SAMPLES_MAX = 14_400
@@ -382,7 +371,7 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
     if (now - lastCpuRead < CPU_SAMPLE_MS) return
     lastCpuRead = now
     for (const [key, pid] of workerPids(pidDir)) {
-      const ms = cpuMsOf(pid)
+      const ms = processStat(pid)?.cpuMs
       if (ms === undefined) continue
       if (!firstAttempt.has(pid)) firstAttempt.set(pid, Number(key.split("-")[0]))
       const series = cpu.get(pid) ?? []

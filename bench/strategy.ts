@@ -31,7 +31,6 @@
 // /proc sampled every 50 ms, over the same window), against the machine's cores.
 import * as fs from "node:fs/promises"
 import { readFileSync, readdirSync } from "node:fs"
-import { execFileSync } from "node:child_process"
 import * as os from "node:os"
 import * as path from "node:path"
 import { fileURLToPath } from "node:url"
@@ -41,6 +40,7 @@ import type { StrategyLoopConfig, StrategyRankReport } from "../test/support/str
 import { optionReader } from "./args.ts"
 import { benchVariants, type BenchVariant } from "../actors/train/worker/strategies/index.ts"
 import { median } from "../scheduler/cost-model.ts"
+import { clockTicks, processStat } from "./thread-cpu.ts"
 
 /** The median of the finite values (NaN when none: a failed run gives NaN figures). */
 const finiteMedian = (xs: ReadonlyArray<number>): number => median(xs.filter((x) => Number.isFinite(x)))
@@ -76,29 +76,10 @@ interface CpuSample {
   readonly machine: number
 }
 
-const clockTicks = ((): number => {
-  try {
-    return Number(execFileSync("getconf", ["CLK_TCK"], { encoding: "utf8" }).trim()) || 100
-  } catch {
-    return 100
-  }
-})()
-
-const readStat = (pid: number): { ppid: number; cpuMs: number; comm: string } | undefined => {
-  try {
-    const s = readFileSync(`/proc/${pid}/stat`, "latin1")
-    const close = s.lastIndexOf(")")
-    const f = s.slice(close + 2).split(" ")
-    return { ppid: Number(f[1]), cpuMs: ((Number(f[11]) + Number(f[12])) * 1000) / clockTicks, comm: s.slice(s.indexOf("(") + 1, close) }
-  } catch {
-    return undefined
-  }
-}
-
 const machineBusyMs = (): number => {
   const f = readFileSync("/proc/stat", "latin1").split("\n", 1)[0]!.trim().split(/\s+/).slice(1).map(Number)
   // user nice system idle iowait irq softirq steal
-  return ((f[0]! + f[1]! + f[2]! + f[5]! + f[6]! + (f[7] ?? 0)) * 1000) / clockTicks
+  return ((f[0]! + f[1]! + f[2]! + f[5]! + f[6]! + (f[7] ?? 0)) * 1000) / clockTicks()
 }
 
 /** Samples the CPU of this process and its descendants by class while a run goes. */
@@ -120,7 +101,7 @@ class CpuSampler {
         ours = true
         break
       }
-      p = readStat(p)?.ppid ?? 0
+      p = processStat(p)?.ppid ?? 0
     }
     if (ours) {
       if (pid === process.pid) kind = "driver"
@@ -131,7 +112,7 @@ class CpuSampler {
         } catch {
           // gone
         }
-        const comm = readStat(pid)?.comm ?? ""
+        const comm = processStat(pid)?.comm ?? ""
         kind = /^w\d+-\d+$/.test(actor) ? "workers" : /^ps\d+-\d+$/.test(actor) ? "servers" : comm === "nats-server" ? "nats" : null
       }
     }
@@ -144,7 +125,7 @@ class CpuSampler {
       if (!/^\d+$/.test(d)) continue
       const pid = Number(d)
       if (this.#classify(pid) === null) continue
-      const s = readStat(pid)
+      const s = processStat(pid)
       if (s) this.#last.set(pid, s.cpuMs)
     }
     const ms: Record<ProcClass, number> = { workers: 0, servers: 0, nats: 0, driver: 0 }

@@ -5,7 +5,35 @@
 // against all its threads tells whether its time a call is one thread's work (then work spread over
 // threads, as gloo spreads its own over its worker threads, is what more cores per rank would buy)
 // or waiting (lockstep, the links).
+// Also a whole process's CPU from /proc/<pid>/stat (processStat: the chaos bench's joined workers,
+// the strategy bench's process classes).
+import { execFileSync } from "node:child_process"
 import * as fs from "node:fs"
+
+let ticks: number | undefined
+/** Clock ticks per second of /proc's CPU times (getconf CLK_TCK, asked once, when first needed; 100 where it cannot be asked). */
+export const clockTicks = (): number => {
+  if (ticks === undefined) {
+    try {
+      ticks = Number(execFileSync("getconf", ["CLK_TCK"], { encoding: "utf8" }).trim()) || 100
+    } catch {
+      ticks = 100
+    }
+  }
+  return ticks
+}
+
+/** A process's parent, user + system CPU ms so far and command name, from /proc/<pid>/stat (undefined: gone, or not Linux). */
+export const processStat = (pid: number): { ppid: number; cpuMs: number; comm: string } | undefined => {
+  try {
+    const s = fs.readFileSync(`/proc/${pid}/stat`, "latin1")
+    const close = s.lastIndexOf(")")
+    const f = s.slice(close + 2).split(" ")
+    return { ppid: Number(f[1]), cpuMs: ((Number(f[11]) + Number(f[12])) * 1000) / clockTicks(), comm: s.slice(s.indexOf("(") + 1, close) }
+  } catch {
+    return undefined
+  }
+}
 
 /** CPU ms so far of each thread of a process, by thread id. */
 export type ThreadTimes = ReadonlyMap<string, number>
@@ -22,10 +50,10 @@ const taskMs = (pid: number, tid: string): number | undefined => {
     return Number(fs.readFileSync(`/proc/${pid}/task/${tid}/schedstat`, "utf8").split(" ")[0]) / 1e6
   } catch {
     try {
-      // utime and stime (fields 14 and 15) in clock ticks of 10 ms, after the command's closing parenthesis
+      // utime and stime (fields 14 and 15) in clock ticks, after the command's closing parenthesis
       const stat = fs.readFileSync(`/proc/${pid}/task/${tid}/stat`, "utf8")
       const f = stat.slice(stat.lastIndexOf(")") + 2).split(" ")
-      return (Number(f[11]) + Number(f[12])) * 10
+      return ((Number(f[11]) + Number(f[12])) * 1000) / clockTicks()
     } catch {
       return undefined
     }
