@@ -114,9 +114,29 @@ describe("an elastic run on two agents", { tags: ["faults"] }, () => {
     await fs.rm(work, { recursive: true, force: true })
   })
 
-  /** Resolves once the alive nodes of `cluster` are `nodeIds` (30 s at most). */
-  const waitForAlive = (cluster: string, nodeIds: ReadonlyArray<string>): Promise<void> =>
-    waitForAliveNodes(server.url, cluster, (alive) => [...alive].sort().join(",") === [...nodeIds].sort().join(","))
+  /** Resolves once the alive nodes of `cluster` are `nodeIds` (30 s at most, or `ms`). */
+  const waitForAlive = (cluster: string, nodeIds: ReadonlyArray<string>, ms?: number): Promise<void> =>
+    waitForAliveNodes(server.url, cluster, (alive) => [...alive].sort().join(",") === [...nodeIds].sort().join(","), ms)
+
+  /**
+   * How long a test waits for an agent it started mid-run (the group held meanwhile, hold.ts): a
+   * fresh agent's start (node, its modules, the backend probe) took over 30 s once in CI beside a
+   * type check, and then the run ended short and unresized. The held group has room for it.
+   */
+  const AGENT_JOIN_MS = 90_000
+
+  /**
+   * Waits for the agents `nodeIds` to be the alive ones; if they are not within AGENT_JOIN_MS, takes
+   * the hold off (the run then ends unresized) and says so, for the test to fail with that cause.
+   */
+  const joinedOrWhy = (cluster: string, nodeIds: ReadonlyArray<string>, holdFile: string): Promise<string | undefined> =>
+    waitForAlive(cluster, nodeIds, AGENT_JOIN_MS).then(
+      () => undefined,
+      (e: unknown) => {
+        rmSync(holdFile, { force: true })
+        return `the alive nodes of ${cluster} were not ${nodeIds.join(", ")} within ${AGENT_JOIN_MS / 1000} s of the new agent's start: ${String(e)}`
+      }
+    )
 
   /**
    * Two agents of `cluster` ("<prefix>a", "<prefix>b"), a 7-epoch elastic digits run (12 for a hand-written loop; 2..4 workers):
@@ -132,7 +152,7 @@ describe("an elastic run on two agents", { tags: ["faults"] }, () => {
     const holdFile = path.join(work, `${cluster}.hold`)
     const pidDir = await fs.mkdtemp(path.join(work, `${cluster}-pids-`))
     const loop = steps ? path.resolve("test/support/step-loop.ts") + "#stepLoop" : path.resolve("test/support/chaos-loop.ts") + "#trainLoop"
-    let joined: Promise<void> | undefined
+    let joined: Promise<string | undefined> | undefined
     let phase: "full" | "shrunk" | "grown" = "full"
     const r = await new Trainer({
       trainLoopPerWorker: loop,
@@ -158,9 +178,8 @@ describe("an elastic run on two agents", { tags: ["faults"] }, () => {
               } else if (phase === "shrunk" && perRank.length === 2) {
                 phase = "grown"
                 startAgent(`${prefix}c`, cluster)
-                // The hold ends when the group is back at 4, or here when agent c does not come
-                // up (then it shows as no grow).
-                joined = waitForAlive(cluster, [`${prefix}a`, `${prefix}c`]).catch(() => rmSync(holdFile, { force: true }))
+                // The hold ends when the group is back at 4, or here when agent c does not come up.
+                joined = joinedOrWhy(cluster, [`${prefix}a`, `${prefix}c`], holdFile)
               }
             }
           }
@@ -171,7 +190,7 @@ describe("an elastic run on two agents", { tags: ["faults"] }, () => {
     })
       .fit()
       .finally(() => rmSync(holdFile, { force: true }))
-    await joined
+    expect(await joined).toBeUndefined()
     expect(r.resizes.map((z) => [z.from, z.to])).toEqual([
       [4, 2],
       [2, 4]
@@ -216,7 +235,7 @@ describe("an elastic run on two agents", { tags: ["faults"] }, () => {
     startAgent("sma", cluster)
     await waitForAlive(cluster, ["sma"])
     const holdFile = path.join(work, `${cluster}.hold`)
-    let joined: Promise<void> | undefined
+    let joined: Promise<string | undefined> | undefined
     const r = await new Trainer({
       trainLoopPerWorker: path.resolve("test/support/step-loop.ts") + "#stepLoop",
       // Batches of 96 (8 steps an epoch at 2 workers): a held epoch ends, and the group can grow
@@ -234,7 +253,7 @@ describe("an elastic run on two agents", { tags: ["faults"] }, () => {
               if (index !== 0 || joined) return
               writeFileSync(holdFile, "4")
               startAgent("smb", cluster)
-              joined = waitForAlive(cluster, ["sma", "smb"]).catch(() => rmSync(holdFile, { force: true }))
+              joined = joinedOrWhy(cluster, ["sma", "smb"], holdFile)
             }
           }
         ]
@@ -244,7 +263,7 @@ describe("an elastic run on two agents", { tags: ["faults"] }, () => {
     })
       .fit()
       .finally(() => rmSync(holdFile, { force: true }))
-    await joined
+    expect(await joined).toBeUndefined()
     expect(r.resizes.map((z) => [z.from, z.to])).toEqual([[2, 4]])
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual(Array.from({ length: 8 }, (_, i) => i))
     const last = r.metricsPerRank.at(-1)!
