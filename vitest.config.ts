@@ -4,6 +4,7 @@ import * as fs from "node:fs"
 import * as path from "node:path"
 import { defineConfig } from "vitest/config"
 import { BaseSequencer, type TestSpecification } from "vitest/node"
+import { FileSeconds } from "./.ci/file-seconds.ts"
 
 /** Seconds each test file took in a CI run, and of those its tests tagged "faults" (.ci/durations.mjs writes it from a report). */
 const durations: Record<string, { readonly seconds: number; readonly faults: number }> = JSON.parse(fs.readFileSync(new URL("./.ci/durations.json", import.meta.url), "utf8"))
@@ -48,7 +49,7 @@ export default defineConfig({
     testTimeout: 60_000,
     hookTimeout: 60_000,
     teardownTimeout: 20_000,
-    reporters: ["default", "json"],
+    reporters: ["default", "json", new FileSeconds()],
     outputFile: { json: ".ci/vitest-report.json" }
   }
 })
