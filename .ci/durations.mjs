@@ -6,14 +6,15 @@
 // `npm test` leaves out and `npm run test:faults` runs alone. Files the report does not have, or
 // ran only in part (a test skipped), keep their entry; files that are gone lose it. A file's seconds
 // are those .ci/file-seconds.ts measured, hooks included (FILES: by default vitest-files.json
-// beside REPORT, where the same run wrote it), else its tests' span in the report.
+// beside REPORT, where the same run wrote it), else its tests' span in the report. OUT: the table
+// to update, .ci/durations.json by default.
 //
-//   node .ci/durations.mjs REPORT [FILES]
+//   node .ci/durations.mjs REPORT [FILES [OUT]]
 import * as fs from "node:fs"
 import * as path from "node:path"
 
 const root = path.resolve(path.dirname(new URL(import.meta.url).pathname), "..")
-const out = path.join(root, ".ci/durations.json")
+const out = process.argv[4] ?? path.join(root, ".ci/durations.json")
 const report = JSON.parse(fs.readFileSync(process.argv[2], "utf8"))
 const filesPath = process.argv[3] ?? path.join(path.dirname(process.argv[2]), "vitest-files.json")
 const fileSeconds = fs.existsSync(filesPath) ? JSON.parse(fs.readFileSync(filesPath, "utf8")) : {}

@@ -164,3 +164,43 @@ describe(".ci/run's summary", () => {
     expect(r.stderr).toContain('allow-list entry "test/a.test.ts" is not FILE::PATTERN')
   })
 })
+
+describe(".ci/durations.mjs, the table that orders the suite's files", () => {
+  /** A report entry of `file` whose tests spanned `spanMs`, with the statuses given (and their tags). */
+  const entry = (file: string, spanMs: number, tests: ReadonlyArray<{ status: Status; ms: number; faults?: boolean }>) => ({
+    name: path.join(ROOT, file),
+    startTime: 1_000,
+    endTime: 1_000 + spanMs,
+    assertionResults: tests.map((t, i) => ({ title: `t${i}`, status: t.status, duration: t.ms, tags: t.faults ? ["faults"] : [] }))
+  })
+
+  it("takes a file's seconds from .ci/file-seconds.ts's record, hooks included, else its tests' span; keeps the entry of a file that skipped", () => {
+    const report = path.join(dir, "durations-report.json")
+    // A file whose work is in beforeAll (its tests' span 10 ms), one without a record, one that skipped a test.
+    fs.writeFileSync(
+      report,
+      JSON.stringify({
+        testResults: [
+          entry("test/webgpu-gru.test.ts", 10, [{ status: "passed", ms: 6 }]),
+          entry("test/elastic.test.ts", 84_000, [{ status: "passed", ms: 17_800, faults: true }, { status: "passed", ms: 60_000 }]),
+          entry("test/chaos.test.ts", 1_000, [{ status: "skipped", ms: 0 }])
+        ]
+      })
+    )
+    const files = path.join(dir, "durations-files.json")
+    fs.writeFileSync(files, JSON.stringify({ "test/webgpu-gru.test.ts": 27, "test/chaos.test.ts": 3 }))
+    const out = path.join(dir, "durations.json")
+    // Before: a file that is gone, and chaos.test.ts's entry from an earlier whole run.
+    fs.writeFileSync(out, JSON.stringify({ "test/gone-long-ago.test.ts": { seconds: 5, faults: 0 }, "test/chaos.test.ts": { seconds: 131, faults: 131 } }))
+    const r = spawnSync(process.execPath, [path.join(ROOT, ".ci/durations.mjs"), report, files, out], { encoding: "utf8" })
+    expect(r.status, r.stderr).toBe(0)
+    const table = JSON.parse(fs.readFileSync(out, "utf8")) as Record<string, { seconds: number; faults: number }>
+    expect(table).toEqual({
+      "test/chaos.test.ts": { seconds: 131, faults: 131 },
+      "test/elastic.test.ts": { seconds: 84, faults: 17.8 },
+      "test/webgpu-gru.test.ts": { seconds: 27, faults: 0 }
+    })
+    // Longest first, as vitest.config.ts starts them.
+    expect(Object.keys(table)).toEqual(["test/chaos.test.ts", "test/elastic.test.ts", "test/webgpu-gru.test.ts"])
+  })
+})
