@@ -1,10 +1,9 @@
 // On a Node older than gradwire needs, one line saying so instead of suites failing one by one.
 import "./bin/check-node.js"
 import * as fs from "node:fs"
-import * as path from "node:path"
 import { defineConfig } from "vitest/config"
 import { BaseSequencer, type TestSpecification } from "vitest/node"
-import { FileSeconds } from "./.ci/file-seconds.ts"
+import { FileSeconds, testFileKey } from "./.ci/file-seconds.ts"
 
 /** Seconds each test file took in a CI run, and of those its tests tagged "faults" (.ci/durations.mjs writes it from a report). */
 const durations: Record<string, { readonly seconds: number; readonly faults: number }> = JSON.parse(fs.readFileSync(new URL("./.ci/durations.json", import.meta.url), "utf8"))
@@ -23,7 +22,7 @@ const secondsHere = (d: { readonly seconds: number; readonly faults: number }): 
 class LongestFirst extends BaseSequencer {
   override async sort(files: TestSpecification[]): Promise<TestSpecification[]> {
     const seconds = (f: TestSpecification): number => {
-      const d = durations[path.relative(f.project.config.root, f.moduleId).split(path.sep).join("/")]
+      const d = durations[testFileKey(f.project.config.root, f.moduleId)]
       return d === undefined ? Infinity : secondsHere(d)
     }
     return [...files].sort((a, b) => seconds(b) - seconds(a))

@@ -9,7 +9,10 @@ import * as path from "node:path"
 import type { Reporter, TestModule } from "vitest/node"
 
 /** Where the reporter writes, next to the JSON report. */
-export const FILE_SECONDS_PATH = ".ci/vitest-files.json"
+const FILE_SECONDS_PATH = ".ci/vitest-files.json"
+
+/** A test file's key in .ci/durations.json and here: its path from the project's root, with forward slashes. */
+export const testFileKey = (root: string, moduleId: string): string => path.relative(root, moduleId).split(path.sep).join("/")
 
 export class FileSeconds implements Reporter {
   readonly #seconds: Record<string, number> = {}
@@ -17,8 +20,7 @@ export class FileSeconds implements Reporter {
   onTestModuleEnd(module: TestModule): void {
     const d = module.diagnostic()
     const ms = d.environmentSetupDuration + d.prepareDuration + d.collectDuration + d.setupDuration + d.duration
-    const file = path.relative(module.project.config.root, module.moduleId).split(path.sep).join("/")
-    this.#seconds[file] = Math.round(ms / 100) / 10
+    this.#seconds[testFileKey(module.project.config.root, module.moduleId)] = Math.round(ms / 100) / 10
   }
 
   onTestRunEnd(modules: ReadonlyArray<TestModule>): void {

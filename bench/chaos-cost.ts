@@ -201,7 +201,7 @@ export const joinCpu = (
     const next = attempts[i + 1] !== undefined ? startAt.get(attempts[i + 1]!)! : Number.POSITIVE_INFINITY
     const t2 = Math.min(t1 + windowMs, next)
     if (t2 - t1 < 1_000) continue
-    const used = (pids: number[]): number[] => pids.flatMap((p) => { const c = coresBetween(cpu.get(p) ?? [], t1, t2); return c === undefined ? [] : [c] })
+    const used = (of: number[]): number[] => of.flatMap((p) => { const c = coresBetween(cpu.get(p) ?? [], t1, t2); return c === undefined ? [] : [c] })
     const joiners = used(pids.filter(([, f]) => f === a).map(([p]) => p))
     const survivors = used(pids.filter(([, f]) => f < a).map(([p]) => p))
     if (joiners.length === 0 || survivors.length === 0) continue
