@@ -16,6 +16,8 @@ import { registerMissingGradients } from "./kernels/gradients.ts"
 import { BATCH_NORM_TRAIN, installBatchNormTrain } from "./kernels/batch-norm-train.ts"
 import { CONV2D_TRAIN, installTrainLayers } from "./kernels/train-layers.ts"
 import { installLayerNorm, LAYER_NORM } from "./kernels/layer-norm.ts"
+import { installProbCrossEntropy, PROB_CROSS_ENTROPY } from "./kernels/prob-cross-entropy.ts"
+import { installSharedSaves } from "./kernels/saved-tensors.ts"
 import { GRU_UPDATE, installGruCell } from "./kernels/gru-cell.ts"
 import { installLstmCell, LSTM_CELL } from "./kernels/lstm-cell.ts"
 import { LSTM_SEQUENCE } from "./kernels/lstm-sequence.ts"
@@ -208,6 +210,10 @@ export const loadEngine = (want: BackendKind | "auto" = "auto"): Promise<{ tf: T
     if (installBatchNormTrain(l.tf) && l.tf.getKernel(BATCH_NORM_TRAIN, l.tf.getBackend())) why.push("batch normalization trains as one kernel")
     // Convolution layers train as one kernel forward, their input's gradient computed only where used (kernels/train-layers.ts).
     if (installTrainLayers(l.tf) && l.tf.getKernel(CONV2D_TRAIN, l.tf.getBackend())) why.push("convolution layers train with their bias and ReLU in one kernel, no gradient for their data")
+    // A compiled cross-entropy on probabilities as one kernel each way, softmax's gradient as one (kernels/prob-cross-entropy.ts).
+    if (installProbCrossEntropy(l.tf) && l.tf.getKernel(PROB_CROSS_ENTROPY, l.tf.getBackend())) why.push("a compiled model's cross-entropy runs as one kernel, softmax's gradient as one")
+    // What a kernel keeps for its gradient saved as a second reference, not by an Identity kernel (kernels/saved-tensors.ts).
+    if (installSharedSaves(l.tf)) why.push("tensors kept for a gradient are second references, not Identity kernels")
     return l
   })
   return loaded

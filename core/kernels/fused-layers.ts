@@ -35,7 +35,7 @@ const cpuValues = (backend: CpuBackend, t: TensorInfo): Float32Array => {
 /** A float32 computation on the host: it reads the inputs `names` (in that order) and writes outputs of the shapes `shapes` gives. */
 export interface HostKernel {
   names: string[]
-  shapes: (inputs: Record<string, TensorInfo>) => number[][]
+  shapes: (inputs: Record<string, TensorInfo>, attrs: Record<string, unknown>) => number[][]
   compute: (ins: Float32Array[], outs: Float32Array[], attrs: Record<string, unknown>, inputs: Record<string, TensorInfo>) => void
   /**
    * The same computation by gradwire's SIMD kernels on the wasm heap (heap-simd.ts), given the
@@ -51,7 +51,7 @@ export const hostKernels = (k: HostKernel): readonly [unknown, unknown] => {
   const result = (outs: TensorInfo[]): TensorInfo | TensorInfo[] => (outs.length === 1 ? outs[0]! : outs)
   const wasm = ({ inputs, backend, attrs }: KernelArgs): TensorInfo | TensorInfo[] => {
     // Every output made before any view is taken: a new output can grow the heap and detach earlier views.
-    const outs = k.shapes(inputs).map((shape) => backend.makeOutput(shape, "float32"))
+    const outs = k.shapes(inputs, attrs).map((shape) => backend.makeOutput(shape, "float32"))
     const kernels = k.heap && heapKernels(backend)
     if (kernels) {
       const scratch = k.scratch ? backend.makeOutput([k.scratch(inputs)], "float32") : undefined
@@ -80,7 +80,7 @@ export const hostKernels = (k: HostKernel): readonly [unknown, unknown] => {
     return result(outs)
   }
   const cpu = ({ inputs, backend, attrs }: CpuArgs): TensorInfo | TensorInfo[] => {
-    const shapes = k.shapes(inputs)
+    const shapes = k.shapes(inputs, attrs)
     const outs = shapes.map((shape) => new Float32Array(shape.reduce((a, b) => a * b, 1)))
     k.compute(
       k.names.map((n) => cpuValues(backend, inputs[n]!)),

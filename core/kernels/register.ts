@@ -9,6 +9,7 @@ import { registerMissingGradients } from "./gradients.ts"
 import { maxPoolGrad } from "./pool-grads.ts"
 import { unsortedSegmentSum } from "./segment-sum.ts"
 import { BATCH_NORM_GRAD, registerBatchNormGrad } from "./batch-norm-grad.ts"
+import { wasmIdentityShares } from "./saved-tensors.ts"
 import { CLIP_GRAD, RELU_GRAD, registerClipGrad, registerReluGrad } from "./relu-grad.ts"
 import { heapKernels, heapKernelsStatus } from "./heap-simd.ts"
 import { blockMaxMin, blockReduce, registerBlockMaxMinGradients } from "./reduce.ts"
@@ -138,7 +139,10 @@ export const registerWasmKernels = (tf: Tf): { fast: string[]; fallback: string[
   const wasmTranspose = tf.getKernel("Transpose", "wasm")?.kernelFunc as unknown as KernelFunc | undefined
   if (wasmTranspose) replace("Transpose", transposeKernel(wasmTranspose))
   const wasmIdentity = tf.getKernel("Identity", "wasm")?.kernelFunc as unknown as KernelFunc | undefined
-  if (wasmIdentity) replace("Identity", sharedIdentity(wasmIdentity))
+  if (wasmIdentity) {
+    replace("Identity", sharedIdentity(wasmIdentity))
+    wasmIdentityShares()
+  }
   const wasmCast = tf.getKernel("Cast", "wasm")?.kernelFunc as unknown as KernelFunc | undefined
   if (wasmCast) replace("Cast", sharedCast(wasmCast))
   const wasmGather = tf.getKernel("GatherV2", "wasm")?.kernelFunc as unknown as KernelFunc | undefined

@@ -3,6 +3,7 @@
 // as the data-parallel wrapper's, so a pipelined model trains on the same objective.
 import type { Tf } from "../../../../core/engine.ts"
 import { ConfigError } from "../../../../core/errors.ts"
+import { probCrossEntropy } from "../../../../core/kernels/prob-cross-entropy.ts"
 
 import type { Scalar, Tensor } from "@tensorflow/tfjs"
 
@@ -26,17 +27,22 @@ export const resolveLoss = (tf: Tf, loss: unknown, field: string): ResolvedLoss 
   if (typeof loss === "function") return { fn: loss as LossFn, classification: false, sparse: false }
   switch (loss) {
     case "categoricalCrossentropy":
+      // One kernel each way on wasm and cpu (core/kernels/prob-cross-entropy.ts), tfjs-layers' own elsewhere.
       return {
-        fn: (yt, yp) => tf.metrics.categoricalCrossentropy(yt, yp).mean() as Scalar,
+        fn: (yt, yp) => probCrossEntropy(tf, yt, yp, { sparse: false, mean: true }) as Scalar,
         classification: true,
         sparse: false,
-        perSample: (yt, yp) => tf.metrics.categoricalCrossentropy(yt, yp),
+        perSample: (yt, yp) => probCrossEntropy(tf, yt, yp, { sparse: false, mean: false }),
         perClass: true
       }
-    case "sparseCategoricalCrossentropy": {
-      const perSample = (yt: Tensor, yp: Tensor): Tensor => tf.tidy(() => tf.metrics.categoricalCrossentropy(tf.oneHot(yt.flatten().toInt(), yp.shape[yp.shape.length - 1] as number), yp))
-      return { fn: (yt, yp) => tf.tidy(() => perSample(yt, yp).mean() as Scalar), classification: true, sparse: true, perSample, perClass: true }
-    }
+    case "sparseCategoricalCrossentropy":
+      return {
+        fn: (yt, yp) => probCrossEntropy(tf, yt, yp, { sparse: true, mean: true }) as Scalar,
+        classification: true,
+        sparse: true,
+        perSample: (yt, yp) => probCrossEntropy(tf, yt, yp, { sparse: true, mean: false }),
+        perClass: true
+      }
     case "meanSquaredError":
       return {
         fn: (yt, yp) => tf.losses.meanSquaredError(yt, yp) as Scalar,
