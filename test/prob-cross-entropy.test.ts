@@ -8,7 +8,7 @@
 import { beforeAll, describe, expect, it } from "vitest"
 import { farthest, kernelsOf, seeded, worst } from "./support/kernel-compare.ts"
 import { loadEngine, type Tf } from "../core/engine.ts"
-import { PROB_CROSS_ENTROPY, PROB_CROSS_ENTROPY_GRAD, SOFTMAX_GRAD, probCrossEntropy, probCrossEntropyStats } from "../core/kernels/prob-cross-entropy.ts"
+import { CORRECT_COUNT, PROB_CROSS_ENTROPY, PROB_CROSS_ENTROPY_GRAD, SOFTMAX_GRAD, correctPredictions, probCrossEntropy, probCrossEntropyStats } from "../core/kernels/prob-cross-entropy.ts"
 import { DataParallelModel } from "../actors/train/worker/data-parallel.ts"
 import type { GradientSync } from "../actors/train/worker/gradient-sync.ts"
 
@@ -141,6 +141,43 @@ describe("a compiled model's cross-entropy on probabilities as one kernel", () =
     expect(farthest(a.dataSync(), b.dataSync())).toBe(0)
     tf.dispose([p, a, b])
   })
+})
+
+describe("correct predictions as one kernel", () => {
+  for (const backend of ["wasm", "cpu"]) {
+    it(`${backend}: the count tfjs's argMax, equal and sum give, for one-hot rows, soft rows, class ids (float ids too) and ties`, async () => {
+      await tf.setBackend(backend)
+      try {
+        const N = 40
+        const C = 7
+        // every fifth row ties two classes at its maximum: the first one counts, as tfjs's argMax
+        const values = seeded(N * C, 31, 1)
+        for (let r = 0; r < N; r += 5) values[r * C + 4] = values[r * C + 2] = 5
+        const p = tf.tensor2d(values, [N, C])
+        const ids = tf.tensor1d(Int32Array.from(seeded(N, 32), (v, r) => (r % 3 === 0 ? tf.argMax(p.slice([r, 0], [1, C]), 1).dataSync()[0]! : Math.floor(((v + 1) / 2) * C) % C)), "int32")
+        const tfjs = async (t: Tensor): Promise<number> => (await p.argMax(-1).equal(t.rank > 1 && t.shape[t.rank - 1]! > 1 ? t.argMax(-1) : t.flatten().toInt()).sum().data())[0]!
+        const soft = tf.softmax(tf.tensor2d(seeded(N * C, 33, 3), [N, C]))
+        for (const t of [ids, tf.oneHot(ids, C), soft, tf.add(tf.cast(ids, "float32"), 0.4), tf.reshape(ids, [N, 1])]) {
+          const before = probCrossEntropyStats.correct
+          const got = correctPredictions(tf, p, t)!
+          expect(probCrossEntropyStats.correct - before).toBe(1)
+          const want = await tfjs(t)
+          expect((await got.data())[0]).toBe(want)
+          // every third row's id is its prediction: counted rows, not a constant
+          if (t !== soft) expect(want).toBeGreaterThan(N / 3 - 1)
+        }
+        // rank 3 with one-hot rows per position
+        const seq = tf.reshape(p, [5, 8, C])
+        expect((await correctPredictions(tf, seq, tf.reshape(tf.oneHot(ids, C), [5, 8, C]))!.data())[0]).toBe(await tfjs(ids))
+        // targets that fit neither form: left to the caller
+        expect(correctPredictions(tf, p, tf.ones([N, C + 1]))).toBeUndefined()
+        expect(await kernelsOf(tf, () => [correctPredictions(tf, p, ids)!])).toEqual(expect.arrayContaining([CORRECT_COUNT]))
+        tf.dispose([p, ids, soft, seq])
+      } finally {
+        await tf.setBackend("wasm")
+      }
+    })
+  }
 })
 
 describe("a data-parallel step with a compiled categoricalCrossentropy", () => {

@@ -28,9 +28,10 @@ type Scalar = import("@tensorflow/tfjs").Scalar
 export const PROB_CROSS_ENTROPY = "GradwireProbCrossEntropy"
 export const PROB_CROSS_ENTROPY_GRAD = "GradwireProbCrossEntropyGrad"
 export const SOFTMAX_GRAD = "GradwireSoftmaxGrad"
+export const CORRECT_COUNT = "GradwireCorrectCount"
 
 /** Kernels run in this process (for tests). */
-export const probCrossEntropyStats = { forward: 0, backward: 0, softmaxGrad: 0 }
+export const probCrossEntropyStats = { forward: 0, backward: 0, softmaxGrad: 0, correct: 0 }
 
 interface Attrs {
   /** The clip's lower bound (the backend's epsilon); the upper is 1 − eps. */
@@ -131,6 +132,27 @@ const hostSoftmaxGrad = hostKernels({
   }
 })
 
+/** The first index of row r's largest value (tfjs's argMax; NaN is never the largest). */
+const argMaxRow = (v: Float32Array, o: number, C: number): number => {
+  let best = 0
+  for (let j = 1; j < C; j++) if (v[o + j]! > v[o + best]!) best = j
+  return best
+}
+// The rows whose prediction's argMax is their label: the targets' argMax (rows of C) or the class id
+// (ids arrive as float32 values: a float id counts as its integer part, as tfjs's toInt).
+const hostCorrect = hostKernels({
+  names: ["probs", "targets"],
+  shapes: () => [[]],
+  compute: ([p, t], [out], attrs, { probs }) => {
+    probCrossEntropyStats.correct++
+    const [N, C] = rowsOf(probs!)
+    const sparse = attrsOf(attrs).sparse
+    let n = 0
+    for (let r = 0; r < N; r++) if (argMaxRow(p!, r * C, C) === (sparse ? Math.trunc(t![r]!) : argMaxRow(t!, r * C, C))) n++
+    out![0] = n
+  }
+})
+
 const HOST_BACKENDS = ["wasm", "cpu"] as const
 const KERNELS: Record<string, readonly [unknown, unknown]> = { wasm: [hostLoss[0], hostLossGrad[0]], cpu: [hostLoss[1], hostLossGrad[1]] }
 const SOFTMAX_WRAPPED = Symbol.for("gradwire.softmaxGrad")
@@ -159,6 +181,7 @@ export const installProbCrossEntropy = (tf: Tf): boolean => {
   })
   HOST_BACKENDS.forEach((backendName, i) => {
     if (!tf.getKernel(SOFTMAX_GRAD, backendName)) tf.registerKernel({ kernelName: SOFTMAX_GRAD, backendName, kernelFunc: hostSoftmaxGrad[i] as never })
+    if (!tf.getKernel(CORRECT_COUNT, backendName)) tf.registerKernel({ kernelName: CORRECT_COUNT, backendName, kernelFunc: hostCorrect[i] as never })
   })
   wrapGradient(tf, "Softmax", SOFTMAX_WRAPPED, (dy, saved, attrs) => {
     const y = saved[0]!
@@ -169,6 +192,9 @@ export const installProbCrossEntropy = (tf: Tf): boolean => {
   })
   return true
 }
+
+/** `t` in `shape`: itself where it has that shape already (a reshape is a kernel call of its own). */
+const shaped = (tf: Tf, t: Tensor, shape: number[]): Tensor => (t.rank === shape.length && t.shape.every((d, i) => d === shape[i]) ? t : tf.reshape(t, shape))
 
 /** Whether the running backend computes the loss as one kernel. */
 const onHost = (tf: Tf): boolean => installProbCrossEntropy(tf) && enabled && tf.getKernel(PROB_CROSS_ENTROPY, tf.getBackend()) !== undefined
@@ -193,11 +219,28 @@ export const probCrossEntropy = (tf: Tf, targets: Tensor, probs: Tensor, options
       throw new RangeError(`cross-entropy: ${N} rows of ${C} probabilities (shape [${probs.shape}]) but targets of shape [${targets.shape}]; give ${options.sparse ? "one class id per row" : `rows of ${C}`}`)
     // ids as int32 (a float id truncated, as tfjs's toInt), rows as float32 or int32 (a one-hot's): the kernels read either
     const kept = options.sparse ? targets.dtype === "int32" : targets.dtype === "float32" || targets.dtype === "int32"
-    const t = tf.reshape(kept ? targets : tf.cast(targets, options.sparse ? "int32" : "float32"), options.sparse ? [N] : [N, C])
-    const out = tf.engine().runKernel(PROB_CROSS_ENTROPY, { probs: tf.reshape(probs, [N, C]), targets: t }, { eps: tf.backend().epsilon(), mean: options.mean, sparse: options.sparse } as never) as unknown as Tensor
-    return options.mean ? out : tf.reshape(out, lead)
+    const t = shaped(tf, kept ? targets : tf.cast(targets, options.sparse ? "int32" : "float32"), options.sparse ? [N] : [N, C])
+    const out = tf.engine().runKernel(PROB_CROSS_ENTROPY, { probs: shaped(tf, probs, [N, C]), targets: t }, { eps: tf.backend().epsilon(), mean: options.mean, sparse: options.sparse } as never) as unknown as Tensor
+    return options.mean ? out : shaped(tf, out, lead)
   })
 }
 
 /** probCrossEntropy's mean, as a scalar. */
 export const meanProbCrossEntropy = (tf: Tf, targets: Tensor, probs: Tensor, sparse: boolean): Scalar => probCrossEntropy(tf, targets, probs, { sparse, mean: true }) as Scalar
+
+/**
+ * How many rows of `probs` ([..., C]) predict their target (argMax(probs) = argMax(targets) for
+ * rows of C, or the class id): a float32 scalar, one kernel on wasm and cpu where tfjs ran two
+ * argMaxes, a comparison, a cast and a sum; undefined where the shapes are not those (the caller's
+ * own composition then counts).
+ */
+export const correctPredictions = (tf: Tf, probs: Tensor, targets: Tensor): Tensor | undefined => {
+  const C = probs.shape[probs.rank - 1]!
+  const N = C === 0 ? 0 : probs.size / C
+  const dense = targets.rank > 1 && targets.shape[targets.rank - 1]! > 1
+  if (!onHost(tf) || probs.dtype !== "float32" || N === 0 || targets.size !== (dense ? N * C : N) || targets.dtype === "string" || targets.dtype === "complex64") return undefined
+  return tf.tidy(() => {
+    const t = targets.dtype === "float32" || targets.dtype === "int32" ? targets : tf.cast(targets, "float32")
+    return tf.engine().runKernel(CORRECT_COUNT, { probs: shaped(tf, probs, [N, C]), targets: shaped(tf, t, dense ? [N, C] : [N]) }, { sparse: !dense } as never) as unknown as Tensor
+  })
+}
