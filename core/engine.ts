@@ -209,7 +209,7 @@ export const loadEngine = (want: BackendKind | "auto" = "auto"): Promise<{ tf: T
     // Batch normalization while training as one kernel and its gradient as one more (kernels/batch-norm-train.ts).
     if (installBatchNormTrain(l.tf) && l.tf.getKernel(BATCH_NORM_TRAIN, l.tf.getBackend())) why.push("batch normalization trains as one kernel")
     // Convolution layers train as one kernel forward, their input's gradient computed only where used (kernels/train-layers.ts).
-    if (installTrainLayers(l.tf) && l.tf.getKernel(CONV2D_TRAIN, l.tf.getBackend())) why.push("convolution layers train with their bias and ReLU in one kernel, no gradient for their data")
+    if (installTrainLayers(l.tf) && l.tf.getKernel(CONV2D_TRAIN, l.tf.getBackend())) why.push("convolution and dense layers train with their bias and ReLU in one kernel, no gradient for their data")
     // A compiled cross-entropy on probabilities as one kernel each way, softmax's gradient as one (kernels/prob-cross-entropy.ts).
     if (installProbCrossEntropy(l.tf) && l.tf.getKernel(PROB_CROSS_ENTROPY, l.tf.getBackend())) why.push("a compiled model's cross-entropy runs as one kernel, softmax's gradient as one")
     // What a kernel keeps for its gradient saved as a second reference, not by an Identity kernel (kernels/saved-tensors.ts).
