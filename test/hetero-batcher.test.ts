@@ -187,6 +187,20 @@ describe("heterogeneity-aware batching with a fixed cost per step", () => {
     expect(trace.at(-1)).toEqual([127, 1])
   })
 
+  it("a rank the fit settles at a few rows, whose fixed cost lies outside forward+backward, is tried without rows and left so where that is faster", async () => {
+    // Equal fitted forward+backward times put the slow rank near 15 rows (2 + 0.05·113 ≈ 3 + 0.3·15):
+    // max(1 + 7.65, 15 + 7.5) = 22.5 ms a step there, 15 ms without rows.
+    const models = [{ a: 2, c: 0.05, o: 1 }, { a: 3, c: 0.3, o: 15 }]
+    const trace = await simulateWhole(models, 5 * (2 * ZERO_RECHECK) + 100)
+    expect(trace.at(-1)).toEqual([128, 0])
+    // The same ranks with little other work (2 ms): without rows 1% faster at most, so the split the
+    // fit gives stays, a few rows on the slow rank, with trials now and then.
+    const light = await simulateWhole([models[0]!, { ...models[1]!, o: 2 }], 5 * (2 * ZERO_RECHECK) + 100)
+    expect(light.at(-1)![1]).toBeGreaterThan(5)
+    expect(light.at(-1)![1]).toBeLessThan(32)
+    expect(light.slice(100).filter((b) => b[1] === 0).length).toBeLessThanOrEqual(6 * 5 * TRIAL_EXCHANGES)
+  })
+
   it("a rank whose step without rows would be no faster keeps its row (a trial, then back)", async () => {
     // The slow rank's other work alone takes 100 ms: at one row (where its forward+backward puts it)
     // max(9.35, 100 + 10.3) = 110.3 ms, without rows 100 ms (under 10% faster).

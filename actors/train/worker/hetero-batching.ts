@@ -312,18 +312,24 @@ export class HeteroBatcher {
     this.#setBatches(next)
   }
 
-  /** Starts a trial: a rank at one row given none, or a rank without rows given one again, its row to or from the largest batch. */
+  /**
+   * Starts a trial: a rank at a small share given none (one row, or at most half its equal share:
+   * the fit sees only forward+backward, so a rank whose fixed cost per step lies outside it, a
+   * quarter core's share of the exchange and update, settles at a few rows where none would be
+   * faster), or a rank without rows given one again, its rows to or from the largest batch.
+   */
   #maybeTry(groupMs: number): void {
     const batches = this.#state.batches
     const largest = batches.indexOf(Math.max(...batches))
+    const small = Math.max(1, Math.floor(this.#o.globalBatch / (2 * batches.length)))
     for (let r = 0; r < batches.length; r++) {
       if (r === largest) continue
       const zeroedUntil = this.#zeroed.get(r)
       const toZero = zeroedUntil === undefined
-      if (toZero ? batches[r] !== 1 || (this.#zeroLost.get(r)?.from ?? 0) > this.#exchanges : batches[r] !== 0 || zeroedUntil > this.#exchanges) continue
+      if (toZero ? !(batches[r]! >= 1 && batches[r]! <= small) || (this.#zeroLost.get(r)?.from ?? 0) > this.#exchanges : batches[r] !== 0 || zeroedUntil > this.#exchanges) continue
       const next = [...batches]
       next[r] = toZero ? 0 : 1
-      next[largest]! += toZero ? 1 : -1
+      next[largest]! += toZero ? batches[r]! : -1
       this.#trial = { rank: r, toZero, previous: batches, beforeMs: groupMs, walls: [], exchanges: 0 }
       this.#setBatches(next)
       return
