@@ -32,9 +32,11 @@
 // No rows. A rank at one row can still hold every step back: on a quarter core its share of the
 // exchange and the update waits for its quota, and its one row's forward+backward eats that quota
 // (bench hetero at 4x: 127/1 ran 5916 samples/s, 128/0 7752). Costs outside forward+backward are
-// not in the fit, so where a rank sits at one row the batcher tries it with none (allowZero: the
-// all-reduce, whose update every rank applies alike, the rank taking part in the exchange with
-// nothing, sample weight 0; local SGD, whose rounds weight each rank's delta by its samples),
+// not in the fit, so where a rank sits at one row, or at half its equal share or less (a fixed cost
+// outside the fit settles it at a few rows where none would be faster), the batcher tries it with
+// none (allowZero: the all-reduce, whose update every rank applies alike, the rank taking part in
+// the exchange with nothing, sample weight 0; local SGD, whose rounds weight each rank's delta by
+// its samples),
 // compares the group's whole step time (each rank's wall time per step, the slowest, exchanged
 // with the rest) over the next TRIAL_EXCHANGES exchanges against as many before (medians: on a CPU
 // quota one exchange's steps move 2x and more), and keeps it only 10% faster, else goes back and
