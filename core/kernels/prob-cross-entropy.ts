@@ -17,12 +17,11 @@
 // float32 bits. A class id outside [0, C) contributes nothing, as tfjs's one-hot of it (all zeros).
 // Other backends (webgpu, tfjs-node) keep tfjs-layers' composition.
 import type { Tf } from "../tf.ts"
-import { hostKernels, registerFused } from "./fused-layers.ts"
+import { hostKernels, registerFused, registerKernels } from "./fused-layers.ts"
 import { wrapGradient } from "./gradients.ts"
 import type { TensorInfo } from "./wasm-heap.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
-type Scalar = import("@tensorflow/tfjs").Scalar
 
 /** The kernels' names in tfjs's registry (gradwire's own). */
 export const PROB_CROSS_ENTROPY = "GradwireProbCrossEntropy"
@@ -179,10 +178,8 @@ export const installProbCrossEntropy = (tf: Tf): boolean => {
       }
     }
   })
-  HOST_BACKENDS.forEach((backendName, i) => {
-    if (!tf.getKernel(SOFTMAX_GRAD, backendName)) tf.registerKernel({ kernelName: SOFTMAX_GRAD, backendName, kernelFunc: hostSoftmaxGrad[i] as never })
-    if (!tf.getKernel(CORRECT_COUNT, backendName)) tf.registerKernel({ kernelName: CORRECT_COUNT, backendName, kernelFunc: hostCorrect[i] as never })
-  })
+  registerKernels(tf, SOFTMAX_GRAD, { wasm: hostSoftmaxGrad[0], cpu: hostSoftmaxGrad[1] })
+  registerKernels(tf, CORRECT_COUNT, { wasm: hostCorrect[0], cpu: hostCorrect[1] })
   wrapGradient(tf, "Softmax", SOFTMAX_WRAPPED, (dy, saved, attrs) => {
     const y = saved[0]!
     const dim = (attrs as { dim?: number }).dim ?? -1
@@ -224,9 +221,6 @@ export const probCrossEntropy = (tf: Tf, targets: Tensor, probs: Tensor, options
     return options.mean ? out : shaped(tf, out, lead)
   })
 }
-
-/** probCrossEntropy's mean, as a scalar. */
-export const meanProbCrossEntropy = (tf: Tf, targets: Tensor, probs: Tensor, sparse: boolean): Scalar => probCrossEntropy(tf, targets, probs, { sparse, mean: true }) as Scalar
 
 /**
  * How many rows of `probs` ([..., C]) predict their target (argMax(probs) = argMax(targets) for

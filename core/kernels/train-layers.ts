@@ -200,7 +200,7 @@ const installDenseTrain = (tf: Tf): boolean => {
     const name = layer.activation.getClassName()
     const fused = name === "linear" || name === "relu" ? name : "linear"
     const backend = tf.getBackend()
-    if (kernel.dtype !== "float32" || kernel.rank !== 2 || tf.getKernel(DENSE_TRAIN, backend) === undefined || tf.getKernel("_FusedMatMul", backend) === undefined) return undefined
+    if (kernel.dtype !== "float32" || kernel.rank !== 2 || kernel.shape[0] !== x.shape[x.rank - 1] || tf.getKernel(DENSE_TRAIN, backend) === undefined || tf.getKernel("_FusedMatMul", backend) === undefined) return undefined
     return tf.tidy(() => {
       const k = kernel.shape[0]!
       const rows = x.rank === 2 ? x : tf.reshape(x, [-1, k])
@@ -212,15 +212,10 @@ const installDenseTrain = (tf: Tf): boolean => {
   }
   denseInstalled = patchLayerCall<DenseLike>(tf, "Dense", (own) =>
     function (inputs, kwargs) {
-      const x = oneInput(inputs)
-      if (x !== undefined && x.shape[x.rank - 1] === this.kernel.read().shape[0]) {
-        const y = train(this, x)
-        if (y) {
-          this.invokeCallHook?.(inputs, kwargs)
-          return y
-        }
-      }
-      return own.call(this, inputs, kwargs)
+      const y = train(this, oneInput(inputs))
+      if (!y) return own.call(this, inputs, kwargs)
+      this.invokeCallHook?.(inputs, kwargs)
+      return y
     }
   )
   return denseInstalled

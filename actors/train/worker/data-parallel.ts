@@ -31,8 +31,8 @@ import { GradientAccumulator, readFromHeap, readGradients } from "./accumulation
 import { kerasFit, kerasTrainOnBatch, type KerasFitHost } from "./keras-fit.ts"
 import { inputsOf, isTensor, rowsOf, type ModelInput } from "./model-input.ts"
 export type { ModelInput }
-import { correctPredictions } from "../../../core/kernels/prob-cross-entropy.ts"
-import { broadcastBytes, evaluateLocal, evaluateLocalAsync, labelsOf, resolveLoss, takeRankZeroValues, type EvaluateOptions, type PrepareOptions } from "./prepare-options.ts"
+import { countCorrect, labelsOf } from "./model-parallel/loss.ts"
+import { broadcastBytes, evaluateLocal, evaluateLocalAsync, resolveLoss, takeRankZeroValues, type EvaluateOptions, type PrepareOptions } from "./prepare-options.ts"
 import { strategyOf, type GradientSlot, type GradientSync, type StepObserver } from "./gradient-sync.ts"
 import { resolveStrategy, type StrategyHost, type StrategyWorker } from "./strategies/index.ts"
 
@@ -648,7 +648,7 @@ export class DataParallelModel implements RecoverableModel {
       }
       return this.#loss(y, out)
     }, this.#vars)
-    const correct = pred ? (correctPredictions(tf, pred, y) ?? tf.tidy(() => pred!.argMax(-1).equal(labelsOf(y)).sum())) : undefined
+    const correct = pred ? countCorrect(tf, pred, y) : undefined
     pred?.dispose()
     return { value, grads: grads as Record<string, Tensor>, correct }
   }

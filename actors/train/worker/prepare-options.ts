@@ -2,7 +2,7 @@
 import type { Tf } from "../../../core/engine.ts"
 import { ConfigError } from "../../../core/errors.ts"
 import type { LrRuleOptions } from "../common/optim/lr-rules.ts"
-import { resolveLoss as resolveLossOf, type LossFn, type LossName, type ResolvedLoss } from "./model-parallel/loss.ts"
+import { labelsOf, resolveLoss as resolveLossOf, type LossFn, type LossName, type ResolvedLoss } from "./model-parallel/loss.ts"
 
 type tfjs = typeof import("@tensorflow/tfjs")
 type LayersModel = import("@tensorflow/tfjs").LayersModel
@@ -88,8 +88,6 @@ export const broadcastBytes = async (bytes: Uint8Array | undefined, broadcast: (
   return out
 }
 
-/** Class ids of targets: one-hot rows' argmax, or the ids themselves. */
-export const labelsOf = (y: Tensor): Tensor => (y.rank > 1 && (y.shape[y.rank - 1] ?? 1) > 1 ? y.argMax(-1) : y.flatten().toInt())
 
 /** dp.evaluateAsync's options. */
 export interface EvaluateOptions {

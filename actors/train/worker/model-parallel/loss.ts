@@ -3,7 +3,7 @@
 // as the data-parallel wrapper's, so a pipelined model trains on the same objective.
 import type { Tf } from "../../../../core/engine.ts"
 import { ConfigError } from "../../../../core/errors.ts"
-import { probCrossEntropy } from "../../../../core/kernels/prob-cross-entropy.ts"
+import { correctPredictions, probCrossEntropy } from "../../../../core/kernels/prob-cross-entropy.ts"
 
 import type { Scalar, Tensor } from "@tensorflow/tfjs"
 
@@ -23,26 +23,22 @@ export interface ResolvedLoss {
   readonly perClass?: boolean
 }
 
+/** A cross-entropy on probabilities, on rows of C or class ids: one kernel each way on wasm and cpu (core/kernels/prob-cross-entropy.ts), tfjs-layers' own elsewhere. */
+const crossEntropyLoss = (tf: Tf, sparse: boolean): ResolvedLoss => ({
+  fn: (yt, yp) => probCrossEntropy(tf, yt, yp, { sparse, mean: true }) as Scalar,
+  classification: true,
+  sparse,
+  perSample: (yt, yp) => probCrossEntropy(tf, yt, yp, { sparse, mean: false }),
+  perClass: true
+})
+
 export const resolveLoss = (tf: Tf, loss: unknown, field: string): ResolvedLoss => {
   if (typeof loss === "function") return { fn: loss as LossFn, classification: false, sparse: false }
   switch (loss) {
     case "categoricalCrossentropy":
-      // One kernel each way on wasm and cpu (core/kernels/prob-cross-entropy.ts), tfjs-layers' own elsewhere.
-      return {
-        fn: (yt, yp) => probCrossEntropy(tf, yt, yp, { sparse: false, mean: true }) as Scalar,
-        classification: true,
-        sparse: false,
-        perSample: (yt, yp) => probCrossEntropy(tf, yt, yp, { sparse: false, mean: false }),
-        perClass: true
-      }
+      return crossEntropyLoss(tf, false)
     case "sparseCategoricalCrossentropy":
-      return {
-        fn: (yt, yp) => probCrossEntropy(tf, yt, yp, { sparse: true, mean: true }) as Scalar,
-        classification: true,
-        sparse: true,
-        perSample: (yt, yp) => probCrossEntropy(tf, yt, yp, { sparse: true, mean: false }),
-        perClass: true
-      }
+      return crossEntropyLoss(tf, true)
     case "meanSquaredError":
       return {
         fn: (yt, yp) => tf.losses.meanSquaredError(yt, yp) as Scalar,
@@ -70,3 +66,6 @@ export const resolveLoss = (tf: Tf, loss: unknown, field: string): ResolvedLoss 
 
 /** Class ids of targets (one-hot rows or ids), for counting correct predictions. */
 export const labelsOf = (y: Tensor): Tensor => (y.rank > 1 && (y.shape[y.rank - 1] ?? 1) > 1 ? y.argMax(-1) : y.flatten().toInt())
+
+/** How many rows of `pred` predict their target (a scalar): one kernel on wasm and cpu, argMax, equal and sum elsewhere. */
+export const countCorrect = (tf: Tf, pred: Tensor, y: Tensor): Tensor => correctPredictions(tf, pred, y) ?? tf.tidy(() => pred.argMax(-1).equal(labelsOf(y)).sum())

@@ -33,7 +33,7 @@ import type { Block } from "./blocks.ts"
 import type { GridPlace } from "./grid.ts"
 import type { StageLinks } from "./links.ts"
 import { LAYOUT_FILE, shardFileName, stageFilesOf } from "./checkpoint.ts"
-import { labelsOf, type ResolvedLoss } from "./loss.ts"
+import { countCorrect, type ResolvedLoss } from "./loss.ts"
 import { microBatchSizes, stageOps, type ScheduleName } from "./schedule.ts"
 import type { WeightPart } from "./tensor-parallel.ts"
 import { loadStageShard, stageShardFiles, type FrozenWeight, type PipelineLayout } from "./checkpoint.ts"
@@ -587,7 +587,7 @@ export class PipelineModel {
 
   /** The rows of `out` whose arg max is the label's (a scalar, read with the losses). */
   #countCorrect(out: Tensor, yi: Tensor): Tensor {
-    return this.#tf.tidy(() => out.argMax(-1).equal(labelsOf(yi)).sum())
+    return countCorrect(this.#tf, out, yi)
   }
 
   /**
