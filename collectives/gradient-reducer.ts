@@ -330,12 +330,17 @@ export class GradientReducer {
   /**
    * Reduces `flat` in place to the weighted mean over ranks. `scope` names the vector when one
    * reducer takes several (local SGD's fragments): each scope's buckets keep residuals of their own.
+   * `holder`: every rank knows that only this rank's weight is above 0 (adaptive batching gave the
+   * others no rows), so the mean is its gradient: without compression it is sent from there
+   * (a broadcast per bucket), and the holder goes on without waiting for the others' zeros.
    */
-  async reduceGradients(flat: Float32Array, layout: ReadonlyArray<GradientSlotInfo>, weight: number, step: number, scope?: string): Promise<void> {
+  async reduceGradients(flat: Float32Array, layout: ReadonlyArray<GradientSlotInfo>, weight: number, step: number, scope?: string, holder?: number): Promise<void> {
     const dense = flat.length * 4
     let wire = 0
     if (this.comm.worldSize === 1) {
       // Nothing to exchange; compression would only add error.
+    } else if (holder !== undefined && this.compressor === undefined && Number.isInteger(holder) && holder >= 0 && holder < this.comm.worldSize) {
+      wire = await this.#fromHolder(flat, layout, holder)
     } else if (this.compressor?.aggregation === "custom") {
       wire = await this.#custom(this.compressor, flat, layout, weight)
     } else {
@@ -359,6 +364,24 @@ export class GradientReducer {
     s.steps++
     s.totalWireBytes += wire
     s.totalDenseBytes += dense
+  }
+
+  /** The holder's gradient to every rank, bucket by bucket (up to maxInFlight at once); the bytes one rank sends or takes. */
+  async #fromHolder(flat: Float32Array, layout: ReadonlyArray<GradientSlotInfo>, holder: number): Promise<number> {
+    const buckets = this.#buckets(layout)
+    const f16 = this.#opts.wire === "f16"
+    const maxInFlight = Math.max(1, this.#opts.maxInFlight ?? 2)
+    let next = 0
+    const worker = async (): Promise<void> => {
+      while (next < buckets.length) {
+        const b = buckets[next++]!
+        const data = flat.subarray(b.start, b.end)
+        // (The communicator's path by size: a route may be a tuner's schedule of all-reduces.)
+        await this.comm.broadcast(data, holder, f16 ? { wire: "f16" } : {})
+      }
+    }
+    await Promise.all(Array.from({ length: Math.min(maxInFlight, buckets.length) }, worker))
+    return flat.length * (f16 ? 2 : 4)
   }
 
   async #totalWeight(weight: number): Promise<number> {

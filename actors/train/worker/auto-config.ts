@@ -255,7 +255,7 @@ export class AutoGradientReducer extends GradientReducer {
     return this.#chosen
   }
 
-  override async reduceGradients(flat: Float32Array, layout: ReadonlyArray<GradientSlotInfo>, weight: number, step: number, scope?: string): Promise<void> {
+  override async reduceGradients(flat: Float32Array, layout: ReadonlyArray<GradientSlotInfo>, weight: number, step: number, scope?: string, holder?: number): Promise<void> {
     const warmup = this.#auto.warmupSteps ?? DEFAULT_AUTO_WARMUP_STEPS
     if (!this.#explained) {
       this.#explained = true
@@ -314,7 +314,8 @@ export class AutoGradientReducer extends GradientReducer {
         this.#chosen = chosen
       }
     }
-    return super.reduceGradients(flat, layout, weight, step, scope)
+    // (A tuning call times the all-reduce's candidates: it all-reduces, holder or not.)
+    return super.reduceGradients(flat, layout, weight, step, scope, t.active ? undefined : holder)
   }
 
   /** Every candidate timed again from the call after `call`; the current picks run until the new ones are decided. */

@@ -259,6 +259,12 @@ export class DataParallelModel implements RecoverableModel {
       get reportsExchange() { return dp.#sync.recovery?.reportsExchange ?? false },
       // (Inside dp.fit() only: a hand-written loop after it gives every rank its own rows.)
       get ranksWithoutRows() { return dp.#loop.inFit ? (dp.#loop.batcher?.batches ?? []).flatMap((b, r) => (b === 0 ? [r] : [])) : [] },
+      get soleHolder() {
+        const batches = dp.#loop.inFit ? dp.#loop.batcher?.batches : undefined
+        if (batches === undefined || batches.length < 2 || batches.length !== dp.#sync.worldSize) return undefined
+        const holders = batches.flatMap((b, r) => (b > 0 ? [r] : []))
+        return holders.length === 1 ? holders[0] : undefined
+      },
       get exchangeAlone() { return dp.exchangeAlone },
       get step() { return dp.#step },
       set step(v: number) { dp.#step = v },

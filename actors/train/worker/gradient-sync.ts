@@ -26,9 +26,12 @@ export interface GradientSync {
    * of the old one). `background`: a reduction that runs beside the loop's steps (local SGD's
    * overlapped rounds): where the group breaks under it or a regroup is asked for, it returns
    * "recompute" without parking, and the loop redoes it in the foreground, where the rank parks at
-   * a point of the loop a replacement can reach.
+   * a point of the loop a replacement can reach. `holder`: the one rank with a weight above 0, as
+   * every rank knows from the step's split (adaptive batching left the others without rows): its
+   * gradient is the mean, sent from there without waiting for the others (GradientReducer); dropped
+   * where the group is re-formed before the operation runs (the new group's splits start equal).
    */
-  reduceGradients(flat: Float32Array, layout: ReadonlyArray<GradientSlot>, weight: number, step: number, scope?: string, background?: boolean): Promise<void | "adopted" | "recompute">
+  reduceGradients(flat: Float32Array, layout: ReadonlyArray<GradientSlot>, weight: number, step: number, scope?: string, background?: boolean, holder?: number): Promise<void | "adopted" | "recompute">
   /** Copies rank 0's values into `buf` on every rank. */
   broadcast(buf: Float32Array): Promise<void>
   /** Element-wise sum over ranks, in place. */

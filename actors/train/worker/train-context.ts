@@ -509,14 +509,18 @@ export class TrainContext {
       get worldSize() {
         return session.placement.worldSize
       },
-      reduceGradients: (flat, layout, weight, step, scope, background) =>
-        session.operation<void | "adopted" | "recompute">(
-          (g) => g.reducer.reduceGradients(flat, layout, weight, step, scope),
+      reduceGradients: (flat, layout, weight, step, scope, background, holder) => {
+        // The split that named a holder is this group's: re-formed before the operation runs, every
+        // member all-reduces (a joiner's split starts equal, and the survivors' starts again).
+        const splitIn = session.group
+        return session.operation<void | "adopted" | "recompute">(
+          (g) => g.reducer.reduceGradients(flat, layout, weight, step, scope, g === splitIn ? holder : undefined),
           () => "adopted",
           () => "recompute",
           false,
           background
-        ),
+        )
+      },
       // The start-up broadcast of rank 0's weights: a joining rank takes the survivors' state instead.
       broadcast: (buf) => (session.joinTarget ? Promise.resolve() : session.group.reducer.broadcast(buf)),
       // In place too: each attempt starts from this rank's own values (three numbers, copied).

@@ -22,7 +22,9 @@ export class AllReduceWorker implements StrategyWorker {
 
   async exchange(flat: Float32Array, x: StepExchange): Promise<Exchanged> {
     const t1 = performance.now()
-    const r = await reduceWithRecompute(this.#host, flat, x)
+    // One rank with every row of the step (adaptive batching left the others without): its
+    // gradient is the mean, sent from it, and it waits for none of the others' zeros.
+    const r = await reduceWithRecompute(this.#host, flat, x, this.#host.soleHolder)
     return {
       adopted: r.adopted,
       ...(r.sentAt !== undefined ? { sentAt: r.sentAt } : {}),

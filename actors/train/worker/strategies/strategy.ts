@@ -93,6 +93,8 @@ export interface StrategyHost {
   readonly reportsExchange: boolean
   /** The ranks dp.fit()'s heterogeneity-aware batcher gives no rows now (the same on every rank at a step; none outside dp.fit()). */
   readonly ranksWithoutRows: readonly number[]
+  /** The one rank dp.fit()'s batcher gives every row of the step, where it gives the others none (the same on every rank at a step); else undefined. */
+  readonly soleHolder: number | undefined
   /** Take the exchange path even with one worker (benchmarks). */
   readonly exchangeAlone: boolean
   /** The update counter (the step numbers the group's exchanges are keyed by). */
@@ -218,9 +220,10 @@ export const defineStrategy = <const N extends string>(entry: StrategyEntry<N>):
  * under it and was re-formed: the buffer holds partial sums of the old group, so this rank's
  * gradients are computed again (the weights are unchanged) and reduced in the new group.
  */
-export const reduceWithRecompute = async (host: StrategyHost, flat: Float32Array, x: StepExchange): Promise<{ flat: Float32Array; adopted: boolean; sentAt: number | undefined }> => {
+export const reduceWithRecompute = async (host: StrategyHost, flat: Float32Array, x: StepExchange, holder?: number): Promise<{ flat: Float32Array; adopted: boolean; sentAt: number | undefined }> => {
   let sentAt: number | undefined
-  let reduced = await host.sync.reduceGradients(flat, host.layout, x.samples, x.step)
+  let reduced = await host.sync.reduceGradients(flat, host.layout, x.samples, x.step, undefined, undefined, holder)
+  // (Redone in a re-formed group: a joiner's split there is not the one that named the holder.)
   while (reduced === "recompute") {
     flat = await x.recompute()
     sentAt = performance.now()
