@@ -115,6 +115,8 @@ interface RunResult {
   readonly slowRank: number
   readonly batches: ReadonlyArray<number>
   readonly rebalances: number
+  /** The fast rank's whole ms per step and its forward+backward ms of it, at the batcher's last exchange (adaptive runs). */
+  readonly fastStep?: { readonly stepMs: number; readonly computeMs: number }
   readonly stragglers: string
   /** Strategy "auto": the strategy it ended on, with its switches. */
   readonly picked?: string
@@ -287,6 +289,9 @@ async function runCgroup(argv: ReadonlyArray<string>, groups: { fast: CpuGroup; 
         `  skew ${skew}x: worker samples/s fast/slow ${runs.map((x) => `${fmtCalib(x.r)} (${x.strategy}, ${x.adaptive ? "adaptive" : "equal"})`).join(", ")}; ` +
           `batcher stragglers: ${runs.filter((x) => x.adaptive).map((x) => `${x.r.stragglers} (${x.strategy})`).join(", ")}; slow cgroup throttled ${throttled(groups.slow)}`
       )
+      // What the fast rank's step held beside its own forward+backward at the last split: its exchange, update and waits for the slow one.
+      const steps = runs.filter((x) => x.adaptive && x.r.fastStep !== undefined)
+      if (steps.length > 0) console.log(`  skew ${skew}x: the fast rank's step at the last split, ms (forward+backward of it): ${steps.map((x) => `${x.r.fastStep!.stepMs.toFixed(1)} (${x.r.fastStep!.computeMs.toFixed(1)}) at ${bat(x.r)} (${x.strategy})`).join(", ")}`)
       for (const x of runs) if (x.r.autoWhy) console.log(`  skew ${skew}x, ${STRATEGY_LABEL[x.strategy](syncEvery)}, ${x.adaptive ? "adaptive" : "equal"} split, last decision: ${x.r.autoWhy}`)
       for (const x of runs) if (x.r.localWhy) console.log(`  skew ${skew}x, ${STRATEGY_LABEL[x.strategy](syncEvery)}, ${x.adaptive ? "adaptive" : "equal"} split: ${x.r.localWhy}`)
       // auto against the fastest strategy it could have run, measured in this skew and repeat with the same split.
@@ -449,6 +454,7 @@ async function fitOnce(o: {
     slowRank,
     batches,
     rebalances: Number(last["batch/rebalances"] ?? 0),
+    ...(last[`step_ms/rank${1 - slowRank}`] !== undefined ? { fastStep: { stepMs: Number(last[`step_ms/rank${1 - slowRank}`]), computeMs: Number(last[`compute_ms/rank${1 - slowRank}`]) } } : {}),
     stragglers,
     ...(typeof last.strategy === "string" ? { picked: `${last.strategy}${last["strategy/switches"] ? `, ${String(last["strategy/switches"])} switches` : ""}`, endedOn: last.strategy } : {}),
     ...(o.strategy === "auto" || o.strategy === "auto-local" ? autoReasons(r.path, o.strategy === "auto-local") : {})

@@ -216,4 +216,25 @@ describe("heterogeneity-aware batching with a fixed cost per step", () => {
     for (let i = 1; i < gaps.length; i++) expect(gaps[i]!).toBeGreaterThan(gaps[i - 1]!)
     expect(trace.filter((b) => b[1] === 0).length).toBeLessThanOrEqual(starts.length * 5 * TRIAL_EXCHANGES)
   })
+
+  it("reports each rank's whole and forward+backward ms per step from the latest exchange, and no forward+backward for a rank without rows", async () => {
+    // Rank 1 without rows: its exchanged mean batch is 0 (it measured no forward+backward).
+    let round = 0
+    const batcher = new HeteroBatcher({
+      rank: 0,
+      worldSize: 2,
+      globalBatch: 64,
+      adaptive: true,
+      allGather: async () => (round++ === 0 ? Float32Array.of(32, 10, 12, 32, 40, 41) : Float32Array.of(64, 18, 21.5, 0, 0.001, 20.25)),
+      warmupSteps: 1,
+      exchangeEvery: 1
+    })
+    expect(batcher.metrics()["step_ms/rank0"]).toBeUndefined()
+    await batcher.afterStep(32, 10, 12)
+    expect(batcher.metrics()).toMatchObject({ "step_ms/rank0": 12, "compute_ms/rank0": 10, "step_ms/rank1": 41, "compute_ms/rank1": 40 })
+    await batcher.afterStep(32, 10, 12)
+    const m = batcher.metrics()
+    expect(m).toMatchObject({ "step_ms/rank0": 21.5, "compute_ms/rank0": 18, "step_ms/rank1": 20.25 })
+    expect(m["compute_ms/rank1"]).toBeUndefined()
+  })
 })

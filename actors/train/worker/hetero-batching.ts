@@ -160,6 +160,8 @@ export class HeteroBatcher {
   readonly #points: Array<Array<readonly [number, number]>> = []
   readonly #history: number[][] = []
   #stragglers: Straggler[] = []
+  /** Per rank, its latest exchange's mean forward+backward ms and whole ms per step (NaN: not known). */
+  #latest: Array<{ readonly computeMs: number; readonly stepMs: number }> = []
   /** Since a re-balance for a rank that changed speed, until every rank is fitted again. */
   #changed = false
 
@@ -238,6 +240,7 @@ export class HeteroBatcher {
       if (pts.length > FIT_POINTS) pts.shift()
     }
     this.#history.push(raw)
+    this.#latest = Array.from({ length: p }, (_, i) => ({ computeMs: gathered[3 * i]! > 0 ? gathered[3 * i + 1]! : Number.NaN, stepMs: gathered[3 * i + 2]! }))
     this.#stragglers = detectStragglers(this.#history, { window: 10, minSlowSteps: 3 })
     const allowZero = typeof this.#o.allowZero === "function" ? this.#o.allowZero() : this.#o.allowZero === true
     if (!allowZero && this.#state.batches.includes(0)) {
@@ -356,10 +359,18 @@ export class HeteroBatcher {
     }
   }
 
-  /** For report(): each rank's batch, re-balances, stragglers ("straggler/rank3": ratio). */
+  /**
+   * For report(): each rank's batch, re-balances, stragglers ("straggler/rank3": ratio), and each
+   * rank's whole ms per step and its forward+backward ms of it at the latest exchange
+   * ("step_ms/rank0", "compute_ms/rank0"; the rest of a step is its exchange, update and waits).
+   */
   metrics(): Record<string, number> {
     const out: Record<string, number> = {}
     this.#state.batches.forEach((b, i) => (out[`batch/rank${i}`] = b))
+    this.#latest.forEach((l, i) => {
+      if (Number.isFinite(l.stepMs)) out[`step_ms/rank${i}`] = Number(l.stepMs.toFixed(3))
+      if (Number.isFinite(l.computeMs)) out[`compute_ms/rank${i}`] = Number(l.computeMs.toFixed(3))
+    })
     out["batch/rebalances"] = this.#state.rebalances
     out["stragglers"] = this.#stragglers.length
     return { ...out, ...stragglerMetrics(this.#stragglers) }
