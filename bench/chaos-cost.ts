@@ -163,6 +163,12 @@ export interface JoinCpu {
   readonly survivors: number
   /** Seconds measured: `windowMs`, or less where the next attempt began sooner. */
   readonly seconds: number
+  /**
+   * Of those cores, the main threads' (the loop, tfjs's kernels, the collectives), where `mainCpu`
+   * was given: the rest is the other threads' (V8's optimizing compiler and garbage collector).
+   */
+  readonly joinerMain?: number
+  readonly survivorsMain?: number
 }
 
 /** Cores used by a process between t1 and t2 from its cumulative CPU samples ([ms since epoch, CPU ms]); undefined unless the samples span [t1, t2]. */
@@ -185,12 +191,14 @@ const coresBetween = (samples: ReadonlyArray<readonly [number, number]>, t1: num
  * process, its cumulative CPU samples; `firstAttempt`: per process, the attempt it started the
  * loop at (a joiner: the attempt it joined); `startAt`: per attempt, when its first step was seen.
  * For each attempt a worker joined, over `windowMs` from that first step (or to the next attempt).
+ * `mainCpu`: per process, its main thread's cumulative CPU samples, split out where they span the window.
  */
 export const joinCpu = (
   cpu: ReadonlyMap<number, ReadonlyArray<readonly [number, number]>>,
   firstAttempt: ReadonlyMap<number, number>,
   startAt: ReadonlyMap<number, number>,
-  windowMs = 5_000
+  windowMs = 5_000,
+  mainCpu?: ReadonlyMap<number, ReadonlyArray<readonly [number, number]>>
 ): JoinCpu[] => {
   const attempts = [...startAt.keys()].sort((a, b) => a - b)
   const pids = [...firstAttempt.entries()]
@@ -201,11 +209,24 @@ export const joinCpu = (
     const next = attempts[i + 1] !== undefined ? startAt.get(attempts[i + 1]!)! : Number.POSITIVE_INFINITY
     const t2 = Math.min(t1 + windowMs, next)
     if (t2 - t1 < 1_000) continue
-    const used = (of: number[]): number[] => of.flatMap((p) => { const c = coresBetween(cpu.get(p) ?? [], t1, t2); return c === undefined ? [] : [c] })
-    const joiners = used(pids.filter(([, f]) => f === a).map(([p]) => p))
-    const survivors = used(pids.filter(([, f]) => f < a).map(([p]) => p))
+    const used = (of: number[], series = cpu): number[] => of.flatMap((p) => { const c = coresBetween(series.get(p) ?? [], t1, t2); return c === undefined ? [] : [c] })
+    const mean = (xs: number[]): number => xs.reduce((s, x) => s + x, 0) / xs.length
+    const joinerPids = pids.filter(([, f]) => f === a).map(([p]) => p)
+    const survivorPids = pids.filter(([, f]) => f < a).map(([p]) => p)
+    const joiners = used(joinerPids)
+    const survivors = used(survivorPids)
     if (joiners.length === 0 || survivors.length === 0) continue
-    out.push({ attempt: a, joiner: joiners.reduce((s, x) => s + x, 0) / joiners.length, survivors: survivors.reduce((s, x) => s + x, 0) / survivors.length, seconds: (t2 - t1) / 1000 })
+    // (Split only where every process counted above has main-thread samples over the window.)
+    const joinersMain = mainCpu ? used(joinerPids, mainCpu) : []
+    const survivorsMain = mainCpu ? used(survivorPids, mainCpu) : []
+    const split = joinersMain.length === joiners.length && survivorsMain.length === survivors.length
+    out.push({
+      attempt: a,
+      joiner: mean(joiners),
+      survivors: mean(survivors),
+      seconds: (t2 - t1) / 1000,
+      ...(split ? { joinerMain: mean(joinersMain), survivorsMain: mean(survivorsMain) } : {})
+    })
   }
   return out
 }

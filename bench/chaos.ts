@@ -68,7 +68,8 @@
 // missed was counted as drift (docs/benchmarks.md).
 // For each join, the joined worker's CPU over its first 5 s in the group beside the survivors'
 // (chaos-cost.ts joinCpu, from /proc every 250 ms): every rank runs the same steps, so a joiner that
-// needs more CPU per step shows as a higher figure, or as its cap, and the group waits for it.
+// needs more CPU per step shows as a higher figure, or as its cap, and the group waits for it;
+// split into the main threads' CPU and the rest (V8's optimizing compiler and garbage collector).
 // --repeat=N runs N such pairs (a new fault schedule each) and adds each pair's goodput, their
 // median and the pooled ratio: run-to-run noise on a small machine is as large as a fault's cost.
 // Every other pair runs its chaos run first (--order=alternate, the default; --order=fixed runs
@@ -93,7 +94,7 @@ import { faultCosts, faultPhases, growStalls, joinCpu, type FaultPhases, type Jo
 import { netnsUnavailable } from "../test/support/netns.ts"
 import { createCpuGroup } from "./cgroups.ts"
 import { startAgentCluster, type AgentCluster } from "./chaos-cluster.ts"
-import { processStat } from "./thread-cpu.ts"
+import { mainThreadCpuMs, processStat } from "./thread-cpu.ts"
 
 /** The wider window of a fault's cost the bench also prints (the 5 s one can miss a slower stretch after a join). */
 const WIDE_WINDOW_MS = 15_000
@@ -364,6 +365,7 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
   }
   // Every worker's CPU (joinCpu): by pid, its samples, and the attempt its pid file names.
   const cpu = new Map<number, Array<readonly [number, number]>>()
+  const mainCpu = new Map<number, Array<readonly [number, number]>>()
   const firstAttempt = new Map<number, number>()
   let lastCpuRead = 0
   const readCpu = (): void => {
@@ -377,6 +379,11 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
       const series = cpu.get(pid) ?? []
       if (series.length < CPU_SAMPLES_MAX) series.push([now, ms])
       cpu.set(pid, series)
+      const main = mainThreadCpuMs(pid)
+      if (main === undefined) continue
+      const mainSeries = mainCpu.get(pid) ?? []
+      if (mainSeries.length < CPU_SAMPLES_MAX) mainSeries.push([now, main])
+      mainCpu.set(pid, mainSeries)
     }
   }
   const tick = (): void => {
@@ -524,7 +531,7 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
     faults,
     restarts: restartEvents.length,
     epochMs: Array.from(epochMs, (x) => x ?? Number.NaN),
-    joins: joinCpu(cpu, firstAttempt, firstStep)
+    joins: joinCpu(cpu, firstAttempt, firstStep, undefined, mainCpu)
   }
 }
 
@@ -751,6 +758,13 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
           `    each joined worker's CPU over its first ${Math.max(...j.map((x) => x.seconds)).toFixed(0)} s beside the survivors' (cores, joiner / survivors' mean): ` +
             `${j.map((x) => `${x.joiner.toFixed(2)} / ${x.survivors.toFixed(2)}`).join(", ")}; ratio median ${median(j.map((x) => x.joiner / x.survivors)).toFixed(2)}x`
         )
+        const split = j.filter((x) => x.joinerMain !== undefined && x.survivorsMain !== undefined)
+        if (split.length > 0) {
+          console.log(
+            `      of it, main thread + the other threads (V8's optimizing compiler and garbage collector), cores, joiner / survivors' mean: ` +
+              split.map((x) => `${x.joinerMain!.toFixed(2)} + ${(x.joiner - x.joinerMain!).toFixed(2)} / ${x.survivorsMain!.toFixed(2)} + ${(x.survivors - x.survivorsMain!).toFixed(2)}`).join(", ")
+          )
+        }
       }
       // A slower stretch after a join can outlast the 5 s window: what it missed would count as drift.
       if (r.chaos.faults.length > 0) {

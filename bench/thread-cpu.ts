@@ -35,6 +35,17 @@ export const processStat = (pid: number): { ppid: number; cpuMs: number; comm: s
   }
 }
 
+/** A process's main thread's user + system CPU ms so far (/proc/<pid>/task/<pid>/stat; undefined: gone, or not Linux). */
+export const mainThreadCpuMs = (pid: number): number | undefined => {
+  try {
+    const s = fs.readFileSync(`/proc/${pid}/task/${pid}/stat`, "latin1")
+    const f = s.slice(s.lastIndexOf(")") + 2).split(" ")
+    return ((Number(f[11]) + Number(f[12])) * 1000) / clockTicks()
+  } catch {
+    return undefined
+  }
+}
+
 /** CPU ms so far of each thread of a process, by thread id. */
 export type ThreadTimes = ReadonlyMap<string, number>
 

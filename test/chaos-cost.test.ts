@@ -150,5 +150,40 @@ describe("joinCpu", () => {
     expect(r[0]!.seconds).toBe(2)
     expect(r[0]!.joiner).toBeCloseTo(0.4, 2)
     expect(r[0]!.survivors).toBeCloseTo(0.3, 2)
+    expect(r[0]!.joinerMain).toBeUndefined()
+  })
+
+  it("splits off the main threads' share where their samples span the window, and not where one's are missing", () => {
+    // The joiner (pid 3) uses 0.45 of a core, 0.25 of it on its main thread (the rest its compiler); the survivors 0.3, 0.25 of it main.
+    const cpu = new Map([
+      [1, samples(0, 20_000, () => 0.3)],
+      [2, samples(0, 20_000, () => 0.3)],
+      [3, samples(4_000, 20_000, () => 0.45)]
+    ])
+    const main = new Map([
+      [1, samples(0, 20_000, () => 0.25)],
+      [2, samples(0, 20_000, () => 0.25)],
+      [3, samples(4_000, 20_000, () => 0.25)]
+    ])
+    const first = new Map([
+      [1, 0],
+      [2, 0],
+      [3, 1]
+    ])
+    const starts = new Map([
+      [0, 0],
+      [1, 5_000]
+    ])
+    const [j] = joinCpu(cpu, first, starts, 5_000, main)
+    expect(j!.joiner).toBeCloseTo(0.45, 2)
+    expect(j!.joinerMain).toBeCloseTo(0.25, 2)
+    expect(j!.survivorsMain).toBeCloseTo(0.25, 2)
+    expect(j!.joiner - j!.joinerMain!).toBeCloseTo(0.2, 2)
+    // A survivor without main-thread samples: no split (the two means would cover different processes).
+    main.delete(2)
+    const [k] = joinCpu(cpu, first, starts, 5_000, main)
+    expect(k!.joiner).toBeCloseTo(0.45, 2)
+    expect(k!.joinerMain).toBeUndefined()
+    expect(k!.survivorsMain).toBeUndefined()
   })
 })
