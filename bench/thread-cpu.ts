@@ -23,10 +23,10 @@ export const clockTicks = (): number => {
   return ticks
 }
 
-/** A process's parent, user + system CPU ms so far and command name, from /proc/<pid>/stat (undefined: gone, or not Linux). */
-export const processStat = (pid: number): { ppid: number; cpuMs: number; comm: string } | undefined => {
+/** Parent, user + system CPU ms so far and command name from a /proc stat file (a process's, or a thread's: its task's); undefined: gone, or not Linux. */
+const statOf = (file: string): { ppid: number; cpuMs: number; comm: string } | undefined => {
   try {
-    const s = fs.readFileSync(`/proc/${pid}/stat`, "latin1")
+    const s = fs.readFileSync(file, "latin1")
     const close = s.lastIndexOf(")")
     const f = s.slice(close + 2).split(" ")
     return { ppid: Number(f[1]), cpuMs: ((Number(f[11]) + Number(f[12])) * 1000) / clockTicks(), comm: s.slice(s.indexOf("(") + 1, close) }
@@ -35,16 +35,11 @@ export const processStat = (pid: number): { ppid: number; cpuMs: number; comm: s
   }
 }
 
+/** A process's parent, user + system CPU ms so far and command name, from /proc/<pid>/stat (undefined: gone, or not Linux). */
+export const processStat = (pid: number): { ppid: number; cpuMs: number; comm: string } | undefined => statOf(`/proc/${pid}/stat`)
+
 /** A process's main thread's user + system CPU ms so far (/proc/<pid>/task/<pid>/stat; undefined: gone, or not Linux). */
-export const mainThreadCpuMs = (pid: number): number | undefined => {
-  try {
-    const s = fs.readFileSync(`/proc/${pid}/task/${pid}/stat`, "latin1")
-    const f = s.slice(s.lastIndexOf(")") + 2).split(" ")
-    return ((Number(f[11]) + Number(f[12])) * 1000) / clockTicks()
-  } catch {
-    return undefined
-  }
-}
+export const mainThreadCpuMs = (pid: number): number | undefined => statOf(`/proc/${pid}/task/${pid}/stat`)?.cpuMs
 
 /** CPU ms so far of each thread of a process, by thread id. */
 export type ThreadTimes = ReadonlyMap<string, number>
