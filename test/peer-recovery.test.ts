@@ -22,6 +22,7 @@ import { standbySchedIdle } from "../core/settings.ts"
 const CHAOS = path.resolve("test/support/chaos-loop.ts") + "#trainLoop"
 const MISALIGNED = path.resolve("test/support/misaligned-loop.ts") + "#misalignedLoop"
 const STEP_LOOP = path.resolve("test/support/step-loop.ts") + "#stepLoop"
+const HETERO = path.resolve("test/support/hetero-loop.ts") + "#heteroLoop"
 let storage: string
 let train: ArrayDataset
 let test: ArrayDataset
@@ -372,5 +373,30 @@ describe("recovery from surviving peers", () => {
     // The fallback is not counted: one failure of the job, one restart budget used.
     expect(r.countedFailures).toBe(1)
     expect(sameWeights(r)).toBe(true)
+  })
+  it.each([
+    { killed: 0, what: "the rank holding every row" },
+    { killed: 1, what: "the rank without rows" }
+  ])("with adaptive batching at 64/0 (the holder sending its gradient), $what killed mid-epoch: the group recovers from its peers and ends with one set of weights", { timeout: 150_000 }, async ({ killed }) => {
+    // Rank 1 takes 40 ms more for any step with rows, so the batcher leaves it without any and
+    // rank 0 sends its gradient every step, waiting for nobody (GradientReducer's holder path):
+    // rank 1 may be steps behind when one of them dies. (Rank 1 keeps its delay as a survivor:
+    // alone, it steps at 40 ms; 20 epochs after the kill keep that short.)
+    const r = await new Trainer({
+      trainLoopPerWorker: HETERO,
+      trainLoopConfig: { epochs: 45, globalBatchSize: 64, stepDelay: { "1": 40 }, kill: { rank: killed, epoch: 25, step: 10 } },
+      scalingConfig: { numWorkers: 2 },
+      runConfig: { name: `holder-kill-${killed}`, storagePath: storage, progress: false, failureConfig: { maxFailures: 1, recoverFrom: "peers" } },
+      datasets: { train },
+      collectiveConfig: { adaptiveBatching: true }
+    }).fit()
+    expect(r.metricsHistory.map((m) => m.epoch)).toEqual(Array.from({ length: 45 }, (_, e) => e))
+    // The split before the kill gave rank 1 nothing (but at its trial with one row, every 64 exchanges).
+    const before = r.metricsHistory.filter((m) => (m.epoch as number) >= 15 && (m.epoch as number) < 25)
+    expect(before.filter((m) => m["batch/rank0"] === 64 && m["batch/rank1"] === 0).length).toBeGreaterThanOrEqual(7)
+    const restart = (await events(r.path)).find((e) => e.type === "restart")
+    expect(restart).toMatchObject({ recovery: "peers", survivors: 1 })
+    expect(sameWeights(r)).toBe(true)
+    expect(Number.isFinite(r.metrics!.loss as number)).toBe(true)
   })
 })

@@ -49,6 +49,8 @@ export interface HeteroLoopConfig {
   readonly calibrateSteps?: number
   /** Rows per calibration pass. Default globalBatchSize / worldSize. */
   readonly calibrateBatch?: number
+  /** In the first group (attempt 0), rank `rank` is killed (SIGKILL) after step `step` of epoch `epoch` (recovery tests). */
+  readonly kill?: { readonly rank: number; readonly epoch: number; readonly step: number }
 }
 
 /** A CNN 8x8x1 -> conv(f0) -> pool -> conv(f1)... -> dense 64 -> 10, seeded (the same on every rank). */
@@ -154,15 +156,20 @@ export async function heteroLoop(config: HeteroLoopConfig, ctx: TrainContext): P
     }
     return { loss: n > 0 ? sum / n : Number.NaN }
   }
+  const kill = config.kill !== undefined && ctx.attempt === 0 && ctx.worldRank === config.kill.rank ? config.kill : undefined
   for (let epoch = start; epoch < (config.epochs ?? 2); epoch++) {
     const t0 = performance.now()
     const before = stamps.length
+    let stepInEpoch = 0
     const [r] = config.free ? [await freeEpoch(epoch)] : await dp.fit(train, {
       epochs: epoch + 1,
       initialEpoch: epoch,
       globalBatchSize: config.globalBatchSize ?? 128,
       ...(config.accumulationSteps !== undefined ? { accumulationSteps: config.accumulationSteps } : {}),
-      onStep: () => void stamps.push(performance.now())
+      onStep: () => {
+        stamps.push(performance.now())
+        if (kill !== undefined && kill.epoch === epoch && ++stepInEpoch === kill.step) process.kill(process.pid, "SIGKILL")
+      }
     })
     const fitMs = performance.now() - t0
     trainMs += fitMs
