@@ -43,7 +43,9 @@
 // tries again after 8 exchanges, then 16, 32, up to ZERO_RECHECK. A rank left without rows is
 // tried with one again every ZERO_RECHECK exchanges, kept where that is 10% faster. Strategy
 // "auto" allows it while it runs one of those two (allowZero asked at every exchange); should it
-// stop allowing it, every rank without rows gets one back at the next exchange.
+// stop allowing it, every rank without rows gets one back at the next exchange. Where one rank
+// holds every row, the all-reduce sends that rank's gradient to the rest instead of reducing it
+// with their zeros (StrategyHost.soleHolder, GradientReducer's holder).
 import * as Result from "effect/Result"
 import {
   detectStragglers,
