@@ -368,6 +368,12 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
   const mainCpu = new Map<number, Array<readonly [number, number]>>()
   const firstAttempt = new Map<number, number>()
   let lastCpuRead = 0
+  /** Appends a sample to `pid`'s series in `to` (up to CPU_SAMPLES_MAX of them). */
+  const sample = (to: Map<number, Array<readonly [number, number]>>, pid: number, now: number, ms: number): void => {
+    const series = to.get(pid) ?? []
+    if (series.length < CPU_SAMPLES_MAX) series.push([now, ms])
+    to.set(pid, series)
+  }
   const readCpu = (): void => {
     const now = Date.now()
     if (now - lastCpuRead < CPU_SAMPLE_MS) return
@@ -376,14 +382,9 @@ const runOnce = async (spec: Spec, storage: string, data: { train: ArrayDataset;
       const ms = processStat(pid)?.cpuMs
       if (ms === undefined) continue
       if (!firstAttempt.has(pid)) firstAttempt.set(pid, Number(key.split("-")[0]))
-      const series = cpu.get(pid) ?? []
-      if (series.length < CPU_SAMPLES_MAX) series.push([now, ms])
-      cpu.set(pid, series)
+      sample(cpu, pid, now, ms)
       const main = mainThreadCpuMs(pid)
-      if (main === undefined) continue
-      const mainSeries = mainCpu.get(pid) ?? []
-      if (mainSeries.length < CPU_SAMPLES_MAX) mainSeries.push([now, main])
-      mainCpu.set(pid, mainSeries)
+      if (main !== undefined) sample(mainCpu, pid, now, main)
     }
   }
   const tick = (): void => {

@@ -437,6 +437,7 @@ async function fitOnce(o: {
   if (slowRank < 0 || pids.length !== 2) throw new Error(`hetero: could not tell which worker ran in the slow cgroup (pids ${pids.join(", ")})`)
   const last = r.metrics!
   const batches = [0, 1].map((i) => Number(last[`batch/rank${i}`]))
+  const fastRank = 1 - slowRank
   const stragglers =
     Object.entries(last)
       .filter(([k]) => k.startsWith("straggler/"))
@@ -454,7 +455,7 @@ async function fitOnce(o: {
     slowRank,
     batches,
     rebalances: Number(last["batch/rebalances"] ?? 0),
-    ...(last[`step_ms/rank${1 - slowRank}`] !== undefined ? { fastStep: { stepMs: Number(last[`step_ms/rank${1 - slowRank}`]), computeMs: Number(last[`compute_ms/rank${1 - slowRank}`]) } } : {}),
+    ...(last[`step_ms/rank${fastRank}`] !== undefined ? { fastStep: { stepMs: Number(last[`step_ms/rank${fastRank}`]), computeMs: Number(last[`compute_ms/rank${fastRank}`]) } } : {}),
     stragglers,
     ...(typeof last.strategy === "string" ? { picked: `${last.strategy}${last["strategy/switches"] ? `, ${String(last["strategy/switches"])} switches` : ""}`, endedOn: last.strategy } : {}),
     ...(o.strategy === "auto" || o.strategy === "auto-local" ? autoReasons(r.path, o.strategy === "auto-local") : {})

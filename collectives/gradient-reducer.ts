@@ -344,18 +344,8 @@ export class GradientReducer {
     } else if (this.compressor?.aggregation === "custom") {
       wire = await this.#custom(this.compressor, flat, layout, weight)
     } else {
-      const buckets = this.#buckets(layout)
       const scaleBy = this.compressor ? weight / (await this.#totalWeight(weight)) : 1
-      const maxInFlight = Math.max(1, this.#opts.maxInFlight ?? 2)
-      let next = 0
-      const sent: number[] = []
-      const worker = async (): Promise<void> => {
-        while (next < buckets.length) {
-          const k = next++
-          sent[k] = await this.#bucket(k, flat.subarray(buckets[k].start, buckets[k].end), weight, scaleBy, step, scope)
-        }
-      }
-      await Promise.all(Array.from({ length: Math.min(maxInFlight, buckets.length) }, worker))
+      const sent = await this.#eachBucket(flat, layout, (k, data) => this.#bucket(k, data, weight, scaleBy, step, scope))
       wire = sent.reduce((a, b) => a + b, 0)
     }
     const s = this.#stats
@@ -366,21 +356,27 @@ export class GradientReducer {
     s.totalDenseBytes += dense
   }
 
-  /** The holder's gradient to every rank, bucket by bucket (up to maxInFlight at once); the bytes one rank sends or takes. */
-  async #fromHolder(flat: Float32Array, layout: ReadonlyArray<GradientSlotInfo>, holder: number): Promise<number> {
+  /** `run` over `flat`'s buckets, up to maxInFlight at once; what each returned, in bucket order. */
+  async #eachBucket<T>(flat: Float32Array, layout: ReadonlyArray<GradientSlotInfo>, run: (k: number, data: Float32Array) => Promise<T>): Promise<T[]> {
     const buckets = this.#buckets(layout)
-    const f16 = this.#opts.wire === "f16"
     const maxInFlight = Math.max(1, this.#opts.maxInFlight ?? 2)
     let next = 0
+    const out: T[] = []
     const worker = async (): Promise<void> => {
       while (next < buckets.length) {
-        const b = buckets[next++]!
-        const data = flat.subarray(b.start, b.end)
-        // (The communicator's path by size: a route may be a tuner's schedule of all-reduces.)
-        await this.comm.broadcast(data, holder, f16 ? { wire: "f16" } : {})
+        const k = next++
+        out[k] = await run(k, flat.subarray(buckets[k]!.start, buckets[k]!.end))
       }
     }
     await Promise.all(Array.from({ length: Math.min(maxInFlight, buckets.length) }, worker))
+    return out
+  }
+
+  /** The holder's gradient to every rank, bucket by bucket; the bytes one rank sends or takes. */
+  async #fromHolder(flat: Float32Array, layout: ReadonlyArray<GradientSlotInfo>, holder: number): Promise<number> {
+    const f16 = this.#opts.wire === "f16"
+    // (The communicator's path by size: a route may be a tuner's schedule of all-reduces.)
+    await this.#eachBucket(flat, layout, (_, data) => this.comm.broadcast(data, holder, f16 ? { wire: "f16" } : {}))
     return flat.length * (f16 ? 2 : 4)
   }
 

@@ -3,26 +3,21 @@
 // rank's gradient, sent from it. Over a real nats-server: the holder's call returns before any
 // other rank has called (it waits for none of their zeros), every rank ends with the holder's
 // bits, the result is the weighted all-reduce's, and with compression the call all-reduces as before.
-import { connect } from "@nats-io/transport-node"
 import type { NatsConnection } from "@nats-io/nats-core"
-import { afterAll, beforeAll, describe, expect, it } from "vitest"
+import { beforeAll, describe, expect, it } from "vitest"
 import { Communicator } from "../collectives/communicator.ts"
 import { GradientReducer } from "../collectives/gradient-reducer.ts"
 import type { ResolvedCompressionConfig } from "../collectives/compression/index.ts"
-import { launchNatsServer, type NatsServerProcess } from "../core/nats-server.ts"
+import { natsFixtures } from "./support/nats.ts"
 
-let server: NatsServerProcess
+// One server and six connections for the file, closed and stopped after it.
+const nats = natsFixtures("all")
 const conns: NatsConnection[] = []
 let groups = 0
 
 beforeAll(async () => {
-  server = await launchNatsServer({ jetstream: false })
-  for (let i = 0; i < 6; i++) conns.push(await connect({ servers: server.url, noEcho: true }))
-})
-
-afterAll(async () => {
-  await Promise.all(conns.map((c) => c.close()))
-  await server?.stop()
+  const server = await nats.server({ jetstream: false })
+  for (let i = 0; i < 6; i++) conns.push((await nats.connect(server.url, { noEcho: true })).nc)
 })
 
 // Two slots, the second large enough for several buckets (bucketBytes 4 KiB below).
