@@ -712,10 +712,20 @@ export class Communicator {
     let failure: unknown = undefined
     let comm: Communicator | undefined
     const pending: Msg[] = []
+    // The handshake loop waits for a message, the dials or its next resend, whichever comes first.
+    let wake: (() => void) | undefined
+    const poke = (): void => {
+      const w = wake
+      wake = undefined
+      w?.()
+    }
     const onMsg = (err: Error | null, msg: Msg): void => {
       if (err) return
       if (comm) comm.#onMessage(msg)
-      else pending.push(msg)
+      else {
+        pending.push(msg)
+        poke()
+      }
     }
     // Order matters across routed servers: data subscriptions first (and flushed), the control
     // ones last, so a hello received through them means the earlier ones have propagated too.
@@ -749,6 +759,7 @@ export class Communicator {
         })
       ).then(() => {
         dialsDone = true
+        poke()
       })
     }
     const hello = (ready: boolean): Hello => ({
@@ -772,6 +783,8 @@ export class Communicator {
     // Frames other than hellos that arrive during the handshake (a peer that finished first may
     // already be running the first collective): kept and delivered once the communicator exists.
     const early: Msg[] = []
+    // Ranks heard for the first time, not yet ready: answered by a hello addressed to each.
+    const answer: number[] = []
     const take = (msg: Msg): void => {
       const f = readFrame(msg)
       if (!f || f.src === rank) return
@@ -787,8 +800,13 @@ export class Communicator {
       if (known && known.nonce !== h.nonce) {
         return mismatch(`two processes joined as rank ${h.rank} (or a stale communicator used this group name; use a fresh group name per communicator)`)
       }
+      // A rank heard for the first time that has not heard everyone may have subscribed after this
+      // rank's last hello: it gets one of its own at once, not at this rank's next resend.
+      if (!known && !h.ready) answer.push(h.rank)
       hellos.set(h.rank, h)
     }
+    // An abort wakes the loop at once (it is checked there).
+    opts.signal?.addEventListener("abort", poke, { once: true })
     try {
       await nc.flush()
       subs.push(
@@ -799,6 +817,7 @@ export class Communicator {
       const deadline = Date.now() + (opts.createTimeoutMs ?? DEFAULT_CREATE_TIMEOUT_MS)
       let interval = 20
       let lastSent = -1
+      let sentReady = false
       for (;;) {
         while (pending.length > 0) take(pending.shift() as Msg)
         if (failure !== undefined) throw failure
@@ -812,12 +831,16 @@ export class Communicator {
         const allReady = meReady && [...hellos.values()].every((h) => h.ready)
         if (allReady) break
         // Repeat the hello: peers that subscribed after our last one would otherwise never hear it.
+        // "Ready" goes out as soon as it is true; then with the rest, at the resend interval.
         const now = Date.now()
-        if (now - lastSent >= interval || meReady) {
+        if (now - lastSent >= interval || (meReady && !sentReady)) {
           publishControl(cnc, subjects.collControl(group, 0, rank), Kind.hello, rank, hello(meReady))
           lastSent = now
           interval = Math.min(250, interval * 2)
+          sentReady = meReady
+          answer.length = 0
         }
+        for (const r of answer.splice(0)) publishControl(cnc, subjects.collControl(group, 0, rank, r), Kind.hello, rank, hello(meReady))
         if (now > deadline) {
           // Name the ranks never heard from; if every rank answered, the ones not yet ready.
           const silent: number[] = []
@@ -837,7 +860,16 @@ export class Communicator {
             timeoutMs: opts.createTimeoutMs ?? DEFAULT_CREATE_TIMEOUT_MS
           })
         }
-        await sleep(heardAll ? 20 : 10)
+        // Until a message or the dials wake it, or the next resend is due (the deadline checked then).
+        if (pending.length === 0) {
+          let timer: ReturnType<typeof setTimeout> | undefined
+          await new Promise<void>((resolve) => {
+            wake = resolve
+            timer = setTimeout(resolve, Math.max(1, Math.min(interval - (Date.now() - lastSent), deadline - Date.now() + 1)))
+          })
+          wake = undefined
+          clearTimeout(timer)
+        }
       }
       const peers: PeerInfo[] = []
       for (let r = 0; r < worldSize; r++) {
@@ -881,6 +913,8 @@ export class Communicator {
       unsubscribe()
       await endpoint?.close()
       throw e
+    } finally {
+      opts.signal?.removeEventListener("abort", poke)
     }
   }
 
