@@ -7,6 +7,7 @@ const benches: Record<string, { about: string; modules: ReadonlyArray<string> }>
   compression: { about: "compressors: wire bytes, codec cost, 64 MiB all-reduce at p=4", modules: ["./compression.ts"] },
   trainer: { about: "fit() to first step, recovery time, data-parallel wrapper overhead", modules: ["./trainer.ts"] },
   chaos: { about: "goodput under a seeded fault schedule (worker kill -9, SIGSTOP, nats-server kill -9) vs the same job fault-free: detect, resume, steps lost per fault", modules: ["./chaos.ts"] },
+  "group-form": { about: "a new group's forming (every regroup makes one) vs torch.distributed's new_group over gloo", modules: ["./group-form.ts"] },
   recovery: { about: "worker kill, NATS kill, node loss, node join: detection, time to resumed training, steps lost", modules: ["./recovery.ts"] },
   hetero: { about: "heterogeneity-aware batching vs equal split", modules: ["./hetero.ts"] },
   autochoice: { about: "the cost model's algorithm pick vs the measured fastest over (size, p)", modules: ["./autochoice.ts"] },
