@@ -16,7 +16,7 @@
 // exchanging a message after each 0.3 ms of work, the all-reduce's pattern, took 1.8x as long per
 // round beside one busy nice-19 process (which got 0.98 of a core), 1.3x beside a SCHED_IDLE one
 // (0.55 of a core), on this project's 2-core machine. A SCHED_IDLE thread gives way at once.
-import { spawn, spawnSync } from "node:child_process"
+import { spawn, spawnSync, type ChildProcess } from "node:child_process"
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
@@ -80,6 +80,54 @@ const policyArgs = (idle: boolean, pid: number): string[] => [idle ? "--idle" : 
 const setPolicy = (idle: boolean): boolean => {
   const r = spawnSync("chrt", policyArgs(idle, process.pid), { stdio: "ignore", timeout: 3_000 })
   return r.status === 0
+}
+
+/**
+ * A process that puts this one back on the normal policy when told to: a shell started (through
+ * chrt, on the normal policy itself, at the nice value to come back to) while this process goes
+ * into the background, waiting on a line from its stdin, then exec'ing chrt on this process's
+ * threads. Giving the priority back then costs a write to a pipe instead of a fork: a spawn forks
+ * this process on its main thread, and a worker with tfjs loaded (about 300 MB) held its event loop
+ * 18-38 ms for it, as it joined a group whose survivors waited for it. It ends with this process
+ * (its stdin at end of file) or after its one use.
+ */
+interface Raiser {
+  readonly child: ChildProcess
+  /** Whether it exited with status 0 (false where it failed, could not start or ended unused). */
+  readonly done: Promise<boolean>
+  alive: boolean
+}
+
+let raiser: Raiser | undefined
+/** The last way back to the normal policy foregroundPriority started, until it is done. */
+let restoring: Promise<boolean> = Promise.resolve(true)
+
+/** Starts a Raiser with chrt at `chrt`, at nice `nice`; undefined where it cannot start. */
+const startRaiser = (chrt: string, nice: number): Raiser | undefined => {
+  try {
+    const script = 'read -r _ || exit 3; exec "$0" --other --all-tasks --pid 0 "$1"'
+    const child = spawn(chrt, ["--other", "0", "/bin/sh", "-c", script, chrt, String(process.pid)], { stdio: ["pipe", "ignore", "ignore"] })
+    const r: Raiser = { child, alive: true, done: Promise.resolve(false) }
+    ;(r as { done: Promise<boolean> }).done = new Promise<boolean>((resolve) => {
+      child.once("error", () => {
+        r.alive = false
+        resolve(false)
+      })
+      child.once("exit", (code) => {
+        r.alive = false
+        resolve(code === 0)
+      })
+    })
+    child.stdin!.on("error", () => {
+      r.alive = false
+    })
+    child.unref()
+    ;(child.stdin as unknown as { unref?: () => void }).unref?.()
+    if (child.pid !== undefined) os.setPriority(child.pid, nice)
+    return r
+  } catch {
+    return undefined
+  }
 }
 
 /** SCHED_IDLE's number in Linux's sched.h (a thread's stat line's policy field; 0: the normal policy). */
@@ -243,6 +291,10 @@ export const backgroundPriority = (by: number, limitMs = BACKGROUND_LIMIT_MS, id
   // failed (no chrt on this process's own PATH), foregroundPriority must still try to take it off.
   idled = idle && (setPolicy(true) || mainThreadIdle())
   lastIdled = idled
+  if (idled) {
+    const chrt = chrtStartingIdle()
+    raiser = chrt === null ? undefined : startRaiser(chrt, base)
+  }
   if (Number.isFinite(limitMs)) {
     limit = setTimeout(() => void foregroundPriority(), limitMs)
     limit.unref()
@@ -265,8 +317,10 @@ export const keepInBackground = (by: number, limitMs: number): number | undefine
 
 /**
  * Gives back the priority backgroundPriority took: every thread at the nice value the process
- * started with. Returns false when a thread could not be raised (the process then runs lowered;
- * callers say so), true when it is back or was never lowered.
+ * started with, and off SCHED_IDLE. Returns false when a thread could not be raised (the process
+ * then runs lowered; callers say so), true when it is back or was never lowered. Where a Raiser
+ * was started with the lowering, the policy comes back through it, after this returns:
+ * policyRestored says how that went.
  */
 export const foregroundPriority = (): boolean => {
   const base = foregroundNice
@@ -277,8 +331,30 @@ export const foregroundPriority = (): boolean => {
   const niced = setAll(base)
   if (!idled) return niced
   idled = false
-  return setPolicy(false) && niced
+  const r = raiser
+  raiser = undefined
+  if (r !== undefined && r.alive && r.child.stdin?.writable === true) {
+    // Told by a write: the threads leave SCHED_IDLE a few ms later (not waited for here; a
+    // joining worker's peers wait on the network meanwhile, so the cores are free for it).
+    r.child.stdin.end("go\n")
+    // Waited for from here (policyRestored), for 3 s at most, as setPolicy's chrt.
+    r.child.ref()
+    const stop = setTimeout(() => r.child.kill("SIGKILL"), 3_000)
+    stop.unref()
+    restoring = r.done.finally(() => clearTimeout(stop))
+    return niced
+  }
+  r?.child.kill("SIGKILL")
+  const left = setPolicy(false)
+  restoring = Promise.resolve(left)
+  return left && niced
 }
+
+/**
+ * Whether the last foregroundPriority took this process off SCHED_IDLE, once that is done (it
+ * tells a helper process and does not wait for it); true at once where nothing is pending.
+ */
+export const policyRestored = (): Promise<boolean> => restoring
 
 /**
  * The nice value backgroundPriority last lowered this process to, also after it was given back

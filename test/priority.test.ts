@@ -3,9 +3,11 @@
 // value the process started with, and nothing is lowered where it could not be given back.
 import { describe, expect, it } from "vitest"
 import { execFileSync, spawn } from "node:child_process"
+import { readdirSync, readFileSync } from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { idleStartPrefix, lowerChild, mayRaiseTo, raiseChild } from "../core/priority.ts"
+import { alive } from "./support/run-script.ts"
 import { chrtRuns, highestNice, SCHED_IDLE, threadNices, threadPolicies } from "./support/nice.ts"
 import { standbySchedIdle } from "../core/settings.ts"
 
@@ -39,7 +41,8 @@ describe.runIf(process.platform === "linux")("a standby's CPU priority", () => {
       const again = p.backgroundPriority(3)
       const inBackground = p.inBackground()
       const back = p.foregroundPriority()
-      console.log(JSON.stringify({ before, policyBefore, lowered, during, policyDuring, onIdle, again, inBackground, back, after: nices(), policyAfter: policies(), onIdleAfter: p.onIdlePolicy(), schedIdle: p.backgroundSchedIdle() ?? null, inBackgroundAfter: p.inBackground() }))`) as Record<string, unknown>
+      const restored = await p.policyRestored()
+      console.log(JSON.stringify({ before, policyBefore, lowered, during, policyDuring, onIdle, again, inBackground, back, restored, after: nices(), policyAfter: policies(), onIdleAfter: p.onIdlePolicy(), schedIdle: p.backgroundSchedIdle() ?? null, inBackgroundAfter: p.inBackground() }))`) as Record<string, unknown>
     const threads = (out.before as number[]).length
     expect(threads).toBeGreaterThan(1)
     expect(out.before).toEqual(Array(threads).fill(base))
@@ -61,6 +64,7 @@ describe.runIf(process.platform === "linux")("a standby's CPU priority", () => {
     expect(out.schedIdle).toBe(may ? idle : null)
     expect(out.again).toBeUndefined()
     expect(out.back).toBe(true)
+    expect(out.restored).toBe(true)
     expect(out.after).toEqual(Array((out.after as number[]).length).fill(base))
     expect(out.policyAfter).toEqual([0])
     expect(out.onIdleAfter).toBe(false)
@@ -93,6 +97,7 @@ describe.runIf(process.platform === "linux")("a standby's CPU priority", () => {
       const during = nices()
       const policyDuring = policies()
       await new Promise((r) => setTimeout(r, 600))
+      await p.policyRestored()
       console.log(JSON.stringify({ lowered: lowered ?? null, during, policyDuring, after: nices(), policyAfter: policies(), inBackground: p.inBackground() }))`) as Record<string, unknown>
     expect(out.lowered).toBe(may ? Math.min(19, base + 6) : null)
     expect(Math.max(...(out.during as number[]))).toBe(may ? Math.min(19, base + 6) : base)
@@ -109,6 +114,7 @@ describe.runIf(process.platform === "linux")("a standby's CPU priority", () => {
       await new Promise((r) => setTimeout(r, 600))
       const during = { nice: Math.max(...nices()), policy: policies(), inBackground: p.inBackground() }
       await new Promise((r) => setTimeout(r, 600))
+      await p.policyRestored()
       const after = { nice: Math.max(...nices()), policy: policies(), inBackground: p.inBackground() }
       const again = p.keepInBackground(5, 60_000)
       const againDuring = { nice: Math.max(...nices()), inBackground: p.inBackground() }
@@ -185,7 +191,8 @@ describe.runIf(process.platform === "linux")("a standby's CPU priority", () => {
       `const lowered = p.backgroundPriority(5)
        const during = policies()
        const back = p.foregroundPriority()
-       console.log(JSON.stringify({ started, lowered, during, back, after: policies() }))`,
+       const restored = await p.policyRestored()
+       console.log(JSON.stringify({ started, lowered, during, back, restored, after: policies() }))`,
       process.env
     )
     expect(prefix.length > 0).toBe(idle)
@@ -195,6 +202,7 @@ describe.runIf(process.platform === "linux")("a standby's CPU priority", () => {
       lowered: may ? Math.min(19, base + 5) : undefined,
       during: [idle ? SCHED_IDLE : 0],
       back: true,
+      restored: true,
       after: [0]
     })
     // Where the child's environment asks for the nice value alone, or nothing is lowered, no prefix.
@@ -244,6 +252,70 @@ describe.runIf(process.platform === "linux")("a standby's CPU priority", () => {
       expect(now).toEqual({ nices: [base], policies: [0] })
     } finally {
       child.kill("SIGKILL")
+    }
+  })
+
+  /** The pids of process `pid`'s children (every thread's), from /proc; none where it is gone. */
+  const childrenOf = (pid: number): number[] => {
+    try {
+      return readdirSync(`/proc/${pid}/task`).flatMap((t) => readFileSync(`/proc/${pid}/task/${t}/children`, "utf8").split(" ").filter((x) => x !== "").map(Number))
+    } catch {
+      return []
+    }
+  }
+  /** Waits up to 10 s for `check`; its last value. */
+  const waitFor = async <A>(check: () => A, done: (a: A) => boolean): Promise<A> => {
+    const deadline = Date.now() + 10_000
+    let now = check()
+    while (!done(now) && Date.now() < deadline) {
+      await new Promise((r) => setTimeout(r, 25))
+      now = check()
+    }
+    return now
+  }
+
+  it.runIf(idle)("a lowered process is put back on the normal policy by a helper it started as it lowered, which ends after its one use, or with the process", async () => {
+    // The process lowers itself (no limit), says so, gives its priority back on a line from its
+    // stdin, says so, and waits to be killed: no fork of its own on the way back, the helper's
+    // chrt instead.
+    const script = `
+      const p = await import(${JSON.stringify(PRIORITY)})
+      p.backgroundPriority(5, Infinity)
+      console.log("lowered")
+      process.stdin.once("data", async () => {
+        const back = p.foregroundPriority()
+        console.log(JSON.stringify({ back, restored: await p.policyRestored() }))
+      })
+      setInterval(() => {}, 1000)`
+    const start = () => spawn(process.execPath, ["--input-type=module", "-e", script], { env: process.env, stdio: ["pipe", "pipe", "inherit"] })
+    const lines = (c: ReturnType<typeof start>): string[] => {
+      const seen: string[] = []
+      c.stdout!.on("data", (d: Buffer) => seen.push(...d.toString().split("\n").filter((x) => x !== "")))
+      return seen
+    }
+    const used = start()
+    const unused = start()
+    try {
+      const usedOut = lines(used)
+      const unusedOut = lines(unused)
+      await waitFor(() => usedOut.length + unusedOut.length, (n) => n >= 2)
+      // Lowered: one child each, on the normal policy at the nice value the process came from.
+      const helper = (await waitFor(() => childrenOf(used.pid!), (c) => c.length === 1))[0]!
+      const unusedHelper = (await waitFor(() => childrenOf(unused.pid!), (c) => c.length === 1))[0]!
+      expect(await waitFor(() => [...new Set(threadPolicies(helper))], (x) => x.length === 1 && x[0] === 0)).toEqual([0])
+      expect(threadNices(helper)).toEqual([base])
+      expect([...new Set(threadPolicies(used.pid!))]).toEqual([SCHED_IDLE])
+      used.stdin!.write("go\n")
+      await waitFor(() => usedOut.length, (n) => n >= 2)
+      expect(JSON.parse(usedOut[1]!)).toEqual({ back: true, restored: true })
+      expect([...new Set(threadPolicies(used.pid!))]).toEqual([0])
+      expect(await waitFor(() => alive(helper), (a) => !a)).toBe(false)
+      // The other process dies lowered (kill -9): its helper reads the end of its stdin and ends.
+      unused.kill("SIGKILL")
+      expect(await waitFor(() => alive(unusedHelper), (a) => !a)).toBe(false)
+    } finally {
+      used.kill("SIGKILL")
+      unused.kill("SIGKILL")
     }
   })
 

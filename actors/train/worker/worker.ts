@@ -7,7 +7,7 @@
 // other survivors (pause, snapshot, resume; group-session.ts) instead of dying with the group.
 // The run's state and its steps are in worker-run.ts; this file is the actor and its handlers.
 import { ConfigError } from "../../../core/errors.ts"
-import { foregroundPriority, inBackground } from "../../../core/priority.ts"
+import { foregroundPriority, inBackground, policyRestored } from "../../../core/priority.ts"
 import { parseCompressionConfig, type ResolvedCompressionConfig } from "../../../collectives/compression/index.ts"
 import { defineActor } from "../../runtime/actor.ts"
 import { WorkerArgs, WorkerProtocol } from "../common/train-protocol.ts"
@@ -45,7 +45,11 @@ export const trainWorker = defineActor(
         if (!started) {
           started = true
           // A standby ran at a lower priority while it prepared (core/priority.ts): it joins at its own.
-          if (inBackground() && !foregroundPriority()) ctx.log.warn("could not raise this worker's CPU priority back as it joined its group: it may run slower than its peers")
+          if (inBackground()) {
+            const warn = () => ctx.log.warn("could not raise this worker's CPU priority back as it joined its group: it may run slower than its peers")
+            if (!foregroundPriority()) warn()
+            else void policyRestored().then((ok) => ok || warn())
+          }
           if (admission) worker.admit(admission)
           void worker.run()
         }
