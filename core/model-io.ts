@@ -120,8 +120,25 @@ export const readOptimizerFile = async (
       reason: `the checkpoint holds ${saved.optimizer} state but the model is compiled with ${className}`
     })
   }
-  return saved.weights
+  return saved.weights.map((w) => {
+    const dtype = TENSOR_DTYPES[w.dtype as keyof typeof TENSOR_DTYPES]
+    if (dtype === undefined || !Object.hasOwn(TENSOR_DTYPES, w.dtype)) {
+      throw new ConfigError({
+        field: "checkpoint",
+        reason: `the optimizer state's "${w.name}" has dtype ${JSON.stringify(w.dtype)}, not one of ${Object.keys(TENSOR_DTYPES).join(", ")}: the file is not an optimizer state gradwire wrote`
+      })
+    }
+    return { ...w, dtype }
+  })
 }
+
+/**
+ * tfjs's dtypes, each to itself as a literal. A string decoded from a file is a new string, not
+ * V8's internalized copy of the literal: as an optimizer variable's dtype it reached every tfjs
+ * function that compares dtypes at every step, and their code, optimized for literals, was
+ * thrown away ("wrong instance type") in a worker that had just taken a peer's state, as it joined.
+ */
+const TENSOR_DTYPES = { float32: "float32", int32: "int32", bool: "bool", complex64: "complex64", string: "string" } as const
 
 /** Restores what optimizerToFile saved into an optimizer of the same class over the same variables. */
 export const loadOptimizerFrom = async (tf: Tf, optimizer: Optimizer, bytes: Uint8Array): Promise<void> => {

@@ -1,4 +1,7 @@
 import { describe, expect, it } from "vitest"
+import { execFileSync } from "node:child_process"
+import * as path from "node:path"
+import { encodeMessage } from "../core/wire.ts"
 import { loadEngine } from "../core/engine.ts"
 import { loadWeightsInto, modelFromFiles, modelToFiles } from "../core/model-io.ts"
 import { ConfigError } from "../core/errors.ts"
@@ -72,5 +75,32 @@ describe("optimizer state files", () => {
     const sgd = tf.sequential({ layers: [tf.layers.dense({ units: 3, inputShape: [4] })] })
     sgd.compile({ optimizer: tf.train.sgd(0.1), loss: "meanSquaredError" })
     await expect(loadOptimizerFrom(tf, sgd.optimizer, opt)).rejects.toBeInstanceOf(ConfigError)
+  })
+})
+
+describe("optimizer state files, read back", () => {
+  /** An optimizer file as optimizerToFile writes it, with `dtype` for its one weight. */
+  const file = (dtype: string) => encodeMessage({ optimizer: "Adam", weights: [{ name: "opt_dense/kernel/m", shape: [2], dtype, data: new Float32Array([1, 2]) }] })
+
+  it("gives each weight's dtype as tfjs's own literal, not the string decoded from the file (V8's internalized copy)", () => {
+    // In a child with V8's natives syntax: the decoded string is a fresh one; what readOptimizerFile
+    // returns is the literal, as a tensor made in the process has.
+    const script = `
+      import { readOptimizerFile } from ${JSON.stringify(path.resolve("core/model-io.ts"))}
+      import { decodeMessage, encodeMessage } from ${JSON.stringify(path.resolve("core/wire.ts"))}
+      const bytes = encodeMessage({ optimizer: "Adam", weights: [{ name: "w", shape: [1], dtype: "float32", data: new Float32Array([1]) }] })
+      const decoded = decodeMessage(bytes).weights[0].dtype
+      const [read] = await readOptimizerFile(bytes, "Adam")
+      const internalized = new Function("s", "return %IsInternalizedString(s)")
+      console.log(JSON.stringify({ decoded: internalized(decoded), read: internalized(read.dtype), dtype: read.dtype }))`
+    const out = JSON.parse(execFileSync(process.execPath, ["--allow-natives-syntax", "--input-type=module", "-e", script], { encoding: "utf8", timeout: 20_000 }))
+    expect(out).toEqual({ decoded: false, read: true, dtype: "float32" })
+  })
+
+  it("refuses a weight whose dtype is not tfjs's, saying which", async () => {
+    const { readOptimizerFile } = await import("../core/model-io.ts")
+    expect((await readOptimizerFile(file("int32"), "Adam"))[0]!.dtype).toBe("int32")
+    await expect(readOptimizerFile(file("float64"), "Adam")).rejects.toThrow(/"opt_dense\/kernel\/m" has dtype "float64"/)
+    await expect(readOptimizerFile(file("toString"), "Adam")).rejects.toBeInstanceOf(ConfigError)
   })
 })
