@@ -95,7 +95,8 @@ interface Raiser {
   readonly child: ChildProcess
   /** Whether it exited with status 0 (false where it failed, could not start or ended unused). */
   readonly done: Promise<boolean>
-  alive: boolean
+  /** Whether it still waits for its line (not exited, its stdin not broken). */
+  readonly alive: boolean
 }
 
 let raiser: Raiser | undefined
@@ -104,28 +105,39 @@ let restoring: Promise<boolean> = Promise.resolve(true)
 
 /** Starts a Raiser with chrt at `chrt`, at nice `nice`; undefined where it cannot start. */
 const startRaiser = (chrt: string, nice: number): Raiser | undefined => {
+  let child: ChildProcess | undefined
   try {
     const script = 'read -r _ || exit 3; exec "$0" --other --all-tasks --pid 0 "$1"'
-    const child = spawn(chrt, ["--other", "0", "/bin/sh", "-c", script, chrt, String(process.pid)], { stdio: ["pipe", "ignore", "ignore"] })
-    const r: Raiser = { child, alive: true, done: Promise.resolve(false) }
-    ;(r as { done: Promise<boolean> }).done = new Promise<boolean>((resolve) => {
-      child.once("error", () => {
-        r.alive = false
+    const c = (child = spawn(chrt, ["--other", "0", "/bin/sh", "-c", script, chrt, String(process.pid)], { stdio: ["pipe", "ignore", "ignore"] }))
+    let alive = true
+    const done = new Promise<boolean>((resolve) => {
+      c.once("error", () => {
+        alive = false
         resolve(false)
       })
-      child.once("exit", (code) => {
-        r.alive = false
+      c.once("exit", (code) => {
+        alive = false
         resolve(code === 0)
       })
     })
-    child.stdin!.on("error", () => {
-      r.alive = false
+    c.stdin!.on("error", () => {
+      alive = false
     })
-    child.unref()
-    ;(child.stdin as unknown as { unref?: () => void }).unref?.()
-    if (child.pid !== undefined) os.setPriority(child.pid, nice)
-    return r
+    c.unref()
+    ;(c.stdin as unknown as { unref?: () => void }).unref?.()
+    // At the value to come back to: a helper left at this process's lowered one would wait for
+    // its turn as long as this process does.
+    if (c.pid !== undefined) os.setPriority(c.pid, nice)
+    return {
+      child: c,
+      done,
+      get alive() {
+        return alive
+      }
+    }
   } catch {
+    // Not started, or not at the right priority: gone, and the way back forks as before.
+    child?.kill("SIGKILL")
     return undefined
   }
 }
