@@ -89,10 +89,11 @@ describe("ZeRO in the Trainer", () => {
     const m = r.metrics!
     const batches = [0, 1, 2].map((i) => m[`batch/rank${i}`] as number)
     expect(batches.reduce((a, b) => a + b, 0)).toBe(96)
-    // The slowed rank got less than an equal share, and no more than either other rank (on a loaded
-    // machine a rank that the load slowed can end at the one-row floor beside it: 94/1/1 in one CI run).
+    // The slowed rank got less than an equal share, and less than the faster of the other two. On a
+    // loaded machine a rank that the load slowed can end at the floor beside it, one row or none
+    // (94/1/1 and 95/1/0 in CI runs), so the other two are not compared one by one.
     expect(batches[1]).toBeLessThan(96 / 3)
-    expect(batches[1]).toBeLessThanOrEqual(Math.min(batches[0]!, batches[2]!))
+    expect(batches[1]).toBeLessThan(Math.max(batches[0]!, batches[2]!))
     expect(r.metricsHistory.at(-1)!.loss as number).toBeLessThan(r.metricsHistory[0]!.loss as number)
   })
 

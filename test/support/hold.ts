@@ -72,17 +72,45 @@ export const makeHold = async (parent: string, prefix: string, size: number): Pr
   return { dir, holdFile }
 }
 
+/** An events.jsonl line's type; undefined for a line not (yet) whole. */
+const typeOf = (line: string): unknown => {
+  try {
+    return (JSON.parse(line) as { readonly type?: unknown }).type
+  } catch {
+    return undefined
+  }
+}
+
 /**
- * Eases the brake once `eventsFile` (a run's events.jsonl) records a standby worker ready (the
- * replacement the held group waits for), polling every 100 ms; call the result to stop polling
- * (the run has ended). From then on the short group steps every HOLD_EASED_STEP_MS, and the
- * replacement joins it at its next step or report() call; once whole it trains at full speed.
+ * Whether the events in `events` (a run's events.jsonl) leave a replacement ready for the latest
+ * failure: a "standby-ready" after the last "restart". A failure after the one whose replacement
+ * got ready (a survivor killed as the group grows back) puts the brake back on until its own
+ * replacement is ready: eased, a short group of one ran its last epochs before that replacement
+ * had loaded on a loaded machine, and the group never grew back (seen in CI).
+ */
+export const replacementReady = (events: string): boolean => {
+  let ready = false
+  for (const line of events.split("\n")) {
+    const type = typeOf(line)
+    if (type === "standby-ready") ready = true
+    else if (type === "restart") ready = false
+  }
+  return ready
+}
+
+/**
+ * Eases the brake while `eventsFile` (a run's events.jsonl) records a standby worker ready since
+ * the last failure (replacementReady), and puts it back on at a failure after that, polling every
+ * 100 ms; call the result to stop polling (the run has ended). While eased the short group steps
+ * every HOLD_EASED_STEP_MS, and the replacement joins it at its next step or report() call; once
+ * whole it trains at full speed.
  */
 export const releaseWhenStandbyReady = (holdFile: string, eventsFile: string): (() => void) => {
   const timer = setInterval(() => {
-    if (!existsSync(eventsFile) || !readFileSync(eventsFile, "utf8").includes('"standby-ready"')) return
-    if (existsSync(holdFile)) writeFileSync(holdFile, `${readHold(holdFile).size} ${EASED}`)
-    clearInterval(timer)
+    if (!existsSync(eventsFile) || !existsSync(holdFile)) return
+    const eased = replacementReady(readFileSync(eventsFile, "utf8"))
+    const hold = readHold(holdFile)
+    if (hold.eased !== eased) writeFileSync(holdFile, eased ? `${hold.size} ${EASED}` : hold.size)
   }, 100)
   return () => clearInterval(timer)
 }
