@@ -121,14 +121,13 @@ export const readOptimizerFile = async (
     })
   }
   return saved.weights.map((w) => {
-    const dtype = TENSOR_DTYPES[w.dtype as keyof typeof TENSOR_DTYPES]
-    if (dtype === undefined || !Object.hasOwn(TENSOR_DTYPES, w.dtype)) {
+    if (!Object.hasOwn(TENSOR_DTYPES, w.dtype)) {
       throw new ConfigError({
         field: "checkpoint",
         reason: `the optimizer state's "${w.name}" has dtype ${JSON.stringify(w.dtype)}, not one of ${Object.keys(TENSOR_DTYPES).join(", ")}: the file is not an optimizer state gradwire wrote`
       })
     }
-    return { ...w, dtype }
+    return { ...w, dtype: TENSOR_DTYPES[w.dtype as keyof typeof TENSOR_DTYPES] }
   })
 }
 

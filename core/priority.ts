@@ -107,8 +107,9 @@ let restoring: Promise<boolean> = Promise.resolve(true)
 const startRaiser = (chrt: string, nice: number): Raiser | undefined => {
   let child: ChildProcess | undefined
   try {
-    const script = 'read -r _ || exit 3; exec "$0" --other --all-tasks --pid 0 "$1"'
-    const c = (child = spawn(chrt, ["--other", "0", "/bin/sh", "-c", script, chrt, String(process.pid)], { stdio: ["pipe", "ignore", "ignore"] }))
+    // "$0" "$@": chrt and the arguments raiseChild's chrt takes, for this process.
+    const script = 'read -r _ || exit 3; exec "$0" "$@"'
+    const c = (child = spawn(chrt, ["--other", "0", "/bin/sh", "-c", script, chrt, ...policyArgs(false, process.pid)], { stdio: ["pipe", "ignore", "ignore"] }))
     let alive = true
     const done = new Promise<boolean>((resolve) => {
       c.once("error", () => {
