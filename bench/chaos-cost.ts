@@ -84,6 +84,51 @@ export const faultCosts = (free: ReadonlyArray<number>, chaos: ReadonlyArray<num
   return { costs, drift, netGoodput: freeMs > 0 ? freeMs / (freeMs + total) : Number.NaN }
 }
 
+/** What each fault cost against the chaos run's own pace away from faults (ownPaceCosts). */
+export interface OwnPaceCosts {
+  /** Seconds each fault cost, in the order given (undefined: no epoch around it, or no clear epochs to pace it by). */
+  readonly costs: ReadonlyArray<number | undefined>
+  /** The run's time over itself less the faults' costs (each at least 0): goodput against its own pace. */
+  readonly goodput: number
+}
+
+/** The chaos run's first seconds (a fresh process's slowest) pace no fault. */
+const OWN_PACE_SKIP_MS = 2_000
+
+/**
+ * Each fault's cost from the chaos run alone: the time its window took (from the last epoch reported
+ * at or before the fault to the first at or past `windowMs` after it, or the next fault) less as many
+ * epochs at the run's own pace, the mean epoch over the clear stretches (no fault's window in reach)
+ * within `aroundMs` of the window. The fault-free partner's noise (two runs differ by 10-30% on a
+ * shared machine) and a drift that is not steady do not enter; a fault that slows the group for good
+ * (beyond its window) is not seen, as faultCosts counts it as drift. `chaos[e]`: ms from the run's
+ * first step to its report of epoch e; `faultsAt`: ms from there to each fault.
+ */
+export const ownPaceCosts = (chaos: ReadonlyArray<number>, faultsAt: ReadonlyArray<number>, windowMs = 5_000, aroundMs = 20_000): OwnPaceCosts => {
+  const ends = chaos.filter((t) => Number.isFinite(t))
+  const windows = faultWindows(faultsAt, windowMs)
+  const clear = (from: number, to: number): boolean => windows.all.every(([a, b]) => to < a || from > b)
+  const costs = faultsAt.map((f) => {
+    const [, end] = windows.of(f)
+    const a = ends.findLastIndex((t) => t <= f)
+    const b = ends.findIndex((t) => t >= end)
+    if (a < 0 || b < 0 || b <= a) return undefined
+    let sum = 0
+    let n = 0
+    for (let e = 1; e < ends.length; e++) {
+      const [p, q] = [ends[e - 1]!, ends[e]!]
+      if (p < OWN_PACE_SKIP_MS || q < f - aroundMs || p > end + aroundMs || !clear(p, q)) continue
+      sum += q - p
+      n++
+    }
+    if (n === 0) return undefined
+    return (ends[b]! - ends[a]! - (b - a) * (sum / n)) / 1000
+  })
+  const total = ends.at(-1) ?? 0
+  const lost = costs.reduce<number>((s, c) => s + Math.max(0, c ?? 0), 0) * 1000
+  return { costs, goodput: total > 0 ? (total - lost) / total : Number.NaN }
+}
+
 /** Where a fault's cost went (seconds of the group's time, each less the drift over its span). */
 export interface FaultPhases {
   /** From just before the fault to the first step of the next generation: detection, regroup, resume. */

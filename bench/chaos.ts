@@ -65,7 +65,9 @@
 // of the 5 s window (the replacement's first, slower steps), each less the drift: per fault, and
 // medians over the repeats. Each run's costs over 15 s after each fault (to the next at the latest)
 // too: the slower stretch after a join lasted past 5 s in some runs, and what the 5 s window
-// missed was counted as drift (docs/benchmarks.md).
+// missed was counted as drift (docs/benchmarks.md). And each fault's cost against the chaos run's
+// own pace (chaos-cost.ts ownPaceCosts: its window's time less as many epochs at the run's mean
+// epoch away from faults), which leaves the fault-free partner and its noise out.
 // For each join, the joined worker's CPU over its first 5 s in the group beside the survivors'
 // (chaos-cost.ts joinCpu, from /proc every 250 ms): every rank runs the same steps, so a joiner that
 // needs more CPU per step shows as a higher figure, or as its cap, and the group waits for it;
@@ -90,7 +92,7 @@ import { seededRng, type Rng } from "../core/random.ts"
 import { median } from "../scheduler/cost-model.ts"
 import { actorPids, workerPids, killQuietly } from "../test/support/chaos.ts"
 import { compareSteps, readPositions, type StepAt } from "../test/support/positions.ts"
-import { faultCosts, faultPhases, growStalls, joinCpu, type FaultPhases, type JoinCpu } from "./chaos-cost.ts"
+import { faultCosts, faultPhases, growStalls, joinCpu, ownPaceCosts, type FaultPhases, type JoinCpu } from "./chaos-cost.ts"
 import { netnsUnavailable } from "../test/support/netns.ts"
 import { createCpuGroup } from "./cgroups.ts"
 import { startAgentCluster, type AgentCluster } from "./chaos-cluster.ts"
@@ -714,6 +716,8 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
     console.log(`\n${lines.join("\n")}\n\nper fault kind:\n${byKind.join("\n")}`)
     // Each fault's own cost, apart from the two runs' drift (bench/chaos-cost.ts).
     const costs = new Map(rows.map((r) => [r, faultCosts(r.free.epochMs, r.chaos.epochMs, r.chaos.faults.map((f) => f.at))] as const))
+    // Each fault's cost against the chaos run's own pace away from faults (chaos-cost.ts ownPaceCosts).
+    const own = new Map(rows.map((r) => [r, ownPaceCosts(r.chaos.epochMs, r.chaos.faults.map((f) => f.at))] as const))
     // Each fault's cost split at the resume and at the group being whole again (chaos-cost.ts faultPhases).
     const phases = new Map(
       rows.map((r) => {
@@ -769,6 +773,11 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
       }
       // A slower stretch after a join can outlast the 5 s window: what it missed would count as drift.
       if (r.chaos.faults.length > 0) {
+        const o = own.get(r)!
+        console.log(
+          `    against the chaos run's own pace (its mean epoch away from faults, no fault-free run in it): ${o.costs.map((x) => (x !== undefined ? `${x.toFixed(2)} s` : "-")).join(", ")}; ` +
+            `goodput ${(100 * o.goodput).toFixed(1)}%`
+        )
         const wide = faultCosts(r.free.epochMs, r.chaos.epochMs, r.chaos.faults.map((f) => f.at), WIDE_WINDOW_MS)
         console.log(
           `    over ${WIDE_WINDOW_MS / 1000} s after each fault (or to the next): ${wide.costs.map((x) => (x !== undefined ? `${x.toFixed(2)} s` : "-")).join(", ")}; ` +
@@ -799,6 +808,12 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
             `  ${LOOP_LABEL[loop]}, ${STRATEGIES[strategy]!.label}: goodput median ${(100 * median(g)).toFixed(1)}% (${g.map((x) => `${(100 * x).toFixed(1)}%`).join(", ")}), ` +
               `pooled ${(100 * pooled).toFixed(1)}%, ${sum((r) => r.chaos.faults.length)} faults; fault-free runs ${Math.min(...free).toFixed(2)}-${Math.max(...free).toFixed(2)} s; ` +
               `without the drift median ${(100 * median(net)).toFixed(1)}% (${net.map((x) => `${(100 * x).toFixed(1)}%`).join(", ")}), cost per fault median ${perFault.length ? median(perFault).toFixed(2) : "-"} s`
+          )
+          const ownGoodput = rs.map((r) => own.get(r)!.goodput).sort((a, b) => a - b)
+          const ownPerFault = rs.flatMap((r) => own.get(r)!.costs.filter((c): c is number => c !== undefined))
+          console.log(
+            `    against each chaos run's own pace: goodput median ${(100 * median(ownGoodput)).toFixed(1)}% (${ownGoodput.map((x) => `${(100 * x).toFixed(1)}%`).join(", ")}), ` +
+              `cost per fault median ${ownPerFault.length ? median(ownPerFault).toFixed(2) : "-"} s, max ${ownPerFault.length ? Math.max(...ownPerFault).toFixed(2) : "-"} s`
           )
           if (order === "alternate" && rs.length > 1) console.log(`    goodput by order, median (pairs): the fault-free run first ${byOrder(false)}, the chaos run first ${byOrder(true)}`)
           console.log(`    where it went: ${phaseLine(rs.flatMap((r) => phases.get(r)!))}`)

@@ -2,7 +2,7 @@
 // is 5% slower throughout (the machine's drift) and stalls at two faults; the costs come out as the
 // stalls, the drift as its rate, and goodput without the drift from the stalls alone.
 import { describe, expect, it } from "vitest"
-import { faultCosts, faultPhases, growStalls, joinCpu } from "../bench/chaos-cost.ts"
+import { faultCosts, faultPhases, growStalls, joinCpu, ownPaceCosts } from "../bench/chaos-cost.ts"
 
 /** Epoch report times (ms): `perEpoch` ms each, plus `stalls` ms added at the first epoch at or past each time. */
 const run = (epochs: number, perEpoch: number, stalls: ReadonlyArray<readonly [number, number]> = []): number[] => {
@@ -35,6 +35,29 @@ describe("faultCosts", () => {
     expect([same.drift, same.netGoodput]).toEqual([0, 1])
     // A fault past the last epoch has no cost to tell.
     expect(faultCosts(free, chaos, [5_000, 60_000]).costs[1]).toBeUndefined()
+  })
+})
+
+describe("ownPaceCosts", () => {
+  it("gives each fault's stall against the chaos run's own pace, whatever its fault-free partner did", () => {
+    // 50 ms epochs, 80 ms in the run's first 2 s (a fresh process), stalls of 0.8 s and 1.2 s.
+    const chaos = run(600, 50, [
+      [5_000, 800],
+      [15_000, 1_200]
+    ]).map((t, e) => t + 30 * Math.min(e + 1, 25))
+    const r = ownPaceCosts(chaos, [5_000, 15_000])
+    expect(r.costs[0]).toBeCloseTo(0.8, 2)
+    expect(r.costs[1]).toBeCloseTo(1.2, 2)
+    expect(r.goodput).toBeCloseTo((chaos.at(-1)! - 2_000) / chaos.at(-1)!, 3)
+    // A faster stretch after a fault (a short-handed group on shared cores) is a negative cost, and
+    // goodput counts it as none.
+    const faster = run(600, 50).map((t, e) => (e >= 100 && e < 140 ? t - 10 * (e - 99) : e >= 140 ? t - 400 : t))
+    const f = ownPaceCosts(faster, [5_000])
+    expect(f.costs[0]).toBeLessThan(-0.3)
+    expect(f.goodput).toBe(1)
+    // A fault past the last epoch, or with no clear epoch near it, has no cost to tell.
+    expect(ownPaceCosts(chaos, [5_000, 60_000]).costs[1]).toBeUndefined()
+    expect(ownPaceCosts(run(100, 50), [1_000], 5_000).costs[0]).toBeUndefined()
   })
 })
 
