@@ -305,9 +305,10 @@ describe("recovery from surviving peers", () => {
     // its first group, is left out with its reason where it had not formed it yet).
     for (const e of restarts) expect(e, JSON.stringify(e)).toMatchObject({ recovery: "peers" })
     expect(restarts[1]!.survivors).toBeGreaterThanOrEqual(1)
-    // The group grew back to 3 after each.
-    expect(r.resizes.at(-1)!.to).toBe(3)
-    expect(ev.filter((e) => e.type === "grow").length).toBe(2)
+    // The group grew back to 3 after each (what happened, where it did not: the resizes and the events' types in order).
+    const story = `resizes ${JSON.stringify(r.resizes)}; events: ${ev.map((e) => String(e.type)).join(", ")}`
+    expect(r.resizes.at(-1)!.to, story).toBe(3)
+    expect(ev.filter((e) => e.type === "grow").length, story).toBe(2)
   })
 
   it("state parity: a rank whose weights drifted is noticed at the next report round and takes rank 0's state; without the check it stays apart", { timeout: 150_000 }, async () => {
