@@ -43,13 +43,17 @@ const lagAt = (pts: ReadonlyArray<LagPoint>, t: number): LagPoint | undefined =>
 const lagBefore = (pts: ReadonlyArray<LagPoint>, t: number): LagPoint | undefined => pts.findLast((p) => p.t <= t)
 
 /**
- * The faults' windows in time order (`all`), and the window of a fault by its time (`of`): from
- * BEFORE_MS before it to `windowMs` after it, ending at the next fault at the latest.
+ * The faults' windows in time order (`all`), the window of a fault by its time (`of`), and whether
+ * a span of the run touches none of them (`clear`). A window runs from BEFORE_MS before its fault
+ * to `windowMs` after it, ending at the next fault at the latest.
  */
-const faultWindows = (faultsAt: ReadonlyArray<number>, windowMs: number): { all: Array<readonly [number, number]>; of: (f: number) => readonly [number, number] } => {
+const faultWindows = (
+  faultsAt: ReadonlyArray<number>,
+  windowMs: number
+): { all: Array<readonly [number, number]>; of: (f: number) => readonly [number, number]; clear: (from: number, to: number) => boolean } => {
   const sorted = [...faultsAt].sort((a, b) => a - b)
   const all = sorted.map((f, i) => [f - BEFORE_MS, Math.min(f + windowMs, sorted[i + 1] ?? Number.POSITIVE_INFINITY)] as const)
-  return { all, of: (f) => all[sorted.indexOf(f)]! }
+  return { all, of: (f) => all[sorted.indexOf(f)]!, clear: (from, to) => all.every(([a, b]) => to < a || from > b) }
 }
 
 /**
@@ -61,12 +65,11 @@ export const faultCosts = (free: ReadonlyArray<number>, chaos: ReadonlyArray<num
   const pts = lagSeries(free, chaos)
   const windows = faultWindows(faultsAt, windowMs)
   // Between two consecutive epochs with no fault's window in reach.
-  const clear = (from: number, to: number): boolean => windows.all.every(([a, b]) => to < a || from > b)
   let rise = 0
   let span = 0
   for (let i = 1; i < pts.length; i++) {
     const [p, q] = [pts[i - 1]!, pts[i]!]
-    if (clear(p.t, q.t)) {
+    if (windows.clear(p.t, q.t)) {
       rise += q.lag - p.lag
       span += q.t - p.t
     }
@@ -107,7 +110,6 @@ const OWN_PACE_SKIP_MS = 2_000
 export const ownPaceCosts = (chaos: ReadonlyArray<number>, faultsAt: ReadonlyArray<number>, windowMs = 5_000, aroundMs = 20_000): OwnPaceCosts => {
   const ends = chaos.filter((t) => Number.isFinite(t))
   const windows = faultWindows(faultsAt, windowMs)
-  const clear = (from: number, to: number): boolean => windows.all.every(([a, b]) => to < a || from > b)
   const costs = faultsAt.map((f) => {
     const [, end] = windows.of(f)
     const a = ends.findLastIndex((t) => t <= f)
@@ -117,7 +119,7 @@ export const ownPaceCosts = (chaos: ReadonlyArray<number>, faultsAt: ReadonlyArr
     let n = 0
     for (let e = 1; e < ends.length; e++) {
       const [p, q] = [ends[e - 1]!, ends[e]!]
-      if (p < OWN_PACE_SKIP_MS || q < f - aroundMs || p > end + aroundMs || !clear(p, q)) continue
+      if (p < OWN_PACE_SKIP_MS || q < f - aroundMs || p > end + aroundMs || !windows.clear(p, q)) continue
       sum += q - p
       n++
     }

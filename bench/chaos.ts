@@ -771,13 +771,15 @@ export async function run(args: ReadonlyArray<string>): Promise<void> {
           )
         }
       }
-      // A slower stretch after a join can outlast the 5 s window: what it missed would count as drift.
       if (r.chaos.faults.length > 0) {
+        // Each fault against the chaos run alone: its window's time less as many epochs at the run's
+        // mean epoch away from faults (the fault-free partner's noise left out).
         const o = own.get(r)!
         console.log(
           `    against the chaos run's own pace (its mean epoch away from faults, no fault-free run in it): ${o.costs.map((x) => (x !== undefined ? `${x.toFixed(2)} s` : "-")).join(", ")}; ` +
             `goodput ${(100 * o.goodput).toFixed(1)}%`
         )
+        // A slower stretch after a join can outlast the 5 s window: what it missed would count as drift.
         const wide = faultCosts(r.free.epochMs, r.chaos.epochMs, r.chaos.faults.map((f) => f.at), WIDE_WINDOW_MS)
         console.log(
           `    over ${WIDE_WINDOW_MS / 1000} s after each fault (or to the next): ${wide.costs.map((x) => (x !== undefined ? `${x.toFixed(2)} s` : "-")).join(", ")}; ` +

@@ -88,7 +88,7 @@ const typeOf = (line: string): unknown => {
  * replacement is ready: eased, a short group of one ran its last epochs before that replacement
  * had loaded on a loaded machine, and the group never grew back (seen in CI).
  */
-export const replacementReady = (events: string): boolean => {
+const replacementReady = (events: string): boolean => {
   let ready = false
   for (const line of events.split("\n")) {
     const type = typeOf(line)
