@@ -555,7 +555,8 @@ const logs = async (flags: Flags, args: string[]): Promise<number> => {
     let streaming = false
     const follow = flags.follow && !ended ? followJobLogs(c.nc, cluster, job.job, (l) => (streaming ? print(l) : early.push(l)), { ...(rank !== undefined ? { rank } : {}) }) : undefined
     const lines = job.live ? await fetchJobLogs(c.nc, cluster, job.job, { ...(rank !== undefined ? { rank } : {}), lines: tail }) : undefined
-    if (lines) for (const l of lines) print(l)
+    let printed = 0
+    if (lines) for (const l of lines) (print(l), printed++)
     else {
       // The driver is gone: its run directory has every line, if it is on this machine.
       const dir = path.join(job.runDir, "logs")
@@ -565,8 +566,12 @@ const logs = async (flags: Flags, args: string[]): Promise<number> => {
       }
       for (const f of fs.readdirSync(dir).filter((f) => f.endsWith(".log") && (rank === undefined || f === `worker_rank=${rank}.log`)).sort()) {
         const text = fs.readFileSync(path.join(dir, f), "utf8").split("\n").filter(Boolean).slice(-tail)
-        for (const line of text) console.log(flags.json ? JSON.stringify({ file: f, line }) : line)
+        for (const line of text) (console.log(flags.json ? JSON.stringify({ file: f, line }) : line), printed++)
       }
+    }
+    // (on stderr: --json's output stays one object per line)
+    if (printed === 0 && !flags.json) {
+      console.error(`gradwire: job ${job.job}'s ${rank !== undefined ? `rank ${rank} has` : "workers have"} written no output ${follow ? "yet; following" : "(their console.log and stderr lines show here)"}`)
     }
     if (!follow) return 0
     const seen = new Set((lines ?? []).map((l) => `${l.actor}\u0000${l.pid}\u0000${l.line}`))

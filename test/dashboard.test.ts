@@ -22,7 +22,7 @@ import { encodeJson, type JobSnapshot } from "../actors/train/common/job-telemet
 import { clusterSubjects } from "../core/subjects.ts"
 import { readTfRecords, decodeEvent } from "../actors/train/common/observe/tensorboard.ts"
 import { JobMonitor, type JobFacts } from "../actors/train/driver/job-monitor.ts"
-import { fetchJobLogs, followJobLogs, listJobs } from "../actors/train/dashboard/jobs-client.ts"
+import { fetchJobLogs, followJobLogs, listJobs, lossOf } from "../actors/train/dashboard/jobs-client.ts"
 import { openKvBucket } from "../core/jetstream-kv.ts"
 import { encodeMessage } from "../core/wire.ts"
 import { natsFixtures } from "./support/nats.ts"
@@ -453,6 +453,16 @@ describe("runConfig.dashboard", () => {
     expect(() => resolveTrainerOptions(options({ port: 70_000 }))).toThrow(/runConfig\.dashboard/)
     expect(() => resolveTrainerOptions(options({ prot: 8265 }))).toThrow(/runConfig\.dashboard/)
     expect(() => resolveTrainerOptions(options({ token: "short" }))).toThrow(/runConfig\.dashboard/)
+  })
+})
+
+describe("gradwire jobs' LOSS column", () => {
+  it("shows the loss the loop last reported, not rank 0's last batch's; before any report the step's, marked so", () => {
+    const rank0 = { rank: 0, loss: 0.001845 } as JobSnapshot["ranks"][number]
+    expect(lossOf({ lastMetrics: { loss: 3.2321, epoch: 9 }, ranks: [rank0] })).toBe("3.232")
+    expect(lossOf({ lastMetrics: { accuracy: 0.9 }, ranks: [rank0] })).toBe("0.001845 (step)")
+    expect(lossOf({ ranks: [{ ...rank0, rank: 1 }] })).toBe("-")
+    expect(lossOf({ lastMetrics: { loss: "n/a" }, ranks: [] })).toBe("-")
   })
 })
 

@@ -70,3 +70,17 @@ describe("progress lines", () => {
   })
 })
 
+
+describe("the run's closing line", () => {
+  it("a run with no report() says the Result has no checkpoint, unless it has one (a rerun that resumed past its last epoch)", () => {
+    const fresh = printer()
+    fresh.p.summary("/runs/a", undefined, undefined)
+    expect(fresh.lines.join("")).toMatch(/no metrics and no checkpoint/)
+    const rerun = printer()
+    rerun.p.summary("/runs/a", undefined, undefined, "/runs/a/checkpoint_000009")
+    const said = rerun.lines.join("")
+    expect(said).not.toMatch(/no checkpoint/)
+    expect(said).toMatch(/no metrics; its checkpoint is the latest one, \/runs\/a\/checkpoint_000009/)
+    expect(said).toMatch(/run directory: \/runs\/a\n$/)
+  })
+})

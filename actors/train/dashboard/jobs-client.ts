@@ -179,6 +179,18 @@ const fmtDuration = (ms: number): string => {
   return s < 120 ? `${s}s` : s < 7200 ? `${Math.floor(s / 60)}m${String(s % 60).padStart(2, "0")}s` : `${Math.floor(s / 3600)}h${String(Math.floor((s % 3600) / 60)).padStart(2, "0")}m`
 }
 
+/**
+ * The LOSS column: the loss the loop last reported (rank 0's report(), what the Result's metrics
+ * hold), else rank 0's loss at its latest step (a job that has not reported yet); "-" without either.
+ * A step's loss is one batch's, which can be far from the reported one (a last batch of two rows).
+ */
+export const lossOf = (j: Pick<JobSnapshot, "lastMetrics" | "ranks">): string => {
+  const reported = j.lastMetrics?.loss
+  if (typeof reported === "number" && Number.isFinite(reported)) return reported.toPrecision(4)
+  const r0 = j.ranks.find((r) => r.rank === 0)
+  return r0 && Number.isFinite(r0.loss) ? `${r0.loss.toPrecision(4)} (step)` : "-"
+}
+
 /** The table `gradwire jobs` prints. */
 export const formatJobsTable = (cluster: string, address: string, jobs: ReadonlyArray<ListedJob>, now = Date.now()): string => {
   if (jobs.length === 0) return `cluster "${cluster}" at ${address}: no running or recent jobs`
@@ -196,7 +208,7 @@ export const formatJobsTable = (cluster: string, address: string, jobs: Readonly
       String(j.restarts),
       String(j.resizes.length),
       r0 ? `epoch ${r0.epoch + 1} step ${r0.step + 1}${r0.stepsPerEpoch ? `/${r0.stepsPerEpoch}` : ""}, ${j.reports} reports` : `${j.reports} reports`,
-      r0 ? r0.loss.toPrecision(4) : "-",
+      lossOf(j),
       rate > 0 && !j.endedAt ? String(Math.round(rate)) : "-",
       new Date(j.startedAt).toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z"),
       fmtDuration(end - j.startedAt),

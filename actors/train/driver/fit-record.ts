@@ -222,7 +222,7 @@ export class FitRecord {
     } finally {
       this.#markWritten()
     }
-    this.progress.summary(this.recorder.dir, this.history.at(-1), error)
+    this.progress.summary(this.recorder.dir, this.history.at(-1), error, latest?.path)
     return {
       metrics: this.history.at(-1),
       metricsHistory: this.history,

@@ -112,11 +112,15 @@ export class ProgressPrinter {
     this.#out.write(`${text}\n`)
   }
 
-  summary(dir: string, last: Record<string, unknown> | undefined, error: Error | undefined): void {
+  /** The run's last lines: how it ended, and its run directory. `checkpoint`: the latest checkpoint the Result gives (also one an earlier run of the same name left). */
+  summary(dir: string, last: Record<string, unknown> | undefined, error: Error | undefined, checkpoint?: string): void {
     if (this.mode === "off") return
     if (error) this.line(`gradwire: run failed: ${error.message}`)
     else if (last) this.line(`gradwire: finished. last metrics: ${Object.entries(last).map(([k, v]) => `${k}=${fmt(v)}`).join("  ")}`)
-    else this.line("gradwire: finished, with no report() call from the loop: the Result has no metrics and no checkpoint (a loop keeps them with ctx.report(metrics, { checkpoint }))")
+    else if (checkpoint !== undefined) {
+      // A rerun whose loop resumed past its last epoch reports nothing: its Result still has the checkpoint it resumed from.
+      this.line(`gradwire: finished, with no report() call from the loop in this run: the Result has no metrics; its checkpoint is the latest one, ${checkpoint}`)
+    } else this.line("gradwire: finished, with no report() call from the loop: the Result has no metrics and no checkpoint (a loop keeps them with ctx.report(metrics, { checkpoint }))")
     this.line(`gradwire: run directory: ${dir}`)
     void this.#worldSize
   }
