@@ -217,6 +217,91 @@ export const raiseChild = (pid: number): void => {
 }
 
 /**
+ * Process `pid`'s main thread: its on-CPU nanoseconds so far (/proc/<pid>/schedstat, kept current
+ * while it runs) and whether it is runnable now (state R in /proc/<pid>/stat); undefined where they
+ * cannot be read. (schedstat's time spent waiting for a CPU is only added when the thread next
+ * runs, so a starved thread's stays still: it cannot tell starving from sleeping.)
+ */
+const mainThreadNow = (pid: number): { readonly runNs: number; readonly runnable: boolean } | undefined => {
+  try {
+    const runNs = Number(fs.readFileSync(`/proc/${pid}/schedstat`, "utf8").split(" ")[0])
+    const state = fs.readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]?.[0]
+    return Number.isFinite(runNs) && state !== undefined ? { runNs, runnable: state === "R" } : undefined
+  } catch {
+    return undefined
+  }
+}
+
+/** Whether process `pid` runs below this one's priority: a nice value above this one's, or its main thread on SCHED_IDLE. */
+const childLowered = (pid: number): boolean => {
+  try {
+    return os.getPriority(pid) > os.getPriority() || statIdle(`/proc/${pid}/stat`)
+  } catch {
+    return false
+  }
+}
+
+/** How often a lowered actor process is checked for starvation (watchStarvation). */
+export const STARVED_CHECK_MS = 1_000
+/** Checks in a row that must find it starved before it is raised. */
+export const STARVED_CHECKS = 3
+
+/**
+ * Whether a thread found runnable at both ends of a window of `windowNs` (`runnable`) that ran
+ * `runNs` of it starved: it ran under a tenth of the window. One that waits for something else
+ * (sleeping: a standby ready and waiting to be let in) is not runnable; one that gets the idle
+ * time of the cores runs more.
+ */
+export const starved = (runNs: number, windowNs: number, runnable: boolean): boolean => runnable && runNs < windowNs / 10
+
+/**
+ * Watches a child this process started lowered (a standby worker, on SCHED_IDLE) and raises it
+ * (raiseChild) once it starved for STARVED_CHECKS checks in a row: on cores that other work keeps
+ * busy at the normal priority (other jobs, other programs) a SCHED_IDLE process gets next to
+ * nothing, and the limit it keeps on its own lowering (BACKGROUND_LIMIT_MS) runs as starved as it
+ * does: beside two busy loops on two cores a standby was not ready within the 60 s its spawn
+ * allows, and its group ran short-handed all that time. Where the running workers leave it idle
+ * time, as a lowered start is meant to use, it is not starved and stays lowered. `onRaised` gets
+ * what was seen, each time. It goes on watching after a raise (the process may lower itself again,
+ * as a standby's host does once it runs: then it is raised again if it starves again) until the
+ * process is gone, or until what it returns is called (the process exited).
+ */
+export const watchStarvation = (pid: number, onRaised: (why: string) => void, checkMs = STARVED_CHECK_MS, checks = STARVED_CHECKS): (() => void) => {
+  if (process.platform !== "linux" || !(pid > 0)) return () => {}
+  let last = mainThreadNow(pid)
+  let lastAt = performance.now()
+  let inARow = 0
+  let runs: number[] = []
+  const timer = setInterval(() => {
+    const now = mainThreadNow(pid)
+    const at = performance.now()
+    if (now === undefined || last === undefined) return stop()
+    const windowNs = (at - lastAt) * 1e6
+    const ran = now.runNs - last.runNs
+    if (starved(ran, windowNs, now.runnable && last.runnable)) {
+      inARow++
+      runs.push(ran / windowNs)
+    } else {
+      inARow = 0
+      runs = []
+    }
+    last = now
+    lastAt = at
+    if (inARow < checks) return
+    const share = runs.reduce((a, b) => a + b, 0) / runs.length
+    inARow = 0
+    runs = []
+    // (starved at its own priority: the workers' cores are full, and raising changes nothing)
+    if (!childLowered(pid)) return
+    raiseChild(pid)
+    onRaised(`runnable but on a CPU ${(100 * share).toFixed(1)}% of the last ${((checks * checkMs) / 1000).toFixed(0)} s (the cores are busy at the normal priority)`)
+  }, checkMs)
+  timer.unref()
+  const stop = (): void => clearInterval(timer)
+  return stop
+}
+
+/**
  * Where this process's PATH has util-linux's chrt, if a command started through `chrt --idle 0`
  * runs here (looked up and checked once, with chrt's own `--version` run so: a child started
  * through a chrt that cannot set the policy would not start at all); null otherwise. An absolute
@@ -377,6 +462,19 @@ export const backgroundNice = (): number | undefined => lastLowered
 
 /** Whether backgroundPriority lowered this process and foregroundPriority has not given it back. */
 export const inBackground = (): boolean => foregroundNice !== undefined
+
+/**
+ * Whether this process, lowered by backgroundPriority and not given back, runs at the priority it
+ * came from again: its agent raised it from outside (watchStarvation: other work starved it).
+ */
+export const raisedFromOutside = (): boolean => {
+  if (foregroundNice === undefined || process.platform !== "linux") return false
+  try {
+    return os.getPriority() <= foregroundNice && !mainThreadIdle()
+  } catch {
+    return false
+  }
+}
 
 /** Whether backgroundPriority put this process on SCHED_IDLE and foregroundPriority has not taken it off. */
 export const onIdlePolicy = (): boolean => idled

@@ -6,7 +6,7 @@ import { execFileSync, spawn } from "node:child_process"
 import { readdirSync, readFileSync } from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
-import { idleStartPrefix, lowerChild, mayRaiseTo, raiseChild } from "../core/priority.ts"
+import { idleStartPrefix, lowerChild, mayRaiseTo, raiseChild, starved, watchStarvation } from "../core/priority.ts"
 import { alive } from "./support/run-script.ts"
 import { chrtRuns, highestNice, SCHED_IDLE, threadNices, threadPolicies } from "./support/nice.ts"
 import { standbySchedIdle } from "../core/settings.ts"
@@ -316,6 +316,56 @@ describe.runIf(process.platform === "linux")("a standby's CPU priority", () => {
     } finally {
       used.kill("SIGKILL")
       unused.kill("SIGKILL")
+    }
+  })
+
+  it("counts a thread starved when it was runnable through a window and ran under a tenth of it", () => {
+    const s = 1e9
+    expect(starved(0.02 * s, s, true)).toBe(true)
+    expect(starved(0.2 * s, s, true)).toBe(false) // it runs: a lowered start on cores with idle time
+    expect(starved(0, s, false)).toBe(false) // it sleeps: a standby waiting to be let in
+  })
+
+  it.runIf(idle)("a lowered child that other work starves is raised from its parent (watchStarvation); one that sleeps stays lowered", async () => {
+    // Everything on CPU 0: a busy loop at the normal priority, a SCHED_IDLE child that wants to
+    // compute (starved: it gets next to nothing) and a SCHED_IDLE child that sleeps.
+    const prefix = idleStartPrefix(5, process.env)
+    const children: ReturnType<typeof spawn>[] = []
+    const stops: Array<() => void> = []
+    const start = (script: string, lowered: boolean) => {
+      const [command, ...args] = ["taskset", "-c", "0", ...(lowered ? prefix : []), process.execPath, "-e", script]
+      const c = spawn(command!, args, { env: process.env, stdio: ["ignore", "pipe", "ignore"] })
+      children.push(c)
+      if (lowered) lowerChild(c.pid!, 5)
+      return c
+    }
+    const raised: Array<{ pid: number; why: string }> = []
+    const watch = (pid: number) => stops.push(watchStarvation(pid, (why) => raised.push({ pid, why }), 500, 3))
+    try {
+      // The sleeper first, while CPU 0 is free: it needs the CPU to start (starved, it would be raised).
+      const sleeper = start("console.log('asleep'); setInterval(() => {}, 1000)", true)
+      await new Promise<void>((resolve, reject) => {
+        sleeper.stdout!.on("data", (d: Buffer) => d.toString().includes("asleep") && resolve())
+        sleeper.on("exit", () => reject(new Error("the sleeping child exited")))
+      })
+      start("for (;;) {}", false)
+      const hungry = start("for (;;) {}", true)
+      watch(sleeper.pid!)
+      watch(hungry.pid!)
+      const policies = (pid: number) => [...new Set(threadPolicies(pid))]
+      // (on SCHED_IDLE once chrt has exec'd node; taskset runs first under the same pid)
+      expect(await waitFor(() => policies(hungry.pid!), (x) => x.length === 1 && x[0] === SCHED_IDLE)).toEqual([SCHED_IDLE])
+      // Raised within a few checks: the normal policy and the parent's nice value on every thread.
+      const after = await waitFor(() => policies(hungry.pid!), (x) => x.length === 1 && x[0] === 0)
+      expect(after).toEqual([0])
+      expect(threadNices(hungry.pid!).every((n) => n === base)).toBe(true)
+      expect(raised.map((r) => r.pid)).toEqual([hungry.pid])
+      expect(raised[0]!.why).toMatch(/runnable but on a CPU \d+\.\d% of the last 2 s/)
+      // The sleeping one was never starved: still lowered, not raised.
+      expect(policies(sleeper.pid!)).toEqual([SCHED_IDLE])
+    } finally {
+      for (const stop of stops) stop()
+      for (const c of children) c.kill("SIGKILL")
     }
   })
 

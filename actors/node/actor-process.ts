@@ -7,7 +7,7 @@ import { spawn, type ChildProcess } from "node:child_process"
 import { createInterface } from "node:readline"
 import { fileURLToPath } from "node:url"
 import { FAST_START_ARGS } from "../../core/fast-start.ts"
-import { idleStartPrefix, lowerChild, raiseChild } from "../../core/priority.ts"
+import { idleStartPrefix, lowerChild, raiseChild, watchStarvation } from "../../core/priority.ts"
 import { nodeOptions } from "../../core/settings.ts"
 
 export const HOST_SCRIPT = fileURLToPath(new URL(import.meta.url.endsWith(".ts") ? "./host.ts" : "./host.js", import.meta.url))
@@ -149,6 +149,17 @@ export class ActorProcess {
     this.#tail.length = 0
     this.onLine = onLine
     this.child.stdin!.write(`${spec}\n`)
+  }
+
+  /**
+   * For a process started lowered that runs an actor (a standby worker): raises it from here if it
+   * starves (core/priority.ts watchStarvation), and says so through `onRaised`; watched until it
+   * exits. No-op for a process not started lowered.
+   */
+  raiseWhenStarved(onRaised: (why: string) => void): void {
+    if (!this.#startedLowered || !this.running) return
+    const stop = watchStarvation(this.pid, onRaised)
+    void this.exited.then(stop)
   }
 
   get running(): boolean {

@@ -601,8 +601,12 @@ export type ServerArgs = typeof ServerArgs.Type
 export const Admission = Schema.Struct({ placement: Placement, join: Schema.optionalKey(JoinPosition) })
 export type Admission = typeof Admission.Type
 
-/** A standby worker's warm-up before it said it was ready (actors/train/worker/warm-up.ts): training steps, whole ms. */
-export const WarmUp = Schema.Struct({ steps: Schema.Number, ms: Schema.Number })
+/**
+ * A standby worker's warm-up before it said it was ready (actors/train/worker/warm-up.ts): training
+ * steps, whole ms; `raised`: it had been started lowered and its agent raised it, starved by other
+ * work on its cores (core/priority.ts watchStarvation).
+ */
+export const WarmUp = Schema.Struct({ steps: Schema.Number, ms: Schema.Number, raised: Schema.optionalKey(Schema.Boolean) })
 export type WarmUp = typeof WarmUp.Type
 
 export const WorkerProtocol = defineProtocol("trainer-worker", {

@@ -17,7 +17,7 @@ import { describeKernels } from "../../../core/kernels/register.ts"
 import { isGpuBackend } from "../../../scheduler/gpu-backend.ts"
 import { warmUpTraining, type WarmUpResult } from "./warm-up.ts"
 import { tierUpSooner } from "../../../core/tier-up.ts"
-import { keepInBackground } from "../../../core/priority.ts"
+import { keepInBackground, raisedFromOutside } from "../../../core/priority.ts"
 import { ConfigError } from "../../../core/errors.ts"
 import { ModuleNotAllowed } from "../../node/errors.ts"
 import { decodeMessage, encodeMessage } from "../../../core/wire.ts"
@@ -108,7 +108,7 @@ export class WorkerRun {
   /** The spawn args; a standby worker's placement and join are its admission's (admit). */
   #args: WorkerArgs
   /** The engine loaded, the connections open, the loop module imported (prepare). */
-  #prepared: Promise<WarmUpResult | undefined> | undefined
+  #prepared: Promise<(WarmUpResult & { readonly raised?: boolean }) | undefined> | undefined
   /** The parameter-server strategy's client (the servers this rank pushes to), if any. */
   readonly #ps: PsClient | undefined
   readonly #system: ActorSystem
@@ -161,7 +161,7 @@ export class WorkerRun {
    * module imported. A standby worker does it while the group runs short-handed, so that when it
    * is let in (admit, then run) only the group and the loop's replay are left. Done once.
    */
-  prepare(): Promise<WarmUpResult | undefined> {
+  prepare(): Promise<(WarmUpResult & { readonly raised?: boolean }) | undefined> {
     return (this.#prepared ??= (async () => {
       await this.#connect()
       await importLoop(this.#args.loopModule, this.#system.node)
@@ -179,7 +179,7 @@ export class WorkerRun {
    * A standby's warm-up on a host backend (warm-up.ts): the group it joins waits for its slowest
    * member, and a fresh process's first seconds of training steps are its slowest.
    */
-  async #warmUp(): Promise<WarmUpResult | undefined> {
+  async #warmUp(): Promise<(WarmUpResult & { readonly raised?: boolean }) | undefined> {
     const maxMs = settings.standbyWarmUpMs.read()
     if (maxMs <= 0 || (this.#backend !== "wasm" && this.#backend !== "cpu")) return undefined
     // Lowered throughout (its host's limit may have given the priority back while it prepared): on
@@ -190,8 +190,9 @@ export class WorkerRun {
     if (nice > 0) keepInBackground(nice, maxMs + 1_000)
     try {
       const r = await warmUpTraining(this.#tf, { maxMs, maxSteps: settings.standbyWarmUpSteps.read() })
-      this.#ctx.log.info(`standby warm-up: ${r.steps} training steps of a small model in ${Math.round(r.ms)} ms`)
-      return r
+      const raised = raisedFromOutside()
+      this.#ctx.log.info(`standby warm-up: ${r.steps} training steps of a small model in ${Math.round(r.ms)} ms${raised ? " (raised from its lowered start by its agent: other work starved it)" : ""}`)
+      return raised ? { ...r, raised } : r
     } catch (e) {
       // Only a head start: a standby that could not warm up joins cold, as it did before.
       this.#ctx.log.warn(`standby warm-up failed, joining without it: ${String(e).split("\n")[0]}`)
