@@ -152,9 +152,10 @@ export class ActorProcess {
   }
 
   /**
-   * For a process started lowered that runs an actor (a standby worker): raises it from here if it
-   * starves (core/priority.ts watchStarvation), and says so through `onRaised`; watched until it
-   * exits. No-op for a process not started lowered.
+   * For a process started lowered that runs an actor (a standby worker, or a lowered warm process a
+   * spawn took): raises it from here if it starves while lowered (core/priority.ts
+   * watchStarvation), and says so through `onRaised`; watched until it exits. No-op for a process
+   * not started lowered.
    */
   raiseWhenStarved(onRaised: (why: string) => void): void {
     if (!this.#startedLowered || !this.running) return

@@ -602,8 +602,10 @@ export class NodeAgent {
     }
     if (proc.pid < 0) fail("the process could not be started (see the agent's log)")
     prefix = `(${label} pid=${proc.pid} node=${this.nodeId})`
-    // A standby started lowered that other work at the normal priority starves is raised from here (its own limit starves with it).
-    if (Number(request.env.GRADWIRE_START_NICE ?? "0") > 0) proc.raiseWhenStarved((why) => this.#log.warn(`${prefix} raised from its lowered start: ${why}`))
+    // A process started lowered that other work at the normal priority starves is raised from
+    // here, its own limit starving with it: a standby, and a lowered warm process a spawn took
+    // (raised by assign, it can lower itself again if its host had not yet run when it was taken).
+    proc.raiseWhenStarved((why) => this.#log.warn(`${prefix} raised from its lowered start: ${why}`))
     const info: NodeProcess = {
       job: request.job,
       name: request.name,
