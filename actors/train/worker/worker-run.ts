@@ -15,7 +15,7 @@ import { engineChoice, loadEngine, type BackendKind, type Tf } from "../../../co
 import { fallbackKernelsUsed, onFallbackKernel } from "../../../core/kernels/fallback.ts"
 import { describeKernels } from "../../../core/kernels/register.ts"
 import { isGpuBackend } from "../../../scheduler/gpu-backend.ts"
-import { warmUpTraining, type WarmUpResult } from "./warm-up.ts"
+import { warmUpTraining } from "./warm-up.ts"
 import { tierUpSooner } from "../../../core/tier-up.ts"
 import { keepInBackground, raisedFromOutside } from "../../../core/priority.ts"
 import { ConfigError } from "../../../core/errors.ts"
@@ -35,7 +35,7 @@ import type { ActorRef, ActorSystem } from "../../runtime/system.ts"
 import { toWireFailure } from "../../runtime/envelope.ts"
 import { setIdlePlace } from "../../runtime/heartbeat.ts"
 import { RemoteFailure } from "../../runtime/errors.ts"
-import { ControllerProtocol, measurementsHandedOn, type Admission, type LinkMeasurements, type Placement, type WorkerArgs } from "../common/train-protocol.ts"
+import { ControllerProtocol, measurementsHandedOn, type Admission, type LinkMeasurements, type Placement, type WarmUp, type WorkerArgs } from "../common/train-protocol.ts"
 import type { ObservedTopology } from "../../../scheduler/topology.ts"
 import { TrainContext, type Checkpoint, type TrainContextDeps } from "./train-context.ts"
 import { GroupSession, type LiveGroup } from "./group-session.ts"
@@ -108,7 +108,7 @@ export class WorkerRun {
   /** The spawn args; a standby worker's placement and join are its admission's (admit). */
   #args: WorkerArgs
   /** The engine loaded, the connections open, the loop module imported (prepare). */
-  #prepared: Promise<(WarmUpResult & { readonly raised?: boolean }) | undefined> | undefined
+  #prepared: Promise<WarmUp | undefined> | undefined
   /** The parameter-server strategy's client (the servers this rank pushes to), if any. */
   readonly #ps: PsClient | undefined
   readonly #system: ActorSystem
@@ -161,7 +161,7 @@ export class WorkerRun {
    * module imported. A standby worker does it while the group runs short-handed, so that when it
    * is let in (admit, then run) only the group and the loop's replay are left. Done once.
    */
-  prepare(): Promise<(WarmUpResult & { readonly raised?: boolean }) | undefined> {
+  prepare(): Promise<WarmUp | undefined> {
     return (this.#prepared ??= (async () => {
       await this.#connect()
       await importLoop(this.#args.loopModule, this.#system.node)
@@ -179,7 +179,7 @@ export class WorkerRun {
    * A standby's warm-up on a host backend (warm-up.ts): the group it joins waits for its slowest
    * member, and a fresh process's first seconds of training steps are its slowest.
    */
-  async #warmUp(): Promise<(WarmUpResult & { readonly raised?: boolean }) | undefined> {
+  async #warmUp(): Promise<WarmUp | undefined> {
     const maxMs = settings.standbyWarmUpMs.read()
     if (maxMs <= 0 || (this.#backend !== "wasm" && this.#backend !== "cpu")) return undefined
     // Lowered throughout (its host's limit may have given the priority back while it prepared): on

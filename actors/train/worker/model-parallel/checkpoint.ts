@@ -123,7 +123,10 @@ const readShard = (files: Readonly<Record<string, Uint8Array>>, layout: Pipeline
         "ctx.report(metrics, { checkpoint }) (each rank of replica 0 adds its stage's shard)"
     })
   }
-  return decodeMessage(bytes) as SavedShard
+  // Its weights' shapes as packed arrays, once for every reader (wire.ts packedArray: decoded ones are holey).
+  const shard = decodeMessage(bytes) as SavedShard
+  const packed = (ws: SavedWeight[]): SavedWeight[] => ws.map((w) => ({ ...w, shape: packedArray(w.shape) }))
+  return { ...shard, weights: packed(shard.weights), ...(shard.frozen ? { frozen: packed(shard.frozen) } : {}) }
 }
 
 /** Loads this rank's stage from a checkpoint taken at the same layout; returns the optimizer steps it had taken, if saved. */
@@ -155,14 +158,14 @@ export const loadStageShard = async (
     if (w.name !== parts[i].name || w.shape.join("x") !== v.shape.join("x")) {
       throw new ConfigError({ field: FIELD, reason: `weight ${i} of stage ${place.stage} is "${w.name}" [${w.shape}] in the checkpoint but "${parts[i].name}" [${v.shape}] here` })
     }
-    const t = tf.tensor(w.data, packedArray(w.shape))
+    const t = tf.tensor(w.data, w.shape)
     v.assign(t)
     t.dispose()
   }
   for (const f of frozen) {
     const w = shard.frozen?.find((s) => s.name === f.name)
     if (!w) throw new ConfigError({ field: FIELD, reason: `the checkpoint has no weight "${f.name}" for stage ${place.stage}` })
-    const t = tf.tensor(w.data, packedArray(w.shape))
+    const t = tf.tensor(w.data, w.shape)
     f.write(t)
     t.dispose()
   }
@@ -254,7 +257,7 @@ export const loadPipelineCheckpointInto = (tf: Tf, model: LayersModel, files: Re
     const v = weights.get(w.originalName) ?? weights.get(w.name)
     if (!v) throw new ConfigError({ field: FIELD, reason: `the pipeline checkpoint has no weight "${w.originalName}"; it holds ${[...weights.keys()].slice(0, 8).join(", ")}…` })
     if (v.shape.join("x") !== w.shape.join("x")) throw new ConfigError({ field: FIELD, reason: `weight "${w.originalName}" is [${v.shape}] in the checkpoint, [${w.shape}] in the model` })
-    return tf.tensor(v.data, packedArray(v.shape))
+    return tf.tensor(v.data, v.shape)
   })
   model.setWeights(values)
   tf.dispose(values)
