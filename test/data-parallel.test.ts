@@ -2,7 +2,8 @@
 // rendezvous (the network path is covered by the trainer's integration tests).
 import { describe, expect, it } from "vitest"
 import { loadEngine, type Tf } from "../core/engine.ts"
-import { DataParallelModel, clipFlat, type GradientSync } from "../actors/train/worker/data-parallel.ts"
+import { DataParallelModel, type GradientSync } from "../actors/train/worker/data-parallel.ts"
+import { clipFlat } from "../actors/train/worker/clipping.ts"
 import { ConfigError } from "../core/errors.ts"
 
 /**
@@ -340,7 +341,7 @@ describe("data-parallel wrapper", () => {
     expect(l2(delta(flatOf(free), wf))).toBeGreaterThan(0.01)
     // refused: not a positive number, or a strategy that has no whole reduced gradient on each rank
     await expect(DataParallelModel.prepare(tf, sgd(26), localGroup(1)[0], { clipNorm: 0 })).rejects.toThrow(/prepareModel\.clipNorm.*must be a number > 0/)
-    await expect(DataParallelModel.prepare(tf, sgd(27), { ...localGroup(1)[0], zeroStage: 2 }, { clipNorm: 1 })).rejects.toThrow(/prepareModel\.clipNorm.*zeroStage 2 each rank holds only its segment.*use zeroStage 1/)
+    await expect(DataParallelModel.prepare(tf, sgd(27), { ...localGroup(1)[0], strategy: "parameter-server" }, { clipNorm: 1 })).rejects.toThrow(/prepareModel\.clipNorm.*strategy "parameter-server" does not have/)
   })
 
   it("clipFlat: clamps, then scales to the norm only when longer, and returns the norm before", () => {

@@ -15,7 +15,8 @@ import { loadDigits, type ArrayDataset } from "../core/datasets.ts"
 import { ConfigError } from "../core/errors.ts"
 import { modelToFiles } from "../core/model-io.ts"
 import { DataParallelModel, type GradientSync, type PrepareOptions } from "../actors/train/worker/data-parallel.ts"
-import { shardLayout } from "../actors/train/common/optim/zero.ts"
+import { reduceScatterOperation } from "../actors/train/worker/gradient-sync.ts"
+import { shardFileName, shardLayout } from "../actors/train/common/optim/zero.ts"
 import { lrRuleOf } from "../actors/train/common/optim/lr-rules.ts"
 import { buildModel } from "../examples/digits/model.ts"
 import type { ResolvedCompressionConfig } from "../collectives/compression/index.ts"
@@ -61,7 +62,8 @@ const makeGroup = async (
   stage: 0 | 1 | 2,
   optimizer: (tf: Tf) => Optimizer,
   prepare: PrepareOptions = {},
-  compression: ResolvedCompressionConfig = "none"
+  compression: ResolvedCompressionConfig = "none",
+  replica = false
 ): Promise<Rank[]> => {
   const group = `g${groups++}`
   return Promise.all(
@@ -76,12 +78,9 @@ const makeGroup = async (
         sum: (buf) => reducer.sum(buf),
         gradientBuffer: (n) => reducer.gradientBuffer(n),
         zeroStage: stage,
-        reduceScatter: async (buffers, weight) => {
-          const { buf, shiftInto } = buffers()
-          const segment = await comm.reduceScatter(buf, { op: "weightedMean", weight })
-          if (shiftInto) await comm.shift(segment, { out: shiftInto })
-          return segment
-        },
+        ...(replica ? { zeroReplica: true } : {}),
+        // (the worker's operation, without the group session around it)
+        reduceScatter: (buffers, weight) => reduceScatterOperation(comm, buffers(), weight, "f32"),
         allGatherInto: async (segment, out) => {
           await comm.allGather(segment, { out })
           return true
@@ -245,13 +244,23 @@ describe("ZeRO stage 1 and 2", () => {
     }
   })
 
-  it("clips as stage 0 does: clipNorm at stage 1 (the whole gradient on every rank), clipValue at stages 1 and 2; clipNorm at stage 2 refused", async () => {
-    const run = async (stage: 0 | 1 | 2, prepare: PrepareOptions) => {
-      const ranks = await makeGroup(3, stage, OPTIMIZERS.adam!, prepare)
+  it("clips as stage 0 does: clipNorm at stages 1 (the whole gradient on every rank) and 2 (the group's norm from every rank's segment), clipValue at both", async () => {
+    const run = async (stage: 0 | 1 | 2, prepare: PrepareOptions, replica = false) => {
+      const ranks = await makeGroup(3, stage, OPTIMIZERS.adam!, prepare, "none", replica)
       try {
         await train(ranks, 5)
         const w = flatWeights(ranks[0]!.model)
         for (const r of ranks.slice(1)) expect(maxDiff(flatWeights(r.model), w)).toBe(0)
+        if (replica) {
+          // each rank's replica of its predecessor's shard (parameters and optimizer state) is
+          // that shard bit for bit: clipped alike
+          const files = ranks.map((r) => r.dp.peerFiles()!)
+          for (let r = 0; r < ranks.length; r++) {
+            const own = shardFileName(r, ranks.length)
+            const keeper = (r + 1) % ranks.length
+            expect(Buffer.from(files[keeper]![own]!).equals(Buffer.from(files[r]![own]!)), `shard ${r} and its replica on rank ${keeper}, ${JSON.stringify(prepare)}`).toBe(true)
+          }
+        }
         return w
       } finally {
         await closeGroup(ranks)
@@ -262,12 +271,11 @@ describe("ZeRO stage 1 and 2", () => {
       const base = await run(0, clip)
       // the clipping bites: the same steps without it end elsewhere
       expect(maxDiff(base, free), JSON.stringify(clip)).toBeGreaterThan(1e-3)
-      for (const stage of clip.clipNorm === undefined ? ([1, 2] as const) : ([1] as const)) {
-        const d = maxDiff(await run(stage, clip), base)
-        expect(d, `stage ${stage} ${JSON.stringify(clip)}: max diff ${d}`).toBeLessThan(2e-5)
+      for (const [stage, replica] of [[1, false], [2, false], [2, true]] as const) {
+        const d = maxDiff(await run(stage, clip, replica), base)
+        expect(d, `stage ${stage}${replica ? " with replicas" : ""} ${JSON.stringify(clip)}: max diff ${d}`).toBeLessThan(2e-5)
       }
     }
-    // (clipNorm at stage 2 is refused: data-parallel.test.ts)
   })
 
   it("shift by d (a ZeRO-2 replica d ranks away): each rank's data to rank + d, rank - d's back, bit for bit; a bad distance refused", async () => {

@@ -35,6 +35,7 @@ import { countCorrect, labelsOf } from "./model-parallel/loss.ts"
 import { broadcastBytes, evaluateLocal, evaluateLocalAsync, resolveLoss, takeRankZeroValues, type EvaluateOptions, type PrepareOptions } from "./prepare-options.ts"
 import { strategyOf, type GradientSlot, type GradientSync, type StepObserver } from "./gradient-sync.ts"
 import { resolveStrategy, type StrategyHost, type StrategyWorker } from "./strategies/index.ts"
+import { clipFlat } from "./clipping.ts"
 
 export type { GradientSlot, GradientSync, ParameterServers, PeerRecovery, RecoveryCursor, StepObserver } from "./gradient-sync.ts"
 
@@ -58,46 +59,6 @@ export type { EvaluateOptions, PrepareOptions } from "./prepare-options.ts"
 export type { EpochResult, FitCommonOptions, FitOptions, StepResult, TrainStepOptions } from "./fit-loop.ts"
 export type { FitSource, ShardSource } from "./batches.ts"
 
-/**
- * Gradient clipping on a flat gradient, in place: every element clamped to [-value, value], then
- * the whole scaled to `norm` when its L2 norm is larger (PrepareOptions.clipValue / clipNorm).
- * Returns the norm before the scaling.
- */
-export const clipFlat = (flat: Float32Array, value: number | undefined, norm: number | undefined): number => {
-  const n = flat.length
-  if (value !== undefined) {
-    const lo = -value
-    for (let i = 0; i < n; i++) {
-      const v = flat[i]!
-      if (v > value) flat[i] = value
-      else if (v < lo) flat[i] = lo
-    }
-  }
-  if (norm === undefined) return Number.NaN
-  // four sums, so that consecutive multiply-adds do not wait for each other
-  let s0 = 0
-  let s1 = 0
-  let s2 = 0
-  let s3 = 0
-  const n4 = n - (n % 4)
-  for (let i = 0; i < n4; i += 4) {
-    const a = flat[i]!
-    const b = flat[i + 1]!
-    const c = flat[i + 2]!
-    const d = flat[i + 3]!
-    s0 += a * a
-    s1 += b * b
-    s2 += c * c
-    s3 += d * d
-  }
-  for (let i = n4; i < n; i++) s0 += flat[i]! * flat[i]!
-  const l2 = Math.sqrt(s0 + s1 + s2 + s3)
-  if (l2 > norm) {
-    const scale = norm / l2
-    for (let i = 0; i < n; i++) flat[i]! *= scale
-  }
-  return l2
-}
 
 export class DataParallelModel implements RecoverableModel {
   readonly model: LayersModel
@@ -207,12 +168,6 @@ export class DataParallelModel implements RecoverableModel {
           reason: `clips the reduced gradient on every rank, which strategy "${strategy}" does not have (the servers apply the updates): use strategy "allreduce" (ZeRO too) or "local-sgd"`
         })
       }
-      if (field === "clipNorm" && sync.zeroStage === 2) {
-        throw new ConfigError({
-          field: "prepareModel.clipNorm",
-          reason: "needs the whole reduced gradient's norm, and with zeroStage 2 each rank holds only its segment of it: use zeroStage 1 (the whole gradient is all-reduced; each rank still keeps only its segment of the optimizer state), or clipValue"
-        })
-      }
     }
     this.#clipNorm = opts.clipNorm
     this.#clipValue = opts.clipValue
@@ -281,6 +236,8 @@ export class DataParallelModel implements RecoverableModel {
         tf.dispose(Object.values(named))
       },
       loadTfjsOptimizer: (spec, state) => this.#loadTfjsOptimizer(spec, state),
+      clipNorm: this.#clipNorm,
+      clipValue: this.#clipValue,
       clip: (flat, whole) => {
         if (this.#clipValue !== undefined || (whole && this.#clipNorm !== undefined)) clipFlat(flat, this.#clipValue, whole ? this.#clipNorm : undefined)
       }

@@ -5,6 +5,7 @@ import type { FlatOptimizerSpec, FlatOptimizerState } from "../common/optim/flat
 import type { ZeroStage } from "../common/optim/zero.ts"
 import type { LocalSgdSettings } from "../common/optim/outer-optimizer.ts"
 import type { StreamCursor } from "../common/train-protocol.ts"
+import type { Communicator, WireFormat } from "../../../collectives/communicator.ts"
 
 /** One variable's place in the flat gradient buffer. */
 export interface GradientSlot {
@@ -12,6 +13,46 @@ export interface GradientSlot {
   readonly shape: ReadonlyArray<number>
   readonly offset: number
   readonly size: number
+}
+
+/** What GradientSync.reduceScatter works on, as the operation runs (see there). */
+export interface ReduceScatterBuffers {
+  readonly buf: Float32Array
+  readonly shiftInto?: Float32Array
+  readonly shiftBy?: number
+  readonly reduced?: (segment: Float32Array, predecessor: Float32Array) => void
+  /**
+   * The reduced gradient's global norm (clipNorm at stage 2, where no rank holds the whole):
+   * `of` gives this rank's segment's sum of squares, `total` gets the sum over every rank's, the
+   * same value on every rank, in the same group operation.
+   */
+  readonly squares?: { readonly of: (segment: Float32Array) => number; readonly total: (sum: number) => void }
+}
+
+/** The communicator calls a stage-2 reduce-scatter makes (reduceScatterOperation). */
+export type ReduceScatterComm = Pick<Communicator, "reduceScatter" | "shift" | "barrier" | "allReduce">
+
+/**
+ * GradientSync.reduceScatter's group operation on `comm`: the segment reduced to the weighted
+ * mean; with `shiftInto`, sent to the replica's keeper and the predecessor's taken, then a barrier
+ * (no rank updates its shard before every rank holds the segments to make the same update: a
+ * regroup brings a rank that had not made it level, optim/zero.ts); with `squares`, the segments'
+ * sums of squares summed over the group, which is that barrier too (no rank has the sum before
+ * every rank gave its part).
+ */
+export const reduceScatterOperation = async (comm: ReduceScatterComm, b: ReduceScatterBuffers, weight: number, wire: WireFormat): Promise<Float32Array> => {
+  const segment = await comm.reduceScatter(b.buf, { op: "weightedMean", weight, wire })
+  if (b.shiftInto) {
+    await comm.shift(segment, { out: b.shiftInto, ...(b.shiftBy !== undefined ? { by: b.shiftBy } : {}) })
+    b.reduced?.(segment, b.shiftInto)
+  }
+  if (b.squares) {
+    // (a tree: reduced at one rank and sent down, so every rank scales by the same bits)
+    const sum = Float32Array.of(b.squares.of(segment))
+    await comm.allReduce(sum, { op: "sum", algorithm: "tree" })
+    b.squares.total(sum[0]!)
+  } else if (b.shiftInto) await comm.barrier()
+  return segment
 }
 
 /** What the wrapper needs from the group: the worker wires it to the communicator. */
@@ -72,10 +113,7 @@ export interface GradientSync {
    * this step) or "recompute" (the step is done again in the new group: `buf` holds partial sums of
    * the old one).
    */
-  reduceScatter?(
-    buffers: () => { readonly buf: Float32Array; readonly shiftInto?: Float32Array; readonly shiftBy?: number; readonly reduced?: (segment: Float32Array, predecessor: Float32Array) => void },
-    weight: number
-  ): Promise<Float32Array | "adopted" | "recompute">
+  reduceScatter?(buffers: () => ReduceScatterBuffers, weight: number): Promise<Float32Array | "adopted" | "recompute">
   /**
    * Every rank's `segment` (equal lengths) into `out`, in rank order; true when gathered, false when
    * the group broke under it and was re-formed, with the state adopted from the survivors (nothing gathered).

@@ -24,14 +24,15 @@ export interface PrepareOptions extends LrRuleOptions {
    * Gradient clipping by the global norm: the reduced gradient (every rank's, all-reduced) is
    * scaled down to this L2 norm over all weights when it is longer, before the optimizer's update,
    * as torch.nn.utils.clip_grad_norm_ after DDP's backward, or Keras's global_clipnorm. Strategies
-   * "allreduce" (ZeRO stage 1 too: every rank clips the whole all-reduced gradient; not stage 2,
-   * where each rank holds only its segment) and "local-sgd" (its inner steps). Default: none.
+   * "allreduce" (ZeRO stage 1: every rank clips the whole all-reduced gradient; stage 2: each rank
+   * scales its segment by the whole gradient's norm, summed from every rank's segment) and
+   * "local-sgd" (its inner steps). Default: none.
    */
   readonly clipNorm?: number
   /**
    * Gradient clipping by value: every element of the reduced gradient is clamped to
    * [-clipValue, clipValue] (torch.nn.utils.clip_grad_value_), before clipNorm when both are given.
-   * The same strategies as clipNorm, and ZeRO stage 2 (on each rank's segment). Default: none.
+   * The same strategies as clipNorm. Default: none.
    */
   readonly clipValue?: number
   /**

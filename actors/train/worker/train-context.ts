@@ -21,6 +21,7 @@ import { isTensor } from "./model-input.ts"
 import type { ReducerStats } from "../../../collectives/gradient-reducer.ts"
 import { DataParallelModel, type GradientSync, type ParameterServers, type PrepareOptions, type ShardSource, type StepObserver } from "./data-parallel.ts"
 import type { GroupSession } from "./group-session.ts"
+import { reduceScatterOperation } from "./gradient-sync.ts"
 import { preparePipelineModel, type PipelineOptions, type PipelineSpec } from "./model-parallel/prepare.ts"
 import { PipelineModel } from "./model-parallel/pipeline-model.ts"
 import { PIPELINE_NO_PEERS, PIPELINE_WHOLE_GROUP } from "./strategies/model-parallel.ts"
@@ -554,18 +555,7 @@ export class TrainContext {
       },
       reduceScatter: (buffers, weight) =>
         session.operation<Float32Array | "adopted" | "recompute">(
-          async (g) => {
-            const { buf, shiftInto, shiftBy, reduced } = buffers()
-            const segment = await g.comm.reduceScatter(buf, { op: "weightedMean", weight, wire: d.halfWire ? "f16" : "f32" })
-            if (shiftInto) {
-              await g.comm.shift(segment, { out: shiftInto, ...(shiftBy !== undefined ? { by: shiftBy } : {}) })
-              reduced?.(segment, shiftInto)
-              // No rank updates its shards before every rank holds the segments to make the same
-              // update (a regroup brings a rank that had not made it level: optim/zero.ts).
-              await g.comm.barrier()
-            }
-            return segment
-          },
+          (g) => reduceScatterOperation(g.comm, buffers(), weight, d.halfWire ? "f16" : "f32"),
           () => "adopted",
           () => "recompute"
         ),

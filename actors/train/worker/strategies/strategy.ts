@@ -113,6 +113,9 @@ export interface StrategyHost {
    * only clipValue applies to (a norm needs the whole).
    */
   clip(flat: Float32Array, whole: boolean): void
+  /** prepareModel's clipNorm and clipValue (a strategy that holds a segment clips by the group's norm: ZeRO stage 2). */
+  readonly clipNorm: number | undefined
+  readonly clipValue: number | undefined
   /** Hands a whole flat optimizer state (shards, the servers) to tfjs's optimizer. */
   loadTfjsOptimizer(spec: FlatOptimizerSpec, state: FlatOptimizerState): Promise<void>
 }

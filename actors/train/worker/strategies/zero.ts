@@ -12,6 +12,7 @@ import { PeerRecoveryMisaligned } from "../group-session.ts"
 import { flatOptimizerSpecOf } from "../../common/optim/flat-optimizers.ts"
 import { flatStateFromTfjs } from "../../common/optim/tfjs-state.ts"
 import { ZeroShard, hasShards, type ZeroStage } from "../../common/optim/zero.ts"
+import { scaleToNorm, sumOfSquares } from "../clipping.ts"
 import { reduceWithRecompute, type Exchanged, type StepExchange, type StrategyHost, type StrategyWorker } from "./strategy.ts"
 
 export class ZeroWorker implements StrategyWorker {
@@ -87,8 +88,18 @@ export class ZeroWorker implements StrategyWorker {
         // level with ranks that made the step, from the segments it holds (peerFiles).
         const reduced = (segment: Float32Array, predecessor: Float32Array) =>
           (this.#reduced = { segment, predecessor, learningRate: this.#host.learningRate, weightDecay: this.#host.weightDecay })
-        return { buf: z.gradients, ...(z.replicated ? { shiftInto: z.predecessorGradient, shiftBy: z.replicaOffset, reduced } : {}) }
+        return {
+          buf: z.gradients,
+          ...(z.replicated ? { shiftInto: z.predecessorGradient, shiftBy: z.replicaOffset, reduced } : {}),
+          ...(squares ? { squares } : {})
+        }
       }
+      // clipNorm: the whole reduced gradient's norm (after clipValue) from every rank's segment,
+      // summed in the same group operation; each rank scales its segment and its replica of the
+      // predecessor's by it, as the whole gradient would be.
+      const { clipNorm, clipValue } = this.#host
+      let l2 = Number.NaN
+      const squares = clipNorm === undefined ? undefined : { of: (segment: Float32Array) => sumOfSquares(segment, clipValue), total: (sum: number) => (l2 = Math.sqrt(sum)) }
       for (;;) {
         this.#reduced = undefined
         const got = await this.#host.sync.reduceScatter!(buffers, x.samples)
@@ -102,9 +113,13 @@ export class ZeroWorker implements StrategyWorker {
           return {
             ...(sentAt !== undefined ? { sentAt } : {}),
             apply: () => {
-              // clipValue on the segments (clipNorm is refused at stage 2: the norm needs the whole)
+              // clipValue on the segments, then clipNorm by the group's norm
               this.#host.clip(got, false)
               if (z.replicated) this.#host.clip(z.predecessorGradient, false)
+              if (clipNorm !== undefined) {
+                scaleToNorm(got, l2, clipNorm)
+                if (z.replicated) scaleToNorm(z.predecessorGradient, l2, clipNorm)
+              }
               return this.#applyShard(got, undefined, z.replicated ? z.predecessorGradient : undefined)
             }
           }
