@@ -469,7 +469,7 @@ const data = async (flags: Flags, args: string[]): Promise<number> => {
         ...(format !== undefined ? { format: format as FileFormat } : {}),
         onFile: (f) => {
           total += f.bytes
-          console.log(`${f.file} -> ${target.replace(/^(nats-obj:\/\/[^/]+).*$/, "$1")}/${f.object}: ${f.rows} rows, ${mib(f.bytes)}, ${f.parts} part${f.parts === 1 ? "" : "s"}`)
+          console.log(`${f.file} -> ${target.replace(/^(nats-obj:\/\/[^/]+).*$/, "$1")}/${f.object}: ${f.rows} rows${f.headerLine ? " (and a header line)" : ""}, ${mib(f.bytes)}, ${f.parts} part${f.parts === 1 ? "" : "s"}`)
         }
       })
       const s = (performance.now() - started) / 1000
@@ -477,7 +477,7 @@ const data = async (flags: Flags, args: string[]): Promise<number> => {
     } else {
       const listed = await listUploaded(opened.nc, target)
       if (listed.length === 0) console.log(`no dataset files at ${target}`)
-      for (const f of listed) console.log(`${f.object}\t${f.format}\t${f.rows} rows\t${mib(f.bytes)}\t${f.parts} parts`)
+      for (const f of listed) console.log(`${f.object}\t${f.format}\t${f.rows} rows${f.headerLine ? " + header" : ""}\t${mib(f.bytes)}\t${f.parts} parts`)
     }
     return 0
   } finally {
@@ -556,7 +556,11 @@ const logs = async (flags: Flags, args: string[]): Promise<number> => {
     const follow = flags.follow && !ended ? followJobLogs(c.nc, cluster, job.job, (l) => (streaming ? print(l) : early.push(l)), { ...(rank !== undefined ? { rank } : {}) }) : undefined
     const lines = job.live ? await fetchJobLogs(c.nc, cluster, job.job, { ...(rank !== undefined ? { rank } : {}), lines: tail }) : undefined
     let printed = 0
-    if (lines) for (const l of lines) (print(l), printed++)
+    const out = (text: string): void => {
+      console.log(text)
+      printed++
+    }
+    if (lines) for (const l of lines) out(flags.json ? JSON.stringify(l) : formatLogLine(l))
     else {
       // The driver is gone: its run directory has every line, if it is on this machine.
       const dir = path.join(job.runDir, "logs")
@@ -566,7 +570,7 @@ const logs = async (flags: Flags, args: string[]): Promise<number> => {
       }
       for (const f of fs.readdirSync(dir).filter((f) => f.endsWith(".log") && (rank === undefined || f === `worker_rank=${rank}.log`)).sort()) {
         const text = fs.readFileSync(path.join(dir, f), "utf8").split("\n").filter(Boolean).slice(-tail)
-        for (const line of text) (console.log(flags.json ? JSON.stringify({ file: f, line }) : line), printed++)
+        for (const line of text) out(flags.json ? JSON.stringify({ file: f, line }) : line)
       }
     }
     // (on stderr: --json's output stays one object per line)
@@ -643,8 +647,10 @@ const runTrainer = async (options: Record<string, unknown>): Promise<number> => 
     console.log(`gradwire: done: ${r.metricsHistory.length} report rounds, ${r.restarts} restart(s); run directory ${r.path} (report.html)`)
     return 0
   } catch (e) {
+    // A run that started has said how it failed, where, and its run directory (the progress
+    // summary); one refused before it started has not.
     const result = (e as { result?: { path?: string } }).result
-    console.error(`gradwire: training failed: ${(e as Error).message}${result?.path ? `\nrun directory: ${result.path} (report.html)` : ""}`)
+    if (result?.path === undefined) console.error(`gradwire: training failed: ${(e as Error).message}`)
     return 1
   }
 }

@@ -73,6 +73,27 @@ describe("gradwire CLI", () => {
     expect(nothing.stdout).toContain("nothing to stop")
   })
 
+  it("an agent started with --state-dir: start's hints name it, and stop of another state dir says which agents it left running", async () => {
+    const own = rig.tempDir("gw-cli-own-")
+    const other = rig.tempDir("gw-cli-default-")
+    const port = await freePort()
+    // (the default state dir, GRADWIRE_STATE_DIR, is another than the agent's)
+    const env = { GRADWIRE_STATE_DIR: other }
+    const start = await rig.cli(["start", "--head", "--port", String(port), "--cluster", "clidir", "--state-dir", own], env)
+    expect(start.code, start.stderr).toBe(0)
+    const state = JSON.parse(fs.readFileSync(path.join(own, "agent.json"), "utf8")) as { pid: number; natsServer: { pid: number } }
+    rig.killAtCleanup(state.pid, state.natsServer.pid)
+    expect(start.stdout).toContain(`status: gradwire status --state-dir ${own}    stop: gradwire stop --state-dir ${own}`)
+    const elsewhere = await rig.cli(["stop"], env)
+    expect(elsewhere.code).toBe(0)
+    expect(elsewhere.stdout).toContain(`no gradwire agent recorded in ${other}; nothing to stop there. Running on this machine with another state dir:`)
+    expect(elsewhere.stdout).toContain(`pid ${state.pid} (gradwire stop --state-dir ${own})`)
+    expect(pidAlive(state.pid)).toBe(true)
+    const stop = await rig.cli(["stop", "--state-dir", own], env)
+    expect(stop.code).toBe(0)
+    expect(pidAlive(state.pid)).toBe(false)
+  })
+
   it("explains bad usage and unreachable addresses", async () => {
     const dir = rig.tempDir("gw-cli-")
     const env = { GRADWIRE_STATE_DIR: dir }

@@ -533,6 +533,7 @@ describe("the launcher", () => {
     expect(r.output).toContain("launched hello: rank 1 of 2")
     expect(r.output).toMatch(/gradwire: done: 3 report rounds, 0 restart\(s\); run directory .*launched/)
     expect(fs.existsSync(path.join(storage, "launched", "report.html"))).toBe(true)
+    expect(r.output).not.toMatch(/resuming from|starting from the checkpoint/)
     // another run started from that one (--resume-from its run directory: its latest checkpoint)
     const next = await runScript(
       CLI,
@@ -541,6 +542,17 @@ describe("the launcher", () => {
     )
     expect(next.code, next.output).toBe(0)
     expect(next.output).toContain("launched again: resumed after epoch 2")
+    // said as it starts, with the checkpoint the run directory's latest is
+    expect(next.output).toContain(`gradwire: starting from the checkpoint ${path.join(storage, "launched", "checkpoint_000002")}`)
+    // the first run's name again: it goes on from its own latest checkpoint, and says so first
+    const rerun = await runScript(
+      CLI,
+      ["train", "test/support/launch-loop.ts#launchLoop", "--workers", "2", "--config", JSON.stringify({ epochs: 3, tag: "rerun" }), "--name", "launched", "--storage-path", storage],
+      { timeoutMs: 75_000 }
+    )
+    expect(rerun.code, rerun.output).toBe(0)
+    expect(rerun.output).toContain(`gradwire: run "launched" has checkpoints already: resuming from its latest, ${path.join(storage, "launched", "checkpoint_000002")}`)
+    expect(rerun.output.indexOf("has checkpoints already")).toBeLessThan(rerun.output.indexOf("launched rerun: resumed after epoch 2"))
     expect(next.output).toMatch(/gradwire: done: 2 report rounds, 0 restart\(s\); run directory .*launched-next/)
     const bad = await runScript(CLI, ["train", "test/support/launch-loop.ts", "--workers", "2"], { timeoutMs: 30_000 })
     expect(bad.code).toBe(2)

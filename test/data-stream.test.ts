@@ -12,7 +12,7 @@ import { fromFiles, type FromFilesOptions } from "../core/data/file-spec.ts"
 import { resolveFileDataset, type ResolvedDataset } from "../core/data/resolve.ts"
 import { FileStream, normalize, oneHot } from "../core/data/stream.ts"
 import { writeShards } from "../core/data/shard-format.ts"
-import { putFiles, listUploaded } from "../core/data/object-data.ts"
+import { dataRows, putFiles, listUploaded } from "../core/data/object-data.ts"
 import { DataFormatError, DataPositionMismatch, DataSourceError } from "../core/data/errors.ts"
 import { plainCacheDir, plainFile } from "../core/data/plain-file.ts"
 import { natsFixtures } from "./support/nats.ts"
@@ -259,10 +259,16 @@ describe("file dataset streams", () => {
     const files = [0, 1].map((f) => path.join(dir, "csv", `part-${f}.csv`))
     await putFiles(conn.nc, files, "nats-obj://data/digits", { partBytes: 2048 })
     const listed = await listUploaded(conn.nc, "nats-obj://data/digits")
-    expect(listed.map((f) => [f.object, f.rows])).toEqual([
-      ["digits/part-0.csv", 401],
-      ["digits/part-1.csv", 601]
+    // the rows a dataset reads: each file's header line is not one
+    expect(listed.map((f) => [f.object, f.rows, f.headerLine])).toEqual([
+      ["digits/part-0.csv", 400, true],
+      ["digits/part-1.csv", 600, true]
     ])
+    const manifest = { version: 1, name: "a.csv", format: "csv", bytes: 12, rows: 3, parts: [] } as const
+    expect(dataRows({ ...manifest, schemaLine: "1, 2.5,-3" })).toEqual({ rows: 3, headerLine: false })
+    expect(dataRows({ ...manifest, schemaLine: "x,y,label" })).toEqual({ rows: 2, headerLine: true })
+    expect(dataRows({ ...manifest, name: "a.tsv", schemaLine: "1\t2\t3" })).toEqual({ rows: 3, headerLine: false })
+    expect(dataRows({ ...manifest, format: "jsonl", schemaLine: '{"x":[1]}' })).toEqual({ rows: 3, headerLine: false })
     expect(listed[0]!.parts).toBeGreaterThan(1)
     const nc = async () => conn.nc
     const remote = await resolve("nats-obj://data/digits", OPTS, nc)
@@ -303,7 +309,7 @@ describe("file dataset streams", () => {
     await fs.writeFile(gz, zlib.gzipSync(await fs.readFile(path.join(dir, "csv", "part-0.csv"))))
     const putGz = await runScript(cli, ["data", "put", gz, "nats-obj://cli/gz", "--address", server.url], { timeoutMs: 30_000 })
     expect(putGz.code).toBe(0)
-    expect(putGz.output).toMatch(/upload-0\.csv\.gz -> nats-obj:\/\/cli\/gz\/upload-0\.csv: 401 rows/)
+    expect(putGz.output).toMatch(/upload-0\.csv\.gz -> nats-obj:\/\/cli\/gz\/upload-0\.csv: 400 rows \(and a header line\)/)
     // its decompressed copy was for the upload only: gone again
     expect((await fs.readdir(plainCacheDir()).catch(() => [])).filter((f) => f.endsWith("-upload-0.csv"))).toEqual([])
     const missing = await runScript(cli, ["data", "put", path.join(dir, "none.csv"), "nats-obj://cli/rows", "--address", server.url], { timeoutMs: 30_000 })

@@ -2,7 +2,7 @@
 // a hand-written trainStep loop, which has no epoch length, shows its step count without a bogus
 // "/0 0% ETA 0.0s".
 import { describe, expect, it } from "vitest"
-import { ProgressPrinter } from "../actors/train/common/observe/progress.ts"
+import { ProgressPrinter, loopFrames } from "../actors/train/common/observe/progress.ts"
 import { sharedCoresLine } from "../actors/train/driver/cluster.ts"
 
 const printer = (): { p: ProgressPrinter; lines: string[] } => {
@@ -82,5 +82,26 @@ describe("the run's closing line", () => {
     expect(said).not.toMatch(/no checkpoint/)
     expect(said).toMatch(/no metrics; its checkpoint is the latest one, \/runs\/a\/checkpoint_000009/)
     expect(said).toMatch(/run directory: \/runs\/a\n$/)
+  })
+
+  it("a failed run says where the loop threw: the frames in the user's code, not gradwire's, a package's or Node's", () => {
+    const own = new URL("../actors/train/worker/worker-run.ts", import.meta.url).href
+    const remoteStack = [
+      "Error: boom on rank 1",
+      "    at step (file:///home/u/proj/model.ts:7:11)",
+      "    at trainLoop (file:///home/u/proj/train.ts:14:80)",
+      "    at Engine.tidy (file:///home/u/proj/node_modules/@tensorflow/tfjs-core/dist/tf-core.node.js:4541:19)",
+      `    at #runLoop (${own}:727:66)`,
+      "    at process.processTicksAndRejections (node:internal/process/task_queues:105:5)"
+    ].join("\n")
+    const failed = printer()
+    failed.p.summary("/runs/a", undefined, Object.assign(new Error("training failed on rank 1"), { remoteStack }))
+    expect(failed.lines.join("")).toBe(
+      "gradwire: run failed: training failed on rank 1\n" +
+        "gradwire:     at step (file:///home/u/proj/model.ts:7:11)\n" +
+        "gradwire:     at trainLoop (file:///home/u/proj/train.ts:14:80)\n" +
+        "gradwire: run directory: /runs/a\n"
+    )
+    expect(loopFrames(remoteStack.split("\n").slice(0, 1).concat(`    at #runLoop (${own}:1:1)`).join("\n"))).toEqual([])
   })
 })

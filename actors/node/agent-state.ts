@@ -43,6 +43,41 @@ export interface AgentState {
 
 export const defaultStateDir = (): string => settings.stateDir.read()
 
+/** The state dir a `gradwire start` command line names (`--state-dir DIR` or `--state-dir=DIR`), resolved against `cwd`; undefined: the default. */
+export const stateDirOfArgs = (args: ReadonlyArray<string>, cwd: string): string | undefined => {
+  for (let i = 0; i < args.length; i++) {
+    const a = args[i]!
+    const v = a === "--state-dir" ? args[i + 1] : a.startsWith("--state-dir=") ? a.slice("--state-dir=".length) : undefined
+    if (v !== undefined) return path.resolve(cwd, v)
+  }
+  return undefined
+}
+
+/**
+ * gradwire agents running on this machine (`gradwire start` processes that run the agent: their
+ * command line has start and --block) with the state dir each was given, from /proc (Linux; none
+ * elsewhere): so that `gradwire stop` can name the ones its state dir does not hold.
+ */
+export const runningAgents = (): Array<{ readonly pid: number; readonly stateDir: string }> => {
+  let pids: string[]
+  try {
+    pids = fs.readdirSync("/proc").filter((d) => /^\d+$/.test(d))
+  } catch {
+    return []
+  }
+  const out: Array<{ pid: number; stateDir: string }> = []
+  for (const d of pids) {
+    try {
+      const args = fs.readFileSync(`/proc/${d}/cmdline`, "utf8").split("\0").filter(Boolean)
+      if (!args.includes("start") || !args.includes("--block") || !args.some((a) => a.includes("gradwire"))) continue
+      out.push({ pid: Number(d), stateDir: stateDirOfArgs(args, fs.readlinkSync(`/proc/${d}/cwd`)) ?? defaultStateDir() })
+    } catch {
+      // gone meanwhile, or not ours to read
+    }
+  }
+  return out
+}
+
 export const stateFile = (dir: string): string => path.join(dir, "agent.json")
 export const logFile = (dir: string): string => path.join(dir, "agent.log")
 

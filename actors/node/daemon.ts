@@ -24,7 +24,7 @@ import { launchNatsServer, type NatsServerAuth, type NatsServerProcess } from ".
 import { superviseNatsServer, type NatsSupervision } from "../../core/nats-supervisor.ts"
 import { NatsConnectError, NatsServerNotFound, NatsServerStartError } from "../../core/errors.ts"
 import { launchAgent, type NodeAgent } from "./agent.ts"
-import { defaultStateDir, logFile, pidAlive, readState, removeState, stateFile, writeState, type AgentState } from "./agent-state.ts"
+import { defaultStateDir, logFile, pidAlive, readState, removeState, runningAgents, stateFile, writeState, type AgentState } from "./agent-state.ts"
 import {
   checkAuth,
   credentialKind,
@@ -288,7 +288,7 @@ export const runAgent = async (o: StartOptions, log?: ActorLogger): Promise<Runn
 }
 
 /** What `start` prints once the agent is up. */
-export const describeStarted = (state: AgentState, o: Pick<StartOptions, "host" | "port" | "auth">): string => {
+export const describeStarted = (state: AgentState, o: Pick<StartOptions, "host" | "port" | "auth" | "stateDir">): string => {
   const lines = [
     `gradwire agent running: node ${state.nodeId}, cluster "${state.cluster}", pid ${state.pid}`,
     state.natsServer ? `NATS server started by this head: ${state.address} (pid ${state.natsServer.pid})` : `connected to NATS at ${state.address}`
@@ -302,7 +302,9 @@ export const describeStarted = (state: AgentState, o: Pick<StartOptions, "host" 
     if (state.natsServer && host === "127.0.0.1") lines.push(`  (this server listens on loopback only: restart with --host 0.0.0.0 to let other machines join)`)
   }
   if (state.logFile) lines.push(`logs: ${state.logFile}`)
-  lines.push(`status: gradwire status    stop: gradwire stop`)
+  // (another state dir than the default: the commands that find this agent need it too)
+  const dir = o.stateDir !== undefined && path.resolve(o.stateDir) !== path.resolve(defaultStateDir()) ? ` --state-dir ${o.stateDir}` : ""
+  lines.push(`status: gradwire status${dir}    stop: gradwire stop${dir}`)
   return lines.join("\n")
 }
 
@@ -376,7 +378,13 @@ const waitGone = async (pid: number, ms: number): Promise<boolean> => {
 /** `gradwire stop`: stops the agent recorded in the state dir. Returns what it did, for printing. */
 export const stopAgent = async (stateDir: string, timeoutMs = 20_000): Promise<string> => {
   const state = readState(stateDir)
-  if (!state) return `no gradwire agent recorded in ${stateDir}; nothing to stop`
+  if (!state) {
+    const others = runningAgents().filter((a) => path.resolve(a.stateDir) !== path.resolve(stateDir))
+    const none = `no gradwire agent recorded in ${stateDir}; nothing to stop`
+    if (others.length === 0) return none
+    // (not an error: a script's stop of its own state dir goes on; a user sees which are left)
+    return `${none} there. Running on this machine with another state dir: ${others.map((a) => `pid ${a.pid} (gradwire stop --state-dir ${a.stateDir})`).join(", ")}`
+  }
   if (!pidAlive(state.pid)) {
     removeState(stateDir, state.pid)
     if (state.natsServer && pidAlive(state.natsServer.pid)) {

@@ -16,7 +16,7 @@ export type FileFormat = "csv" | "jsonl" | "shards"
 export interface FromFilesOptions extends LabelOptions {
   /** Default: from the extension (.csv / .tsv, .jsonl / .ndjson, .gwshard; each may end in .gz: see plain-file.ts). */
   readonly format?: FileFormat
-  /** CSV: the first line names the columns (default true). */
+  /** CSV: the first line names the columns. Default: it does when any of its cells is not a number. */
   readonly header?: boolean
   /** CSV: default ",". */
   readonly delimiter?: string

@@ -17,6 +17,7 @@ import { DataFormatError, DataSourceError } from "./errors.ts"
 import { DATA_OBJECT_PREFIX, formatOfName, globToRegExp, hasGlob, parseObjectUrl, type FileFormat } from "./file-spec.ts"
 import { plainFileOnce, withoutGz } from "./plain-file.ts"
 import { encodeShard, prod, readShardHeader, readShardRows, type LabelDtype } from "./shard-format.ts"
+import { csvFirstLineIsHeader } from "./text-formats.ts"
 
 // node:crypto's SHA-256 is about 4x faster than the client's pure-JS one (every chunk is hashed).
 setSha256Backend("native")
@@ -125,7 +126,16 @@ export interface PutOptions {
   /** Default: by each file's extension. */
   readonly format?: FileFormat
   /** Called after each file. */
-  readonly onFile?: (info: { file: string; object: string; rows: number; parts: number; bytes: number }) => void
+  readonly onFile?: (info: { file: string; object: string; rows: number; headerLine: boolean; parts: number; bytes: number }) => void
+}
+
+/**
+ * An uploaded file's rows as a dataset reading it by default sees them: a CSV's first line that is
+ * a header by the default rule (csvFirstLineIsHeader) is not a row (the manifest counts lines).
+ */
+export const dataRows = (m: DataManifest): { readonly rows: number; readonly headerLine: boolean } => {
+  const headerLine = m.format === "csv" && m.schemaLine !== undefined && m.rows > 0 && csvFirstLineIsHeader(m.schemaLine, /\.tsv(\.gz)?$/i.test(m.name) ? "\t" : ",")
+  return { rows: m.rows - (headerLine ? 1 : 0), headerLine }
 }
 
 const manifestMeta = (name: string) => ({ name, metadata: { [KIND]: "manifest" } })
@@ -304,15 +314,15 @@ export const putFiles = async (
     for (const info of await os.list()) {
       if (info.name.startsWith(`${name}.parts/`) && !parts.some((p) => p.object === info.name)) await os.delete(info.name).catch(() => undefined)
     }
-    options.onFile?.({ file, object: name, rows: manifest.rows, parts: parts.length, bytes: manifest.bytes })
+    options.onFile?.({ file, object: name, ...dataRows(manifest), parts: parts.length, bytes: manifest.bytes })
     out.push(manifest)
   }
   return out
 }
 
 /** The files uploaded under nats-obj://bucket/prefix: name, format, rows, bytes, parts. */
-export const listUploaded = async (nc: NatsConnection, url: string): Promise<Array<{ object: string; format: FileFormat; rows: number; bytes: number; parts: number }>> => {
+export const listUploaded = async (nc: NatsConnection, url: string): Promise<Array<{ object: string; format: FileFormat; rows: number; headerLine: boolean; bytes: number; parts: number }>> => {
   const { bucket } = parseObjectUrl(url)
   const os = await openDataBucket(nc, bucket)
-  return (await listDataFiles(os, url)).map(({ object, manifest }) => ({ object, format: manifest.format, rows: manifest.rows, bytes: manifest.bytes, parts: manifest.parts.length }))
+  return (await listDataFiles(os, url)).map(({ object, manifest }) => ({ object, format: manifest.format, ...dataRows(manifest), bytes: manifest.bytes, parts: manifest.parts.length }))
 }

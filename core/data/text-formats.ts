@@ -112,6 +112,12 @@ const splitCsv = (line: string, delimiter: string): string[] => {
   return out
 }
 
+/** Whether a CSV file's first line is its header where the dataset does not say (header option): any cell that is not a number. */
+export const csvFirstLineIsHeader = (firstLine: string, delimiter = ","): boolean =>
+  !splitCsv(firstLine.replace(/\r$/, ""), delimiter)
+    .map((c) => c.trim())
+    .every((c) => c !== "" && Number.isFinite(Number(c)))
+
 /** The schema of a CSV file from its first line (the header, or the first row without one). */
 export const csvSchema = (firstLine: string, o: CsvOptions & LabelOptions, source: string): TextSchema => {
   const delimiter = o.delimiter ?? ","
@@ -119,7 +125,7 @@ export const csvSchema = (firstLine: string, o: CsvOptions & LabelOptions, sourc
   const line = firstLine.replace(/\r$/, "")
   const cells = splitCsv(line, delimiter).map((c) => c.trim())
   // Not said: a first line of numbers alone is a row (a headerless file), any other the header.
-  const header = o.header ?? !cells.every((c) => c !== "" && Number.isFinite(Number(c)))
+  const header = o.header ?? csvFirstLineIsHeader(line, delimiter)
   const names = header ? cells : cells.map((_, i) => String(i))
   const col = (c: string | number, what: string): number => {
     const i = typeof c === "number" ? c : names.indexOf(c)

@@ -49,7 +49,7 @@ import { latestAtOrBefore, regroupSurvivors, type RegroupContext } from "./regro
 import { Refill } from "./refill.ts"
 import { FitRecord, emptyResult } from "./fit-record.ts"
 import { Interrupted, TrainingFailed, withResult, type Result } from "./result.ts"
-import { ProgressPrinter } from "../common/observe/progress.ts"
+import { ProgressPrinter, resumeLine } from "../common/observe/progress.ts"
 import { RunRecorder } from "../common/observe/run-recorder.ts"
 import { spanEvent } from "../common/observe/timeline.ts"
 import { embeddedServerEvents, forwardJobLogs, nodeNews, startJobMonitor, startRunDashboard, watchDriverBus } from "./fit-watch.ts"
@@ -348,6 +348,7 @@ export class FitRun {
     const { cfg, cluster } = this
     const verbose = cfg.run.verbose === true
     this.#resumePath ??= this.#store.latest()?.path
+    if (this.#resumePath !== undefined) this.progress.line(resumeLine(cfg.name, this.#resumePath, cfg.resumeFrom !== undefined))
     const job = (this.#job = `${cfg.name.slice(0, 100)}-${nuid.next().slice(-8)}`)
     this.#system = new ActorSystem({
       nc: cluster.nc,
@@ -517,7 +518,7 @@ export class FitRun {
         if (!d) {
           throw new ConfigError({
             field: `getDatasetShard("${body.name}")`,
-            reason: `no dataset "${body.name}" was given to the Trainer; it has: ${[...datasetPayload.keys()].join(", ") || "none"}`
+            reason: `no dataset "${body.name}" was given to the Trainer; it has: ${[...datasetPayload.keys()].join(", ") || "none"} (give it as the Trainer's datasets: { ${JSON.stringify(body.name)}: ... }, or with gradwire train's --dataset ${body.name}=FILES)`
           })
         }
         return d

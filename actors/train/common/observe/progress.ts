@@ -17,6 +17,30 @@ interface RankProgress {
   secPerStep: number
 }
 
+/** gradwire's own files (its source or its dist/ folder): frames there are not the user's. */
+const OWN_ROOT = new URL("../../../../", import.meta.url).href
+
+/**
+ * The frames of a worker's stack that are in the user's code (not gradwire's, a package's or
+ * Node's), at most `max`: where a training loop threw, as `at trainLoop (file:///.../train.ts:14:8)`.
+ */
+export const loopFrames = (stack: string, max = 3): string[] =>
+  stack
+    .split("\n")
+    .map((l) => l.trim())
+    .filter((l) => l.startsWith("at ") && !l.includes(OWN_ROOT) && !l.includes("/node_modules/") && !/\(node:|at node:|<anonymous>/.test(l))
+    .slice(0, max)
+
+/**
+ * The line a run that starts from a checkpoint prints first: the one it was given
+ * (resumeFromCheckpoint), or its own latest, where a run of the same name and storage path left
+ * checkpoints (as Ray's restore: a rerun goes on rather than starting afresh).
+ */
+export const resumeLine = (name: string, checkpoint: string, given: boolean): string =>
+  given
+    ? `gradwire: starting from the checkpoint ${checkpoint}`
+    : `gradwire: run "${name}" has checkpoints already: resuming from its latest, ${checkpoint} (another name or storagePath starts afresh)`
+
 const fmt = (v: unknown): string => (typeof v === "number" ? (Number.isInteger(v) ? String(v) : v.toPrecision(4)) : String(v))
 
 export class ProgressPrinter {
@@ -115,7 +139,12 @@ export class ProgressPrinter {
   /** The run's last lines: how it ended, and its run directory. `checkpoint`: the latest checkpoint the Result gives (also one an earlier run of the same name left). */
   summary(dir: string, last: Record<string, unknown> | undefined, error: Error | undefined, checkpoint?: string): void {
     if (this.mode === "off") return
-    if (error) this.line(`gradwire: run failed: ${error.message}`)
+    if (error) {
+      this.line(`gradwire: run failed: ${error.message}`)
+      // where a worker's loop threw (TrainingFailed's remoteStack), in the user's code
+      const stack = (error as { remoteStack?: unknown }).remoteStack
+      for (const f of typeof stack === "string" ? loopFrames(stack) : []) this.line(`gradwire:     ${f}`)
+    }
     else if (last) this.line(`gradwire: finished. last metrics: ${Object.entries(last).map(([k, v]) => `${k}=${fmt(v)}`).join("  ")}`)
     else if (checkpoint !== undefined) {
       // A rerun whose loop resumed past its last epoch reports nothing: its Result still has the checkpoint it resumed from.
