@@ -54,7 +54,23 @@ export {
 export type { PipelineOptions, PipelineSpec, LayerStack } from "./actors/train/worker/model-parallel/prepare.ts"
 export type { ScheduleName } from "./actors/train/worker/model-parallel/schedule.ts"
 export type { BalanceBy } from "./actors/train/worker/model-parallel/partition.ts"
-export { loadCheckpointModel, loadPipelineCheckpoint, mergePipelineCheckpoint, type PipelineLayout, type CheckpointArg } from "./actors/train/worker/model-parallel/checkpoint.ts"
+export { mergePipelineCheckpoint, type PipelineLayout, type CheckpointArg } from "./actors/train/worker/model-parallel/checkpoint.ts"
+// The trained model back in the driver, from a directory, its files or an object store: the model
+// code is the workers', the fetch the driver's (their folders do not import each other).
+import { loadCheckpointModel as modelOfCheckpoint, loadPipelineCheckpoint as modelOfPipelineCheckpoint } from "./actors/train/worker/model-parallel/checkpoint.ts"
+import { checkpointLoader } from "./actors/train/driver/checkpoint-fetch.ts"
+export { fetchCheckpoint, type FetchCheckpointOptions, type CheckpointSource, type CheckpointLoader } from "./actors/train/driver/checkpoint-fetch.ts"
+export type { ObjectStoreLocation } from "./actors/train/driver/result.ts"
+/**
+ * A run's checkpoint as the tfjs model it holds, with its trained weights, for inference or export
+ * (model.save), as Ray's result.checkpoint: result.checkpoint (or one of result.bestCheckpoints, or
+ * loadResult(dir)'s), a checkpoint directory, its files, or a nats-obj:// path; a checkpoint kept in
+ * an object store is fetched first (see fetchCheckpoint for `options`). `tf` may be left out: the
+ * model is then made on gradwire's engine (loadEngine()).
+ */
+export const loadCheckpointModel = checkpointLoader("loadCheckpointModel", modelOfCheckpoint)
+/** A pipelined run's checkpoint as one tfjs model with the trained weights; the arguments are loadCheckpointModel's. */
+export const loadPipelineCheckpoint = checkpointLoader("loadPipelineCheckpoint", modelOfPipelineCheckpoint)
 export type { GridPlace } from "./actors/train/worker/model-parallel/grid.ts"
 export type { PipelineSource } from "./actors/train/worker/model-parallel/pipeline-model.ts"
 export { ModelParallelLinkError } from "./actors/train/worker/model-parallel/transport.ts"

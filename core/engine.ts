@@ -31,6 +31,10 @@ import { DISABLE_WORKGROUP_INIT, WEBGPU_PACKAGES, installedDawnFlags, requestWeb
 import type { Tf } from "./tf.ts"
 
 export type { Tf }
+
+/** Whether `v` is a tfjs module (a function's optional first argument: `(tf, checkpoint)` or `(checkpoint)`). */
+export const isTf = (v: unknown): v is Tf =>
+  typeof v === "object" && v !== null && typeof (v as { tensor?: unknown }).tensor === "function" && typeof (v as { sequential?: unknown }).sequential === "function"
 export type BackendKind = "tensorflow-gpu" | "webgpu" | "tensorflow" | "wasm" | "cpu"
 
 const require = createRequire(import.meta.url)

@@ -7,6 +7,7 @@ import * as path from "node:path"
 import { randomBytes } from "node:crypto"
 import { ConfigError } from "../../../core/errors.ts"
 import { writeFileAtomic, writeFileSynced } from "../../../core/atomic-file.ts"
+import type { ObjectStoreLocation } from "./result.ts"
 
 export interface CheckpointEntry {
   /** Directory name under the run directory, e.g. checkpoint_000003. */
@@ -34,6 +35,8 @@ export interface CheckpointPolicy {
  */
 export interface CheckpointStorage {
   readonly policy: CheckpointPolicy
+  /** Where an object store's checkpoints can be read back from (the Result's checkpoints carry it). */
+  readonly location?: ObjectStoreLocation
   list(): ReadonlyArray<CheckpointEntry>
   latest(): CheckpointEntry | undefined
   best(): ReadonlyArray<CheckpointEntry>

@@ -215,7 +215,8 @@ export class FitRecord {
 
   /** The run directory's final files, the summary line, and the Result. */
   async result(store: CheckpointStorage, state: string, error: Error | undefined, countedFailures: number): Promise<Result> {
-    const info = (e: CheckpointEntry): CheckpointInfo => ({ path: e.path, metrics: e.metrics })
+    const where = store.location
+    const info = (e: CheckpointEntry): CheckpointInfo => ({ path: e.path, metrics: e.metrics, ...(where ? { objectStore: where } : {}) })
     const latest = store.latest()
     try {
       await this.recorder.finish(this.summary(state, error))

@@ -12,7 +12,7 @@ import { ConfigError, NatsUnavailable, firstLine } from "../../../core/errors.ts
 import { DEADLINE_WARMUP_STEPS, GPU_WORKER_DEAD_AFTER_MS, JOIN_CHECKPOINT_WAIT_MS } from "../../../core/defaults.ts"
 import { HeartbeatDeadline, seconds } from "../../../collectives/deadlines.ts"
 import type { BusMonitor } from "../../../core/bus-monitor.ts"
-import { describeConnection, redactConnection } from "../../../core/connection-spec.ts"
+import { credentialKind, describeConnection, hasCredentials, redactConnection } from "../../../core/connection-spec.ts"
 import { SERVER_CPUS, type PlacementPlan, type PlacementRequest } from "../../../scheduler/placement.ts"
 import type { ResolvedDataset } from "../../../core/data/resolve.ts"
 import { ActorSystem } from "../../runtime/system.ts"
@@ -48,7 +48,7 @@ import { datasetPayloads, describeDatasets, resolveDatasets } from "./dataset-pa
 import { latestAtOrBefore, regroupSurvivors, type RegroupContext } from "./regroup.ts"
 import { Refill } from "./refill.ts"
 import { FitRecord, emptyResult } from "./fit-record.ts"
-import { Interrupted, TrainingFailed, withResult, type Result } from "./result.ts"
+import { Interrupted, TrainingFailed, withResult, type ObjectStoreLocation, type Result } from "./result.ts"
 import { ProgressPrinter, resumeLine } from "../common/observe/progress.ts"
 import { RunRecorder } from "../common/observe/run-recorder.ts"
 import { spanEvent } from "../common/observe/timeline.ts"
@@ -66,6 +66,20 @@ const BLAMED_STACK_MS = 2_500
 const BLAMED_HEARD_MS = 1_500
 /** Attempts at writing one checkpoint before it is given up (and recorded in Result.checkpointErrors). */
 const CHECKPOINT_WRITE_ATTEMPTS = 3
+
+/**
+ * Where a reader finds the run's object store checkpoints after fit(): the joined cluster's servers
+ * (credentials only named: a reader passes its own), or the embedded server's JetStream directory.
+ */
+const objectStoreLocation = (cfg: Resolved): ObjectStoreLocation => {
+  const c = cfg.cluster?.connection
+  if (!c) return { jetstreamDir: path.join(cfg.runDir, "jetstream") }
+  return {
+    servers: [...c.servers],
+    ...(hasCredentials(c) ? { credentials: credentialKind(c) } : {}),
+    ...(c.tls !== undefined ? { tls: { ...c.tls } } : {})
+  }
+}
 
 /** report.html, metrics.csv and summary.json are rewritten this often while the run goes on (fit-record.ts: and after report rounds). */
 const REPORT_REFRESH_MS = 10_000
@@ -323,7 +337,14 @@ export class FitRun {
     try {
       this.#store =
         this.#localStore ??
-        (await ObjectCheckpointStore.open(cluster.nc, bucket!, cfg.name, this.#policy, cfg.cluster ? `the NATS server at ${describeConnection(cfg.cluster.connection)}` : "the embedded nats-server"))
+        (await ObjectCheckpointStore.open(
+          cluster.nc,
+          bucket!,
+          cfg.name,
+          this.#policy,
+          cfg.cluster ? `the NATS server at ${describeConnection(cfg.cluster.connection)}` : "the embedded nats-server",
+          { runDir: cfg.runDir, location: objectStoreLocation(cfg) }
+        ))
       if (cfg.resumeFrom !== undefined && isObjectCheckpointUrl(cfg.resumeFrom)) await this.#readAt(cfg.resumeFrom)
       await resolveDatasets(cfg.datasets, this.#resolvedData, async () => cluster.nc)
     } catch (e) {

@@ -4,10 +4,15 @@
 // and the index object `<run>/checkpoints.json` is written LAST, so a checkpoint counts only once
 // every object of it is complete. Objects of a checkpoint the index does not name (an upload cut
 // short by a crash) are deleted on open. Pruning rewrites the index first, then deletes objects.
-// A checkpoint's path is `nats-obj://<bucket>/<run>/checkpoint_NNNNNN`.
+// A checkpoint's path is `nats-obj://<bucket>/<run>/checkpoint_NNNNNN`. The driver also records the
+// index in the run directory (`object_checkpoints.json`: the paths, their metrics, and where the
+// bucket is, never a secret), so loadResult(dir) lists the run's checkpoints without NATS.
+import * as path from "node:path"
 import type { NatsConnection } from "@nats-io/nats-core"
 import { Objm, setSha256Backend, type ObjectStore } from "@nats-io/obj"
 import { ConfigError } from "../../../core/errors.ts"
+import { writeFileAtomic } from "../../../core/atomic-file.ts"
+import type { ObjectStoreLocation } from "./result.ts"
 import {
   CHECKPOINT_META,
   bestOf,
@@ -46,6 +51,23 @@ export const parseObjectCheckpointUrl = (url: string): { bucket: string; prefix:
     })
   }
   return { bucket: m[1], prefix: m[2] }
+}
+
+/** The run directory's record of an object store run's checkpoints (loadResult reads it). */
+export const OBJECT_CHECKPOINTS_FILE = "object_checkpoints.json"
+
+/** What `object_checkpoints.json` holds: the bucket's index as of the last save, with each checkpoint's path. */
+export interface ObjectCheckpointsRecord {
+  readonly bucket: string
+  /** The servers, credentials (in words) and TLS files of a joined cluster; `embedded` for the embedded one, whose data is `<run directory>/jetstream`. */
+  readonly location: Omit<ObjectStoreLocation, "jetstreamDir"> & { readonly embedded?: boolean }
+  readonly entries: ReadonlyArray<CheckpointEntry>
+}
+
+/** Where the run directory records an object store run's checkpoints, and where the bucket is. */
+export interface ObjectCheckpointsRecordOptions {
+  readonly runDir: string
+  readonly location: ObjectStoreLocation
 }
 
 const isNoJetStream = (e: unknown): boolean =>
@@ -137,16 +159,20 @@ export class ObjectCheckpointStore implements CheckpointStorage {
   readonly run: string
   readonly policy: CheckpointPolicy
   readonly os: ObjectStore
+  readonly location: ObjectStoreLocation | undefined
+  private readonly record: ObjectCheckpointsRecordOptions | undefined
   private entries: CheckpointEntry[] = []
   private readonly files = new Map<string, ReadonlyArray<string>>()
   private nextIndex = 0
 
-  private constructor(nc: NatsConnection, os: ObjectStore, bucket: string, run: string, policy: CheckpointPolicy) {
+  private constructor(nc: NatsConnection, os: ObjectStore, bucket: string, run: string, policy: CheckpointPolicy, record?: ObjectCheckpointsRecordOptions) {
     this.nc = nc
     this.os = os
     this.bucket = bucket
     this.run = run
     this.policy = policy
+    this.record = record
+    this.location = record?.location
   }
 
   /**
@@ -158,10 +184,11 @@ export class ObjectCheckpointStore implements CheckpointStorage {
     bucket: string,
     run: string,
     policy: CheckpointPolicy = {},
-    where?: string
+    where?: string,
+    record?: ObjectCheckpointsRecordOptions
   ): Promise<ObjectCheckpointStore> {
     const os = await openCheckpointBucket(nc, bucket, where)
-    const store = new ObjectCheckpointStore(nc, os, bucket, run, policy)
+    const store = new ObjectCheckpointStore(nc, os, bucket, run, policy, record)
     const index = (await readJson<{ entries?: IndexEntry[] }>(os, `${run}/${INDEX}`)) ?? { entries: [] }
     const listed = new Set((index.entries ?? []).map((e) => e.name))
     const objects = new Map<string, string[]>()
@@ -188,6 +215,7 @@ export class ObjectCheckpointStore implements CheckpointStorage {
       store.files.set(e.name, e.files)
     }
     store.nextIndex = store.entries.reduce((m, e) => Math.max(m, e.index + 1), 0)
+    await store.writeRecord()
     return store
   }
 
@@ -252,7 +280,23 @@ export class ObjectCheckpointStore implements CheckpointStorage {
       await deleteQuietly(this.os, `${this.run}/${e.name}/${CHECKPOINT_META}`)
       this.files.delete(e.name)
     }
+    await this.writeRecord()
     return entry
+  }
+
+  /**
+   * The run directory's copy of the index (object_checkpoints.json). It is a convenience for
+   * loadResult: the bucket's index stays the truth, so a failed write costs no checkpoint.
+   */
+  private async writeRecord(): Promise<void> {
+    if (!this.record) return
+    const { jetstreamDir, ...where } = this.record.location
+    const record: ObjectCheckpointsRecord = {
+      bucket: this.bucket,
+      location: { ...where, ...(jetstreamDir !== undefined ? { embedded: true } : {}) },
+      entries: this.entries
+    }
+    await writeFileAtomic(path.join(this.record.runDir, OBJECT_CHECKPOINTS_FILE), `${JSON.stringify(record, null, 2)}\n`).catch(() => undefined)
   }
 
   private async writeIndex(): Promise<void> {

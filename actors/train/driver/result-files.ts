@@ -2,13 +2,15 @@
 // inference script or a notebook in another process than the one that called fit(). The run
 // directory holds everything a Result says: metrics.jsonl (rank 0's rounds), metrics_per_rank.jsonl,
 // checkpoints.json (the kept checkpoints and their metrics; config.json's checkpointConfig orders
-// them), events.jsonl (restarts, resizes, checkpoint errors, outages). A run resumed under the same
+// them; for a run with checkpointConfig.objectStore, object_checkpoints.json: the bucket's index
+// as the driver last wrote it, and where the bucket is), events.jsonl (restarts, resizes, checkpoint errors, outages). A run resumed under the same
 // name appends to the same files, so this is the whole run, every fit() of it.
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
 import { ConfigError } from "../../../core/errors.ts"
 import { bestOf, latestOf, readCheckpointIndex, type CheckpointEntry } from "./checkpoint-store.ts"
-import type { BusOutage, CheckpointError, CheckpointInfo, Resize, Result } from "./result.ts"
+import { OBJECT_CHECKPOINTS_FILE, type ObjectCheckpointsRecord } from "./object-checkpoint-store.ts"
+import type { BusOutage, CheckpointError, CheckpointInfo, ObjectStoreLocation, Resize, Result } from "./result.ts"
 
 const lines = async (file: string): Promise<Array<Record<string, unknown>>> => {
   let text: string
@@ -44,11 +46,12 @@ const json = async <T>(file: string): Promise<T | undefined> => {
  * files: every round of every fit() of it (each row without the report index and time the recorder
  * adds), its kept checkpoints (best first by checkpointConfig's scoreAttribute), and its restarts,
  * resizes, checkpoint errors and NATS outages. Checkpoints kept in an object store
- * (checkpointConfig.objectStore) are not in the directory: `checkpoint` is then undefined.
+ * (checkpointConfig.objectStore) are listed from the directory's record of the bucket's index, each
+ * with where its bucket is (loadCheckpointModel fetches it from there).
  */
 export const loadResult = async (dir: string): Promise<Result> => {
   const runDir = path.resolve(dir)
-  const config = await json<{ runConfig?: { checkpointConfig?: { scoreAttribute?: string; scoreOrder?: "min" | "max" } } }>(path.join(runDir, "config.json"))
+  const config = await json<{ runConfig?: { checkpointConfig?: { scoreAttribute?: string; scoreOrder?: "min" | "max"; objectStore?: string } } }>(path.join(runDir, "config.json"))
   if (!config) {
     throw new ConfigError({
       field: "loadResult",
@@ -58,8 +61,17 @@ export const loadResult = async (dir: string): Promise<Result> => {
   const rows = await lines(path.join(runDir, "metrics.jsonl"))
   const metricsHistory = rows.map(({ report: _report, time: _time, ...m }) => m)
   const metricsPerRank = (await lines(path.join(runDir, "metrics_per_rank.jsonl"))).map((r) => (Array.isArray(r.ranks) ? (r.ranks as Array<Record<string, unknown>>) : []))
-  const entries = await readCheckpointIndex(runDir)
-  const info = (e: CheckpointEntry): CheckpointInfo => ({ path: e.path, metrics: e.metrics })
+  // The last fit() of the run says where its checkpoints are: the directory or a bucket.
+  const inBucket = config.runConfig?.checkpointConfig?.objectStore !== undefined
+  const record = inBucket ? await json<ObjectCheckpointsRecord>(path.join(runDir, OBJECT_CHECKPOINTS_FILE)) : undefined
+  const entries = inBucket ? [...(record?.entries ?? [])] : await readCheckpointIndex(runDir)
+  let where: ObjectStoreLocation | undefined
+  if (record) {
+    const { embedded, ...joined } = record.location
+    // The embedded cluster's data is where the directory is now, also when it was moved.
+    where = embedded === true ? { jetstreamDir: path.join(runDir, "jetstream") } : joined
+  }
+  const info = (e: CheckpointEntry): CheckpointInfo => ({ path: e.path, metrics: e.metrics, ...(where ? { objectStore: where } : {}) })
   const latest = latestOf(entries)
   const policy = config.runConfig?.checkpointConfig ?? {}
   const events = await lines(path.join(runDir, "events.jsonl"))

@@ -10,6 +10,27 @@ import type { GroupFailure } from "./failure-policy.ts"
 export interface CheckpointInfo {
   readonly path: string
   readonly metrics: Record<string, unknown>
+  /**
+   * Where a checkpoint kept in an object store (a `nats-obj://` path) can be read back from, so
+   * that loadCheckpointModel and fetchCheckpoint find it without being told: the run's NATS
+   * servers, or the embedded cluster's JetStream directory. Never a secret.
+   */
+  readonly objectStore?: ObjectStoreLocation
+}
+
+/** Where the bucket of an object store checkpoint lives. Plain data without secrets: it is also written to the run directory. */
+export interface ObjectStoreLocation {
+  /** The joined cluster's NATS server URLs, without credentials. */
+  readonly servers?: ReadonlyArray<string>
+  /**
+   * Which credentials the run connected with, in words, never their values ("user "gw" with a
+   * password", "a token", "creds file /path/user.creds"): a reader passes them itself.
+   */
+  readonly credentials?: string
+  /** The TLS files the run connected with (paths on the driver's machine). */
+  readonly tls?: { readonly caFile?: string; readonly certFile?: string; readonly keyFile?: string }
+  /** The embedded cluster's JetStream data (`<run directory>/jetstream`): its nats-server stopped with the run. */
+  readonly jetstreamDir?: string
 }
 
 /** A change of the group's size: an elastic resize, or a fixed-size group short-handed after a failure and refilled. */

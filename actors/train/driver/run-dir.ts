@@ -15,10 +15,11 @@ import type { Resolved } from "./options.ts"
 const LOCK = ".fit-lock"
 const held = new Set<string>()
 
-/** Takes the run directory's lock, or says who holds it. */
-const lock = async (dir: string, name: string): Promise<void> => {
+/** Takes the run directory's lock, or says who holds it (`refusal`: the ConfigError for a taker other than a fit()). */
+const lock = async (dir: string, name: string, refusal?: (by: string) => ConfigError): Promise<void> => {
   const file = path.join(dir, LOCK)
   const inUse = (by: string): ConfigError =>
+    refusal?.(by) ??
     new ConfigError({
       field: "runConfig.name",
       reason: `the run directory ${dir} is in use by a fit() ${by}: a run's directory takes one fit() at a time (the same name resumes it once that one ends); give this one another name than "${name}"`
@@ -88,5 +89,18 @@ export const claimRunDir = async (cfg: Resolved, named: boolean): Promise<{ cfg:
       await fs.rm(path.join(dir, LOCK), { force: true })
       held.delete(dir)
     }
+  }
+}
+
+/**
+ * The run directory held by a reader of its embedded cluster's JetStream data (a checkpoint read
+ * back after fit()), so that no fit() of the run starts a nats-server on that data meanwhile;
+ * `refusal` is the error while a fit() holds it. Returns the release.
+ */
+export const holdRunDir = async (dir: string, refusal: (by: string) => ConfigError): Promise<() => Promise<void>> => {
+  await lock(dir, path.basename(dir), refusal)
+  return async () => {
+    await fs.rm(path.join(dir, LOCK), { force: true })
+    held.delete(dir)
   }
 }

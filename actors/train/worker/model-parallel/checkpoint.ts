@@ -5,7 +5,7 @@
 // names and shapes in order, and its topology. A checkpoint restores at the same layout (each rank
 // loads its shard), or merges into one model: the slices are put back together into the tfjs files
 // a single model loads (model.json + weights.bin), for inference or export.
-import { loadEngine, type Tf } from "../../../../core/engine.ts"
+import { isTf, loadEngine, type Tf } from "../../../../core/engine.ts"
 import { ConfigError } from "../../../../core/errors.ts"
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
@@ -280,16 +280,18 @@ const readCheckpointDir = async (dir: string): Promise<Record<string, Uint8Array
 /** What loadCheckpointModel takes: result.checkpoint (or one of result.bestCheckpoints), its directory, or its files. */
 export type CheckpointArg = string | { readonly path: string } | Readonly<Record<string, Uint8Array>>
 
-const isTf = (v: unknown): v is Tf =>
-  typeof v === "object" && v !== null && typeof (v as { tensor?: unknown }).tensor === "function" && typeof (v as { sequential?: unknown }).sequential === "function"
-
 /** `(tf, checkpoint)` or `(checkpoint)`: without tfjs given, gradwire's engine (loadEngine()). */
 const tfAndCheckpoint = async (field: string, a: unknown, b: unknown, more: boolean): Promise<[Tf, unknown]> => {
   const tf = isTf(a) ? a : undefined
   if (!tf && more && b !== undefined) throw new ConfigError({ field, reason: "takes (tf, checkpoint) or (checkpoint): its first argument is not tfjs" })
   const checkpoint = tf ? b : a
   if (checkpoint === undefined || checkpoint === null) {
-    throw new ConfigError({ field, reason: `got ${String(checkpoint)} for the checkpoint: result.checkpoint is undefined when the run saved none (a loop saves one with ctx.report(metrics, { checkpoint }))` })
+    throw new ConfigError({
+      field,
+      reason:
+        `got ${String(checkpoint)} for the checkpoint: result.checkpoint is undefined when the run saved none (a loop saves one with ctx.report(metrics, { checkpoint })); ` +
+        "loadResult(dir) lists a run's checkpoints from its directory (checkpoints.json, or object_checkpoints.json for a run with checkpointConfig.objectStore)"
+    })
   }
   return [tf ?? (await loadEngine()).tf, checkpoint]
 }
@@ -299,9 +301,10 @@ const tfAndCheckpoint = async (field: string, a: unknown, b: unknown, more: bool
  * (model.save) in the driver, as Ray's result.checkpoint: `checkpoint` is result.checkpoint (or one
  * of result.bestCheckpoints), its directory, or its files; a pipelined run's stage shards are merged
  * into one model. Plain tfjs has no file loader in Node (tf.loadLayersModel("file://...") needs
- * tfjs-node); this reads the directory itself. A checkpoint kept in an object store
- * (checkpointConfig.objectStore) is passed as its files. `tf` may be left out: the model is then
- * made on gradwire's engine (loadEngine(): tfjs with the fastest backend that loads here).
+ * tfjs-node); this reads the directory itself. The public loadCheckpointModel (index.ts) fetches a
+ * checkpoint kept in an object store first (driver/checkpoint-fetch.ts) and passes its files here.
+ * `tf` may be left out: the model is then made on gradwire's engine (loadEngine(): tfjs with the
+ * fastest backend that loads here).
  */
 export async function loadCheckpointModel(checkpoint: CheckpointArg): Promise<LayersModel>
 export async function loadCheckpointModel(tf: Tf, checkpoint: CheckpointArg): Promise<LayersModel>
@@ -309,7 +312,7 @@ export async function loadCheckpointModel(a: Tf | CheckpointArg, b?: CheckpointA
   const [tf, checkpoint] = await tfAndCheckpoint("loadCheckpointModel", a, b, arguments.length > 1)
   const where = typeof checkpoint === "object" && checkpoint !== null && typeof (checkpoint as { path?: unknown }).path === "string" ? (checkpoint as { path: string }).path : checkpoint
   if (typeof where === "string" && where.startsWith("nats-obj://")) {
-    throw new ConfigError({ field: "loadCheckpointModel", reason: `${where} is in an object store: fetch its files and pass them instead of the path` })
+    throw new ConfigError({ field: "loadCheckpointModel", reason: `${where} is in an object store: load it with gradwire's loadCheckpointModel, which fetches it, or pass its files (fetchCheckpoint)` })
   }
   let files: Readonly<Record<string, Uint8Array>>
   if (typeof where === "string") {
@@ -331,7 +334,8 @@ export async function loadCheckpointModel(a: Tf | CheckpointArg, b?: CheckpointA
 
 /**
  * A pipelined run's checkpoint (a directory, as result.checkpoint.path, or its files) as one tfjs
- * model with the trained weights: for inference or export (model.save) in the driver.
+ * model with the trained weights: for inference or export (model.save) in the driver. The public
+ * one (index.ts) fetches a checkpoint kept in an object store first.
  */
 export async function loadPipelineCheckpoint(checkpoint: string | Readonly<Record<string, Uint8Array>>): Promise<LayersModel>
 export async function loadPipelineCheckpoint(tf: Tf, checkpoint: string | Readonly<Record<string, Uint8Array>>): Promise<LayersModel>
@@ -339,7 +343,7 @@ export async function loadPipelineCheckpoint(a: Tf | string | Readonly<Record<st
   const [tf, given] = await tfAndCheckpoint(FIELD, a, b, arguments.length > 1)
   const checkpoint = given as string | Readonly<Record<string, Uint8Array>>
   if (typeof checkpoint === "string" && checkpoint.startsWith("nats-obj://")) {
-    throw new ConfigError({ field: FIELD, reason: `${checkpoint} is in an object store: fetch its files and pass them instead of the path` })
+    throw new ConfigError({ field: FIELD, reason: `${checkpoint} is in an object store: load it with gradwire's loadPipelineCheckpoint, which fetches it, or pass its files (fetchCheckpoint)` })
   }
   const files = typeof checkpoint === "string" ? await readCheckpointDir(checkpoint) : checkpoint
   return modelFromFiles(tf, mergePipelineCheckpoint(files))
