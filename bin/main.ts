@@ -8,7 +8,7 @@ import { describeLocalAgent, queryCluster, formatClusterTable } from "../actors/
 import { checkAuth, connectionFromAddress, describeConnection, hasCredentials, openConnection, type ConnectionAuth, type ConnectionSpec } from "../core/connection-spec.ts"
 import { ConfigError } from "../core/errors.ts"
 import { defaultStateDir, describeStarted, explainConnectError, runAgent, startInBackground, stopAgent, type StartOptions } from "../actors/node/daemon.ts"
-import { readState, stateFile } from "../actors/node/agent-state.ts"
+import { readState, runningAgents, stateFile } from "../actors/node/agent-state.ts"
 import { ALL_BACKENDS, type BackendName } from "../actors/node/node-probe.ts"
 import { jobSubjects, validToken } from "../core/subjects.ts"
 import { mainThreadStack } from "../actors/runtime/heartbeat.ts"
@@ -420,7 +420,10 @@ const status = async (flags: Flags): Promise<number> => {
   const shown = spec.servers.join(",")
   const opened = await openConnection(spec, "gradwire status", { timeoutMs: 3_000 }).catch((e: unknown) => {
     const err = explainConnectError(spec, e)
-    const message = `${err.message}${flags.address ? "" : `\n(no --address given: used ${local ? `the local agent's ${shown}` : shown}; is a head running? start one with "gradwire start --head")`}`
+    const elsewhere = flags.address || local ? [] : runningAgents()
+    const message =
+      `${err.message}${flags.address ? "" : `\n(no --address given: used ${local ? `the local agent's ${shown}` : shown}; is a head running? start one with "gradwire start --head")`}` +
+      (elsewhere.length > 0 ? `\nagents running on this machine with another state dir: ${elsewhere.map((a) => `pid ${a.pid} (gradwire status --state-dir ${a.stateDir})`).join(", ")}` : "")
     // NATS is out of reach: what the local agent's state file knows is all there is to show.
     if (flags.json) console.log(JSON.stringify({ reachable: false, error: message, localAgent: local ?? null }, null, 2))
     throw new Error(local ? `${message}\n${describeLocalAgent(local, stateFile(stateDir(flags)))}` : message)

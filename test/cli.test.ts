@@ -89,6 +89,11 @@ describe("gradwire CLI", () => {
     expect(elsewhere.stdout).toContain(`no gradwire agent recorded in ${other}; nothing to stop there. Running on this machine with another state dir:`)
     expect(elsewhere.stdout).toContain(`pid ${state.pid} (gradwire stop --state-dir ${own})`)
     expect(pidAlive(state.pid)).toBe(true)
+    // status without the state dir: not found at the default address, and says which agents run
+    const status = await rig.cli(["status", "--cluster", "clidir"], env)
+    expect(status.code).toBe(1)
+    expect(status.stderr).toContain(`pid ${state.pid} (gradwire status --state-dir ${own})`)
+    expect((await rig.cli(["status", "--cluster", "clidir", "--state-dir", own], env)).code).toBe(0)
     const stop = await rig.cli(["stop", "--state-dir", own], env)
     expect(stop.code).toBe(0)
     expect(pidAlive(state.pid)).toBe(false)
