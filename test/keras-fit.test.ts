@@ -24,10 +24,10 @@ afterAll(async () => {
   expect(liveNatsServerPids()).toEqual([])
 })
 
-const fit = (name: string, differ: boolean) =>
+const fit = (name: string, differ: boolean, more: { epochs?: number; unprepared?: boolean } = {}) =>
   new Trainer({
     trainLoopPerWorker: LOOP,
-    trainLoopConfig: { epochs: 6, differ },
+    trainLoopConfig: { epochs: 6, differ, ...more },
     scalingConfig: { numWorkers: 2 },
     runConfig: { name, storagePath: storage, progress: false },
     datasets: { train }
@@ -39,6 +39,7 @@ describe("model.fit on a prepared model", () => {
     const [m0, m1] = r.metricsPerRank.at(-1)!
     expect(m0!.weights).toBe(m1!.weights)
     expect(m0!["gradwire/parity_repaired"]).toBeUndefined()
+    expect(m0!["gradwire/unprepared_updates"]).toBeUndefined()
     expect(m1!.loss).toBe(m0!.loss)
     expect(m0!.epochsSeen).toBe("0,1,2,3,4,5")
     expect(m0!.loss as number).toBeLessThan((m0!.firstLoss as number) / 2)
@@ -46,6 +47,19 @@ describe("model.fit on a prepared model", () => {
     // the global batch of 64 split over the two ranks
     expect(m0!["batch/rank0"]).toBe(32)
     expect(m0!["batch/rank1"]).toBe(32)
+  })
+
+  it("on a model never prepared, each rank trains alone, and the run says so once: the ranks' metric, events.jsonl, summary.json", { timeout: 90_000 }, async () => {
+    const r = await fit("keras-fit-unprepared", false, { epochs: 2, unprepared: true })
+    const [m0, m1] = r.metricsPerRank.at(-1)!
+    // 2 epochs of the 1797 rows but validationSplit's fifth (1438), in batches of 64: 23 a epoch
+    for (const m of [m0!, m1!]) expect(m["gradwire/unprepared_updates"]).toBe(46)
+    const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).split("\n").filter(Boolean).map((l) => JSON.parse(l) as Record<string, unknown>)
+    const said = events.filter((e) => e.type === "unprepared-training")
+    expect(said).toHaveLength(1)
+    expect(said[0]).toMatchObject({ ranks: [0, 1], updates: 92 })
+    const summary = JSON.parse(await fs.readFile(path.join(r.path, "summary.json"), "utf8")) as { incidents: Array<{ kind: string; text: string }> }
+    expect(summary.incidents.find((i) => i.kind === "unprepared")?.text).toMatch(/not passed to ctx\.prepareModel\(\).*each rank trained that model alone/)
   })
 
   it("recovers from the surviving peers when a rank dies in the middle of model.fit: a replacement replays to them and joins", { tags: ["faults"], timeout: 90_000 }, async () => {

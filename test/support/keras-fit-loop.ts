@@ -4,12 +4,13 @@
 // first attempt dies (kill -9) at the end of that epoch; `epochMs` makes every epoch last at least so
 // long, and `holdFile` slows each step of a group smaller than the size it holds (hold.ts): a
 // replacement then joins before the run ends, however long it takes to start on a loaded machine.
+// With `unprepared`, the model is never prepared (a user's mistake the run must say).
 import type { TrainContext } from "../../index.ts"
 import { weightsHashAsync } from "../../examples/digits/model.ts"
 import { holdStep } from "./hold.ts"
 
 export async function kerasFitLoop(
-  config: { epochs: number; differ?: boolean; kill?: { readonly rank: number; readonly epoch: number }; epochMs?: number; holdFile?: string },
+  config: { epochs: number; differ?: boolean; kill?: { readonly rank: number; readonly epoch: number }; epochMs?: number; holdFile?: string; unprepared?: boolean },
   ctx: TrainContext
 ): Promise<void> {
   const tf = ctx.tf
@@ -18,7 +19,8 @@ export async function kerasFitLoop(
     layers: [tf.layers.dense({ units: 32, inputShape: [64], activation: "relu" }), tf.layers.dense({ units: 10, activation: "softmax" })]
   })
   model.compile({ optimizer: tf.train.adam(0.01), loss: "categoricalCrossentropy", metrics: ["accuracy"] })
-  await ctx.prepareModel(model)
+  // (`unprepared`: the mistake of never preparing it, so each rank trains alone)
+  if (!config.unprepared) await ctx.prepareModel(model)
   const n = config.differ && ctx.worldRank === 1 ? data.size - 1 : data.size
   const x = tf.tensor2d(data.x.subarray(0, n * 64), [n, 64])
   const y = tf.oneHot(tf.tensor1d(data.y.subarray(0, n), "int32"), 10)

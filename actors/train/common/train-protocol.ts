@@ -11,6 +11,20 @@ const Metrics = Schema.Record(Schema.String, Schema.Unknown)
 /** A report round's metric when state parity repaired ranks: how many (and `<name>_ranks`: which). */
 export const PARITY_METRIC = "gradwire/parity_repaired"
 
+/**
+ * A rank's report metric when its loop updated weights through tfjs's optimizer (model.fit,
+ * trainOnBatch, optimizer.minimize) on a model it never prepared since its previous report: how many
+ * times (worker/unprepared.ts). Each rank's own, in its metrics.
+ */
+export const UNPREPARED_METRIC = "gradwire/unprepared_updates"
+
+/** What an UNPREPARED_METRIC of `n` means, and what to do (the worker's log and the driver's line). */
+export const UNPREPARED_HINT = (n: number): string =>
+  `${n} weight update(s) through tfjs's optimizer (model.fit, model.trainOnBatch or optimizer.minimize) on a model not passed to ctx.prepareModel(): ` +
+  "their gradients were not all-reduced, so each rank trained that model alone and the ranks' weights drift apart; " +
+  "prepare the model before training it (const dp = await ctx.prepareModel(model), then model.fit, dp.fit or dp.trainStep), " +
+  "or ignore this for a model each rank trains by itself on purpose"
+
 export const CheckpointPayload = Schema.Struct({
   files: Schema.Record(Schema.String, Bytes),
   metadata: Schema.Record(Schema.String, Schema.Unknown)

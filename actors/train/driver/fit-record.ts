@@ -7,7 +7,7 @@ import * as path from "node:path"
 import type { CheckpointEntry, CheckpointStorage } from "./checkpoint-store.ts"
 import type { CompletedRound } from "./controller.ts"
 import type { Resolved, TrainerCallbacks } from "./options.ts"
-import { PARITY_METRIC } from "../common/train-protocol.ts"
+import { PARITY_METRIC, UNPREPARED_HINT, UNPREPARED_METRIC } from "../common/train-protocol.ts"
 import type { BusOutage, CheckpointError, CheckpointInfo, Resize, Result } from "./result.ts"
 import type { Incident } from "../common/observe/report-html.ts"
 import type { ProgressPrinter } from "../common/observe/progress.ts"
@@ -95,6 +95,9 @@ export class FitRecord {
   readonly recorder: RunRecorder
   readonly progress: ProgressPrinter
 
+  /** The run said that ranks train a model they never prepared (once per run). */
+  #unpreparedSaid = false
+
   constructor(cfg: Resolved, recorder: RunRecorder, progress: ProgressPrinter) {
     this.#cfg = cfg
     this.recorder = recorder
@@ -178,6 +181,19 @@ export class FitRecord {
         attempt: round.attempt,
         round: index,
         ranks
+      })
+    }
+    // Ranks that trained a model they never prepared: said once per run (the first round it shows).
+    const unprepared = metrics.flatMap((m, rank) => (typeof m?.[UNPREPARED_METRIC] === "number" ? [{ rank, n: m[UNPREPARED_METRIC] as number }] : []))
+    if (unprepared.length > 0 && !this.#unpreparedSaid) {
+      this.#unpreparedSaid = true
+      const n = unprepared.reduce((s, u) => s + u.n, 0)
+      this.incident("unprepared", `report round ${index}: rank(s) ${unprepared.map((u) => u.rank).join(", ")} made ${UNPREPARED_HINT(n)}`, {
+        type: "unprepared-training",
+        attempt: round.attempt,
+        round: index,
+        ranks: unprepared.map((u) => u.rank),
+        updates: n
       })
     }
     void this.callbacks("onReport", (cb) => cb.onReport?.({ index, metrics: metrics[0], perRank: metrics }))

@@ -12,7 +12,8 @@ import { IterableStream, isRowSource, type IterablePosition, type RowSource } fr
 import { isFileDatasetSpec } from "../../../core/data/file-spec.ts"
 import { resolveFileDataset, type ResolvedDataset } from "../../../core/data/resolve.ts"
 import type { DataPosition } from "../../../core/data/plan.ts"
-import { PARITY_METRIC, type DatasetPayload } from "../common/train-protocol.ts"
+import { PARITY_METRIC, UNPREPARED_METRIC, UNPREPARED_HINT, type DatasetPayload } from "../common/train-protocol.ts"
+import { countUnpreparedUpdates, takeUnpreparedUpdates } from "./unprepared.ts"
 import { replicaOffset } from "../common/optim/zero.ts"
 import { loadWeightsInto, modelToFiles } from "../../../core/model-io.ts"
 import type { Communicator } from "../../../collectives/communicator.ts"
@@ -181,7 +182,11 @@ export class TrainContext {
     this.#deps = deps
     this.tf = deps.tf
     this.backend = deps.backend
+    countUnpreparedUpdates(deps.tf)
   }
+
+  /** Whether this rank's loop has been told that it trains a model it never prepared. */
+  #warnedUnprepared = false
 
   // The group this rank is in now: after a regroup (a failed rank replaced by surviving peers, or
   // an elastic group re-formed in place) these change under a running loop.
@@ -274,6 +279,15 @@ export class TrainContext {
         parity = await this.#parity(index)
       }
       if (parity !== undefined && parity.length > 0) metrics = { ...metrics, [PARITY_METRIC]: parity.length, [`${PARITY_METRIC}_ranks`]: parity.join(" ") }
+      // Weights this rank trained alone (a model it never prepared), where there are other ranks.
+      const unprepared = takeUnpreparedUpdates()
+      if (unprepared > 0 && this.worldSize > 1) {
+        metrics = { ...metrics, [UNPREPARED_METRIC]: unprepared }
+        if (!this.#warnedUnprepared) {
+          this.#warnedUnprepared = true
+          this.#deps.warn?.(`rank ${this.worldRank}: ${UNPREPARED_HINT(unprepared)}`)
+        }
+      }
       // A pipeline's checkpoint is every rank's: rank 0's carries the layout and metadata, the other
       // ranks' stage shards join it as files of their own.
       const c = options.checkpoint
