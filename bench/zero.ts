@@ -1,5 +1,5 @@
 // ZeRO stage 0 vs 1 vs 2: `npm run bench -- zero [--steps 12] [--batch 32] [--workers 1,2,4]
-// [--warmup 3] [--stages 0,1,2] [--breakdown] [--verbose] [--peers]`. For each number of workers p, three Trainer runs in this process
+// [--warmup 3] [--stages 0,1,2] [--breakdown] [--verbose] [--peers] [--clip-norm X]`. For each number of workers p, three Trainer runs in this process
 // (real worker processes on the embedded cluster), one per collectiveConfig.zeroStage, of the same
 // dense MLP (1024 -> 2048 -> 2048 -> 10, 6.3M parameters) with Adam on the same seeded synthetic
 // batches (test/support/zero-bench-loop.ts). Per stage: the bytes each rank holds
@@ -10,7 +10,9 @@
 // every run also times the pieces of a step one by one (on every rank; rank 0's printed); with
 // --verbose every rank's time of every timed step is printed. Runs recover from the checkpoint
 // (no replicas: the memory ZeRO saves) unless --peers (the default recoverFrom: each rank keeps its
-// predecessor's shard; stage 2 also sends each reduced segment to the next rank).
+// predecessor's shard; stage 2 also sends each reduced segment to the next rank). --clip-norm X
+// clips every stage's gradient by its global norm (prepareModel clipNorm; at stage 2 one more
+// 4-byte all-reduce a step sums the ranks' segments' squares).
 import * as fs from "node:fs/promises"
 import * as os from "node:os"
 import * as path from "node:path"
@@ -57,6 +59,9 @@ export async function run(argv: ReadonlyArray<string>): Promise<void> {
   const breakdown = argv.includes("--breakdown")
   const verbose = argv.includes("--verbose")
   const peers = argv.includes("--peers")
+  const clipNormArg = get("--clip-norm", "")
+  const clipNorm = clipNormArg === "" ? undefined : Number(clipNormArg)
+  if (clipNorm !== undefined && !(clipNorm > 0)) throw new Error(`zero: --clip-norm must be a number > 0, got ${clipNormArg}`)
   const STAGES = get("--stages", "0,1,2")
     .split(",")
     .map((s) => Number(s.trim()) as 0 | 1 | 2)
@@ -68,7 +73,7 @@ export async function run(argv: ReadonlyArray<string>): Promise<void> {
   const storage = await fs.mkdtemp(path.join(os.tmpdir(), "gw-bench-zero-"))
   try {
     const fit = async (p: number, stage: 0 | 1 | 2): Promise<Metrics[]> => {
-      const trainLoopConfig: ZeroBenchConfig = { steps, warmup, batch, breakdown }
+      const trainLoopConfig: ZeroBenchConfig = { steps, warmup, batch, breakdown, ...(clipNorm !== undefined ? { clipNorm } : {}) }
       const r = await new Trainer({
         trainLoopPerWorker: LOOP,
         trainLoopConfig,

@@ -245,8 +245,8 @@ describe("ZeRO stage 1 and 2", () => {
   })
 
   it("clips as stage 0 does: clipNorm at stages 1 (the whole gradient on every rank) and 2 (the group's norm from every rank's segment), clipValue at both", async () => {
-    const run = async (stage: 0 | 1 | 2, prepare: PrepareOptions, replica = false) => {
-      const ranks = await makeGroup(3, stage, OPTIMIZERS.adam!, prepare, "none", replica)
+    const run = async (stage: 0 | 1 | 2, prepare: PrepareOptions, replica = false, p = 3) => {
+      const ranks = await makeGroup(p, stage, OPTIMIZERS.adam!, prepare, "none", replica)
       try {
         await train(ranks, 5)
         const w = flatWeights(ranks[0]!.model)
@@ -274,6 +274,11 @@ describe("ZeRO stage 1 and 2", () => {
       for (const [stage, replica] of [[1, false], [2, false], [2, true]] as const) {
         const d = maxDiff(await run(stage, clip, replica), base)
         expect(d, `stage ${stage}${replica ? " with replicas" : ""} ${JSON.stringify(clip)}: max diff ${d}`).toBeLessThan(2e-5)
+      }
+      // a group of one and of two at stage 2 (the norm's sum over one rank, and over a pair)
+      for (const p of [1, 2]) {
+        const d = maxDiff(await run(2, clip, p > 1, p), await run(0, clip, false, p))
+        expect(d, `stage 2 at p = ${p} ${JSON.stringify(clip)}: max diff ${d}`).toBeLessThan(2e-5)
       }
     }
   })

@@ -38,6 +38,8 @@ export interface ZeroBenchConfig {
   readonly breakdown?: boolean
   /** Repetitions per piece (median). Default 5. */
   readonly breakdownReps?: number
+  /** prepareModel's clipNorm (at stage 2, the group's norm summed from every rank's segment). Default none. */
+  readonly clipNorm?: number
 }
 
 interface WireCounter {
@@ -102,7 +104,7 @@ export async function zeroBenchLoop(config: ZeroBenchConfig, ctx: TrainContext):
     model.add(tf.layers.dense({ units: classes, activation: "softmax", kernelInitializer: init(3) }))
     optimizer = tf.train.adam(1e-3)
     model.compile({ optimizer, loss: "categoricalCrossentropy" })
-    const dp = await ctx.prepareModel(model)
+    const dp = await ctx.prepareModel(model, config.clipNorm !== undefined ? { clipNorm: config.clipNorm } : {})
 
     // Two seeded batches per rank (different data on each rank), cycled.
     const next = seededRng(seed * 7919 + ctx.worldRank)
