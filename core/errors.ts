@@ -52,6 +52,29 @@ export class UnsupportedKernel extends Schema.TaggedError<UnsupportedKernel>()("
   }
 }
 
+/**
+ * The wasm backend's memory cannot hold a tensor: its heap (WebAssembly memory, at most 4 GiB per
+ * process) could not grow for it. Where tfjs's allocation failed, its view of the tensor's bytes
+ * runs past the heap: a RangeError about a typed array's length, which this replaces.
+ */
+export class HeapExhausted extends Schema.TaggedError<HeapExhausted>()("HeapExhausted", {
+  backend: Schema.String,
+  shape: Schema.Array(Schema.Number),
+  /** The tensor's bytes. */
+  bytes: Schema.Number,
+  /** The heap's bytes when it failed. */
+  heapBytes: Schema.Number
+}) {
+  override get message(): string {
+    const mib = (b: number): string => `${(b / 2 ** 20).toFixed(0)} MiB`
+    return (
+      `the ${this.backend} backend's memory cannot hold a tensor of shape [${this.shape.join(", ")}] (${mib(this.bytes)}; its heap has ${mib(this.heapBytes)} ` +
+      `and a WebAssembly heap grows to at most 4 GiB a process): lower the batch size (or split it with accumulation: dp.trainStep(x, y, { accumulate: true }), ` +
+      `dp.fit's accumulationSteps), or give the rows to more workers`
+    )
+  }
+}
+
 /** Could not connect to NATS (unreachable, refused, bad credentials). */
 export class NatsConnectError extends Schema.TaggedError<NatsConnectError>()("NatsConnectError", {
   servers: Schema.String,

@@ -15,6 +15,8 @@ import { padImage, patchStats, pointwiseStats, setPatchChunkBytes, simdConvStats
 import { fusedMatMulStats, setConflicting, simdMatMulStats } from "../core/kernels/matmul.ts"
 import { clipGradStats, reluGradStats } from "../core/kernels/relu-grad.ts"
 import { asBlockTranspose } from "../core/kernels/transpose.ts"
+import { heapArray } from "../core/kernels/wasm-heap.ts"
+import { HeapExhausted } from "../core/errors.ts"
 
 type Tensor = import("@tensorflow/tfjs").Tensor
 let tf: Tf
@@ -901,5 +903,22 @@ describe("gradwire's wasm kernels match the cpu backend", () => {
     const worst = await compare(() => tf.einsum("ij,jk->ik", t([3, 4], 1), t([4, 2], 2)))
     expect(worst).toBeLessThanOrEqual(1e-5)
     expect(fallbackKernelsUsed()).toContain("Einsum")
+  })
+})
+
+describe("a tensor the wasm heap cannot hold", () => {
+  it("is a HeapExhausted that says what to do, not the typed array's RangeError", () => {
+    const x = tf.zeros([4])
+    try {
+      const backend = tf.backend() as unknown as Parameters<typeof heapArray>[0]
+      // a view as large as a batch the heap could not grow for: tfjs's view runs past the heap
+      const huge = { dataId: x.dataId, shape: [300_000, 8, 8, 16], dtype: "float32" as const }
+      expect(() => heapArray(backend, huge)).toThrow(HeapExhausted)
+      expect(() => heapArray(backend, huge)).toThrow(/wasm backend's memory cannot hold a tensor of shape \[300000, 8, 8, 16\] \(1172 MiB; its heap has \d+ MiB.*lower the batch size/)
+      // the tensor itself, as it is
+      expect(heapArray(backend, { dataId: x.dataId, shape: [4], dtype: "float32" })).toHaveLength(4)
+    } finally {
+      x.dispose()
+    }
   })
 })

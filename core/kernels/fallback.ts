@@ -4,7 +4,7 @@
 // fails for want of one; each kernel that takes this path is recorded (fallbackKernelsUsed) so the
 // worker can say so once and explain.txt can list them.
 import type { Tf } from "../tf.ts"
-import type { KernelArgs, KernelFunc, TensorInfo, WasmBackend } from "./wasm-heap.ts"
+import { heapArray, type KernelArgs, type KernelFunc, type TensorInfo, type WasmBackend } from "./wasm-heap.ts"
 
 const used = new Set<string>()
 const listeners = new Set<(kernel: string) => void>()
@@ -57,7 +57,7 @@ export const cpuFallback = (tf: Tf, name: string, record = true): KernelFunc => 
         const values = cpu.readSync(o.dataId)
         const w = backend.makeOutput(o.shape, o.dtype)
         if (o.dtype === "string") throw new Error(`kernel ${name}: string outputs are not supported on the wasm fallback`)
-        ;(backend.typedArrayFromHeap(w) as Float32Array).set(values as ArrayLike<number>)
+        ;(heapArray(backend, w) as Float32Array).set(values as ArrayLike<number>)
         cpu.disposeData(o.dataId, true)
         return w
       })

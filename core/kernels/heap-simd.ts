@@ -15,7 +15,7 @@ import * as settings from "../settings.ts"
 import type { Tf } from "../tf.ts"
 import { wrapGradient, type GradientOver } from "./gradients.ts"
 import { HEAP_KERNELS_FMA_WASM_BASE64, HEAP_KERNELS_WASM_BASE64 } from "./simd/heap-kernels-wasm.ts"
-import type { TensorInfo, WasmBackend } from "./wasm-heap.ts"
+import { heapArray, type TensorInfo, type WasmBackend } from "./wasm-heap.ts"
 
 declare const WebAssembly: {
   Module: new (bytes: Uint8Array) => object
@@ -186,11 +186,11 @@ export const heapKernels = (backend: WasmBackend): HeapKernels | undefined => {
 }
 
 /** A tensor's byte address on the heap. */
-export const addressOf = (backend: WasmBackend, t: TensorInfo): number => backend.typedArrayFromHeap(t).byteOffset
+export const addressOf = (backend: WasmBackend, t: TensorInfo): number => heapArray(backend, t).byteOffset
 
 /** Whether the heap goes on at least `bytes` past the end of t's data: for kernels that read past their last row lanes they never store. */
 export const roomAfter = (backend: WasmBackend, t: TensorInfo, bytes: number): boolean => {
-  const a = backend.typedArrayFromHeap(t)
+  const a = heapArray(backend, t)
   return a.byteOffset + a.byteLength + bytes <= a.buffer.byteLength
 }
 

@@ -8,7 +8,7 @@
 // (heap-simd.ts; a JavaScript copy per run cost more than the run itself for attention's 16-float
 // runs), bool by the loop below. Anything else goes to the backend's own kernel.
 import { addressOf, heapKernels } from "./heap-simd.ts"
-import type { KernelArgs, KernelFunc, TensorInfo } from "./wasm-heap.ts"
+import { heapArray, type KernelArgs, type KernelFunc, type TensorInfo } from "./wasm-heap.ts"
 
 const TILE = 64
 
@@ -81,6 +81,6 @@ export const transposeKernel =
       if (plan.batch * plan.rows * plan.cols * plan.inner > 0) kernels.blockTranspose(addressOf(backend, x), addressOf(backend, out), plan.batch, plan.rows, plan.cols, plan.inner)
       return out
     }
-    blockTranspose(backend.typedArrayFromHeap(x), backend.typedArrayFromHeap(out), plan.batch, plan.rows, plan.cols, plan.inner)
+    blockTranspose(heapArray(backend, x), heapArray(backend, out), plan.batch, plan.rows, plan.cols, plan.inner)
     return out
   }

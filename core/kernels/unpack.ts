@@ -3,7 +3,7 @@
 // projected inputs; tfjs-layers' recurrence unstacks its inputs this way on every call). Here each
 // output is `outer` runs of `inner` contiguous elements of the input, each one copy: the whole
 // tensor is read once.
-import type { KernelArgs, KernelFunc, TensorInfo } from "./wasm-heap.ts"
+import { heapArray, type KernelArgs, type KernelFunc, type TensorInfo } from "./wasm-heap.ts"
 
 export const unpack = (own: KernelFunc): KernelFunc => (args: KernelArgs): TensorInfo[] => {
   const { inputs, backend, attrs } = args
@@ -24,9 +24,9 @@ export const unpack = (own: KernelFunc): KernelFunc => (args: KernelArgs): Tenso
     // Made before the views: a new output can grow the heap and detach earlier views.
     outs.push(out)
   }
-  const from = backend.typedArrayFromHeap(x)
+  const from = heapArray(backend, x)
   outs.forEach((out, k) => {
-    const dst = backend.typedArrayFromHeap(out)
+    const dst = heapArray(backend, out)
     if (outer === 1) {
       dst.set(from.subarray(k * inner, (k + 1) * inner))
       return

@@ -3,6 +3,7 @@
 // call (the backend's own matmul). Kept to structural types so the rest of gradwire does not
 // depend on the backend's private classes.
 import type { Tf } from "../tf.ts"
+import { HeapExhausted } from "../errors.ts"
 
 type DataType = "float32" | "int32" | "bool" | "complex64" | "string"
 
@@ -11,6 +12,22 @@ export interface TensorInfo {
   readonly dataId: object
   readonly shape: number[]
   readonly dtype: DataType
+}
+
+/**
+ * A view of tensor `t`'s bytes on the wasm heap (no copy). Where the heap could not grow to hold it
+ * (tfjs's allocation failed and left a place the view runs past), a HeapExhausted that says so
+ * and what to do, instead of the typed array's RangeError.
+ */
+export const heapArray = (backend: Pick<WasmBackend, "typedArrayFromHeap">, t: TensorInfo): Float32Array | Int32Array | Uint8Array => {
+  try {
+    return backend.typedArrayFromHeap(t)
+  } catch (e) {
+    if (!(e instanceof RangeError)) throw e
+    const bytes = t.shape.reduce((a, b) => a * b, 1) * (t.dtype === "bool" ? 1 : 4)
+    const heap = (backend as { wasm?: { HEAPU8?: { buffer?: ArrayBufferLike } } }).wasm?.HEAPU8?.buffer?.byteLength ?? 0
+    throw new HeapExhausted({ backend: "wasm", shape: [...t.shape], bytes, heapBytes: heap })
+  }
 }
 
 /** What gradwire uses of tfjs-backend-wasm's BackendWasm. */
