@@ -216,6 +216,12 @@ describe("controller: failures and restarts", () => {
     expect(decide(f, 0, -1)).toEqual({ action: "restart", counted: true, failuresSoFar: 1 })
     expect(decide(f, 5, 5)).toMatchObject({ action: "fail" })
     expect(decide({ ...f, kind: "node-lost" }, 5, 5)).toEqual({ action: "restart", counted: false, failuresSoFar: 5 })
+    // an error in the loop's own code, or a batch the heap cannot hold, comes back on a restart: not
+    // retried even with no limit; another error of the loop is
+    const loop = { kind: "loop-error", rank: 1, message: "" } as const
+    expect(decide({ ...loop, tag: "TypeError" }, 0, -1)).toEqual({ action: "fail", reason: expect.stringMatching(/^not retryable \(TypeError: an error in the loop's code/) })
+    expect(decide({ ...loop, tag: "HeapExhausted" }, 0, -1)).toMatchObject({ action: "fail" })
+    expect(decide({ ...loop, tag: "Error" }, 0, -1)).toEqual({ action: "restart", counted: true, failuresSoFar: 1 })
   })
 })
 

@@ -54,7 +54,19 @@ const INFRASTRUCTURE: ReadonlySet<FailureKind> = new Set(["node-lost", "bus", "r
 export const MAX_INFRA_RESTARTS_WITHOUT_PROGRESS = 3
 
 /** Errors that say the user's code or config is wrong, however often it is retried. */
-const NON_RETRYABLE_TAGS: ReadonlySet<string> = new Set(["ConfigError", "SyntaxError", "ERR_MODULE_NOT_FOUND", "ModuleNotAllowed", "EnvNotAllowed", "UnsupportedKernel"])
+const NON_RETRYABLE_TAGS: ReadonlySet<string> = new Set([
+  "ConfigError", "SyntaxError", "ERR_MODULE_NOT_FOUND", "ModuleNotAllowed", "EnvNotAllowed", "UnsupportedKernel",
+  // a bug in the loop's code, and a batch the backend's memory cannot hold: a restart meets them again
+  "TypeError", "ReferenceError", "HeapExhausted"
+])
+
+/** Why a failure of tag `tag` is not retried, for the run's closing line. */
+const notRetryable = (tag: string): string =>
+  tag === "TypeError" || tag === "ReferenceError" || tag === "SyntaxError"
+    ? `not retryable (${tag}: an error in the loop's code, which a restart would run into again; fix it and run again)`
+    : tag === "HeapExhausted"
+      ? `not retryable (${tag}: the same batch would not fit again)`
+      : `not retryable (${tag})`
 
 export const isInfrastructure = (failure: GroupFailure): boolean => INFRASTRUCTURE.has(failure.kind)
 
@@ -69,7 +81,7 @@ export const decide = (
   context: { readonly infrastructureRestartsWithoutProgress?: number } = {}
 ): Decision => {
   if (!RETRYABLE.has(failure.kind) || NON_RETRYABLE_TAGS.has(failure.tag)) {
-    return { action: "fail", reason: `not retryable (${failure.kind === "loop-error" ? failure.tag : failure.kind})` }
+    return { action: "fail", reason: failure.kind === "loop-error" ? notRetryable(failure.tag) : `not retryable (${failure.kind})` }
   }
   if (isInfrastructure(failure) && (context.infrastructureRestartsWithoutProgress ?? 0) < MAX_INFRA_RESTARTS_WITHOUT_PROGRESS) {
     return { action: "restart", counted: false, failuresSoFar }
