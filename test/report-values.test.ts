@@ -63,6 +63,18 @@ describe("report()", () => {
     expect(failed.result.restarts).toBe(0)
   })
 
+  it("a prepared model used without await fails as a ConfigError that says to await it (not 'dp.trainStep is not a function')", { timeout: 60_000 }, async () => {
+    const e = await fit("no-await", 1, 2).then(
+      () => new Error("fit() resolved"),
+      (err: unknown) => err
+    )
+    expect(e).toBeInstanceOf(TrainingFailed)
+    const failed = e as TrainingFailed
+    expect(failed.kind).toBe("config")
+    expect(failed.message).toMatch(/ctx\.prepareModel\(model\).*returns a Promise, and its \.trainStep was read without awaiting it: write `const x = await ctx\.prepareModel\(model\)`/)
+    expect(failed.result.restarts).toBe(0)
+  })
+
   it("sends the reports the loop did not await before the rank counts as finished", { timeout: 60_000 }, async () => {
     const r = await fit("unawaited", 3)
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 0, 1, 1, 2, 2])

@@ -2,15 +2,16 @@
 // tf.Scalar loss, beside a bigint, a Date and an undefined value; `"vector"`, a tensor of 3 elements), or report() calls it does not await
 // (`"unawaited"`, two an epoch, their scalar disposed at once, the last one still on its way when the
 // loop returns). `"no-dataset"` asks for a
-// dataset the Trainer was not given.
+// dataset the Trainer was not given; `"no-await"` forgets to await ctx.prepareModel.
 import type { TrainContext } from "../../index.ts"
 
-export async function reportLoop(config: { mode: "scalar" | "vector" | "unawaited" | "no-dataset"; epochs: number }, ctx: TrainContext): Promise<void> {
+export async function reportLoop(config: { mode: "scalar" | "vector" | "unawaited" | "no-dataset" | "no-await"; epochs: number }, ctx: TrainContext): Promise<void> {
   const tf = ctx.tf
   if (config.mode === "no-dataset") await ctx.getDatasetShard("train")
   const model = tf.sequential({ layers: [tf.layers.dense({ units: 3, inputShape: [4], activation: "softmax" })] })
   model.compile({ optimizer: tf.train.sgd(0.1), loss: "sparseCategoricalCrossentropy" })
-  const dp = await ctx.prepareModel(model)
+  // (`"no-await"`: the model prepared without await, as Node runs TypeScript unchecked)
+  const dp = config.mode === "no-await" ? (ctx.prepareModel(model) as unknown as Awaited<ReturnType<TrainContext["prepareModel"]>>) : await ctx.prepareModel(model)
   const x = tf.tensor2d([1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0], [3, 4])
   const y = tf.tensor1d([0, 1, 2])
   for (let epoch = 0; epoch < config.epochs; epoch++) {

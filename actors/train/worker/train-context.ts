@@ -14,6 +14,7 @@ import { resolveFileDataset, type ResolvedDataset } from "../../../core/data/res
 import type { DataPosition } from "../../../core/data/plan.ts"
 import { PARITY_METRIC, UNPREPARED_METRIC, UNPREPARED_HINT, type DatasetPayload } from "../common/train-protocol.ts"
 import { countUnpreparedUpdates, takeUnpreparedUpdates } from "./unprepared.ts"
+import { PIPELINE_MEMBERS, PREPARED_MEMBERS, SHARD_MEMBERS, withAwaitHint } from "./await-hint.ts"
 import { replicaOffset } from "../common/optim/zero.ts"
 import { loadWeightsInto, modelToFiles } from "../../../core/model-io.ts"
 import type { Communicator } from "../../../collectives/communicator.ts"
@@ -430,7 +431,11 @@ export class TrainContext {
    * Every call for one name gives the same stream. The type parameter names what the dataset is
    * (`getDatasetShard<FileStream>("train")` for a file dataset's stream methods); dp.fit() takes any.
    */
-  async getDatasetShard<S extends Shard = DatasetShard>(name: string): Promise<S> {
+  getDatasetShard<S extends Shard = DatasetShard>(name: string): Promise<S> {
+    return withAwaitHint(this.#datasetShard<S>(name), `ctx.getDatasetShard(${JSON.stringify(name)})`, SHARD_MEMBERS)
+  }
+
+  async #datasetShard<S extends Shard>(name: string): Promise<S> {
     const ds = await this.#dataset(name)
     if (ds instanceof FileStream || ds instanceof IterableStream) return ds as S
     const session = this.#deps.session
@@ -509,7 +514,11 @@ export class TrainContext {
    * and trainStep()/fit() all-reduce gradients (bucketed, with the configured algorithm and
    * compression) so every rank keeps identical weights.
    */
-  async prepareModel(model: LayersModel, options: PrepareOptions = {}): Promise<DataParallelModel> {
+  prepareModel(model: LayersModel, options: PrepareOptions = {}): Promise<DataParallelModel> {
+    return withAwaitHint(this.#prepareModel(model, options), "ctx.prepareModel(model)", PREPARED_MEMBERS)
+  }
+
+  async #prepareModel(model: LayersModel, options: PrepareOptions): Promise<DataParallelModel> {
     const d = this.#deps
     // A kernel this backend cannot run is an UnsupportedKernel error now, naming it and its layer.
     dryStep(this.tf, model, this.backend)
@@ -635,7 +644,11 @@ export class TrainContext {
    * compiled model, or a stack of layer factories ({ inputShape, layers }, with optimizer and loss
    * in the options) of which each rank makes only its stage's layers. See actors/train/worker/model-parallel/.
    */
-  async preparePipeline(model: PipelineSpec, options: PipelineOptions = {}): Promise<PipelineModel> {
+  preparePipeline(model: PipelineSpec, options: PipelineOptions = {}): Promise<PipelineModel> {
+    return withAwaitHint(this.#preparePipeline(model, options), "ctx.preparePipeline(spec)", PIPELINE_MEMBERS)
+  }
+
+  async #preparePipeline(model: PipelineSpec, options: PipelineOptions): Promise<PipelineModel> {
     const subgroup = this.#deps.subgroup
     if (!subgroup) throw new ConfigError({ field: "preparePipeline", reason: "this worker cannot make sub-groups (it runs outside a Trainer's worker)" })
     if ((this.#deps.zeroStage ?? 0) > 0 || this.#deps.ps) {
