@@ -28,6 +28,16 @@ const fit = (mode: string, epochs: number, maxFailures = 0) =>
     runConfig: { name: `report-${mode}`, storagePath: storage, progress: false, failureConfig: { maxFailures } }
   }).fit()
 
+/** A run expected to fail: its TrainingFailed. */
+const failure = async (mode: string, epochs: number, maxFailures = 0): Promise<TrainingFailed> => {
+  const e = await fit(mode, epochs, maxFailures).then(
+    () => new Error("fit() resolved"),
+    (err: unknown) => err
+  )
+  expect(e).toBeInstanceOf(TrainingFailed)
+  return e as TrainingFailed
+}
+
 describe("report()", () => {
   it("reads a metric that is a tensor of one element as its number, on every rank", { timeout: 60_000 }, async () => {
     const r = await fit("scalar", 2)
@@ -42,34 +52,20 @@ describe("report()", () => {
   })
 
   it("refuses a metric that is a tensor of several elements with a ConfigError naming it", { timeout: 60_000 }, async () => {
-    const e = await fit("vector", 2).then(
-      () => new Error("fit() resolved"),
-      (err: unknown) => err
-    )
-    expect(e).toBeInstanceOf(TrainingFailed)
-    expect((e as TrainingFailed).kind).toBe("config")
-    expect((e as TrainingFailed).message).toMatch(/report\(metrics\)\.losses.*is a tensor of shape \[3\]/)
+    const e = await failure("vector", 2)
+    expect(e.kind).toBe("config")
+    expect(e.message).toMatch(/report\(metrics\)\.losses.*is a tensor of shape \[3\]/)
   })
 
   it("a dataset the Trainer was not given fails the run as a ConfigError at once, not retried as a loop error", { timeout: 60_000 }, async () => {
-    const e = await fit("no-dataset", 1, 2).then(
-      () => new Error("fit() resolved"),
-      (err: unknown) => err
-    )
-    expect(e).toBeInstanceOf(TrainingFailed)
-    const failed = e as TrainingFailed
+    const failed = await failure("no-dataset", 1, 2)
     expect(failed.kind).toBe("config")
     expect(failed.message).toMatch(/no dataset "train" was given to the Trainer.*not retryable/)
     expect(failed.result.restarts).toBe(0)
   })
 
   it("a prepared model used without await fails as a ConfigError that says to await it (not 'dp.trainStep is not a function')", { timeout: 60_000 }, async () => {
-    const e = await fit("no-await", 1, 2).then(
-      () => new Error("fit() resolved"),
-      (err: unknown) => err
-    )
-    expect(e).toBeInstanceOf(TrainingFailed)
-    const failed = e as TrainingFailed
+    const failed = await failure("no-await", 1, 2)
     expect(failed.kind).toBe("config")
     expect(failed.message).toMatch(/ctx\.prepareModel\(model\).*returns a Promise, and its \.trainStep was read without awaiting it: write `const x = await ctx\.prepareModel\(model\)`/)
     expect(failed.result.restarts).toBe(0)
