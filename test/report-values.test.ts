@@ -71,6 +71,22 @@ describe("report()", () => {
     expect(failed.result.restarts).toBe(0)
   })
 
+  it("a tensor of the wrong shape fails the run at once, named as tfjs's argument check, not retried from the checkpoint", { timeout: 60_000 }, async () => {
+    // tfjs throws plain Errors for these (and tfjs-layers a ValueError named "Error"): before, they
+    // were retried maxFailures times, each restart meeting the same shape at the same step
+    for (const [mode, tag, what] of [
+      ["shape", "ValueError", "Input 0 is incompatible with layer"],
+      ["keras-shape", "ValueError", "Input 0 is incompatible with layer"],
+      ["op-shape", "InvalidArgumentError", "Error in matMul: inner shapes \\(4\\) and \\(3\\)"]
+    ] as const) {
+      const failed = await failure(mode, 1, 2)
+      expect(failed.kind, mode).toBe("loop-error")
+      expect(failed.message, mode).toMatch(new RegExp(`\\(${tag} in the training loop\\): ${what}`))
+      expect(failed.message, mode).toMatch(new RegExp(`not retryable \\(${tag}: tfjs refused a tensor's shape`))
+      expect(failed.result.restarts, mode).toBe(0)
+    }
+  })
+
   it("sends the reports the loop did not await before the rank counts as finished", { timeout: 60_000 }, async () => {
     const r = await fit("unawaited", 3)
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 0, 1, 1, 2, 2])

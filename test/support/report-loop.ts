@@ -2,10 +2,13 @@
 // tf.Scalar loss, beside a bigint, a Date and an undefined value; `"vector"`, a tensor of 3 elements), or report() calls it does not await
 // (`"unawaited"`, two an epoch, their scalar disposed at once, the last one still on its way when the
 // loop returns). `"no-dataset"` asks for a
-// dataset the Trainer was not given; `"no-await"` forgets to await ctx.prepareModel.
+// dataset the Trainer was not given; `"no-await"` forgets to await ctx.prepareModel; `"shape"` steps on
+// rows of 5 features where the model takes 4 (tfjs-layers refuses the shape), `"keras-shape"` the
+// same through the model's own fit(), `"op-shape"` multiplies matrices whose shapes do not fit
+// (tfjs-core refuses them).
 import type { TrainContext } from "../../index.ts"
 
-export async function reportLoop(config: { mode: "scalar" | "vector" | "unawaited" | "no-dataset" | "no-await"; epochs: number }, ctx: TrainContext): Promise<void> {
+export async function reportLoop(config: { mode: "scalar" | "vector" | "unawaited" | "no-dataset" | "no-await" | "shape" | "keras-shape" | "op-shape"; epochs: number }, ctx: TrainContext): Promise<void> {
   const tf = ctx.tf
   if (config.mode === "no-dataset") await ctx.getDatasetShard("train")
   const model = tf.sequential({ layers: [tf.layers.dense({ units: 3, inputShape: [4], activation: "softmax" })] })
@@ -14,6 +17,9 @@ export async function reportLoop(config: { mode: "scalar" | "vector" | "unawaite
   const dp = config.mode === "no-await" ? (ctx.prepareModel(model) as unknown as Awaited<ReturnType<TrainContext["prepareModel"]>>) : await ctx.prepareModel(model)
   const x = tf.tensor2d([1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0], [3, 4])
   const y = tf.tensor1d([0, 1, 2])
+  if (config.mode === "shape") await dp.trainStep(tf.zeros([3, 5]), y)
+  if (config.mode === "op-shape") tf.matMul(x, tf.zeros([3, 2]))
+  if (config.mode === "keras-shape") await model.fit(tf.zeros([3, 5]), y, { epochs: 1, batchSize: 3, verbose: 0 })
   for (let epoch = 0; epoch < config.epochs; epoch++) {
     const { loss } = await dp.trainStep(x, y)
     // with values JSON has no form for (a bigint, one past 2^53, a Date) and one left undefined

@@ -33,6 +33,7 @@ import * as settings from "../../../core/settings.ts"
 import type { ActorContext } from "../../runtime/actor.ts"
 import type { ActorRef, ActorSystem } from "../../runtime/system.ts"
 import { toWireFailure } from "../../runtime/envelope.ts"
+import { loopFailure } from "./loop-errors.ts"
 import { setIdlePlace } from "../../runtime/heartbeat.ts"
 import { RemoteFailure } from "../../runtime/errors.ts"
 import { ControllerProtocol, measurementsHandedOn, type Admission, type LinkMeasurements, type Placement, type WarmUp, type WorkerArgs } from "../common/train-protocol.ts"
@@ -738,7 +739,7 @@ export class WorkerRun {
   async #failed(e: unknown): Promise<void> {
     // A ConfigError the driver answered the loop's ask with (a dataset it was not given) is the
     // loop's ConfigError: not retried, where a RemoteFailure would be restarted as a loop error.
-    const f = e instanceof RemoteFailure && e.tag === "ConfigError" ? { tag: e.tag, message: e.remoteMessage, stack: e.remoteStack } : toWireFailure(e)
+    const f = e instanceof RemoteFailure && e.tag === "ConfigError" ? { tag: e.tag, message: e.remoteMessage, stack: e.remoteStack } : loopFailure(e)
     // (the why goes into a regroup's event, where this rank is left out)
     this.session?.end(`its loop failed: ${f.tag}: ${f.message.split("\n")[0].slice(0, 300)}`)
     this.#ctx.log.error(`rank ${this.place().rank}: the training loop failed: ${f.tag}: ${f.message}`)
