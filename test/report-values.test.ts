@@ -69,6 +69,10 @@ describe("report()", () => {
     expect(failed.kind).toBe("config")
     expect(failed.message).toMatch(/ctx\.prepareModel\(model\).*returns a Promise, and its \.trainStep was read without awaiting it: write `const x = await ctx\.prepareModel\(model\)`/)
     expect(failed.result.restarts).toBe(0)
+    // the Promise it never awaited rejected as the rank closed its group: handled, not a crash of the
+    // worker's process printed after the run's error
+    const logs = path.join(failed.result.path, "logs")
+    for (const f of await fs.readdir(logs)) expect(await fs.readFile(path.join(logs, f), "utf8"), f).not.toMatch(/CommunicatorClosed|^.*Node\.js v\d+/m)
   })
 
   it("a tensor of the wrong shape fails the run at once, named as tfjs's argument check, not retried from the checkpoint", { timeout: 60_000 }, async () => {

@@ -1,7 +1,8 @@
 // A context call that returns a Promise, used without `await`: `const dp = ctx.prepareModel(model)`
 // then `dp.trainStep(x, y)` read a method of the Promise and failed with "dp.trainStep is not a
 // function" (Node runs TypeScript without checking it). The Promise answers the members its value
-// has with a ConfigError that says to await it.
+// has with a ConfigError that says to await it (and the Promise's own rejection, once the loop has
+// failed so, is handled).
 import { ConfigError } from "../../../core/errors.ts"
 
 /**
@@ -14,6 +15,9 @@ export const withAwaitHint = <T>(p: Promise<T>, call: string, members: ReadonlyA
       configurable: true,
       enumerable: false,
       get(): never {
+        // the loop fails with this error: the Promise it never awaited may still reject (its
+        // collective cut short as the rank closes), which must not crash the process as unhandled
+        p.catch(() => {})
         throw new ConfigError({ field: call, reason: `returns a Promise, and its .${m} was read without awaiting it: write \`const x = await ${call}\`, then x.${m}` })
       }
     })
