@@ -12,6 +12,30 @@ const printer = (): { p: ProgressPrinter; lines: string[] } => {
 }
 
 describe("progress lines", () => {
+  it("with progress off, prints no progress but the workers' own output (stdout) and the run's warnings (stderr)", () => {
+    const out: string[] = []
+    const err: string[] = []
+    const stream = (to: string[]) => ({ isTTY: false, write: (s: string) => (to.push(s), true) }) as unknown as NodeJS.WriteStream
+    const p = new ProgressPrinter(false, 2, stream(out), stream(err))
+    expect(p.mode).toBe("off")
+    p.start(1, 2)
+    p.step({ rank: 0, epoch: 0, step: 9, stepsPerEpoch: 10, samples: 320, loss: 0.5, computeMs: 3 })
+    p.report(0, { loss: 0.5 })
+    p.line("gradwire: a progress line")
+    p.summary("/runs/x", { loss: 0.5 }, undefined)
+    expect(out).toEqual([])
+    p.output("(worker rank=1 pid=7 node=local) hello from rank 1")
+    p.warn("gradwire: callback onReport threw: boom")
+    expect(out).toEqual(["(worker rank=1 pid=7 node=local) hello from rank 1\n"])
+    expect(err).toEqual(["gradwire: callback onReport threw: boom\n"])
+    // with progress on, both are lines of the progress output
+    const on = printer()
+    on.p.warn("gradwire: w")
+    on.p.output("(worker rank=0) o")
+    expect(on.lines).toEqual(["gradwire: w\n", "(worker rank=0) o\n"])
+  })
+
+
   it("a fit loop's line has the step out of the epoch's steps and an ETA", () => {
     const { p, lines } = printer()
     expect(p.mode).toBe("lines")

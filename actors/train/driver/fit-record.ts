@@ -104,11 +104,11 @@ export class FitRecord {
     this.progress = progress
   }
 
-  /** Something that happened to the run: a progress line, events.jsonl, report.html, summary.json. */
+  /** Something that happened to the run: a progress line (stderr with progress off), events.jsonl, report.html, summary.json. */
   readonly incident = (kind: Incident["kind"], text: string, event: Record<string, unknown>): void => {
     this.incidents.push({ time: new Date().toISOString(), kind, text })
     this.recorder.event(event)
-    this.progress.line(`gradwire: ${text}`)
+    this.progress.warn(`gradwire: ${text}`)
     this.monitor?.changed()
   }
 

@@ -299,7 +299,7 @@ export class FitRun {
   readonly #onOutput = (line: string): void => {
     const m = /^\(([^)]*?)(?: pid=\d+)?(?: node=[^)]*)?\)/.exec(line)
     this.recorder.log(m ? m[1] : "workers", line)
-    this.progress.line(line)
+    this.progress.output(line)
   }
 
   /** The cluster (embedded or joined), the checkpoint store, and datasets in an object store. */
@@ -390,7 +390,7 @@ export class FitRun {
       onHeld: (rank, heldMs, hungAfterMs, name) =>
         void mainThreadStack(this.#system.nc, this.#system.subjects.stack(name)).then((stack) => {
           const frames = stack?.frames ?? []
-          this.progress.line(
+          this.progress.warn(
             `gradwire: rank ${rank}'s event loop has been held ${seconds(heldMs)} by one synchronous computation` +
               (frames.length > 0 ? ` ${describeStack(frames)}` : "") +
               ` (an evaluation loop whose awaits resolve at once? yield between its batches); its peers wait for it, and it is taken for hung after ${seconds(hungAfterMs)}`

@@ -135,7 +135,7 @@ export const startRunDashboard = async (
     else progress.line(line)
     return dashboard
   } catch (e) {
-    progress.line(`gradwire: no dashboard: ${(e as Error).message}`)
+    progress.warn(`gradwire: no dashboard: ${(e as Error).message}`)
     return undefined
   }
 }

@@ -136,7 +136,7 @@ export const joinsAt = (furthest: Position, survivors: ReadonlyArray<Position>):
 export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<CheckpointPayload> | undefined> => {
   const attempt = x.controller.attempt
   const giveUp = (why: string): undefined => {
-    x.progress.line(`gradwire: cannot regroup the survivors (${why}); restarting from the checkpoint instead`)
+    x.progress.warn(`gradwire: cannot regroup the survivors (${why}); restarting from the checkpoint instead`)
     x.fellBack(why)
     return undefined
   }

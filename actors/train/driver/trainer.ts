@@ -134,7 +134,7 @@ export class Trainer {
       if (now >= deadline) throw failure
       if (now >= noticeAt) {
         noticeAt = now + PLACEMENT_NOTICE_EVERY_MS
-        progress.line(`gradwire: waiting up to ${Math.ceil((deadline - now) / 1000)} s for room: ${firstLine(failure.message)}`)
+        progress.warn(`gradwire: waiting up to ${Math.ceil((deadline - now) / 1000)} s for room: ${firstLine(failure.message)}`)
       }
       await cluster.view.nextChange(Math.min(1_000, Math.max(50, deadline - now)))
     }

@@ -1,6 +1,9 @@
 // Live progress in the driver's terminal: a per-epoch bar with ETA, throughput (samples/s over
 // all ranks), loss and straggler hints on a TTY; plain lines with no control codes when stdout is
-// not a TTY or CI is set (logs stay readable), and nothing when progress is off.
+// not a TTY or CI is set (logs stay readable). With progress off, only the workers' own output (a
+// loop's console.log, as Ray's log_to_driver) and the run's warnings (a callback that threw, a
+// failed checkpoint, a model trained unprepared, ..., on stderr) still print, as Keras's verbose=0
+// still lets Python's warnings through.
 import * as settings from "../../../../core/settings.ts"
 
 interface RankProgress {
@@ -47,6 +50,7 @@ export class ProgressPrinter {
   readonly mode: "bar" | "lines" | "off"
   readonly #ranks = new Map<number, RankProgress>()
   readonly #out: NodeJS.WriteStream
+  readonly #err: Pick<NodeJS.WriteStream, "write">
   #barShown = false
   #lastLine = -Infinity
   #epochStart = new Map<number, number>()
@@ -55,8 +59,9 @@ export class ProgressPrinter {
   #rate = 0
   #worldSize: number
 
-  constructor(setting: boolean | "auto", worldSize: number, out: NodeJS.WriteStream = process.stdout) {
+  constructor(setting: boolean | "auto", worldSize: number, out: NodeJS.WriteStream = process.stdout, err: Pick<NodeJS.WriteStream, "write"> = process.stderr) {
     this.#out = out
+    this.#err = err
     this.#worldSize = worldSize
     const ci = settings.ci.read()
     this.mode = setting === false ? "off" : out.isTTY && !ci ? "bar" : "lines"
@@ -134,6 +139,18 @@ export class ProgressPrinter {
       this.#barShown = false
     }
     this.#out.write(`${text}\n`)
+  }
+
+  /** Something the run should not keep quiet about: a line with progress on, stderr with it off. */
+  warn(text: string): void {
+    if (this.mode === "off") this.#err.write(`${text}\n`)
+    else this.line(text)
+  }
+
+  /** A line of a worker's own output: printed with progress off too. */
+  output(text: string): void {
+    if (this.mode === "off") this.#out.write(`${text}\n`)
+    else this.line(text)
   }
 
   /** The run's last lines: how it ended, and its run directory. `checkpoint`: the latest checkpoint the Result gives (also one an earlier run of the same name left). */
