@@ -91,6 +91,21 @@ describe("report()", () => {
     }
   })
 
+  it("says when a loop ends with micro-batches it accumulated and no update applied (their gradients dropped)", { timeout: 60_000 }, async () => {
+    const r = await fit("accumulated", 2)
+    const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>)
+    const said = events.filter((e) => e.type === "unapplied-accumulation")
+    // once per run, with the first rank to finish so
+    expect(said).toEqual([expect.objectContaining({ microBatches: 2, samples: 6 })])
+    const summary = JSON.parse(await fs.readFile(path.join(r.path, "summary.json"), "utf8")) as { incidents?: Array<{ kind: string; text: string }> }
+    expect(summary.incidents?.filter((i) => i.kind === "accumulation").map((i) => i.text)).toEqual([
+      expect.stringMatching(/loop ended with 2 micro-batch\(es\) \(6 samples\) that trainStep\(x, y, \{ accumulate: true \}\) added and no update applied/)
+    ])
+    // a loop whose last step applies what it accumulated says nothing
+    const fine = await fit("scalar", 2)
+    expect(await fs.readFile(path.join(fine.path, "events.jsonl"), "utf8")).not.toMatch(/unapplied-accumulation/)
+  })
+
   it("sends the reports the loop did not await before the rank counts as finished", { timeout: 60_000 }, async () => {
     const r = await fit("unawaited", 3)
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 0, 1, 1, 2, 2])

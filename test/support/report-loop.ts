@@ -5,10 +5,11 @@
 // dataset the Trainer was not given; `"no-await"` forgets to await ctx.prepareModel; `"shape"` steps on
 // rows of 5 features where the model takes 4 (tfjs-layers refuses the shape), `"keras-shape"` the
 // same through the model's own fit(), `"op-shape"` multiplies matrices whose shapes do not fit
-// (tfjs-core refuses them).
+// (tfjs-core refuses them); `"accumulated"` ends with two batches added by trainStep({ accumulate:
+// true }) that no update applies.
 import type { TrainContext } from "../../index.ts"
 
-export async function reportLoop(config: { mode: "scalar" | "vector" | "unawaited" | "no-dataset" | "no-await" | "shape" | "keras-shape" | "op-shape"; epochs: number }, ctx: TrainContext): Promise<void> {
+export async function reportLoop(config: { mode: "scalar" | "vector" | "unawaited" | "no-dataset" | "no-await" | "shape" | "keras-shape" | "op-shape" | "accumulated"; epochs: number }, ctx: TrainContext): Promise<void> {
   const tf = ctx.tf
   if (config.mode === "no-dataset") await ctx.getDatasetShard("train")
   const model = tf.sequential({ layers: [tf.layers.dense({ units: 3, inputShape: [4], activation: "softmax" })] })
@@ -24,7 +25,10 @@ export async function reportLoop(config: { mode: "scalar" | "vector" | "unawaite
     const { loss } = await dp.trainStep(x, y)
     // with values JSON has no form for (a bigint, one past 2^53, a Date) and one left undefined
     if (config.mode === "scalar") await ctx.report({ epoch, loss: tf.scalar(loss), steps: BigInt(epoch + 1), huge: 2n ** 70n, at: new Date(Date.UTC(2026, 0, 1)), gone: undefined })
-    else if (config.mode === "vector") await ctx.report({ epoch, losses: tf.tensor1d([loss, loss, loss]) })
+    else if (config.mode === "accumulated") {
+      await ctx.report({ epoch, loss })
+      if (epoch === config.epochs - 1) for (let i = 0; i < 2; i++) await dp.trainStep(x, y, { accumulate: true })
+    } else if (config.mode === "vector") await ctx.report({ epoch, losses: tf.tensor1d([loss, loss, loss]) })
     else {
       // two reports, not awaited (the second waits for the first), their tensors disposed at once
       const l = tf.scalar(loss)

@@ -366,7 +366,15 @@ export const ControllerProtocol = defineProtocol("trainer-controller", {
     request: Schema.Struct({ attempt: Schema.Number, rank: Schema.Number, events: Schema.Array(Schema.Unknown) })
   },
   /** The loop returned (`reports`: how often this rank called report). */
-  finished: { request: Schema.Struct({ attempt: Schema.Number, rank: Schema.Number, reports: Schema.Number }) },
+  finished: {
+    request: Schema.Struct({
+      attempt: Schema.Number,
+      rank: Schema.Number,
+      reports: Schema.Number,
+      /** Micro-batches the loop added with { accumulate: true } that no update applied: dropped as it ended. */
+      unapplied: Schema.optional(Schema.Struct({ microBatches: Schema.Number, samples: Schema.Number }))
+    })
+  },
   /** The loop threw. */
   failed: {
     request: Schema.Struct({

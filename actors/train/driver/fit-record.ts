@@ -95,6 +95,20 @@ export class FitRecord {
   readonly recorder: RunRecorder
   readonly progress: ProgressPrinter
 
+  /** A rank's loop ended with micro-batches it accumulated and no update applied (said once per run). */
+  unappliedAccumulation(rank: number, left: { readonly microBatches: number; readonly samples: number }): void {
+    if (this.#unappliedSaid) return
+    this.#unappliedSaid = true
+    this.incident(
+      "accumulation",
+      `rank ${rank}'s loop ended with ${left.microBatches} micro-batch(es) (${left.samples} samples) that trainStep(x, y, { accumulate: true }) added and no update applied: ` +
+        "their gradients were dropped; end an accumulation with a trainStep without accumulate (dp.fit's accumulationSteps does so at every epoch's end)",
+      { type: "unapplied-accumulation", rank, microBatches: left.microBatches, samples: left.samples }
+    )
+  }
+
+  #unappliedSaid = false
+
   /** The run said that ranks train a model they never prepared (once per run). */
   #unpreparedSaid = false
 

@@ -579,7 +579,10 @@ export class FitRun {
         }
         return known
       },
-      finished: (body) => controller.finished(body),
+      finished: (body) => {
+        if (body.unapplied) this.record.unappliedAccumulation(body.rank, body.unapplied)
+        controller.finished(body)
+      },
       // In arrival order; one that blames a rank for a collective's timeout waits while that rank
       // is asked where it is (its process lives: it answered the liveness probe).
       failed: (body) => {

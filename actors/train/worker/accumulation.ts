@@ -60,6 +60,7 @@ export class GradientAccumulator {
   readonly #vars: ReadonlyArray<Variable>
   #acc: Record<string, Tensor> | undefined
   #samples = 0
+  #microBatches = 0
   /** Forward/backward ms of the micro-batches accumulated since the last exchange. */
   computeMs = 0
 
@@ -81,6 +82,12 @@ export class GradientAccumulator {
     }
     tf.dispose(Object.values(grads))
     this.#samples += samples
+    this.#microBatches++
+  }
+
+  /** The micro-batches (and their samples) added since the last update: none once it applied them. */
+  get pending(): { readonly microBatches: number; readonly samples: number } {
+    return { microBatches: this.#microBatches, samples: this.#samples }
   }
 
   /** The update's gradients: this batch's, or with accumulated ones their sample-weighted mean (accumulators kept). */
@@ -104,6 +111,7 @@ export class GradientAccumulator {
     if (this.#acc) this.#tf.dispose(Object.values(this.#acc))
     this.#acc = undefined
     this.#samples = 0
+    this.#microBatches = 0
     this.computeMs = 0
   }
 }

@@ -344,6 +344,11 @@ export class DataParallelModel implements RecoverableModel {
     })
   }
 
+  /** The micro-batches the loop added with `{ accumulate: true }` that no update has applied yet. */
+  get unappliedAccumulation(): { readonly microBatches: number; readonly samples: number } {
+    return this.#acc.pending
+  }
+
   /** This rank's loop ended: the strategy settles (parameter servers: sync and ssp steps stop waiting for it). */
   async finish(): Promise<void> {
     await this.#worker.finish?.()

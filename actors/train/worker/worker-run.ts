@@ -728,11 +728,19 @@ export class WorkerRun {
     await (fn as (config: unknown, ctx: TrainContext) => unknown)(args.loopConfig, context)
     // reports the loop did not await reach the driver before this rank says it finished
     await context.reportsSent()
+    // micro-batches accumulated that no update applied: dropped, and the driver says so (PyTorch
+    // drops a loop's last no_sync() batches without a word)
+    const left = context.prepared?.unappliedAccumulation
     await context.prepared?.finish()
     this.#live.end("its loop returned")
     this.#flushTrace()
     const p = this.place()
-    await this.#system.tellPromise(this.#controller, "finished", { attempt: p.attempt, rank: p.rank, reports: context.reportCount })
+    await this.#system.tellPromise(this.#controller, "finished", {
+      attempt: p.attempt,
+      rank: p.rank,
+      reports: context.reportCount,
+      ...(left !== undefined && left.microBatches > 0 ? { unapplied: left } : {})
+    })
   }
 
   /** The loop (or anything before it) failed: the controller hears it, with the ranks the error blames. */

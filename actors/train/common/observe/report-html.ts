@@ -44,7 +44,7 @@ export interface ReportData {
 
 export interface Incident {
   readonly time: string
-  readonly kind: "restart" | "resize" | "bus" | "nats-server" | "checkpoint" | "callback" | "parity" | "unprepared"
+  readonly kind: "restart" | "resize" | "bus" | "nats-server" | "checkpoint" | "callback" | "parity" | "unprepared" | "accumulation"
   readonly text: string
 }
 
