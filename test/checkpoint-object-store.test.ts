@@ -279,13 +279,14 @@ describe("Trainer with checkpointConfig.objectStore", () => {
   })
 
   it("on the embedded cluster keeps the bucket's data in the run directory, so a rerun resumes", async () => {
-    const fitEmbedded = (epochs: number) =>
+    const fitEmbedded = (epochs: number, name = "embrun", resumeFromCheckpoint?: CheckpointInfo) =>
       new Trainer({
         trainLoopPerWorker: LOOP,
         trainLoopConfig: { epochs },
         scalingConfig: { numWorkers: 2 },
-        runConfig: { name: "embrun", storagePath: storage, progress: false, checkpointConfig: { objectStore: "ckpts" } },
-        datasets: { train, test }
+        runConfig: { name, storagePath: storage, progress: false, checkpointConfig: { objectStore: "ckpts" } },
+        datasets: { train, test },
+        ...(resumeFromCheckpoint ? { resumeFromCheckpoint } : {})
       }).fit()
     const first = await fitEmbedded(1)
     expect(first.checkpoint?.path).toBe("nats-obj://ckpts/embrun/checkpoint_000000")
@@ -309,6 +310,13 @@ describe("Trainer with checkpointConfig.objectStore", () => {
     expect(back.checkpoint).toEqual({ path: second.checkpoint!.path, metrics: second.checkpoint!.metrics, objectStore: { jetstreamDir } })
     const oldest = back.bestCheckpoints.find((c) => c.path.endsWith("000000"))!
     expect(Object.keys(await fetchCheckpoint(oldest))).toContain("weights.bin")
+
+    // Another run resumes from it, Ray's resume_from_checkpoint: read from the first run's data,
+    // where this run's own embedded cluster has no such bucket (before, it was looked for there)
+    const other = await fitEmbedded(3, "embrun-next", second.checkpoint!)
+    expect(other.metricsHistory.map((m) => m.epoch)).toEqual([2])
+    expect(other.checkpoint?.path).toBe("nats-obj://ckpts/embrun-next/checkpoint_000000")
+    expect(liveNatsServerPids()).toHaveLength(servers)
 
     // While a fit() of the run holds its directory (and its server the data), it says to wait.
     const lock = path.join(second.path, ".fit-lock")

@@ -61,8 +61,11 @@ const messageOf = (e: unknown): string => (e instanceof NatsConnectError ? e.rea
 const credentialsHint = (kind: string): string =>
   kind.startsWith("user") ? "{ user, password }" : kind.startsWith("a token") ? "{ token }" : kind.startsWith("nkey") ? "{ nkeySeed }" : kind.startsWith("creds file") ? "{ credsFile }" : "its credentials"
 
-/** The checkpoint's files read over a NATS connection to the cluster that holds its bucket. */
-const readOverNats = async (field: string, url: string, spec: ConnectionSpec, fromRun: boolean): Promise<Record<string, Uint8Array>> => {
+/** What a checkpoint holds: its files, and the metrics and metadata saved with them. */
+type CheckpointRead = Awaited<ReturnType<typeof readCheckpoint>>
+
+/** The checkpoint read over a NATS connection to the cluster that holds its bucket. */
+const readOverNats = async (field: string, url: string, spec: ConnectionSpec, fromRun: boolean): Promise<CheckpointRead> => {
   let opened: Awaited<ReturnType<typeof openConnection>>
   try {
     opened = await openConnection(spec, "gradwire checkpoint reader", { maxReconnectAttempts: 0 })
@@ -79,7 +82,7 @@ const readOverNats = async (field: string, url: string, spec: ConnectionSpec, fr
     })
   }
   try {
-    return (await readObjectCheckpoint(opened.nc, url)).files
+    return await readObjectCheckpoint(opened.nc, url)
   } finally {
     await opened.close().catch(() => undefined)
   }
@@ -90,7 +93,7 @@ const readOverNats = async (field: string, url: string, spec: ConnectionSpec, fr
  * own on that data (loopback, a fresh nkey), holding the run directory meanwhile so that no fit()
  * of the run starts its server on the same data.
  */
-const readEmbedded = async (field: string, url: string, jetstreamDir: string): Promise<Record<string, Uint8Array>> => {
+const readEmbedded = async (field: string, url: string, jetstreamDir: string): Promise<CheckpointRead> => {
   const runDir = path.dirname(jetstreamDir)
   if (!(await fs.stat(jetstreamDir).then((s) => s.isDirectory(), () => false))) {
     throw new ConfigError({
@@ -147,7 +150,11 @@ const connectionFor = (field: string, url: string, where: ObjectStoreLocation | 
  * cluster's servers (pass the credentials the run used, if any) or, for the embedded cluster, the
  * run directory's JetStream data. A bare `nats-obj://` path needs `{ address }`.
  */
-export const fetchCheckpoint = async (checkpoint: CheckpointSource, options?: FetchCheckpointOptions, field = "fetchCheckpoint"): Promise<Record<string, Uint8Array>> => {
+export const fetchCheckpoint = async (checkpoint: CheckpointSource, options?: FetchCheckpointOptions, field = "fetchCheckpoint"): Promise<Record<string, Uint8Array>> =>
+  (await fetchCheckpointData(checkpoint, options, field)).files
+
+/** fetchCheckpoint's read, with the metrics and metadata saved with the files (a resume needs them). */
+export const fetchCheckpointData = async (checkpoint: CheckpointSource, options?: FetchCheckpointOptions, field = "fetchCheckpoint"): Promise<CheckpointRead> => {
   const opts = checkOptions(field, options)
   const url = pathOf(checkpoint)
   if (url === undefined) {
@@ -156,7 +163,7 @@ export const fetchCheckpoint = async (checkpoint: CheckpointSource, options?: Fe
       reason: `got ${checkpoint === null ? "null" : typeof checkpoint} for the checkpoint: pass result.checkpoint (or one of result.bestCheckpoints), a checkpoint directory, or a nats-obj:// path`
     })
   }
-  if (!isObjectCheckpointUrl(url)) return (await readCheckpoint(url)).files
+  if (!isObjectCheckpointUrl(url)) return readCheckpoint(url)
   const where = typeof checkpoint === "object" ? checkpoint.objectStore : undefined
   const spec = connectionFor(field, url, where, opts)
   if (spec) return readOverNats(field, url, spec, where?.servers !== undefined && opts.address === undefined)

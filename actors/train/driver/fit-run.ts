@@ -23,6 +23,7 @@ import { describeStack, mainThreadStack } from "../../runtime/heartbeat.ts"
 import { silentLogger, stderrLogger } from "../../runtime/log.ts"
 import { CheckpointStore, readCheckpoint, saveWithRetries, type CheckpointPolicy, type CheckpointStorage } from "./checkpoint-store.ts"
 import { ObjectCheckpointStore, isObjectCheckpointUrl, readObjectCheckpoint } from "./object-checkpoint-store.ts"
+import { fetchCheckpointData } from "./checkpoint-fetch.ts"
 import { ControllerProtocol, ServerProtocol, type CheckpointPayload, type PeerState } from "../common/train-protocol.ts"
 import { missingStageShards } from "../common/stage-handover.ts"
 import {
@@ -101,6 +102,8 @@ export class FitRun {
   readonly #policy: CheckpointPolicy
 
   #resumePath: string | undefined
+  /** resumeFrom's checkpoint, where it was read before the run's cluster started (another embedded run's bucket). */
+  #resumeData: Awaited<ReturnType<typeof readCheckpoint>> | undefined
   #saving: Promise<unknown> = Promise.resolve()
   // Workers' failure messages, one at a time (#withBlamedState may ask a rank first).
   #failing: Promise<void> = Promise.resolve()
@@ -214,8 +217,15 @@ export class FitRun {
     // With checkpointConfig.objectStore the checkpoints live in a JetStream bucket, opened once the
     // cluster is up; otherwise under the run directory.
     const localStore = cfg.run.checkpointConfig?.objectStore === undefined ? await CheckpointStore.open(cfg.runDir, policy) : undefined
-    // Fails early on a bad path (a nats-obj:// one is checked once the cluster is joined).
+    // Fails early on a bad path (a nats-obj:// one is checked once the cluster is joined). A
+    // checkpoint another embedded run kept in its bucket is read now from that run's data (its
+    // nats-server stopped with its fit()), not looked for in this run's cluster.
     if (cfg.resumeFrom !== undefined && !isObjectCheckpointUrl(cfg.resumeFrom)) await readCheckpoint(cfg.resumeFrom)
+    const elsewhere = cfg.resumeFromStore?.jetstreamDir
+    const resumeData =
+      cfg.resumeFrom !== undefined && elsewhere !== undefined && path.resolve(elsewhere) !== path.join(cfg.runDir, "jetstream")
+        ? await fetchCheckpointData({ path: cfg.resumeFrom, metrics: {}, objectStore: { jetstreamDir: elsewhere } }, {}, "resumeFromCheckpoint")
+        : undefined
     const recorder = await RunRecorder.open(cfg.runDir, {
       name: cfg.name,
       trainLoopPerWorker: cfg.loop,
@@ -230,6 +240,7 @@ export class FitRun {
     const progress = new ProgressPrinter(cfg.run.progress ?? "auto", cfg.maxWorkers)
     progress.line(`gradwire: run directory ${cfg.runDir} (report.html is refreshed as it trains)`)
     const run = new FitRun(cfg, recorder, progress, resolvedData, localStore, policy)
+    run.#resumeData = resumeData
     await run.#join()
     await run.#setUp()
     return run
@@ -345,7 +356,7 @@ export class FitRun {
           cfg.cluster ? `the NATS server at ${describeConnection(cfg.cluster.connection)}` : "the embedded nats-server",
           { runDir: cfg.runDir, location: objectStoreLocation(cfg) }
         ))
-      if (cfg.resumeFrom !== undefined && isObjectCheckpointUrl(cfg.resumeFrom)) await this.#readAt(cfg.resumeFrom)
+      if (cfg.resumeFrom !== undefined && isObjectCheckpointUrl(cfg.resumeFrom) && this.#resumeData === undefined) await this.#readAt(cfg.resumeFrom)
       await resolveDatasets(cfg.datasets, this.#resolvedData, async () => cluster.nc)
     } catch (e) {
       await cluster.close().catch(() => {})
@@ -357,6 +368,7 @@ export class FitRun {
   }
 
   #readAt(p: string): ReturnType<typeof readCheckpoint> {
+    if (p === this.cfg.resumeFrom && this.#resumeData !== undefined) return Promise.resolve(this.#resumeData)
     return isObjectCheckpointUrl(p) ? readObjectCheckpoint(this.cluster.nc, p) : readCheckpoint(p)
   }
 

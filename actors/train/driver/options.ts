@@ -26,6 +26,7 @@ import { resolveStrategy, type StrategyConfigInput } from "../worker/strategies/
 import { resolveLocalSgd, type LocalSgdSettings } from "../common/optim/outer-optimizer.ts"
 import type { WorkerArgs } from "../common/train-protocol.ts"
 import type { GroupFailure, TrainerState } from "./failure-policy.ts"
+import type { ObjectStoreLocation } from "./result.ts"
 
 /** What `datasets` takes: in-memory arrays, files (fromFiles), or a worker-side factory (datasetFactory). */
 export type DatasetInput = ArrayDataset | FileDatasetSpec | DatasetFactorySpec
@@ -61,8 +62,14 @@ export interface TrainerOptions {
   readonly collectiveConfig?: CollectiveConfig
   /** Omitted: an embedded local cluster. { address }: a cluster started with `gradwire start`. */
   readonly cluster?: ClusterConfig
-  /** A checkpoint to start from, as Ray's resume_from_checkpoint: another run's result.checkpoint (or one of its bestCheckpoints), a checkpoint directory, or a nats-obj:// checkpoint (default: this run's latest, when the run exists). */
-  readonly resumeFromCheckpoint?: string | { readonly path: string }
+  /**
+   * A checkpoint to start from, as Ray's resume_from_checkpoint: another run's result.checkpoint (or
+   * one of its bestCheckpoints), a checkpoint directory, or a nats-obj:// checkpoint (default: this
+   * run's latest, when the run exists). A bare nats-obj:// path is read from this run's cluster; a
+   * Result's checkpoint that another embedded run kept in its bucket (`objectStore.jetstreamDir`)
+   * from that run's data.
+   */
+  readonly resumeFromCheckpoint?: string | { readonly path: string; readonly objectStore?: ObjectStoreLocation }
   /** Seed of the data shuffles. */
   readonly seed?: number
 }
@@ -80,6 +87,8 @@ export interface Resolved {
   readonly name: string
   readonly runDir: string
   readonly resumeFrom: string | undefined
+  /** Where resumeFrom's bucket is, where a Result's checkpoint (CheckpointInfo.objectStore) said so. */
+  readonly resumeFromStore: ObjectStoreLocation | undefined
   readonly maxFailures: number
   /** World size bounds (equal unless numWorkers is { min, max }). */
   readonly minWorkers: number
@@ -188,6 +197,12 @@ const resumeFromOf = (given: unknown): string | undefined => {
   }
   if (p.startsWith("file:")) return fileURLToPath(p)
   return /^[a-z][a-z0-9+.-]*:\/\//i.test(p) ? p : path.resolve(expandHome(p))
+}
+
+/** A CheckpointInfo's `objectStore`: where the run that kept it had its bucket. */
+const objectStoreOf = (given: unknown): ObjectStoreLocation | undefined => {
+  const where = typeof given === "object" && given !== null ? (given as { objectStore?: unknown }).objectStore : undefined
+  return typeof where === "object" && where !== null ? (where as ObjectStoreLocation) : undefined
 }
 
 const checkDataset = (name: string, ds: unknown): DatasetInput => {
@@ -320,6 +335,7 @@ export const resolveTrainerOptions = (options: TrainerOptions): Resolved => {
     name,
     runDir: path.join(storage, name),
     resumeFrom: resumeFromOf(options.resumeFromCheckpoint),
+    resumeFromStore: objectStoreOf(options.resumeFromCheckpoint),
     maxFailures: run.failureConfig?.maxFailures ?? 0,
     minWorkers: typeof scaling.numWorkers === "number" ? scaling.numWorkers : scaling.numWorkers.min,
     maxWorkers: typeof scaling.numWorkers === "number" ? scaling.numWorkers : scaling.numWorkers.max,
