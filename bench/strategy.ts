@@ -30,7 +30,7 @@
 // of the run used per applied gradient (workers, parameter servers, nats-server, this driver;
 // /proc sampled every 50 ms, over the same window), against the machine's cores.
 import * as fs from "node:fs/promises"
-import { readFileSync, readdirSync } from "node:fs"
+import { readFileSync } from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
 import { fileURLToPath } from "node:url"
@@ -41,6 +41,7 @@ import { optionReader } from "./args.ts"
 import { benchVariants, type BenchVariant } from "../actors/train/worker/strategies/index.ts"
 import { median } from "../scheduler/cost-model.ts"
 import { clockTicks, processStat } from "./thread-cpu.ts"
+import { livePids, procEntries } from "../core/proc.ts"
 
 /** The median of the finite values (NaN when none: a failed run gives NaN figures). */
 const finiteMedian = (xs: ReadonlyArray<number>): number => median(xs.filter((x) => Number.isFinite(x)))
@@ -106,12 +107,7 @@ class CpuSampler {
     if (ours) {
       if (pid === process.pid) kind = "driver"
       else {
-        let actor = ""
-        try {
-          actor = readFileSync(`/proc/${pid}/environ`, "latin1").split("\0").find((e) => e.startsWith("GRADWIRE_ACTOR="))?.slice(15) ?? ""
-        } catch {
-          // gone
-        }
+        const actor = procEntries(pid, "environ").find((e) => e.startsWith("GRADWIRE_ACTOR="))?.slice(15) ?? ""
         const comm = processStat(pid)?.comm ?? ""
         kind = /^w\d+-\d+$/.test(actor) ? "workers" : /^ps\d+-\d+$/.test(actor) ? "servers" : comm === "nats-server" ? "nats" : null
       }
@@ -121,9 +117,7 @@ class CpuSampler {
   }
 
   sample(): void {
-    for (const d of readdirSync("/proc")) {
-      if (!/^\d+$/.test(d)) continue
-      const pid = Number(d)
+    for (const pid of livePids()) {
       if (this.#classify(pid) === null) continue
       const s = processStat(pid)
       if (s) this.#last.set(pid, s.cpuMs)

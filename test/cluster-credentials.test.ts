@@ -18,6 +18,7 @@ import { EMBEDDED_SEED_FILE } from "../actors/train/driver/cluster.ts"
 import { openClusterView, type ClusterView } from "../scheduler/cluster-view.ts"
 import { ROOT, TestRig, pidAlive } from "./support/actors-processes.ts"
 import { nkeyServerConfig, nkeyUser, operatorSetup } from "./support/nats-auth.ts"
+import { livePids, procLine, procStatFields } from "../core/proc.ts"
 
 const rig = new TestRig()
 const LOOP = path.join(ROOT, "examples", "digits", "train.ts") + "#trainLoop"
@@ -40,16 +41,7 @@ const filesHolding = (dir: string, secret: string): string[] =>
   })
 
 /** What `ps` and /proc show of a process: its command line and environment. */
-const listing = (pid: number): string => {
-  const read = (f: string): string => {
-    try {
-      return fs.readFileSync(`/proc/${pid}/${f}`, "utf8").replaceAll("\0", " ")
-    } catch {
-      return ""
-    }
-  }
-  return `${read("cmdline")}\n${read("environ")}`
-}
+const listing = (pid: number): string => `${procLine(pid, "cmdline")}\n${procLine(pid, "environ")}`
 
 /**
  * A callback that, at the first report (the job's workers are running), records the process
@@ -168,17 +160,8 @@ describe("clusters that require credentials", () => {
 
 /** The embedded nats-server this process runs now: its guardian's and its own pid, config and temp dir. */
 const embeddedServer = (): { guardian: number; server: number; conf: string; dir: string } => {
-  const stat = (pid: string): string[] | undefined => {
-    try {
-      // "pid (comm) state ppid ...": comm may hold spaces, so split after its ")".
-      const text = fs.readFileSync(`/proc/${pid}/stat`, "utf8")
-      return text.slice(text.lastIndexOf(")") + 2).split(" ")
-    } catch {
-      return undefined
-    }
-  }
-  const pids = fs.readdirSync("/proc").filter((p) => /^\d+$/.test(p))
-  const childrenOf = (ppid: number): number[] => pids.filter((p) => Number(stat(p)?.[1]) === ppid).map(Number)
+  const pids = livePids()
+  const childrenOf = (ppid: number): number[] => pids.filter((p) => Number(procStatFields(p)?.[1]) === ppid)
   for (const pid of childrenOf(process.pid)) {
     let args: string[]
     try {

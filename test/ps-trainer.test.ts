@@ -8,13 +8,13 @@
 // server state restores (at another number of servers, too). A killed worker: ps-recovery.test.ts.
 import { describe, expect, it } from "vitest"
 import * as fs from "node:fs/promises"
-import { readFileSync, readdirSync } from "node:fs"
 import * as path from "node:path"
 import { Trainer, type Result } from "../index.ts"
 import { ConfigError } from "../core/errors.ts"
 import { decodeMessage } from "../core/wire.ts"
 import { resolveTrainerOptions } from "../actors/train/driver/options.ts"
 import { digitsTrainerRuns, expectStaleConverged, readEvents, sameWeights } from "./support/trainer-runs.ts"
+import { livePids, procEntries, procLine } from "../core/proc.ts"
 
 /**
  * The pid of this machine's process running the actor named `name` in the run named `run` (the
@@ -22,14 +22,9 @@ import { digitsTrainerRuns, expectStaleConverged, readEvents, sameWeights } from
  * host shows them in its title). Other test files' runs have actors of the same names.
  */
 const pidOfActor = (run: string, name: string): number => {
-  for (const d of readdirSync("/proc")) {
-    if (!/^\d+$/.test(d)) continue
-    try {
-      const vars = [...readFileSync(`/proc/${d}/environ`, "latin1").split("\0"), ...readFileSync(`/proc/${d}/cmdline`, "latin1").split(/[\0 ]/)]
-      if (vars.includes(`GRADWIRE_ACTOR=${name}`) && vars.some((v) => v.startsWith(`GRADWIRE_JOB=${run}-`) && /^[A-Za-z0-9]{8}$/.test(v.slice(`GRADWIRE_JOB=${run}-`.length)))) return Number(d)
-    } catch {
-      // gone meanwhile, or not ours
-    }
+  for (const pid of livePids()) {
+    const vars = [...procEntries(pid, "environ"), ...procLine(pid, "cmdline").split(" ")]
+    if (vars.includes(`GRADWIRE_ACTOR=${name}`) && vars.some((v) => v.startsWith(`GRADWIRE_JOB=${run}-`) && /^[A-Za-z0-9]{8}$/.test(v.slice(`GRADWIRE_JOB=${run}-`.length)))) return pid
   }
   throw new Error(`no process runs actor ${name} of run ${run}`)
 }

@@ -5,7 +5,6 @@
 // actor in its command line as a cold one does in its environment, and the pool fills again; with
 // --warm-hosts 0 nothing waits; stopping the agent leaves no warm process behind. Real CLI agents,
 // real nats-server, real processes.
-import * as fs from "node:fs"
 import * as os from "node:os"
 import type { NatsConnection } from "@nats-io/nats-core"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
@@ -17,30 +16,17 @@ import { FIXTURES, TestRig, eventually, pidAlive, sleep, type AgentProc } from "
 import { mayRaiseTo } from "../core/priority.ts"
 import { chrtRuns, SCHED_IDLE, threadNices, threadPolicies } from "./support/nice.ts"
 import { standbySchedIdle } from "../core/settings.ts"
+import { livePids, procLine, procStatFields } from "../core/proc.ts"
 
 const rig = new TestRig()
 afterAll(() => rig.cleanup())
 
-const read = (pid: number, file: "cmdline" | "stat"): string => {
-  try {
-    return fs.readFileSync(`/proc/${pid}/${file}`, "utf8").replaceAll("\0", " ")
-  } catch {
-    return ""
-  }
-}
+/** A process's command line, its arguments joined by spaces. */
+const read = (pid: number, file: "cmdline"): string => procLine(pid, file)
 
 /** The agent's children that still wait as warm processes (their argv says --warm until assigned). */
 const warmChildren = (agentPid: number): number[] =>
-  fs
-    .readdirSync("/proc")
-    .filter((d) => /^\d+$/.test(d))
-    .map(Number)
-    .filter((pid) => {
-      const stat = read(pid, "stat")
-      // Field 4 (after the parenthesised name) is the parent pid.
-      const ppid = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1])
-      return ppid === agentPid && read(pid, "cmdline").includes(" --warm ")
-    })
+  livePids().filter((pid) => Number(procStatFields(pid)?.[1]) === agentPid && `${read(pid, "cmdline")} `.includes(" --warm "))
 
 /** The nice values of a process's threads, distinct and sorted. */
 const niceValues = (pid: number): number[] => [...new Set(threadNices(pid))].sort((a, b) => a - b)

@@ -4,6 +4,7 @@
 import * as fs from "node:fs"
 import * as path from "node:path"
 import * as settings from "../../core/settings.ts"
+import { livePids, procEntries } from "../../core/proc.ts"
 
 export interface AgentState {
   readonly pid: number
@@ -59,18 +60,12 @@ export const stateDirOfArgs = (args: ReadonlyArray<string>, cwd: string): string
  * elsewhere): so that `gradwire stop` can name the ones its state dir does not hold.
  */
 export const runningAgents = (): Array<{ readonly pid: number; readonly stateDir: string }> => {
-  let pids: string[]
-  try {
-    pids = fs.readdirSync("/proc").filter((d) => /^\d+$/.test(d))
-  } catch {
-    return []
-  }
   const out: Array<{ pid: number; stateDir: string }> = []
-  for (const d of pids) {
+  for (const pid of livePids()) {
+    const args = procEntries(pid, "cmdline")
+    if (!args.includes("start") || !args.includes("--block") || !args.some((a) => a.includes("gradwire"))) continue
     try {
-      const args = fs.readFileSync(`/proc/${d}/cmdline`, "utf8").split("\0").filter(Boolean)
-      if (!args.includes("start") || !args.includes("--block") || !args.some((a) => a.includes("gradwire"))) continue
-      out.push({ pid: Number(d), stateDir: stateDirOfArgs(args, fs.readlinkSync(`/proc/${d}/cwd`)) ?? defaultStateDir() })
+      out.push({ pid, stateDir: stateDirOfArgs(args, fs.readlinkSync(`/proc/${pid}/cwd`)) ?? defaultStateDir() })
     } catch {
       // gone meanwhile, or not ours to read
     }

@@ -6,6 +6,7 @@ import * as fs from "node:fs"
 import * as path from "node:path"
 import { seededRng, type Rng } from "../../core/random.ts"
 import { liveNatsServerPids } from "../../core/nats-server.ts"
+import { livePids, procEntries, procLine } from "../../core/proc.ts"
 
 /** The suite's seed: $GRADWIRE_CHAOS_SEED when set (to reproduce a run), else a fresh one. */
 export const chaosSeed = (): number => {
@@ -118,13 +119,6 @@ export const workerPids = (pidDir: string): Map<string, number> => {
   return out
 }
 
-const readProc = (pid: string, file: "cmdline" | "environ"): string => {
-  try {
-    return fs.readFileSync(`/proc/${pid}/${file}`, "utf8").replace(/\0/g, " ")
-  } catch {
-    return "" // gone, or not ours to read
-  }
-}
 
 /**
  * Live processes (other than this one) whose command line or environment contains `marker`: a
@@ -132,26 +126,20 @@ const readProc = (pid: string, file: "cmdline" | "environ"): string => {
  * it finds nothing.
  */
 export const processesMentioning = (marker: string): Array<{ pid: number; cmdline: string }> => {
-  let pids: string[]
-  try {
-    pids = fs.readdirSync("/proc").filter((d) => /^\d+$/.test(d))
-  } catch {
-    return []
-  }
   const out: Array<{ pid: number; cmdline: string }> = []
-  for (const pid of pids) {
-    if (Number(pid) === process.pid) continue
-    const cmdline = readProc(pid, "cmdline")
+  for (const pid of livePids()) {
+    if (pid === process.pid) continue
+    const cmdline = procLine(pid, "cmdline")
     if (cmdline === "") continue
-    if (cmdline.includes(marker) || readProc(pid, "environ").includes(marker)) out.push({ pid: Number(pid), cmdline: cmdline.trim() })
+    if (cmdline.includes(marker) || procLine(pid, "environ").includes(marker)) out.push({ pid, cmdline })
   }
   return out
 }
 
 /** Whether `pid` is alive and still the process `marker` identifies (not a reused pid). */
 export const aliveAs = (pid: number, marker: string): boolean => {
-  const cmdline = readProc(String(pid), "cmdline")
-  return cmdline !== "" && (cmdline.includes(marker) || readProc(String(pid), "environ").includes(marker))
+  const cmdline = procLine(pid, "cmdline")
+  return cmdline !== "" && (cmdline.includes(marker) || procLine(pid, "environ").includes(marker))
 }
 
 /**
@@ -160,14 +148,9 @@ export const aliveAs = (pid: number, marker: string): boolean => {
  */
 export const actorPids = (prefix: string): Map<string, number> => {
   const out = new Map<string, number>()
-  for (const d of fs.readdirSync("/proc")) {
-    if (!/^\d+$/.test(d)) continue
-    try {
-      const actor = fs.readFileSync(`/proc/${d}/environ`, "latin1").split("\0").find((v) => v.startsWith(`GRADWIRE_ACTOR=${prefix}`))
-      if (actor !== undefined) out.set(actor.slice("GRADWIRE_ACTOR=".length), Number(d))
-    } catch {
-      // gone meanwhile, or not ours
-    }
+  for (const pid of livePids()) {
+    const actor = procEntries(pid, "environ").find((v) => v.startsWith(`GRADWIRE_ACTOR=${prefix}`))
+    if (actor !== undefined) out.set(actor.slice("GRADWIRE_ACTOR=".length), pid)
   }
   return out
 }
