@@ -17,7 +17,7 @@ import { DataFormatError, DataPositionMismatch, DataSourceError } from "../core/
 import { plainCacheDir, plainFile } from "../core/data/plain-file.ts"
 import { natsFixtures } from "./support/nats.ts"
 import { runScript } from "./support/run-script.ts"
-import type { DataPosition } from "../core/data/plan.ts"
+import { partRows, type DataPosition } from "../core/data/plan.ts"
 import { IterableStream } from "../core/data/iterable-stream.ts"
 import { makeDataset, gatherRows } from "../core/datasets.ts"
 import { batchTensors, fitBatch } from "../actors/train/worker/batches.ts"
@@ -197,6 +197,13 @@ describe("file dataset streams", () => {
       expect([...b.y.subarray(k * 5, k * 5 + 5)].indexOf(1)).toBe(id % 5)
     }
     expect(() => s!.restore({ ...s!.position()!, fingerprint: "other" })).toThrow(DataPositionMismatch)
+    // a position at an epoch's end (a checkpoint after the epoch) holds no row to go on from: other
+    // files (one added to the folder) start the next epoch as they are
+    const end = s!.position()!
+    s!.restore({ ...end, fingerprint: "other", consumed: partRows(end) })
+    expect(s!.midEpoch()).toBeUndefined()
+    s!.openEpoch(end.epoch + 1, 0, 1)
+    await expect(s!.take(0, 4)).resolves.toMatchObject({ n: 4 })
     // a loop written for an in-memory shard (rows of an epoch), given a stream: what to call instead
     expect(() => s!.rows(0)).toThrow(/getDatasetShard\("train"\)\.rows.*is a stream .* dp\.fit\(shard, .*openEpoch\(epoch, ctx\.worldRank, ctx\.worldSize\)/)
     await s!.close()

@@ -56,6 +56,10 @@ describe("tfjs's argument checks in a loop", () => {
   })
 
   it("the failure policy gives up on them at once, with no limit on restarts, and says why", () => {
+    // and on a RangeError (a bug: an array's length, the stack's depth) and a data position saved
+    // for other files, which a restart would resume from again
+    expect(decide({ kind: "loop-error", rank: 0, tag: "RangeError", message: "" }, 0, -1)).toEqual({ action: "fail", reason: expect.stringMatching(/^not retryable \(RangeError: an error in the loop's code/) })
+    expect(decide({ kind: "loop-error", rank: 0, tag: "DataPositionMismatch", message: "" }, 0, -1)).toEqual({ action: "fail", reason: expect.stringMatching(/^not retryable \(DataPositionMismatch: the checkpoint's data position is of other files/) })
     for (const tag of ["InvalidArgumentError", "ValueError"]) {
       expect(decide({ kind: "loop-error", rank: 0, tag, message: "" }, 0, -1)).toEqual({
         action: "fail",

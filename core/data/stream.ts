@@ -225,7 +225,9 @@ export class FileStream implements StreamingSource {
   /** Goes on from a saved position (the next openEpoch() of its epoch continues there, re-planned if the world size changed). */
   restore(pos: DataPosition): void {
     if (!isDataPosition(pos)) throw new DataPositionMismatch({ dataset: this.name, reason: "the saved position is not one (damaged or of another version)" })
-    if (pos.fingerprint !== this.dataset.fingerprint) {
+    // A position at an epoch's end holds no row of these files to go on from: other files (one
+    // added to the folder) start the next epoch as they are. Within an epoch they cannot.
+    if (pos.fingerprint !== this.dataset.fingerprint && rowsLeft(pos) > 0) {
       throw new DataPositionMismatch({ dataset: this.name, reason: `it was saved for rows ${pos.fingerprint}, these files are ${this.dataset.fingerprint}` })
     }
     // A regroup's survivor taking the furthest survivor's position of the plan it has open (a loop

@@ -57,19 +57,23 @@ export const MAX_INFRA_RESTARTS_WITHOUT_PROGRESS = 3
 const NON_RETRYABLE_TAGS: ReadonlySet<string> = new Set([
   "ConfigError", "SyntaxError", "ERR_MODULE_NOT_FOUND", "ModuleNotAllowed", "EnvNotAllowed", "UnsupportedKernel",
   // a bug in the loop's code, and a batch the backend's memory cannot hold: a restart meets them again
-  "TypeError", "ReferenceError", "HeapExhausted",
+  "TypeError", "ReferenceError", "RangeError", "HeapExhausted",
+  // a checkpoint's data position saved for other files: the restart would read it again
+  "DataPositionMismatch",
   // tfjs's checks of a tensor's shape, rank or dtype (actors/train/worker/loop-errors.ts)
   "ValueError", "InvalidArgumentError"
 ])
 
 /** Why a failure of tag `tag` is not retried, for the run's closing line. */
 const notRetryable = (tag: string): string =>
-  tag === "TypeError" || tag === "ReferenceError" || tag === "SyntaxError"
+  tag === "TypeError" || tag === "ReferenceError" || tag === "RangeError" || tag === "SyntaxError"
     ? `not retryable (${tag}: an error in the loop's code, which a restart would run into again; fix it and run again)`
     : tag === "ValueError" || tag === "InvalidArgumentError"
       ? `not retryable (${tag}: tfjs refused a tensor's shape, rank or dtype, which a restart would meet again at the same step; fix the loop or its data and run again)`
       : tag === "HeapExhausted"
       ? `not retryable (${tag}: the same batch would not fit again)`
+      : tag === "DataPositionMismatch"
+      ? `not retryable (${tag}: the checkpoint's data position is of other files, and a restart would resume from it again)`
       : `not retryable (${tag})`
 
 export const isInfrastructure = (failure: GroupFailure): boolean => INFRASTRUCTURE.has(failure.kind)
