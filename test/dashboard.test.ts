@@ -553,6 +553,10 @@ describe("the launcher", () => {
     expect(rerun.code, rerun.output).toBe(0)
     expect(rerun.output).toContain(`gradwire: run "launched" has checkpoints already: resuming from its latest, ${path.join(storage, "launched", "checkpoint_000002")}`)
     expect(rerun.output.indexOf("has checkpoints already")).toBeLessThan(rerun.output.indexOf("launched rerun: resumed after epoch 2"))
+    // with another trainLoopConfig than its checkpoints were made with: said, with what changed
+    expect(rerun.output).toContain('gradwire: run "launched" goes on from its own checkpoint with another trainLoopConfig than it was made with: tag "rerun" (was "hello");')
+    // (the run started from another's checkpoint, resumeFromCheckpoint, is not compared)
+    expect(next.output).not.toContain("another trainLoopConfig")
     expect(next.output).toMatch(/gradwire: done: 2 report rounds, 0 restart\(s\); run directory .*launched-next/)
     const bad = await runScript(CLI, ["train", "test/support/launch-loop.ts", "--workers", "2"], { timeoutMs: 30_000 })
     expect(bad.code).toBe(2)

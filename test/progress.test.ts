@@ -2,7 +2,7 @@
 // a hand-written trainStep loop, which has no epoch length, shows its step count without a bogus
 // "/0 0% ETA 0.0s".
 import { describe, expect, it } from "vitest"
-import { ProgressPrinter, loopFrames } from "../actors/train/common/observe/progress.ts"
+import { ProgressPrinter, changedConfigLine, configChanges, loopFrames } from "../actors/train/common/observe/progress.ts"
 import { sharedCoresLine } from "../actors/train/driver/cluster.ts"
 
 const printer = (): { p: ProgressPrinter; lines: string[] } => {
@@ -12,6 +12,16 @@ const printer = (): { p: ProgressPrinter; lines: string[] } => {
 }
 
 describe("progress lines", () => {
+  it("names what a rerun's trainLoopConfig changed against its checkpoints' (top-level keys)", () => {
+    expect(configChanges({ epochs: 3, lr: 0.1 }, { epochs: 3, lr: 0.1 })).toEqual([])
+    expect(configChanges({ epochs: 3, lr: 0.1, tag: "a" }, { epochs: 5, lr: 0.1, seed: 1 })).toEqual(["epochs 5 (was 3)", 'tag (gone, was "a")', "seed 1 (new)"])
+    expect(configChanges({ sizes: [64, 32] }, { sizes: [64, 16] })).toEqual(["sizes [64,16] (was [64,32])"])
+    expect(configChanges({ big: 2n ** 70n }, { big: 2n ** 70n })).toEqual([])
+    expect(configChanges(undefined, { epochs: 3 })).toEqual(['{"epochs":3} (was undefined)'])
+    expect(changedConfigLine("digits", ["lr 0.05 (was 0.1)"])).toMatch(/^gradwire: run "digits" goes on from its own checkpoint .*: lr 0\.05 \(was 0\.1\); .*another name or storagePath starts afresh$/)
+  })
+
+
   it("with progress off, prints no progress but the workers' own output (stdout) and the run's warnings (stderr)", () => {
     const out: string[] = []
     const err: string[] = []

@@ -50,7 +50,7 @@ import { latestAtOrBefore, regroupSurvivors, type RegroupContext } from "./regro
 import { Refill } from "./refill.ts"
 import { FitRecord, emptyResult } from "./fit-record.ts"
 import { Interrupted, TrainingFailed, withResult, type ObjectStoreLocation, type Result } from "./result.ts"
-import { ProgressPrinter, resumeLine } from "../common/observe/progress.ts"
+import { ProgressPrinter, changedConfigLine, configChanges, resumeLine } from "../common/observe/progress.ts"
 import { RunRecorder } from "../common/observe/run-recorder.ts"
 import { spanEvent } from "../common/observe/timeline.ts"
 import { embeddedServerEvents, forwardJobLogs, nodeNews, startJobMonitor, startRunDashboard, watchDriverBus } from "./fit-watch.ts"
@@ -104,6 +104,8 @@ export class FitRun {
   #resumePath: string | undefined
   /** resumeFrom's checkpoint, where it was read before the run's cluster started (another embedded run's bucket). */
   #resumeData: Awaited<ReturnType<typeof readCheckpoint>> | undefined
+  /** The trainLoopConfig of an earlier fit() of this run (its config.json), where there was one. */
+  #earlierLoopConfig: { readonly config: unknown } | undefined
   #saving: Promise<unknown> = Promise.resolve()
   // Workers' failure messages, one at a time (#withBlamedState may ask a rank first).
   #failing: Promise<void> = Promise.resolve()
@@ -226,6 +228,10 @@ export class FitRun {
       cfg.resumeFrom !== undefined && elsewhere !== undefined && path.resolve(elsewhere) !== path.join(cfg.runDir, "jetstream")
         ? await fetchCheckpointData({ path: cfg.resumeFrom, metrics: {}, objectStore: { jetstreamDir: elsewhere } }, {}, "resumeFromCheckpoint")
         : undefined
+    // (the trainLoopConfig an earlier fit() of this run made its checkpoints with, before this one's replaces it)
+    const earlierLoopConfig = await fs
+      .readFile(path.join(cfg.runDir, "config.json"), "utf8")
+      .then((t) => ({ config: (JSON.parse(t) as { trainLoopConfig?: unknown }).trainLoopConfig }), () => undefined)
     const recorder = await RunRecorder.open(cfg.runDir, {
       name: cfg.name,
       trainLoopPerWorker: cfg.loop,
@@ -241,6 +247,7 @@ export class FitRun {
     progress.line(`gradwire: run directory ${cfg.runDir} (report.html is refreshed as it trains)`)
     const run = new FitRun(cfg, recorder, progress, resolvedData, localStore, policy)
     run.#resumeData = resumeData
+    run.#earlierLoopConfig = earlierLoopConfig
     await run.#join()
     await run.#setUp()
     return run
@@ -382,6 +389,13 @@ export class FitRun {
     const verbose = cfg.run.verbose === true
     this.#resumePath ??= this.#store.latest()?.path
     if (this.#resumePath !== undefined) this.progress.line(resumeLine(cfg.name, this.#resumePath, cfg.resumeFrom !== undefined))
+    // A rerun going on from its own checkpoint with another trainLoopConfig: said, not silently used.
+    const changes = cfg.resumeFrom === undefined && this.#resumePath !== undefined && this.#earlierLoopConfig ? configChanges(this.#earlierLoopConfig.config, cfg.loopConfig) : []
+    if (changes.length > 0) {
+      const line = changedConfigLine(cfg.name, changes)
+      this.progress.warn(line)
+      this.recorder.event({ type: "config-changed", changes, checkpoint: this.#resumePath })
+    }
     const job = (this.#job = `${cfg.name.slice(0, 100)}-${nuid.next().slice(-8)}`)
     this.#system = new ActorSystem({
       nc: cluster.nc,

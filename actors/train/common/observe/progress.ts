@@ -44,6 +44,32 @@ export const resumeLine = (name: string, checkpoint: string, given: boolean): st
     ? `gradwire: starting from the checkpoint ${checkpoint}`
     : `gradwire: run "${name}" has checkpoints already: resuming from its latest, ${checkpoint} (another name or storagePath starts afresh)`
 
+/** A value of a config as config.json holds it (a bigint as its digits), for comparing and saying. */
+const asJson = (v: unknown): string | undefined => JSON.stringify(v, (_k, x: unknown) => (typeof x === "bigint" ? x.toString() : x))
+
+/**
+ * What changed between the trainLoopConfig a run's checkpoints were made with (`before`, from its
+ * config.json) and the one it runs with now: "lr 0.05 (was 0.1)", one entry per top-level key.
+ */
+export const configChanges = (before: unknown, now: unknown): string[] => {
+  if (asJson(before) === asJson(now)) return []
+  const isRecord = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v)
+  if (!isRecord(before) || !isRecord(now)) return [`${asJson(now) ?? "undefined"} (was ${asJson(before) ?? "undefined"})`]
+  const keys = [...new Set([...Object.keys(before), ...Object.keys(now)])]
+  return keys
+    .filter((k) => asJson(before[k]) !== asJson(now[k]))
+    .map((k) => (k in now ? `${k} ${asJson(now[k])}${k in before ? ` (was ${asJson(before[k])})` : " (new)"}` : `${k} (gone, was ${asJson(before[k])})`))
+}
+
+/**
+ * The warning a run that resumes from its own latest checkpoint gives when its trainLoopConfig is
+ * not the one its checkpoints were made with (a rerun of a finished run with a new learning rate or
+ * more epochs): what changed, and how to start afresh instead.
+ */
+export const changedConfigLine = (name: string, changes: ReadonlyArray<string>): string =>
+  `gradwire: run "${name}" goes on from its own checkpoint with another trainLoopConfig than it was made with: ${changes.join(", ")}; ` +
+  "the loop gets the new one from where the checkpoint left off (a finished run trains no further unless its epochs were raised); another name or storagePath starts afresh"
+
 const fmt = (v: unknown): string => (typeof v === "number" ? (Number.isInteger(v) ? String(v) : v.toPrecision(4)) : String(v))
 
 export class ProgressPrinter {
