@@ -136,6 +136,20 @@ describe("data-parallel wrapper", () => {
     expect(weightsOf(dps[0].model)).toEqual(weightsOf(dps[1].model))
   })
 
+  it("fit({ seed }) reshuffles an in-memory shard by its seed, and a streamed dataset refuses it (the Trainer's seed orders it)", async () => {
+    const { tf } = await loadEngine("auto")
+    const [sync] = localGroup(1)
+    const dp = await DataParallelModel.prepare(tf, makeModel(tf, 5), sync!)
+    const n = 32
+    const dataset = { x: new Float32Array(n * 4).map((_, i) => Math.sin(i)), y: new Int32Array(n).map((_, i) => i % 3), size: n, featureShape: [4], numClasses: 3 }
+    const seeds: Array<number | undefined> = []
+    await dp.fit({ dataset, rows: (_epoch, seed) => (seeds.push(seed), Array.from({ length: n }, (_, i) => i)) }, { epochs: 2, batchSize: 16, seed: 7 })
+    await dp.fit({ dataset, rows: (_epoch, seed) => (seeds.push(seed), Array.from({ length: n }, (_, i) => i)) }, { epochs: 1, batchSize: 16 })
+    expect(seeds).toEqual([7, 7, undefined])
+    const stream = { streaming: true as const, featureShape: [4], numClasses: 3, openEpoch: () => 0, take: () => Promise.reject(new Error("not read")) }
+    await expect(dp.fit(stream, { epochs: 1, batchSize: 16, seed: 7 })).rejects.toThrow(/fit\.seed.*a streamed dataset .* give new Trainer\(\{ seed \}\) instead/)
+  })
+
   it("routes the model's own fit and trainOnBatch through the group once prepared (each trained one rank alone), refuses fitDataset, keeps evaluate and predict", async () => {
     const { tf } = await loadEngine("auto")
     const syncs = localGroup(2)

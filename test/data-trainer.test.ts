@@ -134,6 +134,13 @@ describe("Trainer with file datasets", () => {
     const killed = logs.get("a0-r1-p3")!.filter((s) => s.epoch === 1)
     expect(killed.map((s) => s.index)).toEqual(Array.from({ length: 6 }, (_, i) => i))
     const mayRepeat = new Set(killed.at(-1)!.ids)
+    // The survivors' step numbers go on through the regroup (the rest of the epoch planned again
+    // counts on from the steps before it), where they had started again at 0
+    for (const k of ["a0-r0-p3", "a0-r2-p3"]) {
+      const indices = logs.get(k)!.filter((s) => s.epoch === 1).map((s) => s.index)
+      expect(indices.every((x, i) => i === 0 || x >= indices[i - 1]!), `${k}: ${indices.join(",")}`).toBe(true)
+      expect(Math.max(...indices), k).toBeGreaterThanOrEqual(12)
+    }
     const grew = events.find((e) => e.type === "grow") as { position: { epoch: number; stepInEpoch: number; stepsPerEpoch: number } } | undefined
     expect(grew).toBeDefined()
     const steps = (k: string, epoch: number): number => (logs.get(k) ?? []).filter((s) => s.epoch === epoch).length
@@ -255,6 +262,12 @@ describe("Trainer with file datasets", () => {
       seen.push(...first)
     }
     for (let rank = 0; rank < 3; rank++) seen.push(...idsOf(after.get(`a0-r${rank}-p3`), 0))
+    // The resumed epoch's step numbers count on from the 8 steps of two before it (16 batches: 5
+    // steps of three, rounded), not again from 0
+    for (let rank = 0; rank < 3; rank++) {
+      const indices = after.get(`a0-r${rank}-p3`)!.filter((s) => s.epoch === 0).map((s) => s.index)
+      expect(indices).toEqual(Array.from({ length: indices.length }, (_, i) => Math.round((8 * 2) / 3) + i))
+    }
     expect(new Set(seen).size).toBe(seen.length)
     // Left out: what two workers could not split evenly of the whole, and three of the rest.
     expect(ROWS - seen.length).toBeLessThan(3)

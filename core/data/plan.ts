@@ -49,6 +49,17 @@ export const freshPosition = (fingerprint: string, epoch: number, rows: number, 
   consumed: 0
 })
 
+/** Positions the plan still hands out (every rank's part and the rest left for the epoch's end). */
+export const planRows = (pos: DataPosition): number => lengthOf(pos.intervals)
+
+/**
+ * Steps of the epoch trained before `pos` was planned (a resume or a regroup mid-epoch planned the
+ * rest again) and by its `consumed` rows, counted in the plan's steps of `batch` rows per rank and
+ * `accumulation` micro-batches: the epoch's `rows` less the positions still to hand out.
+ */
+export const stepsBeforePlan = (pos: DataPosition, rows: number, batch: number, accumulation: number): number =>
+  Math.round((Math.max(0, rows - planRows(pos)) + pos.consumed * pos.worldSize) / Math.max(1, batch * pos.worldSize * accumulation))
+
 /** Rows each rank's part holds. */
 export const partRows = (pos: DataPosition): number => Math.floor(lengthOf(pos.intervals) / pos.worldSize)
 

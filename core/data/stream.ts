@@ -44,6 +44,8 @@ export interface StreamingSource {
   openedPlan?(): DataPosition | undefined
   /** Goes on from a plan (the next openEpoch() of its epoch reads it). */
   restorePlan?(pos: DataPosition): void
+  /** Rows of an epoch, where the source plans them (a file dataset): the steps before a plan count from it. */
+  readonly rowsPerEpoch?: number
 }
 
 export const isStreamingSource = (s: unknown): s is StreamingSource => typeof s === "object" && s !== null && (s as { streaming?: unknown }).streaming === true
@@ -164,6 +166,10 @@ export class FileStream implements StreamingSource {
 
   get numClasses(): number {
     return this.dataset.numClasses
+  }
+
+  get rowsPerEpoch(): number {
+    return this.dataset.rows
   }
 
   /** Rows this rank trains per epoch at the group's current size. */

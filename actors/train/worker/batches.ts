@@ -12,7 +12,8 @@ type Tensor = import("@tensorflow/tfjs").Tensor
 /** An in-memory source of rows per epoch: the worker's shard (disjoint across ranks, reshuffled per epoch). */
 export interface ShardSource {
   readonly dataset: ArrayDataset
-  rows(epoch: number): ArrayLike<number>
+  /** `seed`: dp.fit's own, where given (else the source's: the Trainer's seed). */
+  rows(epoch: number, seed?: number): ArrayLike<number>
   /** Map transforms applied to every batch (DatasetShard.map). */
   readonly transforms?: ReadonlyArray<BatchTransform>
   /** A weight per row of the dataset (model.fit's sampleWeight): each batch carries its rows'. */

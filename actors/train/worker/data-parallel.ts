@@ -735,7 +735,8 @@ export class DataParallelModel implements RecoverableModel {
       this.#inStep = false
     }
     // The rank's progress goes on (a step with no samples; its loss is not counted).
-    this.onStep?.({ epoch: this.#loop.epoch, step: this.#loop.stepInEpoch, stepsPerEpoch: this.#loop.stepsPerEpoch, samples: 0, loss: Number.NaN })
+    const base = this.#loop.stepBase
+    this.onStep?.({ epoch: this.#loop.epoch, step: base + this.#loop.stepInEpoch, stepsPerEpoch: base + this.#loop.stepsPerEpoch, samples: 0, loss: Number.NaN })
   }
 
   /** An empty step's exchange: a zero gradient of sample weight 0, and the group's update applied. */
@@ -776,7 +777,8 @@ export class DataParallelModel implements RecoverableModel {
     this.#applyLearningRateRule(step, samples)
     const done = (lossArr: ArrayLike<number>, correctArr: ArrayLike<number> | undefined): StepResult => {
       if (!worker.viaServers) this.#global++
-      this.onStep?.({ epoch: this.#loop.epoch, step: this.#loop.stepInEpoch++, stepsPerEpoch: this.#loop.stepsPerEpoch, samples, loss: lossArr[0]! })
+      const base = this.#loop.stepBase
+      this.onStep?.({ epoch: this.#loop.epoch, step: base + this.#loop.stepInEpoch++, stepsPerEpoch: base + this.#loop.stepsPerEpoch, samples, loss: lossArr[0]! })
       return { loss: lossArr[0]!, samples: own, ...(correctArr ? { correct: correctArr[0]! } : {}) }
     }
     if (worker.inPlace()) {

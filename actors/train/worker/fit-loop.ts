@@ -8,7 +8,7 @@
 import type { Tf } from "../../../core/engine.ts"
 import { shardIndicesWeighted } from "../../../core/datasets.ts"
 import { isStreamingSource, type StreamingSource } from "../../../core/data/stream.ts"
-import { replanRegroup, rowsLeft } from "../../../core/data/plan.ts"
+import { replanRegroup, rowsLeft, stepsBeforePlan } from "../../../core/data/plan.ts"
 import { ConfigError } from "../../../core/errors.ts"
 import { batchTensors, classesOf, fitBatch, streamEpoch, type FitSource, type ShardSource } from "./batches.ts"
 import { HeteroBatcher } from "./hetero-batching.ts"
@@ -69,7 +69,10 @@ export type FitOptions = FitCommonOptions &
 
 export interface FitCommonOptions {
   readonly epochs: number
-  /** Seed of the per-epoch shuffles (same on every rank). Default 0. */
+  /**
+   * Seed of the per-epoch shuffles of an in-memory shard (same on every rank). Default: the
+   * Trainer's seed. A streamed dataset is shuffled by the Trainer's seed alone (a ConfigError here).
+   */
   readonly seed?: number
   /** First epoch (for a resumed run). Default 0. */
   readonly initialEpoch?: number
@@ -141,6 +144,9 @@ export class FitLoop {
   fitGlobalBatch: number | undefined
   /** A streamed epoch: the plan it was opened with and the rows per micro-batch (a regroup plans the rest again from it). */
   stream: StreamCursor | undefined
+  /** dp.fit()'s accumulation steps and, for a planned stream, its rows per epoch (stepBase's terms). */
+  #accumulation = 1
+  #streamRows: number | undefined
   batcher: HeteroBatcher | undefined
   /** The recovery generation dp.fit() last saw, and the operation after which batch exchanges count again. */
   #seenGeneration = 0
@@ -148,6 +154,21 @@ export class FitLoop {
 
   constructor(host: FitHost) {
     this.#host = host
+  }
+
+  /**
+   * Steps of the epoch a streamed dataset's open plan was made after (a resume or a regroup
+   * mid-epoch planned the rest again, and its steps count from 0): the step numbers the loop's
+   * onStep and the progress line show count on from there, not again from 0. 0 otherwise.
+   */
+  get stepBase(): number {
+    const s = this.stream
+    return this.inFit && s && this.#streamRows !== undefined ? stepsBeforePlan(s.plan, this.#streamRows, s.batch, this.#accumulation) : 0
+  }
+
+  /** stepBase for the plan of a regroup's cursor (the step a joiner redoes with the survivors). */
+  #baseOf(c: { readonly stream?: StreamCursor }): number {
+    return c.stream && this.#streamRows !== undefined ? stepsBeforePlan(c.stream.plan, this.#streamRows, c.stream.batch, this.#accumulation) : 0
   }
 
   /**
@@ -164,6 +185,13 @@ export class FitLoop {
     if (isStreamingSource(source) && opts.globalBatchSize !== undefined) {
       throw new ConfigError({ field: "fit.globalBatchSize", reason: "a streamed dataset (files, a loader) is read in per-rank parts: give batchSize (per rank) instead" })
     }
+    if (isStreamingSource(source) && opts.seed !== undefined) {
+      // (its mid-epoch positions in checkpoints are of the order the stream's own seed makes)
+      throw new ConfigError({
+        field: "fit.seed",
+        reason: "a streamed dataset (files, a loader) is shuffled by the Trainer's seed, which its saved positions follow: give new Trainer({ seed }) instead"
+      })
+    }
     if (opts.globalBatchSize !== undefined) {
       if (!isStreamingSource(source)) this.#prepareBatcher(source, opts.globalBatchSize)
     } else if (!(opts.batchSize >= 1) || !Number.isInteger(opts.batchSize)) {
@@ -171,6 +199,8 @@ export class FitLoop {
     }
     const k = opts.accumulationSteps ?? 1
     if (!Number.isInteger(k) || k < 1) throw new ConfigError({ field: "fit.accumulationSteps", reason: `must be an integer >= 1, got ${String(opts.accumulationSteps)}` })
+    this.#accumulation = k
+    this.#streamRows = isStreamingSource(source) ? source.rowsPerEpoch : undefined
     const numClasses = classesOf(source, (this.#host.model.outputs[0]?.shape.at(-1) as number | null) ?? 0)
     const recovery = this.#host.sync.recovery
     const results: EpochResult[] = []
@@ -221,7 +251,7 @@ export class FitLoop {
           i = 0
           // It is this rank's step too: the loop's step callback runs as on the survivors (which
           // may report there), with no rows (loss NaN, samples 0, as a replayed step's).
-          await opts.onStep?.({ loss: Number.NaN, samples: 0, epoch, index: target.stepInEpoch })
+          await opts.onStep?.({ loss: Number.NaN, samples: 0, epoch, index: this.#baseOf(target) + target.stepInEpoch })
         } else if (target && i < steps) await joinHere()
         // When this rank's previous step (its batcher's measurement included) ended; none at an
         // epoch's start (the epoch's end, its metrics and callbacks, are not a step's work).
@@ -254,6 +284,8 @@ export class FitLoop {
             stepSamples += r.samples
           }
           const index = i++
+          // (its number in the epoch, on the plan it was taken from: a regroup below may plan again)
+          const stepNumber = this.stepBase + index
           // A regroup during this step: the group and this rank's share changed, and the epoch goes
           // on where the furthest survivor was, cut for the new group.
           const c = this.#observeRegroup(source, opts)
@@ -289,7 +321,7 @@ export class FitLoop {
           const wallMs = lastStepEnd === undefined || c ? Number.NaN : performance.now() - lastStepEnd
           if (!recovery || recovery.ops - 1 > this.#freshAfterOps) await this.batcher?.afterStep(stepSamples, idle ? 0 : this.#host.lastComputeMs, wallMs)
           lastStepEnd = performance.now()
-          await opts.onStep?.({ ...r, epoch, index })
+          await opts.onStep?.({ ...r, epoch, index: stepNumber })
         }
         this.stepInEpoch = steps
         if (target && recovery?.joinTarget) await joinHere()
@@ -422,7 +454,7 @@ export class FitLoop {
       return streamEpoch(left, bs, k)
     }
     if (opts.globalBatchSize === undefined || !batcher) {
-      const rows = source.rows(epoch)
+      const rows = source.rows(epoch, opts.seed)
       const bs = this.#host.rankBatch(opts.batchSize as number)
       this.fitGlobalBatch = bs * this.#host.sync.worldSize * k
       const slice = (m: number): number[] => Array.prototype.slice.call(rows, m * bs, (m + 1) * bs) as number[]

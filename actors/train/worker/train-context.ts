@@ -83,9 +83,9 @@ export class DatasetShard implements ShardSource {
     return this.#place().worldSize
   }
 
-  /** Rows of this rank for `epoch` (same count on every rank). */
-  rows(epoch: number): Int32Array {
-    return shardIndices(this.dataset.size, this.rank, this.worldSize, this.seed, epoch)
+  /** Rows of this rank for `epoch` (same count on every rank), shuffled by `seed` (default: the Trainer's). */
+  rows(epoch: number, seed: number = this.seed): Int32Array {
+    return shardIndices(this.dataset.size, this.rank, this.worldSize, seed, epoch)
   }
 
   get size(): number {
