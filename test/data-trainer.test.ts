@@ -229,6 +229,23 @@ describe("Trainer with file datasets", () => {
     })
   }
 
+  it("a kill -9 at the last step of the run: the survivors finish it, and the run says it ended short-handed", { tags: ["faults"], timeout: 120_000 }, async () => {
+    const logDir = path.join(work, "logs-short")
+    await fs.mkdir(logDir)
+    const r = await new Trainer({
+      trainLoopPerWorker: LOOP,
+      trainLoopConfig: { epochs: 1, batchSize: BATCH, rows: ROWS, logDir, checkpointEvery: 5, fail: { how: "kill", rank: 1, epoch: 0, step: 19 } },
+      scalingConfig: { numWorkers: 3 },
+      runConfig: { name: "files-short", storagePath: work, progress: false, failureConfig: { maxFailures: 1 } },
+      datasets: { train: fromFiles(dataDir, OPTS) }
+    }).fit()
+    expect(r.resizes.map((z) => [z.from, z.to])).toEqual([[3, 2]])
+    const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>)
+    expect(events.filter((e) => e.type === "finished-short-handed")).toEqual([expect.objectContaining({ workers: 2, of: 3 })])
+    const summary = JSON.parse(await fs.readFile(path.join(r.path, "summary.json"), "utf8")) as { incidents: Array<{ text: string }> }
+    expect(summary.incidents.map((i) => i.text)).toContainEqual(expect.stringMatching(/^the run finished short-handed, with 2 of its 3 workers since .*: the replacement was not ready before the training ended/))
+  })
+
   it("resumes a mid-epoch checkpoint with another number of workers: the epoch's rest is re-planned, no row twice, none skipped", { timeout: 120_000 }, async () => {
     const spec = fromFiles(dataDir, OPTS)
     const fit = (workers: number, logDir: string, fail?: object) =>

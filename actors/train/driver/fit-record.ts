@@ -243,6 +243,23 @@ export class FitRecord {
     this.#lastSize = size
   }
 
+  /**
+   * A fixed-size group that lost a worker and ended before its replacement joined: said (once the
+   * training ended well, before the run's files close), where the resizes alone (3 -> 2, no way
+   * back) had been the only sign.
+   */
+  finishedShortHanded(): void {
+    const size = this.#lastSize
+    if (size === undefined || this.#cfg.minWorkers !== this.#cfg.maxWorkers || size >= this.#cfg.maxWorkers) return
+    const since = this.resizes.at(-1)
+    this.incident(
+      "resize",
+      `the run finished short-handed, with ${size} of its ${this.#cfg.maxWorkers} workers${since ? ` since ${since.time} (${since.reason})` : ""}: ` +
+        "the replacement was not ready before the training ended (a longer run, or failureConfig.spares, has it join)",
+      { type: "finished-short-handed", workers: size, of: this.#cfg.maxWorkers }
+    )
+  }
+
   /** The run directory's final files, the summary line, and the Result. */
   async result(store: CheckpointStorage, state: string, error: Error | undefined, countedFailures: number): Promise<Result> {
     const where = store.location

@@ -921,6 +921,7 @@ export class FitRun {
   /** Ends the run: the last checkpoint lands, the group, the actors, the cluster and the recorder close. */
   async close(): Promise<void> {
     if (this.#error) this.controller.abort()
+    else if (this.controller.state === "finished") this.record.finishedShortHanded()
     await this.#saving
     await this.#teardown()
     process.removeListener("SIGINT", this.#onSignal)
