@@ -165,8 +165,10 @@ const loadAny = async (want: BackendKind | "auto"): Promise<{ tf: Tf; backend: B
   if (want === "wasm" || want === "auto") {
     try {
       loadPackage("@tensorflow/tfjs-backend-wasm")
+      const before = processListeners()
       if (await tf.setBackend("wasm")) {
         await tf.ready()
+        dropRethrowingListeners(before)
         // tfjs-backend-wasm lacks the convolution and gather gradients (and a few rarer kernels).
         registerWasmKernels(tf)
         return { tf, backend: "wasm" }
@@ -188,6 +190,21 @@ const loadAny = async (want: BackendKind | "auto"): Promise<{ tf: Tf; backend: B
  * The tfjs module with the chosen backend active. One engine per process: asking again for the
  * same choice returns the same module; asking for a different one is an error.
  */
+/** The process's uncaughtException and unhandledRejection listeners now. */
+const processListeners = (): ReadonlySet<unknown> =>
+  new Set([...process.listeners("uncaughtException"), ...process.listeners("unhandledRejection")])
+
+/**
+ * The wasm backend's Emscripten runtime adds process listeners that rethrow every uncaught error and
+ * unhandled rejection from inside its own file: a program's own bug then reads as thrown at
+ * tf-backend-wasm.node.js:8597 and exits with code 7. tfjs removes them itself when the backend is
+ * disposed; removed here at once, such errors are Node's own again (the error's stack, exit code 1).
+ */
+const dropRethrowingListeners = (before: ReadonlySet<unknown>): void => {
+  for (const l of process.listeners("uncaughtException")) if (!before.has(l)) process.removeListener("uncaughtException", l)
+  for (const l of process.listeners("unhandledRejection")) if (!before.has(l)) process.removeListener("unhandledRejection", l)
+}
+
 export const loadEngine = (want: BackendKind | "auto" = "auto"): Promise<{ tf: Tf; backend: BackendKind }> => {
   if (loaded && loadedWant !== want) {
     return loaded.then((l) => {

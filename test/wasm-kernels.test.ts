@@ -3,7 +3,7 @@
 // 1e-4 * (1 + |cpu|) element-wise. And the cpu fallback: a kernel wasm has no implementation of
 // runs through the cpu backend, gives the cpu backend's answer, and is recorded.
 import { beforeAll, describe, expect, it } from "vitest"
-import { execFileSync } from "node:child_process"
+import { execFileSync, spawnSync } from "node:child_process"
 import { fileURLToPath } from "node:url"
 import { loadEngine, type Tf } from "../core/engine.ts"
 import { fallbackKernelsUsed } from "../core/kernels/fallback.ts"
@@ -919,6 +919,20 @@ describe("a tensor the wasm heap cannot hold", () => {
       expect(heapArray(backend, { dataId: x.dataId, shape: [4], dtype: "float32" })).toHaveLength(4)
     } finally {
       x.dispose()
+    }
+  })
+})
+
+describe("a program that loaded the wasm backend", () => {
+  it("reports its own uncaught error and unhandled rejection as Node does (its stack, exit code 1), not from the backend's file with code 7", () => {
+    const root = fileURLToPath(new URL("..", import.meta.url))
+    for (const fail of ['throw new Error("my own bug")', 'void Promise.reject(new Error("my own bug"))']) {
+      const script = `import { loadEngine } from "./core/engine.ts"\nconst { backend } = await loadEngine("wasm")\nconsole.log(backend)\n${fail}\n`
+      const r = spawnSync(process.execPath, ["--input-type=module", "-e", script], { cwd: root, encoding: "utf8", timeout: 60_000 })
+      expect(r.stdout.trim(), fail).toBe("wasm")
+      expect(r.status, `${fail}: ${r.stderr}`).toBe(1)
+      expect(r.stderr, fail).toContain("Error: my own bug")
+      expect(r.stderr, fail).not.toContain("tf-backend-wasm")
     }
   })
 })
