@@ -4,6 +4,7 @@
 import { describe, expect, it } from "vitest"
 import { ProgressPrinter, changedConfigLine, configChanges, loopFrames } from "../actors/train/common/observe/progress.ts"
 import { sharedCoresLine } from "../actors/train/driver/cluster.ts"
+import { Interrupted } from "../actors/train/driver/result.ts"
 
 const printer = (): { p: ProgressPrinter; lines: string[] } => {
   const lines: string[] = []
@@ -136,6 +137,10 @@ describe("the run's closing line", () => {
         "gradwire:     at trainLoop (file:///home/u/proj/train.ts:14:80)\n" +
         "gradwire: run directory: /runs/a\n"
     )
+    // Ctrl-C: said as an interruption, not a failure
+    const stopped = printer()
+    stopped.p.summary("/runs/a", undefined, new Interrupted({ signal: "SIGINT" }))
+    expect(stopped.lines[0]).toMatch(/^gradwire: run interrupted: training was interrupted by SIGINT; .*checkpoints written so far are kept\n$/)
     expect(loopFrames(remoteStack.split("\n").slice(0, 1).concat(`    at #runLoop (${own}:1:1)`).join("\n"))).toEqual([])
   })
 })

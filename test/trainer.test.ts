@@ -133,8 +133,10 @@ describe("Trainer", () => {
     const acc = p.filter((c, i) => c === test.y[i]).length / test.size
     // the report's figure came from the same weights on rank 0 (a backend's rounding apart)
     expect(acc).toBeCloseTo(baseline.metrics!.val_accuracy as number, 2)
-    // a directory without a model's files says so
-    await expect(loadCheckpointModel(tf, baseline.path)).rejects.toThrow(/has no model\.json and weights\.bin.*checkpointFromModel/)
+    // the run directory says to load one of its checkpoints (loadResult's); another directory
+    // without a model's files says so
+    await expect(loadCheckpointModel(tf, baseline.path)).rejects.toThrow(/is a run directory, not a checkpoint: load one of its checkpoints, \(await loadResult\(".*"\)\)\.checkpoint/)
+    await expect(loadCheckpointModel(tf, path.join(baseline.path, "logs"))).rejects.toThrow(/has no model\.json and weights\.bin.*checkpointFromModel/)
     // tfjs left out: gradwire's engine (this process's), the same weights
     const again = await loadCheckpointModel(baseline.checkpoint!)
     const flat = (m: typeof model): number[] => m.getWeights().flatMap((w) => [...(w.dataSync() as Float32Array)])

@@ -102,7 +102,7 @@ export const decide = (
       action: "fail",
       reason:
         (maxFailures === 0
-          ? "failureConfig.maxFailures is 0 (set it above 0, or -1 for no limit, to restart from the latest checkpoint)"
+          ? "failureConfig.maxFailures is 0 (set it above 0, or -1 for no limit, to recover: from the surviving workers where it can, else from the latest checkpoint)"
           : `failureConfig.maxFailures (${maxFailures}) restarts already used`) + repeated
     }
   }

@@ -182,7 +182,8 @@ export class ProgressPrinter {
   /** The run's last lines: how it ended, and its run directory. `checkpoint`: the latest checkpoint the Result gives (also one an earlier run of the same name left). */
   summary(dir: string, last: Record<string, unknown> | undefined, error: Error | undefined, checkpoint?: string): void {
     if (this.mode === "off") return
-    if (error) {
+    if (error && (error as { _tag?: unknown })._tag === "Interrupted") this.line(`gradwire: run interrupted: ${error.message}`)
+    else if (error) {
       this.line(`gradwire: run failed: ${error.message}`)
       // where a worker's loop threw (TrainingFailed's remoteStack), in the user's code
       const stack = (error as { remoteStack?: unknown }).remoteStack

@@ -316,6 +316,14 @@ export async function loadCheckpointModel(a: Tf | CheckpointArg, b?: CheckpointA
   }
   let files: Readonly<Record<string, Uint8Array>>
   if (typeof where === "string") {
+    // a run directory (its config.json, its checkpoints in checkpoint_NNNNNN folders): say how to pick one
+    const names = await fs.readdir(where).catch(() => [] as string[])
+    if (names.includes("config.json") && !names.includes(MODEL_JSON)) {
+      throw new ConfigError({
+        field: "loadCheckpointModel",
+        reason: `${where} is a run directory, not a checkpoint: load one of its checkpoints, (await loadResult(${JSON.stringify(where)})).checkpoint (its latest) or one of its bestCheckpoints`
+      })
+    }
     try {
       files = await readCheckpointDir(where)
     } catch (e) {
