@@ -229,6 +229,38 @@ describe("Trainer with file datasets", () => {
     })
   }
 
+  it("a replacement replaying the loop from an older checkpoint gets the group's figures of the distributed evaluations and dp.fit() epochs it passes, not its own on the checkpoint's weights", { tags: ["faults"], timeout: 120_000 }, async () => {
+    // A checkpoint every 4 epochs (a report every epoch), an evaluation after each; rank 1 dies near
+    // the end of epoch 4, so its replacement replays from the end of epoch 3 and evaluates after
+    // epoch 4 on the way. Before, that evaluation was its own part of the rows on epoch 1's weights: a loop
+    // deciding on it (an early-stopping counter) then went apart from the survivors'.
+    const logDir = path.join(work, "logs-replay-eval")
+    await fs.mkdir(logDir)
+    const holdFile = path.join(work, "hold-replay-eval")
+    await fs.writeFile(holdFile, "3")
+    const r = await fitReleasingHold({
+      trainLoopPerWorker: LOOP,
+      trainLoopConfig: { epochs: 8, batchSize: BATCH, rows: ROWS, logDir, checkpointEvery: 1000, evaluateEvery: 4, holdFile, fail: { how: "kill", rank: 1, epoch: 4, step: 18 } },
+      scalingConfig: { numWorkers: 3 },
+      runConfig: { name: "files-replay-eval", storagePath: work, progress: false, failureConfig: { maxFailures: 1 } },
+      datasets: { train: fromFiles(path.join(dataDir, "*.csv"), OPTS) }
+    }, undefined)
+    expect(r.resizes.map((z) => [z.from, z.to])).toEqual([[3, 2], [2, 3]])
+    const evals = new Map<string, Map<number, [number, number]>>()
+    for (const f of await fs.readdir(logDir)) {
+      const lines = (await fs.readFile(path.join(logDir, f), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as { epoch: number; eval?: number; fit?: number })
+      evals.set(f, new Map(lines.filter((l) => l.eval !== undefined).map((l) => [l.epoch, [l.eval!, l.fit!]])))
+    }
+    const survivor = evals.get("a0-r0-p3.jsonl")!
+    const joiners = [...evals.entries()].filter(([f]) => !f.startsWith("a0-"))
+    expect(joiners.map(([f]) => f), [...evals.keys()].join(", ")).toHaveLength(1)
+    const joined = joiners[0]![1]
+    // it replayed from the end of epoch 3: its first evaluation is epoch 4's, passed on the way
+    expect([...joined.keys()][0]).toBe(4)
+    // (an epoch it skipped returned the group's dp.fit() loss too, where it had been NaN)
+    for (const [epoch, figures] of joined) expect(figures, `epoch ${epoch}`).toEqual(survivor.get(epoch))
+  })
+
   it("a kill -9 at the last step of the run: the survivors finish it, and the run says it ended short-handed", { tags: ["faults"], timeout: 120_000 }, async () => {
     const logDir = path.join(work, "logs-short")
     await fs.mkdir(logDir)

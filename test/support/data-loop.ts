@@ -33,6 +33,11 @@ export interface DataLoopConfig {
   readonly handWritten?: boolean
   /** The loop trains on this dataset instead of "train" (a worker-side factory's loader). */
   readonly trainOn?: string
+  /**
+   * After every epoch of dp.fit(), a distributed evaluation on 40 fixed rows, logged as
+   * { epoch, eval, fit } (fit: dp.fit()'s loss of the epoch); and the epoch's checkpoint only every this many epochs (its report every epoch).
+   */
+  readonly evaluateEvery?: number
 }
 
 export async function dataLoop(config: DataLoopConfig, ctx: TrainContext): Promise<void> {
@@ -106,7 +111,16 @@ export async function dataLoop(config: DataLoopConfig, ctx: TrainContext): Promi
         }
       }
     })
-    const ckpt = ctx.worldRank === 0 ? await ctx.checkpointFromModel(dp, { metadata: { epoch, end: true } }) : undefined
+    if (config.evaluateEvery !== undefined) {
+      const ids = Array.from({ length: 40 }, (_, i) => i * 7)
+      const x = tf.tensor2d(ids.flatMap((i) => [i / config.rows, Math.sin(i), Math.cos(i)]), [40, 3])
+      const y = tf.tensor2d(ids.map((i) => 2 * Math.sin(i) - Math.cos(i)), [40, 1])
+      const e = await dp.evaluateAsync(x, y, { distributed: true })
+      tf.dispose([x, y])
+      fs.appendFileSync(log, JSON.stringify({ epoch, eval: e.loss, fit: r!.loss }) + "\n")
+    }
+    const saving = config.evaluateEvery === undefined || (epoch + 1) % config.evaluateEvery === 0
+    const ckpt = ctx.worldRank === 0 && saving ? await ctx.checkpointFromModel(dp, { metadata: { epoch, end: true } }) : undefined
     await ctx.report({ epoch, loss: r!.loss, weights: weights(), rows: shard.stats.rows }, ckpt ? { checkpoint: ckpt } : {})
   }
   if (config.aux) {

@@ -113,7 +113,15 @@ export const Position = Schema.Struct({
    */
   wholeGroup: Schema.optionalKey(Schema.String),
   /** The rank was parked before its step's push applied as sent: it sends that push in the new group, and a rank behind it sends one as that step. */
-  pushPending: Schema.optionalKey(Schema.Boolean)
+  pushPending: Schema.optionalKey(Schema.Boolean),
+  /**
+   * The group's figures of the loop's recent distributed evaluations, [report() calls before it,
+   * its number since the last report() call, loss, accuracy or NaN]: a joiner replaying the loop
+   * from the checkpoint answers its evaluations with them (data-parallel.ts EVALUATIONS_KEPT).
+   */
+  evaluations: Schema.optionalKey(Schema.Array(Schema.Array(Schema.Number))),
+  /** dp.fit()'s recent epoch results, [epoch, loss, accuracy or NaN, samples, steps]: a joiner's replay returns them for the epochs it skips. */
+  epochs: Schema.optionalKey(Schema.Array(Schema.Array(Schema.Number)))
 })
 export type Position = typeof Position.Type
 

@@ -60,6 +60,12 @@ export type { EpochResult, FitCommonOptions, FitOptions, StepResult, TrainStepOp
 export type { FitSource, ShardSource } from "./batches.ts"
 
 
+/**
+ * Distributed evaluations a rank keeps the group's figures of (its position carries them to a
+ * joiner): the last 64, a checkpoint interval of 64 evaluating epochs.
+ */
+export const EVALUATIONS_KEPT = 64
+
 export class DataParallelModel implements RecoverableModel {
   readonly model: LayersModel
   readonly optimizer: Optimizer
@@ -344,6 +350,10 @@ export class DataParallelModel implements RecoverableModel {
     })
   }
 
+  /** The loop's recent distributed evaluations as the group computed them (Position.evaluations), and the count of the current report() round's. */
+  #evaluations: Array<[number, number, number, number]> = []
+  #evaluationsAt: [number, number] = [-1, 0]
+
   /** The micro-batches the loop added with `{ accumulate: true }` that no update has applied yet. */
   get unappliedAccumulation(): { readonly microBatches: number; readonly samples: number } {
     return this.#acc.pending
@@ -509,6 +519,8 @@ export class DataParallelModel implements RecoverableModel {
       stepInEpoch: l.stepInEpoch,
       stepsPerEpoch: l.stepsPerEpoch,
       ...(l.inFit && l.stream ? { stream: l.stream } : {}),
+      ...(this.#evaluations.length > 0 ? { evaluations: this.#evaluations.map((e) => [...e]) } : {}),
+      ...(l.epochLog.length > 0 ? { epochs: l.epochLog.map((e) => [...e]) } : {}),
       ...(pinned !== undefined ? { strategyPinned: pinned } : {})
     }
   }
@@ -852,6 +864,24 @@ export class DataParallelModel implements RecoverableModel {
     const inputs = inputsOf(this.model, x)
     const { rank, worldSize } = this.#sync
     if (!options.distributed || worldSize === 1) return evaluateLocalAsync(this.#tf, this.model, this.#loss, this.#classification, inputs, y)
+    // Which of the loop's distributed evaluations this is: the report() calls before it, and its
+    // number since the last one. A replacement replaying the loop to the survivors answers it with
+    // the figures the group had (the furthest survivor's log, in its position), not with its own
+    // part on the checkpoint's weights, so that the loop's values (a best score, an early-stopping
+    // counter) are the survivors' when it joins them.
+    const recovery = this.#sync.recovery
+    const reports = recovery?.reports ?? 0
+    if (this.#evaluationsAt[0] !== reports) this.#evaluationsAt = [reports, 0]
+    const index = this.#evaluationsAt[1]++
+    const replaying = recovery?.joinTarget
+    if (replaying) {
+      const logged = replaying.evaluations?.find((e) => e[0] === reports && e[1] === index)
+      if (logged) {
+        // (kept as its own: it may be the furthest survivor of a later regroup)
+        this.#evaluations.push([reports, index, logged[2]!, logged[3]!])
+        return { loss: logged[2]!, ...(this.#classification ? { accuracy: logged[3]! } : {}) }
+      }
+    }
     // This rank's contiguous part of the rows, then one all-reduce of the sums: the whole set's
     // figures on every rank (the same weights everywhere) at 1/p of the computation.
     const n = y.shape[0] ?? 0
@@ -874,7 +904,12 @@ export class DataParallelModel implements RecoverableModel {
     // them: its figures are its own part's, and its reports are not sent until then)
     if (this.#sync.recovery?.joinTarget === undefined) await this.#sync.sum(totals)
     const count = Math.max(1, totals[2]!)
-    return { loss: totals[0]! / count, ...(this.#classification ? { accuracy: totals[1]! / count } : {}) }
+    const out = { loss: totals[0]! / count, ...(this.#classification ? { accuracy: totals[1]! / count } : {}) }
+    if (!replaying) {
+      this.#evaluations.push([reports, index, out.loss, out.accuracy ?? Number.NaN])
+      if (this.#evaluations.length > EVALUATIONS_KEPT) this.#evaluations.splice(0, this.#evaluations.length - EVALUATIONS_KEPT)
+    }
+    return out
   }
 
   /** Loss and accuracy of this rank's model on (x, y), computed locally (synchronous reads: cpu, wasm, tensorflow; on webgpu use evaluateAsync). */

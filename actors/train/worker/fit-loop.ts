@@ -131,6 +131,9 @@ export interface FitHost {
   readonly strategyNow: string
 }
 
+/** Epoch results a rank keeps (its position carries them to a joiner, whose replay skips those epochs). */
+export const EPOCHS_KEPT = 64
+
 /** The loop's position and batching, which the model reads (steps, the learning-rate rule, regroups, metrics). */
 export class FitLoop {
   readonly #host: FitHost
@@ -144,6 +147,8 @@ export class FitLoop {
   fitGlobalBatch: number | undefined
   /** A streamed epoch: the plan it was opened with and the rows per micro-batch (a regroup plans the rest again from it). */
   stream: StreamCursor | undefined
+  /** The group's figures of the last epochs dp.fit() trained, [epoch, loss, accuracy or NaN, samples, steps] (Position.epochs). */
+  readonly epochLog: Array<[number, number, number, number, number]> = []
   /** dp.fit()'s accumulation steps and, for a planned stream, its rows per epoch (stepBase's terms). */
   #accumulation = 1
   #streamRows: number | undefined
@@ -227,7 +232,15 @@ export class FitLoop {
         if (target && epoch < target.epoch) {
           // The survivors trained this epoch: skip it whole (nothing computed, nothing exchanged).
           this.stepInEpoch = steps
-          results.push({ epoch, loss: Number.NaN, samples: 0, steps: 0, seconds: 0 })
+          // Its figures are the group's, where the survivors kept them (their position's log), so
+          // that a loop deciding on dp.fit()'s result decides as they did; else NaN, none trained here.
+          const logged = target.epochs?.find((e) => e[0] === epoch)
+          if (logged) this.epochLog.push([epoch, logged[1]!, logged[2]!, logged[3]!, logged[4]!])
+          results.push(
+            logged
+              ? { epoch, loss: logged[1]!, ...(this.#host.classification ? { accuracy: logged[2]! } : {}), samples: logged[3]!, steps: logged[4]!, seconds: 0 }
+              : { epoch, loss: Number.NaN, samples: 0, steps: 0, seconds: 0 }
+          )
           continue
         }
         // Sums over the epoch: loss * samples, correct predictions, samples.
@@ -337,6 +350,8 @@ export class FitLoop {
           seconds: (performance.now() - started) / 1000
         }
         results.push(result)
+        this.epochLog.push([epoch, result.loss, result.accuracy ?? Number.NaN, result.samples, result.steps])
+        if (this.epochLog.length > EPOCHS_KEPT) this.epochLog.splice(0, this.epochLog.length - EPOCHS_KEPT)
         await opts.onEpochEnd?.(result)
       }
     } finally {

@@ -195,6 +195,10 @@ export interface RecoveryCursor {
   readonly stepsPerEpoch: number
   /** A streamed epoch's plan (common/train-protocol.ts StreamCursor). */
   readonly stream?: StreamCursor
+  /** The survivors' recent distributed evaluations (Position.evaluations): a joiner's replay answers its own with them. */
+  readonly evaluations?: ReadonlyArray<ReadonlyArray<number>>
+  /** The survivors' recent dp.fit() epoch results (Position.epochs): a joiner's replay returns them for the epochs it skips. */
+  readonly epochs?: ReadonlyArray<ReadonlyArray<number>>
 }
 
 /** What dp.fit() needs of the group session to skip, join and follow regroups. */

@@ -47,6 +47,10 @@ export interface LoopPosition {
   readonly joinLater?: string
   /** Why the group cannot go on short-handed nor renumber its ranks (a pipelined model's grid). */
   readonly wholeGroup?: string
+  /** The loop's recent distributed evaluations, as the group computed them (Position.evaluations). */
+  readonly evaluations?: ReadonlyArray<ReadonlyArray<number>>
+  /** dp.fit()'s recent epoch results (Position.epochs). */
+  readonly epochs?: ReadonlyArray<ReadonlyArray<number>>
 }
 
 /** What a regroup needs of the prepared model (DataParallelModel implements it). */
