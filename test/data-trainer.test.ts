@@ -261,6 +261,29 @@ describe("Trainer with file datasets", () => {
     for (const [epoch, figures] of joined) expect(figures, `epoch ${epoch}`).toEqual(survivor.get(epoch))
   })
 
+  it("a dp.fit() loop that reports every step and checkpoints every 8: its replacement joins from peers, counting the reports the replay's skipped steps made on the survivors", { tags: ["faults"], timeout: 120_000 }, async () => {
+    // (Ray's pattern: metrics every step, a checkpoint now and then.) The replay does not call
+    // onStep for the steps it skips, so the joiner met the survivors short of their report() calls
+    // and the group went back to the checkpoint ("this rank had made 59 report() calls, the survivors 60").
+    const logDir = path.join(work, "logs-report-every")
+    await fs.mkdir(logDir)
+    const holdFile = path.join(work, "hold-report-every")
+    await fs.writeFile(holdFile, "3")
+    const r = await fitReleasingHold({
+      trainLoopPerWorker: LOOP,
+      trainLoopConfig: { epochs: 3, batchSize: BATCH, rows: ROWS, logDir, checkpointEvery: 8, reportEvery: 1, holdFile, fail: { how: "kill", rank: 1, epoch: 1, step: 13 } },
+      scalingConfig: { numWorkers: 3 },
+      runConfig: { name: "files-report-every", storagePath: work, progress: false, failureConfig: { maxFailures: 1 } },
+      datasets: { train: fromFiles(path.join(dataDir, "*.csv"), OPTS) }
+    }, undefined)
+    const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>)
+    expect(events.filter((e) => e.type === "restart").map((e) => [e.recovery, e.reason ?? ""])).toEqual([["peers", ""]])
+    expect(r.resizes.map((z) => [z.from, z.to])).toEqual([[3, 2], [2, 3]])
+    // every rank made the same report() calls to the end (a rank short of them fails the run), on the same weights
+    expect(sameWeights(r)).toBe(true)
+    expect(r.metricsPerRank.at(-1)).toHaveLength(3)
+  })
+
   it("a kill -9 at the last step of the run: the survivors finish it, and the run says it ended short-handed", { tags: ["faults"], timeout: 120_000 }, async () => {
     const logDir = path.join(work, "logs-short")
     await fs.mkdir(logDir)

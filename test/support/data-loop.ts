@@ -19,6 +19,8 @@ export interface DataLoopConfig {
   readonly logDir: string
   /** A checkpoint (and report) every this many steps; and one at every epoch's end. */
   readonly checkpointEvery: number
+  /** A report without a checkpoint every this many steps, between checkpointEvery's. */
+  readonly reportEvery?: number
   /** kill -9 (or throw) on this rank at this step of this epoch, in attempt 0. */
   readonly fail?: { readonly how: "kill" | "throw"; readonly rank: number; readonly epoch: number; readonly step: number }
   /** After the epochs: one epoch over the dataset "aux" (a worker-side factory's tf.data rows), reported. */
@@ -105,6 +107,7 @@ export async function dataLoop(config: DataLoopConfig, ctx: TrainContext): Promi
           if (fail!.how === "kill") process.kill(process.pid, "SIGKILL")
           throw new RangeError(`injected failure at epoch ${epoch} step ${index}`)
         }
+        if (config.reportEvery !== undefined && (index + 1) % config.reportEvery === 0 && (index + 1) % config.checkpointEvery !== 0) await ctx.report({ epoch, step: index, loss })
         if ((index + 1) % config.checkpointEvery === 0) {
           const ckpt = ctx.worldRank === 0 ? await ctx.checkpointFromModel(dp, { metadata: { epoch, step: index, end: false } }) : undefined
           await ctx.report({ epoch, step: index, loss }, ckpt ? { checkpoint: ckpt } : {})

@@ -386,6 +386,16 @@ export class GroupSession {
   async join(): Promise<void> {
     const join = this.#join
     if (!join) return
+    // Inside dp.fit(), at the survivors' epoch and step: report() calls short of theirs are those
+    // the loop's callbacks (onStep, onEpochEnd) made in the steps and epochs the replay skipped
+    // without calling them (a loop that reports every few steps and checkpoints less often). The
+    // joiner counts the survivors' from here, where it had gone back to the checkpoint.
+    const skipped = join.to.inFit ? join.to.reports - this.reports : 0
+    if (skipped > 0) {
+      this.#hooks.log(`rank ${this.placement.rank}: the replay skipped ${skipped} report() call(s) of dp.fit()'s callbacks; counting the survivors' ${join.to.reports}`)
+      this.reports = join.to.reports
+      this.stepsSinceReport = join.to.stepsSinceReport
+    }
     if (this.reports !== join.to.reports) {
       throw new PeerRecoveryMisaligned({
         reason: `${join.to.inFit ? `at epoch ${join.to.epoch} step ${join.to.stepInEpoch}` : "where the survivors are"} this rank had made ${this.reports} report() calls, the survivors ${join.to.reports}`
