@@ -15,6 +15,7 @@ import { FileStream } from "../core/data/stream.ts"
 import { launchNatsServer, liveNatsServerPids, type NatsServerProcess } from "../core/nats-server.ts"
 import { startHeadAgent, type HeadAgent } from "./support/head-agent.ts"
 import { fitReleasingHold } from "./support/hold.ts"
+import type { DataLoopConfig } from "./support/data-loop.ts"
 import type { NatsConnection } from "@nats-io/nats-core"
 
 const LOOP = path.resolve("test/support/data-loop.ts") + "#dataLoop"
@@ -75,9 +76,13 @@ const sameWeights = (r: Result): boolean => new Set(r.metricsPerRank.at(-1)!.map
 /**
  * Three workers train the data loop (a checkpointed report after every step) over the CSV files,
  * rank 1 killed after step 5 of epoch 1 (attempt 0), one failure allowed; a short group's steps
- * slowed while the group is below three. The result, its events, where the steps were logged.
+ * slowed while the group is below three (`loop` may set other checkpoint, report and evaluation
+ * intervals and another failure). The result, its events, where the steps were logged.
  */
-const killRun = async (name: string, loop: { readonly epochs: number; readonly handWritten?: boolean }) => {
+const killRun = async (
+  name: string,
+  loop: { readonly epochs: number; readonly handWritten?: boolean } & Partial<Pick<DataLoopConfig, "checkpointEvery" | "reportEvery" | "evaluateEvery" | "fail">>
+) => {
   const logDir = path.join(work, `logs-${name}`)
   await fs.mkdir(logDir)
   const holdFile = path.join(work, `hold-${name}`)
@@ -88,7 +93,7 @@ const killRun = async (name: string, loop: { readonly epochs: number; readonly h
   const r = await fitReleasingHold(
     {
       trainLoopPerWorker: LOOP,
-      trainLoopConfig: { ...loop, batchSize: BATCH, rows: ROWS, logDir, checkpointEvery: 1, holdFile, fail: { how: "kill", rank: 1, epoch: 1, step: 5 } },
+      trainLoopConfig: { batchSize: BATCH, rows: ROWS, logDir, checkpointEvery: 1, holdFile, fail: { how: "kill", rank: 1, epoch: 1, step: 5 }, ...loop },
       scalingConfig: { numWorkers: 3 },
       runConfig: { name, storagePath: work, progress: false, failureConfig: { maxFailures: 1 } },
       datasets: { train: spec }
@@ -232,19 +237,9 @@ describe("Trainer with file datasets", () => {
   it("a replacement replaying the loop from an older checkpoint gets the group's figures of the distributed evaluations and dp.fit() epochs it passes, not its own on the checkpoint's weights", { tags: ["faults"], timeout: 120_000 }, async () => {
     // A checkpoint every 4 epochs (a report every epoch), an evaluation after each; rank 1 dies near
     // the end of epoch 4, so its replacement replays from the end of epoch 3 and evaluates after
-    // epoch 4 on the way. Before, that evaluation was its own part of the rows on epoch 1's weights: a loop
+    // epoch 4 on the way. Before, that evaluation was its own part of the rows on epoch 3's weights: a loop
     // deciding on it (an early-stopping counter) then went apart from the survivors'.
-    const logDir = path.join(work, "logs-replay-eval")
-    await fs.mkdir(logDir)
-    const holdFile = path.join(work, "hold-replay-eval")
-    await fs.writeFile(holdFile, "3")
-    const r = await fitReleasingHold({
-      trainLoopPerWorker: LOOP,
-      trainLoopConfig: { epochs: 8, batchSize: BATCH, rows: ROWS, logDir, checkpointEvery: 1000, evaluateEvery: 4, holdFile, fail: { how: "kill", rank: 1, epoch: 4, step: 18 } },
-      scalingConfig: { numWorkers: 3 },
-      runConfig: { name: "files-replay-eval", storagePath: work, progress: false, failureConfig: { maxFailures: 1 } },
-      datasets: { train: fromFiles(path.join(dataDir, "*.csv"), OPTS) }
-    }, undefined)
+    const { r, logDir } = await killRun("files-replay-eval", { epochs: 8, checkpointEvery: 1000, evaluateEvery: 4, fail: { how: "kill", rank: 1, epoch: 4, step: 18 } })
     expect(r.resizes.map((z) => [z.from, z.to])).toEqual([[3, 2], [2, 3]])
     const evals = new Map<string, Map<number, [number, number]>>()
     for (const f of await fs.readdir(logDir)) {
@@ -265,18 +260,7 @@ describe("Trainer with file datasets", () => {
     // (Ray's pattern: metrics every step, a checkpoint now and then.) The replay does not call
     // onStep for the steps it skips, so the joiner met the survivors short of their report() calls
     // and the group went back to the checkpoint ("this rank had made 59 report() calls, the survivors 60").
-    const logDir = path.join(work, "logs-report-every")
-    await fs.mkdir(logDir)
-    const holdFile = path.join(work, "hold-report-every")
-    await fs.writeFile(holdFile, "3")
-    const r = await fitReleasingHold({
-      trainLoopPerWorker: LOOP,
-      trainLoopConfig: { epochs: 3, batchSize: BATCH, rows: ROWS, logDir, checkpointEvery: 8, reportEvery: 1, holdFile, fail: { how: "kill", rank: 1, epoch: 1, step: 13 } },
-      scalingConfig: { numWorkers: 3 },
-      runConfig: { name: "files-report-every", storagePath: work, progress: false, failureConfig: { maxFailures: 1 } },
-      datasets: { train: fromFiles(path.join(dataDir, "*.csv"), OPTS) }
-    }, undefined)
-    const events = (await fs.readFile(path.join(r.path, "events.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>)
+    const { r, events } = await killRun("files-report-every", { epochs: 3, checkpointEvery: 8, reportEvery: 1, fail: { how: "kill", rank: 1, epoch: 1, step: 13 } })
     expect(events.filter((e) => e.type === "restart").map((e) => [e.recovery, e.reason ?? ""])).toEqual([["peers", ""]])
     expect(r.resizes.map((z) => [z.from, z.to])).toEqual([[3, 2], [2, 3]])
     // every rank made the same report() calls to the end (a rank short of them fails the run), on the same weights
