@@ -94,6 +94,10 @@ export class FitRecord {
   readonly #cfg: Resolved
   readonly recorder: RunRecorder
   readonly progress: ProgressPrinter
+  /** The run said that ranks train a model they never prepared (once per run). */
+  #unpreparedSaid = false
+  /** The run said that a loop ended with accumulated micro-batches no update applied (once per run). */
+  #unappliedSaid = false
 
   /** A rank's loop ended with micro-batches it accumulated and no update applied (said once per run). */
   unappliedAccumulation(rank: number, left: { readonly microBatches: number; readonly samples: number }): void {
@@ -106,11 +110,6 @@ export class FitRecord {
       { type: "unapplied-accumulation", rank, microBatches: left.microBatches, samples: left.samples }
     )
   }
-
-  #unappliedSaid = false
-
-  /** The run said that ranks train a model they never prepared (once per run). */
-  #unpreparedSaid = false
 
   constructor(cfg: Resolved, recorder: RunRecorder, progress: ProgressPrinter) {
     this.#cfg = cfg

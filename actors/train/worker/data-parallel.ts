@@ -17,7 +17,7 @@ import type { Tf } from "../../../core/engine.ts"
 import type { FitSource } from "./batches.ts"
 import { FitLoop, type EpochResult, type FitOptions, type StepResult, type TrainStepOptions } from "./fit-loop.ts"
 import { ConfigError } from "../../../core/errors.ts"
-import type { LoopPosition, RecoverableModel } from "./group-session.ts"
+import type { LoopPosition, RecoverableModel, ReplayLog } from "./group-session.ts"
 import { OPTIMIZER_FILE, loadOptimizerFrom, loadWeightsInto, modelToFiles, optimizerToFile } from "../../../core/model-io.ts"
 import type { PeerState } from "../common/train-protocol.ts"
 import { lrRuleOf, type LrRule } from "../common/optim/lr-rules.ts"
@@ -519,9 +519,15 @@ export class DataParallelModel implements RecoverableModel {
       stepInEpoch: l.stepInEpoch,
       stepsPerEpoch: l.stepsPerEpoch,
       ...(l.inFit && l.stream ? { stream: l.stream } : {}),
-      ...(this.#evaluations.length > 0 ? { evaluations: this.#evaluations.map((e) => [...e]) } : {}),
-      ...(l.epochLog.length > 0 ? { epochs: l.epochLog.map((e) => [...e]) } : {}),
       ...(pinned !== undefined ? { strategyPinned: pinned } : {})
+    }
+  }
+
+  replayLog(): ReplayLog {
+    const epochs = this.#loop.epochLog
+    return {
+      ...(this.#evaluations.length > 0 ? { evaluations: this.#evaluations.map((e) => [...e]) } : {}),
+      ...(epochs.length > 0 ? { epochs: epochs.map((e) => [...e]) } : {})
     }
   }
 

@@ -47,9 +47,13 @@ export interface LoopPosition {
   readonly joinLater?: string
   /** Why the group cannot go on short-handed nor renumber its ranks (a pipelined model's grid). */
   readonly wholeGroup?: string
-  /** The loop's recent distributed evaluations, as the group computed them (Position.evaluations). */
+}
+
+/** What a joiner's replay answers from (Position.evaluations, Position.epochs): read by position() alone. */
+export interface ReplayLog {
+  /** The loop's recent distributed evaluations, as the group computed them. */
   readonly evaluations?: ReadonlyArray<ReadonlyArray<number>>
-  /** dp.fit()'s recent epoch results (Position.epochs). */
+  /** dp.fit()'s recent epoch results. */
   readonly epochs?: ReadonlyArray<ReadonlyArray<number>>
 }
 
@@ -62,6 +66,8 @@ export interface RecoverableModel {
   /** The group's size or this rank's place changed: per-rank batches must be recomputed. */
   regrouped(): void
   loopPosition(): LoopPosition
+  /** The figures a joiner's replay takes from the group (copies: the position travels after the loop goes on). */
+  replayLog?(): ReplayLog
   /** Whether the loop has called dp.fit() (its grows park at a step, not at a report). */
   fitUsed?(): boolean
   /** Whether a training step (dp.trainStep, also inside dp.fit) is running. */
@@ -364,7 +370,7 @@ export class GroupSession {
 
   /** Where the loop is, with this rank's counts; in a step's last operation, as after that step (operation()'s `last`). */
   position(): Position {
-    const p = { ...(this.#model?.loopPosition() ?? { inFit: false, epoch: 0, stepInEpoch: 0, stepsPerEpoch: 0 }), ...(this.#model?.fitUsed?.() ? { fitLoop: true } : {}) }
+    const p = { ...(this.#model?.loopPosition() ?? { inFit: false, epoch: 0, stepInEpoch: 0, stepsPerEpoch: 0 }), ...this.#model?.replayLog?.(), ...(this.#model?.fitUsed?.() ? { fitLoop: true } : {}) }
     if (this.#inLast) return { ops: this.ops + 1, reports: this.reports, stepsSinceReport: this.stepsSinceReport + 1, opsSinceReport: this.opsSinceReport + 1, ...p, stepInEpoch: p.stepInEpoch + 1 }
     return { ops: this.ops, reports: this.reports, stepsSinceReport: this.stepsSinceReport, opsSinceReport: this.opsSinceReport, ...p, ...(this.#appliedPark === "before" ? { pushPending: true } : {}) }
   }

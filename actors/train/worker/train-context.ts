@@ -626,6 +626,7 @@ export class TrainContext {
       // Whether the loop called dp.fit(): where a grow's pause parks (at a step in dp.fit(), not at a report()).
       fitUsed: () => dp.fitUsed(),
       peerFiles: () => dp.peerFiles(),
+      replayLog: () => dp.replayLog(),
       loopPosition: () => {
         const p = dp.loopPosition()
         return { ...p, ...this.#streamsPinned(p.inFit) }

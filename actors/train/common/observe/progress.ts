@@ -5,6 +5,7 @@
 // failed checkpoint, a model trained unprepared, ..., on stderr) still print, as Keras's verbose=0
 // still lets Python's warnings through.
 import * as settings from "../../../../core/settings.ts"
+import { bigintAsDigits } from "./run-recorder.ts"
 
 interface RankProgress {
   epoch: number
@@ -45,7 +46,7 @@ export const resumeLine = (name: string, checkpoint: string, given: boolean): st
     : `gradwire: run "${name}" has checkpoints already: resuming from its latest, ${checkpoint} (another name or storagePath starts afresh)`
 
 /** A value of a config as config.json holds it (a bigint as its digits), for comparing and saying. */
-const asJson = (v: unknown): string | undefined => JSON.stringify(v, (_k, x: unknown) => (typeof x === "bigint" ? x.toString() : x))
+const asJson = (v: unknown): string | undefined => JSON.stringify(v, bigintAsDigits)
 
 /**
  * What changed between the trainLoopConfig a run's checkpoints were made with (`before`, from its

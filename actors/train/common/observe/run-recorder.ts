@@ -13,6 +13,9 @@ import { renderReport, type Incident, type StepTime } from "./report-html.ts"
 import { TensorBoardWriter } from "./tensorboard.ts"
 import { threadName, type TraceEvent } from "./timeline.ts"
 
+/** A JSON.stringify replacer writing a bigint as its digits, as config.json holds a run's config (progress.ts compares with it). */
+export const bigintAsDigits = (_key: string, v: unknown): unknown => (typeof v === "bigint" ? v.toString() : v)
+
 export type { TraceEvent } from "./timeline.ts"
 
 /** Step times kept per rank for the report; past this many in total, every other one is dropped (the report bins them anyway). */
@@ -74,7 +77,7 @@ export class RunRecorder {
   static async open(dir: string, config: unknown, timeline: boolean): Promise<RunRecorder> {
     await fsp.mkdir(path.join(dir, "logs"), { recursive: true })
     // (a bigint in trainLoopConfig, which the workers get as one, is written as its digits)
-    await writeFileAtomic(path.join(dir, "config.json"), JSON.stringify(config, (_k, v: unknown) => (typeof v === "bigint" ? v.toString() : v), 2))
+    await writeFileAtomic(path.join(dir, "config.json"), JSON.stringify(config, bigintAsDigits, 2))
     return new RunRecorder(dir, timeline)
   }
 
