@@ -67,6 +67,26 @@ describe("controller: report rounds", () => {
     expect(states()).toEqual(["running", "finished"])
   })
 
+  it("ends interrupted, not errored, on a signal's abort; abort() outside a generation says which end", async () => {
+    const a = make({ maxFailures: 3 })
+    const g = a.c.begin(2)
+    a.c.fail(undefined, { kind: "config", rank: -1, tag: "Interrupted", message: "SIGINT" })
+    const o = await g.outcome
+    expect(a.c.next(o)).toMatchObject({ action: "fail" })
+    expect(a.states()).toEqual(["running", "interrupted"])
+    expect(() => a.c.begin(2)).toThrow(/begin\(\) while interrupted/)
+
+    const b = make()
+    b.c.begin(2)
+    b.c.abort("interrupted")
+    expect(b.states()).toEqual(["running", "interrupted"])
+    const e = make()
+    e.c.begin(2)
+    e.c.abort()
+    e.c.abort("interrupted")
+    expect(e.states()).toEqual(["running", "errored"])
+  })
+
   it("fails with report-mismatch when ranks report a different number of times, either order", async () => {
     const a = make()
     const g = a.c.begin(2)

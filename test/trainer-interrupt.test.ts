@@ -58,6 +58,15 @@ describe("driver interrupt", () => {
     const until = Date.now() + 10_000
     while (children.some(alive) && Date.now() < until) await new Promise((r) => setTimeout(r, 100))
     expect(children.filter(alive)).toEqual([])
+    // The run's files say it was interrupted, not that it failed: the controller's last state and the summary.
+    const runDir = path.join(storage, "interrupted")
+    const states = (await fs.readFile(path.join(runDir, "events.jsonl"), "utf8"))
+      .split("\n")
+      .filter((l) => l.trim() !== "")
+      .map((l) => JSON.parse(l) as { type: string; to?: string })
+      .filter((e) => e.type === "state")
+    expect(states.at(-1)?.to).toBe("interrupted")
+    expect(JSON.parse(await fs.readFile(path.join(runDir, "summary.json"), "utf8")).state).toBe("interrupted")
     await fs.rm(storage, { recursive: true, force: true })
   })
 })

@@ -1,13 +1,13 @@
 // The trainer's controller as a state machine with no I/O: it takes what the workers, the cluster
 // and the bus say (reports, finished/failed notices, worker deaths, lost nodes, NATS outages,
 // capacity that came back) and turns them into the run's state (scheduling -> running ->
-// restarting | resizing -> ... -> finished | errored), completed report rounds, and the decision
+// restarting | resizing -> ... -> finished | errored | interrupted), completed report rounds, and the decision
 // at the end of each generation of the worker group: finish, fail, restart (from the latest
 // checkpoint or from surviving peers) or resize. trainer.ts and fit-run.ts carry the decisions
 // out (spawning, killing, saving), asking the recovery choices at the end of this file (peers or
 // checkpoint, a death or a lost node); this module is unit-tested without processes
 // (test/controller.test.ts).
-import { decide, isInfrastructure, type Decision, type GroupFailure, type TrainerState } from "./failure-policy.ts"
+import { decide, isEndState, isInfrastructure, type Decision, type GroupFailure, type TrainerState } from "./failure-policy.ts"
 import { firstLine } from "../../../core/errors.ts"
 
 export type { GroupFailure, TrainerState } from "./failure-policy.ts"
@@ -182,7 +182,7 @@ export class Controller<C = unknown> {
   #to(to: TrainerState): void {
     const from = this.#state
     if (from === to) return
-    if (from === "finished" || from === "errored") throw new Error(`controller: no transition out of ${from} (to ${to})`)
+    if (isEndState(from)) throw new Error(`controller: no transition out of ${from} (to ${to})`)
     this.#state = to
     this.#listener({ type: "state", from, to, attempt: this.#attempt })
   }
@@ -212,7 +212,7 @@ export class Controller<C = unknown> {
    */
   report(msg: ReportMessage<C>): void {
     const c = this.#current
-    const g = c && c.number === msg.attempt && this.#state !== "finished" && this.#state !== "errored" ? c : undefined
+    const g = c && c.number === msg.attempt && !isEndState(this.#state) ? c : undefined
     if (!g || msg.rank < 0 || msg.rank >= g.worldSize || g.completed.has(msg.index)) return
     // Rounds the survivors of a regroup were in: only theirs count (the joiners skip them).
     if (msg.index < g.survivorsOnlyBelow && !g.survivors.has(msg.rank)) return
@@ -516,7 +516,8 @@ export class Controller<C = unknown> {
       infrastructureRestartsWithoutProgress: infra ? (progressed ? 0 : this.#infraWithoutProgress) : 0
     })
     if (decision.action === "fail") {
-      this.#to("errored")
+      // A signal's abort (fit-run.ts: the Interrupted error's tag) ends the run interrupted, not errored.
+      this.#to(failure.rank === -1 && failure.tag === "Interrupted" ? "interrupted" : "errored")
       return { action: "fail", failure, reason: decision.reason }
     }
     if (decision.counted) this.#counted = decision.failuresSoFar
@@ -527,11 +528,11 @@ export class Controller<C = unknown> {
     return { action: "restart", cause: { type: "failure", failure }, counted: decision.counted, size: this.wantedSize }
   }
 
-  /** Ends the run as errored outside a generation (placement, the bus, an interrupt). */
-  abort(): void {
-    if (this.#state === "finished" || this.#state === "errored") return
-    this.#current?.settle({ type: "failed", failure: { kind: "config", rank: -1, tag: "Aborted", message: "the run was aborted" } })
-    this.#to("errored")
+  /** Ends the run outside a generation: errored (placement, the bus), or interrupted (SIGINT, SIGTERM). */
+  abort(end: "errored" | "interrupted" = "errored"): void {
+    if (isEndState(this.#state)) return
+    this.#current?.settle({ type: "failed", failure: { kind: "config", rank: -1, tag: "Aborted", message: end === "interrupted" ? "the run was interrupted" : "the run was aborted" } })
+    this.#to(end)
   }
 }
 

@@ -111,6 +111,10 @@ export const decide = (
 
 /**
  * The trainer's states. Every transition is written to events.jsonl and passed to the
- * onStateChange callbacks.
+ * onStateChange callbacks. "interrupted": the run stopped on SIGINT or SIGTERM (fit() rejects with
+ * Interrupted); "errored": on a failure.
  */
-export type TrainerState = "scheduling" | "running" | "restarting" | "resizing" | "finished" | "errored"
+export type TrainerState = "scheduling" | "running" | "restarting" | "resizing" | "finished" | "errored" | "interrupted"
+
+/** Whether the trainer's run has ended (no transition out). */
+export const isEndState = (s: TrainerState): boolean => s === "finished" || s === "errored" || s === "interrupted"

@@ -41,6 +41,7 @@ import {
   type Outcome,
   type Recovery
 } from "./controller.ts"
+import { isEndState } from "./failure-policy.ts"
 import { WorkerGroup, groupArgsOf, placementRequestOf, placementsOf, type GroupArgs } from "./worker-group.ts"
 import { startsAtOnce } from "./start-pacer.ts"
 import { joinCluster, sharedCoresLine, startEmbeddedCluster, type ClusterHandle } from "./cluster.ts"
@@ -708,7 +709,7 @@ export class FitRun {
       if (running && !running.settled) this.#serverLost(running, index, detail)
     }
     // (Until the group restarts from the checkpoint with new servers, or the run ends.)
-    const stillMatters = (): boolean => this.#servers?.spawnedFor === g.number && this.controller.state !== "finished" && this.controller.state !== "errored"
+    const stillMatters = (): boolean => this.#servers?.spawnedFor === g.number && !isEndState(this.controller.state)
     try {
       const servers = await this.#group.spawnServers(g.number, ps.numServers, ps.replicas === true, plan.servers.map((s) => s.nodeId), onDown, stillMatters)
       const groupArgs: GroupArgs = {
@@ -920,7 +921,7 @@ export class FitRun {
 
   /** Ends the run: the last checkpoint lands, the group, the actors, the cluster and the recorder close. */
   async close(): Promise<void> {
-    if (this.#error) this.controller.abort()
+    if (this.#error) this.controller.abort(this.#error instanceof Interrupted ? "interrupted" : "errored")
     else if (this.controller.state === "finished") this.record.finishedShortHanded()
     await this.#saving
     await this.#teardown()

@@ -13,6 +13,7 @@ import { firstLine } from "../../../core/errors.ts"
 import type { PlacementRequest } from "../../../scheduler/placement.ts"
 import type { CheckpointPayload } from "../common/train-protocol.ts"
 import type { Controller, Generation } from "./controller.ts"
+import { isEndState } from "./failure-policy.ts"
 import { growTo, planLargest, releasingJob } from "./elastic.ts"
 import { joinersRequest, layoutOf, type GroupArgs, type Standby, type WorkerGroup } from "./worker-group.ts"
 import type { ClusterHandle } from "./cluster.ts"
@@ -188,7 +189,7 @@ export class Refill {
       .then((r) => {
         this.#starting -= spawns.length
         const state = this.#x.controller.state
-        if (state === "finished" || state === "errored") return
+        if (isEndState(state)) return
         if ("tag" in r) {
           this.#retryAt = Date.now() + RETRY_AFTER_FAILURE_MS
           // Lowered, it did not start in time: the cores are not idle enough for a lowered start,
