@@ -36,7 +36,7 @@ export {
   type ModelInput
 } from "./actors/train/worker/data-parallel.ts"
 export type { ShardSource, FitSource } from "./actors/train/worker/batches.ts"
-export type { RecoverableModel, LoopPosition } from "./actors/train/worker/group-session.ts"
+export type { RecoverableModel, LoopPosition, ReplayLog } from "./actors/train/worker/group-session.ts"
 export type { FailureKind, TrainerState, GroupFailure } from "./actors/train/driver/failure-policy.ts"
 export type { AnyTrainLoop, DatasetInput } from "./actors/train/driver/options.ts"
 export type { TrainLoop } from "./actors/train/worker/train-context.ts"

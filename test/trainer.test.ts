@@ -149,8 +149,10 @@ describe("Trainer", () => {
   it("recovers from kill -9 of a worker: restarts from the latest checkpoint and finishes every epoch", { tags: ["faults"] }, async () => {
     const r = await fit("killed", { epochs: 8, fail: { how: "kill", rank: 2, epoch: 4 } }, { runConfig: { failureConfig: { maxFailures: 2 } } })
     expect(r.restarts).toBe(1)
-    // Rounds 0-3 from the first attempt, then 4-7 after resuming from checkpoint 3.
+    // Rounds 0-3 from the first attempt, then 4-7 after resuming from checkpoint 3, numbered on from it.
     expect(r.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2, 3, 4, 5, 6, 7])
+    const reports = (await fs.readFile(path.join(r.path, "metrics.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l).report)
+    expect(reports).toEqual([0, 1, 2, 3, 4, 5, 6, 7])
     expect(sameWeights(r)).toBe(true)
     const { result: baseline } = await baselineFit()
     expect(Math.abs((r.metrics!.val_accuracy as number) - (baseline.metrics!.val_accuracy as number))).toBeLessThanOrEqual(0.02)
@@ -228,16 +230,26 @@ describe("Trainer", () => {
     const first = await fit("resumable", { epochs: 1 }, two)
     expect(first.metricsHistory.map((m) => m.epoch)).toEqual([0])
     const second = await fit("resumable", { epochs: 3 }, two)
-    expect(second.metricsHistory.map((m) => m.epoch)).toEqual([1, 2])
+    // The rerun goes on with the run's history (as Ray's restored trainer): the first fit()'s round
+    // first, its own numbered on from the checkpoint's report.
+    expect(second.metricsHistory.map((m) => m.epoch)).toEqual([0, 1, 2])
+    expect(second.metricsHistory[0]).toEqual(first.metricsHistory[0])
+    expect(second.metricsPerRank[0]).toEqual(first.metricsPerRank[0])
     expect(second.checkpoint?.path).toMatch(/checkpoint_000002$/)
+    const reports = (await fs.readFile(path.join(second.path, "metrics.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l).report)
+    expect(reports).toEqual([0, 1, 2])
+    // The checkpoint's metadata: the loop's as it gave it, the driver's facts under their own key.
+    const meta = JSON.parse(await fs.readFile(path.join(second.checkpoint!.path, "gradwire_checkpoint.json"), "utf8")).metadata
+    expect(meta).toMatchObject({ epoch: 2, _gradwire: { attempt: 0, round: 1, report: 2, worldSize: 2 } })
+    expect(Object.keys(meta).sort()).toEqual(["_gradwire", "epoch"])
     // another run started from this one's checkpoint (as Ray's resume_from_checkpoint): result.checkpoint itself
     const warm = await fit("warm-started", { epochs: 5 }, { ...two, resumeFromCheckpoint: second.checkpoint })
     expect(warm.metricsHistory.map((m) => m.epoch)).toEqual([3, 4])
     expect(warm.path).not.toBe(second.path)
     // read back from the directory (as Ray's Result.from_path): both fits' rounds, as fit() gave them
     const back = await loadResult(second.path)
-    expect(back.metricsHistory).toEqual([...first.metricsHistory, ...second.metricsHistory])
-    expect(back.metricsPerRank).toEqual([...first.metricsPerRank, ...second.metricsPerRank])
+    expect(back.metricsHistory).toEqual(second.metricsHistory)
+    expect(back.metricsPerRank).toEqual(second.metricsPerRank)
     expect(back.metrics).toEqual(second.metrics)
     expect(back.checkpoint).toEqual(second.checkpoint)
     expect(back.bestCheckpoints).toEqual(second.bestCheckpoints)

@@ -25,6 +25,44 @@ export const UNPREPARED_HINT = (n: number): string =>
   "prepare the model before training it (const dp = await ctx.prepareModel(model), then model.fit, dp.fit or dp.trainStep), " +
   "or ignore this for a model each rank trains by itself on purpose"
 
+/**
+ * The key of a checkpoint's metadata under which the driver keeps its own facts of it (RunFacts);
+ * the loop's metadata stays as the loop gave it, and ctx.getCheckpoint() returns it without these.
+ */
+export const RUN_FACTS_KEY = "_gradwire"
+
+/** What the driver records with a checkpoint it saves. */
+export interface RunFacts {
+  /** The generation (attempt) whose report saved it. */
+  readonly attempt?: number
+  /** That generation's report round. */
+  readonly round?: number
+  /** The run's report number (its rounds counted across restarts and reruns: metrics.jsonl's "report"). */
+  readonly report?: number
+  /** The group's size when it was saved (compression residuals follow only a group of that size). */
+  readonly worldSize?: number
+}
+
+/** The driver's facts of a checkpoint (checkpoints saved before they moved under RUN_FACTS_KEY: the top-level worldSize). */
+export const runFactsOf = (metadata: Readonly<Record<string, unknown>>): RunFacts => {
+  const f = metadata[RUN_FACTS_KEY]
+  const num = (v: unknown): number | undefined => (typeof v === "number" && Number.isFinite(v) ? v : undefined)
+  if (f !== null && typeof f === "object") {
+    const o = f as Record<string, unknown>
+    const facts = { attempt: num(o.attempt), round: num(o.round), report: num(o.report), worldSize: num(o.worldSize) }
+    return Object.fromEntries(Object.entries(facts).filter(([, v]) => v !== undefined))
+  }
+  const worldSize = num(metadata.worldSize)
+  return worldSize !== undefined ? { worldSize } : {}
+}
+
+/** A checkpoint's metadata as the loop gave it (without the driver's RUN_FACTS_KEY). */
+export const loopMetadata = (metadata: Readonly<Record<string, unknown>>): Record<string, unknown> => {
+  if (!(RUN_FACTS_KEY in metadata)) return { ...metadata }
+  const { [RUN_FACTS_KEY]: _facts, ...rest } = metadata
+  return rest
+}
+
 export const CheckpointPayload = Schema.Struct({
   files: Schema.Record(Schema.String, Bytes),
   metadata: Schema.Record(Schema.String, Schema.Unknown)

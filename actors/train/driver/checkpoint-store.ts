@@ -43,6 +43,8 @@ export interface CheckpointStorage {
   save(data: CheckpointData, metrics: Record<string, unknown>): Promise<CheckpointEntry>
   /** Reads a checkpoint back by its CheckpointEntry.path. */
   read(path: string): Promise<CheckpointData & { metrics: Record<string, unknown> }>
+  /** A checkpoint's metadata alone (its files unread); {} when it has none. */
+  metadataOf(path: string): Promise<Record<string, unknown>>
 }
 
 /**
@@ -193,6 +195,11 @@ export class CheckpointStore implements CheckpointStorage {
 
   read(dir: string): Promise<CheckpointData & { metrics: Record<string, unknown> }> {
     return readCheckpoint(dir)
+  }
+
+  async metadataOf(dir: string): Promise<Record<string, unknown>> {
+    const meta = JSON.parse(await fs.readFile(path.join(dir, META), "utf8")) as { metadata?: Record<string, unknown> }
+    return meta.metadata ?? {}
   }
 
   /** Persists a checkpoint atomically and prunes to numToKeep; returns its entry. */

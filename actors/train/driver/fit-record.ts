@@ -11,7 +11,7 @@ import { PARITY_METRIC, UNPREPARED_HINT, UNPREPARED_METRIC } from "../common/tra
 import type { BusOutage, CheckpointError, CheckpointInfo, Resize, Result } from "./result.ts"
 import type { Incident } from "../common/observe/report-html.ts"
 import type { ProgressPrinter } from "../common/observe/progress.ts"
-import type { RunRecorder } from "../common/observe/run-recorder.ts"
+import { currentLineage, type RunRecorder } from "../common/observe/run-recorder.ts"
 import type { JobMonitor } from "./job-monitor.ts"
 import { firstLine } from "../../../core/errors.ts"
 
@@ -69,8 +69,17 @@ export const emptyResult = (dir: string): Result => ({
 })
 
 export class FitRecord {
+  /** The run's report rounds of its current lineage (a round made again after a restart replaces those from it on). */
   readonly history: Array<Record<string, unknown>> = []
   readonly #perRank: Array<Array<Record<string, unknown>>> = []
+  /** The report number of each row of history. */
+  readonly #reports: number[] = []
+  /**
+   * The run's report number of the current generation's round 0: 0 for a fresh start, the
+   * checkpoint's report + 1 for a generation (or a rerun) resuming one; a regroup keeps it
+   * (fit-run.ts sets it as each generation starts).
+   */
+  reportBase = 0
   readonly resizes: Resize[] = []
   readonly checkpointErrors: CheckpointError[] = []
   readonly busOutages: BusOutage[] = []
@@ -179,7 +188,14 @@ export class FitRecord {
 
   /** A completed report round: history, metrics.csv, the monitor, the progress line, a parity repair, onReport. */
   round(round: CompletedRound<unknown>): void {
-    const { index, metrics } = round
+    const { metrics } = round
+    const index = this.reportBase + round.index
+    while (this.#reports.length > 0 && this.#reports.at(-1)! >= index) {
+      this.#reports.pop()
+      this.history.pop()
+      this.#perRank.pop()
+    }
+    this.#reports.push(index)
     this.history.push(metrics[0])
     this.#perRank.push([...metrics])
     this.recorder.metrics(index, metrics[0], metrics, round.attempt)
@@ -210,6 +226,23 @@ export class FitRecord {
       })
     }
     void this.callbacks("onReport", (cb) => cb.onReport?.({ index, metrics: metrics[0], perRank: metrics }))
+  }
+
+  /**
+   * A rerun resuming its checkpoint of report `upTo - 1`: the earlier fit()'s rounds 0..upTo-1 (the
+   * current lineage of metrics.jsonl and metrics_per_rank.jsonl) come first in the history, the
+   * Result, metrics.csv and report.html.
+   */
+  seed(rows: ReadonlyArray<Record<string, unknown>>, perRank: ReadonlyArray<{ readonly report: number; readonly ranks: ReadonlyArray<Record<string, unknown>> }>, upTo: number): void {
+    const earlier = currentLineage(rows, (r) => Number(r.report)).filter((r) => Number(r.report) < upTo)
+    const ranksOf = new Map(currentLineage(perRank, (r) => r.report).map((r) => [r.report, r.ranks]))
+    for (const r of earlier) {
+      const { report, time: _time, ...m } = r
+      this.#reports.push(Number(report))
+      this.history.push(m)
+      this.#perRank.push([...(ranksOf.get(Number(report)) ?? [m])])
+    }
+    this.recorder.seed(earlier)
   }
 
   /** A checkpoint that could not be written: training goes on. */

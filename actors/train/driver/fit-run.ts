@@ -24,7 +24,7 @@ import { silentLogger, stderrLogger } from "../../runtime/log.ts"
 import { CheckpointStore, readCheckpoint, saveWithRetries, type CheckpointPolicy, type CheckpointStorage } from "./checkpoint-store.ts"
 import { ObjectCheckpointStore, isObjectCheckpointUrl, readObjectCheckpoint } from "./object-checkpoint-store.ts"
 import { fetchCheckpointData } from "./checkpoint-fetch.ts"
-import { ControllerProtocol, ServerProtocol, type CheckpointPayload, type PeerState } from "../common/train-protocol.ts"
+import { ControllerProtocol, RUN_FACTS_KEY, runFactsOf, ServerProtocol, type CheckpointPayload, type PeerState, type RunFacts } from "../common/train-protocol.ts"
 import { missingStageShards } from "../common/stage-handover.ts"
 import {
   Controller,
@@ -42,6 +42,7 @@ import {
   type Recovery
 } from "./controller.ts"
 import { isEndState } from "./failure-policy.ts"
+import { readJsonLines } from "./result-files.ts"
 import { WorkerGroup, groupArgsOf, placementRequestOf, placementsOf, type GroupArgs } from "./worker-group.ts"
 import { startsAtOnce } from "./start-pacer.ts"
 import { joinCluster, sharedCoresLine, startEmbeddedCluster, type ClusterHandle } from "./cluster.ts"
@@ -115,6 +116,8 @@ export class FitRun {
   // The lineage: checkpoints saved since the group last started afresh, with the number of
   // report() calls made before each (a joiner of a regroup counts its reports from there).
   readonly #lineage = new Map<string, number>()
+  /** The run's report number (metrics.jsonl's "report") of each checkpoint of this run's store: a generation resuming one counts on from it. */
+  readonly #reportOf = new Map<string, number>()
   // The state a regrouped generation continues from, by generation (the furthest survivor's).
   readonly #peerStates = new Map<number, PeerState>()
   #bus!: BusMonitor
@@ -264,23 +267,26 @@ export class FitRun {
   /** `p`, or the run's abort (the bus stayed away, a signal), whichever comes first. */
   readonly race = <T>(p: Promise<T>): Promise<T> => Promise.race([p, this.#aborted])
 
-  async #saveCheckpoint(round: CompletedRound<CheckpointPayload>, ckpt: CheckpointPayload): Promise<void> {
+  async #saveCheckpoint(round: CompletedRound<CheckpointPayload>, ckpt: CheckpointPayload, report: number): Promise<void> {
     const files = { ...ckpt.files, ...round.aux }
     // A pipeline's round that a regroup completed without a lost rank's report lacks its stage.
     const missing = missingStageShards(files)
     if (missing.length > 0) {
-      this.record.checkpointSkipped(round.index, `it lacks the shard of ${missing.join(", ")} (its rank was lost before it reported this round)`)
+      this.record.checkpointSkipped(report, `it lacks the shard of ${missing.join(", ")} (its rank was lost before it reported this round)`)
       return
     }
-    const metadata = { ...ckpt.metadata, attempt: round.attempt, round: round.index, worldSize: round.metrics.length }
+    // The driver's facts go under their own key: the loop's metadata stays as it gave it.
+    const facts: RunFacts = { attempt: round.attempt, round: round.index, report, worldSize: round.metrics.length }
+    const metadata = { ...ckpt.metadata, [RUN_FACTS_KEY]: facts }
     const t0 = performance.now()
     const saved = await saveWithRetries(this.#store, { files, metadata }, round.metrics[0], CHECKPOINT_WRITE_ATTEMPTS)
     if ("error" in saved) {
-      this.record.checkpointFailed(round.index, saved.tries, saved.error instanceof Error ? saved.error.message : String(saved.error))
+      this.record.checkpointFailed(report, saved.tries, saved.error instanceof Error ? saved.error.message : String(saved.error))
       return
     }
     const { entry } = saved
     this.#lineage.set(entry.path, round.index + 1)
+    this.#reportOf.set(entry.path, report)
     this.recorder.trace({ ...spanEvent("checkpoint save", t0, performance.now(), "checkpoints", { path: entry.path, round: round.index }, "checkpoint"), pid: "driver" })
     this.record.monitor?.changed()
     await this.record.callbacks("onCheckpoint", (cb) => cb.onCheckpoint?.({ path: entry.path, metrics: entry.metrics }))
@@ -310,7 +316,9 @@ export class FitRun {
   #completeRound(round: CompletedRound<CheckpointPayload>): void {
     this.record.round(round)
     const ckpt = round.checkpoint
-    if (ckpt) this.#saving = this.#saving.then(() => this.#saveCheckpoint(round, ckpt))
+    // (its report number now: a save queued behind another may run after the next generation began)
+    const report = this.record.reportBase + round.index
+    if (ckpt) this.#saving = this.#saving.then(() => this.#saveCheckpoint(round, ckpt, report))
   }
 
   // Worker output (embedded cluster: the local agent forwards it here) goes to the terminal and
@@ -384,12 +392,31 @@ export class FitRun {
     return this.controller.state === "errored" ? "failed" : this.controller.state
   }
 
+  /**
+   * A rerun resuming a checkpoint of its own run goes on with the run's history: its report numbers
+   * count on from the checkpoint's, and the earlier fit()'s rounds up to it come first in the Result,
+   * metrics.csv and report.html (as Ray's restored trainer continues its training_iteration).
+   */
+  async #continueHistory(): Promise<void> {
+    const p = this.#resumePath
+    if (p === undefined || !this.#store.list().some((e) => e.path === p)) return
+    const report = await this.#store.metadataOf(p).then((m) => runFactsOf(m).report, () => undefined)
+    if (report === undefined) return
+    this.#reportOf.set(p, report)
+    const rows = await readJsonLines(path.join(this.cfg.runDir, "metrics.jsonl"))
+    const perRank = (await readJsonLines(path.join(this.cfg.runDir, "metrics_per_rank.jsonl"))).flatMap((r) =>
+      typeof r.report === "number" && Array.isArray(r.ranks) ? [{ report: r.report, ranks: r.ranks as Array<Record<string, unknown>> }] : []
+    )
+    this.record.seed(rows, perRank, report + 1)
+  }
+
   /** The job's actor system and worker group, the monitor and dashboard, the bus watch, the log feed, signals. */
   async #setUp(): Promise<void> {
     const { cfg, cluster } = this
     const verbose = cfg.run.verbose === true
     this.#resumePath ??= this.#store.latest()?.path
     if (this.#resumePath !== undefined) this.progress.line(resumeLine(cfg.name, this.#resumePath, cfg.resumeFrom !== undefined))
+    await this.#continueHistory()
     // A rerun going on from its own checkpoint with another trainLoopConfig: said, not silently used.
     const changes = cfg.resumeFrom === undefined && this.#resumePath !== undefined && this.#earlierLoopConfig ? configChanges(this.#earlierLoopConfig.config, cfg.loopConfig) : []
     if (changes.length > 0) {
@@ -668,6 +695,9 @@ export class FitRun {
   /** Start: a new generation on the placement, from the checkpoint to resume from (a fresh lineage). */
   async start(plan: PlacementPlan): Promise<Generation<CheckpointPayload>> {
     const generation = this.controller.begin(plan.ranks.length)
+    // Its rounds are counted on from the checkpoint's report (a checkpoint from elsewhere starts a new history at 0).
+    const from = this.#resumePath !== undefined ? this.#reportOf.get(this.#resumePath) : undefined
+    this.record.reportBase = from !== undefined ? from + 1 : 0
     this.record.noteSize(generation.number, plan.ranks.length)
     this.progress.start(generation.number, plan.ranks.length)
     // A fresh lineage: report and operation counts start again from this checkpoint.

@@ -241,6 +241,13 @@ export class ObjectCheckpointStore implements CheckpointStorage {
     return isObjectCheckpointUrl(p) ? readObjectCheckpoint(this.nc, p, { bucket: this.bucket, os: this.os }) : readCheckpoint(p)
   }
 
+  async metadataOf(p: string): Promise<Record<string, unknown>> {
+    if (!isObjectCheckpointUrl(p)) return this.read(p).then((c) => c.metadata)
+    const { bucket, prefix } = parseObjectCheckpointUrl(p)
+    if (bucket !== this.bucket) return this.read(p).then((c) => c.metadata)
+    return (await readJson<MetaObject>(this.os, `${prefix}/${CHECKPOINT_META}`))?.metadata ?? {}
+  }
+
   /** Uploads a checkpoint's objects, then its index entry (last), and prunes to numToKeep. */
   async save(data: CheckpointData, metrics: Record<string, unknown>): Promise<CheckpointEntry> {
     // The number is taken only once the checkpoint counts: a failed upload (object store full or

@@ -4,15 +4,19 @@
 // checkpoints.json (the kept checkpoints and their metrics; config.json's checkpointConfig orders
 // them; for a run with checkpointConfig.objectStore, object_checkpoints.json: the bucket's index
 // as the driver last wrote it, and where the bucket is), events.jsonl (restarts, resizes, checkpoint errors, outages). A run resumed under the same
-// name appends to the same files, so this is the whole run, every fit() of it.
+// name appends to the same files, so this is the whole run, every fit() of it: its metrics history is
+// the current lineage of those files' rows (a round made again after a restart or a resume replaces
+// the rows from it on), as fit()'s Result has it.
 import * as fs from "node:fs/promises"
 import * as path from "node:path"
 import { ConfigError } from "../../../core/errors.ts"
 import { bestOf, latestOf, readCheckpointIndex, type CheckpointEntry } from "./checkpoint-store.ts"
 import { OBJECT_CHECKPOINTS_FILE, type ObjectCheckpointsRecord } from "./object-checkpoint-store.ts"
+import { currentLineage } from "../common/observe/run-recorder.ts"
 import type { BusOutage, CheckpointError, CheckpointInfo, ObjectStoreLocation, Resize, Result } from "./result.ts"
 
-const lines = async (file: string): Promise<Array<Record<string, unknown>>> => {
+/** The rows of a JSON-lines file of the run directory ([] when it is missing; a line cut short is skipped). */
+export const readJsonLines = async (file: string): Promise<Array<Record<string, unknown>>> => {
   let text: string
   try {
     text = await fs.readFile(file, "utf8")
@@ -58,9 +62,11 @@ export const loadResult = async (dir: string): Promise<Result> => {
       reason: `${runDir} is not a run directory (no config.json): pass result.path, or storagePath joined with the run's name`
     })
   }
-  const rows = await lines(path.join(runDir, "metrics.jsonl"))
+  const rows = currentLineage(await readJsonLines(path.join(runDir, "metrics.jsonl")), (r) => Number(r.report))
   const metricsHistory = rows.map(({ report: _report, time: _time, ...m }) => m)
-  const metricsPerRank = (await lines(path.join(runDir, "metrics_per_rank.jsonl"))).map((r) => (Array.isArray(r.ranks) ? (r.ranks as Array<Record<string, unknown>>) : []))
+  const metricsPerRank = currentLineage(await readJsonLines(path.join(runDir, "metrics_per_rank.jsonl")), (r) => Number(r.report)).map((r) =>
+    Array.isArray(r.ranks) ? (r.ranks as Array<Record<string, unknown>>) : []
+  )
   // The last fit() of the run says where its checkpoints are: the directory or a bucket.
   const inBucket = config.runConfig?.checkpointConfig?.objectStore !== undefined
   const record = inBucket ? await json<ObjectCheckpointsRecord>(path.join(runDir, OBJECT_CHECKPOINTS_FILE)) : undefined
@@ -74,7 +80,7 @@ export const loadResult = async (dir: string): Promise<Result> => {
   const info = (e: CheckpointEntry): CheckpointInfo => ({ path: e.path, metrics: e.metrics, ...(where ? { objectStore: where } : {}) })
   const latest = latestOf(entries)
   const policy = config.runConfig?.checkpointConfig ?? {}
-  const events = await lines(path.join(runDir, "events.jsonl"))
+  const events = await readJsonLines(path.join(runDir, "events.jsonl"))
   const of = (type: string) => events.filter((e) => e.type === type)
   const restarts = of("restart")
   const serverRestarts = of("nats-server-restart").map((e) => Date.parse(String(e.time)))

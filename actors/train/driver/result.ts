@@ -63,7 +63,11 @@ export interface BusOutage {
 export interface Result {
   /** Rank 0's last reported metrics. */
   readonly metrics: Record<string, unknown> | undefined
-  /** Rank 0's metrics, one entry per report round (as Ray keeps them). */
+  /**
+   * Rank 0's metrics, one entry per report round (as Ray keeps them) that the final weights descend
+   * from: a restart's rounds made again replace the first ones; a rerun resuming its own checkpoint
+   * starts with the earlier fit()'s rounds up to it. metrics.jsonl keeps every row.
+   */
   readonly metricsHistory: ReadonlyArray<Record<string, unknown>>
   /** Every rank's metrics per round: metricsPerRank[round][rank]. */
   readonly metricsPerRank: ReadonlyArray<ReadonlyArray<Record<string, unknown>>>

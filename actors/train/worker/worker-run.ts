@@ -36,7 +36,7 @@ import { toWireFailure } from "../../runtime/envelope.ts"
 import { loopFailure } from "./loop-errors.ts"
 import { setIdlePlace } from "../../runtime/heartbeat.ts"
 import { RemoteFailure } from "../../runtime/errors.ts"
-import { ControllerProtocol, measurementsHandedOn, type Admission, type LinkMeasurements, type Placement, type WarmUp, type WorkerArgs } from "../common/train-protocol.ts"
+import { ControllerProtocol, loopMetadata, measurementsHandedOn, runFactsOf, type Admission, type LinkMeasurements, type Placement, type WarmUp, type WorkerArgs } from "../common/train-protocol.ts"
 import type { ObservedTopology } from "../../../scheduler/topology.ts"
 import { TrainContext, type Checkpoint, type TrainContextDeps } from "./train-context.ts"
 import { GroupSession, type LiveGroup } from "./group-session.ts"
@@ -675,7 +675,7 @@ export class WorkerRun {
     // Error-feedback residuals belong to a rank of a group of one size: carried across
     // restarts at the same size, reset (started from zero) when the group was resized.
     const p = this.place()
-    const savedSize = got.payload.metadata.worldSize
+    const savedSize = runFactsOf(got.payload.metadata).worldSize
     const own = savedSize === undefined || savedSize === p.worldSize ? got.payload.files[residualFile(p.rank)] : undefined
     if (own) {
       try {
@@ -693,7 +693,7 @@ export class WorkerRun {
         ctx.log.warn(`rank ${p.rank}: could not restore the residuals of its pushes from the checkpoint (they start from zero): ${String(e)}`)
       }
     }
-    return { files: got.payload.files, metadata: got.payload.metadata, path: got.path, metrics: got.metrics, ...(omit && omit.length > 0 ? { omitted: [...omit] } : {}) }
+    return { files: got.payload.files, metadata: loopMetadata(got.payload.metadata), path: got.path, metrics: got.metrics, ...(omit && omit.length > 0 ? { omitted: [...omit] } : {}) }
   }
 
   #subgroup(name: string, members: ReadonlyArray<number>): Promise<Communicator> {

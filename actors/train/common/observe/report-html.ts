@@ -143,7 +143,8 @@ const metricCharts = (history: ReadonlyArray<Record<string, unknown>>, attempts:
   const markers: Array<{ x: number; kind: string; label: string }> = []
   if (attempts) {
     for (let i = 1; i < attempts.length && i < x.length; i++) {
-      if (attempts[i] !== attempts[i - 1]) markers.push({ x: x[i], kind: "restart", label: `attempt ${attempts[i] + 1}` })
+      // (-1: the rows of an earlier fit() of the run, which this one resumed: run-recorder.ts's EARLIER_RUN)
+      if (attempts[i] !== attempts[i - 1]) markers.push({ x: x[i], kind: "restart", label: attempts[i - 1] === -1 ? "resumed" : `attempt ${attempts[i] + 1}` })
     }
   }
   return { xLabel: byEpoch ? "epoch" : "report", charts: ordered.map(([title, series]) => ({ title, series })), markers }

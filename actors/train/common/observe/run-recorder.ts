@@ -13,6 +13,22 @@ import { renderReport, type Incident, type StepTime } from "./report-html.ts"
 import { TensorBoardWriter } from "./tensorboard.ts"
 import { threadName, type TraceEvent } from "./timeline.ts"
 
+/**
+ * The rows of a run's current lineage, from rows in the order they were written, each with its
+ * report number: a row of report n supersedes every earlier row of report n or later (a restart from
+ * a checkpoint, or a rerun resuming one, makes those rounds again). What is left counts 0, 1, 2, ...
+ * up to the latest round, once each: the rounds the final weights descend from.
+ */
+export const currentLineage = <R>(rows: ReadonlyArray<R>, reportOf: (row: R) => number): R[] => {
+  const out: R[] = []
+  for (const r of rows) {
+    const n = reportOf(r)
+    while (out.length > 0 && reportOf(out[out.length - 1]!) >= n) out.pop()
+    out.push(r)
+  }
+  return out
+}
+
 /** A JSON.stringify replacer writing a bigint as its digits, as config.json holds a run's config (progress.ts compares with it). */
 export const bigintAsDigits = (_key: string, v: unknown): unknown => (typeof v === "bigint" ? v.toString() : v)
 
@@ -22,6 +38,9 @@ export type { TraceEvent } from "./timeline.ts"
 const MAX_STEP_TIMES = 200_000
 /** Throughput points kept per rank (thinned the same way). */
 const MAX_RATE_POINTS = 4_000
+
+/** The attempt report.html gives the rows an earlier fit() of the run made (a rerun resuming it): its marker says "resumed". */
+export const EARLIER_RUN = -1
 
 const csvCell = (v: unknown): string => {
   const s = v === undefined || v === null ? "" : typeof v === "object" ? JSON.stringify(v) : String(v)
@@ -90,8 +109,28 @@ export class RunRecorder {
     return this.#tb?.file
   }
 
+  /**
+   * A rerun resuming its checkpoint of report `n - 1`: the earlier fit()'s rows of reports 0..n-1
+   * (metrics.jsonl's current lineage), shown in metrics.csv and report.html before this run's.
+   */
+  seed(rows: ReadonlyArray<Record<string, unknown>>): void {
+    for (const r of rows) {
+      this.#rows.push(r)
+      this.#attempts.push(EARLIER_RUN)
+    }
+  }
+
+  /**
+   * Report round `index` (the run's report number) completed. metrics.jsonl gets every row;
+   * metrics.csv and report.html the current lineage (a round made again after a restart replaces
+   * the rows from it on).
+   */
   metrics(index: number, rank0: Record<string, unknown>, perRank: ReadonlyArray<Record<string, unknown>>, attempt = 0): void {
     const row = { report: index, time: new Date().toISOString(), ...rank0 }
+    while (this.#rows.length > 0 && Number(this.#rows.at(-1)!.report) >= index) {
+      this.#rows.pop()
+      this.#attempts.pop()
+    }
     this.#rows.push(row)
     this.#attempts.push(attempt)
     this.#metrics.write(`${JSON.stringify(row)}\n`)
