@@ -51,6 +51,41 @@ const makeModel = (tf: Tf, seed: number) => {
 const weightsOf = (m: { getWeights(): Array<{ dataSync(): ArrayLike<number> }> }) => m.getWeights().map((w) => Array.from(w.dataSync()))
 
 describe("data-parallel wrapper", () => {
+  it("a learning-rate schedule the loop sets itself is followed under warmupSteps and the elastic scale, not set back", async () => {
+    const { tf } = await loadEngine("auto")
+    const x = tf.randomNormal([8, 4], 0, 1, "float32", 3)
+    const y = tf.oneHot(tf.tensor1d([0, 1, 2, 0, 1, 2, 0, 1], "int32"), 3)
+    const rates = async (dp: DataParallelModel, model: ReturnType<typeof makeModel>, schedule: Record<number, number>, steps: number) => {
+      const out: number[] = []
+      for (let step = 0; step < steps; step++) {
+        const lr = schedule[step]
+        if (lr !== undefined) (model.optimizer as unknown as { setLearningRate(lr: number): void }).setLearningRate(lr)
+        await dp.trainStep(x, y)
+        out.push(Number(dp.learningRate!.toFixed(6)))
+      }
+      return out
+    }
+    // warmupSteps 4 (factor (step + 1) / 4): the loop's 0.1 before step 2 and 0.01 before step 4 are the base from then on.
+    const warm = makeModel(tf, 5)
+    const warmDp = await DataParallelModel.prepare(tf, warm, localGroup(1)[0]!, { warmupSteps: 4 })
+    expect(await rates(warmDp, warm, { 2: 0.1, 4: 0.01 }, 6)).toEqual([0.125, 0.25, 0.075, 0.1, 0.01, 0.01])
+    // An elastic group at 1 of its 4 workers under "keep-per-worker" scales the rate by 1/4, the loop's own too.
+    const sync = { ...localGroup(1)[0]!, elastic: { maxWorkers: 4, batch: "keep-per-worker" as const } }
+    const el = makeModel(tf, 6)
+    const elDp = await DataParallelModel.prepare(tf, el, sync)
+    expect(await rates(elDp, el, { 1: 0.2 }, 3)).toEqual([0.125, 0.05, 0.05])
+    // dp.setLearningRate, the typed form: the base from the next update on; a bad rate is refused.
+    warmDp.setLearningRate(0.2)
+    await warmDp.trainStep(x, y)
+    expect(warmDp.learningRate).toBeCloseTo(0.2, 6)
+    elDp.setLearningRate(0.4)
+    await elDp.trainStep(x, y)
+    expect(elDp.learningRate).toBeCloseTo(0.1, 6)
+    expect(() => elDp.setLearningRate(-1)).toThrow(/dp\.setLearningRate.*finite rate >= 0, got -1/)
+    expect(() => elDp.setLearningRate(Number.NaN)).toThrow(ConfigError)
+    tf.dispose([x, y])
+  })
+
   it("starts every rank from rank 0's weights and equals large-batch SGD", async () => {
     const { tf } = await loadEngine("auto")
     const syncs = localGroup(2)

@@ -100,6 +100,8 @@ export class DataParallelModel implements RecoverableModel {
   #baseLearningRate: number | undefined
   #lrRule: LrRule | undefined
   #lastLearningRate: number | undefined
+  /** The rate gradwire last set on the optimizer (prepareModel's rule, the elastic scale): another rate found there is the loop's own schedule's. */
+  #rateSet: number | undefined
   #weightDecay = 0
   /** prepareModel's gradient clipping (PrepareOptions.clipNorm / clipValue). */
   #clipNorm: number | undefined
@@ -184,6 +186,7 @@ export class DataParallelModel implements RecoverableModel {
       })
     }
     this.#baseLearningRate = (optimizer as unknown as { learningRate?: number }).learningRate
+    if (typeof this.#baseLearningRate === "number") this.#rateSet = this.#baseLearningRate
     const stage = sync.zeroStage ?? 0
     if (stage !== 0 && stage !== 1 && stage !== 2) throw new ConfigError({ field: "collectiveConfig.zeroStage", reason: `must be 0, 1 or 2, got ${String(stage)}` })
     const dp = this
@@ -388,10 +391,21 @@ export class DataParallelModel implements RecoverableModel {
         reason: `"keep-per-worker" rescales the learning rate, but this optimizer has no numeric learningRate; use "keep-global"`
       })
     }
-    // The constructor kept the optimizer's own rate as the base.
+    // The constructor kept the optimizer's own rate as the base; a rate the loop set since is the base now.
+    this.#followLoopRate()
     const lr = (this.#baseLearningRate as number) * this.learningRateScale
-    if (typeof o.setLearningRate === "function") o.setLearningRate(lr)
-    else o.learningRate = lr
+    if (o.learningRate !== lr) this.#setLearningRate(lr)
+  }
+
+  /**
+   * The loop set the optimizer's rate itself since gradwire last did (its own schedule: a step
+   * decay each epoch, a cosine, as a DDP loop sets its param_groups' lr): that rate becomes the base
+   * that prepareModel's rule (lrScaling, warmupSteps) and the elastic scale multiply from now on,
+   * where they had set the rate back from their first base and the loop's schedule was lost.
+   */
+  #followLoopRate(): void {
+    const now = this.learningRate
+    if (now !== undefined && this.#rateSet !== undefined && now !== this.#rateSet) this.#baseLearningRate = now
   }
 
   // --------------------------------------------------------------------------------------------
@@ -658,7 +672,13 @@ export class DataParallelModel implements RecoverableModel {
    */
   #applyLearningRateRule(step: number, samples: number): void {
     const rule = this.#lrRule
-    if (!rule) return
+    if (!rule) {
+      // (the elastic scale follows a rate the loop sets between regroups, too)
+      const e = this.#sync.elastic
+      if (e && e.batch === "keep-per-worker" && this.#rateSet !== undefined) this.#applyElasticLearningRate()
+      return
+    }
+    this.#followLoopRate()
     const global = this.#loop.fitGlobalBatch ?? samples * this.#sync.worldSize
     const lr = (this.#baseLearningRate as number) * rule.factor(step, global)
     this.#lastLearningRate = lr
@@ -669,6 +689,24 @@ export class DataParallelModel implements RecoverableModel {
     const o = this.optimizer as unknown as { learningRate: number; setLearningRate?: (lr: number) => void }
     if (typeof o.setLearningRate === "function") o.setLearningRate(lr)
     else o.learningRate = lr
+    this.#rateSet = o.learningRate
+  }
+
+  /**
+   * Sets the learning rate from the loop, for a schedule of its own (PyTorch's StepLR, a cosine): the
+   * optimizer takes it now, and prepareModel's lrScaling and warmupSteps and the elastic
+   * "keep-per-worker" scale multiply it from the next update on. Setting the optimizer's rate
+   * directly (setLearningRate, learningRate) is followed the same way; this is its typed form.
+   */
+  setLearningRate(lr: number): void {
+    if (typeof lr !== "number" || !Number.isFinite(lr) || lr < 0) {
+      throw new ConfigError({ field: "dp.setLearningRate", reason: `takes a finite rate >= 0, got ${String(lr)}` })
+    }
+    if (typeof this.#baseLearningRate !== "number") {
+      throw new ConfigError({ field: "dp.setLearningRate", reason: "this optimizer has no numeric learningRate (use a tf.train optimizer)" })
+    }
+    this.#baseLearningRate = lr
+    this.#setLearningRate(lr)
   }
 
   /** The optimizer's learning rate now (undefined for one without a numeric rate). */
