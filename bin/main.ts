@@ -7,7 +7,7 @@ import { parseArgs, type ParseArgsConfig } from "node:util"
 import { describeLocalAgent, queryCluster, formatClusterTable } from "../actors/node/cluster-status.ts"
 import { checkAuth, connectionFromAddress, describeConnection, hasCredentials, openConnection, type ConnectionAuth, type ConnectionSpec } from "../core/connection-spec.ts"
 import { ConfigError } from "../core/errors.ts"
-import { defaultStateDir, describeStarted, explainConnectError, runAgent, startInBackground, stopAgent, type StartOptions } from "../actors/node/daemon.ts"
+import { defaultStateDir, describeStarted, explainConnectError, refusedCredentials, runAgent, startInBackground, stopAgent, type StartOptions } from "../actors/node/daemon.ts"
 import { readState, runningAgents, stateFile } from "../actors/node/agent-state.ts"
 import { ALL_BACKENDS, type BackendName } from "../actors/node/node-probe.ts"
 import { jobSubjects, validToken } from "../core/subjects.ts"
@@ -422,7 +422,7 @@ const status = async (flags: Flags): Promise<number> => {
     const err = explainConnectError(spec, e)
     const elsewhere = flags.address || local ? [] : runningAgents()
     const message =
-      `${err.message}${flags.address ? "" : `\n(no --address given: used ${local ? `the local agent's ${shown}` : shown}; is a head running? start one with "gradwire start --head")`}` +
+      `${err.message}${flags.address || refusedCredentials(e) ? "" : `\n(no --address given: used ${local ? `the local agent's ${shown}` : shown}; is a head running? start one with "gradwire start --head")`}` +
       (elsewhere.length > 0 ? `\nagents running on this machine with another state dir: ${elsewhere.map((a) => `pid ${a.pid} (gradwire status --state-dir ${a.stateDir})`).join(", ")}` : "")
     // NATS is out of reach: what the local agent's state file knows is all there is to show.
     if (flags.json) console.log(JSON.stringify({ reachable: false, error: message, localAgent: local ?? null }, null, 2))

@@ -47,5 +47,11 @@ describe("auth-enabled NATS", () => {
     expect(none.code).toBe(1)
     expect(none.stderr).toContain("requires credentials")
     expect(none.stderr).toContain("--token")
+    // With the address from the environment (or a local agent's state): the refusal is about the
+    // credentials, not "is a head running?".
+    const fromEnv = await rig.cli(["status", "--cluster", "test"], { GRADWIRE_ADDRESS: server.url })
+    expect(fromEnv.code).toBe(1)
+    expect(fromEnv.stderr).toContain("requires credentials")
+    expect(fromEnv.stderr).not.toContain("is a head running")
   })
 })

@@ -116,6 +116,11 @@ describe("gradwire CLI", () => {
     expect(unreachable.code).toBe(1)
     expect(unreachable.stderr).toContain(`cannot reach NATS at nats://127.0.0.1:${port}`)
     expect(unreachable.stderr).toContain("gradwire start --head")
+    // A training run that cannot reach its cluster says why (it exited 1 saying nothing but its run directory).
+    const train = await rig.cli(["train", "test/support/launch-loop.ts#launchLoop", "--workers", "1", "--address", `nats://127.0.0.1:${port}`, "--storage-path", dir, "--name", "unreached"], env)
+    expect(train.code).toBe(1)
+    expect(train.stdout + train.stderr).toMatch(new RegExp(`run failed: .*127\\.0\\.0\\.1:${port}`))
+    expect(train.stdout + train.stderr).toContain(`run directory: ${path.join(dir, "unreached")}`)
     const help = await rig.cli(["--help"], env)
     expect(help.code).toBe(0)
     expect(help.stdout).toContain("usage: gradwire")

@@ -71,11 +71,15 @@ export interface StartOptions {
   readonly stateDir: string
 }
 
+/** Whether a connect failure is the server refusing the client's credentials, or their absence. */
+export const refusedCredentials = (e: unknown): boolean =>
+  /authori[sz]ation|authentication|auth/i.test(e instanceof NatsConnectError ? e.reason : e instanceof Error ? e.message : String(e))
+
 /** Turns a connect failure into advice; never shows a secret of `spec`. */
 export const explainConnectError = (spec: ConnectionSpec, e: unknown): AgentError => {
   const address = spec.servers.map(redactUrl).join(",")
   const reason = scrubSecrets(e instanceof NatsConnectError ? e.reason : e instanceof Error ? e.message : String(e), spec)
-  if (/authori[sz]ation|authentication|auth/i.test(reason)) {
+  if (refusedCredentials(e)) {
     return new AgentError({
       reason: hasCredentials(spec)
         ? `NATS at ${address} refused the credentials given (${credentialKind(spec)}): ${reason}. Check them against the server's authorization block`
@@ -304,7 +308,9 @@ export const describeStarted = (state: AgentState, o: Pick<StartOptions, "host" 
   if (state.logFile) lines.push(`logs: ${state.logFile}`)
   // (another state dir than the default: the commands that find this agent need it too)
   const dir = o.stateDir !== undefined && path.resolve(o.stateDir) !== path.resolve(defaultStateDir()) ? ` --state-dir ${o.stateDir}` : ""
-  lines.push(`status: gradwire status${dir}    stop: gradwire stop${dir}`)
+  // (a cluster with credentials: status and jobs need them too; stop reads the state dir alone)
+  const creds = hasCredentials(o.auth) ? " <the same credentials>" : ""
+  lines.push(`status: gradwire status${dir}${creds}    stop: gradwire stop${dir}`)
   return lines.join("\n")
 }
 

@@ -350,6 +350,8 @@ export class FitRun {
             serverEvents: embeddedServerEvents(this.record)
           })
     } catch (e) {
+      // (said as a started run's failure is: the closing lines, the run directory)
+      this.progress.summary(cfg.runDir, undefined, e as Error)
       this.progress.close()
       await this.recorder.close().catch(() => {})
       // The run directory is complete also when the cluster never came up.
@@ -376,6 +378,7 @@ export class FitRun {
       await resolveDatasets(cfg.datasets, this.#resolvedData, async () => cluster.nc)
     } catch (e) {
       await cluster.close().catch(() => {})
+      this.progress.summary(cfg.runDir, undefined, e as Error)
       this.progress.close()
       await this.recorder.close().catch(() => {})
       await this.recorder.finish(this.record.summary("failed", e as Error)).catch(() => {})
