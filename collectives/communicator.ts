@@ -206,8 +206,13 @@ export interface DirectOptions {
 
 const fmtBytes = (b: number): string => (b >= 1024 * 1024 ? `${b / (1024 * 1024)} MiB` : b >= 1024 ? `${b / 1024} KiB` : `${b} B`)
 
-/** A few lines for explain.txt: the choice, the measured ladder when there is one, and each link's path (fallbacks with why). */
-export const describeTransport = (t: TransportInfo, m?: TransportMeasurement): string => {
+/**
+ * A few lines for explain.txt: the choice, the measured ladder when there is one, and each link's
+ * path (fallbacks with why). `pathsTunedBelow`: training's own calls under that size are then timed
+ * over both paths and take the faster (AutoGradientReducer, transport "auto" with a direct link
+ * between every two ranks), so the start-up rule is said as only the start.
+ */
+export const describeTransport = (t: TransportInfo, m?: TransportMeasurement, opts: { readonly pathsTunedBelow?: number } = {}): string => {
   const rule =
     t.choice === "nats"
       ? "every call over NATS"
@@ -218,7 +223,10 @@ export const describeTransport = (t: TransportInfo, m?: TransportMeasurement): s
           : t.minBytes === 0
             ? "every call over the direct links (measured faster at every size)"
             : `calls from ${fmtBytes(t.minBytes)} over the direct links, smaller ones over NATS`
-  const lines = [`transport: ${t.choice}${t.tls ? " (TLS-PSK)" : ""} - ${rule}`]
+  const below = t.choice === "auto" ? opts.pathsTunedBelow : undefined
+  const lines = [
+    `transport: ${t.choice}${t.tls ? " (TLS-PSK)" : ""} - ${below !== undefined ? `at the start (cold processes), ${rule}; then training's own calls below ${fmtBytes(below)} are timed over both paths and take the faster (the pick names the path: "ring/direct")` : rule}`
+  ]
   if (m && m.rows.length > 0) {
     lines.push(`  measured (median all-reduce ms, NATS vs direct): ${m.rows.map((r) => `${fmtBytes(r.bytes)} ${r.natsMs.toFixed(2)} vs ${r.directMs.toFixed(2)}`).join(", ")}`)
   }

@@ -8,7 +8,7 @@ import * as crypto from "node:crypto"
 import * as net from "node:net"
 import { afterAll, beforeAll, describe, expect, it } from "vitest"
 import { allReduceAlgorithms } from "../collectives/algorithms/index.ts"
-import { DIRECT_TIE, OWN_NODE_REPS, OWN_NODE_SIZE, directHolds, type TransportInfo } from "../collectives/communicator.ts"
+import { DIRECT_TIE, OWN_NODE_REPS, OWN_NODE_SIZE, describeTransport, directHolds, type TransportInfo } from "../collectives/communicator.ts"
 import { launchNatsServer, type NatsServerProcess } from "../core/nats-server.ts"
 import { failuresOf, type Case, type CaseResult } from "./support/collectives-cases.ts"
 import { RankFleet, type RankError } from "./support/collectives-fleet.ts"
@@ -211,6 +211,18 @@ describe("the direct data path", () => {
     // every rank sends at least (p-1)/p of 400 KB twice over in a ring all-reduce
     for (const t of await transports(group)) expect(t.bytesSent).toBeGreaterThan(400_000)
     await close(group)
+  })
+
+  it("explain.txt's transport line says the start-up rule as only the start where training's calls time both paths", () => {
+    const info: TransportInfo = { choice: "auto", minBytes: Number.POSITIVE_INFINITY, tls: false, links: [{ rank: 1, via: "unix" }], bytesSent: 0, bytesReceived: 0, rejected: 0, framesInPlace: 0, wholeDirect: true }
+    const measured = { minBytes: Number.POSITIVE_INFINITY, rows: [{ bytes: 1024 * 1024, natsMs: 28.51, directMs: 34.84 }], direct: [], algorithm: "ring" as const }
+    const plain = describeTransport(info, measured)
+    expect(plain).toMatch(/^transport: auto - every call over NATS \(the direct path measured slower\)\n/)
+    const tuned = describeTransport(info, measured, { pathsTunedBelow: 4 * 1024 * 1024 })
+    expect(tuned).toContain("transport: auto - at the start (cold processes), every call over NATS (the direct path measured slower); then training's own calls below 4 MiB are timed over both paths and take the faster")
+    expect(tuned).toContain("1 MiB 28.51 vs 34.84")
+    // a fixed transport is what it says
+    expect(describeTransport({ ...info, choice: "direct", minBytes: 0 }, undefined, { pathsTunedBelow: 4 * 1024 * 1024 })).toMatch(/^transport: direct - every call over the direct links\n/)
   })
 
   it('"auto"\'s rule: the direct links hold a size unless they measured more than DIRECT_TIE slower (a tie goes to them)', () => {

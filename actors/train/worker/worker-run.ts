@@ -42,7 +42,7 @@ import { TrainContext, type Checkpoint, type TrainContextDeps } from "./train-co
 import { GroupSession, type LiveGroup } from "./group-session.ts"
 import type { StepObserver } from "./data-parallel.ts"
 import { spanEvent, tidOfBucket, TID_STEP, TID_WAITS, type TraceEvent } from "../common/observe/timeline.ts"
-import { AutoGradientReducer, picksFor, prepareAutoCollectives, rememberShape } from "./auto-config.ts"
+import { AutoGradientReducer, PATH_TUNE_MAX_BYTES, picksFor, prepareAutoCollectives, rememberShape, tunesPaths } from "./auto-config.ts"
 import type { PsClient } from "./ps-client.ts"
 
 /** Unsubscribes the current run's notes about kernels on the cpu fallback (one run at a time per process). */
@@ -389,7 +389,7 @@ export class WorkerRun {
       const known = picksFor(reused?.tuned, p.nodes)
       // What the next regroup is handed (with the nodes the reused measurements cover).
       this.measured = measurementsHandedOn(reused, p.nodes, direct ? comm.transport.minBytes : undefined, history)
-      const transportText = describeTransport(comm.transport, measured)
+      const transportText = describeTransport(comm.transport, measured, tunesPaths(comm) ? { pathsTunedBelow: PATH_TUNE_MAX_BYTES } : {})
       // Per-worker transport detail: explain.txt has it; the console only with verbose (GRADWIRE_LOG=debug).
       if (p.rank === 0 && direct) this.#ctx.log.debug(transportText)
       const reducer = new AutoGradientReducer(comm, {
