@@ -33,7 +33,7 @@ commands:
   dashboard [--port 8265] [--host 127.0.0.1]
                                a live web dashboard of the cluster and its jobs, with Prometheus metrics at /metrics
   jobs [--json]                running and recent jobs: state, attempt, workers, restarts, progress
-  logs JOB [--rank R] [--follow] [--json]
+  logs JOB [--rank R] [--follow] [--tail N] [--json]
                                the job's worker output (JOB: its id or name), streamed from the nodes that run it
   stack JOB [--rank R] [--json]
                                where each worker's main thread is now: its JavaScript stack, taken by the worker's
@@ -84,8 +84,8 @@ jobs options:   --address URL, --cluster NAME, --json, credentials, --state-dir 
 logs options:   --rank R (one rank), --follow (-f: stream until the job ends), --tail N (lines of the tail, default 200),
                 --json (one object per line), --address URL, --cluster NAME, credentials, --state-dir DIR
 train options:  --workers N (default 1), --config JSON (the loop's config; @FILE reads it from a file), --name NAME,
-                --storage-path DIR, --max-failures N, --resume-from CHECKPOINT (a checkpoint directory, or a
-                run directory: its latest checkpoint), --gpu, --timeline, --dashboard [--port N --host ADDR],
+                --storage-path DIR, --max-failures N, --resume-from CHECKPOINT (a checkpoint directory or
+                nats-obj:// path, or a run directory: its latest checkpoint), --gpu, --timeline, --dashboard [--port N --host ADDR],
                 --dataset NAME=FILES or NAME='{"files": FILES, ...fromFiles options}' (repeatable: each
                 worker streams its rows; .gz files too), --address URL,
                 --cluster NAME, credentials
@@ -95,6 +95,33 @@ demo options:   --workers N (default 4), --epochs N (default 20), --port N (dash
 The background agent writes <state dir>/agent.json; "gradwire stop" uses it to stop the agent, which
 kills its actor processes and, on a head that started it, the NATS server. Credentials reach the
 background agent and the processes it spawns on their stdin, never in their arguments or environment.`
+
+/**
+ * One command's part of the usage: its lines under "commands:" and its options' block, then where
+ * the rest is (gradwire train --help, as git and npm show a command's own help).
+ */
+const commandUsage = (command: string): string => {
+  const parts = usage.split("\n\n")
+  const at = parts.findIndex((p) => p.startsWith("commands:"))
+  const commands = parts[at] ?? ""
+  const rest = parts.slice(at + 1).join("\n\n")
+  const own: string[] = []
+  let taking = false
+  for (const line of commands.split("\n").slice(1)) {
+    if (/^  \S/.test(line)) taking = line.trimStart().split(/\s/)[0] === command
+    if (taking) own.push(line)
+  }
+  const blocks: string[] = []
+  let block: string[] | undefined
+  for (const line of rest.split("\n")) {
+    if (/^\S/.test(line)) {
+      if (block) blocks.push(block.join("\n").trimEnd())
+      block = line.startsWith(`${command} options:`) ? [line] : undefined
+    } else if (block) block.push(line)
+  }
+  if (block) blocks.push(block.join("\n").trimEnd())
+  return [`usage: gradwire ${command} [options]`, "", ...own, ...(blocks.length > 0 ? ["", ...blocks] : []), "", 'every command and option: gradwire --help'].join("\n")
+}
 
 class UsageError extends Error {}
 
@@ -777,7 +804,7 @@ const main = async (): Promise<number> => {
   if (command.startsWith("-")) throw new UsageError(`the command comes first: gradwire <${Object.keys(COMMAND_OPTIONS).join("|")}> [options]`)
   const { values: flags, tokens, positionals } = parseCommand(command, rest)
   if (flags.help) {
-    console.log(usage)
+    console.log(commandUsage(command))
     return 0
   }
   switch (command) {

@@ -31,6 +31,11 @@ describe("checkpoint store", () => {
     expect(reopened.latest()?.name).toBe("checkpoint_000000")
     const e2 = await reopened.save({ files: {}, metadata: {} }, {})
     expect(e2.index).toBe(1)
+    // its metadata alone, its files unread
+    expect(await reopened.metadataOf(e.path)).toEqual({ epoch: 1 })
+    // a path that is not a checkpoint, and one that does not exist, say which
+    await expect(readCheckpoint(dir)).rejects.toThrow(/is not a gradwire checkpoint \(no gradwire_checkpoint\.json\)/)
+    await expect(readCheckpoint(path.join(dir, "nope"))).rejects.toThrow(/nope does not exist; pass a checkpoint_NNNNNN directory/)
   })
 
   it("writes its index with one entry per line, each as it was saved, pruned ones gone", async () => {

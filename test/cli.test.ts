@@ -121,6 +121,13 @@ describe("gradwire CLI", () => {
     expect(train.code).toBe(1)
     expect(train.stdout + train.stderr).toMatch(new RegExp(`run failed: .*127\\.0\\.0\\.1:${port}`))
     expect(train.stdout + train.stderr).toContain(`run directory: ${path.join(dir, "unreached")}`)
+    // A command's --help is its own part: its lines and options, not every command's.
+    const trainHelp = await rig.cli(["train", "--help"], env)
+    expect(trainHelp.code).toBe(0)
+    expect(trainHelp.stdout).toContain("train FILE#EXPORT --workers N")
+    expect(trainHelp.stdout).toContain("train options:  --workers N")
+    expect(trainHelp.stdout).not.toContain("start options:")
+    expect(trainHelp.stdout).toContain("every command and option: gradwire --help")
     const help = await rig.cli(["--help"], env)
     expect(help.code).toBe(0)
     expect(help.stdout).toContain("usage: gradwire")

@@ -82,7 +82,8 @@ export const explainConnectError = (spec: ConnectionSpec, e: unknown): AgentErro
   if (refusedCredentials(e)) {
     return new AgentError({
       reason: hasCredentials(spec)
-        ? `NATS at ${address} refused the credentials given (${credentialKind(spec)}): ${reason}. Check them against the server's authorization block`
+        ? // (the reason already says to check them: core/connection.ts)
+          `NATS at ${address} refused the credentials given (${credentialKind(spec)}): ${reason}${/check them/i.test(reason) ? "" : ". Check them against the server's authorization block"}`
         : `NATS at ${address} requires credentials (${reason}): pass --user and --password, --token, --nkey FILE or --creds FILE (or put them in the URL: nats://user:pass@host:4222)`
     })
   }

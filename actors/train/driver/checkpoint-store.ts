@@ -268,9 +268,12 @@ export const readCheckpoint = async (dir: string): Promise<CheckpointData & { me
   try {
     meta = JSON.parse(await fs.readFile(path.join(dir, META), "utf8"))
   } catch {
+    const exists = await fs.stat(dir).then(() => true, () => false)
     throw new ConfigError({
       field: "checkpoint",
-      reason: `${dir} is not a gradwire checkpoint (no ${META}); pass a checkpoint_NNNNNN directory of a run`
+      reason: exists
+        ? `${dir} is not a gradwire checkpoint (no ${META}); pass a checkpoint_NNNNNN directory of a run`
+        : `${dir} does not exist; pass a checkpoint_NNNNNN directory of a run (result.checkpoint, or one of loadResult(runDir)'s)`
     })
   }
   await walk("")

@@ -293,7 +293,10 @@ export class GroupSession {
     const since = (n: number) => (n > 0 ? `report() call ${n}` : "the loop's start")
     if (this.inReport) return `in report() call ${this.reports}, after ${this.#stepsBeforeReport} training step(s) since ${since(this.reports - 1)}`
     const p = this.#model?.loopPosition()
-    if (p?.inFit) return `in dp.fit(), epoch ${p.epoch} step ${p.stepInEpoch + 1} of ${p.stepsPerEpoch}`
+    if (p?.inFit) {
+      // (after the epoch's last step, in its end: its evaluation, onEpochEnd, a report there)
+      return p.stepInEpoch >= p.stepsPerEpoch ? `in dp.fit(), at the end of epoch ${p.epoch} (after its ${p.stepsPerEpoch} steps)` : `in dp.fit(), epoch ${p.epoch} step ${p.stepInEpoch + 1} of ${p.stepsPerEpoch}`
+    }
     if (this.#model?.inStep?.()) return `in training step ${this.stepsSinceReport + 1} since ${since(this.reports)}`
     if (opts.idle) return `outside gradwire's calls (no training step, report() or collective), after ${this.stepsSinceReport} training step(s) since ${since(this.reports)}`
     return `outside a training step (a collective of its own, or an evaluation), after ${this.stepsSinceReport} training step(s) since ${since(this.reports)}`
