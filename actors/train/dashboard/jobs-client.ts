@@ -203,7 +203,7 @@ export const formatJobsTable = (cluster: string, address: string, jobs: Readonly
       j.job,
       j.name,
       j.lost ? "lost" : j.state,
-      String(j.attempt + 1),
+      String(j.attempt),
       `${j.worldSize}${j.minWorkers !== j.maxWorkers ? ` (${j.minWorkers}..${j.maxWorkers})` : ""}`,
       String(j.restarts),
       String(j.resizes.length),

@@ -122,7 +122,7 @@ const SCRIPT = String.raw`
       var size = s.worldSize + (s.minWorkers !== s.maxWorkers ? " (" + s.minWorkers + ".." + s.maxWorkers + ")" : "");
       var end = s.endedAt || (s.lost ? s.updatedAt : Date.now());
       rows.push('<tr class="job' + (S.selected === s.job ? " sel" : "") + '" data-job="' + esc(s.job) + '"><td>' + esc(s.name) + '<br><small>' + esc(s.job) + "</small></td><td>" + badge(stateOf(s)) +
-        "</td><td>" + (s.attempt + 1) + "</td><td>" + size + "</td><td>" + s.restarts + "</td><td>" + s.resizes.length + "</td><td>" + prog + "</td><td>" + (rate ? Math.round(rate) : "-") +
+        "</td><td>" + s.attempt + "</td><td>" + size + "</td><td>" + s.restarts + "</td><td>" + s.resizes.length + "</td><td>" + prog + "</td><td>" + (rate ? Math.round(rate) : "-") +
         "</td><td>" + (r0 ? num(r0.loss, 4) : "-") + "</td><td>" + s.reports + "</td><td>" + esc(s.strategy.strategy + " / " + s.strategy.algorithm + (s.strategy.compression !== "none" ? " / " + s.strategy.compression : "")) +
         "</td><td>" + new Date(s.startedAt).toLocaleTimeString() + "</td><td>" + dur(end - s.startedAt) + "</td></tr>");
     });
@@ -171,7 +171,7 @@ const SCRIPT = String.raw`
     sec.setAttribute("data-state", stateOf(s));
     $("job-title").innerHTML = esc(s.name) + " " + badge(stateOf(s));
     var rate = 0; s.ranks.forEach(function (r) { rate += r.samplesPerSec || 0; });
-    $("job-meta").innerHTML = "job " + esc(s.job) + " · attempt " + (s.attempt + 1) + " · " + s.worldSize + " worker(s)" +
+    $("job-meta").innerHTML = "job " + esc(s.job) + " · attempt " + s.attempt + " · " + s.worldSize + " worker(s)" +
       " · <span id=\"restarts\">restarts " + s.restarts + "</span> (" + s.countedFailures + " counted) · resizes " + s.resizes.length + " · " + s.reports + " report round(s)" +
       (rate ? " · " + Math.round(rate) + " samples/s" : "") + " · driver " + esc(s.driver.host) + " pid " + s.driver.pid + " · run directory " + esc(s.runDir) +
       (s.lost ? ' · <span class="warn">lost: its driver stopped answering ' + ago(Date.now() - s.updatedAt) + "</span>" : "") +
@@ -217,7 +217,7 @@ const SCRIPT = String.raw`
     var xOf = function (r) { return typeof r.metrics.epoch === "number" ? r.metrics.epoch + 1 : r.index + 1; };
     var byEpoch = reps.length && typeof reps[0].metrics.epoch === "number";
     var marks = [];
-    for (var i = 1; i < reps.length; i++) if (reps[i].attempt !== reps[i - 1].attempt) marks.push({ x: xOf(reps[i]), kind: "restart", label: "attempt " + (reps[i].attempt + 1) });
+    for (var i = 1; i < reps.length; i++) if (reps[i].attempt !== reps[i - 1].attempt) marks.push({ x: xOf(reps[i]), kind: "restart", label: "attempt " + reps[i].attempt });
     names.forEach(function (k, i) {
       var ranks = 0; reps.forEach(function (r) { ranks = Math.max(ranks, (r.perRank || []).length); });
       var series = [];

@@ -100,7 +100,8 @@ export class ProgressPrinter {
     this.#samplesSince = Infinity
     this.#rate = 0
     this.#worldSize = worldSize
-    if (attempt > 0) this.line(`gradwire: attempt ${attempt + 1} with ${worldSize} workers`)
+    // (numbered as ctx.attempt and events.jsonl number it: the first is attempt 0)
+    if (attempt > 0) this.line(`gradwire: attempt ${attempt} with ${worldSize} workers`)
   }
 
   /** A rank's progress; `meanLoss` (the mean over its epoch so far) is shown when given, else the step's `loss`. */

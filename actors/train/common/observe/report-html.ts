@@ -144,7 +144,7 @@ const metricCharts = (history: ReadonlyArray<Record<string, unknown>>, attempts:
   if (attempts) {
     for (let i = 1; i < attempts.length && i < x.length; i++) {
       // (-1: the rows of an earlier fit() of the run, which this one resumed: run-recorder.ts's EARLIER_RUN)
-      if (attempts[i] !== attempts[i - 1]) markers.push({ x: x[i], kind: "restart", label: attempts[i - 1] === -1 ? "resumed" : `attempt ${attempts[i] + 1}` })
+      if (attempts[i] !== attempts[i - 1]) markers.push({ x: x[i], kind: "restart", label: attempts[i - 1] === -1 ? "resumed" : `attempt ${attempts[i]}` })
     }
   }
   return { xLabel: byEpoch ? "epoch" : "report", charts: ordered.map(([title, series]) => ({ title, series })), markers }
@@ -186,7 +186,7 @@ const DRAW = String.raw`
     ],
     xLabel: "step" + (st.binSize > 1 ? " (mean of " + st.binSize + " steps)" : ""),
     yLabel: "ms per step (mean over ranks)",
-    markers: st.attemptStarts.map(function (a) { return { x: a.x, kind: "restart", label: "attempt " + (a.attempt + 1) }; })
+    markers: st.attemptStarts.map(function (a) { return { x: a.x, kind: "restart", label: "attempt " + a.attempt }; })
   });
   drawn += gwCharts.line(document.getElementById("throughput"), {
     series: data.throughput.map(function (r) { return { name: "rank " + r.rank, points: r.points }; }),
