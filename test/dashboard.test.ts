@@ -256,7 +256,7 @@ describe("dashboard", () => {
         const listed = JSON.parse(jobsRun.output) as Array<JobSnapshot & { live: boolean }>
         expect(listed.find((j) => j.job === state.job.job)).toMatchObject({ name: "live", state: "running", live: true, worldSize: 3 })
         const table = await runScript(CLI, ["jobs", ...cluster], { timeoutMs: 30_000 })
-        expect(table.output).toMatch(new RegExp(`${state.job.job}\\s+live\\s+running\\s+1\\s+3\\s+0`))
+        expect(table.output).toMatch(new RegExp(`${state.job.job}\\s+live\\s+running\\s+0\\s+3\\s+0`))
         const logsRun = await runScript(CLI, ["logs", "live", "--rank", "1", "--json", ...cluster], { timeoutMs: 30_000 })
         expect(logsRun.code, logsRun.output).toBe(0)
         const lines = logsRun.output.trim().split("\n").map((l) => JSON.parse(l) as { rank: number; line: string; node: string })
