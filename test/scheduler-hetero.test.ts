@@ -37,7 +37,10 @@ describe("heterogeneity-aware batching and automatic choice in a Trainer run", (
     const m = r.metrics!
     const batches = [0, 1, 2].map((i) => m[`batch/rank${i}`] as number)
     expect(batches.reduce((a, b) => a + b, 0)).toBe(96)
-    expect(batches[1]).toBeLessThan(Math.min(batches[0], batches[2]))
+    // The slowed rank: less than an equal share, and no more than either other rank (a fast rank
+    // measured slow under load beside this file can be tried at 0 rows too, hetero-batching.ts).
+    expect(batches[1]).toBeLessThan(96 / 3)
+    expect(batches[1]).toBeLessThanOrEqual(Math.min(batches[0], batches[2]))
     expect(m["batch/rebalances"] as number).toBeGreaterThanOrEqual(1)
     expect(m["straggler/rank1"] as number).toBeGreaterThan(1.5)
     expect(m["straggler/rank0"]).toBeUndefined()

@@ -27,7 +27,7 @@ beforeAll(async () => {
   r = await runWebGpuChild<Result>(CHILD, DEADLINE_MS)
 }, DEADLINE_MS + 30_000)
 
-describe("column sums on webgpu", () => {
+describe("column sums on webgpu", { tags: ["webgpu"] }, () => {
   it("takes the fewest levels in which no thread adds more than 256 rows, the rows split evenly between them", () => {
     const lanes = (columns: number) => Math.floor(256 / Math.min(columns, 256))
     const levels = (rows: number, columns: number) => {

@@ -22,7 +22,7 @@ beforeAll(async () => {
   r = await runWebGpuChild<Result>(CHILD, DEADLINE_MS)
 }, DEADLINE_MS + 30_000)
 
-describe("a convolution's filter gradient on webgpu", () => {
+describe("a convolution's filter gradient on webgpu", { tags: ["webgpu"] }, () => {
   it("equals float64 sums for LeNet's and the residual CNN's layers, stride 2, a 1x1 filter, a long batch and depthwise filters, as tfjs's own program does", () => {
     expect(r.backend).toBe("webgpu")
     expect(r.failures).toEqual([])

@@ -35,7 +35,7 @@ beforeAll(async () => {
   r = await runWebGpuChild<Result>(CHILD, DEADLINE_MS)
 }, DEADLINE_MS + 30_000)
 
-describe("webgpu kernels reuse their uniforms and bind groups", () => {
+describe("webgpu kernels reuse their uniforms and bind groups", { tags: ["webgpu"] }, () => {
   it("is installed when the webgpu engine loads, and records the kernels", () => {
     expect(r.backend).toBe("webgpu")
     expect(r.installed).toBe(true)

@@ -27,7 +27,7 @@ beforeAll(async () => {
   r = await runWebGpuChild<Result>(CHILD, DEADLINE_MS)
 }, DEADLINE_MS + 30_000)
 
-describe("a GRU cell's gates as webgpu programs", () => {
+describe("a GRU cell's gates as webgpu programs", { tags: ["webgpu"] }, () => {
   it("give the loss and every gradient tfjs-layers' own GRU gives on webgpu and on cpu, both recurrent activations, every step's outputs or the last", () => {
     expect(r.backend).toBe("webgpu")
     expect(r.results).toHaveLength(2)
@@ -44,6 +44,6 @@ describe("a GRU cell's gates as webgpu programs", () => {
   })
 })
 
-describe("a GRU's whole recurrence as one webgpu program each way", () => {
+describe("a GRU's whole recurrence as one webgpu program each way", { tags: ["webgpu"] }, () => {
   wholeSequenceTests("GRU", "every step's outputs or the last, both recurrent activations, 144 units, one step", () => ({ ...r, cases: r.sequence }))
 })

@@ -58,7 +58,7 @@ beforeAll(async () => {
   })
 }, DEADLINE_MS + 30_000)
 
-describe("every tfjs layer trains on the webgpu backend (SwiftShader), with wasm's gradients", () => {
+describe("every tfjs layer trains on the webgpu backend (SwiftShader), with wasm's gradients", { tags: ["webgpu"] }, () => {
   it("ran on the software adapter, with a result for every case", () => {
     expect(adapter?.software, `adapter: ${JSON.stringify(adapter)}`).toBe(true)
     expect(results.size, stderr).toBe(caseNames().length)

@@ -26,6 +26,6 @@ beforeAll(async () => {
   r = await runWebGpuChild<Result>(CHILD, DEADLINE_MS)
 }, DEADLINE_MS + 30_000)
 
-describe("an LSTM's whole recurrence as one webgpu program each way", () => {
+describe("an LSTM's whole recurrence as one webgpu program each way", { tags: ["webgpu"] }, () => {
   wholeSequenceTests("LSTM", "every step's outputs or the last, both recurrent activations, 80 units, one step", () => ({ ...r, cases: r.results }))
 })

@@ -63,7 +63,7 @@ const digitsRun = (name: string, epochs: number, collectiveConfig: Record<string
     datasets: { train, test }
   }).fit()
 
-describe("useGpu workers on the webgpu backend (SwiftShader)", () => {
+describe("useGpu workers on the webgpu backend (SwiftShader)", { tags: ["webgpu"] }, () => {
   it("the probe refuses the software adapter without GRADWIRE_WEBGPU_SOFTWARE=1 and takes it with", async () => {
     process.env.GRADWIRE_WEBGPU_SOFTWARE = "0"
     try {
