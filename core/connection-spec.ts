@@ -279,7 +279,8 @@ export const openConnection = async (spec: ConnectionSpec, name: string, options
     reconnectTimeWaitMs: 250
   }).catch((e: unknown) => {
     const reason = e instanceof NatsConnectError ? e.reason : e instanceof Error ? e.message : String(e)
-    throw new NatsConnectError({ servers: servers.map(redactUrl).join(", "), reason: scrubSecrets(reason, spec) })
+    const credentials = e instanceof NatsConnectError ? e.credentials : undefined
+    throw new NatsConnectError({ servers: servers.map(redactUrl).join(", "), reason: scrubSecrets(reason, spec), ...(credentials !== undefined ? { credentials } : {}) })
   })
   return {
     nc: opened.nc,

@@ -106,10 +106,12 @@ const DEFAULT_MAX_PAYLOAD = 1024 * 1024
 const normalizeServers = (servers: string | ReadonlyArray<string>): string[] =>
   (typeof servers === "string" ? servers.split(",") : [...servers]).map((s) => s.trim()).filter(Boolean)
 
+const hasCredentials = (options: NatsConnectOptions): boolean =>
+  options.user !== undefined || options.token !== undefined || options.nkey !== undefined || options.creds !== undefined
+
 const describeError = (error: unknown, options: NatsConnectOptions, where: string, timeoutMs: number): string => {
-  const hasCreds = options.user !== undefined || options.token !== undefined || options.nkey !== undefined || options.creds !== undefined
   if (error instanceof AuthorizationError) {
-    return hasCreds
+    return hasCredentials(options)
       ? `authorization violation: the server rejected the credentials given (${credentialKind(options)}); check them, ` +
           `or that the server's authorization block expects this kind of credentials`
       : `authorization violation: the server requires credentials: pass user/pass or token (or an nkey seed / creds file) ` +
@@ -145,7 +147,8 @@ export const openNats = async (options: NatsConnectOptions): Promise<NatsHandle 
   installNatsPatches() // pooled socket reads and large-message buffers (nats-internals/README.md); once per process
   const servers = normalizeServers(options.servers)
   const where = servers.join(", ") || "(no servers given)"
-  const fail = (reason: string): NatsConnectError => new NatsConnectError({ servers: where, reason })
+  const fail = (reason: string, credentials?: "refused" | "required"): NatsConnectError =>
+    new NatsConnectError({ servers: where, reason, ...(credentials !== undefined ? { credentials } : {}) })
   if (servers.length === 0) throw fail("no server address given: pass servers, e.g. \"nats://127.0.0.1:4222\"")
   const timeoutMs = options.timeoutMs ?? DEFAULT_CONNECT_TIMEOUT_MS
 
@@ -183,7 +186,7 @@ export const openNats = async (options: NatsConnectOptions): Promise<NatsHandle 
   try {
     nc = await connect(connectOptions)
   } catch (e) {
-    throw fail(describeError(e, options, where, timeoutMs))
+    throw fail(describeError(e, options, where, timeoutMs), e instanceof AuthorizationError ? (hasCredentials(options) ? "refused" : "required") : undefined)
   }
 
   const drainTimeoutMs = options.drainTimeoutMs ?? DEFAULT_DRAIN_TIMEOUT_MS

@@ -78,7 +78,12 @@ export class HeapExhausted extends Schema.TaggedError<HeapExhausted>()("HeapExha
 /** Could not connect to NATS (unreachable, refused, bad credentials). */
 export class NatsConnectError extends Schema.TaggedError<NatsConnectError>()("NatsConnectError", {
   servers: Schema.String,
-  reason: Schema.String
+  reason: Schema.String,
+  /**
+   * Set when the server answered with an authorization violation: "refused" the credentials given,
+   * or "required" credentials that were not given. The reason already says what to do.
+   */
+  credentials: Schema.optionalKey(Schema.Literals(["refused", "required"]))
 }) {
   override get message(): string {
     return `cannot connect to NATS at ${this.servers}: ${this.reason}`

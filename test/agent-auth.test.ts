@@ -30,6 +30,7 @@ describe("auth-enabled NATS", () => {
     const wrong = await rig.cli(["start", "--block", "--address", server.url, "--user", "gw", "--password", "nope", "--state-dir", dir])
     expect(wrong.code).toBe(1)
     expect(wrong.stderr).toContain("refused the credentials")
+    expect(wrong.stderr.match(/check them/g)).toHaveLength(1)
     const status = await rig.cli(["status", "--address", server.url, "--cluster", "test", "--user", "gw", "--password", "pa55", "--json"])
     expect(status.code).toBe(0)
     expect(JSON.parse(status.stdout).nodes.map((x: { nodeId: string }) => x.nodeId)).toEqual(["auth-u"])

@@ -101,8 +101,10 @@ describe("openNats", () => {
     expect(ok.nc.isClosed()).toBe(false)
     const none = await connectError({ servers: server.url })
     expect(none.reason).toMatch(/requires credentials: pass user\/pass or token/)
+    expect(none.credentials).toBe("required")
     const wrong = await connectError({ servers: server.url, user: "trainer", pass: "nope" })
     expect(wrong.reason).toMatch(/rejected the credentials given \(user "trainer"\)/)
+    expect(wrong.credentials).toBe("refused")
   })
 
   it("token server: the right token connects, none or a wrong one is a clear NatsConnectError", async () => {

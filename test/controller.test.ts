@@ -70,11 +70,17 @@ describe("controller: report rounds", () => {
   it("ends interrupted, not errored, on a signal's abort; abort() outside a generation says which end", async () => {
     const a = make({ maxFailures: 3 })
     const g = a.c.begin(2)
-    a.c.fail(undefined, { kind: "config", rank: -1, tag: "Interrupted", message: "SIGINT" })
+    a.c.fail(undefined, { kind: "interrupted", rank: -1, tag: "Interrupted", message: "SIGINT" })
     const o = await g.outcome
     expect(a.c.next(o)).toMatchObject({ action: "fail" })
     expect(a.states()).toEqual(["running", "interrupted"])
     expect(() => a.c.begin(2)).toThrow(/begin\(\) while interrupted/)
+    // A loop's own error that happens to be called "Interrupted" is an error like any other.
+    const own = make({ maxFailures: 0 })
+    const og = own.c.begin(2)
+    own.c.fail(og, { kind: "loop-error", rank: 1, tag: "Interrupted", message: "the loop's own" })
+    expect(own.c.next(await og.outcome)).toMatchObject({ action: "fail" })
+    expect(own.states()).toEqual(["running", "errored"])
 
     const b = make()
     b.c.begin(2)

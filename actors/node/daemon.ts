@@ -71,20 +71,21 @@ export interface StartOptions {
   readonly stateDir: string
 }
 
-/** Whether a connect failure is the server refusing the client's credentials, or their absence. */
-export const refusedCredentials = (e: unknown): boolean =>
-  /authori[sz]ation|authentication|auth/i.test(e instanceof NatsConnectError ? e.reason : e instanceof Error ? e.message : String(e))
+/** Whether a connect failure is the server refusing the client's credentials, or their absence (core/connection.ts says which). */
+export const refusedCredentials = (e: unknown): boolean => e instanceof NatsConnectError && e.credentials !== undefined
 
 /** Turns a connect failure into advice; never shows a secret of `spec`. */
 export const explainConnectError = (spec: ConnectionSpec, e: unknown): AgentError => {
   const address = spec.servers.map(redactUrl).join(",")
   const reason = scrubSecrets(e instanceof NatsConnectError ? e.reason : e instanceof Error ? e.message : String(e), spec)
-  if (refusedCredentials(e)) {
+  if (e instanceof NatsConnectError && e.credentials === "refused") {
     return new AgentError({
-      reason: hasCredentials(spec)
-        ? // (the reason already says to check them: core/connection.ts)
-          `NATS at ${address} refused the credentials given (${credentialKind(spec)}): ${reason}${/check them/i.test(reason) ? "" : ". Check them against the server's authorization block"}`
-        : `NATS at ${address} requires credentials (${reason}): pass --user and --password, --token, --nkey FILE or --creds FILE (or put them in the URL: nats://user:pass@host:4222)`
+      reason: `NATS at ${address} refused the credentials given (${credentialKind(spec)}): check them, or that the server's authorization block expects this kind of credentials`
+    })
+  }
+  if (e instanceof NatsConnectError && e.credentials === "required") {
+    return new AgentError({
+      reason: `NATS at ${address} requires credentials (${reason}): pass --user and --password, --token, --nkey FILE or --creds FILE (or put them in the URL: nats://user:pass@host:4222)`
     })
   }
   return new AgentError({

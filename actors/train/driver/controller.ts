@@ -516,8 +516,7 @@ export class Controller<C = unknown> {
       infrastructureRestartsWithoutProgress: infra ? (progressed ? 0 : this.#infraWithoutProgress) : 0
     })
     if (decision.action === "fail") {
-      // A signal's abort (fit-run.ts: the Interrupted error's tag) ends the run interrupted, not errored.
-      this.#to(failure.rank === -1 && failure.tag === "Interrupted" ? "interrupted" : "errored")
+      this.#to(failure.kind === "interrupted" ? "interrupted" : "errored")
       return { action: "fail", failure, reason: decision.reason }
     }
     if (decision.counted) this.#counted = decision.failuresSoFar

@@ -30,6 +30,8 @@ export type FailureKind =
   | "call-mismatch"
   /** The loop cannot start at all (bad module, bad export, invalid config): not retryable. */
   | "config"
+  /** The driver was stopped (Ctrl-C, SIGTERM): the run ends interrupted, not errored. */
+  | "interrupted"
 
 export interface GroupFailure {
   readonly kind: FailureKind

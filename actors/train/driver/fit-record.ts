@@ -11,7 +11,7 @@ import { PARITY_METRIC, UNPREPARED_HINT, UNPREPARED_METRIC } from "../common/tra
 import type { BusOutage, CheckpointError, CheckpointInfo, Resize, Result } from "./result.ts"
 import type { Incident } from "../common/observe/report-html.ts"
 import type { ProgressPrinter } from "../common/observe/progress.ts"
-import { currentLineage, type RunRecorder } from "../common/observe/run-recorder.ts"
+import { currentLineage, Lineage, type RunRecorder } from "../common/observe/run-recorder.ts"
 import type { JobMonitor } from "./job-monitor.ts"
 import { firstLine } from "../../../core/errors.ts"
 
@@ -69,11 +69,13 @@ export const emptyResult = (dir: string): Result => ({
 })
 
 export class FitRecord {
-  /** The run's report rounds of its current lineage (a round made again after a restart replaces those from it on). */
-  readonly history: Array<Record<string, unknown>> = []
-  readonly #perRank: Array<Array<Record<string, unknown>>> = []
-  /** The report number of each row of history. */
-  readonly #reports: number[] = []
+  /** The run's report rounds of its current lineage (a round made again after a restart replaces those from it on): rank 0's metrics and every rank's. */
+  readonly #rounds = new Lineage<{ readonly rank0: Record<string, unknown>; readonly perRank: ReadonlyArray<Record<string, unknown>> }>()
+
+  /** Rank 0's metrics of each report round of the current lineage. */
+  get history(): Array<Record<string, unknown>> {
+    return this.#rounds.rows.map((r) => r.rank0)
+  }
   /**
    * The run's report number of the current generation's round 0: 0 for a fresh start, the
    * checkpoint's report + 1 for a generation (or a rerun) resuming one; a regroup keeps it
@@ -190,14 +192,7 @@ export class FitRecord {
   round(round: CompletedRound<unknown>): void {
     const { metrics } = round
     const index = this.reportBase + round.index
-    while (this.#reports.length > 0 && this.#reports.at(-1)! >= index) {
-      this.#reports.pop()
-      this.history.pop()
-      this.#perRank.pop()
-    }
-    this.#reports.push(index)
-    this.history.push(metrics[0])
-    this.#perRank.push([...metrics])
+    this.#rounds.add(index, { rank0: metrics[0], perRank: [...metrics] })
     this.recorder.metrics(index, metrics[0], metrics, round.attempt)
     this.monitor?.report(index, round.attempt, metrics[0], metrics)
     this.refreshReport(false)
@@ -238,9 +233,7 @@ export class FitRecord {
     const ranksOf = new Map(currentLineage(perRank, (r) => r.report).map((r) => [r.report, r.ranks]))
     for (const r of earlier) {
       const { report, time: _time, ...m } = r
-      this.#reports.push(Number(report))
-      this.history.push(m)
-      this.#perRank.push([...(ranksOf.get(Number(report)) ?? [m])])
+      this.#rounds.add(Number(report), { rank0: m, perRank: [...(ranksOf.get(Number(report)) ?? [m])] })
     }
     this.recorder.seed(earlier)
   }
@@ -306,7 +299,7 @@ export class FitRecord {
     return {
       metrics: this.history.at(-1),
       metricsHistory: this.history,
-      metricsPerRank: this.#perRank,
+      metricsPerRank: this.#rounds.rows.map((r) => [...r.perRank]),
       checkpoint: latest ? info(latest) : undefined,
       bestCheckpoints: store.best().map(info),
       path: this.#cfg.runDir,

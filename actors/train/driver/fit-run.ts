@@ -260,7 +260,7 @@ export class FitRun {
   readonly #abort = (e: Error): void => {
     if (this.abortError) return
     this.abortError = e
-    this.controller.fail(undefined, { kind: "config", rank: -1, tag: (e as { _tag?: string })._tag ?? e.name, message: e.message })
+    this.controller.fail(undefined, { kind: e instanceof Interrupted ? "interrupted" : "config", rank: -1, tag: (e as { _tag?: string })._tag ?? e.name, message: e.message })
     this.#rejectAborted(e)
   }
 

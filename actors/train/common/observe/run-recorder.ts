@@ -14,19 +14,37 @@ import { TensorBoardWriter } from "./tensorboard.ts"
 import { threadName, type TraceEvent } from "./timeline.ts"
 
 /**
- * The rows of a run's current lineage, from rows in the order they were written, each with its
- * report number: a row of report n supersedes every earlier row of report n or later (a restart from
- * a checkpoint, or a rerun resuming one, makes those rounds again). What is left counts 0, 1, 2, ...
- * up to the latest round, once each: the rounds the final weights descend from.
+ * A run's current lineage, built row by row in the order rows were written, each with its report
+ * number: a row of report n supersedes every earlier row of report n or later (a restart from a
+ * checkpoint, or a rerun resuming one, makes those rounds again). What is kept counts 0, 1, 2, ...
+ * up to the latest round, once each: the rounds the final weights descend from. The one place
+ * this rule is written: the driver's history (fit-record.ts), metrics.csv and report.html (the
+ * recorder) and loadResult (result-files.ts) all keep their rows in one.
  */
-export const currentLineage = <R>(rows: ReadonlyArray<R>, reportOf: (row: R) => number): R[] => {
-  const out: R[] = []
-  for (const r of rows) {
-    const n = reportOf(r)
-    while (out.length > 0 && reportOf(out[out.length - 1]!) >= n) out.pop()
-    out.push(r)
+export class Lineage<R> {
+  readonly #rows: R[] = []
+  readonly #reports: number[] = []
+
+  /** The rows kept, oldest first (the live list: it changes as rows are added). */
+  get rows(): ReadonlyArray<R> {
+    return this.#rows
   }
-  return out
+
+  add(report: number, row: R): void {
+    while (this.#reports.length > 0 && this.#reports.at(-1)! >= report) {
+      this.#reports.pop()
+      this.#rows.pop()
+    }
+    this.#reports.push(report)
+    this.#rows.push(row)
+  }
+}
+
+/** The current lineage of `rows` (in the order they were written), by each one's report number. */
+export const currentLineage = <R>(rows: ReadonlyArray<R>, reportOf: (row: R) => number): R[] => {
+  const lineage = new Lineage<R>()
+  for (const r of rows) lineage.add(reportOf(r), r)
+  return [...lineage.rows]
 }
 
 /** A JSON.stringify replacer writing a bigint as its digits, as config.json holds a run's config (progress.ts compares with it). */
@@ -69,8 +87,8 @@ export class RunRecorder {
   readonly #events: fs.WriteStream
   readonly #logs = new Map<string, fs.WriteStream>()
   readonly #trace: TraceEvent[] = []
-  readonly #rows: Array<Record<string, unknown>> = []
-  readonly #attempts: number[] = []
+  /** metrics.csv's rows and report.html's attempt of each, of the current lineage. */
+  readonly #rows = new Lineage<{ readonly row: Record<string, unknown>; readonly attempt: number }>()
   #steps: StepTime[] = []
   readonly #rates = new Map<number, { samples: number; at: number; points: Array<[number, number | null]> }>()
   /** Step-time sums since the last report, for TensorBoard. */
@@ -114,10 +132,7 @@ export class RunRecorder {
    * (metrics.jsonl's current lineage), shown in metrics.csv and report.html before this run's.
    */
   seed(rows: ReadonlyArray<Record<string, unknown>>): void {
-    for (const r of rows) {
-      this.#rows.push(r)
-      this.#attempts.push(EARLIER_RUN)
-    }
+    for (const row of rows) this.#rows.add(Number(row.report), { row, attempt: EARLIER_RUN })
   }
 
   /**
@@ -127,12 +142,7 @@ export class RunRecorder {
    */
   metrics(index: number, rank0: Record<string, unknown>, perRank: ReadonlyArray<Record<string, unknown>>, attempt = 0): void {
     const row = { report: index, time: new Date().toISOString(), ...rank0 }
-    while (this.#rows.length > 0 && Number(this.#rows.at(-1)!.report) >= index) {
-      this.#rows.pop()
-      this.#attempts.pop()
-    }
-    this.#rows.push(row)
-    this.#attempts.push(attempt)
+    this.#rows.add(index, { row, attempt })
     this.#metrics.write(`${JSON.stringify(row)}\n`)
     this.#perRank.write(`${JSON.stringify({ report: index, ranks: perRank })}\n`)
     const w = this.#window
@@ -239,8 +249,9 @@ export class RunRecorder {
   }
 
   async #write(summary: RunSummary, final: boolean): Promise<void> {
-    const keys = [...new Set(this.#rows.flatMap((r) => Object.keys(r)))]
-    const csv = [keys.join(","), ...this.#rows.map((r) => keys.map((k) => csvCell(r[k])).join(","))].join("\n")
+    const rows = this.#rows.rows.map((r) => r.row)
+    const keys = [...new Set(rows.flatMap((r) => Object.keys(r)))]
+    const csv = [keys.join(","), ...rows.map((r) => keys.map((k) => csvCell(r[k])).join(","))].join("\n")
     const at = new Date().toISOString()
     const state = summary.state ?? (final ? (summary.error ? "failed" : "finished") : "running")
     await writeFileAtomic(path.join(this.dir, "metrics.csv"), `${csv}\n`)
@@ -271,7 +282,7 @@ export class RunRecorder {
         error: summary.error,
         restarts: summary.restarts,
         history: summary.history,
-        attempts: this.#attempts,
+        attempts: this.#rows.rows.map((r) => r.attempt),
         steps: this.#steps,
         throughput: this.#throughput(),
         links: this.#links(),
