@@ -12,7 +12,7 @@ import { loadResult, readJsonLines } from "../actors/train/driver/result-files.t
 import { currentLineage, RunRecorder } from "../actors/train/common/observe/run-recorder.ts"
 import { ProgressPrinter } from "../actors/train/common/observe/progress.ts"
 import { loopMetadata, runFactsOf, RUN_FACTS_KEY } from "../actors/train/common/train-protocol.ts"
-import { decodeEvent, readTfRecords } from "../actors/train/common/observe/tensorboard.ts"
+import { decodeEvent, readTfRecords, type DecodedEvent } from "../actors/train/common/observe/tensorboard.ts"
 
 let dir: string
 beforeAll(() => {
@@ -35,6 +35,16 @@ const round = (attempt: number, index: number, epoch: number) => ({
   aux: {}
 })
 
+/** The loss steps TensorBoard shows: its reader drops the points at a SessionLog START's step and later (purge_orphaned_data). */
+const tensorBoardSees = (events: ReadonlyArray<DecodedEvent>): number[] => {
+  let kept: number[] = []
+  for (const e of events) {
+    if (e.sessionStatus === 1) kept = kept.filter((step) => step < e.step)
+    else if (e.scalars.some((s) => s.tag === "loss")) kept.push(e.step)
+  }
+  return kept
+}
+
 const csvRows = (runDir: string) =>
   fs
     .readFileSync(path.join(runDir, "metrics.csv"), "utf8")
@@ -47,9 +57,10 @@ describe("a run's history", () => {
   it("keeps the rows the final weights descend from: a restart's rounds replace the first attempt's from the checkpoint on", async () => {
     const runDir = path.join(dir, "restarted")
     const record = await open(runDir)
+    record.startsAt(0)
     for (let i = 0; i < 4; i++) record.round(round(0, i, i))
     // The restart resumes the checkpoint of report 1: its round 0 is report 2.
-    record.reportBase = 2
+    record.startsAt(2)
     for (let i = 0; i < 3; i++) record.round(round(1, i, i + 2))
     expect(record.history.map((m) => [m.epoch, m.made])).toEqual([
       [0, "a0"],
@@ -75,13 +86,14 @@ describe("a run's history", () => {
     const csv = csvRows(runDir)
     expect(csv.map((c) => c[0])).toEqual(["0", "1", "2", "3", "4"])
     expect(csv.slice(2).every((c) => c.includes("a1"))).toBe(true)
-    // TensorBoard's steps are the report numbers (the restart's rounds write steps 2-4 again).
+    // TensorBoard's steps are the report numbers (the restart's rounds write steps 2-4 again),
+    // after a SessionLog START at step 2, so TensorBoard drops the first attempt's points 2 and 3.
     const tb = fs.readdirSync(runDir).find((f) => f.startsWith("events.out.tfevents."))!
-    const steps = readTfRecords(new Uint8Array(fs.readFileSync(path.join(runDir, tb))))
-      .map(decodeEvent)
-      .filter((e) => e.scalars.some((s) => s.tag === "loss"))
-      .map((e) => e.step)
-    expect(steps).toEqual([0, 1, 2, 3, 2, 3, 4])
+    const events = readTfRecords(new Uint8Array(fs.readFileSync(path.join(runDir, tb)))).map(decodeEvent)
+    const losses = events.filter((e) => e.scalars.some((s) => s.tag === "loss"))
+    expect(losses.map((e) => e.step)).toEqual([0, 1, 2, 3, 2, 3, 4])
+    expect(events.filter((e) => e.sessionStatus === 1).map((e) => e.step)).toEqual([0, 2])
+    expect(tensorBoardSees(events)).toEqual([0, 1, 2, 3, 4])
     const back = await loadResult(runDir)
     expect(back.metricsHistory).toEqual(result.metricsHistory)
     expect(back.metricsPerRank).toEqual(result.metricsPerRank)
@@ -97,7 +109,7 @@ describe("a run's history", () => {
     const second = await open(runDir)
     const perRank = (await readJsonLines(path.join(runDir, "metrics_per_rank.jsonl"))).map((r) => ({ report: Number(r.report), ranks: r.ranks as Array<Record<string, unknown>> }))
     second.seed(await readJsonLines(path.join(runDir, "metrics.jsonl")), perRank, 3)
-    second.reportBase = 3
+    second.startsAt(3)
     for (let i = 0; i < 3; i++) second.round({ ...round(0, i, i + 3), metrics: round(0, i, i + 3).metrics.map((m) => ({ ...m, made: "rerun" })) })
     const result = await second.result({ location: undefined, latest: () => undefined, best: () => [] } as never, "finished", undefined, 0)
     await second.recorder.close()
@@ -114,6 +126,13 @@ describe("a run's history", () => {
     const reports = (await readJsonLines(path.join(runDir, "metrics.jsonl"))).map((r) => r.report)
     expect(reports).toEqual([0, 1, 2, 3, 4, 3, 4, 5])
     expect(csvRows(runDir).map((c) => c[0])).toEqual(["0", "1", "2", "3", "4", "5"])
+    // TensorBoard reads the run directory's event files in name order: the rerun's START at 3 drops the first fit()'s 3 and 4.
+    const events = fs
+      .readdirSync(runDir)
+      .filter((f) => f.startsWith("events.out.tfevents."))
+      .sort()
+      .flatMap((f) => readTfRecords(new Uint8Array(fs.readFileSync(path.join(runDir, f)))).map(decodeEvent))
+    expect(tensorBoardSees(events)).toEqual([0, 1, 2, 3, 4, 5])
     // report.html marks where this fit() resumed.
     expect(fs.readFileSync(path.join(runDir, "report.html"), "utf8")).toContain('"label":"resumed"')
     expect((await loadResult(runDir)).metricsHistory).toEqual(result.metricsHistory)

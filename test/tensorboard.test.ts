@@ -12,6 +12,7 @@ import {
   fileVersionEvent,
   maskedCrc32c,
   readTfRecords,
+  restartEvent,
   scalarsEvent,
   tfRecord
 } from "../actors/train/common/observe/tensorboard.ts"
@@ -62,6 +63,10 @@ describe("TensorBoard event files", () => {
     expect([...ev]).toEqual([0x09, 0, 0, 0, 0, 0, 0, 0, 0x40, 0x10, 0xac, 0x02, 0x2a, 10, 0x0a, 8, 0x0a, 1, 0x61, 0x15, 0, 0, 0, 0x3f])
     expect(decodeEvent(ev)).toEqual({ wallTime: 2, step: 300, scalars: [{ tag: "a", value: 0.5 }] })
     expect(decodeEvent(fileVersionEvent(3)).fileVersion).toBe("brain.Event:2")
+    // step 7; session_log (field 7, length-delimited) { status START (field 1, varint 1) }: TensorBoard's restart mark
+    const restart = restartEvent(2, 7)
+    expect([...restart]).toEqual([0x09, 0, 0, 0, 0, 0, 0, 0, 0x40, 0x10, 7, 0x3a, 2, 0x08, 1])
+    expect(decodeEvent(restart)).toEqual({ wallTime: 2, step: 7, sessionStatus: 1, scalars: [] })
   })
 
   it("writes a run's report rounds as scalars next to metrics.jsonl", async () => {

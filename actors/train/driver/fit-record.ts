@@ -79,9 +79,19 @@ export class FitRecord {
   /**
    * The run's report number of the current generation's round 0: 0 for a fresh start, the
    * checkpoint's report + 1 for a generation (or a rerun) resuming one; a regroup keeps it
-   * (fit-run.ts sets it as each generation starts).
+   * (startsAt, as each generation starts).
    */
-  reportBase = 0
+  #reportBase = 0
+
+  get reportBase(): number {
+    return this.#reportBase
+  }
+
+  /** A generation starts afresh with its round 0 at report `report`: the rounds from it on are made again. */
+  startsAt(report: number): void {
+    this.#reportBase = report
+    this.recorder.restartAt(report)
+  }
   readonly resizes: Resize[] = []
   readonly checkpointErrors: CheckpointError[] = []
   readonly busOutages: BusOutage[] = []
@@ -191,7 +201,7 @@ export class FitRecord {
   /** A completed report round: history, metrics.csv, the monitor, the progress line, a parity repair, onReport. */
   round(round: CompletedRound<unknown>): void {
     const { metrics } = round
-    const index = this.reportBase + round.index
+    const index = this.#reportBase + round.index
     this.#rounds.add(index, { rank0: metrics[0], perRank: [...metrics] })
     this.recorder.metrics(index, metrics[0], metrics, round.attempt)
     this.monitor?.report(index, round.attempt, metrics[0], metrics)

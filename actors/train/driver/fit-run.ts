@@ -700,7 +700,7 @@ export class FitRun {
     const generation = this.controller.begin(plan.ranks.length)
     // Its rounds are counted on from the checkpoint's report (a checkpoint from elsewhere starts a new history at 0).
     const from = this.#resumePath !== undefined ? this.#reportOf.get(this.#resumePath) : undefined
-    this.record.reportBase = from !== undefined ? from + 1 : 0
+    this.record.startsAt(from !== undefined ? from + 1 : 0)
     this.record.noteSize(generation.number, plan.ranks.length)
     this.progress.start(generation.number, plan.ranks.length)
     // A fresh lineage: report and operation counts start again from this checkpoint.

@@ -136,6 +136,15 @@ export class RunRecorder {
   }
 
   /**
+   * A generation starts afresh at report `index` (a restart from a checkpoint, or a rerun resuming
+   * one): the rounds from `index` on are made again, so TensorBoard drops its earlier points of
+   * them (metrics.csv and report.html drop the earlier rows as the new ones come).
+   */
+  restartAt(index: number): void {
+    this.#tb?.restartAt(index)
+  }
+
+  /**
    * Report round `index` (the run's report number) completed. metrics.jsonl gets every row;
    * metrics.csv and report.html the current lineage (a round made again after a restart replaces
    * the rows from it on).

@@ -3,8 +3,12 @@
 // tensorflow.Event protobuf. No maintained JavaScript writer exists, and the format is small:
 //   TFRecord: uint64 length, uint32 masked CRC32C of the length, the bytes, uint32 masked CRC32C
 //   of the bytes (little-endian; mask = rotate right by 15, plus 0xa282ead8).
-//   Event: wall_time (1, double), step (2, int64), file_version (3, string) | summary (5, Summary).
+//   Event: wall_time (1, double), step (2, int64), file_version (3, string) | summary (5, Summary)
+//   | session_log (7, SessionLog).
 //   Summary: value (1, repeated Value); Value: tag (1, string), simple_value (2, float).
+//   SessionLog: status (1, enum; START = 1). TensorBoard drops the points of a run at that step
+//   and later when it reads a START (a restart makes those steps again): PyTorch's
+//   SummaryWriter(purge_step=N) writes the same event.
 // The first record says file_version "brain.Event:2", as TensorFlow's writers do. The reader here
 // (readTfRecords, decodeEvent) is what the tests check the writer with.
 import * as fs from "node:fs"
@@ -98,10 +102,16 @@ export const scalarsEvent = (wallTime: number, step: number, scalars: ReadonlyAr
   return new Uint8Array([...double(1, wallTime), ...key(2, 0), ...varint(Math.max(0, Math.trunc(step))), ...lengthDelimited(5, values)])
 }
 
+/** A serialized Event holding SessionLog START at `step`: TensorBoard drops the run's points at `step` and later read before it. */
+export const restartEvent = (wallTime: number, step: number): Uint8Array =>
+  new Uint8Array([...double(1, wallTime), ...key(2, 0), ...varint(Math.max(0, Math.trunc(step))), ...lengthDelimited(7, [...key(1, 0), ...varint(1)])])
+
 export interface DecodedEvent {
   wallTime: number
   step: number
   fileVersion?: string
+  /** SessionLog's status (1 = START), when the event holds one. */
+  sessionStatus?: number
   scalars: Array<{ tag: string; value: number }>
 }
 
@@ -147,6 +157,9 @@ export const decodeEvent = (bytes: Uint8Array): DecodedEvent => {
     if (f.field === 1 && f.wire === 1) ev.wallTime = f.value as number
     else if (f.field === 2 && f.wire === 0) ev.step = Number(f.value)
     else if (f.field === 3 && f.wire === 2) ev.fileVersion = text.decode(f.value as Uint8Array)
+    else if (f.field === 7 && f.wire === 2) {
+      for (const x of fields(f.value as Uint8Array)) if (x.field === 1 && x.wire === 0) ev.sessionStatus = Number(x.value)
+    }
     else if (f.field === 5 && f.wire === 2) {
       for (const v of fields(f.value as Uint8Array)) {
         if (v.field !== 1 || v.wire !== 2) continue
@@ -192,6 +205,11 @@ export class TensorBoardWriter {
       .filter(([, v]) => typeof v === "number" && Number.isFinite(v))
       .map(([k, v]) => [tagOf(prefix + k), v as number] as const)
     if (list.length) this.#write(scalarsEvent(now / 1000, step, list))
+  }
+
+  /** The rounds from `step` on are made again (a restart from a checkpoint): TensorBoard drops the points it read of them before. */
+  restartAt(step: number, now = Date.now()): void {
+    this.#write(restartEvent(now / 1000, step))
   }
 
   close(): void {
