@@ -66,7 +66,7 @@ describe("examples/multi-node/local-cluster.ts", () => {
     const r = await runScript("examples/multi-node/local-cluster.ts", ["--epochs", "50", "--storage", storage], {
       timeoutMs: 150_000,
       onOutput: (out, kill) => {
-        if (!sent && /report 1:/.test(out)) {
+        if (!sent && /report 0:/.test(out)) {
           sent = true
           kill("SIGINT")
         }

@@ -44,6 +44,9 @@ describe("progress lines", () => {
     on.p.warn("gradwire: w")
     on.p.output("(worker rank=0) o")
     expect(on.lines).toEqual(["gradwire: w\n", "(worker rank=0) o\n"])
+    // a report round is numbered as metrics.jsonl's `report` and TensorBoard's step number it
+    on.p.report(0, { loss: 0.5, epoch: 0 })
+    expect(on.lines.at(-1)).toBe("report 0: loss=0.5000  epoch=0\n")
   })
 
 

@@ -157,7 +157,7 @@ export class ProgressPrinter {
     const parts = Object.entries(metrics)
       .filter(([, v]) => typeof v === "number" || typeof v === "string")
       .map(([k, v]) => `${k}=${fmt(v)}`)
-    this.line(`report ${index + 1}: ${parts.join("  ")}`)
+    this.line(`report ${index}: ${parts.join("  ")}`)
   }
 
   line(text: string): void {
