@@ -20,12 +20,12 @@ afterAll(async () => {
   expect(liveNatsServerPids()).toEqual([])
 })
 
-const fit = (mode: string, epochs: number, maxFailures = 0) =>
+const fit = (mode: string, epochs: number, maxFailures = 0, name = `report-${mode}`) =>
   new Trainer({
     trainLoopPerWorker: LOOP,
     trainLoopConfig: { mode, epochs },
     scalingConfig: { numWorkers: 2 },
-    runConfig: { name: `report-${mode}`, storagePath: storage, progress: false, failureConfig: { maxFailures } }
+    runConfig: { name, storagePath: storage, progress: false, failureConfig: { maxFailures } }
   }).fit()
 
 /** A run expected to fail: its TrainingFailed. */
@@ -55,6 +55,20 @@ describe("report()", () => {
     const e = await failure("vector", 2)
     expect(e.kind).toBe("config")
     expect(e.message).toMatch(/report\(metrics\)\.losses.*is a tensor of shape \[3\]/)
+  })
+
+  it("refuses a metric named as a field of metrics.jsonl's rows (report, attempt, time), and the rows say their attempt", { timeout: 60_000 }, async () => {
+    const e = await failure("reserved", 2)
+    expect(e.kind).toBe("config")
+    expect(e.message).toMatch(/report\(metrics\)\.time.*"time" is a name the run's files keep for themselves.*rename the metric, e\.g\. "train_time"/)
+    expect(e.result.restarts).toBe(0)
+    const r = await fit("scalar", 2, 0, "report-attempts")
+    const rows = (await fs.readFile(path.join(r.path, "metrics.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>)
+    expect(rows.map((row) => [row.report, row.attempt])).toEqual([
+      [0, 0],
+      [1, 0]
+    ])
+    expect("attempt" in r.metrics!).toBe(false)
   })
 
   it("a dataset the Trainer was not given fails the run as a ConfigError at once, not retried as a loop error", { timeout: 60_000 }, async () => {

@@ -6,10 +6,10 @@
 // rows of 5 features where the model takes 4 (tfjs-layers refuses the shape), `"keras-shape"` the
 // same through the model's own fit(), `"op-shape"` multiplies matrices whose shapes do not fit
 // (tfjs-core refuses them); `"accumulated"` ends with two batches added by trainStep({ accumulate:
-// true }) that no update applies.
+// true }) that no update applies; `"reserved"` reports a metric named `time`, a name metrics.jsonl's rows keep.
 import type { TrainContext } from "../../index.ts"
 
-export async function reportLoop(config: { mode: "scalar" | "vector" | "unawaited" | "no-dataset" | "no-await" | "shape" | "keras-shape" | "op-shape" | "accumulated"; epochs: number }, ctx: TrainContext): Promise<void> {
+export async function reportLoop(config: { mode: "scalar" | "vector" | "unawaited" | "no-dataset" | "no-await" | "shape" | "keras-shape" | "op-shape" | "accumulated" | "reserved"; epochs: number }, ctx: TrainContext): Promise<void> {
   const tf = ctx.tf
   if (config.mode === "no-dataset") await ctx.getDatasetShard("train")
   const model = tf.sequential({ layers: [tf.layers.dense({ units: 3, inputShape: [4], activation: "softmax" })] })
@@ -28,7 +28,8 @@ export async function reportLoop(config: { mode: "scalar" | "vector" | "unawaite
     else if (config.mode === "accumulated") {
       await ctx.report({ epoch, loss })
       if (epoch === config.epochs - 1) for (let i = 0; i < 2; i++) await dp.trainStep(x, y, { accumulate: true })
-    } else if (config.mode === "vector") await ctx.report({ epoch, losses: tf.tensor1d([loss, loss, loss]) })
+    } else if (config.mode === "reserved") await ctx.report({ epoch, loss, time: 1.5 })
+    else if (config.mode === "vector") await ctx.report({ epoch, losses: tf.tensor1d([loss, loss, loss]) })
     else {
       // two reports, not awaited (the second waits for the first), their tensors disposed at once
       const l = tf.scalar(loss)

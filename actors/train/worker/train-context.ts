@@ -238,6 +238,15 @@ export class TrainContext {
     if (typeof metrics !== "object" || metrics === null || Array.isArray(metrics)) {
       return Promise.reject(new ConfigError({ field: "report(metrics)", reason: "metrics must be a plain object such as { loss: 0.1, epoch: 2 }" }))
     }
+    const reserved = RESERVED_METRICS.find((k) => k in metrics)
+    if (reserved !== undefined) {
+      return Promise.reject(
+        new ConfigError({
+          field: `report(metrics).${reserved}`,
+          reason: `"${reserved}" is a name the run's files keep for themselves (metrics.jsonl's report number, attempt and time of each row): rename the metric, e.g. "train_${reserved}"`
+        })
+      )
+    }
     const session = this.#deps.session
     const index = session.reports
     // Counted now, where the loop called it (its next steps count from here), awaited or not.
@@ -802,6 +811,9 @@ const metricValues = async (metrics: Record<string, unknown>): Promise<Record<st
  * called: the loop may dispose its own tensor before a report it did not await reads it.
  * metricValues reads and disposes the clones.
  */
+/** Metric names metrics.jsonl's rows use for their own fields (run-recorder.ts): a loop's metric of that name would be lost or, for `report`, break the run's history. */
+const RESERVED_METRICS = ["report", "attempt", "time"] as const
+
 const heldMetrics = (metrics: Record<string, unknown>): Record<string, unknown> => {
   if (!Object.values(metrics).some(isTensor)) return metrics
   return Object.fromEntries(Object.entries(metrics).map(([k, v]) => [k, isTensor(v) ? v.clone() : v]))

@@ -150,10 +150,11 @@ export class RunRecorder {
    * the rows from it on).
    */
   metrics(index: number, rank0: Record<string, unknown>, perRank: ReadonlyArray<Record<string, unknown>>, attempt = 0): void {
-    const row = { report: index, time: new Date().toISOString(), ...rank0 }
+    // (report, attempt and time are names a loop cannot report: train-context.ts)
+    const row = { report: index, attempt, time: new Date().toISOString(), ...rank0 }
     this.#rows.add(index, { row, attempt })
     this.#metrics.write(`${JSON.stringify(row)}\n`)
-    this.#perRank.write(`${JSON.stringify({ report: index, ranks: perRank })}\n`)
+    this.#perRank.write(`${JSON.stringify({ report: index, attempt, ranks: perRank })}\n`)
     const w = this.#window
     let rate = 0
     for (const r of this.#rates.values()) rate += r.points.at(-1)?.[1] ?? 0
