@@ -77,6 +77,11 @@ describe("elastic sizing (pure)", () => {
     const b = nodeAd({ nodeId: "b", gpus, backends: ["webgpu", "wasm"], used: usageOfProcesses(tenths), processes: tenths })
     const table = formatClusterTable({ cluster: "c", address: "nats://127.0.0.1:4222", source: "agents", nodes: [report(b, "alive", 0)], totals: { total: {}, used: {} } })
     expect(table).toMatch(/ 0\.3\/2 H200 /)
+    // a dead node's last advertisement is not what it holds now: its use and actors are not shown, nor counted
+    const gone = formatClusterTable({ cluster: "c", address: "nats://127.0.0.1:4222", source: "head-view", nodes: [report(b, "dead", 0)], totals: { total: {}, used: {} } })
+    const row = gone.split("\n").find((l) => l.startsWith("b "))!
+    expect(row).toMatch(/^b +dead .* -\/2 H200 /)
+    expect(row.split(/ {2,}/)[8]).toBe("-")
   })
 
   it("idle() drops usage, so a request the cluster could never hold is told apart from a busy cluster", () => {

@@ -201,19 +201,25 @@ export const formatClusterTable = (r: ClusterReport): string => {
     return `cluster "${r.cluster}" at ${r.address}: no nodes. Start an agent with "gradwire start --head" (or "gradwire start --address ${r.address}").`
   }
   const header = ["NODE", "STATE", "HOST", "CPU", "MEMORY", "GPU", "BACKENDS", "NATS SERVER", "ACTORS", "LABELS", "SEEN"]
-  const rows = r.nodes.map((n) => [
-    `${n.nodeId}${n.head ? " (head)" : ""}`,
-    n.state,
-    n.hostname,
-    `${fmtAmount("CPU", n.resources.used.CPU ?? 0)}/${fmtAmount("CPU", n.resources.total.CPU ?? 0)}`,
-    `${formatBytes(n.resources.used.memory ?? 0)}/${formatBytes(n.resources.total.memory ?? 0)}`,
-    `${fmtAmount("GPU", n.resources.used.GPU ?? 0)}/${n.resources.total.GPU ?? 0}${n.gpus.length ? ` ${[...new Set(n.gpus.map((g) => g.name))].join(",")}` : ""}`,
-    n.backendsProbed ? n.backends.join(",") || "none" : "probing…",
-    n.nats.serverName || n.nats.serverId.slice(0, 8),
-    String(n.processes.length),
-    Object.entries(n.labels).map(([k, v]) => `${k}=${v}`).join(",") || "-",
-    fmtAgo(n.lastSeenMsAgo)
-  ])
+  // A dead or departed node's last advertisement says what it held then, not now: its processes
+  // are gone with it (or being stopped), so neither its use nor its actors are shown.
+  const rows = r.nodes.map((n) => {
+    const live = n.state === "alive"
+    const used = (text: string): string => (live ? text : "-")
+    return [
+      `${n.nodeId}${n.head ? " (head)" : ""}`,
+      n.state,
+      n.hostname,
+      `${used(fmtAmount("CPU", n.resources.used.CPU ?? 0))}/${fmtAmount("CPU", n.resources.total.CPU ?? 0)}`,
+      `${used(formatBytes(n.resources.used.memory ?? 0))}/${formatBytes(n.resources.total.memory ?? 0)}`,
+      `${used(fmtAmount("GPU", n.resources.used.GPU ?? 0))}/${n.resources.total.GPU ?? 0}${n.gpus.length ? ` ${[...new Set(n.gpus.map((g) => g.name))].join(",")}` : ""}`,
+      n.backendsProbed ? n.backends.join(",") || "none" : "probing…",
+      n.nats.serverName || n.nats.serverId.slice(0, 8),
+      used(String(n.processes.length)),
+      Object.entries(n.labels).map(([k, v]) => `${k}=${v}`).join(",") || "-",
+      fmtAgo(n.lastSeenMsAgo)
+    ]
+  })
   const widths = header.map((h, i) => Math.max(h.length, ...rows.map((row) => row[i].length)))
   const line = (cells: string[]): string => cells.map((c, i) => c.padEnd(widths[i])).join("  ").trimEnd()
   const keys = [...new Set([...Object.keys(r.totals.total), ...Object.keys(r.totals.used)])]
