@@ -3,6 +3,7 @@
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
+import { pathToFileURL } from "node:url"
 import { parseArgs, type ParseArgsConfig } from "node:util"
 import { describeLocalAgent, queryCluster, formatClusterTable } from "../actors/node/cluster-status.ts"
 import { checkAuth, connectionFromAddress, describeConnection, hasCredentials, openConnection, type ConnectionAuth, type ConnectionSpec } from "../core/connection-spec.ts"
@@ -712,6 +713,18 @@ const train = async (flags: Flags, args: string[]): Promise<number> => {
   const hash = loop.lastIndexOf("#")
   const file = path.resolve(loop.slice(0, hash))
   if (!fs.existsSync(file)) throw new UsageError(`gradwire train: ${file} does not exist`)
+  // The export is checked here, before any worker starts to fail on it: the file is imported once
+  // in this process too. One that does not import here (a package only the workers' machines have)
+  // is left to the workers, which say what is wrong with it.
+  const exported = loop.slice(hash + 1)
+  const mod = await import(pathToFileURL(file).href).then(
+    (m: Record<string, unknown>) => m,
+    () => undefined
+  )
+  if (mod !== undefined && typeof mod[exported] !== "function") {
+    const fns = Object.keys(mod).filter((k) => typeof mod[k] === "function")
+    throw new UsageError(`gradwire train: export "${exported}" of ${file} is not a function; functions it exports: ${fns.join(", ") || "none"}`)
+  }
   const workers = number("workers", flags.workers, 1) ?? 1
   if (!Number.isInteger(workers)) throw new UsageError(`--workers must be a whole number, got ${flags.workers}`)
   const maxFailures = number("max-failures", flags["max-failures"], -1)
@@ -732,7 +745,7 @@ const train = async (flags: Flags, args: string[]): Promise<number> => {
   }
   const port = number("port", flags.port, 0)
   return runTrainer({
-    trainLoopPerWorker: `${file}#${loop.slice(hash + 1)}`,
+    trainLoopPerWorker: `${file}#${exported}`,
     trainLoopConfig: loopConfig(flags.config),
     scalingConfig: { numWorkers: workers, ...(flags.gpu ? { useGpu: true } : {}) },
     runConfig: {

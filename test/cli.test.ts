@@ -162,6 +162,11 @@ describe("gradwire CLI", () => {
     expect(negative.code).toBe(2)
     expect(negative.stderr).not.toContain("ambiguous")
     expect(negative.stderr).toContain("none.ts does not exist")
+    // An export the file does not have is said before any cluster or worker starts.
+    const noExport = await rig.cli(["train", "test/support/launch-loop.ts#nope", "--workers", "2", "--storage-path", dir], env)
+    expect(noExport.code).toBe(2)
+    expect(noExport.stderr).toMatch(/export "nope" of .*launch-loop\.ts is not a function; functions it exports: launchLoop/)
+    expect(noExport.stdout + noExport.stderr).not.toContain("run directory")
     const fewer = await rig.cli(["train", "test/support/launch-loop.ts#launchLoop", "--workers", "-2"], env)
     expect(fewer.code).toBe(2)
     expect(fewer.stderr).toContain('--workers must be a number >= 1, got "-2"')
