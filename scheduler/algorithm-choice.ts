@@ -129,6 +129,8 @@ export interface CommunicationPlan {
     readonly chosen: string
     readonly candidates: readonly CompressionCandidate[]
     readonly reason: string
+    /** A short word for the printed line: a codec asked for that saves little of a measured step. */
+    readonly note?: string
   }
   /** What runs: per bucket the algorithm ('allgather' for sparse compressors) at the chosen compression. */
   readonly schedule: readonly { readonly bytes: number; readonly wireBytes: number; readonly algorithm: string }[]
@@ -157,6 +159,9 @@ const evaluateCompressor = (c: CompressorProfile, req: CommunicationRequest): Co
   return { name: c.name, ratio: c.ratio, commMs, codecMs, codecMeasured: c.codecMsPerByte !== undefined, totalMs: commMs + codecMs, perBucket }
 }
 
+/** A codec asked for that saves less than this fraction of a measured step is said to save little. */
+const ASKED_SAVES_LITTLE = 0.1
+
 /** Chooses the algorithm per bucket and the compression; see the module comment for the rules. */
 export const planCommunication = (req: CommunicationRequest): CommunicationPlan => {
   const buckets = req.bucketBytes.map((b) => chooseAlgorithm(b, req.topology, req.model, req.algorithms, req.candidates))
@@ -168,6 +173,7 @@ export const planCommunication = (req: CommunicationRequest): CommunicationPlan 
   const far = req.farAboveFactor ?? 2
   let chosen = "none"
   let reason: string
+  let note: string | undefined
   if (req.topology.length <= 1) reason = "a single rank sends nothing"
   else if (mode === "none") reason = "compression is off (compression: 'none')"
   else if (mode !== "auto") {
@@ -175,7 +181,21 @@ export const planCommunication = (req: CommunicationRequest): CommunicationPlan 
     if (forced) {
       chosen = forced.name
       reason = `compression '${mode}' was asked for (predicted ${fmtMs(forced.totalMs)} ms vs ${fmtMs(uncompressedMs)} ms uncompressed)`
-    } else reason = `unknown compressor '${mode}' (known: ${compressors.map((c) => c.name).join(", ")}); sending uncompressed`
+      // Measured compute: what it saves of a step (compute + uncompressed communication, as if
+      // nothing overlapped). Little, and the bytes it saves are not what holds the step back.
+      const saved = computeMs !== undefined ? (uncompressedMs - forced.totalMs) / (computeMs + uncompressedMs) : undefined
+      if (saved !== undefined && saved < ASKED_SAVES_LITTLE) {
+        const pct = `${Math.max(0, saved * 100).toFixed(saved > 0 && saved < 0.01 ? 1 : 0)}%`
+        note = `saves ~${pct} of a step here`
+        reason +=
+          `; with compute at ${fmtMs(computeMs!)} ms a step it saves about ${pct} of one: the network is not what holds the step back, ` +
+          `and compression trades accuracy for bytes (most over few steps, before error feedback makes it up); 'auto' would send uncompressed here`
+      }
+    } else {
+      // It runs all the same (the reducer makes the codec asked for); only its price is unknown.
+      chosen = mode
+      reason = `compression '${mode}' was asked for, but the cost model has no price for it (priced: ${compressors.map((c) => c.name).join(", ")}): the times below are uncompressed`
+    }
   } else if (computeMs === undefined) {
     reason = "no measured compute time yet (warm-up), so no evidence the network is the bottleneck; sending uncompressed"
   } else if (uncompressedMs <= computeMs) {
@@ -217,7 +237,7 @@ export const planCommunication = (req: CommunicationRequest): CommunicationPlan 
     computeMs,
     buckets,
     uncompressedMs,
-    compression: { mode, chosen, candidates, reason },
+    compression: { mode, chosen, candidates, reason, ...(note !== undefined ? { note } : {}) },
     schedule,
     predictedCommMs: cand ? cand.totalMs : uncompressedMs,
     assumedLinks: { ...assumed }

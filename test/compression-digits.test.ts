@@ -73,8 +73,16 @@ describe("compression on the digits dataset, 2 workers", () => {
 
   for (const [name, compression] of CODECS) {
     it(`${name} with error feedback ends within 2 points of uncompressed`, async () => {
-      const acc = accuracy(await fit(name, compression))
+      const r = await fit(name, compression)
+      const acc = accuracy(r)
       expect(Math.abs(acc - baseline), `${name}: ${acc.toFixed(3)} vs uncompressed ${baseline.toFixed(3)}`).toBeLessThanOrEqual(0.02)
+      // explain.json names the codec that ran, priced with its own config (sign and int8, which
+      // 'auto' never picks, were explained as "unknown compressor ... sending uncompressed"), and
+      // says what it saved of the step measured after warm-up
+      const plan = JSON.parse(await fs.readFile(path.join(r.path, "explain.json"), "utf8")) as { computeMs: number | null; compression: { chosen: string; reason: string } }
+      expect(plan.compression.chosen).toBe(name)
+      expect(plan.compression.reason).toMatch(new RegExp(`^compression '${name}' was asked for \\(predicted`))
+      expect(plan.computeMs).toBeGreaterThan(0)
     }, 120_000)
   }
 

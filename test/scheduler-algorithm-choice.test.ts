@@ -6,7 +6,8 @@ import * as fc from "fast-check"
 import { chooseAlgorithm, explain, planCommunication, type CommunicationRequest } from "../scheduler/algorithm-choice.ts"
 import { defaultCostModel, predictAll, type CostModel, type Topology } from "../scheduler/cost-model.ts"
 import { allReduceAlgorithms } from "../collectives/algorithms/index.ts"
-import { autoCandidates } from "../collectives/compression/index.ts"
+import { askedProfile, autoCandidates } from "../collectives/compression/index.ts"
+import { compressorProfiles } from "../actors/train/worker/auto-config.ts"
 
 const KiB = 1024
 const MiB = 1024 * 1024
@@ -106,14 +107,49 @@ describe("compression 'auto'", () => {
     expect(planCommunication(base).compression.reason).toContain("warm-up")
   })
 
-  it("'none', a forced compressor, and an unknown name", () => {
+  it("'none', a forced compressor, and one the model has no price for", () => {
     expect(planCommunication({ ...base, computeMs: 1, compression: "none" }).compression.chosen).toBe("none")
     const topk = planCommunication({ ...base, computeMs: 1e9, compression: "topk" })
     expect(topk.compression.chosen).toBe("topk")
     expect(topk.schedule.every((s) => s.algorithm === "allgather")).toBe(true)
-    const bad = planCommunication({ ...base, computeMs: 1, compression: "zstd" })
-    expect(bad.compression.chosen).toBe("none")
-    expect(bad.compression.reason).toContain(`unknown compressor 'zstd' (known: ${CODECS.join(", ")})`)
+    // a codec without a price still runs (the reducer makes it): the plan says so, and prices it uncompressed
+    const unpriced = planCommunication({ ...base, computeMs: 1, compression: "zstd" })
+    expect(unpriced.compression.chosen).toBe("zstd")
+    expect(unpriced.compression.reason).toContain(`compression 'zstd' was asked for, but the cost model has no price for it (priced: ${CODECS.join(", ")})`)
+    expect(unpriced.predictedCommMs).toBe(unpriced.uncompressedMs)
+  })
+
+  it("prices a codec the run asked for with its own config: sign and int8, which 'auto' never picks, and a top-k of another density", () => {
+    const layout = Array.from({ length: 4 }, () => ({ shape: [2048, 2048], size: 2048 * 2048 }))
+    // sign: 1 bit an element and a 32-bit scale a chunk of 1024 (its default); int8: 8 bits and the same a chunk of 4096
+    expect(askedProfile({ type: "sign" }, layout)).toMatchObject({ name: "sign", collective: "allgather" })
+    expect(askedProfile({ type: "sign" }, layout)!.ratio).toBeGreaterThan(30)
+    expect(askedProfile({ type: "int8" }, layout)!.ratio).toBeCloseTo(32 / (8 + 32 / 4096), 2)
+    expect(askedProfile({ type: "topk", ratio: 0.1 }, layout)!.ratio).toBe(5)
+    expect(askedProfile({ type: "powersgd", rank: 2 }, layout)).toMatchObject({ name: "powersgd", rounds: 2, ratio: 512 })
+    expect(askedProfile("fp16", layout)!.ratio).toBe(2)
+    expect(askedProfile("none", layout)).toBeUndefined()
+    // the plan then says the codec that runs, priced (it had said "unknown compressor 'sign' ... sending uncompressed")
+    const slots = layout.map((l, i) => ({ ...l, name: `w${i}`, offset: i * l.size }))
+    for (const asked of [{ type: "sign" }, { type: "int8" }, { type: "topk", ratio: 0.1 }] as const) {
+      const plan = planCommunication({ ...base, compression: asked.type, compressors: compressorProfiles(slots, asked).profiles })
+      expect(plan.compression.chosen, asked.type).toBe(asked.type)
+      expect(plan.compression.reason, asked.type).toMatch(new RegExp(`compression '${asked.type}' was asked for \\(predicted`))
+      expect(plan.predictedCommMs, asked.type).toBeLessThan(plan.uncompressedMs)
+    }
+  })
+
+  it("says when a codec asked for saves little of a measured step, and not before compute is measured or where it saves much", () => {
+    const asked = { ...base, compression: "topk" }
+    const u = planCommunication(base).uncompressedMs
+    // compute 50x the communication: top-k saves about 2% of a step (1/51 of it at most)
+    const little = planCommunication({ ...asked, computeMs: 50 * u })
+    expect(little.compression.chosen).toBe("topk")
+    expect(little.compression.note).toBe("saves ~2% of a step here")
+    expect(little.compression.reason).toMatch(/the network is not what holds the step back.*'auto' would send uncompressed here/)
+    // compute a tenth of the communication: it saves most of the step, and nothing is said
+    expect(planCommunication({ ...asked, computeMs: u / 10 }).compression.note).toBeUndefined()
+    expect(planCommunication(asked).compression.note).toBeUndefined()
   })
 
   it("a single rank never compresses", () => {

@@ -11,6 +11,7 @@ export {
   SeedOption,
   allowedCodecTypes,
   allowedCompression,
+  askedProfile,
   autoCandidates,
   checkCodec,
   codecByWireId,

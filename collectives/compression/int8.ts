@@ -234,5 +234,7 @@ export const int8Codec = defineCodec({
   hint: "stochastic 8-bit quantization with a scale per chunk, ~4x, unbiased; all-gathered",
   example: { type: "int8" },
   schema: Schema.Struct({ type: Schema.Literal("int8"), chunkSize: Schema.optionalKey(PositiveInt), seed: SeedOption, errorFeedback: ErrorFeedbackOption }),
-  create: (c) => new Int8Compressor({ chunkSize: c.chunkSize ?? INT8_DEFAULT_CHUNK, seed: c.seed, errorFeedback: c.errorFeedback })
+  create: (c) => new Int8Compressor({ chunkSize: c.chunkSize ?? INT8_DEFAULT_CHUNK, seed: c.seed, errorFeedback: c.errorFeedback }),
+  // 32 bits an element become 8, plus 32 bits of scale a chunk
+  wireRatio: (c) => 32 / (8 + 32 / (c.chunkSize ?? INT8_DEFAULT_CHUNK))
 })

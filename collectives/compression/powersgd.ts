@@ -348,18 +348,19 @@ export class PowerSgdRound {
 /** 'auto' weighs PowerSGD at this rank, without warm-up (it decides after uncompressed steps). */
 const AUTO_RANK = 4
 
-/** Uncompressed / sent for a model: r(m + n) per matrix (first dim x the rest), 1-D tensors whole. */
-const autoRatio = (layout: LayoutShapes): number => {
+/** Uncompressed / sent for a model at rank r: r(m + n) per matrix (first dim x the rest), 1-D tensors whole. */
+const ratioAt = (rank: number, layout: LayoutShapes): number => {
   const total = layout.reduce((s, l) => s + l.size, 0)
   let sent = 0
   for (const l of layout) {
     if (l.shape.length >= 2) {
       const m = l.shape[0]!
-      sent += Math.min(l.size, AUTO_RANK * (m + l.size / m))
+      sent += Math.min(l.size, rank * (m + l.size / m))
     } else sent += l.size
   }
   return Number((total / Math.max(1, sent)).toFixed(2))
 }
+const autoRatio = (layout: LayoutShapes): number => ratioAt(AUTO_RANK, layout)
 
 export const powerSgdCodec = defineCodec({
   name: "powersgd",
@@ -376,5 +377,6 @@ export const powerSgdCodec = defineCodec({
   }),
   create: (c) =>
     new PowerSgdCompressor({ rank: c.rank, warmupSteps: c.warmupSteps, minCompressionRate: c.minCompressionRate, seed: c.seed, errorFeedback: c.errorFeedback }),
-  auto: { order: 1, config: { type: "powersgd", rank: AUTO_RANK, warmupSteps: 0 }, ratio: autoRatio, rounds: 2 }
+  auto: { order: 1, config: { type: "powersgd", rank: AUTO_RANK, warmupSteps: 0 }, ratio: autoRatio, rounds: 2 },
+  wireRatio: (c, layout) => ratioAt(c.rank, layout)
 })

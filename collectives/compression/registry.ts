@@ -48,6 +48,12 @@ export interface CodecEntry<N extends string = string, S extends Schema.Constrai
   create(config: S["Type"]): Codec
   /** Present when compression 'auto' may pick it. */
   readonly auto?: AutoCandidate<S["Type"]>
+  /**
+   * Uncompressed bytes / bytes on the wire with `config`, for a model of these variables: how the
+   * cost model prices this codec where a run asks for it (explain.txt). Without it, a codec asked
+   * for runs unpriced.
+   */
+  wireRatio?(config: S["Type"], layout: LayoutShapes): number
 }
 
 type AnyEntry = CodecEntry<string, Schema.ConstraintDecoder<unknown>>
@@ -166,6 +172,25 @@ export const autoCandidates = (layout: LayoutShapes): { profiles: AutoProfile[];
       ...(c.auto!.rounds !== undefined ? { rounds: c.auto!.rounds } : {})
     })),
     configs: Object.fromEntries(auto.map((c) => [c.name, c.auto!.config]))
+  }
+}
+
+/**
+ * The profile of the codec a run asked for, priced with its own config (a top-k of another
+ * density than 'auto' weighs, sign and int8, which 'auto' never picks); undefined for "none", an
+ * unknown type, or a codec without wireRatio.
+ */
+export const askedProfile = (config: unknown, layout: LayoutShapes): AutoProfile | undefined => {
+  const type = typeof config === "string" ? config : typeof config === "object" && config !== null ? String((config as { type?: unknown }).type) : undefined
+  const entry = type === undefined || type === "none" ? undefined : byName.get(type)
+  if (entry?.wireRatio === undefined) return undefined
+  const ratio = entry.wireRatio(typeof config === "string" ? { type: config } : config, layout)
+  if (!(ratio > 0) || !Number.isFinite(ratio)) return undefined
+  return {
+    name: entry.name,
+    ratio: Number(ratio.toFixed(2)),
+    collective: entry.aggregation === "allgather" ? "allgather" : "allreduce",
+    ...(entry.auto?.rounds !== undefined ? { rounds: entry.auto.rounds } : {})
   }
 }
 

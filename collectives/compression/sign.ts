@@ -151,5 +151,7 @@ export const signCodec = defineCodec({
     chunkSize: Schema.optionalKey(PositiveInt.check(Schema.makeFilter((n: number) => n % 8 === 0, { expected: "a multiple of 8" }))),
     errorFeedback: ErrorFeedbackOption
   }),
-  create: (c) => new SignCompressor({ chunkSize: c.chunkSize ?? SIGN_DEFAULT_CHUNK, errorFeedback: c.errorFeedback })
+  create: (c) => new SignCompressor({ chunkSize: c.chunkSize ?? SIGN_DEFAULT_CHUNK, errorFeedback: c.errorFeedback }),
+  // 32 bits an element become 1, plus 32 bits of scale a chunk
+  wireRatio: (c) => 32 / (1 + 32 / (c.chunkSize ?? SIGN_DEFAULT_CHUNK))
 })

@@ -375,5 +375,6 @@ export const topkCodec = defineCodec({
   }),
   create: (c) => new TopKCompressor({ ratio: c.ratio, errorFeedback: c.errorFeedback }),
   // values + int32 indices
-  auto: { order: 2, config: { type: "topk", ratio: AUTO_DENSITY }, ratio: () => 1 / (2 * AUTO_DENSITY) }
+  auto: { order: 2, config: { type: "topk", ratio: AUTO_DENSITY }, ratio: () => 1 / (2 * AUTO_DENSITY) },
+  wireRatio: (c) => 1 / (2 * c.ratio)
 })

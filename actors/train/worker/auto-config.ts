@@ -13,7 +13,7 @@ import type { Communicator } from "../../../collectives/communicator.ts"
 import { allReduceAlgorithms, type AllReduceAlgorithm } from "../../../collectives/algorithms/index.ts"
 import { GradientReducer, routeName, type GradientReducerOptions, type GradientSlotInfo, type Route } from "../../../collectives/gradient-reducer.ts"
 import { planBuckets, DEFAULT_BUCKET_BYTES, DEFAULT_FIRST_BUCKET_BYTES } from "../../../collectives/bucketing.ts"
-import { autoCandidates, compressionType, type ResolvedCompressionConfig } from "../../../collectives/compression/index.ts"
+import { askedProfile, autoCandidates, compressionType, type ResolvedCompressionConfig } from "../../../collectives/compression/index.ts"
 import { chooseAlgorithm, explain, planCommunication, type CompressorProfile, type Explanation } from "../../../scheduler/algorithm-choice.ts"
 import type { CostModel, Topology } from "../../../scheduler/cost-model.ts"
 import { defaultCostModel, median } from "../../../scheduler/cost-model.ts"
@@ -29,9 +29,15 @@ export const DEFAULT_AUTO_WARMUP_STEPS = 3
  * in escalation order, with ratios computed from the model's shapes, and the config each is
  * switched to when picked.
  */
-export const compressorProfiles = (layout: ReadonlyArray<GradientSlotInfo>): { profiles: CompressorProfile[]; configs: Record<string, ResolvedCompressionConfig> } => {
+export const compressorProfiles = (
+  layout: ReadonlyArray<GradientSlotInfo>,
+  asked?: ResolvedCompressionConfig
+): { profiles: CompressorProfile[]; configs: Record<string, ResolvedCompressionConfig> } => {
   const { profiles, configs } = autoCandidates(layout)
-  return { profiles, configs: configs as Record<string, ResolvedCompressionConfig> }
+  // The codec a run asked for is priced with its own config, in place of 'auto''s of that name.
+  const own = asked === undefined ? undefined : askedProfile(asked, layout)
+  const priced = own === undefined ? profiles : [...profiles.filter((p) => p.name !== own.name), own]
+  return { profiles: priced, configs: configs as Record<string, ResolvedCompressionConfig> }
 }
 
 export interface AutoReducerOptions extends Omit<GradientReducerOptions, "algorithm" | "compression"> {
@@ -157,6 +163,8 @@ export class AutoGradientReducer extends GradientReducer {
   #decided: boolean
   #chosen: string
   #agreedComputeMs: number | undefined = undefined
+  /** A codec the run asked for (not 'auto', not "none"): priced against the compute once it is measured. */
+  readonly #asked: boolean
   readonly #tune: {
     tuner: AlgorithmTuner | undefined
     calls: number
@@ -215,6 +223,7 @@ export class AutoGradientReducer extends GradientReducer {
     super(comm, { ...opts, algorithm: algorithmFor, route, compression: opts.compression === "auto" ? "none" : opts.compression })
     this.#auto = opts
     this.#decided = opts.compression !== "auto"
+    this.#asked = opts.compression !== "auto" && compressionType(opts.compression) !== "none"
     this.#chosen = opts.compression === "auto" ? "none" : compressionType(opts.compression)
     this.#tune = tune
     this.#modelPick = modelRoute
@@ -300,6 +309,15 @@ export class AutoGradientReducer extends GradientReducer {
         t.why = drifted.length > 0 ? `rank ${this.comm.rank}'s calls moved: ${drifted.join(", ")}` : "another rank's calls moved"
       }
     }
+    if (this.#asked && this.#agreedComputeMs === undefined && step >= warmup && this.comm.worldSize > 1) {
+      // A codec the run asked for, priced once against the measured compute (the slowest rank's
+      // median, agreed at the same step on every rank): explain.txt and the printed line say when
+      // it saves little of a step.
+      const c = Float32Array.of(median(this.#computeMs.length > 0 ? this.#computeMs : [0]))
+      await this.comm.allReduce(c, { op: "max", algorithm: "tree" })
+      this.#agreedComputeMs = c[0]!
+      this.#emit(layout, c[0]!)
+    }
     if (!this.#decided && step >= warmup && this.comm.worldSize > 1) {
       this.#decided = true
       // Same step on every rank: agree on one compute time (the slowest rank's median).
@@ -332,7 +350,7 @@ export class AutoGradientReducer extends GradientReducer {
   #emit(layout: ReadonlyArray<GradientSlotInfo>, computeMs: number | undefined): string {
     const o = this.#auto
     const buckets = planBuckets(layout.map((l) => l.size), o.bucketBytes ?? DEFAULT_BUCKET_BYTES, o.firstBucketBytes ?? DEFAULT_FIRST_BUCKET_BYTES)
-    const { profiles } = compressorProfiles(layout)
+    const { profiles } = compressorProfiles(layout, o.compression === "auto" ? undefined : o.compression)
     const fixed = o.algorithm === "auto" ? undefined : [o.algorithm]
     const plan = planCommunication({
       bucketBytes: buckets.map((b) => b.length * 4),
@@ -349,7 +367,8 @@ export class AutoGradientReducer extends GradientReducer {
     const algos = [...new Set(tuned !== undefined && tuned.length > 0 ? tuned.map((x) => x.picked) : plan.schedule.map((s) => s.algorithm))].join(", ") + (tuned !== undefined && tuned.length > 0 ? (this.#reused ? " (measured by an earlier group of this shape)" : " (measured)") : "")
     const summary =
       `gradwire: all-reduce ${o.algorithm === "auto" ? "auto" : "fixed"}: ${algos} for ${plan.buckets.length} bucket(s), ` +
-      `compression ${plan.compression.chosen}${o.compression === "auto" ? (computeMs === undefined ? " (auto: deciding after warm-up)" : " (auto)") : ""}; ` +
+      `compression ${plan.compression.chosen}${o.compression === "auto" ? (computeMs === undefined ? " (auto: deciding after warm-up)" : " (auto)") : ""}` +
+      `${plan.compression.note !== undefined ? ` (${plan.compression.note})` : ""}; ` +
       `predicted ${plan.predictedCommMs.toFixed(2)} ms/step comm` +
       (computeMs !== undefined ? ` vs ${computeMs.toFixed(2)} ms compute` : "")
     o.onExplain?.(e, summary)
