@@ -1,7 +1,7 @@
 // The driver's progress lines (not on a TTY): a dp.fit loop shows its epoch's bar figures and ETA;
 // a hand-written trainStep loop, which has no epoch length, shows its step count without a bogus
 // "/0 0% ETA 0.0s".
-import { describe, expect, it } from "vitest"
+import { describe, expect, it, vi } from "vitest"
 import { ProgressPrinter, changedConfigLine, configChanges, loopFrames } from "../actors/train/common/observe/progress.ts"
 import { sharedCoresLine } from "../actors/train/driver/cluster.ts"
 import { Interrupted } from "../actors/train/driver/result.ts"
@@ -54,17 +54,55 @@ describe("progress lines", () => {
     const { p, lines } = printer()
     expect(p.mode).toBe("lines")
     p.step({ rank: 0, epoch: 1, step: 9, stepsPerEpoch: 10, samples: 320, loss: 0.5, computeMs: 3 })
-    expect(lines.at(-1)).toMatch(/^epoch 2 +10\/10 100% .*loss 0\.5000 +ETA 0\.0s\n$/)
+    // (epochs numbered as the loop's own, EpochResult's and metrics.jsonl's: the first is epoch 0)
+    expect(lines.at(-1)).toMatch(/^epoch 1 +10\/10 100% .*loss 0\.5000 +ETA 0\.0s\n$/)
   })
 
   it("the run's first step has no ETA yet (no step timed), not a bogus 0 s", () => {
     const { p, lines } = printer()
     p.step({ rank: 0, epoch: 0, step: 0, stepsPerEpoch: 200, samples: 32, loss: 2.3, computeMs: 3 })
-    expect(lines.at(-1)).toMatch(/^epoch 1 +1\/200 +1% .*ETA -\n$/)
+    expect(lines.at(-1)).toMatch(/^epoch 0 +1\/200 +1% .*ETA -\n$/)
     const start = performance.now()
     while (performance.now() - start < 5);
     p.step({ rank: 0, epoch: 0, step: 199, stepsPerEpoch: 200, samples: 6400, loss: 0.4, computeMs: 3 })
     expect(lines.at(-1)).toMatch(/ETA 0\.0s\n$/)
+  })
+
+  it("samples/s is every rank's over this epoch; after a regroup a survivor's samples count from its first point, not from its process's start", () => {
+    vi.useFakeTimers({ toFake: ["performance"] })
+    try {
+      const { p, lines } = printer()
+      p.start(0, 2)
+      const point = (rank: number, epoch: number, step: number, samples: number) => p.step({ rank, epoch, step, stepsPerEpoch: 10, samples, loss: 1, computeMs: 3 })
+      // epoch 0: two ranks, 10 samples each every 100 ms (200 samples/s in all)
+      for (let s = 0; s < 10; s++) {
+        point(1, 0, s, (s + 1) * 10)
+        point(0, 0, s, (s + 1) * 10)
+        vi.advanceTimersByTime(100)
+      }
+      expect(lines.at(-1)).toMatch(/^epoch 0 +10\/10 100% +200 samples\/s /)
+      // epoch 1 after an evaluation of 2 s: still the epoch's own rate, not the run's average
+      vi.advanceTimersByTime(2_000)
+      for (let s = 0; s < 10; s++) {
+        point(1, 1, s, 100 + (s + 1) * 20)
+        point(0, 1, s, 100 + (s + 1) * 20)
+        vi.advanceTimersByTime(100)
+      }
+      expect(lines.at(-1)).toMatch(/^epoch 1 +10\/10 100% +\d+ samples\/s /)
+      const epoch1 = Number(/(\d+) samples\/s/.exec(lines.at(-1)!)![1])
+      expect(epoch1).toBeGreaterThan(300)
+      expect(epoch1).toBeLessThanOrEqual(400)
+      // rank 1 dies; rank 0 goes on alone in a regrouped generation at 10 samples every 100 ms
+      p.start(1, 1)
+      for (let s = 0; s < 10; s++) {
+        point(0, 2, s, 300 + (s + 1) * 10)
+        vi.advanceTimersByTime(100)
+      }
+      // 100 samples/s (it had shown the survivor's 300 samples since its start over the short time since the regroup)
+      expect(lines.at(-1)).toMatch(/^epoch 2 +10\/10 100% +100 samples\/s /)
+    } finally {
+      vi.useRealTimers()
+    }
   })
 
   it("a trainStep loop's line counts steps, with no epoch length, percentage or ETA", () => {

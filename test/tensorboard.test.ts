@@ -4,7 +4,7 @@
 import * as fs from "node:fs"
 import * as os from "node:os"
 import * as path from "node:path"
-import { afterAll, describe, expect, it } from "vitest"
+import { afterAll, describe, expect, it, vi } from "vitest"
 import {
   TensorBoardWriter,
   crc32c,
@@ -93,5 +93,37 @@ describe("TensorBoard event files", () => {
     expect(scalars.some((s) => s.tag === "weights")).toBe(false)
     // Writing after close loses nothing and throws nothing.
     new TensorBoardWriter(runDir).close()
+  })
+
+  it("gradwire/samples_per_sec is every rank's samples between two report rounds over the time between them", async () => {
+    vi.useFakeTimers({ toFake: ["Date"] })
+    try {
+      const runDir = path.join(dir, "rates")
+      const rec = await RunRecorder.open(runDir, {}, false)
+      const t0 = Date.now()
+      // two ranks, 100 samples/s each, then a 1 s pause (an evaluation) before the round
+      for (let i = 0; i <= 10; i++) for (const rank of [0, 1]) rec.progress(rank, i * 10, t0 + i * 100)
+      vi.setSystemTime(t0 + 2_000)
+      rec.metrics(0, { loss: 1 }, [{ loss: 1 }, { loss: 1 }])
+      // rank 1 restarts (its count drops to 0): its new process's samples count from 0
+      for (let i = 1; i <= 10; i++) {
+        rec.progress(0, 100 + i * 10, t0 + 2_000 + i * 100)
+        rec.progress(1, i * 10, t0 + 2_000 + i * 100)
+      }
+      vi.setSystemTime(t0 + 3_000)
+      rec.metrics(1, { loss: 0.5 }, [{ loss: 0.5 }, { loss: 0.5 }])
+      await rec.close()
+      const file = fs.readdirSync(runDir).find((f) => f.includes("tfevents"))!
+      const rates = readTfRecords(new Uint8Array(fs.readFileSync(path.join(runDir, file))))
+        .map(decodeEvent)
+        .flatMap((e) => e.scalars.filter((x) => x.tag === "gradwire/samples_per_sec").map((x) => [e.step, x.value]))
+      // round 0: 200 samples over the 2 s since the first progress; round 1: 200 over 1 s
+      expect(rates).toEqual([
+        [0, 100],
+        [1, 200]
+      ])
+    } finally {
+      vi.useRealTimers()
+    }
   })
 })

@@ -207,7 +207,7 @@ export const formatJobsTable = (cluster: string, address: string, jobs: Readonly
       `${j.worldSize}${j.minWorkers !== j.maxWorkers ? ` (${j.minWorkers}..${j.maxWorkers})` : ""}`,
       String(j.restarts),
       String(j.resizes.length),
-      r0 ? `epoch ${r0.epoch + 1} step ${r0.step + 1}${r0.stepsPerEpoch ? `/${r0.stepsPerEpoch}` : ""}, ${j.reports} reports` : `${j.reports} reports`,
+      r0 ? `epoch ${r0.epoch} step ${r0.step + 1}${r0.stepsPerEpoch ? `/${r0.stepsPerEpoch}` : ""}, ${j.reports} reports` : `${j.reports} reports`,
       lossOf(j),
       rate > 0 && !j.endedAt ? String(Math.round(rate)) : "-",
       new Date(j.startedAt).toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z"),

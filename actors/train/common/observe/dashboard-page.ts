@@ -118,7 +118,7 @@ const SCRIPT = String.raw`
     list.forEach(function (j) {
       var s = j.snapshot, r0 = s.ranks[0], rate = 0;
       s.ranks.forEach(function (r) { rate += r.samplesPerSec || 0; });
-      var prog = r0 ? "epoch " + (r0.epoch + 1) + " step " + (r0.step + 1) + (r0.stepsPerEpoch ? "/" + r0.stepsPerEpoch : "") : "-";
+      var prog = r0 ? "epoch " + r0.epoch + " step " + (r0.step + 1) + (r0.stepsPerEpoch ? "/" + r0.stepsPerEpoch : "") : "-";
       var size = s.worldSize + (s.minWorkers !== s.maxWorkers ? " (" + s.minWorkers + ".." + s.maxWorkers + ")" : "");
       var end = s.endedAt || (s.lost ? s.updatedAt : Date.now());
       rows.push('<tr class="job' + (S.selected === s.job ? " sel" : "") + '" data-job="' + esc(s.job) + '"><td>' + esc(s.name) + '<br><small>' + esc(s.job) + "</small></td><td>" + badge(stateOf(s)) +

@@ -1,5 +1,6 @@
-// Live progress in the driver's terminal: a per-epoch bar with ETA, throughput (samples/s over
-// all ranks), loss and straggler hints on a TTY; plain lines with no control codes when stdout is
+// Live progress in the driver's terminal: a per-epoch bar with ETA, throughput (samples/s of every
+// rank over the epoch so far; a loop without epochs, over 10 s spans), loss and straggler hints on
+// a TTY; epochs are numbered as the loop's own and metrics.jsonl's (the first is epoch 0); plain lines with no control codes when stdout is
 // not a TTY or CI is set (logs stay readable). With progress off, only the workers' own output (a
 // loop's console.log, as Ray's log_to_driver) and the run's warnings (a callback that threw, a
 // failed checkpoint, a model trained unprepared, ..., on stderr) still print, as Keras's verbose=0
@@ -19,6 +20,8 @@ interface RankProgress {
   at: number
   /** Smoothed seconds per step. */
   secPerStep: number
+  /** The span (ProgressPrinter.#span's key) this point was counted in. */
+  span: number
 }
 
 /** gradwire's own files (its source or its dist/ folder): frames there are not the user's. */
@@ -71,6 +74,11 @@ export const changedConfigLine = (name: string, changes: ReadonlyArray<string>):
   `gradwire: run "${name}" goes on from its own checkpoint with another trainLoopConfig than it was made with: ${changes.join(", ")}; ` +
   "the loop gets the new one from where the checkpoint left off (a finished run trains no further unless its epochs were raised); another name or storagePath starts afresh"
 
+/** A loop without epochs (hand-written trainStep): its line's samples/s is over spans this long. */
+const RATE_WINDOW_MS = 10_000
+/** A span shorter than this shows the previous span's rate (too few samples to tell). */
+const MIN_SPAN_MS = 500
+
 const fmt = (v: unknown): string => (typeof v === "number" ? (Number.isInteger(v) ? String(v) : v.toPrecision(4)) : String(v))
 
 export class ProgressPrinter {
@@ -80,10 +88,14 @@ export class ProgressPrinter {
   readonly #err: Pick<NodeJS.WriteStream, "write">
   #barShown = false
   #lastLine = -Infinity
-  #epochStart = new Map<number, number>()
-  #samples = 0
-  #samplesSince = Infinity
-  #rate = 0
+  /**
+   * Samples every rank trained in a span, and since when: an epoch of dp.fit() (keyed by its
+   * number), or RATE_WINDOW_MS of a loop without epochs. The line's samples/s is the current
+   * span's (the previous one's in its first moments).
+   */
+  #span: { key: number; since: number; last: number; samples: number } | undefined
+  #lastSpanRate = 0
+  #genStart = 0
   #worldSize: number
 
   constructor(setting: boolean | "auto", worldSize: number, out: NodeJS.WriteStream = process.stdout, err: Pick<NodeJS.WriteStream, "write"> = process.stderr) {
@@ -95,10 +107,12 @@ export class ProgressPrinter {
   }
 
   start(attempt: number, worldSize: number): void {
+    // A rank's first point of a generation is its baseline: its samples count from there (a
+    // survivor's count since its process started is not this generation's).
     this.#ranks.clear()
-    this.#samples = 0
-    this.#samplesSince = Infinity
-    this.#rate = 0
+    this.#span = undefined
+    this.#lastSpanRate = 0
+    this.#genStart = performance.now()
     this.#worldSize = worldSize
     // (numbered as ctx.attempt and events.jsonl number it: the first is attempt 0)
     if (attempt > 0) this.line(`gradwire: attempt ${attempt} with ${worldSize} workers`)
@@ -111,13 +125,8 @@ export class ProgressPrinter {
     const prev = this.#ranks.get(p.rank)
     const dt = prev && prev.epoch === p.epoch && p.step > prev.step ? (now - prev.at) / 1000 / (p.step - prev.step) : undefined
     const secPerStep = dt === undefined ? (prev?.secPerStep ?? 0) : prev && prev.secPerStep > 0 ? 0.7 * prev.secPerStep + 0.3 * dt : dt
-    this.#ranks.set(p.rank, { ...p, at: now, secPerStep })
-    // p.samples is cumulative per rank; the rate is over all ranks since their first step.
-    if (this.#samples === 0 && !prev) this.#samplesSince = Math.min(this.#samplesSince, now)
-    this.#samples += Math.max(0, p.samples - (prev?.samples ?? 0))
-    const elapsed = (now - this.#samplesSince) / 1000
-    if (elapsed > 0.2) this.#rate = this.#samples / elapsed
-    if (!this.#epochStart.has(p.epoch)) this.#epochStart.set(p.epoch, now)
+    const { rate: rateNow, span } = this.#count(p, prev, now)
+    this.#ranks.set(p.rank, { ...p, at: now, secPerStep, span })
     if (p.rank !== 0) return
     const pct = p.stepsPerEpoch > 0 ? (p.step + 1) / p.stepsPerEpoch : 0
     const left = Math.max(0, p.stepsPerEpoch - p.step - 1)
@@ -126,11 +135,11 @@ export class ProgressPrinter {
     const hint = this.stragglers()
     // Rank 0 without rows (the heterogeneity-aware batcher left it out) has no loss of its own: another rank's.
     const loss = p.meanLoss ?? (Number.isNaN(p.loss) ? [...this.#ranks.values()].find((r) => r.meanLoss !== undefined && r.epoch === p.epoch)?.meanLoss : undefined) ?? p.loss
-    const rate = `${this.#rate > 0 ? `${Math.round(this.#rate)} samples/s  ` : ""}loss ${fmt(loss)}`
+    const rate = `${rateNow > 0 ? `${Math.round(rateNow)} samples/s  ` : ""}loss ${fmt(loss)}`
     // A hand-written trainStep loop has no epoch length (nor epochs): its steps are counted, no bar or ETA.
     const text =
       (p.stepsPerEpoch > 0
-        ? `epoch ${p.epoch + 1} ${this.mode === "bar" ? `[${"#".repeat(Math.round(pct * 24)).padEnd(24, ".")}] ` : ""}` +
+        ? `epoch ${p.epoch} ${this.mode === "bar" ? `[${"#".repeat(Math.round(pct * 24)).padEnd(24, ".")}] ` : ""}` +
           `${String(p.step + 1).padStart(4)}/${p.stepsPerEpoch} ${(pct * 100).toFixed(0).padStart(3)}%  ${rate}  ETA ${eta}`
         : `step ${String(p.step + 1).padStart(5)}  ${rate}`) + (hint ? `  | ${hint}` : "")
     if (this.mode === "bar") {
@@ -140,6 +149,27 @@ export class ProgressPrinter {
       this.#lastLine = now
       this.#out.write(`${text}\n`)
     }
+  }
+
+  /**
+   * Counts a rank's samples since its previous point into the current span and returns the rate
+   * to show: samples/s of every rank over this epoch (dp.fit()), or over the last RATE_WINDOW_MS (a
+   * loop without epochs); the previous span's for the first moments of a new one. A rank's first
+   * point in a span is its baseline there (what it trained before, an evaluation's pause included,
+   * is not the span's).
+   */
+  #count(p: { readonly epoch: number; readonly stepsPerEpoch: number; readonly samples: number }, prev: RankProgress | undefined, now: number): { rate: number; span: number } {
+    const key = p.stepsPerEpoch > 0 ? p.epoch : Math.floor((now - this.#genStart) / RATE_WINDOW_MS)
+    if (this.#span === undefined || key > this.#span.key) {
+      if (this.#span !== undefined && this.#span.last - this.#span.since > MIN_SPAN_MS) this.#lastSpanRate = (this.#span.samples / (this.#span.last - this.#span.since)) * 1000
+      this.#span = { key, since: now, last: now, samples: 0 }
+    }
+    const span = this.#span
+    // (a rank still behind, in an earlier epoch, counts in the span it reaches)
+    if (prev !== undefined && prev.span === span.key) span.samples += Math.max(0, p.samples - prev.samples)
+    span.last = now
+    const elapsed = now - span.since
+    return { rate: elapsed > MIN_SPAN_MS && span.samples > 0 ? (span.samples / elapsed) * 1000 : this.#lastSpanRate, span: span.key }
   }
 
   /** "rank 2 1.8x slower" for ranks whose step time is well above the median. */

@@ -91,6 +91,10 @@ export class RunRecorder {
   readonly #rows = new Lineage<{ readonly row: Record<string, unknown>; readonly attempt: number }>()
   #steps: StepTime[] = []
   readonly #rates = new Map<number, { samples: number; at: number; points: Array<[number, number | null]> }>()
+  /** Samples every rank trained since the last report round, and since when (TensorBoard's samples_per_sec). */
+  #reportSpan: { readonly at: number; samples: number } | undefined
+  /** Each rank's latest sample count heard. */
+  readonly #lastSamples = new Map<number, number>()
   /** Step-time sums since the last report, for TensorBoard. */
   #window = { compute: 0, comm: 0, wait: 0, n: 0 }
   #tb: TensorBoardWriter | undefined
@@ -156,8 +160,7 @@ export class RunRecorder {
     this.#metrics.write(`${JSON.stringify(row)}\n`)
     this.#perRank.write(`${JSON.stringify({ report: index, attempt, ranks: perRank })}\n`)
     const w = this.#window
-    let rate = 0
-    for (const r of this.#rates.values()) rate += r.points.at(-1)?.[1] ?? 0
+    const rate = this.#rateSinceLastReport()
     this.#tb?.scalars(index, rank0)
     this.#tb?.scalars(
       index,
@@ -202,8 +205,26 @@ export class RunRecorder {
     if (this.#steps.length > MAX_STEP_TIMES) this.#steps = this.#steps.filter((_, i) => i % 2 === 0)
   }
 
+  /**
+   * Samples/s of every rank between the last report round (or the first progress heard) and now:
+   * TensorBoard's gradwire/samples_per_sec for a round, a figure over the round's whole span
+   * (its evaluation and checkpoint included), not one rank's latest instant.
+   */
+  #rateSinceLastReport(now = Date.now()): number {
+    const span = this.#reportSpan
+    if (span === undefined) return 0
+    this.#reportSpan = { at: now, samples: 0 }
+    return now - span.at > 0 ? (span.samples / (now - span.at)) * 1000 : 0
+  }
+
   /** A rank's progress: samples it trained on so far in this attempt (a drop means a new process). Gives the throughput curve. */
   progress(rank: number, samples: number, now = Date.now()): void {
+    // Every rank's samples since the last report round: a count that dropped is another process
+    // (a restart, a joiner), counted from 0; the first progress heard starts the first span.
+    this.#reportSpan ??= { at: now, samples: 0 }
+    const seen = this.#lastSamples.get(rank)
+    this.#reportSpan.samples += seen === undefined ? 0 : samples >= seen ? samples - seen : samples
+    this.#lastSamples.set(rank, samples)
     const r = this.#rates.get(rank)
     if (!r) {
       this.#rates.set(rank, { samples, at: now, points: [] })
