@@ -189,7 +189,8 @@ export const planCommunication = (req: CommunicationRequest): CommunicationPlan 
         note = `saves ~${pct} of a step here`
         reason +=
           `; with compute at ${fmtMs(computeMs!)} ms a step it saves about ${pct} of one: the network is not what holds the step back, ` +
-          `and compression trades accuracy for bytes (most over few steps, before error feedback makes it up); 'auto' would send uncompressed here`
+          `and compression trades accuracy for bytes (most over few steps, before error feedback makes it up)` +
+          (uncompressedMs <= computeMs! ? "; 'auto' would send uncompressed here" : "")
       }
     } else {
       // It runs all the same (the reducer makes the codec asked for); only its price is unknown.

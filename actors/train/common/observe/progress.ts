@@ -1,10 +1,10 @@
 // Live progress in the driver's terminal: a per-epoch bar with ETA, throughput (samples/s of every
 // rank over the epoch so far; a loop without epochs, over 10 s spans), loss and straggler hints on
-// a TTY; epochs are numbered as the loop's own and metrics.jsonl's (the first is epoch 0); plain lines with no control codes when stdout is
-// not a TTY or CI is set (logs stay readable). With progress off, only the workers' own output (a
-// loop's console.log, as Ray's log_to_driver) and the run's warnings (a callback that threw, a
-// failed checkpoint, a model trained unprepared, ..., on stderr) still print, as Keras's verbose=0
-// still lets Python's warnings through.
+// a TTY, epochs numbered as the loop's own and metrics.jsonl's (the first is epoch 0); plain lines
+// with no control codes when stdout is not a TTY or CI is set (logs stay readable). With progress
+// off, only the workers' own output (a loop's console.log, as Ray's log_to_driver) and the run's
+// warnings (a callback that threw, a failed checkpoint, a model trained unprepared, ..., on
+// stderr) still print, as Keras's verbose=0 still lets Python's warnings through.
 import * as settings from "../../../../core/settings.ts"
 import { bigintAsDigits } from "./run-recorder.ts"
 
@@ -165,7 +165,7 @@ export class ProgressPrinter {
       this.#span = { key, since: now, last: now, samples: 0 }
     }
     const span = this.#span
-    // (a rank still behind, in an earlier epoch, counts in the span it reaches)
+    // (a rank still in an earlier epoch joins the current span: counted from its next point)
     if (prev !== undefined && prev.span === span.key) span.samples += Math.max(0, p.samples - prev.samples)
     span.last = now
     const elapsed = now - span.since
