@@ -242,7 +242,7 @@ export class FitRecord {
     const earlier = currentLineage(rows, (r) => Number(r.report)).filter((r) => Number(r.report) < upTo)
     const ranksOf = new Map(currentLineage(perRank, (r) => r.report).map((r) => [r.report, r.ranks]))
     for (const r of earlier) {
-      const { report, attempt: _attempt, time: _time, ...m } = r
+      const { report, time: _time, ...m } = r
       this.#rounds.add(Number(report), { rank0: m, perRank: [...(ranksOf.get(Number(report)) ?? [m])] })
     }
     this.recorder.seed(earlier)

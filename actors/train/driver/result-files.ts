@@ -63,7 +63,7 @@ export const loadResult = async (dir: string): Promise<Result> => {
     })
   }
   const rows = currentLineage(await readJsonLines(path.join(runDir, "metrics.jsonl")), (r) => Number(r.report))
-  const metricsHistory = rows.map(({ report: _report, attempt: _attempt, time: _time, ...m }) => m)
+  const metricsHistory = rows.map(({ report: _report, time: _time, ...m }) => m)
   const metricsPerRank = currentLineage(await readJsonLines(path.join(runDir, "metrics_per_rank.jsonl")), (r) => Number(r.report)).map((r) =>
     Array.isArray(r.ranks) ? (r.ranks as Array<Record<string, unknown>>) : []
   )

@@ -238,12 +238,11 @@ export class TrainContext {
     if (typeof metrics !== "object" || metrics === null || Array.isArray(metrics)) {
       return Promise.reject(new ConfigError({ field: "report(metrics)", reason: "metrics must be a plain object such as { loss: 0.1, epoch: 2 }" }))
     }
-    const reserved = RESERVED_METRICS.find((k) => k in metrics)
-    if (reserved !== undefined) {
+    if ("report" in metrics) {
       return Promise.reject(
         new ConfigError({
-          field: `report(metrics).${reserved}`,
-          reason: `"${reserved}" is a name the run's files keep for themselves (metrics.jsonl's report number, attempt and time of each row): rename the metric, e.g. "train_${reserved}"`
+          field: "report(metrics).report",
+          reason: `"report" is the name of metrics.jsonl's report number, which the run's history is kept by: rename the metric, e.g. "train_report"`
         })
       )
     }
@@ -811,9 +810,6 @@ const metricValues = async (metrics: Record<string, unknown>): Promise<Record<st
  * called: the loop may dispose its own tensor before a report it did not await reads it.
  * metricValues reads and disposes the clones.
  */
-/** Metric names metrics.jsonl's rows use for their own fields (run-recorder.ts): a loop's metric of that name would be lost or, for `report`, break the run's history. */
-const RESERVED_METRICS = ["report", "attempt", "time"] as const
-
 const heldMetrics = (metrics: Record<string, unknown>): Record<string, unknown> => {
   if (!Object.values(metrics).some(isTensor)) return metrics
   return Object.fromEntries(Object.entries(metrics).map(([k, v]) => [k, isTensor(v) ? v.clone() : v]))

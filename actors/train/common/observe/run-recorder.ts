@@ -154,8 +154,9 @@ export class RunRecorder {
    * the rows from it on).
    */
   metrics(index: number, rank0: Record<string, unknown>, perRank: ReadonlyArray<Record<string, unknown>>, attempt = 0): void {
-    // (report, attempt and time are names a loop cannot report: train-context.ts)
-    const row = { report: index, attempt, time: new Date().toISOString(), ...rank0 }
+    // (a loop cannot report a metric named "report": train-context.ts; the attempt that made the
+    // round is in metrics_per_rank.jsonl, whose metrics sit under `ranks`, as a loop may report its own)
+    const row = { report: index, time: new Date().toISOString(), ...rank0 }
     this.#rows.add(index, { row, attempt })
     this.#metrics.write(`${JSON.stringify(row)}\n`)
     this.#perRank.write(`${JSON.stringify({ report: index, attempt, ranks: perRank })}\n`)
