@@ -109,24 +109,33 @@ const normalizeServers = (servers: string | ReadonlyArray<string>): string[] =>
 const hasCredentials = (options: NatsConnectOptions): boolean =>
   options.user !== undefined || options.token !== undefined || options.nkey !== undefined || options.creds !== undefined
 
-const describeError = (error: unknown, options: NatsConnectOptions, where: string, timeoutMs: number): string => {
+/** What went wrong, and for an authorization violation whether the credentials given were refused or none were given. */
+const describeError = (error: unknown, options: NatsConnectOptions, where: string, timeoutMs: number): { reason: string; credentials?: "refused" | "required" } => {
   if (error instanceof AuthorizationError) {
     return hasCredentials(options)
-      ? `authorization violation: the server rejected the credentials given (${credentialKind(options)}); check them, ` +
-          `or that the server's authorization block expects this kind of credentials`
-      : `authorization violation: the server requires credentials: pass user/pass or token (or an nkey seed / creds file) ` +
-          `in the connection options, e.g. { user, pass } or { token }`
+      ? {
+          credentials: "refused",
+          reason:
+            `authorization violation: the server rejected the credentials given (${credentialKind(options)}); check them, ` +
+            `or that the server's authorization block expects this kind of credentials`
+        }
+      : {
+          credentials: "required",
+          reason:
+            `authorization violation: the server requires credentials: pass user/pass or token (or an nkey seed / creds file) ` +
+            `in the connection options, e.g. { user, pass } or { token }`
+        }
   }
   if (error instanceof TimeoutError) {
-    return `no NATS handshake within ${timeoutMs} ms: is ${where} a NATS client port (not a cluster, leaf or monitoring port), and reachable?`
+    return { reason: `no NATS handshake within ${timeoutMs} ms: is ${where} a NATS client port (not a cluster, leaf or monitoring port), and reachable?` }
   }
   const code = (error as { code?: string } | undefined)?.code
   const message = error instanceof Error ? error.message : String(error)
   if ((error instanceof ConnectionError && /refused/i.test(message)) || code === "ECONNREFUSED") {
-    return `connection refused: is nats-server running at ${where}? start one with \`gradwire start --head\` (or \`nats-server -p <port>\`), or fix the address`
+    return { reason: `connection refused: is nats-server running at ${where}? start one with \`gradwire start --head\` (or \`nats-server -p <port>\`), or fix the address` }
   }
-  if (code === "ENOTFOUND" || code === "EAI_AGAIN") return `cannot resolve the host of ${where} (${message}); check the address`
-  return message
+  if (code === "ENOTFOUND" || code === "EAI_AGAIN") return { reason: `cannot resolve the host of ${where} (${message}); check the address` }
+  return { reason: message }
 }
 
 const credentialKind = (options: NatsConnectOptions): string =>
@@ -147,9 +156,9 @@ export const openNats = async (options: NatsConnectOptions): Promise<NatsHandle 
   installNatsPatches() // pooled socket reads and large-message buffers (nats-internals/README.md); once per process
   const servers = normalizeServers(options.servers)
   const where = servers.join(", ") || "(no servers given)"
-  const fail = (reason: string, credentials?: "refused" | "required"): NatsConnectError =>
+  const fail = ({ reason, credentials }: { reason: string; credentials?: "refused" | "required" }): NatsConnectError =>
     new NatsConnectError({ servers: where, reason, ...(credentials !== undefined ? { credentials } : {}) })
-  if (servers.length === 0) throw fail("no server address given: pass servers, e.g. \"nats://127.0.0.1:4222\"")
+  if (servers.length === 0) throw fail({ reason: "no server address given: pass servers, e.g. \"nats://127.0.0.1:4222\"" })
   const timeoutMs = options.timeoutMs ?? DEFAULT_CONNECT_TIMEOUT_MS
 
   const authenticators = []
@@ -158,7 +167,7 @@ export const openNats = async (options: NatsConnectOptions): Promise<NatsHandle 
     try {
       bytes = await fs.promises.readFile(options.creds)
     } catch (e) {
-      throw fail(`cannot read creds file ${options.creds}: ${(e as Error).message}`)
+      throw fail({ reason: `cannot read creds file ${options.creds}: ${(e as Error).message}` })
     }
     authenticators.push(credsAuthenticator(bytes))
   }
@@ -186,7 +195,7 @@ export const openNats = async (options: NatsConnectOptions): Promise<NatsHandle 
   try {
     nc = await connect(connectOptions)
   } catch (e) {
-    throw fail(describeError(e, options, where, timeoutMs), e instanceof AuthorizationError ? (hasCredentials(options) ? "refused" : "required") : undefined)
+    throw fail(describeError(e, options, where, timeoutMs))
   }
 
   const drainTimeoutMs = options.drainTimeoutMs ?? DEFAULT_DRAIN_TIMEOUT_MS

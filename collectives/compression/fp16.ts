@@ -125,6 +125,6 @@ export const fp16Codec = defineCodec({
   example: "fp16",
   schema: Schema.Struct({ type: Schema.Literal("fp16"), errorFeedback: ErrorFeedbackOption }),
   create: (c) => new Fp16Compressor({ errorFeedback: c.errorFeedback }),
-  auto: { order: 0, config: { type: "fp16" }, ratio: () => 2 },
+  auto: { order: 0, config: { type: "fp16" } },
   wireRatio: () => 2
 })

@@ -358,9 +358,8 @@ const ratioAt = (rank: number, layout: LayoutShapes): number => {
       sent += Math.min(l.size, rank * (m + l.size / m))
     } else sent += l.size
   }
-  return Number((total / Math.max(1, sent)).toFixed(2))
+  return total / Math.max(1, sent)
 }
-const autoRatio = (layout: LayoutShapes): number => ratioAt(AUTO_RANK, layout)
 
 export const powerSgdCodec = defineCodec({
   name: "powersgd",
@@ -377,6 +376,6 @@ export const powerSgdCodec = defineCodec({
   }),
   create: (c) =>
     new PowerSgdCompressor({ rank: c.rank, warmupSteps: c.warmupSteps, minCompressionRate: c.minCompressionRate, seed: c.seed, errorFeedback: c.errorFeedback }),
-  auto: { order: 1, config: { type: "powersgd", rank: AUTO_RANK, warmupSteps: 0 }, ratio: autoRatio, rounds: 2 },
+  auto: { order: 1, config: { type: "powersgd", rank: AUTO_RANK, warmupSteps: 0 }, rounds: 2 },
   wireRatio: (c, layout) => ratioAt(c.rank, layout)
 })

@@ -17,10 +17,8 @@ export type LayoutShapes = ReadonlyArray<{ readonly shape: ReadonlyArray<number>
 export interface AutoCandidate<C> {
   /** Escalation order: 'auto' tries the lowest (the mild one) first. */
   readonly order: number
-  /** The config 'auto' switches to when it picks this codec. */
+  /** The config 'auto' switches to when it picks this codec (weighed by the entry's wireRatio). */
   readonly config: C
-  /** Uncompressed bytes / bytes on the wire, for a model of these variables. */
-  ratio(layout: LayoutShapes): number
   /** All-reduces per bucket (PowerSGD: P, then Q). Default 1. */
   readonly rounds?: number
 }
@@ -50,8 +48,8 @@ export interface CodecEntry<N extends string = string, S extends Schema.Constrai
   readonly auto?: AutoCandidate<S["Type"]>
   /**
    * Uncompressed bytes / bytes on the wire with `config`, for a model of these variables: how the
-   * cost model prices this codec where a run asks for it (explain.txt). Without it, a codec asked
-   * for runs unpriced.
+   * cost model prices this codec, at 'auto''s config or where a run asks for it (explain.txt).
+   * Needed with `auto`; without it, a codec asked for runs unpriced.
    */
   wireRatio?(config: S["Type"], layout: LayoutShapes): number
 }
@@ -93,8 +91,8 @@ export const registerCodec = (entry: CodecEntry): void => {
     const holder = byWireId[e.wireId]
     if (holder) fail(`wireId ${e.wireId} belongs to "${holder.name}"`)
   }
-  if (e.auto !== undefined && (typeof e.auto.ratio !== "function" || !Number.isFinite(e.auto.order) || !Schema.is(e.schema)(e.auto.config))) {
-    fail("auto needs an order, ratio(layout) and a config its schema accepts")
+  if (e.auto !== undefined && (typeof e.wireRatio !== "function" || !Number.isFinite(e.auto.order) || !Schema.is(e.schema)(e.auto.config))) {
+    fail("auto needs an order, a config its schema accepts and the entry's wireRatio(config, layout)")
   }
   byName.set(name, e)
   if (e.wireId !== undefined) byWireId[e.wireId] = e
@@ -165,13 +163,20 @@ export interface AutoProfile {
 export const autoCandidates = (layout: LayoutShapes): { profiles: AutoProfile[]; configs: Record<string, unknown> } => {
   const auto = list.filter((c) => c.auto !== undefined).sort((a, b) => a.auto!.order - b.auto!.order)
   return {
-    profiles: auto.map((c) => ({
-      name: c.name,
-      ratio: c.auto!.ratio(layout),
-      collective: c.aggregation === "allgather" ? "allgather" : "allreduce",
-      ...(c.auto!.rounds !== undefined ? { rounds: c.auto!.rounds } : {})
-    })),
+    profiles: auto.flatMap((c) => profileOf(c, c.auto!.config, layout) ?? []),
     configs: Object.fromEntries(auto.map((c) => [c.name, c.auto!.config]))
+  }
+}
+
+/** A codec's profile at `config` for a model of these variables; undefined without a wireRatio, or with one that is not a positive number. */
+const profileOf = (entry: AnyEntry, config: unknown, layout: LayoutShapes): AutoProfile | undefined => {
+  const ratio = entry.wireRatio?.(config, layout)
+  if (ratio === undefined || !(ratio > 0) || !Number.isFinite(ratio)) return undefined
+  return {
+    name: entry.name,
+    ratio: Number(ratio.toFixed(2)),
+    collective: entry.aggregation === "allgather" ? "allgather" : "allreduce",
+    ...(entry.auto?.rounds !== undefined ? { rounds: entry.auto.rounds } : {})
   }
 }
 
@@ -183,15 +188,7 @@ export const autoCandidates = (layout: LayoutShapes): { profiles: AutoProfile[];
 export const askedProfile = (config: unknown, layout: LayoutShapes): AutoProfile | undefined => {
   const type = typeof config === "string" ? config : typeof config === "object" && config !== null ? String((config as { type?: unknown }).type) : undefined
   const entry = type === undefined || type === "none" ? undefined : byName.get(type)
-  if (entry?.wireRatio === undefined) return undefined
-  const ratio = entry.wireRatio(typeof config === "string" ? { type: config } : config, layout)
-  if (!(ratio > 0) || !Number.isFinite(ratio)) return undefined
-  return {
-    name: entry.name,
-    ratio: Number(ratio.toFixed(2)),
-    collective: entry.aggregation === "allgather" ? "allgather" : "allreduce",
-    ...(entry.auto?.rounds !== undefined ? { rounds: entry.auto.rounds } : {})
-  }
+  return entry === undefined ? undefined : profileOf(entry, typeof config === "string" ? { type: config } : config, layout)
 }
 
 /** A config as a user writes it: `"fp16"`, `{ type: "topk", ratio: 0.01 }`. */

@@ -374,7 +374,7 @@ export const topkCodec = defineCodec({
     errorFeedback: ErrorFeedbackOption
   }),
   create: (c) => new TopKCompressor({ ratio: c.ratio, errorFeedback: c.errorFeedback }),
+  auto: { order: 2, config: { type: "topk", ratio: AUTO_DENSITY } },
   // values + int32 indices
-  auto: { order: 2, config: { type: "topk", ratio: AUTO_DENSITY }, ratio: () => 1 / (2 * AUTO_DENSITY) },
   wireRatio: (c) => 1 / (2 * c.ratio)
 })
