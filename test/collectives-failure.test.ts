@@ -9,8 +9,11 @@ import { RankFleet, type RankError, type Reply } from "./support/collectives-fle
 import { allReduceAlgorithmNames } from "../collectives/algorithms/index.ts"
 
 const TIMEOUT_MS = 1_500
-// The deadline, then the liveness probe (timeout / 4, at least 200 ms), then slack for a loaded machine.
-const FAIL_WITHIN_MS = TIMEOUT_MS + 400 + 2_500
+// The deadline, then the liveness probe (timeout / 4, at least 200 ms), then slack for a loaded
+// machine (a CI run beside other test files once took 5.8 s). What the bound tells apart is a
+// deadline-driven failure from a hang: without the deadline a survivor waits on the dead rank
+// until `settle`'s 30 s.
+const FAIL_WITHIN_MS = TIMEOUT_MS + 400 + 6_000
 
 let server: NatsServerProcess
 let fleet: RankFleet
@@ -69,7 +72,7 @@ describe("collectives failure handling", () => {
       const t0 = Date.now()
       // Rank 2 brings 5 elements more than the others.
       const replies = await runEach(group, procs, (rank) => ({ op: "allReduce", algorithm, reduce: "sum", length: 1000 + (rank === 2 ? 5 : 0), seed: 3 }))
-      expect(Date.now() - t0).toBeLessThan(5_000) // far below the 20 s deadline: nobody waited it out
+      expect(Date.now() - t0).toBeLessThan(10_000) // half the 20 s deadline: nobody waited it out
       for (const r of replies) {
         expect(r.ok).toBe(false)
         if (r.ok) continue
@@ -216,7 +219,7 @@ describe("collectives failure handling", () => {
       if (o.ok) continue
       expect(o.error.tag).toBe("CollectiveAborted")
       expect(o.error.fields.causeTag).toBe("CommunicatorClosed")
-      expect(o.ms).toBeLessThan(5_000)
+      expect(o.ms).toBeLessThan(10_000) // half the 20 s deadline
     }
     // A call started after the abort reached this rank fails the same way, with the peer's cause
     // (this is what a rank that is late to a collective sees), and sends nothing.

@@ -57,11 +57,15 @@ describe("report()", () => {
     expect(e.message).toMatch(/report\(metrics\)\.losses.*is a tensor of shape \[3\]/)
   })
 
-  it("refuses a metric named report (metrics.jsonl's report number, which the history is kept by); metrics_per_rank.jsonl's rows say their attempt", { timeout: 60_000 }, async () => {
+  it("refuses a metric named report or time (metrics.jsonl's report number and stamp, which a loop's would overwrite); metrics_per_rank.jsonl's rows say their attempt", { timeout: 90_000 }, async () => {
     const e = await failure("reserved", 2)
     expect(e.kind).toBe("config")
     expect(e.message).toMatch(/report\(metrics\)\.report.*"report" is the name of metrics\.jsonl's report number.*rename the metric, e\.g\. "train_report"/)
     expect(e.result.restarts).toBe(0)
+    const t = await failure("reserved-time", 1)
+    expect(t.kind).toBe("config")
+    expect(t.message).toMatch(/report\(metrics\)\.time.*"time" is the name of the time metrics\.jsonl stamps each report with.*rename the metric/)
+    expect(t.result.restarts).toBe(0)
     const r = await fit("scalar", 2, 0, "report-attempts")
     const rows = (await fs.readFile(path.join(r.path, "metrics_per_rank.jsonl"), "utf8")).trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>)
     expect(rows.map((row) => [row.report, row.attempt])).toEqual([

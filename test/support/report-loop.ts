@@ -6,10 +6,11 @@
 // rows of 5 features where the model takes 4 (tfjs-layers refuses the shape), `"keras-shape"` the
 // same through the model's own fit(), `"op-shape"` multiplies matrices whose shapes do not fit
 // (tfjs-core refuses them); `"accumulated"` ends with two batches added by trainStep({ accumulate:
-// true }) that no update applies; `"reserved"` reports a metric named `report`, metrics.jsonl's report number.
+// true }) that no update applies; `"reserved"` reports a metric named `report`, metrics.jsonl's report number, and
+// `"reserved-time"` one named `time`, the row's stamp.
 import type { TrainContext } from "../../index.ts"
 
-export async function reportLoop(config: { mode: "scalar" | "vector" | "unawaited" | "no-dataset" | "no-await" | "shape" | "keras-shape" | "op-shape" | "accumulated" | "reserved"; epochs: number }, ctx: TrainContext): Promise<void> {
+export async function reportLoop(config: { mode: "scalar" | "vector" | "unawaited" | "no-dataset" | "no-await" | "shape" | "keras-shape" | "op-shape" | "accumulated" | "reserved" | "reserved-time"; epochs: number }, ctx: TrainContext): Promise<void> {
   const tf = ctx.tf
   if (config.mode === "no-dataset") await ctx.getDatasetShard("train")
   const model = tf.sequential({ layers: [tf.layers.dense({ units: 3, inputShape: [4], activation: "softmax" })] })
@@ -29,6 +30,7 @@ export async function reportLoop(config: { mode: "scalar" | "vector" | "unawaite
       await ctx.report({ epoch, loss })
       if (epoch === config.epochs - 1) for (let i = 0; i < 2; i++) await dp.trainStep(x, y, { accumulate: true })
     } else if (config.mode === "reserved") await ctx.report({ epoch, loss, report: 1 })
+    else if (config.mode === "reserved-time") await ctx.report({ epoch, loss, time: 1.5 })
     else if (config.mode === "vector") await ctx.report({ epoch, losses: tf.tensor1d([loss, loss, loss]) })
     else {
       // two reports, not awaited (the second waits for the first), their tensors disposed at once

@@ -59,6 +59,16 @@ export const DATA_POSITION_FILE = "gradwire/data-position.json"
 /** What ctx.getDatasetShard() gives: in-memory rows, a file dataset's stream, or a worker-side loader's. */
 export type Shard = DatasetShard | FileStream | IterableStream
 
+/**
+ * The fields metrics.jsonl writes beside a report's metrics, refused as metric names: a loop's
+ * would overwrite them (a `report` breaks the history's lineage, a `time` was dropped by
+ * loadResult as the row's stamp).
+ */
+const RESERVED_METRICS: ReadonlyArray<readonly [string, string]> = [
+  ["report", `"report" is the name of metrics.jsonl's report number, which the run's history is kept by: rename the metric, e.g. "train_report"`],
+  ["time", `"time" is the name of the time metrics.jsonl stamps each report with: rename the metric, e.g. "epoch_time_s"`]
+]
+
 /** This rank's shard of a dataset: disjoint from every other rank's, reshuffled per epoch. */
 export class DatasetShard implements ShardSource {
   readonly dataset: ArrayDataset
@@ -238,14 +248,8 @@ export class TrainContext {
     if (typeof metrics !== "object" || metrics === null || Array.isArray(metrics)) {
       return Promise.reject(new ConfigError({ field: "report(metrics)", reason: "metrics must be a plain object such as { loss: 0.1, epoch: 2 }" }))
     }
-    if ("report" in metrics) {
-      return Promise.reject(
-        new ConfigError({
-          field: "report(metrics).report",
-          reason: `"report" is the name of metrics.jsonl's report number, which the run's history is kept by: rename the metric, e.g. "train_report"`
-        })
-      )
-    }
+    const taken = RESERVED_METRICS.find(([name]) => name in metrics)
+    if (taken !== undefined) return Promise.reject(new ConfigError({ field: `report(metrics).${taken[0]}`, reason: taken[1] }))
     const session = this.#deps.session
     const index = session.reports
     // Counted now, where the loop called it (its next steps count from here), awaited or not.

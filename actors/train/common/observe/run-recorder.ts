@@ -154,7 +154,7 @@ export class RunRecorder {
    * the rows from it on).
    */
   metrics(index: number, rank0: Record<string, unknown>, perRank: ReadonlyArray<Record<string, unknown>>, attempt = 0): void {
-    // (a loop cannot report a metric named "report": train-context.ts; the attempt that made the
+    // (a loop cannot report a metric named "report" or "time": train-context.ts; the attempt that made the
     // round is in metrics_per_rank.jsonl, whose metrics sit under `ranks`, as a loop may report its own)
     const row = { report: index, time: new Date().toISOString(), ...rank0 }
     this.#rows.add(index, { row, attempt })
