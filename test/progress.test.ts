@@ -105,6 +105,32 @@ describe("progress lines", () => {
     }
   })
 
+  it("epochs shorter than half a second, two points a rank each, show each epoch's rate with the epochs just before (not the first long epoch's, held)", () => {
+    vi.useFakeTimers({ toFake: ["performance"] })
+    try {
+      const { p, lines } = printer()
+      p.start(0, 2)
+      const rates: number[] = []
+      let samples = 0
+      // each epoch: 10 steps of 40 ms, then a 300 ms pause; a rank's points at its first and last
+      // step (the worker's throttle lets only those through); per rank 10, 20, 20 samples a step
+      for (const [epoch, perStep] of [[0, 10], [1, 20], [2, 20]] as const) {
+        for (let s = 0; s < 10; s++) {
+          vi.advanceTimersByTime(40)
+          samples += perStep
+          if (s === 0 || s === 9) for (const rank of [1, 0]) p.step({ rank, epoch, step: s, stepsPerEpoch: 10, samples, loss: 1, computeMs: 3 })
+        }
+        rates.push(Number(/(\d+) samples\/s/.exec(lines.at(-1)!)?.[1]))
+        vi.advanceTimersByTime(300)
+      }
+      // epoch 0: 90 samples in 360 ms a rank (500/s in all); epoch 1 with epoch 0 (270 in 720 ms:
+      // 750/s); epoch 2 with epoch 1 (360 in 720 ms: 1000/s)
+      expect(rates).toEqual([500, 750, 1000])
+    } finally {
+      vi.useRealTimers()
+    }
+  })
+
   it("a trainStep loop's line counts steps, with no epoch length, percentage or ETA", () => {
     const { p, lines } = printer()
     p.step({ rank: 0, epoch: 0, step: 13, stepsPerEpoch: 0, samples: 448, loss: 1.25, computeMs: 3 })

@@ -49,6 +49,8 @@ import type { PsClient } from "./ps-client.ts"
 let stopFallbackNotes: (() => void) | undefined
 
 const PROGRESS_EVERY_MS = 250
+/** An epoch's first step is sent when the rank's previous progress is at least this old (a pause before the epoch). */
+const EPOCH_START_AFTER_MS = 50
 
 const residualFile = (rank: number) => `gradwire/rank-${rank}/reducer-state.msgpack`
 /** A rank's error-feedback residuals of its compressed pushes to the parameter servers, per server range. */
@@ -596,7 +598,10 @@ export class WorkerRun {
       m.samples += info.samples
     }
     const now = performance.now()
-    if (now - this.#lastProgress < PROGRESS_EVERY_MS && (info.stepsPerEpoch === 0 || info.step + 1 < info.stepsPerEpoch)) return
+    // An epoch's last step is always sent, and its first one after a pause (an evaluation between
+    // epochs): the driver's samples/s counts an epoch from a rank's first point in it (progress.ts).
+    const edge = info.stepsPerEpoch > 0 && (info.step + 1 === info.stepsPerEpoch || (info.step === 0 && now - this.#lastProgress >= EPOCH_START_AFTER_MS))
+    if (now - this.#lastProgress < PROGRESS_EVERY_MS && !edge) return
     this.#lastProgress = now
     const steps = this.#stepTimes
     this.#stepTimes = []

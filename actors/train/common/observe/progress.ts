@@ -20,9 +20,19 @@ interface RankProgress {
   at: number
   /** Smoothed seconds per step. */
   secPerStep: number
-  /** The span (ProgressPrinter.#span's key) this point was counted in. */
-  span: number
+  /**
+   * The rank's span this point was counted in (its epoch in dp.fit(), else a RATE_WINDOW_MS window
+   * of the generation), from its first point there (time, samples): the baseline.
+   */
+  seg: { readonly key: number; readonly t0: number; readonly s0: number }
+  /** The rank's latest completed spans, oldest first: samples and milliseconds, each from its first point to its last. */
+  done: ReadonlyArray<{ readonly samples: number; readonly ms: number }>
+  /** samples/s over its current span (with the spans before it while that is short), where known. */
+  rate: number | undefined
 }
+
+/** Completed spans a rank keeps for its rate while its current span is short. */
+const SPANS_KEPT = 8
 
 /** gradwire's own files (its source or its dist/ folder): frames there are not the user's. */
 const OWN_ROOT = new URL("../../../../", import.meta.url).href
@@ -76,7 +86,7 @@ export const changedConfigLine = (name: string, changes: ReadonlyArray<string>):
 
 /** A loop without epochs (hand-written trainStep): its line's samples/s is over spans this long. */
 const RATE_WINDOW_MS = 10_000
-/** A span shorter than this shows the previous span's rate (too few samples to tell). */
+/** A rank's span shorter than this is counted with its spans before it (too few points to tell). */
 const MIN_SPAN_MS = 500
 
 const fmt = (v: unknown): string => (typeof v === "number" ? (Number.isInteger(v) ? String(v) : v.toPrecision(4)) : String(v))
@@ -88,13 +98,6 @@ export class ProgressPrinter {
   readonly #err: Pick<NodeJS.WriteStream, "write">
   #barShown = false
   #lastLine = -Infinity
-  /**
-   * Samples every rank trained in a span, and since when: an epoch of dp.fit() (keyed by its
-   * number), or RATE_WINDOW_MS of a loop without epochs. The line's samples/s is the current
-   * span's (the previous one's in its first moments).
-   */
-  #span: { key: number; since: number; last: number; samples: number } | undefined
-  #lastSpanRate = 0
   #genStart = 0
   #worldSize: number
 
@@ -110,8 +113,6 @@ export class ProgressPrinter {
     // A rank's first point of a generation is its baseline: its samples count from there (a
     // survivor's count since its process started is not this generation's).
     this.#ranks.clear()
-    this.#span = undefined
-    this.#lastSpanRate = 0
     this.#genStart = performance.now()
     this.#worldSize = worldSize
     // (numbered as ctx.attempt and events.jsonl number it: the first is attempt 0)
@@ -125,8 +126,9 @@ export class ProgressPrinter {
     const prev = this.#ranks.get(p.rank)
     const dt = prev && prev.epoch === p.epoch && p.step > prev.step ? (now - prev.at) / 1000 / (p.step - prev.step) : undefined
     const secPerStep = dt === undefined ? (prev?.secPerStep ?? 0) : prev && prev.secPerStep > 0 ? 0.7 * prev.secPerStep + 0.3 * dt : dt
-    const { rate: rateNow, span } = this.#count(p, prev, now)
-    this.#ranks.set(p.rank, { ...p, at: now, secPerStep, span })
+    this.#ranks.set(p.rank, { ...p, at: now, secPerStep, ...this.#count(p, prev, now) })
+    // every rank's rate (a rank not heard in this generation yet adds none)
+    const rateNow = [...this.#ranks.values()].reduce((n, r) => n + (r.rate ?? 0), 0)
     if (p.rank !== 0) return
     const pct = p.stepsPerEpoch > 0 ? (p.step + 1) / p.stepsPerEpoch : 0
     const left = Math.max(0, p.stepsPerEpoch - p.step - 1)
@@ -152,24 +154,31 @@ export class ProgressPrinter {
   }
 
   /**
-   * Counts a rank's samples since its previous point into the current span and returns the rate
-   * to show: samples/s of every rank over this epoch (dp.fit()), or over the last RATE_WINDOW_MS (a
-   * loop without epochs); the previous span's for the first moments of a new one. A rank's first
-   * point in a span is its baseline there (what it trained before, an evaluation's pause included,
-   * is not the span's).
+   * A rank's span and its rate there: samples/s over its epoch so far (dp.fit()), or its current
+   * RATE_WINDOW_MS window (a loop without epochs), with its spans before while that is shorter
+   * than MIN_SPAN_MS (an epoch of 0.4 s has two or three points). A rank's first point in an epoch
+   * is its baseline there (what it trained before, an evaluation's pause included, is not the
+   * epoch's; the worker sends its epoch's first step for that); a window of a loop without epochs
+   * goes on from the rank's previous point. The first point of a generation is a baseline too (a
+   * survivor's samples since its process started are not this generation's).
    */
-  #count(p: { readonly epoch: number; readonly stepsPerEpoch: number; readonly samples: number }, prev: RankProgress | undefined, now: number): { rate: number; span: number } {
+  #count(p: { readonly epoch: number; readonly stepsPerEpoch: number; readonly samples: number }, prev: RankProgress | undefined, now: number): Pick<RankProgress, "seg" | "done" | "rate"> {
     const key = p.stepsPerEpoch > 0 ? p.epoch : Math.floor((now - this.#genStart) / RATE_WINDOW_MS)
-    if (this.#span === undefined || key > this.#span.key) {
-      if (this.#span !== undefined && this.#span.last - this.#span.since > MIN_SPAN_MS) this.#lastSpanRate = (this.#span.samples / (this.#span.last - this.#span.since)) * 1000
-      this.#span = { key, since: now, last: now, samples: 0 }
+    let seg = prev?.seg
+    let done = prev?.done ?? []
+    if (prev === undefined || seg === undefined) seg = { key, t0: now, s0: p.samples }
+    else if (key !== seg.key) {
+      const ms = prev.at - seg.t0
+      if (ms > 0) done = [...done, { samples: Math.max(0, prev.samples - seg.s0), ms }].slice(-SPANS_KEPT)
+      seg = p.stepsPerEpoch > 0 ? { key, t0: now, s0: p.samples } : { key, t0: prev.at, s0: prev.samples }
     }
-    const span = this.#span
-    // (a rank still in an earlier epoch joins the current span: counted from its next point)
-    if (prev !== undefined && prev.span === span.key) span.samples += Math.max(0, p.samples - prev.samples)
-    span.last = now
-    const elapsed = now - span.since
-    return { rate: elapsed > MIN_SPAN_MS && span.samples > 0 ? (span.samples / elapsed) * 1000 : this.#lastSpanRate, span: span.key }
+    let samples = Math.max(0, p.samples - seg.s0)
+    let ms = now - seg.t0
+    for (let i = done.length - 1; i >= 0 && ms < MIN_SPAN_MS; i--) {
+      samples += done[i]!.samples
+      ms += done[i]!.ms
+    }
+    return { seg, done, rate: ms > 0 ? (samples / ms) * 1000 : undefined }
   }
 
   /** "rank 2 1.8x slower" for ranks whose step time is well above the median. */
