@@ -22,7 +22,7 @@ import { encodeJson, type JobSnapshot } from "../actors/train/common/job-telemet
 import { clusterSubjects } from "../core/subjects.ts"
 import { readTfRecords, decodeEvent } from "../actors/train/common/observe/tensorboard.ts"
 import { JobMonitor, type JobFacts } from "../actors/train/driver/job-monitor.ts"
-import { fetchJobLogs, followJobLogs, listJobs, lossOf } from "../actors/train/dashboard/jobs-client.ts"
+import { fetchJobLogs, followJobLogs, formatJobsTable, listJobs, lossOf } from "../actors/train/dashboard/jobs-client.ts"
 import { openKvBucket } from "../core/jetstream-kv.ts"
 import { encodeMessage } from "../core/wire.ts"
 import { natsFixtures } from "./support/nats.ts"
@@ -497,6 +497,14 @@ describe("jobs on the bus", () => {
         ["gone-87654321", "running", false, true]
       ])
       expect(running[0].lastMetrics).toEqual({ loss: 0.5, note: "x" })
+      // A driver that stopped answering 3 s ago (not yet lost): its duration runs to when it was
+      // last heard of, as a lost one's does (it had run on to now, then fell back once lost).
+      const started = Date.now() - 60_000
+      await kv.put("quiet-11112222", encodeJson({ ...monitor.snapshot(), job: "quiet-11112222", name: "quiet", startedAt: started, updatedAt: started + 57_000 }))
+      const quiet = (await listJobs(nc, "c1")).filter((j) => j.job === "quiet-11112222")
+      expect(quiet.map((j) => [j.state, j.live, j.lost])).toEqual([["running", false, false]])
+      const row = formatJobsTable("c1", server.url, quiet).split("\n").find((l) => l.startsWith("quiet-11112222"))
+      expect(row, formatJobsTable("c1", server.url, quiet)).toMatch(/ 57s /)
       // Agents publish worker output per line; the driver keeps the tail, a follower gets the stream.
       const got: string[] = []
       const follow = followJobLogs(nc, "c1", "bus-job-12345678", (l) => got.push(`${l.rank}:${l.line}`), { rank: 1 })

@@ -198,7 +198,8 @@ export const formatJobsTable = (cluster: string, address: string, jobs: Readonly
   const rows = jobs.map((j) => {
     const r0 = j.ranks.find((r) => r.rank === 0)
     const rate = j.ranks.reduce((n, r) => n + (r.samplesPerSec || 0), 0)
-    const end = j.endedAt ?? (j.lost ? j.updatedAt : now)
+    // (a job whose driver did not answer, lost or not yet: up to when it was last heard of)
+    const end = j.endedAt ?? (j.live ? now : j.updatedAt)
     return [
       j.job,
       j.name,

@@ -29,9 +29,12 @@ import {
   type ReportRound
 } from "../common/job-telemetry.ts"
 
-/** The state is published this often, and into the KV bucket at most this often unless it changed. */
+/**
+ * The state is published this often, and into the KV bucket as often (at once when its state
+ * changed): what `gradwire jobs` lists of a driver that was killed is at most this old.
+ */
 const PUBLISH_EVERY_MS = 1_000
-const KV_EVERY_MS = 5_000
+const KV_EVERY_MS = PUBLISH_EVERY_MS
 /** "Something changed" publishes the state at once, but at most this often. */
 const CHANGED_EVERY_MS = 250
 /** Curves are batched for this long. */
@@ -363,7 +366,8 @@ export class JobMonitor {
     const kv = this.#kv
     if (!kv) return
     const now = Date.now()
-    if (!force && now - this.#kvAt < KV_EVERY_MS) return
+    // (half the period: the timer's ticks come a little early or late)
+    if (!force && now - this.#kvAt < KV_EVERY_MS / 2) return
     this.#kvAt = now
     const s = snap ?? this.snapshot()
     this.#kvState = s.state
