@@ -124,6 +124,18 @@ export interface RegroupContext {
 export const joinsAt = (furthest: Position, survivors: ReadonlyArray<Position>): boolean => furthest.inFit || !survivors.some((p) => p.fitLoop === true)
 
 /**
+ * Where the furthest survivor was, as events.jsonl logs it: a streamed epoch's plan (its intervals)
+ * stays out, and so do dp.fit()'s epoch fields outside dp.fit() (a hand-written loop is placed by
+ * its report() calls and steps since the last; the fields' zeros read as epoch 0).
+ */
+const loggedPosition = (pos: Position): Record<string, unknown> => {
+  const { stream: _stream, ...rest } = pos
+  if (pos.inFit) return rest
+  const { epoch: _e, stepInEpoch: _s, stepsPerEpoch: _n, ...outside } = rest
+  return outside
+}
+
+/**
  * Recovery from surviving peers after a lost worker or node, and growth in place: pauses every
  * other worker at its next group operation, regroups those that park (the survivors) with the
  * standby workers that are ready, and hands the furthest survivor's state to the others. After a
@@ -389,8 +401,7 @@ export const regroupSurvivors = async (x: RegroupContext): Promise<Generation<Ch
       ...(stages ? { stagesFrom: Object.fromEntries(Object.entries(stages.from).filter(([f]) => isStageShard(f)).map(([f, i]) => [f, survivors[i]!.rank])) } : {}),
       ...(lostServer !== undefined ? { server: lostServer, replacement: servers[lostServer] } : {}),
       ...(lostServers.length > 1 ? { servers: lostServers } : {}),
-      // Where the furthest survivor was; a streamed epoch's plan (its intervals) stays out of the log.
-      position: { ...pos, stream: undefined },
+      position: loggedPosition(pos),
     }
   )
   const watch = {
