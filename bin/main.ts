@@ -646,7 +646,9 @@ const stack = async (flags: Flags, args: string[]): Promise<number> => {
       for (const { r, got } of stacks) {
         console.log(`rank ${r.rank} (${r.actor}, pid ${r.pid ?? "?"}, node ${r.node ?? "?"}):`)
         if (got?.frames && got.frames.length > 0) for (const f of got.frames) console.log(`    at ${f}`)
-        else if (got?.idle) console.log(`    idle: its event loop is free (waiting on I/O, a timer or a promise), not computing${got.where !== undefined ? `; its loop is ${got.where}` : ""}`)
+        // (a training worker's loop turns between its steps' computations and collectives, as a hung
+        // one's does on an await: where its loop is tells them apart, a second look whether it moves)
+        else if (got?.idle) console.log(`    not held: its event loop ran within 0.3 s (between computations, or waiting on I/O, a timer or a promise), no stack to take${got.where !== undefined ? `; its loop is ${got.where}` : ""}`)
         else
           console.log(
             `    ${got === undefined ? `no answer within ${STACK_WAIT_MS / 1000} s (its process stopped or cut off, or it beats from its event loop)` : `no stack: ${got.error ?? "no frames"}`}`
