@@ -484,8 +484,11 @@ describe("jobs on the bus", () => {
     let state: JobFacts["state"] = "running"
     const monitor = JobMonitor.start({
       nc, cluster: "c1", job: "bus-job-12345678", name: "bus-job", runDir: "/nowhere/bus-job", address: server.url, minWorkers: 2, maxWorkers: 2,
-      strategy: { strategy: "allreduce", algorithm: "ring", compression: "none", zeroStage: 0 }, facts: () => facts(state)
+      strategy: { strategy: "allreduce", algorithm: "ring", compression: "none", zeroStage: 0 },
+      // (an ended job's group is gone: its driver knows no members any more)
+      facts: () => ({ ...facts(state), ...(state === "finished" ? { members: [] } : {}) })
     })
+    for (const rank of [0, 1]) monitor.progress({ attempt: 0, rank, epoch: 0, step: 3, stepsPerEpoch: 10, samples: 128, loss: 0.5 })
     // A job whose driver died without a word: its last state, long ago, in the bucket.
     const kv = (await openKvBucket(nc, clusterSubjects("c1").jobsBucket, { maxAgeMs: 60_000 }))!
     const old = Date.now() - 120_000
@@ -527,6 +530,11 @@ describe("jobs on the bus", () => {
       expect((await follow.ended)?.state).toBe("finished")
       const after = await listJobs(nc, "c1")
       expect(after.find((j) => j.job === "bus-job-12345678")).toMatchObject({ state: "finished", live: false, lost: false, reports: 3 })
+      // its ranks still name the workers they were (/metrics labels its rank series by node)
+      expect(after.find((j) => j.job === "bus-job-12345678")!.ranks.map((r) => [r.rank, r.node])).toEqual([
+        [0, "n1"],
+        [1, "n2"]
+      ])
     } finally {
       await monitor.close({ state: "finished" })
     }

@@ -99,6 +99,8 @@ interface RankAcc {
   lastAt: number
   lastSent: number
   lastReceived: number
+  /** The worker that last was this rank (kept once the group is gone: an ended job's ranks still name their node). */
+  member?: { readonly actor: string; readonly node: string; readonly pid: number }
 }
 
 /** Recent means per step, smoothed over progress messages (one message's few steps are noisy). */
@@ -255,7 +257,7 @@ export class JobMonitor {
       bytesReceived: (p?.bytesReceived ?? 0) + receivedDelta,
       updatedAt: now
     }
-    this.#ranks.set(body.rank, { stats, lastSamples: body.samples, lastAt: now, lastSent: sent, lastReceived: received })
+    this.#ranks.set(body.rank, { stats, lastSamples: body.samples, lastAt: now, lastSent: sent, lastReceived: received, ...(prev?.member ? { member: prev.member } : {}) })
     const point: ProgressPoint = {
       rank: body.rank,
       attempt: body.attempt,
@@ -297,12 +299,13 @@ export class JobMonitor {
     const final = this.#final
     const members = new Map(f.members.map((m) => [m.rank, m]))
     const ranks = [...this.#ranks.values()]
-      .map((r) => r.stats)
-      .filter((r) => r.rank < Math.max(f.worldSize, 1) || final)
-      .sort((a, b) => a.rank - b.rank)
-      .map((r) => {
-        const m = members.get(r.rank)
-        return m ? { ...r, actor: m.actor, node: m.node, pid: m.pid } : r
+      .filter((acc) => acc.stats.rank < Math.max(f.worldSize, 1) || final)
+      .sort((a, b) => a.stats.rank - b.stats.rank)
+      .map((acc) => {
+        const m = members.get(acc.stats.rank)
+        if (m) acc.member = { actor: m.actor, node: m.node, pid: m.pid }
+        const kept = acc.member
+        return kept ? { ...acc.stats, ...kept } : acc.stats
       })
     const error = final?.error ?? f.error
     return {
