@@ -29,7 +29,12 @@ import { holdStep } from "./hold.ts"
 export interface StepLoopConfig {
   readonly epochs: number
   readonly batchSize?: number
-  readonly kill?: { readonly rank: number; readonly epoch: number; readonly step: number }
+  /**
+   * `killedFile`: the dying rank writes it first, and the others of the first generation wait for
+   * it (up to 60 s) before their steps of the epoch after `epoch`: ranks that are not in lockstep
+   * (asynchronous parameter servers) cannot run on to the end before the death on a loaded machine.
+   */
+  readonly kill?: { readonly rank: number; readonly epoch: number; readonly step: number; readonly killedFile?: string }
   readonly holdFile?: string
   readonly corrupt?: { readonly rank: number; readonly epoch: number }
   readonly pidDir?: string
@@ -83,6 +88,10 @@ export async function stepLoop(config: StepLoopConfig, ctx: TrainContext): Promi
   const dies = config.kill !== undefined && ctx.worldRank === config.kill.rank && ctx.attempt === 0
   const epochs = config.returnEarly?.rank === ctx.worldRank ? config.returnEarly.epochs : config.epochs
   for (let epoch = start; epoch < epochs; epoch++) {
+    const killed = config.kill?.killedFile
+    if (killed !== undefined && !dies && ctx.attempt === 0 && epoch === config.kill!.epoch + 1) {
+      for (const until = Date.now() + 60_000; !existsSync(killed) && Date.now() < until; ) await new Promise((resolve) => setTimeout(resolve, 50))
+    }
     const rows = train.rows(epoch)
     let lossSum = 0
     let samples = 0
@@ -105,7 +114,10 @@ export async function stepLoop(config: StepLoopConfig, ctx: TrainContext): Promi
         samples += r.samples
         positions?.step(ctx.attempt, ctx.worldRank, epoch, step, stepsPerEpoch)
       }
-      if (dies && epoch === config.kill!.epoch && step === config.kill!.step) process.kill(process.pid, "SIGKILL")
+      if (dies && epoch === config.kill!.epoch && step === config.kill!.step) {
+        if (config.kill!.killedFile !== undefined) writeFileSync(config.kill!.killedFile, String(process.pid))
+        process.kill(process.pid, "SIGKILL")
+      }
     }
     if (config.extraStep?.rank === ctx.worldRank && config.extraStep.epoch === epoch) {
       const batch = Array.from(rows.subarray(0, batchSize))
