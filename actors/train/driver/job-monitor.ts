@@ -100,7 +100,7 @@ interface RankAcc {
   lastSent: number
   lastReceived: number
   /** The worker that last was this rank (kept once the group is gone: an ended job's ranks still name their node). */
-  member?: { readonly actor: string; readonly node: string; readonly pid: number }
+  member?: Omit<JobFacts["members"][number], "rank">
 }
 
 /** Recent means per step, smoothed over progress messages (one message's few steps are noisy). */

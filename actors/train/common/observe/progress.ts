@@ -164,10 +164,9 @@ export class ProgressPrinter {
    */
   #count(p: { readonly epoch: number; readonly stepsPerEpoch: number; readonly samples: number }, prev: RankProgress | undefined, now: number): Pick<RankProgress, "seg" | "done" | "rate"> {
     const key = p.stepsPerEpoch > 0 ? p.epoch : Math.floor((now - this.#genStart) / RATE_WINDOW_MS)
-    let seg = prev?.seg
+    let seg = prev?.seg ?? { key, t0: now, s0: p.samples }
     let done = prev?.done ?? []
-    if (prev === undefined || seg === undefined) seg = { key, t0: now, s0: p.samples }
-    else if (key !== seg.key) {
+    if (prev !== undefined && key !== seg.key) {
       const ms = prev.at - seg.t0
       if (ms > 0) done = [...done, { samples: Math.max(0, prev.samples - seg.s0), ms }].slice(-SPANS_KEPT)
       seg = p.stepsPerEpoch > 0 ? { key, t0: now, s0: p.samples } : { key, t0: prev.at, s0: prev.samples }
