@@ -11,7 +11,7 @@ import { PARITY_METRIC, UNPREPARED_HINT, UNPREPARED_METRIC } from "../common/tra
 import type { BusOutage, CheckpointError, CheckpointInfo, Resize, Result } from "./result.ts"
 import type { Incident } from "../common/observe/report-html.ts"
 import type { ProgressPrinter } from "../common/observe/progress.ts"
-import { currentLineage, Lineage, type RunRecorder } from "../common/observe/run-recorder.ts"
+import { currentLineage, Lineage, type RunRecorder, type StepWindow } from "../common/observe/run-recorder.ts"
 import type { JobMonitor } from "./job-monitor.ts"
 import { firstLine } from "../../../core/errors.ts"
 
@@ -68,6 +68,32 @@ export const emptyResult = (dir: string): Result => ({
   natsServerRestarts: 0
 })
 
+/** Steps each rank must have made since the previous report round for scalingNote to judge them. */
+const SCALING_MIN_STEPS = 20
+
+/**
+ * Whether a group of `p` workers trains fewer samples a second than one worker would: a step's
+ * exchange (the all-reduce, or the servers' push and pull, with the wait for the slowest rank)
+ * takes longer than the computation the other p - 1 workers take off one worker (with compute c
+ * and exchange m a step, the group trains p x c / (c + m) of one worker's samples a second, one
+ * worker's compute scaling with its batch). Means over every rank's steps of `w` (the steps since
+ * the previous report round); at least SCALING_MIN_STEPS each. What to say, or undefined.
+ */
+export const scalingNote = (p: number, w: StepWindow): { readonly text: string; readonly figures: Record<string, number> } | undefined => {
+  if (p < 2 || w.n < SCALING_MIN_STEPS * p) return undefined
+  const compute = w.compute / w.n
+  const exchange = w.comm / w.n
+  if (!(compute > 0) || exchange <= (p - 1) * compute) return undefined
+  const pace = (p * compute) / (compute + exchange)
+  return {
+    text:
+      `the ${p} workers spend ${exchange.toFixed(1)} ms a step exchanging gradients (with the wait for the slowest rank) against ${compute.toFixed(1)} ms computing: ` +
+      `they train about ${Math.round(pace * 100)}% of one worker's samples a second here (a step's computation is short for the gradients it exchanges); ` +
+      "a larger batch per worker, fewer workers or gradient compression (collectiveConfig.compression) would pay",
+    figures: { workers: p, computeMs: Math.round(compute * 100) / 100, exchangeMs: Math.round(exchange * 100) / 100, ofOneWorker: Math.round(pace * 100) / 100 }
+  }
+}
+
 export class FitRecord {
   /** The run's report rounds of its current lineage (a round made again after a restart replaces those from it on): rank 0's metrics and every rank's. */
   readonly #rounds = new Lineage<{ readonly rank0: Record<string, unknown>; readonly perRank: ReadonlyArray<Record<string, unknown>> }>()
@@ -115,6 +141,8 @@ export class FitRecord {
   readonly #cfg: Resolved
   readonly recorder: RunRecorder
   readonly progress: ProgressPrinter
+  /** The run said whether its workers pay for their exchange (at its second report round; once per run). */
+  #scalingSaid = false
   /** The run said that ranks train a model they never prepared (once per run). */
   #unpreparedSaid = false
   /** The run said that a loop ended with accumulated micro-batches no update applied (once per run). */
@@ -203,10 +231,19 @@ export class FitRecord {
     const { metrics } = round
     const index = this.#reportBase + round.index
     this.#rounds.add(index, { rank0: metrics[0], perRank: [...metrics] })
-    this.recorder.metrics(index, metrics[0], metrics, round.attempt)
+    const steps = this.recorder.metrics(index, metrics[0], metrics, round.attempt)
     this.monitor?.report(index, round.attempt, metrics[0], metrics)
     this.refreshReport(false)
     this.progress.report(index, metrics[0])
+    if (!this.#scalingSaid && round.attempt === 0 && round.index >= 1) {
+      // (from the second round: the first holds the warm-up and the all-reduce's tuning calls)
+      this.#scalingSaid = true
+      const note = scalingNote(metrics.length, steps)
+      if (note !== undefined) {
+        this.progress.line(`gradwire: ${note.text}`)
+        this.recorder.event({ type: "scaling", round: index, ...note.figures })
+      }
+    }
     const repaired = metrics[0]?.[PARITY_METRIC]
     if (typeof repaired === "number" && repaired > 0) {
       const ranks = String(metrics[0]?.[`${PARITY_METRIC}_ranks`] ?? "").split(" ").map(Number)

@@ -65,6 +65,14 @@ const csvCell = (v: unknown): string => {
   return /[",\n]/.test(s) ? `"${s.replace(/"/g, '""')}"` : s
 }
 
+/** The ranks' steps since the previous report round: their summed compute, communication and waiting, ms, and how many steps (every rank's). */
+export interface StepWindow {
+  compute: number
+  comm: number
+  wait: number
+  n: number
+}
+
 /** What the report and summary.json say about the run, besides what the recorder collected itself. */
 export interface RunSummary {
   readonly title: string
@@ -96,7 +104,7 @@ export class RunRecorder {
   /** Each rank's latest sample count heard. */
   readonly #lastSamples = new Map<number, number>()
   /** Step-time sums since the last report, for TensorBoard. */
-  #window = { compute: 0, comm: 0, wait: 0, n: 0 }
+  #window: StepWindow = { compute: 0, comm: 0, wait: 0, n: 0 }
   #tb: TensorBoardWriter | undefined
   /** Report writes one after the other; none after the final one. */
   #writing: Promise<void> = Promise.resolve()
@@ -153,7 +161,7 @@ export class RunRecorder {
    * metrics.csv and report.html the current lineage (a round made again after a restart replaces
    * the rows from it on).
    */
-  metrics(index: number, rank0: Record<string, unknown>, perRank: ReadonlyArray<Record<string, unknown>>, attempt = 0): void {
+  metrics(index: number, rank0: Record<string, unknown>, perRank: ReadonlyArray<Record<string, unknown>>, attempt = 0): StepWindow {
     // (a loop cannot report a metric named "report" or "time": train-context.ts; the attempt that made the
     // round is in metrics_per_rank.jsonl, whose metrics sit under `ranks`, as a loop may report its own)
     const row = { report: index, time: new Date().toISOString(), ...rank0 }
@@ -173,6 +181,7 @@ export class RunRecorder {
       "gradwire/"
     )
     this.#window = { compute: 0, comm: 0, wait: 0, n: 0 }
+    return w
   }
 
   event(e: Record<string, unknown>): void {
