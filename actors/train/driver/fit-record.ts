@@ -11,7 +11,7 @@ import { PARITY_METRIC, UNPREPARED_HINT, UNPREPARED_METRIC } from "../common/tra
 import type { BusOutage, CheckpointError, CheckpointInfo, Resize, Result } from "./result.ts"
 import type { Incident } from "../common/observe/report-html.ts"
 import type { ProgressPrinter } from "../common/observe/progress.ts"
-import { currentLineage, Lineage, type RunRecorder, type StepWindow } from "../common/observe/run-recorder.ts"
+import { currentLineage, Lineage, rowMetrics, type RunRecorder, type StepWindow } from "../common/observe/run-recorder.ts"
 import type { JobMonitor } from "./job-monitor.ts"
 import { firstLine } from "../../../core/errors.ts"
 
@@ -279,8 +279,8 @@ export class FitRecord {
     const earlier = currentLineage(rows, (r) => Number(r.report)).filter((r) => Number(r.report) < upTo)
     const ranksOf = new Map(currentLineage(perRank, (r) => r.report).map((r) => [r.report, r.ranks]))
     for (const r of earlier) {
-      const { report, time: _time, ...m } = r
-      this.#rounds.add(Number(report), { rank0: m, perRank: [...(ranksOf.get(Number(report)) ?? [m])] })
+      const m = rowMetrics(r)
+      this.#rounds.add(Number(r.report), { rank0: m, perRank: [...(ranksOf.get(Number(r.report)) ?? [m])] })
     }
     this.recorder.seed(earlier)
   }

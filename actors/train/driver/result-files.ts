@@ -12,7 +12,7 @@ import * as path from "node:path"
 import { ConfigError } from "../../../core/errors.ts"
 import { bestOf, latestOf, readCheckpointIndex, type CheckpointEntry } from "./checkpoint-store.ts"
 import { OBJECT_CHECKPOINTS_FILE, type ObjectCheckpointsRecord } from "./object-checkpoint-store.ts"
-import { currentLineage } from "../common/observe/run-recorder.ts"
+import { currentLineage, rowMetrics } from "../common/observe/run-recorder.ts"
 import type { BusOutage, CheckpointError, CheckpointInfo, ObjectStoreLocation, Resize, Result } from "./result.ts"
 
 /** The rows of a JSON-lines file of the run directory ([] when it is missing; a line cut short is skipped). */
@@ -63,7 +63,7 @@ export const loadResult = async (dir: string): Promise<Result> => {
     })
   }
   const rows = currentLineage(await readJsonLines(path.join(runDir, "metrics.jsonl")), (r) => Number(r.report))
-  const metricsHistory = rows.map(({ report: _report, time: _time, ...m }) => m)
+  const metricsHistory = rows.map(rowMetrics)
   const metricsPerRank = currentLineage(await readJsonLines(path.join(runDir, "metrics_per_rank.jsonl")), (r) => Number(r.report)).map((r) =>
     Array.isArray(r.ranks) ? (r.ranks as Array<Record<string, unknown>>) : []
   )

@@ -40,6 +40,12 @@ export class Lineage<R> {
   }
 }
 
+/** A metrics.jsonl row's loop metrics: the row without the report number and time RunRecorder.metrics writes beside them. */
+export const rowMetrics = (row: Record<string, unknown>): Record<string, unknown> => {
+  const { report: _report, time: _time, ...m } = row
+  return m
+}
+
 /** The current lineage of `rows` (in the order they were written), by each one's report number. */
 export const currentLineage = <R>(rows: ReadonlyArray<R>, reportOf: (row: R) => number): R[] => {
   const lineage = new Lineage<R>()
